@@ -1,0 +1,36 @@
+# tether — see README.md. `make help` lists the targets.
+SHELL := /bin/bash
+GO ?= go
+GOBIN := $(shell $(GO) env GOPATH)/bin
+export PATH := $(GOBIN):$(PATH)
+
+BUF_VERSION := v1.75.0
+PROTOC_GEN_GO_VERSION := v1.36.12
+PROTOC_GEN_GO_GRPC_VERSION := v1.6.0
+PROTOVALIDATE_VERSION := v1.2.2
+
+MODULES := ./pkg/... ./services/executor/... ./services/runnergw/... ./services/backup/... ./services/runnerd/...
+PROTODEPS := .cache/protodeps/protovalidate/buf/validate/validate.proto
+
+.PHONY: help tools protodeps generate check-generate lint build test demo up bench fuzz clean
+
+help: ## list targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
+
+tools: ## install pinned code generators (buf, protoc-gen-go, protoc-gen-go-grpc)
+	@test -x $(GOBIN)/buf && $(GOBIN)/buf --version | grep -qx '$(BUF_VERSION:v%=%)' || $(GO) install github.com/bufbuild/buf/cmd/buf@$(BUF_VERSION)
+	@$(GOBIN)/protoc-gen-go --version 2>/dev/null | grep -q '$(PROTOC_GEN_GO_VERSION)' || $(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOC_GEN_GO_VERSION)
+	@$(GOBIN)/protoc-gen-go-grpc --version 2>/dev/null | grep -q '$(PROTOC_GEN_GO_GRPC_VERSION:v%=%)' || $(GO) install google.golang.org/grpc/cmd/protoc-gen-go-grpc@$(PROTOC_GEN_GO_GRPC_VERSION)
+
+protodeps: $(PROTODEPS) ## extract protovalidate's validate.proto from the Go module cache
+
+$(PROTODEPS):
+	@dir=$$(cd pkg && $(GO) mod download -json github.com/bufbuild/protovalidate@$(PROTOVALIDATE_VERSION) | sed -n 's/.*"Dir": "\(.*\)",/\1/p'); \
+	  mkdir -p $(dir $@) && cp $$dir/proto/protovalidate/buf/validate/validate.proto $@ && chmod 0644 $@
+
+generate: tools protodeps ## regenerate pkg/gen from proto/
+	rm -rf pkg/gen
+	buf generate
+
+check-generate: generate ## fail when committed generated code is stale
+	@git diff --exit-code --stat -- pkg/gen && test -z "$$(git status --porcelain -- pkg/gen)" || { echo "pkg/gen is stale: run make generate and commit"; exit 1; }

@@ -1,0 +1,7 @@
+module github.com/tether-run/tether/services/runnergw
+
+go 1.26
+
+require github.com/tether-run/tether/pkg v0.0.0
+
+replace github.com/tether-run/tether/pkg => ../../pkg
