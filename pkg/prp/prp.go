@@ -1,0 +1,58 @@
+// Package prp implements the tether runner protocol (PRP) wire: framed
+// protojson messages over a WebSocket, canonical JSON, runner credentials and
+// the mutual-HMAC handshake between runnerd and the runner gateway.
+package prp
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Protocol is the wire protocol name carried in every Hello.
+const Protocol = "tether.runner"
+
+// Version is the only PRP version this package speaks.
+const Version = 1
+
+// MaxFrameBytes bounds one encoded frame in either direction.
+const MaxFrameBytes = 4 << 20
+
+// EnvBootstrapTicket is the environment variable through which the gateway
+// hands runnerd its one-use bootstrap credential (Credential.Encode form).
+const EnvBootstrapTicket = "TETHER_RUNNER_BOOTSTRAP_TICKET"
+
+// Credential kinds.
+const (
+	KindBootstrap = "bootstrap"
+	KindLease     = "lease"
+)
+
+// Stable error codes.
+const (
+	CodeAuthFailed        = "runner_auth_failed"
+	CodeTicketReplayed    = "runner_ticket_replayed"
+	CodeCredentialExpired = "runner_credential_expired"
+	CodeProtocolError     = "runner_protocol_error"
+	CodeFrameTooLarge     = "provider_frame_too_large"
+)
+
+// Error is a PRP failure with a stable code.
+type Error struct {
+	Code    string
+	Message string
+}
+
+func (e *Error) Error() string { return e.Code + ": " + e.Message }
+
+func errorf(code, format string, args ...any) *Error {
+	return &Error{Code: code, Message: fmt.Sprintf(format, args...)}
+}
+
+// CodeOf returns the stable code of err when it is (or wraps) a *Error, else "".
+func CodeOf(err error) string {
+	var pe *Error
+	if errors.As(err, &pe) {
+		return pe.Code
+	}
+	return ""
+}
