@@ -1,0 +1,88 @@
+// Command executor is tether's executor: it owns runs in PostgreSQL, claims
+// due runs under fenced leases and drives them through the runner gateway.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"time"
+
+	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
+	gatewayv1 "github.com/tether-run/tether/pkg/gen/tether/gateway/v1"
+	"github.com/tether-run/tether/pkg/grpcx"
+	"github.com/tether-run/tether/services/executor/internal/api"
+	"github.com/tether-run/tether/services/executor/internal/dispatch"
+	"github.com/tether-run/tether/services/executor/internal/store"
+	"github.com/tether-run/tether/services/executor/internal/watch"
+)
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "executor:", err)
+		os.Exit(1)
+	}
+}
+
+func run() error {
+	fs := flag.NewFlagSet("executor", flag.ExitOnError)
+	cfg := grpcx.RegisterFlags(fs, "executor", "127.0.0.1:7400", "127.0.0.1:9400")
+	dsn := grpcx.StringFlag(fs, "database-url", "", "", "PostgreSQL URL (required)")
+	gwAddr := grpcx.StringFlag(fs, "gateway-addr", "", "127.0.0.1:7401", "runner gateway gRPC address")
+	gwCA := grpcx.StringFlag(fs, "gateway-ca", "", "", "CA bundle for the gateway's TLS certificate (required off loopback)")
+	owner := grpcx.StringFlag(fs, "owner-id", "", dispatch.DefaultOwner(), "this replica's lease owner id")
+	ttl := grpcx.DurationFlag(fs, "lease-ttl", "", 60*time.Second, "lease TTL (1s..20m); renewed every TTL/3")
+	poll := grpcx.DurationFlag(fs, "poll-interval", "", time.Second, "claim poll interval when no notification arrives")
+	maxActive := grpcx.IntFlag(fs, "max-active-runs", "", 64, "runs this replica drives at once")
+	migrate := grpcx.BoolFlag(fs, "migrate", "", true, "apply database migrations at start")
+	if err := grpcx.ParseFlags(fs, os.Args[1:]); err != nil {
+		return err
+	}
+	if *dsn == "" {
+		return fmt.Errorf("-database-url (or TETHER_DATABASE_URL) is required")
+	}
+	if *ttl < time.Second || *ttl > 20*time.Minute {
+		return fmt.Errorf("native_session_lease_ttl_invalid: -lease-ttl %s is outside 1s..20m", *ttl)
+	}
+	ctx, stop := grpcx.SignalContext(context.Background())
+	defer stop()
+	if *migrate {
+		if err := store.Migrate(ctx, *dsn); err != nil {
+			return fmt.Errorf("migrating: %w", err)
+		}
+	}
+	st, err := store.Open(ctx, *dsn)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	gwConn, err := grpcx.Dial(*gwAddr, *gwCA)
+	if err != nil {
+		return err
+	}
+	defer gwConn.Close()
+	srv, err := grpcx.New(*cfg)
+	if err != nil {
+		return err
+	}
+	log := srv.Logger()
+	d := dispatch.New(st, dispatch.Config{
+		Owner: *owner, LeaseTTL: *ttl, PollInterval: *poll, MaxActive: *maxActive,
+		Gateway: gatewayv1.NewRunnerGatewayClient(gwConn), Logger: log,
+	})
+	hub := watch.NewHub()
+	executorv1.RegisterExecutorServiceServer(srv.GRPC(), &api.Server{Store: st, Hub: hub, Kick: d.Kick})
+	bg, cancelBG := context.WithCancel(context.Background())
+	defer cancelBG()
+	go hub.Listen(bg, st.Pool(), d.Kick, log)
+	dispatched := make(chan struct{})
+	go func() {
+		defer close(dispatched)
+		_ = d.Run(bg)
+	}()
+	err = srv.Serve(ctx)
+	cancelBG()
+	<-dispatched
+	return err
+}

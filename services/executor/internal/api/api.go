@@ -1,0 +1,124 @@
+// Package api is the gRPC face of the executor: handlers decode, call the
+// store or domain, and map errors. No decisions live here.
+package api
+
+import (
+	"context"
+	"time"
+
+	"google.golang.org/grpc/codes"
+
+	"github.com/tether-run/tether/pkg/failure"
+	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
+	"github.com/tether-run/tether/services/executor/internal/admission"
+	"github.com/tether-run/tether/services/executor/internal/store"
+	"github.com/tether-run/tether/services/executor/internal/watch"
+)
+
+// Server implements tether.executor.v1.ExecutorService.
+type Server struct {
+	executorv1.UnsafeExecutorServiceServer
+	Store *store.Store
+	Hub   *watch.Hub
+	// Kick wakes the local dispatcher after a submission (optional).
+	Kick func()
+	// PollInterval bounds how long a watcher waits without a notification.
+	PollInterval time.Duration
+}
+
+var _ executorv1.ExecutorServiceServer = (*Server)(nil)
+
+// SubmitRun stores a run (idempotent by run id).
+func (s *Server) SubmitRun(ctx context.Context, req *executorv1.SubmitRunRequest) (*executorv1.SubmitRunResponse, error) {
+	if err := admission.Check(req.GetInput()); err != nil {
+		return nil, err
+	}
+	run, created, err := s.Store.SubmitRun(ctx, req.GetRunId(), req.GetInput())
+	if err != nil {
+		return nil, failure.ToStatus(err)
+	}
+	if created && s.Kick != nil {
+		s.Kick()
+	}
+	return &executorv1.SubmitRunResponse{Run: run, Created: created}, nil
+}
+
+// GetRun returns a run.
+func (s *Server) GetRun(ctx context.Context, req *executorv1.GetRunRequest) (*executorv1.GetRunResponse, error) {
+	run, err := s.Store.GetRun(ctx, req.GetRunId())
+	if err != nil {
+		return nil, failure.ToStatus(err)
+	}
+	return &executorv1.GetRunResponse{Run: run}, nil
+}
+
+// ListRuns pages through runs.
+func (s *Server) ListRuns(ctx context.Context, req *executorv1.ListRunsRequest) (*executorv1.ListRunsResponse, error) {
+	runs, next, err := s.Store.ListRuns(ctx, store.ListFilter{
+		NormalizedSessionID: req.GetNormalizedSessionId(), State: req.GetState(),
+	}, int(req.GetPageSize()), req.GetPageToken())
+	if err != nil {
+		return nil, failure.ToStatus(err)
+	}
+	return &executorv1.ListRunsResponse{Runs: runs, NextPageToken: next}, nil
+}
+
+const watchPage = 256
+
+// WatchRun replays events after the cursor, then streams live ones, and ends
+// after the run's terminal event.
+func (s *Server) WatchRun(req *executorv1.WatchRunRequest, stream executorv1.ExecutorService_WatchRunServer) error {
+	ctx := stream.Context()
+	run, err := s.Store.GetRun(ctx, req.GetRunId())
+	if err != nil {
+		return failure.ToStatus(err)
+	}
+	if req.GetAfterSeq() > run.GetEventCount() {
+		return failure.New(codes.OutOfRange, "watch_cursor_out_of_range",
+			"after_seq %d is beyond the run's last event %d", req.GetAfterSeq(), run.GetEventCount())
+	}
+	updates, unsubscribe := s.Hub.Subscribe(req.GetRunId())
+	defer unsubscribe()
+	poll := s.PollInterval
+	if poll == 0 {
+		poll = 2 * time.Second
+	}
+	cursor := req.GetAfterSeq()
+	for {
+		evs, err := s.Store.EventsAfter(ctx, req.GetRunId(), cursor, watchPage)
+		if err != nil {
+			return failure.ToStatus(err)
+		}
+		for _, e := range evs {
+			if err := stream.Send(&executorv1.WatchRunResponse{Seq: e.Seq, Event: e.Event}); err != nil {
+				return err
+			}
+			cursor = e.Seq
+			if e.Event.GetEventType() == store.EventTerminal {
+				return nil
+			}
+		}
+		if len(evs) == watchPage {
+			continue
+		}
+		if len(evs) == 0 {
+			// The terminal event may lie at or before the caller's cursor.
+			run, err := s.Store.GetRun(ctx, req.GetRunId())
+			if err != nil {
+				return failure.ToStatus(err)
+			}
+			if run.GetEndedAt() != nil && cursor >= run.GetEventCount() {
+				return nil
+			}
+		}
+		t := time.NewTimer(poll)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return failure.ToStatus(ctx.Err())
+		case <-updates:
+		case <-t.C:
+		}
+		t.Stop()
+	}
+}

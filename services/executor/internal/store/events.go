@@ -1,0 +1,391 @@
+package store
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"sort"
+
+	"github.com/jackc/pgx/v5"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/structpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/tether-run/tether/pkg/failure"
+	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
+	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
+)
+
+// CodeReplayConflict is the stable code of a replayed event whose bytes differ.
+const CodeReplayConflict = "native_event_replay_conflict"
+
+// ReplayConflict builds the terminal error for a conflicting replay.
+func ReplayConflict(seq uint64) error {
+	return failure.New(codes.FailedPrecondition, CodeReplayConflict,
+		"source sequence %d contained different bytes", seq)
+}
+
+// AppendResult says what happened to a batch.
+type AppendResult struct {
+	// Inserted counts new rows; duplicates were identical replays.
+	Inserted, Duplicates int
+	// Terminal is true when the fenced run's run.terminal was persisted by
+	// this call (its state and result are now final).
+	Terminal bool
+}
+
+type encodedEvent struct {
+	ev   *prpv1.Event
+	raw  []byte
+	hash []byte
+}
+
+// AppendEvents persists a batch of runner events idempotently. Events of the
+// fenced run are written only while the fence holds; events that belong to
+// another run of the same runner (a tail the runner had not yet had
+// acknowledged) are filed under their own run. A (run, source instance,
+// source seq) already stored with the same bytes is a duplicate and dropped;
+// with other bytes the whole batch is refused with
+// native_event_replay_conflict. A run.terminal of the fenced run records the
+// run's result and final state in the same transaction. Listeners on
+// EventsChannel are notified on commit.
+func (s *Store) AppendEvents(ctx context.Context, f Fence, events []*prpv1.Event) (AppendResult, error) {
+	var res AppendResult
+	groups := map[string][]encodedEvent{}
+	var order []string
+	for _, ev := range events {
+		raw, err := marshalDet.Marshal(ev)
+		if err != nil {
+			return res, err
+		}
+		sum := sha256.Sum256(raw)
+		if _, ok := groups[ev.GetRunId()]; !ok {
+			order = append(order, ev.GetRunId())
+		}
+		groups[ev.GetRunId()] = append(groups[ev.GetRunId()], encodedEvent{ev: ev, raw: raw, hash: sum[:]})
+	}
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		res = AppendResult{}
+		for _, runID := range order {
+			var count int64
+			var err error
+			fenced := runID == f.RunID
+			if fenced {
+				err = tx.QueryRow(ctx, `
+SELECT r.event_count FROM executor.runs r JOIN executor.coordinators c ON c.run_id = r.run_id
+ WHERE r.run_id = $1 AND c.lease_owner = $2 AND c.attempt = $3 AND c.phase = 'observed'
+   FOR UPDATE OF r`, f.RunID, f.Owner, int64(f.Attempt)).Scan(&count)
+				if errors.Is(err, pgx.ErrNoRows) {
+					return ErrLeaseLost(f)
+				}
+			} else {
+				err = tx.QueryRow(ctx, `SELECT event_count FROM executor.runs WHERE run_id = $1 FOR UPDATE`, runID).Scan(&count)
+				if errors.Is(err, pgx.ErrNoRows) {
+					continue // not a run of ours: nothing to file it under
+				}
+			}
+			if err != nil {
+				return err
+			}
+			fresh, dups, err := dedupe(ctx, tx, runID, groups[runID])
+			if err != nil {
+				return err
+			}
+			res.Duplicates += dups
+			if len(fresh) == 0 {
+				continue
+			}
+			if err := insertEvents(ctx, tx, runID, count, fresh); err != nil {
+				return err
+			}
+			res.Inserted += len(fresh)
+			var terminal *prpv1.Event
+			for _, e := range fresh {
+				if e.ev.GetEventType() == EventTerminal {
+					terminal = e.ev
+				}
+			}
+			if _, err := tx.Exec(ctx, `UPDATE executor.runs SET event_count = event_count + $2, updated_at = now() WHERE run_id = $1`,
+				runID, len(fresh)); err != nil {
+				return err
+			}
+			if terminal != nil && fenced {
+				if err := finishRun(ctx, tx, f, TerminalFromEvent(terminal)); err != nil {
+					return err
+				}
+				res.Terminal = true
+			}
+			if _, err := tx.Exec(ctx, `SELECT pg_notify($1, $2)`, EventsChannel, runID); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	return res, err
+}
+
+func dedupe(ctx context.Context, tx pgx.Tx, runID string, evs []encodedEvent) ([]encodedEvent, int, error) {
+	instances := make([]string, len(evs))
+	seqs := make([]int64, len(evs))
+	for i, e := range evs {
+		instances[i], seqs[i] = e.ev.GetSourceInstanceId(), int64(e.ev.GetSourceSeq())
+	}
+	rows, err := tx.Query(ctx, `
+SELECT e.source_instance_id, e.source_seq, e.payload_sha256 FROM executor.events e
+  JOIN unnest($2::text[], $3::bigint[]) AS k(source_instance_id, source_seq)
+    ON e.source_instance_id = k.source_instance_id AND e.source_seq = k.source_seq
+ WHERE e.run_id = $1`, runID, instances, seqs)
+	if err != nil {
+		return nil, 0, err
+	}
+	type key struct {
+		inst string
+		seq  uint64
+	}
+	seen := map[key][]byte{}
+	for rows.Next() {
+		var (
+			inst string
+			seq  int64
+			h    []byte
+		)
+		if err := rows.Scan(&inst, &seq, &h); err != nil {
+			rows.Close()
+			return nil, 0, err
+		}
+		seen[key{inst, uint64(seq)}] = h
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, 0, err
+	}
+	var fresh []encodedEvent
+	dups := 0
+	for _, e := range evs {
+		k := key{e.ev.GetSourceInstanceId(), e.ev.GetSourceSeq()}
+		if h, ok := seen[k]; ok {
+			if !bytes.Equal(h, e.hash) {
+				return nil, 0, ReplayConflict(k.seq)
+			}
+			dups++
+			continue
+		}
+		seen[k] = e.hash
+		fresh = append(fresh, e)
+	}
+	// Keep source order within the run so run-local seqs follow source seqs.
+	sort.SliceStable(fresh, func(i, j int) bool {
+		a, b := fresh[i].ev, fresh[j].ev
+		if a.GetSourceInstanceId() != b.GetSourceInstanceId() {
+			return false
+		}
+		return a.GetSourceSeq() < b.GetSourceSeq()
+	})
+	return fresh, dups, nil
+}
+
+func insertEvents(ctx context.Context, tx pgx.Tx, runID string, count int64, evs []encodedEvent) error {
+	n := len(evs)
+	seqs := make([]int64, n)
+	insts := make([]string, n)
+	srcSeqs := make([]int64, n)
+	ids := make([]string, n)
+	types := make([]string, n)
+	hashes := make([][]byte, n)
+	raws := make([][]byte, n)
+	for i, e := range evs {
+		seqs[i] = count + int64(i) + 1
+		insts[i] = e.ev.GetSourceInstanceId()
+		srcSeqs[i] = int64(e.ev.GetSourceSeq())
+		ids[i] = e.ev.GetSourceEventId()
+		types[i] = e.ev.GetEventType()
+		hashes[i] = e.hash
+		raws[i] = e.raw
+	}
+	_, err := tx.Exec(ctx, `
+INSERT INTO executor.events (run_id, seq, source_instance_id, source_seq, source_event_id, event_type, payload_sha256, event)
+SELECT $1, * FROM unnest($2::bigint[], $3::text[], $4::bigint[], $5::text[], $6::text[], $7::bytea[], $8::bytea[])`,
+		runID, seqs, insts, srcSeqs, ids, types, hashes, raws)
+	return err
+}
+
+// Terminal is the outcome a run.terminal event reports.
+type Terminal struct {
+	State   string // succeeded | failed | cancelled
+	Result  *executorv1.RunResult
+	Code    string
+	Message string
+}
+
+// TerminalFromEvent reads a run.terminal payload.
+func TerminalFromEvent(ev *prpv1.Event) Terminal {
+	p := ev.GetPayload().GetFields()
+	str := func(k string) string { return p[k].GetStringValue() }
+	t := Terminal{
+		State: str("runTerminalState"),
+		Result: &executorv1.RunResult{
+			TurnTerminalState: str("turnTerminalState"),
+			RunTerminalState:  str("runTerminalState"),
+			FinalMessage:      str("finalMessage"),
+			ProviderTurnId:    str("providerTurnId"),
+			ProviderThreadId:  str("providerThreadId"),
+		},
+		Code:    str("code"),
+		Message: str("message"),
+	}
+	if u := p["usage"].GetStructValue().GetFields(); u != nil {
+		t.Result.Usage = &executorv1.Usage{
+			InputTokens:       uint64(u["inputTokens"].GetNumberValue()),
+			CachedInputTokens: uint64(u["cachedInputTokens"].GetNumberValue()),
+			OutputTokens:      uint64(u["outputTokens"].GetNumberValue()),
+		}
+	}
+	switch t.State {
+	case StateSucceeded, StateFailed, StateCancelled:
+	default:
+		t.State = StateFailed
+		if t.Code == "" {
+			t.Code = "native_run_terminal_invalid"
+			t.Message = fmt.Sprintf("run.terminal reported runTerminalState %q", str("runTerminalState"))
+		}
+	}
+	if t.State == StateFailed && t.Code == "" {
+		t.Code = "native_run_failed"
+		t.Message = "the provider turn ended in state " + t.Result.TurnTerminalState
+	}
+	return t
+}
+
+func finishRun(ctx context.Context, tx pgx.Tx, f Fence, t Terminal) error {
+	var result []byte
+	if t.Result != nil {
+		var err error
+		if result, err = marshalDet.Marshal(t.Result); err != nil {
+			return err
+		}
+	}
+	phase := PhaseCompleted
+	if t.State == StateFailed {
+		phase = PhaseTerminalFailure
+	}
+	tag, err := tx.Exec(ctx, `
+UPDATE executor.coordinators SET phase = $4, lease_expires_at = now()
+ WHERE run_id = $1 AND lease_owner = $2 AND attempt = $3 AND phase = 'observed'`,
+		f.RunID, f.Owner, int64(f.Attempt), phase)
+	if err != nil {
+		return err
+	}
+	if tag.RowsAffected() == 0 {
+		return ErrLeaseLost(f)
+	}
+	_, err = tx.Exec(ctx, `
+UPDATE executor.runs SET state = $2, result = $3, failure_code = nullif($4, ''), failure_message = nullif($5, ''),
+       ended_at = now(), updated_at = now()
+ WHERE run_id = $1`, f.RunID, t.State, result, t.Code, t.Message)
+	return err
+}
+
+// FailRun ends a run the executor itself must fail (the runner could not
+// deliver a terminal event): it appends a control-plane run.terminal event so
+// every run's stream ends with exactly one, and records the failure, fenced.
+func (s *Store) FailRun(ctx context.Context, f Fence, code, message string) error {
+	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		var count int64
+		var termCount int
+		err := tx.QueryRow(ctx, `
+SELECT r.event_count, (SELECT count(*) FROM executor.events e WHERE e.run_id = r.run_id AND e.event_type = 'run.terminal')
+  FROM executor.runs r JOIN executor.coordinators c ON c.run_id = r.run_id
+ WHERE r.run_id = $1 AND c.lease_owner = $2 AND c.attempt = $3 AND c.phase = 'observed'
+   FOR UPDATE OF r`, f.RunID, f.Owner, int64(f.Attempt)).Scan(&count, &termCount)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return ErrLeaseLost(f)
+		}
+		if err != nil {
+			return err
+		}
+		t := Terminal{State: StateFailed, Code: code, Message: message,
+			Result: &executorv1.RunResult{TurnTerminalState: "failed", RunTerminalState: StateFailed}}
+		if termCount == 0 {
+			payload, _ := structpb.NewStruct(map[string]any{
+				"turnTerminalState": "failed", "runTerminalState": StateFailed, "code": code, "message": message,
+			})
+			ev := &prpv1.Event{
+				Schema:           "tether.prp.event.v1",
+				SourceInstanceId: "executor:control",
+				SourceEventId:    fmt.Sprintf("%s:control:%d", f.RunID, f.Attempt),
+				SourceSeq:        f.Attempt,
+				SourceKind:       "control_plane",
+				RunId:            f.RunID,
+				EventType:        EventTerminal,
+				SchemaVersion:    1,
+				Priority:         0,
+				EmittedAt:        timestamppb.Now(),
+				Payload:          payload,
+			}
+			raw, err := marshalDet.Marshal(ev)
+			if err != nil {
+				return err
+			}
+			sum := sha256.Sum256(raw)
+			if err := insertEvents(ctx, tx, f.RunID, count, []encodedEvent{{ev: ev, raw: raw, hash: sum[:]}}); err != nil {
+				return err
+			}
+			if _, err := tx.Exec(ctx, `UPDATE executor.runs SET event_count = event_count + 1 WHERE run_id = $1`, f.RunID); err != nil {
+				return err
+			}
+		}
+		if err := finishRun(ctx, tx, f, t); err != nil {
+			return err
+		}
+		_, err = tx.Exec(ctx, `SELECT pg_notify($1, $2)`, EventsChannel, f.RunID)
+		return err
+	})
+}
+
+// StoredEvent is a persisted event with its run-local cursor.
+type StoredEvent struct {
+	Seq   uint64
+	Event *prpv1.Event
+}
+
+// EventsAfter returns up to limit events of a run with seq > after, in order.
+func (s *Store) EventsAfter(ctx context.Context, runID string, after uint64, limit int) ([]StoredEvent, error) {
+	rows, err := s.pool.Query(ctx, `SELECT seq, event FROM executor.events WHERE run_id = $1 AND seq > $2 ORDER BY seq LIMIT $3`,
+		runID, int64(after), limit)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []StoredEvent
+	for rows.Next() {
+		var (
+			seq int64
+			raw []byte
+		)
+		if err := rows.Scan(&seq, &raw); err != nil {
+			return nil, err
+		}
+		ev := &prpv1.Event{}
+		if err := proto.Unmarshal(raw, ev); err != nil {
+			return nil, err
+		}
+		out = append(out, StoredEvent{Seq: uint64(seq), Event: ev})
+	}
+	return out, rows.Err()
+}
+
+// HighestContiguousSourceSeq returns the largest n such that every source
+// seq in (floor, n] of the instance is stored (for any run), starting from
+// floor (the runner's own acknowledged cursor).
+func (s *Store) HighestContiguousSourceSeq(ctx context.Context, instance string, floor uint64) (uint64, error) {
+	var n int64
+	err := s.pool.QueryRow(ctx, `
+WITH s AS (
+  SELECT source_seq, source_seq - row_number() OVER (ORDER BY source_seq) AS grp
+    FROM executor.events WHERE source_instance_id = $1 AND source_seq > $2)
+SELECT coalesce(max(source_seq), $2) FROM s WHERE grp = $2`, instance, int64(floor)).Scan(&n)
+	return uint64(n), err
+}

@@ -1,0 +1,466 @@
+// Package store owns the executor's SQL: runs, their coordinators (phase and
+// fenced lease) and their events. Every write made on behalf of a lease is
+// fenced in SQL by (run, owner, attempt); a stale attempt changes nothing.
+package store
+
+import (
+	"context"
+	"crypto/sha256"
+	"database/sql"
+	"embed"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/pressly/goose/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/tether-run/tether/pkg/failure"
+	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
+	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
+	"github.com/tether-run/tether/pkg/scope"
+)
+
+// Migrations holds the embedded, numbered goose migrations.
+//
+//go:embed migrations/*.sql
+var Migrations embed.FS
+
+// EventsChannel is the LISTEN/NOTIFY channel announcing new events; the
+// payload is the run id.
+const EventsChannel = "tether_run_events"
+
+// RunsChannel announces newly submitted runs to dispatchers.
+const RunsChannel = "tether_runs_due"
+
+// Coordinator phases.
+const (
+	PhaseQueued           = "queued"
+	PhaseObserved         = "observed"
+	PhaseResultPersisted  = "result_persisted"
+	PhaseCompleted        = "completed"
+	PhaseRetryableFailure = "retryable_failure"
+	PhaseTerminalFailure  = "terminal_failure"
+)
+
+// Run states as stored.
+const (
+	StateQueued    = "queued"
+	StateRunning   = "running"
+	StateSucceeded = "succeeded"
+	StateFailed    = "failed"
+	StateCancelled = "cancelled"
+)
+
+// EventTerminal is the event type that ends a run's event stream.
+const EventTerminal = "run.terminal"
+
+var marshalDet = proto.MarshalOptions{Deterministic: true}
+
+// Store is the executor's PostgreSQL access.
+type Store struct {
+	pool *pgxpool.Pool
+}
+
+// Migrate applies the embedded migrations to the database at dsn.
+func Migrate(ctx context.Context, dsn string) error {
+	db, err := sql.Open("pgx", dsn)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	return MigrateDB(ctx, db)
+}
+
+// MigrateDB applies the embedded migrations on an open database.
+func MigrateDB(ctx context.Context, db *sql.DB) error {
+	p, err := goose.NewProvider(goose.DialectPostgres, db, mustSub(Migrations, "migrations"),
+		goose.WithTableName("executor_goose_version"))
+	if err != nil {
+		return err
+	}
+	_, err = p.Up(ctx)
+	return err
+}
+
+var _ = stdlib.GetDefaultDriver // registers the "pgx" database/sql driver
+
+// Open connects a pool to dsn.
+func Open(ctx context.Context, dsn string) (*Store, error) {
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return nil, err
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	if err := pool.Ping(ctx); err != nil {
+		pool.Close()
+		return nil, err
+	}
+	return &Store{pool: pool}, nil
+}
+
+// New wraps an existing pool.
+func New(pool *pgxpool.Pool) *Store { return &Store{pool: pool} }
+
+// Pool exposes the pool (for LISTEN connections and benchmarks).
+func (s *Store) Pool() *pgxpool.Pool { return s.pool }
+
+// Close closes the pool.
+func (s *Store) Close() { s.pool.Close() }
+
+// Fence is the exact lease a driver holds.
+type Fence struct {
+	RunID   string
+	Owner   string
+	Attempt uint64
+}
+
+// ErrLeaseLost reports that the fence no longer holds.
+func ErrLeaseLost(f Fence) error {
+	return failure.New(codes.Aborted, "native_session_lease_lost",
+		"run %s attempt %d is no longer owned by %s", f.RunID, f.Attempt, f.Owner)
+}
+
+// ErrRunNotFound reports an unknown run.
+func ErrRunNotFound(id string) error {
+	return failure.New(codes.NotFound, "run_not_found", "no run %q", id)
+}
+
+// InputDigest is the hex sha256 of the deterministic encoding of an input.
+func InputDigest(in *prpv1.ExecutionInput) (string, []byte, error) {
+	b, err := marshalDet.Marshal(in)
+	if err != nil {
+		return "", nil, err
+	}
+	sum := sha256.Sum256(b)
+	return fmt.Sprintf("%x", sum), b, nil
+}
+
+// SubmitRun stores a queued run and its coordinator in one transaction. It is
+// idempotent by run id: the same input returns the stored run with created
+// false; another input under the same id is run_id_conflict.
+func (s *Store) SubmitRun(ctx context.Context, runID string, in *prpv1.ExecutionInput) (*executorv1.Run, bool, error) {
+	digest, raw, err := InputDigest(in)
+	if err != nil {
+		return nil, false, err
+	}
+	created := false
+	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		tag, err := tx.Exec(ctx, `
+INSERT INTO executor.runs (run_id, company_id, normalized_session_id, session_scope, lifecycle, input, input_digest)
+VALUES ($1, $2, $3, $4, $5, $6, $7)
+ON CONFLICT (run_id) DO NOTHING`,
+			runID, in.GetBinding().GetCompanyId(), in.GetSession().GetNormalizedSessionId(), scope.Of(in),
+			in.GetSession().GetLifecycle().GetMode().String(), raw, digest)
+		if err != nil {
+			return err
+		}
+		if tag.RowsAffected() == 0 {
+			var existing string
+			if err := tx.QueryRow(ctx, `SELECT input_digest FROM executor.runs WHERE run_id = $1`, runID).Scan(&existing); err != nil {
+				return err
+			}
+			if existing != digest {
+				return failure.New(codes.AlreadyExists, "run_id_conflict",
+					"run %q already exists with a different input", runID)
+			}
+			return nil
+		}
+		created = true
+		if _, err := tx.Exec(ctx, `INSERT INTO executor.coordinators (run_id) VALUES ($1)`, runID); err != nil {
+			return err
+		}
+		_, err = tx.Exec(ctx, `SELECT pg_notify($1, $2)`, RunsChannel, runID)
+		return err
+	})
+	if err != nil {
+		return nil, false, err
+	}
+	run, err := s.GetRun(ctx, runID)
+	return run, created, err
+}
+
+const runColumns = `r.run_id, r.state, c.phase, c.attempt, coalesce(c.lease_owner, ''), c.lease_expires_at,
+	r.input, r.result, coalesce(r.failure_code, ''), coalesce(r.failure_message, ''), r.event_count,
+	coalesce(r.runner_instance_id, ''), r.runner_process, r.provider_process,
+	r.created_at, r.updated_at, r.started_at, r.ended_at, r.submit_seq`
+
+func scanRun(row pgx.Row) (*executorv1.Run, int64, error) {
+	var (
+		run                                    executorv1.Run
+		state, failCode, failMsg               string
+		leaseExp, startedAt, endedAt           *time.Time
+		createdAt, updatedAt                   time.Time
+		input, result, runnerProc, providerPrc []byte
+		seq                                    int64
+	)
+	err := row.Scan(&run.RunId, &state, &run.Phase, &run.Attempt, &run.LeaseOwner, &leaseExp,
+		&input, &result, &failCode, &failMsg, &run.EventCount,
+		&run.RunnerInstanceId, &runnerProc, &providerPrc,
+		&createdAt, &updatedAt, &startedAt, &endedAt, &seq)
+	if err != nil {
+		return nil, 0, err
+	}
+	run.State = stateToProto(state)
+	run.Input = &prpv1.ExecutionInput{}
+	if err := proto.Unmarshal(input, run.Input); err != nil {
+		return nil, 0, err
+	}
+	if len(result) > 0 {
+		run.Result = &executorv1.RunResult{}
+		if err := proto.Unmarshal(result, run.Result); err != nil {
+			return nil, 0, err
+		}
+	}
+	if failCode != "" {
+		run.Failure = &executorv1.Failure{Code: failCode, Message: failMsg}
+	}
+	if len(runnerProc) > 0 {
+		run.RunnerProcess = &prpv1.ProcessInfo{}
+		_ = proto.Unmarshal(runnerProc, run.RunnerProcess)
+	}
+	if len(providerPrc) > 0 {
+		run.ProviderProcess = &prpv1.ProcessInfo{}
+		_ = proto.Unmarshal(providerPrc, run.ProviderProcess)
+	}
+	run.CreatedAt = timestamppb.New(createdAt)
+	run.UpdatedAt = timestamppb.New(updatedAt)
+	run.LeaseExpiresAt = tsOrNil(leaseExp)
+	run.StartedAt = tsOrNil(startedAt)
+	run.EndedAt = tsOrNil(endedAt)
+	return &run, seq, nil
+}
+
+func tsOrNil(t *time.Time) *timestamppb.Timestamp {
+	if t == nil {
+		return nil
+	}
+	return timestamppb.New(*t)
+}
+
+func stateToProto(s string) executorv1.RunState {
+	switch s {
+	case StateQueued:
+		return executorv1.RunState_RUN_STATE_QUEUED
+	case StateRunning:
+		return executorv1.RunState_RUN_STATE_RUNNING
+	case StateSucceeded:
+		return executorv1.RunState_RUN_STATE_SUCCEEDED
+	case StateFailed:
+		return executorv1.RunState_RUN_STATE_FAILED
+	case StateCancelled:
+		return executorv1.RunState_RUN_STATE_CANCELLED
+	}
+	return executorv1.RunState_RUN_STATE_UNSPECIFIED
+}
+
+func stateFromProto(s executorv1.RunState) string {
+	switch s {
+	case executorv1.RunState_RUN_STATE_QUEUED:
+		return StateQueued
+	case executorv1.RunState_RUN_STATE_RUNNING:
+		return StateRunning
+	case executorv1.RunState_RUN_STATE_SUCCEEDED:
+		return StateSucceeded
+	case executorv1.RunState_RUN_STATE_FAILED:
+		return StateFailed
+	case executorv1.RunState_RUN_STATE_CANCELLED:
+		return StateCancelled
+	}
+	return ""
+}
+
+// GetRun returns a run or run_not_found.
+func (s *Store) GetRun(ctx context.Context, runID string) (*executorv1.Run, error) {
+	run, _, err := scanRun(s.pool.QueryRow(ctx, `SELECT `+runColumns+`
+FROM executor.runs r JOIN executor.coordinators c ON c.run_id = r.run_id WHERE r.run_id = $1`, runID))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, ErrRunNotFound(runID)
+	}
+	return run, err
+}
+
+// ListFilter narrows ListRuns.
+type ListFilter struct {
+	NormalizedSessionID string
+	State               executorv1.RunState
+}
+
+// ListRuns pages through runs, newest first. The page token is opaque.
+func (s *Store) ListRuns(ctx context.Context, f ListFilter, pageSize int, pageToken string) ([]*executorv1.Run, string, error) {
+	if pageSize <= 0 {
+		pageSize = 50
+	}
+	before := int64(1<<63 - 1)
+	if pageToken != "" {
+		raw, err := base64.RawURLEncoding.DecodeString(pageToken)
+		n, perr := strconv.ParseInt(string(raw), 10, 64)
+		if err != nil || perr != nil || n <= 0 {
+			return nil, "", failure.New(codes.InvalidArgument, "page_token_invalid", "page_token is not one this service issued")
+		}
+		before = n
+	}
+	rows, err := s.pool.Query(ctx, `SELECT `+runColumns+`
+FROM executor.runs r JOIN executor.coordinators c ON c.run_id = r.run_id
+WHERE r.submit_seq < $1 AND ($2 = '' OR r.normalized_session_id = $2) AND ($3 = '' OR r.state = $3)
+ORDER BY r.submit_seq DESC LIMIT $4`, before, f.NormalizedSessionID, stateFromProto(f.State), pageSize+1)
+	if err != nil {
+		return nil, "", err
+	}
+	defer rows.Close()
+	var (
+		runs []*executorv1.Run
+		seqs []int64
+	)
+	for rows.Next() {
+		run, seq, err := scanRun(rows)
+		if err != nil {
+			return nil, "", err
+		}
+		runs = append(runs, run)
+		seqs = append(seqs, seq)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, "", err
+	}
+	next := ""
+	if len(runs) > pageSize {
+		runs = runs[:pageSize]
+		next = base64.RawURLEncoding.EncodeToString([]byte(strconv.FormatInt(seqs[pageSize-1], 10)))
+	}
+	return runs, next, nil
+}
+
+// Claim is a run a dispatcher now holds a lease on.
+type Claim struct {
+	Fence
+	Input          *prpv1.ExecutionInput
+	LeaseExpiresAt time.Time
+}
+
+// ClaimNext claims the oldest due run in one statement: a queued run, a
+// retryable failure whose next attempt is due, or an observed run whose lease
+// expired. Runs of one session scope are claimed in submission order, one at
+// a time. The claim increments attempt and sets the lease from the database
+// clock. It returns nil when nothing is due.
+func (s *Store) ClaimNext(ctx context.Context, owner string, ttl time.Duration) (*Claim, error) {
+	row := s.pool.QueryRow(ctx, `
+WITH claimed AS (
+  UPDATE executor.coordinators c
+     SET attempt = c.attempt + 1, lease_owner = $1, lease_expires_at = now() + $2 * interval '1 microsecond',
+         phase = 'observed'
+   WHERE c.run_id = (
+     SELECT c2.run_id
+       FROM executor.coordinators c2 JOIN executor.runs r2 ON r2.run_id = c2.run_id
+      WHERE ((c2.phase IN ('queued', 'retryable_failure') AND c2.next_attempt_at <= now())
+             OR (c2.phase = 'observed' AND c2.lease_expires_at < now()))
+        AND NOT EXISTS (
+             SELECT 1 FROM executor.runs r3 JOIN executor.coordinators c3 ON c3.run_id = r3.run_id
+              WHERE r3.session_scope = r2.session_scope AND r3.submit_seq < r2.submit_seq
+                AND c3.phase NOT IN ('completed', 'terminal_failure'))
+      ORDER BY r2.submit_seq
+      LIMIT 1
+      FOR UPDATE OF c2 SKIP LOCKED)
+  RETURNING c.run_id, c.attempt, c.lease_expires_at
+)
+UPDATE executor.runs r
+   SET state = 'running', started_at = coalesce(r.started_at, now()), updated_at = now()
+  FROM claimed
+ WHERE r.run_id = claimed.run_id
+RETURNING claimed.run_id, claimed.attempt, claimed.lease_expires_at, r.input`, owner, ttl.Microseconds())
+	var (
+		c   Claim
+		raw []byte
+	)
+	err := row.Scan(&c.RunID, &c.Attempt, &c.LeaseExpiresAt, &raw)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	c.Owner = owner
+	c.Input = &prpv1.ExecutionInput{}
+	if err := proto.Unmarshal(raw, c.Input); err != nil {
+		return nil, err
+	}
+	return &c, nil
+}
+
+// Lease names one held lease for RenewLeases.
+type Lease struct {
+	RunID   string
+	Attempt uint64
+}
+
+// RenewLeases renews every given lease of owner in one statement, each only
+// while its exact (owner, attempt) is current and unexpired. It returns the
+// run ids that were renewed; a missing one has lost its lease.
+func (s *Store) RenewLeases(ctx context.Context, owner string, leases []Lease, ttl time.Duration) (map[string]bool, error) {
+	ids := make([]string, len(leases))
+	attempts := make([]int64, len(leases))
+	for i, l := range leases {
+		ids[i], attempts[i] = l.RunID, int64(l.Attempt)
+	}
+	rows, err := s.pool.Query(ctx, `
+UPDATE executor.coordinators c
+   SET lease_expires_at = now() + $4 * interval '1 microsecond'
+  FROM unnest($2::text[], $3::bigint[]) AS l(run_id, attempt)
+ WHERE c.run_id = l.run_id AND c.attempt = l.attempt AND c.lease_owner = $1
+   AND c.phase = 'observed' AND c.lease_expires_at > now()
+RETURNING c.run_id`, owner, ids, attempts, ttl.Microseconds())
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	renewed := make(map[string]bool, len(leases))
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			return nil, err
+		}
+		renewed[id] = true
+	}
+	return renewed, rows.Err()
+}
+
+// RecordRunner stores which runner and provider processes serve the run.
+func (s *Store) RecordRunner(ctx context.Context, f Fence, runnerInstanceID string, runner, provider *prpv1.ProcessInfo) error {
+	rp, err := marshalOpt(runner)
+	if err != nil {
+		return err
+	}
+	pp, err := marshalOpt(provider)
+	if err != nil {
+		return err
+	}
+	tag, err := s.pool.Exec(ctx, `
+UPDATE executor.runs r SET runner_instance_id = $4, runner_process = $5, provider_process = coalesce($6, r.provider_process), updated_at = now()
+  FROM executor.coordinators c
+ WHERE r.run_id = $1 AND c.run_id = r.run_id AND c.lease_owner = $2 AND c.attempt = $3 AND c.phase = 'observed'`,
+		f.RunID, f.Owner, int64(f.Attempt), runnerInstanceID, rp, pp)
+	if err != nil {
+		return err
+	}
+	if tag.RowsAffected() == 0 {
+		return ErrLeaseLost(f)
+	}
+	return nil
+}
+
+func marshalOpt(m proto.Message) ([]byte, error) {
+	if m == nil || !m.ProtoReflect().IsValid() {
+		return nil, nil
+	}
+	return marshalDet.Marshal(m)
+}

@@ -1,0 +1,36 @@
+// Package api is the gRPC face of the gateway: decode, delegate, map errors.
+package api
+
+import (
+	"context"
+
+	gatewayv1 "github.com/tether-run/tether/pkg/gen/tether/gateway/v1"
+	"github.com/tether-run/tether/services/runnergw/internal/gateway"
+)
+
+// Server implements tether.gateway.v1.RunnerGateway.
+type Server struct {
+	gatewayv1.UnsafeRunnerGatewayServer
+	Gateway *gateway.Gateway
+}
+
+var _ gatewayv1.RunnerGatewayServer = (*Server)(nil)
+
+// Attach relays one run between an executor and its runner.
+func (s *Server) Attach(stream gatewayv1.RunnerGateway_AttachServer) error {
+	return s.Gateway.Attach(stream)
+}
+
+// ListRunners lists runners.
+func (s *Server) ListRunners(context.Context, *gatewayv1.ListRunnersRequest) (*gatewayv1.ListRunnersResponse, error) {
+	return &gatewayv1.ListRunnersResponse{Runners: s.Gateway.Runners()}, nil
+}
+
+// GetRunner returns one runner.
+func (s *Server) GetRunner(_ context.Context, req *gatewayv1.GetRunnerRequest) (*gatewayv1.GetRunnerResponse, error) {
+	r, err := s.Gateway.Runner(req.GetRunnerInstanceId())
+	if err != nil {
+		return nil, err
+	}
+	return &gatewayv1.GetRunnerResponse{Runner: r}, nil
+}

@@ -1,0 +1,536 @@
+// Package gateway relays between executors (gRPC Attach streams) and runners
+// (PRP over WebSocket). It holds live connections only: a restarted gateway
+// re-learns everything from runners' hellos and executors' re-attaches.
+package gateway
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net/http"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/coder/websocket"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/tether-run/tether/pkg/failure"
+	gatewayv1 "github.com/tether-run/tether/pkg/gen/tether/gateway/v1"
+	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
+	"github.com/tether-run/tether/pkg/prp"
+	"github.com/tether-run/tether/pkg/scope"
+)
+
+// ConnectPath is the WebSocket path runners dial.
+const ConnectPath = "/v1/runners/connect"
+
+// Config configures a Gateway.
+type Config struct {
+	// StateRoot holds one directory per session scope (runnerd state,
+	// default workspace, runnerd.log).
+	StateRoot string
+	// ConnectURL is the ws:// URL launched runners dial (loopback only).
+	ConnectURL string
+	// RunnerdPath is the runnerd binary.
+	RunnerdPath string
+	// CodexCommand and CodexArgs launch the provider (the real codex
+	// app-server or the fake).
+	CodexCommand string
+	CodexArgs    []string
+	// IdleTimeout is how long a warm runner lives without work.
+	IdleTimeout time.Duration
+	// ReconnectGrace is how long a runner keeps trying to reconnect.
+	ReconnectGrace time.Duration
+	// ConnectTimeout bounds how long an Attach waits for its runner.
+	ConnectTimeout time.Duration
+	// Build is the checked runnerd build metadata.
+	Build     *gatewayv1.BuildMetadata
+	Authority *prp.Authority
+	Logger    *slog.Logger
+}
+
+// Gateway is the relay.
+type Gateway struct {
+	cfg Config
+	log *slog.Logger
+
+	mu      sync.Mutex
+	runners map[string]*runner // by session scope
+	highest map[string]uint64  // highest attempt seen per run
+	closed  bool
+}
+
+// New returns a Gateway.
+func New(cfg Config) *Gateway {
+	if cfg.IdleTimeout == 0 {
+		cfg.IdleTimeout = 10 * time.Minute
+	}
+	if cfg.ReconnectGrace == 0 {
+		cfg.ReconnectGrace = 2 * time.Minute
+	}
+	if cfg.ConnectTimeout == 0 {
+		cfg.ConnectTimeout = 20 * time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	return &Gateway{cfg: cfg, log: cfg.Logger, runners: map[string]*runner{}, highest: map[string]uint64{}}
+}
+
+// runner is one runnerd (one session scope).
+type runner struct {
+	scope string
+
+	mu         sync.Mutex
+	instanceID string
+	conn       *prp.Conn
+	connID     string
+	connected  chan struct{} // closed while a connection is registered
+	connectedAt time.Time
+	hello      *prpv1.Hello
+	lastCmdSeq uint64
+	ackedSeq   uint64
+	att        *attachment
+	child      *launched
+	lifecycle  string
+}
+
+type attachment struct {
+	runID   string
+	attempt uint64
+	out     chan *gatewayv1.AttachResponse
+	done    chan struct{}
+	once    sync.Once
+}
+
+func (a *attachment) close() { a.once.Do(func() { close(a.done) }) }
+
+// deliver hands a response to the attached executor, blocking (backpressure
+// on the runner connection) until it is taken or the attachment ends.
+func (a *attachment) deliver(ctx context.Context, r *gatewayv1.AttachResponse) {
+	select {
+	case a.out <- r:
+	case <-a.done:
+	case <-ctx.Done():
+	}
+}
+
+func (g *Gateway) runnerFor(sc string) *runner {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	r := g.runners[sc]
+	if r == nil {
+		r = &runner{scope: sc, connected: make(chan struct{})}
+		g.runners[sc] = r
+	}
+	return r
+}
+
+// fence records attempt for run and refuses one lower than the highest seen.
+func (g *Gateway) fence(runID string, attempt uint64) error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if h := g.highest[runID]; attempt < h {
+		return failure.New(codes.FailedPrecondition, "runner_attempt_fenced",
+			"attempt %d of run %s is below the highest attempt %d seen", attempt, runID, h)
+	}
+	g.highest[runID] = attempt
+	return nil
+}
+
+func (g *Gateway) stateDir(sc string) string { return filepath.Join(g.cfg.StateRoot, sc) }
+
+// ensureRunner returns the live runner of the scope, adopting one that is
+// still running from an earlier gateway or launching a new runnerd.
+func (g *Gateway) ensureRunner(ctx context.Context, sc string, in *prpv1.ExecutionInput) (*runner, bool, error) {
+	r := g.runnerFor(sc)
+	r.mu.Lock()
+	if r.conn != nil {
+		r.mu.Unlock()
+		return r, true, nil
+	}
+	wait := r.connected
+	if r.child == nil {
+		dir := g.stateDir(sc)
+		inst, proc := persistedIdentity(filepath.Join(dir, "runnerd"))
+		if !processAlive(proc) {
+			if inst == "" {
+				inst = randomID("runner-")
+			}
+			ticket, err := g.cfg.Authority.MintTicket(inst, sc, g.cfg.ConnectTimeout+time.Minute)
+			if err != nil {
+				r.mu.Unlock()
+				return nil, false, err
+			}
+			ws := in.GetWorkspace().GetCwd()
+			if ws == "" {
+				ws = filepath.Join(dir, "workspace")
+			}
+			child, err := g.launch(launchSpec{
+				stateDir: filepath.Join(dir, "runnerd"), workspace: ws, instanceID: inst,
+				leaseID: "local-" + sc[:16], sessionID: in.GetSession().GetNormalizedSessionId(), scope: sc, ticket: ticket,
+			})
+			if err != nil {
+				r.mu.Unlock()
+				return nil, false, err
+			}
+			r.child = child
+			r.instanceID = inst
+			go func() {
+				<-child.done
+				r.mu.Lock()
+				if r.child == child {
+					r.child = nil
+				}
+				r.mu.Unlock()
+			}()
+			g.log.Info("runner launched", "runner_instance_id", inst, "pid", child.cmd.Process.Pid, "session_scope", sc)
+		} else {
+			g.log.Info("waiting for a live runner to reconnect", "runner_instance_id", inst, "pid", proc.GetPid())
+		}
+	}
+	r.mu.Unlock()
+	t := time.NewTimer(g.cfg.ConnectTimeout)
+	defer t.Stop()
+	select {
+	case <-wait:
+		return r, false, nil
+	case <-t.C:
+		return nil, false, failure.New(codes.Unavailable, "runner_local_connect_failed",
+			"no runner connected for session scope %s within %s", sc, g.cfg.ConnectTimeout)
+	case <-ctx.Done():
+		return nil, false, failure.ToStatus(ctx.Err())
+	}
+}
+
+// Attach serves one executor stream.
+func (g *Gateway) Attach(stream gatewayv1.RunnerGateway_AttachServer) error {
+	ctx := stream.Context()
+	first, err := stream.Recv()
+	if err != nil {
+		return err
+	}
+	open := first.GetOpen()
+	if open == nil {
+		return failure.New(codes.InvalidArgument, "attach_open_required", "the first Attach request must be Open")
+	}
+	switch mode := open.GetTarget().GetMode(); mode {
+	case gatewayv1.TransportMode_TRANSPORT_MODE_UNSPECIFIED, gatewayv1.TransportMode_TRANSPORT_MODE_DIAL_WS_LOOPBACK:
+	case gatewayv1.TransportMode_TRANSPORT_MODE_LISTEN_WS:
+		return failure.New(codes.FailedPrecondition, "runner_ingress_unavailable", "this gateway has no sandbox ingress for listen_ws runners")
+	default:
+		return failure.New(codes.FailedPrecondition, "runner_remote_transport_capability_missing:dial_wss", "this gateway only launches local runners")
+	}
+	runID, attempt := open.GetRunId(), open.GetFence().GetAttempt()
+	if err := g.fence(runID, attempt); err != nil {
+		return err
+	}
+	sc := scope.Of(open.GetInput())
+	log := g.log.With("run_id", runID, "attempt", attempt, "session_scope", sc)
+	r, reused, err := g.ensureRunner(ctx, sc, open.GetInput())
+	if err != nil {
+		return err
+	}
+	att := &attachment{runID: runID, attempt: attempt, out: make(chan *gatewayv1.AttachResponse, 64), done: make(chan struct{})}
+	defer att.close()
+	r.mu.Lock()
+	if old := r.att; old != nil {
+		if old.runID != runID {
+			r.mu.Unlock()
+			return failure.New(codes.Aborted, "native_session_supervisor_busy",
+				"session scope %s is serving run %s", sc, old.runID)
+		}
+		old.close() // a re-attach (or a newer attempt) of the same run supersedes
+	}
+	r.att = att
+	opened := &gatewayv1.Opened{
+		RunnerInstanceId: r.instanceID, Build: g.cfg.Build, Reused: reused,
+		RunnerAckedSeq: r.ackedSeq, Lifecycle: r.lifecycle,
+	}
+	if r.hello != nil {
+		opened.RunnerProcess = r.hello.GetRunnerProcess()
+		opened.ProviderProcess = r.hello.GetProviderProcess()
+	}
+	conn := r.conn
+	after := r.ackedSeq
+	r.mu.Unlock()
+	defer func() {
+		r.mu.Lock()
+		if r.att == att {
+			r.att = nil
+		}
+		r.mu.Unlock()
+	}()
+	if err := stream.Send(&gatewayv1.AttachResponse{Kind: &gatewayv1.AttachResponse_Opened{Opened: opened}}); err != nil {
+		return err
+	}
+	if conn != nil {
+		// Unacknowledged events may have been sent to an earlier attachment.
+		_ = conn.Write(ctx, &prpv1.Frame{Kind: &prpv1.Frame_Replay{Replay: &prpv1.Replay{AfterSourceSeq: after}}})
+	}
+	log.Info("attached", "runner_instance_id", opened.GetRunnerInstanceId(), "reused", reused)
+
+	errc := make(chan error, 1)
+	go func() {
+		for {
+			select {
+			case m := <-att.out:
+				if err := stream.Send(m); err != nil {
+					errc <- err
+					return
+				}
+			case <-att.done:
+				errc <- nil
+				return
+			case <-ctx.Done():
+				errc <- nil
+				return
+			}
+		}
+	}()
+	recvc := make(chan error, 1)
+	go func() {
+		for {
+			req, err := stream.Recv()
+			if err != nil {
+				recvc <- err
+				return
+			}
+			if err := g.fromExecutor(ctx, r, att, req); err != nil {
+				recvc <- err
+				return
+			}
+		}
+	}()
+	select {
+	case err := <-errc:
+		if err == nil {
+			select {
+			case <-att.done:
+				return failure.New(codes.Aborted, "runner_attachment_superseded", "a newer attachment of run %s took over", runID)
+			default:
+			}
+		}
+		return err
+	case err := <-recvc:
+		if errors.Is(err, context.Canceled) || err == nil {
+			return nil
+		}
+		if s := err.Error(); s == "EOF" {
+			return nil
+		}
+		return err
+	}
+}
+
+func (g *Gateway) fromExecutor(ctx context.Context, r *runner, att *attachment, req *gatewayv1.AttachRequest) error {
+	switch k := req.GetKind().(type) {
+	case *gatewayv1.AttachRequest_Command:
+		cmd := k.Command
+		cmd.RunId, cmd.Attempt = att.runID, att.attempt
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		if r.att != att {
+			return failure.New(codes.Aborted, "runner_attachment_superseded", "attachment superseded")
+		}
+		if r.conn == nil {
+			return failure.New(codes.Unavailable, "runner_disconnected", "the runner is reconnecting")
+		}
+		cmd.ControllerSeq = r.lastCmdSeq + 1
+		if err := r.conn.Write(ctx, &prpv1.Frame{Kind: &prpv1.Frame_Command{Command: cmd}}); err != nil {
+			return failure.Wrap(err, codes.Unavailable, "runner_disconnected", "sending %s: %v", cmd.GetType(), err)
+		}
+		r.lastCmdSeq = cmd.ControllerSeq
+		return nil
+	case *gatewayv1.AttachRequest_Ack:
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		n := k.Ack.GetPersistedThroughSeq()
+		if n <= r.ackedSeq {
+			return nil
+		}
+		r.ackedSeq = n
+		if r.conn != nil {
+			_ = r.conn.Write(ctx, &prpv1.Frame{Kind: &prpv1.Frame_Ack{Ack: &prpv1.Ack{AckedSourceSeq: n}}})
+		}
+		return nil
+	case *gatewayv1.AttachRequest_Open:
+		return failure.New(codes.InvalidArgument, "attach_already_open", "Open may only be the first request")
+	}
+	return nil
+}
+
+// ServeHTTP accepts runner WebSocket connections at ConnectPath.
+func (g *Gateway) ServeHTTP(w http.ResponseWriter, req *http.Request) {
+	if req.URL.Path != ConnectPath {
+		http.NotFound(w, req)
+		return
+	}
+	ws, err := websocket.Accept(w, req, nil)
+	if err != nil {
+		return
+	}
+	c := prp.NewConn(ws)
+	ctx := req.Context()
+	acc, err := g.cfg.Authority.Accept(ctx, c)
+	if err != nil {
+		g.log.Warn("runner handshake refused", "err", err)
+		_ = c.Close(websocket.StatusPolicyViolation, prp.CodeOf(err))
+		return
+	}
+	hello := acc.Hello
+	sc := hello.GetIdentity().GetSessionScope()
+	inst := hello.GetIdentity().GetRunnerInstanceId()
+	r := g.runnerFor(sc)
+	r.mu.Lock()
+	if r.instanceID != "" && r.instanceID != inst {
+		r.mu.Unlock()
+		g.log.Warn("runner identity mismatch", "session_scope", sc, "want", r.instanceID, "got", inst)
+		_ = c.Close(websocket.StatusPolicyViolation, "runner_identity_mismatch")
+		return
+	}
+	r.instanceID = inst
+	acked := max(r.ackedSeq, hello.GetResume().GetAckedSourceSeq())
+	r.mu.Unlock()
+	if err := g.cfg.Authority.Welcome(ctx, c, acc, acked); err != nil {
+		_ = c.Close(websocket.StatusInternalError, "welcome failed")
+		return
+	}
+	r.mu.Lock()
+	if r.conn != nil {
+		_ = r.conn.Close(websocket.StatusGoingAway, "superseded by a newer connection")
+	} else {
+		close(r.connected)
+	}
+	r.conn, r.connID, r.hello = c, acc.ConnectionID, hello
+	r.connectedAt = time.Now()
+	r.lastCmdSeq = hello.GetResume().GetLastControllerSeq()
+	r.ackedSeq = acked
+	r.lifecycle = hello.GetLifecycle()
+	r.mu.Unlock()
+	g.log.Info("runner connected", "runner_instance_id", inst, "session_scope", sc, "acked_source_seq", acked)
+
+	err = g.readRunner(ctx, r, c)
+	r.mu.Lock()
+	if r.conn == c {
+		r.conn = nil
+		r.connected = make(chan struct{})
+		if r.att != nil {
+			// The executor re-attaches and waits for the runner to reconnect.
+			r.att.close()
+		}
+	}
+	r.mu.Unlock()
+	g.log.Info("runner disconnected", "runner_instance_id", inst, "err", err)
+	_ = c.Close(websocket.StatusNormalClosure, "")
+}
+
+func (g *Gateway) readRunner(ctx context.Context, r *runner, c *prp.Conn) error {
+	for {
+		f, err := c.Read(ctx)
+		if err != nil {
+			return err
+		}
+		r.mu.Lock()
+		att := r.att
+		r.mu.Unlock()
+		switch k := f.GetKind().(type) {
+		case *prpv1.Frame_Events:
+			if att != nil {
+				att.deliver(ctx, &gatewayv1.AttachResponse{Kind: &gatewayv1.AttachResponse_Events{Events: k.Events}})
+			}
+		case *prpv1.Frame_CommandResult:
+			if att != nil {
+				att.deliver(ctx, &gatewayv1.AttachResponse{Kind: &gatewayv1.AttachResponse_CommandResult{CommandResult: k.CommandResult}})
+			}
+		case *prpv1.Frame_Pong:
+			r.mu.Lock()
+			r.lifecycle = k.Pong.GetLifecycle()
+			r.mu.Unlock()
+		case *prpv1.Frame_Goodbye:
+			return errors.New(k.Goodbye.GetCode() + ": " + k.Goodbye.GetMessage())
+		}
+	}
+}
+
+// Runners lists the known runners.
+func (g *Gateway) Runners() []*gatewayv1.Runner {
+	g.mu.Lock()
+	rs := make([]*runner, 0, len(g.runners))
+	for _, r := range g.runners {
+		rs = append(rs, r)
+	}
+	g.mu.Unlock()
+	out := make([]*gatewayv1.Runner, 0, len(rs))
+	for _, r := range rs {
+		out = append(out, r.view())
+	}
+	return out
+}
+
+// Runner returns one runner by instance id.
+func (g *Gateway) Runner(id string) (*gatewayv1.Runner, error) {
+	for _, r := range g.Runners() {
+		if r.GetRunnerInstanceId() == id {
+			return r, nil
+		}
+	}
+	return nil, failure.New(codes.NotFound, "runner_not_found", "no runner %q", id)
+}
+
+func (r *runner) view() *gatewayv1.Runner {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	v := &gatewayv1.Runner{
+		RunnerInstanceId: r.instanceID, SessionScope: r.scope, Lifecycle: r.lifecycle,
+		Connected: r.conn != nil, AckedSourceSeq: r.ackedSeq,
+		Mode: gatewayv1.TransportMode_TRANSPORT_MODE_DIAL_WS_LOOPBACK,
+	}
+	if r.att != nil {
+		v.AttachedRunId = r.att.runID
+	}
+	if r.hello != nil {
+		v.NormalizedSessionId = r.hello.GetIdentity().GetNormalizedSessionId()
+		v.CompanyId = r.hello.GetSessionInput().GetBinding().GetCompanyId()
+		v.RunnerProcess = r.hello.GetRunnerProcess()
+		v.ProviderProcess = r.hello.GetProviderProcess()
+	}
+	if !r.connectedAt.IsZero() {
+		v.ConnectedAt = timestamppb.New(r.connectedAt)
+	}
+	return v
+}
+
+// Close stops the runners of this gateway (TERM, grace, KILL to each
+// process group), those it launched and those it adopted.
+func (g *Gateway) Close() {
+	g.mu.Lock()
+	g.closed = true
+	rs := make([]*runner, 0, len(g.runners))
+	for _, r := range g.runners {
+		rs = append(rs, r)
+	}
+	g.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, r := range rs {
+		r.mu.Lock()
+		child, hello := r.child, r.hello
+		r.mu.Unlock()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if child != nil {
+				stopGroup(child.cmd.Process.Pid, child.done, 3*time.Second)
+				return
+			}
+			// Adopted from an earlier gateway: stop it only while it is
+			// provably the same process.
+			if p := hello.GetRunnerProcess(); processAlive(p) {
+				stopGroup(int(p.GetPid()), pollExit(p), 3*time.Second)
+			}
+		}()
+	}
+	wg.Wait()
+}

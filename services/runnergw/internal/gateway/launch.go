@@ -1,0 +1,234 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"google.golang.org/grpc/codes"
+
+	"github.com/tether-run/tether/pkg/failure"
+	gatewayv1 "github.com/tether-run/tether/pkg/gen/tether/gateway/v1"
+	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
+	"github.com/tether-run/tether/pkg/prp"
+)
+
+// ContractVersion is the runnerd binary contract this gateway speaks (G2).
+const ContractVersion = 2
+
+// BuildMetadataSchema names runnerd's build metadata document.
+const BuildMetadataSchema = "tether/runnerd-build-metadata/v1"
+
+type buildMetadataJSON struct {
+	Schema                string   `json:"schema"`
+	BinaryName            string   `json:"binaryName"`
+	PackageName           string   `json:"packageName"`
+	PackageVersion        string   `json:"packageVersion"`
+	BinaryContractVersion uint32   `json:"binaryContractVersion"`
+	PrpTransportModes     []string `json:"prpTransportModes"`
+}
+
+// ReadBuildMetadata runs `runnerd --build-metadata` and checks the contract
+// for the transport mode the gateway needs (G2): a stale contract is
+// runner_remote_artifact_contract_incompatible, a missing mode is
+// runner_remote_transport_capability_missing:<mode>; there is no fall-through
+// to another mode.
+func ReadBuildMetadata(ctx context.Context, runnerdPath, mode string) (*gatewayv1.BuildMetadata, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, runnerdPath, "--build-metadata").Output()
+	if err != nil {
+		return nil, failure.Wrap(err, codes.FailedPrecondition, "runner_remote_artifact_contract_incompatible",
+			"%s --build-metadata failed: %v", runnerdPath, err)
+	}
+	return CheckBuildMetadata(out, mode)
+}
+
+// CheckBuildMetadata validates a build metadata document.
+func CheckBuildMetadata(doc []byte, mode string) (*gatewayv1.BuildMetadata, error) {
+	var m buildMetadataJSON
+	if err := json.Unmarshal(bytes.TrimSpace(doc), &m); err != nil || m.Schema != BuildMetadataSchema {
+		return nil, failure.New(codes.FailedPrecondition, "runner_remote_artifact_contract_incompatible",
+			"runner build metadata is not a %s document", BuildMetadataSchema)
+	}
+	if m.BinaryContractVersion != ContractVersion {
+		return nil, failure.New(codes.FailedPrecondition, "runner_remote_artifact_contract_incompatible",
+			"runner binary contract version %d, gateway needs %d", m.BinaryContractVersion, ContractVersion)
+	}
+	if !slices.Contains(m.PrpTransportModes, mode) {
+		return nil, failure.New(codes.FailedPrecondition, "runner_remote_transport_capability_missing:"+mode,
+			"runner build supports %v", m.PrpTransportModes)
+	}
+	return &gatewayv1.BuildMetadata{
+		Schema: m.Schema, BinaryName: m.BinaryName, PackageName: m.PackageName, PackageVersion: m.PackageVersion,
+		BinaryContractVersion: m.BinaryContractVersion, PrpTransportModes: m.PrpTransportModes,
+	}, nil
+}
+
+// launched is a runnerd child process.
+type launched struct {
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+func randomID(prefix string) string {
+	b := make([]byte, 12)
+	_, _ = rand.Read(b)
+	return prefix + hex.EncodeToString(b)
+}
+
+// persistedIdentity reads the runner instance id and process a previous
+// runnerd left in its state dir, if any.
+func persistedIdentity(stateDir string) (instanceID string, proc *prpv1.ProcessInfo) {
+	raw, err := os.ReadFile(filepath.Join(stateDir, "runner", "runner-state.json"))
+	if err != nil {
+		return "", nil
+	}
+	var st struct {
+		Identity struct {
+			RunnerInstanceID string `json:"runnerInstanceId"`
+		} `json:"identity"`
+		RunnerInstanceID string `json:"runnerInstanceId"`
+		RunnerProcess    *struct {
+			PID        int32  `json:"pid"`
+			StartTicks uint64 `json:"startTicks"`
+		} `json:"runnerProcess"`
+	}
+	if json.Unmarshal(raw, &st) != nil {
+		return "", nil
+	}
+	instanceID = st.Identity.RunnerInstanceID
+	if instanceID == "" {
+		instanceID = st.RunnerInstanceID
+	}
+	if st.RunnerProcess != nil {
+		proc = &prpv1.ProcessInfo{Pid: st.RunnerProcess.PID, StartTicks: st.RunnerProcess.StartTicks}
+	}
+	return instanceID, proc
+}
+
+// processAlive reports whether pid is alive and is the same process (same
+// start time), so PID reuse cannot fool it.
+func processAlive(p *prpv1.ProcessInfo) bool {
+	if p == nil || p.GetPid() <= 0 {
+		return false
+	}
+	if err := syscall.Kill(int(p.GetPid()), 0); err != nil && err != syscall.EPERM {
+		return false
+	}
+	ticks, err := startTicks(int(p.GetPid()))
+	if err != nil {
+		return false
+	}
+	return p.GetStartTicks() == 0 || ticks == p.GetStartTicks()
+}
+
+// startTicks reads field 22 of /proc/<pid>/stat.
+func startTicks(pid int) (uint64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return 0, fmt.Errorf("malformed stat")
+	}
+	f := strings.Fields(s[i+1:])
+	if len(f) < 20 {
+		return 0, fmt.Errorf("malformed stat")
+	}
+	return strconv.ParseUint(f[19], 10, 64)
+}
+
+// launchSpec is what a runnerd launch needs.
+type launchSpec struct {
+	stateDir, workspace, instanceID, leaseID, sessionID, scope string
+	ticket                                                     prp.Credential
+}
+
+func (g *Gateway) launch(spec launchSpec) (*launched, error) {
+	for _, d := range []string{spec.stateDir, spec.workspace} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return nil, failure.Wrap(err, codes.Internal, "runner_local_connect_failed", "creating %s: %v", d, err)
+		}
+	}
+	args := []string{
+		"--connect-url", g.cfg.ConnectURL,
+		"--state-dir", spec.stateDir,
+		"--runner-id", spec.instanceID,
+		"--environment-lease-id", spec.leaseID,
+		"--session-id", spec.sessionID,
+		"--session-scope", spec.scope,
+		"--workspace", spec.workspace,
+		"--codex-command", g.cfg.CodexCommand,
+		"--idle-timeout", g.cfg.IdleTimeout.String(),
+		"--reconnect-grace", g.cfg.ReconnectGrace.String(),
+	}
+	for _, a := range g.cfg.CodexArgs {
+		args = append(args, "--codex-arg", a)
+	}
+	logf, err := os.OpenFile(filepath.Join(spec.stateDir, "runnerd.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, failure.Wrap(err, codes.Internal, "runner_local_connect_failed", "opening runnerd log: %v", err)
+	}
+	cmd := exec.Command(g.cfg.RunnerdPath, args...)
+	// An allow-listed environment: the ticket travels only here.
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + spec.stateDir, prp.EnvBootstrapTicket + "=" + spec.ticket.Encode()}
+	cmd.Dir = spec.stateDir
+	cmd.Stdout, cmd.Stderr = logf, logf
+	// Its own process group: runnerd outlives a crashed gateway and is
+	// adopted when the gateway comes back.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		logf.Close()
+		return nil, failure.Wrap(err, codes.Unavailable, "runner_local_connect_failed", "starting runnerd: %v", err)
+	}
+	l := &launched{cmd: cmd, done: make(chan struct{})}
+	go func() {
+		_ = cmd.Wait()
+		logf.Close()
+		close(l.done)
+	}()
+	return l, nil
+}
+
+// stop terminates a runnerd process group: TERM, grace, KILL.
+func stopGroup(pid int, done <-chan struct{}, grace time.Duration) {
+	if pid <= 0 {
+		return
+	}
+	_ = syscall.Kill(-pid, syscall.SIGTERM)
+	select {
+	case <-done:
+	case <-time.After(grace):
+		_ = syscall.Kill(-pid, syscall.SIGKILL)
+		select {
+		case <-done:
+		case <-time.After(grace):
+		}
+	}
+}
+
+// pollExit returns a channel closed when the (non-child) process is gone.
+func pollExit(p *prpv1.ProcessInfo) <-chan struct{} {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := 0; i < 600 && processAlive(p); i++ {
+			time.Sleep(10 * time.Millisecond)
+		}
+	}()
+	return done
+}
