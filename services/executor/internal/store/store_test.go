@@ -1,0 +1,269 @@
+package store_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/pressly/goose/v3"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/tether-run/tether/pkg/failure"
+	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
+	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
+	"github.com/tether-run/tether/pkg/pgtest"
+	"github.com/tether-run/tether/services/executor/internal/store"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// Migrator is the executor schema for pgtest templates.
+var Migrator = pgtest.GooseMigrator(store.Migrations, "migrations", goose.WithTableName("executor_goose_version"))
+
+func newStore(t *testing.T) *store.Store {
+	t.Helper()
+	s, err := store.Open(context.Background(), pgtest.NewDB(t, Migrator))
+	require.NoError(t, err)
+	t.Cleanup(s.Close)
+	return s
+}
+
+func input(session, prompt string) *prpv1.ExecutionInput {
+	return &prpv1.ExecutionInput{
+		Provider: &prpv1.Provider{Kind: "codex"},
+		Binding:  &prpv1.Binding{CompanyId: "acme", AgentId: "agent-1"},
+		Task:     &prpv1.Task{Prompt: prompt},
+		Session: &prpv1.Session{NormalizedSessionId: session,
+			Lifecycle: &prpv1.Lifecycle{Mode: prpv1.LifecycleMode_LIFECYCLE_MODE_WARM}},
+	}
+}
+
+func event(run, inst string, seq uint64, typ string, payload map[string]any) *prpv1.Event {
+	p, _ := structpb.NewStruct(payload)
+	return &prpv1.Event{
+		Schema: "tether.prp.event.v1", SourceInstanceId: inst, SourceSeq: seq,
+		SourceEventId: fmt.Sprintf("event_%s_%016d", inst, seq), SourceKind: "runner",
+		RunId: run, EventType: typ, SchemaVersion: 1, Priority: 1, Payload: p,
+	}
+}
+
+func TestSubmitRunIsIdempotentByRunID(t *testing.T) {
+	s := newStore(t)
+	ctx := context.Background()
+	run, created, err := s.SubmitRun(ctx, "r1", input("s", "hello"))
+	require.NoError(t, err)
+	require.True(t, created)
+	require.Equal(t, executorv1.RunState_RUN_STATE_QUEUED, run.GetState())
+	require.Equal(t, "queued", run.GetPhase())
+
+	again, created, err := s.SubmitRun(ctx, "r1", input("s", "hello"))
+	require.NoError(t, err)
+	require.False(t, created)
+	require.True(t, proto.Equal(run, again))
+
+	_, _, err = s.SubmitRun(ctx, "r1", input("s", "another prompt"))
+	require.Equal(t, codes.AlreadyExists, status.Code(err))
+	require.Equal(t, "run_id_conflict", failure.CodeOf(err))
+
+	runs, _, err := s.ListRuns(ctx, store.ListFilter{}, 10, "")
+	require.NoError(t, err)
+	require.Len(t, runs, 1)
+}
+
+func TestSubmitRunRacingClientsYieldOneRun(t *testing.T) {
+	s := newStore(t)
+	var wg sync.WaitGroup
+	createdCount := 0
+	var mu sync.Mutex
+	for i := 0; i < 8; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, created, err := s.SubmitRun(context.Background(), "race", input("s", "same"))
+			require.NoError(t, err)
+			if created {
+				mu.Lock()
+				createdCount++
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	require.Equal(t, 1, createdCount)
+}
+
+func TestE7_ClaimIsFencedAndSessionOrdered(t *testing.T) {
+	s := newStore(t)
+	ctx := context.Background()
+	for i, id := range []string{"a1", "a2"} {
+		_, _, err := s.SubmitRun(ctx, id, input("sess-a", fmt.Sprint("turn ", i)))
+		require.NoError(t, err)
+	}
+	_, _, err := s.SubmitRun(ctx, "b1", input("sess-b", "other session"))
+	require.NoError(t, err)
+
+	c1, err := s.ClaimNext(ctx, "owner-1", time.Minute)
+	require.NoError(t, err)
+	require.Equal(t, "a1", c1.RunID)
+	require.EqualValues(t, 1, c1.Attempt)
+	// a2 waits behind a1 in the same session; b1 is free.
+	c2, err := s.ClaimNext(ctx, "owner-2", time.Minute)
+	require.NoError(t, err)
+	require.Equal(t, "b1", c2.RunID)
+	none, err := s.ClaimNext(ctx, "owner-2", time.Minute)
+	require.NoError(t, err)
+	require.Nil(t, none)
+
+	// Only the exact (owner, attempt) renews.
+	renewed, err := s.RenewLeases(ctx, "owner-1", []store.Lease{{RunID: "a1", Attempt: 1}, {RunID: "b1", Attempt: 1}}, time.Minute)
+	require.NoError(t, err)
+	require.Equal(t, map[string]bool{"a1": true}, renewed)
+	renewed, err = s.RenewLeases(ctx, "owner-1", []store.Lease{{RunID: "a1", Attempt: 2}}, time.Minute)
+	require.NoError(t, err)
+	require.Empty(t, renewed)
+}
+
+func TestE7_ExpiredLeaseIsTakenOverAndStaleWritesChangeNothing(t *testing.T) {
+	s := newStore(t)
+	ctx := context.Background()
+	_, _, err := s.SubmitRun(ctx, "r", input("s", "x"))
+	require.NoError(t, err)
+	old, err := s.ClaimNext(ctx, "old", time.Millisecond)
+	require.NoError(t, err)
+	time.Sleep(5 * time.Millisecond) // let the 1 ms lease expire in the database clock
+	taken, err := s.ClaimNext(ctx, "new", time.Minute)
+	require.NoError(t, err)
+	require.Equal(t, "r", taken.RunID)
+	require.EqualValues(t, 2, taken.Attempt)
+
+	_, err = s.AppendEvents(ctx, old.Fence, []*prpv1.Event{event("r", "runner-1", 1, "turn.started", nil)})
+	require.Equal(t, "native_session_lease_lost", failure.CodeOf(err))
+	require.Equal(t, "native_session_lease_lost", failure.CodeOf(s.FailRun(ctx, old.Fence, "x_failed", "stale")))
+	require.Equal(t, "native_session_lease_lost", failure.CodeOf(s.RecordRunner(ctx, old.Fence, "runner-1", nil, nil)))
+	run, err := s.GetRun(ctx, "r")
+	require.NoError(t, err)
+	require.Zero(t, run.GetEventCount())
+	require.Equal(t, executorv1.RunState_RUN_STATE_RUNNING, run.GetState())
+	require.EqualValues(t, 2, run.GetAttempt())
+}
+
+func TestG4_AppendEventsDedupesAndRefusesConflicts(t *testing.T) {
+	s := newStore(t)
+	ctx := context.Background()
+	_, _, err := s.SubmitRun(ctx, "r", input("s", "x"))
+	require.NoError(t, err)
+	c, err := s.ClaimNext(ctx, "o", time.Minute)
+	require.NoError(t, err)
+	batch := []*prpv1.Event{
+		event("r", "runner-1", 1, "turn.started", map[string]any{"n": 1}),
+		event("r", "runner-1", 2, "item.delta", map[string]any{"delta": "he"}),
+	}
+	res, err := s.AppendEvents(ctx, c.Fence, batch)
+	require.NoError(t, err)
+	require.Equal(t, 2, res.Inserted)
+
+	// Identical replay (plus one new event): duplicates are dropped.
+	res, err = s.AppendEvents(ctx, c.Fence, append(batch, event("r", "runner-1", 3, "item.delta", map[string]any{"delta": "llo"})))
+	require.NoError(t, err)
+	require.Equal(t, 1, res.Inserted)
+	require.Equal(t, 2, res.Duplicates)
+
+	// Same seq, other bytes: the batch is refused, nothing is written.
+	_, err = s.AppendEvents(ctx, c.Fence, []*prpv1.Event{
+		event("r", "runner-1", 4, "item.delta", nil),
+		event("r", "runner-1", 2, "item.delta", map[string]any{"delta": "HE"}),
+	})
+	require.Equal(t, store.CodeReplayConflict, failure.CodeOf(err))
+	require.Contains(t, err.Error(), "native_event_replay_conflict: source sequence 2 contained different bytes")
+	evs, err := s.EventsAfter(ctx, "r", 0, 100)
+	require.NoError(t, err)
+	require.Len(t, evs, 3)
+	for i, e := range evs {
+		require.EqualValues(t, i+1, e.Seq)
+		require.EqualValues(t, i+1, e.Event.GetSourceSeq())
+	}
+	n, err := s.HighestContiguousSourceSeq(ctx, "runner-1", 0)
+	require.NoError(t, err)
+	require.EqualValues(t, 3, n)
+}
+
+func TestTerminalEventRecordsTheOutcome(t *testing.T) {
+	s := newStore(t)
+	ctx := context.Background()
+	_, _, err := s.SubmitRun(ctx, "r", input("s", "x"))
+	require.NoError(t, err)
+	c, err := s.ClaimNext(ctx, "o", time.Minute)
+	require.NoError(t, err)
+	res, err := s.AppendEvents(ctx, c.Fence, []*prpv1.Event{event("r", "runner-1", 1, "run.terminal", map[string]any{
+		"turnTerminalState": "completed", "runTerminalState": "succeeded", "finalMessage": "ECHO: x",
+		"usage": map[string]any{"inputTokens": 10, "cachedInputTokens": 2, "outputTokens": 3},
+	})})
+	require.NoError(t, err)
+	require.True(t, res.Terminal)
+	run, err := s.GetRun(ctx, "r")
+	require.NoError(t, err)
+	require.Equal(t, executorv1.RunState_RUN_STATE_SUCCEEDED, run.GetState())
+	require.Equal(t, "completed", run.GetPhase())
+	require.Equal(t, "ECHO: x", run.GetResult().GetFinalMessage())
+	require.EqualValues(t, 10, run.GetResult().GetUsage().GetInputTokens())
+	require.NotNil(t, run.GetEndedAt())
+	// A completed run is never claimed again.
+	again, err := s.ClaimNext(ctx, "o2", time.Minute)
+	require.NoError(t, err)
+	require.Nil(t, again)
+}
+
+func TestFailRunAppendsOneControlPlaneTerminal(t *testing.T) {
+	s := newStore(t)
+	ctx := context.Background()
+	_, _, err := s.SubmitRun(ctx, "r", input("s", "x"))
+	require.NoError(t, err)
+	c, err := s.ClaimNext(ctx, "o", time.Minute)
+	require.NoError(t, err)
+	require.NoError(t, s.FailRun(ctx, c.Fence, "runner_local_connect_failed", "no runner"))
+	run, err := s.GetRun(ctx, "r")
+	require.NoError(t, err)
+	require.Equal(t, executorv1.RunState_RUN_STATE_FAILED, run.GetState())
+	require.Equal(t, "runner_local_connect_failed", run.GetFailure().GetCode())
+	require.Equal(t, "terminal_failure", run.GetPhase())
+	evs, err := s.EventsAfter(ctx, "r", 0, 10)
+	require.NoError(t, err)
+	require.Len(t, evs, 1)
+	require.Equal(t, "run.terminal", evs[0].Event.GetEventType())
+	require.Equal(t, "control_plane", evs[0].Event.GetSourceKind())
+}
+
+func TestListRunsPagesNewestFirst(t *testing.T) {
+	s := newStore(t)
+	ctx := context.Background()
+	for i := 0; i < 5; i++ {
+		_, _, err := s.SubmitRun(ctx, fmt.Sprintf("r%d", i), input("s", fmt.Sprint(i)))
+		require.NoError(t, err)
+	}
+	page1, next, err := s.ListRuns(ctx, store.ListFilter{}, 2, "")
+	require.NoError(t, err)
+	require.Equal(t, []string{"r4", "r3"}, ids(page1))
+	page2, next, err := s.ListRuns(ctx, store.ListFilter{}, 2, next)
+	require.NoError(t, err)
+	require.Equal(t, []string{"r2", "r1"}, ids(page2))
+	page3, next, err := s.ListRuns(ctx, store.ListFilter{}, 2, next)
+	require.NoError(t, err)
+	require.Equal(t, []string{"r0"}, ids(page3))
+	require.Empty(t, next)
+	_, _, err = s.ListRuns(ctx, store.ListFilter{}, 2, "garbage!")
+	require.Equal(t, codes.InvalidArgument, status.Code(err))
+}
+
+func ids(runs []*executorv1.Run) []string {
+	out := make([]string, len(runs))
+	for i, r := range runs {
+		out[i] = r.GetRunId()
+	}
+	return out
+}
