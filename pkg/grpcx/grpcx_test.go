@@ -690,3 +690,22 @@ func makeLeaf(t *testing.T, dir, name string, ca *x509.Certificate, caKey *ecdsa
 	}
 	writePEM(t, filepath.Join(dir, name+"-key.pem"), "PRIVATE KEY", kb)
 }
+
+func TestHealthCallsLoggedAtDebug(t *testing.T) {
+	logs := &syncBuffer{}
+	h := startServer(t, func(c *Config) { c.Logger = NewLogger("info", "json", logs) })
+	if _, err := healthpb.NewHealthClient(h.conn).Check(ctxT(t), &healthpb.HealthCheckRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := backupv1.NewBackupVerifierClient(h.conn).VerifyStamp(ctxT(t), validRequest("x")); err != nil {
+		t.Fatal(err)
+	}
+	h.stop(t)
+	out := logs.String()
+	if strings.Contains(out, "grpc.health.v1.Health") {
+		t.Errorf("health check logged at info:\n%s", out)
+	}
+	if !strings.Contains(out, `"grpc.method":"VerifyStamp"`) {
+		t.Errorf("service call not logged:\n%s", out)
+	}
+}

@@ -173,10 +173,31 @@ func New(cfg Config, extra ...grpc.ServerOption) (*Server, error) {
 	return s, nil
 }
 
+// slogAdapter logs through l; successful health and reflection calls (probes,
+// grpcurl) are demoted to debug so they do not flood the logs.
 func slogAdapter(l *slog.Logger) logging.Logger {
 	return logging.LoggerFunc(func(ctx context.Context, lvl logging.Level, msg string, fields ...any) {
-		l.Log(ctx, slog.Level(lvl), msg, fields...)
+		level := slog.Level(lvl)
+		if level == slog.LevelInfo && isInfraCall(fields) {
+			level = slog.LevelDebug
+		}
+		l.Log(ctx, level, msg, fields...)
 	})
+}
+
+func isInfraCall(fields []any) bool {
+	for i := 0; i+1 < len(fields); i += 2 {
+		if k, _ := fields[i].(string); k == logging.ServiceFieldKey {
+			switch fields[i+1] {
+			case healthgrpc.Health_ServiceDesc.ServiceName,
+				"grpc.reflection.v1.ServerReflection",
+				"grpc.reflection.v1alpha.ServerReflection":
+				return true
+			}
+			return false
+		}
+	}
+	return false
 }
 
 func unaryFieldsInterceptor(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
