@@ -12,7 +12,7 @@ PROTOVALIDATE_VERSION := v1.2.2
 MODULES := ./pkg/... ./services/executor/... ./services/runnergw/... ./services/backup/... ./services/runnerd/...
 PROTODEPS := .cache/protodeps/protovalidate/buf/validate/validate.proto
 
-.PHONY: help tools protodeps generate check-generate lint build test demo up bench fuzz clean
+.PHONY: help tools protodeps generate check-generate lint build test demo up bench fuzz
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -34,3 +34,26 @@ generate: tools protodeps ## regenerate pkg/gen from proto/
 
 check-generate: generate ## fail when committed generated code is stale
 	@git diff --exit-code --stat -- pkg/gen && test -z "$$(git status --porcelain -- pkg/gen)" || { echo "pkg/gen is stale: run make generate and commit"; exit 1; }
+
+GOFILES = $(shell git ls-files '*.go' | grep -v '^pkg/gen/')
+CMDS := ./services/executor/cmd/executor ./services/executor/cmd/tetherctl ./services/executor/cmd/tether-demo \
+        ./services/runnergw/cmd/runnergw ./services/backup/cmd/backup-verifier \
+        ./services/runnerd/cmd/runnerd ./services/runnerd/cmd/fake-codex-app-server
+
+lint: tools protodeps ## gofmt, go vet and buf lint
+	@out=$$(gofmt -l $(GOFILES)); test -z "$$out" || { echo "gofmt would change:"; echo "$$out"; exit 1; }
+	$(GO) vet $(MODULES)
+	buf lint
+
+build: ## build every binary into bin/
+	@mkdir -p bin
+	$(GO) build -o bin/ $(CMDS)
+
+test: lint check-generate ## lint, check generated code, and run every test with -race
+	$(GO) test -race -count=1 -timeout 12m $(MODULES)
+
+demo: build ## run three warm turns through the whole stack on an ephemeral PostgreSQL
+	bin/tether-demo
+
+up: build ## keep the stack running on the default ports until interrupted
+	bin/tether-demo -up

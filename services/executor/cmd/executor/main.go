@@ -72,7 +72,7 @@ func run() error {
 		Gateway: gatewayv1.NewRunnerGatewayClient(gwConn), Logger: log,
 	})
 	hub := watch.NewHub()
-	executorv1.RegisterExecutorServiceServer(srv.GRPC(), &api.Server{Store: st, Hub: hub, Kick: d.Kick})
+	executorv1.RegisterExecutorServiceServer(srv.GRPC(), &api.Server{Store: st, Hub: hub, Kick: d.Kick, Draining: srv.Draining()})
 	bg, cancelBG := context.WithCancel(context.Background())
 	defer cancelBG()
 	go hub.Listen(bg, st.Pool(), d.Kick, log)

@@ -24,6 +24,10 @@ type Server struct {
 	Kick func()
 	// PollInterval bounds how long a watcher waits without a notification.
 	PollInterval time.Duration
+	// Draining, when closed, ends open watches with Unavailable so a
+	// graceful shutdown is not held up by them (clients resume from their
+	// last cursor on another replica).
+	Draining <-chan struct{}
 }
 
 var _ executorv1.ExecutorServiceServer = (*Server)(nil)
@@ -116,6 +120,10 @@ func (s *Server) WatchRun(req *executorv1.WatchRunRequest, stream executorv1.Exe
 		case <-ctx.Done():
 			t.Stop()
 			return failure.ToStatus(ctx.Err())
+		case <-s.Draining:
+			t.Stop()
+			return failure.New(codes.Unavailable, "executor_draining",
+				"this executor is shutting down; resume the watch from cursor %d", cursor)
 		case <-updates:
 		case <-t.C:
 		}

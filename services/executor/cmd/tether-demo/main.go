@@ -1,0 +1,190 @@
+// Command tether-demo stands up tether on loopback — an ephemeral
+// PostgreSQL, the backup verifier, the runner gateway and the executor as
+// real processes — and runs three warm turns of one session through runnerd
+// and the fake codex app-server, printing them live. With -up it keeps the
+// stack running for grpcurl until interrupted.
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
+	"github.com/tether-run/tether/pkg/grpcx"
+	"github.com/tether-run/tether/pkg/pgtest"
+	"github.com/tether-run/tether/services/executor/internal/cli"
+	"github.com/tether-run/tether/services/executor/internal/stack"
+)
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "demo:", err)
+		os.Exit(1)
+	}
+}
+
+func run() error {
+	self, _ := os.Executable()
+	binDir := flag.String("bin-dir", filepath.Dir(self), "directory with the tether binaries")
+	up := flag.Bool("up", false, "keep the stack running on the default ports until interrupted")
+	keep := flag.Bool("keep", false, "keep the temporary directory (logs, state)")
+	flag.Parse()
+
+	ctx, stop := grpcx.SignalContext(context.Background())
+	defer stop()
+	dir, err := os.MkdirTemp("", "tether-demo-")
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if *keep {
+			fmt.Println("demo: kept", dir)
+			return
+		}
+		_ = os.RemoveAll(dir)
+	}()
+
+	dsn := os.Getenv("TETHER_DATABASE_URL")
+	if dsn == "" {
+		cluster, err := pgtest.Start(ctx, pgtest.WithDurable())
+		if err != nil {
+			return fmt.Errorf("starting PostgreSQL: %w", err)
+		}
+		defer cluster.Close()
+		if err := cluster.CreateDatabase(ctx, "tether"); err != nil {
+			return err
+		}
+		dsn = cluster.DSN("tether")
+		fmt.Printf("demo: PostgreSQL on 127.0.0.1:%d (ephemeral)\n", cluster.Port())
+	}
+	opts := stack.Options{BinDir: *binDir, Dir: dir, DatabaseURL: dsn}
+	if *up {
+		opts.ExecutorPort, opts.GatewayPort, opts.RunnerPort, opts.BackupPort = 7400, 7401, 7411, 7402
+	}
+	st, err := stack.New(opts)
+	if err != nil {
+		return err
+	}
+	defer st.Stop()
+	if err := st.StartAll(ctx); err != nil {
+		return err
+	}
+	fmt.Printf("demo: executor %s, runnergw %s, backup-verifier %s\n", st.Addr("executor"), st.Addr("runnergw"), st.Addr("backup-verifier"))
+	if *up {
+		fmt.Println("demo: stack is up; try `grpcurl -plaintext 127.0.0.1:7400 list` — Ctrl-C stops it")
+		<-ctx.Done()
+		return nil
+	}
+	return turns(ctx, st)
+}
+
+func turns(ctx context.Context, st *stack.Stack) error {
+	conn, err := grpcx.Dial(st.Addr("executor"), "")
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	client := executorv1.NewExecutorServiceClient(conn)
+	prompts := []string{
+		"Say hello and remember the word 'tether'.",
+		"What word did I ask you to remember?",
+		"Summarise our conversation in one line.",
+	}
+	session := fmt.Sprintf("demo-%d", time.Now().UnixNano())
+	var runIDs []string
+	events := uint64(0)
+	for i, prompt := range prompts {
+		runID := fmt.Sprintf("%s-turn-%d", session, i+1)
+		in, err := cli.InputSpec{Prompt: prompt, Company: "demo", Agent: "demo-agent", Session: session, Lifecycle: "warm"}.Input()
+		if err != nil {
+			return err
+		}
+		if _, err := client.SubmitRun(ctx, &executorv1.SubmitRunRequest{RunId: runID, Input: in}); err != nil {
+			return err
+		}
+		fmt.Printf("\n── turn %d: %s\n", i+1, prompt)
+		stream, err := client.WatchRun(ctx, &executorv1.WatchRunRequest{RunId: runID})
+		if err != nil {
+			return err
+		}
+		r := &cli.Renderer{W: os.Stdout, Prefix: "   "}
+		for {
+			m, err := stream.Recv()
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			if err != nil {
+				return err
+			}
+			r.Event(m)
+		}
+		r.Flush()
+		runIDs = append(runIDs, runID)
+	}
+	turnsOK := 0
+	runners := map[string]bool{}
+	for _, id := range runIDs {
+		resp, err := client.GetRun(ctx, &executorv1.GetRunRequest{RunId: id})
+		if err != nil {
+			return err
+		}
+		run := resp.GetRun()
+		if run.GetState() == executorv1.RunState_RUN_STATE_SUCCEEDED {
+			turnsOK++
+		}
+		events += run.GetEventCount()
+		if p := run.GetRunnerProcess(); p != nil {
+			runners[fmt.Sprintf("%d/%d", p.GetPid(), p.GetStartTicks())] = true
+		}
+	}
+	providers, err := countLines(st.CallLog(), "process-start")
+	if err != nil {
+		return err
+	}
+	fmt.Printf("\ndemo: %d turns, %d runner %s, %d provider %s, %d events\n",
+		turnsOK, len(runners), plural(len(runners), "process", "processes"), providers, plural(providers, "process", "processes"), events)
+	if turnsOK != len(prompts) || len(runners) != 1 || providers != 1 {
+		return fmt.Errorf("expected %d succeeded turns on 1 runner and 1 provider process", len(prompts))
+	}
+	st.Stop()
+	for id := range runners {
+		var pid int
+		fmt.Sscanf(id, "%d/", &pid)
+		if pid > 0 && syscall.Kill(pid, 0) == nil {
+			return fmt.Errorf("runner process %d is still running after shutdown", pid)
+		}
+	}
+	return nil
+}
+
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
+}
+
+func countLines(path, want string) (int, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	n := 0
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if strings.TrimSpace(sc.Text()) == want {
+			n++
+		}
+	}
+	return n, sc.Err()
+}

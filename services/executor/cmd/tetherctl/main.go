@@ -1,0 +1,224 @@
+// Command tetherctl talks to the executor: submit runs, watch them live, get
+// and list them.
+//
+//	tetherctl submit -prompt "hello" -session demo [-watch]
+//	tetherctl watch RUN_ID [-json] [-after N]
+//	tetherctl get RUN_ID
+//	tetherctl list [-session S] [-state succeeded]
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+
+	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
+	"github.com/tether-run/tether/pkg/grpcx"
+	"github.com/tether-run/tether/services/executor/internal/cli"
+)
+
+func main() {
+	if err := run(os.Args[1:]); err != nil {
+		if st, ok := status.FromError(err); ok {
+			fmt.Fprintf(os.Stderr, "tetherctl: %s: %s\n", st.Code(), st.Message())
+		} else {
+			fmt.Fprintln(os.Stderr, "tetherctl:", err)
+		}
+		os.Exit(1)
+	}
+}
+
+const usage = `usage: tetherctl [-addr HOST:PORT] <command> [flags]
+commands:
+  submit   submit a run (-prompt, -session, -company, -agent, -lifecycle, -cwd, -run-id, -watch)
+  watch    stream a run's events live (RUN_ID [-json] [-after N])
+  get      print a run as JSON (RUN_ID)
+  list     list runs (-session, -state, -limit)
+environment: TETHER_EXECUTOR_ADDR (default 127.0.0.1:7400), TETHER_EXECUTOR_CA`
+
+func run(args []string) error {
+	global := flag.NewFlagSet("tetherctl", flag.ContinueOnError)
+	addr := grpcx.StringFlag(global, "addr", "TETHER_EXECUTOR_ADDR", "127.0.0.1:7400", "executor address")
+	ca := grpcx.StringFlag(global, "ca", "TETHER_EXECUTOR_CA", "", "CA bundle for the executor's TLS certificate")
+	global.Usage = func() { fmt.Fprintln(os.Stderr, usage) }
+	if err := global.Parse(args); err != nil {
+		return err
+	}
+	if global.NArg() == 0 {
+		global.Usage()
+		return errors.New("missing command")
+	}
+	conn, err := grpcx.Dial(*addr, *ca)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	client := executorv1.NewExecutorServiceClient(conn)
+	cmd, rest := global.Arg(0), global.Args()[1:]
+	ctx := context.Background()
+	switch cmd {
+	case "submit":
+		return submit(ctx, client, rest)
+	case "watch":
+		return watch(ctx, client, rest)
+	case "get":
+		return get(ctx, client, rest)
+	case "list":
+		return list(ctx, client, rest)
+	}
+	global.Usage()
+	return fmt.Errorf("unknown command %q", cmd)
+}
+
+func submit(ctx context.Context, c executorv1.ExecutorServiceClient, args []string) error {
+	fs := flag.NewFlagSet("submit", flag.ContinueOnError)
+	var spec cli.InputSpec
+	runID := fs.String("run-id", "", "run id (default: generated)")
+	fs.StringVar(&spec.Prompt, "prompt", "", "the task for this turn (required)")
+	fs.StringVar(&spec.Session, "session", "", "normalized session id (required)")
+	fs.StringVar(&spec.Company, "company", "local", "company id")
+	fs.StringVar(&spec.Agent, "agent", "agent", "agent id")
+	fs.StringVar(&spec.Issue, "issue", "", "issue id")
+	fs.StringVar(&spec.Lifecycle, "lifecycle", "warm", "warm or per_turn")
+	fs.StringVar(&spec.Cwd, "cwd", "", "absolute workspace directory on the runner host (default: assigned)")
+	fs.StringVar(&spec.Model, "model", "", "provider model")
+	doWatch := fs.Bool("watch", false, "watch the run after submitting")
+	asJSON := fs.Bool("json", false, "print raw JSON")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *runID == "" {
+		b := make([]byte, 8)
+		_, _ = rand.Read(b)
+		*runID = "run-" + hex.EncodeToString(b)
+	}
+	in, err := spec.Input()
+	if err != nil {
+		return err
+	}
+	resp, err := c.SubmitRun(ctx, &executorv1.SubmitRunRequest{RunId: *runID, Input: in})
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		printJSON(resp)
+	} else {
+		verb := "submitted"
+		if !resp.GetCreated() {
+			verb = "already submitted"
+		}
+		fmt.Printf("%s %s (%s)\n", verb, resp.GetRun().GetRunId(), strings.ToLower(strings.TrimPrefix(resp.GetRun().GetState().String(), "RUN_STATE_")))
+	}
+	if *doWatch {
+		return watchRun(ctx, c, *runID, 0, *asJSON, os.Stdout)
+	}
+	return nil
+}
+
+func watch(ctx context.Context, c executorv1.ExecutorServiceClient, args []string) error {
+	fs := flag.NewFlagSet("watch", flag.ContinueOnError)
+	asJSON := fs.Bool("json", false, "print raw events as JSON lines")
+	after := fs.Uint64("after", 0, "start after this event cursor")
+	if err := parseWithID(fs, args); err != nil {
+		return err
+	}
+	return watchRun(ctx, c, fs.Arg(0), *after, *asJSON, os.Stdout)
+}
+
+// parseWithID accepts the run id before or after the flags.
+func parseWithID(fs *flag.FlagSet, args []string) error {
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		if err := fs.Parse(args[1:]); err != nil {
+			return err
+		}
+		return fs.Parse(append([]string{args[0]}, fs.Args()...))
+	}
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() != 1 {
+		return errors.New("exactly one RUN_ID is required")
+	}
+	return nil
+}
+
+func watchRun(ctx context.Context, c executorv1.ExecutorServiceClient, runID string, after uint64, asJSON bool, w io.Writer) error {
+	stream, err := c.WatchRun(ctx, &executorv1.WatchRunRequest{RunId: runID, AfterSeq: after})
+	if err != nil {
+		return err
+	}
+	r := &cli.Renderer{W: w, JSON: asJSON}
+	defer r.Flush()
+	for {
+		m, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		r.Event(m)
+	}
+}
+
+func get(ctx context.Context, c executorv1.ExecutorServiceClient, args []string) error {
+	fs := flag.NewFlagSet("get", flag.ContinueOnError)
+	if err := parseWithID(fs, args); err != nil {
+		return err
+	}
+	resp, err := c.GetRun(ctx, &executorv1.GetRunRequest{RunId: fs.Arg(0)})
+	if err != nil {
+		return err
+	}
+	printJSON(resp.GetRun())
+	return nil
+}
+
+func list(ctx context.Context, c executorv1.ExecutorServiceClient, args []string) error {
+	fs := flag.NewFlagSet("list", flag.ContinueOnError)
+	session := fs.String("session", "", "only this session")
+	state := fs.String("state", "", "only this state: queued|running|succeeded|failed|cancelled")
+	limit := fs.Int("limit", 50, "rows")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	req := &executorv1.ListRunsRequest{PageSize: int32(*limit), NormalizedSessionId: *session}
+	if *state != "" {
+		v, ok := executorv1.RunState_value["RUN_STATE_"+strings.ToUpper(*state)]
+		if !ok {
+			return fmt.Errorf("unknown state %q", *state)
+		}
+		req.State = executorv1.RunState(v)
+	}
+	resp, err := c.ListRuns(ctx, req, grpc.WaitForReady(false))
+	if err != nil {
+		return err
+	}
+	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "RUN\tSTATE\tSESSION\tATTEMPT\tEVENTS\tCREATED\tFAILURE")
+	for _, r := range resp.GetRuns() {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\t%s\n", r.GetRunId(),
+			strings.ToLower(strings.TrimPrefix(r.GetState().String(), "RUN_STATE_")),
+			r.GetInput().GetSession().GetNormalizedSessionId(), r.GetAttempt(), r.GetEventCount(),
+			r.GetCreatedAt().AsTime().Local().Format(time.DateTime), r.GetFailure().GetCode())
+	}
+	return tw.Flush()
+}
+
+func printJSON(m proto.Message) {
+	b, _ := protojson.MarshalOptions{Multiline: true, Indent: "  "}.Marshal(m)
+	fmt.Println(string(b))
+}

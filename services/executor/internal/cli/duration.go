@@ -1,0 +1,5 @@
+package cli
+
+import "time"
+
+func secondsDuration(s int64) time.Duration { return time.Duration(s) * time.Second }

@@ -1,0 +1,134 @@
+// Package cli holds what tetherctl and the demo share: building a run's
+// input from flags and rendering a live event stream for people.
+package cli
+
+import (
+	"fmt"
+	"io"
+	"strings"
+
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
+	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
+)
+
+// InputSpec is the flag-level description of a run.
+type InputSpec struct {
+	Prompt, Company, Agent, Issue, Session, Lifecycle, Cwd, Model, Approval, Sandbox string
+	IdleTimeoutSeconds                                                              int64
+}
+
+// Input builds an ExecutionInput for the codex provider.
+func (s InputSpec) Input() (*prpv1.ExecutionInput, error) {
+	mode := prpv1.LifecycleMode_LIFECYCLE_MODE_WARM
+	switch s.Lifecycle {
+	case "", "warm":
+	case "per_turn", "per-turn":
+		mode = prpv1.LifecycleMode_LIFECYCLE_MODE_PER_TURN
+	default:
+		return nil, fmt.Errorf("lifecycle %q: want warm or per_turn", s.Lifecycle)
+	}
+	lc := &prpv1.Lifecycle{Mode: mode}
+	if s.IdleTimeoutSeconds > 0 {
+		lc.IdleTimeout = durationpb.New(secondsDuration(s.IdleTimeoutSeconds))
+	}
+	return &prpv1.ExecutionInput{
+		Provider:  &prpv1.Provider{Kind: "codex", Model: s.Model, ApprovalPolicy: s.Approval, Sandbox: s.Sandbox},
+		Binding:   &prpv1.Binding{CompanyId: s.Company, AgentId: s.Agent, IssueId: s.Issue},
+		Task:      &prpv1.Task{Prompt: s.Prompt},
+		Workspace: &prpv1.Workspace{Cwd: s.Cwd},
+		Session:   &prpv1.Session{NormalizedSessionId: s.Session, DriverKind: "codex_app_server", Lifecycle: lc},
+	}, nil
+}
+
+// Renderer prints a run's events as a person wants to read them: turn
+// progress, the assistant's text as it streams, usage, and the outcome.
+type Renderer struct {
+	W io.Writer
+	// JSON prints every event as one protojson line instead.
+	JSON bool
+	// Prefix starts every line (e.g. "turn 2 ").
+	Prefix string
+
+	midLine bool
+	// Events counts rendered events.
+	Events int
+}
+
+func (r *Renderer) line(format string, args ...any) {
+	if r.midLine {
+		fmt.Fprintln(r.W)
+		r.midLine = false
+	}
+	fmt.Fprintf(r.W, r.Prefix+format+"\n", args...)
+}
+
+// Event renders one watched event.
+func (r *Renderer) Event(m *executorv1.WatchRunResponse) {
+	r.Events++
+	ev := m.GetEvent()
+	if r.JSON {
+		b, _ := protojson.Marshal(m)
+		fmt.Fprintln(r.W, string(b))
+		return
+	}
+	p := ev.GetPayload().GetFields()
+	str := func(k string) string { return p[k].GetStringValue() }
+	switch ev.GetEventType() {
+	case "session.started":
+		verb := "started"
+		if p["resumed"].GetBoolValue() {
+			verb = "resumed"
+		}
+		r.line("· provider session %s (thread %s)", verb, str("threadId"))
+	case "turn.started":
+		r.line("▶ turn %s started", firstNonEmpty(str("providerTurnId"), ev.GetTurnId()))
+	case "item.delta":
+		if str("kind") == "agentMessage" || str("kind") == "" {
+			if !r.midLine {
+				fmt.Fprint(r.W, r.Prefix+"  assistant: ")
+				r.midLine = true
+			}
+			fmt.Fprint(r.W, str("delta"))
+		}
+	case "item.completed":
+		if str("kind") == "agentMessage" && r.midLine {
+			fmt.Fprintln(r.W)
+			r.midLine = false
+		}
+	case "usage.reported":
+		t := p["total"].GetStructValue().GetFields()
+		r.line("  usage: input %d (cached %d), output %d tokens",
+			int64(t["inputTokens"].GetNumberValue()), int64(t["cachedInputTokens"].GetNumberValue()),
+			int64(t["outputTokens"].GetNumberValue()))
+	case "turn.completed", "turn.failed", "turn.interrupted":
+		r.line("■ %s", strings.ReplaceAll(ev.GetEventType(), ".", " "))
+	case "run.terminal":
+		msg := str("runTerminalState")
+		if c := str("code"); c != "" {
+			msg += " (" + c + ": " + str("message") + ")"
+		}
+		r.line("● run %s: %s", ev.GetRunId(), msg)
+	case "harness.exited", "harness.diagnostic":
+		r.line("! %s %s %s", ev.GetEventType(), str("code"), str("message"))
+	}
+}
+
+// Flush ends a partial line.
+func (r *Renderer) Flush() {
+	if r.midLine {
+		fmt.Fprintln(r.W)
+		r.midLine = false
+	}
+}
+
+func firstNonEmpty(a ...string) string {
+	for _, s := range a {
+		if s != "" {
+			return s
+		}
+	}
+	return ""
+}

@@ -1,0 +1,249 @@
+// Package stack starts tether's services as real processes on loopback: the
+// executor, the runner gateway (which launches runnerd and the provider) and
+// the backup verifier. The demo and the integration tests share it.
+package stack
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"google.golang.org/grpc"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/tether-run/tether/pkg/grpcx"
+)
+
+// Binaries the stack needs in BinDir.
+var Binaries = []string{"executor", "runnergw", "backup-verifier", "runnerd", "fake-codex-app-server"}
+
+// Options configures a stack.
+type Options struct {
+	// BinDir holds the Binaries.
+	BinDir string
+	// Dir is the stack's private directory (state, logs, call log).
+	Dir string
+	// DatabaseURL is the executor's database.
+	DatabaseURL string
+	// Ports; zero picks a free loopback port.
+	ExecutorPort, GatewayPort, RunnerPort, BackupPort int
+	// FakeArgs are extra fake-codex-app-server flags (e.g. --delta-delay-ms).
+	FakeArgs []string
+	// LeaseTTL for the executor (default 10s).
+	LeaseTTL time.Duration
+	// ExecutorArgs / GatewayArgs are extra flags.
+	ExecutorArgs, GatewayArgs []string
+}
+
+// Stack is a running set of tether processes.
+type Stack struct {
+	opts  Options
+	mu    sync.Mutex
+	procs map[string]*Proc
+}
+
+// Proc is one service process (in its own process group).
+type Proc struct {
+	Name string
+	Addr string
+	cmd  *exec.Cmd
+	done chan struct{}
+	err  error
+}
+
+// Pid returns the process id.
+func (p *Proc) Pid() int { return p.cmd.Process.Pid }
+
+// Done is closed when the process has exited.
+func (p *Proc) Done() <-chan struct{} { return p.done }
+
+// Kill sends SIGKILL to the process (not its group: runners it launched
+// live on, as they would after a crash) and waits for it.
+func (p *Proc) Kill() {
+	_ = p.cmd.Process.Signal(syscall.SIGKILL)
+	<-p.done
+}
+
+// Stop sends SIGTERM, waits up to grace, then SIGKILLs the group.
+func (p *Proc) Stop(grace time.Duration) {
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(grace):
+		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+		<-p.done
+	}
+}
+
+// FreePort returns a free loopback TCP port.
+func FreePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// New prepares a stack; Start* launch its processes.
+func New(opts Options) (*Stack, error) {
+	if opts.LeaseTTL == 0 {
+		opts.LeaseTTL = 10 * time.Second
+	}
+	for _, p := range []*int{&opts.ExecutorPort, &opts.GatewayPort, &opts.RunnerPort, &opts.BackupPort} {
+		if *p == 0 {
+			port, err := FreePort()
+			if err != nil {
+				return nil, err
+			}
+			*p = port
+		}
+	}
+	for _, b := range Binaries {
+		if _, err := os.Stat(filepath.Join(opts.BinDir, b)); err != nil {
+			return nil, fmt.Errorf("binary %s missing in %s (run make build): %w", b, opts.BinDir, err)
+		}
+	}
+	for _, d := range []string{"logs", "runners", "keys"} {
+		if err := os.MkdirAll(filepath.Join(opts.Dir, d), 0o700); err != nil {
+			return nil, err
+		}
+	}
+	return &Stack{opts: opts, procs: map[string]*Proc{}}, nil
+}
+
+// Addr returns a service's gRPC address.
+func (s *Stack) Addr(name string) string {
+	port := map[string]int{"executor": s.opts.ExecutorPort, "runnergw": s.opts.GatewayPort, "backup-verifier": s.opts.BackupPort}[name]
+	return "127.0.0.1:" + strconv.Itoa(port)
+}
+
+// CallLog is the fake provider's call log (one line per process start and
+// per method).
+func (s *Stack) CallLog() string { return filepath.Join(s.opts.Dir, "fake-codex-calls.log") }
+
+// RunnerStateRoot is where runnergw keeps runner state.
+func (s *Stack) RunnerStateRoot() string { return filepath.Join(s.opts.Dir, "runners") }
+
+// Proc returns a started process.
+func (s *Stack) Proc(name string) *Proc {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.procs[name]
+}
+
+func (s *Stack) args(name string) []string {
+	common := []string{"-log-format", "json", "-metrics-addr", ""}
+	switch name {
+	case "executor":
+		return append(append(common, "-grpc-addr", s.Addr("executor"), "-database-url", s.opts.DatabaseURL,
+			"-gateway-addr", s.Addr("runnergw"), "-lease-ttl", s.opts.LeaseTTL.String(), "-poll-interval", "250ms"),
+			s.opts.ExecutorArgs...)
+	case "runnergw":
+		a := append(common, "-grpc-addr", s.Addr("runnergw"),
+			"-runner-addr", "127.0.0.1:"+strconv.Itoa(s.opts.RunnerPort),
+			"-state-root", s.RunnerStateRoot(),
+			"-runner-auth-key-file", filepath.Join(s.opts.Dir, "keys", "gateway.key"),
+			"-runnerd-path", filepath.Join(s.opts.BinDir, "runnerd"),
+			"-codex-command", filepath.Join(s.opts.BinDir, "fake-codex-app-server"))
+		for _, f := range append([]string{"--state-file-in-codex-home", "--durable-turn-ids", "--record-process-start",
+			"--call-log", s.CallLog()}, s.opts.FakeArgs...) {
+			a = append(a, "-codex-arg", f)
+		}
+		return append(a, s.opts.GatewayArgs...)
+	case "backup-verifier":
+		return append(common, "-grpc-addr", s.Addr("backup-verifier"),
+			"-stamp-key-file", filepath.Join(s.opts.Dir, "keys", "stamp.key"))
+	}
+	return nil
+}
+
+// Start launches a service and waits until its gRPC health says SERVING.
+func (s *Stack) Start(ctx context.Context, name string) (*Proc, error) {
+	logf, err := os.OpenFile(filepath.Join(s.opts.Dir, "logs", name+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(filepath.Join(s.opts.BinDir, name), s.args(name)...)
+	cmd.Env = append(os.Environ(), "TETHER_DATABASE_URL=")
+	cmd.Stdout, cmd.Stderr = logf, logf
+	// Own process group, and die with us if we die.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
+	if err := cmd.Start(); err != nil {
+		logf.Close()
+		return nil, err
+	}
+	p := &Proc{Name: name, Addr: s.Addr(name), cmd: cmd, done: make(chan struct{})}
+	go func() {
+		p.err = cmd.Wait()
+		logf.Close()
+		close(p.done)
+	}()
+	s.mu.Lock()
+	s.procs[name] = p
+	s.mu.Unlock()
+	if err := WaitServing(ctx, p); err != nil {
+		p.Stop(time.Second)
+		return nil, fmt.Errorf("%s did not become healthy (log: %s): %w", name, filepath.Join(s.opts.Dir, "logs", name+".log"), err)
+	}
+	return p, nil
+}
+
+// StartAll launches backup-verifier, runnergw and executor.
+func (s *Stack) StartAll(ctx context.Context) error {
+	for _, n := range []string{"backup-verifier", "runnergw", "executor"} {
+		if _, err := s.Start(ctx, n); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// WaitServing polls the process's gRPC health until SERVING.
+func WaitServing(ctx context.Context, p *Proc) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	conn, err := grpcx.Dial(p.Addr, "")
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	h := healthpb.NewHealthClient(conn)
+	for {
+		cctx, ccancel := context.WithTimeout(ctx, time.Second)
+		resp, err := h.Check(cctx, &healthpb.HealthCheckRequest{}, grpc.WaitForReady(true))
+		ccancel()
+		if err == nil && resp.GetStatus() == healthpb.HealthCheckResponse_SERVING {
+			return nil
+		}
+		select {
+		case <-p.done:
+			return errors.New("process exited")
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// Stop stops every process: executor first, then the gateway (which stops
+// its runners), then the verifier.
+func (s *Stack) Stop() {
+	for _, n := range []string{"executor", "runnergw", "backup-verifier"} {
+		if p := s.Proc(n); p != nil {
+			select {
+			case <-p.done:
+			default:
+				p.Stop(10 * time.Second)
+			}
+		}
+	}
+}
