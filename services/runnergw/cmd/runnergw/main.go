@@ -101,7 +101,7 @@ func run() error {
 		StateRoot: *stateRoot, ConnectURL: "ws://" + lis.Addr().String() + gateway.ConnectPath,
 		RunnerdPath: rpath, CodexCommand: *codex, CodexArgs: codexArgs,
 		IdleTimeout: *idle, ReconnectGrace: *grace, ConnectTimeout: *connectTimeout,
-		Build: build, Authority: prp.NewAuthority(key, time.Now), Logger: log,
+		Build: build, Authority: prp.NewAuthority(key, time.Now), Logger: log, Draining: srv.Draining(),
 	})
 	gatewayv1.RegisterRunnerGatewayServer(srv.GRPC(), &api.Server{Gateway: gw})
 	hs := &http.Server{Handler: gw, ReadHeaderTimeout: 5 * time.Second, MaxHeaderBytes: 16 << 10}

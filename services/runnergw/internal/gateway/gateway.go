@@ -49,6 +49,9 @@ type Config struct {
 	Build     *gatewayv1.BuildMetadata
 	Authority *prp.Authority
 	Logger    *slog.Logger
+	// Draining, when closed, ends Attach streams with Unavailable so a
+	// graceful shutdown is not held up; executors re-attach elsewhere.
+	Draining <-chan struct{}
 }
 
 // Gateway is the relay.
@@ -314,6 +317,8 @@ func (g *Gateway) Attach(stream gatewayv1.RunnerGateway_AttachServer) error {
 			}
 		}
 		return err
+	case <-g.cfg.Draining:
+		return failure.New(codes.Unavailable, "runner_gateway_draining", "the gateway is shutting down; re-attach")
 	case err := <-recvc:
 		if errors.Is(err, context.Canceled) || err == nil {
 			return nil
