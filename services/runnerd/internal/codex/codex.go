@@ -1,0 +1,555 @@
+// Package codex supervises one `codex app-server` process (or a compatible
+// fake) in its own process group and drives it over its stdio JSON-RPC
+// protocol: initialize, thread/start|resume, turn/start, turn/steer,
+// turn/interrupt. Provider notifications are mapped to PRP event types and
+// handed to the caller's emit function in arrival order; each finished turn is
+// also delivered on TurnDone.
+//
+// Concurrency: emit is called from the session's goroutines, one call at a
+// time, never concurrently. It must not call Close (Close waits for the
+// goroutine that is calling emit).
+package codex
+
+import (
+	"context"
+	"encoding/json"
+	"log/slog"
+	"os"
+	"os/exec"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+)
+
+// ClientName, ClientTitle and ClientVersion are sent as initialize.clientInfo.
+const (
+	ClientName    = "tether-runnerd"
+	ClientTitle   = "tether runnerd"
+	ClientVersion = "0.1.0"
+)
+
+const (
+	defaultStartupTimeout = 30 * time.Second
+	defaultRequestTimeout = 60 * time.Second
+	// exitDrainWindow: after the process exited, stdout is read on until EOF
+	// or until the reader made no progress for this long.
+	exitDrainWindow = 200 * time.Millisecond
+	// exitWait: after stdout EOF (or a broken stdin) a still-running process
+	// has this long to exit before the session fails with
+	// provider_stdout_closed (or provider_transport_failed).
+	exitWait = time.Second
+	// failGrace is the TERM grace used when the session fails on its own.
+	failGrace = time.Second
+	// startCleanupGrace is the grace used when Start fails after spawning.
+	startCleanupGrace = time.Second
+	// killWait bounds the wait for the group to vanish after SIGKILL.
+	killWait = 5 * time.Second
+	// pollInterval is how often the process group is checked while waiting.
+	pollInterval = 10 * time.Millisecond
+	// turnDoneBuffer is the capacity of the TurnDone channel.
+	turnDoneBuffer = 64
+)
+
+// Event priorities (PRP): P0 is never dropped, P2 is coalescible.
+const (
+	PriorityP0 uint32 = 0
+	PriorityP1 uint32 = 1
+	PriorityP2 uint32 = 2
+)
+
+// Turn statuses in TurnResult.Status.
+const (
+	TurnCompleted   = "completed"
+	TurnFailed      = "failed"
+	TurnInterrupted = "interrupted"
+)
+
+// Config describes how to spawn and drive the provider.
+type Config struct {
+	// Command and Args are executed as is (for the real codex: the native
+	// binary and "app-server"). A Command without '/' is looked up in
+	// runnerd's own PATH.
+	Command string
+	Args    []string
+	// Env is the complete, allow-listed environment of the provider. Nothing
+	// of runnerd's environment is inherited; nil means an empty environment.
+	Env []string
+	// Dir is the provider's working directory and the thread cwd.
+	Dir string
+	// CodexHome is informational here (the caller puts CODEX_HOME in Env and
+	// may use WriteConfig); it is logged, never used to spawn.
+	CodexHome string
+	// Model, ApprovalPolicy and Sandbox go to thread/start when non-empty.
+	Model, ApprovalPolicy, Sandbox string
+	// StartupTimeout bounds spawn-to-initialize-response (default 30s);
+	// RequestTimeout bounds every other request (default 60s).
+	StartupTimeout, RequestTimeout time.Duration
+	// Logger receives operational logs (nil: discarded). Provider stderr is
+	// logged at debug level, one sanitized, truncated line at a time.
+	Logger *slog.Logger
+}
+
+// Event is one provider observation mapped to a PRP event type.
+type Event struct {
+	Type     string
+	TurnID   string
+	ItemID   string
+	Priority uint32
+	Payload  map[string]any
+}
+
+// TurnResult is delivered on TurnDone once per finished turn.
+type TurnResult struct {
+	TurnID       string
+	Status       string // completed | failed | interrupted
+	FinalMessage string
+	Usage        Usage
+	ErrorCode    string
+	ErrorMessage string
+}
+
+// Usage is the token usage of one turn.
+type Usage struct {
+	InputTokens, CachedInputTokens, OutputTokens int64
+}
+
+// Session is one supervised provider process.
+type Session struct {
+	cfg    Config
+	log    *slog.Logger
+	emitFn func(Event)
+	emitMu sync.Mutex
+
+	cmd    *exec.Cmd
+	info   ProcessInfo
+	stdin  *os.File
+	stdout *os.File
+	stderr *os.File
+
+	writeMu     sync.Mutex
+	stdinClosed atomic.Bool
+	stdinOnce   sync.Once
+
+	readerBusy   atomic.Bool  // the reader is handling a frame
+	readerFrames atomic.Int64 // frames handled so far
+
+	mu            sync.Mutex
+	nextID        int64
+	pending       map[int64]*pendingCall
+	threadID      string
+	opening       bool
+	starting      bool
+	turn          *turnState
+	usageBaseline *tokenTotals
+	reported      map[string]bool
+	failErr       *Error
+	closing       bool
+	readerFatal   *Error
+	readerErr     error
+	writeErr      *Error
+	procState     *os.ProcessState
+
+	turnDone        chan TurnResult
+	exited          chan struct{}
+	procDone        chan struct{}
+	readerDone      chan struct{}
+	stderrDone      chan struct{}
+	writeBroken     chan struct{}
+	writeBrokenOnce sync.Once
+	termOnce        sync.Once
+	termDone        chan struct{}
+	killNow         chan struct{}
+	killNowOnce     sync.Once
+	monitorDone     chan struct{}
+	stderrTail      stderrRing
+}
+
+// Start spawns the provider in its own process group and performs the
+// initialize handshake. On error nothing is left running.
+func Start(ctx context.Context, cfg Config, emit func(Event)) (*Session, error) {
+	if cfg.StartupTimeout <= 0 {
+		cfg.StartupTimeout = defaultStartupTimeout
+	}
+	if cfg.RequestTimeout <= 0 {
+		cfg.RequestTimeout = defaultRequestTimeout
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if emit == nil {
+		emit = func(Event) {}
+	}
+	if cfg.Command == "" {
+		return nil, errorf(CodeSpawnFailed, "empty provider command")
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	s := &Session{
+		cfg:         cfg,
+		log:         cfg.Logger,
+		emitFn:      emit,
+		pending:     make(map[int64]*pendingCall),
+		reported:    make(map[string]bool),
+		turnDone:    make(chan TurnResult, turnDoneBuffer),
+		exited:      make(chan struct{}),
+		procDone:    make(chan struct{}),
+		readerDone:  make(chan struct{}),
+		stderrDone:  make(chan struct{}),
+		writeBroken: make(chan struct{}),
+		termDone:    make(chan struct{}),
+		killNow:     make(chan struct{}),
+		monitorDone: make(chan struct{}),
+	}
+	deadline := time.Now().Add(cfg.StartupTimeout)
+	if err := s.spawn(); err != nil {
+		return nil, err
+	}
+	go s.waitLoop()
+	go s.readLoop()
+	go s.stderrLoop()
+	go s.monitor()
+
+	if err := s.initialize(ctx, time.Until(deadline)); err != nil {
+		_ = s.Close(context.Background(), startCleanupGrace)
+		return nil, err
+	}
+	return s, nil
+}
+
+func (s *Session) spawn() error {
+	inR, inW, err := os.Pipe()
+	if err != nil {
+		return errorf(CodeSpawnFailed, "stdin pipe: %s", err.Error())
+	}
+	outR, outW, err := os.Pipe()
+	if err != nil {
+		closeAll(inR, inW)
+		return errorf(CodeSpawnFailed, "stdout pipe: %s", err.Error())
+	}
+	errR, errW, err := os.Pipe()
+	if err != nil {
+		closeAll(inR, inW, outR, outW)
+		return errorf(CodeSpawnFailed, "stderr pipe: %s", err.Error())
+	}
+	cmd := exec.Command(s.cfg.Command, s.cfg.Args...)
+	cmd.Dir = s.cfg.Dir
+	// A non-nil (possibly empty) Env: exec inherits os.Environ() only for nil.
+	cmd.Env = append(make([]string, 0, len(s.cfg.Env)), s.cfg.Env...)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = inR, outW, errW
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		closeAll(inR, inW, outR, outW, errR, errW)
+		return errorf(CodeSpawnFailed, "start %s: %s", s.cfg.Command, err.Error())
+	}
+	startedAt := time.Now()
+	closeAll(inR, outW, errW)
+	s.cmd, s.stdin, s.stdout, s.stderr = cmd, inW, outR, errR
+	pid := cmd.Process.Pid
+	// Setpgid with Pgid 0 makes the child the leader of a new group whose id
+	// is its pid (done before exec, or Start fails).
+	s.info = ProcessInfo{PID: pid, PGID: pid, StartedAt: startedAt}
+	// The child is not reaped before waitLoop runs, so /proc/<pid> exists.
+	if st, err := readProcStat(pid); err == nil {
+		s.info.StartTicks = st.StartTicks
+		if st.PGRP > 0 {
+			s.info.PGID = st.PGRP
+		}
+	} else {
+		s.log.Warn("codex: cannot read provider start time", "pid", pid, "err", err)
+	}
+	s.log.Info("codex: provider started", "pid", pid, "pgid", s.info.PGID, "command", s.cfg.Command, "args", len(s.cfg.Args), "dir", s.cfg.Dir, "codex_home", s.cfg.CodexHome)
+	return nil
+}
+
+func closeAll(fs ...*os.File) {
+	for _, f := range fs {
+		_ = f.Close()
+	}
+}
+
+func (s *Session) initialize(ctx context.Context, timeout time.Duration) error {
+	if timeout <= 0 {
+		return errorf(CodeInitializeTimeout, "no initialize response within %s", s.cfg.StartupTimeout)
+	}
+	params := map[string]any{
+		"clientInfo":   map[string]any{"name": ClientName, "title": ClientTitle, "version": ClientVersion},
+		"capabilities": map[string]any{"experimentalApi": true},
+	}
+	res, rpcErr, err := s.call(ctx, "initialize", params, timeout, nil)
+	switch {
+	case CodeOf(err) == CodeRequestTimeout:
+		return errorf(CodeInitializeTimeout, "no initialize response within %s", s.cfg.StartupTimeout)
+	case err != nil:
+		return err
+	case rpcErr != nil:
+		return errorf(CodeInitializeProtocolError, "initialize rejected: %s", rpcErr.describe())
+	}
+	var obj map[string]json.RawMessage
+	if err := json.Unmarshal(res, &obj); err != nil || obj == nil {
+		return errorf(CodeInitializeProtocolError, "initialize result is not a JSON object")
+	}
+	if err := s.notify("initialized", nil); err != nil {
+		return err
+	}
+	return nil
+}
+
+func (e *wireError) describe() string {
+	return truncate(e.Message, 1024) + " (code " + itoa(e.Code) + ")"
+}
+
+// Process returns the identity of the provider process.
+func (s *Session) Process() ProcessInfo { return s.info }
+
+// StderrTail returns the last provider stderr lines (sanitized, truncated).
+func (s *Session) StderrTail() []string { return s.stderrTail.snapshot() }
+
+// ProcessState returns the provider's exit state once it was reaped, else nil.
+func (s *Session) ProcessState() *os.ProcessState {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.procState
+}
+
+// TurnDone delivers one TurnResult per finished turn.
+func (s *Session) TurnDone() <-chan TurnResult { return s.turnDone }
+
+// Exited is closed once the session has failed or was closed; ExitErr then
+// tells why.
+func (s *Session) Exited() <-chan struct{} { return s.exited }
+
+// ExitErr returns nil while the session is alive, else an *Error with code
+// provider_process_exited, provider_stdout_closed, provider_frame_too_large,
+// provider_transport_failed or provider_closed (after Close).
+func (s *Session) ExitErr() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.failErr == nil {
+		return nil
+	}
+	return s.failErr
+}
+
+// OpenThread starts a new thread (threadID == "") or resumes threadID. It
+// emits session.started before any notification that follows the response.
+func (s *Session) OpenThread(ctx context.Context, threadID string) (string, bool, error) {
+	resumed := threadID != ""
+	s.mu.Lock()
+	switch {
+	case s.threadID != "":
+		open := s.threadID
+		s.mu.Unlock()
+		return "", false, errorf(CodeThreadAlreadyOpen, "thread %s is already open", open)
+	case s.opening:
+		s.mu.Unlock()
+		return "", false, errorf(CodeThreadAlreadyOpen, "a thread is already being opened")
+	}
+	s.opening = true
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		s.opening = false
+		s.mu.Unlock()
+	}()
+
+	method, failCode := "thread/start", CodeThreadStartFailed
+	params := map[string]any{}
+	if resumed {
+		method, failCode = "thread/resume", CodeThreadResumeFailed
+		// excludeTurns: the full-history hydration is deprecated and can
+		// exceed the frame limit on long threads.
+		params["threadId"] = threadID
+		params["excludeTurns"] = true
+	} else {
+		putNonEmpty(params, "cwd", s.cfg.Dir)
+		putNonEmpty(params, "approvalPolicy", s.cfg.ApprovalPolicy)
+		putNonEmpty(params, "sandbox", s.cfg.Sandbox)
+		putNonEmpty(params, "model", s.cfg.Model)
+	}
+	var opened string
+	onResult := func(raw json.RawMessage) error {
+		var res struct {
+			Thread struct {
+				ID        string `json:"id"`
+				SessionID string `json:"sessionId"`
+			} `json:"thread"`
+			Model string `json:"model"`
+		}
+		if err := json.Unmarshal(raw, &res); err != nil || res.Thread.ID == "" {
+			return errorf(CodeProtocolError, "%s result has no thread.id", method)
+		}
+		if resumed && res.Thread.ID != threadID {
+			return errorf(CodeThreadResumeMismatch, "thread/resume of %s returned thread %s", threadID, res.Thread.ID)
+		}
+		providerSession := res.Thread.SessionID
+		if providerSession == "" {
+			providerSession = res.Thread.ID
+		}
+		model := res.Model
+		if model == "" {
+			model = s.cfg.Model
+		}
+		s.mu.Lock()
+		s.threadID = res.Thread.ID
+		s.mu.Unlock()
+		opened = res.Thread.ID
+		s.emitFromReader(Event{Type: "session.started", Priority: PriorityP0, Payload: map[string]any{
+			"threadId":          res.Thread.ID,
+			"providerSessionId": providerSession,
+			"resumed":           resumed,
+			"model":             model,
+		}})
+		return nil
+	}
+	_, rpcErr, err := s.call(ctx, method, params, s.cfg.RequestTimeout, onResult)
+	if err != nil {
+		return "", false, err
+	}
+	if rpcErr != nil {
+		return "", false, errorf(failCode, "%s: %s", method, rpcErr.describe())
+	}
+	return opened, resumed, nil
+}
+
+// StartTurn sends turn/start with one text input and returns the provider
+// turn id once the response arrived. The turn's end is delivered on TurnDone.
+func (s *Session) StartTurn(ctx context.Context, text string) (string, error) {
+	s.mu.Lock()
+	thread := s.threadID
+	switch {
+	case thread == "":
+		s.mu.Unlock()
+		return "", errorf(CodeThreadNotOpen, "no open thread")
+	case s.turn != nil:
+		active := s.turn.id
+		s.mu.Unlock()
+		return "", errorf(CodeTurnActive, "turn %s is still active; steer or interrupt it", active)
+	case s.starting:
+		s.mu.Unlock()
+		return "", errorf(CodeTurnActive, "a turn is already being started")
+	}
+	s.starting = true
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		s.starting = false
+		s.mu.Unlock()
+	}()
+
+	var turnID string
+	onResult := func(raw json.RawMessage) error {
+		var res struct {
+			Turn struct {
+				ID string `json:"id"`
+			} `json:"turn"`
+		}
+		if err := json.Unmarshal(raw, &res); err != nil || res.Turn.ID == "" {
+			return errorf(CodeProtocolError, "turn/start result has no turn.id")
+		}
+		turnID = res.Turn.ID
+		s.mu.Lock()
+		var replaced string
+		switch {
+		case s.turn == nil:
+			s.turn = &turnState{id: turnID}
+		case s.turn.id != turnID:
+			replaced = s.turn.id
+			s.turn = &turnState{id: turnID}
+		}
+		s.mu.Unlock()
+		if replaced != "" {
+			s.diagnosticOnce(CodeUnknownTurn, "turn/start", turnID, "", "provider announced turn "+replaced+" before the turn/start response named "+turnID)
+		}
+		return nil
+	}
+	params := map[string]any{
+		"threadId": thread,
+		"input":    []any{map[string]any{"type": "text", "text": text}},
+	}
+	_, rpcErr, err := s.call(ctx, "turn/start", params, s.cfg.RequestTimeout, onResult)
+	if err != nil {
+		return "", err
+	}
+	if rpcErr != nil {
+		return "", errorf(CodeTurnStartFailed, "turn/start: %s", rpcErr.describe())
+	}
+	return turnID, nil
+}
+
+// Steer adds input to the active turn (turn/steer with expectedTurnId).
+func (s *Session) Steer(ctx context.Context, turnID, text string) error {
+	thread, err := s.openThread()
+	if err != nil {
+		return err
+	}
+	params := map[string]any{
+		"threadId":       thread,
+		"expectedTurnId": turnID,
+		"input":          []any{map[string]any{"type": "text", "text": text}},
+	}
+	_, rpcErr, err := s.call(ctx, "turn/steer", params, s.cfg.RequestTimeout, nil)
+	if err != nil {
+		return err
+	}
+	if rpcErr != nil {
+		return errorf(CodeSteerFailed, "turn/steer: %s", rpcErr.describe())
+	}
+	return nil
+}
+
+// Interrupt asks the provider to stop turnID (turn/interrupt). The turn then
+// ends with status interrupted on TurnDone.
+func (s *Session) Interrupt(ctx context.Context, turnID string) error {
+	thread, err := s.openThread()
+	if err != nil {
+		return err
+	}
+	params := map[string]any{"threadId": thread, "turnId": turnID}
+	_, rpcErr, err := s.call(ctx, "turn/interrupt", params, s.cfg.RequestTimeout, nil)
+	if err != nil {
+		return err
+	}
+	if rpcErr != nil {
+		return errorf(CodeInterruptFailed, "turn/interrupt: %s", rpcErr.describe())
+	}
+	return nil
+}
+
+func (s *Session) openThread() (string, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.failErr != nil {
+		return "", s.failErr
+	}
+	if s.threadID == "" {
+		return "", errorf(CodeThreadNotOpen, "no open thread")
+	}
+	return s.threadID, nil
+}
+
+// Close stops the provider: close stdin, wait up to grace for it to exit,
+// SIGTERM the process group, wait up to grace, SIGKILL the group; then reap
+// and wait for the session's goroutines. Idempotent. When ctx ends first the
+// group is killed at once and ctx's error returned (after reaping).
+func (s *Session) Close(ctx context.Context, grace time.Duration) error {
+	s.mu.Lock()
+	s.closing = true
+	s.mu.Unlock()
+	s.startTermination(grace)
+	select {
+	case <-s.monitorDone:
+		return nil
+	case <-ctx.Done():
+		s.killNowOnce.Do(func() { close(s.killNow) })
+		<-s.monitorDone
+		return ctx.Err()
+	}
+}
+
+func putNonEmpty(m map[string]any, k, v string) {
+	if v != "" {
+		m[k] = v
+	}
+}
