@@ -28,11 +28,11 @@ func TestErrorCarriesCodeAndErrorInfo(t *testing.T) {
 func TestLeadingCode(t *testing.T) {
 	cases := map[string]string{
 		"native_event_replay_conflict: source sequence 3 contained different bytes": "native_event_replay_conflict",
-		"provider_stdout_closed":       "provider_stdout_closed",
-		"plain words: nothing":         "",
-		"Upper_case: x":                "",
-		"nounderscore: x":              "",
-		"":                             "",
+		"provider_stdout_closed": "provider_stdout_closed",
+		"plain words: nothing":   "",
+		"Upper_case: x":          "",
+		"nounderscore: x":        "",
+		"":                       "",
 	}
 	for in, want := range cases {
 		require.Equal(t, want, LeadingCode(in), in)

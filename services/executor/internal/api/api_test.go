@@ -50,7 +50,10 @@ func start(t *testing.T) env {
 	served := make(chan struct{})
 	go func() { defer close(served); _ = srv.Serve(ctx) }()
 	listened := make(chan struct{})
-	go func() { defer close(listened); hub.Listen(ctx, st.Pool(), nil, slog.New(slog.NewTextHandler(io.Discard, nil))) }()
+	go func() {
+		defer close(listened)
+		hub.Listen(ctx, st.Pool(), nil, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	}()
 	conn, err := grpcx.Dial(srv.Addr().String(), "")
 	require.NoError(t, err)
 	t.Cleanup(func() {

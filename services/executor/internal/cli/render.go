@@ -17,7 +17,7 @@ import (
 // InputSpec is the flag-level description of a run.
 type InputSpec struct {
 	Prompt, Company, Agent, Issue, Session, Lifecycle, Cwd, Model, Approval, Sandbox string
-	IdleTimeoutSeconds                                                              int64
+	IdleTimeoutSeconds                                                               int64
 }
 
 // Input builds an ExecutionInput for the codex provider.

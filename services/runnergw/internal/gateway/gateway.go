@@ -86,18 +86,18 @@ func New(cfg Config) *Gateway {
 type runner struct {
 	scope string
 
-	mu         sync.Mutex
-	instanceID string
-	conn       *prp.Conn
-	connID     string
-	connected  chan struct{} // closed while a connection is registered
+	mu          sync.Mutex
+	instanceID  string
+	conn        *prp.Conn
+	connID      string
+	connected   chan struct{} // closed while a connection is registered
 	connectedAt time.Time
-	hello      *prpv1.Hello
-	lastCmdSeq uint64
-	ackedSeq   uint64
-	att        *attachment
-	child      *launched
-	lifecycle  string
+	hello       *prpv1.Hello
+	lastCmdSeq  uint64
+	ackedSeq    uint64
+	att         *attachment
+	child       *launched
+	lifecycle   string
 }
 
 type attachment struct {
@@ -413,7 +413,7 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	r.connectedAt = time.Now()
 	r.lastCmdSeq = hello.GetResume().GetLastControllerSeq()
 	r.ackedSeq = acked
-	r.lifecycle = hello.GetLifecycle()
+	r.lifecycle = "ready" // runnerd enters ready once welcomed; pongs refresh it
 	r.mu.Unlock()
 	g.log.Info("runner connected", "runner_instance_id", inst, "session_scope", sc, "acked_source_seq", acked)
 
