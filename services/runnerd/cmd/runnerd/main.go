@@ -1,0 +1,140 @@
+// Command runnerd is tether's durable runner: it supervises one provider
+// session, journals every event before sending it and stays connected to the
+// runner gateway over PRP.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/tether-run/tether/pkg/prp"
+	"github.com/tether-run/tether/services/runnerd/internal/runner"
+)
+
+// version is set with -ldflags "-X main.version=...".
+var version = "0.1.0"
+
+const (
+	packageName           = "github.com/tether-run/tether/services/runnerd"
+	binaryContractVersion = 2
+)
+
+// BuildMetadata is printed by --build-metadata.
+type BuildMetadata struct {
+	Schema                string   `json:"schema"`
+	BinaryName            string   `json:"binaryName"`
+	PackageName           string   `json:"packageName"`
+	PackageVersion        string   `json:"packageVersion"`
+	BinaryContractVersion int      `json:"binaryContractVersion"`
+	PRPTransportModes     []string `json:"prpTransportModes"`
+}
+
+func buildMetadata() BuildMetadata {
+	return BuildMetadata{
+		Schema:                "tether/runnerd-build-metadata/v1",
+		BinaryName:            "runnerd",
+		PackageName:           packageName,
+		PackageVersion:        version,
+		BinaryContractVersion: binaryContractVersion,
+		PRPTransportModes:     []string{"dial_ws_loopback"},
+	}
+}
+
+type stringList []string
+
+func (s *stringList) String() string     { return strings.Join(*s, " ") }
+func (s *stringList) Set(v string) error { *s = append(*s, v); return nil }
+
+func main() {
+	// The one-use ticket is taken out of the environment before anything else.
+	ticket, hadTicket := os.LookupEnv(prp.EnvBootstrapTicket)
+	_ = os.Unsetenv(prp.EnvBootstrapTicket)
+	os.Exit(run(os.Args[1:], ticket, hadTicket, os.Stdout, os.Stderr))
+}
+
+func run(args []string, ticket string, hadTicket bool, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("runnerd", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var (
+		cfg       runner.Config
+		codexArgs stringList
+		logFormat string
+		meta      bool
+	)
+	fs.BoolVar(&meta, "build-metadata", false, "print build metadata as JSON and exit")
+	fs.StringVar(&cfg.ConnectURL, "connect-url", "", "gateway runner endpoint (ws:// to a loopback address)")
+	fs.StringVar(&cfg.StateDir, "state-dir", "", "durable state directory (absolute)")
+	fs.StringVar(&cfg.RunnerID, "runner-id", "", "runner instance id")
+	fs.StringVar(&cfg.EnvironmentLeaseID, "environment-lease-id", "", "environment lease id")
+	fs.StringVar(&cfg.SessionID, "session-id", "", "normalized session id")
+	fs.StringVar(&cfg.SessionScope, "session-scope", "", "session scope digest (hex)")
+	fs.StringVar(&cfg.Workspace, "workspace", "", "provider working directory (absolute)")
+	fs.StringVar(&cfg.CodexCommand, "codex-command", "", "provider executable")
+	fs.Var(&codexArgs, "codex-arg", "provider argument (repeatable)")
+	fs.DurationVar(&cfg.IdleTimeout, "idle-timeout", 10*time.Minute, "stop after this long without activity")
+	fs.DurationVar(&cfg.ReconnectGrace, "reconnect-grace", 2*time.Minute, "exit 3 after this long without a gateway connection")
+	fs.StringVar(&logFormat, "log-format", "json", "log format: json|text")
+	if err := fs.Parse(args); err != nil {
+		return runner.ExitError
+	}
+	if meta {
+		enc := json.NewEncoder(stdout)
+		if err := enc.Encode(buildMetadata()); err != nil {
+			return runner.ExitError
+		}
+		return runner.ExitOK
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "runnerd: unexpected arguments %q\n", fs.Args())
+		return runner.ExitError
+	}
+	var h slog.Handler
+	switch logFormat {
+	case "json":
+		h = slog.NewJSONHandler(stderr, nil)
+	case "text":
+		h = slog.NewTextHandler(stderr, nil)
+	default:
+		fmt.Fprintf(stderr, "runnerd: --log-format must be json or text\n")
+		return runner.ExitError
+	}
+	log := slog.New(h).With("runner_id", cfg.RunnerID, "session_id", cfg.SessionID)
+	if !hadTicket || ticket == "" {
+		log.Error("no bootstrap ticket", "env", prp.EnvBootstrapTicket)
+		return runner.ExitError
+	}
+	cred, err := prp.ParseCredential(ticket)
+	if err != nil {
+		log.Error("bootstrap ticket is malformed", "code", prp.CodeOf(err))
+		return runner.ExitError
+	}
+	cfg.Ticket = cred
+	cfg.CodexArgs = codexArgs
+	cfg.Logger = log
+	cfg.RunnerVersion = version
+	cfg.StartProvider = startCodex
+	cfg.PathEnv = os.Getenv("PATH")
+	if cfg.PathEnv == "" {
+		cfg.PathEnv = "/usr/local/bin:/usr/bin:/bin"
+	}
+
+	// The gateway may die; runnerd lives on in its own process group.
+	signal.Ignore(syscall.SIGHUP, syscall.SIGPIPE)
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	log.Info("runnerd starting", "version", version, "state_dir", cfg.StateDir, "pid", os.Getpid())
+	code, err := runner.Run(ctx, cfg)
+	if err != nil {
+		log.Error("runnerd failed", "err", err)
+	}
+	return code
+}

@@ -1,0 +1,140 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/tether-run/tether/services/runnerd/internal/codex"
+	"github.com/tether-run/tether/services/runnerd/internal/runner"
+)
+
+// startCodex adapts codex.Start to runner.StartFunc.
+func startCodex(ctx context.Context, cfg runner.ProviderConfig, emit func(runner.ProviderEvent)) (runner.Provider, error) {
+	s, err := codex.Start(ctx, codex.Config{
+		Command:        cfg.Command,
+		Args:           cfg.Args,
+		Env:            cfg.Env,
+		Dir:            cfg.Dir,
+		CodexHome:      cfg.CodexHome,
+		Model:          cfg.Model,
+		ApprovalPolicy: cfg.ApprovalPolicy,
+		Sandbox:        cfg.Sandbox,
+		StartupTimeout: cfg.StartupTimeout,
+		RequestTimeout: cfg.RequestTimeout,
+		Logger:         cfg.Logger,
+	}, func(ev codex.Event) {
+		emit(runner.ProviderEvent{Type: ev.Type, TurnID: ev.TurnID, ItemID: ev.ItemID, Priority: ev.Priority, Payload: ev.Payload})
+	})
+	if err != nil {
+		return nil, convertErr(err)
+	}
+	p := &codexProvider{s: s, done: make(chan runner.TurnResult, 64), exited: make(chan struct{}), stop: make(chan struct{}), fwdDone: make(chan struct{})}
+	go p.forward()
+	return p, nil
+}
+
+func convertErr(err error) error {
+	var ce *codex.Error
+	if errors.As(err, &ce) {
+		return &runner.ProviderError{Code: ce.Code, Message: ce.Message}
+	}
+	return err
+}
+
+// codexProvider adapts *codex.Session to runner.Provider.
+type codexProvider struct {
+	s       *codex.Session
+	done    chan runner.TurnResult
+	exited  chan struct{}
+	stop    chan struct{}
+	fwdDone chan struct{}
+}
+
+func convertResult(r codex.TurnResult) runner.TurnResult {
+	return runner.TurnResult{
+		TurnID: r.TurnID, Status: r.Status, FinalMessage: r.FinalMessage,
+		Usage:     runner.Usage{InputTokens: r.Usage.InputTokens, CachedInputTokens: r.Usage.CachedInputTokens, OutputTokens: r.Usage.OutputTokens},
+		ErrorCode: r.ErrorCode, ErrorMessage: r.ErrorMessage,
+	}
+}
+
+// forward converts turn results; once the session exits it forwards the
+// results still buffered and only then reports the exit, so a turn that
+// finished before the exit is never lost.
+func (p *codexProvider) forward() {
+	defer close(p.fwdDone)
+	for {
+		select {
+		case r := <-p.s.TurnDone():
+			select {
+			case p.done <- convertResult(r):
+			case <-p.stop:
+				return
+			}
+		case <-p.s.Exited():
+			for {
+				select {
+				case r := <-p.s.TurnDone():
+					select {
+					case p.done <- convertResult(r):
+					case <-p.stop:
+						return
+					}
+				default:
+					close(p.exited)
+					return
+				}
+			}
+		case <-p.stop:
+			return
+		}
+	}
+}
+
+func (p *codexProvider) Process() runner.ProcessInfo {
+	pi := p.s.Process()
+	return runner.ProcessInfo{PID: pi.PID, PGID: pi.PGID, StartTicks: pi.StartTicks, StartedAt: pi.StartedAt}
+}
+
+func (p *codexProvider) OpenThread(ctx context.Context, threadID string) (string, bool, error) {
+	id, resumed, err := p.s.OpenThread(ctx, threadID)
+	return id, resumed, convertErrOrNil(err)
+}
+
+func (p *codexProvider) StartTurn(ctx context.Context, text string) (string, error) {
+	id, err := p.s.StartTurn(ctx, text)
+	return id, convertErrOrNil(err)
+}
+
+func (p *codexProvider) TurnDone() <-chan runner.TurnResult { return p.done }
+
+func (p *codexProvider) Steer(ctx context.Context, turnID, text string) error {
+	return convertErrOrNil(p.s.Steer(ctx, turnID, text))
+}
+
+func (p *codexProvider) Interrupt(ctx context.Context, turnID string) error {
+	return convertErrOrNil(p.s.Interrupt(ctx, turnID))
+}
+
+func (p *codexProvider) Exited() <-chan struct{} { return p.exited }
+
+func (p *codexProvider) ExitErr() error { return convertErrOrNil(p.s.ExitErr()) }
+
+func (p *codexProvider) Close(ctx context.Context, grace time.Duration) error {
+	err := p.s.Close(ctx, grace)
+	select {
+	case <-p.stop:
+	default:
+		close(p.stop)
+	}
+	<-p.fwdDone
+	return convertErrOrNil(err)
+}
+
+func convertErrOrNil(err error) error {
+	if err == nil {
+		return nil
+	}
+	return convertErr(err)
+}

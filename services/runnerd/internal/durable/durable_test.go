@@ -1,0 +1,119 @@
+package durable
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func rec(seq uint64) Record {
+	return Record{SourceSeq: seq, Priority: 1, EventType: "item.delta",
+		Envelope: json.RawMessage(fmt.Sprintf(`{"sourceSeq":"%d","payload":{"x":"%s"}}`, seq, strings.Repeat("y", 100)))}
+}
+
+func TestR4_OutboxTornTailIsTruncated(t *testing.T) {
+	dir := t.TempDir()
+	o, dropped, err := OpenOutbox(dir, 0)
+	require.NoError(t, err)
+	assert.Zero(t, dropped)
+	require.NoError(t, o.Append(rec(1), rec(2)))
+	require.NoError(t, o.Append(rec(3)))
+	assert.Error(t, o.Append(rec(3)), "seqs must increase")
+	require.NoError(t, o.Close())
+
+	path := filepath.Join(dir, OutboxFile)
+	good, err := os.ReadFile(path)
+	require.NoError(t, err)
+	for name, tail := range map[string]string{
+		"partial line": `12345678 {"sourceSeq":4,"env`,
+		"bad crc":      "00000000 " + `{"sourceSeq":4,"priority":1,"eventType":"x","envelope":{}}` + "\n",
+		"garbage":      "\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00",
+	} {
+		t.Run(name, func(t *testing.T) {
+			require.NoError(t, os.WriteFile(path, append(append([]byte(nil), good...), tail...), 0o600))
+			o, dropped, err := OpenOutbox(dir, 1)
+			require.NoError(t, err)
+			defer o.Close()
+			assert.Equal(t, int64(len(tail)), dropped)
+			assert.Equal(t, uint64(3), o.LastSeq())
+			recs := o.After(0)
+			require.Len(t, recs, 2, "records at or below the acked seq are not live")
+			assert.Equal(t, uint64(2), recs[0].SourceSeq)
+			assert.JSONEq(t, string(rec(2).Envelope), string(recs[0].Envelope))
+			// Appending after the truncation continues cleanly.
+			require.NoError(t, o.Append(rec(4)))
+			b, err := os.ReadFile(path)
+			require.NoError(t, err)
+			assert.Equal(t, string(good), string(b[:len(good)]))
+		})
+	}
+}
+
+func TestR4_OutboxTrimCompactsAtomically(t *testing.T) {
+	dir := t.TempDir()
+	o, _, err := OpenOutbox(dir, 0)
+	require.NoError(t, err)
+	var seq uint64
+	for o.FileSize() < compactMinBytes+4096 {
+		seq++
+		require.NoError(t, o.Append(rec(seq)))
+	}
+	require.NoError(t, o.Trim(seq-2))
+	assert.Equal(t, 2, o.Len())
+	assert.Less(t, o.FileSize(), int64(4096), "compacted")
+	require.NoError(t, o.Append(rec(seq+1)))
+	require.NoError(t, o.Close())
+
+	o, dropped, err := OpenOutbox(dir, seq-2)
+	require.NoError(t, err)
+	defer o.Close()
+	assert.Zero(t, dropped)
+	assert.Equal(t, 3, o.Len())
+	assert.Equal(t, seq+1, o.LastSeq())
+	fi, err := os.Stat(filepath.Join(dir, OutboxFile))
+	require.NoError(t, err)
+	assert.Equal(t, os.FileMode(0o600), fi.Mode().Perm())
+	ents, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	assert.Len(t, ents, 1, "no temp files left behind")
+}
+
+func TestR4_StateSaveIsAtomicPrivateAndBounded(t *testing.T) {
+	base := t.TempDir()
+	s, err := OpenStore(filepath.Join(base, "state"))
+	require.NoError(t, err)
+	st, err := s.Load()
+	require.NoError(t, err)
+	assert.Nil(t, st)
+	st = NewState(Identity{RunnerInstanceID: "r", SessionScope: "s", NormalizedSessionID: "n", EnvironmentLeaseID: "e"})
+	for i := 1; i <= MaxProcessedCommands+10; i++ {
+		id := fmt.Sprintf("c%d", i)
+		st.ProcessedCommands[id] = &CommandRecord{CommandID: id, ControllerSeq: uint64(i), Status: StatusCompleted}
+	}
+	require.NoError(t, s.Save(st))
+	got, err := s.Load()
+	require.NoError(t, err)
+	assert.Len(t, got.ProcessedCommands, MaxProcessedCommands)
+	assert.NotContains(t, got.ProcessedCommands, "c10")
+	assert.Contains(t, got.ProcessedCommands, "c11")
+	fi, err := os.Stat(filepath.Join(s.Dir, StateFile))
+	require.NoError(t, err)
+	assert.Equal(t, os.FileMode(0o600), fi.Mode().Perm())
+	ents, err := os.ReadDir(s.Dir)
+	require.NoError(t, err)
+	assert.Len(t, ents, 1)
+
+	// Symlinked state dirs fail closed.
+	require.NoError(t, os.Symlink(filepath.Join(base, "state"), filepath.Join(base, "link")))
+	_, err = OpenStore(filepath.Join(base, "link"))
+	assert.Error(t, err)
+}

@@ -1,0 +1,276 @@
+package durable
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"os"
+	"path/filepath"
+)
+
+// OutboxFile is the outbox log's name inside the runner directory.
+const OutboxFile = "outbox.log"
+
+// compactMinBytes is the file size from which acknowledged records are
+// compacted away.
+const compactMinBytes = 1 << 20
+
+var crcTable = crc32.MakeTable(crc32.Castagnoli)
+
+// Record is one journaled event. Envelope is the exact protojson encoding of
+// the event, resent byte for byte on replay.
+type Record struct {
+	SourceSeq uint64          `json:"sourceSeq"`
+	Priority  uint32          `json:"priority"`
+	EventType string          `json:"eventType"`
+	Envelope  json.RawMessage `json:"envelope"`
+}
+
+// Outbox is an append-only log of events not yet acknowledged. Each line is
+// "<crc32c hex> <record JSON>\n"; a torn or corrupt tail (a crash during an
+// append) is truncated on open.
+type Outbox struct {
+	dir   string
+	f     *os.File
+	size  int64 // bytes in the file
+	dead  int64 // bytes of acknowledged records still in the file
+	recs  []Record
+	sizes []int64 // line size of each live record
+	bytes uint64  // envelope bytes of live records
+	last  uint64  // highest seq ever appended (survives trims)
+	// BeforeSync, when set, runs after a write and before its fsync (tests).
+	BeforeSync func()
+	// AfterSync, when set, runs after an append's fsync (tests).
+	AfterSync func([]Record)
+}
+
+// OpenOutbox opens (creating) dir/outbox.log, drops a torn tail and keeps the
+// records with a source seq above acked.
+func OpenOutbox(dir string, acked uint64) (*Outbox, int64, error) {
+	path := filepath.Join(dir, OutboxFile)
+	if fi, err := os.Lstat(path); err == nil && !fi.Mode().IsRegular() {
+		return nil, 0, fmt.Errorf("%s is not a regular file", path)
+	}
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, fileMode)
+	if err != nil {
+		return nil, 0, err
+	}
+	o := &Outbox{dir: dir, f: f}
+	dropped, err := o.load(acked)
+	if err != nil {
+		f.Close()
+		return nil, 0, err
+	}
+	if err := SyncDir(dir); err != nil {
+		f.Close()
+		return nil, 0, err
+	}
+	return o, dropped, nil
+}
+
+// load scans the log; it returns the number of torn bytes truncated.
+func (o *Outbox) load(acked uint64) (int64, error) {
+	if _, err := o.f.Seek(0, io.SeekStart); err != nil {
+		return 0, err
+	}
+	br := bufio.NewReaderSize(o.f, 64<<10)
+	var off int64
+	for {
+		line, err := br.ReadBytes('\n')
+		if err != nil && !errors.Is(err, io.EOF) {
+			return 0, err
+		}
+		if len(line) == 0 {
+			break
+		}
+		rec, ok := decodeLine(line)
+		if !ok || (o.last != 0 && rec.SourceSeq <= o.last) {
+			break // torn or corrupt tail: everything from here is dropped
+		}
+		n := int64(len(line))
+		o.last = rec.SourceSeq
+		if rec.SourceSeq > acked {
+			o.recs = append(o.recs, rec)
+			o.sizes = append(o.sizes, n)
+			o.bytes += uint64(len(rec.Envelope))
+		} else {
+			o.dead += n
+		}
+		off += n
+		if err != nil {
+			break
+		}
+	}
+	fi, err := o.f.Stat()
+	if err != nil {
+		return 0, err
+	}
+	dropped := fi.Size() - off
+	if dropped > 0 {
+		if err := o.f.Truncate(off); err != nil {
+			return 0, err
+		}
+		if err := o.f.Sync(); err != nil {
+			return 0, err
+		}
+	}
+	o.size = off
+	_, err = o.f.Seek(off, io.SeekStart)
+	return dropped, err
+}
+
+func decodeLine(line []byte) (Record, bool) {
+	if len(line) < 10 || line[len(line)-1] != '\n' || line[8] != ' ' {
+		return Record{}, false
+	}
+	sum, err := hex.DecodeString(string(line[:8]))
+	if err != nil {
+		return Record{}, false
+	}
+	body := line[9 : len(line)-1]
+	want := uint32(sum[0])<<24 | uint32(sum[1])<<16 | uint32(sum[2])<<8 | uint32(sum[3])
+	if crc32.Checksum(body, crcTable) != want {
+		return Record{}, false
+	}
+	var rec Record
+	if err := json.Unmarshal(body, &rec); err != nil || rec.SourceSeq == 0 || len(rec.Envelope) == 0 {
+		return Record{}, false
+	}
+	return rec, true
+}
+
+func encodeLine(rec Record) ([]byte, error) {
+	body, err := json.Marshal(rec)
+	if err != nil {
+		return nil, err
+	}
+	var buf bytes.Buffer
+	fmt.Fprintf(&buf, "%08x ", crc32.Checksum(body, crcTable))
+	buf.Write(body)
+	buf.WriteByte('\n')
+	return buf.Bytes(), nil
+}
+
+// Append writes recs (ascending seqs above every earlier one) and fsyncs
+// once before returning: a record is durable before anyone may send it.
+func (o *Outbox) Append(recs ...Record) error {
+	if len(recs) == 0 {
+		return nil
+	}
+	var buf bytes.Buffer
+	sizes := make([]int64, len(recs))
+	last := o.last
+	for i, r := range recs {
+		if r.SourceSeq <= last {
+			return fmt.Errorf("outbox: source seq %d does not follow %d", r.SourceSeq, last)
+		}
+		last = r.SourceSeq
+		line, err := encodeLine(r)
+		if err != nil {
+			return err
+		}
+		sizes[i] = int64(len(line))
+		buf.Write(line)
+	}
+	if _, err := o.f.Write(buf.Bytes()); err != nil {
+		// Leave no half record behind for the next append.
+		_ = o.f.Truncate(o.size)
+		_, _ = o.f.Seek(o.size, io.SeekStart)
+		return err
+	}
+	if o.BeforeSync != nil {
+		o.BeforeSync()
+	}
+	if err := o.f.Sync(); err != nil {
+		return err
+	}
+	o.size += int64(buf.Len())
+	o.last = last
+	o.recs = append(o.recs, recs...)
+	o.sizes = append(o.sizes, sizes...)
+	for _, r := range recs {
+		o.bytes += uint64(len(r.Envelope))
+	}
+	if o.AfterSync != nil {
+		o.AfterSync(recs)
+	}
+	return nil
+}
+
+// Trim forgets records with seq <= acked and compacts the file atomically
+// once enough of it is dead.
+func (o *Outbox) Trim(acked uint64) error {
+	i := 0
+	for i < len(o.recs) && o.recs[i].SourceSeq <= acked {
+		o.dead += o.sizes[i]
+		o.bytes -= uint64(len(o.recs[i].Envelope))
+		i++
+	}
+	if i > 0 {
+		o.recs = append([]Record(nil), o.recs[i:]...)
+		o.sizes = append([]int64(nil), o.sizes[i:]...)
+	}
+	if o.size >= compactMinBytes && o.dead*2 >= o.size {
+		return o.Compact()
+	}
+	return nil
+}
+
+// Compact rewrites the log with only the live records (temp sibling, fsync,
+// rename, dir fsync) and reopens it for appends.
+func (o *Outbox) Compact() error {
+	var buf bytes.Buffer
+	for _, r := range o.recs {
+		line, err := encodeLine(r)
+		if err != nil {
+			return err
+		}
+		buf.Write(line)
+	}
+	if err := WriteFileAtomic(o.dir, OutboxFile, buf.Bytes()); err != nil {
+		return err
+	}
+	f, err := os.OpenFile(filepath.Join(o.dir, OutboxFile), os.O_RDWR, fileMode)
+	if err != nil {
+		return err
+	}
+	if _, err := f.Seek(0, io.SeekEnd); err != nil {
+		f.Close()
+		return err
+	}
+	_ = o.f.Close()
+	o.f = f
+	o.size = int64(buf.Len())
+	o.dead = 0
+	return nil
+}
+
+// After returns the live records with seq > after, in order.
+func (o *Outbox) After(after uint64) []Record {
+	for i, r := range o.recs {
+		if r.SourceSeq > after {
+			return append([]Record(nil), o.recs[i:]...)
+		}
+	}
+	return nil
+}
+
+// LastSeq is the highest seq ever appended (0 if none).
+func (o *Outbox) LastSeq() uint64 { return o.last }
+
+// Len is the number of live records.
+func (o *Outbox) Len() int { return len(o.recs) }
+
+// Bytes is the envelope size of the live records.
+func (o *Outbox) Bytes() uint64 { return o.bytes }
+
+// FileSize is the current size of the log file.
+func (o *Outbox) FileSize() int64 { return o.size }
+
+// Close closes the log file.
+func (o *Outbox) Close() error { return o.f.Close() }

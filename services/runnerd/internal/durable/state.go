@@ -1,0 +1,197 @@
+package durable
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"path/filepath"
+	"sort"
+	"time"
+)
+
+// StateSchema names the runner state document.
+const StateSchema = "tether.runner.durable.state.v1"
+
+// StateFile is the state document's name inside the runner directory.
+const StateFile = "runner-state.json"
+
+// MaxProcessedCommands bounds the command journal.
+const MaxProcessedCommands = 128
+
+// Lifecycle values.
+const (
+	LifecycleConnecting         = "connecting"
+	LifecycleReady              = "ready"
+	LifecycleBackpressure       = "backpressure"
+	LifecycleDraining           = "draining"
+	LifecycleSuspended          = "suspended"
+	LifecycleStopped            = "stopped"
+	LifecycleRevoked            = "revoked"
+	LifecycleRecoverableFailure = "recoverable_failure"
+	LifecycleUnrecoverable      = "unrecoverable"
+)
+
+// Command statuses.
+const (
+	StatusPending       = "pending"
+	StatusCompleted     = "completed"
+	StatusFailed        = "failed"
+	StatusRejected      = "rejected"
+	StatusIndeterminate = "indeterminate"
+)
+
+// Identity is the identity tuple the state is bound to.
+type Identity struct {
+	RunnerInstanceID    string `json:"runnerInstanceId"`
+	EnvironmentLeaseID  string `json:"environmentLeaseId"`
+	NormalizedSessionID string `json:"normalizedSessionId"`
+	SessionScope        string `json:"sessionScope"`
+}
+
+// Process identifies an OS process (pid reuse is caught by start ticks).
+type Process struct {
+	PID        int       `json:"pid"`
+	PGID       int       `json:"pgid,omitempty"`
+	StartTicks uint64    `json:"startTicks"`
+	BootID     string    `json:"bootId,omitempty"`
+	StartedAt  time.Time `json:"startedAt,omitzero"`
+}
+
+// RunRef is the attached run.
+type RunRef struct {
+	RunID   string `json:"runId"`
+	Attempt uint64 `json:"attempt"`
+}
+
+// Turn is the provider turn in progress.
+type Turn struct {
+	TurnID    string    `json:"turnId"`
+	RunID     string    `json:"runId"`
+	Attempt   uint64    `json:"attempt"`
+	StartedAt time.Time `json:"startedAt"`
+}
+
+// CommandRecord is one journaled command.
+type CommandRecord struct {
+	CommandID     string         `json:"commandId"`
+	ControllerSeq uint64         `json:"controllerSeq"`
+	CommandType   string         `json:"commandType"`
+	RunID         string         `json:"runId,omitempty"`
+	Attempt       uint64         `json:"attempt,omitempty"`
+	Status        string         `json:"status"`
+	Fingerprint   string         `json:"fingerprint"`
+	Code          string         `json:"code,omitempty"`
+	Message       string         `json:"message,omitempty"`
+	Result        map[string]any `json:"result,omitempty"`
+	ReceivedAt    time.Time      `json:"receivedAt"`
+}
+
+// State is runner/runner-state.json.
+type State struct {
+	Schema                   string                    `json:"schema"`
+	Identity                 Identity                  `json:"identity"`
+	Lifecycle                string                    `json:"lifecycle"`
+	LifecycleReason          string                    `json:"lifecycleReason,omitempty"`
+	NextSourceSeq            uint64                    `json:"nextSourceSeq"`
+	AckedSourceSeq           uint64                    `json:"ackedSourceSeq"`
+	LastControllerCommandSeq uint64                    `json:"lastControllerCommandSeq"`
+	ReconnectCount           uint64                    `json:"reconnectCount"`
+	RunnerProcess            *Process                  `json:"runnerProcess,omitempty"`
+	ProviderProcess          *Process                  `json:"providerProcess,omitempty"`
+	ProviderThreadID         string                    `json:"providerThreadId,omitempty"`
+	CurrentRun               *RunRef                   `json:"currentRun,omitempty"`
+	ActiveTurn               *Turn                     `json:"activeTurn,omitempty"`
+	HighestAttempts          map[string]uint64         `json:"highestAttempts,omitempty"`
+	SessionInput             json.RawMessage           `json:"sessionInput,omitempty"`
+	ProcessedCommands        map[string]*CommandRecord `json:"processedCommands,omitempty"`
+	UpdatedAt                time.Time                 `json:"updatedAt"`
+}
+
+// NewState returns a fresh state for id.
+func NewState(id Identity) *State {
+	return &State{
+		Schema:            StateSchema,
+		Identity:          id,
+		Lifecycle:         LifecycleConnecting,
+		NextSourceSeq:     1,
+		HighestAttempts:   map[string]uint64{},
+		ProcessedCommands: map[string]*CommandRecord{},
+	}
+}
+
+// Store reads and atomically rewrites the state document in Dir.
+type Store struct {
+	Dir string
+}
+
+// OpenStore prepares <stateDir>/runner (0700) and returns its store.
+func OpenStore(stateDir string) (*Store, error) {
+	if err := EnsurePrivateDir(stateDir); err != nil {
+		return nil, err
+	}
+	dir := filepath.Join(stateDir, "runner")
+	if err := EnsurePrivateDir(dir); err != nil {
+		return nil, err
+	}
+	return &Store{Dir: dir}, nil
+}
+
+// Load returns the stored state, or (nil, nil) when none exists.
+func (s *Store) Load() (*State, error) {
+	b, err := readPrivateFile(filepath.Join(s.Dir, StateFile))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var st State
+	if err := json.Unmarshal(b, &st); err != nil {
+		return nil, fmt.Errorf("runner state is not valid JSON: %w", err)
+	}
+	if st.Schema != StateSchema {
+		return nil, fmt.Errorf("runner state has unknown schema %q", st.Schema)
+	}
+	if st.HighestAttempts == nil {
+		st.HighestAttempts = map[string]uint64{}
+	}
+	if st.ProcessedCommands == nil {
+		st.ProcessedCommands = map[string]*CommandRecord{}
+	}
+	if st.NextSourceSeq == 0 {
+		st.NextSourceSeq = 1
+	}
+	return &st, nil
+}
+
+// Save bounds the command journal and atomically rewrites the document.
+func (s *Store) Save(st *State) error {
+	st.pruneCommands()
+	st.UpdatedAt = time.Now().UTC()
+	b, err := json.MarshalIndent(st, "", "  ")
+	if err != nil {
+		return err
+	}
+	return WriteFileAtomic(s.Dir, StateFile, append(b, '\n'))
+}
+
+// pruneCommands keeps the MaxProcessedCommands most recent commands.
+func (st *State) pruneCommands() {
+	if len(st.ProcessedCommands) <= MaxProcessedCommands {
+		return
+	}
+	recs := make([]*CommandRecord, 0, len(st.ProcessedCommands))
+	for _, r := range st.ProcessedCommands {
+		recs = append(recs, r)
+	}
+	sort.Slice(recs, func(i, j int) bool {
+		if recs[i].ControllerSeq != recs[j].ControllerSeq {
+			return recs[i].ControllerSeq < recs[j].ControllerSeq
+		}
+		return recs[i].ReceivedAt.Before(recs[j].ReceivedAt)
+	})
+	for _, r := range recs[:len(recs)-MaxProcessedCommands] {
+		delete(st.ProcessedCommands, r.CommandID)
+	}
+}

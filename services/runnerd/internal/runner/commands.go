@@ -1,0 +1,598 @@
+package runner
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"time"
+
+	"google.golang.org/protobuf/encoding/protojson"
+
+	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
+	"github.com/tether-run/tether/pkg/prp"
+	"github.com/tether-run/tether/services/runnerd/internal/durable"
+)
+
+// Command types.
+const (
+	CmdRunAttach     = "run.attach"
+	CmdTurnStart     = "turn.start"
+	CmdTurnInterrupt = "turn.interrupt"
+	CmdTurnSteer     = "turn.steer"
+	CmdSessionClose  = "session.close"
+)
+
+// Command result codes.
+const (
+	CodeCommandIDReused        = "command_id_reused"
+	CodeControllerSeqGap       = "controller_seq_not_contiguous"
+	CodeAttemptFenced          = "runner_attempt_fenced"
+	CodeTurnAlreadyActive      = "turn_already_active"
+	CodeNoActiveTurn           = "no_active_turn"
+	CodeTurnMismatch           = "turn_mismatch"
+	CodeRunNotAttached         = "run_not_attached"
+	CodeRunnerStopped          = "runner_stopped"
+	CodeCommandInvalid         = "command_invalid"
+	CodeCommandUnsupported     = "command_unsupported"
+	CodeExecutionIndeterminate = "execution_indeterminate"
+	CodeProviderStartFailed    = "provider_start_failed"
+)
+
+// cmdError is a command outcome other than success.
+type cmdError struct {
+	status, code, msg string
+}
+
+func (e *cmdError) Error() string { return e.code + ": " + e.msg }
+
+func rejected(code, format string, args ...any) *cmdError {
+	return &cmdError{durable.StatusRejected, code, fmt.Sprintf(format, args...)}
+}
+
+func failed(code, format string, args ...any) *cmdError {
+	return &cmdError{durable.StatusFailed, code, fmt.Sprintf(format, args...)}
+}
+
+// providerFailure maps a provider error to a failed outcome with its code.
+func providerFailure(fallback string, err error) *cmdError {
+	code := ProviderErrorCode(err)
+	if code == "" {
+		code = fallback
+	}
+	return &cmdError{durable.StatusFailed, code, err.Error()}
+}
+
+// ProviderError is a provider failure with a stable code (adapters convert
+// driver errors into it).
+type ProviderError struct {
+	Code, Message string
+}
+
+func (e *ProviderError) Error() string { return e.Code + ": " + e.Message }
+
+// ProviderErrorCode returns the stable code of a provider error, or "".
+func ProviderErrorCode(err error) string {
+	var pe *ProviderError
+	if errors.As(err, &pe) {
+		return pe.Code
+	}
+	return ""
+}
+
+// Fingerprint is sha256 of the canonical {type, payload, runId, attempt}.
+func Fingerprint(c *prpv1.Command) (string, error) {
+	payload := json.RawMessage("{}")
+	if c.GetPayload() != nil {
+		b, err := protojson.Marshal(c.GetPayload())
+		if err != nil {
+			return "", err
+		}
+		payload = b
+	}
+	b, err := prp.CanonicalJSON(map[string]any{
+		"type":    c.GetType(),
+		"payload": payload,
+		"runId":   c.GetRunId(),
+		"attempt": c.GetAttempt(),
+	})
+	if err != nil {
+		return "", err
+	}
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:]), nil
+}
+
+func (r *Runner) sendResult(rec *durable.CommandRecord) {
+	res := &prpv1.CommandResult{
+		CommandId:     rec.CommandID,
+		ControllerSeq: rec.ControllerSeq,
+		CommandType:   rec.CommandType,
+		Status:        rec.Status,
+		Code:          rec.Code,
+		Message:       rec.Message,
+		RunId:         rec.RunID,
+	}
+	if rec.Result != nil {
+		if s, err := toStruct(rec.Result); err == nil {
+			res.Result = s
+		}
+	}
+	r.write(&prpv1.Frame{Kind: &prpv1.Frame_CommandResult{CommandResult: res}})
+}
+
+// onCommand applies the journal rules, runs the effect and answers.
+func (r *Runner) onCommand(c *prpv1.Command) {
+	st := r.st
+	base := &durable.CommandRecord{
+		CommandID:     c.GetCommandId(),
+		ControllerSeq: c.GetControllerSeq(),
+		CommandType:   c.GetType(),
+		RunID:         c.GetRunId(),
+		Attempt:       c.GetAttempt(),
+		ReceivedAt:    time.Now().UTC(),
+	}
+	reply := func(status, code, msg string) {
+		rec := *base
+		rec.Status, rec.Code, rec.Message = status, code, msg
+		r.sendResult(&rec)
+	}
+	if c.GetCommandId() == "" || len(c.GetCommandId()) > 160 || c.GetType() == "" {
+		reply(durable.StatusRejected, CodeCommandInvalid, "command needs a command id (1..160) and a type")
+		return
+	}
+	fp, err := Fingerprint(c)
+	if err != nil {
+		reply(durable.StatusRejected, CodeCommandInvalid, "payload cannot be fingerprinted: "+err.Error())
+		return
+	}
+	base.Fingerprint = fp
+	// consumeSeq advances the controller cursor when this command holds the
+	// next seq, whatever its outcome.
+	consumeSeq := func() bool {
+		if c.GetControllerSeq() == st.LastControllerCommandSeq+1 {
+			st.LastControllerCommandSeq++
+			return true
+		}
+		return false
+	}
+
+	if prev, ok := st.ProcessedCommands[c.GetCommandId()]; ok {
+		if consumeSeq() {
+			r.mustSave()
+		}
+		if prev.Fingerprint == fp {
+			r.log.Info("duplicate command; resending the stored result", "command_id", prev.CommandID, "status", prev.Status)
+			r.sendResult(prev)
+			return
+		}
+		reply(durable.StatusRejected, CodeCommandIDReused, "commandId was reused with different command data")
+		return
+	}
+	if c.GetControllerSeq() != st.LastControllerCommandSeq+1 {
+		reply(durable.StatusRejected, CodeControllerSeqGap, fmt.Sprintf("controller sequence must be contiguous: expected %d, received %d",
+			st.LastControllerCommandSeq+1, c.GetControllerSeq()))
+		return
+	}
+	consumeSeq()
+	rec := base
+	st.ProcessedCommands[rec.CommandID] = rec
+
+	if runID := c.GetRunId(); runID != "" {
+		if hi := st.HighestAttempts[runID]; c.GetAttempt() < hi {
+			rec.Status, rec.Code = durable.StatusRejected, CodeAttemptFenced
+			rec.Message = fmt.Sprintf("attempt %d is fenced by attempt %d of run %s", c.GetAttempt(), hi, runID)
+			r.mustSave()
+			r.sendResult(rec)
+			return
+		}
+		st.HighestAttempts[runID] = c.GetAttempt()
+	}
+
+	// Journal the intent before any effect.
+	rec.Status, rec.Code, rec.Message = durable.StatusPending, CodeExecutionIndeterminate, ""
+	r.mustSave()
+	if r.exit != nil && r.exit.immediate {
+		return
+	}
+	result, cerr := r.execute(c)
+	if cerr != nil {
+		rec.Status, rec.Code, rec.Message = cerr.status, cerr.code, cerr.msg
+	} else {
+		rec.Status, rec.Code, rec.Message, rec.Result = durable.StatusCompleted, "", "", result
+	}
+	r.mustSave()
+	r.sendResult(rec)
+	if c.GetType() == CmdSessionClose && cerr == nil {
+		r.setExit(ExitOK, "session_closed", false)
+	}
+}
+
+func (r *Runner) execute(c *prpv1.Command) (map[string]any, *cmdError) {
+	switch c.GetType() {
+	case CmdRunAttach:
+		return r.cmdRunAttach(c)
+	case CmdTurnStart:
+		return r.cmdTurnStart(c)
+	case CmdTurnInterrupt:
+		return r.cmdTurnInterrupt(c)
+	case CmdTurnSteer:
+		return r.cmdTurnSteer(c)
+	case CmdSessionClose:
+		return r.cmdSessionClose(c)
+	}
+	return nil, rejected(CodeCommandUnsupported, "command type %q is not supported", c.GetType())
+}
+
+func payloadString(c *prpv1.Command, key string) string {
+	if v, ok := c.GetPayload().GetFields()[key]; ok {
+		return v.GetStringValue()
+	}
+	return ""
+}
+
+func (r *Runner) stoppedErr() *cmdError {
+	switch r.st.Lifecycle {
+	case durable.LifecycleStopped, durable.LifecycleDraining, durable.LifecycleSuspended, durable.LifecycleRevoked:
+		return rejected(CodeRunnerStopped, "runner is %s", r.st.Lifecycle)
+	}
+	if r.exit != nil {
+		return rejected(CodeRunnerStopped, "runner is exiting (%s)", r.exit.reason)
+	}
+	return nil
+}
+
+// requireRun checks the command targets the attached run.
+func (r *Runner) requireRun(c *prpv1.Command) *cmdError {
+	cur := r.st.CurrentRun
+	if cur == nil {
+		return rejected(CodeRunNotAttached, "no run is attached")
+	}
+	if c.GetRunId() != "" && c.GetRunId() != cur.RunID {
+		return rejected(CodeRunNotAttached, "run %s is not attached (attached: %s)", c.GetRunId(), cur.RunID)
+	}
+	if c.GetRunId() != "" && c.GetAttempt() < cur.Attempt {
+		return rejected(CodeAttemptFenced, "attempt %d is fenced by attempt %d", c.GetAttempt(), cur.Attempt)
+	}
+	return nil
+}
+
+func (r *Runner) cmdRunAttach(c *prpv1.Command) (map[string]any, *cmdError) {
+	if e := r.stoppedErr(); e != nil {
+		return nil, e
+	}
+	if c.GetRunId() == "" {
+		return nil, rejected(CodeCommandInvalid, "run.attach needs a run id")
+	}
+	inV, ok := c.GetPayload().GetFields()["input"]
+	if !ok || inV.GetStructValue() == nil {
+		return nil, rejected(CodeCommandInvalid, "run.attach needs payload.input (ExecutionInput)")
+	}
+	raw, err := protojson.Marshal(inV.GetStructValue())
+	if err != nil {
+		return nil, rejected(CodeCommandInvalid, "payload.input: %v", err)
+	}
+	in := &prpv1.ExecutionInput{}
+	if err := (protojson.UnmarshalOptions{DiscardUnknown: true}).Unmarshal(raw, in); err != nil {
+		return nil, rejected(CodeCommandInvalid, "payload.input is not an ExecutionInput: %v", err)
+	}
+	if sid := in.GetSession().GetNormalizedSessionId(); sid != "" && sid != r.st.Identity.NormalizedSessionID {
+		return nil, rejected(CodeCommandInvalid, "input session %q does not match the runner's session %q", sid, r.st.Identity.NormalizedSessionID)
+	}
+	if t := r.st.ActiveTurn; t != nil && t.RunID != c.GetRunId() {
+		return nil, rejected(CodeTurnAlreadyActive, "turn %s of run %s is still active", t.TurnID, t.RunID)
+	}
+	canon, err := (protojson.MarshalOptions{}).Marshal(in)
+	if err != nil {
+		return nil, failed(CodeCommandInvalid, "re-encode input: %v", err)
+	}
+	prev := r.st.CurrentRun
+	r.st.CurrentRun = &durable.RunRef{RunID: c.GetRunId(), Attempt: c.GetAttempt()}
+	r.st.SessionInput = compactJSON(canon)
+	if t := r.st.ActiveTurn; t != nil {
+		t.Attempt = c.GetAttempt()
+	}
+	r.mustSave()
+	reused := r.prov != nil
+	payload := map[string]any{
+		"runId":            c.GetRunId(),
+		"attempt":          float64(c.GetAttempt()),
+		"runnerInstanceId": r.st.Identity.RunnerInstanceID,
+		"providerRunning":  reused,
+	}
+	if r.st.ProviderThreadID != "" {
+		payload["providerThreadId"] = r.st.ProviderThreadID
+	}
+	if prev != nil {
+		payload["previousRunId"] = prev.RunID
+	}
+	r.emit(P0, "run.attached", "", "", payload)
+	return map[string]any{
+		"runId":            c.GetRunId(),
+		"attempt":          float64(c.GetAttempt()),
+		"providerRunning":  reused,
+		"providerThreadId": r.st.ProviderThreadID,
+	}, nil
+}
+
+func compactJSON(b []byte) json.RawMessage {
+	out, err := prp.CanonicalJSON(json.RawMessage(b))
+	if err != nil {
+		return b
+	}
+	return out
+}
+
+func (r *Runner) sessionInput() *prpv1.ExecutionInput {
+	in := &prpv1.ExecutionInput{}
+	if len(r.st.SessionInput) > 0 {
+		_ = (protojson.UnmarshalOptions{DiscardUnknown: true}).Unmarshal(r.st.SessionInput, in)
+	}
+	return in
+}
+
+func (r *Runner) cmdTurnStart(c *prpv1.Command) (map[string]any, *cmdError) {
+	if e := r.stoppedErr(); e != nil {
+		return nil, e
+	}
+	if e := r.requireRun(c); e != nil {
+		return nil, e
+	}
+	text := payloadString(c, "text")
+	if text == "" || len(text) > 1<<20 {
+		return nil, rejected(CodeCommandInvalid, "turn.start needs payload.text (1 byte..1 MiB)")
+	}
+	if t := r.st.ActiveTurn; t != nil {
+		return nil, rejected(CodeTurnAlreadyActive, "turn %s is still active", t.TurnID)
+	}
+	if e := r.ensureProvider(); e != nil {
+		return nil, e
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.RequestTimeout)
+	defer cancel()
+	turnID, err := r.prov.StartTurn(ctx, text)
+	r.pumpProviderEvents()
+	if err != nil {
+		return nil, providerFailure("provider_turn_start_failed", err)
+	}
+	cur := r.st.CurrentRun
+	r.st.ActiveTurn = &durable.Turn{TurnID: turnID, RunID: cur.RunID, Attempt: cur.Attempt, StartedAt: time.Now().UTC()}
+	r.mustSave()
+	return map[string]any{"turnId": turnID, "providerThreadId": r.st.ProviderThreadID}, nil
+}
+
+// ensureProvider starts the provider and opens (or resumes) the thread.
+func (r *Runner) ensureProvider() *cmdError {
+	if r.prov != nil {
+		return nil
+	}
+	in := r.sessionInput()
+	codexHome := filepath.Join(r.cfg.StateDir, "codex-home")
+	cfg := ProviderConfig{
+		Command: r.cfg.CodexCommand,
+		Args:    append([]string(nil), r.cfg.CodexArgs...),
+		Env: []string{
+			"PATH=" + r.cfg.PathEnv,
+			"HOME=" + r.cfg.StateDir,
+			"CODEX_HOME=" + codexHome,
+			"TETHER_WORKSPACE_CWD=" + r.cfg.Workspace,
+			"PAPERCLIP_WORKSPACE_CWD=" + r.cfg.Workspace,
+		},
+		Dir:            r.cfg.Workspace,
+		CodexHome:      codexHome,
+		Model:          in.GetProvider().GetModel(),
+		ApprovalPolicy: in.GetProvider().GetApprovalPolicy(),
+		Sandbox:        in.GetProvider().GetSandbox(),
+		RequestTimeout: r.cfg.RequestTimeout,
+		Logger:         r.log.With("component", "provider"),
+	}
+	r.provGen++
+	gen := r.provGen
+	q := r.queue
+	ctx, cancel := context.WithTimeout(context.Background(), 2*r.cfg.RequestTimeout)
+	defer cancel()
+	p, err := r.cfg.StartProvider(ctx, cfg, func(ev ProviderEvent) { q.push(gen, ev) })
+	if err != nil {
+		r.pumpProviderEvents()
+		return providerFailure(CodeProviderStartFailed, err)
+	}
+	r.prov = p
+	pi := p.Process()
+	r.st.ProviderProcess = &durable.Process{PID: pi.PID, PGID: pi.PGID, StartTicks: pi.StartTicks, BootID: r.boot, StartedAt: pi.StartedAt.UTC()}
+	r.mustSave()
+	r.pumpProviderEvents()
+	r.emit(P1, "harness.ready", "", "", map[string]any{
+		"pid": float64(pi.PID), "pgid": float64(pi.PGID), "startTicks": float64(pi.StartTicks),
+	})
+	tid, resumed, err := p.OpenThread(ctx, r.st.ProviderThreadID)
+	r.pumpProviderEvents()
+	if err != nil {
+		r.log.Error("provider thread could not be opened; stopping the provider", "err", err)
+		r.closeProvider()
+		return providerFailure("provider_thread_open_failed", err)
+	}
+	r.st.ProviderThreadID = tid
+	r.mustSave()
+	r.log.Info("provider ready", "pid", pi.PID, "thread_id", tid, "resumed", resumed)
+	return nil
+}
+
+func (r *Runner) cmdTurnInterrupt(c *prpv1.Command) (map[string]any, *cmdError) {
+	if e := r.requireRun(c); e != nil {
+		return nil, e
+	}
+	t := r.st.ActiveTurn
+	if t == nil || r.prov == nil {
+		return nil, rejected(CodeNoActiveTurn, "no turn is active")
+	}
+	if want := payloadString(c, "turnId"); want != "" && want != t.TurnID {
+		return nil, rejected(CodeTurnMismatch, "active turn is %s, not %s", t.TurnID, want)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.RequestTimeout)
+	defer cancel()
+	if err := r.prov.Interrupt(ctx, t.TurnID); err != nil {
+		return nil, providerFailure("provider_interrupt_failed", err)
+	}
+	return map[string]any{"turnId": t.TurnID}, nil
+}
+
+func (r *Runner) cmdTurnSteer(c *prpv1.Command) (map[string]any, *cmdError) {
+	if e := r.requireRun(c); e != nil {
+		return nil, e
+	}
+	t := r.st.ActiveTurn
+	if t == nil || r.prov == nil {
+		return nil, rejected(CodeNoActiveTurn, "no turn is active")
+	}
+	text := payloadString(c, "text")
+	if text == "" {
+		return nil, rejected(CodeCommandInvalid, "turn.steer needs payload.text")
+	}
+	if want := payloadString(c, "expectedTurnId"); want != "" && want != t.TurnID {
+		return nil, rejected(CodeTurnMismatch, "active turn is %s, not %s", t.TurnID, want)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.RequestTimeout)
+	defer cancel()
+	if err := r.prov.Steer(ctx, t.TurnID, text); err != nil {
+		return nil, providerFailure("provider_steer_failed", err)
+	}
+	return map[string]any{"turnId": t.TurnID}, nil
+}
+
+func (r *Runner) cmdSessionClose(c *prpv1.Command) (map[string]any, *cmdError) {
+	r.stopSession("session_closed")
+	return map[string]any{"lifecycle": r.st.Lifecycle, "providerThreadId": r.st.ProviderThreadID}, nil
+}
+
+// ---- provider lifecycle ----
+
+// closeProvider stops the provider (if any) and forgets it.
+func (r *Runner) closeProvider() {
+	p := r.prov
+	if p == nil {
+		return
+	}
+	r.prov = nil
+	ctx, cancel := context.WithTimeout(context.Background(), 3*r.cfg.ProviderCloseGrace)
+	if err := p.Close(ctx, r.cfg.ProviderCloseGrace); err != nil {
+		r.log.Warn("provider close", "err", err)
+	}
+	cancel()
+	r.pumpProviderEvents()
+	r.st.ProviderProcess = nil
+	r.mustSave()
+}
+
+// stopProvider ends an active turn and stops the provider (fatal paths).
+func (r *Runner) stopProvider(code string) {
+	if t := r.st.ActiveTurn; t != nil {
+		r.closeProvider()
+		r.emitTerminal(t, TurnResult{TurnID: t.TurnID, Status: "failed", ErrorCode: code, ErrorMessage: "runner is stopping"})
+		r.st.ActiveTurn = nil
+		r.mustSave()
+		return
+	}
+	r.closeProvider()
+}
+
+// stopSession stops the provider, records lifecycle stopped and emits
+// runner.stopped; an active turn ends as interrupted/cancelled.
+func (r *Runner) stopSession(reason string) {
+	t := r.st.ActiveTurn
+	r.closeProvider()
+	if t != nil {
+		r.emitTerminal(t, TurnResult{TurnID: t.TurnID, Status: "interrupted", ErrorCode: reason, ErrorMessage: "the session was stopped during the turn"})
+		r.st.ActiveTurn = nil
+	}
+	r.st.Lifecycle, r.st.LifecycleReason = durable.LifecycleStopped, reason
+	r.mustSave()
+	r.emit(P0, "runner.stopped", "", "", map[string]any{"reason": reason})
+}
+
+func (r *Runner) onTurnDone(res TurnResult) {
+	r.lastActivity = time.Now()
+	t := r.st.ActiveTurn
+	if t == nil || (res.TurnID != "" && res.TurnID != t.TurnID) {
+		r.log.Warn("turn result for a turn that is not active; ignored", "turn_id", res.TurnID)
+		return
+	}
+	r.emitTerminal(t, res)
+	r.st.ActiveTurn = nil
+	r.mustSave()
+}
+
+func (r *Runner) onProviderExit() {
+	r.pumpProviderEvents()
+	p := r.prov
+	// A turn that finished just before the exit still counts as finished.
+	select {
+	case res := <-p.TurnDone():
+		r.pumpProviderEvents()
+		r.onTurnDone(res)
+	default:
+	}
+	err := p.ExitErr()
+	code := ProviderErrorCode(err)
+	if code == "" {
+		code = CodeProviderProcessExited
+	}
+	msg := "provider exited"
+	if err != nil {
+		msg = err.Error()
+	}
+	pi := p.Process()
+	r.log.Warn("provider exited unexpectedly", "code", code, "err", err, "pid", pi.PID)
+	r.closeProvider()
+	r.emit(P0, "harness.exited", "", "", map[string]any{
+		"code": code, "message": msg, "pid": float64(pi.PID), "pgid": float64(pi.PGID),
+	})
+	if t := r.st.ActiveTurn; t != nil {
+		r.emitTerminal(t, TurnResult{TurnID: t.TurnID, Status: "failed", ErrorCode: code, ErrorMessage: msg})
+		r.st.ActiveTurn = nil
+		r.mustSave()
+	}
+	r.lastActivity = time.Now()
+}
+
+// emitTerminal emits the P0 run.terminal event for a finished turn.
+func (r *Runner) emitTerminal(t *durable.Turn, res TurnResult) {
+	turnState := res.Status
+	runState := "failed"
+	switch res.Status {
+	case "completed":
+		runState = "succeeded"
+	case "interrupted":
+		runState = "cancelled"
+	default:
+		turnState = "failed"
+	}
+	payload := map[string]any{
+		"turnTerminalState": turnState,
+		"runTerminalState":  runState,
+		"finalMessage":      res.FinalMessage,
+		"usage": map[string]any{
+			"inputTokens":       float64(res.Usage.InputTokens),
+			"cachedInputTokens": float64(res.Usage.CachedInputTokens),
+			"outputTokens":      float64(res.Usage.OutputTokens),
+		},
+		"providerTurnId":   t.TurnID,
+		"providerThreadId": r.st.ProviderThreadID,
+	}
+	if res.ErrorCode != "" {
+		payload["code"] = res.ErrorCode
+	}
+	if res.ErrorMessage != "" {
+		payload["message"] = res.ErrorMessage
+	}
+	// The run the turn belongs to labels the event.
+	cur := r.st.CurrentRun
+	if cur == nil || cur.RunID != t.RunID {
+		saved := cur
+		r.st.CurrentRun = &durable.RunRef{RunID: t.RunID, Attempt: t.Attempt}
+		defer func() { r.st.CurrentRun = saved }()
+	}
+	r.emit(P0, "run.terminal", t.TurnID, "", payload)
+}

@@ -1,0 +1,75 @@
+package runner
+
+import (
+	"context"
+	"log/slog"
+	"time"
+)
+
+// Provider is one supervised provider session (satisfied by an adapter over
+// *codex.Session; tests inject fakes).
+type Provider interface {
+	Process() ProcessInfo
+	OpenThread(ctx context.Context, threadID string) (id string, resumed bool, err error)
+	StartTurn(ctx context.Context, text string) (turnID string, err error)
+	TurnDone() <-chan TurnResult
+	Steer(ctx context.Context, turnID, text string) error
+	Interrupt(ctx context.Context, turnID string) error
+	Exited() <-chan struct{}
+	ExitErr() error
+	Close(ctx context.Context, grace time.Duration) error
+}
+
+// StartFunc spawns a provider. emit is called in order from one goroutine
+// and must not block for long (runnerd queues events without blocking).
+type StartFunc func(ctx context.Context, cfg ProviderConfig, emit func(ProviderEvent)) (Provider, error)
+
+// ProviderConfig mirrors codex.Config.
+type ProviderConfig struct {
+	Command                        string
+	Args                           []string
+	Env                            []string // complete allow-listed environment
+	Dir                            string   // workspace cwd
+	CodexHome                      string
+	Model, ApprovalPolicy, Sandbox string
+	StartupTimeout, RequestTimeout time.Duration
+	Logger                         *slog.Logger
+}
+
+// ProviderEvent mirrors codex.Event.
+type ProviderEvent struct {
+	Type     string
+	TurnID   string
+	ItemID   string
+	Priority uint32
+	Payload  map[string]any
+}
+
+// TurnResult mirrors codex.TurnResult.
+type TurnResult struct {
+	TurnID       string
+	Status       string // completed | failed | interrupted
+	FinalMessage string
+	Usage        Usage
+	ErrorCode    string
+	ErrorMessage string
+}
+
+// Usage mirrors codex.Usage.
+type Usage struct {
+	InputTokens, CachedInputTokens, OutputTokens int64
+}
+
+// ProcessInfo mirrors codex.ProcessInfo.
+type ProcessInfo struct {
+	PID, PGID  int
+	StartTicks uint64
+	StartedAt  time.Time
+}
+
+// Provider exit codes (shared with the codex driver).
+const (
+	CodeProviderProcessExited = "provider_process_exited"
+	CodeProviderStdoutClosed  = "provider_stdout_closed"
+	CodeProviderProcessLost   = "provider_process_lost"
+)

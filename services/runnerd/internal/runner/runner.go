@@ -1,0 +1,797 @@
+// Package runner is runnerd's durable main loop: it journals every event
+// before sending it, keeps a command journal, supervises one provider
+// session and stays connected to the runner gateway.
+package runner
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/coder/websocket"
+	"google.golang.org/protobuf/encoding/protojson"
+
+	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
+	"github.com/tether-run/tether/pkg/prp"
+	"github.com/tether-run/tether/services/runnerd/internal/durable"
+)
+
+// Exit codes.
+const (
+	ExitOK = 0
+	// ExitError: invalid configuration or a local fatal error.
+	ExitError = 1
+	// ExitRecoverable: no gateway connection within the reconnect grace.
+	ExitRecoverable = 3
+	// ExitCredentialRefused: the gateway refused the credential (ticket
+	// replayed, expired, wrong); a fresh bootstrap ticket is needed.
+	ExitCredentialRefused = 4
+)
+
+// Config configures one runner.
+type Config struct {
+	ConnectURL         string
+	StateDir           string
+	RunnerID           string
+	EnvironmentLeaseID string
+	SessionID          string
+	SessionScope       string
+	Workspace          string
+	CodexCommand       string
+	CodexArgs          []string
+	IdleTimeout        time.Duration
+	ReconnectGrace     time.Duration
+	// Ticket is the bootstrap credential (from the environment).
+	Ticket        prp.Credential
+	StartProvider StartFunc
+	Logger        *slog.Logger
+	RunnerVersion string
+	// PathEnv is the PATH handed to the provider.
+	PathEnv string
+
+	// Tuning; zero values take the defaults in brackets.
+	BackoffMin         time.Duration // [250ms]
+	BackoffMax         time.Duration // [5s]
+	DrainTimeout       time.Duration // [5s] wait for acks before exiting
+	ProviderCloseGrace time.Duration // [5s]
+	RequestTimeout     time.Duration // [60s] provider requests
+	Tick               time.Duration // [100ms] timer resolution
+
+	// OutboxSynced, when set, is called after each outbox fsync (tests).
+	OutboxSynced func([]durable.Record)
+}
+
+func (c *Config) defaults() {
+	def := func(d *time.Duration, v time.Duration) {
+		if *d <= 0 {
+			*d = v
+		}
+	}
+	def(&c.IdleTimeout, 10*time.Minute)
+	def(&c.ReconnectGrace, 2*time.Minute)
+	def(&c.BackoffMin, 250*time.Millisecond)
+	def(&c.BackoffMax, 5*time.Second)
+	def(&c.DrainTimeout, 5*time.Second)
+	def(&c.ProviderCloseGrace, 5*time.Second)
+	def(&c.RequestTimeout, 60*time.Second)
+	def(&c.Tick, 100*time.Millisecond)
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.RunnerVersion == "" {
+		c.RunnerVersion = "dev"
+	}
+}
+
+func (c *Config) validate() error {
+	for name, v := range map[string]string{
+		"--connect-url": c.ConnectURL, "--state-dir": c.StateDir, "--runner-id": c.RunnerID,
+		"--environment-lease-id": c.EnvironmentLeaseID, "--session-id": c.SessionID,
+		"--session-scope": c.SessionScope, "--workspace": c.Workspace, "--codex-command": c.CodexCommand,
+	} {
+		if v == "" {
+			return fmt.Errorf("%s is required", name)
+		}
+	}
+	if !filepath.IsAbs(c.StateDir) || !filepath.IsAbs(c.Workspace) {
+		return errors.New("--state-dir and --workspace must be absolute paths")
+	}
+	if c.Ticket.Kind == "" {
+		return fmt.Errorf("no bootstrap ticket in %s", prp.EnvBootstrapTicket)
+	}
+	if c.StartProvider == nil {
+		return errors.New("no provider starter")
+	}
+	return nil
+}
+
+type liveConn struct {
+	id           int
+	c            *prp.Conn
+	cancel       context.CancelFunc
+	connectionID string
+}
+
+type inbound struct {
+	connID int
+	f      *prpv1.Frame
+	err    error
+}
+
+type dialResult struct {
+	c       *prp.Conn
+	cancel  context.CancelFunc
+	welcome *prpv1.Welcome
+	cred    prp.Credential
+	err     error
+}
+
+type exitPlan struct {
+	code     int
+	reason   string
+	deadline time.Time
+	// immediate exits without waiting for acks.
+	immediate bool
+}
+
+// Runner is one runnerd process's state machine. All fields are owned by the
+// loop goroutine.
+type Runner struct {
+	cfg    Config
+	log    *slog.Logger
+	store  *durable.Store
+	st     *durable.State
+	outbox *durable.Outbox
+	dialer *loopbackDialer
+	cred   prp.Credential
+	boot   string
+	self   *durable.Process
+
+	runCtx  context.Context
+	wg      sync.WaitGroup
+	inbound chan inbound
+	dialed  chan dialResult
+
+	conn              *liveConn
+	connSeq           int
+	dialing           bool
+	nextDial          time.Time
+	backoff           time.Duration
+	disconnectedSince time.Time
+
+	queue   *eventQueue
+	prov    Provider
+	provGen int
+
+	lastActivity time.Time
+	exit         *exitPlan
+}
+
+// Run runs runnerd until it decides to exit and returns the exit code.
+func Run(ctx context.Context, cfg Config) (int, error) {
+	cfg.defaults()
+	if err := cfg.validate(); err != nil {
+		return ExitError, err
+	}
+	r := &Runner{
+		cfg:     cfg,
+		log:     cfg.Logger,
+		cred:    cfg.Ticket,
+		boot:    bootID(),
+		inbound: make(chan inbound, 64),
+		dialed:  make(chan dialResult, 1),
+		queue:   newEventQueue(),
+		backoff: cfg.BackoffMin,
+	}
+	code, stop, err := r.open(ctx)
+	if err != nil || stop {
+		if r.outbox != nil {
+			_ = r.outbox.Close()
+		}
+		return code, err
+	}
+	runCtx, cancel := context.WithCancel(context.Background())
+	r.runCtx = runCtx
+	code = r.loop(ctx)
+	r.closeConn("runner_exiting", "runnerd is exiting")
+	cancel()
+	r.wg.Wait()
+	_ = r.outbox.Close()
+	r.log.Info("runnerd exiting", "code", code, "lifecycle", r.st.Lifecycle, "reason", r.st.LifecycleReason)
+	return code, nil
+}
+
+// open loads or creates the state and the outbox. stop means exit at once.
+func (r *Runner) open(ctx context.Context) (int, bool, error) {
+	cfg := r.cfg
+	store, err := durable.OpenStore(cfg.StateDir)
+	if err != nil {
+		return ExitError, true, fmt.Errorf("state dir: %w", err)
+	}
+	r.store = store
+	if err := durable.EnsurePrivateDir(filepath.Join(cfg.StateDir, "codex-home")); err != nil {
+		return ExitError, true, fmt.Errorf("codex home: %w", err)
+	}
+	st, err := store.Load()
+	if err != nil {
+		return ExitError, true, fmt.Errorf("runner_state_unreadable: %w", err)
+	}
+	id := durable.Identity{
+		RunnerInstanceID:    cfg.RunnerID,
+		EnvironmentLeaseID:  cfg.EnvironmentLeaseID,
+		NormalizedSessionID: cfg.SessionID,
+		SessionScope:        cfg.SessionScope,
+	}
+	recovered := st != nil
+	if st == nil {
+		st = durable.NewState(id)
+	} else {
+		if st.Identity.RunnerInstanceID != id.RunnerInstanceID || st.Identity.SessionScope != id.SessionScope ||
+			st.Identity.NormalizedSessionID != id.NormalizedSessionID {
+			return ExitError, true, fmt.Errorf("runner_state_identity_mismatch: state dir belongs to runner %q session %q scope %q",
+				st.Identity.RunnerInstanceID, st.Identity.NormalizedSessionID, st.Identity.SessionScope)
+		}
+		if st.Lifecycle == durable.LifecycleRevoked {
+			r.log.Info("runner state is revoked; exiting without connecting")
+			return ExitOK, true, nil
+		}
+		st.Identity.EnvironmentLeaseID = id.EnvironmentLeaseID
+	}
+	r.st = st
+	ob, dropped, err := durable.OpenOutbox(store.Dir, st.AckedSourceSeq)
+	if err != nil {
+		return ExitError, true, fmt.Errorf("outbox: %w", err)
+	}
+	if dropped > 0 {
+		r.log.Warn("outbox had a torn tail; truncated", "bytes", dropped)
+	}
+	ob.AfterSync = cfg.OutboxSynced
+	r.outbox = ob
+	st.NextSourceSeq = max(st.NextSourceSeq, ob.LastSeq()+1, st.AckedSourceSeq+1)
+
+	self := &durable.Process{PID: os.Getpid(), PGID: syscall.Getpgrp(), BootID: r.boot, StartedAt: time.Now().UTC()}
+	if t, err := procStartTicks(self.PID); err == nil {
+		self.StartTicks = t
+	}
+	r.self = self
+	st.RunnerProcess = self
+	st.Lifecycle = durable.LifecycleConnecting
+	st.LifecycleReason = ""
+
+	var lostProvider *durable.Process
+	var lostTurn *durable.Turn
+	if recovered {
+		st.ReconnectCount++
+		for _, rec := range st.ProcessedCommands {
+			if rec.Status == durable.StatusPending {
+				rec.Status = durable.StatusIndeterminate
+				rec.Code = "execution_indeterminate"
+				rec.Message = "runnerd restarted while the command was in progress; it is never re-executed"
+			}
+		}
+		if p := st.ProviderProcess; p != nil {
+			lostProvider = p
+			if sameProcessAlive(p.PID, p.StartTicks, p.BootID) && p.PGID > 0 {
+				r.log.Warn("killing the provider process group left by the previous runnerd", "pid", p.PID, "pgid", p.PGID)
+				_ = syscall.Kill(-p.PGID, syscall.SIGKILL)
+			}
+			st.ProviderProcess = nil
+		}
+		lostTurn, st.ActiveTurn = st.ActiveTurn, nil
+	}
+	if err := r.save(); err != nil {
+		return ExitError, true, err
+	}
+	if recovered {
+		r.log.Info("recovered durable state", "next_source_seq", st.NextSourceSeq, "acked_source_seq", st.AckedSourceSeq,
+			"outbox", ob.Len(), "reconnect_count", st.ReconnectCount)
+		r.emit(P0, "runner.reconciled", "", "", map[string]any{
+			"outcome":        "same_durable_session_resumed",
+			"reconnectCount": st.ReconnectCount,
+		})
+		if lostProvider != nil {
+			r.emit(P0, "harness.exited", "", "", map[string]any{
+				"code": CodeProviderProcessLost, "message": "provider process did not survive the runnerd restart",
+				"pid": lostProvider.PID, "pgid": lostProvider.PGID,
+			})
+		}
+		if lostTurn != nil {
+			r.emitTerminal(lostTurn, TurnResult{TurnID: lostTurn.TurnID, Status: "failed",
+				ErrorCode: CodeProviderProcessLost, ErrorMessage: "runnerd restarted during the turn"})
+		}
+	}
+	d, err := newLoopbackDialer(ctx, cfg.ConnectURL)
+	if err != nil {
+		return ExitError, true, err
+	}
+	r.dialer = d
+	return ExitOK, false, nil
+}
+
+func (r *Runner) save() error {
+	if err := r.store.Save(r.st); err != nil {
+		return fmt.Errorf("runner_state_write_failed: %w", err)
+	}
+	return nil
+}
+
+// mustSave persists the state; a failure to persist is fatal for a durable
+// runner (it could otherwise acknowledge what it cannot remember).
+func (r *Runner) mustSave() {
+	if err := r.save(); err != nil {
+		r.log.Error("cannot persist runner state", "err", err)
+		r.setExit(ExitError, "runner_state_write_failed", true)
+	}
+}
+
+func (r *Runner) setExit(code int, reason string, immediate bool) {
+	if r.exit != nil && r.exit.immediate {
+		return
+	}
+	r.exit = &exitPlan{code: code, reason: reason, deadline: time.Now().Add(r.cfg.DrainTimeout), immediate: immediate}
+}
+
+func (r *Runner) loop(ctx context.Context) int {
+	tick := time.NewTicker(r.cfg.Tick)
+	defer tick.Stop()
+	now := time.Now()
+	r.lastActivity = now
+	r.disconnectedSince = now
+	for {
+		if code, done := r.checkTimers(time.Now()); done {
+			return code
+		}
+		var turnDone <-chan TurnResult
+		var exited <-chan struct{}
+		if r.prov != nil {
+			turnDone, exited = r.prov.TurnDone(), r.prov.Exited()
+		}
+		select {
+		case <-ctx.Done():
+			r.terminate()
+			return r.exit.code
+		case in := <-r.inbound:
+			r.handleInbound(in)
+		case d := <-r.dialed:
+			r.handleDialed(d)
+		case <-r.queue.signal:
+			r.pumpProviderEvents()
+		case res := <-turnDone:
+			r.pumpProviderEvents()
+			r.onTurnDone(res)
+		case <-exited:
+			r.onProviderExit()
+		case <-tick.C:
+		}
+	}
+}
+
+// checkTimers handles reconnects, the reconnect grace, idleness and exits.
+func (r *Runner) checkTimers(now time.Time) (int, bool) {
+	if r.exit != nil {
+		if r.exit.immediate || now.After(r.exit.deadline) || r.outbox.Len() == 0 {
+			return r.exit.code, true
+		}
+	}
+	if r.conn == nil && !r.dialing {
+		if r.exit == nil && now.Sub(r.disconnectedSince) >= r.cfg.ReconnectGrace {
+			r.log.Error("no gateway connection within the reconnect grace", "grace", r.cfg.ReconnectGrace)
+			r.stopProvider("transport_reconnect_deadline_exceeded")
+			r.setLifecycle(durable.LifecycleRecoverableFailure, "transport_reconnect_deadline_exceeded")
+			return ExitRecoverable, true
+		}
+		if !now.Before(r.nextDial) {
+			r.startDial()
+		}
+	}
+	if r.exit == nil && r.st.ActiveTurn == nil && now.Sub(r.lastActivity) >= r.cfg.IdleTimeout {
+		r.log.Info("session idle; stopping", "idle_timeout", r.cfg.IdleTimeout)
+		r.stopSession("idle_timeout")
+		r.setExit(ExitOK, "idle_timeout", false)
+	}
+	return 0, false
+}
+
+func (r *Runner) setLifecycle(l, reason string) {
+	if r.st.Lifecycle == l && r.st.LifecycleReason == reason {
+		return
+	}
+	r.st.Lifecycle, r.st.LifecycleReason = l, reason
+	r.mustSave()
+}
+
+// terminate handles SIGTERM/SIGINT: end the turn, stop the provider.
+func (r *Runner) terminate() {
+	r.log.Info("terminating on signal")
+	r.stopSession("runner_terminated")
+	r.setExit(ExitOK, "runner_terminated", false)
+	// Give the outbox a brief chance to drain over a live connection.
+	deadline := time.Now().Add(min(r.cfg.DrainTimeout, 2*time.Second))
+	for r.conn != nil && r.outbox.Len() > 0 && time.Now().Before(deadline) {
+		select {
+		case in := <-r.inbound:
+			r.handleInbound(in)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// ---- connection ----
+
+func (r *Runner) buildHello() *prpv1.Hello {
+	st := r.st
+	h := &prpv1.Hello{
+		Identity: &prpv1.RunnerIdentity{
+			RunnerInstanceId:    st.Identity.RunnerInstanceID,
+			EnvironmentLeaseId:  st.Identity.EnvironmentLeaseID,
+			NormalizedSessionId: st.Identity.NormalizedSessionID,
+			SessionScope:        st.Identity.SessionScope,
+			RunnerVersion:       r.cfg.RunnerVersion,
+		},
+		Resume: &prpv1.ResumeCursor{
+			LastControllerSeq: st.LastControllerCommandSeq,
+			NextSourceSeq:     st.NextSourceSeq,
+			AckedSourceSeq:    st.AckedSourceSeq,
+		},
+		RunnerProcess:   processProto(st.RunnerProcess),
+		ProviderProcess: processProto(st.ProviderProcess),
+		Lifecycle:       st.Lifecycle,
+	}
+	if len(st.SessionInput) > 0 {
+		in := &prpv1.ExecutionInput{}
+		if err := (protojson.UnmarshalOptions{DiscardUnknown: true}).Unmarshal(st.SessionInput, in); err == nil {
+			h.SessionInput = in
+		}
+	}
+	return h
+}
+
+func processProto(p *durable.Process) *prpv1.ProcessInfo {
+	if p == nil {
+		return nil
+	}
+	pi := &prpv1.ProcessInfo{Pid: int32(p.PID), Pgid: int32(p.PGID), StartTicks: p.StartTicks, BootId: p.BootID}
+	if !p.StartedAt.IsZero() {
+		pi.StartedAt = nowTS(p.StartedAt)
+	}
+	return pi
+}
+
+func (r *Runner) startDial() {
+	r.dialing = true
+	hello := r.buildHello()
+	cred := r.cred
+	r.wg.Add(1)
+	go func() {
+		defer r.wg.Done()
+		res := r.dial(hello, cred)
+		select {
+		case r.dialed <- res:
+		case <-r.runCtx.Done():
+			if res.c != nil {
+				res.cancel()
+				_ = res.c.Close(websocket.StatusGoingAway, "runner exiting")
+			}
+		}
+	}()
+}
+
+func (r *Runner) dial(hello *prpv1.Hello, cred prp.Credential) dialResult {
+	ctx, cancel := context.WithCancel(r.runCtx)
+	ws, err := r.dialer.Dial(ctx)
+	if err != nil {
+		cancel()
+		return dialResult{err: err}
+	}
+	c := prp.NewConn(ws)
+	w, next, err := prp.ClientHandshake(ctx, c, cred, hello)
+	if err != nil {
+		_ = ws.CloseNow()
+		cancel()
+		return dialResult{err: err}
+	}
+	return dialResult{c: c, cancel: cancel, welcome: w, cred: next}
+}
+
+func isCredentialRefusal(err error) bool {
+	switch prp.CodeOf(err) {
+	case prp.CodeAuthFailed, prp.CodeTicketReplayed, prp.CodeCredentialExpired:
+		return true
+	}
+	return false
+}
+
+func (r *Runner) handleDialed(d dialResult) {
+	r.dialing = false
+	if d.err != nil {
+		if isCredentialRefusal(d.err) {
+			r.log.Error("gateway refused the runner credential", "code", prp.CodeOf(d.err), "err", d.err, "credential", r.cred)
+			r.stopProvider(prp.CodeOf(d.err))
+			r.setLifecycle(durable.LifecycleRecoverableFailure, prp.CodeOf(d.err))
+			r.setExit(ExitCredentialRefused, prp.CodeOf(d.err), true)
+			return
+		}
+		wait := r.backoff/2 + rand.N(r.backoff/2+1)
+		r.nextDial = time.Now().Add(wait)
+		r.backoff = min(r.backoff*2, r.cfg.BackoffMax)
+		r.log.Warn("gateway connect failed", "err", d.err, "retry_in", wait)
+		return
+	}
+	r.cred = d.cred
+	r.backoff = r.cfg.BackoffMin
+	r.connSeq++
+	cctx, cancel := context.WithCancel(r.runCtx)
+	stop := func() { cancel(); d.cancel() }
+	lc := &liveConn{id: r.connSeq, c: d.c, cancel: stop, connectionID: d.welcome.GetConnectionId()}
+	r.conn = lc
+	r.wg.Add(1)
+	go r.readLoop(cctx, lc)
+
+	wa := d.welcome.GetAckedSourceSeq()
+	produced := r.st.NextSourceSeq - 1
+	switch {
+	case wa > produced:
+		r.log.Warn("welcome ACK beyond the produced source cursor; ignored", "welcome_acked", wa, "produced", produced)
+	case wa > r.st.AckedSourceSeq:
+		r.applyAck(wa)
+	}
+	if r.st.Lifecycle == durable.LifecycleConnecting {
+		r.st.Lifecycle, r.st.LifecycleReason = durable.LifecycleReady, ""
+	}
+	r.mustSave()
+	r.log.Info("connected to gateway", "connection_id", lc.connectionID, "acked_source_seq", r.st.AckedSourceSeq,
+		"outbox", r.outbox.Len(), "lease", d.welcome.GetLeaseExpiresAtUnixMs() != 0)
+	r.sendRecords(r.outbox.After(r.st.AckedSourceSeq))
+}
+
+func (r *Runner) readLoop(ctx context.Context, lc *liveConn) {
+	defer r.wg.Done()
+	for {
+		f, err := lc.c.Read(ctx)
+		if err != nil && prp.CodeOf(err) == prp.CodeProtocolError {
+			// One undecodable frame; the connection itself is fine.
+			r.log.Warn("ignoring undecodable frame", "err", err)
+			continue
+		}
+		select {
+		case r.inbound <- inbound{connID: lc.id, f: f, err: err}:
+		case <-ctx.Done():
+			return
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// dropConn closes the live connection and schedules a reconnect.
+func (r *Runner) dropConn(reason string, err error) {
+	if r.conn == nil {
+		return
+	}
+	r.log.Warn("gateway connection lost", "reason", reason, "err", err)
+	lc := r.conn
+	r.conn = nil
+	lc.cancel()
+	r.wg.Add(1)
+	go func() {
+		defer r.wg.Done()
+		_ = lc.c.Close(websocket.StatusGoingAway, "connection dropped")
+	}()
+	r.disconnectedSince = time.Now()
+	wait := r.backoff/2 + rand.N(r.backoff/2+1)
+	r.nextDial = time.Now().Add(wait)
+	r.st.ReconnectCount++
+	if r.st.Lifecycle == durable.LifecycleReady {
+		r.st.Lifecycle = durable.LifecycleConnecting
+	}
+	r.mustSave()
+}
+
+// closeConn sends a Goodbye and closes the connection at exit.
+func (r *Runner) closeConn(code, msg string) {
+	if r.conn == nil {
+		return
+	}
+	lc := r.conn
+	r.conn = nil
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	_ = lc.c.Write(ctx, &prpv1.Frame{Kind: &prpv1.Frame_Goodbye{Goodbye: &prpv1.Goodbye{Code: code, Message: msg}}})
+	cancel()
+	lc.cancel()
+	_ = lc.c.Close(websocket.StatusNormalClosure, code)
+}
+
+func (r *Runner) write(f *prpv1.Frame) {
+	if r.conn == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := r.conn.c.Write(ctx, f); err != nil {
+		r.dropConn("write failed", err)
+	}
+}
+
+func (r *Runner) sendRecords(recs []durable.Record) {
+	for _, fr := range batchFrames(recs) {
+		if r.conn == nil {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		err := r.conn.c.WriteRaw(ctx, fr)
+		cancel()
+		if err != nil {
+			r.dropConn("write failed", err)
+			return
+		}
+	}
+}
+
+func (r *Runner) handleInbound(in inbound) {
+	if r.conn == nil || in.connID != r.conn.id {
+		return // from a connection already dropped
+	}
+	if in.err != nil {
+		r.dropConn("read failed", in.err)
+		return
+	}
+	switch k := in.f.Kind.(type) {
+	case *prpv1.Frame_Ack:
+		r.onAck(k.Ack.GetAckedSourceSeq())
+	case *prpv1.Frame_Replay:
+		after := k.Replay.GetAfterSourceSeq()
+		if after < r.st.AckedSourceSeq {
+			r.log.Warn("replay requested from behind the durable cursor; sending what is retained",
+				"after", after, "acked_source_seq", r.st.AckedSourceSeq)
+		}
+		r.sendRecords(r.outbox.After(after))
+	case *prpv1.Frame_Command:
+		r.lastActivity = time.Now()
+		r.onCommand(k.Command)
+	case *prpv1.Frame_Ping:
+		r.write(&prpv1.Frame{Kind: &prpv1.Frame_Pong{Pong: &prpv1.Pong{
+			Nonce: k.Ping.GetNonce(), Lifecycle: r.st.Lifecycle, AckedSourceSeq: r.st.AckedSourceSeq, OutboxBytes: r.outbox.Bytes(),
+		}}})
+	case *prpv1.Frame_Goodbye:
+		r.dropConn("gateway goodbye: "+k.Goodbye.GetCode(), errors.New(k.Goodbye.GetMessage()))
+	default:
+		r.log.Warn("ignoring unexpected frame after welcome", "kind", fmt.Sprintf("%T", k))
+	}
+}
+
+// onAck applies a cumulative ACK, refusing out-of-range values.
+func (r *Runner) onAck(n uint64) {
+	produced := r.st.NextSourceSeq - 1
+	switch {
+	case n < r.st.AckedSourceSeq:
+		r.log.Warn("refusing ACK: cumulative ACK cannot move behind the durable cursor", "ack", n, "acked_source_seq", r.st.AckedSourceSeq)
+		return
+	case n > produced:
+		r.log.Warn("refusing ACK: cumulative ACK cannot move beyond the produced source cursor", "ack", n, "produced", produced)
+		return
+	case n == r.st.AckedSourceSeq:
+		return
+	}
+	r.applyAck(n)
+	r.mustSave()
+}
+
+// applyAck moves the cursor (callers persist) and trims the outbox. The state
+// (with the cursor and nextSourceSeq) is saved before the outbox may be
+// compacted, so a compacted log never loses the seq high-water mark.
+func (r *Runner) applyAck(n uint64) {
+	r.st.AckedSourceSeq = n
+	if err := r.save(); err != nil {
+		r.log.Error("cannot persist ACK", "err", err)
+		r.setExit(ExitError, "runner_state_write_failed", true)
+		return
+	}
+	if err := r.outbox.Trim(n); err != nil {
+		r.log.Error("outbox compaction failed", "err", err)
+	}
+}
+
+// ---- events ----
+
+// newEvent assigns the next source seq and builds the journaled envelope.
+func (r *Runner) newEvent(prio uint32, typ, turnID, itemID string, payload map[string]any) (durable.Record, error) {
+	if prio > P2 {
+		prio = P1
+	}
+	seq := r.st.NextSourceSeq
+	ev := &prpv1.Event{
+		Schema:              EventSchema,
+		SourceInstanceId:    r.st.Identity.RunnerInstanceID,
+		SourceEventId:       SourceEventID(r.st.Identity.RunnerInstanceID, seq),
+		SourceSeq:           seq,
+		SourceKind:          SourceKindRunner,
+		NormalizedSessionId: r.st.Identity.NormalizedSessionID,
+		TurnId:              turnID,
+		ItemId:              itemID,
+		EventType:           typ,
+		SchemaVersion:       EventSchemaVersion,
+		Priority:            prio,
+		EmittedAt:           nowTS(time.Now()),
+	}
+	if r.st.CurrentRun != nil {
+		ev.RunId = r.st.CurrentRun.RunID
+	}
+	s, err := toStruct(payload)
+	if err != nil {
+		return durable.Record{}, err
+	}
+	ev.Payload = s
+	env, err := encodeEnvelope(ev)
+	if err != nil {
+		return durable.Record{}, err
+	}
+	if len(env) > maxEnvelopeBytes {
+		s, _ := toStruct(map[string]any{
+			"code":              prp.CodeFrameTooLarge,
+			"message":           fmt.Sprintf("%s event of %d bytes exceeds the frame limit", typ, len(env)),
+			"originalEventType": typ,
+		})
+		ev.EventType, ev.Payload, ev.Priority = "harness.diagnostic", s, P1
+		if env, err = encodeEnvelope(ev); err != nil {
+			return durable.Record{}, err
+		}
+	}
+	r.st.NextSourceSeq++
+	return durable.Record{SourceSeq: seq, Priority: ev.Priority, EventType: ev.EventType, Envelope: env}, nil
+}
+
+type pendingEvent struct {
+	prio                uint32
+	typ, turnID, itemID string
+	payload             map[string]any
+}
+
+// emitAll journals events (one fsync) and then sends them.
+func (r *Runner) emitAll(evs []pendingEvent) {
+	recs := make([]durable.Record, 0, len(evs))
+	for _, e := range evs {
+		rec, err := r.newEvent(e.prio, e.typ, e.turnID, e.itemID, e.payload)
+		if err != nil {
+			r.log.Error("dropping unencodable event", "event_type", e.typ, "err", err)
+			continue
+		}
+		recs = append(recs, rec)
+	}
+	if len(recs) == 0 {
+		return
+	}
+	if err := r.outbox.Append(recs...); err != nil {
+		r.log.Error("cannot journal events", "err", err)
+		r.st.NextSourceSeq = recs[0].SourceSeq
+		r.st.Lifecycle, r.st.LifecycleReason = durable.LifecycleUnrecoverable, "outbox_write_failed"
+		_ = r.save()
+		r.setExit(ExitError, "outbox_write_failed", true)
+		return
+	}
+	r.sendRecords(recs)
+}
+
+func (r *Runner) emit(prio uint32, typ, turnID, itemID string, payload map[string]any) {
+	r.emitAll([]pendingEvent{{prio, typ, turnID, itemID, payload}})
+}
+
+func (r *Runner) pumpProviderEvents() {
+	items := r.queue.drain()
+	if len(items) == 0 {
+		return
+	}
+	r.lastActivity = time.Now()
+	evs := make([]pendingEvent, 0, len(items))
+	for _, it := range items {
+		evs = append(evs, pendingEvent{it.ev.Priority, it.ev.Type, it.ev.TurnID, it.ev.ItemID, it.ev.Payload})
+	}
+	r.emitAll(evs)
+}

@@ -1,0 +1,584 @@
+package runner
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
+	"github.com/tether-run/tether/pkg/prp"
+	"github.com/tether-run/tether/services/runnerd/internal/durable"
+)
+
+// attachAndTurn attaches run-1 and starts one turn; returns the provider.
+func attachAndTurn(t *testing.T, e *testEnv, cs *cmdSeq) *fakeProvider {
+	t.Helper()
+	res := e.gw.command(cs.attach("c-attach"))
+	require.Equal(t, durable.StatusCompleted, res.GetStatus(), res.GetMessage())
+	res = e.gw.command(cs.next("c-turn1", CmdTurnStart, map[string]any{"text": "hello"}))
+	require.Equal(t, durable.StatusCompleted, res.GetStatus(), res.GetMessage())
+	require.Equal(t, "turn-1", res.GetResult().GetFields()["turnId"].GetStringValue())
+	return e.prov.last()
+}
+
+func TestG4_TurnEventsCarrySourceIdentityAndTerminal(t *testing.T) {
+	e := newTestEnv(t)
+	p := e.start(nil)
+	e.gw.waitConns(1)
+	h := e.gw.hellos[0]
+	assert.Equal(t, tRunner, h.GetIdentity().GetRunnerInstanceId())
+	assert.Equal(t, "envlease-1", h.GetIdentity().GetEnvironmentLeaseId())
+	assert.Equal(t, tSess, h.GetIdentity().GetNormalizedSessionId())
+	assert.Equal(t, tScope, h.GetIdentity().GetSessionScope())
+	assert.Equal(t, uint64(1), h.GetResume().GetNextSourceSeq())
+	assert.Equal(t, int32(os.Getpid()), h.GetRunnerProcess().GetPid())
+	assert.NotZero(t, h.GetRunnerProcess().GetStartTicks())
+	assert.NotEmpty(t, h.GetRunnerProcess().GetBootId())
+	assert.Equal(t, prp.KindBootstrap, h.GetCredentialKind())
+
+	cs := &cmdSeq{t: t, runID: "run-1", attempt: 1}
+	prov := attachAndTurn(t, e, cs)
+	attached := e.gw.waitEvent("run.attached", 1)
+	assert.Equal(t, uint32(0), attached.GetPriority())
+	assert.Equal(t, "run-1", attached.GetRunId())
+
+	// A second turn while one is active is refused.
+	res := e.gw.command(cs.next("c-turn2", CmdTurnStart, map[string]any{"text": "again"}))
+	assert.Equal(t, durable.StatusRejected, res.GetStatus())
+	assert.Equal(t, CodeTurnAlreadyActive, res.GetCode())
+	assert.Equal(t, "run-1", res.GetRunId())
+
+	// Steering: wrong expected turn is refused, the right one reaches the driver.
+	res = e.gw.command(cs.next("c-steer1", CmdTurnSteer, map[string]any{"text": "left", "expectedTurnId": "turn-9"}))
+	assert.Equal(t, CodeTurnMismatch, res.GetCode())
+	res = e.gw.command(cs.next("c-steer2", CmdTurnSteer, map[string]any{"text": "left", "expectedTurnId": "turn-1"}))
+	assert.Equal(t, durable.StatusCompleted, res.GetStatus())
+	prov.mu.Lock()
+	assert.Equal(t, []string{"turn-1:left"}, prov.steers)
+	prov.mu.Unlock()
+
+	prov.finish(TurnResult{TurnID: "turn-1", Status: "completed", FinalMessage: "done!",
+		Usage: Usage{InputTokens: 10, CachedInputTokens: 4, OutputTokens: 7}})
+	term := e.gw.waitEvent("run.terminal", 1)
+	assert.Equal(t, uint32(0), term.GetPriority())
+	assert.Equal(t, "turn-1", term.GetTurnId())
+	pl := term.GetPayload().AsMap()
+	assert.Equal(t, "completed", pl["turnTerminalState"])
+	assert.Equal(t, "succeeded", pl["runTerminalState"])
+	assert.Equal(t, "done!", pl["finalMessage"])
+	assert.Equal(t, "thread-1", pl["providerThreadId"])
+	assert.Equal(t, "turn-1", pl["providerTurnId"])
+	assert.Equal(t, map[string]any{"inputTokens": 10.0, "cachedInputTokens": 4.0, "outputTokens": 7.0}, pl["usage"])
+
+	// Events arrive contiguous from 1 with the runner's identity, and the
+	// provider's own events precede run.terminal.
+	all := e.gw.distinct()
+	idRe := regexp.MustCompile(`^event_runner-t1_\d{16}$`)
+	var types []string
+	for seq := uint64(1); seq <= uint64(len(all)); seq++ {
+		ev, ok := all[seq]
+		require.True(t, ok, "missing seq %d", seq)
+		assert.Equal(t, tRunner, ev.ev.GetSourceInstanceId())
+		assert.Equal(t, fmt.Sprintf("event_%s_%016d", tRunner, seq), ev.ev.GetSourceEventId())
+		assert.Regexp(t, idRe, ev.ev.GetSourceEventId())
+		assert.Equal(t, "runner", ev.ev.GetSourceKind())
+		assert.Equal(t, EventSchema, ev.ev.GetSchema())
+		assert.Equal(t, uint32(1), ev.ev.GetSchemaVersion())
+		assert.Equal(t, tSess, ev.ev.GetNormalizedSessionId())
+		assert.Equal(t, "run-1", ev.ev.GetRunId())
+		assert.NotNil(t, ev.ev.GetEmittedAt())
+		types = append(types, ev.ev.GetEventType())
+	}
+	assert.Equal(t, []string{"run.attached", "session.starting", "harness.ready", "session.started", "turn.started",
+		"item.delta", "item.completed", "turn.completed", "run.terminal"}, types)
+	assert.Equal(t, uint32(2), all[6].ev.GetPriority(), "deltas are P2")
+
+	// Provider config: allow-listed environment only, run input's provider fields.
+	e.prov.mu.Lock()
+	cfg := e.prov.configs[0]
+	e.prov.mu.Unlock()
+	assert.Equal(t, []string{
+		"PATH=/usr/bin:/bin", "HOME=" + e.stateDir, "CODEX_HOME=" + filepath.Join(e.stateDir, "codex-home"),
+		"TETHER_WORKSPACE_CWD=" + e.ws, "PAPERCLIP_WORKSPACE_CWD=" + e.ws,
+	}, cfg.Env)
+	assert.Equal(t, e.ws, cfg.Dir)
+	assert.Equal(t, "gpt-test", cfg.Model)
+	assert.Equal(t, "never", cfg.ApprovalPolicy)
+	assert.Equal(t, "workspace-write", cfg.Sandbox)
+	fi, err := os.Stat(filepath.Join(e.stateDir, "codex-home"))
+	require.NoError(t, err)
+	assert.Equal(t, os.FileMode(0o700), fi.Mode().Perm())
+
+	// A second turn reuses the running provider and its thread.
+	res = e.gw.command(cs.next("c-turn3", CmdTurnStart, map[string]any{"text": "more"}))
+	require.Equal(t, durable.StatusCompleted, res.GetStatus())
+	assert.Equal(t, 1, e.prov.count())
+	res = e.gw.command(cs.next("c-int", CmdTurnInterrupt, map[string]any{}))
+	require.Equal(t, durable.StatusCompleted, res.GetStatus())
+	term = e.gw.waitEvent("run.terminal", 2)
+	assert.Equal(t, "interrupted", term.GetPayload().AsMap()["turnTerminalState"])
+	assert.Equal(t, "cancelled", term.GetPayload().AsMap()["runTerminalState"])
+
+	// session.close: provider stopped, lifecycle stopped, exit 0 once acked.
+	res = e.gw.command(cs.next("c-close", CmdSessionClose, map[string]any{}))
+	require.Equal(t, durable.StatusCompleted, res.GetStatus())
+	e.gw.waitEvent("runner.stopped", 1)
+	e.gw.ack(e.gw.maxSeq())
+	assert.Equal(t, ExitOK, p.wait(t, 5*time.Second))
+	st := e.state()
+	assert.Equal(t, durable.LifecycleStopped, st.Lifecycle)
+	assert.Nil(t, st.ProviderProcess)
+	assert.Equal(t, e.gw.maxSeq(), st.AckedSourceSeq)
+	prov.mu.Lock()
+	assert.True(t, prov.closed)
+	prov.mu.Unlock()
+}
+
+func TestG4_OversizeProviderEventBecomesDiagnostic(t *testing.T) {
+	e := newTestEnv(t)
+	e.start(nil)
+	cs := &cmdSeq{t: t, runID: "run-1", attempt: 1}
+	prov := attachAndTurn(t, e, cs)
+	prov.emit(ProviderEvent{Type: "item.completed", TurnID: "turn-1", Priority: P1,
+		Payload: map[string]any{"text": strings.Repeat("x", prp.MaxFrameBytes+10)}})
+	d := e.gw.waitEvent("harness.diagnostic", 1)
+	assert.Equal(t, prp.CodeFrameTooLarge, d.GetPayload().AsMap()["code"])
+	assert.Equal(t, "item.completed", d.GetPayload().AsMap()["originalEventType"])
+}
+
+func TestR4_OutboxFsyncBeforeSend(t *testing.T) {
+	e := newTestEnv(t)
+	var mu sync.Mutex
+	synced := map[uint64]bool{}
+	var violations []uint64
+	e.gw.mu.Lock()
+	e.gw.onEvent = func(ev *prpv1.Event) {
+		mu.Lock()
+		defer mu.Unlock()
+		if !synced[ev.GetSourceSeq()] {
+			violations = append(violations, ev.GetSourceSeq())
+		}
+	}
+	e.gw.mu.Unlock()
+	e.start(func(c *Config) {
+		c.OutboxSynced = func(recs []durable.Record) {
+			mu.Lock()
+			defer mu.Unlock()
+			for _, r := range recs {
+				synced[r.SourceSeq] = true
+			}
+		}
+	})
+	cs := &cmdSeq{t: t, runID: "run-1", attempt: 1}
+	prov := attachAndTurn(t, e, cs)
+	for i := 0; i < 200; i++ {
+		prov.emit(ProviderEvent{Type: "item.delta", TurnID: "turn-1", ItemID: "i", Priority: P2, Payload: map[string]any{"n": float64(i)}})
+	}
+	prov.finish(TurnResult{TurnID: "turn-1", Status: "completed"})
+	e.gw.waitEvent("run.terminal", 1)
+	mu.Lock()
+	defer mu.Unlock()
+	assert.Empty(t, violations, "events sent before their outbox record was fsynced")
+	assert.GreaterOrEqual(t, len(synced), 200)
+
+	// Every received event is in the outbox file with the same bytes.
+	ob, _, err := durable.OpenOutbox(filepath.Join(e.stateDir, "runner"), 0)
+	require.NoError(t, err)
+	defer ob.Close()
+	recs := ob.After(0)
+	got := e.gw.distinct()
+	require.Len(t, recs, len(got))
+	for _, r := range recs {
+		assert.JSONEq(t, string(r.Envelope), string(got[r.SourceSeq].raw))
+		assert.Equal(t, string(r.Envelope), string(got[r.SourceSeq].raw))
+	}
+}
+
+func TestR4_ReplayAfterReconnectSendsIdenticalBytes(t *testing.T) {
+	e := newTestEnv(t)
+	e.start(nil)
+	cs := &cmdSeq{t: t, runID: "run-1", attempt: 1}
+	prov := attachAndTurn(t, e, cs)
+	prov.finish(TurnResult{TurnID: "turn-1", Status: "completed", FinalMessage: "ok"})
+	e.gw.waitEvent("run.terminal", 1)
+	first := e.gw.distinct()
+	produced := uint64(len(first))
+	e.gw.ack(3)
+	require.Equal(t, uint64(3), e.gw.ping(1).GetAckedSourceSeq())
+
+	// The gateway drops the connection; runnerd reconnects with its lease and
+	// resends everything after the acknowledged cursor.
+	e.gw.dropConn()
+	e.gw.waitConns(2)
+	e.gw.mu.Lock()
+	h2 := e.gw.hellos[1]
+	e.gw.mu.Unlock()
+	assert.Equal(t, prp.KindLease, h2.GetCredentialKind(), "reconnects use the connection lease")
+	assert.Equal(t, uint64(3), h2.GetResume().GetAckedSourceSeq())
+	assert.Equal(t, produced+1, h2.GetResume().GetNextSourceSeq())
+	assert.Equal(t, uint64(2), h2.GetResume().GetLastControllerSeq())
+	assert.Equal(t, "gpt-test", h2.GetSessionInput().GetProvider().GetModel(), "hello carries the session input for adoption")
+	assert.Equal(t, int32(prov.pid), h2.GetProviderProcess().GetPid())
+
+	e.gw.waitFor("replayed events", func() bool {
+		n := 0
+		for _, ev := range e.gw.events {
+			if ev.conn == 2 {
+				n++
+			}
+		}
+		return uint64(n) == produced-3
+	})
+	e.gw.mu.Lock()
+	for _, ev := range e.gw.events {
+		if ev.conn != 2 {
+			continue
+		}
+		seq := ev.ev.GetSourceSeq()
+		assert.Greater(t, seq, uint64(3))
+		assert.Equal(t, string(first[seq].raw), string(ev.raw), "seq %d replayed with different bytes", seq)
+	}
+	before := len(e.gw.events)
+	e.gw.mu.Unlock()
+
+	// An explicit Replay resends from the requested cursor, byte for byte.
+	e.gw.send(&prpv1.Frame{Kind: &prpv1.Frame_Replay{Replay: &prpv1.Replay{AfterSourceSeq: 5}}})
+	e.gw.waitFor("replay", func() bool { return uint64(len(e.gw.events)-before) == produced-5 })
+	e.gw.mu.Lock()
+	for _, ev := range e.gw.events[before:] {
+		assert.Equal(t, string(first[ev.ev.GetSourceSeq()].raw), string(ev.raw))
+	}
+	e.gw.mu.Unlock()
+}
+
+func TestR4_AckTrimsAndRefusesOutOfRange(t *testing.T) {
+	e := newTestEnv(t)
+	e.start(nil)
+	cs := &cmdSeq{t: t, runID: "run-1", attempt: 1}
+	prov := attachAndTurn(t, e, cs)
+	prov.finish(TurnResult{TurnID: "turn-1", Status: "completed"})
+	e.gw.waitEvent("run.terminal", 1)
+	produced := e.gw.maxSeq()
+
+	e.gw.ack(4)
+	pong := e.gw.ping(1)
+	assert.Equal(t, uint64(4), pong.GetAckedSourceSeq())
+	assert.Equal(t, durable.LifecycleReady, pong.GetLifecycle())
+	assert.Equal(t, uint64(4), e.state().AckedSourceSeq, "the cursor is persisted")
+
+	e.gw.ack(2) // behind the durable cursor
+	assert.Equal(t, uint64(4), e.gw.ping(2).GetAckedSourceSeq())
+	e.gw.ack(produced + 1) // beyond what was produced
+	assert.Equal(t, uint64(4), e.gw.ping(3).GetAckedSourceSeq())
+
+	ob, _, err := durable.OpenOutbox(filepath.Join(e.stateDir, "runner"), e.state().AckedSourceSeq)
+	require.NoError(t, err)
+	assert.Equal(t, int(produced-4), ob.Len())
+	require.NoError(t, ob.Close())
+
+	e.gw.ack(produced)
+	assert.Equal(t, produced, e.gw.ping(4).GetAckedSourceSeq())
+	assert.Zero(t, e.gw.ping(5).GetOutboxBytes())
+}
+
+func TestR4_CommandDedupeFingerprintConflictSeqAndFencing(t *testing.T) {
+	e := newTestEnv(t)
+	e.start(nil)
+	cs := &cmdSeq{t: t, runID: "run-1", attempt: 2}
+	attach := cs.attach("c1")
+	res := e.gw.command(attach)
+	require.Equal(t, durable.StatusCompleted, res.GetStatus())
+	e.gw.waitEvent("run.attached", 1)
+
+	// Same id, same bytes: the stored result again, no second effect.
+	again := e.gw.command(attach)
+	assert.Equal(t, durable.StatusCompleted, again.GetStatus())
+	assert.Equal(t, res.GetResult().AsMap(), again.GetResult().AsMap())
+	assert.Equal(t, uint64(1), again.GetControllerSeq())
+
+	// Same id, other bytes.
+	other := cs.next("c1", CmdRunAttach, map[string]any{"input": testInput(t), "extra": true})
+	conflict := e.gw.command(other)
+	assert.Equal(t, durable.StatusRejected, conflict.GetStatus())
+	assert.Equal(t, CodeCommandIDReused, conflict.GetCode())
+
+	// A controller seq gap is refused and consumes nothing.
+	gap := &prpv1.Command{CommandId: "c-gap", ControllerSeq: cs.seq + 5, Type: CmdTurnStart, RunId: "run-1", Attempt: 2,
+		Payload: mustStruct(t, map[string]any{"text": "x"})}
+	r := e.gw.command(gap)
+	assert.Equal(t, CodeControllerSeqGap, r.GetCode())
+	assert.Contains(t, r.GetMessage(), fmt.Sprintf("expected %d", cs.seq+1))
+
+	// A lower attempt of the run is fenced.
+	cs.attempt = 1
+	r = e.gw.command(cs.next("c-old", CmdTurnStart, map[string]any{"text": "x"}))
+	assert.Equal(t, durable.StatusRejected, r.GetStatus())
+	assert.Equal(t, CodeAttemptFenced, r.GetCode())
+	assert.Zero(t, e.prov.count(), "fenced command had no effect")
+
+	// Unknown command types are rejected but journaled.
+	cs.attempt = 2
+	r = e.gw.command(cs.next("c-unknown", "session.fly", map[string]any{}))
+	assert.Equal(t, CodeCommandUnsupported, r.GetCode())
+
+	assert.Len(t, e.gw.eventsOf("run.attached"), 1)
+	st := e.state()
+	assert.Equal(t, cs.seq, st.LastControllerCommandSeq)
+	assert.Equal(t, uint64(2), st.HighestAttempts["run-1"])
+	assert.Equal(t, durable.StatusRejected, st.ProcessedCommands["c-old"].Status)
+}
+
+func TestR4_PendingCommandIsIndeterminateAfterRestart(t *testing.T) {
+	e := newTestEnv(t)
+	p := e.start(nil)
+	cs := &cmdSeq{t: t, runID: "run-1", attempt: 1}
+	require.Equal(t, durable.StatusCompleted, e.gw.command(cs.attach("c1")).GetStatus())
+	require.Equal(t, ExitOK, p.stop(t))
+
+	// Simulate a crash between journaling turn.start as pending and its effect.
+	turn := cs.next("c2", CmdTurnStart, map[string]any{"text": "hi"})
+	fp, err := Fingerprint(turn)
+	require.NoError(t, err)
+	store := &durable.Store{Dir: filepath.Join(e.stateDir, "runner")}
+	st, err := store.Load()
+	require.NoError(t, err)
+	st.ProcessedCommands["c2"] = &durable.CommandRecord{CommandID: "c2", ControllerSeq: 2, CommandType: CmdTurnStart,
+		RunID: "run-1", Attempt: 1, Status: durable.StatusPending, Fingerprint: fp, Code: CodeExecutionIndeterminate}
+	st.LastControllerCommandSeq = 2
+	require.NoError(t, store.Save(st))
+
+	e.start(nil)
+	e.gw.waitConns(2)
+	res := e.gw.command(turn)
+	assert.Equal(t, durable.StatusIndeterminate, res.GetStatus())
+	assert.Equal(t, CodeExecutionIndeterminate, res.GetCode())
+	assert.Zero(t, e.prov.count(), "an indeterminate command is never re-executed")
+	assert.Equal(t, durable.StatusIndeterminate, e.state().ProcessedCommands["c2"].Status)
+}
+
+func TestR4_RestartFromSameStateDirReconcilesAndContinuesSeqs(t *testing.T) {
+	e := newTestEnv(t)
+	p := e.start(nil)
+	cs := &cmdSeq{t: t, runID: "run-1", attempt: 1}
+	prov := attachAndTurn(t, e, cs)
+	prov.finish(TurnResult{TurnID: "turn-1", Status: "completed"})
+	e.gw.waitEvent("run.terminal", 1)
+	e.gw.ack(2)
+	require.Equal(t, uint64(2), e.gw.ping(1).GetAckedSourceSeq())
+	require.Equal(t, ExitOK, p.stop(t))
+	last := e.gw.maxSeq()
+	first := e.gw.distinct()
+
+	// Simulate a crash during a turn: the state still records a provider
+	// (long gone) and an active turn.
+	store := &durable.Store{Dir: filepath.Join(e.stateDir, "runner")}
+	st0, err := store.Load()
+	require.NoError(t, err)
+	st0.ProviderProcess = &durable.Process{PID: 1 << 22, PGID: 1 << 22, StartTicks: 1}
+	st0.ActiveTurn = &durable.Turn{TurnID: "turn-7", RunID: "run-1", Attempt: 1}
+	st0.Lifecycle = durable.LifecycleReady
+	require.NoError(t, store.Save(st0))
+
+	var f *os.File
+	// Make the outbox tail torn, as after a crash mid-append.
+	f, err = os.OpenFile(filepath.Join(e.stateDir, "runner", durable.OutboxFile), os.O_APPEND|os.O_WRONLY, 0)
+	require.NoError(t, err)
+	_, err = f.WriteString(`0badc0de {"sourceSeq":999,"envel`)
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+
+	e.gw.mu.Lock()
+	nBefore := len(e.gw.events)
+	e.gw.mu.Unlock()
+	e.start(nil)
+	e.gw.waitConns(2)
+	rec := e.gw.waitEvent("runner.reconciled", 1)
+	assert.Equal(t, last+1, rec.GetSourceSeq(), "seqs continue after a restart")
+	assert.Equal(t, uint32(0), rec.GetPriority())
+	assert.Equal(t, "same_durable_session_resumed", rec.GetPayload().AsMap()["outcome"])
+	assert.Equal(t, "run-1", rec.GetRunId())
+	// The provider of the previous process is reported gone, and so is its turn.
+	ex := e.gw.waitEvent("harness.exited", 1)
+	assert.Equal(t, CodeProviderProcessLost, ex.GetPayload().AsMap()["code"])
+	var lost *prpv1.Event
+	e.gw.waitFor("terminal of the lost turn", func() bool {
+		for _, ev := range e.gw.events {
+			if ev.ev.GetEventType() == "run.terminal" && ev.ev.GetTurnId() == "turn-7" {
+				lost = ev.ev
+				return true
+			}
+		}
+		return false
+	})
+	assert.Equal(t, "turn-7", lost.GetTurnId())
+	assert.Equal(t, "failed", lost.GetPayload().AsMap()["runTerminalState"])
+	assert.Equal(t, CodeProviderProcessLost, lost.GetPayload().AsMap()["code"])
+
+	// Unacknowledged events of the previous process are resent identically.
+	e.gw.waitFor("resend", func() bool {
+		for _, ev := range e.gw.events[nBefore:] {
+			if ev.ev.GetSourceSeq() == last {
+				return true
+			}
+		}
+		return false
+	})
+	e.gw.mu.Lock()
+	for _, ev := range e.gw.events[nBefore:] {
+		if seq := ev.ev.GetSourceSeq(); seq <= last {
+			assert.Greater(t, seq, uint64(2))
+			assert.Equal(t, string(first[seq].raw), string(ev.raw))
+		}
+	}
+	e.gw.mu.Unlock()
+	st := e.state()
+	assert.Equal(t, uint64(1), st.ReconnectCount)
+	assert.Equal(t, "thread-1", st.ProviderThreadID)
+
+	// The next turn resumes the persisted provider thread.
+	res := e.gw.command(cs.next("c-turn2", CmdTurnStart, map[string]any{"text": "again"}))
+	require.Equal(t, durable.StatusCompleted, res.GetStatus(), res.GetMessage())
+	prov2 := e.prov.last()
+	prov2.mu.Lock()
+	assert.Equal(t, []string{"thread-1"}, prov2.threadOpen)
+	prov2.mu.Unlock()
+}
+
+func TestR1_ProviderExitSurfacesAsHarnessExitedAndFailedTerminal(t *testing.T) {
+	e := newTestEnv(t)
+	e.start(nil)
+	cs := &cmdSeq{t: t, runID: "run-1", attempt: 1}
+	prov := attachAndTurn(t, e, cs)
+	prov.crash(CodeProviderStdoutClosed)
+	ex := e.gw.waitEvent("harness.exited", 1)
+	assert.Equal(t, uint32(0), ex.GetPriority())
+	assert.Equal(t, CodeProviderStdoutClosed, ex.GetPayload().AsMap()["code"])
+	term := e.gw.waitEvent("run.terminal", 1)
+	pl := term.GetPayload().AsMap()
+	assert.Equal(t, "failed", pl["turnTerminalState"])
+	assert.Equal(t, "failed", pl["runTerminalState"])
+	assert.Equal(t, CodeProviderStdoutClosed, pl["code"])
+	assert.Greater(t, term.GetSourceSeq(), ex.GetSourceSeq())
+	e.gw.ping(1) // the loop has finished handling the exit
+	st := e.state()
+	assert.Nil(t, st.ActiveTurn)
+	assert.Nil(t, st.ProviderProcess)
+
+	// The next turn starts a fresh provider on the same thread.
+	res := e.gw.command(cs.next("c-turn2", CmdTurnStart, map[string]any{"text": "again"}))
+	require.Equal(t, durable.StatusCompleted, res.GetStatus())
+	assert.Equal(t, 2, e.prov.count())
+
+	// Exit without a turn: harness.exited only.
+	e.prov.last().crash(CodeProviderProcessExited)
+	e.gw.waitEvent("harness.exited", 2)
+	e.gw.waitEvent("run.terminal", 2) // turn-1 of the second provider was active
+}
+
+func TestR1_ProviderStartFailureFailsTheCommand(t *testing.T) {
+	e := newTestEnv(t)
+	e.start(nil)
+	e.prov.failNext = &ProviderError{Code: "provider_spawn_failed", Message: "no such file"}
+	cs := &cmdSeq{t: t, runID: "run-1", attempt: 1}
+	require.Equal(t, durable.StatusCompleted, e.gw.command(cs.attach("c1")).GetStatus())
+	res := e.gw.command(cs.next("c2", CmdTurnStart, map[string]any{"text": "x"}))
+	assert.Equal(t, durable.StatusFailed, res.GetStatus())
+	assert.Equal(t, "provider_spawn_failed", res.GetCode())
+	// Without an attached run a turn is refused.
+	e2 := &cmdSeq{t: t, seq: cs.seq, runID: "run-2", attempt: 1}
+	res = e.gw.command(e2.next("c3", CmdTurnStart, map[string]any{"text": "x"}))
+	assert.Equal(t, CodeRunNotAttached, res.GetCode())
+}
+
+func TestR4_IdleTimeoutStopsAndExits(t *testing.T) {
+	e := newTestEnv(t)
+	p := e.start(func(c *Config) { c.IdleTimeout = 300 * time.Millisecond })
+	cs := &cmdSeq{t: t, runID: "run-1", attempt: 1}
+	prov := attachAndTurn(t, e, cs)
+	time.Sleep(400 * time.Millisecond) // an active turn is not idle
+	select {
+	case <-p.done:
+		t.Fatal("runner exited during an active turn")
+	default:
+	}
+	prov.finish(TurnResult{TurnID: "turn-1", Status: "completed"})
+	e.gw.waitEvent("runner.stopped", 1)
+	e.gw.ack(e.gw.maxSeq())
+	assert.Equal(t, ExitOK, p.wait(t, 5*time.Second))
+	assert.Equal(t, durable.LifecycleStopped, e.state().Lifecycle)
+	assert.Equal(t, "idle_timeout", e.state().LifecycleReason)
+}
+
+func TestR4_ReconnectGraceExpiryExits3(t *testing.T) {
+	e := newTestEnv(t)
+	p := e.start(func(c *Config) { c.ReconnectGrace = 500 * time.Millisecond })
+	cs := &cmdSeq{t: t, runID: "run-1", attempt: 1}
+	prov := attachAndTurn(t, e, cs)
+	e.gw.setRefuse(true)
+	e.gw.dropConn()
+	assert.Equal(t, ExitRecoverable, p.wait(t, 10*time.Second))
+	st := e.state()
+	assert.Equal(t, durable.LifecycleRecoverableFailure, st.Lifecycle)
+	assert.Equal(t, "transport_reconnect_deadline_exceeded", st.LifecycleReason)
+	prov.mu.Lock()
+	assert.True(t, prov.closed, "provider stopped")
+	prov.mu.Unlock()
+}
+
+func TestR4_ReplayedTicketIsRefused(t *testing.T) {
+	e := newTestEnv(t)
+	cfg := e.config(nil)
+	// Use the ticket once.
+	p := e.start(func(c *Config) { c.Ticket = cfg.Ticket })
+	e.gw.waitConns(1)
+	require.Equal(t, ExitOK, p.stop(t))
+	// A second runner with the same (spent) ticket is refused and exits 4.
+	p2 := e.start(func(c *Config) { c.Ticket = cfg.Ticket })
+	assert.Equal(t, ExitCredentialRefused, p2.wait(t, 10*time.Second))
+	assert.Equal(t, prp.CodeTicketReplayed, e.state().LifecycleReason)
+}
+
+func TestR4_StateFilesArePrivateAndStateIsWellFormed(t *testing.T) {
+	e := newTestEnv(t)
+	p := e.start(nil)
+	cs := &cmdSeq{t: t, runID: "run-1", attempt: 1}
+	require.Equal(t, durable.StatusCompleted, e.gw.command(cs.attach("c1")).GetStatus())
+	require.Equal(t, ExitOK, p.stop(t))
+	for _, path := range []string{e.stateDir, filepath.Join(e.stateDir, "runner")} {
+		fi, err := os.Stat(path)
+		require.NoError(t, err)
+		assert.Equal(t, os.FileMode(0o700), fi.Mode().Perm(), path)
+	}
+	for _, name := range []string{durable.StateFile, durable.OutboxFile} {
+		fi, err := os.Stat(filepath.Join(e.stateDir, "runner", name))
+		require.NoError(t, err)
+		assert.Equal(t, os.FileMode(0o600), fi.Mode().Perm(), name)
+	}
+	b, err := os.ReadFile(filepath.Join(e.stateDir, "runner", durable.StateFile))
+	require.NoError(t, err)
+	var m map[string]any
+	require.NoError(t, json.Unmarshal(b, &m))
+	assert.Equal(t, "tether.runner.durable.state.v1", m["schema"])
+	assert.Equal(t, map[string]any{"runnerInstanceId": tRunner, "environmentLeaseId": "envlease-1",
+		"normalizedSessionId": tSess, "sessionScope": tScope}, m["identity"])
+	for _, k := range []string{"lifecycle", "nextSourceSeq", "ackedSourceSeq", "lastControllerCommandSeq",
+		"reconnectCount", "runnerProcess", "currentRun", "highestAttempts", "processedCommands", "sessionInput"} {
+		assert.Contains(t, m, k)
+	}
+	assert.NotContains(t, string(b), "secret")
+	assert.NotContains(t, string(b), string(e.config(nil).Ticket.Claims))
+
+	// A different runner identity on the same state dir fails closed.
+	p2 := e.start(func(c *Config) { c.RunnerID = "someone-else" })
+	assert.Equal(t, ExitError, p2.wait(t, 5*time.Second))
+	assert.Contains(t, p2.err.Error(), "runner_state_identity_mismatch")
+}
