@@ -287,7 +287,7 @@ func TestMarshalRoundTripCamelCase(t *testing.T) {
 	assert.Equal(t, CodeProtocolError, CodeOf(err))
 }
 
-func TestOversizeFrame(t *testing.T) {
+func TestG4_OversizeFrameFailsWithProviderFrameTooLarge(t *testing.T) {
 	big := strings.Repeat("x", MaxFrameBytes)
 	f := &prpv1.Frame{Kind: &prpv1.Frame_Goodbye{Goodbye: &prpv1.Goodbye{Message: big}}}
 	_, err := Marshal(f)

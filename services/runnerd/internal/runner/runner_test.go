@@ -487,7 +487,9 @@ func TestR1_ProviderExitSurfacesAsHarnessExitedAndFailedTerminal(t *testing.T) {
 func TestR1_ProviderStartFailureFailsTheCommand(t *testing.T) {
 	e := newTestEnv(t)
 	e.start(nil)
+	e.prov.mu.Lock()
 	e.prov.failNext = &ProviderError{Code: "provider_spawn_failed", Message: "no such file"}
+	e.prov.mu.Unlock()
 	cs := &cmdSeq{t: t, runID: "run-1", attempt: 1}
 	require.Equal(t, durable.StatusCompleted, e.gw.command(cs.attach("c1")).GetStatus())
 	res := e.gw.command(cs.next("c2", CmdTurnStart, map[string]any{"text": "x"}))
