@@ -1,5 +1,21 @@
 package codex
 
+// Events emitted (Type, priority, payload). TurnID/ItemID are set from the
+// provider's turnId/itemId when the notification carries them.
+//
+//	session.started          P0 {threadId, providerSessionId, resumed, model}
+//	turn.started             P0 {providerTurnId}
+//	item.started             P1 {kind, itemId[, status, tool, namespace, server]}
+//	item.delta               P2 {kind:"agentMessage"|"commandExecution", delta}
+//	item.completed           P1 {kind, itemId[, text (agentMessage), status, exitCode (commandExecution), tool, success]}
+//	usage.reported           P1 {total:{inputTokens,cachedInputTokens,outputTokens,totalTokens}, last:{…}} (active turn only)
+//	turn.completed           P0 {status, finalMessage, usage:{inputTokens,cachedInputTokens,outputTokens}}
+//	turn.failed              P0 {…, error:{code, message[, providerErrorCode]}}
+//	turn.interrupted         P0 {…}
+//	harness.diagnostic       P1 provider `error`: {source:"provider", code:"provider_error", message, willRetry[, providerErrorCode]}
+//	                            driver notes: {code, method, message[, requestId, answer]}
+//	provider.notice.recorded P2 {kind:"warning"|"configWarning"|"deprecationNotice", message[, details]}
+
 import (
 	"bytes"
 	"encoding/json"
@@ -146,15 +162,26 @@ func (s *Session) onTurnStarted(p map[string]any) {
 func (s *Session) onTurnCompleted(p map[string]any) {
 	turn := obj(p, "turn")
 	id := str(turn, "id")
+	// emitMu is held from taking the turn to delivering its result, so a
+	// concurrent failure (which takes emitMu too) either sees the turn still
+	// active or finds its result already delivered before Exited closes.
+	s.emitMu.Lock()
 	s.mu.Lock()
+	failed := s.failErr != nil
 	t := s.turn
-	if t == nil || t.id != id || id == "" {
-		s.mu.Unlock()
-		s.diagnostic(CodeUnknownTurn, "turn/completed", id, "", "turn/completed for unknown turn "+strconv.Quote(id)+" ignored")
+	known := !failed && t != nil && t.id == id && id != ""
+	if known {
+		s.turn = nil
+	}
+	s.mu.Unlock()
+	if !known {
+		s.emitMu.Unlock()
+		if !failed {
+			s.diagnostic(CodeUnknownTurn, "turn/completed", id, "", "turn/completed for unknown turn "+strconv.Quote(id)+" ignored")
+		}
 		return
 	}
-	s.turn = nil
-	s.mu.Unlock()
+	defer s.emitMu.Unlock()
 
 	final := t.finalMessage
 	if final == "" {
@@ -196,8 +223,7 @@ func (s *Session) onTurnCompleted(p map[string]any) {
 	payload["usage"] = map[string]any{
 		"inputTokens": res.Usage.InputTokens, "cachedInputTokens": res.Usage.CachedInputTokens, "outputTokens": res.Usage.OutputTokens,
 	}
-	// A turn terminal is never dropped, even if the session is failing.
-	s.emitAlways(Event{Type: evType, TurnID: id, Priority: PriorityP0, Payload: payload})
+	s.emitFn(Event{Type: evType, TurnID: id, Priority: PriorityP0, Payload: payload})
 	s.deliverTurn(res)
 }
 
@@ -403,12 +429,6 @@ func (s *Session) emitFromReader(ev Event) {
 	if failed {
 		return
 	}
-	s.emitFn(ev)
-}
-
-func (s *Session) emitAlways(ev Event) {
-	s.emitMu.Lock()
-	defer s.emitMu.Unlock()
 	s.emitFn(ev)
 }
 

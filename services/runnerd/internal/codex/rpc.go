@@ -220,6 +220,9 @@ func (s *Session) handleResponse(msg wireMessage) {
 // session failure. onResult (optional) runs on the reader goroutine when a
 // successful response arrives.
 func (s *Session) call(ctx context.Context, method string, params any, timeout time.Duration, onResult func(json.RawMessage) error) (json.RawMessage, *wireError, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, nil, fmt.Errorf("codex: %s: %w", method, err)
+	}
 	p := &pendingCall{method: method, ch: make(chan rpcReply, 1), onResult: onResult}
 	s.mu.Lock()
 	if s.failErr != nil {

@@ -32,7 +32,12 @@ func TestMain(m *testing.M) {
 	if sc := os.Getenv(stubScenarioEnv); sc != "" {
 		os.Exit(runStub(sc))
 	}
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) {
+		if fakeBuild.dir != "" {
+			_ = os.RemoveAll(fakeBuild.dir)
+		}
+		os.Exit(code)
+	}))
 }
 
 type stubPeer struct {

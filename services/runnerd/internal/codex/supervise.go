@@ -157,8 +157,12 @@ func (s *Session) exitCause() *Error {
 }
 
 // fail records the first failure, fails pending calls and the active turn,
-// and closes Exited. Only the monitor calls it.
+// and closes Exited. Only the monitor calls it. It holds emitMu throughout:
+// turn.failed is the last event, and every TurnResult is on TurnDone before
+// Exited closes.
 func (s *Session) fail(cause *Error) {
+	s.emitMu.Lock()
+	defer s.emitMu.Unlock()
 	s.mu.Lock()
 	if s.failErr != nil {
 		s.mu.Unlock()
@@ -180,7 +184,7 @@ func (s *Session) fail(cause *Error) {
 			TurnID: t.id, Status: TurnFailed, FinalMessage: t.finalMessage, Usage: t.usage,
 			ErrorCode: cause.Code, ErrorMessage: cause.Message,
 		}
-		s.emitAlways(Event{Type: "turn.failed", TurnID: t.id, Priority: PriorityP0, Payload: map[string]any{
+		s.emitFn(Event{Type: "turn.failed", TurnID: t.id, Priority: PriorityP0, Payload: map[string]any{
 			"status":       TurnFailed,
 			"finalMessage": t.finalMessage,
 			"error":        map[string]any{"code": cause.Code, "message": cause.Message},
