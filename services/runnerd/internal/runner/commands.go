@@ -83,7 +83,11 @@ func ProviderErrorCode(err error) string {
 	return ""
 }
 
-// Fingerprint is sha256 of the canonical {type, payload, runId, attempt}.
+// Fingerprint is sha256 of the canonical {type, payload, runId}. The attempt
+// is deliberately left out: a newer attempt of the same run (an executor that
+// took the run over) that resends a command id gets the stored result instead
+// of a second effect, so a provider turn starts at most once per command id.
+// Fencing of lower attempts is checked separately.
 func Fingerprint(c *prpv1.Command) (string, error) {
 	payload := json.RawMessage("{}")
 	if c.GetPayload() != nil {
@@ -97,7 +101,6 @@ func Fingerprint(c *prpv1.Command) (string, error) {
 		"type":    c.GetType(),
 		"payload": payload,
 		"runId":   c.GetRunId(),
-		"attempt": c.GetAttempt(),
 	})
 	if err != nil {
 		return "", err
@@ -165,6 +168,16 @@ func (r *Runner) onCommand(c *prpv1.Command) {
 			r.mustSave()
 		}
 		if prev.Fingerprint == fp {
+			if runID := c.GetRunId(); runID != "" {
+				if hi := st.HighestAttempts[runID]; c.GetAttempt() < hi {
+					reply(durable.StatusRejected, CodeAttemptFenced,
+						fmt.Sprintf("attempt %d is fenced by attempt %d of run %s", c.GetAttempt(), hi, runID))
+					return
+				} else if c.GetAttempt() > hi {
+					st.HighestAttempts[runID] = c.GetAttempt()
+					r.mustSave()
+				}
+			}
 			r.log.Info("duplicate command; resending the stored result", "command_id", prev.CommandID, "status", prev.Status)
 			r.sendResult(prev)
 			return

@@ -331,9 +331,18 @@ func TestR4_CommandDedupeFingerprintConflictSeqAndFencing(t *testing.T) {
 	assert.Equal(t, CodeCommandUnsupported, r.GetCode())
 
 	assert.Len(t, e.gw.eventsOf("run.attached"), 1)
+
+	// A newer attempt (an executor that took the run over) resending the
+	// same command id gets the stored result: no second effect.
+	cs.attempt = 3
+	taken := e.gw.command(cs.next("c1", CmdRunAttach, map[string]any{"input": testInput(t)}))
+	assert.Equal(t, durable.StatusCompleted, taken.GetStatus())
+	assert.Equal(t, res.GetResult().AsMap(), taken.GetResult().AsMap())
+	assert.Len(t, e.gw.eventsOf("run.attached"), 1)
+
 	st := e.state()
 	assert.Equal(t, cs.seq, st.LastControllerCommandSeq)
-	assert.Equal(t, uint64(2), st.HighestAttempts["run-1"])
+	assert.Equal(t, uint64(3), st.HighestAttempts["run-1"])
 	assert.Equal(t, durable.StatusRejected, st.ProcessedCommands["c-old"].Status)
 }
 
