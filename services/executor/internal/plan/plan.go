@@ -60,10 +60,10 @@ type ProviderPlan struct {
 // it is not blank. Otherwise the result is the explanation, a blank line and
 // one checklist line per step:
 //
-//   - [x] body                 completed
-//   - [ ] body _(in progress)_ in progress
-//   - [ ] body _(blocked)_     blocked
-//   - [ ] body                 pending (or any other status)
+//	completed:   "- [x] body"
+//	in progress: "- [ ] body _(in progress)_"
+//	blocked:     "- [ ] body _(blocked)_"
+//	pending:     "- [ ] body" (also any unknown status)
 //
 // Step bodies are folded onto one line and truncated to MaxStepRunes; steps
 // with a blank body are skipped; at most MaxSteps steps are listed, followed
