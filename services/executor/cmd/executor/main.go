@@ -32,7 +32,8 @@ func run() error {
 	gwAddr := grpcx.StringFlag(fs, "gateway-addr", "", "127.0.0.1:7401", "runner gateway gRPC address")
 	gwCA := grpcx.StringFlag(fs, "gateway-ca", "", "", "CA bundle for the gateway's TLS certificate (required off loopback)")
 	owner := grpcx.StringFlag(fs, "owner-id", "", dispatch.DefaultOwner(), "this replica's lease owner id")
-	ttl := grpcx.DurationFlag(fs, "lease-ttl", "", 60*time.Second, "lease TTL (1s..20m); renewed every TTL/3")
+	ttl := grpcx.DurationFlag(fs, "lease-ttl", "", store.DefaultLeaseTTL, "lease TTL (1s..20m); renewed every TTL/3")
+	retryDelay := grpcx.DurationFlag(fs, "retry-delay", "", 30*time.Second, "delay before retrying a failed attempt (attempts 1 and 2; the third is terminal)")
 	poll := grpcx.DurationFlag(fs, "poll-interval", "", time.Second, "claim poll interval when no notification arrives")
 	maxActive := grpcx.IntFlag(fs, "max-active-runs", "", 64, "runs this replica drives at once")
 	migrate := grpcx.BoolFlag(fs, "migrate", "", true, "apply database migrations at start")
@@ -42,8 +43,8 @@ func run() error {
 	if *dsn == "" {
 		return fmt.Errorf("-database-url (or TETHER_DATABASE_URL) is required")
 	}
-	if *ttl < time.Second || *ttl > 20*time.Minute {
-		return fmt.Errorf("native_session_lease_ttl_invalid: -lease-ttl %s is outside 1s..20m", *ttl)
+	if err := store.CheckLeaseTTL(*ttl); err != nil {
+		return err
 	}
 	ctx, stop := grpcx.SignalContext(context.Background())
 	defer stop()
@@ -68,14 +69,14 @@ func run() error {
 	}
 	log := srv.Logger()
 	d := dispatch.New(st, dispatch.Config{
-		Owner: *owner, LeaseTTL: *ttl, PollInterval: *poll, MaxActive: *maxActive,
+		Owner: *owner, LeaseTTL: *ttl, PollInterval: *poll, MaxActive: *maxActive, RetryDelay: *retryDelay,
 		Gateway: gatewayv1.NewRunnerGatewayClient(gwConn), Logger: log,
 	})
 	hub := watch.NewHub()
 	executorv1.RegisterExecutorServiceServer(srv.GRPC(), &api.Server{Store: st, Hub: hub, Kick: d.Kick, Draining: srv.Draining()})
 	bg, cancelBG := context.WithCancel(context.Background())
 	defer cancelBG()
-	go hub.Listen(bg, st.Pool(), d.Kick, log)
+	go hub.Listen(bg, st.Pool(), watch.Handlers{RunsDue: d.Kick, Cancel: d.CancelKick}, log)
 	dispatched := make(chan struct{})
 	go func() {
 		defer close(dispatched)

@@ -67,6 +67,41 @@ func (s *Server) ListRuns(ctx context.Context, req *executorv1.ListRunsRequest) 
 	return &executorv1.ListRunsResponse{Runs: runs, NextPageToken: next}, nil
 }
 
+// CancelRun records a durable cancellation and waits (bounded) for the
+// driver's acknowledgement.
+func (s *Server) CancelRun(ctx context.Context, req *executorv1.CancelRunRequest) (*executorv1.CancelRunResponse, error) {
+	scope := map[executorv1.CancellationScope]string{
+		executorv1.CancellationScope_CANCELLATION_SCOPE_RUN:   "run",
+		executorv1.CancellationScope_CANCELLATION_SCOPE_TURN:  "turn",
+		executorv1.CancellationScope_CANCELLATION_SCOPE_ISSUE: "issue",
+	}[req.GetScope()]
+	out, err := s.Store.RecordCancellation(ctx, store.CancelRequest{
+		RunID: req.GetRunId(), Scope: scope, Reason: req.GetReason(), RequestID: req.GetRequestId(), Actor: "api",
+	})
+	if err != nil {
+		return nil, failure.ToStatus(err)
+	}
+	rec := out.Record
+	if out.NeedsDispatch {
+		wait := 5 * time.Second
+		if req.GetWaitTimeout() != nil {
+			wait = req.GetWaitTimeout().AsDuration()
+		}
+		deadline := time.Now().Add(wait)
+		for rec.GetDispatchState() == "pending" && time.Now().Before(deadline) {
+			select {
+			case <-ctx.Done():
+				return nil, failure.ToStatus(ctx.Err())
+			case <-time.After(20 * time.Millisecond):
+			}
+			if rec, err = s.Store.Cancellation(ctx, req.GetRunId()); err != nil {
+				return nil, failure.ToStatus(err)
+			}
+		}
+	}
+	return &executorv1.CancelRunResponse{Active: out.Active, Cancellation: rec}, nil
+}
+
 const watchPage = 256
 
 // WatchRun replays events after the cursor, then streams live ones, and ends

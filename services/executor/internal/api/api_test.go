@@ -52,7 +52,7 @@ func start(t *testing.T) env {
 	listened := make(chan struct{})
 	go func() {
 		defer close(listened)
-		hub.Listen(ctx, st.Pool(), nil, slog.New(slog.NewTextHandler(io.Discard, nil)))
+		hub.Listen(ctx, st.Pool(), watch.Handlers{}, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	}()
 	conn, err := grpcx.Dial(srv.Addr().String(), "")
 	require.NoError(t, err)
@@ -112,7 +112,7 @@ func TestSubmitRunBadInputIsInvalidArgumentNamingFieldsAndWritesNothing(t *testi
 			}
 		})
 	}
-	// An admitted-by-syntax provider tether cannot launch is refused by code.
+	// A provider that is not qualified (opencode needs provider/model) is refused by code.
 	in := validInput()
 	in.Provider.Kind = "opencode"
 	_, err := e.client.SubmitRun(ctx, &executorv1.SubmitRunRequest{RunId: "r4", Input: in})
@@ -157,7 +157,7 @@ func TestWatchRunStreamsLiveThenReplaysTheSameSequence(t *testing.T) {
 	defer cancel()
 	_, err := e.client.SubmitRun(ctx, &executorv1.SubmitRunRequest{RunId: "w", Input: validInput()})
 	require.NoError(t, err)
-	claim, err := e.store.ClaimNext(ctx, "o", time.Minute)
+	claim, err := e.store.ClaimNext(ctx, "o", time.Minute, store.Controller{})
 	require.NoError(t, err)
 
 	_, err = e.client.WatchRun(ctx, &executorv1.WatchRunRequest{RunId: "w", AfterSeq: 1}) // stream opens lazily

@@ -20,8 +20,10 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/tether-run/tether/pkg/failure"
+	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
 	gatewayv1 "github.com/tether-run/tether/pkg/gen/tether/gateway/v1"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
+	"github.com/tether-run/tether/services/executor/internal/recovery"
 	"github.com/tether-run/tether/services/executor/internal/store"
 )
 
@@ -39,8 +41,12 @@ type Config struct {
 	// MaxAttachFailures is how many consecutive failed attaches a run
 	// tolerates before it fails with the last error's code.
 	MaxAttachFailures int
-	Gateway           gatewayv1.RunnerGatewayClient
-	Logger            *slog.Logger
+	// RetryDelay separates a failed attempt from the next (E11; default 30s).
+	RetryDelay time.Duration
+	// Clock returns the current time (tests inject one).
+	Clock   func() time.Time
+	Gateway gatewayv1.RunnerGatewayClient
+	Logger  *slog.Logger
 }
 
 // DefaultOwner names this process: host:pid.
@@ -57,6 +63,10 @@ type Dispatcher struct {
 	log    *slog.Logger
 	kick   chan struct{}
 	wg     sync.WaitGroup
+	self   store.Controller
+
+	mu      sync.Mutex
+	cancels map[string]chan struct{} // per driven run
 }
 
 // New returns a Dispatcher.
@@ -79,10 +89,31 @@ func New(s *store.Store, cfg Config) *Dispatcher {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	if cfg.RetryDelay == 0 {
+		cfg.RetryDelay = recovery.RetryDelay
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = time.Now
+	}
 	return &Dispatcher{
-		cfg: cfg, store: s, log: cfg.Logger,
-		leases: newLeaseKeeper(s, cfg.Owner, cfg.LeaseTTL, cfg.Logger),
-		kick:   make(chan struct{}, 1),
+		cfg: cfg, store: s, log: cfg.Logger, self: SelfController(),
+		leases:  newLeaseKeeper(s, cfg.Owner, cfg.LeaseTTL, cfg.Logger),
+		kick:    make(chan struct{}, 1),
+		cancels: map[string]chan struct{}{},
+	}
+}
+
+// CancelKick tells the run's driver, if this replica drives it, that a
+// cancellation is waiting to be dispatched.
+func (d *Dispatcher) CancelKick(runID string) {
+	d.mu.Lock()
+	ch := d.cancels[runID]
+	d.mu.Unlock()
+	if ch != nil {
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
 	}
 }
 
@@ -96,7 +127,8 @@ func (d *Dispatcher) Kick() {
 
 // Run claims due runs until ctx ends, then waits for its drivers to stop.
 // Drivers stop acting when ctx ends; their leases lapse and another replica
-// takes the runs over.
+// takes the runs over (at once, on the same host, by proving this process
+// dead).
 func (d *Dispatcher) Run(ctx context.Context) error {
 	go d.leases.run(ctx)
 	sem := make(chan struct{}, d.cfg.MaxActive)
@@ -105,25 +137,19 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 		claimed := false
 		select {
 		case sem <- struct{}{}:
-			c, err := d.store.ClaimNext(ctx, d.cfg.Owner, d.cfg.LeaseTTL)
+			c, err := d.store.ClaimNext(ctx, d.cfg.Owner, d.cfg.LeaseTTL, d.self)
 			if err != nil && ctx.Err() == nil {
 				d.log.Error("claim failed", "err", err)
+			}
+			if c == nil {
+				c = d.takeOverDead(ctx)
 			}
 			if c == nil {
 				<-sem
 				break
 			}
 			claimed = true
-			runCtx, cancel := context.WithCancelCause(ctx)
-			d.leases.add(c.RunID, c.Attempt, cancel)
-			d.wg.Add(1)
-			go func() {
-				defer d.wg.Done()
-				defer func() { <-sem }()
-				defer cancel(nil)
-				defer d.leases.remove(c.RunID)
-				d.drive(runCtx, c)
-			}()
+			d.start(ctx, c, sem)
 		case <-ctx.Done():
 			return nil
 		}
@@ -142,15 +168,68 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	}
 }
 
+func (d *Dispatcher) start(ctx context.Context, c *store.Claim, sem chan struct{}) {
+	runCtx, cancel := context.WithCancelCause(ctx)
+	d.leases.add(c.RunID, c.Attempt, cancel)
+	cancelCh := make(chan struct{}, 1)
+	d.mu.Lock()
+	d.cancels[c.RunID] = cancelCh
+	d.mu.Unlock()
+	d.wg.Add(1)
+	go func() {
+		defer d.wg.Done()
+		defer func() { <-sem }()
+		defer cancel(nil)
+		defer d.leases.remove(c.RunID)
+		defer func() {
+			d.mu.Lock()
+			if d.cancels[c.RunID] == cancelCh {
+				delete(d.cancels, c.RunID)
+			}
+			d.mu.Unlock()
+		}()
+		d.drive(runCtx, c, cancelCh)
+	}()
+}
+
+// takeOverDead claims, before its lease expires, a run whose controller ran
+// on this host and is provably dead (E7 takeover with proof of death).
+func (d *Dispatcher) takeOverDead(ctx context.Context) *store.Claim {
+	held, err := d.store.HeldOnBoot(ctx, d.self.BootID, d.cfg.Owner)
+	if err != nil {
+		if ctx.Err() == nil {
+			d.log.Error("listing held leases", "err", err)
+		}
+		return nil
+	}
+	for _, h := range held {
+		if !ControllerDead(h.Controller) {
+			continue
+		}
+		c, err := d.store.ClaimRun(ctx, h.RunID, d.cfg.Owner, d.cfg.LeaseTTL, d.self, nil,
+			&store.DeadProof{Owner: h.Owner, Attempt: h.Attempt, Controller: h.Controller})
+		if err != nil {
+			d.log.Info("takeover refused", "run_id", h.RunID, "err", err)
+			continue
+		}
+		d.log.Warn("took over a run from a dead controller", "run_id", h.RunID, "dead_owner", h.Owner,
+			"dead_pid", h.Controller.PID, "attempt", c.Attempt)
+		return c
+	}
+	return nil
+}
+
 // drive attaches to the runner until the run reaches a terminal state, the
 // lease is lost, or the executor stops. Transport trouble (the gateway
-// restarting) is retried with backoff under the same lease.
-func (d *Dispatcher) drive(ctx context.Context, c *store.Claim) {
+// restarting) is retried with backoff under the same lease; an attempt that
+// cannot go on is recorded as a failure and disposed of (E11): retried
+// later, or failed for good.
+func (d *Dispatcher) drive(ctx context.Context, c *store.Claim, cancelCh <-chan struct{}) {
 	log := d.log.With("run_id", c.RunID, "attempt", c.Attempt)
-	log.Info("run claimed")
+	log.Info("run claimed", "turn_generation", c.TurnGeneration)
 	backoff := 100 * time.Millisecond
 	for failures := 0; ; {
-		done, err := d.attachOnce(ctx, c, log)
+		done, err := d.attachOnce(ctx, c, cancelCh, log)
 		if done || ctx.Err() != nil {
 			if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
 				log.Warn("driver stopped", "cause", cause)
@@ -158,15 +237,8 @@ func (d *Dispatcher) drive(ctx context.Context, c *store.Claim) {
 			return
 		}
 		failures++
-		code, msg := failure.CodeOf(err), err.Error()
-		if code == "" {
-			code = "runner_gateway_unavailable"
-		}
 		if permanent(err) || failures >= d.cfg.MaxAttachFailures {
-			log.Error("run failed", "code", code, "err", err)
-			if ferr := d.store.FailRun(context.WithoutCancel(ctx), c.Fence, code, msg); ferr != nil {
-				log.Error("recording failure", "err", ferr)
-			}
+			d.recordFailure(ctx, c, err, log)
 			return
 		}
 		log.Warn("attach interrupted; retrying", "err", err, "failures", failures)
@@ -176,6 +248,36 @@ func (d *Dispatcher) drive(ctx context.Context, c *store.Claim) {
 		case <-time.After(backoff):
 		}
 		backoff = min(backoff*2, 2*time.Second)
+	}
+}
+
+// recordFailure applies the failure disposition to a failed attempt.
+func (d *Dispatcher) recordFailure(ctx context.Context, c *store.Claim, err error, log *slog.Logger) {
+	source := recovery.SourceCode(err)
+	code := failure.CodeOf(err)
+	if code == "" {
+		code = "runner_gateway_unavailable"
+	}
+	dec := recovery.DispositionWithDelay(int(c.Attempt), d.cfg.Clock(), source, d.cfg.RetryDelay)
+	if source == "" && permanent(err) {
+		// A refusal that no retry can change (bad target, fencing): fail now
+		// under its own code.
+		dec = recovery.Decision{Phase: recovery.PhaseTerminalFailure, FailureCode: code}
+	}
+	proj := recovery.Projection(dec.Phase, dec.FailureCode, c.Input.GetBinding().GetAgentId())
+	rec := &executorv1.Recovery{
+		Exhausted: proj.Exhausted, IssueStatus: proj.IssueStatus, RecoveryOwnerKind: proj.RecoveryOwner.Kind,
+		RecoveryOwnerAgentId: proj.RecoveryActionOwnerAgentID, RecoveryActionCause: proj.RecoveryActionCause,
+		SupersedeOnIdentityChange: proj.SupersedeOnIdentityChange,
+	}
+	fd := store.FailureDecision{Retry: dec.Retry(), Code: dec.FailureCode, Message: err.Error(), Recovery: rec}
+	if dec.NextAttemptAt != nil {
+		fd.NextAttemptAt = *dec.NextAttemptAt
+		rec.NextAttemptAt = timestamppb.New(*dec.NextAttemptAt)
+	}
+	log.Error("attempt failed", "code", dec.FailureCode, "source_code", source, "retry", fd.Retry, "err", err)
+	if ferr := d.store.RecordFailure(context.WithoutCancel(ctx), c.Fence, fd); ferr != nil {
+		log.Error("recording failure", "err", ferr)
 	}
 }
 
@@ -196,8 +298,13 @@ type closedError struct{ code, msg string }
 
 func (e *closedError) Error() string { return e.code + ": " + e.msg }
 
+// commandID names a command of the claim. It does not contain the attempt:
+// a takeover resends the same ids and the runner, which executes an id at
+// most once, answers with the stored result — the provider turn starts once.
+// A retry after a recorded failure bumps the turn generation and so starts a
+// new turn.
 func commandID(c *store.Claim, typ string) string {
-	return fmt.Sprintf("%s/a%d/%s", c.RunID, c.Attempt, typ)
+	return fmt.Sprintf("%s/g%d/%s", c.RunID, c.TurnGeneration, typ)
 }
 
 func newCommand(c *store.Claim, typ string, payload map[string]any) (*prpv1.Command, error) {
@@ -213,14 +320,18 @@ func newCommand(c *store.Claim, typ string, payload map[string]any) (*prpv1.Comm
 
 // attachOnce runs one Attach stream. done is true when the run needs no
 // further driving (terminal, or failed and recorded).
-func (d *Dispatcher) attachOnce(ctx context.Context, c *store.Claim, log *slog.Logger) (done bool, err error) {
+func (d *Dispatcher) attachOnce(ctx context.Context, c *store.Claim, cancelCh <-chan struct{}, log *slog.Logger) (done bool, err error) {
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	stream, err := d.cfg.Gateway.Attach(sctx)
 	if err != nil {
 		return false, err
 	}
-	if err := stream.Send(&gatewayv1.AttachRequest{Kind: &gatewayv1.AttachRequest_Open{Open: &gatewayv1.Open{
+	send := func(req *gatewayv1.AttachRequest) error { return stream.Send(req) }
+	sendCmd := func(cmd *prpv1.Command) error {
+		return send(&gatewayv1.AttachRequest{Kind: &gatewayv1.AttachRequest_Command{Command: cmd}})
+	}
+	if err := send(&gatewayv1.AttachRequest{Kind: &gatewayv1.AttachRequest_Open{Open: &gatewayv1.Open{
 		RunId:  c.RunID,
 		Fence:  &gatewayv1.FencingToken{Owner: c.Owner, Attempt: c.Attempt},
 		Target: &gatewayv1.RunnerTarget{Mode: gatewayv1.TransportMode_TRANSPORT_MODE_DIAL_WS_LOOPBACK},
@@ -261,15 +372,64 @@ func (d *Dispatcher) attachOnce(ctx context.Context, c *store.Claim, log *slog.L
 		return true, err
 	}
 	for _, cmd := range []*prpv1.Command{attach, turn} {
-		if err := stream.Send(&gatewayv1.AttachRequest{Kind: &gatewayv1.AttachRequest_Command{Command: cmd}}); err != nil {
+		if err := sendCmd(cmd); err != nil {
 			return false, err
 		}
 	}
+
+	msgs := make(chan *gatewayv1.AttachResponse)
+	recvErr := make(chan error, 1)
+	go func() {
+		for {
+			m, err := stream.Recv()
+			if err != nil {
+				recvErr <- err
+				return
+			}
+			select {
+			case msgs <- m:
+			case <-sctx.Done():
+				return
+			}
+		}
+	}()
+
+	// Durable cancellation (E6): dispatched on this stream by command id
+	// (the runner executes an id at most once), again on every re-attach
+	// while pending, and acknowledged under the fence.
+	cancelIntents := map[string]string{} // command id → intent id
+	dispatchCancel := func() error {
+		rec, err := d.store.Cancellation(ctx, c.RunID)
+		if err != nil || rec == nil || rec.GetDispatchState() != "pending" {
+			return err
+		}
+		cmd, err := newCommand(c, "turn.interrupt", map[string]any{"reason": rec.GetReason()})
+		if err != nil {
+			return err
+		}
+		cmd.CommandId = fmt.Sprintf("%s/cancel/%s", c.RunID, rec.GetIntentId())
+		cancelIntents[cmd.CommandId] = rec.GetIntentId()
+		log.Info("dispatching cancellation", "intent_id", rec.GetIntentId())
+		return sendCmd(cmd)
+	}
+	if err := dispatchCancel(); err != nil {
+		return false, err
+	}
+
 	acks := newAckTracker()
 	for {
-		msg, err := stream.Recv()
-		if err != nil {
+		var msg *gatewayv1.AttachResponse
+		select {
+		case <-ctx.Done():
+			return true, context.Cause(ctx)
+		case err := <-recvErr:
 			return false, err
+		case <-cancelCh:
+			if err := dispatchCancel(); err != nil {
+				return false, err
+			}
+			continue
+		case msg = <-msgs:
 		}
 		switch k := msg.GetKind().(type) {
 		case *gatewayv1.AttachResponse_Events:
@@ -278,18 +438,16 @@ func (d *Dispatcher) attachOnce(ctx context.Context, c *store.Claim, log *slog.L
 			if err != nil {
 				if failure.CodeOf(err) == store.CodeReplayConflict {
 					log.Error("replay conflict", "err", err)
-					if ferr := d.store.FailRun(context.WithoutCancel(ctx), c.Fence, store.CodeReplayConflict, err.Error()); ferr != nil {
-						log.Error("recording failure", "err", ferr)
-					}
+					d.recordFailure(ctx, c, err, log)
 					return true, err
 				}
-				if failure.CodeOf(err) == "native_session_lease_lost" {
+				if failure.CodeOf(err) == store.CodeLeaseLost {
 					return true, err
 				}
 				return false, err
 			}
 			for inst, seq := range acks.persisted(opened.GetRunnerAckedSeq(), evs) {
-				if err := stream.Send(&gatewayv1.AttachRequest{Kind: &gatewayv1.AttachRequest_Ack{Ack: &gatewayv1.Ack{
+				if err := send(&gatewayv1.AttachRequest{Kind: &gatewayv1.AttachRequest_Ack{Ack: &gatewayv1.Ack{
 					SourceInstanceId: inst, PersistedThroughSeq: seq,
 				}}}); err != nil {
 					return false, err
@@ -299,7 +457,7 @@ func (d *Dispatcher) attachOnce(ctx context.Context, c *store.Claim, log *slog.L
 				log.Info("run terminal persisted", "events", res.Inserted)
 				if c.Input.GetSession().GetLifecycle().GetMode() != prpv1.LifecycleMode_LIFECYCLE_MODE_WARM {
 					if closeCmd, err := newCommand(c, "session.close", map[string]any{"reason": "per_turn run ended"}); err == nil {
-						_ = stream.Send(&gatewayv1.AttachRequest{Kind: &gatewayv1.AttachRequest_Command{Command: closeCmd}})
+						_ = sendCmd(closeCmd)
 					}
 				}
 				_ = stream.CloseSend()
@@ -307,6 +465,20 @@ func (d *Dispatcher) attachOnce(ctx context.Context, c *store.Claim, log *slog.L
 			}
 		case *gatewayv1.AttachResponse_CommandResult:
 			r := k.CommandResult
+			if intent, ok := cancelIntents[r.GetCommandId()]; ok {
+				// completed, or the turn had already ended: either way the
+				// provider has nothing left to do for this run.
+				if r.GetStatus() == "completed" || r.GetCode() == "no_active_turn" {
+					if err := d.store.AcknowledgeCancellation(ctx, c.Fence, intent); err != nil {
+						log.Error("acknowledging cancellation failed; it stays pending", "intent_id", intent, "err", err)
+					} else {
+						log.Info("cancellation acknowledged", "intent_id", intent)
+					}
+				} else {
+					log.Error("cancellation dispatch refused", "code", r.GetCode(), "msg", r.GetMessage())
+				}
+				continue
+			}
 			switch r.GetStatus() {
 			case "completed", "pending":
 			default:
@@ -319,10 +491,9 @@ func (d *Dispatcher) attachOnce(ctx context.Context, c *store.Claim, log *slog.L
 				}
 				msg := fmt.Sprintf("%s %s: %s", r.GetCommandType(), r.GetStatus(), r.GetMessage())
 				log.Error("command refused", "code", code, "msg", msg)
-				if err := d.store.FailRun(context.WithoutCancel(ctx), c.Fence, code, msg); err != nil {
-					log.Error("recording failure", "err", err)
-				}
-				return true, failure.New(codes.FailedPrecondition, code, "%s", msg)
+				err := failure.New(codes.FailedPrecondition, code, "%s", msg)
+				d.recordFailure(ctx, c, err, log)
+				return true, err
 			}
 		case *gatewayv1.AttachResponse_Closed:
 			return false, &closedError{k.Closed.GetCode(), k.Closed.GetMessage()}

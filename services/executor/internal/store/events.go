@@ -11,13 +11,32 @@ import (
 	"github.com/jackc/pgx/v5"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/types/known/structpb"
-	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/tether-run/tether/pkg/failure"
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 )
+
+// EventHarnessReady reports the provider process (pid, pgid, start ticks).
+const EventHarnessReady = "harness.ready"
+
+// recordProviderProcess persists the provider process identity a runner
+// reported when it spawned the provider (E12).
+func recordProviderProcess(ctx context.Context, tx pgx.Tx, runID string, ev *prpv1.Event) error {
+	p := ev.GetPayload().GetFields()
+	info := &prpv1.ProcessInfo{
+		Pid:        int32(p["pid"].GetNumberValue()),
+		Pgid:       int32(p["pgid"].GetNumberValue()),
+		StartTicks: uint64(p["startTicks"].GetNumberValue()),
+		StartedAt:  ev.GetEmittedAt(),
+	}
+	raw, err := marshalDet.Marshal(info)
+	if err != nil {
+		return err
+	}
+	_, err = tx.Exec(ctx, `UPDATE executor.runs SET provider_process = $2 WHERE run_id = $1`, runID, raw)
+	return err
+}
 
 // CodeReplayConflict is the stable code of a replayed event whose bytes differ.
 const CodeReplayConflict = "native_event_replay_conflict"
@@ -104,8 +123,13 @@ SELECT r.event_count FROM executor.runs r JOIN executor.coordinators c ON c.run_
 			res.Inserted += len(fresh)
 			var terminal *prpv1.Event
 			for _, e := range fresh {
-				if e.ev.GetEventType() == EventTerminal {
+				switch e.ev.GetEventType() {
+				case EventTerminal:
 					terminal = e.ev
+				case EventHarnessReady:
+					if err := recordProviderProcess(ctx, tx, runID, e.ev); err != nil {
+						return err
+					}
 				}
 			}
 			if _, err := tx.Exec(ctx, `UPDATE executor.runs SET event_count = event_count + $2, updated_at = now() WHERE run_id = $1`,
@@ -292,53 +316,36 @@ UPDATE executor.runs SET state = $2, result = $3, failure_code = nullif($4, ''),
 // deliver a terminal event): it appends a control-plane run.terminal event so
 // every run's stream ends with exactly one, and records the failure, fenced.
 func (s *Store) FailRun(ctx context.Context, f Fence, code, message string) error {
+	return s.failRun(ctx, f, code, message, nil)
+}
+
+func (s *Store) failRun(ctx context.Context, f Fence, code, message string, recovery []byte) error {
 	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		var count int64
-		var termCount int
-		err := tx.QueryRow(ctx, `
-SELECT r.event_count, (SELECT count(*) FROM executor.events e WHERE e.run_id = r.run_id AND e.event_type = 'run.terminal')
-  FROM executor.runs r JOIN executor.coordinators c ON c.run_id = r.run_id
- WHERE r.run_id = $1 AND c.lease_owner = $2 AND c.attempt = $3 AND c.phase = 'observed'
-   FOR UPDATE OF r`, f.RunID, f.Owner, int64(f.Attempt)).Scan(&count, &termCount)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return ErrLeaseLost(f)
-		}
+		count, err := lockFenced(ctx, tx, f)
 		if err != nil {
 			return err
 		}
-		t := Terminal{State: StateFailed, Code: code, Message: message,
-			Result: &executorv1.RunResult{TurnTerminalState: "failed", RunTerminalState: StateFailed}}
+		var termCount int
+		if err := tx.QueryRow(ctx, `SELECT count(*) FROM executor.events WHERE run_id = $1 AND event_type = 'run.terminal'`,
+			f.RunID).Scan(&termCount); err != nil {
+			return err
+		}
 		if termCount == 0 {
-			payload, _ := structpb.NewStruct(map[string]any{
+			if err := appendControlEvent(ctx, tx, f.RunID, count, EventTerminal, map[string]any{
 				"turnTerminalState": "failed", "runTerminalState": StateFailed, "code": code, "message": message,
-			})
-			ev := &prpv1.Event{
-				Schema:           "tether.prp.event.v1",
-				SourceInstanceId: "executor:control",
-				SourceEventId:    fmt.Sprintf("%s:control:%d", f.RunID, f.Attempt),
-				SourceSeq:        f.Attempt,
-				SourceKind:       "control_plane",
-				RunId:            f.RunID,
-				EventType:        EventTerminal,
-				SchemaVersion:    1,
-				Priority:         0,
-				EmittedAt:        timestamppb.Now(),
-				Payload:          payload,
-			}
-			raw, err := marshalDet.Marshal(ev)
-			if err != nil {
-				return err
-			}
-			sum := sha256.Sum256(raw)
-			if err := insertEvents(ctx, tx, f.RunID, count, []encodedEvent{{ev: ev, raw: raw, hash: sum[:]}}); err != nil {
-				return err
-			}
-			if _, err := tx.Exec(ctx, `UPDATE executor.runs SET event_count = event_count + 1 WHERE run_id = $1`, f.RunID); err != nil {
+			}); err != nil {
 				return err
 			}
 		}
+		t := Terminal{State: StateFailed, Code: code, Message: message,
+			Result: &executorv1.RunResult{TurnTerminalState: "failed", RunTerminalState: StateFailed}}
 		if err := finishRun(ctx, tx, f, t); err != nil {
 			return err
+		}
+		if recovery != nil {
+			if _, err := tx.Exec(ctx, `UPDATE executor.runs SET recovery = $2 WHERE run_id = $1`, f.RunID, recovery); err != nil {
+				return err
+			}
 		}
 		_, err = tx.Exec(ctx, `SELECT pg_notify($1, $2)`, EventsChannel, f.RunID)
 		return err

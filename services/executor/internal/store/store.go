@@ -66,7 +66,8 @@ var marshalDet = proto.MarshalOptions{Deterministic: true}
 
 // Store is the executor's PostgreSQL access.
 type Store struct {
-	pool *pgxpool.Pool
+	pool  *pgxpool.Pool
+	hooks Hooks
 }
 
 // Migrate applies the embedded migrations to the database at dsn.
@@ -157,11 +158,12 @@ func (s *Store) SubmitRun(ctx context.Context, runID string, in *prpv1.Execution
 	created := false
 	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		tag, err := tx.Exec(ctx, `
-INSERT INTO executor.runs (run_id, company_id, normalized_session_id, session_scope, lifecycle, input, input_digest)
-VALUES ($1, $2, $3, $4, $5, $6, $7)
+INSERT INTO executor.runs (run_id, company_id, normalized_session_id, session_scope, lifecycle, input, input_digest, issue_id, agent_id)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
 ON CONFLICT (run_id) DO NOTHING`,
 			runID, in.GetBinding().GetCompanyId(), in.GetSession().GetNormalizedSessionId(), scope.Of(in),
-			in.GetSession().GetLifecycle().GetMode().String(), raw, digest)
+			in.GetSession().GetLifecycle().GetMode().String(), raw, digest,
+			in.GetBinding().GetIssueId(), in.GetBinding().GetAgentId())
 		if err != nil {
 			return err
 		}
@@ -177,7 +179,7 @@ ON CONFLICT (run_id) DO NOTHING`,
 			return nil
 		}
 		created = true
-		if _, err := tx.Exec(ctx, `INSERT INTO executor.coordinators (run_id) VALUES ($1)`, runID); err != nil {
+		if _, err := tx.Exec(ctx, `INSERT INTO executor.coordinators (run_id, binding_digest) VALUES ($1, $2)`, runID, BindingDigest(in)); err != nil {
 			return err
 		}
 		_, err = tx.Exec(ctx, `SELECT pg_notify($1, $2)`, RunsChannel, runID)
@@ -193,7 +195,8 @@ ON CONFLICT (run_id) DO NOTHING`,
 const runColumns = `r.run_id, r.state, c.phase, c.attempt, coalesce(c.lease_owner, ''), c.lease_expires_at,
 	r.input, r.result, coalesce(r.failure_code, ''), coalesce(r.failure_message, ''), r.event_count,
 	coalesce(r.runner_instance_id, ''), r.runner_process, r.provider_process,
-	r.created_at, r.updated_at, r.started_at, r.ended_at, r.submit_seq`
+	r.created_at, r.updated_at, r.started_at, r.ended_at, r.submit_seq,
+	r.result_metadata -> 'nativeCancellation', r.recovery`
 
 func scanRun(row pgx.Row) (*executorv1.Run, int64, error) {
 	var (
@@ -203,12 +206,19 @@ func scanRun(row pgx.Row) (*executorv1.Run, int64, error) {
 		createdAt, updatedAt                   time.Time
 		input, result, runnerProc, providerPrc []byte
 		seq                                    int64
+		cancel, recovery                       []byte
 	)
 	err := row.Scan(&run.RunId, &state, &run.Phase, &run.Attempt, &run.LeaseOwner, &leaseExp,
 		&input, &result, &failCode, &failMsg, &run.EventCount,
 		&run.RunnerInstanceId, &runnerProc, &providerPrc,
-		&createdAt, &updatedAt, &startedAt, &endedAt, &seq)
+		&createdAt, &updatedAt, &startedAt, &endedAt, &seq, &cancel, &recovery)
 	if err != nil {
+		return nil, 0, err
+	}
+	if run.Cancellation, err = decodeCancellation(cancel); err != nil {
+		return nil, 0, err
+	}
+	if run.Recovery, err = decodeRecovery(recovery); err != nil {
 		return nil, 0, err
 	}
 	run.State = stateToProto(state)
@@ -346,24 +356,39 @@ type Claim struct {
 	Fence
 	Input          *prpv1.ExecutionInput
 	LeaseExpiresAt time.Time
+	// TurnGeneration counts recorded retries: a takeover keeps it (the same
+	// provider turn is resumed, never started twice), a retry bumps it.
+	TurnGeneration uint64
+}
+
+// Controller identifies the process holding a lease, so a successor on the
+// same host can prove it dead (no such pid, or another start time).
+type Controller struct {
+	BootID     string
+	PID        int
+	StartTicks uint64
 }
 
 // ClaimNext claims the oldest due run in one statement: a queued run, a
 // retryable failure whose next attempt is due, or an observed run whose lease
 // expired. Runs of one session scope are claimed in submission order, one at
-// a time. The claim increments attempt and sets the lease from the database
-// clock. It returns nil when nothing is due.
-func (s *Store) ClaimNext(ctx context.Context, owner string, ttl time.Duration) (*Claim, error) {
+// a time. Runs the claim must refuse (E7: a durable result, a pending or
+// acknowledged cancellation) are never candidates. The claim increments
+// attempt, sets the lease from the database clock and records the
+// controller process. It returns nil when nothing is due.
+func (s *Store) ClaimNext(ctx context.Context, owner string, ttl time.Duration, ctl Controller) (*Claim, error) {
 	row := s.pool.QueryRow(ctx, `
 WITH claimed AS (
   UPDATE executor.coordinators c
      SET attempt = c.attempt + 1, lease_owner = $1, lease_expires_at = now() + $2 * interval '1 microsecond',
-         phase = 'observed'
+         phase = 'observed', controller_boot_id = $3, controller_pid = $4, controller_start_ticks = $5
    WHERE c.run_id = (
      SELECT c2.run_id
        FROM executor.coordinators c2 JOIN executor.runs r2 ON r2.run_id = c2.run_id
       WHERE ((c2.phase IN ('queued', 'retryable_failure') AND c2.next_attempt_at <= now())
              OR (c2.phase = 'observed' AND c2.lease_expires_at < now()))
+        AND c2.result_id IS NULL
+        AND NOT `+cancellationHeld("r2")+`
         AND NOT EXISTS (
              SELECT 1 FROM executor.runs r3 JOIN executor.coordinators c3 ON c3.run_id = r3.run_id
               WHERE r3.session_scope = r2.session_scope AND r3.submit_seq < r2.submit_seq
@@ -371,18 +396,19 @@ WITH claimed AS (
       ORDER BY r2.submit_seq
       LIMIT 1
       FOR UPDATE OF c2 SKIP LOCKED)
-  RETURNING c.run_id, c.attempt, c.lease_expires_at
+  RETURNING c.run_id, c.attempt, c.lease_expires_at, c.turn_generation
 )
 UPDATE executor.runs r
    SET state = 'running', started_at = coalesce(r.started_at, now()), updated_at = now()
   FROM claimed
  WHERE r.run_id = claimed.run_id
-RETURNING claimed.run_id, claimed.attempt, claimed.lease_expires_at, r.input`, owner, ttl.Microseconds())
+RETURNING claimed.run_id, claimed.attempt, claimed.lease_expires_at, claimed.turn_generation, r.input`,
+		owner, ttl.Microseconds(), ctl.BootID, ctl.PID, int64(ctl.StartTicks))
 	var (
 		c   Claim
 		raw []byte
 	)
-	err := row.Scan(&c.RunID, &c.Attempt, &c.LeaseExpiresAt, &raw)
+	err := row.Scan(&c.RunID, &c.Attempt, &c.LeaseExpiresAt, &c.TurnGeneration, &raw)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil
 	}
@@ -395,6 +421,12 @@ RETURNING claimed.run_id, claimed.attempt, claimed.lease_expires_at, r.input`, o
 		return nil, err
 	}
 	return &c, nil
+}
+
+// cancellationHeld is the SQL condition "the run holds a pending or
+// acknowledged durable cancellation".
+func cancellationHeld(alias string) string {
+	return `coalesce(` + alias + `.result_metadata -> 'nativeCancellation' ->> 'dispatchState' IN ('pending', 'acknowledged'), false)`
 }
 
 // Lease names one held lease for RenewLeases.

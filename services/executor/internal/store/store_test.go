@@ -108,15 +108,15 @@ func TestE7_ClaimIsFencedAndSessionOrdered(t *testing.T) {
 	_, _, err := s.SubmitRun(ctx, "b1", input("sess-b", "other session"))
 	require.NoError(t, err)
 
-	c1, err := s.ClaimNext(ctx, "owner-1", time.Minute)
+	c1, err := s.ClaimNext(ctx, "owner-1", time.Minute, store.Controller{})
 	require.NoError(t, err)
 	require.Equal(t, "a1", c1.RunID)
 	require.EqualValues(t, 1, c1.Attempt)
 	// a2 waits behind a1 in the same session; b1 is free.
-	c2, err := s.ClaimNext(ctx, "owner-2", time.Minute)
+	c2, err := s.ClaimNext(ctx, "owner-2", time.Minute, store.Controller{})
 	require.NoError(t, err)
 	require.Equal(t, "b1", c2.RunID)
-	none, err := s.ClaimNext(ctx, "owner-2", time.Minute)
+	none, err := s.ClaimNext(ctx, "owner-2", time.Minute, store.Controller{})
 	require.NoError(t, err)
 	require.Nil(t, none)
 
@@ -134,10 +134,10 @@ func TestE7_ExpiredLeaseIsTakenOverAndStaleWritesChangeNothing(t *testing.T) {
 	ctx := context.Background()
 	_, _, err := s.SubmitRun(ctx, "r", input("s", "x"))
 	require.NoError(t, err)
-	old, err := s.ClaimNext(ctx, "old", time.Millisecond)
+	old, err := s.ClaimNext(ctx, "old", time.Millisecond, store.Controller{})
 	require.NoError(t, err)
 	time.Sleep(5 * time.Millisecond) // let the 1 ms lease expire in the database clock
-	taken, err := s.ClaimNext(ctx, "new", time.Minute)
+	taken, err := s.ClaimNext(ctx, "new", time.Minute, store.Controller{})
 	require.NoError(t, err)
 	require.Equal(t, "r", taken.RunID)
 	require.EqualValues(t, 2, taken.Attempt)
@@ -158,7 +158,7 @@ func TestG4_AppendEventsDedupesAndRefusesConflicts(t *testing.T) {
 	ctx := context.Background()
 	_, _, err := s.SubmitRun(ctx, "r", input("s", "x"))
 	require.NoError(t, err)
-	c, err := s.ClaimNext(ctx, "o", time.Minute)
+	c, err := s.ClaimNext(ctx, "o", time.Minute, store.Controller{})
 	require.NoError(t, err)
 	batch := []*prpv1.Event{
 		event("r", "runner-1", 1, "turn.started", map[string]any{"n": 1}),
@@ -198,7 +198,7 @@ func TestTerminalEventRecordsTheOutcome(t *testing.T) {
 	ctx := context.Background()
 	_, _, err := s.SubmitRun(ctx, "r", input("s", "x"))
 	require.NoError(t, err)
-	c, err := s.ClaimNext(ctx, "o", time.Minute)
+	c, err := s.ClaimNext(ctx, "o", time.Minute, store.Controller{})
 	require.NoError(t, err)
 	res, err := s.AppendEvents(ctx, c.Fence, []*prpv1.Event{event("r", "runner-1", 1, "run.terminal", map[string]any{
 		"turnTerminalState": "completed", "runTerminalState": "succeeded", "finalMessage": "ECHO: x",
@@ -214,7 +214,7 @@ func TestTerminalEventRecordsTheOutcome(t *testing.T) {
 	require.EqualValues(t, 10, run.GetResult().GetUsage().GetInputTokens())
 	require.NotNil(t, run.GetEndedAt())
 	// A completed run is never claimed again.
-	again, err := s.ClaimNext(ctx, "o2", time.Minute)
+	again, err := s.ClaimNext(ctx, "o2", time.Minute, store.Controller{})
 	require.NoError(t, err)
 	require.Nil(t, again)
 }
@@ -224,7 +224,7 @@ func TestFailRunAppendsOneControlPlaneTerminal(t *testing.T) {
 	ctx := context.Background()
 	_, _, err := s.SubmitRun(ctx, "r", input("s", "x"))
 	require.NoError(t, err)
-	c, err := s.ClaimNext(ctx, "o", time.Minute)
+	c, err := s.ClaimNext(ctx, "o", time.Minute, store.Controller{})
 	require.NoError(t, err)
 	require.NoError(t, s.FailRun(ctx, c.Fence, "runner_local_connect_failed", "no runner"))
 	run, err := s.GetRun(ctx, "r")

@@ -67,14 +67,22 @@ func (h *Hub) notifyAll() {
 	}
 }
 
-// Listen holds a dedicated connection LISTENing on the events and runs
-// channels until ctx ends, reconnecting with backoff. onRunsDue is called for
-// each submitted run. After a reconnect every subscriber is signalled, since
-// notifications may have been missed.
-func (h *Hub) Listen(ctx context.Context, pool *pgxpool.Pool, onRunsDue func(), log *slog.Logger) {
+// Handlers receive notifications other than new events.
+type Handlers struct {
+	// RunsDue is called when a run was submitted.
+	RunsDue func()
+	// Cancel is called with a run id whose cancellation awaits dispatch.
+	Cancel func(runID string)
+}
+
+// Listen holds a dedicated connection LISTENing on the events, runs and
+// cancel channels until ctx ends, reconnecting with backoff. After a
+// reconnect every subscriber is signalled, since notifications may have been
+// missed.
+func (h *Hub) Listen(ctx context.Context, pool *pgxpool.Pool, hs Handlers, log *slog.Logger) {
 	backoff := 100 * time.Millisecond
 	for ctx.Err() == nil {
-		err := h.listenOnce(ctx, pool, onRunsDue)
+		err := h.listenOnce(ctx, pool, hs)
 		if ctx.Err() != nil {
 			return
 		}
@@ -89,13 +97,13 @@ func (h *Hub) Listen(ctx context.Context, pool *pgxpool.Pool, onRunsDue func(), 
 	}
 }
 
-func (h *Hub) listenOnce(ctx context.Context, pool *pgxpool.Pool, onRunsDue func()) error {
+func (h *Hub) listenOnce(ctx context.Context, pool *pgxpool.Pool, hs Handlers) error {
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		return err
 	}
 	defer conn.Release()
-	for _, ch := range []string{store.EventsChannel, store.RunsChannel} {
+	for _, ch := range []string{store.EventsChannel, store.RunsChannel, store.CancelChannel} {
 		if _, err := conn.Exec(ctx, "LISTEN "+ch); err != nil {
 			return err
 		}
@@ -116,8 +124,12 @@ func (h *Hub) listenOnce(ctx context.Context, pool *pgxpool.Pool, onRunsDue func
 		case store.EventsChannel:
 			h.Notify(n.Payload)
 		case store.RunsChannel:
-			if onRunsDue != nil {
-				onRunsDue()
+			if hs.RunsDue != nil {
+				hs.RunsDue()
+			}
+		case store.CancelChannel:
+			if hs.Cancel != nil {
+				hs.Cancel(n.Payload)
 			}
 		}
 	}

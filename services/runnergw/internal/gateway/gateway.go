@@ -226,6 +226,12 @@ func (g *Gateway) Attach(stream gatewayv1.RunnerGateway_AttachServer) error {
 	default:
 		return failure.New(codes.FailedPrecondition, "runner_remote_transport_capability_missing:dial_wss", "this gateway only launches local runners")
 	}
+	if kind := open.GetInput().GetProvider().GetKind(); kind != "codex" {
+		// OpenCode and ACPX need a build-owned provider pack this build
+		// cannot stage yet.
+		return failure.New(codes.FailedPrecondition, "runner_remote_provider_artifact_incompatible",
+			"configure TETHER_PROVIDER_PACK_PATH to launch provider %q; this gateway launches codex only", kind)
+	}
 	runID, attempt := open.GetRunId(), open.GetFence().GetAttempt()
 	if err := g.fence(runID, attempt); err != nil {
 		return err

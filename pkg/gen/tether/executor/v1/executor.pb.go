@@ -11,6 +11,7 @@ import (
 	v1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	durationpb "google.golang.org/protobuf/types/known/durationpb"
 	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
@@ -81,6 +82,62 @@ func (x RunState) Number() protoreflect.EnumNumber {
 // Deprecated: Use RunState.Descriptor instead.
 func (RunState) EnumDescriptor() ([]byte, []int) {
 	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{0}
+}
+
+// CancellationScope says what a cancellation releases.
+type CancellationScope int32
+
+const (
+	CancellationScope_CANCELLATION_SCOPE_UNSPECIFIED CancellationScope = 0
+	// Interrupt the provider turn and release the run's resources.
+	CancellationScope_CANCELLATION_SCOPE_RUN CancellationScope = 1
+	// Interrupt the active provider turn only.
+	CancellationScope_CANCELLATION_SCOPE_TURN CancellationScope = 2
+	// Cancel on behalf of the run's issue.
+	CancellationScope_CANCELLATION_SCOPE_ISSUE CancellationScope = 3
+)
+
+// Enum value maps for CancellationScope.
+var (
+	CancellationScope_name = map[int32]string{
+		0: "CANCELLATION_SCOPE_UNSPECIFIED",
+		1: "CANCELLATION_SCOPE_RUN",
+		2: "CANCELLATION_SCOPE_TURN",
+		3: "CANCELLATION_SCOPE_ISSUE",
+	}
+	CancellationScope_value = map[string]int32{
+		"CANCELLATION_SCOPE_UNSPECIFIED": 0,
+		"CANCELLATION_SCOPE_RUN":         1,
+		"CANCELLATION_SCOPE_TURN":        2,
+		"CANCELLATION_SCOPE_ISSUE":       3,
+	}
+)
+
+func (x CancellationScope) Enum() *CancellationScope {
+	p := new(CancellationScope)
+	*p = x
+	return p
+}
+
+func (x CancellationScope) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (CancellationScope) Descriptor() protoreflect.EnumDescriptor {
+	return file_tether_executor_v1_executor_proto_enumTypes[1].Descriptor()
+}
+
+func (CancellationScope) Type() protoreflect.EnumType {
+	return &file_tether_executor_v1_executor_proto_enumTypes[1]
+}
+
+func (x CancellationScope) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use CancellationScope.Descriptor instead.
+func (CancellationScope) EnumDescriptor() ([]byte, []int) {
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{1}
 }
 
 // SubmitRunRequest submits one run.
@@ -415,8 +472,12 @@ type Run struct {
 	UpdatedAt        *timestamppb.Timestamp `protobuf:"bytes,15,opt,name=updated_at,json=updatedAt,proto3" json:"updated_at,omitempty"`
 	StartedAt        *timestamppb.Timestamp `protobuf:"bytes,16,opt,name=started_at,json=startedAt,proto3" json:"started_at,omitempty"`
 	EndedAt          *timestamppb.Timestamp `protobuf:"bytes,17,opt,name=ended_at,json=endedAt,proto3" json:"ended_at,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// The durable cancellation record, when the run was cancelled.
+	Cancellation *Cancellation `protobuf:"bytes,18,opt,name=cancellation,proto3" json:"cancellation,omitempty"`
+	// The recovery projection of the last failure, when the run failed.
+	Recovery      *Recovery `protobuf:"bytes,19,opt,name=recovery,proto3" json:"recovery,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Run) Reset() {
@@ -568,6 +629,409 @@ func (x *Run) GetEndedAt() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *Run) GetCancellation() *Cancellation {
+	if x != nil {
+		return x.Cancellation
+	}
+	return nil
+}
+
+func (x *Run) GetRecovery() *Recovery {
+	if x != nil {
+		return x.Recovery
+	}
+	return nil
+}
+
+// Cancellation is the durable cancellation record (schema
+// tether.native-cancellation.v1).
+type Cancellation struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Schema        string                 `protobuf:"bytes,1,opt,name=schema,proto3" json:"schema,omitempty"`
+	IntentId      string                 `protobuf:"bytes,2,opt,name=intent_id,json=intentId,proto3" json:"intent_id,omitempty"`
+	IntentAuditId string                 `protobuf:"bytes,3,opt,name=intent_audit_id,json=intentAuditId,proto3" json:"intent_audit_id,omitempty"`
+	CompanyId     string                 `protobuf:"bytes,4,opt,name=company_id,json=companyId,proto3" json:"company_id,omitempty"`
+	RunId         string                 `protobuf:"bytes,5,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	IssueId       string                 `protobuf:"bytes,6,opt,name=issue_id,json=issueId,proto3" json:"issue_id,omitempty"`
+	// run | turn | issue
+	Scope      string   `protobuf:"bytes,7,opt,name=scope,proto3" json:"scope,omitempty"`
+	ReasonCode string   `protobuf:"bytes,8,opt,name=reason_code,json=reasonCode,proto3" json:"reason_code,omitempty"`
+	Effects    []string `protobuf:"bytes,9,rep,name=effects,proto3" json:"effects,omitempty"`
+	// pending | acknowledged
+	DispatchState string `protobuf:"bytes,10,opt,name=dispatch_state,json=dispatchState,proto3" json:"dispatch_state,omitempty"`
+	// True once the provider was told to stop.
+	Dispatched             bool   `protobuf:"varint,11,opt,name=dispatched,proto3" json:"dispatched,omitempty"`
+	DecisionId             string `protobuf:"bytes,12,opt,name=decision_id,json=decisionId,proto3" json:"decision_id,omitempty"`
+	AcknowledgementAuditId string `protobuf:"bytes,13,opt,name=acknowledgement_audit_id,json=acknowledgementAuditId,proto3" json:"acknowledgement_audit_id,omitempty"`
+	Reason                 string `protobuf:"bytes,14,opt,name=reason,proto3" json:"reason,omitempty"`
+	RequestId              string `protobuf:"bytes,15,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	unknownFields          protoimpl.UnknownFields
+	sizeCache              protoimpl.SizeCache
+}
+
+func (x *Cancellation) Reset() {
+	*x = Cancellation{}
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Cancellation) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Cancellation) ProtoMessage() {}
+
+func (x *Cancellation) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Cancellation.ProtoReflect.Descriptor instead.
+func (*Cancellation) Descriptor() ([]byte, []int) {
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *Cancellation) GetSchema() string {
+	if x != nil {
+		return x.Schema
+	}
+	return ""
+}
+
+func (x *Cancellation) GetIntentId() string {
+	if x != nil {
+		return x.IntentId
+	}
+	return ""
+}
+
+func (x *Cancellation) GetIntentAuditId() string {
+	if x != nil {
+		return x.IntentAuditId
+	}
+	return ""
+}
+
+func (x *Cancellation) GetCompanyId() string {
+	if x != nil {
+		return x.CompanyId
+	}
+	return ""
+}
+
+func (x *Cancellation) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+func (x *Cancellation) GetIssueId() string {
+	if x != nil {
+		return x.IssueId
+	}
+	return ""
+}
+
+func (x *Cancellation) GetScope() string {
+	if x != nil {
+		return x.Scope
+	}
+	return ""
+}
+
+func (x *Cancellation) GetReasonCode() string {
+	if x != nil {
+		return x.ReasonCode
+	}
+	return ""
+}
+
+func (x *Cancellation) GetEffects() []string {
+	if x != nil {
+		return x.Effects
+	}
+	return nil
+}
+
+func (x *Cancellation) GetDispatchState() string {
+	if x != nil {
+		return x.DispatchState
+	}
+	return ""
+}
+
+func (x *Cancellation) GetDispatched() bool {
+	if x != nil {
+		return x.Dispatched
+	}
+	return false
+}
+
+func (x *Cancellation) GetDecisionId() string {
+	if x != nil {
+		return x.DecisionId
+	}
+	return ""
+}
+
+func (x *Cancellation) GetAcknowledgementAuditId() string {
+	if x != nil {
+		return x.AcknowledgementAuditId
+	}
+	return ""
+}
+
+func (x *Cancellation) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *Cancellation) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+// Recovery is the projection of a failed attempt: who owns recovery.
+type Recovery struct {
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Exhausted   bool                   `protobuf:"varint,1,opt,name=exhausted,proto3" json:"exhausted,omitempty"`
+	IssueStatus string                 `protobuf:"bytes,2,opt,name=issue_status,json=issueStatus,proto3" json:"issue_status,omitempty"`
+	// agent | board
+	RecoveryOwnerKind         string                 `protobuf:"bytes,3,opt,name=recovery_owner_kind,json=recoveryOwnerKind,proto3" json:"recovery_owner_kind,omitempty"`
+	RecoveryOwnerAgentId      string                 `protobuf:"bytes,4,opt,name=recovery_owner_agent_id,json=recoveryOwnerAgentId,proto3" json:"recovery_owner_agent_id,omitempty"`
+	RecoveryActionCause       string                 `protobuf:"bytes,5,opt,name=recovery_action_cause,json=recoveryActionCause,proto3" json:"recovery_action_cause,omitempty"`
+	SupersedeOnIdentityChange bool                   `protobuf:"varint,6,opt,name=supersede_on_identity_change,json=supersedeOnIdentityChange,proto3" json:"supersede_on_identity_change,omitempty"`
+	NextAttemptAt             *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=next_attempt_at,json=nextAttemptAt,proto3" json:"next_attempt_at,omitempty"`
+	unknownFields             protoimpl.UnknownFields
+	sizeCache                 protoimpl.SizeCache
+}
+
+func (x *Recovery) Reset() {
+	*x = Recovery{}
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Recovery) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Recovery) ProtoMessage() {}
+
+func (x *Recovery) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Recovery.ProtoReflect.Descriptor instead.
+func (*Recovery) Descriptor() ([]byte, []int) {
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *Recovery) GetExhausted() bool {
+	if x != nil {
+		return x.Exhausted
+	}
+	return false
+}
+
+func (x *Recovery) GetIssueStatus() string {
+	if x != nil {
+		return x.IssueStatus
+	}
+	return ""
+}
+
+func (x *Recovery) GetRecoveryOwnerKind() string {
+	if x != nil {
+		return x.RecoveryOwnerKind
+	}
+	return ""
+}
+
+func (x *Recovery) GetRecoveryOwnerAgentId() string {
+	if x != nil {
+		return x.RecoveryOwnerAgentId
+	}
+	return ""
+}
+
+func (x *Recovery) GetRecoveryActionCause() string {
+	if x != nil {
+		return x.RecoveryActionCause
+	}
+	return ""
+}
+
+func (x *Recovery) GetSupersedeOnIdentityChange() bool {
+	if x != nil {
+		return x.SupersedeOnIdentityChange
+	}
+	return false
+}
+
+func (x *Recovery) GetNextAttemptAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.NextAttemptAt
+	}
+	return nil
+}
+
+// CancelRunRequest asks to cancel a run.
+type CancelRunRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	RunId string                 `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	Scope CancellationScope      `protobuf:"varint,2,opt,name=scope,proto3,enum=tether.executor.v1.CancellationScope" json:"scope,omitempty"`
+	// Human reason, kept in the audit trail.
+	Reason string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	// Caller's idempotency key (optional).
+	RequestId string `protobuf:"bytes,4,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// How long to wait for the runner's acknowledgement (default 5s, max 60s).
+	WaitTimeout   *durationpb.Duration `protobuf:"bytes,5,opt,name=wait_timeout,json=waitTimeout,proto3" json:"wait_timeout,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CancelRunRequest) Reset() {
+	*x = CancelRunRequest{}
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CancelRunRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CancelRunRequest) ProtoMessage() {}
+
+func (x *CancelRunRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CancelRunRequest.ProtoReflect.Descriptor instead.
+func (*CancelRunRequest) Descriptor() ([]byte, []int) {
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *CancelRunRequest) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+func (x *CancelRunRequest) GetScope() CancellationScope {
+	if x != nil {
+		return x.Scope
+	}
+	return CancellationScope_CANCELLATION_SCOPE_UNSPECIFIED
+}
+
+func (x *CancelRunRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *CancelRunRequest) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+func (x *CancelRunRequest) GetWaitTimeout() *durationpb.Duration {
+	if x != nil {
+		return x.WaitTimeout
+	}
+	return nil
+}
+
+// CancelRunResponse reports the cancellation.
+type CancelRunResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// False when the run had already ended: nothing to cancel.
+	Active        bool          `protobuf:"varint,1,opt,name=active,proto3" json:"active,omitempty"`
+	Cancellation  *Cancellation `protobuf:"bytes,2,opt,name=cancellation,proto3" json:"cancellation,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CancelRunResponse) Reset() {
+	*x = CancelRunResponse{}
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CancelRunResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CancelRunResponse) ProtoMessage() {}
+
+func (x *CancelRunResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CancelRunResponse.ProtoReflect.Descriptor instead.
+func (*CancelRunResponse) Descriptor() ([]byte, []int) {
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *CancelRunResponse) GetActive() bool {
+	if x != nil {
+		return x.Active
+	}
+	return false
+}
+
+func (x *CancelRunResponse) GetCancellation() *Cancellation {
+	if x != nil {
+		return x.Cancellation
+	}
+	return nil
+}
+
 // GetRunRequest names a run.
 type GetRunRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -578,7 +1042,7 @@ type GetRunRequest struct {
 
 func (x *GetRunRequest) Reset() {
 	*x = GetRunRequest{}
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[6]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -590,7 +1054,7 @@ func (x *GetRunRequest) String() string {
 func (*GetRunRequest) ProtoMessage() {}
 
 func (x *GetRunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[6]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -603,7 +1067,7 @@ func (x *GetRunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRunRequest.ProtoReflect.Descriptor instead.
 func (*GetRunRequest) Descriptor() ([]byte, []int) {
-	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{6}
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *GetRunRequest) GetRunId() string {
@@ -623,7 +1087,7 @@ type GetRunResponse struct {
 
 func (x *GetRunResponse) Reset() {
 	*x = GetRunResponse{}
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[7]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -635,7 +1099,7 @@ func (x *GetRunResponse) String() string {
 func (*GetRunResponse) ProtoMessage() {}
 
 func (x *GetRunResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[7]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -648,7 +1112,7 @@ func (x *GetRunResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRunResponse.ProtoReflect.Descriptor instead.
 func (*GetRunResponse) Descriptor() ([]byte, []int) {
-	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{7}
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *GetRunResponse) GetRun() *Run {
@@ -674,7 +1138,7 @@ type ListRunsRequest struct {
 
 func (x *ListRunsRequest) Reset() {
 	*x = ListRunsRequest{}
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[8]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -686,7 +1150,7 @@ func (x *ListRunsRequest) String() string {
 func (*ListRunsRequest) ProtoMessage() {}
 
 func (x *ListRunsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[8]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -699,7 +1163,7 @@ func (x *ListRunsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRunsRequest.ProtoReflect.Descriptor instead.
 func (*ListRunsRequest) Descriptor() ([]byte, []int) {
-	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{8}
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ListRunsRequest) GetPageSize() int32 {
@@ -741,7 +1205,7 @@ type ListRunsResponse struct {
 
 func (x *ListRunsResponse) Reset() {
 	*x = ListRunsResponse{}
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[9]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -753,7 +1217,7 @@ func (x *ListRunsResponse) String() string {
 func (*ListRunsResponse) ProtoMessage() {}
 
 func (x *ListRunsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[9]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -766,7 +1230,7 @@ func (x *ListRunsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRunsResponse.ProtoReflect.Descriptor instead.
 func (*ListRunsResponse) Descriptor() ([]byte, []int) {
-	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{9}
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ListRunsResponse) GetRuns() []*Run {
@@ -794,7 +1258,7 @@ type WatchRunRequest struct {
 
 func (x *WatchRunRequest) Reset() {
 	*x = WatchRunRequest{}
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[10]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -806,7 +1270,7 @@ func (x *WatchRunRequest) String() string {
 func (*WatchRunRequest) ProtoMessage() {}
 
 func (x *WatchRunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[10]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -819,7 +1283,7 @@ func (x *WatchRunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRunRequest.ProtoReflect.Descriptor instead.
 func (*WatchRunRequest) Descriptor() ([]byte, []int) {
-	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{10}
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *WatchRunRequest) GetRunId() string {
@@ -847,7 +1311,7 @@ type WatchRunResponse struct {
 
 func (x *WatchRunResponse) Reset() {
 	*x = WatchRunResponse{}
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[11]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -859,7 +1323,7 @@ func (x *WatchRunResponse) String() string {
 func (*WatchRunResponse) ProtoMessage() {}
 
 func (x *WatchRunResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[11]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -872,7 +1336,7 @@ func (x *WatchRunResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRunResponse.ProtoReflect.Descriptor instead.
 func (*WatchRunResponse) Descriptor() ([]byte, []int) {
-	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{11}
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *WatchRunResponse) GetSeq() uint64 {
@@ -893,7 +1357,7 @@ var File_tether_executor_v1_executor_proto protoreflect.FileDescriptor
 
 const file_tether_executor_v1_executor_proto_rawDesc = "" +
 	"\n" +
-	"!tether/executor/v1/executor.proto\x12\x12tether.executor.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x19tether/prp/v1/event.proto\x1a\x1dtether/prp/v1/execution.proto\"\x91\x01\n" +
+	"!tether/executor/v1/executor.proto\x12\x12tether.executor.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x19tether/prp/v1/event.proto\x1a\x1dtether/prp/v1/execution.proto\"\x91\x01\n" +
 	"\x10SubmitRunRequest\x12@\n" +
 	"\x06run_id\x18\x01 \x01(\tB)\xbaH&r$\x10\x01\x18\xa0\x012\x1d^[A-Za-z0-9][A-Za-z0-9._:-]*$R\x05runId\x12;\n" +
 	"\x05input\x18\x02 \x01(\v2\x1d.tether.prp.v1.ExecutionInputB\x06\xbaH\x03\xc8\x01\x01R\x05input\"X\n" +
@@ -913,7 +1377,7 @@ const file_tether_executor_v1_executor_proto_rawDesc = "" +
 	"\x12provider_thread_id\x18\x06 \x01(\tR\x10providerThreadId\"7\n" +
 	"\aFailure\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\tR\x04code\x12\x18\n" +
-	"\amessage\x18\x02 \x01(\tR\amessage\"\xcb\x06\n" +
+	"\amessage\x18\x02 \x01(\tR\amessage\"\xcb\a\n" +
 	"\x03Run\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x122\n" +
 	"\x05state\x18\x02 \x01(\x0e2\x1c.tether.executor.v1.RunStateR\x05state\x12\x14\n" +
@@ -937,7 +1401,51 @@ const file_tether_executor_v1_executor_proto_rawDesc = "" +
 	"updated_at\x18\x0f \x01(\v2\x1a.google.protobuf.TimestampR\tupdatedAt\x129\n" +
 	"\n" +
 	"started_at\x18\x10 \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\x125\n" +
-	"\bended_at\x18\x11 \x01(\v2\x1a.google.protobuf.TimestampR\aendedAt\"/\n" +
+	"\bended_at\x18\x11 \x01(\v2\x1a.google.protobuf.TimestampR\aendedAt\x12D\n" +
+	"\fcancellation\x18\x12 \x01(\v2 .tether.executor.v1.CancellationR\fcancellation\x128\n" +
+	"\brecovery\x18\x13 \x01(\v2\x1c.tether.executor.v1.RecoveryR\brecovery\"\xe6\x03\n" +
+	"\fCancellation\x12\x16\n" +
+	"\x06schema\x18\x01 \x01(\tR\x06schema\x12\x1b\n" +
+	"\tintent_id\x18\x02 \x01(\tR\bintentId\x12&\n" +
+	"\x0fintent_audit_id\x18\x03 \x01(\tR\rintentAuditId\x12\x1d\n" +
+	"\n" +
+	"company_id\x18\x04 \x01(\tR\tcompanyId\x12\x15\n" +
+	"\x06run_id\x18\x05 \x01(\tR\x05runId\x12\x19\n" +
+	"\bissue_id\x18\x06 \x01(\tR\aissueId\x12\x14\n" +
+	"\x05scope\x18\a \x01(\tR\x05scope\x12\x1f\n" +
+	"\vreason_code\x18\b \x01(\tR\n" +
+	"reasonCode\x12\x18\n" +
+	"\aeffects\x18\t \x03(\tR\aeffects\x12%\n" +
+	"\x0edispatch_state\x18\n" +
+	" \x01(\tR\rdispatchState\x12\x1e\n" +
+	"\n" +
+	"dispatched\x18\v \x01(\bR\n" +
+	"dispatched\x12\x1f\n" +
+	"\vdecision_id\x18\f \x01(\tR\n" +
+	"decisionId\x128\n" +
+	"\x18acknowledgement_audit_id\x18\r \x01(\tR\x16acknowledgementAuditId\x12\x16\n" +
+	"\x06reason\x18\x0e \x01(\tR\x06reason\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x0f \x01(\tR\trequestId\"\xeb\x02\n" +
+	"\bRecovery\x12\x1c\n" +
+	"\texhausted\x18\x01 \x01(\bR\texhausted\x12!\n" +
+	"\fissue_status\x18\x02 \x01(\tR\vissueStatus\x12.\n" +
+	"\x13recovery_owner_kind\x18\x03 \x01(\tR\x11recoveryOwnerKind\x125\n" +
+	"\x17recovery_owner_agent_id\x18\x04 \x01(\tR\x14recoveryOwnerAgentId\x122\n" +
+	"\x15recovery_action_cause\x18\x05 \x01(\tR\x13recoveryActionCause\x12?\n" +
+	"\x1csupersede_on_identity_change\x18\x06 \x01(\bR\x19supersedeOnIdentityChange\x12B\n" +
+	"\x0fnext_attempt_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\rnextAttemptAt\"\x92\x02\n" +
+	"\x10CancelRunRequest\x12\x1e\n" +
+	"\x06run_id\x18\x01 \x01(\tB\a\xbaH\x04r\x02\x10\x01R\x05runId\x12G\n" +
+	"\x05scope\x18\x02 \x01(\x0e2%.tether.executor.v1.CancellationScopeB\n" +
+	"\xbaH\a\x82\x01\x04\x10\x01 \x00R\x05scope\x12 \n" +
+	"\x06reason\x18\x03 \x01(\tB\b\xbaH\x05r\x03\x18\xd0\x0fR\x06reason\x12'\n" +
+	"\n" +
+	"request_id\x18\x04 \x01(\tB\b\xbaH\x05r\x03\x18\xa0\x01R\trequestId\x12J\n" +
+	"\fwait_timeout\x18\x05 \x01(\v2\x19.google.protobuf.DurationB\f\xbaH\t\xaa\x01\x06\"\x02\b<2\x00R\vwaitTimeout\"q\n" +
+	"\x11CancelRunResponse\x12\x16\n" +
+	"\x06active\x18\x01 \x01(\bR\x06active\x12D\n" +
+	"\fcancellation\x18\x02 \x01(\v2 .tether.executor.v1.CancellationR\fcancellation\"/\n" +
 	"\rGetRunRequest\x12\x1e\n" +
 	"\x06run_id\x18\x01 \x01(\tB\a\xbaH\x04r\x02\x10\x01R\x05runId\";\n" +
 	"\x0eGetRunResponse\x12)\n" +
@@ -964,12 +1472,18 @@ const file_tether_executor_v1_executor_proto_rawDesc = "" +
 	"\x11RUN_STATE_RUNNING\x10\x02\x12\x17\n" +
 	"\x13RUN_STATE_SUCCEEDED\x10\x03\x12\x14\n" +
 	"\x10RUN_STATE_FAILED\x10\x04\x12\x17\n" +
-	"\x13RUN_STATE_CANCELLED\x10\x052\xec\x02\n" +
+	"\x13RUN_STATE_CANCELLED\x10\x05*\x8e\x01\n" +
+	"\x11CancellationScope\x12\"\n" +
+	"\x1eCANCELLATION_SCOPE_UNSPECIFIED\x10\x00\x12\x1a\n" +
+	"\x16CANCELLATION_SCOPE_RUN\x10\x01\x12\x1b\n" +
+	"\x17CANCELLATION_SCOPE_TURN\x10\x02\x12\x1c\n" +
+	"\x18CANCELLATION_SCOPE_ISSUE\x10\x032\xc6\x03\n" +
 	"\x0fExecutorService\x12X\n" +
 	"\tSubmitRun\x12$.tether.executor.v1.SubmitRunRequest\x1a%.tether.executor.v1.SubmitRunResponse\x12O\n" +
 	"\x06GetRun\x12!.tether.executor.v1.GetRunRequest\x1a\".tether.executor.v1.GetRunResponse\x12U\n" +
 	"\bListRuns\x12#.tether.executor.v1.ListRunsRequest\x1a$.tether.executor.v1.ListRunsResponse\x12W\n" +
-	"\bWatchRun\x12#.tether.executor.v1.WatchRunRequest\x1a$.tether.executor.v1.WatchRunResponse0\x01B\xd5\x01\n" +
+	"\bWatchRun\x12#.tether.executor.v1.WatchRunRequest\x1a$.tether.executor.v1.WatchRunResponse0\x01\x12X\n" +
+	"\tCancelRun\x12$.tether.executor.v1.CancelRunRequest\x1a%.tether.executor.v1.CancelRunResponseB\xd5\x01\n" +
 	"\x16com.tether.executor.v1B\rExecutorProtoP\x01ZBgithub.com/tether-run/tether/pkg/gen/tether/executor/v1;executorv1\xa2\x02\x03TEX\xaa\x02\x12Tether.Executor.V1\xca\x02\x12Tether\\Executor\\V1\xe2\x02\x1eTether\\Executor\\V1\\GPBMetadata\xea\x02\x14Tether::Executor::V1b\x06proto3"
 
 var (
@@ -984,59 +1498,73 @@ func file_tether_executor_v1_executor_proto_rawDescGZIP() []byte {
 	return file_tether_executor_v1_executor_proto_rawDescData
 }
 
-var file_tether_executor_v1_executor_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_tether_executor_v1_executor_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
+var file_tether_executor_v1_executor_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
+var file_tether_executor_v1_executor_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
 var file_tether_executor_v1_executor_proto_goTypes = []any{
 	(RunState)(0),                 // 0: tether.executor.v1.RunState
-	(*SubmitRunRequest)(nil),      // 1: tether.executor.v1.SubmitRunRequest
-	(*SubmitRunResponse)(nil),     // 2: tether.executor.v1.SubmitRunResponse
-	(*Usage)(nil),                 // 3: tether.executor.v1.Usage
-	(*RunResult)(nil),             // 4: tether.executor.v1.RunResult
-	(*Failure)(nil),               // 5: tether.executor.v1.Failure
-	(*Run)(nil),                   // 6: tether.executor.v1.Run
-	(*GetRunRequest)(nil),         // 7: tether.executor.v1.GetRunRequest
-	(*GetRunResponse)(nil),        // 8: tether.executor.v1.GetRunResponse
-	(*ListRunsRequest)(nil),       // 9: tether.executor.v1.ListRunsRequest
-	(*ListRunsResponse)(nil),      // 10: tether.executor.v1.ListRunsResponse
-	(*WatchRunRequest)(nil),       // 11: tether.executor.v1.WatchRunRequest
-	(*WatchRunResponse)(nil),      // 12: tether.executor.v1.WatchRunResponse
-	(*v1.ExecutionInput)(nil),     // 13: tether.prp.v1.ExecutionInput
-	(*timestamppb.Timestamp)(nil), // 14: google.protobuf.Timestamp
-	(*v1.ProcessInfo)(nil),        // 15: tether.prp.v1.ProcessInfo
-	(*v1.Event)(nil),              // 16: tether.prp.v1.Event
+	(CancellationScope)(0),        // 1: tether.executor.v1.CancellationScope
+	(*SubmitRunRequest)(nil),      // 2: tether.executor.v1.SubmitRunRequest
+	(*SubmitRunResponse)(nil),     // 3: tether.executor.v1.SubmitRunResponse
+	(*Usage)(nil),                 // 4: tether.executor.v1.Usage
+	(*RunResult)(nil),             // 5: tether.executor.v1.RunResult
+	(*Failure)(nil),               // 6: tether.executor.v1.Failure
+	(*Run)(nil),                   // 7: tether.executor.v1.Run
+	(*Cancellation)(nil),          // 8: tether.executor.v1.Cancellation
+	(*Recovery)(nil),              // 9: tether.executor.v1.Recovery
+	(*CancelRunRequest)(nil),      // 10: tether.executor.v1.CancelRunRequest
+	(*CancelRunResponse)(nil),     // 11: tether.executor.v1.CancelRunResponse
+	(*GetRunRequest)(nil),         // 12: tether.executor.v1.GetRunRequest
+	(*GetRunResponse)(nil),        // 13: tether.executor.v1.GetRunResponse
+	(*ListRunsRequest)(nil),       // 14: tether.executor.v1.ListRunsRequest
+	(*ListRunsResponse)(nil),      // 15: tether.executor.v1.ListRunsResponse
+	(*WatchRunRequest)(nil),       // 16: tether.executor.v1.WatchRunRequest
+	(*WatchRunResponse)(nil),      // 17: tether.executor.v1.WatchRunResponse
+	(*v1.ExecutionInput)(nil),     // 18: tether.prp.v1.ExecutionInput
+	(*timestamppb.Timestamp)(nil), // 19: google.protobuf.Timestamp
+	(*v1.ProcessInfo)(nil),        // 20: tether.prp.v1.ProcessInfo
+	(*durationpb.Duration)(nil),   // 21: google.protobuf.Duration
+	(*v1.Event)(nil),              // 22: tether.prp.v1.Event
 }
 var file_tether_executor_v1_executor_proto_depIdxs = []int32{
-	13, // 0: tether.executor.v1.SubmitRunRequest.input:type_name -> tether.prp.v1.ExecutionInput
-	6,  // 1: tether.executor.v1.SubmitRunResponse.run:type_name -> tether.executor.v1.Run
-	3,  // 2: tether.executor.v1.RunResult.usage:type_name -> tether.executor.v1.Usage
+	18, // 0: tether.executor.v1.SubmitRunRequest.input:type_name -> tether.prp.v1.ExecutionInput
+	7,  // 1: tether.executor.v1.SubmitRunResponse.run:type_name -> tether.executor.v1.Run
+	4,  // 2: tether.executor.v1.RunResult.usage:type_name -> tether.executor.v1.Usage
 	0,  // 3: tether.executor.v1.Run.state:type_name -> tether.executor.v1.RunState
-	14, // 4: tether.executor.v1.Run.lease_expires_at:type_name -> google.protobuf.Timestamp
-	13, // 5: tether.executor.v1.Run.input:type_name -> tether.prp.v1.ExecutionInput
-	4,  // 6: tether.executor.v1.Run.result:type_name -> tether.executor.v1.RunResult
-	5,  // 7: tether.executor.v1.Run.failure:type_name -> tether.executor.v1.Failure
-	15, // 8: tether.executor.v1.Run.runner_process:type_name -> tether.prp.v1.ProcessInfo
-	15, // 9: tether.executor.v1.Run.provider_process:type_name -> tether.prp.v1.ProcessInfo
-	14, // 10: tether.executor.v1.Run.created_at:type_name -> google.protobuf.Timestamp
-	14, // 11: tether.executor.v1.Run.updated_at:type_name -> google.protobuf.Timestamp
-	14, // 12: tether.executor.v1.Run.started_at:type_name -> google.protobuf.Timestamp
-	14, // 13: tether.executor.v1.Run.ended_at:type_name -> google.protobuf.Timestamp
-	6,  // 14: tether.executor.v1.GetRunResponse.run:type_name -> tether.executor.v1.Run
-	0,  // 15: tether.executor.v1.ListRunsRequest.state:type_name -> tether.executor.v1.RunState
-	6,  // 16: tether.executor.v1.ListRunsResponse.runs:type_name -> tether.executor.v1.Run
-	16, // 17: tether.executor.v1.WatchRunResponse.event:type_name -> tether.prp.v1.Event
-	1,  // 18: tether.executor.v1.ExecutorService.SubmitRun:input_type -> tether.executor.v1.SubmitRunRequest
-	7,  // 19: tether.executor.v1.ExecutorService.GetRun:input_type -> tether.executor.v1.GetRunRequest
-	9,  // 20: tether.executor.v1.ExecutorService.ListRuns:input_type -> tether.executor.v1.ListRunsRequest
-	11, // 21: tether.executor.v1.ExecutorService.WatchRun:input_type -> tether.executor.v1.WatchRunRequest
-	2,  // 22: tether.executor.v1.ExecutorService.SubmitRun:output_type -> tether.executor.v1.SubmitRunResponse
-	8,  // 23: tether.executor.v1.ExecutorService.GetRun:output_type -> tether.executor.v1.GetRunResponse
-	10, // 24: tether.executor.v1.ExecutorService.ListRuns:output_type -> tether.executor.v1.ListRunsResponse
-	12, // 25: tether.executor.v1.ExecutorService.WatchRun:output_type -> tether.executor.v1.WatchRunResponse
-	22, // [22:26] is the sub-list for method output_type
-	18, // [18:22] is the sub-list for method input_type
-	18, // [18:18] is the sub-list for extension type_name
-	18, // [18:18] is the sub-list for extension extendee
-	0,  // [0:18] is the sub-list for field type_name
+	19, // 4: tether.executor.v1.Run.lease_expires_at:type_name -> google.protobuf.Timestamp
+	18, // 5: tether.executor.v1.Run.input:type_name -> tether.prp.v1.ExecutionInput
+	5,  // 6: tether.executor.v1.Run.result:type_name -> tether.executor.v1.RunResult
+	6,  // 7: tether.executor.v1.Run.failure:type_name -> tether.executor.v1.Failure
+	20, // 8: tether.executor.v1.Run.runner_process:type_name -> tether.prp.v1.ProcessInfo
+	20, // 9: tether.executor.v1.Run.provider_process:type_name -> tether.prp.v1.ProcessInfo
+	19, // 10: tether.executor.v1.Run.created_at:type_name -> google.protobuf.Timestamp
+	19, // 11: tether.executor.v1.Run.updated_at:type_name -> google.protobuf.Timestamp
+	19, // 12: tether.executor.v1.Run.started_at:type_name -> google.protobuf.Timestamp
+	19, // 13: tether.executor.v1.Run.ended_at:type_name -> google.protobuf.Timestamp
+	8,  // 14: tether.executor.v1.Run.cancellation:type_name -> tether.executor.v1.Cancellation
+	9,  // 15: tether.executor.v1.Run.recovery:type_name -> tether.executor.v1.Recovery
+	19, // 16: tether.executor.v1.Recovery.next_attempt_at:type_name -> google.protobuf.Timestamp
+	1,  // 17: tether.executor.v1.CancelRunRequest.scope:type_name -> tether.executor.v1.CancellationScope
+	21, // 18: tether.executor.v1.CancelRunRequest.wait_timeout:type_name -> google.protobuf.Duration
+	8,  // 19: tether.executor.v1.CancelRunResponse.cancellation:type_name -> tether.executor.v1.Cancellation
+	7,  // 20: tether.executor.v1.GetRunResponse.run:type_name -> tether.executor.v1.Run
+	0,  // 21: tether.executor.v1.ListRunsRequest.state:type_name -> tether.executor.v1.RunState
+	7,  // 22: tether.executor.v1.ListRunsResponse.runs:type_name -> tether.executor.v1.Run
+	22, // 23: tether.executor.v1.WatchRunResponse.event:type_name -> tether.prp.v1.Event
+	2,  // 24: tether.executor.v1.ExecutorService.SubmitRun:input_type -> tether.executor.v1.SubmitRunRequest
+	12, // 25: tether.executor.v1.ExecutorService.GetRun:input_type -> tether.executor.v1.GetRunRequest
+	14, // 26: tether.executor.v1.ExecutorService.ListRuns:input_type -> tether.executor.v1.ListRunsRequest
+	16, // 27: tether.executor.v1.ExecutorService.WatchRun:input_type -> tether.executor.v1.WatchRunRequest
+	10, // 28: tether.executor.v1.ExecutorService.CancelRun:input_type -> tether.executor.v1.CancelRunRequest
+	3,  // 29: tether.executor.v1.ExecutorService.SubmitRun:output_type -> tether.executor.v1.SubmitRunResponse
+	13, // 30: tether.executor.v1.ExecutorService.GetRun:output_type -> tether.executor.v1.GetRunResponse
+	15, // 31: tether.executor.v1.ExecutorService.ListRuns:output_type -> tether.executor.v1.ListRunsResponse
+	17, // 32: tether.executor.v1.ExecutorService.WatchRun:output_type -> tether.executor.v1.WatchRunResponse
+	11, // 33: tether.executor.v1.ExecutorService.CancelRun:output_type -> tether.executor.v1.CancelRunResponse
+	29, // [29:34] is the sub-list for method output_type
+	24, // [24:29] is the sub-list for method input_type
+	24, // [24:24] is the sub-list for extension type_name
+	24, // [24:24] is the sub-list for extension extendee
+	0,  // [0:24] is the sub-list for field type_name
 }
 
 func init() { file_tether_executor_v1_executor_proto_init() }
@@ -1049,8 +1577,8 @@ func file_tether_executor_v1_executor_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_tether_executor_v1_executor_proto_rawDesc), len(file_tether_executor_v1_executor_proto_rawDesc)),
-			NumEnums:      1,
-			NumMessages:   12,
+			NumEnums:      2,
+			NumMessages:   16,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

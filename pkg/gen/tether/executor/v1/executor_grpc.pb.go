@@ -23,6 +23,7 @@ const (
 	ExecutorService_GetRun_FullMethodName    = "/tether.executor.v1.ExecutorService/GetRun"
 	ExecutorService_ListRuns_FullMethodName  = "/tether.executor.v1.ExecutorService/ListRuns"
 	ExecutorService_WatchRun_FullMethodName  = "/tether.executor.v1.ExecutorService/WatchRun"
+	ExecutorService_CancelRun_FullMethodName = "/tether.executor.v1.ExecutorService/CancelRun"
 )
 
 // ExecutorServiceClient is the client API for ExecutorService service.
@@ -42,6 +43,12 @@ type ExecutorServiceClient interface {
 	// WatchRun replays a run's events after a cursor, then streams live events,
 	// and ends after the terminal event.
 	WatchRun(ctx context.Context, in *WatchRunRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchRunResponse], error)
+	// CancelRun records a durable cancellation intent for a run (audited), has
+	// the run's driver interrupt the provider exactly once, and waits up to
+	// wait_timeout for the acknowledgement. A run that already ended answers
+	// active=false. Repeating the call is safe: it never cancels the provider
+	// twice or audits the intent twice.
+	CancelRun(ctx context.Context, in *CancelRunRequest, opts ...grpc.CallOption) (*CancelRunResponse, error)
 }
 
 type executorServiceClient struct {
@@ -101,6 +108,16 @@ func (c *executorServiceClient) WatchRun(ctx context.Context, in *WatchRunReques
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type ExecutorService_WatchRunClient = grpc.ServerStreamingClient[WatchRunResponse]
 
+func (c *executorServiceClient) CancelRun(ctx context.Context, in *CancelRunRequest, opts ...grpc.CallOption) (*CancelRunResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CancelRunResponse)
+	err := c.cc.Invoke(ctx, ExecutorService_CancelRun_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // ExecutorServiceServer is the server API for ExecutorService service.
 // All implementations must embed UnimplementedExecutorServiceServer
 // for forward compatibility.
@@ -118,6 +135,12 @@ type ExecutorServiceServer interface {
 	// WatchRun replays a run's events after a cursor, then streams live events,
 	// and ends after the terminal event.
 	WatchRun(*WatchRunRequest, grpc.ServerStreamingServer[WatchRunResponse]) error
+	// CancelRun records a durable cancellation intent for a run (audited), has
+	// the run's driver interrupt the provider exactly once, and waits up to
+	// wait_timeout for the acknowledgement. A run that already ended answers
+	// active=false. Repeating the call is safe: it never cancels the provider
+	// twice or audits the intent twice.
+	CancelRun(context.Context, *CancelRunRequest) (*CancelRunResponse, error)
 	mustEmbedUnimplementedExecutorServiceServer()
 }
 
@@ -139,6 +162,9 @@ func (UnimplementedExecutorServiceServer) ListRuns(context.Context, *ListRunsReq
 }
 func (UnimplementedExecutorServiceServer) WatchRun(*WatchRunRequest, grpc.ServerStreamingServer[WatchRunResponse]) error {
 	return status.Error(codes.Unimplemented, "method WatchRun not implemented")
+}
+func (UnimplementedExecutorServiceServer) CancelRun(context.Context, *CancelRunRequest) (*CancelRunResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method CancelRun not implemented")
 }
 func (UnimplementedExecutorServiceServer) mustEmbedUnimplementedExecutorServiceServer() {}
 func (UnimplementedExecutorServiceServer) testEmbeddedByValue()                         {}
@@ -226,6 +252,24 @@ func _ExecutorService_WatchRun_Handler(srv interface{}, stream grpc.ServerStream
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type ExecutorService_WatchRunServer = grpc.ServerStreamingServer[WatchRunResponse]
 
+func _ExecutorService_CancelRun_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CancelRunRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ExecutorServiceServer).CancelRun(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ExecutorService_CancelRun_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ExecutorServiceServer).CancelRun(ctx, req.(*CancelRunRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // ExecutorService_ServiceDesc is the grpc.ServiceDesc for ExecutorService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -244,6 +288,10 @@ var ExecutorService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListRuns",
 			Handler:    _ExecutorService_ListRuns_Handler,
+		},
+		{
+			MethodName: "CancelRun",
+			Handler:    _ExecutorService_CancelRun_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -1,0 +1,347 @@
+package store
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/structpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/tether-run/tether/pkg/failure"
+	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
+	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
+)
+
+// ControlInstance is the source instance of events the executor itself
+// appends to a run (retry notices, executor-side terminals).
+const ControlInstance = "executor:control"
+
+// BindingDigest is the hex sha256 of the run's governance binding; a claim
+// refuses a run whose binding changed since submission.
+func BindingDigest(in *prpv1.ExecutionInput) string {
+	b, _ := marshalDet.Marshal(in.GetBinding())
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:])
+}
+
+func newID(prefix string) string {
+	b := make([]byte, 12)
+	_, _ = rand.Read(b)
+	return prefix + hex.EncodeToString(b)
+}
+
+// Claim refusal codes (E7).
+const (
+	CodeResultPendingFinalization    = "native_result_pending_finalization"
+	CodeCancellationPendingRecovery  = "native_cancellation_pending_recovery"
+	CodeExecutionBindingChanged      = "native_execution_binding_changed"
+	CodeFinalizationLeaseBusy        = "native_finalization_lease_busy"
+	CodeCancellationCoordinatorGone  = "native_cancellation_coordinator_missing"
+	CodeRunAlreadyTerminal           = "native_run_already_terminal"
+	CodeLeaseTTLInvalid              = "native_session_lease_ttl_invalid"
+	CodeLeaseLost                    = "native_session_lease_lost"
+	actionCancellationIntentRecorded = "native.cancellation_intent_recorded"
+	actionCancellationAcknowledged   = "native.cancellation_acknowledged"
+)
+
+// Lease TTL bounds.
+const (
+	MinLeaseTTL     = time.Second
+	MaxLeaseTTL     = 20 * time.Minute
+	DefaultLeaseTTL = 60 * time.Second
+)
+
+// CheckLeaseTTL refuses a TTL outside 1 s … 20 min.
+func CheckLeaseTTL(ttl time.Duration) error {
+	if ttl < MinLeaseTTL || ttl > MaxLeaseTTL {
+		return failure.New(codes.InvalidArgument, CodeLeaseTTLInvalid, "lease TTL %s is outside %s..%s", ttl, MinLeaseTTL, MaxLeaseTTL)
+	}
+	return nil
+}
+
+// DeadProof says the caller checked, on this host, that the controller
+// recorded for (owner, attempt) is dead. ClaimRun accepts it only when the
+// coordinator still records exactly that controller.
+type DeadProof struct {
+	Owner      string
+	Attempt    uint64
+	Controller Controller
+}
+
+// ClaimRun claims one named run, refusing with the exact E7 codes, in one
+// transaction holding the run and coordinator rows: a durable result →
+// native_result_pending_finalization; a pending or acknowledged cancellation
+// → native_cancellation_pending_recovery; a binding that changed since
+// submission → native_execution_binding_changed; another unexpired owner →
+// native_finalization_lease_busy (unless proof shows its controller process
+// on this host is dead). Nothing is written when the claim is refused.
+func (s *Store) ClaimRun(ctx context.Context, runID, owner string, ttl time.Duration, ctl Controller,
+	binding *prpv1.Binding, proof *DeadProof) (*Claim, error) {
+	if err := CheckLeaseTTL(ttl); err != nil {
+		return nil, err
+	}
+	var c *Claim
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		var (
+			raw             []byte
+			held            bool
+			state           string
+			phase, bdigest  string
+			resultID, lease *string
+			attempt         uint64
+			expired         bool
+			ctlBoot         *string
+			ctlPID          *int32
+			ctlTicks        *int64
+		)
+		err := tx.QueryRow(ctx, `SELECT input, state, `+cancellationHeld("r")+` FROM executor.runs r WHERE run_id = $1 FOR UPDATE`, runID).
+			Scan(&raw, &state, &held)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return ErrRunNotFound(runID)
+		}
+		if err != nil {
+			return err
+		}
+		err = tx.QueryRow(ctx, `
+SELECT phase, binding_digest, result_id, lease_owner, attempt, coalesce(lease_expires_at <= now(), true),
+       controller_boot_id, controller_pid, controller_start_ticks
+  FROM executor.coordinators WHERE run_id = $1 FOR UPDATE`, runID).
+			Scan(&phase, &bdigest, &resultID, &lease, &attempt, &expired, &ctlBoot, &ctlPID, &ctlTicks)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return failure.New(codes.FailedPrecondition, "native_run_coordinator_missing", "run %s has no coordinator", runID)
+		}
+		if err != nil {
+			return err
+		}
+		switch {
+		case resultID != nil || phase == PhaseResultPersisted || phase == "workspace_finalizing":
+			return failure.New(codes.FailedPrecondition, CodeResultPendingFinalization,
+				"run %s already holds a durable result; it is never driven again", runID)
+		case held:
+			return failure.New(codes.FailedPrecondition, CodeCancellationPendingRecovery,
+				"run %s holds a durable cancellation; it is never driven again", runID)
+		case phase == PhaseCompleted || phase == PhaseTerminalFailure:
+			return failure.New(codes.FailedPrecondition, CodeRunAlreadyTerminal, "run %s already ended (%s)", runID, phase)
+		}
+		in := &prpv1.ExecutionInput{}
+		if err := proto.Unmarshal(raw, in); err != nil {
+			return err
+		}
+		if binding != nil {
+			want := BindingDigest(&prpv1.ExecutionInput{Binding: binding})
+			if bdigest != "" && want != bdigest {
+				return failure.New(codes.FailedPrecondition, CodeExecutionBindingChanged,
+					"run %s was submitted under another binding", runID)
+			}
+		}
+		if lease != nil && *lease != owner && !expired {
+			proven := proof != nil && proof.Owner == *lease && proof.Attempt == attempt &&
+				ctlBoot != nil && *ctlBoot == proof.Controller.BootID &&
+				ctlPID != nil && int(*ctlPID) == proof.Controller.PID &&
+				ctlTicks != nil && uint64(*ctlTicks) == proof.Controller.StartTicks
+			if !proven {
+				return failure.New(codes.Aborted, CodeFinalizationLeaseBusy,
+					"run %s is leased by %s (attempt %d) until its lease expires", runID, *lease, attempt)
+			}
+		}
+		var gen uint64
+		var exp time.Time
+		err = tx.QueryRow(ctx, `
+UPDATE executor.coordinators
+   SET attempt = attempt + 1, lease_owner = $2, lease_expires_at = now() + $3 * interval '1 microsecond', phase = 'observed',
+       controller_boot_id = $4, controller_pid = $5, controller_start_ticks = $6
+ WHERE run_id = $1 AND attempt = $7
+RETURNING attempt, lease_expires_at, turn_generation`, runID, owner, ttl.Microseconds(),
+			ctl.BootID, ctl.PID, int64(ctl.StartTicks), int64(attempt)).Scan(&attempt, &exp, &gen)
+		if err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, `UPDATE executor.runs SET state = 'running', started_at = coalesce(started_at, now()), updated_at = now() WHERE run_id = $1`, runID); err != nil {
+			return err
+		}
+		c = &Claim{Fence: Fence{RunID: runID, Owner: owner, Attempt: attempt}, Input: in, LeaseExpiresAt: exp, TurnGeneration: gen}
+		return nil
+	})
+	return c, err
+}
+
+// Held is a lease some controller holds, as a same-host successor sees it.
+type Held struct {
+	RunID      string
+	Owner      string
+	Attempt    uint64
+	Controller Controller
+}
+
+// HeldOnBoot lists unexpired leases of other owners whose controller ran on
+// this boot (bootID), so the caller can check whether that process is dead.
+func (s *Store) HeldOnBoot(ctx context.Context, bootID, exceptOwner string) ([]Held, error) {
+	rows, err := s.pool.Query(ctx, `
+SELECT run_id, lease_owner, attempt, coalesce(controller_pid, 0), coalesce(controller_start_ticks, 0)
+  FROM executor.coordinators
+ WHERE phase = 'observed' AND lease_expires_at > now() AND controller_boot_id = $1 AND lease_owner <> $2`, bootID, exceptOwner)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []Held
+	for rows.Next() {
+		var (
+			h     Held
+			pid   int32
+			ticks int64
+		)
+		if err := rows.Scan(&h.RunID, &h.Owner, &h.Attempt, &pid, &ticks); err != nil {
+			return nil, err
+		}
+		h.Controller = Controller{BootID: bootID, PID: int(pid), StartTicks: uint64(ticks)}
+		out = append(out, h)
+	}
+	return out, rows.Err()
+}
+
+// FailureDecision is what a failed attempt leads to (see package recovery).
+type FailureDecision struct {
+	// Retry schedules another attempt at NextAttemptAt; otherwise terminal.
+	Retry         bool
+	NextAttemptAt time.Time
+	Code, Message string
+	Recovery      *executorv1.Recovery
+}
+
+// RecordFailure records a failed attempt under the fence. A retry releases
+// the lease, bumps the turn generation (the retry starts a new provider
+// turn), re-queues the run for NextAttemptAt and appends a run.retry_scheduled
+// control event; a terminal failure ends the run with one run.terminal.
+func (s *Store) RecordFailure(ctx context.Context, f Fence, d FailureDecision) error {
+	rec, err := encodeRecovery(d.Recovery)
+	if err != nil {
+		return err
+	}
+	if !d.Retry {
+		return s.failRun(ctx, f, d.Code, d.Message, rec)
+	}
+	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		count, err := lockFenced(ctx, tx, f)
+		if err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, `
+UPDATE executor.coordinators SET phase = 'retryable_failure', next_attempt_at = $2, lease_owner = NULL,
+       lease_expires_at = NULL, turn_generation = turn_generation + 1
+ WHERE run_id = $1`, f.RunID, d.NextAttemptAt); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, `
+UPDATE executor.runs SET state = 'queued', failure_code = $2, failure_message = $3, recovery = $4, updated_at = now()
+ WHERE run_id = $1`, f.RunID, d.Code, d.Message, rec); err != nil {
+			return err
+		}
+		if err := appendControlEvent(ctx, tx, f.RunID, count, "run.retry_scheduled", map[string]any{
+			"code": d.Code, "message": d.Message, "attempt": float64(f.Attempt),
+			"nextAttemptAt": d.NextAttemptAt.UTC().Format(time.RFC3339Nano),
+		}); err != nil {
+			return err
+		}
+		_, err = tx.Exec(ctx, `SELECT pg_notify($1, $2)`, EventsChannel, f.RunID)
+		return err
+	})
+}
+
+// lockFenced locks the run row while the fence holds and returns its event
+// count.
+func lockFenced(ctx context.Context, tx pgx.Tx, f Fence) (int64, error) {
+	var count int64
+	err := tx.QueryRow(ctx, `
+SELECT r.event_count FROM executor.runs r JOIN executor.coordinators c ON c.run_id = r.run_id
+ WHERE r.run_id = $1 AND c.lease_owner = $2 AND c.attempt = $3 AND c.phase = 'observed'
+   FOR UPDATE OF r`, f.RunID, f.Owner, int64(f.Attempt)).Scan(&count)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, ErrLeaseLost(f)
+	}
+	return count, err
+}
+
+// appendControlEvent appends an executor-originated event to the run.
+func appendControlEvent(ctx context.Context, tx pgx.Tx, runID string, count int64, typ string, payload map[string]any) error {
+	var n int64
+	if err := tx.QueryRow(ctx, `SELECT count(*) FROM executor.events WHERE run_id = $1 AND source_instance_id = $2`,
+		runID, ControlInstance).Scan(&n); err != nil {
+		return err
+	}
+	p, err := structpb.NewStruct(payload)
+	if err != nil {
+		return err
+	}
+	ev := &prpv1.Event{
+		Schema: "tether.prp.event.v1", SourceInstanceId: ControlInstance,
+		SourceEventId: fmt.Sprintf("%s:%s:%d", runID, ControlInstance, n+1), SourceSeq: uint64(n + 1),
+		SourceKind: "control_plane", RunId: runID, EventType: typ, SchemaVersion: 1,
+		EmittedAt: timestamppb.Now(), Payload: p,
+	}
+	raw, err := marshalDet.Marshal(ev)
+	if err != nil {
+		return err
+	}
+	sum := sha256.Sum256(raw)
+	if err := insertEvents(ctx, tx, runID, count, []encodedEvent{{ev: ev, raw: raw, hash: sum[:]}}); err != nil {
+		return err
+	}
+	_, err = tx.Exec(ctx, `UPDATE executor.runs SET event_count = event_count + 1 WHERE run_id = $1`, runID)
+	return err
+}
+
+type recoveryJSON struct {
+	Exhausted                 bool   `json:"exhausted"`
+	IssueStatus               string `json:"issueStatus,omitempty"`
+	RecoveryOwnerKind         string `json:"recoveryOwnerKind"`
+	RecoveryOwnerAgentID      string `json:"recoveryOwnerAgentId,omitempty"`
+	RecoveryActionCause       string `json:"recoveryActionCause"`
+	SupersedeOnIdentityChange bool   `json:"supersedeOnIdentityChange"`
+	NextAttemptAt             string `json:"nextAttemptAt,omitempty"`
+}
+
+func encodeRecovery(r *executorv1.Recovery) ([]byte, error) {
+	if r == nil {
+		return nil, nil
+	}
+	j := recoveryJSON{
+		Exhausted: r.GetExhausted(), IssueStatus: r.GetIssueStatus(), RecoveryOwnerKind: r.GetRecoveryOwnerKind(),
+		RecoveryOwnerAgentID: r.GetRecoveryOwnerAgentId(), RecoveryActionCause: r.GetRecoveryActionCause(),
+		SupersedeOnIdentityChange: r.GetSupersedeOnIdentityChange(),
+	}
+	if r.GetNextAttemptAt() != nil {
+		j.NextAttemptAt = r.GetNextAttemptAt().AsTime().UTC().Format(time.RFC3339Nano)
+	}
+	return json.Marshal(j)
+}
+
+func decodeRecovery(b []byte) (*executorv1.Recovery, error) {
+	if len(b) == 0 {
+		return nil, nil
+	}
+	var j recoveryJSON
+	if err := json.Unmarshal(b, &j); err != nil {
+		return nil, err
+	}
+	r := &executorv1.Recovery{
+		Exhausted: j.Exhausted, IssueStatus: j.IssueStatus, RecoveryOwnerKind: j.RecoveryOwnerKind,
+		RecoveryOwnerAgentId: j.RecoveryOwnerAgentID, RecoveryActionCause: j.RecoveryActionCause,
+		SupersedeOnIdentityChange: j.SupersedeOnIdentityChange,
+	}
+	if j.NextAttemptAt != "" {
+		if t, err := time.Parse(time.RFC3339Nano, j.NextAttemptAt); err == nil {
+			r.NextAttemptAt = timestamppb.New(t)
+		}
+	}
+	return r, nil
+}

@@ -1,0 +1,322 @@
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"google.golang.org/grpc/codes"
+
+	"github.com/tether-run/tether/pkg/failure"
+	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
+)
+
+// CancelChannel announces a run whose cancellation needs dispatching; the
+// payload is the run id. Notified on commit, so listeners see the intent only
+// once it is durable.
+const CancelChannel = "tether_run_cancel"
+
+// CancellationSchema names the durable cancellation record.
+const CancellationSchema = "tether.native-cancellation.v1"
+
+// Hooks let tests inject faults at exact points of the store's work.
+type Hooks struct {
+	// BeforeCancellationAck runs inside the acknowledgement transaction;
+	// an error aborts it (the record stays pending).
+	BeforeCancellationAck func(runID string) error
+}
+
+// SetHooks installs test hooks.
+func (s *Store) SetHooks(h Hooks) { s.hooks = h }
+
+// cancellationJSON is the record as stored in runs.result_metadata under
+// "nativeCancellation" (camelCase, like the reference record).
+type cancellationJSON struct {
+	Schema                 string   `json:"schema"`
+	IntentID               string   `json:"intentId"`
+	IntentAuditID          string   `json:"intentAuditId"`
+	CompanyID              string   `json:"companyId"`
+	RunID                  string   `json:"runId"`
+	IssueID                string   `json:"issueId"`
+	Scope                  string   `json:"scope"`
+	ReasonCode             string   `json:"reasonCode"`
+	Reason                 string   `json:"reason,omitempty"`
+	RequestID              string   `json:"requestId,omitempty"`
+	Effects                []string `json:"effects"`
+	DispatchState          string   `json:"dispatchState"`
+	Dispatched             bool     `json:"dispatched"`
+	DecisionID             *string  `json:"decisionId"`
+	AcknowledgementAuditID string   `json:"acknowledgementAuditId,omitempty"`
+}
+
+func (c *cancellationJSON) proto() *executorv1.Cancellation {
+	p := &executorv1.Cancellation{
+		Schema: c.Schema, IntentId: c.IntentID, IntentAuditId: c.IntentAuditID, CompanyId: c.CompanyID,
+		RunId: c.RunID, IssueId: c.IssueID, Scope: c.Scope, ReasonCode: c.ReasonCode, Effects: c.Effects,
+		DispatchState: c.DispatchState, Dispatched: c.Dispatched, AcknowledgementAuditId: c.AcknowledgementAuditID,
+		Reason: c.Reason, RequestId: c.RequestID,
+	}
+	if c.DecisionID != nil {
+		p.DecisionId = *c.DecisionID
+	}
+	return p
+}
+
+func decodeCancellation(b []byte) (*executorv1.Cancellation, error) {
+	c, err := parseCancellation(b)
+	if c == nil || err != nil {
+		return nil, err
+	}
+	return c.proto(), nil
+}
+
+func parseCancellation(b []byte) (*cancellationJSON, error) {
+	if len(b) == 0 || string(b) == "null" {
+		return nil, nil
+	}
+	var c cancellationJSON
+	if err := json.Unmarshal(b, &c); err != nil {
+		return nil, err
+	}
+	return &c, nil
+}
+
+// Cancellation scopes and their effects.
+var cancellationEffects = map[string][]string{
+	"run":   {"interrupt_provider_turn", "release_run_resources"},
+	"turn":  {"interrupt_provider_turn"},
+	"issue": {"interrupt_provider_turn", "release_run_resources"},
+}
+
+// CancelRequest asks to cancel a run.
+type CancelRequest struct {
+	RunID, Scope, Reason, RequestID, Actor string
+}
+
+// CancelOutcome reports what a cancel call found or did.
+type CancelOutcome struct {
+	// Active is false when the run had already ended without a cancellation.
+	Active bool
+	Record *executorv1.Cancellation
+	// NeedsDispatch is true while a live driver still has to tell the
+	// provider (the record is pending).
+	NeedsDispatch bool
+}
+
+func isTerminalState(state string) bool {
+	return state == StateSucceeded || state == StateFailed || state == StateCancelled
+}
+
+// RecordCancellation records a durable cancellation intent (E6) in one
+// transaction holding the run row and the coordinator row (FOR UPDATE, in
+// that order): the record is bound to the run's own issue id, merged into the
+// run's result metadata without losing other keys, and audited
+// (native.cancellation_intent_recorded). Listeners on CancelChannel learn of
+// it on commit. A run nobody drives (queued, or waiting for a retry) is
+// cancelled on the spot and the record acknowledged with dispatched=false. A
+// repeated call changes nothing; a run that ended without a cancellation is
+// Active=false. No coordinator → native_cancellation_coordinator_missing and
+// nothing is written.
+func (s *Store) RecordCancellation(ctx context.Context, req CancelRequest) (CancelOutcome, error) {
+	var out CancelOutcome
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		out = CancelOutcome{}
+		var (
+			state, company, issue string
+			raw                   []byte
+			count                 int64
+		)
+		err := tx.QueryRow(ctx, `
+SELECT state, company_id, issue_id, result_metadata -> 'nativeCancellation', event_count
+  FROM executor.runs WHERE run_id = $1 FOR UPDATE`, req.RunID).Scan(&state, &company, &issue, &raw, &count)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return ErrRunNotFound(req.RunID)
+		}
+		if err != nil {
+			return err
+		}
+		var phase string
+		err = tx.QueryRow(ctx, `SELECT phase FROM executor.coordinators WHERE run_id = $1 FOR UPDATE`, req.RunID).Scan(&phase)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return failure.New(codes.FailedPrecondition, CodeCancellationCoordinatorGone,
+				"run %s has no coordinator; refusing to record a cancellation", req.RunID)
+		}
+		if err != nil {
+			return err
+		}
+		rec, err := parseCancellation(raw)
+		if err != nil {
+			return err
+		}
+		if rec != nil {
+			out.Active, out.Record = true, rec.proto()
+			out.NeedsDispatch = rec.DispatchState == "pending"
+			if out.NeedsDispatch {
+				// Nudge the driver: it re-dispatches by the same command id,
+				// which the runner executes at most once.
+				_, err = tx.Exec(ctx, `SELECT pg_notify($1, $2)`, CancelChannel, req.RunID)
+			}
+			return err
+		}
+		if isTerminalState(state) {
+			return nil // not active: nothing to cancel
+		}
+		scope := req.Scope
+		rec = &cancellationJSON{
+			Schema: CancellationSchema, IntentID: newID("native-cancellation:"), IntentAuditID: newID("activity-"),
+			CompanyID: company, RunID: req.RunID, IssueID: issue, Scope: scope,
+			ReasonCode: "cancellation_" + scope + "_requested", Reason: req.Reason, RequestID: req.RequestID,
+			Effects: cancellationEffects[scope], DispatchState: "pending",
+		}
+		if err := insertActivity(ctx, tx, rec.IntentAuditID, req.Actor, actionCancellationIntentRecorded, rec); err != nil {
+			return err
+		}
+		driven := phase == PhaseObserved
+		if !driven {
+			rec.DispatchState = "acknowledged"
+			rec.AcknowledgementAuditID = newID("activity-")
+			if err := insertActivity(ctx, tx, rec.AcknowledgementAuditID, req.Actor, actionCancellationAcknowledged, rec); err != nil {
+				return err
+			}
+		}
+		if err := mergeCancellation(ctx, tx, rec); err != nil {
+			return err
+		}
+		if !driven {
+			if err := appendControlEvent(ctx, tx, req.RunID, count, EventTerminal, map[string]any{
+				"turnTerminalState": "cancelled", "runTerminalState": StateCancelled,
+				"code": "run_cancelled", "message": "cancelled before a runner took it: " + req.Reason,
+			}); err != nil {
+				return err
+			}
+			if _, err := tx.Exec(ctx, `UPDATE executor.coordinators SET phase = 'completed', lease_owner = NULL, lease_expires_at = NULL WHERE run_id = $1`, req.RunID); err != nil {
+				return err
+			}
+			if _, err := tx.Exec(ctx, `UPDATE executor.runs SET state = 'cancelled', ended_at = now(), updated_at = now() WHERE run_id = $1`, req.RunID); err != nil {
+				return err
+			}
+			if _, err := tx.Exec(ctx, `SELECT pg_notify($1, $2)`, EventsChannel, req.RunID); err != nil {
+				return err
+			}
+		} else if _, err := tx.Exec(ctx, `SELECT pg_notify($1, $2)`, CancelChannel, req.RunID); err != nil {
+			return err
+		}
+		out.Active, out.Record, out.NeedsDispatch = true, rec.proto(), driven
+		return nil
+	})
+	return out, err
+}
+
+func mergeCancellation(ctx context.Context, tx pgx.Tx, rec *cancellationJSON) error {
+	b, err := json.Marshal(rec)
+	if err != nil {
+		return err
+	}
+	_, err = tx.Exec(ctx, `
+UPDATE executor.runs SET result_metadata = result_metadata || jsonb_build_object('nativeCancellation', $2::jsonb), updated_at = now()
+ WHERE run_id = $1`, rec.RunID, b)
+	return err
+}
+
+func insertActivity(ctx context.Context, tx pgx.Tx, id, actor, action string, rec *cancellationJSON) error {
+	if actor == "" {
+		actor = "system"
+	}
+	details, err := json.Marshal(map[string]any{"intentId": rec.IntentID, "scope": rec.Scope, "reasonCode": rec.ReasonCode, "reason": rec.Reason})
+	if err != nil {
+		return err
+	}
+	_, err = tx.Exec(ctx, `
+INSERT INTO executor.activities (activity_id, actor, action, company_id, issue_id, run_id, details)
+VALUES ($1, $2, $3, $4, $5, $6, $7)`, id, actor, action, rec.CompanyID, rec.IssueID, rec.RunID, details)
+	return err
+}
+
+// Cancellation returns the run's cancellation record, or nil.
+func (s *Store) Cancellation(ctx context.Context, runID string) (*executorv1.Cancellation, error) {
+	var raw []byte
+	err := s.pool.QueryRow(ctx, `SELECT result_metadata -> 'nativeCancellation' FROM executor.runs WHERE run_id = $1`, runID).Scan(&raw)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, ErrRunNotFound(runID)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return decodeCancellation(raw)
+}
+
+// AcknowledgeCancellation records, under the driver's fence (owner and
+// attempt; the run may already have ended), that the provider was told to
+// stop: the record becomes acknowledged with dispatched=true and a second
+// audit activity (native.cancellation_acknowledged). It holds the run and
+// coordinator rows. Acknowledging twice is a no-op.
+func (s *Store) AcknowledgeCancellation(ctx context.Context, f Fence, intentID string) error {
+	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		var raw []byte
+		err := tx.QueryRow(ctx, `SELECT result_metadata -> 'nativeCancellation' FROM executor.runs WHERE run_id = $1 FOR UPDATE`, f.RunID).Scan(&raw)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return ErrRunNotFound(f.RunID)
+		}
+		if err != nil {
+			return err
+		}
+		var one int
+		err = tx.QueryRow(ctx, `SELECT 1 FROM executor.coordinators WHERE run_id = $1 AND lease_owner = $2 AND attempt = $3 FOR UPDATE`,
+			f.RunID, f.Owner, int64(f.Attempt)).Scan(&one)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return ErrLeaseLost(f)
+		}
+		if err != nil {
+			return err
+		}
+		rec, err := parseCancellation(raw)
+		if err != nil {
+			return err
+		}
+		if rec == nil || rec.IntentID != intentID || rec.DispatchState == "acknowledged" {
+			return nil
+		}
+		rec.DispatchState, rec.Dispatched = "acknowledged", true
+		rec.AcknowledgementAuditID = newID("activity-")
+		if err := insertActivity(ctx, tx, rec.AcknowledgementAuditID, f.Owner, actionCancellationAcknowledged, rec); err != nil {
+			return err
+		}
+		if err := mergeCancellation(ctx, tx, rec); err != nil {
+			return err
+		}
+		if s.hooks.BeforeCancellationAck != nil {
+			if err := s.hooks.BeforeCancellationAck(f.RunID); err != nil {
+				return failure.Wrap(err, codes.Unavailable, "post_dispatch_db_failure",
+					"recording the cancellation acknowledgement failed: %v", err)
+			}
+		}
+		return nil
+	})
+}
+
+// Activity is one audit entry.
+type Activity struct {
+	ID, Actor, Action, CompanyID, IssueID, RunID string
+	CreatedAt                                    time.Time
+}
+
+// Activities lists a run's audit trail, oldest first.
+func (s *Store) Activities(ctx context.Context, runID string) ([]Activity, error) {
+	rows, err := s.pool.Query(ctx, `SELECT activity_id, actor, action, company_id, issue_id, run_id, created_at
+  FROM executor.activities WHERE run_id = $1 ORDER BY created_at, activity_id`, runID)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []Activity
+	for rows.Next() {
+		var a Activity
+		if err := rows.Scan(&a.ID, &a.Actor, &a.Action, &a.CompanyID, &a.IssueID, &a.RunID, &a.CreatedAt); err != nil {
+			return nil, err
+		}
+		out = append(out, a)
+	}
+	return out, rows.Err()
+}
