@@ -57,3 +57,8 @@ demo: build ## run three warm turns through the whole stack on an ephemeral Post
 
 up: build ## keep the stack running on the default ports until interrupted
 	bin/tether-demo -up
+
+bench: ## measure tether against raw baselines in one run (ephemeral durable PostgreSQL, or TETHER_DATABASE_URL); BENCHFLAGS=-h lists knobs
+	@mkdir -p bin
+	$(GO) build -o bin/ ./services/executor/cmd/tether-bench
+	bin/tether-bench $(BENCHFLAGS)

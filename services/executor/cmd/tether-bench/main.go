@@ -1,0 +1,232 @@
+// Command tether-bench measures the executor's hot SQL paths against raw
+// PostgreSQL baselines measured in the same run, on the same server, as
+// /work/shared/PERFORMANCE.md asks: every figure is printed next to its raw
+// baseline and the ratio tether/raw. A missed target is reported (✗), never
+// an error: the command exits 0 unless something fails.
+//
+// It runs against an ephemeral PostgreSQL with fsync, synchronous_commit and
+// full_page_writes on (pgtest.WithDurable), or, when TETHER_DATABASE_URL is
+// set, in a scratch database it creates on that server (CREATEDB needed) and
+// drops afterwards. The executor schema comes from store.MigrateDB; the raw
+// baselines use tables in a separate schema, tether_bench, created
+// LIKE the executor's tables (same columns, defaults and indexes; no foreign
+// keys), with the same row counts. The baseline SQL lives here on purpose:
+// it is a yardstick, not product SQL.
+//
+// Figures (tether and raw alternate in slices, each side first in turn, so
+// drift of the shared machine hits both alike):
+//
+//   - lease_claim (claims/s): -claims queued runs, each in its own session
+//     so session ordering does not serialise claims, are claimed by -workers
+//     concurrent workers with store.ClaimNext. Raw: the single-statement
+//     UPDATE … WHERE run_id = (SELECT … ORDER BY next_attempt_at LIMIT 1
+//     FOR UPDATE SKIP LOCKED) RETURNING … over an equally filled copy of
+//     executor.coordinators, same worker count. Target ≥ 70 %.
+//   - lease_renewal (lease renewals/s): one executor holds -leases leases and
+//     renews all of them per tick, back to back, with store.RenewLeases (one
+//     fenced statement). Raw: one UPDATE … FROM unnest($ids) renewing the
+//     same number of leases, unfenced. Target ≥ 90 %.
+//   - event_persistence (events/s): a driver holding a fenced claim appends
+//     batches of -batch events with -payload-byte payloads through
+//     store.AppendEvents (fence check, dedupe, insert, event count, notify;
+//     one transaction per batch). Raw: one autocommitted multi-row
+//     INSERT … SELECT … FROM unnest(…) of same-sized rows into a copy of
+//     executor.events. Target ≥ 60 %.
+//
+// Each figure warms both sides up briefly first. Output: an aligned table,
+// then one line per figure for machines:
+//
+//	BENCH <figure> tether=<ops/s> raw=<ops/s> ratio=<tether/raw> target=<min ratio> met=<bool> unit=<unit>
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"runtime"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+
+	"github.com/tether-run/tether/pkg/pgtest"
+	"github.com/tether-run/tether/services/executor/internal/store"
+)
+
+type config struct {
+	claims, claimWarmup int
+	workers             int
+	leases              int
+	batch, payload      int
+	duration, warmup    time.Duration
+	slices              int
+}
+
+func main() {
+	var cfg config
+	flag.IntVar(&cfg.claims, "claims", 2000, "lease_claim: queued runs claimed per side (measured)")
+	flag.IntVar(&cfg.claimWarmup, "claim-warmup", 200, "lease_claim: claims per side before measuring")
+	flag.IntVar(&cfg.workers, "workers", 8, "lease_claim: concurrent claiming workers per side")
+	flag.IntVar(&cfg.leases, "leases", 500, "lease_renewal: leases held and renewed per tick")
+	flag.IntVar(&cfg.batch, "batch", 64, "event_persistence: events per batch")
+	flag.IntVar(&cfg.payload, "payload", 256, "event_persistence: payload bytes per event")
+	flag.DurationVar(&cfg.duration, "duration", 4*time.Second, "measured time per side for the timed figures")
+	flag.DurationVar(&cfg.warmup, "warmup", 500*time.Millisecond, "warm-up time per side for the timed figures")
+	flag.IntVar(&cfg.slices, "slices", 8, "alternating tether/raw slices per figure")
+	flag.Parse()
+	if cfg.claims < cfg.slices || cfg.workers < 1 || cfg.leases < 1 || cfg.batch < 1 || cfg.slices < 1 {
+		fmt.Fprintln(os.Stderr, "tether-bench: -claims must be ≥ -slices, and -workers, -leases, -batch, -slices ≥ 1")
+		os.Exit(2)
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, cfg)
+	stop()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "tether-bench:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, cfg config) (err error) {
+	poolCfg, cleanup, err := database(ctx)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if cerr := cleanup(); cerr != nil && err == nil {
+			err = cerr
+		}
+	}()
+	// Enough connections that neither side queues on the pool.
+	poolCfg.MaxConns = int32(max(2*cfg.workers, 4))
+
+	db := stdlib.OpenDB(*poolCfg.ConnConfig.Copy())
+	err = store.MigrateDB(ctx, db)
+	if cerr := db.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("migrating: %w", err)
+	}
+	tetherPool, err := pgxpool.NewWithConfig(ctx, poolCfg.Copy())
+	if err != nil {
+		return err
+	}
+	defer tetherPool.Close()
+	rawPool, err := pgxpool.NewWithConfig(ctx, poolCfg.Copy())
+	if err != nil {
+		return err
+	}
+	defer rawPool.Close()
+	st := store.New(tetherPool)
+	if err := printServer(ctx, rawPool, cfg); err != nil {
+		return err
+	}
+	if _, err := rawPool.Exec(ctx, rawSchemaSQL); err != nil {
+		return fmt.Errorf("creating the raw baseline tables: %w", err)
+	}
+
+	b := &bench{cfg: cfg, st: st, claim: claimFunc(st), raw: rawPool}
+	var results []result
+	for _, fig := range []func(context.Context) (result, error){b.leaseClaim, b.leaseRenewal, b.eventPersistence} {
+		r, err := fig(ctx)
+		if err != nil {
+			return err
+		}
+		results = append(results, r)
+	}
+	report(os.Stdout, results)
+	return nil
+}
+
+// database returns the pool configuration of an empty database to measure in
+// and a cleanup that removes it.
+func database(ctx context.Context) (*pgxpool.Config, func() error, error) {
+	if url := os.Getenv("TETHER_DATABASE_URL"); url != "" {
+		return scratchDatabase(ctx, url)
+	}
+	logf("starting an ephemeral durable PostgreSQL (fsync on)")
+	cluster, err := pgtest.Start(ctx, pgtest.WithDurable())
+	if err != nil {
+		return nil, nil, fmt.Errorf("starting PostgreSQL: %w", err)
+	}
+	if err := cluster.CreateDatabase(ctx, "tether_bench"); err != nil {
+		cluster.Close()
+		return nil, nil, err
+	}
+	cfg, err := pgxpool.ParseConfig(cluster.DSN("tether_bench"))
+	if err != nil {
+		cluster.Close()
+		return nil, nil, err
+	}
+	logf("PostgreSQL on 127.0.0.1:%d (ephemeral)", cluster.Port())
+	return cfg, cluster.Close, nil
+}
+
+// scratchDatabase creates a throwaway database on the server of url, so the
+// claim figure never touches runs of a real database.
+func scratchDatabase(ctx context.Context, url string) (*pgxpool.Config, func() error, error) {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, nil, fmt.Errorf("TETHER_DATABASE_URL: %w", err)
+	}
+	suffix := make([]byte, 6)
+	_, _ = rand.Read(suffix)
+	name := "tether_bench_" + hex.EncodeToString(suffix)
+	admin := func(ctx context.Context, sql string) error {
+		conn, err := pgx.ConnectConfig(ctx, cfg.ConnConfig.Copy())
+		if err != nil {
+			return err
+		}
+		defer conn.Close(context.WithoutCancel(ctx))
+		_, err = conn.Exec(ctx, sql)
+		return err
+	}
+	ident := pgx.Identifier{name}.Sanitize()
+	if err := admin(ctx, "CREATE DATABASE "+ident); err != nil {
+		return nil, nil, fmt.Errorf("creating scratch database %s on TETHER_DATABASE_URL's server (needs CREATEDB): %w", name, err)
+	}
+	logf("measuring in scratch database %s on %s:%d", name, cfg.ConnConfig.Host, cfg.ConnConfig.Port)
+	scratch := cfg.Copy()
+	scratch.ConnConfig.Database = name
+	cleanup := func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if err := admin(ctx, "DROP DATABASE IF EXISTS "+ident+" WITH (FORCE)"); err != nil {
+			return fmt.Errorf("dropping scratch database %s: %w", name, err)
+		}
+		return nil
+	}
+	return scratch, cleanup, nil
+}
+
+func printServer(ctx context.Context, pool *pgxpool.Pool, cfg config) error {
+	var version, fsync, syncCommit, fpw string
+	err := pool.QueryRow(ctx, `SELECT current_setting('server_version'), current_setting('fsync'),
+	current_setting('synchronous_commit'), current_setting('full_page_writes')`).Scan(&version, &fsync, &syncCommit, &fpw)
+	if err != nil {
+		return err
+	}
+	logf("PostgreSQL %s: fsync=%s synchronous_commit=%s full_page_writes=%s; %d CPUs, GOMAXPROCS=%d, %s",
+		version, fsync, syncCommit, fpw, runtime.NumCPU(), runtime.GOMAXPROCS(0), runtime.Version())
+	logf("plan: claims=%d (+%d warm-up) workers=%d; leases=%d; events batch=%d payload=%d B; %s per side in %d slices",
+		cfg.claims, cfg.claimWarmup, cfg.workers, cfg.leases, cfg.batch, cfg.payload, cfg.duration, cfg.slices)
+	if fsync != "on" || syncCommit == "off" {
+		logf("warning: the server does not flush commits; figures are not durable ones")
+	}
+	return nil
+}
+
+func logf(format string, args ...any) {
+	fmt.Printf("bench: "+format+"\n", args...)
+}
+
+var errDry = errors.New("the queue ran dry before the claim count was reached")
