@@ -36,6 +36,7 @@ func run() error {
 	retryDelay := grpcx.DurationFlag(fs, "retry-delay", "", 30*time.Second, "delay before retrying a failed attempt (attempts 1 and 2; the third is terminal)")
 	poll := grpcx.DurationFlag(fs, "poll-interval", "", time.Second, "claim poll interval when no notification arrives")
 	maxActive := grpcx.IntFlag(fs, "max-active-runs", "", 64, "runs this replica drives at once")
+	sameHost := grpcx.BoolFlag(fs, "same-host-takeover", "", true, "take over at once a run whose controller on this host is provably dead (else wait for lease expiry)")
 	migrate := grpcx.BoolFlag(fs, "migrate", "", true, "apply database migrations at start")
 	if err := grpcx.ParseFlags(fs, os.Args[1:]); err != nil {
 		return err
@@ -70,6 +71,7 @@ func run() error {
 	log := srv.Logger()
 	d := dispatch.New(st, dispatch.Config{
 		Owner: *owner, LeaseTTL: *ttl, PollInterval: *poll, MaxActive: *maxActive, RetryDelay: *retryDelay,
+		NoSameHostTakeover: !*sameHost,
 		Gateway: gatewayv1.NewRunnerGatewayClient(gwConn), Logger: log,
 	})
 	hub := watch.NewHub()

@@ -44,7 +44,10 @@ type Config struct {
 	// RetryDelay separates a failed attempt from the next (E11; default 30s).
 	RetryDelay time.Duration
 	// Clock returns the current time (tests inject one).
-	Clock   func() time.Time
+	Clock func() time.Time
+	// NoSameHostTakeover disables taking over, before expiry, leases whose
+	// controller on this host is provably dead.
+	NoSameHostTakeover bool
 	Gateway gatewayv1.RunnerGatewayClient
 	Logger  *slog.Logger
 }
@@ -141,7 +144,7 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 			if err != nil && ctx.Err() == nil {
 				d.log.Error("claim failed", "err", err)
 			}
-			if c == nil {
+			if c == nil && !d.cfg.NoSameHostTakeover {
 				c = d.takeOverDead(ctx)
 			}
 			if c == nil {
@@ -417,12 +420,31 @@ func (d *Dispatcher) attachOnce(ctx context.Context, c *store.Claim, cancelCh <-
 	}
 
 	acks := newAckTracker()
+	// After the terminal event, keep reading (bounded) until outstanding
+	// cancellation dispatches are answered, so their acknowledgement is
+	// recorded.
+	var terminalSeen <-chan time.Time
+	finish := func() (bool, error) {
+		if c.Input.GetSession().GetLifecycle().GetMode() != prpv1.LifecycleMode_LIFECYCLE_MODE_WARM {
+			if closeCmd, err := newCommand(c, "session.close", map[string]any{"reason": "per_turn run ended"}); err == nil {
+				_ = sendCmd(closeCmd)
+			}
+		}
+		_ = stream.CloseSend()
+		return true, nil
+	}
 	for {
 		var msg *gatewayv1.AttachResponse
 		select {
 		case <-ctx.Done():
 			return true, context.Cause(ctx)
+		case <-terminalSeen:
+			log.Warn("cancellation dispatch unanswered after the terminal event; it stays pending")
+			return finish()
 		case err := <-recvErr:
+			if terminalSeen != nil {
+				return true, nil
+			}
 			return false, err
 		case <-cancelCh:
 			if err := dispatchCancel(); err != nil {
@@ -455,13 +477,10 @@ func (d *Dispatcher) attachOnce(ctx context.Context, c *store.Claim, cancelCh <-
 			}
 			if res.Terminal {
 				log.Info("run terminal persisted", "events", res.Inserted)
-				if c.Input.GetSession().GetLifecycle().GetMode() != prpv1.LifecycleMode_LIFECYCLE_MODE_WARM {
-					if closeCmd, err := newCommand(c, "session.close", map[string]any{"reason": "per_turn run ended"}); err == nil {
-						_ = sendCmd(closeCmd)
-					}
+				if len(cancelIntents) == 0 {
+					return finish()
 				}
-				_ = stream.CloseSend()
-				return true, nil
+				terminalSeen = time.After(5 * time.Second)
 			}
 		case *gatewayv1.AttachResponse_CommandResult:
 			r := k.CommandResult
@@ -469,13 +488,13 @@ func (d *Dispatcher) attachOnce(ctx context.Context, c *store.Claim, cancelCh <-
 				// completed, or the turn had already ended: either way the
 				// provider has nothing left to do for this run.
 				if r.GetStatus() == "completed" || r.GetCode() == "no_active_turn" {
-					if err := d.store.AcknowledgeCancellation(ctx, c.Fence, intent); err != nil {
-						log.Error("acknowledging cancellation failed; it stays pending", "intent_id", intent, "err", err)
-					} else {
-						log.Info("cancellation acknowledged", "intent_id", intent)
-					}
+					d.acknowledgeCancellation(ctx, c, intent, log)
 				} else {
 					log.Error("cancellation dispatch refused", "code", r.GetCode(), "msg", r.GetMessage())
+				}
+				delete(cancelIntents, r.GetCommandId())
+				if terminalSeen != nil && len(cancelIntents) == 0 {
+					return finish()
 				}
 				continue
 			}
@@ -498,5 +517,32 @@ func (d *Dispatcher) attachOnce(ctx context.Context, c *store.Claim, cancelCh <-
 		case *gatewayv1.AttachResponse_Closed:
 			return false, &closedError{k.Closed.GetCode(), k.Closed.GetMessage()}
 		}
+	}
+}
+
+// acknowledgeCancellation records the acknowledgement, retrying a failed
+// write a few times: the provider was already told to stop, so only the
+// record is missing. If every try fails the record stays pending; the next
+// CancelRun re-dispatches by the same command id (no second provider
+// effect) and the acknowledgement is written then.
+func (d *Dispatcher) acknowledgeCancellation(ctx context.Context, c *store.Claim, intent string, log *slog.Logger) {
+	backoff := 50 * time.Millisecond
+	for try := 1; ; try++ {
+		err := d.store.AcknowledgeCancellation(ctx, c.Fence, intent)
+		if err == nil {
+			log.Info("cancellation acknowledged", "intent_id", intent)
+			return
+		}
+		if try == 5 || failure.CodeOf(err) == store.CodeLeaseLost || ctx.Err() != nil {
+			log.Error("acknowledging cancellation failed; it stays pending", "intent_id", intent, "err", err)
+			return
+		}
+		log.Warn("acknowledging cancellation failed; retrying", "intent_id", intent, "err", err)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+		backoff *= 2
 	}
 }

@@ -60,9 +60,15 @@ type harness struct {
 	t      *testing.T
 	st     *stack.Stack
 	client executorv1.ExecutorServiceClient
+	dsn    string
 }
 
 func newHarness(t *testing.T, opts stack.Options) *harness {
+	return newHarnessWith(t, opts, "backup-verifier", "runnergw", "executor")
+}
+
+// newHarnessWith starts the named processes (in order) of a stack.
+func newHarnessWith(t *testing.T, opts stack.Options, procs ...string) *harness {
 	t.Helper()
 	opts.BinDir = binDir
 	opts.Dir = t.TempDir()
@@ -77,11 +83,22 @@ func newHarness(t *testing.T, opts stack.Options) *harness {
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	require.NoError(t, st.StartAll(ctx))
-	conn, err := grpcx.Dial(st.Addr("executor"), "")
-	require.NoError(t, err)
-	t.Cleanup(func() { conn.Close() })
-	return &harness{t: t, st: st, client: executorv1.NewExecutorServiceClient(conn)}
+	for _, p := range procs {
+		_, err := st.Start(ctx, p)
+		require.NoError(t, err)
+	}
+	h := &harness{t: t, st: st, dsn: opts.DatabaseURL}
+	if st.Proc("executor") != nil {
+		h.client = h.clientFor("executor")
+	}
+	return h
+}
+
+func (h *harness) clientFor(name string) executorv1.ExecutorServiceClient {
+	conn, err := grpcx.Dial(h.st.Addr(name), "")
+	require.NoError(h.t, err)
+	h.t.Cleanup(func() { conn.Close() })
+	return executorv1.NewExecutorServiceClient(conn)
 }
 
 func dumpLogs(t *testing.T, dir string) {
@@ -97,10 +114,16 @@ func dumpLogs(t *testing.T, dir string) {
 	})
 }
 
+func (h *harness) submitInput(session, prompt string) *prpv1.ExecutionInput {
+	h.t.Helper()
+	in, err := cli.InputSpec{Prompt: prompt, Company: "acme", Agent: "agent-1", Issue: "ISS-1", Session: session, Lifecycle: "warm"}.Input()
+	require.NoError(h.t, err)
+	return in
+}
+
 func (h *harness) submit(runID, session, prompt string) *executorv1.Run {
 	h.t.Helper()
-	in, err := cli.InputSpec{Prompt: prompt, Company: "acme", Agent: "agent-1", Session: session, Lifecycle: "warm"}.Input()
-	require.NoError(h.t, err)
+	in := h.submitInput(session, prompt)
 	resp, err := h.client.SubmitRun(context.Background(), &executorv1.SubmitRunRequest{RunId: runID, Input: in})
 	require.NoError(h.t, err)
 	return resp.GetRun()
@@ -284,5 +307,4 @@ func TestAttachWithALowerAttemptIsRefused(t *testing.T) {
 	_, err = older.Recv()
 	require.Equal(t, codes.FailedPrecondition, status.Code(err))
 	require.Equal(t, "runner_attempt_fenced", failure.CodeOf(err))
-	_ = prpv1.LifecycleMode_LIFECYCLE_MODE_WARM
 }

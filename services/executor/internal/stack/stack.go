@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -48,6 +49,8 @@ type Stack struct {
 	opts  Options
 	mu    sync.Mutex
 	procs map[string]*Proc
+	ports map[string]int // extra executors: "executor-2", ...
+	extra map[string][]string
 }
 
 // Proc is one service process (in its own process group).
@@ -117,13 +120,39 @@ func New(opts Options) (*Stack, error) {
 			return nil, err
 		}
 	}
-	return &Stack{opts: opts, procs: map[string]*Proc{}}, nil
+	return &Stack{opts: opts, procs: map[string]*Proc{}, ports: map[string]int{}, extra: map[string][]string{}}, nil
 }
 
 // Addr returns a service's gRPC address.
 func (s *Stack) Addr(name string) string {
-	port := map[string]int{"executor": s.opts.ExecutorPort, "runnergw": s.opts.GatewayPort, "backup-verifier": s.opts.BackupPort}[name]
+	port, ok := map[string]int{"executor": s.opts.ExecutorPort, "runnergw": s.opts.GatewayPort, "backup-verifier": s.opts.BackupPort}[name]
+	if !ok {
+		s.mu.Lock()
+		port = s.ports[name]
+		s.mu.Unlock()
+	}
 	return "127.0.0.1:" + strconv.Itoa(port)
+}
+
+// AddExecutor registers another executor replica (its own port, owner id
+// and extra flags) for Start; name must start with "executor-".
+func (s *Stack) AddExecutor(name string, extraArgs ...string) error {
+	port, err := FreePort()
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.ports[name] = port
+	s.extra[name] = extraArgs
+	s.mu.Unlock()
+	return nil
+}
+
+// SetExtraArgs sets extra flags for a service's next Start.
+func (s *Stack) SetExtraArgs(name string, args ...string) {
+	s.mu.Lock()
+	s.extra[name] = args
+	s.mu.Unlock()
 }
 
 // CallLog is the fake provider's call log (one line per process start and
@@ -142,12 +171,16 @@ func (s *Stack) Proc(name string) *Proc {
 
 func (s *Stack) args(name string) []string {
 	common := []string{"-log-format", "json", "-metrics-addr", ""}
-	switch name {
-	case "executor":
-		return append(append(common, "-grpc-addr", s.Addr("executor"), "-database-url", s.opts.DatabaseURL,
-			"-gateway-addr", s.Addr("runnergw"), "-lease-ttl", s.opts.LeaseTTL.String(), "-poll-interval", "250ms"),
-			s.opts.ExecutorArgs...)
-	case "runnergw":
+	s.mu.Lock()
+	extra := s.extra[name]
+	s.mu.Unlock()
+	switch {
+	case name == "executor" || strings.HasPrefix(name, "executor-"):
+		a := append(append(common, "-grpc-addr", s.Addr(name), "-database-url", s.opts.DatabaseURL,
+			"-gateway-addr", s.Addr("runnergw"), "-lease-ttl", s.opts.LeaseTTL.String(), "-poll-interval", "250ms",
+			"-owner-id", name), s.opts.ExecutorArgs...)
+		return append(a, extra...)
+	case name == "runnergw":
 		a := append(common, "-grpc-addr", s.Addr("runnergw"),
 			"-runner-addr", "127.0.0.1:"+strconv.Itoa(s.opts.RunnerPort),
 			"-state-root", s.RunnerStateRoot(),
@@ -158,8 +191,8 @@ func (s *Stack) args(name string) []string {
 			"--call-log", s.CallLog()}, s.opts.FakeArgs...) {
 			a = append(a, "-codex-arg", f)
 		}
-		return append(a, s.opts.GatewayArgs...)
-	case "backup-verifier":
+		return append(append(a, s.opts.GatewayArgs...), extra...)
+	case name == "backup-verifier":
 		return append(common, "-grpc-addr", s.Addr("backup-verifier"),
 			"-stamp-key-file", filepath.Join(s.opts.Dir, "keys", "stamp.key"))
 	}
@@ -172,7 +205,11 @@ func (s *Stack) Start(ctx context.Context, name string) (*Proc, error) {
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(filepath.Join(s.opts.BinDir, name), s.args(name)...)
+	bin := name
+	if strings.HasPrefix(name, "executor-") {
+		bin = "executor"
+	}
+	cmd := exec.Command(filepath.Join(s.opts.BinDir, bin), s.args(name)...)
 	cmd.Env = append(os.Environ(), "TETHER_DATABASE_URL=")
 	cmd.Stdout, cmd.Stderr = logf, logf
 	// Own process group, and die with us if we die.
@@ -234,10 +271,16 @@ func WaitServing(ctx context.Context, p *Proc) error {
 	}
 }
 
-// Stop stops every process: executor first, then the gateway (which stops
+// Stop stops every process: executors first, then the gateway (which stops
 // its runners), then the verifier.
 func (s *Stack) Stop() {
-	for _, n := range []string{"executor", "runnergw", "backup-verifier"} {
+	s.mu.Lock()
+	names := []string{"executor"}
+	for n := range s.ports {
+		names = append(names, n)
+	}
+	s.mu.Unlock()
+	for _, n := range append(names, "runnergw", "backup-verifier") {
 		if p := s.Proc(n); p != nil {
 			select {
 			case <-p.done:

@@ -246,7 +246,7 @@ UPDATE executor.runs SET state = 'queued', failure_code = $2, failure_message = 
  WHERE run_id = $1`, f.RunID, d.Code, d.Message, rec); err != nil {
 			return err
 		}
-		if err := appendControlEvent(ctx, tx, f.RunID, count, "run.retry_scheduled", map[string]any{
+		if err := appendControlEvent(ctx, tx, f.RunID, count, f.Attempt, "run.retry_scheduled", map[string]any{
 			"code": d.Code, "message": d.Message, "attempt": float64(f.Attempt),
 			"nextAttemptAt": d.NextAttemptAt.UTC().Format(time.RFC3339Nano),
 		}); err != nil {
@@ -272,7 +272,7 @@ SELECT r.event_count FROM executor.runs r JOIN executor.coordinators c ON c.run_
 }
 
 // appendControlEvent appends an executor-originated event to the run.
-func appendControlEvent(ctx context.Context, tx pgx.Tx, runID string, count int64, typ string, payload map[string]any) error {
+func appendControlEvent(ctx context.Context, tx pgx.Tx, runID string, count int64, writer uint64, typ string, payload map[string]any) error {
 	var n int64
 	if err := tx.QueryRow(ctx, `SELECT count(*) FROM executor.events WHERE run_id = $1 AND source_instance_id = $2`,
 		runID, ControlInstance).Scan(&n); err != nil {
@@ -293,7 +293,7 @@ func appendControlEvent(ctx context.Context, tx pgx.Tx, runID string, count int6
 		return err
 	}
 	sum := sha256.Sum256(raw)
-	if err := insertEvents(ctx, tx, runID, count, []encodedEvent{{ev: ev, raw: raw, hash: sum[:]}}); err != nil {
+	if err := insertEvents(ctx, tx, runID, count, writer, []encodedEvent{{ev: ev, raw: raw, hash: sum[:]}}); err != nil {
 		return err
 	}
 	_, err = tx.Exec(ctx, `UPDATE executor.runs SET event_count = event_count + 1 WHERE run_id = $1`, runID)

@@ -185,7 +185,7 @@ SELECT state, company_id, issue_id, result_metadata -> 'nativeCancellation', eve
 			return err
 		}
 		if !driven {
-			if err := appendControlEvent(ctx, tx, req.RunID, count, EventTerminal, map[string]any{
+			if err := appendControlEvent(ctx, tx, req.RunID, count, 0, EventTerminal, map[string]any{
 				"turnTerminalState": "cancelled", "runTerminalState": StateCancelled,
 				"code": "run_cancelled", "message": "cancelled before a runner took it: " + req.Reason,
 			}); err != nil {

@@ -117,7 +117,11 @@ SELECT r.event_count FROM executor.runs r JOIN executor.coordinators c ON c.run_
 			if len(fresh) == 0 {
 				continue
 			}
-			if err := insertEvents(ctx, tx, runID, count, fresh); err != nil {
+			writer := uint64(0)
+			if fenced {
+				writer = f.Attempt
+			}
+			if err := insertEvents(ctx, tx, runID, count, writer, fresh); err != nil {
 				return err
 			}
 			res.Inserted += len(fresh)
@@ -211,7 +215,7 @@ SELECT e.source_instance_id, e.source_seq, e.payload_sha256 FROM executor.events
 	return fresh, dups, nil
 }
 
-func insertEvents(ctx context.Context, tx pgx.Tx, runID string, count int64, evs []encodedEvent) error {
+func insertEvents(ctx context.Context, tx pgx.Tx, runID string, count int64, writer uint64, evs []encodedEvent) error {
 	n := len(evs)
 	seqs := make([]int64, n)
 	insts := make([]string, n)
@@ -230,9 +234,9 @@ func insertEvents(ctx context.Context, tx pgx.Tx, runID string, count int64, evs
 		raws[i] = e.raw
 	}
 	_, err := tx.Exec(ctx, `
-INSERT INTO executor.events (run_id, seq, source_instance_id, source_seq, source_event_id, event_type, payload_sha256, event)
-SELECT $1, * FROM unnest($2::bigint[], $3::text[], $4::bigint[], $5::text[], $6::text[], $7::bytea[], $8::bytea[])`,
-		runID, seqs, insts, srcSeqs, ids, types, hashes, raws)
+INSERT INTO executor.events (run_id, writer_attempt, seq, source_instance_id, source_seq, source_event_id, event_type, payload_sha256, event)
+SELECT $1, $9, * FROM unnest($2::bigint[], $3::text[], $4::bigint[], $5::text[], $6::text[], $7::bytea[], $8::bytea[])`,
+		runID, seqs, insts, srcSeqs, ids, types, hashes, raws, int64(writer))
 	return err
 }
 
@@ -331,7 +335,7 @@ func (s *Store) failRun(ctx context.Context, f Fence, code, message string, reco
 			return err
 		}
 		if termCount == 0 {
-			if err := appendControlEvent(ctx, tx, f.RunID, count, EventTerminal, map[string]any{
+			if err := appendControlEvent(ctx, tx, f.RunID, count, f.Attempt, EventTerminal, map[string]any{
 				"turnTerminalState": "failed", "runTerminalState": StateFailed, "code": code, "message": message,
 			}); err != nil {
 				return err

@@ -1,0 +1,254 @@
+package e2e
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
+	gatewayv1 "github.com/tether-run/tether/pkg/gen/tether/gateway/v1"
+	"github.com/tether-run/tether/pkg/grpcx"
+	"github.com/tether-run/tether/services/executor/internal/api"
+	"github.com/tether-run/tether/services/executor/internal/dispatch"
+	"github.com/tether-run/tether/services/executor/internal/stack"
+	"github.com/tether-run/tether/services/executor/internal/store"
+	"github.com/tether-run/tether/services/executor/internal/watch"
+)
+
+func (h *harness) store() *store.Store {
+	h.t.Helper()
+	s, err := store.Open(context.Background(), h.dsn)
+	require.NoError(h.t, err)
+	h.t.Cleanup(s.Close)
+	return s
+}
+
+func (h *harness) actions(runID string) map[string]int {
+	h.t.Helper()
+	as, err := h.store().Activities(context.Background(), runID)
+	require.NoError(h.t, err)
+	out := map[string]int{}
+	for _, a := range as {
+		out[a.Action]++
+	}
+	return out
+}
+
+// waitForDelta watches a run until its first streamed delta, then returns.
+func (h *harness) waitForDelta(ctx context.Context, client executorv1.ExecutorServiceClient, runID string) {
+	h.t.Helper()
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := client.WatchRun(wctx, &executorv1.WatchRunRequest{RunId: runID})
+	require.NoError(h.t, err)
+	for {
+		m, err := stream.Recv()
+		require.NoError(h.t, err, "run ended before streaming a delta")
+		if m.GetEvent().GetEventType() == "item.delta" {
+			return
+		}
+	}
+}
+
+func (h *harness) waitState(ctx context.Context, client executorv1.ExecutorServiceClient, runID string, want executorv1.RunState) *executorv1.Run {
+	h.t.Helper()
+	for {
+		resp, err := client.GetRun(ctx, &executorv1.GetRunRequest{RunId: runID})
+		require.NoError(h.t, err)
+		if resp.GetRun().GetState() == want {
+			return resp.GetRun()
+		}
+		select {
+		case <-ctx.Done():
+			h.t.Fatalf("run %s: want %s, have %s (%v)", runID, want, resp.GetRun().GetState(), resp.GetRun().GetFailure())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+const slowTurn = "a long answer with many words so that it streams for a while before it ends and can be interrupted"
+
+func TestE6_CancelDuringATurnInterruptsTheProviderOnceAndAuditsIntentAndAckOnce(t *testing.T) {
+	h := newHarness(t, stack.Options{FakeArgs: []string{"--delta-delay-ms", "100"}})
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	h.submit("c1", "cancel", slowTurn)
+	h.waitForDelta(ctx, h.client, "c1")
+
+	resp, err := h.client.CancelRun(ctx, &executorv1.CancelRunRequest{RunId: "c1",
+		Scope: executorv1.CancellationScope_CANCELLATION_SCOPE_RUN, Reason: "budget hard stop"})
+	require.NoError(t, err)
+	require.True(t, resp.GetActive())
+	rec := resp.GetCancellation()
+	require.Equal(t, "acknowledged", rec.GetDispatchState())
+	require.True(t, rec.GetDispatched())
+	require.Equal(t, "ISS-1", rec.GetIssueId())
+
+	run := h.waitState(ctx, h.client, "c1", executorv1.RunState_RUN_STATE_CANCELLED)
+	require.Equal(t, "acknowledged", run.GetCancellation().GetDispatchState(), "visible in GetRun")
+	again, err := h.client.CancelRun(ctx, &executorv1.CancelRunRequest{RunId: "c1",
+		Scope: executorv1.CancellationScope_CANCELLATION_SCOPE_RUN, Reason: "duplicate budget stop"})
+	require.NoError(t, err)
+	require.Equal(t, rec.GetIntentAuditId(), again.GetCancellation().GetIntentAuditId())
+
+	require.Equal(t, 1, countLines(t, h.st.CallLog(), "turn/interrupt"), "the provider was interrupted once")
+	require.Equal(t, map[string]int{"native.cancellation_intent_recorded": 1, "native.cancellation_acknowledged": 1}, h.actions("c1"))
+	evs := h.watch(ctx, "c1", 0, nil)
+	requireContiguous(t, evs)
+	require.Equal(t, "cancelled", evs[len(evs)-1].GetEvent().GetPayload().AsMap()["runTerminalState"])
+}
+
+// inProcessExecutor runs the executor's dispatcher and API in this process
+// (so tests can install store hooks), against the stack's gateway.
+func (h *harness) inProcessExecutor(owner string, hooks store.Hooks) executorv1.ExecutorServiceClient {
+	h.t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	require.NoError(h.t, store.Migrate(ctx, h.dsn))
+	st := h.store()
+	st.SetHooks(hooks)
+	gwConn, err := grpcx.Dial(h.st.Addr("runnergw"), "")
+	require.NoError(h.t, err)
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	d := dispatch.New(st, dispatch.Config{Owner: owner, LeaseTTL: 10 * time.Second, PollInterval: 100 * time.Millisecond,
+		Gateway: gatewayv1.NewRunnerGatewayClient(gwConn), Logger: log})
+	hub := watch.NewHub()
+	srv, err := grpcx.New(grpcx.Config{Name: "executor", GRPCAddr: "127.0.0.1:0", Logger: log})
+	require.NoError(h.t, err)
+	executorv1.RegisterExecutorServiceServer(srv.GRPC(), &api.Server{Store: st, Hub: hub, Kick: d.Kick, Draining: srv.Draining()})
+	require.NoError(h.t, srv.Listen())
+	var wg sync.WaitGroup
+	wg.Add(3)
+	go func() { defer wg.Done(); _ = srv.Serve(ctx) }()
+	go func() { defer wg.Done(); hub.Listen(ctx, st.Pool(), watch.Handlers{RunsDue: d.Kick, Cancel: d.CancelKick}, log) }()
+	go func() { defer wg.Done(); _ = d.Run(ctx) }()
+	conn, err := grpcx.Dial(srv.Addr().String(), "")
+	require.NoError(h.t, err)
+	h.t.Cleanup(func() {
+		conn.Close()
+		cancel()
+		wg.Wait()
+		gwConn.Close()
+	})
+	return executorv1.NewExecutorServiceClient(conn)
+}
+
+func TestE6_CancellationSurvivesAnInjectedAcknowledgementFailure(t *testing.T) {
+	h := newHarnessWith(t, stack.Options{FakeArgs: []string{"--delta-delay-ms", "100"}}, "runnergw")
+	var mu sync.Mutex
+	failures := 0
+	client := h.inProcessExecutor("in-process", store.Hooks{BeforeCancellationAck: func(string) error {
+		mu.Lock()
+		defer mu.Unlock()
+		failures++
+		if failures == 1 {
+			return errors.New("injected: acknowledgement write lost")
+		}
+		return nil
+	}})
+	h.client = client
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	h.submit("c2", "cancel-fault", slowTurn)
+	h.waitForDelta(ctx, client, "c2")
+
+	resp, err := client.CancelRun(ctx, &executorv1.CancelRunRequest{RunId: "c2",
+		Scope: executorv1.CancellationScope_CANCELLATION_SCOPE_RUN, Reason: "budget hard stop", WaitTimeout: durationpb.New(10 * time.Second)})
+	require.NoError(t, err)
+	require.Equal(t, "acknowledged", resp.GetCancellation().GetDispatchState(), "the failed write was recovered")
+	require.True(t, resp.GetCancellation().GetDispatched())
+	mu.Lock()
+	require.GreaterOrEqual(t, failures, 2, "the injected failure happened")
+	mu.Unlock()
+	h.waitState(ctx, client, "c2", executorv1.RunState_RUN_STATE_CANCELLED)
+	third, err := client.CancelRun(ctx, &executorv1.CancelRunRequest{RunId: "c2",
+		Scope: executorv1.CancellationScope_CANCELLATION_SCOPE_RUN, Reason: "budget hard stop"})
+	require.NoError(t, err)
+	require.Equal(t, resp.GetCancellation().GetAcknowledgementAuditId(), third.GetCancellation().GetAcknowledgementAuditId(), "a pure no-op")
+	require.Equal(t, 1, countLines(t, h.st.CallLog(), "turn/interrupt"), "no second provider cancel")
+	require.Equal(t, map[string]int{"native.cancellation_intent_recorded": 1, "native.cancellation_acknowledged": 1}, h.actions("c2"))
+}
+
+// killDriverMidTurn starts a slow run on the first executor, kills that
+// executor with SIGKILL once the turn streams, then starts executor-2 with
+// the given flags and waits for the run to succeed through it.
+func killDriverMidTurn(t *testing.T, ttl time.Duration, successorArgs ...string) *executorv1.Run {
+	h := newHarness(t, stack.Options{LeaseTTL: ttl, FakeArgs: []string{"--delta-delay-ms", "60"}})
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	h.submit("crash", "crash", slowTurn)
+	h.waitForDelta(ctx, h.client, "crash")
+	h.st.Proc("executor").Kill()
+
+	require.NoError(t, h.st.AddExecutor("executor-2", successorArgs...))
+	_, err := h.st.Start(ctx, "executor-2")
+	require.NoError(t, err)
+	successor := h.clientFor("executor-2")
+	run := h.waitState(ctx, successor, "crash", executorv1.RunState_RUN_STATE_SUCCEEDED)
+	require.EqualValues(t, 2, run.GetAttempt(), "taken over once")
+	require.Equal(t, "executor-2", run.GetLeaseOwner())
+	require.Equal(t, 1, countLines(t, h.st.CallLog(), "turn/start"), "the provider turn started exactly once")
+	h.client = successor
+	evs := h.watch(ctx, "crash", 0, nil)
+	requireContiguous(t, evs)
+	terminals := 0
+	for _, e := range evs {
+		if e.GetEvent().GetEventType() == "run.terminal" {
+			terminals++
+		}
+	}
+	require.Equal(t, 1, terminals)
+	return run
+}
+
+func TestE7_KilledExecutorsRunIsTakenOverAfterLeaseExpiry(t *testing.T) {
+	killDriverMidTurn(t, 2*time.Second, "-same-host-takeover=false")
+}
+
+func TestE7_SameHostSuccessorTakesOverWithProofOfDeathBeforeExpiry(t *testing.T) {
+	// A 10-minute lease: the run can only finish within the test's deadline
+	// if the successor proves the old controller dead instead of waiting.
+	killDriverMidTurn(t, 10*time.Minute)
+}
+
+func TestE7_TwoExecutorsRacing200RunsCompleteEachOnce(t *testing.T) {
+	h := newHarness(t, stack.Options{FakeArgs: []string{"--delta-delay-ms", "0"}, LeaseTTL: 30 * time.Second})
+	require.NoError(t, h.st.AddExecutor("executor-2"))
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	_, err := h.st.Start(ctx, "executor-2")
+	require.NoError(t, err)
+	second := h.clientFor("executor-2")
+	const runs, sessions = 200, 20
+	for i := 0; i < runs; i++ {
+		c := h.client
+		if i%2 == 1 {
+			c = second // submissions arrive at both replicas
+		}
+		in := h.submitInput(fmt.Sprintf("race-session-%d", i%sessions), fmt.Sprintf("race turn %d", i))
+		_, err := c.SubmitRun(ctx, &executorv1.SubmitRunRequest{RunId: fmt.Sprintf("race-%03d", i), Input: in})
+		require.NoError(t, err)
+	}
+	owners := map[string]int{}
+	for i := 0; i < runs; i++ {
+		run := h.waitState(ctx, h.client, fmt.Sprintf("race-%03d", i), executorv1.RunState_RUN_STATE_SUCCEEDED)
+		require.EqualValues(t, 1, run.GetAttempt(), "claimed exactly once")
+		owners[run.GetLeaseOwner()]++
+	}
+	require.Equal(t, runs, countLines(t, h.st.CallLog(), "turn/start"), "one provider turn per run")
+	require.Equal(t, sessions, countLines(t, h.st.CallLog(), "process-start"), "one provider per warm session")
+	t.Logf("runs per executor: %v", owners)
+	var stale, terminals int
+	require.NoError(t, h.store().Pool().QueryRow(ctx, `
+SELECT count(*) FILTER (WHERE e.writer_attempt <> c.attempt), count(*) FILTER (WHERE e.event_type = 'run.terminal')
+  FROM executor.events e JOIN executor.coordinators c ON c.run_id = e.run_id`).Scan(&stale, &terminals))
+	require.Zero(t, stale, "no row was written by a stale attempt")
+	require.Equal(t, runs, terminals, "exactly one terminal event per run")
+}
