@@ -72,7 +72,7 @@ func run() error {
 	d := dispatch.New(st, dispatch.Config{
 		Owner: *owner, LeaseTTL: *ttl, PollInterval: *poll, MaxActive: *maxActive, RetryDelay: *retryDelay,
 		NoSameHostTakeover: !*sameHost,
-		Gateway: gatewayv1.NewRunnerGatewayClient(gwConn), Logger: log,
+		Gateway:            gatewayv1.NewRunnerGatewayClient(gwConn), Logger: log,
 	})
 	hub := watch.NewHub()
 	executorv1.RegisterExecutorServiceServer(srv.GRPC(), &api.Server{Store: st, Hub: hub, Kick: d.Kick, Draining: srv.Draining()})

@@ -48,8 +48,8 @@ type Config struct {
 	// NoSameHostTakeover disables taking over, before expiry, leases whose
 	// controller on this host is provably dead.
 	NoSameHostTakeover bool
-	Gateway gatewayv1.RunnerGatewayClient
-	Logger  *slog.Logger
+	Gateway            gatewayv1.RunnerGatewayClient
+	Logger             *slog.Logger
 }
 
 // DefaultOwner names this process: host:pid.

@@ -127,7 +127,10 @@ func (h *harness) inProcessExecutor(owner string, hooks store.Hooks) executorv1.
 	var wg sync.WaitGroup
 	wg.Add(3)
 	go func() { defer wg.Done(); _ = srv.Serve(ctx) }()
-	go func() { defer wg.Done(); hub.Listen(ctx, st.Pool(), watch.Handlers{RunsDue: d.Kick, Cancel: d.CancelKick}, log) }()
+	go func() {
+		defer wg.Done()
+		hub.Listen(ctx, st.Pool(), watch.Handlers{RunsDue: d.Kick, Cancel: d.CancelKick}, log)
+	}()
 	go func() { defer wg.Done(); _ = d.Run(ctx) }()
 	conn, err := grpcx.Dial(srv.Addr().String(), "")
 	require.NoError(h.t, err)
