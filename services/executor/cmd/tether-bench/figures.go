@@ -24,12 +24,12 @@ const (
 	rawSchemaSQL = `
 DROP SCHEMA IF EXISTS tether_bench CASCADE;
 CREATE SCHEMA tether_bench;
-CREATE TABLE tether_bench.coordinators (LIKE executor.coordinators INCLUDING ALL);
+CREATE TABLE tether_bench.coordinators (LIKE executor.coordinators INCLUDING ALL) WITH (fillfactor = 50);
 CREATE TABLE tether_bench.events (LIKE executor.events INCLUDING ALL);`
 
 	rawSeedQueuedSQL = `
-INSERT INTO tether_bench.coordinators (run_id, next_attempt_at)
-SELECT $1 || lpad(g::text, 6, '0'), now() - interval '1 hour' + g * interval '1 millisecond'
+INSERT INTO tether_bench.coordinators (run_id, next_attempt_at, session_scope, submit_seq)
+SELECT $1 || lpad(g::text, 6, '0'), now() - interval '1 hour' + g * interval '1 millisecond', $1 || g::text, g
   FROM generate_series(1, $2::int) g`
 
 	rawClaimSQL = `
@@ -38,15 +38,15 @@ UPDATE tether_bench.coordinators c
        phase = 'observed'
  WHERE c.run_id = (
    SELECT run_id FROM tether_bench.coordinators
-    WHERE phase = 'queued' AND next_attempt_at <= now()
-    ORDER BY next_attempt_at
+    WHERE phase IN ('queued', 'retryable_failure') AND next_attempt_at <= now()
+    ORDER BY submit_seq
     LIMIT 1
     FOR UPDATE SKIP LOCKED)
 RETURNING c.run_id, c.attempt, c.lease_expires_at`
 
 	rawSeedLeasesSQL = `
-INSERT INTO tether_bench.coordinators (run_id, phase, attempt, lease_owner, lease_expires_at)
-SELECT $1 || lpad(g::text, 6, '0'), 'observed', 1, $3, now() + interval '1 hour'
+INSERT INTO tether_bench.coordinators (run_id, phase, attempt, lease_owner, lease_expires_at, session_scope, submit_seq)
+SELECT $1 || lpad(g::text, 6, '0'), 'observed', 1, $3, now() + interval '1 hour', $1 || g::text, g
   FROM generate_series(1, $2::int) g`
 
 	rawRenewSQL = `

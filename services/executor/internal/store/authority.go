@@ -158,14 +158,11 @@ SELECT phase, binding_digest, result_id, lease_owner, attempt, coalesce(lease_ex
 		err = tx.QueryRow(ctx, `
 UPDATE executor.coordinators
    SET attempt = attempt + 1, lease_owner = $2, lease_expires_at = now() + $3 * interval '1 microsecond', phase = 'observed',
-       controller_boot_id = $4, controller_pid = $5, controller_start_ticks = $6
+       controller_boot_id = $4, controller_pid = $5, controller_start_ticks = $6, started_at = coalesce(started_at, now())
  WHERE run_id = $1 AND attempt = $7
 RETURNING attempt, lease_expires_at, turn_generation`, runID, owner, ttl.Microseconds(),
 			ctl.BootID, ctl.PID, int64(ctl.StartTicks), int64(attempt)).Scan(&attempt, &exp, &gen)
 		if err != nil {
-			return err
-		}
-		if _, err := tx.Exec(ctx, `UPDATE executor.runs SET state = 'running', started_at = coalesce(started_at, now()), updated_at = now() WHERE run_id = $1`, runID); err != nil {
 			return err
 		}
 		c = &Claim{Fence: Fence{RunID: runID, Owner: owner, Attempt: attempt}, Input: in, LeaseExpiresAt: exp, TurnGeneration: gen}

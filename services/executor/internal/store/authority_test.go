@@ -72,6 +72,8 @@ func TestE7_DoesNotReacquireAProviderWhileDurableCancellationIsPendingOrAcknowle
 			  jsonb_build_object('schema', 'tether.native-cancellation.v1', 'intentId', 'native-cancellation:intent-1', 'dispatchState', $1::text))
 			  WHERE run_id = 'r'`, state)
 			require.NoError(t, err)
+			_, err = s.Pool().Exec(ctx, `UPDATE executor.coordinators SET cancel_state = $1 WHERE run_id = 'r'`, state)
+			require.NoError(t, err)
 			_, err = s.ClaimRun(ctx, "r", "o", time.Minute, ctl, nil, nil)
 			require.Equal(t, store.CodeCancellationPendingRecovery, failure.CodeOf(err))
 			none, err := s.ClaimNext(ctx, "o", time.Minute, ctl)

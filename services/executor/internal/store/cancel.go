@@ -214,9 +214,13 @@ func mergeCancellation(ctx context.Context, tx pgx.Tx, rec *cancellationJSON) er
 	if err != nil {
 		return err
 	}
-	_, err = tx.Exec(ctx, `
+	if _, err = tx.Exec(ctx, `
 UPDATE executor.runs SET result_metadata = result_metadata || jsonb_build_object('nativeCancellation', $2::jsonb), updated_at = now()
- WHERE run_id = $1`, rec.RunID, b)
+ WHERE run_id = $1`, rec.RunID, b); err != nil {
+		return err
+	}
+	// The claim reads the coordinator only: mirror the dispatch state there.
+	_, err = tx.Exec(ctx, `UPDATE executor.coordinators SET cancel_state = $2 WHERE run_id = $1`, rec.RunID, rec.DispatchState)
 	return err
 }
 
@@ -229,8 +233,8 @@ func insertActivity(ctx context.Context, tx pgx.Tx, id, actor, action string, re
 		return err
 	}
 	_, err = tx.Exec(ctx, `
-INSERT INTO executor.activities (activity_id, actor, action, company_id, issue_id, run_id, details)
-VALUES ($1, $2, $3, $4, $5, $6, $7)`, id, actor, action, rec.CompanyID, rec.IssueID, rec.RunID, details)
+INSERT INTO executor.activities (activity_id, actor, action, company_id, issue_id, run_id, details, created_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7, clock_timestamp())`, id, actor, action, rec.CompanyID, rec.IssueID, rec.RunID, details)
 	return err
 }
 

@@ -179,7 +179,9 @@ ON CONFLICT (run_id) DO NOTHING`,
 			return nil
 		}
 		created = true
-		if _, err := tx.Exec(ctx, `INSERT INTO executor.coordinators (run_id, binding_digest) VALUES ($1, $2)`, runID, BindingDigest(in)); err != nil {
+		if _, err := tx.Exec(ctx, `
+INSERT INTO executor.coordinators (run_id, binding_digest, session_scope, submit_seq)
+SELECT run_id, $2, session_scope, submit_seq FROM executor.runs WHERE run_id = $1`, runID, BindingDigest(in)); err != nil {
 			return err
 		}
 		_, err = tx.Exec(ctx, `SELECT pg_notify($1, $2)`, RunsChannel, runID)
@@ -192,10 +194,16 @@ ON CONFLICT (run_id) DO NOTHING`,
 	return run, created, err
 }
 
-const runColumns = `r.run_id, r.state, c.phase, c.attempt, coalesce(c.lease_owner, ''), c.lease_expires_at,
+// stateExpr derives the caller-facing state: terminal outcomes are stored on
+// the run; queued and running follow from the coordinator's phase (so a
+// claim writes only the coordinator row).
+const stateExpr = `CASE WHEN r.state IN ('succeeded', 'failed', 'cancelled') THEN r.state
+	WHEN c.phase = 'observed' THEN 'running' ELSE 'queued' END`
+
+const runColumns = `r.run_id, ` + stateExpr + `, c.phase, c.attempt, coalesce(c.lease_owner, ''), c.lease_expires_at,
 	r.input, r.result, coalesce(r.failure_code, ''), coalesce(r.failure_message, ''), r.event_count,
 	coalesce(r.runner_instance_id, ''), r.runner_process, r.provider_process,
-	r.created_at, r.updated_at, r.started_at, r.ended_at, r.submit_seq,
+	r.created_at, r.updated_at, c.started_at, r.ended_at, r.submit_seq,
 	r.result_metadata -> 'nativeCancellation', r.recovery`
 
 func scanRun(row pgx.Row) (*executorv1.Run, int64, error) {
@@ -322,7 +330,7 @@ func (s *Store) ListRuns(ctx context.Context, f ListFilter, pageSize int, pageTo
 	}
 	rows, err := s.pool.Query(ctx, `SELECT `+runColumns+`
 FROM executor.runs r JOIN executor.coordinators c ON c.run_id = r.run_id
-WHERE r.submit_seq < $1 AND ($2 = '' OR r.normalized_session_id = $2) AND ($3 = '' OR r.state = $3)
+WHERE r.submit_seq < $1 AND ($2 = '' OR r.normalized_session_id = $2) AND ($3 = '' OR `+stateExpr+` = $3)
 ORDER BY r.submit_seq DESC LIMIT $4`, before, f.NormalizedSessionID, stateFromProto(f.State), pageSize+1)
 	if err != nil {
 		return nil, "", err
@@ -377,33 +385,57 @@ type Controller struct {
 // attempt, sets the lease from the database clock and records the
 // controller process. It returns nil when nothing is due.
 func (s *Store) ClaimNext(ctx context.Context, owner string, ttl time.Duration, ctl Controller) (*Claim, error) {
-	row := s.pool.QueryRow(ctx, `
+	c, err := s.claimNext(ctx, claimQueuedSQL, owner, ttl, ctl)
+	if c != nil || err != nil {
+		return c, err
+	}
+	return s.claimNext(ctx, claimExpiredSQL, owner, ttl, ctl)
+}
+
+// claimSet is the lease a claim writes.
+const claimSet = `attempt = c.attempt + 1, lease_owner = $1, lease_expires_at = now() + $2 * interval '1 microsecond',
+         phase = 'observed', controller_boot_id = $3, controller_pid = $4, controller_start_ticks = $5,
+         started_at = coalesce(c.started_at, now())`
+
+// claimQueuedSQL claims the oldest due queued run whose session has no
+// earlier unfinished run.
+const claimQueuedSQL = `
 WITH claimed AS (
-  UPDATE executor.coordinators c
-     SET attempt = c.attempt + 1, lease_owner = $1, lease_expires_at = now() + $2 * interval '1 microsecond',
-         phase = 'observed', controller_boot_id = $3, controller_pid = $4, controller_start_ticks = $5
+  UPDATE executor.coordinators c SET ` + claimSet + `
    WHERE c.run_id = (
-     SELECT c2.run_id
-       FROM executor.coordinators c2 JOIN executor.runs r2 ON r2.run_id = c2.run_id
-      WHERE ((c2.phase IN ('queued', 'retryable_failure') AND c2.next_attempt_at <= now())
-             OR (c2.phase = 'observed' AND c2.lease_expires_at < now()))
-        AND c2.result_id IS NULL
-        AND NOT `+cancellationHeld("r2")+`
+     SELECT c2.run_id FROM executor.coordinators c2
+      WHERE c2.phase IN ('queued', 'retryable_failure') AND c2.next_attempt_at <= now()
+        AND c2.result_id IS NULL AND c2.cancel_state IS NULL
         AND NOT EXISTS (
-             SELECT 1 FROM executor.runs r3 JOIN executor.coordinators c3 ON c3.run_id = r3.run_id
-              WHERE r3.session_scope = r2.session_scope AND r3.submit_seq < r2.submit_seq
+             SELECT 1 FROM executor.coordinators c3
+              WHERE c3.session_scope = c2.session_scope AND c3.submit_seq < c2.submit_seq
                 AND c3.phase NOT IN ('completed', 'terminal_failure'))
-      ORDER BY r2.submit_seq
+      ORDER BY c2.submit_seq
       LIMIT 1
-      FOR UPDATE OF c2 SKIP LOCKED)
+      FOR UPDATE SKIP LOCKED)
   RETURNING c.run_id, c.attempt, c.lease_expires_at, c.turn_generation
 )
-UPDATE executor.runs r
-   SET state = 'running', started_at = coalesce(r.started_at, now()), updated_at = now()
-  FROM claimed
- WHERE r.run_id = claimed.run_id
-RETURNING claimed.run_id, claimed.attempt, claimed.lease_expires_at, claimed.turn_generation, r.input`,
-		owner, ttl.Microseconds(), ctl.BootID, ctl.PID, int64(ctl.StartTicks))
+SELECT claimed.run_id, claimed.attempt, claimed.lease_expires_at, claimed.turn_generation, r.input
+  FROM claimed JOIN executor.runs r ON r.run_id = claimed.run_id`
+
+// claimExpiredSQL takes over the oldest observed run whose lease expired.
+const claimExpiredSQL = `
+WITH claimed AS (
+  UPDATE executor.coordinators c SET ` + claimSet + `
+   WHERE c.run_id = (
+     SELECT c2.run_id FROM executor.coordinators c2
+      WHERE c2.phase = 'observed' AND c2.lease_expires_at < now()
+        AND c2.result_id IS NULL AND c2.cancel_state IS NULL
+      ORDER BY c2.submit_seq
+      LIMIT 1
+      FOR UPDATE SKIP LOCKED)
+  RETURNING c.run_id, c.attempt, c.lease_expires_at, c.turn_generation
+)
+SELECT claimed.run_id, claimed.attempt, claimed.lease_expires_at, claimed.turn_generation, r.input
+  FROM claimed JOIN executor.runs r ON r.run_id = claimed.run_id`
+
+func (s *Store) claimNext(ctx context.Context, query, owner string, ttl time.Duration, ctl Controller) (*Claim, error) {
+	row := s.pool.QueryRow(ctx, query, owner, ttl.Microseconds(), ctl.BootID, ctl.PID, int64(ctl.StartTicks))
 	var (
 		c   Claim
 		raw []byte
@@ -444,18 +476,31 @@ func (s *Store) RenewLeases(ctx context.Context, owner string, leases []Lease, t
 	for i, l := range leases {
 		ids[i], attempts[i] = l.RunID, int64(l.Attempt)
 	}
-	rows, err := s.pool.Query(ctx, `
+	tag, err := s.pool.Exec(ctx, `
 UPDATE executor.coordinators c
    SET lease_expires_at = now() + $4 * interval '1 microsecond'
   FROM unnest($2::text[], $3::bigint[]) AS l(run_id, attempt)
  WHERE c.run_id = l.run_id AND c.attempt = l.attempt AND c.lease_owner = $1
-   AND c.phase = 'observed' AND c.lease_expires_at > now()
-RETURNING c.run_id`, owner, ids, attempts, ttl.Microseconds())
+   AND c.phase = 'observed' AND c.lease_expires_at > now()`, owner, ids, attempts, ttl.Microseconds())
+	if err != nil {
+		return nil, err
+	}
+	renewed := make(map[string]bool, len(leases))
+	if int(tag.RowsAffected()) == len(leases) {
+		for _, id := range ids { // the common case: every lease held
+			renewed[id] = true
+		}
+		return renewed, nil
+	}
+	// Some were lost: find which are still held (just renewed).
+	rows, err := s.pool.Query(ctx, `
+SELECT c.run_id FROM executor.coordinators c JOIN unnest($2::text[], $3::bigint[]) AS l(run_id, attempt)
+    ON c.run_id = l.run_id AND c.attempt = l.attempt
+ WHERE c.lease_owner = $1 AND c.phase = 'observed' AND c.lease_expires_at > now()`, owner, ids, attempts)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	renewed := make(map[string]bool, len(leases))
 	for rows.Next() {
 		var id string
 		if err := rows.Scan(&id); err != nil {
