@@ -259,7 +259,7 @@ func (d *Dispatcher) recordFailure(ctx context.Context, c *store.Claim, err erro
 	source := recovery.SourceCode(err)
 	code := failure.CodeOf(err)
 	if code == "" {
-		code = "runner_gateway_unavailable"
+		code = "runner_attach_failed"
 	}
 	dec := recovery.DispositionWithDelay(int(c.Attempt), d.cfg.Clock(), source, d.cfg.RetryDelay)
 	if source == "" && permanent(err) {

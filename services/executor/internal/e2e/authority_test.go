@@ -255,3 +255,23 @@ SELECT count(*) FILTER (WHERE e.writer_attempt <> c.attempt), count(*) FILTER (W
 	require.Zero(t, stale, "no row was written by a stale attempt")
 	require.Equal(t, runs, terminals, "exactly one terminal event per run")
 }
+
+func TestE12_RunnerAndProviderProcessIdentityIsPersisted(t *testing.T) {
+	h := newHarness(t, stack.Options{})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	h.submit("ident", "ident", "who runs me?")
+	h.watch(ctx, "ident", 0, nil)
+	run := h.get("ident")
+	require.Equal(t, executorv1.RunState_RUN_STATE_SUCCEEDED, run.GetState())
+	for name, p := range map[string]interface {
+		GetPid() int32
+		GetPgid() int32
+		GetStartTicks() uint64
+	}{"runner": run.GetRunnerProcess(), "provider": run.GetProviderProcess()} {
+		require.Positive(t, p.GetPid(), name)
+		require.Equal(t, p.GetPid(), p.GetPgid(), "%s leads its own process group", name)
+		require.Positive(t, p.GetStartTicks(), name)
+	}
+	require.NotEqual(t, run.GetRunnerProcess().GetPid(), run.GetProviderProcess().GetPid())
+}

@@ -131,6 +131,15 @@ func TestE11_RetryableFailureRequeuesWithANewTurnGenerationAndProjection(t *test
 	c, err := s.ClaimNext(ctx, "o", time.Minute, ctl)
 	require.NoError(t, err)
 	require.Zero(t, c.TurnGeneration)
+	// Not due yet: the dispatcher honours next_attempt_at.
+	require.NoError(t, s.RecordFailure(ctx, c.Fence, store.FailureDecision{
+		Retry: true, NextAttemptAt: time.Now().Add(time.Hour), Code: "native_session_interrupted", Message: "first",
+	}))
+	notYet, err := s.ClaimNext(ctx, "o", time.Minute, ctl)
+	require.NoError(t, err)
+	require.Nil(t, notYet)
+	_, err = s.Pool().Exec(ctx, `UPDATE executor.coordinators SET phase = 'observed', lease_owner = 'o', lease_expires_at = now() + interval '1 minute', turn_generation = 0 WHERE run_id = 'r'`)
+	require.NoError(t, err)
 	next := time.Now().Add(-time.Millisecond) // due at once
 	require.NoError(t, s.RecordFailure(ctx, c.Fence, store.FailureDecision{
 		Retry: true, NextAttemptAt: next, Code: "native_session_interrupted", Message: "provider_stdout_closed: gone",
@@ -156,7 +165,9 @@ func TestE11_RetryableFailureRequeuesWithANewTurnGenerationAndProjection(t *test
 	require.Equal(t, "in_review", run.GetRecovery().GetIssueStatus())
 	evs, err := s.EventsAfter(ctx, "r", 0, 10)
 	require.NoError(t, err)
-	require.Equal(t, []string{"run.retry_scheduled", "run.terminal"}, []string{evs[0].Event.GetEventType(), evs[1].Event.GetEventType()})
+	require.Len(t, evs, 3)
+	require.Equal(t, []string{"run.retry_scheduled", "run.retry_scheduled", "run.terminal"},
+		[]string{evs[0].Event.GetEventType(), evs[1].Event.GetEventType(), evs[2].Event.GetEventType()})
 }
 
 func activities(t *testing.T, s *store.Store, run string) []string {

@@ -1,0 +1,129 @@
+package dispatch
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/pressly/goose/v3"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/tether-run/tether/pkg/failure"
+	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
+	gatewayv1 "github.com/tether-run/tether/pkg/gen/tether/gateway/v1"
+	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
+	"github.com/tether-run/tether/pkg/pgtest"
+	"github.com/tether-run/tether/services/executor/internal/store"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+func newStore(t *testing.T) *store.Store {
+	t.Helper()
+	dsn := pgtest.NewDB(t, pgtest.GooseMigrator(store.Migrations, "migrations", goose.WithTableName("executor_goose_version")))
+	s, err := store.Open(context.Background(), dsn)
+	require.NoError(t, err)
+	t.Cleanup(s.Close)
+	return s
+}
+
+func input(session string) *prpv1.ExecutionInput {
+	return &prpv1.ExecutionInput{
+		Provider: &prpv1.Provider{Kind: "codex"},
+		Binding:  &prpv1.Binding{CompanyId: "acme", AgentId: "agent-1"},
+		Task:     &prpv1.Task{Prompt: "x"},
+		Session:  &prpv1.Session{NormalizedSessionId: session, Lifecycle: &prpv1.Lifecycle{Mode: prpv1.LifecycleMode_LIFECYCLE_MODE_WARM}},
+	}
+}
+
+// probeGateway records every Attach and, at that moment, what another
+// connection sees of the run in the database.
+type probeGateway struct {
+	gatewayv1.RunnerGatewayClient
+	store *store.Store
+	mu    sync.Mutex
+	seen  []*executorv1.Run
+}
+
+func (g *probeGateway) Attach(ctx context.Context, _ ...grpc.CallOption) (gatewayv1.RunnerGateway_AttachClient, error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	// Read through the pool (another connection): only committed state shows.
+	runs, _, err := g.store.ListRuns(context.Background(), store.ListFilter{}, 10, "")
+	if err == nil {
+		for _, r := range runs {
+			if r.GetLeaseOwner() != "" {
+				g.seen = append(g.seen, r)
+			}
+		}
+	}
+	return nil, status.Error(codes.InvalidArgument, "probe: no runner here")
+}
+
+func (g *probeGateway) attaches() []*executorv1.Run {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return append([]*executorv1.Run(nil), g.seen...)
+}
+
+func TestE7_NoRunnerIsContactedBeforeTheClaimCommitsOrWhenTheClaimIsRefused(t *testing.T) {
+	s := newStore(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	for _, id := range []string{"has-result", "cancelled", "fresh"} {
+		_, _, err := s.SubmitRun(ctx, id, input("s-"+id))
+		require.NoError(t, err)
+	}
+	_, err := s.Pool().Exec(ctx, `UPDATE executor.coordinators SET phase = 'workspace_finalizing', result_id = 'native-result-1' WHERE run_id = 'has-result'`)
+	require.NoError(t, err)
+	_, err = s.RecordCancellation(ctx, store.CancelRequest{RunID: "cancelled", Scope: "run", Reason: "stop"})
+	require.NoError(t, err)
+
+	gw := &probeGateway{store: s}
+	d := New(s, Config{Owner: "probe", LeaseTTL: time.Minute, PollInterval: 20 * time.Millisecond, Gateway: gw,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	done := make(chan struct{})
+	go func() { defer close(done); _ = d.Run(ctx) }()
+	require.Eventually(t, func() bool { return len(gw.attaches()) > 0 }, 10*time.Second, 10*time.Millisecond)
+	time.Sleep(100 * time.Millisecond) // give refused runs every chance to be (wrongly) picked
+	cancel()
+	<-done
+
+	seen := gw.attaches()
+	require.Len(t, seen, 1, "only the claimable run reached the gateway")
+	require.Equal(t, "fresh", seen[0].GetRunId())
+	require.Equal(t, "probe", seen[0].GetLeaseOwner(), "the claim was committed before the gateway was contacted")
+	require.EqualValues(t, 1, seen[0].GetAttempt())
+	run, err := s.GetRun(context.Background(), "fresh")
+	require.NoError(t, err)
+	require.Equal(t, executorv1.RunState_RUN_STATE_FAILED, run.GetState(), "a permanent refusal fails the run under its code")
+	require.Equal(t, "runner_attach_failed", run.GetFailure().GetCode())
+	require.Contains(t, run.GetFailure().GetMessage(), "probe: no runner here")
+}
+
+func TestE7_LostRenewalSelfFencesTheDriver(t *testing.T) {
+	s := newStore(t)
+	ctx := context.Background()
+	_, _, err := s.SubmitRun(ctx, "r", input("s"))
+	require.NoError(t, err)
+	c, err := s.ClaimNext(ctx, "me", time.Minute, store.Controller{})
+	require.NoError(t, err)
+	k := newLeaseKeeper(s, "me", 3*time.Second, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	runCtx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	k.add("r", c.Attempt, cancel)
+	k.renew(ctx)
+	require.NoError(t, runCtx.Err(), "a held lease is renewed")
+
+	// Another replica took the run over (expired, claimed with attempt+1).
+	_, err = s.Pool().Exec(ctx, `UPDATE executor.coordinators SET attempt = attempt + 1, lease_owner = 'other' WHERE run_id = 'r'`)
+	require.NoError(t, err)
+	k.renew(ctx)
+	require.Error(t, runCtx.Err())
+	require.Equal(t, store.CodeLeaseLost, failure.CodeOf(context.Cause(runCtx)))
+}
