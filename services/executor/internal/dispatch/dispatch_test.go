@@ -127,3 +127,24 @@ func TestE7_LostRenewalSelfFencesTheDriver(t *testing.T) {
 	require.Error(t, runCtx.Err())
 	require.Equal(t, store.CodeLeaseLost, failure.CodeOf(context.Cause(runCtx)))
 }
+
+func TestE7_DriverSelfFencesWhenRenewalsKeepFailing(t *testing.T) {
+	s := newStore(t)
+	ctx := context.Background()
+	_, _, err := s.SubmitRun(ctx, "r", input("s"))
+	require.NoError(t, err)
+	c, err := s.ClaimNext(ctx, "me", time.Minute, store.Controller{})
+	require.NoError(t, err)
+	k := newLeaseKeeper(s, "me", 3*time.Second, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	runCtx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	k.add("r", c.Attempt, cancel)
+	s.Close() // the database becomes unreachable: renewals fail
+	k.renew(ctx)
+	require.NoError(t, runCtx.Err(), "one failed renewal is within the bound")
+	k.mu.Lock()
+	k.held["r"].renewedAt = time.Now().Add(-2 * time.Second) // > TTL/2 since the last good renewal
+	k.mu.Unlock()
+	k.renew(ctx)
+	require.Equal(t, store.CodeLeaseLost, failure.CodeOf(context.Cause(runCtx)), "the driver stopped on its own")
+}

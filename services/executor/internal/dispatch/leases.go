@@ -13,29 +13,36 @@ import (
 // tick (every TTL/3). A lease that was not renewed is lost: its driver is
 // cancelled and never writes again (its writes are fenced in SQL anyway).
 //
-// Self-fencing: a driver stops acting on its own when it has gone longer than
-// selfFence = TTL*2/3 without a successful renewal, which is < TTL, so it
-// stops before any other replica can claim the run (claims need the lease to
-// have expired in the database clock).
+// Self-fencing: a driver also stops on its own, without hearing from the
+// database, once more than TTL/2 has passed since the start of its last
+// successful renewal. The check runs at every tick, before the renewal
+// request, so the driver stops at the latest at (last start) + 2·TTL/3 —
+// the first tick past TTL/2. The lease, extended by the database during that
+// last renewal, expires no earlier than (last start) + TTL, and no replica
+// can claim it before it expires. Hence:
+//
+//	renew interval TTL/3  <  self-fence bound TTL/2  <  stop at ≤ 2·TTL/3  <  expiry ≥ TTL
+//
+// which leaves TTL/3 of margin for scheduling delays.
 type leaseKeeper struct {
 	store *store.Store
 	owner string
 	ttl   time.Duration
 	log   *slog.Logger
 
-	mu    sync.Mutex
-	held  map[string]*heldLease
-	kicks chan struct{}
+	mu   sync.Mutex
+	held map[string]*heldLease
 }
 
 type heldLease struct {
-	attempt   uint64
-	cancel    context.CancelCauseFunc
+	attempt uint64
+	cancel  context.CancelCauseFunc
+	// renewedAt is when the last successful renewal (or the claim) started.
 	renewedAt time.Time
 }
 
 func newLeaseKeeper(s *store.Store, owner string, ttl time.Duration, log *slog.Logger) *leaseKeeper {
-	return &leaseKeeper{store: s, owner: owner, ttl: ttl, log: log, held: map[string]*heldLease{}, kicks: make(chan struct{}, 1)}
+	return &leaseKeeper{store: s, owner: owner, ttl: ttl, log: log, held: map[string]*heldLease{}}
 }
 
 func (k *leaseKeeper) add(runID string, attempt uint64, cancel context.CancelCauseFunc) {
@@ -63,10 +70,21 @@ func (k *leaseKeeper) run(ctx context.Context) {
 	}
 }
 
+func (k *leaseKeeper) lost(id string, h *heldLease, why string) {
+	k.log.Warn(why, "run_id", id, "attempt", h.attempt)
+	h.cancel(store.ErrLeaseLost(store.Fence{RunID: id, Owner: k.owner, Attempt: h.attempt}))
+	delete(k.held, id)
+}
+
 func (k *leaseKeeper) renew(ctx context.Context) {
+	start := time.Now()
 	k.mu.Lock()
 	leases := make([]store.Lease, 0, len(k.held))
 	for id, h := range k.held {
+		if start.Sub(h.renewedAt) > k.ttl/2 {
+			k.lost(id, h, "no successful lease renewal within the self-fence bound; stopping the driver")
+			continue
+		}
 		leases = append(leases, store.Lease{RunID: id, Attempt: h.attempt})
 	}
 	k.mu.Unlock()
@@ -76,7 +94,6 @@ func (k *leaseKeeper) renew(ctx context.Context) {
 	rctx, cancel := context.WithTimeout(ctx, k.ttl/3)
 	renewed, err := k.store.RenewLeases(rctx, k.owner, leases, k.ttl)
 	cancel()
-	now := time.Now()
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	for _, l := range leases {
@@ -86,15 +103,11 @@ func (k *leaseKeeper) renew(ctx context.Context) {
 		}
 		switch {
 		case err == nil && renewed[l.RunID]:
-			h.renewedAt = now
+			h.renewedAt = start
 		case err == nil:
-			k.log.Warn("lease lost", "run_id", l.RunID, "attempt", l.Attempt)
-			h.cancel(store.ErrLeaseLost(store.Fence{RunID: l.RunID, Owner: k.owner, Attempt: l.Attempt}))
-			delete(k.held, l.RunID)
-		case now.Sub(h.renewedAt) > k.ttl*2/3:
-			k.log.Warn("lease renewal failing past the self-fence bound", "run_id", l.RunID, "attempt", l.Attempt, "err", err)
-			h.cancel(store.ErrLeaseLost(store.Fence{RunID: l.RunID, Owner: k.owner, Attempt: l.Attempt}))
-			delete(k.held, l.RunID)
+			k.lost(l.RunID, h, "lease lost")
+		default:
+			k.log.Warn("lease renewal failed; the self-fence bound decides", "run_id", l.RunID, "err", err)
 		}
 	}
 }
