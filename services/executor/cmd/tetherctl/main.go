@@ -47,6 +47,7 @@ commands:
   watch    stream a run's events live (RUN_ID [-json] [-after N])
   get      print a run as JSON (RUN_ID)
   list     list runs (-session, -state, -limit)
+  cancel   cancel a run (RUN_ID [-reason R] [-scope run|turn|issue])
 environment: TETHER_EXECUTOR_ADDR (default 127.0.0.1:7400), TETHER_EXECUTOR_CA`
 
 func run(args []string) error {
@@ -78,6 +79,8 @@ func run(args []string) error {
 		return get(ctx, client, rest)
 	case "list":
 		return list(ctx, client, rest)
+	case "cancel":
+		return cancelRun(ctx, client, rest)
 	}
 	global.Usage()
 	return fmt.Errorf("unknown command %q", cmd)
@@ -221,4 +224,29 @@ func list(ctx context.Context, c executorv1.ExecutorServiceClient, args []string
 func printJSON(m proto.Message) {
 	b, _ := protojson.MarshalOptions{Multiline: true, Indent: "  "}.Marshal(m)
 	fmt.Println(string(b))
+}
+
+func cancelRun(ctx context.Context, c executorv1.ExecutorServiceClient, args []string) error {
+	fs := flag.NewFlagSet("cancel", flag.ContinueOnError)
+	reason := fs.String("reason", "cancelled by tetherctl", "reason, kept in the audit trail")
+	scope := fs.String("scope", "run", "run, turn or issue")
+	if err := parseWithID(fs, args); err != nil {
+		return err
+	}
+	v, ok := executorv1.CancellationScope_value["CANCELLATION_SCOPE_"+strings.ToUpper(*scope)]
+	if !ok || v == 0 {
+		return fmt.Errorf("unknown scope %q", *scope)
+	}
+	resp, err := c.CancelRun(ctx, &executorv1.CancelRunRequest{RunId: fs.Arg(0), Scope: executorv1.CancellationScope(v), Reason: *reason})
+	if err != nil {
+		return err
+	}
+	if !resp.GetActive() {
+		fmt.Printf("%s had already ended: nothing to cancel\n", fs.Arg(0))
+		return nil
+	}
+	rec := resp.GetCancellation()
+	fmt.Printf("%s: cancellation %s (provider told to stop: %t; intent audit %s)\n",
+		fs.Arg(0), rec.GetDispatchState(), rec.GetDispatched(), rec.GetIntentAuditId())
+	return nil
 }
