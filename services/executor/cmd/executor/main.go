@@ -36,6 +36,7 @@ func run() error {
 	retryDelay := grpcx.DurationFlag(fs, "retry-delay", "", 30*time.Second, "delay before retrying a failed attempt (attempts 1 and 2; the third is terminal)")
 	poll := grpcx.DurationFlag(fs, "poll-interval", "", time.Second, "claim poll interval when no notification arrives")
 	maxActive := grpcx.IntFlag(fs, "max-active-runs", "", 64, "runs this replica drives at once")
+	advertise := grpcx.StringFlag(fs, "advertise-addr", "", "", "address other replicas use to reach this one (default: -grpc-addr)")
 	sameHost := grpcx.BoolFlag(fs, "same-host-takeover", "", true, "take over at once a run whose controller on this host is provably dead (else wait for lease expiry)")
 	migrate := grpcx.BoolFlag(fs, "migrate", "", true, "apply database migrations at start")
 	if err := grpcx.ParseFlags(fs, os.Args[1:]); err != nil {
@@ -69,13 +70,18 @@ func run() error {
 		return err
 	}
 	log := srv.Logger()
+	if *advertise == "" {
+		*advertise = cfg.GRPCAddr
+	}
 	d := dispatch.New(st, dispatch.Config{
 		Owner: *owner, LeaseTTL: *ttl, PollInterval: *poll, MaxActive: *maxActive, RetryDelay: *retryDelay,
-		NoSameHostTakeover: !*sameHost,
+		NoSameHostTakeover: !*sameHost, AdvertiseAddr: *advertise,
 		Gateway:            gatewayv1.NewRunnerGatewayClient(gwConn), Logger: log,
 	})
 	hub := watch.NewHub()
-	executorv1.RegisterExecutorServiceServer(srv.GRPC(), &api.Server{Store: st, Hub: hub, Kick: d.Kick, Draining: srv.Draining()})
+	apiSrv := &api.Server{Store: st, Hub: hub, Kick: d.Kick, Draining: srv.Draining(), Controls: d.Controls(), SelfAddr: *advertise}
+	executorv1.RegisterExecutorServiceServer(srv.GRPC(), apiSrv)
+	defer apiSrv.Close()
 	bg, cancelBG := context.WithCancel(context.Background())
 	defer cancelBG()
 	go hub.Listen(bg, st.Pool(), watch.Handlers{RunsDue: d.Kick, Cancel: d.CancelKick}, log)

@@ -4,13 +4,18 @@ package api
 
 import (
 	"context"
+	"sync"
 	"time"
+
+	"google.golang.org/grpc"
 
 	"google.golang.org/grpc/codes"
 
 	"github.com/tether-run/tether/pkg/failure"
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
+	"github.com/tether-run/tether/pkg/grpcx"
 	"github.com/tether-run/tether/services/executor/internal/admission"
+	"github.com/tether-run/tether/services/executor/internal/control"
 	"github.com/tether-run/tether/services/executor/internal/store"
 	"github.com/tether-run/tether/services/executor/internal/watch"
 )
@@ -24,6 +29,16 @@ type Server struct {
 	Kick func()
 	// PollInterval bounds how long a watcher waits without a notification.
 	PollInterval time.Duration
+	// Controls holds this replica's live provider sessions (steering and
+	// runtime-request resolution); calls for runs driven elsewhere are
+	// forwarded to the replica recorded with the lease.
+	Controls *control.Registry
+	// SelfAddr is this replica's advertised address (no self-forwarding).
+	SelfAddr string
+
+	connMu sync.Mutex
+	conns  map[string]*grpc.ClientConn
+
 	// Draining, when closed, ends open watches with Unavailable so a
 	// graceful shutdown is not held up by them (clients resume from their
 	// last cursor on another replica).
@@ -100,6 +115,111 @@ func (s *Server) CancelRun(ctx context.Context, req *executorv1.CancelRunRequest
 		}
 	}
 	return &executorv1.CancelRunResponse{Active: out.Active, Cancellation: rec}, nil
+}
+
+// remote returns a client for the replica driving the run, or nil when the
+// call should be answered here.
+func (s *Server) remote(ctx context.Context, runID string) (executorv1.ExecutorServiceClient, error) {
+	if s.Controls == nil || s.Controls.Has(runID) {
+		return nil, nil
+	}
+	addr, err := s.Store.ControllerAddr(ctx, runID)
+	if err != nil {
+		return nil, failure.ToStatus(err)
+	}
+	if addr == "" || addr == s.SelfAddr {
+		return nil, nil
+	}
+	s.connMu.Lock()
+	defer s.connMu.Unlock()
+	if s.conns == nil {
+		s.conns = map[string]*grpc.ClientConn{}
+	}
+	conn := s.conns[addr]
+	if conn == nil {
+		if conn, err = grpcx.Dial(addr, ""); err != nil {
+			return nil, failure.ToStatus(err)
+		}
+		s.conns[addr] = conn
+	}
+	return executorv1.NewExecutorServiceClient(conn), nil
+}
+
+// Close releases forwarding connections.
+func (s *Server) Close() {
+	s.connMu.Lock()
+	defer s.connMu.Unlock()
+	for _, c := range s.conns {
+		_ = c.Close()
+	}
+	s.conns = nil
+}
+
+// GetSteeringState reports whether the run's active turn can be steered.
+func (s *Server) GetSteeringState(ctx context.Context, req *executorv1.GetSteeringStateRequest) (*executorv1.GetSteeringStateResponse, error) {
+	if rc, err := s.remote(ctx, req.GetRunId()); err != nil || rc != nil {
+		if err != nil {
+			return nil, err
+		}
+		return rc.GetSteeringState(ctx, req)
+	}
+	st, err := s.controls().SteeringState(ctx, req.GetRunId())
+	if err != nil {
+		return nil, failure.ToStatus(err)
+	}
+	return &executorv1.GetSteeringStateResponse{Disposition: st.Disposition, ActiveTurnId: st.ActiveTurnID}, nil
+}
+
+// SteerRun steers the run's active provider turn.
+func (s *Server) SteerRun(ctx context.Context, req *executorv1.SteerRunRequest) (*executorv1.SteerRunResponse, error) {
+	if rc, err := s.remote(ctx, req.GetRunId()); err != nil || rc != nil {
+		if err != nil {
+			return nil, err
+		}
+		return rc.SteerRun(ctx, req)
+	}
+	turn, err := s.controls().Steer(ctx, req.GetRunId(), req.GetMessage(), req.GetCorrelationId(), req.GetTimeout().AsDuration())
+	if err != nil {
+		return nil, failure.ToStatus(err)
+	}
+	return &executorv1.SteerRunResponse{TurnId: turn}, nil
+}
+
+// ResolveRuntimeRequest answers a provider's runtime request once, after
+// revalidating that it is still pending.
+func (s *Server) ResolveRuntimeRequest(ctx context.Context, req *executorv1.ResolveRuntimeRequestRequest) (*executorv1.ResolveRuntimeRequestResponse, error) {
+	if rc, err := s.remote(ctx, req.GetRunId()); err != nil || rc != nil {
+		if err != nil {
+			return nil, err
+		}
+		return rc.ResolveRuntimeRequest(ctx, req)
+	}
+	id, err := s.controls().ResolveRuntimeRequest(ctx, control.ResolveInput{
+		RunID: req.GetRunId(), RequestID: req.GetRequestId(), TurnID: req.GetTurnId(),
+		Resolution: req.GetResolution().AsMap(),
+		Authorize: func(ctx context.Context) error {
+			pending, err := s.Store.RuntimeRequestPending(ctx, req.GetRunId(), req.GetRequestId())
+			if err != nil {
+				return err
+			}
+			if !pending {
+				return failure.New(codes.FailedPrecondition, "runtime_request_no_longer_pending",
+					"runtime request %s of run %s is not pending", req.GetRequestId(), req.GetRunId())
+			}
+			return nil
+		},
+	})
+	if err != nil {
+		return nil, failure.ToStatus(err)
+	}
+	return &executorv1.ResolveRuntimeRequestResponse{CommandId: id}, nil
+}
+
+func (s *Server) controls() *control.Registry {
+	if s.Controls == nil {
+		return control.NewRegistry(func() string { return "" })
+	}
+	return s.Controls
 }
 
 const watchPage = 256

@@ -23,6 +23,7 @@ import (
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
 	gatewayv1 "github.com/tether-run/tether/pkg/gen/tether/gateway/v1"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
+	"github.com/tether-run/tether/services/executor/internal/control"
 	"github.com/tether-run/tether/services/executor/internal/recovery"
 	"github.com/tether-run/tether/services/executor/internal/store"
 )
@@ -45,6 +46,10 @@ type Config struct {
 	RetryDelay time.Duration
 	// Clock returns the current time (tests inject one).
 	Clock func() time.Time
+	// AdvertiseAddr is where this replica serves the executor API; it is
+	// recorded with each lease so other replicas can forward steering and
+	// resolutions to the live session.
+	AdvertiseAddr string
 	// NoSameHostTakeover disables taking over, before expiry, leases whose
 	// controller on this host is provably dead.
 	NoSameHostTakeover bool
@@ -68,9 +73,14 @@ type Dispatcher struct {
 	wg     sync.WaitGroup
 	self   store.Controller
 
-	mu      sync.Mutex
-	cancels map[string]chan struct{} // per driven run
+	mu       sync.Mutex
+	cancels  map[string]chan struct{} // per driven run
+	controls *control.Registry
 }
+
+// Controls is the registry of this replica's live provider sessions, for
+// steering and runtime-request resolution.
+func (d *Dispatcher) Controls() *control.Registry { return d.controls }
 
 // New returns a Dispatcher.
 func New(s *store.Store, cfg Config) *Dispatcher {
@@ -98,11 +108,14 @@ func New(s *store.Store, cfg Config) *Dispatcher {
 	if cfg.Clock == nil {
 		cfg.Clock = time.Now
 	}
+	self := SelfController()
+	self.Addr = cfg.AdvertiseAddr
 	return &Dispatcher{
-		cfg: cfg, store: s, log: cfg.Logger, self: SelfController(),
+		cfg: cfg, store: s, log: cfg.Logger, self: self,
 		leases:  newLeaseKeeper(s, cfg.Owner, cfg.LeaseTTL, cfg.Logger),
-		kick:    make(chan struct{}, 1),
-		cancels: map[string]chan struct{}{},
+		kick:     make(chan struct{}, 1),
+		cancels:  map[string]chan struct{}{},
+		controls: control.NewRegistry(func() string { return store.NewID("") }),
 	}
 }
 
@@ -330,7 +343,12 @@ func (d *Dispatcher) attachOnce(ctx context.Context, c *store.Claim, cancelCh <-
 	if err != nil {
 		return false, err
 	}
-	send := func(req *gatewayv1.AttachRequest) error { return stream.Send(req) }
+	var sendMu sync.Mutex // a gRPC stream's Send is not safe for concurrent use
+	send := func(req *gatewayv1.AttachRequest) error {
+		sendMu.Lock()
+		defer sendMu.Unlock()
+		return stream.Send(req)
+	}
 	sendCmd := func(cmd *prpv1.Command) error {
 		return send(&gatewayv1.AttachRequest{Kind: &gatewayv1.AttachRequest_Command{Command: cmd}})
 	}
@@ -379,6 +397,8 @@ func (d *Dispatcher) attachOnce(ctx context.Context, c *store.Claim, cancelCh <-
 			return false, err
 		}
 	}
+	live := newLiveSession(c, send)
+	defer d.controls.Attach(c.RunID, live)()
 
 	msgs := make(chan *gatewayv1.AttachResponse)
 	recvErr := make(chan error, 1)
@@ -468,6 +488,9 @@ func (d *Dispatcher) attachOnce(ctx context.Context, c *store.Claim, cancelCh <-
 				}
 				return false, err
 			}
+			for _, ev := range evs {
+				live.observe(ev)
+			}
 			for inst, seq := range acks.persisted(opened.GetRunnerAckedSeq(), evs) {
 				if err := send(&gatewayv1.AttachRequest{Kind: &gatewayv1.AttachRequest_Ack{Ack: &gatewayv1.Ack{
 					SourceInstanceId: inst, PersistedThroughSeq: seq,
@@ -484,6 +507,9 @@ func (d *Dispatcher) attachOnce(ctx context.Context, c *store.Claim, cancelCh <-
 			}
 		case *gatewayv1.AttachResponse_CommandResult:
 			r := k.CommandResult
+			if live.result(r) {
+				continue
+			}
 			if intent, ok := cancelIntents[r.GetCommandId()]; ok {
 				// completed, or the turn had already ended: either way the
 				// provider has nothing left to do for this run.

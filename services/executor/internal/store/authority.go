@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -32,6 +33,9 @@ func BindingDigest(in *prpv1.ExecutionInput) string {
 	sum := sha256.Sum256(b)
 	return hex.EncodeToString(sum[:])
 }
+
+// NewID returns prefix followed by 24 random hex digits.
+func NewID(prefix string) string { return newID(prefix) }
 
 func newID(prefix string) string {
 	b := make([]byte, 12)
@@ -158,10 +162,11 @@ SELECT phase, binding_digest, result_id, lease_owner, attempt, coalesce(lease_ex
 		err = tx.QueryRow(ctx, `
 UPDATE executor.coordinators
    SET attempt = attempt + 1, lease_owner = $2, lease_expires_at = now() + $3 * interval '1 microsecond', phase = 'observed',
-       controller_boot_id = $4, controller_pid = $5, controller_start_ticks = $6, started_at = coalesce(started_at, now())
+       controller_boot_id = $4, controller_pid = $5, controller_start_ticks = $6, started_at = coalesce(started_at, now()),
+       controller_addr = nullif($8, '')
  WHERE run_id = $1 AND attempt = $7
 RETURNING attempt, lease_expires_at, turn_generation`, runID, owner, ttl.Microseconds(),
-			ctl.BootID, ctl.PID, int64(ctl.StartTicks), int64(attempt)).Scan(&attempt, &exp, &gen)
+			ctl.BootID, ctl.PID, int64(ctl.StartTicks), int64(attempt), ctl.Addr).Scan(&attempt, &exp, &gen)
 		if err != nil {
 			return err
 		}
@@ -341,4 +346,62 @@ func decodeRecovery(b []byte) (*executorv1.Recovery, error) {
 		}
 	}
 	return r, nil
+}
+
+// ControllerAddr returns where the controller currently driving the run
+// serves the executor API ("" when the run is not being driven).
+func (s *Store) ControllerAddr(ctx context.Context, runID string) (string, error) {
+	var addr *string
+	err := s.pool.QueryRow(ctx, `
+SELECT CASE WHEN phase = 'observed' AND lease_expires_at > now() THEN controller_addr END
+  FROM executor.coordinators WHERE run_id = $1`, runID).Scan(&addr)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", ErrRunNotFound(runID)
+	}
+	if err != nil || addr == nil {
+		return "", err
+	}
+	return *addr, nil
+}
+
+// RuntimeRequestPending reports whether the run's provider asked
+// (runtime_request.created) for requestID and nothing has settled it yet
+// (resolved, expired or cancelled).
+func (s *Store) RuntimeRequestPending(ctx context.Context, runID, requestID string) (bool, error) {
+	rows, err := s.pool.Query(ctx, `
+SELECT event FROM executor.events
+ WHERE run_id = $1 AND event_type IN ('runtime_request.created', 'runtime_request.resolved', 'runtime_request.expired', 'runtime_request.cancelled')
+ ORDER BY seq`, runID)
+	if err != nil {
+		return false, err
+	}
+	defer rows.Close()
+	pending := false
+	for rows.Next() {
+		var raw []byte
+		if err := rows.Scan(&raw); err != nil {
+			return false, err
+		}
+		ev := &prpv1.Event{}
+		if err := proto.Unmarshal(raw, ev); err != nil {
+			return false, err
+		}
+		if RequestID(ev.GetPayload().GetFields()["requestId"]) != requestID {
+			continue
+		}
+		pending = ev.GetEventType() == "runtime_request.created"
+	}
+	return pending, rows.Err()
+}
+
+// RequestID renders a JSON-RPC request id (a number, possibly 0, or a
+// string) as a string.
+func RequestID(v *structpb.Value) string {
+	switch k := v.GetKind().(type) {
+	case *structpb.Value_StringValue:
+		return k.StringValue
+	case *structpb.Value_NumberValue:
+		return strconv.FormatFloat(k.NumberValue, 'f', -1, 64)
+	}
+	return ""
 }

@@ -375,6 +375,9 @@ type Controller struct {
 	BootID     string
 	PID        int
 	StartTicks uint64
+	// Addr is where this controller serves the executor API (for
+	// forwarding steering and resolutions to the live session).
+	Addr string
 }
 
 // ClaimNext claims the oldest due run in one statement: a queued run, a
@@ -395,7 +398,7 @@ func (s *Store) ClaimNext(ctx context.Context, owner string, ttl time.Duration, 
 // claimSet is the lease a claim writes.
 const claimSet = `attempt = c.attempt + 1, lease_owner = $1, lease_expires_at = now() + $2 * interval '1 microsecond',
          phase = 'observed', controller_boot_id = $3, controller_pid = $4, controller_start_ticks = $5,
-         started_at = coalesce(c.started_at, now())`
+         started_at = coalesce(c.started_at, now()), controller_addr = nullif($6, '')`
 
 // claimQueuedSQL claims the oldest due queued run whose session has no
 // earlier unfinished run.
@@ -435,7 +438,7 @@ SELECT claimed.run_id, claimed.attempt, claimed.lease_expires_at, claimed.turn_g
   FROM claimed JOIN executor.runs r ON r.run_id = claimed.run_id`
 
 func (s *Store) claimNext(ctx context.Context, query, owner string, ttl time.Duration, ctl Controller) (*Claim, error) {
-	row := s.pool.QueryRow(ctx, query, owner, ttl.Microseconds(), ctl.BootID, ctl.PID, int64(ctl.StartTicks))
+	row := s.pool.QueryRow(ctx, query, owner, ttl.Microseconds(), ctl.BootID, ctl.PID, int64(ctl.StartTicks), ctl.Addr)
 	var (
 		c   Claim
 		raw []byte

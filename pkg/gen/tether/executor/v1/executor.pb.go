@@ -12,6 +12,7 @@ import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 	durationpb "google.golang.org/protobuf/types/known/durationpb"
+	structpb "google.golang.org/protobuf/types/known/structpb"
 	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
@@ -1353,11 +1354,341 @@ func (x *WatchRunResponse) GetEvent() *v1.Event {
 	return nil
 }
 
+// GetSteeringStateRequest names a run.
+type GetSteeringStateRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	RunId         string                 `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetSteeringStateRequest) Reset() {
+	*x = GetSteeringStateRequest{}
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetSteeringStateRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetSteeringStateRequest) ProtoMessage() {}
+
+func (x *GetSteeringStateRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetSteeringStateRequest.ProtoReflect.Descriptor instead.
+func (*GetSteeringStateRequest) Descriptor() ([]byte, []int) {
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *GetSteeringStateRequest) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+// GetSteeringStateResponse reports steerability.
+type GetSteeringStateResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// available | unsupported | temporarily_unavailable
+	Disposition   string `protobuf:"bytes,1,opt,name=disposition,proto3" json:"disposition,omitempty"`
+	ActiveTurnId  string `protobuf:"bytes,2,opt,name=active_turn_id,json=activeTurnId,proto3" json:"active_turn_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetSteeringStateResponse) Reset() {
+	*x = GetSteeringStateResponse{}
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetSteeringStateResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetSteeringStateResponse) ProtoMessage() {}
+
+func (x *GetSteeringStateResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetSteeringStateResponse.ProtoReflect.Descriptor instead.
+func (*GetSteeringStateResponse) Descriptor() ([]byte, []int) {
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *GetSteeringStateResponse) GetDisposition() string {
+	if x != nil {
+		return x.Disposition
+	}
+	return ""
+}
+
+func (x *GetSteeringStateResponse) GetActiveTurnId() string {
+	if x != nil {
+		return x.ActiveTurnId
+	}
+	return ""
+}
+
+// SteerRunRequest steers a run's active turn.
+type SteerRunRequest struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	RunId   string                 `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	Message string                 `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
+	// Correlates the steer with the caller's record (e.g. a queued comment).
+	CorrelationId string `protobuf:"bytes,3,opt,name=correlation_id,json=correlationId,proto3" json:"correlation_id,omitempty"`
+	// Bound on the provider acknowledgement wait (default 10s, max 60s).
+	Timeout       *durationpb.Duration `protobuf:"bytes,4,opt,name=timeout,proto3" json:"timeout,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SteerRunRequest) Reset() {
+	*x = SteerRunRequest{}
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SteerRunRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SteerRunRequest) ProtoMessage() {}
+
+func (x *SteerRunRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SteerRunRequest.ProtoReflect.Descriptor instead.
+func (*SteerRunRequest) Descriptor() ([]byte, []int) {
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *SteerRunRequest) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+func (x *SteerRunRequest) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *SteerRunRequest) GetCorrelationId() string {
+	if x != nil {
+		return x.CorrelationId
+	}
+	return ""
+}
+
+func (x *SteerRunRequest) GetTimeout() *durationpb.Duration {
+	if x != nil {
+		return x.Timeout
+	}
+	return nil
+}
+
+// SteerRunResponse returns the steered turn.
+type SteerRunResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	TurnId        string                 `protobuf:"bytes,1,opt,name=turn_id,json=turnId,proto3" json:"turn_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SteerRunResponse) Reset() {
+	*x = SteerRunResponse{}
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SteerRunResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SteerRunResponse) ProtoMessage() {}
+
+func (x *SteerRunResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SteerRunResponse.ProtoReflect.Descriptor instead.
+func (*SteerRunResponse) Descriptor() ([]byte, []int) {
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *SteerRunResponse) GetTurnId() string {
+	if x != nil {
+		return x.TurnId
+	}
+	return ""
+}
+
+// ResolveRuntimeRequestRequest answers a runtime request.
+type ResolveRuntimeRequestRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	RunId     string                 `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	RequestId string                 `protobuf:"bytes,2,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	TurnId    string                 `protobuf:"bytes,3,opt,name=turn_id,json=turnId,proto3" json:"turn_id,omitempty"`
+	// e.g. {"decision":"accept"} for an approval, {"answers":{...}} for user input.
+	Resolution    *structpb.Struct `protobuf:"bytes,4,opt,name=resolution,proto3" json:"resolution,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResolveRuntimeRequestRequest) Reset() {
+	*x = ResolveRuntimeRequestRequest{}
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResolveRuntimeRequestRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResolveRuntimeRequestRequest) ProtoMessage() {}
+
+func (x *ResolveRuntimeRequestRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResolveRuntimeRequestRequest.ProtoReflect.Descriptor instead.
+func (*ResolveRuntimeRequestRequest) Descriptor() ([]byte, []int) {
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *ResolveRuntimeRequestRequest) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+func (x *ResolveRuntimeRequestRequest) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+func (x *ResolveRuntimeRequestRequest) GetTurnId() string {
+	if x != nil {
+		return x.TurnId
+	}
+	return ""
+}
+
+func (x *ResolveRuntimeRequestRequest) GetResolution() *structpb.Struct {
+	if x != nil {
+		return x.Resolution
+	}
+	return nil
+}
+
+// ResolveRuntimeRequestResponse returns the dispatching command id.
+type ResolveRuntimeRequestResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	CommandId     string                 `protobuf:"bytes,1,opt,name=command_id,json=commandId,proto3" json:"command_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResolveRuntimeRequestResponse) Reset() {
+	*x = ResolveRuntimeRequestResponse{}
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResolveRuntimeRequestResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResolveRuntimeRequestResponse) ProtoMessage() {}
+
+func (x *ResolveRuntimeRequestResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResolveRuntimeRequestResponse.ProtoReflect.Descriptor instead.
+func (*ResolveRuntimeRequestResponse) Descriptor() ([]byte, []int) {
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *ResolveRuntimeRequestResponse) GetCommandId() string {
+	if x != nil {
+		return x.CommandId
+	}
+	return ""
+}
+
 var File_tether_executor_v1_executor_proto protoreflect.FileDescriptor
 
 const file_tether_executor_v1_executor_proto_rawDesc = "" +
 	"\n" +
-	"!tether/executor/v1/executor.proto\x12\x12tether.executor.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x19tether/prp/v1/event.proto\x1a\x1dtether/prp/v1/execution.proto\"\x91\x01\n" +
+	"!tether/executor/v1/executor.proto\x12\x12tether.executor.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x19tether/prp/v1/event.proto\x1a\x1dtether/prp/v1/execution.proto\"\x91\x01\n" +
 	"\x10SubmitRunRequest\x12@\n" +
 	"\x06run_id\x18\x01 \x01(\tB)\xbaH&r$\x10\x01\x18\xa0\x012\x1d^[A-Za-z0-9][A-Za-z0-9._:-]*$R\x05runId\x12;\n" +
 	"\x05input\x18\x02 \x01(\v2\x1d.tether.prp.v1.ExecutionInputB\x06\xbaH\x03\xc8\x01\x01R\x05input\"X\n" +
@@ -1465,7 +1796,30 @@ const file_tether_executor_v1_executor_proto_rawDesc = "" +
 	"\tafter_seq\x18\x02 \x01(\x04R\bafterSeq\"P\n" +
 	"\x10WatchRunResponse\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12*\n" +
-	"\x05event\x18\x02 \x01(\v2\x14.tether.prp.v1.EventR\x05event*\x9a\x01\n" +
+	"\x05event\x18\x02 \x01(\v2\x14.tether.prp.v1.EventR\x05event\"9\n" +
+	"\x17GetSteeringStateRequest\x12\x1e\n" +
+	"\x06run_id\x18\x01 \x01(\tB\a\xbaH\x04r\x02\x10\x01R\x05runId\"b\n" +
+	"\x18GetSteeringStateResponse\x12 \n" +
+	"\vdisposition\x18\x01 \x01(\tR\vdisposition\x12$\n" +
+	"\x0eactive_turn_id\x18\x02 \x01(\tR\factiveTurnId\"\xcc\x01\n" +
+	"\x0fSteerRunRequest\x12\x1e\n" +
+	"\x06run_id\x18\x01 \x01(\tB\a\xbaH\x04r\x02\x10\x01R\x05runId\x12%\n" +
+	"\amessage\x18\x02 \x01(\tB\v\xbaH\br\x06\x10\x01(\x80\x80\x04R\amessage\x12/\n" +
+	"\x0ecorrelation_id\x18\x03 \x01(\tB\b\xbaH\x05r\x03\x18\xa0\x01R\rcorrelationId\x12A\n" +
+	"\atimeout\x18\x04 \x01(\v2\x19.google.protobuf.DurationB\f\xbaH\t\xaa\x01\x06\"\x02\b<2\x00R\atimeout\"+\n" +
+	"\x10SteerRunResponse\x12\x17\n" +
+	"\aturn_id\x18\x01 \x01(\tR\x06turnId\"\xc9\x01\n" +
+	"\x1cResolveRuntimeRequestRequest\x12\x1e\n" +
+	"\x06run_id\x18\x01 \x01(\tB\a\xbaH\x04r\x02\x10\x01R\x05runId\x12&\n" +
+	"\n" +
+	"request_id\x18\x02 \x01(\tB\a\xbaH\x04r\x02\x10\x01R\trequestId\x12 \n" +
+	"\aturn_id\x18\x03 \x01(\tB\a\xbaH\x04r\x02\x10\x01R\x06turnId\x12?\n" +
+	"\n" +
+	"resolution\x18\x04 \x01(\v2\x17.google.protobuf.StructB\x06\xbaH\x03\xc8\x01\x01R\n" +
+	"resolution\">\n" +
+	"\x1dResolveRuntimeRequestResponse\x12\x1d\n" +
+	"\n" +
+	"command_id\x18\x01 \x01(\tR\tcommandId*\x9a\x01\n" +
 	"\bRunState\x12\x19\n" +
 	"\x15RUN_STATE_UNSPECIFIED\x10\x00\x12\x14\n" +
 	"\x10RUN_STATE_QUEUED\x10\x01\x12\x15\n" +
@@ -1477,13 +1831,16 @@ const file_tether_executor_v1_executor_proto_rawDesc = "" +
 	"\x1eCANCELLATION_SCOPE_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16CANCELLATION_SCOPE_RUN\x10\x01\x12\x1b\n" +
 	"\x17CANCELLATION_SCOPE_TURN\x10\x02\x12\x1c\n" +
-	"\x18CANCELLATION_SCOPE_ISSUE\x10\x032\xc6\x03\n" +
+	"\x18CANCELLATION_SCOPE_ISSUE\x10\x032\x8a\x06\n" +
 	"\x0fExecutorService\x12X\n" +
 	"\tSubmitRun\x12$.tether.executor.v1.SubmitRunRequest\x1a%.tether.executor.v1.SubmitRunResponse\x12O\n" +
 	"\x06GetRun\x12!.tether.executor.v1.GetRunRequest\x1a\".tether.executor.v1.GetRunResponse\x12U\n" +
 	"\bListRuns\x12#.tether.executor.v1.ListRunsRequest\x1a$.tether.executor.v1.ListRunsResponse\x12W\n" +
 	"\bWatchRun\x12#.tether.executor.v1.WatchRunRequest\x1a$.tether.executor.v1.WatchRunResponse0\x01\x12X\n" +
-	"\tCancelRun\x12$.tether.executor.v1.CancelRunRequest\x1a%.tether.executor.v1.CancelRunResponseB\xd5\x01\n" +
+	"\tCancelRun\x12$.tether.executor.v1.CancelRunRequest\x1a%.tether.executor.v1.CancelRunResponse\x12m\n" +
+	"\x10GetSteeringState\x12+.tether.executor.v1.GetSteeringStateRequest\x1a,.tether.executor.v1.GetSteeringStateResponse\x12U\n" +
+	"\bSteerRun\x12#.tether.executor.v1.SteerRunRequest\x1a$.tether.executor.v1.SteerRunResponse\x12|\n" +
+	"\x15ResolveRuntimeRequest\x120.tether.executor.v1.ResolveRuntimeRequestRequest\x1a1.tether.executor.v1.ResolveRuntimeRequestResponseB\xd5\x01\n" +
 	"\x16com.tether.executor.v1B\rExecutorProtoP\x01ZBgithub.com/tether-run/tether/pkg/gen/tether/executor/v1;executorv1\xa2\x02\x03TEX\xaa\x02\x12Tether.Executor.V1\xca\x02\x12Tether\\Executor\\V1\xe2\x02\x1eTether\\Executor\\V1\\GPBMetadata\xea\x02\x14Tether::Executor::V1b\x06proto3"
 
 var (
@@ -1499,72 +1856,87 @@ func file_tether_executor_v1_executor_proto_rawDescGZIP() []byte {
 }
 
 var file_tether_executor_v1_executor_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_tether_executor_v1_executor_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
+var file_tether_executor_v1_executor_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
 var file_tether_executor_v1_executor_proto_goTypes = []any{
-	(RunState)(0),                 // 0: tether.executor.v1.RunState
-	(CancellationScope)(0),        // 1: tether.executor.v1.CancellationScope
-	(*SubmitRunRequest)(nil),      // 2: tether.executor.v1.SubmitRunRequest
-	(*SubmitRunResponse)(nil),     // 3: tether.executor.v1.SubmitRunResponse
-	(*Usage)(nil),                 // 4: tether.executor.v1.Usage
-	(*RunResult)(nil),             // 5: tether.executor.v1.RunResult
-	(*Failure)(nil),               // 6: tether.executor.v1.Failure
-	(*Run)(nil),                   // 7: tether.executor.v1.Run
-	(*Cancellation)(nil),          // 8: tether.executor.v1.Cancellation
-	(*Recovery)(nil),              // 9: tether.executor.v1.Recovery
-	(*CancelRunRequest)(nil),      // 10: tether.executor.v1.CancelRunRequest
-	(*CancelRunResponse)(nil),     // 11: tether.executor.v1.CancelRunResponse
-	(*GetRunRequest)(nil),         // 12: tether.executor.v1.GetRunRequest
-	(*GetRunResponse)(nil),        // 13: tether.executor.v1.GetRunResponse
-	(*ListRunsRequest)(nil),       // 14: tether.executor.v1.ListRunsRequest
-	(*ListRunsResponse)(nil),      // 15: tether.executor.v1.ListRunsResponse
-	(*WatchRunRequest)(nil),       // 16: tether.executor.v1.WatchRunRequest
-	(*WatchRunResponse)(nil),      // 17: tether.executor.v1.WatchRunResponse
-	(*v1.ExecutionInput)(nil),     // 18: tether.prp.v1.ExecutionInput
-	(*timestamppb.Timestamp)(nil), // 19: google.protobuf.Timestamp
-	(*v1.ProcessInfo)(nil),        // 20: tether.prp.v1.ProcessInfo
-	(*durationpb.Duration)(nil),   // 21: google.protobuf.Duration
-	(*v1.Event)(nil),              // 22: tether.prp.v1.Event
+	(RunState)(0),                         // 0: tether.executor.v1.RunState
+	(CancellationScope)(0),                // 1: tether.executor.v1.CancellationScope
+	(*SubmitRunRequest)(nil),              // 2: tether.executor.v1.SubmitRunRequest
+	(*SubmitRunResponse)(nil),             // 3: tether.executor.v1.SubmitRunResponse
+	(*Usage)(nil),                         // 4: tether.executor.v1.Usage
+	(*RunResult)(nil),                     // 5: tether.executor.v1.RunResult
+	(*Failure)(nil),                       // 6: tether.executor.v1.Failure
+	(*Run)(nil),                           // 7: tether.executor.v1.Run
+	(*Cancellation)(nil),                  // 8: tether.executor.v1.Cancellation
+	(*Recovery)(nil),                      // 9: tether.executor.v1.Recovery
+	(*CancelRunRequest)(nil),              // 10: tether.executor.v1.CancelRunRequest
+	(*CancelRunResponse)(nil),             // 11: tether.executor.v1.CancelRunResponse
+	(*GetRunRequest)(nil),                 // 12: tether.executor.v1.GetRunRequest
+	(*GetRunResponse)(nil),                // 13: tether.executor.v1.GetRunResponse
+	(*ListRunsRequest)(nil),               // 14: tether.executor.v1.ListRunsRequest
+	(*ListRunsResponse)(nil),              // 15: tether.executor.v1.ListRunsResponse
+	(*WatchRunRequest)(nil),               // 16: tether.executor.v1.WatchRunRequest
+	(*WatchRunResponse)(nil),              // 17: tether.executor.v1.WatchRunResponse
+	(*GetSteeringStateRequest)(nil),       // 18: tether.executor.v1.GetSteeringStateRequest
+	(*GetSteeringStateResponse)(nil),      // 19: tether.executor.v1.GetSteeringStateResponse
+	(*SteerRunRequest)(nil),               // 20: tether.executor.v1.SteerRunRequest
+	(*SteerRunResponse)(nil),              // 21: tether.executor.v1.SteerRunResponse
+	(*ResolveRuntimeRequestRequest)(nil),  // 22: tether.executor.v1.ResolveRuntimeRequestRequest
+	(*ResolveRuntimeRequestResponse)(nil), // 23: tether.executor.v1.ResolveRuntimeRequestResponse
+	(*v1.ExecutionInput)(nil),             // 24: tether.prp.v1.ExecutionInput
+	(*timestamppb.Timestamp)(nil),         // 25: google.protobuf.Timestamp
+	(*v1.ProcessInfo)(nil),                // 26: tether.prp.v1.ProcessInfo
+	(*durationpb.Duration)(nil),           // 27: google.protobuf.Duration
+	(*v1.Event)(nil),                      // 28: tether.prp.v1.Event
+	(*structpb.Struct)(nil),               // 29: google.protobuf.Struct
 }
 var file_tether_executor_v1_executor_proto_depIdxs = []int32{
-	18, // 0: tether.executor.v1.SubmitRunRequest.input:type_name -> tether.prp.v1.ExecutionInput
+	24, // 0: tether.executor.v1.SubmitRunRequest.input:type_name -> tether.prp.v1.ExecutionInput
 	7,  // 1: tether.executor.v1.SubmitRunResponse.run:type_name -> tether.executor.v1.Run
 	4,  // 2: tether.executor.v1.RunResult.usage:type_name -> tether.executor.v1.Usage
 	0,  // 3: tether.executor.v1.Run.state:type_name -> tether.executor.v1.RunState
-	19, // 4: tether.executor.v1.Run.lease_expires_at:type_name -> google.protobuf.Timestamp
-	18, // 5: tether.executor.v1.Run.input:type_name -> tether.prp.v1.ExecutionInput
+	25, // 4: tether.executor.v1.Run.lease_expires_at:type_name -> google.protobuf.Timestamp
+	24, // 5: tether.executor.v1.Run.input:type_name -> tether.prp.v1.ExecutionInput
 	5,  // 6: tether.executor.v1.Run.result:type_name -> tether.executor.v1.RunResult
 	6,  // 7: tether.executor.v1.Run.failure:type_name -> tether.executor.v1.Failure
-	20, // 8: tether.executor.v1.Run.runner_process:type_name -> tether.prp.v1.ProcessInfo
-	20, // 9: tether.executor.v1.Run.provider_process:type_name -> tether.prp.v1.ProcessInfo
-	19, // 10: tether.executor.v1.Run.created_at:type_name -> google.protobuf.Timestamp
-	19, // 11: tether.executor.v1.Run.updated_at:type_name -> google.protobuf.Timestamp
-	19, // 12: tether.executor.v1.Run.started_at:type_name -> google.protobuf.Timestamp
-	19, // 13: tether.executor.v1.Run.ended_at:type_name -> google.protobuf.Timestamp
+	26, // 8: tether.executor.v1.Run.runner_process:type_name -> tether.prp.v1.ProcessInfo
+	26, // 9: tether.executor.v1.Run.provider_process:type_name -> tether.prp.v1.ProcessInfo
+	25, // 10: tether.executor.v1.Run.created_at:type_name -> google.protobuf.Timestamp
+	25, // 11: tether.executor.v1.Run.updated_at:type_name -> google.protobuf.Timestamp
+	25, // 12: tether.executor.v1.Run.started_at:type_name -> google.protobuf.Timestamp
+	25, // 13: tether.executor.v1.Run.ended_at:type_name -> google.protobuf.Timestamp
 	8,  // 14: tether.executor.v1.Run.cancellation:type_name -> tether.executor.v1.Cancellation
 	9,  // 15: tether.executor.v1.Run.recovery:type_name -> tether.executor.v1.Recovery
-	19, // 16: tether.executor.v1.Recovery.next_attempt_at:type_name -> google.protobuf.Timestamp
+	25, // 16: tether.executor.v1.Recovery.next_attempt_at:type_name -> google.protobuf.Timestamp
 	1,  // 17: tether.executor.v1.CancelRunRequest.scope:type_name -> tether.executor.v1.CancellationScope
-	21, // 18: tether.executor.v1.CancelRunRequest.wait_timeout:type_name -> google.protobuf.Duration
+	27, // 18: tether.executor.v1.CancelRunRequest.wait_timeout:type_name -> google.protobuf.Duration
 	8,  // 19: tether.executor.v1.CancelRunResponse.cancellation:type_name -> tether.executor.v1.Cancellation
 	7,  // 20: tether.executor.v1.GetRunResponse.run:type_name -> tether.executor.v1.Run
 	0,  // 21: tether.executor.v1.ListRunsRequest.state:type_name -> tether.executor.v1.RunState
 	7,  // 22: tether.executor.v1.ListRunsResponse.runs:type_name -> tether.executor.v1.Run
-	22, // 23: tether.executor.v1.WatchRunResponse.event:type_name -> tether.prp.v1.Event
-	2,  // 24: tether.executor.v1.ExecutorService.SubmitRun:input_type -> tether.executor.v1.SubmitRunRequest
-	12, // 25: tether.executor.v1.ExecutorService.GetRun:input_type -> tether.executor.v1.GetRunRequest
-	14, // 26: tether.executor.v1.ExecutorService.ListRuns:input_type -> tether.executor.v1.ListRunsRequest
-	16, // 27: tether.executor.v1.ExecutorService.WatchRun:input_type -> tether.executor.v1.WatchRunRequest
-	10, // 28: tether.executor.v1.ExecutorService.CancelRun:input_type -> tether.executor.v1.CancelRunRequest
-	3,  // 29: tether.executor.v1.ExecutorService.SubmitRun:output_type -> tether.executor.v1.SubmitRunResponse
-	13, // 30: tether.executor.v1.ExecutorService.GetRun:output_type -> tether.executor.v1.GetRunResponse
-	15, // 31: tether.executor.v1.ExecutorService.ListRuns:output_type -> tether.executor.v1.ListRunsResponse
-	17, // 32: tether.executor.v1.ExecutorService.WatchRun:output_type -> tether.executor.v1.WatchRunResponse
-	11, // 33: tether.executor.v1.ExecutorService.CancelRun:output_type -> tether.executor.v1.CancelRunResponse
-	29, // [29:34] is the sub-list for method output_type
-	24, // [24:29] is the sub-list for method input_type
-	24, // [24:24] is the sub-list for extension type_name
-	24, // [24:24] is the sub-list for extension extendee
-	0,  // [0:24] is the sub-list for field type_name
+	28, // 23: tether.executor.v1.WatchRunResponse.event:type_name -> tether.prp.v1.Event
+	27, // 24: tether.executor.v1.SteerRunRequest.timeout:type_name -> google.protobuf.Duration
+	29, // 25: tether.executor.v1.ResolveRuntimeRequestRequest.resolution:type_name -> google.protobuf.Struct
+	2,  // 26: tether.executor.v1.ExecutorService.SubmitRun:input_type -> tether.executor.v1.SubmitRunRequest
+	12, // 27: tether.executor.v1.ExecutorService.GetRun:input_type -> tether.executor.v1.GetRunRequest
+	14, // 28: tether.executor.v1.ExecutorService.ListRuns:input_type -> tether.executor.v1.ListRunsRequest
+	16, // 29: tether.executor.v1.ExecutorService.WatchRun:input_type -> tether.executor.v1.WatchRunRequest
+	10, // 30: tether.executor.v1.ExecutorService.CancelRun:input_type -> tether.executor.v1.CancelRunRequest
+	18, // 31: tether.executor.v1.ExecutorService.GetSteeringState:input_type -> tether.executor.v1.GetSteeringStateRequest
+	20, // 32: tether.executor.v1.ExecutorService.SteerRun:input_type -> tether.executor.v1.SteerRunRequest
+	22, // 33: tether.executor.v1.ExecutorService.ResolveRuntimeRequest:input_type -> tether.executor.v1.ResolveRuntimeRequestRequest
+	3,  // 34: tether.executor.v1.ExecutorService.SubmitRun:output_type -> tether.executor.v1.SubmitRunResponse
+	13, // 35: tether.executor.v1.ExecutorService.GetRun:output_type -> tether.executor.v1.GetRunResponse
+	15, // 36: tether.executor.v1.ExecutorService.ListRuns:output_type -> tether.executor.v1.ListRunsResponse
+	17, // 37: tether.executor.v1.ExecutorService.WatchRun:output_type -> tether.executor.v1.WatchRunResponse
+	11, // 38: tether.executor.v1.ExecutorService.CancelRun:output_type -> tether.executor.v1.CancelRunResponse
+	19, // 39: tether.executor.v1.ExecutorService.GetSteeringState:output_type -> tether.executor.v1.GetSteeringStateResponse
+	21, // 40: tether.executor.v1.ExecutorService.SteerRun:output_type -> tether.executor.v1.SteerRunResponse
+	23, // 41: tether.executor.v1.ExecutorService.ResolveRuntimeRequest:output_type -> tether.executor.v1.ResolveRuntimeRequestResponse
+	34, // [34:42] is the sub-list for method output_type
+	26, // [26:34] is the sub-list for method input_type
+	26, // [26:26] is the sub-list for extension type_name
+	26, // [26:26] is the sub-list for extension extendee
+	0,  // [0:26] is the sub-list for field type_name
 }
 
 func init() { file_tether_executor_v1_executor_proto_init() }
@@ -1578,7 +1950,7 @@ func file_tether_executor_v1_executor_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_tether_executor_v1_executor_proto_rawDesc), len(file_tether_executor_v1_executor_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   16,
+			NumMessages:   22,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -19,11 +19,14 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	ExecutorService_SubmitRun_FullMethodName = "/tether.executor.v1.ExecutorService/SubmitRun"
-	ExecutorService_GetRun_FullMethodName    = "/tether.executor.v1.ExecutorService/GetRun"
-	ExecutorService_ListRuns_FullMethodName  = "/tether.executor.v1.ExecutorService/ListRuns"
-	ExecutorService_WatchRun_FullMethodName  = "/tether.executor.v1.ExecutorService/WatchRun"
-	ExecutorService_CancelRun_FullMethodName = "/tether.executor.v1.ExecutorService/CancelRun"
+	ExecutorService_SubmitRun_FullMethodName             = "/tether.executor.v1.ExecutorService/SubmitRun"
+	ExecutorService_GetRun_FullMethodName                = "/tether.executor.v1.ExecutorService/GetRun"
+	ExecutorService_ListRuns_FullMethodName              = "/tether.executor.v1.ExecutorService/ListRuns"
+	ExecutorService_WatchRun_FullMethodName              = "/tether.executor.v1.ExecutorService/WatchRun"
+	ExecutorService_CancelRun_FullMethodName             = "/tether.executor.v1.ExecutorService/CancelRun"
+	ExecutorService_GetSteeringState_FullMethodName      = "/tether.executor.v1.ExecutorService/GetSteeringState"
+	ExecutorService_SteerRun_FullMethodName              = "/tether.executor.v1.ExecutorService/SteerRun"
+	ExecutorService_ResolveRuntimeRequest_FullMethodName = "/tether.executor.v1.ExecutorService/ResolveRuntimeRequest"
 )
 
 // ExecutorServiceClient is the client API for ExecutorService service.
@@ -49,6 +52,18 @@ type ExecutorServiceClient interface {
 	// active=false. Repeating the call is safe: it never cancels the provider
 	// twice or audits the intent twice.
 	CancelRun(ctx context.Context, in *CancelRunRequest, opts ...grpc.CallOption) (*CancelRunResponse, error)
+	// GetSteeringState says whether the run's active provider turn can be
+	// steered now.
+	GetSteeringState(ctx context.Context, in *GetSteeringStateRequest, opts ...grpc.CallOption) (*GetSteeringStateResponse, error)
+	// SteerRun sends a user message into the run's active provider turn and
+	// returns the turn id once the provider acknowledged (bounded wait).
+	// Refusals are retryable with stable codes: steering_unsupported,
+	// steering_stale_turn, steering_rejected, steering_timeout.
+	SteerRun(ctx context.Context, in *SteerRunRequest, opts ...grpc.CallOption) (*SteerRunResponse, error)
+	// ResolveRuntimeRequest answers a provider's runtime request (approval,
+	// user input) once; identical concurrent answers join, a different one is
+	// runtime_request_resolution_conflict.
+	ResolveRuntimeRequest(ctx context.Context, in *ResolveRuntimeRequestRequest, opts ...grpc.CallOption) (*ResolveRuntimeRequestResponse, error)
 }
 
 type executorServiceClient struct {
@@ -118,6 +133,36 @@ func (c *executorServiceClient) CancelRun(ctx context.Context, in *CancelRunRequ
 	return out, nil
 }
 
+func (c *executorServiceClient) GetSteeringState(ctx context.Context, in *GetSteeringStateRequest, opts ...grpc.CallOption) (*GetSteeringStateResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetSteeringStateResponse)
+	err := c.cc.Invoke(ctx, ExecutorService_GetSteeringState_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *executorServiceClient) SteerRun(ctx context.Context, in *SteerRunRequest, opts ...grpc.CallOption) (*SteerRunResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SteerRunResponse)
+	err := c.cc.Invoke(ctx, ExecutorService_SteerRun_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *executorServiceClient) ResolveRuntimeRequest(ctx context.Context, in *ResolveRuntimeRequestRequest, opts ...grpc.CallOption) (*ResolveRuntimeRequestResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ResolveRuntimeRequestResponse)
+	err := c.cc.Invoke(ctx, ExecutorService_ResolveRuntimeRequest_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // ExecutorServiceServer is the server API for ExecutorService service.
 // All implementations must embed UnimplementedExecutorServiceServer
 // for forward compatibility.
@@ -141,6 +186,18 @@ type ExecutorServiceServer interface {
 	// active=false. Repeating the call is safe: it never cancels the provider
 	// twice or audits the intent twice.
 	CancelRun(context.Context, *CancelRunRequest) (*CancelRunResponse, error)
+	// GetSteeringState says whether the run's active provider turn can be
+	// steered now.
+	GetSteeringState(context.Context, *GetSteeringStateRequest) (*GetSteeringStateResponse, error)
+	// SteerRun sends a user message into the run's active provider turn and
+	// returns the turn id once the provider acknowledged (bounded wait).
+	// Refusals are retryable with stable codes: steering_unsupported,
+	// steering_stale_turn, steering_rejected, steering_timeout.
+	SteerRun(context.Context, *SteerRunRequest) (*SteerRunResponse, error)
+	// ResolveRuntimeRequest answers a provider's runtime request (approval,
+	// user input) once; identical concurrent answers join, a different one is
+	// runtime_request_resolution_conflict.
+	ResolveRuntimeRequest(context.Context, *ResolveRuntimeRequestRequest) (*ResolveRuntimeRequestResponse, error)
 	mustEmbedUnimplementedExecutorServiceServer()
 }
 
@@ -165,6 +222,15 @@ func (UnimplementedExecutorServiceServer) WatchRun(*WatchRunRequest, grpc.Server
 }
 func (UnimplementedExecutorServiceServer) CancelRun(context.Context, *CancelRunRequest) (*CancelRunResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method CancelRun not implemented")
+}
+func (UnimplementedExecutorServiceServer) GetSteeringState(context.Context, *GetSteeringStateRequest) (*GetSteeringStateResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetSteeringState not implemented")
+}
+func (UnimplementedExecutorServiceServer) SteerRun(context.Context, *SteerRunRequest) (*SteerRunResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method SteerRun not implemented")
+}
+func (UnimplementedExecutorServiceServer) ResolveRuntimeRequest(context.Context, *ResolveRuntimeRequestRequest) (*ResolveRuntimeRequestResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ResolveRuntimeRequest not implemented")
 }
 func (UnimplementedExecutorServiceServer) mustEmbedUnimplementedExecutorServiceServer() {}
 func (UnimplementedExecutorServiceServer) testEmbeddedByValue()                         {}
@@ -270,6 +336,60 @@ func _ExecutorService_CancelRun_Handler(srv interface{}, ctx context.Context, de
 	return interceptor(ctx, in, info, handler)
 }
 
+func _ExecutorService_GetSteeringState_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetSteeringStateRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ExecutorServiceServer).GetSteeringState(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ExecutorService_GetSteeringState_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ExecutorServiceServer).GetSteeringState(ctx, req.(*GetSteeringStateRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _ExecutorService_SteerRun_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SteerRunRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ExecutorServiceServer).SteerRun(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ExecutorService_SteerRun_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ExecutorServiceServer).SteerRun(ctx, req.(*SteerRunRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _ExecutorService_ResolveRuntimeRequest_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ResolveRuntimeRequestRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ExecutorServiceServer).ResolveRuntimeRequest(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ExecutorService_ResolveRuntimeRequest_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ExecutorServiceServer).ResolveRuntimeRequest(ctx, req.(*ResolveRuntimeRequestRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // ExecutorService_ServiceDesc is the grpc.ServiceDesc for ExecutorService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -292,6 +412,18 @@ var ExecutorService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "CancelRun",
 			Handler:    _ExecutorService_CancelRun_Handler,
+		},
+		{
+			MethodName: "GetSteeringState",
+			Handler:    _ExecutorService_GetSteeringState_Handler,
+		},
+		{
+			MethodName: "SteerRun",
+			Handler:    _ExecutorService_SteerRun_Handler,
+		},
+		{
+			MethodName: "ResolveRuntimeRequest",
+			Handler:    _ExecutorService_ResolveRuntimeRequest_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -1,0 +1,149 @@
+package dispatch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"google.golang.org/grpc/codes"
+
+	"github.com/tether-run/tether/pkg/failure"
+	gatewayv1 "github.com/tether-run/tether/pkg/gen/tether/gateway/v1"
+	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
+	"github.com/tether-run/tether/services/executor/internal/control"
+	"github.com/tether-run/tether/services/executor/internal/store"
+)
+
+// liveSession is the control.Session of one Attach stream: it knows the
+// provider's active turn from the relayed events and sends steering and
+// runtime-request resolutions as runner commands, waiting for their results.
+type liveSession struct {
+	claim *store.Claim
+	send  func(*gatewayv1.AttachRequest) error // serialised by the caller
+
+	mu      sync.Mutex
+	turn    string
+	pending map[string]chan *prpv1.CommandResult
+}
+
+func newLiveSession(c *store.Claim, send func(*gatewayv1.AttachRequest) error) *liveSession {
+	return &liveSession{claim: c, send: send, pending: map[string]chan *prpv1.CommandResult{}}
+}
+
+var _ control.Session = (*liveSession)(nil)
+
+// observe tracks the provider's active turn from relayed events.
+func (l *liveSession) observe(ev *prpv1.Event) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	switch ev.GetEventType() {
+	case "turn.started":
+		if id := ev.GetPayload().GetFields()["providerTurnId"].GetStringValue(); id != "" {
+			l.turn = id
+		} else {
+			l.turn = ev.GetTurnId()
+		}
+	case "turn.completed", "turn.failed", "turn.interrupted", "turn.cancelled", "run.terminal":
+		l.turn = ""
+	}
+}
+
+// result hands a command result to its waiter; false when nobody waits.
+func (l *liveSession) result(r *prpv1.CommandResult) bool {
+	l.mu.Lock()
+	ch, ok := l.pending[r.GetCommandId()]
+	delete(l.pending, r.GetCommandId())
+	l.mu.Unlock()
+	if ok {
+		ch <- r
+	}
+	return ok
+}
+
+// Capabilities: the codex app-server supports steering and runtime-request
+// resolution.
+func (l *liveSession) Capabilities(context.Context) (control.Capabilities, error) {
+	codex := l.claim.Input.GetProvider().GetKind() == "codex"
+	return control.Capabilities{Steering: codex, RuntimeRequestResolution: codex}, nil
+}
+
+// ActiveTurnID returns the provider's active turn, "" when none.
+func (l *liveSession) ActiveTurnID(context.Context) (string, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.turn, nil
+}
+
+func (l *liveSession) call(ctx context.Context, cmd *prpv1.Command) (*prpv1.CommandResult, error) {
+	ch := make(chan *prpv1.CommandResult, 1)
+	l.mu.Lock()
+	l.pending[cmd.GetCommandId()] = ch
+	l.mu.Unlock()
+	defer func() {
+		l.mu.Lock()
+		delete(l.pending, cmd.GetCommandId())
+		l.mu.Unlock()
+	}()
+	if err := l.send(&gatewayv1.AttachRequest{Kind: &gatewayv1.AttachRequest_Command{Command: cmd}}); err != nil {
+		return nil, failure.Wrap(err, codes.Unavailable, "runner_disconnected", "sending %s: %v", cmd.GetType(), err)
+	}
+	select {
+	case r := <-ch:
+		return r, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// Steer sends turn.steer and waits for the runner's result.
+func (l *liveSession) Steer(ctx context.Context, in control.SteerInput) error {
+	id := in.CorrelationID
+	if id == "" {
+		id = store.NewID("steer-")
+	}
+	cmd, err := newCommand(l.claim, "turn.steer", map[string]any{
+		"text": in.Message.Text, "expectedTurnId": in.TurnID, "correlationId": in.CorrelationID,
+	})
+	if err != nil {
+		return err
+	}
+	cmd.CommandId = fmt.Sprintf("%s/steer/%s", l.claim.RunID, id)
+	r, err := l.call(ctx, cmd)
+	if err != nil {
+		return err
+	}
+	switch {
+	case r.GetStatus() == "completed":
+		return nil
+	case r.GetCode() == "no_active_turn" || r.GetCode() == "turn_mismatch":
+		return errors.New("stale: the active turn changed: " + r.GetMessage())
+	case r.GetCode() == "command_unsupported":
+		return errors.New("unsupported: " + r.GetMessage())
+	}
+	return fmt.Errorf("%s: %s", r.GetCode(), r.GetMessage())
+}
+
+// ResolveRuntimeRequest sends request.resolve with the reservation's
+// command id and waits for the runner's result.
+func (l *liveSession) ResolveRuntimeRequest(ctx context.Context, commandID, requestID, turnID string, resolution map[string]any) error {
+	cmd, err := newCommand(l.claim, "request.resolve", map[string]any{
+		"requestId": requestID, "turnId": turnID, "resolution": resolution,
+	})
+	if err != nil {
+		return err
+	}
+	cmd.CommandId = commandID
+	r, err := l.call(ctx, cmd)
+	if err != nil {
+		return err
+	}
+	if r.GetStatus() != "completed" {
+		code := r.GetCode()
+		if code == "" {
+			code = "runtime_request_rejected"
+		}
+		return failure.New(codes.FailedPrecondition, code, "%s", r.GetMessage())
+	}
+	return nil
+}

@@ -1,0 +1,48 @@
+package e2e
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/tether-run/tether/pkg/failure"
+	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
+	"github.com/tether-run/tether/services/executor/internal/stack"
+)
+
+func TestE9_SteeringThroughAnotherReplicaReachesTheActiveTurnOnce(t *testing.T) {
+	h := newHarness(t, stack.Options{FakeArgs: []string{"--delta-delay-ms", "100"}})
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	h.submit("steer", "steer", slowTurn)
+	h.waitForDelta(ctx, h.client, "steer")
+
+	// Ask a replica that does not drive the run: it forwards to the one that does.
+	require.NoError(t, h.st.AddExecutor("executor-2"))
+	_, err := h.st.Start(ctx, "executor-2")
+	require.NoError(t, err)
+	other := h.clientFor("executor-2")
+	state, err := other.GetSteeringState(ctx, &executorv1.GetSteeringStateRequest{RunId: "steer"})
+	require.NoError(t, err)
+	require.Equal(t, "available", state.GetDisposition())
+	require.NotEmpty(t, state.GetActiveTurnId())
+
+	resp, err := other.SteerRun(ctx, &executorv1.SteerRunRequest{RunId: "steer", Message: "also mention bananas", CorrelationId: "comment-1"})
+	require.NoError(t, err)
+	require.Equal(t, state.GetActiveTurnId(), resp.GetTurnId())
+
+	run := h.waitState(ctx, h.client, "steer", executorv1.RunState_RUN_STATE_SUCCEEDED)
+	require.Contains(t, run.GetResult().GetFinalMessage(), "also mention bananas", "the turn answered both inputs")
+	require.Equal(t, 1, countLines(t, h.st.CallLog(), "turn/steer"), "the provider was steered once")
+	require.Equal(t, 1, countLines(t, h.st.CallLog(), "turn/start"))
+
+	// After the turn: no active turn to steer, and no pending request to resolve.
+	_, err = h.client.SteerRun(ctx, &executorv1.SteerRunRequest{RunId: "steer", Message: "too late"})
+	require.Equal(t, "steering_temporarily_unavailable", failure.CodeOf(err))
+	res, _ := structpb.NewStruct(map[string]any{"decision": "accept"})
+	_, err = h.client.ResolveRuntimeRequest(ctx, &executorv1.ResolveRuntimeRequestRequest{RunId: "steer", RequestId: "0", TurnId: resp.GetTurnId(), Resolution: res})
+	require.Equal(t, "native_session_not_active", failure.CodeOf(err))
+}
