@@ -76,7 +76,7 @@ func run() error {
 	d := dispatch.New(st, dispatch.Config{
 		Owner: *owner, LeaseTTL: *ttl, PollInterval: *poll, MaxActive: *maxActive, RetryDelay: *retryDelay,
 		NoSameHostTakeover: !*sameHost, AdvertiseAddr: *advertise,
-		Gateway:            gatewayv1.NewRunnerGatewayClient(gwConn), Logger: log,
+		Gateway: gatewayv1.NewRunnerGatewayClient(gwConn), Logger: log,
 	})
 	hub := watch.NewHub()
 	apiSrv := &api.Server{Store: st, Hub: hub, Kick: d.Kick, Draining: srv.Draining(), Controls: d.Controls(), SelfAddr: *advertise}

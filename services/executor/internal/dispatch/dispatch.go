@@ -112,7 +112,7 @@ func New(s *store.Store, cfg Config) *Dispatcher {
 	self.Addr = cfg.AdvertiseAddr
 	return &Dispatcher{
 		cfg: cfg, store: s, log: cfg.Logger, self: self,
-		leases:  newLeaseKeeper(s, cfg.Owner, cfg.LeaseTTL, cfg.Logger),
+		leases:   newLeaseKeeper(s, cfg.Owner, cfg.LeaseTTL, cfg.Logger),
 		kick:     make(chan struct{}, 1),
 		cancels:  map[string]chan struct{}{},
 		controls: control.NewRegistry(func() string { return store.NewID("") }),
