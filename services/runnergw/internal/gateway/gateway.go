@@ -277,7 +277,7 @@ func (g *Gateway) Attach(stream gatewayv1.RunnerGateway_AttachServer) error {
 	}
 	if conn != nil {
 		// Unacknowledged events may have been sent to an earlier attachment.
-		_ = conn.Write(ctx, &prpv1.Frame{Kind: &prpv1.Frame_Replay{Replay: &prpv1.Replay{AfterSourceSeq: after}}})
+		_ = writeRunner(conn, &prpv1.Frame{Kind: &prpv1.Frame_Replay{Replay: &prpv1.Replay{AfterSourceSeq: after}}})
 	}
 	log.Info("attached", "runner_instance_id", opened.GetRunnerInstanceId(), "reused", reused)
 
@@ -350,7 +350,7 @@ func (g *Gateway) fromExecutor(ctx context.Context, r *runner, att *attachment, 
 			return failure.New(codes.Unavailable, "runner_disconnected", "the runner is reconnecting")
 		}
 		cmd.ControllerSeq = r.lastCmdSeq + 1
-		if err := r.conn.Write(ctx, &prpv1.Frame{Kind: &prpv1.Frame_Command{Command: cmd}}); err != nil {
+		if err := writeRunner(r.conn, &prpv1.Frame{Kind: &prpv1.Frame_Command{Command: cmd}}); err != nil {
 			return failure.Wrap(err, codes.Unavailable, "runner_disconnected", "sending %s: %v", cmd.GetType(), err)
 		}
 		r.lastCmdSeq = cmd.ControllerSeq
@@ -364,13 +364,26 @@ func (g *Gateway) fromExecutor(ctx context.Context, r *runner, att *attachment, 
 		}
 		r.ackedSeq = n
 		if r.conn != nil {
-			_ = r.conn.Write(ctx, &prpv1.Frame{Kind: &prpv1.Frame_Ack{Ack: &prpv1.Ack{AckedSourceSeq: n}}})
+			_ = writeRunner(r.conn, &prpv1.Frame{Kind: &prpv1.Frame_Ack{Ack: &prpv1.Ack{AckedSourceSeq: n}}})
 		}
 		return nil
 	case *gatewayv1.AttachRequest_Open:
 		return failure.New(codes.InvalidArgument, "attach_already_open", "Open may only be the first request")
 	}
 	return nil
+}
+
+// runnerWriteTimeout bounds one write to a runner connection.
+const runnerWriteTimeout = 10 * time.Second
+
+// writeRunner writes to a runner connection under its own deadline. It must
+// not use an executor stream's context: the WebSocket library closes the
+// connection when a write's context ends mid-write, and an executor
+// detaching (its stream ending) must never cut the runner off.
+func writeRunner(c *prp.Conn, f *prpv1.Frame) error {
+	ctx, cancel := context.WithTimeout(context.Background(), runnerWriteTimeout)
+	defer cancel()
+	return c.Write(ctx, f)
 }
 
 // ServeHTTP accepts runner WebSocket connections at ConnectPath.
