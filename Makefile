@@ -37,6 +37,7 @@ check-generate: generate ## fail when committed generated code is stale
 
 GOFILES = $(shell git ls-files '*.go' | grep -v '^pkg/gen/')
 CMDS := ./services/executor/cmd/executor ./services/executor/cmd/tetherctl ./services/executor/cmd/tether-demo \
+        ./services/executor/cmd/tether-bench-stack \
         ./services/runnergw/cmd/runnergw ./services/backup/cmd/backup-verifier \
         ./services/runnerd/cmd/runnerd ./services/runnerd/cmd/fake-codex-app-server
 
@@ -62,3 +63,5 @@ bench: ## measure tether against raw baselines in one run (ephemeral durable Pos
 	@mkdir -p bin
 	$(GO) build -o bin/ ./services/executor/cmd/tether-bench
 	bin/tether-bench $(BENCHFLAGS)
+	$(MAKE) --no-print-directory build
+	bin/tether-bench-stack

@@ -257,13 +257,20 @@ func (d *Dispatcher) drive(ctx context.Context, c *store.Claim, cancelCh <-chan 
 			d.recordFailure(ctx, c, err, log)
 			return
 		}
-		log.Warn("attach interrupted; retrying", "err", err, "failures", failures)
+		wait := backoff
+		if failure.CodeOf(err) == "native_session_supervisor_busy" {
+			// The session's previous run is detaching from the runner
+			// (its terminal was just persisted): retry promptly.
+			wait = 10 * time.Millisecond
+		} else {
+			log.Warn("attach interrupted; retrying", "err", err, "failures", failures)
+			backoff = min(backoff*2, 2*time.Second)
+		}
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(backoff):
+		case <-time.After(wait):
 		}
-		backoff = min(backoff*2, 2*time.Second)
 	}
 }
 
@@ -313,6 +320,9 @@ func permanent(err error) bool {
 type closedError struct{ code, msg string }
 
 func (e *closedError) Error() string { return e.code + ": " + e.msg }
+
+// maxCoalescedEvents bounds one group commit of relayed events.
+const maxCoalescedEvents = 512
 
 // commandID names a command of the claim. It does not contain the attempt:
 // a takeover resends the same ids and the runner, which executes an id at
@@ -453,29 +463,50 @@ func (d *Dispatcher) attachOnce(ctx context.Context, c *store.Claim, cancelCh <-
 		_ = stream.CloseSend()
 		return true, nil
 	}
+	var held *gatewayv1.AttachResponse // read while coalescing, handled next
 	for {
 		var msg *gatewayv1.AttachResponse
-		select {
-		case <-ctx.Done():
-			return true, context.Cause(ctx)
-		case <-terminalSeen:
-			log.Warn("cancellation dispatch unanswered after the terminal event; it stays pending")
-			return finish()
-		case err := <-recvErr:
-			if terminalSeen != nil {
-				return true, nil
-			}
-			return false, err
-		case <-cancelCh:
-			if err := dispatchCancel(); err != nil {
+		if held != nil {
+			msg, held = held, nil
+		} else {
+			select {
+			case <-ctx.Done():
+				return true, context.Cause(ctx)
+			case <-terminalSeen:
+				log.Warn("cancellation dispatch unanswered after the terminal event; it stays pending")
+				return finish()
+			case err := <-recvErr:
+				if terminalSeen != nil {
+					return true, nil
+				}
 				return false, err
+			case <-cancelCh:
+				if err := dispatchCancel(); err != nil {
+					return false, err
+				}
+				continue
+			case msg = <-msgs:
 			}
-			continue
-		case msg = <-msgs:
 		}
 		switch k := msg.GetKind().(type) {
 		case *gatewayv1.AttachResponse_Events:
 			evs := k.Events.GetEvents()
+			// Group commit: persist every batch that is already waiting in
+			// one transaction (the runner sends events as they happen).
+		coalesce:
+			for len(evs) < maxCoalescedEvents {
+				select {
+				case m := <-msgs:
+					if more := m.GetEvents(); more != nil {
+						evs = append(evs, more.GetEvents()...)
+						continue
+					}
+					held = m
+					break coalesce
+				default:
+					break coalesce
+				}
+			}
 			res, err := d.store.AppendEvents(ctx, c.Fence, evs)
 			if err != nil {
 				if failure.CodeOf(err) == store.CodeReplayConflict {

@@ -1,0 +1,263 @@
+// Command tether-bench-stack measures what tether adds to a warm turn: the
+// same turn driven (a) through the whole stack — SubmitRun → executor →
+// runnergw → runnerd → fake codex app-server → events persisted → WatchRun
+// delivers run.terminal — and (b) directly against the fake provider over
+// its stdio JSON-RPC (turn/start → turn/completed), in the same run, on one
+// warm session / thread. It prints p50 and p99 of each and the ratio, plus
+// SubmitRun → turn.started (PERFORMANCE.md: ≤ 1.15× end to end; turn.started
+// p50 ≤ 10 ms on a warm session).
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"time"
+
+	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/tether-run/tether/pkg/grpcx"
+	"github.com/tether-run/tether/pkg/pgtest"
+	"github.com/tether-run/tether/services/executor/internal/cli"
+	"github.com/tether-run/tether/services/executor/internal/stack"
+)
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "tether-bench-stack:", err)
+		os.Exit(1)
+	}
+}
+
+func run() error {
+	self, _ := os.Executable()
+	binDir := flag.String("bin-dir", filepath.Dir(self), "directory with the tether binaries")
+	turns := flag.Int("turns", 100, "measured turns per side")
+	warm := flag.Int("warmup", 5, "warm-up turns per side")
+	keep := flag.Bool("keep", false, "keep the temporary directory (logs)")
+	trace := flag.Bool("trace", false, "print the timeline of the last turn")
+	flag.Parse()
+	ctx := context.Background()
+	dir, err := os.MkdirTemp("", "tether-bench-stack-")
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if *keep {
+			fmt.Println("kept", dir)
+			return
+		}
+		os.RemoveAll(dir)
+	}()
+	fakeArgs := []string{"--delta-delay-ms", "0"}
+
+	direct, err := directTurns(filepath.Join(*binDir, "fake-codex-app-server"), filepath.Join(dir, "direct"), fakeArgs, *warm, *turns)
+	if err != nil {
+		return fmt.Errorf("direct: %w", err)
+	}
+
+	cluster, err := pgtest.Start(ctx, pgtest.WithDurable())
+	if err != nil {
+		return err
+	}
+	defer cluster.Close()
+	if err := cluster.CreateDatabase(ctx, "tether"); err != nil {
+		return err
+	}
+	st, err := stack.New(stack.Options{BinDir: *binDir, Dir: filepath.Join(dir, "stack"), DatabaseURL: cluster.DSN("tether"), FakeArgs: fakeArgs})
+	if err != nil {
+		return err
+	}
+	defer st.Stop()
+	if err := st.StartAll(ctx); err != nil {
+		return err
+	}
+	conn, err := grpcx.Dial(st.Addr("executor"), "")
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	client := executorv1.NewExecutorServiceClient(conn)
+	var e2e, started []time.Duration
+	var lastT0 time.Time
+	var lastID string
+	for i := 0; i < *warm+*turns; i++ {
+		in, err := cli.InputSpec{Prompt: fmt.Sprintf("turn %d", i), Company: "bench", Agent: "bench", Session: "bench", Lifecycle: "warm"}.Input()
+		if err != nil {
+			return err
+		}
+		id := fmt.Sprintf("bench-%d", i)
+		t0 := time.Now()
+		lastT0, lastID = t0, id
+		if _, err := client.SubmitRun(ctx, &executorv1.SubmitRunRequest{RunId: id, Input: in}); err != nil {
+			return err
+		}
+		stream, err := client.WatchRun(ctx, &executorv1.WatchRunRequest{RunId: id})
+		if err != nil {
+			return err
+		}
+		var tStarted, tEnd time.Duration
+		for {
+			m, err := stream.Recv()
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			if err != nil {
+				return err
+			}
+			switch m.GetEvent().GetEventType() {
+			case "turn.started":
+				tStarted = time.Since(t0)
+			case "run.terminal":
+				tEnd = time.Since(t0)
+				if s := m.GetEvent().GetPayload().AsMap()["runTerminalState"]; s != "succeeded" {
+					return fmt.Errorf("run %s ended %v", id, s)
+				}
+			}
+		}
+		if i >= *warm {
+			e2e = append(e2e, tEnd)
+			started = append(started, tStarted)
+		}
+	}
+	if *trace {
+		pool, err := pgxpool.New(ctx, cluster.DSN("tether"))
+		if err != nil {
+			return err
+		}
+		rows, err := pool.Query(ctx, `SELECT seq, event_type, created_at FROM executor.events WHERE run_id = $1 ORDER BY seq`, lastID)
+		if err != nil {
+			return err
+		}
+		var claimed, startedAt time.Time
+		_ = pool.QueryRow(ctx, `SELECT started_at FROM executor.coordinators WHERE run_id = $1`, lastID).Scan(&startedAt)
+		claimed = startedAt
+		fmt.Printf("trace %s: claimed at +%s\n", lastID, claimed.Sub(lastT0))
+		for rows.Next() {
+			var seq int64
+			var typ string
+			var at time.Time
+			if err := rows.Scan(&seq, &typ, &at); err != nil {
+				return err
+			}
+			fmt.Printf("  %3d %-24s persisted at +%s\n", seq, typ, at.Sub(lastT0))
+		}
+		rows.Close()
+		pool.Close()
+	}
+	dp50, dp99 := pct(direct, 50), pct(direct, 99)
+	sp50, sp99 := pct(e2e, 50), pct(e2e, 99)
+	tp50 := pct(started, 50)
+	ratio := float64(sp50) / float64(dp50)
+	mark := func(ok bool) string {
+		if ok {
+			return "✓"
+		}
+		return "✗"
+	}
+	fmt.Printf("\n%-28s %12s %12s %12s %10s %6s\n", "figure", "tether p50", "tether p99", "direct p50", "ratio", "target")
+	fmt.Printf("%-28s %12s %12s %12s %9.2fx %6s %s\n", "warm turn end to end", sp50, sp99, dp50, ratio, "≤1.15x", mark(ratio <= 1.15))
+	fmt.Printf("%-28s %12s %12s %12s %10s %6s %s\n", "SubmitRun → turn.started", tp50, pct(started, 99), "-", "-", "≤10ms", mark(tp50 <= 10*time.Millisecond))
+	fmt.Printf("BENCH warm_turn tether_p50_ms=%.3f tether_p99_ms=%.3f direct_p50_ms=%.3f direct_p99_ms=%.3f ratio=%.3f target=1.15 met=%t\n",
+		ms(sp50), ms(sp99), ms(dp50), ms(dp99), ratio, ratio <= 1.15)
+	fmt.Printf("BENCH submit_to_turn_started p50_ms=%.3f p99_ms=%.3f target_ms=10 met=%t\n", ms(tp50), ms(pct(started, 99)), tp50 <= 10*time.Millisecond)
+	return nil
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+func pct(ds []time.Duration, p int) time.Duration {
+	s := append([]time.Duration(nil), ds...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	if len(s) == 0 {
+		return 0
+	}
+	i := (len(s)*p + 99) / 100
+	return s[min(max(i-1, 0), len(s)-1)]
+}
+
+// directTurns drives the fake app-server over stdio: one process, one
+// thread, turn/start → turn/completed per turn.
+func directTurns(bin, home string, extra []string, warm, n int) ([]time.Duration, error) {
+	if err := os.MkdirAll(home, 0o700); err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(bin, append([]string{"--state-file-in-codex-home", "--durable-turn-ids"}, extra...)...)
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + home, "CODEX_HOME=" + home}
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, err
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	defer func() { _ = stdin.Close(); _ = cmd.Wait() }()
+	r := bufio.NewReaderSize(stdout, 1<<20)
+	id := 0
+	call := func(method string, params any) (map[string]any, error) {
+		id++
+		b, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": id, "method": method, "params": params})
+		if _, err := stdin.Write(append(b, '\n')); err != nil {
+			return nil, err
+		}
+		for {
+			line, err := r.ReadBytes('\n')
+			if err != nil {
+				return nil, err
+			}
+			var m map[string]any
+			if json.Unmarshal(line, &m) != nil {
+				continue
+			}
+			if v, ok := m["id"].(float64); ok && int(v) == id && m["method"] == nil {
+				if e, ok := m["error"]; ok {
+					return nil, fmt.Errorf("%s: %v", method, e)
+				}
+				res, _ := m["result"].(map[string]any)
+				return res, nil
+			}
+		}
+	}
+	if _, err := call("initialize", map[string]any{"clientInfo": map[string]any{"name": "bench", "version": "1"}}); err != nil {
+		return nil, err
+	}
+	res, err := call("thread/start", map[string]any{"cwd": home})
+	if err != nil {
+		return nil, err
+	}
+	thread, _ := res["thread"].(map[string]any)["id"].(string)
+	var out []time.Duration
+	for i := 0; i < warm+n; i++ {
+		t0 := time.Now()
+		if _, err := call("turn/start", map[string]any{"threadId": thread, "input": []any{map[string]any{"type": "text", "text": fmt.Sprintf("turn %d", i)}}}); err != nil {
+			return nil, err
+		}
+		for {
+			line, err := r.ReadBytes('\n')
+			if err != nil {
+				return nil, err
+			}
+			var m map[string]any
+			if json.Unmarshal(line, &m) == nil && m["method"] == "turn/completed" {
+				break
+			}
+		}
+		if i >= warm {
+			out = append(out, time.Since(t0))
+		}
+	}
+	return out, nil
+}
