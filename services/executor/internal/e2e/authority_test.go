@@ -275,3 +275,30 @@ func TestE12_RunnerAndProviderProcessIdentityIsPersisted(t *testing.T) {
 	}
 	require.NotEqual(t, run.GetRunnerProcess().GetPid(), run.GetProviderProcess().GetPid())
 }
+
+func TestE6_ACancellationWhoseDispatchFailedIsDispatchedOnRetry(t *testing.T) {
+	h := newHarness(t, stack.Options{FakeArgs: []string{"--delta-delay-ms", "150"}})
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	h.submit("c3", "cancel-retry", slowTurn)
+	h.waitForDelta(ctx, h.client, "c3")
+	// The gateway is down: the driver cannot reach the runner.
+	h.st.Proc("runnergw").Kill()
+	first, err := h.client.CancelRun(ctx, &executorv1.CancelRunRequest{RunId: "c3",
+		Scope: executorv1.CancellationScope_CANCELLATION_SCOPE_RUN, Reason: "budget hard stop", WaitTimeout: durationpb.New(500 * time.Millisecond)})
+	require.NoError(t, err)
+	require.Equal(t, "pending", first.GetCancellation().GetDispatchState(), "not dispatched while the runner is unreachable")
+	require.False(t, first.GetCancellation().GetDispatched())
+
+	_, err = h.st.Start(ctx, "runnergw")
+	require.NoError(t, err)
+	retry, err := h.client.CancelRun(ctx, &executorv1.CancelRunRequest{RunId: "c3",
+		Scope: executorv1.CancellationScope_CANCELLATION_SCOPE_RUN, Reason: "retry budget stop", WaitTimeout: durationpb.New(20 * time.Second)})
+	require.NoError(t, err)
+	require.Equal(t, "acknowledged", retry.GetCancellation().GetDispatchState(), "the retry dispatched")
+	require.True(t, retry.GetCancellation().GetDispatched())
+	require.Equal(t, first.GetCancellation().GetIntentAuditId(), retry.GetCancellation().GetIntentAuditId())
+	h.waitState(ctx, h.client, "c3", executorv1.RunState_RUN_STATE_CANCELLED)
+	require.Equal(t, 1, countLines(t, h.st.CallLog(), "turn/interrupt"))
+	require.Equal(t, map[string]int{"native.cancellation_intent_recorded": 1, "native.cancellation_acknowledged": 1}, h.actions("c3"))
+}
