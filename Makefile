@@ -65,3 +65,13 @@ bench: ## measure tether against raw baselines in one run (ephemeral durable Pos
 	bin/tether-bench $(BENCHFLAGS)
 	$(MAKE) --no-print-directory build
 	bin/tether-bench-stack
+
+FUZZTIME ?= 1m
+fuzz: ## run every fuzz target of the repository for FUZZTIME each (default 1m; e.g. make fuzz FUZZTIME=10s)
+	@set -e; for f in $$(git grep -l '^func Fuzz' -- '*_test.go'); do \
+	  dir=./$$(dirname $$f); \
+	  for t in $$(sed -n 's/^func \(Fuzz[A-Za-z0-9_]*\)(.*/\1/p' $$f); do \
+	    echo "== fuzz $$dir $$t ($(FUZZTIME))"; \
+	    $(GO) test -run '^$$' -fuzz "^$$t\$$" -fuzztime $(FUZZTIME) $$dir; \
+	  done; \
+	done

@@ -479,24 +479,36 @@ func ClientHandshake(ctx context.Context, c *Conn, cred Credential, hello *prpv1
 	if w == nil {
 		return nil, Credential{}, errorf(CodeProtocolError, "expected welcome")
 	}
-	next := cred
-	if w.GetLeaseSecret() != "" || w.GetLeaseClaims() != "" {
-		lc, _, err := DecodeClaims(w.GetLeaseClaims())
-		if err != nil {
-			return nil, Credential{}, err
-		}
-		secret, err := b64.DecodeString(w.GetLeaseSecret())
-		if err != nil || len(secret) != secretLen {
-			return nil, Credential{}, errorf(CodeProtocolError, "malformed lease secret")
-		}
-		if lc.Kind != KindLease || lc.RunnerInstanceID != claims.RunnerInstanceID || lc.SessionScope != claims.SessionScope {
-			return nil, Credential{}, errorf(CodeProtocolError, "lease claims do not match the runner")
-		}
-		next = Credential{Kind: KindLease, Claims: w.GetLeaseClaims(), Secret: secret}
-	} else if claims.Kind == KindBootstrap {
-		return nil, Credential{}, errorf(CodeProtocolError, "welcome for a bootstrap credential carries no lease")
+	next, err := credentialAfterWelcome(claims, cred, w)
+	if err != nil {
+		return nil, Credential{}, err
 	}
 	return w, next, nil
+}
+
+// credentialAfterWelcome returns the credential a runner keeps for
+// reconnects after w: the lease it carries (which must belong to the same
+// runner and scope), or cred itself when no lease was issued. A bootstrap
+// credential must be answered with a lease.
+func credentialAfterWelcome(claims Claims, cred Credential, w *prpv1.Welcome) (Credential, error) {
+	if w.GetLeaseSecret() == "" && w.GetLeaseClaims() == "" {
+		if claims.Kind == KindBootstrap {
+			return Credential{}, errorf(CodeProtocolError, "welcome for a bootstrap credential carries no lease")
+		}
+		return cred, nil
+	}
+	lc, _, err := DecodeClaims(w.GetLeaseClaims())
+	if err != nil {
+		return Credential{}, err
+	}
+	secret, err := b64.DecodeString(w.GetLeaseSecret())
+	if err != nil || len(secret) != secretLen {
+		return Credential{}, errorf(CodeProtocolError, "malformed lease secret")
+	}
+	if lc.Kind != KindLease || lc.RunnerInstanceID != claims.RunnerInstanceID || lc.SessionScope != claims.SessionScope {
+		return Credential{}, errorf(CodeProtocolError, "lease claims do not match the runner")
+	}
+	return Credential{Kind: KindLease, Claims: w.GetLeaseClaims(), Secret: secret}, nil
 }
 
 func goodbyeError(g *prpv1.Goodbye) *Error {

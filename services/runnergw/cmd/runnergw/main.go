@@ -11,7 +11,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"time"
@@ -71,12 +70,12 @@ func run() error {
 	if err := os.MkdirAll(*stateRoot, 0o700); err != nil {
 		return err
 	}
-	rpath, err := findRunnerd(*runnerd)
+	ctx, stop := grpcx.SignalContext(context.Background())
+	defer stop()
+	rpath, err := findRunnerd(ctx, *runnerd)
 	if err != nil {
 		return err
 	}
-	ctx, stop := grpcx.SignalContext(context.Background())
-	defer stop()
 	build, err := gateway.ReadBuildMetadata(ctx, rpath, "dial_ws_loopback")
 	if err != nil {
 		return err
@@ -119,18 +118,11 @@ func run() error {
 	return err
 }
 
-func findRunnerd(p string) (string, error) {
-	if p != "" {
-		return p, nil
-	}
-	if self, err := os.Executable(); err == nil {
-		cand := filepath.Join(filepath.Dir(self), "runnerd")
-		if st, err := os.Stat(cand); err == nil && !st.IsDir() {
-			return cand, nil
-		}
-	}
-	if p, err := exec.LookPath("runnerd"); err == nil {
-		return p, nil
-	}
-	return "", errors.New("runnerd not found: pass -runnerd-path or put runnerd next to runnergw or on PATH")
+// findRunnerd applies G1: a configured (build-owned) runnerd is used as is;
+// only when none is configured may the one next to this binary, then a
+// preinstalled one (a strict `command -v runnerd` answer), be used.
+func findRunnerd(ctx context.Context, p string) (string, error) {
+	self, _ := os.Executable()
+	path, _, err := gateway.DiscoverRunnerd(ctx, p, self, gateway.ShellWhich)
+	return path, err
 }

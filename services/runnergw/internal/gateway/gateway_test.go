@@ -8,25 +8,34 @@ import (
 	"github.com/tether-run/tether/pkg/failure"
 )
 
-func TestG2_BuildMetadataContract(t *testing.T) {
-	cases := []struct {
-		name, doc, mode, code string
-	}{
-		{"current", `{"schema":"tether/runnerd-build-metadata/v1","binaryName":"runnerd","binaryContractVersion":2,"prpTransportModes":["dial_ws_loopback","dial_wss"]}`, "dial_ws_loopback", ""},
-		{"stale contract", `{"schema":"tether/runnerd-build-metadata/v1","binaryContractVersion":1,"prpTransportModes":["dial_ws_loopback"]}`, "dial_ws_loopback", "runner_remote_artifact_contract_incompatible"},
-		{"missing mode, no fall-through", `{"schema":"tether/runnerd-build-metadata/v1","binaryContractVersion":2,"prpTransportModes":["dial_ws_loopback"]}`, "listen_ws", "runner_remote_transport_capability_missing:listen_ws"},
-		{"wrong schema", `{"schema":"other","binaryContractVersion":2,"prpTransportModes":["dial_ws_loopback"]}`, "dial_ws_loopback", "runner_remote_artifact_contract_incompatible"},
-		{"not json", `runnerd 1.0`, "dial_ws_loopback", "runner_remote_artifact_contract_incompatible"},
-	}
-	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			m, err := CheckBuildMetadata([]byte(c.doc), c.mode)
-			require.Equal(t, c.code, failure.CodeOf(err))
-			if c.code == "" {
-				require.EqualValues(t, ContractVersion, m.GetBinaryContractVersion())
-			}
+const currentMetadata = `{"schema":"tether/runnerd-build-metadata/v1","binaryName":"runnerd","packageName":"github.com/tether-run/tether/services/runnerd","binaryContractVersion":2,"prpTransportModes":["dial_ws_loopback","dial_wss","listen_ws"]}`
+
+func TestG2_AcceptsTheCurrentContractWithTheRequiredTransport(t *testing.T) {
+	m, err := CheckBuildMetadata([]byte(currentMetadata), ModeListenWS)
+	require.NoError(t, err)
+	require.EqualValues(t, ContractVersion, m.GetBinaryContractVersion())
+	require.Equal(t, []string{ModeDialWSLoopback, ModeDialWSS, ModeListenWS}, m.GetPrpTransportModes())
+}
+
+func TestG2_StaleContractFailsBeforeDispatch(t *testing.T) {
+	for name, doc := range map[string]string{
+		"stale contract version": `{"schema":"tether/runnerd-build-metadata/v1","binaryName":"runnerd","binaryContractVersion":1,"prpTransportModes":["dial_ws_loopback","dial_wss","listen_ws"]}`,
+		"wrong schema":           `{"schema":"other","binaryContractVersion":2,"prpTransportModes":["listen_ws"]}`,
+		"not json":               `runnerd 1.0`,
+	} {
+		t.Run(name, func(t *testing.T) {
+			_, err := CheckBuildMetadata([]byte(doc), ModeListenWS)
+			require.Equal(t, "runner_remote_artifact_contract_incompatible", failure.CodeOf(err))
 		})
 	}
+}
+
+func TestG2_RequiresTheSelectedTransportWithoutFallingThrough(t *testing.T) {
+	doc := `{"schema":"tether/runnerd-build-metadata/v1","binaryName":"runnerd","binaryContractVersion":2,"prpTransportModes":["dial_wss"]}`
+	_, err := CheckBuildMetadata([]byte(doc), ModeListenWS)
+	require.Equal(t, "runner_remote_transport_capability_missing:listen_ws", failure.CodeOf(err))
+	_, err = CheckBuildMetadata([]byte(doc), ModeDialWSS)
+	require.NoError(t, err, "the same build serves the mode it lists")
 }
 
 func TestGatewayRefusesALowerAttemptThanSeen(t *testing.T) {
