@@ -133,12 +133,18 @@ func (x *FencingToken) GetAttempt() uint64 {
 	return 0
 }
 
-// RunnerTarget says where the run executes.
+// RunnerTarget says where the run executes and how its runner connects.
 type RunnerTarget struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Mode          TransportMode          `protobuf:"varint,1,opt,name=mode,proto3,enum=tether.gateway.v1.TransportMode" json:"mode,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Mode  TransportMode          `protobuf:"varint,1,opt,name=mode,proto3,enum=tether.gateway.v1.TransportMode" json:"mode,omitempty"`
+	// The executor's per-run authorisation for sandbox ingress: the run's
+	// resolved target grants a runner WebSocket ingress. LISTEN_WS is selected
+	// only when this is true AND the gateway's ingress policy admits the run's
+	// company; otherwise Attach fails with runner_ingress_unavailable before
+	// anything is launched or opened.
+	RunnerIngressAuthorized bool `protobuf:"varint,2,opt,name=runner_ingress_authorized,json=runnerIngressAuthorized,proto3" json:"runner_ingress_authorized,omitempty"`
+	unknownFields           protoimpl.UnknownFields
+	sizeCache               protoimpl.SizeCache
 }
 
 func (x *RunnerTarget) Reset() {
@@ -176,6 +182,13 @@ func (x *RunnerTarget) GetMode() TransportMode {
 		return x.Mode
 	}
 	return TransportMode_TRANSPORT_MODE_UNSPECIFIED
+}
+
+func (x *RunnerTarget) GetRunnerIngressAuthorized() bool {
+	if x != nil {
+		return x.RunnerIngressAuthorized
+	}
+	return false
 }
 
 // Open binds the stream to a run under a lease.
@@ -1059,9 +1072,10 @@ const file_tether_gateway_v1_gateway_proto_rawDesc = "" +
 	"\x1ftether/gateway/v1/gateway.proto\x12\x11tether.gateway.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x19tether/prp/v1/event.proto\x1a\x1dtether/prp/v1/execution.proto\"P\n" +
 	"\fFencingToken\x12\x1d\n" +
 	"\x05owner\x18\x01 \x01(\tB\a\xbaH\x04r\x02\x10\x01R\x05owner\x12!\n" +
-	"\aattempt\x18\x02 \x01(\x04B\a\xbaH\x042\x02(\x01R\aattempt\"D\n" +
+	"\aattempt\x18\x02 \x01(\x04B\a\xbaH\x042\x02(\x01R\aattempt\"\x80\x01\n" +
 	"\fRunnerTarget\x124\n" +
-	"\x04mode\x18\x01 \x01(\x0e2 .tether.gateway.v1.TransportModeR\x04mode\"\xdb\x01\n" +
+	"\x04mode\x18\x01 \x01(\x0e2 .tether.gateway.v1.TransportModeR\x04mode\x12:\n" +
+	"\x19runner_ingress_authorized\x18\x02 \x01(\bR\x17runnerIngressAuthorized\"\xdb\x01\n" +
 	"\x04Open\x12\x1e\n" +
 	"\x06run_id\x18\x01 \x01(\tB\a\xbaH\x04r\x02\x10\x01R\x05runId\x12=\n" +
 	"\x05fence\x18\x02 \x01(\v2\x1f.tether.gateway.v1.FencingTokenB\x06\xbaH\x03\xc8\x01\x01R\x05fence\x127\n" +

@@ -350,8 +350,12 @@ type ResumeCursor struct {
 	LastControllerSeq uint64                 `protobuf:"varint,1,opt,name=last_controller_seq,json=lastControllerSeq,proto3" json:"last_controller_seq,omitempty"`
 	NextSourceSeq     uint64                 `protobuf:"varint,2,opt,name=next_source_seq,json=nextSourceSeq,proto3" json:"next_source_seq,omitempty"`
 	AckedSourceSeq    uint64                 `protobuf:"varint,3,opt,name=acked_source_seq,json=ackedSourceSeq,proto3" json:"acked_source_seq,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// Monotonic across the runner's connections and restarts (durable): a
+	// gateway lets a connection of a newer or equal generation take over the
+	// runner's live one and refuses an older one.
+	ConnectionGeneration uint64 `protobuf:"varint,4,opt,name=connection_generation,json=connectionGeneration,proto3" json:"connection_generation,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
 }
 
 func (x *ResumeCursor) Reset() {
@@ -401,6 +405,13 @@ func (x *ResumeCursor) GetNextSourceSeq() uint64 {
 func (x *ResumeCursor) GetAckedSourceSeq() uint64 {
 	if x != nil {
 		return x.AckedSourceSeq
+	}
+	return 0
+}
+
+func (x *ResumeCursor) GetConnectionGeneration() uint64 {
+	if x != nil {
+		return x.ConnectionGeneration
 	}
 	return 0
 }
@@ -1012,11 +1023,12 @@ const file_tether_prp_v1_frame_proto_rawDesc = "" +
 	"\x14environment_lease_id\x18\x02 \x01(\tR\x12environmentLeaseId\x122\n" +
 	"\x15normalized_session_id\x18\x03 \x01(\tR\x13normalizedSessionId\x12#\n" +
 	"\rsession_scope\x18\x04 \x01(\tR\fsessionScope\x12%\n" +
-	"\x0erunner_version\x18\x05 \x01(\tR\rrunnerVersion\"\x90\x01\n" +
+	"\x0erunner_version\x18\x05 \x01(\tR\rrunnerVersion\"\xc5\x01\n" +
 	"\fResumeCursor\x12.\n" +
 	"\x13last_controller_seq\x18\x01 \x01(\x04R\x11lastControllerSeq\x12&\n" +
 	"\x0fnext_source_seq\x18\x02 \x01(\x04R\rnextSourceSeq\x12(\n" +
-	"\x10acked_source_seq\x18\x03 \x01(\x04R\x0eackedSourceSeq\"\xba\x04\n" +
+	"\x10acked_source_seq\x18\x03 \x01(\x04R\x0eackedSourceSeq\x123\n" +
+	"\x15connection_generation\x18\x04 \x01(\x04R\x14connectionGeneration\"\xba\x04\n" +
 	"\x05Hello\x12\x1a\n" +
 	"\bprotocol\x18\x01 \x01(\tR\bprotocol\x12\x1f\n" +
 	"\vversion_min\x18\x02 \x01(\rR\n" +
