@@ -1,0 +1,378 @@
+// Package durable is the authority over a session scope's durable state root
+// (SPEC E13): which run may resume a root, verification of a prior run's
+// settled ownership, quarantine of roots whose ownership cannot be proven,
+// atomic migration of the legacy root layouts, the per-scope supervisor claim,
+// tool authority epochs and the launch plan a runner backend is built from.
+//
+// Layout under the state base (one directory per scope, named by
+// scope.Key.RootName()):
+//
+//	<base>/<root>/control-plane/control-plane-state.json   identity authority
+//	<base>/<root>/runner/runner-state.json                  runnerd's state
+//	<base>/quarantine/<root>.<reason>.<unix ms>.<pid>.<random>/
+//
+// The scoped root is runnerd's --state-dir. Nothing here ever follows, moves
+// or deletes through a symlinked root.
+package durable
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"syscall"
+
+	"google.golang.org/grpc/codes"
+
+	"github.com/tether-run/tether/pkg/failure"
+)
+
+// Schemas of the identity documents.
+const (
+	ControlPlaneSchema = "tether.runner.durable.control-plane-state.v1"
+	RunnerStateSchema  = "tether.runner.durable.state.v1"
+)
+
+// Layout names.
+const (
+	ControlPlaneDir  = "control-plane"
+	ControlPlaneFile = "control-plane-state.json"
+	RunnerDir        = "runner"
+	RunnerStateFile  = "runner-state.json"
+	QuarantineDir    = "quarantine"
+)
+
+// MaxIdentityBytes bounds how much of an identity document is read.
+const MaxIdentityBytes = 64 << 20
+
+// Stable codes.
+const (
+	CodeSupervisorBusy               = "native_session_supervisor_busy"
+	CodeIdentityMismatch             = "runner_state_identity_mismatch"
+	CodeDirectoryUnsafe              = "runner_state_directory_unsafe"
+	CodeToolEpochRevoked             = "native_tool_authority_epoch_revoked"
+	CodeProviderArtifactIncompatible = "runner_remote_provider_artifact_incompatible"
+	CodeIdentityTooLarge             = "runner_durable_identity_too_large"
+	CodeStateIO                      = "runner_state_io_failed"
+)
+
+// Identity is the durable identity a root is bound to.
+type Identity struct {
+	RunID               string `json:"runId"`
+	NormalizedSessionID string `json:"normalizedSessionId"`
+	RunnerInstanceID    string `json:"runnerInstanceId"`
+	EnvironmentLeaseID  string `json:"environmentLeaseId"`
+}
+
+// Complete reports whether every field is set.
+func (id Identity) Complete() bool {
+	return id.RunID != "" && id.NormalizedSessionID != "" && id.RunnerInstanceID != "" && id.EnvironmentLeaseID != ""
+}
+
+// ControlPlaneState is the part of control-plane-state.json this package
+// reads and writes; other top-level fields are preserved on rewrite.
+type ControlPlaneState struct {
+	Schema   string    `json:"schema"`
+	Identity *Identity `json:"identity"`
+}
+
+// RunnerLifecycle is what runner/runner-state.json proves about the runner.
+type RunnerLifecycle string
+
+const (
+	// RunnerAbsent: no runner state yet (no runner dir, or an empty one).
+	RunnerAbsent RunnerLifecycle = "absent"
+	// RunnerSuspended: the runner durably suspended; the only settled,
+	// resumable owner.
+	RunnerSuspended RunnerLifecycle = "suspended"
+	// RunnerNotSuspended: a known lifecycle other than suspended.
+	RunnerNotSuspended RunnerLifecycle = "not_suspended"
+	// RunnerIndeterminate: unsafe directory, unreadable, unknown schema,
+	// unknown lifecycle or an identity that differs from the control plane's.
+	RunnerIndeterminate RunnerLifecycle = "indeterminate"
+)
+
+// KnownLifecycles are the lifecycle values runnerd writes.
+var KnownLifecycles = map[string]bool{
+	"connecting": true, "ready": true, "backpressure": true, "draining": true, "suspended": true,
+	"stopped": true, "revoked": true, "recoverable_failure": true, "unrecoverable": true,
+}
+
+// identityRead is the outcome of reading the control-plane identity.
+type identityRead struct {
+	id     *Identity // nil: indeterminate
+	reason string    // why indeterminate
+}
+
+// ReadControlPlaneIdentity returns the identity of root's control-plane
+// state, or nil with the reason it is indeterminate (missing, symlinked,
+// malformed, unknown schema, no identity). An oversized document is an error
+// (runner_durable_identity_too_large); other read errors count as
+// indeterminate.
+func ReadControlPlaneIdentity(root string) (*Identity, string, error) {
+	r, err := readControlPlane(root)
+	return r.id, r.reason, err
+}
+
+func readControlPlane(root string) (identityRead, error) {
+	dir := filepath.Join(root, ControlPlaneDir)
+	if fi, err := os.Lstat(dir); err != nil {
+		return identityRead{reason: "control-plane directory missing"}, nil
+	} else if !realDir(fi) {
+		return identityRead{reason: "control-plane is not a real directory"}, nil
+	}
+	raw, err := readBounded(filepath.Join(dir, ControlPlaneFile))
+	if err != nil {
+		if isTooLarge(err) {
+			return identityRead{}, err
+		}
+		return identityRead{reason: "control-plane state unreadable: " + err.Error()}, nil
+	}
+	var doc ControlPlaneState
+	if err := json.Unmarshal(raw, &doc); err != nil {
+		return identityRead{reason: "control-plane state malformed"}, nil
+	}
+	if doc.Schema != ControlPlaneSchema {
+		return identityRead{reason: fmt.Sprintf("control-plane schema %q is not %s", doc.Schema, ControlPlaneSchema)}, nil
+	}
+	if doc.Identity == nil {
+		return identityRead{reason: "control-plane state has no identity"}, nil
+	}
+	return identityRead{id: doc.Identity}, nil
+}
+
+// runnerStateDoc accepts both runnerd's nested identity and the flat layout.
+type runnerStateDoc struct {
+	Schema    string `json:"schema"`
+	Lifecycle string `json:"lifecycle"`
+	Identity  *struct {
+		RunID               string `json:"runId"`
+		RunnerInstanceID    string `json:"runnerInstanceId"`
+		EnvironmentLeaseID  string `json:"environmentLeaseId"`
+		NormalizedSessionID string `json:"normalizedSessionId"`
+	} `json:"identity"`
+	RunID               string `json:"runId"`
+	RunnerInstanceID    string `json:"runnerInstanceId"`
+	EnvironmentLeaseID  string `json:"environmentLeaseId"`
+	NormalizedSessionID string `json:"normalizedSessionId"`
+}
+
+// ReadRunnerLifecycle classifies root's runner state against the control
+// plane's identity. The runner's instance, lease and session must equal id's.
+// The run id is not compared: runnerd binds its state to (runner, lease,
+// session) and learns the run only when one attaches, so after a verified
+// continuation has bound the control plane to its own run the runner state
+// legitimately still names the earlier one. An oversized document is an
+// error.
+func ReadRunnerLifecycle(root string, id Identity) (RunnerLifecycle, string, error) {
+	dir := filepath.Join(root, RunnerDir)
+	fi, err := os.Lstat(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return RunnerAbsent, "", nil
+	}
+	if err != nil {
+		return RunnerIndeterminate, "runner directory unreadable: " + err.Error(), nil
+	}
+	if !realDir(fi) {
+		return RunnerIndeterminate, "runner is not a real directory", nil
+	}
+	file := filepath.Join(dir, RunnerStateFile)
+	if _, err := os.Lstat(file); errors.Is(err, fs.ErrNotExist) {
+		if empty, err := dirEmpty(dir); err == nil && empty {
+			return RunnerAbsent, "", nil
+		}
+		return RunnerIndeterminate, "runner state missing from a non-empty runner directory", nil
+	}
+	raw, err := readBounded(file)
+	if err != nil {
+		if isTooLarge(err) {
+			return "", "", err
+		}
+		return RunnerIndeterminate, "runner state unreadable: " + err.Error(), nil
+	}
+	var doc runnerStateDoc
+	if err := json.Unmarshal(raw, &doc); err != nil {
+		return RunnerIndeterminate, "runner state malformed", nil
+	}
+	if doc.Schema != RunnerStateSchema {
+		return RunnerIndeterminate, fmt.Sprintf("runner state schema %q is not %s", doc.Schema, RunnerStateSchema), nil
+	}
+	if !KnownLifecycles[doc.Lifecycle] {
+		return RunnerIndeterminate, fmt.Sprintf("unknown runner lifecycle %q", doc.Lifecycle), nil
+	}
+	got := Identity{RunID: doc.RunID, RunnerInstanceID: doc.RunnerInstanceID,
+		EnvironmentLeaseID: doc.EnvironmentLeaseID, NormalizedSessionID: doc.NormalizedSessionID}
+	if n := doc.Identity; n != nil {
+		got = Identity{RunID: first(n.RunID, got.RunID), RunnerInstanceID: first(n.RunnerInstanceID, got.RunnerInstanceID),
+			EnvironmentLeaseID:  first(n.EnvironmentLeaseID, got.EnvironmentLeaseID),
+			NormalizedSessionID: first(n.NormalizedSessionID, got.NormalizedSessionID)}
+	}
+	if got.RunnerInstanceID != id.RunnerInstanceID || got.EnvironmentLeaseID != id.EnvironmentLeaseID ||
+		got.NormalizedSessionID != id.NormalizedSessionID {
+		return RunnerIndeterminate, "runner state identity differs from the control-plane identity", nil
+	}
+	if doc.Lifecycle == "suspended" {
+		return RunnerSuspended, "", nil
+	}
+	return RunnerNotSuspended, "runner lifecycle " + doc.Lifecycle, nil
+}
+
+// Bind writes id as root's control-plane identity: root and control-plane
+// are created 0700 (a symlink at either fails closed), the document is
+// replaced atomically (exclusive temp sibling, fsync, rename, fsync of the
+// directory) with mode 0600, and top-level fields other than schema and
+// identity of an existing document are preserved.
+func Bind(root string, id Identity) error {
+	if !id.Complete() {
+		return failure.New(codes.InvalidArgument, CodeIdentityMismatch, "incomplete durable identity %+v", id)
+	}
+	dir := filepath.Join(root, ControlPlaneDir)
+	for _, d := range []string{root, dir} {
+		if err := privateDir(d); err != nil {
+			return err
+		}
+	}
+	doc := map[string]json.RawMessage{}
+	if raw, err := readBounded(filepath.Join(dir, ControlPlaneFile)); err == nil {
+		_ = json.Unmarshal(raw, &doc) // a malformed document is replaced whole
+		if doc == nil {
+			doc = map[string]json.RawMessage{}
+		}
+	}
+	doc["schema"], _ = json.Marshal(ControlPlaneSchema)
+	doc["identity"], _ = json.Marshal(id)
+	b, err := json.Marshal(doc)
+	if err != nil {
+		return failure.Wrap(err, codes.Internal, CodeStateIO, "encoding control-plane state: %v", err)
+	}
+	if err := writeFileAtomic(dir, ControlPlaneFile, b); err != nil {
+		return failure.Wrap(err, codes.Internal, CodeStateIO, "writing control-plane state: %v", err)
+	}
+	return nil
+}
+
+func first(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}
+
+func realDir(fi fs.FileInfo) bool { return fi.Mode()&fs.ModeSymlink == 0 && fi.IsDir() }
+
+func dirEmpty(dir string) (bool, error) {
+	f, err := os.Open(dir)
+	if err != nil {
+		return false, err
+	}
+	defer f.Close()
+	_, err = f.Readdirnames(1)
+	if errors.Is(err, io.EOF) {
+		return true, nil
+	}
+	return false, err
+}
+
+type tooLargeError struct{ path string }
+
+func (e tooLargeError) Error() string { return e.path + " exceeds the identity size bound" }
+
+func isTooLarge(err error) bool {
+	var fe *failure.Error
+	return errors.As(err, &fe) && fe.Code == CodeIdentityTooLarge
+}
+
+// readBounded reads a regular file without following a final symlink, up to
+// MaxIdentityBytes.
+func readBounded(path string) ([]byte, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s is not a regular file", path)
+	}
+	b, err := io.ReadAll(io.LimitReader(f, MaxIdentityBytes+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(b) > MaxIdentityBytes {
+		return nil, failure.Wrap(tooLargeError{path}, codes.FailedPrecondition, CodeIdentityTooLarge,
+			"%s is larger than %d bytes", path, MaxIdentityBytes)
+	}
+	return b, nil
+}
+
+// ensureBase creates the state base (and parents) 0700 when missing and fails
+// closed when it is a symlink or not a directory.
+func ensureBase(base string) error {
+	if err := os.MkdirAll(base, 0o700); err != nil {
+		return failure.Wrap(err, codes.Internal, CodeStateIO, "creating %s: %v", base, err)
+	}
+	return privateDir(base)
+}
+
+// privateDir creates dir 0700 when missing and fails closed when it is a
+// symlink or not a directory.
+func privateDir(dir string) error {
+	if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+		return failure.Wrap(err, codes.Internal, CodeStateIO, "creating %s: %v", dir, err)
+	}
+	fi, err := os.Lstat(dir)
+	if err != nil {
+		return failure.Wrap(err, codes.Internal, CodeStateIO, "inspecting %s: %v", dir, err)
+	}
+	if !realDir(fi) {
+		return failure.New(codes.FailedPrecondition, CodeDirectoryUnsafe, "%s is a symlink or not a directory", dir)
+	}
+	return nil
+}
+
+func writeFileAtomic(dir, name string, data []byte) error {
+	f, err := os.CreateTemp(dir, "."+name+".tmp-*")
+	if err != nil {
+		return err
+	}
+	tmp := f.Name()
+	ok := false
+	defer func() {
+		if !ok {
+			_ = f.Close()
+			_ = os.Remove(tmp)
+		}
+	}()
+	if err := f.Chmod(0o600); err != nil {
+		return err
+	}
+	if _, err := f.Write(data); err != nil {
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, filepath.Join(dir, name)); err != nil {
+		return err
+	}
+	ok = true
+	return syncDir(dir)
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}

@@ -1,0 +1,381 @@
+package durable
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"time"
+
+	"google.golang.org/grpc/codes"
+
+	"github.com/tether-run/tether/pkg/failure"
+	"github.com/tether-run/tether/pkg/scope"
+)
+
+// PriorRun is the database's record of the run a durable identity names. The
+// executor supplies it; this package never reads the database.
+type PriorRun struct {
+	RunID string
+	// Status is the stored run status (informational, for messages).
+	Status string
+	// Terminal is true when the run row is terminal (succeeded, failed,
+	// cancelled): no controller can still drive it.
+	Terminal bool
+	// Scope is the full scope key of the run's persisted execution input;
+	// nil when no input was persisted.
+	Scope *scope.Key
+}
+
+// PriorRunLookup returns the record of runID, nil when there is none, or an
+// error when the database cannot answer.
+type PriorRunLookup func(ctx context.Context, runID string) (*PriorRun, error)
+
+// PriorRunsOf is a lookup over fixed records (tests, or a caller that read
+// the candidates already).
+func PriorRunsOf(records ...PriorRun) PriorRunLookup {
+	m := make(map[string]PriorRun, len(records))
+	for _, r := range records {
+		m[r.RunID] = r
+	}
+	return func(_ context.Context, runID string) (*PriorRun, error) {
+		if r, ok := m[runID]; ok {
+			return &r, nil
+		}
+		return nil, nil
+	}
+}
+
+// Verification is the outcome of verifying a prior run's durable ownership.
+type Verification string
+
+const (
+	// Verified: terminal in the database, same full scope, runner suspended.
+	Verified Verification = "verified"
+	// PriorActive: the run row is not terminal; a controller may still own it.
+	PriorActive Verification = "active"
+	// PriorUnavailable: the database could not answer.
+	PriorUnavailable Verification = "unavailable"
+	// PriorIndeterminate: no such run, or no persisted input.
+	PriorIndeterminate Verification = "authority_indeterminate"
+	// PriorScopeMismatch: the run's persisted input has another full scope.
+	PriorScopeMismatch Verification = "scope_mismatch"
+	// PriorTerminalIndeterminate: terminal and same scope, but the runner
+	// state does not prove a suspended owner.
+	PriorTerminalIndeterminate Verification = "terminal_state_indeterminate"
+)
+
+// VerifyPriorRun decides whether the durable identity id, left by another run
+// of this session, may be continued by a run of want: its run row must be
+// terminal, its persisted input must have the same full scope, and the runner
+// state must be suspended.
+func VerifyPriorRun(ctx context.Context, lookup PriorRunLookup, want scope.Key, id Identity, runner RunnerLifecycle) (Verification, string) {
+	if lookup == nil {
+		return PriorIndeterminate, "no prior-run lookup configured"
+	}
+	rec, err := lookup(ctx, id.RunID)
+	if err != nil {
+		return PriorUnavailable, fmt.Sprintf("prior run %s could not be read: %v", id.RunID, err)
+	}
+	if rec == nil || rec.RunID != id.RunID {
+		return PriorIndeterminate, fmt.Sprintf("prior run %s is unknown", id.RunID)
+	}
+	if !rec.Terminal {
+		return PriorActive, fmt.Sprintf("prior run %s is still %s", id.RunID, orUnknown(rec.Status))
+	}
+	if rec.Scope == nil {
+		return PriorIndeterminate, fmt.Sprintf("prior run %s has no persisted execution input", id.RunID)
+	}
+	if rec.Scope.RootName() != want.RootName() {
+		return PriorScopeMismatch, fmt.Sprintf("prior run %s belongs to another full session scope", id.RunID)
+	}
+	if runner != RunnerSuspended {
+		return PriorTerminalIndeterminate, fmt.Sprintf("prior run %s is %s but its runner state is %s", id.RunID, orUnknown(rec.Status), runner)
+	}
+	return Verified, ""
+}
+
+func orUnknown(s string) string {
+	if s == "" {
+		return "unknown"
+	}
+	return s
+}
+
+// Source says where a prepared root's authority comes from.
+type Source string
+
+const (
+	// SourceFresh: no durable state; the run starts a new runner identity.
+	SourceFresh Source = "fresh"
+	// SourceExactRun: the root belongs to this very run (a restart).
+	SourceExactRun Source = "exact_run"
+	// SourcePriorRun: the root belongs to a verified prior run of the same
+	// full scope; this run continues its runner and lease.
+	SourcePriorRun Source = "verified_prior_run"
+)
+
+// Request asks to prepare the scoped root of run RunID in scope Scope.
+type Request struct {
+	// Base is the state base directory (holds the scoped roots).
+	Base  string
+	Scope scope.Key
+	RunID string
+	// PriorRuns verifies another run's identity found on disk.
+	PriorRuns PriorRunLookup
+	// Now stamps quarantine names; time.Now when nil.
+	Now func() time.Time
+}
+
+// Prepared is a root this run may use.
+type Prepared struct {
+	// Root is <base>/<scope root name>; it may not exist yet (fresh).
+	Root   string
+	Source Source
+	// Binding is the durable identity found on disk (exact run or verified
+	// prior run); nil when fresh. A continuation keeps its runner instance
+	// id and environment lease id under its own run id.
+	Binding *Identity
+	// Runner is the runner state found (absent for a fresh root).
+	Runner RunnerLifecycle
+	// MigratedFrom is the legacy root renamed into Root, if any.
+	MigratedFrom string
+}
+
+// Metadata keys on failures.
+const (
+	// MetaQuarantined is the path a root was quarantined to.
+	MetaQuarantined = "quarantined"
+	// MetaRoot is the root the failure is about.
+	MetaRoot = "root"
+)
+
+// Prepare resolves which durable root run RunID may use, before any backend
+// is constructed:
+//
+//   - An existing scoped root must be a real directory (a symlink is
+//     runner_state_directory_unsafe, never followed, moved or deleted). Its
+//     control-plane identity must be this session's; it is resumed for the
+//     exact run (unless the runner state is indeterminate) or for a verified
+//     prior run. A prior run still running (or an unavailable database) fails
+//     with runner_state_identity_mismatch and leaves the root untouched; any
+//     other unproven ownership quarantines the root (.identity_mismatch. for
+//     another session or scope, .identity_indeterminate. otherwise) and fails.
+//     An entirely empty root holds no authority and counts as fresh.
+//   - Otherwise the legacy roots (company/session, then session only) are
+//     renamed atomically into the scoped root when their identity is the exact
+//     run or a verified prior run. A legacy root whose identity is missing or
+//     of another run/session fails closed and stays in place; a legacy root of
+//     a terminal same-scope prior run whose runner is not suspended is
+//     quarantined.
+//   - Otherwise the root is fresh.
+func Prepare(ctx context.Context, req Request) (*Prepared, error) {
+	if req.Base == "" || req.RunID == "" || req.Scope.NormalizedSessionID == "" {
+		return nil, failure.New(codes.InvalidArgument, CodeIdentityMismatch, "state base, run id and session are required")
+	}
+	if req.Now == nil {
+		req.Now = time.Now
+	}
+	base := filepath.Clean(req.Base)
+	root := filepath.Join(base, req.Scope.RootName())
+	fi, err := os.Lstat(root)
+	switch {
+	case err == nil:
+		return prepareScoped(ctx, req, base, root, fi)
+	case !errors.Is(err, fs.ErrNotExist):
+		return nil, failure.Wrap(err, codes.Internal, CodeStateIO, "inspecting %s: %v", root, err)
+	}
+	for _, name := range req.Scope.LegacyRootNames() {
+		legacy := filepath.Join(base, name)
+		if legacy == root {
+			continue
+		}
+		lfi, err := os.Lstat(legacy)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return nil, failure.Wrap(err, codes.Internal, CodeStateIO, "inspecting %s: %v", legacy, err)
+		}
+		return migrateLegacy(ctx, req, base, legacy, lfi, root)
+	}
+	return &Prepared{Root: root, Source: SourceFresh, Runner: RunnerAbsent}, nil
+}
+
+func mismatch(root, format string, args ...any) *failure.Error {
+	e := failure.New(codes.FailedPrecondition, CodeIdentityMismatch, format, args...)
+	e.Metadata = map[string]string{MetaRoot: root}
+	return e
+}
+
+func unsafeRoot(root string) *failure.Error {
+	e := failure.New(codes.FailedPrecondition, CodeDirectoryUnsafe,
+		"durable state root %s is a symlink or not a directory; it is left untouched", root)
+	e.Metadata = map[string]string{MetaRoot: root}
+	return e
+}
+
+// quarantineAndFail moves root aside and returns the mismatch error naming
+// where it went (or the quarantine's own failure).
+func quarantineAndFail(req Request, base, root string, reason QuarantineReason, why string) error {
+	dest, err := Quarantine(base, root, reason, req.Now())
+	if err != nil {
+		return err
+	}
+	e := mismatch(root, "%s; the durable state was quarantined to %s and nothing was started", why, dest)
+	e.Metadata[MetaQuarantined] = dest
+	return e
+}
+
+func prepareScoped(ctx context.Context, req Request, base, root string, fi fs.FileInfo) (*Prepared, error) {
+	if !realDir(fi) {
+		return nil, unsafeRoot(root)
+	}
+	if empty, err := dirEmpty(root); err != nil {
+		return nil, failure.Wrap(err, codes.Internal, CodeStateIO, "reading %s: %v", root, err)
+	} else if empty {
+		return &Prepared{Root: root, Source: SourceFresh, Runner: RunnerAbsent}, nil
+	}
+	cp, err := readControlPlane(root)
+	if err != nil {
+		return nil, err
+	}
+	if cp.id == nil {
+		return nil, quarantineAndFail(req, base, root, IdentityIndeterminate, cp.reason)
+	}
+	id := *cp.id
+	if id.NormalizedSessionID != req.Scope.NormalizedSessionID {
+		return nil, quarantineAndFail(req, base, root, IdentityMismatch,
+			fmt.Sprintf("durable identity belongs to session %q, not %q", id.NormalizedSessionID, req.Scope.NormalizedSessionID))
+	}
+	if !id.Complete() {
+		return nil, quarantineAndFail(req, base, root, IdentityIndeterminate, "durable identity is incomplete")
+	}
+	runner, why, err := ReadRunnerLifecycle(root, id)
+	if err != nil {
+		return nil, err
+	}
+	if id.RunID == req.RunID {
+		if runner == RunnerIndeterminate {
+			return nil, quarantineAndFail(req, base, root, IdentityIndeterminate, why)
+		}
+		return &Prepared{Root: root, Source: SourceExactRun, Binding: &id, Runner: runner}, nil
+	}
+	v, why := VerifyPriorRun(ctx, req.PriorRuns, req.Scope, id, runner)
+	switch v {
+	case Verified:
+		return &Prepared{Root: root, Source: SourcePriorRun, Binding: &id, Runner: runner}, nil
+	case PriorActive:
+		return nil, mismatch(root, "%s; its durable state is left untouched", why)
+	case PriorUnavailable:
+		e := mismatch(root, "%s; its durable state is left untouched", why)
+		e.GRPC = codes.Unavailable
+		return nil, e
+	case PriorScopeMismatch:
+		return nil, quarantineAndFail(req, base, root, IdentityMismatch, why)
+	default:
+		return nil, quarantineAndFail(req, base, root, IdentityIndeterminate, why)
+	}
+}
+
+func migrateLegacy(ctx context.Context, req Request, base, legacy string, fi fs.FileInfo, root string) (*Prepared, error) {
+	if !realDir(fi) {
+		return nil, unsafeRoot(legacy)
+	}
+	cp, err := readControlPlane(legacy)
+	if err != nil {
+		return nil, err
+	}
+	if cp.id == nil {
+		return nil, mismatch(legacy, "legacy durable state has no provable identity (%s); it may belong to another scope and is left in place", cp.reason)
+	}
+	id := *cp.id
+	if id.NormalizedSessionID != req.Scope.NormalizedSessionID || !id.Complete() {
+		return nil, mismatch(legacy, "legacy durable state belongs to another session identity; it is left in place")
+	}
+	runner, why, err := ReadRunnerLifecycle(legacy, id)
+	if err != nil {
+		return nil, err
+	}
+	src := SourceExactRun
+	if id.RunID == req.RunID {
+		if runner == RunnerIndeterminate {
+			return nil, quarantineAndFail(req, base, legacy, IdentityIndeterminate, why)
+		}
+	} else {
+		v, why := VerifyPriorRun(ctx, req.PriorRuns, req.Scope, id, runner)
+		switch v {
+		case Verified:
+			src = SourcePriorRun
+		case PriorTerminalIndeterminate:
+			return nil, quarantineAndFail(req, base, legacy, IdentityIndeterminate, why)
+		case PriorUnavailable:
+			e := mismatch(legacy, "%s; the legacy durable state is left in place", why)
+			e.GRPC = codes.Unavailable
+			return nil, e
+		default:
+			return nil, mismatch(legacy, "legacy durable state is owned by run %s (%s); it is left in place", id.RunID, why)
+		}
+	}
+	if err := os.Rename(legacy, root); err != nil {
+		// Lost a race: accept only the same authority in the scoped root.
+		if fi, lerr := os.Lstat(root); lerr == nil && realDir(fi) {
+			if cp2, _ := readControlPlane(root); cp2.id != nil && *cp2.id == id {
+				if r2, _, _ := ReadRunnerLifecycle(root, id); r2 != RunnerIndeterminate && (src == SourceExactRun || r2 == RunnerSuspended) {
+					return &Prepared{Root: root, Source: src, Binding: &id, Runner: r2}, nil
+				}
+			}
+			return nil, mismatch(root, "the scoped root appeared with another authority while migrating %s", legacy)
+		}
+		return nil, failure.Wrap(err, codes.Internal, CodeStateIO, "migrating %s to %s: %v", legacy, root, err)
+	}
+	if err := syncDir(base); err != nil {
+		return nil, failure.Wrap(err, codes.Internal, CodeStateIO, "syncing %s: %v", base, err)
+	}
+	return &Prepared{Root: root, Source: src, Binding: &id, Runner: runner, MigratedFrom: legacy}, nil
+}
+
+// QuarantineReason names why a root was quarantined.
+type QuarantineReason string
+
+const (
+	IdentityIndeterminate QuarantineReason = "identity_indeterminate"
+	IdentityMismatch      QuarantineReason = "identity_mismatch"
+)
+
+// Quarantine renames root (a real directory directly under base, named like
+// a root) to <base>/quarantine/<name>.<reason>.<unix ms>.<pid>.<random> and
+// returns the new path. Anything else — a symlink, a path outside base, a
+// symlinked quarantine directory — is runner_state_directory_unsafe and is
+// left untouched.
+func Quarantine(base, root string, reason QuarantineReason, now time.Time) (string, error) {
+	base = filepath.Clean(base)
+	name := filepath.Base(root)
+	if filepath.Dir(filepath.Clean(root)) != base || !scope.IsRootName(name) {
+		return "", unsafeRoot(root)
+	}
+	if fi, err := os.Lstat(root); err != nil || !realDir(fi) {
+		return "", unsafeRoot(root)
+	}
+	qdir := filepath.Join(base, QuarantineDir)
+	if err := privateDir(qdir); err != nil {
+		return "", err
+	}
+	var rnd [8]byte
+	_, _ = rand.Read(rnd[:])
+	dest := filepath.Join(qdir, fmt.Sprintf("%s.%s.%d.%d.%s", name, reason, now.UnixMilli(), os.Getpid(), hex.EncodeToString(rnd[:])))
+	if err := os.Rename(root, dest); err != nil {
+		return "", failure.Wrap(err, codes.Internal, CodeStateIO, "quarantining %s: %v", root, err)
+	}
+	if err := syncDir(qdir); err != nil {
+		return "", failure.Wrap(err, codes.Internal, CodeStateIO, "syncing %s: %v", qdir, err)
+	}
+	if err := syncDir(base); err != nil {
+		return "", failure.Wrap(err, codes.Internal, CodeStateIO, "syncing %s: %v", base, err)
+	}
+	return dest, nil
+}
