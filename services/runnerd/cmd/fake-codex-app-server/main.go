@@ -51,6 +51,10 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs.BoolVar(&opts.RecordProcessStart, "record-process-start", false, "append process-start to the call log at startup")
 	fs.BoolVar(&opts.HoldTurn, "hold-turn", false, "after the last delta keep the turn open until it is interrupted or steered")
 	fs.BoolVar(&opts.ExitAfterTurnStart, "exit-after-turn-start", false, "exit 1 right after the turn/start response")
+	fs.BoolVar(&opts.EmitCommandApproval, "emit-command-approval", false, "every turn asks item/commandExecution/requestApproval before its reply ([shell] in a prompt: that turn only)")
+	fs.BoolVar(&opts.EmitUserInput, "emit-user-input", false, "every turn asks item/tool/requestUserInput before its reply ([ask] in a prompt: that turn only)")
+	fs.BoolVar(&opts.EmitToolCall, "emit-tool-call", false, "every turn calls a dynamic tool (item/tool/call) before its reply ([dyn] in a prompt: that turn only)")
+	fs.BoolVar(&opts.EmitToolCallOnResume, "emit-tool-call-on-resume", false, "after each thread/resume send an item/tool/call naming the thread's last stored (inactive) turn")
 	fs.Var(&overrides, "c", "config override key=value (accepted and ignored)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {

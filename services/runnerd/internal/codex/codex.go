@@ -82,6 +82,13 @@ type Config struct {
 	CodexHome string
 	// Model, ApprovalPolicy and Sandbox go to thread/start when non-empty.
 	Model, ApprovalPolicy, Sandbox string
+	// DynamicTools are sent as thread/start dynamicTools (codex stores them
+	// with the thread; they keep working after a resume). Each is
+	// {type:"function", name, description, inputSchema} or a namespace.
+	DynamicTools []map[string]any
+	// ToolHandler answers dynamic tool calls (see ToolHandler); nil leaves
+	// every call pending until AnswerToolCall.
+	ToolHandler ToolHandler
 	// StartupTimeout bounds spawn-to-initialize-response (default 30s);
 	// RequestTimeout bounds every other request (default 60s).
 	StartupTimeout, RequestTimeout time.Duration
@@ -143,6 +150,8 @@ type Session struct {
 	turn          *turnState
 	usageBaseline *tokenTotals
 	reported      map[string]bool
+	serverReqs    map[string]*serverRequest // runtime requests by request id
+	toolCalls     map[string]*pendingTool   // tool calls by call id
 	failErr       *Error
 	closing       bool
 	readerFatal   *Error
@@ -192,6 +201,8 @@ func Start(ctx context.Context, cfg Config, emit func(Event)) (*Session, error) 
 		emitFn:      emit,
 		pending:     make(map[int64]*pendingCall),
 		reported:    make(map[string]bool),
+		serverReqs:  make(map[string]*serverRequest),
+		toolCalls:   make(map[string]*pendingTool),
 		turnDone:    make(chan TurnResult, turnDoneBuffer),
 		exited:      make(chan struct{}),
 		procDone:    make(chan struct{}),
@@ -367,6 +378,13 @@ func (s *Session) OpenThread(ctx context.Context, threadID string) (string, bool
 		putNonEmpty(params, "approvalPolicy", s.cfg.ApprovalPolicy)
 		putNonEmpty(params, "sandbox", s.cfg.Sandbox)
 		putNonEmpty(params, "model", s.cfg.Model)
+		if len(s.cfg.DynamicTools) > 0 {
+			tools := make([]any, len(s.cfg.DynamicTools))
+			for i, t := range s.cfg.DynamicTools {
+				tools[i] = t
+			}
+			params["dynamicTools"] = tools
+		}
 	}
 	var opened string
 	onResult := func(raw json.RawMessage) error {

@@ -70,7 +70,8 @@ func (s *Session) handleNotification(method string, raw json.RawMessage) {
 	switch method {
 	case "turn/started", "turn/completed", "item/started", "item/completed",
 		"item/agentMessage/delta", "item/commandExecution/outputDelta",
-		"thread/tokenUsage/updated", "error", "warning", "configWarning", "deprecationNotice":
+		"thread/tokenUsage/updated", "error", "warning", "configWarning", "deprecationNotice",
+		"serverRequest/resolved":
 	default:
 		s.log.Debug("codex: notification ignored", "method", method)
 		return
@@ -92,6 +93,12 @@ func (s *Session) handleNotification(method string, raw json.RawMessage) {
 			return
 		}
 		s.onProviderError(p)
+		return
+	case "serverRequest/resolved":
+		if !s.threadOK(method, p, false) {
+			return
+		}
+		s.onServerRequestResolved(p)
 		return
 	}
 	if !s.threadOK(method, p, true) {
@@ -182,6 +189,8 @@ func (s *Session) onTurnCompleted(p map[string]any) {
 		return
 	}
 	defer s.emitMu.Unlock()
+	// Requests of the finished turn can no longer be answered.
+	s.expireRequests(id, ReasonTurnEnded, true)
 
 	final := t.finalMessage
 	if final == "" {
@@ -372,48 +381,6 @@ func (s *Session) onNotice(method string, p map[string]any) {
 		payload["details"] = truncate(d, 4096)
 	}
 	s.emitFromReader(Event{Type: "provider.notice.recorded", TurnID: str(p, "turnId"), Priority: PriorityP2, Payload: payload})
-}
-
-// handleServerRequest answers a provider->client request. Approvals, user
-// input and tool calls are not supported yet: approvals are declined, tool
-// calls fail, everything else gets a JSON-RPC error; each is reported as a
-// harness.diagnostic.
-func (s *Session) handleServerRequest(msg wireMessage) {
-	p, _ := decodeObject(msg.Params)
-	turnID := str(p, "turnId")
-	itemID := str(p, "itemId")
-	if itemID == "" {
-		itemID = str(p, "callId")
-	}
-	resp := outResponse{JSONRPC: "2.0", ID: msg.ID}
-	var answer string
-	switch msg.Method {
-	case "item/commandExecution/requestApproval", "item/fileChange/requestApproval":
-		resp.Result = map[string]any{"decision": "decline"}
-		answer = "declined"
-	case "item/tool/call":
-		resp.Result = map[string]any{
-			"success": false,
-			"contentItems": []any{map[string]any{
-				"type": "inputText",
-				"text": "This tool is not available: the runner does not execute tool calls yet.",
-			}},
-		}
-		answer = "tool_call_failed"
-	default:
-		resp.Error = &wireError{Code: -32601, Message: "tether-runnerd does not support " + msg.Method + " yet"}
-		answer = "rpc_error"
-	}
-	s.emitFromReader(Event{Type: "harness.diagnostic", TurnID: turnID, ItemID: itemID, Priority: PriorityP1, Payload: map[string]any{
-		"code":      CodeServerRequestUnsupported,
-		"method":    msg.Method,
-		"requestId": string(bytes.TrimSpace(msg.ID)),
-		"answer":    answer,
-		"message":   "server request " + msg.Method + " is not supported yet; answered conservatively (" + answer + ")",
-	}})
-	if err := s.writeMessage(resp); err != nil {
-		s.log.Warn("codex: cannot answer server request", "method", msg.Method, "err", err)
-	}
 }
 
 // ---- emission ----

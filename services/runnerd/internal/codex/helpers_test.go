@@ -2,10 +2,12 @@ package codex
 
 import (
 	"context"
+	"encoding/json"
 	"io"
 	"log/slog"
 	"os"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -159,4 +161,21 @@ func waitExited(t *testing.T, s *Session) {
 func alive(pid int) bool {
 	st, err := readProcStat(pid)
 	return err == nil && st.State != 'Z' && st.State != 'X'
+}
+
+// readRecord reads the stub's record of received lines.
+func readRecord(t *testing.T, path string) []map[string]any {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	var out []map[string]any
+	for _, l := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		if l == "" {
+			continue
+		}
+		var m map[string]any
+		require.NoError(t, json.Unmarshal([]byte(l), &m), l)
+		out = append(out, m)
+	}
+	return out
 }

@@ -49,6 +49,7 @@ type stubPeer struct {
 
 	threadID  string
 	resumed   bool
+	history   []any // turns reported by thread/read
 	turnSeq   int
 	msgSeq    int
 	total     [3]int64 // input, cached, output
@@ -206,6 +207,17 @@ func (st *stubPeer) handle(msg map[string]any) {
 			st.respondErr(id, -32600, "no rollout found for thread id thr-missing")
 		default:
 			st.threadID, st.resumed = tid, true
+			if tid == "thr-hist" {
+				st.history = []any{
+					map[string]any{"id": "turn-old-1", "status": "completed", "items": []any{
+						map[string]any{"type": "userMessage", "id": "u1"},
+						map[string]any{"type": "agentMessage", "id": "m1", "text": "old answer"},
+					}},
+					map[string]any{"id": "turn-old-2", "status": "interrupted", "items": []any{}},
+					map[string]any{"id": "turn-old-3", "status": "failed", "items": []any{}, "error": map[string]any{"message": "model failed"}},
+					map[string]any{"id": "turn-old-4", "status": "inProgress", "items": []any{}},
+				}
+			}
 			st.notify("deprecationNotice", map[string]any{"summary": "stub deprecation", "details": nil})
 			st.respond(id, map[string]any{"thread": map[string]any{"id": tid, "sessionId": tid}})
 		}
@@ -219,6 +231,12 @@ func (st *stubPeer) handle(msg map[string]any) {
 		st.runTurn(id, text)
 	case "turn/steer", "turn/interrupt":
 		st.respondErr(id, -32600, "no active turn")
+	case "thread/read":
+		if params["threadId"] != st.threadID {
+			st.respondErr(id, -32600, fmt.Sprintf("thread not found: %v", params["threadId"]))
+			return
+		}
+		st.respond(id, map[string]any{"thread": map[string]any{"id": st.threadID, "status": map[string]any{"type": "idle"}, "turns": st.history}})
 	}
 }
 
@@ -264,9 +282,9 @@ func (st *stubPeer) userMessage(turnID, text string) {
 
 func (st *stubPeer) completeTurn(turnID, status string, items []any, turnErr any) {
 	st.notify("thread/status/changed", map[string]any{"threadId": st.threadID, "status": map[string]any{"type": "idle"}})
-	st.notify("turn/completed", map[string]any{"threadId": st.threadID, "turn": map[string]any{
-		"id": turnID, "items": items, "status": status, "error": turnErr,
-	}})
+	turn := map[string]any{"id": turnID, "items": items, "status": status, "error": turnErr}
+	st.history = append(st.history, turn)
+	st.notify("turn/completed", map[string]any{"threadId": st.threadID, "turn": turn})
 }
 
 // awaitResponse waits for the client's answer to server request id.
@@ -330,6 +348,47 @@ func (st *stubPeer) runTurn(reqID any, text string) {
 			st.notify("warning", map[string]any{"threadId": st.threadID, "message": "answer:" + string(b)})
 		}
 		st.item("item/completed", turnID, map[string]any{"type": "commandExecution", "id": "call_1", "status": "declined", "exitCode": nil})
+	}
+	if strings.Contains(text, "[input]") {
+		st.item("item/started", turnID, map[string]any{"type": "toolCall", "id": "call_q"})
+		st.send(map[string]any{"method": "item/tool/requestUserInput", "id": 0, "params": map[string]any{
+			"threadId": st.threadID, "turnId": turnID, "itemId": "call_q", "isBlocking": true,
+			"questions": []any{
+				map[string]any{"id": "color", "header": "Color", "question": "Which color?", "isOther": false, "isSecret": false,
+					"options": []any{map[string]any{"label": "red", "description": "warm"}, map[string]any{"label": "blue", "description": "cold"}}},
+				map[string]any{"id": "name", "header": "Name", "question": "Your name?", "isOther": false, "isSecret": false, "options": nil},
+			},
+		}})
+		ans := st.awaitResponse(0)
+		b, _ := json.Marshal(ans)
+		st.notify("warning", map[string]any{"threadId": st.threadID, "message": "answer:" + string(b)})
+	}
+	if strings.Contains(text, "[stale-tool]") {
+		st.send(map[string]any{"method": "item/tool/call", "id": 5, "params": map[string]any{"threadId": st.threadID, "turnId": "turn-old", "callId": "call_old", "tool": "lookup", "arguments": map[string]any{"key": "z"}}})
+		ans := st.awaitResponse(5)
+		b, _ := json.Marshal(ans)
+		st.notify("warning", map[string]any{"threadId": st.threadID, "message": "answer:" + string(b)})
+	}
+	if strings.Contains(text, "[tool-auto]") {
+		st.send(map[string]any{"method": "item/tool/call", "id": 6, "params": map[string]any{"threadId": st.threadID, "turnId": turnID, "callId": "call_auto", "tool": "mock_lookup", "arguments": map[string]any{"key": "alpha"}}})
+		ans := st.awaitResponse(6)
+		b, _ := json.Marshal(ans)
+		st.notify("warning", map[string]any{"threadId": st.threadID, "message": "answer:" + string(b)})
+	}
+	if strings.Contains(text, "[withdraw]") {
+		st.send(map[string]any{"method": "item/commandExecution/requestApproval", "id": 0, "params": map[string]any{"threadId": st.threadID, "turnId": turnID, "itemId": "call_w", "command": "rm -rf /"}})
+		time.Sleep(50 * time.Millisecond)
+		st.notify("serverRequest/resolved", map[string]any{"threadId": st.threadID, "requestId": 0})
+	}
+	if strings.Contains(text, "[approval-then-exit]") {
+		st.send(map[string]any{"method": "item/commandExecution/requestApproval", "id": 0, "params": map[string]any{"threadId": st.threadID, "turnId": turnID, "itemId": "call_x", "command": "ls"}})
+		st.send(map[string]any{"method": "item/tool/requestUserInput", "id": 1, "params": map[string]any{"threadId": st.threadID, "turnId": turnID, "itemId": "call_y",
+			"questions": []any{map[string]any{"id": "q", "header": "Q", "question": "Why?"}}}})
+		time.Sleep(100 * time.Millisecond)
+		os.Exit(3)
+	}
+	if strings.Contains(text, "[approval-then-complete]") {
+		st.send(map[string]any{"method": "item/commandExecution/requestApproval", "id": 0, "params": map[string]any{"threadId": st.threadID, "turnId": turnID, "itemId": "call_x", "command": "ls"}})
 	}
 	if strings.Contains(text, "[fail]") {
 		st.usage(turnID, 0, 0, 0, true)

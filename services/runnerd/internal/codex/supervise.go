@@ -179,6 +179,13 @@ func (s *Session) fail(cause *Error) {
 	for _, p := range pend {
 		p.ch <- rpcReply{err: cause}
 	}
+	// Open runtime requests and tool calls die with the provider; the
+	// provider does not re-issue them after a resume (replayAllowed false).
+	reason := ReasonProviderProcessLost
+	if cause.Code == CodeClosed {
+		reason = ReasonSessionClosed
+	}
+	s.expireRequests("", reason, true)
 	if t != nil {
 		res := TurnResult{
 			TurnID: t.id, Status: TurnFailed, FinalMessage: t.finalMessage, Usage: t.usage,

@@ -61,6 +61,18 @@ type Options struct {
 	// ExitAfterTurnStart makes Run return ErrExitAfterTurnStart right after
 	// writing a turn/start response.
 	ExitAfterTurnStart bool
+	// EmitCommandApproval makes every turn ask a command approval before
+	// its reply ("[shell]" in a prompt does it for one turn).
+	EmitCommandApproval bool
+	// EmitUserInput makes every turn ask item/tool/requestUserInput ("[ask]"
+	// for one turn).
+	EmitUserInput bool
+	// EmitToolCall makes every turn call a dynamic tool ("[dyn]" for one
+	// turn).
+	EmitToolCall bool
+	// EmitToolCallOnResume sends, right after each thread/resume response, a
+	// tool call naming the thread's last stored (no longer active) turn.
+	EmitToolCallOnResume bool
 	// Stderr receives diagnostics. Nil means os.Stderr.
 	Stderr io.Writer
 	// Now is the clock for timestamps. Nil means time.Now.
@@ -90,6 +102,8 @@ type Server struct {
 	active      map[string]*activeTurn
 	procTurn    int
 	agentSeq    int
+	nextReqID   int                 // server request ids, from 0 per process
+	pending     map[int]*pendingReq // server requests awaiting an answer
 
 	out *bufio.Writer
 	enc *json.Encoder
@@ -104,6 +118,7 @@ func New(opts Options) (*Server, error) {
 		loaded:      map[string]bool{},
 		replayUsage: map[string]bool{},
 		active:      map[string]*activeTurn{},
+		pending:     map[int]*pendingReq{},
 	}
 	if s.stderr == nil {
 		s.stderr = os.Stderr
@@ -357,10 +372,9 @@ func (s *Server) handleLine(line []byte) error {
 	}
 	switch {
 	case m.Method == "" && m.hasID():
-		// A response to a server->client request. The fake sends none yet;
-		// record the outcome so tests can see what the client answered.
-		s.logCall(toolResponseEntry(&m))
-		return nil
+		// A response to a server->client request: log its outcome and let
+		// the waiting turn go on.
+		return s.handleClientResponse(&m)
 	case m.Method == "":
 		s.diag("ignoring line without method or id")
 		return nil
@@ -621,7 +635,13 @@ func (s *Server) handleThreadResume(id json.RawMessage, p params) error {
 	if err := s.notify("thread/status/changed", map[string]any{"threadId": threadID, "status": threadStatus(active)}); err != nil {
 		return err
 	}
-	return s.respond(id, s.threadResponse(th, turns))
+	if err := s.respond(id, s.threadResponse(th, turns)); err != nil {
+		return err
+	}
+	if s.opts.EmitToolCallOnResume {
+		return s.emitStaleToolCall(th)
+	}
+	return nil
 }
 
 func (s *Server) handleThreadRead(id json.RawMessage, p params) error {

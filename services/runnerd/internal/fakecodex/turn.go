@@ -24,6 +24,11 @@ type activeTurn struct {
 	due       time.Time
 	scheduled bool
 	hold      bool
+
+	phases    []string // server requests still to make before the reply
+	waiting   bool     // a server request is open
+	waitingID int
+	outcomes  []string // answers to this turn's server requests, for the reply
 }
 
 // ReplyText is the fake model's deterministic answer. prompt is the turn's
@@ -160,7 +165,8 @@ func (s *Server) handleTurnStart(id json.RawMessage, p params) error {
 	if err := s.emitUserMessage(at, user); err != nil {
 		return err
 	}
-	return s.beginReply(at)
+	at.phases = s.requestPhases(strings.Join(texts, "\n"))
+	return s.continueTurn(at)
 }
 
 func (s *Server) handleTurnSteer(id json.RawMessage, p params) error {
@@ -206,31 +212,59 @@ func (s *Server) handleTurnInterrupt(id json.RawMessage, p params) error {
 	if at.turn.ID != turnID {
 		return s.respondError(id, invalidRequest("expected active turn id `%s` but found `%s`", turnID, at.turn.ID))
 	}
-	at.scheduled = false
-	nowMs := s.nowMs()
-	t := at.turn
-	t.Status = statusInterrupted
-	t.EndedAtMs = nowMs
-	th.UpdatedAt = nowMs / 1000
-	delete(s.active, th.ID)
-	if err := s.save(); err != nil {
+	if err := s.markInterrupted(at); err != nil {
 		return err
 	}
 	// An aborted model stream adds no usage, but the real server re-emits
 	// the unchanged totals before acknowledging.
 	if th.Usage.Total.TotalTokens > 0 {
-		if err := s.notify("thread/tokenUsage/updated", tokenUsageParams(th.ID, t.ID, th.Usage)); err != nil {
+		if err := s.notify("thread/tokenUsage/updated", tokenUsageParams(th.ID, at.turn.ID, th.Usage)); err != nil {
 			return err
 		}
 	}
 	if err := s.respond(id, map[string]any{}); err != nil {
 		return err
 	}
+	return s.finishInterrupted(at)
+}
+
+// markInterrupted ends the turn as interrupted in the state.
+func (s *Server) markInterrupted(at *activeTurn) error {
+	at.scheduled = false
+	nowMs := s.nowMs()
+	t, th := at.turn, at.thread
+	t.Status = statusInterrupted
+	t.EndedAtMs = nowMs
+	th.UpdatedAt = nowMs / 1000
+	delete(s.active, th.ID)
+	return s.save()
+}
+
+// finishInterrupted withdraws an open server request and announces the
+// interrupted turn.
+func (s *Server) finishInterrupted(at *activeTurn) error {
+	th := at.thread
+	if at.waiting {
+		at.waiting = false
+		delete(s.pending, at.waitingID)
+		if err := s.notify("serverRequest/resolved", map[string]any{"threadId": th.ID, "requestId": at.waitingID}); err != nil {
+			return err
+		}
+	}
 	if err := s.notify("thread/status/changed", map[string]any{"threadId": th.ID, "status": threadStatus(false)}); err != nil {
 		return err
 	}
-	obj := historyTurn(t, false)
+	obj := historyTurn(at.turn, false)
 	return s.notify("turn/completed", map[string]any{"threadId": th.ID, "turn": obj})
+}
+
+// interruptTurn ends the turn on the server's own account (a cancel
+// decision).
+func (s *Server) interruptTurn(at *activeTurn) error {
+	if err := s.markInterrupted(at); err != nil {
+		return err
+	}
+	return s.finishInterrupted(at)
 }
 
 // recordUserMessage stores a user message in the active turn (state only).
@@ -278,6 +312,12 @@ func (s *Server) restart(at *activeTurn, texts []string) error {
 	at.scheduled = false
 	at.hold = false
 	at.agent = nil
+	at.phases = nil
+	if at.waiting {
+		// The open server request is withdrawn; a late answer is only logged.
+		at.waiting = false
+		delete(s.pending, at.waitingID)
+	}
 	th := at.thread
 	user := s.recordUserMessage(at, texts)
 	if err := s.save(); err != nil {
@@ -311,6 +351,9 @@ func (s *Server) beginReply(at *activeTurn) error {
 		earlier += len(t.Items)
 	}
 	at.reply = ReplyText(strings.Join(prompts, " | "), len(th.Turns), earlier)
+	if len(at.outcomes) > 0 {
+		at.reply += " [" + strings.Join(at.outcomes, "; ") + "]"
+	}
 	if strings.Contains(lastUser, "[slow]") {
 		at.chunks = splitEven(at.reply, SlowChunks)
 		at.delay = s.opts.SlowDeltaDelay

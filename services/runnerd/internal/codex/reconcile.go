@@ -1,0 +1,123 @@
+package codex
+
+import (
+	"context"
+	"strconv"
+)
+
+// Reconciliation outcomes.
+const (
+	// ReconcileRetained: the provider still runs the turn; the session now
+	// tracks it as active and its end arrives on TurnDone as usual.
+	ReconcileRetained = "retained"
+	// ReconcileTerminalized: the provider recorded the turn as finished; the
+	// driver emitted its turn.<status> event (payload reconciled:true) and
+	// delivered its TurnResult on TurnDone.
+	ReconcileTerminalized = "terminalized"
+	// ReconcileMissing: the thread does not know the turn. ReconcileTurn
+	// returns a provider_turn_missing error with it; the failure is
+	// recoverable (the turn was never recorded, so a retry may start it).
+	ReconcileMissing = "missing"
+)
+
+// Reconciliation is the result of ReconcileTurn.
+type Reconciliation struct {
+	TurnID       string
+	Outcome      string // retained | terminalized | missing
+	Status       string // provider status: inProgress | completed | failed | interrupted | ""
+	FinalMessage string
+}
+
+// ReconcileTurn reads the open thread (thread/read includeTurns:true) and
+// settles a turn that the caller persisted as active before a provider or
+// runner restart: retained when the provider still runs it, terminalized
+// when the provider finished it (completed, failed or interrupted — a turn
+// cut off by a provider crash reads back as interrupted), and a recoverable
+// provider_turn_missing error when the thread has no such turn.
+func (s *Session) ReconcileTurn(ctx context.Context, turnID string) (Reconciliation, error) {
+	rec := Reconciliation{TurnID: turnID}
+	thread, err := s.openThread()
+	if err != nil {
+		return rec, err
+	}
+	if turnID == "" {
+		return rec, errorf(CodeReconcileFailed, "no turn id to reconcile")
+	}
+	raw, rpcErr, err := s.call(ctx, "thread/read", map[string]any{"threadId": thread, "includeTurns": true}, s.cfg.RequestTimeout, nil)
+	if err != nil {
+		return rec, err
+	}
+	if rpcErr != nil {
+		return rec, errorf(CodeReconcileFailed, "thread/read: %s", rpcErr.describe())
+	}
+	res, err := decodeObject(raw)
+	if err != nil {
+		return rec, errorf(CodeProtocolError, "thread/read result is not a JSON object")
+	}
+	turns, _ := obj(res, "thread")["turns"].([]any)
+	var turn map[string]any
+	for _, t := range turns {
+		if m, _ := t.(map[string]any); str(m, "id") == turnID {
+			turn = m
+		}
+	}
+	if turn == nil {
+		rec.Outcome = ReconcileMissing
+		return rec, errorf(CodeTurnMissing, "thread %s has no turn %s; the turn was never recorded by the provider (recoverable)", thread, turnID)
+	}
+	rec.Status = str(turn, "status")
+	rec.FinalMessage = lastAgentMessage(turn)
+	if rec.Status == "inProgress" {
+		s.mu.Lock()
+		switch {
+		case s.turn == nil:
+			s.turn = &turnState{id: turnID, started: true}
+		case s.turn.id != turnID:
+			other := s.turn.id
+			s.mu.Unlock()
+			return rec, errorf(CodeTurnActive, "turn %s is active, not %s", other, turnID)
+		}
+		s.mu.Unlock()
+		rec.Outcome = ReconcileRetained
+		return rec, nil
+	}
+
+	res2 := TurnResult{TurnID: turnID, FinalMessage: rec.FinalMessage}
+	evType := "turn.failed"
+	switch rec.Status {
+	case TurnCompleted:
+		res2.Status, evType = TurnCompleted, "turn.completed"
+	case TurnInterrupted:
+		res2.Status, evType = TurnInterrupted, "turn.interrupted"
+	default:
+		res2.Status = TurnFailed
+		res2.ErrorCode = CodeTurnFailed
+		res2.ErrorMessage = "provider reported turn status " + strconv.Quote(rec.Status)
+		if e := obj(turn, "error"); e != nil && str(e, "message") != "" {
+			res2.ErrorMessage = truncate(str(e, "message"), 4096)
+		}
+	}
+	payload := map[string]any{"status": res2.Status, "finalMessage": rec.FinalMessage, "reconciled": true,
+		"usage": map[string]any{"inputTokens": int64(0), "cachedInputTokens": int64(0), "outputTokens": int64(0)}}
+	if res2.Status == TurnFailed {
+		payload["error"] = map[string]any{"code": res2.ErrorCode, "message": res2.ErrorMessage}
+	}
+
+	s.emitMu.Lock()
+	defer s.emitMu.Unlock()
+	s.mu.Lock()
+	if s.failErr != nil {
+		err := s.failErr
+		s.mu.Unlock()
+		return rec, err
+	}
+	if s.turn != nil && s.turn.id == turnID {
+		s.turn = nil
+	}
+	s.mu.Unlock()
+	s.expireRequests(turnID, ReasonTurnEnded, true)
+	s.emitFn(Event{Type: evType, TurnID: turnID, Priority: PriorityP0, Payload: payload})
+	s.deliverTurn(res2)
+	rec.Outcome = ReconcileTerminalized
+	return rec, nil
+}

@@ -1,0 +1,779 @@
+package codex
+
+// Server requests (provider -> client) that need an answer from outside the
+// driver:
+//
+//   - item/commandExecution/requestApproval, item/fileChange/requestApproval
+//     and item/tool/requestUserInput become runtime requests: the driver
+//     emits runtime_request.created and keeps the JSON-RPC request open until
+//     ResolveRequest answers it (runtime_request.resolved), the provider
+//     withdraws it (runtime_request.cancelled), its turn ends or the provider
+//     is lost (runtime_request.expired, replayAllowed false).
+//   - item/tool/call (dynamic tools) is a tool call: the driver emits
+//     semantic_tool.input and tool.execution.started and asks the session's
+//     ToolHandler; a handler that does not answer at once leaves the call
+//     pending until AnswerToolCall. A call that does not belong to the active
+//     turn (an old run's call, e.g. re-issued after a resume) is failed at
+//     once with native_tool_authority_epoch_revoked.
+//
+// Events (Type, priority, payload):
+//
+//	runtime_request.created   P0 {requestId, requestKind:"runtime", requestType:"approval"|"input", kind, method,
+//	                              threadId, turnId, itemId[, command, cwd, reason, availableDecisions,
+//	                              proposedExecpolicyAmendment (command approval); reason, grantRoot (file change);
+//	                              questions, isBlocking (user input)], request:{schema:"tether.runtime_request.v2", …}}
+//	runtime_request.resolved  P0 {requestId, requestKind, requestType, kind, turnId, itemId, resolution}
+//	runtime_request.expired   P0 {requestId, requestKind, requestType, kind, turnId, itemId, reason, replayAllowed:false, request}
+//	runtime_request.cancelled P0 {requestId, requestKind, requestType, kind, turnId, itemId, reason:"provider_resolved"}
+//	semantic_tool.input       P0 {callId, requestId, tool, namespace, arguments, turnId, semantic_tool:{schema, phase:"input", …}}
+//	tool.execution.started    P1 {callId, requestId, tool, namespace}
+//	semantic_tool.result      P0 {callId, requestId, tool, success, contentItems, source[, code], semantic_tool:{schema, phase:"result", …}}
+//	tool.execution.completed  P1 {callId, tool, success[, code]}
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"sort"
+	"strconv"
+	"strings"
+)
+
+// Runtime request kinds (payload "kind").
+const (
+	KindCommandApproval    = "command_approval"
+	KindFileChangeApproval = "file_change_approval"
+	KindUserInput          = "user_input"
+)
+
+// Schemas of the normalized request objects in runtime_request.* payloads.
+const (
+	RuntimeRequestSchema = "tether.runtime_request.v2"
+	QuestionSetSchema    = "tether.question_set.v1"
+	SemanticToolSchema   = "tether.prp.semantic_tool.v1"
+)
+
+// Expiry reasons (runtime_request.expired payload "reason").
+const (
+	ReasonProviderProcessLost = "provider_process_lost"
+	ReasonSessionClosed       = "session_closed"
+	ReasonTurnEnded           = "turn_ended"
+	ReasonProviderResolved    = "provider_resolved"
+)
+
+// Codes of runtime request and tool call failures.
+const (
+	CodeRequestNotPending      = "runtime_request_not_pending"
+	CodeResolutionInvalid      = "runtime_request_resolution_invalid"
+	CodeToolCallNotPending     = "tool_call_not_pending"
+	CodeToolResultInvalid      = "tool_result_invalid"
+	CodeToolAuthorityRevoked   = "native_tool_authority_epoch_revoked"
+	CodeTurnMissing            = "provider_turn_missing"
+	CodeReconcileFailed        = "provider_reconcile_failed"
+	approvalDecisionsDelimiter = "|"
+)
+
+// approvalDecisions are the plain decisions every approval accepts (codex
+// honours decline even when availableDecisions does not list it).
+var approvalDecisions = map[string]bool{"accept": true, "acceptForSession": true, "decline": true, "cancel": true}
+
+// amendmentDecisions are the object decisions a command approval accepts.
+var amendmentDecisions = map[string]bool{"acceptWithExecpolicyAmendment": true, "applyNetworkPolicyAmendment": true}
+
+// serverRequest is a runtime request waiting for ResolveRequest.
+type serverRequest struct {
+	rawID       json.RawMessage
+	requestID   string
+	method      string
+	kind        string
+	requestType string
+	turnID      string
+	itemID      string
+	questionIDs map[string]bool
+	request     map[string]any // normalized request object (payload "request")
+}
+
+func (r *serverRequest) basePayload() map[string]any {
+	return map[string]any{
+		"requestId":   r.requestID,
+		"requestKind": "runtime",
+		"requestType": r.requestType,
+		"kind":        r.kind,
+		"turnId":      r.turnID,
+		"itemId":      r.itemID,
+	}
+}
+
+// ToolCall is one dynamic tool call (item/tool/call) of the provider.
+type ToolCall struct {
+	RequestID string // JSON-RPC id of the server request, as text
+	ThreadID  string
+	TurnID    string
+	CallID    string
+	Namespace string
+	Tool      string
+	Arguments json.RawMessage
+}
+
+// ToolOutput answers a tool call. ContentItems are codex content items
+// ({type:"inputText", text} | {type:"inputImage", imageUrl} |
+// {type:"inputAudio", audioUrl}).
+type ToolOutput struct {
+	Success      bool
+	ContentItems []map[string]any
+}
+
+// TextOutput is a ToolOutput with one text item.
+func TextOutput(success bool, text string) ToolOutput {
+	return ToolOutput{Success: success, ContentItems: []map[string]any{{"type": "inputText", "text": text}}}
+}
+
+// ToolHandler decides how a tool call is answered. It runs on the reader
+// goroutine and must not block: return (out, true) to answer at once (a
+// built-in tool) or (_, false) to leave the call pending until
+// AnswerToolCall. A nil handler leaves every call pending.
+type ToolHandler func(ToolCall) (ToolOutput, bool)
+
+// StubToolHandler is a deterministic built-in tool for tests: mock_lookup
+// {"key":K} answers "lookup(K) = 42"; any other tool answers
+// "<tool>(<compact arguments>) = ok".
+func StubToolHandler(c ToolCall) (ToolOutput, bool) {
+	if c.Tool == "mock_lookup" {
+		var a struct {
+			Key string `json:"key"`
+		}
+		_ = json.Unmarshal(c.Arguments, &a)
+		return TextOutput(true, "lookup("+a.Key+") = 42"), true
+	}
+	var b bytes.Buffer
+	if err := json.Compact(&b, c.Arguments); err != nil {
+		b.Reset()
+	}
+	return TextOutput(true, c.Tool+"("+b.String()+") = ok"), true
+}
+
+// pendingTool is a tool call waiting for its answer.
+type pendingTool struct {
+	call  ToolCall
+	rawID json.RawMessage
+}
+
+// requestIDText renders a JSON-RPC id as text: integers as their decimal
+// (0 is a real id), strings unquoted.
+func requestIDText(raw json.RawMessage) string {
+	t := bytes.TrimSpace(raw)
+	var s string
+	if len(t) > 0 && t[0] == '"' && json.Unmarshal(t, &s) == nil {
+		return s
+	}
+	return string(t)
+}
+
+// handleServerRequest answers or parks a provider->client request. It runs
+// on the reader goroutine.
+func (s *Session) handleServerRequest(msg wireMessage) {
+	p, err := decodeObject(msg.Params)
+	if err != nil {
+		p = map[string]any{}
+	}
+	switch msg.Method {
+	case "item/commandExecution/requestApproval", "item/fileChange/requestApproval", "item/tool/requestUserInput":
+		s.onRuntimeRequest(msg, p)
+	case "item/tool/call":
+		s.onToolCall(msg, p)
+	default:
+		s.answerUnsupported(msg, p)
+	}
+}
+
+// answerUnsupported gives requests the driver does not handle a conservative
+// answer and reports a harness.diagnostic.
+func (s *Session) answerUnsupported(msg wireMessage, p map[string]any) {
+	turnID := str(p, "turnId")
+	itemID := str(p, "itemId")
+	if itemID == "" {
+		itemID = str(p, "callId")
+	}
+	resp := outResponse{JSONRPC: "2.0", ID: msg.ID}
+	var answer string
+	switch msg.Method {
+	case "item/permissions/requestApproval", "execCommandApproval", "applyPatchApproval":
+		resp.Result = map[string]any{"decision": "decline"}
+		if msg.Method != "item/permissions/requestApproval" {
+			resp.Result = map[string]any{"decision": "denied"}
+		}
+		answer = "declined"
+	case "mcpServer/elicitation/request":
+		resp.Result = map[string]any{"action": "decline"}
+		answer = "declined"
+	default:
+		resp.Error = &wireError{Code: -32601, Message: "tether-runnerd does not support " + msg.Method}
+		answer = "rpc_error"
+	}
+	s.emitFromReader(Event{Type: "harness.diagnostic", TurnID: turnID, ItemID: itemID, Priority: PriorityP1, Payload: map[string]any{
+		"code":      CodeServerRequestUnsupported,
+		"method":    msg.Method,
+		"requestId": requestIDText(msg.ID),
+		"answer":    answer,
+		"message":   "server request " + msg.Method + " is not supported; answered conservatively (" + answer + ")",
+	}})
+	if err := s.writeMessage(resp); err != nil {
+		s.log.Warn("codex: cannot answer server request", "method", msg.Method, "err", err)
+	}
+}
+
+func (s *Session) onRuntimeRequest(msg wireMessage, p map[string]any) {
+	r := &serverRequest{
+		rawID:     append(json.RawMessage(nil), bytes.TrimSpace(msg.ID)...),
+		requestID: requestIDText(msg.ID),
+		method:    msg.Method,
+		turnID:    str(p, "turnId"),
+		itemID:    str(p, "itemId"),
+	}
+	payload := map[string]any{"method": msg.Method, "threadId": str(p, "threadId")}
+	req := map[string]any{
+		"schema":      RuntimeRequestSchema,
+		"requestKind": "runtime",
+		"requestId":   r.requestID,
+		"status":      "pending",
+		"turnId":      r.turnID,
+		"itemId":      r.itemID,
+	}
+	switch msg.Method {
+	case "item/commandExecution/requestApproval":
+		r.kind, r.requestType = KindCommandApproval, "approval"
+		for _, k := range []string{"command", "cwd", "reason"} {
+			putStr(payload, p, k)
+		}
+		if v, ok := p["proposedExecpolicyAmendment"]; ok && v != nil {
+			payload["proposedExecpolicyAmendment"] = v
+		}
+		req["prompt"] = firstNonEmpty(str(p, "reason"), str(p, "command"), "Approve a command")
+	case "item/fileChange/requestApproval":
+		r.kind, r.requestType = KindFileChangeApproval, "approval"
+		putStr(payload, p, "reason")
+		putStr(payload, p, "grantRoot")
+		req["prompt"] = firstNonEmpty(str(p, "reason"), "Approve file changes")
+	default:
+		r.kind, r.requestType = KindUserInput, "input"
+		questions, _ := p["questions"].([]any)
+		payload["questions"] = questions
+		if b, ok := p["isBlocking"].(bool); ok {
+			payload["isBlocking"] = b
+		}
+		set, ids, prompt := questionSet(questions)
+		r.questionIDs = ids
+		req["input"] = set
+		req["prompt"] = firstNonEmpty(prompt, "Input requested")
+	}
+	if r.requestType == "approval" {
+		payload["availableDecisions"] = availableDecisions(p)
+	}
+	req["type"] = r.requestType
+	r.request = req
+	for k, v := range r.basePayload() {
+		payload[k] = v
+	}
+	payload["request"] = req
+
+	s.mu.Lock()
+	dup := s.serverReqs[r.requestID] != nil
+	if !dup {
+		s.serverReqs[r.requestID] = r
+	}
+	s.mu.Unlock()
+	if dup {
+		// Two open requests under one id cannot be told apart: refuse the
+		// second one.
+		s.diagnostic(CodeProtocolError, msg.Method, r.turnID, r.itemID, "server request id "+r.requestID+" is already pending; the second request is refused")
+		_ = s.writeMessage(outResponse{JSONRPC: "2.0", ID: msg.ID, Error: &wireError{Code: -32600, Message: "duplicate request id " + r.requestID}})
+		return
+	}
+	s.emitFromReader(Event{Type: "runtime_request.created", TurnID: r.turnID, ItemID: r.itemID, Priority: PriorityP0, Payload: payload})
+}
+
+// availableDecisions lists the decisions offered: the provider's list
+// (object decisions by their key) plus decline, which codex always honours.
+func availableDecisions(p map[string]any) []any {
+	out := []any{}
+	seen := map[string]bool{}
+	add := func(d string) {
+		if d != "" && !seen[d] {
+			seen[d] = true
+			out = append(out, d)
+		}
+	}
+	list, ok := p["availableDecisions"].([]any)
+	if !ok {
+		for _, d := range []string{"accept", "acceptForSession", "decline", "cancel"} {
+			add(d)
+		}
+		return out
+	}
+	for _, d := range list {
+		switch x := d.(type) {
+		case string:
+			add(x)
+		case map[string]any:
+			keys := make([]string, 0, len(x))
+			for k := range x {
+				keys = append(keys, k)
+			}
+			sort.Strings(keys)
+			add(strings.Join(keys, approvalDecisionsDelimiter))
+		}
+	}
+	add("decline")
+	return out
+}
+
+// questionSet converts codex request_user_input questions to the
+// tether.question_set.v1 shape the executor's durable fallback reads:
+// questions with options become single_select (option ids option-<n>,
+// labels kept), others text.
+func questionSet(questions []any) (map[string]any, map[string]bool, string) {
+	ids := map[string]bool{}
+	out := make([]any, 0, len(questions))
+	prompt := ""
+	for _, q := range questions {
+		qm, _ := q.(map[string]any)
+		id := str(qm, "id")
+		if id == "" {
+			continue
+		}
+		ids[id] = true
+		text := firstNonEmpty(str(qm, "question"), str(qm, "header"), id)
+		if prompt == "" {
+			prompt = text
+		}
+		nq := map[string]any{"id": id, "prompt": text, "required": true, "answerMode": "text"}
+		if h := str(qm, "header"); h != "" {
+			nq["header"] = h
+		}
+		if opts, _ := qm["options"].([]any); len(opts) > 0 {
+			nopts := make([]any, 0, len(opts))
+			for i, o := range opts {
+				om, _ := o.(map[string]any)
+				no := map[string]any{"id": "option-" + strconv.Itoa(i+1), "label": str(om, "label")}
+				if d := str(om, "description"); d != "" {
+					no["description"] = d
+				}
+				nopts = append(nopts, no)
+			}
+			nq["answerMode"] = "single_select"
+			nq["options"] = nopts
+		}
+		out = append(out, nq)
+	}
+	return map[string]any{"schema": QuestionSetSchema, "questions": out}, ids, prompt
+}
+
+func firstNonEmpty(ss ...string) string {
+	for _, s := range ss {
+		if s != "" {
+			return s
+		}
+	}
+	return ""
+}
+
+// PendingRequests returns the ids of the runtime requests still waiting.
+func (s *Session) PendingRequests() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]string, 0, len(s.serverReqs))
+	for id := range s.serverReqs {
+		out = append(out, id)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// ResolveRequest answers a pending runtime request and emits
+// runtime_request.resolved before any notification that follows the answer.
+//
+// resolution for approvals: {"decision": "accept"|"acceptForSession"|
+// "decline"|"cancel"} (a command approval also takes an object decision
+// {"acceptWithExecpolicyAmendment":{…}} or {"applyNetworkPolicyAmendment":{…}});
+// for user input: {"answers": {<questionId>: "text" | ["a", …] |
+// {"answers": [...]}}}. Errors: runtime_request_not_pending (unknown,
+// answered, expired), runtime_request_resolution_invalid, or the session
+// failure. ctx is not used for the (non-blocking) write; it is checked once.
+func (s *Session) ResolveRequest(ctx context.Context, requestID string, resolution map[string]any) (map[string]any, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	r := s.serverReqs[requestID]
+	failErr := s.failErr
+	s.mu.Unlock()
+	if failErr != nil {
+		return nil, errorf(CodeRequestNotPending, "runtime request %s is no longer pending: %s", requestID, failErr.Error())
+	}
+	if r == nil {
+		return nil, errorf(CodeRequestNotPending, "runtime request %s is not pending", requestID)
+	}
+	result, summary, cerr := buildResolution(r, resolution)
+	if cerr != nil {
+		return nil, cerr
+	}
+
+	s.emitMu.Lock()
+	defer s.emitMu.Unlock()
+	s.mu.Lock()
+	if s.failErr != nil || s.serverReqs[requestID] != r {
+		s.mu.Unlock()
+		return nil, errorf(CodeRequestNotPending, "runtime request %s is no longer pending", requestID)
+	}
+	delete(s.serverReqs, requestID)
+	s.mu.Unlock()
+	if err := s.writeMessage(outResponse{JSONRPC: "2.0", ID: r.rawID, Result: result}); err != nil {
+		// The transport is broken and the session is failing; put the
+		// request back so the failure expires it.
+		s.mu.Lock()
+		if s.failErr == nil {
+			s.serverReqs[requestID] = r
+		}
+		s.mu.Unlock()
+		return nil, err
+	}
+	payload := r.basePayload()
+	payload["resolution"] = summary
+	s.emitFn(Event{Type: "runtime_request.resolved", TurnID: r.turnID, ItemID: r.itemID, Priority: PriorityP0, Payload: payload})
+	out := r.basePayload()
+	out["resolution"] = summary
+	return out, nil
+}
+
+// buildResolution validates resolution for r and returns the JSON-RPC result
+// and the summary reported in events.
+func buildResolution(r *serverRequest, resolution map[string]any) (map[string]any, map[string]any, *Error) {
+	if r.requestType == "approval" {
+		switch d := resolution["decision"].(type) {
+		case string:
+			if !approvalDecisions[d] {
+				return nil, nil, errorf(CodeResolutionInvalid, "decision %q is not one of accept, acceptForSession, decline, cancel", d)
+			}
+			return map[string]any{"decision": d}, map[string]any{"decision": d}, nil
+		case map[string]any:
+			if r.kind != KindCommandApproval || len(d) != 1 {
+				return nil, nil, errorf(CodeResolutionInvalid, "an object decision must be acceptWithExecpolicyAmendment or applyNetworkPolicyAmendment on a command approval")
+			}
+			for k := range d {
+				if !amendmentDecisions[k] {
+					return nil, nil, errorf(CodeResolutionInvalid, "object decision %q is not supported", k)
+				}
+				return map[string]any{"decision": d}, map[string]any{"decision": k, "amendment": d[k]}, nil
+			}
+		}
+		return nil, nil, errorf(CodeResolutionInvalid, "an approval resolution needs a decision")
+	}
+	raw, ok := resolution["answers"].(map[string]any)
+	if !ok {
+		return nil, nil, errorf(CodeResolutionInvalid, "a user input resolution needs answers {questionId: text | [text] | {answers:[text]}}")
+	}
+	answers := map[string]any{}
+	summary := map[string]any{}
+	for qid, v := range raw {
+		if !r.questionIDs[qid] {
+			return nil, nil, errorf(CodeResolutionInvalid, "question %q was not asked", qid)
+		}
+		var list []string
+		switch x := v.(type) {
+		case string:
+			list = []string{x}
+		case []any:
+			for _, e := range x {
+				s, ok := e.(string)
+				if !ok {
+					return nil, nil, errorf(CodeResolutionInvalid, "answers of %q must be strings", qid)
+				}
+				list = append(list, s)
+			}
+		case map[string]any:
+			inner, ok := x["answers"].([]any)
+			if !ok {
+				return nil, nil, errorf(CodeResolutionInvalid, "answers of %q must be text, a list of text or {answers:[text]}", qid)
+			}
+			for _, e := range inner {
+				s, ok := e.(string)
+				if !ok {
+					return nil, nil, errorf(CodeResolutionInvalid, "answers of %q must be strings", qid)
+				}
+				list = append(list, s)
+			}
+		default:
+			return nil, nil, errorf(CodeResolutionInvalid, "answers of %q must be text, a list of text or {answers:[text]}", qid)
+		}
+		if list == nil {
+			list = []string{}
+		}
+		anyList := make([]any, len(list))
+		for i, s := range list {
+			anyList[i] = s
+		}
+		answers[qid] = map[string]any{"answers": anyList}
+		summary[qid] = anyList
+	}
+	return map[string]any{"answers": answers}, map[string]any{"answers": summary}, nil
+}
+
+// onServerRequestResolved handles serverRequest/resolved: a request the
+// driver did not answer was withdrawn by the provider (e.g. its turn was
+// interrupted).
+func (s *Session) onServerRequestResolved(p map[string]any) {
+	var id string
+	switch v := p["requestId"].(type) {
+	case json.Number:
+		id = v.String()
+	case string:
+		id = v
+	default:
+		return
+	}
+	s.mu.Lock()
+	r := s.serverReqs[id]
+	delete(s.serverReqs, id)
+	s.mu.Unlock()
+	if r == nil {
+		return
+	}
+	payload := r.basePayload()
+	payload["reason"] = ReasonProviderResolved
+	s.emitFromReader(Event{Type: "runtime_request.cancelled", TurnID: r.turnID, ItemID: r.itemID, Priority: PriorityP0, Payload: payload})
+}
+
+// expireRequests removes the pending runtime requests and tool calls (of one
+// turn, or all when turnID is ""), emitting runtime_request.expired and
+// tool.execution.completed. The caller holds emitMu and decides whether
+// events may still be emitted (emit false drops them silently).
+func (s *Session) expireRequests(turnID, reason string, emit bool) {
+	s.mu.Lock()
+	var reqs []*serverRequest
+	for id, r := range s.serverReqs {
+		if turnID == "" || r.turnID == turnID {
+			reqs = append(reqs, r)
+			delete(s.serverReqs, id)
+		}
+	}
+	var calls []*pendingTool
+	for id, c := range s.toolCalls {
+		if turnID == "" || c.call.TurnID == turnID {
+			calls = append(calls, c)
+			delete(s.toolCalls, id)
+		}
+	}
+	s.mu.Unlock()
+	if !emit {
+		return
+	}
+	sort.Slice(reqs, func(i, j int) bool { return lessID(reqs[i].requestID, reqs[j].requestID) })
+	for _, r := range reqs {
+		payload := r.basePayload()
+		payload["reason"] = reason
+		payload["replayAllowed"] = false
+		req := make(map[string]any, len(r.request))
+		for k, v := range r.request {
+			req[k] = v
+		}
+		req["status"] = "expired"
+		payload["request"] = req
+		s.emitFn(Event{Type: "runtime_request.expired", TurnID: r.turnID, ItemID: r.itemID, Priority: PriorityP0, Payload: payload})
+	}
+	sort.Slice(calls, func(i, j int) bool { return lessID(calls[i].call.RequestID, calls[j].call.RequestID) })
+	for _, c := range calls {
+		s.emitFn(Event{Type: "tool.execution.completed", TurnID: c.call.TurnID, ItemID: c.call.CallID, Priority: PriorityP1, Payload: map[string]any{
+			"callId": c.call.CallID, "tool": c.call.Tool, "success": false, "code": reason,
+		}})
+	}
+}
+
+func lessID(a, b string) bool {
+	ai, errA := strconv.ParseInt(a, 10, 64)
+	bi, errB := strconv.ParseInt(b, 10, 64)
+	if errA == nil && errB == nil {
+		return ai < bi
+	}
+	return a < b
+}
+
+// ---- tool calls ----
+
+func (s *Session) onToolCall(msg wireMessage, p map[string]any) {
+	call := ToolCall{
+		RequestID: requestIDText(msg.ID),
+		ThreadID:  str(p, "threadId"),
+		TurnID:    str(p, "turnId"),
+		CallID:    str(p, "callId"),
+		Namespace: str(p, "namespace"),
+		Tool:      str(p, "tool"),
+		Arguments: json.RawMessage("null"),
+	}
+	if a, ok := p["arguments"]; ok {
+		if b, err := json.Marshal(a); err == nil {
+			call.Arguments = b
+		}
+	}
+	var args any = map[string]any{}
+	if v, ok := p["arguments"]; ok && v != nil {
+		args = v
+	}
+	in := map[string]any{
+		"callId": call.CallID, "requestId": call.RequestID, "tool": call.Tool, "namespace": call.Namespace,
+		"arguments": args, "turnId": call.TurnID,
+	}
+	in["semantic_tool"] = map[string]any{
+		"schema": SemanticToolSchema, "phase": "input", "callId": call.CallID, "tool": call.Tool,
+		"namespace": call.Namespace, "arguments": args,
+	}
+	s.emitFromReader(Event{Type: "semantic_tool.input", TurnID: call.TurnID, ItemID: call.CallID, Priority: PriorityP0, Payload: in})
+	s.emitFromReader(Event{Type: "tool.execution.started", TurnID: call.TurnID, ItemID: call.CallID, Priority: PriorityP1, Payload: map[string]any{
+		"callId": call.CallID, "requestId": call.RequestID, "tool": call.Tool, "namespace": call.Namespace,
+	}})
+	rawID := append(json.RawMessage(nil), bytes.TrimSpace(msg.ID)...)
+
+	s.mu.Lock()
+	active := s.turn != nil && s.turn.id == call.TurnID && call.TurnID != ""
+	activeID := ""
+	if s.turn != nil {
+		activeID = s.turn.id
+	}
+	dup := call.CallID == "" || s.toolCalls[call.CallID] != nil
+	pt := &pendingTool{call: call, rawID: rawID}
+	if active && !dup {
+		s.toolCalls[call.CallID] = pt
+	}
+	s.mu.Unlock()
+	switch {
+	case !active:
+		msgText := CodeToolAuthorityRevoked + ": tool call " + call.CallID + " belongs to turn " + strconv.Quote(call.TurnID) +
+			", which is not the active turn (" + strconv.Quote(activeID) + "); its run's tool authority was revoked"
+		s.finishTool(pt, TextOutput(false, msgText), "driver", CodeToolAuthorityRevoked)
+		return
+	case dup:
+		s.finishTool(pt, TextOutput(false, "tool call id is empty or already pending"), "driver", CodeProtocolError)
+		return
+	}
+	if s.cfg.ToolHandler == nil {
+		return
+	}
+	out, ok := s.cfg.ToolHandler(call)
+	if !ok {
+		return
+	}
+	s.mu.Lock()
+	still := s.toolCalls[call.CallID] == pt
+	if still {
+		delete(s.toolCalls, call.CallID)
+	}
+	s.mu.Unlock()
+	if still {
+		s.finishTool(pt, out, "builtin", "")
+	}
+}
+
+// finishTool writes the answer of a tool call and emits its result events
+// (via emitFromReader: it takes emitMu).
+func (s *Session) finishTool(pt *pendingTool, out ToolOutput, source, code string) {
+	if err := s.writeMessage(outResponse{JSONRPC: "2.0", ID: pt.rawID, Result: toolResult(out)}); err != nil {
+		s.log.Warn("codex: cannot answer tool call", "call", pt.call.CallID, "err", err)
+		return
+	}
+	for _, ev := range toolResultEvents(pt.call, out, source, code) {
+		s.emitFromReader(ev)
+	}
+}
+
+func toolResult(out ToolOutput) map[string]any {
+	items := make([]any, 0, len(out.ContentItems))
+	for _, it := range out.ContentItems {
+		items = append(items, it)
+	}
+	return map[string]any{"contentItems": items, "success": out.Success}
+}
+
+func toolResultEvents(call ToolCall, out ToolOutput, source, code string) []Event {
+	items := make([]any, 0, len(out.ContentItems))
+	for _, it := range out.ContentItems {
+		items = append(items, it)
+	}
+	res := map[string]any{
+		"callId": call.CallID, "requestId": call.RequestID, "tool": call.Tool, "success": out.Success,
+		"contentItems": items, "source": source,
+		"semantic_tool": map[string]any{
+			"schema": SemanticToolSchema, "phase": "result", "callId": call.CallID, "tool": call.Tool,
+			"success": out.Success, "contentItems": items,
+		},
+	}
+	done := map[string]any{"callId": call.CallID, "tool": call.Tool, "success": out.Success}
+	if code != "" {
+		res["code"] = code
+		done["code"] = code
+	}
+	return []Event{
+		{Type: "semantic_tool.result", TurnID: call.TurnID, ItemID: call.CallID, Priority: PriorityP0, Payload: res},
+		{Type: "tool.execution.completed", TurnID: call.TurnID, ItemID: call.CallID, Priority: PriorityP1, Payload: done},
+	}
+}
+
+// PendingToolCalls returns the call ids of tool calls waiting for an answer.
+func (s *Session) PendingToolCalls() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]string, 0, len(s.toolCalls))
+	for id := range s.toolCalls {
+		out = append(out, id)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// AnswerToolCall answers a pending tool call. turnID, when not empty, is the
+// turn the answering authority drives: a call of another turn (an old run's
+// call) is refused with native_tool_authority_epoch_revoked, as is a call
+// whose turn is no longer active. Errors: tool_call_not_pending,
+// tool_result_invalid, native_tool_authority_epoch_revoked.
+func (s *Session) AnswerToolCall(ctx context.Context, callID, turnID string, out ToolOutput) (map[string]any, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	for _, it := range out.ContentItems {
+		switch str(it, "type") {
+		case "inputText", "inputImage", "inputAudio":
+		default:
+			return nil, errorf(CodeToolResultInvalid, "content item type %q is not inputText, inputImage or inputAudio", str(it, "type"))
+		}
+	}
+	s.emitMu.Lock()
+	defer s.emitMu.Unlock()
+	s.mu.Lock()
+	pt := s.toolCalls[callID]
+	switch {
+	case s.failErr != nil:
+		s.mu.Unlock()
+		return nil, errorf(CodeToolCallNotPending, "tool call %s is no longer pending: %s", callID, s.failErr.Error())
+	case pt == nil:
+		s.mu.Unlock()
+		return nil, errorf(CodeToolCallNotPending, "tool call %s is not pending", callID)
+	case turnID != "" && pt.call.TurnID != turnID:
+		s.mu.Unlock()
+		return nil, errorf(CodeToolAuthorityRevoked, "tool call %s belongs to turn %s, not %s", callID, pt.call.TurnID, turnID)
+	case s.turn == nil || s.turn.id != pt.call.TurnID:
+		s.mu.Unlock()
+		return nil, errorf(CodeToolAuthorityRevoked, "tool call %s belongs to turn %s, which is no longer active", callID, pt.call.TurnID)
+	}
+	delete(s.toolCalls, callID)
+	s.mu.Unlock()
+	if err := s.writeMessage(outResponse{JSONRPC: "2.0", ID: pt.rawID, Result: toolResult(out)}); err != nil {
+		s.mu.Lock()
+		if s.failErr == nil {
+			s.toolCalls[callID] = pt
+		}
+		s.mu.Unlock()
+		return nil, err
+	}
+	for _, ev := range toolResultEvents(pt.call, out, "controller", "") {
+		s.emitFn(ev)
+	}
+	return map[string]any{"callId": callID, "turnId": pt.call.TurnID, "success": out.Success}, nil
+}

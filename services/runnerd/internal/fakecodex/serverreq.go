@@ -1,0 +1,292 @@
+package fakecodex
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+)
+
+// Server requests (server -> client) the fake can make, each answered by the
+// client before the turn goes on:
+//
+//   - command approval (item/commandExecution/requestApproval) before a
+//     commandExecution item: Options.EmitCommandApproval, or "[shell]" in the
+//     prompt;
+//   - user input (item/tool/requestUserInput): Options.EmitUserInput, or
+//     "[ask]" in the prompt;
+//   - dynamic tool call (item/tool/call): Options.EmitToolCall, or "[dyn]" in
+//     the prompt;
+//   - a stale tool call naming the thread's last stored turn, right after
+//     each thread/resume: Options.EmitToolCallOnResume.
+//
+// Request ids are the server's own integers, from 0 per process, as with the
+// real server. Each answer is written to the call log as
+// approval-response:<decision>, user-input-response:<id>=<a>[,<b>][;…] or
+// tool-response:<text>|failure.
+
+const (
+	reqApproval  = "approval"
+	reqUserInput = "user-input"
+	reqToolCall  = "tool"
+
+	// FakeShellCommand is the command the fake asks approval for.
+	FakeShellCommand = "/bin/bash -lc 'mkdir -p approved-dir && echo hello-from-fake-shell'"
+	// FakeShellOutput is what an approved FakeShellCommand prints.
+	FakeShellOutput = "hello-from-fake-shell\n"
+)
+
+// pendingReq is a server request waiting for the client's answer.
+type pendingReq struct {
+	kind     string
+	at       *activeTurn // nil for the stale tool call after a resume
+	threadID string
+	turnID   string
+	itemID   string
+	tool     string
+}
+
+// requestPhases lists the server requests a turn makes before its reply,
+// from the options and the markers in the turn's first user message.
+func (s *Server) requestPhases(prompt string) []string {
+	var out []string
+	if s.opts.EmitCommandApproval || strings.Contains(prompt, "[shell]") {
+		out = append(out, reqApproval)
+	}
+	if s.opts.EmitUserInput || strings.Contains(prompt, "[ask]") {
+		out = append(out, reqUserInput)
+	}
+	if s.opts.EmitToolCall || strings.Contains(prompt, "[dyn]") {
+		out = append(out, reqToolCall)
+	}
+	return out
+}
+
+// continueTurn makes the turn's next server request, or streams its reply
+// once none is left.
+func (s *Server) continueTurn(at *activeTurn) error {
+	if len(at.phases) == 0 {
+		return s.beginReply(at)
+	}
+	kind := at.phases[0]
+	at.phases = at.phases[1:]
+	id := s.nextReqID
+	s.nextReqID++
+	th, t := at.thread, at.turn
+	itemID := fmt.Sprintf("call-%s-%d", t.ID, id)
+	pr := &pendingReq{kind: kind, at: at, threadID: th.ID, turnID: t.ID, itemID: itemID}
+	s.pending[id] = pr
+	at.waitingID, at.waiting = id, true
+	switch kind {
+	case reqApproval:
+		if err := s.notify("thread/status/changed", map[string]any{"threadId": th.ID, "status": map[string]any{"type": "active", "activeFlags": []string{"waitingOnApproval"}}}); err != nil {
+			return err
+		}
+		if err := s.notify("item/started", map[string]any{"threadId": th.ID, "turnId": t.ID, "item": commandItem(itemID, th.Cwd, "inProgress", nil, "")}); err != nil {
+			return err
+		}
+		return s.write(serverRequestMsg{ID: id, Method: "item/commandExecution/requestApproval", Params: map[string]any{
+			"kind": "command", "threadId": th.ID, "turnId": t.ID, "itemId": itemID, "environmentId": "local",
+			"command": FakeShellCommand, "cwd": th.Cwd,
+			"commandActions":              []any{map[string]any{"type": "unknown", "command": "mkdir -p approved-dir"}},
+			"proposedExecpolicyAmendment": []string{"mkdir", "-p", "approved-dir"},
+			"availableDecisions": []any{"accept", map[string]any{"acceptWithExecpolicyAmendment": map[string]any{
+				"execpolicy_amendment": []string{"mkdir", "-p", "approved-dir"}}}, "cancel"},
+		}})
+	case reqUserInput:
+		return s.write(serverRequestMsg{ID: id, Method: "item/tool/requestUserInput", Params: map[string]any{
+			"threadId": th.ID, "turnId": t.ID, "itemId": itemID, "isBlocking": true,
+			"questions": []any{map[string]any{
+				"id": "color", "header": "Color", "question": "Which color should the fake use?", "isOther": false, "isSecret": false,
+				"options": []any{
+					map[string]any{"label": "red", "description": "a warm color"},
+					map[string]any{"label": "blue", "description": "a cold color"},
+				},
+			}},
+		}})
+	default:
+		pr.tool = dynamicToolName(th)
+		if err := s.notify("item/started", map[string]any{"threadId": th.ID, "turnId": t.ID, "item": dynamicToolItem(itemID, pr.tool, "inProgress", nil, nil)}); err != nil {
+			return err
+		}
+		return s.write(serverRequestMsg{ID: id, Method: "item/tool/call", Params: map[string]any{
+			"threadId": th.ID, "turnId": t.ID, "callId": itemID, "namespace": nil, "tool": pr.tool,
+			"arguments": map[string]any{"key": "alpha"},
+		}})
+	}
+}
+
+// emitStaleToolCall sends, after a resume, a tool call naming the thread's
+// last stored turn, which is no longer active.
+func (s *Server) emitStaleToolCall(th *threadState) error {
+	turnID := "provider-turn-0"
+	if n := len(th.Turns); n > 0 {
+		turnID = th.Turns[n-1].ID
+	}
+	id := s.nextReqID
+	s.nextReqID++
+	callID := fmt.Sprintf("call-resume-%d", id)
+	tool := dynamicToolName(th)
+	s.pending[id] = &pendingReq{kind: reqToolCall, threadID: th.ID, turnID: turnID, itemID: callID, tool: tool}
+	return s.write(serverRequestMsg{ID: id, Method: "item/tool/call", Params: map[string]any{
+		"threadId": th.ID, "turnId": turnID, "callId": callID, "namespace": nil, "tool": tool,
+		"arguments": map[string]any{"key": "alpha"},
+	}})
+}
+
+func dynamicToolName(th *threadState) string {
+	var tools []struct {
+		Name string `json:"name"`
+	}
+	if len(th.DynamicTools) > 0 && json.Unmarshal(th.DynamicTools, &tools) == nil {
+		for _, t := range tools {
+			if t.Name != "" {
+				return t.Name
+			}
+		}
+	}
+	return "mock_lookup"
+}
+
+func commandItem(id, cwd, status string, exitCode any, output string) map[string]any {
+	var agg any
+	if output != "" {
+		agg = output
+	}
+	return map[string]any{
+		"type": "commandExecution", "id": id, "command": FakeShellCommand, "cwd": cwd, "status": status,
+		"source": "agent", "exitCode": exitCode, "aggregatedOutput": agg,
+		"commandActions": []any{map[string]any{"type": "unknown", "command": "mkdir -p approved-dir"}},
+	}
+}
+
+func dynamicToolItem(id, tool, status string, success any, content any) map[string]any {
+	return map[string]any{
+		"type": "dynamicToolCall", "id": id, "namespace": nil, "tool": tool, "arguments": map[string]any{"key": "alpha"},
+		"status": status, "success": success, "contentItems": content,
+	}
+}
+
+// handleClientResponse handles the client's answer to a server request.
+func (s *Server) handleClientResponse(m *inbound) error {
+	id, err := strconv.Atoi(string(bytes.TrimSpace(m.ID)))
+	pr := s.pending[id]
+	if err != nil || pr == nil {
+		s.logCall(toolResponseEntry(m))
+		s.diag("response to unknown server request %s", string(m.ID))
+		return nil
+	}
+	delete(s.pending, id)
+	failed := len(m.Error) > 0 && string(m.Error) != "null"
+	var outcome string
+	var entry string
+	switch pr.kind {
+	case reqApproval:
+		decision := "failure"
+		if !failed {
+			var r struct {
+				Decision json.RawMessage `json:"decision"`
+			}
+			if json.Unmarshal(m.Result, &r) == nil && len(r.Decision) > 0 {
+				var str string
+				var obj map[string]json.RawMessage
+				switch {
+				case json.Unmarshal(r.Decision, &str) == nil:
+					decision = str
+				case json.Unmarshal(r.Decision, &obj) == nil && len(obj) == 1:
+					for k := range obj {
+						decision = k
+					}
+				}
+			}
+		}
+		entry, outcome = "approval-response:"+decision, "approval: "+decision
+	case reqUserInput:
+		summary := "failure"
+		if !failed {
+			var r struct {
+				Answers map[string]struct {
+					Answers []string `json:"answers"`
+				} `json:"answers"`
+			}
+			if json.Unmarshal(m.Result, &r) == nil {
+				ids := make([]string, 0, len(r.Answers))
+				for qid := range r.Answers {
+					ids = append(ids, qid)
+				}
+				sort.Strings(ids)
+				parts := make([]string, 0, len(ids))
+				for _, qid := range ids {
+					parts = append(parts, qid+"="+strings.Join(r.Answers[qid].Answers, ","))
+				}
+				summary = strings.Join(parts, ";")
+			}
+		}
+		entry, outcome = "user-input-response:"+summary, "input: "+summary
+	default:
+		entry = toolResponseEntry(m)
+		outcome = "tool: " + strings.TrimPrefix(entry, "tool-response:")
+	}
+	s.logCall(entry)
+	at := pr.at
+	if at == nil || !at.waiting || at.waitingID != id || s.active[pr.threadID] != at {
+		return nil // stale call, or the turn moved on (steer, interrupt)
+	}
+	at.waiting = false
+	if err := s.notify("serverRequest/resolved", map[string]any{"threadId": pr.threadID, "requestId": id}); err != nil {
+		return err
+	}
+	at.outcomes = append(at.outcomes, outcome)
+	th, t := at.thread, at.turn
+	switch pr.kind {
+	case reqApproval:
+		decision := strings.TrimPrefix(outcome, "approval: ")
+		if err := s.notify("thread/status/changed", map[string]any{"threadId": th.ID, "status": map[string]any{"type": "active", "activeFlags": []string{}}}); err != nil {
+			return err
+		}
+		switch decision {
+		case "accept", "acceptForSession", "acceptWithExecpolicyAmendment":
+			if err := s.notify("item/commandExecution/outputDelta", map[string]any{"threadId": th.ID, "turnId": t.ID, "itemId": pr.itemID, "delta": FakeShellOutput}); err != nil {
+				return err
+			}
+			if err := s.notify("item/completed", map[string]any{"threadId": th.ID, "turnId": t.ID, "item": commandItem(pr.itemID, th.Cwd, "completed", 0, FakeShellOutput)}); err != nil {
+				return err
+			}
+		case "cancel":
+			if err := s.notify("item/completed", map[string]any{"threadId": th.ID, "turnId": t.ID, "item": commandItem(pr.itemID, th.Cwd, "declined", nil, "")}); err != nil {
+				return err
+			}
+			// cancel also interrupts the turn.
+			return s.interruptTurn(at)
+		default:
+			if err := s.notify("item/completed", map[string]any{"threadId": th.ID, "turnId": t.ID, "item": commandItem(pr.itemID, th.Cwd, "declined", nil, "")}); err != nil {
+				return err
+			}
+		}
+	case reqToolCall:
+		var r struct {
+			Success      *bool `json:"success"`
+			ContentItems []any `json:"contentItems"`
+		}
+		_ = json.Unmarshal(m.Result, &r)
+		ok := !failed && r.Success != nil && *r.Success
+		status := "completed"
+		if !ok {
+			status = "failed"
+		}
+		if err := s.notify("item/completed", map[string]any{"threadId": th.ID, "turnId": t.ID, "item": dynamicToolItem(pr.itemID, pr.tool, status, ok, r.ContentItems)}); err != nil {
+			return err
+		}
+	}
+	return s.continueTurn(at)
+}
+
+// serverRequestMsg is a server -> client request (no "jsonrpc", like the
+// real server).
+type serverRequestMsg struct {
+	Method string `json:"method"`
+	ID     int    `json:"id"`
+	Params any    `json:"params"`
+}
