@@ -161,7 +161,7 @@ func (s *Store) SubmitRun(ctx context.Context, runID string, in *prpv1.Execution
 INSERT INTO executor.runs (run_id, company_id, normalized_session_id, session_scope, lifecycle, input, input_digest, issue_id, agent_id)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
 ON CONFLICT (run_id) DO NOTHING`,
-			runID, in.GetBinding().GetCompanyId(), in.GetSession().GetNormalizedSessionId(), scope.Of(in),
+			runID, in.GetBinding().GetCompanyId(), in.GetSession().GetNormalizedSessionId(), scope.OfRun(runID, in),
 			in.GetSession().GetLifecycle().GetMode().String(), raw, digest,
 			in.GetBinding().GetIssueId(), in.GetBinding().GetAgentId())
 		if err != nil {
