@@ -1,0 +1,181 @@
+// Package archive moves directory trees as tar streams safely: it snapshots a
+// live directory without touching it, checks every entry of an incoming
+// archive while streaming it, extracts only inside a confined root into a
+// staging directory, and swaps the result into place atomically, so that an
+// unsafe or oversized archive leaves the durable target exactly as it was.
+//
+// # Archives
+//
+// Archives are POSIX tar streams (USTAR, PAX for long names), optionally
+// gzip-compressed on input (detected by magic bytes). Archives written here
+// hold only directories and regular files, in the walk order of the backup
+// digest (pkg/digest: each directory's entries in byte order, depth first),
+// names relative without "./", permission bits only (mode & 0o777), owner
+// 0:0, modification times in whole seconds.
+//
+// # What an incoming archive may hold
+//
+// Entries are checked in stream order before anything is written for them:
+//
+//   - type: directories and regular files only. Symlinks, hard links,
+//     character and block devices, FIFOs, sparse files, contiguous files and
+//     every other type → CodeUnsafeEntry.
+//   - name: after an optional leading "./" and a trailing "/" (directories),
+//     the name must be a normalised relative path: not absolute, no ".." or
+//     "." or empty component, no backslash, no NUL → CodeUnsafePath. A
+//     component longer than 255 bytes or a name longer than 4096 bytes →
+//     CodeInvalid.
+//   - mode: a set-user-ID or set-group-ID bit → CodeUnsafeMode (refused, not
+//     stripped: such a file never belongs in a provider home). The sticky bit
+//     and everything beyond 0o777 is dropped; owners are never applied.
+//   - the same name twice, or a file where a directory already is (or the
+//     reverse) → CodeDuplicate; an entry below a file → CodeInvalid.
+//   - limits (Limits; defaults 64 MiB, 64 MiB, 20,000 entries): bytes read
+//     from the stream beyond MaxArchiveBytes, or an uncompressed entry
+//     declaring more data than the stream may still hold →
+//     CodeTooLarge; file sizes adding up to more than MaxExpandedBytes (the
+//     expansion of a compressed archive, checked from the headers before the
+//     data is read) → CodeExpandedTooLarge; more than MaxEntries entries →
+//     CodeTooManyEntries.
+//   - a malformed or truncated stream, or one without any entry → CodeInvalid.
+//
+// Extract refuses the whole archive on the first bad entry; Restore then
+// removes its staging directory and never touches the target.
+package archive
+
+import (
+	"regexp"
+	"strings"
+
+	"google.golang.org/grpc/codes"
+
+	"github.com/tether-run/tether/pkg/failure"
+)
+
+// Stable codes.
+const (
+	// CodeExclusionInvalid: an exclusion is not a plain top-level name.
+	CodeExclusionInvalid = "runner_remote_checkpoint_exclusion_invalid"
+	// CodeSourceMissing: the directory to snapshot does not exist.
+	CodeSourceMissing = "runner_remote_checkpoint_source_missing"
+	// CodeSnapshotFailed: the snapshot could not be written (I/O, or the
+	// live directory changed while it was archived).
+	CodeSnapshotFailed = "runner_remote_checkpoint_snapshot_failed"
+	// CodeUnsafeEntry: a symlink, hard link, device, FIFO or other
+	// non-regular entry (in an archive, or in a directory being archived).
+	CodeUnsafeEntry = "runner_remote_checkpoint_archive_unsafe_entry"
+	// CodeUnsafePath: an absolute name, a ".." component, or a name that is
+	// not a normalised relative path.
+	CodeUnsafePath = "runner_remote_checkpoint_archive_unsafe_path"
+	// CodeUnsafeMode: a set-user-ID or set-group-ID bit.
+	CodeUnsafeMode = "runner_remote_checkpoint_archive_unsafe_mode"
+	// CodeDuplicate: the same name twice in one archive.
+	CodeDuplicate = "runner_remote_checkpoint_archive_duplicate_entry"
+	// CodeTooLarge: the archive stream is larger than MaxArchiveBytes.
+	CodeTooLarge = "runner_remote_checkpoint_archive_too_large"
+	// CodeExpandedTooLarge: the files add up to more than MaxExpandedBytes.
+	CodeExpandedTooLarge = "runner_remote_checkpoint_archive_expanded_too_large"
+	// CodeTooManyEntries: more than MaxEntries entries.
+	CodeTooManyEntries = "runner_remote_checkpoint_archive_too_many_entries"
+	// CodeInvalid: a malformed, truncated or empty archive, or one whose
+	// layout is not what the caller asked for.
+	CodeInvalid = "runner_remote_checkpoint_archive_invalid"
+	// CodeTargetUnsafe: the restore target is a symlink or not a directory.
+	CodeTargetUnsafe = "runner_remote_checkpoint_target_unsafe"
+	// CodeRestoreFailed: staging or swapping failed for an I/O reason; the
+	// target is unchanged.
+	CodeRestoreFailed = "runner_remote_checkpoint_restore_failed"
+)
+
+// Default limits.
+const (
+	DefaultMaxArchiveBytes  = 64 << 20
+	DefaultMaxExpandedBytes = 64 << 20
+	DefaultMaxEntries       = 20000
+)
+
+// Limits bound an archive. A zero field means its default.
+type Limits struct {
+	// MaxArchiveBytes bounds the bytes of the stream as transferred
+	// (compressed, for a gzip stream).
+	MaxArchiveBytes int64
+	// MaxExpandedBytes bounds the sum of the regular files' sizes.
+	MaxExpandedBytes int64
+	// MaxEntries bounds the number of entries (directories and files).
+	MaxEntries int
+}
+
+// WithDefaults fills zero fields with the defaults.
+func (l Limits) WithDefaults() Limits {
+	if l.MaxArchiveBytes <= 0 {
+		l.MaxArchiveBytes = DefaultMaxArchiveBytes
+	}
+	if l.MaxExpandedBytes <= 0 {
+		l.MaxExpandedBytes = DefaultMaxExpandedBytes
+	}
+	if l.MaxEntries <= 0 {
+		l.MaxEntries = DefaultMaxEntries
+	}
+	return l
+}
+
+// Stats describe an archive that was written, checked or extracted.
+type Stats struct {
+	// Entries counts directories and files (not the root "." entry).
+	Entries int
+	Dirs    int
+	Files   int
+	// Bytes is the sum of the regular files' sizes.
+	Bytes int64
+	// ArchiveBytes is the size of the stream (as transferred).
+	ArchiveBytes int64
+	// Skipped counts entries dropped by an exclusion.
+	Skipped int
+}
+
+var plainName = regexp.MustCompile(`^[A-Za-z0-9._-]+$`)
+
+// ValidateExclusions checks that every exclusion is a plain top-level name:
+// letters, digits, '.', '_' or '-', and neither "." nor "..". Anything else
+// (a "/", "..", an empty name, spaces, shell metacharacters) is
+// CodeExclusionInvalid.
+func ValidateExclusions(names []string) error {
+	for _, n := range names {
+		if n == "." || n == ".." || !plainName.MatchString(n) {
+			return failure.New(codes.InvalidArgument, CodeExclusionInvalid,
+				"checkpoint exclusion %q is not a plain top-level name", n)
+		}
+	}
+	return nil
+}
+
+// validateExcludePaths checks relative exclusion paths: each slash-separated
+// component must be a plain name (see ValidateExclusions).
+func validateExcludePaths(paths []string) error {
+	for _, p := range paths {
+		if p == "" {
+			return failure.New(codes.InvalidArgument, CodeExclusionInvalid, "empty checkpoint exclusion")
+		}
+		for part := range strings.SplitSeq(p, "/") {
+			if err := ValidateExclusions([]string{part}); err != nil {
+				return failure.New(codes.InvalidArgument, CodeExclusionInvalid,
+					"checkpoint exclusion %q is not a plain relative path", p)
+			}
+		}
+	}
+	return nil
+}
+
+// excluded reports whether name is one of paths or below one of them.
+func excluded(name string, paths []string) bool {
+	for _, p := range paths {
+		if name == p || strings.HasPrefix(name, p+"/") {
+			return true
+		}
+	}
+	return false
+}
+
+func errorf(c codes.Code, code, format string, args ...any) error {
+	return failure.New(c, code, format, args...)
+}

@@ -1,0 +1,383 @@
+package archive
+
+import (
+	"archive/tar"
+	"bytes"
+	"compress/gzip"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/tether-run/tether/pkg/digest"
+	"github.com/tether-run/tether/pkg/failure"
+)
+
+var codexExclusions = []string{"tmp", ".tmp", "auth.json", "config.toml"}
+
+func putFile(t *testing.T, path, data string, mode os.FileMode) {
+	t.Helper()
+	require.NoError(t, os.MkdirAll(filepath.Dir(path), 0o700))
+	require.NoError(t, os.WriteFile(path, []byte(data), mode))
+	require.NoError(t, os.Chmod(path, mode))
+}
+
+// codexHome builds a provider home with durable state, scratch trees and
+// launch-time credentials.
+func codexHome(t *testing.T, dir string) {
+	putFile(t, filepath.Join(dir, "sessions", "2026", "thread.jsonl"), "durable session\n", 0o600)
+	putFile(t, filepath.Join(dir, "history.jsonl"), "history\n", 0o644)
+	putFile(t, filepath.Join(dir, ".tmp", "scratch.bin"), "disposable scratch", 0o600)
+	putFile(t, filepath.Join(dir, "tmp", "x", "y"), "scratch", 0o600)
+	putFile(t, filepath.Join(dir, "auth.json"), "credential", 0o600)
+	putFile(t, filepath.Join(dir, "config.toml"), "bearer token", 0o600)
+	require.NoError(t, os.Mkdir(filepath.Join(dir, "empty"), 0o750))
+}
+
+func treeDigest(t *testing.T, dir string) digest.Result {
+	t.Helper()
+	r, err := digest.BackupTree(dir)
+	require.NoError(t, err)
+	return r
+}
+
+func names(t *testing.T, archive []byte) []string {
+	t.Helper()
+	tr := tar.NewReader(bytes.NewReader(archive))
+	var out []string
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			return out
+		}
+		require.NoError(t, err)
+		out = append(out, h.Name)
+	}
+}
+
+func leftovers(t *testing.T, dir string) []string {
+	t.Helper()
+	ents, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	var out []string
+	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), ".tether-checkpoint-") {
+			out = append(out, e.Name())
+		}
+	}
+	return out
+}
+
+func TestB4_SnapshotExcludesScratchAndCredentialsWithoutMutatingLiveHome(t *testing.T) {
+	parent := t.TempDir()
+	live := filepath.Join(parent, "codex-home")
+	codexHome(t, live)
+	before := treeDigest(t, live)
+
+	var buf bytes.Buffer
+	st, err := Snapshot(live, &buf, SnapshotOptions{Exclude: codexExclusions})
+	require.NoError(t, err)
+	got := names(t, buf.Bytes())
+	require.Equal(t, []string{"empty/", "history.jsonl", "sessions/", "sessions/2026/", "sessions/2026/thread.jsonl"}, got)
+	require.Equal(t, 4, st.Skipped)
+	require.Equal(t, int64(len("durable session\n")+len("history\n")), st.Bytes)
+
+	require.Equal(t, before, treeDigest(t, live), "the live provider home was mutated")
+	require.FileExists(t, filepath.Join(live, "auth.json"))
+	require.Empty(t, leftovers(t, parent), "temporary snapshot sibling left behind")
+
+	// The archive is canonical: its stream digest equals the tree digest of
+	// the live home without the excluded entries.
+	require.NoError(t, os.RemoveAll(filepath.Join(live, "tmp")))
+	require.NoError(t, os.RemoveAll(filepath.Join(live, ".tmp")))
+	require.NoError(t, os.Remove(filepath.Join(live, "auth.json")))
+	require.NoError(t, os.Remove(filepath.Join(live, "config.toml")))
+	var prefixed bytes.Buffer
+	tw := tar.NewWriter(&prefixed)
+	_, err = WriteTar(tw, live, WriteOptions{Prefix: "codex-home"})
+	require.NoError(t, err)
+	require.NoError(t, tw.Close())
+	digests, _, err := DigestTar(&prefixed, Limits{})
+	require.NoError(t, err)
+	require.Equal(t, treeDigest(t, live), digests["codex-home"])
+
+	_, err = Snapshot(filepath.Join(parent, "absent"), io.Discard, SnapshotOptions{})
+	require.Equal(t, CodeSourceMissing, failure.CodeOf(err))
+}
+
+func TestB4_RejectsNonTopLevelExclusions(t *testing.T) {
+	parent := t.TempDir()
+	live := filepath.Join(parent, "codex-home")
+	codexHome(t, live)
+	for _, bad := range []string{"../outside", "sessions/2026", "/etc", "", ".", "..", "a b", "$(rm -rf ~)", "x'y", "a\x00b"} {
+		_, err := Snapshot(live, io.Discard, SnapshotOptions{Exclude: []string{bad}})
+		require.Equal(t, CodeExclusionInvalid, failure.CodeOf(err), "%q: %v", bad, err)
+		require.ErrorContains(t, err, "runner_remote_checkpoint_exclusion_invalid")
+	}
+	require.Empty(t, leftovers(t, parent))
+	require.NoError(t, ValidateExclusions(codexExclusions))
+	_, err := Restore(bytes.NewReader(nil), filepath.Join(parent, "t"), RestoreOptions{ExtractOptions: ExtractOptions{Exclude: []string{"../x"}}})
+	require.Equal(t, CodeExclusionInvalid, failure.CodeOf(err))
+}
+
+// TestB4_UnsafeArchiveLeavesDurableTargetUntouched runs the committed
+// malicious corpus (go run ./pkg/archive/internal/gencorpus) against a
+// durable target.
+func TestB4_UnsafeArchiveLeavesDurableTargetUntouched(t *testing.T) {
+	want := map[string]string{
+		"symlink.tar":        CodeUnsafeEntry,
+		"hardlink.tar":       CodeUnsafeEntry,
+		"device.tar":         CodeUnsafeEntry,
+		"blockdev.tar":       CodeUnsafeEntry,
+		"fifo.tar":           CodeUnsafeEntry,
+		"absolute.tar":       CodeUnsafePath,
+		"dotdot.tar":         CodeUnsafePath,
+		"dotdot_nested.tar":  CodeUnsafePath,
+		"setuid.tar":         CodeUnsafeMode,
+		"setgid_dir.tar":     CodeUnsafeMode,
+		"duplicate.tar":      CodeDuplicate,
+		"size_bomb.tar":      CodeTooLarge,
+		"expansion_bomb.tgz": CodeExpandedTooLarge,
+	}
+	files, err := os.ReadDir("testdata/malicious")
+	require.NoError(t, err)
+	require.Len(t, files, len(want), "corpus and expectations differ")
+	for _, f := range files {
+		t.Run(f.Name(), func(t *testing.T) {
+			code, ok := want[f.Name()]
+			require.True(t, ok, "no expectation for %s", f.Name())
+			data, err := os.ReadFile(filepath.Join("testdata/malicious", f.Name()))
+			require.NoError(t, err)
+
+			parent := t.TempDir()
+			target := filepath.Join(parent, "durable-target")
+			putFile(t, filepath.Join(target, "preserved.txt"), "preserved", 0o600)
+			before := treeDigest(t, target)
+
+			_, err = Restore(bytes.NewReader(data), target, RestoreOptions{})
+			require.Equal(t, code, failure.CodeOf(err), "%v", err)
+			require.ErrorContains(t, err, code+": ")
+
+			require.Equal(t, before, treeDigest(t, target), "durable target changed")
+			require.Empty(t, leftovers(t, parent), "staging directory left behind")
+			ents, err := os.ReadDir(parent)
+			require.NoError(t, err)
+			require.Len(t, ents, 1, "something escaped into the parent")
+			require.NoFileExists(t, "/tmp/tether-absolute-escape")
+
+			_, err = Check(bytes.NewReader(data), Limits{})
+			require.Equal(t, code, failure.CodeOf(err))
+			// DigestTar also refuses it (possibly earlier, for a top-level file).
+			_, _, err = DigestTar(bytes.NewReader(data), Limits{})
+			require.Contains(t, []string{code, CodeInvalid}, failure.CodeOf(err), "%v", err)
+		})
+	}
+}
+
+func TestB4_RestoreStagesWithoutExcludedEntries(t *testing.T) {
+	src := filepath.Join(t.TempDir(), "codex-home")
+	codexHome(t, src)
+	var buf bytes.Buffer
+	_, err := WriteTree(&buf, src, WriteOptions{}) // everything travels...
+	require.NoError(t, err)
+
+	parent := t.TempDir()
+	target := filepath.Join(parent, "codex-home")
+	st, err := Restore(bytes.NewReader(buf.Bytes()), target, RestoreOptions{ExtractOptions: ExtractOptions{Exclude: codexExclusions}})
+	require.NoError(t, err) // ...but the excluded entries are never staged
+	require.Equal(t, 7, st.Skipped)
+	require.FileExists(t, filepath.Join(target, "sessions", "2026", "thread.jsonl"))
+	for _, gone := range codexExclusions {
+		require.NoFileExists(t, filepath.Join(target, gone))
+		require.NoDirExists(t, filepath.Join(target, gone))
+	}
+	for _, gone := range codexExclusions {
+		require.NoError(t, os.RemoveAll(filepath.Join(src, gone)))
+	}
+	require.Equal(t, treeDigest(t, src), treeDigest(t, target))
+	fi, err := os.Stat(target)
+	require.NoError(t, err)
+	require.Equal(t, fs.FileMode(0o700), fi.Mode().Perm())
+	require.Empty(t, leftovers(t, parent))
+}
+
+func TestB4_RestoreSwapsAtomicallyAndRoundTrips(t *testing.T) {
+	src := filepath.Join(t.TempDir(), "runner")
+	putFile(t, filepath.Join(src, "runner-state.json"), `{"lifecycle":"suspended"}`, 0o600)
+	putFile(t, filepath.Join(src, "outbox", "0001.json"), "event", 0o640)
+	putFile(t, filepath.Join(src, "ro", "frozen"), "ro", 0o400)
+	require.NoError(t, os.Chmod(filepath.Join(src, "ro"), 0o500))
+	t.Cleanup(func() { os.Chmod(filepath.Join(src, "ro"), 0o700) })
+	var buf bytes.Buffer
+	_, err := Snapshot(src, &buf, SnapshotOptions{})
+	require.NoError(t, err)
+
+	parent := t.TempDir()
+	target := filepath.Join(parent, "runner")
+	putFile(t, filepath.Join(target, "stale.json"), "old", 0o600)
+	st, err := Restore(bytes.NewReader(buf.Bytes()), target, RestoreOptions{})
+	require.NoError(t, err)
+	require.Equal(t, 3, st.Files)
+	require.Equal(t, treeDigest(t, src), treeDigest(t, target))
+	require.NoFileExists(t, filepath.Join(target, "stale.json"))
+	require.Empty(t, leftovers(t, parent))
+	t.Cleanup(func() { os.Chmod(filepath.Join(target, "ro"), 0o700) })
+
+	// Into an absent target too.
+	fresh := filepath.Join(parent, "fresh")
+	_, err = Restore(bytes.NewReader(buf.Bytes()), fresh, RestoreOptions{})
+	require.NoError(t, err)
+	require.Equal(t, treeDigest(t, src), treeDigest(t, fresh))
+	t.Cleanup(func() { os.Chmod(filepath.Join(fresh, "ro"), 0o700) })
+
+	// A symlink target is refused, never followed.
+	link := filepath.Join(parent, "link")
+	require.NoError(t, os.Symlink(target, link))
+	_, err = Restore(bytes.NewReader(buf.Bytes()), link, RestoreOptions{})
+	require.Equal(t, CodeTargetUnsafe, failure.CodeOf(err))
+
+	// The fallback swap (rename aside) gives the same result.
+	other := filepath.Join(parent, "other")
+	putFile(t, filepath.Join(other, "x"), "x", 0o600)
+	stage := t.TempDir()
+	staged := filepath.Join(stage, "payload")
+	require.NoError(t, os.Mkdir(staged, 0o700))
+	putFile(t, filepath.Join(staged, "y"), "y", 0o600)
+	require.NoError(t, swapByRename(staged, other, filepath.Join(stage, "previous")))
+	require.FileExists(t, filepath.Join(other, "y"))
+	require.FileExists(t, filepath.Join(stage, "previous", "x"))
+}
+
+func buildTar(t *testing.T, n int, size int) []byte {
+	var b bytes.Buffer
+	tw := tar.NewWriter(&b)
+	for i := range n {
+		require.NoError(t, tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: fmt.Sprintf("f%05d", i), Mode: 0o600, Size: int64(size)}))
+		_, err := tw.Write(bytes.Repeat([]byte{'x'}, size))
+		require.NoError(t, err)
+	}
+	require.NoError(t, tw.Close())
+	return b.Bytes()
+}
+
+func TestB4_LimitsRefuseOversizedArchives(t *testing.T) {
+	cases := []struct {
+		name string
+		data []byte
+		lim  Limits
+		code string
+	}{
+		{"entries", buildTar(t, 11, 1), Limits{MaxEntries: 10}, CodeTooManyEntries},
+		{"expanded", buildTar(t, 3, 1000), Limits{MaxExpandedBytes: 2500}, CodeExpandedTooLarge},
+		{"stream", buildTar(t, 3, 1000), Limits{MaxArchiveBytes: 4000}, CodeTooLarge},
+		{"gzip stream", gzipped(t, buildTar(t, 50, 2000)), Limits{MaxArchiveBytes: 100}, CodeTooLarge},
+		{"gzip expansion", gzipped(t, buildTar(t, 50, 2000)), Limits{MaxExpandedBytes: 50000}, CodeExpandedTooLarge},
+		{"empty", nil, Limits{}, CodeInvalid},
+		{"no entries", buildTar(t, 0, 0), Limits{}, CodeInvalid},
+		{"truncated", buildTar(t, 2, 5000)[:3000], Limits{}, CodeInvalid},
+		{"garbage", bytes.Repeat([]byte("not a tar"), 100), Limits{}, CodeInvalid},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			parent := t.TempDir()
+			target := filepath.Join(parent, "t")
+			putFile(t, filepath.Join(target, "keep"), "keep", 0o600)
+			_, err := Restore(bytes.NewReader(c.data), target, RestoreOptions{ExtractOptions: ExtractOptions{Limits: c.lim}})
+			require.Equal(t, c.code, failure.CodeOf(err), "%v", err)
+			require.FileExists(t, filepath.Join(target, "keep"))
+			require.Empty(t, leftovers(t, parent))
+		})
+	}
+	// Exactly at the limits is fine.
+	data := buildTar(t, 10, 100)
+	_, err := Check(bytes.NewReader(data), Limits{MaxEntries: 10, MaxExpandedBytes: 1000, MaxArchiveBytes: int64(len(data))})
+	require.NoError(t, err)
+	_, err = Check(bytes.NewReader(gzipped(t, data)), Limits{MaxEntries: 10, MaxExpandedBytes: 1000})
+	require.NoError(t, err)
+}
+
+func gzipped(t *testing.T, b []byte) []byte {
+	var out bytes.Buffer
+	zw := gzip.NewWriter(&out)
+	_, err := zw.Write(b)
+	require.NoError(t, err)
+	require.NoError(t, zw.Close())
+	return out.Bytes()
+}
+
+func TestExtractTopLevelLayout(t *testing.T) {
+	root := t.TempDir()
+	putFile(t, filepath.Join(root, "runner", "runner-state.json"), "s", 0o600)
+	putFile(t, filepath.Join(root, "codex-home", "auth.json"), "secret", 0o600)
+	putFile(t, filepath.Join(root, "codex-home", "sessions", "a"), "a", 0o600)
+	var buf bytes.Buffer
+	_, err := WriteTree(&buf, root, WriteOptions{})
+	require.NoError(t, err)
+
+	dst := t.TempDir()
+	st, err := Extract(bytes.NewReader(buf.Bytes()), dst, ExtractOptions{Top: []string{"runner", "codex-home"}, Exclude: []string{"codex-home/auth.json"}})
+	require.NoError(t, err)
+	require.Equal(t, 1, st.Skipped)
+	require.NoFileExists(t, filepath.Join(dst, "codex-home", "auth.json"))
+
+	_, err = Extract(bytes.NewReader(buf.Bytes()), t.TempDir(), ExtractOptions{Top: []string{"runner"}})
+	require.Equal(t, CodeInvalid, failure.CodeOf(err))
+
+	// DigestTar of a canonical multi-directory archive equals the tree
+	// digests; a reordered archive is refused.
+	digests, _, err := DigestTar(bytes.NewReader(buf.Bytes()), Limits{})
+	require.NoError(t, err)
+	require.Equal(t, treeDigest(t, filepath.Join(root, "runner")), digests["runner"])
+	require.Equal(t, treeDigest(t, filepath.Join(root, "codex-home")), digests["codex-home"])
+
+	var reordered bytes.Buffer
+	tw := tar.NewWriter(&reordered)
+	for _, h := range []*tar.Header{
+		{Typeflag: tar.TypeDir, Name: "runner/", Mode: 0o700},
+		{Typeflag: tar.TypeReg, Name: "runner/b", Mode: 0o600},
+		{Typeflag: tar.TypeReg, Name: "runner/a", Mode: 0o600},
+	} {
+		require.NoError(t, tw.WriteHeader(h))
+	}
+	require.NoError(t, tw.Close())
+	_, _, err = DigestTar(&reordered, Limits{})
+	require.Equal(t, digest.CodeNotCanonical, failure.CodeOf(err))
+}
+
+func TestSnapshotRefusesSymlinksInLiveTree(t *testing.T) {
+	parent := t.TempDir()
+	live := filepath.Join(parent, "home")
+	putFile(t, filepath.Join(live, "a"), "a", 0o600)
+	require.NoError(t, os.Symlink("/etc/passwd", filepath.Join(live, "link")))
+	_, err := Snapshot(live, io.Discard, SnapshotOptions{})
+	require.Equal(t, CodeUnsafeEntry, failure.CodeOf(err))
+	require.Empty(t, leftovers(t, parent))
+	require.NoError(t, os.Symlink(live, filepath.Join(parent, "rootlink")))
+	_, err = Snapshot(filepath.Join(parent, "rootlink"), io.Discard, SnapshotOptions{})
+	require.Equal(t, CodeUnsafeEntry, failure.CodeOf(err))
+	// With limits, a tree too big to be accepted is refused early.
+	_, err = Snapshot(live, io.Discard, SnapshotOptions{Limits: &Limits{MaxEntries: 1}})
+	require.True(t, errors.Is(err, err))
+	require.Contains(t, []string{CodeTooManyEntries, CodeUnsafeEntry}, failure.CodeOf(err))
+}
+
+func TestNormalise(t *testing.T) {
+	ok := map[string]string{"./": "", ".": "", "a": "a", "./a/b": "a/b", "a/b/": "a/b", "./.hidden": ".hidden", "a..b": "a..b"}
+	for in, want := range ok {
+		got, err := normalise(in, strings.HasSuffix(in, "/"))
+		require.NoError(t, err, in)
+		require.Equal(t, want, got, in)
+	}
+	for _, bad := range []string{"/a", "../a", "a/../../b", "a//b", "a/./b", "a\\b", "a\x00b", "./../x", "././a"} {
+		_, err := normalise(bad, false)
+		require.Equal(t, CodeUnsafePath, failure.CodeOf(err), bad)
+	}
+	require.True(t, slices.Equal([]string{"a"}, []string{"a"}))
+}

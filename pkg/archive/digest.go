@@ -1,0 +1,68 @@
+package archive
+
+import (
+	"archive/tar"
+	"io"
+	"strings"
+
+	"google.golang.org/grpc/codes"
+
+	"github.com/tether-run/tether/pkg/digest"
+)
+
+// DigestTar checks the archive read from r like Extract does and returns the
+// backup directory digest (pkg/digest) of each top-level directory, computed
+// from the stream without extracting anything. The archive must hold only
+// directories at its top level and list each directory's entries in
+// canonical walk order, as WriteTar writes them; otherwise it fails with
+// digest.CodeNotCanonical or CodeInvalid. For a canonical archive the
+// digests equal digest.BackupTree of the extracted directories.
+func DigestTar(r io.Reader, limits Limits) (map[string]digest.Result, Stats, error) {
+	er, err := newEntryReader(r, limits)
+	if err != nil {
+		return nil, Stats{}, err
+	}
+	streams := map[string]*digest.BackupStream{}
+	for {
+		hdr, name, err := er.next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return nil, er.finish(), err
+		}
+		if name == "" {
+			continue
+		}
+		mode := uint32(hdr.Mode) & 0o777
+		top, rest, nested := strings.Cut(name, "/")
+		if !nested {
+			if hdr.Typeflag != tar.TypeDir {
+				return nil, er.finish(), errorf(codes.InvalidArgument, CodeInvalid, "top-level archive entry %q is not a directory", hdr.Name)
+			}
+			streams[top] = digest.NewBackupStream()
+			continue
+		}
+		s := streams[top]
+		if s == nil {
+			return nil, er.finish(), errorf(codes.InvalidArgument, CodeInvalid, "archive entry %q comes before its top-level directory", hdr.Name)
+		}
+		if hdr.Typeflag == tar.TypeDir {
+			err = s.Dir(rest, mode)
+		} else {
+			err = s.File(rest, mode, hdr.Size, er)
+		}
+		if err != nil {
+			return nil, er.finish(), err
+		}
+	}
+	out := make(map[string]digest.Result, len(streams))
+	for top, s := range streams {
+		res, err := s.Sum()
+		if err != nil {
+			return nil, er.finish(), err
+		}
+		out[top] = res
+	}
+	return out, er.finish(), nil
+}
