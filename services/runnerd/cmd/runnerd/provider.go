@@ -138,3 +138,26 @@ func convertErrOrNil(err error) error {
 	}
 	return convertErr(err)
 }
+
+// ResolveRequest answers a pending runtime request (runner.RuntimeRequestProvider).
+func (p *codexProvider) ResolveRequest(ctx context.Context, requestID string, resolution map[string]any) (map[string]any, error) {
+	res, err := p.s.ResolveRequest(ctx, requestID, resolution)
+	return res, convertErrOrNil(err)
+}
+
+// AnswerToolCall answers a pending dynamic tool call (runner.RuntimeRequestProvider).
+func (p *codexProvider) AnswerToolCall(ctx context.Context, callID, turnID string, success bool, contentItems []map[string]any) (map[string]any, error) {
+	res, err := p.s.AnswerToolCall(ctx, callID, turnID, codex.ToolOutput{Success: success, ContentItems: contentItems})
+	return res, convertErrOrNil(err)
+}
+
+// ReconcileTurn settles a turn persisted as active before a restart
+// (thread/read): the outcome is retained, terminalized (its TurnResult
+// arrives on TurnDone) or missing (a provider_turn_missing error, which is
+// recoverable).
+func (p *codexProvider) ReconcileTurn(ctx context.Context, turnID string) (outcome, status string, err error) {
+	rec, err := p.s.ReconcileTurn(ctx, turnID)
+	return rec.Outcome, rec.Status, convertErrOrNil(err)
+}
+
+var _ runner.RuntimeRequestProvider = (*codexProvider)(nil)

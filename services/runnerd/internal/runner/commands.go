@@ -236,6 +236,10 @@ func (r *Runner) execute(c *prpv1.Command) (map[string]any, *cmdError) {
 		return r.cmdTurnSteer(c)
 	case CmdSessionClose:
 		return r.cmdSessionClose(c)
+	case CmdRequestResolve:
+		return r.cmdRequestResolve(c)
+	case CmdToolResult:
+		return r.cmdToolResult(c)
 	}
 	return nil, rejected(CodeCommandUnsupported, "command type %q is not supported", c.GetType())
 }

@@ -1,0 +1,178 @@
+package runner
+
+// Runtime requests and tool calls (SPEC R2, E8). The provider driver emits
+// runtime_request.created when the provider asks for an approval or user
+// input, and semantic_tool.input / tool.execution.started when it calls a
+// dynamic tool; they reach the controller like every other provider event.
+// The controller answers with two commands, journaled like all commands
+// (executed at most once per command id; a resend gets the stored result):
+//
+//	request.resolve {requestId, resolution[, turnId]}
+//	    requestId   the runtime request's id (text; a JSON number is accepted)
+//	    resolution  approvals: {"decision": "accept"|"acceptForSession"|"decline"|"cancel"}
+//	                user input: {"answers": {<questionId>: "text" | ["a", …] | {"answers": [...]}}}
+//	    turnId      optional; must name the active turn (runtime_request_stale_turn)
+//	    result      {requestId, requestKind, requestType, kind, turnId, itemId, resolution}
+//
+//	tool.result {callId, success?, text? | contentItems?}
+//	    success      default true
+//	    text         one inputText content item, or
+//	    contentItems [{type:"inputText", text} | {type:"inputImage", imageUrl} | {type:"inputAudio", audioUrl}]
+//	    result       {callId, turnId, success}
+//
+// Rejections (no effect): no_active_turn, runtime_request_stale_turn,
+// runtime_request_not_pending, runtime_request_resolution_invalid,
+// runtime_request_resolution_unsupported, tool_call_not_pending,
+// tool_result_invalid, native_tool_authority_epoch_revoked (the command's run
+// is not the run whose turn made the call: an old run's answer after a
+// continuation), plus the usual command_invalid / run_not_attached /
+// runner_attempt_fenced.
+
+import (
+	"context"
+	"strconv"
+
+	"google.golang.org/protobuf/types/known/structpb"
+
+	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
+	"github.com/tether-run/tether/services/runnerd/internal/durable"
+)
+
+// Command types of runtime request resolution and tool results.
+const (
+	CmdRequestResolve = "request.resolve"
+	CmdToolResult     = "tool.result"
+)
+
+// Codes of runtime request and tool result commands.
+const (
+	CodeRuntimeRequestStaleTurn   = "runtime_request_stale_turn"
+	CodeRuntimeRequestNotPending  = "runtime_request_not_pending"
+	CodeResolutionInvalid         = "runtime_request_resolution_invalid"
+	CodeResolutionUnsupported     = "runtime_request_resolution_unsupported"
+	CodeToolCallNotPending        = "tool_call_not_pending"
+	CodeToolResultInvalid         = "tool_result_invalid"
+	CodeToolAuthorityEpochRevoked = "native_tool_authority_epoch_revoked"
+)
+
+// RuntimeRequestProvider is implemented by providers that can answer runtime
+// requests and tool calls (the codex adapter does).
+type RuntimeRequestProvider interface {
+	// ResolveRequest answers the pending runtime request requestID.
+	ResolveRequest(ctx context.Context, requestID string, resolution map[string]any) (map[string]any, error)
+	// AnswerToolCall answers the pending tool call callID of turn turnID.
+	AnswerToolCall(ctx context.Context, callID, turnID string, success bool, contentItems []map[string]any) (map[string]any, error)
+}
+
+// providerRejection maps driver errors that had no effect to a rejection.
+func providerRejection(fallback string, err error) *cmdError {
+	switch code := ProviderErrorCode(err); code {
+	case CodeRuntimeRequestNotPending, CodeResolutionInvalid, CodeToolCallNotPending, CodeToolResultInvalid, CodeToolAuthorityEpochRevoked:
+		return &cmdError{durable.StatusRejected, code, err.Error()}
+	}
+	return providerFailure(fallback, err)
+}
+
+func (r *Runner) activeRuntimeProvider() (RuntimeRequestProvider, *cmdError) {
+	t := r.st.ActiveTurn
+	if t == nil || r.prov == nil {
+		return nil, rejected(CodeNoActiveTurn, "no turn is active")
+	}
+	rp, ok := r.prov.(RuntimeRequestProvider)
+	if !ok {
+		return nil, rejected(CodeResolutionUnsupported, "the provider cannot answer runtime requests")
+	}
+	return rp, nil
+}
+
+func (r *Runner) cmdRequestResolve(c *prpv1.Command) (map[string]any, *cmdError) {
+	if e := r.requireRun(c); e != nil {
+		return nil, e
+	}
+	fields := c.GetPayload().GetFields()
+	requestID := ""
+	switch v := fields["requestId"].GetKind().(type) {
+	case *structpb.Value_StringValue:
+		requestID = v.StringValue
+	case *structpb.Value_NumberValue:
+		requestID = strconv.FormatFloat(v.NumberValue, 'f', -1, 64)
+	}
+	if requestID == "" || len(requestID) > 160 {
+		return nil, rejected(CodeCommandInvalid, "request.resolve needs payload.requestId (1..160)")
+	}
+	resolution := fields["resolution"].GetStructValue()
+	if resolution == nil {
+		return nil, rejected(CodeCommandInvalid, "request.resolve needs payload.resolution (an object)")
+	}
+	rp, e := r.activeRuntimeProvider()
+	if e != nil {
+		return nil, e
+	}
+	t := r.st.ActiveTurn
+	if want := payloadString(c, "turnId"); want != "" && want != t.TurnID {
+		return nil, rejected(CodeRuntimeRequestStaleTurn, "active turn is %s, not %s", t.TurnID, want)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.RequestTimeout)
+	defer cancel()
+	res, err := rp.ResolveRequest(ctx, requestID, resolution.AsMap())
+	r.pumpProviderEvents()
+	if err != nil {
+		return nil, providerRejection("provider_request_resolve_failed", err)
+	}
+	return res, nil
+}
+
+func (r *Runner) cmdToolResult(c *prpv1.Command) (map[string]any, *cmdError) {
+	// The answering run must be the run whose turn made the call: an old
+	// run's answer after a continuation is refused as revoked.
+	if cur := r.st.CurrentRun; cur != nil && c.GetRunId() != "" && c.GetRunId() != cur.RunID {
+		return nil, rejected(CodeToolAuthorityEpochRevoked, "run %s no longer holds the tool authority (current run: %s)", c.GetRunId(), cur.RunID)
+	}
+	if e := r.requireRun(c); e != nil {
+		return nil, e
+	}
+	fields := c.GetPayload().GetFields()
+	callID := payloadString(c, "callId")
+	if callID == "" || len(callID) > 160 {
+		return nil, rejected(CodeCommandInvalid, "tool.result needs payload.callId (1..160)")
+	}
+	success := true
+	if v, ok := fields["success"]; ok {
+		b, isBool := v.GetKind().(*structpb.Value_BoolValue)
+		if !isBool {
+			return nil, rejected(CodeCommandInvalid, "tool.result payload.success must be a boolean")
+		}
+		success = b.BoolValue
+	}
+	var items []map[string]any
+	if l := fields["contentItems"].GetListValue(); l != nil {
+		for _, v := range l.GetValues() {
+			m := v.GetStructValue()
+			if m == nil {
+				return nil, rejected(CodeToolResultInvalid, "tool.result contentItems must be objects")
+			}
+			items = append(items, m.AsMap())
+		}
+	} else if text, ok := fields["text"]; ok {
+		items = []map[string]any{{"type": "inputText", "text": text.GetStringValue()}}
+	}
+	if items == nil {
+		items = []map[string]any{}
+	}
+	rp, e := r.activeRuntimeProvider()
+	if e != nil {
+		return nil, e
+	}
+	t := r.st.ActiveTurn
+	if t.RunID != c.GetRunId() && c.GetRunId() != "" {
+		return nil, rejected(CodeToolAuthorityEpochRevoked, "the active turn belongs to run %s", t.RunID)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.RequestTimeout)
+	defer cancel()
+	res, err := rp.AnswerToolCall(ctx, callID, t.TurnID, success, items)
+	r.pumpProviderEvents()
+	if err != nil {
+		return nil, providerRejection("provider_tool_result_failed", err)
+	}
+	return res, nil
+}

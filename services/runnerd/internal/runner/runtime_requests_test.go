@@ -1,0 +1,163 @@
+package runner
+
+import (
+	"context"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/tether-run/tether/services/runnerd/internal/durable"
+)
+
+// rrProvider adds runtime request answers to the fake provider.
+type rrProvider struct {
+	*fakeProvider
+	mu       sync.Mutex
+	resolved []string
+	tools    []string
+}
+
+func (p *rrProvider) ResolveRequest(ctx context.Context, requestID string, resolution map[string]any) (map[string]any, error) {
+	if requestID != "0" {
+		return nil, &ProviderError{Code: CodeRuntimeRequestNotPending, Message: "runtime request " + requestID + " is not pending"}
+	}
+	d, _ := resolution["decision"].(string)
+	if d == "" {
+		return nil, &ProviderError{Code: CodeResolutionInvalid, Message: "no decision"}
+	}
+	p.mu.Lock()
+	p.resolved = append(p.resolved, requestID+":"+d)
+	p.mu.Unlock()
+	p.emit(ProviderEvent{Type: "runtime_request.resolved", TurnID: "turn-1", Priority: P0, Payload: map[string]any{"requestId": requestID, "resolution": resolution}})
+	return map[string]any{"requestId": requestID, "resolution": resolution}, nil
+}
+
+func (p *rrProvider) AnswerToolCall(ctx context.Context, callID, turnID string, success bool, items []map[string]any) (map[string]any, error) {
+	if callID != "call-1" {
+		return nil, &ProviderError{Code: CodeToolCallNotPending, Message: "tool call " + callID + " is not pending"}
+	}
+	text, _ := items[0]["text"].(string)
+	p.mu.Lock()
+	p.tools = append(p.tools, callID+"@"+turnID+":"+text)
+	p.mu.Unlock()
+	return map[string]any{"callId": callID, "turnId": turnID, "success": success}, nil
+}
+
+func rrStarter(e *testEnv) func(*Config) {
+	return func(c *Config) {
+		c.StartProvider = func(ctx context.Context, cfg ProviderConfig, emit func(ProviderEvent)) (Provider, error) {
+			p, err := e.prov.start(ctx, cfg, emit)
+			if err != nil {
+				return nil, err
+			}
+			return &rrProvider{fakeProvider: p.(*fakeProvider)}, nil
+		}
+	}
+}
+
+func TestR2_RequestResolveCommandReachesTheProviderOnce(t *testing.T) {
+	e := newTestEnv(t)
+	e.start(rrStarter(e))
+	e.gw.waitConns(1)
+	cs := &cmdSeq{t: t, runID: "run-1", attempt: 1}
+
+	// No turn yet: nothing to resolve.
+	res := e.gw.command(cs.attach("c-attach"))
+	require.Equal(t, durable.StatusCompleted, res.GetStatus(), res.GetMessage())
+	res = e.gw.command(cs.next("c-r0", CmdRequestResolve, map[string]any{"requestId": "0", "resolution": map[string]any{"decision": "accept"}}))
+	assert.Equal(t, CodeNoActiveTurn, res.GetCode())
+
+	res = e.gw.command(cs.next("c-turn1", CmdTurnStart, map[string]any{"text": "hello"}))
+	require.Equal(t, durable.StatusCompleted, res.GetStatus(), res.GetMessage())
+	for _, tc := range []struct {
+		id, code string
+		payload  map[string]any
+	}{
+		{"c-bad1", CodeCommandInvalid, map[string]any{"resolution": map[string]any{"decision": "accept"}}},
+		{"c-bad2", CodeCommandInvalid, map[string]any{"requestId": "0"}},
+		{"c-bad3", CodeRuntimeRequestStaleTurn, map[string]any{"requestId": "0", "turnId": "turn-9", "resolution": map[string]any{"decision": "accept"}}},
+		{"c-bad4", CodeRuntimeRequestNotPending, map[string]any{"requestId": "5", "resolution": map[string]any{"decision": "accept"}}},
+		{"c-bad5", CodeResolutionInvalid, map[string]any{"requestId": "0", "resolution": map[string]any{}}},
+	} {
+		res = e.gw.command(cs.next(tc.id, CmdRequestResolve, tc.payload))
+		assert.Equal(t, durable.StatusRejected, res.GetStatus(), tc.id)
+		assert.Equal(t, tc.code, res.GetCode(), tc.id)
+	}
+
+	// requestId 0 given as a JSON number is the same request "0".
+	cmd := cs.next("c-resolve", CmdRequestResolve, map[string]any{"requestId": 0.0, "turnId": "turn-1", "resolution": map[string]any{"decision": "accept"}})
+	res = e.gw.command(cmd)
+	require.Equal(t, durable.StatusCompleted, res.GetStatus(), res.GetMessage())
+	assert.Equal(t, "0", res.GetResult().GetFields()["requestId"].GetStringValue())
+	// A resend of the same command id gets the stored result, no second effect.
+	res = e.gw.command(cmd)
+	assert.Equal(t, durable.StatusCompleted, res.GetStatus())
+	ev := e.gw.waitEvent("runtime_request.resolved", 1)
+	assert.Equal(t, "turn-1", ev.GetTurnId())
+	assert.Equal(t, "run-1", ev.GetRunId())
+	assert.Len(t, e.gw.eventsOf("runtime_request.resolved"), 1)
+}
+
+func TestR2_ToolResultCommandAndRevokedAuthority(t *testing.T) {
+	e := newTestEnv(t)
+	rpCh := make(chan *rrProvider, 1)
+	e.start(func(c *Config) {
+		c.StartProvider = func(ctx context.Context, cfg ProviderConfig, emit func(ProviderEvent)) (Provider, error) {
+			p, err := e.prov.start(ctx, cfg, emit)
+			if err != nil {
+				return nil, err
+			}
+			rp := &rrProvider{fakeProvider: p.(*fakeProvider)}
+			rpCh <- rp
+			return rp, nil
+		}
+	})
+	e.gw.waitConns(1)
+	cs := &cmdSeq{t: t, runID: "run-1", attempt: 1}
+	prov := attachAndTurn(t, e, cs)
+	rp := <-rpCh
+
+	res := e.gw.command(cs.next("c-tool0", CmdToolResult, map[string]any{"text": "x"}))
+	assert.Equal(t, CodeCommandInvalid, res.GetCode())
+	res = e.gw.command(cs.next("c-tool1", CmdToolResult, map[string]any{"callId": "call-9", "text": "x"}))
+	assert.Equal(t, CodeToolCallNotPending, res.GetCode())
+	res = e.gw.command(cs.next("c-tool2", CmdToolResult, map[string]any{"callId": "call-1", "success": "yes"}))
+	assert.Equal(t, CodeCommandInvalid, res.GetCode())
+	res = e.gw.command(cs.next("c-tool3", CmdToolResult, map[string]any{"callId": "call-1", "text": "lookup(alpha) = 42"}))
+	require.Equal(t, durable.StatusCompleted, res.GetStatus(), res.GetMessage())
+	assert.Equal(t, "turn-1", res.GetResult().GetFields()["turnId"].GetStringValue())
+	rp.mu.Lock()
+	assert.Equal(t, []string{"call-1@turn-1:lookup(alpha) = 42"}, rp.tools)
+	rp.mu.Unlock()
+
+	// The turn ends and run-2 continues the session: an answer of run-1 is
+	// refused as revoked before it reaches the provider.
+	prov.finish(TurnResult{TurnID: "turn-1", Status: "completed", FinalMessage: "ok"})
+	e.gw.waitEvent("run.terminal", 1)
+	cs2 := &cmdSeq{t: t, seq: cs.seq, runID: "run-2", attempt: 1}
+	res = e.gw.command(cs2.attach("c-attach2"))
+	require.Equal(t, durable.StatusCompleted, res.GetStatus(), res.GetMessage())
+	res = e.gw.command(cs2.next("c-turn2", CmdTurnStart, map[string]any{"text": "next"}))
+	require.Equal(t, durable.StatusCompleted, res.GetStatus(), res.GetMessage())
+	cs.seq = cs2.seq
+	res = e.gw.command(cs.next("c-tool-old", CmdToolResult, map[string]any{"callId": "call-1", "text": "late"}))
+	assert.Equal(t, durable.StatusRejected, res.GetStatus())
+	assert.Equal(t, CodeToolAuthorityEpochRevoked, res.GetCode())
+	rp.mu.Lock()
+	assert.Len(t, rp.tools, 1)
+	rp.mu.Unlock()
+}
+
+func TestR2_RuntimeRequestsNeedACapableProvider(t *testing.T) {
+	e := newTestEnv(t)
+	e.start(nil)
+	e.gw.waitConns(1)
+	cs := &cmdSeq{t: t, runID: "run-1", attempt: 1}
+	attachAndTurn(t, e, cs)
+	res := e.gw.command(cs.next("c-r", CmdRequestResolve, map[string]any{"requestId": "0", "resolution": map[string]any{"decision": "accept"}}))
+	assert.Equal(t, CodeResolutionUnsupported, res.GetCode())
+	res = e.gw.command(cs.next("c-t", CmdToolResult, map[string]any{"callId": "c", "text": "x"}))
+	assert.Equal(t, CodeResolutionUnsupported, res.GetCode())
+}
