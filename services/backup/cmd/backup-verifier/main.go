@@ -17,7 +17,7 @@ import (
 )
 
 type server struct {
-	backupv1.UnsafeBackupVerifierServer
+	backupv1.UnimplementedBackupVerifierServer
 	key []byte
 }
 

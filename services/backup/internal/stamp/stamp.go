@@ -1,7 +1,10 @@
-// Package stamp signs and verifies backup stamps: a stamp binds a manifest
-// digest, session scope, runner instance and completion time to one
-// environment lease. It verifies only for that lease and only with the
-// verifier's key.
+// Package stamp issues and verifies backup stamps. A stamp binds a manifest
+// digest, the session scope, the normalized session, the runner instance,
+// the checkpoint, the source lease and the completion time to the one lease
+// it is authorised for, signed with the verifier's HMAC key. It verifies
+// only for that lease, only with that key, and — through VerifyBackup —
+// only while the manifest it names is unchanged and every directory digest
+// of the backup still matches.
 package stamp
 
 import (
@@ -9,18 +12,39 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
+	"regexp"
+	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/tether-run/tether/pkg/failure"
 	backupv1 "github.com/tether-run/tether/pkg/gen/tether/backup/v1"
+	"github.com/tether-run/tether/services/backup/internal/harness"
 )
+
+// Schema names the stamp layout.
+const Schema = "tether.backup-stamp.v2"
 
 // Reasons a stamp does not verify.
 const (
-	ReasonLeaseMismatch = "backup_stamp_lease_mismatch"
-	ReasonBadSignature  = "backup_stamp_signature_invalid"
-	ReasonIncomplete    = "backup_stamp_incomplete"
+	ReasonIncomplete        = "backup_stamp_incomplete"
+	ReasonBadSignature      = "backup_stamp_signature_invalid"
+	ReasonLeaseMismatch     = "backup_stamp_lease_mismatch"
+	ReasonCheckpointMissing = "backup_stamp_checkpoint_missing"
+	ReasonManifestMismatch  = "backup_stamp_manifest_mismatch"
+	ReasonDigestMismatch    = "backup_digest_mismatch"
 )
 
-const domain = "tether-backup-stamp-v1"
+// Codes of Issue.
+const (
+	CodeLeaseMissing = "runner_harness_backup_lease_missing"
+	CodeScopeInvalid = "runner_harness_backup_scope_invalid"
+)
+
+const domain = "tether-backup-stamp-v2"
+
+var scopeRE = regexp.MustCompile(`^[0-9a-f]{64}$`)
 
 func mac(key []byte, s *backupv1.Stamp) []byte {
 	h := hmac.New(sha256.New, key)
@@ -28,7 +52,8 @@ func mac(key []byte, s *backupv1.Stamp) []byte {
 	h.Write([]byte{0})
 	var n [8]byte
 	for _, f := range []string{
-		s.GetManifestDigest(), s.GetSessionScope(), s.GetRunnerInstanceId(), s.GetLeaseId(),
+		s.GetSchema(), s.GetManifestDigest(), s.GetSessionScope(), s.GetNormalizedSessionId(),
+		s.GetRunnerInstanceId(), s.GetCheckpointId(), s.GetSourceLeaseId(), s.GetLeaseId(),
 		s.GetCompletedAt().AsTime().UTC().Format("2006-01-02T15:04:05.000000000Z"),
 	} {
 		binary.BigEndian.PutUint64(n[:], uint64(len(f)))
@@ -43,11 +68,39 @@ func Sign(key []byte, s *backupv1.Stamp) {
 	s.Signature = hex.EncodeToString(mac(key, s))
 }
 
-// Verify reports whether the stamp is complete, signed with key, and bound to
-// leaseID; reason names the first check that failed.
+// Issue signs a stamp for the manifest, authorised for authorizedLease
+// (CodeLeaseMissing when empty). The manifest must carry a session scope
+// (CodeScopeInvalid otherwise).
+func Issue(key []byte, m *harness.Manifest, authorizedLease string) (*backupv1.Stamp, error) {
+	if authorizedLease == "" {
+		return nil, failure.New(codes.InvalidArgument, CodeLeaseMissing, "a backup stamp needs the lease it is authorised for")
+	}
+	if !scopeRE.MatchString(m.SessionScope) {
+		return nil, failure.New(codes.InvalidArgument, CodeScopeInvalid, "session scope %q is not a scope digest", m.SessionScope)
+	}
+	d, err := m.Digest()
+	if err != nil {
+		return nil, err
+	}
+	at, err := time.Parse(time.RFC3339Nano, m.CompletedAt)
+	if err != nil {
+		return nil, failure.Wrap(err, codes.InvalidArgument, harness.CodeManifestInvalid, "completedAt: %v", err)
+	}
+	s := &backupv1.Stamp{
+		Schema: Schema, ManifestDigest: d, SessionScope: m.SessionScope, NormalizedSessionId: m.NormalizedSessionID,
+		RunnerInstanceId: m.RunnerInstanceID, CheckpointId: m.CheckpointID, SourceLeaseId: m.SourceLeaseID,
+		LeaseId: authorizedLease, CompletedAt: timestamppb.New(at),
+	}
+	Sign(key, s)
+	return s, nil
+}
+
+// Verify reports whether the stamp is complete, signed with key, and
+// authorised for leaseID; reason names the first check that failed. It does
+// not look at the backup (see VerifyBackup).
 func Verify(key []byte, s *backupv1.Stamp, leaseID string) (ok bool, reason string) {
-	if s.GetManifestDigest() == "" || s.GetSessionScope() == "" || s.GetRunnerInstanceId() == "" ||
-		s.GetLeaseId() == "" || s.GetCompletedAt() == nil {
+	if s.GetSchema() != Schema || s.GetManifestDigest() == "" || !scopeRE.MatchString(s.GetSessionScope()) ||
+		s.GetRunnerInstanceId() == "" || s.GetLeaseId() == "" || s.GetCompletedAt() == nil || leaseID == "" {
 		return false, ReasonIncomplete
 	}
 	sig, err := hex.DecodeString(s.GetSignature())
@@ -56,6 +109,33 @@ func Verify(key []byte, s *backupv1.Stamp, leaseID string) (ok bool, reason stri
 	}
 	if s.GetLeaseId() != leaseID {
 		return false, ReasonLeaseMismatch
+	}
+	return true, ""
+}
+
+// VerifyBackup is Verify, then checks the backup the stamp names: m is the
+// stored manifest found by the stamp's manifest digest (nil when there is
+// none), current yields the backup's directory digests as they are now.
+// The manifest must hash to the stamp's digest and carry the stamp's scope,
+// session, runner, checkpoint, source lease and completion time, and every
+// directory must still have its recorded digest and size.
+func VerifyBackup(key []byte, s *backupv1.Stamp, leaseID string, m *harness.Manifest, current harness.DigestFunc) (bool, string) {
+	if ok, reason := Verify(key, s, leaseID); !ok {
+		return false, reason
+	}
+	if m == nil {
+		return false, ReasonCheckpointMissing
+	}
+	d, err := m.Digest()
+	at, terr := time.Parse(time.RFC3339Nano, m.CompletedAt)
+	if err != nil || terr != nil || d != s.GetManifestDigest() || m.SessionScope != s.GetSessionScope() ||
+		m.NormalizedSessionID != s.GetNormalizedSessionId() || m.RunnerInstanceID != s.GetRunnerInstanceId() ||
+		m.CheckpointID != s.GetCheckpointId() || m.SourceLeaseID != s.GetSourceLeaseId() ||
+		!at.Equal(s.GetCompletedAt().AsTime()) {
+		return false, ReasonManifestMismatch
+	}
+	if !m.DirectoriesMatch(current) {
+		return false, ReasonDigestMismatch
 	}
 	return true, ""
 }

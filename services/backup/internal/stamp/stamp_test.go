@@ -1,6 +1,9 @@
 package stamp
 
 import (
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -8,13 +11,85 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/tether-run/tether/pkg/failure"
 	backupv1 "github.com/tether-run/tether/pkg/gen/tether/backup/v1"
+	"github.com/tether-run/tether/services/backup/internal/harness"
 )
 
+var key = []byte("0123456789abcdef0123456789abcdef")
+
+var scope = strings.Repeat("5c", 32)
+
+func put(t *testing.T, path, data string) {
+	t.Helper()
+	require.NoError(t, os.MkdirAll(filepath.Dir(path), 0o700))
+	require.NoError(t, os.WriteFile(path, []byte(data), 0o600))
+}
+
+func execution() harness.Execution {
+	return harness.Execution{
+		CompanyID: "company", RunID: "run", IssueID: "issue", AgentID: "agent", NormalizedSessionID: "native-session",
+		DriverKind: harness.DriverCodex, Workspace: harness.Workspace{Cwd: "/workspace"},
+		Provider: map[string]any{"kind": "codex", "model": "gpt-5.6-sol", "approvalPolicy": "never"},
+	}
+}
+
+func TestB3_StampVerifiesOnlyForItsLeaseWhileDigestsMatch(t *testing.T) {
+	current := filepath.Join(t.TempDir(), scope, "failover-backups", "current")
+	put(t, filepath.Join(current, "runner", "runner-state.json"), "runner-state")
+	put(t, filepath.Join(current, "codex-home", "sessions", "thread.jsonl"), "thread-state")
+	m, err := harness.BuildFromRoot(current, harness.BuildInput{
+		Execution: execution(), RunnerInstanceID: "runner-1", SessionScope: scope, CheckpointID: "cp-1",
+		ProviderSessionIdentity: harness.SessionIdentity{ProviderSessionID: "thread-1", ProviderBackendSessionID: "session-1"},
+		SourceLeaseID:           "sandbox-1",
+	})
+	require.NoError(t, err)
+	s, err := Issue(key, m, "sandbox-1")
+	require.NoError(t, err)
+	digests := harness.RootDigests(current)
+
+	ok, reason := VerifyBackup(key, s, "sandbox-1", m, digests)
+	require.True(t, ok, reason)
+	ok, reason = VerifyBackup(key, s, "sandbox-2", m, digests)
+	require.False(t, ok)
+	require.Equal(t, ReasonLeaseMismatch, reason)
+
+	put(t, filepath.Join(current, "runner", "runner-state.json"), "corrupt")
+	ok, reason = VerifyBackup(key, s, "sandbox-1", m, digests)
+	require.False(t, ok)
+	require.Equal(t, ReasonDigestMismatch, reason)
+	put(t, filepath.Join(current, "runner", "runner-state.json"), "runner-state")
+
+	// A re-issued stamp authorises a replacement lease; the old one does not.
+	s2, err := Issue(key, m, "sandbox-2")
+	require.NoError(t, err)
+	ok, _ = VerifyBackup(key, s2, "sandbox-2", m, digests)
+	require.True(t, ok)
+	ok, _ = VerifyBackup(key, s2, "sandbox-1", m, digests)
+	require.False(t, ok)
+
+	// Another manifest (same directories, other identity) does not match.
+	other := *m
+	other.RunnerInstanceID = "runner-2"
+	ok, reason = VerifyBackup(key, s, "sandbox-1", &other, digests)
+	require.False(t, ok)
+	require.Equal(t, ReasonManifestMismatch, reason)
+	ok, reason = VerifyBackup(key, s, "sandbox-1", nil, digests)
+	require.False(t, ok)
+	require.Equal(t, ReasonCheckpointMissing, reason)
+
+	_, err = Issue(key, m, "")
+	require.Equal(t, CodeLeaseMissing, failure.CodeOf(err))
+	noScope := *m
+	noScope.SessionScope = "native-session"
+	_, err = Issue(key, &noScope, "sandbox-1")
+	require.Equal(t, CodeScopeInvalid, failure.CodeOf(err))
+}
+
 func TestB3_StampVerifiesOnlyForItsLeaseAndBytes(t *testing.T) {
-	key := []byte("0123456789abcdef0123456789abcdef")
 	s := &backupv1.Stamp{
-		ManifestDigest: "sha256:abc", SessionScope: "scope", RunnerInstanceId: "runner-1",
+		Schema: Schema, ManifestDigest: "sha256:abc", SessionScope: scope, RunnerInstanceId: "runner-1",
+		NormalizedSessionId: "s", CheckpointId: "cp", SourceLeaseId: "lease-0",
 		LeaseId: "lease-1", CompletedAt: timestamppb.New(time.Unix(1700000000, 5)),
 	}
 	Sign(key, s)
@@ -31,8 +106,13 @@ func TestB3_StampVerifiesOnlyForItsLeaseAndBytes(t *testing.T) {
 		"changed manifest": {func(s *backupv1.Stamp) { s.ManifestDigest = "sha256:abd" }, "lease-1", key, ReasonBadSignature},
 		"changed time":     {func(s *backupv1.Stamp) { s.CompletedAt = timestamppb.New(time.Unix(1700000000, 6)) }, "lease-1", key, ReasonBadSignature},
 		"rebound lease":    {func(s *backupv1.Stamp) { s.LeaseId = "lease-2" }, "lease-2", key, ReasonBadSignature},
+		"source lease":     {func(s *backupv1.Stamp) { s.SourceLeaseId = "lease-9" }, "lease-1", key, ReasonBadSignature},
+		"checkpoint":       {func(s *backupv1.Stamp) { s.CheckpointId = "cp2" }, "lease-1", key, ReasonBadSignature},
 		"other key":        {func(*backupv1.Stamp) {}, "lease-1", []byte("another key of thirty-two bytes!"), ReasonBadSignature},
 		"missing field":    {func(s *backupv1.Stamp) { s.RunnerInstanceId = "" }, "lease-1", key, ReasonIncomplete},
+		"bad scope":        {func(s *backupv1.Stamp) { s.SessionScope = "s" }, "lease-1", key, ReasonIncomplete},
+		"old schema":       {func(s *backupv1.Stamp) { s.Schema = "" }, "lease-1", key, ReasonIncomplete},
+		"empty lease":      {func(*backupv1.Stamp) {}, "", key, ReasonIncomplete},
 		"garbage sig":      {func(s *backupv1.Stamp) { s.Signature = "zz" }, "lease-1", key, ReasonBadSignature},
 	}
 	for name, c := range cases {

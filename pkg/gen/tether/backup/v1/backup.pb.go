@@ -10,6 +10,7 @@ import (
 	_ "buf.build/gen/go/bufbuild/protovalidate/protocolbuffers/go/buf/validate"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	structpb "google.golang.org/protobuf/types/known/structpb"
 	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
@@ -23,17 +24,81 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
-// Stamp binds a manifest digest to a session, runner and lease.
+// VerifyMode selects how much VerifyBackup checks.
+type VerifyMode int32
+
+const (
+	VerifyMode_VERIFY_MODE_UNSPECIFIED VerifyMode = 0
+	// Manifest digest, profile and the stored archive's size.
+	VerifyMode_VERIFY_MODE_QUICK VerifyMode = 1
+	// Everything QUICK checks, then every byte of the archive re-hashed: the
+	// archive digest and every directory digest.
+	VerifyMode_VERIFY_MODE_DEEP VerifyMode = 2
+)
+
+// Enum value maps for VerifyMode.
+var (
+	VerifyMode_name = map[int32]string{
+		0: "VERIFY_MODE_UNSPECIFIED",
+		1: "VERIFY_MODE_QUICK",
+		2: "VERIFY_MODE_DEEP",
+	}
+	VerifyMode_value = map[string]int32{
+		"VERIFY_MODE_UNSPECIFIED": 0,
+		"VERIFY_MODE_QUICK":       1,
+		"VERIFY_MODE_DEEP":        2,
+	}
+)
+
+func (x VerifyMode) Enum() *VerifyMode {
+	p := new(VerifyMode)
+	*p = x
+	return p
+}
+
+func (x VerifyMode) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (VerifyMode) Descriptor() protoreflect.EnumDescriptor {
+	return file_tether_backup_v1_backup_proto_enumTypes[0].Descriptor()
+}
+
+func (VerifyMode) Type() protoreflect.EnumType {
+	return &file_tether_backup_v1_backup_proto_enumTypes[0]
+}
+
+func (x VerifyMode) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use VerifyMode.Descriptor instead.
+func (VerifyMode) EnumDescriptor() ([]byte, []int) {
+	return file_tether_backup_v1_backup_proto_rawDescGZIP(), []int{0}
+}
+
+// Stamp binds a manifest digest, session scope, runner instance and
+// completion time to the one lease it is authorised for.
 type Stamp struct {
-	state            protoimpl.MessageState `protogen:"open.v1"`
-	ManifestDigest   string                 `protobuf:"bytes,1,opt,name=manifest_digest,json=manifestDigest,proto3" json:"manifest_digest,omitempty"`
-	SessionScope     string                 `protobuf:"bytes,2,opt,name=session_scope,json=sessionScope,proto3" json:"session_scope,omitempty"`
-	RunnerInstanceId string                 `protobuf:"bytes,3,opt,name=runner_instance_id,json=runnerInstanceId,proto3" json:"runner_instance_id,omitempty"`
-	LeaseId          string                 `protobuf:"bytes,4,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
-	CompletedAt      *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=completed_at,json=completedAt,proto3" json:"completed_at,omitempty"`
-	Signature        string                 `protobuf:"bytes,6,opt,name=signature,proto3" json:"signature,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// "sha256:" + hex of the manifest's canonical JSON.
+	ManifestDigest string `protobuf:"bytes,1,opt,name=manifest_digest,json=manifestDigest,proto3" json:"manifest_digest,omitempty"`
+	// Session scope key (lowercase hex sha256, see pkg/scope).
+	SessionScope     string `protobuf:"bytes,2,opt,name=session_scope,json=sessionScope,proto3" json:"session_scope,omitempty"`
+	RunnerInstanceId string `protobuf:"bytes,3,opt,name=runner_instance_id,json=runnerInstanceId,proto3" json:"runner_instance_id,omitempty"`
+	// The lease this stamp is authorised for.
+	LeaseId     string                 `protobuf:"bytes,4,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	CompletedAt *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=completed_at,json=completedAt,proto3" json:"completed_at,omitempty"`
+	// HMAC-SHA256 over every other field, hex.
+	Signature string `protobuf:"bytes,6,opt,name=signature,proto3" json:"signature,omitempty"`
+	// "tether.backup-stamp.v2".
+	Schema              string `protobuf:"bytes,7,opt,name=schema,proto3" json:"schema,omitempty"`
+	CheckpointId        string `protobuf:"bytes,8,opt,name=checkpoint_id,json=checkpointId,proto3" json:"checkpoint_id,omitempty"`
+	NormalizedSessionId string `protobuf:"bytes,9,opt,name=normalized_session_id,json=normalizedSessionId,proto3" json:"normalized_session_id,omitempty"`
+	// The lease of the environment the backup was taken from.
+	SourceLeaseId string `protobuf:"bytes,10,opt,name=source_lease_id,json=sourceLeaseId,proto3" json:"source_lease_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Stamp) Reset() {
@@ -108,6 +173,1321 @@ func (x *Stamp) GetSignature() string {
 	return ""
 }
 
+func (x *Stamp) GetSchema() string {
+	if x != nil {
+		return x.Schema
+	}
+	return ""
+}
+
+func (x *Stamp) GetCheckpointId() string {
+	if x != nil {
+		return x.CheckpointId
+	}
+	return ""
+}
+
+func (x *Stamp) GetNormalizedSessionId() string {
+	if x != nil {
+		return x.NormalizedSessionId
+	}
+	return ""
+}
+
+func (x *Stamp) GetSourceLeaseId() string {
+	if x != nil {
+		return x.SourceLeaseId
+	}
+	return ""
+}
+
+// Workspace identity of an execution.
+type Workspace struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Cwd           string                 `protobuf:"bytes,1,opt,name=cwd,proto3" json:"cwd,omitempty"`
+	RepoUrl       string                 `protobuf:"bytes,2,opt,name=repo_url,json=repoUrl,proto3" json:"repo_url,omitempty"`
+	RepoRef       string                 `protobuf:"bytes,3,opt,name=repo_ref,json=repoRef,proto3" json:"repo_ref,omitempty"`
+	BranchName    string                 `protobuf:"bytes,4,opt,name=branch_name,json=branchName,proto3" json:"branch_name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Workspace) Reset() {
+	*x = Workspace{}
+	mi := &file_tether_backup_v1_backup_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Workspace) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Workspace) ProtoMessage() {}
+
+func (x *Workspace) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_backup_v1_backup_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Workspace.ProtoReflect.Descriptor instead.
+func (*Workspace) Descriptor() ([]byte, []int) {
+	return file_tether_backup_v1_backup_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *Workspace) GetCwd() string {
+	if x != nil {
+		return x.Cwd
+	}
+	return ""
+}
+
+func (x *Workspace) GetRepoUrl() string {
+	if x != nil {
+		return x.RepoUrl
+	}
+	return ""
+}
+
+func (x *Workspace) GetRepoRef() string {
+	if x != nil {
+		return x.RepoRef
+	}
+	return ""
+}
+
+func (x *Workspace) GetBranchName() string {
+	if x != nil {
+		return x.BranchName
+	}
+	return ""
+}
+
+// ExecutionIdentity is what a backup belongs to. Its canonical JSON hash is
+// the environment fingerprint; run and execution-workspace ids are not part
+// of it, so a continuation run of the same session verifies the backup.
+type ExecutionIdentity struct {
+	state               protoimpl.MessageState `protogen:"open.v1"`
+	CompanyId           string                 `protobuf:"bytes,1,opt,name=company_id,json=companyId,proto3" json:"company_id,omitempty"`
+	AgentId             string                 `protobuf:"bytes,2,opt,name=agent_id,json=agentId,proto3" json:"agent_id,omitempty"`
+	IssueId             string                 `protobuf:"bytes,3,opt,name=issue_id,json=issueId,proto3" json:"issue_id,omitempty"`
+	NormalizedSessionId string                 `protobuf:"bytes,4,opt,name=normalized_session_id,json=normalizedSessionId,proto3" json:"normalized_session_id,omitempty"`
+	// codex_app_server | opencode_server | acpx_runtime
+	DriverKind string     `protobuf:"bytes,5,opt,name=driver_kind,json=driverKind,proto3" json:"driver_kind,omitempty"`
+	Workspace  *Workspace `protobuf:"bytes,6,opt,name=workspace,proto3" json:"workspace,omitempty"`
+	// The whole provider object: kind (codex|opencode|acpx), agent, model,
+	// approvalPolicy, permissionMode, ...
+	Provider      *structpb.Struct `protobuf:"bytes,7,opt,name=provider,proto3" json:"provider,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExecutionIdentity) Reset() {
+	*x = ExecutionIdentity{}
+	mi := &file_tether_backup_v1_backup_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExecutionIdentity) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExecutionIdentity) ProtoMessage() {}
+
+func (x *ExecutionIdentity) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_backup_v1_backup_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExecutionIdentity.ProtoReflect.Descriptor instead.
+func (*ExecutionIdentity) Descriptor() ([]byte, []int) {
+	return file_tether_backup_v1_backup_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *ExecutionIdentity) GetCompanyId() string {
+	if x != nil {
+		return x.CompanyId
+	}
+	return ""
+}
+
+func (x *ExecutionIdentity) GetAgentId() string {
+	if x != nil {
+		return x.AgentId
+	}
+	return ""
+}
+
+func (x *ExecutionIdentity) GetIssueId() string {
+	if x != nil {
+		return x.IssueId
+	}
+	return ""
+}
+
+func (x *ExecutionIdentity) GetNormalizedSessionId() string {
+	if x != nil {
+		return x.NormalizedSessionId
+	}
+	return ""
+}
+
+func (x *ExecutionIdentity) GetDriverKind() string {
+	if x != nil {
+		return x.DriverKind
+	}
+	return ""
+}
+
+func (x *ExecutionIdentity) GetWorkspace() *Workspace {
+	if x != nil {
+		return x.Workspace
+	}
+	return nil
+}
+
+func (x *ExecutionIdentity) GetProvider() *structpb.Struct {
+	if x != nil {
+		return x.Provider
+	}
+	return nil
+}
+
+// ProviderSessionIdentity names the provider-side session a backup holds.
+// At least one field must be set.
+type ProviderSessionIdentity struct {
+	state                    protoimpl.MessageState `protogen:"open.v1"`
+	ProviderSessionId        string                 `protobuf:"bytes,1,opt,name=provider_session_id,json=providerSessionId,proto3" json:"provider_session_id,omitempty"`
+	ProviderBackendSessionId string                 `protobuf:"bytes,2,opt,name=provider_backend_session_id,json=providerBackendSessionId,proto3" json:"provider_backend_session_id,omitempty"`
+	ProviderSessionIdentity  *structpb.Struct       `protobuf:"bytes,3,opt,name=provider_session_identity,json=providerSessionIdentity,proto3" json:"provider_session_identity,omitempty"`
+	unknownFields            protoimpl.UnknownFields
+	sizeCache                protoimpl.SizeCache
+}
+
+func (x *ProviderSessionIdentity) Reset() {
+	*x = ProviderSessionIdentity{}
+	mi := &file_tether_backup_v1_backup_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ProviderSessionIdentity) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ProviderSessionIdentity) ProtoMessage() {}
+
+func (x *ProviderSessionIdentity) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_backup_v1_backup_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ProviderSessionIdentity.ProtoReflect.Descriptor instead.
+func (*ProviderSessionIdentity) Descriptor() ([]byte, []int) {
+	return file_tether_backup_v1_backup_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *ProviderSessionIdentity) GetProviderSessionId() string {
+	if x != nil {
+		return x.ProviderSessionId
+	}
+	return ""
+}
+
+func (x *ProviderSessionIdentity) GetProviderBackendSessionId() string {
+	if x != nil {
+		return x.ProviderBackendSessionId
+	}
+	return ""
+}
+
+func (x *ProviderSessionIdentity) GetProviderSessionIdentity() *structpb.Struct {
+	if x != nil {
+		return x.ProviderSessionIdentity
+	}
+	return nil
+}
+
+// CheckpointHeader is the first message of an upload.
+type CheckpointHeader struct {
+	state            protoimpl.MessageState `protogen:"open.v1"`
+	SessionScope     string                 `protobuf:"bytes,1,opt,name=session_scope,json=sessionScope,proto3" json:"session_scope,omitempty"`
+	RunnerInstanceId string                 `protobuf:"bytes,2,opt,name=runner_instance_id,json=runnerInstanceId,proto3" json:"runner_instance_id,omitempty"`
+	// The environment lease the backup was taken under; the stamp is
+	// authorised for it.
+	LeaseId                 string                   `protobuf:"bytes,3,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	Execution               *ExecutionIdentity       `protobuf:"bytes,4,opt,name=execution,proto3" json:"execution,omitempty"`
+	ProviderSessionIdentity *ProviderSessionIdentity `protobuf:"bytes,5,opt,name=provider_session_identity,json=providerSessionIdentity,proto3" json:"provider_session_identity,omitempty"`
+	// The archive's top-level directories; must be exactly the provider's
+	// persistence profile (codex: runner, codex-home; opencode: runner,
+	// opencode; acpx: runner, acpx).
+	Directories []string `protobuf:"bytes,6,rep,name=directories,proto3" json:"directories,omitempty"`
+	// When the backup was completed; default: when the upload is received.
+	CompletedAt   *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=completed_at,json=completedAt,proto3" json:"completed_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CheckpointHeader) Reset() {
+	*x = CheckpointHeader{}
+	mi := &file_tether_backup_v1_backup_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CheckpointHeader) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CheckpointHeader) ProtoMessage() {}
+
+func (x *CheckpointHeader) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_backup_v1_backup_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CheckpointHeader.ProtoReflect.Descriptor instead.
+func (*CheckpointHeader) Descriptor() ([]byte, []int) {
+	return file_tether_backup_v1_backup_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *CheckpointHeader) GetSessionScope() string {
+	if x != nil {
+		return x.SessionScope
+	}
+	return ""
+}
+
+func (x *CheckpointHeader) GetRunnerInstanceId() string {
+	if x != nil {
+		return x.RunnerInstanceId
+	}
+	return ""
+}
+
+func (x *CheckpointHeader) GetLeaseId() string {
+	if x != nil {
+		return x.LeaseId
+	}
+	return ""
+}
+
+func (x *CheckpointHeader) GetExecution() *ExecutionIdentity {
+	if x != nil {
+		return x.Execution
+	}
+	return nil
+}
+
+func (x *CheckpointHeader) GetProviderSessionIdentity() *ProviderSessionIdentity {
+	if x != nil {
+		return x.ProviderSessionIdentity
+	}
+	return nil
+}
+
+func (x *CheckpointHeader) GetDirectories() []string {
+	if x != nil {
+		return x.Directories
+	}
+	return nil
+}
+
+func (x *CheckpointHeader) GetCompletedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CompletedAt
+	}
+	return nil
+}
+
+// UploadCheckpointRequest is one message of an upload stream: the header
+// first, then chunks of the tar archive (plain or gzip).
+type UploadCheckpointRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Part:
+	//
+	//	*UploadCheckpointRequest_Header
+	//	*UploadCheckpointRequest_Chunk
+	Part          isUploadCheckpointRequest_Part `protobuf_oneof:"part"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UploadCheckpointRequest) Reset() {
+	*x = UploadCheckpointRequest{}
+	mi := &file_tether_backup_v1_backup_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UploadCheckpointRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UploadCheckpointRequest) ProtoMessage() {}
+
+func (x *UploadCheckpointRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_backup_v1_backup_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UploadCheckpointRequest.ProtoReflect.Descriptor instead.
+func (*UploadCheckpointRequest) Descriptor() ([]byte, []int) {
+	return file_tether_backup_v1_backup_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *UploadCheckpointRequest) GetPart() isUploadCheckpointRequest_Part {
+	if x != nil {
+		return x.Part
+	}
+	return nil
+}
+
+func (x *UploadCheckpointRequest) GetHeader() *CheckpointHeader {
+	if x != nil {
+		if x, ok := x.Part.(*UploadCheckpointRequest_Header); ok {
+			return x.Header
+		}
+	}
+	return nil
+}
+
+func (x *UploadCheckpointRequest) GetChunk() []byte {
+	if x != nil {
+		if x, ok := x.Part.(*UploadCheckpointRequest_Chunk); ok {
+			return x.Chunk
+		}
+	}
+	return nil
+}
+
+type isUploadCheckpointRequest_Part interface {
+	isUploadCheckpointRequest_Part()
+}
+
+type UploadCheckpointRequest_Header struct {
+	Header *CheckpointHeader `protobuf:"bytes,1,opt,name=header,proto3,oneof"`
+}
+
+type UploadCheckpointRequest_Chunk struct {
+	Chunk []byte `protobuf:"bytes,2,opt,name=chunk,proto3,oneof"`
+}
+
+func (*UploadCheckpointRequest_Header) isUploadCheckpointRequest_Part() {}
+
+func (*UploadCheckpointRequest_Chunk) isUploadCheckpointRequest_Part() {}
+
+// DirectoryDigest is one directory of a manifest (backup tree digest).
+type DirectoryDigest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Sha256        string                 `protobuf:"bytes,2,opt,name=sha256,proto3" json:"sha256,omitempty"`
+	Bytes         int64                  `protobuf:"varint,3,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DirectoryDigest) Reset() {
+	*x = DirectoryDigest{}
+	mi := &file_tether_backup_v1_backup_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DirectoryDigest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DirectoryDigest) ProtoMessage() {}
+
+func (x *DirectoryDigest) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_backup_v1_backup_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DirectoryDigest.ProtoReflect.Descriptor instead.
+func (*DirectoryDigest) Descriptor() ([]byte, []int) {
+	return file_tether_backup_v1_backup_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *DirectoryDigest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *DirectoryDigest) GetSha256() string {
+	if x != nil {
+		return x.Sha256
+	}
+	return ""
+}
+
+func (x *DirectoryDigest) GetBytes() int64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
+// ArchiveInfo describes the stored (canonical, uncompressed) archive.
+type ArchiveInfo struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Sha256        string                 `protobuf:"bytes,1,opt,name=sha256,proto3" json:"sha256,omitempty"`
+	Bytes         int64                  `protobuf:"varint,2,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	ExpandedBytes int64                  `protobuf:"varint,3,opt,name=expanded_bytes,json=expandedBytes,proto3" json:"expanded_bytes,omitempty"`
+	Entries       int32                  `protobuf:"varint,4,opt,name=entries,proto3" json:"entries,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ArchiveInfo) Reset() {
+	*x = ArchiveInfo{}
+	mi := &file_tether_backup_v1_backup_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ArchiveInfo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ArchiveInfo) ProtoMessage() {}
+
+func (x *ArchiveInfo) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_backup_v1_backup_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ArchiveInfo.ProtoReflect.Descriptor instead.
+func (*ArchiveInfo) Descriptor() ([]byte, []int) {
+	return file_tether_backup_v1_backup_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *ArchiveInfo) GetSha256() string {
+	if x != nil {
+		return x.Sha256
+	}
+	return ""
+}
+
+func (x *ArchiveInfo) GetBytes() int64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
+func (x *ArchiveInfo) GetExpandedBytes() int64 {
+	if x != nil {
+		return x.ExpandedBytes
+	}
+	return 0
+}
+
+func (x *ArchiveInfo) GetEntries() int32 {
+	if x != nil {
+		return x.Entries
+	}
+	return 0
+}
+
+// Manifest is the structured view of a checkpoint manifest; its canonical
+// JSON (Checkpoint.manifest_json) is what the manifest digest covers.
+type Manifest struct {
+	state                   protoimpl.MessageState   `protogen:"open.v1"`
+	Schema                  string                   `protobuf:"bytes,1,opt,name=schema,proto3" json:"schema,omitempty"`
+	CheckpointId            string                   `protobuf:"bytes,2,opt,name=checkpoint_id,json=checkpointId,proto3" json:"checkpoint_id,omitempty"`
+	SessionScope            string                   `protobuf:"bytes,3,opt,name=session_scope,json=sessionScope,proto3" json:"session_scope,omitempty"`
+	NormalizedSessionId     string                   `protobuf:"bytes,4,opt,name=normalized_session_id,json=normalizedSessionId,proto3" json:"normalized_session_id,omitempty"`
+	RunnerInstanceId        string                   `protobuf:"bytes,5,opt,name=runner_instance_id,json=runnerInstanceId,proto3" json:"runner_instance_id,omitempty"`
+	ProviderKind            string                   `protobuf:"bytes,6,opt,name=provider_kind,json=providerKind,proto3" json:"provider_kind,omitempty"`
+	DriverKind              string                   `protobuf:"bytes,7,opt,name=driver_kind,json=driverKind,proto3" json:"driver_kind,omitempty"`
+	ProviderSessionIdentity *ProviderSessionIdentity `protobuf:"bytes,8,opt,name=provider_session_identity,json=providerSessionIdentity,proto3" json:"provider_session_identity,omitempty"`
+	SourceLeaseId           string                   `protobuf:"bytes,9,opt,name=source_lease_id,json=sourceLeaseId,proto3" json:"source_lease_id,omitempty"`
+	EnvironmentFingerprint  string                   `protobuf:"bytes,10,opt,name=environment_fingerprint,json=environmentFingerprint,proto3" json:"environment_fingerprint,omitempty"`
+	RunnerContractVersion   int32                    `protobuf:"varint,11,opt,name=runner_contract_version,json=runnerContractVersion,proto3" json:"runner_contract_version,omitempty"`
+	Directories             []*DirectoryDigest       `protobuf:"bytes,12,rep,name=directories,proto3" json:"directories,omitempty"`
+	Archive                 *ArchiveInfo             `protobuf:"bytes,13,opt,name=archive,proto3" json:"archive,omitempty"`
+	CompletedAt             *timestamppb.Timestamp   `protobuf:"bytes,14,opt,name=completed_at,json=completedAt,proto3" json:"completed_at,omitempty"`
+	Execution               *ExecutionIdentity       `protobuf:"bytes,15,opt,name=execution,proto3" json:"execution,omitempty"`
+	unknownFields           protoimpl.UnknownFields
+	sizeCache               protoimpl.SizeCache
+}
+
+func (x *Manifest) Reset() {
+	*x = Manifest{}
+	mi := &file_tether_backup_v1_backup_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Manifest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Manifest) ProtoMessage() {}
+
+func (x *Manifest) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_backup_v1_backup_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Manifest.ProtoReflect.Descriptor instead.
+func (*Manifest) Descriptor() ([]byte, []int) {
+	return file_tether_backup_v1_backup_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *Manifest) GetSchema() string {
+	if x != nil {
+		return x.Schema
+	}
+	return ""
+}
+
+func (x *Manifest) GetCheckpointId() string {
+	if x != nil {
+		return x.CheckpointId
+	}
+	return ""
+}
+
+func (x *Manifest) GetSessionScope() string {
+	if x != nil {
+		return x.SessionScope
+	}
+	return ""
+}
+
+func (x *Manifest) GetNormalizedSessionId() string {
+	if x != nil {
+		return x.NormalizedSessionId
+	}
+	return ""
+}
+
+func (x *Manifest) GetRunnerInstanceId() string {
+	if x != nil {
+		return x.RunnerInstanceId
+	}
+	return ""
+}
+
+func (x *Manifest) GetProviderKind() string {
+	if x != nil {
+		return x.ProviderKind
+	}
+	return ""
+}
+
+func (x *Manifest) GetDriverKind() string {
+	if x != nil {
+		return x.DriverKind
+	}
+	return ""
+}
+
+func (x *Manifest) GetProviderSessionIdentity() *ProviderSessionIdentity {
+	if x != nil {
+		return x.ProviderSessionIdentity
+	}
+	return nil
+}
+
+func (x *Manifest) GetSourceLeaseId() string {
+	if x != nil {
+		return x.SourceLeaseId
+	}
+	return ""
+}
+
+func (x *Manifest) GetEnvironmentFingerprint() string {
+	if x != nil {
+		return x.EnvironmentFingerprint
+	}
+	return ""
+}
+
+func (x *Manifest) GetRunnerContractVersion() int32 {
+	if x != nil {
+		return x.RunnerContractVersion
+	}
+	return 0
+}
+
+func (x *Manifest) GetDirectories() []*DirectoryDigest {
+	if x != nil {
+		return x.Directories
+	}
+	return nil
+}
+
+func (x *Manifest) GetArchive() *ArchiveInfo {
+	if x != nil {
+		return x.Archive
+	}
+	return nil
+}
+
+func (x *Manifest) GetCompletedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CompletedAt
+	}
+	return nil
+}
+
+func (x *Manifest) GetExecution() *ExecutionIdentity {
+	if x != nil {
+		return x.Execution
+	}
+	return nil
+}
+
+// Checkpoint is a stored checkpoint.
+type Checkpoint struct {
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	CheckpointId   string                 `protobuf:"bytes,1,opt,name=checkpoint_id,json=checkpointId,proto3" json:"checkpoint_id,omitempty"`
+	ManifestDigest string                 `protobuf:"bytes,2,opt,name=manifest_digest,json=manifestDigest,proto3" json:"manifest_digest,omitempty"`
+	Manifest       *Manifest              `protobuf:"bytes,3,opt,name=manifest,proto3" json:"manifest,omitempty"`
+	// The manifest's canonical JSON; sha256 of it is manifest_digest.
+	ManifestJson  []byte                 `protobuf:"bytes,4,opt,name=manifest_json,json=manifestJson,proto3" json:"manifest_json,omitempty"`
+	CreatedAt     *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Checkpoint) Reset() {
+	*x = Checkpoint{}
+	mi := &file_tether_backup_v1_backup_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Checkpoint) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Checkpoint) ProtoMessage() {}
+
+func (x *Checkpoint) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_backup_v1_backup_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Checkpoint.ProtoReflect.Descriptor instead.
+func (*Checkpoint) Descriptor() ([]byte, []int) {
+	return file_tether_backup_v1_backup_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *Checkpoint) GetCheckpointId() string {
+	if x != nil {
+		return x.CheckpointId
+	}
+	return ""
+}
+
+func (x *Checkpoint) GetManifestDigest() string {
+	if x != nil {
+		return x.ManifestDigest
+	}
+	return ""
+}
+
+func (x *Checkpoint) GetManifest() *Manifest {
+	if x != nil {
+		return x.Manifest
+	}
+	return nil
+}
+
+func (x *Checkpoint) GetManifestJson() []byte {
+	if x != nil {
+		return x.ManifestJson
+	}
+	return nil
+}
+
+func (x *Checkpoint) GetCreatedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreatedAt
+	}
+	return nil
+}
+
+// UploadCheckpointResponse is the receipt of an upload.
+type UploadCheckpointResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Checkpoint    *Checkpoint            `protobuf:"bytes,1,opt,name=checkpoint,proto3" json:"checkpoint,omitempty"`
+	Stamp         *Stamp                 `protobuf:"bytes,2,opt,name=stamp,proto3" json:"stamp,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UploadCheckpointResponse) Reset() {
+	*x = UploadCheckpointResponse{}
+	mi := &file_tether_backup_v1_backup_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UploadCheckpointResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UploadCheckpointResponse) ProtoMessage() {}
+
+func (x *UploadCheckpointResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_backup_v1_backup_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UploadCheckpointResponse.ProtoReflect.Descriptor instead.
+func (*UploadCheckpointResponse) Descriptor() ([]byte, []int) {
+	return file_tether_backup_v1_backup_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *UploadCheckpointResponse) GetCheckpoint() *Checkpoint {
+	if x != nil {
+		return x.Checkpoint
+	}
+	return nil
+}
+
+func (x *UploadCheckpointResponse) GetStamp() *Stamp {
+	if x != nil {
+		return x.Stamp
+	}
+	return nil
+}
+
+// DownloadCheckpointRequest selects a checkpoint.
+type DownloadCheckpointRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Selector:
+	//
+	//	*DownloadCheckpointRequest_CheckpointId
+	//	*DownloadCheckpointRequest_ManifestDigest
+	Selector      isDownloadCheckpointRequest_Selector `protobuf_oneof:"selector"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DownloadCheckpointRequest) Reset() {
+	*x = DownloadCheckpointRequest{}
+	mi := &file_tether_backup_v1_backup_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DownloadCheckpointRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DownloadCheckpointRequest) ProtoMessage() {}
+
+func (x *DownloadCheckpointRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_backup_v1_backup_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DownloadCheckpointRequest.ProtoReflect.Descriptor instead.
+func (*DownloadCheckpointRequest) Descriptor() ([]byte, []int) {
+	return file_tether_backup_v1_backup_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *DownloadCheckpointRequest) GetSelector() isDownloadCheckpointRequest_Selector {
+	if x != nil {
+		return x.Selector
+	}
+	return nil
+}
+
+func (x *DownloadCheckpointRequest) GetCheckpointId() string {
+	if x != nil {
+		if x, ok := x.Selector.(*DownloadCheckpointRequest_CheckpointId); ok {
+			return x.CheckpointId
+		}
+	}
+	return ""
+}
+
+func (x *DownloadCheckpointRequest) GetManifestDigest() string {
+	if x != nil {
+		if x, ok := x.Selector.(*DownloadCheckpointRequest_ManifestDigest); ok {
+			return x.ManifestDigest
+		}
+	}
+	return ""
+}
+
+type isDownloadCheckpointRequest_Selector interface {
+	isDownloadCheckpointRequest_Selector()
+}
+
+type DownloadCheckpointRequest_CheckpointId struct {
+	CheckpointId string `protobuf:"bytes,1,opt,name=checkpoint_id,json=checkpointId,proto3,oneof"`
+}
+
+type DownloadCheckpointRequest_ManifestDigest struct {
+	ManifestDigest string `protobuf:"bytes,2,opt,name=manifest_digest,json=manifestDigest,proto3,oneof"`
+}
+
+func (*DownloadCheckpointRequest_CheckpointId) isDownloadCheckpointRequest_Selector() {}
+
+func (*DownloadCheckpointRequest_ManifestDigest) isDownloadCheckpointRequest_Selector() {}
+
+// DownloadCheckpointResponse: first the checkpoint record, then chunks.
+type DownloadCheckpointResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Part:
+	//
+	//	*DownloadCheckpointResponse_Checkpoint
+	//	*DownloadCheckpointResponse_Chunk
+	Part          isDownloadCheckpointResponse_Part `protobuf_oneof:"part"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DownloadCheckpointResponse) Reset() {
+	*x = DownloadCheckpointResponse{}
+	mi := &file_tether_backup_v1_backup_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DownloadCheckpointResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DownloadCheckpointResponse) ProtoMessage() {}
+
+func (x *DownloadCheckpointResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_backup_v1_backup_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DownloadCheckpointResponse.ProtoReflect.Descriptor instead.
+func (*DownloadCheckpointResponse) Descriptor() ([]byte, []int) {
+	return file_tether_backup_v1_backup_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *DownloadCheckpointResponse) GetPart() isDownloadCheckpointResponse_Part {
+	if x != nil {
+		return x.Part
+	}
+	return nil
+}
+
+func (x *DownloadCheckpointResponse) GetCheckpoint() *Checkpoint {
+	if x != nil {
+		if x, ok := x.Part.(*DownloadCheckpointResponse_Checkpoint); ok {
+			return x.Checkpoint
+		}
+	}
+	return nil
+}
+
+func (x *DownloadCheckpointResponse) GetChunk() []byte {
+	if x != nil {
+		if x, ok := x.Part.(*DownloadCheckpointResponse_Chunk); ok {
+			return x.Chunk
+		}
+	}
+	return nil
+}
+
+type isDownloadCheckpointResponse_Part interface {
+	isDownloadCheckpointResponse_Part()
+}
+
+type DownloadCheckpointResponse_Checkpoint struct {
+	Checkpoint *Checkpoint `protobuf:"bytes,1,opt,name=checkpoint,proto3,oneof"`
+}
+
+type DownloadCheckpointResponse_Chunk struct {
+	Chunk []byte `protobuf:"bytes,2,opt,name=chunk,proto3,oneof"`
+}
+
+func (*DownloadCheckpointResponse_Checkpoint) isDownloadCheckpointResponse_Part() {}
+
+func (*DownloadCheckpointResponse_Chunk) isDownloadCheckpointResponse_Part() {}
+
+// VerifyBackupRequest selects a checkpoint and a mode; with
+// expected_execution and expected_runner_instance_id it also checks the
+// backup belongs to that execution (a continuation run of the same session
+// matches).
+type VerifyBackupRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Selector:
+	//
+	//	*VerifyBackupRequest_CheckpointId
+	//	*VerifyBackupRequest_ManifestDigest
+	Selector                 isVerifyBackupRequest_Selector `protobuf_oneof:"selector"`
+	Mode                     VerifyMode                     `protobuf:"varint,3,opt,name=mode,proto3,enum=tether.backup.v1.VerifyMode" json:"mode,omitempty"`
+	ExpectedExecution        *ExecutionIdentity             `protobuf:"bytes,4,opt,name=expected_execution,json=expectedExecution,proto3" json:"expected_execution,omitempty"`
+	ExpectedRunnerInstanceId string                         `protobuf:"bytes,5,opt,name=expected_runner_instance_id,json=expectedRunnerInstanceId,proto3" json:"expected_runner_instance_id,omitempty"`
+	unknownFields            protoimpl.UnknownFields
+	sizeCache                protoimpl.SizeCache
+}
+
+func (x *VerifyBackupRequest) Reset() {
+	*x = VerifyBackupRequest{}
+	mi := &file_tether_backup_v1_backup_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *VerifyBackupRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*VerifyBackupRequest) ProtoMessage() {}
+
+func (x *VerifyBackupRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_backup_v1_backup_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use VerifyBackupRequest.ProtoReflect.Descriptor instead.
+func (*VerifyBackupRequest) Descriptor() ([]byte, []int) {
+	return file_tether_backup_v1_backup_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *VerifyBackupRequest) GetSelector() isVerifyBackupRequest_Selector {
+	if x != nil {
+		return x.Selector
+	}
+	return nil
+}
+
+func (x *VerifyBackupRequest) GetCheckpointId() string {
+	if x != nil {
+		if x, ok := x.Selector.(*VerifyBackupRequest_CheckpointId); ok {
+			return x.CheckpointId
+		}
+	}
+	return ""
+}
+
+func (x *VerifyBackupRequest) GetManifestDigest() string {
+	if x != nil {
+		if x, ok := x.Selector.(*VerifyBackupRequest_ManifestDigest); ok {
+			return x.ManifestDigest
+		}
+	}
+	return ""
+}
+
+func (x *VerifyBackupRequest) GetMode() VerifyMode {
+	if x != nil {
+		return x.Mode
+	}
+	return VerifyMode_VERIFY_MODE_UNSPECIFIED
+}
+
+func (x *VerifyBackupRequest) GetExpectedExecution() *ExecutionIdentity {
+	if x != nil {
+		return x.ExpectedExecution
+	}
+	return nil
+}
+
+func (x *VerifyBackupRequest) GetExpectedRunnerInstanceId() string {
+	if x != nil {
+		return x.ExpectedRunnerInstanceId
+	}
+	return ""
+}
+
+type isVerifyBackupRequest_Selector interface {
+	isVerifyBackupRequest_Selector()
+}
+
+type VerifyBackupRequest_CheckpointId struct {
+	CheckpointId string `protobuf:"bytes,1,opt,name=checkpoint_id,json=checkpointId,proto3,oneof"`
+}
+
+type VerifyBackupRequest_ManifestDigest struct {
+	ManifestDigest string `protobuf:"bytes,2,opt,name=manifest_digest,json=manifestDigest,proto3,oneof"`
+}
+
+func (*VerifyBackupRequest_CheckpointId) isVerifyBackupRequest_Selector() {}
+
+func (*VerifyBackupRequest_ManifestDigest) isVerifyBackupRequest_Selector() {}
+
+// DirectoryCheck is one directory's verification.
+type DirectoryCheck struct {
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	Name           string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	ExpectedSha256 string                 `protobuf:"bytes,2,opt,name=expected_sha256,json=expectedSha256,proto3" json:"expected_sha256,omitempty"`
+	ActualSha256   string                 `protobuf:"bytes,3,opt,name=actual_sha256,json=actualSha256,proto3" json:"actual_sha256,omitempty"`
+	ExpectedBytes  int64                  `protobuf:"varint,4,opt,name=expected_bytes,json=expectedBytes,proto3" json:"expected_bytes,omitempty"`
+	ActualBytes    int64                  `protobuf:"varint,5,opt,name=actual_bytes,json=actualBytes,proto3" json:"actual_bytes,omitempty"`
+	Ok             bool                   `protobuf:"varint,6,opt,name=ok,proto3" json:"ok,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *DirectoryCheck) Reset() {
+	*x = DirectoryCheck{}
+	mi := &file_tether_backup_v1_backup_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DirectoryCheck) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DirectoryCheck) ProtoMessage() {}
+
+func (x *DirectoryCheck) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_backup_v1_backup_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DirectoryCheck.ProtoReflect.Descriptor instead.
+func (*DirectoryCheck) Descriptor() ([]byte, []int) {
+	return file_tether_backup_v1_backup_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *DirectoryCheck) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *DirectoryCheck) GetExpectedSha256() string {
+	if x != nil {
+		return x.ExpectedSha256
+	}
+	return ""
+}
+
+func (x *DirectoryCheck) GetActualSha256() string {
+	if x != nil {
+		return x.ActualSha256
+	}
+	return ""
+}
+
+func (x *DirectoryCheck) GetExpectedBytes() int64 {
+	if x != nil {
+		return x.ExpectedBytes
+	}
+	return 0
+}
+
+func (x *DirectoryCheck) GetActualBytes() int64 {
+	if x != nil {
+		return x.ActualBytes
+	}
+	return 0
+}
+
+func (x *DirectoryCheck) GetOk() bool {
+	if x != nil {
+		return x.Ok
+	}
+	return false
+}
+
+// VerifyBackupResponse answers; valid = false is not an error.
+type VerifyBackupResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Valid bool                   `protobuf:"varint,1,opt,name=valid,proto3" json:"valid,omitempty"`
+	// Stable code saying why not, when not valid.
+	Reason     string      `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	Detail     string      `protobuf:"bytes,3,opt,name=detail,proto3" json:"detail,omitempty"`
+	Checkpoint *Checkpoint `protobuf:"bytes,4,opt,name=checkpoint,proto3" json:"checkpoint,omitempty"`
+	Mode       VerifyMode  `protobuf:"varint,5,opt,name=mode,proto3,enum=tether.backup.v1.VerifyMode" json:"mode,omitempty"`
+	// Archive bytes read (DEEP).
+	BytesVerified int64             `protobuf:"varint,6,opt,name=bytes_verified,json=bytesVerified,proto3" json:"bytes_verified,omitempty"`
+	Directories   []*DirectoryCheck `protobuf:"bytes,7,rep,name=directories,proto3" json:"directories,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *VerifyBackupResponse) Reset() {
+	*x = VerifyBackupResponse{}
+	mi := &file_tether_backup_v1_backup_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *VerifyBackupResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*VerifyBackupResponse) ProtoMessage() {}
+
+func (x *VerifyBackupResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_backup_v1_backup_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use VerifyBackupResponse.ProtoReflect.Descriptor instead.
+func (*VerifyBackupResponse) Descriptor() ([]byte, []int) {
+	return file_tether_backup_v1_backup_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *VerifyBackupResponse) GetValid() bool {
+	if x != nil {
+		return x.Valid
+	}
+	return false
+}
+
+func (x *VerifyBackupResponse) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *VerifyBackupResponse) GetDetail() string {
+	if x != nil {
+		return x.Detail
+	}
+	return ""
+}
+
+func (x *VerifyBackupResponse) GetCheckpoint() *Checkpoint {
+	if x != nil {
+		return x.Checkpoint
+	}
+	return nil
+}
+
+func (x *VerifyBackupResponse) GetMode() VerifyMode {
+	if x != nil {
+		return x.Mode
+	}
+	return VerifyMode_VERIFY_MODE_UNSPECIFIED
+}
+
+func (x *VerifyBackupResponse) GetBytesVerified() int64 {
+	if x != nil {
+		return x.BytesVerified
+	}
+	return 0
+}
+
+func (x *VerifyBackupResponse) GetDirectories() []*DirectoryCheck {
+	if x != nil {
+		return x.Directories
+	}
+	return nil
+}
+
 // VerifyStampRequest asks whether a stamp verifies for a lease.
 type VerifyStampRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -119,7 +1499,7 @@ type VerifyStampRequest struct {
 
 func (x *VerifyStampRequest) Reset() {
 	*x = VerifyStampRequest{}
-	mi := &file_tether_backup_v1_backup_proto_msgTypes[1]
+	mi := &file_tether_backup_v1_backup_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -131,7 +1511,7 @@ func (x *VerifyStampRequest) String() string {
 func (*VerifyStampRequest) ProtoMessage() {}
 
 func (x *VerifyStampRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_backup_v1_backup_proto_msgTypes[1]
+	mi := &file_tether_backup_v1_backup_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -144,7 +1524,7 @@ func (x *VerifyStampRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerifyStampRequest.ProtoReflect.Descriptor instead.
 func (*VerifyStampRequest) Descriptor() ([]byte, []int) {
-	return file_tether_backup_v1_backup_proto_rawDescGZIP(), []int{1}
+	return file_tether_backup_v1_backup_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *VerifyStampRequest) GetStamp() *Stamp {
@@ -173,7 +1553,7 @@ type VerifyStampResponse struct {
 
 func (x *VerifyStampResponse) Reset() {
 	*x = VerifyStampResponse{}
-	mi := &file_tether_backup_v1_backup_proto_msgTypes[2]
+	mi := &file_tether_backup_v1_backup_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -185,7 +1565,7 @@ func (x *VerifyStampResponse) String() string {
 func (*VerifyStampResponse) ProtoMessage() {}
 
 func (x *VerifyStampResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_backup_v1_backup_proto_msgTypes[2]
+	mi := &file_tether_backup_v1_backup_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -198,7 +1578,7 @@ func (x *VerifyStampResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerifyStampResponse.ProtoReflect.Descriptor instead.
 func (*VerifyStampResponse) Descriptor() ([]byte, []int) {
-	return file_tether_backup_v1_backup_proto_rawDescGZIP(), []int{2}
+	return file_tether_backup_v1_backup_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *VerifyStampResponse) GetValid() bool {
@@ -215,26 +1595,348 @@ func (x *VerifyStampResponse) GetReason() string {
 	return ""
 }
 
+// VerifyProviderPackRequest names a provider pack directory (absolute; must
+// be one of the verifier's allowed pack roots, see -provider-pack-root) and
+// optionally the target the pack must be built for.
+type VerifyProviderPackRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Empty: the first allowed root holding a provider-pack.json.
+	PackRoot      string `protobuf:"bytes,1,opt,name=pack_root,json=packRoot,proto3" json:"pack_root,omitempty"`
+	Platform      string `protobuf:"bytes,2,opt,name=platform,proto3" json:"platform,omitempty"`
+	Architecture  string `protobuf:"bytes,3,opt,name=architecture,proto3" json:"architecture,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *VerifyProviderPackRequest) Reset() {
+	*x = VerifyProviderPackRequest{}
+	mi := &file_tether_backup_v1_backup_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *VerifyProviderPackRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*VerifyProviderPackRequest) ProtoMessage() {}
+
+func (x *VerifyProviderPackRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_backup_v1_backup_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use VerifyProviderPackRequest.ProtoReflect.Descriptor instead.
+func (*VerifyProviderPackRequest) Descriptor() ([]byte, []int) {
+	return file_tether_backup_v1_backup_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *VerifyProviderPackRequest) GetPackRoot() string {
+	if x != nil {
+		return x.PackRoot
+	}
+	return ""
+}
+
+func (x *VerifyProviderPackRequest) GetPlatform() string {
+	if x != nil {
+		return x.Platform
+	}
+	return ""
+}
+
+func (x *VerifyProviderPackRequest) GetArchitecture() string {
+	if x != nil {
+		return x.Architecture
+	}
+	return ""
+}
+
+// VerifyProviderPackResponse answers; valid = false is not an error.
+type VerifyProviderPackResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Valid bool                   `protobuf:"varint,1,opt,name=valid,proto3" json:"valid,omitempty"`
+	// runner_remote_provider_artifact_incompatible when not valid.
+	Reason string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	// The full failure, e.g. "runner_remote_provider_artifact_incompatible:
+	// OpenCode proxy digest mismatch".
+	Message  string `protobuf:"bytes,3,opt,name=message,proto3" json:"message,omitempty"`
+	PackRoot string `protobuf:"bytes,4,opt,name=pack_root,json=packRoot,proto3" json:"pack_root,omitempty"`
+	// The pack manifest digest (the provider pack authority digest).
+	ManifestDigest       string            `protobuf:"bytes,5,opt,name=manifest_digest,json=manifestDigest,proto3" json:"manifest_digest,omitempty"`
+	DistDigest           string            `protobuf:"bytes,6,opt,name=dist_digest,json=distDigest,proto3" json:"dist_digest,omitempty"`
+	BridgeDigest         string            `protobuf:"bytes,7,opt,name=bridge_digest,json=bridgeDigest,proto3" json:"bridge_digest,omitempty"`
+	RunnerSourceRevision string            `protobuf:"bytes,8,opt,name=runner_source_revision,json=runnerSourceRevision,proto3" json:"runner_source_revision,omitempty"`
+	Pins                 map[string]string `protobuf:"bytes,9,rep,name=pins,proto3" json:"pins,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
+}
+
+func (x *VerifyProviderPackResponse) Reset() {
+	*x = VerifyProviderPackResponse{}
+	mi := &file_tether_backup_v1_backup_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *VerifyProviderPackResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*VerifyProviderPackResponse) ProtoMessage() {}
+
+func (x *VerifyProviderPackResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_backup_v1_backup_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use VerifyProviderPackResponse.ProtoReflect.Descriptor instead.
+func (*VerifyProviderPackResponse) Descriptor() ([]byte, []int) {
+	return file_tether_backup_v1_backup_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *VerifyProviderPackResponse) GetValid() bool {
+	if x != nil {
+		return x.Valid
+	}
+	return false
+}
+
+func (x *VerifyProviderPackResponse) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *VerifyProviderPackResponse) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *VerifyProviderPackResponse) GetPackRoot() string {
+	if x != nil {
+		return x.PackRoot
+	}
+	return ""
+}
+
+func (x *VerifyProviderPackResponse) GetManifestDigest() string {
+	if x != nil {
+		return x.ManifestDigest
+	}
+	return ""
+}
+
+func (x *VerifyProviderPackResponse) GetDistDigest() string {
+	if x != nil {
+		return x.DistDigest
+	}
+	return ""
+}
+
+func (x *VerifyProviderPackResponse) GetBridgeDigest() string {
+	if x != nil {
+		return x.BridgeDigest
+	}
+	return ""
+}
+
+func (x *VerifyProviderPackResponse) GetRunnerSourceRevision() string {
+	if x != nil {
+		return x.RunnerSourceRevision
+	}
+	return ""
+}
+
+func (x *VerifyProviderPackResponse) GetPins() map[string]string {
+	if x != nil {
+		return x.Pins
+	}
+	return nil
+}
+
 var File_tether_backup_v1_backup_proto protoreflect.FileDescriptor
 
 const file_tether_backup_v1_backup_proto_rawDesc = "" +
 	"\n" +
-	"\x1dtether/backup/v1/backup.proto\x12\x10tether.backup.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xfb\x01\n" +
+	"\x1dtether/backup/v1/backup.proto\x12\x10tether.backup.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x94\x03\n" +
 	"\x05Stamp\x12'\n" +
 	"\x0fmanifest_digest\x18\x01 \x01(\tR\x0emanifestDigest\x12#\n" +
 	"\rsession_scope\x18\x02 \x01(\tR\fsessionScope\x12,\n" +
 	"\x12runner_instance_id\x18\x03 \x01(\tR\x10runnerInstanceId\x12\x19\n" +
 	"\blease_id\x18\x04 \x01(\tR\aleaseId\x12=\n" +
 	"\fcompleted_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\vcompletedAt\x12\x1c\n" +
-	"\tsignature\x18\x06 \x01(\tR\tsignature\"o\n" +
+	"\tsignature\x18\x06 \x01(\tR\tsignature\x12\x16\n" +
+	"\x06schema\x18\a \x01(\tR\x06schema\x12#\n" +
+	"\rcheckpoint_id\x18\b \x01(\tR\fcheckpointId\x122\n" +
+	"\x15normalized_session_id\x18\t \x01(\tR\x13normalizedSessionId\x12&\n" +
+	"\x0fsource_lease_id\x18\n" +
+	" \x01(\tR\rsourceLeaseId\"t\n" +
+	"\tWorkspace\x12\x10\n" +
+	"\x03cwd\x18\x01 \x01(\tR\x03cwd\x12\x19\n" +
+	"\brepo_url\x18\x02 \x01(\tR\arepoUrl\x12\x19\n" +
+	"\brepo_ref\x18\x03 \x01(\tR\arepoRef\x12\x1f\n" +
+	"\vbranch_name\x18\x04 \x01(\tR\n" +
+	"branchName\"\x9b\x03\n" +
+	"\x11ExecutionIdentity\x12)\n" +
+	"\n" +
+	"company_id\x18\x01 \x01(\tB\n" +
+	"\xbaH\ar\x05\x10\x01\x18\x80\x02R\tcompanyId\x12%\n" +
+	"\bagent_id\x18\x02 \x01(\tB\n" +
+	"\xbaH\ar\x05\x10\x01\x18\x80\x02R\aagentId\x12#\n" +
+	"\bissue_id\x18\x03 \x01(\tB\b\xbaH\x05r\x03\x18\x80\x02R\aissueId\x12>\n" +
+	"\x15normalized_session_id\x18\x04 \x01(\tB\n" +
+	"\xbaH\ar\x05\x10\x01\x18\x80\x04R\x13normalizedSessionId\x12W\n" +
+	"\vdriver_kind\x18\x05 \x01(\tB6\xbaH3r1R\x10codex_app_serverR\x0fopencode_serverR\facpx_runtimeR\n" +
+	"driverKind\x129\n" +
+	"\tworkspace\x18\x06 \x01(\v2\x1b.tether.backup.v1.WorkspaceR\tworkspace\x12;\n" +
+	"\bprovider\x18\a \x01(\v2\x17.google.protobuf.StructB\x06\xbaH\x03\xc8\x01\x01R\bprovider\"\xdd\x01\n" +
+	"\x17ProviderSessionIdentity\x12.\n" +
+	"\x13provider_session_id\x18\x01 \x01(\tR\x11providerSessionId\x12=\n" +
+	"\x1bprovider_backend_session_id\x18\x02 \x01(\tR\x18providerBackendSessionId\x12S\n" +
+	"\x19provider_session_identity\x18\x03 \x01(\v2\x17.google.protobuf.StructR\x17providerSessionIdentity\"\x80\x04\n" +
+	"\x10CheckpointHeader\x12:\n" +
+	"\rsession_scope\x18\x01 \x01(\tB\x15\xbaH\x12r\x102\x0e^[0-9a-f]{64}$R\fsessionScope\x128\n" +
+	"\x12runner_instance_id\x18\x02 \x01(\tB\n" +
+	"\xbaH\ar\x05\x10\x01\x18\x80\x02R\x10runnerInstanceId\x12%\n" +
+	"\blease_id\x18\x03 \x01(\tB\n" +
+	"\xbaH\ar\x05\x10\x01\x18\x80\x02R\aleaseId\x12I\n" +
+	"\texecution\x18\x04 \x01(\v2#.tether.backup.v1.ExecutionIdentityB\x06\xbaH\x03\xc8\x01\x01R\texecution\x12m\n" +
+	"\x19provider_session_identity\x18\x05 \x01(\v2).tether.backup.v1.ProviderSessionIdentityB\x06\xbaH\x03\xc8\x01\x01R\x17providerSessionIdentity\x12V\n" +
+	"\vdirectories\x18\x06 \x03(\tB4\xbaH1\x92\x01.\b\x01\x10\x04\x18\x01\"&r$R\x06runnerR\n" +
+	"codex-homeR\bopencodeR\x04acpxR\vdirectories\x12=\n" +
+	"\fcompleted_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\vcompletedAt\"\x89\x01\n" +
+	"\x17UploadCheckpointRequest\x12<\n" +
+	"\x06header\x18\x01 \x01(\v2\".tether.backup.v1.CheckpointHeaderH\x00R\x06header\x12!\n" +
+	"\x05chunk\x18\x02 \x01(\fB\t\xbaH\x06z\x04\x18\x80\x80@H\x00R\x05chunkB\r\n" +
+	"\x04part\x12\x05\xbaH\x02\b\x01\"S\n" +
+	"\x0fDirectoryDigest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
+	"\x06sha256\x18\x02 \x01(\tR\x06sha256\x12\x14\n" +
+	"\x05bytes\x18\x03 \x01(\x03R\x05bytes\"|\n" +
+	"\vArchiveInfo\x12\x16\n" +
+	"\x06sha256\x18\x01 \x01(\tR\x06sha256\x12\x14\n" +
+	"\x05bytes\x18\x02 \x01(\x03R\x05bytes\x12%\n" +
+	"\x0eexpanded_bytes\x18\x03 \x01(\x03R\rexpandedBytes\x12\x18\n" +
+	"\aentries\x18\x04 \x01(\x05R\aentries\"\x94\x06\n" +
+	"\bManifest\x12\x16\n" +
+	"\x06schema\x18\x01 \x01(\tR\x06schema\x12#\n" +
+	"\rcheckpoint_id\x18\x02 \x01(\tR\fcheckpointId\x12#\n" +
+	"\rsession_scope\x18\x03 \x01(\tR\fsessionScope\x122\n" +
+	"\x15normalized_session_id\x18\x04 \x01(\tR\x13normalizedSessionId\x12,\n" +
+	"\x12runner_instance_id\x18\x05 \x01(\tR\x10runnerInstanceId\x12#\n" +
+	"\rprovider_kind\x18\x06 \x01(\tR\fproviderKind\x12\x1f\n" +
+	"\vdriver_kind\x18\a \x01(\tR\n" +
+	"driverKind\x12e\n" +
+	"\x19provider_session_identity\x18\b \x01(\v2).tether.backup.v1.ProviderSessionIdentityR\x17providerSessionIdentity\x12&\n" +
+	"\x0fsource_lease_id\x18\t \x01(\tR\rsourceLeaseId\x127\n" +
+	"\x17environment_fingerprint\x18\n" +
+	" \x01(\tR\x16environmentFingerprint\x126\n" +
+	"\x17runner_contract_version\x18\v \x01(\x05R\x15runnerContractVersion\x12C\n" +
+	"\vdirectories\x18\f \x03(\v2!.tether.backup.v1.DirectoryDigestR\vdirectories\x127\n" +
+	"\aarchive\x18\r \x01(\v2\x1d.tether.backup.v1.ArchiveInfoR\aarchive\x12=\n" +
+	"\fcompleted_at\x18\x0e \x01(\v2\x1a.google.protobuf.TimestampR\vcompletedAt\x12A\n" +
+	"\texecution\x18\x0f \x01(\v2#.tether.backup.v1.ExecutionIdentityR\texecution\"\xf2\x01\n" +
+	"\n" +
+	"Checkpoint\x12#\n" +
+	"\rcheckpoint_id\x18\x01 \x01(\tR\fcheckpointId\x12'\n" +
+	"\x0fmanifest_digest\x18\x02 \x01(\tR\x0emanifestDigest\x126\n" +
+	"\bmanifest\x18\x03 \x01(\v2\x1a.tether.backup.v1.ManifestR\bmanifest\x12#\n" +
+	"\rmanifest_json\x18\x04 \x01(\fR\fmanifestJson\x129\n" +
+	"\n" +
+	"created_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\"\x87\x01\n" +
+	"\x18UploadCheckpointResponse\x12<\n" +
+	"\n" +
+	"checkpoint\x18\x01 \x01(\v2\x1c.tether.backup.v1.CheckpointR\n" +
+	"checkpoint\x12-\n" +
+	"\x05stamp\x18\x02 \x01(\v2\x17.tether.backup.v1.StampR\x05stamp\"\xa9\x01\n" +
+	"\x19DownloadCheckpointRequest\x120\n" +
+	"\rcheckpoint_id\x18\x01 \x01(\tB\t\xbaH\x06r\x04\x10\x01\x18@H\x00R\fcheckpointId\x12G\n" +
+	"\x0fmanifest_digest\x18\x02 \x01(\tB\x1c\xbaH\x19r\x172\x15^sha256:[0-9a-f]{64}$H\x00R\x0emanifestDigestB\x11\n" +
+	"\bselector\x12\x05\xbaH\x02\b\x01\"|\n" +
+	"\x1aDownloadCheckpointResponse\x12>\n" +
+	"\n" +
+	"checkpoint\x18\x01 \x01(\v2\x1c.tether.backup.v1.CheckpointH\x00R\n" +
+	"checkpoint\x12\x16\n" +
+	"\x05chunk\x18\x02 \x01(\fH\x00R\x05chunkB\x06\n" +
+	"\x04part\"\xf4\x02\n" +
+	"\x13VerifyBackupRequest\x120\n" +
+	"\rcheckpoint_id\x18\x01 \x01(\tB\t\xbaH\x06r\x04\x10\x01\x18@H\x00R\fcheckpointId\x12G\n" +
+	"\x0fmanifest_digest\x18\x02 \x01(\tB\x1c\xbaH\x19r\x172\x15^sha256:[0-9a-f]{64}$H\x00R\x0emanifestDigest\x12<\n" +
+	"\x04mode\x18\x03 \x01(\x0e2\x1c.tether.backup.v1.VerifyModeB\n" +
+	"\xbaH\a\x82\x01\x04\x10\x01 \x00R\x04mode\x12R\n" +
+	"\x12expected_execution\x18\x04 \x01(\v2#.tether.backup.v1.ExecutionIdentityR\x11expectedExecution\x12=\n" +
+	"\x1bexpected_runner_instance_id\x18\x05 \x01(\tR\x18expectedRunnerInstanceIdB\x11\n" +
+	"\bselector\x12\x05\xbaH\x02\b\x01\"\xcc\x01\n" +
+	"\x0eDirectoryCheck\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12'\n" +
+	"\x0fexpected_sha256\x18\x02 \x01(\tR\x0eexpectedSha256\x12#\n" +
+	"\ractual_sha256\x18\x03 \x01(\tR\factualSha256\x12%\n" +
+	"\x0eexpected_bytes\x18\x04 \x01(\x03R\rexpectedBytes\x12!\n" +
+	"\factual_bytes\x18\x05 \x01(\x03R\vactualBytes\x12\x0e\n" +
+	"\x02ok\x18\x06 \x01(\bR\x02ok\"\xb7\x02\n" +
+	"\x14VerifyBackupResponse\x12\x14\n" +
+	"\x05valid\x18\x01 \x01(\bR\x05valid\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\x12\x16\n" +
+	"\x06detail\x18\x03 \x01(\tR\x06detail\x12<\n" +
+	"\n" +
+	"checkpoint\x18\x04 \x01(\v2\x1c.tether.backup.v1.CheckpointR\n" +
+	"checkpoint\x120\n" +
+	"\x04mode\x18\x05 \x01(\x0e2\x1c.tether.backup.v1.VerifyModeR\x04mode\x12%\n" +
+	"\x0ebytes_verified\x18\x06 \x01(\x03R\rbytesVerified\x12B\n" +
+	"\vdirectories\x18\a \x03(\v2 .tether.backup.v1.DirectoryCheckR\vdirectories\"o\n" +
 	"\x12VerifyStampRequest\x125\n" +
 	"\x05stamp\x18\x01 \x01(\v2\x17.tether.backup.v1.StampB\x06\xbaH\x03\xc8\x01\x01R\x05stamp\x12\"\n" +
 	"\blease_id\x18\x02 \x01(\tB\a\xbaH\x04r\x02\x10\x01R\aleaseId\"C\n" +
 	"\x13VerifyStampResponse\x12\x14\n" +
 	"\x05valid\x18\x01 \x01(\bR\x05valid\x12\x16\n" +
-	"\x06reason\x18\x02 \x01(\tR\x06reason2l\n" +
-	"\x0eBackupVerifier\x12Z\n" +
-	"\vVerifyStamp\x12$.tether.backup.v1.VerifyStampRequest\x1a%.tether.backup.v1.VerifyStampResponseB\xc5\x01\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\"\x82\x01\n" +
+	"\x19VerifyProviderPackRequest\x12%\n" +
+	"\tpack_root\x18\x01 \x01(\tB\b\xbaH\x05r\x03\x18\x80 R\bpackRoot\x12\x1a\n" +
+	"\bplatform\x18\x02 \x01(\tR\bplatform\x12\"\n" +
+	"\farchitecture\x18\x03 \x01(\tR\farchitecture\"\xab\x03\n" +
+	"\x1aVerifyProviderPackResponse\x12\x14\n" +
+	"\x05valid\x18\x01 \x01(\bR\x05valid\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\x12\x18\n" +
+	"\amessage\x18\x03 \x01(\tR\amessage\x12\x1b\n" +
+	"\tpack_root\x18\x04 \x01(\tR\bpackRoot\x12'\n" +
+	"\x0fmanifest_digest\x18\x05 \x01(\tR\x0emanifestDigest\x12\x1f\n" +
+	"\vdist_digest\x18\x06 \x01(\tR\n" +
+	"distDigest\x12#\n" +
+	"\rbridge_digest\x18\a \x01(\tR\fbridgeDigest\x124\n" +
+	"\x16runner_source_revision\x18\b \x01(\tR\x14runnerSourceRevision\x12J\n" +
+	"\x04pins\x18\t \x03(\v26.tether.backup.v1.VerifyProviderPackResponse.PinsEntryR\x04pins\x1a7\n" +
+	"\tPinsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01*V\n" +
+	"\n" +
+	"VerifyMode\x12\x1b\n" +
+	"\x17VERIFY_MODE_UNSPECIFIED\x10\x00\x12\x15\n" +
+	"\x11VERIFY_MODE_QUICK\x10\x01\x12\x14\n" +
+	"\x10VERIFY_MODE_DEEP\x10\x022\x9c\x04\n" +
+	"\x0eBackupVerifier\x12k\n" +
+	"\x10UploadCheckpoint\x12).tether.backup.v1.UploadCheckpointRequest\x1a*.tether.backup.v1.UploadCheckpointResponse(\x01\x12q\n" +
+	"\x12DownloadCheckpoint\x12+.tether.backup.v1.DownloadCheckpointRequest\x1a,.tether.backup.v1.DownloadCheckpointResponse0\x01\x12]\n" +
+	"\fVerifyBackup\x12%.tether.backup.v1.VerifyBackupRequest\x1a&.tether.backup.v1.VerifyBackupResponse\x12Z\n" +
+	"\vVerifyStamp\x12$.tether.backup.v1.VerifyStampRequest\x1a%.tether.backup.v1.VerifyStampResponse\x12o\n" +
+	"\x12VerifyProviderPack\x12+.tether.backup.v1.VerifyProviderPackRequest\x1a,.tether.backup.v1.VerifyProviderPackResponseB\xc5\x01\n" +
 	"\x14com.tether.backup.v1B\vBackupProtoP\x01Z>github.com/tether-run/tether/pkg/gen/tether/backup/v1;backupv1\xa2\x02\x03TBX\xaa\x02\x10Tether.Backup.V1\xca\x02\x10Tether\\Backup\\V1\xe2\x02\x1cTether\\Backup\\V1\\GPBMetadata\xea\x02\x12Tether::Backup::V1b\x06proto3"
 
 var (
@@ -249,23 +1951,75 @@ func file_tether_backup_v1_backup_proto_rawDescGZIP() []byte {
 	return file_tether_backup_v1_backup_proto_rawDescData
 }
 
-var file_tether_backup_v1_backup_proto_msgTypes = make([]protoimpl.MessageInfo, 3)
+var file_tether_backup_v1_backup_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
+var file_tether_backup_v1_backup_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_tether_backup_v1_backup_proto_goTypes = []any{
-	(*Stamp)(nil),                 // 0: tether.backup.v1.Stamp
-	(*VerifyStampRequest)(nil),    // 1: tether.backup.v1.VerifyStampRequest
-	(*VerifyStampResponse)(nil),   // 2: tether.backup.v1.VerifyStampResponse
-	(*timestamppb.Timestamp)(nil), // 3: google.protobuf.Timestamp
+	(VerifyMode)(0),                    // 0: tether.backup.v1.VerifyMode
+	(*Stamp)(nil),                      // 1: tether.backup.v1.Stamp
+	(*Workspace)(nil),                  // 2: tether.backup.v1.Workspace
+	(*ExecutionIdentity)(nil),          // 3: tether.backup.v1.ExecutionIdentity
+	(*ProviderSessionIdentity)(nil),    // 4: tether.backup.v1.ProviderSessionIdentity
+	(*CheckpointHeader)(nil),           // 5: tether.backup.v1.CheckpointHeader
+	(*UploadCheckpointRequest)(nil),    // 6: tether.backup.v1.UploadCheckpointRequest
+	(*DirectoryDigest)(nil),            // 7: tether.backup.v1.DirectoryDigest
+	(*ArchiveInfo)(nil),                // 8: tether.backup.v1.ArchiveInfo
+	(*Manifest)(nil),                   // 9: tether.backup.v1.Manifest
+	(*Checkpoint)(nil),                 // 10: tether.backup.v1.Checkpoint
+	(*UploadCheckpointResponse)(nil),   // 11: tether.backup.v1.UploadCheckpointResponse
+	(*DownloadCheckpointRequest)(nil),  // 12: tether.backup.v1.DownloadCheckpointRequest
+	(*DownloadCheckpointResponse)(nil), // 13: tether.backup.v1.DownloadCheckpointResponse
+	(*VerifyBackupRequest)(nil),        // 14: tether.backup.v1.VerifyBackupRequest
+	(*DirectoryCheck)(nil),             // 15: tether.backup.v1.DirectoryCheck
+	(*VerifyBackupResponse)(nil),       // 16: tether.backup.v1.VerifyBackupResponse
+	(*VerifyStampRequest)(nil),         // 17: tether.backup.v1.VerifyStampRequest
+	(*VerifyStampResponse)(nil),        // 18: tether.backup.v1.VerifyStampResponse
+	(*VerifyProviderPackRequest)(nil),  // 19: tether.backup.v1.VerifyProviderPackRequest
+	(*VerifyProviderPackResponse)(nil), // 20: tether.backup.v1.VerifyProviderPackResponse
+	nil,                                // 21: tether.backup.v1.VerifyProviderPackResponse.PinsEntry
+	(*timestamppb.Timestamp)(nil),      // 22: google.protobuf.Timestamp
+	(*structpb.Struct)(nil),            // 23: google.protobuf.Struct
 }
 var file_tether_backup_v1_backup_proto_depIdxs = []int32{
-	3, // 0: tether.backup.v1.Stamp.completed_at:type_name -> google.protobuf.Timestamp
-	0, // 1: tether.backup.v1.VerifyStampRequest.stamp:type_name -> tether.backup.v1.Stamp
-	1, // 2: tether.backup.v1.BackupVerifier.VerifyStamp:input_type -> tether.backup.v1.VerifyStampRequest
-	2, // 3: tether.backup.v1.BackupVerifier.VerifyStamp:output_type -> tether.backup.v1.VerifyStampResponse
-	3, // [3:4] is the sub-list for method output_type
-	2, // [2:3] is the sub-list for method input_type
-	2, // [2:2] is the sub-list for extension type_name
-	2, // [2:2] is the sub-list for extension extendee
-	0, // [0:2] is the sub-list for field type_name
+	22, // 0: tether.backup.v1.Stamp.completed_at:type_name -> google.protobuf.Timestamp
+	2,  // 1: tether.backup.v1.ExecutionIdentity.workspace:type_name -> tether.backup.v1.Workspace
+	23, // 2: tether.backup.v1.ExecutionIdentity.provider:type_name -> google.protobuf.Struct
+	23, // 3: tether.backup.v1.ProviderSessionIdentity.provider_session_identity:type_name -> google.protobuf.Struct
+	3,  // 4: tether.backup.v1.CheckpointHeader.execution:type_name -> tether.backup.v1.ExecutionIdentity
+	4,  // 5: tether.backup.v1.CheckpointHeader.provider_session_identity:type_name -> tether.backup.v1.ProviderSessionIdentity
+	22, // 6: tether.backup.v1.CheckpointHeader.completed_at:type_name -> google.protobuf.Timestamp
+	5,  // 7: tether.backup.v1.UploadCheckpointRequest.header:type_name -> tether.backup.v1.CheckpointHeader
+	4,  // 8: tether.backup.v1.Manifest.provider_session_identity:type_name -> tether.backup.v1.ProviderSessionIdentity
+	7,  // 9: tether.backup.v1.Manifest.directories:type_name -> tether.backup.v1.DirectoryDigest
+	8,  // 10: tether.backup.v1.Manifest.archive:type_name -> tether.backup.v1.ArchiveInfo
+	22, // 11: tether.backup.v1.Manifest.completed_at:type_name -> google.protobuf.Timestamp
+	3,  // 12: tether.backup.v1.Manifest.execution:type_name -> tether.backup.v1.ExecutionIdentity
+	9,  // 13: tether.backup.v1.Checkpoint.manifest:type_name -> tether.backup.v1.Manifest
+	22, // 14: tether.backup.v1.Checkpoint.created_at:type_name -> google.protobuf.Timestamp
+	10, // 15: tether.backup.v1.UploadCheckpointResponse.checkpoint:type_name -> tether.backup.v1.Checkpoint
+	1,  // 16: tether.backup.v1.UploadCheckpointResponse.stamp:type_name -> tether.backup.v1.Stamp
+	10, // 17: tether.backup.v1.DownloadCheckpointResponse.checkpoint:type_name -> tether.backup.v1.Checkpoint
+	0,  // 18: tether.backup.v1.VerifyBackupRequest.mode:type_name -> tether.backup.v1.VerifyMode
+	3,  // 19: tether.backup.v1.VerifyBackupRequest.expected_execution:type_name -> tether.backup.v1.ExecutionIdentity
+	10, // 20: tether.backup.v1.VerifyBackupResponse.checkpoint:type_name -> tether.backup.v1.Checkpoint
+	0,  // 21: tether.backup.v1.VerifyBackupResponse.mode:type_name -> tether.backup.v1.VerifyMode
+	15, // 22: tether.backup.v1.VerifyBackupResponse.directories:type_name -> tether.backup.v1.DirectoryCheck
+	1,  // 23: tether.backup.v1.VerifyStampRequest.stamp:type_name -> tether.backup.v1.Stamp
+	21, // 24: tether.backup.v1.VerifyProviderPackResponse.pins:type_name -> tether.backup.v1.VerifyProviderPackResponse.PinsEntry
+	6,  // 25: tether.backup.v1.BackupVerifier.UploadCheckpoint:input_type -> tether.backup.v1.UploadCheckpointRequest
+	12, // 26: tether.backup.v1.BackupVerifier.DownloadCheckpoint:input_type -> tether.backup.v1.DownloadCheckpointRequest
+	14, // 27: tether.backup.v1.BackupVerifier.VerifyBackup:input_type -> tether.backup.v1.VerifyBackupRequest
+	17, // 28: tether.backup.v1.BackupVerifier.VerifyStamp:input_type -> tether.backup.v1.VerifyStampRequest
+	19, // 29: tether.backup.v1.BackupVerifier.VerifyProviderPack:input_type -> tether.backup.v1.VerifyProviderPackRequest
+	11, // 30: tether.backup.v1.BackupVerifier.UploadCheckpoint:output_type -> tether.backup.v1.UploadCheckpointResponse
+	13, // 31: tether.backup.v1.BackupVerifier.DownloadCheckpoint:output_type -> tether.backup.v1.DownloadCheckpointResponse
+	16, // 32: tether.backup.v1.BackupVerifier.VerifyBackup:output_type -> tether.backup.v1.VerifyBackupResponse
+	18, // 33: tether.backup.v1.BackupVerifier.VerifyStamp:output_type -> tether.backup.v1.VerifyStampResponse
+	20, // 34: tether.backup.v1.BackupVerifier.VerifyProviderPack:output_type -> tether.backup.v1.VerifyProviderPackResponse
+	30, // [30:35] is the sub-list for method output_type
+	25, // [25:30] is the sub-list for method input_type
+	25, // [25:25] is the sub-list for extension type_name
+	25, // [25:25] is the sub-list for extension extendee
+	0,  // [0:25] is the sub-list for field type_name
 }
 
 func init() { file_tether_backup_v1_backup_proto_init() }
@@ -273,18 +2027,35 @@ func file_tether_backup_v1_backup_proto_init() {
 	if File_tether_backup_v1_backup_proto != nil {
 		return
 	}
+	file_tether_backup_v1_backup_proto_msgTypes[5].OneofWrappers = []any{
+		(*UploadCheckpointRequest_Header)(nil),
+		(*UploadCheckpointRequest_Chunk)(nil),
+	}
+	file_tether_backup_v1_backup_proto_msgTypes[11].OneofWrappers = []any{
+		(*DownloadCheckpointRequest_CheckpointId)(nil),
+		(*DownloadCheckpointRequest_ManifestDigest)(nil),
+	}
+	file_tether_backup_v1_backup_proto_msgTypes[12].OneofWrappers = []any{
+		(*DownloadCheckpointResponse_Checkpoint)(nil),
+		(*DownloadCheckpointResponse_Chunk)(nil),
+	}
+	file_tether_backup_v1_backup_proto_msgTypes[13].OneofWrappers = []any{
+		(*VerifyBackupRequest_CheckpointId)(nil),
+		(*VerifyBackupRequest_ManifestDigest)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_tether_backup_v1_backup_proto_rawDesc), len(file_tether_backup_v1_backup_proto_rawDesc)),
-			NumEnums:      0,
-			NumMessages:   3,
+			NumEnums:      1,
+			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
 		GoTypes:           file_tether_backup_v1_backup_proto_goTypes,
 		DependencyIndexes: file_tether_backup_v1_backup_proto_depIdxs,
+		EnumInfos:         file_tether_backup_v1_backup_proto_enumTypes,
 		MessageInfos:      file_tether_backup_v1_backup_proto_msgTypes,
 	}.Build()
 	File_tether_backup_v1_backup_proto = out.File

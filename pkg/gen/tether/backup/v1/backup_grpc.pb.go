@@ -19,19 +19,44 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	BackupVerifier_VerifyStamp_FullMethodName = "/tether.backup.v1.BackupVerifier/VerifyStamp"
+	BackupVerifier_UploadCheckpoint_FullMethodName   = "/tether.backup.v1.BackupVerifier/UploadCheckpoint"
+	BackupVerifier_DownloadCheckpoint_FullMethodName = "/tether.backup.v1.BackupVerifier/DownloadCheckpoint"
+	BackupVerifier_VerifyBackup_FullMethodName       = "/tether.backup.v1.BackupVerifier/VerifyBackup"
+	BackupVerifier_VerifyStamp_FullMethodName        = "/tether.backup.v1.BackupVerifier/VerifyStamp"
+	BackupVerifier_VerifyProviderPack_FullMethodName = "/tether.backup.v1.BackupVerifier/VerifyProviderPack"
 )
 
 // BackupVerifierClient is the client API for BackupVerifier service.
 //
 // For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
 //
-// BackupVerifier stores checkpoint archives and verifies them. This is a first
-// draft: UploadCheckpoint, DownloadCheckpoint and the provider-pack check
-// arrive with the backups issue.
+// BackupVerifier stores checkpoint archives of a session's harness
+// directories, builds and verifies their manifests, issues lease-bound stamps
+// and verifies provider packs. Failed verifications are answers
+// (valid = false with a stable reason), not errors; errors carry a stable
+// code as the status message prefix and as ErrorInfo.reason.
 type BackupVerifierClient interface {
-	// VerifyStamp checks that a stamp is bound to the lease and still matches.
+	// UploadCheckpoint receives a header, then the tar archive in chunks. The
+	// archive is checked entry by entry while it streams (bounded memory), the
+	// profile's excluded entries are dropped, each directory is digested, a
+	// canonical archive is stored and the manifest recorded; the answer is the
+	// receipt {checkpoint, stamp}. An unsafe archive is refused with its code
+	// and nothing is stored.
+	UploadCheckpoint(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[UploadCheckpointRequest, UploadCheckpointResponse], error)
+	// DownloadCheckpoint streams the checkpoint record, then the stored
+	// archive. The archive digest is checked while streaming; a mismatch ends
+	// the stream with DATA_LOSS backup_archive_corrupt (discard what arrived).
+	DownloadCheckpoint(ctx context.Context, in *DownloadCheckpointRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[DownloadCheckpointResponse], error)
+	// VerifyBackup checks a stored checkpoint: QUICK checks the manifest and
+	// the stored sizes, DEEP re-hashes every byte of the archive.
+	VerifyBackup(ctx context.Context, in *VerifyBackupRequest, opts ...grpc.CallOption) (*VerifyBackupResponse, error)
+	// VerifyStamp checks that a stamp is signed by this verifier, is
+	// authorised for the lease, and that every directory digest of its stored
+	// backup still matches.
 	VerifyStamp(ctx context.Context, in *VerifyStampRequest, opts ...grpc.CallOption) (*VerifyStampResponse, error)
+	// VerifyProviderPack verifies a provider pack directory on the verifier's
+	// host (provider-pack.json, artifact digests, dist tree digest, bridge).
+	VerifyProviderPack(ctx context.Context, in *VerifyProviderPackRequest, opts ...grpc.CallOption) (*VerifyProviderPackResponse, error)
 }
 
 type backupVerifierClient struct {
@@ -40,6 +65,48 @@ type backupVerifierClient struct {
 
 func NewBackupVerifierClient(cc grpc.ClientConnInterface) BackupVerifierClient {
 	return &backupVerifierClient{cc}
+}
+
+func (c *backupVerifierClient) UploadCheckpoint(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[UploadCheckpointRequest, UploadCheckpointResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &BackupVerifier_ServiceDesc.Streams[0], BackupVerifier_UploadCheckpoint_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[UploadCheckpointRequest, UploadCheckpointResponse]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type BackupVerifier_UploadCheckpointClient = grpc.ClientStreamingClient[UploadCheckpointRequest, UploadCheckpointResponse]
+
+func (c *backupVerifierClient) DownloadCheckpoint(ctx context.Context, in *DownloadCheckpointRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[DownloadCheckpointResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &BackupVerifier_ServiceDesc.Streams[1], BackupVerifier_DownloadCheckpoint_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[DownloadCheckpointRequest, DownloadCheckpointResponse]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type BackupVerifier_DownloadCheckpointClient = grpc.ServerStreamingClient[DownloadCheckpointResponse]
+
+func (c *backupVerifierClient) VerifyBackup(ctx context.Context, in *VerifyBackupRequest, opts ...grpc.CallOption) (*VerifyBackupResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(VerifyBackupResponse)
+	err := c.cc.Invoke(ctx, BackupVerifier_VerifyBackup_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
 }
 
 func (c *backupVerifierClient) VerifyStamp(ctx context.Context, in *VerifyStampRequest, opts ...grpc.CallOption) (*VerifyStampResponse, error) {
@@ -52,16 +119,47 @@ func (c *backupVerifierClient) VerifyStamp(ctx context.Context, in *VerifyStampR
 	return out, nil
 }
 
+func (c *backupVerifierClient) VerifyProviderPack(ctx context.Context, in *VerifyProviderPackRequest, opts ...grpc.CallOption) (*VerifyProviderPackResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(VerifyProviderPackResponse)
+	err := c.cc.Invoke(ctx, BackupVerifier_VerifyProviderPack_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // BackupVerifierServer is the server API for BackupVerifier service.
 // All implementations must embed UnimplementedBackupVerifierServer
 // for forward compatibility.
 //
-// BackupVerifier stores checkpoint archives and verifies them. This is a first
-// draft: UploadCheckpoint, DownloadCheckpoint and the provider-pack check
-// arrive with the backups issue.
+// BackupVerifier stores checkpoint archives of a session's harness
+// directories, builds and verifies their manifests, issues lease-bound stamps
+// and verifies provider packs. Failed verifications are answers
+// (valid = false with a stable reason), not errors; errors carry a stable
+// code as the status message prefix and as ErrorInfo.reason.
 type BackupVerifierServer interface {
-	// VerifyStamp checks that a stamp is bound to the lease and still matches.
+	// UploadCheckpoint receives a header, then the tar archive in chunks. The
+	// archive is checked entry by entry while it streams (bounded memory), the
+	// profile's excluded entries are dropped, each directory is digested, a
+	// canonical archive is stored and the manifest recorded; the answer is the
+	// receipt {checkpoint, stamp}. An unsafe archive is refused with its code
+	// and nothing is stored.
+	UploadCheckpoint(grpc.ClientStreamingServer[UploadCheckpointRequest, UploadCheckpointResponse]) error
+	// DownloadCheckpoint streams the checkpoint record, then the stored
+	// archive. The archive digest is checked while streaming; a mismatch ends
+	// the stream with DATA_LOSS backup_archive_corrupt (discard what arrived).
+	DownloadCheckpoint(*DownloadCheckpointRequest, grpc.ServerStreamingServer[DownloadCheckpointResponse]) error
+	// VerifyBackup checks a stored checkpoint: QUICK checks the manifest and
+	// the stored sizes, DEEP re-hashes every byte of the archive.
+	VerifyBackup(context.Context, *VerifyBackupRequest) (*VerifyBackupResponse, error)
+	// VerifyStamp checks that a stamp is signed by this verifier, is
+	// authorised for the lease, and that every directory digest of its stored
+	// backup still matches.
 	VerifyStamp(context.Context, *VerifyStampRequest) (*VerifyStampResponse, error)
+	// VerifyProviderPack verifies a provider pack directory on the verifier's
+	// host (provider-pack.json, artifact digests, dist tree digest, bridge).
+	VerifyProviderPack(context.Context, *VerifyProviderPackRequest) (*VerifyProviderPackResponse, error)
 	mustEmbedUnimplementedBackupVerifierServer()
 }
 
@@ -72,8 +170,20 @@ type BackupVerifierServer interface {
 // pointer dereference when methods are called.
 type UnimplementedBackupVerifierServer struct{}
 
+func (UnimplementedBackupVerifierServer) UploadCheckpoint(grpc.ClientStreamingServer[UploadCheckpointRequest, UploadCheckpointResponse]) error {
+	return status.Error(codes.Unimplemented, "method UploadCheckpoint not implemented")
+}
+func (UnimplementedBackupVerifierServer) DownloadCheckpoint(*DownloadCheckpointRequest, grpc.ServerStreamingServer[DownloadCheckpointResponse]) error {
+	return status.Error(codes.Unimplemented, "method DownloadCheckpoint not implemented")
+}
+func (UnimplementedBackupVerifierServer) VerifyBackup(context.Context, *VerifyBackupRequest) (*VerifyBackupResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method VerifyBackup not implemented")
+}
 func (UnimplementedBackupVerifierServer) VerifyStamp(context.Context, *VerifyStampRequest) (*VerifyStampResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method VerifyStamp not implemented")
+}
+func (UnimplementedBackupVerifierServer) VerifyProviderPack(context.Context, *VerifyProviderPackRequest) (*VerifyProviderPackResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method VerifyProviderPack not implemented")
 }
 func (UnimplementedBackupVerifierServer) mustEmbedUnimplementedBackupVerifierServer() {}
 func (UnimplementedBackupVerifierServer) testEmbeddedByValue()                        {}
@@ -96,6 +206,42 @@ func RegisterBackupVerifierServer(s grpc.ServiceRegistrar, srv BackupVerifierSer
 	s.RegisterService(&BackupVerifier_ServiceDesc, srv)
 }
 
+func _BackupVerifier_UploadCheckpoint_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(BackupVerifierServer).UploadCheckpoint(&grpc.GenericServerStream[UploadCheckpointRequest, UploadCheckpointResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type BackupVerifier_UploadCheckpointServer = grpc.ClientStreamingServer[UploadCheckpointRequest, UploadCheckpointResponse]
+
+func _BackupVerifier_DownloadCheckpoint_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(DownloadCheckpointRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(BackupVerifierServer).DownloadCheckpoint(m, &grpc.GenericServerStream[DownloadCheckpointRequest, DownloadCheckpointResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type BackupVerifier_DownloadCheckpointServer = grpc.ServerStreamingServer[DownloadCheckpointResponse]
+
+func _BackupVerifier_VerifyBackup_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(VerifyBackupRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(BackupVerifierServer).VerifyBackup(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: BackupVerifier_VerifyBackup_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(BackupVerifierServer).VerifyBackup(ctx, req.(*VerifyBackupRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _BackupVerifier_VerifyStamp_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(VerifyStampRequest)
 	if err := dec(in); err != nil {
@@ -114,6 +260,24 @@ func _BackupVerifier_VerifyStamp_Handler(srv interface{}, ctx context.Context, d
 	return interceptor(ctx, in, info, handler)
 }
 
+func _BackupVerifier_VerifyProviderPack_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(VerifyProviderPackRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(BackupVerifierServer).VerifyProviderPack(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: BackupVerifier_VerifyProviderPack_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(BackupVerifierServer).VerifyProviderPack(ctx, req.(*VerifyProviderPackRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // BackupVerifier_ServiceDesc is the grpc.ServiceDesc for BackupVerifier service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -122,10 +286,29 @@ var BackupVerifier_ServiceDesc = grpc.ServiceDesc{
 	HandlerType: (*BackupVerifierServer)(nil),
 	Methods: []grpc.MethodDesc{
 		{
+			MethodName: "VerifyBackup",
+			Handler:    _BackupVerifier_VerifyBackup_Handler,
+		},
+		{
 			MethodName: "VerifyStamp",
 			Handler:    _BackupVerifier_VerifyStamp_Handler,
 		},
+		{
+			MethodName: "VerifyProviderPack",
+			Handler:    _BackupVerifier_VerifyProviderPack_Handler,
+		},
 	},
-	Streams:  []grpc.StreamDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "UploadCheckpoint",
+			Handler:       _BackupVerifier_UploadCheckpoint_Handler,
+			ClientStreams: true,
+		},
+		{
+			StreamName:    "DownloadCheckpoint",
+			Handler:       _BackupVerifier_DownloadCheckpoint_Handler,
+			ServerStreams: true,
+		},
+	},
 	Metadata: "tether/backup/v1/backup.proto",
 }

@@ -1,0 +1,124 @@
+// Package harness is the backup domain of a session's harness state: which
+// directories a provider's state lives in (persistence profiles, SPEC B2),
+// the backup manifest that records their digests and the execution identity
+// they belong to, its verification, the ACPX identity-rotation rule and the
+// restore decision (SPEC B3). It is pure except for the functions that take
+// a directory.
+package harness
+
+import (
+	"slices"
+
+	"google.golang.org/grpc/codes"
+
+	"github.com/tether-run/tether/pkg/failure"
+)
+
+// Driver kinds.
+const (
+	DriverCodex    = "codex_app_server"
+	DriverOpenCode = "opencode_server"
+	DriverACPX     = "acpx_runtime"
+)
+
+// Directory names of the profiles.
+const (
+	DirRunner    = "runner"
+	DirCodexHome = "codex-home"
+	DirOpenCode  = "opencode"
+	DirACPX      = "acpx"
+)
+
+// AllDirectories are every directory name a manifest may hold.
+var AllDirectories = []string{DirRunner, DirCodexHome, DirOpenCode, DirACPX}
+
+// CodeStateMismatch: the harness state is not what a backup needs (no
+// provider session identity, a profile directory missing, a layout other
+// than the profile's).
+const CodeStateMismatch = "runner_harness_state_mismatch"
+
+// CodeProviderUnsupported: no persistence profile for this provider kind.
+const CodeProviderUnsupported = "runner_harness_provider_unsupported"
+
+// Location says where a profile directory lives on the runner host.
+type Location string
+
+// Locations.
+const (
+	// LocationRunner is runnerd's state directory.
+	LocationRunner Location = "runner"
+	// LocationFilesystem is a provider directory in the sandbox filesystem.
+	LocationFilesystem Location = "filesystem"
+)
+
+// Directory is one directory of a persistence profile.
+type Directory struct {
+	Name     string
+	Location Location
+	// ExcludeTopLevel lists top-level entries that never travel
+	// (credentials re-materialised at launch, scratch trees).
+	ExcludeTopLevel []string
+}
+
+// Profile is the complete recovery state of a provider: its directories in
+// order.
+type Profile struct {
+	ProviderKind string
+	DriverKind   string
+	Directories  []Directory
+}
+
+// CodexHomeExclusions are never backed up: scratch trees and the
+// launch-time credentials (auth.json, config.toml may hold a bearer token).
+var CodexHomeExclusions = []string{"tmp", ".tmp", "auth.json", "config.toml"}
+
+// ResolveProfile returns the persistence profile of a provider kind: codex →
+// [runner, codex-home (without tmp, .tmp, auth.json, config.toml)];
+// opencode → [runner, opencode]; acpx (any agent) → [runner, acpx]. Any
+// other kind is CodeProviderUnsupported.
+func ResolveProfile(providerKind string) (Profile, error) {
+	runner := Directory{Name: DirRunner, Location: LocationRunner}
+	switch providerKind {
+	case "codex":
+		return Profile{ProviderKind: "codex", DriverKind: DriverCodex, Directories: []Directory{runner,
+			{Name: DirCodexHome, Location: LocationFilesystem, ExcludeTopLevel: slices.Clone(CodexHomeExclusions)}}}, nil
+	case "opencode":
+		return Profile{ProviderKind: "opencode", DriverKind: DriverOpenCode, Directories: []Directory{runner,
+			{Name: DirOpenCode, Location: LocationFilesystem}}}, nil
+	case "acpx":
+		return Profile{ProviderKind: "acpx", DriverKind: DriverACPX, Directories: []Directory{runner,
+			{Name: DirACPX, Location: LocationFilesystem}}}, nil
+	}
+	return Profile{}, failure.New(codes.InvalidArgument, CodeProviderUnsupported,
+		"no persistence profile for provider kind %q", providerKind)
+}
+
+// Names returns the profile's directory names in order.
+func (p Profile) Names() []string {
+	out := make([]string, len(p.Directories))
+	for i, d := range p.Directories {
+		out[i] = d.Name
+	}
+	return out
+}
+
+// Exclusions returns every excluded entry as a path below its directory
+// ("codex-home/auth.json", ...).
+func (p Profile) Exclusions() []string {
+	var out []string
+	for _, d := range p.Directories {
+		for _, e := range d.ExcludeTopLevel {
+			out = append(out, d.Name+"/"+e)
+		}
+	}
+	return out
+}
+
+// SameNames reports whether names are exactly the profile's directories, in
+// any order.
+func (p Profile) SameNames(names []string) bool {
+	a, b := slices.Clone(names), p.Names()
+	slices.Sort(a)
+	slices.Sort(b)
+	return slices.Equal(a, b)
+}
