@@ -473,7 +473,9 @@ func ClientHandshake(ctx context.Context, c *Conn, cred Credential, hello *prpv1
 		return nil, Credential{}, err
 	}
 	if g := f.GetGoodbye(); g != nil {
-		return nil, Credential{}, goodbyeError(g)
+		e := goodbyeError(g)
+		e.PeerVerified = true
+		return nil, Credential{}, e
 	}
 	w := f.GetWelcome()
 	if w == nil {

@@ -16,6 +16,7 @@ type transport interface {
 	read(ctx context.Context) ([]byte, error)
 	write(ctx context.Context, b []byte) error
 	close(code websocket.StatusCode, reason string) error
+	closeNow() error
 }
 
 // Conn is a framed PRP connection over a WebSocket. Write is safe for
@@ -73,7 +74,13 @@ func (c *Conn) Close(code websocket.StatusCode, reason string) error {
 	return c.t.close(code, reason)
 }
 
+// CloseNow closes the connection at once, without a close handshake (for a
+// peer that stopped answering).
+func (c *Conn) CloseNow() error { return c.t.closeNow() }
+
 type wsTransport struct{ ws *websocket.Conn }
+
+func (w wsTransport) closeNow() error { return w.ws.CloseNow() }
 
 func (w wsTransport) read(ctx context.Context) ([]byte, error) {
 	typ, b, err := w.ws.Read(ctx)

@@ -57,3 +57,5 @@ func (p *pipeEnd) close(websocket.StatusCode, string) error {
 	p.once.Do(func() { close(p.closed) })
 	return nil
 }
+
+func (p *pipeEnd) closeNow() error { return p.close(websocket.StatusGoingAway, "") }

@@ -40,6 +40,11 @@ const (
 type Error struct {
 	Code    string
 	Message string
+	// PeerVerified is set on a refusal the gateway sent after it had proven
+	// knowledge of the credential (its challenge verified): the refusal is
+	// authentic. A refusal from an unverified peer may come from anyone who
+	// can reach a listening runner and must not make it give up.
+	PeerVerified bool
 }
 
 func (e *Error) Error() string { return e.Code + ": " + e.Message }
@@ -55,4 +60,11 @@ func CodeOf(err error) string {
 		return pe.Code
 	}
 	return ""
+}
+
+// PeerVerified reports whether err is a refusal from a gateway that had
+// proven knowledge of the credential (see Error.PeerVerified).
+func PeerVerified(err error) bool {
+	var pe *Error
+	return errors.As(err, &pe) && pe.PeerVerified
 }

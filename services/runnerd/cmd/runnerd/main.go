@@ -45,7 +45,7 @@ func buildMetadata() BuildMetadata {
 		PackageName:           packageName,
 		PackageVersion:        version,
 		BinaryContractVersion: binaryContractVersion,
-		PRPTransportModes:     []string{"dial_ws_loopback"},
+		PRPTransportModes:     append([]string(nil), runner.TransportModes...),
 	}
 }
 
@@ -71,7 +71,13 @@ func run(args []string, ticket string, hadTicket bool, stdout, stderr io.Writer)
 		meta      bool
 	)
 	fs.BoolVar(&meta, "build-metadata", false, "print build metadata as JSON and exit")
-	fs.StringVar(&cfg.ConnectURL, "connect-url", "", "gateway runner endpoint (ws:// to a loopback address)")
+	fs.StringVar(&cfg.ConnectURL, "connect-url", "", "gateway runner endpoint to dial: ws:// to a loopback address (dial_ws_loopback) or wss:// (dial_wss)")
+	fs.StringVar(&cfg.CABundlePath, "ca-bundle-path", "", "dial_wss: private PEM file of extra CA certificates (<= 4 MiB; added to the system roots)")
+	fs.StringVar(&cfg.ListenAddress, "listen-address", "", "listen_ws: IP address to listen on (the gateway dials in)")
+	fs.IntVar(&cfg.ListenPort, "listen-port", 0, "listen_ws: TCP port to listen on")
+	fs.StringVar(&cfg.ListenPath, "listen-path", "", "listen_ws: the only path served; must be /v1/runners/connect/<runner-id>")
+	fs.StringVar(&cfg.ListenTLSCert, "listen-tls-cert", "", "listen_ws: serve TLS with this PEM certificate (chain)")
+	fs.StringVar(&cfg.ListenTLSKey, "listen-tls-key", "", "listen_ws: private PEM key for --listen-tls-cert")
 	fs.StringVar(&cfg.StateDir, "state-dir", "", "durable state directory (absolute)")
 	fs.StringVar(&cfg.RunnerID, "runner-id", "", "runner instance id")
 	fs.StringVar(&cfg.EnvironmentLeaseID, "environment-lease-id", "", "environment lease id")
@@ -82,6 +88,8 @@ func run(args []string, ticket string, hadTicket bool, stdout, stderr io.Writer)
 	fs.Var(&codexArgs, "codex-arg", "provider argument (repeatable)")
 	fs.DurationVar(&cfg.IdleTimeout, "idle-timeout", 10*time.Minute, "stop after this long without activity")
 	fs.DurationVar(&cfg.ReconnectGrace, "reconnect-grace", 2*time.Minute, "exit 3 after this long without a gateway connection")
+	fs.Uint64Var(&cfg.MaxOutboxBytes, "max-outbox-bytes", runner.DefaultMaxOutboxBytes, "unacknowledged event bytes the durable outbox may hold (16 KiB..512 MiB)")
+	fs.Uint64Var(&cfg.P0ReserveBytes, "p0-reserve-bytes", runner.DefaultP0ReserveBytes, "part of --max-outbox-bytes only P0 events may use (less than half)")
 	fs.StringVar(&logFormat, "log-format", "json", "log format: json|text")
 	if err := fs.Parse(args); err != nil {
 		return runner.ExitError

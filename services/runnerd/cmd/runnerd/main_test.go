@@ -39,7 +39,7 @@ func TestG2_BuildMetadata(t *testing.T) {
 	assert.Equal(t, packageName, m["packageName"])
 	assert.Equal(t, version, m["packageVersion"])
 	assert.Equal(t, 2.0, m["binaryContractVersion"])
-	assert.Equal(t, []any{"dial_ws_loopback"}, m["prpTransportModes"])
+	assert.Equal(t, []any{"dial_ws_loopback", "dial_wss", "listen_ws"}, m["prpTransportModes"])
 }
 
 func TestRunRejectsMissingTicketAndNonLoopback(t *testing.T) {

@@ -40,6 +40,7 @@ const (
 	CodeCommandUnsupported     = "command_unsupported"
 	CodeExecutionIndeterminate = "execution_indeterminate"
 	CodeProviderStartFailed    = "provider_start_failed"
+	CodeBackpressure           = "runner_backpressure"
 )
 
 // cmdError is a command outcome other than success.
@@ -364,6 +365,9 @@ func (r *Runner) cmdTurnStart(c *prpv1.Command) (map[string]any, *cmdError) {
 	}
 	if t := r.st.ActiveTurn; t != nil {
 		return nil, rejected(CodeTurnAlreadyActive, "turn %s is still active", t.TurnID)
+	}
+	if r.st.Backpressure {
+		return nil, rejected(CodeBackpressure, "the outbox holds %d unacknowledged bytes; no new turn until it drains", r.outbox.Bytes())
 	}
 	if e := r.ensureProvider(); e != nil {
 		return nil, e

@@ -2,8 +2,11 @@ package runner
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
+	"io"
+	"log"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -71,8 +74,40 @@ func newFakeGateway(t *testing.T) *fakeGateway {
 	return g
 }
 
+// newFakeGatewayTLS serves the runner endpoint over TLS (dial_wss).
+func newFakeGatewayTLS(t *testing.T, cfg *tls.Config) *fakeGateway {
+	g := &fakeGateway{t: t, auth: prp.NewAuthority(gatewayKey, nil), changed: make(chan struct{}, 1)}
+	g.srv = httptest.NewUnstartedServer(http.HandlerFunc(g.handle))
+	g.srv.TLS = cfg
+	g.srv.Config.ErrorLog = log.New(io.Discard, "", 0)
+	g.srv.StartTLS()
+	t.Cleanup(g.close)
+	return g
+}
+
 func (g *fakeGateway) url() string {
 	return "ws" + strings.TrimPrefix(g.srv.URL, "http") + "/v1/runners/connect"
+}
+
+// dialIn connects to a listening runner (listen_ws) and serves it like an
+// inbound connection.
+func (g *fakeGateway) dialIn(url string, cfg *tls.Config) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	ws, resp, err := websocket.Dial(ctx, url, &websocket.DialOptions{HTTPClient: &http.Client{
+		Transport: &http.Transport{TLSClientConfig: cfg}}})
+	if resp != nil && resp.Body != nil {
+		resp.Body.Close()
+	}
+	if err != nil {
+		return err
+	}
+	g.wg.Add(1)
+	go func() {
+		defer g.wg.Done()
+		g.serve(context.Background(), ws)
+	}()
+	return nil
 }
 
 func (g *fakeGateway) ticket() string {
@@ -102,8 +137,12 @@ func (g *fakeGateway) handle(w http.ResponseWriter, r *http.Request) {
 	}
 	g.wg.Add(1)
 	defer g.wg.Done()
+	g.serve(r.Context(), ws)
+}
+
+// serve runs the gateway side of one runner connection.
+func (g *fakeGateway) serve(ctx context.Context, ws *websocket.Conn) {
 	c := prp.NewConn(ws)
-	ctx := r.Context()
 	acc, err := g.auth.Accept(ctx, c)
 	if err != nil {
 		_ = c.Close(websocket.StatusPolicyViolation, prp.CodeOf(err))

@@ -11,6 +11,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -21,6 +22,14 @@ import (
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/prp"
 	"github.com/tether-run/tether/services/runnerd/internal/durable"
+)
+
+// Outbox limit defaults and bounds.
+const (
+	DefaultMaxOutboxBytes = 16 << 20
+	DefaultP0ReserveBytes = 1 << 20
+	MinOutboxBytes        = 16 << 10
+	MaxOutboxBytesLimit   = 512 << 20
 )
 
 // Exit codes.
@@ -35,9 +44,21 @@ const (
 	ExitCredentialRefused = 4
 )
 
-// Config configures one runner.
+// Config configures one runner. Exactly one transport is configured: a
+// ConnectURL (ws:// to loopback = dial_ws_loopback, wss:// = dial_wss, with
+// an optional CABundlePath) or the Listen* group (listen_ws).
 type Config struct {
-	ConnectURL         string
+	ConnectURL   string
+	CABundlePath string
+	// listen_ws: runnerd listens on ListenAddress:ListenPort and serves
+	// exactly ListenPath (= ListenPath(RunnerID)); TLS when both
+	// ListenTLSCert and ListenTLSKey are set.
+	ListenAddress string
+	ListenPort    int
+	ListenPath    string
+	ListenTLSCert string
+	ListenTLSKey  string
+
 	StateDir           string
 	RunnerID           string
 	EnvironmentLeaseID string
@@ -55,6 +76,13 @@ type Config struct {
 	RunnerVersion string
 	// PathEnv is the PATH handed to the provider.
 	PathEnv string
+
+	// Outbox limits: non-P0 events may fill MaxOutboxBytes-P0ReserveBytes
+	// of unacknowledged envelopes (beyond that the runner is in
+	// backpressure and rejects them); P0 events may use the reserve; a P0
+	// event beyond MaxOutboxBytes is unrecoverable. [16 MiB, 1 MiB]
+	MaxOutboxBytes uint64
+	P0ReserveBytes uint64
 
 	// Tuning; zero values take the defaults in brackets.
 	BackoffMin         time.Duration // [250ms]
@@ -82,6 +110,12 @@ func (c *Config) defaults() {
 	def(&c.ProviderCloseGrace, 5*time.Second)
 	def(&c.RequestTimeout, 60*time.Second)
 	def(&c.Tick, 100*time.Millisecond)
+	if c.MaxOutboxBytes == 0 {
+		c.MaxOutboxBytes = DefaultMaxOutboxBytes
+	}
+	if c.P0ReserveBytes == 0 {
+		c.P0ReserveBytes = DefaultP0ReserveBytes
+	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -90,9 +124,35 @@ func (c *Config) defaults() {
 	}
 }
 
+// listening reports whether the listen_ws group is configured.
+func (c *Config) listening() bool {
+	return c.ListenAddress != "" || c.ListenPort != 0 || c.ListenPath != "" || c.ListenTLSCert != "" || c.ListenTLSKey != ""
+}
+
+// Mode is the configured transport mode.
+func (c *Config) Mode() string {
+	switch {
+	case c.listening():
+		return ModeListenWS
+	case strings.HasPrefix(c.ConnectURL, "wss://"):
+		return ModeDialWSS
+	}
+	return ModeDialWSLoopback
+}
+
 func (c *Config) validate() error {
+	switch {
+	case c.ConnectURL != "" && c.listening():
+		return errors.New("give either --connect-url or the --listen-* flags, not both")
+	case c.ConnectURL == "" && !c.listening():
+		return errors.New("--connect-url (dial_ws_loopback, dial_wss) or --listen-address/--listen-port/--listen-path (listen_ws) is required")
+	case c.listening() && (c.ListenAddress == "" || c.ListenPort == 0 || c.ListenPath == ""):
+		return errors.New("listen_ws needs --listen-address, --listen-port and --listen-path")
+	case c.CABundlePath != "" && !strings.HasPrefix(c.ConnectURL, "wss://"):
+		return errors.New("--ca-bundle-path is only valid with a wss:// --connect-url")
+	}
 	for name, v := range map[string]string{
-		"--connect-url": c.ConnectURL, "--state-dir": c.StateDir, "--runner-id": c.RunnerID,
+		"--state-dir": c.StateDir, "--runner-id": c.RunnerID,
 		"--environment-lease-id": c.EnvironmentLeaseID, "--session-id": c.SessionID,
 		"--session-scope": c.SessionScope, "--workspace": c.Workspace, "--codex-command": c.CodexCommand,
 	} {
@@ -102,6 +162,12 @@ func (c *Config) validate() error {
 	}
 	if !filepath.IsAbs(c.StateDir) || !filepath.IsAbs(c.Workspace) {
 		return errors.New("--state-dir and --workspace must be absolute paths")
+	}
+	if c.MaxOutboxBytes < MinOutboxBytes || c.MaxOutboxBytes > MaxOutboxBytesLimit {
+		return fmt.Errorf("--max-outbox-bytes must be %d..%d", MinOutboxBytes, MaxOutboxBytesLimit)
+	}
+	if c.P0ReserveBytes >= c.MaxOutboxBytes/2 {
+		return errors.New("--p0-reserve-bytes must be less than half of --max-outbox-bytes")
 	}
 	if c.Ticket.Kind == "" {
 		return fmt.Errorf("no bootstrap ticket in %s", prp.EnvBootstrapTicket)
@@ -131,6 +197,8 @@ type dialResult struct {
 	welcome *prpv1.Welcome
 	cred    prp.Credential
 	err     error
+	inbound bool           // listen_ws: the gateway dialed in
+	used    prp.Credential // the credential the handshake presented
 }
 
 type exitPlan struct {
@@ -144,15 +212,17 @@ type exitPlan struct {
 // Runner is one runnerd process's state machine. All fields are owned by the
 // loop goroutine.
 type Runner struct {
-	cfg    Config
-	log    *slog.Logger
-	store  *durable.Store
-	st     *durable.State
-	outbox *durable.Outbox
-	dialer *loopbackDialer
-	cred   prp.Credential
-	boot   string
-	self   *durable.Process
+	cfg      Config
+	log      *slog.Logger
+	store    *durable.Store
+	st       *durable.State
+	outbox   *durable.Outbox
+	dialer   *gatewayDialer
+	listener *runnerListener
+	inbound2 chan accepted // listen_ws: upgraded connections awaiting their handshake
+	cred     prp.Credential
+	boot     string
+	self     *durable.Process
 
 	runCtx  context.Context
 	wg      sync.WaitGroup
@@ -181,25 +251,33 @@ func Run(ctx context.Context, cfg Config) (int, error) {
 		return ExitError, err
 	}
 	r := &Runner{
-		cfg:     cfg,
-		log:     cfg.Logger,
-		cred:    cfg.Ticket,
-		boot:    bootID(),
-		inbound: make(chan inbound, 64),
-		dialed:  make(chan dialResult, 1),
-		queue:   newEventQueue(),
-		backoff: cfg.BackoffMin,
+		cfg:      cfg,
+		log:      cfg.Logger,
+		cred:     cfg.Ticket,
+		boot:     bootID(),
+		inbound:  make(chan inbound, 64),
+		inbound2: make(chan accepted),
+		dialed:   make(chan dialResult, 1),
+		queue:    newEventQueue(),
+		backoff:  cfg.BackoffMin,
 	}
 	code, stop, err := r.open(ctx)
 	if err != nil || stop {
+		if r.listener != nil {
+			r.listener.Close()
+		}
 		if r.outbox != nil {
 			_ = r.outbox.Close()
 		}
 		return code, err
 	}
+	r.log.Info("runner transport", "mode", cfg.Mode(), "connect_url", cfg.ConnectURL, "ca_bundle", cfg.CABundlePath != "")
 	runCtx, cancel := context.WithCancel(context.Background())
 	r.runCtx = runCtx
 	code = r.loop(ctx)
+	if r.listener != nil {
+		r.listener.Close()
+	}
 	r.closeConn("runner_exiting", "runnerd is exiting")
 	cancel()
 	r.wg.Wait()
@@ -264,6 +342,9 @@ func (r *Runner) open(ctx context.Context) (int, bool, error) {
 	st.RunnerProcess = self
 	st.Lifecycle = durable.LifecycleConnecting
 	st.LifecycleReason = ""
+	if st.Backpressure {
+		st.Lifecycle, st.LifecycleReason = durable.LifecycleBackpressure, "outbox_soft_limit"
+	}
 
 	var lostProvider *durable.Process
 	var lostTurn *durable.Turn
@@ -307,11 +388,20 @@ func (r *Runner) open(ctx context.Context) (int, bool, error) {
 				ErrorCode: CodeProviderProcessLost, ErrorMessage: "runnerd restarted during the turn"})
 		}
 	}
-	d, err := newLoopbackDialer(ctx, cfg.ConnectURL)
-	if err != nil {
-		return ExitError, true, err
+	if cfg.listening() {
+		l, err := newRunnerListener(&r.cfg, r.inbound2)
+		if err != nil {
+			return ExitError, true, err
+		}
+		r.listener = l
+		r.log.Info("listening for the gateway (listen_ws)", "url", l.boundURL, "tls", l.isTLS)
+	} else {
+		d, err := newGatewayDialer(ctx, cfg.ConnectURL, cfg.CABundlePath)
+		if err != nil {
+			return ExitError, true, err
+		}
+		r.dialer = d
 	}
-	r.dialer = d
 	return ExitOK, false, nil
 }
 
@@ -361,6 +451,8 @@ func (r *Runner) loop(ctx context.Context) int {
 			r.handleInbound(in)
 		case d := <-r.dialed:
 			r.handleDialed(d)
+		case a := <-r.inbound2:
+			r.startHandshake(a)
 		case <-r.queue.signal:
 			r.pumpProviderEvents()
 		case res := <-turnDone:
@@ -387,7 +479,7 @@ func (r *Runner) checkTimers(now time.Time) (int, bool) {
 			r.setLifecycle(durable.LifecycleRecoverableFailure, "transport_reconnect_deadline_exceeded")
 			return ExitRecoverable, true
 		}
-		if !now.Before(r.nextDial) {
+		if r.dialer != nil && !now.Before(r.nextDial) {
 			r.startDial()
 		}
 	}
@@ -436,9 +528,10 @@ func (r *Runner) buildHello() *prpv1.Hello {
 			RunnerVersion:       r.cfg.RunnerVersion,
 		},
 		Resume: &prpv1.ResumeCursor{
-			LastControllerSeq: st.LastControllerCommandSeq,
-			NextSourceSeq:     st.NextSourceSeq,
-			AckedSourceSeq:    st.AckedSourceSeq,
+			LastControllerSeq:    st.LastControllerCommandSeq,
+			NextSourceSeq:        st.NextSourceSeq,
+			AckedSourceSeq:       st.AckedSourceSeq,
+			ConnectionGeneration: st.ReconnectCount,
 		},
 		RunnerProcess:   processProto(st.RunnerProcess),
 		ProviderProcess: processProto(st.ProviderProcess),
@@ -490,6 +583,11 @@ func (r *Runner) dial(hello *prpv1.Hello, cred prp.Credential) dialResult {
 		cancel()
 		return dialResult{err: err}
 	}
+	return handshake(ctx, cancel, ws, hello, cred)
+}
+
+// handshake runs the runner half of the PRP handshake on an open WebSocket.
+func handshake(ctx context.Context, cancel context.CancelFunc, ws *websocket.Conn, hello *prpv1.Hello, cred prp.Credential) dialResult {
 	c := prp.NewConn(ws)
 	w, next, err := prp.ClientHandshake(ctx, c, cred, hello)
 	if err != nil {
@@ -498,6 +596,29 @@ func (r *Runner) dial(hello *prpv1.Hello, cred prp.Credential) dialResult {
 		return dialResult{err: err}
 	}
 	return dialResult{c: c, cancel: cancel, welcome: w, cred: next}
+}
+
+// startHandshake runs the handshake on an inbound (listen_ws) connection.
+// The peer is untrusted until its challenge verifies.
+func (r *Runner) startHandshake(a accepted) {
+	hello := r.buildHello()
+	cred := r.cred
+	r.wg.Add(1)
+	go func() {
+		defer r.wg.Done()
+		defer a.release()
+		ctx, cancel := context.WithCancel(r.runCtx)
+		res := handshake(ctx, cancel, a.ws, hello, cred)
+		res.inbound, res.used = true, cred
+		select {
+		case r.dialed <- res:
+		case <-r.runCtx.Done():
+			if res.c != nil {
+				res.cancel()
+				_ = res.c.Close(websocket.StatusGoingAway, "runner exiting")
+			}
+		}
+	}()
 }
 
 func isCredentialRefusal(err error) bool {
@@ -509,7 +630,19 @@ func isCredentialRefusal(err error) bool {
 }
 
 func (r *Runner) handleDialed(d dialResult) {
-	r.dialing = false
+	if !d.inbound {
+		r.dialing = false
+	}
+	if d.err != nil && d.inbound {
+		// Anyone who reaches the listener can fail a handshake; only a
+		// refusal from a gateway that proved itself counts.
+		// A refusal of a credential this runner no longer holds (a ticket
+		// already exchanged for a lease by a concurrent handshake) is moot.
+		if !(isCredentialRefusal(d.err) && prp.PeerVerified(d.err)) || d.used.Claims != r.cred.Claims {
+			r.log.Warn("inbound runner connection failed its handshake", "err", d.err)
+			return
+		}
+	}
 	if d.err != nil {
 		if isCredentialRefusal(d.err) {
 			r.log.Error("gateway refused the runner credential", "code", prp.CodeOf(d.err), "err", d.err, "credential", r.cred)
@@ -518,11 +651,23 @@ func (r *Runner) handleDialed(d dialResult) {
 			r.setExit(ExitCredentialRefused, prp.CodeOf(d.err), true)
 			return
 		}
-		wait := r.backoff/2 + rand.N(r.backoff/2+1)
+		wait := jittered(r.backoff)
 		r.nextDial = time.Now().Add(wait)
 		r.backoff = min(r.backoff*2, r.cfg.BackoffMax)
 		r.log.Warn("gateway connect failed", "err", d.err, "retry_in", wait)
 		return
+	}
+	if r.conn != nil {
+		// listen_ws: the gateway dialed in again; the newer connection
+		// takes over.
+		old := r.conn
+		r.conn = nil
+		old.cancel()
+		r.wg.Add(1)
+		go func() {
+			defer r.wg.Done()
+			_ = old.c.Close(websocket.StatusGoingAway, "superseded by a newer connection")
+		}()
 	}
 	r.cred = d.cred
 	r.backoff = r.cfg.BackoffMin
@@ -586,7 +731,7 @@ func (r *Runner) dropConn(reason string, err error) {
 		_ = lc.c.Close(websocket.StatusGoingAway, "connection dropped")
 	}()
 	r.disconnectedSince = time.Now()
-	wait := r.backoff/2 + rand.N(r.backoff/2+1)
+	wait := jittered(r.backoff)
 	r.nextDial = time.Now().Add(wait)
 	r.st.ReconnectCount++
 	if r.st.Lifecycle == durable.LifecycleReady {
@@ -697,6 +842,7 @@ func (r *Runner) applyAck(n uint64) {
 	if err := r.outbox.Trim(n); err != nil {
 		r.log.Error("outbox compaction failed", "err", err)
 	}
+	r.relieveBackpressure()
 }
 
 // ---- events ----
@@ -754,17 +900,68 @@ type pendingEvent struct {
 	payload             map[string]any
 }
 
-// emitAll journals events (one fsync) and then sends them.
+// emitAll journals events (one fsync) and then sends them, within the
+// outbox limits: a non-P0 event that does not fit below
+// MaxOutboxBytes-P0ReserveBytes is rejected and puts the runner in
+// backpressure (P0 runner.backpressure, lifecycle backpressure); P0 events
+// may use the reserve; a P0 event beyond MaxOutboxBytes is unrecoverable.
+// A rejected event takes no source seq, so seqs stay contiguous.
 func (r *Runner) emitAll(evs []pendingEvent) {
 	recs := make([]durable.Record, 0, len(evs))
-	for _, e := range evs {
+	held := r.outbox.Bytes()
+	soft := r.cfg.MaxOutboxBytes - r.cfg.P0ReserveBytes
+	var add func(e pendingEvent) bool
+	add = func(e pendingEvent) bool {
 		rec, err := r.newEvent(e.prio, e.typ, e.turnID, e.itemID, e.payload)
 		if err != nil {
 			r.log.Error("dropping unencodable event", "event_type", e.typ, "err", err)
-			continue
+			return true
 		}
+		size := uint64(len(rec.Envelope))
+		switch {
+		case rec.Priority == P0 && held+size > r.cfg.MaxOutboxBytes:
+			r.st.NextSourceSeq = rec.SourceSeq
+			r.log.Error("durable outbox limit exhausted by a P0 event", "event_type", rec.EventType, "outbox_bytes", held, "event_bytes", size,
+				"max_outbox_bytes", r.cfg.MaxOutboxBytes)
+			return false
+		case rec.Priority != P0 && held+size > soft:
+			r.st.NextSourceSeq = rec.SourceSeq
+			r.st.BackpressureDropped++
+			if !r.st.Backpressure {
+				r.st.Backpressure = true
+				r.st.Lifecycle, r.st.LifecycleReason = durable.LifecycleBackpressure, "outbox_soft_limit"
+				r.log.Warn("outbox soft limit reached: backpressure; non-P0 events are rejected until acknowledged",
+					"outbox_bytes", held, "soft_limit", soft)
+				return add(pendingEvent{P0, "runner.backpressure", "", "", map[string]any{
+					"active": true, "outboxBytes": float64(held), "softLimitBytes": float64(soft),
+					"maxOutboxBytes": float64(r.cfg.MaxOutboxBytes), "rejectedEventType": rec.EventType,
+				}})
+			}
+			return true
+		}
+		held += size
+		r.st.PeakOutboxBytes = max(r.st.PeakOutboxBytes, held)
 		recs = append(recs, rec)
+		return true
 	}
+	entered := r.st.Backpressure
+	for _, e := range evs {
+		if !add(e) {
+			r.st.Lifecycle, r.st.LifecycleReason = durable.LifecycleUnrecoverable, "p0_storage_exhausted"
+			r.journal(recs)
+			_ = r.save()
+			r.setExit(ExitError, "p0_storage_exhausted", true)
+			return
+		}
+	}
+	r.journal(recs)
+	if r.st.Backpressure && !entered {
+		r.mustSave()
+	}
+}
+
+// journal appends recs to the outbox (one fsync) and sends them.
+func (r *Runner) journal(recs []durable.Record) {
 	if len(recs) == 0 {
 		return
 	}
@@ -777,6 +974,30 @@ func (r *Runner) emitAll(evs []pendingEvent) {
 		return
 	}
 	r.sendRecords(recs)
+}
+
+// relieveBackpressure leaves backpressure once acknowledgements brought the
+// outbox to half the soft limit (hysteresis, so it does not flap).
+func (r *Runner) relieveBackpressure() {
+	if !r.st.Backpressure {
+		return
+	}
+	soft := r.cfg.MaxOutboxBytes - r.cfg.P0ReserveBytes
+	if r.outbox.Bytes() > soft/2 {
+		return
+	}
+	dropped := r.st.BackpressureDropped
+	r.st.Backpressure, r.st.BackpressureDropped = false, 0
+	if r.st.Lifecycle == durable.LifecycleBackpressure {
+		r.st.Lifecycle, r.st.LifecycleReason = durable.LifecycleConnecting, ""
+		if r.conn != nil {
+			r.st.Lifecycle = durable.LifecycleReady
+		}
+	}
+	r.log.Info("backpressure relieved", "outbox_bytes", r.outbox.Bytes(), "rejected_events", dropped)
+	r.emit(P0, "runner.backpressure", "", "", map[string]any{
+		"active": false, "outboxBytes": float64(r.outbox.Bytes()), "rejectedEvents": float64(dropped),
+	})
 }
 
 func (r *Runner) emit(prio uint32, typ, turnID, itemID string, payload map[string]any) {
@@ -794,4 +1015,13 @@ func (r *Runner) pumpProviderEvents() {
 		evs = append(evs, pendingEvent{it.ev.Priority, it.ev.Type, it.ev.TurnID, it.ev.ItemID, it.ev.Payload})
 	}
 	r.emitAll(evs)
+}
+
+// jittered spreads reconnects of many runners: a uniformly random delay in
+// [backoff/2, backoff].
+func jittered(backoff time.Duration) time.Duration {
+	if backoff <= 0 {
+		return 0
+	}
+	return backoff/2 + rand.N(backoff/2+1)
 }

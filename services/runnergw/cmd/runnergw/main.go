@@ -5,9 +5,12 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"flag"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -46,7 +49,20 @@ func defaultStateRoot() string {
 func run() error {
 	fs := flag.NewFlagSet("runnergw", flag.ExitOnError)
 	cfg := grpcx.RegisterFlags(fs, "runnergw", "127.0.0.1:7401", "127.0.0.1:9401")
-	wsAddr := grpcx.StringFlag(fs, "runner-addr", "", "127.0.0.1:7411", "address runners connect to (WebSocket, loopback only in this build)")
+	wsAddr := grpcx.StringFlag(fs, "runner-addr", "", "127.0.0.1:7411", "plain WebSocket listener for local runners (dial_ws_loopback; loopback only)")
+	connectURL := grpcx.StringFlag(fs, "runner-connect-url", "", "", "ws:// URL launched dial_ws_loopback runners dial (default ws://<runner-addr>"+gateway.ConnectPath+"; loopback only)")
+	tlsAddr := grpcx.StringFlag(fs, "runner-tls-addr", "", "127.0.0.1:7412", "TLS WebSocket listener for dial_wss runners (served only with -runner-tls-cert/-runner-tls-key)")
+	tlsCert := grpcx.StringFlag(fs, "runner-tls-cert", "", "", "PEM certificate (chain) of the TLS runner listener")
+	tlsKey := grpcx.StringFlag(fs, "runner-tls-key", "", "", "PEM private key of the TLS runner listener")
+	publicURL := grpcx.StringFlag(fs, "runner-public-url", "", "", "wss:// URL launched dial_wss runners dial (default wss://<runner-tls-addr>"+gateway.ConnectPath+")")
+	caBundle := grpcx.StringFlag(fs, "runner-ca-bundle", "", "", "PEM CA bundle handed to dial_wss runners (--ca-bundle-path) to trust a privately issued gateway certificate")
+	ingressCompanies := grpcx.StringFlag(fs, "runner-ingress-companies", "", "", "companies whose ingress-authorised runs may use listen_ws (comma separated; * = all; empty = listen_ws off)")
+	ingressHost := grpcx.StringFlag(fs, "runner-ingress-host", "", "127.0.0.1", "address launched listen_ws runners listen on and the gateway dials")
+	ingressCert := grpcx.StringFlag(fs, "runner-ingress-tls-cert", "", "", "PEM certificate handed to listen_ws runners: their listener serves TLS and the gateway dials wss://")
+	ingressKey := grpcx.StringFlag(fs, "runner-ingress-tls-key", "", "", "PEM private key (mode 0600) for -runner-ingress-tls-cert")
+	ingressCA := grpcx.StringFlag(fs, "runner-ingress-ca", "", "", "PEM CA bundle the gateway trusts for runner listeners (default: system roots)")
+	pingInterval := grpcx.DurationFlag(fs, "runner-ping-interval", "", 10*time.Second, "how often each runner connection is pinged")
+	pingTimeout := grpcx.DurationFlag(fs, "runner-ping-timeout", "", 30*time.Second, "close a runner connection without a pong for this long")
 	stateRoot := grpcx.StringFlag(fs, "state-root", "", defaultStateRoot(), "directory for runner state, one subdirectory per session scope")
 	runnerd := grpcx.StringFlag(fs, "runnerd-path", "", "", "runnerd binary (default: next to this binary, then PATH)")
 	codex := grpcx.StringFlag(fs, "codex-command", "", "codex", "provider command runnerd launches (the codex native binary, or fake-codex-app-server)")
@@ -65,7 +81,13 @@ func run() error {
 		}
 	}
 	if !grpcx.IsLoopbackAddr(*wsAddr) {
-		return fmt.Errorf("-runner-addr %s: this build accepts runner connections on loopback only (dial_ws_loopback)", *wsAddr)
+		return fmt.Errorf("-runner-addr %s: plain runner connections are accepted on loopback only; use -runner-tls-addr with -runner-tls-cert/-runner-tls-key off loopback (dial_wss)", *wsAddr)
+	}
+	if (*tlsCert == "") != (*tlsKey == "") {
+		return errors.New("-runner-tls-cert and -runner-tls-key go together")
+	}
+	if (*ingressCert == "") != (*ingressKey == "") {
+		return errors.New("-runner-ingress-tls-cert and -runner-ingress-tls-key go together")
 	}
 	if err := os.MkdirAll(*stateRoot, 0o700); err != nil {
 		return err
@@ -96,26 +118,79 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	gw := gateway.New(gateway.Config{
-		StateRoot: *stateRoot, ConnectURL: "ws://" + lis.Addr().String() + gateway.ConnectPath,
+	gcfg := gateway.Config{
+		StateRoot: *stateRoot, ConnectURL: *connectURL,
 		RunnerdPath: rpath, CodexCommand: *codex, CodexArgs: codexArgs,
 		IdleTimeout: *idle, ReconnectGrace: *grace, ConnectTimeout: *connectTimeout,
 		Build: build, Authority: prp.NewAuthority(key, time.Now), Logger: log, Draining: srv.Draining(),
-	})
-	gatewayv1.RegisterRunnerGatewayServer(srv.GRPC(), &api.Server{Gateway: gw})
-	hs := &http.Server{Handler: gw, ReadHeaderTimeout: 5 * time.Second, MaxHeaderBytes: 16 << 10}
-	go func() {
-		if err := hs.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			log.Error("runner listener failed", "err", err)
+		CABundle: *caBundle, Ingress: gateway.ParseIngressPolicy(*ingressCompanies), IngressHost: *ingressHost,
+		IngressCert: *ingressCert, IngressKey: *ingressKey, PingInterval: *pingInterval, PingTimeout: *pingTimeout,
+	}
+	if gcfg.ConnectURL == "" {
+		gcfg.ConnectURL = "ws://" + lis.Addr().String() + gateway.ConnectPath
+	}
+	if *ingressCA != "" {
+		pool, err := loadPool(*ingressCA)
+		if err != nil {
+			return fmt.Errorf("-runner-ingress-ca: %w", err)
 		}
-	}()
-	log.Info("runner listener", "addr", lis.Addr().String(), "runnerd", rpath, "codex_command", *codex)
+		gcfg.IngressTLS = &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: pool}
+	}
+	var tlsLis net.Listener
+	if *tlsCert != "" {
+		cert, err := tls.LoadX509KeyPair(*tlsCert, *tlsKey)
+		if err != nil {
+			return fmt.Errorf("runner TLS listener: %w", err)
+		}
+		if tlsLis, err = net.Listen("tcp", *tlsAddr); err != nil {
+			return err
+		}
+		tlsLis = tls.NewListener(tlsLis, &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{cert}})
+		gcfg.PublicURL = *publicURL
+		if gcfg.PublicURL == "" {
+			gcfg.PublicURL = "wss://" + tlsLis.Addr().String() + gateway.ConnectPath
+		}
+	}
+	gw := gateway.New(gcfg)
+	gatewayv1.RegisterRunnerGatewayServer(srv.GRPC(), &api.Server{Gateway: gw})
+	var servers []*http.Server
+	for _, l := range []net.Listener{lis, tlsLis} {
+		if l == nil {
+			continue
+		}
+		hs := &http.Server{Handler: gw, ReadHeaderTimeout: 5 * time.Second, MaxHeaderBytes: 16 << 10,
+			ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug)}
+		servers = append(servers, hs)
+		go func() {
+			if err := hs.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				log.Error("runner listener failed", "err", err)
+			}
+		}()
+		log.Info("runner listener", "addr", l.Addr().String(), "tls", l != lis)
+	}
+	log.Info("runner gateway", "runnerd", rpath, "codex_command", *codex, "connect_url", gcfg.ConnectURL,
+		"public_url", gcfg.PublicURL, "ingress", gcfg.Ingress.Enabled())
 	err = srv.Serve(ctx)
 	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	_ = hs.Shutdown(sctx)
+	for _, hs := range servers {
+		_ = hs.Shutdown(sctx)
+	}
 	gw.Close()
 	return err
+}
+
+// loadPool reads a PEM CA bundle.
+func loadPool(path string) (*x509.CertPool, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(b) {
+		return nil, fmt.Errorf("%s holds no PEM certificate", path)
+	}
+	return pool, nil
 }
 
 // findRunnerd applies G1: a configured (build-owned) runnerd is used as is;

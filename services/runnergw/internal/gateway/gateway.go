@@ -5,7 +5,9 @@ package gateway
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"path/filepath"
@@ -31,8 +33,29 @@ type Config struct {
 	// StateRoot holds one directory per session scope (runnerd state,
 	// default workspace, runnerd.log).
 	StateRoot string
-	// ConnectURL is the ws:// URL launched runners dial (loopback only).
+	// ConnectURL is the ws:// URL launched dial_ws_loopback runners dial
+	// (loopback only).
 	ConnectURL string
+	// PublicURL is the wss:// URL launched dial_wss runners dial (the
+	// gateway's TLS runner listener); empty: dial_wss is unavailable.
+	PublicURL string
+	// CABundle, when set, is handed to dial_wss runners (--ca-bundle-path)
+	// so they trust a privately issued gateway certificate.
+	CABundle string
+	// Ingress admits companies to sandbox ingress (listen_ws); see
+	// IngressPolicy.
+	Ingress IngressPolicy
+	// IngressHost is the address launched listen_ws runners listen on and
+	// the gateway dials (default 127.0.0.1).
+	IngressHost string
+	// IngressCert and IngressKey, when set, are handed to listen_ws
+	// runners so their listener serves TLS; the gateway then dials wss://
+	// and verifies them with IngressTLS (nil: the system roots).
+	IngressCert, IngressKey string
+	IngressTLS              *tls.Config
+	// PingInterval is how often the gateway pings each runner connection;
+	// a connection without a pong for PingTimeout is closed.
+	PingInterval, PingTimeout time.Duration
 	// RunnerdPath is the runnerd binary.
 	RunnerdPath string
 	// CodexCommand and CodexArgs launch the provider (the real codex
@@ -63,6 +86,12 @@ type Gateway struct {
 	runners map[string]*runner // by session scope
 	highest map[string]uint64  // highest attempt seen per run
 	closed  bool
+
+	// ctx ends at Close: it bounds the connections the gateway dials
+	// (listen_ws) and their dial loops.
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
 }
 
 // New returns a Gateway.
@@ -79,7 +108,17 @@ func New(cfg Config) *Gateway {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	return &Gateway{cfg: cfg, log: cfg.Logger, runners: map[string]*runner{}, highest: map[string]uint64{}}
+	if cfg.IngressHost == "" {
+		cfg.IngressHost = "127.0.0.1"
+	}
+	if cfg.PingInterval == 0 {
+		cfg.PingInterval = 10 * time.Second
+	}
+	if cfg.PingTimeout == 0 {
+		cfg.PingTimeout = 3 * cfg.PingInterval
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	return &Gateway{cfg: cfg, log: cfg.Logger, runners: map[string]*runner{}, highest: map[string]uint64{}, ctx: ctx, cancel: cancel}
 }
 
 // runner is one runnerd (one session scope).
@@ -93,11 +132,15 @@ type runner struct {
 	connected   chan struct{} // closed while a connection is registered
 	connectedAt time.Time
 	hello       *prpv1.Hello
+	gen         uint64 // connection generation of conn
+	mode        string // transport of conn
+	lastPong    time.Time
 	lastCmdSeq  uint64
 	ackedSeq    uint64
 	att         *attachment
 	child       *launched
 	lifecycle   string
+	dialing     bool // a listen_ws dial loop runs for this runner
 }
 
 type attachment struct {
@@ -147,7 +190,7 @@ func (g *Gateway) stateDir(sc string) string { return filepath.Join(g.cfg.StateR
 
 // ensureRunner returns the live runner of the scope, adopting one that is
 // still running from an earlier gateway or launching a new runnerd.
-func (g *Gateway) ensureRunner(ctx context.Context, sc string, in *prpv1.ExecutionInput) (*runner, bool, error) {
+func (g *Gateway) ensureRunner(ctx context.Context, sc string, in *prpv1.ExecutionInput, mode string) (*runner, bool, error) {
 	r := g.runnerFor(sc)
 	r.mu.Lock()
 	if r.conn != nil {
@@ -171,10 +214,11 @@ func (g *Gateway) ensureRunner(ctx context.Context, sc string, in *prpv1.Executi
 			if ws == "" {
 				ws = filepath.Join(dir, "workspace")
 			}
-			child, err := g.launch(launchSpec{
-				stateDir: filepath.Join(dir, "runnerd"), workspace: ws, instanceID: inst,
+			spec := launchSpec{
+				stateDir: filepath.Join(dir, "runnerd"), workspace: ws, instanceID: inst, mode: mode,
 				leaseID: "local-" + sc[:16], sessionID: in.GetSession().GetNormalizedSessionId(), scope: sc, ticket: ticket,
-			})
+			}
+			child, err := g.launch(&spec)
 			if err != nil {
 				r.mu.Unlock()
 				return nil, false, err
@@ -189,9 +233,24 @@ func (g *Gateway) ensureRunner(ctx context.Context, sc string, in *prpv1.Executi
 				}
 				r.mu.Unlock()
 			}()
-			g.log.Info("runner launched", "runner_instance_id", inst, "pid", child.cmd.Process.Pid, "session_scope", sc)
+			g.log.Info("runner launched", "runner_instance_id", inst, "pid", child.cmd.Process.Pid, "session_scope", sc, "mode", mode)
+			if mode == ModeListenWS {
+				g.startDialLoop(r, spec.listenURL, func() bool {
+					select {
+					case <-child.done:
+						return false
+					default:
+						return true
+					}
+				})
+			}
 		} else {
 			g.log.Info("waiting for a live runner to reconnect", "runner_instance_id", inst, "pid", proc.GetPid())
+			if rec := readLaunchRecord(dir); rec.Mode == ModeListenWS && rec.ListenURL != "" {
+				// A listening runner adopted from an earlier gateway: only
+				// the gateway can re-establish its connection.
+				g.startDialLoop(r, rec.ListenURL, func() bool { return processAlive(proc) })
+			}
 		}
 	}
 	r.mu.Unlock()
@@ -219,12 +278,9 @@ func (g *Gateway) Attach(stream gatewayv1.RunnerGateway_AttachServer) error {
 	if open == nil {
 		return failure.New(codes.InvalidArgument, "attach_open_required", "the first Attach request must be Open")
 	}
-	switch mode := open.GetTarget().GetMode(); mode {
-	case gatewayv1.TransportMode_TRANSPORT_MODE_UNSPECIFIED, gatewayv1.TransportMode_TRANSPORT_MODE_DIAL_WS_LOOPBACK:
-	case gatewayv1.TransportMode_TRANSPORT_MODE_LISTEN_WS:
-		return failure.New(codes.FailedPrecondition, "runner_ingress_unavailable", "this gateway has no sandbox ingress for listen_ws runners")
-	default:
-		return failure.New(codes.FailedPrecondition, "runner_remote_transport_capability_missing:dial_wss", "this gateway only launches local runners")
+	mode, err := g.selectTransport(open)
+	if err != nil {
+		return err
 	}
 	if kind := open.GetInput().GetProvider().GetKind(); kind != "codex" {
 		// OpenCode and ACPX need a build-owned provider pack this build
@@ -238,7 +294,7 @@ func (g *Gateway) Attach(stream gatewayv1.RunnerGateway_AttachServer) error {
 	}
 	sc := scope.Of(open.GetInput())
 	log := g.log.With("run_id", runID, "attempt", attempt, "session_scope", sc)
-	r, reused, err := g.ensureRunner(ctx, sc, open.GetInput())
+	r, reused, err := g.ensureRunner(ctx, sc, open.GetInput(), mode)
 	if err != nil {
 		return err
 	}
@@ -279,7 +335,7 @@ func (g *Gateway) Attach(stream gatewayv1.RunnerGateway_AttachServer) error {
 		// Unacknowledged events may have been sent to an earlier attachment.
 		_ = writeRunner(conn, &prpv1.Frame{Kind: &prpv1.Frame_Replay{Replay: &prpv1.Replay{AfterSourceSeq: after}}})
 	}
-	log.Info("attached", "runner_instance_id", opened.GetRunnerInstanceId(), "reused", reused)
+	log.Info("attached", "runner_instance_id", opened.GetRunnerInstanceId(), "reused", reused, "mode", mode)
 
 	errc := make(chan error, 1)
 	go func() {
@@ -386,7 +442,8 @@ func writeRunner(c *prp.Conn, f *prpv1.Frame) error {
 	return c.Write(ctx, f)
 }
 
-// ServeHTTP accepts runner WebSocket connections at ConnectPath.
+// ServeHTTP accepts runner WebSocket connections at ConnectPath: over the
+// plain loopback listener (dial_ws_loopback) or the TLS listener (dial_wss).
 func (g *Gateway) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	if req.URL.Path != ConnectPath {
 		http.NotFound(w, req)
@@ -396,23 +453,40 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	if err != nil {
 		return
 	}
-	c := prp.NewConn(ws)
-	ctx := req.Context()
+	mode := ModeDialWSLoopback
+	if req.TLS != nil {
+		mode = ModeDialWSS
+	}
+	g.serveRunner(req.Context(), prp.NewConn(ws), mode)
+}
+
+// serveRunner authenticates one runner connection (whichever side dialed),
+// registers it as the runner's live connection and relays until it ends.
+// A connection of an older generation than the live one is refused; an
+// equal or newer one takes over.
+func (g *Gateway) serveRunner(ctx context.Context, c *prp.Conn, mode string) {
 	acc, err := g.cfg.Authority.Accept(ctx, c)
 	if err != nil {
-		g.log.Warn("runner handshake refused", "err", err)
+		g.log.Warn("runner handshake refused", "err", err, "mode", mode)
 		_ = c.Close(websocket.StatusPolicyViolation, prp.CodeOf(err))
 		return
 	}
 	hello := acc.Hello
 	sc := hello.GetIdentity().GetSessionScope()
 	inst := hello.GetIdentity().GetRunnerInstanceId()
+	gen := hello.GetResume().GetConnectionGeneration()
 	r := g.runnerFor(sc)
 	r.mu.Lock()
 	if r.instanceID != "" && r.instanceID != inst {
 		r.mu.Unlock()
 		g.log.Warn("runner identity mismatch", "session_scope", sc, "want", r.instanceID, "got", inst)
 		_ = c.Close(websocket.StatusPolicyViolation, "runner_identity_mismatch")
+		return
+	}
+	if r.conn != nil && gen < r.gen {
+		live := r.gen
+		r.mu.Unlock()
+		g.refuseStale(c, inst, gen, live)
 		return
 	}
 	r.instanceID = inst
@@ -423,20 +497,36 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		return
 	}
 	r.mu.Lock()
-	if r.conn != nil {
-		_ = r.conn.Close(websocket.StatusGoingAway, "superseded by a newer connection")
+	if r.conn != nil && gen < r.gen {
+		live := r.gen
+		r.mu.Unlock()
+		g.refuseStale(c, inst, gen, live)
+		return
+	}
+	if old := r.conn; old != nil {
+		g.log.Info("runner connection taken over by a newer generation", "runner_instance_id", inst, "old_generation", r.gen, "generation", gen)
+		go func() { _ = old.Close(websocket.StatusGoingAway, "superseded by a newer connection") }()
 	} else {
 		close(r.connected)
 	}
-	r.conn, r.connID, r.hello = c, acc.ConnectionID, hello
+	r.conn, r.connID, r.hello, r.gen, r.mode = c, acc.ConnectionID, hello, gen, mode
 	r.connectedAt = time.Now()
+	r.lastPong = r.connectedAt
 	r.lastCmdSeq = hello.GetResume().GetLastControllerSeq()
 	r.ackedSeq = acked
 	r.lifecycle = "ready" // runnerd enters ready once welcomed; pongs refresh it
 	r.mu.Unlock()
-	g.log.Info("runner connected", "runner_instance_id", inst, "session_scope", sc, "acked_source_seq", acked)
+	g.log.Info("runner connected", "runner_instance_id", inst, "session_scope", sc, "acked_source_seq", acked, "mode", mode, "generation", gen)
 
+	pctx, stopPing := context.WithCancel(ctx)
+	pinged := make(chan struct{})
+	go func() {
+		defer close(pinged)
+		g.pinger(pctx, r, c)
+	}()
 	err = g.readRunner(ctx, r, c)
+	stopPing()
+	<-pinged
 	r.mu.Lock()
 	if r.conn == c {
 		r.conn = nil
@@ -449,6 +539,49 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	r.mu.Unlock()
 	g.log.Info("runner disconnected", "runner_instance_id", inst, "err", err)
 	_ = c.Close(websocket.StatusNormalClosure, "")
+}
+
+// refuseStale closes a connection whose generation is older than the live
+// one (a late handshake of a connection that was already replaced).
+func (g *Gateway) refuseStale(c *prp.Conn, inst string, gen, live uint64) {
+	g.log.Warn("refusing a stale runner connection", "runner_instance_id", inst, "generation", gen, "live_generation", live)
+	_ = writeRunner(c, &prpv1.Frame{Kind: &prpv1.Frame_Goodbye{Goodbye: &prpv1.Goodbye{
+		Code: "runner_connection_stale", Message: fmt.Sprintf("generation %d is older than the live connection's %d", gen, live)}}})
+	_ = c.Close(websocket.StatusPolicyViolation, "runner_connection_stale")
+}
+
+// pinger pings the runner every PingInterval and closes the connection
+// once no pong arrived for PingTimeout (a runner that stopped answering,
+// or a half-open TCP connection).
+func (g *Gateway) pinger(ctx context.Context, r *runner, c *prp.Conn) {
+	t := time.NewTicker(g.cfg.PingInterval)
+	defer t.Stop()
+	var nonce uint64
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		r.mu.Lock()
+		last := r.lastPong
+		r.mu.Unlock()
+		if since := time.Since(last); since > g.cfg.PingTimeout {
+			g.log.Warn("runner missed its pongs; closing the connection", "runner_instance_id", r.instanceIDLocked(), "since_last_pong", since)
+			_ = c.CloseNow()
+			return
+		}
+		nonce++
+		go func(n uint64) {
+			_ = writeRunner(c, &prpv1.Frame{Kind: &prpv1.Frame_Ping{Ping: &prpv1.Ping{Nonce: n}}})
+		}(nonce)
+	}
+}
+
+func (r *runner) instanceIDLocked() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.instanceID
 }
 
 func (g *Gateway) readRunner(ctx context.Context, r *runner, c *prp.Conn) error {
@@ -472,6 +605,7 @@ func (g *Gateway) readRunner(ctx context.Context, r *runner, c *prp.Conn) error 
 		case *prpv1.Frame_Pong:
 			r.mu.Lock()
 			r.lifecycle = k.Pong.GetLifecycle()
+			r.lastPong = time.Now()
 			r.mu.Unlock()
 		case *prpv1.Frame_Goodbye:
 			return errors.New(k.Goodbye.GetCode() + ": " + k.Goodbye.GetMessage())
@@ -510,7 +644,7 @@ func (r *runner) view() *gatewayv1.Runner {
 	v := &gatewayv1.Runner{
 		RunnerInstanceId: r.instanceID, SessionScope: r.scope, Lifecycle: r.lifecycle,
 		Connected: r.conn != nil, AckedSourceSeq: r.ackedSeq,
-		Mode: gatewayv1.TransportMode_TRANSPORT_MODE_DIAL_WS_LOOPBACK,
+		Mode: ModeEnum(r.mode),
 	}
 	if r.att != nil {
 		v.AttachedRunId = r.att.runID
@@ -530,6 +664,8 @@ func (r *runner) view() *gatewayv1.Runner {
 // Close stops the runners of this gateway (TERM, grace, KILL to each
 // process group), those it launched and those it adopted.
 func (g *Gateway) Close() {
+	g.cancel()
+	g.wg.Wait()
 	g.mu.Lock()
 	g.closed = true
 	rs := make([]*runner, 0, len(g.runners))

@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -156,16 +157,52 @@ func startTicks(pid int) (uint64, error) {
 type launchSpec struct {
 	stateDir, workspace, instanceID, leaseID, sessionID, scope string
 	ticket                                                     prp.Credential
+	mode                                                       string
+	// listenURL is set by launch for listen_ws: where the gateway dials.
+	listenURL string
 }
 
-func (g *Gateway) launch(spec launchSpec) (*launched, error) {
+// transportArgs are runnerd's flags for the spec's transport mode.
+func (g *Gateway) transportArgs(spec *launchSpec) ([]string, error) {
+	switch spec.mode {
+	case ModeDialWSS:
+		args := []string{"--connect-url", g.cfg.PublicURL}
+		if g.cfg.CABundle != "" {
+			args = append(args, "--ca-bundle-path", g.cfg.CABundle)
+		}
+		return args, nil
+	case ModeListenWS:
+		port, err := freePort(g.cfg.IngressHost)
+		if err != nil {
+			return nil, failure.Wrap(err, codes.Unavailable, "runner_ingress_unavailable", "no free port on %s: %v", g.cfg.IngressHost, err)
+		}
+		path := "/v1/runners/connect/" + spec.instanceID
+		args := []string{"--listen-address", g.cfg.IngressHost, "--listen-port", strconv.Itoa(port), "--listen-path", path}
+		scheme := "ws"
+		if g.cfg.IngressCert != "" {
+			args = append(args, "--listen-tls-cert", g.cfg.IngressCert, "--listen-tls-key", g.cfg.IngressKey)
+			scheme = "wss"
+		}
+		spec.listenURL = scheme + "://" + net.JoinHostPort(g.cfg.IngressHost, strconv.Itoa(port)) + path
+		return args, nil
+	}
+	return []string{"--connect-url", g.cfg.ConnectURL}, nil
+}
+
+func (g *Gateway) launch(spec *launchSpec) (*launched, error) {
 	for _, d := range []string{spec.stateDir, spec.workspace} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, failure.Wrap(err, codes.Internal, "runner_local_connect_failed", "creating %s: %v", d, err)
 		}
 	}
-	args := []string{
-		"--connect-url", g.cfg.ConnectURL,
+	args, err := g.transportArgs(spec)
+	if err != nil {
+		return nil, err
+	}
+	if err := writeLaunchRecord(filepath.Dir(spec.stateDir), launchRecord{Mode: spec.mode, ListenURL: spec.listenURL}); err != nil {
+		return nil, failure.Wrap(err, codes.Internal, "runner_local_connect_failed", "writing the launch record: %v", err)
+	}
+	args = append(args,
 		"--state-dir", spec.stateDir,
 		"--runner-id", spec.instanceID,
 		"--environment-lease-id", spec.leaseID,
@@ -175,7 +212,7 @@ func (g *Gateway) launch(spec launchSpec) (*launched, error) {
 		"--codex-command", g.cfg.CodexCommand,
 		"--idle-timeout", g.cfg.IdleTimeout.String(),
 		"--reconnect-grace", g.cfg.ReconnectGrace.String(),
-	}
+	)
 	for _, a := range g.cfg.CodexArgs {
 		args = append(args, "--codex-arg", a)
 	}

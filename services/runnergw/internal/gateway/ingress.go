@@ -1,0 +1,146 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"time"
+
+	"github.com/coder/websocket"
+	"google.golang.org/grpc/codes"
+
+	"github.com/tether-run/tether/pkg/failure"
+	gatewayv1 "github.com/tether-run/tether/pkg/gen/tether/gateway/v1"
+	"github.com/tether-run/tether/pkg/prp"
+)
+
+// selectTransport resolves the run's transport (G3) and checks that this
+// gateway and the runnerd build both support it (G2), before anything is
+// launched or opened.
+func (g *Gateway) selectTransport(open *gatewayv1.Open) (string, error) {
+	company := open.GetInput().GetBinding().GetCompanyId()
+	runAuthorised := open.GetTarget().GetRunnerIngressAuthorized()
+	authorised := runAuthorised && g.cfg.Ingress.Admits(company)
+	mode, err := ResolveTransportMode(open.GetTarget().GetMode(), authorised)
+	if err != nil {
+		if failure.CodeOf(err) == "runner_ingress_unavailable" {
+			why := "the run's target is not authorised for sandbox ingress"
+			if runAuthorised {
+				why = "this gateway's ingress policy (-runner-ingress-companies) does not admit company " + company
+			}
+			return "", failure.New(codes.FailedPrecondition, "runner_ingress_unavailable", "listen_ws refused: %s", why)
+		}
+		return "", err
+	}
+	if mode == ModeDialWSS && g.cfg.PublicURL == "" {
+		return "", failure.New(codes.FailedPrecondition, "runner_direct_wss_failed",
+			"this gateway serves no TLS runner listener (-runner-tls-cert, -runner-tls-key)")
+	}
+	if b := g.cfg.Build; b != nil && !slices.Contains(b.GetPrpTransportModes(), mode) {
+		return "", failure.New(codes.FailedPrecondition, "runner_remote_transport_capability_missing:"+mode,
+			"runner build supports %v", b.GetPrpTransportModes())
+	}
+	return mode, nil
+}
+
+// jittered is a uniformly random delay in [d/2, d].
+func jittered(d time.Duration) time.Duration {
+	if d <= 0 {
+		return 0
+	}
+	return d/2 + rand.N(d/2+1)
+}
+
+// startDialLoop keeps a listening runner (listen_ws) connected: the gateway
+// dials its listener, serves the connection until it ends, and dials again
+// (jittered backoff) while the runner process lives and the gateway runs.
+// The caller holds r.mu.
+func (g *Gateway) startDialLoop(r *runner, url string, alive func() bool) {
+	if r.dialing {
+		return
+	}
+	r.dialing = true
+	g.wg.Add(1)
+	go func() {
+		defer g.wg.Done()
+		defer func() {
+			r.mu.Lock()
+			r.dialing = false
+			r.mu.Unlock()
+		}()
+		backoff := 100 * time.Millisecond
+		for g.ctx.Err() == nil && alive() {
+			ws, err := g.dialRunnerListener(url)
+			if err == nil {
+				backoff = 100 * time.Millisecond
+				g.serveRunner(g.ctx, prp.NewConn(ws), ModeListenWS)
+			} else {
+				g.log.Debug("runner listener not reachable yet", "url", url, "err", err)
+			}
+			select {
+			case <-g.ctx.Done():
+				return
+			case <-time.After(jittered(backoff)):
+			}
+			backoff = min(backoff*2, 2*time.Second)
+		}
+	}()
+}
+
+// dialRunnerListener opens a WebSocket to a runner's listener.
+func (g *Gateway) dialRunnerListener(url string) (*websocket.Conn, error) {
+	ctx, cancel := context.WithTimeout(g.ctx, 5*time.Second)
+	defer cancel()
+	tr := &http.Transport{Proxy: nil, TLSClientConfig: g.cfg.IngressTLS, TLSHandshakeTimeout: 5 * time.Second}
+	defer tr.CloseIdleConnections()
+	ws, resp, err := websocket.Dial(ctx, url, &websocket.DialOptions{HTTPClient: &http.Client{Transport: tr}})
+	if resp != nil && resp.Body != nil {
+		resp.Body.Close()
+	}
+	return ws, err
+}
+
+// freePort picks a free TCP port on host.
+func freePort(host string) (int, error) {
+	l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// launchRecord is what a gateway remembers about a runner it launched, so a
+// restarted gateway can dial a listening runner again.
+type launchRecord struct {
+	Mode      string `json:"mode"`
+	ListenURL string `json:"listenUrl,omitempty"`
+}
+
+const launchRecordFile = "launch.json"
+
+func writeLaunchRecord(scopeDir string, rec launchRecord) error {
+	b, err := json.Marshal(rec)
+	if err != nil {
+		return err
+	}
+	tmp := filepath.Join(scopeDir, "."+launchRecordFile+".tmp")
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, filepath.Join(scopeDir, launchRecordFile))
+}
+
+func readLaunchRecord(scopeDir string) launchRecord {
+	var rec launchRecord
+	b, err := os.ReadFile(filepath.Join(scopeDir, launchRecordFile))
+	if err == nil {
+		_ = json.Unmarshal(b, &rec)
+	}
+	return rec
+}
