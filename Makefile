@@ -65,6 +65,8 @@ bench: ## measure tether against raw baselines in one run (ephemeral durable Pos
 	bin/tether-bench $(BENCHFLAGS)
 	$(MAKE) --no-print-directory build
 	bin/tether-bench-stack
+	$(GO) build -o bin/ ./services/runnerd/cmd/warm-turn-bench
+	bin/warm-turn-bench -fake bin/fake-codex-app-server
 
 FUZZTIME ?= 1m
 fuzz: ## run every fuzz target of the repository for FUZZTIME each (default 1m; e.g. make fuzz FUZZTIME=10s)
@@ -75,3 +77,16 @@ fuzz: ## run every fuzz target of the repository for FUZZTIME each (default 1m; 
 	    $(GO) test -run '^$$' -fuzz "^$$t\$$" -fuzztime $(FUZZTIME) $$dir; \
 	  done; \
 	done
+
+CODEX_VERSION := 0.169.0
+CODEX_CACHE := .cache/codex
+CODEX_BIN := $(CODEX_CACHE)/node_modules/@openai/codex-linux-x64/vendor/x86_64-unknown-linux-musl/bin/codex
+.PHONY: test-codex
+test-codex: ## opt-in: provider scenario suite against the real codex app-server (npm @openai/codex into .cache/codex) and a loopback mock model
+	@test -x $(CODEX_BIN) && $(CODEX_BIN) --version | grep -qx 'codex-cli $(CODEX_VERSION)' || { \
+	  mkdir -p $(CODEX_CACHE) && cd $(CODEX_CACHE) && { test -f package.json || echo '{"name":"tether-codex-cache","private":true}' > package.json; } && \
+	  npm install --no-audit --no-fund @openai/codex@$(CODEX_VERSION); }
+	@test -x $(CODEX_BIN) || { echo "native codex binary not found at $(CODEX_BIN)"; exit 1; }
+	@set -o pipefail; TETHER_CODEX_BIN=$(abspath $(CODEX_BIN)) $(GO) test -count=1 -timeout 10m -v -run '^TestR2_ScenarioSuiteAgainstRealCodex$$' ./services/runnerd/internal/scenario/ 2>&1 \
+	  | tee $(CODEX_CACHE)/test-codex.log | grep -E '^(test-codex:|--- |ok |FAIL|panic)' \
+	  || { echo "test-codex failed; full log: $(CODEX_CACHE)/test-codex.log"; tail -40 $(CODEX_CACHE)/test-codex.log; exit 1; }

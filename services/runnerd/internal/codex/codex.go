@@ -431,9 +431,23 @@ func (s *Session) OpenThread(ctx context.Context, threadID string) (string, bool
 	return opened, resumed, nil
 }
 
+// TurnOptions are optional turn/start settings.
+type TurnOptions struct {
+	// CollaborationMode "plan" or "default" (experimental in codex) is sent as
+	// collaborationMode {mode, settings:{model, developer_instructions:null}};
+	// empty leaves the thread's mode. codex offers request_user_input to the
+	// model only in plan mode.
+	CollaborationMode string
+}
+
 // StartTurn sends turn/start with one text input and returns the provider
 // turn id once the response arrived. The turn's end is delivered on TurnDone.
 func (s *Session) StartTurn(ctx context.Context, text string) (string, error) {
+	return s.StartTurnWith(ctx, text, TurnOptions{})
+}
+
+// StartTurnWith is StartTurn with options.
+func (s *Session) StartTurnWith(ctx context.Context, text string, opts TurnOptions) (string, error) {
 	s.mu.Lock()
 	thread := s.threadID
 	switch {
@@ -485,6 +499,16 @@ func (s *Session) StartTurn(ctx context.Context, text string) (string, error) {
 	params := map[string]any{
 		"threadId": thread,
 		"input":    []any{map[string]any{"type": "text", "text": text}},
+	}
+	if opts.CollaborationMode != "" {
+		model := s.cfg.Model
+		if model == "" {
+			model = "default"
+		}
+		params["collaborationMode"] = map[string]any{
+			"mode":     opts.CollaborationMode,
+			"settings": map[string]any{"model": model, "developer_instructions": nil},
+		}
 	}
 	_, rpcErr, err := s.call(ctx, "turn/start", params, s.cfg.RequestTimeout, onResult)
 	if err != nil {

@@ -303,3 +303,21 @@ func TestR2_ThreadStartSendsDynamicTools(t *testing.T) {
 	require.NotNil(t, start)
 	assert.Equal(t, []any{map[string]any{"type": "function", "name": "mock_lookup"}}, start["params"].(map[string]any)["dynamicTools"])
 }
+
+func TestR2_StartTurnWithCollaborationMode(t *testing.T) {
+	record := t.TempDir() + "/rec.jsonl"
+	s, _ := startSession(t, stubConfig(t, "echo", stubRecordEnv+"="+record))
+	openStubThread(t, s)
+	_, err := s.StartTurnWith(context.Background(), "hi", TurnOptions{CollaborationMode: "plan"})
+	require.NoError(t, err)
+	waitTurn(t, s)
+	var start map[string]any
+	for _, l := range readRecord(t, record) {
+		if l["method"] == "turn/start" {
+			start = l
+		}
+	}
+	require.NotNil(t, start)
+	assert.Equal(t, map[string]any{"mode": "plan", "settings": map[string]any{"model": "stub-model", "developer_instructions": nil}},
+		start["params"].(map[string]any)["collaborationMode"])
+}

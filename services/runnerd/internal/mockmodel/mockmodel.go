@@ -1,0 +1,366 @@
+// Package mockmodel is a deterministic mock of the OpenAI Responses API
+// (POST {base}/responses, server-sent events) for driving the real
+// `codex app-server` offline. It listens on a loopback address only and
+// records every request, so tests can assert that each model request of
+// codex reached it.
+//
+// The reply is keyed on the request's input (see Reply):
+//
+//	last input item is a *_call_output   "TOOL RESULT: <output after "Output:\n", or the whole output>"
+//	last user text contains [slow]       "ECHO: <text>" in 12 deltas, SlowChunkDelay apart
+//	[shell]                              function_call exec_command {cmd: ShellCommand, yield_time_ms: 5000}
+//	[dyn]                                function_call mock_lookup {"key":"alpha"}
+//	[ask]                                function_call request_user_input (one question "color", options red/blue)
+//	[fail]                               response.failed (server_error)
+//	anything else                        "ECHO: <text>", one delta per word
+//
+// The "last user text" is the text of the last user message that does not
+// start with "<" (codex sends <environment_context> and similar as user
+// messages). Usage: input_tokens = body bytes / 4, output_tokens = words.
+package mockmodel
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+)
+
+// ShellCommand is what a [shell] prompt asks codex to run.
+const ShellCommand = "mkdir -p approved-dir && echo hello-from-mock-shell"
+
+// SlowChunks is the number of deltas of a [slow] reply (Server.SlowChunkDelay
+// apart).
+const SlowChunks = 12
+
+// Request is one recorded model request.
+type Request struct {
+	Method, Path string
+	Header       http.Header
+	Body         map[string]any
+	// LastUserText is the text the reply was keyed on ("" after a tool
+	// output); InputTexts lists every message text of the input in order,
+	// prefixed with the role ("user: …", "assistant: …").
+	LastUserText string
+	InputTexts   []string
+	Reply        string // "text:<…>", "call:<tool>", "failed"
+	Aborted      bool   // the client closed the stream before the end
+}
+
+// Server is a running mock.
+type Server struct {
+	// SlowChunkDelay is the pause between [slow] deltas (default 250ms).
+	SlowChunkDelay time.Duration
+
+	ln   net.Listener
+	srv  *http.Server
+	done chan struct{}
+
+	mu         sync.Mutex
+	reqs       []Request
+	unexpected []string
+	seq        int
+}
+
+// Start listens on addr ("127.0.0.1:0" when empty), which must be a
+// loopback address.
+func Start(addr string) (*Server, error) {
+	if addr == "" {
+		addr = "127.0.0.1:0"
+	}
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, fmt.Errorf("mockmodel: %w", err)
+	}
+	if ip := net.ParseIP(host); ip == nil || !ip.IsLoopback() {
+		return nil, fmt.Errorf("mockmodel: refusing to listen on non-loopback address %q", addr)
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("mockmodel: %w", err)
+	}
+	s := &Server{SlowChunkDelay: 250 * time.Millisecond, ln: ln, done: make(chan struct{})}
+	s.srv = &http.Server{Handler: s, ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		defer close(s.done)
+		_ = s.srv.Serve(ln)
+	}()
+	return s, nil
+}
+
+// BaseURL is the Responses API base for codex's config (…/v1).
+func (s *Server) BaseURL() string { return "http://" + s.ln.Addr().String() + "/v1" }
+
+// Addr is the listening address.
+func (s *Server) Addr() string { return s.ln.Addr().String() }
+
+// Close stops the server, ending open streams.
+func (s *Server) Close() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	err := s.srv.Shutdown(ctx)
+	if err != nil {
+		_ = s.srv.Close()
+	}
+	<-s.done
+	return nil
+}
+
+// Requests returns the recorded model requests.
+func (s *Server) Requests() []Request {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]Request(nil), s.reqs...)
+}
+
+// Unexpected lists requests to anything but POST …/responses.
+func (s *Server) Unexpected() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]string(nil), s.unexpected...)
+}
+
+func (s *Server) nextID(prefix string) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.seq++
+	return fmt.Sprintf("%s_mock_%03d", prefix, s.seq)
+}
+
+// ServeHTTP implements the Responses endpoint.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodPost || !strings.HasSuffix(r.URL.Path, "/responses") {
+		s.mu.Lock()
+		s.unexpected = append(s.unexpected, r.Method+" "+r.URL.Path)
+		s.mu.Unlock()
+		http.NotFound(w, r)
+		return
+	}
+	raw, err := io.ReadAll(io.LimitReader(r.Body, 64<<20))
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	var body map[string]any
+	if err := json.Unmarshal(raw, &body); err != nil {
+		http.Error(w, "body is not JSON", http.StatusBadRequest)
+		return
+	}
+	rec := Request{Method: r.Method, Path: r.URL.Path, Header: r.Header.Clone(), Body: body}
+	lastUser, toolOutput, isToolOutput, texts := inspectInput(body)
+	rec.InputTexts = texts
+	if !isToolOutput {
+		rec.LastUserText = lastUser
+	}
+	s.mu.Lock()
+	idx := len(s.reqs)
+	s.reqs = append(s.reqs, rec)
+	s.mu.Unlock()
+	setReply := func(reply string, aborted bool) {
+		s.mu.Lock()
+		s.reqs[idx].Reply = reply
+		s.reqs[idx].Aborted = aborted
+		s.mu.Unlock()
+	}
+
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.Header().Set("Cache-Control", "no-cache")
+	w.WriteHeader(http.StatusOK)
+	sse := &sseWriter{w: w, ctx: r.Context()}
+	respID := s.nextID("resp")
+	sse.event("response.created", map[string]any{"type": "response.created", "response": map[string]any{"id": respID}})
+	usage := func(out string) map[string]any {
+		return map[string]any{
+			"input_tokens": len(raw) / 4, "input_tokens_details": map[string]any{"cached_tokens": 0},
+			"output_tokens": len(strings.Fields(out)), "output_tokens_details": map[string]any{"reasoning_tokens": 0},
+			"total_tokens": len(raw)/4 + len(strings.Fields(out)),
+		}
+	}
+	completed := func(out string) {
+		sse.event("response.completed", map[string]any{"type": "response.completed", "response": map[string]any{"id": respID, "usage": usage(out)}})
+	}
+	call := func(name string, args any) {
+		b, _ := json.Marshal(args)
+		item := map[string]any{"type": "function_call", "id": s.nextID("fc"), "call_id": s.nextID("call"), "name": name, "arguments": string(b)}
+		sse.event("response.output_item.added", map[string]any{"type": "response.output_item.added", "output_index": 0, "item": item})
+		sse.event("response.output_item.done", map[string]any{"type": "response.output_item.done", "output_index": 0, "item": item})
+		completed("")
+		setReply("call:"+name, sse.err != nil)
+	}
+
+	switch {
+	case isToolOutput:
+		s.streamText(sse, "TOOL RESULT: "+toolOutput, nil, 0, completed, setReply)
+	case strings.Contains(lastUser, "[fail]"):
+		sse.event("response.failed", map[string]any{"type": "response.failed", "response": map[string]any{
+			"id": respID, "error": map[string]any{"code": "server_error", "message": "mock failure requested"}}})
+		setReply("failed", sse.err != nil)
+	case strings.Contains(lastUser, "[shell]"):
+		call("exec_command", map[string]any{"cmd": ShellCommand, "yield_time_ms": 5000})
+	case strings.Contains(lastUser, "[dyn]"):
+		call("mock_lookup", map[string]any{"key": "alpha"})
+	case strings.Contains(lastUser, "[ask]"):
+		call("request_user_input", map[string]any{"questions": []any{map[string]any{
+			"id": "color", "header": "Color", "question": "Which color should I use?",
+			"options": []any{
+				map[string]any{"label": "red", "description": "a warm color"},
+				map[string]any{"label": "blue", "description": "a cold color"},
+			},
+		}}})
+	case strings.Contains(lastUser, "[slow]"):
+		text := "ECHO: " + lastUser
+		s.streamText(sse, text, splitEven(text, SlowChunks), s.SlowChunkDelay, completed, setReply)
+	default:
+		s.streamText(sse, "ECHO: "+lastUser, nil, 0, completed, setReply)
+	}
+}
+
+func (s *Server) streamText(sse *sseWriter, text string, chunks []string, delay time.Duration, completed func(string), setReply func(string, bool)) {
+	if chunks == nil {
+		chunks = strings.SplitAfter(text, " ")
+	}
+	msgID := s.nextID("msg")
+	sse.event("response.output_item.added", map[string]any{"type": "response.output_item.added", "output_index": 0,
+		"item": map[string]any{"type": "message", "role": "assistant", "id": msgID, "content": []any{}}})
+	for i, c := range chunks {
+		if i > 0 && delay > 0 {
+			select {
+			case <-time.After(delay):
+			case <-sse.ctx.Done():
+				sse.err = sse.ctx.Err()
+			}
+		}
+		if sse.err != nil {
+			setReply("text:"+text, true)
+			return
+		}
+		sse.event("response.output_text.delta", map[string]any{"type": "response.output_text.delta", "item_id": msgID,
+			"output_index": 0, "content_index": 0, "delta": c})
+	}
+	sse.event("response.output_item.done", map[string]any{"type": "response.output_item.done", "output_index": 0,
+		"item": map[string]any{"type": "message", "role": "assistant", "id": msgID,
+			"content": []any{map[string]any{"type": "output_text", "text": text}}}})
+	completed(text)
+	setReply("text:"+text, sse.err != nil)
+}
+
+type sseWriter struct {
+	w   http.ResponseWriter
+	ctx context.Context
+	err error
+}
+
+func (e *sseWriter) event(typ string, data any) {
+	if e.err != nil {
+		return
+	}
+	b, err := json.Marshal(data)
+	if err != nil {
+		e.err = err
+		return
+	}
+	var buf bytes.Buffer
+	buf.WriteString("event: " + typ + "\ndata: ")
+	buf.Write(b)
+	buf.WriteString("\n\n")
+	if _, err := e.w.Write(buf.Bytes()); err != nil {
+		e.err = err
+		return
+	}
+	if f, ok := e.w.(http.Flusher); ok {
+		f.Flush()
+	}
+	if e.ctx.Err() != nil {
+		e.err = e.ctx.Err()
+	}
+}
+
+// inspectInput finds the last user text (skipping "<…>" context messages),
+// whether the input ends with a tool output (and its text), and every
+// message text in order.
+func inspectInput(body map[string]any) (lastUser, toolOutput string, isToolOutput bool, texts []string) {
+	items, _ := body["input"].([]any)
+	for i, it := range items {
+		m, _ := it.(map[string]any)
+		typ, _ := m["type"].(string)
+		if strings.HasSuffix(typ, "_call_output") {
+			if i == len(items)-1 {
+				isToolOutput = true
+				toolOutput = outputText(m["output"])
+			}
+			continue
+		}
+		role, _ := m["role"].(string)
+		if typ != "message" && typ != "" {
+			continue
+		}
+		text := messageText(m)
+		texts = append(texts, role+": "+text)
+		if role == "user" && !strings.HasPrefix(strings.TrimSpace(text), "<") {
+			lastUser = text
+		}
+	}
+	return lastUser, toolOutput, isToolOutput, texts
+}
+
+func messageText(m map[string]any) string {
+	switch c := m["content"].(type) {
+	case string:
+		return c
+	case []any:
+		var parts []string
+		for _, p := range c {
+			pm, _ := p.(map[string]any)
+			if t, ok := pm["text"].(string); ok {
+				parts = append(parts, t)
+			}
+		}
+		return strings.Join(parts, "\n")
+	}
+	return ""
+}
+
+// outputText is the text a tool output carries: for exec_command the part
+// after "Output:\n".
+func outputText(v any) string {
+	var s string
+	switch x := v.(type) {
+	case string:
+		s = x
+	case []any:
+		var parts []string
+		for _, p := range x {
+			pm, _ := p.(map[string]any)
+			if t, ok := pm["text"].(string); ok {
+				parts = append(parts, t)
+			}
+		}
+		s = strings.Join(parts, "\n")
+	default:
+		b, _ := json.Marshal(x)
+		s = string(b)
+	}
+	if i := strings.Index(s, "Output:\n"); i >= 0 {
+		s = s[i+len("Output:\n"):]
+	}
+	return strings.TrimSpace(s)
+}
+
+func splitEven(text string, n int) []string {
+	r := []rune(text)
+	size := (len(r) + n - 1) / n
+	if size == 0 {
+		return []string{text}
+	}
+	var out []string
+	for i := 0; i < len(r); i += size {
+		out = append(out, string(r[i:min(i+size, len(r))]))
+	}
+	return out
+}
