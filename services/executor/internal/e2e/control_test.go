@@ -46,3 +46,41 @@ func TestE9_SteeringThroughAnotherReplicaReachesTheActiveTurnOnce(t *testing.T) 
 	_, err = h.client.ResolveRuntimeRequest(ctx, &executorv1.ResolveRuntimeRequestRequest{RunId: "steer", RequestId: "0", TurnId: resp.GetTurnId(), Resolution: res})
 	require.Equal(t, "native_session_not_active", failure.CodeOf(err))
 }
+
+func TestE8_ARuntimeRequestIsResolvedOnceThroughTheExecutor(t *testing.T) {
+	h := newHarness(t, stack.Options{})
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	// "[shell]" makes the fake ask for a command approval in this turn.
+	h.submit("approve", "approve", "[shell] make a directory")
+	var requestID, turnID string
+	wctx, stop := context.WithCancel(ctx)
+	stream, err := h.client.WatchRun(wctx, &executorv1.WatchRunRequest{RunId: "approve"})
+	require.NoError(t, err)
+	for requestID == "" {
+		m, err := stream.Recv()
+		require.NoError(t, err)
+		if m.GetEvent().GetEventType() == "runtime_request.created" {
+			p := m.GetEvent().GetPayload().AsMap()
+			requestID, _ = p["requestId"].(string)
+			turnID, _ = p["turnId"].(string)
+		}
+	}
+	stop()
+	require.NotEmpty(t, turnID)
+
+	accept, _ := structpb.NewStruct(map[string]any{"decision": "accept"})
+	decline, _ := structpb.NewStruct(map[string]any{"decision": "decline"})
+	req := &executorv1.ResolveRuntimeRequestRequest{RunId: "approve", RequestId: requestID, TurnId: turnID, Resolution: accept}
+	first, err := h.client.ResolveRuntimeRequest(ctx, req)
+	require.NoError(t, err)
+	require.NotEmpty(t, first.GetCommandId())
+
+	run := h.waitState(ctx, h.client, "approve", executorv1.RunState_RUN_STATE_SUCCEEDED)
+	require.NotEmpty(t, run.GetResult().GetFinalMessage())
+	require.Equal(t, 1, countLines(t, h.st.CallLog(), "approval-response:accept"), "answered once")
+	// The request is settled: a late answer is refused before any dispatch.
+	_, err = h.client.ResolveRuntimeRequest(ctx, &executorv1.ResolveRuntimeRequestRequest{RunId: "approve", RequestId: requestID, TurnId: turnID, Resolution: decline})
+	require.Error(t, err)
+	require.Zero(t, countLines(t, h.st.CallLog(), "approval-response:decline"))
+}
