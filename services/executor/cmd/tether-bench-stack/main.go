@@ -22,8 +22,8 @@ import (
 	"sort"
 	"time"
 
-	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
 	"github.com/jackc/pgx/v5/pgxpool"
+	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
 
 	"github.com/tether-run/tether/pkg/grpcx"
 	"github.com/tether-run/tether/pkg/pgtest"
