@@ -1,6 +1,11 @@
-// Command backup-verifier verifies lease-bound backup stamps. Checkpoint
-// upload, download, manifests and provider packs arrive with the backups
-// issue; this first draft serves VerifyStamp.
+// Command backup-verifier serves tether.backup.v1.BackupVerifier: checkpoint
+// upload and download, quick and deep backup verification, lease-bound
+// stamps and provider-pack verification. Archives go to a blob store
+// (-blob-url: a local directory by default, or any gocloud.dev/blob URL such
+// as s3:// or gs://), metadata to PostgreSQL (-database-url, schema backup).
+// Without a database the service still verifies stamp signatures and
+// provider packs; checkpoint RPCs then answer FailedPrecondition
+// backup_metadata_disabled.
 package main
 
 import (
@@ -9,22 +14,21 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 
+	"gocloud.dev/blob"
+	_ "gocloud.dev/blob/fileblob"
+	_ "gocloud.dev/blob/gcsblob"
+	_ "gocloud.dev/blob/s3blob"
+
+	"github.com/tether-run/tether/pkg/archive"
 	backupv1 "github.com/tether-run/tether/pkg/gen/tether/backup/v1"
 	"github.com/tether-run/tether/pkg/grpcx"
 	"github.com/tether-run/tether/pkg/keyfile"
-	"github.com/tether-run/tether/services/backup/internal/stamp"
+	"github.com/tether-run/tether/services/backup/internal/api"
+	"github.com/tether-run/tether/services/backup/internal/checkpoint"
+	"github.com/tether-run/tether/services/backup/internal/store"
 )
-
-type server struct {
-	backupv1.UnimplementedBackupVerifierServer
-	key []byte
-}
-
-func (s *server) VerifyStamp(_ context.Context, req *backupv1.VerifyStampRequest) (*backupv1.VerifyStampResponse, error) {
-	ok, reason := stamp.Verify(s.key, req.GetStamp(), req.GetLeaseId())
-	return &backupv1.VerifyStampResponse{Valid: ok, Reason: reason}, nil
-}
 
 func main() {
 	if err := run(); err != nil {
@@ -37,8 +41,21 @@ func run() error {
 	fs := flag.NewFlagSet("backup-verifier", flag.ExitOnError)
 	cfg := grpcx.RegisterFlags(fs, "backup-verifier", "127.0.0.1:7402", "127.0.0.1:9402")
 	home, _ := os.UserHomeDir()
-	keyFile := grpcx.StringFlag(fs, "stamp-key-file", "", filepath.Join(home, ".local", "state", "tether", "backup", "stamp.key"),
+	state := filepath.Join(home, ".local", "state", "tether", "backup")
+	keyFile := grpcx.StringFlag(fs, "stamp-key-file", "", filepath.Join(state, "stamp.key"),
 		"HMAC key signing backup stamps (created 0600 when missing)")
+	dsn := grpcx.StringFlag(fs, "database-url", "", "",
+		"PostgreSQL URL for checkpoint metadata (schema backup); empty: checkpoints disabled")
+	migrate := grpcx.BoolFlag(fs, "migrate", "", true, "apply database migrations at start")
+	blobURL := grpcx.StringFlag(fs, "blob-url", "", "file://"+filepath.Join(state, "blobs")+"?create_dir=true",
+		"blob store for checkpoint archives (gocloud.dev/blob URL: file:///dir, s3://bucket, gs://bucket)")
+	staging := grpcx.StringFlag(fs, "staging-dir", "", os.TempDir(), "where uploads are checked and staged")
+	maxArchive := grpcx.IntFlag(fs, "max-archive-bytes", "", archive.DefaultMaxArchiveBytes, "largest archive accepted, as transferred")
+	maxExpanded := grpcx.IntFlag(fs, "max-expanded-bytes", "", archive.DefaultMaxExpandedBytes, "largest total of file sizes an archive may expand to")
+	maxEntries := grpcx.IntFlag(fs, "max-entries", "", archive.DefaultMaxEntries, "most entries an archive may hold")
+	packRoots := grpcx.StringFlag(fs, "provider-pack-root", "",
+		"/opt/tether/provider-pack,"+filepath.Join(home, ".local", "share", "tether", "provider-pack"),
+		"comma-separated directories VerifyProviderPack may read (a pack root must be one of them or below one)")
 	if err := grpcx.ParseFlags(fs, os.Args[1:]); err != nil {
 		return err
 	}
@@ -50,8 +67,50 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	backupv1.RegisterBackupVerifierServer(srv.GRPC(), &server{key: key})
+	log := srv.Logger()
 	ctx, stop := grpcx.SignalContext(context.Background())
 	defer stop()
+
+	svc := &checkpoint.Service{
+		Key: key, StagingDir: *staging, Log: log,
+		Limits: archive.Limits{MaxArchiveBytes: int64(*maxArchive), MaxExpandedBytes: int64(*maxExpanded), MaxEntries: *maxEntries},
+	}
+	if *dsn == "" {
+		log.Warn("no -database-url (TETHER_DATABASE_URL): checkpoint metadata disabled; UploadCheckpoint, DownloadCheckpoint " +
+			"and VerifyBackup answer backup_metadata_disabled, VerifyStamp answers valid=false; VerifyProviderPack works")
+	} else {
+		if *migrate {
+			if err := store.Migrate(ctx, *dsn); err != nil {
+				return fmt.Errorf("migrating: %w", err)
+			}
+		}
+		st, err := store.Open(ctx, *dsn)
+		if err != nil {
+			return err
+		}
+		defer st.Close()
+		bucket, err := blob.OpenBucket(ctx, *blobURL)
+		if err != nil {
+			return fmt.Errorf("opening blob store %s: %w", *blobURL, err)
+		}
+		defer bucket.Close()
+		svc.Store, svc.Bucket = st, bucket
+		log.Info("checkpoints enabled", "blob_url", redact(*blobURL))
+	}
+	var roots []string
+	for r := range strings.SplitSeq(*packRoots, ",") {
+		if r = strings.TrimSpace(r); r != "" {
+			roots = append(roots, filepath.Clean(r))
+		}
+	}
+	backupv1.RegisterBackupVerifierServer(srv.GRPC(), &api.Server{Svc: svc, PackRoots: roots})
 	return srv.Serve(ctx)
+}
+
+// redact drops a URL's query (it may carry credentials).
+func redact(u string) string {
+	if i := strings.IndexByte(u, '?'); i >= 0 {
+		return u[:i]
+	}
+	return u
 }

@@ -1,0 +1,165 @@
+// Package store keeps the backup verifier's metadata in PostgreSQL (schema
+// backup): one row per stored checkpoint with its canonical manifest, and
+// the stamps issued for it. Archives themselves live in the blob store.
+package store
+
+import (
+	"context"
+	"database/sql"
+	"embed"
+	"errors"
+	"io/fs"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/pressly/goose/v3"
+)
+
+// Migrations holds the embedded, numbered goose migrations.
+//
+//go:embed migrations/*.sql
+var Migrations embed.FS
+
+// GooseTable is the goose version table of this schema.
+const GooseTable = "backup_goose_version"
+
+// ErrNotFound is returned for an unknown checkpoint.
+var ErrNotFound = errors.New("checkpoint not found")
+
+var _ = stdlib.GetDefaultDriver // registers the "pgx" database/sql driver
+
+// Migrate applies the embedded migrations to the database at dsn.
+func Migrate(ctx context.Context, dsn string) error {
+	db, err := sql.Open("pgx", dsn)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	sub, err := fs.Sub(Migrations, "migrations")
+	if err != nil {
+		return err
+	}
+	p, err := goose.NewProvider(goose.DialectPostgres, db, sub, goose.WithTableName(GooseTable))
+	if err != nil {
+		return err
+	}
+	_, err = p.Up(ctx)
+	return err
+}
+
+// Store is the verifier's PostgreSQL access.
+type Store struct{ pool *pgxpool.Pool }
+
+// Open connects a pool to dsn.
+func Open(ctx context.Context, dsn string) (*Store, error) {
+	pool, err := pgxpool.New(ctx, dsn)
+	if err != nil {
+		return nil, err
+	}
+	if err := pool.Ping(ctx); err != nil {
+		pool.Close()
+		return nil, err
+	}
+	return &Store{pool: pool}, nil
+}
+
+// New wraps an existing pool.
+func New(pool *pgxpool.Pool) *Store { return &Store{pool: pool} }
+
+// Close closes the pool.
+func (s *Store) Close() { s.pool.Close() }
+
+// Checkpoint is a stored checkpoint's metadata.
+type Checkpoint struct {
+	ID                  string
+	SessionScope        string
+	NormalizedSessionID string
+	RunnerInstanceID    string
+	SourceLeaseID       string
+	ProviderKind        string
+	DriverKind          string
+	// Manifest is the manifest's canonical JSON.
+	Manifest       []byte
+	ManifestDigest string
+	BlobKey        string
+	ArchiveSHA256  string
+	ArchiveBytes   int64
+	ExpandedBytes  int64
+	Entries        int
+	CompletedAt    time.Time
+	CreatedAt      time.Time
+}
+
+// Insert records a checkpoint and the stamp issued for stampLease, in one
+// transaction.
+func (s *Store) Insert(ctx context.Context, c *Checkpoint, stampLease string) error {
+	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		err := tx.QueryRow(ctx, `
+INSERT INTO backup.checkpoints (checkpoint_id, session_scope, normalized_session_id, runner_instance_id,
+    source_lease_id, provider_kind, driver_kind, manifest, manifest_digest, blob_key, archive_sha256,
+    archive_bytes, expanded_bytes, entries, completed_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)
+RETURNING created_at`,
+			c.ID, c.SessionScope, c.NormalizedSessionID, c.RunnerInstanceID, c.SourceLeaseID, c.ProviderKind,
+			c.DriverKind, c.Manifest, c.ManifestDigest, c.BlobKey, c.ArchiveSHA256, c.ArchiveBytes,
+			c.ExpandedBytes, c.Entries, c.CompletedAt).Scan(&c.CreatedAt)
+		if err != nil {
+			return err
+		}
+		_, err = tx.Exec(ctx, `INSERT INTO backup.stamps (checkpoint_id, lease_id) VALUES ($1, $2)`, c.ID, stampLease)
+		return err
+	})
+}
+
+const columns = `checkpoint_id, session_scope, normalized_session_id, runner_instance_id, source_lease_id,
+    provider_kind, driver_kind, manifest, manifest_digest, blob_key, archive_sha256, archive_bytes,
+    expanded_bytes, entries, completed_at, created_at`
+
+func scan(row pgx.Row) (*Checkpoint, error) {
+	var c Checkpoint
+	err := row.Scan(&c.ID, &c.SessionScope, &c.NormalizedSessionID, &c.RunnerInstanceID, &c.SourceLeaseID,
+		&c.ProviderKind, &c.DriverKind, &c.Manifest, &c.ManifestDigest, &c.BlobKey, &c.ArchiveSHA256,
+		&c.ArchiveBytes, &c.ExpandedBytes, &c.Entries, &c.CompletedAt, &c.CreatedAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, ErrNotFound
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &c, nil
+}
+
+// Get returns the checkpoint with this id.
+func (s *Store) Get(ctx context.Context, id string) (*Checkpoint, error) {
+	return scan(s.pool.QueryRow(ctx, `SELECT `+columns+` FROM backup.checkpoints WHERE checkpoint_id = $1`, id))
+}
+
+// GetByManifestDigest returns the checkpoint whose manifest has this digest.
+func (s *Store) GetByManifestDigest(ctx context.Context, d string) (*Checkpoint, error) {
+	return scan(s.pool.QueryRow(ctx, `SELECT `+columns+` FROM backup.checkpoints WHERE manifest_digest = $1`, d))
+}
+
+// Latest returns the newest checkpoint of a session scope.
+func (s *Store) Latest(ctx context.Context, scope string) (*Checkpoint, error) {
+	return scan(s.pool.QueryRow(ctx, `SELECT `+columns+` FROM backup.checkpoints WHERE session_scope = $1
+ORDER BY created_at DESC, checkpoint_id DESC LIMIT 1`, scope))
+}
+
+// RecordStamp records that a stamp for lease was issued for a checkpoint
+// (idempotent).
+func (s *Store) RecordStamp(ctx context.Context, checkpointID, lease string) error {
+	_, err := s.pool.Exec(ctx, `INSERT INTO backup.stamps (checkpoint_id, lease_id) VALUES ($1, $2)
+ON CONFLICT DO NOTHING`, checkpointID, lease)
+	return err
+}
+
+// Stamps lists the leases stamps were issued for, oldest first.
+func (s *Store) Stamps(ctx context.Context, checkpointID string) ([]string, error) {
+	rows, err := s.pool.Query(ctx, `SELECT lease_id FROM backup.stamps WHERE checkpoint_id = $1 ORDER BY issued_at, lease_id`, checkpointID)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[string])
+}
