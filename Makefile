@@ -67,6 +67,7 @@ bench: ## measure tether against raw baselines in one run (ephemeral durable Pos
 	bin/tether-bench-stack
 	$(GO) build -o bin/ ./services/runnerd/cmd/warm-turn-bench
 	bin/warm-turn-bench -fake bin/fake-codex-app-server
+	$(MAKE) --no-print-directory bench-backup
 
 FUZZTIME ?= 1m
 fuzz: ## run every fuzz target of the repository for FUZZTIME each (default 1m; e.g. make fuzz FUZZTIME=10s)
@@ -90,3 +91,9 @@ test-codex: ## opt-in: provider scenario suite against the real codex app-server
 	@set -o pipefail; TETHER_CODEX_BIN=$(abspath $(CODEX_BIN)) $(GO) test -count=1 -timeout 10m -v -run '^TestR2_ScenarioSuiteAgainstRealCodex$$' ./services/runnerd/internal/scenario/ 2>&1 \
 	  | tee $(CODEX_CACHE)/test-codex.log | grep -E '^(test-codex:|--- |ok |FAIL|panic)' \
 	  || { echo "test-codex failed; full log: $(CODEX_CACHE)/test-codex.log"; tail -40 $(CODEX_CACHE)/test-codex.log; exit 1; }
+
+.PHONY: bench-backup
+bench-backup: ## deep-verify digest throughput vs raw sha256 baselines (1 GiB in 10 files, 100 MiB in 10,000 files); BACKUPBENCHFLAGS=-h lists knobs
+	@mkdir -p bin
+	$(GO) build -o bin/ ./services/backup/cmd/tether-bench-backup
+	bin/tether-bench-backup $(BACKUPBENCHFLAGS)
