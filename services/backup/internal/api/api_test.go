@@ -3,6 +3,7 @@ package api_test
 import (
 	"archive/tar"
 	"bytes"
+	"compress/gzip"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -211,7 +212,7 @@ func blobFiles(t *testing.T, dir string) []string {
 	return out
 }
 
-func TestUploadVerifyDownloadRestoreRoundTrip(t *testing.T) {
+func TestB3_ServiceUploadVerifyDownloadRestoreRoundTrip(t *testing.T) {
 	e := newEnv(t, true, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -332,7 +333,7 @@ func storedArchive(t *testing.T, e *env) string {
 	return tars[0]
 }
 
-func TestTamperedStoredByteFailsDeepVerifyNotError(t *testing.T) {
+func TestB3_ServiceTamperedStoredByteFailsDeepVerifyNotError(t *testing.T) {
 	e := newEnv(t, true, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -386,7 +387,7 @@ func rawTar(t *testing.T, hdrs ...*tar.Header) []byte {
 	return b.Bytes()
 }
 
-func TestUnsafeArchiveRefusedWithItsCodeAndNothingStored(t *testing.T) {
+func TestB4_ServiceRefusesUnsafeArchiveWithItsCodeAndStoresNothing(t *testing.T) {
 	e := newEnv(t, true, func(s *checkpoint.Service) { s.Limits = archive.Limits{MaxEntries: 50} })
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -428,14 +429,30 @@ func TestUnsafeArchiveRefusedWithItsCodeAndNothingStored(t *testing.T) {
 		})
 	}
 
+	// A gzip archive is accepted; one larger than the archive limit is
+	// refused while it streams.
+	var gz bytes.Buffer
+	zw := gzip.NewWriter(&gz)
+	_, err := zw.Write(tarOf(t, harnessTree(t)))
+	require.NoError(t, err)
+	require.NoError(t, zw.Close())
+	receipt, err := upload(ctx, e.client, header("sandbox-1"), gz.Bytes())
+	require.NoError(t, err)
+	require.Len(t, receipt.GetCheckpoint().GetManifest().GetDirectories(), 2)
+	require.Equal(t, 1, countRows(t, e.dsn))
+	small := newEnv(t, true, func(s *checkpoint.Service) { s.Limits = archive.Limits{MaxArchiveBytes: 64 << 10} })
+	_, err = upload(ctx, small.client, header("sandbox-1"), tarOf(t, harnessTree(t)))
+	requireCode(t, err, codes.ResourceExhausted, archive.CodeTooLarge)
+	require.Zero(t, countRows(t, small.dsn))
+	require.Empty(t, blobFiles(t, small.bucketDir))
+
 	// A complete archive missing a profile directory is a state mismatch.
-	_, err := upload(ctx, e.client, header("sandbox-1"), rawTar(t, dir("runner/"), file("runner/a", 1)))
+	_, err = upload(ctx, e.client, header("sandbox-1"), rawTar(t, dir("runner/"), file("runner/a", 1)))
 	requireCode(t, err, codes.FailedPrecondition, "runner_harness_state_mismatch")
-	require.Zero(t, countRows(t, e.dsn))
-	require.Empty(t, blobFiles(t, e.bucketDir))
+	require.Equal(t, 1, countRows(t, e.dsn))
 }
 
-func TestUploadHeaderRefusedBeforeTheArchive(t *testing.T) {
+func TestB2_ServiceRefusesHeaderNotMatchingTheProfile(t *testing.T) {
 	e := newEnv(t, true, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -528,7 +545,7 @@ func writePack(t *testing.T, root string) {
 	put(t, filepath.Join(root, "provider-pack.json"), string(b), 0o644)
 }
 
-func TestVerifyProviderPack(t *testing.T) {
+func TestB1_ServiceVerifiesProviderPack(t *testing.T) {
 	e := newEnv(t, false, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
