@@ -215,6 +215,21 @@ func (s *Server) ResolveRuntimeRequest(ctx context.Context, req *executorv1.Reso
 	return &executorv1.ResolveRuntimeRequestResponse{CommandId: id}, nil
 }
 
+// CompleteToolCall answers a dynamic tool call of the run.
+func (s *Server) CompleteToolCall(ctx context.Context, req *executorv1.CompleteToolCallRequest) (*executorv1.CompleteToolCallResponse, error) {
+	if rc, err := s.remote(ctx, req.GetRunId()); err != nil || rc != nil {
+		if err != nil {
+			return nil, err
+		}
+		return rc.CompleteToolCall(ctx, req)
+	}
+	id, err := s.controls().CompleteToolCall(ctx, req.GetRunId(), req.GetCallId(), req.GetSuccess(), req.GetText())
+	if err != nil {
+		return nil, failure.ToStatus(err)
+	}
+	return &executorv1.CompleteToolCallResponse{CommandId: id}, nil
+}
+
 func (s *Server) controls() *control.Registry {
 	if s.Controls == nil {
 		return control.NewRegistry(func() string { return "" })

@@ -28,6 +28,7 @@ const (
 	CodeResolutionUnsupported        = "runtime_request_resolution_unsupported"
 	CodeRequestStaleTurn             = "runtime_request_stale_turn"
 	CodeResolutionConflict           = "runtime_request_resolution_conflict"
+	CodeToolAuthorityRevoked         = "native_tool_authority_epoch_revoked"
 	DefaultSteerTimeout              = 10 * time.Second
 	maxCompletedReservationsPerRun   = 256
 	dispositionAvailable             = "available"
@@ -60,6 +61,8 @@ type Session interface {
 	ActiveTurnID(ctx context.Context) (string, error)
 	Steer(ctx context.Context, in SteerInput) error
 	ResolveRuntimeRequest(ctx context.Context, commandID, requestID, turnID string, resolution map[string]any) error
+	// CompleteToolCall answers a dynamic tool call of this session.
+	CompleteToolCall(ctx context.Context, callID string, success bool, text string) (commandID string, err error)
 }
 
 // Error is a steering or resolution refusal; all are retryable by the
@@ -335,4 +338,16 @@ func (r *Registry) pruneLocked(runID string) {
 	if completed > maxCompletedReservationsPerRun {
 		delete(byReq, oldestKey)
 	}
+}
+
+// CompleteToolCall answers a dynamic tool call of the run's live session.
+// Tool authority is bound to the run: without a live session of this run
+// here (it ended, or a continuation took the scope) the answer is refused
+// with native_tool_authority_epoch_revoked.
+func (r *Registry) CompleteToolCall(ctx context.Context, runID, callID string, success bool, text string) (string, error) {
+	e := r.session(runID)
+	if e == nil {
+		return "", newError(CodeToolAuthorityRevoked, "run %s no longer holds tool authority", runID)
+	}
+	return e.session.CompleteToolCall(ctx, callID, success, text)
 }

@@ -59,6 +59,10 @@ func (f *fakeSession) ResolveRuntimeRequest(_ context.Context, commandID, _, _ s
 	return nil
 }
 
+func (f *fakeSession) CompleteToolCall(_ context.Context, callID string, _ bool, _ string) (string, error) {
+	return "tool/" + callID, nil
+}
+
 func (f *fakeSession) counts() (caps, snaps, resolves int) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -197,4 +201,15 @@ func TestE8_ClearsCompletedResponseReservationsWhenTheSessionTearsDown(t *testin
 	require.NotEqual(t, first, second)
 	_, _, resolves := s.counts()
 	require.Equal(t, 2, resolves)
+}
+
+func TestE13_ToolAuthorityIsBoundToTheRunsLiveSession(t *testing.T) {
+	r := registry()
+	detach := r.Attach("run-1", active())
+	id, err := r.CompleteToolCall(context.Background(), "run-1", "call-1", true, "42")
+	require.NoError(t, err)
+	require.Equal(t, "tool/call-1", id)
+	detach() // the run ended; a continuation may take the scope
+	_, err = r.CompleteToolCall(context.Background(), "run-1", "call-2", true, "42")
+	require.Equal(t, CodeToolAuthorityRevoked, failure.CodeOf(err))
 }

@@ -147,3 +147,26 @@ func (l *liveSession) ResolveRuntimeRequest(ctx context.Context, commandID, requ
 	}
 	return nil
 }
+
+// CompleteToolCall sends tool.result for a dynamic tool call and waits for
+// the runner's result (the runner refuses a call of another turn with
+// native_tool_authority_epoch_revoked).
+func (l *liveSession) CompleteToolCall(ctx context.Context, callID string, success bool, text string) (string, error) {
+	cmd, err := newCommand(l.claim, "tool.result", map[string]any{"callId": callID, "success": success, "text": text})
+	if err != nil {
+		return "", err
+	}
+	cmd.CommandId = fmt.Sprintf("%s/tool/%s", l.claim.RunID, callID)
+	r, err := l.call(ctx, cmd)
+	if err != nil {
+		return "", err
+	}
+	if r.GetStatus() != "completed" {
+		code := r.GetCode()
+		if code == "" {
+			code = "tool_result_rejected"
+		}
+		return "", failure.New(codes.FailedPrecondition, code, "%s", r.GetMessage())
+	}
+	return cmd.GetCommandId(), nil
+}

@@ -1684,6 +1684,121 @@ func (x *ResolveRuntimeRequestResponse) GetCommandId() string {
 	return ""
 }
 
+// CompleteToolCallRequest answers one dynamic tool call.
+type CompleteToolCallRequest struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	RunId   string                 `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	CallId  string                 `protobuf:"bytes,2,opt,name=call_id,json=callId,proto3" json:"call_id,omitempty"`
+	Success bool                   `protobuf:"varint,3,opt,name=success,proto3" json:"success,omitempty"`
+	// The tool's output as text for the model.
+	Text          string `protobuf:"bytes,4,opt,name=text,proto3" json:"text,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CompleteToolCallRequest) Reset() {
+	*x = CompleteToolCallRequest{}
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CompleteToolCallRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CompleteToolCallRequest) ProtoMessage() {}
+
+func (x *CompleteToolCallRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CompleteToolCallRequest.ProtoReflect.Descriptor instead.
+func (*CompleteToolCallRequest) Descriptor() ([]byte, []int) {
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *CompleteToolCallRequest) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+func (x *CompleteToolCallRequest) GetCallId() string {
+	if x != nil {
+		return x.CallId
+	}
+	return ""
+}
+
+func (x *CompleteToolCallRequest) GetSuccess() bool {
+	if x != nil {
+		return x.Success
+	}
+	return false
+}
+
+func (x *CompleteToolCallRequest) GetText() string {
+	if x != nil {
+		return x.Text
+	}
+	return ""
+}
+
+// CompleteToolCallResponse returns the dispatching command id.
+type CompleteToolCallResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	CommandId     string                 `protobuf:"bytes,1,opt,name=command_id,json=commandId,proto3" json:"command_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CompleteToolCallResponse) Reset() {
+	*x = CompleteToolCallResponse{}
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CompleteToolCallResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CompleteToolCallResponse) ProtoMessage() {}
+
+func (x *CompleteToolCallResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CompleteToolCallResponse.ProtoReflect.Descriptor instead.
+func (*CompleteToolCallResponse) Descriptor() ([]byte, []int) {
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *CompleteToolCallResponse) GetCommandId() string {
+	if x != nil {
+		return x.CommandId
+	}
+	return ""
+}
+
 var File_tether_executor_v1_executor_proto protoreflect.FileDescriptor
 
 const file_tether_executor_v1_executor_proto_rawDesc = "" +
@@ -1819,6 +1934,14 @@ const file_tether_executor_v1_executor_proto_rawDesc = "" +
 	"resolution\">\n" +
 	"\x1dResolveRuntimeRequestResponse\x12\x1d\n" +
 	"\n" +
+	"command_id\x18\x01 \x01(\tR\tcommandId\"\x94\x01\n" +
+	"\x17CompleteToolCallRequest\x12\x1e\n" +
+	"\x06run_id\x18\x01 \x01(\tB\a\xbaH\x04r\x02\x10\x01R\x05runId\x12 \n" +
+	"\acall_id\x18\x02 \x01(\tB\a\xbaH\x04r\x02\x10\x01R\x06callId\x12\x18\n" +
+	"\asuccess\x18\x03 \x01(\bR\asuccess\x12\x1d\n" +
+	"\x04text\x18\x04 \x01(\tB\t\xbaH\x06r\x04(\x80\x80@R\x04text\"9\n" +
+	"\x18CompleteToolCallResponse\x12\x1d\n" +
+	"\n" +
 	"command_id\x18\x01 \x01(\tR\tcommandId*\x9a\x01\n" +
 	"\bRunState\x12\x19\n" +
 	"\x15RUN_STATE_UNSPECIFIED\x10\x00\x12\x14\n" +
@@ -1831,7 +1954,7 @@ const file_tether_executor_v1_executor_proto_rawDesc = "" +
 	"\x1eCANCELLATION_SCOPE_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16CANCELLATION_SCOPE_RUN\x10\x01\x12\x1b\n" +
 	"\x17CANCELLATION_SCOPE_TURN\x10\x02\x12\x1c\n" +
-	"\x18CANCELLATION_SCOPE_ISSUE\x10\x032\x8a\x06\n" +
+	"\x18CANCELLATION_SCOPE_ISSUE\x10\x032\xf9\x06\n" +
 	"\x0fExecutorService\x12X\n" +
 	"\tSubmitRun\x12$.tether.executor.v1.SubmitRunRequest\x1a%.tether.executor.v1.SubmitRunResponse\x12O\n" +
 	"\x06GetRun\x12!.tether.executor.v1.GetRunRequest\x1a\".tether.executor.v1.GetRunResponse\x12U\n" +
@@ -1840,7 +1963,8 @@ const file_tether_executor_v1_executor_proto_rawDesc = "" +
 	"\tCancelRun\x12$.tether.executor.v1.CancelRunRequest\x1a%.tether.executor.v1.CancelRunResponse\x12m\n" +
 	"\x10GetSteeringState\x12+.tether.executor.v1.GetSteeringStateRequest\x1a,.tether.executor.v1.GetSteeringStateResponse\x12U\n" +
 	"\bSteerRun\x12#.tether.executor.v1.SteerRunRequest\x1a$.tether.executor.v1.SteerRunResponse\x12|\n" +
-	"\x15ResolveRuntimeRequest\x120.tether.executor.v1.ResolveRuntimeRequestRequest\x1a1.tether.executor.v1.ResolveRuntimeRequestResponseB\xd5\x01\n" +
+	"\x15ResolveRuntimeRequest\x120.tether.executor.v1.ResolveRuntimeRequestRequest\x1a1.tether.executor.v1.ResolveRuntimeRequestResponse\x12m\n" +
+	"\x10CompleteToolCall\x12+.tether.executor.v1.CompleteToolCallRequest\x1a,.tether.executor.v1.CompleteToolCallResponseB\xd5\x01\n" +
 	"\x16com.tether.executor.v1B\rExecutorProtoP\x01ZBgithub.com/tether-run/tether/pkg/gen/tether/executor/v1;executorv1\xa2\x02\x03TEX\xaa\x02\x12Tether.Executor.V1\xca\x02\x12Tether\\Executor\\V1\xe2\x02\x1eTether\\Executor\\V1\\GPBMetadata\xea\x02\x14Tether::Executor::V1b\x06proto3"
 
 var (
@@ -1856,7 +1980,7 @@ func file_tether_executor_v1_executor_proto_rawDescGZIP() []byte {
 }
 
 var file_tether_executor_v1_executor_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_tether_executor_v1_executor_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
+var file_tether_executor_v1_executor_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
 var file_tether_executor_v1_executor_proto_goTypes = []any{
 	(RunState)(0),                         // 0: tether.executor.v1.RunState
 	(CancellationScope)(0),                // 1: tether.executor.v1.CancellationScope
@@ -1882,40 +2006,42 @@ var file_tether_executor_v1_executor_proto_goTypes = []any{
 	(*SteerRunResponse)(nil),              // 21: tether.executor.v1.SteerRunResponse
 	(*ResolveRuntimeRequestRequest)(nil),  // 22: tether.executor.v1.ResolveRuntimeRequestRequest
 	(*ResolveRuntimeRequestResponse)(nil), // 23: tether.executor.v1.ResolveRuntimeRequestResponse
-	(*v1.ExecutionInput)(nil),             // 24: tether.prp.v1.ExecutionInput
-	(*timestamppb.Timestamp)(nil),         // 25: google.protobuf.Timestamp
-	(*v1.ProcessInfo)(nil),                // 26: tether.prp.v1.ProcessInfo
-	(*durationpb.Duration)(nil),           // 27: google.protobuf.Duration
-	(*v1.Event)(nil),                      // 28: tether.prp.v1.Event
-	(*structpb.Struct)(nil),               // 29: google.protobuf.Struct
+	(*CompleteToolCallRequest)(nil),       // 24: tether.executor.v1.CompleteToolCallRequest
+	(*CompleteToolCallResponse)(nil),      // 25: tether.executor.v1.CompleteToolCallResponse
+	(*v1.ExecutionInput)(nil),             // 26: tether.prp.v1.ExecutionInput
+	(*timestamppb.Timestamp)(nil),         // 27: google.protobuf.Timestamp
+	(*v1.ProcessInfo)(nil),                // 28: tether.prp.v1.ProcessInfo
+	(*durationpb.Duration)(nil),           // 29: google.protobuf.Duration
+	(*v1.Event)(nil),                      // 30: tether.prp.v1.Event
+	(*structpb.Struct)(nil),               // 31: google.protobuf.Struct
 }
 var file_tether_executor_v1_executor_proto_depIdxs = []int32{
-	24, // 0: tether.executor.v1.SubmitRunRequest.input:type_name -> tether.prp.v1.ExecutionInput
+	26, // 0: tether.executor.v1.SubmitRunRequest.input:type_name -> tether.prp.v1.ExecutionInput
 	7,  // 1: tether.executor.v1.SubmitRunResponse.run:type_name -> tether.executor.v1.Run
 	4,  // 2: tether.executor.v1.RunResult.usage:type_name -> tether.executor.v1.Usage
 	0,  // 3: tether.executor.v1.Run.state:type_name -> tether.executor.v1.RunState
-	25, // 4: tether.executor.v1.Run.lease_expires_at:type_name -> google.protobuf.Timestamp
-	24, // 5: tether.executor.v1.Run.input:type_name -> tether.prp.v1.ExecutionInput
+	27, // 4: tether.executor.v1.Run.lease_expires_at:type_name -> google.protobuf.Timestamp
+	26, // 5: tether.executor.v1.Run.input:type_name -> tether.prp.v1.ExecutionInput
 	5,  // 6: tether.executor.v1.Run.result:type_name -> tether.executor.v1.RunResult
 	6,  // 7: tether.executor.v1.Run.failure:type_name -> tether.executor.v1.Failure
-	26, // 8: tether.executor.v1.Run.runner_process:type_name -> tether.prp.v1.ProcessInfo
-	26, // 9: tether.executor.v1.Run.provider_process:type_name -> tether.prp.v1.ProcessInfo
-	25, // 10: tether.executor.v1.Run.created_at:type_name -> google.protobuf.Timestamp
-	25, // 11: tether.executor.v1.Run.updated_at:type_name -> google.protobuf.Timestamp
-	25, // 12: tether.executor.v1.Run.started_at:type_name -> google.protobuf.Timestamp
-	25, // 13: tether.executor.v1.Run.ended_at:type_name -> google.protobuf.Timestamp
+	28, // 8: tether.executor.v1.Run.runner_process:type_name -> tether.prp.v1.ProcessInfo
+	28, // 9: tether.executor.v1.Run.provider_process:type_name -> tether.prp.v1.ProcessInfo
+	27, // 10: tether.executor.v1.Run.created_at:type_name -> google.protobuf.Timestamp
+	27, // 11: tether.executor.v1.Run.updated_at:type_name -> google.protobuf.Timestamp
+	27, // 12: tether.executor.v1.Run.started_at:type_name -> google.protobuf.Timestamp
+	27, // 13: tether.executor.v1.Run.ended_at:type_name -> google.protobuf.Timestamp
 	8,  // 14: tether.executor.v1.Run.cancellation:type_name -> tether.executor.v1.Cancellation
 	9,  // 15: tether.executor.v1.Run.recovery:type_name -> tether.executor.v1.Recovery
-	25, // 16: tether.executor.v1.Recovery.next_attempt_at:type_name -> google.protobuf.Timestamp
+	27, // 16: tether.executor.v1.Recovery.next_attempt_at:type_name -> google.protobuf.Timestamp
 	1,  // 17: tether.executor.v1.CancelRunRequest.scope:type_name -> tether.executor.v1.CancellationScope
-	27, // 18: tether.executor.v1.CancelRunRequest.wait_timeout:type_name -> google.protobuf.Duration
+	29, // 18: tether.executor.v1.CancelRunRequest.wait_timeout:type_name -> google.protobuf.Duration
 	8,  // 19: tether.executor.v1.CancelRunResponse.cancellation:type_name -> tether.executor.v1.Cancellation
 	7,  // 20: tether.executor.v1.GetRunResponse.run:type_name -> tether.executor.v1.Run
 	0,  // 21: tether.executor.v1.ListRunsRequest.state:type_name -> tether.executor.v1.RunState
 	7,  // 22: tether.executor.v1.ListRunsResponse.runs:type_name -> tether.executor.v1.Run
-	28, // 23: tether.executor.v1.WatchRunResponse.event:type_name -> tether.prp.v1.Event
-	27, // 24: tether.executor.v1.SteerRunRequest.timeout:type_name -> google.protobuf.Duration
-	29, // 25: tether.executor.v1.ResolveRuntimeRequestRequest.resolution:type_name -> google.protobuf.Struct
+	30, // 23: tether.executor.v1.WatchRunResponse.event:type_name -> tether.prp.v1.Event
+	29, // 24: tether.executor.v1.SteerRunRequest.timeout:type_name -> google.protobuf.Duration
+	31, // 25: tether.executor.v1.ResolveRuntimeRequestRequest.resolution:type_name -> google.protobuf.Struct
 	2,  // 26: tether.executor.v1.ExecutorService.SubmitRun:input_type -> tether.executor.v1.SubmitRunRequest
 	12, // 27: tether.executor.v1.ExecutorService.GetRun:input_type -> tether.executor.v1.GetRunRequest
 	14, // 28: tether.executor.v1.ExecutorService.ListRuns:input_type -> tether.executor.v1.ListRunsRequest
@@ -1924,16 +2050,18 @@ var file_tether_executor_v1_executor_proto_depIdxs = []int32{
 	18, // 31: tether.executor.v1.ExecutorService.GetSteeringState:input_type -> tether.executor.v1.GetSteeringStateRequest
 	20, // 32: tether.executor.v1.ExecutorService.SteerRun:input_type -> tether.executor.v1.SteerRunRequest
 	22, // 33: tether.executor.v1.ExecutorService.ResolveRuntimeRequest:input_type -> tether.executor.v1.ResolveRuntimeRequestRequest
-	3,  // 34: tether.executor.v1.ExecutorService.SubmitRun:output_type -> tether.executor.v1.SubmitRunResponse
-	13, // 35: tether.executor.v1.ExecutorService.GetRun:output_type -> tether.executor.v1.GetRunResponse
-	15, // 36: tether.executor.v1.ExecutorService.ListRuns:output_type -> tether.executor.v1.ListRunsResponse
-	17, // 37: tether.executor.v1.ExecutorService.WatchRun:output_type -> tether.executor.v1.WatchRunResponse
-	11, // 38: tether.executor.v1.ExecutorService.CancelRun:output_type -> tether.executor.v1.CancelRunResponse
-	19, // 39: tether.executor.v1.ExecutorService.GetSteeringState:output_type -> tether.executor.v1.GetSteeringStateResponse
-	21, // 40: tether.executor.v1.ExecutorService.SteerRun:output_type -> tether.executor.v1.SteerRunResponse
-	23, // 41: tether.executor.v1.ExecutorService.ResolveRuntimeRequest:output_type -> tether.executor.v1.ResolveRuntimeRequestResponse
-	34, // [34:42] is the sub-list for method output_type
-	26, // [26:34] is the sub-list for method input_type
+	24, // 34: tether.executor.v1.ExecutorService.CompleteToolCall:input_type -> tether.executor.v1.CompleteToolCallRequest
+	3,  // 35: tether.executor.v1.ExecutorService.SubmitRun:output_type -> tether.executor.v1.SubmitRunResponse
+	13, // 36: tether.executor.v1.ExecutorService.GetRun:output_type -> tether.executor.v1.GetRunResponse
+	15, // 37: tether.executor.v1.ExecutorService.ListRuns:output_type -> tether.executor.v1.ListRunsResponse
+	17, // 38: tether.executor.v1.ExecutorService.WatchRun:output_type -> tether.executor.v1.WatchRunResponse
+	11, // 39: tether.executor.v1.ExecutorService.CancelRun:output_type -> tether.executor.v1.CancelRunResponse
+	19, // 40: tether.executor.v1.ExecutorService.GetSteeringState:output_type -> tether.executor.v1.GetSteeringStateResponse
+	21, // 41: tether.executor.v1.ExecutorService.SteerRun:output_type -> tether.executor.v1.SteerRunResponse
+	23, // 42: tether.executor.v1.ExecutorService.ResolveRuntimeRequest:output_type -> tether.executor.v1.ResolveRuntimeRequestResponse
+	25, // 43: tether.executor.v1.ExecutorService.CompleteToolCall:output_type -> tether.executor.v1.CompleteToolCallResponse
+	35, // [35:44] is the sub-list for method output_type
+	26, // [26:35] is the sub-list for method input_type
 	26, // [26:26] is the sub-list for extension type_name
 	26, // [26:26] is the sub-list for extension extendee
 	0,  // [0:26] is the sub-list for field type_name
@@ -1950,7 +2078,7 @@ func file_tether_executor_v1_executor_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_tether_executor_v1_executor_proto_rawDesc), len(file_tether_executor_v1_executor_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   22,
+			NumMessages:   24,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -27,6 +27,7 @@ const (
 	ExecutorService_GetSteeringState_FullMethodName      = "/tether.executor.v1.ExecutorService/GetSteeringState"
 	ExecutorService_SteerRun_FullMethodName              = "/tether.executor.v1.ExecutorService/SteerRun"
 	ExecutorService_ResolveRuntimeRequest_FullMethodName = "/tether.executor.v1.ExecutorService/ResolveRuntimeRequest"
+	ExecutorService_CompleteToolCall_FullMethodName      = "/tether.executor.v1.ExecutorService/CompleteToolCall"
 )
 
 // ExecutorServiceClient is the client API for ExecutorService service.
@@ -64,6 +65,11 @@ type ExecutorServiceClient interface {
 	// user input) once; identical concurrent answers join, a different one is
 	// runtime_request_resolution_conflict.
 	ResolveRuntimeRequest(ctx context.Context, in *ResolveRuntimeRequestRequest, opts ...grpc.CallOption) (*ResolveRuntimeRequestResponse, error)
+	// CompleteToolCall answers a dynamic tool call (a semantic_tool.input event
+	// of the run). Tool authority is bound to the run: once the run's session
+	// ended or a continuation took its scope, the answer is refused with
+	// native_tool_authority_epoch_revoked.
+	CompleteToolCall(ctx context.Context, in *CompleteToolCallRequest, opts ...grpc.CallOption) (*CompleteToolCallResponse, error)
 }
 
 type executorServiceClient struct {
@@ -163,6 +169,16 @@ func (c *executorServiceClient) ResolveRuntimeRequest(ctx context.Context, in *R
 	return out, nil
 }
 
+func (c *executorServiceClient) CompleteToolCall(ctx context.Context, in *CompleteToolCallRequest, opts ...grpc.CallOption) (*CompleteToolCallResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CompleteToolCallResponse)
+	err := c.cc.Invoke(ctx, ExecutorService_CompleteToolCall_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // ExecutorServiceServer is the server API for ExecutorService service.
 // All implementations must embed UnimplementedExecutorServiceServer
 // for forward compatibility.
@@ -198,6 +214,11 @@ type ExecutorServiceServer interface {
 	// user input) once; identical concurrent answers join, a different one is
 	// runtime_request_resolution_conflict.
 	ResolveRuntimeRequest(context.Context, *ResolveRuntimeRequestRequest) (*ResolveRuntimeRequestResponse, error)
+	// CompleteToolCall answers a dynamic tool call (a semantic_tool.input event
+	// of the run). Tool authority is bound to the run: once the run's session
+	// ended or a continuation took its scope, the answer is refused with
+	// native_tool_authority_epoch_revoked.
+	CompleteToolCall(context.Context, *CompleteToolCallRequest) (*CompleteToolCallResponse, error)
 	mustEmbedUnimplementedExecutorServiceServer()
 }
 
@@ -231,6 +252,9 @@ func (UnimplementedExecutorServiceServer) SteerRun(context.Context, *SteerRunReq
 }
 func (UnimplementedExecutorServiceServer) ResolveRuntimeRequest(context.Context, *ResolveRuntimeRequestRequest) (*ResolveRuntimeRequestResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ResolveRuntimeRequest not implemented")
+}
+func (UnimplementedExecutorServiceServer) CompleteToolCall(context.Context, *CompleteToolCallRequest) (*CompleteToolCallResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method CompleteToolCall not implemented")
 }
 func (UnimplementedExecutorServiceServer) mustEmbedUnimplementedExecutorServiceServer() {}
 func (UnimplementedExecutorServiceServer) testEmbeddedByValue()                         {}
@@ -390,6 +414,24 @@ func _ExecutorService_ResolveRuntimeRequest_Handler(srv interface{}, ctx context
 	return interceptor(ctx, in, info, handler)
 }
 
+func _ExecutorService_CompleteToolCall_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CompleteToolCallRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ExecutorServiceServer).CompleteToolCall(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ExecutorService_CompleteToolCall_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ExecutorServiceServer).CompleteToolCall(ctx, req.(*CompleteToolCallRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // ExecutorService_ServiceDesc is the grpc.ServiceDesc for ExecutorService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -424,6 +466,10 @@ var ExecutorService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ResolveRuntimeRequest",
 			Handler:    _ExecutorService_ResolveRuntimeRequest_Handler,
+		},
+		{
+			MethodName: "CompleteToolCall",
+			Handler:    _ExecutorService_CompleteToolCall_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -11,6 +11,7 @@ import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 	durationpb "google.golang.org/protobuf/types/known/durationpb"
+	structpb "google.golang.org/protobuf/types/known/structpb"
 	reflect "reflect"
 	sync "sync"
 	unsafe "unsafe"
@@ -85,8 +86,12 @@ type ExecutionInput struct {
 	Session   *Session               `protobuf:"bytes,5,opt,name=session,proto3" json:"session,omitempty"`
 	// Digest of the staged runtime context; part of the warm config digest.
 	RuntimeContextDigest string `protobuf:"bytes,6,opt,name=runtime_context_digest,json=runtimeContextDigest,proto3" json:"runtime_context_digest,omitempty"`
-	unknownFields        protoimpl.UnknownFields
-	sizeCache            protoimpl.SizeCache
+	// Tools the caller implements; the provider may call them during the turn
+	// (codex dynamicTools). Each call arrives as a semantic_tool.input event
+	// and is answered with ExecutorService.CompleteToolCall.
+	DynamicTools  []*DynamicTool `protobuf:"bytes,7,rep,name=dynamic_tools,json=dynamicTools,proto3" json:"dynamic_tools,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ExecutionInput) Reset() {
@@ -161,6 +166,75 @@ func (x *ExecutionInput) GetRuntimeContextDigest() string {
 	return ""
 }
 
+func (x *ExecutionInput) GetDynamicTools() []*DynamicTool {
+	if x != nil {
+		return x.DynamicTools
+	}
+	return nil
+}
+
+// DynamicTool declares one caller-implemented tool.
+type DynamicTool struct {
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Name        string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Description string                 `protobuf:"bytes,2,opt,name=description,proto3" json:"description,omitempty"`
+	// JSON Schema of the tool's arguments.
+	InputSchema   *structpb.Struct `protobuf:"bytes,3,opt,name=input_schema,json=inputSchema,proto3" json:"input_schema,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DynamicTool) Reset() {
+	*x = DynamicTool{}
+	mi := &file_tether_prp_v1_execution_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DynamicTool) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DynamicTool) ProtoMessage() {}
+
+func (x *DynamicTool) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_prp_v1_execution_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DynamicTool.ProtoReflect.Descriptor instead.
+func (*DynamicTool) Descriptor() ([]byte, []int) {
+	return file_tether_prp_v1_execution_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *DynamicTool) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *DynamicTool) GetDescription() string {
+	if x != nil {
+		return x.Description
+	}
+	return ""
+}
+
+func (x *DynamicTool) GetInputSchema() *structpb.Struct {
+	if x != nil {
+		return x.InputSchema
+	}
+	return nil
+}
+
 // Provider selects and pins the agent harness.
 type Provider struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -181,7 +255,7 @@ type Provider struct {
 
 func (x *Provider) Reset() {
 	*x = Provider{}
-	mi := &file_tether_prp_v1_execution_proto_msgTypes[1]
+	mi := &file_tether_prp_v1_execution_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -193,7 +267,7 @@ func (x *Provider) String() string {
 func (*Provider) ProtoMessage() {}
 
 func (x *Provider) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_prp_v1_execution_proto_msgTypes[1]
+	mi := &file_tether_prp_v1_execution_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -206,7 +280,7 @@ func (x *Provider) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Provider.ProtoReflect.Descriptor instead.
 func (*Provider) Descriptor() ([]byte, []int) {
-	return file_tether_prp_v1_execution_proto_rawDescGZIP(), []int{1}
+	return file_tether_prp_v1_execution_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *Provider) GetKind() string {
@@ -264,7 +338,7 @@ type Binding struct {
 
 func (x *Binding) Reset() {
 	*x = Binding{}
-	mi := &file_tether_prp_v1_execution_proto_msgTypes[2]
+	mi := &file_tether_prp_v1_execution_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -276,7 +350,7 @@ func (x *Binding) String() string {
 func (*Binding) ProtoMessage() {}
 
 func (x *Binding) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_prp_v1_execution_proto_msgTypes[2]
+	mi := &file_tether_prp_v1_execution_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -289,7 +363,7 @@ func (x *Binding) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Binding.ProtoReflect.Descriptor instead.
 func (*Binding) Descriptor() ([]byte, []int) {
-	return file_tether_prp_v1_execution_proto_rawDescGZIP(), []int{2}
+	return file_tether_prp_v1_execution_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *Binding) GetCompanyId() string {
@@ -330,7 +404,7 @@ type Task struct {
 
 func (x *Task) Reset() {
 	*x = Task{}
-	mi := &file_tether_prp_v1_execution_proto_msgTypes[3]
+	mi := &file_tether_prp_v1_execution_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -342,7 +416,7 @@ func (x *Task) String() string {
 func (*Task) ProtoMessage() {}
 
 func (x *Task) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_prp_v1_execution_proto_msgTypes[3]
+	mi := &file_tether_prp_v1_execution_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -355,7 +429,7 @@ func (x *Task) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Task.ProtoReflect.Descriptor instead.
 func (*Task) Descriptor() ([]byte, []int) {
-	return file_tether_prp_v1_execution_proto_rawDescGZIP(), []int{3}
+	return file_tether_prp_v1_execution_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Task) GetPrompt() string {
@@ -379,7 +453,7 @@ type Workspace struct {
 
 func (x *Workspace) Reset() {
 	*x = Workspace{}
-	mi := &file_tether_prp_v1_execution_proto_msgTypes[4]
+	mi := &file_tether_prp_v1_execution_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -391,7 +465,7 @@ func (x *Workspace) String() string {
 func (*Workspace) ProtoMessage() {}
 
 func (x *Workspace) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_prp_v1_execution_proto_msgTypes[4]
+	mi := &file_tether_prp_v1_execution_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -404,7 +478,7 @@ func (x *Workspace) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Workspace.ProtoReflect.Descriptor instead.
 func (*Workspace) Descriptor() ([]byte, []int) {
-	return file_tether_prp_v1_execution_proto_rawDescGZIP(), []int{4}
+	return file_tether_prp_v1_execution_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Workspace) GetCwd() string {
@@ -447,7 +521,7 @@ type Lifecycle struct {
 
 func (x *Lifecycle) Reset() {
 	*x = Lifecycle{}
-	mi := &file_tether_prp_v1_execution_proto_msgTypes[5]
+	mi := &file_tether_prp_v1_execution_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -459,7 +533,7 @@ func (x *Lifecycle) String() string {
 func (*Lifecycle) ProtoMessage() {}
 
 func (x *Lifecycle) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_prp_v1_execution_proto_msgTypes[5]
+	mi := &file_tether_prp_v1_execution_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -472,7 +546,7 @@ func (x *Lifecycle) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Lifecycle.ProtoReflect.Descriptor instead.
 func (*Lifecycle) Descriptor() ([]byte, []int) {
-	return file_tether_prp_v1_execution_proto_rawDescGZIP(), []int{5}
+	return file_tether_prp_v1_execution_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Lifecycle) GetMode() LifecycleMode {
@@ -502,7 +576,7 @@ type Session struct {
 
 func (x *Session) Reset() {
 	*x = Session{}
-	mi := &file_tether_prp_v1_execution_proto_msgTypes[6]
+	mi := &file_tether_prp_v1_execution_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -514,7 +588,7 @@ func (x *Session) String() string {
 func (*Session) ProtoMessage() {}
 
 func (x *Session) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_prp_v1_execution_proto_msgTypes[6]
+	mi := &file_tether_prp_v1_execution_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -527,7 +601,7 @@ func (x *Session) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Session.ProtoReflect.Descriptor instead.
 func (*Session) Descriptor() ([]byte, []int) {
-	return file_tether_prp_v1_execution_proto_rawDescGZIP(), []int{6}
+	return file_tether_prp_v1_execution_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Session) GetNormalizedSessionId() string {
@@ -562,14 +636,19 @@ var File_tether_prp_v1_execution_proto protoreflect.FileDescriptor
 
 const file_tether_prp_v1_execution_proto_rawDesc = "" +
 	"\n" +
-	"\x1dtether/prp/v1/execution.proto\x12\rtether.prp.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1egoogle/protobuf/duration.proto\"\xea\x02\n" +
+	"\x1dtether/prp/v1/execution.proto\x12\rtether.prp.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\"\xb5\x03\n" +
 	"\x0eExecutionInput\x12;\n" +
 	"\bprovider\x18\x01 \x01(\v2\x17.tether.prp.v1.ProviderB\x06\xbaH\x03\xc8\x01\x01R\bprovider\x128\n" +
 	"\abinding\x18\x02 \x01(\v2\x16.tether.prp.v1.BindingB\x06\xbaH\x03\xc8\x01\x01R\abinding\x12/\n" +
 	"\x04task\x18\x03 \x01(\v2\x13.tether.prp.v1.TaskB\x06\xbaH\x03\xc8\x01\x01R\x04task\x126\n" +
 	"\tworkspace\x18\x04 \x01(\v2\x18.tether.prp.v1.WorkspaceR\tworkspace\x128\n" +
 	"\asession\x18\x05 \x01(\v2\x16.tether.prp.v1.SessionB\x06\xbaH\x03\xc8\x01\x01R\asession\x12>\n" +
-	"\x16runtime_context_digest\x18\x06 \x01(\tB\b\xbaH\x05r\x03\x18\x80\x01R\x14runtimeContextDigest\"\x82\x02\n" +
+	"\x16runtime_context_digest\x18\x06 \x01(\tB\b\xbaH\x05r\x03\x18\x80\x01R\x14runtimeContextDigest\x12I\n" +
+	"\rdynamic_tools\x18\a \x03(\v2\x1a.tether.prp.v1.DynamicToolB\b\xbaH\x05\x92\x01\x02\x10@R\fdynamicTools\"\xa7\x01\n" +
+	"\vDynamicTool\x120\n" +
+	"\x04name\x18\x01 \x01(\tB\x1c\xbaH\x19r\x172\x15^[A-Za-z0-9_-]{1,64}$R\x04name\x12*\n" +
+	"\vdescription\x18\x02 \x01(\tB\b\xbaH\x05r\x03\x18\x80 R\vdescription\x12:\n" +
+	"\finput_schema\x18\x03 \x01(\v2\x17.google.protobuf.StructR\vinputSchema\"\x82\x02\n" +
 	"\bProvider\x120\n" +
 	"\x04kind\x18\x01 \x01(\tB\x1c\xbaH\x19r\x17R\x05codexR\bopencodeR\x04acpxR\x04kind\x12\x1e\n" +
 	"\x05model\x18\x02 \x01(\tB\b\xbaH\x05r\x03\x18\xc8\x01R\x05model\x120\n" +
@@ -619,32 +698,36 @@ func file_tether_prp_v1_execution_proto_rawDescGZIP() []byte {
 }
 
 var file_tether_prp_v1_execution_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_tether_prp_v1_execution_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
+var file_tether_prp_v1_execution_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
 var file_tether_prp_v1_execution_proto_goTypes = []any{
 	(LifecycleMode)(0),          // 0: tether.prp.v1.LifecycleMode
 	(*ExecutionInput)(nil),      // 1: tether.prp.v1.ExecutionInput
-	(*Provider)(nil),            // 2: tether.prp.v1.Provider
-	(*Binding)(nil),             // 3: tether.prp.v1.Binding
-	(*Task)(nil),                // 4: tether.prp.v1.Task
-	(*Workspace)(nil),           // 5: tether.prp.v1.Workspace
-	(*Lifecycle)(nil),           // 6: tether.prp.v1.Lifecycle
-	(*Session)(nil),             // 7: tether.prp.v1.Session
-	(*durationpb.Duration)(nil), // 8: google.protobuf.Duration
+	(*DynamicTool)(nil),         // 2: tether.prp.v1.DynamicTool
+	(*Provider)(nil),            // 3: tether.prp.v1.Provider
+	(*Binding)(nil),             // 4: tether.prp.v1.Binding
+	(*Task)(nil),                // 5: tether.prp.v1.Task
+	(*Workspace)(nil),           // 6: tether.prp.v1.Workspace
+	(*Lifecycle)(nil),           // 7: tether.prp.v1.Lifecycle
+	(*Session)(nil),             // 8: tether.prp.v1.Session
+	(*structpb.Struct)(nil),     // 9: google.protobuf.Struct
+	(*durationpb.Duration)(nil), // 10: google.protobuf.Duration
 }
 var file_tether_prp_v1_execution_proto_depIdxs = []int32{
-	2, // 0: tether.prp.v1.ExecutionInput.provider:type_name -> tether.prp.v1.Provider
-	3, // 1: tether.prp.v1.ExecutionInput.binding:type_name -> tether.prp.v1.Binding
-	4, // 2: tether.prp.v1.ExecutionInput.task:type_name -> tether.prp.v1.Task
-	5, // 3: tether.prp.v1.ExecutionInput.workspace:type_name -> tether.prp.v1.Workspace
-	7, // 4: tether.prp.v1.ExecutionInput.session:type_name -> tether.prp.v1.Session
-	0, // 5: tether.prp.v1.Lifecycle.mode:type_name -> tether.prp.v1.LifecycleMode
-	8, // 6: tether.prp.v1.Lifecycle.idle_timeout:type_name -> google.protobuf.Duration
-	6, // 7: tether.prp.v1.Session.lifecycle:type_name -> tether.prp.v1.Lifecycle
-	8, // [8:8] is the sub-list for method output_type
-	8, // [8:8] is the sub-list for method input_type
-	8, // [8:8] is the sub-list for extension type_name
-	8, // [8:8] is the sub-list for extension extendee
-	0, // [0:8] is the sub-list for field type_name
+	3,  // 0: tether.prp.v1.ExecutionInput.provider:type_name -> tether.prp.v1.Provider
+	4,  // 1: tether.prp.v1.ExecutionInput.binding:type_name -> tether.prp.v1.Binding
+	5,  // 2: tether.prp.v1.ExecutionInput.task:type_name -> tether.prp.v1.Task
+	6,  // 3: tether.prp.v1.ExecutionInput.workspace:type_name -> tether.prp.v1.Workspace
+	8,  // 4: tether.prp.v1.ExecutionInput.session:type_name -> tether.prp.v1.Session
+	2,  // 5: tether.prp.v1.ExecutionInput.dynamic_tools:type_name -> tether.prp.v1.DynamicTool
+	9,  // 6: tether.prp.v1.DynamicTool.input_schema:type_name -> google.protobuf.Struct
+	0,  // 7: tether.prp.v1.Lifecycle.mode:type_name -> tether.prp.v1.LifecycleMode
+	10, // 8: tether.prp.v1.Lifecycle.idle_timeout:type_name -> google.protobuf.Duration
+	7,  // 9: tether.prp.v1.Session.lifecycle:type_name -> tether.prp.v1.Lifecycle
+	10, // [10:10] is the sub-list for method output_type
+	10, // [10:10] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_tether_prp_v1_execution_proto_init() }
@@ -658,7 +741,7 @@ func file_tether_prp_v1_execution_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_tether_prp_v1_execution_proto_rawDesc), len(file_tether_prp_v1_execution_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   7,
+			NumMessages:   8,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
