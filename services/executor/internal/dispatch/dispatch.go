@@ -23,6 +23,7 @@ import (
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
 	gatewayv1 "github.com/tether-run/tether/pkg/gen/tether/gateway/v1"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
+	"github.com/tether-run/tether/pkg/scope"
 	"github.com/tether-run/tether/services/executor/internal/control"
 	"github.com/tether-run/tether/services/executor/internal/recovery"
 	"github.com/tether-run/tether/services/executor/internal/store"
@@ -75,6 +76,7 @@ type Dispatcher struct {
 
 	mu       sync.Mutex
 	cancels  map[string]chan struct{} // per driven run
+	replaced map[string]bool          // runs whose warm session was closed for a new configuration
 	controls *control.Registry
 }
 
@@ -115,6 +117,7 @@ func New(s *store.Store, cfg Config) *Dispatcher {
 		leases:   newLeaseKeeper(s, cfg.Owner, cfg.LeaseTTL, cfg.Logger),
 		kick:     make(chan struct{}, 1),
 		cancels:  map[string]chan struct{}{},
+		replaced: map[string]bool{},
 		controls: control.NewRegistry(func() string { return store.NewID("") }),
 	}
 }
@@ -202,6 +205,7 @@ func (d *Dispatcher) start(ctx context.Context, c *store.Claim, sem chan struct{
 			if d.cancels[c.RunID] == cancelCh {
 				delete(d.cancels, c.RunID)
 			}
+			delete(d.replaced, c.RunID)
 			d.mu.Unlock()
 		}()
 		d.drive(runCtx, c, cancelCh)
@@ -385,6 +389,21 @@ func (d *Dispatcher) attachOnce(ctx context.Context, c *store.Claim, cancelCh <-
 	log.Info("attached", "reused", opened.GetReused(), "runner_acked_seq", opened.GetRunnerAckedSeq())
 	if err := d.store.RecordRunner(ctx, c.Fence, opened.GetRunnerInstanceId(), opened.GetRunnerProcess(), opened.GetProviderProcess()); err != nil {
 		return true, err
+	}
+	d.mu.Lock()
+	replaced := d.replaced[c.RunID]
+	d.mu.Unlock()
+	if opened.GetReused() && !replaced {
+		// E10: a warm provider session serves runs of one pinned
+		// configuration. When this run pins another (model, approval or
+		// permission, lifecycle, runtime context), close the live session
+		// first; the runner comes back with this run's configuration and
+		// resumes the same provider thread.
+		if changed, err := d.configChanged(ctx, c); err != nil {
+			return false, err
+		} else if changed {
+			return false, d.closeForReplacement(ctx, c, send, stream.Recv, opened.GetRunnerAckedSeq(), log)
+		}
 	}
 	inputJSON, err := protojson.Marshal(c.Input)
 	if err != nil {
@@ -602,4 +621,60 @@ func (d *Dispatcher) acknowledgeCancellation(ctx context.Context, c *store.Claim
 		}
 		backoff *= 2
 	}
+}
+
+// CloseReasonConfigChanged is the E10 close reason for a warm session whose
+// pinned configuration changed.
+const CloseReasonConfigChanged = "warm native session configuration changed"
+
+// configChanged reports whether the previous run of the run's scope pinned
+// another warm configuration.
+func (d *Dispatcher) configChanged(ctx context.Context, c *store.Claim) (bool, error) {
+	prevID, prev, err := d.store.PreviousInScope(ctx, c.RunID)
+	if err != nil || prev == nil {
+		return false, err
+	}
+	return scope.ParamsOf(prevID, prev).ConfigDigest() != scope.ParamsOf(c.RunID, c.Input).ConfigDigest(), nil
+}
+
+// closeForReplacement closes the live provider session (the runner stops it
+// and exits once its outbox is acknowledged), records why on the run, and
+// returns an error so the driver re-attaches: the gateway then starts the
+// runner again for this run's configuration, on the same state, so the
+// provider thread resumes with its history.
+func (d *Dispatcher) closeForReplacement(ctx context.Context, c *store.Claim, send func(*gatewayv1.AttachRequest) error,
+	recv func() (*gatewayv1.AttachResponse, error), floor uint64, log *slog.Logger) error {
+	cmd, err := newCommand(c, "session.close", map[string]any{"reason": CloseReasonConfigChanged})
+	if err != nil {
+		return err
+	}
+	log.Info("closing the warm session for a configuration change")
+	if err := send(&gatewayv1.AttachRequest{Kind: &gatewayv1.AttachRequest_Command{Command: cmd}}); err != nil {
+		return err
+	}
+	if err := d.store.AppendControlEvent(ctx, c.Fence, "session.closed", map[string]any{"reason": CloseReasonConfigChanged}); err != nil {
+		return err
+	}
+	d.mu.Lock()
+	d.replaced[c.RunID] = true
+	d.mu.Unlock()
+	// Keep persisting and acknowledging until the runner has gone, so it
+	// exits promptly and nothing it emitted is lost.
+	acks := newAckTracker()
+	deadline := time.Now().Add(15 * time.Second)
+	for time.Now().Before(deadline) {
+		m, err := recv()
+		if err != nil {
+			break
+		}
+		if evs := m.GetEvents().GetEvents(); len(evs) > 0 {
+			if _, err := d.store.AppendEvents(ctx, c.Fence, evs); err != nil {
+				return err
+			}
+			for inst, seq := range acks.persisted(floor, evs) {
+				_ = send(&gatewayv1.AttachRequest{Kind: &gatewayv1.AttachRequest_Ack{Ack: &gatewayv1.Ack{SourceInstanceId: inst, PersistedThroughSeq: seq}}})
+			}
+		}
+	}
+	return failure.New(codes.Unavailable, "warm_session_replaced", "%s; re-attaching", CloseReasonConfigChanged)
 }

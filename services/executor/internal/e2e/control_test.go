@@ -84,3 +84,35 @@ func TestE8_ARuntimeRequestIsResolvedOnceThroughTheExecutor(t *testing.T) {
 	require.Error(t, err)
 	require.Zero(t, countLines(t, h.st.CallLog(), "approval-response:decline"))
 }
+
+func TestE10_AConfigurationChangeReplacesTheWarmProviderOnceAndKeepsTheConversation(t *testing.T) {
+	h := newHarness(t, stack.Options{})
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	submit := func(id, model, prompt string) {
+		in := h.submitInput("config", prompt)
+		in.Provider.Model = model
+		_, err := h.client.SubmitRun(ctx, &executorv1.SubmitRunRequest{RunId: id, Input: in})
+		require.NoError(t, err)
+	}
+	submit("cfg-1", "model-a", "first turn")
+	submit("cfg-2", "model-a", "second turn, same configuration")
+	submit("cfg-3", "model-b", "third turn, another model")
+	var last []*executorv1.WatchRunResponse
+	for _, id := range []string{"cfg-1", "cfg-2", "cfg-3"} {
+		last = h.watch(ctx, id, 0, nil)
+		require.Equal(t, executorv1.RunState_RUN_STATE_SUCCEEDED, h.get(id).GetState(), "%v", h.get(id).GetFailure())
+	}
+	require.Equal(t, 2, countLines(t, h.st.CallLog(), "process-start"), "exactly one replacement provider")
+	require.Equal(t, 1, countLines(t, h.st.CallLog(), "thread/resume"), "the replacement resumed the same thread")
+	require.Contains(t, h.get("cfg-3").GetResult().GetFinalMessage(), "4 earlier messages", "the conversation survived")
+	closed := 0
+	for _, m := range last {
+		if m.GetEvent().GetEventType() == "session.closed" {
+			closed++
+			require.Equal(t, "warm native session configuration changed", m.GetEvent().GetPayload().AsMap()["reason"])
+		}
+	}
+	require.Equal(t, 1, closed)
+	require.NotEqual(t, h.get("cfg-2").GetRunnerProcess().GetPid(), h.get("cfg-3").GetRunnerProcess().GetPid())
+}

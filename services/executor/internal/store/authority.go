@@ -405,3 +405,44 @@ func RequestID(v *structpb.Value) string {
 	}
 	return ""
 }
+
+// PreviousInScope returns the run submitted just before runID in the same
+// session scope (its id and input), or "" when there is none.
+func (s *Store) PreviousInScope(ctx context.Context, runID string) (string, *prpv1.ExecutionInput, error) {
+	var (
+		id  string
+		raw []byte
+	)
+	err := s.pool.QueryRow(ctx, `
+SELECT p.run_id, p.input FROM executor.runs r
+  JOIN executor.runs p ON p.session_scope = r.session_scope AND p.submit_seq < r.submit_seq
+ WHERE r.run_id = $1
+ ORDER BY p.submit_seq DESC LIMIT 1`, runID).Scan(&id, &raw)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", nil, nil
+	}
+	if err != nil {
+		return "", nil, err
+	}
+	in := &prpv1.ExecutionInput{}
+	if err := proto.Unmarshal(raw, in); err != nil {
+		return "", nil, err
+	}
+	return id, in, nil
+}
+
+// AppendControlEvent appends an executor-originated event to the run under
+// its fence (e.g. session.closed with the warm supervision reason).
+func (s *Store) AppendControlEvent(ctx context.Context, f Fence, typ string, payload map[string]any) error {
+	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		count, err := lockFenced(ctx, tx, f)
+		if err != nil {
+			return err
+		}
+		if err := appendControlEvent(ctx, tx, f.RunID, count, f.Attempt, typ, payload); err != nil {
+			return err
+		}
+		_, err = tx.Exec(ctx, `SELECT pg_notify($1, $2)`, EventsChannel, f.RunID)
+		return err
+	})
+}
