@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"os"
 	"testing"
 	"time"
 
@@ -10,6 +11,8 @@ import (
 
 	"github.com/tether-run/tether/pkg/failure"
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
+	gatewayv1 "github.com/tether-run/tether/pkg/gen/tether/gateway/v1"
+	"github.com/tether-run/tether/pkg/grpcx"
 	"github.com/tether-run/tether/services/executor/internal/stack"
 )
 
@@ -115,4 +118,67 @@ func TestE10_AConfigurationChangeReplacesTheWarmProviderOnceAndKeepsTheConversat
 	}
 	require.Equal(t, 1, closed)
 	require.NotEqual(t, h.get("cfg-2").GetRunnerProcess().GetPid(), h.get("cfg-3").GetRunnerProcess().GetPid())
+}
+
+func TestE10_EqualSessionIDsInDifferentCompaniesGetTwoRootsAndTwoProcesses(t *testing.T) {
+	h := newHarness(t, stack.Options{})
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	for _, company := range []string{"acme", "globex"} {
+		in := h.submitInput("shared-session", "hello from "+company)
+		in.Binding.CompanyId = company
+		_, err := h.client.SubmitRun(ctx, &executorv1.SubmitRunRequest{RunId: "run-" + company, Input: in})
+		require.NoError(t, err)
+	}
+	a, b := h.watch(ctx, "run-acme", 0, nil), h.watch(ctx, "run-globex", 0, nil)
+	require.NotEmpty(t, a)
+	require.NotEmpty(t, b)
+	ra, rb := h.get("run-acme"), h.get("run-globex")
+	require.Equal(t, executorv1.RunState_RUN_STATE_SUCCEEDED, ra.GetState())
+	require.Equal(t, executorv1.RunState_RUN_STATE_SUCCEEDED, rb.GetState())
+	require.NotEqual(t, ra.GetRunnerInstanceId(), rb.GetRunnerInstanceId())
+	require.NotEqual(t, ra.GetRunnerProcess().GetPid(), rb.GetRunnerProcess().GetPid())
+	require.Equal(t, 2, countLines(t, h.st.CallLog(), "process-start"))
+	// Neither conversation sees the other: both are first turns.
+	require.Contains(t, ra.GetResult().GetFinalMessage(), "0 earlier messages")
+	require.Contains(t, rb.GetResult().GetFinalMessage(), "0 earlier messages")
+	roots, err := os.ReadDir(h.st.RunnerStateRoot())
+	require.NoError(t, err)
+	dirs := 0
+	for _, r := range roots {
+		if r.IsDir() {
+			dirs++
+		}
+	}
+	require.Equal(t, 2, dirs, "two state roots")
+}
+
+func TestE13_ARunRacingAnotherInTheSameScopeIsBusyAndStartsNothing(t *testing.T) {
+	h := newHarness(t, stack.Options{})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	conn, err := grpcx.Dial(h.st.Addr("runnergw"), "")
+	require.NoError(t, err)
+	defer conn.Close()
+	gw := gatewayv1.NewRunnerGatewayClient(conn)
+	in := h.submitInput("busy", "x")
+	open := func(run string) (gatewayv1.RunnerGateway_AttachClient, error) {
+		s, err := gw.Attach(ctx)
+		if err != nil {
+			return nil, err
+		}
+		return s, s.Send(&gatewayv1.AttachRequest{Kind: &gatewayv1.AttachRequest_Open{Open: &gatewayv1.Open{
+			RunId: run, Fence: &gatewayv1.FencingToken{Owner: "tester", Attempt: 1}, Input: in,
+		}}})
+	}
+	first, err := open("busy-1")
+	require.NoError(t, err)
+	m, err := first.Recv()
+	require.NoError(t, err)
+	require.NotNil(t, m.GetOpened())
+	second, err := open("busy-2")
+	require.NoError(t, err)
+	_, err = second.Recv()
+	require.Equal(t, "native_session_supervisor_busy", failure.CodeOf(err))
+	require.Zero(t, countLines(t, h.st.CallLog(), "turn/start"), "nothing was started")
 }
