@@ -68,6 +68,8 @@ bench: ## measure tether against raw baselines in one run (ephemeral durable Pos
 	$(GO) build -o bin/ ./services/runnerd/cmd/warm-turn-bench
 	bin/warm-turn-bench -fake bin/fake-codex-app-server
 	$(MAKE) --no-print-directory bench-backup
+	$(GO) build -o bin/ ./services/runnergw/cmd/relay-bench
+	bin/relay-bench
 
 FUZZTIME ?= 1m
 fuzz: ## run every fuzz target of the repository for FUZZTIME each (default 1m; e.g. make fuzz FUZZTIME=10s)

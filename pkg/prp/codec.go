@@ -45,6 +45,9 @@ func Unmarshal(b []byte) (*prpv1.Frame, error) {
 	if len(b) > MaxFrameBytes {
 		return nil, errorf(CodeFrameTooLarge, "frame of %d bytes exceeds %d bytes", len(b), MaxFrameBytes)
 	}
+	if f, ok := decodeEventBatch(b); ok {
+		return f, nil
+	}
 	f := &prpv1.Frame{}
 	if err := unmarshalOpts.Unmarshal(b, f); err != nil {
 		return nil, errorf(CodeProtocolError, "decode frame: %v", err)
@@ -53,6 +56,22 @@ func Unmarshal(b []byte) (*prpv1.Frame, error) {
 		return nil, errorf(CodeProtocolError, "frame carries no known kind")
 	}
 	return f, nil
+}
+
+// UnmarshalRelay is Unmarshal for a relay (the gateway): an event batch in
+// runnerd's shape is transcoded straight to its protobuf encoding and
+// carried opaquely — GetEvents of the returned batch is empty, but the
+// batch marshals to exactly the encoding of the events it carries, so it
+// can be forwarded on a protobuf stream as is. Every other frame is
+// decoded as by Unmarshal.
+func UnmarshalRelay(b []byte) (*prpv1.Frame, error) {
+	if len(b) > MaxFrameBytes {
+		return nil, errorf(CodeFrameTooLarge, "frame of %d bytes exceeds %d bytes", len(b), MaxFrameBytes)
+	}
+	if raw, ok := transcodeEventBatch(b); ok {
+		return &prpv1.Frame{Kind: &prpv1.Frame_Events{Events: relayBatch(raw)}}, nil
+	}
+	return Unmarshal(b)
 }
 
 // CanonicalJSON encodes v as JSON with object keys sorted recursively, no

@@ -1,6 +1,7 @@
 package prp
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"sync"
@@ -32,7 +33,7 @@ type Conn struct {
 // NewConn wraps ws and limits inbound messages to MaxFrameBytes.
 func NewConn(ws *websocket.Conn) *Conn {
 	ws.SetReadLimit(MaxFrameBytes)
-	return &Conn{t: wsTransport{ws}}
+	return &Conn{t: &wsTransport{ws: ws}}
 }
 
 // Read returns the next frame. An oversize message fails with
@@ -44,6 +45,16 @@ func (c *Conn) Read(ctx context.Context) (*prpv1.Frame, error) {
 		return nil, err
 	}
 	return Unmarshal(b)
+}
+
+// ReadRelay is Read with UnmarshalRelay: event batches come back as
+// opaque, pre-encoded batches for forwarding (see UnmarshalRelay).
+func (c *Conn) ReadRelay(ctx context.Context) (*prpv1.Frame, error) {
+	b, err := c.t.read(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return UnmarshalRelay(b)
 }
 
 // Write encodes and sends one frame.
@@ -78,12 +89,24 @@ func (c *Conn) Close(code websocket.StatusCode, reason string) error {
 // peer that stopped answering).
 func (c *Conn) CloseNow() error { return c.t.closeNow() }
 
-type wsTransport struct{ ws *websocket.Conn }
+// wsTransport reads each message into a buffer it reuses (frames are
+// decoded before the next read; the decoders copy what they keep).
+type wsTransport struct {
+	ws  *websocket.Conn
+	buf bytes.Buffer
+}
 
-func (w wsTransport) closeNow() error { return w.ws.CloseNow() }
+func (w *wsTransport) closeNow() error { return w.ws.CloseNow() }
 
-func (w wsTransport) read(ctx context.Context) ([]byte, error) {
-	typ, b, err := w.ws.Read(ctx)
+func (w *wsTransport) read(ctx context.Context) ([]byte, error) {
+	if w.buf.Cap() > 1<<20 {
+		w.buf = bytes.Buffer{} // do not keep a huge frame's buffer around
+	}
+	w.buf.Reset()
+	typ, r, err := w.ws.Reader(ctx)
+	if err == nil {
+		_, err = w.buf.ReadFrom(r)
+	}
 	if err != nil {
 		if errors.Is(err, websocket.ErrMessageTooBig) {
 			return nil, errorf(CodeFrameTooLarge, "inbound frame exceeded %d bytes", MaxFrameBytes)
@@ -93,13 +116,13 @@ func (w wsTransport) read(ctx context.Context) ([]byte, error) {
 	if typ != websocket.MessageText {
 		return nil, errorf(CodeProtocolError, "binary WebSocket message; PRP frames are protojson text")
 	}
-	return b, nil
+	return w.buf.Bytes(), nil
 }
 
-func (w wsTransport) write(ctx context.Context, b []byte) error {
+func (w *wsTransport) write(ctx context.Context, b []byte) error {
 	return w.ws.Write(ctx, websocket.MessageText, b)
 }
 
-func (w wsTransport) close(code websocket.StatusCode, reason string) error {
+func (w *wsTransport) close(code websocket.StatusCode, reason string) error {
 	return w.ws.Close(code, reason)
 }

@@ -55,6 +55,14 @@ func (s *stringList) String() string     { return strings.Join(*s, " ") }
 func (s *stringList) Set(v string) error { *s = append(*s, v); return nil }
 
 func main() {
+	if len(os.Args) > 1 {
+		switch os.Args[1] {
+		case "provider-host":
+			os.Exit(runProviderHost(os.Args[2:], os.Stderr))
+		case "provider-shim":
+			os.Exit(runProviderShim(os.Args[2:], os.Stdin, os.Stdout, os.Stderr))
+		}
+	}
 	// The one-use ticket is taken out of the environment before anything else.
 	ticket, hadTicket := os.LookupEnv(prp.EnvBootstrapTicket)
 	_ = os.Unsetenv(prp.EnvBootstrapTicket)
@@ -90,6 +98,9 @@ func run(args []string, ticket string, hadTicket bool, stdout, stderr io.Writer)
 	fs.DurationVar(&cfg.ReconnectGrace, "reconnect-grace", 2*time.Minute, "exit 3 after this long without a gateway connection")
 	fs.Uint64Var(&cfg.MaxOutboxBytes, "max-outbox-bytes", runner.DefaultMaxOutboxBytes, "unacknowledged event bytes the durable outbox may hold (16 KiB..512 MiB)")
 	fs.Uint64Var(&cfg.P0ReserveBytes, "p0-reserve-bytes", runner.DefaultP0ReserveBytes, "part of --max-outbox-bytes only P0 events may use (less than half)")
+	fs.BoolVar(&cfg.ProviderHost, "provider-host", true, "run the provider under a provider host so it survives a runnerd crash and a restarted runnerd re-attaches to it")
+	fs.DurationVar(&cfg.ProviderDetachTimeout, "provider-detach-timeout", 2*time.Minute, "how long a provider host keeps a provider without runnerd")
+	fs.DurationVar(&cfg.SilenceTimeout, "gateway-silence-timeout", 60*time.Second, "drop and re-establish a gateway connection on which nothing arrived for this long (the gateway pings)")
 	fs.StringVar(&logFormat, "log-format", "json", "log format: json|text")
 	if err := fs.Parse(args); err != nil {
 		return runner.ExitError

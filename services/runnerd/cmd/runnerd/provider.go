@@ -3,15 +3,21 @@ package main
 import (
 	"context"
 	"errors"
+	"os"
+	"sync"
 	"time"
 
 	"github.com/tether-run/tether/services/runnerd/internal/codex"
+	"github.com/tether-run/tether/services/runnerd/internal/provhost"
 	"github.com/tether-run/tether/services/runnerd/internal/runner"
 )
 
-// startCodex adapts codex.Start to runner.StartFunc.
+// startCodex adapts codex.Start to runner.StartFunc. A hosted provider runs
+// under a provider host (see the provhost package): the driver talks to a
+// `runnerd provider-shim` connected to the host, and the host's marks
+// become cursors.
 func startCodex(ctx context.Context, cfg runner.ProviderConfig, emit func(runner.ProviderEvent)) (runner.Provider, error) {
-	s, err := codex.Start(ctx, codex.Config{
+	ccfg := codex.Config{
 		Command:        cfg.Command,
 		Args:           cfg.Args,
 		Env:            cfg.Env,
@@ -23,15 +29,97 @@ func startCodex(ctx context.Context, cfg runner.ProviderConfig, emit func(runner
 		StartupTimeout: cfg.StartupTimeout,
 		RequestTimeout: cfg.RequestTimeout,
 		Logger:         cfg.Logger,
-	}, func(ev codex.Event) {
-		emit(runner.ProviderEvent{Type: ev.Type, TurnID: ev.TurnID, ItemID: ev.ItemID, Priority: ev.Priority, Payload: ev.Payload})
-	})
+	}
+	var host *provhost.Info
+	if cfg.Hosted {
+		h, err := startHost(ctx, cfg)
+		if err != nil {
+			return nil, err
+		}
+		host = h
+		self, err := os.Executable()
+		if err != nil {
+			_ = provhost.Stop(host, closeGrace(cfg))
+			return nil, &runner.ProviderError{Code: codex.CodeSpawnFailed, Message: err.Error()}
+		}
+		ccfg.Command, ccfg.Args = self, provhost.ShimArgs(cfg.HostDir, cfg.Reattach, cfg.ResumeAfter)
+	}
+	f := &markFilter{emit: emit}
+	s, err := codex.Start(ctx, ccfg, f.handle)
 	if err != nil {
+		if host != nil {
+			_ = provhost.Stop(host, closeGrace(cfg))
+		}
 		return nil, convertErr(err)
 	}
-	p := &codexProvider{s: s, done: make(chan runner.TurnResult, 64), exited: make(chan struct{}), stop: make(chan struct{}), fwdDone: make(chan struct{})}
+	p := &codexProvider{s: s, host: host, grace: closeGrace(cfg), done: make(chan runner.TurnResult, 64), exited: make(chan struct{}), stop: make(chan struct{}), fwdDone: make(chan struct{})}
 	go p.forward()
 	return p, nil
+}
+
+func closeGrace(cfg runner.ProviderConfig) time.Duration {
+	if cfg.CloseGrace > 0 {
+		return cfg.CloseGrace
+	}
+	return 5 * time.Second
+}
+
+// startHost finds the live host to re-attach to, or starts a new one (a
+// leftover host is stopped first: a fresh provider never reuses it).
+func startHost(ctx context.Context, cfg runner.ProviderConfig) (*provhost.Info, error) {
+	old, _ := provhost.ReadInfo(cfg.HostDir)
+	if cfg.Reattach {
+		if !old.HostAlive() || !old.ProviderAlive() {
+			_ = provhost.Stop(old, closeGrace(cfg))
+			return nil, &runner.ProviderError{Code: runner.CodeProviderProcessLost, Message: "the provider host is gone"}
+		}
+		return old, nil
+	}
+	if old.HostAlive() {
+		_ = provhost.Stop(old, closeGrace(cfg))
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return nil, &runner.ProviderError{Code: codex.CodeSpawnFailed, Message: err.Error()}
+	}
+	in, err := provhost.Spawn(ctx, provhost.SpawnConfig{
+		Self: self, Dir: cfg.HostDir, WorkDir: cfg.Dir, Env: cfg.Env, Command: cfg.Command, Args: cfg.Args,
+		SeqBase: cfg.ResumeAfter, DetachTimeout: cfg.DetachTimeout, Grace: closeGrace(cfg),
+	})
+	if err != nil {
+		return nil, &runner.ProviderError{Code: codex.CodeSpawnFailed, Message: err.Error()}
+	}
+	return in, nil
+}
+
+// markFilter turns the host's in-band marks into cursors and suppresses
+// the turn.started a re-announced (adopted) turn causes a second time.
+type markFilter struct {
+	emit     func(runner.ProviderEvent)
+	mu       sync.Mutex
+	suppress string
+}
+
+func (f *markFilter) handle(ev codex.Event) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if ev.Type == "provider.notice.recorded" {
+		if msg, _ := ev.Payload["message"].(string); msg != "" {
+			if cursor, adopt, ok := provhost.ParseMark(msg); ok {
+				if adopt != "" {
+					f.suppress = adopt
+				} else {
+					f.emit(runner.ProviderEvent{Cursor: cursor})
+				}
+				return
+			}
+		}
+	}
+	if ev.Type == "turn.started" && f.suppress != "" && ev.TurnID == f.suppress {
+		f.suppress = "" // already journaled by the previous runnerd
+		return
+	}
+	f.emit(runner.ProviderEvent{Type: ev.Type, TurnID: ev.TurnID, ItemID: ev.ItemID, Priority: ev.Priority, Payload: ev.Payload})
 }
 
 func convertErr(err error) error {
@@ -45,6 +133,8 @@ func convertErr(err error) error {
 // codexProvider adapts *codex.Session to runner.Provider.
 type codexProvider struct {
 	s       *codex.Session
+	host    *provhost.Info // nil unless hosted
+	grace   time.Duration
 	done    chan runner.TurnResult
 	exited  chan struct{}
 	stop    chan struct{}
@@ -93,6 +183,9 @@ func (p *codexProvider) forward() {
 }
 
 func (p *codexProvider) Process() runner.ProcessInfo {
+	if h := p.host; h != nil {
+		return runner.ProcessInfo{PID: h.ProviderPID, PGID: h.ProviderPGID, StartTicks: h.ProviderStartTicks, StartedAt: h.ProviderStartedAt}
+	}
 	pi := p.s.Process()
 	return runner.ProcessInfo{PID: pi.PID, PGID: pi.PGID, StartTicks: pi.StartTicks, StartedAt: pi.StartedAt}
 }
@@ -122,7 +215,16 @@ func (p *codexProvider) Exited() <-chan struct{} { return p.exited }
 func (p *codexProvider) ExitErr() error { return convertErrOrNil(p.s.ExitErr()) }
 
 func (p *codexProvider) Close(ctx context.Context, grace time.Duration) error {
+	var herr error
+	if p.host != nil {
+		// The host stops the provider (stdin EOF, grace, TERM, KILL of its
+		// group) and closes the shim's connection.
+		herr = provhost.Stop(p.host, grace)
+	}
 	err := p.s.Close(ctx, grace)
+	if err == nil {
+		err = herr
+	}
 	select {
 	case <-p.stop:
 	default:

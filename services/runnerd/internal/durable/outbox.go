@@ -29,6 +29,9 @@ type Record struct {
 	Priority  uint32          `json:"priority"`
 	EventType string          `json:"eventType"`
 	Envelope  json.RawMessage `json:"envelope"`
+	// ProviderCursor, when set, is the provider host seq through which
+	// every provider line's events are journaled (with this record).
+	ProviderCursor uint64 `json:"providerCursor,omitempty"`
 }
 
 // Outbox is an append-only log of events not yet acknowledged. Each line is
@@ -43,6 +46,8 @@ type Outbox struct {
 	sizes []int64 // line size of each live record
 	bytes uint64  // envelope bytes of live records
 	last  uint64  // highest seq ever appended (survives trims)
+	// cursor is the highest ProviderCursor in the file or appended since.
+	cursor uint64
 	// BeforeSync, when set, runs after a write and before its fsync (tests).
 	BeforeSync func()
 	// AfterSync, when set, runs after an append's fsync (tests).
@@ -94,6 +99,7 @@ func (o *Outbox) load(acked uint64) (int64, error) {
 		}
 		n := int64(len(line))
 		o.last = rec.SourceSeq
+		o.cursor = max(o.cursor, rec.ProviderCursor)
 		if rec.SourceSeq > acked {
 			o.recs = append(o.recs, rec)
 			o.sizes = append(o.sizes, n)
@@ -191,6 +197,9 @@ func (o *Outbox) Append(recs ...Record) error {
 	}
 	o.size += int64(buf.Len())
 	o.last = last
+	for _, r := range recs {
+		o.cursor = max(o.cursor, r.ProviderCursor)
+	}
 	o.recs = append(o.recs, recs...)
 	o.sizes = append(o.sizes, sizes...)
 	for _, r := range recs {
@@ -259,6 +268,10 @@ func (o *Outbox) After(after uint64) []Record {
 	}
 	return nil
 }
+
+// ProviderCursor is the highest provider host cursor journaled in the log
+// (0 if none).
+func (o *Outbox) ProviderCursor() uint64 { return o.cursor }
 
 // LastSeq is the highest seq ever appended (0 if none).
 func (o *Outbox) LastSeq() uint64 { return o.last }

@@ -89,21 +89,24 @@ type CommandRecord struct {
 
 // State is runner/runner-state.json.
 type State struct {
-	Schema                   string            `json:"schema"`
-	Identity                 Identity          `json:"identity"`
-	Lifecycle                string            `json:"lifecycle"`
-	LifecycleReason          string            `json:"lifecycleReason,omitempty"`
-	NextSourceSeq            uint64            `json:"nextSourceSeq"`
-	AckedSourceSeq           uint64            `json:"ackedSourceSeq"`
-	LastControllerCommandSeq uint64            `json:"lastControllerCommandSeq"`
-	ReconnectCount           uint64            `json:"reconnectCount"`
-	RunnerProcess            *Process          `json:"runnerProcess,omitempty"`
-	ProviderProcess          *Process          `json:"providerProcess,omitempty"`
-	ProviderThreadID         string            `json:"providerThreadId,omitempty"`
-	CurrentRun               *RunRef           `json:"currentRun,omitempty"`
-	ActiveTurn               *Turn             `json:"activeTurn,omitempty"`
-	HighestAttempts          map[string]uint64 `json:"highestAttempts,omitempty"`
-	SessionInput             json.RawMessage   `json:"sessionInput,omitempty"`
+	Schema                   string   `json:"schema"`
+	Identity                 Identity `json:"identity"`
+	Lifecycle                string   `json:"lifecycle"`
+	LifecycleReason          string   `json:"lifecycleReason,omitempty"`
+	NextSourceSeq            uint64   `json:"nextSourceSeq"`
+	AckedSourceSeq           uint64   `json:"ackedSourceSeq"`
+	LastControllerCommandSeq uint64   `json:"lastControllerCommandSeq"`
+	ReconnectCount           uint64   `json:"reconnectCount"`
+	RunnerProcess            *Process `json:"runnerProcess,omitempty"`
+	ProviderProcess          *Process `json:"providerProcess,omitempty"`
+	ProviderThreadID         string   `json:"providerThreadId,omitempty"`
+	// ProviderCursor is the provider host seq through which every provider
+	// line's events are journaled (see the provhost package).
+	ProviderCursor  uint64            `json:"providerCursor,omitempty"`
+	CurrentRun      *RunRef           `json:"currentRun,omitempty"`
+	ActiveTurn      *Turn             `json:"activeTurn,omitempty"`
+	HighestAttempts map[string]uint64 `json:"highestAttempts,omitempty"`
+	SessionInput    json.RawMessage   `json:"sessionInput,omitempty"`
 	// Backpressure is set while non-P0 events are rejected for lack of
 	// outbox space; BackpressureDropped counts them.
 	Backpressure        bool                      `json:"backpressure,omitempty"`

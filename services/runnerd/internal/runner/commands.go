@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"syscall"
 	"time"
 
 	"google.golang.org/protobuf/encoding/protojson"
@@ -390,6 +391,42 @@ func (r *Runner) ensureProvider() *cmdError {
 	if r.prov != nil {
 		return nil
 	}
+	return r.startProvider(false)
+}
+
+// recoverProvider re-attaches to the provider a crashed runnerd left under
+// its host; the active turn goes on. If that fails the provider is lost:
+// what is left of it is killed and an active turn fails with
+// provider_process_lost.
+func (r *Runner) recoverProvider() {
+	lost, turn := r.st.ProviderProcess, r.st.ActiveTurn
+	e := r.startProvider(true)
+	if e == nil {
+		r.log.Info("re-attached to the provider that survived the runnerd restart",
+			"pid", r.st.ProviderProcess.PID, "provider_cursor", r.st.ProviderCursor, "active_turn", turn != nil)
+		return
+	}
+	r.log.Warn("the provider did not survive the runnerd restart", "code", e.code, "err", e.msg)
+	if lost != nil && sameProcessAlive(lost.PID, lost.StartTicks, lost.BootID) && lost.PGID > 0 {
+		_ = syscall.Kill(-lost.PGID, syscall.SIGKILL)
+	}
+	r.st.ProviderProcess, r.st.ActiveTurn = nil, nil
+	r.mustSave()
+	if lost != nil {
+		r.emit(P0, "harness.exited", "", "", map[string]any{
+			"code": CodeProviderProcessLost, "message": "provider process did not survive the runnerd restart: " + e.msg,
+			"pid": float64(lost.PID), "pgid": float64(lost.PGID),
+		})
+	}
+	if turn != nil {
+		r.emitTerminal(turn, TurnResult{TurnID: turn.TurnID, Status: "failed",
+			ErrorCode: CodeProviderProcessLost, ErrorMessage: "runnerd restarted during the turn and the provider was lost"})
+	}
+}
+
+// startProvider starts the provider (or, with reattach, re-attaches to the
+// hosted one) and opens or resumes the thread.
+func (r *Runner) startProvider(reattach bool) *cmdError {
 	in := r.sessionInput()
 	codexHome := filepath.Join(r.cfg.StateDir, "codex-home")
 	cfg := ProviderConfig{
@@ -409,6 +446,12 @@ func (r *Runner) ensureProvider() *cmdError {
 		Sandbox:        in.GetProvider().GetSandbox(),
 		RequestTimeout: r.cfg.RequestTimeout,
 		Logger:         r.log.With("component", "provider"),
+		Hosted:         r.cfg.ProviderHost,
+		HostDir:        r.store.Dir,
+		Reattach:       reattach,
+		ResumeAfter:    r.st.ProviderCursor,
+		DetachTimeout:  r.cfg.ProviderDetachTimeout,
+		CloseGrace:     r.cfg.ProviderCloseGrace,
 	}
 	r.provGen++
 	gen := r.provGen
@@ -426,7 +469,7 @@ func (r *Runner) ensureProvider() *cmdError {
 	r.mustSave()
 	r.pumpProviderEvents()
 	r.emit(P1, "harness.ready", "", "", map[string]any{
-		"pid": float64(pi.PID), "pgid": float64(pi.PGID), "startTicks": float64(pi.StartTicks),
+		"pid": float64(pi.PID), "pgid": float64(pi.PGID), "startTicks": float64(pi.StartTicks), "reattached": reattach,
 	})
 	tid, resumed, err := p.OpenThread(ctx, r.st.ProviderThreadID)
 	r.pumpProviderEvents()

@@ -34,6 +34,18 @@ type ProviderConfig struct {
 	Model, ApprovalPolicy, Sandbox string
 	StartupTimeout, RequestTimeout time.Duration
 	Logger                         *slog.Logger
+
+	// Hosted: run the provider under a provider host that survives a
+	// runnerd crash (see the provhost package), with its socket and files
+	// in HostDir. Reattach: connect to the host left by a previous runnerd
+	// (fail if it is gone) and resume after ResumeAfter; otherwise start a
+	// new host whose seqs continue after ResumeAfter.
+	Hosted        bool
+	HostDir       string
+	Reattach      bool
+	ResumeAfter   uint64
+	DetachTimeout time.Duration
+	CloseGrace    time.Duration
 }
 
 // ProviderEvent mirrors codex.Event.
@@ -43,6 +55,9 @@ type ProviderEvent struct {
 	ItemID   string
 	Priority uint32
 	Payload  map[string]any
+	// Cursor, on an event without a Type, is a provider host mark: every
+	// provider line through this host seq has been emitted.
+	Cursor uint64
 }
 
 // TurnResult mirrors codex.TurnResult.

@@ -77,6 +77,16 @@ type Config struct {
 	// PathEnv is the PATH handed to the provider.
 	PathEnv string
 
+	// ProviderHost runs the provider under a provider host (see the
+	// provhost package) so that it survives a runnerd crash; a runnerd
+	// restarted on the same state dir re-attaches to it and the turn goes
+	// on. ProviderDetachTimeout is how long a host waits for that.
+	ProviderHost          bool
+	ProviderDetachTimeout time.Duration
+	// SilenceTimeout: a connection on which nothing arrived for this long
+	// (the gateway pings regularly) is dropped and re-established. [60s]
+	SilenceTimeout time.Duration
+
 	// Outbox limits: non-P0 events may fill MaxOutboxBytes-P0ReserveBytes
 	// of unacknowledged envelopes (beyond that the runner is in
 	// backpressure and rejects them); P0 events may use the reserve; a P0
@@ -110,6 +120,7 @@ func (c *Config) defaults() {
 	def(&c.ProviderCloseGrace, 5*time.Second)
 	def(&c.RequestTimeout, 60*time.Second)
 	def(&c.Tick, 100*time.Millisecond)
+	def(&c.SilenceTimeout, 60*time.Second)
 	if c.MaxOutboxBytes == 0 {
 		c.MaxOutboxBytes = DefaultMaxOutboxBytes
 	}
@@ -183,6 +194,7 @@ type liveConn struct {
 	c            *prp.Conn
 	cancel       context.CancelFunc
 	connectionID string
+	lastHeard    time.Time
 }
 
 type inbound struct {
@@ -242,6 +254,13 @@ type Runner struct {
 
 	lastActivity time.Time
 	exit         *exitPlan
+
+	// reattach: a provider recorded by the previous runnerd process is to
+	// be re-attached (hosted providers) before the loop starts.
+	reattach bool
+	// pendingCursor is the provider host cursor of the batch being
+	// journaled (it goes on the batch's last record).
+	pendingCursor uint64
 }
 
 // Run runs runnerd until it decides to exit and returns the exit code.
@@ -274,6 +293,9 @@ func Run(ctx context.Context, cfg Config) (int, error) {
 	r.log.Info("runner transport", "mode", cfg.Mode(), "connect_url", cfg.ConnectURL, "ca_bundle", cfg.CABundlePath != "")
 	runCtx, cancel := context.WithCancel(context.Background())
 	r.runCtx = runCtx
+	if r.reattach {
+		r.recoverProvider()
+	}
 	code = r.loop(ctx)
 	if r.listener != nil {
 		r.listener.Close()
@@ -333,6 +355,7 @@ func (r *Runner) open(ctx context.Context) (int, bool, error) {
 	ob.AfterSync = cfg.OutboxSynced
 	r.outbox = ob
 	st.NextSourceSeq = max(st.NextSourceSeq, ob.LastSeq()+1, st.AckedSourceSeq+1)
+	st.ProviderCursor = max(st.ProviderCursor, ob.ProviderCursor())
 
 	self := &durable.Process{PID: os.Getpid(), PGID: syscall.Getpgrp(), BootID: r.boot, StartedAt: time.Now().UTC()}
 	if t, err := procStartTicks(self.PID); err == nil {
@@ -357,15 +380,21 @@ func (r *Runner) open(ctx context.Context) (int, bool, error) {
 				rec.Message = "runnerd restarted while the command was in progress; it is never re-executed"
 			}
 		}
-		if p := st.ProviderProcess; p != nil {
-			lostProvider = p
-			if sameProcessAlive(p.PID, p.StartTicks, p.BootID) && p.PGID > 0 {
-				r.log.Warn("killing the provider process group left by the previous runnerd", "pid", p.PID, "pgid", p.PGID)
-				_ = syscall.Kill(-p.PGID, syscall.SIGKILL)
+		if p := st.ProviderProcess; p != nil && cfg.ProviderHost {
+			// The provider may have survived under its host: re-attach
+			// before anything else (recoverProvider).
+			r.reattach = true
+		} else {
+			if p != nil {
+				lostProvider = p
+				if sameProcessAlive(p.PID, p.StartTicks, p.BootID) && p.PGID > 0 {
+					r.log.Warn("killing the provider process group left by the previous runnerd", "pid", p.PID, "pgid", p.PGID)
+					_ = syscall.Kill(-p.PGID, syscall.SIGKILL)
+				}
+				st.ProviderProcess = nil
 			}
-			st.ProviderProcess = nil
+			lostTurn, st.ActiveTurn = st.ActiveTurn, nil
 		}
-		lostTurn, st.ActiveTurn = st.ActiveTurn, nil
 	}
 	if err := r.save(); err != nil {
 		return ExitError, true, err
@@ -471,6 +500,10 @@ func (r *Runner) checkTimers(now time.Time) (int, bool) {
 		if r.exit.immediate || now.After(r.exit.deadline) || r.outbox.Len() == 0 {
 			return r.exit.code, true
 		}
+	}
+	if r.conn != nil && now.Sub(r.conn.lastHeard) > r.cfg.SilenceTimeout {
+		// A half-open connection: the gateway's pings stopped arriving.
+		r.dropConn("gateway silent", fmt.Errorf("nothing received for %s", now.Sub(r.conn.lastHeard).Round(time.Millisecond)))
 	}
 	if r.conn == nil && !r.dialing {
 		if r.exit == nil && now.Sub(r.disconnectedSince) >= r.cfg.ReconnectGrace {
@@ -674,7 +707,7 @@ func (r *Runner) handleDialed(d dialResult) {
 	r.connSeq++
 	cctx, cancel := context.WithCancel(r.runCtx)
 	stop := func() { cancel(); d.cancel() }
-	lc := &liveConn{id: r.connSeq, c: d.c, cancel: stop, connectionID: d.welcome.GetConnectionId()}
+	lc := &liveConn{id: r.connSeq, c: d.c, cancel: stop, connectionID: d.welcome.GetConnectionId(), lastHeard: time.Now()}
 	r.conn = lc
 	r.wg.Add(1)
 	go r.readLoop(cctx, lc)
@@ -788,6 +821,7 @@ func (r *Runner) handleInbound(in inbound) {
 		r.dropConn("read failed", in.err)
 		return
 	}
+	r.conn.lastHeard = time.Now()
 	switch k := in.f.Kind.(type) {
 	case *prpv1.Frame_Ack:
 		r.onAck(k.Ack.GetAckedSourceSeq())
@@ -965,6 +999,9 @@ func (r *Runner) journal(recs []durable.Record) {
 	if len(recs) == 0 {
 		return
 	}
+	if r.pendingCursor > 0 {
+		recs[len(recs)-1].ProviderCursor = r.pendingCursor
+	}
 	if err := r.outbox.Append(recs...); err != nil {
 		r.log.Error("cannot journal events", "err", err)
 		r.st.NextSourceSeq = recs[0].SourceSeq
@@ -1011,10 +1048,22 @@ func (r *Runner) pumpProviderEvents() {
 	}
 	r.lastActivity = time.Now()
 	evs := make([]pendingEvent, 0, len(items))
+	var cursor uint64
 	for _, it := range items {
+		if it.ev.Type == "" {
+			cursor = max(cursor, it.ev.Cursor) // a provider host mark
+			continue
+		}
 		evs = append(evs, pendingEvent{it.ev.Priority, it.ev.Type, it.ev.TurnID, it.ev.ItemID, it.ev.Payload})
 	}
+	// The cursor is journaled with the batch's last record (same fsync):
+	// after a crash the host replays exactly the lines after it.
+	r.pendingCursor = cursor
 	r.emitAll(evs)
+	r.pendingCursor = 0
+	if cursor > r.st.ProviderCursor && (r.exit == nil || !r.exit.immediate) {
+		r.st.ProviderCursor = cursor
+	}
 }
 
 // jittered spreads reconnects of many runners: a uniformly random delay in

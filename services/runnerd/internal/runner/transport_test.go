@@ -196,3 +196,17 @@ func TestR6_ReconnectDelayIsJittered(t *testing.T) {
 	require.Greater(t, len(seen), 50, "delays are spread, not synchronised")
 	require.Zero(t, jittered(0))
 }
+
+func TestR6_SilentGatewayConnectionIsDroppedAndReestablished(t *testing.T) {
+	e := newTestEnv(t)
+	// The fake gateway never pings: every connection falls silent.
+	p := e.start(func(c *Config) { c.SilenceTimeout = 300 * time.Millisecond })
+	e.gw.waitConns(1)
+	start := time.Now()
+	e.gw.waitConns(2)
+	assert.GreaterOrEqual(t, time.Since(start), 200*time.Millisecond, "not before the silence timeout")
+	e.gw.mu.Lock()
+	assert.Greater(t, e.gw.hellos[1].GetResume().GetConnectionGeneration(), e.gw.hellos[0].GetResume().GetConnectionGeneration())
+	e.gw.mu.Unlock()
+	require.Equal(t, ExitOK, p.stop(t))
+}

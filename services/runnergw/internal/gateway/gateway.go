@@ -198,6 +198,13 @@ func (g *Gateway) ensureRunner(ctx context.Context, sc string, in *prpv1.Executi
 		return r, true, nil
 	}
 	wait := r.connected
+	if c := r.child; c != nil {
+		select {
+		case <-c.done: // exited; its watcher has not caught up yet
+			r.child = nil
+		default:
+		}
+	}
 	if r.child == nil {
 		dir := g.stateDir(sc)
 		inst, proc := persistedIdentity(filepath.Join(dir, "runnerd"))
@@ -586,7 +593,9 @@ func (r *runner) instanceIDLocked() string {
 
 func (g *Gateway) readRunner(ctx context.Context, r *runner, c *prp.Conn) error {
 	for {
-		f, err := c.Read(ctx)
+		// Event batches are transcoded straight to their protobuf encoding
+		// and forwarded opaquely (prp.UnmarshalRelay).
+		f, err := c.ReadRelay(ctx)
 		if err != nil {
 			return err
 		}
@@ -683,13 +692,14 @@ func (g *Gateway) Close() {
 			defer wg.Done()
 			if child != nil {
 				stopGroup(child.cmd.Process.Pid, child.done, 3*time.Second)
-				return
-			}
-			// Adopted from an earlier gateway: stop it only while it is
-			// provably the same process.
-			if p := hello.GetRunnerProcess(); processAlive(p) {
+			} else if p := hello.GetRunnerProcess(); processAlive(p) {
+				// Adopted from an earlier gateway: stop it only while it
+				// is provably the same process.
 				stopGroup(int(p.GetPid()), pollExit(p), 3*time.Second)
 			}
+			// A provider host whose runnerd died (and was not restarted)
+			// would wait for it until its detach timeout: stop it too.
+			stopOrphanProviderHost(filepath.Join(g.stateDir(r.scope), "runnerd"))
 		}()
 	}
 	wg.Wait()

@@ -212,6 +212,9 @@ func (g *Gateway) launch(spec *launchSpec) (*launched, error) {
 		"--codex-command", g.cfg.CodexCommand,
 		"--idle-timeout", g.cfg.IdleTimeout.String(),
 		"--reconnect-grace", g.cfg.ReconnectGrace.String(),
+		// This gateway pings every PingInterval: silence for PingTimeout
+		// means the connection is dead on runnerd's side too.
+		"--gateway-silence-timeout", g.cfg.PingTimeout.String(),
 	)
 	for _, a := range g.cfg.CodexArgs {
 		args = append(args, "--codex-arg", a)
@@ -268,4 +271,27 @@ func pollExit(p *prpv1.ProcessInfo) <-chan struct{} {
 		}
 	}()
 	return done
+}
+
+// stopOrphanProviderHost stops the provider host recorded in a runnerd
+// state dir when it still runs (same pid and start time) although its
+// runnerd is gone. The host stops its provider (stdin EOF, TERM, KILL).
+func stopOrphanProviderHost(stateDir string) {
+	raw, err := os.ReadFile(filepath.Join(stateDir, "runner", "provider-host.json"))
+	if err != nil {
+		return
+	}
+	var in struct {
+		HostPID        int32  `json:"hostPid"`
+		HostStartTicks uint64 `json:"hostStartTicks"`
+	}
+	if json.Unmarshal(raw, &in) != nil || in.HostStartTicks == 0 {
+		return
+	}
+	p := &prpv1.ProcessInfo{Pid: in.HostPID, StartTicks: in.HostStartTicks}
+	if !processAlive(p) {
+		return
+	}
+	_ = syscall.Kill(int(in.HostPID), syscall.SIGTERM)
+	<-pollExit(p)
 }

@@ -1,0 +1,106 @@
+package prp
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/structpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
+)
+
+func fastSeeds(t testing.TB) [][]byte {
+	ev := func(seq uint64, payload map[string]any, at time.Time) *prpv1.Event {
+		p, err := structpb.NewStruct(payload)
+		require.NoError(t, err)
+		return &prpv1.Event{Schema: "tether.prp.event.v1", SourceInstanceId: "runner-1", SourceEventId: "event_runner-1_0000000000000001",
+			SourceSeq: seq, SourceKind: "runner", RunId: "run-1", NormalizedSessionId: "s", TurnId: "t", ItemId: "i",
+			EventType: "item.delta", SchemaVersion: 1, Priority: uint32(seq % 3), EmittedAt: timestamppb.New(at), Payload: p}
+	}
+	now := time.Date(2026, 11, 29, 22, 0, 0, 123456789, time.UTC)
+	batches := []*prpv1.EventBatch{
+		{Events: []*prpv1.Event{ev(1, map[string]any{"delta": "hel"}, now)}},
+		{Events: []*prpv1.Event{ev(2, map[string]any{"delta": "a \"quoted\" \\ line\n\twith \u00e9 and \U0001F600 and <html>&"}, now.Truncate(time.Second)),
+			ev(3, map[string]any{"n": 1.5, "neg": -3.0, "big": 1e300, "t": true, "f": false, "z": nil,
+				"list": []any{1.0, "two", []any{}, map[string]any{}}, "nested": map[string]any{"a": map[string]any{"b": "c"}}}, now.Truncate(time.Millisecond))}},
+		{},
+	}
+	var out [][]byte
+	for _, b := range batches {
+		f, err := Marshal(&prpv1.Frame{Kind: &prpv1.Frame_Events{Events: b}})
+		require.NoError(t, err)
+		out = append(out, f)
+	}
+	return append(out,
+		[]byte(`{"events":{"events":[{"sourceSeq":7,"priority":2,"payload":{"x":"\u0041\ud83d\ude00"}}]}}`),
+		[]byte(`{"events":{"events":[{"sourceSeq":"7","source_seq":"8"}]}}`),
+		[]byte(`{"events":{"events":[{"payload":{"a":1,"a":2}}]}}`),
+		[]byte(`{"events":{"events":[{"emittedAt":"2026-01-01T00:00:00+01:00"}]}}`),
+		[]byte(`{"events":{"events":[{"priority":"2"}]}} `),
+	)
+}
+
+func TestG4_FastEventDecoderAgreesWithProtojson(t *testing.T) {
+	fast := 0
+	for _, b := range fastSeeds(t) {
+		want := &prpv1.Frame{}
+		werr := unmarshalOpts.Unmarshal(b, want)
+		got, ok := decodeEventBatch(b)
+		if ok {
+			fast++
+			require.NoError(t, werr, "%s", b)
+			require.True(t, proto.Equal(want, got), "%s", b)
+		}
+		f, err := Unmarshal(b)
+		if werr != nil {
+			require.Error(t, err)
+			continue
+		}
+		require.NoError(t, err)
+		require.True(t, proto.Equal(want, f), "%s", b)
+		relayed, err := UnmarshalRelay(b)
+		require.NoError(t, err)
+		enc, err := proto.Marshal(relayed)
+		require.NoError(t, err)
+		again := &prpv1.Frame{}
+		require.NoError(t, proto.Unmarshal(enc, again))
+		require.True(t, proto.Equal(want, again), "relayed %s", b)
+	}
+	require.GreaterOrEqual(t, fast, 3, "runnerd's batches take the fast path")
+}
+
+// FuzzFastEventBatch: whenever the direct decoder accepts a frame, protojson
+// accepts it too and decodes the same frame.
+func FuzzFastEventBatch(f *testing.F) {
+	for _, s := range fastSeeds(f) {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		got, ok := decodeEventBatch(b)
+		if !ok {
+			return
+		}
+		want := &prpv1.Frame{}
+		if err := unmarshalOpts.Unmarshal(b, want); err != nil {
+			t.Fatalf("fast decoder accepted what protojson refuses (%v): %q", err, b)
+		}
+		if !proto.Equal(want, got) {
+			t.Fatalf("fast decoder disagrees with protojson on %q", b)
+		}
+		relayed, err := UnmarshalRelay(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		enc, err := proto.Marshal(relayed.GetEvents())
+		if err != nil {
+			t.Fatal(err)
+		}
+		again := &prpv1.EventBatch{}
+		if err := proto.Unmarshal(enc, again); err != nil || !proto.Equal(again, want.GetEvents()) {
+			t.Fatalf("a relayed batch does not forward the same events (%v): %q", err, b)
+		}
+	})
+}

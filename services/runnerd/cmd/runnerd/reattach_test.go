@@ -1,0 +1,214 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
+	"github.com/tether-run/tether/pkg/prp"
+	"github.com/tether-run/tether/services/runnerd/internal/durable"
+	"github.com/tether-run/tether/services/runnerd/internal/provhost"
+)
+
+// runnerdProc is one runnerd process of the test.
+type runnerdProc struct {
+	cmd    *exec.Cmd
+	logs   *syncBuffer
+	exited chan struct{}
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
+
+func startRunnerd(t *testing.T, bin string, g *binGateway, url string, args ...string) *runnerdProc {
+	t.Helper()
+	ticket, err := g.auth.MintTicket("runner-re", reScope, time.Minute)
+	require.NoError(t, err)
+	cmd := exec.Command(bin, append([]string{"--connect-url", url, "--runner-id", "runner-re", "--environment-lease-id", "env-1",
+		"--session-id", "sess-re", "--session-scope", reScope, "--idle-timeout", "1m", "--reconnect-grace", "20s", "--log-format", "text"}, args...)...)
+	cmd.Env = append(os.Environ(), prp.EnvBootstrapTicket+"="+ticket.Encode())
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	p := &runnerdProc{cmd: cmd, logs: &syncBuffer{}, exited: make(chan struct{})}
+	cmd.Stdout, cmd.Stderr = p.logs, p.logs
+	require.NoError(t, cmd.Start())
+	go func() { _ = cmd.Wait(); close(p.exited) }()
+	t.Cleanup(func() {
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM)
+		select {
+		case <-p.exited:
+		case <-time.After(10 * time.Second):
+			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		}
+		if t.Failed() || os.Getenv("TETHER_TEST_LOGS") != "" {
+			t.Logf("runnerd %d logs:\n%s", cmd.Process.Pid, p.logs.String())
+		}
+	})
+	return p
+}
+
+const reScope = "feedfacefeedfacefeedfacefeedfacefeedfacefeedfacefeedfacefeedface"
+
+// TestR1_ProviderSurvivesARunnerdKillAndTheRestartedRunnerdReattaches kills
+// runnerd with SIGKILL mid-turn and starts a new one on the same state dir:
+// the provider (under its host) keeps running, the new runnerd re-attaches,
+// and the turn completes with every provider line's events exactly once.
+func TestR1_ProviderSurvivesARunnerdKillAndTheRestartedRunnerdReattaches(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds binaries")
+	}
+	bin := t.TempDir()
+	runnerd := goBuild(t, bin, "github.com/tether-run/tether/services/runnerd/cmd/runnerd", "runnerd")
+	fake := goBuild(t, bin, "github.com/tether-run/tether/services/runnerd/cmd/fake-codex-app-server", "fake-codex-app-server")
+	g := &binGateway{t: t, auth: prp.NewAuthority([]byte("bin-key"), nil), frames: make(chan *prpv1.Frame, 4096)}
+	srv := httptest.NewServer(http.HandlerFunc(g.handle))
+	defer func() { srv.Close(); g.wg.Wait() }()
+	url := "ws" + strings.TrimPrefix(srv.URL, "http") + "/v1/runners/connect"
+
+	base := t.TempDir()
+	stateDir, ws := filepath.Join(base, "state"), filepath.Join(base, "ws")
+	require.NoError(t, os.MkdirAll(ws, 0o755))
+	callLog := filepath.Join(base, "calls.log")
+	args := []string{"--state-dir", stateDir, "--workspace", ws, "--codex-command", fake,
+		"--codex-arg", "app-server", "--codex-arg", "--delta-delay-ms=25", "--codex-arg", "--state-file-in-codex-home",
+		"--codex-arg", "--durable-turn-ids", "--codex-arg", "--record-process-start", "--codex-arg", "--call-log=" + callLog}
+
+	first := startRunnerd(t, runnerd, g, url, args...)
+	events := map[uint64]*prpv1.Event{}
+	var results []*prpv1.CommandResult
+	collect := func(until func() bool, what string) {
+		t.Helper()
+		deadline := time.After(30 * time.Second)
+		for !until() {
+			select {
+			case f := <-g.frames:
+				for _, ev := range f.GetEvents().GetEvents() {
+					if prev, ok := events[ev.GetSourceSeq()]; ok {
+						require.Equal(t, prev.GetSourceEventId(), ev.GetSourceEventId(), "a replay carries the same event")
+						continue
+					}
+					events[ev.GetSourceSeq()] = ev
+				}
+				if r := f.GetCommandResult(); r != nil {
+					results = append(results, r)
+				}
+			case <-deadline:
+				t.Fatalf("timed out waiting for %s", what)
+			}
+		}
+	}
+	count := func(typ string) int {
+		n := 0
+		for _, ev := range events {
+			if ev.GetEventType() == typ {
+				n++
+			}
+		}
+		return n
+	}
+	seq := uint64(0)
+	send := func(id, typ string, payload map[string]any) {
+		seq++
+		s, err := structpb.NewStruct(payload)
+		require.NoError(t, err)
+		g.send(&prpv1.Frame{Kind: &prpv1.Frame_Command{Command: &prpv1.Command{
+			CommandId: id, ControllerSeq: seq, Type: typ, RunId: "run-re", Attempt: 1, Payload: s}}})
+	}
+	require.Eventually(t, func() bool { g.mu.Lock(); defer g.mu.Unlock(); return g.conn != nil }, 10*time.Second, 10*time.Millisecond)
+	in := &prpv1.ExecutionInput{
+		Provider: &prpv1.Provider{Kind: "codex", Model: "gpt-fake"},
+		Binding:  &prpv1.Binding{CompanyId: "co", AgentId: "ag"},
+		Session:  &prpv1.Session{NormalizedSessionId: "sess-re", Lifecycle: &prpv1.Lifecycle{Mode: prpv1.LifecycleMode_LIFECYCLE_MODE_WARM}},
+	}
+	b, err := protojson.Marshal(in)
+	require.NoError(t, err)
+	var inMap map[string]any
+	require.NoError(t, json.Unmarshal(b, &inMap))
+	send("c1", "run.attach", map[string]any{"input": inMap})
+	prompt := "tell me a long story with many many words so that the reply streams for quite a while before the turn ends"
+	send("c2", "turn.start", map[string]any{"text": prompt})
+	collect(func() bool { return count("item.delta") >= 5 }, "deltas")
+
+	info, err := provhost.ReadInfo(filepath.Join(stateDir, "runner"))
+	require.NoError(t, err)
+	require.True(t, info.ProviderAlive())
+	require.Equal(t, info.ProviderPID, info.ProviderPGID, "the provider leads its own process group")
+	require.NoError(t, first.cmd.Process.Signal(syscall.SIGKILL))
+	<-first.exited
+	time.Sleep(100 * time.Millisecond)
+	require.True(t, info.ProviderAlive(), "the provider survived the runnerd kill")
+
+	g.mu.Lock()
+	g.conn = nil
+	g.mu.Unlock()
+	second := startRunnerd(t, runnerd, g, url, args...)
+	require.Eventually(t, func() bool { g.mu.Lock(); defer g.mu.Unlock(); return g.conn != nil }, 10*time.Second, 10*time.Millisecond)
+	collect(func() bool { return count("run.terminal") >= 1 }, "run.terminal")
+
+	// Contiguous seqs, one terminal, the turn completed.
+	var term *prpv1.Event
+	var deltas strings.Builder
+	for s := uint64(1); s <= uint64(len(events)); s++ {
+		ev, ok := events[s]
+		require.True(t, ok, "seq %d present (of %d)", s, len(events))
+		switch ev.GetEventType() {
+		case "run.terminal":
+			term = ev
+		case "item.delta":
+			deltas.WriteString(ev.GetPayload().AsMap()["delta"].(string))
+		}
+	}
+	require.NotNil(t, term)
+	pl := term.GetPayload().AsMap()
+	require.Equal(t, "completed", pl["turnTerminalState"], "%v", pl)
+	final, _ := pl["finalMessage"].(string)
+	require.Contains(t, final, "ECHO: "+prompt)
+	require.Equal(t, final, deltas.String(), "every delta arrived exactly once, in order")
+	assert.Equal(t, 1, count("turn.started"), "the turn was announced once")
+	assert.Equal(t, 1, count("run.terminal"))
+	assert.Equal(t, 1, count("runner.reconciled"))
+	calls, err := os.ReadFile(callLog)
+	require.NoError(t, err)
+	assert.Equal(t, 1, strings.Count(string(calls), "turn/start\n"), "the provider turn started exactly once")
+	assert.Equal(t, 1, strings.Count(string(calls), "process-start\n"), "one provider process")
+
+	var st *durable.State
+	require.Eventually(t, func() bool {
+		st, err = (&durable.Store{Dir: filepath.Join(stateDir, "runner")}).Load()
+		return err == nil && st.ActiveTurn == nil
+	}, 5*time.Second, 10*time.Millisecond, "the turn ended in the durable state")
+	require.NotNil(t, st.ProviderProcess)
+	assert.Equal(t, info.ProviderPID, st.ProviderProcess.PID, "the same provider process serves the restarted runnerd")
+
+	// Stopping the runnerd stops the provider and its host.
+	require.NoError(t, syscall.Kill(second.cmd.Process.Pid, syscall.SIGTERM))
+	select {
+	case <-second.exited:
+	case <-time.After(15 * time.Second):
+		t.Fatal("runnerd did not exit on SIGTERM")
+	}
+	require.Eventually(t, func() bool { return !info.ProviderAlive() && !info.HostAlive() }, 10*time.Second, 20*time.Millisecond)
+}

@@ -1,0 +1,280 @@
+package provhost
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+var runnerdBin, fakeBin string
+
+func TestMain(m *testing.M) {
+	os.Exit(func() int {
+		dir, err := os.MkdirTemp("", "tether-provhost-bin-")
+		if err != nil {
+			panic(err)
+		}
+		defer os.RemoveAll(dir)
+		cmd := exec.Command("go", "build", "-o", dir+"/",
+			"github.com/tether-run/tether/services/runnerd/cmd/runnerd",
+			"github.com/tether-run/tether/services/runnerd/cmd/fake-codex-app-server")
+		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+		if err := cmd.Run(); err != nil {
+			fmt.Fprintln(os.Stderr, "building binaries:", err)
+			return 1
+		}
+		runnerdBin, fakeBin = filepath.Join(dir, "runnerd"), filepath.Join(dir, "fake-codex-app-server")
+		return m.Run()
+	}())
+}
+
+// shim is a `runnerd provider-shim` process driven line by line.
+type shim struct {
+	t     *testing.T
+	cmd   *exec.Cmd
+	in    io.WriteCloser
+	lines chan string
+	done  chan int
+}
+
+func startShim(t *testing.T, dir string, reattach bool, resume uint64) *shim {
+	t.Helper()
+	args := ShimArgs(dir, reattach, resume)
+	cmd := exec.Command(runnerdBin, args...)
+	in, err := cmd.StdinPipe()
+	require.NoError(t, err)
+	out, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	cmd.Stderr = os.Stderr
+	require.NoError(t, cmd.Start())
+	s := &shim{t: t, cmd: cmd, in: in, lines: make(chan string, 4096), done: make(chan int, 1)}
+	go func() {
+		sc := bufio.NewScanner(out)
+		sc.Buffer(make([]byte, 1<<20), 8<<20)
+		for sc.Scan() {
+			s.lines <- sc.Text()
+		}
+		close(s.lines)
+		err := cmd.Wait()
+		code := 0
+		if ee, ok := err.(*exec.ExitError); ok {
+			code = ee.ExitCode()
+		}
+		s.done <- code
+	}()
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
+	return s
+}
+
+func (s *shim) send(m map[string]any) {
+	b, err := json.Marshal(m)
+	require.NoError(s.t, err)
+	_, err = s.in.Write(append(b, '\n'))
+	require.NoError(s.t, err)
+}
+
+func (s *shim) request(id int, method string, params map[string]any) {
+	s.send(map[string]any{"jsonrpc": "2.0", "id": id, "method": method, "params": params})
+}
+
+type msg struct {
+	ID     json.RawMessage `json:"id"`
+	Method string          `json:"method"`
+	Params map[string]any  `json:"params"`
+	Result map[string]any  `json:"result"`
+	raw    string
+}
+
+func (s *shim) next() msg {
+	s.t.Helper()
+	select {
+	case l, ok := <-s.lines:
+		require.True(s.t, ok, "shim output ended")
+		var m msg
+		require.NoError(s.t, json.Unmarshal([]byte(l), &m), l)
+		m.raw = l
+		return m
+	case <-time.After(15 * time.Second):
+		s.t.Fatal("no line from the provider host")
+		return msg{}
+	}
+}
+
+// mark returns the cursor of a host mark line, or 0.
+func (m msg) mark() uint64 {
+	if m.Method != "warning" {
+		return 0
+	}
+	c, _, ok := ParseMark(fmt.Sprint(m.Params["message"]))
+	if !ok {
+		return 0
+	}
+	return c
+}
+
+func spawnHost(t *testing.T, retain int) (string, *Info) {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "runner")
+	require.NoError(t, os.MkdirAll(dir, 0o700))
+	home := t.TempDir()
+	in, err := Spawn(context.Background(), SpawnConfig{
+		Self: runnerdBin, Dir: dir, WorkDir: t.TempDir(),
+		Env:     []string{"PATH=/usr/bin:/bin", "CODEX_HOME=" + home, "HOME=" + home},
+		Command: fakeBin, Args: []string{"app-server", "--delta-delay-ms", "15"},
+		SeqBase: 100, DetachTimeout: 30 * time.Second, Grace: time.Second, RetainBytes: retain,
+	})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = Stop(in, time.Second) })
+	require.True(t, in.HostAlive())
+	require.True(t, in.ProviderAlive())
+	require.Equal(t, in.ProviderPID, in.ProviderPGID)
+	return dir, in
+}
+
+const prompt = "one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen"
+
+func TestR1_ProviderHostReplaysExactlyTheLinesAfterTheCursorToAReattachingClient(t *testing.T) {
+	dir, info := spawnHost(t, 0)
+	c1 := startShim(t, dir, false, 0)
+	c1.request(1, "initialize", map[string]any{"clientInfo": map[string]any{"name": "t", "version": "1"}})
+	init1 := c1.next()
+	require.Equal(t, "1", string(init1.ID))
+	c1.send(map[string]any{"jsonrpc": "2.0", "method": "initialized"})
+	c1.request(2, "thread/start", map[string]any{})
+	var thread string
+	var lastMark uint64 = 100
+	var deltas []string
+	var pendingDelta string
+	turnStarted := false
+	for thread == "" {
+		m := c1.next()
+		if string(m.ID) == "2" {
+			thread = m.Result["thread"].(map[string]any)["id"].(string)
+		}
+		if c := m.mark(); c > 0 {
+			require.Equal(t, lastMark+1, c, "marks follow each line in order")
+			lastMark = c
+		}
+	}
+	c1.request(3, "turn/start", map[string]any{"threadId": thread, "input": []any{map[string]any{"type": "text", "text": prompt}}})
+	for len(deltas) < 4 {
+		m := c1.next()
+		if c := m.mark(); c > 0 {
+			require.Equal(t, lastMark+1, c)
+			lastMark = c
+			if pendingDelta != "" {
+				deltas = append(deltas, pendingDelta)
+				pendingDelta = ""
+			}
+			continue
+		}
+		switch m.Method {
+		case "turn/started":
+			turnStarted = true
+		case "item/agentMessage/delta":
+			pendingDelta = m.Params["delta"].(string)
+		}
+	}
+	require.True(t, turnStarted)
+	// The client dies (as the shim does when runnerd is killed); the
+	// provider goes on into the host's buffer.
+	require.NoError(t, c1.in.Close())
+	require.Equal(t, ShimExitClosed, <-c1.done)
+	time.Sleep(150 * time.Millisecond)
+	require.True(t, info.ProviderAlive())
+
+	// A fresh session cannot take over a provider that served one.
+	fresh := startShim(t, dir, false, 0)
+	require.Equal(t, ShimExitRefused, <-fresh.done)
+
+	c2 := startShim(t, dir, true, lastMark)
+	c2.request(1, "initialize", map[string]any{"clientInfo": map[string]any{"name": "t", "version": "2"}})
+	init2 := c2.next()
+	require.Equal(t, "1", string(init2.ID))
+	require.Equal(t, init1.Result, init2.Result, "answered from the first initialize")
+	c2.send(map[string]any{"jsonrpc": "2.0", "method": "initialized"})
+	c2.request(2, "thread/resume", map[string]any{"threadId": thread, "excludeTurns": true})
+	m := c2.next()
+	require.Equal(t, "2", string(m.ID), "the resume answer comes before the replay: %s", m.raw)
+	adopt := c2.next()
+	require.Equal(t, "warning", adopt.Method)
+	_, turnID, ok := ParseMark(fmt.Sprint(adopt.Params["message"]))
+	require.True(t, ok)
+	require.NotEmpty(t, turnID)
+	started := c2.next()
+	require.Equal(t, "turn/started", started.Method, "the active turn is re-announced")
+	require.Equal(t, turnID, started.Params["turn"].(map[string]any)["id"])
+	first := true
+	final := ""
+	for final == "" {
+		m := c2.next()
+		if c := m.mark(); c > 0 {
+			if first {
+				require.Equal(t, lastMark+1, c, "the replay starts right after the cursor")
+				first = false
+			} else {
+				require.Equal(t, lastMark+1, c)
+			}
+			lastMark = c
+			if pendingDelta != "" {
+				deltas = append(deltas, pendingDelta)
+				pendingDelta = ""
+			}
+			continue
+		}
+		switch m.Method {
+		case "item/agentMessage/delta":
+			pendingDelta = m.Params["delta"].(string)
+		case "turn/started":
+			t.Fatalf("turn/started replayed after the cursor: %s", m.raw)
+		case "item/completed":
+			if it, _ := m.Params["item"].(map[string]any); it["type"] == "agentMessage" {
+				final = it["text"].(string)
+			}
+		}
+	}
+	require.Equal(t, final, strings.Join(deltas, ""), "each delta exactly once across the re-attach")
+	require.Contains(t, final, prompt)
+
+	require.NoError(t, Stop(info, time.Second))
+	require.False(t, info.ProviderAlive())
+	require.False(t, info.HostAlive())
+	_, err := os.Stat(filepath.Join(dir, SocketName))
+	require.True(t, os.IsNotExist(err), "the socket is removed")
+}
+
+func TestR1_ProviderHostRefusesAReplayFromBehindItsBuffer(t *testing.T) {
+	dir, info := spawnHost(t, 512)
+	c1 := startShim(t, dir, false, 0)
+	c1.request(1, "initialize", map[string]any{"clientInfo": map[string]any{"name": "t", "version": "1"}})
+	c1.next()
+	c1.request(2, "thread/start", map[string]any{})
+	var thread string
+	for thread == "" {
+		if m := c1.next(); string(m.ID) == "2" {
+			thread = m.Result["thread"].(map[string]any)["id"].(string)
+		}
+	}
+	c1.request(3, "turn/start", map[string]any{"threadId": thread, "input": []any{map[string]any{"type": "text", "text": prompt}}})
+	require.NoError(t, c1.in.Close())
+	<-c1.done
+	time.Sleep(500 * time.Millisecond) // more output than the 512-byte buffer holds
+	c2 := startShim(t, dir, true, 100)
+	require.Equal(t, ShimExitRefused, <-c2.done)
+	require.NoError(t, Stop(info, time.Second))
+}
+
+func TestR1_ShimWithoutAHostFails(t *testing.T) {
+	s := startShim(t, t.TempDir(), true, 0)
+	require.Equal(t, ShimExitNoHost, <-s.done)
+}
