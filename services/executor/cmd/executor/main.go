@@ -79,7 +79,8 @@ func run() error {
 		Gateway: gatewayv1.NewRunnerGatewayClient(gwConn), Logger: log,
 	})
 	hub := watch.NewHub()
-	apiSrv := &api.Server{Store: st, Hub: hub, Kick: d.Kick, Draining: srv.Draining(), Controls: d.Controls(), SelfAddr: *advertise}
+	apiSrv := &api.Server{Store: st, Hub: hub, Kick: d.Kick, Draining: srv.Draining(), Controls: d.Controls(), SelfAddr: *advertise,
+		Gateway: gatewayv1.NewRunnerGatewayClient(gwConn)}
 	executorv1.RegisterExecutorServiceServer(srv.GRPC(), apiSrv)
 	defer apiSrv.Close()
 	bg, cancelBG := context.WithCancel(context.Background())

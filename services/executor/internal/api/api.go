@@ -10,9 +10,11 @@ import (
 	"google.golang.org/grpc"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/tether-run/tether/pkg/failure"
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
+	gatewayv1 "github.com/tether-run/tether/pkg/gen/tether/gateway/v1"
 	"github.com/tether-run/tether/pkg/grpcx"
 	"github.com/tether-run/tether/services/executor/internal/admission"
 	"github.com/tether-run/tether/services/executor/internal/control"
@@ -35,6 +37,8 @@ type Server struct {
 	Controls *control.Registry
 	// SelfAddr is this replica's advertised address (no self-forwarding).
 	SelfAddr string
+	// Gateway answers runner lookups and session closes.
+	Gateway gatewayv1.RunnerGatewayClient
 
 	connMu sync.Mutex
 	conns  map[string]*grpc.ClientConn
@@ -300,3 +304,5 @@ func (s *Server) WatchRun(req *executorv1.WatchRunRequest, stream executorv1.Exe
 		t.Stop()
 	}
 }
+
+func structpbNew(m map[string]any) (*structpb.Struct, error) { return structpb.NewStruct(m) }

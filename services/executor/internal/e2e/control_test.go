@@ -182,3 +182,38 @@ func TestE13_ARunRacingAnotherInTheSameScopeIsBusyAndStartsNothing(t *testing.T)
 	require.Equal(t, "native_session_supervisor_busy", failure.CodeOf(err))
 	require.Zero(t, countLines(t, h.st.CallLog(), "turn/start"), "nothing was started")
 }
+
+func TestE10_GetSessionAndCloseSession(t *testing.T) {
+	h := newHarness(t, stack.Options{})
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	h.submit("sess-1", "inspect", "first")
+	h.watch(ctx, "sess-1", 0, nil)
+	resp, err := h.client.GetSession(ctx, &executorv1.GetSessionRequest{CompanyId: "acme", NormalizedSessionId: "inspect"})
+	require.NoError(t, err)
+	require.Len(t, resp.GetSessions(), 1)
+	s := resp.GetSessions()[0]
+	require.Equal(t, "sess-1", s.GetLastRunId())
+	require.Empty(t, s.GetActiveRunId())
+	require.True(t, s.GetRunnerConnected())
+	require.Equal(t, "ready", s.GetLifecycle())
+	require.Positive(t, s.GetRunnerProcess().GetPid())
+	require.Positive(t, s.GetProviderProcess().GetPid())
+
+	closed, err := h.client.CloseSession(ctx, &executorv1.CloseSessionRequest{CompanyId: "acme", NormalizedSessionId: "inspect", Reason: "operator"})
+	require.NoError(t, err)
+	require.Equal(t, []string{s.GetRunnerInstanceId()}, closed.GetClosedRunnerInstanceIds())
+	require.Eventually(t, func() bool {
+		r, err := h.client.GetSession(ctx, &executorv1.GetSessionRequest{CompanyId: "acme", NormalizedSessionId: "inspect"})
+		return err == nil && !r.GetSessions()[0].GetRunnerConnected()
+	}, 20*time.Second, 100*time.Millisecond, "the runner went away")
+
+	// The next run resumes the same provider thread in a new process.
+	h.submit("sess-2", "inspect", "second")
+	h.watch(ctx, "sess-2", 0, nil)
+	require.Contains(t, h.get("sess-2").GetResult().GetFinalMessage(), "2 earlier messages")
+	require.Equal(t, 2, countLines(t, h.st.CallLog(), "process-start"))
+
+	_, err = h.client.GetSession(ctx, &executorv1.GetSessionRequest{CompanyId: "globex", NormalizedSessionId: "inspect"})
+	require.Equal(t, "session_not_found", failure.CodeOf(err))
+}

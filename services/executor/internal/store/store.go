@@ -206,7 +206,10 @@ const runColumns = `r.run_id, ` + stateExpr + `, c.phase, c.attempt, coalesce(c.
 	r.created_at, r.updated_at, c.started_at, r.ended_at, r.submit_seq,
 	r.result_metadata -> 'nativeCancellation', r.recovery`
 
-func scanRun(row pgx.Row) (*executorv1.Run, int64, error) {
+func scanRun(row pgx.Row) (*executorv1.Run, int64, error) { return scanRunWith(row) }
+
+// scanRunWith scans runColumns followed by extra destinations.
+func scanRunWith(row pgx.Row, extra ...any) (*executorv1.Run, int64, error) {
 	var (
 		run                                    executorv1.Run
 		state, failCode, failMsg               string
@@ -216,10 +219,11 @@ func scanRun(row pgx.Row) (*executorv1.Run, int64, error) {
 		seq                                    int64
 		cancel, recovery                       []byte
 	)
-	err := row.Scan(&run.RunId, &state, &run.Phase, &run.Attempt, &run.LeaseOwner, &leaseExp,
+	dest := append([]any{&run.RunId, &state, &run.Phase, &run.Attempt, &run.LeaseOwner, &leaseExp,
 		&input, &result, &failCode, &failMsg, &run.EventCount,
 		&run.RunnerInstanceId, &runnerProc, &providerPrc,
-		&createdAt, &updatedAt, &startedAt, &endedAt, &seq, &cancel, &recovery)
+		&createdAt, &updatedAt, &startedAt, &endedAt, &seq, &cancel, &recovery}, extra...)
+	err := row.Scan(dest...)
 	if err != nil {
 		return nil, 0, err
 	}

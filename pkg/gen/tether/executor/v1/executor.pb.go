@@ -1799,6 +1799,362 @@ func (x *CompleteToolCallResponse) GetCommandId() string {
 	return ""
 }
 
+// GetSessionRequest names a session.
+type GetSessionRequest struct {
+	state               protoimpl.MessageState `protogen:"open.v1"`
+	CompanyId           string                 `protobuf:"bytes,1,opt,name=company_id,json=companyId,proto3" json:"company_id,omitempty"`
+	NormalizedSessionId string                 `protobuf:"bytes,2,opt,name=normalized_session_id,json=normalizedSessionId,proto3" json:"normalized_session_id,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
+}
+
+func (x *GetSessionRequest) Reset() {
+	*x = GetSessionRequest{}
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetSessionRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetSessionRequest) ProtoMessage() {}
+
+func (x *GetSessionRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetSessionRequest.ProtoReflect.Descriptor instead.
+func (*GetSessionRequest) Descriptor() ([]byte, []int) {
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *GetSessionRequest) GetCompanyId() string {
+	if x != nil {
+		return x.CompanyId
+	}
+	return ""
+}
+
+func (x *GetSessionRequest) GetNormalizedSessionId() string {
+	if x != nil {
+		return x.NormalizedSessionId
+	}
+	return ""
+}
+
+// Session is one provider session (one scope).
+type Session struct {
+	state               protoimpl.MessageState `protogen:"open.v1"`
+	SessionScope        string                 `protobuf:"bytes,1,opt,name=session_scope,json=sessionScope,proto3" json:"session_scope,omitempty"`
+	CompanyId           string                 `protobuf:"bytes,2,opt,name=company_id,json=companyId,proto3" json:"company_id,omitempty"`
+	AgentId             string                 `protobuf:"bytes,3,opt,name=agent_id,json=agentId,proto3" json:"agent_id,omitempty"`
+	NormalizedSessionId string                 `protobuf:"bytes,4,opt,name=normalized_session_id,json=normalizedSessionId,proto3" json:"normalized_session_id,omitempty"`
+	// The run currently driving the session, and its lease owner.
+	ActiveRunId      string   `protobuf:"bytes,5,opt,name=active_run_id,json=activeRunId,proto3" json:"active_run_id,omitempty"`
+	LiveOwner        string   `protobuf:"bytes,6,opt,name=live_owner,json=liveOwner,proto3" json:"live_owner,omitempty"`
+	LastRunId        string   `protobuf:"bytes,7,opt,name=last_run_id,json=lastRunId,proto3" json:"last_run_id,omitempty"`
+	LastRunState     RunState `protobuf:"varint,8,opt,name=last_run_state,json=lastRunState,proto3,enum=tether.executor.v1.RunState" json:"last_run_state,omitempty"`
+	RunnerInstanceId string   `protobuf:"bytes,9,opt,name=runner_instance_id,json=runnerInstanceId,proto3" json:"runner_instance_id,omitempty"`
+	// The runner's lifecycle as its gateway sees it (ready, suspended,
+	// stopped, ...); empty when no gateway knows the runner.
+	Lifecycle       string          `protobuf:"bytes,10,opt,name=lifecycle,proto3" json:"lifecycle,omitempty"`
+	RunnerConnected bool            `protobuf:"varint,11,opt,name=runner_connected,json=runnerConnected,proto3" json:"runner_connected,omitempty"`
+	RunnerProcess   *v1.ProcessInfo `protobuf:"bytes,12,opt,name=runner_process,json=runnerProcess,proto3" json:"runner_process,omitempty"`
+	ProviderProcess *v1.ProcessInfo `protobuf:"bytes,13,opt,name=provider_process,json=providerProcess,proto3" json:"provider_process,omitempty"`
+	RunCount        uint64          `protobuf:"varint,14,opt,name=run_count,json=runCount,proto3" json:"run_count,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *Session) Reset() {
+	*x = Session{}
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Session) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Session) ProtoMessage() {}
+
+func (x *Session) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Session.ProtoReflect.Descriptor instead.
+func (*Session) Descriptor() ([]byte, []int) {
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *Session) GetSessionScope() string {
+	if x != nil {
+		return x.SessionScope
+	}
+	return ""
+}
+
+func (x *Session) GetCompanyId() string {
+	if x != nil {
+		return x.CompanyId
+	}
+	return ""
+}
+
+func (x *Session) GetAgentId() string {
+	if x != nil {
+		return x.AgentId
+	}
+	return ""
+}
+
+func (x *Session) GetNormalizedSessionId() string {
+	if x != nil {
+		return x.NormalizedSessionId
+	}
+	return ""
+}
+
+func (x *Session) GetActiveRunId() string {
+	if x != nil {
+		return x.ActiveRunId
+	}
+	return ""
+}
+
+func (x *Session) GetLiveOwner() string {
+	if x != nil {
+		return x.LiveOwner
+	}
+	return ""
+}
+
+func (x *Session) GetLastRunId() string {
+	if x != nil {
+		return x.LastRunId
+	}
+	return ""
+}
+
+func (x *Session) GetLastRunState() RunState {
+	if x != nil {
+		return x.LastRunState
+	}
+	return RunState_RUN_STATE_UNSPECIFIED
+}
+
+func (x *Session) GetRunnerInstanceId() string {
+	if x != nil {
+		return x.RunnerInstanceId
+	}
+	return ""
+}
+
+func (x *Session) GetLifecycle() string {
+	if x != nil {
+		return x.Lifecycle
+	}
+	return ""
+}
+
+func (x *Session) GetRunnerConnected() bool {
+	if x != nil {
+		return x.RunnerConnected
+	}
+	return false
+}
+
+func (x *Session) GetRunnerProcess() *v1.ProcessInfo {
+	if x != nil {
+		return x.RunnerProcess
+	}
+	return nil
+}
+
+func (x *Session) GetProviderProcess() *v1.ProcessInfo {
+	if x != nil {
+		return x.ProviderProcess
+	}
+	return nil
+}
+
+func (x *Session) GetRunCount() uint64 {
+	if x != nil {
+		return x.RunCount
+	}
+	return 0
+}
+
+// GetSessionResponse lists the session's scopes.
+type GetSessionResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Sessions      []*Session             `protobuf:"bytes,1,rep,name=sessions,proto3" json:"sessions,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetSessionResponse) Reset() {
+	*x = GetSessionResponse{}
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetSessionResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetSessionResponse) ProtoMessage() {}
+
+func (x *GetSessionResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetSessionResponse.ProtoReflect.Descriptor instead.
+func (*GetSessionResponse) Descriptor() ([]byte, []int) {
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *GetSessionResponse) GetSessions() []*Session {
+	if x != nil {
+		return x.Sessions
+	}
+	return nil
+}
+
+// CloseSessionRequest closes a company's session.
+type CloseSessionRequest struct {
+	state               protoimpl.MessageState `protogen:"open.v1"`
+	CompanyId           string                 `protobuf:"bytes,1,opt,name=company_id,json=companyId,proto3" json:"company_id,omitempty"`
+	NormalizedSessionId string                 `protobuf:"bytes,2,opt,name=normalized_session_id,json=normalizedSessionId,proto3" json:"normalized_session_id,omitempty"`
+	Reason              string                 `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
+}
+
+func (x *CloseSessionRequest) Reset() {
+	*x = CloseSessionRequest{}
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CloseSessionRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CloseSessionRequest) ProtoMessage() {}
+
+func (x *CloseSessionRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CloseSessionRequest.ProtoReflect.Descriptor instead.
+func (*CloseSessionRequest) Descriptor() ([]byte, []int) {
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *CloseSessionRequest) GetCompanyId() string {
+	if x != nil {
+		return x.CompanyId
+	}
+	return ""
+}
+
+func (x *CloseSessionRequest) GetNormalizedSessionId() string {
+	if x != nil {
+		return x.NormalizedSessionId
+	}
+	return ""
+}
+
+func (x *CloseSessionRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+// CloseSessionResponse reports what was closed.
+type CloseSessionResponse struct {
+	state                   protoimpl.MessageState `protogen:"open.v1"`
+	ClosedRunnerInstanceIds []string               `protobuf:"bytes,1,rep,name=closed_runner_instance_ids,json=closedRunnerInstanceIds,proto3" json:"closed_runner_instance_ids,omitempty"`
+	unknownFields           protoimpl.UnknownFields
+	sizeCache               protoimpl.SizeCache
+}
+
+func (x *CloseSessionResponse) Reset() {
+	*x = CloseSessionResponse{}
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CloseSessionResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CloseSessionResponse) ProtoMessage() {}
+
+func (x *CloseSessionResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CloseSessionResponse.ProtoReflect.Descriptor instead.
+func (*CloseSessionResponse) Descriptor() ([]byte, []int) {
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *CloseSessionResponse) GetClosedRunnerInstanceIds() []string {
+	if x != nil {
+		return x.ClosedRunnerInstanceIds
+	}
+	return nil
+}
+
 var File_tether_executor_v1_executor_proto protoreflect.FileDescriptor
 
 const file_tether_executor_v1_executor_proto_rawDesc = "" +
@@ -1942,7 +2298,38 @@ const file_tether_executor_v1_executor_proto_rawDesc = "" +
 	"\x04text\x18\x04 \x01(\tB\t\xbaH\x06r\x04(\x80\x80@R\x04text\"9\n" +
 	"\x18CompleteToolCallResponse\x12\x1d\n" +
 	"\n" +
-	"command_id\x18\x01 \x01(\tR\tcommandId*\x9a\x01\n" +
+	"command_id\x18\x01 \x01(\tR\tcommandId\"x\n" +
+	"\x11GetSessionRequest\x12&\n" +
+	"\n" +
+	"company_id\x18\x01 \x01(\tB\a\xbaH\x04r\x02\x10\x01R\tcompanyId\x12;\n" +
+	"\x15normalized_session_id\x18\x02 \x01(\tB\a\xbaH\x04r\x02\x10\x01R\x13normalizedSessionId\"\xe1\x04\n" +
+	"\aSession\x12#\n" +
+	"\rsession_scope\x18\x01 \x01(\tR\fsessionScope\x12\x1d\n" +
+	"\n" +
+	"company_id\x18\x02 \x01(\tR\tcompanyId\x12\x19\n" +
+	"\bagent_id\x18\x03 \x01(\tR\aagentId\x122\n" +
+	"\x15normalized_session_id\x18\x04 \x01(\tR\x13normalizedSessionId\x12\"\n" +
+	"\ractive_run_id\x18\x05 \x01(\tR\vactiveRunId\x12\x1d\n" +
+	"\n" +
+	"live_owner\x18\x06 \x01(\tR\tliveOwner\x12\x1e\n" +
+	"\vlast_run_id\x18\a \x01(\tR\tlastRunId\x12B\n" +
+	"\x0elast_run_state\x18\b \x01(\x0e2\x1c.tether.executor.v1.RunStateR\flastRunState\x12,\n" +
+	"\x12runner_instance_id\x18\t \x01(\tR\x10runnerInstanceId\x12\x1c\n" +
+	"\tlifecycle\x18\n" +
+	" \x01(\tR\tlifecycle\x12)\n" +
+	"\x10runner_connected\x18\v \x01(\bR\x0frunnerConnected\x12A\n" +
+	"\x0erunner_process\x18\f \x01(\v2\x1a.tether.prp.v1.ProcessInfoR\rrunnerProcess\x12E\n" +
+	"\x10provider_process\x18\r \x01(\v2\x1a.tether.prp.v1.ProcessInfoR\x0fproviderProcess\x12\x1b\n" +
+	"\trun_count\x18\x0e \x01(\x04R\brunCount\"M\n" +
+	"\x12GetSessionResponse\x127\n" +
+	"\bsessions\x18\x01 \x03(\v2\x1b.tether.executor.v1.SessionR\bsessions\"\x9c\x01\n" +
+	"\x13CloseSessionRequest\x12&\n" +
+	"\n" +
+	"company_id\x18\x01 \x01(\tB\a\xbaH\x04r\x02\x10\x01R\tcompanyId\x12;\n" +
+	"\x15normalized_session_id\x18\x02 \x01(\tB\a\xbaH\x04r\x02\x10\x01R\x13normalizedSessionId\x12 \n" +
+	"\x06reason\x18\x03 \x01(\tB\b\xbaH\x05r\x03\x18\xd0\x0fR\x06reason\"S\n" +
+	"\x14CloseSessionResponse\x12;\n" +
+	"\x1aclosed_runner_instance_ids\x18\x01 \x03(\tR\x17closedRunnerInstanceIds*\x9a\x01\n" +
 	"\bRunState\x12\x19\n" +
 	"\x15RUN_STATE_UNSPECIFIED\x10\x00\x12\x14\n" +
 	"\x10RUN_STATE_QUEUED\x10\x01\x12\x15\n" +
@@ -1954,7 +2341,7 @@ const file_tether_executor_v1_executor_proto_rawDesc = "" +
 	"\x1eCANCELLATION_SCOPE_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16CANCELLATION_SCOPE_RUN\x10\x01\x12\x1b\n" +
 	"\x17CANCELLATION_SCOPE_TURN\x10\x02\x12\x1c\n" +
-	"\x18CANCELLATION_SCOPE_ISSUE\x10\x032\xf9\x06\n" +
+	"\x18CANCELLATION_SCOPE_ISSUE\x10\x032\xb9\b\n" +
 	"\x0fExecutorService\x12X\n" +
 	"\tSubmitRun\x12$.tether.executor.v1.SubmitRunRequest\x1a%.tether.executor.v1.SubmitRunResponse\x12O\n" +
 	"\x06GetRun\x12!.tether.executor.v1.GetRunRequest\x1a\".tether.executor.v1.GetRunResponse\x12U\n" +
@@ -1964,7 +2351,10 @@ const file_tether_executor_v1_executor_proto_rawDesc = "" +
 	"\x10GetSteeringState\x12+.tether.executor.v1.GetSteeringStateRequest\x1a,.tether.executor.v1.GetSteeringStateResponse\x12U\n" +
 	"\bSteerRun\x12#.tether.executor.v1.SteerRunRequest\x1a$.tether.executor.v1.SteerRunResponse\x12|\n" +
 	"\x15ResolveRuntimeRequest\x120.tether.executor.v1.ResolveRuntimeRequestRequest\x1a1.tether.executor.v1.ResolveRuntimeRequestResponse\x12m\n" +
-	"\x10CompleteToolCall\x12+.tether.executor.v1.CompleteToolCallRequest\x1a,.tether.executor.v1.CompleteToolCallResponseB\xd5\x01\n" +
+	"\x10CompleteToolCall\x12+.tether.executor.v1.CompleteToolCallRequest\x1a,.tether.executor.v1.CompleteToolCallResponse\x12[\n" +
+	"\n" +
+	"GetSession\x12%.tether.executor.v1.GetSessionRequest\x1a&.tether.executor.v1.GetSessionResponse\x12a\n" +
+	"\fCloseSession\x12'.tether.executor.v1.CloseSessionRequest\x1a(.tether.executor.v1.CloseSessionResponseB\xd5\x01\n" +
 	"\x16com.tether.executor.v1B\rExecutorProtoP\x01ZBgithub.com/tether-run/tether/pkg/gen/tether/executor/v1;executorv1\xa2\x02\x03TEX\xaa\x02\x12Tether.Executor.V1\xca\x02\x12Tether\\Executor\\V1\xe2\x02\x1eTether\\Executor\\V1\\GPBMetadata\xea\x02\x14Tether::Executor::V1b\x06proto3"
 
 var (
@@ -1980,7 +2370,7 @@ func file_tether_executor_v1_executor_proto_rawDescGZIP() []byte {
 }
 
 var file_tether_executor_v1_executor_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_tether_executor_v1_executor_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
+var file_tether_executor_v1_executor_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
 var file_tether_executor_v1_executor_proto_goTypes = []any{
 	(RunState)(0),                         // 0: tether.executor.v1.RunState
 	(CancellationScope)(0),                // 1: tether.executor.v1.CancellationScope
@@ -2008,63 +2398,76 @@ var file_tether_executor_v1_executor_proto_goTypes = []any{
 	(*ResolveRuntimeRequestResponse)(nil), // 23: tether.executor.v1.ResolveRuntimeRequestResponse
 	(*CompleteToolCallRequest)(nil),       // 24: tether.executor.v1.CompleteToolCallRequest
 	(*CompleteToolCallResponse)(nil),      // 25: tether.executor.v1.CompleteToolCallResponse
-	(*v1.ExecutionInput)(nil),             // 26: tether.prp.v1.ExecutionInput
-	(*timestamppb.Timestamp)(nil),         // 27: google.protobuf.Timestamp
-	(*v1.ProcessInfo)(nil),                // 28: tether.prp.v1.ProcessInfo
-	(*durationpb.Duration)(nil),           // 29: google.protobuf.Duration
-	(*v1.Event)(nil),                      // 30: tether.prp.v1.Event
-	(*structpb.Struct)(nil),               // 31: google.protobuf.Struct
+	(*GetSessionRequest)(nil),             // 26: tether.executor.v1.GetSessionRequest
+	(*Session)(nil),                       // 27: tether.executor.v1.Session
+	(*GetSessionResponse)(nil),            // 28: tether.executor.v1.GetSessionResponse
+	(*CloseSessionRequest)(nil),           // 29: tether.executor.v1.CloseSessionRequest
+	(*CloseSessionResponse)(nil),          // 30: tether.executor.v1.CloseSessionResponse
+	(*v1.ExecutionInput)(nil),             // 31: tether.prp.v1.ExecutionInput
+	(*timestamppb.Timestamp)(nil),         // 32: google.protobuf.Timestamp
+	(*v1.ProcessInfo)(nil),                // 33: tether.prp.v1.ProcessInfo
+	(*durationpb.Duration)(nil),           // 34: google.protobuf.Duration
+	(*v1.Event)(nil),                      // 35: tether.prp.v1.Event
+	(*structpb.Struct)(nil),               // 36: google.protobuf.Struct
 }
 var file_tether_executor_v1_executor_proto_depIdxs = []int32{
-	26, // 0: tether.executor.v1.SubmitRunRequest.input:type_name -> tether.prp.v1.ExecutionInput
+	31, // 0: tether.executor.v1.SubmitRunRequest.input:type_name -> tether.prp.v1.ExecutionInput
 	7,  // 1: tether.executor.v1.SubmitRunResponse.run:type_name -> tether.executor.v1.Run
 	4,  // 2: tether.executor.v1.RunResult.usage:type_name -> tether.executor.v1.Usage
 	0,  // 3: tether.executor.v1.Run.state:type_name -> tether.executor.v1.RunState
-	27, // 4: tether.executor.v1.Run.lease_expires_at:type_name -> google.protobuf.Timestamp
-	26, // 5: tether.executor.v1.Run.input:type_name -> tether.prp.v1.ExecutionInput
+	32, // 4: tether.executor.v1.Run.lease_expires_at:type_name -> google.protobuf.Timestamp
+	31, // 5: tether.executor.v1.Run.input:type_name -> tether.prp.v1.ExecutionInput
 	5,  // 6: tether.executor.v1.Run.result:type_name -> tether.executor.v1.RunResult
 	6,  // 7: tether.executor.v1.Run.failure:type_name -> tether.executor.v1.Failure
-	28, // 8: tether.executor.v1.Run.runner_process:type_name -> tether.prp.v1.ProcessInfo
-	28, // 9: tether.executor.v1.Run.provider_process:type_name -> tether.prp.v1.ProcessInfo
-	27, // 10: tether.executor.v1.Run.created_at:type_name -> google.protobuf.Timestamp
-	27, // 11: tether.executor.v1.Run.updated_at:type_name -> google.protobuf.Timestamp
-	27, // 12: tether.executor.v1.Run.started_at:type_name -> google.protobuf.Timestamp
-	27, // 13: tether.executor.v1.Run.ended_at:type_name -> google.protobuf.Timestamp
+	33, // 8: tether.executor.v1.Run.runner_process:type_name -> tether.prp.v1.ProcessInfo
+	33, // 9: tether.executor.v1.Run.provider_process:type_name -> tether.prp.v1.ProcessInfo
+	32, // 10: tether.executor.v1.Run.created_at:type_name -> google.protobuf.Timestamp
+	32, // 11: tether.executor.v1.Run.updated_at:type_name -> google.protobuf.Timestamp
+	32, // 12: tether.executor.v1.Run.started_at:type_name -> google.protobuf.Timestamp
+	32, // 13: tether.executor.v1.Run.ended_at:type_name -> google.protobuf.Timestamp
 	8,  // 14: tether.executor.v1.Run.cancellation:type_name -> tether.executor.v1.Cancellation
 	9,  // 15: tether.executor.v1.Run.recovery:type_name -> tether.executor.v1.Recovery
-	27, // 16: tether.executor.v1.Recovery.next_attempt_at:type_name -> google.protobuf.Timestamp
+	32, // 16: tether.executor.v1.Recovery.next_attempt_at:type_name -> google.protobuf.Timestamp
 	1,  // 17: tether.executor.v1.CancelRunRequest.scope:type_name -> tether.executor.v1.CancellationScope
-	29, // 18: tether.executor.v1.CancelRunRequest.wait_timeout:type_name -> google.protobuf.Duration
+	34, // 18: tether.executor.v1.CancelRunRequest.wait_timeout:type_name -> google.protobuf.Duration
 	8,  // 19: tether.executor.v1.CancelRunResponse.cancellation:type_name -> tether.executor.v1.Cancellation
 	7,  // 20: tether.executor.v1.GetRunResponse.run:type_name -> tether.executor.v1.Run
 	0,  // 21: tether.executor.v1.ListRunsRequest.state:type_name -> tether.executor.v1.RunState
 	7,  // 22: tether.executor.v1.ListRunsResponse.runs:type_name -> tether.executor.v1.Run
-	30, // 23: tether.executor.v1.WatchRunResponse.event:type_name -> tether.prp.v1.Event
-	29, // 24: tether.executor.v1.SteerRunRequest.timeout:type_name -> google.protobuf.Duration
-	31, // 25: tether.executor.v1.ResolveRuntimeRequestRequest.resolution:type_name -> google.protobuf.Struct
-	2,  // 26: tether.executor.v1.ExecutorService.SubmitRun:input_type -> tether.executor.v1.SubmitRunRequest
-	12, // 27: tether.executor.v1.ExecutorService.GetRun:input_type -> tether.executor.v1.GetRunRequest
-	14, // 28: tether.executor.v1.ExecutorService.ListRuns:input_type -> tether.executor.v1.ListRunsRequest
-	16, // 29: tether.executor.v1.ExecutorService.WatchRun:input_type -> tether.executor.v1.WatchRunRequest
-	10, // 30: tether.executor.v1.ExecutorService.CancelRun:input_type -> tether.executor.v1.CancelRunRequest
-	18, // 31: tether.executor.v1.ExecutorService.GetSteeringState:input_type -> tether.executor.v1.GetSteeringStateRequest
-	20, // 32: tether.executor.v1.ExecutorService.SteerRun:input_type -> tether.executor.v1.SteerRunRequest
-	22, // 33: tether.executor.v1.ExecutorService.ResolveRuntimeRequest:input_type -> tether.executor.v1.ResolveRuntimeRequestRequest
-	24, // 34: tether.executor.v1.ExecutorService.CompleteToolCall:input_type -> tether.executor.v1.CompleteToolCallRequest
-	3,  // 35: tether.executor.v1.ExecutorService.SubmitRun:output_type -> tether.executor.v1.SubmitRunResponse
-	13, // 36: tether.executor.v1.ExecutorService.GetRun:output_type -> tether.executor.v1.GetRunResponse
-	15, // 37: tether.executor.v1.ExecutorService.ListRuns:output_type -> tether.executor.v1.ListRunsResponse
-	17, // 38: tether.executor.v1.ExecutorService.WatchRun:output_type -> tether.executor.v1.WatchRunResponse
-	11, // 39: tether.executor.v1.ExecutorService.CancelRun:output_type -> tether.executor.v1.CancelRunResponse
-	19, // 40: tether.executor.v1.ExecutorService.GetSteeringState:output_type -> tether.executor.v1.GetSteeringStateResponse
-	21, // 41: tether.executor.v1.ExecutorService.SteerRun:output_type -> tether.executor.v1.SteerRunResponse
-	23, // 42: tether.executor.v1.ExecutorService.ResolveRuntimeRequest:output_type -> tether.executor.v1.ResolveRuntimeRequestResponse
-	25, // 43: tether.executor.v1.ExecutorService.CompleteToolCall:output_type -> tether.executor.v1.CompleteToolCallResponse
-	35, // [35:44] is the sub-list for method output_type
-	26, // [26:35] is the sub-list for method input_type
-	26, // [26:26] is the sub-list for extension type_name
-	26, // [26:26] is the sub-list for extension extendee
-	0,  // [0:26] is the sub-list for field type_name
+	35, // 23: tether.executor.v1.WatchRunResponse.event:type_name -> tether.prp.v1.Event
+	34, // 24: tether.executor.v1.SteerRunRequest.timeout:type_name -> google.protobuf.Duration
+	36, // 25: tether.executor.v1.ResolveRuntimeRequestRequest.resolution:type_name -> google.protobuf.Struct
+	0,  // 26: tether.executor.v1.Session.last_run_state:type_name -> tether.executor.v1.RunState
+	33, // 27: tether.executor.v1.Session.runner_process:type_name -> tether.prp.v1.ProcessInfo
+	33, // 28: tether.executor.v1.Session.provider_process:type_name -> tether.prp.v1.ProcessInfo
+	27, // 29: tether.executor.v1.GetSessionResponse.sessions:type_name -> tether.executor.v1.Session
+	2,  // 30: tether.executor.v1.ExecutorService.SubmitRun:input_type -> tether.executor.v1.SubmitRunRequest
+	12, // 31: tether.executor.v1.ExecutorService.GetRun:input_type -> tether.executor.v1.GetRunRequest
+	14, // 32: tether.executor.v1.ExecutorService.ListRuns:input_type -> tether.executor.v1.ListRunsRequest
+	16, // 33: tether.executor.v1.ExecutorService.WatchRun:input_type -> tether.executor.v1.WatchRunRequest
+	10, // 34: tether.executor.v1.ExecutorService.CancelRun:input_type -> tether.executor.v1.CancelRunRequest
+	18, // 35: tether.executor.v1.ExecutorService.GetSteeringState:input_type -> tether.executor.v1.GetSteeringStateRequest
+	20, // 36: tether.executor.v1.ExecutorService.SteerRun:input_type -> tether.executor.v1.SteerRunRequest
+	22, // 37: tether.executor.v1.ExecutorService.ResolveRuntimeRequest:input_type -> tether.executor.v1.ResolveRuntimeRequestRequest
+	24, // 38: tether.executor.v1.ExecutorService.CompleteToolCall:input_type -> tether.executor.v1.CompleteToolCallRequest
+	26, // 39: tether.executor.v1.ExecutorService.GetSession:input_type -> tether.executor.v1.GetSessionRequest
+	29, // 40: tether.executor.v1.ExecutorService.CloseSession:input_type -> tether.executor.v1.CloseSessionRequest
+	3,  // 41: tether.executor.v1.ExecutorService.SubmitRun:output_type -> tether.executor.v1.SubmitRunResponse
+	13, // 42: tether.executor.v1.ExecutorService.GetRun:output_type -> tether.executor.v1.GetRunResponse
+	15, // 43: tether.executor.v1.ExecutorService.ListRuns:output_type -> tether.executor.v1.ListRunsResponse
+	17, // 44: tether.executor.v1.ExecutorService.WatchRun:output_type -> tether.executor.v1.WatchRunResponse
+	11, // 45: tether.executor.v1.ExecutorService.CancelRun:output_type -> tether.executor.v1.CancelRunResponse
+	19, // 46: tether.executor.v1.ExecutorService.GetSteeringState:output_type -> tether.executor.v1.GetSteeringStateResponse
+	21, // 47: tether.executor.v1.ExecutorService.SteerRun:output_type -> tether.executor.v1.SteerRunResponse
+	23, // 48: tether.executor.v1.ExecutorService.ResolveRuntimeRequest:output_type -> tether.executor.v1.ResolveRuntimeRequestResponse
+	25, // 49: tether.executor.v1.ExecutorService.CompleteToolCall:output_type -> tether.executor.v1.CompleteToolCallResponse
+	28, // 50: tether.executor.v1.ExecutorService.GetSession:output_type -> tether.executor.v1.GetSessionResponse
+	30, // 51: tether.executor.v1.ExecutorService.CloseSession:output_type -> tether.executor.v1.CloseSessionResponse
+	41, // [41:52] is the sub-list for method output_type
+	30, // [30:41] is the sub-list for method input_type
+	30, // [30:30] is the sub-list for extension type_name
+	30, // [30:30] is the sub-list for extension extendee
+	0,  // [0:30] is the sub-list for field type_name
 }
 
 func init() { file_tether_executor_v1_executor_proto_init() }
@@ -2078,7 +2481,7 @@ func file_tether_executor_v1_executor_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_tether_executor_v1_executor_proto_rawDesc), len(file_tether_executor_v1_executor_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   24,
+			NumMessages:   29,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

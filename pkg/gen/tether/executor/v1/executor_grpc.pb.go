@@ -28,6 +28,8 @@ const (
 	ExecutorService_SteerRun_FullMethodName              = "/tether.executor.v1.ExecutorService/SteerRun"
 	ExecutorService_ResolveRuntimeRequest_FullMethodName = "/tether.executor.v1.ExecutorService/ResolveRuntimeRequest"
 	ExecutorService_CompleteToolCall_FullMethodName      = "/tether.executor.v1.ExecutorService/CompleteToolCall"
+	ExecutorService_GetSession_FullMethodName            = "/tether.executor.v1.ExecutorService/GetSession"
+	ExecutorService_CloseSession_FullMethodName          = "/tether.executor.v1.ExecutorService/CloseSession"
 )
 
 // ExecutorServiceClient is the client API for ExecutorService service.
@@ -70,6 +72,13 @@ type ExecutorServiceClient interface {
 	// ended or a continuation took its scope, the answer is refused with
 	// native_tool_authority_epoch_revoked.
 	CompleteToolCall(ctx context.Context, in *CompleteToolCallRequest, opts ...grpc.CallOption) (*CompleteToolCallResponse, error)
+	// GetSession describes the provider sessions of a company's normalized
+	// session id (one per scope: agent, workspace and provider): the live owner,
+	// the runner's lifecycle and processes, and the last run.
+	GetSession(ctx context.Context, in *GetSessionRequest, opts ...grpc.CallOption) (*GetSessionResponse, error)
+	// CloseSession closes an idle warm session (the runner stops the provider
+	// and exits); a session with a run in flight is native_session_supervisor_busy.
+	CloseSession(ctx context.Context, in *CloseSessionRequest, opts ...grpc.CallOption) (*CloseSessionResponse, error)
 }
 
 type executorServiceClient struct {
@@ -179,6 +188,26 @@ func (c *executorServiceClient) CompleteToolCall(ctx context.Context, in *Comple
 	return out, nil
 }
 
+func (c *executorServiceClient) GetSession(ctx context.Context, in *GetSessionRequest, opts ...grpc.CallOption) (*GetSessionResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetSessionResponse)
+	err := c.cc.Invoke(ctx, ExecutorService_GetSession_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *executorServiceClient) CloseSession(ctx context.Context, in *CloseSessionRequest, opts ...grpc.CallOption) (*CloseSessionResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CloseSessionResponse)
+	err := c.cc.Invoke(ctx, ExecutorService_CloseSession_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // ExecutorServiceServer is the server API for ExecutorService service.
 // All implementations must embed UnimplementedExecutorServiceServer
 // for forward compatibility.
@@ -219,6 +248,13 @@ type ExecutorServiceServer interface {
 	// ended or a continuation took its scope, the answer is refused with
 	// native_tool_authority_epoch_revoked.
 	CompleteToolCall(context.Context, *CompleteToolCallRequest) (*CompleteToolCallResponse, error)
+	// GetSession describes the provider sessions of a company's normalized
+	// session id (one per scope: agent, workspace and provider): the live owner,
+	// the runner's lifecycle and processes, and the last run.
+	GetSession(context.Context, *GetSessionRequest) (*GetSessionResponse, error)
+	// CloseSession closes an idle warm session (the runner stops the provider
+	// and exits); a session with a run in flight is native_session_supervisor_busy.
+	CloseSession(context.Context, *CloseSessionRequest) (*CloseSessionResponse, error)
 	mustEmbedUnimplementedExecutorServiceServer()
 }
 
@@ -255,6 +291,12 @@ func (UnimplementedExecutorServiceServer) ResolveRuntimeRequest(context.Context,
 }
 func (UnimplementedExecutorServiceServer) CompleteToolCall(context.Context, *CompleteToolCallRequest) (*CompleteToolCallResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method CompleteToolCall not implemented")
+}
+func (UnimplementedExecutorServiceServer) GetSession(context.Context, *GetSessionRequest) (*GetSessionResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetSession not implemented")
+}
+func (UnimplementedExecutorServiceServer) CloseSession(context.Context, *CloseSessionRequest) (*CloseSessionResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method CloseSession not implemented")
 }
 func (UnimplementedExecutorServiceServer) mustEmbedUnimplementedExecutorServiceServer() {}
 func (UnimplementedExecutorServiceServer) testEmbeddedByValue()                         {}
@@ -432,6 +474,42 @@ func _ExecutorService_CompleteToolCall_Handler(srv interface{}, ctx context.Cont
 	return interceptor(ctx, in, info, handler)
 }
 
+func _ExecutorService_GetSession_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetSessionRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ExecutorServiceServer).GetSession(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ExecutorService_GetSession_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ExecutorServiceServer).GetSession(ctx, req.(*GetSessionRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _ExecutorService_CloseSession_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CloseSessionRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ExecutorServiceServer).CloseSession(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ExecutorService_CloseSession_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ExecutorServiceServer).CloseSession(ctx, req.(*CloseSessionRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // ExecutorService_ServiceDesc is the grpc.ServiceDesc for ExecutorService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -470,6 +548,14 @@ var ExecutorService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "CompleteToolCall",
 			Handler:    _ExecutorService_CompleteToolCall_Handler,
+		},
+		{
+			MethodName: "GetSession",
+			Handler:    _ExecutorService_GetSession_Handler,
+		},
+		{
+			MethodName: "CloseSession",
+			Handler:    _ExecutorService_CloseSession_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -1,0 +1,145 @@
+package api
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"google.golang.org/grpc/codes"
+
+	"github.com/tether-run/tether/pkg/failure"
+	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
+	gatewayv1 "github.com/tether-run/tether/pkg/gen/tether/gateway/v1"
+	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
+	"github.com/tether-run/tether/services/executor/internal/store"
+)
+
+// GetSession describes a company's session, one entry per scope.
+func (s *Server) GetSession(ctx context.Context, req *executorv1.GetSessionRequest) (*executorv1.GetSessionResponse, error) {
+	groups, err := s.Store.Sessions(ctx, req.GetCompanyId(), req.GetNormalizedSessionId())
+	if err != nil {
+		return nil, failure.ToStatus(err)
+	}
+	if len(groups) == 0 {
+		return nil, failure.New(codes.NotFound, "session_not_found", "company %q has no session %q", req.GetCompanyId(), req.GetNormalizedSessionId())
+	}
+	out := &executorv1.GetSessionResponse{}
+	for _, g := range groups {
+		sess := &executorv1.Session{
+			SessionScope: g.Scope, CompanyId: req.GetCompanyId(), NormalizedSessionId: req.GetNormalizedSessionId(),
+			AgentId: g.Last.GetInput().GetBinding().GetAgentId(), LastRunId: g.Last.GetRunId(), LastRunState: g.Last.GetState(),
+			RunnerInstanceId: g.Last.GetRunnerInstanceId(), RunnerProcess: g.Last.GetRunnerProcess(),
+			ProviderProcess: g.Last.GetProviderProcess(), RunCount: g.Count,
+		}
+		if g.Active != nil {
+			sess.ActiveRunId, sess.LiveOwner = g.Active.GetRunId(), g.Active.GetLeaseOwner()
+		}
+		if r := s.runner(ctx, g.Last.GetRunnerInstanceId()); r != nil {
+			sess.Lifecycle, sess.RunnerConnected = r.GetLifecycle(), r.GetConnected()
+			if r.GetProviderProcess() != nil {
+				sess.ProviderProcess = r.GetProviderProcess()
+			}
+		}
+		out.Sessions = append(out.Sessions, sess)
+	}
+	return out, nil
+}
+
+func (s *Server) runner(ctx context.Context, id string) *gatewayv1.Runner {
+	if s.Gateway == nil || id == "" {
+		return nil
+	}
+	cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	resp, err := s.Gateway.GetRunner(cctx, &gatewayv1.GetRunnerRequest{RunnerInstanceId: id})
+	if err != nil {
+		return nil
+	}
+	return resp.GetRunner()
+}
+
+// CloseSession closes the session's idle, connected runners: each stops its
+// provider and exits (its state stays on disk, so a later run resumes the
+// provider thread). A scope with a run queued or in flight refuses with
+// native_session_supervisor_busy and nothing is closed.
+func (s *Server) CloseSession(ctx context.Context, req *executorv1.CloseSessionRequest) (*executorv1.CloseSessionResponse, error) {
+	groups, err := s.Store.Sessions(ctx, req.GetCompanyId(), req.GetNormalizedSessionId())
+	if err != nil {
+		return nil, failure.ToStatus(err)
+	}
+	if len(groups) == 0 {
+		return nil, failure.New(codes.NotFound, "session_not_found", "company %q has no session %q", req.GetCompanyId(), req.GetNormalizedSessionId())
+	}
+	for _, g := range groups {
+		if g.Open {
+			return nil, failure.New(codes.Aborted, "native_session_supervisor_busy",
+				"session %q has a run queued or in flight; close it after the run ends", req.GetNormalizedSessionId())
+		}
+	}
+	reason := req.GetReason()
+	if reason == "" {
+		reason = "session closed by request"
+	}
+	out := &executorv1.CloseSessionResponse{}
+	for _, g := range groups {
+		r := s.runner(ctx, g.Last.GetRunnerInstanceId())
+		if r == nil || !r.GetConnected() {
+			continue // nothing live to close
+		}
+		if err := s.closeRunner(ctx, g.Last.GetInput(), reason); err != nil {
+			return nil, failure.ToStatus(err)
+		}
+		out.ClosedRunnerInstanceIds = append(out.ClosedRunnerInstanceIds, r.GetRunnerInstanceId())
+	}
+	return out, nil
+}
+
+// closeRunner attaches to the scope's runner under a one-off control
+// identity and sends session.close.
+func (s *Server) closeRunner(ctx context.Context, in *prpv1.ExecutionInput, reason string) error {
+	if s.Gateway == nil {
+		return failure.New(codes.Unavailable, "runner_gateway_unavailable", "no gateway configured")
+	}
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	stream, err := s.Gateway.Attach(ctx)
+	if err != nil {
+		return err
+	}
+	runID := store.NewID("session-close-")
+	if err := stream.Send(&gatewayv1.AttachRequest{Kind: &gatewayv1.AttachRequest_Open{Open: &gatewayv1.Open{
+		RunId: runID, Fence: &gatewayv1.FencingToken{Owner: "executor-api", Attempt: 1}, Input: in,
+	}}}); err != nil {
+		return err
+	}
+	m, err := stream.Recv()
+	if err != nil {
+		return err
+	}
+	if m.GetOpened() == nil {
+		return fmt.Errorf("gateway answered Open with %T", m.GetKind())
+	}
+	cmd := &prpv1.Command{Schema: "tether.prp.command.v1", CommandId: runID + "/session.close", Type: "session.close",
+		RunId: runID, Attempt: 1}
+	cmd.Payload, _ = structpbNew(map[string]any{"reason": reason})
+	if err := stream.Send(&gatewayv1.AttachRequest{Kind: &gatewayv1.AttachRequest_Command{Command: cmd}}); err != nil {
+		return err
+	}
+	for {
+		m, err := stream.Recv()
+		if err != nil {
+			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				return failure.New(codes.DeadlineExceeded, "session_close_timeout", "the runner did not answer session.close")
+			}
+			return nil // the runner exited: closed
+		}
+		if r := m.GetCommandResult(); r != nil && r.GetCommandId() == cmd.GetCommandId() {
+			if r.GetStatus() != "completed" {
+				return failure.New(codes.FailedPrecondition, r.GetCode(), "session.close: %s", r.GetMessage())
+			}
+			_ = stream.CloseSend()
+			return nil
+		}
+	}
+}
