@@ -12,6 +12,7 @@ import (
 	"github.com/tether-run/tether/pkg/failure"
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
 	gatewayv1 "github.com/tether-run/tether/pkg/gen/tether/gateway/v1"
+	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/grpcx"
 	"github.com/tether-run/tether/services/executor/internal/stack"
 )
@@ -216,4 +217,40 @@ func TestE10_GetSessionAndCloseSession(t *testing.T) {
 
 	_, err = h.client.GetSession(ctx, &executorv1.GetSessionRequest{CompanyId: "globex", NormalizedSessionId: "inspect"})
 	require.Equal(t, "session_not_found", failure.CodeOf(err))
+}
+
+func TestE13_ADynamicToolCallIsAnsweredThroughTheRunsToolAuthority(t *testing.T) {
+	h := newHarness(t, stack.Options{})
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	in := h.submitInput("tools", "[dyn] look up alpha")
+	schema, _ := structpb.NewStruct(map[string]any{"type": "object", "properties": map[string]any{"key": map[string]any{"type": "string"}}})
+	in.DynamicTools = []*prpv1.DynamicTool{{Name: "mock_lookup", Description: "Look up a value by key.", InputSchema: schema}}
+	_, err := h.client.SubmitRun(ctx, &executorv1.SubmitRunRequest{RunId: "tool-run", Input: in})
+	require.NoError(t, err)
+
+	var callID string
+	wctx, stop := context.WithCancel(ctx)
+	stream, err := h.client.WatchRun(wctx, &executorv1.WatchRunRequest{RunId: "tool-run"})
+	require.NoError(t, err)
+	for callID == "" {
+		m, err := stream.Recv()
+		require.NoError(t, err)
+		if m.GetEvent().GetEventType() == "semantic_tool.input" {
+			p := m.GetEvent().GetPayload().AsMap()
+			require.Equal(t, "mock_lookup", p["tool"])
+			callID, _ = p["callId"].(string)
+		}
+	}
+	stop()
+	resp, err := h.client.CompleteToolCall(ctx, &executorv1.CompleteToolCallRequest{RunId: "tool-run", CallId: callID, Success: true, Text: "lookup(alpha) = 42"})
+	require.NoError(t, err)
+	require.NotEmpty(t, resp.GetCommandId())
+	run := h.waitState(ctx, h.client, "tool-run", executorv1.RunState_RUN_STATE_SUCCEEDED)
+	require.Contains(t, run.GetResult().GetFinalMessage(), "lookup(alpha) = 42")
+	require.Equal(t, 1, countLines(t, h.st.CallLog(), "tool-response:lookup(alpha) = 42"))
+
+	// The run ended: its tool authority is gone.
+	_, err = h.client.CompleteToolCall(ctx, &executorv1.CompleteToolCallRequest{RunId: "tool-run", CallId: callID, Success: true, Text: "again"})
+	require.Equal(t, "native_tool_authority_epoch_revoked", failure.CodeOf(err))
 }

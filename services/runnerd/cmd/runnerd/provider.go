@@ -26,6 +26,7 @@ func startCodex(ctx context.Context, cfg runner.ProviderConfig, emit func(runner
 		Model:          cfg.Model,
 		ApprovalPolicy: cfg.ApprovalPolicy,
 		Sandbox:        cfg.Sandbox,
+		DynamicTools:   cfg.DynamicTools,
 		StartupTimeout: cfg.StartupTimeout,
 		RequestTimeout: cfg.RequestTimeout,
 		Logger:         cfg.Logger,

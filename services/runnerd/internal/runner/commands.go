@@ -444,6 +444,7 @@ func (r *Runner) startProvider(reattach bool) *cmdError {
 		Model:          in.GetProvider().GetModel(),
 		ApprovalPolicy: in.GetProvider().GetApprovalPolicy(),
 		Sandbox:        in.GetProvider().GetSandbox(),
+		DynamicTools:   dynamicTools(in),
 		RequestTimeout: r.cfg.RequestTimeout,
 		Logger:         r.log.With("component", "provider"),
 		Hosted:         r.cfg.ProviderHost,
@@ -659,4 +660,20 @@ func (r *Runner) emitTerminal(t *durable.Turn, res TurnResult) {
 		defer func() { r.st.CurrentRun = saved }()
 	}
 	r.emit(P0, "run.terminal", t.TurnID, "", payload)
+}
+
+// dynamicTools renders the run's declared tools in codex's thread/start
+// shape: {type:"function", name, description, inputSchema}.
+func dynamicTools(in *prpv1.ExecutionInput) []map[string]any {
+	var out []map[string]any
+	for _, t := range in.GetDynamicTools() {
+		schema := map[string]any{"type": "object"}
+		if t.GetInputSchema() != nil {
+			schema = t.GetInputSchema().AsMap()
+		}
+		out = append(out, map[string]any{
+			"type": "function", "name": t.GetName(), "description": t.GetDescription(), "inputSchema": schema,
+		})
+	}
+	return out
 }

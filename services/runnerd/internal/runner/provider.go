@@ -32,6 +32,9 @@ type ProviderConfig struct {
 	Dir                            string   // workspace cwd
 	CodexHome                      string
 	Model, ApprovalPolicy, Sandbox string
+	// DynamicTools are the run's caller-implemented tools (codex
+	// thread/start dynamicTools); calls are answered with tool.result.
+	DynamicTools                   []map[string]any
 	StartupTimeout, RequestTimeout time.Duration
 	Logger                         *slog.Logger
 
