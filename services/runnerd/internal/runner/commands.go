@@ -25,6 +25,11 @@ const (
 	CmdTurnInterrupt = "turn.interrupt"
 	CmdTurnSteer     = "turn.steer"
 	CmdSessionClose  = "session.close"
+	// CmdRunnerSuspend stops the provider cleanly, keeps the provider
+	// thread, records lifecycle suspended and exits once the outbox is
+	// acknowledged (SPEC R5): the state dir is then a checkpointable,
+	// resumable session.
+	CmdRunnerSuspend = "runner.suspend"
 )
 
 // Command result codes.
@@ -224,6 +229,9 @@ func (r *Runner) onCommand(c *prpv1.Command) {
 	if c.GetType() == CmdSessionClose && cerr == nil {
 		r.setExit(ExitOK, "session_closed", false)
 	}
+	if c.GetType() == CmdRunnerSuspend && cerr == nil {
+		r.setExit(ExitOK, "suspended", false)
+	}
 }
 
 func (r *Runner) execute(c *prpv1.Command) (map[string]any, *cmdError) {
@@ -238,6 +246,8 @@ func (r *Runner) execute(c *prpv1.Command) (map[string]any, *cmdError) {
 		return r.cmdTurnSteer(c)
 	case CmdSessionClose:
 		return r.cmdSessionClose(c)
+	case CmdRunnerSuspend:
+		return r.cmdRunnerSuspend(c)
 	case CmdRequestResolve:
 		return r.cmdRequestResolve(c)
 	case CmdToolResult:
@@ -530,6 +540,38 @@ func (r *Runner) cmdTurnSteer(c *prpv1.Command) (map[string]any, *cmdError) {
 func (r *Runner) cmdSessionClose(c *prpv1.Command) (map[string]any, *cmdError) {
 	r.stopSession("session_closed")
 	return map[string]any{"lifecycle": r.st.Lifecycle, "providerThreadId": r.st.ProviderThreadID}, nil
+}
+
+// cmdRunnerSuspend stops the provider cleanly (stdin closed, grace, then
+// TERM and KILL of its group), keeps the provider thread id and records
+// lifecycle suspended before answering, so whoever sees the answer (and the
+// runner's exit) may checkpoint the state dir. A turn in progress refuses:
+// suspension is for an idle session.
+func (r *Runner) cmdRunnerSuspend(c *prpv1.Command) (map[string]any, *cmdError) {
+	if t := r.st.ActiveTurn; t != nil {
+		return nil, rejected(CodeTurnAlreadyActive, "turn %s of run %s is still active; suspend an idle session", t.TurnID, t.RunID)
+	}
+	switch r.st.Lifecycle {
+	case durable.LifecycleRevoked, durable.LifecycleUnrecoverable:
+		return nil, rejected(CodeRunnerStopped, "runner is %s", r.st.Lifecycle)
+	}
+	reason := payloadString(c, "reason")
+	if reason == "" {
+		reason = "suspended"
+	}
+	r.closeProvider()
+	r.st.Lifecycle, r.st.LifecycleReason = durable.LifecycleSuspended, reason
+	if err := r.save(); err != nil {
+		r.log.Error("cannot persist the suspension", "err", err)
+		r.setExit(ExitError, "runner_state_write_failed", true)
+		return nil, failed("runner_state_write_failed", "%v", err)
+	}
+	r.log.Info("runner suspended", "reason", reason, "provider_thread_id", r.st.ProviderThreadID)
+	r.emit(P0, "runner.suspended", "", "", map[string]any{"reason": reason, "providerThreadId": r.st.ProviderThreadID})
+	return map[string]any{
+		"lifecycle": r.st.Lifecycle, "providerThreadId": r.st.ProviderThreadID,
+		"runnerInstanceId": r.st.Identity.RunnerInstanceID,
+	}, nil
 }
 
 // ---- provider lifecycle ----
