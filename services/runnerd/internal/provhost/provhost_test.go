@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -277,4 +278,62 @@ func TestR1_ProviderHostRefusesAReplayFromBehindItsBuffer(t *testing.T) {
 func TestR1_ShimWithoutAHostFails(t *testing.T) {
 	s := startShim(t, t.TempDir(), true, 0)
 	require.Equal(t, ShimExitNoHost, <-s.done)
+}
+
+func TestR1_StoppingTheHostKillsAProviderGroupThatIgnoresStdinEOFAndTERM(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "runner")
+	require.NoError(t, os.MkdirAll(dir, 0o700))
+	in, err := Spawn(context.Background(), SpawnConfig{
+		Self: runnerdBin, Dir: dir, WorkDir: t.TempDir(), Env: []string{"PATH=/usr/bin:/bin"},
+		// The shell and its child (same group) ignore TERM and stdin EOF.
+		Command: "/bin/sh", Args: []string{"-c", "trap '' TERM; sleep 1000 & while :; do sleep 1; done"},
+		DetachTimeout: time.Minute, Grace: 200 * time.Millisecond,
+	})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = Stop(in, time.Second) })
+	require.True(t, in.ProviderAlive())
+	start := time.Now()
+	require.NoError(t, Stop(in, 200*time.Millisecond))
+	require.False(t, in.ProviderAlive())
+	require.False(t, in.HostAlive())
+	require.Eventually(t, func() bool { return !groupAlive(in.ProviderPGID) }, 5*time.Second, 20*time.Millisecond,
+		"the whole provider group is gone")
+	require.Less(t, time.Since(start), 5*time.Second, "EOF, grace, TERM, grace, KILL")
+}
+
+func TestR1_ProviderHostStopsTheProviderWhenNoClientComesBack(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "runner")
+	require.NoError(t, os.MkdirAll(dir, 0o700))
+	in, err := Spawn(context.Background(), SpawnConfig{
+		Self: runnerdBin, Dir: dir, WorkDir: t.TempDir(), Env: []string{"PATH=/usr/bin:/bin"},
+		Command: "/bin/sh", Args: []string{"-c", "while :; do sleep 1; done"},
+		DetachTimeout: 300 * time.Millisecond, Grace: 100 * time.Millisecond,
+	})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = Stop(in, time.Second) })
+	require.Eventually(t, func() bool { return !in.HostAlive() && !in.ProviderAlive() }, 10*time.Second, 20*time.Millisecond,
+		"an orphaned provider does not outlive the detach timeout")
+}
+
+// groupAlive reports a live (non-zombie) member of process group pgid.
+func groupAlive(pgid int) bool {
+	if err := syscall.Kill(-pgid, 0); err == syscall.ESRCH {
+		return false
+	}
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		i := strings.LastIndexByte(string(b), ')')
+		if i < 0 {
+			continue
+		}
+		f := strings.Fields(string(b[i+1:]))
+		if len(f) > 3 && f[2] == fmt.Sprint(pgid) && f[0] != "Z" && f[0] != "X" {
+			return true
+		}
+	}
+	return false
 }
