@@ -89,7 +89,9 @@ type ExecutionInput struct {
 	// Tools the caller implements; the provider may call them during the turn
 	// (codex dynamicTools). Each call arrives as a semantic_tool.input event
 	// and is answered with ExecutorService.CompleteToolCall.
-	DynamicTools  []*DynamicTool `protobuf:"bytes,7,rep,name=dynamic_tools,json=dynamicTools,proto3" json:"dynamic_tools,omitempty"`
+	DynamicTools []*DynamicTool `protobuf:"bytes,7,rep,name=dynamic_tools,json=dynamicTools,proto3" json:"dynamic_tools,omitempty"`
+	// How the run's runner connects (default: a local runner over loopback).
+	Runner        *RunnerPlacement `protobuf:"bytes,8,opt,name=runner,proto3" json:"runner,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -173,6 +175,71 @@ func (x *ExecutionInput) GetDynamicTools() []*DynamicTool {
 	return nil
 }
 
+func (x *ExecutionInput) GetRunner() *RunnerPlacement {
+	if x != nil {
+		return x.Runner
+	}
+	return nil
+}
+
+// RunnerPlacement says how the run's runner connects to the gateway.
+type RunnerPlacement struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// dial_ws_loopback (default: the gateway launches runnerd on its host),
+	// dial_wss (runnerd dials the gateway's TLS runner listener) or listen_ws
+	// (runnerd listens in the sandbox; the gateway dials in).
+	TransportMode string `protobuf:"bytes,1,opt,name=transport_mode,json=transportMode,proto3" json:"transport_mode,omitempty"`
+	// The caller authorises sandbox ingress for this run (listen_ws needs it,
+	// and the gateway's -runner-ingress-companies must admit the company).
+	IngressAuthorized bool `protobuf:"varint,2,opt,name=ingress_authorized,json=ingressAuthorized,proto3" json:"ingress_authorized,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
+}
+
+func (x *RunnerPlacement) Reset() {
+	*x = RunnerPlacement{}
+	mi := &file_tether_prp_v1_execution_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RunnerPlacement) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RunnerPlacement) ProtoMessage() {}
+
+func (x *RunnerPlacement) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_prp_v1_execution_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RunnerPlacement.ProtoReflect.Descriptor instead.
+func (*RunnerPlacement) Descriptor() ([]byte, []int) {
+	return file_tether_prp_v1_execution_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *RunnerPlacement) GetTransportMode() string {
+	if x != nil {
+		return x.TransportMode
+	}
+	return ""
+}
+
+func (x *RunnerPlacement) GetIngressAuthorized() bool {
+	if x != nil {
+		return x.IngressAuthorized
+	}
+	return false
+}
+
 // DynamicTool declares one caller-implemented tool.
 type DynamicTool struct {
 	state       protoimpl.MessageState `protogen:"open.v1"`
@@ -186,7 +253,7 @@ type DynamicTool struct {
 
 func (x *DynamicTool) Reset() {
 	*x = DynamicTool{}
-	mi := &file_tether_prp_v1_execution_proto_msgTypes[1]
+	mi := &file_tether_prp_v1_execution_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -198,7 +265,7 @@ func (x *DynamicTool) String() string {
 func (*DynamicTool) ProtoMessage() {}
 
 func (x *DynamicTool) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_prp_v1_execution_proto_msgTypes[1]
+	mi := &file_tether_prp_v1_execution_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -211,7 +278,7 @@ func (x *DynamicTool) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DynamicTool.ProtoReflect.Descriptor instead.
 func (*DynamicTool) Descriptor() ([]byte, []int) {
-	return file_tether_prp_v1_execution_proto_rawDescGZIP(), []int{1}
+	return file_tether_prp_v1_execution_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *DynamicTool) GetName() string {
@@ -255,7 +322,7 @@ type Provider struct {
 
 func (x *Provider) Reset() {
 	*x = Provider{}
-	mi := &file_tether_prp_v1_execution_proto_msgTypes[2]
+	mi := &file_tether_prp_v1_execution_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -267,7 +334,7 @@ func (x *Provider) String() string {
 func (*Provider) ProtoMessage() {}
 
 func (x *Provider) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_prp_v1_execution_proto_msgTypes[2]
+	mi := &file_tether_prp_v1_execution_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -280,7 +347,7 @@ func (x *Provider) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Provider.ProtoReflect.Descriptor instead.
 func (*Provider) Descriptor() ([]byte, []int) {
-	return file_tether_prp_v1_execution_proto_rawDescGZIP(), []int{2}
+	return file_tether_prp_v1_execution_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *Provider) GetKind() string {
@@ -338,7 +405,7 @@ type Binding struct {
 
 func (x *Binding) Reset() {
 	*x = Binding{}
-	mi := &file_tether_prp_v1_execution_proto_msgTypes[3]
+	mi := &file_tether_prp_v1_execution_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -350,7 +417,7 @@ func (x *Binding) String() string {
 func (*Binding) ProtoMessage() {}
 
 func (x *Binding) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_prp_v1_execution_proto_msgTypes[3]
+	mi := &file_tether_prp_v1_execution_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -363,7 +430,7 @@ func (x *Binding) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Binding.ProtoReflect.Descriptor instead.
 func (*Binding) Descriptor() ([]byte, []int) {
-	return file_tether_prp_v1_execution_proto_rawDescGZIP(), []int{3}
+	return file_tether_prp_v1_execution_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Binding) GetCompanyId() string {
@@ -404,7 +471,7 @@ type Task struct {
 
 func (x *Task) Reset() {
 	*x = Task{}
-	mi := &file_tether_prp_v1_execution_proto_msgTypes[4]
+	mi := &file_tether_prp_v1_execution_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -416,7 +483,7 @@ func (x *Task) String() string {
 func (*Task) ProtoMessage() {}
 
 func (x *Task) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_prp_v1_execution_proto_msgTypes[4]
+	mi := &file_tether_prp_v1_execution_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -429,7 +496,7 @@ func (x *Task) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Task.ProtoReflect.Descriptor instead.
 func (*Task) Descriptor() ([]byte, []int) {
-	return file_tether_prp_v1_execution_proto_rawDescGZIP(), []int{4}
+	return file_tether_prp_v1_execution_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Task) GetPrompt() string {
@@ -453,7 +520,7 @@ type Workspace struct {
 
 func (x *Workspace) Reset() {
 	*x = Workspace{}
-	mi := &file_tether_prp_v1_execution_proto_msgTypes[5]
+	mi := &file_tether_prp_v1_execution_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -465,7 +532,7 @@ func (x *Workspace) String() string {
 func (*Workspace) ProtoMessage() {}
 
 func (x *Workspace) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_prp_v1_execution_proto_msgTypes[5]
+	mi := &file_tether_prp_v1_execution_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -478,7 +545,7 @@ func (x *Workspace) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Workspace.ProtoReflect.Descriptor instead.
 func (*Workspace) Descriptor() ([]byte, []int) {
-	return file_tether_prp_v1_execution_proto_rawDescGZIP(), []int{5}
+	return file_tether_prp_v1_execution_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Workspace) GetCwd() string {
@@ -521,7 +588,7 @@ type Lifecycle struct {
 
 func (x *Lifecycle) Reset() {
 	*x = Lifecycle{}
-	mi := &file_tether_prp_v1_execution_proto_msgTypes[6]
+	mi := &file_tether_prp_v1_execution_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -533,7 +600,7 @@ func (x *Lifecycle) String() string {
 func (*Lifecycle) ProtoMessage() {}
 
 func (x *Lifecycle) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_prp_v1_execution_proto_msgTypes[6]
+	mi := &file_tether_prp_v1_execution_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -546,7 +613,7 @@ func (x *Lifecycle) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Lifecycle.ProtoReflect.Descriptor instead.
 func (*Lifecycle) Descriptor() ([]byte, []int) {
-	return file_tether_prp_v1_execution_proto_rawDescGZIP(), []int{6}
+	return file_tether_prp_v1_execution_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Lifecycle) GetMode() LifecycleMode {
@@ -576,7 +643,7 @@ type Session struct {
 
 func (x *Session) Reset() {
 	*x = Session{}
-	mi := &file_tether_prp_v1_execution_proto_msgTypes[7]
+	mi := &file_tether_prp_v1_execution_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -588,7 +655,7 @@ func (x *Session) String() string {
 func (*Session) ProtoMessage() {}
 
 func (x *Session) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_prp_v1_execution_proto_msgTypes[7]
+	mi := &file_tether_prp_v1_execution_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -601,7 +668,7 @@ func (x *Session) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Session.ProtoReflect.Descriptor instead.
 func (*Session) Descriptor() ([]byte, []int) {
-	return file_tether_prp_v1_execution_proto_rawDescGZIP(), []int{7}
+	return file_tether_prp_v1_execution_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Session) GetNormalizedSessionId() string {
@@ -636,7 +703,7 @@ var File_tether_prp_v1_execution_proto protoreflect.FileDescriptor
 
 const file_tether_prp_v1_execution_proto_rawDesc = "" +
 	"\n" +
-	"\x1dtether/prp/v1/execution.proto\x12\rtether.prp.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\"\xb5\x03\n" +
+	"\x1dtether/prp/v1/execution.proto\x12\rtether.prp.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\"\xed\x03\n" +
 	"\x0eExecutionInput\x12;\n" +
 	"\bprovider\x18\x01 \x01(\v2\x17.tether.prp.v1.ProviderB\x06\xbaH\x03\xc8\x01\x01R\bprovider\x128\n" +
 	"\abinding\x18\x02 \x01(\v2\x16.tether.prp.v1.BindingB\x06\xbaH\x03\xc8\x01\x01R\abinding\x12/\n" +
@@ -644,7 +711,11 @@ const file_tether_prp_v1_execution_proto_rawDesc = "" +
 	"\tworkspace\x18\x04 \x01(\v2\x18.tether.prp.v1.WorkspaceR\tworkspace\x128\n" +
 	"\asession\x18\x05 \x01(\v2\x16.tether.prp.v1.SessionB\x06\xbaH\x03\xc8\x01\x01R\asession\x12>\n" +
 	"\x16runtime_context_digest\x18\x06 \x01(\tB\b\xbaH\x05r\x03\x18\x80\x01R\x14runtimeContextDigest\x12I\n" +
-	"\rdynamic_tools\x18\a \x03(\v2\x1a.tether.prp.v1.DynamicToolB\b\xbaH\x05\x92\x01\x02\x10@R\fdynamicTools\"\xa7\x01\n" +
+	"\rdynamic_tools\x18\a \x03(\v2\x1a.tether.prp.v1.DynamicToolB\b\xbaH\x05\x92\x01\x02\x10@R\fdynamicTools\x126\n" +
+	"\x06runner\x18\b \x01(\v2\x1e.tether.prp.v1.RunnerPlacementR\x06runner\"\x97\x01\n" +
+	"\x0fRunnerPlacement\x12U\n" +
+	"\x0etransport_mode\x18\x01 \x01(\tB.\xbaH+r)R\x00R\x10dial_ws_loopbackR\bdial_wssR\tlisten_wsR\rtransportMode\x12-\n" +
+	"\x12ingress_authorized\x18\x02 \x01(\bR\x11ingressAuthorized\"\xa7\x01\n" +
 	"\vDynamicTool\x120\n" +
 	"\x04name\x18\x01 \x01(\tB\x1c\xbaH\x19r\x172\x15^[A-Za-z0-9_-]{1,64}$R\x04name\x12*\n" +
 	"\vdescription\x18\x02 \x01(\tB\b\xbaH\x05r\x03\x18\x80 R\vdescription\x12:\n" +
@@ -698,36 +769,38 @@ func file_tether_prp_v1_execution_proto_rawDescGZIP() []byte {
 }
 
 var file_tether_prp_v1_execution_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_tether_prp_v1_execution_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
+var file_tether_prp_v1_execution_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
 var file_tether_prp_v1_execution_proto_goTypes = []any{
 	(LifecycleMode)(0),          // 0: tether.prp.v1.LifecycleMode
 	(*ExecutionInput)(nil),      // 1: tether.prp.v1.ExecutionInput
-	(*DynamicTool)(nil),         // 2: tether.prp.v1.DynamicTool
-	(*Provider)(nil),            // 3: tether.prp.v1.Provider
-	(*Binding)(nil),             // 4: tether.prp.v1.Binding
-	(*Task)(nil),                // 5: tether.prp.v1.Task
-	(*Workspace)(nil),           // 6: tether.prp.v1.Workspace
-	(*Lifecycle)(nil),           // 7: tether.prp.v1.Lifecycle
-	(*Session)(nil),             // 8: tether.prp.v1.Session
-	(*structpb.Struct)(nil),     // 9: google.protobuf.Struct
-	(*durationpb.Duration)(nil), // 10: google.protobuf.Duration
+	(*RunnerPlacement)(nil),     // 2: tether.prp.v1.RunnerPlacement
+	(*DynamicTool)(nil),         // 3: tether.prp.v1.DynamicTool
+	(*Provider)(nil),            // 4: tether.prp.v1.Provider
+	(*Binding)(nil),             // 5: tether.prp.v1.Binding
+	(*Task)(nil),                // 6: tether.prp.v1.Task
+	(*Workspace)(nil),           // 7: tether.prp.v1.Workspace
+	(*Lifecycle)(nil),           // 8: tether.prp.v1.Lifecycle
+	(*Session)(nil),             // 9: tether.prp.v1.Session
+	(*structpb.Struct)(nil),     // 10: google.protobuf.Struct
+	(*durationpb.Duration)(nil), // 11: google.protobuf.Duration
 }
 var file_tether_prp_v1_execution_proto_depIdxs = []int32{
-	3,  // 0: tether.prp.v1.ExecutionInput.provider:type_name -> tether.prp.v1.Provider
-	4,  // 1: tether.prp.v1.ExecutionInput.binding:type_name -> tether.prp.v1.Binding
-	5,  // 2: tether.prp.v1.ExecutionInput.task:type_name -> tether.prp.v1.Task
-	6,  // 3: tether.prp.v1.ExecutionInput.workspace:type_name -> tether.prp.v1.Workspace
-	8,  // 4: tether.prp.v1.ExecutionInput.session:type_name -> tether.prp.v1.Session
-	2,  // 5: tether.prp.v1.ExecutionInput.dynamic_tools:type_name -> tether.prp.v1.DynamicTool
-	9,  // 6: tether.prp.v1.DynamicTool.input_schema:type_name -> google.protobuf.Struct
-	0,  // 7: tether.prp.v1.Lifecycle.mode:type_name -> tether.prp.v1.LifecycleMode
-	10, // 8: tether.prp.v1.Lifecycle.idle_timeout:type_name -> google.protobuf.Duration
-	7,  // 9: tether.prp.v1.Session.lifecycle:type_name -> tether.prp.v1.Lifecycle
-	10, // [10:10] is the sub-list for method output_type
-	10, // [10:10] is the sub-list for method input_type
-	10, // [10:10] is the sub-list for extension type_name
-	10, // [10:10] is the sub-list for extension extendee
-	0,  // [0:10] is the sub-list for field type_name
+	4,  // 0: tether.prp.v1.ExecutionInput.provider:type_name -> tether.prp.v1.Provider
+	5,  // 1: tether.prp.v1.ExecutionInput.binding:type_name -> tether.prp.v1.Binding
+	6,  // 2: tether.prp.v1.ExecutionInput.task:type_name -> tether.prp.v1.Task
+	7,  // 3: tether.prp.v1.ExecutionInput.workspace:type_name -> tether.prp.v1.Workspace
+	9,  // 4: tether.prp.v1.ExecutionInput.session:type_name -> tether.prp.v1.Session
+	3,  // 5: tether.prp.v1.ExecutionInput.dynamic_tools:type_name -> tether.prp.v1.DynamicTool
+	2,  // 6: tether.prp.v1.ExecutionInput.runner:type_name -> tether.prp.v1.RunnerPlacement
+	10, // 7: tether.prp.v1.DynamicTool.input_schema:type_name -> google.protobuf.Struct
+	0,  // 8: tether.prp.v1.Lifecycle.mode:type_name -> tether.prp.v1.LifecycleMode
+	11, // 9: tether.prp.v1.Lifecycle.idle_timeout:type_name -> google.protobuf.Duration
+	8,  // 10: tether.prp.v1.Session.lifecycle:type_name -> tether.prp.v1.Lifecycle
+	11, // [11:11] is the sub-list for method output_type
+	11, // [11:11] is the sub-list for method input_type
+	11, // [11:11] is the sub-list for extension type_name
+	11, // [11:11] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_tether_prp_v1_execution_proto_init() }
@@ -741,7 +814,7 @@ func file_tether_prp_v1_execution_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_tether_prp_v1_execution_proto_rawDesc), len(file_tether_prp_v1_execution_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   8,
+			NumMessages:   9,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
