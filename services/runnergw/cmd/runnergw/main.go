@@ -18,6 +18,7 @@ import (
 	"strings"
 	"time"
 
+	backupv1 "github.com/tether-run/tether/pkg/gen/tether/backup/v1"
 	gatewayv1 "github.com/tether-run/tether/pkg/gen/tether/gateway/v1"
 	"github.com/tether-run/tether/pkg/grpcx"
 	"github.com/tether-run/tether/pkg/keyfile"
@@ -71,6 +72,8 @@ func run() error {
 	idle := grpcx.DurationFlag(fs, "idle-timeout", "", 10*time.Minute, "how long a warm runner lives without work")
 	grace := grpcx.DurationFlag(fs, "reconnect-grace", "", 2*time.Minute, "how long a runner keeps reconnecting before it gives up")
 	connectTimeout := grpcx.DurationFlag(fs, "connect-timeout", "", 20*time.Second, "how long an Attach waits for its runner to connect")
+	backupAddr := grpcx.StringFlag(fs, "backup-addr", "", "127.0.0.1:7402", "backup verifier: verified suspensions upload their checkpoints to it, restores verify their stamps with it (empty: off)")
+	backupCA := grpcx.StringFlag(fs, "backup-ca", "", "", "PEM CA bundle for TLS to the backup verifier (needed off loopback)")
 	keyFile := grpcx.StringFlag(fs, "runner-auth-key-file", "", "", "HMAC key for runner credentials (default <state-root>/gateway.key, created 0600)")
 	if err := grpcx.ParseFlags(fs, os.Args[1:]); err != nil {
 		return err
@@ -150,6 +153,14 @@ func run() error {
 		if gcfg.PublicURL == "" {
 			gcfg.PublicURL = "wss://" + tlsLis.Addr().String() + gateway.ConnectPath
 		}
+	}
+	if *backupAddr != "" {
+		conn, err := grpcx.Dial(*backupAddr, *backupCA)
+		if err != nil {
+			return fmt.Errorf("-backup-addr: %w", err)
+		}
+		defer conn.Close()
+		gcfg.Backup = backupv1.NewBackupVerifierClient(conn)
 	}
 	gw := gateway.New(gcfg)
 	gatewayv1.RegisterRunnerGatewayServer(srv.GRPC(), &api.Server{Gateway: gw})

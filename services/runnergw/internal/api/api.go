@@ -34,3 +34,8 @@ func (s *Server) GetRunner(_ context.Context, req *gatewayv1.GetRunnerRequest) (
 	}
 	return &gatewayv1.GetRunnerResponse{Runner: r}, nil
 }
+
+// SuspendRunner suspends a session scope's runner and checkpoints it.
+func (s *Server) SuspendRunner(ctx context.Context, req *gatewayv1.SuspendRunnerRequest) (*gatewayv1.SuspendRunnerResponse, error) {
+	return s.Gateway.SuspendRunner(ctx, req)
+}

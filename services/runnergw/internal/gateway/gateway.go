@@ -19,6 +19,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/tether-run/tether/pkg/failure"
+	backupv1 "github.com/tether-run/tether/pkg/gen/tether/backup/v1"
 	gatewayv1 "github.com/tether-run/tether/pkg/gen/tether/gateway/v1"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/prp"
@@ -71,7 +72,12 @@ type Config struct {
 	// Build is the checked runnerd build metadata.
 	Build     *gatewayv1.BuildMetadata
 	Authority *prp.Authority
-	Logger    *slog.Logger
+	// Backup is the backup verifier: suspensions upload their checkpoints
+	// to it, restores verify stamps with it and download from it. Nil:
+	// SuspendRunner and restore specs fail with
+	// runner_harness_backup_unavailable.
+	Backup backupv1.BackupVerifierClient
+	Logger *slog.Logger
 	// Draining, when closed, ends Attach streams with Unavailable so a
 	// graceful shutdown is not held up; executors re-attach elsewhere.
 	Draining <-chan struct{}
@@ -124,6 +130,9 @@ func New(cfg Config) *Gateway {
 // runner is one runnerd (one session scope).
 type runner struct {
 	scope string
+	// ops (capacity 1) serialises what changes the scope's runner as a
+	// whole: a suspension, and an attach's restore and launch.
+	ops chan struct{}
 
 	mu          sync.Mutex
 	instanceID  string
@@ -168,7 +177,7 @@ func (g *Gateway) runnerFor(sc string) *runner {
 	defer g.mu.Unlock()
 	r := g.runners[sc]
 	if r == nil {
-		r = &runner{scope: sc, connected: make(chan struct{})}
+		r = &runner{scope: sc, connected: make(chan struct{}), ops: make(chan struct{}, 1)}
 		g.runners[sc] = r
 	}
 	return r
@@ -223,7 +232,7 @@ func (g *Gateway) ensureRunner(ctx context.Context, sc string, in *prpv1.Executi
 			}
 			spec := launchSpec{
 				stateDir: filepath.Join(dir, "runnerd"), workspace: ws, instanceID: inst, mode: mode,
-				leaseID: "local-" + sc[:16], sessionID: in.GetSession().GetNormalizedSessionId(), scope: sc, ticket: ticket,
+				leaseID: LeaseFor(sc), sessionID: in.GetSession().GetNormalizedSessionId(), scope: sc, ticket: ticket,
 			}
 			child, err := g.launch(&spec)
 			if err != nil {
@@ -301,7 +310,21 @@ func (g *Gateway) Attach(stream gatewayv1.RunnerGateway_AttachServer) error {
 	}
 	sc := scope.Of(open.GetInput())
 	log := g.log.With("run_id", runID, "attempt", attempt, "session_scope", sc)
+	// A suspension of the scope in progress finishes first; the runner then
+	// comes back on its suspended state.
+	release, err := g.runnerFor(sc).acquireOp(ctx)
+	if err != nil {
+		return err
+	}
+	if spec := open.GetRestore(); spec != nil && g.needsRestore(g.runnerFor(sc), sc) {
+		if err := g.restore(ctx, g.runnerFor(sc), sc, spec); err != nil {
+			release()
+			log.Warn("restore refused", "checkpoint_id", spec.GetCheckpointId(), "err", err)
+			return err
+		}
+	}
 	r, reused, err := g.ensureRunner(ctx, sc, open.GetInput(), mode)
+	release()
 	if err != nil {
 		return err
 	}

@@ -8,6 +8,7 @@ package executorv1
 
 import (
 	_ "buf.build/gen/go/bufbuild/protovalidate/protocolbuffers/go/buf/validate"
+	v11 "github.com/tether-run/tether/pkg/gen/tether/backup/v1"
 	v1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
@@ -1872,8 +1873,10 @@ type Session struct {
 	RunnerProcess   *v1.ProcessInfo `protobuf:"bytes,12,opt,name=runner_process,json=runnerProcess,proto3" json:"runner_process,omitempty"`
 	ProviderProcess *v1.ProcessInfo `protobuf:"bytes,13,opt,name=provider_process,json=providerProcess,proto3" json:"provider_process,omitempty"`
 	RunCount        uint64          `protobuf:"varint,14,opt,name=run_count,json=runCount,proto3" json:"run_count,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// The scope's latest recorded verified suspension, if any.
+	Checkpoint    *SessionCheckpoint `protobuf:"bytes,15,opt,name=checkpoint,proto3" json:"checkpoint,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Session) Reset() {
@@ -2004,6 +2007,13 @@ func (x *Session) GetRunCount() uint64 {
 	return 0
 }
 
+func (x *Session) GetCheckpoint() *SessionCheckpoint {
+	if x != nil {
+		return x.Checkpoint
+	}
+	return nil
+}
+
 // GetSessionResponse lists the session's scopes.
 type GetSessionResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -2055,8 +2065,12 @@ type CloseSessionRequest struct {
 	CompanyId           string                 `protobuf:"bytes,1,opt,name=company_id,json=companyId,proto3" json:"company_id,omitempty"`
 	NormalizedSessionId string                 `protobuf:"bytes,2,opt,name=normalized_session_id,json=normalizedSessionId,proto3" json:"normalized_session_id,omitempty"`
 	Reason              string                 `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
-	unknownFields       protoimpl.UnknownFields
-	sizeCache           protoimpl.SizeCache
+	// Suspend instead of closing: a verified suspension (SPEC R5) whose
+	// stamped checkpoint is recorded; a later run restores from it when the
+	// runner's state is gone.
+	Suspend       bool `protobuf:"varint,4,opt,name=suspend,proto3" json:"suspend,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CloseSessionRequest) Reset() {
@@ -2110,12 +2124,21 @@ func (x *CloseSessionRequest) GetReason() string {
 	return ""
 }
 
+func (x *CloseSessionRequest) GetSuspend() bool {
+	if x != nil {
+		return x.Suspend
+	}
+	return false
+}
+
 // CloseSessionResponse reports what was closed.
 type CloseSessionResponse struct {
 	state                   protoimpl.MessageState `protogen:"open.v1"`
 	ClosedRunnerInstanceIds []string               `protobuf:"bytes,1,rep,name=closed_runner_instance_ids,json=closedRunnerInstanceIds,proto3" json:"closed_runner_instance_ids,omitempty"`
-	unknownFields           protoimpl.UnknownFields
-	sizeCache               protoimpl.SizeCache
+	// With suspend: the recorded checkpoints, one per suspended scope.
+	Checkpoints   []*SessionCheckpoint `protobuf:"bytes,2,rep,name=checkpoints,proto3" json:"checkpoints,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CloseSessionResponse) Reset() {
@@ -2155,11 +2178,119 @@ func (x *CloseSessionResponse) GetClosedRunnerInstanceIds() []string {
 	return nil
 }
 
+func (x *CloseSessionResponse) GetCheckpoints() []*SessionCheckpoint {
+	if x != nil {
+		return x.Checkpoints
+	}
+	return nil
+}
+
+// SessionCheckpoint is a recorded verified suspension of a session scope.
+type SessionCheckpoint struct {
+	state            protoimpl.MessageState `protogen:"open.v1"`
+	SessionScope     string                 `protobuf:"bytes,1,opt,name=session_scope,json=sessionScope,proto3" json:"session_scope,omitempty"`
+	CheckpointId     string                 `protobuf:"bytes,2,opt,name=checkpoint_id,json=checkpointId,proto3" json:"checkpoint_id,omitempty"`
+	ManifestDigest   string                 `protobuf:"bytes,3,opt,name=manifest_digest,json=manifestDigest,proto3" json:"manifest_digest,omitempty"`
+	RunnerInstanceId string                 `protobuf:"bytes,4,opt,name=runner_instance_id,json=runnerInstanceId,proto3" json:"runner_instance_id,omitempty"`
+	LeaseId          string                 `protobuf:"bytes,5,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	Stamp            *v11.Stamp             `protobuf:"bytes,6,opt,name=stamp,proto3" json:"stamp,omitempty"`
+	Reason           string                 `protobuf:"bytes,7,opt,name=reason,proto3" json:"reason,omitempty"`
+	CreatedAt        *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
+}
+
+func (x *SessionCheckpoint) Reset() {
+	*x = SessionCheckpoint{}
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SessionCheckpoint) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SessionCheckpoint) ProtoMessage() {}
+
+func (x *SessionCheckpoint) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SessionCheckpoint.ProtoReflect.Descriptor instead.
+func (*SessionCheckpoint) Descriptor() ([]byte, []int) {
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *SessionCheckpoint) GetSessionScope() string {
+	if x != nil {
+		return x.SessionScope
+	}
+	return ""
+}
+
+func (x *SessionCheckpoint) GetCheckpointId() string {
+	if x != nil {
+		return x.CheckpointId
+	}
+	return ""
+}
+
+func (x *SessionCheckpoint) GetManifestDigest() string {
+	if x != nil {
+		return x.ManifestDigest
+	}
+	return ""
+}
+
+func (x *SessionCheckpoint) GetRunnerInstanceId() string {
+	if x != nil {
+		return x.RunnerInstanceId
+	}
+	return ""
+}
+
+func (x *SessionCheckpoint) GetLeaseId() string {
+	if x != nil {
+		return x.LeaseId
+	}
+	return ""
+}
+
+func (x *SessionCheckpoint) GetStamp() *v11.Stamp {
+	if x != nil {
+		return x.Stamp
+	}
+	return nil
+}
+
+func (x *SessionCheckpoint) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *SessionCheckpoint) GetCreatedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreatedAt
+	}
+	return nil
+}
+
 var File_tether_executor_v1_executor_proto protoreflect.FileDescriptor
 
 const file_tether_executor_v1_executor_proto_rawDesc = "" +
 	"\n" +
-	"!tether/executor/v1/executor.proto\x12\x12tether.executor.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x19tether/prp/v1/event.proto\x1a\x1dtether/prp/v1/execution.proto\"\x91\x01\n" +
+	"!tether/executor/v1/executor.proto\x12\x12tether.executor.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1dtether/backup/v1/backup.proto\x1a\x19tether/prp/v1/event.proto\x1a\x1dtether/prp/v1/execution.proto\"\x91\x01\n" +
 	"\x10SubmitRunRequest\x12@\n" +
 	"\x06run_id\x18\x01 \x01(\tB)\xbaH&r$\x10\x01\x18\xa0\x012\x1d^[A-Za-z0-9][A-Za-z0-9._:-]*$R\x05runId\x12;\n" +
 	"\x05input\x18\x02 \x01(\v2\x1d.tether.prp.v1.ExecutionInputB\x06\xbaH\x03\xc8\x01\x01R\x05input\"X\n" +
@@ -2302,7 +2433,7 @@ const file_tether_executor_v1_executor_proto_rawDesc = "" +
 	"\x11GetSessionRequest\x12&\n" +
 	"\n" +
 	"company_id\x18\x01 \x01(\tB\a\xbaH\x04r\x02\x10\x01R\tcompanyId\x12;\n" +
-	"\x15normalized_session_id\x18\x02 \x01(\tB\a\xbaH\x04r\x02\x10\x01R\x13normalizedSessionId\"\xe1\x04\n" +
+	"\x15normalized_session_id\x18\x02 \x01(\tB\a\xbaH\x04r\x02\x10\x01R\x13normalizedSessionId\"\xa8\x05\n" +
 	"\aSession\x12#\n" +
 	"\rsession_scope\x18\x01 \x01(\tR\fsessionScope\x12\x1d\n" +
 	"\n" +
@@ -2320,16 +2451,31 @@ const file_tether_executor_v1_executor_proto_rawDesc = "" +
 	"\x10runner_connected\x18\v \x01(\bR\x0frunnerConnected\x12A\n" +
 	"\x0erunner_process\x18\f \x01(\v2\x1a.tether.prp.v1.ProcessInfoR\rrunnerProcess\x12E\n" +
 	"\x10provider_process\x18\r \x01(\v2\x1a.tether.prp.v1.ProcessInfoR\x0fproviderProcess\x12\x1b\n" +
-	"\trun_count\x18\x0e \x01(\x04R\brunCount\"M\n" +
+	"\trun_count\x18\x0e \x01(\x04R\brunCount\x12E\n" +
+	"\n" +
+	"checkpoint\x18\x0f \x01(\v2%.tether.executor.v1.SessionCheckpointR\n" +
+	"checkpoint\"M\n" +
 	"\x12GetSessionResponse\x127\n" +
-	"\bsessions\x18\x01 \x03(\v2\x1b.tether.executor.v1.SessionR\bsessions\"\x9c\x01\n" +
+	"\bsessions\x18\x01 \x03(\v2\x1b.tether.executor.v1.SessionR\bsessions\"\xb6\x01\n" +
 	"\x13CloseSessionRequest\x12&\n" +
 	"\n" +
 	"company_id\x18\x01 \x01(\tB\a\xbaH\x04r\x02\x10\x01R\tcompanyId\x12;\n" +
 	"\x15normalized_session_id\x18\x02 \x01(\tB\a\xbaH\x04r\x02\x10\x01R\x13normalizedSessionId\x12 \n" +
-	"\x06reason\x18\x03 \x01(\tB\b\xbaH\x05r\x03\x18\xd0\x0fR\x06reason\"S\n" +
+	"\x06reason\x18\x03 \x01(\tB\b\xbaH\x05r\x03\x18\xd0\x0fR\x06reason\x12\x18\n" +
+	"\asuspend\x18\x04 \x01(\bR\asuspend\"\x9c\x01\n" +
 	"\x14CloseSessionResponse\x12;\n" +
-	"\x1aclosed_runner_instance_ids\x18\x01 \x03(\tR\x17closedRunnerInstanceIds*\x9a\x01\n" +
+	"\x1aclosed_runner_instance_ids\x18\x01 \x03(\tR\x17closedRunnerInstanceIds\x12G\n" +
+	"\vcheckpoints\x18\x02 \x03(\v2%.tether.executor.v1.SessionCheckpointR\vcheckpoints\"\xd1\x02\n" +
+	"\x11SessionCheckpoint\x12#\n" +
+	"\rsession_scope\x18\x01 \x01(\tR\fsessionScope\x12#\n" +
+	"\rcheckpoint_id\x18\x02 \x01(\tR\fcheckpointId\x12'\n" +
+	"\x0fmanifest_digest\x18\x03 \x01(\tR\x0emanifestDigest\x12,\n" +
+	"\x12runner_instance_id\x18\x04 \x01(\tR\x10runnerInstanceId\x12\x19\n" +
+	"\blease_id\x18\x05 \x01(\tR\aleaseId\x12-\n" +
+	"\x05stamp\x18\x06 \x01(\v2\x17.tether.backup.v1.StampR\x05stamp\x12\x16\n" +
+	"\x06reason\x18\a \x01(\tR\x06reason\x129\n" +
+	"\n" +
+	"created_at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt*\x9a\x01\n" +
 	"\bRunState\x12\x19\n" +
 	"\x15RUN_STATE_UNSPECIFIED\x10\x00\x12\x14\n" +
 	"\x10RUN_STATE_QUEUED\x10\x01\x12\x15\n" +
@@ -2370,7 +2516,7 @@ func file_tether_executor_v1_executor_proto_rawDescGZIP() []byte {
 }
 
 var file_tether_executor_v1_executor_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_tether_executor_v1_executor_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
+var file_tether_executor_v1_executor_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
 var file_tether_executor_v1_executor_proto_goTypes = []any{
 	(RunState)(0),                         // 0: tether.executor.v1.RunState
 	(CancellationScope)(0),                // 1: tether.executor.v1.CancellationScope
@@ -2403,71 +2549,77 @@ var file_tether_executor_v1_executor_proto_goTypes = []any{
 	(*GetSessionResponse)(nil),            // 28: tether.executor.v1.GetSessionResponse
 	(*CloseSessionRequest)(nil),           // 29: tether.executor.v1.CloseSessionRequest
 	(*CloseSessionResponse)(nil),          // 30: tether.executor.v1.CloseSessionResponse
-	(*v1.ExecutionInput)(nil),             // 31: tether.prp.v1.ExecutionInput
-	(*timestamppb.Timestamp)(nil),         // 32: google.protobuf.Timestamp
-	(*v1.ProcessInfo)(nil),                // 33: tether.prp.v1.ProcessInfo
-	(*durationpb.Duration)(nil),           // 34: google.protobuf.Duration
-	(*v1.Event)(nil),                      // 35: tether.prp.v1.Event
-	(*structpb.Struct)(nil),               // 36: google.protobuf.Struct
+	(*SessionCheckpoint)(nil),             // 31: tether.executor.v1.SessionCheckpoint
+	(*v1.ExecutionInput)(nil),             // 32: tether.prp.v1.ExecutionInput
+	(*timestamppb.Timestamp)(nil),         // 33: google.protobuf.Timestamp
+	(*v1.ProcessInfo)(nil),                // 34: tether.prp.v1.ProcessInfo
+	(*durationpb.Duration)(nil),           // 35: google.protobuf.Duration
+	(*v1.Event)(nil),                      // 36: tether.prp.v1.Event
+	(*structpb.Struct)(nil),               // 37: google.protobuf.Struct
+	(*v11.Stamp)(nil),                     // 38: tether.backup.v1.Stamp
 }
 var file_tether_executor_v1_executor_proto_depIdxs = []int32{
-	31, // 0: tether.executor.v1.SubmitRunRequest.input:type_name -> tether.prp.v1.ExecutionInput
+	32, // 0: tether.executor.v1.SubmitRunRequest.input:type_name -> tether.prp.v1.ExecutionInput
 	7,  // 1: tether.executor.v1.SubmitRunResponse.run:type_name -> tether.executor.v1.Run
 	4,  // 2: tether.executor.v1.RunResult.usage:type_name -> tether.executor.v1.Usage
 	0,  // 3: tether.executor.v1.Run.state:type_name -> tether.executor.v1.RunState
-	32, // 4: tether.executor.v1.Run.lease_expires_at:type_name -> google.protobuf.Timestamp
-	31, // 5: tether.executor.v1.Run.input:type_name -> tether.prp.v1.ExecutionInput
+	33, // 4: tether.executor.v1.Run.lease_expires_at:type_name -> google.protobuf.Timestamp
+	32, // 5: tether.executor.v1.Run.input:type_name -> tether.prp.v1.ExecutionInput
 	5,  // 6: tether.executor.v1.Run.result:type_name -> tether.executor.v1.RunResult
 	6,  // 7: tether.executor.v1.Run.failure:type_name -> tether.executor.v1.Failure
-	33, // 8: tether.executor.v1.Run.runner_process:type_name -> tether.prp.v1.ProcessInfo
-	33, // 9: tether.executor.v1.Run.provider_process:type_name -> tether.prp.v1.ProcessInfo
-	32, // 10: tether.executor.v1.Run.created_at:type_name -> google.protobuf.Timestamp
-	32, // 11: tether.executor.v1.Run.updated_at:type_name -> google.protobuf.Timestamp
-	32, // 12: tether.executor.v1.Run.started_at:type_name -> google.protobuf.Timestamp
-	32, // 13: tether.executor.v1.Run.ended_at:type_name -> google.protobuf.Timestamp
+	34, // 8: tether.executor.v1.Run.runner_process:type_name -> tether.prp.v1.ProcessInfo
+	34, // 9: tether.executor.v1.Run.provider_process:type_name -> tether.prp.v1.ProcessInfo
+	33, // 10: tether.executor.v1.Run.created_at:type_name -> google.protobuf.Timestamp
+	33, // 11: tether.executor.v1.Run.updated_at:type_name -> google.protobuf.Timestamp
+	33, // 12: tether.executor.v1.Run.started_at:type_name -> google.protobuf.Timestamp
+	33, // 13: tether.executor.v1.Run.ended_at:type_name -> google.protobuf.Timestamp
 	8,  // 14: tether.executor.v1.Run.cancellation:type_name -> tether.executor.v1.Cancellation
 	9,  // 15: tether.executor.v1.Run.recovery:type_name -> tether.executor.v1.Recovery
-	32, // 16: tether.executor.v1.Recovery.next_attempt_at:type_name -> google.protobuf.Timestamp
+	33, // 16: tether.executor.v1.Recovery.next_attempt_at:type_name -> google.protobuf.Timestamp
 	1,  // 17: tether.executor.v1.CancelRunRequest.scope:type_name -> tether.executor.v1.CancellationScope
-	34, // 18: tether.executor.v1.CancelRunRequest.wait_timeout:type_name -> google.protobuf.Duration
+	35, // 18: tether.executor.v1.CancelRunRequest.wait_timeout:type_name -> google.protobuf.Duration
 	8,  // 19: tether.executor.v1.CancelRunResponse.cancellation:type_name -> tether.executor.v1.Cancellation
 	7,  // 20: tether.executor.v1.GetRunResponse.run:type_name -> tether.executor.v1.Run
 	0,  // 21: tether.executor.v1.ListRunsRequest.state:type_name -> tether.executor.v1.RunState
 	7,  // 22: tether.executor.v1.ListRunsResponse.runs:type_name -> tether.executor.v1.Run
-	35, // 23: tether.executor.v1.WatchRunResponse.event:type_name -> tether.prp.v1.Event
-	34, // 24: tether.executor.v1.SteerRunRequest.timeout:type_name -> google.protobuf.Duration
-	36, // 25: tether.executor.v1.ResolveRuntimeRequestRequest.resolution:type_name -> google.protobuf.Struct
+	36, // 23: tether.executor.v1.WatchRunResponse.event:type_name -> tether.prp.v1.Event
+	35, // 24: tether.executor.v1.SteerRunRequest.timeout:type_name -> google.protobuf.Duration
+	37, // 25: tether.executor.v1.ResolveRuntimeRequestRequest.resolution:type_name -> google.protobuf.Struct
 	0,  // 26: tether.executor.v1.Session.last_run_state:type_name -> tether.executor.v1.RunState
-	33, // 27: tether.executor.v1.Session.runner_process:type_name -> tether.prp.v1.ProcessInfo
-	33, // 28: tether.executor.v1.Session.provider_process:type_name -> tether.prp.v1.ProcessInfo
-	27, // 29: tether.executor.v1.GetSessionResponse.sessions:type_name -> tether.executor.v1.Session
-	2,  // 30: tether.executor.v1.ExecutorService.SubmitRun:input_type -> tether.executor.v1.SubmitRunRequest
-	12, // 31: tether.executor.v1.ExecutorService.GetRun:input_type -> tether.executor.v1.GetRunRequest
-	14, // 32: tether.executor.v1.ExecutorService.ListRuns:input_type -> tether.executor.v1.ListRunsRequest
-	16, // 33: tether.executor.v1.ExecutorService.WatchRun:input_type -> tether.executor.v1.WatchRunRequest
-	10, // 34: tether.executor.v1.ExecutorService.CancelRun:input_type -> tether.executor.v1.CancelRunRequest
-	18, // 35: tether.executor.v1.ExecutorService.GetSteeringState:input_type -> tether.executor.v1.GetSteeringStateRequest
-	20, // 36: tether.executor.v1.ExecutorService.SteerRun:input_type -> tether.executor.v1.SteerRunRequest
-	22, // 37: tether.executor.v1.ExecutorService.ResolveRuntimeRequest:input_type -> tether.executor.v1.ResolveRuntimeRequestRequest
-	24, // 38: tether.executor.v1.ExecutorService.CompleteToolCall:input_type -> tether.executor.v1.CompleteToolCallRequest
-	26, // 39: tether.executor.v1.ExecutorService.GetSession:input_type -> tether.executor.v1.GetSessionRequest
-	29, // 40: tether.executor.v1.ExecutorService.CloseSession:input_type -> tether.executor.v1.CloseSessionRequest
-	3,  // 41: tether.executor.v1.ExecutorService.SubmitRun:output_type -> tether.executor.v1.SubmitRunResponse
-	13, // 42: tether.executor.v1.ExecutorService.GetRun:output_type -> tether.executor.v1.GetRunResponse
-	15, // 43: tether.executor.v1.ExecutorService.ListRuns:output_type -> tether.executor.v1.ListRunsResponse
-	17, // 44: tether.executor.v1.ExecutorService.WatchRun:output_type -> tether.executor.v1.WatchRunResponse
-	11, // 45: tether.executor.v1.ExecutorService.CancelRun:output_type -> tether.executor.v1.CancelRunResponse
-	19, // 46: tether.executor.v1.ExecutorService.GetSteeringState:output_type -> tether.executor.v1.GetSteeringStateResponse
-	21, // 47: tether.executor.v1.ExecutorService.SteerRun:output_type -> tether.executor.v1.SteerRunResponse
-	23, // 48: tether.executor.v1.ExecutorService.ResolveRuntimeRequest:output_type -> tether.executor.v1.ResolveRuntimeRequestResponse
-	25, // 49: tether.executor.v1.ExecutorService.CompleteToolCall:output_type -> tether.executor.v1.CompleteToolCallResponse
-	28, // 50: tether.executor.v1.ExecutorService.GetSession:output_type -> tether.executor.v1.GetSessionResponse
-	30, // 51: tether.executor.v1.ExecutorService.CloseSession:output_type -> tether.executor.v1.CloseSessionResponse
-	41, // [41:52] is the sub-list for method output_type
-	30, // [30:41] is the sub-list for method input_type
-	30, // [30:30] is the sub-list for extension type_name
-	30, // [30:30] is the sub-list for extension extendee
-	0,  // [0:30] is the sub-list for field type_name
+	34, // 27: tether.executor.v1.Session.runner_process:type_name -> tether.prp.v1.ProcessInfo
+	34, // 28: tether.executor.v1.Session.provider_process:type_name -> tether.prp.v1.ProcessInfo
+	31, // 29: tether.executor.v1.Session.checkpoint:type_name -> tether.executor.v1.SessionCheckpoint
+	27, // 30: tether.executor.v1.GetSessionResponse.sessions:type_name -> tether.executor.v1.Session
+	31, // 31: tether.executor.v1.CloseSessionResponse.checkpoints:type_name -> tether.executor.v1.SessionCheckpoint
+	38, // 32: tether.executor.v1.SessionCheckpoint.stamp:type_name -> tether.backup.v1.Stamp
+	33, // 33: tether.executor.v1.SessionCheckpoint.created_at:type_name -> google.protobuf.Timestamp
+	2,  // 34: tether.executor.v1.ExecutorService.SubmitRun:input_type -> tether.executor.v1.SubmitRunRequest
+	12, // 35: tether.executor.v1.ExecutorService.GetRun:input_type -> tether.executor.v1.GetRunRequest
+	14, // 36: tether.executor.v1.ExecutorService.ListRuns:input_type -> tether.executor.v1.ListRunsRequest
+	16, // 37: tether.executor.v1.ExecutorService.WatchRun:input_type -> tether.executor.v1.WatchRunRequest
+	10, // 38: tether.executor.v1.ExecutorService.CancelRun:input_type -> tether.executor.v1.CancelRunRequest
+	18, // 39: tether.executor.v1.ExecutorService.GetSteeringState:input_type -> tether.executor.v1.GetSteeringStateRequest
+	20, // 40: tether.executor.v1.ExecutorService.SteerRun:input_type -> tether.executor.v1.SteerRunRequest
+	22, // 41: tether.executor.v1.ExecutorService.ResolveRuntimeRequest:input_type -> tether.executor.v1.ResolveRuntimeRequestRequest
+	24, // 42: tether.executor.v1.ExecutorService.CompleteToolCall:input_type -> tether.executor.v1.CompleteToolCallRequest
+	26, // 43: tether.executor.v1.ExecutorService.GetSession:input_type -> tether.executor.v1.GetSessionRequest
+	29, // 44: tether.executor.v1.ExecutorService.CloseSession:input_type -> tether.executor.v1.CloseSessionRequest
+	3,  // 45: tether.executor.v1.ExecutorService.SubmitRun:output_type -> tether.executor.v1.SubmitRunResponse
+	13, // 46: tether.executor.v1.ExecutorService.GetRun:output_type -> tether.executor.v1.GetRunResponse
+	15, // 47: tether.executor.v1.ExecutorService.ListRuns:output_type -> tether.executor.v1.ListRunsResponse
+	17, // 48: tether.executor.v1.ExecutorService.WatchRun:output_type -> tether.executor.v1.WatchRunResponse
+	11, // 49: tether.executor.v1.ExecutorService.CancelRun:output_type -> tether.executor.v1.CancelRunResponse
+	19, // 50: tether.executor.v1.ExecutorService.GetSteeringState:output_type -> tether.executor.v1.GetSteeringStateResponse
+	21, // 51: tether.executor.v1.ExecutorService.SteerRun:output_type -> tether.executor.v1.SteerRunResponse
+	23, // 52: tether.executor.v1.ExecutorService.ResolveRuntimeRequest:output_type -> tether.executor.v1.ResolveRuntimeRequestResponse
+	25, // 53: tether.executor.v1.ExecutorService.CompleteToolCall:output_type -> tether.executor.v1.CompleteToolCallResponse
+	28, // 54: tether.executor.v1.ExecutorService.GetSession:output_type -> tether.executor.v1.GetSessionResponse
+	30, // 55: tether.executor.v1.ExecutorService.CloseSession:output_type -> tether.executor.v1.CloseSessionResponse
+	45, // [45:56] is the sub-list for method output_type
+	34, // [34:45] is the sub-list for method input_type
+	34, // [34:34] is the sub-list for extension type_name
+	34, // [34:34] is the sub-list for extension extendee
+	0,  // [0:34] is the sub-list for field type_name
 }
 
 func init() { file_tether_executor_v1_executor_proto_init() }
@@ -2481,7 +2633,7 @@ func file_tether_executor_v1_executor_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_tether_executor_v1_executor_proto_rawDesc), len(file_tether_executor_v1_executor_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   29,
+			NumMessages:   30,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -78,6 +78,8 @@ type ExecutorServiceClient interface {
 	GetSession(ctx context.Context, in *GetSessionRequest, opts ...grpc.CallOption) (*GetSessionResponse, error)
 	// CloseSession closes an idle warm session (the runner stops the provider
 	// and exits); a session with a run in flight is native_session_supervisor_busy.
+	// With suspend it is a verified suspension whose stamped checkpoint is
+	// recorded (SPEC R5).
 	CloseSession(ctx context.Context, in *CloseSessionRequest, opts ...grpc.CallOption) (*CloseSessionResponse, error)
 }
 
@@ -254,6 +256,8 @@ type ExecutorServiceServer interface {
 	GetSession(context.Context, *GetSessionRequest) (*GetSessionResponse, error)
 	// CloseSession closes an idle warm session (the runner stops the provider
 	// and exits); a session with a run in flight is native_session_supervisor_busy.
+	// With suspend it is a verified suspension whose stamped checkpoint is
+	// recorded (SPEC R5).
 	CloseSession(context.Context, *CloseSessionRequest) (*CloseSessionResponse, error)
 	mustEmbedUnimplementedExecutorServiceServer()
 }

@@ -8,6 +8,7 @@ package gatewayv1
 
 import (
 	_ "buf.build/gen/go/bufbuild/protovalidate/protocolbuffers/go/buf/validate"
+	v11 "github.com/tether-run/tether/pkg/gen/tether/backup/v1"
 	v1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
@@ -193,11 +194,18 @@ func (x *RunnerTarget) GetRunnerIngressAuthorized() bool {
 
 // Open binds the stream to a run under a lease.
 type Open struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	RunId         string                 `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
-	Fence         *FencingToken          `protobuf:"bytes,2,opt,name=fence,proto3" json:"fence,omitempty"`
-	Target        *RunnerTarget          `protobuf:"bytes,3,opt,name=target,proto3" json:"target,omitempty"`
-	Input         *v1.ExecutionInput     `protobuf:"bytes,4,opt,name=input,proto3" json:"input,omitempty"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	RunId  string                 `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	Fence  *FencingToken          `protobuf:"bytes,2,opt,name=fence,proto3" json:"fence,omitempty"`
+	Target *RunnerTarget          `protobuf:"bytes,3,opt,name=target,proto3" json:"target,omitempty"`
+	Input  *v1.ExecutionInput     `protobuf:"bytes,4,opt,name=input,proto3" json:"input,omitempty"`
+	// The scope's latest stamped checkpoint. The gateway uses it only when the
+	// scope has no runner state on disk: it restores the checkpoint after the
+	// verifier has verified the stamp for the lease, checks the restored
+	// runner identity against the manifest, and launches runnerd on it, which
+	// resumes the provider thread. A stamp that does not verify refuses the
+	// Open (runner_harness_backup_unverified) and nothing is restored.
+	Restore       *RestoreSpec `protobuf:"bytes,5,opt,name=restore,proto3" json:"restore,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -260,6 +268,75 @@ func (x *Open) GetInput() *v1.ExecutionInput {
 	return nil
 }
 
+func (x *Open) GetRestore() *RestoreSpec {
+	if x != nil {
+		return x.Restore
+	}
+	return nil
+}
+
+// RestoreSpec names a stamped checkpoint of the session scope.
+type RestoreSpec struct {
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	CheckpointId string                 `protobuf:"bytes,1,opt,name=checkpoint_id,json=checkpointId,proto3" json:"checkpoint_id,omitempty"`
+	Stamp        *v11.Stamp             `protobuf:"bytes,2,opt,name=stamp,proto3" json:"stamp,omitempty"`
+	// The environment lease the stamp must verify for.
+	LeaseId       string `protobuf:"bytes,3,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RestoreSpec) Reset() {
+	*x = RestoreSpec{}
+	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RestoreSpec) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RestoreSpec) ProtoMessage() {}
+
+func (x *RestoreSpec) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RestoreSpec.ProtoReflect.Descriptor instead.
+func (*RestoreSpec) Descriptor() ([]byte, []int) {
+	return file_tether_gateway_v1_gateway_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *RestoreSpec) GetCheckpointId() string {
+	if x != nil {
+		return x.CheckpointId
+	}
+	return ""
+}
+
+func (x *RestoreSpec) GetStamp() *v11.Stamp {
+	if x != nil {
+		return x.Stamp
+	}
+	return nil
+}
+
+func (x *RestoreSpec) GetLeaseId() string {
+	if x != nil {
+		return x.LeaseId
+	}
+	return ""
+}
+
 // Ack reports the highest contiguous source seq the executor has persisted.
 type Ack struct {
 	state               protoimpl.MessageState `protogen:"open.v1"`
@@ -271,7 +348,7 @@ type Ack struct {
 
 func (x *Ack) Reset() {
 	*x = Ack{}
-	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[3]
+	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -283,7 +360,7 @@ func (x *Ack) String() string {
 func (*Ack) ProtoMessage() {}
 
 func (x *Ack) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[3]
+	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -296,7 +373,7 @@ func (x *Ack) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Ack.ProtoReflect.Descriptor instead.
 func (*Ack) Descriptor() ([]byte, []int) {
-	return file_tether_gateway_v1_gateway_proto_rawDescGZIP(), []int{3}
+	return file_tether_gateway_v1_gateway_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Ack) GetSourceInstanceId() string {
@@ -328,7 +405,7 @@ type AttachRequest struct {
 
 func (x *AttachRequest) Reset() {
 	*x = AttachRequest{}
-	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[4]
+	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -340,7 +417,7 @@ func (x *AttachRequest) String() string {
 func (*AttachRequest) ProtoMessage() {}
 
 func (x *AttachRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[4]
+	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -353,7 +430,7 @@ func (x *AttachRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttachRequest.ProtoReflect.Descriptor instead.
 func (*AttachRequest) Descriptor() ([]byte, []int) {
-	return file_tether_gateway_v1_gateway_proto_rawDescGZIP(), []int{4}
+	return file_tether_gateway_v1_gateway_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *AttachRequest) GetKind() isAttachRequest_Kind {
@@ -427,7 +504,7 @@ type BuildMetadata struct {
 
 func (x *BuildMetadata) Reset() {
 	*x = BuildMetadata{}
-	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[5]
+	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -439,7 +516,7 @@ func (x *BuildMetadata) String() string {
 func (*BuildMetadata) ProtoMessage() {}
 
 func (x *BuildMetadata) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[5]
+	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -452,7 +529,7 @@ func (x *BuildMetadata) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BuildMetadata.ProtoReflect.Descriptor instead.
 func (*BuildMetadata) Descriptor() ([]byte, []int) {
-	return file_tether_gateway_v1_gateway_proto_rawDescGZIP(), []int{5}
+	return file_tether_gateway_v1_gateway_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *BuildMetadata) GetSchema() string {
@@ -515,7 +592,7 @@ type Opened struct {
 
 func (x *Opened) Reset() {
 	*x = Opened{}
-	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[6]
+	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -527,7 +604,7 @@ func (x *Opened) String() string {
 func (*Opened) ProtoMessage() {}
 
 func (x *Opened) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[6]
+	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -540,7 +617,7 @@ func (x *Opened) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Opened.ProtoReflect.Descriptor instead.
 func (*Opened) Descriptor() ([]byte, []int) {
-	return file_tether_gateway_v1_gateway_proto_rawDescGZIP(), []int{6}
+	return file_tether_gateway_v1_gateway_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Opened) GetRunnerInstanceId() string {
@@ -603,7 +680,7 @@ type Closed struct {
 
 func (x *Closed) Reset() {
 	*x = Closed{}
-	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[7]
+	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -615,7 +692,7 @@ func (x *Closed) String() string {
 func (*Closed) ProtoMessage() {}
 
 func (x *Closed) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[7]
+	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -628,7 +705,7 @@ func (x *Closed) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Closed.ProtoReflect.Descriptor instead.
 func (*Closed) Descriptor() ([]byte, []int) {
-	return file_tether_gateway_v1_gateway_proto_rawDescGZIP(), []int{7}
+	return file_tether_gateway_v1_gateway_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Closed) GetCode() string {
@@ -661,7 +738,7 @@ type AttachResponse struct {
 
 func (x *AttachResponse) Reset() {
 	*x = AttachResponse{}
-	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[8]
+	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -673,7 +750,7 @@ func (x *AttachResponse) String() string {
 func (*AttachResponse) ProtoMessage() {}
 
 func (x *AttachResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[8]
+	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -686,7 +763,7 @@ func (x *AttachResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttachResponse.ProtoReflect.Descriptor instead.
 func (*AttachResponse) Descriptor() ([]byte, []int) {
-	return file_tether_gateway_v1_gateway_proto_rawDescGZIP(), []int{8}
+	return file_tether_gateway_v1_gateway_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *AttachResponse) GetKind() isAttachResponse_Kind {
@@ -781,7 +858,7 @@ type Runner struct {
 
 func (x *Runner) Reset() {
 	*x = Runner{}
-	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[9]
+	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -793,7 +870,7 @@ func (x *Runner) String() string {
 func (*Runner) ProtoMessage() {}
 
 func (x *Runner) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[9]
+	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -806,7 +883,7 @@ func (x *Runner) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Runner.ProtoReflect.Descriptor instead.
 func (*Runner) Descriptor() ([]byte, []int) {
-	return file_tether_gateway_v1_gateway_proto_rawDescGZIP(), []int{9}
+	return file_tether_gateway_v1_gateway_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Runner) GetRunnerInstanceId() string {
@@ -902,7 +979,7 @@ type ListRunnersRequest struct {
 
 func (x *ListRunnersRequest) Reset() {
 	*x = ListRunnersRequest{}
-	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[10]
+	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -914,7 +991,7 @@ func (x *ListRunnersRequest) String() string {
 func (*ListRunnersRequest) ProtoMessage() {}
 
 func (x *ListRunnersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[10]
+	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -927,7 +1004,7 @@ func (x *ListRunnersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRunnersRequest.ProtoReflect.Descriptor instead.
 func (*ListRunnersRequest) Descriptor() ([]byte, []int) {
-	return file_tether_gateway_v1_gateway_proto_rawDescGZIP(), []int{10}
+	return file_tether_gateway_v1_gateway_proto_rawDescGZIP(), []int{11}
 }
 
 // ListRunnersResponse lists runners.
@@ -940,7 +1017,7 @@ type ListRunnersResponse struct {
 
 func (x *ListRunnersResponse) Reset() {
 	*x = ListRunnersResponse{}
-	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[11]
+	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -952,7 +1029,7 @@ func (x *ListRunnersResponse) String() string {
 func (*ListRunnersResponse) ProtoMessage() {}
 
 func (x *ListRunnersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[11]
+	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -965,7 +1042,7 @@ func (x *ListRunnersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRunnersResponse.ProtoReflect.Descriptor instead.
 func (*ListRunnersResponse) Descriptor() ([]byte, []int) {
-	return file_tether_gateway_v1_gateway_proto_rawDescGZIP(), []int{11}
+	return file_tether_gateway_v1_gateway_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ListRunnersResponse) GetRunners() []*Runner {
@@ -985,7 +1062,7 @@ type GetRunnerRequest struct {
 
 func (x *GetRunnerRequest) Reset() {
 	*x = GetRunnerRequest{}
-	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[12]
+	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -997,7 +1074,7 @@ func (x *GetRunnerRequest) String() string {
 func (*GetRunnerRequest) ProtoMessage() {}
 
 func (x *GetRunnerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[12]
+	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1010,7 +1087,7 @@ func (x *GetRunnerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRunnerRequest.ProtoReflect.Descriptor instead.
 func (*GetRunnerRequest) Descriptor() ([]byte, []int) {
-	return file_tether_gateway_v1_gateway_proto_rawDescGZIP(), []int{12}
+	return file_tether_gateway_v1_gateway_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *GetRunnerRequest) GetRunnerInstanceId() string {
@@ -1030,7 +1107,7 @@ type GetRunnerResponse struct {
 
 func (x *GetRunnerResponse) Reset() {
 	*x = GetRunnerResponse{}
-	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[13]
+	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1042,7 +1119,7 @@ func (x *GetRunnerResponse) String() string {
 func (*GetRunnerResponse) ProtoMessage() {}
 
 func (x *GetRunnerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[13]
+	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1055,7 +1132,7 @@ func (x *GetRunnerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRunnerResponse.ProtoReflect.Descriptor instead.
 func (*GetRunnerResponse) Descriptor() ([]byte, []int) {
-	return file_tether_gateway_v1_gateway_proto_rawDescGZIP(), []int{13}
+	return file_tether_gateway_v1_gateway_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *GetRunnerResponse) GetRunner() *Runner {
@@ -1065,22 +1142,188 @@ func (x *GetRunnerResponse) GetRunner() *Runner {
 	return nil
 }
 
+// SuspendRunnerRequest names the session scope (by the input of its last
+// run) to suspend.
+type SuspendRunnerRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Input *v1.ExecutionInput     `protobuf:"bytes,1,opt,name=input,proto3" json:"input,omitempty"`
+	// The environment lease the stamp is bound to; empty: the lease the
+	// scope's runner was launched under. Another lease is refused.
+	LeaseId       string `protobuf:"bytes,2,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	Reason        string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SuspendRunnerRequest) Reset() {
+	*x = SuspendRunnerRequest{}
+	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SuspendRunnerRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SuspendRunnerRequest) ProtoMessage() {}
+
+func (x *SuspendRunnerRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SuspendRunnerRequest.ProtoReflect.Descriptor instead.
+func (*SuspendRunnerRequest) Descriptor() ([]byte, []int) {
+	return file_tether_gateway_v1_gateway_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *SuspendRunnerRequest) GetInput() *v1.ExecutionInput {
+	if x != nil {
+		return x.Input
+	}
+	return nil
+}
+
+func (x *SuspendRunnerRequest) GetLeaseId() string {
+	if x != nil {
+		return x.LeaseId
+	}
+	return ""
+}
+
+func (x *SuspendRunnerRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+// SuspendRunnerResponse is the receipt of a verified suspension.
+type SuspendRunnerResponse struct {
+	state            protoimpl.MessageState `protogen:"open.v1"`
+	SessionScope     string                 `protobuf:"bytes,1,opt,name=session_scope,json=sessionScope,proto3" json:"session_scope,omitempty"`
+	RunnerInstanceId string                 `protobuf:"bytes,2,opt,name=runner_instance_id,json=runnerInstanceId,proto3" json:"runner_instance_id,omitempty"`
+	LeaseId          string                 `protobuf:"bytes,3,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	ProviderThreadId string                 `protobuf:"bytes,4,opt,name=provider_thread_id,json=providerThreadId,proto3" json:"provider_thread_id,omitempty"`
+	Checkpoint       *v11.Checkpoint        `protobuf:"bytes,5,opt,name=checkpoint,proto3" json:"checkpoint,omitempty"`
+	Stamp            *v11.Stamp             `protobuf:"bytes,6,opt,name=stamp,proto3" json:"stamp,omitempty"`
+	// Events the runner emitted while suspending (and any tail not yet
+	// acknowledged): the gateway acknowledged them so the runner could exit;
+	// the caller files them under their runs.
+	Events        []*v1.Event `protobuf:"bytes,7,rep,name=events,proto3" json:"events,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SuspendRunnerResponse) Reset() {
+	*x = SuspendRunnerResponse{}
+	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SuspendRunnerResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SuspendRunnerResponse) ProtoMessage() {}
+
+func (x *SuspendRunnerResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SuspendRunnerResponse.ProtoReflect.Descriptor instead.
+func (*SuspendRunnerResponse) Descriptor() ([]byte, []int) {
+	return file_tether_gateway_v1_gateway_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *SuspendRunnerResponse) GetSessionScope() string {
+	if x != nil {
+		return x.SessionScope
+	}
+	return ""
+}
+
+func (x *SuspendRunnerResponse) GetRunnerInstanceId() string {
+	if x != nil {
+		return x.RunnerInstanceId
+	}
+	return ""
+}
+
+func (x *SuspendRunnerResponse) GetLeaseId() string {
+	if x != nil {
+		return x.LeaseId
+	}
+	return ""
+}
+
+func (x *SuspendRunnerResponse) GetProviderThreadId() string {
+	if x != nil {
+		return x.ProviderThreadId
+	}
+	return ""
+}
+
+func (x *SuspendRunnerResponse) GetCheckpoint() *v11.Checkpoint {
+	if x != nil {
+		return x.Checkpoint
+	}
+	return nil
+}
+
+func (x *SuspendRunnerResponse) GetStamp() *v11.Stamp {
+	if x != nil {
+		return x.Stamp
+	}
+	return nil
+}
+
+func (x *SuspendRunnerResponse) GetEvents() []*v1.Event {
+	if x != nil {
+		return x.Events
+	}
+	return nil
+}
+
 var File_tether_gateway_v1_gateway_proto protoreflect.FileDescriptor
 
 const file_tether_gateway_v1_gateway_proto_rawDesc = "" +
 	"\n" +
-	"\x1ftether/gateway/v1/gateway.proto\x12\x11tether.gateway.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x19tether/prp/v1/event.proto\x1a\x1dtether/prp/v1/execution.proto\"P\n" +
+	"\x1ftether/gateway/v1/gateway.proto\x12\x11tether.gateway.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1dtether/backup/v1/backup.proto\x1a\x19tether/prp/v1/event.proto\x1a\x1dtether/prp/v1/execution.proto\"P\n" +
 	"\fFencingToken\x12\x1d\n" +
 	"\x05owner\x18\x01 \x01(\tB\a\xbaH\x04r\x02\x10\x01R\x05owner\x12!\n" +
 	"\aattempt\x18\x02 \x01(\x04B\a\xbaH\x042\x02(\x01R\aattempt\"\x80\x01\n" +
 	"\fRunnerTarget\x124\n" +
 	"\x04mode\x18\x01 \x01(\x0e2 .tether.gateway.v1.TransportModeR\x04mode\x12:\n" +
-	"\x19runner_ingress_authorized\x18\x02 \x01(\bR\x17runnerIngressAuthorized\"\xdb\x01\n" +
+	"\x19runner_ingress_authorized\x18\x02 \x01(\bR\x17runnerIngressAuthorized\"\x95\x02\n" +
 	"\x04Open\x12\x1e\n" +
 	"\x06run_id\x18\x01 \x01(\tB\a\xbaH\x04r\x02\x10\x01R\x05runId\x12=\n" +
 	"\x05fence\x18\x02 \x01(\v2\x1f.tether.gateway.v1.FencingTokenB\x06\xbaH\x03\xc8\x01\x01R\x05fence\x127\n" +
 	"\x06target\x18\x03 \x01(\v2\x1f.tether.gateway.v1.RunnerTargetR\x06target\x12;\n" +
-	"\x05input\x18\x04 \x01(\v2\x1d.tether.prp.v1.ExecutionInputB\x06\xbaH\x03\xc8\x01\x01R\x05input\"g\n" +
+	"\x05input\x18\x04 \x01(\v2\x1d.tether.prp.v1.ExecutionInputB\x06\xbaH\x03\xc8\x01\x01R\x05input\x128\n" +
+	"\arestore\x18\x05 \x01(\v2\x1e.tether.gateway.v1.RestoreSpecR\arestore\"\x9b\x01\n" +
+	"\vRestoreSpec\x12.\n" +
+	"\rcheckpoint_id\x18\x01 \x01(\tB\t\xbaH\x06r\x04\x10\x01\x18@R\fcheckpointId\x125\n" +
+	"\x05stamp\x18\x02 \x01(\v2\x17.tether.backup.v1.StampB\x06\xbaH\x03\xc8\x01\x01R\x05stamp\x12%\n" +
+	"\blease_id\x18\x03 \x01(\tB\n" +
+	"\xbaH\ar\x05\x10\x01\x18\x80\x02R\aleaseId\"g\n" +
 	"\x03Ack\x12,\n" +
 	"\x12source_instance_id\x18\x01 \x01(\tR\x10sourceInstanceId\x122\n" +
 	"\x15persisted_through_seq\x18\x02 \x01(\x04R\x13persistedThroughSeq\"\xa6\x01\n" +
@@ -1135,16 +1378,31 @@ const file_tether_gateway_v1_gateway_proto_rawDesc = "" +
 	"\x10GetRunnerRequest\x125\n" +
 	"\x12runner_instance_id\x18\x01 \x01(\tB\a\xbaH\x04r\x02\x10\x01R\x10runnerInstanceId\"F\n" +
 	"\x11GetRunnerResponse\x121\n" +
-	"\x06runner\x18\x01 \x01(\v2\x19.tether.gateway.v1.RunnerR\x06runner*\x8f\x01\n" +
+	"\x06runner\x18\x01 \x01(\v2\x19.tether.gateway.v1.RunnerR\x06runner\"\x9a\x01\n" +
+	"\x14SuspendRunnerRequest\x12;\n" +
+	"\x05input\x18\x01 \x01(\v2\x1d.tether.prp.v1.ExecutionInputB\x06\xbaH\x03\xc8\x01\x01R\x05input\x12#\n" +
+	"\blease_id\x18\x02 \x01(\tB\b\xbaH\x05r\x03\x18\x80\x02R\aleaseId\x12 \n" +
+	"\x06reason\x18\x03 \x01(\tB\b\xbaH\x05r\x03\x18\xd0\x0fR\x06reason\"\xce\x02\n" +
+	"\x15SuspendRunnerResponse\x12#\n" +
+	"\rsession_scope\x18\x01 \x01(\tR\fsessionScope\x12,\n" +
+	"\x12runner_instance_id\x18\x02 \x01(\tR\x10runnerInstanceId\x12\x19\n" +
+	"\blease_id\x18\x03 \x01(\tR\aleaseId\x12,\n" +
+	"\x12provider_thread_id\x18\x04 \x01(\tR\x10providerThreadId\x12<\n" +
+	"\n" +
+	"checkpoint\x18\x05 \x01(\v2\x1c.tether.backup.v1.CheckpointR\n" +
+	"checkpoint\x12-\n" +
+	"\x05stamp\x18\x06 \x01(\v2\x17.tether.backup.v1.StampR\x05stamp\x12,\n" +
+	"\x06events\x18\a \x03(\v2\x14.tether.prp.v1.EventR\x06events*\x8f\x01\n" +
 	"\rTransportMode\x12\x1e\n" +
 	"\x1aTRANSPORT_MODE_UNSPECIFIED\x10\x00\x12#\n" +
 	"\x1fTRANSPORT_MODE_DIAL_WS_LOOPBACK\x10\x01\x12\x1b\n" +
 	"\x17TRANSPORT_MODE_DIAL_WSS\x10\x02\x12\x1c\n" +
-	"\x18TRANSPORT_MODE_LISTEN_WS\x10\x032\x98\x02\n" +
+	"\x18TRANSPORT_MODE_LISTEN_WS\x10\x032\xfc\x02\n" +
 	"\rRunnerGateway\x12Q\n" +
 	"\x06Attach\x12 .tether.gateway.v1.AttachRequest\x1a!.tether.gateway.v1.AttachResponse(\x010\x01\x12\\\n" +
 	"\vListRunners\x12%.tether.gateway.v1.ListRunnersRequest\x1a&.tether.gateway.v1.ListRunnersResponse\x12V\n" +
-	"\tGetRunner\x12#.tether.gateway.v1.GetRunnerRequest\x1a$.tether.gateway.v1.GetRunnerResponseB\xcd\x01\n" +
+	"\tGetRunner\x12#.tether.gateway.v1.GetRunnerRequest\x1a$.tether.gateway.v1.GetRunnerResponse\x12b\n" +
+	"\rSuspendRunner\x12'.tether.gateway.v1.SuspendRunnerRequest\x1a(.tether.gateway.v1.SuspendRunnerResponseB\xcd\x01\n" +
 	"\x15com.tether.gateway.v1B\fGatewayProtoP\x01Z@github.com/tether-run/tether/pkg/gen/tether/gateway/v1;gatewayv1\xa2\x02\x03TGX\xaa\x02\x11Tether.Gateway.V1\xca\x02\x11Tether\\Gateway\\V1\xe2\x02\x1dTether\\Gateway\\V1\\GPBMetadata\xea\x02\x13Tether::Gateway::V1b\x06proto3"
 
 var (
@@ -1160,62 +1418,76 @@ func file_tether_gateway_v1_gateway_proto_rawDescGZIP() []byte {
 }
 
 var file_tether_gateway_v1_gateway_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_tether_gateway_v1_gateway_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_tether_gateway_v1_gateway_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
 var file_tether_gateway_v1_gateway_proto_goTypes = []any{
 	(TransportMode)(0),            // 0: tether.gateway.v1.TransportMode
 	(*FencingToken)(nil),          // 1: tether.gateway.v1.FencingToken
 	(*RunnerTarget)(nil),          // 2: tether.gateway.v1.RunnerTarget
 	(*Open)(nil),                  // 3: tether.gateway.v1.Open
-	(*Ack)(nil),                   // 4: tether.gateway.v1.Ack
-	(*AttachRequest)(nil),         // 5: tether.gateway.v1.AttachRequest
-	(*BuildMetadata)(nil),         // 6: tether.gateway.v1.BuildMetadata
-	(*Opened)(nil),                // 7: tether.gateway.v1.Opened
-	(*Closed)(nil),                // 8: tether.gateway.v1.Closed
-	(*AttachResponse)(nil),        // 9: tether.gateway.v1.AttachResponse
-	(*Runner)(nil),                // 10: tether.gateway.v1.Runner
-	(*ListRunnersRequest)(nil),    // 11: tether.gateway.v1.ListRunnersRequest
-	(*ListRunnersResponse)(nil),   // 12: tether.gateway.v1.ListRunnersResponse
-	(*GetRunnerRequest)(nil),      // 13: tether.gateway.v1.GetRunnerRequest
-	(*GetRunnerResponse)(nil),     // 14: tether.gateway.v1.GetRunnerResponse
-	(*v1.ExecutionInput)(nil),     // 15: tether.prp.v1.ExecutionInput
-	(*v1.Command)(nil),            // 16: tether.prp.v1.Command
-	(*v1.ProcessInfo)(nil),        // 17: tether.prp.v1.ProcessInfo
-	(*v1.EventBatch)(nil),         // 18: tether.prp.v1.EventBatch
-	(*v1.CommandResult)(nil),      // 19: tether.prp.v1.CommandResult
-	(*timestamppb.Timestamp)(nil), // 20: google.protobuf.Timestamp
+	(*RestoreSpec)(nil),           // 4: tether.gateway.v1.RestoreSpec
+	(*Ack)(nil),                   // 5: tether.gateway.v1.Ack
+	(*AttachRequest)(nil),         // 6: tether.gateway.v1.AttachRequest
+	(*BuildMetadata)(nil),         // 7: tether.gateway.v1.BuildMetadata
+	(*Opened)(nil),                // 8: tether.gateway.v1.Opened
+	(*Closed)(nil),                // 9: tether.gateway.v1.Closed
+	(*AttachResponse)(nil),        // 10: tether.gateway.v1.AttachResponse
+	(*Runner)(nil),                // 11: tether.gateway.v1.Runner
+	(*ListRunnersRequest)(nil),    // 12: tether.gateway.v1.ListRunnersRequest
+	(*ListRunnersResponse)(nil),   // 13: tether.gateway.v1.ListRunnersResponse
+	(*GetRunnerRequest)(nil),      // 14: tether.gateway.v1.GetRunnerRequest
+	(*GetRunnerResponse)(nil),     // 15: tether.gateway.v1.GetRunnerResponse
+	(*SuspendRunnerRequest)(nil),  // 16: tether.gateway.v1.SuspendRunnerRequest
+	(*SuspendRunnerResponse)(nil), // 17: tether.gateway.v1.SuspendRunnerResponse
+	(*v1.ExecutionInput)(nil),     // 18: tether.prp.v1.ExecutionInput
+	(*v11.Stamp)(nil),             // 19: tether.backup.v1.Stamp
+	(*v1.Command)(nil),            // 20: tether.prp.v1.Command
+	(*v1.ProcessInfo)(nil),        // 21: tether.prp.v1.ProcessInfo
+	(*v1.EventBatch)(nil),         // 22: tether.prp.v1.EventBatch
+	(*v1.CommandResult)(nil),      // 23: tether.prp.v1.CommandResult
+	(*timestamppb.Timestamp)(nil), // 24: google.protobuf.Timestamp
+	(*v11.Checkpoint)(nil),        // 25: tether.backup.v1.Checkpoint
+	(*v1.Event)(nil),              // 26: tether.prp.v1.Event
 }
 var file_tether_gateway_v1_gateway_proto_depIdxs = []int32{
 	0,  // 0: tether.gateway.v1.RunnerTarget.mode:type_name -> tether.gateway.v1.TransportMode
 	1,  // 1: tether.gateway.v1.Open.fence:type_name -> tether.gateway.v1.FencingToken
 	2,  // 2: tether.gateway.v1.Open.target:type_name -> tether.gateway.v1.RunnerTarget
-	15, // 3: tether.gateway.v1.Open.input:type_name -> tether.prp.v1.ExecutionInput
-	3,  // 4: tether.gateway.v1.AttachRequest.open:type_name -> tether.gateway.v1.Open
-	16, // 5: tether.gateway.v1.AttachRequest.command:type_name -> tether.prp.v1.Command
-	4,  // 6: tether.gateway.v1.AttachRequest.ack:type_name -> tether.gateway.v1.Ack
-	6,  // 7: tether.gateway.v1.Opened.build:type_name -> tether.gateway.v1.BuildMetadata
-	17, // 8: tether.gateway.v1.Opened.runner_process:type_name -> tether.prp.v1.ProcessInfo
-	17, // 9: tether.gateway.v1.Opened.provider_process:type_name -> tether.prp.v1.ProcessInfo
-	7,  // 10: tether.gateway.v1.AttachResponse.opened:type_name -> tether.gateway.v1.Opened
-	18, // 11: tether.gateway.v1.AttachResponse.events:type_name -> tether.prp.v1.EventBatch
-	19, // 12: tether.gateway.v1.AttachResponse.command_result:type_name -> tether.prp.v1.CommandResult
-	8,  // 13: tether.gateway.v1.AttachResponse.closed:type_name -> tether.gateway.v1.Closed
-	17, // 14: tether.gateway.v1.Runner.runner_process:type_name -> tether.prp.v1.ProcessInfo
-	17, // 15: tether.gateway.v1.Runner.provider_process:type_name -> tether.prp.v1.ProcessInfo
-	20, // 16: tether.gateway.v1.Runner.connected_at:type_name -> google.protobuf.Timestamp
-	0,  // 17: tether.gateway.v1.Runner.mode:type_name -> tether.gateway.v1.TransportMode
-	10, // 18: tether.gateway.v1.ListRunnersResponse.runners:type_name -> tether.gateway.v1.Runner
-	10, // 19: tether.gateway.v1.GetRunnerResponse.runner:type_name -> tether.gateway.v1.Runner
-	5,  // 20: tether.gateway.v1.RunnerGateway.Attach:input_type -> tether.gateway.v1.AttachRequest
-	11, // 21: tether.gateway.v1.RunnerGateway.ListRunners:input_type -> tether.gateway.v1.ListRunnersRequest
-	13, // 22: tether.gateway.v1.RunnerGateway.GetRunner:input_type -> tether.gateway.v1.GetRunnerRequest
-	9,  // 23: tether.gateway.v1.RunnerGateway.Attach:output_type -> tether.gateway.v1.AttachResponse
-	12, // 24: tether.gateway.v1.RunnerGateway.ListRunners:output_type -> tether.gateway.v1.ListRunnersResponse
-	14, // 25: tether.gateway.v1.RunnerGateway.GetRunner:output_type -> tether.gateway.v1.GetRunnerResponse
-	23, // [23:26] is the sub-list for method output_type
-	20, // [20:23] is the sub-list for method input_type
-	20, // [20:20] is the sub-list for extension type_name
-	20, // [20:20] is the sub-list for extension extendee
-	0,  // [0:20] is the sub-list for field type_name
+	18, // 3: tether.gateway.v1.Open.input:type_name -> tether.prp.v1.ExecutionInput
+	4,  // 4: tether.gateway.v1.Open.restore:type_name -> tether.gateway.v1.RestoreSpec
+	19, // 5: tether.gateway.v1.RestoreSpec.stamp:type_name -> tether.backup.v1.Stamp
+	3,  // 6: tether.gateway.v1.AttachRequest.open:type_name -> tether.gateway.v1.Open
+	20, // 7: tether.gateway.v1.AttachRequest.command:type_name -> tether.prp.v1.Command
+	5,  // 8: tether.gateway.v1.AttachRequest.ack:type_name -> tether.gateway.v1.Ack
+	7,  // 9: tether.gateway.v1.Opened.build:type_name -> tether.gateway.v1.BuildMetadata
+	21, // 10: tether.gateway.v1.Opened.runner_process:type_name -> tether.prp.v1.ProcessInfo
+	21, // 11: tether.gateway.v1.Opened.provider_process:type_name -> tether.prp.v1.ProcessInfo
+	8,  // 12: tether.gateway.v1.AttachResponse.opened:type_name -> tether.gateway.v1.Opened
+	22, // 13: tether.gateway.v1.AttachResponse.events:type_name -> tether.prp.v1.EventBatch
+	23, // 14: tether.gateway.v1.AttachResponse.command_result:type_name -> tether.prp.v1.CommandResult
+	9,  // 15: tether.gateway.v1.AttachResponse.closed:type_name -> tether.gateway.v1.Closed
+	21, // 16: tether.gateway.v1.Runner.runner_process:type_name -> tether.prp.v1.ProcessInfo
+	21, // 17: tether.gateway.v1.Runner.provider_process:type_name -> tether.prp.v1.ProcessInfo
+	24, // 18: tether.gateway.v1.Runner.connected_at:type_name -> google.protobuf.Timestamp
+	0,  // 19: tether.gateway.v1.Runner.mode:type_name -> tether.gateway.v1.TransportMode
+	11, // 20: tether.gateway.v1.ListRunnersResponse.runners:type_name -> tether.gateway.v1.Runner
+	11, // 21: tether.gateway.v1.GetRunnerResponse.runner:type_name -> tether.gateway.v1.Runner
+	18, // 22: tether.gateway.v1.SuspendRunnerRequest.input:type_name -> tether.prp.v1.ExecutionInput
+	25, // 23: tether.gateway.v1.SuspendRunnerResponse.checkpoint:type_name -> tether.backup.v1.Checkpoint
+	19, // 24: tether.gateway.v1.SuspendRunnerResponse.stamp:type_name -> tether.backup.v1.Stamp
+	26, // 25: tether.gateway.v1.SuspendRunnerResponse.events:type_name -> tether.prp.v1.Event
+	6,  // 26: tether.gateway.v1.RunnerGateway.Attach:input_type -> tether.gateway.v1.AttachRequest
+	12, // 27: tether.gateway.v1.RunnerGateway.ListRunners:input_type -> tether.gateway.v1.ListRunnersRequest
+	14, // 28: tether.gateway.v1.RunnerGateway.GetRunner:input_type -> tether.gateway.v1.GetRunnerRequest
+	16, // 29: tether.gateway.v1.RunnerGateway.SuspendRunner:input_type -> tether.gateway.v1.SuspendRunnerRequest
+	10, // 30: tether.gateway.v1.RunnerGateway.Attach:output_type -> tether.gateway.v1.AttachResponse
+	13, // 31: tether.gateway.v1.RunnerGateway.ListRunners:output_type -> tether.gateway.v1.ListRunnersResponse
+	15, // 32: tether.gateway.v1.RunnerGateway.GetRunner:output_type -> tether.gateway.v1.GetRunnerResponse
+	17, // 33: tether.gateway.v1.RunnerGateway.SuspendRunner:output_type -> tether.gateway.v1.SuspendRunnerResponse
+	30, // [30:34] is the sub-list for method output_type
+	26, // [26:30] is the sub-list for method input_type
+	26, // [26:26] is the sub-list for extension type_name
+	26, // [26:26] is the sub-list for extension extendee
+	0,  // [0:26] is the sub-list for field type_name
 }
 
 func init() { file_tether_gateway_v1_gateway_proto_init() }
@@ -1223,12 +1495,12 @@ func file_tether_gateway_v1_gateway_proto_init() {
 	if File_tether_gateway_v1_gateway_proto != nil {
 		return
 	}
-	file_tether_gateway_v1_gateway_proto_msgTypes[4].OneofWrappers = []any{
+	file_tether_gateway_v1_gateway_proto_msgTypes[5].OneofWrappers = []any{
 		(*AttachRequest_Open)(nil),
 		(*AttachRequest_Command)(nil),
 		(*AttachRequest_Ack)(nil),
 	}
-	file_tether_gateway_v1_gateway_proto_msgTypes[8].OneofWrappers = []any{
+	file_tether_gateway_v1_gateway_proto_msgTypes[9].OneofWrappers = []any{
 		(*AttachResponse_Opened)(nil),
 		(*AttachResponse_Events)(nil),
 		(*AttachResponse_CommandResult)(nil),
@@ -1240,7 +1512,7 @@ func file_tether_gateway_v1_gateway_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_tether_gateway_v1_gateway_proto_rawDesc), len(file_tether_gateway_v1_gateway_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   14,
+			NumMessages:   17,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

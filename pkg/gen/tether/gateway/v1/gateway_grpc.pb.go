@@ -19,9 +19,10 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	RunnerGateway_Attach_FullMethodName      = "/tether.gateway.v1.RunnerGateway/Attach"
-	RunnerGateway_ListRunners_FullMethodName = "/tether.gateway.v1.RunnerGateway/ListRunners"
-	RunnerGateway_GetRunner_FullMethodName   = "/tether.gateway.v1.RunnerGateway/GetRunner"
+	RunnerGateway_Attach_FullMethodName        = "/tether.gateway.v1.RunnerGateway/Attach"
+	RunnerGateway_ListRunners_FullMethodName   = "/tether.gateway.v1.RunnerGateway/ListRunners"
+	RunnerGateway_GetRunner_FullMethodName     = "/tether.gateway.v1.RunnerGateway/GetRunner"
+	RunnerGateway_SuspendRunner_FullMethodName = "/tether.gateway.v1.RunnerGateway/SuspendRunner"
 )
 
 // RunnerGatewayClient is the client API for RunnerGateway service.
@@ -40,6 +41,15 @@ type RunnerGatewayClient interface {
 	ListRunners(ctx context.Context, in *ListRunnersRequest, opts ...grpc.CallOption) (*ListRunnersResponse, error)
 	// GetRunner returns one runner.
 	GetRunner(ctx context.Context, in *GetRunnerRequest, opts ...grpc.CallOption) (*GetRunnerResponse, error)
+	// SuspendRunner is a verified suspension (SPEC R5): the session scope's
+	// runner stops its provider cleanly, records lifecycle suspended and
+	// exits; the gateway checks the lifecycle on disk, snapshots the
+	// provider's profile directories and streams them to the backup
+	// verifier, whose receipt (checkpoint and lease-bound stamp) it returns.
+	// A run attached to the scope refuses with native_session_supervisor_busy;
+	// a runner that did not durably suspend fails with
+	// native_session_close_unrecoverable.
+	SuspendRunner(ctx context.Context, in *SuspendRunnerRequest, opts ...grpc.CallOption) (*SuspendRunnerResponse, error)
 }
 
 type runnerGatewayClient struct {
@@ -83,6 +93,16 @@ func (c *runnerGatewayClient) GetRunner(ctx context.Context, in *GetRunnerReques
 	return out, nil
 }
 
+func (c *runnerGatewayClient) SuspendRunner(ctx context.Context, in *SuspendRunnerRequest, opts ...grpc.CallOption) (*SuspendRunnerResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SuspendRunnerResponse)
+	err := c.cc.Invoke(ctx, RunnerGateway_SuspendRunner_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // RunnerGatewayServer is the server API for RunnerGateway service.
 // All implementations must embed UnimplementedRunnerGatewayServer
 // for forward compatibility.
@@ -99,6 +119,15 @@ type RunnerGatewayServer interface {
 	ListRunners(context.Context, *ListRunnersRequest) (*ListRunnersResponse, error)
 	// GetRunner returns one runner.
 	GetRunner(context.Context, *GetRunnerRequest) (*GetRunnerResponse, error)
+	// SuspendRunner is a verified suspension (SPEC R5): the session scope's
+	// runner stops its provider cleanly, records lifecycle suspended and
+	// exits; the gateway checks the lifecycle on disk, snapshots the
+	// provider's profile directories and streams them to the backup
+	// verifier, whose receipt (checkpoint and lease-bound stamp) it returns.
+	// A run attached to the scope refuses with native_session_supervisor_busy;
+	// a runner that did not durably suspend fails with
+	// native_session_close_unrecoverable.
+	SuspendRunner(context.Context, *SuspendRunnerRequest) (*SuspendRunnerResponse, error)
 	mustEmbedUnimplementedRunnerGatewayServer()
 }
 
@@ -117,6 +146,9 @@ func (UnimplementedRunnerGatewayServer) ListRunners(context.Context, *ListRunner
 }
 func (UnimplementedRunnerGatewayServer) GetRunner(context.Context, *GetRunnerRequest) (*GetRunnerResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetRunner not implemented")
+}
+func (UnimplementedRunnerGatewayServer) SuspendRunner(context.Context, *SuspendRunnerRequest) (*SuspendRunnerResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method SuspendRunner not implemented")
 }
 func (UnimplementedRunnerGatewayServer) mustEmbedUnimplementedRunnerGatewayServer() {}
 func (UnimplementedRunnerGatewayServer) testEmbeddedByValue()                       {}
@@ -182,6 +214,24 @@ func _RunnerGateway_GetRunner_Handler(srv interface{}, ctx context.Context, dec 
 	return interceptor(ctx, in, info, handler)
 }
 
+func _RunnerGateway_SuspendRunner_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SuspendRunnerRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RunnerGatewayServer).SuspendRunner(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RunnerGateway_SuspendRunner_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RunnerGatewayServer).SuspendRunner(ctx, req.(*SuspendRunnerRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // RunnerGateway_ServiceDesc is the grpc.ServiceDesc for RunnerGateway service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -196,6 +246,10 @@ var RunnerGateway_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "GetRunner",
 			Handler:    _RunnerGateway_GetRunner_Handler,
+		},
+		{
+			MethodName: "SuspendRunner",
+			Handler:    _RunnerGateway_SuspendRunner_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -1,0 +1,184 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"google.golang.org/grpc/codes"
+
+	"github.com/tether-run/tether/pkg/archive"
+	"github.com/tether-run/tether/pkg/failure"
+	backupv1 "github.com/tether-run/tether/pkg/gen/tether/backup/v1"
+	gatewayv1 "github.com/tether-run/tether/pkg/gen/tether/gateway/v1"
+)
+
+// needsRestore reports whether the scope has neither a live runner nor
+// runner state on disk, so a restore spec applies.
+func (g *Gateway) needsRestore(r *runner, sc string) bool {
+	r.mu.Lock()
+	live := r.conn != nil || r.child != nil
+	r.mu.Unlock()
+	if live {
+		return false
+	}
+	_, err := os.Lstat(runnerStatePath(filepath.Join(g.stateDir(sc), "runnerd")))
+	return errors.Is(err, os.ErrNotExist)
+}
+
+func unverified(format string, args ...any) error {
+	return failure.New(codes.FailedPrecondition, CodeBackupUnverified, format, args...)
+}
+
+// restore puts the stamped checkpoint of spec in place as the scope's
+// runnerd state dir: the stamp must verify for the scope's lease (checked
+// by the verifier, which re-hashes the stored backup), the downloaded
+// archive is checked entry by entry into a private staging directory, the
+// restored runner identity must equal the manifest's, and only then is the
+// staged tree renamed into place. Any refusal leaves nothing behind.
+func (g *Gateway) restore(ctx context.Context, r *runner, sc string, spec *gatewayv1.RestoreSpec) error {
+	if g.cfg.Backup == nil {
+		return failure.New(codes.FailedPrecondition, CodeBackupUnavailable, "a restore needs a backup verifier (-backup-addr)")
+	}
+	st := spec.GetStamp()
+	lease := LeaseFor(sc)
+	switch {
+	case spec.GetLeaseId() != lease:
+		return unverified("backup_stamp_lease_mismatch: the replacement runner of scope %s runs under lease %s, not %s", sc, lease, spec.GetLeaseId())
+	case st.GetSessionScope() != sc:
+		return unverified("backup_identity_mismatch: the stamp belongs to scope %s, not %s", st.GetSessionScope(), sc)
+	case st.GetCheckpointId() != spec.GetCheckpointId():
+		return unverified("backup_identity_mismatch: the stamp names checkpoint %s, not %s", st.GetCheckpointId(), spec.GetCheckpointId())
+	}
+	vr, err := g.cfg.Backup.VerifyStamp(ctx, &backupv1.VerifyStampRequest{Stamp: st, LeaseId: lease})
+	if err != nil {
+		return failure.Wrap(err, codes.Unavailable, CodeBackupUnavailable, "verifying the backup stamp: %v", err)
+	}
+	if !vr.GetValid() {
+		return unverified("%s: the stamp of checkpoint %s does not verify for lease %s", vr.GetReason(), spec.GetCheckpointId(), lease)
+	}
+
+	dctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := g.cfg.Backup.DownloadCheckpoint(dctx, &backupv1.DownloadCheckpointRequest{
+		Selector: &backupv1.DownloadCheckpointRequest_CheckpointId{CheckpointId: spec.GetCheckpointId()}})
+	if err != nil {
+		return failure.Wrap(err, codes.Unavailable, CodeBackupUnavailable, "downloading checkpoint: %v", err)
+	}
+	first, err := stream.Recv()
+	if err != nil {
+		return failure.Wrap(err, codes.Unavailable, CodeBackupUnavailable, "downloading checkpoint %s: %v", spec.GetCheckpointId(), err)
+	}
+	cp := first.GetCheckpoint()
+	m := cp.GetManifest()
+	switch {
+	case cp == nil || m == nil:
+		return unverified("backup_manifest_mismatch: the download did not start with the checkpoint record")
+	case cp.GetManifestDigest() != st.GetManifestDigest():
+		return unverified("backup_stamp_manifest_mismatch: checkpoint %s has manifest %s, the stamp names %s",
+			cp.GetCheckpointId(), cp.GetManifestDigest(), st.GetManifestDigest())
+	case m.GetSessionScope() != sc || m.GetRunnerInstanceId() != st.GetRunnerInstanceId():
+		return unverified("backup_identity_mismatch: the manifest belongs to scope %s runner %s", m.GetSessionScope(), m.GetRunnerInstanceId())
+	}
+
+	scopeDir := g.stateDir(sc)
+	if err := os.MkdirAll(scopeDir, 0o700); err != nil {
+		return failure.Wrap(err, codes.Internal, archive.CodeRestoreFailed, "%v", err)
+	}
+	stage, err := os.MkdirTemp(scopeDir, ".tether-checkpoint-")
+	if err != nil {
+		return failure.Wrap(err, codes.Internal, archive.CodeRestoreFailed, "%v", err)
+	}
+	defer os.RemoveAll(stage)
+	payload := filepath.Join(stage, "payload")
+	if err := os.Mkdir(payload, 0o700); err != nil {
+		return failure.Wrap(err, codes.Internal, archive.CodeRestoreFailed, "%v", err)
+	}
+	pr, pw := io.Pipe()
+	go func() {
+		for {
+			msg, err := stream.Recv()
+			if errors.Is(err, io.EOF) {
+				pw.Close()
+				return
+			}
+			if err != nil {
+				pw.CloseWithError(err)
+				return
+			}
+			if _, err := pw.Write(msg.GetChunk()); err != nil {
+				return // the extraction stopped; its error is reported
+			}
+		}
+	}()
+	var excl []string
+	for _, e := range codexHomeExclusions {
+		excl = append(excl, "codex-home/"+e)
+	}
+	_, err = archive.Extract(pr, payload, archive.ExtractOptions{Top: codexProfileDirs, Exclude: excl})
+	if err == nil {
+		// The download's digest check ends the stream: read to its end
+		// and accept the archive only when the stream ended cleanly.
+		_, err = io.Copy(io.Discard, pr)
+	}
+	pr.CloseWithError(errors.New("restore finished"))
+	cancel()
+	if err != nil {
+		switch code := failure.CodeOf(err); {
+		case strings.HasPrefix(code, "runner_remote_checkpoint_"):
+			return err // an unsafe or malformed archive
+		case strings.HasPrefix(code, "backup_"):
+			return unverified("%s: checkpoint %s: %v", code, spec.GetCheckpointId(), err)
+		}
+		return failure.Wrap(err, codes.Unavailable, CodeBackupUnavailable, "restoring checkpoint %s: %v", spec.GetCheckpointId(), err)
+	}
+	for _, d := range codexProfileDirs {
+		if err := os.MkdirAll(filepath.Join(payload, d), 0o700); err != nil {
+			return failure.Wrap(err, codes.Internal, archive.CodeRestoreFailed, "%v", err)
+		}
+	}
+
+	// The restored runner identity must be the manifest's.
+	rs, err := readRunnerState(payload)
+	if err != nil || rs == nil {
+		return failure.New(codes.FailedPrecondition, CodeIdentityMismatch, "the checkpoint holds no readable runner state (%v)", err)
+	}
+	if rs.Identity.RunnerInstanceID != m.GetRunnerInstanceId() || rs.Identity.SessionScope != m.GetSessionScope() ||
+		rs.Identity.NormalizedSessionID != m.GetNormalizedSessionId() ||
+		rs.ProviderThreadID != m.GetProviderSessionIdentity().GetProviderSessionId() {
+		return failure.New(codes.FailedPrecondition, CodeIdentityMismatch,
+			"restored runner %s (scope %s, session %s, thread %s) is not the manifest's runner %s (scope %s, session %s, thread %s)",
+			rs.Identity.RunnerInstanceID, rs.Identity.SessionScope, rs.Identity.NormalizedSessionID, rs.ProviderThreadID,
+			m.GetRunnerInstanceId(), m.GetSessionScope(), m.GetNormalizedSessionId(), m.GetProviderSessionIdentity().GetProviderSessionId())
+	}
+	if rs.Lifecycle != "suspended" {
+		return failure.New(codes.FailedPrecondition, CodeIdentityMismatch, "the checkpoint's runner is %q, not suspended", rs.Lifecycle)
+	}
+
+	// Swap the staged tree in. The target holds no runner state (checked
+	// under the scope's op lock), at most leftovers such as runnerd.log.
+	target := filepath.Join(scopeDir, "runnerd")
+	if _, err := os.Lstat(target); err == nil {
+		if err := os.Rename(target, filepath.Join(stage, "previous")); err != nil {
+			return failure.Wrap(err, codes.Internal, archive.CodeRestoreFailed, "%v", err)
+		}
+	}
+	if err := os.Rename(payload, target); err != nil {
+		return failure.Wrap(err, codes.Internal, archive.CodeRestoreFailed, "swapping the restored state into place: %v", err)
+	}
+	if d, err := os.Open(scopeDir); err == nil {
+		_ = d.Sync()
+		d.Close()
+	}
+	r.mu.Lock()
+	// The restored runner's cursors are its own, not those of whatever ran
+	// in this scope before.
+	r.ackedSeq, r.lastCmdSeq, r.instanceID = 0, 0, rs.Identity.RunnerInstanceID
+	r.mu.Unlock()
+	g.log.Info("runner state restored from a stamped checkpoint", "session_scope", sc, "checkpoint_id", spec.GetCheckpointId(),
+		"runner_instance_id", rs.Identity.RunnerInstanceID, "provider_thread_id", rs.ProviderThreadID, "lease_id", lease)
+	return nil
+}

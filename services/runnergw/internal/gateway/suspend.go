@@ -1,0 +1,482 @@
+package gateway
+
+import (
+	"archive/tar"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/structpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/tether-run/tether/pkg/archive"
+	"github.com/tether-run/tether/pkg/failure"
+	backupv1 "github.com/tether-run/tether/pkg/gen/tether/backup/v1"
+	gatewayv1 "github.com/tether-run/tether/pkg/gen/tether/gateway/v1"
+	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
+	"github.com/tether-run/tether/pkg/scope"
+)
+
+// Stable codes of suspension and restore (SPEC R5).
+const (
+	// CodeCloseUnrecoverable: the runner did not prove a durable suspension
+	// (lifecycle suspended on disk, process gone) before the checkpoint.
+	CodeCloseUnrecoverable = "native_session_close_unrecoverable"
+	// CodeSupervisorBusy: a run is attached to the scope.
+	CodeSupervisorBusy = "native_session_supervisor_busy"
+	// CodeRunnerStateMissing: the scope has no runner state to suspend.
+	CodeRunnerStateMissing = "runner_state_missing"
+	// CodeBackupUnavailable: no backup verifier is configured or reachable.
+	CodeBackupUnavailable = "runner_harness_backup_unavailable"
+	// CodeBackupUnverified: the restore spec's stamp does not verify for the
+	// lease (signature, lease, or the stored backup changed); nothing is
+	// restored.
+	CodeBackupUnverified = "runner_harness_backup_unverified"
+	// CodeIdentityMismatch: the restored runner identity is not the
+	// manifest's; nothing is restored.
+	CodeIdentityMismatch = "runner_harness_identity_mismatch"
+	// CodeLeaseMismatch: the lease asked for is not the scope runner's
+	// environment lease.
+	CodeLeaseMismatch = "runner_environment_lease_mismatch"
+)
+
+// Profile directories of the codex provider (SPEC B2) inside a runnerd
+// state dir, and what never travels.
+var (
+	codexProfileDirs    = []string{"runner", "codex-home"}
+	codexHomeExclusions = []string{"tmp", ".tmp", "auth.json", "config.toml"}
+	// runnerExclusions: the provider host's socket (gone once the host has
+	// exited cleanly; a socket is never archived).
+	runnerExclusions = []string{"provider.sock"}
+)
+
+// uploadChunk is the size of one UploadCheckpoint chunk (the verifier's
+// maximum).
+const uploadChunk = 1 << 20
+
+// suspendTimeout bounds a whole suspension.
+const suspendTimeout = 2 * time.Minute
+
+// LeaseFor is the environment lease id of the runners this gateway launches
+// for a session scope; stamps of their checkpoints are bound to it.
+func LeaseFor(sc string) string { return "local-" + sc[:16] }
+
+// runnerStateDoc is what the gateway reads of runnerd's runner-state.json.
+type runnerStateDoc struct {
+	Schema   string `json:"schema"`
+	Identity struct {
+		RunnerInstanceID    string `json:"runnerInstanceId"`
+		EnvironmentLeaseID  string `json:"environmentLeaseId"`
+		NormalizedSessionID string `json:"normalizedSessionId"`
+		SessionScope        string `json:"sessionScope"`
+	} `json:"identity"`
+	Lifecycle        string `json:"lifecycle"`
+	LifecycleReason  string `json:"lifecycleReason"`
+	ProviderThreadID string `json:"providerThreadId"`
+	AckedSourceSeq   uint64 `json:"ackedSourceSeq"`
+	RunnerProcess    *struct {
+		PID        int32  `json:"pid"`
+		StartTicks uint64 `json:"startTicks"`
+	} `json:"runnerProcess"`
+	ProviderProcess *struct {
+		PID int32 `json:"pid"`
+	} `json:"providerProcess"`
+}
+
+func runnerStatePath(stateDir string) string {
+	return filepath.Join(stateDir, "runner", "runner-state.json")
+}
+
+// readRunnerState reads a runnerd state dir's runner-state.json; (nil, nil)
+// when there is none.
+func readRunnerState(stateDir string) (*runnerStateDoc, error) {
+	b, err := os.ReadFile(runnerStatePath(stateDir))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var st runnerStateDoc
+	if err := json.Unmarshal(b, &st); err != nil {
+		return nil, fmt.Errorf("runner state is not valid JSON: %w", err)
+	}
+	return &st, nil
+}
+
+func (st *runnerStateDoc) process() *prpv1.ProcessInfo {
+	if st == nil || st.RunnerProcess == nil {
+		return nil
+	}
+	return &prpv1.ProcessInfo{Pid: st.RunnerProcess.PID, StartTicks: st.RunnerProcess.StartTicks}
+}
+
+// acquireOp serialises suspensions, restores and launches of one scope.
+func (r *runner) acquireOp(ctx context.Context) (func(), error) {
+	select {
+	case r.ops <- struct{}{}:
+		return func() { <-r.ops }, nil
+	case <-ctx.Done():
+		return nil, failure.ToStatus(ctx.Err())
+	}
+}
+
+// SuspendRunner performs a verified suspension of the input's session
+// scope: the live runner (launched on its state first when none runs) is
+// sent runner.suspend, the gateway acknowledges what it emits so it exits,
+// checks lifecycle suspended on disk, then snapshots the profile
+// directories and uploads them to the backup verifier.
+func (g *Gateway) SuspendRunner(ctx context.Context, req *gatewayv1.SuspendRunnerRequest) (*gatewayv1.SuspendRunnerResponse, error) {
+	in := req.GetInput()
+	if kind := in.GetProvider().GetKind(); kind != "codex" {
+		return nil, failure.New(codes.FailedPrecondition, "runner_remote_provider_artifact_incompatible",
+			"this gateway checkpoints codex sessions only, not %q", kind)
+	}
+	if g.cfg.Backup == nil {
+		return nil, failure.New(codes.FailedPrecondition, CodeBackupUnavailable, "this gateway has no backup verifier (-backup-addr)")
+	}
+	ctx, cancel := context.WithTimeout(ctx, suspendTimeout)
+	defer cancel()
+	sc := scope.Of(in)
+	dir := filepath.Join(g.stateDir(sc), "runnerd")
+	log := g.log.With("session_scope", sc)
+	r := g.runnerFor(sc)
+	release, err := r.acquireOp(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+
+	st, err := readRunnerState(dir)
+	if err != nil {
+		return nil, failure.Wrap(err, codes.FailedPrecondition, CodeCloseUnrecoverable, "reading runner state: %v", err)
+	}
+	if st == nil {
+		return nil, failure.New(codes.NotFound, CodeRunnerStateMissing, "session scope %s has no runner state to suspend", sc)
+	}
+	lease := st.Identity.EnvironmentLeaseID
+	if lease == "" {
+		lease = LeaseFor(sc)
+	}
+	if want := req.GetLeaseId(); want != "" && want != lease {
+		return nil, failure.New(codes.FailedPrecondition, CodeLeaseMismatch,
+			"session scope %s runs under environment lease %s, not %s", sc, lease, want)
+	}
+	reason := req.GetReason()
+	if reason == "" {
+		reason = "suspended by request"
+	}
+
+	r.mu.Lock()
+	live := r.conn != nil || r.child != nil
+	r.mu.Unlock()
+	var events []*prpv1.Event
+	if live || processAlive(st.process()) || st.Lifecycle != "suspended" {
+		// A live runner suspends itself; a runner that is not running (it
+		// stopped on its own idle timeout, or crashed) is launched on its
+		// state first: it starts no provider until a turn asks for one.
+		events, err = g.suspendLive(ctx, r, sc, in, reason)
+		if err != nil {
+			return nil, err
+		}
+		if st, err = readRunnerState(dir); err != nil || st == nil {
+			return nil, failure.New(codes.FailedPrecondition, CodeCloseUnrecoverable,
+				"provider_transport_failed: runner did not durably suspend before checkpoint (state unreadable: %v)", err)
+		}
+	}
+	if st.Lifecycle != "suspended" || processAlive(st.process()) {
+		return nil, failure.New(codes.FailedPrecondition, CodeCloseUnrecoverable,
+			"provider_transport_failed: runner did not durably suspend before checkpoint (lifecycle %q)", st.Lifecycle)
+	}
+	if st.Identity.SessionScope != sc {
+		return nil, failure.New(codes.FailedPrecondition, CodeIdentityMismatch,
+			"the runner state of scope %s names scope %s", sc, st.Identity.SessionScope)
+	}
+	// A provider host whose runnerd went away would hold the provider's
+	// files open: make sure nothing runs in the state dir.
+	stopOrphanProviderHost(dir)
+
+	receipt, err := g.upload(ctx, dir, sc, lease, in, st)
+	if err != nil {
+		return nil, err
+	}
+	log.Info("runner suspended and checkpointed", "runner_instance_id", st.Identity.RunnerInstanceID,
+		"checkpoint_id", receipt.GetCheckpoint().GetCheckpointId(), "manifest_digest", receipt.GetCheckpoint().GetManifestDigest(),
+		"lease_id", lease, "provider_thread_id", st.ProviderThreadID)
+	return &gatewayv1.SuspendRunnerResponse{
+		SessionScope: sc, RunnerInstanceId: st.Identity.RunnerInstanceID, LeaseId: lease,
+		ProviderThreadId: st.ProviderThreadID, Checkpoint: receipt.GetCheckpoint(), Stamp: receipt.GetStamp(),
+		Events: events,
+	}, nil
+}
+
+// suspendLive makes sure the scope's runner is connected (launching it on
+// its state when it is not running), sends runner.suspend under a control
+// attachment, acknowledges every event it emits, and waits for it to exit.
+// It returns the events the runner emitted meanwhile.
+func (g *Gateway) suspendLive(ctx context.Context, r *runner, sc string, in *prpv1.ExecutionInput, reason string) ([]*prpv1.Event, error) {
+	mode := readLaunchRecord(g.stateDir(sc)).Mode
+	if mode == "" {
+		mode = ModeDialWSLoopback
+	}
+	if _, _, err := g.ensureRunner(ctx, sc, in, mode); err != nil {
+		return nil, err
+	}
+	cmdID := randomID("suspend-")
+	att := &attachment{runID: cmdID, out: make(chan *gatewayv1.AttachResponse, 64), done: make(chan struct{})}
+	r.mu.Lock()
+	if old := r.att; old != nil {
+		r.mu.Unlock()
+		return nil, failure.New(codes.Aborted, CodeSupervisorBusy, "session scope %s is serving run %s", sc, old.runID)
+	}
+	if r.conn == nil {
+		r.mu.Unlock()
+		return nil, failure.New(codes.Unavailable, "runner_disconnected", "the runner of scope %s is reconnecting", sc)
+	}
+	r.att = att
+	conn, after := r.conn, r.ackedSeq
+	child := r.child
+	proc := r.hello.GetRunnerProcess()
+	payload, _ := structpb.NewStruct(map[string]any{"reason": reason})
+	cmd := &prpv1.Command{Schema: "tether.prp.command.v1", CommandId: cmdID, ControllerSeq: r.lastCmdSeq + 1,
+		Type: "runner.suspend", IssuedAt: timestamppb.Now(), Payload: payload}
+	err := writeRunner(conn, &prpv1.Frame{Kind: &prpv1.Frame_Replay{Replay: &prpv1.Replay{AfterSourceSeq: after}}})
+	if err == nil {
+		err = writeRunner(conn, &prpv1.Frame{Kind: &prpv1.Frame_Command{Command: cmd}})
+	}
+	if err == nil {
+		r.lastCmdSeq = cmd.ControllerSeq
+	}
+	r.mu.Unlock()
+	defer func() {
+		att.close()
+		r.mu.Lock()
+		if r.att == att {
+			r.att = nil
+		}
+		r.mu.Unlock()
+	}()
+	if err != nil {
+		return nil, failure.Wrap(err, codes.Unavailable, "runner_disconnected", "sending runner.suspend: %v", err)
+	}
+
+	var events []*prpv1.Event
+	seen := map[uint64]bool{}
+	acked := after
+	answered := false
+	for gone := false; !gone; {
+		select {
+		case m := <-att.out:
+			if b := m.GetEvents(); b != nil {
+				for _, ev := range decodeBatch(b) {
+					if ev.GetSourceSeq() > acked && !seen[ev.GetSourceSeq()] {
+						seen[ev.GetSourceSeq()] = true
+						events = append(events, ev)
+					}
+				}
+				n := acked
+				for seen[n+1] {
+					n++
+				}
+				if n > acked {
+					acked = n
+					r.mu.Lock()
+					if n > r.ackedSeq {
+						r.ackedSeq = n
+					}
+					c := r.conn
+					r.mu.Unlock()
+					if c != nil {
+						_ = writeRunner(c, &prpv1.Frame{Kind: &prpv1.Frame_Ack{Ack: &prpv1.Ack{AckedSourceSeq: n}}})
+					}
+				}
+			}
+			if res := m.GetCommandResult(); res != nil && res.GetCommandId() == cmdID {
+				answered = true
+				if res.GetStatus() != "completed" {
+					if res.GetCode() == "turn_already_active" {
+						return events, failure.New(codes.Aborted, CodeSupervisorBusy, "runner.suspend: %s", res.GetMessage())
+					}
+					return events, failure.New(codes.FailedPrecondition, CodeCloseUnrecoverable,
+						"provider_transport_failed: runner did not durably suspend before checkpoint (%s: %s)", res.GetCode(), res.GetMessage())
+				}
+			}
+		case <-att.done:
+			gone = true // the runner's connection ended
+		case <-ctx.Done():
+			return events, failure.New(codes.DeadlineExceeded, CodeCloseUnrecoverable,
+				"provider_transport_failed: runner did not durably suspend before checkpoint (no exit within %s)", suspendTimeout)
+		}
+	}
+	if !answered {
+		g.log.Warn("runner went away before answering runner.suspend", "session_scope", sc)
+	}
+	// Wait for the process itself to be gone.
+	var exited <-chan struct{}
+	if child != nil {
+		exited = child.done
+	} else {
+		exited = waitGone(proc, 30*time.Second)
+	}
+	select {
+	case <-exited:
+	case <-ctx.Done():
+		return events, failure.New(codes.DeadlineExceeded, CodeCloseUnrecoverable,
+			"provider_transport_failed: runner did not durably suspend before checkpoint (the runner process did not exit)")
+	}
+	return events, nil
+}
+
+// decodeBatch returns a relayed batch's events: the relay carries them as
+// their protobuf encoding (opaque to GetEvents), so they are decoded here.
+func decodeBatch(b *prpv1.EventBatch) []*prpv1.Event {
+	if len(b.GetEvents()) > 0 {
+		return b.GetEvents()
+	}
+	raw, err := proto.Marshal(b)
+	if err != nil {
+		return nil
+	}
+	out := &prpv1.EventBatch{}
+	if err := proto.Unmarshal(raw, out); err != nil {
+		return nil
+	}
+	return out.GetEvents()
+}
+
+// waitGone returns a channel closed once p (not a child) is gone, or after
+// limit.
+func waitGone(p *prpv1.ProcessInfo, limit time.Duration) <-chan struct{} {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		deadline := time.Now().Add(limit)
+		for processAlive(p) && time.Now().Before(deadline) {
+			time.Sleep(10 * time.Millisecond)
+		}
+	}()
+	return done
+}
+
+// executionIdentity is the backup identity of an input.
+func executionIdentity(in *prpv1.ExecutionInput) (*backupv1.ExecutionIdentity, error) {
+	p := in.GetProvider()
+	prov := map[string]any{"kind": p.GetKind()}
+	for k, v := range map[string]string{
+		"model": p.GetModel(), "approvalPolicy": p.GetApprovalPolicy(), "sandbox": p.GetSandbox(),
+		"permissionMode": p.GetPermissionMode(), "agent": p.GetAgent(),
+	} {
+		if v != "" {
+			prov[k] = v
+		}
+	}
+	ps, err := structpb.NewStruct(prov)
+	if err != nil {
+		return nil, err
+	}
+	driver := in.GetSession().GetDriverKind()
+	if driver == "" {
+		driver = scope.DefaultDriverKind(p.GetKind())
+	}
+	w := in.GetWorkspace()
+	return &backupv1.ExecutionIdentity{
+		CompanyId: in.GetBinding().GetCompanyId(), AgentId: in.GetBinding().GetAgentId(), IssueId: in.GetBinding().GetIssueId(),
+		NormalizedSessionId: in.GetSession().GetNormalizedSessionId(), DriverKind: driver,
+		Workspace: &backupv1.Workspace{Cwd: w.GetCwd(), RepoUrl: w.GetRepoUrl(), RepoRef: w.GetRef(), BranchName: w.GetBranch()},
+		Provider:  ps,
+	}, nil
+}
+
+// writeProfile writes the codex profile directories of a runnerd state dir
+// as one tar stream (runner/…, codex-home/…) without the excluded entries.
+func writeProfile(w io.Writer, dir string) error {
+	tw := tar.NewWriter(w)
+	lim := &archive.Limits{}
+	for _, d := range codexProfileDirs {
+		excl := runnerExclusions
+		if d == "codex-home" {
+			excl = codexHomeExclusions
+		}
+		if _, err := archive.WriteTar(tw, filepath.Join(dir, d), archive.WriteOptions{Prefix: d, Exclude: excl, Limits: lim}); err != nil {
+			return err
+		}
+	}
+	return tw.Close()
+}
+
+// upload snapshots the profile directories and streams them to the backup
+// verifier; the answer is its receipt.
+func (g *Gateway) upload(ctx context.Context, dir, sc, lease string, in *prpv1.ExecutionInput, st *runnerStateDoc) (*backupv1.UploadCheckpointResponse, error) {
+	exec, err := executionIdentity(in)
+	if err != nil {
+		return nil, failure.Wrap(err, codes.InvalidArgument, "runner_harness_state_mismatch", "execution identity: %v", err)
+	}
+	uctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := g.cfg.Backup.UploadCheckpoint(uctx)
+	if err != nil {
+		return nil, failure.Wrap(err, codes.Unavailable, CodeBackupUnavailable, "backup verifier: %v", err)
+	}
+	hdr := &backupv1.CheckpointHeader{
+		SessionScope: sc, RunnerInstanceId: st.Identity.RunnerInstanceID, LeaseId: lease, Execution: exec,
+		ProviderSessionIdentity: &backupv1.ProviderSessionIdentity{ProviderSessionId: st.ProviderThreadID},
+		Directories:             codexProfileDirs, CompletedAt: timestamppb.Now(),
+	}
+	if err := stream.Send(&backupv1.UploadCheckpointRequest{Part: &backupv1.UploadCheckpointRequest_Header{Header: hdr}}); err != nil {
+		_, rerr := stream.CloseAndRecv()
+		return nil, uploadErr(err, rerr)
+	}
+	pr, pw := io.Pipe()
+	snapErr := make(chan error, 1)
+	go func() {
+		err := writeProfile(pw, dir)
+		pw.CloseWithError(err)
+		snapErr <- err
+	}()
+	buf := make([]byte, uploadChunk)
+	for {
+		n, err := io.ReadFull(pr, buf)
+		if n > 0 {
+			chunk := append([]byte(nil), buf[:n]...)
+			if serr := stream.Send(&backupv1.UploadCheckpointRequest{Part: &backupv1.UploadCheckpointRequest_Chunk{Chunk: chunk}}); serr != nil {
+				pr.CloseWithError(serr)
+				<-snapErr
+				_, rerr := stream.CloseAndRecv()
+				return nil, uploadErr(serr, rerr)
+			}
+		}
+		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+			break
+		}
+		if err != nil {
+			cancel() // abandon the upload: the verifier stores nothing
+			<-snapErr
+			return nil, err
+		}
+	}
+	if err := <-snapErr; err != nil {
+		cancel()
+		return nil, err
+	}
+	res, err := stream.CloseAndRecv()
+	if err != nil {
+		return nil, err
+	}
+	return res, nil
+}
+
+// uploadErr prefers the verifier's answer over the transport error of a
+// Send (a refused upload ends the stream early).
+func uploadErr(sendErr, recvErr error) error {
+	if recvErr != nil && !errors.Is(recvErr, io.EOF) {
+		return recvErr
+	}
+	return failure.Wrap(sendErr, codes.Unavailable, CodeBackupUnavailable, "backup verifier: %v", sendErr)
+}
