@@ -15,6 +15,7 @@ import (
 	"github.com/tether-run/tether/services/executor/internal/api"
 	"github.com/tether-run/tether/services/executor/internal/dispatch"
 	"github.com/tether-run/tether/services/executor/internal/store"
+	"github.com/tether-run/tether/services/executor/internal/suspend"
 	"github.com/tether-run/tether/services/executor/internal/watch"
 )
 
@@ -39,6 +40,7 @@ func run() error {
 	advertise := grpcx.StringFlag(fs, "advertise-addr", "", "", "address other replicas use to reach this one (default: -grpc-addr)")
 	sameHost := grpcx.BoolFlag(fs, "same-host-takeover", "", true, "take over at once a run whose controller on this host is provably dead (else wait for lease expiry)")
 	migrate := grpcx.BoolFlag(fs, "migrate", "", true, "apply database migrations at start")
+	idleSweep := grpcx.DurationFlag(fs, "idle-sweep-interval", "", time.Second, "how often idle warm sessions are looked for (verified suspension after their idle timeout; 0 turns it off)")
 	if err := grpcx.ParseFlags(fs, os.Args[1:]); err != nil {
 		return err
 	}
@@ -79,13 +81,22 @@ func run() error {
 		Gateway: gatewayv1.NewRunnerGatewayClient(gwConn), Logger: log,
 	})
 	hub := watch.NewHub()
+	sus := &suspend.Suspender{Store: st, Gateway: gatewayv1.NewRunnerGatewayClient(gwConn), Owner: *owner,
+		Interval: *idleSweep, Logger: log}
 	apiSrv := &api.Server{Store: st, Hub: hub, Kick: d.Kick, Draining: srv.Draining(), Controls: d.Controls(), SelfAddr: *advertise,
-		Gateway: gatewayv1.NewRunnerGatewayClient(gwConn)}
+		Gateway: gatewayv1.NewRunnerGatewayClient(gwConn), Suspender: sus}
 	executorv1.RegisterExecutorServiceServer(srv.GRPC(), apiSrv)
 	defer apiSrv.Close()
 	bg, cancelBG := context.WithCancel(context.Background())
 	defer cancelBG()
 	go hub.Listen(bg, st.Pool(), watch.Handlers{RunsDue: d.Kick, Cancel: d.CancelKick}, log)
+	swept := make(chan struct{})
+	go func() {
+		defer close(swept)
+		if *idleSweep > 0 {
+			sus.Run(bg)
+		}
+	}()
 	dispatched := make(chan struct{})
 	go func() {
 		defer close(dispatched)
@@ -94,5 +105,6 @@ func run() error {
 	err = srv.Serve(ctx)
 	cancelBG()
 	<-dispatched
+	<-swept
 	return err
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/tether-run/tether/services/executor/internal/admission"
 	"github.com/tether-run/tether/services/executor/internal/control"
 	"github.com/tether-run/tether/services/executor/internal/store"
+	"github.com/tether-run/tether/services/executor/internal/suspend"
 	"github.com/tether-run/tether/services/executor/internal/watch"
 )
 
@@ -39,6 +40,8 @@ type Server struct {
 	SelfAddr string
 	// Gateway answers runner lookups and session closes.
 	Gateway gatewayv1.RunnerGatewayClient
+	// Suspender performs verified suspensions (CloseSession with suspend).
+	Suspender *suspend.Suspender
 
 	connMu sync.Mutex
 	conns  map[string]*grpc.ClientConn

@@ -35,6 +35,11 @@ func (s *Server) GetSession(ctx context.Context, req *executorv1.GetSessionReque
 		if g.Active != nil {
 			sess.ActiveRunId, sess.LiveOwner = g.Active.GetRunId(), g.Active.GetLeaseOwner()
 		}
+		cp, err := s.Store.LatestCheckpoint(ctx, g.Scope)
+		if err != nil {
+			return nil, failure.ToStatus(err)
+		}
+		sess.Checkpoint = cp
 		if r := s.runner(ctx, g.Last.GetRunnerInstanceId()); r != nil {
 			sess.Lifecycle, sess.RunnerConnected = r.GetLifecycle(), r.GetConnected()
 			if r.GetProviderProcess() != nil {
@@ -61,8 +66,10 @@ func (s *Server) runner(ctx context.Context, id string) *gatewayv1.Runner {
 
 // CloseSession closes the session's idle, connected runners: each stops its
 // provider and exits (its state stays on disk, so a later run resumes the
-// provider thread). A scope with a run queued or in flight refuses with
-// native_session_supervisor_busy and nothing is closed.
+// provider thread). With suspend, each scope gets a verified suspension
+// whose stamped checkpoint is recorded (SPEC R5). A scope with a run queued
+// or in flight refuses with native_session_supervisor_busy and nothing is
+// closed.
 func (s *Server) CloseSession(ctx context.Context, req *executorv1.CloseSessionRequest) (*executorv1.CloseSessionResponse, error) {
 	groups, err := s.Store.Sessions(ctx, req.GetCompanyId(), req.GetNormalizedSessionId())
 	if err != nil {
@@ -82,6 +89,24 @@ func (s *Server) CloseSession(ctx context.Context, req *executorv1.CloseSessionR
 		reason = "session closed by request"
 	}
 	out := &executorv1.CloseSessionResponse{}
+	if req.GetSuspend() {
+		// R5: a verified suspension per scope, recorded like an idle close.
+		if s.Suspender == nil {
+			return nil, failure.New(codes.Unavailable, "runner_gateway_unavailable", "no gateway configured")
+		}
+		for _, g := range groups {
+			cp, err := s.Suspender.Suspend(ctx, g.Scope, g.Last.GetRunId(), g.Last.GetInput(), reason, true)
+			if failure.CodeOf(err) == "runner_state_missing" {
+				continue // the scope never got a runner: nothing to suspend
+			}
+			if err != nil {
+				return nil, failure.ToStatus(err)
+			}
+			out.ClosedRunnerInstanceIds = append(out.ClosedRunnerInstanceIds, cp.GetRunnerInstanceId())
+			out.Checkpoints = append(out.Checkpoints, cp)
+		}
+		return out, nil
+	}
 	for _, g := range groups {
 		r := s.runner(ctx, g.Last.GetRunnerInstanceId())
 		if r == nil || !r.GetConnected() {

@@ -366,11 +366,23 @@ func (d *Dispatcher) attachOnce(ctx context.Context, c *store.Claim, cancelCh <-
 	sendCmd := func(cmd *prpv1.Command) error {
 		return send(&gatewayv1.AttachRequest{Kind: &gatewayv1.AttachRequest_Command{Command: cmd}})
 	}
+	// R5: the scope's current stamped checkpoint goes with every Open; the
+	// gateway restores it only when the scope has no runner state.
+	runScope := scope.OfRun(c.RunID, c.Input)
+	cp, err := d.store.CurrentCheckpoint(ctx, runScope)
+	if err != nil {
+		return false, err
+	}
+	var restore *gatewayv1.RestoreSpec
+	if cp != nil && cp.GetStamp().GetSessionScope() == scope.Of(c.Input) {
+		restore = &gatewayv1.RestoreSpec{CheckpointId: cp.GetCheckpointId(), Stamp: cp.GetStamp(), LeaseId: cp.GetLeaseId()}
+	}
 	if err := send(&gatewayv1.AttachRequest{Kind: &gatewayv1.AttachRequest_Open{Open: &gatewayv1.Open{
-		RunId:  c.RunID,
-		Fence:  &gatewayv1.FencingToken{Owner: c.Owner, Attempt: c.Attempt},
-		Target: &gatewayv1.RunnerTarget{Mode: gatewayv1.TransportMode_TRANSPORT_MODE_DIAL_WS_LOOPBACK},
-		Input:  c.Input,
+		RunId:   c.RunID,
+		Fence:   &gatewayv1.FencingToken{Owner: c.Owner, Attempt: c.Attempt},
+		Target:  &gatewayv1.RunnerTarget{Mode: gatewayv1.TransportMode_TRANSPORT_MODE_DIAL_WS_LOOPBACK},
+		Input:   c.Input,
+		Restore: restore,
 	}}}); err != nil {
 		return false, err
 	}
@@ -389,6 +401,13 @@ func (d *Dispatcher) attachOnce(ctx context.Context, c *store.Claim, cancelCh <-
 	log.Info("attached", "reused", opened.GetReused(), "runner_acked_seq", opened.GetRunnerAckedSeq())
 	if err := d.store.RecordRunner(ctx, c.Fence, opened.GetRunnerInstanceId(), opened.GetRunnerProcess(), opened.GetProviderProcess()); err != nil {
 		return true, err
+	}
+	if cp != nil {
+		// A runner serves this run now: its state moves on from the
+		// checkpoint, which can no longer stand for the session.
+		if err := d.store.SupersedeCheckpoints(ctx, runScope); err != nil {
+			return false, err
+		}
 	}
 	d.mu.Lock()
 	replaced := d.replaced[c.RunID]

@@ -115,7 +115,7 @@ func New(opts Options) (*Stack, error) {
 			return nil, fmt.Errorf("binary %s missing in %s (run make build): %w", b, opts.BinDir, err)
 		}
 	}
-	for _, d := range []string{"logs", "runners", "keys"} {
+	for _, d := range []string{"logs", "runners", "keys", "backup-blobs", "backup-staging"} {
 		if err := os.MkdirAll(filepath.Join(opts.Dir, d), 0o700); err != nil {
 			return nil, err
 		}
@@ -159,6 +159,9 @@ func (s *Stack) SetExtraArgs(name string, args ...string) {
 // per method).
 func (s *Stack) CallLog() string { return filepath.Join(s.opts.Dir, "fake-codex-calls.log") }
 
+// BlobDir is where the backup verifier stores checkpoint archives.
+func (s *Stack) BlobDir() string { return filepath.Join(s.opts.Dir, "backup-blobs") }
+
 // RunnerStateRoot is where runnergw keeps runner state.
 func (s *Stack) RunnerStateRoot() string { return filepath.Join(s.opts.Dir, "runners") }
 
@@ -186,6 +189,7 @@ func (s *Stack) args(name string) []string {
 			"-state-root", s.RunnerStateRoot(),
 			"-runner-auth-key-file", filepath.Join(s.opts.Dir, "keys", "gateway.key"),
 			"-runnerd-path", filepath.Join(s.opts.BinDir, "runnerd"),
+			"-backup-addr", s.Addr("backup-verifier"),
 			"-codex-command", filepath.Join(s.opts.BinDir, "fake-codex-app-server"))
 		for _, f := range append([]string{"--state-file-in-codex-home", "--durable-turn-ids", "--record-process-start",
 			"--call-log", s.CallLog()}, s.opts.FakeArgs...) {
@@ -193,8 +197,14 @@ func (s *Stack) args(name string) []string {
 		}
 		return append(append(a, s.opts.GatewayArgs...), extra...)
 	case name == "backup-verifier":
-		return append(common, "-grpc-addr", s.Addr("backup-verifier"),
+		// The verifier keeps its metadata in its own schema (backup) of
+		// the stack's database, and its archives in the stack's directory.
+		a := append(common, "-grpc-addr", s.Addr("backup-verifier"),
+			"-database-url", s.opts.DatabaseURL,
+			"-blob-url", "file://"+s.BlobDir()+"?create_dir=true",
+			"-staging-dir", filepath.Join(s.opts.Dir, "backup-staging"),
 			"-stamp-key-file", filepath.Join(s.opts.Dir, "keys", "stamp.key"))
+		return append(a, extra...)
 	}
 	return nil
 }

@@ -1,0 +1,161 @@
+// Package suspend performs verified suspensions of warm sessions (SPEC R5):
+// when a warm session's scope has had no open run for its idle timeout (or
+// on CloseSession with suspend), one replica claims the scope's idle period
+// in PostgreSQL, asks the runner gateway to suspend the runner and upload a
+// checkpoint (RunnerGateway/SuspendRunner), and records the stamped
+// checkpoint; a later run of the scope offers it to the gateway as its
+// restore spec.
+package suspend
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"google.golang.org/grpc/codes"
+
+	"github.com/tether-run/tether/pkg/failure"
+	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
+	gatewayv1 "github.com/tether-run/tether/pkg/gen/tether/gateway/v1"
+	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
+	"github.com/tether-run/tether/pkg/scope"
+	"github.com/tether-run/tether/services/executor/internal/session"
+	"github.com/tether-run/tether/services/executor/internal/store"
+)
+
+// CodeSupervisorBusy: another replica is suspending the scope, or a run is
+// attached to it.
+const CodeSupervisorBusy = "native_session_supervisor_busy"
+
+// Suspender claims and suspends idle warm sessions.
+type Suspender struct {
+	Store   *store.Store
+	Gateway gatewayv1.RunnerGatewayClient
+	// Owner identifies this replica in suspension claims.
+	Owner string
+	// Interval is how often idle sessions are looked for (default 1s).
+	Interval time.Duration
+	// ClaimTTL bounds a claim; a replica that dies mid-suspension loses it
+	// after this and another takes the scope over (default 3m, longer than
+	// the gateway's own bound on a suspension).
+	ClaimTTL time.Duration
+	Logger   *slog.Logger
+}
+
+func (s *Suspender) defaults() {
+	if s.Interval <= 0 {
+		s.Interval = time.Second
+	}
+	if s.ClaimTTL <= 0 {
+		s.ClaimTTL = 3 * time.Minute
+	}
+	if s.Logger == nil {
+		s.Logger = slog.Default()
+	}
+}
+
+// Run sweeps for idle sessions every Interval until ctx ends.
+func (s *Suspender) Run(ctx context.Context) {
+	s.defaults()
+	t := time.NewTicker(s.Interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if _, err := s.Sweep(ctx); err != nil && ctx.Err() == nil {
+			s.Logger.Error("idle session sweep failed", "err", err)
+		}
+	}
+}
+
+// Sweep suspends every warm session whose idle timeout has passed (one at
+// a time); it returns how many it suspended.
+func (s *Suspender) Sweep(ctx context.Context) (int, error) {
+	s.defaults()
+	idle, err := s.Store.IdleWarmSessions(ctx, 32)
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, is := range idle {
+		timeout := scope.ParamsOf(is.LastRunID, is.Input).Lifecycle.EffectiveIdleTimeout()
+		if is.IdleFor < timeout {
+			continue
+		}
+		cp, err := s.Suspend(ctx, is.Scope, is.LastRunID, is.Input, session.ReasonIdleTimeout, false)
+		if err != nil {
+			if ctx.Err() != nil {
+				return n, ctx.Err()
+			}
+			continue // logged and recorded; retried later
+		}
+		if cp != nil {
+			n++
+		}
+	}
+	return n, nil
+}
+
+// Suspend performs one verified suspension of scope's idle period that
+// began when lastRunID ended, under a claim (force: also an idle period
+// already suspended, for CloseSession). It returns the recorded checkpoint;
+// nil with a nil error when another replica holds the claim or there was
+// nothing to claim (not forced).
+func (s *Suspender) Suspend(ctx context.Context, sc, lastRunID string, in *prpv1.ExecutionInput, reason string, force bool) (*executorv1.SessionCheckpoint, error) {
+	s.defaults()
+	log := s.Logger.With("session_scope", sc, "last_run_id", lastRunID)
+	ok, err := s.Store.ClaimSuspension(ctx, sc, lastRunID, s.Owner, s.ClaimTTL, force)
+	if err != nil {
+		return nil, err
+	}
+	if !ok {
+		if force {
+			return nil, failure.New(codes.Aborted, CodeSupervisorBusy,
+				"session scope %s is being suspended elsewhere, or a newer run took it", sc)
+		}
+		return nil, nil
+	}
+	finish := func(state, msg, checkpointID string) {
+		if err := s.Store.FinishSuspension(context.WithoutCancel(ctx), sc, lastRunID, s.Owner, state, msg, checkpointID); err != nil {
+			log.Error("recording the suspension outcome", "state", state, "err", err)
+		}
+	}
+	cctx, cancel := context.WithTimeout(ctx, s.ClaimTTL)
+	defer cancel()
+	resp, err := s.Gateway.SuspendRunner(cctx, &gatewayv1.SuspendRunnerRequest{Input: in, Reason: reason})
+	if err != nil {
+		state := store.SuspensionFailed
+		if failure.CodeOf(err) == "runner_state_missing" {
+			state = store.SuspensionSkipped
+		}
+		log.Warn("suspension failed", "state", state, "code", failure.CodeOf(err), "err", err)
+		finish(state, err.Error(), "")
+		return nil, err
+	}
+	if evs := resp.GetEvents(); len(evs) > 0 {
+		// What the runner emitted while suspending is filed under the runs
+		// it belongs to (no lease: none of them is open).
+		if _, err := s.Store.AppendEvents(ctx, store.Fence{}, evs); err != nil {
+			log.Warn("filing the suspension's events", "events", len(evs), "err", err)
+		}
+	}
+	cp, err := s.Store.RecordCheckpoint(ctx, store.CheckpointRecord{
+		Scope: sc, CompanyID: in.GetBinding().GetCompanyId(), SessionID: in.GetSession().GetNormalizedSessionId(),
+		LastRunID: lastRunID, GatewayScope: resp.GetSessionScope(), Stamp: resp.GetStamp(),
+		CheckpointID: resp.GetCheckpoint().GetCheckpointId(), ManifestDigest: resp.GetCheckpoint().GetManifestDigest(),
+		LeaseID: resp.GetLeaseId(), RunnerInstanceID: resp.GetRunnerInstanceId(), ProviderThreadID: resp.GetProviderThreadId(),
+		Reason: reason,
+	})
+	if err != nil {
+		log.Error("recording the checkpoint", "checkpoint_id", resp.GetCheckpoint().GetCheckpointId(), "err", err)
+		finish(store.SuspensionFailed, err.Error(), "")
+		return nil, err
+	}
+	finish(store.SuspensionSuspended, "", cp.GetCheckpointId())
+	log.Info("session suspended", "checkpoint_id", cp.GetCheckpointId(), "manifest_digest", cp.GetManifestDigest(),
+		"runner_instance_id", cp.GetRunnerInstanceId(), "lease_id", cp.GetLeaseId(), "reason", reason)
+	return cp, nil
+}
