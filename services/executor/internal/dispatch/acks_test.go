@@ -38,3 +38,22 @@ func TestG4_AckIsHighestContiguousPersistedSeq(t *testing.T) {
 		})
 	}
 }
+
+func TestG3_RunPlacementSelectsTheGatewayTransport(t *testing.T) {
+	cases := map[string]struct {
+		in   *prpv1.RunnerPlacement
+		mode string
+		auth bool
+	}{
+		"default":          {nil, "TRANSPORT_MODE_DIAL_WS_LOOPBACK", false},
+		"loopback":         {&prpv1.RunnerPlacement{TransportMode: "dial_ws_loopback"}, "TRANSPORT_MODE_DIAL_WS_LOOPBACK", false},
+		"wss":              {&prpv1.RunnerPlacement{TransportMode: "dial_wss"}, "TRANSPORT_MODE_DIAL_WSS", false},
+		"ingress":          {&prpv1.RunnerPlacement{TransportMode: "listen_ws", IngressAuthorized: true}, "TRANSPORT_MODE_LISTEN_WS", true},
+		"ingress, no auth": {&prpv1.RunnerPlacement{TransportMode: "listen_ws"}, "TRANSPORT_MODE_LISTEN_WS", false},
+	}
+	for name, c := range cases {
+		got := RunnerTarget(&prpv1.ExecutionInput{Runner: c.in})
+		require.Equal(t, c.mode, got.GetMode().String(), name)
+		require.Equal(t, c.auth, got.GetRunnerIngressAuthorized(), name)
+	}
+}

@@ -380,7 +380,7 @@ func (d *Dispatcher) attachOnce(ctx context.Context, c *store.Claim, cancelCh <-
 	if err := send(&gatewayv1.AttachRequest{Kind: &gatewayv1.AttachRequest_Open{Open: &gatewayv1.Open{
 		RunId:   c.RunID,
 		Fence:   &gatewayv1.FencingToken{Owner: c.Owner, Attempt: c.Attempt},
-		Target:  &gatewayv1.RunnerTarget{Mode: gatewayv1.TransportMode_TRANSPORT_MODE_DIAL_WS_LOOPBACK},
+		Target:  RunnerTarget(c.Input),
 		Input:   c.Input,
 		Restore: restore,
 	}}}); err != nil {
@@ -696,4 +696,18 @@ func (d *Dispatcher) closeForReplacement(ctx context.Context, c *store.Claim, se
 		}
 	}
 	return failure.New(codes.Unavailable, "warm_session_replaced", "%s; re-attaching", CloseReasonConfigChanged)
+}
+
+// RunnerTarget maps the run's placement to the gateway's target: the
+// transport mode (default dial_ws_loopback) and whether the caller
+// authorised sandbox ingress for this run.
+func RunnerTarget(in *prpv1.ExecutionInput) *gatewayv1.RunnerTarget {
+	mode := gatewayv1.TransportMode_TRANSPORT_MODE_DIAL_WS_LOOPBACK
+	switch in.GetRunner().GetTransportMode() {
+	case "dial_wss":
+		mode = gatewayv1.TransportMode_TRANSPORT_MODE_DIAL_WSS
+	case "listen_ws":
+		mode = gatewayv1.TransportMode_TRANSPORT_MODE_LISTEN_WS
+	}
+	return &gatewayv1.RunnerTarget{Mode: mode, RunnerIngressAuthorized: in.GetRunner().GetIngressAuthorized()}
 }
