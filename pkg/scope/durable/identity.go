@@ -16,6 +16,8 @@
 package durable
 
 import (
+	"github.com/tether-run/tether/pkg/atomicfile"
+
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -337,42 +339,7 @@ func privateDir(dir string) error {
 }
 
 func writeFileAtomic(dir, name string, data []byte) error {
-	f, err := os.CreateTemp(dir, "."+name+".tmp-*")
-	if err != nil {
-		return err
-	}
-	tmp := f.Name()
-	ok := false
-	defer func() {
-		if !ok {
-			_ = f.Close()
-			_ = os.Remove(tmp)
-		}
-	}()
-	if err := f.Chmod(0o600); err != nil {
-		return err
-	}
-	if _, err := f.Write(data); err != nil {
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp, filepath.Join(dir, name)); err != nil {
-		return err
-	}
-	ok = true
-	return syncDir(dir)
+	return atomicfile.Write(dir, name, data, 0o600)
 }
 
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
-}
+func syncDir(dir string) error { return atomicfile.SyncDir(dir) }

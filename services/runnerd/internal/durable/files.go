@@ -3,10 +3,11 @@
 package durable
 
 import (
+	"github.com/tether-run/tether/pkg/atomicfile"
+
 	"fmt"
 	"io/fs"
 	"os"
-	"path/filepath"
 )
 
 const (
@@ -39,46 +40,11 @@ func EnsurePrivateDir(dir string) error {
 // WriteFileAtomic replaces dir/name with data: an exclusive temp sibling with
 // an unpredictable name, fsync, rename over the target, fsync of the dir.
 func WriteFileAtomic(dir, name string, data []byte) error {
-	f, err := os.CreateTemp(dir, "."+name+".tmp-*")
-	if err != nil {
-		return err
-	}
-	tmp := f.Name()
-	ok := false
-	defer func() {
-		if !ok {
-			_ = f.Close()
-			_ = os.Remove(tmp)
-		}
-	}()
-	if err := f.Chmod(fileMode); err != nil {
-		return err
-	}
-	if _, err := f.Write(data); err != nil {
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp, filepath.Join(dir, name)); err != nil {
-		return err
-	}
-	ok = true
-	return SyncDir(dir)
+	return atomicfile.Write(dir, name, data, fileMode)
 }
 
 // SyncDir fsyncs a directory so renames and creations in it are durable.
-func SyncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
-}
+func SyncDir(dir string) error { return atomicfile.SyncDir(dir) }
 
 // readPrivateFile reads a regular, non-symlink file.
 func readPrivateFile(path string) ([]byte, error) {
