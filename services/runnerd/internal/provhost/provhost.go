@@ -37,15 +37,14 @@
 package provhost
 
 import (
-	"bytes"
+	"github.com/tether-run/tether/pkg/procid"
+
 	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 )
 
@@ -147,44 +146,12 @@ func (in *Info) ProviderAlive() bool {
 	return in != nil && sameProcessAlive(in.ProviderPID, in.ProviderStartTicks, in.BootID)
 }
 
-func sameProcessAlive(pid int, ticks uint64, boot string) bool {
-	if pid <= 0 || (boot != "" && boot != bootID()) {
-		return false
-	}
-	if err := syscall.Kill(pid, 0); err != nil && !errors.Is(err, syscall.EPERM) {
-		return false
-	}
-	t, err := StartTicks(pid)
-	return err == nil && t == ticks
-}
+func sameProcessAlive(pid int, ticks uint64, boot string) bool { return procid.Alive(pid, ticks, boot) }
 
 // StartTicks reads field 22 of /proc/<pid>/stat; a zombie counts as gone.
-func StartTicks(pid int) (uint64, error) {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return 0, err
-	}
-	end := bytes.LastIndexByte(b, ')')
-	if end < 0 {
-		return 0, errors.New("proc stat: no comm field")
-	}
-	f := strings.Fields(string(b[end+1:]))
-	if len(f) < 20 {
-		return 0, errors.New("proc stat: too few fields")
-	}
-	if f[0] == "Z" || f[0] == "X" {
-		return 0, errors.New("process is a zombie")
-	}
-	return strconv.ParseUint(f[19], 10, 64)
-}
+func StartTicks(pid int) (uint64, error) { return procid.StartTicks(pid) }
 
-func bootID() string {
-	b, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
-	if err != nil {
-		return ""
-	}
-	return strings.TrimSpace(string(b))
-}
+func bootID() string { return procid.BootID() }
 
 // handshake is the shim's first line to the host.
 type handshake struct {

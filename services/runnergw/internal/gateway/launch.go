@@ -1,19 +1,19 @@
 package gateway
 
 import (
+	"github.com/tether-run/tether/pkg/procid"
+
 	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
-	"fmt"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
-	"strings"
 	"syscall"
 	"time"
 
@@ -122,35 +122,10 @@ func persistedIdentity(stateDir string) (instanceID string, proc *prpv1.ProcessI
 // processAlive reports whether pid is alive and is the same process (same
 // start time), so PID reuse cannot fool it.
 func processAlive(p *prpv1.ProcessInfo) bool {
-	if p == nil || p.GetPid() <= 0 {
-		return false
+	if p.GetStartTicks() == 0 {
+		return procid.Exists(int(p.GetPid()))
 	}
-	if err := syscall.Kill(int(p.GetPid()), 0); err != nil && err != syscall.EPERM {
-		return false
-	}
-	ticks, err := startTicks(int(p.GetPid()))
-	if err != nil {
-		return false
-	}
-	return p.GetStartTicks() == 0 || ticks == p.GetStartTicks()
-}
-
-// startTicks reads field 22 of /proc/<pid>/stat.
-func startTicks(pid int) (uint64, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0, err
-	}
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	if i < 0 {
-		return 0, fmt.Errorf("malformed stat")
-	}
-	f := strings.Fields(s[i+1:])
-	if len(f) < 20 {
-		return 0, fmt.Errorf("malformed stat")
-	}
-	return strconv.ParseUint(f[19], 10, 64)
+	return procid.Alive(int(p.GetPid()), p.GetStartTicks(), "")
 }
 
 // launchSpec is what a runnerd launch needs.
