@@ -205,7 +205,15 @@ type Open struct {
 	// runner identity against the manifest, and launches runnerd on it, which
 	// resumes the provider thread. A stamp that does not verify refuses the
 	// Open (runner_harness_backup_unverified) and nothing is restored.
-	Restore       *RestoreSpec `protobuf:"bytes,5,opt,name=restore,proto3" json:"restore,omitempty"`
+	Restore *RestoreSpec `protobuf:"bytes,5,opt,name=restore,proto3" json:"restore,omitempty"`
+	// The executor's database records of earlier runs of the same company,
+	// agent and normalized session (SPEC E13). When the scope has no live
+	// runner, the gateway resumes the scope's durable root only for this run
+	// or for a prior run whose record here is terminal, whose persisted input
+	// has the same full scope, and whose runner state on disk is suspended.
+	// A run named on disk but missing here is indeterminate: the root is
+	// quarantined and nothing starts.
+	PriorRuns     []*PriorRun `protobuf:"bytes,6,rep,name=prior_runs,json=priorRuns,proto3" json:"prior_runs,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -275,6 +283,85 @@ func (x *Open) GetRestore() *RestoreSpec {
 	return nil
 }
 
+func (x *Open) GetPriorRuns() []*PriorRun {
+	if x != nil {
+		return x.PriorRuns
+	}
+	return nil
+}
+
+// PriorRun is the executor's record of an earlier run of the session.
+type PriorRun struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	RunId string                 `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	// The stored run status (for messages).
+	Status string `protobuf:"bytes,2,opt,name=status,proto3" json:"status,omitempty"`
+	// True when the run row is terminal: no controller can still drive it.
+	Terminal bool `protobuf:"varint,3,opt,name=terminal,proto3" json:"terminal,omitempty"`
+	// The run's persisted execution input; absent when none was persisted.
+	Input         *v1.ExecutionInput `protobuf:"bytes,4,opt,name=input,proto3" json:"input,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PriorRun) Reset() {
+	*x = PriorRun{}
+	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PriorRun) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PriorRun) ProtoMessage() {}
+
+func (x *PriorRun) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PriorRun.ProtoReflect.Descriptor instead.
+func (*PriorRun) Descriptor() ([]byte, []int) {
+	return file_tether_gateway_v1_gateway_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *PriorRun) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+func (x *PriorRun) GetStatus() string {
+	if x != nil {
+		return x.Status
+	}
+	return ""
+}
+
+func (x *PriorRun) GetTerminal() bool {
+	if x != nil {
+		return x.Terminal
+	}
+	return false
+}
+
+func (x *PriorRun) GetInput() *v1.ExecutionInput {
+	if x != nil {
+		return x.Input
+	}
+	return nil
+}
+
 // RestoreSpec names a stamped checkpoint of the session scope.
 type RestoreSpec struct {
 	state        protoimpl.MessageState `protogen:"open.v1"`
@@ -288,7 +375,7 @@ type RestoreSpec struct {
 
 func (x *RestoreSpec) Reset() {
 	*x = RestoreSpec{}
-	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[3]
+	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -300,7 +387,7 @@ func (x *RestoreSpec) String() string {
 func (*RestoreSpec) ProtoMessage() {}
 
 func (x *RestoreSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[3]
+	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -313,7 +400,7 @@ func (x *RestoreSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestoreSpec.ProtoReflect.Descriptor instead.
 func (*RestoreSpec) Descriptor() ([]byte, []int) {
-	return file_tether_gateway_v1_gateway_proto_rawDescGZIP(), []int{3}
+	return file_tether_gateway_v1_gateway_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *RestoreSpec) GetCheckpointId() string {
@@ -348,7 +435,7 @@ type Ack struct {
 
 func (x *Ack) Reset() {
 	*x = Ack{}
-	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[4]
+	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -360,7 +447,7 @@ func (x *Ack) String() string {
 func (*Ack) ProtoMessage() {}
 
 func (x *Ack) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[4]
+	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -373,7 +460,7 @@ func (x *Ack) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Ack.ProtoReflect.Descriptor instead.
 func (*Ack) Descriptor() ([]byte, []int) {
-	return file_tether_gateway_v1_gateway_proto_rawDescGZIP(), []int{4}
+	return file_tether_gateway_v1_gateway_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Ack) GetSourceInstanceId() string {
@@ -405,7 +492,7 @@ type AttachRequest struct {
 
 func (x *AttachRequest) Reset() {
 	*x = AttachRequest{}
-	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[5]
+	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -417,7 +504,7 @@ func (x *AttachRequest) String() string {
 func (*AttachRequest) ProtoMessage() {}
 
 func (x *AttachRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[5]
+	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -430,7 +517,7 @@ func (x *AttachRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttachRequest.ProtoReflect.Descriptor instead.
 func (*AttachRequest) Descriptor() ([]byte, []int) {
-	return file_tether_gateway_v1_gateway_proto_rawDescGZIP(), []int{5}
+	return file_tether_gateway_v1_gateway_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *AttachRequest) GetKind() isAttachRequest_Kind {
@@ -504,7 +591,7 @@ type BuildMetadata struct {
 
 func (x *BuildMetadata) Reset() {
 	*x = BuildMetadata{}
-	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[6]
+	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -516,7 +603,7 @@ func (x *BuildMetadata) String() string {
 func (*BuildMetadata) ProtoMessage() {}
 
 func (x *BuildMetadata) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[6]
+	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -529,7 +616,7 @@ func (x *BuildMetadata) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BuildMetadata.ProtoReflect.Descriptor instead.
 func (*BuildMetadata) Descriptor() ([]byte, []int) {
-	return file_tether_gateway_v1_gateway_proto_rawDescGZIP(), []int{6}
+	return file_tether_gateway_v1_gateway_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *BuildMetadata) GetSchema() string {
@@ -586,13 +673,23 @@ type Opened struct {
 	// The runner's durable acknowledged cursor at attach time.
 	RunnerAckedSeq uint64 `protobuf:"varint,6,opt,name=runner_acked_seq,json=runnerAckedSeq,proto3" json:"runner_acked_seq,omitempty"`
 	Lifecycle      string `protobuf:"bytes,7,opt,name=lifecycle,proto3" json:"lifecycle,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// How the scope's durable root was authorised when the runner was
+	// launched for this Open: fresh, exact_run, verified_prior_run, or empty
+	// when a live runner was reused.
+	DurableSource string `protobuf:"bytes,8,opt,name=durable_source,json=durableSource,proto3" json:"durable_source,omitempty"`
+	// The run the root was bound to before this Open (the previous holder of
+	// the scope's run authority); empty for a fresh root.
+	PreviousRunId string `protobuf:"bytes,9,opt,name=previous_run_id,json=previousRunId,proto3" json:"previous_run_id,omitempty"`
+	// The scope's tool authority epoch for this run; an earlier run's epoch is
+	// revoked.
+	ToolAuthorityEpoch uint64 `protobuf:"varint,10,opt,name=tool_authority_epoch,json=toolAuthorityEpoch,proto3" json:"tool_authority_epoch,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *Opened) Reset() {
 	*x = Opened{}
-	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[7]
+	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -604,7 +701,7 @@ func (x *Opened) String() string {
 func (*Opened) ProtoMessage() {}
 
 func (x *Opened) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[7]
+	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -617,7 +714,7 @@ func (x *Opened) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Opened.ProtoReflect.Descriptor instead.
 func (*Opened) Descriptor() ([]byte, []int) {
-	return file_tether_gateway_v1_gateway_proto_rawDescGZIP(), []int{7}
+	return file_tether_gateway_v1_gateway_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Opened) GetRunnerInstanceId() string {
@@ -669,6 +766,27 @@ func (x *Opened) GetLifecycle() string {
 	return ""
 }
 
+func (x *Opened) GetDurableSource() string {
+	if x != nil {
+		return x.DurableSource
+	}
+	return ""
+}
+
+func (x *Opened) GetPreviousRunId() string {
+	if x != nil {
+		return x.PreviousRunId
+	}
+	return ""
+}
+
+func (x *Opened) GetToolAuthorityEpoch() uint64 {
+	if x != nil {
+		return x.ToolAuthorityEpoch
+	}
+	return 0
+}
+
 // Closed ends the stream with a stable code.
 type Closed struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -680,7 +798,7 @@ type Closed struct {
 
 func (x *Closed) Reset() {
 	*x = Closed{}
-	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[8]
+	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -692,7 +810,7 @@ func (x *Closed) String() string {
 func (*Closed) ProtoMessage() {}
 
 func (x *Closed) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[8]
+	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -705,7 +823,7 @@ func (x *Closed) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Closed.ProtoReflect.Descriptor instead.
 func (*Closed) Descriptor() ([]byte, []int) {
-	return file_tether_gateway_v1_gateway_proto_rawDescGZIP(), []int{8}
+	return file_tether_gateway_v1_gateway_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Closed) GetCode() string {
@@ -738,7 +856,7 @@ type AttachResponse struct {
 
 func (x *AttachResponse) Reset() {
 	*x = AttachResponse{}
-	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[9]
+	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -750,7 +868,7 @@ func (x *AttachResponse) String() string {
 func (*AttachResponse) ProtoMessage() {}
 
 func (x *AttachResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[9]
+	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -763,7 +881,7 @@ func (x *AttachResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttachResponse.ProtoReflect.Descriptor instead.
 func (*AttachResponse) Descriptor() ([]byte, []int) {
-	return file_tether_gateway_v1_gateway_proto_rawDescGZIP(), []int{9}
+	return file_tether_gateway_v1_gateway_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *AttachResponse) GetKind() isAttachResponse_Kind {
@@ -858,7 +976,7 @@ type Runner struct {
 
 func (x *Runner) Reset() {
 	*x = Runner{}
-	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[10]
+	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -870,7 +988,7 @@ func (x *Runner) String() string {
 func (*Runner) ProtoMessage() {}
 
 func (x *Runner) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[10]
+	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -883,7 +1001,7 @@ func (x *Runner) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Runner.ProtoReflect.Descriptor instead.
 func (*Runner) Descriptor() ([]byte, []int) {
-	return file_tether_gateway_v1_gateway_proto_rawDescGZIP(), []int{10}
+	return file_tether_gateway_v1_gateway_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Runner) GetRunnerInstanceId() string {
@@ -979,7 +1097,7 @@ type ListRunnersRequest struct {
 
 func (x *ListRunnersRequest) Reset() {
 	*x = ListRunnersRequest{}
-	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[11]
+	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -991,7 +1109,7 @@ func (x *ListRunnersRequest) String() string {
 func (*ListRunnersRequest) ProtoMessage() {}
 
 func (x *ListRunnersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[11]
+	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1004,7 +1122,7 @@ func (x *ListRunnersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRunnersRequest.ProtoReflect.Descriptor instead.
 func (*ListRunnersRequest) Descriptor() ([]byte, []int) {
-	return file_tether_gateway_v1_gateway_proto_rawDescGZIP(), []int{11}
+	return file_tether_gateway_v1_gateway_proto_rawDescGZIP(), []int{12}
 }
 
 // ListRunnersResponse lists runners.
@@ -1017,7 +1135,7 @@ type ListRunnersResponse struct {
 
 func (x *ListRunnersResponse) Reset() {
 	*x = ListRunnersResponse{}
-	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[12]
+	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1029,7 +1147,7 @@ func (x *ListRunnersResponse) String() string {
 func (*ListRunnersResponse) ProtoMessage() {}
 
 func (x *ListRunnersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[12]
+	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1042,7 +1160,7 @@ func (x *ListRunnersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRunnersResponse.ProtoReflect.Descriptor instead.
 func (*ListRunnersResponse) Descriptor() ([]byte, []int) {
-	return file_tether_gateway_v1_gateway_proto_rawDescGZIP(), []int{12}
+	return file_tether_gateway_v1_gateway_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ListRunnersResponse) GetRunners() []*Runner {
@@ -1062,7 +1180,7 @@ type GetRunnerRequest struct {
 
 func (x *GetRunnerRequest) Reset() {
 	*x = GetRunnerRequest{}
-	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[13]
+	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1074,7 +1192,7 @@ func (x *GetRunnerRequest) String() string {
 func (*GetRunnerRequest) ProtoMessage() {}
 
 func (x *GetRunnerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[13]
+	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1087,7 +1205,7 @@ func (x *GetRunnerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRunnerRequest.ProtoReflect.Descriptor instead.
 func (*GetRunnerRequest) Descriptor() ([]byte, []int) {
-	return file_tether_gateway_v1_gateway_proto_rawDescGZIP(), []int{13}
+	return file_tether_gateway_v1_gateway_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *GetRunnerRequest) GetRunnerInstanceId() string {
@@ -1107,7 +1225,7 @@ type GetRunnerResponse struct {
 
 func (x *GetRunnerResponse) Reset() {
 	*x = GetRunnerResponse{}
-	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[14]
+	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1119,7 +1237,7 @@ func (x *GetRunnerResponse) String() string {
 func (*GetRunnerResponse) ProtoMessage() {}
 
 func (x *GetRunnerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[14]
+	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1132,7 +1250,7 @@ func (x *GetRunnerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRunnerResponse.ProtoReflect.Descriptor instead.
 func (*GetRunnerResponse) Descriptor() ([]byte, []int) {
-	return file_tether_gateway_v1_gateway_proto_rawDescGZIP(), []int{14}
+	return file_tether_gateway_v1_gateway_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *GetRunnerResponse) GetRunner() *Runner {
@@ -1149,15 +1267,20 @@ type SuspendRunnerRequest struct {
 	Input *v1.ExecutionInput     `protobuf:"bytes,1,opt,name=input,proto3" json:"input,omitempty"`
 	// The environment lease the stamp is bound to; empty: the lease the
 	// scope's runner was launched under. Another lease is refused.
-	LeaseId       string `protobuf:"bytes,2,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
-	Reason        string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	LeaseId string `protobuf:"bytes,2,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	Reason  string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	// After the checkpoint is stored, move the scope's runner state aside
+	// (into <root>/continuity-breaks/<ms>-<id>/) so that the next run restores
+	// the stamped checkpoint instead of resuming the local state: a
+	// configuration change continues the conversation through the backup.
+	ArchiveState  bool `protobuf:"varint,4,opt,name=archive_state,json=archiveState,proto3" json:"archive_state,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *SuspendRunnerRequest) Reset() {
 	*x = SuspendRunnerRequest{}
-	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[15]
+	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1169,7 +1292,7 @@ func (x *SuspendRunnerRequest) String() string {
 func (*SuspendRunnerRequest) ProtoMessage() {}
 
 func (x *SuspendRunnerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[15]
+	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1182,7 +1305,7 @@ func (x *SuspendRunnerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SuspendRunnerRequest.ProtoReflect.Descriptor instead.
 func (*SuspendRunnerRequest) Descriptor() ([]byte, []int) {
-	return file_tether_gateway_v1_gateway_proto_rawDescGZIP(), []int{15}
+	return file_tether_gateway_v1_gateway_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *SuspendRunnerRequest) GetInput() *v1.ExecutionInput {
@@ -1206,6 +1329,13 @@ func (x *SuspendRunnerRequest) GetReason() string {
 	return ""
 }
 
+func (x *SuspendRunnerRequest) GetArchiveState() bool {
+	if x != nil {
+		return x.ArchiveState
+	}
+	return false
+}
+
 // SuspendRunnerResponse is the receipt of a verified suspension.
 type SuspendRunnerResponse struct {
 	state            protoimpl.MessageState `protogen:"open.v1"`
@@ -1225,7 +1355,7 @@ type SuspendRunnerResponse struct {
 
 func (x *SuspendRunnerResponse) Reset() {
 	*x = SuspendRunnerResponse{}
-	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[16]
+	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1237,7 +1367,7 @@ func (x *SuspendRunnerResponse) String() string {
 func (*SuspendRunnerResponse) ProtoMessage() {}
 
 func (x *SuspendRunnerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[16]
+	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1250,7 +1380,7 @@ func (x *SuspendRunnerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SuspendRunnerResponse.ProtoReflect.Descriptor instead.
 func (*SuspendRunnerResponse) Descriptor() ([]byte, []int) {
-	return file_tether_gateway_v1_gateway_proto_rawDescGZIP(), []int{16}
+	return file_tether_gateway_v1_gateway_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *SuspendRunnerResponse) GetSessionScope() string {
@@ -1312,13 +1442,20 @@ const file_tether_gateway_v1_gateway_proto_rawDesc = "" +
 	"\aattempt\x18\x02 \x01(\x04B\a\xbaH\x042\x02(\x01R\aattempt\"\x80\x01\n" +
 	"\fRunnerTarget\x124\n" +
 	"\x04mode\x18\x01 \x01(\x0e2 .tether.gateway.v1.TransportModeR\x04mode\x12:\n" +
-	"\x19runner_ingress_authorized\x18\x02 \x01(\bR\x17runnerIngressAuthorized\"\x95\x02\n" +
+	"\x19runner_ingress_authorized\x18\x02 \x01(\bR\x17runnerIngressAuthorized\"\xdb\x02\n" +
 	"\x04Open\x12\x1e\n" +
 	"\x06run_id\x18\x01 \x01(\tB\a\xbaH\x04r\x02\x10\x01R\x05runId\x12=\n" +
 	"\x05fence\x18\x02 \x01(\v2\x1f.tether.gateway.v1.FencingTokenB\x06\xbaH\x03\xc8\x01\x01R\x05fence\x127\n" +
 	"\x06target\x18\x03 \x01(\v2\x1f.tether.gateway.v1.RunnerTargetR\x06target\x12;\n" +
 	"\x05input\x18\x04 \x01(\v2\x1d.tether.prp.v1.ExecutionInputB\x06\xbaH\x03\xc8\x01\x01R\x05input\x128\n" +
-	"\arestore\x18\x05 \x01(\v2\x1e.tether.gateway.v1.RestoreSpecR\arestore\"\x9b\x01\n" +
+	"\arestore\x18\x05 \x01(\v2\x1e.tether.gateway.v1.RestoreSpecR\arestore\x12D\n" +
+	"\n" +
+	"prior_runs\x18\x06 \x03(\v2\x1b.tether.gateway.v1.PriorRunB\b\xbaH\x05\x92\x01\x02\x10@R\tpriorRuns\"\x93\x01\n" +
+	"\bPriorRun\x12\x1e\n" +
+	"\x06run_id\x18\x01 \x01(\tB\a\xbaH\x04r\x02\x10\x01R\x05runId\x12\x16\n" +
+	"\x06status\x18\x02 \x01(\tR\x06status\x12\x1a\n" +
+	"\bterminal\x18\x03 \x01(\bR\bterminal\x123\n" +
+	"\x05input\x18\x04 \x01(\v2\x1d.tether.prp.v1.ExecutionInputR\x05input\"\x9b\x01\n" +
 	"\vRestoreSpec\x12.\n" +
 	"\rcheckpoint_id\x18\x01 \x01(\tB\t\xbaH\x06r\x04\x10\x01\x18@R\fcheckpointId\x125\n" +
 	"\x05stamp\x18\x02 \x01(\v2\x17.tether.backup.v1.StampB\x06\xbaH\x03\xc8\x01\x01R\x05stamp\x12%\n" +
@@ -1339,7 +1476,7 @@ const file_tether_gateway_v1_gateway_proto_rawDesc = "" +
 	"\fpackage_name\x18\x03 \x01(\tR\vpackageName\x12'\n" +
 	"\x0fpackage_version\x18\x04 \x01(\tR\x0epackageVersion\x126\n" +
 	"\x17binary_contract_version\x18\x05 \x01(\rR\x15binaryContractVersion\x12.\n" +
-	"\x13prp_transport_modes\x18\x06 \x03(\tR\x11prpTransportModes\"\xd8\x02\n" +
+	"\x13prp_transport_modes\x18\x06 \x03(\tR\x11prpTransportModes\"\xd9\x03\n" +
 	"\x06Opened\x12,\n" +
 	"\x12runner_instance_id\x18\x01 \x01(\tR\x10runnerInstanceId\x126\n" +
 	"\x05build\x18\x02 \x01(\v2 .tether.gateway.v1.BuildMetadataR\x05build\x12A\n" +
@@ -1347,7 +1484,11 @@ const file_tether_gateway_v1_gateway_proto_rawDesc = "" +
 	"\x10provider_process\x18\x04 \x01(\v2\x1a.tether.prp.v1.ProcessInfoR\x0fproviderProcess\x12\x16\n" +
 	"\x06reused\x18\x05 \x01(\bR\x06reused\x12(\n" +
 	"\x10runner_acked_seq\x18\x06 \x01(\x04R\x0erunnerAckedSeq\x12\x1c\n" +
-	"\tlifecycle\x18\a \x01(\tR\tlifecycle\"6\n" +
+	"\tlifecycle\x18\a \x01(\tR\tlifecycle\x12%\n" +
+	"\x0edurable_source\x18\b \x01(\tR\rdurableSource\x12&\n" +
+	"\x0fprevious_run_id\x18\t \x01(\tR\rpreviousRunId\x120\n" +
+	"\x14tool_authority_epoch\x18\n" +
+	" \x01(\x04R\x12toolAuthorityEpoch\"6\n" +
 	"\x06Closed\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\tR\x04code\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\"\xfe\x01\n" +
@@ -1378,11 +1519,12 @@ const file_tether_gateway_v1_gateway_proto_rawDesc = "" +
 	"\x10GetRunnerRequest\x125\n" +
 	"\x12runner_instance_id\x18\x01 \x01(\tB\a\xbaH\x04r\x02\x10\x01R\x10runnerInstanceId\"F\n" +
 	"\x11GetRunnerResponse\x121\n" +
-	"\x06runner\x18\x01 \x01(\v2\x19.tether.gateway.v1.RunnerR\x06runner\"\x9a\x01\n" +
+	"\x06runner\x18\x01 \x01(\v2\x19.tether.gateway.v1.RunnerR\x06runner\"\xbf\x01\n" +
 	"\x14SuspendRunnerRequest\x12;\n" +
 	"\x05input\x18\x01 \x01(\v2\x1d.tether.prp.v1.ExecutionInputB\x06\xbaH\x03\xc8\x01\x01R\x05input\x12#\n" +
 	"\blease_id\x18\x02 \x01(\tB\b\xbaH\x05r\x03\x18\x80\x02R\aleaseId\x12 \n" +
-	"\x06reason\x18\x03 \x01(\tB\b\xbaH\x05r\x03\x18\xd0\x0fR\x06reason\"\xce\x02\n" +
+	"\x06reason\x18\x03 \x01(\tB\b\xbaH\x05r\x03\x18\xd0\x0fR\x06reason\x12#\n" +
+	"\rarchive_state\x18\x04 \x01(\bR\farchiveState\"\xce\x02\n" +
 	"\x15SuspendRunnerResponse\x12#\n" +
 	"\rsession_scope\x18\x01 \x01(\tR\fsessionScope\x12,\n" +
 	"\x12runner_instance_id\x18\x02 \x01(\tR\x10runnerInstanceId\x12\x19\n" +
@@ -1418,76 +1560,79 @@ func file_tether_gateway_v1_gateway_proto_rawDescGZIP() []byte {
 }
 
 var file_tether_gateway_v1_gateway_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_tether_gateway_v1_gateway_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
+var file_tether_gateway_v1_gateway_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
 var file_tether_gateway_v1_gateway_proto_goTypes = []any{
 	(TransportMode)(0),            // 0: tether.gateway.v1.TransportMode
 	(*FencingToken)(nil),          // 1: tether.gateway.v1.FencingToken
 	(*RunnerTarget)(nil),          // 2: tether.gateway.v1.RunnerTarget
 	(*Open)(nil),                  // 3: tether.gateway.v1.Open
-	(*RestoreSpec)(nil),           // 4: tether.gateway.v1.RestoreSpec
-	(*Ack)(nil),                   // 5: tether.gateway.v1.Ack
-	(*AttachRequest)(nil),         // 6: tether.gateway.v1.AttachRequest
-	(*BuildMetadata)(nil),         // 7: tether.gateway.v1.BuildMetadata
-	(*Opened)(nil),                // 8: tether.gateway.v1.Opened
-	(*Closed)(nil),                // 9: tether.gateway.v1.Closed
-	(*AttachResponse)(nil),        // 10: tether.gateway.v1.AttachResponse
-	(*Runner)(nil),                // 11: tether.gateway.v1.Runner
-	(*ListRunnersRequest)(nil),    // 12: tether.gateway.v1.ListRunnersRequest
-	(*ListRunnersResponse)(nil),   // 13: tether.gateway.v1.ListRunnersResponse
-	(*GetRunnerRequest)(nil),      // 14: tether.gateway.v1.GetRunnerRequest
-	(*GetRunnerResponse)(nil),     // 15: tether.gateway.v1.GetRunnerResponse
-	(*SuspendRunnerRequest)(nil),  // 16: tether.gateway.v1.SuspendRunnerRequest
-	(*SuspendRunnerResponse)(nil), // 17: tether.gateway.v1.SuspendRunnerResponse
-	(*v1.ExecutionInput)(nil),     // 18: tether.prp.v1.ExecutionInput
-	(*v11.Stamp)(nil),             // 19: tether.backup.v1.Stamp
-	(*v1.Command)(nil),            // 20: tether.prp.v1.Command
-	(*v1.ProcessInfo)(nil),        // 21: tether.prp.v1.ProcessInfo
-	(*v1.EventBatch)(nil),         // 22: tether.prp.v1.EventBatch
-	(*v1.CommandResult)(nil),      // 23: tether.prp.v1.CommandResult
-	(*timestamppb.Timestamp)(nil), // 24: google.protobuf.Timestamp
-	(*v11.Checkpoint)(nil),        // 25: tether.backup.v1.Checkpoint
-	(*v1.Event)(nil),              // 26: tether.prp.v1.Event
+	(*PriorRun)(nil),              // 4: tether.gateway.v1.PriorRun
+	(*RestoreSpec)(nil),           // 5: tether.gateway.v1.RestoreSpec
+	(*Ack)(nil),                   // 6: tether.gateway.v1.Ack
+	(*AttachRequest)(nil),         // 7: tether.gateway.v1.AttachRequest
+	(*BuildMetadata)(nil),         // 8: tether.gateway.v1.BuildMetadata
+	(*Opened)(nil),                // 9: tether.gateway.v1.Opened
+	(*Closed)(nil),                // 10: tether.gateway.v1.Closed
+	(*AttachResponse)(nil),        // 11: tether.gateway.v1.AttachResponse
+	(*Runner)(nil),                // 12: tether.gateway.v1.Runner
+	(*ListRunnersRequest)(nil),    // 13: tether.gateway.v1.ListRunnersRequest
+	(*ListRunnersResponse)(nil),   // 14: tether.gateway.v1.ListRunnersResponse
+	(*GetRunnerRequest)(nil),      // 15: tether.gateway.v1.GetRunnerRequest
+	(*GetRunnerResponse)(nil),     // 16: tether.gateway.v1.GetRunnerResponse
+	(*SuspendRunnerRequest)(nil),  // 17: tether.gateway.v1.SuspendRunnerRequest
+	(*SuspendRunnerResponse)(nil), // 18: tether.gateway.v1.SuspendRunnerResponse
+	(*v1.ExecutionInput)(nil),     // 19: tether.prp.v1.ExecutionInput
+	(*v11.Stamp)(nil),             // 20: tether.backup.v1.Stamp
+	(*v1.Command)(nil),            // 21: tether.prp.v1.Command
+	(*v1.ProcessInfo)(nil),        // 22: tether.prp.v1.ProcessInfo
+	(*v1.EventBatch)(nil),         // 23: tether.prp.v1.EventBatch
+	(*v1.CommandResult)(nil),      // 24: tether.prp.v1.CommandResult
+	(*timestamppb.Timestamp)(nil), // 25: google.protobuf.Timestamp
+	(*v11.Checkpoint)(nil),        // 26: tether.backup.v1.Checkpoint
+	(*v1.Event)(nil),              // 27: tether.prp.v1.Event
 }
 var file_tether_gateway_v1_gateway_proto_depIdxs = []int32{
 	0,  // 0: tether.gateway.v1.RunnerTarget.mode:type_name -> tether.gateway.v1.TransportMode
 	1,  // 1: tether.gateway.v1.Open.fence:type_name -> tether.gateway.v1.FencingToken
 	2,  // 2: tether.gateway.v1.Open.target:type_name -> tether.gateway.v1.RunnerTarget
-	18, // 3: tether.gateway.v1.Open.input:type_name -> tether.prp.v1.ExecutionInput
-	4,  // 4: tether.gateway.v1.Open.restore:type_name -> tether.gateway.v1.RestoreSpec
-	19, // 5: tether.gateway.v1.RestoreSpec.stamp:type_name -> tether.backup.v1.Stamp
-	3,  // 6: tether.gateway.v1.AttachRequest.open:type_name -> tether.gateway.v1.Open
-	20, // 7: tether.gateway.v1.AttachRequest.command:type_name -> tether.prp.v1.Command
-	5,  // 8: tether.gateway.v1.AttachRequest.ack:type_name -> tether.gateway.v1.Ack
-	7,  // 9: tether.gateway.v1.Opened.build:type_name -> tether.gateway.v1.BuildMetadata
-	21, // 10: tether.gateway.v1.Opened.runner_process:type_name -> tether.prp.v1.ProcessInfo
-	21, // 11: tether.gateway.v1.Opened.provider_process:type_name -> tether.prp.v1.ProcessInfo
-	8,  // 12: tether.gateway.v1.AttachResponse.opened:type_name -> tether.gateway.v1.Opened
-	22, // 13: tether.gateway.v1.AttachResponse.events:type_name -> tether.prp.v1.EventBatch
-	23, // 14: tether.gateway.v1.AttachResponse.command_result:type_name -> tether.prp.v1.CommandResult
-	9,  // 15: tether.gateway.v1.AttachResponse.closed:type_name -> tether.gateway.v1.Closed
-	21, // 16: tether.gateway.v1.Runner.runner_process:type_name -> tether.prp.v1.ProcessInfo
-	21, // 17: tether.gateway.v1.Runner.provider_process:type_name -> tether.prp.v1.ProcessInfo
-	24, // 18: tether.gateway.v1.Runner.connected_at:type_name -> google.protobuf.Timestamp
-	0,  // 19: tether.gateway.v1.Runner.mode:type_name -> tether.gateway.v1.TransportMode
-	11, // 20: tether.gateway.v1.ListRunnersResponse.runners:type_name -> tether.gateway.v1.Runner
-	11, // 21: tether.gateway.v1.GetRunnerResponse.runner:type_name -> tether.gateway.v1.Runner
-	18, // 22: tether.gateway.v1.SuspendRunnerRequest.input:type_name -> tether.prp.v1.ExecutionInput
-	25, // 23: tether.gateway.v1.SuspendRunnerResponse.checkpoint:type_name -> tether.backup.v1.Checkpoint
-	19, // 24: tether.gateway.v1.SuspendRunnerResponse.stamp:type_name -> tether.backup.v1.Stamp
-	26, // 25: tether.gateway.v1.SuspendRunnerResponse.events:type_name -> tether.prp.v1.Event
-	6,  // 26: tether.gateway.v1.RunnerGateway.Attach:input_type -> tether.gateway.v1.AttachRequest
-	12, // 27: tether.gateway.v1.RunnerGateway.ListRunners:input_type -> tether.gateway.v1.ListRunnersRequest
-	14, // 28: tether.gateway.v1.RunnerGateway.GetRunner:input_type -> tether.gateway.v1.GetRunnerRequest
-	16, // 29: tether.gateway.v1.RunnerGateway.SuspendRunner:input_type -> tether.gateway.v1.SuspendRunnerRequest
-	10, // 30: tether.gateway.v1.RunnerGateway.Attach:output_type -> tether.gateway.v1.AttachResponse
-	13, // 31: tether.gateway.v1.RunnerGateway.ListRunners:output_type -> tether.gateway.v1.ListRunnersResponse
-	15, // 32: tether.gateway.v1.RunnerGateway.GetRunner:output_type -> tether.gateway.v1.GetRunnerResponse
-	17, // 33: tether.gateway.v1.RunnerGateway.SuspendRunner:output_type -> tether.gateway.v1.SuspendRunnerResponse
-	30, // [30:34] is the sub-list for method output_type
-	26, // [26:30] is the sub-list for method input_type
-	26, // [26:26] is the sub-list for extension type_name
-	26, // [26:26] is the sub-list for extension extendee
-	0,  // [0:26] is the sub-list for field type_name
+	19, // 3: tether.gateway.v1.Open.input:type_name -> tether.prp.v1.ExecutionInput
+	5,  // 4: tether.gateway.v1.Open.restore:type_name -> tether.gateway.v1.RestoreSpec
+	4,  // 5: tether.gateway.v1.Open.prior_runs:type_name -> tether.gateway.v1.PriorRun
+	19, // 6: tether.gateway.v1.PriorRun.input:type_name -> tether.prp.v1.ExecutionInput
+	20, // 7: tether.gateway.v1.RestoreSpec.stamp:type_name -> tether.backup.v1.Stamp
+	3,  // 8: tether.gateway.v1.AttachRequest.open:type_name -> tether.gateway.v1.Open
+	21, // 9: tether.gateway.v1.AttachRequest.command:type_name -> tether.prp.v1.Command
+	6,  // 10: tether.gateway.v1.AttachRequest.ack:type_name -> tether.gateway.v1.Ack
+	8,  // 11: tether.gateway.v1.Opened.build:type_name -> tether.gateway.v1.BuildMetadata
+	22, // 12: tether.gateway.v1.Opened.runner_process:type_name -> tether.prp.v1.ProcessInfo
+	22, // 13: tether.gateway.v1.Opened.provider_process:type_name -> tether.prp.v1.ProcessInfo
+	9,  // 14: tether.gateway.v1.AttachResponse.opened:type_name -> tether.gateway.v1.Opened
+	23, // 15: tether.gateway.v1.AttachResponse.events:type_name -> tether.prp.v1.EventBatch
+	24, // 16: tether.gateway.v1.AttachResponse.command_result:type_name -> tether.prp.v1.CommandResult
+	10, // 17: tether.gateway.v1.AttachResponse.closed:type_name -> tether.gateway.v1.Closed
+	22, // 18: tether.gateway.v1.Runner.runner_process:type_name -> tether.prp.v1.ProcessInfo
+	22, // 19: tether.gateway.v1.Runner.provider_process:type_name -> tether.prp.v1.ProcessInfo
+	25, // 20: tether.gateway.v1.Runner.connected_at:type_name -> google.protobuf.Timestamp
+	0,  // 21: tether.gateway.v1.Runner.mode:type_name -> tether.gateway.v1.TransportMode
+	12, // 22: tether.gateway.v1.ListRunnersResponse.runners:type_name -> tether.gateway.v1.Runner
+	12, // 23: tether.gateway.v1.GetRunnerResponse.runner:type_name -> tether.gateway.v1.Runner
+	19, // 24: tether.gateway.v1.SuspendRunnerRequest.input:type_name -> tether.prp.v1.ExecutionInput
+	26, // 25: tether.gateway.v1.SuspendRunnerResponse.checkpoint:type_name -> tether.backup.v1.Checkpoint
+	20, // 26: tether.gateway.v1.SuspendRunnerResponse.stamp:type_name -> tether.backup.v1.Stamp
+	27, // 27: tether.gateway.v1.SuspendRunnerResponse.events:type_name -> tether.prp.v1.Event
+	7,  // 28: tether.gateway.v1.RunnerGateway.Attach:input_type -> tether.gateway.v1.AttachRequest
+	13, // 29: tether.gateway.v1.RunnerGateway.ListRunners:input_type -> tether.gateway.v1.ListRunnersRequest
+	15, // 30: tether.gateway.v1.RunnerGateway.GetRunner:input_type -> tether.gateway.v1.GetRunnerRequest
+	17, // 31: tether.gateway.v1.RunnerGateway.SuspendRunner:input_type -> tether.gateway.v1.SuspendRunnerRequest
+	11, // 32: tether.gateway.v1.RunnerGateway.Attach:output_type -> tether.gateway.v1.AttachResponse
+	14, // 33: tether.gateway.v1.RunnerGateway.ListRunners:output_type -> tether.gateway.v1.ListRunnersResponse
+	16, // 34: tether.gateway.v1.RunnerGateway.GetRunner:output_type -> tether.gateway.v1.GetRunnerResponse
+	18, // 35: tether.gateway.v1.RunnerGateway.SuspendRunner:output_type -> tether.gateway.v1.SuspendRunnerResponse
+	32, // [32:36] is the sub-list for method output_type
+	28, // [28:32] is the sub-list for method input_type
+	28, // [28:28] is the sub-list for extension type_name
+	28, // [28:28] is the sub-list for extension extendee
+	0,  // [0:28] is the sub-list for field type_name
 }
 
 func init() { file_tether_gateway_v1_gateway_proto_init() }
@@ -1495,12 +1640,12 @@ func file_tether_gateway_v1_gateway_proto_init() {
 	if File_tether_gateway_v1_gateway_proto != nil {
 		return
 	}
-	file_tether_gateway_v1_gateway_proto_msgTypes[5].OneofWrappers = []any{
+	file_tether_gateway_v1_gateway_proto_msgTypes[6].OneofWrappers = []any{
 		(*AttachRequest_Open)(nil),
 		(*AttachRequest_Command)(nil),
 		(*AttachRequest_Ack)(nil),
 	}
-	file_tether_gateway_v1_gateway_proto_msgTypes[9].OneofWrappers = []any{
+	file_tether_gateway_v1_gateway_proto_msgTypes[10].OneofWrappers = []any{
 		(*AttachResponse_Opened)(nil),
 		(*AttachResponse_Events)(nil),
 		(*AttachResponse_CommandResult)(nil),
@@ -1512,7 +1657,7 @@ func file_tether_gateway_v1_gateway_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_tether_gateway_v1_gateway_proto_rawDesc), len(file_tether_gateway_v1_gateway_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   17,
+			NumMessages:   18,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
