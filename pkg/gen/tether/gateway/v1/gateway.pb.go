@@ -1273,7 +1273,11 @@ type SuspendRunnerRequest struct {
 	// (into <root>/continuity-breaks/<ms>-<id>/) so that the next run restores
 	// the stamped checkpoint instead of resuming the local state: a
 	// configuration change continues the conversation through the backup.
-	ArchiveState  bool `protobuf:"varint,4,opt,name=archive_state,json=archiveState,proto3" json:"archive_state,omitempty"`
+	ArchiveState bool `protobuf:"varint,4,opt,name=archive_state,json=archiveState,proto3" json:"archive_state,omitempty"`
+	// The run whose input this is (the scope's last run). It names the scope
+	// the way Attach does: a projectless run's workspace is transient and a
+	// missing session id is session-<run id>. Empty: the input alone.
+	RunId         string `protobuf:"bytes,5,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1334,6 +1338,13 @@ func (x *SuspendRunnerRequest) GetArchiveState() bool {
 		return x.ArchiveState
 	}
 	return false
+}
+
+func (x *SuspendRunnerRequest) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
 }
 
 // SuspendRunnerResponse is the receipt of a verified suspension.
@@ -1519,12 +1530,13 @@ const file_tether_gateway_v1_gateway_proto_rawDesc = "" +
 	"\x10GetRunnerRequest\x125\n" +
 	"\x12runner_instance_id\x18\x01 \x01(\tB\a\xbaH\x04r\x02\x10\x01R\x10runnerInstanceId\"F\n" +
 	"\x11GetRunnerResponse\x121\n" +
-	"\x06runner\x18\x01 \x01(\v2\x19.tether.gateway.v1.RunnerR\x06runner\"\xbf\x01\n" +
+	"\x06runner\x18\x01 \x01(\v2\x19.tether.gateway.v1.RunnerR\x06runner\"\xe0\x01\n" +
 	"\x14SuspendRunnerRequest\x12;\n" +
 	"\x05input\x18\x01 \x01(\v2\x1d.tether.prp.v1.ExecutionInputB\x06\xbaH\x03\xc8\x01\x01R\x05input\x12#\n" +
 	"\blease_id\x18\x02 \x01(\tB\b\xbaH\x05r\x03\x18\x80\x02R\aleaseId\x12 \n" +
 	"\x06reason\x18\x03 \x01(\tB\b\xbaH\x05r\x03\x18\xd0\x0fR\x06reason\x12#\n" +
-	"\rarchive_state\x18\x04 \x01(\bR\farchiveState\"\xce\x02\n" +
+	"\rarchive_state\x18\x04 \x01(\bR\farchiveState\x12\x1f\n" +
+	"\x06run_id\x18\x05 \x01(\tB\b\xbaH\x05r\x03\x18\x80\x02R\x05runId\"\xce\x02\n" +
 	"\x15SuspendRunnerResponse\x12#\n" +
 	"\rsession_scope\x18\x01 \x01(\tR\fsessionScope\x12,\n" +
 	"\x12runner_instance_id\x18\x02 \x01(\tR\x10runnerInstanceId\x12\x19\n" +
