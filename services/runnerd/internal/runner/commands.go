@@ -542,36 +542,56 @@ func (r *Runner) cmdSessionClose(c *prpv1.Command) (map[string]any, *cmdError) {
 	return map[string]any{"lifecycle": r.st.Lifecycle, "providerThreadId": r.st.ProviderThreadID}, nil
 }
 
-// cmdRunnerSuspend stops the provider cleanly (stdin closed, grace, then
-// TERM and KILL of its group), keeps the provider thread id and records
-// lifecycle suspended before answering, so whoever sees the answer (and the
-// runner's exit) may checkpoint the state dir. A turn in progress refuses:
-// suspension is for an idle session.
+// cmdRunnerSuspend suspends the runner (see suspend) before answering, so
+// whoever sees the answer (and the runner's exit) may checkpoint the state
+// dir. A turn in progress refuses: suspension is for an idle session.
 func (r *Runner) cmdRunnerSuspend(c *prpv1.Command) (map[string]any, *cmdError) {
-	if t := r.st.ActiveTurn; t != nil {
-		return nil, rejected(CodeTurnAlreadyActive, "turn %s of run %s is still active; suspend an idle session", t.TurnID, t.RunID)
-	}
-	switch r.st.Lifecycle {
-	case durable.LifecycleRevoked, durable.LifecycleUnrecoverable:
-		return nil, rejected(CodeRunnerStopped, "runner is %s", r.st.Lifecycle)
+	if e := r.suspendRefusal(); e != nil {
+		return nil, e
 	}
 	reason := payloadString(c, "reason")
 	if reason == "" {
 		reason = "suspended"
 	}
+	if err := r.suspend(reason); err != nil {
+		return nil, failed("runner_state_write_failed", "%v", err)
+	}
+	return map[string]any{
+		"lifecycle": r.st.Lifecycle, "providerThreadId": r.st.ProviderThreadID,
+		"runnerInstanceId": r.st.Identity.RunnerInstanceID,
+	}, nil
+}
+
+// suspendRefusal says why the runner cannot be suspended now: a turn is
+// active, or the runner is revoked or unrecoverable.
+func (r *Runner) suspendRefusal() *cmdError {
+	if t := r.st.ActiveTurn; t != nil {
+		return rejected(CodeTurnAlreadyActive, "turn %s of run %s is still active; suspend an idle session", t.TurnID, t.RunID)
+	}
+	switch r.st.Lifecycle {
+	case durable.LifecycleRevoked, durable.LifecycleUnrecoverable:
+		return rejected(CodeRunnerStopped, "runner is %s", r.st.Lifecycle)
+	}
+	return nil
+}
+
+// suspend is the durable suspension of a settled runner (runner.suspend and
+// the idle timeout): it stops the provider cleanly (stdin closed, grace, then
+// TERM and KILL of its group), keeps the provider thread id, persists
+// lifecycle suspended with the reason and emits the P0 runner.suspended. A
+// failure to persist the suspension sets an immediate error exit and is
+// returned; nothing is emitted then. Callers check suspendRefusal first.
+func (r *Runner) suspend(reason string) error {
 	r.closeProvider()
 	r.st.Lifecycle, r.st.LifecycleReason = durable.LifecycleSuspended, reason
 	if err := r.save(); err != nil {
 		r.log.Error("cannot persist the suspension", "err", err)
 		r.setExit(ExitError, "runner_state_write_failed", true)
-		return nil, failed("runner_state_write_failed", "%v", err)
+		return err
 	}
 	r.log.Info("runner suspended", "reason", reason, "provider_thread_id", r.st.ProviderThreadID)
 	r.emit(P0, "runner.suspended", "", "", map[string]any{"reason": reason, "providerThreadId": r.st.ProviderThreadID})
-	return map[string]any{
-		"lifecycle": r.st.Lifecycle, "providerThreadId": r.st.ProviderThreadID,
-		"runnerInstanceId": r.st.Identity.RunnerInstanceID,
-	}, nil
+	return nil
 }
 
 // ---- provider lifecycle ----

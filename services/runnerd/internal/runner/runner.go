@@ -517,11 +517,29 @@ func (r *Runner) checkTimers(now time.Time) (int, bool) {
 		}
 	}
 	if r.exit == nil && r.st.ActiveTurn == nil && now.Sub(r.lastActivity) >= r.cfg.IdleTimeout {
-		r.log.Info("session idle; stopping", "idle_timeout", r.cfg.IdleTimeout)
-		r.stopSession("idle_timeout")
-		r.setExit(ExitOK, "idle_timeout", false)
+		r.onIdle()
 	}
 	return 0, false
+}
+
+// onIdle ends a runner that has been idle for the idle timeout with no
+// active turn. It has settled cleanly, so the exit is a durable suspension
+// (lifecycle suspended, reason idle_timeout, provider thread kept), the
+// state a later run may continue (SPEC E13); a revoked or unrecoverable
+// runner stops instead. The runner exits 0 once its outbox drains.
+func (r *Runner) onIdle() {
+	const reason = "idle_timeout"
+	if refusal := r.suspendRefusal(); refusal != nil {
+		r.log.Info("session idle; stopping", "idle_timeout", r.cfg.IdleTimeout, "lifecycle", r.st.Lifecycle)
+		r.stopSession(reason)
+		r.setExit(ExitOK, reason, false)
+		return
+	}
+	r.log.Info("session idle; suspending", "idle_timeout", r.cfg.IdleTimeout)
+	if err := r.suspend(reason); err != nil {
+		return // suspend set the immediate error exit
+	}
+	r.setExit(ExitOK, reason, false)
 }
 
 func (r *Runner) setLifecycle(l, reason string) {

@@ -510,7 +510,7 @@ func TestR1_ProviderStartFailureFailsTheCommand(t *testing.T) {
 	assert.Equal(t, CodeRunNotAttached, res.GetCode())
 }
 
-func TestR4_IdleTimeoutStopsAndExits(t *testing.T) {
+func TestR4_IdleTimeoutSuspendsAndExits(t *testing.T) {
 	e := newTestEnv(t)
 	p := e.start(func(c *Config) { c.IdleTimeout = 300 * time.Millisecond })
 	cs := &cmdSeq{t: t, runID: "run-1", attempt: 1}
@@ -522,11 +522,12 @@ func TestR4_IdleTimeoutStopsAndExits(t *testing.T) {
 	default:
 	}
 	prov.finish(TurnResult{TurnID: "turn-1", Status: "completed"})
-	e.gw.waitEvent("runner.stopped", 1)
+	e.gw.waitEvent("runner.suspended", 1)
 	e.gw.ack(e.gw.maxSeq())
 	assert.Equal(t, ExitOK, p.wait(t, 5*time.Second))
-	assert.Equal(t, durable.LifecycleStopped, e.state().Lifecycle)
+	assert.Equal(t, durable.LifecycleSuspended, e.state().Lifecycle)
 	assert.Equal(t, "idle_timeout", e.state().LifecycleReason)
+	assert.Empty(t, e.gw.eventsOf("runner.stopped"), "an idle exit is a suspension, not a stop")
 }
 
 func TestR4_ReconnectGraceExpiryExits3(t *testing.T) {

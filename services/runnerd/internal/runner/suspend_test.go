@@ -1,6 +1,7 @@
 package runner
 
 import (
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -58,4 +59,110 @@ func TestR5_RunnerSuspendStopsTheProviderKeepsTheThreadAndResumes(t *testing.T) 
 	prov2.mu.Lock()
 	assert.Equal(t, []string{"thread-1"}, prov2.threadOpen)
 	prov2.mu.Unlock()
+}
+
+func TestR5_IdleTimeoutIsADurableSuspension(t *testing.T) {
+	e := newTestEnv(t)
+	p := e.start(func(c *Config) { c.IdleTimeout = 300 * time.Millisecond })
+	cs := &cmdSeq{t: t, runID: "run-1", attempt: 1}
+	prov := attachAndTurn(t, e, cs)
+	prov.finish(TurnResult{TurnID: "turn-1", Status: "completed"})
+	e.gw.waitEvent("run.terminal", 1)
+
+	// Idle with no active turn: the provider is closed cleanly, the thread
+	// is kept and lifecycle suspended (idle_timeout) is durable before the
+	// P0 runner.suspended goes out.
+	ev := e.gw.waitEvent("runner.suspended", 1)
+	assert.Equal(t, uint32(P0), ev.GetPriority())
+	assert.Equal(t, map[string]any{"reason": "idle_timeout", "providerThreadId": "thread-1"}, ev.GetPayload().AsMap())
+	st := e.state()
+	assert.Equal(t, durable.LifecycleSuspended, st.Lifecycle)
+	assert.Equal(t, "idle_timeout", st.LifecycleReason)
+	assert.Equal(t, "thread-1", st.ProviderThreadID)
+	assert.Nil(t, st.ProviderProcess)
+	assert.Nil(t, st.ActiveTurn)
+	prov.mu.Lock()
+	assert.True(t, prov.closed, "the provider was stopped")
+	prov.mu.Unlock()
+	assert.Empty(t, e.gw.eventsOf("runner.stopped"))
+
+	// It exits 0 once the outbox is acknowledged, still suspended.
+	e.gw.ack(e.gw.maxSeq())
+	assert.Equal(t, ExitOK, p.wait(t, 5*time.Second))
+	st = e.state()
+	assert.Equal(t, durable.LifecycleSuspended, st.Lifecycle)
+	assert.Equal(t, "idle_timeout", st.LifecycleReason)
+	assert.Equal(t, "thread-1", st.ProviderThreadID)
+
+	// A runnerd started on the suspended state continues the same thread.
+	e.start(nil)
+	e.gw.waitConns(2)
+	e.gw.waitFor("ready", func() bool { return e.state().Lifecycle == durable.LifecycleReady })
+	res := e.gw.command(cs.next("c-turn2", CmdTurnStart, map[string]any{"text": "again"}))
+	require.Equal(t, durable.StatusCompleted, res.GetStatus(), res.GetMessage())
+	require.Equal(t, 2, e.prov.count())
+	prov2 := e.prov.last()
+	prov2.mu.Lock()
+	assert.Equal(t, []string{"thread-1"}, prov2.threadOpen)
+	prov2.mu.Unlock()
+}
+
+// bareRunner is a Runner with its state and outbox opened but no loop,
+// connection or provider, for driving one transition directly.
+func bareRunner(t *testing.T) *Runner {
+	t.Helper()
+	cfg := Config{IdleTimeout: time.Millisecond}
+	cfg.defaults()
+	store, err := durable.OpenStore(t.TempDir())
+	require.NoError(t, err)
+	ob, _, err := durable.OpenOutbox(store.Dir, 0)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = ob.Close() })
+	r := &Runner{
+		cfg: cfg, log: cfg.Logger, store: store, outbox: ob, queue: newEventQueue(),
+		disconnectedSince: time.Now(), // within the reconnect grace
+		st:                durable.NewState(durable.Identity{RunnerInstanceID: tRunner, NormalizedSessionID: tSess, SessionScope: tScope}),
+	}
+	r.st.Lifecycle, r.st.ProviderThreadID = durable.LifecycleReady, "thread-1"
+	require.NoError(t, r.save())
+	return r
+}
+
+func outboxTypes(r *Runner) []string {
+	var types []string
+	for _, rec := range r.outbox.After(0) {
+		types = append(types, rec.EventType)
+	}
+	return types
+}
+
+func TestR5_IdleTimeoutOfARevokedOrUnrecoverableRunnerStops(t *testing.T) {
+	for _, lc := range []string{durable.LifecycleRevoked, durable.LifecycleUnrecoverable} {
+		t.Run(lc, func(t *testing.T) {
+			r := bareRunner(t)
+			r.st.Lifecycle = lc
+			_, done := r.checkTimers(time.Now().Add(time.Second))
+			require.False(t, done)
+			require.NotNil(t, r.exit)
+			assert.Equal(t, ExitOK, r.exit.code)
+			assert.False(t, r.exit.immediate)
+			assert.Equal(t, []string{"runner.stopped"}, outboxTypes(r))
+			st, err := r.store.Load()
+			require.NoError(t, err)
+			assert.Equal(t, durable.LifecycleStopped, st.Lifecycle)
+			assert.Equal(t, "idle_timeout", st.LifecycleReason)
+		})
+	}
+}
+
+func TestR5_IdleSuspensionThatCannotBePersistedExitsWithError(t *testing.T) {
+	r := bareRunner(t)
+	r.store = &durable.Store{Dir: filepath.Join(r.store.Dir, durable.OutboxFile, "not-a-dir")}
+	_, done := r.checkTimers(time.Now().Add(time.Second))
+	require.False(t, done)
+	require.NotNil(t, r.exit)
+	assert.Equal(t, ExitError, r.exit.code)
+	assert.Equal(t, "runner_state_write_failed", r.exit.reason)
+	assert.True(t, r.exit.immediate)
+	assert.Empty(t, outboxTypes(r), "no runner.suspended for a suspension that is not durable")
 }
