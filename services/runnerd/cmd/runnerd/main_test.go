@@ -255,8 +255,9 @@ func TestG4_BinaryRunsATurnAgainstAFakeGateway(t *testing.T) {
 
 	res = command("c3", "session.close", map[string]any{})
 	require.Equal(t, "completed", res.GetStatus(), res.GetMessage())
-	stopped := waitEvent("runner.stopped")
-	g.send(&prpv1.Frame{Kind: &prpv1.Frame_Ack{Ack: &prpv1.Ack{AckedSourceSeq: stopped.GetSourceSeq()}}})
+	suspended := waitEvent("runner.suspended")
+	assert.Equal(t, "session_closed", suspended.GetPayload().AsMap()["reason"])
+	g.send(&prpv1.Frame{Kind: &prpv1.Frame_Ack{Ack: &prpv1.Ack{AckedSourceSeq: suspended.GetSourceSeq()}}})
 	select {
 	case err := <-exited:
 		require.NoError(t, err, "runnerd exits 0 after session.close")
@@ -268,7 +269,9 @@ func TestG4_BinaryRunsATurnAgainstAFakeGateway(t *testing.T) {
 
 	st, err := (&durable.Store{Dir: filepath.Join(stateDir, "runner")}).Load()
 	require.NoError(t, err)
-	assert.Equal(t, durable.LifecycleStopped, st.Lifecycle)
-	assert.Equal(t, stopped.GetSourceSeq(), st.AckedSourceSeq)
+	assert.Equal(t, durable.LifecycleSuspended, st.Lifecycle, "a closed session is a durable suspension")
+	assert.Equal(t, "session_closed", st.LifecycleReason)
+	assert.Equal(t, pl["providerThreadId"], st.ProviderThreadID, "the provider thread is kept")
+	assert.Equal(t, suspended.GetSourceSeq(), st.AckedSourceSeq)
 	assert.NotContains(t, logs.String(), ticket.Encode())
 }

@@ -537,8 +537,21 @@ func (r *Runner) cmdTurnSteer(c *prpv1.Command) (map[string]any, *cmdError) {
 	return map[string]any{"turnId": t.TurnID}, nil
 }
 
+// cmdSessionClose closes the session: a turn in progress is interrupted
+// (its terminal is interrupted/cancelled, code session_closed). Closing is a
+// clean, resumable settlement, so the runner is then suspended (see suspend:
+// lifecycle suspended, reason session_closed, provider thread kept), the
+// state a later run may continue (SPEC E13); a revoked or unrecoverable
+// runner stops instead. A suspension that cannot be persisted fails the
+// command. The runner exits after answering.
 func (r *Runner) cmdSessionClose(c *prpv1.Command) (map[string]any, *cmdError) {
-	r.stopSession("session_closed")
+	const reason = "session_closed"
+	r.interruptActiveTurn(reason)
+	if r.suspendRefusal() != nil {
+		r.stopSession(reason)
+	} else if err := r.suspend(reason); err != nil {
+		return nil, failed("runner_state_write_failed", "%v", err)
+	}
 	return map[string]any{"lifecycle": r.st.Lifecycle, "providerThreadId": r.st.ProviderThreadID}, nil
 }
 
@@ -575,8 +588,8 @@ func (r *Runner) suspendRefusal() *cmdError {
 	return nil
 }
 
-// suspend is the durable suspension of a settled runner (runner.suspend and
-// the idle timeout): it stops the provider cleanly (stdin closed, grace, then
+// suspend is the durable suspension of a settled runner (runner.suspend,
+// session.close and the idle timeout): it stops the provider cleanly (stdin closed, grace, then
 // TERM and KILL of its group), keeps the provider thread id, persists
 // lifecycle suspended with the reason and emits the P0 runner.suspended. A
 // failure to persist the suspension sets an immediate error exit and is
@@ -625,15 +638,25 @@ func (r *Runner) stopProvider(code string) {
 	r.closeProvider()
 }
 
+// interruptActiveTurn ends a turn in progress, if any: the provider is
+// stopped and the turn's terminal is interrupted/cancelled with the reason
+// as its code. Without an active turn it does nothing.
+func (r *Runner) interruptActiveTurn(reason string) {
+	t := r.st.ActiveTurn
+	if t == nil {
+		return
+	}
+	r.closeProvider()
+	r.emitTerminal(t, TurnResult{TurnID: t.TurnID, Status: "interrupted", ErrorCode: reason, ErrorMessage: "the session was stopped during the turn"})
+	r.st.ActiveTurn = nil
+	r.mustSave()
+}
+
 // stopSession stops the provider, records lifecycle stopped and emits
 // runner.stopped; an active turn ends as interrupted/cancelled.
 func (r *Runner) stopSession(reason string) {
-	t := r.st.ActiveTurn
+	r.interruptActiveTurn(reason)
 	r.closeProvider()
-	if t != nil {
-		r.emitTerminal(t, TurnResult{TurnID: t.TurnID, Status: "interrupted", ErrorCode: reason, ErrorMessage: "the session was stopped during the turn"})
-		r.st.ActiveTurn = nil
-	}
 	r.st.Lifecycle, r.st.LifecycleReason = durable.LifecycleStopped, reason
 	r.mustSave()
 	r.emit(P0, "runner.stopped", "", "", map[string]any{"reason": reason})

@@ -128,14 +128,16 @@ func TestG4_TurnEventsCarrySourceIdentityAndTerminal(t *testing.T) {
 	assert.Equal(t, "interrupted", term.GetPayload().AsMap()["turnTerminalState"])
 	assert.Equal(t, "cancelled", term.GetPayload().AsMap()["runTerminalState"])
 
-	// session.close: provider stopped, lifecycle stopped, exit 0 once acked.
+	// session.close: provider stopped, lifecycle suspended (a clean,
+	// resumable settlement), exit 0 once acked.
 	res = e.gw.command(cs.next("c-close", CmdSessionClose, map[string]any{}))
 	require.Equal(t, durable.StatusCompleted, res.GetStatus())
-	e.gw.waitEvent("runner.stopped", 1)
+	e.gw.waitEvent("runner.suspended", 1)
 	e.gw.ack(e.gw.maxSeq())
 	assert.Equal(t, ExitOK, p.wait(t, 5*time.Second))
 	st := e.state()
-	assert.Equal(t, durable.LifecycleStopped, st.Lifecycle)
+	assert.Equal(t, durable.LifecycleSuspended, st.Lifecycle)
+	assert.Equal(t, "session_closed", st.LifecycleReason)
 	assert.Nil(t, st.ProviderProcess)
 	assert.Equal(t, e.gw.maxSeq(), st.AckedSourceSeq)
 	prov.mu.Lock()

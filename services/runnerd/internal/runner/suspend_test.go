@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/services/runnerd/internal/durable"
 )
 
@@ -165,4 +166,137 @@ func TestR5_IdleSuspensionThatCannotBePersistedExitsWithError(t *testing.T) {
 	assert.Equal(t, "runner_state_write_failed", r.exit.reason)
 	assert.True(t, r.exit.immediate)
 	assert.Empty(t, outboxTypes(r), "no runner.suspended for a suspension that is not durable")
+}
+
+func TestR4_SessionCloseOfAnIdleRunnerIsADurableSuspension(t *testing.T) {
+	e := newTestEnv(t)
+	p := e.start(nil)
+	cs := &cmdSeq{t: t, runID: "run-1", attempt: 1}
+	prov := attachAndTurn(t, e, cs)
+	prov.finish(TurnResult{TurnID: "turn-1", Status: "completed"})
+	e.gw.waitEvent("run.terminal", 1)
+
+	// session.close with no active turn: the provider is closed cleanly, the
+	// thread is kept and lifecycle suspended (session_closed) is durable
+	// before the answer and the P0 runner.suspended.
+	res := e.gw.command(cs.next("c-close", CmdSessionClose, map[string]any{}))
+	require.Equal(t, durable.StatusCompleted, res.GetStatus(), res.GetMessage())
+	assert.Equal(t, map[string]any{"lifecycle": durable.LifecycleSuspended, "providerThreadId": "thread-1"}, res.GetResult().AsMap())
+	st := e.state()
+	assert.Equal(t, durable.LifecycleSuspended, st.Lifecycle)
+	assert.Equal(t, "session_closed", st.LifecycleReason)
+	assert.Equal(t, "thread-1", st.ProviderThreadID)
+	assert.Nil(t, st.ProviderProcess)
+	assert.Nil(t, st.ActiveTurn)
+	ev := e.gw.waitEvent("runner.suspended", 1)
+	assert.Equal(t, uint32(P0), ev.GetPriority())
+	assert.Equal(t, map[string]any{"reason": "session_closed", "providerThreadId": "thread-1"}, ev.GetPayload().AsMap())
+	prov.mu.Lock()
+	assert.True(t, prov.closed, "the provider was stopped")
+	prov.mu.Unlock()
+
+	// It exits 0 once the outbox is acknowledged, still suspended.
+	e.gw.ack(e.gw.maxSeq())
+	assert.Equal(t, ExitOK, p.wait(t, 5*time.Second))
+	assert.Empty(t, e.gw.eventsOf("runner.stopped"), "a closed session is a suspension, not a stop")
+	st = e.state()
+	assert.Equal(t, durable.LifecycleSuspended, st.Lifecycle)
+	assert.Equal(t, "session_closed", st.LifecycleReason)
+	assert.Equal(t, "thread-1", st.ProviderThreadID)
+
+	// A runnerd started on the suspended state continues the same thread.
+	e.start(nil)
+	e.gw.waitConns(2)
+	e.gw.waitFor("ready", func() bool { return e.state().Lifecycle == durable.LifecycleReady })
+	res = e.gw.command(cs.next("c-turn2", CmdTurnStart, map[string]any{"text": "again"}))
+	require.Equal(t, durable.StatusCompleted, res.GetStatus(), res.GetMessage())
+	require.Equal(t, 2, e.prov.count())
+	prov2 := e.prov.last()
+	prov2.mu.Lock()
+	assert.Equal(t, []string{"thread-1"}, prov2.threadOpen)
+	prov2.mu.Unlock()
+}
+
+func TestR4_SessionCloseDuringATurnInterruptsItAndSuspends(t *testing.T) {
+	e := newTestEnv(t)
+	p := e.start(nil)
+	cs := &cmdSeq{t: t, runID: "run-1", attempt: 1}
+	prov := attachAndTurn(t, e, cs)
+
+	// The active turn ends interrupted/cancelled with code session_closed,
+	// then the settled runner is suspended with the thread kept.
+	res := e.gw.command(cs.next("c-close", CmdSessionClose, map[string]any{}))
+	require.Equal(t, durable.StatusCompleted, res.GetStatus(), res.GetMessage())
+	assert.Equal(t, map[string]any{"lifecycle": durable.LifecycleSuspended, "providerThreadId": "thread-1"}, res.GetResult().AsMap())
+	term := e.gw.waitEvent("run.terminal", 1)
+	pl := term.GetPayload().AsMap()
+	assert.Equal(t, "interrupted", pl["turnTerminalState"])
+	assert.Equal(t, "cancelled", pl["runTerminalState"])
+	assert.Equal(t, "session_closed", pl["code"])
+	assert.Equal(t, "turn-1", pl["providerTurnId"])
+	assert.Equal(t, "thread-1", pl["providerThreadId"])
+	assert.Equal(t, "run-1", term.GetRunId())
+	susp := e.gw.waitEvent("runner.suspended", 1)
+	assert.Equal(t, map[string]any{"reason": "session_closed", "providerThreadId": "thread-1"}, susp.GetPayload().AsMap())
+	assert.Less(t, term.GetSourceSeq(), susp.GetSourceSeq(), "the turn's terminal precedes the suspension")
+	prov.mu.Lock()
+	assert.True(t, prov.closed, "the provider was stopped")
+	prov.mu.Unlock()
+
+	e.gw.ack(e.gw.maxSeq())
+	assert.Equal(t, ExitOK, p.wait(t, 5*time.Second))
+	assert.Empty(t, e.gw.eventsOf("runner.stopped"))
+	assert.Len(t, e.gw.eventsOf("run.terminal"), 1)
+	st := e.state()
+	assert.Equal(t, durable.LifecycleSuspended, st.Lifecycle)
+	assert.Equal(t, "session_closed", st.LifecycleReason)
+	assert.Equal(t, "thread-1", st.ProviderThreadID)
+	assert.Nil(t, st.ActiveTurn)
+	assert.Nil(t, st.ProviderProcess)
+}
+
+func TestR4_SessionCloseOfARevokedOrUnrecoverableRunnerStops(t *testing.T) {
+	for _, lc := range []string{durable.LifecycleRevoked, durable.LifecycleUnrecoverable} {
+		t.Run(lc, func(t *testing.T) {
+			r := bareRunner(t)
+			r.st.Lifecycle = lc
+			out, cerr := r.cmdSessionClose(&prpv1.Command{CommandId: "c-close", Type: CmdSessionClose})
+			require.Nil(t, cerr)
+			assert.Equal(t, map[string]any{"lifecycle": durable.LifecycleStopped, "providerThreadId": "thread-1"}, out)
+			assert.Equal(t, []string{"runner.stopped"}, outboxTypes(r))
+			st, err := r.store.Load()
+			require.NoError(t, err)
+			assert.Equal(t, durable.LifecycleStopped, st.Lifecycle)
+			assert.Equal(t, "session_closed", st.LifecycleReason)
+		})
+	}
+}
+
+func TestR4_SessionCloseWhoseSuspensionCannotBePersistedFails(t *testing.T) {
+	r := bareRunner(t)
+	r.store = &durable.Store{Dir: filepath.Join(r.store.Dir, durable.OutboxFile, "not-a-dir")}
+	out, cerr := r.cmdSessionClose(&prpv1.Command{CommandId: "c-close", Type: CmdSessionClose})
+	assert.Nil(t, out)
+	require.NotNil(t, cerr)
+	assert.Equal(t, durable.StatusFailed, cerr.status)
+	assert.Equal(t, "runner_state_write_failed", cerr.code)
+	require.NotNil(t, r.exit)
+	assert.Equal(t, ExitError, r.exit.code)
+	assert.Equal(t, "runner_state_write_failed", r.exit.reason)
+	assert.True(t, r.exit.immediate)
+	assert.Empty(t, outboxTypes(r), "no runner.suspended for a suspension that is not durable")
+}
+
+func TestR4_TerminationStillStops(t *testing.T) {
+	e := newTestEnv(t)
+	p := e.start(nil)
+	cs := &cmdSeq{t: t, runID: "run-1", attempt: 1}
+	prov := attachAndTurn(t, e, cs)
+	prov.finish(TurnResult{TurnID: "turn-1", Status: "completed"})
+	e.gw.waitEvent("run.terminal", 1)
+	require.Equal(t, ExitOK, p.stop(t))
+	st := e.state()
+	assert.Equal(t, durable.LifecycleStopped, st.Lifecycle)
+	assert.Equal(t, "runner_terminated", st.LifecycleReason)
+	assert.Empty(t, e.gw.eventsOf("runner.suspended"))
 }
