@@ -10,7 +10,6 @@ import (
 	"google.golang.org/grpc"
 
 	"google.golang.org/grpc/codes"
-	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/tether-run/tether/pkg/failure"
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
@@ -307,5 +306,3 @@ func (s *Server) WatchRun(req *executorv1.WatchRunRequest, stream executorv1.Exe
 		t.Stop()
 	}
 }
-
-func structpbNew(m map[string]any) (*structpb.Struct, error) { return structpb.NewStruct(m) }

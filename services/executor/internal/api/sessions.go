@@ -2,8 +2,6 @@ package api
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -112,7 +110,7 @@ func (s *Server) CloseSession(ctx context.Context, req *executorv1.CloseSessionR
 		if r == nil || !r.GetConnected() {
 			continue // nothing live to close
 		}
-		if err := s.closeRunner(ctx, g.Last.GetInput(), reason); err != nil {
+		if err := s.closeRunner(ctx, g.Last.GetRunId(), g.Last.GetInput(), reason); err != nil {
 			return nil, failure.ToStatus(err)
 		}
 		out.ClosedRunnerInstanceIds = append(out.ClosedRunnerInstanceIds, r.GetRunnerInstanceId())
@@ -120,51 +118,21 @@ func (s *Server) CloseSession(ctx context.Context, req *executorv1.CloseSessionR
 	return out, nil
 }
 
-// closeRunner attaches to the scope's runner under a one-off control
-// identity and sends session.close.
-func (s *Server) closeRunner(ctx context.Context, in *prpv1.ExecutionInput, reason string) error {
+// closeRunner closes the scope's live runner through the gateway
+// (session.close: the runner settles as suspended, so the scope's next run
+// continues it) and files what the runner emitted meanwhile under its runs.
+func (s *Server) closeRunner(ctx context.Context, runID string, in *prpv1.ExecutionInput, reason string) error {
 	if s.Gateway == nil {
 		return failure.New(codes.Unavailable, "runner_gateway_unavailable", "no gateway configured")
 	}
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	stream, err := s.Gateway.Attach(ctx)
+	resp, err := s.Gateway.CloseRunner(ctx, &gatewayv1.CloseRunnerRequest{Input: in, RunId: runID, Reason: reason})
 	if err != nil {
 		return err
 	}
-	runID := store.NewID("session-close-")
-	if err := stream.Send(&gatewayv1.AttachRequest{Kind: &gatewayv1.AttachRequest_Open{Open: &gatewayv1.Open{
-		RunId: runID, Fence: &gatewayv1.FencingToken{Owner: "executor-api", Attempt: 1}, Input: in,
-	}}}); err != nil {
-		return err
-	}
-	m, err := stream.Recv()
-	if err != nil {
-		return err
-	}
-	if m.GetOpened() == nil {
-		return fmt.Errorf("gateway answered Open with %T", m.GetKind())
-	}
-	cmd := &prpv1.Command{Schema: "tether.prp.command.v1", CommandId: runID + "/session.close", Type: "session.close",
-		RunId: runID, Attempt: 1}
-	cmd.Payload, _ = structpbNew(map[string]any{"reason": reason})
-	if err := stream.Send(&gatewayv1.AttachRequest{Kind: &gatewayv1.AttachRequest_Command{Command: cmd}}); err != nil {
-		return err
-	}
-	for {
-		m, err := stream.Recv()
-		if err != nil {
-			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-				return failure.New(codes.DeadlineExceeded, "session_close_timeout", "the runner did not answer session.close")
-			}
-			return nil // the runner exited: closed
-		}
-		if r := m.GetCommandResult(); r != nil && r.GetCommandId() == cmd.GetCommandId() {
-			if r.GetStatus() != "completed" {
-				return failure.New(codes.FailedPrecondition, r.GetCode(), "session.close: %s", r.GetMessage())
-			}
-			_ = stream.CloseSend()
-			return nil
+	if evs := resp.GetEvents(); len(evs) > 0 {
+		if _, err := s.Store.AppendEvents(ctx, store.Fence{}, evs); err != nil {
+			return err
 		}
 	}
+	return nil
 }

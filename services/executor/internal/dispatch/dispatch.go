@@ -26,6 +26,7 @@ import (
 	"github.com/tether-run/tether/pkg/scope"
 	"github.com/tether-run/tether/services/executor/internal/control"
 	"github.com/tether-run/tether/services/executor/internal/recovery"
+	"github.com/tether-run/tether/services/executor/internal/session"
 	"github.com/tether-run/tether/services/executor/internal/store"
 )
 
@@ -77,7 +78,10 @@ type Dispatcher struct {
 	mu       sync.Mutex
 	cancels  map[string]chan struct{} // per driven run
 	replaced map[string]bool          // runs whose warm session was closed for a new configuration
-	controls *control.Registry
+	// localReplace: runs whose gateway cannot checkpoint (no backup
+	// verifier); their warm session is replaced on its local state.
+	localReplace map[string]bool
+	controls     *control.Registry
 }
 
 // Controls is the registry of this replica's live provider sessions, for
@@ -117,7 +121,7 @@ func New(s *store.Store, cfg Config) *Dispatcher {
 		leases:   newLeaseKeeper(s, cfg.Owner, cfg.LeaseTTL, cfg.Logger),
 		kick:     make(chan struct{}, 1),
 		cancels:  map[string]chan struct{}{},
-		replaced: map[string]bool{},
+		replaced: map[string]bool{}, localReplace: map[string]bool{},
 		controls: control.NewRegistry(func() string { return store.NewID("") }),
 	}
 }
@@ -206,6 +210,7 @@ func (d *Dispatcher) start(ctx context.Context, c *store.Claim, sem chan struct{
 				delete(d.cancels, c.RunID)
 			}
 			delete(d.replaced, c.RunID)
+			delete(d.localReplace, c.RunID)
 			d.mu.Unlock()
 		}()
 		d.drive(runCtx, c, cancelCh)
@@ -374,15 +379,23 @@ func (d *Dispatcher) attachOnce(ctx context.Context, c *store.Claim, cancelCh <-
 		return false, err
 	}
 	var restore *gatewayv1.RestoreSpec
-	if cp != nil && cp.GetStamp().GetSessionScope() == scope.Of(c.Input) {
+	if cp != nil && cp.GetStamp().GetSessionScope() == runScope {
 		restore = &gatewayv1.RestoreSpec{CheckpointId: cp.GetCheckpointId(), Stamp: cp.GetStamp(), LeaseId: cp.GetLeaseId()}
 	}
+	// E13: the gateway resumes the scope's durable root only for this run
+	// or a prior run these database records prove terminal, of the same
+	// full scope (and whose runner state on disk is suspended).
+	prior, err := d.store.PriorRuns(ctx, c.RunID, priorRunRecords)
+	if err != nil {
+		return false, err
+	}
 	if err := send(&gatewayv1.AttachRequest{Kind: &gatewayv1.AttachRequest_Open{Open: &gatewayv1.Open{
-		RunId:   c.RunID,
-		Fence:   &gatewayv1.FencingToken{Owner: c.Owner, Attempt: c.Attempt},
-		Target:  RunnerTarget(c.Input),
-		Input:   c.Input,
-		Restore: restore,
+		RunId:     c.RunID,
+		Fence:     &gatewayv1.FencingToken{Owner: c.Owner, Attempt: c.Attempt},
+		Target:    RunnerTarget(c.Input),
+		Input:     c.Input,
+		Restore:   restore,
+		PriorRuns: store.PriorRunsProto(prior),
 	}}}); err != nil {
 		return false, err
 	}
@@ -409,9 +422,36 @@ func (d *Dispatcher) attachOnce(ctx context.Context, c *store.Claim, cancelCh <-
 			return false, err
 		}
 	}
+	if prev := opened.GetPreviousRunId(); prev != "" && prev != c.RunID {
+		// E10: this run took the scope's run authority over from prev (a
+		// live warm runner, or a verified continuation of prev's suspended
+		// runner); prev's tool authority epoch is revoked.
+		if err := d.store.AppendControlEvent(ctx, c.Fence, "session.authority_rotated", map[string]any{
+			"reason": session.ReasonAuthorityRotated, "previousRunId": prev,
+			"runnerInstanceId": opened.GetRunnerInstanceId(), "toolAuthorityEpoch": float64(opened.GetToolAuthorityEpoch()),
+			"durableSource": opened.GetDurableSource(),
+		}); err != nil {
+			return false, err
+		}
+	}
 	d.mu.Lock()
 	replaced := d.replaced[c.RunID]
 	d.mu.Unlock()
+	d.mu.Lock()
+	local := d.localReplace[c.RunID]
+	d.mu.Unlock()
+	if local && !replaced && !opened.GetReused() {
+		// The suspension for the configuration change stopped the runner
+		// but the checkpoint could not be stored: the runner came back on
+		// its local state with this run's configuration.
+		if err := d.store.AppendControlEvent(ctx, c.Fence, "session.closed", map[string]any{"reason": CloseReasonConfigChanged}); err != nil {
+			return false, err
+		}
+		d.mu.Lock()
+		d.replaced[c.RunID] = true
+		d.mu.Unlock()
+		replaced = true
+	}
 	if opened.GetReused() && !replaced {
 		// E10: a warm provider session serves runs of one pinned
 		// configuration. When this run pins another (model, approval or
@@ -421,6 +461,10 @@ func (d *Dispatcher) attachOnce(ctx context.Context, c *store.Claim, cancelCh <-
 		if changed, err := d.configChanged(ctx, c); err != nil {
 			return false, err
 		} else if changed {
+			if !local {
+				cancel() // detach: the scope's runner is suspended next
+				return false, d.replaceThroughBackup(ctx, c, log)
+			}
 			return false, d.closeForReplacement(ctx, c, send, stream.Recv, opened.GetRunnerAckedSeq(), log)
 		}
 	}
@@ -644,7 +688,10 @@ func (d *Dispatcher) acknowledgeCancellation(ctx context.Context, c *store.Claim
 
 // CloseReasonConfigChanged is the E10 close reason for a warm session whose
 // pinned configuration changed.
-const CloseReasonConfigChanged = "warm native session configuration changed"
+const CloseReasonConfigChanged = session.ReasonConfigChanged
+
+// priorRunRecords bounds the prior-run records an Open carries.
+const priorRunRecords = 16
 
 // configChanged reports whether the previous run of the run's scope pinned
 // another warm configuration.
@@ -654,6 +701,79 @@ func (d *Dispatcher) configChanged(ctx context.Context, c *store.Claim) (bool, e
 		return false, err
 	}
 	return scope.ParamsOf(prevID, prev).ConfigDigest() != scope.ParamsOf(c.RunID, c.Input).ConfigDigest(), nil
+}
+
+// replaceThroughBackup closes the live warm session for run c's new
+// configuration through the backup (E10): the scope's runner is suspended
+// (verified: lifecycle suspended on disk, process gone), its profile is
+// checkpointed and stamped, and its local state archived; the checkpoint is
+// recorded for this run, and the returned error makes the driver re-attach,
+// whereupon the gateway restores the stamped checkpoint and launches the
+// runner with this run's configuration, resuming the provider thread. A
+// gateway without a backup verifier makes the next attach replace the
+// session on its local state instead.
+func (d *Dispatcher) replaceThroughBackup(ctx context.Context, c *store.Claim, log *slog.Logger) error {
+	prevID, prev, err := d.store.PreviousInScope(ctx, c.RunID)
+	if err != nil {
+		return err
+	}
+	if prev == nil {
+		prevID, prev = c.RunID, c.Input
+	}
+	log.Info("closing the warm session for a configuration change through a verified suspension", "previous_run_id", prevID)
+	var resp *gatewayv1.SuspendRunnerResponse
+	for wait := 20 * time.Millisecond; ; wait *= 2 {
+		resp, err = d.cfg.Gateway.SuspendRunner(ctx, &gatewayv1.SuspendRunnerRequest{
+			Input: prev, RunId: prevID, Reason: session.ReasonConfigChanged, ArchiveState: true})
+		// The gateway may not have seen this run detach yet.
+		if err == nil || failure.CodeOf(err) != "native_session_supervisor_busy" || wait > 2*time.Second {
+			break
+		}
+		select {
+		case <-time.After(wait):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	if failure.CodeOf(err) == "runner_harness_backup_unavailable" {
+		log.Warn("no backup verifier behind the gateway; replacing the warm session on its local state", "err", err)
+		d.mu.Lock()
+		d.localReplace[c.RunID] = true
+		d.mu.Unlock()
+		return failure.New(codes.Unavailable, "warm_session_replaced", "%s; re-attaching", CloseReasonConfigChanged)
+	}
+	if err != nil {
+		return err
+	}
+	if evs := resp.GetEvents(); len(evs) > 0 {
+		// What the runner emitted while suspending is filed under the run
+		// it was serving.
+		if _, err := d.store.AppendEvents(ctx, store.Fence{}, evs); err != nil {
+			log.Warn("filing the suspension's events", "events", len(evs), "err", err)
+		}
+	}
+	cp, err := d.store.RecordCheckpoint(ctx, store.CheckpointRecord{
+		Scope: scope.OfRun(c.RunID, c.Input), CompanyID: c.Input.GetBinding().GetCompanyId(),
+		SessionID: c.Input.GetSession().GetNormalizedSessionId(), LastRunID: c.RunID,
+		GatewayScope: resp.GetSessionScope(), Stamp: resp.GetStamp(),
+		CheckpointID: resp.GetCheckpoint().GetCheckpointId(), ManifestDigest: resp.GetCheckpoint().GetManifestDigest(),
+		LeaseID: resp.GetLeaseId(), RunnerInstanceID: resp.GetRunnerInstanceId(), ProviderThreadID: resp.GetProviderThreadId(),
+		Reason: session.ReasonConfigChanged,
+	})
+	if err != nil {
+		return err
+	}
+	if err := d.store.AppendControlEvent(ctx, c.Fence, "session.closed", map[string]any{
+		"reason": CloseReasonConfigChanged, "checkpointId": cp.GetCheckpointId(), "previousRunId": prevID,
+		"providerThreadId": resp.GetProviderThreadId(),
+	}); err != nil {
+		return err
+	}
+	d.mu.Lock()
+	d.replaced[c.RunID] = true
+	d.mu.Unlock()
+	log.Info("warm session checkpointed for its replacement", "checkpoint_id", cp.GetCheckpointId(), "provider_thread_id", resp.GetProviderThreadId())
+	return failure.New(codes.Unavailable, "warm_session_replaced", "%s; re-attaching to restore checkpoint %s", CloseReasonConfigChanged, cp.GetCheckpointId())
 }
 
 // closeForReplacement closes the live provider session (the runner stops it

@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -10,10 +11,12 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/tether-run/tether/pkg/failure"
+	backupv1 "github.com/tether-run/tether/pkg/gen/tether/backup/v1"
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
 	gatewayv1 "github.com/tether-run/tether/pkg/gen/tether/gateway/v1"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/grpcx"
+	"github.com/tether-run/tether/pkg/scope"
 	"github.com/tether-run/tether/services/executor/internal/stack"
 )
 
@@ -89,8 +92,13 @@ func TestE8_ARuntimeRequestIsResolvedOnceThroughTheExecutor(t *testing.T) {
 	require.Zero(t, countLines(t, h.st.CallLog(), "approval-response:decline"))
 }
 
-func TestE10_AConfigurationChangeReplacesTheWarmProviderOnceAndKeepsTheConversation(t *testing.T) {
-	h := newHarness(t, stack.Options{})
+// configChange runs three runs of one warm session, the third with another
+// model, and checks what holds with or without a backup: one replacement
+// provider that resumed the same thread with the whole conversation, and
+// one session.closed event with the E10 reason. It returns that event's
+// payload and the scope's state root.
+func configChange(t *testing.T, h *harness) (map[string]any, string) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	submit := func(id, model, prompt string) {
@@ -110,15 +118,47 @@ func TestE10_AConfigurationChangeReplacesTheWarmProviderOnceAndKeepsTheConversat
 	require.Equal(t, 2, countLines(t, h.st.CallLog(), "process-start"), "exactly one replacement provider")
 	require.Equal(t, 1, countLines(t, h.st.CallLog(), "thread/resume"), "the replacement resumed the same thread")
 	require.Contains(t, h.get("cfg-3").GetResult().GetFinalMessage(), "4 earlier messages", "the conversation survived")
-	closed := 0
+	var closed []map[string]any
 	for _, m := range last {
 		if m.GetEvent().GetEventType() == "session.closed" {
-			closed++
-			require.Equal(t, "warm native session configuration changed", m.GetEvent().GetPayload().AsMap()["reason"])
+			closed = append(closed, m.GetEvent().GetPayload().AsMap())
 		}
 	}
-	require.Equal(t, 1, closed)
+	require.Len(t, closed, 1)
+	require.Equal(t, "warm native session configuration changed", closed[0]["reason"])
 	require.NotEqual(t, h.get("cfg-2").GetRunnerProcess().GetPid(), h.get("cfg-3").GetRunnerProcess().GetPid())
+	in := h.submitInput("config", "")
+	return closed[0], filepath.Join(h.st.RunnerStateRoot(), scope.OfRun("cfg-3", in))
+}
+
+func TestE10_AConfigurationChangeReplacesTheWarmProviderOnceAndKeepsTheConversationThroughTheBackup(t *testing.T) {
+	h := newHarness(t, stack.Options{})
+	closed, root := configChange(t, h)
+	// The old session was suspended and checkpointed; its local state was
+	// archived, and the replacement runner was restored from the stamped
+	// backup.
+	cpID, _ := closed["checkpointId"].(string)
+	require.NotEmpty(t, cpID, "the close went through a checkpoint")
+	require.Equal(t, "cfg-2", closed["previousRunId"])
+	deep, err := h.backupClient().VerifyBackup(context.Background(), &backupv1.VerifyBackupRequest{
+		Selector: &backupv1.VerifyBackupRequest_CheckpointId{CheckpointId: cpID}, Mode: backupv1.VerifyMode_VERIFY_MODE_DEEP})
+	require.NoError(t, err)
+	require.True(t, deep.GetValid(), deep.GetReason())
+	require.Equal(t, closed["providerThreadId"], deep.GetCheckpoint().GetManifest().GetProviderSessionIdentity().GetProviderSessionId())
+	breaks, err := os.ReadDir(filepath.Join(root, "continuity-breaks"))
+	require.NoError(t, err)
+	require.Len(t, breaks, 1, "the replaced session's local state was archived, not resumed")
+	gwLog, err := os.ReadFile(h.st.LogPath("runnergw"))
+	require.NoError(t, err)
+	require.Contains(t, string(gwLog), "runner state restored from a stamped checkpoint")
+}
+
+func TestE10_WithoutABackupVerifierAConfigurationChangeReplacesTheProviderOnItsLocalState(t *testing.T) {
+	h := newHarnessWith(t, stack.Options{}, "runnergw", "executor")
+	closed, root := configChange(t, h)
+	require.Empty(t, closed["checkpointId"])
+	_, err := os.Stat(filepath.Join(root, "continuity-breaks"))
+	require.True(t, os.IsNotExist(err), "nothing was archived")
 }
 
 func TestE10_EqualSessionIDsInDifferentCompaniesGetTwoRootsAndTwoProcesses(t *testing.T) {

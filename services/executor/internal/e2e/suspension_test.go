@@ -103,7 +103,7 @@ func TestR5_IdleCloseIsAVerifiedSuspensionAndANewRunnerRestoresTheStampedBackup(
 	require.Equal(t, cp.GetManifestDigest(), st.GetManifestDigest())
 
 	// The runner stopped its provider, wrote lifecycle suspended and exited.
-	stateDir := filepath.Join(h.st.RunnerStateRoot(), gwScope, "runnerd")
+	stateDir := filepath.Join(h.st.RunnerStateRoot(), gwScope)
 	rs, ok := readRunnerState(t, stateDir)
 	require.True(t, ok)
 	require.Equal(t, "suspended", rs.Lifecycle)
@@ -166,7 +166,7 @@ func TestR5_ATamperedOrUnstampedBackupIsRefusedAndNothingIsRestored(t *testing.T
 	h.submitIdle(ctx, "t5-1", "tamper", "first")
 	first := h.waitState(ctx, h.client, "t5-1", executorv1.RunState_RUN_STATE_SUCCEEDED)
 	_, cp := h.waitCheckpoint(ctx, "tamper", "")
-	stateDir := filepath.Join(h.st.RunnerStateRoot(), cp.GetStamp().GetSessionScope(), "runnerd")
+	stateDir := filepath.Join(h.st.RunnerStateRoot(), cp.GetStamp().GetSessionScope())
 	require.NoError(t, os.RemoveAll(stateDir))
 
 	requireRefused := func(runID, reason string) {
@@ -253,7 +253,7 @@ func TestR5_CloseSessionWithSuspendRecordsAStampedCheckpoint(t *testing.T) {
 	vr, err := h.backupClient().VerifyStamp(ctx, &backupv1.VerifyStampRequest{Stamp: cp.GetStamp(), LeaseId: cp.GetLeaseId()})
 	require.NoError(t, err)
 	require.True(t, vr.GetValid(), vr.GetReason())
-	rs, ok := readRunnerState(t, filepath.Join(h.st.RunnerStateRoot(), cp.GetStamp().GetSessionScope(), "runnerd"))
+	rs, ok := readRunnerState(t, filepath.Join(h.st.RunnerStateRoot(), cp.GetStamp().GetSessionScope()))
 	require.True(t, ok)
 	require.Equal(t, "suspended", rs.Lifecycle)
 	sess, err := h.client.GetSession(ctx, &executorv1.GetSessionRequest{CompanyId: "acme", NormalizedSessionId: "close-suspend"})

@@ -159,6 +159,9 @@ func (s *Stack) SetExtraArgs(name string, args ...string) {
 // per method).
 func (s *Stack) CallLog() string { return filepath.Join(s.opts.Dir, "fake-codex-calls.log") }
 
+// LogPath is the log file of the named process.
+func (s *Stack) LogPath(name string) string { return filepath.Join(s.opts.Dir, "logs", name+".log") }
+
 // BlobDir is where the backup verifier stores checkpoint archives.
 func (s *Stack) BlobDir() string { return filepath.Join(s.opts.Dir, "backup-blobs") }
 

@@ -125,7 +125,7 @@ func (s *Suspender) Suspend(ctx context.Context, sc, lastRunID string, in *prpv1
 	}
 	cctx, cancel := context.WithTimeout(ctx, s.ClaimTTL)
 	defer cancel()
-	resp, err := s.Gateway.SuspendRunner(cctx, &gatewayv1.SuspendRunnerRequest{Input: in, Reason: reason})
+	resp, err := s.Gateway.SuspendRunner(cctx, &gatewayv1.SuspendRunnerRequest{Input: in, RunId: lastRunID, Reason: reason})
 	if err != nil {
 		state := store.SuspensionFailed
 		if failure.CodeOf(err) == "runner_state_missing" {

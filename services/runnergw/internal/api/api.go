@@ -39,3 +39,8 @@ func (s *Server) GetRunner(_ context.Context, req *gatewayv1.GetRunnerRequest) (
 func (s *Server) SuspendRunner(ctx context.Context, req *gatewayv1.SuspendRunnerRequest) (*gatewayv1.SuspendRunnerResponse, error) {
 	return s.Gateway.SuspendRunner(ctx, req)
 }
+
+// CloseRunner closes a scope's live runner.
+func (s *Server) CloseRunner(ctx context.Context, req *gatewayv1.CloseRunnerRequest) (*gatewayv1.CloseRunnerResponse, error) {
+	return s.Gateway.CloseRunner(ctx, req)
+}

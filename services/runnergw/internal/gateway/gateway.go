@@ -24,15 +24,23 @@ import (
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/prp"
 	"github.com/tether-run/tether/pkg/scope"
+	"github.com/tether-run/tether/pkg/scope/durable"
 )
+
+// ReasonAuthorityRotated is logged when a run takes over a live warm
+// runner from an earlier run (SPEC E10).
+const ReasonAuthorityRotated = "warm native session authority epoch rotated"
 
 // ConnectPath is the WebSocket path runners dial.
 const ConnectPath = "/v1/runners/connect"
 
 // Config configures a Gateway.
 type Config struct {
-	// StateRoot holds one directory per session scope (runnerd state,
-	// default workspace, runnerd.log).
+	// StateRoot is the durable state base: one root per session scope,
+	// named by the scope's sha256 (SPEC E13), holding control-plane/ (the
+	// run authority), runner/ and codex-home/ (runnerd's --state-dir is the
+	// root), runnerd.log and the default workspace; quarantined roots go to
+	// quarantine/.
 	StateRoot string
 	// ConnectURL is the ws:// URL launched dial_ws_loopback runners dial
 	// (loopback only).
@@ -87,6 +95,9 @@ type Config struct {
 type Gateway struct {
 	cfg Config
 	log *slog.Logger
+
+	// epochs are the tool authority epochs per session scope.
+	epochs durable.Epochs
 
 	mu      sync.Mutex
 	runners map[string]*runner // by session scope
@@ -195,16 +206,23 @@ func (g *Gateway) fence(runID string, attempt uint64) error {
 	return nil
 }
 
+// stateDir is the scope's durable root: runnerd's --state-dir.
 func (g *Gateway) stateDir(sc string) string { return filepath.Join(g.cfg.StateRoot, sc) }
 
 // ensureRunner returns the live runner of the scope, adopting one that is
-// still running from an earlier gateway or launching a new runnerd.
-func (g *Gateway) ensureRunner(ctx context.Context, sc string, in *prpv1.ExecutionInput, mode string) (*runner, bool, error) {
+// still running from an earlier gateway or launching a new runnerd. A launch
+// for a run (runID set) goes through the E13 authority first: the scope's
+// durable root must be this run's, or a verified prior run's (prior are the
+// executor's records), else nothing is launched. A launch without a run (a
+// suspension waking a stopped runner on its own state) resumes the identity
+// the state names. prep is the authority's answer for a launch, nil
+// otherwise.
+func (g *Gateway) ensureRunner(ctx context.Context, sc string, in *prpv1.ExecutionInput, mode, runID string, prior []*gatewayv1.PriorRun) (_ *runner, reused bool, prep *durable.Prepared, _ error) {
 	r := g.runnerFor(sc)
 	r.mu.Lock()
 	if r.conn != nil {
 		r.mu.Unlock()
-		return r, true, nil
+		return r, true, nil, nil
 	}
 	wait := r.connected
 	if c := r.child; c != nil {
@@ -216,29 +234,38 @@ func (g *Gateway) ensureRunner(ctx context.Context, sc string, in *prpv1.Executi
 	}
 	if r.child == nil {
 		dir := g.stateDir(sc)
-		inst, proc := persistedIdentity(filepath.Join(dir, "runnerd"))
+		inst, proc := persistedIdentity(dir)
 		if !processAlive(proc) {
-			if inst == "" {
-				inst = randomID("runner-")
+			spec := launchSpec{stateDir: dir, instanceID: inst, mode: mode, leaseID: LeaseFor(sc),
+				sessionID: in.GetSession().GetNormalizedSessionId(), scope: sc, workspace: in.GetWorkspace().GetCwd()}
+			if runID != "" {
+				plan, p, err := g.launchAuthority(ctx, sc, runID, in, prior)
+				if err != nil {
+					r.mu.Unlock()
+					return nil, false, nil, err
+				}
+				prep = p
+				spec.instanceID, spec.leaseID = plan.Identity.RunnerInstanceID, plan.Identity.EnvironmentLeaseID
+				spec.sessionID, spec.workspace = plan.Identity.NormalizedSessionID, plan.WorkspaceCwd
 			}
-			ticket, err := g.cfg.Authority.MintTicket(inst, sc, g.cfg.ConnectTimeout+time.Minute)
+			if spec.instanceID == "" {
+				spec.instanceID = randomID("runner-")
+			}
+			if spec.workspace == "" {
+				spec.workspace = filepath.Join(dir, "workspace")
+			}
+			ticket, err := g.cfg.Authority.MintTicket(spec.instanceID, sc, g.cfg.ConnectTimeout+time.Minute)
 			if err != nil {
 				r.mu.Unlock()
-				return nil, false, err
+				return nil, false, nil, err
 			}
-			ws := in.GetWorkspace().GetCwd()
-			if ws == "" {
-				ws = filepath.Join(dir, "workspace")
-			}
-			spec := launchSpec{
-				stateDir: filepath.Join(dir, "runnerd"), workspace: ws, instanceID: inst, mode: mode,
-				leaseID: LeaseFor(sc), sessionID: in.GetSession().GetNormalizedSessionId(), scope: sc, ticket: ticket,
-			}
+			spec.ticket = ticket
 			child, err := g.launch(&spec)
 			if err != nil {
 				r.mu.Unlock()
-				return nil, false, err
+				return nil, false, nil, err
 			}
+			inst = spec.instanceID
 			r.child = child
 			r.instanceID = inst
 			go func() {
@@ -274,12 +301,12 @@ func (g *Gateway) ensureRunner(ctx context.Context, sc string, in *prpv1.Executi
 	defer t.Stop()
 	select {
 	case <-wait:
-		return r, false, nil
+		return r, false, prep, nil
 	case <-t.C:
-		return nil, false, failure.New(codes.Unavailable, "runner_local_connect_failed",
+		return nil, false, nil, failure.New(codes.Unavailable, "runner_local_connect_failed",
 			"no runner connected for session scope %s within %s", sc, g.cfg.ConnectTimeout)
 	case <-ctx.Done():
-		return nil, false, failure.ToStatus(ctx.Err())
+		return nil, false, nil, failure.ToStatus(ctx.Err())
 	}
 }
 
@@ -308,7 +335,7 @@ func (g *Gateway) Attach(stream gatewayv1.RunnerGateway_AttachServer) error {
 	if err := g.fence(runID, attempt); err != nil {
 		return err
 	}
-	sc := scope.Of(open.GetInput())
+	sc := scope.OfRun(runID, open.GetInput())
 	log := g.log.With("run_id", runID, "attempt", attempt, "session_scope", sc)
 	// A suspension of the scope in progress finishes first; the runner then
 	// comes back on its suspended state.
@@ -317,15 +344,16 @@ func (g *Gateway) Attach(stream gatewayv1.RunnerGateway_AttachServer) error {
 		return err
 	}
 	if spec := open.GetRestore(); spec != nil && g.needsRestore(g.runnerFor(sc), sc) {
-		if err := g.restore(ctx, g.runnerFor(sc), sc, spec); err != nil {
+		if err := g.restore(ctx, g.runnerFor(sc), sc, runID, spec); err != nil {
 			release()
 			log.Warn("restore refused", "checkpoint_id", spec.GetCheckpointId(), "err", err)
 			return err
 		}
 	}
-	r, reused, err := g.ensureRunner(ctx, sc, open.GetInput(), mode)
+	r, reused, prep, err := g.ensureRunner(ctx, sc, open.GetInput(), mode, runID, open.GetPriorRuns())
 	release()
 	if err != nil {
+		log.Warn("runner not started", "code", failure.CodeOf(err), "err", err)
 		return err
 	}
 	att := &attachment{runID: runID, attempt: attempt, out: make(chan *gatewayv1.AttachResponse, 64), done: make(chan struct{})}
@@ -343,6 +371,29 @@ func (g *Gateway) Attach(stream gatewayv1.RunnerGateway_AttachServer) error {
 	opened := &gatewayv1.Opened{
 		RunnerInstanceId: r.instanceID, Build: g.cfg.Build, Reused: reused,
 		RunnerAckedSeq: r.ackedSeq, Lifecycle: r.lifecycle,
+	}
+	// This run now holds the scope's run authority: the control plane names
+	// it, and a new tool authority epoch revokes the previous run's.
+	prev, err := g.bindRun(sc, runID, open.GetInput().GetSession().GetNormalizedSessionId(), r.instanceID)
+	if err != nil {
+		r.att = nil
+		r.mu.Unlock()
+		return err
+	}
+	if prep != nil {
+		opened.DurableSource = string(prep.Source)
+		if b := prep.Binding; b != nil && b.RunID != runID {
+			prev = b.RunID
+		}
+	}
+	opened.PreviousRunId = prev
+	opened.ToolAuthorityEpoch = g.epochs.Begin(sc, durable.ToolBinding{
+		CompanyID: open.GetInput().GetBinding().GetCompanyId(), IssueID: open.GetInput().GetBinding().GetIssueId(),
+		RunID: runID, AgentID: open.GetInput().GetBinding().GetAgentId(),
+		NormalizedSessionID: open.GetInput().GetSession().GetNormalizedSessionId(),
+	}).Epoch()
+	if reused && prev != "" {
+		log.Info(ReasonAuthorityRotated, "previous_run_id", prev, "tool_authority_epoch", opened.ToolAuthorityEpoch)
 	}
 	if r.hello != nil {
 		opened.RunnerProcess = r.hello.GetRunnerProcess()
@@ -722,7 +773,7 @@ func (g *Gateway) Close() {
 			}
 			// A provider host whose runnerd died (and was not restarted)
 			// would wait for it until its detach timeout: stop it too.
-			stopOrphanProviderHost(filepath.Join(g.stateDir(r.scope), "runnerd"))
+			stopOrphanProviderHost(g.stateDir(r.scope))
 		}()
 	}
 	wg.Wait()

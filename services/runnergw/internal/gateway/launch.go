@@ -174,7 +174,7 @@ func (g *Gateway) launch(spec *launchSpec) (*launched, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := writeLaunchRecord(filepath.Dir(spec.stateDir), launchRecord{Mode: spec.mode, ListenURL: spec.listenURL}); err != nil {
+	if err := writeLaunchRecord(spec.stateDir, launchRecord{Mode: spec.mode, ListenURL: spec.listenURL}); err != nil {
 		return nil, failure.Wrap(err, codes.Internal, "runner_local_connect_failed", "writing the launch record: %v", err)
 	}
 	args = append(args,

@@ -321,7 +321,7 @@ func TestR6_DialWSSOverTLSRunsATurnEndToEnd(t *testing.T) {
 	requireSucceeded(t, evs)
 	r := rl.runner(scope.Of(in))
 	require.Equal(t, gatewayv1.TransportMode_TRANSPORT_MODE_DIAL_WSS, r.GetMode(), "the runner came in over the TLS listener")
-	b, err := os.ReadFile(filepath.Join(rl.cfg.StateRoot, scope.Of(in), "runnerd", "runnerd.log"))
+	b, err := os.ReadFile(filepath.Join(rl.cfg.StateRoot, scope.Of(in), "runnerd.log"))
 	require.NoError(t, err)
 	require.Contains(t, string(b), "wss://", "runnerd dialed the public TLS URL")
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/tether-run/tether/pkg/failure"
 	backupv1 "github.com/tether-run/tether/pkg/gen/tether/backup/v1"
 	gatewayv1 "github.com/tether-run/tether/pkg/gen/tether/gateway/v1"
+	"github.com/tether-run/tether/pkg/scope/durable"
 )
 
 // needsRestore reports whether the scope has neither a live runner nor
@@ -25,7 +26,7 @@ func (g *Gateway) needsRestore(r *runner, sc string) bool {
 	if live {
 		return false
 	}
-	_, err := os.Lstat(runnerStatePath(filepath.Join(g.stateDir(sc), "runnerd")))
+	_, err := os.Lstat(runnerStatePath(g.stateDir(sc)))
 	return errors.Is(err, os.ErrNotExist)
 }
 
@@ -34,12 +35,12 @@ func unverified(format string, args ...any) error {
 }
 
 // restore puts the stamped checkpoint of spec in place as the scope's
-// runnerd state dir: the stamp must verify for the scope's lease (checked
+// runner state and provider home for run runID: the stamp must verify for the scope's lease (checked
 // by the verifier, which re-hashes the stored backup), the downloaded
 // archive is checked entry by entry into a private staging directory, the
 // restored runner identity must equal the manifest's, and only then is the
 // staged tree renamed into place. Any refusal leaves nothing behind.
-func (g *Gateway) restore(ctx context.Context, r *runner, sc string, spec *gatewayv1.RestoreSpec) error {
+func (g *Gateway) restore(ctx context.Context, r *runner, sc, runID string, spec *gatewayv1.RestoreSpec) error {
 	if g.cfg.Backup == nil {
 		return failure.New(codes.FailedPrecondition, CodeBackupUnavailable, "a restore needs a backup verifier (-backup-addr)")
 	}
@@ -85,10 +86,16 @@ func (g *Gateway) restore(ctx context.Context, r *runner, sc string, spec *gatew
 	}
 
 	scopeDir := g.stateDir(sc)
-	if err := os.MkdirAll(scopeDir, 0o700); err != nil {
+	if fi, err := os.Lstat(scopeDir); err == nil && (fi.Mode()&os.ModeSymlink != 0 || !fi.IsDir()) {
+		return failure.New(codes.FailedPrecondition, durable.CodeDirectoryUnsafe,
+			"durable state root %s is a symlink or not a directory; it is left untouched", scopeDir)
+	}
+	// Stage beside the scope roots: a refused restore leaves nothing in
+	// the scope.
+	if err := os.MkdirAll(g.cfg.StateRoot, 0o700); err != nil {
 		return failure.Wrap(err, codes.Internal, archive.CodeRestoreFailed, "%v", err)
 	}
-	stage, err := os.MkdirTemp(scopeDir, ".tether-checkpoint-")
+	stage, err := os.MkdirTemp(g.cfg.StateRoot, ".tether-checkpoint-")
 	if err != nil {
 		return failure.Wrap(err, codes.Internal, archive.CodeRestoreFailed, "%v", err)
 	}
@@ -158,20 +165,37 @@ func (g *Gateway) restore(ctx context.Context, r *runner, sc string, spec *gatew
 		return failure.New(codes.FailedPrecondition, CodeIdentityMismatch, "the checkpoint's runner is %q, not suspended", rs.Lifecycle)
 	}
 
-	// Swap the staged tree in. The target holds no runner state (checked
-	// under the scope's op lock), at most leftovers such as runnerd.log.
-	target := filepath.Join(scopeDir, "runnerd")
-	if _, err := os.Lstat(target); err == nil {
-		if err := os.Rename(target, filepath.Join(stage, "previous")); err != nil {
-			return failure.Wrap(err, codes.Internal, archive.CodeRestoreFailed, "%v", err)
-		}
+	if err := os.MkdirAll(scopeDir, 0o700); err != nil {
+		return failure.Wrap(err, codes.Internal, archive.CodeRestoreFailed, "%v", err)
 	}
-	if err := os.Rename(payload, target); err != nil {
-		return failure.Wrap(err, codes.Internal, archive.CodeRestoreFailed, "swapping the restored state into place: %v", err)
+	// Swap the staged directories in: the provider home first, the runner
+	// state (whose presence marks the scope as having state) last. The
+	// scope holds no runner state (checked under the scope's op lock); any
+	// leftover provider home is moved aside into the staging directory.
+	for _, d := range []string{"codex-home", durable.RunnerDir} {
+		target := filepath.Join(scopeDir, d)
+		if _, err := os.Lstat(target); err == nil {
+			if err := os.Rename(target, filepath.Join(stage, "previous-"+d)); err != nil {
+				return failure.Wrap(err, codes.Internal, archive.CodeRestoreFailed, "%v", err)
+			}
+		}
+		if err := os.Rename(filepath.Join(payload, d), target); err != nil {
+			return failure.Wrap(err, codes.Internal, archive.CodeRestoreFailed, "swapping the restored state into place: %v", err)
+		}
 	}
 	if d, err := os.Open(scopeDir); err == nil {
 		_ = d.Sync()
 		d.Close()
+	}
+	// A verified restore is the run's authority over the scope: the control
+	// plane names this run under the restored runner and lease.
+	restoredLease := rs.Identity.EnvironmentLeaseID
+	if restoredLease == "" {
+		restoredLease = lease
+	}
+	if err := durable.Bind(scopeDir, durable.Identity{RunID: runID, NormalizedSessionID: rs.Identity.NormalizedSessionID,
+		RunnerInstanceID: rs.Identity.RunnerInstanceID, EnvironmentLeaseID: restoredLease}); err != nil {
+		return err
 	}
 	r.mu.Lock()
 	// The restored runner's cursors are its own, not those of whatever ran

@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -144,8 +145,8 @@ func (g *Gateway) SuspendRunner(ctx context.Context, req *gatewayv1.SuspendRunne
 	}
 	ctx, cancel := context.WithTimeout(ctx, suspendTimeout)
 	defer cancel()
-	sc := scope.Of(in)
-	dir := filepath.Join(g.stateDir(sc), "runnerd")
+	sc := scope.OfRun(req.GetRunId(), in)
+	dir := g.stateDir(sc)
 	log := g.log.With("session_scope", sc)
 	r := g.runnerFor(sc)
 	release, err := r.acquireOp(ctx)
@@ -182,7 +183,10 @@ func (g *Gateway) SuspendRunner(ctx context.Context, req *gatewayv1.SuspendRunne
 		// A live runner suspends itself; a runner that is not running (it
 		// stopped on its own idle timeout, or crashed) is launched on its
 		// state first: it starts no provider until a turn asks for one.
-		events, err = g.suspendLive(ctx, r, sc, in, reason)
+		if _, _, _, err := g.ensureRunner(ctx, sc, in, launchMode(g.stateDir(sc)), "", nil); err != nil {
+			return nil, err
+		}
+		events, err = g.controlCommand(ctx, r, sc, "runner.suspend", reason)
 		if err != nil {
 			return nil, err
 		}
@@ -207,6 +211,16 @@ func (g *Gateway) SuspendRunner(ctx context.Context, req *gatewayv1.SuspendRunne
 	if err != nil {
 		return nil, err
 	}
+	if req.GetArchiveState() {
+		// The next run continues from the stamped checkpoint, not from the
+		// local state (a configuration change goes through the backup).
+		dest, err := archiveState(dir)
+		if err != nil {
+			return nil, failure.Wrap(err, codes.Internal, "runner_continuity_break_archive_failed",
+				"moving the runner state of scope %s aside after checkpoint %s: %v", sc, receipt.GetCheckpoint().GetCheckpointId(), err)
+		}
+		log.Info("runner state archived; the next run restores the checkpoint", "archive", dest)
+	}
 	log.Info("runner suspended and checkpointed", "runner_instance_id", st.Identity.RunnerInstanceID,
 		"checkpoint_id", receipt.GetCheckpoint().GetCheckpointId(), "manifest_digest", receipt.GetCheckpoint().GetManifestDigest(),
 		"lease_id", lease, "provider_thread_id", st.ProviderThreadID)
@@ -217,19 +231,21 @@ func (g *Gateway) SuspendRunner(ctx context.Context, req *gatewayv1.SuspendRunne
 	}, nil
 }
 
-// suspendLive makes sure the scope's runner is connected (launching it on
-// its state when it is not running), sends runner.suspend under a control
-// attachment, acknowledges every event it emits, and waits for it to exit.
-// It returns the events the runner emitted meanwhile.
-func (g *Gateway) suspendLive(ctx context.Context, r *runner, sc string, in *prpv1.ExecutionInput, reason string) ([]*prpv1.Event, error) {
-	mode := readLaunchRecord(g.stateDir(sc)).Mode
-	if mode == "" {
-		mode = ModeDialWSLoopback
+// launchMode is the transport a scope's runner was last launched with.
+func launchMode(dir string) string {
+	if mode := readLaunchRecord(dir).Mode; mode != "" {
+		return mode
 	}
-	if _, _, err := g.ensureRunner(ctx, sc, in, mode); err != nil {
-		return nil, err
-	}
-	cmdID := randomID("suspend-")
+	return ModeDialWSLoopback
+}
+
+// controlCommand sends the connected runner of sc a control command (typ:
+// runner.suspend or session.close, both of which end with the runner
+// exiting) under a control attachment, acknowledges every event it emits,
+// and waits for the runner process to be gone. It returns the events the
+// runner emitted meanwhile.
+func (g *Gateway) controlCommand(ctx context.Context, r *runner, sc, typ, reason string) ([]*prpv1.Event, error) {
+	cmdID := randomID(strings.ReplaceAll(typ, ".", "-") + "-")
 	att := &attachment{runID: cmdID, out: make(chan *gatewayv1.AttachResponse, 64), done: make(chan struct{})}
 	r.mu.Lock()
 	if old := r.att; old != nil {
@@ -246,7 +262,7 @@ func (g *Gateway) suspendLive(ctx context.Context, r *runner, sc string, in *prp
 	proc := r.hello.GetRunnerProcess()
 	payload, _ := structpb.NewStruct(map[string]any{"reason": reason})
 	cmd := &prpv1.Command{Schema: "tether.prp.command.v1", CommandId: cmdID, ControllerSeq: r.lastCmdSeq + 1,
-		Type: "runner.suspend", IssuedAt: timestamppb.Now(), Payload: payload}
+		Type: typ, IssuedAt: timestamppb.Now(), Payload: payload}
 	err := writeRunner(conn, &prpv1.Frame{Kind: &prpv1.Frame_Replay{Replay: &prpv1.Replay{AfterSourceSeq: after}}})
 	if err == nil {
 		err = writeRunner(conn, &prpv1.Frame{Kind: &prpv1.Frame_Command{Command: cmd}})
@@ -264,7 +280,7 @@ func (g *Gateway) suspendLive(ctx context.Context, r *runner, sc string, in *prp
 		r.mu.Unlock()
 	}()
 	if err != nil {
-		return nil, failure.Wrap(err, codes.Unavailable, "runner_disconnected", "sending runner.suspend: %v", err)
+		return nil, failure.Wrap(err, codes.Unavailable, "runner_disconnected", "sending %s: %v", typ, err)
 	}
 
 	var events []*prpv1.Event
@@ -302,7 +318,10 @@ func (g *Gateway) suspendLive(ctx context.Context, r *runner, sc string, in *prp
 				answered = true
 				if res.GetStatus() != "completed" {
 					if res.GetCode() == "turn_already_active" {
-						return events, failure.New(codes.Aborted, CodeSupervisorBusy, "runner.suspend: %s", res.GetMessage())
+						return events, failure.New(codes.Aborted, CodeSupervisorBusy, "%s: %s", typ, res.GetMessage())
+					}
+					if typ != "runner.suspend" {
+						return events, failure.New(codes.FailedPrecondition, res.GetCode(), "%s: %s", typ, res.GetMessage())
 					}
 					return events, failure.New(codes.FailedPrecondition, CodeCloseUnrecoverable,
 						"provider_transport_failed: runner did not durably suspend before checkpoint (%s: %s)", res.GetCode(), res.GetMessage())
@@ -316,7 +335,7 @@ func (g *Gateway) suspendLive(ctx context.Context, r *runner, sc string, in *prp
 		}
 	}
 	if !answered {
-		g.log.Warn("runner went away before answering runner.suspend", "session_scope", sc)
+		g.log.Warn("runner went away before answering", "command", typ, "session_scope", sc)
 	}
 	// Wait for the process itself to be gone.
 	var exited <-chan struct{}
@@ -479,4 +498,40 @@ func uploadErr(sendErr, recvErr error) error {
 		return recvErr
 	}
 	return failure.Wrap(sendErr, codes.Unavailable, CodeBackupUnavailable, "backup verifier: %v", sendErr)
+}
+
+// CloseRunner closes the scope's connected runner with session.close (see
+// the RPC): the runner interrupts a turn in progress, stops its provider,
+// records its state as suspended and exits. A scope whose runner is not
+// connected answers closed=false and launches nothing.
+func (g *Gateway) CloseRunner(ctx context.Context, req *gatewayv1.CloseRunnerRequest) (*gatewayv1.CloseRunnerResponse, error) {
+	in := req.GetInput()
+	sc := scope.OfRun(req.GetRunId(), in)
+	ctx, cancel := context.WithTimeout(ctx, suspendTimeout)
+	defer cancel()
+	r := g.runnerFor(sc)
+	release, err := r.acquireOp(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	r.mu.Lock()
+	connected, inst := r.conn != nil, r.instanceID
+	r.mu.Unlock()
+	out := &gatewayv1.CloseRunnerResponse{SessionScope: sc, RunnerInstanceId: inst}
+	if !connected {
+		return out, nil
+	}
+	reason := req.GetReason()
+	if reason == "" {
+		reason = "session closed by request"
+	}
+	events, err := g.controlCommand(ctx, r, sc, "session.close", reason)
+	out.Events = events
+	if err != nil {
+		return nil, err
+	}
+	out.Closed = true
+	g.log.Info("runner closed", "session_scope", sc, "runner_instance_id", inst, "reason", reason)
+	return out, nil
 }

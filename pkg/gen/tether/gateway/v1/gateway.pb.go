@@ -81,6 +81,138 @@ func (TransportMode) EnumDescriptor() ([]byte, []int) {
 	return file_tether_gateway_v1_gateway_proto_rawDescGZIP(), []int{0}
 }
 
+// CloseRunnerRequest names the scope by a run's input, like Attach.
+type CloseRunnerRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Input         *v1.ExecutionInput     `protobuf:"bytes,1,opt,name=input,proto3" json:"input,omitempty"`
+	RunId         string                 `protobuf:"bytes,2,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	Reason        string                 `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CloseRunnerRequest) Reset() {
+	*x = CloseRunnerRequest{}
+	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CloseRunnerRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CloseRunnerRequest) ProtoMessage() {}
+
+func (x *CloseRunnerRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CloseRunnerRequest.ProtoReflect.Descriptor instead.
+func (*CloseRunnerRequest) Descriptor() ([]byte, []int) {
+	return file_tether_gateway_v1_gateway_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *CloseRunnerRequest) GetInput() *v1.ExecutionInput {
+	if x != nil {
+		return x.Input
+	}
+	return nil
+}
+
+func (x *CloseRunnerRequest) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+func (x *CloseRunnerRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+// CloseRunnerResponse says what was closed.
+type CloseRunnerResponse struct {
+	state            protoimpl.MessageState `protogen:"open.v1"`
+	SessionScope     string                 `protobuf:"bytes,1,opt,name=session_scope,json=sessionScope,proto3" json:"session_scope,omitempty"`
+	RunnerInstanceId string                 `protobuf:"bytes,2,opt,name=runner_instance_id,json=runnerInstanceId,proto3" json:"runner_instance_id,omitempty"`
+	Closed           bool                   `protobuf:"varint,3,opt,name=closed,proto3" json:"closed,omitempty"`
+	// Events the runner emitted while closing, acknowledged by the gateway;
+	// the caller files them under their runs.
+	Events        []*v1.Event `protobuf:"bytes,4,rep,name=events,proto3" json:"events,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CloseRunnerResponse) Reset() {
+	*x = CloseRunnerResponse{}
+	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CloseRunnerResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CloseRunnerResponse) ProtoMessage() {}
+
+func (x *CloseRunnerResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CloseRunnerResponse.ProtoReflect.Descriptor instead.
+func (*CloseRunnerResponse) Descriptor() ([]byte, []int) {
+	return file_tether_gateway_v1_gateway_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *CloseRunnerResponse) GetSessionScope() string {
+	if x != nil {
+		return x.SessionScope
+	}
+	return ""
+}
+
+func (x *CloseRunnerResponse) GetRunnerInstanceId() string {
+	if x != nil {
+		return x.RunnerInstanceId
+	}
+	return ""
+}
+
+func (x *CloseRunnerResponse) GetClosed() bool {
+	if x != nil {
+		return x.Closed
+	}
+	return false
+}
+
+func (x *CloseRunnerResponse) GetEvents() []*v1.Event {
+	if x != nil {
+		return x.Events
+	}
+	return nil
+}
+
 // FencingToken is the executor's lease on a run.
 type FencingToken struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -92,7 +224,7 @@ type FencingToken struct {
 
 func (x *FencingToken) Reset() {
 	*x = FencingToken{}
-	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[0]
+	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -104,7 +236,7 @@ func (x *FencingToken) String() string {
 func (*FencingToken) ProtoMessage() {}
 
 func (x *FencingToken) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[0]
+	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -117,7 +249,7 @@ func (x *FencingToken) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FencingToken.ProtoReflect.Descriptor instead.
 func (*FencingToken) Descriptor() ([]byte, []int) {
-	return file_tether_gateway_v1_gateway_proto_rawDescGZIP(), []int{0}
+	return file_tether_gateway_v1_gateway_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *FencingToken) GetOwner() string {
@@ -150,7 +282,7 @@ type RunnerTarget struct {
 
 func (x *RunnerTarget) Reset() {
 	*x = RunnerTarget{}
-	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[1]
+	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -162,7 +294,7 @@ func (x *RunnerTarget) String() string {
 func (*RunnerTarget) ProtoMessage() {}
 
 func (x *RunnerTarget) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[1]
+	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -175,7 +307,7 @@ func (x *RunnerTarget) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunnerTarget.ProtoReflect.Descriptor instead.
 func (*RunnerTarget) Descriptor() ([]byte, []int) {
-	return file_tether_gateway_v1_gateway_proto_rawDescGZIP(), []int{1}
+	return file_tether_gateway_v1_gateway_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *RunnerTarget) GetMode() TransportMode {
@@ -220,7 +352,7 @@ type Open struct {
 
 func (x *Open) Reset() {
 	*x = Open{}
-	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[2]
+	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -232,7 +364,7 @@ func (x *Open) String() string {
 func (*Open) ProtoMessage() {}
 
 func (x *Open) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[2]
+	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -245,7 +377,7 @@ func (x *Open) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Open.ProtoReflect.Descriptor instead.
 func (*Open) Descriptor() ([]byte, []int) {
-	return file_tether_gateway_v1_gateway_proto_rawDescGZIP(), []int{2}
+	return file_tether_gateway_v1_gateway_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Open) GetRunId() string {
@@ -306,7 +438,7 @@ type PriorRun struct {
 
 func (x *PriorRun) Reset() {
 	*x = PriorRun{}
-	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[3]
+	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -318,7 +450,7 @@ func (x *PriorRun) String() string {
 func (*PriorRun) ProtoMessage() {}
 
 func (x *PriorRun) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[3]
+	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -331,7 +463,7 @@ func (x *PriorRun) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PriorRun.ProtoReflect.Descriptor instead.
 func (*PriorRun) Descriptor() ([]byte, []int) {
-	return file_tether_gateway_v1_gateway_proto_rawDescGZIP(), []int{3}
+	return file_tether_gateway_v1_gateway_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *PriorRun) GetRunId() string {
@@ -375,7 +507,7 @@ type RestoreSpec struct {
 
 func (x *RestoreSpec) Reset() {
 	*x = RestoreSpec{}
-	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[4]
+	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -387,7 +519,7 @@ func (x *RestoreSpec) String() string {
 func (*RestoreSpec) ProtoMessage() {}
 
 func (x *RestoreSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[4]
+	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -400,7 +532,7 @@ func (x *RestoreSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestoreSpec.ProtoReflect.Descriptor instead.
 func (*RestoreSpec) Descriptor() ([]byte, []int) {
-	return file_tether_gateway_v1_gateway_proto_rawDescGZIP(), []int{4}
+	return file_tether_gateway_v1_gateway_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *RestoreSpec) GetCheckpointId() string {
@@ -435,7 +567,7 @@ type Ack struct {
 
 func (x *Ack) Reset() {
 	*x = Ack{}
-	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[5]
+	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -447,7 +579,7 @@ func (x *Ack) String() string {
 func (*Ack) ProtoMessage() {}
 
 func (x *Ack) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[5]
+	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -460,7 +592,7 @@ func (x *Ack) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Ack.ProtoReflect.Descriptor instead.
 func (*Ack) Descriptor() ([]byte, []int) {
-	return file_tether_gateway_v1_gateway_proto_rawDescGZIP(), []int{5}
+	return file_tether_gateway_v1_gateway_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Ack) GetSourceInstanceId() string {
@@ -492,7 +624,7 @@ type AttachRequest struct {
 
 func (x *AttachRequest) Reset() {
 	*x = AttachRequest{}
-	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[6]
+	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -504,7 +636,7 @@ func (x *AttachRequest) String() string {
 func (*AttachRequest) ProtoMessage() {}
 
 func (x *AttachRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[6]
+	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -517,7 +649,7 @@ func (x *AttachRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttachRequest.ProtoReflect.Descriptor instead.
 func (*AttachRequest) Descriptor() ([]byte, []int) {
-	return file_tether_gateway_v1_gateway_proto_rawDescGZIP(), []int{6}
+	return file_tether_gateway_v1_gateway_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *AttachRequest) GetKind() isAttachRequest_Kind {
@@ -591,7 +723,7 @@ type BuildMetadata struct {
 
 func (x *BuildMetadata) Reset() {
 	*x = BuildMetadata{}
-	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[7]
+	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -603,7 +735,7 @@ func (x *BuildMetadata) String() string {
 func (*BuildMetadata) ProtoMessage() {}
 
 func (x *BuildMetadata) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[7]
+	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -616,7 +748,7 @@ func (x *BuildMetadata) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BuildMetadata.ProtoReflect.Descriptor instead.
 func (*BuildMetadata) Descriptor() ([]byte, []int) {
-	return file_tether_gateway_v1_gateway_proto_rawDescGZIP(), []int{7}
+	return file_tether_gateway_v1_gateway_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *BuildMetadata) GetSchema() string {
@@ -689,7 +821,7 @@ type Opened struct {
 
 func (x *Opened) Reset() {
 	*x = Opened{}
-	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[8]
+	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -701,7 +833,7 @@ func (x *Opened) String() string {
 func (*Opened) ProtoMessage() {}
 
 func (x *Opened) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[8]
+	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -714,7 +846,7 @@ func (x *Opened) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Opened.ProtoReflect.Descriptor instead.
 func (*Opened) Descriptor() ([]byte, []int) {
-	return file_tether_gateway_v1_gateway_proto_rawDescGZIP(), []int{8}
+	return file_tether_gateway_v1_gateway_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Opened) GetRunnerInstanceId() string {
@@ -798,7 +930,7 @@ type Closed struct {
 
 func (x *Closed) Reset() {
 	*x = Closed{}
-	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[9]
+	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -810,7 +942,7 @@ func (x *Closed) String() string {
 func (*Closed) ProtoMessage() {}
 
 func (x *Closed) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[9]
+	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -823,7 +955,7 @@ func (x *Closed) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Closed.ProtoReflect.Descriptor instead.
 func (*Closed) Descriptor() ([]byte, []int) {
-	return file_tether_gateway_v1_gateway_proto_rawDescGZIP(), []int{9}
+	return file_tether_gateway_v1_gateway_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Closed) GetCode() string {
@@ -856,7 +988,7 @@ type AttachResponse struct {
 
 func (x *AttachResponse) Reset() {
 	*x = AttachResponse{}
-	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[10]
+	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -868,7 +1000,7 @@ func (x *AttachResponse) String() string {
 func (*AttachResponse) ProtoMessage() {}
 
 func (x *AttachResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[10]
+	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -881,7 +1013,7 @@ func (x *AttachResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttachResponse.ProtoReflect.Descriptor instead.
 func (*AttachResponse) Descriptor() ([]byte, []int) {
-	return file_tether_gateway_v1_gateway_proto_rawDescGZIP(), []int{10}
+	return file_tether_gateway_v1_gateway_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *AttachResponse) GetKind() isAttachResponse_Kind {
@@ -976,7 +1108,7 @@ type Runner struct {
 
 func (x *Runner) Reset() {
 	*x = Runner{}
-	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[11]
+	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -988,7 +1120,7 @@ func (x *Runner) String() string {
 func (*Runner) ProtoMessage() {}
 
 func (x *Runner) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[11]
+	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1001,7 +1133,7 @@ func (x *Runner) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Runner.ProtoReflect.Descriptor instead.
 func (*Runner) Descriptor() ([]byte, []int) {
-	return file_tether_gateway_v1_gateway_proto_rawDescGZIP(), []int{11}
+	return file_tether_gateway_v1_gateway_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *Runner) GetRunnerInstanceId() string {
@@ -1097,7 +1229,7 @@ type ListRunnersRequest struct {
 
 func (x *ListRunnersRequest) Reset() {
 	*x = ListRunnersRequest{}
-	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[12]
+	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1109,7 +1241,7 @@ func (x *ListRunnersRequest) String() string {
 func (*ListRunnersRequest) ProtoMessage() {}
 
 func (x *ListRunnersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[12]
+	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1122,7 +1254,7 @@ func (x *ListRunnersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRunnersRequest.ProtoReflect.Descriptor instead.
 func (*ListRunnersRequest) Descriptor() ([]byte, []int) {
-	return file_tether_gateway_v1_gateway_proto_rawDescGZIP(), []int{12}
+	return file_tether_gateway_v1_gateway_proto_rawDescGZIP(), []int{14}
 }
 
 // ListRunnersResponse lists runners.
@@ -1135,7 +1267,7 @@ type ListRunnersResponse struct {
 
 func (x *ListRunnersResponse) Reset() {
 	*x = ListRunnersResponse{}
-	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[13]
+	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1147,7 +1279,7 @@ func (x *ListRunnersResponse) String() string {
 func (*ListRunnersResponse) ProtoMessage() {}
 
 func (x *ListRunnersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[13]
+	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1160,7 +1292,7 @@ func (x *ListRunnersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRunnersResponse.ProtoReflect.Descriptor instead.
 func (*ListRunnersResponse) Descriptor() ([]byte, []int) {
-	return file_tether_gateway_v1_gateway_proto_rawDescGZIP(), []int{13}
+	return file_tether_gateway_v1_gateway_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ListRunnersResponse) GetRunners() []*Runner {
@@ -1180,7 +1312,7 @@ type GetRunnerRequest struct {
 
 func (x *GetRunnerRequest) Reset() {
 	*x = GetRunnerRequest{}
-	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[14]
+	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1192,7 +1324,7 @@ func (x *GetRunnerRequest) String() string {
 func (*GetRunnerRequest) ProtoMessage() {}
 
 func (x *GetRunnerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[14]
+	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1205,7 +1337,7 @@ func (x *GetRunnerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRunnerRequest.ProtoReflect.Descriptor instead.
 func (*GetRunnerRequest) Descriptor() ([]byte, []int) {
-	return file_tether_gateway_v1_gateway_proto_rawDescGZIP(), []int{14}
+	return file_tether_gateway_v1_gateway_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *GetRunnerRequest) GetRunnerInstanceId() string {
@@ -1225,7 +1357,7 @@ type GetRunnerResponse struct {
 
 func (x *GetRunnerResponse) Reset() {
 	*x = GetRunnerResponse{}
-	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[15]
+	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1237,7 +1369,7 @@ func (x *GetRunnerResponse) String() string {
 func (*GetRunnerResponse) ProtoMessage() {}
 
 func (x *GetRunnerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[15]
+	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1250,7 +1382,7 @@ func (x *GetRunnerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRunnerResponse.ProtoReflect.Descriptor instead.
 func (*GetRunnerResponse) Descriptor() ([]byte, []int) {
-	return file_tether_gateway_v1_gateway_proto_rawDescGZIP(), []int{15}
+	return file_tether_gateway_v1_gateway_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *GetRunnerResponse) GetRunner() *Runner {
@@ -1284,7 +1416,7 @@ type SuspendRunnerRequest struct {
 
 func (x *SuspendRunnerRequest) Reset() {
 	*x = SuspendRunnerRequest{}
-	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[16]
+	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1296,7 +1428,7 @@ func (x *SuspendRunnerRequest) String() string {
 func (*SuspendRunnerRequest) ProtoMessage() {}
 
 func (x *SuspendRunnerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[16]
+	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1309,7 +1441,7 @@ func (x *SuspendRunnerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SuspendRunnerRequest.ProtoReflect.Descriptor instead.
 func (*SuspendRunnerRequest) Descriptor() ([]byte, []int) {
-	return file_tether_gateway_v1_gateway_proto_rawDescGZIP(), []int{16}
+	return file_tether_gateway_v1_gateway_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *SuspendRunnerRequest) GetInput() *v1.ExecutionInput {
@@ -1366,7 +1498,7 @@ type SuspendRunnerResponse struct {
 
 func (x *SuspendRunnerResponse) Reset() {
 	*x = SuspendRunnerResponse{}
-	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[17]
+	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1378,7 +1510,7 @@ func (x *SuspendRunnerResponse) String() string {
 func (*SuspendRunnerResponse) ProtoMessage() {}
 
 func (x *SuspendRunnerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[17]
+	mi := &file_tether_gateway_v1_gateway_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1391,7 +1523,7 @@ func (x *SuspendRunnerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SuspendRunnerResponse.ProtoReflect.Descriptor instead.
 func (*SuspendRunnerResponse) Descriptor() ([]byte, []int) {
-	return file_tether_gateway_v1_gateway_proto_rawDescGZIP(), []int{17}
+	return file_tether_gateway_v1_gateway_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *SuspendRunnerResponse) GetSessionScope() string {
@@ -1447,7 +1579,16 @@ var File_tether_gateway_v1_gateway_proto protoreflect.FileDescriptor
 
 const file_tether_gateway_v1_gateway_proto_rawDesc = "" +
 	"\n" +
-	"\x1ftether/gateway/v1/gateway.proto\x12\x11tether.gateway.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1dtether/backup/v1/backup.proto\x1a\x19tether/prp/v1/event.proto\x1a\x1dtether/prp/v1/execution.proto\"P\n" +
+	"\x1ftether/gateway/v1/gateway.proto\x12\x11tether.gateway.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1dtether/backup/v1/backup.proto\x1a\x19tether/prp/v1/event.proto\x1a\x1dtether/prp/v1/execution.proto\"\x94\x01\n" +
+	"\x12CloseRunnerRequest\x12;\n" +
+	"\x05input\x18\x01 \x01(\v2\x1d.tether.prp.v1.ExecutionInputB\x06\xbaH\x03\xc8\x01\x01R\x05input\x12\x1f\n" +
+	"\x06run_id\x18\x02 \x01(\tB\b\xbaH\x05r\x03\x18\x80\x02R\x05runId\x12 \n" +
+	"\x06reason\x18\x03 \x01(\tB\b\xbaH\x05r\x03\x18\xd0\x0fR\x06reason\"\xae\x01\n" +
+	"\x13CloseRunnerResponse\x12#\n" +
+	"\rsession_scope\x18\x01 \x01(\tR\fsessionScope\x12,\n" +
+	"\x12runner_instance_id\x18\x02 \x01(\tR\x10runnerInstanceId\x12\x16\n" +
+	"\x06closed\x18\x03 \x01(\bR\x06closed\x12,\n" +
+	"\x06events\x18\x04 \x03(\v2\x14.tether.prp.v1.EventR\x06events\"P\n" +
 	"\fFencingToken\x12\x1d\n" +
 	"\x05owner\x18\x01 \x01(\tB\a\xbaH\x04r\x02\x10\x01R\x05owner\x12!\n" +
 	"\aattempt\x18\x02 \x01(\x04B\a\xbaH\x042\x02(\x01R\aattempt\"\x80\x01\n" +
@@ -1551,12 +1692,13 @@ const file_tether_gateway_v1_gateway_proto_rawDesc = "" +
 	"\x1aTRANSPORT_MODE_UNSPECIFIED\x10\x00\x12#\n" +
 	"\x1fTRANSPORT_MODE_DIAL_WS_LOOPBACK\x10\x01\x12\x1b\n" +
 	"\x17TRANSPORT_MODE_DIAL_WSS\x10\x02\x12\x1c\n" +
-	"\x18TRANSPORT_MODE_LISTEN_WS\x10\x032\xfc\x02\n" +
+	"\x18TRANSPORT_MODE_LISTEN_WS\x10\x032\xda\x03\n" +
 	"\rRunnerGateway\x12Q\n" +
 	"\x06Attach\x12 .tether.gateway.v1.AttachRequest\x1a!.tether.gateway.v1.AttachResponse(\x010\x01\x12\\\n" +
 	"\vListRunners\x12%.tether.gateway.v1.ListRunnersRequest\x1a&.tether.gateway.v1.ListRunnersResponse\x12V\n" +
 	"\tGetRunner\x12#.tether.gateway.v1.GetRunnerRequest\x1a$.tether.gateway.v1.GetRunnerResponse\x12b\n" +
-	"\rSuspendRunner\x12'.tether.gateway.v1.SuspendRunnerRequest\x1a(.tether.gateway.v1.SuspendRunnerResponseB\xcd\x01\n" +
+	"\rSuspendRunner\x12'.tether.gateway.v1.SuspendRunnerRequest\x1a(.tether.gateway.v1.SuspendRunnerResponse\x12\\\n" +
+	"\vCloseRunner\x12%.tether.gateway.v1.CloseRunnerRequest\x1a&.tether.gateway.v1.CloseRunnerResponseB\xcd\x01\n" +
 	"\x15com.tether.gateway.v1B\fGatewayProtoP\x01Z@github.com/tether-run/tether/pkg/gen/tether/gateway/v1;gatewayv1\xa2\x02\x03TGX\xaa\x02\x11Tether.Gateway.V1\xca\x02\x11Tether\\Gateway\\V1\xe2\x02\x1dTether\\Gateway\\V1\\GPBMetadata\xea\x02\x13Tether::Gateway::V1b\x06proto3"
 
 var (
@@ -1572,79 +1714,85 @@ func file_tether_gateway_v1_gateway_proto_rawDescGZIP() []byte {
 }
 
 var file_tether_gateway_v1_gateway_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_tether_gateway_v1_gateway_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
+var file_tether_gateway_v1_gateway_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
 var file_tether_gateway_v1_gateway_proto_goTypes = []any{
 	(TransportMode)(0),            // 0: tether.gateway.v1.TransportMode
-	(*FencingToken)(nil),          // 1: tether.gateway.v1.FencingToken
-	(*RunnerTarget)(nil),          // 2: tether.gateway.v1.RunnerTarget
-	(*Open)(nil),                  // 3: tether.gateway.v1.Open
-	(*PriorRun)(nil),              // 4: tether.gateway.v1.PriorRun
-	(*RestoreSpec)(nil),           // 5: tether.gateway.v1.RestoreSpec
-	(*Ack)(nil),                   // 6: tether.gateway.v1.Ack
-	(*AttachRequest)(nil),         // 7: tether.gateway.v1.AttachRequest
-	(*BuildMetadata)(nil),         // 8: tether.gateway.v1.BuildMetadata
-	(*Opened)(nil),                // 9: tether.gateway.v1.Opened
-	(*Closed)(nil),                // 10: tether.gateway.v1.Closed
-	(*AttachResponse)(nil),        // 11: tether.gateway.v1.AttachResponse
-	(*Runner)(nil),                // 12: tether.gateway.v1.Runner
-	(*ListRunnersRequest)(nil),    // 13: tether.gateway.v1.ListRunnersRequest
-	(*ListRunnersResponse)(nil),   // 14: tether.gateway.v1.ListRunnersResponse
-	(*GetRunnerRequest)(nil),      // 15: tether.gateway.v1.GetRunnerRequest
-	(*GetRunnerResponse)(nil),     // 16: tether.gateway.v1.GetRunnerResponse
-	(*SuspendRunnerRequest)(nil),  // 17: tether.gateway.v1.SuspendRunnerRequest
-	(*SuspendRunnerResponse)(nil), // 18: tether.gateway.v1.SuspendRunnerResponse
-	(*v1.ExecutionInput)(nil),     // 19: tether.prp.v1.ExecutionInput
-	(*v11.Stamp)(nil),             // 20: tether.backup.v1.Stamp
-	(*v1.Command)(nil),            // 21: tether.prp.v1.Command
-	(*v1.ProcessInfo)(nil),        // 22: tether.prp.v1.ProcessInfo
-	(*v1.EventBatch)(nil),         // 23: tether.prp.v1.EventBatch
-	(*v1.CommandResult)(nil),      // 24: tether.prp.v1.CommandResult
-	(*timestamppb.Timestamp)(nil), // 25: google.protobuf.Timestamp
-	(*v11.Checkpoint)(nil),        // 26: tether.backup.v1.Checkpoint
-	(*v1.Event)(nil),              // 27: tether.prp.v1.Event
+	(*CloseRunnerRequest)(nil),    // 1: tether.gateway.v1.CloseRunnerRequest
+	(*CloseRunnerResponse)(nil),   // 2: tether.gateway.v1.CloseRunnerResponse
+	(*FencingToken)(nil),          // 3: tether.gateway.v1.FencingToken
+	(*RunnerTarget)(nil),          // 4: tether.gateway.v1.RunnerTarget
+	(*Open)(nil),                  // 5: tether.gateway.v1.Open
+	(*PriorRun)(nil),              // 6: tether.gateway.v1.PriorRun
+	(*RestoreSpec)(nil),           // 7: tether.gateway.v1.RestoreSpec
+	(*Ack)(nil),                   // 8: tether.gateway.v1.Ack
+	(*AttachRequest)(nil),         // 9: tether.gateway.v1.AttachRequest
+	(*BuildMetadata)(nil),         // 10: tether.gateway.v1.BuildMetadata
+	(*Opened)(nil),                // 11: tether.gateway.v1.Opened
+	(*Closed)(nil),                // 12: tether.gateway.v1.Closed
+	(*AttachResponse)(nil),        // 13: tether.gateway.v1.AttachResponse
+	(*Runner)(nil),                // 14: tether.gateway.v1.Runner
+	(*ListRunnersRequest)(nil),    // 15: tether.gateway.v1.ListRunnersRequest
+	(*ListRunnersResponse)(nil),   // 16: tether.gateway.v1.ListRunnersResponse
+	(*GetRunnerRequest)(nil),      // 17: tether.gateway.v1.GetRunnerRequest
+	(*GetRunnerResponse)(nil),     // 18: tether.gateway.v1.GetRunnerResponse
+	(*SuspendRunnerRequest)(nil),  // 19: tether.gateway.v1.SuspendRunnerRequest
+	(*SuspendRunnerResponse)(nil), // 20: tether.gateway.v1.SuspendRunnerResponse
+	(*v1.ExecutionInput)(nil),     // 21: tether.prp.v1.ExecutionInput
+	(*v1.Event)(nil),              // 22: tether.prp.v1.Event
+	(*v11.Stamp)(nil),             // 23: tether.backup.v1.Stamp
+	(*v1.Command)(nil),            // 24: tether.prp.v1.Command
+	(*v1.ProcessInfo)(nil),        // 25: tether.prp.v1.ProcessInfo
+	(*v1.EventBatch)(nil),         // 26: tether.prp.v1.EventBatch
+	(*v1.CommandResult)(nil),      // 27: tether.prp.v1.CommandResult
+	(*timestamppb.Timestamp)(nil), // 28: google.protobuf.Timestamp
+	(*v11.Checkpoint)(nil),        // 29: tether.backup.v1.Checkpoint
 }
 var file_tether_gateway_v1_gateway_proto_depIdxs = []int32{
-	0,  // 0: tether.gateway.v1.RunnerTarget.mode:type_name -> tether.gateway.v1.TransportMode
-	1,  // 1: tether.gateway.v1.Open.fence:type_name -> tether.gateway.v1.FencingToken
-	2,  // 2: tether.gateway.v1.Open.target:type_name -> tether.gateway.v1.RunnerTarget
-	19, // 3: tether.gateway.v1.Open.input:type_name -> tether.prp.v1.ExecutionInput
-	5,  // 4: tether.gateway.v1.Open.restore:type_name -> tether.gateway.v1.RestoreSpec
-	4,  // 5: tether.gateway.v1.Open.prior_runs:type_name -> tether.gateway.v1.PriorRun
-	19, // 6: tether.gateway.v1.PriorRun.input:type_name -> tether.prp.v1.ExecutionInput
-	20, // 7: tether.gateway.v1.RestoreSpec.stamp:type_name -> tether.backup.v1.Stamp
-	3,  // 8: tether.gateway.v1.AttachRequest.open:type_name -> tether.gateway.v1.Open
-	21, // 9: tether.gateway.v1.AttachRequest.command:type_name -> tether.prp.v1.Command
-	6,  // 10: tether.gateway.v1.AttachRequest.ack:type_name -> tether.gateway.v1.Ack
-	8,  // 11: tether.gateway.v1.Opened.build:type_name -> tether.gateway.v1.BuildMetadata
-	22, // 12: tether.gateway.v1.Opened.runner_process:type_name -> tether.prp.v1.ProcessInfo
-	22, // 13: tether.gateway.v1.Opened.provider_process:type_name -> tether.prp.v1.ProcessInfo
-	9,  // 14: tether.gateway.v1.AttachResponse.opened:type_name -> tether.gateway.v1.Opened
-	23, // 15: tether.gateway.v1.AttachResponse.events:type_name -> tether.prp.v1.EventBatch
-	24, // 16: tether.gateway.v1.AttachResponse.command_result:type_name -> tether.prp.v1.CommandResult
-	10, // 17: tether.gateway.v1.AttachResponse.closed:type_name -> tether.gateway.v1.Closed
-	22, // 18: tether.gateway.v1.Runner.runner_process:type_name -> tether.prp.v1.ProcessInfo
-	22, // 19: tether.gateway.v1.Runner.provider_process:type_name -> tether.prp.v1.ProcessInfo
-	25, // 20: tether.gateway.v1.Runner.connected_at:type_name -> google.protobuf.Timestamp
-	0,  // 21: tether.gateway.v1.Runner.mode:type_name -> tether.gateway.v1.TransportMode
-	12, // 22: tether.gateway.v1.ListRunnersResponse.runners:type_name -> tether.gateway.v1.Runner
-	12, // 23: tether.gateway.v1.GetRunnerResponse.runner:type_name -> tether.gateway.v1.Runner
-	19, // 24: tether.gateway.v1.SuspendRunnerRequest.input:type_name -> tether.prp.v1.ExecutionInput
-	26, // 25: tether.gateway.v1.SuspendRunnerResponse.checkpoint:type_name -> tether.backup.v1.Checkpoint
-	20, // 26: tether.gateway.v1.SuspendRunnerResponse.stamp:type_name -> tether.backup.v1.Stamp
-	27, // 27: tether.gateway.v1.SuspendRunnerResponse.events:type_name -> tether.prp.v1.Event
-	7,  // 28: tether.gateway.v1.RunnerGateway.Attach:input_type -> tether.gateway.v1.AttachRequest
-	13, // 29: tether.gateway.v1.RunnerGateway.ListRunners:input_type -> tether.gateway.v1.ListRunnersRequest
-	15, // 30: tether.gateway.v1.RunnerGateway.GetRunner:input_type -> tether.gateway.v1.GetRunnerRequest
-	17, // 31: tether.gateway.v1.RunnerGateway.SuspendRunner:input_type -> tether.gateway.v1.SuspendRunnerRequest
-	11, // 32: tether.gateway.v1.RunnerGateway.Attach:output_type -> tether.gateway.v1.AttachResponse
-	14, // 33: tether.gateway.v1.RunnerGateway.ListRunners:output_type -> tether.gateway.v1.ListRunnersResponse
-	16, // 34: tether.gateway.v1.RunnerGateway.GetRunner:output_type -> tether.gateway.v1.GetRunnerResponse
-	18, // 35: tether.gateway.v1.RunnerGateway.SuspendRunner:output_type -> tether.gateway.v1.SuspendRunnerResponse
-	32, // [32:36] is the sub-list for method output_type
-	28, // [28:32] is the sub-list for method input_type
-	28, // [28:28] is the sub-list for extension type_name
-	28, // [28:28] is the sub-list for extension extendee
-	0,  // [0:28] is the sub-list for field type_name
+	21, // 0: tether.gateway.v1.CloseRunnerRequest.input:type_name -> tether.prp.v1.ExecutionInput
+	22, // 1: tether.gateway.v1.CloseRunnerResponse.events:type_name -> tether.prp.v1.Event
+	0,  // 2: tether.gateway.v1.RunnerTarget.mode:type_name -> tether.gateway.v1.TransportMode
+	3,  // 3: tether.gateway.v1.Open.fence:type_name -> tether.gateway.v1.FencingToken
+	4,  // 4: tether.gateway.v1.Open.target:type_name -> tether.gateway.v1.RunnerTarget
+	21, // 5: tether.gateway.v1.Open.input:type_name -> tether.prp.v1.ExecutionInput
+	7,  // 6: tether.gateway.v1.Open.restore:type_name -> tether.gateway.v1.RestoreSpec
+	6,  // 7: tether.gateway.v1.Open.prior_runs:type_name -> tether.gateway.v1.PriorRun
+	21, // 8: tether.gateway.v1.PriorRun.input:type_name -> tether.prp.v1.ExecutionInput
+	23, // 9: tether.gateway.v1.RestoreSpec.stamp:type_name -> tether.backup.v1.Stamp
+	5,  // 10: tether.gateway.v1.AttachRequest.open:type_name -> tether.gateway.v1.Open
+	24, // 11: tether.gateway.v1.AttachRequest.command:type_name -> tether.prp.v1.Command
+	8,  // 12: tether.gateway.v1.AttachRequest.ack:type_name -> tether.gateway.v1.Ack
+	10, // 13: tether.gateway.v1.Opened.build:type_name -> tether.gateway.v1.BuildMetadata
+	25, // 14: tether.gateway.v1.Opened.runner_process:type_name -> tether.prp.v1.ProcessInfo
+	25, // 15: tether.gateway.v1.Opened.provider_process:type_name -> tether.prp.v1.ProcessInfo
+	11, // 16: tether.gateway.v1.AttachResponse.opened:type_name -> tether.gateway.v1.Opened
+	26, // 17: tether.gateway.v1.AttachResponse.events:type_name -> tether.prp.v1.EventBatch
+	27, // 18: tether.gateway.v1.AttachResponse.command_result:type_name -> tether.prp.v1.CommandResult
+	12, // 19: tether.gateway.v1.AttachResponse.closed:type_name -> tether.gateway.v1.Closed
+	25, // 20: tether.gateway.v1.Runner.runner_process:type_name -> tether.prp.v1.ProcessInfo
+	25, // 21: tether.gateway.v1.Runner.provider_process:type_name -> tether.prp.v1.ProcessInfo
+	28, // 22: tether.gateway.v1.Runner.connected_at:type_name -> google.protobuf.Timestamp
+	0,  // 23: tether.gateway.v1.Runner.mode:type_name -> tether.gateway.v1.TransportMode
+	14, // 24: tether.gateway.v1.ListRunnersResponse.runners:type_name -> tether.gateway.v1.Runner
+	14, // 25: tether.gateway.v1.GetRunnerResponse.runner:type_name -> tether.gateway.v1.Runner
+	21, // 26: tether.gateway.v1.SuspendRunnerRequest.input:type_name -> tether.prp.v1.ExecutionInput
+	29, // 27: tether.gateway.v1.SuspendRunnerResponse.checkpoint:type_name -> tether.backup.v1.Checkpoint
+	23, // 28: tether.gateway.v1.SuspendRunnerResponse.stamp:type_name -> tether.backup.v1.Stamp
+	22, // 29: tether.gateway.v1.SuspendRunnerResponse.events:type_name -> tether.prp.v1.Event
+	9,  // 30: tether.gateway.v1.RunnerGateway.Attach:input_type -> tether.gateway.v1.AttachRequest
+	15, // 31: tether.gateway.v1.RunnerGateway.ListRunners:input_type -> tether.gateway.v1.ListRunnersRequest
+	17, // 32: tether.gateway.v1.RunnerGateway.GetRunner:input_type -> tether.gateway.v1.GetRunnerRequest
+	19, // 33: tether.gateway.v1.RunnerGateway.SuspendRunner:input_type -> tether.gateway.v1.SuspendRunnerRequest
+	1,  // 34: tether.gateway.v1.RunnerGateway.CloseRunner:input_type -> tether.gateway.v1.CloseRunnerRequest
+	13, // 35: tether.gateway.v1.RunnerGateway.Attach:output_type -> tether.gateway.v1.AttachResponse
+	16, // 36: tether.gateway.v1.RunnerGateway.ListRunners:output_type -> tether.gateway.v1.ListRunnersResponse
+	18, // 37: tether.gateway.v1.RunnerGateway.GetRunner:output_type -> tether.gateway.v1.GetRunnerResponse
+	20, // 38: tether.gateway.v1.RunnerGateway.SuspendRunner:output_type -> tether.gateway.v1.SuspendRunnerResponse
+	2,  // 39: tether.gateway.v1.RunnerGateway.CloseRunner:output_type -> tether.gateway.v1.CloseRunnerResponse
+	35, // [35:40] is the sub-list for method output_type
+	30, // [30:35] is the sub-list for method input_type
+	30, // [30:30] is the sub-list for extension type_name
+	30, // [30:30] is the sub-list for extension extendee
+	0,  // [0:30] is the sub-list for field type_name
 }
 
 func init() { file_tether_gateway_v1_gateway_proto_init() }
@@ -1652,12 +1800,12 @@ func file_tether_gateway_v1_gateway_proto_init() {
 	if File_tether_gateway_v1_gateway_proto != nil {
 		return
 	}
-	file_tether_gateway_v1_gateway_proto_msgTypes[6].OneofWrappers = []any{
+	file_tether_gateway_v1_gateway_proto_msgTypes[8].OneofWrappers = []any{
 		(*AttachRequest_Open)(nil),
 		(*AttachRequest_Command)(nil),
 		(*AttachRequest_Ack)(nil),
 	}
-	file_tether_gateway_v1_gateway_proto_msgTypes[10].OneofWrappers = []any{
+	file_tether_gateway_v1_gateway_proto_msgTypes[12].OneofWrappers = []any{
 		(*AttachResponse_Opened)(nil),
 		(*AttachResponse_Events)(nil),
 		(*AttachResponse_CommandResult)(nil),
@@ -1669,7 +1817,7 @@ func file_tether_gateway_v1_gateway_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_tether_gateway_v1_gateway_proto_rawDesc), len(file_tether_gateway_v1_gateway_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   18,
+			NumMessages:   20,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

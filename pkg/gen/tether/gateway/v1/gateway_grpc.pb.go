@@ -23,6 +23,7 @@ const (
 	RunnerGateway_ListRunners_FullMethodName   = "/tether.gateway.v1.RunnerGateway/ListRunners"
 	RunnerGateway_GetRunner_FullMethodName     = "/tether.gateway.v1.RunnerGateway/GetRunner"
 	RunnerGateway_SuspendRunner_FullMethodName = "/tether.gateway.v1.RunnerGateway/SuspendRunner"
+	RunnerGateway_CloseRunner_FullMethodName   = "/tether.gateway.v1.RunnerGateway/CloseRunner"
 )
 
 // RunnerGatewayClient is the client API for RunnerGateway service.
@@ -50,6 +51,13 @@ type RunnerGatewayClient interface {
 	// a runner that did not durably suspend fails with
 	// native_session_close_unrecoverable.
 	SuspendRunner(ctx context.Context, in *SuspendRunnerRequest, opts ...grpc.CallOption) (*SuspendRunnerResponse, error)
+	// CloseRunner closes the session scope's live runner (session.close): a
+	// turn in progress is interrupted, the provider stops, the runner records
+	// its state as suspended (the next run of the scope continues it) and
+	// exits. Nothing is checkpointed. A scope without a connected runner
+	// answers closed=false; a run attached to the scope refuses with
+	// native_session_supervisor_busy.
+	CloseRunner(ctx context.Context, in *CloseRunnerRequest, opts ...grpc.CallOption) (*CloseRunnerResponse, error)
 }
 
 type runnerGatewayClient struct {
@@ -103,6 +111,16 @@ func (c *runnerGatewayClient) SuspendRunner(ctx context.Context, in *SuspendRunn
 	return out, nil
 }
 
+func (c *runnerGatewayClient) CloseRunner(ctx context.Context, in *CloseRunnerRequest, opts ...grpc.CallOption) (*CloseRunnerResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CloseRunnerResponse)
+	err := c.cc.Invoke(ctx, RunnerGateway_CloseRunner_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // RunnerGatewayServer is the server API for RunnerGateway service.
 // All implementations must embed UnimplementedRunnerGatewayServer
 // for forward compatibility.
@@ -128,6 +146,13 @@ type RunnerGatewayServer interface {
 	// a runner that did not durably suspend fails with
 	// native_session_close_unrecoverable.
 	SuspendRunner(context.Context, *SuspendRunnerRequest) (*SuspendRunnerResponse, error)
+	// CloseRunner closes the session scope's live runner (session.close): a
+	// turn in progress is interrupted, the provider stops, the runner records
+	// its state as suspended (the next run of the scope continues it) and
+	// exits. Nothing is checkpointed. A scope without a connected runner
+	// answers closed=false; a run attached to the scope refuses with
+	// native_session_supervisor_busy.
+	CloseRunner(context.Context, *CloseRunnerRequest) (*CloseRunnerResponse, error)
 	mustEmbedUnimplementedRunnerGatewayServer()
 }
 
@@ -149,6 +174,9 @@ func (UnimplementedRunnerGatewayServer) GetRunner(context.Context, *GetRunnerReq
 }
 func (UnimplementedRunnerGatewayServer) SuspendRunner(context.Context, *SuspendRunnerRequest) (*SuspendRunnerResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method SuspendRunner not implemented")
+}
+func (UnimplementedRunnerGatewayServer) CloseRunner(context.Context, *CloseRunnerRequest) (*CloseRunnerResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method CloseRunner not implemented")
 }
 func (UnimplementedRunnerGatewayServer) mustEmbedUnimplementedRunnerGatewayServer() {}
 func (UnimplementedRunnerGatewayServer) testEmbeddedByValue()                       {}
@@ -232,6 +260,24 @@ func _RunnerGateway_SuspendRunner_Handler(srv interface{}, ctx context.Context, 
 	return interceptor(ctx, in, info, handler)
 }
 
+func _RunnerGateway_CloseRunner_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CloseRunnerRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RunnerGatewayServer).CloseRunner(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RunnerGateway_CloseRunner_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RunnerGatewayServer).CloseRunner(ctx, req.(*CloseRunnerRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // RunnerGateway_ServiceDesc is the grpc.ServiceDesc for RunnerGateway service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -250,6 +296,10 @@ var RunnerGateway_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "SuspendRunner",
 			Handler:    _RunnerGateway_SuspendRunner_Handler,
+		},
+		{
+			MethodName: "CloseRunner",
+			Handler:    _RunnerGateway_CloseRunner_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

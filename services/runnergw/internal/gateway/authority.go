@@ -1,0 +1,124 @@
+package gateway
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"time"
+
+	gatewayv1 "github.com/tether-run/tether/pkg/gen/tether/gateway/v1"
+	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
+	"github.com/tether-run/tether/pkg/scope"
+	"github.com/tether-run/tether/pkg/scope/durable"
+)
+
+// The gateway is where a session scope's durable state lives, so it is the
+// E13 authority over it: <state-root>/<scope root name> is runnerd's
+// --state-dir, its control-plane/control-plane-state.json names the run that
+// holds the scope, and a runner is launched on it only for that exact run or
+// for a prior run the executor's database proves terminal, of the same full
+// scope, whose runner state is suspended. Anything else fails closed (the
+// root quarantined or left untouched, per durable.Prepare) before a process
+// starts.
+
+// authorised is how an Attach's run came to hold the scope.
+type authorised struct {
+	// source is durable.Source of a launch on the root; empty when a live
+	// runner was reused.
+	source string
+	// previousRun is the run the root was bound to before this one.
+	previousRun string
+	epoch       uint64
+}
+
+// priorRuns is the E13 lookup over the executor's records of the Open.
+func priorRuns(recs []*gatewayv1.PriorRun) durable.PriorRunLookup {
+	out := make([]durable.PriorRun, 0, len(recs))
+	for _, r := range recs {
+		out = append(out, durable.PriorRunFromInput(r.GetRunId(), r.GetStatus(), r.GetTerminal(), r.GetInput()))
+	}
+	return durable.PriorRunsOf(out...)
+}
+
+// launchAuthority prepares the scope's root for run runID before any runner
+// is launched on it, and binds the control plane to the run. The plan's
+// identity is the runner instance and environment lease to launch with: a
+// resumed or continued root keeps its own, a fresh one gets a new instance
+// under the gateway's lease for the scope.
+func (g *Gateway) launchAuthority(ctx context.Context, sc, runID string, in *prpv1.ExecutionInput, prior []*gatewayv1.PriorRun) (*durable.LaunchPlan, *durable.Prepared, error) {
+	key := scope.FromRun(runID, in)
+	prep, err := durable.Prepare(ctx, durable.Request{Base: g.cfg.StateRoot, Scope: key, RunID: runID, PriorRuns: priorRuns(prior)})
+	if err != nil {
+		return nil, nil, err
+	}
+	plan, err := durable.PlanLaunch(prep, durable.LaunchRequest{
+		RunID: runID, Params: scope.ParamsOf(runID, in),
+		RunnerInstanceID: randomID("runner-"), EnvironmentLeaseID: LeaseFor(sc),
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := durable.Bind(prep.Root, plan.Identity.Identity); err != nil {
+		return nil, nil, err
+	}
+	if prep.MigratedFrom != "" {
+		g.log.Info("legacy durable root migrated into the session scope", "session_scope", sc, "from", prep.MigratedFrom, "run_id", runID)
+	}
+	return plan, prep, nil
+}
+
+// bindRun makes runID the holder of a live runner's scope: the control
+// plane is re-bound to the run under the runner's own instance and lease
+// (the live process is the proof of ownership). It returns the run that
+// held the scope before, empty when it was this run or none.
+func (g *Gateway) bindRun(sc, runID, sessionID, instanceID string) (string, error) {
+	root := g.stateDir(sc)
+	cur, _, err := durable.ReadControlPlaneIdentity(root)
+	if err != nil {
+		return "", err
+	}
+	lease := LeaseFor(sc)
+	if cur != nil {
+		if cur.RunID == runID && cur.RunnerInstanceID == instanceID {
+			return "", nil
+		}
+		if cur.EnvironmentLeaseID != "" && cur.RunnerInstanceID == instanceID {
+			lease = cur.EnvironmentLeaseID
+		}
+	}
+	if err := durable.Bind(root, durable.Identity{RunID: runID, NormalizedSessionID: sessionID,
+		RunnerInstanceID: instanceID, EnvironmentLeaseID: lease}); err != nil {
+		return "", err
+	}
+	if cur == nil || cur.RunID == runID {
+		return "", nil
+	}
+	return cur.RunID, nil
+}
+
+// archiveState moves the scope's runner state and provider home aside into
+// <root>/continuity-breaks/<unix ms>-<random>/, so the next run restores the
+// scope's stamped checkpoint instead of resuming the local state. The
+// control plane stays: it still names the run that holds the scope.
+func archiveState(root string) (string, error) {
+	dest := filepath.Join(root, "continuity-breaks", time.Now().UTC().Format("20060102T150405.000Z")+"-"+randomID("")[:12])
+	if err := os.MkdirAll(dest, 0o700); err != nil {
+		return "", err
+	}
+	// The provider home first: runner/runner-state.json is what marks the
+	// scope as having state, so it goes last.
+	for _, d := range []string{"codex-home", durable.RunnerDir} {
+		src := filepath.Join(root, d)
+		if _, err := os.Lstat(src); os.IsNotExist(err) {
+			continue
+		}
+		if err := os.Rename(src, filepath.Join(dest, d)); err != nil {
+			return "", err
+		}
+	}
+	if f, err := os.Open(root); err == nil {
+		_ = f.Sync()
+		f.Close()
+	}
+	return dest, nil
+}

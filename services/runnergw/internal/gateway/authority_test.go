@@ -1,0 +1,282 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/tether-run/tether/pkg/failure"
+	gatewayv1 "github.com/tether-run/tether/pkg/gen/tether/gateway/v1"
+	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
+	"github.com/tether-run/tether/pkg/scope"
+	"github.com/tether-run/tether/pkg/scope/durable"
+)
+
+// openPrior opens run runID with the executor's prior-run records; the
+// answer is Opened or the refusal. The stream is closed again.
+func (rl *relay) openPrior(ctx context.Context, runID string, in *prpv1.ExecutionInput, prior ...*gatewayv1.PriorRun) (*gatewayv1.Opened, error) {
+	s, err := rl.client.Attach(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.Send(&gatewayv1.AttachRequest{Kind: &gatewayv1.AttachRequest_Open{Open: &gatewayv1.Open{
+		RunId: runID, Fence: &gatewayv1.FencingToken{Owner: "test", Attempt: 1}, Input: in, PriorRuns: prior,
+	}}}); err != nil {
+		return nil, err
+	}
+	m, err := s.Recv()
+	if err != nil {
+		return nil, err
+	}
+	_ = s.CloseSend()
+	return m.GetOpened(), nil
+}
+
+func terminalRun(runID string, in *prpv1.ExecutionInput) *gatewayv1.PriorRun {
+	return &gatewayv1.PriorRun{RunId: runID, Status: "succeeded", Terminal: true, Input: in}
+}
+
+// suspendedScope runs run-1 of in to its end and suspends the scope's
+// runner (lifecycle suspended, process gone). It returns the scope root and
+// the suspension's receipt.
+func suspendedScope(ctx context.Context, t *testing.T, rl *relay, in *prpv1.ExecutionInput) (string, *gatewayv1.SuspendRunnerResponse) {
+	t.Helper()
+	sc := scope.OfRun("run-1", in)
+	_, evs := rl.turn(ctx, "run-1", nil, in, nil)
+	requireSucceeded(t, evs)
+	rl.waitDetached(sc)
+	resp, err := rl.client.SuspendRunner(ctx, &gatewayv1.SuspendRunnerRequest{Input: in, RunId: "run-1"})
+	require.NoError(t, err)
+	root := filepath.Join(rl.cfg.StateRoot, sc)
+	id, _, err := durable.ReadControlPlaneIdentity(root)
+	require.NoError(t, err)
+	require.NotNil(t, id, "the control plane names the run that holds the scope")
+	require.Equal(t, "run-1", id.RunID)
+	return root, resp
+}
+
+func controlPlane(t *testing.T, root string) *durable.Identity {
+	t.Helper()
+	id, why, err := durable.ReadControlPlaneIdentity(root)
+	require.NoError(t, err)
+	require.NotNil(t, id, why)
+	return id
+}
+
+// quarantined returns the names under <state-root>/quarantine.
+func quarantined(t *testing.T, rl *relay) []string {
+	t.Helper()
+	entries, err := os.ReadDir(filepath.Join(rl.cfg.StateRoot, durable.QuarantineDir))
+	if os.IsNotExist(err) {
+		return nil
+	}
+	require.NoError(t, err)
+	var out []string
+	for _, e := range entries {
+		out = append(out, e.Name())
+	}
+	return out
+}
+
+func TestE13_GatewayContinuesAVerifiedPriorRunUnderItsRunnerAndLease(t *testing.T) {
+	rl, _ := newSuspendRelay(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	in := testInput("continue", "acme", "first")
+	root, susp := suspendedScope(ctx, t, rl, in)
+	before := controlPlane(t, root)
+
+	next := testInput("continue", "acme", "second")
+	opened, err := rl.openPrior(ctx, "run-2", next, terminalRun("run-1", in))
+	require.NoError(t, err)
+	require.Equal(t, string(durable.SourcePriorRun), opened.GetDurableSource())
+	require.Equal(t, "run-1", opened.GetPreviousRunId())
+	require.Equal(t, susp.GetRunnerInstanceId(), opened.GetRunnerInstanceId(), "the continuation keeps the verified runner instance")
+	after := controlPlane(t, root)
+	require.Equal(t, durable.Identity{RunID: "run-2", NormalizedSessionID: "continue",
+		RunnerInstanceID: before.RunnerInstanceID, EnvironmentLeaseID: before.EnvironmentLeaseID}, *after,
+		"the control plane names the new run under the prior run's runner and lease")
+	require.Equal(t, susp.GetLeaseId(), after.EnvironmentLeaseID)
+
+	// The continued runner serves the run and resumes the provider thread.
+	_, evs := rl.turn(ctx, "run-2", nil, next, nil)
+	require.Equal(t, "succeeded", evs[len(evs)-1].GetPayload().AsMap()["runTerminalState"])
+	require.Empty(t, quarantined(t, rl))
+}
+
+func TestE13_GatewayRefusesWhileThePriorRunIsStillRunningAndMovesNothing(t *testing.T) {
+	rl, _ := newSuspendRelay(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	in := testInput("running", "acme", "first")
+	root, _ := suspendedScope(ctx, t, rl, in)
+	starts := countCalls(t, rl.callLog, "process-start")
+
+	_, err := rl.openPrior(ctx, "run-2", in, &gatewayv1.PriorRun{RunId: "run-1", Status: "running", Input: in})
+	require.Equal(t, durable.CodeIdentityMismatch, failure.CodeOf(err), "%v", err)
+	require.Contains(t, err.Error(), "still running")
+	require.Equal(t, "run-1", controlPlane(t, root).RunID, "the root is untouched")
+	require.Empty(t, quarantined(t, rl), "nothing is quarantined")
+	require.Equal(t, starts, countCalls(t, rl.callLog, "process-start"), "no provider started")
+}
+
+func TestE13_GatewayQuarantinesARootWhoseOwnershipIsUnprovenAndStartsNothing(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		setup  func(t *testing.T, root string)
+		prior  func(in *prpv1.ExecutionInput) []*gatewayv1.PriorRun
+		reason string
+	}{
+		{
+			name: "prior run terminal but its runner not suspended",
+			setup: func(t *testing.T, root string) {
+				path := filepath.Join(root, durable.RunnerDir, durable.RunnerStateFile)
+				b, err := os.ReadFile(path)
+				require.NoError(t, err)
+				var doc map[string]any
+				require.NoError(t, json.Unmarshal(b, &doc))
+				doc["lifecycle"] = "ready" // the runner died while ready
+				b, err = json.Marshal(doc)
+				require.NoError(t, err)
+				require.NoError(t, os.WriteFile(path, b, 0o600))
+			},
+			prior: func(in *prpv1.ExecutionInput) []*gatewayv1.PriorRun {
+				return []*gatewayv1.PriorRun{terminalRun("run-1", in)}
+			},
+			reason: ".identity_indeterminate.",
+		},
+		{
+			name:   "run unknown to the database",
+			prior:  func(*prpv1.ExecutionInput) []*gatewayv1.PriorRun { return nil },
+			reason: ".identity_indeterminate.",
+		},
+		{
+			name: "prior run persisted under another full scope",
+			prior: func(in *prpv1.ExecutionInput) []*gatewayv1.PriorRun {
+				other := testInput("quarantine", "acme", "first")
+				other.Binding.ExecutionWorkspaceId = "workspace-elsewhere"
+				return []*gatewayv1.PriorRun{terminalRun("run-1", other)}
+			},
+			reason: ".identity_mismatch.",
+		},
+		{
+			name: "control plane malformed",
+			setup: func(t *testing.T, root string) {
+				require.NoError(t, os.WriteFile(filepath.Join(root, durable.ControlPlaneDir, durable.ControlPlaneFile), []byte("{"), 0o600))
+			},
+			prior: func(in *prpv1.ExecutionInput) []*gatewayv1.PriorRun {
+				return []*gatewayv1.PriorRun{terminalRun("run-1", in)}
+			},
+			reason: ".identity_indeterminate.",
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rl, _ := newSuspendRelay(t)
+			ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+			defer cancel()
+			in := testInput("quarantine", "acme", "first")
+			root, _ := suspendedScope(ctx, t, rl, in)
+			if tc.setup != nil {
+				tc.setup(t, root)
+			}
+			starts := countCalls(t, rl.callLog, "process-start")
+
+			_, err := rl.openPrior(ctx, "run-2", in, tc.prior(in)...)
+			require.Equal(t, durable.CodeIdentityMismatch, failure.CodeOf(err), "%v", err)
+			require.Contains(t, err.Error(), "quarantined")
+			q := quarantined(t, rl)
+			require.Len(t, q, 1)
+			require.True(t, strings.HasPrefix(q[0], filepath.Base(root)+tc.reason), q[0])
+			_, err = os.Lstat(root)
+			require.True(t, os.IsNotExist(err), "the root was moved whole")
+			_, err = os.Stat(filepath.Join(rl.cfg.StateRoot, durable.QuarantineDir, q[0], durable.ControlPlaneDir))
+			require.NoError(t, err, "control-plane/ travels with the quarantined root")
+			require.Equal(t, starts, countCalls(t, rl.callLog, "process-start"), "no provider started")
+		})
+	}
+}
+
+func TestE13_GatewayNeverFollowsASymlinkedRoot(t *testing.T) {
+	rl := newRelay(t, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	in := testInput("symlinked", "acme", "first")
+	target := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(target, "keep"), []byte("x"), 0o600))
+	root := filepath.Join(rl.cfg.StateRoot, scope.OfRun("run-1", in))
+	require.NoError(t, os.Symlink(target, root))
+
+	_, err := rl.openPrior(ctx, "run-1", in)
+	require.Equal(t, durable.CodeDirectoryUnsafe, failure.CodeOf(err), "%v", err)
+	fi, err := os.Lstat(root)
+	require.NoError(t, err)
+	require.NotZero(t, fi.Mode()&os.ModeSymlink, "the link stays")
+	entries, err := os.ReadDir(target)
+	require.NoError(t, err)
+	require.Len(t, entries, 1, "nothing written through the link")
+	require.Empty(t, quarantined(t, rl))
+	require.Zero(t, countCalls(t, rl.callLog, "process-start"))
+}
+
+func TestE13_GatewayMigratesALegacyRootOnlyForItsOwnRun(t *testing.T) {
+	rl := newRelay(t, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+
+	// A legacy root (sha256 of the session id) of an unrelated run stays.
+	foreignIn := testInput("legacy-foreign", "acme", "first")
+	foreign := filepath.Join(rl.cfg.StateRoot, scope.LegacySessionRootName("legacy-foreign"))
+	require.NoError(t, durable.Bind(foreign, durable.Identity{RunID: "run-unrelated", NormalizedSessionID: "legacy-foreign",
+		RunnerInstanceID: "runner-old", EnvironmentLeaseID: "lease-old"}))
+	_, err := rl.openPrior(ctx, "run-1", foreignIn)
+	require.Equal(t, durable.CodeIdentityMismatch, failure.CodeOf(err), "%v", err)
+	_, err = os.Stat(foreign)
+	require.NoError(t, err, "the legacy root is left in place")
+	_, err = os.Lstat(filepath.Join(rl.cfg.StateRoot, scope.OfRun("run-1", foreignIn)))
+	require.True(t, os.IsNotExist(err))
+
+	// The [company, session] legacy root of this very run moves into the
+	// full scope atomically, and the run starts on it.
+	in := testInput("legacy-mine", "acme", "first")
+	legacy := filepath.Join(rl.cfg.StateRoot, scope.LegacyCompanySessionRootName("acme", "legacy-mine"))
+	require.NoError(t, durable.Bind(legacy, durable.Identity{RunID: "run-1", NormalizedSessionID: "legacy-mine",
+		RunnerInstanceID: "runner-legacy", EnvironmentLeaseID: "lease-legacy"}))
+	opened, err := rl.openPrior(ctx, "run-1", in)
+	require.NoError(t, err)
+	require.Equal(t, string(durable.SourceExactRun), opened.GetDurableSource())
+	require.Equal(t, "runner-legacy", opened.GetRunnerInstanceId(), "the run resumes under its stored runner")
+	_, err = os.Lstat(legacy)
+	require.True(t, os.IsNotExist(err), "the legacy root was moved")
+	root := filepath.Join(rl.cfg.StateRoot, scope.OfRun("run-1", in))
+	require.Equal(t, "lease-legacy", controlPlane(t, root).EnvironmentLeaseID)
+}
+
+func TestE10_ANewRunOnALiveRunnerRotatesTheRunAuthority(t *testing.T) {
+	rl := newRelay(t, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	in := testInput("rotate", "acme", "first")
+	sc := scope.OfRun("run-1", in)
+	first, evs := rl.turn(ctx, "run-1", nil, in, nil)
+	requireSucceeded(t, evs)
+	require.Equal(t, string(durable.SourceFresh), first.GetDurableSource())
+	require.Empty(t, first.GetPreviousRunId())
+	rl.waitDetached(sc)
+
+	second, evs := rl.turn(ctx, "run-2", nil, testInput("rotate", "acme", "second"), nil)
+	require.Equal(t, "succeeded", evs[len(evs)-1].GetPayload().AsMap()["runTerminalState"])
+	require.True(t, second.GetReused(), "the warm runner serves the next run")
+	require.Empty(t, second.GetDurableSource(), "nothing was launched")
+	require.Equal(t, "run-1", second.GetPreviousRunId(), "the run authority rotated from run-1")
+	require.Greater(t, second.GetToolAuthorityEpoch(), first.GetToolAuthorityEpoch(), "run-1's tool authority epoch is revoked")
+	id := controlPlane(t, filepath.Join(rl.cfg.StateRoot, sc))
+	require.Equal(t, "run-2", id.RunID)
+	require.Equal(t, first.GetRunnerInstanceId(), id.RunnerInstanceID)
+	require.Equal(t, 1, countCalls(t, rl.callLog, "process-start"), "one provider for both runs")
+}
