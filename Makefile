@@ -89,6 +89,10 @@ fuzz: ## run every fuzz target of the repository for FUZZTIME each (default 1m; 
 	  done; \
 	done
 
+.PHONY: test-continuity
+test-continuity: ## opt-in SPEC C: the remote continuity regression in a disposable process tree (KEEP=1 keeps a failed case's processes and files)
+	TETHER_CONTINUITY=1 $(GO) test -race -count=1 -timeout 15m -v -run '^TestC[0-9]' ./services/executor/internal/e2e/
+
 CODEX_VERSION := 0.169.0
 CODEX_CACHE := .cache/codex
 CODEX_BIN := $(CODEX_CACHE)/node_modules/@openai/codex-linux-x64/vendor/x86_64-unknown-linux-musl/bin/codex

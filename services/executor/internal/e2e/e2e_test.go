@@ -69,16 +69,34 @@ func newHarness(t *testing.T, opts stack.Options) *harness {
 
 // newHarnessWith starts the named processes (in order) of a stack.
 func newHarnessWith(t *testing.T, opts stack.Options, procs ...string) *harness {
+	return newHarnessKeeping(t, opts, false, procs...)
+}
+
+// newHarnessKeeping is newHarnessWith; with keep, a failed test leaves its
+// processes running and its directory in place for inspection.
+func newHarnessKeeping(t *testing.T, opts stack.Options, keep bool, procs ...string) *harness {
 	t.Helper()
 	opts.BinDir = binDir
 	opts.Dir = t.TempDir()
+	if keep {
+		dir, err := os.MkdirTemp("", "tether-"+strings.ReplaceAll(t.Name(), "/", "_")+"-")
+		require.NoError(t, err)
+		opts.Dir = dir
+	}
 	opts.DatabaseURL = pgtest.NewDB(t, nil)
 	st, err := stack.New(opts)
 	require.NoError(t, err)
 	t.Cleanup(func() {
+		if keep && t.Failed() {
+			t.Logf("KEEP=1: the failed case's processes still run and its files are in %s", opts.Dir)
+			return
+		}
 		st.Stop()
 		if t.Failed() {
 			dumpLogs(t, opts.Dir)
+		}
+		if keep {
+			os.RemoveAll(opts.Dir)
 		}
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -200,7 +218,7 @@ func TestWarmSessionThreeTurnsReuseOneRunnerAndOneProvider(t *testing.T) {
 	for i := 1; i <= 3; i++ {
 		h.submit(fmt.Sprintf("warm-%d", i), "warm-session", fmt.Sprintf("turn number %d", i))
 	}
-	runners := map[int32]bool{}
+	runners, providers := map[int32]bool{}, map[int32]bool{}
 	for i := 1; i <= 3; i++ {
 		id := fmt.Sprintf("warm-%d", i)
 		evs := h.watch(ctx, id, 0, nil)
@@ -212,8 +230,13 @@ func TestWarmSessionThreeTurnsReuseOneRunnerAndOneProvider(t *testing.T) {
 		// The provider's history grows: turn i sees 2*(i-1) earlier messages.
 		require.Contains(t, run.GetResult().GetFinalMessage(), fmt.Sprintf("%d earlier messages", 2*(i-1)))
 		runners[run.GetRunnerProcess().GetPid()] = true
+		// E12: every run of the warm session records the provider serving
+		// it, also those whose runner started it before they attached.
+		require.Positive(t, run.GetProviderProcess().GetPid(), "run %s records its provider process", id)
+		providers[run.GetProviderProcess().GetPid()] = true
 	}
 	require.Len(t, runners, 1, "one runnerd process serves the warm session")
+	require.Len(t, providers, 1, "one provider process serves the warm session")
 	require.Equal(t, 1, countLines(t, h.st.CallLog(), "process-start"), "one provider process")
 	require.Equal(t, 3, countLines(t, h.st.CallLog(), "turn/start"))
 }

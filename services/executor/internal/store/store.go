@@ -519,6 +519,10 @@ SELECT c.run_id FROM executor.coordinators c JOIN unnest($2::text[], $3::bigint[
 }
 
 // RecordRunner stores which runner and provider processes serve the run.
+// Without a provider process (a warm runner's hello predates its provider),
+// the run inherits the provider the same runner instance last reported in
+// its scope; a provider started during the run overwrites it (its spawn
+// event).
 func (s *Store) RecordRunner(ctx context.Context, f Fence, runnerInstanceID string, runner, provider *prpv1.ProcessInfo) error {
 	rp, err := marshalOpt(runner)
 	if err != nil {
@@ -529,7 +533,12 @@ func (s *Store) RecordRunner(ctx context.Context, f Fence, runnerInstanceID stri
 		return err
 	}
 	tag, err := s.pool.Exec(ctx, `
-UPDATE executor.runs r SET runner_instance_id = $4, runner_process = $5, provider_process = coalesce($6, r.provider_process), updated_at = now()
+UPDATE executor.runs r SET runner_instance_id = $4, runner_process = $5, updated_at = now(),
+       provider_process = coalesce($6, r.provider_process,
+         (SELECT p.provider_process FROM executor.runs p
+           WHERE p.session_scope = r.session_scope AND p.runner_instance_id = $4 AND p.provider_process IS NOT NULL
+             AND p.submit_seq < r.submit_seq
+           ORDER BY p.submit_seq DESC LIMIT 1))
   FROM executor.coordinators c
  WHERE r.run_id = $1 AND c.run_id = r.run_id AND c.lease_owner = $2 AND c.attempt = $3 AND c.phase = 'observed'`,
 		f.RunID, f.Owner, int64(f.Attempt), runnerInstanceID, rp, pp)

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tether-run/tether/pkg/failure"
+	backupv1 "github.com/tether-run/tether/pkg/gen/tether/backup/v1"
 	gatewayv1 "github.com/tether-run/tether/pkg/gen/tether/gateway/v1"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/scope"
@@ -279,4 +280,35 @@ func TestE10_ANewRunOnALiveRunnerRotatesTheRunAuthority(t *testing.T) {
 	require.Equal(t, "run-2", id.RunID)
 	require.Equal(t, first.GetRunnerInstanceId(), id.RunnerInstanceID)
 	require.Equal(t, 1, countCalls(t, rl.callLog, "process-start"), "one provider for both runs")
+}
+
+func TestR6_AListeningRunnerRelaunchedRightAfterASuspensionIsDialledAgain(t *testing.T) {
+	var fv *fakeVerifier
+	rl := newRelay(t, func(c *Config) {
+		var client backupv1.BackupVerifierClient
+		fv, client = startFakeVerifier(t)
+		c.Backup = client
+		// A relaunched listener that is never dialled fails fast.
+		c.ConnectTimeout = 5 * time.Second
+	})
+	_ = fv
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	target := &gatewayv1.RunnerTarget{Mode: gatewayv1.TransportMode_TRANSPORT_MODE_LISTEN_WS, RunnerIngressAuthorized: true}
+	in := testInput("relisten", "acme", "first")
+	sc := scope.OfRun("run-1", in)
+	first, evs := rl.turn(ctx, "run-1", target, in, nil)
+	requireSucceeded(t, evs)
+	rl.waitDetached(sc)
+	_, err := rl.client.SuspendRunner(ctx, &gatewayv1.SuspendRunnerRequest{Input: in, RunId: "run-1"})
+	require.NoError(t, err)
+
+	// At once: the dial loop of the exited runner may still be winding
+	// down; the new listener (another port) must be dialled anyway.
+	rl.prior = []*gatewayv1.PriorRun{terminalRun("run-1", in)}
+	second, evs := rl.turn(ctx, "run-2", target, testInput("relisten", "acme", "second"), nil)
+	require.Equal(t, "succeeded", evs[len(evs)-1].GetPayload().AsMap()["runTerminalState"])
+	require.False(t, second.GetReused())
+	require.Equal(t, first.GetRunnerInstanceId(), second.GetRunnerInstanceId())
+	require.Equal(t, gatewayv1.TransportMode_TRANSPORT_MODE_LISTEN_WS, rl.runner(sc).GetMode())
 }

@@ -160,7 +160,10 @@ type runner struct {
 	att         *attachment
 	child       *launched
 	lifecycle   string
-	dialing     bool // a listen_ws dial loop runs for this runner
+	// dialURL is the listener a listen_ws dial loop is dialling (empty:
+	// none); dialGen identifies the current loop.
+	dialURL string
+	dialGen uint64
 }
 
 type attachment struct {
@@ -278,7 +281,7 @@ func (g *Gateway) ensureRunner(ctx context.Context, sc string, in *prpv1.Executi
 			}()
 			g.log.Info("runner launched", "runner_instance_id", inst, "pid", child.cmd.Process.Pid, "session_scope", sc, "mode", mode)
 			if mode == ModeListenWS {
-				g.startDialLoop(r, spec.listenURL, func() bool {
+				g.startDialLoop(r, spec.listenURL, true, func() bool {
 					select {
 					case <-child.done:
 						return false
@@ -292,7 +295,7 @@ func (g *Gateway) ensureRunner(ctx context.Context, sc string, in *prpv1.Executi
 			if rec := readLaunchRecord(dir); rec.Mode == ModeListenWS && rec.ListenURL != "" {
 				// A listening runner adopted from an earlier gateway: only
 				// the gateway can re-establish its connection.
-				g.startDialLoop(r, rec.ListenURL, func() bool { return processAlive(proc) })
+				g.startDialLoop(r, rec.ListenURL, false, func() bool { return processAlive(proc) })
 			}
 		}
 	}

@@ -59,22 +59,35 @@ func jittered(d time.Duration) time.Duration {
 // startDialLoop keeps a listening runner (listen_ws) connected: the gateway
 // dials its listener, serves the connection until it ends, and dials again
 // (jittered backoff) while the runner process lives and the gateway runs.
-// The caller holds r.mu.
-func (g *Gateway) startDialLoop(r *runner, url string, alive func() bool) {
-	if r.dialing {
-		return
+// The caller holds r.mu. A launch replaces any earlier loop (its runner is
+// gone, even when the new listener happens to get the same port); an
+// adoption keeps a loop already dialling the same listener.
+func (g *Gateway) startDialLoop(r *runner, url string, launched bool, alive func() bool) {
+	if !launched && r.dialURL == url {
+		return // this listener is being dialled already
 	}
-	r.dialing = true
+	// A loop for an earlier listener (a runner that exited; its
+	// replacement listens on another port) stops at its next turn.
+	r.dialGen++
+	gen := r.dialGen
+	r.dialURL = url
+	current := func() bool {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		return r.dialGen == gen
+	}
 	g.wg.Add(1)
 	go func() {
 		defer g.wg.Done()
 		defer func() {
 			r.mu.Lock()
-			r.dialing = false
+			if r.dialGen == gen {
+				r.dialURL = ""
+			}
 			r.mu.Unlock()
 		}()
 		backoff := 100 * time.Millisecond
-		for g.ctx.Err() == nil && alive() {
+		for g.ctx.Err() == nil && current() && alive() {
 			ws, err := g.dialRunnerListener(url)
 			if err == nil {
 				backoff = 100 * time.Millisecond

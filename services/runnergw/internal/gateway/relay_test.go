@@ -76,6 +76,8 @@ type relay struct {
 	client  gatewayv1.RunnerGatewayClient
 	callLog string
 	plain   string // host:port of the plain runner listener
+	// prior are the prior-run records attach sends (the executor's).
+	prior []*gatewayv1.PriorRun
 }
 
 func newRelay(t *testing.T, mod func(*Config)) *relay {
@@ -181,7 +183,7 @@ func (rl *relay) attach(ctx context.Context, runID string, target *gatewayv1.Run
 		return nil, nil, err
 	}
 	if err := s.Send(&gatewayv1.AttachRequest{Kind: &gatewayv1.AttachRequest_Open{Open: &gatewayv1.Open{
-		RunId: runID, Fence: &gatewayv1.FencingToken{Owner: "test", Attempt: 1}, Target: target, Input: in,
+		RunId: runID, Fence: &gatewayv1.FencingToken{Owner: "test", Attempt: 1}, Target: target, Input: in, PriorRuns: rl.prior,
 	}}}); err != nil {
 		return nil, nil, err
 	}
