@@ -347,11 +347,37 @@ const (
 	IdentityMismatch      QuarantineReason = "identity_mismatch"
 )
 
+// CodexHomeDir is the provider home inside a scope root.
+const CodexHomeDir = "codex-home"
+
+// LaunchOnlyCodexHomeEntries are the entries of a provider home that belong
+// to a launch, not to the session: scratch space, credentials and the
+// launch configuration. They never travel in a backup and are removed before
+// a root is quarantined.
+var LaunchOnlyCodexHomeEntries = []string{"tmp", ".tmp", "auth.json", "config.toml"}
+
+// scrubLaunchOnly removes the launch-only entries of root's provider home
+// (a symlinked entry is removed itself, never its target; a provider home
+// that is not a real directory is left alone).
+func scrubLaunchOnly(root string) error {
+	home := filepath.Join(root, CodexHomeDir)
+	if fi, err := os.Lstat(home); err != nil || !realDir(fi) {
+		return nil
+	}
+	for _, e := range LaunchOnlyCodexHomeEntries {
+		if err := os.RemoveAll(filepath.Join(home, e)); err != nil {
+			return failure.Wrap(err, codes.Internal, CodeStateIO, "removing %s from %s: %v", e, home, err)
+		}
+	}
+	return nil
+}
+
 // Quarantine renames root (a real directory directly under base, named like
 // a root) to <base>/quarantine/<name>.<reason>.<unix ms>.<pid>.<random> and
-// returns the new path. Anything else — a symlink, a path outside base, a
-// symlinked quarantine directory — is runner_state_directory_unsafe and is
-// left untouched.
+// returns the new path, after removing the launch-only entries of its
+// provider home (credentials do not linger in quarantine). Anything else — a
+// symlink, a path outside base, a symlinked quarantine directory — is
+// runner_state_directory_unsafe and is left untouched.
 func Quarantine(base, root string, reason QuarantineReason, now time.Time) (string, error) {
 	base = filepath.Clean(base)
 	name := filepath.Base(root)
@@ -360,6 +386,9 @@ func Quarantine(base, root string, reason QuarantineReason, now time.Time) (stri
 	}
 	if fi, err := os.Lstat(root); err != nil || !realDir(fi) {
 		return "", unsafeRoot(root)
+	}
+	if err := scrubLaunchOnly(root); err != nil {
+		return "", err
 	}
 	qdir := filepath.Join(base, QuarantineDir)
 	if err := privateDir(qdir); err != nil {

@@ -252,3 +252,29 @@ func TestE13_ToolAuthorityEpochsArePerScope(t *testing.T) {
 	_, err = a2.Binding()
 	requireCode(t, err, CodeToolEpochRevoked)
 }
+
+// A quarantined root keeps the session's state but not the launch-only
+// entries of its provider home: credentials and launch configuration are
+// removed first, a symlinked credential as the link itself.
+func TestE13_QuarantineRemovesLaunchOnlyProviderHomeEntriesFirst(t *testing.T) {
+	base := t.TempDir()
+	root := filepath.Join(base, sha("launch-only"))
+	home := filepath.Join(root, CodexHomeDir)
+	require.NoError(t, os.MkdirAll(filepath.Join(home, "sessions"), 0o700))
+	require.NoError(t, os.MkdirAll(filepath.Join(home, "tmp"), 0o700))
+	require.NoError(t, os.WriteFile(filepath.Join(home, "sessions", "rollout.jsonl"), []byte("{}"), 0o600))
+	require.NoError(t, os.WriteFile(filepath.Join(home, "config.toml"), []byte("model = \"m\""), 0o600))
+	outside := filepath.Join(t.TempDir(), "auth.json")
+	require.NoError(t, os.WriteFile(outside, []byte(`{"token":"secret"}`), 0o600))
+	require.NoError(t, os.Symlink(outside, filepath.Join(home, "auth.json")))
+
+	dest, err := Quarantine(base, root, IdentityIndeterminate, timeNow())
+	require.NoError(t, err)
+	qhome := filepath.Join(dest, CodexHomeDir)
+	require.FileExists(t, filepath.Join(qhome, "sessions", "rollout.jsonl"), "the session's state is kept")
+	for _, e := range LaunchOnlyCodexHomeEntries {
+		_, err := os.Lstat(filepath.Join(qhome, e))
+		require.True(t, os.IsNotExist(err), "%s removed", e)
+	}
+	require.FileExists(t, outside, "a symlink's target is never touched")
+}

@@ -67,6 +67,7 @@ func run() error {
 	stateRoot := grpcx.StringFlag(fs, "state-root", "", defaultStateRoot(), "directory for runner state, one subdirectory per session scope")
 	runnerd := grpcx.StringFlag(fs, "runnerd-path", "", "", "runnerd binary (default: next to this binary, then PATH)")
 	codex := grpcx.StringFlag(fs, "codex-command", "", "codex", "provider command runnerd launches (the codex native binary, or fake-codex-app-server)")
+	codexHome := grpcx.StringFlag(fs, "codex-home-template", "", "", "directory whose auth.json and config.toml (mode 0600) are copied into each scope's codex-home before its runner is launched (they never travel in backups)")
 	var codexArgs listFlag
 	fs.Var(&codexArgs, "codex-arg", "argument for the provider command (repeatable; env TETHER_CODEX_ARGS, space separated)")
 	idle := grpcx.DurationFlag(fs, "idle-timeout", "", 10*time.Minute, "how long a warm runner lives without work")
@@ -85,6 +86,9 @@ func run() error {
 	}
 	if !grpcx.IsLoopbackAddr(*wsAddr) {
 		return fmt.Errorf("-runner-addr %s: plain runner connections are accepted on loopback only; use -runner-tls-addr with -runner-tls-cert/-runner-tls-key off loopback (dial_wss)", *wsAddr)
+	}
+	if err := gateway.CheckCodexHomeTemplate(*codexHome); err != nil {
+		return err
 	}
 	if (*tlsCert == "") != (*tlsKey == "") {
 		return errors.New("-runner-tls-cert and -runner-tls-key go together")
@@ -123,7 +127,7 @@ func run() error {
 	}
 	gcfg := gateway.Config{
 		StateRoot: *stateRoot, ConnectURL: *connectURL,
-		RunnerdPath: rpath, CodexCommand: *codex, CodexArgs: codexArgs,
+		RunnerdPath: rpath, CodexCommand: *codex, CodexArgs: codexArgs, CodexHomeTemplate: *codexHome,
 		IdleTimeout: *idle, ReconnectGrace: *grace, ConnectTimeout: *connectTimeout,
 		Build: build, Authority: prp.NewAuthority(key, time.Now), Logger: log, Draining: srv.Draining(),
 		CABundle: *caBundle, Ingress: gateway.ParseIngressPolicy(*ingressCompanies), IngressHost: *ingressHost,

@@ -312,3 +312,68 @@ func TestR6_AListeningRunnerRelaunchedRightAfterASuspensionIsDialledAgain(t *tes
 	require.Equal(t, first.GetRunnerInstanceId(), second.GetRunnerInstanceId())
 	require.Equal(t, gatewayv1.TransportMode_TRANSPORT_MODE_LISTEN_WS, rl.runner(sc).GetMode())
 }
+
+func TestB2_TheCodexHomeTemplateIsMaterialisedAtEachLaunchAndNeverBackedUp(t *testing.T) {
+	tmpl := t.TempDir()
+	auth, conf := []byte(`{"OPENAI_API_KEY":"sk-template-secret"}`), []byte("[features]\nplugins = false\n")
+	require.NoError(t, os.WriteFile(filepath.Join(tmpl, "auth.json"), auth, 0o600))
+	require.NoError(t, os.WriteFile(filepath.Join(tmpl, "config.toml"), conf, 0o600))
+	require.NoError(t, CheckCodexHomeTemplate(tmpl))
+	var fv *fakeVerifier
+	rl := newRelay(t, func(c *Config) {
+		var client backupv1.BackupVerifierClient
+		fv, client = startFakeVerifier(t)
+		c.Backup = client
+		c.CodexHomeTemplate = tmpl
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	in := testInput("template", "acme", "first")
+	sc := scope.OfRun("run-1", in)
+	home := filepath.Join(rl.cfg.StateRoot, sc, durable.CodexHomeDir)
+	requireMaterialised := func() {
+		t.Helper()
+		for name, want := range map[string][]byte{"auth.json": auth, "config.toml": conf} {
+			got, err := os.ReadFile(filepath.Join(home, name))
+			require.NoError(t, err)
+			require.Equal(t, want, got)
+			fi, err := os.Stat(filepath.Join(home, name))
+			require.NoError(t, err)
+			require.Equal(t, os.FileMode(0o600), fi.Mode().Perm())
+		}
+	}
+	_, evs := rl.turn(ctx, "run-1", nil, in, nil)
+	requireSucceeded(t, evs)
+	requireMaterialised()
+	rl.waitDetached(sc)
+
+	resp, err := rl.client.SuspendRunner(ctx, &gatewayv1.SuspendRunnerRequest{Input: in, RunId: "run-1"})
+	require.NoError(t, err)
+	fv.mu.Lock()
+	archive := fv.archives[resp.GetCheckpoint().GetCheckpointId()]
+	names := tarNames(t, archive)
+	fv.mu.Unlock()
+	require.True(t, names["codex-home/fake-codex-state.json"], "%v", names)
+	require.False(t, names["codex-home/auth.json"], "credentials never travel")
+	require.False(t, names["codex-home/config.toml"])
+	require.NotContains(t, string(archive), "sk-template-secret")
+
+	// The state is lost; the restored provider home gets the launch files
+	// again from the template.
+	require.NoError(t, os.RemoveAll(filepath.Join(rl.cfg.StateRoot, sc)))
+	spec := &gatewayv1.RestoreSpec{CheckpointId: resp.GetCheckpoint().GetCheckpointId(), Stamp: resp.GetStamp(), LeaseId: resp.GetLeaseId()}
+	_, err = rl.openWith(ctx, "run-2", in, spec)
+	require.NoError(t, err)
+	requireMaterialised()
+}
+
+func TestB2_ACodexHomeTemplateWithAnExposedCredentialIsRefused(t *testing.T) {
+	tmpl := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(tmpl, "auth.json"), []byte("{}"), 0o644))
+	require.ErrorContains(t, CheckCodexHomeTemplate(tmpl), "chmod 600")
+	require.NoError(t, os.Remove(filepath.Join(tmpl, "auth.json")))
+	require.NoError(t, os.Symlink(filepath.Join(t.TempDir(), "x"), filepath.Join(tmpl, "config.toml")))
+	require.ErrorContains(t, CheckCodexHomeTemplate(tmpl), "not a regular file")
+	require.Error(t, CheckCodexHomeTemplate(filepath.Join(tmpl, "missing")))
+	require.NoError(t, CheckCodexHomeTemplate(""))
+}

@@ -71,6 +71,11 @@ type Config struct {
 	// app-server or the fake).
 	CodexCommand string
 	CodexArgs    []string
+	// CodexHomeTemplate, when set, is a directory whose launch-only provider
+	// home files (auth.json, config.toml) are copied into a scope's
+	// codex-home before each runner launch — fresh, resumed or restored —
+	// since they never travel in a backup. See CheckCodexHomeTemplate.
+	CodexHomeTemplate string
 	// IdleTimeout is how long a warm runner lives without work.
 	IdleTimeout time.Duration
 	// ReconnectGrace is how long a runner keeps trying to reconnect.

@@ -1,13 +1,16 @@
 package gateway
 
 import (
+	"github.com/tether-run/tether/pkg/atomicfile"
 	"github.com/tether-run/tether/pkg/procid"
+	"github.com/tether-run/tether/pkg/scope/durable"
 
 	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"net"
 	"os"
 	"os/exec"
@@ -170,6 +173,9 @@ func (g *Gateway) launch(spec *launchSpec) (*launched, error) {
 			return nil, failure.Wrap(err, codes.Internal, "runner_local_connect_failed", "creating %s: %v", d, err)
 		}
 	}
+	if err := materializeCodexHome(g.cfg.CodexHomeTemplate, spec.stateDir); err != nil {
+		return nil, err
+	}
 	args, err := g.transportArgs(spec)
 	if err != nil {
 		return nil, err
@@ -269,4 +275,65 @@ func stopOrphanProviderHost(stateDir string) {
 	}
 	_ = syscall.Kill(int(in.HostPID), syscall.SIGTERM)
 	<-pollExit(p)
+}
+
+// templateFiles are the launch-only provider home files a template supplies.
+var templateFiles = []string{"auth.json", "config.toml"}
+
+// CheckCodexHomeTemplate validates a provider home template at startup: a
+// real directory whose files are regular files readable by the gateway's
+// user only (a credential readable by others is refused).
+func CheckCodexHomeTemplate(dir string) error {
+	if dir == "" {
+		return nil
+	}
+	fi, err := os.Lstat(dir)
+	if err != nil || !fi.IsDir() {
+		return fmt.Errorf("codex home template %s is not a directory", dir)
+	}
+	for _, name := range templateFiles {
+		fi, err := os.Lstat(filepath.Join(dir, name))
+		if os.IsNotExist(err) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		if !fi.Mode().IsRegular() {
+			return fmt.Errorf("codex home template %s: %s is not a regular file", dir, name)
+		}
+		if fi.Mode().Perm()&0o077 != 0 {
+			return fmt.Errorf("codex home template %s: %s is accessible to other users (mode %v); chmod 600 it", dir, name, fi.Mode().Perm())
+		}
+	}
+	return nil
+}
+
+// materializeCodexHome copies the template's launch-only files into the
+// scope's provider home (0600, atomically), replacing what a previous launch
+// left: the template is their only source.
+func materializeCodexHome(template, stateDir string) error {
+	if template == "" {
+		return nil
+	}
+	home := filepath.Join(stateDir, durable.CodexHomeDir)
+	if err := os.MkdirAll(home, 0o700); err != nil {
+		return failure.Wrap(err, codes.Internal, "runner_local_connect_failed", "creating %s: %v", home, err)
+	}
+	if fi, err := os.Lstat(home); err != nil || !fi.IsDir() {
+		return failure.New(codes.FailedPrecondition, durable.CodeDirectoryUnsafe, "provider home %s is not a real directory", home)
+	}
+	for _, name := range templateFiles {
+		b, err := os.ReadFile(filepath.Join(template, name))
+		if os.IsNotExist(err) {
+			continue
+		}
+		if err != nil {
+			return failure.Wrap(err, codes.Internal, "runner_local_connect_failed", "reading the codex home template: %v", err)
+		}
+		if err := atomicfile.Write(home, name, b, 0o600); err != nil {
+			return failure.Wrap(err, codes.Internal, "runner_local_connect_failed", "writing %s into %s: %v", name, home, err)
+		}
+	}
+	return nil
 }

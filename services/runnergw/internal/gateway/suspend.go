@@ -23,6 +23,7 @@ import (
 	gatewayv1 "github.com/tether-run/tether/pkg/gen/tether/gateway/v1"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/scope"
+	"github.com/tether-run/tether/pkg/scope/durable"
 )
 
 // Stable codes of suspension and restore (SPEC R5).
@@ -52,7 +53,7 @@ const (
 // state dir, and what never travels.
 var (
 	codexProfileDirs    = []string{"runner", "codex-home"}
-	codexHomeExclusions = []string{"tmp", ".tmp", "auth.json", "config.toml"}
+	codexHomeExclusions = durable.LaunchOnlyCodexHomeEntries
 	// runnerExclusions: the provider host's socket (gone once the host has
 	// exited cleanly; a socket is never archived).
 	runnerExclusions = []string{"provider.sock"}
