@@ -214,6 +214,16 @@ func (o *Outbox) Append(recs ...Record) error {
 // Trim forgets records with seq <= acked and compacts the file atomically
 // once enough of it is dead.
 func (o *Outbox) Trim(acked uint64) error {
+	o.Forget(acked)
+	if o.CompactDue() {
+		return o.Compact()
+	}
+	return nil
+}
+
+// Forget drops the records with seq <= acked from the live set; their
+// lines stay in the file (dead bytes) until Compact.
+func (o *Outbox) Forget(acked uint64) {
 	i := 0
 	for i < len(o.recs) && o.recs[i].SourceSeq <= acked {
 		o.dead += o.sizes[i]
@@ -224,10 +234,11 @@ func (o *Outbox) Trim(acked uint64) error {
 		o.recs = append([]Record(nil), o.recs[i:]...)
 		o.sizes = append([]int64(nil), o.sizes[i:]...)
 	}
-	if o.size >= compactMinBytes && o.dead*2 >= o.size {
-		return o.Compact()
-	}
-	return nil
+}
+
+// CompactDue reports whether enough of the file is dead to compact it.
+func (o *Outbox) CompactDue() bool {
+	return o.size >= compactMinBytes && o.dead*2 >= o.size
 }
 
 // Compact rewrites the log with only the live records (temp sibling, fsync,

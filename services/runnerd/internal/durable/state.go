@@ -175,13 +175,30 @@ func (s *Store) Load() (*State, error) {
 
 // Save bounds the command journal and atomically rewrites the document.
 func (s *Store) Save(st *State) error {
-	st.pruneCommands()
-	st.UpdatedAt = time.Now().UTC()
-	b, err := json.MarshalIndent(st, "", "  ")
+	b, err := Encode(st)
 	if err != nil {
 		return err
 	}
-	return WriteFileAtomic(s.Dir, StateFile, append(b, '\n'))
+	return s.Write(b)
+}
+
+// Encode bounds the command journal, stamps the state and encodes it as the
+// document Write stores. Compact JSON: the document is rewritten on every
+// save, so its size is on the hot path of every command.
+func Encode(st *State) ([]byte, error) {
+	st.pruneCommands()
+	st.UpdatedAt = time.Now().UTC()
+	b, err := json.Marshal(st)
+	if err != nil {
+		return nil, err
+	}
+	return append(b, '\n'), nil
+}
+
+// Write atomically replaces the document with b (from Encode): a temporary
+// sibling, fsync, rename, directory fsync.
+func (s *Store) Write(b []byte) error {
+	return WriteFileAtomic(s.Dir, StateFile, b)
 }
 
 // pruneCommands keeps the MaxProcessedCommands most recent commands.

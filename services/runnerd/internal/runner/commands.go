@@ -134,8 +134,161 @@ func (r *Runner) sendResult(rec *durable.CommandRecord) {
 	r.write(&prpv1.Frame{Kind: &prpv1.Frame_CommandResult{CommandResult: res}})
 }
 
-// onCommand applies the journal rules, runs the effect and answers.
-func (r *Runner) onCommand(c *prpv1.Command) {
+// maxCommandBatch bounds the commands journaled together.
+const maxCommandBatch = 32
+
+// commandSlot is one received command's place in the answer order.
+type commandSlot struct {
+	c *prpv1.Command
+	// rec is the outcome to send; for a new command it is its journal
+	// record, which the effect completes.
+	rec *durable.CommandRecord
+	// run: the command's intent is journaled and its effect is to run.
+	run bool
+	// done: rec is final (the answer may go once it is durable).
+	done bool
+}
+
+// onCommands applies the journal rules to commands received together, runs
+// their effects in order and answers them in order. The state document is
+// rewritten (two fsyncs) at each save, so saves are shared as far as the
+// contract allows: a command's intent is durable before any of its effects,
+// and its outcome is durable before it is answered. One save journals the
+// intents of every command at hand; commands whose intents are durable then
+// run one after the other without a save of their own; the next save
+// persists their outcomes together with the intents of the commands that
+// arrived meanwhile (drained from the connection), and the outcomes are
+// answered after it.
+func (r *Runner) onCommands(connID int, cmds []*prpv1.Command) {
+	var (
+		slots   []*commandSlot
+		next    int // first slot not yet run (or answered, when it needs no run)
+		answerd int // slots answered so far
+		dirty   bool
+	)
+	admit := func(cs []*prpv1.Command) {
+		for _, c := range cs {
+			s, changed := r.admitCommand(c)
+			slots = append(slots, s)
+			dirty = dirty || changed
+		}
+	}
+	// Answers still waiting for a snapshot go first (in order).
+	if r.settleSaves() != nil {
+		return
+	}
+	admit(cmds)
+	wait := time.Duration(0)
+	if last := slots[len(slots)-1]; last.run && last.c.GetType() == CmdRunAttach {
+		// The executor sends a run's turn.start right behind its
+		// run.attach: a short wait lets both intents share one save.
+		wait = attachFollowWindow
+	}
+	for {
+		// A save point: commands that arrived meanwhile are journaled in
+		// the same save.
+		admit(r.drainCommands(connID, maxCommandBatch-len(slots), wait))
+		wait = 0
+		if dirty && next == len(slots) {
+			// Only outcomes to persist: they are answered once durable,
+			// while the loop goes on (the turn's events are not held up).
+			gen, err := r.saveAsync()
+			if err != nil {
+				r.log.Error("cannot persist runner state", "err", err)
+				r.setExit(ExitError, "runner_state_write_failed", true)
+				return
+			}
+			recs := make([]*durable.CommandRecord, 0, len(slots)-answerd)
+			for _, sl := range slots[answerd:] {
+				recs = append(recs, sl.rec)
+			}
+			r.answerWhenSaved(gen, recs)
+			return
+		}
+		if dirty {
+			r.mustSave()
+			dirty = false
+			if r.exit != nil && r.exit.immediate {
+				return // nothing unsaved is answered, nothing unjournaled runs
+			}
+		}
+		for answerd < len(slots) && slots[answerd].done {
+			r.sendResult(slots[answerd].rec)
+			answerd++
+		}
+		if next == len(slots) {
+			return
+		}
+		// Every slot up to len(slots) is journaled durably now: run them.
+		// The events they emit are held and journaled with the provider
+		// events of a turn one of them starts (one fsync for run.attached
+		// and turn.started), before any state save, and at the latest when
+		// they have run.
+		r.holdEvents = true
+		for ; next < len(slots); next++ {
+			sl := slots[next]
+			if !sl.run {
+				continue
+			}
+			r.runCommand(sl)
+			dirty = true
+			if r.exit != nil && r.exit.immediate {
+				break
+			}
+		}
+		r.holdEvents = false
+		r.flushHeld()
+		if r.exit != nil && r.exit.immediate {
+			return
+		}
+	}
+}
+
+// attachFollowWindow bounds how long a run.attach waits for the command
+// behind it (see onCommands): well under one save of the state.
+const attachFollowWindow = 2 * time.Millisecond
+
+// drainCommands returns the commands of connection connID already waiting
+// behind the one being handled (at most max), waiting up to wait for the
+// first of them. A frame of another kind ends the batch and is kept in
+// r.held, handled next by the loop.
+func (r *Runner) drainCommands(connID, max int, wait time.Duration) []*prpv1.Command {
+	var cmds []*prpv1.Command
+	var timeout <-chan time.Time
+	if wait > 0 {
+		t := time.NewTimer(wait)
+		defer t.Stop()
+		timeout = t.C
+	}
+	for len(cmds) < max && r.held == nil {
+		var in inbound
+		select {
+		case in = <-r.inbound:
+		default:
+			if timeout == nil {
+				return cmds
+			}
+			select {
+			case in = <-r.inbound:
+			case <-timeout:
+				return cmds
+			}
+		}
+		timeout = nil
+		if cmd := in.f.GetCommand(); in.err == nil && in.connID == connID && r.conn != nil && r.conn.id == connID && cmd != nil {
+			cmds = append(cmds, cmd)
+			continue
+		}
+		r.held = &in
+	}
+	return cmds
+}
+
+// admitCommand applies the journal rules to one command: an invalid or
+// refused command, or a duplicate (its stored result is resent), is done at
+// once; a new one is journaled as pending (in memory: the caller saves) and
+// is to run. changed says the state changed.
+func (r *Runner) admitCommand(c *prpv1.Command) (_ *commandSlot, changed bool) {
 	st := r.st
 	base := &durable.CommandRecord{
 		CommandID:     c.GetCommandId(),
@@ -145,19 +298,17 @@ func (r *Runner) onCommand(c *prpv1.Command) {
 		Attempt:       c.GetAttempt(),
 		ReceivedAt:    time.Now().UTC(),
 	}
-	reply := func(status, code, msg string) {
+	reply := func(status, code, msg string) *commandSlot {
 		rec := *base
 		rec.Status, rec.Code, rec.Message = status, code, msg
-		r.sendResult(&rec)
+		return &commandSlot{c: c, rec: &rec, done: true}
 	}
 	if c.GetCommandId() == "" || len(c.GetCommandId()) > 160 || c.GetType() == "" {
-		reply(durable.StatusRejected, CodeCommandInvalid, "command needs a command id (1..160) and a type")
-		return
+		return reply(durable.StatusRejected, CodeCommandInvalid, "command needs a command id (1..160) and a type"), false
 	}
 	fp, err := Fingerprint(c)
 	if err != nil {
-		reply(durable.StatusRejected, CodeCommandInvalid, "payload cannot be fingerprinted: "+err.Error())
-		return
+		return reply(durable.StatusRejected, CodeCommandInvalid, "payload cannot be fingerprinted: "+err.Error()), false
 	}
 	base.Fingerprint = fp
 	// consumeSeq advances the controller cursor when this command holds the
@@ -171,31 +322,27 @@ func (r *Runner) onCommand(c *prpv1.Command) {
 	}
 
 	if prev, ok := st.ProcessedCommands[c.GetCommandId()]; ok {
-		if consumeSeq() {
-			r.mustSave()
-		}
+		changed = consumeSeq()
 		if prev.Fingerprint == fp {
 			if runID := c.GetRunId(); runID != "" {
 				if hi := st.HighestAttempts[runID]; c.GetAttempt() < hi {
-					reply(durable.StatusRejected, CodeAttemptFenced,
-						fmt.Sprintf("attempt %d is fenced by attempt %d of run %s", c.GetAttempt(), hi, runID))
-					return
+					return reply(durable.StatusRejected, CodeAttemptFenced,
+						fmt.Sprintf("attempt %d is fenced by attempt %d of run %s", c.GetAttempt(), hi, runID)), changed
 				} else if c.GetAttempt() > hi {
 					st.HighestAttempts[runID] = c.GetAttempt()
-					r.mustSave()
+					changed = true
 				}
 			}
 			r.log.Info("duplicate command; resending the stored result", "command_id", prev.CommandID, "status", prev.Status)
-			r.sendResult(prev)
-			return
+			// prev is final when this slot's turn to be answered comes (a
+			// command is answered after every earlier one).
+			return &commandSlot{c: c, rec: prev, done: true}, changed
 		}
-		reply(durable.StatusRejected, CodeCommandIDReused, "commandId was reused with different command data")
-		return
+		return reply(durable.StatusRejected, CodeCommandIDReused, "commandId was reused with different command data"), changed
 	}
 	if c.GetControllerSeq() != st.LastControllerCommandSeq+1 {
-		reply(durable.StatusRejected, CodeControllerSeqGap, fmt.Sprintf("controller sequence must be contiguous: expected %d, received %d",
-			st.LastControllerCommandSeq+1, c.GetControllerSeq()))
-		return
+		return reply(durable.StatusRejected, CodeControllerSeqGap, fmt.Sprintf("controller sequence must be contiguous: expected %d, received %d",
+			st.LastControllerCommandSeq+1, c.GetControllerSeq())), false
 	}
 	consumeSeq()
 	rec := base
@@ -205,27 +352,26 @@ func (r *Runner) onCommand(c *prpv1.Command) {
 		if hi := st.HighestAttempts[runID]; c.GetAttempt() < hi {
 			rec.Status, rec.Code = durable.StatusRejected, CodeAttemptFenced
 			rec.Message = fmt.Sprintf("attempt %d is fenced by attempt %d of run %s", c.GetAttempt(), hi, runID)
-			r.mustSave()
-			r.sendResult(rec)
-			return
+			return &commandSlot{c: c, rec: rec, done: true}, true
 		}
 		st.HighestAttempts[runID] = c.GetAttempt()
 	}
-
-	// Journal the intent before any effect.
+	// The intent, journaled before any effect.
 	rec.Status, rec.Code, rec.Message = durable.StatusPending, CodeExecutionIndeterminate, ""
-	r.mustSave()
-	if r.exit != nil && r.exit.immediate {
-		return
-	}
+	return &commandSlot{c: c, rec: rec, run: true}, true
+}
+
+// runCommand runs the effect of a command whose intent is durable and
+// records its outcome (in memory: the caller saves before answering).
+func (r *Runner) runCommand(sl *commandSlot) {
+	c, rec := sl.c, sl.rec
 	result, cerr := r.execute(c)
 	if cerr != nil {
 		rec.Status, rec.Code, rec.Message = cerr.status, cerr.code, cerr.msg
 	} else {
 		rec.Status, rec.Code, rec.Message, rec.Result = durable.StatusCompleted, "", "", result
 	}
-	r.mustSave()
-	r.sendResult(rec)
+	sl.done = true
 	if c.GetType() == CmdSessionClose && cerr == nil {
 		r.setExit(ExitOK, "session_closed", false)
 	}
@@ -324,7 +470,8 @@ func (r *Runner) cmdRunAttach(c *prpv1.Command) (map[string]any, *cmdError) {
 	if t := r.st.ActiveTurn; t != nil {
 		t.Attempt = c.GetAttempt()
 	}
-	r.mustSave()
+	// The attached run is persisted with the command's outcome, before the
+	// answer; run.attached is journaled (fsync) before it is sent.
 	reused := r.prov != nil
 	payload := map[string]any{
 		"runId":            c.GetRunId(),
@@ -391,8 +538,8 @@ func (r *Runner) cmdTurnStart(c *prpv1.Command) (map[string]any, *cmdError) {
 		return nil, providerFailure("provider_turn_start_failed", err)
 	}
 	cur := r.st.CurrentRun
+	// Persisted with the command's outcome, before the answer.
 	r.st.ActiveTurn = &durable.Turn{TurnID: turnID, RunID: cur.RunID, Attempt: cur.Attempt, StartedAt: time.Now().UTC()}
-	r.mustSave()
 	return map[string]any{"turnId": turnID, "providerThreadId": r.st.ProviderThreadID}, nil
 }
 
@@ -662,16 +809,21 @@ func (r *Runner) stopSession(reason string) {
 	r.emit(P0, "runner.stopped", "", "", map[string]any{"reason": reason})
 }
 
+// onTurnDone ends the active turn: the provider events still queued and
+// the turn's run.terminal are journaled together (one fsync) and sent in
+// one batch.
 func (r *Runner) onTurnDone(res TurnResult) {
 	r.lastActivity = time.Now()
+	evs, cursor := r.providerEvents()
 	t := r.st.ActiveTurn
 	if t == nil || (res.TurnID != "" && res.TurnID != t.TurnID) {
+		r.journalProvider(evs, cursor)
 		r.log.Warn("turn result for a turn that is not active; ignored", "turn_id", res.TurnID)
 		return
 	}
-	r.emitTerminal(t, res)
+	r.journalProvider(append(evs, r.terminalEvent(t, res)), cursor)
 	r.st.ActiveTurn = nil
-	r.mustSave()
+	r.saveSoon()
 }
 
 func (r *Runner) onProviderExit() {
@@ -680,7 +832,6 @@ func (r *Runner) onProviderExit() {
 	// A turn that finished just before the exit still counts as finished.
 	select {
 	case res := <-p.TurnDone():
-		r.pumpProviderEvents()
 		r.onTurnDone(res)
 	default:
 	}
@@ -709,6 +860,12 @@ func (r *Runner) onProviderExit() {
 
 // emitTerminal emits the P0 run.terminal event for a finished turn.
 func (r *Runner) emitTerminal(t *durable.Turn, res TurnResult) {
+	r.emitAll([]pendingEvent{r.terminalEvent(t, res)})
+}
+
+// terminalEvent is the P0 run.terminal event for a finished turn, labelled
+// with the turn's run.
+func (r *Runner) terminalEvent(t *durable.Turn, res TurnResult) pendingEvent {
 	turnState := res.Status
 	runState := "failed"
 	switch res.Status {
@@ -738,13 +895,7 @@ func (r *Runner) emitTerminal(t *durable.Turn, res TurnResult) {
 		payload["message"] = res.ErrorMessage
 	}
 	// The run the turn belongs to labels the event.
-	cur := r.st.CurrentRun
-	if cur == nil || cur.RunID != t.RunID {
-		saved := cur
-		r.st.CurrentRun = &durable.RunRef{RunID: t.RunID, Attempt: t.Attempt}
-		defer func() { r.st.CurrentRun = saved }()
-	}
-	r.emit(P0, "run.terminal", t.TurnID, "", payload)
+	return pendingEvent{prio: P0, typ: "run.terminal", turnID: t.TurnID, payload: payload, runID: t.RunID}
 }
 
 // dynamicTools renders the run's declared tools in codex's thread/start

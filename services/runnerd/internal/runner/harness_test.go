@@ -63,6 +63,7 @@ type fakeGateway struct {
 	refuse   bool   // refuse new connections (HTTP 503)
 	acked    uint64 // acked seq reported in Welcome
 	onEvent  func(*prpv1.Event)
+	onResult func(*prpv1.CommandResult)
 	changed  chan struct{}
 	wg       sync.WaitGroup
 }
@@ -190,6 +191,9 @@ func (g *fakeGateway) serve(ctx context.Context, ws *websocket.Conn) {
 			}
 		case *prpv1.Frame_CommandResult:
 			g.results = append(g.results, k.CommandResult)
+			if g.onResult != nil {
+				g.onResult(k.CommandResult)
+			}
 		case *prpv1.Frame_Pong:
 			g.pongs = append(g.pongs, k.Pong)
 		case *prpv1.Frame_Goodbye:

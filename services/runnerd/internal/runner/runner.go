@@ -104,6 +104,9 @@ type Config struct {
 
 	// OutboxSynced, when set, is called after each outbox fsync (tests).
 	OutboxSynced func([]durable.Record)
+	// StateSaved, when set, is called after each save of the state
+	// document (tests).
+	StateSaved func(*durable.State)
 }
 
 func (c *Config) defaults() {
@@ -261,6 +264,26 @@ type Runner struct {
 	// pendingCursor is the provider host cursor of the batch being
 	// journaled (it goes on the batch's last record).
 	pendingCursor uint64
+	// held is a frame read while draining a batch of commands; the loop
+	// handles it next.
+	held *inbound
+	// ackDirty: the acknowledged cursor moved since the last save. It is
+	// persisted lazily (see applyAck).
+	ackDirty bool
+
+	// State snapshots (see saver.go): saveGen is the newest asked for,
+	// savedGen the newest durable; saveErr is a failed write (fatal).
+	saver             *stateSaver
+	saveGen, savedGen uint64
+	saveErr           error
+	pendingAnswers    []pendingAnswer
+
+	// holdEvents: events emitted now are held (heldEvents, no source seq
+	// yet) and journaled with the next batch — the provider events after
+	// a turn starts, or before the next state save at the latest (see
+	// onCommands).
+	holdEvents bool
+	heldEvents []pendingEvent
 }
 
 // Run runs runnerd until it decides to exit and returns the exit code.
@@ -293,10 +316,16 @@ func Run(ctx context.Context, cfg Config) (int, error) {
 	r.log.Info("runner transport", "mode", cfg.Mode(), "connect_url", cfg.ConnectURL, "ca_bundle", cfg.CABundlePath != "")
 	runCtx, cancel := context.WithCancel(context.Background())
 	r.runCtx = runCtx
+	r.saver = startSaver(r.store)
+	defer r.saver.stop()
 	if r.reattach {
 		r.recoverProvider()
 	}
 	code = r.loop(ctx)
+	if r.ackDirty {
+		_ = r.save() // the acknowledged cursor, for the next process
+	}
+	_ = r.settleSaves() // answers waiting for a snapshot go out before the goodbye
 	if r.listener != nil {
 		r.listener.Close()
 	}
@@ -434,11 +463,13 @@ func (r *Runner) open(ctx context.Context) (int, bool, error) {
 	return ExitOK, false, nil
 }
 
+// save writes the state and waits until it is durable.
 func (r *Runner) save() error {
-	if err := r.store.Save(r.st); err != nil {
-		return fmt.Errorf("runner_state_write_failed: %w", err)
+	gen, err := r.saveAsync()
+	if err != nil {
+		return err
 	}
-	return nil
+	return r.waitSaved(gen)
 }
 
 // mustSave persists the state; a failure to persist is fatal for a durable
@@ -467,12 +498,23 @@ func (r *Runner) loop(ctx context.Context) int {
 		if code, done := r.checkTimers(time.Now()); done {
 			return code
 		}
+		if h := r.held; h != nil {
+			r.held = nil
+			r.handleInbound(*h)
+			continue
+		}
 		var turnDone <-chan TurnResult
 		var exited <-chan struct{}
 		if r.prov != nil {
 			turnDone, exited = r.prov.TurnDone(), r.prov.Exited()
 		}
+		var saved <-chan saveResult
+		if r.saver != nil {
+			saved = r.saver.done
+		}
 		select {
+		case res := <-saved:
+			r.onSaved(res)
 		case <-ctx.Done():
 			r.terminate()
 			return r.exit.code
@@ -483,9 +525,14 @@ func (r *Runner) loop(ctx context.Context) int {
 		case a := <-r.inbound2:
 			r.startHandshake(a)
 		case <-r.queue.signal:
-			r.pumpProviderEvents()
+			select {
+			case res := <-turnDone:
+				// The turn's last events and its terminal: one batch.
+				r.onTurnDone(res)
+			default:
+				r.pumpProviderEvents()
+			}
 		case res := <-turnDone:
-			r.pumpProviderEvents()
 			r.onTurnDone(res)
 		case <-exited:
 			r.onProviderExit()
@@ -852,8 +899,13 @@ func (r *Runner) handleInbound(in inbound) {
 		r.sendRecords(r.outbox.After(after))
 	case *prpv1.Frame_Command:
 		r.lastActivity = time.Now()
-		r.onCommand(k.Command)
+		r.onCommands(in.connID, []*prpv1.Command{k.Command})
 	case *prpv1.Frame_Ping:
+		if r.ackDirty {
+			// The gateway's keepalive bounds how stale the persisted
+			// acknowledged cursor gets (see applyAck).
+			r.mustSave()
+		}
 		r.write(&prpv1.Frame{Kind: &prpv1.Frame_Pong{Pong: &prpv1.Pong{
 			Nonce: k.Ping.GetNonce(), Lifecycle: r.st.Lifecycle, AckedSourceSeq: r.st.AckedSourceSeq, OutboxBytes: r.outbox.Bytes(),
 		}}})
@@ -878,21 +930,30 @@ func (r *Runner) onAck(n uint64) {
 		return
 	}
 	r.applyAck(n)
-	r.mustSave()
 }
 
-// applyAck moves the cursor (callers persist) and trims the outbox. The state
-// (with the cursor and nextSourceSeq) is saved before the outbox may be
-// compacted, so a compacted log never loses the seq high-water mark.
+// applyAck moves the acknowledged cursor and trims the outbox.
+//
+// The cursor is persisted lazily: with the next state save (every command
+// saves), at the latest at the gateway's next ping, and at exit. A stale
+// cursor on disk only means that, after a crash, events the executor
+// already persisted are replayed, and it drops them as identical
+// duplicates; the outbox file keeps them until a compaction. Before a
+// compaction the state (cursor and nextSourceSeq) is saved, so a compacted
+// log never loses the seq high-water mark.
 func (r *Runner) applyAck(n uint64) {
 	r.st.AckedSourceSeq = n
-	if err := r.save(); err != nil {
-		r.log.Error("cannot persist ACK", "err", err)
-		r.setExit(ExitError, "runner_state_write_failed", true)
-		return
-	}
-	if err := r.outbox.Trim(n); err != nil {
-		r.log.Error("outbox compaction failed", "err", err)
+	r.ackDirty = true
+	r.outbox.Forget(n)
+	if r.outbox.CompactDue() {
+		if err := r.save(); err != nil {
+			r.log.Error("cannot persist ACK", "err", err)
+			r.setExit(ExitError, "runner_state_write_failed", true)
+			return
+		}
+		if err := r.outbox.Compact(); err != nil {
+			r.log.Error("outbox compaction failed", "err", err)
+		}
 	}
 	r.relieveBackpressure()
 }
@@ -900,7 +961,8 @@ func (r *Runner) applyAck(n uint64) {
 // ---- events ----
 
 // newEvent assigns the next source seq and builds the journaled envelope.
-func (r *Runner) newEvent(prio uint32, typ, turnID, itemID string, payload map[string]any) (durable.Record, error) {
+// The event is labelled with runID, or else with the attached run.
+func (r *Runner) newEvent(prio uint32, typ, turnID, itemID, runID string, payload map[string]any) (durable.Record, error) {
 	if prio > P2 {
 		prio = P1
 	}
@@ -919,7 +981,9 @@ func (r *Runner) newEvent(prio uint32, typ, turnID, itemID string, payload map[s
 		Priority:            prio,
 		EmittedAt:           nowTS(time.Now()),
 	}
-	if r.st.CurrentRun != nil {
+	if runID != "" {
+		ev.RunId = runID
+	} else if r.st.CurrentRun != nil {
 		ev.RunId = r.st.CurrentRun.RunID
 	}
 	s, err := toStruct(payload)
@@ -950,6 +1014,8 @@ type pendingEvent struct {
 	prio                uint32
 	typ, turnID, itemID string
 	payload             map[string]any
+	// runID labels the event (default: the attached run).
+	runID string
 }
 
 // emitAll journals events (one fsync) and then sends them, within the
@@ -959,12 +1025,20 @@ type pendingEvent struct {
 // may use the reserve; a P0 event beyond MaxOutboxBytes is unrecoverable.
 // A rejected event takes no source seq, so seqs stay contiguous.
 func (r *Runner) emitAll(evs []pendingEvent) {
+	if r.holdEvents {
+		r.heldEvents = append(r.heldEvents, evs...)
+		return
+	}
+	if len(r.heldEvents) > 0 {
+		evs = append(r.heldEvents, evs...)
+		r.heldEvents = nil
+	}
 	recs := make([]durable.Record, 0, len(evs))
 	held := r.outbox.Bytes()
 	soft := r.cfg.MaxOutboxBytes - r.cfg.P0ReserveBytes
 	var add func(e pendingEvent) bool
 	add = func(e pendingEvent) bool {
-		rec, err := r.newEvent(e.prio, e.typ, e.turnID, e.itemID, e.payload)
+		rec, err := r.newEvent(e.prio, e.typ, e.turnID, e.itemID, e.runID, e.payload)
 		if err != nil {
 			r.log.Error("dropping unencodable event", "event_type", e.typ, "err", err)
 			return true
@@ -984,7 +1058,7 @@ func (r *Runner) emitAll(evs []pendingEvent) {
 				r.st.Lifecycle, r.st.LifecycleReason = durable.LifecycleBackpressure, "outbox_soft_limit"
 				r.log.Warn("outbox soft limit reached: backpressure; non-P0 events are rejected until acknowledged",
 					"outbox_bytes", held, "soft_limit", soft)
-				return add(pendingEvent{P0, "runner.backpressure", "", "", map[string]any{
+				return add(pendingEvent{prio: P0, typ: "runner.backpressure", payload: map[string]any{
 					"active": true, "outboxBytes": float64(held), "softLimitBytes": float64(soft),
 					"maxOutboxBytes": float64(r.cfg.MaxOutboxBytes), "rejectedEventType": rec.EventType,
 				}})
@@ -1053,16 +1127,37 @@ func (r *Runner) relieveBackpressure() {
 	r.emit(P0, "runner.backpressure", "", "", map[string]any{
 		"active": false, "outboxBytes": float64(r.outbox.Bytes()), "rejectedEvents": float64(dropped),
 	})
+	r.mustSave()
+}
+
+// flushHeld journals (and sends) the held events.
+func (r *Runner) flushHeld() {
+	if len(r.heldEvents) == 0 {
+		return
+	}
+	hold := r.holdEvents
+	r.holdEvents = false
+	r.emitAll(nil)
+	r.holdEvents = hold
 }
 
 func (r *Runner) emit(prio uint32, typ, turnID, itemID string, payload map[string]any) {
-	r.emitAll([]pendingEvent{{prio, typ, turnID, itemID, payload}})
+	r.emitAll([]pendingEvent{{prio: prio, typ: typ, turnID: turnID, itemID: itemID, payload: payload}})
 }
 
+// pumpProviderEvents journals (one fsync) and sends every provider event
+// queued so far.
 func (r *Runner) pumpProviderEvents() {
+	evs, cursor := r.providerEvents()
+	r.journalProvider(evs, cursor)
+}
+
+// providerEvents drains the provider events queued so far, and the
+// provider host cursor they reach (0: none).
+func (r *Runner) providerEvents() ([]pendingEvent, uint64) {
 	items := r.queue.drain()
 	if len(items) == 0 {
-		return
+		return nil, 0
 	}
 	r.lastActivity = time.Now()
 	evs := make([]pendingEvent, 0, len(items))
@@ -1072,13 +1167,26 @@ func (r *Runner) pumpProviderEvents() {
 			cursor = max(cursor, it.ev.Cursor) // a provider host mark
 			continue
 		}
-		evs = append(evs, pendingEvent{it.ev.Priority, it.ev.Type, it.ev.TurnID, it.ev.ItemID, it.ev.Payload})
+		evs = append(evs, pendingEvent{prio: it.ev.Priority, typ: it.ev.Type, turnID: it.ev.TurnID, itemID: it.ev.ItemID, payload: it.ev.Payload})
 	}
-	// The cursor is journaled with the batch's last record (same fsync):
-	// after a crash the host replays exactly the lines after it.
+	return evs, cursor
+}
+
+// journalProvider journals provider events and the events derived from
+// them (one group commit: one fsync, then sent together).
+func (r *Runner) journalProvider(evs []pendingEvent, cursor uint64) {
+	if len(evs) == 0 && cursor == 0 && len(r.heldEvents) == 0 {
+		return
+	}
+	// Held events go first, in the same fsync. The cursor is journaled
+	// with the batch's last record: after a crash the host replays
+	// exactly the lines after it.
+	hold := r.holdEvents
+	r.holdEvents = false
 	r.pendingCursor = cursor
 	r.emitAll(evs)
 	r.pendingCursor = 0
+	r.holdEvents = hold
 	if cursor > r.st.ProviderCursor && (r.exit == nil || !r.exit.immediate) {
 		r.st.ProviderCursor = cursor
 	}

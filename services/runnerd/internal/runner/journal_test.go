@@ -1,0 +1,235 @@
+package runner
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
+	"github.com/tether-run/tether/services/runnerd/internal/durable"
+)
+
+// diskCheckingProvider runs check before starting a turn (the turn's
+// effect), so a test can look at what is durable at that moment.
+type diskCheckingProvider struct {
+	Provider
+	check func()
+}
+
+func (p *diskCheckingProvider) StartTurn(ctx context.Context, text string) (string, error) {
+	p.check()
+	return p.Provider.StartTurn(ctx, text)
+}
+
+// TestR4_CommandsReceivedTogetherShareSavesWithinTheJournalContract: a
+// run.attach and a turn.start sent back to back are journaled and answered
+// with at most three saves of the state document between them (not one
+// per intent, outcome and state change), while every intent is durable
+// before its effect and every outcome before its answer.
+func TestR4_CommandsReceivedTogetherShareSavesWithinTheJournalContract(t *testing.T) {
+	e := newTestEnv(t)
+	store := &durable.Store{Dir: filepath.Join(e.stateDir, "runner")}
+	var (
+		mu       sync.Mutex
+		saves    int
+		problems []string
+		atEffect []string // on disk when the provider starts a turn: that turn.start's record status
+		started  int
+	)
+	onDisk := func(id string) string {
+		st, err := store.Load()
+		if err != nil || st == nil {
+			return fmt.Sprintf("unreadable (%v)", err)
+		}
+		if rec := st.ProcessedCommands[id]; rec != nil {
+			return rec.Status
+		}
+		return "absent"
+	}
+	e.start(func(c *Config) {
+		c.StateSaved = func(*durable.State) {
+			mu.Lock()
+			saves++
+			mu.Unlock()
+		}
+		start := c.StartProvider
+		c.StartProvider = func(ctx context.Context, cfg ProviderConfig, emit func(ProviderEvent)) (Provider, error) {
+			p, err := start(ctx, cfg, emit)
+			if err != nil {
+				return nil, err
+			}
+			return &diskCheckingProvider{Provider: p, check: func() {
+				mu.Lock()
+				defer mu.Unlock()
+				started++
+				atEffect = append(atEffect, onDisk(fmt.Sprintf("run-%d/turn", started)))
+			}}, nil
+		}
+	})
+	e.gw.waitConns(1)
+	e.gw.mu.Lock()
+	e.gw.onResult = func(r *prpv1.CommandResult) {
+		if got := onDisk(r.GetCommandId()); got != r.GetStatus() {
+			mu.Lock()
+			problems = append(problems, fmt.Sprintf("%s answered %s while the journal holds %s", r.GetCommandId(), r.GetStatus(), got))
+			mu.Unlock()
+		}
+	}
+	e.gw.mu.Unlock()
+
+	var seq uint64
+	run := func(n int) {
+		cs := &cmdSeq{t: t, runID: fmt.Sprintf("run-%d", n), attempt: 1, seq: seq}
+		attach := cs.attach(fmt.Sprintf("run-%d/attach", n))
+		turn := cs.next(fmt.Sprintf("run-%d/turn", n), CmdTurnStart, map[string]any{"text": "hello"})
+		seq = cs.seq
+		e.gw.send(&prpv1.Frame{Kind: &prpv1.Frame_Command{Command: attach}})
+		res := e.gw.command(turn)
+		require.Equal(t, durable.StatusCompleted, res.GetStatus(), res.GetMessage())
+		e.gw.waitFor("both answers", func() bool {
+			n := 0
+			for _, r := range e.gw.results {
+				if r.GetCommandId() == attach.GetCommandId() || r.GetCommandId() == turn.GetCommandId() {
+					n++
+				}
+			}
+			return n == 2
+		})
+		e.prov.last().finish(TurnResult{TurnID: res.GetResult().GetFields()["turnId"].GetStringValue(), Status: "completed"})
+		e.gw.waitEvent("run.terminal", n)
+		e.gw.ack(e.gw.maxSeq())
+	}
+	run(1) // starts the provider and opens the thread
+	time.Sleep(50 * time.Millisecond)
+	mu.Lock()
+	before := saves
+	mu.Unlock()
+	run(2) // a warm turn
+	time.Sleep(50 * time.Millisecond)
+	mu.Lock()
+	warm := saves - before
+	mu.Unlock()
+
+	mu.Lock()
+	defer mu.Unlock()
+	assert.Empty(t, problems)
+	assert.Equal(t, []string{durable.StatusPending, durable.StatusPending}, atEffect,
+		"each turn.start intent is durable before the provider turn starts")
+	// intents (1 or 2 saves, depending on whether the commands arrived
+	// together) + outcomes + the turn's end; the acknowledgement saves
+	// nothing.
+	assert.LessOrEqual(t, warm, 4, "saves of the state document for a warm run.attach + turn.start + turn end + ack")
+	assert.GreaterOrEqual(t, warm, 2)
+}
+
+// TestR4_TurnEndJournalsItsLastEventsAndTheTerminalInOneFsync: the
+// provider events still queued when a turn ends and its run.terminal are
+// one outbox append (one fsync), sent as one batch.
+func TestR4_TurnEndJournalsItsLastEventsAndTheTerminalInOneFsync(t *testing.T) {
+	r := bareRunner(t)
+	var appends [][]string
+	r.outbox.AfterSync = func(recs []durable.Record) {
+		var types []string
+		for _, rec := range recs {
+			types = append(types, rec.EventType)
+		}
+		appends = append(appends, types)
+	}
+	r.st.CurrentRun = &durable.RunRef{RunID: "run-1", Attempt: 1}
+	r.st.ActiveTurn = &durable.Turn{TurnID: "turn-1", RunID: "run-1", Attempt: 1}
+	r.queue.push(r.provGen, ProviderEvent{Type: "item.completed", TurnID: "turn-1", Priority: P1})
+	r.queue.push(r.provGen, ProviderEvent{Type: "turn.completed", TurnID: "turn-1", Priority: P0})
+	r.onTurnDone(TurnResult{TurnID: "turn-1", Status: "completed"})
+	assert.Equal(t, [][]string{{"item.completed", "turn.completed", "run.terminal"}}, appends)
+	st, err := r.store.Load()
+	require.NoError(t, err)
+	assert.Nil(t, st.ActiveTurn, "the ended turn is persisted")
+	recs := r.outbox.After(0)
+	require.Len(t, recs, 3)
+	assert.Contains(t, string(recs[2].Envelope), `"runId":"run-1"`)
+}
+
+// TestR4_AcknowledgementIsPersistedLazily: an ACK trims the outbox at once
+// but does not rewrite the state document; the cursor reaches the disk
+// with the next save, at the latest on the gateway's next ping, and at
+// exit.
+func TestR4_AcknowledgementIsPersistedLazily(t *testing.T) {
+	e := newTestEnv(t)
+	var mu sync.Mutex
+	saves := 0
+	p := e.start(func(c *Config) {
+		c.StateSaved = func(*durable.State) {
+			mu.Lock()
+			saves++
+			mu.Unlock()
+		}
+	})
+	cs := &cmdSeq{t: t, runID: "run-1", attempt: 1}
+	prov := attachAndTurn(t, e, cs)
+	prov.finish(TurnResult{TurnID: "turn-1", Status: "completed"})
+	e.gw.waitEvent("run.terminal", 1)
+	time.Sleep(50 * time.Millisecond)
+	mu.Lock()
+	before := saves
+	mu.Unlock()
+
+	e.gw.ack(3)
+	e.gw.ack(4)
+	time.Sleep(50 * time.Millisecond)
+	mu.Lock()
+	assert.Equal(t, before, saves, "an acknowledgement rewrites nothing")
+	mu.Unlock()
+	assert.Less(t, e.state().AckedSourceSeq, uint64(4))
+
+	pong := e.gw.ping(1)
+	assert.Equal(t, uint64(4), pong.GetAckedSourceSeq())
+	assert.Equal(t, uint64(4), e.state().AckedSourceSeq, "persisted by the ping")
+
+	e.gw.ack(5)
+	e.gw.ping(2)
+	res := e.gw.command(cs.next("c-close", CmdSessionClose, map[string]any{}))
+	require.Equal(t, durable.StatusCompleted, res.GetStatus())
+	e.gw.waitEvent("runner.suspended", 1)
+	e.gw.ack(e.gw.maxSeq())
+	assert.Equal(t, ExitOK, p.wait(t, 5*time.Second))
+	assert.Equal(t, e.gw.maxSeq(), e.state().AckedSourceSeq, "persisted at exit")
+}
+
+// TestR4_RunAttachedAndTheTurnsFirstEventsShareOneFsync: run.attach and
+// turn.start handled together journal their intents in one save, then
+// run.attached and the provider events that follow the turn's start in one
+// outbox append (one fsync), and their outcomes in one more save.
+func TestR4_RunAttachedAndTheTurnsFirstEventsShareOneFsync(t *testing.T) {
+	r := bareRunner(t)
+	var appends [][]string
+	r.outbox.AfterSync = func(recs []durable.Record) {
+		var types []string
+		for _, rec := range recs {
+			types = append(types, rec.EventType)
+		}
+		appends = append(appends, types)
+	}
+	saves := 0
+	r.cfg.StateSaved = func(*durable.State) { saves++ }
+	p, err := newFakeStarter().start(context.Background(), ProviderConfig{}, func(ev ProviderEvent) { r.queue.push(r.provGen, ev) })
+	require.NoError(t, err)
+	r.prov = p
+	r.queue.drain() // session.starting: not part of this test
+	cs := &cmdSeq{t: t, runID: "run-1", attempt: 1}
+	r.onCommands(0, []*prpv1.Command{cs.attach("c-attach"), cs.next("c-turn", CmdTurnStart, map[string]any{"text": "hi"})})
+	require.NoError(t, r.settleSaves())
+	assert.Equal(t, [][]string{{"run.attached", "turn.started"}}, appends)
+	assert.Equal(t, 2, saves, "intents, then outcomes")
+	st, err := r.store.Load()
+	require.NoError(t, err)
+	assert.Equal(t, durable.StatusCompleted, st.ProcessedCommands["c-attach"].Status)
+	assert.Equal(t, durable.StatusCompleted, st.ProcessedCommands["c-turn"].Status)
+	assert.Equal(t, "turn-1", st.ActiveTurn.TurnID)
+	assert.Equal(t, "run-1", st.CurrentRun.RunID)
+}

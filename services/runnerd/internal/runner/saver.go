@@ -1,0 +1,175 @@
+package runner
+
+import (
+	"fmt"
+	"sync"
+
+	"github.com/tether-run/tether/services/runnerd/internal/durable"
+)
+
+// The state document is rewritten atomically (a temporary file, fsync,
+// rename, directory fsync: milliseconds on a busy disk). The loop encodes
+// each snapshot itself (it owns the state) and hands it to a saver
+// goroutine, so it can go on journaling and sending events while the
+// snapshot is written. Snapshots are numbered; the saver writes them in
+// order and, when several wait, only the newest (it contains the others).
+// What needs a snapshot durable waits for its number: an effect waits for
+// its intent (save), an answer is sent once its outcome is durable
+// (answerWhenSaved).
+
+type saveResult struct {
+	gen uint64
+	err error
+}
+
+type stateSaver struct {
+	store *durable.Store
+	wake  chan struct{}
+	done  chan saveResult
+	quit  chan struct{}
+	exit  chan struct{}
+
+	mu   sync.Mutex
+	next []byte // newest snapshot not yet being written
+	gen  uint64 // its number
+}
+
+func startSaver(store *durable.Store) *stateSaver {
+	s := &stateSaver{store: store, wake: make(chan struct{}, 1), done: make(chan saveResult, 64),
+		quit: make(chan struct{}), exit: make(chan struct{})}
+	go s.run()
+	return s
+}
+
+func (s *stateSaver) submit(b []byte, gen uint64) {
+	s.mu.Lock()
+	s.next, s.gen = b, gen
+	s.mu.Unlock()
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (s *stateSaver) run() {
+	defer close(s.exit)
+	for {
+		select {
+		case <-s.wake:
+		case <-s.quit:
+			return
+		}
+		for {
+			s.mu.Lock()
+			b, gen := s.next, s.gen
+			s.next = nil
+			s.mu.Unlock()
+			if b == nil {
+				break
+			}
+			// done is drained by the loop; at most a few results are ever
+			// outstanding (one per snapshot the loop asked for).
+			s.done <- saveResult{gen: gen, err: s.store.Write(b)}
+		}
+	}
+}
+
+// stop ends the saver goroutine (after the loop waited for its snapshots).
+func (s *stateSaver) stop() {
+	close(s.quit)
+	<-s.exit
+}
+
+// pendingAnswer is a command outcome to send once snapshot gen is durable.
+type pendingAnswer struct {
+	gen uint64
+	rec *durable.CommandRecord
+}
+
+// saveAsync encodes the state and has it written (synchronously without a
+// saver); it returns the snapshot's number.
+func (r *Runner) saveAsync() (uint64, error) {
+	if r.saveErr != nil {
+		return 0, r.saveErr
+	}
+	// Events the state follows from are journaled first (and their
+	// source seqs are then taken).
+	r.flushHeld()
+	b, err := durable.Encode(r.st)
+	if err != nil {
+		return 0, fmt.Errorf("runner_state_write_failed: %w", err)
+	}
+	r.saveGen++
+	r.ackDirty = false // the snapshot holds the cursor
+	if r.saver == nil {
+		r.onSaved(saveResult{gen: r.saveGen, err: r.store.Write(b)})
+		return r.saveGen, r.saveErr
+	}
+	r.saver.submit(b, r.saveGen)
+	return r.saveGen, nil
+}
+
+// waitSaved blocks until snapshot gen is durable.
+func (r *Runner) waitSaved(gen uint64) error {
+	for r.saveErr == nil && r.savedGen < gen {
+		r.onSaved(<-r.saver.done)
+	}
+	return r.saveErr
+}
+
+// onSaved records a written snapshot and sends the answers it made
+// durable. A failed write is fatal: nothing more is answered.
+func (r *Runner) onSaved(res saveResult) {
+	if r.saveErr != nil {
+		return
+	}
+	if res.err != nil {
+		r.saveErr = fmt.Errorf("runner_state_write_failed: %w", res.err)
+		r.pendingAnswers = nil
+		r.log.Error("cannot persist runner state", "err", res.err)
+		r.setExit(ExitError, "runner_state_write_failed", true)
+		return
+	}
+	r.savedGen = max(r.savedGen, res.gen)
+	if r.cfg.StateSaved != nil {
+		r.cfg.StateSaved(r.st)
+	}
+	r.flushAnswers()
+}
+
+// flushAnswers sends the waiting answers whose snapshot is durable.
+func (r *Runner) flushAnswers() {
+	n := 0
+	for n < len(r.pendingAnswers) && r.pendingAnswers[n].gen <= r.savedGen {
+		r.sendResult(r.pendingAnswers[n].rec)
+		n++
+	}
+	r.pendingAnswers = r.pendingAnswers[n:]
+}
+
+// answerWhenSaved sends recs (in order, after every answer already
+// waiting) once snapshot gen is durable.
+func (r *Runner) answerWhenSaved(gen uint64, recs []*durable.CommandRecord) {
+	for _, rec := range recs {
+		r.pendingAnswers = append(r.pendingAnswers, pendingAnswer{gen: gen, rec: rec})
+	}
+	r.flushAnswers()
+}
+
+// settleSaves waits for every snapshot asked for (and so sends every answer
+// waiting for one).
+func (r *Runner) settleSaves() error {
+	if r.saver == nil {
+		return r.saveErr
+	}
+	return r.waitSaved(r.saveGen)
+}
+
+// saveSoon has the state written without waiting (for changes nobody waits
+// on); a failure is fatal as for mustSave.
+func (r *Runner) saveSoon() {
+	if _, err := r.saveAsync(); err != nil && r.saveErr == nil {
+		r.log.Error("cannot persist runner state", "err", err)
+		r.setExit(ExitError, "runner_state_write_failed", true)
+	}
+}
