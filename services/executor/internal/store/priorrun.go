@@ -112,34 +112,12 @@ func (s *Store) PriorRun(ctx context.Context, runID string) (*PriorRunRecord, er
 	return rec, err
 }
 
-// PriorRuns returns the records of the other runs of run runID's company,
-// agent and normalized session id (an unnamed session is "session-<run
-// id>"), newest first, at most limit (MaxPriorRuns when limit is not in
-// 1..MaxPriorRuns). Runs of other companies or agents sharing the session id
-// are never included. An unknown runID is run_not_found.
-func (s *Store) PriorRuns(ctx context.Context, runID string, limit int) ([]PriorRunRecord, error) {
-	if limit <= 0 || limit > MaxPriorRuns {
-		limit = MaxPriorRuns
-	}
-	var company, agent, session string
-	err := s.pool.QueryRow(ctx, `SELECT company_id, agent_id, normalized_session_id FROM executor.runs WHERE run_id = $1`, runID).
-		Scan(&company, &agent, &session)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, ErrRunNotFound(runID)
-	}
-	if err != nil {
-		return nil, err
-	}
-	session = scope.Params{RunID: runID, NormalizedSessionID: session}.SessionID()
-	// The run (if any) whose unnamed session this is.
-	unnamedOwner := ""
-	if rest, ok := strings.CutPrefix(session, "session-"); ok {
-		unnamedOwner = rest
-	}
-	// Two bounded probes: the named session's newest runs in index order
-	// (runs_prior_session_idx), and the one run whose unnamed session it is.
-	rows, err := s.pool.Query(ctx, `
-SELECT r.run_id, `+stateExpr+`, r.input
+// priorRunsSQL reads the prior runs of a run's company, agent and session
+// (see PriorRuns; arguments from priorRunsArgs) in two bounded probes: the
+// named session's newest runs in index order (runs_prior_session_idx), and
+// the one run whose unnamed session it is.
+const priorRunsSQL = `
+SELECT r.run_id, ` + stateExpr + `, r.input
   FROM (
         (SELECT run_id FROM executor.runs
           WHERE company_id = $1 AND agent_id = $2 AND normalized_session_id = $3 AND run_id <> $5
@@ -150,10 +128,26 @@ SELECT r.run_id, `+stateExpr+`, r.input
        ) m
   JOIN executor.runs r ON r.run_id = m.run_id
   LEFT JOIN executor.coordinators c ON c.run_id = r.run_id
- ORDER BY r.submit_seq DESC LIMIT $6`, company, agent, session, unnamedOwner, runID, limit)
-	if err != nil {
-		return nil, err
+ ORDER BY r.submit_seq DESC LIMIT $6`
+
+// priorRunsArgs are priorRunsSQL's arguments for run runID of company and
+// agent in the stored normalized session (an unnamed session is
+// "session-<run id>"); limit is clamped to 1..MaxPriorRuns.
+func priorRunsArgs(runID, company, agent, session string, limit int) []any {
+	if limit <= 0 || limit > MaxPriorRuns {
+		limit = MaxPriorRuns
 	}
+	session = scope.Params{RunID: runID, NormalizedSessionID: session}.SessionID()
+	// The run (if any) whose unnamed session this is.
+	unnamedOwner := ""
+	if rest, ok := strings.CutPrefix(session, "session-"); ok {
+		unnamedOwner = rest
+	}
+	return []any{company, agent, session, unnamedOwner, runID, limit}
+}
+
+// scanPriorRuns reads priorRunsSQL's rows.
+func scanPriorRuns(rows pgx.Rows) ([]PriorRunRecord, error) {
 	defer rows.Close()
 	var out []PriorRunRecord
 	for rows.Next() {
@@ -164,4 +158,26 @@ SELECT r.run_id, `+stateExpr+`, r.input
 		out = append(out, *rec)
 	}
 	return out, rows.Err()
+}
+
+// PriorRuns returns the records of the other runs of run runID's company,
+// agent and normalized session id (an unnamed session is "session-<run
+// id>"), newest first, at most limit (MaxPriorRuns when limit is not in
+// 1..MaxPriorRuns). Runs of other companies or agents sharing the session id
+// are never included. An unknown runID is run_not_found.
+func (s *Store) PriorRuns(ctx context.Context, runID string, limit int) ([]PriorRunRecord, error) {
+	var company, agent, session string
+	err := s.pool.QueryRow(ctx, `SELECT company_id, agent_id, normalized_session_id FROM executor.runs WHERE run_id = $1`, runID).
+		Scan(&company, &agent, &session)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, ErrRunNotFound(runID)
+	}
+	if err != nil {
+		return nil, err
+	}
+	rows, err := s.pool.Query(ctx, priorRunsSQL, priorRunsArgs(runID, company, agent, session, limit)...)
+	if err != nil {
+		return nil, err
+	}
+	return scanPriorRuns(rows)
 }

@@ -1,0 +1,135 @@
+package store
+
+import (
+	"context"
+	"errors"
+
+	"github.com/jackc/pgx/v5"
+	"google.golang.org/protobuf/proto"
+
+	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
+	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
+)
+
+// AttachFacts is what a driver reads before it attaches a claimed run to its
+// runner: everything the Open carries and the warm-session decisions need,
+// read in one round trip.
+type AttachFacts struct {
+	// Checkpoint is the scope's current checkpoint (CurrentCheckpoint), or
+	// nil.
+	Checkpoint *executorv1.SessionCheckpoint
+	// PriorRuns are the run's prior-run records (PriorRuns).
+	PriorRuns []PriorRunRecord
+	// PreviousRunID and PreviousInput are the run submitted just before it
+	// in its session scope (PreviousInScope); empty and nil when none.
+	PreviousRunID string
+	PreviousInput *prpv1.ExecutionInput
+	// Cancellation is the run's cancellation record (Cancellation), or nil.
+	Cancellation *executorv1.Cancellation
+}
+
+// AttachFacts reads, in one round trip (a pipelined batch), the scope's
+// current checkpoint, the run's prior-run records (at most limit), the run
+// submitted just before it in its scope and the run's cancellation record. in is the run's stored input
+// (the claim's): its company, agent and session select the prior runs, as
+// the run row's columns (written from it) do for PriorRuns.
+func (s *Store) AttachFacts(ctx context.Context, runID, scope string, in *prpv1.ExecutionInput, limit int) (*AttachFacts, error) {
+	b := &pgx.Batch{}
+	b.Queue(`SELECT `+checkpointColumns+` FROM executor.session_checkpoints
+ WHERE session_scope = $1 AND superseded_at IS NULL ORDER BY created_at DESC LIMIT 1`, scope)
+	b.Queue(priorRunsSQL, priorRunsArgs(runID, in.GetBinding().GetCompanyId(), in.GetBinding().GetAgentId(),
+		in.GetSession().GetNormalizedSessionId(), limit)...)
+	b.Queue(previousInScopeSQL, runID)
+	b.Queue(`SELECT result_metadata -> 'nativeCancellation' FROM executor.runs WHERE run_id = $1`, runID)
+	res := s.pool.SendBatch(ctx, b)
+	defer res.Close()
+	var f AttachFacts
+	cp, _, err := scanCheckpoint(res.QueryRow())
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+	case err != nil:
+		return nil, err
+	default:
+		f.Checkpoint = cp
+	}
+	rows, err := res.Query()
+	if err != nil {
+		return nil, err
+	}
+	if f.PriorRuns, err = scanPriorRuns(rows); err != nil {
+		return nil, err
+	}
+	var raw []byte
+	err = res.QueryRow().Scan(&f.PreviousRunID, &raw)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+	case err != nil:
+		return nil, err
+	default:
+		f.PreviousInput = &prpv1.ExecutionInput{}
+		if err := proto.Unmarshal(raw, f.PreviousInput); err != nil {
+			return nil, err
+		}
+	}
+	raw = nil
+	err = res.QueryRow().Scan(&raw)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, ErrRunNotFound(runID)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if f.Cancellation, err = decodeCancellation(raw); err != nil {
+		return nil, err
+	}
+	return &f, res.Close()
+}
+
+// previousInScopeSQL reads the run submitted just before $1 in its session
+// scope (see PreviousInScope).
+const previousInScopeSQL = `
+SELECT p.run_id, p.input FROM executor.runs r
+  JOIN executor.runs p ON p.session_scope = r.session_scope AND p.submit_seq < r.submit_seq
+ WHERE r.run_id = $1
+ ORDER BY p.submit_seq DESC LIMIT 1`
+
+// ControlEvent is one executor-originated event (see AppendControlEvent).
+type ControlEvent struct {
+	Type    string
+	Payload map[string]any
+}
+
+// RecordControl is the control-plane bookkeeping of an attach, in one
+// transaction under the fence: it supersedes the checkpoints of
+// supersedeScope when set (as SupersedeCheckpoints: a runner serves the run
+// now, its state moves on from them) and appends the control events in
+// order (as AppendControlEvent; listeners are notified on commit). A fence
+// that no longer holds is native_session_lease_lost and nothing is written.
+func (s *Store) RecordControl(ctx context.Context, f Fence, supersedeScope string, events []ControlEvent) error {
+	if supersedeScope == "" && len(events) == 0 {
+		return nil
+	}
+	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		count, err := lockFenced(ctx, tx, f)
+		if err != nil {
+			return err
+		}
+		if supersedeScope != "" {
+			if _, err := tx.Exec(ctx, `UPDATE executor.session_checkpoints SET superseded_at = now()
+ WHERE session_scope = $1 AND superseded_at IS NULL`, supersedeScope); err != nil {
+				return err
+			}
+		}
+		for i, ev := range events {
+			if err := appendControlEvent(ctx, tx, f.RunID, count+int64(i), f.Attempt, ev.Type, ev.Payload); err != nil {
+				return err
+			}
+		}
+		if len(events) > 0 {
+			if _, err := tx.Exec(ctx, `SELECT pg_notify($1, $2)`, EventsChannel, f.RunID); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}

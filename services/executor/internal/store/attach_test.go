@@ -1,0 +1,192 @@
+package store_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/tether-run/tether/pkg/failure"
+	backupv1 "github.com/tether-run/tether/pkg/gen/tether/backup/v1"
+	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
+	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
+	"github.com/tether-run/tether/pkg/scope"
+	"github.com/tether-run/tether/services/executor/internal/store"
+)
+
+func TestSubmitIsOneIdempotentStatementThatNotifies(t *testing.T) {
+	s := newStore(t)
+	ctx := context.Background()
+	conn, err := s.Pool().Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	_, err = conn.Exec(ctx, "LISTEN "+store.RunsChannel)
+	require.NoError(t, err)
+
+	created, err := s.Submit(ctx, "r1", input("s", "hello"))
+	require.NoError(t, err)
+	require.True(t, created)
+	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	n, err := conn.Conn().WaitForNotification(wctx)
+	cancel()
+	require.NoError(t, err)
+	require.Equal(t, "r1", n.Payload)
+	run, err := s.GetRun(ctx, "r1")
+	require.NoError(t, err)
+	require.Equal(t, executorv1.RunState_RUN_STATE_QUEUED, run.GetState())
+	require.Equal(t, "queued", run.GetPhase())
+	c, err := s.ClaimNext(ctx, "o", time.Minute, store.Controller{})
+	require.NoError(t, err)
+	require.Equal(t, "r1", c.RunID, "the coordinator was stored with the run")
+
+	created, err = s.Submit(ctx, "r1", input("s", "hello"))
+	require.NoError(t, err)
+	require.False(t, created)
+	_, err = s.Submit(ctx, "r1", input("s", "another prompt"))
+	require.Equal(t, codes.AlreadyExists, status.Code(err))
+	require.Equal(t, "run_id_conflict", failure.CodeOf(err))
+	// The same run through SubmitRun: one row, the same answer.
+	_, created, err = s.SubmitRun(ctx, "r1", input("s", "hello"))
+	require.NoError(t, err)
+	require.False(t, created)
+}
+
+func TestSubmitRacingClientsYieldOneRun(t *testing.T) {
+	s := newStore(t)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	createdCount := 0
+	for i := 0; i < 8; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			created, err := s.Submit(context.Background(), "race", input("s", "same"))
+			require.NoError(t, err)
+			if created {
+				mu.Lock()
+				createdCount++
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	require.Equal(t, 1, createdCount)
+}
+
+// AttachFacts reads in one round trip what CurrentCheckpoint, PriorRuns and
+// PreviousInScope read one by one.
+func TestAttachFactsEqualsTheSeparateReads(t *testing.T) {
+	s := newStore(t)
+	ctx := context.Background()
+	in := func(prompt string) *prpv1.ExecutionInput { return input("warm", prompt) }
+	for _, id := range []string{"w1", "w2", "w3"} {
+		_, err := s.Submit(ctx, id, in(id))
+		require.NoError(t, err)
+	}
+	_, err := s.Submit(ctx, "other", input("cold", "x"))
+	require.NoError(t, err)
+	sc := scope.OfRun("w3", in("w3"))
+
+	check := func(runID string) *store.AttachFacts {
+		t.Helper()
+		f, err := s.AttachFacts(ctx, runID, sc, in(runID), 16)
+		require.NoError(t, err)
+		cp, err := s.CurrentCheckpoint(ctx, sc)
+		require.NoError(t, err)
+		require.True(t, proto.Equal(cp, f.Checkpoint), "checkpoint")
+		prior, err := s.PriorRuns(ctx, runID, 16)
+		require.NoError(t, err)
+		require.Equal(t, e13Summary(prior), e13Summary(f.PriorRuns), "prior runs")
+		prevID, prev, err := s.PreviousInScope(ctx, runID)
+		require.NoError(t, err)
+		require.Equal(t, prevID, f.PreviousRunID)
+		require.True(t, proto.Equal(prev, f.PreviousInput), "previous input")
+		cancel, err := s.Cancellation(ctx, runID)
+		require.NoError(t, err)
+		require.True(t, proto.Equal(cancel, f.Cancellation), "cancellation")
+		return f
+	}
+	f := check("w1")
+	require.Nil(t, f.Checkpoint)
+	require.Empty(t, f.PreviousRunID)
+	require.Nil(t, f.PreviousInput)
+	require.Len(t, f.PriorRuns, 2)
+
+	stamp := &backupv1.Stamp{CheckpointId: "cp-1", LeaseId: "local-x", SessionScope: sc, Signature: "ab"}
+	_, err = s.RecordCheckpoint(ctx, store.CheckpointRecord{Scope: sc, CompanyID: "acme", SessionID: "warm", LastRunID: "w1",
+		GatewayScope: sc, Stamp: stamp, CheckpointID: "cp-1", ManifestDigest: "sha256:00", LeaseID: "local-x",
+		RunnerInstanceID: "runner-1", ProviderThreadID: "thread-1", Reason: "idle"})
+	require.NoError(t, err)
+	f = check("w3")
+	require.Equal(t, "cp-1", f.Checkpoint.GetCheckpointId())
+	require.Equal(t, "w2", f.PreviousRunID)
+	require.Equal(t, "w2", f.PreviousInput.GetTask().GetPrompt())
+	require.Equal(t, []string{"w2:queued:false", "w1:queued:false"}, e13Summary(f.PriorRuns))
+	require.Nil(t, f.Cancellation)
+
+	_, err = s.RecordCancellation(ctx, store.CancelRequest{RunID: "w3", Scope: "run", Reason: "stop", Actor: "test"})
+	require.NoError(t, err)
+	f = check("w3")
+	require.NotNil(t, f.Cancellation)
+	_, err = s.AttachFacts(ctx, "missing", sc, in("missing"), 16)
+	require.Equal(t, "run_not_found", failure.CodeOf(err))
+}
+
+// RecordControl writes what SupersedeCheckpoints and AppendControlEvent
+// write, in one transaction under the fence.
+func TestRecordControlIsFencedAndAppendsControlEventsInOrder(t *testing.T) {
+	s := newStore(t)
+	ctx := context.Background()
+	in := input("att", "x")
+	sc := scope.OfRun("a1", in)
+	_, err := s.Submit(ctx, "a1", in)
+	require.NoError(t, err)
+	c, err := s.ClaimNext(ctx, "o", time.Minute, store.Controller{})
+	require.NoError(t, err)
+	_, err = s.RecordCheckpoint(ctx, store.CheckpointRecord{Scope: sc, CompanyID: "acme", SessionID: "att", LastRunID: "a1",
+		GatewayScope: sc, Stamp: &backupv1.Stamp{CheckpointId: "cp-1"}, CheckpointID: "cp-1", ManifestDigest: "sha256:00",
+		LeaseID: "l", RunnerInstanceID: "runner-1", ProviderThreadID: "thread-1", Reason: "idle"})
+	require.NoError(t, err)
+
+	stale := c.Fence
+	stale.Attempt++
+	err = s.RecordControl(ctx, stale, sc, []store.ControlEvent{{Type: "session.authority_rotated", Payload: map[string]any{"previousRunId": "a0"}}})
+	require.Equal(t, store.CodeLeaseLost, failure.CodeOf(err))
+	cur, err := s.CurrentCheckpoint(ctx, sc)
+	require.NoError(t, err)
+	require.NotNil(t, cur, "nothing is written under a stale fence")
+
+	require.NoError(t, s.RecordControl(ctx, c.Fence, sc, []store.ControlEvent{
+		{Type: "session.authority_rotated", Payload: map[string]any{"previousRunId": "a0"}},
+		{Type: "session.closed", Payload: map[string]any{"reason": "r"}},
+	}))
+	cur, err = s.CurrentCheckpoint(ctx, sc)
+	require.NoError(t, err)
+	require.Nil(t, cur, "superseded")
+	run, err := s.GetRun(ctx, "a1")
+	require.NoError(t, err)
+	require.EqualValues(t, 2, run.GetEventCount())
+	evs, err := s.EventsAfter(ctx, "a1", 0, 10)
+	require.NoError(t, err)
+	require.Len(t, evs, 2)
+	require.Equal(t, "session.authority_rotated", evs[0].Event.GetEventType())
+	require.EqualValues(t, 1, evs[0].Seq)
+	require.EqualValues(t, 1, evs[0].Event.GetSourceSeq())
+	require.Equal(t, "session.closed", evs[1].Event.GetEventType())
+	require.EqualValues(t, 2, evs[1].Seq)
+	require.EqualValues(t, 2, evs[1].Event.GetSourceSeq())
+	require.Equal(t, store.ControlInstance, evs[1].Event.GetSourceInstanceId())
+
+	// The runner's events follow in the run's log.
+	_, err = s.AppendEvents(ctx, c.Fence, []*prpv1.Event{event("a1", "runner-1", 1, "run.attached", nil)})
+	require.NoError(t, err)
+	evs, err = s.EventsAfter(ctx, "a1", 2, 10)
+	require.NoError(t, err)
+	require.Len(t, evs, 1)
+	require.EqualValues(t, 3, evs[0].Seq)
+}

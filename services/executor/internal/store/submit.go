@@ -1,0 +1,62 @@
+package store
+
+import (
+	"context"
+
+	"google.golang.org/grpc/codes"
+
+	"github.com/tether-run/tether/pkg/failure"
+	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
+	"github.com/tether-run/tether/pkg/scope"
+)
+
+// submitSQL inserts the run and its coordinator and notifies RunsChannel,
+// in one statement (one round trip, one commit). An existing run id inserts
+// nothing and returns its stored input digest.
+const submitSQL = `
+WITH ins AS (
+  INSERT INTO executor.runs (run_id, company_id, normalized_session_id, session_scope, lifecycle, input, input_digest, issue_id, agent_id)
+  VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+  ON CONFLICT (run_id) DO NOTHING
+  RETURNING run_id, session_scope, submit_seq),
+co AS (
+  INSERT INTO executor.coordinators (run_id, binding_digest, session_scope, submit_seq)
+  SELECT run_id, $10, session_scope, submit_seq FROM ins
+  RETURNING run_id),
+note AS (SELECT pg_notify($11, run_id) FROM co)
+SELECT (SELECT count(*) FROM co) > 0, (SELECT count(*) FROM note),
+       coalesce((SELECT input_digest FROM executor.runs WHERE run_id = $1 AND NOT EXISTS (SELECT 1 FROM ins)), '')`
+
+// Submit stores a queued run and its coordinator, atomically, and notifies
+// dispatchers on commit (SPEC: SubmitRun). It is idempotent by run id: the
+// same input again is created false; another input under the same id is
+// run_id_conflict. The caller reads the run (GetRun) afterwards, so a
+// dispatcher of this process can be woken before that read.
+func (s *Store) Submit(ctx context.Context, runID string, in *prpv1.ExecutionInput) (created bool, err error) {
+	digest, raw, err := InputDigest(in)
+	if err != nil {
+		return false, err
+	}
+	var (
+		notified int64
+		existing string
+	)
+	err = s.pool.QueryRow(ctx, submitSQL,
+		runID, in.GetBinding().GetCompanyId(), in.GetSession().GetNormalizedSessionId(), scope.OfRun(runID, in),
+		in.GetSession().GetLifecycle().GetMode().String(), raw, digest,
+		in.GetBinding().GetIssueId(), in.GetBinding().GetAgentId(), BindingDigest(in), RunsChannel).Scan(&created, &notified, &existing)
+	if err != nil {
+		return false, err
+	}
+	if !created && existing == "" {
+		// Inserted concurrently, after this statement's snapshot: read it
+		// now that it committed.
+		if err := s.pool.QueryRow(ctx, `SELECT input_digest FROM executor.runs WHERE run_id = $1`, runID).Scan(&existing); err != nil {
+			return false, err
+		}
+	}
+	if !created && existing != digest {
+		return false, failure.New(codes.AlreadyExists, "run_id_conflict", "run %q already exists with a different input", runID)
+	}
+	return created, nil
+}
