@@ -75,21 +75,21 @@ func run() error {
 	if *advertise == "" {
 		*advertise = cfg.GRPCAddr
 	}
+	hub := watch.NewHub()
 	d := dispatch.New(st, dispatch.Config{
 		Owner: *owner, LeaseTTL: *ttl, PollInterval: *poll, MaxActive: *maxActive, RetryDelay: *retryDelay,
 		NoSameHostTakeover: !*sameHost, AdvertiseAddr: *advertise,
-		Gateway: gatewayv1.NewRunnerGatewayClient(gwConn), Logger: log,
+		Gateway: gatewayv1.NewRunnerGatewayClient(gwConn), Logger: log, Persisted: hub.Notify,
 	})
-	hub := watch.NewHub()
 	sus := &suspend.Suspender{Store: st, Gateway: gatewayv1.NewRunnerGatewayClient(gwConn), Owner: *owner,
 		Interval: *idleSweep, Logger: log}
-	apiSrv := &api.Server{Store: st, Hub: hub, Kick: d.Kick, Draining: srv.Draining(), Controls: d.Controls(), SelfAddr: *advertise,
+	apiSrv := &api.Server{Store: st, Hub: hub, KickRun: d.KickRun, Draining: srv.Draining(), Controls: d.Controls(), SelfAddr: *advertise,
 		Gateway: gatewayv1.NewRunnerGatewayClient(gwConn), Suspender: sus}
 	executorv1.RegisterExecutorServiceServer(srv.GRPC(), apiSrv)
 	defer apiSrv.Close()
 	bg, cancelBG := context.WithCancel(context.Background())
 	defer cancelBG()
-	go hub.Listen(bg, st.Pool(), watch.Handlers{RunsDue: d.Kick, Cancel: d.CancelKick}, log)
+	go hub.Listen(bg, st.Pool(), watch.Handlers{RunDue: d.NotifiedRun, Cancel: d.CancelKick}, log)
 	swept := make(chan struct{})
 	go func() {
 		defer close(swept)

@@ -29,6 +29,9 @@ type Server struct {
 	Hub   *watch.Hub
 	// Kick wakes the local dispatcher after a submission (optional).
 	Kick func()
+	// KickRun, when set, is called instead of Kick with the submitted
+	// run's id.
+	KickRun func(runID string)
 	// PollInterval bounds how long a watcher waits without a notification.
 	PollInterval time.Duration
 	// Controls holds this replica's live provider sessions (steering and
@@ -58,12 +61,22 @@ func (s *Server) SubmitRun(ctx context.Context, req *executorv1.SubmitRunRequest
 	if err := admission.Check(req.GetInput()); err != nil {
 		return nil, err
 	}
-	run, created, err := s.Store.SubmitRun(ctx, req.GetRunId(), req.GetInput())
+	created, err := s.Store.Submit(ctx, req.GetRunId(), req.GetInput())
 	if err != nil {
 		return nil, failure.ToStatus(err)
 	}
-	if created && s.Kick != nil {
-		s.Kick()
+	if created {
+		// The local dispatcher claims while the run is read back.
+		switch {
+		case s.KickRun != nil:
+			s.KickRun(req.GetRunId())
+		case s.Kick != nil:
+			s.Kick()
+		}
+	}
+	run, err := s.Store.GetRun(ctx, req.GetRunId())
+	if err != nil {
+		return nil, failure.ToStatus(err)
 	}
 	return &executorv1.SubmitRunResponse{Run: run, Created: created}, nil
 }

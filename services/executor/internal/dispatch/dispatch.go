@@ -57,6 +57,10 @@ type Config struct {
 	NoSameHostTakeover bool
 	Gateway            gatewayv1.RunnerGatewayClient
 	Logger             *slog.Logger
+	// Persisted, when set, is called with the run id once events of a run
+	// this replica drives are committed (in-process watchers need not wait
+	// for the database notification).
+	Persisted func(runID string)
 }
 
 // DefaultOwner names this process: host:pid.
@@ -82,6 +86,9 @@ type Dispatcher struct {
 	// verifier); their warm session is replaced on its local state.
 	localReplace map[string]bool
 	controls     *control.Registry
+	// kicked: runs submitted to this replica whose claim loop was already
+	// woken (KickRun); their database notification is redundant here.
+	kicked map[string]struct{}
 }
 
 // Controls is the registry of this replica's live provider sessions, for
@@ -121,7 +128,7 @@ func New(s *store.Store, cfg Config) *Dispatcher {
 		leases:   newLeaseKeeper(s, cfg.Owner, cfg.LeaseTTL, cfg.Logger),
 		kick:     make(chan struct{}, 1),
 		cancels:  map[string]chan struct{}{},
-		replaced: map[string]bool{}, localReplace: map[string]bool{},
+		replaced: map[string]bool{}, localReplace: map[string]bool{}, kicked: map[string]struct{}{},
 		controls: control.NewRegistry(func() string { return store.NewID("") }),
 	}
 }
@@ -145,6 +152,41 @@ func (d *Dispatcher) Kick() {
 	select {
 	case d.kick <- struct{}{}:
 	default:
+	}
+}
+
+// maxKicked bounds the runs remembered by KickRun.
+const maxKicked = 1024
+
+// KickRun wakes the claim loop for a run submitted to this replica (after
+// its commit). The database notification of the same submission
+// (NotifiedRun) then wakes it no more: the claim attempt that follows this
+// kick already sees the run.
+func (d *Dispatcher) KickRun(runID string) {
+	d.mu.Lock()
+	if len(d.kicked) >= maxKicked {
+		clear(d.kicked) // notifications lost (listener down): forget them
+	}
+	d.kicked[runID] = struct{}{}
+	d.mu.Unlock()
+	d.Kick()
+}
+
+// NotifiedRun handles the database notification of a submitted run: it
+// wakes the claim loop unless KickRun did for that run.
+func (d *Dispatcher) NotifiedRun(runID string) {
+	d.mu.Lock()
+	_, kicked := d.kicked[runID]
+	delete(d.kicked, runID)
+	d.mu.Unlock()
+	if !kicked {
+		d.Kick()
+	}
+}
+
+func (d *Dispatcher) persisted(runID string) {
+	if d.cfg.Persisted != nil {
+		d.cfg.Persisted(runID)
 	}
 }
 
@@ -333,6 +375,9 @@ func (e *closedError) Error() string { return e.code + ": " + e.msg }
 // maxCoalescedEvents bounds one group commit of relayed events.
 const maxCoalescedEvents = 512
 
+// maxReadAhead bounds the relayed messages read ahead of their handling.
+const maxReadAhead = 64
+
 // commandID names a command of the claim. It does not contain the attempt:
 // a takeover resends the same ids and the runner, which executes an id at
 // most once, answers with the stored result — the provider turn starts once.
@@ -371,23 +416,34 @@ func (d *Dispatcher) attachOnce(ctx context.Context, c *store.Claim, cancelCh <-
 	sendCmd := func(cmd *prpv1.Command) error {
 		return send(&gatewayv1.AttachRequest{Kind: &gatewayv1.AttachRequest_Command{Command: cmd}})
 	}
-	// R5: the scope's current stamped checkpoint goes with every Open; the
-	// gateway restores it only when the scope has no runner state.
+	turnCmds, err := turnCommands(c)
+	if err != nil {
+		return true, err
+	}
+	sendTurn := func() error {
+		for _, cmd := range turnCmds {
+			if err := sendCmd(cmd); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	// One round trip reads what the Open carries and what the warm-session
+	// decisions need. R5: the scope's current stamped checkpoint goes with
+	// every Open; the gateway restores it only when the scope has no runner
+	// state. E13: the gateway resumes the scope's durable root only for this
+	// run or a prior run these database records prove terminal, of the same
+	// full scope (and whose runner state on disk is suspended). E10: the
+	// previous run of the scope pinned the live session's configuration.
 	runScope := scope.OfRun(c.RunID, c.Input)
-	cp, err := d.store.CurrentCheckpoint(ctx, runScope)
+	facts, err := d.store.AttachFacts(ctx, c.RunID, runScope, c.Input, priorRunRecords)
 	if err != nil {
 		return false, err
 	}
+	cp := facts.Checkpoint
 	var restore *gatewayv1.RestoreSpec
 	if cp != nil && cp.GetStamp().GetSessionScope() == runScope {
 		restore = &gatewayv1.RestoreSpec{CheckpointId: cp.GetCheckpointId(), Stamp: cp.GetStamp(), LeaseId: cp.GetLeaseId()}
-	}
-	// E13: the gateway resumes the scope's durable root only for this run
-	// or a prior run these database records prove terminal, of the same
-	// full scope (and whose runner state on disk is suspended).
-	prior, err := d.store.PriorRuns(ctx, c.RunID, priorRunRecords)
-	if err != nil {
-		return false, err
 	}
 	if err := send(&gatewayv1.AttachRequest{Kind: &gatewayv1.AttachRequest_Open{Open: &gatewayv1.Open{
 		RunId:     c.RunID,
@@ -395,9 +451,27 @@ func (d *Dispatcher) attachOnce(ctx context.Context, c *store.Claim, cancelCh <-
 		Target:    RunnerTarget(c.Input),
 		Input:     c.Input,
 		Restore:   restore,
-		PriorRuns: store.PriorRunsProto(prior),
+		PriorRuns: store.PriorRunsProto(facts.PriorRuns),
 	}}}); err != nil {
 		return false, err
+	}
+	d.mu.Lock()
+	replaced, local := d.replaced[c.RunID], d.localReplace[c.RunID]
+	d.mu.Unlock()
+	// The turn's commands go as early as fencing allows: the claim is
+	// committed, the Open carries its fencing token, and the gateway reads
+	// what follows the Open only once it opened the runner under that token
+	// (the scope's control plane bound to this run) — it and the runner
+	// refuse a lower attempt; the commands' ids carry no attempt, so a
+	// takeover gets the runner's stored results, not a second turn. So they
+	// are pipelined behind the Open unless the Opened answer may call for
+	// closing the live session first (E10): a configuration other than the
+	// previous run's, or a replacement on local state pending.
+	early := replaced || (!configChanged(c, facts) && !local)
+	if early {
+		if err := sendTurn(); err != nil {
+			return false, err
+		}
 	}
 	first, err := stream.Recv()
 	if err != nil {
@@ -412,98 +486,116 @@ func (d *Dispatcher) attachOnce(ctx context.Context, c *store.Claim, cancelCh <-
 	}
 	log = log.With("runner_instance_id", opened.GetRunnerInstanceId())
 	log.Info("attached", "reused", opened.GetReused(), "runner_acked_seq", opened.GetRunnerAckedSeq())
-	if err := d.store.RecordRunner(ctx, c.Fence, opened.GetRunnerInstanceId(), opened.GetRunnerProcess(), opened.GetProviderProcess()); err != nil {
-		return true, err
-	}
+	// E10: a warm provider session serves runs of one pinned configuration.
+	// When this run pins another (model, approval or permission, lifecycle,
+	// runtime context), the live session is closed first; the runner comes
+	// back with this run's configuration and resumes the same provider
+	// thread.
+	changed := opened.GetReused() && !replaced && configChanged(c, facts)
+	// The suspension for a configuration change stopped the runner but the
+	// checkpoint could not be stored: the runner came back on its local
+	// state with this run's configuration.
+	localReplaced := local && !replaced && !opened.GetReused()
+
+	// Bookkeeping: which runner and processes serve the run; the control
+	// plane (checkpoints superseded, the authority rotation and a session
+	// replacement on record).
+	var supersede string
 	if cp != nil {
 		// A runner serves this run now: its state moves on from the
 		// checkpoint, which can no longer stand for the session.
-		if err := d.store.SupersedeCheckpoints(ctx, runScope); err != nil {
-			return false, err
-		}
+		supersede = runScope
 	}
+	var control []store.ControlEvent
 	if prev := opened.GetPreviousRunId(); prev != "" && prev != c.RunID {
 		// E10: this run took the scope's run authority over from prev (a
 		// live warm runner, or a verified continuation of prev's suspended
 		// runner); prev's tool authority epoch is revoked.
-		if err := d.store.AppendControlEvent(ctx, c.Fence, "session.authority_rotated", map[string]any{
+		control = append(control, store.ControlEvent{Type: "session.authority_rotated", Payload: map[string]any{
 			"reason": session.ReasonAuthorityRotated, "previousRunId": prev,
 			"runnerInstanceId": opened.GetRunnerInstanceId(), "toolAuthorityEpoch": float64(opened.GetToolAuthorityEpoch()),
 			"durableSource": opened.GetDurableSource(),
-		}); err != nil {
-			return false, err
+		}})
+	}
+	if localReplaced {
+		control = append(control, store.ControlEvent{Type: "session.closed", Payload: map[string]any{"reason": CloseReasonConfigChanged}})
+	}
+	recordRunner := func() error {
+		return d.store.RecordRunner(ctx, c.Fence, opened.GetRunnerInstanceId(), opened.GetRunnerProcess(), opened.GetProviderProcess())
+	}
+	recordControl := func() error {
+		err := d.store.RecordControl(ctx, c.Fence, supersede, control)
+		if err == nil && len(control) > 0 {
+			d.persisted(c.RunID)
+		}
+		return err
+	}
+	// With the turn's commands pipelined, the bookkeeping is written while
+	// the runner works on them, and committed before any of the runner's
+	// events is persisted (they follow it in the run's log; see
+	// bookkept). Otherwise it is written before the live session may be
+	// closed.
+	var bookkept chan error
+	if early {
+		bookkept = make(chan error, 1)
+		go func() {
+			err := recordControl()
+			if err == nil {
+				err = recordRunner()
+			}
+			bookkept <- err
+		}()
+		defer func() {
+			if bookkept != nil {
+				<-bookkept // nothing of this attach is written after it ends
+			}
+		}()
+	} else {
+		if err := recordRunner(); err != nil {
+			return failure.CodeOf(err) == store.CodeLeaseLost, err
+		}
+		if err := recordControl(); err != nil {
+			return failure.CodeOf(err) == store.CodeLeaseLost, err
 		}
 	}
-	d.mu.Lock()
-	replaced := d.replaced[c.RunID]
-	d.mu.Unlock()
-	d.mu.Lock()
-	local := d.localReplace[c.RunID]
-	d.mu.Unlock()
-	if local && !replaced && !opened.GetReused() {
-		// The suspension for the configuration change stopped the runner
-		// but the checkpoint could not be stored: the runner came back on
-		// its local state with this run's configuration.
-		if err := d.store.AppendControlEvent(ctx, c.Fence, "session.closed", map[string]any{"reason": CloseReasonConfigChanged}); err != nil {
-			return false, err
-		}
+	if localReplaced {
 		d.mu.Lock()
 		d.replaced[c.RunID] = true
 		d.mu.Unlock()
-		replaced = true
 	}
-	if opened.GetReused() && !replaced {
-		// E10: a warm provider session serves runs of one pinned
-		// configuration. When this run pins another (model, approval or
-		// permission, lifecycle, runtime context), close the live session
-		// first; the runner comes back with this run's configuration and
-		// resumes the same provider thread.
-		if changed, err := d.configChanged(ctx, c); err != nil {
-			return false, err
-		} else if changed {
-			if !local {
-				cancel() // detach: the scope's runner is suspended next
-				return false, d.replaceThroughBackup(ctx, c, log)
-			}
-			return false, d.closeForReplacement(ctx, c, send, stream.Recv, opened.GetRunnerAckedSeq(), log)
+	if changed {
+		if !local {
+			cancel() // detach: the scope's runner is suspended next
+			return false, d.replaceThroughBackup(ctx, c, log)
 		}
+		return false, d.closeForReplacement(ctx, c, send, stream.Recv, opened.GetRunnerAckedSeq(), log)
 	}
-	inputJSON, err := protojson.Marshal(c.Input)
-	if err != nil {
-		return true, err
-	}
-	var inputMap map[string]any
-	if err := jsonUnmarshal(inputJSON, &inputMap); err != nil {
-		return true, err
-	}
-	attach, err := newCommand(c, "run.attach", map[string]any{"input": inputMap})
-	if err != nil {
-		return true, err
-	}
-	turn, err := newCommand(c, "turn.start", map[string]any{"text": c.Input.GetTask().GetPrompt()})
-	if err != nil {
-		return true, err
-	}
-	for _, cmd := range []*prpv1.Command{attach, turn} {
-		if err := sendCmd(cmd); err != nil {
+	if !early {
+		if err := sendTurn(); err != nil {
 			return false, err
 		}
 	}
 	live := newLiveSession(c, send)
 	defer d.controls.Attach(c.RunID, live)()
 
-	msgs := make(chan *gatewayv1.AttachResponse)
-	recvErr := make(chan error, 1)
+	// Everything the gateway relayed is read ahead into msgs, so a group
+	// commit takes every batch that arrived while the previous one was
+	// being persisted. msgs is closed (after its last message) when the
+	// stream ends; recvErr says why.
+	msgs := make(chan *gatewayv1.AttachResponse, maxReadAhead)
+	var recvErr error
 	go func() {
+		defer close(msgs)
 		for {
 			m, err := stream.Recv()
 			if err != nil {
-				recvErr <- err
+				recvErr = err
 				return
 			}
 			select {
 			case msgs <- m:
 			case <-sctx.Done():
+				recvErr = sctx.Err()
 				return
 			}
 		}
@@ -513,10 +605,9 @@ func (d *Dispatcher) attachOnce(ctx context.Context, c *store.Claim, cancelCh <-
 	// (the runner executes an id at most once), again on every re-attach
 	// while pending, and acknowledged under the fence.
 	cancelIntents := map[string]string{} // command id → intent id
-	dispatchCancel := func() error {
-		rec, err := d.store.Cancellation(ctx, c.RunID)
-		if err != nil || rec == nil || rec.GetDispatchState() != "pending" {
-			return err
+	dispatchCancel := func(rec *executorv1.Cancellation) error {
+		if rec == nil || rec.GetDispatchState() != "pending" {
+			return nil
 		}
 		cmd, err := newCommand(c, "turn.interrupt", map[string]any{"reason": rec.GetReason()})
 		if err != nil {
@@ -527,7 +618,8 @@ func (d *Dispatcher) attachOnce(ctx context.Context, c *store.Claim, cancelCh <-
 		log.Info("dispatching cancellation", "intent_id", rec.GetIntentId())
 		return sendCmd(cmd)
 	}
-	if err := dispatchCancel(); err != nil {
+	// A cancellation recorded since facts were read kicks cancelCh.
+	if err := dispatchCancel(facts.Cancellation); err != nil {
 		return false, err
 	}
 
@@ -557,17 +649,24 @@ func (d *Dispatcher) attachOnce(ctx context.Context, c *store.Claim, cancelCh <-
 			case <-terminalSeen:
 				log.Warn("cancellation dispatch unanswered after the terminal event; it stays pending")
 				return finish()
-			case err := <-recvErr:
-				if terminalSeen != nil {
-					return true, nil
-				}
-				return false, err
 			case <-cancelCh:
-				if err := dispatchCancel(); err != nil {
+				rec, err := d.store.Cancellation(ctx, c.RunID)
+				if err != nil {
+					return false, err
+				}
+				if err := dispatchCancel(rec); err != nil {
 					return false, err
 				}
 				continue
-			case msg = <-msgs:
+
+			case m, ok := <-msgs:
+				if !ok {
+					if terminalSeen != nil {
+						return true, nil
+					}
+					return false, recvErr
+				}
+				msg = m
 			}
 		}
 		switch k := msg.GetKind().(type) {
@@ -578,7 +677,10 @@ func (d *Dispatcher) attachOnce(ctx context.Context, c *store.Claim, cancelCh <-
 		coalesce:
 			for len(evs) < maxCoalescedEvents {
 				select {
-				case m := <-msgs:
+				case m, ok := <-msgs:
+					if !ok {
+						break coalesce // the stream ended; handled next
+					}
 					if more := m.GetEvents(); more != nil {
 						evs = append(evs, more.GetEvents()...)
 						continue
@@ -587,6 +689,13 @@ func (d *Dispatcher) attachOnce(ctx context.Context, c *store.Claim, cancelCh <-
 					break coalesce
 				default:
 					break coalesce
+				}
+			}
+			if bookkept != nil {
+				err := <-bookkept
+				bookkept = nil
+				if err != nil {
+					return failure.CodeOf(err) == store.CodeLeaseLost, err
 				}
 			}
 			res, err := d.store.AppendEvents(ctx, c.Fence, evs)
@@ -601,6 +710,7 @@ func (d *Dispatcher) attachOnce(ctx context.Context, c *store.Claim, cancelCh <-
 				}
 				return false, err
 			}
+			d.persisted(c.RunID)
 			for _, ev := range evs {
 				live.observe(ev)
 			}
@@ -695,12 +805,33 @@ const priorRunRecords = 16
 
 // configChanged reports whether the previous run of the run's scope pinned
 // another warm configuration.
-func (d *Dispatcher) configChanged(ctx context.Context, c *store.Claim) (bool, error) {
-	prevID, prev, err := d.store.PreviousInScope(ctx, c.RunID)
-	if err != nil || prev == nil {
-		return false, err
+func configChanged(c *store.Claim, f *store.AttachFacts) bool {
+	if f.PreviousInput == nil {
+		return false
 	}
-	return scope.ParamsOf(prevID, prev).ConfigDigest() != scope.ParamsOf(c.RunID, c.Input).ConfigDigest(), nil
+	return scope.ParamsOf(f.PreviousRunID, f.PreviousInput).ConfigDigest() != scope.ParamsOf(c.RunID, c.Input).ConfigDigest()
+}
+
+// turnCommands are the claim's run.attach (with its execution input) and
+// turn.start.
+func turnCommands(c *store.Claim) ([]*prpv1.Command, error) {
+	inputJSON, err := protojson.Marshal(c.Input)
+	if err != nil {
+		return nil, err
+	}
+	var inputMap map[string]any
+	if err := jsonUnmarshal(inputJSON, &inputMap); err != nil {
+		return nil, err
+	}
+	attach, err := newCommand(c, "run.attach", map[string]any{"input": inputMap})
+	if err != nil {
+		return nil, err
+	}
+	turn, err := newCommand(c, "turn.start", map[string]any{"text": c.Input.GetTask().GetPrompt()})
+	if err != nil {
+		return nil, err
+	}
+	return []*prpv1.Command{attach, turn}, nil
 }
 
 // replaceThroughBackup closes the live warm session for run c's new

@@ -71,6 +71,9 @@ func (h *Hub) notifyAll() {
 type Handlers struct {
 	// RunsDue is called when a run was submitted.
 	RunsDue func()
+	// RunDue, when set, is called instead of RunsDue with the submitted
+	// run's id.
+	RunDue func(runID string)
 	// Cancel is called with a run id whose cancellation awaits dispatch.
 	Cancel func(runID string)
 }
@@ -124,7 +127,9 @@ func (h *Hub) listenOnce(ctx context.Context, pool *pgxpool.Pool, hs Handlers) e
 		case store.EventsChannel:
 			h.Notify(n.Payload)
 		case store.RunsChannel:
-			if hs.RunsDue != nil {
+			if hs.RunDue != nil {
+				hs.RunDue(n.Payload)
+			} else if hs.RunsDue != nil {
 				hs.RunsDue()
 			}
 		case store.CancelChannel:
