@@ -3,9 +3,16 @@
 // runnergw → runnerd → fake codex app-server → events persisted → WatchRun
 // delivers run.terminal — and (b) directly against the fake provider over
 // its stdio JSON-RPC (turn/start → turn/completed), in the same run, on one
-// warm session / thread. It prints p50 and p99 of each and the ratio, plus
-// SubmitRun → turn.started (PERFORMANCE.md: ≤ 1.15× end to end; turn.started
-// p50 ≤ 10 ms on a warm session).
+// warm session / thread each. It prints p50 and p99 of each and the ratio,
+// plus SubmitRun → turn.started (PERFORMANCE.md: ≤ 1.15× end to end;
+// turn.started p50 ≤ 10 ms on a warm session).
+//
+// Both sides drive the same turn: the same prompt, a fake started with the
+// same flags (those the stack's gateway gives it), and threads of the same
+// length; and their turns alternate (direct, then stack, per turn), so both
+// see the same machine — the database, the stack's idle processes and
+// whatever else runs on it — each after the same settle pause, so neither
+// pays for the other's trailing work (acknowledgements, state saves).
 package main
 
 import (
@@ -45,6 +52,7 @@ func run() error {
 	warm := flag.Int("warmup", 5, "warm-up turns per side")
 	keep := flag.Bool("keep", false, "keep the temporary directory (logs)")
 	trace := flag.Bool("trace", false, "print the timeline of the last turn")
+	settle := flag.Duration("settle", 10*time.Millisecond, "pause before each turn of either side")
 	flag.Parse()
 	ctx := context.Background()
 	dir, err := os.MkdirTemp("", "tether-bench-stack-")
@@ -60,10 +68,11 @@ func run() error {
 	}()
 	fakeArgs := []string{"--delta-delay-ms", "0"}
 
-	direct, err := directTurns(filepath.Join(*binDir, "fake-codex-app-server"), filepath.Join(dir, "direct"), fakeArgs, *warm, *turns)
+	ds, err := startDirect(filepath.Join(*binDir, "fake-codex-app-server"), filepath.Join(dir, "direct"), fakeArgs)
 	if err != nil {
 		return fmt.Errorf("direct: %w", err)
 	}
+	defer ds.close()
 
 	cluster, err := pgtest.Start(ctx, pgtest.WithDurable())
 	if err != nil {
@@ -87,15 +96,25 @@ func run() error {
 	}
 	defer conn.Close()
 	client := executorv1.NewExecutorServiceClient(conn)
-	var e2e, started []time.Duration
+	var direct, e2e, started []time.Duration
 	var lastT0 time.Time
 	var lastID string
 	for i := 0; i < *warm+*turns; i++ {
-		in, err := cli.InputSpec{Prompt: fmt.Sprintf("turn %d", i), Company: "bench", Agent: "bench", Session: "bench", Lifecycle: "warm"}.Input()
+		prompt := fmt.Sprintf("turn %d", i)
+		time.Sleep(*settle)
+		d, err := ds.turn(prompt)
+		if err != nil {
+			return fmt.Errorf("direct: %w", err)
+		}
+		if i >= *warm {
+			direct = append(direct, d)
+		}
+		in, err := cli.InputSpec{Prompt: prompt, Company: "bench", Agent: "bench", Session: "bench", Lifecycle: "warm"}.Input()
 		if err != nil {
 			return err
 		}
 		id := fmt.Sprintf("bench-%d", i)
+		time.Sleep(*settle)
 		t0 := time.Now()
 		lastT0, lastID = t0, id
 		if _, err := client.SubmitRun(ctx, &executorv1.SubmitRunRequest{RunId: id, Input: in}); err != nil {
@@ -185,13 +204,25 @@ func pct(ds []time.Duration, p int) time.Duration {
 	return s[min(max(i-1, 0), len(s)-1)]
 }
 
-// directTurns drives the fake app-server over stdio: one process, one
+// directSession drives the fake app-server over stdio: one process, one
 // thread, turn/start → turn/completed per turn.
-func directTurns(bin, home string, extra []string, warm, n int) ([]time.Duration, error) {
+type directSession struct {
+	cmd    *exec.Cmd
+	stdin  io.WriteCloser
+	r      *bufio.Reader
+	id     int
+	thread string
+}
+
+// startDirect starts the fake with the flags the stack's gateway gives it
+// (see stack.Options) plus extra, and opens a thread.
+func startDirect(bin, home string, extra []string) (*directSession, error) {
 	if err := os.MkdirAll(home, 0o700); err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(bin, append([]string{"--state-file-in-codex-home", "--durable-turn-ids"}, extra...)...)
+	args := append([]string{"--state-file-in-codex-home", "--durable-turn-ids", "--record-process-start",
+		"--call-log", filepath.Join(home, "fake-codex-calls.log")}, extra...)
+	cmd := exec.Command(bin, args...)
 	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + home, "CODEX_HOME=" + home}
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
@@ -204,60 +235,61 @@ func directTurns(bin, home string, extra []string, warm, n int) ([]time.Duration
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
-	defer func() { _ = stdin.Close(); _ = cmd.Wait() }()
-	r := bufio.NewReaderSize(stdout, 1<<20)
-	id := 0
-	call := func(method string, params any) (map[string]any, error) {
-		id++
-		b, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": id, "method": method, "params": params})
-		if _, err := stdin.Write(append(b, '\n')); err != nil {
-			return nil, err
-		}
-		for {
-			line, err := r.ReadBytes('\n')
-			if err != nil {
-				return nil, err
-			}
-			var m map[string]any
-			if json.Unmarshal(line, &m) != nil {
-				continue
-			}
-			if v, ok := m["id"].(float64); ok && int(v) == id && m["method"] == nil {
-				if e, ok := m["error"]; ok {
-					return nil, fmt.Errorf("%s: %v", method, e)
-				}
-				res, _ := m["result"].(map[string]any)
-				return res, nil
-			}
-		}
-	}
-	if _, err := call("initialize", map[string]any{"clientInfo": map[string]any{"name": "bench", "version": "1"}}); err != nil {
+	d := &directSession{cmd: cmd, stdin: stdin, r: bufio.NewReaderSize(stdout, 1<<20)}
+	if _, err := d.call("initialize", map[string]any{"clientInfo": map[string]any{"name": "bench", "version": "1"}}); err != nil {
+		d.close()
 		return nil, err
 	}
-	res, err := call("thread/start", map[string]any{"cwd": home})
+	res, err := d.call("thread/start", map[string]any{"cwd": home})
 	if err != nil {
+		d.close()
 		return nil, err
 	}
-	thread, _ := res["thread"].(map[string]any)["id"].(string)
-	var out []time.Duration
-	for i := 0; i < warm+n; i++ {
-		t0 := time.Now()
-		if _, err := call("turn/start", map[string]any{"threadId": thread, "input": []any{map[string]any{"type": "text", "text": fmt.Sprintf("turn %d", i)}}}); err != nil {
+	d.thread, _ = res["thread"].(map[string]any)["id"].(string)
+	return d, nil
+}
+
+func (d *directSession) close() { _ = d.stdin.Close(); _ = d.cmd.Wait() }
+
+func (d *directSession) call(method string, params any) (map[string]any, error) {
+	d.id++
+	b, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": d.id, "method": method, "params": params})
+	if _, err := d.stdin.Write(append(b, '\n')); err != nil {
+		return nil, err
+	}
+	for {
+		line, err := d.r.ReadBytes('\n')
+		if err != nil {
 			return nil, err
 		}
-		for {
-			line, err := r.ReadBytes('\n')
-			if err != nil {
-				return nil, err
-			}
-			var m map[string]any
-			if json.Unmarshal(line, &m) == nil && m["method"] == "turn/completed" {
-				break
-			}
+		var m map[string]any
+		if json.Unmarshal(line, &m) != nil {
+			continue
 		}
-		if i >= warm {
-			out = append(out, time.Since(t0))
+		if v, ok := m["id"].(float64); ok && int(v) == d.id && m["method"] == nil {
+			if e, ok := m["error"]; ok {
+				return nil, fmt.Errorf("%s: %v", method, e)
+			}
+			res, _ := m["result"].(map[string]any)
+			return res, nil
 		}
 	}
-	return out, nil
+}
+
+// turn runs one turn: turn/start sent → turn/completed read.
+func (d *directSession) turn(prompt string) (time.Duration, error) {
+	t0 := time.Now()
+	if _, err := d.call("turn/start", map[string]any{"threadId": d.thread, "input": []any{map[string]any{"type": "text", "text": prompt}}}); err != nil {
+		return 0, err
+	}
+	for {
+		line, err := d.r.ReadBytes('\n')
+		if err != nil {
+			return 0, err
+		}
+		var m map[string]any
+		if json.Unmarshal(line, &m) == nil && m["method"] == "turn/completed" {
+			return time.Since(t0), nil
+		}
+	}
 }
