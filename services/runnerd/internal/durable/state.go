@@ -85,6 +85,62 @@ type CommandRecord struct {
 	Message       string         `json:"message,omitempty"`
 	Result        map[string]any `json:"result,omitempty"`
 	ReceivedAt    time.Time      `json:"receivedAt"`
+
+	// encoded caches the record's JSON once it is final (any status but
+	// pending): a final record is never changed again, and the journal is
+	// encoded on every save of the state.
+	encoded []byte
+}
+
+// Final reports whether the record holds the command's outcome.
+func (r *CommandRecord) Final() bool { return r.Status != StatusPending }
+
+// CommandJournal is the journal of processed commands by command id. It
+// encodes as a JSON object with sorted keys, each final record encoded once.
+type CommandJournal map[string]*CommandRecord
+
+// commandRecordJSON is CommandRecord without its methods (for encoding).
+type commandRecordJSON CommandRecord
+
+// MarshalJSON encodes the journal like encoding/json encodes a map, reusing
+// the cached encoding of final records.
+func (j CommandJournal) MarshalJSON() ([]byte, error) {
+	if j == nil {
+		return []byte("null"), nil
+	}
+	keys := make([]string, 0, len(j))
+	for k := range j {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	buf := make([]byte, 0, 512*len(keys)+2)
+	buf = append(buf, '{')
+	for i, k := range keys {
+		if i > 0 {
+			buf = append(buf, ',')
+		}
+		kb, err := json.Marshal(k)
+		if err != nil {
+			return nil, err
+		}
+		buf = append(append(buf, kb...), ':')
+		rec := j[k]
+		if rec == nil {
+			buf = append(buf, "null"...)
+			continue
+		}
+		enc := rec.encoded
+		if enc == nil || !rec.Final() {
+			if enc, err = json.Marshal((*commandRecordJSON)(rec)); err != nil {
+				return nil, err
+			}
+			if rec.Final() {
+				rec.encoded = enc
+			}
+		}
+		buf = append(buf, enc...)
+	}
+	return append(buf, '}'), nil
 }
 
 // State is runner/runner-state.json.
@@ -109,11 +165,11 @@ type State struct {
 	SessionInput    json.RawMessage   `json:"sessionInput,omitempty"`
 	// Backpressure is set while non-P0 events are rejected for lack of
 	// outbox space; BackpressureDropped counts them.
-	Backpressure        bool                      `json:"backpressure,omitempty"`
-	BackpressureDropped uint64                    `json:"backpressureDropped,omitempty"`
-	PeakOutboxBytes     uint64                    `json:"peakOutboxBytes,omitempty"`
-	ProcessedCommands   map[string]*CommandRecord `json:"processedCommands,omitempty"`
-	UpdatedAt           time.Time                 `json:"updatedAt"`
+	Backpressure        bool           `json:"backpressure,omitempty"`
+	BackpressureDropped uint64         `json:"backpressureDropped,omitempty"`
+	PeakOutboxBytes     uint64         `json:"peakOutboxBytes,omitempty"`
+	ProcessedCommands   CommandJournal `json:"processedCommands,omitempty"`
+	UpdatedAt           time.Time      `json:"updatedAt"`
 }
 
 // NewState returns a fresh state for id.
@@ -124,7 +180,7 @@ func NewState(id Identity) *State {
 		Lifecycle:         LifecycleConnecting,
 		NextSourceSeq:     1,
 		HighestAttempts:   map[string]uint64{},
-		ProcessedCommands: map[string]*CommandRecord{},
+		ProcessedCommands: CommandJournal{},
 	}
 }
 
@@ -165,7 +221,7 @@ func (s *Store) Load() (*State, error) {
 		st.HighestAttempts = map[string]uint64{}
 	}
 	if st.ProcessedCommands == nil {
-		st.ProcessedCommands = map[string]*CommandRecord{}
+		st.ProcessedCommands = CommandJournal{}
 	}
 	if st.NextSourceSeq == 0 {
 		st.NextSourceSeq = 1
