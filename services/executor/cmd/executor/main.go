@@ -79,7 +79,7 @@ func run() error {
 	d := dispatch.New(st, dispatch.Config{
 		Owner: *owner, LeaseTTL: *ttl, PollInterval: *poll, MaxActive: *maxActive, RetryDelay: *retryDelay,
 		NoSameHostTakeover: !*sameHost, AdvertiseAddr: *advertise,
-		Gateway: gatewayv1.NewRunnerGatewayClient(gwConn), Logger: log, Persisted: hub.Notify,
+		Gateway: gatewayv1.NewRunnerGatewayClient(gwConn), Logger: log,
 	})
 	sus := &suspend.Suspender{Store: st, Gateway: gatewayv1.NewRunnerGatewayClient(gwConn), Owner: *owner,
 		Interval: *idleSweep, Logger: log}

@@ -57,10 +57,6 @@ type Config struct {
 	NoSameHostTakeover bool
 	Gateway            gatewayv1.RunnerGatewayClient
 	Logger             *slog.Logger
-	// Persisted, when set, is called with the run id once events of a run
-	// this replica drives are committed (in-process watchers need not wait
-	// for the database notification).
-	Persisted func(runID string)
 }
 
 // DefaultOwner names this process: host:pid.
@@ -184,12 +180,6 @@ func (d *Dispatcher) NotifiedRun(runID string) {
 	}
 }
 
-func (d *Dispatcher) persisted(runID string) {
-	if d.cfg.Persisted != nil {
-		d.cfg.Persisted(runID)
-	}
-}
-
 // Run claims due runs until ctx ends, then waits for its drivers to stop.
 // Drivers stop acting when ctx ends; their leases lapse and another replica
 // takes the runs over (at once, on the same host, by proving this process
@@ -198,15 +188,23 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	go d.leases.run(ctx)
 	sem := make(chan struct{}, d.cfg.MaxActive)
 	defer d.wg.Wait()
+	due := false // the last attempt claimed a due run
 	for {
 		claimed := false
+		// After claiming a due run the loop looks again at once (more may
+		// be due); the takeover probe is then left to the next wake-up (a
+		// kick or the poll), so it does not load the database while the
+		// run just claimed attaches.
+		probe := !due && !d.cfg.NoSameHostTakeover
+		due = false
 		select {
 		case sem <- struct{}{}:
 			c, err := d.store.ClaimNext(ctx, d.cfg.Owner, d.cfg.LeaseTTL, d.self)
 			if err != nil && ctx.Err() == nil {
 				d.log.Error("claim failed", "err", err)
 			}
-			if c == nil && !d.cfg.NoSameHostTakeover {
+			due = c != nil
+			if c == nil && probe {
 				c = d.takeOverDead(ctx)
 			}
 			if c == nil {
@@ -523,13 +521,7 @@ func (d *Dispatcher) attachOnce(ctx context.Context, c *store.Claim, cancelCh <-
 	recordRunner := func() error {
 		return d.store.RecordRunner(ctx, c.Fence, opened.GetRunnerInstanceId(), opened.GetRunnerProcess(), opened.GetProviderProcess())
 	}
-	recordControl := func() error {
-		err := d.store.RecordControl(ctx, c.Fence, supersede, control)
-		if err == nil && len(control) > 0 {
-			d.persisted(c.RunID)
-		}
-		return err
-	}
+	recordControl := func() error { return d.store.RecordControl(ctx, c.Fence, supersede, control) }
 	// With the turn's commands pipelined, the bookkeeping is written while
 	// the runner works on them, and committed before any of the runner's
 	// events is persisted (they follow it in the run's log; see
@@ -710,7 +702,6 @@ func (d *Dispatcher) attachOnce(ctx context.Context, c *store.Claim, cancelCh <-
 				}
 				return false, err
 			}
-			d.persisted(c.RunID)
 			for _, ev := range evs {
 				live.observe(ev)
 			}
