@@ -33,6 +33,11 @@
 //     INSERT … SELECT … FROM unnest(…) of same-sized rows into a copy of
 //     executor.events. Target ≥ 60 %.
 //
+// -figures runs some of them (in the order given; a figure run alone sees
+// smaller tables than in the full run, where lease_claim's runs stay in
+// both coordinators tables); -cpuprofile writes this process's CPU profile
+// (both sides, and the seeding) for go tool pprof.
+//
 // Each figure warms both sides up briefly first. Output: an aligned table,
 // then one line per figure for machines:
 //
@@ -49,6 +54,8 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
+	"runtime/pprof"
+	"strings"
 	"syscall"
 	"time"
 
@@ -67,6 +74,8 @@ type config struct {
 	batch, payload      int
 	duration, warmup    time.Duration
 	slices              int
+	figures             string
+	cpuProfile          string
 }
 
 func main() {
@@ -80,6 +89,8 @@ func main() {
 	flag.DurationVar(&cfg.duration, "duration", 4*time.Second, "measured time per side for the timed figures")
 	flag.DurationVar(&cfg.warmup, "warmup", 500*time.Millisecond, "warm-up time per side for the timed figures")
 	flag.IntVar(&cfg.slices, "slices", 8, "alternating tether/raw slices per figure")
+	flag.StringVar(&cfg.figures, "figures", "lease_claim,lease_renewal,event_persistence", "comma-separated figures to run, in this order")
+	flag.StringVar(&cfg.cpuProfile, "cpuprofile", "", "write a CPU profile of the measured figures (both sides) to this file")
 	flag.Parse()
 	if cfg.claims < cfg.slices || cfg.workers < 1 || cfg.leases < 1 || cfg.batch < 1 || cfg.slices < 1 {
 		fmt.Fprintln(os.Stderr, "tether-bench: -claims must be ≥ -slices, and -workers, -leases, -batch, -slices ≥ 1")
@@ -135,8 +146,30 @@ func run(ctx context.Context, cfg config) (err error) {
 	}
 
 	b := &bench{cfg: cfg, st: st, claim: claimFunc(st), raw: rawPool}
+	figures := map[string]func(context.Context) (result, error){
+		"lease_claim": b.leaseClaim, "lease_renewal": b.leaseRenewal, "event_persistence": b.eventPersistence,
+	}
+	var chosen []func(context.Context) (result, error)
+	for name := range strings.SplitSeq(cfg.figures, ",") {
+		fig, ok := figures[strings.TrimSpace(name)]
+		if !ok {
+			return fmt.Errorf("-figures: no figure %q (lease_claim, lease_renewal, event_persistence)", name)
+		}
+		chosen = append(chosen, fig)
+	}
+	if cfg.cpuProfile != "" {
+		f, err := os.Create(cfg.cpuProfile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
 	var results []result
-	for _, fig := range []func(context.Context) (result, error){b.leaseClaim, b.leaseRenewal, b.eventPersistence} {
+	for _, fig := range chosen {
 		r, err := fig(ctx)
 		if err != nil {
 			return err

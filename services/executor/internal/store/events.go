@@ -9,6 +9,7 @@ import (
 	"sort"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/proto"
 
@@ -72,8 +73,14 @@ type encodedEvent struct {
 // run's result and final state in the same transaction. Listeners on
 // EventsChannel are notified on commit.
 func (s *Store) AppendEvents(ctx context.Context, f Fence, events []*prpv1.Event) (AppendResult, error) {
-	if evs, ok := fastEligible(f, events); ok {
-		res, conflictFree, err := s.appendFast(ctx, f, evs)
+	// Each event is encoded (deterministically) and hashed once, for
+	// whichever path writes it.
+	encoded, err := encodeEvents(events)
+	if err != nil {
+		return AppendResult{}, err
+	}
+	if fastEligible(f, encoded) {
+		res, conflictFree, err := s.appendFast(ctx, f, encoded)
 		if err != nil || conflictFree {
 			return res, err
 		}
@@ -82,18 +89,14 @@ func (s *Store) AppendEvents(ctx context.Context, f Fence, events []*prpv1.Event
 	var res AppendResult
 	groups := map[string][]encodedEvent{}
 	var order []string
-	for _, ev := range events {
-		raw, err := marshalDet.Marshal(ev)
-		if err != nil {
-			return res, err
+	for _, e := range encoded {
+		runID := e.ev.GetRunId()
+		if _, ok := groups[runID]; !ok {
+			order = append(order, runID)
 		}
-		sum := sha256.Sum256(raw)
-		if _, ok := groups[ev.GetRunId()]; !ok {
-			order = append(order, ev.GetRunId())
-		}
-		groups[ev.GetRunId()] = append(groups[ev.GetRunId()], encodedEvent{ev: ev, raw: raw, hash: sum[:]})
+		groups[runID] = append(groups[runID], e)
 	}
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		res = AppendResult{}
 		for _, runID := range order {
 			var count int64
@@ -408,59 +411,88 @@ SELECT coalesce(max(source_seq), $2) FROM s WHERE grp = $2`, instance, int64(flo
 	return uint64(n), err
 }
 
+// encodeEvents marshals each event deterministically (the stored bytes)
+// and hashes it (payload_sha256), into one shared buffer.
+func encodeEvents(events []*prpv1.Event) ([]encodedEvent, error) {
+	out := make([]encodedEvent, len(events))
+	sums := make([]byte, sha256.Size*len(events))
+	buf := make([]byte, 0, 512*len(events))
+	for i, ev := range events {
+		start := len(buf)
+		var err error
+		if buf, err = marshalDet.MarshalAppend(buf, ev); err != nil {
+			return nil, err
+		}
+		raw := buf[start:len(buf):len(buf)]
+		sum := sums[i*sha256.Size : (i+1)*sha256.Size : (i+1)*sha256.Size]
+		h := sha256.Sum256(raw)
+		copy(sum, h[:])
+		out[i] = encodedEvent{ev: ev, raw: raw, hash: sum}
+	}
+	return out, nil
+}
+
 // fastEligible reports whether a batch can take the one-statement path: all
 // events of the fenced run, in strictly increasing source order per
 // instance, none that changes the run's outcome or process facts.
-func fastEligible(f Fence, events []*prpv1.Event) ([]encodedEvent, bool) {
-	if len(events) == 0 {
-		return nil, false
+func fastEligible(f Fence, evs []encodedEvent) bool {
+	if len(evs) == 0 {
+		return false
 	}
-	out := make([]encodedEvent, len(events))
-	last := map[string]uint64{}
-	for i, ev := range events {
+	// The last source seq per instance; a batch rarely has more than one.
+	type last struct {
+		inst string
+		seq  uint64
+	}
+	var lasts []last
+next:
+	for _, e := range evs {
+		ev := e.ev
 		if ev.GetRunId() != f.RunID || ev.GetEventType() == EventTerminal || ev.GetEventType() == EventHarnessReady {
-			return nil, false
+			return false
 		}
-		if prev, ok := last[ev.GetSourceInstanceId()]; ok && ev.GetSourceSeq() <= prev {
-			return nil, false
+		inst, seq := ev.GetSourceInstanceId(), ev.GetSourceSeq()
+		for i := range lasts {
+			if lasts[i].inst == inst {
+				if seq <= lasts[i].seq {
+					return false
+				}
+				lasts[i].seq = seq
+				continue next
+			}
 		}
-		last[ev.GetSourceInstanceId()] = ev.GetSourceSeq()
-		raw, err := marshalDet.Marshal(ev)
-		if err != nil {
-			return nil, false
-		}
-		sum := sha256.Sum256(raw)
-		out[i] = encodedEvent{ev: ev, raw: raw, hash: sum[:]}
+		lasts = append(lasts, last{inst, seq})
 	}
-	return out, true
+	return true
 }
 
-// appendFastSQL checks the fence, refuses to insert anything when any event
-// is already stored (the caller then takes the careful path), inserts the
-// batch with run-local seqs, bumps the run's event count and notifies —
-// one statement, one round trip.
+// appendFastSQL appends a batch of the fenced run in one statement, one
+// round trip, one commit. While the fence holds, it bumps the run's event
+// count by the batch size (the UPDATE locks the run row, which serialises
+// the run's appends, and returns the count the batch's run-local seqs
+// follow), inserts the batch and notifies EventsChannel. A batch with an
+// event already stored under its (run, source instance, source seq) fails
+// on the events unique key, so the statement writes nothing; the caller
+// then takes the careful path. When the fence does not hold, nothing is
+// written and no row is counted.
 const appendFastSQL = `
 WITH fence AS (
-  SELECT r.event_count FROM executor.runs r JOIN executor.coordinators c ON c.run_id = r.run_id
-   WHERE r.run_id = $1 AND c.lease_owner = $2 AND c.attempt = $3 AND c.phase = 'observed'
-     FOR UPDATE OF r),
-k AS (
-  SELECT * FROM unnest($4::text[], $5::bigint[], $6::text[], $7::text[], $8::bytea[], $9::bytea[]) WITH ORDINALITY
-      AS k(source_instance_id, source_seq, source_event_id, event_type, payload_sha256, event, ord)),
-dup AS (
-  SELECT 1 FROM executor.events e JOIN k ON e.source_instance_id = k.source_instance_id AND e.source_seq = k.source_seq
-   WHERE e.run_id = $1 LIMIT 1),
+  UPDATE executor.runs r SET event_count = r.event_count + $10, updated_at = now()
+    FROM executor.coordinators c
+   WHERE r.run_id = $1 AND c.run_id = r.run_id AND c.lease_owner = $2 AND c.attempt = $3 AND c.phase = 'observed'
+  RETURNING r.event_count - $10 AS base),
 ins AS (
   INSERT INTO executor.events (run_id, writer_attempt, seq, source_instance_id, source_seq, source_event_id, event_type, payload_sha256, event)
-  SELECT $1, $3, fence.event_count + k.ord, k.source_instance_id, k.source_seq, k.source_event_id, k.event_type, k.payload_sha256, k.event
-    FROM k, fence WHERE NOT EXISTS (SELECT 1 FROM dup)
+  SELECT $1, $3, fence.base + k.ord, k.source_instance_id, k.source_seq, k.source_event_id, k.event_type, k.payload_sha256, k.event
+    FROM fence, unnest($4::text[], $5::bigint[], $6::text[], $7::text[], $8::bytea[], $9::bytea[]) WITH ORDINALITY
+         AS k(source_instance_id, source_seq, source_event_id, event_type, payload_sha256, event, ord)
   RETURNING 1),
-upd AS (
-  UPDATE executor.runs SET event_count = event_count + (SELECT count(*) FROM ins), updated_at = now()
-   WHERE run_id = $1 AND EXISTS (SELECT 1 FROM ins)
-  RETURNING 1),
-note AS (SELECT pg_notify($10, $1) FROM upd)
-SELECT (SELECT count(*) FROM fence), (SELECT count(*) FROM dup), (SELECT count(*) FROM ins), (SELECT count(*) FROM note)`
+note AS (SELECT pg_notify($11, $1) FROM fence)
+SELECT (SELECT count(*) FROM fence), (SELECT count(*) FROM ins), (SELECT count(*) FROM note)`
+
+// eventsSourceKey is the events unique key on (run, source instance,
+// source seq): a violation means the batch replays stored events.
+const eventsSourceKey = "events_run_id_source_instance_id_source_seq_key"
 
 func (s *Store) appendFast(ctx context.Context, f Fence, evs []encodedEvent) (AppendResult, bool, error) {
 	n := len(evs)
@@ -478,17 +510,20 @@ func (s *Store) appendFast(ctx context.Context, f Fence, evs []encodedEvent) (Ap
 		hashes[i] = e.hash
 		raws[i] = e.raw
 	}
-	var fence, dup, ins, note int64
+	var fence, ins, note int64
 	err := s.pool.QueryRow(ctx, appendFastSQL, f.RunID, f.Owner, int64(f.Attempt),
-		insts, srcSeqs, ids, types, hashes, raws, EventsChannel).Scan(&fence, &dup, &ins, &note)
+		insts, srcSeqs, ids, types, hashes, raws, int64(n), EventsChannel).Scan(&fence, &ins, &note)
+	if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == "23505" && pgErr.ConstraintName == eventsSourceKey {
+		return AppendResult{}, false, nil
+	}
 	if err != nil {
 		return AppendResult{}, false, err
 	}
 	if fence == 0 {
 		return AppendResult{}, false, ErrLeaseLost(f)
 	}
-	if dup > 0 {
-		return AppendResult{}, false, nil
+	if ins != int64(n) || note != 1 {
+		return AppendResult{}, false, fmt.Errorf("store: fast append of %d events inserted %d and notified %d", n, ins, note)
 	}
-	return AppendResult{Inserted: int(ins)}, true, nil
+	return AppendResult{Inserted: n}, true, nil
 }

@@ -474,6 +474,23 @@ type Lease struct {
 	Attempt uint64
 }
 
+// renewLeasesSQL renews the listed leases of one owner, each only while its
+// exact (owner, attempt) is current and unexpired, writing only
+// lease_expires_at (no indexed column: a HOT update). The owner's held
+// leases come from one range of coordinators_owner_idx and are matched to
+// the list with a hash join. The generic plan of a prepared statement
+// estimates unnest of an array parameter at 10 rows and would probe an
+// index once per lease instead; generate_series over the list's length,
+// estimated at 1000 rows, tells it the list is long (it adds no rows: ROWS
+// FROM yields the longest function's rows, all three are the list's length).
+const renewLeasesSQL = `
+UPDATE executor.coordinators c
+   SET lease_expires_at = now() + $4 * interval '1 microsecond'
+  FROM ROWS FROM (unnest($2::text[]), unnest($3::bigint[]), generate_series(1, cardinality($2::text[])))
+       AS l(run_id, attempt, n)
+ WHERE c.lease_owner = $1 AND c.phase = 'observed' AND c.lease_expires_at > now()
+   AND c.run_id = l.run_id AND c.attempt = l.attempt`
+
 // RenewLeases renews every given lease of owner in one statement, each only
 // while its exact (owner, attempt) is current and unexpired. It returns the
 // run ids that were renewed; a missing one has lost its lease.
@@ -483,12 +500,7 @@ func (s *Store) RenewLeases(ctx context.Context, owner string, leases []Lease, t
 	for i, l := range leases {
 		ids[i], attempts[i] = l.RunID, int64(l.Attempt)
 	}
-	tag, err := s.pool.Exec(ctx, `
-UPDATE executor.coordinators c
-   SET lease_expires_at = now() + $4 * interval '1 microsecond'
-  FROM unnest($2::text[], $3::bigint[]) AS l(run_id, attempt)
- WHERE c.run_id = l.run_id AND c.attempt = l.attempt AND c.lease_owner = $1
-   AND c.phase = 'observed' AND c.lease_expires_at > now()`, owner, ids, attempts, ttl.Microseconds())
+	tag, err := s.pool.Exec(ctx, renewLeasesSQL, owner, ids, attempts, ttl.Microseconds())
 	if err != nil {
 		return nil, err
 	}
