@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/tether-run/tether/pkg/failure"
 	backupv1 "github.com/tether-run/tether/pkg/gen/tether/backup/v1"
@@ -333,4 +334,79 @@ func requireEnvironmentWithoutCredentials(t *testing.T, pid int32) {
 	}
 	require.NotContains(t, string(b), credentialCanary, "the provider's environment carries no credential")
 	require.NotContains(t, string(b), "OPENAI_API_KEY")
+}
+
+// TestC5_ARecoveryMayRestartTheProviderToRefreshItsToolContract: C5 with C6.
+func TestC5_ARecoveryMayRestartTheProviderToRefreshItsToolContract(t *testing.T) {
+	c := newContinuity(t, stack.Options{})
+	toolContractRefresh(t, c.harness, c.input)
+}
+
+// toolContractRefresh runs a warm session whose third run declares another
+// tool contract: the provider is restarted once, the same thread resumes
+// with the new tools (the fake calls the first declared tool), and the
+// follow-up with the same contract reuses the process.
+func toolContractRefresh(t *testing.T, h *harness, input func(session, prompt string) *prpv1.ExecutionInput) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	schema, _ := structpb.NewStruct(map[string]any{"type": "object", "properties": map[string]any{"key": map[string]any{"type": "string"}}})
+	lookup := &prpv1.DynamicTool{Name: "mock_lookup", Description: "Look up a value by key.", InputSchema: schema}
+	weather := &prpv1.DynamicTool{Name: "mock_weather", Description: "The weather for a place.", InputSchema: schema}
+	run := func(id, prompt string, tools ...*prpv1.DynamicTool) *executorv1.Run {
+		t.Helper()
+		in := input("tools-refresh", prompt)
+		in.DynamicTools = tools
+		_, err := h.client.SubmitRun(ctx, &executorv1.SubmitRunRequest{RunId: id, Input: in})
+		require.NoError(t, err)
+		return h.waitState(ctx, h.client, id, executorv1.RunState_RUN_STATE_SUCCEEDED)
+	}
+	first := run("tc-1", "first", lookup)
+	second := run("tc-2", "second, same tools", lookup)
+	sameProcess(t, first.GetProviderProcess(), second.GetProviderProcess(), "equal tool contracts share the provider")
+
+	// tc-3 declares another contract and calls its first tool.
+	in := input("tools-refresh", "[dyn] the weather in Lisbon")
+	in.DynamicTools = []*prpv1.DynamicTool{weather, lookup}
+	_, err := h.client.SubmitRun(ctx, &executorv1.SubmitRunRequest{RunId: "tc-3", Input: in})
+	require.NoError(t, err)
+	var callID string
+	wctx, stop := context.WithCancel(ctx)
+	stream, err := h.client.WatchRun(wctx, &executorv1.WatchRunRequest{RunId: "tc-3"})
+	require.NoError(t, err)
+	restarting := 0
+	for callID == "" {
+		m, err := stream.Recv()
+		require.NoError(t, err)
+		switch m.GetEvent().GetEventType() {
+		case "provider.restarting":
+			restarting++
+			require.Equal(t, "tool_contract_changed", m.GetEvent().GetPayload().AsMap()["reason"])
+		case "semantic_tool.input":
+			p := m.GetEvent().GetPayload().AsMap()
+			require.Equal(t, "mock_weather", p["tool"], "the restarted provider serves the new contract")
+			callID, _ = p["callId"].(string)
+		}
+	}
+	stop()
+	require.Equal(t, 1, restarting)
+	_, err = h.client.CompleteToolCall(ctx, &executorv1.CompleteToolCallRequest{RunId: "tc-3", CallId: callID, Success: true, Text: "sunny, 21 C"})
+	require.NoError(t, err)
+	third := h.waitState(ctx, h.client, "tc-3", executorv1.RunState_RUN_STATE_SUCCEEDED)
+	require.Contains(t, third.GetResult().GetFinalMessage(), "sunny, 21 C")
+	require.NotEqual(t, second.GetProviderProcess().GetPid(), third.GetProviderProcess().GetPid(), "a restarted provider")
+	require.Equal(t, second.GetRunnerInstanceId(), third.GetRunnerInstanceId())
+	require.Equal(t, 1, countLines(t, h.st.CallLog(), "thread/resume"), "the same thread, resumed with the new tools")
+
+	// C6: a healthy follow-up with the same contract reuses the process.
+	fourth := run("tc-4", "a healthy follow-up", weather, lookup)
+	sameProcess(t, third.GetRunnerProcess(), fourth.GetRunnerProcess(), "no new runner process")
+	sameProcess(t, third.GetProviderProcess(), fourth.GetProviderProcess(), "no new provider process")
+	require.Contains(t, fourth.GetResult().GetFinalMessage(), "earlier messages")
+	require.Equal(t, 2, countLines(t, h.st.CallLog(), "process-start"))
+	require.Equal(t, 4, countLines(t, h.st.CallLog(), "turn/start"), "each turn started exactly once")
+}
+
+func TestR2_AToolContractChangeRestartsTheProviderOnTheSameThreadAndFollowUpsReuseIt(t *testing.T) {
+	h := newHarness(t, stack.Options{})
+	toolContractRefresh(t, h, h.submitInput)
 }

@@ -378,13 +378,16 @@ func (s *Session) OpenThread(ctx context.Context, threadID string) (string, bool
 		putNonEmpty(params, "approvalPolicy", s.cfg.ApprovalPolicy)
 		putNonEmpty(params, "sandbox", s.cfg.Sandbox)
 		putNonEmpty(params, "model", s.cfg.Model)
-		if len(s.cfg.DynamicTools) > 0 {
-			tools := make([]any, len(s.cfg.DynamicTools))
-			for i, t := range s.cfg.DynamicTools {
-				tools[i] = t
-			}
-			params["dynamicTools"] = tools
+	}
+	// The tool contract: declared when the thread starts, and again when
+	// it is resumed so that a provider restarted for another contract
+	// serves the run's tools.
+	if len(s.cfg.DynamicTools) > 0 {
+		tools := make([]any, len(s.cfg.DynamicTools))
+		for i, t := range s.cfg.DynamicTools {
+			tools[i] = t
 		}
+		params["dynamicTools"] = tools
 	}
 	var opened string
 	onResult := func(raw json.RawMessage) error {

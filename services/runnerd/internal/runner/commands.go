@@ -470,6 +470,16 @@ func (r *Runner) cmdRunAttach(c *prpv1.Command) (map[string]any, *cmdError) {
 	if t := r.st.ActiveTurn; t != nil {
 		t.Attempt = c.GetAttempt()
 	}
+	// A run declaring another tool contract than the live provider's
+	// thread was opened with gets a fresh provider: the next turn resumes
+	// the same thread with the run's dynamic tools.
+	if r.prov != nil && r.st.ActiveTurn == nil && toolContract(in) != r.provTools {
+		r.log.Info("the run's tool contract differs from the live provider's; restarting the provider", "run_id", c.GetRunId())
+		r.closeProvider()
+		r.emit(P1, "provider.restarting", "", "", map[string]any{
+			"reason": "tool_contract_changed", "runId": c.GetRunId(), "providerThreadId": r.st.ProviderThreadID,
+		})
+	}
 	// The attached run is persisted with the command's outcome, before the
 	// answer; run.attached is journaled (fsync) before it is sent.
 	reused := r.prov != nil
@@ -637,6 +647,7 @@ func (r *Runner) startProvider(reattach bool) *cmdError {
 		return providerFailure("provider_thread_open_failed", err)
 	}
 	r.st.ProviderThreadID = tid
+	r.provTools = toolContract(in)
 	r.mustSave()
 	r.log.Info("provider ready", "pid", pi.PID, "thread_id", tid, "resumed", resumed)
 	return nil
@@ -896,6 +907,21 @@ func (r *Runner) terminalEvent(t *durable.Turn, res TurnResult) pendingEvent {
 	}
 	// The run the turn belongs to labels the event.
 	return pendingEvent{prio: P0, typ: "run.terminal", turnID: t.TurnID, payload: payload, runID: t.RunID}
+}
+
+// toolContract is a digest of the run's declared dynamic tools (empty for
+// none): runs with equal contracts share a live provider.
+func toolContract(in *prpv1.ExecutionInput) string {
+	tools := dynamicTools(in)
+	if len(tools) == 0 {
+		return ""
+	}
+	b, err := json.Marshal(tools)
+	if err != nil {
+		return ""
+	}
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:])
 }
 
 // dynamicTools renders the run's declared tools in codex's thread/start

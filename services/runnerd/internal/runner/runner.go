@@ -254,6 +254,9 @@ type Runner struct {
 	queue   *eventQueue
 	prov    Provider
 	provGen int
+	// provTools is the digest of the dynamic tools the live provider's
+	// thread was opened or resumed with (its tool contract).
+	provTools string
 
 	lastActivity time.Time
 	exit         *exitPlan
