@@ -51,3 +51,33 @@ func TestR4_CommandJournalEncodesLikeAPlainMap(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, `{}`, string(empty))
 }
+
+// Encode writes the same document encoding/json would (the journal's
+// place among the fields aside), and Load reads it back.
+func TestR4_EncodedStateLoadsBack(t *testing.T) {
+	st := NewState(Identity{RunnerInstanceID: "r", SessionScope: "s", NormalizedSessionID: "n"})
+	st.ProcessedCommands["c1"] = &CommandRecord{CommandID: "c1", ControllerSeq: 1, CommandType: "run.attach", Status: StatusCompleted,
+		Result: map[string]any{"runId": "run-1"}}
+	st.HighestAttempts["run-1"] = 2
+	b, err := Encode(st)
+	require.NoError(t, err)
+	var generic, viaJSON map[string]any
+	require.NoError(t, json.Unmarshal(b, &generic))
+	plain, err := json.Marshal(st)
+	require.NoError(t, err)
+	require.NoError(t, json.Unmarshal(plain, &viaJSON))
+	assert.Equal(t, viaJSON, generic)
+
+	s := &Store{Dir: t.TempDir()}
+	require.NoError(t, s.Write(b))
+	back, err := s.Load()
+	require.NoError(t, err)
+	assert.Equal(t, "run-1", back.ProcessedCommands["c1"].Result["runId"])
+	assert.Equal(t, uint64(2), back.HighestAttempts["run-1"])
+
+	empty := NewState(Identity{RunnerInstanceID: "r"})
+	b, err = Encode(empty)
+	require.NoError(t, err)
+	assert.NotContains(t, string(b), "processedCommands")
+	assert.True(t, json.Valid(b))
+}

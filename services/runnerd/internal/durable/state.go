@@ -244,9 +244,21 @@ func (s *Store) Save(st *State) error {
 func Encode(st *State) ([]byte, error) {
 	st.pruneCommands()
 	st.UpdatedAt = time.Now().UTC()
+	// The journal is spliced in after the other fields: encoding/json would
+	// re-scan (compact) its whole MarshalJSON output on every save.
+	journal := st.ProcessedCommands
+	st.ProcessedCommands = nil
 	b, err := json.Marshal(st)
+	st.ProcessedCommands = journal
 	if err != nil {
 		return nil, err
+	}
+	if len(journal) > 0 {
+		j, err := journal.MarshalJSON()
+		if err != nil {
+			return nil, err
+		}
+		b = append(append(append(b[:len(b)-1], `,"processedCommands":`...), j...), '}')
 	}
 	return append(b, '\n'), nil
 }
