@@ -150,27 +150,35 @@ type commandSlot struct {
 }
 
 // onCommands applies the journal rules to commands received together, runs
-// their effects in order and answers them in order. The state document is
-// rewritten (two fsyncs) at each save, so saves are shared as far as the
+// their effects in order and answers them in order, with as few syncs as the
 // contract allows: a command's intent is durable before any of its effects,
-// and its outcome is durable before it is answered. One save journals the
-// intents of every command at hand; commands whose intents are durable then
-// run one after the other without a save of their own; the next save
-// persists their outcomes together with the intents of the commands that
-// arrived meanwhile (drained from the connection), and the outcomes are
-// answered after it.
+// and its outcome is durable before it is answered.
+//
+// The intents of the commands at hand are made durable together (one
+// append to the intent log and one fdatasync; without a log, one save of
+// the state); those commands then run one after the other. Commands that
+// arrived meanwhile (drained from the connection) are journaled the same
+// way before they run. When nothing is left to run, one save of the state
+// holds every outcome (and everything else the commands changed); it is
+// written while the loop goes on — the turn's events are not held up — and
+// the answers go out once it is durable.
 func (r *Runner) onCommands(connID int, cmds []*prpv1.Command) {
 	var (
 		slots   []*commandSlot
-		next    int // first slot not yet run (or answered, when it needs no run)
-		answerd int // slots answered so far
-		dirty   bool
+		next    int              // first slot not yet run (or passed, when it needs no run)
+		answerd int              // slots answered so far
+		changed bool             // the state changed (beyond fresh intents) since the last save
+		fresh   []durable.Intent // intents not yet durable
 	)
 	admit := func(cs []*prpv1.Command) {
 		for _, c := range cs {
-			s, changed := r.admitCommand(c)
+			s, ch := r.admitCommand(c)
 			slots = append(slots, s)
-			dirty = dirty || changed
+			if s.run {
+				fresh = append(fresh, durable.IntentOf(s.rec))
+			} else if ch {
+				changed = true
+			}
 		}
 	}
 	// Answers still waiting for a snapshot go first (in order).
@@ -181,17 +189,20 @@ func (r *Runner) onCommands(connID int, cmds []*prpv1.Command) {
 	wait := time.Duration(0)
 	if last := slots[len(slots)-1]; last.run && last.c.GetType() == CmdRunAttach {
 		// The executor sends a run's turn.start right behind its
-		// run.attach: a short wait lets both intents share one save.
+		// run.attach: a short wait lets both intents share one sync.
 		wait = attachFollowWindow
 	}
 	for {
-		// A save point: commands that arrived meanwhile are journaled in
-		// the same save.
 		admit(r.drainCommands(connID, maxCommandBatch-len(slots), wait))
 		wait = 0
-		if dirty && next == len(slots) {
-			// Only outcomes to persist: they are answered once durable,
-			// while the loop goes on (the turn's events are not held up).
+		if next == len(slots) {
+			// Nothing left to run: persist and answer.
+			if !changed && len(fresh) == 0 {
+				for ; answerd < len(slots); answerd++ {
+					r.sendResult(slots[answerd].rec)
+				}
+				return
+			}
 			gen, err := r.saveAsync()
 			if err != nil {
 				r.log.Error("cannot persist runner state", "err", err)
@@ -205,19 +216,22 @@ func (r *Runner) onCommands(connID int, cmds []*prpv1.Command) {
 			r.answerWhenSaved(gen, recs)
 			return
 		}
-		if dirty {
-			r.mustSave()
-			dirty = false
-			if r.exit != nil && r.exit.immediate {
-				return // nothing unsaved is answered, nothing unjournaled runs
+		// Intents before effects.
+		if len(fresh) > 0 {
+			if r.intents == nil {
+				changed = false // the save holds everything
+				// (and what is final so far may be answered after it)
 			}
-		}
-		for answerd < len(slots) && slots[answerd].done {
-			r.sendResult(slots[answerd].rec)
-			answerd++
-		}
-		if next == len(slots) {
-			return
+			if r.journalIntents(fresh) != nil {
+				return // nothing unjournaled runs, nothing unsaved is answered
+			}
+			fresh = nil
+			if r.intents == nil {
+				for answerd < len(slots) && slots[answerd].done {
+					r.sendResult(slots[answerd].rec)
+					answerd++
+				}
+			}
 		}
 		// Every slot up to len(slots) is journaled durably now: run them.
 		// The events they emit are held and journaled with the provider
@@ -231,7 +245,7 @@ func (r *Runner) onCommands(connID int, cmds []*prpv1.Command) {
 				continue
 			}
 			r.runCommand(sl)
-			dirty = true
+			changed = true
 			if r.exit != nil && r.exit.immediate {
 				break
 			}

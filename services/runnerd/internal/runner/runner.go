@@ -280,6 +280,12 @@ type Runner struct {
 	saveGen, savedGen uint64
 	saveErr           error
 	pendingAnswers    []pendingAnswer
+	// intents is the intent log (nil: intents are made durable by saving
+	// the state); covers maps a snapshot to the controller seq its state
+	// covers, so the log is emptied once a durable one covers it all.
+	intents    *durable.IntentLog
+	intentsTo  uint64
+	snapCovers map[uint64]uint64
 
 	// holdEvents: events emitted now are held (heldEvents, no source seq
 	// yet) and journaled with the next batch — the provider events after
@@ -314,6 +320,9 @@ func Run(ctx context.Context, cfg Config) (int, error) {
 		if r.outbox != nil {
 			_ = r.outbox.Close()
 		}
+		if r.intents != nil {
+			_ = r.intents.Close()
+		}
 		return code, err
 	}
 	r.log.Info("runner transport", "mode", cfg.Mode(), "connect_url", cfg.ConnectURL, "ca_bundle", cfg.CABundlePath != "")
@@ -336,6 +345,7 @@ func Run(ctx context.Context, cfg Config) (int, error) {
 	cancel()
 	r.wg.Wait()
 	_ = r.outbox.Close()
+	_ = r.intents.Close()
 	r.log.Info("runnerd exiting", "code", code, "lifecycle", r.st.Lifecycle, "reason", r.st.LifecycleReason)
 	return code, nil
 }
@@ -377,6 +387,14 @@ func (r *Runner) open(ctx context.Context) (int, bool, error) {
 		st.Identity.EnvironmentLeaseID = id.EnvironmentLeaseID
 	}
 	r.st = st
+	il, intents, err := durable.OpenIntentLog(store.Dir)
+	if err != nil {
+		return ExitError, true, fmt.Errorf("intent log: %w", err)
+	}
+	r.intents = il
+	if n := durable.ReplayIntents(st, intents); n > 0 {
+		r.log.Info("commands journaled in the intent log after the last state save", "commands", n)
+	}
 	ob, dropped, err := durable.OpenOutbox(store.Dir, st.AckedSourceSeq)
 	if err != nil {
 		return ExitError, true, fmt.Errorf("outbox: %w", err)
@@ -403,15 +421,15 @@ func (r *Runner) open(ctx context.Context) (int, bool, error) {
 
 	var lostProvider *durable.Process
 	var lostTurn *durable.Turn
+	for _, rec := range st.ProcessedCommands {
+		if rec.Status == durable.StatusPending {
+			rec.Status = durable.StatusIndeterminate
+			rec.Code = "execution_indeterminate"
+			rec.Message = "runnerd restarted while the command was in progress; it is never re-executed"
+		}
+	}
 	if recovered {
 		st.ReconnectCount++
-		for _, rec := range st.ProcessedCommands {
-			if rec.Status == durable.StatusPending {
-				rec.Status = durable.StatusIndeterminate
-				rec.Code = "execution_indeterminate"
-				rec.Message = "runnerd restarted while the command was in progress; it is never re-executed"
-			}
-		}
 		if p := st.ProviderProcess; p != nil && cfg.ProviderHost {
 			// The provider may have survived under its host: re-attach
 			// before anything else (recoverProvider).
@@ -430,6 +448,9 @@ func (r *Runner) open(ctx context.Context) (int, bool, error) {
 	}
 	if err := r.save(); err != nil {
 		return ExitError, true, err
+	}
+	if err := r.intents.Reset(); err != nil { // the saved state holds them
+		return ExitError, true, fmt.Errorf("intent log: %w", err)
 	}
 	if recovered {
 		r.log.Info("recovered durable state", "next_source_seq", st.NextSourceSeq, "acked_source_seq", st.AckedSourceSeq,

@@ -101,6 +101,12 @@ func (r *Runner) saveAsync() (uint64, error) {
 	}
 	r.saveGen++
 	r.ackDirty = false // the snapshot holds the cursor
+	if r.intents != nil {
+		if r.snapCovers == nil {
+			r.snapCovers = map[uint64]uint64{}
+		}
+		r.snapCovers[r.saveGen] = r.st.LastControllerCommandSeq
+	}
 	if r.saver == nil {
 		r.onSaved(saveResult{gen: r.saveGen, err: r.store.Write(b)})
 		return r.saveGen, r.saveErr
@@ -134,7 +140,45 @@ func (r *Runner) onSaved(res saveResult) {
 	if r.cfg.StateSaved != nil {
 		r.cfg.StateSaved(r.st)
 	}
+	if r.intents != nil {
+		covers := r.snapCovers[res.gen]
+		for g := range r.snapCovers {
+			if g <= res.gen {
+				delete(r.snapCovers, g)
+			}
+		}
+		if covers >= r.intentsTo && r.intents.Size() >= intentLogResetBytes {
+			if err := r.intents.Reset(); err != nil {
+				r.log.Warn("cannot empty the intent log", "err", err)
+			}
+		}
+	}
 	r.flushAnswers()
+}
+
+// intentLogResetBytes: the intent log is emptied (once a durable state
+// covers it) from this size on.
+const intentLogResetBytes = 64 << 10
+
+// journalIntents makes the intents of commands about to run durable before
+// their effects: appended to the intent log (one fdatasync), or without a
+// log by saving the state.
+func (r *Runner) journalIntents(ins []durable.Intent) error {
+	if r.intents == nil {
+		return r.save()
+	}
+	if err := r.intents.Append(ins...); err != nil {
+		err = fmt.Errorf("runner_state_write_failed: intent log: %w", err)
+		r.saveErr = err
+		r.pendingAnswers = nil
+		r.log.Error("cannot journal command intents", "err", err)
+		r.setExit(ExitError, "runner_state_write_failed", true)
+		return err
+	}
+	for _, in := range ins {
+		r.intentsTo = max(r.intentsTo, in.ControllerSeq)
+	}
+	return nil
 }
 
 // flushAnswers sends the waiting answers whose snapshot is durable.

@@ -1,0 +1,242 @@
+package durable
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"os"
+	"path/filepath"
+	"syscall"
+	"time"
+)
+
+// IntentLogFile is the intent log's name inside the runner directory.
+const IntentLogFile = "intents.log"
+
+// Intent is a command journaled as received, before any of its effects: the
+// fields of its journal record while its outcome is pending.
+type Intent struct {
+	CommandID     string    `json:"commandId"`
+	ControllerSeq uint64    `json:"controllerSeq"`
+	CommandType   string    `json:"commandType"`
+	RunID         string    `json:"runId,omitempty"`
+	Attempt       uint64    `json:"attempt,omitempty"`
+	Fingerprint   string    `json:"fingerprint"`
+	ReceivedAt    time.Time `json:"receivedAt"`
+}
+
+// IntentOf is the intent of a journal record.
+func IntentOf(r *CommandRecord) Intent {
+	return Intent{CommandID: r.CommandID, ControllerSeq: r.ControllerSeq, CommandType: r.CommandType, RunID: r.RunID,
+		Attempt: r.Attempt, Fingerprint: r.Fingerprint, ReceivedAt: r.ReceivedAt}
+}
+
+// IntentLog is an append-only log of command intents, the cheap way to make
+// an intent durable before its effect: one append and one fdatasync, where
+// a save of the state document rewrites a file and syncs it and its
+// directory. The state document stays the truth: an intent is in the log
+// only until a saved document holds its command (every new command holds
+// the next controller seq, so the document covers exactly the intents with
+// a seq up to its lastControllerCommandSeq; see ReplayIntents). Each line is
+// "<crc32c hex> <intent JSON>\n"; a torn or corrupt tail is dropped on open.
+type IntentLog struct {
+	dir  string
+	f    *os.File
+	size int64
+}
+
+// OpenIntentLog opens (creating) dir/intents.log and returns its intents.
+func OpenIntentLog(dir string) (*IntentLog, []Intent, error) {
+	path := filepath.Join(dir, IntentLogFile)
+	if fi, err := os.Lstat(path); err == nil && !fi.Mode().IsRegular() {
+		return nil, nil, fmt.Errorf("%s is not a regular file", path)
+	}
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, fileMode)
+	if err != nil {
+		return nil, nil, err
+	}
+	l := &IntentLog{dir: dir, f: f}
+	ins, err := l.load()
+	if err == nil {
+		err = SyncDir(dir)
+	}
+	if err != nil {
+		f.Close()
+		return nil, nil, err
+	}
+	return l, ins, nil
+}
+
+func (l *IntentLog) load() ([]Intent, error) {
+	br := bufio.NewReader(l.f)
+	var (
+		ins []Intent
+		off int64
+	)
+	for {
+		line, err := br.ReadBytes('\n')
+		if err != nil && !errors.Is(err, io.EOF) {
+			return nil, err
+		}
+		in, ok := decodeIntent(line)
+		if !ok {
+			break // torn or corrupt tail: everything from here is dropped
+		}
+		ins = append(ins, in)
+		off += int64(len(line))
+		if err != nil {
+			break
+		}
+	}
+	fi, err := l.f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if fi.Size() > off {
+		if err := l.f.Truncate(off); err != nil {
+			return nil, err
+		}
+		if err := l.f.Sync(); err != nil {
+			return nil, err
+		}
+	}
+	l.size = off
+	_, err = l.f.Seek(off, io.SeekStart)
+	return ins, err
+}
+
+func decodeIntent(line []byte) (Intent, bool) {
+	if len(line) < 10 || line[len(line)-1] != '\n' || line[8] != ' ' {
+		return Intent{}, false
+	}
+	sum, err := hex.DecodeString(string(line[:8]))
+	if err != nil {
+		return Intent{}, false
+	}
+	body := line[9 : len(line)-1]
+	want := uint32(sum[0])<<24 | uint32(sum[1])<<16 | uint32(sum[2])<<8 | uint32(sum[3])
+	if crc32.Checksum(body, crcTable) != want {
+		return Intent{}, false
+	}
+	var in Intent
+	if err := json.Unmarshal(body, &in); err != nil || in.CommandID == "" || in.ControllerSeq == 0 {
+		return Intent{}, false
+	}
+	return in, true
+}
+
+// Append writes the intents and syncs their data before returning: they are
+// durable then.
+func (l *IntentLog) Append(ins ...Intent) error {
+	if len(ins) == 0 {
+		return nil
+	}
+	var buf bytes.Buffer
+	for _, in := range ins {
+		body, err := json.Marshal(in)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(&buf, "%08x ", crc32.Checksum(body, crcTable))
+		buf.Write(body)
+		buf.WriteByte('\n')
+	}
+	if _, err := l.f.Write(buf.Bytes()); err != nil {
+		// Leave no half line behind for the next append.
+		_ = l.f.Truncate(l.size)
+		_, _ = l.f.Seek(l.size, io.SeekStart)
+		return err
+	}
+	if err := fdatasync(l.f); err != nil {
+		return err
+	}
+	l.size += int64(buf.Len())
+	return nil
+}
+
+func fdatasync(f *os.File) error {
+	for {
+		err := syscall.Fdatasync(int(f.Fd()))
+		if !errors.Is(err, syscall.EINTR) {
+			return err
+		}
+	}
+}
+
+// Size is the log's size in bytes.
+func (l *IntentLog) Size() int64 { return l.size }
+
+// Reset empties the log once a saved state document covers its intents. It
+// is not synced: intents the document covers are ignored if they come back.
+func (l *IntentLog) Reset() error {
+	if l.size == 0 {
+		return nil
+	}
+	if err := l.f.Truncate(0); err != nil {
+		return err
+	}
+	l.size = 0
+	_, err := l.f.Seek(0, io.SeekStart)
+	return err
+}
+
+// Close closes the log file.
+func (l *IntentLog) Close() error { return l.f.Close() }
+
+// ReplayIntents puts the intents a saved state does not cover back into it:
+// the commands with a controller seq after its lastControllerCommandSeq,
+// in seq order, as pending records (a recovering runner makes them
+// indeterminate: never re-executed), with the seq cursor and the highest
+// attempts they moved. It returns how many it restored.
+func ReplayIntents(st *State, ins []Intent) int {
+	n := 0
+	for _, in := range ins {
+		if in.ControllerSeq <= st.LastControllerCommandSeq {
+			continue // covered by the document
+		}
+		st.LastControllerCommandSeq = in.ControllerSeq
+		if in.RunID != "" && in.Attempt > st.HighestAttempts[in.RunID] {
+			st.HighestAttempts[in.RunID] = in.Attempt
+		}
+		if _, ok := st.ProcessedCommands[in.CommandID]; ok {
+			continue
+		}
+		st.ProcessedCommands[in.CommandID] = &CommandRecord{
+			CommandID: in.CommandID, ControllerSeq: in.ControllerSeq, CommandType: in.CommandType, RunID: in.RunID,
+			Attempt: in.Attempt, Status: StatusPending, Fingerprint: in.Fingerprint, ReceivedAt: in.ReceivedAt,
+		}
+		n++
+	}
+	return n
+}
+
+// ReadIntentLog reads the intents in dir/intents.log without changing it
+// (none when there is no log); a torn or corrupt tail ends them.
+func ReadIntentLog(dir string) ([]Intent, error) {
+	b, err := readPrivateFile(filepath.Join(dir, IntentLogFile))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var ins []Intent
+	for len(b) > 0 {
+		i := bytes.IndexByte(b, '\n')
+		if i < 0 {
+			break
+		}
+		in, ok := decodeIntent(b[:i+1])
+		if !ok {
+			break
+		}
+		ins = append(ins, in)
+		b = b[i+1:]
+	}
+	return ins, nil
+}
