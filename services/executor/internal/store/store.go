@@ -478,16 +478,20 @@ type Lease struct {
 // exact (owner, attempt) is current and unexpired, writing only
 // lease_expires_at (no indexed column: a HOT update). The owner's held
 // leases come from one range of coordinators_owner_idx and are matched to
-// the list with a hash join. The generic plan of a prepared statement
-// estimates unnest of an array parameter at 10 rows and would probe an
-// index once per lease instead; generate_series over the list's length,
-// estimated at 1000 rows, tells it the list is long (it adds no rows: ROWS
-// FROM yields the longest function's rows, all three are the list's length).
+// the list with a hash join.
+//
+// The statement is prepared once and must run on its generic plan. That
+// plan estimates unnest of an array parameter at 10 rows, for which one
+// index probe per listed lease looks cheaper than the hash join; and an
+// estimate well above the real list length makes a custom plan (planned
+// anew on every tick) look cheaper than the generic one. The third function
+// of ROWS FROM yields no rows (ROWS FROM pads it with nulls, the arrays
+// decide the row count): it is there for its estimate of 100 rows.
 const renewLeasesSQL = `
 UPDATE executor.coordinators c
    SET lease_expires_at = now() + $4 * interval '1 microsecond'
-  FROM ROWS FROM (unnest($2::text[]), unnest($3::bigint[]), generate_series(1, cardinality($2::text[])))
-       AS l(run_id, attempt, n)
+  FROM ROWS FROM (unnest($2::text[]), unnest($3::bigint[]), jsonb_array_elements('[]'))
+       AS l(run_id, attempt, estimate)
  WHERE c.lease_owner = $1 AND c.phase = 'observed' AND c.lease_expires_at > now()
    AND c.run_id = l.run_id AND c.attempt = l.attempt`
 
