@@ -557,6 +557,9 @@ func (r *Runner) cmdTurnStart(c *prpv1.Command) (map[string]any, *cmdError) {
 	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.RequestTimeout)
 	defer cancel()
 	turnID, err := r.prov.StartTurn(ctx, text)
+	if err == nil {
+		r.awaitTurnStarted(turnStartedWait)
+	}
 	r.pumpProviderEvents()
 	if err != nil {
 		return nil, providerFailure("provider_turn_start_failed", err)
@@ -565,6 +568,34 @@ func (r *Runner) cmdTurnStart(c *prpv1.Command) (map[string]any, *cmdError) {
 	// Persisted with the command's outcome, before the answer.
 	r.st.ActiveTurn = &durable.Turn{TurnID: turnID, RunID: cur.RunID, Attempt: cur.Attempt, StartedAt: time.Now().UTC()}
 	return map[string]any{"turnId": turnID, "providerThreadId": r.st.ProviderThreadID}, nil
+}
+
+// turnStartedWait bounds how long a started turn waits for the provider's
+// turn.started (see awaitTurnStarted).
+const turnStartedWait = 2 * time.Millisecond
+
+// awaitTurnStarted waits (at most max) for the provider's turn.started,
+// which follows its turn/start answer, so that it is journaled with the
+// events held so far (run.attached): one fsync, and one batch for the
+// executor to persist instead of two in a row. turn.started itself is not
+// delayed: it is journaled as soon as it arrived.
+func (r *Runner) awaitTurnStarted(max time.Duration) {
+	isStarted := func(ev ProviderEvent) bool { return ev.Type == "turn.started" }
+	if r.queue.has(isStarted) {
+		return
+	}
+	t := time.NewTimer(max)
+	defer t.Stop()
+	for {
+		select {
+		case <-r.queue.signal:
+			if r.queue.has(isStarted) {
+				return
+			}
+		case <-t.C:
+			return
+		}
+	}
 }
 
 // ensureProvider starts the provider and opens (or resumes) the thread.

@@ -123,6 +123,18 @@ func (q *eventQueue) push(gen int, ev ProviderEvent) {
 	}
 }
 
+// has reports whether a queued event satisfies pred.
+func (q *eventQueue) has(pred func(ProviderEvent) bool) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for _, it := range q.items {
+		if pred(it.ev) {
+			return true
+		}
+	}
+	return false
+}
+
 func (q *eventQueue) drain() []queued {
 	q.mu.Lock()
 	defer q.mu.Unlock()

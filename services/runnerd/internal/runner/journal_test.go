@@ -274,3 +274,40 @@ func TestR4_IntentJournaledBeforeACrashIsIndeterminateAfterTheRestart(t *testing
 	assert.Empty(t, ins, "the state holds the command now")
 	assert.Equal(t, durable.StatusIndeterminate, e.state().ProcessedCommands["c-turn"].Status)
 }
+
+// lateStartedProvider announces turn.started shortly after its turn/start
+// answer, as codex does.
+type lateStartedProvider struct {
+	*fakeProvider
+}
+
+func (p *lateStartedProvider) StartTurn(ctx context.Context, text string) (string, error) {
+	go func() {
+		time.Sleep(300 * time.Microsecond)
+		p.emit(ProviderEvent{Type: "turn.started", TurnID: "turn-late", Priority: P1})
+	}()
+	return "turn-late", nil
+}
+
+// TestR4_TurnStartedThatFollowsTheAnswerSharesTheFsyncOfRunAttached: the
+// provider's turn.started, announced after its turn/start answer, is
+// journaled in the same append as the run.attached held before it.
+func TestR4_TurnStartedThatFollowsTheAnswerSharesTheFsyncOfRunAttached(t *testing.T) {
+	r := bareRunner(t)
+	var appends [][]string
+	r.outbox.AfterSync = func(recs []durable.Record) {
+		var types []string
+		for _, rec := range recs {
+			types = append(types, rec.EventType)
+		}
+		appends = append(appends, types)
+	}
+	p, err := newFakeStarter().start(context.Background(), ProviderConfig{}, func(ev ProviderEvent) { r.queue.push(r.provGen, ev) })
+	require.NoError(t, err)
+	r.prov = &lateStartedProvider{p.(*fakeProvider)}
+	r.queue.drain()
+	cs := &cmdSeq{t: t, runID: "run-1", attempt: 1}
+	r.onCommands(0, []*prpv1.Command{cs.attach("c-attach"), cs.next("c-turn", CmdTurnStart, map[string]any{"text": "hi"})})
+	require.NoError(t, r.settleSaves())
+	assert.Equal(t, [][]string{{"run.attached", "turn.started"}}, appends)
+}
