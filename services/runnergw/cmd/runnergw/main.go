@@ -129,7 +129,7 @@ func run() error {
 		StateRoot: *stateRoot, ConnectURL: *connectURL,
 		RunnerdPath: rpath, CodexCommand: *codex, CodexArgs: codexArgs, CodexHomeTemplate: *codexHome,
 		IdleTimeout: *idle, ReconnectGrace: *grace, ConnectTimeout: *connectTimeout,
-		Build: build, Authority: prp.NewAuthority(key, time.Now), Logger: log, Draining: srv.Draining(),
+		Build: build, Authority: prp.NewAuthority(key, time.Now), Logger: log, Draining: srv.Draining(), Metrics: srv.Registry(),
 		CABundle: *caBundle, Ingress: gateway.ParseIngressPolicy(*ingressCompanies), IngressHost: *ingressHost,
 		IngressCert: *ingressCert, IngressKey: *ingressKey, PingInterval: *pingInterval, PingTimeout: *pingTimeout,
 	}

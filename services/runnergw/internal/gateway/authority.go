@@ -49,6 +49,7 @@ func (g *Gateway) launchAuthority(ctx context.Context, sc, runID string, in *prp
 	key := scope.FromRun(runID, in)
 	prep, err := durable.Prepare(ctx, durable.Request{Base: g.cfg.StateRoot, Scope: key, RunID: runID, PriorRuns: priorRuns(prior)})
 	if err != nil {
+		g.metrics.refused(err)
 		return nil, nil, err
 	}
 	plan, err := durable.PlanLaunch(prep, durable.LaunchRequest{
@@ -61,7 +62,9 @@ func (g *Gateway) launchAuthority(ctx context.Context, sc, runID string, in *prp
 	if err := durable.Bind(prep.Root, plan.Identity.Identity); err != nil {
 		return nil, nil, err
 	}
+	g.metrics.launches.WithLabelValues(string(prep.Source)).Inc()
 	if prep.MigratedFrom != "" {
+		g.metrics.migrations.Inc()
 		g.log.Info("legacy durable root migrated into the session scope", "session_scope", sc, "from", prep.MigratedFrom, "run_id", runID)
 	}
 	return plan, prep, nil

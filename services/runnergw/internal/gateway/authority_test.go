@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
 	"github.com/tether-run/tether/pkg/failure"
@@ -376,4 +378,29 @@ func TestB2_ACodexHomeTemplateWithAnExposedCredentialIsRefused(t *testing.T) {
 	require.ErrorContains(t, CheckCodexHomeTemplate(tmpl), "not a regular file")
 	require.Error(t, CheckCodexHomeTemplate(filepath.Join(tmpl, "missing")))
 	require.NoError(t, CheckCodexHomeTemplate(""))
+}
+
+func TestE13_TheDurableAuthorityIsObservableInMetrics(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	rl := newRelay(t, func(c *Config) { c.Metrics = reg })
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	in := testInput("metrics", "acme", "first")
+	_, evs := rl.turn(ctx, "run-1", nil, in, nil)
+	requireSucceeded(t, evs)
+	rl.waitDetached(scope.OfRun("run-1", in))
+	_, evs = rl.turn(ctx, "run-2", nil, testInput("metrics", "acme", "second"), nil)
+	require.Equal(t, "succeeded", evs[len(evs)-1].GetPayload().AsMap()["runTerminalState"])
+	// A symlinked root elsewhere is refused and counted.
+	other := testInput("metrics-unsafe", "acme", "x")
+	require.NoError(t, os.Symlink(t.TempDir(), filepath.Join(rl.cfg.StateRoot, scope.OfRun("run-x", other))))
+	_, err := rl.openPrior(ctx, "run-x", other)
+	require.Equal(t, durable.CodeDirectoryUnsafe, failure.CodeOf(err))
+
+	require.Equal(t, 1.0, testutil.ToFloat64(rl.g.metrics.launches.WithLabelValues("fresh")))
+	require.Equal(t, 1.0, testutil.ToFloat64(rl.g.metrics.rotations))
+	require.Equal(t, 1.0, testutil.ToFloat64(rl.g.metrics.refusals.WithLabelValues(durable.CodeDirectoryUnsafe, "none")))
+	n, err := testutil.GatherAndCount(reg, "tether_runnergw_durable_launches_total", "tether_runnergw_authority_rotations_total", "tether_runnergw_durable_refusals_total")
+	require.NoError(t, err)
+	require.Equal(t, 3, n)
 }

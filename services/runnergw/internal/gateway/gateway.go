@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -91,6 +92,8 @@ type Config struct {
 	// runner_harness_backup_unavailable.
 	Backup backupv1.BackupVerifierClient
 	Logger *slog.Logger
+	// Metrics registers the gateway's domain counters (nil: not exported).
+	Metrics prometheus.Registerer
 	// Draining, when closed, ends Attach streams with Unavailable so a
 	// graceful shutdown is not held up; executors re-attach elsewhere.
 	Draining <-chan struct{}
@@ -102,7 +105,8 @@ type Gateway struct {
 	log *slog.Logger
 
 	// epochs are the tool authority epochs per session scope.
-	epochs durable.Epochs
+	epochs  durable.Epochs
+	metrics *metrics
 
 	mu      sync.Mutex
 	runners map[string]*runner // by session scope
@@ -140,7 +144,8 @@ func New(cfg Config) *Gateway {
 		cfg.PingTimeout = 3 * cfg.PingInterval
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Gateway{cfg: cfg, log: cfg.Logger, runners: map[string]*runner{}, highest: map[string]uint64{}, ctx: ctx, cancel: cancel}
+	return &Gateway{cfg: cfg, log: cfg.Logger, runners: map[string]*runner{}, highest: map[string]uint64{}, ctx: ctx, cancel: cancel,
+		metrics: newMetrics(cfg.Metrics)}
 }
 
 // runner is one runnerd (one session scope).
@@ -401,6 +406,7 @@ func (g *Gateway) Attach(stream gatewayv1.RunnerGateway_AttachServer) error {
 		NormalizedSessionID: open.GetInput().GetSession().GetNormalizedSessionId(),
 	}).Epoch()
 	if reused && prev != "" {
+		g.metrics.rotations.Inc()
 		log.Info(ReasonAuthorityRotated, "previous_run_id", prev, "tool_authority_epoch", opened.ToolAuthorityEpoch)
 	}
 	if r.hello != nil {

@@ -541,6 +541,8 @@ func TestGatewayBuffersAreBoundedAndBackpressureReachesTheRunner(t *testing.T) {
 	var cred prp.Credential
 	f, err := rl.connectFake(t, "runner-bp", sc, 0, &cred)
 	require.NoError(t, err)
+	// The gateway registers the connection just after its welcome.
+	require.Eventually(t, func() bool { return rl.runner(sc).GetConnected() }, 5*time.Second, time.Millisecond)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	// An attached executor that never reads its stream.

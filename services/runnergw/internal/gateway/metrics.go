@@ -1,0 +1,68 @@
+package gateway
+
+import (
+	"errors"
+	"strings"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tether-run/tether/pkg/failure"
+	"github.com/tether-run/tether/pkg/scope/durable"
+)
+
+// metrics are the gateway's domain counters (served at the service's
+// /metrics with the gRPC metrics).
+type metrics struct {
+	// launches counts runner launches for a run by how the scope's durable
+	// root was authorised: fresh, exact_run, verified_prior_run.
+	launches *prometheus.CounterVec
+	// refusals counts launches refused by the durable authority, by code
+	// and quarantine reason (none when nothing was moved).
+	refusals *prometheus.CounterVec
+	// rotations counts runs that took a live runner over from another run.
+	rotations prometheus.Counter
+	// migrations counts legacy roots renamed into their full scope.
+	migrations prometheus.Counter
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		launches: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tether_runnergw_durable_launches_total",
+			Help: "Runner launches for a run, by how the scope's durable root was authorised (fresh, exact_run, verified_prior_run).",
+		}, []string{"source"}),
+		refusals: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tether_runnergw_durable_refusals_total",
+			Help: "Launches refused by the durable-state authority, by stable code and quarantine reason (none: the root was left untouched).",
+		}, []string{"code", "quarantine"}),
+		rotations: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tether_runnergw_authority_rotations_total",
+			Help: "Runs that took a live warm runner over from an earlier run (warm native session authority epoch rotated).",
+		}),
+		migrations: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tether_runnergw_legacy_root_migrations_total",
+			Help: "Legacy durable roots renamed atomically into their full session scope.",
+		}),
+	}
+	if reg != nil {
+		for _, c := range []prometheus.Collector{m.launches, m.refusals, m.rotations, m.migrations} {
+			_ = reg.Register(c)
+		}
+	}
+	return m
+}
+
+// refused counts a launch the durable authority refused.
+func (m *metrics) refused(err error) {
+	q := "none"
+	var f *failure.Error
+	if errors.As(err, &f) {
+		switch dest := f.Metadata[durable.MetaQuarantined]; {
+		case strings.Contains(dest, "."+string(durable.IdentityMismatch)+"."):
+			q = string(durable.IdentityMismatch)
+		case dest != "":
+			q = string(durable.IdentityIndeterminate)
+		}
+	}
+	m.refusals.WithLabelValues(failure.CodeOf(err), q).Inc()
+}
