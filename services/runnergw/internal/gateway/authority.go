@@ -6,6 +6,9 @@ import (
 	"path/filepath"
 	"time"
 
+	"google.golang.org/grpc/codes"
+
+	"github.com/tether-run/tether/pkg/failure"
 	gatewayv1 "github.com/tether-run/tether/pkg/gen/tether/gateway/v1"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/scope"
@@ -47,6 +50,9 @@ func priorRuns(recs []*gatewayv1.PriorRun) durable.PriorRunLookup {
 // under the gateway's lease for the scope.
 func (g *Gateway) launchAuthority(ctx context.Context, sc, runID string, in *prpv1.ExecutionInput, prior []*gatewayv1.PriorRun) (*durable.LaunchPlan, *durable.Prepared, error) {
 	key := scope.FromRun(runID, in)
+	if err := ensureStateRoot(g.cfg.StateRoot); err != nil {
+		return nil, nil, err
+	}
 	prep, err := durable.Prepare(ctx, durable.Request{Base: g.cfg.StateRoot, Scope: key, RunID: runID, PriorRuns: priorRuns(prior)})
 	if err != nil {
 		g.metrics.refused(err)
@@ -76,6 +82,9 @@ func (g *Gateway) launchAuthority(ctx context.Context, sc, runID string, in *prp
 // held the scope before, empty when it was this run or none.
 func (g *Gateway) bindRun(sc, runID, sessionID, instanceID string) (string, error) {
 	root := g.stateDir(sc)
+	if err := ensureStateRoot(g.cfg.StateRoot); err != nil {
+		return "", err
+	}
 	cur, _, err := durable.ReadControlPlaneIdentity(root)
 	if err != nil {
 		return "", err
@@ -124,4 +133,12 @@ func archiveState(root string) (string, error) {
 		f.Close()
 	}
 	return dest, nil
+}
+
+// ensureStateRoot creates the state base (0700) when it does not exist yet.
+func ensureStateRoot(base string) error {
+	if err := os.MkdirAll(base, 0o700); err != nil {
+		return failure.Wrap(err, codes.Internal, durable.CodeStateIO, "creating the state root %s: %v", base, err)
+	}
+	return nil
 }

@@ -404,3 +404,16 @@ func TestE13_TheDurableAuthorityIsObservableInMetrics(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 3, n)
 }
+
+func TestE13_TheStateRootIsCreatedWhenMissing(t *testing.T) {
+	g := New(Config{StateRoot: filepath.Join(t.TempDir(), "not", "yet")})
+	defer g.Close()
+	sc := strings.Repeat("ef", 32)
+	prev, err := g.bindRun(sc, "run-1", "s", "runner-1")
+	require.NoError(t, err)
+	require.Empty(t, prev)
+	require.Equal(t, "run-1", controlPlane(t, g.stateDir(sc)).RunID)
+	fi, err := os.Stat(g.cfg.StateRoot)
+	require.NoError(t, err)
+	require.Equal(t, os.FileMode(0o700), fi.Mode().Perm())
+}
