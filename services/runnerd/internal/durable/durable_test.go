@@ -117,3 +117,33 @@ func TestR4_StateSaveIsAtomicPrivateAndBounded(t *testing.T) {
 	_, err = OpenStore(filepath.Join(base, "link"))
 	assert.Error(t, err)
 }
+
+// A warm runner serves run after run: only the most recent MaxTrackedRuns
+// runs' highest attempts are kept, in first-seen order, across a save.
+func TestR4_HighestAttemptsAreBoundedToTheRecentRuns(t *testing.T) {
+	s, err := OpenStore(t.TempDir())
+	require.NoError(t, err)
+	st := NewState(Identity{RunnerInstanceID: "r", EnvironmentLeaseID: "l", NormalizedSessionID: "s"})
+	for i := 0; i < MaxTrackedRuns+44; i++ {
+		st.NoteAttempt(fmt.Sprintf("run-%03d", i), 1)
+	}
+	st.NoteAttempt("run-299", 2) // an existing run moves its attempt, not its place
+	require.Len(t, st.HighestAttempts, MaxTrackedRuns)
+	require.NotContains(t, st.HighestAttempts, "run-043", "the oldest runs are forgotten")
+	require.Contains(t, st.HighestAttempts, "run-044")
+	require.EqualValues(t, 2, st.HighestAttempts["run-299"])
+	require.NoError(t, s.Save(st))
+	back, err := s.Load()
+	require.NoError(t, err)
+	require.Equal(t, st.HighestAttempts, back.HighestAttempts)
+	require.Equal(t, st.AttemptRuns, back.AttemptRuns)
+
+	// A document written before the order was kept gets one on load.
+	back.AttemptRuns = nil
+	require.NoError(t, s.Save(back))
+	old, err := s.Load()
+	require.NoError(t, err)
+	require.Len(t, old.AttemptRuns, MaxTrackedRuns)
+	old.NoteAttempt("run-new", 1)
+	require.Len(t, old.HighestAttempts, MaxTrackedRuns)
+}

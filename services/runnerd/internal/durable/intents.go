@@ -201,7 +201,7 @@ func ReplayIntents(st *State, ins []Intent) int {
 		}
 		st.LastControllerCommandSeq = in.ControllerSeq
 		if in.RunID != "" && in.Attempt > st.HighestAttempts[in.RunID] {
-			st.HighestAttempts[in.RunID] = in.Attempt
+			st.NoteAttempt(in.RunID, in.Attempt)
 		}
 		if _, ok := st.ProcessedCommands[in.CommandID]; ok {
 			continue

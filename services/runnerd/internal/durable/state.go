@@ -162,7 +162,10 @@ type State struct {
 	CurrentRun      *RunRef           `json:"currentRun,omitempty"`
 	ActiveTurn      *Turn             `json:"activeTurn,omitempty"`
 	HighestAttempts map[string]uint64 `json:"highestAttempts,omitempty"`
-	SessionInput    json.RawMessage   `json:"sessionInput,omitempty"`
+	// AttemptRuns orders HighestAttempts' runs, oldest first: only the
+	// MaxTrackedRuns most recently seen runs are kept (see NoteAttempt).
+	AttemptRuns  []string        `json:"attemptRuns,omitempty"`
+	SessionInput json.RawMessage `json:"sessionInput,omitempty"`
 	// Backpressure is set while non-P0 events are rejected for lack of
 	// outbox space; BackpressureDropped counts them.
 	Backpressure        bool           `json:"backpressure,omitempty"`
@@ -219,6 +222,14 @@ func (s *Store) Load() (*State, error) {
 	}
 	if st.HighestAttempts == nil {
 		st.HighestAttempts = map[string]uint64{}
+	}
+	if len(st.AttemptRuns) != len(st.HighestAttempts) {
+		// A document from before AttemptRuns: its runs in a stable order.
+		st.AttemptRuns = st.AttemptRuns[:0]
+		for id := range st.HighestAttempts {
+			st.AttemptRuns = append(st.AttemptRuns, id)
+		}
+		sort.Strings(st.AttemptRuns)
 	}
 	if st.ProcessedCommands == nil {
 		st.ProcessedCommands = CommandJournal{}
@@ -286,5 +297,28 @@ func (st *State) pruneCommands() {
 	})
 	for _, r := range recs[:len(recs)-MaxProcessedCommands] {
 		delete(st.ProcessedCommands, r.CommandID)
+	}
+}
+
+// MaxTrackedRuns bounds how many runs' highest attempts a runner keeps: a
+// warm runner serves run after run, and its state document must not grow
+// with each. Fencing an older run's stale attempt is the gateway's and the
+// executor's lease's job as well; the runner keeps the recent ones.
+const MaxTrackedRuns = 256
+
+// NoteAttempt records attempt as run runID's highest seen (callers check
+// that it is not lower) and forgets the least recently first-seen runs
+// beyond MaxTrackedRuns.
+func (st *State) NoteAttempt(runID string, attempt uint64) {
+	if st.HighestAttempts == nil {
+		st.HighestAttempts = map[string]uint64{}
+	}
+	if _, ok := st.HighestAttempts[runID]; !ok {
+		st.AttemptRuns = append(st.AttemptRuns, runID)
+	}
+	st.HighestAttempts[runID] = attempt
+	for len(st.AttemptRuns) > MaxTrackedRuns {
+		delete(st.HighestAttempts, st.AttemptRuns[0])
+		st.AttemptRuns = st.AttemptRuns[1:]
 	}
 }

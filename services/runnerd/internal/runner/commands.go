@@ -343,7 +343,7 @@ func (r *Runner) admitCommand(c *prpv1.Command) (_ *commandSlot, changed bool) {
 					return reply(durable.StatusRejected, CodeAttemptFenced,
 						fmt.Sprintf("attempt %d is fenced by attempt %d of run %s", c.GetAttempt(), hi, runID)), changed
 				} else if c.GetAttempt() > hi {
-					st.HighestAttempts[runID] = c.GetAttempt()
+					st.NoteAttempt(runID, c.GetAttempt())
 					changed = true
 				}
 			}
@@ -368,7 +368,7 @@ func (r *Runner) admitCommand(c *prpv1.Command) (_ *commandSlot, changed bool) {
 			rec.Message = fmt.Sprintf("attempt %d is fenced by attempt %d of run %s", c.GetAttempt(), hi, runID)
 			return &commandSlot{c: c, rec: rec, done: true}, true
 		}
-		st.HighestAttempts[runID] = c.GetAttempt()
+		st.NoteAttempt(runID, c.GetAttempt())
 	}
 	// The intent, journaled before any effect.
 	rec.Status, rec.Code, rec.Message = durable.StatusPending, CodeExecutionIndeterminate, ""

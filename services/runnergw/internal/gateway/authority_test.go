@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -416,4 +417,21 @@ func TestE13_TheStateRootIsCreatedWhenMissing(t *testing.T) {
 	fi, err := os.Stat(g.cfg.StateRoot)
 	require.NoError(t, err)
 	require.Equal(t, os.FileMode(0o700), fi.Mode().Perm())
+}
+
+func TestG4_TheGatewayKeepsTheHighestAttemptsOfTheRecentRunsOnly(t *testing.T) {
+	g := New(Config{StateRoot: t.TempDir()})
+	defer g.Close()
+	require.NoError(t, g.fence("run-first", 3))
+	for i := 0; i < maxFencedRuns; i++ {
+		require.NoError(t, g.fence(fmt.Sprintf("run-%d", i), 1))
+	}
+	require.NoError(t, g.fence("run-7", 2))
+	require.Equal(t, "runner_attempt_fenced", failure.CodeOf(g.fence("run-7", 1)), "a recent run stays fenced")
+	g.mu.Lock()
+	n := len(g.highest)
+	_, kept := g.highest["run-first"]
+	g.mu.Unlock()
+	require.Equal(t, maxFencedRuns, n)
+	require.False(t, kept, "the oldest run is forgotten")
 }

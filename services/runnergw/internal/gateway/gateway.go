@@ -111,7 +111,9 @@ type Gateway struct {
 	mu      sync.Mutex
 	runners map[string]*runner // by session scope
 	highest map[string]uint64  // highest attempt seen per run
-	closed  bool
+	// highestOrder orders highest's runs, oldest first (bounded).
+	highestOrder []string
+	closed       bool
 
 	// ctx ends at Close: it bounds the connections the gateway dials
 	// (listen_ws) and their dial loops.
@@ -215,9 +217,21 @@ func (g *Gateway) fence(runID string, attempt uint64) error {
 		return failure.New(codes.FailedPrecondition, "runner_attempt_fenced",
 			"attempt %d of run %s is below the highest attempt %d seen", attempt, runID, h)
 	}
+	if _, ok := g.highest[runID]; !ok {
+		g.highestOrder = append(g.highestOrder, runID)
+		for len(g.highestOrder) > maxFencedRuns {
+			delete(g.highest, g.highestOrder[0])
+			g.highestOrder = g.highestOrder[1:]
+		}
+	}
 	g.highest[runID] = attempt
 	return nil
 }
+
+// maxFencedRuns bounds the runs whose highest attempt the gateway keeps in
+// memory (the most recently first-seen ones); an older run's stale attempt
+// is still refused by the runner and by the executor's lease.
+const maxFencedRuns = 4096
 
 // stateDir is the scope's durable root: runnerd's --state-dir.
 func (g *Gateway) stateDir(sc string) string { return filepath.Join(g.cfg.StateRoot, sc) }
