@@ -3,11 +3,8 @@ package durable
 import (
 	"bufio"
 	"bytes"
-	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"io"
 	"os"
 	"path/filepath"
@@ -93,38 +90,16 @@ func (l *IntentLog) load() ([]Intent, error) {
 			break
 		}
 	}
-	fi, err := l.f.Stat()
-	if err != nil {
+	if _, err := truncateTail(l.f, off); err != nil {
 		return nil, err
 	}
-	if fi.Size() > off {
-		if err := l.f.Truncate(off); err != nil {
-			return nil, err
-		}
-		if err := l.f.Sync(); err != nil {
-			return nil, err
-		}
-	}
 	l.size = off
-	_, err = l.f.Seek(off, io.SeekStart)
-	return ins, err
+	return ins, nil
 }
 
 func decodeIntent(line []byte) (Intent, bool) {
-	if len(line) < 10 || line[len(line)-1] != '\n' || line[8] != ' ' {
-		return Intent{}, false
-	}
-	sum, err := hex.DecodeString(string(line[:8]))
-	if err != nil {
-		return Intent{}, false
-	}
-	body := line[9 : len(line)-1]
-	want := uint32(sum[0])<<24 | uint32(sum[1])<<16 | uint32(sum[2])<<8 | uint32(sum[3])
-	if crc32.Checksum(body, crcTable) != want {
-		return Intent{}, false
-	}
 	var in Intent
-	if err := json.Unmarshal(body, &in); err != nil || in.CommandID == "" || in.ControllerSeq == 0 {
+	if !unframe(line, &in) || in.CommandID == "" || in.ControllerSeq == 0 {
 		return Intent{}, false
 	}
 	return in, true
@@ -138,13 +113,9 @@ func (l *IntentLog) Append(ins ...Intent) error {
 	}
 	var buf bytes.Buffer
 	for _, in := range ins {
-		body, err := json.Marshal(in)
-		if err != nil {
+		if err := appendFrame(&buf, in); err != nil {
 			return err
 		}
-		fmt.Fprintf(&buf, "%08x ", crc32.Checksum(body, crcTable))
-		buf.Write(body)
-		buf.WriteByte('\n')
 	}
 	if _, err := l.f.Write(buf.Bytes()); err != nil {
 		// Leave no half line behind for the next append.

@@ -3,11 +3,9 @@ package durable
 import (
 	"bufio"
 	"bytes"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"io"
 	"os"
 	"path/filepath"
@@ -19,8 +17,6 @@ const OutboxFile = "outbox.log"
 // compactMinBytes is the file size from which acknowledged records are
 // compacted away.
 const compactMinBytes = 1 << 20
-
-var crcTable = crc32.MakeTable(crc32.Castagnoli)
 
 // Record is one journaled event. Envelope is the exact protojson encoding of
 // the event, resent byte for byte on replay.
@@ -112,53 +108,27 @@ func (o *Outbox) load(acked uint64) (int64, error) {
 			break
 		}
 	}
-	fi, err := o.f.Stat()
+	dropped, err := truncateTail(o.f, off)
 	if err != nil {
 		return 0, err
 	}
-	dropped := fi.Size() - off
-	if dropped > 0 {
-		if err := o.f.Truncate(off); err != nil {
-			return 0, err
-		}
-		if err := o.f.Sync(); err != nil {
-			return 0, err
-		}
-	}
 	o.size = off
-	_, err = o.f.Seek(off, io.SeekStart)
-	return dropped, err
+	return dropped, nil
 }
 
 func decodeLine(line []byte) (Record, bool) {
-	if len(line) < 10 || line[len(line)-1] != '\n' || line[8] != ' ' {
-		return Record{}, false
-	}
-	sum, err := hex.DecodeString(string(line[:8]))
-	if err != nil {
-		return Record{}, false
-	}
-	body := line[9 : len(line)-1]
-	want := uint32(sum[0])<<24 | uint32(sum[1])<<16 | uint32(sum[2])<<8 | uint32(sum[3])
-	if crc32.Checksum(body, crcTable) != want {
-		return Record{}, false
-	}
 	var rec Record
-	if err := json.Unmarshal(body, &rec); err != nil || rec.SourceSeq == 0 || len(rec.Envelope) == 0 {
+	if !unframe(line, &rec) || rec.SourceSeq == 0 || len(rec.Envelope) == 0 {
 		return Record{}, false
 	}
 	return rec, true
 }
 
 func encodeLine(rec Record) ([]byte, error) {
-	body, err := json.Marshal(rec)
-	if err != nil {
+	var buf bytes.Buffer
+	if err := appendFrame(&buf, rec); err != nil {
 		return nil, err
 	}
-	var buf bytes.Buffer
-	fmt.Fprintf(&buf, "%08x ", crc32.Checksum(body, crcTable))
-	buf.Write(body)
-	buf.WriteByte('\n')
 	return buf.Bytes(), nil
 }
 
