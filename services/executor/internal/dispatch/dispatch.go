@@ -28,6 +28,7 @@ import (
 	"github.com/tether-run/tether/services/executor/internal/recovery"
 	"github.com/tether-run/tether/services/executor/internal/session"
 	"github.com/tether-run/tether/services/executor/internal/store"
+	"github.com/tether-run/tether/services/executor/internal/suspend"
 )
 
 // Config configures a Dispatcher.
@@ -867,21 +868,7 @@ func (d *Dispatcher) replaceThroughBackup(ctx context.Context, c *store.Claim, l
 	if err != nil {
 		return err
 	}
-	if evs := resp.GetEvents(); len(evs) > 0 {
-		// What the runner emitted while suspending is filed under the run
-		// it was serving.
-		if _, err := d.store.AppendEvents(ctx, store.Fence{}, evs); err != nil {
-			log.Warn("filing the suspension's events", "events", len(evs), "err", err)
-		}
-	}
-	cp, err := d.store.RecordCheckpoint(ctx, store.CheckpointRecord{
-		Scope: scope.OfRun(c.RunID, c.Input), CompanyID: c.Input.GetBinding().GetCompanyId(),
-		SessionID: c.Input.GetSession().GetNormalizedSessionId(), LastRunID: c.RunID,
-		GatewayScope: resp.GetSessionScope(), Stamp: resp.GetStamp(),
-		CheckpointID: resp.GetCheckpoint().GetCheckpointId(), ManifestDigest: resp.GetCheckpoint().GetManifestDigest(),
-		LeaseID: resp.GetLeaseId(), RunnerInstanceID: resp.GetRunnerInstanceId(), ProviderThreadID: resp.GetProviderThreadId(),
-		Reason: session.ReasonConfigChanged,
-	})
+	cp, err := suspend.Record(ctx, d.store, resp, scope.OfRun(c.RunID, c.Input), c.RunID, c.Input, session.ReasonConfigChanged, log)
 	if err != nil {
 		return err
 	}

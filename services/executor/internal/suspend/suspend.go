@@ -135,20 +135,7 @@ func (s *Suspender) Suspend(ctx context.Context, sc, lastRunID string, in *prpv1
 		finish(state, err.Error(), "")
 		return nil, err
 	}
-	if evs := resp.GetEvents(); len(evs) > 0 {
-		// What the runner emitted while suspending is filed under the runs
-		// it belongs to (no lease: none of them is open).
-		if _, err := s.Store.AppendEvents(ctx, store.Fence{}, evs); err != nil {
-			log.Warn("filing the suspension's events", "events", len(evs), "err", err)
-		}
-	}
-	cp, err := s.Store.RecordCheckpoint(ctx, store.CheckpointRecord{
-		Scope: sc, CompanyID: in.GetBinding().GetCompanyId(), SessionID: in.GetSession().GetNormalizedSessionId(),
-		LastRunID: lastRunID, GatewayScope: resp.GetSessionScope(), Stamp: resp.GetStamp(),
-		CheckpointID: resp.GetCheckpoint().GetCheckpointId(), ManifestDigest: resp.GetCheckpoint().GetManifestDigest(),
-		LeaseID: resp.GetLeaseId(), RunnerInstanceID: resp.GetRunnerInstanceId(), ProviderThreadID: resp.GetProviderThreadId(),
-		Reason: reason,
-	})
+	cp, err := Record(ctx, s.Store, resp, sc, lastRunID, in, reason, log)
 	if err != nil {
 		log.Error("recording the checkpoint", "checkpoint_id", resp.GetCheckpoint().GetCheckpointId(), "err", err)
 		finish(store.SuspensionFailed, err.Error(), "")
@@ -158,4 +145,24 @@ func (s *Suspender) Suspend(ctx context.Context, sc, lastRunID string, in *prpv1
 	log.Info("session suspended", "checkpoint_id", cp.GetCheckpointId(), "manifest_digest", cp.GetManifestDigest(),
 		"runner_instance_id", cp.GetRunnerInstanceId(), "lease_id", cp.GetLeaseId(), "reason", reason)
 	return cp, nil
+}
+
+// Record files what the runner emitted during a verified suspension under
+// the runs it belongs to (no lease: none of them is open) and records the
+// suspension's stamped checkpoint as scope sc's, after run lastRunID of
+// input in.
+func Record(ctx context.Context, st *store.Store, resp *gatewayv1.SuspendRunnerResponse, sc, lastRunID string,
+	in *prpv1.ExecutionInput, reason string, log *slog.Logger) (*executorv1.SessionCheckpoint, error) {
+	if evs := resp.GetEvents(); len(evs) > 0 {
+		if _, err := st.AppendEvents(ctx, store.Fence{}, evs); err != nil {
+			log.Warn("filing the suspension's events", "events", len(evs), "err", err)
+		}
+	}
+	return st.RecordCheckpoint(ctx, store.CheckpointRecord{
+		Scope: sc, CompanyID: in.GetBinding().GetCompanyId(), SessionID: in.GetSession().GetNormalizedSessionId(),
+		LastRunID: lastRunID, GatewayScope: resp.GetSessionScope(), Stamp: resp.GetStamp(),
+		CheckpointID: resp.GetCheckpoint().GetCheckpointId(), ManifestDigest: resp.GetCheckpoint().GetManifestDigest(),
+		LeaseID: resp.GetLeaseId(), RunnerInstanceID: resp.GetRunnerInstanceId(), ProviderThreadID: resp.GetProviderThreadId(),
+		Reason: reason,
+	})
 }
