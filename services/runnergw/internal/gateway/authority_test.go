@@ -22,24 +22,9 @@ import (
 	"github.com/tether-run/tether/pkg/scope/durable"
 )
 
-// openPrior opens run runID with the executor's prior-run records; the
-// answer is Opened or the refusal. The stream is closed again.
+// openPrior opens run runID with the executor's prior-run records.
 func (rl *relay) openPrior(ctx context.Context, runID string, in *prpv1.ExecutionInput, prior ...*gatewayv1.PriorRun) (*gatewayv1.Opened, error) {
-	s, err := rl.client.Attach(ctx)
-	if err != nil {
-		return nil, err
-	}
-	if err := s.Send(&gatewayv1.AttachRequest{Kind: &gatewayv1.AttachRequest_Open{Open: &gatewayv1.Open{
-		RunId: runID, Fence: &gatewayv1.FencingToken{Owner: "test", Attempt: 1}, Input: in, PriorRuns: prior,
-	}}}); err != nil {
-		return nil, err
-	}
-	m, err := s.Recv()
-	if err != nil {
-		return nil, err
-	}
-	_ = s.CloseSend()
-	return m.GetOpened(), nil
+	return rl.openWith(ctx, runID, in, nil, prior...)
 }
 
 func terminalRun(runID string, in *prpv1.ExecutionInput) *gatewayv1.PriorRun {

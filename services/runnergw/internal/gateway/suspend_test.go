@@ -145,15 +145,15 @@ func (s server) SuspendRunner(ctx context.Context, req *gatewayv1.SuspendRunnerR
 	return s.g.SuspendRunner(ctx, req)
 }
 
-// openWith attaches a run with a restore spec; the answer is Opened or the
-// refusal.
-func (rl *relay) openWith(ctx context.Context, runID string, in *prpv1.ExecutionInput, spec *gatewayv1.RestoreSpec) (*gatewayv1.Opened, error) {
+// openWith attaches a run with a restore spec and the executor's prior-run
+// records; the answer is Opened or the refusal. The stream is closed again.
+func (rl *relay) openWith(ctx context.Context, runID string, in *prpv1.ExecutionInput, spec *gatewayv1.RestoreSpec, prior ...*gatewayv1.PriorRun) (*gatewayv1.Opened, error) {
 	s, err := rl.client.Attach(ctx)
 	if err != nil {
 		return nil, err
 	}
 	if err := s.Send(&gatewayv1.AttachRequest{Kind: &gatewayv1.AttachRequest_Open{Open: &gatewayv1.Open{
-		RunId: runID, Fence: &gatewayv1.FencingToken{Owner: "test", Attempt: 1}, Input: in, Restore: spec,
+		RunId: runID, Fence: &gatewayv1.FencingToken{Owner: "test", Attempt: 1}, Input: in, Restore: spec, PriorRuns: prior,
 	}}}); err != nil {
 		return nil, err
 	}
