@@ -404,19 +404,18 @@ const claimSet = `attempt = c.attempt + 1, lease_owner = $1, lease_expires_at = 
          phase = 'observed', controller_boot_id = $3, controller_pid = $4, controller_start_ticks = $5,
          started_at = coalesce(c.started_at, now()), controller_addr = nullif($6, '')`
 
-// claimQueuedSQL claims the oldest due queued run whose session has no
-// earlier unfinished run.
+// claimQueuedSQL claims the oldest due queued run that heads its session
+// scope (migration 00009 keeps scope_head on exactly one unfinished run per
+// scope). It walks coordinators_head_queue_idx, which holds queued heads
+// only: runs waiting behind a busy session are not in it, so an attempt
+// costs the same with 100 or 100,000 of them.
 const claimQueuedSQL = `
 WITH claimed AS (
   UPDATE executor.coordinators c SET ` + claimSet + `
    WHERE c.run_id = (
      SELECT c2.run_id FROM executor.coordinators c2
-      WHERE c2.phase IN ('queued', 'retryable_failure') AND c2.next_attempt_at <= now()
+      WHERE c2.scope_head AND c2.phase IN ('queued', 'retryable_failure') AND c2.next_attempt_at <= now()
         AND c2.result_id IS NULL AND c2.cancel_state IS NULL
-        AND NOT EXISTS (
-             SELECT 1 FROM executor.coordinators c3
-              WHERE c3.session_scope = c2.session_scope AND c3.submit_seq < c2.submit_seq
-                AND c3.phase NOT IN ('completed', 'terminal_failure'))
       ORDER BY c2.submit_seq
       LIMIT 1
       FOR UPDATE SKIP LOCKED)
