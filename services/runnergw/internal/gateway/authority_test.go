@@ -361,7 +361,7 @@ func TestB2_ACodexHomeTemplateWithAnExposedCredentialIsRefused(t *testing.T) {
 	require.ErrorContains(t, CheckCodexHomeTemplate(tmpl), "chmod 600")
 	require.NoError(t, os.Remove(filepath.Join(tmpl, "auth.json")))
 	require.NoError(t, os.Symlink(filepath.Join(t.TempDir(), "x"), filepath.Join(tmpl, "config.toml")))
-	require.ErrorContains(t, CheckCodexHomeTemplate(tmpl), "not a regular file")
+	require.ErrorContains(t, CheckCodexHomeTemplate(tmpl), "is a symlink")
 	require.Error(t, CheckCodexHomeTemplate(filepath.Join(tmpl, "missing")))
 	require.NoError(t, CheckCodexHomeTemplate(""))
 }

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"github.com/tether-run/tether/pkg/atomicfile"
+	"github.com/tether-run/tether/pkg/keyfile"
 	"github.com/tether-run/tether/pkg/procid"
 	"github.com/tether-run/tether/pkg/scope/durable"
 
@@ -281,8 +282,9 @@ func stopOrphanProviderHost(stateDir string) {
 var templateFiles = []string{"auth.json", "config.toml"}
 
 // CheckCodexHomeTemplate validates a provider home template at startup: a
-// real directory whose files are regular files readable by the gateway's
-// user only (a credential readable by others is refused).
+// real directory whose files are private credential files by the key-file
+// rule (SPEC S3, pkg/keyfile: a regular file, not a symlink, owned by the
+// gateway's user, mode 0600 or stricter).
 func CheckCodexHomeTemplate(dir string) error {
 	if dir == "" {
 		return nil
@@ -292,18 +294,12 @@ func CheckCodexHomeTemplate(dir string) error {
 		return fmt.Errorf("codex home template %s is not a directory", dir)
 	}
 	for _, name := range templateFiles {
-		fi, err := os.Lstat(filepath.Join(dir, name))
+		err := keyfile.Check(filepath.Join(dir, name))
 		if os.IsNotExist(err) {
 			continue
 		}
 		if err != nil {
-			return err
-		}
-		if !fi.Mode().IsRegular() {
-			return fmt.Errorf("codex home template %s: %s is not a regular file", dir, name)
-		}
-		if fi.Mode().Perm()&0o077 != 0 {
-			return fmt.Errorf("codex home template %s: %s is accessible to other users (mode %v); chmod 600 it", dir, name, fi.Mode().Perm())
+			return fmt.Errorf("codex home template: %w", err)
 		}
 	}
 	return nil
@@ -324,9 +320,12 @@ func materializeCodexHome(template, stateDir string) error {
 		return failure.New(codes.FailedPrecondition, durable.CodeDirectoryUnsafe, "provider home %s is not a real directory", home)
 	}
 	for _, name := range templateFiles {
-		b, err := os.ReadFile(filepath.Join(template, name))
+		b, err := keyfile.Read(filepath.Join(template, name))
 		if os.IsNotExist(err) {
 			continue
+		}
+		if failure.CodeOf(err) == keyfile.CodeUnsafe {
+			return err
 		}
 		if err != nil {
 			return failure.Wrap(err, codes.Internal, "runner_local_connect_failed", "reading the codex home template: %v", err)
