@@ -10,8 +10,9 @@
 // gzip-compressed on input (detected by magic bytes). Archives written here
 // hold only directories and regular files, in the walk order of the backup
 // digest (pkg/digest: each directory's entries in byte order, depth first),
-// names relative without "./", permission bits only (mode & 0o777), owner
-// 0:0, modification times in whole seconds.
+// names relative without "./", permission bits only (mode & 0o777; for
+// directories SafeDirMode of it), owner 0:0, modification times in whole
+// seconds.
 //
 // # What an incoming archive may hold
 //
@@ -28,6 +29,9 @@
 //   - mode: a set-user-ID or set-group-ID bit → CodeUnsafeMode (refused, not
 //     stripped: such a file never belongs in a provider home). The sticky bit
 //     and everything beyond 0o777 is dropped; owners are never applied.
+//     A directory's mode is taken through SafeDirMode (SPEC S4): it always
+//     includes owner rwx, so a staging tree can always be removed by the
+//     user who extracted it, and never group or other write.
 //   - the same name twice, or a file where a directory already is (or the
 //     reverse) → CodeDuplicate; an entry below a file → CodeInvalid.
 //   - limits (Limits; defaults 64 MiB, 64 MiB, 20,000 entries): bytes read
@@ -44,6 +48,7 @@
 package archive
 
 import (
+	"io/fs"
 	"regexp"
 	"strings"
 
@@ -133,6 +138,15 @@ type Stats struct {
 	Skipped int
 }
 
+// SafeDirMode is the mode a directory is archived, extracted and digested
+// with (SPEC S4): its permission bits with owner rwx added and group and
+// other write removed. A directory of mode 0000 or 0500 would make a staging
+// tree impossible to remove for a non-root user (and 0000 impossible to
+// read); one of mode 0777 would let anyone change a restored provider home.
+func SafeDirMode(m fs.FileMode) fs.FileMode {
+	return (m&fs.ModePerm | 0o700) &^ 0o022
+}
+
 var plainName = regexp.MustCompile(`^[A-Za-z0-9._-]+$`)
 
 // ValidateExclusions checks that every exclusion is a plain top-level name:
@@ -171,6 +185,27 @@ func excluded(name string, paths []string) bool {
 	for _, p := range paths {
 		if name == p || strings.HasPrefix(name, p+"/") {
 			return true
+		}
+	}
+	return false
+}
+
+// excludedAnywhere reports whether name is, or is below, an entry named by
+// one of rules at any depth: a rule "dir/base" matches an entry called base
+// anywhere below dir, a rule "base" one anywhere in the archive.
+func excludedAnywhere(name string, rules []string) bool {
+	for _, r := range rules {
+		rest, base := name, r
+		if i := strings.LastIndexByte(r, '/'); i >= 0 {
+			if !strings.HasPrefix(name, r[:i+1]) {
+				continue
+			}
+			rest, base = name[i+1:], r[i+1:]
+		}
+		for part := range strings.SplitSeq(rest, "/") {
+			if part == base {
+				return true
+			}
 		}
 	}
 	return false

@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -225,17 +226,19 @@ func TestB4_RestoreSwapsAtomicallyAndRoundTrips(t *testing.T) {
 	st, err := Restore(bytes.NewReader(buf.Bytes()), target, RestoreOptions{})
 	require.NoError(t, err)
 	require.Equal(t, 3, st.Files)
-	require.Equal(t, treeDigest(t, src), treeDigest(t, target))
+	// The 0500 directory travels with its safe mode (SPEC S4): the restored
+	// tree equals the source once that directory has owner rwx.
+	require.NoError(t, os.Chmod(filepath.Join(src, "ro"), 0o700))
+	want := treeDigest(t, src)
+	require.Equal(t, want, treeDigest(t, target))
 	require.NoFileExists(t, filepath.Join(target, "stale.json"))
 	require.Empty(t, leftovers(t, parent))
-	t.Cleanup(func() { os.Chmod(filepath.Join(target, "ro"), 0o700) })
 
 	// Into an absent target too.
 	fresh := filepath.Join(parent, "fresh")
 	_, err = Restore(bytes.NewReader(buf.Bytes()), fresh, RestoreOptions{})
 	require.NoError(t, err)
-	require.Equal(t, treeDigest(t, src), treeDigest(t, fresh))
-	t.Cleanup(func() { os.Chmod(filepath.Join(fresh, "ro"), 0o700) })
+	require.Equal(t, want, treeDigest(t, fresh))
 
 	// A symlink target is refused, never followed.
 	link := filepath.Join(parent, "link")
@@ -380,4 +383,142 @@ func TestNormalise(t *testing.T) {
 		require.Equal(t, CodeUnsafePath, failure.CodeOf(err), bad)
 	}
 	require.True(t, slices.Equal([]string{"a"}, []string{"a"}))
+}
+
+func dirModes(t *testing.T, root string) map[string]fs.FileMode {
+	t.Helper()
+	out := map[string]fs.FileMode{}
+	require.NoError(t, filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || !d.IsDir() || p == root {
+			return err
+		}
+		info, err := d.Info()
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(root, p)
+		out[filepath.ToSlash(rel)] = info.Mode().Perm()
+		return nil
+	}))
+	return out
+}
+
+func TestS4_ExtractedDirectoriesAlwaysHaveOwnerRWXAndNoOtherWrite(t *testing.T) {
+	t.Parallel()
+	for _, name := range []string{"0000", "0500", "0555", "0777", "1777"} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			raw, err := os.ReadFile(filepath.Join("testdata/fuzz/FuzzExtract", "seed_dir_mode_"+name+".tar"))
+			require.NoError(t, err)
+			// The seed is a fuzz corpus file: one quoted []byte.
+			lines := strings.SplitN(string(raw), "\n", 2)
+			quoted := strings.TrimSuffix(strings.TrimSpace(strings.TrimPrefix(lines[1], "[]byte(")), ")")
+			data, err := strconv.Unquote(quoted)
+			require.NoError(t, err)
+			dir := t.TempDir()
+			_, err = Extract(strings.NewReader(data), dir, ExtractOptions{})
+			require.NoError(t, err)
+			m, _ := strconv.ParseUint(name, 8, 32)
+			want := SafeDirMode(fs.FileMode(m))
+			require.Equal(t, map[string]fs.FileMode{"locked": want, "locked/inner": want}, dirModes(t, dir))
+			require.Equal(t, fs.FileMode(0o700), want&0o700)
+			require.Zero(t, want&0o022)
+			// The staging tree goes away without any chmod.
+			require.NoError(t, os.RemoveAll(dir))
+		})
+	}
+	require.Equal(t, fs.FileMode(0o700), SafeDirMode(0))
+	require.Equal(t, fs.FileMode(0o700), SafeDirMode(0o500))
+	require.Equal(t, fs.FileMode(0o755), SafeDirMode(0o777))
+	require.Equal(t, fs.FileMode(0o750), SafeDirMode(0o750))
+}
+
+func TestS4_ArchivesStoreOnlySafeDirectoryModesAndDigestAsExtracted(t *testing.T) {
+	t.Parallel()
+	src := filepath.Join(t.TempDir(), "codex-home")
+	putFile(t, filepath.Join(src, "locked", "state.json"), "state", 0o600)
+	putFile(t, filepath.Join(src, "open", "x"), "x", 0o644)
+	putFile(t, filepath.Join(src, "none", "y"), "y", 0o600)
+	require.NoError(t, os.Chmod(filepath.Join(src, "locked"), 0o500))
+	require.NoError(t, os.Chmod(filepath.Join(src, "open"), 0o777))
+	require.NoError(t, os.Chmod(filepath.Join(src, "none"), 0o000))
+	t.Cleanup(func() {
+		for _, d := range []string{"locked", "open", "none"} {
+			_ = os.Chmod(filepath.Join(src, d), 0o700)
+		}
+	})
+	var b bytes.Buffer
+	tw := tar.NewWriter(&b)
+	_, err := WriteTar(tw, src, WriteOptions{Prefix: "codex-home"})
+	require.NoError(t, err)
+	require.NoError(t, tw.Close())
+	tr := tar.NewReader(bytes.NewReader(b.Bytes()))
+	stored := map[string]int64{}
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		require.NoError(t, err)
+		if h.Typeflag == tar.TypeDir {
+			stored[h.Name] = h.Mode
+		}
+	}
+	require.Equal(t, map[string]int64{"codex-home/": 0o700, "codex-home/locked/": 0o700, "codex-home/none/": 0o700, "codex-home/open/": 0o755}, stored)
+
+	// The archive's digest is the digest of what extraction produces.
+	dir := t.TempDir()
+	_, err = Extract(bytes.NewReader(b.Bytes()), dir, ExtractOptions{Top: []string{"codex-home"}})
+	require.NoError(t, err)
+	digests, _, err := DigestTar(bytes.NewReader(b.Bytes()), Limits{})
+	require.NoError(t, err)
+	require.Equal(t, treeDigest(t, filepath.Join(dir, "codex-home")), digests["codex-home"])
+}
+
+func TestS4_AuthJSONIsExcludedAtAnyDepthBelowCodexHome(t *testing.T) {
+	t.Parallel()
+	root := t.TempDir()
+	putFile(t, filepath.Join(root, "runner", "runner-state.json"), "{}", 0o600)
+	putFile(t, filepath.Join(root, "runner", "notes", "auth.json"), "not a credential", 0o600)
+	home := filepath.Join(root, "codex-home")
+	putFile(t, filepath.Join(home, "auth.json"), "credential", 0o600)
+	putFile(t, filepath.Join(home, "sub", "auth.json"), "credential", 0o600)
+	putFile(t, filepath.Join(home, "a", "b", "auth.json", "inside"), "credential", 0o600)
+	putFile(t, filepath.Join(home, "sessions", "thread.jsonl"), "thread", 0o600)
+
+	// Written without them (the gateway's snapshot).
+	var b bytes.Buffer
+	tw := tar.NewWriter(&b)
+	_, err := WriteTar(tw, filepath.Join(root, "runner"), WriteOptions{Prefix: "runner"})
+	require.NoError(t, err)
+	st, err := WriteTar(tw, home, WriteOptions{Prefix: "codex-home", ExcludeAnywhere: []string{"auth.json"}})
+	require.NoError(t, err)
+	require.NoError(t, tw.Close())
+	require.Equal(t, 3, st.Skipped)
+	for _, n := range names(t, b.Bytes()) {
+		require.False(t, strings.HasPrefix(n, "codex-home/") && strings.Contains(n, "auth.json"), "%s travelled", n)
+	}
+	require.Contains(t, names(t, b.Bytes()), "runner/notes/auth.json", "only codex-home's are credentials")
+
+	// Extracted without them (the verifier's and the restore's staging),
+	// even from an archive that carries them.
+	var all bytes.Buffer
+	tw = tar.NewWriter(&all)
+	for _, d := range []string{"runner", "codex-home"} {
+		_, err := WriteTar(tw, filepath.Join(root, d), WriteOptions{Prefix: d})
+		require.NoError(t, err)
+	}
+	require.NoError(t, tw.Close())
+	dir := t.TempDir()
+	st, err = Extract(bytes.NewReader(all.Bytes()), dir, ExtractOptions{Top: []string{"runner", "codex-home"}, ExcludeAnywhere: []string{"codex-home/auth.json"}})
+	require.NoError(t, err)
+	require.Equal(t, 4, st.Skipped, "three auth.json entries and the file below the directory one")
+	require.NoFileExists(t, filepath.Join(dir, "codex-home", "auth.json"))
+	require.NoFileExists(t, filepath.Join(dir, "codex-home", "sub", "auth.json"))
+	require.NoDirExists(t, filepath.Join(dir, "codex-home", "a", "b", "auth.json"))
+	require.FileExists(t, filepath.Join(dir, "codex-home", "sessions", "thread.jsonl"))
+	require.FileExists(t, filepath.Join(dir, "runner", "notes", "auth.json"))
+
+	_, err = Extract(bytes.NewReader(all.Bytes()), t.TempDir(), ExtractOptions{ExcludeAnywhere: []string{"codex-home/../x"}})
+	require.Equal(t, CodeExclusionInvalid, failure.CodeOf(err))
 }

@@ -3,6 +3,7 @@ package archive
 import (
 	"archive/tar"
 	"io"
+	"io/fs"
 	"strings"
 
 	"google.golang.org/grpc/codes"
@@ -15,8 +16,10 @@ import (
 // from the stream without extracting anything. The archive must hold only
 // directories at its top level and list each directory's entries in
 // canonical walk order, as WriteTar writes them; otherwise it fails with
-// digest.CodeNotCanonical or CodeInvalid. For a canonical archive the
-// digests equal digest.BackupTree of the extracted directories.
+// digest.CodeNotCanonical or CodeInvalid. Directory modes count as
+// SafeDirMode of the stored mode, as Extract applies them, so for a
+// canonical archive the digests equal digest.BackupTree of the extracted
+// directories.
 func DigestTar(r io.Reader, limits Limits) (map[string]digest.Result, Stats, error) {
 	er, err := newEntryReader(r, limits)
 	if err != nil {
@@ -48,7 +51,7 @@ func DigestTar(r io.Reader, limits Limits) (map[string]digest.Result, Stats, err
 			return nil, er.finish(), errorf(codes.InvalidArgument, CodeInvalid, "archive entry %q comes before its top-level directory", hdr.Name)
 		}
 		if hdr.Typeflag == tar.TypeDir {
-			err = s.Dir(rest, mode)
+			err = s.Dir(rest, uint32(SafeDirMode(fs.FileMode(mode))))
 		} else {
 			err = s.File(rest, mode, hdr.Size, er)
 		}

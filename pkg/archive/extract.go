@@ -24,6 +24,11 @@ type ExtractOptions struct {
 	// and everything below them, are checked like any other entry but never
 	// written: credentials and scratch never reach the staging directory.
 	Exclude []string
+	// ExcludeAnywhere names entries left out at any depth, like Exclude:
+	// "dir/base" drops every entry called base anywhere below dir (and
+	// everything below it), a plain "base" every such entry in the archive
+	// (SPEC S4: every codex-home/**/auth.json).
+	ExcludeAnywhere []string
 	// Top, when non-empty, is the set of names allowed at the top level of
 	// the archive, each of which must be a directory; any other top-level
 	// entry is CodeInvalid.
@@ -33,11 +38,11 @@ type ExtractOptions struct {
 // Extract checks and extracts the archive read from r into dir, which must
 // be an existing empty directory. Every file and directory is created through
 // an os.Root confined to dir, with O_EXCL, permission bits mode & 0o777
-// (directories' modes and times applied last, deepest first). On the first
+// (directories: SafeDirMode, applied last, deepest first, with their times). On the first
 // bad entry it stops and returns that entry's code; dir then holds a partial
 // extraction that the caller discards (Restore does).
 func Extract(r io.Reader, dir string, opts ExtractOptions) (Stats, error) {
-	if err := validateExcludePaths(opts.Exclude); err != nil {
+	if err := validateExcludePaths(append(slices.Clip(opts.Exclude), opts.ExcludeAnywhere...)); err != nil {
 		return Stats{}, err
 	}
 	root, err := os.OpenRoot(dir)
@@ -74,7 +79,7 @@ func Extract(r io.Reader, dir string, opts ExtractOptions) (Stats, error) {
 				return er.finish(), errorf(codes.InvalidArgument, CodeInvalid, "unexpected top-level archive entry %q", hdr.Name)
 			}
 		}
-		if excluded(name, opts.Exclude) {
+		if excluded(name, opts.Exclude) || excludedAnywhere(name, opts.ExcludeAnywhere) {
 			skipped++
 			continue
 		}
@@ -88,7 +93,7 @@ func Extract(r io.Reader, dir string, opts ExtractOptions) (Stats, error) {
 			if err := root.Mkdir(name, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
 				return er.finish(), ioErr(err, name)
 			}
-			dirs = append(dirs, dirFix{name: name, mode: mode, mtime: hdr.ModTime})
+			dirs = append(dirs, dirFix{name: name, mode: SafeDirMode(mode), mtime: hdr.ModTime})
 			continue
 		}
 		if err := extractFile(root, er, name, mode, hdr.Size, buf); err != nil {

@@ -11,7 +11,8 @@ import (
 // FuzzExtract feeds arbitrary bytes to Extract (seed corpus in
 // testdata/fuzz/FuzzExtract, written by internal/gencorpus). It must never
 // panic, never write outside its directory, never create anything but
-// directories and regular files, and agree with Check on acceptance.
+// directories and regular files, never leave a directory without owner rwx
+// or with group/other write, and agree with Check on acceptance.
 func FuzzExtract(f *testing.F) {
 	f.Add([]byte{})
 	f.Add(buildTar(&testing.T{}, 2, 10))
@@ -45,8 +46,10 @@ func FuzzExtract(f *testing.F) {
 			if info.Mode()&(fs.ModeSetuid|fs.ModeSetgid) != 0 {
 				return &fs.PathError{Op: "setid", Path: p, Err: fs.ErrPermission}
 			}
-			if d.IsDir() && info.Mode().Perm()&0o700 != 0o700 {
-				os.Chmod(p, 0o700) // let TempDir clean up
+			if d.IsDir() && p != dir && info.Mode().Perm() != SafeDirMode(info.Mode()) {
+				// SPEC S4: owner rwx always (the staging tree stays
+				// removable), never group or other write.
+				return &fs.PathError{Op: "dirmode " + info.Mode().Perm().String(), Path: p, Err: fs.ErrPermission}
 			}
 			return nil
 		})

@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -19,6 +20,10 @@ type WriteOptions struct {
 	// Exclude lists plain top-level names of the directory that are left out
 	// (with everything below them). See ValidateExclusions.
 	Exclude []string
+	// ExcludeAnywhere lists plain names left out at any depth (with
+	// everything below them): e.g. a credential file a provider may keep
+	// in any subdirectory.
+	ExcludeAnywhere []string
 	// Prefix, when set, puts every entry below this plain name and writes a
 	// directory entry for it first (the directory's own mode).
 	Prefix string
@@ -36,7 +41,7 @@ type WriteOptions struct {
 // fails with CodeSnapshotFailed. dir itself is only read.
 func WriteTar(tw *tar.Writer, dir string, opts WriteOptions) (Stats, error) {
 	var st Stats
-	if err := ValidateExclusions(opts.Exclude); err != nil {
+	if err := ValidateExclusions(append(slices.Clip(opts.Exclude), opts.ExcludeAnywhere...)); err != nil {
 		return st, err
 	}
 	if opts.Prefix != "" {
@@ -78,7 +83,7 @@ func WriteTar(tw *tar.Writer, dir string, opts WriteOptions) (Stats, error) {
 		if err != nil {
 			return failure.Wrap(err, codes.FailedPrecondition, CodeSnapshotFailed, "reading %s: %v", p, err)
 		}
-		if p != "." && filepath.Dir(p) == "." && excluded(p, opts.Exclude) {
+		if p != "." && (filepath.Dir(p) == "." && excluded(p, opts.Exclude) || slices.Contains(opts.ExcludeAnywhere, d.Name())) {
 			st.Skipped++
 			if d.IsDir() {
 				return fs.SkipDir
@@ -99,7 +104,7 @@ func WriteTar(tw *tar.Writer, dir string, opts WriteOptions) (Stats, error) {
 			}
 			st.Dirs++
 			return tw.WriteHeader(&tar.Header{
-				Typeflag: tar.TypeDir, Name: name(p) + "/", Mode: int64(info.Mode().Perm()),
+				Typeflag: tar.TypeDir, Name: name(p) + "/", Mode: int64(SafeDirMode(info.Mode())),
 				ModTime: info.ModTime().Truncate(time.Second),
 			})
 		case t.IsRegular():

@@ -133,6 +133,17 @@ func valid() []byte {
 		file("./state.json", 0o644, `{"ok":true}`))
 }
 
+// modes are accepted archives whose directories have modes a staging tree
+// must survive (SPEC S4): extraction clamps them with archive.SafeDirMode.
+func modes() map[string][]byte {
+	out := map[string][]byte{}
+	for _, m := range []int64{0o000, 0o500, 0o555, 0o777, 0o1777} {
+		out[fmt.Sprintf("seed_dir_mode_%04o.tar", m)] = build(dir("./", 0o755), dir("./locked/", m),
+			dir("./locked/inner/", m), file("./locked/inner/state.json", 0o600, `{"ok":true}`))
+	}
+	return out
+}
+
 func main() {
 	out := flag.String("out", "pkg/archive/testdata", "testdata directory")
 	flag.Parse()
@@ -152,7 +163,10 @@ func main() {
 		}
 	}
 	must(os.WriteFile(filepath.Join(fuzzDir, "seed_valid.tar"), seed(valid()), 0o644))
-	fmt.Printf("gencorpus: wrote %d archives and %d fuzz seeds under %s\n", len(names), len(names), *out)
+	for n, data := range modes() {
+		must(os.WriteFile(filepath.Join(fuzzDir, n), seed(data), 0o644))
+	}
+	fmt.Printf("gencorpus: wrote %d archives and %d fuzz seeds under %s\n", len(names), len(names)+len(modes()), *out)
 }
 
 // seed renders data in the go test fuzz corpus format.

@@ -49,7 +49,8 @@ func run() error {
 	migrate := grpcx.BoolFlag(fs, "migrate", "", true, "apply database migrations at start")
 	blobURL := grpcx.StringFlag(fs, "blob-url", "", "file://"+filepath.Join(state, "blobs")+"?create_dir=true",
 		"blob store for checkpoint archives (gocloud.dev/blob URL: file:///dir, s3://bucket, gs://bucket)")
-	staging := grpcx.StringFlag(fs, "staging-dir", "", os.TempDir(), "where uploads are checked and staged")
+	staging := grpcx.StringFlag(fs, "staging-dir", "", filepath.Join(state, "staging"),
+		"private directory where uploads are checked and staged (created 0700; refused when a symlink, another user's or writable by others)")
 	maxArchive := grpcx.IntFlag(fs, "max-archive-bytes", "", archive.DefaultMaxArchiveBytes, "largest archive accepted, as transferred")
 	maxExpanded := grpcx.IntFlag(fs, "max-expanded-bytes", "", archive.DefaultMaxExpandedBytes, "largest total of file sizes an archive may expand to")
 	maxEntries := grpcx.IntFlag(fs, "max-entries", "", archive.DefaultMaxEntries, "most entries an archive may hold")
@@ -72,8 +73,11 @@ func run() error {
 	defer stop()
 
 	svc := &checkpoint.Service{
-		Key: key, StagingDir: *staging, Log: log,
+		Key: key, StagingDir: *staging, Log: log, Metrics: checkpoint.NewMetrics(srv.Registry()),
 		Limits: archive.Limits{MaxArchiveBytes: int64(*maxArchive), MaxExpandedBytes: int64(*maxExpanded), MaxEntries: *maxEntries},
+	}
+	if err := svc.PrepareStaging(*staging); err != nil {
+		return err
 	}
 	if *dsn == "" {
 		log.Warn("no -database-url (TETHER_DATABASE_URL): checkpoint metadata disabled; UploadCheckpoint, DownloadCheckpoint " +

@@ -68,8 +68,12 @@ type Service struct {
 	Key []byte
 	// Limits bound uploaded archives; zero fields take the defaults.
 	Limits archive.Limits
-	// StagingDir receives upload staging directories (default os.TempDir).
+	// StagingDir receives upload staging directories (default os.TempDir);
+	// see PrepareStaging.
 	StagingDir string
+	// Metrics, when set, count what the logs report (staging trees that
+	// could not be removed).
+	Metrics *Metrics
 	// Now defaults to time.Now.
 	Now func() time.Time
 	// Log defaults to slog.Default.
@@ -168,17 +172,17 @@ func (s *Service) Upload(ctx context.Context, h Header, body io.Reader) (*Receip
 	if err != nil {
 		return nil, err
 	}
-	staging, err := os.MkdirTemp(s.StagingDir, "tether-backup-upload-")
+	staging, err := os.MkdirTemp(s.StagingDir, stagingPrefix)
 	if err != nil {
 		return nil, failure.Wrap(err, codes.Internal, CodeStoreFailed, "creating staging directory: %v", err)
 	}
-	defer os.RemoveAll(staging)
+	defer s.removeStaging(staging)
 	tree := filepath.Join(staging, "tree")
 	if err := os.Mkdir(tree, 0o700); err != nil {
 		return nil, failure.Wrap(err, codes.Internal, CodeStoreFailed, "%v", err)
 	}
 	if _, err := archive.Extract(body, tree, archive.ExtractOptions{
-		Limits: s.Limits, Top: prof.Names(), Exclude: prof.Exclusions(),
+		Limits: s.Limits, Top: prof.Names(), Exclude: prof.Exclusions(), ExcludeAnywhere: prof.ExclusionsAnywhere(),
 	}); err != nil {
 		return nil, err
 	}

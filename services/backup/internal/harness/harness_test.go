@@ -50,7 +50,8 @@ func TestB2_CodexHomeExcludesScratchAndCredentials(t *testing.T) {
 	p, err := ResolveProfile("codex")
 	require.NoError(t, err)
 	require.Equal(t, Directory{Name: "codex-home", Location: LocationFilesystem,
-		ExcludeTopLevel: []string{"tmp", ".tmp", "auth.json", "config.toml"}}, p.Directories[1])
+		ExcludeTopLevel: []string{"tmp", ".tmp", "auth.json", "config.toml"}, ExcludeAnywhere: []string{"auth.json"}}, p.Directories[1])
+	require.Equal(t, []string{"codex-home/auth.json"}, p.ExclusionsAnywhere())
 	require.Equal(t, []string{"codex-home/tmp", "codex-home/.tmp", "codex-home/auth.json", "codex-home/config.toml"}, p.Exclusions())
 	_, err = ResolveProfile("claude_local")
 	require.Equal(t, CodeProviderUnsupported, failure.CodeOf(err))

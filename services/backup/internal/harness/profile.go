@@ -58,6 +58,9 @@ type Directory struct {
 	// ExcludeTopLevel lists top-level entries that never travel
 	// (credentials re-materialised at launch, scratch trees).
 	ExcludeTopLevel []string
+	// ExcludeAnywhere lists names that never travel from any depth of the
+	// directory (a credential a provider may write into a subdirectory).
+	ExcludeAnywhere []string
 }
 
 // Profile is the complete recovery state of a provider: its directories in
@@ -72,8 +75,14 @@ type Profile struct {
 // launch-time credentials (auth.json, config.toml may hold a bearer token).
 var CodexHomeExclusions = []string{"tmp", ".tmp", "auth.json", "config.toml"}
 
+// CodexHomeCredentialNames are never backed up from any depth of codex-home
+// (SPEC S4): codex-home/sub/auth.json is as much a credential as the
+// top-level one.
+var CodexHomeCredentialNames = []string{"auth.json"}
+
 // ResolveProfile returns the persistence profile of a provider kind: codex →
-// [runner, codex-home (without tmp, .tmp, auth.json, config.toml)];
+// [runner, codex-home (without tmp, .tmp, auth.json, config.toml at the top
+// and any auth.json below)];
 // opencode → [runner, opencode]; acpx (any agent) → [runner, acpx]. Any
 // other kind is CodeProviderUnsupported.
 func ResolveProfile(providerKind string) (Profile, error) {
@@ -81,7 +90,8 @@ func ResolveProfile(providerKind string) (Profile, error) {
 	switch providerKind {
 	case "codex":
 		return Profile{ProviderKind: "codex", DriverKind: DriverCodex, Directories: []Directory{runner,
-			{Name: DirCodexHome, Location: LocationFilesystem, ExcludeTopLevel: slices.Clone(CodexHomeExclusions)}}}, nil
+			{Name: DirCodexHome, Location: LocationFilesystem, ExcludeTopLevel: slices.Clone(CodexHomeExclusions),
+				ExcludeAnywhere: slices.Clone(CodexHomeCredentialNames)}}}, nil
 	case "opencode":
 		return Profile{ProviderKind: "opencode", DriverKind: DriverOpenCode, Directories: []Directory{runner,
 			{Name: DirOpenCode, Location: LocationFilesystem}}}, nil
@@ -108,6 +118,18 @@ func (p Profile) Exclusions() []string {
 	var out []string
 	for _, d := range p.Directories {
 		for _, e := range d.ExcludeTopLevel {
+			out = append(out, d.Name+"/"+e)
+		}
+	}
+	return out
+}
+
+// ExclusionsAnywhere returns every name excluded at any depth as
+// "<directory>/<name>" (archive.ExtractOptions.ExcludeAnywhere).
+func (p Profile) ExclusionsAnywhere() []string {
+	var out []string
+	for _, d := range p.Directories {
+		for _, e := range d.ExcludeAnywhere {
 			out = append(out, d.Name+"/"+e)
 		}
 	}

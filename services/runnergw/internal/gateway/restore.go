@@ -121,11 +121,14 @@ func (g *Gateway) restore(ctx context.Context, r *runner, sc, runID string, spec
 			}
 		}
 	}()
-	var excl []string
+	var excl, anywhere []string
 	for _, e := range codexHomeExclusions {
 		excl = append(excl, "codex-home/"+e)
 	}
-	_, err = archive.Extract(pr, payload, archive.ExtractOptions{Top: codexProfileDirs, Exclude: excl})
+	for _, e := range codexHomeCredentials {
+		anywhere = append(anywhere, "codex-home/"+e)
+	}
+	_, err = archive.Extract(pr, payload, archive.ExtractOptions{Top: codexProfileDirs, Exclude: excl, ExcludeAnywhere: anywhere})
 	if err == nil {
 		// The download's digest check ends the stream: read to its end
 		// and accept the archive only when the stream ended cleanly.

@@ -54,6 +54,9 @@ const (
 var (
 	codexProfileDirs    = []string{"runner", "codex-home"}
 	codexHomeExclusions = durable.LaunchOnlyCodexHomeEntries
+	// codexHomeCredentials never travel from any depth of codex-home
+	// (SPEC S4).
+	codexHomeCredentials = []string{"auth.json"}
 	// runnerExclusions: the provider host's socket (gone once the host has
 	// exited cleanly; a socket is never archived).
 	runnerExclusions = []string{"provider.sock"}
@@ -420,11 +423,11 @@ func writeProfile(w io.Writer, dir string) error {
 	tw := tar.NewWriter(w)
 	lim := &archive.Limits{}
 	for _, d := range codexProfileDirs {
-		excl := runnerExclusions
+		opts := archive.WriteOptions{Prefix: d, Exclude: runnerExclusions, Limits: lim}
 		if d == "codex-home" {
-			excl = codexHomeExclusions
+			opts.Exclude, opts.ExcludeAnywhere = codexHomeExclusions, codexHomeCredentials
 		}
-		if _, err := archive.WriteTar(tw, filepath.Join(dir, d), archive.WriteOptions{Prefix: d, Exclude: excl, Limits: lim}); err != nil {
+		if _, err := archive.WriteTar(tw, filepath.Join(dir, d), opts); err != nil {
 			return err
 		}
 	}

@@ -194,6 +194,8 @@ func TestR5_GatewaySuspendsChecksTheLifecycleUploadsAndRestoresIntoANewRunner(t 
 	// Credentials and scratch in the provider home never travel.
 	require.NoError(t, os.WriteFile(filepath.Join(stateDir, "codex-home", "auth.json"), []byte(`{"token":"secret"}`), 0o600))
 	require.NoError(t, os.MkdirAll(filepath.Join(stateDir, "codex-home", "tmp"), 0o700))
+	require.NoError(t, os.MkdirAll(filepath.Join(stateDir, "codex-home", "sub"), 0o700))
+	require.NoError(t, os.WriteFile(filepath.Join(stateDir, "codex-home", "sub", "auth.json"), []byte(`{"token":"secret"}`), 0o600))
 
 	// A run attached to the scope makes the suspension busy.
 	busy, _, err := rl.attach(ctx, "run-busy", nil, in)
@@ -234,6 +236,8 @@ func TestR5_GatewaySuspendsChecksTheLifecycleUploadsAndRestoresIntoANewRunner(t 
 	require.True(t, names["runner/runner-state.json"], "%v", names)
 	require.True(t, names["codex-home/fake-codex-state.json"], "%v", names)
 	require.False(t, names["codex-home/auth.json"])
+	require.False(t, names["codex-home/sub/auth.json"], "SPEC S4: no auth.json at any depth")
+	require.True(t, names["codex-home/sub/"], "%v", names)
 	require.False(t, names["codex-home/tmp/"])
 
 	// Suspending an already suspended runner checkpoints it again without
