@@ -18,13 +18,16 @@ import (
 	"time"
 	"unicode"
 
+	"github.com/coder/websocket"
+
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 )
 
 // Handshake timing and credential lifetimes.
 const (
-	// HandshakeMessageTimeout bounds each handshake message the gateway waits for.
-	HandshakeMessageTimeout = 2 * time.Second
+	// DefaultHandshakeTimeout bounds the gateway's half of the handshake
+	// (Hello → Challenge → Proof) unless Authority.HandshakeTimeout is set.
+	DefaultHandshakeTimeout = 5 * time.Second
 	// ClientMessageTimeout bounds each handshake message runnerd waits for
 	// (the gateway may do work between Accept and Welcome).
 	ClientMessageTimeout = 10 * time.Second
@@ -218,6 +221,13 @@ func proofs(secret, signing []byte) (server, client string) {
 // key still recognises outstanding tickets and leases. Used bootstrap nonces
 // are remembered in memory until their expiry.
 type Authority struct {
+	// HandshakeTimeout bounds Hello → Challenge → Proof on an accepted
+	// connection (0: DefaultHandshakeTimeout). A runner that has not sent
+	// its proof by then is sent a Goodbye CodeHandshakeTimeout and the
+	// connection is closed with 1008 and that code (SPEC S5). Set it
+	// before the first Accept.
+	HandshakeTimeout time.Duration
+
 	key []byte
 	now func() time.Time
 
@@ -277,19 +287,43 @@ type Accepted struct {
 	ConnectionID string
 }
 
-// Accept runs the gateway half of the handshake: Hello -> Challenge -> Proof.
-// On failure it sends a best-effort Goodbye carrying the code and returns a
-// *Error; the caller closes the connection.
+// Accept runs the gateway half of the handshake: Hello -> Challenge -> Proof,
+// within HandshakeTimeout. On failure it sends a best-effort Goodbye carrying
+// the code and returns a *Error; the caller closes the connection. When the
+// timeout ends the handshake, Accept has already sent the Goodbye
+// CodeHandshakeTimeout and closed the connection with 1008.
 func (a *Authority) Accept(ctx context.Context, c *Conn) (*Accepted, error) {
+	d := a.HandshakeTimeout
+	if d <= 0 {
+		d = DefaultHandshakeTimeout
+	}
+	// The reads carry no deadline of their own: a read whose context ends
+	// closes the WebSocket at once, leaving no way to say why. The timer
+	// says goodbye first, then closes, which ends the pending read.
+	expired := make(chan struct{})
+	timer := time.AfterFunc(d, func() {
+		defer close(expired)
+		a.goodbye(ctx, c, errorf(CodeHandshakeTimeout, "no handshake within %s", d))
+		_ = c.Close(websocket.StatusPolicyViolation, CodeHandshakeTimeout)
+	})
 	acc, err := a.accept(ctx, c)
+	if !timer.Stop() {
+		<-expired
+		return nil, errorf(CodeHandshakeTimeout, "no handshake within %s", d)
+	}
 	if err != nil {
 		pe := asError(err)
-		gctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
-		_ = c.Write(gctx, &prpv1.Frame{Kind: &prpv1.Frame_Goodbye{Goodbye: &prpv1.Goodbye{Code: pe.Code, Message: pe.Message}}})
-		cancel()
+		a.goodbye(ctx, c, pe)
 		return nil, pe
 	}
 	return acc, nil
+}
+
+// goodbye sends a best-effort Goodbye carrying pe's code.
+func (a *Authority) goodbye(ctx context.Context, c *Conn, pe *Error) {
+	gctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 500*time.Millisecond)
+	defer cancel()
+	_ = c.Write(gctx, &prpv1.Frame{Kind: &prpv1.Frame_Goodbye{Goodbye: &prpv1.Goodbye{Code: pe.Code, Message: pe.Message}}})
 }
 
 func asError(err error) *Error {
@@ -307,7 +341,7 @@ func readWithin(ctx context.Context, c *Conn, d time.Duration) (*prpv1.Frame, er
 }
 
 func (a *Authority) accept(ctx context.Context, c *Conn) (*Accepted, error) {
-	f, err := readWithin(ctx, c, HandshakeMessageTimeout)
+	f, err := c.Read(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -354,7 +388,7 @@ func (a *Authority) accept(ctx context.Context, c *Conn) (*Accepted, error) {
 		return nil, err
 	}
 
-	f, err = readWithin(ctx, c, HandshakeMessageTimeout)
+	f, err = c.Read(ctx)
 	if err != nil {
 		return nil, err
 	}

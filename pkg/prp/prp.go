@@ -17,8 +17,13 @@ const Version = 1
 // MaxFrameBytes bounds one encoded frame in either direction.
 const MaxFrameBytes = 4 << 20
 
-// EnvBootstrapTicket is the environment variable through which the gateway
-// hands runnerd its one-use bootstrap credential (Credential.Encode form).
+// EnvBootstrapTicket is the environment variable through which runnerd
+// still accepts its one-use bootstrap credential (Credential.Encode form)
+// for compatibility with launchers that cannot pass a descriptor. The
+// gateway never uses it (SPEC S5): a process's initial environment stays
+// readable in /proc/<pid>/environ for its whole life, whatever the process
+// unsets; the gateway writes the ticket into a pipe runnerd inherits
+// (runnerd --bootstrap-ticket-fd).
 const EnvBootstrapTicket = "TETHER_RUNNER_BOOTSTRAP_TICKET"
 
 // Credential kinds.
@@ -34,6 +39,9 @@ const (
 	CodeCredentialExpired = "runner_credential_expired"
 	CodeProtocolError     = "runner_protocol_error"
 	CodeFrameTooLarge     = "provider_frame_too_large"
+	// CodeHandshakeTimeout: the runner did not complete Hello → Proof
+	// within the gateway's handshake timeout (SPEC S5).
+	CodeHandshakeTimeout = "runner_handshake_timeout"
 )
 
 // Error is a PRP failure with a stable code.

@@ -240,14 +240,52 @@ func TestHandshakeProtocolErrors(t *testing.T) {
 	}
 }
 
-func TestHandshakeHelloDeadline(t *testing.T) {
+func TestS5_ASilentPeerIsSentAGoodbyeHandshakeTimeout(t *testing.T) {
+	t.Parallel()
 	a := NewAuthority([]byte("key"), nil)
-	srv, _ := newPipe()
+	a.HandshakeTimeout = 50 * time.Millisecond
+	srv, cli := newPipe()
 	defer srv.Close(websocket.StatusNormalClosure, "")
-	start := time.Now()
 	_, err := a.Accept(context.Background(), srv)
-	require.Error(t, err)
-	assert.Less(t, time.Since(start), HandshakeMessageTimeout+time.Second)
+	require.Equal(t, CodeHandshakeTimeout, CodeOf(err), "%v", err)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	f, err := cli.Read(ctx)
+	require.NoError(t, err)
+	require.Equal(t, CodeHandshakeTimeout, f.GetGoodbye().GetCode(), "%v", f)
+	_, err = cli.Read(ctx)
+	require.ErrorIs(t, err, errPipeClosed, "the connection is closed after the goodbye")
+}
+
+func TestS5_AHelloWithoutItsProofTimesOutWithAGoodbye(t *testing.T) {
+	t.Parallel()
+	a := NewAuthority([]byte("key"), nil)
+	a.HandshakeTimeout = 200 * time.Millisecond
+	ticket, err := a.MintTicket(testRunner, testScope, time.Minute)
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	srv, cli := newPipe()
+	defer srv.Close(websocket.StatusNormalClosure, "")
+	errc := make(chan error, 1)
+	go func() { _, err := a.Accept(ctx, srv); errc <- err }()
+	h := testHello()
+	h.Protocol, h.VersionMin, h.VersionMax = Protocol, 1, 1
+	h.CredentialKind, h.CredentialClaims, h.ClientNonce = KindBootstrap, ticket.Claims, strings.Repeat("a", 32)
+	require.NoError(t, cli.Write(ctx, &prpv1.Frame{Kind: &prpv1.Frame_Hello{Hello: h}}))
+	f, err := cli.Read(ctx)
+	require.NoError(t, err)
+	require.NotNil(t, f.GetChallenge())
+	// ...and no proof.
+	require.Equal(t, CodeHandshakeTimeout, CodeOf(<-errc))
+	f, err = cli.Read(ctx)
+	require.NoError(t, err)
+	require.Equal(t, CodeHandshakeTimeout, f.GetGoodbye().GetCode())
+
+	// The ticket was not consumed: the runner may still use it.
+	a.HandshakeTimeout = 0
+	r := handshake(t, a, ticket, testHello(), 0)
+	require.NoError(t, r.cliErr)
 }
 
 func TestCanonicalJSON(t *testing.T) {

@@ -63,7 +63,9 @@ func main() {
 			os.Exit(runProviderShim(os.Args[2:], os.Stdin, os.Stdout, os.Stderr))
 		}
 	}
-	// The one-use ticket is taken out of the environment before anything else.
+	// A ticket in the environment (the compatibility path; see
+	// --bootstrap-ticket-fd) is taken out before anything else, though the
+	// kernel's copy in /proc/<pid>/environ stays.
 	ticket, hadTicket := os.LookupEnv(prp.EnvBootstrapTicket)
 	_ = os.Unsetenv(prp.EnvBootstrapTicket)
 	os.Exit(run(os.Args[1:], ticket, hadTicket, os.Stdout, os.Stderr))
@@ -77,8 +79,11 @@ func run(args []string, ticket string, hadTicket bool, stdout, stderr io.Writer)
 		codexArgs stringList
 		logFormat string
 		meta      bool
+		ticketFD  int
 	)
 	fs.BoolVar(&meta, "build-metadata", false, "print build metadata as JSON and exit")
+	fs.IntVar(&ticketFD, "bootstrap-ticket-fd", -1, "read the one-use bootstrap ticket from this inherited descriptor (a pipe, or a private file the launcher removes) until EOF, then close it; "+
+		"without it the ticket is taken from "+prp.EnvBootstrapTicket+", which stays readable in /proc/<pid>/environ")
 	fs.StringVar(&cfg.ConnectURL, "connect-url", "", "gateway runner endpoint to dial: ws:// to a loopback address (dial_ws_loopback) or wss:// (dial_wss)")
 	fs.StringVar(&cfg.CABundlePath, "ca-bundle-path", "", "dial_wss: private PEM file of extra CA certificates (<= 4 MiB; added to the system roots)")
 	fs.StringVar(&cfg.ListenAddress, "listen-address", "", "listen_ws: IP address to listen on (the gateway dials in)")
@@ -127,8 +132,18 @@ func run(args []string, ticket string, hadTicket bool, stdout, stderr io.Writer)
 		return runner.ExitError
 	}
 	log := slog.New(h).With("runner_id", cfg.RunnerID, "session_id", cfg.SessionID)
+	if ticketFD >= 0 {
+		t, err := readTicket(ticketFD)
+		if err != nil {
+			log.Error("reading the bootstrap ticket", "fd", ticketFD, "err", err)
+			return runner.ExitError
+		}
+		ticket, hadTicket = t, true
+	} else if hadTicket {
+		log.Warn("bootstrap ticket taken from the environment, where it stays readable in /proc/<pid>/environ; launchers should pass --bootstrap-ticket-fd", "env", prp.EnvBootstrapTicket)
+	}
 	if !hadTicket || ticket == "" {
-		log.Error("no bootstrap ticket", "env", prp.EnvBootstrapTicket)
+		log.Error("no bootstrap ticket", "flag", "--bootstrap-ticket-fd", "env", prp.EnvBootstrapTicket)
 		return runner.ExitError
 	}
 	cred, err := prp.ParseCredential(ticket)
@@ -156,4 +171,26 @@ func run(args []string, ticket string, hadTicket bool, stdout, stderr io.Writer)
 		log.Error("runnerd failed", "err", err)
 	}
 	return code
+}
+
+// maxTicketBytes bounds what readTicket reads (an encoded ticket is a few
+// hundred bytes).
+const maxTicketBytes = 8 << 10
+
+// readTicket reads the bootstrap ticket from the inherited descriptor fd to
+// EOF and closes it, so nothing started later inherits it.
+func readTicket(fd int) (string, error) {
+	f := os.NewFile(uintptr(fd), "bootstrap-ticket")
+	if f == nil {
+		return "", fmt.Errorf("descriptor %d is not open", fd)
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, maxTicketBytes+1))
+	if err != nil {
+		return "", err
+	}
+	if len(b) > maxTicketBytes {
+		return "", fmt.Errorf("more than %d bytes on descriptor %d", maxTicketBytes, fd)
+	}
+	return strings.TrimSpace(string(b)), nil
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -25,6 +26,7 @@ import (
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/prp"
 	"github.com/tether-run/tether/services/runnerd/internal/durable"
+	"github.com/tether-run/tether/services/runnerd/internal/runner"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -274,4 +276,27 @@ func TestG4_BinaryRunsATurnAgainstAFakeGateway(t *testing.T) {
 	assert.Equal(t, pl["providerThreadId"], st.ProviderThreadID, "the provider thread is kept")
 	assert.Equal(t, suspended.GetSourceSeq(), st.AckedSourceSeq)
 	assert.NotContains(t, logs.String(), ticket.Encode())
+}
+
+func TestS5_RunnerdReadsItsTicketFromAnInheritedDescriptorAndClosesIt(t *testing.T) {
+	r, w, err := os.Pipe()
+	require.NoError(t, err)
+	_, err = w.WriteString("bootstrap.claims.secret\n")
+	require.NoError(t, err)
+	require.NoError(t, w.Close())
+	fd, err := syscall.Dup(int(r.Fd()))
+	require.NoError(t, err)
+	require.NoError(t, r.Close())
+	got, err := readTicket(fd)
+	require.NoError(t, err)
+	require.Equal(t, "bootstrap.claims.secret", got)
+	_, _, errno := syscall.Syscall(syscall.SYS_FCNTL, uintptr(fd), syscall.F_GETFD, 0)
+	require.Equal(t, syscall.EBADF, errno, "the descriptor is closed once read")
+
+	_, err = readTicket(1 << 20)
+	require.Error(t, err, "a descriptor that is not open")
+	var stderr bytes.Buffer
+	code := run([]string{"--bootstrap-ticket-fd", "999999", "--state-dir", "/x", "--workspace", "/y"}, "", false, io.Discard, &stderr)
+	require.Equal(t, runner.ExitError, code)
+	require.Contains(t, stderr.String(), "reading the bootstrap ticket")
 }

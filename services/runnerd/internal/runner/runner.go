@@ -184,7 +184,7 @@ func (c *Config) validate() error {
 		return errors.New("--p0-reserve-bytes must be less than half of --max-outbox-bytes")
 	}
 	if c.Ticket.Kind == "" {
-		return fmt.Errorf("no bootstrap ticket in %s", prp.EnvBootstrapTicket)
+		return fmt.Errorf("no bootstrap ticket (--bootstrap-ticket-fd or %s)", prp.EnvBootstrapTicket)
 	}
 	if c.StartProvider == nil {
 		return errors.New("no provider starter")

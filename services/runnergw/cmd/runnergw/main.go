@@ -64,6 +64,8 @@ func run() error {
 	ingressCA := grpcx.StringFlag(fs, "runner-ingress-ca", "", "", "PEM CA bundle the gateway trusts for runner listeners (default: system roots)")
 	pingInterval := grpcx.DurationFlag(fs, "runner-ping-interval", "", 10*time.Second, "how often each runner connection is pinged")
 	pingTimeout := grpcx.DurationFlag(fs, "runner-ping-timeout", "", 30*time.Second, "close a runner connection without a pong for this long")
+	handshakeTimeout := grpcx.DurationFlag(fs, "runner-handshake-timeout", "", prp.DefaultHandshakeTimeout,
+		"a runner connection that has not proven its credential this long after it opened gets a Goodbye runner_handshake_timeout and is closed")
 	stateRoot := grpcx.StringFlag(fs, "state-root", "", defaultStateRoot(), "directory for runner state, one subdirectory per session scope")
 	runnerd := grpcx.StringFlag(fs, "runnerd-path", "", "", "runnerd binary (default: next to this binary, then PATH)")
 	codex := grpcx.StringFlag(fs, "codex-command", "", "codex", "provider command runnerd launches (the codex native binary, or fake-codex-app-server)")
@@ -133,6 +135,7 @@ func run() error {
 		CABundle: *caBundle, Ingress: gateway.ParseIngressPolicy(*ingressCompanies), IngressHost: *ingressHost,
 		IngressCert: *ingressCert, IngressKey: *ingressKey, PingInterval: *pingInterval, PingTimeout: *pingTimeout,
 	}
+	gcfg.Authority.HandshakeTimeout = *handshakeTimeout
 	if gcfg.ConnectURL == "" {
 		gcfg.ConnectURL = "ws://" + lis.Addr().String() + gateway.ConnectPath
 	}

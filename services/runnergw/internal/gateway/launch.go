@@ -11,6 +11,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -205,9 +206,17 @@ func (g *Gateway) launch(spec *launchSpec) (*launched, error) {
 	if err != nil {
 		return nil, failure.Wrap(err, codes.Internal, "runner_local_connect_failed", "opening runnerd log: %v", err)
 	}
-	cmd := exec.Command(g.cfg.RunnerdPath, args...)
-	// An allow-listed environment: the ticket travels only here.
-	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + spec.stateDir, prp.EnvBootstrapTicket + "=" + spec.ticket.Encode()}
+	ticket, err := ticketPipe(spec.ticket)
+	if err != nil {
+		logf.Close()
+		return nil, failure.Wrap(err, codes.Internal, "runner_local_connect_failed", "handing over the bootstrap ticket: %v", err)
+	}
+	defer ticket.Close()
+	cmd := exec.Command(g.cfg.RunnerdPath, append(args, "--bootstrap-ticket-fd", strconv.Itoa(ticketFD))...)
+	// An allow-listed environment without the ticket (SPEC S5): it comes
+	// through an inherited pipe, so it never shows in /proc/<pid>/environ.
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + spec.stateDir}
+	cmd.ExtraFiles = []*os.File{ticket}
 	cmd.Dir = spec.stateDir
 	cmd.Stdout, cmd.Stderr = logf, logf
 	// Its own process group: runnerd outlives a crashed gateway and is
@@ -224,6 +233,27 @@ func (g *Gateway) launch(spec *launchSpec) (*launched, error) {
 		close(l.done)
 	}()
 	return l, nil
+}
+
+// ticketFD is the descriptor runnerd reads its bootstrap ticket from: the
+// first of cmd.ExtraFiles.
+const ticketFD = 3
+
+// ticketPipe returns the read end of a pipe that holds the encoded ticket
+// and then ends (the write end is closed): runnerd reads it to EOF once
+// and closes it. A ticket is far smaller than a pipe's buffer, so the
+// write never waits for the reader.
+func ticketPipe(c prp.Credential) (*os.File, error) {
+	r, w, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	_, werr := w.WriteString(c.Encode())
+	if err := errors.Join(werr, w.Close()); err != nil {
+		r.Close()
+		return nil, err
+	}
+	return r, nil
 }
 
 // stop terminates a runnerd process group: TERM, grace, KILL.
