@@ -49,18 +49,27 @@ func treeDigest(t *testing.T, dir string) digest.Result {
 	return r
 }
 
-func names(t *testing.T, archive []byte) []string {
+func headers(t *testing.T, archive []byte) []*tar.Header {
 	t.Helper()
 	tr := tar.NewReader(bytes.NewReader(archive))
-	var out []string
+	var out []*tar.Header
 	for {
 		h, err := tr.Next()
 		if err == io.EOF {
 			return out
 		}
 		require.NoError(t, err)
+		out = append(out, h)
+	}
+}
+
+func names(t *testing.T, archive []byte) []string {
+	t.Helper()
+	var out []string
+	for _, h := range headers(t, archive) {
 		out = append(out, h.Name)
 	}
+	return out
 }
 
 func leftovers(t *testing.T, dir string) []string {
@@ -452,14 +461,8 @@ func TestS4_ArchivesStoreOnlySafeDirectoryModesAndDigestAsExtracted(t *testing.T
 	_, err := WriteTar(tw, src, WriteOptions{Prefix: "codex-home"})
 	require.NoError(t, err)
 	require.NoError(t, tw.Close())
-	tr := tar.NewReader(bytes.NewReader(b.Bytes()))
 	stored := map[string]int64{}
-	for {
-		h, err := tr.Next()
-		if err == io.EOF {
-			break
-		}
-		require.NoError(t, err)
+	for _, h := range headers(t, b.Bytes()) {
 		if h.Typeflag == tar.TypeDir {
 			stored[h.Name] = h.Mode
 		}

@@ -28,6 +28,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 
+	"github.com/tether-run/tether/pkg/atomicfile"
 	"github.com/tether-run/tether/pkg/failure"
 )
 
@@ -140,16 +141,7 @@ func Create(path string, data []byte) error {
 		}
 		return err
 	}
-	return syncDir(dir)
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
+	return atomicfile.SyncDir(dir)
 }
 
 // LoadOrCreate returns the key stored at path (see Read), creating the file

@@ -144,16 +144,20 @@ func TestHandshakeWrongSecret(t *testing.T) {
 	require.NoError(t, r.cliErr)
 }
 
-func TestHandshakeServerRejectsWrongClientProof(t *testing.T) {
-	a := NewAuthority([]byte("key"), nil)
-	ticket, err := a.MintTicket(testRunner, testScope, time.Minute)
-	require.NoError(t, err)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
+// pendingAccept runs a.Accept on one end of a pipe in the background and
+// returns the other end and Accept's error.
+func pendingAccept(ctx context.Context, t *testing.T, a *Authority) (*Conn, <-chan error) {
 	srv, cli := newPipe()
-	defer srv.Close(websocket.StatusNormalClosure, "")
+	t.Cleanup(func() { _ = srv.Close(websocket.StatusNormalClosure, "") })
 	errc := make(chan error, 1)
 	go func() { _, err := a.Accept(ctx, srv); errc <- err }()
+	return cli, errc
+}
+
+// helloForChallenge sends a bootstrap hello for ticket as a runner would
+// and returns the gateway's challenge.
+func helloForChallenge(ctx context.Context, t *testing.T, cli *Conn, ticket Credential) *prpv1.Frame {
+	t.Helper()
 	h := testHello()
 	h.Protocol, h.VersionMin, h.VersionMax = Protocol, 1, 1
 	h.CredentialKind, h.CredentialClaims, h.ClientNonce = KindBootstrap, ticket.Claims, strings.Repeat("a", 32)
@@ -161,10 +165,21 @@ func TestHandshakeServerRejectsWrongClientProof(t *testing.T) {
 	f, err := cli.Read(ctx)
 	require.NoError(t, err)
 	require.NotNil(t, f.GetChallenge())
+	return f
+}
+
+func TestHandshakeServerRejectsWrongClientProof(t *testing.T) {
+	a := NewAuthority([]byte("key"), nil)
+	ticket, err := a.MintTicket(testRunner, testScope, time.Minute)
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	cli, errc := pendingAccept(ctx, t, a)
+	helloForChallenge(ctx, t, cli, ticket)
 	require.NoError(t, cli.Write(ctx, &prpv1.Frame{Kind: &prpv1.Frame_Proof{Proof: &prpv1.Proof{ClientProof: strings.Repeat("0", 64)}}}))
 	err = <-errc
 	assert.Equal(t, CodeAuthFailed, CodeOf(err))
-	f, err = cli.Read(ctx)
+	f, err := cli.Read(ctx)
 	require.NoError(t, err)
 	assert.Equal(t, CodeAuthFailed, f.GetGoodbye().GetCode())
 }
@@ -265,20 +280,11 @@ func TestS5_AHelloWithoutItsProofTimesOutWithAGoodbye(t *testing.T) {
 	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	srv, cli := newPipe()
-	defer srv.Close(websocket.StatusNormalClosure, "")
-	errc := make(chan error, 1)
-	go func() { _, err := a.Accept(ctx, srv); errc <- err }()
-	h := testHello()
-	h.Protocol, h.VersionMin, h.VersionMax = Protocol, 1, 1
-	h.CredentialKind, h.CredentialClaims, h.ClientNonce = KindBootstrap, ticket.Claims, strings.Repeat("a", 32)
-	require.NoError(t, cli.Write(ctx, &prpv1.Frame{Kind: &prpv1.Frame_Hello{Hello: h}}))
-	f, err := cli.Read(ctx)
-	require.NoError(t, err)
-	require.NotNil(t, f.GetChallenge())
+	cli, errc := pendingAccept(ctx, t, a)
+	helloForChallenge(ctx, t, cli, ticket)
 	// ...and no proof.
 	require.Equal(t, CodeHandshakeTimeout, CodeOf(<-errc))
-	f, err = cli.Read(ctx)
+	f, err := cli.Read(ctx)
 	require.NoError(t, err)
 	require.Equal(t, CodeHandshakeTimeout, f.GetGoodbye().GetCode())
 

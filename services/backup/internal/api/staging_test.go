@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -103,22 +102,19 @@ func copyFile(t *testing.T, from, to string) {
 	require.NoError(t, out.Close())
 }
 
-// syncBuffer is a log sink safe for the server's goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
+// tarHeaders lists the headers of a tar stream.
+func tarHeaders(t *testing.T, data []byte) []*tar.Header {
+	t.Helper()
+	var out []*tar.Header
+	tr := tar.NewReader(bytes.NewReader(data))
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			return out
+		}
+		require.NoError(t, err)
+		out = append(out, h)
+	}
 }
 
 // s4Child is the unprivileged half: a verifier with its own staging
@@ -126,9 +122,16 @@ func (s *syncBuffer) String() string {
 // refused, and leaves no staging behind.
 func s4Child(t *testing.T, dsn, staging, bucketDir string, planted bool) {
 	require.NotZero(t, os.Geteuid(), "the upload path must run as a non-root user")
-	reg := prometheus.NewRegistry()
-	var logs syncBuffer
-	metrics := checkpoint.NewMetrics(reg)
+	metrics := checkpoint.NewMetrics(prometheus.NewRegistry())
+	logPath := filepath.Join(t.TempDir(), "verifier.log")
+	logFile, err := os.Create(logPath)
+	require.NoError(t, err)
+	t.Cleanup(func() { logFile.Close() })
+	logs := func() string {
+		b, err := os.ReadFile(logPath)
+		require.NoError(t, err)
+		return string(b)
+	}
 	e := newEnv(t, false, func(s *checkpoint.Service) {
 		st, err := store.Open(context.Background(), dsn)
 		require.NoError(t, err)
@@ -137,7 +140,7 @@ func s4Child(t *testing.T, dsn, staging, bucketDir string, planted bool) {
 		require.NoError(t, err)
 		t.Cleanup(func() { bucket.Close() })
 		s.Store, s.Bucket, s.StagingDir, s.Metrics = st, bucket, staging, metrics
-		s.Log = slog.New(slog.NewTextHandler(&logs, nil))
+		s.Log = slog.New(slog.NewTextHandler(logFile, nil))
 		require.NoError(t, s.PrepareStaging(staging))
 	})
 	wantFailures := 0.0
@@ -145,8 +148,8 @@ func s4Child(t *testing.T, dsn, staging, bucketDir string, planted bool) {
 		// The leftover that is not ours could not be removed: logged and
 		// counted, and the verifier still starts.
 		wantFailures = 1
-		require.Contains(t, logs.String(), "removing upload staging directory")
-		require.Contains(t, logs.String(), stuckName)
+		require.Contains(t, logs(), "removing upload staging directory")
+		require.Contains(t, logs(), stuckName)
 	}
 	require.Equal(t, wantFailures, testutil.ToFloat64(metrics.StagingCleanupFailures))
 
@@ -178,13 +181,7 @@ func s4Child(t *testing.T, dsn, staging, bucketDir string, planted bool) {
 			require.NoError(t, err, name)
 			_, data, err := download(ctx, t, e.client, resp.GetCheckpoint().GetCheckpointId())
 			require.NoError(t, err, name)
-			tr := tar.NewReader(bytes.NewReader(data))
-			for {
-				h, err := tr.Next()
-				if err == io.EOF {
-					break
-				}
-				require.NoError(t, err)
+			for _, h := range tarHeaders(t, data) {
 				if h.Typeflag == tar.TypeDir {
 					require.Equal(t, int64(archive.SafeDirMode(os.FileMode(h.Mode))), h.Mode, "%s: stored %s with mode %o", name, h.Name, h.Mode)
 				}
@@ -198,7 +195,7 @@ func s4Child(t *testing.T, dsn, staging, bucketDir string, planted bool) {
 			require.True(t, planted && ent.Name() == stuckName, "%s: staging %s left behind", name, ent.Name())
 		}
 	}
-	require.Equal(t, wantFailures, testutil.ToFloat64(metrics.StagingCleanupFailures), "no further cleanup failed:\n%s", logs.String())
+	require.Equal(t, wantFailures, testutil.ToFloat64(metrics.StagingCleanupFailures), "no further cleanup failed:\n%s", logs())
 }
 
 func TestS4_TheVerifierCreatesAndChecksItsStagingDirectory(t *testing.T) {
@@ -265,14 +262,8 @@ func TestS4_TheServiceDropsEveryAuthJSONBelowCodexHome(t *testing.T) {
 	require.NoError(t, err)
 	_, data, err := download(ctx, t, e.client, resp.GetCheckpoint().GetCheckpointId())
 	require.NoError(t, err)
-	tr := tar.NewReader(bytes.NewReader(data))
 	var names []string
-	for {
-		h, err := tr.Next()
-		if err == io.EOF {
-			break
-		}
-		require.NoError(t, err)
+	for _, h := range tarHeaders(t, data) {
 		names = append(names, h.Name)
 		require.NotEqual(t, "auth.json", filepath.Base(h.Name), "%s was stored", h.Name)
 	}

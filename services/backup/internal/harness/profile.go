@@ -115,21 +115,20 @@ func (p Profile) Names() []string {
 // Exclusions returns every excluded entry as a path below its directory
 // ("codex-home/auth.json", ...).
 func (p Profile) Exclusions() []string {
-	var out []string
-	for _, d := range p.Directories {
-		for _, e := range d.ExcludeTopLevel {
-			out = append(out, d.Name+"/"+e)
-		}
-	}
-	return out
+	return p.below(func(d Directory) []string { return d.ExcludeTopLevel })
 }
 
 // ExclusionsAnywhere returns every name excluded at any depth as
 // "<directory>/<name>" (archive.ExtractOptions.ExcludeAnywhere).
 func (p Profile) ExclusionsAnywhere() []string {
+	return p.below(func(d Directory) []string { return d.ExcludeAnywhere })
+}
+
+// below returns "<directory>/<name>" for each name list(d) gives.
+func (p Profile) below(list func(Directory) []string) []string {
 	var out []string
 	for _, d := range p.Directories {
-		for _, e := range d.ExcludeAnywhere {
+		for _, e := range list(d) {
 			out = append(out, d.Name+"/"+e)
 		}
 	}
