@@ -12,6 +12,7 @@ import (
 
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
+	"github.com/tether-run/tether/services/executor/internal/plan"
 )
 
 // InputSpec is the flag-level description of a run.
@@ -103,6 +104,13 @@ func (r *Renderer) Event(m *executorv1.WatchRunResponse) {
 		r.line("  usage: input %d (cached %d), output %d tokens",
 			int64(t["inputTokens"].GetNumberValue()), int64(t["cachedInputTokens"].GetNumberValue()),
 			int64(t["outputTokens"].GetNumberValue()))
+	case plan.EventPlanUpdated:
+		if md := str("markdown"); md != "" {
+			r.line("  plan:")
+			for _, l := range strings.Split(md, "\n") {
+				r.line("    %s", l)
+			}
+		}
 	case "turn.completed", "turn.failed", "turn.interrupted":
 		r.line("■ %s", strings.ReplaceAll(ev.GetEventType(), ".", " "))
 	case "run.terminal":

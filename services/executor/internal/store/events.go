@@ -16,6 +16,7 @@ import (
 	"github.com/tether-run/tether/pkg/failure"
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
+	"github.com/tether-run/tether/services/executor/internal/plan"
 )
 
 // EventHarnessReady reports the provider process (pid, pgid, start ticks).
@@ -73,6 +74,8 @@ type encodedEvent struct {
 // run's result and final state in the same transaction. Listeners on
 // EventsChannel are notified on commit.
 func (s *Store) AppendEvents(ctx context.Context, f Fence, events []*prpv1.Event) (AppendResult, error) {
+	// Plan updates are stored rendered, oversized plans refused (SPEC E3).
+	events = plan.StoredEvents(events)
 	// Each event is encoded (deterministically) and hashed once, for
 	// whichever path writes it.
 	encoded, err := encodeEvents(events)
@@ -142,6 +145,10 @@ SELECT r.event_count FROM executor.runs r JOIN executor.coordinators c ON c.run_
 					terminal = e.ev
 				case EventHarnessReady:
 					if err := recordProviderProcess(ctx, tx, runID, e.ev); err != nil {
+						return err
+					}
+				case plan.EventPlanUpdated:
+					if err := recordPlan(ctx, tx, runID, e.ev); err != nil {
 						return err
 					}
 				}
@@ -274,6 +281,11 @@ func TerminalFromEvent(ev *prpv1.Event) Terminal {
 		Code:    str("code"),
 		Message: str("message"),
 	}
+	arts, md := plan.TerminalResult(ev)
+	for _, a := range arts {
+		t.Result.Artifacts = append(t.Result.Artifacts, &executorv1.ResultArtifact{Kind: a.Kind, Ref: a.Ref, Code: a.Code})
+	}
+	t.Result.Plan = md
 	if u := p["usage"].GetStructValue().GetFields(); u != nil {
 		t.Result.Usage = &executorv1.Usage{
 			InputTokens:       uint64(u["inputTokens"].GetNumberValue()),
@@ -321,8 +333,19 @@ UPDATE executor.coordinators SET phase = $4, lease_expires_at = now()
 	}
 	_, err = tx.Exec(ctx, `
 UPDATE executor.runs SET state = $2, result = $3, failure_code = nullif($4, ''), failure_message = nullif($5, ''),
-       ended_at = now(), updated_at = now()
- WHERE run_id = $1`, f.RunID, t.State, result, t.Code, t.Message)
+       plan = coalesce(nullif($6, ''), plan), ended_at = now(), updated_at = now()
+ WHERE run_id = $1`, f.RunID, t.State, result, t.Code, t.Message, t.Result.GetPlan())
+	return err
+}
+
+// recordPlan keeps a stored run.plan_updated's Markdown as the run's latest
+// plan (SPEC E3).
+func recordPlan(ctx context.Context, tx pgx.Tx, runID string, ev *prpv1.Event) error {
+	md, ok := plan.UpdateMarkdown(ev)
+	if !ok {
+		return nil
+	}
+	_, err := tx.Exec(ctx, `UPDATE executor.runs SET plan = $2 WHERE run_id = $1`, runID, md)
 	return err
 }
 
@@ -448,7 +471,8 @@ func fastEligible(f Fence, evs []encodedEvent) bool {
 next:
 	for _, e := range evs {
 		ev := e.ev
-		if ev.GetRunId() != f.RunID || ev.GetEventType() == EventTerminal || ev.GetEventType() == EventHarnessReady {
+		if ev.GetRunId() != f.RunID || ev.GetEventType() == EventTerminal || ev.GetEventType() == EventHarnessReady ||
+			ev.GetEventType() == plan.EventPlanUpdated {
 			return false
 		}
 		inst, seq := ev.GetSourceInstanceId(), ev.GetSourceSeq()

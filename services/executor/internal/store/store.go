@@ -204,7 +204,7 @@ const runColumns = `r.run_id, ` + stateExpr + `, c.phase, c.attempt, coalesce(c.
 	r.input, r.result, coalesce(r.failure_code, ''), coalesce(r.failure_message, ''), r.event_count,
 	coalesce(r.runner_instance_id, ''), r.runner_process, r.provider_process,
 	r.created_at, r.updated_at, c.started_at, r.ended_at, r.submit_seq,
-	r.result_metadata -> 'nativeCancellation', r.recovery`
+	r.result_metadata -> 'nativeCancellation', r.recovery, coalesce(r.plan, '')`
 
 func scanRun(row pgx.Row) (*executorv1.Run, int64, error) { return scanRunWith(row) }
 
@@ -222,7 +222,7 @@ func scanRunWith(row pgx.Row, extra ...any) (*executorv1.Run, int64, error) {
 	dest := append([]any{&run.RunId, &state, &run.Phase, &run.Attempt, &run.LeaseOwner, &leaseExp,
 		&input, &result, &failCode, &failMsg, &run.EventCount,
 		&run.RunnerInstanceId, &runnerProc, &providerPrc,
-		&createdAt, &updatedAt, &startedAt, &endedAt, &seq, &cancel, &recovery}, extra...)
+		&createdAt, &updatedAt, &startedAt, &endedAt, &seq, &cancel, &recovery, &run.Plan}, extra...)
 	err := row.Scan(dest...)
 	if err != nil {
 		return nil, 0, err

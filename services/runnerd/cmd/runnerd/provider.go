@@ -146,8 +146,16 @@ func convertResult(r codex.TurnResult) runner.TurnResult {
 	return runner.TurnResult{
 		TurnID: r.TurnID, Status: r.Status, FinalMessage: r.FinalMessage,
 		Usage:     runner.Usage{InputTokens: r.Usage.InputTokens, CachedInputTokens: r.Usage.CachedInputTokens, OutputTokens: r.Usage.OutputTokens},
-		ErrorCode: r.ErrorCode, ErrorMessage: r.ErrorMessage,
+		ErrorCode: r.ErrorCode, ErrorMessage: r.ErrorMessage, Artifacts: convertArtifacts(r.Artifacts),
 	}
+}
+
+func convertArtifacts(as []codex.Artifact) []runner.Artifact {
+	var out []runner.Artifact
+	for _, a := range as {
+		out = append(out, runner.Artifact{Kind: a.Kind, Ref: a.Ref})
+	}
+	return out
 }
 
 // forward converts turn results; once the session exits it forwards the

@@ -114,6 +114,8 @@ type TurnResult struct {
 	Usage        Usage
 	ErrorCode    string
 	ErrorMessage string
+	// Artifacts are the turn's semantic result artifacts (its plan).
+	Artifacts []Artifact
 }
 
 // Usage is the token usage of one turn.

@@ -14,6 +14,7 @@ package codex
 //	turn.interrupted         P0 {…}
 //	harness.diagnostic       P1 provider `error`: {source:"provider", code:"provider_error", message, willRetry[, providerErrorCode]}
 //	                            driver notes: {code, method, message[, requestId, answer]}
+//	run.plan_updated         P1 {source:"turn_plan", explanation?, steps:[{step,status}]} | {source:"plan_item", markdown} (plan.go)
 //	provider.notice.recorded P2 {kind:"warning"|"configWarning"|"deprecationNotice", message[, details]}
 
 import (
@@ -29,6 +30,7 @@ type turnState struct {
 	started      bool
 	finalMessage string // text of the last COMPLETED agentMessage
 	usage        Usage
+	planItem     string // text of the last completed plan item
 }
 
 // tokenTotals is one usage breakdown of thread/tokenUsage/updated.
@@ -70,7 +72,7 @@ func (s *Session) handleNotification(method string, raw json.RawMessage) {
 	switch method {
 	case "turn/started", "turn/completed", "item/started", "item/completed",
 		"item/agentMessage/delta", "item/commandExecution/outputDelta",
-		"thread/tokenUsage/updated", "error", "warning", "configWarning", "deprecationNotice",
+		"thread/tokenUsage/updated", "turn/plan/updated", "error", "warning", "configWarning", "deprecationNotice",
 		"serverRequest/resolved":
 	default:
 		s.log.Debug("codex: notification ignored", "method", method)
@@ -119,6 +121,8 @@ func (s *Session) handleNotification(method string, raw json.RawMessage) {
 		s.onDelta(p, "commandExecution")
 	case "thread/tokenUsage/updated":
 		s.onTokenUsage(p)
+	case "turn/plan/updated":
+		s.onPlanUpdated(p)
 	}
 }
 
@@ -196,7 +200,7 @@ func (s *Session) onTurnCompleted(p map[string]any) {
 	if final == "" {
 		final = lastAgentMessage(turn)
 	}
-	res := TurnResult{TurnID: id, FinalMessage: final, Usage: t.usage}
+	res := TurnResult{TurnID: id, FinalMessage: final, Usage: t.usage, Artifacts: t.artifacts()}
 	status := str(turn, "status")
 	payload := map[string]any{"finalMessage": final}
 	var evType string
@@ -305,6 +309,9 @@ func (s *Session) onItemCompleted(p map[string]any) {
 		putStr(payload, item, "status")
 	}
 	s.emitFromReader(Event{Type: "item.completed", TurnID: turnID, ItemID: itemID, Priority: PriorityP1, Payload: payload})
+	if kind == "plan" {
+		s.onPlanItem(turnID, itemID, str(item, "text"))
+	}
 }
 
 func (s *Session) onDelta(p map[string]any, kind string) {

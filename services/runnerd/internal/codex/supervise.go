@@ -189,7 +189,7 @@ func (s *Session) fail(cause *Error) {
 	if t != nil {
 		res := TurnResult{
 			TurnID: t.id, Status: TurnFailed, FinalMessage: t.finalMessage, Usage: t.usage,
-			ErrorCode: cause.Code, ErrorMessage: cause.Message,
+			ErrorCode: cause.Code, ErrorMessage: cause.Message, Artifacts: t.artifacts(),
 		}
 		s.emitFn(Event{Type: "turn.failed", TurnID: t.id, Priority: PriorityP0, Payload: map[string]any{
 			"status":       TurnFailed,

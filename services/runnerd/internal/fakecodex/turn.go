@@ -371,6 +371,9 @@ func (s *Server) beginReply(at *activeTurn) error {
 	at.next = 0
 	at.due = time.Now().Add(at.delay)
 	at.scheduled = true
+	if err := s.planAtStart(at); err != nil {
+		return err
+	}
 	return s.notify("item/started", map[string]any{
 		"item":        agentMessageObject(at.agent, false),
 		"threadId":    th.ID,
@@ -469,6 +472,9 @@ func (s *Server) completeTurn(at *activeTurn) error {
 		return err
 	}
 
+	if err := s.planAtEnd(at); err != nil {
+		return err
+	}
 	if err := s.notify("item/completed", map[string]any{
 		"item":              agentMessageObject(agent, true),
 		"threadId":          th.ID,

@@ -950,6 +950,13 @@ func (r *Runner) terminalEvent(t *durable.Turn, res TurnResult) pendingEvent {
 	if res.ErrorMessage != "" {
 		payload["message"] = res.ErrorMessage
 	}
+	if len(res.Artifacts) > 0 {
+		arts := make([]any, len(res.Artifacts))
+		for i, a := range res.Artifacts {
+			arts[i] = map[string]any{"kind": a.Kind, "ref": a.Ref}
+		}
+		payload["artifacts"] = arts
+	}
 	// The run the turn belongs to labels the event.
 	return pendingEvent{prio: P0, typ: "run.terminal", turnID: t.TurnID, payload: payload, runID: t.RunID}
 }

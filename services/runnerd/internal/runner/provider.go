@@ -71,6 +71,14 @@ type TurnResult struct {
 	Usage        Usage
 	ErrorCode    string
 	ErrorMessage string
+	// Artifacts are the turn's semantic result artifacts, reported on its
+	// run.terminal as artifacts: [{kind, ref}].
+	Artifacts []Artifact
+}
+
+// Artifact mirrors codex.Artifact.
+type Artifact struct {
+	Kind, Ref string
 }
 
 // Usage mirrors codex.Usage.

@@ -322,8 +322,14 @@ type RunResult struct {
 	Usage            *Usage `protobuf:"bytes,4,opt,name=usage,proto3" json:"usage,omitempty"`
 	ProviderTurnId   string `protobuf:"bytes,5,opt,name=provider_turn_id,json=providerTurnId,proto3" json:"provider_turn_id,omitempty"`
 	ProviderThreadId string `protobuf:"bytes,6,opt,name=provider_thread_id,json=providerThreadId,proto3" json:"provider_thread_id,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// Semantic artifacts the run reported (e.g. the provider's plan item as
+	// kind native_provider_plan).
+	Artifacts []*ResultArtifact `protobuf:"bytes,20,rep,name=artifacts,proto3" json:"artifacts,omitempty"`
+	// The plan extracted from the native_provider_plan artifact with the SPEC
+	// E3 rules, as Markdown; empty when the run reported none.
+	Plan          string `protobuf:"bytes,21,opt,name=plan,proto3" json:"plan,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RunResult) Reset() {
@@ -398,6 +404,83 @@ func (x *RunResult) GetProviderThreadId() string {
 	return ""
 }
 
+func (x *RunResult) GetArtifacts() []*ResultArtifact {
+	if x != nil {
+		return x.Artifacts
+	}
+	return nil
+}
+
+func (x *RunResult) GetPlan() string {
+	if x != nil {
+		return x.Plan
+	}
+	return ""
+}
+
+// ResultArtifact is one semantic result artifact.
+type ResultArtifact struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Kind  string                 `protobuf:"bytes,1,opt,name=kind,proto3" json:"kind,omitempty"`
+	Ref   string                 `protobuf:"bytes,2,opt,name=ref,proto3" json:"ref,omitempty"`
+	// A stable code when the artifact was refused (e.g.
+	// native_provider_plan_too_large); its ref is then not kept.
+	Code          string `protobuf:"bytes,3,opt,name=code,proto3" json:"code,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResultArtifact) Reset() {
+	*x = ResultArtifact{}
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResultArtifact) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResultArtifact) ProtoMessage() {}
+
+func (x *ResultArtifact) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResultArtifact.ProtoReflect.Descriptor instead.
+func (*ResultArtifact) Descriptor() ([]byte, []int) {
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *ResultArtifact) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *ResultArtifact) GetRef() string {
+	if x != nil {
+		return x.Ref
+	}
+	return ""
+}
+
+func (x *ResultArtifact) GetCode() string {
+	if x != nil {
+		return x.Code
+	}
+	return ""
+}
+
 // Failure is a stable code and a human message.
 type Failure struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -409,7 +492,7 @@ type Failure struct {
 
 func (x *Failure) Reset() {
 	*x = Failure{}
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[4]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -421,7 +504,7 @@ func (x *Failure) String() string {
 func (*Failure) ProtoMessage() {}
 
 func (x *Failure) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[4]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -434,7 +517,7 @@ func (x *Failure) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Failure.ProtoReflect.Descriptor instead.
 func (*Failure) Descriptor() ([]byte, []int) {
-	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{4}
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Failure) GetCode() string {
@@ -477,14 +560,17 @@ type Run struct {
 	// The durable cancellation record, when the run was cancelled.
 	Cancellation *Cancellation `protobuf:"bytes,18,opt,name=cancellation,proto3" json:"cancellation,omitempty"`
 	// The recovery projection of the last failure, when the run failed.
-	Recovery      *Recovery `protobuf:"bytes,19,opt,name=recovery,proto3" json:"recovery,omitempty"`
+	Recovery *Recovery `protobuf:"bytes,19,opt,name=recovery,proto3" json:"recovery,omitempty"`
+	// The run's latest provider plan as Markdown (SPEC E3): the last
+	// run.plan_updated, or the plan of the run's result once it ended.
+	Plan          string `protobuf:"bytes,30,opt,name=plan,proto3" json:"plan,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Run) Reset() {
 	*x = Run{}
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[5]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -496,7 +582,7 @@ func (x *Run) String() string {
 func (*Run) ProtoMessage() {}
 
 func (x *Run) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[5]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -509,7 +595,7 @@ func (x *Run) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Run.ProtoReflect.Descriptor instead.
 func (*Run) Descriptor() ([]byte, []int) {
-	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{5}
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Run) GetRunId() string {
@@ -645,6 +731,13 @@ func (x *Run) GetRecovery() *Recovery {
 	return nil
 }
 
+func (x *Run) GetPlan() string {
+	if x != nil {
+		return x.Plan
+	}
+	return ""
+}
+
 // Cancellation is the durable cancellation record (schema
 // tether.native-cancellation.v1).
 type Cancellation struct {
@@ -673,7 +766,7 @@ type Cancellation struct {
 
 func (x *Cancellation) Reset() {
 	*x = Cancellation{}
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[6]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -685,7 +778,7 @@ func (x *Cancellation) String() string {
 func (*Cancellation) ProtoMessage() {}
 
 func (x *Cancellation) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[6]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -698,7 +791,7 @@ func (x *Cancellation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Cancellation.ProtoReflect.Descriptor instead.
 func (*Cancellation) Descriptor() ([]byte, []int) {
-	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{6}
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Cancellation) GetSchema() string {
@@ -823,7 +916,7 @@ type Recovery struct {
 
 func (x *Recovery) Reset() {
 	*x = Recovery{}
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[7]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -835,7 +928,7 @@ func (x *Recovery) String() string {
 func (*Recovery) ProtoMessage() {}
 
 func (x *Recovery) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[7]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -848,7 +941,7 @@ func (x *Recovery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Recovery.ProtoReflect.Descriptor instead.
 func (*Recovery) Descriptor() ([]byte, []int) {
-	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{7}
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Recovery) GetExhausted() bool {
@@ -917,7 +1010,7 @@ type CancelRunRequest struct {
 
 func (x *CancelRunRequest) Reset() {
 	*x = CancelRunRequest{}
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[8]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -929,7 +1022,7 @@ func (x *CancelRunRequest) String() string {
 func (*CancelRunRequest) ProtoMessage() {}
 
 func (x *CancelRunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[8]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -942,7 +1035,7 @@ func (x *CancelRunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelRunRequest.ProtoReflect.Descriptor instead.
 func (*CancelRunRequest) Descriptor() ([]byte, []int) {
-	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{8}
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *CancelRunRequest) GetRunId() string {
@@ -992,7 +1085,7 @@ type CancelRunResponse struct {
 
 func (x *CancelRunResponse) Reset() {
 	*x = CancelRunResponse{}
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[9]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1004,7 +1097,7 @@ func (x *CancelRunResponse) String() string {
 func (*CancelRunResponse) ProtoMessage() {}
 
 func (x *CancelRunResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[9]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1017,7 +1110,7 @@ func (x *CancelRunResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelRunResponse.ProtoReflect.Descriptor instead.
 func (*CancelRunResponse) Descriptor() ([]byte, []int) {
-	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{9}
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *CancelRunResponse) GetActive() bool {
@@ -1044,7 +1137,7 @@ type GetRunRequest struct {
 
 func (x *GetRunRequest) Reset() {
 	*x = GetRunRequest{}
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[10]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1056,7 +1149,7 @@ func (x *GetRunRequest) String() string {
 func (*GetRunRequest) ProtoMessage() {}
 
 func (x *GetRunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[10]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1069,7 +1162,7 @@ func (x *GetRunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRunRequest.ProtoReflect.Descriptor instead.
 func (*GetRunRequest) Descriptor() ([]byte, []int) {
-	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{10}
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *GetRunRequest) GetRunId() string {
@@ -1089,7 +1182,7 @@ type GetRunResponse struct {
 
 func (x *GetRunResponse) Reset() {
 	*x = GetRunResponse{}
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[11]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1101,7 +1194,7 @@ func (x *GetRunResponse) String() string {
 func (*GetRunResponse) ProtoMessage() {}
 
 func (x *GetRunResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[11]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1114,7 +1207,7 @@ func (x *GetRunResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRunResponse.ProtoReflect.Descriptor instead.
 func (*GetRunResponse) Descriptor() ([]byte, []int) {
-	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{11}
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *GetRunResponse) GetRun() *Run {
@@ -1140,7 +1233,7 @@ type ListRunsRequest struct {
 
 func (x *ListRunsRequest) Reset() {
 	*x = ListRunsRequest{}
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[12]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1152,7 +1245,7 @@ func (x *ListRunsRequest) String() string {
 func (*ListRunsRequest) ProtoMessage() {}
 
 func (x *ListRunsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[12]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1165,7 +1258,7 @@ func (x *ListRunsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRunsRequest.ProtoReflect.Descriptor instead.
 func (*ListRunsRequest) Descriptor() ([]byte, []int) {
-	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{12}
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ListRunsRequest) GetPageSize() int32 {
@@ -1207,7 +1300,7 @@ type ListRunsResponse struct {
 
 func (x *ListRunsResponse) Reset() {
 	*x = ListRunsResponse{}
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[13]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1219,7 +1312,7 @@ func (x *ListRunsResponse) String() string {
 func (*ListRunsResponse) ProtoMessage() {}
 
 func (x *ListRunsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[13]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1232,7 +1325,7 @@ func (x *ListRunsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRunsResponse.ProtoReflect.Descriptor instead.
 func (*ListRunsResponse) Descriptor() ([]byte, []int) {
-	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{13}
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ListRunsResponse) GetRuns() []*Run {
@@ -1260,7 +1353,7 @@ type WatchRunRequest struct {
 
 func (x *WatchRunRequest) Reset() {
 	*x = WatchRunRequest{}
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[14]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1272,7 +1365,7 @@ func (x *WatchRunRequest) String() string {
 func (*WatchRunRequest) ProtoMessage() {}
 
 func (x *WatchRunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[14]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1285,7 +1378,7 @@ func (x *WatchRunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRunRequest.ProtoReflect.Descriptor instead.
 func (*WatchRunRequest) Descriptor() ([]byte, []int) {
-	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{14}
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *WatchRunRequest) GetRunId() string {
@@ -1313,7 +1406,7 @@ type WatchRunResponse struct {
 
 func (x *WatchRunResponse) Reset() {
 	*x = WatchRunResponse{}
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[15]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1325,7 +1418,7 @@ func (x *WatchRunResponse) String() string {
 func (*WatchRunResponse) ProtoMessage() {}
 
 func (x *WatchRunResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[15]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1338,7 +1431,7 @@ func (x *WatchRunResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRunResponse.ProtoReflect.Descriptor instead.
 func (*WatchRunResponse) Descriptor() ([]byte, []int) {
-	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{15}
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *WatchRunResponse) GetSeq() uint64 {
@@ -1365,7 +1458,7 @@ type GetSteeringStateRequest struct {
 
 func (x *GetSteeringStateRequest) Reset() {
 	*x = GetSteeringStateRequest{}
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[16]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1377,7 +1470,7 @@ func (x *GetSteeringStateRequest) String() string {
 func (*GetSteeringStateRequest) ProtoMessage() {}
 
 func (x *GetSteeringStateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[16]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1390,7 +1483,7 @@ func (x *GetSteeringStateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSteeringStateRequest.ProtoReflect.Descriptor instead.
 func (*GetSteeringStateRequest) Descriptor() ([]byte, []int) {
-	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{16}
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *GetSteeringStateRequest) GetRunId() string {
@@ -1412,7 +1505,7 @@ type GetSteeringStateResponse struct {
 
 func (x *GetSteeringStateResponse) Reset() {
 	*x = GetSteeringStateResponse{}
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[17]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1424,7 +1517,7 @@ func (x *GetSteeringStateResponse) String() string {
 func (*GetSteeringStateResponse) ProtoMessage() {}
 
 func (x *GetSteeringStateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[17]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1437,7 +1530,7 @@ func (x *GetSteeringStateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSteeringStateResponse.ProtoReflect.Descriptor instead.
 func (*GetSteeringStateResponse) Descriptor() ([]byte, []int) {
-	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{17}
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *GetSteeringStateResponse) GetDisposition() string {
@@ -1469,7 +1562,7 @@ type SteerRunRequest struct {
 
 func (x *SteerRunRequest) Reset() {
 	*x = SteerRunRequest{}
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[18]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1481,7 +1574,7 @@ func (x *SteerRunRequest) String() string {
 func (*SteerRunRequest) ProtoMessage() {}
 
 func (x *SteerRunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[18]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1494,7 +1587,7 @@ func (x *SteerRunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SteerRunRequest.ProtoReflect.Descriptor instead.
 func (*SteerRunRequest) Descriptor() ([]byte, []int) {
-	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{18}
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *SteerRunRequest) GetRunId() string {
@@ -1535,7 +1628,7 @@ type SteerRunResponse struct {
 
 func (x *SteerRunResponse) Reset() {
 	*x = SteerRunResponse{}
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[19]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1547,7 +1640,7 @@ func (x *SteerRunResponse) String() string {
 func (*SteerRunResponse) ProtoMessage() {}
 
 func (x *SteerRunResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[19]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1560,7 +1653,7 @@ func (x *SteerRunResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SteerRunResponse.ProtoReflect.Descriptor instead.
 func (*SteerRunResponse) Descriptor() ([]byte, []int) {
-	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{19}
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *SteerRunResponse) GetTurnId() string {
@@ -1584,7 +1677,7 @@ type ResolveRuntimeRequestRequest struct {
 
 func (x *ResolveRuntimeRequestRequest) Reset() {
 	*x = ResolveRuntimeRequestRequest{}
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[20]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1596,7 +1689,7 @@ func (x *ResolveRuntimeRequestRequest) String() string {
 func (*ResolveRuntimeRequestRequest) ProtoMessage() {}
 
 func (x *ResolveRuntimeRequestRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[20]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1609,7 +1702,7 @@ func (x *ResolveRuntimeRequestRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolveRuntimeRequestRequest.ProtoReflect.Descriptor instead.
 func (*ResolveRuntimeRequestRequest) Descriptor() ([]byte, []int) {
-	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{20}
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ResolveRuntimeRequestRequest) GetRunId() string {
@@ -1650,7 +1743,7 @@ type ResolveRuntimeRequestResponse struct {
 
 func (x *ResolveRuntimeRequestResponse) Reset() {
 	*x = ResolveRuntimeRequestResponse{}
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[21]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1662,7 +1755,7 @@ func (x *ResolveRuntimeRequestResponse) String() string {
 func (*ResolveRuntimeRequestResponse) ProtoMessage() {}
 
 func (x *ResolveRuntimeRequestResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[21]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1675,7 +1768,7 @@ func (x *ResolveRuntimeRequestResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolveRuntimeRequestResponse.ProtoReflect.Descriptor instead.
 func (*ResolveRuntimeRequestResponse) Descriptor() ([]byte, []int) {
-	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{21}
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ResolveRuntimeRequestResponse) GetCommandId() string {
@@ -1699,7 +1792,7 @@ type CompleteToolCallRequest struct {
 
 func (x *CompleteToolCallRequest) Reset() {
 	*x = CompleteToolCallRequest{}
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[22]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1711,7 +1804,7 @@ func (x *CompleteToolCallRequest) String() string {
 func (*CompleteToolCallRequest) ProtoMessage() {}
 
 func (x *CompleteToolCallRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[22]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1724,7 +1817,7 @@ func (x *CompleteToolCallRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteToolCallRequest.ProtoReflect.Descriptor instead.
 func (*CompleteToolCallRequest) Descriptor() ([]byte, []int) {
-	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{22}
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *CompleteToolCallRequest) GetRunId() string {
@@ -1765,7 +1858,7 @@ type CompleteToolCallResponse struct {
 
 func (x *CompleteToolCallResponse) Reset() {
 	*x = CompleteToolCallResponse{}
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[23]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1777,7 +1870,7 @@ func (x *CompleteToolCallResponse) String() string {
 func (*CompleteToolCallResponse) ProtoMessage() {}
 
 func (x *CompleteToolCallResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[23]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1790,7 +1883,7 @@ func (x *CompleteToolCallResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteToolCallResponse.ProtoReflect.Descriptor instead.
 func (*CompleteToolCallResponse) Descriptor() ([]byte, []int) {
-	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{23}
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *CompleteToolCallResponse) GetCommandId() string {
@@ -1811,7 +1904,7 @@ type GetSessionRequest struct {
 
 func (x *GetSessionRequest) Reset() {
 	*x = GetSessionRequest{}
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[24]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1823,7 +1916,7 @@ func (x *GetSessionRequest) String() string {
 func (*GetSessionRequest) ProtoMessage() {}
 
 func (x *GetSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[24]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1836,7 +1929,7 @@ func (x *GetSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSessionRequest.ProtoReflect.Descriptor instead.
 func (*GetSessionRequest) Descriptor() ([]byte, []int) {
-	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{24}
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *GetSessionRequest) GetCompanyId() string {
@@ -1881,7 +1974,7 @@ type Session struct {
 
 func (x *Session) Reset() {
 	*x = Session{}
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[25]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1893,7 +1986,7 @@ func (x *Session) String() string {
 func (*Session) ProtoMessage() {}
 
 func (x *Session) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[25]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1906,7 +1999,7 @@ func (x *Session) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Session.ProtoReflect.Descriptor instead.
 func (*Session) Descriptor() ([]byte, []int) {
-	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{25}
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *Session) GetSessionScope() string {
@@ -2024,7 +2117,7 @@ type GetSessionResponse struct {
 
 func (x *GetSessionResponse) Reset() {
 	*x = GetSessionResponse{}
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[26]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2036,7 +2129,7 @@ func (x *GetSessionResponse) String() string {
 func (*GetSessionResponse) ProtoMessage() {}
 
 func (x *GetSessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[26]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2049,7 +2142,7 @@ func (x *GetSessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSessionResponse.ProtoReflect.Descriptor instead.
 func (*GetSessionResponse) Descriptor() ([]byte, []int) {
-	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{26}
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *GetSessionResponse) GetSessions() []*Session {
@@ -2075,7 +2168,7 @@ type CloseSessionRequest struct {
 
 func (x *CloseSessionRequest) Reset() {
 	*x = CloseSessionRequest{}
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[27]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2087,7 +2180,7 @@ func (x *CloseSessionRequest) String() string {
 func (*CloseSessionRequest) ProtoMessage() {}
 
 func (x *CloseSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[27]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2100,7 +2193,7 @@ func (x *CloseSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseSessionRequest.ProtoReflect.Descriptor instead.
 func (*CloseSessionRequest) Descriptor() ([]byte, []int) {
-	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{27}
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *CloseSessionRequest) GetCompanyId() string {
@@ -2143,7 +2236,7 @@ type CloseSessionResponse struct {
 
 func (x *CloseSessionResponse) Reset() {
 	*x = CloseSessionResponse{}
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[28]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2155,7 +2248,7 @@ func (x *CloseSessionResponse) String() string {
 func (*CloseSessionResponse) ProtoMessage() {}
 
 func (x *CloseSessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[28]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2168,7 +2261,7 @@ func (x *CloseSessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseSessionResponse.ProtoReflect.Descriptor instead.
 func (*CloseSessionResponse) Descriptor() ([]byte, []int) {
-	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{28}
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *CloseSessionResponse) GetClosedRunnerInstanceIds() []string {
@@ -2202,7 +2295,7 @@ type SessionCheckpoint struct {
 
 func (x *SessionCheckpoint) Reset() {
 	*x = SessionCheckpoint{}
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[29]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2214,7 +2307,7 @@ func (x *SessionCheckpoint) String() string {
 func (*SessionCheckpoint) ProtoMessage() {}
 
 func (x *SessionCheckpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[29]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2227,7 +2320,7 @@ func (x *SessionCheckpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionCheckpoint.ProtoReflect.Descriptor instead.
 func (*SessionCheckpoint) Descriptor() ([]byte, []int) {
-	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{29}
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *SessionCheckpoint) GetSessionScope() string {
@@ -2300,17 +2393,23 @@ const file_tether_executor_v1_executor_proto_rawDesc = "" +
 	"\x05Usage\x12!\n" +
 	"\finput_tokens\x18\x01 \x01(\x04R\vinputTokens\x12.\n" +
 	"\x13cached_input_tokens\x18\x02 \x01(\x04R\x11cachedInputTokens\x12#\n" +
-	"\routput_tokens\x18\x03 \x01(\x04R\foutputTokens\"\x97\x02\n" +
+	"\routput_tokens\x18\x03 \x01(\x04R\foutputTokens\"\xed\x02\n" +
 	"\tRunResult\x12.\n" +
 	"\x13turn_terminal_state\x18\x01 \x01(\tR\x11turnTerminalState\x12,\n" +
 	"\x12run_terminal_state\x18\x02 \x01(\tR\x10runTerminalState\x12#\n" +
 	"\rfinal_message\x18\x03 \x01(\tR\ffinalMessage\x12/\n" +
 	"\x05usage\x18\x04 \x01(\v2\x19.tether.executor.v1.UsageR\x05usage\x12(\n" +
 	"\x10provider_turn_id\x18\x05 \x01(\tR\x0eproviderTurnId\x12,\n" +
-	"\x12provider_thread_id\x18\x06 \x01(\tR\x10providerThreadId\"7\n" +
+	"\x12provider_thread_id\x18\x06 \x01(\tR\x10providerThreadId\x12@\n" +
+	"\tartifacts\x18\x14 \x03(\v2\".tether.executor.v1.ResultArtifactR\tartifacts\x12\x12\n" +
+	"\x04plan\x18\x15 \x01(\tR\x04plan\"J\n" +
+	"\x0eResultArtifact\x12\x12\n" +
+	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x10\n" +
+	"\x03ref\x18\x02 \x01(\tR\x03ref\x12\x12\n" +
+	"\x04code\x18\x03 \x01(\tR\x04code\"7\n" +
 	"\aFailure\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\tR\x04code\x12\x18\n" +
-	"\amessage\x18\x02 \x01(\tR\amessage\"\xcb\a\n" +
+	"\amessage\x18\x02 \x01(\tR\amessage\"\xdf\a\n" +
 	"\x03Run\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x122\n" +
 	"\x05state\x18\x02 \x01(\x0e2\x1c.tether.executor.v1.RunStateR\x05state\x12\x14\n" +
@@ -2336,7 +2435,8 @@ const file_tether_executor_v1_executor_proto_rawDesc = "" +
 	"started_at\x18\x10 \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\x125\n" +
 	"\bended_at\x18\x11 \x01(\v2\x1a.google.protobuf.TimestampR\aendedAt\x12D\n" +
 	"\fcancellation\x18\x12 \x01(\v2 .tether.executor.v1.CancellationR\fcancellation\x128\n" +
-	"\brecovery\x18\x13 \x01(\v2\x1c.tether.executor.v1.RecoveryR\brecovery\"\xe6\x03\n" +
+	"\brecovery\x18\x13 \x01(\v2\x1c.tether.executor.v1.RecoveryR\brecovery\x12\x12\n" +
+	"\x04plan\x18\x1e \x01(\tR\x04plan\"\xe6\x03\n" +
 	"\fCancellation\x12\x16\n" +
 	"\x06schema\x18\x01 \x01(\tR\x06schema\x12\x1b\n" +
 	"\tintent_id\x18\x02 \x01(\tR\bintentId\x12&\n" +
@@ -2516,7 +2616,7 @@ func file_tether_executor_v1_executor_proto_rawDescGZIP() []byte {
 }
 
 var file_tether_executor_v1_executor_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_tether_executor_v1_executor_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
+var file_tether_executor_v1_executor_proto_msgTypes = make([]protoimpl.MessageInfo, 31)
 var file_tether_executor_v1_executor_proto_goTypes = []any{
 	(RunState)(0),                         // 0: tether.executor.v1.RunState
 	(CancellationScope)(0),                // 1: tether.executor.v1.CancellationScope
@@ -2524,102 +2624,104 @@ var file_tether_executor_v1_executor_proto_goTypes = []any{
 	(*SubmitRunResponse)(nil),             // 3: tether.executor.v1.SubmitRunResponse
 	(*Usage)(nil),                         // 4: tether.executor.v1.Usage
 	(*RunResult)(nil),                     // 5: tether.executor.v1.RunResult
-	(*Failure)(nil),                       // 6: tether.executor.v1.Failure
-	(*Run)(nil),                           // 7: tether.executor.v1.Run
-	(*Cancellation)(nil),                  // 8: tether.executor.v1.Cancellation
-	(*Recovery)(nil),                      // 9: tether.executor.v1.Recovery
-	(*CancelRunRequest)(nil),              // 10: tether.executor.v1.CancelRunRequest
-	(*CancelRunResponse)(nil),             // 11: tether.executor.v1.CancelRunResponse
-	(*GetRunRequest)(nil),                 // 12: tether.executor.v1.GetRunRequest
-	(*GetRunResponse)(nil),                // 13: tether.executor.v1.GetRunResponse
-	(*ListRunsRequest)(nil),               // 14: tether.executor.v1.ListRunsRequest
-	(*ListRunsResponse)(nil),              // 15: tether.executor.v1.ListRunsResponse
-	(*WatchRunRequest)(nil),               // 16: tether.executor.v1.WatchRunRequest
-	(*WatchRunResponse)(nil),              // 17: tether.executor.v1.WatchRunResponse
-	(*GetSteeringStateRequest)(nil),       // 18: tether.executor.v1.GetSteeringStateRequest
-	(*GetSteeringStateResponse)(nil),      // 19: tether.executor.v1.GetSteeringStateResponse
-	(*SteerRunRequest)(nil),               // 20: tether.executor.v1.SteerRunRequest
-	(*SteerRunResponse)(nil),              // 21: tether.executor.v1.SteerRunResponse
-	(*ResolveRuntimeRequestRequest)(nil),  // 22: tether.executor.v1.ResolveRuntimeRequestRequest
-	(*ResolveRuntimeRequestResponse)(nil), // 23: tether.executor.v1.ResolveRuntimeRequestResponse
-	(*CompleteToolCallRequest)(nil),       // 24: tether.executor.v1.CompleteToolCallRequest
-	(*CompleteToolCallResponse)(nil),      // 25: tether.executor.v1.CompleteToolCallResponse
-	(*GetSessionRequest)(nil),             // 26: tether.executor.v1.GetSessionRequest
-	(*Session)(nil),                       // 27: tether.executor.v1.Session
-	(*GetSessionResponse)(nil),            // 28: tether.executor.v1.GetSessionResponse
-	(*CloseSessionRequest)(nil),           // 29: tether.executor.v1.CloseSessionRequest
-	(*CloseSessionResponse)(nil),          // 30: tether.executor.v1.CloseSessionResponse
-	(*SessionCheckpoint)(nil),             // 31: tether.executor.v1.SessionCheckpoint
-	(*v1.ExecutionInput)(nil),             // 32: tether.prp.v1.ExecutionInput
-	(*timestamppb.Timestamp)(nil),         // 33: google.protobuf.Timestamp
-	(*v1.ProcessInfo)(nil),                // 34: tether.prp.v1.ProcessInfo
-	(*durationpb.Duration)(nil),           // 35: google.protobuf.Duration
-	(*v1.Event)(nil),                      // 36: tether.prp.v1.Event
-	(*structpb.Struct)(nil),               // 37: google.protobuf.Struct
-	(*v11.Stamp)(nil),                     // 38: tether.backup.v1.Stamp
+	(*ResultArtifact)(nil),                // 6: tether.executor.v1.ResultArtifact
+	(*Failure)(nil),                       // 7: tether.executor.v1.Failure
+	(*Run)(nil),                           // 8: tether.executor.v1.Run
+	(*Cancellation)(nil),                  // 9: tether.executor.v1.Cancellation
+	(*Recovery)(nil),                      // 10: tether.executor.v1.Recovery
+	(*CancelRunRequest)(nil),              // 11: tether.executor.v1.CancelRunRequest
+	(*CancelRunResponse)(nil),             // 12: tether.executor.v1.CancelRunResponse
+	(*GetRunRequest)(nil),                 // 13: tether.executor.v1.GetRunRequest
+	(*GetRunResponse)(nil),                // 14: tether.executor.v1.GetRunResponse
+	(*ListRunsRequest)(nil),               // 15: tether.executor.v1.ListRunsRequest
+	(*ListRunsResponse)(nil),              // 16: tether.executor.v1.ListRunsResponse
+	(*WatchRunRequest)(nil),               // 17: tether.executor.v1.WatchRunRequest
+	(*WatchRunResponse)(nil),              // 18: tether.executor.v1.WatchRunResponse
+	(*GetSteeringStateRequest)(nil),       // 19: tether.executor.v1.GetSteeringStateRequest
+	(*GetSteeringStateResponse)(nil),      // 20: tether.executor.v1.GetSteeringStateResponse
+	(*SteerRunRequest)(nil),               // 21: tether.executor.v1.SteerRunRequest
+	(*SteerRunResponse)(nil),              // 22: tether.executor.v1.SteerRunResponse
+	(*ResolveRuntimeRequestRequest)(nil),  // 23: tether.executor.v1.ResolveRuntimeRequestRequest
+	(*ResolveRuntimeRequestResponse)(nil), // 24: tether.executor.v1.ResolveRuntimeRequestResponse
+	(*CompleteToolCallRequest)(nil),       // 25: tether.executor.v1.CompleteToolCallRequest
+	(*CompleteToolCallResponse)(nil),      // 26: tether.executor.v1.CompleteToolCallResponse
+	(*GetSessionRequest)(nil),             // 27: tether.executor.v1.GetSessionRequest
+	(*Session)(nil),                       // 28: tether.executor.v1.Session
+	(*GetSessionResponse)(nil),            // 29: tether.executor.v1.GetSessionResponse
+	(*CloseSessionRequest)(nil),           // 30: tether.executor.v1.CloseSessionRequest
+	(*CloseSessionResponse)(nil),          // 31: tether.executor.v1.CloseSessionResponse
+	(*SessionCheckpoint)(nil),             // 32: tether.executor.v1.SessionCheckpoint
+	(*v1.ExecutionInput)(nil),             // 33: tether.prp.v1.ExecutionInput
+	(*timestamppb.Timestamp)(nil),         // 34: google.protobuf.Timestamp
+	(*v1.ProcessInfo)(nil),                // 35: tether.prp.v1.ProcessInfo
+	(*durationpb.Duration)(nil),           // 36: google.protobuf.Duration
+	(*v1.Event)(nil),                      // 37: tether.prp.v1.Event
+	(*structpb.Struct)(nil),               // 38: google.protobuf.Struct
+	(*v11.Stamp)(nil),                     // 39: tether.backup.v1.Stamp
 }
 var file_tether_executor_v1_executor_proto_depIdxs = []int32{
-	32, // 0: tether.executor.v1.SubmitRunRequest.input:type_name -> tether.prp.v1.ExecutionInput
-	7,  // 1: tether.executor.v1.SubmitRunResponse.run:type_name -> tether.executor.v1.Run
+	33, // 0: tether.executor.v1.SubmitRunRequest.input:type_name -> tether.prp.v1.ExecutionInput
+	8,  // 1: tether.executor.v1.SubmitRunResponse.run:type_name -> tether.executor.v1.Run
 	4,  // 2: tether.executor.v1.RunResult.usage:type_name -> tether.executor.v1.Usage
-	0,  // 3: tether.executor.v1.Run.state:type_name -> tether.executor.v1.RunState
-	33, // 4: tether.executor.v1.Run.lease_expires_at:type_name -> google.protobuf.Timestamp
-	32, // 5: tether.executor.v1.Run.input:type_name -> tether.prp.v1.ExecutionInput
-	5,  // 6: tether.executor.v1.Run.result:type_name -> tether.executor.v1.RunResult
-	6,  // 7: tether.executor.v1.Run.failure:type_name -> tether.executor.v1.Failure
-	34, // 8: tether.executor.v1.Run.runner_process:type_name -> tether.prp.v1.ProcessInfo
-	34, // 9: tether.executor.v1.Run.provider_process:type_name -> tether.prp.v1.ProcessInfo
-	33, // 10: tether.executor.v1.Run.created_at:type_name -> google.protobuf.Timestamp
-	33, // 11: tether.executor.v1.Run.updated_at:type_name -> google.protobuf.Timestamp
-	33, // 12: tether.executor.v1.Run.started_at:type_name -> google.protobuf.Timestamp
-	33, // 13: tether.executor.v1.Run.ended_at:type_name -> google.protobuf.Timestamp
-	8,  // 14: tether.executor.v1.Run.cancellation:type_name -> tether.executor.v1.Cancellation
-	9,  // 15: tether.executor.v1.Run.recovery:type_name -> tether.executor.v1.Recovery
-	33, // 16: tether.executor.v1.Recovery.next_attempt_at:type_name -> google.protobuf.Timestamp
-	1,  // 17: tether.executor.v1.CancelRunRequest.scope:type_name -> tether.executor.v1.CancellationScope
-	35, // 18: tether.executor.v1.CancelRunRequest.wait_timeout:type_name -> google.protobuf.Duration
-	8,  // 19: tether.executor.v1.CancelRunResponse.cancellation:type_name -> tether.executor.v1.Cancellation
-	7,  // 20: tether.executor.v1.GetRunResponse.run:type_name -> tether.executor.v1.Run
-	0,  // 21: tether.executor.v1.ListRunsRequest.state:type_name -> tether.executor.v1.RunState
-	7,  // 22: tether.executor.v1.ListRunsResponse.runs:type_name -> tether.executor.v1.Run
-	36, // 23: tether.executor.v1.WatchRunResponse.event:type_name -> tether.prp.v1.Event
-	35, // 24: tether.executor.v1.SteerRunRequest.timeout:type_name -> google.protobuf.Duration
-	37, // 25: tether.executor.v1.ResolveRuntimeRequestRequest.resolution:type_name -> google.protobuf.Struct
-	0,  // 26: tether.executor.v1.Session.last_run_state:type_name -> tether.executor.v1.RunState
-	34, // 27: tether.executor.v1.Session.runner_process:type_name -> tether.prp.v1.ProcessInfo
-	34, // 28: tether.executor.v1.Session.provider_process:type_name -> tether.prp.v1.ProcessInfo
-	31, // 29: tether.executor.v1.Session.checkpoint:type_name -> tether.executor.v1.SessionCheckpoint
-	27, // 30: tether.executor.v1.GetSessionResponse.sessions:type_name -> tether.executor.v1.Session
-	31, // 31: tether.executor.v1.CloseSessionResponse.checkpoints:type_name -> tether.executor.v1.SessionCheckpoint
-	38, // 32: tether.executor.v1.SessionCheckpoint.stamp:type_name -> tether.backup.v1.Stamp
-	33, // 33: tether.executor.v1.SessionCheckpoint.created_at:type_name -> google.protobuf.Timestamp
-	2,  // 34: tether.executor.v1.ExecutorService.SubmitRun:input_type -> tether.executor.v1.SubmitRunRequest
-	12, // 35: tether.executor.v1.ExecutorService.GetRun:input_type -> tether.executor.v1.GetRunRequest
-	14, // 36: tether.executor.v1.ExecutorService.ListRuns:input_type -> tether.executor.v1.ListRunsRequest
-	16, // 37: tether.executor.v1.ExecutorService.WatchRun:input_type -> tether.executor.v1.WatchRunRequest
-	10, // 38: tether.executor.v1.ExecutorService.CancelRun:input_type -> tether.executor.v1.CancelRunRequest
-	18, // 39: tether.executor.v1.ExecutorService.GetSteeringState:input_type -> tether.executor.v1.GetSteeringStateRequest
-	20, // 40: tether.executor.v1.ExecutorService.SteerRun:input_type -> tether.executor.v1.SteerRunRequest
-	22, // 41: tether.executor.v1.ExecutorService.ResolveRuntimeRequest:input_type -> tether.executor.v1.ResolveRuntimeRequestRequest
-	24, // 42: tether.executor.v1.ExecutorService.CompleteToolCall:input_type -> tether.executor.v1.CompleteToolCallRequest
-	26, // 43: tether.executor.v1.ExecutorService.GetSession:input_type -> tether.executor.v1.GetSessionRequest
-	29, // 44: tether.executor.v1.ExecutorService.CloseSession:input_type -> tether.executor.v1.CloseSessionRequest
-	3,  // 45: tether.executor.v1.ExecutorService.SubmitRun:output_type -> tether.executor.v1.SubmitRunResponse
-	13, // 46: tether.executor.v1.ExecutorService.GetRun:output_type -> tether.executor.v1.GetRunResponse
-	15, // 47: tether.executor.v1.ExecutorService.ListRuns:output_type -> tether.executor.v1.ListRunsResponse
-	17, // 48: tether.executor.v1.ExecutorService.WatchRun:output_type -> tether.executor.v1.WatchRunResponse
-	11, // 49: tether.executor.v1.ExecutorService.CancelRun:output_type -> tether.executor.v1.CancelRunResponse
-	19, // 50: tether.executor.v1.ExecutorService.GetSteeringState:output_type -> tether.executor.v1.GetSteeringStateResponse
-	21, // 51: tether.executor.v1.ExecutorService.SteerRun:output_type -> tether.executor.v1.SteerRunResponse
-	23, // 52: tether.executor.v1.ExecutorService.ResolveRuntimeRequest:output_type -> tether.executor.v1.ResolveRuntimeRequestResponse
-	25, // 53: tether.executor.v1.ExecutorService.CompleteToolCall:output_type -> tether.executor.v1.CompleteToolCallResponse
-	28, // 54: tether.executor.v1.ExecutorService.GetSession:output_type -> tether.executor.v1.GetSessionResponse
-	30, // 55: tether.executor.v1.ExecutorService.CloseSession:output_type -> tether.executor.v1.CloseSessionResponse
-	45, // [45:56] is the sub-list for method output_type
-	34, // [34:45] is the sub-list for method input_type
-	34, // [34:34] is the sub-list for extension type_name
-	34, // [34:34] is the sub-list for extension extendee
-	0,  // [0:34] is the sub-list for field type_name
+	6,  // 3: tether.executor.v1.RunResult.artifacts:type_name -> tether.executor.v1.ResultArtifact
+	0,  // 4: tether.executor.v1.Run.state:type_name -> tether.executor.v1.RunState
+	34, // 5: tether.executor.v1.Run.lease_expires_at:type_name -> google.protobuf.Timestamp
+	33, // 6: tether.executor.v1.Run.input:type_name -> tether.prp.v1.ExecutionInput
+	5,  // 7: tether.executor.v1.Run.result:type_name -> tether.executor.v1.RunResult
+	7,  // 8: tether.executor.v1.Run.failure:type_name -> tether.executor.v1.Failure
+	35, // 9: tether.executor.v1.Run.runner_process:type_name -> tether.prp.v1.ProcessInfo
+	35, // 10: tether.executor.v1.Run.provider_process:type_name -> tether.prp.v1.ProcessInfo
+	34, // 11: tether.executor.v1.Run.created_at:type_name -> google.protobuf.Timestamp
+	34, // 12: tether.executor.v1.Run.updated_at:type_name -> google.protobuf.Timestamp
+	34, // 13: tether.executor.v1.Run.started_at:type_name -> google.protobuf.Timestamp
+	34, // 14: tether.executor.v1.Run.ended_at:type_name -> google.protobuf.Timestamp
+	9,  // 15: tether.executor.v1.Run.cancellation:type_name -> tether.executor.v1.Cancellation
+	10, // 16: tether.executor.v1.Run.recovery:type_name -> tether.executor.v1.Recovery
+	34, // 17: tether.executor.v1.Recovery.next_attempt_at:type_name -> google.protobuf.Timestamp
+	1,  // 18: tether.executor.v1.CancelRunRequest.scope:type_name -> tether.executor.v1.CancellationScope
+	36, // 19: tether.executor.v1.CancelRunRequest.wait_timeout:type_name -> google.protobuf.Duration
+	9,  // 20: tether.executor.v1.CancelRunResponse.cancellation:type_name -> tether.executor.v1.Cancellation
+	8,  // 21: tether.executor.v1.GetRunResponse.run:type_name -> tether.executor.v1.Run
+	0,  // 22: tether.executor.v1.ListRunsRequest.state:type_name -> tether.executor.v1.RunState
+	8,  // 23: tether.executor.v1.ListRunsResponse.runs:type_name -> tether.executor.v1.Run
+	37, // 24: tether.executor.v1.WatchRunResponse.event:type_name -> tether.prp.v1.Event
+	36, // 25: tether.executor.v1.SteerRunRequest.timeout:type_name -> google.protobuf.Duration
+	38, // 26: tether.executor.v1.ResolveRuntimeRequestRequest.resolution:type_name -> google.protobuf.Struct
+	0,  // 27: tether.executor.v1.Session.last_run_state:type_name -> tether.executor.v1.RunState
+	35, // 28: tether.executor.v1.Session.runner_process:type_name -> tether.prp.v1.ProcessInfo
+	35, // 29: tether.executor.v1.Session.provider_process:type_name -> tether.prp.v1.ProcessInfo
+	32, // 30: tether.executor.v1.Session.checkpoint:type_name -> tether.executor.v1.SessionCheckpoint
+	28, // 31: tether.executor.v1.GetSessionResponse.sessions:type_name -> tether.executor.v1.Session
+	32, // 32: tether.executor.v1.CloseSessionResponse.checkpoints:type_name -> tether.executor.v1.SessionCheckpoint
+	39, // 33: tether.executor.v1.SessionCheckpoint.stamp:type_name -> tether.backup.v1.Stamp
+	34, // 34: tether.executor.v1.SessionCheckpoint.created_at:type_name -> google.protobuf.Timestamp
+	2,  // 35: tether.executor.v1.ExecutorService.SubmitRun:input_type -> tether.executor.v1.SubmitRunRequest
+	13, // 36: tether.executor.v1.ExecutorService.GetRun:input_type -> tether.executor.v1.GetRunRequest
+	15, // 37: tether.executor.v1.ExecutorService.ListRuns:input_type -> tether.executor.v1.ListRunsRequest
+	17, // 38: tether.executor.v1.ExecutorService.WatchRun:input_type -> tether.executor.v1.WatchRunRequest
+	11, // 39: tether.executor.v1.ExecutorService.CancelRun:input_type -> tether.executor.v1.CancelRunRequest
+	19, // 40: tether.executor.v1.ExecutorService.GetSteeringState:input_type -> tether.executor.v1.GetSteeringStateRequest
+	21, // 41: tether.executor.v1.ExecutorService.SteerRun:input_type -> tether.executor.v1.SteerRunRequest
+	23, // 42: tether.executor.v1.ExecutorService.ResolveRuntimeRequest:input_type -> tether.executor.v1.ResolveRuntimeRequestRequest
+	25, // 43: tether.executor.v1.ExecutorService.CompleteToolCall:input_type -> tether.executor.v1.CompleteToolCallRequest
+	27, // 44: tether.executor.v1.ExecutorService.GetSession:input_type -> tether.executor.v1.GetSessionRequest
+	30, // 45: tether.executor.v1.ExecutorService.CloseSession:input_type -> tether.executor.v1.CloseSessionRequest
+	3,  // 46: tether.executor.v1.ExecutorService.SubmitRun:output_type -> tether.executor.v1.SubmitRunResponse
+	14, // 47: tether.executor.v1.ExecutorService.GetRun:output_type -> tether.executor.v1.GetRunResponse
+	16, // 48: tether.executor.v1.ExecutorService.ListRuns:output_type -> tether.executor.v1.ListRunsResponse
+	18, // 49: tether.executor.v1.ExecutorService.WatchRun:output_type -> tether.executor.v1.WatchRunResponse
+	12, // 50: tether.executor.v1.ExecutorService.CancelRun:output_type -> tether.executor.v1.CancelRunResponse
+	20, // 51: tether.executor.v1.ExecutorService.GetSteeringState:output_type -> tether.executor.v1.GetSteeringStateResponse
+	22, // 52: tether.executor.v1.ExecutorService.SteerRun:output_type -> tether.executor.v1.SteerRunResponse
+	24, // 53: tether.executor.v1.ExecutorService.ResolveRuntimeRequest:output_type -> tether.executor.v1.ResolveRuntimeRequestResponse
+	26, // 54: tether.executor.v1.ExecutorService.CompleteToolCall:output_type -> tether.executor.v1.CompleteToolCallResponse
+	29, // 55: tether.executor.v1.ExecutorService.GetSession:output_type -> tether.executor.v1.GetSessionResponse
+	31, // 56: tether.executor.v1.ExecutorService.CloseSession:output_type -> tether.executor.v1.CloseSessionResponse
+	46, // [46:57] is the sub-list for method output_type
+	35, // [35:46] is the sub-list for method input_type
+	35, // [35:35] is the sub-list for extension type_name
+	35, // [35:35] is the sub-list for extension extendee
+	0,  // [0:35] is the sub-list for field type_name
 }
 
 func init() { file_tether_executor_v1_executor_proto_init() }
@@ -2633,7 +2735,7 @@ func file_tether_executor_v1_executor_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_tether_executor_v1_executor_proto_rawDesc), len(file_tether_executor_v1_executor_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   30,
+			NumMessages:   31,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
