@@ -47,6 +47,18 @@ func fakeCodexBinary(t *testing.T) string {
 	return fakeBuild.bin
 }
 
+// fakeDirs builds the fake and lays out a test root with a codex home and
+// a workspace.
+func fakeDirs(t *testing.T) (bin, root, codexHome, workspace string) {
+	t.Helper()
+	bin = fakeCodexBinary(t)
+	root = t.TempDir()
+	codexHome = filepath.Join(root, "codex-home")
+	workspace = filepath.Join(root, "workspace")
+	require.NoError(t, os.MkdirAll(workspace, 0o755))
+	return bin, root, codexHome, workspace
+}
+
 func fakeConfig(t *testing.T, bin, codexHome, workspace, callLog string, extraArgs ...string) Config {
 	args := append([]string{"app-server", "--state-file-in-codex-home", "--durable-turn-ids",
 		"--call-log", callLog, "--delta-delay-ms", "0"}, extraArgs...)
@@ -64,11 +76,7 @@ func fakeConfig(t *testing.T, bin, codexHome, workspace, callLog string, extraAr
 }
 
 func TestR2_FakeCodexThreeTurnsOneThreadThenResume(t *testing.T) {
-	bin := fakeCodexBinary(t)
-	root := t.TempDir()
-	codexHome := filepath.Join(root, "codex-home")
-	workspace := filepath.Join(root, "workspace")
-	require.NoError(t, os.MkdirAll(workspace, 0o755))
+	bin, root, codexHome, workspace := fakeDirs(t)
 	require.NoError(t, WriteConfig(codexHome, ConfigTOML{Model: "mock-model", ProviderID: "mock", BaseURL: "http://127.0.0.1:1/v1"}))
 	callLog := filepath.Join(root, "calls.log")
 	ctx := context.Background()
@@ -143,11 +151,7 @@ func TestR2_FakeCodexThreeTurnsOneThreadThenResume(t *testing.T) {
 }
 
 func TestR2_FakeCodexSteerAndInterrupt(t *testing.T) {
-	bin := fakeCodexBinary(t)
-	root := t.TempDir()
-	codexHome := filepath.Join(root, "codex-home")
-	workspace := filepath.Join(root, "workspace")
-	require.NoError(t, os.MkdirAll(workspace, 0o755))
+	bin, root, codexHome, workspace := fakeDirs(t)
 	ctx := context.Background()
 
 	// --hold-turn: a turn stays open after its last delta until steered or

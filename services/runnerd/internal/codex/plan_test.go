@@ -2,7 +2,6 @@ package codex
 
 import (
 	"context"
-	"os"
 	"path/filepath"
 	"testing"
 
@@ -15,11 +14,7 @@ import (
 // events with the provider's data; the turn's last plan item is its
 // native_provider_plan artifact.
 func TestE3_PlanUpdatesAndPlanItemsBecomeRunPlanUpdatedEvents(t *testing.T) {
-	bin := fakeCodexBinary(t)
-	root := t.TempDir()
-	codexHome := filepath.Join(root, "codex-home")
-	workspace := filepath.Join(root, "workspace")
-	require.NoError(t, os.MkdirAll(workspace, 0o755))
+	bin, root, codexHome, workspace := fakeDirs(t)
 	ctx := context.Background()
 	s, rec := startSession(t, fakeConfig(t, bin, codexHome, workspace, filepath.Join(root, "calls.log")))
 	_, _, err := s.OpenThread(ctx, "")

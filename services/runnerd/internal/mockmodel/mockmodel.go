@@ -11,6 +11,7 @@
 //	[shell]                              function_call exec_command {cmd: ShellCommand, yield_time_ms: 5000}
 //	[dyn]                                function_call mock_lookup {"key":"alpha"}
 //	[ask]                                function_call request_user_input (one question "color", options red/blue)
+//	[plan]                               function_call update_plan (PlanExplanation, PlanSteps, the first in progress)
 //	[fail]                               response.failed (server_error)
 //	anything else                        "ECHO: <text>", one delta per word
 //
@@ -34,6 +35,12 @@ import (
 
 // ShellCommand is what a [shell] prompt asks codex to run.
 const ShellCommand = "mkdir -p approved-dir && echo hello-from-mock-shell"
+
+// What a [plan] prompt has the model put in its update_plan call.
+var PlanSteps = []string{"Read the code", "Make the change", "Run the tests"}
+
+// PlanExplanation is the explanation of a [plan] update_plan call.
+const PlanExplanation = "Plan for the mock change."
 
 // SlowChunks is the number of deltas of a [slow] reply (Server.SlowChunkDelay
 // apart).
@@ -213,6 +220,16 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				map[string]any{"label": "blue", "description": "a cold color"},
 			},
 		}}})
+	case strings.Contains(lastUser, "[plan]"):
+		steps := make([]any, len(PlanSteps))
+		for i, st := range PlanSteps {
+			status := "pending"
+			if i == 0 {
+				status = "in_progress"
+			}
+			steps[i] = map[string]any{"step": st, "status": status}
+		}
+		call("update_plan", map[string]any{"explanation": PlanExplanation, "plan": steps})
 	case strings.Contains(lastUser, "[slow]"):
 		text := "ECHO: " + lastUser
 		s.streamText(sse, text, splitEven(text, SlowChunks), s.SlowChunkDelay, completed, setReply)

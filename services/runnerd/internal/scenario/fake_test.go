@@ -121,7 +121,7 @@ func TestR3_ScenarioSuiteAgainstFake(t *testing.T) {
 	assert.Equal(t, 2, count("process-start"), "one process, then one after the kill")
 	assert.Equal(t, 1, count("thread/start"))
 	assert.Equal(t, 1, count("thread/resume"))
-	assert.Equal(t, 11, count("turn/start"), "each turn started exactly once")
+	assert.Equal(t, 12, count("turn/start"), "each turn started exactly once")
 	assert.Equal(t, 1, count("turn/steer"))
 	assert.Equal(t, 1, count("turn/interrupt"))
 	assert.Equal(t, 1, count("approval-response:accept"))

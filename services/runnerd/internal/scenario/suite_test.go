@@ -270,6 +270,17 @@ func runSuite(t *testing.T, tg target, workspace string) {
 	assert.Equal(t, true, out[0].Payload["success"])
 	assert.Contains(t, res.FinalMessage, "lookup(alpha) = 42")
 	report("dynamic tool: %s → %q", in[0].Payload["callId"], res.FinalMessage)
+
+	// 6b. A provider plan update (E3): the model's update_plan becomes a
+	// run.plan_updated event with the plan's steps.
+	res, evs = p1.turn(t, tg, "[plan] plan the change")
+	require.Equal(t, codex.TurnCompleted, res.Status, res.ErrorMessage)
+	plans := filter(evs, ofType(codex.EventPlanUpdated))
+	require.NotEmpty(t, plans, "a plan update; events %v", types(evs))
+	assert.Equal(t, "turn_plan", plans[0].Payload["source"])
+	steps, _ := plans[0].Payload["steps"].([]any)
+	require.NotEmpty(t, steps)
+	report("plan update: %v", plans[0].Payload)
 	assert.Equal(t, pid1, p1.s.Process().PID, "all of the above on one provider process")
 
 	// 7. Kill the provider mid-turn; resume in a new process; reconcile the
