@@ -162,6 +162,9 @@ func renderConfigTOML(c ConfigTOML) string {
 	}
 	b.WriteString("\n[agents]\n")
 	kv("enabled", false)
+	// The model's plan tool: its calls are the plan updates (SPEC E3).
+	b.WriteString("\n[tools.update_plan]\n")
+	kv("enabled", true)
 	b.WriteString("\n[shell_environment_policy]\n")
 	kv("inherit", "core")
 	return b.String()

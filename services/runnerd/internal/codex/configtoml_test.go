@@ -68,6 +68,7 @@ func TestR2_WriteConfigOfflineSafe(t *testing.T) {
 			"goals": "false", "unbounded_connection_retries": "false", "shell_snapshot": "false",
 		},
 		"agents":                   {"enabled": "false"},
+		"tools.update_plan":        {"enabled": "true"},
 		"shell_environment_policy": {"inherit": `"core"`},
 	}, got)
 

@@ -272,8 +272,13 @@ func runSuite(t *testing.T, tg target, workspace string) {
 	report("dynamic tool: %s → %q", in[0].Payload["callId"], res.FinalMessage)
 
 	// 6b. A provider plan update (E3): the model's update_plan becomes a
-	// run.plan_updated event with the plan's steps.
-	res, evs = p1.turn(t, tg, "[plan] plan the change")
+	// run.plan_updated event with the plan's steps. codex refuses
+	// update_plan in plan mode, which the user-input turn left on.
+	mark = p1.rec.len()
+	turnID, err = p1.s.StartTurnWith(ctx, "[plan] plan the change", codex.TurnOptions{CollaborationMode: "default"})
+	require.NoError(t, err)
+	res = p1.waitTurn(t, tg, turnID)
+	evs = p1.rec.since(mark)
 	require.Equal(t, codex.TurnCompleted, res.Status, res.ErrorMessage)
 	plans := filter(evs, ofType(codex.EventPlanUpdated))
 	require.NotEmpty(t, plans, "a plan update; events %v", types(evs))
