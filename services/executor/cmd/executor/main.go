@@ -11,6 +11,7 @@ import (
 
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
 	gatewayv1 "github.com/tether-run/tether/pkg/gen/tether/gateway/v1"
+	"github.com/tether-run/tether/pkg/grant"
 	"github.com/tether-run/tether/pkg/grpcx"
 	"github.com/tether-run/tether/services/executor/internal/api"
 	"github.com/tether-run/tether/services/executor/internal/dispatch"
@@ -40,6 +41,9 @@ func run() error {
 	advertise := grpcx.StringFlag(fs, "advertise-addr", "", "", "address other replicas use to reach this one (default: -grpc-addr)")
 	sameHost := grpcx.BoolFlag(fs, "same-host-takeover", "", true, "take over at once a run whose controller on this host is provably dead (else wait for lease expiry)")
 	migrate := grpcx.BoolFlag(fs, "migrate", "", true, "apply database migrations at start")
+	grantKey := grpcx.StringFlag(fs, "grant-key-file", "", "", "the executor fleet's Ed25519 private key (PEM, mode 0600) that signs a grant for every gateway call (required; `tetherctl certs init DIR` writes grant.key)")
+	gatewayID := grpcx.StringFlag(fs, "gateway-id", "", "runnergw", "the gateway's id, the audience of the grants this executor signs (the gateway's -gateway-id)")
+	grantTTL := grpcx.DurationFlag(fs, "grant-ttl", "", grant.DefaultTTL, "how long a signed gateway grant is valid (checked when the call starts)")
 	idleSweep := grpcx.DurationFlag(fs, "idle-sweep-interval", "", time.Second, "how often idle warm sessions are looked for (verified suspension after their idle timeout; 0 turns it off)")
 	if err := grpcx.ParseFlags(fs, os.Args[1:]); err != nil {
 		return err
@@ -48,6 +52,13 @@ func run() error {
 		return fmt.Errorf("-database-url (or TETHER_DATABASE_URL) is required")
 	}
 	if err := store.CheckLeaseTTL(*ttl); err != nil {
+		return err
+	}
+	if *grantKey == "" {
+		return fmt.Errorf("-grant-key-file (or TETHER_GRANT_KEY_FILE) is required: the key that signs gateway grants (`tetherctl certs init DIR` writes one)")
+	}
+	signingKey, err := grant.LoadSigningKey(*grantKey)
+	if err != nil {
 		return err
 	}
 	ctx, stop := grpcx.SignalContext(context.Background())
@@ -67,6 +78,7 @@ func run() error {
 		return err
 	}
 	defer gwConn.Close()
+	gw := grant.Client(gatewayv1.NewRunnerGatewayClient(gwConn), grant.NewSigner(signingKey, *grantTTL, nil), *gatewayID)
 	srv, err := grpcx.New(*cfg)
 	if err != nil {
 		return err
@@ -79,12 +91,12 @@ func run() error {
 	d := dispatch.New(st, dispatch.Config{
 		Owner: *owner, LeaseTTL: *ttl, PollInterval: *poll, MaxActive: *maxActive, RetryDelay: *retryDelay,
 		NoSameHostTakeover: !*sameHost, AdvertiseAddr: *advertise,
-		Gateway: gatewayv1.NewRunnerGatewayClient(gwConn), Logger: log,
+		Gateway: gw, Logger: log,
 	})
-	sus := &suspend.Suspender{Store: st, Gateway: gatewayv1.NewRunnerGatewayClient(gwConn), Owner: *owner,
+	sus := &suspend.Suspender{Store: st, Gateway: gw, Owner: *owner,
 		Interval: *idleSweep, Logger: log}
 	apiSrv := &api.Server{Store: st, Hub: hub, KickRun: d.KickRun, Draining: srv.Draining(), Controls: d.Controls(), SelfAddr: *advertise,
-		Gateway: gatewayv1.NewRunnerGatewayClient(gwConn), Suspender: sus}
+		Gateway: gw, Suspender: sus}
 	executorv1.RegisterExecutorServiceServer(srv.GRPC(), apiSrv)
 	defer apiSrv.Close()
 	bg, cancelBG := context.WithCancel(context.Background())

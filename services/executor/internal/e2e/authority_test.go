@@ -14,7 +14,6 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
-	gatewayv1 "github.com/tether-run/tether/pkg/gen/tether/gateway/v1"
 	"github.com/tether-run/tether/pkg/grpcx"
 	"github.com/tether-run/tether/services/executor/internal/api"
 	"github.com/tether-run/tether/services/executor/internal/dispatch"
@@ -114,11 +113,9 @@ func (h *harness) inProcessExecutor(owner string, hooks store.Hooks) executorv1.
 	require.NoError(h.t, store.Migrate(ctx, h.dsn))
 	st := h.store()
 	st.SetHooks(hooks)
-	gwConn, err := grpcx.Dial(h.st.Addr("runnergw"), "")
-	require.NoError(h.t, err)
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	d := dispatch.New(st, dispatch.Config{Owner: owner, LeaseTTL: 10 * time.Second, PollInterval: 100 * time.Millisecond,
-		Gateway: gatewayv1.NewRunnerGatewayClient(gwConn), Logger: log})
+		Gateway: h.gatewayClient(), Logger: log})
 	hub := watch.NewHub()
 	srv, err := grpcx.New(grpcx.Config{Name: "executor", GRPCAddr: "127.0.0.1:0", Logger: log})
 	require.NoError(h.t, err)
@@ -138,7 +135,6 @@ func (h *harness) inProcessExecutor(owner string, hooks store.Hooks) executorv1.
 		conn.Close()
 		cancel()
 		wg.Wait()
-		gwConn.Close()
 	})
 	return executorv1.NewExecutorServiceClient(conn)
 }

@@ -25,7 +25,6 @@ import (
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
 	gatewayv1 "github.com/tether-run/tether/pkg/gen/tether/gateway/v1"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
-	"github.com/tether-run/tether/pkg/grpcx"
 	"github.com/tether-run/tether/pkg/prp/prptest"
 	"github.com/tether-run/tether/pkg/scope"
 	"github.com/tether-run/tether/pkg/scope/durable"
@@ -53,10 +52,7 @@ func newContinuity(t *testing.T, opts stack.Options) *continuity {
 	opts.GatewayArgs = append(opts.GatewayArgs, "-runner-ingress-companies", "acme",
 		"-runner-ingress-tls-cert", leaf.CertFile, "-runner-ingress-tls-key", leaf.KeyFile, "-runner-ingress-ca", ca.CAFile(t))
 	h := newHarnessKeeping(t, opts, os.Getenv("KEEP") == "1", "backup-verifier", "runnergw", "executor")
-	conn, err := grpcx.Dial(h.st.Addr("runnergw"), "")
-	require.NoError(t, err)
-	t.Cleanup(func() { conn.Close() })
-	c := &continuity{harness: h, gw: gatewayv1.NewRunnerGatewayClient(conn)}
+	c := &continuity{harness: h, gw: h.gatewayClient()}
 	t.Cleanup(func() {
 		if !t.Failed() {
 			c.requireNoCredentialLeaked()

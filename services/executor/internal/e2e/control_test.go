@@ -15,7 +15,6 @@ import (
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
 	gatewayv1 "github.com/tether-run/tether/pkg/gen/tether/gateway/v1"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
-	"github.com/tether-run/tether/pkg/grpcx"
 	"github.com/tether-run/tether/pkg/scope"
 	"github.com/tether-run/tether/services/executor/internal/stack"
 )
@@ -198,10 +197,7 @@ func TestE13_ARunRacingAnotherInTheSameScopeIsBusyAndStartsNothing(t *testing.T)
 	h := newHarness(t, stack.Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	conn, err := grpcx.Dial(h.st.Addr("runnergw"), "")
-	require.NoError(t, err)
-	defer conn.Close()
-	gw := gatewayv1.NewRunnerGatewayClient(conn)
+	gw := h.gatewayClient()
 	in := h.submitInput("busy", "x")
 	open := func(run string) (gatewayv1.RunnerGateway_AttachClient, error) {
 		s, err := gw.Attach(ctx)

@@ -304,10 +304,7 @@ func TestAttachWithALowerAttemptIsRefused(t *testing.T) {
 	h := newHarness(t, stack.Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	conn, err := grpcx.Dial(h.st.Addr("runnergw"), "")
-	require.NoError(t, err)
-	defer conn.Close()
-	gw := gatewayv1.NewRunnerGatewayClient(conn)
+	gw := h.gatewayClient()
 	in, err := cli.InputSpec{Prompt: "x", Company: "acme", Agent: "agent-1", Session: "fence", Lifecycle: "warm"}.Input()
 	require.NoError(t, err)
 	open := func(attempt uint64) (gatewayv1.RunnerGateway_AttachClient, error) {
@@ -330,4 +327,16 @@ func TestAttachWithALowerAttemptIsRefused(t *testing.T) {
 	_, err = older.Recv()
 	require.Equal(t, codes.FailedPrecondition, status.Code(err))
 	require.Equal(t, "runner_attempt_fenced", failure.CodeOf(err))
+}
+
+// gatewayClient is a client of the stack's gateway that signs grants with
+// the stack's executor key, as an executor does (closed with the test).
+func (h *harness) gatewayClient() gatewayv1.RunnerGatewayClient {
+	h.t.Helper()
+	conn, err := grpcx.Dial(h.st.Addr("runnergw"), "")
+	require.NoError(h.t, err)
+	h.t.Cleanup(func() { conn.Close() })
+	gw, err := h.st.GatewayClient(conn)
+	require.NoError(h.t, err)
+	return gw
 }

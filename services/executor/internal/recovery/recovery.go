@@ -54,6 +54,9 @@ var knownSourceCodes = map[string]bool{
 	"provider_initialize_protocol_error": true,
 	"provider_request_timeout":           true,
 	CodeProviderArtifactIncompatible:     true,
+	// The gateway refused the executor's grant (SPEC S1): a key or gateway
+	// id mismatch, e.g. mid-rotation; retried like any attach failure.
+	"gateway_grant_invalid": true,
 }
 
 // nonRetryable causes end the run at once under their own code: replaying

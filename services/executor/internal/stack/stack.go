@@ -20,6 +20,8 @@ import (
 	"google.golang.org/grpc"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	gatewayv1 "github.com/tether-run/tether/pkg/gen/tether/gateway/v1"
+	"github.com/tether-run/tether/pkg/grant"
 	"github.com/tether-run/tether/pkg/grpcx"
 )
 
@@ -120,7 +122,34 @@ func New(opts Options) (*Stack, error) {
 			return nil, err
 		}
 	}
-	return &Stack{opts: opts, procs: map[string]*Proc{}, ports: map[string]int{}, extra: map[string][]string{}}, nil
+	// Grants stay on in development: the stack's executors sign with a
+	// key pair of its own, its gateway trusts that pair's public key.
+	st := &Stack{opts: opts, procs: map[string]*Proc{}, ports: map[string]int{}, extra: map[string][]string{}}
+	if _, err := os.Stat(st.GrantKeyFile()); os.IsNotExist(err) {
+		if _, err := grant.WriteKeyPair(st.GrantKeyFile(), st.GrantPublicKeyFile()); err != nil {
+			return nil, err
+		}
+	}
+	return st, nil
+}
+
+// GatewayID is the stack gateway's id (the audience of its grants).
+const GatewayID = "runnergw"
+
+// GrantKeyFile is the executors' grant signing key.
+func (s *Stack) GrantKeyFile() string { return filepath.Join(s.opts.Dir, "keys", "grant.key") }
+
+// GrantPublicKeyFile is the public key the gateway verifies grants with.
+func (s *Stack) GrantPublicKeyFile() string { return filepath.Join(s.opts.Dir, "keys", "grant.pub") }
+
+// GatewayClient is a client of the stack's gateway that signs a grant for
+// every call, as the stack's executors do.
+func (s *Stack) GatewayClient(conn grpc.ClientConnInterface) (gatewayv1.RunnerGatewayClient, error) {
+	key, err := grant.LoadSigningKey(s.GrantKeyFile())
+	if err != nil {
+		return nil, err
+	}
+	return grant.Client(gatewayv1.NewRunnerGatewayClient(conn), grant.NewSigner(key, 0, nil), GatewayID), nil
 }
 
 // Addr returns a service's gRPC address.
@@ -184,13 +213,14 @@ func (s *Stack) args(name string) []string {
 	case name == "executor" || strings.HasPrefix(name, "executor-"):
 		a := append(append(common, "-grpc-addr", s.Addr(name), "-database-url", s.opts.DatabaseURL,
 			"-gateway-addr", s.Addr("runnergw"), "-lease-ttl", s.opts.LeaseTTL.String(), "-poll-interval", "250ms",
-			"-owner-id", name), s.opts.ExecutorArgs...)
+			"-owner-id", name, "-grant-key-file", s.GrantKeyFile(), "-gateway-id", GatewayID), s.opts.ExecutorArgs...)
 		return append(a, extra...)
 	case name == "runnergw":
 		a := append(common, "-grpc-addr", s.Addr("runnergw"),
 			"-runner-addr", "127.0.0.1:"+strconv.Itoa(s.opts.RunnerPort),
 			"-state-root", s.RunnerStateRoot(),
 			"-runner-auth-key-file", filepath.Join(s.opts.Dir, "keys", "gateway.key"),
+			"-grant-public-keys", s.GrantPublicKeyFile(), "-gateway-id", GatewayID,
 			"-runnerd-path", filepath.Join(s.opts.BinDir, "runnerd"),
 			"-backup-addr", s.Addr("backup-verifier"),
 			"-codex-command", filepath.Join(s.opts.BinDir, "fake-codex-app-server"))

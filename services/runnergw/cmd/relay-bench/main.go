@@ -13,6 +13,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"crypto/ed25519"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -34,6 +35,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -41,6 +43,7 @@ import (
 
 	gatewayv1 "github.com/tether-run/tether/pkg/gen/tether/gateway/v1"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
+	"github.com/tether-run/tether/pkg/grant"
 	"github.com/tether-run/tether/pkg/prp"
 	"github.com/tether-run/tether/pkg/scope"
 	"github.com/tether-run/tether/services/runnergw/internal/gateway"
@@ -55,6 +58,8 @@ type scenario struct {
 	Ticket  string `json:"ticket,omitempty"`
 	Runner  string `json:"runner,omitempty"`
 	Session string `json:"session,omitempty"`
+	// Grant is the signed gateway grant of the Attach (SPEC S1).
+	Grant string `json:"grant,omitempty"`
 }
 
 // job is what the parent hands the load child (one JSON line on stdin).
@@ -107,8 +112,17 @@ func parent() int {
 	}
 	defer os.RemoveAll(dir)
 	auth := prp.NewAuthority([]byte("relay-bench-key"), nil)
+	grantPub, grantKey, err := ed25519.GenerateKey(nil)
+	if err != nil {
+		return fail(err)
+	}
+	grants, err := grant.NewVerifier("relay-bench", []ed25519.PublicKey{grantPub}, nil)
+	if err != nil {
+		return fail(err)
+	}
+	signer := grant.NewSigner(grantKey, time.Hour, nil)
 	gw := gateway.New(gateway.Config{
-		StateRoot: filepath.Join(dir, "state"), RunnerdPath: "/nonexistent", Authority: auth,
+		StateRoot: filepath.Join(dir, "state"), RunnerdPath: "/nonexistent", Authority: auth, Grants: grants,
 		Logger: slog.New(slog.DiscardHandler), PingInterval: time.Hour, IdleTimeout: time.Hour,
 	})
 	defer gw.Close()
@@ -156,6 +170,11 @@ func parent() int {
 				return fail(err)
 			}
 			sc := scenario{Name: sz.name, Size: sz.size, Events: sz.events, Ticket: ticket.Encode(), Runner: inst, Session: sess}
+			claims := grant.ClaimsForOpen(benchOpen(sc))
+			claims.Audience = "relay-bench"
+			if sc.Grant, err = signer.Sign(claims); err != nil {
+				return fail(err)
+			}
 			rate, cpu, err := measure(job{Mode: "relay", WSURL: "ws://" + wl.Addr().String() + gateway.ConnectPath, GRPCAddr: gl.Addr().String(), Scenarios: sc})
 			if err != nil {
 				return fail(fmt.Errorf("%s relay: %w", sz.name, err))
@@ -299,6 +318,11 @@ func benchInput(session string) *prpv1.ExecutionInput {
 		Task:     &prpv1.Task{Prompt: "bench"},
 		Session:  &prpv1.Session{NormalizedSessionId: session, Lifecycle: &prpv1.Lifecycle{Mode: prpv1.LifecycleMode_LIFECYCLE_MODE_WARM}},
 	}
+}
+
+// benchOpen is the Open of a relay scenario's Attach.
+func benchOpen(sc scenario) *gatewayv1.Open {
+	return &gatewayv1.Open{RunId: "run-" + sc.Runner, Fence: &gatewayv1.FencingToken{Owner: "bench", Attempt: 1}, Input: benchInput(sc.Session)}
 }
 
 // relayServer adapts the gateway to its gRPC service.
@@ -504,13 +528,11 @@ func loadRelay(j job, in *bufio.Reader) outcome {
 		return errOutcome(err)
 	}
 	start := time.Now()
-	stream, err := gatewayv1.NewRunnerGatewayClient(conn).Attach(ctx)
+	stream, err := gatewayv1.NewRunnerGatewayClient(conn).Attach(metadata.AppendToOutgoingContext(ctx, grant.Header, sc.Grant))
 	if err != nil {
 		return errOutcome(err)
 	}
-	if err := stream.Send(&gatewayv1.AttachRequest{Kind: &gatewayv1.AttachRequest_Open{Open: &gatewayv1.Open{
-		RunId: "run-" + sc.Runner, Fence: &gatewayv1.FencingToken{Owner: "bench", Attempt: 1}, Input: input,
-	}}}); err != nil {
+	if err := stream.Send(&gatewayv1.AttachRequest{Kind: &gatewayv1.AttachRequest_Open{Open: benchOpen(sc)}}); err != nil {
 		return errOutcome(err)
 	}
 	first, err := stream.Recv()

@@ -20,6 +20,7 @@ import (
 
 	backupv1 "github.com/tether-run/tether/pkg/gen/tether/backup/v1"
 	gatewayv1 "github.com/tether-run/tether/pkg/gen/tether/gateway/v1"
+	"github.com/tether-run/tether/pkg/grant"
 	"github.com/tether-run/tether/pkg/grpcx"
 	"github.com/tether-run/tether/pkg/keyfile"
 	"github.com/tether-run/tether/pkg/prp"
@@ -78,6 +79,8 @@ func run() error {
 	backupAddr := grpcx.StringFlag(fs, "backup-addr", "", "127.0.0.1:7402", "backup verifier: verified suspensions upload their checkpoints to it, restores verify their stamps with it (empty: off)")
 	backupCA := grpcx.StringFlag(fs, "backup-ca", "", "", "PEM CA bundle for TLS to the backup verifier (needed off loopback)")
 	keyFile := grpcx.StringFlag(fs, "runner-auth-key-file", "", "", "HMAC key for runner credentials (default <state-root>/gateway.key, created 0600)")
+	gatewayID := grpcx.StringFlag(fs, "gateway-id", "", "runnergw", "this gateway's id: the audience every executor grant must name")
+	grantKeys := grpcx.StringFlag(fs, "grant-public-keys", "", "", "the executor fleet's Ed25519 grant public keys (PEM files, comma separated; more than one while keys rotate); every call needs a grant signed by one of them (required)")
 	if err := grpcx.ParseFlags(fs, os.Args[1:]); err != nil {
 		return err
 	}
@@ -88,6 +91,14 @@ func run() error {
 	}
 	if !grpcx.IsLoopbackAddr(*wsAddr) {
 		return fmt.Errorf("-runner-addr %s: plain runner connections are accepted on loopback only; use -runner-tls-addr with -runner-tls-cert/-runner-tls-key off loopback (dial_wss)", *wsAddr)
+	}
+	pubKeys, err := grant.LoadPublicKeys(*grantKeys)
+	if err != nil {
+		return err
+	}
+	grants, err := grant.NewVerifier(*gatewayID, pubKeys, nil)
+	if err != nil {
+		return err
 	}
 	if err := gateway.CheckCodexHomeTemplate(*codexHome); err != nil {
 		return err
@@ -131,7 +142,7 @@ func run() error {
 		StateRoot: *stateRoot, ConnectURL: *connectURL,
 		RunnerdPath: rpath, CodexCommand: *codex, CodexArgs: codexArgs, CodexHomeTemplate: *codexHome,
 		IdleTimeout: *idle, ReconnectGrace: *grace, ConnectTimeout: *connectTimeout,
-		Build: build, Authority: prp.NewAuthority(key, time.Now), Logger: log, Draining: srv.Draining(), Metrics: srv.Registry(),
+		Build: build, Authority: prp.NewAuthority(key, time.Now), Grants: grants, Logger: log, Draining: srv.Draining(), Metrics: srv.Registry(),
 		CABundle: *caBundle, Ingress: gateway.ParseIngressPolicy(*ingressCompanies), IngressHost: *ingressHost,
 		IngressCert: *ingressCert, IngressKey: *ingressKey, PingInterval: *pingInterval, PingTimeout: *pingTimeout,
 	}

@@ -22,13 +22,17 @@ func (s *Server) Attach(stream gatewayv1.RunnerGateway_AttachServer) error {
 }
 
 // ListRunners lists runners.
-func (s *Server) ListRunners(context.Context, *gatewayv1.ListRunnersRequest) (*gatewayv1.ListRunnersResponse, error) {
-	return &gatewayv1.ListRunnersResponse{Runners: s.Gateway.Runners()}, nil
+func (s *Server) ListRunners(ctx context.Context, _ *gatewayv1.ListRunnersRequest) (*gatewayv1.ListRunnersResponse, error) {
+	rs, err := s.Gateway.ListRunners(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &gatewayv1.ListRunnersResponse{Runners: rs}, nil
 }
 
 // GetRunner returns one runner.
-func (s *Server) GetRunner(_ context.Context, req *gatewayv1.GetRunnerRequest) (*gatewayv1.GetRunnerResponse, error) {
-	r, err := s.Gateway.Runner(req.GetRunnerInstanceId())
+func (s *Server) GetRunner(ctx context.Context, req *gatewayv1.GetRunnerRequest) (*gatewayv1.GetRunnerResponse, error) {
+	r, err := s.Gateway.GetRunner(ctx, req.GetRunnerInstanceId())
 	if err != nil {
 		return nil, err
 	}

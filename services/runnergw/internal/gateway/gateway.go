@@ -23,6 +23,7 @@ import (
 	backupv1 "github.com/tether-run/tether/pkg/gen/tether/backup/v1"
 	gatewayv1 "github.com/tether-run/tether/pkg/gen/tether/gateway/v1"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
+	"github.com/tether-run/tether/pkg/grant"
 	"github.com/tether-run/tether/pkg/prp"
 	"github.com/tether-run/tether/pkg/scope"
 	"github.com/tether-run/tether/pkg/scope/durable"
@@ -86,6 +87,9 @@ type Config struct {
 	// Build is the checked runnerd build metadata.
 	Build     *gatewayv1.BuildMetadata
 	Authority *prp.Authority
+	// Grants verifies the executor fleet's grant on every RunnerGateway
+	// call (SPEC S1); nil refuses every call.
+	Grants *grant.Verifier
 	// Backup is the backup verifier: suspensions upload their checkpoints
 	// to it, restores verify stamps with it and download from it. Nil:
 	// SuspendRunner and restore specs fail with
@@ -347,6 +351,11 @@ func (g *Gateway) Attach(stream gatewayv1.RunnerGateway_AttachServer) error {
 	open := first.GetOpen()
 	if open == nil {
 		return failure.New(codes.InvalidArgument, "attach_open_required", "the first Attach request must be Open")
+	}
+	// The grant is checked before the attempt is fenced or anything is
+	// looked at: an unproven caller leaves no trace (SPEC S1).
+	if err := g.authorize(ctx, wantOpen(open)); err != nil {
+		return err
 	}
 	mode, err := g.selectTransport(open)
 	if err != nil {

@@ -23,6 +23,9 @@ type metrics struct {
 	rotations prometheus.Counter
 	// migrations counts legacy roots renamed into their full scope.
 	migrations prometheus.Counter
+	// grantRefusals counts calls refused for their grant (SPEC S1), by
+	// method.
+	grantRefusals *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -43,9 +46,13 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "tether_runnergw_legacy_root_migrations_total",
 			Help: "Legacy durable roots renamed atomically into their full session scope.",
 		}),
+		grantRefusals: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tether_runnergw_grant_refusals_total",
+			Help: "RunnerGateway calls refused with gateway_grant_invalid (missing, forged, expired or mismatched grant), by method.",
+		}, []string{"method"}),
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.launches, m.refusals, m.rotations, m.migrations} {
+		for _, c := range []prometheus.Collector{m.launches, m.refusals, m.rotations, m.migrations, m.grantRefusals} {
 			_ = reg.Register(c)
 		}
 	}

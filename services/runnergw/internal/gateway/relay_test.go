@@ -30,6 +30,7 @@ import (
 	"github.com/tether-run/tether/pkg/failure"
 	gatewayv1 "github.com/tether-run/tether/pkg/gen/tether/gateway/v1"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
+	"github.com/tether-run/tether/pkg/grant"
 	"github.com/tether-run/tether/pkg/prp"
 	"github.com/tether-run/tether/pkg/prp/prptest"
 	"github.com/tether-run/tether/pkg/scope"
@@ -70,10 +71,12 @@ func (s server) Attach(stream gatewayv1.RunnerGateway_AttachServer) error { retu
 // to TLS runner listeners) in front of real runnerd and fake codex
 // processes.
 type relay struct {
-	t       *testing.T
-	g       *Gateway
-	cfg     Config
+	t   *testing.T
+	g   *Gateway
+	cfg Config
+	// client signs a grant for every call, as executors do; raw does not.
 	client  gatewayv1.RunnerGatewayClient
+	raw     gatewayv1.RunnerGatewayClient
 	callLog string
 	plain   string // host:port of the plain runner listener
 	// prior are the prior-run records attach sends (the executor's).
@@ -104,7 +107,7 @@ func newRelay(t *testing.T, mod func(*Config)) *relay {
 		RunnerdPath: filepath.Join(binDir, "runnerd"), CodexCommand: filepath.Join(binDir, "fake-codex-app-server"),
 		CodexArgs:   []string{"--delta-delay-ms", "5", "--state-file-in-codex-home", "--durable-turn-ids", "--record-process-start", "--call-log", rl.callLog},
 		IdleTimeout: time.Minute, ReconnectGrace: 30 * time.Second, ConnectTimeout: 20 * time.Second,
-		Build: build, Authority: prp.NewAuthority([]byte("relay-test-key"), nil),
+		Build: build, Authority: prp.NewAuthority([]byte("relay-test-key"), nil), Grants: testGrants.verifier,
 		Logger: slog.New(slog.NewTextHandler(testWriter{t}, nil)),
 	}
 	if mod != nil {
@@ -125,7 +128,8 @@ func newRelay(t *testing.T, mod func(*Config)) *relay {
 	go func() { _ = gs.Serve(gl) }()
 	conn, err := grpc.NewClient(gl.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	require.NoError(t, err)
-	rl.client = gatewayv1.NewRunnerGatewayClient(conn)
+	rl.raw = gatewayv1.NewRunnerGatewayClient(conn)
+	rl.client = grant.Client(rl.raw, testGrants.signer, testGatewayID)
 	t.Cleanup(func() {
 		conn.Close()
 		gs.Stop()

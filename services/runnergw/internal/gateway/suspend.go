@@ -22,6 +22,7 @@ import (
 	backupv1 "github.com/tether-run/tether/pkg/gen/tether/backup/v1"
 	gatewayv1 "github.com/tether-run/tether/pkg/gen/tether/gateway/v1"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
+	"github.com/tether-run/tether/pkg/grant"
 	"github.com/tether-run/tether/pkg/scope"
 	"github.com/tether-run/tether/pkg/scope/durable"
 )
@@ -140,6 +141,10 @@ func (r *runner) acquireOp(ctx context.Context) (func(), error) {
 // directories and uploads them to the backup verifier.
 func (g *Gateway) SuspendRunner(ctx context.Context, req *gatewayv1.SuspendRunnerRequest) (*gatewayv1.SuspendRunnerResponse, error) {
 	in := req.GetInput()
+	sc := scope.OfRun(req.GetRunId(), in)
+	if err := g.authorize(ctx, grant.Want{Method: grant.MethodSuspendRunner, RunID: req.GetRunId(), Scope: sc}); err != nil {
+		return nil, err
+	}
 	if kind := in.GetProvider().GetKind(); kind != "codex" {
 		return nil, failure.New(codes.FailedPrecondition, "runner_remote_provider_artifact_incompatible",
 			"this gateway checkpoints codex sessions only, not %q", kind)
@@ -149,7 +154,6 @@ func (g *Gateway) SuspendRunner(ctx context.Context, req *gatewayv1.SuspendRunne
 	}
 	ctx, cancel := context.WithTimeout(ctx, suspendTimeout)
 	defer cancel()
-	sc := scope.OfRun(req.GetRunId(), in)
 	dir := g.stateDir(sc)
 	log := g.log.With("session_scope", sc)
 	r := g.runnerFor(sc)
@@ -511,6 +515,9 @@ func uploadErr(sendErr, recvErr error) error {
 func (g *Gateway) CloseRunner(ctx context.Context, req *gatewayv1.CloseRunnerRequest) (*gatewayv1.CloseRunnerResponse, error) {
 	in := req.GetInput()
 	sc := scope.OfRun(req.GetRunId(), in)
+	if err := g.authorize(ctx, grant.Want{Method: grant.MethodCloseRunner, RunID: req.GetRunId(), Scope: sc}); err != nil {
+		return nil, err
+	}
 	ctx, cancel := context.WithTimeout(ctx, suspendTimeout)
 	defer cancel()
 	r := g.runnerFor(sc)

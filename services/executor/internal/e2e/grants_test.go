@@ -1,0 +1,62 @@
+package e2e
+
+import (
+	"context"
+	"math"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/tether-run/tether/pkg/failure"
+	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
+	gatewayv1 "github.com/tether-run/tether/pkg/gen/tether/gateway/v1"
+	"github.com/tether-run/tether/pkg/grant"
+	"github.com/tether-run/tether/pkg/grpcx"
+	"github.com/tether-run/tether/services/executor/internal/stack"
+)
+
+// TestS1_AForgedAttachThroughTheStackIsRefusedAndTheRealRunSucceeds is
+// issue 12's attack against the running stack: a caller with a network
+// path to the gateway but no grant sends the fence-poisoning Attach of
+// victim-1 (owner evil, attempt 2^64-1) and a forged run. Both are refused
+// gateway_grant_invalid before anything is fenced or launched, and the
+// real SubmitRun victim-1 then succeeds at attempt 1 on the only runner
+// and provider process.
+func TestS1_AForgedAttachThroughTheStackIsRefusedAndTheRealRunSucceeds(t *testing.T) {
+	h := newHarness(t, stack.Options{})
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	conn, err := grpcx.Dial(h.st.Addr("runnergw"), "")
+	require.NoError(t, err)
+	defer conn.Close()
+	attacker := gatewayv1.NewRunnerGatewayClient(conn)
+	in := h.submitInput("victim", "the genuine prompt")
+	for _, fence := range []*gatewayv1.FencingToken{{Owner: "evil", Attempt: math.MaxUint64}, {Owner: "evil", Attempt: 1}} {
+		s, err := attacker.Attach(ctx)
+		require.NoError(t, err)
+		require.NoError(t, s.Send(&gatewayv1.AttachRequest{Kind: &gatewayv1.AttachRequest_Open{Open: &gatewayv1.Open{
+			RunId: "victim-1", Fence: fence, Input: in}}}))
+		_, err = s.Recv()
+		require.Equal(t, codes.Unauthenticated, status.Code(err), "%v", err)
+		require.Equal(t, grant.CodeInvalid, failure.CodeOf(err), "%v", err)
+	}
+	_, err = attacker.ListRunners(ctx, &gatewayv1.ListRunnersRequest{})
+	require.Equal(t, grant.CodeInvalid, failure.CodeOf(err), "%v", err)
+	_, err = os.Stat(h.st.CallLog())
+	require.True(t, os.IsNotExist(err), "no provider was started")
+
+	_, err = h.client.SubmitRun(ctx, &executorv1.SubmitRunRequest{RunId: "victim-1", Input: in})
+	require.NoError(t, err)
+	h.watch(ctx, "victim-1", 0, nil)
+	run := h.get("victim-1")
+	require.Equal(t, executorv1.RunState_RUN_STATE_SUCCEEDED, run.GetState(), "%v", run.GetFailure())
+	require.EqualValues(t, 1, run.GetAttempt())
+	require.Equal(t, 1, countLines(t, h.st.CallLog(), "process-start"), "one provider process")
+	runners, err := h.gatewayClient().ListRunners(ctx, &gatewayv1.ListRunnersRequest{})
+	require.NoError(t, err)
+	require.Len(t, runners.GetRunners(), 1, "one runner")
+}

@@ -1,0 +1,59 @@
+package gateway
+
+import (
+	"context"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+
+	"github.com/tether-run/tether/pkg/failure"
+	gatewayv1 "github.com/tether-run/tether/pkg/gen/tether/gateway/v1"
+	"github.com/tether-run/tether/pkg/grant"
+)
+
+// authorize checks the call's grant (SPEC S1) before anything else happens:
+// a refused call records no fence, touches no runner and launches nothing.
+// A gateway without grant keys refuses every call.
+func (g *Gateway) authorize(ctx context.Context, want grant.Want) error {
+	if g.cfg.Grants == nil {
+		g.metrics.grantRefusals.WithLabelValues(want.Method).Inc()
+		return failure.New(codes.Unauthenticated, grant.CodeInvalid, "this gateway has no grant public keys configured (-grant-public-keys); it refuses every call")
+	}
+	var tok string
+	if md, ok := metadata.FromIncomingContext(ctx); ok {
+		if v := md.Get(grant.Header); len(v) == 1 {
+			tok = v[0]
+		} else if len(v) > 1 {
+			g.metrics.grantRefusals.WithLabelValues(want.Method).Inc()
+			return failure.New(codes.Unauthenticated, grant.CodeInvalid, "more than one grant")
+		}
+	}
+	if _, err := g.cfg.Grants.Verify(tok, want); err != nil {
+		g.metrics.grantRefusals.WithLabelValues(want.Method).Inc()
+		g.log.Warn("gateway call refused", "method", want.Method, "run_id", want.RunID, "err", err)
+		return err
+	}
+	return nil
+}
+
+// wantOpen is what an Attach with this Open needs its grant to say.
+func wantOpen(o *gatewayv1.Open) grant.Want {
+	c := grant.ClaimsForOpen(o)
+	return grant.Want{Method: c.Method, RunID: c.RunID, Scope: c.Scope, Fenced: true, Owner: c.Owner, Attempt: c.Attempt}
+}
+
+// ListRunners lists the known runners for a granted caller.
+func (g *Gateway) ListRunners(ctx context.Context) ([]*gatewayv1.Runner, error) {
+	if err := g.authorize(ctx, grant.Want{Method: grant.MethodListRunners}); err != nil {
+		return nil, err
+	}
+	return g.Runners(), nil
+}
+
+// GetRunner returns one runner for a granted caller.
+func (g *Gateway) GetRunner(ctx context.Context, id string) (*gatewayv1.Runner, error) {
+	if err := g.authorize(ctx, grant.Want{Method: grant.MethodGetRunner}); err != nil {
+		return nil, err
+	}
+	return g.Runner(id)
+}
