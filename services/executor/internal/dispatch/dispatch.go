@@ -568,7 +568,7 @@ func (d *Dispatcher) attachOnce(ctx context.Context, c *store.Claim, cancelCh <-
 			return false, err
 		}
 	}
-	live := newLiveSession(c, send)
+	live := newLiveSession(c, send, opened.GetToolAuthorityEpoch())
 	defer d.controls.Attach(c.RunID, live)()
 
 	// Everything the gateway relayed is read ahead into msgs, so a group

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 
 	"google.golang.org/grpc/codes"
@@ -21,14 +22,27 @@ import (
 type liveSession struct {
 	claim *store.Claim
 	send  func(*gatewayv1.AttachRequest) error // serialised by the caller
+	// toolEpoch is the scope's tool authority epoch the gateway gave this
+	// attachment: tool results and runtime-request answers carry it, and
+	// the gateway refuses them once it is revoked (SPEC E13, S1).
+	toolEpoch uint64
 
 	mu      sync.Mutex
 	turn    string
 	pending map[string]chan *prpv1.CommandResult
 }
 
-func newLiveSession(c *store.Claim, send func(*gatewayv1.AttachRequest) error) *liveSession {
-	return &liveSession{claim: c, send: send, pending: map[string]chan *prpv1.CommandResult{}}
+func newLiveSession(c *store.Claim, send func(*gatewayv1.AttachRequest) error, toolEpoch uint64) *liveSession {
+	return &liveSession{claim: c, send: send, toolEpoch: toolEpoch, pending: map[string]chan *prpv1.CommandResult{}}
+}
+
+// withToolEpoch stamps a tool result or runtime-request answer with the
+// attachment's tool authority epoch.
+func (l *liveSession) withToolEpoch(cmd *prpv1.Command) *prpv1.Command {
+	if l.toolEpoch != 0 {
+		cmd.ControllerEpoch = strconv.FormatUint(l.toolEpoch, 10)
+	}
+	return cmd
 }
 
 var _ control.Session = (*liveSession)(nil)
@@ -134,7 +148,7 @@ func (l *liveSession) ResolveRuntimeRequest(ctx context.Context, commandID, requ
 		return err
 	}
 	cmd.CommandId = commandID
-	r, err := l.call(ctx, cmd)
+	r, err := l.call(ctx, l.withToolEpoch(cmd))
 	if err != nil {
 		return err
 	}
@@ -157,7 +171,7 @@ func (l *liveSession) CompleteToolCall(ctx context.Context, callID string, succe
 		return "", err
 	}
 	cmd.CommandId = fmt.Sprintf("%s/tool/%s", l.claim.RunID, callID)
-	r, err := l.call(ctx, cmd)
+	r, err := l.call(ctx, l.withToolEpoch(cmd))
 	if err != nil {
 		return "", err
 	}

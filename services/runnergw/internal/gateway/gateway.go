@@ -185,9 +185,11 @@ type runner struct {
 type attachment struct {
 	runID   string
 	attempt uint64
-	out     chan *gatewayv1.AttachResponse
-	done    chan struct{}
-	once    sync.Once
+	// tools is the scope's tool authority epoch begun for this attachment.
+	tools *durable.ToolAuthority
+	out   chan *gatewayv1.AttachResponse
+	done  chan struct{}
+	once  sync.Once
 }
 
 func (a *attachment) close() { a.once.Do(func() { close(a.done) }) }
@@ -423,11 +425,12 @@ func (g *Gateway) Attach(stream gatewayv1.RunnerGateway_AttachServer) error {
 		}
 	}
 	opened.PreviousRunId = prev
-	opened.ToolAuthorityEpoch = g.epochs.Begin(sc, durable.ToolBinding{
+	att.tools = g.epochs.Begin(sc, durable.ToolBinding{
 		CompanyID: open.GetInput().GetBinding().GetCompanyId(), IssueID: open.GetInput().GetBinding().GetIssueId(),
 		RunID: runID, AgentID: open.GetInput().GetBinding().GetAgentId(),
 		NormalizedSessionID: open.GetInput().GetSession().GetNormalizedSessionId(),
-	}).Epoch()
+	})
+	opened.ToolAuthorityEpoch = att.tools.Epoch()
 	if reused && prev != "" {
 		g.metrics.rotations.Inc()
 		log.Info(ReasonAuthorityRotated, "previous_run_id", prev, "tool_authority_epoch", opened.ToolAuthorityEpoch)
@@ -515,6 +518,14 @@ func (g *Gateway) fromExecutor(ctx context.Context, r *runner, att *attachment, 
 	case *gatewayv1.AttachRequest_Command:
 		cmd := k.Command
 		cmd.RunId, cmd.Attempt = att.runID, att.attempt
+		if err := revokedToolAuthority(cmd, att.tools); err != nil {
+			// Refused here; the runner never sees it.
+			att.deliver(ctx, &gatewayv1.AttachResponse{Kind: &gatewayv1.AttachResponse_CommandResult{CommandResult: &prpv1.CommandResult{
+				CommandId: cmd.GetCommandId(), CommandType: cmd.GetType(), Status: "rejected",
+				Code: failure.CodeOf(err), Message: err.Error(), RunId: cmd.GetRunId(),
+			}}})
+			return nil
+		}
 		r.mu.Lock()
 		defer r.mu.Unlock()
 		if r.att != att {

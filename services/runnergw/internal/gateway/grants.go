@@ -2,13 +2,16 @@ package gateway
 
 import (
 	"context"
+	"strconv"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 
 	"github.com/tether-run/tether/pkg/failure"
 	gatewayv1 "github.com/tether-run/tether/pkg/gen/tether/gateway/v1"
+	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/grant"
+	"github.com/tether-run/tether/pkg/scope/durable"
 )
 
 // authorize checks the call's grant (SPEC S1) before anything else happens:
@@ -56,4 +59,32 @@ func (g *Gateway) GetRunner(ctx context.Context, id string) (*gatewayv1.Runner, 
 		return nil, err
 	}
 	return g.Runner(id)
+}
+
+// Commands that act under the scope's tool authority.
+const (
+	cmdToolResult     = "tool.result"
+	cmdRequestResolve = "request.resolve"
+)
+
+// revokedToolAuthority refuses a tool result or runtime-request answer whose
+// tool authority epoch is no longer the scope's current one: the
+// attachment's epoch was revoked (a later run took the scope), or the
+// command carries another epoch (controller_epoch) than the attachment's.
+// Other commands pass.
+func revokedToolAuthority(cmd *prpv1.Command, tools *durable.ToolAuthority) error {
+	if t := cmd.GetType(); t != cmdToolResult && t != cmdRequestResolve {
+		return nil
+	}
+	if tools == nil {
+		return failure.New(codes.FailedPrecondition, durable.CodeToolEpochRevoked, "run %s holds no tool authority", cmd.GetRunId())
+	}
+	if _, err := tools.Binding(); err != nil {
+		return err
+	}
+	if e := cmd.GetControllerEpoch(); e != "" && e != strconv.FormatUint(tools.Epoch(), 10) {
+		return failure.New(codes.FailedPrecondition, durable.CodeToolEpochRevoked,
+			"tool authority epoch %s of run %s was revoked (the scope's current epoch is %d)", e, cmd.GetRunId(), tools.Epoch())
+	}
+	return nil
 }

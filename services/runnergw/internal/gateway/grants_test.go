@@ -7,6 +7,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"strconv"
 	"testing"
 	"time"
 
@@ -20,6 +21,7 @@ import (
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/grant"
 	"github.com/tether-run/tether/pkg/scope"
+	"github.com/tether-run/tether/pkg/scope/durable"
 )
 
 const testGatewayID = "gw-test"
@@ -221,4 +223,65 @@ func TestS1_AGatewayWithoutGrantKeysRefusesEveryCall(t *testing.T) {
 	entries, err := os.ReadDir(g.cfg.StateRoot)
 	require.NoError(t, err)
 	require.Empty(t, entries)
+}
+
+func TestS1_RevokedToolAuthorityEpochsAreDecidedAtTheGateway(t *testing.T) {
+	var epochs durable.Epochs
+	first := epochs.Begin("scope-1", durable.ToolBinding{RunID: "run-1"})
+	cmd := func(typ, epoch string) *prpv1.Command {
+		return &prpv1.Command{CommandId: "c", Type: typ, RunId: "run-1", ControllerEpoch: epoch}
+	}
+	require.NoError(t, revokedToolAuthority(cmd("turn.start", ""), nil), "other commands pass")
+	require.NoError(t, revokedToolAuthority(cmd(cmdToolResult, ""), first))
+	require.NoError(t, revokedToolAuthority(cmd(cmdRequestResolve, "1"), first))
+	for _, c := range []struct {
+		name  string
+		cmd   *prpv1.Command
+		tools *durable.ToolAuthority
+	}{
+		{"another epoch", cmd(cmdToolResult, "2"), first},
+		{"no authority", cmd(cmdToolResult, "1"), nil},
+	} {
+		err := revokedToolAuthority(c.cmd, c.tools)
+		require.Equal(t, durable.CodeToolEpochRevoked, failure.CodeOf(err), c.name)
+	}
+	epochs.Begin("scope-1", durable.ToolBinding{RunID: "run-2"}) // a continuation takes the scope
+	for _, typ := range []string{cmdToolResult, cmdRequestResolve} {
+		require.Equal(t, durable.CodeToolEpochRevoked, failure.CodeOf(revokedToolAuthority(cmd(typ, "1"), first)), typ)
+		require.Equal(t, durable.CodeToolEpochRevoked, failure.CodeOf(revokedToolAuthority(cmd(typ, ""), first)), typ)
+	}
+}
+
+// TestS1_AToolResultCarryingARevokedEpochIsRefusedAtTheGateway: over real
+// gRPC, a tool result carrying another epoch than the attachment's is
+// answered rejected by the gateway and never reaches the runner; one
+// carrying the current epoch is the runner's to judge.
+func TestS1_AToolResultCarryingARevokedEpochIsRefusedAtTheGateway(t *testing.T) {
+	rl := newRelay(t, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	in := testInput("epochs", "acme", "hello")
+	s, opened, err := rl.attach(ctx, "run-epochs", nil, in)
+	require.NoError(t, err)
+	epoch := opened.GetToolAuthorityEpoch()
+	require.NotZero(t, epoch)
+	result := func(id, epoch string) *prpv1.CommandResult {
+		c := command(t, "run-epochs", 1, cmdToolResult, map[string]any{"callId": id, "text": "ok"})
+		c.CommandId, c.ControllerEpoch = "run-epochs/tool/"+id, epoch
+		require.NoError(t, s.Send(&gatewayv1.AttachRequest{Kind: &gatewayv1.AttachRequest_Command{Command: c}}))
+		for {
+			m, err := s.Recv()
+			require.NoError(t, err)
+			if r := m.GetCommandResult(); r != nil && r.GetCommandId() == c.CommandId {
+				return r
+			}
+		}
+	}
+	stale := result("call-stale", strconv.FormatUint(epoch+1, 10))
+	require.Equal(t, "rejected", stale.GetStatus())
+	require.Equal(t, durable.CodeToolEpochRevoked, stale.GetCode(), stale.GetMessage())
+	require.Zero(t, stale.GetControllerSeq(), "the runner never saw it")
+	current := result("call-current", strconv.FormatUint(epoch, 10))
+	require.NotEqual(t, durable.CodeToolEpochRevoked, current.GetCode(), "the current epoch reaches the runner")
+	require.NotZero(t, current.GetControllerSeq())
 }
