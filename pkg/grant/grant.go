@@ -220,8 +220,22 @@ type Want struct {
 // want. Any failure is Unauthenticated gateway_grant_invalid; the message
 // says why without echoing the grant.
 func (v *Verifier) Verify(encoded string, want Want) (*Claims, error) {
+	c, err := v.Authenticate(encoded, want.Method)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.Match(want); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// Authenticate checks what can be checked before the call's request is
+// read: the signature, the expiry, the audience and the method. The caller
+// then matches the claims against the request (Match).
+func (v *Verifier) Authenticate(encoded, method string) (*Claims, error) {
 	if encoded == "" {
-		return nil, invalid("no grant: every %s call needs a grant signed by the executor fleet (metadata %q)", want.Method, Header)
+		return nil, invalid("no grant: every %s call needs a grant signed by the executor fleet (metadata %q)", method, Header)
 	}
 	tok, err := Decode(encoded)
 	if err != nil {
@@ -241,18 +255,27 @@ func (v *Verifier) Verify(encoded string, want Want) (*Claims, error) {
 		return nil, invalid("the grant expired %d ms ago", now-c.ExpiresAt)
 	case c.Audience != v.audience:
 		return nil, invalid("the grant is for gateway %q, not %q", c.Audience, v.audience)
-	case c.Method != want.Method:
-		return nil, invalid("the grant is for %s, not %s", c.Method, want.Method)
-	case c.RunID != want.RunID:
-		return nil, invalid("the grant is for run %q, not %q", c.RunID, want.RunID)
-	case c.Scope != want.Scope:
-		return nil, invalid("the grant is for another session scope")
-	case want.Fenced && c.Owner != want.Owner:
-		return nil, invalid("the grant is for owner %q, not %q", c.Owner, want.Owner)
-	case want.Fenced && c.Attempt != want.Attempt:
-		return nil, invalid("the grant is for attempt %d, not %d", c.Attempt, want.Attempt)
+	case c.Method != method:
+		return nil, invalid("the grant is for %s, not %s", c.Method, method)
 	}
 	return c, nil
+}
+
+// Match checks that authenticated claims name exactly the call want.
+func (c *Claims) Match(want Want) error {
+	switch {
+	case c.Method != want.Method:
+		return invalid("the grant is for %s, not %s", c.Method, want.Method)
+	case c.RunID != want.RunID:
+		return invalid("the grant is for run %q, not %q", c.RunID, want.RunID)
+	case c.Scope != want.Scope:
+		return invalid("the grant is for another session scope")
+	case want.Fenced && c.Owner != want.Owner:
+		return invalid("the grant is for owner %q, not %q", c.Owner, want.Owner)
+	case want.Fenced && c.Attempt != want.Attempt:
+		return invalid("the grant is for attempt %d, not %d", c.Attempt, want.Attempt)
+	}
+	return nil
 }
 
 func invalid(format string, args ...any) error {

@@ -35,6 +35,11 @@ type Config struct {
 	TLSClientCAFile string
 	// AllowPlaintext permits serving without TLS on a non-loopback address.
 	AllowPlaintext bool
+	// AllowedPeers, when set, are the identity roles (pkg/identity) whose
+	// mTLS certificates may call this server's services (health and
+	// reflection excepted); it needs TLSClientCAFile with TLS. Without TLS
+	// there are no identities (loopback development).
+	AllowedPeers []string
 	// ShutdownTimeout bounds the graceful stop (default 10s); then remaining
 	// RPCs are cancelled.
 	ShutdownTimeout time.Duration

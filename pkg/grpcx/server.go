@@ -69,7 +69,8 @@ type Server struct {
 // New builds a Server from cfg. extra options are appended to the built-in
 // ones (interceptors passed with grpc.ChainUnaryInterceptor /
 // ChainStreamInterceptor run after the built-in chain: fields, metrics,
-// logging, recovery, protovalidate).
+// logging, recovery, mTLS peer identities (Config.AllowedPeers),
+// protovalidate).
 func New(cfg Config, extra ...grpc.ServerOption) (*Server, error) {
 	if cfg.flagErrs != nil {
 		if err := cfg.flagErrs(); err != nil {
@@ -98,6 +99,10 @@ func New(cfg Config, extra ...grpc.ServerOption) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := checkPeersConfig(cfg); err != nil {
+		return nil, err
+	}
+	peers := peerCheck{allowed: cfg.AllowedPeers, secure: tlsCfg != nil}
 	if tlsCfg == nil && !cfg.AllowPlaintext && cfg.GRPCAddr != "" && !IsLoopbackAddr(cfg.GRPCAddr) {
 		return nil, plaintextError(cfg.GRPCAddr)
 	}
@@ -147,6 +152,7 @@ func New(cfg Config, extra ...grpc.ServerOption) (*Server, error) {
 			logging.UnaryServerInterceptor(slogAdapter(log), logOpts...),
 			unaryCodedErrors,
 			recovery.UnaryServerInterceptor(rec),
+			peers.unary,
 			protovalidatemw.UnaryServerInterceptor(validator),
 		),
 		grpc.ChainStreamInterceptor(
@@ -155,6 +161,7 @@ func New(cfg Config, extra ...grpc.ServerOption) (*Server, error) {
 			logging.StreamServerInterceptor(slogAdapter(log), logOpts...),
 			streamCodedErrors,
 			recovery.StreamServerInterceptor(rec),
+			peers.stream,
 			protovalidatemw.StreamServerInterceptor(validator),
 		),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{

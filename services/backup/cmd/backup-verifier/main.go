@@ -24,6 +24,7 @@ import (
 	"github.com/tether-run/tether/pkg/archive"
 	backupv1 "github.com/tether-run/tether/pkg/gen/tether/backup/v1"
 	"github.com/tether-run/tether/pkg/grpcx"
+	"github.com/tether-run/tether/pkg/identity"
 	"github.com/tether-run/tether/pkg/keyfile"
 	"github.com/tether-run/tether/services/backup/internal/api"
 	"github.com/tether-run/tether/services/backup/internal/checkpoint"
@@ -40,6 +41,8 @@ func main() {
 func run() error {
 	fs := flag.NewFlagSet("backup-verifier", flag.ExitOnError)
 	cfg := grpcx.RegisterFlags(fs, "backup-verifier", "127.0.0.1:7402", "127.0.0.1:9402")
+	// SPEC S2: over mTLS only gateways and executors may call the verifier.
+	cfg.AllowedPeers = []string{identity.Executor, identity.Gateway}
 	home, _ := os.UserHomeDir()
 	state := filepath.Join(home, ".local", "state", "tether", "backup")
 	keyFile := grpcx.StringFlag(fs, "stamp-key-file", "", filepath.Join(state, "stamp.key"),

@@ -32,7 +32,7 @@ func run() error {
 	cfg := grpcx.RegisterFlags(fs, "executor", "127.0.0.1:7400", "127.0.0.1:9400")
 	dsn := grpcx.StringFlag(fs, "database-url", "", "", "PostgreSQL URL (required)")
 	gwAddr := grpcx.StringFlag(fs, "gateway-addr", "", "127.0.0.1:7401", "runner gateway gRPC address")
-	gwCA := grpcx.StringFlag(fs, "gateway-ca", "", "", "CA bundle for the gateway's TLS certificate (required off loopback)")
+	gwCA := grpcx.StringFlag(fs, "gateway-ca", "", "", "CA bundle for the gateway's TLS certificate (required off loopback); the executor presents its -tls-cert as its client identity (mTLS)")
 	owner := grpcx.StringFlag(fs, "owner-id", "", dispatch.DefaultOwner(), "this replica's lease owner id")
 	ttl := grpcx.DurationFlag(fs, "lease-ttl", "", store.DefaultLeaseTTL, "lease TTL (1s..20m); renewed every TTL/3")
 	retryDelay := grpcx.DurationFlag(fs, "retry-delay", "", 30*time.Second, "delay before retrying a failed attempt (attempts 1 and 2; the third is terminal)")
@@ -73,7 +73,7 @@ func run() error {
 		return err
 	}
 	defer st.Close()
-	gwConn, err := grpcx.Dial(*gwAddr, *gwCA)
+	gwConn, err := cfg.DialPeer(*gwAddr, *gwCA)
 	if err != nil {
 		return err
 	}

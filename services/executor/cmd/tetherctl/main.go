@@ -48,12 +48,16 @@ commands:
   get      print a run as JSON (RUN_ID)
   list     list runs (-session, -state, -limit)
   cancel   cancel a run (RUN_ID [-reason R] [-scope run|turn|issue])
-environment: TETHER_EXECUTOR_ADDR (default 127.0.0.1:7400), TETHER_EXECUTOR_CA`
+  certs    certs init DIR [-host H]...: a development CA, service certificates and the grant key pair
+  grant    print a gateway grant for ListRunners/GetRunner (-key-file, -gateway-id, -method)
+environment: TETHER_EXECUTOR_ADDR (default 127.0.0.1:7400), TETHER_EXECUTOR_CA, TETHER_CLIENT_CERT, TETHER_CLIENT_KEY`
 
 func run(args []string) error {
 	global := flag.NewFlagSet("tetherctl", flag.ContinueOnError)
 	addr := grpcx.StringFlag(global, "addr", "TETHER_EXECUTOR_ADDR", "127.0.0.1:7400", "executor address")
 	ca := grpcx.StringFlag(global, "ca", "TETHER_EXECUTOR_CA", "", "CA bundle for the executor's TLS certificate")
+	cert := grpcx.StringFlag(global, "cert", "TETHER_CLIENT_CERT", "", "client certificate for mTLS to the executor (with -ca and -key)")
+	key := grpcx.StringFlag(global, "key", "TETHER_CLIENT_KEY", "", "client private key for -cert")
 	global.Usage = func() { fmt.Fprintln(os.Stderr, usage) }
 	if err := global.Parse(args); err != nil {
 		return err
@@ -62,7 +66,13 @@ func run(args []string) error {
 		global.Usage()
 		return errors.New("missing command")
 	}
-	conn, err := grpcx.Dial(*addr, *ca)
+	switch global.Arg(0) {
+	case "certs":
+		return certs(global.Args()[1:])
+	case "grant":
+		return grantCmd(global.Args()[1:])
+	}
+	conn, err := (&grpcx.Config{TLSCertFile: *cert, TLSKeyFile: *key}).DialPeer(*addr, *ca)
 	if err != nil {
 		return err
 	}

@@ -35,11 +35,15 @@ func TestS1_AForgedAttachThroughTheStackIsRefusedAndTheRealRunSucceeds(t *testin
 	defer conn.Close()
 	attacker := gatewayv1.NewRunnerGatewayClient(conn)
 	in := h.submitInput("victim", "the genuine prompt")
-	for _, fence := range []*gatewayv1.FencingToken{{Owner: "evil", Attempt: math.MaxUint64}, {Owner: "evil", Attempt: 1}} {
+	for _, open := range []*gatewayv1.Open{
+		// The grpcurl request, as is (no input).
+		{RunId: "victim-1", Fence: &gatewayv1.FencingToken{Owner: "evil", Attempt: math.MaxUint64}},
+		{RunId: "victim-1", Fence: &gatewayv1.FencingToken{Owner: "evil", Attempt: math.MaxUint64}, Input: in},
+		{RunId: "victim-1", Fence: &gatewayv1.FencingToken{Owner: "evil", Attempt: 1}, Input: in},
+	} {
 		s, err := attacker.Attach(ctx)
 		require.NoError(t, err)
-		require.NoError(t, s.Send(&gatewayv1.AttachRequest{Kind: &gatewayv1.AttachRequest_Open{Open: &gatewayv1.Open{
-			RunId: "victim-1", Fence: fence, Input: in}}}))
+		require.NoError(t, s.Send(&gatewayv1.AttachRequest{Kind: &gatewayv1.AttachRequest_Open{Open: open}}))
 		_, err = s.Recv()
 		require.Equal(t, codes.Unauthenticated, status.Code(err), "%v", err)
 		require.Equal(t, grant.CodeInvalid, failure.CodeOf(err), "%v", err)

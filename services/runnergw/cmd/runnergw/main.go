@@ -22,6 +22,7 @@ import (
 	gatewayv1 "github.com/tether-run/tether/pkg/gen/tether/gateway/v1"
 	"github.com/tether-run/tether/pkg/grant"
 	"github.com/tether-run/tether/pkg/grpcx"
+	"github.com/tether-run/tether/pkg/identity"
 	"github.com/tether-run/tether/pkg/keyfile"
 	"github.com/tether-run/tether/pkg/prp"
 	"github.com/tether-run/tether/services/runnergw/internal/api"
@@ -51,6 +52,8 @@ func defaultStateRoot() string {
 func run() error {
 	fs := flag.NewFlagSet("runnergw", flag.ExitOnError)
 	cfg := grpcx.RegisterFlags(fs, "runnergw", "127.0.0.1:7401", "127.0.0.1:9401")
+	// SPEC S2: over mTLS only executors may call a gateway.
+	cfg.AllowedPeers = []string{identity.Executor}
 	wsAddr := grpcx.StringFlag(fs, "runner-addr", "", "127.0.0.1:7411", "plain WebSocket listener for local runners (dial_ws_loopback; loopback only)")
 	connectURL := grpcx.StringFlag(fs, "runner-connect-url", "", "", "ws:// URL launched dial_ws_loopback runners dial (default ws://<runner-addr>"+gateway.ConnectPath+"; loopback only)")
 	tlsAddr := grpcx.StringFlag(fs, "runner-tls-addr", "", "127.0.0.1:7412", "TLS WebSocket listener for dial_wss runners (served only with -runner-tls-cert/-runner-tls-key)")
@@ -77,7 +80,7 @@ func run() error {
 	grace := grpcx.DurationFlag(fs, "reconnect-grace", "", 2*time.Minute, "how long a runner keeps reconnecting before it gives up")
 	connectTimeout := grpcx.DurationFlag(fs, "connect-timeout", "", 20*time.Second, "how long an Attach waits for its runner to connect")
 	backupAddr := grpcx.StringFlag(fs, "backup-addr", "", "127.0.0.1:7402", "backup verifier: verified suspensions upload their checkpoints to it, restores verify their stamps with it (empty: off)")
-	backupCA := grpcx.StringFlag(fs, "backup-ca", "", "", "PEM CA bundle for TLS to the backup verifier (needed off loopback)")
+	backupCA := grpcx.StringFlag(fs, "backup-ca", "", "", "PEM CA bundle for TLS to the backup verifier (needed off loopback); the gateway presents its -tls-cert as its client identity")
 	keyFile := grpcx.StringFlag(fs, "runner-auth-key-file", "", "", "HMAC key for runner credentials (default <state-root>/gateway.key, created 0600)")
 	gatewayID := grpcx.StringFlag(fs, "gateway-id", "", "runnergw", "this gateway's id: the audience every executor grant must name")
 	grantKeys := grpcx.StringFlag(fs, "grant-public-keys", "", "", "the executor fleet's Ed25519 grant public keys (PEM files, comma separated; more than one while keys rotate); every call needs a grant signed by one of them (required)")
@@ -173,7 +176,7 @@ func run() error {
 		}
 	}
 	if *backupAddr != "" {
-		conn, err := grpcx.Dial(*backupAddr, *backupCA)
+		conn, err := cfg.DialPeer(*backupAddr, *backupCA)
 		if err != nil {
 			return fmt.Errorf("-backup-addr: %w", err)
 		}

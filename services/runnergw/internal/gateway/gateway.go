@@ -346,6 +346,13 @@ func (g *Gateway) ensureRunner(ctx context.Context, sc string, in *prpv1.Executi
 // Attach serves one executor stream.
 func (g *Gateway) Attach(stream gatewayv1.RunnerGateway_AttachServer) error {
 	ctx := stream.Context()
+	// The grant is checked before the Open is even read, and matched
+	// against it before the attempt is fenced or anything is looked at: an
+	// unproven caller leaves no trace (SPEC S1).
+	claims, err := g.authenticate(ctx, grant.MethodAttach)
+	if err != nil {
+		return err
+	}
 	first, err := stream.Recv()
 	if err != nil {
 		return err
@@ -354,9 +361,7 @@ func (g *Gateway) Attach(stream gatewayv1.RunnerGateway_AttachServer) error {
 	if open == nil {
 		return failure.New(codes.InvalidArgument, "attach_open_required", "the first Attach request must be Open")
 	}
-	// The grant is checked before the attempt is fenced or anything is
-	// looked at: an unproven caller leaves no trace (SPEC S1).
-	if err := g.authorize(ctx, wantOpen(open)); err != nil {
+	if err := g.match(claims, wantOpen(open)); err != nil {
 		return err
 	}
 	mode, err := g.selectTransport(open)

@@ -18,20 +18,45 @@ import (
 // a refused call records no fence, touches no runner and launches nothing.
 // A gateway without grant keys refuses every call.
 func (g *Gateway) authorize(ctx context.Context, want grant.Want) error {
+	c, err := g.authenticate(ctx, want.Method)
+	if err != nil {
+		return err
+	}
+	return g.match(c, want)
+}
+
+// authenticate checks the signature, expiry, audience and method of the
+// call's grant, before its request is read.
+func (g *Gateway) authenticate(ctx context.Context, method string) (*grant.Claims, error) {
+	c, err := g.grantOf(ctx, method)
+	if err != nil {
+		g.metrics.grantRefusals.WithLabelValues(method).Inc()
+		g.log.Warn("gateway call refused", "method", method, "err", err)
+		return nil, err
+	}
+	return c, nil
+}
+
+func (g *Gateway) grantOf(ctx context.Context, method string) (*grant.Claims, error) {
 	if g.cfg.Grants == nil {
-		g.metrics.grantRefusals.WithLabelValues(want.Method).Inc()
-		return failure.New(codes.Unauthenticated, grant.CodeInvalid, "this gateway has no grant public keys configured (-grant-public-keys); it refuses every call")
+		return nil, failure.New(codes.Unauthenticated, grant.CodeInvalid, "this gateway has no grant public keys configured (-grant-public-keys); it refuses every call")
 	}
 	var tok string
 	if md, ok := metadata.FromIncomingContext(ctx); ok {
-		if v := md.Get(grant.Header); len(v) == 1 {
+		v := md.Get(grant.Header)
+		if len(v) > 1 {
+			return nil, failure.New(codes.Unauthenticated, grant.CodeInvalid, "more than one grant")
+		}
+		if len(v) == 1 {
 			tok = v[0]
-		} else if len(v) > 1 {
-			g.metrics.grantRefusals.WithLabelValues(want.Method).Inc()
-			return failure.New(codes.Unauthenticated, grant.CodeInvalid, "more than one grant")
 		}
 	}
-	if _, err := g.cfg.Grants.Verify(tok, want); err != nil {
+	return g.cfg.Grants.Authenticate(tok, method)
+}
+
+// match checks authenticated claims against the call's request.
+func (g *Gateway) match(c *grant.Claims, want grant.Want) error {
+	if err := c.Match(want); err != nil {
 		g.metrics.grantRefusals.WithLabelValues(want.Method).Inc()
 		g.log.Warn("gateway call refused", "method", want.Method, "run_id", want.RunID, "err", err)
 		return err

@@ -1,0 +1,134 @@
+package identity
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"math/big"
+	"net"
+	"net/url"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/tether-run/tether/pkg/grant"
+)
+
+// Files InitDev writes into its directory (all mode 0600).
+const (
+	CAFile         = "ca.pem"
+	CAKeyFile      = "ca.key"
+	GrantKeyFile   = "grant.key"
+	GrantPublicKey = "grant.pub"
+)
+
+// CertFile and KeyFile are the certificate and key of role in a directory
+// InitDev wrote.
+func CertFile(dir, role string) string { return filepath.Join(dir, role+".pem") }
+
+// KeyFile is role's private key.
+func KeyFile(dir, role string) string { return filepath.Join(dir, role+".key") }
+
+// InitDev writes a development PKI into dir (created 0700, which must not
+// hold one already): a CA, for every role a certificate (server and client
+// use) naming the role's identity URI, the DNS names role and localhost,
+// 127.0.0.1, ::1 and the extra hosts (DNS names or IPs), and the executor
+// fleet's grant key pair. It is for development and tests; production
+// issues certificates from its own CA with the same URI SANs.
+func InitDev(dir string, hosts []string, validity time.Duration) error {
+	if validity <= 0 {
+		validity = 365 * 24 * time.Hour
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	if _, err := os.Lstat(filepath.Join(dir, CAFile)); err == nil {
+		return fmt.Errorf("%s already holds a CA (%s); remove it or choose another directory", dir, CAFile)
+	}
+	now := time.Now()
+	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return err
+	}
+	caTmpl := &x509.Certificate{
+		SerialNumber: serial(), Subject: pkix.Name{CommonName: "tether development CA"},
+		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(validity),
+		IsCA: true, BasicConstraintsValid: true, MaxPathLenZero: true,
+		KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageCRLSign,
+	}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	if err != nil {
+		return err
+	}
+	ca, err := x509.ParseCertificate(caDER)
+	if err != nil {
+		return err
+	}
+	if err := writePair(filepath.Join(dir, CAFile), filepath.Join(dir, CAKeyFile), caDER, caKey); err != nil {
+		return err
+	}
+	for _, role := range Roles {
+		key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		if err != nil {
+			return err
+		}
+		tmpl := &x509.Certificate{
+			SerialNumber: serial(), Subject: pkix.Name{CommonName: role},
+			NotBefore: now.Add(-time.Hour), NotAfter: now.Add(validity),
+			KeyUsage:    x509.KeyUsageDigitalSignature,
+			ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+			URIs:        []*url.URL{URI(role)},
+			DNSNames:    []string{role, "localhost"},
+			IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback},
+		}
+		for _, h := range hosts {
+			if ip := net.ParseIP(h); ip != nil {
+				tmpl.IPAddresses = append(tmpl.IPAddresses, ip)
+			} else if h != "" {
+				tmpl.DNSNames = append(tmpl.DNSNames, h)
+			}
+		}
+		der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
+		if err != nil {
+			return err
+		}
+		if err := writePair(CertFile(dir, role), KeyFile(dir, role), der, key); err != nil {
+			return err
+		}
+	}
+	_, err = grant.WriteKeyPair(filepath.Join(dir, GrantKeyFile), filepath.Join(dir, GrantPublicKey))
+	return err
+}
+
+func serial() *big.Int {
+	n, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 127))
+	if err != nil {
+		panic(err)
+	}
+	return n
+}
+
+func writePair(certPath, keyPath string, der []byte, key *ecdsa.PrivateKey) error {
+	kder, err := x509.MarshalPKCS8PrivateKey(key)
+	if err != nil {
+		return err
+	}
+	return errors.Join(
+		writeNew(certPath, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})),
+		writeNew(keyPath, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: kder})),
+	)
+}
+
+func writeNew(path string, b []byte) error {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	if err != nil {
+		return err
+	}
+	_, werr := f.Write(b)
+	return errors.Join(werr, f.Sync(), f.Close())
+}

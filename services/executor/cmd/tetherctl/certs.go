@@ -1,0 +1,84 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/tether-run/tether/pkg/grant"
+	"github.com/tether-run/tether/pkg/identity"
+)
+
+type listFlag []string
+
+func (l *listFlag) String() string     { return strings.Join(*l, ",") }
+func (l *listFlag) Set(v string) error { *l = append(*l, v); return nil }
+
+// certs writes a development PKI: tetherctl certs init DIR [-host H]...
+func certs(args []string) error {
+	if len(args) == 0 || args[0] != "init" {
+		return errors.New("usage: tetherctl certs init DIR [-host NAME|IP]... [-validity 8760h]")
+	}
+	fs := flag.NewFlagSet("certs init", flag.ContinueOnError)
+	var hosts listFlag
+	fs.Var(&hosts, "host", "extra DNS name or IP address in every service certificate (repeatable)")
+	validity := fs.Duration("validity", 365*24*time.Hour, "how long the CA and certificates are valid")
+	dir, rest := "", args[1:]
+	if len(rest) > 0 && !strings.HasPrefix(rest[0], "-") {
+		dir, rest = rest[0], rest[1:]
+	}
+	if err := fs.Parse(rest); err != nil {
+		return err
+	}
+	if dir == "" && fs.NArg() == 1 {
+		dir = fs.Arg(0)
+	}
+	if dir == "" {
+		return errors.New("certs init: a directory is required")
+	}
+	if err := identity.InitDev(dir, hosts, *validity); err != nil {
+		return err
+	}
+	fmt.Printf("wrote a development CA, certificates for %s and the grant key pair to %s (mode 0600)\n",
+		strings.Join(identity.Roles, ", "), dir)
+	fmt.Printf("  executor:        -tls-cert %s -tls-key %s -tls-client-ca %s -gateway-ca %[3]s -grant-key-file %s\n",
+		identity.CertFile(dir, identity.Executor), identity.KeyFile(dir, identity.Executor), filepath.Join(dir, identity.CAFile), filepath.Join(dir, identity.GrantKeyFile))
+	fmt.Printf("  runnergw:        -tls-cert %s -tls-key %s -tls-client-ca %s -backup-ca %[3]s -grant-public-keys %s\n",
+		identity.CertFile(dir, identity.Gateway), identity.KeyFile(dir, identity.Gateway), filepath.Join(dir, identity.CAFile), filepath.Join(dir, identity.GrantPublicKey))
+	fmt.Printf("  backup-verifier: -tls-cert %s -tls-key %s -tls-client-ca %s\n",
+		identity.CertFile(dir, identity.BackupVerifier), identity.KeyFile(dir, identity.BackupVerifier), filepath.Join(dir, identity.CAFile))
+	fmt.Printf("  tetherctl:       -ca %s -cert %s -key %s\n",
+		filepath.Join(dir, identity.CAFile), identity.CertFile(dir, identity.Client), identity.KeyFile(dir, identity.Client))
+	return nil
+}
+
+// grantCmd prints a grant for an operator's call to a gateway (ListRunners
+// or GetRunner), signed with the fleet key:
+//
+//	grpcurl -plaintext -H "tether-grant: $(tetherctl grant -key-file K)" 127.0.0.1:7401 tether.gateway.v1.RunnerGateway/ListRunners
+func grantCmd(args []string) error {
+	fs := flag.NewFlagSet("grant", flag.ContinueOnError)
+	keyFile := fs.String("key-file", "", "the executor fleet's grant private key (required)")
+	gatewayID := fs.String("gateway-id", "runnergw", "the gateway's id (audience)")
+	method := fs.String("method", grant.MethodListRunners, "ListRunners or GetRunner")
+	ttl := fs.Duration("ttl", time.Minute, "validity")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *method != grant.MethodListRunners && *method != grant.MethodGetRunner {
+		return fmt.Errorf("grant: -method %s: only ListRunners and GetRunner (run calls are granted by executors)", *method)
+	}
+	key, err := grant.LoadSigningKey(*keyFile)
+	if err != nil {
+		return err
+	}
+	tok, err := grant.NewSigner(key, *ttl, nil).Sign(grant.Claims{Method: *method, Audience: *gatewayID})
+	if err != nil {
+		return err
+	}
+	fmt.Println(tok)
+	return nil
+}
