@@ -81,6 +81,9 @@ func run() error {
 	fmt.Printf("demo: executor %s, runnergw %s, backup-verifier %s\n", st.Addr("executor"), st.Addr("runnergw"), st.Addr("backup-verifier"))
 	if *up {
 		fmt.Println("demo: stack is up; try `grpcurl -plaintext 127.0.0.1:7400 list` — Ctrl-C stops it")
+		fmt.Printf("demo: the gateway serves only grant-signed calls (executor key %s, gateway public key %s), e.g.\n"+
+			"  grpcurl -plaintext -H \"tether-grant: $(bin/tetherctl grant -key-file %[1]s)\" 127.0.0.1:7401 tether.gateway.v1.RunnerGateway/ListRunners\n",
+			st.GrantKeyFile(), st.GrantPublicKeyFile())
 		<-ctx.Done()
 		return nil
 	}

@@ -26,6 +26,7 @@ import (
 	gatewayv1 "github.com/tether-run/tether/pkg/gen/tether/gateway/v1"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/grpcx"
+	"github.com/tether-run/tether/pkg/identity"
 	"github.com/tether-run/tether/pkg/pgtest"
 	"github.com/tether-run/tether/services/executor/internal/cli"
 	"github.com/tether-run/tether/services/executor/internal/stack"
@@ -113,7 +114,7 @@ func newHarnessKeeping(t *testing.T, opts stack.Options, keep bool, procs ...str
 }
 
 func (h *harness) clientFor(name string) executorv1.ExecutorServiceClient {
-	conn, err := grpcx.Dial(h.st.Addr(name), "")
+	conn, err := h.st.DialAs(h.st.Addr(name), identity.Client)
 	require.NoError(h.t, err)
 	h.t.Cleanup(func() { conn.Close() })
 	return executorv1.NewExecutorServiceClient(conn)

@@ -2,20 +2,24 @@ package e2e
 
 import (
 	"context"
+	"io"
 	"math"
 	"os"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/tether-run/tether/pkg/failure"
+	backupv1 "github.com/tether-run/tether/pkg/gen/tether/backup/v1"
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
 	gatewayv1 "github.com/tether-run/tether/pkg/gen/tether/gateway/v1"
 	"github.com/tether-run/tether/pkg/grant"
 	"github.com/tether-run/tether/pkg/grpcx"
+	"github.com/tether-run/tether/pkg/identity"
 	"github.com/tether-run/tether/services/executor/internal/stack"
 )
 
@@ -63,4 +67,61 @@ func TestS1_AForgedAttachThroughTheStackIsRefusedAndTheRealRunSucceeds(t *testin
 	runners, err := h.gatewayClient().ListRunners(ctx, &gatewayv1.ListRunnersRequest{})
 	require.NoError(t, err)
 	require.Len(t, runners.GetRunners(), 1, "one runner")
+}
+
+// TestS2_AStackOnMutualTLSAdmitsEachServiceOnlyItsPeers runs the real
+// binaries over mTLS with a development PKI (what `tetherctl certs init`
+// writes): a client submits and completes a run through the executor (the
+// executor reaches the gateway with its certificate and a grant), while
+// the client's certificate is refused by the gateway even with a valid
+// grant, and by the backup verifier, which admits the executor.
+func TestS2_AStackOnMutualTLSAdmitsEachServiceOnlyItsPeers(t *testing.T) {
+	h := newHarness(t, stack.Options{MTLS: true})
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	dial := func(service, role string) *grpc.ClientConn {
+		conn, err := h.st.DialAs(h.st.Addr(service), role)
+		require.NoError(t, err)
+		t.Cleanup(func() { conn.Close() })
+		return conn
+	}
+	client := executorv1.NewExecutorServiceClient(dial("executor", identity.Client))
+	_, err := client.SubmitRun(ctx, &executorv1.SubmitRunRequest{RunId: "mtls-1", Input: h.submitInput("mtls", "over mTLS")})
+	require.NoError(t, err)
+	waitSucceeded(ctx, t, client, "mtls-1")
+
+	for _, role := range []string{identity.Client, identity.BackupVerifier} {
+		gw, err := h.st.GatewayClient(dial("runnergw", role))
+		require.NoError(t, err)
+		_, err = gw.ListRunners(ctx, &gatewayv1.ListRunnersRequest{})
+		require.Equal(t, codes.PermissionDenied, status.Code(err), "%s: %v", role, err)
+		require.Equal(t, grpcx.CodePeerNotAuthorized, failure.CodeOf(err))
+	}
+	gw, err := h.st.GatewayClient(dial("runnergw", identity.Executor))
+	require.NoError(t, err)
+	runners, err := gw.ListRunners(ctx, &gatewayv1.ListRunnersRequest{})
+	require.NoError(t, err)
+	require.Len(t, runners.GetRunners(), 1)
+
+	stamp := &backupv1.VerifyStampRequest{Stamp: &backupv1.Stamp{LeaseId: "lease-x"}, LeaseId: "lease-x"}
+	_, err = backupv1.NewBackupVerifierClient(dial("backup-verifier", identity.Client)).VerifyStamp(ctx, stamp)
+	require.Equal(t, grpcx.CodePeerNotAuthorized, failure.CodeOf(err), "%v", err)
+	_, err = backupv1.NewBackupVerifierClient(dial("backup-verifier", identity.Executor)).VerifyStamp(ctx, stamp)
+	require.NotEqual(t, grpcx.CodePeerNotAuthorized, failure.CodeOf(err), "the executor is admitted: %v", err)
+}
+
+// waitSucceeded watches a run to its end and requires it succeeded.
+func waitSucceeded(ctx context.Context, t *testing.T, c executorv1.ExecutorServiceClient, runID string) {
+	t.Helper()
+	stream, err := c.WatchRun(ctx, &executorv1.WatchRunRequest{RunId: runID})
+	require.NoError(t, err)
+	for {
+		if _, err := stream.Recv(); err != nil {
+			require.ErrorIs(t, err, io.EOF)
+			break
+		}
+	}
+	resp, err := c.GetRun(ctx, &executorv1.GetRunRequest{RunId: runID})
+	require.NoError(t, err)
+	require.Equal(t, executorv1.RunState_RUN_STATE_SUCCEEDED, resp.GetRun().GetState(), "%v", resp.GetRun().GetFailure())
 }

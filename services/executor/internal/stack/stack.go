@@ -23,6 +23,7 @@ import (
 	gatewayv1 "github.com/tether-run/tether/pkg/gen/tether/gateway/v1"
 	"github.com/tether-run/tether/pkg/grant"
 	"github.com/tether-run/tether/pkg/grpcx"
+	"github.com/tether-run/tether/pkg/identity"
 )
 
 // Binaries the stack needs in BinDir.
@@ -44,6 +45,9 @@ type Options struct {
 	LeaseTTL time.Duration
 	// ExecutorArgs / GatewayArgs are extra flags.
 	ExecutorArgs, GatewayArgs []string
+	// MTLS serves every service over mutual TLS with identities from a
+	// development PKI in the stack's directory (SPEC S2), as off loopback.
+	MTLS bool
 }
 
 // Stack is a running set of tether processes.
@@ -130,7 +134,39 @@ func New(opts Options) (*Stack, error) {
 			return nil, err
 		}
 	}
+	if _, err := os.Stat(filepath.Join(st.PKIDir(), identity.CAFile)); opts.MTLS && os.IsNotExist(err) {
+		if err := identity.InitDev(st.PKIDir(), nil, 0); err != nil {
+			return nil, err
+		}
+	}
 	return st, nil
+}
+
+// PKIDir holds the development CA and service certificates of an MTLS
+// stack.
+func (s *Stack) PKIDir() string { return filepath.Join(s.opts.Dir, "keys", "pki") }
+
+// DialAs connects to addr as role: over mTLS with role's certificate in an
+// MTLS stack, plaintext on loopback otherwise.
+func (s *Stack) DialAs(addr, role string) (*grpc.ClientConn, error) {
+	if !s.opts.MTLS {
+		return grpcx.Dial(addr, "")
+	}
+	c := grpcx.Config{TLSCertFile: identity.CertFile(s.PKIDir(), role), TLSKeyFile: identity.KeyFile(s.PKIDir(), role)}
+	return c.DialPeer(addr, filepath.Join(s.PKIDir(), identity.CAFile))
+}
+
+// tlsArgs are a service's mTLS flags in an MTLS stack.
+func (s *Stack) tlsArgs(role string, peerCAFlags ...string) []string {
+	if !s.opts.MTLS {
+		return nil
+	}
+	ca := filepath.Join(s.PKIDir(), identity.CAFile)
+	a := []string{"-tls-cert", identity.CertFile(s.PKIDir(), role), "-tls-key", identity.KeyFile(s.PKIDir(), role), "-tls-client-ca", ca}
+	for _, f := range peerCAFlags {
+		a = append(a, f, ca)
+	}
+	return a
 }
 
 // GatewayID is the stack gateway's id (the audience of its grants).
@@ -214,6 +250,7 @@ func (s *Stack) args(name string) []string {
 		a := append(append(common, "-grpc-addr", s.Addr(name), "-database-url", s.opts.DatabaseURL,
 			"-gateway-addr", s.Addr("runnergw"), "-lease-ttl", s.opts.LeaseTTL.String(), "-poll-interval", "250ms",
 			"-owner-id", name, "-grant-key-file", s.GrantKeyFile(), "-gateway-id", GatewayID), s.opts.ExecutorArgs...)
+		a = append(a, s.tlsArgs(identity.Executor, "-gateway-ca")...)
 		return append(a, extra...)
 	case name == "runnergw":
 		a := append(common, "-grpc-addr", s.Addr("runnergw"),
@@ -228,6 +265,7 @@ func (s *Stack) args(name string) []string {
 			"--call-log", s.CallLog()}, s.opts.FakeArgs...) {
 			a = append(a, "-codex-arg", f)
 		}
+		a = append(a, s.tlsArgs(identity.Gateway, "-backup-ca")...)
 		return append(append(a, s.opts.GatewayArgs...), extra...)
 	case name == "backup-verifier":
 		// The verifier keeps its metadata in its own schema (backup) of
@@ -237,6 +275,7 @@ func (s *Stack) args(name string) []string {
 			"-blob-url", "file://"+s.BlobDir()+"?create_dir=true",
 			"-staging-dir", filepath.Join(s.opts.Dir, "backup-staging"),
 			"-stamp-key-file", filepath.Join(s.opts.Dir, "keys", "stamp.key"))
+		a = append(a, s.tlsArgs(identity.BackupVerifier)...)
 		return append(a, extra...)
 	}
 	return nil
@@ -270,7 +309,7 @@ func (s *Stack) Start(ctx context.Context, name string) (*Proc, error) {
 	s.mu.Lock()
 	s.procs[name] = p
 	s.mu.Unlock()
-	if err := WaitServing(ctx, p); err != nil {
+	if err := s.waitServing(ctx, p); err != nil {
 		p.Stop(time.Second)
 		return nil, fmt.Errorf("%s did not become healthy (log: %s): %w", name, filepath.Join(s.opts.Dir, "logs", name+".log"), err)
 	}
@@ -287,11 +326,11 @@ func (s *Stack) StartAll(ctx context.Context) error {
 	return nil
 }
 
-// WaitServing polls the process's gRPC health until SERVING.
-func WaitServing(ctx context.Context, p *Proc) error {
+// waitServing polls the process's gRPC health until SERVING.
+func (s *Stack) waitServing(ctx context.Context, p *Proc) error {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	conn, err := grpcx.Dial(p.Addr, "")
+	conn, err := s.DialAs(p.Addr, identity.Client)
 	if err != nil {
 		return err
 	}
