@@ -47,7 +47,9 @@ func TestS1_AForgedAttachThroughTheStackIsRefusedAndTheRealRunSucceeds(t *testin
 	} {
 		s, err := attacker.Attach(ctx)
 		require.NoError(t, err)
-		require.NoError(t, s.Send(&gatewayv1.AttachRequest{Kind: &gatewayv1.AttachRequest_Open{Open: open}}))
+		if err := s.Send(&gatewayv1.AttachRequest{Kind: &gatewayv1.AttachRequest_Open{Open: open}}); err != nil {
+			require.ErrorIs(t, err, io.EOF, "refused before the Open was read")
+		}
 		_, err = s.Recv()
 		require.Equal(t, codes.Unauthenticated, status.Code(err), "%v", err)
 		require.Equal(t, grant.CodeInvalid, failure.CodeOf(err), "%v", err)

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"crypto/ed25519"
+	"io"
 	"math"
 	"os"
 	"path/filepath"
@@ -133,8 +134,12 @@ func TestS1_ForgedAttachesAreRefusedAndLeaveNoFenceRunnerOrProcess(t *testing.T)
 			}
 			s, err := rl.raw.Attach(actx)
 			require.NoError(t, err)
-			require.NoError(t, s.Send(&gatewayv1.AttachRequest{Kind: &gatewayv1.AttachRequest_Open{Open: &gatewayv1.Open{
-				RunId: runID, Fence: &gatewayv1.FencingToken{Owner: cmp.Or(tc.owner, "test"), Attempt: tc.attempt}, Input: in}}}))
+			// The gateway may refuse before it reads the Open: Send then
+			// sees the stream end (io.EOF) and Recv the refusal.
+			if err := s.Send(&gatewayv1.AttachRequest{Kind: &gatewayv1.AttachRequest_Open{Open: &gatewayv1.Open{
+				RunId: runID, Fence: &gatewayv1.FencingToken{Owner: cmp.Or(tc.owner, "test"), Attempt: tc.attempt}, Input: in}}}); err != nil {
+				require.ErrorIs(t, err, io.EOF)
+			}
 			_, err = s.Recv()
 			requireGrantRefused(t, err)
 
