@@ -7,6 +7,7 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"strings"
 
@@ -18,8 +19,8 @@ import (
 // ("PUBLIC KEY"); a public key file may hold several keys.
 
 // WriteKeyPair creates a new Ed25519 key pair: the private key at privPath
-// and the public key at pubPath, both mode 0600 and never overwriting an
-// existing file.
+// and the public key at pubPath, both key files (mode 0600, never replacing
+// an existing file; see keyfile.Create).
 func WriteKeyPair(privPath, pubPath string) (ed25519.PublicKey, error) {
 	pub, priv, err := ed25519.GenerateKey(rand.Reader)
 	if err != nil {
@@ -33,35 +34,25 @@ func WriteKeyPair(privPath, pubPath string) (ed25519.PublicKey, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := writeNew(privPath, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der})); err != nil {
+	if err := keyfile.Create(privPath, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der})); err != nil {
 		return nil, err
 	}
-	if err := writeNew(pubPath, pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: pubDER})); err != nil {
+	if err := keyfile.Create(pubPath, pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: pubDER})); err != nil {
 		return nil, err
 	}
 	return pub, nil
 }
 
-func writeNew(path string, b []byte) error {
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
-	if err != nil {
-		return err
-	}
-	_, werr := f.Write(b)
-	serr := f.Sync()
-	return errors.Join(werr, serr, f.Close())
-}
-
-// LoadSigningKey reads the fleet's private key. The file must exist (it is
-// never created here: a gateway that does not know the matching public key
-// would refuse every grant) and passes pkg/keyfile's checks.
+// LoadSigningKey reads the fleet's private key, a key file that passes
+// pkg/keyfile's checks. It is never created here: a gateway that does not
+// know the matching public key would refuse every grant.
 func LoadSigningKey(path string) (ed25519.PrivateKey, error) {
-	if _, err := os.Lstat(path); err != nil {
+	b, err := keyfile.Read(path)
+	if errors.Is(err, fs.ErrNotExist) {
 		return nil, fmt.Errorf("grant key %s: %w (create a pair with `tetherctl certs init DIR`)", path, err)
 	}
-	b, err := keyfile.LoadOrCreate(path)
 	if err != nil {
-		return nil, fmt.Errorf("grant key: %w", err)
+		return nil, err
 	}
 	blk, _ := pem.Decode(b)
 	if blk == nil || blk.Type != "PRIVATE KEY" {

@@ -7,7 +7,6 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
-	"errors"
 	"fmt"
 	"math/big"
 	"net"
@@ -17,6 +16,7 @@ import (
 	"time"
 
 	"github.com/tether-run/tether/pkg/grant"
+	"github.com/tether-run/tether/pkg/keyfile"
 )
 
 // Files InitDev writes into its directory (all mode 0600).
@@ -118,17 +118,8 @@ func writePair(certPath, keyPath string, der []byte, key *ecdsa.PrivateKey) erro
 	if err != nil {
 		return err
 	}
-	return errors.Join(
-		writeNew(certPath, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})),
-		writeNew(keyPath, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: kder})),
-	)
-}
-
-func writeNew(path string, b []byte) error {
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
-	if err != nil {
+	if err := keyfile.Create(certPath, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})); err != nil {
 		return err
 	}
-	_, werr := f.Write(b)
-	return errors.Join(werr, f.Sync(), f.Close())
+	return keyfile.Create(keyPath, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: kder}))
 }
