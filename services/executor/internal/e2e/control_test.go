@@ -20,7 +20,7 @@ import (
 )
 
 func TestE9_SteeringThroughAnotherReplicaReachesTheActiveTurnOnce(t *testing.T) {
-	h := newHarness(t, stack.Options{FakeArgs: []string{"--delta-delay-ms", "100"}})
+	h := newHarness(t, stack.Options{FakeArgs: []string{"--delta-delay-ms", "300"}})
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	h.submit("steer", "steer", slowTurn)
