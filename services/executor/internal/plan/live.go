@@ -2,6 +2,7 @@ package plan
 
 import (
 	"strconv"
+	"strings"
 
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
@@ -33,8 +34,8 @@ const CodeTooLarge = "native_provider_plan_too_large"
 //
 //   - a run.plan_updated carries the rendered Markdown instead of the
 //     provider's data: {source, markdown} ([Markdown]);
-//   - a run.plan_updated larger than MaxRefBytes becomes a
-//     harness.diagnostic {code: native_provider_plan_too_large, ...};
+//   - a run.plan_updated whose data or rendering is larger than MaxRefBytes
+//     becomes a harness.diagnostic {code: native_provider_plan_too_large, ...};
 //   - an artifact of a run.terminal whose ref is larger than MaxRefBytes
 //     keeps only {kind, code: native_provider_plan_too_large}.
 //
@@ -70,7 +71,7 @@ func storedEvent(ev *prpv1.Event) *prpv1.Event {
 
 func storedPlanUpdate(ev *prpv1.Event) *prpv1.Event {
 	f := ev.GetPayload().GetFields()
-	source := f["source"].GetStringValue()
+	source := strings.ToValidUTF8(f["source"].GetStringValue(), "\uFFFD")
 	p := ProviderPlan{
 		Markdown:    f["markdown"].GetStringValue(),
 		Explanation: f["explanation"].GetStringValue(),
@@ -82,6 +83,11 @@ func storedPlanUpdate(ev *prpv1.Event) *prpv1.Event {
 		p.Steps = append(p.Steps, Step{Body: body, Status: s["status"].GetStringValue()})
 		size += len(body)
 	}
+	md, _ := Markdown(p)
+	// The rendered checklist may be a little longer than the provider's
+	// data; bounding both keeps what is stored within the bound (and so a
+	// fixed point).
+	size = max(size, len(md))
 	out := proto.CloneOf(ev)
 	if size > MaxRefBytes {
 		out.EventType = eventDiagnostic
@@ -93,7 +99,6 @@ func storedPlanUpdate(ev *prpv1.Event) *prpv1.Event {
 		})
 		return out
 	}
-	md, _ := Markdown(p)
 	payload := map[string]any{"markdown": md}
 	if source != "" {
 		payload["source"] = source
@@ -117,7 +122,7 @@ func storedTerminal(ev *prpv1.Event) *prpv1.Event {
 			out = proto.CloneOf(ev)
 		}
 		out.Payload.Fields["artifacts"].GetListValue().Values[i] = structpb.NewStructValue(mustStruct(map[string]any{
-			"kind": a["kind"].GetStringValue(), "code": CodeTooLarge,
+			"kind": strings.ToValidUTF8(a["kind"].GetStringValue(), "\uFFFD"), "code": CodeTooLarge,
 		}))
 	}
 	if out == nil {

@@ -89,6 +89,20 @@ func TestE3_StoredEventsRenderPlanUpdatesAndRefuseOversizedPlans(t *testing.T) {
 	}
 }
 
+func TestE3_AChecklistWhoseRenderingExceedsTheBoundIsRefused(t *testing.T) {
+	// 64,000 bytes of provider data that render to 66,301 bytes.
+	body := strings.Repeat("é", 100) + strings.Repeat("a", 400)
+	var steps []any
+	for range 100 {
+		steps = append(steps, step(body, "in_progress"))
+	}
+	in := event(EventPlanUpdated, map[string]any{"source": "turn_plan", "explanation": strings.Repeat("é", 2000), "steps": steps})
+	out := StoredEvents([]*prpv1.Event{in})[0]
+	require.Equal(t, "harness.diagnostic", out.GetEventType())
+	require.Equal(t, CodeTooLarge, out.GetPayload().GetFields()["code"].GetStringValue())
+	require.Contains(t, out.GetPayload().GetFields()["message"].GetStringValue(), "66301 bytes")
+}
+
 func TestE3_StoredEventsKeepsOrderAndUnchangedEvents(t *testing.T) {
 	a := event("turn.started", nil)
 	b := event(EventPlanUpdated, map[string]any{"source": "plan_item", "markdown": "# P"})
