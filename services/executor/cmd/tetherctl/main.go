@@ -5,12 +5,14 @@
 //	tetherctl watch RUN_ID [-json] [-after N]
 //	tetherctl get RUN_ID
 //	tetherctl list [-session S] [-state succeeded]
+//	tetherctl audit -database-url URL [-since 1h|RFC3339] [-run RUN_ID] [-json]
 package main
 
 import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -27,11 +29,17 @@ import (
 
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
 	"github.com/tether-run/tether/pkg/grpcx"
+	"github.com/tether-run/tether/services/executor/internal/audit"
 	"github.com/tether-run/tether/services/executor/internal/cli"
+	"github.com/tether-run/tether/services/executor/internal/store"
 )
 
 func main() {
-	if err := run(os.Args[1:]); err != nil {
+	err := run(os.Args[1:])
+	if errors.Is(err, errViolations) {
+		os.Exit(1) // the report says what
+	}
+	if err != nil {
 		if st, ok := status.FromError(err); ok {
 			fmt.Fprintf(os.Stderr, "tetherctl: %s: %s\n", st.Code(), st.Message())
 		} else {
@@ -50,6 +58,8 @@ commands:
   cancel   cancel a run (RUN_ID [-reason R] [-scope run|turn|issue])
   certs    certs init DIR [-host H]...: a development CA, service certificates and the grant key pair
   grant    print a gateway grant for ListRunners/GetRunner (-key-file, -gateway-id, -method)
+  audit    check the exactly-once promises in the executor's database; exit 1 on any violation
+           (-database-url or TETHER_DATABASE_URL, [-since 1h|RFC3339] [-run RUN_ID] [-json])
 environment: TETHER_EXECUTOR_ADDR (default 127.0.0.1:7400), TETHER_EXECUTOR_CA, TETHER_CLIENT_CERT, TETHER_CLIENT_KEY`
 
 func run(args []string) error {
@@ -71,6 +81,8 @@ func run(args []string) error {
 		return certs(global.Args()[1:])
 	case "grant":
 		return grantCmd(global.Args()[1:])
+	case "audit":
+		return auditCmd(context.Background(), global.Args()[1:], os.Stdout)
 	}
 	conn, err := (&grpcx.Config{TLSCertFile: *cert, TLSKeyFile: *key}).DialPeer(*addr, *ca)
 	if err != nil {
@@ -258,5 +270,57 @@ func cancelRun(ctx context.Context, c executorv1.ExecutorServiceClient, args []s
 	rec := resp.GetCancellation()
 	fmt.Printf("%s: cancellation %s (provider told to stop: %t; intent audit %s)\n",
 		fs.Arg(0), rec.GetDispatchState(), rec.GetDispatched(), rec.GetIntentAuditId())
+	return nil
+}
+
+// errViolations: the audit found broken promises (exit status 1).
+var errViolations = errors.New("audit found violations")
+
+// auditCmd reads the executor's database (a database URL only, SPEC X1)
+// and prints the audit report, as text or JSON.
+func auditCmd(ctx context.Context, args []string, w io.Writer) error {
+	fs := flag.NewFlagSet("audit", flag.ContinueOnError)
+	dsn := grpcx.StringFlag(fs, "database-url", "TETHER_DATABASE_URL", "", "the executor's PostgreSQL URL (required)")
+	runID := fs.String("run", "", "audit this run only")
+	since := fs.String("since", "", "audit the runs submitted since a time (RFC 3339) or within a duration (e.g. 1h)")
+	asJSON := fs.Bool("json", false, "print the report as JSON")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *dsn == "" {
+		return errors.New("audit: -database-url (or TETHER_DATABASE_URL) is required")
+	}
+	filter := store.AuditFilter{RunID: *runID}
+	if *since != "" {
+		if d, err := time.ParseDuration(*since); err == nil {
+			filter.Since = time.Now().Add(-d)
+		} else if t, err := time.Parse(time.RFC3339, *since); err == nil {
+			filter.Since = t
+		} else {
+			return fmt.Errorf("audit: -since %q is neither a duration nor an RFC 3339 time", *since)
+		}
+	}
+	st, err := store.Open(ctx, *dsn)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	runs, events, acts, err := st.AuditRows(ctx, filter)
+	if err != nil {
+		return err
+	}
+	rep := audit.Check(runs, events, acts)
+	if *asJSON {
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(rep); err != nil {
+			return err
+		}
+	} else {
+		rep.WriteText(w)
+	}
+	if !rep.Clean() {
+		return errViolations
+	}
 	return nil
 }

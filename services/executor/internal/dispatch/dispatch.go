@@ -691,6 +691,12 @@ func (d *Dispatcher) attachOnce(ctx context.Context, c *store.Claim, cancelCh <-
 					return failure.CodeOf(err) == store.CodeLeaseLost, err
 				}
 			}
+			// The live session follows the runner's events before they are
+			// persisted: a watcher may act on them (e.g. answer a runtime
+			// request of the active turn) as soon as they are committed.
+			for _, ev := range evs {
+				live.observe(ev)
+			}
 			res, err := d.store.AppendEvents(ctx, c.Fence, evs)
 			if err != nil {
 				if failure.CodeOf(err) == store.CodeReplayConflict {
@@ -702,9 +708,6 @@ func (d *Dispatcher) attachOnce(ctx context.Context, c *store.Claim, cancelCh <-
 					return true, err
 				}
 				return false, err
-			}
-			for _, ev := range evs {
-				live.observe(ev)
 			}
 			for inst, seq := range acks.persisted(opened.GetRunnerAckedSeq(), evs) {
 				if err := send(&gatewayv1.AttachRequest{Kind: &gatewayv1.AttachRequest_Ack{Ack: &gatewayv1.Ack{
@@ -868,7 +871,7 @@ func (d *Dispatcher) replaceThroughBackup(ctx context.Context, c *store.Claim, l
 	if err != nil {
 		return err
 	}
-	cp, err := suspend.Record(ctx, d.store, resp, scope.OfRun(c.RunID, c.Input), c.RunID, c.Input, session.ReasonConfigChanged, log)
+	cp, err := suspend.Record(ctx, d.store, c.Fence, resp, scope.OfRun(c.RunID, c.Input), c.RunID, c.Input, session.ReasonConfigChanged, log)
 	if err != nil {
 		return err
 	}

@@ -137,8 +137,11 @@ SELECT state, company_id, issue_id, result_metadata -> 'nativeCancellation', eve
 		if err != nil {
 			return err
 		}
-		var phase string
-		err = tx.QueryRow(ctx, `SELECT phase FROM executor.coordinators WHERE run_id = $1 FOR UPDATE`, req.RunID).Scan(&phase)
+		var (
+			phase   string
+			attempt int64
+		)
+		err = tx.QueryRow(ctx, `SELECT phase, attempt FROM executor.coordinators WHERE run_id = $1 FOR UPDATE`, req.RunID).Scan(&phase, &attempt)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return failure.New(codes.FailedPrecondition, CodeCancellationCoordinatorGone,
 				"run %s has no coordinator; refusing to record a cancellation", req.RunID)
@@ -185,7 +188,10 @@ SELECT state, company_id, issue_id, result_metadata -> 'nativeCancellation', eve
 			return err
 		}
 		if !driven {
-			if err := appendControlEvent(ctx, tx, req.RunID, count, 0, EventTerminal, map[string]any{
+			// Nobody holds a lease: the run's terminal is written under
+			// its coordinator's attempt (0 if it was never claimed), the
+			// fence the database checks (R9), with both rows locked.
+			if err := appendControlEvent(ctx, tx, req.RunID, count, uint64(attempt), EventTerminal, map[string]any{
 				"turnTerminalState": "cancelled", "runTerminalState": StateCancelled,
 				"code": "run_cancelled", "message": "cancelled before a runner took it: " + req.Reason,
 			}); err != nil {

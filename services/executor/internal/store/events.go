@@ -53,6 +53,13 @@ func ReplayConflict(seq uint64) error {
 type AppendResult struct {
 	// Inserted counts new rows; duplicates were identical replays.
 	Inserted, Duplicates int
+	// Parked counts session events of an unfenced append held for the
+	// next run of their scope (see AppendEvents).
+	Parked int
+	// Dropped counts events that can be filed under no run: another
+	// run's run.terminal (that run has its outcome), or, unfenced, an
+	// event of a run the database does not know.
+	Dropped int
 	// Terminal is true when the fenced run's run.terminal was persisted by
 	// this call (its state and result are now final).
 	Terminal bool
@@ -64,15 +71,22 @@ type encodedEvent struct {
 	hash []byte
 }
 
-// AppendEvents persists a batch of runner events idempotently. Events of the
-// fenced run are written only while the fence holds; events that belong to
-// another run of the same runner (a tail the runner had not yet had
-// acknowledged) are filed under their own run. A (run, source instance,
-// source seq) already stored with the same bytes is a duplicate and dropped;
-// with other bytes the whole batch is refused with
-// native_event_replay_conflict. A run.terminal of the fenced run records the
-// run's result and final state in the same transaction. Listeners on
+// AppendEvents persists a batch of runner events idempotently, every row
+// under a fence (SPEC R9). Events of the fenced run are written only while
+// the fence holds. Events naming another run (session events a runner
+// emitted after that run ended, e.g. harness.exited, or a tail it had not
+// had acknowledged) are filed under the fenced run, written by its attempt:
+// a run ended with its run.terminal and takes no row after it; another
+// run's run.terminal is dropped (that run has its outcome). An event
+// already stored under a run of the scope with the same bytes is a
+// duplicate and dropped; with other bytes the whole batch is refused with
+// native_event_replay_conflict. A run.terminal of the fenced run records
+// the run's result and final state in the same transaction. Listeners on
 // EventsChannel are notified on commit.
+//
+// Without a fence (f.RunID empty: a verified idle suspension, when no run
+// of the scope holds a lease), the events are parked for their scope and
+// filed under its next run when it attaches (RecordControl).
 func (s *Store) AppendEvents(ctx context.Context, f Fence, events []*prpv1.Event) (AppendResult, error) {
 	// Plan updates are stored rendered, oversized plans refused (SPEC E3).
 	events = plan.StoredEvents(events)
@@ -85,151 +99,308 @@ func (s *Store) AppendEvents(ctx context.Context, f Fence, events []*prpv1.Event
 	if fastEligible(f, encoded) {
 		res, conflictFree, err := s.appendFast(ctx, f, encoded)
 		if err != nil || conflictFree {
-			return res, err
+			return res, fenceViolation(f, err)
 		}
 		// A replay (duplicates, or a conflict to report): take the careful path.
 	}
 	var res AppendResult
-	groups := map[string][]encodedEvent{}
-	var order []string
-	for _, e := range encoded {
-		runID := e.ev.GetRunId()
-		if _, ok := groups[runID]; !ok {
-			order = append(order, runID)
-		}
-		groups[runID] = append(groups[runID], e)
-	}
 	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		res = AppendResult{}
-		for _, runID := range order {
-			var count int64
-			var err error
-			fenced := runID == f.RunID
-			if fenced {
-				err = tx.QueryRow(ctx, `
-SELECT r.event_count FROM executor.runs r JOIN executor.coordinators c ON c.run_id = r.run_id
- WHERE r.run_id = $1 AND c.lease_owner = $2 AND c.attempt = $3 AND c.phase = 'observed'
-   FOR UPDATE OF r`, f.RunID, f.Owner, int64(f.Attempt)).Scan(&count)
-				if errors.Is(err, pgx.ErrNoRows) {
-					return ErrLeaseLost(f)
-				}
-			} else {
-				err = tx.QueryRow(ctx, `SELECT event_count FROM executor.runs WHERE run_id = $1 FOR UPDATE`, runID).Scan(&count)
-				if errors.Is(err, pgx.ErrNoRows) {
-					continue // not a run of ours: nothing to file it under
-				}
-			}
-			if err != nil {
-				return err
-			}
-			fresh, dups, err := dedupe(ctx, tx, runID, groups[runID])
-			if err != nil {
-				return err
-			}
-			res.Duplicates += dups
-			if len(fresh) == 0 {
-				continue
-			}
-			writer := uint64(0)
-			if fenced {
-				writer = f.Attempt
-			}
-			if err := insertEvents(ctx, tx, runID, count, writer, fresh); err != nil {
-				return err
-			}
-			res.Inserted += len(fresh)
-			var terminal *prpv1.Event
-			for _, e := range fresh {
-				switch e.ev.GetEventType() {
-				case EventTerminal:
-					terminal = e.ev
-				case EventHarnessReady:
-					if err := recordProviderProcess(ctx, tx, runID, e.ev); err != nil {
-						return err
-					}
-				case plan.EventPlanUpdated:
-					if err := recordPlan(ctx, tx, runID, e.ev); err != nil {
-						return err
-					}
-				}
-			}
-			if _, err := tx.Exec(ctx, `UPDATE executor.runs SET event_count = event_count + $2, updated_at = now() WHERE run_id = $1`,
-				runID, len(fresh)); err != nil {
-				return err
-			}
-			if terminal != nil && fenced {
-				if err := finishRun(ctx, tx, f, TerminalFromEvent(terminal)); err != nil {
-					return err
-				}
-				res.Terminal = true
-			}
-			if _, err := tx.Exec(ctx, `SELECT pg_notify($1, $2)`, EventsChannel, runID); err != nil {
-				return err
+		if f.RunID == "" {
+			return parkEvents(ctx, tx, encoded, &res)
+		}
+		count, err := lockFenced(ctx, tx, f)
+		if err != nil {
+			return err
+		}
+		var own, foreign []encodedEvent
+		for _, e := range encoded {
+			switch {
+			case e.ev.GetRunId() == f.RunID:
+				own = append(own, e)
+			case e.ev.GetEventType() == EventTerminal:
+				res.Dropped++
+			default:
+				foreign = append(foreign, e)
 			}
 		}
-		return nil
+		fresh, dups, err := dedupe(ctx, tx, f.RunID, own)
+		if err != nil {
+			return err
+		}
+		res.Duplicates += dups
+		ffresh, fdups, err := dedupeInScope(ctx, tx, f.RunID, foreign)
+		if err != nil {
+			return err
+		}
+		res.Duplicates += fdups
+		return fileFenced(ctx, tx, f, count, sourceOrdered(append(ffresh, fresh...)), &res)
 	})
-	return res, err
+	return res, fenceViolation(f, err)
 }
 
-func dedupe(ctx context.Context, tx pgx.Tx, runID string, evs []encodedEvent) ([]encodedEvent, int, error) {
-	instances := make([]string, len(evs))
-	seqs := make([]int64, len(evs))
-	for i, e := range evs {
-		instances[i], seqs[i] = e.ev.GetSourceInstanceId(), int64(e.ev.GetSourceSeq())
+// fileFenced writes fresh events (deduplicated, in source order) under the
+// fence, whose run holds count rows: a harness.ready records the provider
+// process the run is served by, the run's run.terminal finishes it.
+func fileFenced(ctx context.Context, tx pgx.Tx, f Fence, count int64, fresh []encodedEvent, res *AppendResult) error {
+	if len(fresh) == 0 {
+		return nil
 	}
-	rows, err := tx.Query(ctx, `
-SELECT e.source_instance_id, e.source_seq, e.payload_sha256 FROM executor.events e
-  JOIN unnest($2::text[], $3::bigint[]) AS k(source_instance_id, source_seq)
-    ON e.source_instance_id = k.source_instance_id AND e.source_seq = k.source_seq
- WHERE e.run_id = $1`, runID, instances, seqs)
-	if err != nil {
-		return nil, 0, err
+	if err := insertEvents(ctx, tx, f.RunID, count, f.Attempt, fresh); err != nil {
+		return err
 	}
-	type key struct {
-		inst string
-		seq  uint64
-	}
-	seen := map[key][]byte{}
-	for rows.Next() {
-		var (
-			inst string
-			seq  int64
-			h    []byte
-		)
-		if err := rows.Scan(&inst, &seq, &h); err != nil {
-			rows.Close()
-			return nil, 0, err
-		}
-		seen[key{inst, uint64(seq)}] = h
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return nil, 0, err
-	}
-	var fresh []encodedEvent
-	dups := 0
-	for _, e := range evs {
-		k := key{e.ev.GetSourceInstanceId(), e.ev.GetSourceSeq()}
-		if h, ok := seen[k]; ok {
-			if !bytes.Equal(h, e.hash) {
-				return nil, 0, ReplayConflict(k.seq)
+	res.Inserted += len(fresh)
+	var terminal *prpv1.Event
+	for _, e := range fresh {
+		switch e.ev.GetEventType() {
+		case EventTerminal:
+			terminal = e.ev
+		case EventHarnessReady:
+			if err := recordProviderProcess(ctx, tx, f.RunID, e.ev); err != nil {
+				return err
 			}
-			dups++
-			continue
+		case plan.EventPlanUpdated:
+			if e.ev.GetRunId() != f.RunID {
+				break // another run's turn planned it: not this run's plan
+			}
+			if err := recordPlan(ctx, tx, f.RunID, e.ev); err != nil {
+				return err
+			}
 		}
-		seen[k] = e.hash
-		fresh = append(fresh, e)
 	}
-	// Keep source order within the run so run-local seqs follow source seqs.
-	sort.SliceStable(fresh, func(i, j int) bool {
-		a, b := fresh[i].ev, fresh[j].ev
+	if _, err := tx.Exec(ctx, `UPDATE executor.runs SET event_count = event_count + $2, updated_at = now() WHERE run_id = $1`,
+		f.RunID, len(fresh)); err != nil {
+		return err
+	}
+	if terminal != nil {
+		if err := finishRun(ctx, tx, f, TerminalFromEvent(terminal)); err != nil {
+			return err
+		}
+		res.Terminal = true
+	}
+	_, err := tx.Exec(ctx, `SELECT pg_notify($1, $2)`, EventsChannel, f.RunID)
+	return err
+}
+
+// fenceViolation maps the database's own refusal of an unfenced row
+// (migration 00010: a row by another attempt than the run's, a row after
+// its run.terminal, a second run.terminal) to native_session_lease_lost:
+// whatever code path tried, the fence it wrote under does not hold.
+func fenceViolation(f Fence, err error) error {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return err
+	}
+	switch pgErr.ConstraintName {
+	case ConstraintWriterFence, ConstraintAfterTerminal, ConstraintOneTerminal:
+		return failure.Wrap(err, codes.Aborted, CodeLeaseLost,
+			"run %s attempt %d by %s: the database refused the row (%s): %s", f.RunID, f.Attempt, f.Owner, pgErr.ConstraintName, pgErr.Message)
+	}
+	return err
+}
+
+// The database's event fence rules (migration 00010).
+const (
+	ConstraintWriterFence   = "events_writer_fence"
+	ConstraintAfterTerminal = "events_after_terminal"
+	ConstraintOneTerminal   = "events_one_terminal_idx"
+)
+
+// sourceOrdered sorts events by source seq within each source instance
+// (stable otherwise), so run-local seqs follow source seqs.
+func sourceOrdered(evs []encodedEvent) []encodedEvent {
+	sort.SliceStable(evs, func(i, j int) bool {
+		a, b := evs[i].ev, evs[j].ev
 		if a.GetSourceInstanceId() != b.GetSourceInstanceId() {
 			return false
 		}
 		return a.GetSourceSeq() < b.GetSourceSeq()
 	})
-	return fresh, dups, nil
+	return evs
+}
+
+// dedupe drops the events already stored under runID (same source
+// instance and seq, same bytes) and refuses a replay with other bytes.
+func dedupe(ctx context.Context, tx pgx.Tx, runID string, evs []encodedEvent) ([]encodedEvent, int, error) {
+	if len(evs) == 0 {
+		return nil, 0, nil
+	}
+	instances, seqs := sourceKeys(evs)
+	return filterStored(tx.Query(ctx, `
+SELECT e.source_instance_id, e.source_seq, e.payload_sha256 FROM executor.events e
+  JOIN unnest($2::text[], $3::bigint[]) AS k(source_instance_id, source_seq)
+    ON e.source_instance_id = k.source_instance_id AND e.source_seq = k.source_seq
+ WHERE e.run_id = $1`, runID, instances, seqs))(evs)
+}
+
+// dedupeInScope is dedupe for events naming another run than runID: they
+// may be stored under the run they name (before SPEC R9 they were) or
+// under any later run of runID's scope that filed them, so runs of the
+// scope from the earliest one they name on are searched.
+func dedupeInScope(ctx context.Context, tx pgx.Tx, runID string, evs []encodedEvent) ([]encodedEvent, int, error) {
+	if len(evs) == 0 {
+		return nil, 0, nil
+	}
+	instances, seqs := sourceKeys(evs)
+	origins := make([]string, len(evs))
+	for i, e := range evs {
+		origins[i] = e.ev.GetRunId()
+	}
+	return filterStored(tx.Query(ctx, `
+SELECT e.source_instance_id, e.source_seq, e.payload_sha256
+  FROM executor.runs b
+  JOIN executor.runs r ON r.session_scope = b.session_scope
+   AND r.submit_seq >= coalesce((SELECT min(o.submit_seq) FROM executor.runs o
+                                  WHERE o.run_id = ANY($4) AND o.session_scope = b.session_scope), 0)
+  JOIN executor.events e ON e.run_id = r.run_id
+  JOIN unnest($2::text[], $3::bigint[]) AS k(source_instance_id, source_seq)
+    ON e.source_instance_id = k.source_instance_id AND e.source_seq = k.source_seq
+ WHERE b.run_id = $1`, runID, instances, seqs, origins))(evs)
+}
+
+func sourceKeys(evs []encodedEvent) ([]string, []int64) {
+	instances := make([]string, len(evs))
+	seqs := make([]int64, len(evs))
+	for i, e := range evs {
+		instances[i], seqs[i] = e.ev.GetSourceInstanceId(), int64(e.ev.GetSourceSeq())
+	}
+	return instances, seqs
+}
+
+// filterStored reads the (source instance, source seq, hash) rows of a
+// lookup and returns a filter keeping the events not stored yet, in order:
+// a stored one with the same bytes is a duplicate, with other bytes a
+// replay conflict.
+func filterStored(rows pgx.Rows, err error) func([]encodedEvent) ([]encodedEvent, int, error) {
+	type key struct {
+		inst string
+		seq  uint64
+	}
+	seen := map[key][]byte{}
+	if err == nil {
+		for rows.Next() {
+			var (
+				inst string
+				seq  int64
+				h    []byte
+			)
+			if err = rows.Scan(&inst, &seq, &h); err != nil {
+				break
+			}
+			seen[key{inst, uint64(seq)}] = h
+		}
+		rows.Close()
+		if err == nil {
+			err = rows.Err()
+		}
+	}
+	return func(evs []encodedEvent) ([]encodedEvent, int, error) {
+		if err != nil {
+			return nil, 0, err
+		}
+		var fresh []encodedEvent
+		dups := 0
+		for _, e := range evs {
+			k := key{e.ev.GetSourceInstanceId(), e.ev.GetSourceSeq()}
+			if h, ok := seen[k]; ok {
+				if !bytes.Equal(h, e.hash) {
+					return nil, 0, ReplayConflict(k.seq)
+				}
+				dups++
+				continue
+			}
+			seen[k] = e.hash
+			fresh = append(fresh, e)
+		}
+		return fresh, dups, nil
+	}
+}
+
+// parkEvents holds the events of an unfenced append for the scope of the
+// run each names (see AppendEvents); a run.terminal, or an event of a run
+// the database does not know, is dropped.
+func parkEvents(ctx context.Context, tx pgx.Tx, evs []encodedEvent, res *AppendResult) error {
+	var (
+		runs, insts []string
+		seqs        []int64
+		hashes      [][]byte
+		raws        [][]byte
+	)
+	for _, e := range evs {
+		if e.ev.GetEventType() == EventTerminal {
+			res.Dropped++
+			continue
+		}
+		runs = append(runs, e.ev.GetRunId())
+		insts = append(insts, e.ev.GetSourceInstanceId())
+		seqs = append(seqs, int64(e.ev.GetSourceSeq()))
+		hashes = append(hashes, e.hash)
+		raws = append(raws, e.raw)
+	}
+	if len(runs) == 0 {
+		return nil
+	}
+	var parked, known int
+	err := tx.QueryRow(ctx, `
+WITH k AS (
+  SELECT r.session_scope, k.source_instance_id, k.source_seq, k.payload_sha256, k.event
+    FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bytea[], $5::bytea[])
+         AS k(run_id, source_instance_id, source_seq, payload_sha256, event)
+    JOIN executor.runs r ON r.run_id = k.run_id),
+ins AS (
+  INSERT INTO executor.parked_events (session_scope, source_instance_id, source_seq, payload_sha256, event)
+  SELECT * FROM k ON CONFLICT (source_instance_id, source_seq) DO NOTHING RETURNING 1)
+SELECT (SELECT count(*) FROM ins), (SELECT count(*) FROM k)`, runs, insts, seqs, hashes, raws).Scan(&parked, &known)
+	if err != nil {
+		return err
+	}
+	res.Parked += parked
+	res.Duplicates += known - parked
+	res.Dropped += len(runs) - known
+	return nil
+}
+
+// adoptParked files the events parked for scope (see parkEvents) under the
+// fence, whose run holds count rows, and returns the run's new row count.
+func adoptParked(ctx context.Context, tx pgx.Tx, f Fence, scope string, count int64) (int64, error) {
+	rows, err := tx.Query(ctx, `DELETE FROM executor.parked_events WHERE session_scope = $1 RETURNING payload_sha256, event`, scope)
+	if err != nil {
+		return count, err
+	}
+	var parked []encodedEvent
+	for rows.Next() {
+		var e encodedEvent
+		if err := rows.Scan(&e.hash, &e.raw); err != nil {
+			rows.Close()
+			return count, err
+		}
+		e.ev = &prpv1.Event{}
+		if err := proto.Unmarshal(e.raw, e.ev); err != nil {
+			rows.Close()
+			return count, err
+		}
+		parked = append(parked, e)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil || len(parked) == 0 {
+		return count, err
+	}
+	sort.SliceStable(parked, func(i, j int) bool {
+		a, b := parked[i].ev, parked[j].ev
+		if a.GetSourceInstanceId() != b.GetSourceInstanceId() {
+			return a.GetSourceInstanceId() < b.GetSourceInstanceId()
+		}
+		return a.GetSourceSeq() < b.GetSourceSeq()
+	})
+	fresh, _, err := dedupeInScope(ctx, tx, f.RunID, parked)
+	if err != nil {
+		return count, err
+	}
+	var res AppendResult
+	if err := fileFenced(ctx, tx, f, count, fresh, &res); err != nil {
+		return count, err
+	}
+	return count + int64(res.Inserted), nil
 }
 
 func insertEvents(ctx context.Context, tx pgx.Tx, runID string, count int64, writer uint64, evs []encodedEvent) error {

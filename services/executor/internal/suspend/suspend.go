@@ -135,7 +135,7 @@ func (s *Suspender) Suspend(ctx context.Context, sc, lastRunID string, in *prpv1
 		finish(state, err.Error(), "")
 		return nil, err
 	}
-	cp, err := Record(ctx, s.Store, resp, sc, lastRunID, in, reason, log)
+	cp, err := Record(ctx, s.Store, store.Fence{}, resp, sc, lastRunID, in, reason, log)
 	if err != nil {
 		log.Error("recording the checkpoint", "checkpoint_id", resp.GetCheckpoint().GetCheckpointId(), "err", err)
 		finish(store.SuspensionFailed, err.Error(), "")
@@ -148,13 +148,14 @@ func (s *Suspender) Suspend(ctx context.Context, sc, lastRunID string, in *prpv1
 }
 
 // Record files what the runner emitted during a verified suspension under
-// the runs it belongs to (no lease: none of them is open) and records the
-// suspension's stamped checkpoint as scope sc's, after run lastRunID of
-// input in.
-func Record(ctx context.Context, st *store.Store, resp *gatewayv1.SuspendRunnerResponse, sc, lastRunID string,
+// fence (SPEC R9: the run driving a configuration change) or, with a zero
+// fence (an idle suspension: no run of the scope is open), parks it for the
+// scope's next run; and records the suspension's stamped checkpoint as
+// scope sc's, after run lastRunID of input in.
+func Record(ctx context.Context, st *store.Store, fence store.Fence, resp *gatewayv1.SuspendRunnerResponse, sc, lastRunID string,
 	in *prpv1.ExecutionInput, reason string, log *slog.Logger) (*executorv1.SessionCheckpoint, error) {
 	if evs := resp.GetEvents(); len(evs) > 0 {
-		if _, err := st.AppendEvents(ctx, store.Fence{}, evs); err != nil {
+		if _, err := st.AppendEvents(ctx, fence, evs); err != nil {
 			log.Warn("filing the suspension's events", "events", len(evs), "err", err)
 		}
 	}

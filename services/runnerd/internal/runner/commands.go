@@ -557,6 +557,7 @@ func (r *Runner) cmdTurnStart(c *prpv1.Command) (map[string]any, *cmdError) {
 	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.RequestTimeout)
 	defer cancel()
 	turnID, err := r.prov.StartTurn(ctx, text)
+	r.reportExecution(c, turnID, err)
 	if err == nil {
 		r.awaitTurnStarted(turnStartedWait)
 	}
@@ -568,6 +569,26 @@ func (r *Runner) cmdTurnStart(c *prpv1.Command) (map[string]any, *cmdError) {
 	// Persisted with the command's outcome, before the answer.
 	r.st.ActiveTurn = &durable.Turn{TurnID: turnID, RunID: cur.RunID, Attempt: cur.Attempt, StartedAt: time.Now().UTC()}
 	return map[string]any{"turnId": turnID, "providerThreadId": r.st.ProviderThreadID}, nil
+}
+
+// EventCommandExecuted reports that runnerd executed a command's effect:
+// the one record of an execution the executor's audit counts (SPEC X1:
+// each turn command id is executed by a runner at most once). It is held
+// and journaled with the turn's first provider events (no fsync of its
+// own).
+const EventCommandExecuted = "command.executed"
+
+// reportExecution emits command.executed for c, whose effect was just
+// tried: the provider turn it started, or that the provider refused it.
+func (r *Runner) reportExecution(c *prpv1.Command, turnID string, err error) {
+	p := map[string]any{"commandId": c.GetCommandId(), "commandType": c.GetType(), "attempt": float64(c.GetAttempt())}
+	if turnID != "" {
+		p["turnId"] = turnID
+	}
+	if err != nil {
+		p["failed"] = true // the provider's answer is in the command's result
+	}
+	r.emit(P0, EventCommandExecuted, turnID, "", p)
 }
 
 // turnStartedWait bounds how long a started turn waits for the provider's

@@ -209,8 +209,9 @@ func TestR4_AcknowledgementIsPersistedLazily(t *testing.T) {
 
 // TestR4_RunAttachedAndTheTurnsFirstEventsShareOneFsync: run.attach and
 // turn.start handled together journal their intents in one save, then
-// run.attached and the provider events that follow the turn's start in one
-// outbox append (one fsync), and their outcomes in one more save.
+// run.attached, the turn's command.executed and the provider events that
+// follow the turn's start in one outbox append (one fsync), and their
+// outcomes in one more save.
 func TestR4_RunAttachedAndTheTurnsFirstEventsShareOneFsync(t *testing.T) {
 	r := bareRunner(t)
 	var appends [][]string
@@ -230,7 +231,7 @@ func TestR4_RunAttachedAndTheTurnsFirstEventsShareOneFsync(t *testing.T) {
 	cs := &cmdSeq{t: t, runID: "run-1", attempt: 1}
 	r.onCommands(0, []*prpv1.Command{cs.attach("c-attach"), cs.next("c-turn", CmdTurnStart, map[string]any{"text": "hi"})})
 	require.NoError(t, r.settleSaves())
-	assert.Equal(t, [][]string{{"run.attached", "turn.started"}}, appends)
+	assert.Equal(t, [][]string{{"run.attached", EventCommandExecuted, "turn.started"}}, appends)
 	assert.Equal(t, 2, saves, "intents, then outcomes")
 	st, err := r.store.Load()
 	require.NoError(t, err)
@@ -309,5 +310,5 @@ func TestR4_TurnStartedThatFollowsTheAnswerSharesTheFsyncOfRunAttached(t *testin
 	cs := &cmdSeq{t: t, runID: "run-1", attempt: 1}
 	r.onCommands(0, []*prpv1.Command{cs.attach("c-attach"), cs.next("c-turn", CmdTurnStart, map[string]any{"text": "hi"})})
 	require.NoError(t, r.settleSaves())
-	assert.Equal(t, [][]string{{"run.attached", "turn.started"}}, appends)
+	assert.Equal(t, [][]string{{"run.attached", EventCommandExecuted, "turn.started"}}, appends)
 }

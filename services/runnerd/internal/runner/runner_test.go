@@ -98,9 +98,13 @@ func TestG4_TurnEventsCarrySourceIdentityAndTerminal(t *testing.T) {
 		assert.NotNil(t, ev.ev.GetEmittedAt())
 		types = append(types, ev.ev.GetEventType())
 	}
-	assert.Equal(t, []string{"run.attached", "session.starting", "harness.ready", "session.started", "turn.started",
+	assert.Equal(t, []string{"run.attached", "session.starting", "harness.ready", "session.started", EventCommandExecuted, "turn.started",
 		"item.delta", "item.completed", "turn.completed", "run.terminal"}, types)
-	assert.Equal(t, uint32(2), all[6].ev.GetPriority(), "deltas are P2")
+	assert.Equal(t, uint32(2), all[7].ev.GetPriority(), "deltas are P2")
+	executed := all[5].ev.GetPayload().AsMap()
+	assert.Equal(t, CmdTurnStart, executed["commandType"], "the turn's execution is reported (SPEC X1)")
+	assert.NotEmpty(t, executed["commandId"])
+	assert.Equal(t, "turn-1", executed["turnId"])
 
 	// Provider config: allow-listed environment only, run input's provider fields.
 	e.prov.mu.Lock()

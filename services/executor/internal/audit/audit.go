@@ -1,0 +1,246 @@
+// Package audit checks the executor's durable history for the
+// exactly-once promises (SPEC X1): every run ends once, its events form one
+// contiguous, fenced sequence that stops at its run.terminal, a runner
+// executed each turn command at most once, and a cancellation was recorded
+// and acknowledged at most once. Check is a pure function over the rows
+// the store reads (store.AuditRows); tetherctl audit prints its report.
+package audit
+
+import (
+	"fmt"
+	"io"
+	"sort"
+)
+
+// Event types and audit actions the checks read.
+const (
+	EventTerminal        = "run.terminal"
+	EventCommandExecuted = "command.executed" // runnerd: a command's effect was executed
+	CommandTurnStart     = "turn.start"
+
+	ActionCancellationIntent = "native.cancellation_intent_recorded"
+	ActionCancellationAck    = "native.cancellation_acknowledged"
+)
+
+// Violation classes.
+const (
+	// ClassTerminal: a run that ended has no or several run.terminal
+	// events, or a run that did not end has one.
+	ClassTerminal = "terminal_count"
+	// ClassSeqGap: the run-local seqs are not 1..n, or n differs from the
+	// run's event count.
+	ClassSeqGap = "seq_not_contiguous"
+	// ClassAfterTerminal: an event follows the run's run.terminal.
+	ClassAfterTerminal = "event_after_terminal"
+	// ClassWriterAttempt: a writer attempt lower than an earlier row's, or
+	// above the run's attempt.
+	ClassWriterAttempt = "writer_attempt_decreased"
+	// ClassTerminalAttempt: the run.terminal was not written by the run's
+	// final attempt.
+	ClassTerminalAttempt = "terminal_not_from_final_attempt"
+	// ClassTurnTwice: a turn command id was executed by a runner more than
+	// once.
+	ClassTurnTwice = "turn_command_executed_twice"
+	// ClassCancellationTwice: a run's cancellation intent or its
+	// acknowledgement was recorded more than once.
+	ClassCancellationTwice = "cancellation_recorded_twice"
+)
+
+// Classes lists every violation class, in report order.
+var Classes = []string{ClassTerminal, ClassSeqGap, ClassAfterTerminal, ClassWriterAttempt, ClassTerminalAttempt,
+	ClassTurnTwice, ClassCancellationTwice}
+
+// Run is one run as stored.
+type Run struct {
+	ID string
+	// State is queued, running, succeeded, failed or cancelled.
+	State string
+	// Attempt is the coordinator's attempt: the run's final one once it
+	// ended.
+	Attempt uint64
+	// EventCount is the run's stored event count.
+	EventCount uint64
+}
+
+// Ended reports whether the run has its outcome.
+func (r Run) Ended() bool {
+	return r.State == "succeeded" || r.State == "failed" || r.State == "cancelled"
+}
+
+// Event is one event row.
+type Event struct {
+	RunID  string
+	Seq    uint64
+	Type   string
+	Writer uint64
+	// CommandID and CommandType are set for command.executed.
+	CommandID, CommandType string
+}
+
+// Activity is one audit entry of a run.
+type Activity struct {
+	RunID, Action string
+}
+
+// Violation is one broken promise.
+type Violation struct {
+	Class  string `json:"class"`
+	RunID  string `json:"runId"`
+	Seq    uint64 `json:"seq,omitempty"`
+	Detail string `json:"detail"`
+}
+
+// Report is the audit's outcome.
+type Report struct {
+	Runs       int         `json:"runs"`
+	Events     int         `json:"events"`
+	Violations []Violation `json:"violations"`
+	// ByClass counts violations per class (every class present).
+	ByClass map[string]int `json:"byClass"`
+	// Outcomes counts runs per state.
+	Outcomes map[string]int `json:"outcomes"`
+}
+
+// Clean reports whether no promise was broken.
+func (r Report) Clean() bool { return len(r.Violations) == 0 }
+
+// Check audits runs, their events (any order) and their activities.
+func Check(runs []Run, events []Event, activities []Activity) Report {
+	rep := Report{Runs: len(runs), Events: len(events), Violations: []Violation{}, ByClass: map[string]int{}, Outcomes: map[string]int{}}
+	for _, c := range Classes {
+		rep.ByClass[c] = 0
+	}
+	add := func(class, runID string, seq uint64, format string, args ...any) {
+		rep.Violations = append(rep.Violations, Violation{Class: class, RunID: runID, Seq: seq, Detail: fmt.Sprintf(format, args...)})
+		rep.ByClass[class]++
+	}
+	byRun := map[string][]Event{}
+	for _, e := range events {
+		byRun[e.RunID] = append(byRun[e.RunID], e)
+	}
+	executed := map[string][]string{} // turn command id -> runs that report an execution
+	var commandIDs []string
+	for _, r := range runs {
+		rep.Outcomes[r.State]++
+		evs := byRun[r.ID]
+		sort.Slice(evs, func(i, j int) bool { return evs[i].Seq < evs[j].Seq })
+		checkRun(r, evs, add)
+		for _, e := range evs {
+			if e.Type == EventCommandExecuted && e.CommandType == CommandTurnStart {
+				if executed[e.CommandID] == nil {
+					commandIDs = append(commandIDs, e.CommandID)
+				}
+				executed[e.CommandID] = append(executed[e.CommandID], e.RunID)
+			}
+		}
+	}
+	for _, id := range commandIDs {
+		if n := len(executed[id]); n > 1 {
+			add(ClassTurnTwice, executed[id][0], 0, "turn command %s executed %d times", id, n)
+		}
+	}
+	checkCancellations(runs, activities, add)
+	return rep
+}
+
+type adder func(class, runID string, seq uint64, format string, args ...any)
+
+// checkRun checks one run's events, in seq order.
+func checkRun(r Run, evs []Event, add adder) {
+	var terminals []Event
+	for _, e := range evs {
+		if e.Type == EventTerminal {
+			terminals = append(terminals, e)
+		}
+	}
+	switch {
+	case r.Ended() && len(terminals) != 1:
+		add(ClassTerminal, r.ID, 0, "run %s has %d run.terminal events", r.State, len(terminals))
+	case !r.Ended() && len(terminals) != 0:
+		add(ClassTerminal, r.ID, terminals[0].Seq, "run still %s has %d run.terminal events", r.State, len(terminals))
+	}
+	for i, e := range evs {
+		if e.Seq != uint64(i+1) {
+			add(ClassSeqGap, r.ID, e.Seq, "event %d of the run has seq %d", i+1, e.Seq)
+			break
+		}
+	}
+	if uint64(len(evs)) != r.EventCount {
+		add(ClassSeqGap, r.ID, 0, "%d events stored, the run counts %d", len(evs), r.EventCount)
+	}
+	if len(terminals) > 0 {
+		first := terminals[0]
+		if last := evs[len(evs)-1]; last.Seq > first.Seq {
+			n := 0
+			for _, e := range evs {
+				if e.Seq > first.Seq {
+					n++
+				}
+			}
+			add(ClassAfterTerminal, r.ID, last.Seq, "%d events after run.terminal (seq %d), the last %s", n, first.Seq, last.Type)
+		}
+		for _, t := range terminals {
+			if t.Writer != r.Attempt {
+				add(ClassTerminalAttempt, r.ID, t.Seq, "run.terminal written by attempt %d, the run's final attempt is %d", t.Writer, r.Attempt)
+			}
+		}
+	}
+	var hi uint64
+	for _, e := range evs {
+		switch {
+		case e.Writer < hi:
+			add(ClassWriterAttempt, r.ID, e.Seq, "%s written by attempt %d after a row of attempt %d", e.Type, e.Writer, hi)
+		case e.Writer > r.Attempt:
+			add(ClassWriterAttempt, r.ID, e.Seq, "%s written by attempt %d, the run's attempt is %d", e.Type, e.Writer, r.Attempt)
+		}
+		hi = max(hi, e.Writer)
+	}
+}
+
+func checkCancellations(runs []Run, activities []Activity, add adder) {
+	counts := map[string]map[string]int{}
+	for _, a := range activities {
+		if counts[a.RunID] == nil {
+			counts[a.RunID] = map[string]int{}
+		}
+		counts[a.RunID][a.Action]++
+	}
+	for _, r := range runs {
+		for _, action := range []string{ActionCancellationIntent, ActionCancellationAck} {
+			if n := counts[r.ID][action]; n > 1 {
+				add(ClassCancellationTwice, r.ID, 0, "%s recorded %d times", action, n)
+			}
+		}
+	}
+}
+
+// WriteText prints the report for people: one line per violation, then a
+// summary per class and the outcome distribution.
+func (r Report) WriteText(w io.Writer) {
+	for _, v := range r.Violations {
+		if v.Seq > 0 {
+			fmt.Fprintf(w, "VIOLATION %s run=%s seq=%d: %s\n", v.Class, v.RunID, v.Seq, v.Detail)
+		} else {
+			fmt.Fprintf(w, "VIOLATION %s run=%s: %s\n", v.Class, v.RunID, v.Detail)
+		}
+	}
+	fmt.Fprintf(w, "audited %d runs, %d events\n", r.Runs, r.Events)
+	for _, c := range Classes {
+		fmt.Fprintf(w, "  %-34s %d\n", c, r.ByClass[c])
+	}
+	states := make([]string, 0, len(r.Outcomes))
+	for s := range r.Outcomes {
+		states = append(states, s)
+	}
+	sort.Strings(states)
+	fmt.Fprint(w, "outcomes:")
+	for _, s := range states {
+		fmt.Fprintf(w, " %s=%d", s, r.Outcomes[s])
+	}
+	fmt.Fprintln(w)
+	if r.Clean() {
+		fmt.Fprintln(w, "audit: clean")
+	} else {
+		fmt.Fprintf(w, "audit: %d violations\n", len(r.Violations))
+	}
+}
