@@ -41,6 +41,7 @@ func TestMain(m *testing.M) {
 	}
 	pkgs := []string{
 		"github.com/tether-run/tether/services/executor/cmd/executor",
+		"github.com/tether-run/tether/services/executor/cmd/tetherctl",
 		"github.com/tether-run/tether/services/runnergw/cmd/runnergw",
 		"github.com/tether-run/tether/services/backup/cmd/backup-verifier",
 		"github.com/tether-run/tether/services/runnerd/cmd/runnerd",
