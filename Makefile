@@ -93,6 +93,10 @@ fuzz: ## run every fuzz target of the repository for FUZZTIME each (default 1m; 
 test-continuity: ## opt-in SPEC C: the remote continuity regression in a disposable process tree (KEEP=1 keeps a failed case's processes and files)
 	TETHER_CONTINUITY=1 $(GO) test -race -count=1 -timeout 15m -v -run '^TestC[0-9]' ./services/executor/internal/e2e/
 
+.PHONY: test-chaos
+test-chaos: ## SPEC X2: the fault matrix over real processes (>= 204 runs, 6 warm sessions, >= 10 faults of each kind), then tetherctl audit; SEED=n reproduces a plan
+	TETHER_CHAOS=1 SEED=$(SEED) $(GO) test -count=1 -timeout 25m -v -run '^TestX2_' ./services/executor/internal/e2e/
+
 CODEX_VERSION := 0.169.0
 CODEX_CACHE := .cache/codex
 CODEX_BIN := $(CODEX_CACHE)/node_modules/@openai/codex-linux-x64/vendor/x86_64-unknown-linux-musl/bin/codex
