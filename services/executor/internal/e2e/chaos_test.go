@@ -129,6 +129,9 @@ type chaos struct {
 	mu       sync.Mutex
 	inFlight map[string]string // session -> its run not ended yet
 	hits     map[string]map[string]bool
+	// carried: a runnerd or provider kill also hits the session's next
+	// run (the killed process may have served a run that had just ended).
+	carried map[string]string
 	injected map[string]int
 	skipped  map[string]int // runnerd/provider kills put off: no live process of a run in flight yet
 }
@@ -148,7 +151,7 @@ func TestX2_ChaosFaultMatrixEndsWithACleanAudit(t *testing.T) {
 	_, err := h.st.Start(ctx, "executor-2")
 	require.NoError(t, err)
 	c := &chaos{t: t, h: h, st: h.store(), cfg: cfg, execs: []string{"executor", "executor-2"}, inFlight: map[string]string{},
-		hits: map[string]map[string]bool{}, injected: map[string]int{}, skipped: map[string]int{}}
+		hits: map[string]map[string]bool{}, carried: map[string]string{}, injected: map[string]int{}, skipped: map[string]int{}}
 	defer c.resumeAll()
 	clients := map[string]executorv1.ExecutorServiceClient{}
 	for _, n := range c.execs {
@@ -230,9 +233,20 @@ func (c *chaos) setInFlight(session, runID string) {
 	defer c.mu.Unlock()
 	if runID == "" {
 		delete(c.inFlight, session)
-	} else {
-		c.inFlight[session] = runID
+		return
 	}
+	c.inFlight[session] = runID
+	if kind, ok := c.carried[session]; ok {
+		delete(c.carried, session)
+		c.hitLocked(runID, kind)
+	}
+}
+
+func (c *chaos) hitLocked(runID, kind string) {
+	if c.hits[runID] == nil {
+		c.hits[runID] = map[string]bool{}
+	}
+	c.hits[runID][kind] = true
 }
 
 // runOnce submits a run (through any replica that answers) and waits for
@@ -285,10 +299,7 @@ func (c *chaos) inject(ctx context.Context, in injection) {
 		defer c.mu.Unlock()
 		c.injected[in.Kind]++
 		for _, id := range runIDs {
-			if c.hits[id] == nil {
-				c.hits[id] = map[string]bool{}
-			}
-			c.hits[id][in.Kind] = true
+			c.hitLocked(id, in.Kind)
 		}
 	}
 	allInFlight := func() []string {
@@ -355,6 +366,9 @@ func (c *chaos) inject(ctx context.Context, in injection) {
 			return
 		}
 		hit(runID)
+		c.mu.Lock()
+		c.carried[session] = in.Kind
+		c.mu.Unlock()
 	}
 }
 

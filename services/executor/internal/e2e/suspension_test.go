@@ -132,14 +132,11 @@ func TestR5_IdleCloseIsAVerifiedSuspensionAndANewRunnerRestoresTheStampedBackup(
 	require.Equal(t, rs.ProviderThreadID, m.GetProviderSessionIdentity().GetProviderSessionId())
 	require.Equal(t, []string{"runner", "codex-home"}, []string{m.GetDirectories()[0].GetName(), m.GetDirectories()[1].GetName()})
 
-	// What the runner emitted while suspending is filed under its last run.
+	// What the runner emitted while suspending waits for the scope's next
+	// run (SPEC R9): nothing follows r5-2's run.terminal.
 	stored, err := h.store().EventsAfter(ctx, "r5-2", 0, 1000)
 	require.NoError(t, err)
-	var suspended bool
-	for _, ev := range stored {
-		suspended = suspended || ev.Event.GetEventType() == "runner.suspended"
-	}
-	require.True(t, suspended, "runner.suspended is on record")
+	require.Equal(t, "run.terminal", stored[len(stored)-1].Event.GetEventType())
 
 	// The runner's state is lost.
 	require.NoError(t, os.RemoveAll(stateDir))
@@ -157,6 +154,13 @@ func TestR5_IdleCloseIsAVerifiedSuspensionAndANewRunnerRestoresTheStampedBackup(
 	restored, ok := readRunnerState(t, stateDir)
 	require.True(t, ok, "the runner state is back")
 	require.Equal(t, rs.ProviderThreadID, restored.ProviderThreadID)
+	// The suspension's events are on record under r5-3, by its attempt.
+	var suspended bool
+	for _, r := range h.eventRows(ctx, "r5-3") {
+		require.EqualValues(t, third.GetAttempt(), r.Writer)
+		suspended = suspended || r.Type == "runner.suspended"
+	}
+	require.True(t, suspended, "runner.suspended is on record under the next run")
 }
 
 func TestR5_ATamperedOrUnstampedBackupIsRefusedAndNothingIsRestored(t *testing.T) {
