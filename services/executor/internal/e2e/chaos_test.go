@@ -131,7 +131,7 @@ type chaos struct {
 	hits     map[string]map[string]bool
 	// carried: a runnerd or provider kill also hits the session's next
 	// run (the killed process may have served a run that had just ended).
-	carried map[string]string
+	carried  map[string]string
 	injected map[string]int
 	skipped  map[string]int // runnerd/provider kills put off: no live process of a run in flight yet
 }
