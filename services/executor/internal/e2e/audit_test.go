@@ -83,7 +83,9 @@ func TestR9_AHarnessExitAfterARunEndedIsFiledUnderTheNextRunOfTheScope(t *testin
 	next := h.eventRows(ctx, "exit-2")
 	exited := 0
 	for _, r := range next {
-		require.EqualValues(t, second.GetAttempt(), r.Writer, "%s written under exit-2's fence", r.Type)
+		// Under one of exit-2's attempts (the audit below checks that
+		// they never decrease and that the terminal is the final one's).
+		require.True(t, r.Writer >= 1 && r.Writer <= int64(second.GetAttempt()), "%s written under an exit-2 fence: %+v", r.Type, r)
 		if r.Type == "harness.exited" {
 			exited++
 		}
