@@ -9,6 +9,8 @@ import (
 	"os"
 	"time"
 
+	"google.golang.org/grpc"
+
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
 	gatewayv1 "github.com/tether-run/tether/pkg/gen/tether/gateway/v1"
 	"github.com/tether-run/tether/pkg/grant"
@@ -96,7 +98,9 @@ func run() error {
 	sus := &suspend.Suspender{Store: st, Gateway: gw, Owner: *owner,
 		Interval: *idleSweep, Logger: log}
 	apiSrv := &api.Server{Store: st, Hub: hub, KickRun: d.KickRun, Draining: srv.Draining(), Controls: d.Controls(), SelfAddr: *advertise,
-		Gateway: gw, Suspender: sus}
+		Gateway: gw, Suspender: sus,
+		// Other replicas are verified with the CA that verifies clients.
+		DialPeer: func(addr string) (*grpc.ClientConn, error) { return cfg.DialPeer(addr, cfg.TLSClientCAFile) }}
 	executorv1.RegisterExecutorServiceServer(srv.GRPC(), apiSrv)
 	defer apiSrv.Close()
 	bg, cancelBG := context.WithCancel(context.Background())

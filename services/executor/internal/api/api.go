@@ -40,6 +40,10 @@ type Server struct {
 	Controls *control.Registry
 	// SelfAddr is this replica's advertised address (no self-forwarding).
 	SelfAddr string
+	// DialPeer connects to another replica for forwarding (nil:
+	// grpcx.Dial without a CA); over mTLS it presents this replica's
+	// certificate (SPEC S2, F6).
+	DialPeer func(addr string) (*grpc.ClientConn, error)
 	// Gateway answers runner lookups and session closes.
 	Gateway gatewayv1.RunnerGatewayClient
 	// Suspender performs verified suspensions (CloseSession with suspend).
@@ -156,7 +160,11 @@ func (s *Server) remote(ctx context.Context, runID string) (executorv1.ExecutorS
 	}
 	conn := s.conns[addr]
 	if conn == nil {
-		if conn, err = grpcx.Dial(addr, ""); err != nil {
+		dial := s.DialPeer
+		if dial == nil {
+			dial = func(addr string) (*grpc.ClientConn, error) { return grpcx.Dial(addr, "") }
+		}
+		if conn, err = dial(addr); err != nil {
 			return nil, failure.ToStatus(err)
 		}
 		s.conns[addr] = conn

@@ -78,8 +78,8 @@ func TestS1_AForgedAttachThroughTheStackIsRefusedAndTheRealRunSucceeds(t *testin
 // the client's certificate is refused by the gateway even with a valid
 // grant, and by the backup verifier, which admits the executor.
 func TestS2_AStackOnMutualTLSAdmitsEachServiceOnlyItsPeers(t *testing.T) {
-	h := newHarness(t, stack.Options{MTLS: true})
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	h := newHarness(t, stack.Options{MTLS: true, FakeArgs: []string{"--delta-delay-ms", "300"}})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	dial := func(service, role string) *grpc.ClientConn {
 		conn, err := h.st.DialAs(h.st.Addr(service), role)
@@ -88,8 +88,18 @@ func TestS2_AStackOnMutualTLSAdmitsEachServiceOnlyItsPeers(t *testing.T) {
 		return conn
 	}
 	client := executorv1.NewExecutorServiceClient(dial("executor", identity.Client))
-	_, err := client.SubmitRun(ctx, &executorv1.SubmitRunRequest{RunId: "mtls-1", Input: h.submitInput("mtls", "over mTLS")})
+	_, err := client.SubmitRun(ctx, &executorv1.SubmitRunRequest{RunId: "mtls-1", Input: h.submitInput("mtls", slowTurn)})
 	require.NoError(t, err)
+	h.waitForDelta(ctx, client, "mtls-1")
+	// Another replica forwards a live-session call to the driving one,
+	// over mTLS with its own certificate.
+	require.NoError(t, h.st.AddExecutor("executor-2"))
+	_, err = h.st.Start(ctx, "executor-2")
+	require.NoError(t, err)
+	state, err := executorv1.NewExecutorServiceClient(dial("executor-2", identity.Client)).GetSteeringState(ctx,
+		&executorv1.GetSteeringStateRequest{RunId: "mtls-1"})
+	require.NoError(t, err)
+	require.Equal(t, "available", state.GetDisposition(), "forwarded to the driving replica")
 	waitSucceeded(ctx, t, client, "mtls-1")
 
 	for _, role := range []string{identity.Client, identity.BackupVerifier} {
