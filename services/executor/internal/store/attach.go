@@ -103,10 +103,11 @@ type ControlEvent struct {
 // transaction under the fence: it supersedes the checkpoints of
 // supersedeScope when set (as SupersedeCheckpoints: a runner serves the run
 // now, its state moves on from them) and appends the control events in
-// order (as AppendControlEvent; listeners are notified on commit). With
-// supersedeScope it also files the session events a verified suspension
-// of the scope parked (SPEC R9: they go to the scope's next run, under its
-// fence) before the control events. A fence that no longer holds is
+// order (as AppendControlEvent; listeners are notified on commit). It also
+// files the session events parked for the run's scope (a verified
+// suspension's, or what a runner emitted after the previous run's
+// run.terminal; SPEC R9: they go to the scope's next run, under its fence)
+// before the control events. A fence that no longer holds is
 // native_session_lease_lost and nothing is written.
 func (s *Store) RecordControl(ctx context.Context, f Fence, supersedeScope string, events []ControlEvent) error {
 	if supersedeScope == "" && len(events) == 0 {
@@ -122,9 +123,9 @@ func (s *Store) RecordControl(ctx context.Context, f Fence, supersedeScope strin
  WHERE session_scope = $1 AND superseded_at IS NULL`, supersedeScope); err != nil {
 				return err
 			}
-			if count, err = adoptParked(ctx, tx, f, supersedeScope, count); err != nil {
-				return err
-			}
+		}
+		if count, err = adoptParked(ctx, tx, f, count); err != nil {
+			return err
 		}
 		for i, ev := range events {
 			if err := appendControlEvent(ctx, tx, f.RunID, count+int64(i), f.Attempt, ev.Type, ev.Payload); err != nil {

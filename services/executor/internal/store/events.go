@@ -113,7 +113,7 @@ func (s *Store) AppendEvents(ctx context.Context, f Fence, events []*prpv1.Event
 		if err != nil {
 			return err
 		}
-		var own, foreign []encodedEvent
+		var own, foreign, after []encodedEvent
 		for _, e := range encoded {
 			switch {
 			case e.ev.GetRunId() == f.RunID:
@@ -123,6 +123,14 @@ func (s *Store) AppendEvents(ctx context.Context, f Fence, events []*prpv1.Event
 			default:
 				foreign = append(foreign, e)
 			}
+		}
+		// What the runner emitted after the run's own run.terminal (e.g.
+		// harness.exited, runner.reconciled of a runner restarted as the
+		// turn ended) takes no row of this run: it waits for the scope's
+		// next run, like a suspension's events.
+		own, after = splitAfterTerminal(own)
+		if err := parkEvents(ctx, tx, after, &res); err != nil {
+			return err
 		}
 		fresh, dups, err := dedupe(ctx, tx, f.RunID, own)
 		if err != nil {
@@ -137,6 +145,29 @@ func (s *Store) AppendEvents(ctx context.Context, f Fence, events []*prpv1.Event
 		return fileFenced(ctx, tx, f, count, sourceOrdered(append(ffresh, fresh...)), &res)
 	})
 	return res, fenceViolation(f, err)
+}
+
+// splitAfterTerminal splits a run's own events at its run.terminal: the
+// events of the terminal's source instance with a higher source seq come
+// after it.
+func splitAfterTerminal(evs []encodedEvent) (upTo, after []encodedEvent) {
+	var term *prpv1.Event
+	for _, e := range evs {
+		if e.ev.GetEventType() == EventTerminal && (term == nil || e.ev.GetSourceSeq() < term.GetSourceSeq()) {
+			term = e.ev
+		}
+	}
+	if term == nil {
+		return evs, nil
+	}
+	for _, e := range evs {
+		if e.ev.GetSourceInstanceId() == term.GetSourceInstanceId() && e.ev.GetSourceSeq() > term.GetSourceSeq() {
+			after = append(after, e)
+		} else {
+			upTo = append(upTo, e)
+		}
+	}
+	return upTo, after
 }
 
 // fileFenced writes fresh events (deduplicated, in source order) under the
@@ -360,10 +391,13 @@ SELECT (SELECT count(*) FROM ins), (SELECT count(*) FROM k)`, runs, insts, seqs,
 	return nil
 }
 
-// adoptParked files the events parked for scope (see parkEvents) under the
-// fence, whose run holds count rows, and returns the run's new row count.
-func adoptParked(ctx context.Context, tx pgx.Tx, f Fence, scope string, count int64) (int64, error) {
-	rows, err := tx.Query(ctx, `DELETE FROM executor.parked_events WHERE session_scope = $1 RETURNING payload_sha256, event`, scope)
+// adoptParked files the events parked for the fenced run's scope (see
+// parkEvents) under the fence, whose run holds count rows, and returns the
+// run's new row count.
+func adoptParked(ctx context.Context, tx pgx.Tx, f Fence, count int64) (int64, error) {
+	rows, err := tx.Query(ctx, `
+DELETE FROM executor.parked_events WHERE session_scope = (SELECT session_scope FROM executor.runs WHERE run_id = $1)
+RETURNING payload_sha256, event`, f.RunID)
 	if err != nil {
 		return count, err
 	}

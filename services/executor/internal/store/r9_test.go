@@ -230,3 +230,37 @@ func TestR9_ACancelledRunWaitingForItsRetryEndsUnderItsLastAttempt(t *testing.T)
 		require.EqualValues(t, c.Attempt, r.Writer)
 	}
 }
+
+// A runner restarted as the turn ended sends the run's run.terminal and,
+// in the same batch, what it emitted after it under the same run id
+// (harness.exited, runner.reconciled): the run takes nothing after its
+// terminal, the rest waits for the scope's next run and is filed under it.
+func TestR9_EventsAfterTheRunsOwnTerminalInOneBatchGoToTheScopesNextRun(t *testing.T) {
+	s := newStore(t)
+	ctx := context.Background()
+	for _, id := range []string{"a", "b"} {
+		_, _, err := s.SubmitRun(ctx, id, input("restart", "x"))
+		require.NoError(t, err)
+	}
+	ca, err := s.ClaimNext(ctx, "o", time.Minute, store.Controller{})
+	require.NoError(t, err)
+	res, err := s.AppendEvents(ctx, ca.Fence, []*prpv1.Event{
+		event("a", "runner-1", 1, "turn.completed", nil),
+		event("a", "runner-1", 2, store.EventTerminal, map[string]any{"runTerminalState": "succeeded"}),
+		event("a", "runner-1", 3, "harness.exited", nil),
+		event("a", "runner-1", 4, "runner.reconciled", nil),
+	})
+	require.NoError(t, err)
+	require.Equal(t, store.AppendResult{Inserted: 2, Parked: 2, Terminal: true}, res)
+	require.Equal(t, []string{"turn.completed", "run.terminal"}, types(rowsOf(t, s, "a")))
+
+	cb, err := s.ClaimNext(ctx, "o", time.Minute, store.Controller{})
+	require.NoError(t, err)
+	require.Equal(t, "b", cb.RunID)
+	require.NoError(t, s.RecordControl(ctx, cb.Fence, "", []store.ControlEvent{{Type: "session.authority_rotated", Payload: map[string]any{"previousRunId": "a"}}}))
+	b := rowsOf(t, s, "b")
+	require.Equal(t, []string{"harness.exited", "runner.reconciled", "session.authority_rotated"}, types(b))
+	for _, r := range b {
+		require.EqualValues(t, cb.Attempt, r.Writer)
+	}
+}
