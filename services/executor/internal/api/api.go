@@ -291,11 +291,21 @@ func (s *Server) WatchRun(req *executorv1.WatchRunRequest, stream executorv1.Exe
 			return failure.ToStatus(err)
 		}
 		for _, e := range evs {
-			if err := stream.Send(&executorv1.WatchRunResponse{Seq: e.Seq, Event: e.Event}); err != nil {
+			m := &executorv1.WatchRunResponse{Seq: e.Seq, Event: e.Event}
+			terminal := e.Event.GetEventType() == store.EventTerminal
+			if terminal {
+				// The result is recorded with the terminal event.
+				run, err := s.Store.GetRun(ctx, req.GetRunId())
+				if err != nil {
+					return failure.ToStatus(err)
+				}
+				m.Result = run.GetResult()
+			}
+			if err := stream.Send(m); err != nil {
 				return err
 			}
 			cursor = e.Seq
-			if e.Event.GetEventType() == store.EventTerminal {
+			if terminal {
 				return nil
 			}
 		}

@@ -45,7 +45,8 @@ func (s InputSpec) Input() (*prpv1.ExecutionInput, error) {
 }
 
 // Renderer prints a run's events as a person wants to read them: turn
-// progress, the assistant's text as it streams, usage, and the outcome.
+// progress, the assistant's text as it streams, the outcome, and the turn's
+// usage beside the session's total.
 type Renderer struct {
 	W io.Writer
 	// JSON prints every event as one protojson line instead.
@@ -99,11 +100,6 @@ func (r *Renderer) Event(m *executorv1.WatchRunResponse) {
 			fmt.Fprintln(r.W)
 			r.midLine = false
 		}
-	case "usage.reported":
-		t := p["total"].GetStructValue().GetFields()
-		r.line("  usage: input %d (cached %d), output %d tokens",
-			int64(t["inputTokens"].GetNumberValue()), int64(t["cachedInputTokens"].GetNumberValue()),
-			int64(t["outputTokens"].GetNumberValue()))
 	case plan.EventPlanUpdated:
 		if md := str("markdown"); md != "" {
 			r.line("  plan:")
@@ -119,9 +115,30 @@ func (r *Renderer) Event(m *executorv1.WatchRunResponse) {
 			msg += " (" + c + ": " + str("message") + ")"
 		}
 		r.line("● run %s: %s", ev.GetRunId(), msg)
+		r.usage(m.GetResult())
 	case "harness.exited", "harness.diagnostic":
 		r.line("! %s %s %s", ev.GetEventType(), str("code"), str("message"))
 	}
+}
+
+// usage prints the run's own usage (and cost) and, on a separate line, the
+// provider session's total (SPEC E1): a warm session's total grows over its
+// turns, so it is never shown as the turn's.
+func (r *Renderer) usage(res *executorv1.RunResult) {
+	if u := res.GetUsage(); u != nil {
+		cost := ""
+		if res.CostUsd != nil {
+			cost = fmt.Sprintf(", cost $%.4f", res.GetCostUsd())
+		}
+		r.line("  turn usage: %s%s", tokens(u), cost)
+	}
+	if u := res.GetSessionUsage(); u != nil {
+		r.line("  session total: %s", tokens(u))
+	}
+}
+
+func tokens(u *executorv1.Usage) string {
+	return fmt.Sprintf("input %d (cached %d), output %d tokens", u.GetInputTokens(), u.GetCachedInputTokens(), u.GetOutputTokens())
 }
 
 // Flush ends a partial line.

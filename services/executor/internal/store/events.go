@@ -17,6 +17,7 @@ import (
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/services/executor/internal/plan"
+	"github.com/tether-run/tether/services/executor/internal/usage"
 )
 
 // EventHarnessReady reports the provider process (pid, pgid, start ticks).
@@ -491,12 +492,8 @@ func TerminalFromEvent(ev *prpv1.Event) Terminal {
 		t.Result.Artifacts = append(t.Result.Artifacts, &executorv1.ResultArtifact{Kind: a.Kind, Ref: a.Ref, Code: a.Code})
 	}
 	t.Result.Plan = md
-	if u := p["usage"].GetStructValue().GetFields(); u != nil {
-		t.Result.Usage = &executorv1.Usage{
-			InputTokens:       uint64(u["inputTokens"].GetNumberValue()),
-			CachedInputTokens: uint64(u["cachedInputTokens"].GetNumberValue()),
-			OutputTokens:      uint64(u["outputTokens"].GetNumberValue()),
-		}
+	if u := p["usage"].GetStructValue(); u != nil {
+		readUsage(t.Result, u.AsMap())
 	}
 	switch t.State {
 	case StateSucceeded, StateFailed, StateCancelled:
@@ -514,11 +511,47 @@ func TerminalFromEvent(ev *prpv1.Event) Terminal {
 	return t
 }
 
+// readUsage normalises the usage a run.terminal event reports (SPEC E1):
+// the run's own usage (runDelta over total), its dollar cost, and the
+// provider session's cumulative total when reported beside a delta.
+func readUsage(res *executorv1.RunResult, raw map[string]any) {
+	if u, ok := usage.Normalize(raw); ok {
+		res.Usage = usageProto(u)
+	}
+	if c, ok := usage.CostUSD(raw); ok {
+		res.CostUsd = &c
+	}
+	if total, ok := raw["total"].(map[string]any); ok {
+		if u, ok := usage.Normalize(total); ok {
+			res.SessionUsage = usageProto(u)
+		}
+	}
+}
+
+func usageProto(u usage.Usage) *executorv1.Usage {
+	return &executorv1.Usage{
+		InputTokens: uint64(u.InputTokens), CachedInputTokens: uint64(u.CachedInputTokens), OutputTokens: uint64(u.OutputTokens),
+	}
+}
+
 func finishRun(ctx context.Context, tx pgx.Tx, f Fence, t Terminal) error {
-	var result []byte
+	var (
+		result                      []byte
+		usageIn, usageCached, usOut *int64
+		costUSD                     *float64
+	)
 	if t.Result != nil {
+		// The run's usage and cost are columns of the run (migration
+		// 00011), not part of the stored result.
+		stored := proto.Clone(t.Result).(*executorv1.RunResult)
+		if u := stored.GetUsage(); u != nil {
+			in, cached, out := int64(u.GetInputTokens()), int64(u.GetCachedInputTokens()), int64(u.GetOutputTokens())
+			usageIn, usageCached, usOut = &in, &cached, &out
+		}
+		costUSD = stored.CostUsd
+		stored.Usage, stored.CostUsd = nil, nil
 		var err error
-		if result, err = marshalDet.Marshal(t.Result); err != nil {
+		if result, err = marshalDet.Marshal(stored); err != nil {
 			return err
 		}
 	}
@@ -538,8 +571,10 @@ UPDATE executor.coordinators SET phase = $4, lease_expires_at = now()
 	}
 	_, err = tx.Exec(ctx, `
 UPDATE executor.runs SET state = $2, result = $3, failure_code = nullif($4, ''), failure_message = nullif($5, ''),
-       plan = coalesce(nullif($6, ''), plan), ended_at = now(), updated_at = now()
- WHERE run_id = $1`, f.RunID, t.State, result, t.Code, t.Message, t.Result.GetPlan())
+       plan = coalesce(nullif($6, ''), plan),
+       usage_input_tokens = $7, usage_cached_input_tokens = $8, usage_output_tokens = $9, cost_usd = $10,
+       ended_at = now(), updated_at = now()
+ WHERE run_id = $1`, f.RunID, t.State, result, t.Code, t.Message, t.Result.GetPlan(), usageIn, usageCached, usOut, costUSD)
 	return err
 }
 

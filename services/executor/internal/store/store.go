@@ -204,7 +204,8 @@ const runColumns = `r.run_id, ` + stateExpr + `, c.phase, c.attempt, coalesce(c.
 	r.input, r.result, coalesce(r.failure_code, ''), coalesce(r.failure_message, ''), r.event_count,
 	coalesce(r.runner_instance_id, ''), r.runner_process, r.provider_process,
 	r.created_at, r.updated_at, c.started_at, r.ended_at, r.submit_seq,
-	r.result_metadata -> 'nativeCancellation', r.recovery, coalesce(r.plan, '')`
+	r.result_metadata -> 'nativeCancellation', r.recovery, coalesce(r.plan, ''),
+	r.usage_input_tokens, r.usage_cached_input_tokens, r.usage_output_tokens, r.cost_usd::float8`
 
 func scanRun(row pgx.Row) (*executorv1.Run, int64, error) { return scanRunWith(row) }
 
@@ -218,11 +219,14 @@ func scanRunWith(row pgx.Row, extra ...any) (*executorv1.Run, int64, error) {
 		input, result, runnerProc, providerPrc []byte
 		seq                                    int64
 		cancel, recovery                       []byte
+		usageIn, usageCached, usageOut         *int64
+		costUSD                                *float64
 	)
 	dest := append([]any{&run.RunId, &state, &run.Phase, &run.Attempt, &run.LeaseOwner, &leaseExp,
 		&input, &result, &failCode, &failMsg, &run.EventCount,
 		&run.RunnerInstanceId, &runnerProc, &providerPrc,
-		&createdAt, &updatedAt, &startedAt, &endedAt, &seq, &cancel, &recovery, &run.Plan}, extra...)
+		&createdAt, &updatedAt, &startedAt, &endedAt, &seq, &cancel, &recovery, &run.Plan,
+		&usageIn, &usageCached, &usageOut, &costUSD}, extra...)
 	err := row.Scan(dest...)
 	if err != nil {
 		return nil, 0, err
@@ -244,6 +248,12 @@ func scanRunWith(row pgx.Row, extra ...any) (*executorv1.Run, int64, error) {
 			return nil, 0, err
 		}
 	}
+	if usageIn != nil && run.Result != nil {
+		run.Result.Usage = &executorv1.Usage{
+			InputTokens: uint64(*usageIn), CachedInputTokens: uint64(deref(usageCached)), OutputTokens: uint64(deref(usageOut)),
+		}
+		run.Result.CostUsd = costUSD
+	}
 	if failCode != "" {
 		run.Failure = &executorv1.Failure{Code: failCode, Message: failMsg}
 	}
@@ -261,6 +271,13 @@ func scanRunWith(row pgx.Row, extra ...any) (*executorv1.Run, int64, error) {
 	run.StartedAt = tsOrNil(startedAt)
 	run.EndedAt = tsOrNil(endedAt)
 	return &run, seq, nil
+}
+
+func deref(p *int64) int64 {
+	if p == nil {
+		return 0
+	}
+	return *p
 }
 
 func tsOrNil(t *time.Time) *timestamppb.Timestamp {

@@ -267,3 +267,68 @@ func ids(runs []*executorv1.Run) []string {
 	}
 	return out
 }
+
+// TestE1_TerminalRecordsTheRunsUsageAndUSDCost: the run's result carries
+// the normalised usage of its run.terminal event — the run's delta, not the
+// session total — and the USD cost (absent for another currency); usage and
+// cost are columns of the run (migration 00011).
+func TestE1_TerminalRecordsTheRunsUsageAndUSDCost(t *testing.T) {
+	tests := []struct {
+		name        string
+		usage       map[string]any
+		want        *executorv1.Usage
+		wantSession *executorv1.Usage
+		wantCost    *float64
+	}{
+		{"runner {total, runDelta}: the delta, its cost, the total beside", map[string]any{
+			"total":    map[string]any{"inputTokens": 20097, "cachedInputTokens": 8000, "outputTokens": 500, "providerCostUsd": 0.12},
+			"runDelta": map[string]any{"inputTokens": 6773, "cacheReadTokens": 1500, "outputTokens": 180, "providerCostUsd": 0.031},
+		}, &executorv1.Usage{InputTokens: 6773, CachedInputTokens: 1500, OutputTokens: 180},
+			&executorv1.Usage{InputTokens: 20097, CachedInputTokens: 8000, OutputTokens: 500}, proto.Float64(0.031)},
+		{"ACPX {cumulative, cost} in USD", map[string]any{
+			"cumulative": map[string]any{"inputTokens": 3000, "outputTokens": 240, "cachedReadTokens": 900},
+			"cost":       map[string]any{"amount": 0.044, "currency": "USD"},
+		}, &executorv1.Usage{InputTokens: 3000, CachedInputTokens: 900, OutputTokens: 240}, nil, proto.Float64(0.044)},
+		{"ACPX cost in EUR is no cost", map[string]any{
+			"cumulative": map[string]any{"inputTokens": 10, "outputTokens": 1},
+			"cost":       map[string]any{"amount": 1.25, "currency": "EUR"},
+		}, &executorv1.Usage{InputTokens: 10, OutputTokens: 1}, nil, nil},
+		{"flat counters", map[string]any{"inputTokens": 10, "cachedInputTokens": 2, "outputTokens": 3},
+			&executorv1.Usage{InputTokens: 10, CachedInputTokens: 2, OutputTokens: 3}, nil, nil},
+		{"no usage", nil, nil, nil, nil},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			s := newStore(t)
+			ctx := context.Background()
+			_, _, err := s.SubmitRun(ctx, "r", input("s", "x"))
+			require.NoError(t, err)
+			c, err := s.ClaimNext(ctx, "o", time.Minute, store.Controller{})
+			require.NoError(t, err)
+			payload := map[string]any{"turnTerminalState": "completed", "runTerminalState": "succeeded", "finalMessage": "done"}
+			if tc.usage != nil {
+				payload["usage"] = tc.usage
+			}
+			_, err = s.AppendEvents(ctx, c.Fence, []*prpv1.Event{event("r", "runner-1", 1, "run.terminal", payload)})
+			require.NoError(t, err)
+			run, err := s.GetRun(ctx, "r")
+			require.NoError(t, err)
+			res := run.GetResult()
+			require.Equal(t, "done", res.GetFinalMessage())
+			require.True(t, proto.Equal(tc.want, res.GetUsage()), "usage %v", res.GetUsage())
+			require.True(t, proto.Equal(tc.wantSession, res.GetSessionUsage()), "session usage %v", res.GetSessionUsage())
+			if tc.wantCost == nil {
+				require.Nil(t, res.CostUsd)
+			} else {
+				require.NotNil(t, res.CostUsd)
+				require.InDelta(t, *tc.wantCost, res.GetCostUsd(), 1e-12)
+			}
+			// ListRuns reads the same record.
+			runs, _, err := s.ListRuns(ctx, store.ListFilter{}, 10, "")
+			require.NoError(t, err)
+			require.Len(t, runs, 1)
+			require.True(t, proto.Equal(res, runs[0].GetResult()))
+		})
+	}
+}

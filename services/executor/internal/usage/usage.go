@@ -7,7 +7,9 @@
 //     session; runDelta is what this run consumed. runDelta is preferred.
 //   - ACPX: {cumulative, cost}. cost is {amount, currency}.
 //
-// Both are reduced to a [Usage] of input, output and cached-input tokens.
+// Both are reduced to a [Usage] of input, output and cached-input tokens
+// ([Normalize]), and a dollar cost ([CostUSD]). The executor's store applies
+// them to a run.terminal event's usage when it records the run's result.
 // Cost is reported in US dollars only: runDelta.providerCostUsd when present,
 // otherwise cost.amount when, and only when, cost.currency is "USD". An
 // amount in any other currency yields no cost; it is never converted.
@@ -26,87 +28,6 @@ type Usage struct {
 	InputTokens       int64 `json:"inputTokens"`
 	OutputTokens      int64 `json:"outputTokens"`
 	CachedInputTokens int64 `json:"cachedInputTokens"`
-}
-
-// Counters is one token-count object as a provider reports it. The runner
-// calls cached input cacheReadTokens and ACPX calls it cachedReadTokens; both
-// belong in CachedInputTokens.
-type Counters struct {
-	InputTokens       int64
-	OutputTokens      int64
-	CachedInputTokens int64
-	// ProviderCostUSD is the provider's own dollar cost for the counted
-	// tokens (runner runDelta.providerCostUsd). Nil when not reported.
-	ProviderCostUSD *float64
-}
-
-func (c Counters) usage() Usage {
-	return Usage{InputTokens: c.InputTokens, OutputTokens: c.OutputTokens, CachedInputTokens: c.CachedInputTokens}
-}
-
-// RunnerReport is the runner's {total, runDelta} shape.
-type RunnerReport struct {
-	Total    *Counters
-	RunDelta *Counters
-}
-
-// Usage returns RunDelta when present, else Total. ok is false when neither
-// is present.
-func (r RunnerReport) Usage() (u Usage, ok bool) {
-	switch {
-	case r.RunDelta != nil:
-		return r.RunDelta.usage(), true
-	case r.Total != nil:
-		return r.Total.usage(), true
-	}
-	return Usage{}, false
-}
-
-// CostUSD returns the run's dollar cost: the provider cost of the counters
-// that [RunnerReport.Usage] selects. A session total's cost is never charged
-// to a run that also reports a delta.
-func (r RunnerReport) CostUSD() (float64, bool) {
-	c := r.RunDelta
-	if c == nil {
-		c = r.Total
-	}
-	if c == nil || c.ProviderCostUSD == nil {
-		return 0, false
-	}
-	return validCost(*c.ProviderCostUSD)
-}
-
-// Money is an amount in a currency (ACPX cost).
-type Money struct {
-	Amount   float64
-	Currency string
-}
-
-// ACPXReport is the ACPX {cumulative, cost} shape.
-type ACPXReport struct {
-	Cumulative *Counters
-	Cost       *Money
-}
-
-// Usage returns the cumulative counters; ok is false when absent.
-func (a ACPXReport) Usage() (Usage, bool) {
-	if a.Cumulative == nil {
-		return Usage{}, false
-	}
-	return a.Cumulative.usage(), true
-}
-
-// CostUSD returns the counters' provider cost when reported, else the cost
-// amount when its currency is USD (case-insensitive). Other currencies give
-// no cost.
-func (a ACPXReport) CostUSD() (float64, bool) {
-	if a.Cumulative != nil && a.Cumulative.ProviderCostUSD != nil {
-		return validCost(*a.Cumulative.ProviderCostUSD)
-	}
-	if a.Cost == nil || !isUSD(a.Cost.Currency) {
-		return 0, false
-	}
-	return validCost(a.Cost.Amount)
 }
 
 // Field aliases, in order of preference.

@@ -143,11 +143,16 @@ type codexProvider struct {
 }
 
 func convertResult(r codex.TurnResult) runner.TurnResult {
-	return runner.TurnResult{
+	out := runner.TurnResult{
 		TurnID: r.TurnID, Status: r.Status, FinalMessage: r.FinalMessage,
-		Usage:     runner.Usage{InputTokens: r.Usage.InputTokens, CachedInputTokens: r.Usage.CachedInputTokens, OutputTokens: r.Usage.OutputTokens},
+		Usage:     runner.Usage(r.Usage),
 		ErrorCode: r.ErrorCode, ErrorMessage: r.ErrorMessage, Artifacts: convertArtifacts(r.Artifacts),
 	}
+	if r.Total != nil {
+		t := runner.Usage(*r.Total)
+		out.Total = &t
+	}
+	return out
 }
 
 func convertArtifacts(as []codex.Artifact) []runner.Artifact {

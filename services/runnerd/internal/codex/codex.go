@@ -111,7 +111,11 @@ type TurnResult struct {
 	TurnID       string
 	Status       string // completed | failed | interrupted
 	FinalMessage string
-	Usage        Usage
+	// Usage is the turn's own usage (the growth of the thread's total).
+	Usage Usage
+	// Total is the thread's cumulative usage when the turn ended; nil when
+	// the provider reported none.
+	Total        *Usage
 	ErrorCode    string
 	ErrorMessage string
 	// Artifacts are the turn's semantic result artifacts (its plan).

@@ -52,6 +52,14 @@ func (t tokenTotals) payload() map[string]any {
 	}
 }
 
+// usage is the thread total as a Usage; nil for no total.
+func (t *tokenTotals) usage() *Usage {
+	if t == nil {
+		return nil
+	}
+	return &Usage{InputTokens: t.input, CachedInputTokens: t.cached, OutputTokens: t.output}
+}
+
 func parseTotals(m map[string]any) (tokenTotals, bool) {
 	if m == nil {
 		return tokenTotals{}, false
@@ -184,6 +192,7 @@ func (s *Session) onTurnCompleted(p map[string]any) {
 	if known {
 		s.turn = nil
 	}
+	total := s.usageBaseline.usage()
 	s.mu.Unlock()
 	if !known {
 		s.emitMu.Unlock()
@@ -200,7 +209,7 @@ func (s *Session) onTurnCompleted(p map[string]any) {
 	if final == "" {
 		final = lastAgentMessage(turn)
 	}
-	res := TurnResult{TurnID: id, FinalMessage: final, Usage: t.usage, Artifacts: t.artifacts()}
+	res := TurnResult{TurnID: id, FinalMessage: final, Usage: t.usage, Total: total, Artifacts: t.artifacts()}
 	status := str(turn, "status")
 	payload := map[string]any{"finalMessage": final}
 	var evType string

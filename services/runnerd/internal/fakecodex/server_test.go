@@ -124,8 +124,9 @@ func TestR3_ThreeTurnsOnOneThreadGrowHistoryAndUsage(t *testing.T) {
 		require.Equal(t, threadID, usage.ThreadID)
 		require.Equal(t, turnID, usage.TurnID)
 		require.Equal(t, modelContextWindow, usage.TokenUsage.ModelContextWindow)
+		cached := int64(historyChars / 4)
 		historyChars += utf8.RuneCountInString(prompt)
-		wantLast := tokenCounts{InputTokens: int64(historyChars/4 + 1), OutputTokens: int64(len(want)/4 + 1)}
+		wantLast := tokenCounts{InputTokens: int64(historyChars/4 + 1), CachedInputTokens: cached, OutputTokens: int64(len(want)/4 + 1)}
 		wantLast.TotalTokens = wantLast.InputTokens + wantLast.OutputTokens
 		require.Equal(t, wantLast, usage.TokenUsage.Last)
 		total.add(wantLast)

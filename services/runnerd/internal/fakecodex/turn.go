@@ -446,19 +446,22 @@ func (s *Server) completeTurn(at *activeTurn) error {
 	agent.CompletedAtMs = nowMs
 
 	// Deterministic usage: the "model input" is every stored message of the
-	// earlier turns plus this turn's user messages.
+	// earlier turns plus this turn's user messages; the earlier turns' part
+	// is a prompt-cache hit (cached input). The thread total grows by it, so
+	// from the second turn on a turn's usage and the thread total differ.
 	chars := 0
 	for _, prev := range th.Turns[:len(th.Turns)-1] {
 		for _, it := range prev.Items {
 			chars += itemChars(it)
 		}
 	}
+	cached := int64(chars / 4)
 	for _, it := range t.Items {
 		chars += itemChars(it)
 	}
 	input := int64(chars/4 + 1)
 	output := int64(utf8.RuneCountInString(at.reply)/4 + 1)
-	last := tokenCounts{TotalTokens: input + output, InputTokens: input, OutputTokens: output}
+	last := tokenCounts{TotalTokens: input + output, InputTokens: input, CachedInputTokens: cached, OutputTokens: output}
 	th.Usage.Total.add(last)
 	th.Usage.Last = last
 

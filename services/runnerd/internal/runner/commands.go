@@ -957,13 +957,9 @@ func (r *Runner) terminalEvent(t *durable.Turn, res TurnResult) pendingEvent {
 		"turnTerminalState": turnState,
 		"runTerminalState":  runState,
 		"finalMessage":      res.FinalMessage,
-		"usage": map[string]any{
-			"inputTokens":       float64(res.Usage.InputTokens),
-			"cachedInputTokens": float64(res.Usage.CachedInputTokens),
-			"outputTokens":      float64(res.Usage.OutputTokens),
-		},
-		"providerTurnId":   t.TurnID,
-		"providerThreadId": r.st.ProviderThreadID,
+		"usage":             usagePayload(res),
+		"providerTurnId":    t.TurnID,
+		"providerThreadId":  r.st.ProviderThreadID,
 	}
 	if res.ErrorCode != "" {
 		payload["code"] = res.ErrorCode
@@ -980,6 +976,24 @@ func (r *Runner) terminalEvent(t *durable.Turn, res TurnResult) pendingEvent {
 	}
 	// The run the turn belongs to labels the event.
 	return pendingEvent{prio: P0, typ: "run.terminal", turnID: t.TurnID, payload: payload, runID: t.RunID}
+}
+
+// usagePayload is the runner's usage report of a finished turn (SPEC E1):
+// {runDelta, total}, runDelta the turn's own usage and total the provider
+// session's cumulative usage (omitted when the provider reported none).
+func usagePayload(res TurnResult) map[string]any {
+	counters := func(u Usage) map[string]any {
+		return map[string]any{
+			"inputTokens":       float64(u.InputTokens),
+			"cachedInputTokens": float64(u.CachedInputTokens),
+			"outputTokens":      float64(u.OutputTokens),
+		}
+	}
+	out := map[string]any{"runDelta": counters(res.Usage)}
+	if res.Total != nil {
+		out["total"] = counters(*res.Total)
+	}
+	return out
 }
 
 // toolContract is a digest of the run's declared dynamic tools (empty for

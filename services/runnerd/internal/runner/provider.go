@@ -68,7 +68,10 @@ type TurnResult struct {
 	TurnID       string
 	Status       string // completed | failed | interrupted
 	FinalMessage string
+	// Usage is the turn's own usage; Total the provider session's
+	// cumulative usage when the turn ended (nil: not reported).
 	Usage        Usage
+	Total        *Usage
 	ErrorCode    string
 	ErrorMessage string
 	// Artifacts are the turn's semantic result artifacts, reported on its

@@ -67,7 +67,8 @@ func TestG4_TurnEventsCarrySourceIdentityAndTerminal(t *testing.T) {
 	prov.mu.Unlock()
 
 	prov.finish(TurnResult{TurnID: "turn-1", Status: "completed", FinalMessage: "done!",
-		Usage: Usage{InputTokens: 10, CachedInputTokens: 4, OutputTokens: 7}})
+		Usage: Usage{InputTokens: 10, CachedInputTokens: 4, OutputTokens: 7},
+		Total: &Usage{InputTokens: 30, CachedInputTokens: 8, OutputTokens: 20}})
 	term := e.gw.waitEvent("run.terminal", 1)
 	assert.Equal(t, uint32(0), term.GetPriority())
 	assert.Equal(t, "turn-1", term.GetTurnId())
@@ -77,7 +78,11 @@ func TestG4_TurnEventsCarrySourceIdentityAndTerminal(t *testing.T) {
 	assert.Equal(t, "done!", pl["finalMessage"])
 	assert.Equal(t, "thread-1", pl["providerThreadId"])
 	assert.Equal(t, "turn-1", pl["providerTurnId"])
-	assert.Equal(t, map[string]any{"inputTokens": 10.0, "cachedInputTokens": 4.0, "outputTokens": 7.0}, pl["usage"])
+	// SPEC E1: the runner reports the turn's delta and the session total.
+	assert.Equal(t, map[string]any{
+		"runDelta": map[string]any{"inputTokens": 10.0, "cachedInputTokens": 4.0, "outputTokens": 7.0},
+		"total":    map[string]any{"inputTokens": 30.0, "cachedInputTokens": 8.0, "outputTokens": 20.0},
+	}, pl["usage"])
 
 	// Events arrive contiguous from 1 with the runner's identity, and the
 	// provider's own events precede run.terminal.

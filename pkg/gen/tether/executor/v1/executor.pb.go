@@ -318,10 +318,18 @@ type RunResult struct {
 	// succeeded | failed | cancelled
 	RunTerminalState string `protobuf:"bytes,2,opt,name=run_terminal_state,json=runTerminalState,proto3" json:"run_terminal_state,omitempty"`
 	// The provider's final assistant message.
-	FinalMessage     string `protobuf:"bytes,3,opt,name=final_message,json=finalMessage,proto3" json:"final_message,omitempty"`
+	FinalMessage string `protobuf:"bytes,3,opt,name=final_message,json=finalMessage,proto3" json:"final_message,omitempty"`
+	// The run's own token usage (the run's delta, not the session total),
+	// normalised from what the runner reported (SPEC E1).
 	Usage            *Usage `protobuf:"bytes,4,opt,name=usage,proto3" json:"usage,omitempty"`
 	ProviderTurnId   string `protobuf:"bytes,5,opt,name=provider_turn_id,json=providerTurnId,proto3" json:"provider_turn_id,omitempty"`
 	ProviderThreadId string `protobuf:"bytes,6,opt,name=provider_thread_id,json=providerThreadId,proto3" json:"provider_thread_id,omitempty"`
+	// The run's cost in US dollars; absent when the provider reported none or
+	// reported it in another currency (never converted).
+	CostUsd *float64 `protobuf:"fixed64,7,opt,name=cost_usd,json=costUsd,proto3,oneof" json:"cost_usd,omitempty"`
+	// The provider session's cumulative usage after this run, when the
+	// runner reported it.
+	SessionUsage *Usage `protobuf:"bytes,8,opt,name=session_usage,json=sessionUsage,proto3" json:"session_usage,omitempty"`
 	// Semantic artifacts the run reported (e.g. the provider's plan item as
 	// kind native_provider_plan).
 	Artifacts []*ResultArtifact `protobuf:"bytes,20,rep,name=artifacts,proto3" json:"artifacts,omitempty"`
@@ -402,6 +410,20 @@ func (x *RunResult) GetProviderThreadId() string {
 		return x.ProviderThreadId
 	}
 	return ""
+}
+
+func (x *RunResult) GetCostUsd() float64 {
+	if x != nil && x.CostUsd != nil {
+		return *x.CostUsd
+	}
+	return 0
+}
+
+func (x *RunResult) GetSessionUsage() *Usage {
+	if x != nil {
+		return x.SessionUsage
+	}
+	return nil
 }
 
 func (x *RunResult) GetArtifacts() []*ResultArtifact {
@@ -1397,9 +1419,12 @@ func (x *WatchRunRequest) GetAfterSeq() uint64 {
 
 // WatchRunResponse is one persisted event with its run-local cursor.
 type WatchRunResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Seq           uint64                 `protobuf:"varint,1,opt,name=seq,proto3" json:"seq,omitempty"`
-	Event         *v1.Event              `protobuf:"bytes,2,opt,name=event,proto3" json:"event,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Seq   uint64                 `protobuf:"varint,1,opt,name=seq,proto3" json:"seq,omitempty"`
+	Event *v1.Event              `protobuf:"bytes,2,opt,name=event,proto3" json:"event,omitempty"`
+	// Set on the final message (the run's terminal event): the run's
+	// recorded result, as GetRun returns it (usage, cost).
+	Result        *RunResult `protobuf:"bytes,3,opt,name=result,proto3" json:"result,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1444,6 +1469,13 @@ func (x *WatchRunResponse) GetSeq() uint64 {
 func (x *WatchRunResponse) GetEvent() *v1.Event {
 	if x != nil {
 		return x.Event
+	}
+	return nil
+}
+
+func (x *WatchRunResponse) GetResult() *RunResult {
+	if x != nil {
+		return x.Result
 	}
 	return nil
 }
@@ -2393,16 +2425,19 @@ const file_tether_executor_v1_executor_proto_rawDesc = "" +
 	"\x05Usage\x12!\n" +
 	"\finput_tokens\x18\x01 \x01(\x04R\vinputTokens\x12.\n" +
 	"\x13cached_input_tokens\x18\x02 \x01(\x04R\x11cachedInputTokens\x12#\n" +
-	"\routput_tokens\x18\x03 \x01(\x04R\foutputTokens\"\xed\x02\n" +
+	"\routput_tokens\x18\x03 \x01(\x04R\foutputTokens\"\xda\x03\n" +
 	"\tRunResult\x12.\n" +
 	"\x13turn_terminal_state\x18\x01 \x01(\tR\x11turnTerminalState\x12,\n" +
 	"\x12run_terminal_state\x18\x02 \x01(\tR\x10runTerminalState\x12#\n" +
 	"\rfinal_message\x18\x03 \x01(\tR\ffinalMessage\x12/\n" +
 	"\x05usage\x18\x04 \x01(\v2\x19.tether.executor.v1.UsageR\x05usage\x12(\n" +
 	"\x10provider_turn_id\x18\x05 \x01(\tR\x0eproviderTurnId\x12,\n" +
-	"\x12provider_thread_id\x18\x06 \x01(\tR\x10providerThreadId\x12@\n" +
+	"\x12provider_thread_id\x18\x06 \x01(\tR\x10providerThreadId\x12\x1e\n" +
+	"\bcost_usd\x18\a \x01(\x01H\x00R\acostUsd\x88\x01\x01\x12>\n" +
+	"\rsession_usage\x18\b \x01(\v2\x19.tether.executor.v1.UsageR\fsessionUsage\x12@\n" +
 	"\tartifacts\x18\x14 \x03(\v2\".tether.executor.v1.ResultArtifactR\tartifacts\x12\x12\n" +
-	"\x04plan\x18\x15 \x01(\tR\x04plan\"J\n" +
+	"\x04plan\x18\x15 \x01(\tR\x04planB\v\n" +
+	"\t_cost_usd\"J\n" +
 	"\x0eResultArtifact\x12\x12\n" +
 	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x10\n" +
 	"\x03ref\x18\x02 \x01(\tR\x03ref\x12\x12\n" +
@@ -2495,10 +2530,11 @@ const file_tether_executor_v1_executor_proto_rawDesc = "" +
 	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"N\n" +
 	"\x0fWatchRunRequest\x12\x1e\n" +
 	"\x06run_id\x18\x01 \x01(\tB\a\xbaH\x04r\x02\x10\x01R\x05runId\x12\x1b\n" +
-	"\tafter_seq\x18\x02 \x01(\x04R\bafterSeq\"P\n" +
+	"\tafter_seq\x18\x02 \x01(\x04R\bafterSeq\"\x87\x01\n" +
 	"\x10WatchRunResponse\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12*\n" +
-	"\x05event\x18\x02 \x01(\v2\x14.tether.prp.v1.EventR\x05event\"9\n" +
+	"\x05event\x18\x02 \x01(\v2\x14.tether.prp.v1.EventR\x05event\x125\n" +
+	"\x06result\x18\x03 \x01(\v2\x1d.tether.executor.v1.RunResultR\x06result\"9\n" +
 	"\x17GetSteeringStateRequest\x12\x1e\n" +
 	"\x06run_id\x18\x01 \x01(\tB\a\xbaH\x04r\x02\x10\x01R\x05runId\"b\n" +
 	"\x18GetSteeringStateResponse\x12 \n" +
@@ -2663,65 +2699,67 @@ var file_tether_executor_v1_executor_proto_depIdxs = []int32{
 	33, // 0: tether.executor.v1.SubmitRunRequest.input:type_name -> tether.prp.v1.ExecutionInput
 	8,  // 1: tether.executor.v1.SubmitRunResponse.run:type_name -> tether.executor.v1.Run
 	4,  // 2: tether.executor.v1.RunResult.usage:type_name -> tether.executor.v1.Usage
-	6,  // 3: tether.executor.v1.RunResult.artifacts:type_name -> tether.executor.v1.ResultArtifact
-	0,  // 4: tether.executor.v1.Run.state:type_name -> tether.executor.v1.RunState
-	34, // 5: tether.executor.v1.Run.lease_expires_at:type_name -> google.protobuf.Timestamp
-	33, // 6: tether.executor.v1.Run.input:type_name -> tether.prp.v1.ExecutionInput
-	5,  // 7: tether.executor.v1.Run.result:type_name -> tether.executor.v1.RunResult
-	7,  // 8: tether.executor.v1.Run.failure:type_name -> tether.executor.v1.Failure
-	35, // 9: tether.executor.v1.Run.runner_process:type_name -> tether.prp.v1.ProcessInfo
-	35, // 10: tether.executor.v1.Run.provider_process:type_name -> tether.prp.v1.ProcessInfo
-	34, // 11: tether.executor.v1.Run.created_at:type_name -> google.protobuf.Timestamp
-	34, // 12: tether.executor.v1.Run.updated_at:type_name -> google.protobuf.Timestamp
-	34, // 13: tether.executor.v1.Run.started_at:type_name -> google.protobuf.Timestamp
-	34, // 14: tether.executor.v1.Run.ended_at:type_name -> google.protobuf.Timestamp
-	9,  // 15: tether.executor.v1.Run.cancellation:type_name -> tether.executor.v1.Cancellation
-	10, // 16: tether.executor.v1.Run.recovery:type_name -> tether.executor.v1.Recovery
-	34, // 17: tether.executor.v1.Recovery.next_attempt_at:type_name -> google.protobuf.Timestamp
-	1,  // 18: tether.executor.v1.CancelRunRequest.scope:type_name -> tether.executor.v1.CancellationScope
-	36, // 19: tether.executor.v1.CancelRunRequest.wait_timeout:type_name -> google.protobuf.Duration
-	9,  // 20: tether.executor.v1.CancelRunResponse.cancellation:type_name -> tether.executor.v1.Cancellation
-	8,  // 21: tether.executor.v1.GetRunResponse.run:type_name -> tether.executor.v1.Run
-	0,  // 22: tether.executor.v1.ListRunsRequest.state:type_name -> tether.executor.v1.RunState
-	8,  // 23: tether.executor.v1.ListRunsResponse.runs:type_name -> tether.executor.v1.Run
-	37, // 24: tether.executor.v1.WatchRunResponse.event:type_name -> tether.prp.v1.Event
-	36, // 25: tether.executor.v1.SteerRunRequest.timeout:type_name -> google.protobuf.Duration
-	38, // 26: tether.executor.v1.ResolveRuntimeRequestRequest.resolution:type_name -> google.protobuf.Struct
-	0,  // 27: tether.executor.v1.Session.last_run_state:type_name -> tether.executor.v1.RunState
-	35, // 28: tether.executor.v1.Session.runner_process:type_name -> tether.prp.v1.ProcessInfo
-	35, // 29: tether.executor.v1.Session.provider_process:type_name -> tether.prp.v1.ProcessInfo
-	32, // 30: tether.executor.v1.Session.checkpoint:type_name -> tether.executor.v1.SessionCheckpoint
-	28, // 31: tether.executor.v1.GetSessionResponse.sessions:type_name -> tether.executor.v1.Session
-	32, // 32: tether.executor.v1.CloseSessionResponse.checkpoints:type_name -> tether.executor.v1.SessionCheckpoint
-	39, // 33: tether.executor.v1.SessionCheckpoint.stamp:type_name -> tether.backup.v1.Stamp
-	34, // 34: tether.executor.v1.SessionCheckpoint.created_at:type_name -> google.protobuf.Timestamp
-	2,  // 35: tether.executor.v1.ExecutorService.SubmitRun:input_type -> tether.executor.v1.SubmitRunRequest
-	13, // 36: tether.executor.v1.ExecutorService.GetRun:input_type -> tether.executor.v1.GetRunRequest
-	15, // 37: tether.executor.v1.ExecutorService.ListRuns:input_type -> tether.executor.v1.ListRunsRequest
-	17, // 38: tether.executor.v1.ExecutorService.WatchRun:input_type -> tether.executor.v1.WatchRunRequest
-	11, // 39: tether.executor.v1.ExecutorService.CancelRun:input_type -> tether.executor.v1.CancelRunRequest
-	19, // 40: tether.executor.v1.ExecutorService.GetSteeringState:input_type -> tether.executor.v1.GetSteeringStateRequest
-	21, // 41: tether.executor.v1.ExecutorService.SteerRun:input_type -> tether.executor.v1.SteerRunRequest
-	23, // 42: tether.executor.v1.ExecutorService.ResolveRuntimeRequest:input_type -> tether.executor.v1.ResolveRuntimeRequestRequest
-	25, // 43: tether.executor.v1.ExecutorService.CompleteToolCall:input_type -> tether.executor.v1.CompleteToolCallRequest
-	27, // 44: tether.executor.v1.ExecutorService.GetSession:input_type -> tether.executor.v1.GetSessionRequest
-	30, // 45: tether.executor.v1.ExecutorService.CloseSession:input_type -> tether.executor.v1.CloseSessionRequest
-	3,  // 46: tether.executor.v1.ExecutorService.SubmitRun:output_type -> tether.executor.v1.SubmitRunResponse
-	14, // 47: tether.executor.v1.ExecutorService.GetRun:output_type -> tether.executor.v1.GetRunResponse
-	16, // 48: tether.executor.v1.ExecutorService.ListRuns:output_type -> tether.executor.v1.ListRunsResponse
-	18, // 49: tether.executor.v1.ExecutorService.WatchRun:output_type -> tether.executor.v1.WatchRunResponse
-	12, // 50: tether.executor.v1.ExecutorService.CancelRun:output_type -> tether.executor.v1.CancelRunResponse
-	20, // 51: tether.executor.v1.ExecutorService.GetSteeringState:output_type -> tether.executor.v1.GetSteeringStateResponse
-	22, // 52: tether.executor.v1.ExecutorService.SteerRun:output_type -> tether.executor.v1.SteerRunResponse
-	24, // 53: tether.executor.v1.ExecutorService.ResolveRuntimeRequest:output_type -> tether.executor.v1.ResolveRuntimeRequestResponse
-	26, // 54: tether.executor.v1.ExecutorService.CompleteToolCall:output_type -> tether.executor.v1.CompleteToolCallResponse
-	29, // 55: tether.executor.v1.ExecutorService.GetSession:output_type -> tether.executor.v1.GetSessionResponse
-	31, // 56: tether.executor.v1.ExecutorService.CloseSession:output_type -> tether.executor.v1.CloseSessionResponse
-	46, // [46:57] is the sub-list for method output_type
-	35, // [35:46] is the sub-list for method input_type
-	35, // [35:35] is the sub-list for extension type_name
-	35, // [35:35] is the sub-list for extension extendee
-	0,  // [0:35] is the sub-list for field type_name
+	4,  // 3: tether.executor.v1.RunResult.session_usage:type_name -> tether.executor.v1.Usage
+	6,  // 4: tether.executor.v1.RunResult.artifacts:type_name -> tether.executor.v1.ResultArtifact
+	0,  // 5: tether.executor.v1.Run.state:type_name -> tether.executor.v1.RunState
+	34, // 6: tether.executor.v1.Run.lease_expires_at:type_name -> google.protobuf.Timestamp
+	33, // 7: tether.executor.v1.Run.input:type_name -> tether.prp.v1.ExecutionInput
+	5,  // 8: tether.executor.v1.Run.result:type_name -> tether.executor.v1.RunResult
+	7,  // 9: tether.executor.v1.Run.failure:type_name -> tether.executor.v1.Failure
+	35, // 10: tether.executor.v1.Run.runner_process:type_name -> tether.prp.v1.ProcessInfo
+	35, // 11: tether.executor.v1.Run.provider_process:type_name -> tether.prp.v1.ProcessInfo
+	34, // 12: tether.executor.v1.Run.created_at:type_name -> google.protobuf.Timestamp
+	34, // 13: tether.executor.v1.Run.updated_at:type_name -> google.protobuf.Timestamp
+	34, // 14: tether.executor.v1.Run.started_at:type_name -> google.protobuf.Timestamp
+	34, // 15: tether.executor.v1.Run.ended_at:type_name -> google.protobuf.Timestamp
+	9,  // 16: tether.executor.v1.Run.cancellation:type_name -> tether.executor.v1.Cancellation
+	10, // 17: tether.executor.v1.Run.recovery:type_name -> tether.executor.v1.Recovery
+	34, // 18: tether.executor.v1.Recovery.next_attempt_at:type_name -> google.protobuf.Timestamp
+	1,  // 19: tether.executor.v1.CancelRunRequest.scope:type_name -> tether.executor.v1.CancellationScope
+	36, // 20: tether.executor.v1.CancelRunRequest.wait_timeout:type_name -> google.protobuf.Duration
+	9,  // 21: tether.executor.v1.CancelRunResponse.cancellation:type_name -> tether.executor.v1.Cancellation
+	8,  // 22: tether.executor.v1.GetRunResponse.run:type_name -> tether.executor.v1.Run
+	0,  // 23: tether.executor.v1.ListRunsRequest.state:type_name -> tether.executor.v1.RunState
+	8,  // 24: tether.executor.v1.ListRunsResponse.runs:type_name -> tether.executor.v1.Run
+	37, // 25: tether.executor.v1.WatchRunResponse.event:type_name -> tether.prp.v1.Event
+	5,  // 26: tether.executor.v1.WatchRunResponse.result:type_name -> tether.executor.v1.RunResult
+	36, // 27: tether.executor.v1.SteerRunRequest.timeout:type_name -> google.protobuf.Duration
+	38, // 28: tether.executor.v1.ResolveRuntimeRequestRequest.resolution:type_name -> google.protobuf.Struct
+	0,  // 29: tether.executor.v1.Session.last_run_state:type_name -> tether.executor.v1.RunState
+	35, // 30: tether.executor.v1.Session.runner_process:type_name -> tether.prp.v1.ProcessInfo
+	35, // 31: tether.executor.v1.Session.provider_process:type_name -> tether.prp.v1.ProcessInfo
+	32, // 32: tether.executor.v1.Session.checkpoint:type_name -> tether.executor.v1.SessionCheckpoint
+	28, // 33: tether.executor.v1.GetSessionResponse.sessions:type_name -> tether.executor.v1.Session
+	32, // 34: tether.executor.v1.CloseSessionResponse.checkpoints:type_name -> tether.executor.v1.SessionCheckpoint
+	39, // 35: tether.executor.v1.SessionCheckpoint.stamp:type_name -> tether.backup.v1.Stamp
+	34, // 36: tether.executor.v1.SessionCheckpoint.created_at:type_name -> google.protobuf.Timestamp
+	2,  // 37: tether.executor.v1.ExecutorService.SubmitRun:input_type -> tether.executor.v1.SubmitRunRequest
+	13, // 38: tether.executor.v1.ExecutorService.GetRun:input_type -> tether.executor.v1.GetRunRequest
+	15, // 39: tether.executor.v1.ExecutorService.ListRuns:input_type -> tether.executor.v1.ListRunsRequest
+	17, // 40: tether.executor.v1.ExecutorService.WatchRun:input_type -> tether.executor.v1.WatchRunRequest
+	11, // 41: tether.executor.v1.ExecutorService.CancelRun:input_type -> tether.executor.v1.CancelRunRequest
+	19, // 42: tether.executor.v1.ExecutorService.GetSteeringState:input_type -> tether.executor.v1.GetSteeringStateRequest
+	21, // 43: tether.executor.v1.ExecutorService.SteerRun:input_type -> tether.executor.v1.SteerRunRequest
+	23, // 44: tether.executor.v1.ExecutorService.ResolveRuntimeRequest:input_type -> tether.executor.v1.ResolveRuntimeRequestRequest
+	25, // 45: tether.executor.v1.ExecutorService.CompleteToolCall:input_type -> tether.executor.v1.CompleteToolCallRequest
+	27, // 46: tether.executor.v1.ExecutorService.GetSession:input_type -> tether.executor.v1.GetSessionRequest
+	30, // 47: tether.executor.v1.ExecutorService.CloseSession:input_type -> tether.executor.v1.CloseSessionRequest
+	3,  // 48: tether.executor.v1.ExecutorService.SubmitRun:output_type -> tether.executor.v1.SubmitRunResponse
+	14, // 49: tether.executor.v1.ExecutorService.GetRun:output_type -> tether.executor.v1.GetRunResponse
+	16, // 50: tether.executor.v1.ExecutorService.ListRuns:output_type -> tether.executor.v1.ListRunsResponse
+	18, // 51: tether.executor.v1.ExecutorService.WatchRun:output_type -> tether.executor.v1.WatchRunResponse
+	12, // 52: tether.executor.v1.ExecutorService.CancelRun:output_type -> tether.executor.v1.CancelRunResponse
+	20, // 53: tether.executor.v1.ExecutorService.GetSteeringState:output_type -> tether.executor.v1.GetSteeringStateResponse
+	22, // 54: tether.executor.v1.ExecutorService.SteerRun:output_type -> tether.executor.v1.SteerRunResponse
+	24, // 55: tether.executor.v1.ExecutorService.ResolveRuntimeRequest:output_type -> tether.executor.v1.ResolveRuntimeRequestResponse
+	26, // 56: tether.executor.v1.ExecutorService.CompleteToolCall:output_type -> tether.executor.v1.CompleteToolCallResponse
+	29, // 57: tether.executor.v1.ExecutorService.GetSession:output_type -> tether.executor.v1.GetSessionResponse
+	31, // 58: tether.executor.v1.ExecutorService.CloseSession:output_type -> tether.executor.v1.CloseSessionResponse
+	48, // [48:59] is the sub-list for method output_type
+	37, // [37:48] is the sub-list for method input_type
+	37, // [37:37] is the sub-list for extension type_name
+	37, // [37:37] is the sub-list for extension extendee
+	0,  // [0:37] is the sub-list for field type_name
 }
 
 func init() { file_tether_executor_v1_executor_proto_init() }
@@ -2729,6 +2767,7 @@ func file_tether_executor_v1_executor_proto_init() {
 	if File_tether_executor_v1_executor_proto != nil {
 		return
 	}
+	file_tether_executor_v1_executor_proto_msgTypes[3].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
