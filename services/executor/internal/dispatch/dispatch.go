@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -23,6 +24,7 @@ import (
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
 	gatewayv1 "github.com/tether-run/tether/pkg/gen/tether/gateway/v1"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
+	"github.com/tether-run/tether/pkg/provenv"
 	"github.com/tether-run/tether/pkg/scope"
 	"github.com/tether-run/tether/services/executor/internal/control"
 	"github.com/tether-run/tether/services/executor/internal/recovery"
@@ -807,10 +809,13 @@ func configChanged(c *store.Claim, f *store.AttachFacts) bool {
 	return scope.ParamsOf(f.PreviousRunID, f.PreviousInput).ConfigDigest() != scope.ParamsOf(c.RunID, c.Input).ConfigDigest()
 }
 
-// turnCommands are the claim's run.attach (with its execution input) and
+// turnCommands are the claim's run.attach (with its execution input, which
+// carries the executor's provider environment policy, SPEC E2) and
 // turn.start.
 func turnCommands(c *store.Claim) ([]*prpv1.Command, error) {
-	inputJSON, err := protojson.Marshal(c.Input)
+	in := proto.Clone(c.Input).(*prpv1.ExecutionInput)
+	in.Environment = provenv.Policy(c.Input)
+	inputJSON, err := protojson.Marshal(in)
 	if err != nil {
 		return nil, err
 	}

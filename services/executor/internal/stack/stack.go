@@ -48,6 +48,9 @@ type Options struct {
 	// MTLS serves every service over mutual TLS with identities from a
 	// development PKI in the stack's directory (SPEC S2), as off loopback.
 	MTLS bool
+	// Env holds extra KEY=VALUE entries of every service's environment
+	// (e.g. a host secret that must not reach the provider).
+	Env []string
 }
 
 // Stack is a running set of tether processes.
@@ -292,7 +295,7 @@ func (s *Stack) Start(ctx context.Context, name string) (*Proc, error) {
 		bin = "executor"
 	}
 	cmd := exec.Command(filepath.Join(s.opts.BinDir, bin), s.args(name)...)
-	cmd.Env = append(os.Environ(), "TETHER_DATABASE_URL=")
+	cmd.Env = append(append(os.Environ(), "TETHER_DATABASE_URL="), s.opts.Env...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	// Own process group, and die with us if we die.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}

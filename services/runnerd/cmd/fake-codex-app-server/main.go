@@ -12,6 +12,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -42,6 +43,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		slowDeltaMs = fs.Int("slow-delta-delay-ms", 200, "pause before each delta of a reply to a prompt containing [slow], in ms")
 		codexHome   = fs.String("codex-home", "", "codex home reported by initialize (default $CODEX_HOME, else $HOME/.codex)")
 		overrides   ignoredValues
+		envLog      = fs.String("env-log", "", "write the environment the process received to this file at startup (sorted KEY=VALUE lines, 0600)")
 	)
 	fs.StringVar(&opts.StateFile, "state-file", "", "persist thread history in this JSON file")
 	fs.BoolVar(&opts.StateFileInCodexHome, "state-file-in-codex-home", false, "persist thread history in $CODEX_HOME/"+fakecodex.StateFileName)
@@ -82,6 +84,12 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		}
 	}
 	opts.Stderr = stderr
+	if *envLog != "" {
+		if err := writeEnvLog(*envLog); err != nil {
+			fmt.Fprintf(stderr, "fake-codex-app-server: %v\n", err)
+			return 1
+		}
+	}
 
 	srv, err := fakecodex.New(opts)
 	if err != nil {
@@ -99,4 +107,12 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "fake-codex-app-server: %v\n", err)
 		return 1
 	}
+}
+
+// writeEnvLog records the environment the provider process was started
+// with, so a test can prove what reached it (SPEC E2).
+func writeEnvLog(path string) error {
+	env := os.Environ()
+	slices.Sort(env)
+	return os.WriteFile(path, []byte(strings.Join(env, "\n")+"\n"), 0o600)
 }

@@ -12,8 +12,10 @@ import (
 	"time"
 
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
 
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
+	"github.com/tether-run/tether/pkg/provenv"
 	"github.com/tether-run/tether/pkg/prp"
 	"github.com/tether-run/tether/services/runnerd/internal/durable"
 )
@@ -474,7 +476,12 @@ func (r *Runner) cmdRunAttach(c *prpv1.Command) (map[string]any, *cmdError) {
 	if t := r.st.ActiveTurn; t != nil && t.RunID != c.GetRunId() {
 		return nil, rejected(CodeTurnAlreadyActive, "turn %s of run %s is still active", t.TurnID, t.RunID)
 	}
-	canon, err := (protojson.MarshalOptions{}).Marshal(in)
+	r.configuredEnv = in.GetEnvironment().GetConfigured()
+	persisted := proto.Clone(in).(*prpv1.ExecutionInput)
+	if persisted.Environment != nil {
+		persisted.Environment.Configured = nil
+	}
+	canon, err := (protojson.MarshalOptions{}).Marshal(persisted)
 	if err != nil {
 		return nil, failed(CodeCommandInvalid, "re-encode input: %v", err)
 	}
@@ -619,6 +626,27 @@ func (r *Runner) awaitTurnStarted(max time.Duration) {
 	}
 }
 
+// providerEnv is the provider process's environment (SPEC E2), built by
+// provenv from the policy the run input carries: the provider host context
+// is runnerd's own choice — PATH from its configuration, HOME and
+// CODEX_HOME inside its state directory — never runnerd's environment,
+// which holds its bootstrap credentials; the workspace pinned is the one
+// the runner serves.
+func (r *Runner) providerEnv(in *prpv1.ExecutionInput, codexHome string) []string {
+	if r.configuredEnv != nil {
+		if in.Environment == nil {
+			in.Environment = &prpv1.ProviderEnvironment{}
+		}
+		in.Environment.Configured = r.configuredEnv
+	}
+	host := map[string]string{"PATH": r.cfg.PathEnv, "HOME": r.cfg.StateDir, "CODEX_HOME": codexHome}
+	env := provenv.ForRun(in, host, r.cfg.Workspace)
+	if len(env.Dropped) > 0 {
+		r.log.Warn("configured provider environment names refused", "names", env.Dropped)
+	}
+	return env.List()
+}
+
 // ensureProvider starts the provider and opens (or resumes) the thread.
 func (r *Runner) ensureProvider() *cmdError {
 	if r.prov != nil {
@@ -663,15 +691,9 @@ func (r *Runner) startProvider(reattach bool) *cmdError {
 	in := r.sessionInput()
 	codexHome := filepath.Join(r.cfg.StateDir, "codex-home")
 	cfg := ProviderConfig{
-		Command: r.cfg.CodexCommand,
-		Args:    append([]string(nil), r.cfg.CodexArgs...),
-		Env: []string{
-			"PATH=" + r.cfg.PathEnv,
-			"HOME=" + r.cfg.StateDir,
-			"CODEX_HOME=" + codexHome,
-			"TETHER_WORKSPACE_CWD=" + r.cfg.Workspace,
-			"PAPERCLIP_WORKSPACE_CWD=" + r.cfg.Workspace,
-		},
+		Command:        r.cfg.CodexCommand,
+		Args:           append([]string(nil), r.cfg.CodexArgs...),
+		Env:            r.providerEnv(in, codexHome),
 		Dir:            r.cfg.Workspace,
 		CodexHome:      codexHome,
 		Model:          in.GetProvider().GetModel(),

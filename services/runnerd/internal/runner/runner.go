@@ -254,6 +254,11 @@ type Runner struct {
 	queue   *eventQueue
 	prov    Provider
 	provGen int
+	// configuredEnv is the attached run's configured provider environment
+	// (SPEC E2). It may hold provider credentials, so it is kept in memory
+	// only: the persisted session input (the state document, which a
+	// suspension archives) carries the policy without it.
+	configuredEnv map[string]string
 	// provTools is the digest of the dynamic tools the live provider's
 	// thread was opened or resumed with (its tool contract).
 	provTools string

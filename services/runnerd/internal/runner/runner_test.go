@@ -116,8 +116,8 @@ func TestG4_TurnEventsCarrySourceIdentityAndTerminal(t *testing.T) {
 	cfg := e.prov.configs[0]
 	e.prov.mu.Unlock()
 	assert.Equal(t, []string{
-		"PATH=/usr/bin:/bin", "HOME=" + e.stateDir, "CODEX_HOME=" + filepath.Join(e.stateDir, "codex-home"),
-		"TETHER_WORKSPACE_CWD=" + e.ws, "PAPERCLIP_WORKSPACE_CWD=" + e.ws,
+		"CODEX_HOME=" + filepath.Join(e.stateDir, "codex-home"), "HOME=" + e.stateDir,
+		"PAPERCLIP_WORKSPACE_CWD=" + e.ws, "PATH=/usr/bin:/bin", "TETHER_WORKSPACE_CWD=" + e.ws,
 	}, cfg.Env)
 	assert.Equal(t, e.ws, cfg.Dir)
 	assert.Equal(t, "gpt-test", cfg.Model)

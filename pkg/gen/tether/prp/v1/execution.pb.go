@@ -91,7 +91,11 @@ type ExecutionInput struct {
 	// and is answered with ExecutorService.CompleteToolCall.
 	DynamicTools []*DynamicTool `protobuf:"bytes,7,rep,name=dynamic_tools,json=dynamicTools,proto3" json:"dynamic_tools,omitempty"`
 	// How the run's runner connects (default: a local runner over loopback).
-	Runner        *RunnerPlacement `protobuf:"bytes,8,opt,name=runner,proto3" json:"runner,omitempty"`
+	Runner *RunnerPlacement `protobuf:"bytes,8,opt,name=runner,proto3" json:"runner,omitempty"`
+	// The provider process's environment policy (SPEC E2). Callers set
+	// environment.configured; the executor replaces the rest with its
+	// allow-list before the run reaches its runner.
+	Environment   *ProviderEnvironment `protobuf:"bytes,9,opt,name=environment,proto3" json:"environment,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -182,6 +186,76 @@ func (x *ExecutionInput) GetRunner() *RunnerPlacement {
 	return nil
 }
 
+func (x *ExecutionInput) GetEnvironment() *ProviderEnvironment {
+	if x != nil {
+		return x.Environment
+	}
+	return nil
+}
+
+// ProviderEnvironment is the allow-list policy of a provider process's
+// environment (SPEC E2). runnerd builds the environment from it in one place
+// (pkg/provenv): the host variables named in inherit, then the configured
+// variables, then the assigned workspace pinned in TETHER_WORKSPACE_CWD and
+// PAPERCLIP_WORKSPACE_CWD whatever configured says.
+type ProviderEnvironment struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The agent's explicitly configured variables. They override host
+	// defaults and may add credentials of the run's provider (e.g.
+	// OPENAI_API_KEY for codex); another provider's credential names and
+	// TETHER_* names are dropped.
+	Configured map[string]string `protobuf:"bytes,1,rep,name=configured,proto3" json:"configured,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// Host variables the provider inherits (PATH, HOME, the provider's
+	// credential home, ...). Set by the executor; a caller's list is replaced.
+	Inherit       []string `protobuf:"bytes,2,rep,name=inherit,proto3" json:"inherit,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ProviderEnvironment) Reset() {
+	*x = ProviderEnvironment{}
+	mi := &file_tether_prp_v1_execution_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ProviderEnvironment) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ProviderEnvironment) ProtoMessage() {}
+
+func (x *ProviderEnvironment) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_prp_v1_execution_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ProviderEnvironment.ProtoReflect.Descriptor instead.
+func (*ProviderEnvironment) Descriptor() ([]byte, []int) {
+	return file_tether_prp_v1_execution_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *ProviderEnvironment) GetConfigured() map[string]string {
+	if x != nil {
+		return x.Configured
+	}
+	return nil
+}
+
+func (x *ProviderEnvironment) GetInherit() []string {
+	if x != nil {
+		return x.Inherit
+	}
+	return nil
+}
+
 // RunnerPlacement says how the run's runner connects to the gateway.
 type RunnerPlacement struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -198,7 +272,7 @@ type RunnerPlacement struct {
 
 func (x *RunnerPlacement) Reset() {
 	*x = RunnerPlacement{}
-	mi := &file_tether_prp_v1_execution_proto_msgTypes[1]
+	mi := &file_tether_prp_v1_execution_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -210,7 +284,7 @@ func (x *RunnerPlacement) String() string {
 func (*RunnerPlacement) ProtoMessage() {}
 
 func (x *RunnerPlacement) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_prp_v1_execution_proto_msgTypes[1]
+	mi := &file_tether_prp_v1_execution_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -223,7 +297,7 @@ func (x *RunnerPlacement) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunnerPlacement.ProtoReflect.Descriptor instead.
 func (*RunnerPlacement) Descriptor() ([]byte, []int) {
-	return file_tether_prp_v1_execution_proto_rawDescGZIP(), []int{1}
+	return file_tether_prp_v1_execution_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *RunnerPlacement) GetTransportMode() string {
@@ -253,7 +327,7 @@ type DynamicTool struct {
 
 func (x *DynamicTool) Reset() {
 	*x = DynamicTool{}
-	mi := &file_tether_prp_v1_execution_proto_msgTypes[2]
+	mi := &file_tether_prp_v1_execution_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -265,7 +339,7 @@ func (x *DynamicTool) String() string {
 func (*DynamicTool) ProtoMessage() {}
 
 func (x *DynamicTool) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_prp_v1_execution_proto_msgTypes[2]
+	mi := &file_tether_prp_v1_execution_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -278,7 +352,7 @@ func (x *DynamicTool) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DynamicTool.ProtoReflect.Descriptor instead.
 func (*DynamicTool) Descriptor() ([]byte, []int) {
-	return file_tether_prp_v1_execution_proto_rawDescGZIP(), []int{2}
+	return file_tether_prp_v1_execution_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *DynamicTool) GetName() string {
@@ -322,7 +396,7 @@ type Provider struct {
 
 func (x *Provider) Reset() {
 	*x = Provider{}
-	mi := &file_tether_prp_v1_execution_proto_msgTypes[3]
+	mi := &file_tether_prp_v1_execution_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -334,7 +408,7 @@ func (x *Provider) String() string {
 func (*Provider) ProtoMessage() {}
 
 func (x *Provider) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_prp_v1_execution_proto_msgTypes[3]
+	mi := &file_tether_prp_v1_execution_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -347,7 +421,7 @@ func (x *Provider) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Provider.ProtoReflect.Descriptor instead.
 func (*Provider) Descriptor() ([]byte, []int) {
-	return file_tether_prp_v1_execution_proto_rawDescGZIP(), []int{3}
+	return file_tether_prp_v1_execution_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Provider) GetKind() string {
@@ -405,7 +479,7 @@ type Binding struct {
 
 func (x *Binding) Reset() {
 	*x = Binding{}
-	mi := &file_tether_prp_v1_execution_proto_msgTypes[4]
+	mi := &file_tether_prp_v1_execution_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -417,7 +491,7 @@ func (x *Binding) String() string {
 func (*Binding) ProtoMessage() {}
 
 func (x *Binding) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_prp_v1_execution_proto_msgTypes[4]
+	mi := &file_tether_prp_v1_execution_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -430,7 +504,7 @@ func (x *Binding) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Binding.ProtoReflect.Descriptor instead.
 func (*Binding) Descriptor() ([]byte, []int) {
-	return file_tether_prp_v1_execution_proto_rawDescGZIP(), []int{4}
+	return file_tether_prp_v1_execution_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Binding) GetCompanyId() string {
@@ -471,7 +545,7 @@ type Task struct {
 
 func (x *Task) Reset() {
 	*x = Task{}
-	mi := &file_tether_prp_v1_execution_proto_msgTypes[5]
+	mi := &file_tether_prp_v1_execution_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -483,7 +557,7 @@ func (x *Task) String() string {
 func (*Task) ProtoMessage() {}
 
 func (x *Task) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_prp_v1_execution_proto_msgTypes[5]
+	mi := &file_tether_prp_v1_execution_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -496,7 +570,7 @@ func (x *Task) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Task.ProtoReflect.Descriptor instead.
 func (*Task) Descriptor() ([]byte, []int) {
-	return file_tether_prp_v1_execution_proto_rawDescGZIP(), []int{5}
+	return file_tether_prp_v1_execution_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Task) GetPrompt() string {
@@ -520,7 +594,7 @@ type Workspace struct {
 
 func (x *Workspace) Reset() {
 	*x = Workspace{}
-	mi := &file_tether_prp_v1_execution_proto_msgTypes[6]
+	mi := &file_tether_prp_v1_execution_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -532,7 +606,7 @@ func (x *Workspace) String() string {
 func (*Workspace) ProtoMessage() {}
 
 func (x *Workspace) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_prp_v1_execution_proto_msgTypes[6]
+	mi := &file_tether_prp_v1_execution_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -545,7 +619,7 @@ func (x *Workspace) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Workspace.ProtoReflect.Descriptor instead.
 func (*Workspace) Descriptor() ([]byte, []int) {
-	return file_tether_prp_v1_execution_proto_rawDescGZIP(), []int{6}
+	return file_tether_prp_v1_execution_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Workspace) GetCwd() string {
@@ -588,7 +662,7 @@ type Lifecycle struct {
 
 func (x *Lifecycle) Reset() {
 	*x = Lifecycle{}
-	mi := &file_tether_prp_v1_execution_proto_msgTypes[7]
+	mi := &file_tether_prp_v1_execution_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -600,7 +674,7 @@ func (x *Lifecycle) String() string {
 func (*Lifecycle) ProtoMessage() {}
 
 func (x *Lifecycle) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_prp_v1_execution_proto_msgTypes[7]
+	mi := &file_tether_prp_v1_execution_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -613,7 +687,7 @@ func (x *Lifecycle) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Lifecycle.ProtoReflect.Descriptor instead.
 func (*Lifecycle) Descriptor() ([]byte, []int) {
-	return file_tether_prp_v1_execution_proto_rawDescGZIP(), []int{7}
+	return file_tether_prp_v1_execution_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Lifecycle) GetMode() LifecycleMode {
@@ -643,7 +717,7 @@ type Session struct {
 
 func (x *Session) Reset() {
 	*x = Session{}
-	mi := &file_tether_prp_v1_execution_proto_msgTypes[8]
+	mi := &file_tether_prp_v1_execution_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -655,7 +729,7 @@ func (x *Session) String() string {
 func (*Session) ProtoMessage() {}
 
 func (x *Session) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_prp_v1_execution_proto_msgTypes[8]
+	mi := &file_tether_prp_v1_execution_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -668,7 +742,7 @@ func (x *Session) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Session.ProtoReflect.Descriptor instead.
 func (*Session) Descriptor() ([]byte, []int) {
-	return file_tether_prp_v1_execution_proto_rawDescGZIP(), []int{8}
+	return file_tether_prp_v1_execution_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Session) GetNormalizedSessionId() string {
@@ -703,7 +777,7 @@ var File_tether_prp_v1_execution_proto protoreflect.FileDescriptor
 
 const file_tether_prp_v1_execution_proto_rawDesc = "" +
 	"\n" +
-	"\x1dtether/prp/v1/execution.proto\x12\rtether.prp.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\"\xed\x03\n" +
+	"\x1dtether/prp/v1/execution.proto\x12\rtether.prp.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\"\xb3\x04\n" +
 	"\x0eExecutionInput\x12;\n" +
 	"\bprovider\x18\x01 \x01(\v2\x17.tether.prp.v1.ProviderB\x06\xbaH\x03\xc8\x01\x01R\bprovider\x128\n" +
 	"\abinding\x18\x02 \x01(\v2\x16.tether.prp.v1.BindingB\x06\xbaH\x03\xc8\x01\x01R\abinding\x12/\n" +
@@ -712,7 +786,16 @@ const file_tether_prp_v1_execution_proto_rawDesc = "" +
 	"\asession\x18\x05 \x01(\v2\x16.tether.prp.v1.SessionB\x06\xbaH\x03\xc8\x01\x01R\asession\x12>\n" +
 	"\x16runtime_context_digest\x18\x06 \x01(\tB\b\xbaH\x05r\x03\x18\x80\x01R\x14runtimeContextDigest\x12I\n" +
 	"\rdynamic_tools\x18\a \x03(\v2\x1a.tether.prp.v1.DynamicToolB\b\xbaH\x05\x92\x01\x02\x10@R\fdynamicTools\x126\n" +
-	"\x06runner\x18\b \x01(\v2\x1e.tether.prp.v1.RunnerPlacementR\x06runner\"\x97\x01\n" +
+	"\x06runner\x18\b \x01(\v2\x1e.tether.prp.v1.RunnerPlacementR\x06runner\x12D\n" +
+	"\venvironment\x18\t \x01(\v2\".tether.prp.v1.ProviderEnvironmentR\venvironment\"\xe8\x01\n" +
+	"\x13ProviderEnvironment\x12n\n" +
+	"\n" +
+	"configured\x18\x01 \x03(\v22.tether.prp.v1.ProviderEnvironment.ConfiguredEntryB\x1a\xbaH\x17\x9a\x01\x14\x10\x80\x02\"\ar\x05\x10\x01\x18\x80\x02*\x06r\x04(\x80\x80\x02R\n" +
+	"configured\x12\"\n" +
+	"\ainherit\x18\x02 \x03(\tB\b\xbaH\x05\x92\x01\x02\x10@R\ainherit\x1a=\n" +
+	"\x0fConfiguredEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x97\x01\n" +
 	"\x0fRunnerPlacement\x12U\n" +
 	"\x0etransport_mode\x18\x01 \x01(\tB.\xbaH+r)R\x00R\x10dial_ws_loopbackR\bdial_wssR\tlisten_wsR\rtransportMode\x12-\n" +
 	"\x12ingress_authorized\x18\x02 \x01(\bR\x11ingressAuthorized\"\xa7\x01\n" +
@@ -769,38 +852,42 @@ func file_tether_prp_v1_execution_proto_rawDescGZIP() []byte {
 }
 
 var file_tether_prp_v1_execution_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_tether_prp_v1_execution_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_tether_prp_v1_execution_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
 var file_tether_prp_v1_execution_proto_goTypes = []any{
 	(LifecycleMode)(0),          // 0: tether.prp.v1.LifecycleMode
 	(*ExecutionInput)(nil),      // 1: tether.prp.v1.ExecutionInput
-	(*RunnerPlacement)(nil),     // 2: tether.prp.v1.RunnerPlacement
-	(*DynamicTool)(nil),         // 3: tether.prp.v1.DynamicTool
-	(*Provider)(nil),            // 4: tether.prp.v1.Provider
-	(*Binding)(nil),             // 5: tether.prp.v1.Binding
-	(*Task)(nil),                // 6: tether.prp.v1.Task
-	(*Workspace)(nil),           // 7: tether.prp.v1.Workspace
-	(*Lifecycle)(nil),           // 8: tether.prp.v1.Lifecycle
-	(*Session)(nil),             // 9: tether.prp.v1.Session
-	(*structpb.Struct)(nil),     // 10: google.protobuf.Struct
-	(*durationpb.Duration)(nil), // 11: google.protobuf.Duration
+	(*ProviderEnvironment)(nil), // 2: tether.prp.v1.ProviderEnvironment
+	(*RunnerPlacement)(nil),     // 3: tether.prp.v1.RunnerPlacement
+	(*DynamicTool)(nil),         // 4: tether.prp.v1.DynamicTool
+	(*Provider)(nil),            // 5: tether.prp.v1.Provider
+	(*Binding)(nil),             // 6: tether.prp.v1.Binding
+	(*Task)(nil),                // 7: tether.prp.v1.Task
+	(*Workspace)(nil),           // 8: tether.prp.v1.Workspace
+	(*Lifecycle)(nil),           // 9: tether.prp.v1.Lifecycle
+	(*Session)(nil),             // 10: tether.prp.v1.Session
+	nil,                         // 11: tether.prp.v1.ProviderEnvironment.ConfiguredEntry
+	(*structpb.Struct)(nil),     // 12: google.protobuf.Struct
+	(*durationpb.Duration)(nil), // 13: google.protobuf.Duration
 }
 var file_tether_prp_v1_execution_proto_depIdxs = []int32{
-	4,  // 0: tether.prp.v1.ExecutionInput.provider:type_name -> tether.prp.v1.Provider
-	5,  // 1: tether.prp.v1.ExecutionInput.binding:type_name -> tether.prp.v1.Binding
-	6,  // 2: tether.prp.v1.ExecutionInput.task:type_name -> tether.prp.v1.Task
-	7,  // 3: tether.prp.v1.ExecutionInput.workspace:type_name -> tether.prp.v1.Workspace
-	9,  // 4: tether.prp.v1.ExecutionInput.session:type_name -> tether.prp.v1.Session
-	3,  // 5: tether.prp.v1.ExecutionInput.dynamic_tools:type_name -> tether.prp.v1.DynamicTool
-	2,  // 6: tether.prp.v1.ExecutionInput.runner:type_name -> tether.prp.v1.RunnerPlacement
-	10, // 7: tether.prp.v1.DynamicTool.input_schema:type_name -> google.protobuf.Struct
-	0,  // 8: tether.prp.v1.Lifecycle.mode:type_name -> tether.prp.v1.LifecycleMode
-	11, // 9: tether.prp.v1.Lifecycle.idle_timeout:type_name -> google.protobuf.Duration
-	8,  // 10: tether.prp.v1.Session.lifecycle:type_name -> tether.prp.v1.Lifecycle
-	11, // [11:11] is the sub-list for method output_type
-	11, // [11:11] is the sub-list for method input_type
-	11, // [11:11] is the sub-list for extension type_name
-	11, // [11:11] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	5,  // 0: tether.prp.v1.ExecutionInput.provider:type_name -> tether.prp.v1.Provider
+	6,  // 1: tether.prp.v1.ExecutionInput.binding:type_name -> tether.prp.v1.Binding
+	7,  // 2: tether.prp.v1.ExecutionInput.task:type_name -> tether.prp.v1.Task
+	8,  // 3: tether.prp.v1.ExecutionInput.workspace:type_name -> tether.prp.v1.Workspace
+	10, // 4: tether.prp.v1.ExecutionInput.session:type_name -> tether.prp.v1.Session
+	4,  // 5: tether.prp.v1.ExecutionInput.dynamic_tools:type_name -> tether.prp.v1.DynamicTool
+	3,  // 6: tether.prp.v1.ExecutionInput.runner:type_name -> tether.prp.v1.RunnerPlacement
+	2,  // 7: tether.prp.v1.ExecutionInput.environment:type_name -> tether.prp.v1.ProviderEnvironment
+	11, // 8: tether.prp.v1.ProviderEnvironment.configured:type_name -> tether.prp.v1.ProviderEnvironment.ConfiguredEntry
+	12, // 9: tether.prp.v1.DynamicTool.input_schema:type_name -> google.protobuf.Struct
+	0,  // 10: tether.prp.v1.Lifecycle.mode:type_name -> tether.prp.v1.LifecycleMode
+	13, // 11: tether.prp.v1.Lifecycle.idle_timeout:type_name -> google.protobuf.Duration
+	9,  // 12: tether.prp.v1.Session.lifecycle:type_name -> tether.prp.v1.Lifecycle
+	13, // [13:13] is the sub-list for method output_type
+	13, // [13:13] is the sub-list for method input_type
+	13, // [13:13] is the sub-list for extension type_name
+	13, // [13:13] is the sub-list for extension extendee
+	0,  // [0:13] is the sub-list for field type_name
 }
 
 func init() { file_tether_prp_v1_execution_proto_init() }
@@ -814,7 +901,7 @@ func file_tether_prp_v1_execution_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_tether_prp_v1_execution_proto_rawDesc), len(file_tether_prp_v1_execution_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   9,
+			NumMessages:   11,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

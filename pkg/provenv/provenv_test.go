@@ -4,6 +4,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 )
 
 var (
@@ -180,4 +182,52 @@ func TestE2_PinsServerAssignedWorkspaceOverConfiguredInput(t *testing.T) {
 			require.Empty(t, env.Dropped)
 		})
 	}
+}
+
+// TestE2_PolicyCarriedInTheRunInputBuildsTheEnvironment: the executor's
+// Policy of a run input, carried in its environment field, is what the
+// runner's ForRun builds from; TETHER_* names never pass, configured or
+// inherited, whatever a policy names.
+func TestE2_PolicyCarriedInTheRunInputBuildsTheEnvironment(t *testing.T) {
+	in := &prpv1.ExecutionInput{
+		Provider: &prpv1.Provider{Kind: KindCodex},
+		Environment: &prpv1.ProviderEnvironment{
+			Configured: map[string]string{
+				"OPENAI_API_KEY": "k1", "ANTHROPIC_API_KEY": "k2", "GIT_AUTHOR_NAME": "Agent",
+				"TETHER_RUNNER_TICKET": "x", WorkspaceVar: "/untrusted",
+			},
+			Inherit: []string{"TETHER_DATABASE_URL"}, // a caller's list is replaced
+		},
+	}
+	pol := Policy(in)
+	require.Equal(t, HostAllowList(codex), pol.GetInherit())
+	require.Equal(t, map[string]string{"OPENAI_API_KEY": "k1", "GIT_AUTHOR_NAME": "Agent"}, pol.GetConfigured())
+
+	host := map[string]string{
+		"PATH": "/bin", "HOME": "/state", "CODEX_HOME": "/state/codex-home",
+		"TETHER_DATABASE_URL": "postgres://secret", "PAPERCLIP_INTERNAL_SECRET": "must-not-leak",
+	}
+	in.Environment = pol
+	env := ForRun(in, host, "/ws")
+	require.Equal(t, map[string]string{
+		"PATH": "/bin", "HOME": "/state", "CODEX_HOME": "/state/codex-home",
+		"OPENAI_API_KEY": "k1", "GIT_AUTHOR_NAME": "Agent",
+		WorkspaceVar: "/ws", LegacyWorkspaceVar: "/ws",
+	}, env.Map())
+
+	// A policy naming internals inherits none of them.
+	in.Environment = &prpv1.ProviderEnvironment{Inherit: []string{"PATH", "TETHER_DATABASE_URL", "PAPERCLIP_INTERNAL_SECRET"}}
+	require.Equal(t, map[string]string{"PATH": "/bin", WorkspaceVar: "/ws", LegacyWorkspaceVar: "/ws"}, ForRun(in, host, "/ws").Map())
+
+	// An input without a policy (an older executor) gets the provider's
+	// default allow-list.
+	in.Environment = nil
+	require.Equal(t, map[string]string{
+		"PATH": "/bin", "HOME": "/state", "CODEX_HOME": "/state/codex-home", WorkspaceVar: "/ws", LegacyWorkspaceVar: "/ws",
+	}, ForRun(in, host, "/ws").Map())
+
+	// ACPX: the agent selects the credentials.
+	acpx := &prpv1.ExecutionInput{Provider: &prpv1.Provider{Kind: KindACPX, Agent: AgentClaude},
+		Environment: &prpv1.ProviderEnvironment{Configured: map[string]string{"OPENAI_API_KEY": "k1", "ANTHROPIC_API_KEY": "k2"}}}
+	require.Equal(t, map[string]string{"ANTHROPIC_API_KEY": "k2"}, Policy(acpx).GetConfigured())
 }

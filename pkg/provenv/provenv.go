@@ -19,6 +19,14 @@
 //     the remote workspace path. Without an assigned workspace both names
 //     are removed rather than trusted from configuration.
 //
+// The policy travels with the run: the executor puts [Policy] of a run's
+// input (the allow-list of host names and the admitted configured
+// variables) into its ExecutionInput.environment, and runnerd builds the
+// provider's environment from it with [ForRun] — the one place a provider
+// environment is made. Configured TETHER_* names are dropped too, and no
+// TETHER_* or PAPERCLIP_* host variable is ever inherited, whatever a
+// policy names.
+//
 // Build is a pure function: the host environment is an argument (see
 // [ParseEnviron] for os.Environ output).
 package provenv
@@ -26,6 +34,8 @@ package provenv
 import (
 	"slices"
 	"strings"
+
+	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 )
 
 // Workspace variable names. Both always carry the server-assigned
@@ -61,6 +71,9 @@ type Input struct {
 	// Workspace is the server-assigned workspace as the provider sees it:
 	// for a remote runner, the remote workspace path. Blank: none assigned.
 	Workspace string
+	// Inherit names the host variables to inherit; nil means
+	// [HostAllowList] of the provider.
+	Inherit []string
 }
 
 // Env is a provider child environment.
@@ -119,32 +132,95 @@ func CredentialAllowed(p Provider, name string) bool {
 	return slices.Contains(owners, p)
 }
 
+// HostAllowList is the host variables provider p inherits: the base
+// executable and user context plus its credential home.
+func HostAllowList(p Provider) []string {
+	return append(slices.Clone(hostBase), CredentialHomeVars(p)...)
+}
+
+// ProviderOf is the provider an execution input names.
+func ProviderOf(in *prpv1.ExecutionInput) Provider {
+	p := Provider{Kind: in.GetProvider().GetKind()}
+	if p.Kind == KindACPX {
+		p.Agent = in.GetProvider().GetAgent()
+	}
+	return p
+}
+
+// Policy is the executor's environment policy for run input in: the host
+// allow-list of its provider and the configured variables it admits (the
+// caller's in.environment.configured). The workspace names are left out:
+// the runner pins them.
+func Policy(in *prpv1.ExecutionInput) *prpv1.ProviderEnvironment {
+	p := ProviderOf(in)
+	vars, _ := admit(p, in.GetEnvironment().GetConfigured())
+	pol := &prpv1.ProviderEnvironment{Inherit: HostAllowList(p)}
+	if len(vars) > 0 {
+		pol.Configured = vars
+	}
+	return pol
+}
+
+// ForRun builds the environment of run input in's provider from the policy
+// it carries (see [Policy]): host is the runner's provider host context and
+// workspace the assigned workspace as the provider sees it.
+func ForRun(in *prpv1.ExecutionInput, host map[string]string, workspace string) Env {
+	pol := in.GetEnvironment()
+	return Build(Input{
+		Provider: ProviderOf(in), Configured: pol.GetConfigured(), Host: host, Workspace: workspace,
+		Inherit: pol.GetInherit(),
+	})
+}
+
 // Build returns the provider child environment for in.
 func Build(in Input) Env {
 	vars := map[string]string{}
-	inherit := append(slices.Clone(hostBase), CredentialHomeVars(in.Provider)...)
+	inherit := in.Inherit
+	if inherit == nil {
+		inherit = HostAllowList(in.Provider)
+	}
 	for _, k := range inherit {
+		if reservedHostName(k) {
+			continue
+		}
 		if v, ok := in.Host[k]; ok && v != "" && validValue(v) {
 			vars[k] = v
 		}
 	}
-	var dropped []string
-	for k, v := range in.Configured {
-		switch {
-		case k == WorkspaceVar || k == LegacyWorkspaceVar:
-			// Never trusted from configuration; pinned below.
-		case !validName(k) || !validValue(v) || !CredentialAllowed(in.Provider, k):
-			dropped = append(dropped, k)
-		default:
-			vars[k] = v
-		}
+	configured, dropped := admit(in.Provider, in.Configured)
+	for k, v := range configured {
+		vars[k] = v
 	}
 	if ws := strings.TrimSpace(in.Workspace); ws != "" && validValue(ws) {
 		vars[WorkspaceVar] = ws
 		vars[LegacyWorkspaceVar] = ws
 	}
-	slices.Sort(dropped)
 	return Env{vars: vars, Dropped: dropped}
+}
+
+// admit returns the configured variables provider p may receive and the
+// sorted names it may not. The workspace names are neither: they are never
+// trusted from configuration.
+func admit(p Provider, configured map[string]string) (map[string]string, []string) {
+	vars := map[string]string{}
+	var dropped []string
+	for k, v := range configured {
+		switch {
+		case k == WorkspaceVar || k == LegacyWorkspaceVar:
+		case !validName(k) || !validValue(v) || !CredentialAllowed(p, k) || strings.HasPrefix(k, "TETHER_"):
+			dropped = append(dropped, k)
+		default:
+			vars[k] = v
+		}
+	}
+	slices.Sort(dropped)
+	return vars, dropped
+}
+
+// reservedHostName reports host variables that are tether's (or the
+// control plane's) internals and are never inherited.
+func reservedHostName(k string) bool {
+	return strings.HasPrefix(k, "TETHER_") || strings.HasPrefix(k, "PAPERCLIP_")
 }
 
 // Map returns a copy of the environment as a map.
