@@ -173,8 +173,21 @@ func runSuite(t *testing.T, tg target, workspace string) {
 		assert.Contains(t, res.FinalMessage, prompt)
 		assert.NotEmpty(t, filter(evs, ofType("usage.reported")), "usage.reported in turn %d", i+1)
 		assert.Positive(t, res.Usage.InputTokens+res.Usage.OutputTokens, "turn usage")
+		// SPEC E1: the turn's usage is its delta; the thread's total is
+		// reported beside it and, after the first turn, is larger.
+		if assert.NotNil(t, res.Total, "turn %d: thread total", i+1) {
+			assert.GreaterOrEqual(t, res.Total.InputTokens, res.Usage.InputTokens, "turn %d", i+1)
+			if i > 0 {
+				assert.Greater(t, res.Total.InputTokens, res.Usage.InputTokens, "turn %d: the delta is not the thread total", i+1)
+			}
+		}
+		var totalIn int64
+		if res.Total != nil {
+			totalIn = res.Total.InputTokens
+		}
 		finals = append(finals, res.FinalMessage)
-		report("warm turn %d: %q in %s (usage in=%d out=%d)", i+1, res.FinalMessage, time.Since(start).Round(time.Millisecond), res.Usage.InputTokens, res.Usage.OutputTokens)
+		report("warm turn %d: %q in %s (usage in=%d out=%d; thread total in=%d)", i+1, res.FinalMessage, time.Since(start).Round(time.Millisecond),
+			res.Usage.InputTokens, res.Usage.OutputTokens, totalIn)
 	}
 	tg.historyReused(t, finals[2], prompts[:2])
 	assert.Equal(t, pid1, p1.s.Process().PID)
