@@ -51,7 +51,7 @@ build: ## build every binary into bin/
 	$(GO) build -o bin/ $(CMDS)
 
 test: lint check-generate ## lint, check generated code, and run every test with -race
-	$(GO) test -race -count=1 -timeout 12m $(MODULES)
+	$(GO) test -race -count=1 -timeout 25m $(MODULES)
 
 demo: build ## run three warm turns through the whole stack on an ephemeral PostgreSQL
 	bin/tether-demo
