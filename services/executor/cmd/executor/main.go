@@ -46,6 +46,8 @@ func run() error {
 	grantKey := grpcx.StringFlag(fs, "grant-key-file", "", "", "the executor fleet's Ed25519 private key (PEM, mode 0600) that signs a grant for every gateway call (required; `tetherctl certs init DIR` writes grant.key)")
 	gatewayID := grpcx.StringFlag(fs, "gateway-id", "", "runnergw", "the gateway's id, the audience of the grants this executor signs (the gateway's -gateway-id)")
 	grantTTL := grpcx.DurationFlag(fs, "grant-ttl", "", grant.DefaultTTL, "how long a signed gateway grant is valid (checked when the call starts)")
+	maxConns := grpcx.IntFlag(fs, "database-max-conns", "", store.DefaultMaxConns(), "connections of the main database pool (leases, event appends, claims, unary calls); default 4 per core, at least 8")
+	watchConns := grpcx.IntFlag(fs, "database-watch-conns", "", 2, "connections of the separate pool WatchRun reads events with (one read per notification per watched run), so watches never take the main pool's connections")
 	idleSweep := grpcx.DurationFlag(fs, "idle-sweep-interval", "", time.Second, "how often idle warm sessions are looked for (verified suspension after their idle timeout; 0 turns it off)")
 	if err := grpcx.ParseFlags(fs, os.Args[1:]); err != nil {
 		return err
@@ -70,11 +72,16 @@ func run() error {
 			return fmt.Errorf("migrating: %w", err)
 		}
 	}
-	st, err := store.Open(ctx, *dsn)
+	st, err := store.Open(ctx, *dsn, store.MaxConns(*maxConns))
 	if err != nil {
 		return err
 	}
 	defer st.Close()
+	watchStore, err := store.Open(ctx, *dsn, store.MaxConns(max(*watchConns, 1)))
+	if err != nil {
+		return err
+	}
+	defer watchStore.Close()
 	gwConn, err := cfg.DialPeer(*gwAddr, *gwCA)
 	if err != nil {
 		return err
@@ -89,7 +96,7 @@ func run() error {
 	if *advertise == "" {
 		*advertise = cfg.GRPCAddr
 	}
-	hub := watch.NewHub()
+	hub := watch.NewHub(watchStore)
 	d := dispatch.New(st, dispatch.Config{
 		Owner: *owner, LeaseTTL: *ttl, PollInterval: *poll, MaxActive: *maxActive, RetryDelay: *retryDelay,
 		NoSameHostTakeover: !*sameHost, AdvertiseAddr: *advertise,

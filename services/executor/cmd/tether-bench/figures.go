@@ -67,6 +67,9 @@ type bench struct {
 	st    *store.Store
 	claim claimFn
 	raw   *pgxpool.Pool
+	dsn   string // the database, for the processes the curves start
+	// absolute are BENCH lines of curve points with absolute targets.
+	absolute []string
 }
 
 // measurement is ops done in elapsed time.

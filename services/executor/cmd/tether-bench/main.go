@@ -51,10 +51,13 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"net/url"
 	"os"
 	"os/signal"
 	"runtime"
 	"runtime/pprof"
+	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -76,6 +79,45 @@ type config struct {
 	slices              int
 	figures             string
 	cpuProfile          string
+
+	// -curves
+	curves                         bool
+	curveSet                       map[string]bool
+	backlogs, leaseSizes, watchers []int
+	appendRows                     []int
+	attempts, ticks, watchEvents   int
+	watchPace, idle                time.Duration
+	executor                       string
+}
+
+// intList is a comma-separated list of sizes.
+type intList struct{ p *[]int }
+
+func (l intList) String() string {
+	if l.p == nil {
+		return ""
+	}
+	s := make([]string, len(*l.p))
+	for i, v := range *l.p {
+		s[i] = strconv.Itoa(v)
+	}
+	return strings.Join(s, ",")
+}
+
+func (l intList) Set(v string) error {
+	var out []int
+	for f := range strings.SplitSeq(v, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 0 {
+			return fmt.Errorf("%q is not a size", f)
+		}
+		out = append(out, n)
+	}
+	if !slices.IsSorted(out) || len(out) == 0 {
+		return errors.New("sizes must be given in increasing order")
+	}
+	*l.p = out
+	return nil
 }
 
 func main() {
@@ -91,7 +133,24 @@ func main() {
 	flag.IntVar(&cfg.slices, "slices", 8, "alternating tether/raw slices per figure")
 	flag.StringVar(&cfg.figures, "figures", "lease_claim,lease_renewal,event_persistence", "comma-separated figures to run, in this order")
 	flag.StringVar(&cfg.cpuProfile, "cpuprofile", "", "write a CPU profile of the measured figures (both sides) to this file")
+	flag.BoolVar(&cfg.curves, "curves", false, "measure the scale curves instead of the figures (see curves.go)")
+	curveList := flag.String("curve", "claim_attempt,lease_renewal,event_append,watch_delivery", "-curves: which curves, comma-separated")
+	cfg.backlogs, cfg.leaseSizes, cfg.watchers, cfg.appendRows = []int{1000, 10000, 100000}, []int{100, 1000, 10000}, []int{1, 100, 1000}, []int{0, 1000000}
+	flag.Var(intList{&cfg.backlogs}, "backlogs", "claim_attempt: runs blocked behind 10 busy sessions")
+	flag.IntVar(&cfg.attempts, "attempts", 300, "claim_attempt: measured attempts per size")
+	flag.Var(intList{&cfg.leaseSizes}, "lease-sizes", "lease_renewal: leases renewed per tick")
+	flag.IntVar(&cfg.ticks, "ticks", 50, "lease_renewal: measured ticks per size")
+	flag.Var(intList{&cfg.appendRows}, "append-rows", "event_append: rows already in executor.events")
+	flag.Var(intList{&cfg.watchers}, "watchers", "watch_delivery: WatchRun streams of one run")
+	flag.IntVar(&cfg.watchEvents, "watch-events", 60, "watch_delivery: events delivered per size")
+	flag.DurationVar(&cfg.watchPace, "watch-pace", 50*time.Millisecond, "watch_delivery: one event per this interval")
+	flag.DurationVar(&cfg.idle, "watch-idle", 2*time.Second, "watch_delivery: idle time measured per size")
+	flag.StringVar(&cfg.executor, "executor", "", "watch_delivery: the executor binary (default: next to this one)")
 	flag.Parse()
+	cfg.curveSet = map[string]bool{}
+	for name := range strings.SplitSeq(*curveList, ",") {
+		cfg.curveSet[strings.TrimSpace(name)] = true
+	}
 	if cfg.claims < cfg.slices || cfg.workers < 1 || cfg.leases < 1 || cfg.batch < 1 || cfg.slices < 1 {
 		fmt.Fprintln(os.Stderr, "tether-bench: -claims must be ≥ -slices, and -workers, -leases, -batch, -slices ≥ 1")
 		os.Exit(2)
@@ -138,6 +197,11 @@ func run(ctx context.Context, cfg config) (err error) {
 	}
 	defer rawPool.Close()
 	st := store.New(tetherPool)
+	dsn := poolCfg.ConnString()
+	if u, err := url.Parse(dsn); err == nil && u.Scheme != "" {
+		u.Path = "/" + poolCfg.ConnConfig.Database // the scratch database
+		dsn = u.String()
+	}
 	if err := printServer(ctx, rawPool, cfg); err != nil {
 		return err
 	}
@@ -145,7 +209,10 @@ func run(ctx context.Context, cfg config) (err error) {
 		return fmt.Errorf("creating the raw baseline tables: %w", err)
 	}
 
-	b := &bench{cfg: cfg, st: st, claim: claimFunc(st), raw: rawPool}
+	b := &bench{cfg: cfg, st: st, claim: claimFunc(st), raw: rawPool, dsn: dsn}
+	if cfg.curves {
+		return b.curves(ctx)
+	}
 	figures := map[string]func(context.Context) (result, error){
 		"lease_claim": b.leaseClaim, "lease_renewal": b.leaseRenewal, "event_persistence": b.eventPersistence,
 	}

@@ -4,6 +4,8 @@ package api
 
 import (
 	"context"
+	"errors"
+	"strconv"
 	"sync"
 	"time"
 
@@ -32,8 +34,6 @@ type Server struct {
 	// KickRun, when set, is called instead of Kick with the submitted
 	// run's id.
 	KickRun func(runID string)
-	// PollInterval bounds how long a watcher waits without a notification.
-	PollInterval time.Duration
 	// Controls holds this replica's live provider sessions (steering and
 	// runtime-request resolution); calls for runs driven elsewhere are
 	// forwarded to the replica recorded with the lease.
@@ -264,10 +264,11 @@ func (s *Server) controls() *control.Registry {
 	return s.Controls
 }
 
-const watchPage = 256
-
 // WatchRun replays events after the cursor, then streams live ones, and ends
-// after the run's terminal event.
+// after the run's terminal event. Live events come from the run's feed in
+// the hub (one read per notification for all watchers of the run); a
+// watcher that falls DefaultBuffer events behind is cut off with
+// Unavailable watch_consumer_too_slow and resumes from its last seq.
 func (s *Server) WatchRun(req *executorv1.WatchRunRequest, stream executorv1.ExecutorService_WatchRunServer) error {
 	ctx := stream.Context()
 	run, err := s.Store.GetRun(ctx, req.GetRunId())
@@ -278,16 +279,21 @@ func (s *Server) WatchRun(req *executorv1.WatchRunRequest, stream executorv1.Exe
 		return failure.New(codes.OutOfRange, "watch_cursor_out_of_range",
 			"after_seq %d is beyond the run's last event %d", req.GetAfterSeq(), run.GetEventCount())
 	}
-	updates, unsubscribe := s.Hub.Subscribe(req.GetRunId())
-	defer unsubscribe()
-	poll := s.PollInterval
-	if poll == 0 {
-		poll = 2 * time.Second
+	if run.GetEndedAt() != nil && req.GetAfterSeq() >= run.GetEventCount() {
+		return nil // the terminal event lies at or before the cursor
 	}
-	cursor := req.GetAfterSeq()
+	w := s.Hub.Watch(req.GetRunId(), req.GetAfterSeq())
+	defer w.Close()
 	for {
-		evs, err := s.Store.EventsAfter(ctx, req.GetRunId(), cursor, watchPage)
-		if err != nil {
+		evs, err := w.Next(ctx, s.Draining)
+		var slow *watch.ErrTooSlow
+		switch {
+		case errors.As(err, &slow):
+			return watchTooSlow(slow)
+		case errors.Is(err, watch.ErrStopped):
+			return failure.New(codes.Unavailable, "executor_draining",
+				"this executor is shutting down; resume the watch from cursor %d", w.Cursor())
+		case err != nil:
 			return failure.ToStatus(err)
 		}
 		for _, e := range evs {
@@ -304,36 +310,21 @@ func (s *Server) WatchRun(req *executorv1.WatchRunRequest, stream executorv1.Exe
 			if err := stream.Send(m); err != nil {
 				return err
 			}
-			cursor = e.Seq
 			if terminal {
 				return nil
 			}
 		}
-		if len(evs) == watchPage {
-			continue
-		}
-		if len(evs) == 0 {
-			// The terminal event may lie at or before the caller's cursor.
-			run, err := s.Store.GetRun(ctx, req.GetRunId())
-			if err != nil {
-				return failure.ToStatus(err)
-			}
-			if run.GetEndedAt() != nil && cursor >= run.GetEventCount() {
-				return nil
-			}
-		}
-		t := time.NewTimer(poll)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return failure.ToStatus(ctx.Err())
-		case <-s.Draining:
-			t.Stop()
-			return failure.New(codes.Unavailable, "executor_draining",
-				"this executor is shutting down; resume the watch from cursor %d", cursor)
-		case <-updates:
-		case <-t.C:
-		}
-		t.Stop()
 	}
+}
+
+// CodeWatchTooSlow cuts off a watcher whose unsent events exceeded its
+// buffer; it resumes with WatchRun from the after_seq in the ErrorInfo
+// metadata (the last seq it was sent).
+const CodeWatchTooSlow = "watch_consumer_too_slow"
+
+func watchTooSlow(e *watch.ErrTooSlow) error {
+	f := failure.New(codes.Unavailable, CodeWatchTooSlow,
+		"the watcher fell %d events behind the run; resume the watch from cursor %d", e.Buffer, e.Cursor)
+	f.Metadata = map[string]string{"after_seq": strconv.FormatUint(e.Cursor, 10)}
+	return f
 }

@@ -30,9 +30,12 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 type env struct {
 	client executorv1.ExecutorServiceClient
 	store  *store.Store
+	hub    *watch.Hub
+	reads  *countingReader // the hub's event reads
+	addr   string
 }
 
-func start(t *testing.T) env {
+func start(t *testing.T, opts ...watch.Option) env {
 	t.Helper()
 	// Registered first, so it runs after every other cleanup.
 	before := goleak.IgnoreCurrent()
@@ -41,11 +44,12 @@ func start(t *testing.T) env {
 	ctx, cancel := context.WithCancel(context.Background())
 	st, err := store.Open(ctx, dsn)
 	require.NoError(t, err)
-	hub := watch.NewHub()
+	reads := &countingReader{Reader: st, n: map[string]int{}}
+	hub := watch.NewHub(reads, opts...)
 	srv, err := grpcx.New(grpcx.Config{Name: "executor", GRPCAddr: "127.0.0.1:0",
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	require.NoError(t, err)
-	executorv1.RegisterExecutorServiceServer(srv.GRPC(), &api.Server{Store: st, Hub: hub, PollInterval: 50 * time.Millisecond})
+	executorv1.RegisterExecutorServiceServer(srv.GRPC(), &api.Server{Store: st, Hub: hub})
 	require.NoError(t, srv.Listen())
 	served := make(chan struct{})
 	go func() { defer close(served); _ = srv.Serve(ctx) }()
@@ -63,7 +67,7 @@ func start(t *testing.T) env {
 		<-listened
 		st.Close()
 	})
-	return env{client: executorv1.NewExecutorServiceClient(conn), store: st}
+	return env{client: executorv1.NewExecutorServiceClient(conn), store: st, hub: hub, reads: reads, addr: srv.Addr().String()}
 }
 
 func validInput() *prpv1.ExecutionInput {

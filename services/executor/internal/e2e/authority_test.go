@@ -116,7 +116,7 @@ func (h *harness) inProcessExecutor(owner string, hooks store.Hooks) executorv1.
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	d := dispatch.New(st, dispatch.Config{Owner: owner, LeaseTTL: 10 * time.Second, PollInterval: 100 * time.Millisecond,
 		Gateway: h.gatewayClient(), Logger: log})
-	hub := watch.NewHub()
+	hub := watch.NewHub(st)
 	srv, err := grpcx.New(grpcx.Config{Name: "executor", GRPCAddr: "127.0.0.1:0", Logger: log})
 	require.NoError(h.t, err)
 	executorv1.RegisterExecutorServiceServer(srv.GRPC(), &api.Server{Store: st, Hub: hub, Kick: d.Kick, Draining: srv.Draining()})

@@ -11,6 +11,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"runtime"
 	"strconv"
 	"time"
 
@@ -93,11 +94,33 @@ func MigrateDB(ctx context.Context, db *sql.DB) error {
 
 var _ = stdlib.GetDefaultDriver // registers the "pgx" database/sql driver
 
+// OpenOption adjusts the pool Open connects.
+type OpenOption func(*pgxpool.Config)
+
+// MaxConns caps the pool at n connections; n ≤ 0 keeps pgx's default
+// (the larger of 4 and the core count).
+func MaxConns(n int) OpenOption {
+	return func(c *pgxpool.Config) {
+		if n > 0 {
+			c.MaxConns = int32(n)
+		}
+	}
+}
+
+// DefaultMaxConns is the executor's main pool size: leases, event appends,
+// claims and unary calls of the runs a replica drives (64 by default) share it, each
+// holding a connection only for one statement or transaction; 4 per core,
+// at least 8 (pgx's own default is 4 on a 2-core host).
+func DefaultMaxConns() int { return max(8, 4*runtime.NumCPU()) }
+
 // Open connects a pool to dsn.
-func Open(ctx context.Context, dsn string) (*Store, error) {
+func Open(ctx context.Context, dsn string, opts ...OpenOption) (*Store, error) {
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
 		return nil, err
+	}
+	for _, o := range opts {
+		o(cfg)
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {

@@ -1,10 +1,22 @@
-// Package watch fans PostgreSQL notifications out to in-process watchers, so
-// a WatchRun served by any executor replica sees events persisted by any
-// other replica as they commit.
+// Package watch fans a run's new events out to every in-process watcher of
+// that run, and PostgreSQL notifications to the dispatcher, so a WatchRun
+// served by any executor replica sees events persisted by any other replica
+// as they commit.
+//
+// One feed per watched run reads the run's new events once per notification
+// and hands the same events to each of its watchers from memory: with 1,000
+// watchers of a run, an event costs one query, not 1,000. A watcher that
+// does not keep up is cut off (ErrTooSlow, with the cursor to resume from)
+// once its bounded buffer is full; the feed never waits for it. An idle
+// watcher costs no query at all: nothing polls, the notification listener
+// wakes the feeds (all of them after it reconnects, since notifications may
+// have been missed while it was away).
 package watch
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"log/slog"
 	"sync"
 	"time"
@@ -14,57 +26,334 @@ import (
 	"github.com/tether-run/tether/services/executor/internal/store"
 )
 
-// Hub distributes "run X has new events" signals.
+// Reader reads a run's persisted events (the store, on the watch pool).
+type Reader interface {
+	EventsAfter(ctx context.Context, runID string, after uint64, limit int) ([]store.StoredEvent, error)
+}
+
+// Defaults of Hub's bounds.
+const (
+	// DefaultBuffer is how many delivered events a watcher may hold unsent
+	// before it is cut off.
+	DefaultBuffer = 4096
+	// DefaultPage is how many events one read returns.
+	DefaultPage = 256
+)
+
+// ErrTooSlow is returned by Watch.Next to a watcher that was cut off because
+// its buffer filled up; it resumes with a new watch after Cursor.
+type ErrTooSlow struct {
+	// Cursor is the seq of the last event Next returned.
+	Cursor uint64
+	// Buffer is the bound the watcher exceeded.
+	Buffer int
+}
+
+func (e *ErrTooSlow) Error() string {
+	return fmt.Sprintf("watcher fell %d events behind the run's feed; resume after seq %d", e.Buffer, e.Cursor)
+}
+
+// ErrStopped is returned by Watch.Next when its stop channel closed.
+var ErrStopped = errors.New("watch stopped")
+
+// Hub holds one feed per watched run.
 type Hub struct {
-	mu   sync.Mutex
-	subs map[string]map[chan struct{}]struct{}
+	reader Reader
+	buffer int
+	page   int
+
+	mu    sync.Mutex
+	feeds map[string]*feed
 }
 
-// NewHub returns an empty hub.
-func NewHub() *Hub { return &Hub{subs: map[string]map[chan struct{}]struct{}{}} }
+// Option adjusts a Hub.
+type Option func(*Hub)
 
-// Subscribe returns a channel signalled (coalesced) whenever the run has new
-// events, and a function that unsubscribes.
-func (h *Hub) Subscribe(runID string) (<-chan struct{}, func()) {
-	ch := make(chan struct{}, 1)
+// WithBuffer sets the per-watcher bound (events delivered, not yet sent);
+// it is at least the page.
+func WithBuffer(n int) Option { return func(h *Hub) { h.buffer = max(n, 1) } }
+
+// WithPage sets how many events one read returns.
+func WithPage(n int) Option { return func(h *Hub) { h.page = max(n, 1) } }
+
+// NewHub returns a hub reading events through r.
+func NewHub(r Reader, opts ...Option) *Hub {
+	h := &Hub{reader: r, buffer: DefaultBuffer, page: DefaultPage, feeds: map[string]*feed{}}
+	for _, o := range opts {
+		o(h)
+	}
+	h.buffer = max(h.buffer, h.page) // one read always fits an empty buffer
+	return h
+}
+
+// feed reads one run's new events, once per notification, for all of its
+// watchers.
+type feed struct {
+	hub   *Hub
+	runID string
+	wake  chan struct{} // coalesced notifications
+	stop  context.CancelFunc
+
+	// Guarded by hub.mu.
+	watchers map[*Watch]struct{}
+	// Owned by the feed goroutine.
+	next uint64 // events up to this seq were read
+}
+
+// Watch is one watcher of a run: it replays from its cursor through the
+// reader, joins the run's feed once caught up, reads once more (what the
+// feed published before the watch joined), then takes the feed's events,
+// filling any gap from the reader.
+type Watch struct {
+	hub    *Hub
+	feed   *feed // set once joined
+	runID  string
+	cursor uint64
+	live   bool // joined and caught up
+
+	signal chan struct{} // something was delivered, or the watch was cut
+
+	mu      sync.Mutex
+	pending []store.StoredEvent
+	cut     bool
+}
+
+// Watch starts watching runID after seq after. Close it when done.
+func (h *Hub) Watch(runID string, after uint64) *Watch {
+	return &Watch{hub: h, runID: runID, cursor: after, signal: make(chan struct{}, 1)}
+}
+
+// join adds the watch to the run's feed, starting one (reading after the
+// watch's cursor: every event up to it is persisted) when there is none.
+func (w *Watch) join() {
+	h := w.hub
 	h.mu.Lock()
-	if h.subs[runID] == nil {
-		h.subs[runID] = map[chan struct{}]struct{}{}
+	defer h.mu.Unlock()
+	f := h.feeds[w.runID]
+	if f == nil {
+		ctx, cancel := context.WithCancel(context.Background())
+		f = &feed{hub: h, runID: w.runID, wake: make(chan struct{}, 1), stop: cancel,
+			watchers: map[*Watch]struct{}{}, next: w.cursor}
+		h.feeds[w.runID] = f
+		go f.run(ctx)
 	}
-	h.subs[runID][ch] = struct{}{}
-	h.mu.Unlock()
-	return ch, func() {
-		h.mu.Lock()
-		delete(h.subs[runID], ch)
-		if len(h.subs[runID]) == 0 {
-			delete(h.subs, runID)
-		}
-		h.mu.Unlock()
+	f.watchers[w] = struct{}{}
+	w.feed = f
+}
+
+// Cursor is the seq of the last event Next returned.
+func (w *Watch) Cursor() uint64 { return w.cursor }
+
+// Close stops the watch; the run's feed stops with its last watcher.
+func (w *Watch) Close() { w.hub.leave(w) }
+
+func (h *Hub) leave(w *Watch) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	f := w.feed
+	if f == nil {
+		return
+	}
+	if _, ok := f.watchers[w]; !ok {
+		return
+	}
+	delete(f.watchers, w)
+	if len(f.watchers) == 0 && h.feeds[f.runID] == f {
+		delete(h.feeds, f.runID)
+		f.stop()
 	}
 }
 
-// Notify signals the run's subscribers.
+// Next returns the next events after the watch's cursor, in order, waiting
+// for them when there are none. It returns ctx's error when ctx ends,
+// ErrStopped when stop closes, and *ErrTooSlow once the watch was cut off.
+func (w *Watch) Next(ctx context.Context, stop <-chan struct{}) ([]store.StoredEvent, error) {
+	for !w.live {
+		evs, err := w.hub.reader.EventsAfter(ctx, w.runID, w.cursor, w.hub.page)
+		if err != nil {
+			return nil, err
+		}
+		if len(evs) < w.hub.page {
+			// Caught up. Once joined, the feed has everything after this
+			// read; before, what it published meanwhile is read once more.
+			if w.feed != nil {
+				w.live = true
+			} else {
+				w.join()
+			}
+		}
+		if len(evs) > 0 {
+			w.cursor = evs[len(evs)-1].Seq
+			return evs, nil
+		}
+	}
+	for {
+		w.mu.Lock()
+		got, cut := w.pending, w.cut
+		w.pending = nil
+		w.mu.Unlock()
+		// Already replayed events come again from the feed: skip them.
+		for len(got) > 0 && got[0].Seq <= w.cursor {
+			got = got[1:]
+		}
+		if len(got) > 0 {
+			if got[0].Seq > w.cursor+1 {
+				// The feed started after this cursor (or read past it
+				// before this watch joined): read the gap.
+				evs, err := w.hub.reader.EventsAfter(ctx, w.runID, w.cursor, int(min(got[0].Seq-w.cursor-1, uint64(w.hub.page))))
+				if err != nil {
+					return nil, err
+				}
+				if len(evs) == 0 {
+					return nil, fmt.Errorf("watch %s: events after %d are missing before %d", w.runID, w.cursor, got[0].Seq)
+				}
+				w.requeue(got)
+				got = evs
+			}
+			w.cursor = got[len(got)-1].Seq
+			return got, nil
+		}
+		if cut {
+			return nil, &ErrTooSlow{Cursor: w.cursor, Buffer: w.hub.buffer}
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-stop:
+			return nil, ErrStopped
+		case <-w.signal:
+		}
+	}
+}
+
+// requeue puts events taken from pending back in front of it.
+func (w *Watch) requeue(evs []store.StoredEvent) {
+	w.mu.Lock()
+	w.pending = append(append([]store.StoredEvent(nil), evs...), w.pending...)
+	w.mu.Unlock()
+}
+
+// deliver hands events to the watch, or cuts it off when its buffer would
+// overflow. It never blocks.
+func (w *Watch) deliver(evs []store.StoredEvent) (ok bool) {
+	w.mu.Lock()
+	switch {
+	case len(w.pending)+len(evs) > w.hub.buffer:
+		w.cut, w.pending = true, nil
+	case w.pending == nil:
+		// Shared with the other watchers, read only: a later append
+		// copies (the capacity ends at the length).
+		w.pending = evs[:len(evs):len(evs)]
+	default:
+		w.pending = append(w.pending, evs...)
+	}
+	ok = !w.cut
+	w.mu.Unlock()
+	select {
+	case w.signal <- struct{}{}:
+	default:
+	}
+	return ok
+}
+
+// Notify tells the run's feed (when the run is watched here) that the run
+// has new events.
 func (h *Hub) Notify(runID string) {
 	h.mu.Lock()
-	for ch := range h.subs[runID] {
-		select {
-		case ch <- struct{}{}:
-		default:
-		}
-	}
+	f := h.feeds[runID]
 	h.mu.Unlock()
+	if f != nil {
+		f.poke()
+	}
+}
+
+func (f *feed) poke() {
+	select {
+	case f.wake <- struct{}{}:
+	default:
+	}
 }
 
 func (h *Hub) notifyAll() {
 	h.mu.Lock()
-	var ids []string
-	for id := range h.subs {
-		ids = append(ids, id)
+	fs := make([]*feed, 0, len(h.feeds))
+	for _, f := range h.feeds {
+		fs = append(fs, f)
 	}
 	h.mu.Unlock()
-	for _, id := range ids {
-		h.Notify(id)
+	for _, f := range fs {
+		f.poke()
 	}
+}
+
+// Watchers returns how many watches of runID are open (for metrics and tests).
+func (h *Hub) Watchers(runID string) int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if f := h.feeds[runID]; f != nil {
+		return len(f.watchers)
+	}
+	return 0
+}
+
+// run reads the run's new events on every wake-up until the run's terminal
+// event or its last watcher leaves.
+func (f *feed) run(ctx context.Context) {
+	defer f.stop()
+	backoff := 10 * time.Millisecond
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-f.wake:
+		}
+		for {
+			evs, err := f.hub.reader.EventsAfter(ctx, f.runID, f.next, f.hub.page)
+			if err != nil {
+				if ctx.Err() != nil {
+					return
+				}
+				// Transient: try again shortly (the events stay in the table).
+				f.poke()
+				select {
+				case <-ctx.Done():
+					return
+				case <-time.After(backoff):
+				}
+				backoff = min(2*backoff, time.Second)
+				break
+			}
+			backoff = 10 * time.Millisecond
+			if len(evs) == 0 {
+				break
+			}
+			f.next = evs[len(evs)-1].Seq
+			if f.publish(evs) {
+				return
+			}
+			if len(evs) < f.hub.page {
+				break
+			}
+		}
+	}
+}
+
+// publish hands evs to every watcher and drops the ones cut off. It
+// reports whether the run ended (its terminal event was among evs): the
+// feed then retires, and a later watch of the run starts a new one.
+func (f *feed) publish(evs []store.StoredEvent) (ended bool) {
+	ended = evs[len(evs)-1].Event.GetEventType() == store.EventTerminal
+	f.hub.mu.Lock()
+	defer f.hub.mu.Unlock()
+	for w := range f.watchers {
+		if !w.deliver(evs) {
+			delete(f.watchers, w)
+		}
+	}
+	if ended && f.hub.feeds[f.runID] == f {
+		delete(f.hub.feeds, f.runID)
+	}
+	return ended
 }
 
 // Handlers receive notifications other than new events.
@@ -80,7 +369,7 @@ type Handlers struct {
 
 // Listen holds a dedicated connection LISTENing on the events, runs and
 // cancel channels until ctx ends, reconnecting with backoff. After a
-// reconnect every subscriber is signalled, since notifications may have been
+// reconnect every feed reads again, since notifications may have been
 // missed.
 func (h *Hub) Listen(ctx context.Context, pool *pgxpool.Pool, hs Handlers, log *slog.Logger) {
 	backoff := 100 * time.Millisecond
