@@ -64,7 +64,9 @@ bench: ## measure tether against raw baselines in one run (ephemeral durable Pos
 	$(GO) build -o bin/ ./services/executor/cmd/tether-bench
 	bin/tether-bench $(BENCHFLAGS)
 	$(MAKE) --no-print-directory build
+	bin/tether-bench -curves $(CURVEFLAGS)
 	bin/tether-bench-stack
+	bin/tether-bench-stack -sessions 10,50
 	$(GO) build -o bin/ ./services/runnerd/cmd/warm-turn-bench
 	bin/warm-turn-bench -fake bin/fake-codex-app-server
 	$(MAKE) --no-print-directory bench-backup
@@ -109,6 +111,12 @@ test-codex: ## opt-in: provider scenario suite against the real codex app-server
 	@set -o pipefail; TETHER_CODEX_BIN=$(abspath $(CODEX_BIN)) $(GO) test -count=1 -timeout 10m -v -run '^TestR2_ScenarioSuiteAgainstRealCodex$$' ./services/runnerd/internal/scenario/ 2>&1 \
 	  | tee $(CODEX_CACHE)/test-codex.log | grep -E '^(test-codex:|--- |ok |FAIL|panic)' \
 	  || { echo "test-codex failed; full log: $(CODEX_CACHE)/test-codex.log"; tail -40 $(CODEX_CACHE)/test-codex.log; exit 1; }
+
+.PHONY: bench-curves
+bench-curves: build ## scale curves only (claim vs blocked backlog, renewal vs leases, append vs table size, WatchRun vs watchers, memory per idle warm session); CURVEFLAGS=-h lists knobs
+	$(GO) build -o bin/ ./services/executor/cmd/tether-bench
+	bin/tether-bench -curves $(CURVEFLAGS)
+	bin/tether-bench-stack -sessions 10,50
 
 .PHONY: bench-backup
 bench-backup: ## deep-verify digest throughput vs raw sha256 baselines (1 GiB in 10 files, 100 MiB in 10,000 files); BACKUPBENCHFLAGS=-h lists knobs

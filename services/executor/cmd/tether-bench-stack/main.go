@@ -27,6 +27,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sort"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -53,7 +55,18 @@ func run() error {
 	keep := flag.Bool("keep", false, "keep the temporary directory (logs)")
 	trace := flag.Bool("trace", false, "print the timeline of the last turn")
 	settle := flag.Duration("settle", 10*time.Millisecond, "pause before each turn of either side")
+	sessions := flag.String("sessions", "", "instead of the warm turn: RSS/PSS per idle warm session at these session counts (e.g. 10,50)")
 	flag.Parse()
+	var sizes []int
+	if *sessions != "" {
+		for f := range strings.SplitSeq(*sessions, ",") {
+			n, err := strconv.Atoi(strings.TrimSpace(f))
+			if err != nil || n < 1 || (len(sizes) > 0 && n <= sizes[len(sizes)-1]) {
+				return fmt.Errorf("-sessions: want increasing counts ≥ 1, got %q", *sessions)
+			}
+			sizes = append(sizes, n)
+		}
+	}
 	ctx := context.Background()
 	dir, err := os.MkdirTemp("", "tether-bench-stack-")
 	if err != nil {
@@ -96,6 +109,9 @@ func run() error {
 	}
 	defer conn.Close()
 	client := executorv1.NewExecutorServiceClient(conn)
+	if len(sizes) > 0 {
+		return sessionsCurve(ctx, client, st.Proc("runnergw").Pid(), sizes)
+	}
 	var direct, e2e, started []time.Duration
 	var lastT0 time.Time
 	var lastID string
