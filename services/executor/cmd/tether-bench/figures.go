@@ -19,12 +19,15 @@ import (
 )
 
 // Raw baseline SQL. The tables copy the executor's (columns, defaults,
-// primary keys, unique and partial indexes) but not its foreign keys.
+// primary keys, unique and partial indexes) but not its foreign keys or
+// triggers; the raw claim gets an index for its own queue order.
 const (
 	rawSchemaSQL = `
 DROP SCHEMA IF EXISTS tether_bench CASCADE;
 CREATE SCHEMA tether_bench;
 CREATE TABLE tether_bench.coordinators (LIKE executor.coordinators INCLUDING ALL) WITH (fillfactor = 50);
+-- The raw claim's own queue index (executor's claim walks session heads).
+CREATE INDEX ON tether_bench.coordinators (submit_seq) WHERE phase IN ('queued', 'retryable_failure');
 CREATE TABLE tether_bench.events (LIKE executor.events INCLUDING ALL);`
 
 	rawSeedQueuedSQL = `

@@ -339,10 +339,10 @@ func (f *feed) run(ctx context.Context) {
 }
 
 // publish hands evs to every watcher and drops the ones cut off. It
-// reports whether the run ended (its terminal event was among evs): the
-// feed then retires, and a later watch of the run starts a new one.
-func (f *feed) publish(evs []store.StoredEvent) (ended bool) {
-	ended = evs[len(evs)-1].Event.GetEventType() == store.EventTerminal
+// reports whether the feed is done: the run ended (its terminal event was
+// among evs) or every watcher was cut off. The feed then retires, and a
+// later watch of the run starts a new one.
+func (f *feed) publish(evs []store.StoredEvent) (done bool) {
 	f.hub.mu.Lock()
 	defer f.hub.mu.Unlock()
 	for w := range f.watchers {
@@ -350,10 +350,11 @@ func (f *feed) publish(evs []store.StoredEvent) (ended bool) {
 			delete(f.watchers, w)
 		}
 	}
-	if ended && f.hub.feeds[f.runID] == f {
+	done = evs[len(evs)-1].Event.GetEventType() == store.EventTerminal || len(f.watchers) == 0
+	if done && f.hub.feeds[f.runID] == f {
 		delete(f.hub.feeds, f.runID)
 	}
-	return ended
+	return done
 }
 
 // Handlers receive notifications other than new events.
