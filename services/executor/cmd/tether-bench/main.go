@@ -86,7 +86,7 @@ type config struct {
 	backlogs, leaseSizes, watchers []int
 	appendRows                     []int
 	attempts, ticks, watchEvents   int
-	watchPace, idle                time.Duration
+	watchPace, idle, idleSettle    time.Duration
 	executor                       string
 }
 
@@ -145,6 +145,7 @@ func main() {
 	flag.IntVar(&cfg.watchEvents, "watch-events", 60, "watch_delivery: events delivered per size")
 	flag.DurationVar(&cfg.watchPace, "watch-pace", 50*time.Millisecond, "watch_delivery: one event per this interval")
 	flag.DurationVar(&cfg.idle, "watch-idle", 2*time.Second, "watch_delivery: idle time measured per size")
+	flag.DurationVar(&cfg.idleSettle, "watch-idle-settle", 11*time.Second, "watch_delivery: wait before the idle measurement (PostgreSQL reports an idle backend's transactions within 10 s)")
 	flag.StringVar(&cfg.executor, "executor", "", "watch_delivery: the executor binary (default: next to this one)")
 	flag.Parse()
 	cfg.curveSet = map[string]bool{}
