@@ -2,14 +2,18 @@ package store_test
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
+	"io/fs"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/pressly/goose/v3"
 	"github.com/stretchr/testify/require"
 
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
+	"github.com/tether-run/tether/pkg/pgtest"
 	"github.com/tether-run/tether/services/executor/internal/store"
 )
 
@@ -191,4 +195,42 @@ func TestE7_ASubmissionRacingTheEndOfItsSessionsHeadIsNeverStranded(t *testing.T
 		require.Equal(t, id, got, "round %d", i)
 		head = c
 	}
+}
+
+func TestE7_Migration00009MarksTheHeadsOfExistingScopesAndGoesDown(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dsn := pgtest.NewDB(t, Migrator)
+	db, err := sql.Open("pgx", dsn)
+	require.NoError(t, err)
+	defer db.Close()
+	migrations, err := fs.Sub(store.Migrations, "migrations")
+	require.NoError(t, err)
+	p, err := goose.NewProvider(goose.DialectPostgres, db, migrations, goose.WithTableName("executor_goose_version"))
+	require.NoError(t, err)
+	_, err = p.DownTo(ctx, 8)
+	require.NoError(t, err)
+	// Before 00009: scope a has a finished run, a running one and two
+	// queued; scope b two queued; scope c only finished runs.
+	_, err = db.ExecContext(ctx, `
+INSERT INTO executor.runs (run_id, company_id, normalized_session_id, session_scope, lifecycle, input, input_digest)
+SELECT id, 'acme', sc, sc, 'LIFECYCLE_MODE_WARM', '\x'::bytea, 'd'
+  FROM (VALUES ('a1', 'a'), ('a2', 'a'), ('a3', 'a'), ('a4', 'a'), ('b1', 'b'), ('b2', 'b'), ('c1', 'c')) v(id, sc)
+ ORDER BY id;
+INSERT INTO executor.coordinators (run_id, session_scope, submit_seq, phase)
+SELECT r.run_id, r.session_scope, r.submit_seq, v.phase FROM executor.runs r
+  JOIN (VALUES ('a1', 'completed'), ('a2', 'observed'), ('a3', 'queued'), ('a4', 'queued'),
+               ('b1', 'retryable_failure'), ('b2', 'queued'), ('c1', 'terminal_failure')) v(id, phase) ON v.id = r.run_id`)
+	require.NoError(t, err)
+	require.NoError(t, store.MigrateDB(ctx, db))
+	rows, err := db.QueryContext(ctx, `SELECT run_id FROM executor.coordinators WHERE scope_head ORDER BY run_id`)
+	require.NoError(t, err)
+	var got []string
+	for rows.Next() {
+		var id string
+		require.NoError(t, rows.Scan(&id))
+		got = append(got, id)
+	}
+	require.NoError(t, rows.Err())
+	require.Equal(t, []string{"a2", "b1"}, got)
 }
