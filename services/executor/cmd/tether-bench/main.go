@@ -38,6 +38,10 @@
 // both coordinators tables); -cpuprofile writes this process's CPU profile
 // (both sides, and the seeding) for go tool pprof.
 //
+// -curves measures the scale curves instead (see curves.go): how claim
+// attempts, renewals, appends and WatchRun fan-out grow with blocked runs,
+// leases, table size and watchers.
+//
 // Each figure warms both sides up briefly first. Output: an aligned table,
 // then one line per figure for machines:
 //
