@@ -48,6 +48,7 @@ import (
 
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
+	"github.com/tether-run/tether/pkg/grant"
 	"github.com/tether-run/tether/pkg/scope"
 	"github.com/tether-run/tether/services/executor/internal/store"
 )
@@ -581,8 +582,19 @@ func startExecutor(ctx context.Context, bin, dsn string) (*executorProc, error) 
 	}
 	addr := l.Addr().String()
 	l.Close()
+	// The executor signs gateway grants with a key it requires; no gateway
+	// is called here.
+	keys, err := os.MkdirTemp("", "tether-bench-keys-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(keys) // read at start, before this returns
+	key := filepath.Join(keys, "grant.key")
+	if _, err := grant.WriteKeyPair(key, filepath.Join(keys, "grant.pub")); err != nil {
+		return nil, err
+	}
 	cmd := exec.Command(bin, "-grpc-addr", addr, "-metrics-addr", "", "-database-url", dsn, "-idle-sweep-interval", "0",
-		"-gateway-addr", "127.0.0.1:1", "-log-format", "json")
+		"-gateway-addr", "127.0.0.1:1", "-grant-key-file", key, "-log-format", "json")
 	cmd.Env = append(os.Environ(), "TETHER_DATABASE_URL=")
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
