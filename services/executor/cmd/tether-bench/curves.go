@@ -297,10 +297,11 @@ func (b *bench) renewalCurve(ctx context.Context) ([]curve, error) {
 	return []curve{c}, nil
 }
 
-// seedEventsSQL stores events 1…$3 of run $1, whose run row exists.
+// seedEventsSQL stores events 1…$3 of run $1, whose run row exists and is
+// held by attempt 1 (the writer fence of migration 00010).
 const seedEventsSQL = `
-INSERT INTO executor.events (run_id, seq, source_instance_id, source_seq, source_event_id, event_type, payload_sha256, event)
-SELECT $1, g, 'seed', g, 'seed-' || g, 'item.delta', '\x00'::bytea, $2 FROM generate_series(1, $3::int) g`
+INSERT INTO executor.events (run_id, seq, source_instance_id, source_seq, source_event_id, event_type, payload_sha256, event, writer_attempt)
+SELECT $1, g, 'seed', g, 'seed-' || g, 'item.delta', '\x00'::bytea, $2, 1 FROM generate_series(1, $3::int) g`
 
 // appendCurve: AppendEvents throughput with prior rows in the table.
 func (b *bench) appendCurve(ctx context.Context) ([]curve, error) {
