@@ -99,7 +99,7 @@ func run() error {
 	hub := watch.NewHub(watchStore)
 	d := dispatch.New(st, dispatch.Config{
 		Owner: *owner, LeaseTTL: *ttl, PollInterval: *poll, MaxActive: *maxActive, RetryDelay: *retryDelay,
-		NoSameHostTakeover: !*sameHost, AdvertiseAddr: *advertise,
+		NoSameHostTakeover: !*sameHost, AdvertiseAddr: *advertise, Metrics: srv.Registry(),
 		Gateway: gw, Logger: log,
 	})
 	sus := &suspend.Suspender{Store: st, Gateway: gw, Owner: *owner,

@@ -71,18 +71,23 @@ func (s *Server) SubmitRun(ctx context.Context, req *executorv1.SubmitRunRequest
 	}
 	if created {
 		// The local dispatcher claims while the run is read back.
-		switch {
-		case s.KickRun != nil:
-			s.KickRun(req.GetRunId())
-		case s.Kick != nil:
-			s.Kick()
-		}
+		s.kick(req.GetRunId())
 	}
 	run, err := s.Store.GetRun(ctx, req.GetRunId())
 	if err != nil {
 		return nil, failure.ToStatus(err)
 	}
 	return &executorv1.SubmitRunResponse{Run: run, Created: created}, nil
+}
+
+// kick wakes the local dispatcher for a run just submitted.
+func (s *Server) kick(runID string) {
+	switch {
+	case s.KickRun != nil:
+		s.KickRun(runID)
+	case s.Kick != nil:
+		s.Kick()
+	}
 }
 
 // GetRun returns a run.

@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
@@ -28,6 +29,7 @@ import (
 	"github.com/tether-run/tether/pkg/scope"
 	"github.com/tether-run/tether/services/executor/internal/control"
 	"github.com/tether-run/tether/services/executor/internal/recovery"
+	"github.com/tether-run/tether/services/executor/internal/runtimeq"
 	"github.com/tether-run/tether/services/executor/internal/session"
 	"github.com/tether-run/tether/services/executor/internal/store"
 	"github.com/tether-run/tether/services/executor/internal/suspend"
@@ -58,8 +60,10 @@ type Config struct {
 	// NoSameHostTakeover disables taking over, before expiry, leases whose
 	// controller on this host is provably dead.
 	NoSameHostTakeover bool
-	Gateway            gatewayv1.RunnerGatewayClient
-	Logger             *slog.Logger
+	// Metrics registers the dispatcher's counters (optional).
+	Metrics prometheus.Registerer
+	Gateway gatewayv1.RunnerGatewayClient
+	Logger  *slog.Logger
 }
 
 // DefaultOwner names this process: host:pid.
@@ -85,6 +89,9 @@ type Dispatcher struct {
 	// verifier); their warm session is replaced on its local state.
 	localReplace map[string]bool
 	controls     *control.Registry
+	// runtimeQuestions counts runtime input request lifecycle steps (SPEC
+	// E5) by outcome and adapter; no request content.
+	runtimeQuestions *prometheus.CounterVec
 	// kicked: runs submitted to this replica whose claim loop was already
 	// woken (KickRun); their database notification is redundant here.
 	kicked map[string]struct{}
@@ -122,8 +129,16 @@ func New(s *store.Store, cfg Config) *Dispatcher {
 	}
 	self := SelfController()
 	self.Addr = cfg.AdvertiseAddr
+	questions := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "tether_executor_runtime_questions_total",
+		Help: "Runtime input requests by lifecycle outcome (normalized, rejected, resolved, durable_handoff, provider_loss_handoff, expired, cancelled) and adapter; no request content.",
+	}, []string{"outcome", "adapter"})
+	if cfg.Metrics != nil {
+		_ = cfg.Metrics.Register(questions)
+	}
 	return &Dispatcher{
-		cfg: cfg, store: s, log: cfg.Logger, self: self,
+		runtimeQuestions: questions,
+		cfg:              cfg, store: s, log: cfg.Logger, self: self,
 		leases:   newLeaseKeeper(s, cfg.Owner, cfg.LeaseTTL, cfg.Logger),
 		kick:     make(chan struct{}, 1),
 		cancels:  map[string]chan struct{}{},
@@ -710,6 +725,13 @@ func (d *Dispatcher) attachOnce(ctx context.Context, c *store.Claim, cancelCh <-
 					return true, err
 				}
 				return false, err
+			}
+			for _, m := range res.RuntimeInputs {
+				adapter := m.Adapter
+				if adapter == runtimeq.Unknown {
+					adapter = c.Input.GetProvider().GetKind() // the run's adapter
+				}
+				d.runtimeQuestions.WithLabelValues(m.Outcome, adapter).Inc()
 			}
 			for inst, seq := range acks.persisted(opened.GetRunnerAckedSeq(), evs) {
 				if err := send(&gatewayv1.AttachRequest{Kind: &gatewayv1.AttachRequest_Ack{Ack: &gatewayv1.Ack{

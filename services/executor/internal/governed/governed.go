@@ -3,10 +3,12 @@
 // verdict) yields instead of finishing, and is woken when the interaction is
 // answered.
 //
-// [WaitResult] builds the yielded run result, [ContinuingPendingInteractionIDs]
-// applies the partial item-verdict rule, and [Observation] holds the wait a
-// replayed event revealed so it is consumed once, for exactly that event.
-// Nothing here touches storage: lookups are passed in.
+// [WaitResult] builds the yielded run result and
+// [ContinuingPendingInteractionIDs] applies the partial item-verdict rule.
+// Nothing here touches storage: the executor's store looks the pending
+// interaction up when it records a run's end, in the transaction that
+// persists the run.terminal event (a replayed event is deduplicated there,
+// so its interaction is created and consumed once).
 package governed
 
 import (

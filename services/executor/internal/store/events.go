@@ -18,6 +18,7 @@ import (
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/services/executor/internal/plan"
 	"github.com/tether-run/tether/services/executor/internal/usage"
+	"github.com/tether-run/tether/services/executor/internal/runtimeq"
 )
 
 // EventHarnessReady reports the provider process (pid, pgid, start ticks).
@@ -64,6 +65,9 @@ type AppendResult struct {
 	// Terminal is true when the fenced run's run.terminal was persisted by
 	// this call (its state and result are now final).
 	Terminal bool
+	// RuntimeInputs are the lifecycle metrics of the fresh runtime input
+	// request events (SPEC E5), each counted once.
+	RuntimeInputs []runtimeq.Metric
 }
 
 type encodedEvent struct {
@@ -182,6 +186,11 @@ func fileFenced(ctx context.Context, tx pgx.Tx, f Fence, count int64, fresh []en
 		return err
 	}
 	res.Inserted += len(fresh)
+	metrics, err := recordInteractions(ctx, tx, f.RunID, fresh)
+	if err != nil {
+		return err
+	}
+	res.RuntimeInputs = append(res.RuntimeInputs, metrics...)
 	var terminal *prpv1.Event
 	for _, e := range fresh {
 		switch e.ev.GetEventType() {
@@ -210,7 +219,7 @@ func fileFenced(ctx context.Context, tx pgx.Tx, f Fence, count int64, fresh []en
 		}
 		res.Terminal = true
 	}
-	_, err := tx.Exec(ctx, `SELECT pg_notify($1, $2)`, EventsChannel, f.RunID)
+	_, err = tx.Exec(ctx, `SELECT pg_notify($1, $2)`, EventsChannel, f.RunID)
 	return err
 }
 
@@ -540,6 +549,11 @@ func finishRun(ctx context.Context, tx pgx.Tx, f Fence, t Terminal) error {
 		usageIn, usageCached, usOut *int64
 		costUSD                     *float64
 	)
+	if t.Result != nil && t.State == StateSucceeded {
+		if err := governedWait(ctx, tx, f.RunID, t.Result); err != nil {
+			return err
+		}
+	}
 	if t.Result != nil {
 		// The run's usage and cost are columns of the run (migration
 		// 00011), not part of the stored result.
@@ -712,7 +726,7 @@ next:
 	for _, e := range evs {
 		ev := e.ev
 		if ev.GetRunId() != f.RunID || ev.GetEventType() == EventTerminal || ev.GetEventType() == EventHarnessReady ||
-			ev.GetEventType() == plan.EventPlanUpdated {
+			ev.GetEventType() == plan.EventPlanUpdated || interactionEvent(ev.GetEventType()) {
 			return false
 		}
 		inst, seq := ev.GetSourceInstanceId(), ev.GetSourceSeq()

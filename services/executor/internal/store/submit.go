@@ -3,6 +3,8 @@ package store
 import (
 	"context"
 
+	"github.com/jackc/pgx/v5"
+
 	"google.golang.org/grpc/codes"
 
 	"github.com/tether-run/tether/pkg/failure"
@@ -33,6 +35,15 @@ SELECT (SELECT count(*) FROM co) > 0, (SELECT count(*) FROM note),
 // run_id_conflict. The caller reads the run (GetRun) afterwards, so a
 // dispatcher of this process can be woken before that read.
 func (s *Store) Submit(ctx context.Context, runID string, in *prpv1.ExecutionInput) (created bool, err error) {
+	return submit(ctx, s.pool, runID, in)
+}
+
+// rowQuerier is a pool or a transaction.
+type rowQuerier interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+func submit(ctx context.Context, q rowQuerier, runID string, in *prpv1.ExecutionInput) (created bool, err error) {
 	digest, raw, err := InputDigest(in)
 	if err != nil {
 		return false, err
@@ -41,7 +52,7 @@ func (s *Store) Submit(ctx context.Context, runID string, in *prpv1.ExecutionInp
 		notified int64
 		existing string
 	)
-	err = s.pool.QueryRow(ctx, submitSQL,
+	err = q.QueryRow(ctx, submitSQL,
 		runID, in.GetBinding().GetCompanyId(), in.GetSession().GetNormalizedSessionId(), scope.OfRun(runID, in),
 		in.GetSession().GetLifecycle().GetMode().String(), raw, digest,
 		in.GetBinding().GetIssueId(), in.GetBinding().GetAgentId(), BindingDigest(in), RunsChannel).Scan(&created, &notified, &existing)
@@ -51,7 +62,7 @@ func (s *Store) Submit(ctx context.Context, runID string, in *prpv1.ExecutionInp
 	if !created && existing == "" {
 		// Inserted concurrently, after this statement's snapshot: read it
 		// now that it committed.
-		if err := s.pool.QueryRow(ctx, `SELECT input_digest FROM executor.runs WHERE run_id = $1`, runID).Scan(&existing); err != nil {
+		if err := q.QueryRow(ctx, `SELECT input_digest FROM executor.runs WHERE run_id = $1`, runID).Scan(&existing); err != nil {
 			return false, err
 		}
 	}

@@ -7,10 +7,26 @@ import (
 	"sync"
 	"time"
 
+	"github.com/tether-run/tether/pkg/askuser"
 	"github.com/tether-run/tether/services/runnerd/internal/codex"
 	"github.com/tether-run/tether/services/runnerd/internal/provhost"
 	"github.com/tether-run/tether/services/runnerd/internal/runner"
 )
+
+// builtinTools answers the built-in tools runnerd offers every provider:
+// tether_ask_user (SPEC E4) is answered at once (the executor records the
+// interaction from the call's semantic_tool.input event); a call with bad
+// arguments fails with the reason, so the model can correct it. Other tools
+// are the run's own: they wait for the controller's tool.result.
+func builtinTools(c codex.ToolCall) (codex.ToolOutput, bool) {
+	if c.Tool != askuser.ToolName {
+		return codex.ToolOutput{}, false
+	}
+	if _, err := askuser.Parse(c.Arguments); err != nil {
+		return codex.TextOutput(false, err.Error()), true
+	}
+	return codex.TextOutput(true, askuser.RecordedText()), true
+}
 
 // startCodex adapts codex.Start to runner.StartFunc. A hosted provider runs
 // under a provider host (see the provhost package): the driver talks to a
@@ -27,6 +43,7 @@ func startCodex(ctx context.Context, cfg runner.ProviderConfig, emit func(runner
 		ApprovalPolicy: cfg.ApprovalPolicy,
 		Sandbox:        cfg.Sandbox,
 		DynamicTools:   cfg.DynamicTools,
+		ToolHandler:    builtinTools,
 		StartupTimeout: cfg.StartupTimeout,
 		RequestTimeout: cfg.RequestTimeout,
 		Logger:         cfg.Logger,

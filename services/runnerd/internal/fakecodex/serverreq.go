@@ -19,6 +19,8 @@ import (
 //     "[ask]" in the prompt;
 //   - dynamic tool call (item/tool/call): Options.EmitToolCall, or "[dyn]" in
 //     the prompt;
+//   - a governed wait: a call of the built-in tether_ask_user tool asking
+//     one single-select question (AskUserTitle), on "[wait]" in the prompt;
 //   - a stale tool call naming the thread's last stored turn, right after
 //     each thread/resume: Options.EmitToolCallOnResume.
 //
@@ -31,6 +33,10 @@ const (
 	reqApproval  = "approval"
 	reqUserInput = "user-input"
 	reqToolCall  = "tool"
+	reqAskUser   = "ask-user"
+
+	// AskUserTitle is the title of the fake's tether_ask_user call.
+	AskUserTitle = "the fake's color choice"
 
 	// FakeShellCommand is the command the fake asks approval for.
 	FakeShellCommand = "/bin/bash -lc 'mkdir -p approved-dir && echo hello-from-fake-shell'"
@@ -60,6 +66,9 @@ func (s *Server) requestPhases(prompt string) []string {
 	}
 	if s.opts.EmitToolCall || strings.Contains(prompt, "[dyn]") {
 		out = append(out, reqToolCall)
+	}
+	if strings.Contains(prompt, "[wait]") {
+		out = append(out, reqAskUser)
 	}
 	return out
 }
@@ -107,13 +116,17 @@ func (s *Server) continueTurn(at *activeTurn) error {
 			}},
 		}})
 	default:
+		args := map[string]any{"key": "alpha"}
 		pr.tool = dynamicToolName(th)
+		if kind == reqAskUser {
+			pr.kind, pr.tool, args = reqToolCall, askUserTool, askUserArguments()
+		}
 		if err := s.notify("item/started", map[string]any{"threadId": th.ID, "turnId": t.ID, "item": dynamicToolItem(itemID, pr.tool, "inProgress", nil, nil)}); err != nil {
 			return err
 		}
 		return s.write(serverRequestMsg{ID: id, Method: "item/tool/call", Params: map[string]any{
 			"threadId": th.ID, "turnId": t.ID, "callId": itemID, "namespace": nil, "tool": pr.tool,
-			"arguments": map[string]any{"key": "alpha"},
+			"arguments": args,
 		}})
 	}
 }
@@ -136,13 +149,28 @@ func (s *Server) emitStaleToolCall(th *threadState) error {
 	}})
 }
 
+// askUserTool is runnerd's built-in governed-wait tool.
+const askUserTool = "tether_ask_user"
+
+func askUserArguments() map[string]any {
+	return map[string]any{
+		"title": AskUserTitle,
+		"questions": []any{map[string]any{
+			"id": "color", "prompt": "Which color should the fake use?",
+			"options": []any{map[string]any{"id": "red", "label": "red"}, map[string]any{"id": "blue", "label": "blue"}},
+		}},
+	}
+}
+
+// dynamicToolName is the first of the thread's tools other than the
+// built-in tether_ask_user, else mock_lookup.
 func dynamicToolName(th *threadState) string {
 	var tools []struct {
 		Name string `json:"name"`
 	}
 	if len(th.DynamicTools) > 0 && json.Unmarshal(th.DynamicTools, &tools) == nil {
 		for _, t := range tools {
-			if t.Name != "" {
+			if t.Name != "" && t.Name != askUserTool {
 				return t.Name
 			}
 		}

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/tether-run/tether/pkg/askuser"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/provenv"
 	"github.com/tether-run/tether/pkg/prp"
@@ -1034,10 +1035,16 @@ func toolContract(in *prpv1.ExecutionInput) string {
 }
 
 // dynamicTools renders the run's declared tools in codex's thread/start
-// shape: {type:"function", name, description, inputSchema}.
+// shape: {type:"function", name, description, inputSchema}, followed by the
+// built-in tether_ask_user (SPEC E4) unless the run declares a tool of that
+// name itself.
 func dynamicTools(in *prpv1.ExecutionInput) []map[string]any {
 	var out []map[string]any
+	builtin := true
 	for _, t := range in.GetDynamicTools() {
+		if t.GetName() == askuser.ToolName {
+			builtin = false
+		}
 		schema := map[string]any{"type": "object"}
 		if t.GetInputSchema() != nil {
 			schema = t.GetInputSchema().AsMap()
@@ -1045,6 +1052,9 @@ func dynamicTools(in *prpv1.ExecutionInput) []map[string]any {
 		out = append(out, map[string]any{
 			"type": "function", "name": t.GetName(), "description": t.GetDescription(), "inputSchema": schema,
 		})
+	}
+	if builtin {
+		out = append(out, askuser.Definition())
 	}
 	return out
 }

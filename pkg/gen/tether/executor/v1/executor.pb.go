@@ -335,7 +335,18 @@ type RunResult struct {
 	Artifacts []*ResultArtifact `protobuf:"bytes,20,rep,name=artifacts,proto3" json:"artifacts,omitempty"`
 	// The plan extracted from the native_provider_plan artifact with the SPEC
 	// E3 rules, as Markdown; empty when the run reported none.
-	Plan          string `protobuf:"bytes,21,opt,name=plan,proto3" json:"plan,omitempty"`
+	Plan string `protobuf:"bytes,21,opt,name=plan,proto3" json:"plan,omitempty"`
+	// yielded when the run ended waiting on a durable interaction (SPEC E4);
+	// empty otherwise.
+	ReportedWorkDisposition string `protobuf:"bytes,30,opt,name=reported_work_disposition,json=reportedWorkDisposition,proto3" json:"reported_work_disposition,omitempty"`
+	// "Waiting for <title>." for a yielded run.
+	Summary string `protobuf:"bytes,31,opt,name=summary,proto3" json:"summary,omitempty"`
+	// The completion claim of a yielded run: every criterion unknown.
+	CompletionClaim *CompletionClaim `protobuf:"bytes,32,opt,name=completion_claim,json=completionClaim,proto3" json:"completion_claim,omitempty"`
+	// How a yielded run resumes: {response_wake, interaction-response:<id>}.
+	Continuation *Continuation `protobuf:"bytes,33,opt,name=continuation,proto3" json:"continuation,omitempty"`
+	// Evidence refs, e.g. interaction:<id>.
+	EvidenceRefs  []string `protobuf:"bytes,34,rep,name=evidence_refs,json=evidenceRefs,proto3" json:"evidence_refs,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -440,6 +451,41 @@ func (x *RunResult) GetPlan() string {
 	return ""
 }
 
+func (x *RunResult) GetReportedWorkDisposition() string {
+	if x != nil {
+		return x.ReportedWorkDisposition
+	}
+	return ""
+}
+
+func (x *RunResult) GetSummary() string {
+	if x != nil {
+		return x.Summary
+	}
+	return ""
+}
+
+func (x *RunResult) GetCompletionClaim() *CompletionClaim {
+	if x != nil {
+		return x.CompletionClaim
+	}
+	return nil
+}
+
+func (x *RunResult) GetContinuation() *Continuation {
+	if x != nil {
+		return x.Continuation
+	}
+	return nil
+}
+
+func (x *RunResult) GetEvidenceRefs() []string {
+	if x != nil {
+		return x.EvidenceRefs
+	}
+	return nil
+}
+
 // ResultArtifact is one semantic result artifact.
 type ResultArtifact struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -503,6 +549,192 @@ func (x *ResultArtifact) GetCode() string {
 	return ""
 }
 
+// CompletionClaim is what a run claims about its completion contract.
+type CompletionClaim struct {
+	state              protoimpl.MessageState `protogen:"open.v1"`
+	ContractRevision   string                 `protobuf:"bytes,1,opt,name=contract_revision,json=contractRevision,proto3" json:"contract_revision,omitempty"`
+	ObjectiveSatisfied bool                   `protobuf:"varint,2,opt,name=objective_satisfied,json=objectiveSatisfied,proto3" json:"objective_satisfied,omitempty"`
+	Criteria           []*CriterionClaim      `protobuf:"bytes,3,rep,name=criteria,proto3" json:"criteria,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
+}
+
+func (x *CompletionClaim) Reset() {
+	*x = CompletionClaim{}
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CompletionClaim) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CompletionClaim) ProtoMessage() {}
+
+func (x *CompletionClaim) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CompletionClaim.ProtoReflect.Descriptor instead.
+func (*CompletionClaim) Descriptor() ([]byte, []int) {
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *CompletionClaim) GetContractRevision() string {
+	if x != nil {
+		return x.ContractRevision
+	}
+	return ""
+}
+
+func (x *CompletionClaim) GetObjectiveSatisfied() bool {
+	if x != nil {
+		return x.ObjectiveSatisfied
+	}
+	return false
+}
+
+func (x *CompletionClaim) GetCriteria() []*CriterionClaim {
+	if x != nil {
+		return x.Criteria
+	}
+	return nil
+}
+
+// CriterionClaim is the claimed status of one criterion.
+type CriterionClaim struct {
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	CriterionId string                 `protobuf:"bytes,1,opt,name=criterion_id,json=criterionId,proto3" json:"criterion_id,omitempty"`
+	// unknown for a yielded run.
+	Status        string   `protobuf:"bytes,2,opt,name=status,proto3" json:"status,omitempty"`
+	EvidenceRefs  []string `protobuf:"bytes,3,rep,name=evidence_refs,json=evidenceRefs,proto3" json:"evidence_refs,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CriterionClaim) Reset() {
+	*x = CriterionClaim{}
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CriterionClaim) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CriterionClaim) ProtoMessage() {}
+
+func (x *CriterionClaim) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CriterionClaim.ProtoReflect.Descriptor instead.
+func (*CriterionClaim) Descriptor() ([]byte, []int) {
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *CriterionClaim) GetCriterionId() string {
+	if x != nil {
+		return x.CriterionId
+	}
+	return ""
+}
+
+func (x *CriterionClaim) GetStatus() string {
+	if x != nil {
+		return x.Status
+	}
+	return ""
+}
+
+func (x *CriterionClaim) GetEvidenceRefs() []string {
+	if x != nil {
+		return x.EvidenceRefs
+	}
+	return nil
+}
+
+// Continuation says how a yielded run resumes.
+type Continuation struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// response_wake
+	Kind    string `protobuf:"bytes,1,opt,name=kind,proto3" json:"kind,omitempty"`
+	Summary string `protobuf:"bytes,2,opt,name=summary,proto3" json:"summary,omitempty"`
+	// interaction-response:<interaction id>
+	IdempotencyKey string `protobuf:"bytes,3,opt,name=idempotency_key,json=idempotencyKey,proto3" json:"idempotency_key,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *Continuation) Reset() {
+	*x = Continuation{}
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Continuation) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Continuation) ProtoMessage() {}
+
+func (x *Continuation) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Continuation.ProtoReflect.Descriptor instead.
+func (*Continuation) Descriptor() ([]byte, []int) {
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *Continuation) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *Continuation) GetSummary() string {
+	if x != nil {
+		return x.Summary
+	}
+	return ""
+}
+
+func (x *Continuation) GetIdempotencyKey() string {
+	if x != nil {
+		return x.IdempotencyKey
+	}
+	return ""
+}
+
 // Failure is a stable code and a human message.
 type Failure struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -514,7 +746,7 @@ type Failure struct {
 
 func (x *Failure) Reset() {
 	*x = Failure{}
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[5]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -526,7 +758,7 @@ func (x *Failure) String() string {
 func (*Failure) ProtoMessage() {}
 
 func (x *Failure) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[5]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -539,7 +771,7 @@ func (x *Failure) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Failure.ProtoReflect.Descriptor instead.
 func (*Failure) Descriptor() ([]byte, []int) {
-	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{5}
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Failure) GetCode() string {
@@ -592,7 +824,7 @@ type Run struct {
 
 func (x *Run) Reset() {
 	*x = Run{}
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[6]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -604,7 +836,7 @@ func (x *Run) String() string {
 func (*Run) ProtoMessage() {}
 
 func (x *Run) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[6]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -617,7 +849,7 @@ func (x *Run) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Run.ProtoReflect.Descriptor instead.
 func (*Run) Descriptor() ([]byte, []int) {
-	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{6}
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Run) GetRunId() string {
@@ -788,7 +1020,7 @@ type Cancellation struct {
 
 func (x *Cancellation) Reset() {
 	*x = Cancellation{}
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[7]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -800,7 +1032,7 @@ func (x *Cancellation) String() string {
 func (*Cancellation) ProtoMessage() {}
 
 func (x *Cancellation) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[7]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -813,7 +1045,7 @@ func (x *Cancellation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Cancellation.ProtoReflect.Descriptor instead.
 func (*Cancellation) Descriptor() ([]byte, []int) {
-	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{7}
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Cancellation) GetSchema() string {
@@ -938,7 +1170,7 @@ type Recovery struct {
 
 func (x *Recovery) Reset() {
 	*x = Recovery{}
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[8]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -950,7 +1182,7 @@ func (x *Recovery) String() string {
 func (*Recovery) ProtoMessage() {}
 
 func (x *Recovery) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[8]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -963,7 +1195,7 @@ func (x *Recovery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Recovery.ProtoReflect.Descriptor instead.
 func (*Recovery) Descriptor() ([]byte, []int) {
-	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{8}
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Recovery) GetExhausted() bool {
@@ -1032,7 +1264,7 @@ type CancelRunRequest struct {
 
 func (x *CancelRunRequest) Reset() {
 	*x = CancelRunRequest{}
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[9]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1044,7 +1276,7 @@ func (x *CancelRunRequest) String() string {
 func (*CancelRunRequest) ProtoMessage() {}
 
 func (x *CancelRunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[9]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1057,7 +1289,7 @@ func (x *CancelRunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelRunRequest.ProtoReflect.Descriptor instead.
 func (*CancelRunRequest) Descriptor() ([]byte, []int) {
-	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{9}
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *CancelRunRequest) GetRunId() string {
@@ -1107,7 +1339,7 @@ type CancelRunResponse struct {
 
 func (x *CancelRunResponse) Reset() {
 	*x = CancelRunResponse{}
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[10]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1119,7 +1351,7 @@ func (x *CancelRunResponse) String() string {
 func (*CancelRunResponse) ProtoMessage() {}
 
 func (x *CancelRunResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[10]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1132,7 +1364,7 @@ func (x *CancelRunResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelRunResponse.ProtoReflect.Descriptor instead.
 func (*CancelRunResponse) Descriptor() ([]byte, []int) {
-	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{10}
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *CancelRunResponse) GetActive() bool {
@@ -1159,7 +1391,7 @@ type GetRunRequest struct {
 
 func (x *GetRunRequest) Reset() {
 	*x = GetRunRequest{}
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[11]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1171,7 +1403,7 @@ func (x *GetRunRequest) String() string {
 func (*GetRunRequest) ProtoMessage() {}
 
 func (x *GetRunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[11]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1184,7 +1416,7 @@ func (x *GetRunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRunRequest.ProtoReflect.Descriptor instead.
 func (*GetRunRequest) Descriptor() ([]byte, []int) {
-	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{11}
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *GetRunRequest) GetRunId() string {
@@ -1204,7 +1436,7 @@ type GetRunResponse struct {
 
 func (x *GetRunResponse) Reset() {
 	*x = GetRunResponse{}
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[12]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1216,7 +1448,7 @@ func (x *GetRunResponse) String() string {
 func (*GetRunResponse) ProtoMessage() {}
 
 func (x *GetRunResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[12]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1229,7 +1461,7 @@ func (x *GetRunResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRunResponse.ProtoReflect.Descriptor instead.
 func (*GetRunResponse) Descriptor() ([]byte, []int) {
-	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{12}
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *GetRunResponse) GetRun() *Run {
@@ -1255,7 +1487,7 @@ type ListRunsRequest struct {
 
 func (x *ListRunsRequest) Reset() {
 	*x = ListRunsRequest{}
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[13]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1267,7 +1499,7 @@ func (x *ListRunsRequest) String() string {
 func (*ListRunsRequest) ProtoMessage() {}
 
 func (x *ListRunsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[13]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1280,7 +1512,7 @@ func (x *ListRunsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRunsRequest.ProtoReflect.Descriptor instead.
 func (*ListRunsRequest) Descriptor() ([]byte, []int) {
-	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{13}
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ListRunsRequest) GetPageSize() int32 {
@@ -1322,7 +1554,7 @@ type ListRunsResponse struct {
 
 func (x *ListRunsResponse) Reset() {
 	*x = ListRunsResponse{}
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[14]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1334,7 +1566,7 @@ func (x *ListRunsResponse) String() string {
 func (*ListRunsResponse) ProtoMessage() {}
 
 func (x *ListRunsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[14]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1347,7 +1579,7 @@ func (x *ListRunsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRunsResponse.ProtoReflect.Descriptor instead.
 func (*ListRunsResponse) Descriptor() ([]byte, []int) {
-	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{14}
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ListRunsResponse) GetRuns() []*Run {
@@ -1375,7 +1607,7 @@ type WatchRunRequest struct {
 
 func (x *WatchRunRequest) Reset() {
 	*x = WatchRunRequest{}
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[15]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1387,7 +1619,7 @@ func (x *WatchRunRequest) String() string {
 func (*WatchRunRequest) ProtoMessage() {}
 
 func (x *WatchRunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[15]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1400,7 +1632,7 @@ func (x *WatchRunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRunRequest.ProtoReflect.Descriptor instead.
 func (*WatchRunRequest) Descriptor() ([]byte, []int) {
-	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{15}
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *WatchRunRequest) GetRunId() string {
@@ -1431,7 +1663,7 @@ type WatchRunResponse struct {
 
 func (x *WatchRunResponse) Reset() {
 	*x = WatchRunResponse{}
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[16]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1443,7 +1675,7 @@ func (x *WatchRunResponse) String() string {
 func (*WatchRunResponse) ProtoMessage() {}
 
 func (x *WatchRunResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[16]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1456,7 +1688,7 @@ func (x *WatchRunResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRunResponse.ProtoReflect.Descriptor instead.
 func (*WatchRunResponse) Descriptor() ([]byte, []int) {
-	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{16}
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *WatchRunResponse) GetSeq() uint64 {
@@ -1490,7 +1722,7 @@ type GetSteeringStateRequest struct {
 
 func (x *GetSteeringStateRequest) Reset() {
 	*x = GetSteeringStateRequest{}
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[17]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1502,7 +1734,7 @@ func (x *GetSteeringStateRequest) String() string {
 func (*GetSteeringStateRequest) ProtoMessage() {}
 
 func (x *GetSteeringStateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[17]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1515,7 +1747,7 @@ func (x *GetSteeringStateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSteeringStateRequest.ProtoReflect.Descriptor instead.
 func (*GetSteeringStateRequest) Descriptor() ([]byte, []int) {
-	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{17}
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *GetSteeringStateRequest) GetRunId() string {
@@ -1537,7 +1769,7 @@ type GetSteeringStateResponse struct {
 
 func (x *GetSteeringStateResponse) Reset() {
 	*x = GetSteeringStateResponse{}
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[18]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1549,7 +1781,7 @@ func (x *GetSteeringStateResponse) String() string {
 func (*GetSteeringStateResponse) ProtoMessage() {}
 
 func (x *GetSteeringStateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[18]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1562,7 +1794,7 @@ func (x *GetSteeringStateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSteeringStateResponse.ProtoReflect.Descriptor instead.
 func (*GetSteeringStateResponse) Descriptor() ([]byte, []int) {
-	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{18}
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *GetSteeringStateResponse) GetDisposition() string {
@@ -1594,7 +1826,7 @@ type SteerRunRequest struct {
 
 func (x *SteerRunRequest) Reset() {
 	*x = SteerRunRequest{}
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[19]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1606,7 +1838,7 @@ func (x *SteerRunRequest) String() string {
 func (*SteerRunRequest) ProtoMessage() {}
 
 func (x *SteerRunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[19]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1619,7 +1851,7 @@ func (x *SteerRunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SteerRunRequest.ProtoReflect.Descriptor instead.
 func (*SteerRunRequest) Descriptor() ([]byte, []int) {
-	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{19}
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *SteerRunRequest) GetRunId() string {
@@ -1660,7 +1892,7 @@ type SteerRunResponse struct {
 
 func (x *SteerRunResponse) Reset() {
 	*x = SteerRunResponse{}
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[20]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1672,7 +1904,7 @@ func (x *SteerRunResponse) String() string {
 func (*SteerRunResponse) ProtoMessage() {}
 
 func (x *SteerRunResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[20]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1685,7 +1917,7 @@ func (x *SteerRunResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SteerRunResponse.ProtoReflect.Descriptor instead.
 func (*SteerRunResponse) Descriptor() ([]byte, []int) {
-	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{20}
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *SteerRunResponse) GetTurnId() string {
@@ -1709,7 +1941,7 @@ type ResolveRuntimeRequestRequest struct {
 
 func (x *ResolveRuntimeRequestRequest) Reset() {
 	*x = ResolveRuntimeRequestRequest{}
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[21]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1721,7 +1953,7 @@ func (x *ResolveRuntimeRequestRequest) String() string {
 func (*ResolveRuntimeRequestRequest) ProtoMessage() {}
 
 func (x *ResolveRuntimeRequestRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[21]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1734,7 +1966,7 @@ func (x *ResolveRuntimeRequestRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolveRuntimeRequestRequest.ProtoReflect.Descriptor instead.
 func (*ResolveRuntimeRequestRequest) Descriptor() ([]byte, []int) {
-	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{21}
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ResolveRuntimeRequestRequest) GetRunId() string {
@@ -1775,7 +2007,7 @@ type ResolveRuntimeRequestResponse struct {
 
 func (x *ResolveRuntimeRequestResponse) Reset() {
 	*x = ResolveRuntimeRequestResponse{}
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[22]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1787,7 +2019,7 @@ func (x *ResolveRuntimeRequestResponse) String() string {
 func (*ResolveRuntimeRequestResponse) ProtoMessage() {}
 
 func (x *ResolveRuntimeRequestResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[22]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1800,7 +2032,7 @@ func (x *ResolveRuntimeRequestResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolveRuntimeRequestResponse.ProtoReflect.Descriptor instead.
 func (*ResolveRuntimeRequestResponse) Descriptor() ([]byte, []int) {
-	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{22}
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ResolveRuntimeRequestResponse) GetCommandId() string {
@@ -1824,7 +2056,7 @@ type CompleteToolCallRequest struct {
 
 func (x *CompleteToolCallRequest) Reset() {
 	*x = CompleteToolCallRequest{}
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[23]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1836,7 +2068,7 @@ func (x *CompleteToolCallRequest) String() string {
 func (*CompleteToolCallRequest) ProtoMessage() {}
 
 func (x *CompleteToolCallRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[23]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1849,7 +2081,7 @@ func (x *CompleteToolCallRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteToolCallRequest.ProtoReflect.Descriptor instead.
 func (*CompleteToolCallRequest) Descriptor() ([]byte, []int) {
-	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{23}
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *CompleteToolCallRequest) GetRunId() string {
@@ -1890,7 +2122,7 @@ type CompleteToolCallResponse struct {
 
 func (x *CompleteToolCallResponse) Reset() {
 	*x = CompleteToolCallResponse{}
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[24]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1902,7 +2134,7 @@ func (x *CompleteToolCallResponse) String() string {
 func (*CompleteToolCallResponse) ProtoMessage() {}
 
 func (x *CompleteToolCallResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[24]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1915,7 +2147,7 @@ func (x *CompleteToolCallResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteToolCallResponse.ProtoReflect.Descriptor instead.
 func (*CompleteToolCallResponse) Descriptor() ([]byte, []int) {
-	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{24}
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *CompleteToolCallResponse) GetCommandId() string {
@@ -1936,7 +2168,7 @@ type GetSessionRequest struct {
 
 func (x *GetSessionRequest) Reset() {
 	*x = GetSessionRequest{}
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[25]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1948,7 +2180,7 @@ func (x *GetSessionRequest) String() string {
 func (*GetSessionRequest) ProtoMessage() {}
 
 func (x *GetSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[25]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1961,7 +2193,7 @@ func (x *GetSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSessionRequest.ProtoReflect.Descriptor instead.
 func (*GetSessionRequest) Descriptor() ([]byte, []int) {
-	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{25}
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *GetSessionRequest) GetCompanyId() string {
@@ -2006,7 +2238,7 @@ type Session struct {
 
 func (x *Session) Reset() {
 	*x = Session{}
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[26]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2018,7 +2250,7 @@ func (x *Session) String() string {
 func (*Session) ProtoMessage() {}
 
 func (x *Session) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[26]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2031,7 +2263,7 @@ func (x *Session) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Session.ProtoReflect.Descriptor instead.
 func (*Session) Descriptor() ([]byte, []int) {
-	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{26}
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *Session) GetSessionScope() string {
@@ -2149,7 +2381,7 @@ type GetSessionResponse struct {
 
 func (x *GetSessionResponse) Reset() {
 	*x = GetSessionResponse{}
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[27]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2161,7 +2393,7 @@ func (x *GetSessionResponse) String() string {
 func (*GetSessionResponse) ProtoMessage() {}
 
 func (x *GetSessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[27]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2174,7 +2406,7 @@ func (x *GetSessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSessionResponse.ProtoReflect.Descriptor instead.
 func (*GetSessionResponse) Descriptor() ([]byte, []int) {
-	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{27}
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *GetSessionResponse) GetSessions() []*Session {
@@ -2200,7 +2432,7 @@ type CloseSessionRequest struct {
 
 func (x *CloseSessionRequest) Reset() {
 	*x = CloseSessionRequest{}
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[28]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2212,7 +2444,7 @@ func (x *CloseSessionRequest) String() string {
 func (*CloseSessionRequest) ProtoMessage() {}
 
 func (x *CloseSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[28]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2225,7 +2457,7 @@ func (x *CloseSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseSessionRequest.ProtoReflect.Descriptor instead.
 func (*CloseSessionRequest) Descriptor() ([]byte, []int) {
-	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{28}
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *CloseSessionRequest) GetCompanyId() string {
@@ -2268,7 +2500,7 @@ type CloseSessionResponse struct {
 
 func (x *CloseSessionResponse) Reset() {
 	*x = CloseSessionResponse{}
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[29]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2280,7 +2512,7 @@ func (x *CloseSessionResponse) String() string {
 func (*CloseSessionResponse) ProtoMessage() {}
 
 func (x *CloseSessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[29]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2293,7 +2525,7 @@ func (x *CloseSessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseSessionResponse.ProtoReflect.Descriptor instead.
 func (*CloseSessionResponse) Descriptor() ([]byte, []int) {
-	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{29}
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *CloseSessionResponse) GetClosedRunnerInstanceIds() []string {
@@ -2327,7 +2559,7 @@ type SessionCheckpoint struct {
 
 func (x *SessionCheckpoint) Reset() {
 	*x = SessionCheckpoint{}
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[30]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2339,7 +2571,7 @@ func (x *SessionCheckpoint) String() string {
 func (*SessionCheckpoint) ProtoMessage() {}
 
 func (x *SessionCheckpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[30]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2352,7 +2584,7 @@ func (x *SessionCheckpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionCheckpoint.ProtoReflect.Descriptor instead.
 func (*SessionCheckpoint) Descriptor() ([]byte, []int) {
-	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{30}
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *SessionCheckpoint) GetSessionScope() string {
@@ -2411,6 +2643,695 @@ func (x *SessionCheckpoint) GetCreatedAt() *timestamppb.Timestamp {
 	return nil
 }
 
+// Interaction is a durable question to a human (SPEC E4, E5).
+type Interaction struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	InteractionId string                 `protobuf:"bytes,1,opt,name=interaction_id,json=interactionId,proto3" json:"interaction_id,omitempty"`
+	// ask_user_questions | request_confirmation | request_item_verdicts
+	Kind string `protobuf:"bytes,2,opt,name=kind,proto3" json:"kind,omitempty"`
+	// pending | answered
+	Status string `protobuf:"bytes,3,opt,name=status,proto3" json:"status,omitempty"`
+	// The run that asked (tool call) or whose runtime request expired.
+	SourceRunId    string `protobuf:"bytes,4,opt,name=source_run_id,json=sourceRunId,proto3" json:"source_run_id,omitempty"`
+	CompanyId      string `protobuf:"bytes,5,opt,name=company_id,json=companyId,proto3" json:"company_id,omitempty"`
+	IdempotencyKey string `protobuf:"bytes,6,opt,name=idempotency_key,json=idempotencyKey,proto3" json:"idempotency_key,omitempty"`
+	Title          string `protobuf:"bytes,7,opt,name=title,proto3" json:"title,omitempty"`
+	Summary        string `protobuf:"bytes,8,opt,name=summary,proto3" json:"summary,omitempty"`
+	// response_wake (a governed wait of the run) | wake_assignee (a runtime
+	// question fallback).
+	ContinuationPolicy string                 `protobuf:"bytes,9,opt,name=continuation_policy,json=continuationPolicy,proto3" json:"continuation_policy,omitempty"`
+	Questions          []*InteractionQuestion `protobuf:"bytes,10,rep,name=questions,proto3" json:"questions,omitempty"`
+	// The answer so far (partial item verdicts) or the final answer.
+	Answers []*InteractionAnswer `protobuf:"bytes,11,rep,name=answers,proto3" json:"answers,omitempty"`
+	// The run the answer submitted.
+	ContinuationRunId string `protobuf:"bytes,12,opt,name=continuation_run_id,json=continuationRunId,proto3" json:"continuation_run_id,omitempty"`
+	// The runtime request an E5 fallback stands for.
+	RuntimeRequestId string                 `protobuf:"bytes,13,opt,name=runtime_request_id,json=runtimeRequestId,proto3" json:"runtime_request_id,omitempty"`
+	CreatedAt        *timestamppb.Timestamp `protobuf:"bytes,14,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
+	AnsweredAt       *timestamppb.Timestamp `protobuf:"bytes,15,opt,name=answered_at,json=answeredAt,proto3" json:"answered_at,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
+}
+
+func (x *Interaction) Reset() {
+	*x = Interaction{}
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Interaction) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Interaction) ProtoMessage() {}
+
+func (x *Interaction) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Interaction.ProtoReflect.Descriptor instead.
+func (*Interaction) Descriptor() ([]byte, []int) {
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *Interaction) GetInteractionId() string {
+	if x != nil {
+		return x.InteractionId
+	}
+	return ""
+}
+
+func (x *Interaction) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *Interaction) GetStatus() string {
+	if x != nil {
+		return x.Status
+	}
+	return ""
+}
+
+func (x *Interaction) GetSourceRunId() string {
+	if x != nil {
+		return x.SourceRunId
+	}
+	return ""
+}
+
+func (x *Interaction) GetCompanyId() string {
+	if x != nil {
+		return x.CompanyId
+	}
+	return ""
+}
+
+func (x *Interaction) GetIdempotencyKey() string {
+	if x != nil {
+		return x.IdempotencyKey
+	}
+	return ""
+}
+
+func (x *Interaction) GetTitle() string {
+	if x != nil {
+		return x.Title
+	}
+	return ""
+}
+
+func (x *Interaction) GetSummary() string {
+	if x != nil {
+		return x.Summary
+	}
+	return ""
+}
+
+func (x *Interaction) GetContinuationPolicy() string {
+	if x != nil {
+		return x.ContinuationPolicy
+	}
+	return ""
+}
+
+func (x *Interaction) GetQuestions() []*InteractionQuestion {
+	if x != nil {
+		return x.Questions
+	}
+	return nil
+}
+
+func (x *Interaction) GetAnswers() []*InteractionAnswer {
+	if x != nil {
+		return x.Answers
+	}
+	return nil
+}
+
+func (x *Interaction) GetContinuationRunId() string {
+	if x != nil {
+		return x.ContinuationRunId
+	}
+	return ""
+}
+
+func (x *Interaction) GetRuntimeRequestId() string {
+	if x != nil {
+		return x.RuntimeRequestId
+	}
+	return ""
+}
+
+func (x *Interaction) GetCreatedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreatedAt
+	}
+	return nil
+}
+
+func (x *Interaction) GetAnsweredAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.AnsweredAt
+	}
+	return nil
+}
+
+// InteractionQuestion is one question and its options.
+type InteractionQuestion struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Id       string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Prompt   string                 `protobuf:"bytes,2,opt,name=prompt,proto3" json:"prompt,omitempty"`
+	Required bool                   `protobuf:"varint,3,opt,name=required,proto3" json:"required,omitempty"`
+	// single | multi
+	SelectionMode string               `protobuf:"bytes,4,opt,name=selection_mode,json=selectionMode,proto3" json:"selection_mode,omitempty"`
+	Options       []*InteractionOption `protobuf:"bytes,5,rep,name=options,proto3" json:"options,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *InteractionQuestion) Reset() {
+	*x = InteractionQuestion{}
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *InteractionQuestion) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*InteractionQuestion) ProtoMessage() {}
+
+func (x *InteractionQuestion) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use InteractionQuestion.ProtoReflect.Descriptor instead.
+func (*InteractionQuestion) Descriptor() ([]byte, []int) {
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *InteractionQuestion) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *InteractionQuestion) GetPrompt() string {
+	if x != nil {
+		return x.Prompt
+	}
+	return ""
+}
+
+func (x *InteractionQuestion) GetRequired() bool {
+	if x != nil {
+		return x.Required
+	}
+	return false
+}
+
+func (x *InteractionQuestion) GetSelectionMode() string {
+	if x != nil {
+		return x.SelectionMode
+	}
+	return ""
+}
+
+func (x *InteractionQuestion) GetOptions() []*InteractionOption {
+	if x != nil {
+		return x.Options
+	}
+	return nil
+}
+
+// InteractionOption is one answer option; a free-text option takes text.
+type InteractionOption struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Label         string                 `protobuf:"bytes,2,opt,name=label,proto3" json:"label,omitempty"`
+	Description   string                 `protobuf:"bytes,3,opt,name=description,proto3" json:"description,omitempty"`
+	FreeText      bool                   `protobuf:"varint,4,opt,name=free_text,json=freeText,proto3" json:"free_text,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *InteractionOption) Reset() {
+	*x = InteractionOption{}
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *InteractionOption) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*InteractionOption) ProtoMessage() {}
+
+func (x *InteractionOption) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use InteractionOption.ProtoReflect.Descriptor instead.
+func (*InteractionOption) Descriptor() ([]byte, []int) {
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{36}
+}
+
+func (x *InteractionOption) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *InteractionOption) GetLabel() string {
+	if x != nil {
+		return x.Label
+	}
+	return ""
+}
+
+func (x *InteractionOption) GetDescription() string {
+	if x != nil {
+		return x.Description
+	}
+	return ""
+}
+
+func (x *InteractionOption) GetFreeText() bool {
+	if x != nil {
+		return x.FreeText
+	}
+	return false
+}
+
+// InteractionAnswer answers one question.
+type InteractionAnswer struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	QuestionId string                 `protobuf:"bytes,1,opt,name=question_id,json=questionId,proto3" json:"question_id,omitempty"`
+	OptionIds  []string               `protobuf:"bytes,2,rep,name=option_ids,json=optionIds,proto3" json:"option_ids,omitempty"`
+	// The text of a free-text option.
+	Text          string `protobuf:"bytes,3,opt,name=text,proto3" json:"text,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *InteractionAnswer) Reset() {
+	*x = InteractionAnswer{}
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *InteractionAnswer) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*InteractionAnswer) ProtoMessage() {}
+
+func (x *InteractionAnswer) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use InteractionAnswer.ProtoReflect.Descriptor instead.
+func (*InteractionAnswer) Descriptor() ([]byte, []int) {
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{37}
+}
+
+func (x *InteractionAnswer) GetQuestionId() string {
+	if x != nil {
+		return x.QuestionId
+	}
+	return ""
+}
+
+func (x *InteractionAnswer) GetOptionIds() []string {
+	if x != nil {
+		return x.OptionIds
+	}
+	return nil
+}
+
+func (x *InteractionAnswer) GetText() string {
+	if x != nil {
+		return x.Text
+	}
+	return ""
+}
+
+// ListInteractionsRequest filters interactions.
+type ListInteractionsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Only interactions of this source run.
+	RunId string `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	// Only interactions in this status (pending | answered).
+	Status string `protobuf:"bytes,2,opt,name=status,proto3" json:"status,omitempty"`
+	// 1..500, default 50.
+	PageSize      int32 `protobuf:"varint,3,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListInteractionsRequest) Reset() {
+	*x = ListInteractionsRequest{}
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[38]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListInteractionsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListInteractionsRequest) ProtoMessage() {}
+
+func (x *ListInteractionsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[38]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListInteractionsRequest.ProtoReflect.Descriptor instead.
+func (*ListInteractionsRequest) Descriptor() ([]byte, []int) {
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{38}
+}
+
+func (x *ListInteractionsRequest) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+func (x *ListInteractionsRequest) GetStatus() string {
+	if x != nil {
+		return x.Status
+	}
+	return ""
+}
+
+func (x *ListInteractionsRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+// ListInteractionsResponse lists interactions.
+type ListInteractionsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Interactions  []*Interaction         `protobuf:"bytes,1,rep,name=interactions,proto3" json:"interactions,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListInteractionsResponse) Reset() {
+	*x = ListInteractionsResponse{}
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[39]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListInteractionsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListInteractionsResponse) ProtoMessage() {}
+
+func (x *ListInteractionsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[39]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListInteractionsResponse.ProtoReflect.Descriptor instead.
+func (*ListInteractionsResponse) Descriptor() ([]byte, []int) {
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{39}
+}
+
+func (x *ListInteractionsResponse) GetInteractions() []*Interaction {
+	if x != nil {
+		return x.Interactions
+	}
+	return nil
+}
+
+// GetInteractionRequest names an interaction.
+type GetInteractionRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	InteractionId string                 `protobuf:"bytes,1,opt,name=interaction_id,json=interactionId,proto3" json:"interaction_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetInteractionRequest) Reset() {
+	*x = GetInteractionRequest{}
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[40]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetInteractionRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetInteractionRequest) ProtoMessage() {}
+
+func (x *GetInteractionRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[40]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetInteractionRequest.ProtoReflect.Descriptor instead.
+func (*GetInteractionRequest) Descriptor() ([]byte, []int) {
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{40}
+}
+
+func (x *GetInteractionRequest) GetInteractionId() string {
+	if x != nil {
+		return x.InteractionId
+	}
+	return ""
+}
+
+// GetInteractionResponse returns an interaction.
+type GetInteractionResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Interaction   *Interaction           `protobuf:"bytes,1,opt,name=interaction,proto3" json:"interaction,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetInteractionResponse) Reset() {
+	*x = GetInteractionResponse{}
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[41]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetInteractionResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetInteractionResponse) ProtoMessage() {}
+
+func (x *GetInteractionResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[41]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetInteractionResponse.ProtoReflect.Descriptor instead.
+func (*GetInteractionResponse) Descriptor() ([]byte, []int) {
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{41}
+}
+
+func (x *GetInteractionResponse) GetInteraction() *Interaction {
+	if x != nil {
+		return x.Interaction
+	}
+	return nil
+}
+
+// AnswerInteractionRequest answers an interaction.
+type AnswerInteractionRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	InteractionId string                 `protobuf:"bytes,1,opt,name=interaction_id,json=interactionId,proto3" json:"interaction_id,omitempty"`
+	Answers       []*InteractionAnswer   `protobuf:"bytes,2,rep,name=answers,proto3" json:"answers,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AnswerInteractionRequest) Reset() {
+	*x = AnswerInteractionRequest{}
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[42]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AnswerInteractionRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AnswerInteractionRequest) ProtoMessage() {}
+
+func (x *AnswerInteractionRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[42]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AnswerInteractionRequest.ProtoReflect.Descriptor instead.
+func (*AnswerInteractionRequest) Descriptor() ([]byte, []int) {
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{42}
+}
+
+func (x *AnswerInteractionRequest) GetInteractionId() string {
+	if x != nil {
+		return x.InteractionId
+	}
+	return ""
+}
+
+func (x *AnswerInteractionRequest) GetAnswers() []*InteractionAnswer {
+	if x != nil {
+		return x.Answers
+	}
+	return nil
+}
+
+// AnswerInteractionResponse returns the interaction and, once it is
+// answered, its continuation run.
+type AnswerInteractionResponse struct {
+	state           protoimpl.MessageState `protogen:"open.v1"`
+	Interaction     *Interaction           `protobuf:"bytes,1,opt,name=interaction,proto3" json:"interaction,omitempty"`
+	ContinuationRun *Run                   `protobuf:"bytes,2,opt,name=continuation_run,json=continuationRun,proto3" json:"continuation_run,omitempty"`
+	// False when this exact answer had been recorded before.
+	Created       bool `protobuf:"varint,3,opt,name=created,proto3" json:"created,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AnswerInteractionResponse) Reset() {
+	*x = AnswerInteractionResponse{}
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[43]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AnswerInteractionResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AnswerInteractionResponse) ProtoMessage() {}
+
+func (x *AnswerInteractionResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[43]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AnswerInteractionResponse.ProtoReflect.Descriptor instead.
+func (*AnswerInteractionResponse) Descriptor() ([]byte, []int) {
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{43}
+}
+
+func (x *AnswerInteractionResponse) GetInteraction() *Interaction {
+	if x != nil {
+		return x.Interaction
+	}
+	return nil
+}
+
+func (x *AnswerInteractionResponse) GetContinuationRun() *Run {
+	if x != nil {
+		return x.ContinuationRun
+	}
+	return nil
+}
+
+func (x *AnswerInteractionResponse) GetCreated() bool {
+	if x != nil {
+		return x.Created
+	}
+	return false
+}
+
 var File_tether_executor_v1_executor_proto protoreflect.FileDescriptor
 
 const file_tether_executor_v1_executor_proto_rawDesc = "" +
@@ -2425,7 +3346,7 @@ const file_tether_executor_v1_executor_proto_rawDesc = "" +
 	"\x05Usage\x12!\n" +
 	"\finput_tokens\x18\x01 \x01(\x04R\vinputTokens\x12.\n" +
 	"\x13cached_input_tokens\x18\x02 \x01(\x04R\x11cachedInputTokens\x12#\n" +
-	"\routput_tokens\x18\x03 \x01(\x04R\foutputTokens\"\xda\x03\n" +
+	"\routput_tokens\x18\x03 \x01(\x04R\foutputTokens\"\xeb\x05\n" +
 	"\tRunResult\x12.\n" +
 	"\x13turn_terminal_state\x18\x01 \x01(\tR\x11turnTerminalState\x12,\n" +
 	"\x12run_terminal_state\x18\x02 \x01(\tR\x10runTerminalState\x12#\n" +
@@ -2436,12 +3357,29 @@ const file_tether_executor_v1_executor_proto_rawDesc = "" +
 	"\bcost_usd\x18\a \x01(\x01H\x00R\acostUsd\x88\x01\x01\x12>\n" +
 	"\rsession_usage\x18\b \x01(\v2\x19.tether.executor.v1.UsageR\fsessionUsage\x12@\n" +
 	"\tartifacts\x18\x14 \x03(\v2\".tether.executor.v1.ResultArtifactR\tartifacts\x12\x12\n" +
-	"\x04plan\x18\x15 \x01(\tR\x04planB\v\n" +
+	"\x04plan\x18\x15 \x01(\tR\x04plan\x12:\n" +
+	"\x19reported_work_disposition\x18\x1e \x01(\tR\x17reportedWorkDisposition\x12\x18\n" +
+	"\asummary\x18\x1f \x01(\tR\asummary\x12N\n" +
+	"\x10completion_claim\x18  \x01(\v2#.tether.executor.v1.CompletionClaimR\x0fcompletionClaim\x12D\n" +
+	"\fcontinuation\x18! \x01(\v2 .tether.executor.v1.ContinuationR\fcontinuation\x12#\n" +
+	"\revidence_refs\x18\" \x03(\tR\fevidenceRefsB\v\n" +
 	"\t_cost_usd\"J\n" +
 	"\x0eResultArtifact\x12\x12\n" +
 	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x10\n" +
 	"\x03ref\x18\x02 \x01(\tR\x03ref\x12\x12\n" +
-	"\x04code\x18\x03 \x01(\tR\x04code\"7\n" +
+	"\x04code\x18\x03 \x01(\tR\x04code\"\xaf\x01\n" +
+	"\x0fCompletionClaim\x12+\n" +
+	"\x11contract_revision\x18\x01 \x01(\tR\x10contractRevision\x12/\n" +
+	"\x13objective_satisfied\x18\x02 \x01(\bR\x12objectiveSatisfied\x12>\n" +
+	"\bcriteria\x18\x03 \x03(\v2\".tether.executor.v1.CriterionClaimR\bcriteria\"p\n" +
+	"\x0eCriterionClaim\x12!\n" +
+	"\fcriterion_id\x18\x01 \x01(\tR\vcriterionId\x12\x16\n" +
+	"\x06status\x18\x02 \x01(\tR\x06status\x12#\n" +
+	"\revidence_refs\x18\x03 \x03(\tR\fevidenceRefs\"e\n" +
+	"\fContinuation\x12\x12\n" +
+	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x18\n" +
+	"\asummary\x18\x02 \x01(\tR\asummary\x12'\n" +
+	"\x0fidempotency_key\x18\x03 \x01(\tR\x0eidempotencyKey\"7\n" +
 	"\aFailure\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\tR\x04code\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\"\xdf\a\n" +
@@ -2611,7 +3549,65 @@ const file_tether_executor_v1_executor_proto_rawDesc = "" +
 	"\x05stamp\x18\x06 \x01(\v2\x17.tether.backup.v1.StampR\x05stamp\x12\x16\n" +
 	"\x06reason\x18\a \x01(\tR\x06reason\x129\n" +
 	"\n" +
-	"created_at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt*\x9a\x01\n" +
+	"created_at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\"\x8b\x05\n" +
+	"\vInteraction\x12%\n" +
+	"\x0einteraction_id\x18\x01 \x01(\tR\rinteractionId\x12\x12\n" +
+	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x16\n" +
+	"\x06status\x18\x03 \x01(\tR\x06status\x12\"\n" +
+	"\rsource_run_id\x18\x04 \x01(\tR\vsourceRunId\x12\x1d\n" +
+	"\n" +
+	"company_id\x18\x05 \x01(\tR\tcompanyId\x12'\n" +
+	"\x0fidempotency_key\x18\x06 \x01(\tR\x0eidempotencyKey\x12\x14\n" +
+	"\x05title\x18\a \x01(\tR\x05title\x12\x18\n" +
+	"\asummary\x18\b \x01(\tR\asummary\x12/\n" +
+	"\x13continuation_policy\x18\t \x01(\tR\x12continuationPolicy\x12E\n" +
+	"\tquestions\x18\n" +
+	" \x03(\v2'.tether.executor.v1.InteractionQuestionR\tquestions\x12?\n" +
+	"\aanswers\x18\v \x03(\v2%.tether.executor.v1.InteractionAnswerR\aanswers\x12.\n" +
+	"\x13continuation_run_id\x18\f \x01(\tR\x11continuationRunId\x12,\n" +
+	"\x12runtime_request_id\x18\r \x01(\tR\x10runtimeRequestId\x129\n" +
+	"\n" +
+	"created_at\x18\x0e \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x12;\n" +
+	"\vanswered_at\x18\x0f \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"answeredAt\"\xc1\x01\n" +
+	"\x13InteractionQuestion\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x16\n" +
+	"\x06prompt\x18\x02 \x01(\tR\x06prompt\x12\x1a\n" +
+	"\brequired\x18\x03 \x01(\bR\brequired\x12%\n" +
+	"\x0eselection_mode\x18\x04 \x01(\tR\rselectionMode\x12?\n" +
+	"\aoptions\x18\x05 \x03(\v2%.tether.executor.v1.InteractionOptionR\aoptions\"x\n" +
+	"\x11InteractionOption\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
+	"\x05label\x18\x02 \x01(\tR\x05label\x12 \n" +
+	"\vdescription\x18\x03 \x01(\tR\vdescription\x12\x1b\n" +
+	"\tfree_text\x18\x04 \x01(\bR\bfreeText\"\x8a\x01\n" +
+	"\x11InteractionAnswer\x12+\n" +
+	"\vquestion_id\x18\x01 \x01(\tB\n" +
+	"\xbaH\ar\x05\x10\x01\x18\xa0\x01R\n" +
+	"questionId\x12)\n" +
+	"\n" +
+	"option_ids\x18\x02 \x03(\tB\n" +
+	"\xbaH\a\x92\x01\x04\b\x01\x102R\toptionIds\x12\x1d\n" +
+	"\x04text\x18\x03 \x01(\tB\t\xbaH\x06r\x04(\x80\x80\x01R\x04text\"\x8d\x01\n" +
+	"\x17ListInteractionsRequest\x12\x15\n" +
+	"\x06run_id\x18\x01 \x01(\tR\x05runId\x122\n" +
+	"\x06status\x18\x02 \x01(\tB\x1a\xbaH\x17r\x15R\x00R\apendingR\bansweredR\x06status\x12'\n" +
+	"\tpage_size\x18\x03 \x01(\x05B\n" +
+	"\xbaH\a\x1a\x05\x18\xf4\x03(\x00R\bpageSize\"_\n" +
+	"\x18ListInteractionsResponse\x12C\n" +
+	"\finteractions\x18\x01 \x03(\v2\x1f.tether.executor.v1.InteractionR\finteractions\"G\n" +
+	"\x15GetInteractionRequest\x12.\n" +
+	"\x0einteraction_id\x18\x01 \x01(\tB\a\xbaH\x04r\x02\x10\x01R\rinteractionId\"[\n" +
+	"\x16GetInteractionResponse\x12A\n" +
+	"\vinteraction\x18\x01 \x01(\v2\x1f.tether.executor.v1.InteractionR\vinteraction\"\x97\x01\n" +
+	"\x18AnswerInteractionRequest\x12.\n" +
+	"\x0einteraction_id\x18\x01 \x01(\tB\a\xbaH\x04r\x02\x10\x01R\rinteractionId\x12K\n" +
+	"\aanswers\x18\x02 \x03(\v2%.tether.executor.v1.InteractionAnswerB\n" +
+	"\xbaH\a\x92\x01\x04\b\x01\x102R\aanswers\"\xbc\x01\n" +
+	"\x19AnswerInteractionResponse\x12A\n" +
+	"\vinteraction\x18\x01 \x01(\v2\x1f.tether.executor.v1.InteractionR\vinteraction\x12B\n" +
+	"\x10continuation_run\x18\x02 \x01(\v2\x17.tether.executor.v1.RunR\x0fcontinuationRun\x12\x18\n" +
+	"\acreated\x18\x03 \x01(\bR\acreated*\x9a\x01\n" +
 	"\bRunState\x12\x19\n" +
 	"\x15RUN_STATE_UNSPECIFIED\x10\x00\x12\x14\n" +
 	"\x10RUN_STATE_QUEUED\x10\x01\x12\x15\n" +
@@ -2623,7 +3619,7 @@ const file_tether_executor_v1_executor_proto_rawDesc = "" +
 	"\x1eCANCELLATION_SCOPE_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16CANCELLATION_SCOPE_RUN\x10\x01\x12\x1b\n" +
 	"\x17CANCELLATION_SCOPE_TURN\x10\x02\x12\x1c\n" +
-	"\x18CANCELLATION_SCOPE_ISSUE\x10\x032\xb9\b\n" +
+	"\x18CANCELLATION_SCOPE_ISSUE\x10\x032\x83\v\n" +
 	"\x0fExecutorService\x12X\n" +
 	"\tSubmitRun\x12$.tether.executor.v1.SubmitRunRequest\x1a%.tether.executor.v1.SubmitRunResponse\x12O\n" +
 	"\x06GetRun\x12!.tether.executor.v1.GetRunRequest\x1a\".tether.executor.v1.GetRunResponse\x12U\n" +
@@ -2636,7 +3632,10 @@ const file_tether_executor_v1_executor_proto_rawDesc = "" +
 	"\x10CompleteToolCall\x12+.tether.executor.v1.CompleteToolCallRequest\x1a,.tether.executor.v1.CompleteToolCallResponse\x12[\n" +
 	"\n" +
 	"GetSession\x12%.tether.executor.v1.GetSessionRequest\x1a&.tether.executor.v1.GetSessionResponse\x12a\n" +
-	"\fCloseSession\x12'.tether.executor.v1.CloseSessionRequest\x1a(.tether.executor.v1.CloseSessionResponseB\xd5\x01\n" +
+	"\fCloseSession\x12'.tether.executor.v1.CloseSessionRequest\x1a(.tether.executor.v1.CloseSessionResponse\x12m\n" +
+	"\x10ListInteractions\x12+.tether.executor.v1.ListInteractionsRequest\x1a,.tether.executor.v1.ListInteractionsResponse\x12g\n" +
+	"\x0eGetInteraction\x12).tether.executor.v1.GetInteractionRequest\x1a*.tether.executor.v1.GetInteractionResponse\x12p\n" +
+	"\x11AnswerInteraction\x12,.tether.executor.v1.AnswerInteractionRequest\x1a-.tether.executor.v1.AnswerInteractionResponseB\xd5\x01\n" +
 	"\x16com.tether.executor.v1B\rExecutorProtoP\x01ZBgithub.com/tether-run/tether/pkg/gen/tether/executor/v1;executorv1\xa2\x02\x03TEX\xaa\x02\x12Tether.Executor.V1\xca\x02\x12Tether\\Executor\\V1\xe2\x02\x1eTether\\Executor\\V1\\GPBMetadata\xea\x02\x14Tether::Executor::V1b\x06proto3"
 
 var (
@@ -2652,7 +3651,7 @@ func file_tether_executor_v1_executor_proto_rawDescGZIP() []byte {
 }
 
 var file_tether_executor_v1_executor_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_tether_executor_v1_executor_proto_msgTypes = make([]protoimpl.MessageInfo, 31)
+var file_tether_executor_v1_executor_proto_msgTypes = make([]protoimpl.MessageInfo, 44)
 var file_tether_executor_v1_executor_proto_goTypes = []any{
 	(RunState)(0),                         // 0: tether.executor.v1.RunState
 	(CancellationScope)(0),                // 1: tether.executor.v1.CancellationScope
@@ -2661,105 +3660,137 @@ var file_tether_executor_v1_executor_proto_goTypes = []any{
 	(*Usage)(nil),                         // 4: tether.executor.v1.Usage
 	(*RunResult)(nil),                     // 5: tether.executor.v1.RunResult
 	(*ResultArtifact)(nil),                // 6: tether.executor.v1.ResultArtifact
-	(*Failure)(nil),                       // 7: tether.executor.v1.Failure
-	(*Run)(nil),                           // 8: tether.executor.v1.Run
-	(*Cancellation)(nil),                  // 9: tether.executor.v1.Cancellation
-	(*Recovery)(nil),                      // 10: tether.executor.v1.Recovery
-	(*CancelRunRequest)(nil),              // 11: tether.executor.v1.CancelRunRequest
-	(*CancelRunResponse)(nil),             // 12: tether.executor.v1.CancelRunResponse
-	(*GetRunRequest)(nil),                 // 13: tether.executor.v1.GetRunRequest
-	(*GetRunResponse)(nil),                // 14: tether.executor.v1.GetRunResponse
-	(*ListRunsRequest)(nil),               // 15: tether.executor.v1.ListRunsRequest
-	(*ListRunsResponse)(nil),              // 16: tether.executor.v1.ListRunsResponse
-	(*WatchRunRequest)(nil),               // 17: tether.executor.v1.WatchRunRequest
-	(*WatchRunResponse)(nil),              // 18: tether.executor.v1.WatchRunResponse
-	(*GetSteeringStateRequest)(nil),       // 19: tether.executor.v1.GetSteeringStateRequest
-	(*GetSteeringStateResponse)(nil),      // 20: tether.executor.v1.GetSteeringStateResponse
-	(*SteerRunRequest)(nil),               // 21: tether.executor.v1.SteerRunRequest
-	(*SteerRunResponse)(nil),              // 22: tether.executor.v1.SteerRunResponse
-	(*ResolveRuntimeRequestRequest)(nil),  // 23: tether.executor.v1.ResolveRuntimeRequestRequest
-	(*ResolveRuntimeRequestResponse)(nil), // 24: tether.executor.v1.ResolveRuntimeRequestResponse
-	(*CompleteToolCallRequest)(nil),       // 25: tether.executor.v1.CompleteToolCallRequest
-	(*CompleteToolCallResponse)(nil),      // 26: tether.executor.v1.CompleteToolCallResponse
-	(*GetSessionRequest)(nil),             // 27: tether.executor.v1.GetSessionRequest
-	(*Session)(nil),                       // 28: tether.executor.v1.Session
-	(*GetSessionResponse)(nil),            // 29: tether.executor.v1.GetSessionResponse
-	(*CloseSessionRequest)(nil),           // 30: tether.executor.v1.CloseSessionRequest
-	(*CloseSessionResponse)(nil),          // 31: tether.executor.v1.CloseSessionResponse
-	(*SessionCheckpoint)(nil),             // 32: tether.executor.v1.SessionCheckpoint
-	(*v1.ExecutionInput)(nil),             // 33: tether.prp.v1.ExecutionInput
-	(*timestamppb.Timestamp)(nil),         // 34: google.protobuf.Timestamp
-	(*v1.ProcessInfo)(nil),                // 35: tether.prp.v1.ProcessInfo
-	(*durationpb.Duration)(nil),           // 36: google.protobuf.Duration
-	(*v1.Event)(nil),                      // 37: tether.prp.v1.Event
-	(*structpb.Struct)(nil),               // 38: google.protobuf.Struct
-	(*v11.Stamp)(nil),                     // 39: tether.backup.v1.Stamp
+	(*CompletionClaim)(nil),               // 7: tether.executor.v1.CompletionClaim
+	(*CriterionClaim)(nil),                // 8: tether.executor.v1.CriterionClaim
+	(*Continuation)(nil),                  // 9: tether.executor.v1.Continuation
+	(*Failure)(nil),                       // 10: tether.executor.v1.Failure
+	(*Run)(nil),                           // 11: tether.executor.v1.Run
+	(*Cancellation)(nil),                  // 12: tether.executor.v1.Cancellation
+	(*Recovery)(nil),                      // 13: tether.executor.v1.Recovery
+	(*CancelRunRequest)(nil),              // 14: tether.executor.v1.CancelRunRequest
+	(*CancelRunResponse)(nil),             // 15: tether.executor.v1.CancelRunResponse
+	(*GetRunRequest)(nil),                 // 16: tether.executor.v1.GetRunRequest
+	(*GetRunResponse)(nil),                // 17: tether.executor.v1.GetRunResponse
+	(*ListRunsRequest)(nil),               // 18: tether.executor.v1.ListRunsRequest
+	(*ListRunsResponse)(nil),              // 19: tether.executor.v1.ListRunsResponse
+	(*WatchRunRequest)(nil),               // 20: tether.executor.v1.WatchRunRequest
+	(*WatchRunResponse)(nil),              // 21: tether.executor.v1.WatchRunResponse
+	(*GetSteeringStateRequest)(nil),       // 22: tether.executor.v1.GetSteeringStateRequest
+	(*GetSteeringStateResponse)(nil),      // 23: tether.executor.v1.GetSteeringStateResponse
+	(*SteerRunRequest)(nil),               // 24: tether.executor.v1.SteerRunRequest
+	(*SteerRunResponse)(nil),              // 25: tether.executor.v1.SteerRunResponse
+	(*ResolveRuntimeRequestRequest)(nil),  // 26: tether.executor.v1.ResolveRuntimeRequestRequest
+	(*ResolveRuntimeRequestResponse)(nil), // 27: tether.executor.v1.ResolveRuntimeRequestResponse
+	(*CompleteToolCallRequest)(nil),       // 28: tether.executor.v1.CompleteToolCallRequest
+	(*CompleteToolCallResponse)(nil),      // 29: tether.executor.v1.CompleteToolCallResponse
+	(*GetSessionRequest)(nil),             // 30: tether.executor.v1.GetSessionRequest
+	(*Session)(nil),                       // 31: tether.executor.v1.Session
+	(*GetSessionResponse)(nil),            // 32: tether.executor.v1.GetSessionResponse
+	(*CloseSessionRequest)(nil),           // 33: tether.executor.v1.CloseSessionRequest
+	(*CloseSessionResponse)(nil),          // 34: tether.executor.v1.CloseSessionResponse
+	(*SessionCheckpoint)(nil),             // 35: tether.executor.v1.SessionCheckpoint
+	(*Interaction)(nil),                   // 36: tether.executor.v1.Interaction
+	(*InteractionQuestion)(nil),           // 37: tether.executor.v1.InteractionQuestion
+	(*InteractionOption)(nil),             // 38: tether.executor.v1.InteractionOption
+	(*InteractionAnswer)(nil),             // 39: tether.executor.v1.InteractionAnswer
+	(*ListInteractionsRequest)(nil),       // 40: tether.executor.v1.ListInteractionsRequest
+	(*ListInteractionsResponse)(nil),      // 41: tether.executor.v1.ListInteractionsResponse
+	(*GetInteractionRequest)(nil),         // 42: tether.executor.v1.GetInteractionRequest
+	(*GetInteractionResponse)(nil),        // 43: tether.executor.v1.GetInteractionResponse
+	(*AnswerInteractionRequest)(nil),      // 44: tether.executor.v1.AnswerInteractionRequest
+	(*AnswerInteractionResponse)(nil),     // 45: tether.executor.v1.AnswerInteractionResponse
+	(*v1.ExecutionInput)(nil),             // 46: tether.prp.v1.ExecutionInput
+	(*timestamppb.Timestamp)(nil),         // 47: google.protobuf.Timestamp
+	(*v1.ProcessInfo)(nil),                // 48: tether.prp.v1.ProcessInfo
+	(*durationpb.Duration)(nil),           // 49: google.protobuf.Duration
+	(*v1.Event)(nil),                      // 50: tether.prp.v1.Event
+	(*structpb.Struct)(nil),               // 51: google.protobuf.Struct
+	(*v11.Stamp)(nil),                     // 52: tether.backup.v1.Stamp
 }
 var file_tether_executor_v1_executor_proto_depIdxs = []int32{
-	33, // 0: tether.executor.v1.SubmitRunRequest.input:type_name -> tether.prp.v1.ExecutionInput
-	8,  // 1: tether.executor.v1.SubmitRunResponse.run:type_name -> tether.executor.v1.Run
+	46, // 0: tether.executor.v1.SubmitRunRequest.input:type_name -> tether.prp.v1.ExecutionInput
+	11, // 1: tether.executor.v1.SubmitRunResponse.run:type_name -> tether.executor.v1.Run
 	4,  // 2: tether.executor.v1.RunResult.usage:type_name -> tether.executor.v1.Usage
 	4,  // 3: tether.executor.v1.RunResult.session_usage:type_name -> tether.executor.v1.Usage
 	6,  // 4: tether.executor.v1.RunResult.artifacts:type_name -> tether.executor.v1.ResultArtifact
-	0,  // 5: tether.executor.v1.Run.state:type_name -> tether.executor.v1.RunState
-	34, // 6: tether.executor.v1.Run.lease_expires_at:type_name -> google.protobuf.Timestamp
-	33, // 7: tether.executor.v1.Run.input:type_name -> tether.prp.v1.ExecutionInput
-	5,  // 8: tether.executor.v1.Run.result:type_name -> tether.executor.v1.RunResult
-	7,  // 9: tether.executor.v1.Run.failure:type_name -> tether.executor.v1.Failure
-	35, // 10: tether.executor.v1.Run.runner_process:type_name -> tether.prp.v1.ProcessInfo
-	35, // 11: tether.executor.v1.Run.provider_process:type_name -> tether.prp.v1.ProcessInfo
-	34, // 12: tether.executor.v1.Run.created_at:type_name -> google.protobuf.Timestamp
-	34, // 13: tether.executor.v1.Run.updated_at:type_name -> google.protobuf.Timestamp
-	34, // 14: tether.executor.v1.Run.started_at:type_name -> google.protobuf.Timestamp
-	34, // 15: tether.executor.v1.Run.ended_at:type_name -> google.protobuf.Timestamp
-	9,  // 16: tether.executor.v1.Run.cancellation:type_name -> tether.executor.v1.Cancellation
-	10, // 17: tether.executor.v1.Run.recovery:type_name -> tether.executor.v1.Recovery
-	34, // 18: tether.executor.v1.Recovery.next_attempt_at:type_name -> google.protobuf.Timestamp
-	1,  // 19: tether.executor.v1.CancelRunRequest.scope:type_name -> tether.executor.v1.CancellationScope
-	36, // 20: tether.executor.v1.CancelRunRequest.wait_timeout:type_name -> google.protobuf.Duration
-	9,  // 21: tether.executor.v1.CancelRunResponse.cancellation:type_name -> tether.executor.v1.Cancellation
-	8,  // 22: tether.executor.v1.GetRunResponse.run:type_name -> tether.executor.v1.Run
-	0,  // 23: tether.executor.v1.ListRunsRequest.state:type_name -> tether.executor.v1.RunState
-	8,  // 24: tether.executor.v1.ListRunsResponse.runs:type_name -> tether.executor.v1.Run
-	37, // 25: tether.executor.v1.WatchRunResponse.event:type_name -> tether.prp.v1.Event
-	5,  // 26: tether.executor.v1.WatchRunResponse.result:type_name -> tether.executor.v1.RunResult
-	36, // 27: tether.executor.v1.SteerRunRequest.timeout:type_name -> google.protobuf.Duration
-	38, // 28: tether.executor.v1.ResolveRuntimeRequestRequest.resolution:type_name -> google.protobuf.Struct
-	0,  // 29: tether.executor.v1.Session.last_run_state:type_name -> tether.executor.v1.RunState
-	35, // 30: tether.executor.v1.Session.runner_process:type_name -> tether.prp.v1.ProcessInfo
-	35, // 31: tether.executor.v1.Session.provider_process:type_name -> tether.prp.v1.ProcessInfo
-	32, // 32: tether.executor.v1.Session.checkpoint:type_name -> tether.executor.v1.SessionCheckpoint
-	28, // 33: tether.executor.v1.GetSessionResponse.sessions:type_name -> tether.executor.v1.Session
-	32, // 34: tether.executor.v1.CloseSessionResponse.checkpoints:type_name -> tether.executor.v1.SessionCheckpoint
-	39, // 35: tether.executor.v1.SessionCheckpoint.stamp:type_name -> tether.backup.v1.Stamp
-	34, // 36: tether.executor.v1.SessionCheckpoint.created_at:type_name -> google.protobuf.Timestamp
-	2,  // 37: tether.executor.v1.ExecutorService.SubmitRun:input_type -> tether.executor.v1.SubmitRunRequest
-	13, // 38: tether.executor.v1.ExecutorService.GetRun:input_type -> tether.executor.v1.GetRunRequest
-	15, // 39: tether.executor.v1.ExecutorService.ListRuns:input_type -> tether.executor.v1.ListRunsRequest
-	17, // 40: tether.executor.v1.ExecutorService.WatchRun:input_type -> tether.executor.v1.WatchRunRequest
-	11, // 41: tether.executor.v1.ExecutorService.CancelRun:input_type -> tether.executor.v1.CancelRunRequest
-	19, // 42: tether.executor.v1.ExecutorService.GetSteeringState:input_type -> tether.executor.v1.GetSteeringStateRequest
-	21, // 43: tether.executor.v1.ExecutorService.SteerRun:input_type -> tether.executor.v1.SteerRunRequest
-	23, // 44: tether.executor.v1.ExecutorService.ResolveRuntimeRequest:input_type -> tether.executor.v1.ResolveRuntimeRequestRequest
-	25, // 45: tether.executor.v1.ExecutorService.CompleteToolCall:input_type -> tether.executor.v1.CompleteToolCallRequest
-	27, // 46: tether.executor.v1.ExecutorService.GetSession:input_type -> tether.executor.v1.GetSessionRequest
-	30, // 47: tether.executor.v1.ExecutorService.CloseSession:input_type -> tether.executor.v1.CloseSessionRequest
-	3,  // 48: tether.executor.v1.ExecutorService.SubmitRun:output_type -> tether.executor.v1.SubmitRunResponse
-	14, // 49: tether.executor.v1.ExecutorService.GetRun:output_type -> tether.executor.v1.GetRunResponse
-	16, // 50: tether.executor.v1.ExecutorService.ListRuns:output_type -> tether.executor.v1.ListRunsResponse
-	18, // 51: tether.executor.v1.ExecutorService.WatchRun:output_type -> tether.executor.v1.WatchRunResponse
-	12, // 52: tether.executor.v1.ExecutorService.CancelRun:output_type -> tether.executor.v1.CancelRunResponse
-	20, // 53: tether.executor.v1.ExecutorService.GetSteeringState:output_type -> tether.executor.v1.GetSteeringStateResponse
-	22, // 54: tether.executor.v1.ExecutorService.SteerRun:output_type -> tether.executor.v1.SteerRunResponse
-	24, // 55: tether.executor.v1.ExecutorService.ResolveRuntimeRequest:output_type -> tether.executor.v1.ResolveRuntimeRequestResponse
-	26, // 56: tether.executor.v1.ExecutorService.CompleteToolCall:output_type -> tether.executor.v1.CompleteToolCallResponse
-	29, // 57: tether.executor.v1.ExecutorService.GetSession:output_type -> tether.executor.v1.GetSessionResponse
-	31, // 58: tether.executor.v1.ExecutorService.CloseSession:output_type -> tether.executor.v1.CloseSessionResponse
-	48, // [48:59] is the sub-list for method output_type
-	37, // [37:48] is the sub-list for method input_type
-	37, // [37:37] is the sub-list for extension type_name
-	37, // [37:37] is the sub-list for extension extendee
-	0,  // [0:37] is the sub-list for field type_name
+	7,  // 5: tether.executor.v1.RunResult.completion_claim:type_name -> tether.executor.v1.CompletionClaim
+	9,  // 6: tether.executor.v1.RunResult.continuation:type_name -> tether.executor.v1.Continuation
+	8,  // 7: tether.executor.v1.CompletionClaim.criteria:type_name -> tether.executor.v1.CriterionClaim
+	0,  // 8: tether.executor.v1.Run.state:type_name -> tether.executor.v1.RunState
+	47, // 9: tether.executor.v1.Run.lease_expires_at:type_name -> google.protobuf.Timestamp
+	46, // 10: tether.executor.v1.Run.input:type_name -> tether.prp.v1.ExecutionInput
+	5,  // 11: tether.executor.v1.Run.result:type_name -> tether.executor.v1.RunResult
+	10, // 12: tether.executor.v1.Run.failure:type_name -> tether.executor.v1.Failure
+	48, // 13: tether.executor.v1.Run.runner_process:type_name -> tether.prp.v1.ProcessInfo
+	48, // 14: tether.executor.v1.Run.provider_process:type_name -> tether.prp.v1.ProcessInfo
+	47, // 15: tether.executor.v1.Run.created_at:type_name -> google.protobuf.Timestamp
+	47, // 16: tether.executor.v1.Run.updated_at:type_name -> google.protobuf.Timestamp
+	47, // 17: tether.executor.v1.Run.started_at:type_name -> google.protobuf.Timestamp
+	47, // 18: tether.executor.v1.Run.ended_at:type_name -> google.protobuf.Timestamp
+	12, // 19: tether.executor.v1.Run.cancellation:type_name -> tether.executor.v1.Cancellation
+	13, // 20: tether.executor.v1.Run.recovery:type_name -> tether.executor.v1.Recovery
+	47, // 21: tether.executor.v1.Recovery.next_attempt_at:type_name -> google.protobuf.Timestamp
+	1,  // 22: tether.executor.v1.CancelRunRequest.scope:type_name -> tether.executor.v1.CancellationScope
+	49, // 23: tether.executor.v1.CancelRunRequest.wait_timeout:type_name -> google.protobuf.Duration
+	12, // 24: tether.executor.v1.CancelRunResponse.cancellation:type_name -> tether.executor.v1.Cancellation
+	11, // 25: tether.executor.v1.GetRunResponse.run:type_name -> tether.executor.v1.Run
+	0,  // 26: tether.executor.v1.ListRunsRequest.state:type_name -> tether.executor.v1.RunState
+	11, // 27: tether.executor.v1.ListRunsResponse.runs:type_name -> tether.executor.v1.Run
+	50, // 28: tether.executor.v1.WatchRunResponse.event:type_name -> tether.prp.v1.Event
+	5,  // 29: tether.executor.v1.WatchRunResponse.result:type_name -> tether.executor.v1.RunResult
+	49, // 30: tether.executor.v1.SteerRunRequest.timeout:type_name -> google.protobuf.Duration
+	51, // 31: tether.executor.v1.ResolveRuntimeRequestRequest.resolution:type_name -> google.protobuf.Struct
+	0,  // 32: tether.executor.v1.Session.last_run_state:type_name -> tether.executor.v1.RunState
+	48, // 33: tether.executor.v1.Session.runner_process:type_name -> tether.prp.v1.ProcessInfo
+	48, // 34: tether.executor.v1.Session.provider_process:type_name -> tether.prp.v1.ProcessInfo
+	35, // 35: tether.executor.v1.Session.checkpoint:type_name -> tether.executor.v1.SessionCheckpoint
+	31, // 36: tether.executor.v1.GetSessionResponse.sessions:type_name -> tether.executor.v1.Session
+	35, // 37: tether.executor.v1.CloseSessionResponse.checkpoints:type_name -> tether.executor.v1.SessionCheckpoint
+	52, // 38: tether.executor.v1.SessionCheckpoint.stamp:type_name -> tether.backup.v1.Stamp
+	47, // 39: tether.executor.v1.SessionCheckpoint.created_at:type_name -> google.protobuf.Timestamp
+	37, // 40: tether.executor.v1.Interaction.questions:type_name -> tether.executor.v1.InteractionQuestion
+	39, // 41: tether.executor.v1.Interaction.answers:type_name -> tether.executor.v1.InteractionAnswer
+	47, // 42: tether.executor.v1.Interaction.created_at:type_name -> google.protobuf.Timestamp
+	47, // 43: tether.executor.v1.Interaction.answered_at:type_name -> google.protobuf.Timestamp
+	38, // 44: tether.executor.v1.InteractionQuestion.options:type_name -> tether.executor.v1.InteractionOption
+	36, // 45: tether.executor.v1.ListInteractionsResponse.interactions:type_name -> tether.executor.v1.Interaction
+	36, // 46: tether.executor.v1.GetInteractionResponse.interaction:type_name -> tether.executor.v1.Interaction
+	39, // 47: tether.executor.v1.AnswerInteractionRequest.answers:type_name -> tether.executor.v1.InteractionAnswer
+	36, // 48: tether.executor.v1.AnswerInteractionResponse.interaction:type_name -> tether.executor.v1.Interaction
+	11, // 49: tether.executor.v1.AnswerInteractionResponse.continuation_run:type_name -> tether.executor.v1.Run
+	2,  // 50: tether.executor.v1.ExecutorService.SubmitRun:input_type -> tether.executor.v1.SubmitRunRequest
+	16, // 51: tether.executor.v1.ExecutorService.GetRun:input_type -> tether.executor.v1.GetRunRequest
+	18, // 52: tether.executor.v1.ExecutorService.ListRuns:input_type -> tether.executor.v1.ListRunsRequest
+	20, // 53: tether.executor.v1.ExecutorService.WatchRun:input_type -> tether.executor.v1.WatchRunRequest
+	14, // 54: tether.executor.v1.ExecutorService.CancelRun:input_type -> tether.executor.v1.CancelRunRequest
+	22, // 55: tether.executor.v1.ExecutorService.GetSteeringState:input_type -> tether.executor.v1.GetSteeringStateRequest
+	24, // 56: tether.executor.v1.ExecutorService.SteerRun:input_type -> tether.executor.v1.SteerRunRequest
+	26, // 57: tether.executor.v1.ExecutorService.ResolveRuntimeRequest:input_type -> tether.executor.v1.ResolveRuntimeRequestRequest
+	28, // 58: tether.executor.v1.ExecutorService.CompleteToolCall:input_type -> tether.executor.v1.CompleteToolCallRequest
+	30, // 59: tether.executor.v1.ExecutorService.GetSession:input_type -> tether.executor.v1.GetSessionRequest
+	33, // 60: tether.executor.v1.ExecutorService.CloseSession:input_type -> tether.executor.v1.CloseSessionRequest
+	40, // 61: tether.executor.v1.ExecutorService.ListInteractions:input_type -> tether.executor.v1.ListInteractionsRequest
+	42, // 62: tether.executor.v1.ExecutorService.GetInteraction:input_type -> tether.executor.v1.GetInteractionRequest
+	44, // 63: tether.executor.v1.ExecutorService.AnswerInteraction:input_type -> tether.executor.v1.AnswerInteractionRequest
+	3,  // 64: tether.executor.v1.ExecutorService.SubmitRun:output_type -> tether.executor.v1.SubmitRunResponse
+	17, // 65: tether.executor.v1.ExecutorService.GetRun:output_type -> tether.executor.v1.GetRunResponse
+	19, // 66: tether.executor.v1.ExecutorService.ListRuns:output_type -> tether.executor.v1.ListRunsResponse
+	21, // 67: tether.executor.v1.ExecutorService.WatchRun:output_type -> tether.executor.v1.WatchRunResponse
+	15, // 68: tether.executor.v1.ExecutorService.CancelRun:output_type -> tether.executor.v1.CancelRunResponse
+	23, // 69: tether.executor.v1.ExecutorService.GetSteeringState:output_type -> tether.executor.v1.GetSteeringStateResponse
+	25, // 70: tether.executor.v1.ExecutorService.SteerRun:output_type -> tether.executor.v1.SteerRunResponse
+	27, // 71: tether.executor.v1.ExecutorService.ResolveRuntimeRequest:output_type -> tether.executor.v1.ResolveRuntimeRequestResponse
+	29, // 72: tether.executor.v1.ExecutorService.CompleteToolCall:output_type -> tether.executor.v1.CompleteToolCallResponse
+	32, // 73: tether.executor.v1.ExecutorService.GetSession:output_type -> tether.executor.v1.GetSessionResponse
+	34, // 74: tether.executor.v1.ExecutorService.CloseSession:output_type -> tether.executor.v1.CloseSessionResponse
+	41, // 75: tether.executor.v1.ExecutorService.ListInteractions:output_type -> tether.executor.v1.ListInteractionsResponse
+	43, // 76: tether.executor.v1.ExecutorService.GetInteraction:output_type -> tether.executor.v1.GetInteractionResponse
+	45, // 77: tether.executor.v1.ExecutorService.AnswerInteraction:output_type -> tether.executor.v1.AnswerInteractionResponse
+	64, // [64:78] is the sub-list for method output_type
+	50, // [50:64] is the sub-list for method input_type
+	50, // [50:50] is the sub-list for extension type_name
+	50, // [50:50] is the sub-list for extension extendee
+	0,  // [0:50] is the sub-list for field type_name
 }
 
 func init() { file_tether_executor_v1_executor_proto_init() }
@@ -2774,7 +3805,7 @@ func file_tether_executor_v1_executor_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_tether_executor_v1_executor_proto_rawDesc), len(file_tether_executor_v1_executor_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   31,
+			NumMessages:   44,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -30,6 +30,9 @@ const (
 	ExecutorService_CompleteToolCall_FullMethodName      = "/tether.executor.v1.ExecutorService/CompleteToolCall"
 	ExecutorService_GetSession_FullMethodName            = "/tether.executor.v1.ExecutorService/GetSession"
 	ExecutorService_CloseSession_FullMethodName          = "/tether.executor.v1.ExecutorService/CloseSession"
+	ExecutorService_ListInteractions_FullMethodName      = "/tether.executor.v1.ExecutorService/ListInteractions"
+	ExecutorService_GetInteraction_FullMethodName        = "/tether.executor.v1.ExecutorService/GetInteraction"
+	ExecutorService_AnswerInteraction_FullMethodName     = "/tether.executor.v1.ExecutorService/AnswerInteraction"
 )
 
 // ExecutorServiceClient is the client API for ExecutorService service.
@@ -81,6 +84,16 @@ type ExecutorServiceClient interface {
 	// With suspend it is a verified suspension whose stamped checkpoint is
 	// recorded (SPEC R5).
 	CloseSession(ctx context.Context, in *CloseSessionRequest, opts ...grpc.CallOption) (*CloseSessionResponse, error)
+	// ListInteractions lists durable interactions (governed waits, SPEC E4/E5),
+	// newest first.
+	ListInteractions(ctx context.Context, in *ListInteractionsRequest, opts ...grpc.CallOption) (*ListInteractionsResponse, error)
+	// GetInteraction returns one interaction (interaction_not_found).
+	GetInteraction(ctx context.Context, in *GetInteractionRequest, opts ...grpc.CallOption) (*GetInteractionResponse, error)
+	// AnswerInteraction answers a pending interaction and submits its
+	// continuation run exactly once: the same answer again returns the same
+	// run; another answer after the first is interaction_already_answered.
+	// A partial item-verdict answer is recorded and keeps the wait pending.
+	AnswerInteraction(ctx context.Context, in *AnswerInteractionRequest, opts ...grpc.CallOption) (*AnswerInteractionResponse, error)
 }
 
 type executorServiceClient struct {
@@ -210,6 +223,36 @@ func (c *executorServiceClient) CloseSession(ctx context.Context, in *CloseSessi
 	return out, nil
 }
 
+func (c *executorServiceClient) ListInteractions(ctx context.Context, in *ListInteractionsRequest, opts ...grpc.CallOption) (*ListInteractionsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListInteractionsResponse)
+	err := c.cc.Invoke(ctx, ExecutorService_ListInteractions_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *executorServiceClient) GetInteraction(ctx context.Context, in *GetInteractionRequest, opts ...grpc.CallOption) (*GetInteractionResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetInteractionResponse)
+	err := c.cc.Invoke(ctx, ExecutorService_GetInteraction_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *executorServiceClient) AnswerInteraction(ctx context.Context, in *AnswerInteractionRequest, opts ...grpc.CallOption) (*AnswerInteractionResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(AnswerInteractionResponse)
+	err := c.cc.Invoke(ctx, ExecutorService_AnswerInteraction_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // ExecutorServiceServer is the server API for ExecutorService service.
 // All implementations must embed UnimplementedExecutorServiceServer
 // for forward compatibility.
@@ -259,6 +302,16 @@ type ExecutorServiceServer interface {
 	// With suspend it is a verified suspension whose stamped checkpoint is
 	// recorded (SPEC R5).
 	CloseSession(context.Context, *CloseSessionRequest) (*CloseSessionResponse, error)
+	// ListInteractions lists durable interactions (governed waits, SPEC E4/E5),
+	// newest first.
+	ListInteractions(context.Context, *ListInteractionsRequest) (*ListInteractionsResponse, error)
+	// GetInteraction returns one interaction (interaction_not_found).
+	GetInteraction(context.Context, *GetInteractionRequest) (*GetInteractionResponse, error)
+	// AnswerInteraction answers a pending interaction and submits its
+	// continuation run exactly once: the same answer again returns the same
+	// run; another answer after the first is interaction_already_answered.
+	// A partial item-verdict answer is recorded and keeps the wait pending.
+	AnswerInteraction(context.Context, *AnswerInteractionRequest) (*AnswerInteractionResponse, error)
 	mustEmbedUnimplementedExecutorServiceServer()
 }
 
@@ -301,6 +354,15 @@ func (UnimplementedExecutorServiceServer) GetSession(context.Context, *GetSessio
 }
 func (UnimplementedExecutorServiceServer) CloseSession(context.Context, *CloseSessionRequest) (*CloseSessionResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method CloseSession not implemented")
+}
+func (UnimplementedExecutorServiceServer) ListInteractions(context.Context, *ListInteractionsRequest) (*ListInteractionsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListInteractions not implemented")
+}
+func (UnimplementedExecutorServiceServer) GetInteraction(context.Context, *GetInteractionRequest) (*GetInteractionResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetInteraction not implemented")
+}
+func (UnimplementedExecutorServiceServer) AnswerInteraction(context.Context, *AnswerInteractionRequest) (*AnswerInteractionResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method AnswerInteraction not implemented")
 }
 func (UnimplementedExecutorServiceServer) mustEmbedUnimplementedExecutorServiceServer() {}
 func (UnimplementedExecutorServiceServer) testEmbeddedByValue()                         {}
@@ -514,6 +576,60 @@ func _ExecutorService_CloseSession_Handler(srv interface{}, ctx context.Context,
 	return interceptor(ctx, in, info, handler)
 }
 
+func _ExecutorService_ListInteractions_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListInteractionsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ExecutorServiceServer).ListInteractions(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ExecutorService_ListInteractions_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ExecutorServiceServer).ListInteractions(ctx, req.(*ListInteractionsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _ExecutorService_GetInteraction_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetInteractionRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ExecutorServiceServer).GetInteraction(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ExecutorService_GetInteraction_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ExecutorServiceServer).GetInteraction(ctx, req.(*GetInteractionRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _ExecutorService_AnswerInteraction_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(AnswerInteractionRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ExecutorServiceServer).AnswerInteraction(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ExecutorService_AnswerInteraction_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ExecutorServiceServer).AnswerInteraction(ctx, req.(*AnswerInteractionRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // ExecutorService_ServiceDesc is the grpc.ServiceDesc for ExecutorService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -560,6 +676,18 @@ var ExecutorService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "CloseSession",
 			Handler:    _ExecutorService_CloseSession_Handler,
+		},
+		{
+			MethodName: "ListInteractions",
+			Handler:    _ExecutorService_ListInteractions_Handler,
+		},
+		{
+			MethodName: "GetInteraction",
+			Handler:    _ExecutorService_GetInteraction_Handler,
+		},
+		{
+			MethodName: "AnswerInteraction",
+			Handler:    _ExecutorService_AnswerInteraction_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -95,9 +95,15 @@ type ExecutionInput struct {
 	// The provider process's environment policy (SPEC E2). Callers set
 	// environment.configured; the executor replaces the rest with its
 	// allow-list before the run reaches its runner.
-	Environment   *ProviderEnvironment `protobuf:"bytes,9,opt,name=environment,proto3" json:"environment,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Environment *ProviderEnvironment `protobuf:"bytes,9,opt,name=environment,proto3" json:"environment,omitempty"`
+	// The contract the run works under; a yielded run claims each criterion
+	// unknown (SPEC E4).
+	CompletionContract *CompletionContract `protobuf:"bytes,20,opt,name=completion_contract,json=completionContract,proto3" json:"completion_contract,omitempty"`
+	// Answers to durable interactions this run continues from (SPEC E4): a
+	// continuation run carries the answer that woke it.
+	InteractionResponses []*InteractionResponse `protobuf:"bytes,21,rep,name=interaction_responses,json=interactionResponses,proto3" json:"interaction_responses,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
 }
 
 func (x *ExecutionInput) Reset() {
@@ -193,6 +199,20 @@ func (x *ExecutionInput) GetEnvironment() *ProviderEnvironment {
 	return nil
 }
 
+func (x *ExecutionInput) GetCompletionContract() *CompletionContract {
+	if x != nil {
+		return x.CompletionContract
+	}
+	return nil
+}
+
+func (x *ExecutionInput) GetInteractionResponses() []*InteractionResponse {
+	if x != nil {
+		return x.InteractionResponses
+	}
+	return nil
+}
+
 // ProviderEnvironment is the allow-list policy of a provider process's
 // environment (SPEC E2). runnerd builds the environment from it in one place
 // (pkg/provenv): the host variables named in inherit, then the configured
@@ -256,6 +276,261 @@ func (x *ProviderEnvironment) GetInherit() []string {
 	return nil
 }
 
+// CompletionContract is the revision of a run's completion contract.
+type CompletionContract struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Revision      string                 `protobuf:"bytes,1,opt,name=revision,proto3" json:"revision,omitempty"`
+	Objective     string                 `protobuf:"bytes,2,opt,name=objective,proto3" json:"objective,omitempty"`
+	Criteria      []*Criterion           `protobuf:"bytes,3,rep,name=criteria,proto3" json:"criteria,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CompletionContract) Reset() {
+	*x = CompletionContract{}
+	mi := &file_tether_prp_v1_execution_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CompletionContract) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CompletionContract) ProtoMessage() {}
+
+func (x *CompletionContract) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_prp_v1_execution_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CompletionContract.ProtoReflect.Descriptor instead.
+func (*CompletionContract) Descriptor() ([]byte, []int) {
+	return file_tether_prp_v1_execution_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *CompletionContract) GetRevision() string {
+	if x != nil {
+		return x.Revision
+	}
+	return ""
+}
+
+func (x *CompletionContract) GetObjective() string {
+	if x != nil {
+		return x.Objective
+	}
+	return ""
+}
+
+func (x *CompletionContract) GetCriteria() []*Criterion {
+	if x != nil {
+		return x.Criteria
+	}
+	return nil
+}
+
+// Criterion is one completion-contract criterion.
+type Criterion struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Requirement   string                 `protobuf:"bytes,2,opt,name=requirement,proto3" json:"requirement,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Criterion) Reset() {
+	*x = Criterion{}
+	mi := &file_tether_prp_v1_execution_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Criterion) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Criterion) ProtoMessage() {}
+
+func (x *Criterion) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_prp_v1_execution_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Criterion.ProtoReflect.Descriptor instead.
+func (*Criterion) Descriptor() ([]byte, []int) {
+	return file_tether_prp_v1_execution_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *Criterion) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *Criterion) GetRequirement() string {
+	if x != nil {
+		return x.Requirement
+	}
+	return ""
+}
+
+// InteractionResponse is the answer (so far) to one durable interaction.
+type InteractionResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	InteractionId string                 `protobuf:"bytes,1,opt,name=interaction_id,json=interactionId,proto3" json:"interaction_id,omitempty"`
+	// ask_user_questions | request_confirmation | request_item_verdicts
+	Kind string `protobuf:"bytes,2,opt,name=kind,proto3" json:"kind,omitempty"`
+	// answered | pending (a partial item-verdict set)
+	Status string `protobuf:"bytes,3,opt,name=status,proto3" json:"status,omitempty"`
+	// True when every required question has an answer.
+	Complete      bool                         `protobuf:"varint,4,opt,name=complete,proto3" json:"complete,omitempty"`
+	Answers       []*InteractionResponseAnswer `protobuf:"bytes,5,rep,name=answers,proto3" json:"answers,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *InteractionResponse) Reset() {
+	*x = InteractionResponse{}
+	mi := &file_tether_prp_v1_execution_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *InteractionResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*InteractionResponse) ProtoMessage() {}
+
+func (x *InteractionResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_prp_v1_execution_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use InteractionResponse.ProtoReflect.Descriptor instead.
+func (*InteractionResponse) Descriptor() ([]byte, []int) {
+	return file_tether_prp_v1_execution_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *InteractionResponse) GetInteractionId() string {
+	if x != nil {
+		return x.InteractionId
+	}
+	return ""
+}
+
+func (x *InteractionResponse) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *InteractionResponse) GetStatus() string {
+	if x != nil {
+		return x.Status
+	}
+	return ""
+}
+
+func (x *InteractionResponse) GetComplete() bool {
+	if x != nil {
+		return x.Complete
+	}
+	return false
+}
+
+func (x *InteractionResponse) GetAnswers() []*InteractionResponseAnswer {
+	if x != nil {
+		return x.Answers
+	}
+	return nil
+}
+
+// InteractionResponseAnswer is the answer to one question.
+type InteractionResponseAnswer struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	QuestionId    string                 `protobuf:"bytes,1,opt,name=question_id,json=questionId,proto3" json:"question_id,omitempty"`
+	OptionIds     []string               `protobuf:"bytes,2,rep,name=option_ids,json=optionIds,proto3" json:"option_ids,omitempty"`
+	Text          string                 `protobuf:"bytes,3,opt,name=text,proto3" json:"text,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *InteractionResponseAnswer) Reset() {
+	*x = InteractionResponseAnswer{}
+	mi := &file_tether_prp_v1_execution_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *InteractionResponseAnswer) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*InteractionResponseAnswer) ProtoMessage() {}
+
+func (x *InteractionResponseAnswer) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_prp_v1_execution_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use InteractionResponseAnswer.ProtoReflect.Descriptor instead.
+func (*InteractionResponseAnswer) Descriptor() ([]byte, []int) {
+	return file_tether_prp_v1_execution_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *InteractionResponseAnswer) GetQuestionId() string {
+	if x != nil {
+		return x.QuestionId
+	}
+	return ""
+}
+
+func (x *InteractionResponseAnswer) GetOptionIds() []string {
+	if x != nil {
+		return x.OptionIds
+	}
+	return nil
+}
+
+func (x *InteractionResponseAnswer) GetText() string {
+	if x != nil {
+		return x.Text
+	}
+	return ""
+}
+
 // RunnerPlacement says how the run's runner connects to the gateway.
 type RunnerPlacement struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -272,7 +547,7 @@ type RunnerPlacement struct {
 
 func (x *RunnerPlacement) Reset() {
 	*x = RunnerPlacement{}
-	mi := &file_tether_prp_v1_execution_proto_msgTypes[2]
+	mi := &file_tether_prp_v1_execution_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -284,7 +559,7 @@ func (x *RunnerPlacement) String() string {
 func (*RunnerPlacement) ProtoMessage() {}
 
 func (x *RunnerPlacement) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_prp_v1_execution_proto_msgTypes[2]
+	mi := &file_tether_prp_v1_execution_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -297,7 +572,7 @@ func (x *RunnerPlacement) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunnerPlacement.ProtoReflect.Descriptor instead.
 func (*RunnerPlacement) Descriptor() ([]byte, []int) {
-	return file_tether_prp_v1_execution_proto_rawDescGZIP(), []int{2}
+	return file_tether_prp_v1_execution_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *RunnerPlacement) GetTransportMode() string {
@@ -327,7 +602,7 @@ type DynamicTool struct {
 
 func (x *DynamicTool) Reset() {
 	*x = DynamicTool{}
-	mi := &file_tether_prp_v1_execution_proto_msgTypes[3]
+	mi := &file_tether_prp_v1_execution_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -339,7 +614,7 @@ func (x *DynamicTool) String() string {
 func (*DynamicTool) ProtoMessage() {}
 
 func (x *DynamicTool) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_prp_v1_execution_proto_msgTypes[3]
+	mi := &file_tether_prp_v1_execution_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -352,7 +627,7 @@ func (x *DynamicTool) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DynamicTool.ProtoReflect.Descriptor instead.
 func (*DynamicTool) Descriptor() ([]byte, []int) {
-	return file_tether_prp_v1_execution_proto_rawDescGZIP(), []int{3}
+	return file_tether_prp_v1_execution_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *DynamicTool) GetName() string {
@@ -396,7 +671,7 @@ type Provider struct {
 
 func (x *Provider) Reset() {
 	*x = Provider{}
-	mi := &file_tether_prp_v1_execution_proto_msgTypes[4]
+	mi := &file_tether_prp_v1_execution_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -408,7 +683,7 @@ func (x *Provider) String() string {
 func (*Provider) ProtoMessage() {}
 
 func (x *Provider) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_prp_v1_execution_proto_msgTypes[4]
+	mi := &file_tether_prp_v1_execution_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -421,7 +696,7 @@ func (x *Provider) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Provider.ProtoReflect.Descriptor instead.
 func (*Provider) Descriptor() ([]byte, []int) {
-	return file_tether_prp_v1_execution_proto_rawDescGZIP(), []int{4}
+	return file_tether_prp_v1_execution_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Provider) GetKind() string {
@@ -479,7 +754,7 @@ type Binding struct {
 
 func (x *Binding) Reset() {
 	*x = Binding{}
-	mi := &file_tether_prp_v1_execution_proto_msgTypes[5]
+	mi := &file_tether_prp_v1_execution_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -491,7 +766,7 @@ func (x *Binding) String() string {
 func (*Binding) ProtoMessage() {}
 
 func (x *Binding) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_prp_v1_execution_proto_msgTypes[5]
+	mi := &file_tether_prp_v1_execution_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -504,7 +779,7 @@ func (x *Binding) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Binding.ProtoReflect.Descriptor instead.
 func (*Binding) Descriptor() ([]byte, []int) {
-	return file_tether_prp_v1_execution_proto_rawDescGZIP(), []int{5}
+	return file_tether_prp_v1_execution_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Binding) GetCompanyId() string {
@@ -545,7 +820,7 @@ type Task struct {
 
 func (x *Task) Reset() {
 	*x = Task{}
-	mi := &file_tether_prp_v1_execution_proto_msgTypes[6]
+	mi := &file_tether_prp_v1_execution_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -557,7 +832,7 @@ func (x *Task) String() string {
 func (*Task) ProtoMessage() {}
 
 func (x *Task) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_prp_v1_execution_proto_msgTypes[6]
+	mi := &file_tether_prp_v1_execution_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -570,7 +845,7 @@ func (x *Task) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Task.ProtoReflect.Descriptor instead.
 func (*Task) Descriptor() ([]byte, []int) {
-	return file_tether_prp_v1_execution_proto_rawDescGZIP(), []int{6}
+	return file_tether_prp_v1_execution_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Task) GetPrompt() string {
@@ -594,7 +869,7 @@ type Workspace struct {
 
 func (x *Workspace) Reset() {
 	*x = Workspace{}
-	mi := &file_tether_prp_v1_execution_proto_msgTypes[7]
+	mi := &file_tether_prp_v1_execution_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -606,7 +881,7 @@ func (x *Workspace) String() string {
 func (*Workspace) ProtoMessage() {}
 
 func (x *Workspace) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_prp_v1_execution_proto_msgTypes[7]
+	mi := &file_tether_prp_v1_execution_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -619,7 +894,7 @@ func (x *Workspace) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Workspace.ProtoReflect.Descriptor instead.
 func (*Workspace) Descriptor() ([]byte, []int) {
-	return file_tether_prp_v1_execution_proto_rawDescGZIP(), []int{7}
+	return file_tether_prp_v1_execution_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Workspace) GetCwd() string {
@@ -662,7 +937,7 @@ type Lifecycle struct {
 
 func (x *Lifecycle) Reset() {
 	*x = Lifecycle{}
-	mi := &file_tether_prp_v1_execution_proto_msgTypes[8]
+	mi := &file_tether_prp_v1_execution_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -674,7 +949,7 @@ func (x *Lifecycle) String() string {
 func (*Lifecycle) ProtoMessage() {}
 
 func (x *Lifecycle) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_prp_v1_execution_proto_msgTypes[8]
+	mi := &file_tether_prp_v1_execution_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -687,7 +962,7 @@ func (x *Lifecycle) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Lifecycle.ProtoReflect.Descriptor instead.
 func (*Lifecycle) Descriptor() ([]byte, []int) {
-	return file_tether_prp_v1_execution_proto_rawDescGZIP(), []int{8}
+	return file_tether_prp_v1_execution_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Lifecycle) GetMode() LifecycleMode {
@@ -717,7 +992,7 @@ type Session struct {
 
 func (x *Session) Reset() {
 	*x = Session{}
-	mi := &file_tether_prp_v1_execution_proto_msgTypes[9]
+	mi := &file_tether_prp_v1_execution_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -729,7 +1004,7 @@ func (x *Session) String() string {
 func (*Session) ProtoMessage() {}
 
 func (x *Session) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_prp_v1_execution_proto_msgTypes[9]
+	mi := &file_tether_prp_v1_execution_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -742,7 +1017,7 @@ func (x *Session) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Session.ProtoReflect.Descriptor instead.
 func (*Session) Descriptor() ([]byte, []int) {
-	return file_tether_prp_v1_execution_proto_rawDescGZIP(), []int{9}
+	return file_tether_prp_v1_execution_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *Session) GetNormalizedSessionId() string {
@@ -777,7 +1052,7 @@ var File_tether_prp_v1_execution_proto protoreflect.FileDescriptor
 
 const file_tether_prp_v1_execution_proto_rawDesc = "" +
 	"\n" +
-	"\x1dtether/prp/v1/execution.proto\x12\rtether.prp.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\"\xb3\x04\n" +
+	"\x1dtether/prp/v1/execution.proto\x12\rtether.prp.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\"\xea\x05\n" +
 	"\x0eExecutionInput\x12;\n" +
 	"\bprovider\x18\x01 \x01(\v2\x17.tether.prp.v1.ProviderB\x06\xbaH\x03\xc8\x01\x01R\bprovider\x128\n" +
 	"\abinding\x18\x02 \x01(\v2\x16.tether.prp.v1.BindingB\x06\xbaH\x03\xc8\x01\x01R\abinding\x12/\n" +
@@ -787,7 +1062,9 @@ const file_tether_prp_v1_execution_proto_rawDesc = "" +
 	"\x16runtime_context_digest\x18\x06 \x01(\tB\b\xbaH\x05r\x03\x18\x80\x01R\x14runtimeContextDigest\x12I\n" +
 	"\rdynamic_tools\x18\a \x03(\v2\x1a.tether.prp.v1.DynamicToolB\b\xbaH\x05\x92\x01\x02\x10@R\fdynamicTools\x126\n" +
 	"\x06runner\x18\b \x01(\v2\x1e.tether.prp.v1.RunnerPlacementR\x06runner\x12D\n" +
-	"\venvironment\x18\t \x01(\v2\".tether.prp.v1.ProviderEnvironmentR\venvironment\"\xe8\x01\n" +
+	"\venvironment\x18\t \x01(\v2\".tether.prp.v1.ProviderEnvironmentR\venvironment\x12R\n" +
+	"\x13completion_contract\x18\x14 \x01(\v2!.tether.prp.v1.CompletionContractR\x12completionContract\x12a\n" +
+	"\x15interaction_responses\x18\x15 \x03(\v2\".tether.prp.v1.InteractionResponseB\b\xbaH\x05\x92\x01\x02\x10@R\x14interactionResponses\"\xe8\x01\n" +
 	"\x13ProviderEnvironment\x12n\n" +
 	"\n" +
 	"configured\x18\x01 \x03(\v22.tether.prp.v1.ProviderEnvironment.ConfiguredEntryB\x1a\xbaH\x17\x9a\x01\x14\x10\x80\x02\"\ar\x05\x10\x01\x18\x80\x02*\x06r\x04(\x80\x80\x02R\n" +
@@ -795,7 +1072,28 @@ const file_tether_prp_v1_execution_proto_rawDesc = "" +
 	"\ainherit\x18\x02 \x03(\tB\b\xbaH\x05\x92\x01\x02\x10@R\ainherit\x1a=\n" +
 	"\x0fConfiguredEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x97\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xa2\x01\n" +
+	"\x12CompletionContract\x12$\n" +
+	"\brevision\x18\x01 \x01(\tB\b\xbaH\x05r\x03\x18\xa0\x01R\brevision\x12&\n" +
+	"\tobjective\x18\x02 \x01(\tB\b\xbaH\x05r\x03\x18\x80 R\tobjective\x12>\n" +
+	"\bcriteria\x18\x03 \x03(\v2\x18.tether.prp.v1.CriterionB\b\xbaH\x05\x92\x01\x02\x10@R\bcriteria\"S\n" +
+	"\tCriterion\x12\x1a\n" +
+	"\x02id\x18\x01 \x01(\tB\n" +
+	"\xbaH\ar\x05\x10\x01\x18\xa0\x01R\x02id\x12*\n" +
+	"\vrequirement\x18\x02 \x01(\tB\b\xbaH\x05r\x03\x18\x80 R\vrequirement\"\xf0\x01\n" +
+	"\x13InteractionResponse\x121\n" +
+	"\x0einteraction_id\x18\x01 \x01(\tB\n" +
+	"\xbaH\ar\x05\x10\x01\x18\xa0\x01R\rinteractionId\x12\x1b\n" +
+	"\x04kind\x18\x02 \x01(\tB\a\xbaH\x04r\x02\x18@R\x04kind\x12\x1f\n" +
+	"\x06status\x18\x03 \x01(\tB\a\xbaH\x04r\x02\x18 R\x06status\x12\x1a\n" +
+	"\bcomplete\x18\x04 \x01(\bR\bcomplete\x12L\n" +
+	"\aanswers\x18\x05 \x03(\v2(.tether.prp.v1.InteractionResponseAnswerB\b\xbaH\x05\x92\x01\x02\x10@R\aanswers\"\x8e\x01\n" +
+	"\x19InteractionResponseAnswer\x12)\n" +
+	"\vquestion_id\x18\x01 \x01(\tB\b\xbaH\x05r\x03\x18\xa0\x01R\n" +
+	"questionId\x12'\n" +
+	"\n" +
+	"option_ids\x18\x02 \x03(\tB\b\xbaH\x05\x92\x01\x02\x102R\toptionIds\x12\x1d\n" +
+	"\x04text\x18\x03 \x01(\tB\t\xbaH\x06r\x04(\x80\x80\x01R\x04text\"\x97\x01\n" +
 	"\x0fRunnerPlacement\x12U\n" +
 	"\x0etransport_mode\x18\x01 \x01(\tB.\xbaH+r)R\x00R\x10dial_ws_loopbackR\bdial_wssR\tlisten_wsR\rtransportMode\x12-\n" +
 	"\x12ingress_authorized\x18\x02 \x01(\bR\x11ingressAuthorized\"\xa7\x01\n" +
@@ -852,42 +1150,50 @@ func file_tether_prp_v1_execution_proto_rawDescGZIP() []byte {
 }
 
 var file_tether_prp_v1_execution_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_tether_prp_v1_execution_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
+var file_tether_prp_v1_execution_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
 var file_tether_prp_v1_execution_proto_goTypes = []any{
-	(LifecycleMode)(0),          // 0: tether.prp.v1.LifecycleMode
-	(*ExecutionInput)(nil),      // 1: tether.prp.v1.ExecutionInput
-	(*ProviderEnvironment)(nil), // 2: tether.prp.v1.ProviderEnvironment
-	(*RunnerPlacement)(nil),     // 3: tether.prp.v1.RunnerPlacement
-	(*DynamicTool)(nil),         // 4: tether.prp.v1.DynamicTool
-	(*Provider)(nil),            // 5: tether.prp.v1.Provider
-	(*Binding)(nil),             // 6: tether.prp.v1.Binding
-	(*Task)(nil),                // 7: tether.prp.v1.Task
-	(*Workspace)(nil),           // 8: tether.prp.v1.Workspace
-	(*Lifecycle)(nil),           // 9: tether.prp.v1.Lifecycle
-	(*Session)(nil),             // 10: tether.prp.v1.Session
-	nil,                         // 11: tether.prp.v1.ProviderEnvironment.ConfiguredEntry
-	(*structpb.Struct)(nil),     // 12: google.protobuf.Struct
-	(*durationpb.Duration)(nil), // 13: google.protobuf.Duration
+	(LifecycleMode)(0),                // 0: tether.prp.v1.LifecycleMode
+	(*ExecutionInput)(nil),            // 1: tether.prp.v1.ExecutionInput
+	(*ProviderEnvironment)(nil),       // 2: tether.prp.v1.ProviderEnvironment
+	(*CompletionContract)(nil),        // 3: tether.prp.v1.CompletionContract
+	(*Criterion)(nil),                 // 4: tether.prp.v1.Criterion
+	(*InteractionResponse)(nil),       // 5: tether.prp.v1.InteractionResponse
+	(*InteractionResponseAnswer)(nil), // 6: tether.prp.v1.InteractionResponseAnswer
+	(*RunnerPlacement)(nil),           // 7: tether.prp.v1.RunnerPlacement
+	(*DynamicTool)(nil),               // 8: tether.prp.v1.DynamicTool
+	(*Provider)(nil),                  // 9: tether.prp.v1.Provider
+	(*Binding)(nil),                   // 10: tether.prp.v1.Binding
+	(*Task)(nil),                      // 11: tether.prp.v1.Task
+	(*Workspace)(nil),                 // 12: tether.prp.v1.Workspace
+	(*Lifecycle)(nil),                 // 13: tether.prp.v1.Lifecycle
+	(*Session)(nil),                   // 14: tether.prp.v1.Session
+	nil,                               // 15: tether.prp.v1.ProviderEnvironment.ConfiguredEntry
+	(*structpb.Struct)(nil),           // 16: google.protobuf.Struct
+	(*durationpb.Duration)(nil),       // 17: google.protobuf.Duration
 }
 var file_tether_prp_v1_execution_proto_depIdxs = []int32{
-	5,  // 0: tether.prp.v1.ExecutionInput.provider:type_name -> tether.prp.v1.Provider
-	6,  // 1: tether.prp.v1.ExecutionInput.binding:type_name -> tether.prp.v1.Binding
-	7,  // 2: tether.prp.v1.ExecutionInput.task:type_name -> tether.prp.v1.Task
-	8,  // 3: tether.prp.v1.ExecutionInput.workspace:type_name -> tether.prp.v1.Workspace
-	10, // 4: tether.prp.v1.ExecutionInput.session:type_name -> tether.prp.v1.Session
-	4,  // 5: tether.prp.v1.ExecutionInput.dynamic_tools:type_name -> tether.prp.v1.DynamicTool
-	3,  // 6: tether.prp.v1.ExecutionInput.runner:type_name -> tether.prp.v1.RunnerPlacement
+	9,  // 0: tether.prp.v1.ExecutionInput.provider:type_name -> tether.prp.v1.Provider
+	10, // 1: tether.prp.v1.ExecutionInput.binding:type_name -> tether.prp.v1.Binding
+	11, // 2: tether.prp.v1.ExecutionInput.task:type_name -> tether.prp.v1.Task
+	12, // 3: tether.prp.v1.ExecutionInput.workspace:type_name -> tether.prp.v1.Workspace
+	14, // 4: tether.prp.v1.ExecutionInput.session:type_name -> tether.prp.v1.Session
+	8,  // 5: tether.prp.v1.ExecutionInput.dynamic_tools:type_name -> tether.prp.v1.DynamicTool
+	7,  // 6: tether.prp.v1.ExecutionInput.runner:type_name -> tether.prp.v1.RunnerPlacement
 	2,  // 7: tether.prp.v1.ExecutionInput.environment:type_name -> tether.prp.v1.ProviderEnvironment
-	11, // 8: tether.prp.v1.ProviderEnvironment.configured:type_name -> tether.prp.v1.ProviderEnvironment.ConfiguredEntry
-	12, // 9: tether.prp.v1.DynamicTool.input_schema:type_name -> google.protobuf.Struct
-	0,  // 10: tether.prp.v1.Lifecycle.mode:type_name -> tether.prp.v1.LifecycleMode
-	13, // 11: tether.prp.v1.Lifecycle.idle_timeout:type_name -> google.protobuf.Duration
-	9,  // 12: tether.prp.v1.Session.lifecycle:type_name -> tether.prp.v1.Lifecycle
-	13, // [13:13] is the sub-list for method output_type
-	13, // [13:13] is the sub-list for method input_type
-	13, // [13:13] is the sub-list for extension type_name
-	13, // [13:13] is the sub-list for extension extendee
-	0,  // [0:13] is the sub-list for field type_name
+	3,  // 8: tether.prp.v1.ExecutionInput.completion_contract:type_name -> tether.prp.v1.CompletionContract
+	5,  // 9: tether.prp.v1.ExecutionInput.interaction_responses:type_name -> tether.prp.v1.InteractionResponse
+	15, // 10: tether.prp.v1.ProviderEnvironment.configured:type_name -> tether.prp.v1.ProviderEnvironment.ConfiguredEntry
+	4,  // 11: tether.prp.v1.CompletionContract.criteria:type_name -> tether.prp.v1.Criterion
+	6,  // 12: tether.prp.v1.InteractionResponse.answers:type_name -> tether.prp.v1.InteractionResponseAnswer
+	16, // 13: tether.prp.v1.DynamicTool.input_schema:type_name -> google.protobuf.Struct
+	0,  // 14: tether.prp.v1.Lifecycle.mode:type_name -> tether.prp.v1.LifecycleMode
+	17, // 15: tether.prp.v1.Lifecycle.idle_timeout:type_name -> google.protobuf.Duration
+	13, // 16: tether.prp.v1.Session.lifecycle:type_name -> tether.prp.v1.Lifecycle
+	17, // [17:17] is the sub-list for method output_type
+	17, // [17:17] is the sub-list for method input_type
+	17, // [17:17] is the sub-list for extension type_name
+	17, // [17:17] is the sub-list for extension extendee
+	0,  // [0:17] is the sub-list for field type_name
 }
 
 func init() { file_tether_prp_v1_execution_proto_init() }
@@ -901,7 +1207,7 @@ func file_tether_prp_v1_execution_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_tether_prp_v1_execution_proto_rawDesc), len(file_tether_prp_v1_execution_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   11,
+			NumMessages:   15,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -1,0 +1,52 @@
+package api
+
+import (
+	"context"
+
+	"github.com/tether-run/tether/pkg/failure"
+	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
+	"github.com/tether-run/tether/services/executor/internal/runtimeq"
+	"github.com/tether-run/tether/services/executor/internal/store"
+)
+
+// ListInteractions lists durable interactions, newest first.
+func (s *Server) ListInteractions(ctx context.Context, req *executorv1.ListInteractionsRequest) (*executorv1.ListInteractionsResponse, error) {
+	list, err := s.Store.ListInteractions(ctx, store.InteractionFilter{RunID: req.GetRunId(), Status: req.GetStatus(), Limit: int(req.GetPageSize())})
+	if err != nil {
+		return nil, failure.ToStatus(err)
+	}
+	return &executorv1.ListInteractionsResponse{Interactions: list}, nil
+}
+
+// GetInteraction returns one interaction.
+func (s *Server) GetInteraction(ctx context.Context, req *executorv1.GetInteractionRequest) (*executorv1.GetInteractionResponse, error) {
+	in, err := s.Store.GetInteraction(ctx, req.GetInteractionId())
+	if err != nil {
+		return nil, failure.ToStatus(err)
+	}
+	return &executorv1.GetInteractionResponse{Interaction: in}, nil
+}
+
+// AnswerInteraction answers an interaction and submits its continuation
+// run once.
+func (s *Server) AnswerInteraction(ctx context.Context, req *executorv1.AnswerInteractionRequest) (*executorv1.AnswerInteractionResponse, error) {
+	answers := make([]runtimeq.Answer, 0, len(req.GetAnswers()))
+	for _, a := range req.GetAnswers() {
+		answers = append(answers, runtimeq.Answer{QuestionID: a.GetQuestionId(), OptionIDs: a.GetOptionIds(), Text: a.GetText()})
+	}
+	out, err := s.Store.AnswerInteraction(ctx, req.GetInteractionId(), answers)
+	if err != nil {
+		return nil, failure.ToStatus(err)
+	}
+	resp := &executorv1.AnswerInteractionResponse{Interaction: out.Interaction, Created: out.Created}
+	if out.ContinuationRunID == "" {
+		return resp, nil
+	}
+	if out.Created {
+		s.kick(out.ContinuationRunID)
+	}
+	if resp.ContinuationRun, err = s.Store.GetRun(ctx, out.ContinuationRunID); err != nil {
+		return nil, failure.ToStatus(err)
+	}
+	return resp, nil
+}

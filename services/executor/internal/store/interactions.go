@@ -1,0 +1,345 @@
+package store
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/tether-run/tether/pkg/failure"
+	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
+	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
+	"github.com/tether-run/tether/services/executor/internal/governed"
+	"github.com/tether-run/tether/services/executor/internal/runtimeq"
+)
+
+// Interaction statuses and codes (SPEC E4, E5).
+const (
+	InteractionPending  = "pending"
+	InteractionAnswered = "answered"
+
+	CodeInteractionNotFound        = "interaction_not_found"
+	CodeInteractionAlreadyAnswered = "interaction_already_answered"
+)
+
+// interactionEvent reports event types whose handling may open an
+// interaction or count a runtime input lifecycle step: they take the
+// careful append path, which handles each fresh event exactly once.
+func interactionEvent(typ string) bool {
+	return typ == runtimeq.EventToolInput || typ == runtimeq.EventHarnessDiagnostic || strings.HasPrefix(typ, "runtime_request.")
+}
+
+// recordInteractions opens the interactions the fresh (never stored
+// before) events filed under runID call for, once per idempotency key, and returns
+// their runtime input lifecycle metrics.
+func recordInteractions(ctx context.Context, tx pgx.Tx, runID string, fresh []encodedEvent) ([]runtimeq.Metric, error) {
+	var metrics []runtimeq.Metric
+	for _, e := range fresh {
+		if !interactionEvent(e.ev.GetEventType()) {
+			continue
+		}
+		// The event names the run whose turn it belongs to (its idempotency
+		// key says so); the interaction is the fenced run's, which files it.
+		evRun := e.ev.GetRunId()
+		if evRun == "" {
+			evRun = runID
+		}
+		ev := runtimeq.Event{EventType: e.ev.GetEventType(), RunID: evRun, Payload: e.ev.GetPayload().AsMap()}
+		if m, ok := runtimeq.LifecycleMetric(ev); ok {
+			metrics = append(metrics, m)
+		}
+		in, lost, ok := runtimeq.FromEvent(ev)
+		if !ok {
+			continue
+		}
+		payload, err := json.Marshal(in.Payload)
+		if err != nil {
+			return nil, err
+		}
+		if _, err := tx.Exec(ctx, `
+INSERT INTO executor.interactions (interaction_id, idempotency_key, kind, source_run_id, company_id, title, summary,
+       continuation_policy, provider_lost, runtime_request_id, payload)
+SELECT $1, $2, $3, $4, r.company_id, $5, $6, $7, $8, $9, $10 FROM executor.runs r WHERE r.run_id = $4
+ON CONFLICT (idempotency_key) DO NOTHING`,
+			newID("ia-"), in.IdempotencyKey, in.Kind, runID, in.Title, in.Summary, in.ContinuationPolicy, lost,
+			in.Payload.RuntimeRequestID, payload); err != nil {
+			return nil, err
+		}
+	}
+	return metrics, nil
+}
+
+// governedWait makes a succeeded run's result a governed wait (SPEC E4)
+// when the run waits on a durable pending interaction: the newest pending
+// interaction the run opened (not one whose provider was lost: its
+// fallback wakes the assignee instead), or one of its input's partial
+// item-verdict responses.
+func governedWait(ctx context.Context, tx pgx.Tx, runID string, res *executorv1.RunResult) error {
+	var raw []byte
+	if err := tx.QueryRow(ctx, `SELECT input FROM executor.runs WHERE run_id = $1`, runID).Scan(&raw); err != nil {
+		return err
+	}
+	in := &prpv1.ExecutionInput{}
+	if err := proto.Unmarshal(raw, in); err != nil {
+		return err
+	}
+	var responses []governed.InteractionResponse
+	for _, r := range in.GetInteractionResponses() {
+		responses = append(responses, governed.InteractionResponse{
+			InteractionID: r.GetInteractionId(), Kind: r.GetKind(),
+			Response: governed.Response{Status: r.GetStatus(), Result: &governed.ItemVerdictResult{Complete: r.GetComplete()}},
+		})
+	}
+	var wait governed.Interaction
+	err := tx.QueryRow(ctx, `
+SELECT interaction_id, title, summary FROM executor.interactions
+ WHERE status = 'pending' AND ((source_run_id = $1 AND NOT provider_lost) OR interaction_id = ANY($2))
+ ORDER BY created_at DESC, interaction_id DESC LIMIT 1`,
+		runID, governed.ContinuingPendingInteractionIDs(responses)).Scan(&wait.ID, &wait.Title, &wait.Summary)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	contract := governed.CompletionContract{Revision: in.GetCompletionContract().GetRevision(), Objective: in.GetCompletionContract().GetObjective()}
+	for _, c := range in.GetCompletionContract().GetCriteria() {
+		contract.Criteria = append(contract.Criteria, governed.Criterion{ID: c.GetId(), Requirement: c.GetRequirement()})
+	}
+	w, err := governed.WaitResult(wait, contract)
+	if err != nil {
+		return err
+	}
+	res.ReportedWorkDisposition = w.ReportedWorkDisposition
+	res.Summary = w.Summary
+	claim := &executorv1.CompletionClaim{ContractRevision: w.CompletionClaim.ContractRevision, ObjectiveSatisfied: w.CompletionClaim.ObjectiveSatisfied}
+	for _, c := range w.CompletionClaim.Criteria {
+		claim.Criteria = append(claim.Criteria, &executorv1.CriterionClaim{CriterionId: c.CriterionID, Status: c.Status, EvidenceRefs: c.EvidenceRefs})
+	}
+	res.CompletionClaim = claim
+	res.Continuation = &executorv1.Continuation{Kind: w.Continuation.Kind, Summary: w.Continuation.Summary, IdempotencyKey: w.Continuation.IdempotencyKey}
+	for _, e := range w.Evidence {
+		res.EvidenceRefs = append(res.EvidenceRefs, e.Ref)
+	}
+	return nil
+}
+
+const interactionColumns = `interaction_id, idempotency_key, kind, status, source_run_id, company_id, title, summary,
+       continuation_policy, runtime_request_id, payload, answers, coalesce(answer_digest, ''), coalesce(continuation_run_id, ''),
+       created_at, answered_at`
+
+// interactionRow is a stored interaction.
+type interactionRow struct {
+	pb        *executorv1.Interaction
+	questions []runtimeq.Question
+	answers   []runtimeq.Answer
+	digest    string
+}
+
+func scanInteraction(row pgx.Row) (*interactionRow, error) {
+	var (
+		r                  = &interactionRow{pb: &executorv1.Interaction{}}
+		payload, answers   []byte
+		created            time.Time
+		answered           *time.Time
+		policy, runtimeReq string
+	)
+	p := r.pb
+	if err := row.Scan(&p.InteractionId, &p.IdempotencyKey, &p.Kind, &p.Status, &p.SourceRunId, &p.CompanyId, &p.Title, &p.Summary,
+		&policy, &runtimeReq, &payload, &answers, &r.digest, &p.ContinuationRunId, &created, &answered); err != nil {
+		return nil, err
+	}
+	p.ContinuationPolicy, p.RuntimeRequestId = policy, runtimeReq
+	var qp runtimeq.QuestionsPayload
+	if err := json.Unmarshal(payload, &qp); err != nil {
+		return nil, err
+	}
+	r.questions = qp.Questions
+	if len(answers) > 0 {
+		if err := json.Unmarshal(answers, &r.answers); err != nil {
+			return nil, err
+		}
+	}
+	for _, q := range qp.Questions {
+		pq := &executorv1.InteractionQuestion{Id: q.ID, Prompt: q.Prompt, Required: q.Required, SelectionMode: q.SelectionMode}
+		for _, o := range q.Options {
+			pq.Options = append(pq.Options, &executorv1.InteractionOption{Id: o.ID, Label: o.Label, Description: o.Description, FreeText: o.FreeText})
+		}
+		p.Questions = append(p.Questions, pq)
+	}
+	for _, a := range r.answers {
+		p.Answers = append(p.Answers, &executorv1.InteractionAnswer{QuestionId: a.QuestionID, OptionIds: a.OptionIDs, Text: a.Text})
+	}
+	p.CreatedAt = timestamppb.New(created)
+	if answered != nil {
+		p.AnsweredAt = timestamppb.New(*answered)
+	}
+	return r, nil
+}
+
+func errInteractionNotFound(id string) error {
+	return failure.New(codes.NotFound, CodeInteractionNotFound, "interaction %q does not exist", id)
+}
+
+// GetInteraction returns one interaction.
+func (s *Store) GetInteraction(ctx context.Context, id string) (*executorv1.Interaction, error) {
+	r, err := scanInteraction(s.pool.QueryRow(ctx, `SELECT `+interactionColumns+` FROM executor.interactions WHERE interaction_id = $1`, id))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, errInteractionNotFound(id)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return r.pb, nil
+}
+
+// InteractionFilter narrows ListInteractions.
+type InteractionFilter struct {
+	RunID, Status string
+	Limit         int
+}
+
+// ListInteractions lists interactions, newest first.
+func (s *Store) ListInteractions(ctx context.Context, f InteractionFilter) ([]*executorv1.Interaction, error) {
+	if f.Limit <= 0 {
+		f.Limit = 50
+	}
+	rows, err := s.pool.Query(ctx, `SELECT `+interactionColumns+` FROM executor.interactions
+ WHERE ($1 = '' OR source_run_id = $1) AND ($2 = '' OR status = $2)
+ ORDER BY created_at DESC, interaction_id DESC LIMIT $3`, f.RunID, f.Status, f.Limit)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []*executorv1.Interaction
+	for rows.Next() {
+		r, err := scanInteraction(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, r.pb)
+	}
+	return out, rows.Err()
+}
+
+// AnswerOutcome is what AnswerInteraction did.
+type AnswerOutcome struct {
+	Interaction *executorv1.Interaction
+	// ContinuationRunID is the run the (complete) answer submitted.
+	ContinuationRunID string
+	// Created is false when this exact answer was recorded before.
+	Created bool
+}
+
+// ContinuationRunID names the run an interaction's answer submits.
+func ContinuationRunID(interactionID string) string { return "wake-" + interactionID }
+
+// AnswerInteraction records an answer and submits the continuation run, in
+// one transaction, exactly once (SPEC E4): the continuation continues the
+// source run's session with the answer in its input (interaction
+// responses, and the answer in words as its prompt). The same answer again
+// returns the same run; another answer after the first is
+// interaction_already_answered; an answer that does not fit the questions
+// is interaction_answer_invalid; nothing is written for either. A partial
+// item-verdict answer is recorded and the interaction stays pending.
+func (s *Store) AnswerInteraction(ctx context.Context, id string, answers []runtimeq.Answer) (AnswerOutcome, error) {
+	var out AnswerOutcome
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		out = AnswerOutcome{}
+		r, err := scanInteraction(tx.QueryRow(ctx, `SELECT `+interactionColumns+` FROM executor.interactions WHERE interaction_id = $1 FOR UPDATE`, id))
+		if errors.Is(err, pgx.ErrNoRows) {
+			return errInteractionNotFound(id)
+		}
+		if err != nil {
+			return err
+		}
+		p := r.pb
+		if p.GetStatus() == InteractionAnswered {
+			merged, _, err := runtimeq.MergeAnswers(p.GetKind(), r.questions, nil, answers)
+			if err == nil && answerDigest(merged) == r.digest {
+				out.Interaction, out.ContinuationRunID = p, p.GetContinuationRunId()
+				return nil
+			}
+			return failure.New(codes.FailedPrecondition, CodeInteractionAlreadyAnswered,
+				"interaction %q was already answered otherwise (continuation run %q)", id, p.GetContinuationRunId())
+		}
+		merged, complete, err := runtimeq.MergeAnswers(p.GetKind(), r.questions, r.answers, answers)
+		var ae *runtimeq.AnswerError
+		if errors.As(err, &ae) {
+			return failure.New(codes.InvalidArgument, runtimeq.ErrAnswerInvalid, "%s", ae.Reason)
+		}
+		if err != nil {
+			return err
+		}
+		digest := answerDigest(merged)
+		if digest == r.digest {
+			out.Interaction = p // the same partial answer again
+			return nil
+		}
+		raw, err := json.Marshal(merged)
+		if err != nil {
+			return err
+		}
+		status, runID := InteractionPending, ""
+		if complete {
+			status, runID = InteractionAnswered, ContinuationRunID(id)
+			in, err := continuationInput(ctx, tx, r, merged)
+			if err != nil {
+				return err
+			}
+			if _, err := submit(ctx, tx, runID, in); err != nil {
+				return err
+			}
+		}
+		if _, err := tx.Exec(ctx, `
+UPDATE executor.interactions SET answers = $2, answer_digest = $3, status = $4, continuation_run_id = nullif($5, ''),
+       answered_at = CASE WHEN $4 = 'answered' THEN now() END
+ WHERE interaction_id = $1`, id, raw, digest, status, runID); err != nil {
+			return err
+		}
+		r2, err := scanInteraction(tx.QueryRow(ctx, `SELECT `+interactionColumns+` FROM executor.interactions WHERE interaction_id = $1`, id))
+		if err != nil {
+			return err
+		}
+		out = AnswerOutcome{Interaction: r2.pb, ContinuationRunID: runID, Created: true}
+		return nil
+	})
+	return out, err
+}
+
+// continuationInput is the source run's input continued with the answer:
+// the same session (its warm provider, when live), the answer in words as
+// the prompt, and the interaction's response.
+func continuationInput(ctx context.Context, tx pgx.Tx, r *interactionRow, answers []runtimeq.Answer) (*prpv1.ExecutionInput, error) {
+	var raw []byte
+	if err := tx.QueryRow(ctx, `SELECT input FROM executor.runs WHERE run_id = $1`, r.pb.GetSourceRunId()).Scan(&raw); err != nil {
+		return nil, fmt.Errorf("reading the source run of interaction %s: %w", r.pb.GetInteractionId(), err)
+	}
+	in := &prpv1.ExecutionInput{}
+	if err := proto.Unmarshal(raw, in); err != nil {
+		return nil, err
+	}
+	in.Task = &prpv1.Task{Prompt: runtimeq.AnswerPrompt(r.pb.GetTitle(), r.questions, answers)}
+	resp := &prpv1.InteractionResponse{InteractionId: r.pb.GetInteractionId(), Kind: r.pb.GetKind(), Status: InteractionAnswered, Complete: true}
+	for _, a := range answers {
+		resp.Answers = append(resp.Answers, &prpv1.InteractionResponseAnswer{QuestionId: a.QuestionID, OptionIds: a.OptionIDs, Text: a.Text})
+	}
+	in.InteractionResponses = []*prpv1.InteractionResponse{resp}
+	return in, nil
+}
+
+func answerDigest(answers []runtimeq.Answer) string {
+	if len(answers) == 0 {
+		return ""
+	}
+	b, _ := json.Marshal(answers)
+	return fmt.Sprintf("%x", sha256.Sum256(b))
+}
