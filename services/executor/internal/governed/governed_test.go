@@ -135,4 +135,3 @@ func TestE4_KeepsPartialItemVerdictInteractionAsWaitTarget(t *testing.T) {
 		})
 	}
 }
-
