@@ -1020,9 +1020,10 @@ func usagePayload(res TurnResult) map[string]any {
 }
 
 // toolContract is a digest of the run's declared dynamic tools (empty for
-// none): runs with equal contracts share a live provider.
+// none): runs with equal contracts share a live provider. The built-in
+// tools are the same for every run and are not part of it.
 func toolContract(in *prpv1.ExecutionInput) string {
-	tools := dynamicTools(in)
+	tools := declaredTools(in)
 	if len(tools) == 0 {
 		return ""
 	}
@@ -1034,17 +1035,24 @@ func toolContract(in *prpv1.ExecutionInput) string {
 	return hex.EncodeToString(sum[:])
 }
 
-// dynamicTools renders the run's declared tools in codex's thread/start
-// shape: {type:"function", name, description, inputSchema}, followed by the
-// built-in tether_ask_user (SPEC E4) unless the run declares a tool of that
-// name itself.
+// dynamicTools are the tools the provider is offered: the run's declared
+// tools, followed by the built-in tether_ask_user (SPEC E4) unless the run
+// declares a tool of that name itself.
 func dynamicTools(in *prpv1.ExecutionInput) []map[string]any {
-	var out []map[string]any
-	builtin := true
+	out := declaredTools(in)
 	for _, t := range in.GetDynamicTools() {
 		if t.GetName() == askuser.ToolName {
-			builtin = false
+			return out
 		}
+	}
+	return append(out, askuser.Definition())
+}
+
+// declaredTools renders the run's declared tools in codex's thread/start
+// shape: {type:"function", name, description, inputSchema}.
+func declaredTools(in *prpv1.ExecutionInput) []map[string]any {
+	var out []map[string]any
+	for _, t := range in.GetDynamicTools() {
 		schema := map[string]any{"type": "object"}
 		if t.GetInputSchema() != nil {
 			schema = t.GetInputSchema().AsMap()
@@ -1052,9 +1060,6 @@ func dynamicTools(in *prpv1.ExecutionInput) []map[string]any {
 		out = append(out, map[string]any{
 			"type": "function", "name": t.GetName(), "description": t.GetDescription(), "inputSchema": schema,
 		})
-	}
-	if builtin {
-		out = append(out, askuser.Definition())
 	}
 	return out
 }
