@@ -6,6 +6,7 @@
 //	tetherctl get RUN_ID
 //	tetherctl list [-session S] [-state succeeded]
 //	tetherctl audit -database-url URL [-since 1h|RFC3339] [-run RUN_ID] [-json]
+//	tetherctl interactions list|show|answer (see interactions.go)
 package main
 
 import (
@@ -60,6 +61,7 @@ commands:
   grant    print a gateway grant for ListRunners/GetRunner (-key-file, -gateway-id, -method)
   audit    check the exactly-once promises in the executor's database; exit 1 on any violation
            (-database-url or TETHER_DATABASE_URL, [-since 1h|RFC3339] [-run RUN_ID] [-json])
+  interactions  list [-run R] [-status S] | show ID | answer ID -answer Q=OPT[,OPT] [-text Q=TEXT] [-watch]
 environment: TETHER_EXECUTOR_ADDR (default 127.0.0.1:7400), TETHER_EXECUTOR_CA, TETHER_CLIENT_CERT, TETHER_CLIENT_KEY`
 
 func run(args []string) error {
@@ -103,6 +105,8 @@ func run(args []string) error {
 		return list(ctx, client, rest)
 	case "cancel":
 		return cancelRun(ctx, client, rest)
+	case "interactions":
+		return interactions(ctx, client, rest)
 	}
 	global.Usage()
 	return fmt.Errorf("unknown command %q", cmd)
