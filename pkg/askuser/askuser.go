@@ -158,7 +158,11 @@ func Parse(args []byte) (Request, error) {
 			r.Questions = append(r.Questions, nq)
 		}
 	case KindRequestConfirmation:
-		r.Questions = []Question{{ID: confirmationQuestionID, Prompt: firstNonEmpty(r.Summary, r.Title), Required: true,
+		prompt := r.Summary
+		if prompt == "" {
+			prompt = r.Title
+		}
+		r.Questions = []Question{{ID: confirmationQuestionID, Prompt: prompt, Required: true,
 			Options: []Option{{ID: optionAccept, Label: "Confirm"}, {ID: optionDecl, Label: "Decline"}}}}
 	case KindRequestItemVerdicts:
 		items, err := options(a.Items)
@@ -193,15 +197,6 @@ func options(in []Option) ([]Option, error) {
 
 // FreeTextLabel labels the free-text option of a question without options.
 func FreeTextLabel() string { return freeTextLabel }
-
-func firstNonEmpty(ss ...string) string {
-	for _, s := range ss {
-		if s != "" {
-			return s
-		}
-	}
-	return ""
-}
 
 // bounded folds s onto one line and cuts it to n runes.
 func bounded(s string, n int) string {
