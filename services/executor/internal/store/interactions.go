@@ -129,6 +129,9 @@ SELECT interaction_id, title, summary FROM executor.interactions
 	for _, e := range w.Evidence {
 		res.EvidenceRefs = append(res.EvidenceRefs, e.Ref)
 	}
+	for _, a := range w.Artifacts {
+		res.Artifacts = append(res.Artifacts, &executorv1.ResultArtifact{Kind: a.Kind, Ref: a.Ref})
+	}
 	return nil
 }
 
