@@ -83,8 +83,19 @@ ON CONFLICT (idempotency_key) DO NOTHING`,
 // fallback wakes the assignee instead), or one of its input's partial
 // item-verdict responses.
 func governedWait(ctx context.Context, tx pgx.Tx, runID string, res *executorv1.RunResult) error {
-	var raw []byte
-	if err := tx.QueryRow(ctx, `SELECT input FROM executor.runs WHERE run_id = $1`, runID).Scan(&raw); err != nil {
+	// One round trip in the common case: the run's input with the newest
+	// pending interaction it opened.
+	var (
+		raw  []byte
+		wait governed.Interaction
+	)
+	if err := tx.QueryRow(ctx, `
+SELECT r.input, coalesce(i.interaction_id, ''), coalesce(i.title, ''), coalesce(i.summary, '')
+  FROM executor.runs r LEFT JOIN LATERAL (
+       SELECT interaction_id, title, summary FROM executor.interactions
+        WHERE source_run_id = r.run_id AND status = 'pending' AND NOT provider_lost
+        ORDER BY created_at DESC, interaction_id DESC LIMIT 1) i ON true
+ WHERE r.run_id = $1`, runID).Scan(&raw, &wait.ID, &wait.Title, &wait.Summary); err != nil {
 		return err
 	}
 	in := &prpv1.ExecutionInput{}
@@ -98,17 +109,17 @@ func governedWait(ctx context.Context, tx pgx.Tx, runID string, res *executorv1.
 			Response: governed.Response{Status: r.GetStatus(), Result: &governed.ItemVerdictResult{Complete: r.GetComplete()}},
 		})
 	}
-	var wait governed.Interaction
-	err := tx.QueryRow(ctx, `
+	if continuing := governed.ContinuingPendingInteractionIDs(responses); len(continuing) > 0 {
+		err := tx.QueryRow(ctx, `
 SELECT interaction_id, title, summary FROM executor.interactions
  WHERE status = 'pending' AND ((source_run_id = $1 AND NOT provider_lost) OR interaction_id = ANY($2))
- ORDER BY created_at DESC, interaction_id DESC LIMIT 1`,
-		runID, governed.ContinuingPendingInteractionIDs(responses)).Scan(&wait.ID, &wait.Title, &wait.Summary)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return nil
+ ORDER BY created_at DESC, interaction_id DESC LIMIT 1`, runID, continuing).Scan(&wait.ID, &wait.Title, &wait.Summary)
+		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			return err
+		}
 	}
-	if err != nil {
-		return err
+	if wait.ID == "" {
+		return nil
 	}
 	contract := governed.CompletionContract{Revision: in.GetCompletionContract().GetRevision(), Objective: in.GetCompletionContract().GetObjective()}
 	for _, c := range in.GetCompletionContract().GetCriteria() {
