@@ -17,8 +17,8 @@ import (
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/services/executor/internal/plan"
-	"github.com/tether-run/tether/services/executor/internal/usage"
 	"github.com/tether-run/tether/services/executor/internal/runtimeq"
+	"github.com/tether-run/tether/services/executor/internal/usage"
 )
 
 // EventHarnessReady reports the provider process (pid, pgid, start ticks).
