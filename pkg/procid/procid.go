@@ -92,3 +92,34 @@ func Dead(pid int, startTicks uint64, boot string) bool {
 	}
 	return err == nil && t != startTicks
 }
+
+// signalNames are the conventional names of the signals a process is
+// usually ended by (syscall.Signal's String gives descriptions instead,
+// e.g. "killed" for SIGKILL).
+var signalNames = map[syscall.Signal]string{
+	syscall.SIGHUP: "SIGHUP", syscall.SIGINT: "SIGINT", syscall.SIGQUIT: "SIGQUIT", syscall.SIGILL: "SIGILL",
+	syscall.SIGTRAP: "SIGTRAP", syscall.SIGABRT: "SIGABRT", syscall.SIGBUS: "SIGBUS", syscall.SIGFPE: "SIGFPE",
+	syscall.SIGKILL: "SIGKILL", syscall.SIGUSR1: "SIGUSR1", syscall.SIGSEGV: "SIGSEGV", syscall.SIGUSR2: "SIGUSR2",
+	syscall.SIGPIPE: "SIGPIPE", syscall.SIGALRM: "SIGALRM", syscall.SIGTERM: "SIGTERM", syscall.SIGXCPU: "SIGXCPU",
+	syscall.SIGXFSZ: "SIGXFSZ", syscall.SIGSYS: "SIGSYS",
+}
+
+// SignalName is the conventional name of sig ("SIGKILL"), or "signal <n>".
+func SignalName(sig syscall.Signal) string {
+	if n, ok := signalNames[sig]; ok {
+		return n
+	}
+	return "signal " + strconv.Itoa(int(sig))
+}
+
+// DescribeExit says how a reaped process ended: "killed by signal SIGKILL"
+// or "exited with status 3".
+func DescribeExit(ps *os.ProcessState) string {
+	if ps == nil {
+		return "exited"
+	}
+	if ws, ok := ps.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		return "killed by signal " + SignalName(ws.Signal())
+	}
+	return "exited with status " + strconv.Itoa(ps.ExitCode())
+}

@@ -17,6 +17,7 @@ package durable
 
 import (
 	"github.com/tether-run/tether/pkg/atomicfile"
+	"github.com/tether-run/tether/pkg/procid"
 
 	"encoding/json"
 	"errors"
@@ -220,6 +221,51 @@ func ReadRunnerLifecycle(root string, id Identity) (RunnerLifecycle, string, err
 		return RunnerSuspended, "", nil
 	}
 	return RunnerNotSuspended, "runner lifecycle " + doc.Lifecycle, nil
+}
+
+// crashedIdleDoc is what CrashedIdle reads of runner-state.json.
+type crashedIdleDoc struct {
+	Lifecycle     string `json:"lifecycle"`
+	ActiveTurn    any    `json:"activeTurn"`
+	RunnerProcess *struct {
+		PID        int    `json:"pid"`
+		StartTicks uint64 `json:"startTicks"`
+		BootID     string `json:"bootId"`
+	} `json:"runnerProcess"`
+	ProcessedCommands map[string]struct {
+		Status string `json:"status"`
+	} `json:"processedCommands"`
+}
+
+// CrashedIdle reports whether root's runner state is that of a runner that
+// died between turns (SPEC R8): lifecycle ready or connecting (a runner
+// that stopped on purpose records suspended, stopped, …), no active turn,
+// no command whose outcome was not yet recorded, and the recorded runnerd
+// process is gone. Anything unreadable is not idle.
+func CrashedIdle(root string) bool {
+	raw, err := readBounded(filepath.Join(root, RunnerDir, RunnerStateFile))
+	if err != nil {
+		return false
+	}
+	var doc crashedIdleDoc
+	if json.Unmarshal(raw, &doc) != nil {
+		return false
+	}
+	if doc.Lifecycle != "ready" && doc.Lifecycle != "connecting" {
+		return false
+	}
+	if doc.ActiveTurn != nil {
+		return false
+	}
+	for _, c := range doc.ProcessedCommands {
+		if c.Status == "pending" {
+			return false
+		}
+	}
+	if p := doc.RunnerProcess; p != nil && procid.Alive(p.PID, p.StartTicks, p.BootID) {
+		return false
+	}
+	return true
 }
 
 // Bind writes id as root's control-plane identity: root and control-plane

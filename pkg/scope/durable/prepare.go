@@ -29,6 +29,9 @@ type PriorRun struct {
 	// Scope is the full scope key of the run's persisted execution input;
 	// nil when no input was persisted.
 	Scope *scope.Key
+	// Previous: this is the scope's previous run, the newest terminal run of
+	// the same full scope (MarkPrevious).
+	Previous bool
 }
 
 // PriorRunLookup returns the record of runID, nil when there is none, or an
@@ -74,6 +77,15 @@ const (
 // terminal, its persisted input must have the same full scope, and the runner
 // state must be suspended.
 func VerifyPriorRun(ctx context.Context, lookup PriorRunLookup, want scope.Key, id Identity, runner RunnerLifecycle) (Verification, string) {
+	return verifyPriorRun(ctx, lookup, want, id, runner, false)
+}
+
+// verifyPriorRun is VerifyPriorRun; crashedIdle says the runner state is
+// that of a runner that died idle (CrashedIdle), which counts as a settled
+// owner when the run is the scope's previous run (SPEC R8): the database
+// proves that run ended, the runner state proves no turn or command was in
+// flight, and the identities match — resuming it loses nothing.
+func verifyPriorRun(ctx context.Context, lookup PriorRunLookup, want scope.Key, id Identity, runner RunnerLifecycle, crashedIdle bool) (Verification, string) {
 	if lookup == nil {
 		return PriorIndeterminate, "no prior-run lookup configured"
 	}
@@ -92,6 +104,9 @@ func VerifyPriorRun(ctx context.Context, lookup PriorRunLookup, want scope.Key, 
 	}
 	if rec.Scope.RootName() != want.RootName() {
 		return PriorScopeMismatch, fmt.Sprintf("prior run %s belongs to another full session scope", id.RunID)
+	}
+	if runner == RunnerNotSuspended && crashedIdle && rec.Previous {
+		return Verified, ""
 	}
 	if runner != RunnerSuspended {
 		return PriorTerminalIndeterminate, fmt.Sprintf("prior run %s is %s but its runner state is %s", id.RunID, orUnknown(rec.Status), runner)
@@ -162,7 +177,9 @@ const (
 //     control-plane identity must be this session's; it is resumed for the
 //     exact run (unless the runner state is indeterminate) or for a verified
 //     prior run. A prior run still running (or an unavailable database) fails
-//     with runner_state_identity_mismatch and leaves the root untouched; any
+//     with runner_state_identity_mismatch and leaves the root untouched; a
+//     runner that crashed idle (CrashedIdle) counts as settled for the
+//     scope's previous run (SPEC R8); any
 //     other unproven ownership quarantines the root (.identity_mismatch. for
 //     another session or scope, .identity_indeterminate. otherwise) and fails.
 //     An entirely empty root holds no authority and counts as fresh.
@@ -265,7 +282,7 @@ func prepareScoped(ctx context.Context, req Request, base, root string, fi fs.Fi
 		}
 		return &Prepared{Root: root, Source: SourceExactRun, Binding: &id, Runner: runner}, nil
 	}
-	v, why := VerifyPriorRun(ctx, req.PriorRuns, req.Scope, id, runner)
+	v, why := verifyPriorRun(ctx, req.PriorRuns, req.Scope, id, runner, runner == RunnerNotSuspended && CrashedIdle(root))
 	switch v {
 	case Verified:
 		return &Prepared{Root: root, Source: SourcePriorRun, Binding: &id, Runner: runner}, nil

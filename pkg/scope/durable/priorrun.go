@@ -24,3 +24,18 @@ func PriorRunFromInput(runID, status string, terminal bool, in *prpv1.ExecutionI
 	}
 	return r
 }
+
+// MarkPrevious marks the scope's previous run among recs (the database's
+// records, newest first): the newest record of want's full scope that is
+// terminal. Runs of a session are driven one at a time in submission order,
+// so that run is the last one that held the scope; a crashed runner left
+// idle by it is its proven owner (SPEC R8, see VerifyPriorRun).
+func MarkPrevious(want scope.Key, recs []PriorRun) {
+	for i := range recs {
+		r := &recs[i]
+		if r.Terminal && r.Scope != nil && r.Scope.RootName() == want.RootName() {
+			r.Previous = true
+			return
+		}
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strings"
 	"sync"
 	"time"
 
@@ -394,6 +395,26 @@ const maxCoalescedEvents = 512
 // maxReadAhead bounds the relayed messages read ahead of their handling.
 const maxReadAhead = 64
 
+// lostTurn returns the failure a runner's turn.lost event of run runID
+// among evs carries (its code is the provider's loss, e.g.
+// provider_process_exited, and its message names the provider's own
+// signal or exit), or nil.
+func lostTurn(evs []*prpv1.Event, runID string) error {
+	for _, ev := range evs {
+		if ev.GetEventType() != "turn.lost" || ev.GetRunId() != runID {
+			continue
+		}
+		p := ev.GetPayload().GetFields()
+		code := p["code"].GetStringValue()
+		if code == "" {
+			code = "provider_process_exited"
+		}
+		msg := strings.TrimPrefix(p["message"].GetStringValue(), code+": ")
+		return failure.New(codes.Unavailable, code, "%s", msg)
+	}
+	return nil
+}
+
 // commandID names a command of the claim. It does not contain the attempt:
 // a takeover resends the same ids and the runner, which executes an id at
 // most once, answers with the stored result — the provider turn starts once.
@@ -739,6 +760,12 @@ func (d *Dispatcher) attachOnce(ctx context.Context, c *store.Claim, cancelCh <-
 				}}}); err != nil {
 					return false, err
 				}
+			}
+			if lost := lostTurn(evs, c.RunID); lost != nil {
+				// The runner lost the turn with its provider (SPEC R7): the
+				// attempt ends retryably and the retry starts the turn again.
+				d.recordFailure(ctx, c, lost, log)
+				return true, lost
 			}
 			if res.Terminal {
 				log.Info("run terminal persisted", "events", res.Inserted)

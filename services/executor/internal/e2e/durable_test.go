@@ -85,14 +85,16 @@ func TestE13_ATerminalPriorRunWhoseRunnerDidNotSuspendIsQuarantinedAndTheRunStar
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	_, root := h.runToSettlement(ctx, "q-1", "quarantine", "first")
-	// The runner's state claims it was still ready when it went away: it
-	// proves no settled owner.
+	// The runner's state claims it was still ready, with a turn in
+	// flight, when it went away: it proves no settled owner (a runner that
+	// crashed idle would be resumed, SPEC R8).
 	path := filepath.Join(root, durable.RunnerDir, durable.RunnerStateFile)
 	b, err := os.ReadFile(path)
 	require.NoError(t, err)
 	var doc map[string]any
 	require.NoError(t, json.Unmarshal(b, &doc))
 	doc["lifecycle"] = "ready"
+	doc["activeTurn"] = map[string]any{"turnId": "provider-turn-9", "runId": "q-1", "attempt": 1}
 	b, err = json.Marshal(doc)
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(path, b, 0o600))

@@ -57,6 +57,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs.BoolVar(&opts.EmitUserInput, "emit-user-input", false, "every turn asks item/tool/requestUserInput before its reply ([ask] in a prompt: that turn only)")
 	fs.BoolVar(&opts.EmitToolCall, "emit-tool-call", false, "every turn calls a dynamic tool (item/tool/call) before its reply ([dyn] in a prompt: that turn only)")
 	fs.BoolVar(&opts.EmitToolCallOnResume, "emit-tool-call-on-resume", false, "after each thread/resume send an item/tool/call naming the thread's last stored (inactive) turn")
+	fs.StringVar(&opts.DieOnceDir, "die-once-dir", "", "tests only: a prompt containing [die:turn-start|mid-stream|completed] makes the fake SIGKILL itself at that phase, once per phase and prompt (sentinels in this directory)")
 	fs.Var(&overrides, "c", "config override key=value (accepted and ignored)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"sync"
 	"time"
@@ -47,6 +48,8 @@ func startCodex(ctx context.Context, cfg runner.ProviderConfig, emit func(runner
 		StartupTimeout: cfg.StartupTimeout,
 		RequestTimeout: cfg.RequestTimeout,
 		Logger:         cfg.Logger,
+		// runnerd reconciles a turn its provider was lost in (SPEC R7).
+		ReconcileOnExit: true,
 	}
 	var host *provhost.Info
 	if cfg.Hosted {
@@ -71,6 +74,9 @@ func startCodex(ctx context.Context, cfg runner.ProviderConfig, emit func(runner
 		return nil, convertErr(err)
 	}
 	p := &codexProvider{s: s, host: host, grace: closeGrace(cfg), done: make(chan runner.TurnResult, 64), exited: make(chan struct{}), stop: make(chan struct{}), fwdDone: make(chan struct{})}
+	if host != nil {
+		p.hostDir = cfg.HostDir
+	}
 	go p.forward()
 	return p, nil
 }
@@ -152,6 +158,7 @@ func convertErr(err error) error {
 type codexProvider struct {
 	s       *codex.Session
 	host    *provhost.Info // nil unless hosted
+	hostDir string         // the host's directory (hosted only)
 	grace   time.Duration
 	done    chan runner.TurnResult
 	exited  chan struct{}
@@ -223,27 +230,27 @@ func (p *codexProvider) Process() runner.ProcessInfo {
 
 func (p *codexProvider) OpenThread(ctx context.Context, threadID string) (string, bool, error) {
 	id, resumed, err := p.s.OpenThread(ctx, threadID)
-	return id, resumed, convertErrOrNil(err)
+	return id, resumed, p.convert(err)
 }
 
 func (p *codexProvider) StartTurn(ctx context.Context, text string) (string, error) {
 	id, err := p.s.StartTurn(ctx, text)
-	return id, convertErrOrNil(err)
+	return id, p.convert(err)
 }
 
 func (p *codexProvider) TurnDone() <-chan runner.TurnResult { return p.done }
 
 func (p *codexProvider) Steer(ctx context.Context, turnID, text string) error {
-	return convertErrOrNil(p.s.Steer(ctx, turnID, text))
+	return p.convert(p.s.Steer(ctx, turnID, text))
 }
 
 func (p *codexProvider) Interrupt(ctx context.Context, turnID string) error {
-	return convertErrOrNil(p.s.Interrupt(ctx, turnID))
+	return p.convert(p.s.Interrupt(ctx, turnID))
 }
 
 func (p *codexProvider) Exited() <-chan struct{} { return p.exited }
 
-func (p *codexProvider) ExitErr() error { return convertErrOrNil(p.s.ExitErr()) }
+func (p *codexProvider) ExitErr() error { return p.convert(p.s.ExitErr()) }
 
 func (p *codexProvider) Close(ctx context.Context, grace time.Duration) error {
 	var herr error
@@ -265,6 +272,28 @@ func (p *codexProvider) Close(ctx context.Context, grace time.Duration) error {
 	return convertErrOrNil(err)
 }
 
+// convert converts a driver error; for a hosted provider, an exit the
+// driver saw as its shim's end names the provider's own (the host's
+// record: "killed by signal SIGKILL"), SPEC R7.
+func (p *codexProvider) convert(err error) error {
+	err = convertErrOrNil(err)
+	var pe *runner.ProviderError
+	if p.hostDir == "" || !errors.As(err, &pe) {
+		return err
+	}
+	switch pe.Code {
+	case codex.CodeProcessExited, codex.CodeStdoutClosed, codex.CodeTransportFailed:
+	default:
+		return err
+	}
+	ex := provhost.ReadExit(p.hostDir)
+	if ex == nil {
+		return err
+	}
+	return &runner.ProviderError{Code: codex.CodeProcessExited,
+		Message: fmt.Sprintf("provider process %d %s (its driver saw: %s)", ex.ProviderPID, ex.Description, pe.Message)}
+}
+
 func convertErrOrNil(err error) error {
 	if err == nil {
 		return nil
@@ -275,13 +304,13 @@ func convertErrOrNil(err error) error {
 // ResolveRequest answers a pending runtime request (runner.RuntimeRequestProvider).
 func (p *codexProvider) ResolveRequest(ctx context.Context, requestID string, resolution map[string]any) (map[string]any, error) {
 	res, err := p.s.ResolveRequest(ctx, requestID, resolution)
-	return res, convertErrOrNil(err)
+	return res, p.convert(err)
 }
 
 // AnswerToolCall answers a pending dynamic tool call (runner.RuntimeRequestProvider).
 func (p *codexProvider) AnswerToolCall(ctx context.Context, callID, turnID string, success bool, contentItems []map[string]any) (map[string]any, error) {
 	res, err := p.s.AnswerToolCall(ctx, callID, turnID, codex.ToolOutput{Success: success, ContentItems: contentItems})
-	return res, convertErrOrNil(err)
+	return res, p.convert(err)
 }
 
 // ReconcileTurn settles a turn persisted as active before a restart
@@ -290,7 +319,7 @@ func (p *codexProvider) AnswerToolCall(ctx context.Context, callID, turnID strin
 // recoverable).
 func (p *codexProvider) ReconcileTurn(ctx context.Context, turnID string) (outcome, status string, err error) {
 	rec, err := p.s.ReconcileTurn(ctx, turnID)
-	return rec.Outcome, rec.Status, convertErrOrNil(err)
+	return rec.Outcome, rec.Status, p.convert(err)
 }
 
 var _ runner.RuntimeRequestProvider = (*codexProvider)(nil)

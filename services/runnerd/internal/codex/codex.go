@@ -89,6 +89,11 @@ type Config struct {
 	// ToolHandler answers dynamic tool calls (see ToolHandler); nil leaves
 	// every call pending until AnswerToolCall.
 	ToolHandler ToolHandler
+	// ReconcileOnExit leaves the active turn to the caller when the
+	// provider is lost: no turn.failed and no TurnResult for it; the caller
+	// restarts the provider and settles the turn with ReconcileTurn (SPEC
+	// R7). Otherwise the turn fails with the exit's code.
+	ReconcileOnExit bool
 	// StartupTimeout bounds spawn-to-initialize-response (default 30s);
 	// RequestTimeout bounds every other request (default 60s).
 	StartupTimeout, RequestTimeout time.Duration

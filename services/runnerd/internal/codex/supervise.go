@@ -5,6 +5,8 @@ import (
 	"os"
 	"syscall"
 	"time"
+
+	"github.com/tether-run/tether/pkg/procid"
 )
 
 // waitLoop reaps the provider.
@@ -150,14 +152,12 @@ func (s *Session) exitCause() *Error {
 	if ps == nil {
 		return errorf(CodeProcessExited, "harness process exited")
 	}
-	if ws, ok := ps.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-		return errorf(CodeProcessExited, "harness process killed by signal %s", ws.Signal().String())
-	}
-	return errorf(CodeProcessExited, "harness process exited with status %d", ps.ExitCode())
+	return errorf(CodeProcessExited, "harness process %s", procid.DescribeExit(ps))
 }
 
-// fail records the first failure, fails pending calls and the active turn,
-// and closes Exited. Only the monitor calls it. It holds emitMu throughout:
+// fail records the first failure, fails pending calls and the active turn
+// (unless Config.ReconcileOnExit leaves it to the caller), and closes
+// Exited. Only the monitor calls it. It holds emitMu throughout:
 // turn.failed is the last event, and every TurnResult is on TurnDone before
 // Exited closes.
 func (s *Session) fail(cause *Error) {
@@ -186,7 +186,7 @@ func (s *Session) fail(cause *Error) {
 		reason = ReasonSessionClosed
 	}
 	s.expireRequests("", reason, true)
-	if t != nil {
+	if t != nil && !s.cfg.ReconcileOnExit {
 		res := TurnResult{
 			TurnID: t.id, Status: TurnFailed, FinalMessage: t.finalMessage, Usage: t.usage,
 			ErrorCode: cause.Code, ErrorMessage: cause.Message, Artifacts: t.artifacts(),

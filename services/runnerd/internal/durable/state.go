@@ -172,7 +172,20 @@ type State struct {
 	BackpressureDropped uint64         `json:"backpressureDropped,omitempty"`
 	PeakOutboxBytes     uint64         `json:"peakOutboxBytes,omitempty"`
 	ProcessedCommands   CommandJournal `json:"processedCommands,omitempty"`
-	UpdatedAt           time.Time      `json:"updatedAt"`
+	// OpenRequests are the runtime requests and tool calls announced to the
+	// controller and not settled yet, by "request:<id>" / "tool:<callId>":
+	// after a runnerd crash they are announced expired (SPEC R8).
+	OpenRequests map[string]*OpenRequest `json:"openRequests,omitempty"`
+	UpdatedAt    time.Time               `json:"updatedAt"`
+}
+
+// OpenRequest is one announced, unsettled runtime request or tool call: the
+// run and turn it belongs to and the ids of its announcement.
+type OpenRequest struct {
+	RunID  string         `json:"runId,omitempty"`
+	TurnID string         `json:"turnId,omitempty"`
+	ItemID string         `json:"itemId,omitempty"`
+	Fields map[string]any `json:"fields"`
 }
 
 // NewState returns a fresh state for id.

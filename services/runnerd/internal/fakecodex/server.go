@@ -73,6 +73,10 @@ type Options struct {
 	// EmitToolCallOnResume sends, right after each thread/resume response, a
 	// tool call naming the thread's last stored (no longer active) turn.
 	EmitToolCallOnResume bool
+	// DieOnceDir enables the "[die:<phase>]" prompt markers (tests only):
+	// the fake SIGKILLs itself at that phase of the turn, once per phase and
+	// prompt, recording a sentinel in this directory first (see dieAt).
+	DieOnceDir string
 	// Stderr receives diagnostics. Nil means os.Stderr.
 	Stderr io.Writer
 	// Now is the clock for timestamps. Nil means time.Now.

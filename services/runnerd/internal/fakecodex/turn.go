@@ -29,6 +29,7 @@ type activeTurn struct {
 	waiting   bool     // a server request is open
 	waitingID int
 	outcomes  []string // answers to this turn's server requests, for the reply
+	prompt    string   // the turn's first input (for the [die:…] markers)
 }
 
 // ReplyText is the fake model's deterministic answer. prompt is the turn's
@@ -108,6 +109,7 @@ func (s *Server) handleTurnStart(id json.RawMessage, p params) error {
 	if perr != nil {
 		return s.respondError(id, perr)
 	}
+	s.dieAt(DieAtTurnStart, strings.Join(texts, "\n"))
 	if at, ok := s.active[th.ID]; ok {
 		// Like the real server: no second turn; the input joins the active
 		// one, which then behaves as if steered.
@@ -139,7 +141,7 @@ func (s *Server) handleTurnStart(id json.RawMessage, p params) error {
 	t := &turnState{ID: s.newTurnID(), Status: statusInProgress, Items: []*itemState{}, StartedAtMs: nowMs}
 	th.Turns = append(th.Turns, t)
 	th.UpdatedAt = nowMs / 1000
-	at := &activeTurn{thread: th, turn: t, hold: s.opts.HoldTurn}
+	at := &activeTurn{thread: th, turn: t, hold: s.opts.HoldTurn, prompt: strings.Join(texts, "\n")}
 	user := s.recordUserMessage(at, texts)
 	s.active[th.ID] = at
 	// Persist before answering: a crash after the response leaves an
@@ -428,6 +430,9 @@ func (s *Server) step(at *activeTurn) error {
 	}); err != nil {
 		return err
 	}
+	if at.next == 1 {
+		s.dieAt(DieMidStream, at.prompt)
+	}
 	if at.next < len(at.chunks) {
 		at.due = time.Now().Add(at.delay)
 		return nil
@@ -474,6 +479,7 @@ func (s *Server) completeTurn(at *activeTurn) error {
 	if err := s.save(); err != nil {
 		return err
 	}
+	s.dieAt(DieAfterCompletion, at.prompt)
 
 	if err := s.planAtEnd(at); err != nil {
 		return err

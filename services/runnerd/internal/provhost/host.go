@@ -16,6 +16,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/tether-run/tether/pkg/procid"
 )
 
 // HostConfig configures RunHost.
@@ -152,6 +154,7 @@ func (h *host) run() (int, error) {
 	ul := ln.(*net.UnixListener)
 	ul.SetUnlinkOnClose(false)
 
+	_ = os.Remove(ExitName) // a previous provider's
 	stdout, err := h.spawn()
 	if err != nil {
 		ln.Close()
@@ -177,6 +180,12 @@ func (h *host) run() (int, error) {
 	waited := make(chan struct{})
 	go func() {
 		err := h.cmd.Wait()
+		// The provider's own end, for the restarted driver's message: the
+		// shim only sees its connection close (SPEC R7).
+		if werr := writeExit(h.cfg.Dir, Exit{Schema: ExitSchema, ProviderPID: pid,
+			Description: procid.DescribeExit(h.cmd.ProcessState), At: time.Now().UTC()}); werr != nil {
+			h.log.Warn("cannot record the provider's exit", "err", werr)
+		}
 		code := 0
 		if err != nil {
 			code = 1

@@ -109,11 +109,17 @@ func writeInfo(dir string, in *Info) error {
 	if err != nil {
 		return err
 	}
-	f, err := os.CreateTemp(dir, "."+InfoName+".tmp-*")
+	return atomicWrite(dir, InfoName, append(b, '\n'))
+}
+
+// atomicWrite replaces dir/name with b: a synced temp sibling renamed into
+// place, then the directory synced.
+func atomicWrite(dir, name string, b []byte) error {
+	f, err := os.CreateTemp(dir, "."+name+".tmp-*")
 	if err != nil {
 		return err
 	}
-	if _, err := f.Write(append(b, '\n')); err != nil {
+	if _, err := f.Write(b); err != nil {
 		f.Close()
 		os.Remove(f.Name())
 		return err
@@ -124,7 +130,7 @@ func writeInfo(dir string, in *Info) error {
 		return err
 	}
 	f.Close()
-	if err := os.Rename(f.Name(), filepath.Join(dir, InfoName)); err != nil {
+	if err := os.Rename(f.Name(), filepath.Join(dir, name)); err != nil {
 		os.Remove(f.Name())
 		return err
 	}
@@ -133,6 +139,45 @@ func writeInfo(dir string, in *Info) error {
 		d.Close()
 	}
 	return nil
+}
+
+// ExitName is the file in which a host records how its provider ended.
+const (
+	ExitName   = "provider-exit.json"
+	ExitSchema = "tether.runner.provider-exit.v1"
+)
+
+// Exit is provider-exit.json: how the hosted provider ended, as its host
+// reaped it ("killed by signal SIGKILL", "exited with status 1"). It is
+// written before the host closes its client, so a driver that sees its
+// shim end can name the provider's real cause instead of the shim's.
+type Exit struct {
+	Schema      string    `json:"schema"`
+	ProviderPID int       `json:"providerPid"`
+	Description string    `json:"description"`
+	At          time.Time `json:"at"`
+}
+
+// ReadExit reads dir/provider-exit.json; nil when there is none (the
+// provider still runs, or its host died with it).
+func ReadExit(dir string) *Exit {
+	b, err := os.ReadFile(filepath.Join(dir, ExitName))
+	if err != nil {
+		return nil
+	}
+	var e Exit
+	if json.Unmarshal(b, &e) != nil || e.Schema != ExitSchema || e.Description == "" {
+		return nil
+	}
+	return &e
+}
+
+func writeExit(dir string, e Exit) error {
+	b, err := json.Marshal(e)
+	if err != nil {
+		return err
+	}
+	return atomicWrite(dir, ExitName, b)
 }
 
 // HostAlive reports whether the recorded host process still runs (same pid

@@ -658,31 +658,37 @@ func (r *Runner) ensureProvider() *cmdError {
 
 // recoverProvider re-attaches to the provider a crashed runnerd left under
 // its host; the active turn goes on. If that fails the provider is lost:
-// what is left of it is killed and an active turn fails with
-// provider_process_lost.
+// what is left of it is killed and an active turn is reconciled on a
+// restarted provider (recoverTurn).
 func (r *Runner) recoverProvider() {
 	lost, turn := r.st.ProviderProcess, r.st.ActiveTurn
+	// Requests the dead runnerd announced: its driver held them, and the
+	// host answers them with an error (the replayed ones, after the
+	// journaled cursor, are announced afresh by the new driver).
+	stale := r.openRequestKeys()
 	e := r.startProvider(true)
 	if e == nil {
 		r.log.Info("re-attached to the provider that survived the runnerd restart",
 			"pid", r.st.ProviderProcess.PID, "provider_cursor", r.st.ProviderCursor, "active_turn", turn != nil)
+		r.expireRequests(stale, ReasonDurableHandoff)
 		return
 	}
+	r.expireRequests(stale, ReasonProviderProcessLost)
 	r.log.Warn("the provider did not survive the runnerd restart", "code", e.code, "err", e.msg)
 	if lost != nil && sameProcessAlive(lost.PID, lost.StartTicks, lost.BootID) && lost.PGID > 0 {
 		_ = syscall.Kill(-lost.PGID, syscall.SIGKILL)
 	}
-	r.st.ProviderProcess, r.st.ActiveTurn = nil, nil
+	r.st.ProviderProcess = nil
 	r.mustSave()
+	msg := "provider process did not survive the runnerd restart: " + e.msg
 	if lost != nil {
 		r.emit(P0, "harness.exited", "", "", map[string]any{
-			"code": CodeProviderProcessLost, "message": "provider process did not survive the runnerd restart: " + e.msg,
+			"code": CodeProviderProcessLost, "message": msg,
 			"pid": float64(lost.PID), "pgid": float64(lost.PGID),
 		})
 	}
 	if turn != nil {
-		r.emitTerminal(turn, TurnResult{TurnID: turn.TurnID, Status: "failed",
-			ErrorCode: CodeProviderProcessLost, ErrorMessage: "runnerd restarted during the turn and the provider was lost"})
+		r.recoverTurn(turn, CodeProviderProcessLost, msg)
 	}
 }
 
@@ -758,6 +764,7 @@ func (r *Runner) cmdTurnInterrupt(c *prpv1.Command) (map[string]any, *cmdError) 
 	if err := r.prov.Interrupt(ctx, t.TurnID); err != nil {
 		return nil, providerFailure("provider_interrupt_failed", err)
 	}
+	r.interruptAsked = t.TurnID
 	return map[string]any{"turnId": t.TurnID}, nil
 }
 
@@ -926,6 +933,11 @@ func (r *Runner) onTurnDone(res TurnResult) {
 	r.saveSoon()
 }
 
+// onProviderExit handles a provider that exited under a live runnerd: its
+// last events and a turn it finished just before are taken, harness.exited
+// names the provider's own cause, and an active turn is reconciled on a
+// restarted provider (recoverTurn, SPEC R7). Without an active turn the
+// next turn.start restarts the provider and resumes the thread.
 func (r *Runner) onProviderExit() {
 	r.pumpProviderEvents()
 	p := r.prov
@@ -951,9 +963,7 @@ func (r *Runner) onProviderExit() {
 		"code": code, "message": msg, "pid": float64(pi.PID), "pgid": float64(pi.PGID),
 	})
 	if t := r.st.ActiveTurn; t != nil {
-		r.emitTerminal(t, TurnResult{TurnID: t.TurnID, Status: "failed", ErrorCode: code, ErrorMessage: msg})
-		r.st.ActiveTurn = nil
-		r.mustSave()
+		r.recoverTurn(t, code, msg)
 	}
 	r.lastActivity = time.Now()
 }

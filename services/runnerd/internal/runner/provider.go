@@ -20,6 +20,22 @@ type Provider interface {
 	Close(ctx context.Context, grace time.Duration) error
 }
 
+// TurnReconciler is implemented by providers that can settle a turn that
+// was active when the provider (or runnerd) was lost, by reading the
+// resumed thread (codex thread/read): outcome is retained (the provider
+// still runs it), terminalized (its TurnResult arrives on TurnDone; status
+// is the provider's) or missing (with a provider_turn_missing error).
+type TurnReconciler interface {
+	ReconcileTurn(ctx context.Context, turnID string) (outcome, status string, err error)
+}
+
+// Reconciliation outcomes (codex.Reconcile*).
+const (
+	ReconcileRetained     = "retained"
+	ReconcileTerminalized = "terminalized"
+	ReconcileMissing      = "missing"
+)
+
 // StartFunc spawns a provider. emit is called in order from one goroutine
 // and must not block for long (runnerd queues events without blocking).
 type StartFunc func(ctx context.Context, cfg ProviderConfig, emit func(ProviderEvent)) (Provider, error)

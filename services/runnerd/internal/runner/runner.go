@@ -298,6 +298,16 @@ type Runner struct {
 	// onCommands).
 	holdEvents bool
 	heldEvents []pendingEvent
+
+	// interruptAsked is the turn a turn.interrupt reached the provider
+	// for: its interrupted end is the asked-for one, not a crash's.
+	interruptAsked string
+	// lostTurn: a turn whose provider died with the previous runnerd
+	// (no provider host); reconciled before the loop starts.
+	lostTurn  *durable.Turn
+	lostCause string
+	// requestsDirty: OpenRequests changed since the last save.
+	requestsDirty bool
 }
 
 // Run runs runnerd until it decides to exit and returns the exit code.
@@ -337,6 +347,9 @@ func Run(ctx context.Context, cfg Config) (int, error) {
 	defer r.saver.stop()
 	if r.reattach {
 		r.recoverProvider()
+	} else if t := r.lostTurn; t != nil {
+		r.lostTurn = nil
+		r.recoverTurn(t, CodeProviderProcessLost, r.lostCause)
 	}
 	code = r.loop(ctx)
 	if r.ackDirty {
@@ -448,7 +461,7 @@ func (r *Runner) open(ctx context.Context) (int, bool, error) {
 				}
 				st.ProviderProcess = nil
 			}
-			lostTurn, st.ActiveTurn = st.ActiveTurn, nil
+			lostTurn = st.ActiveTurn
 		}
 	}
 	if err := r.save(); err != nil {
@@ -464,15 +477,18 @@ func (r *Runner) open(ctx context.Context) (int, bool, error) {
 			"outcome":        "same_durable_session_resumed",
 			"reconnectCount": st.ReconnectCount,
 		})
+		const lostMsg = "provider process did not survive the runnerd restart"
 		if lostProvider != nil {
 			r.emit(P0, "harness.exited", "", "", map[string]any{
-				"code": CodeProviderProcessLost, "message": "provider process did not survive the runnerd restart",
+				"code": CodeProviderProcessLost, "message": lostMsg,
 				"pid": lostProvider.PID, "pgid": lostProvider.PGID,
 			})
 		}
-		if lostTurn != nil {
-			r.emitTerminal(lostTurn, TurnResult{TurnID: lostTurn.TurnID, Status: "failed",
-				ErrorCode: CodeProviderProcessLost, ErrorMessage: "runnerd restarted during the turn"})
+		// The turn is reconciled on a restarted provider once the loop's
+		// machinery is up (Run).
+		r.lostTurn, r.lostCause = lostTurn, lostMsg
+		if !r.reattach {
+			r.expireRequests(r.openRequestKeys(), ReasonProviderProcessLost)
 		}
 	}
 	if cfg.listening() {
@@ -1097,6 +1113,13 @@ func (r *Runner) emitAll(evs []pendingEvent) {
 		held += size
 		r.st.PeakOutboxBytes = max(r.st.PeakOutboxBytes, held)
 		recs = append(recs, rec)
+		label := e.runID
+		if label == "" && r.st.CurrentRun != nil {
+			label = r.st.CurrentRun.RunID
+		}
+		if r.trackRequest(e, label) {
+			r.requestsDirty = true
+		}
 		return true
 	}
 	entered := r.st.Backpressure
@@ -1218,6 +1241,12 @@ func (r *Runner) journalProvider(evs []pendingEvent, cursor uint64) {
 	r.holdEvents = hold
 	if cursor > r.st.ProviderCursor && (r.exit == nil || !r.exit.immediate) {
 		r.st.ProviderCursor = cursor
+	}
+	if r.requestsDirty && !hold && r.exit == nil {
+		// A request opened or settled: the state follows soon, so that a
+		// restart knows what to announce expired (SPEC R8).
+		r.requestsDirty = false
+		r.saveSoon()
 	}
 }
 

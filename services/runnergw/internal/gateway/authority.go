@@ -34,12 +34,14 @@ type authorised struct {
 	epoch       uint64
 }
 
-// priorRuns is the E13 lookup over the executor's records of the Open.
-func priorRuns(recs []*gatewayv1.PriorRun) durable.PriorRunLookup {
+// priorRuns is the E13 lookup over the executor's records of the Open
+// (newest first), with the scope's previous run marked (SPEC R8).
+func priorRuns(want scope.Key, recs []*gatewayv1.PriorRun) durable.PriorRunLookup {
 	out := make([]durable.PriorRun, 0, len(recs))
 	for _, r := range recs {
 		out = append(out, durable.PriorRunFromInput(r.GetRunId(), r.GetStatus(), r.GetTerminal(), r.GetInput()))
 	}
+	durable.MarkPrevious(want, out)
 	return durable.PriorRunsOf(out...)
 }
 
@@ -53,7 +55,7 @@ func (g *Gateway) launchAuthority(ctx context.Context, sc, runID string, in *prp
 	if err := ensureStateRoot(g.cfg.StateRoot); err != nil {
 		return nil, nil, err
 	}
-	prep, err := durable.Prepare(ctx, durable.Request{Base: g.cfg.StateRoot, Scope: key, RunID: runID, PriorRuns: priorRuns(prior)})
+	prep, err := durable.Prepare(ctx, durable.Request{Base: g.cfg.StateRoot, Scope: key, RunID: runID, PriorRuns: priorRuns(key, prior)})
 	if err != nil {
 		g.metrics.refused(err)
 		return nil, nil, err

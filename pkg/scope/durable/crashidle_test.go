@@ -1,0 +1,112 @@
+package durable
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/tether-run/tether/pkg/procid"
+)
+
+// SPEC R8: a runner that crashed idle between turns (lifecycle ready or
+// connecting, no active turn, no command in flight, process gone) whose
+// control plane names the scope's previous run — terminal in the database,
+// same full scope — is resumed, not quarantined. Everything else E13 lists
+// as unproven still is.
+func TestR8_ACrashedIdleRunnerOfTheScopesPreviousRunIsResumedAndAnythingUnprovenIsStillQuarantined(t *testing.T) {
+	prior := execution("company-r8", "run-r8-prior", "agent-r8", "workspace-r8", "session-r8")
+	older := prior
+	older.RunID = "run-r8-older"
+	current := prior
+	current.RunID = "run-r8-current"
+	identity := Identity{RunID: prior.RunID, NormalizedSessionID: prior.NormalizedSessionID,
+		RunnerInstanceID: "runner-r8", EnvironmentLeaseID: "lease-r8"}
+	// The executor's records, newest first: the prior run, then an older one.
+	records := func() []PriorRun {
+		recs := []PriorRun{terminalPrior(prior), terminalPrior(older)}
+		MarkPrevious(current.Key(), recs)
+		return recs
+	}
+	deadRunner := map[string]any{"pid": 1 << 30, "startTicks": 1, "bootId": "another-boot"}
+	ticks, err := procid.StartTicks(os.Getpid())
+	require.NoError(t, err)
+	liveRunner := map[string]any{"pid": os.Getpid(), "startTicks": ticks, "bootId": procid.BootID()}
+
+	cases := []struct {
+		name      string
+		lifecycle string
+		edit      func(doc map[string]any)
+		boundRun  string     // the control plane's run (default: the prior run)
+		records   []PriorRun // default: records()
+		resumed   bool
+	}{
+		{name: "ready between turns", lifecycle: "ready", resumed: true},
+		{name: "connecting between turns", lifecycle: "connecting", resumed: true},
+		{name: "a turn in flight", lifecycle: "ready", edit: func(d map[string]any) {
+			d["activeTurn"] = map[string]any{"turnId": "t-1", "runId": prior.RunID}
+		}},
+		{name: "a command in flight", lifecycle: "ready", edit: func(d map[string]any) {
+			d["processedCommands"] = map[string]any{"c-1": map[string]any{"commandId": "c-1", "status": "pending"}}
+		}},
+		{name: "the runner process still alive", lifecycle: "ready", edit: func(d map[string]any) {
+			d["runnerProcess"] = liveRunner
+		}},
+		{name: "stopped on purpose", lifecycle: "stopped"},
+		{name: "recoverable failure", lifecycle: "recoverable_failure"},
+		{name: "not the scope's previous run", lifecycle: "ready", boundRun: older.RunID},
+		{name: "previous run still running", lifecycle: "ready",
+			records: []PriorRun{{RunID: prior.RunID, Status: "running", Scope: keyOf(prior)}}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			base := t.TempDir()
+			id := identity
+			if tc.boundRun != "" {
+				id.RunID = tc.boundRun
+			}
+			root := filepath.Join(base, current.Key().RootName())
+			doc := runnerState(id, tc.lifecycle)
+			doc["runnerProcess"] = deadRunner
+			if tc.edit != nil {
+				tc.edit(doc)
+			}
+			writeJSON(t, filepath.Join(root, ControlPlaneDir, ControlPlaneFile), controlPlane(id))
+			writeJSON(t, filepath.Join(root, RunnerDir, RunnerStateFile), doc)
+			recs := tc.records
+			if recs == nil {
+				recs = records()
+			}
+			prep, err := Prepare(context.Background(), Request{Base: base, Scope: current.Key(), RunID: current.RunID,
+				PriorRuns: PriorRunsOf(recs...)})
+			if tc.resumed {
+				require.NoError(t, err)
+				require.Equal(t, SourcePriorRun, prep.Source)
+				require.Equal(t, id, *prep.Binding, "the runner instance and lease are kept")
+				require.DirExists(t, root)
+				return
+			}
+			requireCode(t, err, CodeIdentityMismatch)
+			require.Nil(t, prep)
+		})
+	}
+}
+
+func TestR8_MarkPreviousNamesTheNewestTerminalRunOfTheSameFullScope(t *testing.T) {
+	want := execution("company-mp", "run-mp-current", "agent-mp", "workspace-mp", "session-mp")
+	other := want
+	other.ExecutionWorkspaceID = "workspace-other"
+	at := func(id string, p PriorRun) PriorRun { p.RunID = id; return p }
+	recs := []PriorRun{
+		{RunID: "queued-after", Status: "queued", Scope: keyOf(want)},
+		at("other-scope", terminalPrior(other)),
+		at("previous", terminalPrior(want)),
+		at("older", terminalPrior(want)),
+	}
+	MarkPrevious(want.Key(), recs)
+	for _, r := range recs {
+		require.Equal(t, r.RunID == "previous", r.Previous, r.RunID)
+	}
+}

@@ -1,0 +1,254 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
+	"github.com/tether-run/tether/pkg/procid"
+	"github.com/tether-run/tether/pkg/scope"
+	"github.com/tether-run/tether/pkg/scope/durable"
+	"github.com/tether-run/tether/services/executor/internal/stack"
+)
+
+// Provider and runnerd loss (SPEC R7, R8) through the whole stack: real
+// executor, runnergw, runnerd (provider host on) and fake codex, which
+// SIGKILLs itself at a chosen phase of a turn ("[die:<phase>]" in the
+// prompt, once, with --die-once-dir). "The turn started once" is read from
+// the provider's own durable history (the fake's state file: the turns
+// holding the prompt) and from its call log, never from counters.
+
+// recoveryHarness is a stack whose fake dies on request and whose executor
+// retries a failed attempt quickly.
+func recoveryHarness(t *testing.T, fakeArgs ...string) *harness {
+	t.Helper()
+	return newHarness(t, stack.Options{
+		FakeArgs:     append([]string{"--die-once-dir", t.TempDir()}, fakeArgs...),
+		ExecutorArgs: []string{"-retry-delay", "200ms"},
+	})
+}
+
+// providerTurn is one turn of the fake's durable history.
+type providerTurn struct {
+	ID     string `json:"id"`
+	Status string `json:"status"`
+	Items  []struct {
+		Type  string   `json:"type"`
+		Texts []string `json:"texts"`
+		Text  string   `json:"text"`
+	} `json:"items"`
+}
+
+// providerTurnsWith returns the turns of the session's provider thread
+// (the fake's state file in the scope's codex home) whose user input holds
+// prompt.
+func providerTurnsWith(t *testing.T, h *harness, prompt string) []providerTurn {
+	t.Helper()
+	files, err := filepath.Glob(filepath.Join(h.st.RunnerStateRoot(), "*", "codex-home", "fake-codex-state.json"))
+	require.NoError(t, err)
+	require.Len(t, files, 1, "one session scope with provider state")
+	b, err := os.ReadFile(files[0])
+	require.NoError(t, err)
+	var st struct {
+		Threads map[string]struct {
+			Turns []providerTurn `json:"turns"`
+		} `json:"threads"`
+	}
+	require.NoError(t, json.Unmarshal(b, &st))
+	require.Len(t, st.Threads, 1, "one provider thread")
+	var out []providerTurn
+	for _, th := range st.Threads {
+		for _, tn := range th.Turns {
+			for _, it := range tn.Items {
+				if it.Type == "userMessage" && strings.Contains(strings.Join(it.Texts, "\n"), prompt) {
+					out = append(out, tn)
+					break
+				}
+			}
+		}
+	}
+	return out
+}
+
+// eventsOf returns the events of the given type.
+func eventsOf(evs []*executorv1.WatchRunResponse, typ string) []map[string]any {
+	var out []map[string]any
+	for _, m := range evs {
+		if m.GetEvent().GetEventType() == typ {
+			out = append(out, m.GetEvent().GetPayload().AsMap())
+		}
+	}
+	return out
+}
+
+// requireOneSucceededTerminal checks the run ended succeeded with exactly
+// one run.terminal, the last event, and returns its final message.
+func requireOneSucceededTerminal(t *testing.T, h *harness, runID string, evs []*executorv1.WatchRunResponse) string {
+	t.Helper()
+	terms := eventsOf(evs, "run.terminal")
+	require.Len(t, terms, 1, "one run.terminal")
+	require.Equal(t, "run.terminal", evs[len(evs)-1].GetEvent().GetEventType())
+	require.Equal(t, "succeeded", terms[0]["runTerminalState"])
+	run := h.get(runID)
+	require.Equal(t, executorv1.RunState_RUN_STATE_SUCCEEDED, run.GetState(), "%v", run.GetFailure())
+	final, _ := terms[0]["finalMessage"].(string)
+	require.NotEmpty(t, final)
+	return final
+}
+
+// requireKilledBySIGKILL checks harness.exited names the provider's own
+// end, not the shim's.
+func requireKilledBySIGKILL(t *testing.T, evs []*executorv1.WatchRunResponse) {
+	t.Helper()
+	exits := eventsOf(evs, "harness.exited")
+	require.Len(t, exits, 1, "the provider was lost once")
+	msg, _ := exits[0]["message"].(string)
+	require.Contains(t, msg, "killed by signal SIGKILL", "the provider's own cause")
+	require.Equal(t, "provider_process_exited", exits[0]["code"])
+}
+
+func watchRun(t *testing.T, h *harness, runID string) []*executorv1.WatchRunResponse {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	return h.watch(ctx, runID, 0, nil)
+}
+
+func TestR7_ProviderKilledAfterCompletingTheTurnBeforeItsEventsWereSentIsReconciledWithoutASecondTurnStart(t *testing.T) {
+	h := recoveryHarness(t)
+	const prompt = "finish the report [die:completed]"
+	h.submit("r7-completed", "r7-completed", prompt)
+	evs := watchRun(t, h, "r7-completed")
+	requireContiguous(t, evs)
+
+	final := requireOneSucceededTerminal(t, h, "r7-completed", evs)
+	require.EqualValues(t, 1, h.get("r7-completed").GetAttempt(), "no retry: the provider's recorded result ended the turn")
+	requireKilledBySIGKILL(t, evs)
+	reconciled := eventsOf(evs, "turn.completed")
+	require.Len(t, reconciled, 1)
+	require.Equal(t, true, reconciled[0]["reconciled"], "the result came from thread/read")
+	require.Empty(t, eventsOf(evs, "turn.lost"))
+
+	turns := providerTurnsWith(t, h, prompt)
+	require.Len(t, turns, 1, "the provider ran the turn once")
+	require.Equal(t, "completed", turns[0].Status)
+	require.Contains(t, final, "ECHO: "+prompt, "the recorded reply is the run's result")
+	log := h.st.CallLog()
+	require.Equal(t, 1, countLines(t, log, "die:completed"))
+	require.Equal(t, 1, countLines(t, log, "turn/start"), "turn/start was sent once")
+	require.Equal(t, 2, countLines(t, log, "process-start"), "one replacement provider")
+	require.Equal(t, 1, countLines(t, log, "thread/read"), "the turn was reconciled")
+
+	// The session goes on on the replacement provider, with the history.
+	h.submit("r7-completed-next", "r7-completed", "and the summary")
+	next := requireOneSucceededTerminal(t, h, "r7-completed-next", watchRun(t, h, "r7-completed-next"))
+	require.Contains(t, next, "(turn 2, 2 earlier messages)")
+	require.Equal(t, 2, countLines(t, log, "process-start"))
+}
+
+func TestR7_ProviderKilledBeforeAnsweringTurnStartTheAttemptIsRetriedAndTheTurnRunsOnce(t *testing.T) {
+	h := recoveryHarness(t)
+	const prompt = "[die:turn-start] plan the week"
+	h.submit("r7-start", "r7-start", prompt)
+	evs := watchRun(t, h, "r7-start")
+	requireContiguous(t, evs)
+
+	final := requireOneSucceededTerminal(t, h, "r7-start", evs)
+	require.EqualValues(t, 2, h.get("r7-start").GetAttempt(), "the lost attempt was retried")
+	requireKilledBySIGKILL(t, evs)
+	retries := eventsOf(evs, "run.retry_scheduled")
+	require.Len(t, retries, 1)
+	require.Equal(t, "native_session_interrupted", retries[0]["code"])
+	require.Contains(t, retries[0]["message"], "killed by signal SIGKILL", "the retry names the provider's signal")
+	require.Len(t, eventsOf(evs, "turn.started"), 1, "one turn was announced")
+
+	turns := providerTurnsWith(t, h, prompt)
+	require.Len(t, turns, 1, "the provider ran the turn once")
+	require.Equal(t, "completed", turns[0].Status)
+	require.Contains(t, final, "(turn 1, 0 earlier messages)")
+	require.Equal(t, 1, countLines(t, h.st.CallLog(), "die:turn-start"))
+}
+
+func TestR7_ProviderKilledMidStreamTheCutOffTurnIsRetriedOnTheResumedThreadAndTheRunSucceeds(t *testing.T) {
+	h := recoveryHarness(t, "--delta-delay-ms", "20")
+	prompt := "[die:mid-stream] " + slowTurn
+	h.submit("r7-stream", "r7-stream", prompt)
+	evs := watchRun(t, h, "r7-stream")
+	requireContiguous(t, evs)
+
+	final := requireOneSucceededTerminal(t, h, "r7-stream", evs)
+	require.EqualValues(t, 2, h.get("r7-stream").GetAttempt(), "the lost attempt was retried")
+	requireKilledBySIGKILL(t, evs)
+	lost := eventsOf(evs, "turn.lost")
+	require.Len(t, lost, 1, "the cut-off turn was reported lost, not failed")
+	require.Equal(t, "interrupted", lost[0]["reconciliation"])
+	require.Contains(t, lost[0]["message"], "killed by signal SIGKILL")
+	require.LessOrEqual(t, len(eventsOf(evs, "turn.interrupted")), 1, "at most the reconciled one")
+	retries := eventsOf(evs, "run.retry_scheduled")
+	require.Len(t, retries, 1)
+	require.Equal(t, "native_session_interrupted", retries[0]["code"])
+
+	// The provider's history: the cut-off turn (never completed, no result
+	// delivered) and the retried one, completed once.
+	turns := providerTurnsWith(t, h, prompt)
+	require.Len(t, turns, 2)
+	require.Equal(t, "interrupted", turns[0].Status)
+	require.Equal(t, "completed", turns[1].Status)
+	require.Contains(t, final, "(turn 2, 1 earlier messages)", "the retry continued the same thread")
+	log := h.st.CallLog()
+	require.Equal(t, 2, countLines(t, log, "turn/start"), "one turn/start per attempt")
+	require.Equal(t, 2, countLines(t, log, "process-start"), "one replacement provider")
+}
+
+// killRunnerd SIGKILLs the session's runnerd (as GetRun reports it) and
+// waits until it is gone.
+func killRunnerd(t *testing.T, h *harness, runID string) int32 {
+	t.Helper()
+	pid := h.get(runID).GetRunnerProcess().GetPid()
+	require.True(t, isRunnerd(pid), "pid %d is the session's runnerd", pid)
+	require.NoError(t, syscall.Kill(int(pid), syscall.SIGKILL))
+	require.Eventually(t, func() bool { return !procid.Exists(int(pid)) }, 10*time.Second, 10*time.Millisecond)
+	return pid
+}
+
+func TestR8_RunnerdKilledBetweenTurnsTheNextRunContinuesTheThreadWithTheSameRunnerIdentity(t *testing.T) {
+	h := newHarness(t, stack.Options{})
+	first := "r8-idle-1"
+	h.submit(first, "r8-idle", "first question")
+	requireOneSucceededTerminal(t, h, first, watchRun(t, h, first))
+	before := h.get(first)
+	root := filepath.Join(h.st.RunnerStateRoot(), scope.OfRun(first, h.submitInput("r8-idle", "first question")))
+	rs, ok := readRunnerState(t, root)
+	require.True(t, ok)
+	require.Equal(t, "ready", rs.Lifecycle, "a warm runner between turns")
+	killed := killRunnerd(t, h, first)
+
+	// The scope's previous run is terminal, the root's runner crashed idle
+	// with the same identity: the next run resumes it (nothing quarantined).
+	h.submit("r8-idle-2", "r8-idle", "second question")
+	evs := watchRun(t, h, "r8-idle-2")
+	final := requireOneSucceededTerminal(t, h, "r8-idle-2", evs)
+	require.Contains(t, final, "(turn 2, 2 earlier messages)", "the provider thread continued")
+	second := h.get("r8-idle-2")
+	require.Equal(t, before.GetRunnerInstanceId(), second.GetRunnerInstanceId(), "the same runner identity")
+	require.NotEqual(t, killed, second.GetRunnerProcess().GetPid(), "in a relaunched runnerd")
+	require.NoDirExists(t, filepath.Join(h.st.RunnerStateRoot(), durable.QuarantineDir))
+	rotated := eventsOf(evs, "session.authority_rotated")
+	require.Len(t, rotated, 1)
+	require.Equal(t, first, rotated[0]["previousRunId"])
+	require.Equal(t, string(durable.SourcePriorRun), rotated[0]["durableSource"])
+	log := h.st.CallLog()
+	require.Equal(t, 1, countLines(t, log, "process-start"), "the provider survived under its host")
+	require.Equal(t, 2, countLines(t, log, "turn/start"), "one turn/start per run")
+	cp := controlPlaneOf(t, root)
+	require.Equal(t, "r8-idle-2", cp.RunID)
+	require.Equal(t, before.GetRunnerInstanceId(), cp.RunnerInstanceID)
+}
