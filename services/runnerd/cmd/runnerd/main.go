@@ -105,6 +105,7 @@ func run(args []string, ticket string, hadTicket bool, stdout, stderr io.Writer)
 	fs.Uint64Var(&cfg.P0ReserveBytes, "p0-reserve-bytes", runner.DefaultP0ReserveBytes, "part of --max-outbox-bytes only P0 events may use (less than half)")
 	fs.BoolVar(&cfg.ProviderHost, "provider-host", true, "run the provider under a provider host so it survives a runnerd crash and a restarted runnerd re-attaches to it")
 	fs.DurationVar(&cfg.ProviderDetachTimeout, "provider-detach-timeout", 2*time.Minute, "how long a provider host keeps a provider without runnerd")
+	fs.DurationVar(&cfg.SemanticToolTimeout, "semantic-tool-timeout", runner.DefaultSemanticToolTimeout, "answer a dynamic tool call failed (semantic_tool_timeout) when no tool.result arrived within this long")
 	fs.DurationVar(&cfg.SilenceTimeout, "gateway-silence-timeout", 60*time.Second, "drop and re-establish a gateway connection on which nothing arrived for this long (the gateway pings)")
 	fs.StringVar(&logFormat, "log-format", "json", "log format: json|text")
 	if err := fs.Parse(args); err != nil {

@@ -45,6 +45,7 @@ func startCodex(ctx context.Context, cfg runner.ProviderConfig, emit func(runner
 		Sandbox:        cfg.Sandbox,
 		DynamicTools:   cfg.DynamicTools,
 		ToolHandler:    builtinTools,
+		ToolTimeout:    cfg.ToolTimeout,
 		StartupTimeout: cfg.StartupTimeout,
 		RequestTimeout: cfg.RequestTimeout,
 		Logger:         cfg.Logger,

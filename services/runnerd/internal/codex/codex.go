@@ -90,10 +90,16 @@ type Config struct {
 	// every call pending until AnswerToolCall.
 	ToolHandler ToolHandler
 	// ReconcileOnExit leaves the active turn to the caller when the
-	// provider is lost: no turn.failed and no TurnResult for it; the caller
+	// provider is lost (provider_process_exited, provider_stdout_closed; a
+	// protocol failure still fails it): no turn.failed and no TurnResult
+	// for it; the caller
 	// restarts the provider and settles the turn with ReconcileTurn (SPEC
 	// R7). Otherwise the turn fails with the exit's code.
 	ReconcileOnExit bool
+	// ToolTimeout bounds how long a dynamic tool call waits for its answer
+	// (AnswerToolCall); then the driver answers it with success false and
+	// the code semantic_tool_timeout (SPEC R8). Zero: no bound.
+	ToolTimeout time.Duration
 	// StartupTimeout bounds spawn-to-initialize-response (default 30s);
 	// RequestTimeout bounds every other request (default 60s).
 	StartupTimeout, RequestTimeout time.Duration

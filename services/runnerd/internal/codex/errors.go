@@ -32,6 +32,7 @@ const (
 	CodeUnknownTurn              = "provider_unknown_turn"
 	CodeProviderError            = "provider_error"
 	CodeInvalidConfig            = "provider_config_invalid"
+	CodeToolTimeout              = "semantic_tool_timeout"
 )
 
 // Error is a failure with a stable code. Error() is "code: message".

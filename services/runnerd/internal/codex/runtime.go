@@ -34,9 +34,11 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // Runtime request kinds (payload "kind").
@@ -654,6 +656,9 @@ func (s *Session) onToolCall(msg wireMessage, p map[string]any) {
 		s.finishTool(pt, TextOutput(false, "tool call id is empty or already pending"), "driver", CodeProtocolError)
 		return
 	}
+	if d := s.cfg.ToolTimeout; d > 0 {
+		time.AfterFunc(d, func() { s.timeoutTool(pt, d) })
+	}
 	if s.cfg.ToolHandler == nil {
 		return
 	}
@@ -670,6 +675,24 @@ func (s *Session) onToolCall(msg wireMessage, p map[string]any) {
 	if still {
 		s.finishTool(pt, out, "builtin", "")
 	}
+}
+
+// timeoutTool answers a tool call still pending after d with success false
+// and semantic_tool_timeout, so the provider's turn is not held forever by a
+// controller that never answers.
+func (s *Session) timeoutTool(pt *pendingTool, d time.Duration) {
+	s.mu.Lock()
+	still := s.failErr == nil && s.toolCalls[pt.call.CallID] == pt
+	if still {
+		delete(s.toolCalls, pt.call.CallID)
+	}
+	s.mu.Unlock()
+	if !still {
+		return
+	}
+	s.log.Warn("codex: tool call unanswered; answering it as failed", "call", pt.call.CallID, "timeout", d)
+	msg := fmt.Sprintf("%s: tool call %s got no result within %s", CodeToolTimeout, pt.call.CallID, d)
+	s.finishTool(pt, TextOutput(false, msg), "driver", CodeToolTimeout)
 }
 
 // finishTool writes the answer of a tool call and emits its result events

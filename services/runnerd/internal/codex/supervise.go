@@ -186,7 +186,10 @@ func (s *Session) fail(cause *Error) {
 		reason = ReasonSessionClosed
 	}
 	s.expireRequests("", reason, true)
-	if t != nil && !s.cfg.ReconcileOnExit {
+	// A lost provider's turn may be reconciled by the caller; a protocol
+	// failure (a frame too large, a malformed frame) fails it here.
+	lost := cause.Code == CodeProcessExited || cause.Code == CodeStdoutClosed
+	if t != nil && !(s.cfg.ReconcileOnExit && lost) {
 		res := TurnResult{
 			TurnID: t.id, Status: TurnFailed, FinalMessage: t.finalMessage, Usage: t.usage,
 			ErrorCode: cause.Code, ErrorMessage: cause.Message, Artifacts: t.artifacts(),

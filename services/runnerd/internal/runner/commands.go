@@ -707,6 +707,7 @@ func (r *Runner) startProvider(reattach bool) *cmdError {
 		ApprovalPolicy: in.GetProvider().GetApprovalPolicy(),
 		Sandbox:        in.GetProvider().GetSandbox(),
 		DynamicTools:   dynamicTools(in),
+		ToolTimeout:    r.cfg.SemanticToolTimeout,
 		RequestTimeout: r.cfg.RequestTimeout,
 		Logger:         r.log.With("component", "provider"),
 		Hosted:         r.cfg.ProviderHost,

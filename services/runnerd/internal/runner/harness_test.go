@@ -499,6 +499,10 @@ type fakeStarter struct {
 	sessions []*fakeProvider
 	failNext error
 	started  chan *fakeProvider
+	// history is what a provider's thread records of each turn (status
+	// inProgress|completed|failed|interrupted), read by ReconcileTurn; a
+	// turn not in it is missing.
+	history map[string]string
 }
 
 func newFakeStarter() *fakeStarter { return &fakeStarter{started: make(chan *fakeProvider, 16)} }
@@ -512,7 +516,8 @@ func (s *fakeStarter) start(ctx context.Context, cfg ProviderConfig, emit func(P
 		return nil, err
 	}
 	p := &fakeProvider{
-		emit: emit, pid: 4242 + len(s.sessions), done: make(chan TurnResult, 16), exited: make(chan struct{}),
+		starter: s,
+		emit:    emit, pid: 4242 + len(s.sessions), done: make(chan TurnResult, 16), exited: make(chan struct{}),
 		steers: []string{}, interrupts: []string{},
 	}
 	s.sessions = append(s.sessions, p)
@@ -537,10 +542,11 @@ func (s *fakeStarter) last() *fakeProvider {
 }
 
 type fakeProvider struct {
-	emit   func(ProviderEvent)
-	pid    int
-	done   chan TurnResult
-	exited chan struct{}
+	starter *fakeStarter
+	emit    func(ProviderEvent)
+	pid     int
+	done    chan TurnResult
+	exited  chan struct{}
 
 	mu         sync.Mutex
 	threadOpen []string
@@ -620,6 +626,22 @@ func (p *fakeProvider) finish(res TurnResult) {
 	p.emit(ProviderEvent{Type: "item.completed", TurnID: res.TurnID, ItemID: "item-1", Priority: P1, Payload: map[string]any{"text": res.FinalMessage}})
 	p.emit(ProviderEvent{Type: "turn." + res.Status, TurnID: res.TurnID, Priority: P0, Payload: map[string]any{}})
 	p.done <- res
+}
+
+// ReconcileTurn settles turnID from the starter's history (TurnReconciler).
+func (p *fakeProvider) ReconcileTurn(ctx context.Context, turnID string) (string, string, error) {
+	p.starter.mu.Lock()
+	status, ok := p.starter.history[turnID]
+	p.starter.mu.Unlock()
+	switch {
+	case !ok:
+		return ReconcileMissing, "", &ProviderError{Code: "provider_turn_missing", Message: "thread has no turn " + turnID}
+	case status == "inProgress":
+		return ReconcileRetained, status, nil
+	}
+	p.emit(ProviderEvent{Type: "turn." + status, TurnID: turnID, Priority: P0, Payload: map[string]any{"reconciled": true}})
+	p.done <- TurnResult{TurnID: turnID, Status: status, FinalMessage: "recorded " + status}
+	return ReconcileTerminalized, status, nil
 }
 
 // crash makes the provider exit unexpectedly.

@@ -50,7 +50,10 @@ type ProviderConfig struct {
 	Model, ApprovalPolicy, Sandbox string
 	// DynamicTools are the run's caller-implemented tools (codex
 	// thread/start dynamicTools); calls are answered with tool.result.
-	DynamicTools                   []map[string]any
+	DynamicTools []map[string]any
+	// ToolTimeout bounds a dynamic tool call's wait for tool.result
+	// (semantic_tool_timeout); zero: no bound.
+	ToolTimeout                    time.Duration
 	StartupTimeout, RequestTimeout time.Duration
 	Logger                         *slog.Logger
 

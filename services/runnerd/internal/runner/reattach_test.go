@@ -119,7 +119,7 @@ func TestR1_RestartedRunnerReattachesItsHostedProviderAndTheTurnGoesOn(t *testin
 	assert.Empty(t, e.gw.eventsOf("harness.exited"))
 }
 
-func TestR1_RestartedRunnerFailsTheTurnWhenTheHostedProviderIsGone(t *testing.T) {
+func TestR7_RestartedRunnerReportsTheTurnLostWhenTheHostedProviderIsGone(t *testing.T) {
 	e := newTestEnv(t)
 	p := e.start(func(c *Config) { c.ProviderHost = true })
 	cs := &cmdSeq{t: t, runID: "run-1", attempt: 1}
@@ -133,16 +133,18 @@ func TestR1_RestartedRunnerFailsTheTurnWhenTheHostedProviderIsGone(t *testing.T)
 	e.start(func(c *Config) { c.ProviderHost = true })
 	ex := e.gw.waitEvent("harness.exited", 1)
 	assert.Equal(t, CodeProviderProcessLost, ex.GetPayload().AsMap()["code"])
-	var lost bool
-	e.gw.waitFor("terminal of the lost turn", func() bool {
-		for _, ev := range e.gw.events {
-			if ev.ev.GetEventType() == "run.terminal" && ev.ev.GetTurnId() == "turn-7" {
-				lost = ev.ev.GetPayload().AsMap()["code"] == CodeProviderProcessLost
-				return true
-			}
-		}
-		return false
-	})
-	assert.True(t, lost)
-	require.Eventually(t, func() bool { st := e.state(); return st.ActiveTurn == nil && st.ProviderProcess == nil }, 5*time.Second, 10*time.Millisecond)
+	// A fresh provider resumes the thread; the provider never recorded
+	// turn-7, so it is lost (the controller retries it), never failed.
+	lost := e.gw.waitEvent(EventTurnLost, 1)
+	assert.Equal(t, "turn-7", lost.GetTurnId())
+	assert.Equal(t, CodeProviderProcessLost, lost.GetPayload().AsMap()["code"])
+	assert.Equal(t, ReconcileMissing, lost.GetPayload().AsMap()["reconciliation"])
+	for _, ev := range e.gw.eventsOf("run.terminal") {
+		assert.NotEqual(t, "turn-7", ev.GetTurnId(), "the lost turn has no terminal")
+	}
+	require.Eventually(t, func() bool { st := e.state(); return st.ActiveTurn == nil && st.ProviderProcess != nil }, 5*time.Second, 10*time.Millisecond)
+	next := e.prov.last()
+	next.mu.Lock()
+	assert.Equal(t, []string{"thread-1"}, next.threadOpen)
+	next.mu.Unlock()
 }

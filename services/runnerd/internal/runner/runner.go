@@ -32,6 +32,10 @@ const (
 	MaxOutboxBytesLimit   = 512 << 20
 )
 
+// DefaultSemanticToolTimeout bounds a dynamic tool call's wait for its
+// result when nothing else is configured.
+const DefaultSemanticToolTimeout = 10 * time.Minute
+
 // Exit codes.
 const (
 	ExitOK = 0
@@ -100,7 +104,11 @@ type Config struct {
 	DrainTimeout       time.Duration // [5s] wait for acks before exiting
 	ProviderCloseGrace time.Duration // [5s]
 	RequestTimeout     time.Duration // [60s] provider requests
-	Tick               time.Duration // [100ms] timer resolution
+	// SemanticToolTimeout bounds how long a dynamic tool call waits for
+	// its tool.result; then it is answered failed with
+	// semantic_tool_timeout (SPEC R8). [10m]
+	SemanticToolTimeout time.Duration
+	Tick                time.Duration // [100ms] timer resolution
 
 	// OutboxSynced, when set, is called after each outbox fsync (tests).
 	OutboxSynced func([]durable.Record)
@@ -122,6 +130,7 @@ func (c *Config) defaults() {
 	def(&c.DrainTimeout, 5*time.Second)
 	def(&c.ProviderCloseGrace, 5*time.Second)
 	def(&c.RequestTimeout, 60*time.Second)
+	def(&c.SemanticToolTimeout, DefaultSemanticToolTimeout)
 	def(&c.Tick, 100*time.Millisecond)
 	def(&c.SilenceTimeout, 60*time.Second)
 	if c.MaxOutboxBytes == 0 {

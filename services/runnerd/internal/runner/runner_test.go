@@ -426,21 +426,13 @@ func TestR4_RestartFromSameStateDirReconcilesAndContinuesSeqs(t *testing.T) {
 	assert.Equal(t, uint32(0), rec.GetPriority())
 	assert.Equal(t, "same_durable_session_resumed", rec.GetPayload().AsMap()["outcome"])
 	assert.Equal(t, "run-1", rec.GetRunId())
-	// The provider of the previous process is reported gone, and so is its turn.
+	// The provider of the previous process is reported gone; its turn,
+	// which the restarted provider does not know, is lost (SPEC R7).
 	ex := e.gw.waitEvent("harness.exited", 1)
 	assert.Equal(t, CodeProviderProcessLost, ex.GetPayload().AsMap()["code"])
-	var lost *prpv1.Event
-	e.gw.waitFor("terminal of the lost turn", func() bool {
-		for _, ev := range e.gw.events {
-			if ev.ev.GetEventType() == "run.terminal" && ev.ev.GetTurnId() == "turn-7" {
-				lost = ev.ev
-				return true
-			}
-		}
-		return false
-	})
+	lost := e.gw.waitEvent(EventTurnLost, 1)
 	assert.Equal(t, "turn-7", lost.GetTurnId())
-	assert.Equal(t, "failed", lost.GetPayload().AsMap()["runTerminalState"])
+	assert.Equal(t, "run-1", lost.GetRunId())
 	assert.Equal(t, CodeProviderProcessLost, lost.GetPayload().AsMap()["code"])
 
 	// Unacknowledged events of the previous process are resent identically.
@@ -473,35 +465,66 @@ func TestR4_RestartFromSameStateDirReconcilesAndContinuesSeqs(t *testing.T) {
 	prov2.mu.Unlock()
 }
 
-func TestR1_ProviderExitSurfacesAsHarnessExitedAndFailedTerminal(t *testing.T) {
-	e := newTestEnv(t)
-	e.start(nil)
-	cs := &cmdSeq{t: t, runID: "run-1", attempt: 1}
-	prov := attachAndTurn(t, e, cs)
-	prov.crash(CodeProviderStdoutClosed)
-	ex := e.gw.waitEvent("harness.exited", 1)
-	assert.Equal(t, uint32(0), ex.GetPriority())
-	assert.Equal(t, CodeProviderStdoutClosed, ex.GetPayload().AsMap()["code"])
-	term := e.gw.waitEvent("run.terminal", 1)
-	pl := term.GetPayload().AsMap()
-	assert.Equal(t, "failed", pl["turnTerminalState"])
-	assert.Equal(t, "failed", pl["runTerminalState"])
-	assert.Equal(t, CodeProviderStdoutClosed, pl["code"])
-	assert.Greater(t, term.GetSourceSeq(), ex.GetSourceSeq())
-	e.gw.ping(1) // the loop has finished handling the exit
-	st := e.state()
-	assert.Nil(t, st.ActiveTurn)
-	assert.Nil(t, st.ProviderProcess)
-
-	// The next turn starts a fresh provider on the same thread.
-	res := e.gw.command(cs.next("c-turn2", CmdTurnStart, map[string]any{"text": "again"}))
-	require.Equal(t, durable.StatusCompleted, res.GetStatus())
-	assert.Equal(t, 2, e.prov.count())
-
-	// Exit without a turn: harness.exited only.
-	e.prov.last().crash(CodeProviderProcessExited)
-	e.gw.waitEvent("harness.exited", 2)
-	e.gw.waitEvent("run.terminal", 2) // turn-1 of the second provider was active
+// SPEC R7: a provider that exits under a live runnerd during a turn is
+// restarted on the same thread and the turn reconciled from what the
+// provider recorded.
+func TestR7_ATurnWhoseProviderExitedIsReconciledOnARestartedProvider(t *testing.T) {
+	cases := []struct {
+		recorded string // the provider's record of turn-1 ("": none)
+		terminal string // the run.terminal's runTerminalState ("": none)
+		lost     string // the turn.lost reconciliation ("": not lost)
+		active   bool   // the turn is still active afterwards
+	}{
+		{recorded: "", lost: ReconcileMissing},
+		{recorded: "completed", terminal: "succeeded"},
+		{recorded: "failed", terminal: "failed"},
+		{recorded: "interrupted", lost: "interrupted"},
+		{recorded: "inProgress", active: true},
+	}
+	for _, tc := range cases {
+		t.Run("recorded "+tc.recorded, func(t *testing.T) {
+			e := newTestEnv(t)
+			e.start(nil)
+			if tc.recorded != "" {
+				e.prov.history = map[string]string{"turn-1": tc.recorded}
+			}
+			cs := &cmdSeq{t: t, runID: "run-1", attempt: 1}
+			prov := attachAndTurn(t, e, cs)
+			prov.crash(CodeProviderStdoutClosed)
+			ex := e.gw.waitEvent("harness.exited", 1)
+			assert.Equal(t, uint32(0), ex.GetPriority())
+			assert.Equal(t, CodeProviderStdoutClosed, ex.GetPayload().AsMap()["code"])
+			e.gw.waitEvent("provider.restarting", 1)
+			switch {
+			case tc.terminal != "":
+				term := e.gw.waitEvent("run.terminal", 1)
+				assert.Equal(t, tc.terminal, term.GetPayload().AsMap()["runTerminalState"])
+				assert.Equal(t, "recorded "+tc.recorded, term.GetPayload().AsMap()["finalMessage"])
+			case tc.lost != "":
+				lost := e.gw.waitEvent(EventTurnLost, 1)
+				assert.Equal(t, tc.lost, lost.GetPayload().AsMap()["reconciliation"])
+				assert.Equal(t, CodeProviderStdoutClosed, lost.GetPayload().AsMap()["code"])
+				assert.Equal(t, "run-1", lost.GetRunId())
+			}
+			e.gw.ping(1) // the loop has finished handling the exit
+			terminals := 0
+			if tc.terminal != "" {
+				terminals = 1
+			}
+			assert.Len(t, e.gw.eventsOf("run.terminal"), terminals)
+			require.Eventually(t, func() bool { st := e.state(); return (st.ActiveTurn != nil) == tc.active && st.ProviderProcess != nil },
+				5*time.Second, 10*time.Millisecond, "the turn's state is saved; the restarted provider runs")
+			assert.Equal(t, 2, e.prov.count())
+			next := e.prov.last()
+			next.mu.Lock()
+			assert.Equal(t, []string{"thread-1"}, next.threadOpen, "the thread was resumed")
+			assert.Equal(t, 0, next.turns, "no turn/start on the restarted provider")
+			next.mu.Unlock()
+			prov.mu.Lock()
+			assert.Equal(t, 1, prov.turns, "turn/start was sent once")
+			prov.mu.Unlock()
+		})
+	}
 }
 
 func TestR1_ProviderStartFailureFailsTheCommand(t *testing.T) {

@@ -70,6 +70,7 @@ func run() error {
 	pingTimeout := grpcx.DurationFlag(fs, "runner-ping-timeout", "", 30*time.Second, "close a runner connection without a pong for this long")
 	handshakeTimeout := grpcx.DurationFlag(fs, "runner-handshake-timeout", "", prp.DefaultHandshakeTimeout,
 		"a runner connection that has not proven its credential this long after it opened gets a Goodbye runner_handshake_timeout and is closed")
+	toolTimeout := grpcx.DurationFlag(fs, "semantic-tool-timeout", "", 0, "how long a dynamic tool call waits for its result before runnerd answers it failed (semantic_tool_timeout); 0: runnerd's default (10m)")
 	stateRoot := grpcx.StringFlag(fs, "state-root", "", defaultStateRoot(), "directory for runner state, one subdirectory per session scope")
 	runnerd := grpcx.StringFlag(fs, "runnerd-path", "", "", "runnerd binary (default: next to this binary, then PATH)")
 	codex := grpcx.StringFlag(fs, "codex-command", "", "codex", "provider command runnerd launches (the codex native binary, or fake-codex-app-server)")
@@ -148,6 +149,7 @@ func run() error {
 		Build: build, Authority: prp.NewAuthority(key, time.Now), Grants: grants, Logger: log, Draining: srv.Draining(), Metrics: srv.Registry(),
 		CABundle: *caBundle, Ingress: gateway.ParseIngressPolicy(*ingressCompanies), IngressHost: *ingressHost,
 		IngressCert: *ingressCert, IngressKey: *ingressKey, PingInterval: *pingInterval, PingTimeout: *pingTimeout,
+		SemanticToolTimeout: *toolTimeout,
 	}
 	gcfg.Authority.HandshakeTimeout = *handshakeTimeout
 	if gcfg.ConnectURL == "" {

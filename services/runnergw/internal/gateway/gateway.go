@@ -67,6 +67,9 @@ type Config struct {
 	// PingInterval is how often the gateway pings each runner connection;
 	// a connection without a pong for PingTimeout is closed.
 	PingInterval, PingTimeout time.Duration
+	// SemanticToolTimeout is passed to launched runners
+	// (--semantic-tool-timeout); zero keeps runnerd's default.
+	SemanticToolTimeout time.Duration
 	// RunnerdPath is the runnerd binary.
 	RunnerdPath string
 	// CodexCommand and CodexArgs launch the provider (the real codex

@@ -199,6 +199,9 @@ func (g *Gateway) launch(spec *launchSpec) (*launched, error) {
 		// means the connection is dead on runnerd's side too.
 		"--gateway-silence-timeout", g.cfg.PingTimeout.String(),
 	)
+	if d := g.cfg.SemanticToolTimeout; d > 0 {
+		args = append(args, "--semantic-tool-timeout", d.String())
+	}
 	for _, a := range g.cfg.CodexArgs {
 		args = append(args, "--codex-arg", a)
 	}
