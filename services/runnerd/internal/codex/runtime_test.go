@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -320,4 +321,42 @@ func TestR2_StartTurnWithCollaborationMode(t *testing.T) {
 	require.NotNil(t, start)
 	assert.Equal(t, map[string]any{"mode": "plan", "settings": map[string]any{"model": "stub-model", "developer_instructions": nil}},
 		start["params"].(map[string]any)["collaborationMode"])
+}
+
+// SPEC R8: a dynamic tool call waits for its answer at most ToolTimeout;
+// then the driver answers it failed with semantic_tool_timeout and the turn
+// goes on.
+func TestR8_AnUnansweredToolCallIsAnsweredFailedAfterTheToolTimeout(t *testing.T) {
+	cfg := stubConfig(t, "echo")
+	cfg.ToolTimeout = 50 * time.Millisecond
+	s, rec := startSession(t, cfg)
+	openStubThread(t, s)
+	turnID, err := s.StartTurn(context.Background(), "[approval]")
+	require.NoError(t, err)
+	rec.waitFor(t, isType("runtime_request.created"))
+	_, err = s.ResolveRequest(context.Background(), "0", map[string]any{"decision": "accept"})
+	require.NoError(t, err)
+	rec.waitFor(t, isType("semantic_tool.input"))
+	rec.waitFor(t, isType("semantic_tool.result"))
+	res := rec.ofType("semantic_tool.result")
+	require.Len(t, res, 1)
+	assert.Equal(t, "driver", res[0].Payload["source"])
+	assert.Equal(t, CodeToolTimeout, res[0].Payload["code"])
+	assert.Equal(t, false, res[0].Payload["success"])
+	done := rec.ofType("tool.execution.completed")
+	require.Len(t, done, 1)
+	assert.Equal(t, CodeToolTimeout, done[0].Payload["code"])
+	assert.Equal(t, TurnCompleted, waitTurn(t, s).Status)
+	_, err = s.AnswerToolCall(context.Background(), "call_2", turnID, TextOutput(true, "late"))
+	assert.Equal(t, CodeToolCallNotPending, CodeOf(err), "a late answer has no effect")
+	var answer map[string]any
+	for _, a := range stubAnswers(t, rec) {
+		if r, ok := a["result"].(map[string]any); ok && r["contentItems"] != nil {
+			answer = r
+		}
+	}
+	require.NotNil(t, answer)
+	assert.Equal(t, false, answer["success"])
+	text := answer["contentItems"].([]any)[0].(map[string]any)["text"].(string)
+	assert.True(t, strings.HasPrefix(text, CodeToolTimeout+":"), text)
 }
