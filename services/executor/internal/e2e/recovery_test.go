@@ -147,6 +147,17 @@ func TestR7_ProviderKilledAfterCompletingTheTurnBeforeItsEventsWereSentIsReconci
 	require.Equal(t, 2, countLines(t, log, "process-start"), "one replacement provider")
 	require.Equal(t, 1, countLines(t, log, "thread/read"), "the turn was reconciled")
 
+	// The session shows the replacement provider, not the dead one.
+	killedPID := eventsOf(evs, "harness.exited")[0]["pid"]
+	readies := eventsOf(evs, "harness.ready")
+	livePID := readies[len(readies)-1]["pid"]
+	require.NotEqual(t, killedPID, livePID)
+	sess, err := h.client.GetSession(context.Background(), &executorv1.GetSessionRequest{CompanyId: "acme", NormalizedSessionId: "r7-completed"})
+	require.NoError(t, err)
+	require.Len(t, sess.GetSessions(), 1)
+	require.EqualValues(t, livePID, sess.GetSessions()[0].GetProviderProcess().GetPid(), "GetSession follows the provider restart")
+	require.Equal(t, "ready", sess.GetSessions()[0].GetLifecycle())
+
 	// The session goes on on the replacement provider, with the history.
 	h.submit("r7-completed-next", "r7-completed", "and the summary")
 	next := requireOneSucceededTerminal(t, h, "r7-completed-next", watchRun(t, h, "r7-completed-next"))
@@ -251,4 +262,34 @@ func TestR8_RunnerdKilledBetweenTurnsTheNextRunContinuesTheThreadWithTheSameRunn
 	cp := controlPlaneOf(t, root)
 	require.Equal(t, "r8-idle-2", cp.RunID)
 	require.Equal(t, before.GetRunnerInstanceId(), cp.RunnerInstanceID)
+}
+
+func TestR8_ARuntimeRequestOpenWhenRunnerdDiesIsAnnouncedExpiredByTheRelaunchedRunnerd(t *testing.T) {
+	h := newHarness(t, stack.Options{})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	h.submit("r8-ask", "r8-ask", "which colour? [ask]")
+	var killed int32
+	var created map[string]any
+	evs := h.watch(ctx, "r8-ask", 0, func(m *executorv1.WatchRunResponse) {
+		if killed != 0 || m.GetEvent().GetEventType() != "runtime_request.created" {
+			return
+		}
+		created = m.GetEvent().GetPayload().AsMap()
+		killed = killRunnerd(t, h, "r8-ask")
+	})
+	require.NotZero(t, killed, "runnerd was killed while the request was open")
+	requireOneSucceededTerminal(t, h, "r8-ask", evs)
+
+	expired := eventsOf(evs, "runtime_request.expired")
+	require.Len(t, expired, 1, "the open request is announced expired once")
+	require.Equal(t, "durable_handoff", expired[0]["reason"], "the provider survived under its host")
+	require.Equal(t, false, expired[0]["replayAllowed"])
+	require.Equal(t, created["requestId"], expired[0]["requestId"])
+	require.Equal(t, created["turnId"], expired[0]["turnId"])
+	require.Equal(t, "expired", expired[0]["request"].(map[string]any)["status"])
+	log := h.st.CallLog()
+	require.Equal(t, 1, countLines(t, log, "process-start"), "the provider survived")
+	require.Equal(t, 1, countLines(t, log, "user-input-response:failure"), "the host answered the dead runnerd's request")
+	require.Equal(t, 1, countLines(t, log, "turn/start"))
 }

@@ -176,7 +176,39 @@ type State struct {
 	// controller and not settled yet, by "request:<id>" / "tool:<callId>":
 	// after a runnerd crash they are announced expired (SPEC R8).
 	OpenRequests map[string]*OpenRequest `json:"openRequests,omitempty"`
-	UpdatedAt    time.Time               `json:"updatedAt"`
+	// LostTurns are the latest turns lost with their provider (turn.lost),
+	// by turn id, at most MaxLostTurns: a controller that took the run over
+	// and resends the command that started one learns it again (SPEC R7).
+	LostTurns map[string]*LostTurn `json:"lostTurns,omitempty"`
+	UpdatedAt time.Time            `json:"updatedAt"`
+}
+
+// MaxLostTurns bounds State.LostTurns.
+const MaxLostTurns = 16
+
+// LostTurn is a turn lost with its provider: its run and the payload of its
+// turn.lost event.
+type LostTurn struct {
+	RunID   string         `json:"runId"`
+	Payload map[string]any `json:"payload"`
+	LostAt  time.Time      `json:"lostAt"`
+}
+
+// NoteLostTurn records a lost turn, dropping the oldest beyond MaxLostTurns.
+func (s *State) NoteLostTurn(turnID string, lt *LostTurn) {
+	if s.LostTurns == nil {
+		s.LostTurns = map[string]*LostTurn{}
+	}
+	s.LostTurns[turnID] = lt
+	for len(s.LostTurns) > MaxLostTurns {
+		oldest := ""
+		for id, t := range s.LostTurns {
+			if oldest == "" || t.LostAt.Before(s.LostTurns[oldest].LostAt) {
+				oldest = id
+			}
+		}
+		delete(s.LostTurns, oldest)
+	}
 }
 
 // OpenRequest is one announced, unsettled runtime request or tool call: the

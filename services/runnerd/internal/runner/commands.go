@@ -351,6 +351,7 @@ func (r *Runner) admitCommand(c *prpv1.Command) (_ *commandSlot, changed bool) {
 				}
 			}
 			r.log.Info("duplicate command; resending the stored result", "command_id", prev.CommandID, "status", prev.Status)
+			r.reannounceLost(prev)
 			// prev is final when this slot's turn to be answered comes (a
 			// command is answered after every earlier one).
 			return &commandSlot{c: c, rec: prev, done: true}, changed
@@ -731,6 +732,7 @@ func (r *Runner) startProvider(reattach bool) *cmdError {
 	pi := p.Process()
 	r.st.ProviderProcess = &durable.Process{PID: pi.PID, PGID: pi.PGID, StartTicks: pi.StartTicks, BootID: r.boot, StartedAt: pi.StartedAt.UTC()}
 	r.mustSave()
+	r.pong(0) // the gateway's view of the provider follows
 	r.pumpProviderEvents()
 	r.emit(P1, "harness.ready", "", "", map[string]any{
 		"pid": float64(pi.PID), "pgid": float64(pi.PGID), "startTicks": float64(pi.StartTicks), "reattached": reattach,
@@ -879,6 +881,7 @@ func (r *Runner) closeProvider() {
 	r.pumpProviderEvents()
 	r.st.ProviderProcess = nil
 	r.mustSave()
+	r.pong(0)
 }
 
 // stopProvider ends an active turn and stops the provider (fatal paths).

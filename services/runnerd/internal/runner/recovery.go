@@ -83,16 +83,35 @@ func (r *Runner) settleReconciled(ctx context.Context, t *durable.Turn, code, ca
 	r.onTurnDone(res)
 }
 
+// reannounceLost emits turn.lost again for the turn a resent turn.start
+// (prev, its stored outcome) started, when that turn was lost: the
+// controller that resends it took the run over and may not have recorded
+// the loss (it persisted the event, then died).
+func (r *Runner) reannounceLost(prev *durable.CommandRecord) {
+	if prev.CommandType != CmdTurnStart || prev.Status != durable.StatusCompleted {
+		return
+	}
+	turnID, _ := prev.Result["turnId"].(string)
+	lt := r.st.LostTurns[turnID]
+	if lt == nil || (r.st.ActiveTurn != nil && r.st.ActiveTurn.TurnID == turnID) {
+		return
+	}
+	r.log.Info("a resent turn.start names a lost turn; announcing the loss again", "turn_id", turnID, "run_id", lt.RunID)
+	r.emitAll([]pendingEvent{{prio: P0, typ: EventTurnLost, turnID: turnID, runID: lt.RunID, payload: lt.Payload}})
+}
+
 // loseTurn ends the active turn t as lost: the P0 turn.lost (labelled with
 // the turn's run) tells the controller to end the attempt retryably; no
 // run.terminal is emitted, so the run goes on under its next attempt.
 func (r *Runner) loseTurn(t *durable.Turn, code, msg, reconciliation string) {
 	r.log.Warn("turn lost with its provider; the controller retries it", "turn_id", t.TurnID, "run_id", t.RunID,
 		"reconciliation", reconciliation, "cause", msg)
-	r.emitAll([]pendingEvent{{prio: P0, typ: EventTurnLost, turnID: t.TurnID, runID: t.RunID, payload: map[string]any{
+	payload := map[string]any{
 		"code": code, "message": msg, "providerTurnId": t.TurnID, "providerThreadId": r.st.ProviderThreadID,
 		"reconciliation": reconciliation, "retryable": true, "attempt": float64(t.Attempt),
-	}}})
+	}
+	r.emitAll([]pendingEvent{{prio: P0, typ: EventTurnLost, turnID: t.TurnID, runID: t.RunID, payload: payload}})
+	r.st.NoteLostTurn(t.TurnID, &durable.LostTurn{RunID: t.RunID, Payload: payload, LostAt: time.Now().UTC()})
 	if r.st.ActiveTurn == t {
 		r.st.ActiveTurn = nil
 	}

@@ -960,14 +960,21 @@ func (r *Runner) handleInbound(in inbound) {
 			// acknowledged cursor gets (see applyAck).
 			r.mustSave()
 		}
-		r.write(&prpv1.Frame{Kind: &prpv1.Frame_Pong{Pong: &prpv1.Pong{
-			Nonce: k.Ping.GetNonce(), Lifecycle: r.st.Lifecycle, AckedSourceSeq: r.st.AckedSourceSeq, OutboxBytes: r.outbox.Bytes(),
-		}}})
+		r.pong(k.Ping.GetNonce())
 	case *prpv1.Frame_Goodbye:
 		r.dropConn("gateway goodbye: "+k.Goodbye.GetCode(), errors.New(k.Goodbye.GetMessage()))
 	default:
 		r.log.Warn("ignoring unexpected frame after welcome", "kind", fmt.Sprintf("%T", k))
 	}
+}
+
+// pong answers a ping (nonce 0: unsolicited, when the provider process
+// changed) with the runner's lifecycle, cursor and provider process.
+func (r *Runner) pong(nonce uint64) {
+	r.write(&prpv1.Frame{Kind: &prpv1.Frame_Pong{Pong: &prpv1.Pong{
+		Nonce: nonce, Lifecycle: r.st.Lifecycle, AckedSourceSeq: r.st.AckedSourceSeq, OutboxBytes: r.outbox.Bytes(),
+		ProviderProcess: processProto(r.st.ProviderProcess),
+	}}})
 }
 
 // onAck applies a cumulative ACK, refusing out-of-range values.
@@ -1088,6 +1095,7 @@ func (r *Runner) emitAll(evs []pendingEvent) {
 		r.heldEvents = nil
 	}
 	recs := make([]durable.Record, 0, len(evs))
+	opened := false // a runtime request or tool call is announced
 	held := r.outbox.Bytes()
 	soft := r.cfg.MaxOutboxBytes - r.cfg.P0ReserveBytes
 	var add func(e pendingEvent) bool
@@ -1128,6 +1136,7 @@ func (r *Runner) emitAll(evs []pendingEvent) {
 		}
 		if r.trackRequest(e, label) {
 			r.requestsDirty = true
+			opened = opened || e.typ == "runtime_request.created" || e.typ == "semantic_tool.input"
 		}
 		return true
 	}
@@ -1140,6 +1149,12 @@ func (r *Runner) emitAll(evs []pendingEvent) {
 			r.setExit(ExitError, "p0_storage_exhausted", true)
 			return
 		}
+	}
+	if opened {
+		// The state knows an announced request before the controller
+		// does: a restarted runnerd announces it expired (SPEC R8).
+		r.requestsDirty = false
+		r.mustSave()
 	}
 	r.journal(recs)
 	if r.st.Backpressure && !entered {

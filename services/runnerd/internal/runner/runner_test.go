@@ -527,6 +527,33 @@ func TestR7_ATurnWhoseProviderExitedIsReconciledOnARestartedProvider(t *testing.
 	}
 }
 
+// SPEC R7: a controller that took the run over resends the turn.start of a
+// lost turn (same command id, higher attempt): it gets the stored answer and
+// the loss is announced again, so it ends the attempt too; nothing restarts.
+func TestR7_AResentTurnStartOfALostTurnAnnouncesTheLossAgain(t *testing.T) {
+	e := newTestEnv(t)
+	e.start(nil)
+	cs := &cmdSeq{t: t, runID: "run-1", attempt: 1}
+	prov := attachAndTurn(t, e, cs)
+	prov.crash(CodeProviderProcessExited)
+	first := e.gw.waitEvent(EventTurnLost, 1)
+
+	takeover := &cmdSeq{t: t, seq: cs.seq, runID: "run-1", attempt: 2}
+	res := e.gw.command(takeover.next("c-attach", CmdRunAttach, map[string]any{"input": testInput(t)}))
+	require.Equal(t, durable.StatusCompleted, res.GetStatus(), res.GetMessage())
+	res = e.gw.command(takeover.next("c-turn1", CmdTurnStart, map[string]any{"text": "hello"}))
+	require.Equal(t, durable.StatusCompleted, res.GetStatus(), "the stored answer")
+	again := e.gw.waitEvent(EventTurnLost, 2)
+	assert.Equal(t, "turn-1", again.GetTurnId())
+	assert.Equal(t, first.GetPayload().AsMap(), again.GetPayload().AsMap())
+	assert.Greater(t, again.GetSourceSeq(), first.GetSourceSeq())
+	next := e.prov.last()
+	next.mu.Lock()
+	assert.Equal(t, 0, next.turns, "no second turn/start")
+	next.mu.Unlock()
+	assert.Empty(t, e.gw.eventsOf("run.terminal"))
+}
+
 func TestR1_ProviderStartFailureFailsTheCommand(t *testing.T) {
 	e := newTestEnv(t)
 	e.start(nil)

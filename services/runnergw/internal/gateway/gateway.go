@@ -171,6 +171,9 @@ type runner struct {
 	connected   chan struct{} // closed while a connection is registered
 	connectedAt time.Time
 	hello       *prpv1.Hello
+	// provider is the provider process the runner last reported (its
+	// hello, then its pongs: it changes when the provider is restarted).
+	provider *prpv1.ProcessInfo
 	gen         uint64 // connection generation of conn
 	mode        string // transport of conn
 	lastPong    time.Time
@@ -445,7 +448,7 @@ func (g *Gateway) Attach(stream gatewayv1.RunnerGateway_AttachServer) error {
 	}
 	if r.hello != nil {
 		opened.RunnerProcess = r.hello.GetRunnerProcess()
-		opened.ProviderProcess = r.hello.GetProviderProcess()
+		opened.ProviderProcess = r.provider
 	}
 	conn := r.conn
 	after := r.ackedSeq
@@ -647,6 +650,7 @@ func (g *Gateway) serveRunner(ctx context.Context, c *prp.Conn, mode string) {
 		close(r.connected)
 	}
 	r.conn, r.connID, r.hello, r.gen, r.mode = c, acc.ConnectionID, hello, gen, mode
+	r.provider = hello.GetProviderProcess()
 	r.connectedAt = time.Now()
 	r.lastPong = r.connectedAt
 	r.lastCmdSeq = hello.GetResume().GetLastControllerSeq()
@@ -744,6 +748,7 @@ func (g *Gateway) readRunner(ctx context.Context, r *runner, c *prp.Conn) error 
 		case *prpv1.Frame_Pong:
 			r.mu.Lock()
 			r.lifecycle = k.Pong.GetLifecycle()
+			r.provider = k.Pong.GetProviderProcess()
 			r.lastPong = time.Now()
 			r.mu.Unlock()
 		case *prpv1.Frame_Goodbye:
@@ -792,7 +797,7 @@ func (r *runner) view() *gatewayv1.Runner {
 		v.NormalizedSessionId = r.hello.GetIdentity().GetNormalizedSessionId()
 		v.CompanyId = r.hello.GetSessionInput().GetBinding().GetCompanyId()
 		v.RunnerProcess = r.hello.GetRunnerProcess()
-		v.ProviderProcess = r.hello.GetProviderProcess()
+		v.ProviderProcess = r.provider
 	}
 	if !r.connectedAt.IsZero() {
 		v.ConnectedAt = timestamppb.New(r.connectedAt)

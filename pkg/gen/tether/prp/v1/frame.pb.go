@@ -836,8 +836,12 @@ type Pong struct {
 	Lifecycle      string                 `protobuf:"bytes,2,opt,name=lifecycle,proto3" json:"lifecycle,omitempty"`
 	AckedSourceSeq uint64                 `protobuf:"varint,3,opt,name=acked_source_seq,json=ackedSourceSeq,proto3" json:"acked_source_seq,omitempty"`
 	OutboxBytes    uint64                 `protobuf:"varint,4,opt,name=outbox_bytes,json=outboxBytes,proto3" json:"outbox_bytes,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// The provider process the runner supervises now (absent: none). A
+	// runner also sends an unsolicited Pong (nonce 0) when it changes, e.g.
+	// after a provider restart.
+	ProviderProcess *ProcessInfo `protobuf:"bytes,5,opt,name=provider_process,json=providerProcess,proto3" json:"provider_process,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *Pong) Reset() {
@@ -896,6 +900,13 @@ func (x *Pong) GetOutboxBytes() uint64 {
 		return x.OutboxBytes
 	}
 	return 0
+}
+
+func (x *Pong) GetProviderProcess() *ProcessInfo {
+	if x != nil {
+		return x.ProviderProcess
+	}
+	return nil
 }
 
 // Goodbye announces an orderly close with a stable code.
@@ -1060,12 +1071,13 @@ const file_tether_prp_v1_frame_proto_rawDesc = "" +
 	"\x03Ack\x12(\n" +
 	"\x10acked_source_seq\x18\x01 \x01(\x04R\x0eackedSourceSeq\"\x1c\n" +
 	"\x04Ping\x12\x14\n" +
-	"\x05nonce\x18\x01 \x01(\x04R\x05nonce\"\x87\x01\n" +
+	"\x05nonce\x18\x01 \x01(\x04R\x05nonce\"\xce\x01\n" +
 	"\x04Pong\x12\x14\n" +
 	"\x05nonce\x18\x01 \x01(\x04R\x05nonce\x12\x1c\n" +
 	"\tlifecycle\x18\x02 \x01(\tR\tlifecycle\x12(\n" +
 	"\x10acked_source_seq\x18\x03 \x01(\x04R\x0eackedSourceSeq\x12!\n" +
-	"\foutbox_bytes\x18\x04 \x01(\x04R\voutboxBytes\"7\n" +
+	"\foutbox_bytes\x18\x04 \x01(\x04R\voutboxBytes\x12E\n" +
+	"\x10provider_process\x18\x05 \x01(\v2\x1a.tether.prp.v1.ProcessInfoR\x0fproviderProcess\"7\n" +
 	"\aGoodbye\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\tR\x04code\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\"2\n" +
@@ -1124,11 +1136,12 @@ var file_tether_prp_v1_frame_proto_depIdxs = []int32{
 	15, // 14: tether.prp.v1.Hello.runner_process:type_name -> tether.prp.v1.ProcessInfo
 	15, // 15: tether.prp.v1.Hello.provider_process:type_name -> tether.prp.v1.ProcessInfo
 	16, // 16: tether.prp.v1.Hello.session_input:type_name -> tether.prp.v1.ExecutionInput
-	17, // [17:17] is the sub-list for method output_type
-	17, // [17:17] is the sub-list for method input_type
-	17, // [17:17] is the sub-list for extension type_name
-	17, // [17:17] is the sub-list for extension extendee
-	0,  // [0:17] is the sub-list for field type_name
+	15, // 17: tether.prp.v1.Pong.provider_process:type_name -> tether.prp.v1.ProcessInfo
+	18, // [18:18] is the sub-list for method output_type
+	18, // [18:18] is the sub-list for method input_type
+	18, // [18:18] is the sub-list for extension type_name
+	18, // [18:18] is the sub-list for extension extendee
+	0,  // [0:18] is the sub-list for field type_name
 }
 
 func init() { file_tether_prp_v1_frame_proto_init() }
