@@ -122,16 +122,33 @@ func watchRun(t *testing.T, h *harness, runID string) []*executorv1.WatchRunResp
 	return h.watch(ctx, runID, 0, nil)
 }
 
+// runThroughProviderKill submits prompt as run runID (its own session),
+// watches it to its end and checks what every provider kill must give:
+// contiguous events, one succeeded run.terminal after attempt attempts, and
+// harness.exited naming SIGKILL. It returns the events and the final
+// message.
+func runThroughProviderKill(t *testing.T, h *harness, runID, prompt string, attempt int) ([]*executorv1.WatchRunResponse, string) {
+	t.Helper()
+	h.submit(runID, runID, prompt)
+	evs := watchRun(t, h, runID)
+	requireContiguous(t, evs)
+	final := requireOneSucceededTerminal(t, h, runID, evs)
+	require.EqualValues(t, attempt, h.get(runID).GetAttempt())
+	requireKilledBySIGKILL(t, evs)
+	if attempt > 1 {
+		retries := eventsOf(evs, "run.retry_scheduled")
+		require.Len(t, retries, 1)
+		require.Equal(t, "native_session_interrupted", retries[0]["code"])
+		require.Contains(t, retries[0]["message"], "killed by signal SIGKILL", "the retry names the provider's signal")
+	}
+	return evs, final
+}
+
 func TestR7_ProviderKilledAfterCompletingTheTurnBeforeItsEventsWereSentIsReconciledWithoutASecondTurnStart(t *testing.T) {
 	h := recoveryHarness(t)
 	const prompt = "finish the report [die:completed]"
-	h.submit("r7-completed", "r7-completed", prompt)
-	evs := watchRun(t, h, "r7-completed")
-	requireContiguous(t, evs)
-
-	final := requireOneSucceededTerminal(t, h, "r7-completed", evs)
-	require.EqualValues(t, 1, h.get("r7-completed").GetAttempt(), "no retry: the provider's recorded result ended the turn")
-	requireKilledBySIGKILL(t, evs)
+	// No retry: the provider's recorded result ended the turn.
+	evs, final := runThroughProviderKill(t, h, "r7-completed", prompt, 1)
 	reconciled := eventsOf(evs, "turn.completed")
 	require.Len(t, reconciled, 1)
 	require.Equal(t, true, reconciled[0]["reconciled"], "the result came from thread/read")
@@ -168,17 +185,7 @@ func TestR7_ProviderKilledAfterCompletingTheTurnBeforeItsEventsWereSentIsReconci
 func TestR7_ProviderKilledBeforeAnsweringTurnStartTheAttemptIsRetriedAndTheTurnRunsOnce(t *testing.T) {
 	h := recoveryHarness(t)
 	const prompt = "[die:turn-start] plan the week"
-	h.submit("r7-start", "r7-start", prompt)
-	evs := watchRun(t, h, "r7-start")
-	requireContiguous(t, evs)
-
-	final := requireOneSucceededTerminal(t, h, "r7-start", evs)
-	require.EqualValues(t, 2, h.get("r7-start").GetAttempt(), "the lost attempt was retried")
-	requireKilledBySIGKILL(t, evs)
-	retries := eventsOf(evs, "run.retry_scheduled")
-	require.Len(t, retries, 1)
-	require.Equal(t, "native_session_interrupted", retries[0]["code"])
-	require.Contains(t, retries[0]["message"], "killed by signal SIGKILL", "the retry names the provider's signal")
+	evs, final := runThroughProviderKill(t, h, "r7-start", prompt, 2)
 	require.Len(t, eventsOf(evs, "turn.started"), 1, "one turn was announced")
 
 	turns := providerTurnsWith(t, h, prompt)
@@ -191,21 +198,12 @@ func TestR7_ProviderKilledBeforeAnsweringTurnStartTheAttemptIsRetriedAndTheTurnR
 func TestR7_ProviderKilledMidStreamTheCutOffTurnIsRetriedOnTheResumedThreadAndTheRunSucceeds(t *testing.T) {
 	h := recoveryHarness(t, "--delta-delay-ms", "20")
 	prompt := "[die:mid-stream] " + slowTurn
-	h.submit("r7-stream", "r7-stream", prompt)
-	evs := watchRun(t, h, "r7-stream")
-	requireContiguous(t, evs)
-
-	final := requireOneSucceededTerminal(t, h, "r7-stream", evs)
-	require.EqualValues(t, 2, h.get("r7-stream").GetAttempt(), "the lost attempt was retried")
-	requireKilledBySIGKILL(t, evs)
+	evs, final := runThroughProviderKill(t, h, "r7-stream", prompt, 2)
 	lost := eventsOf(evs, "turn.lost")
 	require.Len(t, lost, 1, "the cut-off turn was reported lost, not failed")
 	require.Equal(t, "interrupted", lost[0]["reconciliation"])
 	require.Contains(t, lost[0]["message"], "killed by signal SIGKILL")
 	require.LessOrEqual(t, len(eventsOf(evs, "turn.interrupted")), 1, "at most the reconciled one")
-	retries := eventsOf(evs, "run.retry_scheduled")
-	require.Len(t, retries, 1)
-	require.Equal(t, "native_session_interrupted", retries[0]["code"])
 
 	// The provider's history: the cut-off turn (never completed, no result
 	// delivered) and the retried one, completed once.
