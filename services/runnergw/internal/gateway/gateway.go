@@ -173,15 +173,15 @@ type runner struct {
 	hello       *prpv1.Hello
 	// provider is the provider process the runner last reported (its
 	// hello, then its pongs: it changes when the provider is restarted).
-	provider *prpv1.ProcessInfo
-	gen         uint64 // connection generation of conn
-	mode        string // transport of conn
-	lastPong    time.Time
-	lastCmdSeq  uint64
-	ackedSeq    uint64
-	att         *attachment
-	child       *launched
-	lifecycle   string
+	provider   *prpv1.ProcessInfo
+	gen        uint64 // connection generation of conn
+	mode       string // transport of conn
+	lastPong   time.Time
+	lastCmdSeq uint64
+	ackedSeq   uint64
+	att        *attachment
+	child      *launched
+	lifecycle  string
 	// dialURL is the listener a listen_ws dial loop is dialling (empty:
 	// none); dialGen identifies the current loop.
 	dialURL string
