@@ -78,17 +78,6 @@ func providerTurnsWith(t *testing.T, h *harness, prompt string) []providerTurn {
 	return out
 }
 
-// eventsOf returns the events of the given type.
-func eventsOf(evs []*executorv1.WatchRunResponse, typ string) []map[string]any {
-	var out []map[string]any
-	for _, m := range evs {
-		if m.GetEvent().GetEventType() == typ {
-			out = append(out, m.GetEvent().GetPayload().AsMap())
-		}
-	}
-	return out
-}
-
 // requireOneSucceededTerminal checks the run ended succeeded with exactly
 // one run.terminal, the last event, and returns its final message.
 func requireOneSucceededTerminal(t *testing.T, h *harness, runID string, evs []*executorv1.WatchRunResponse) string {
