@@ -732,7 +732,6 @@ func (r *Runner) startProvider(reattach bool) *cmdError {
 	pi := p.Process()
 	r.st.ProviderProcess = &durable.Process{PID: pi.PID, PGID: pi.PGID, StartTicks: pi.StartTicks, BootID: r.boot, StartedAt: pi.StartedAt.UTC()}
 	r.mustSave()
-	r.pong(0) // the gateway's view of the provider follows
 	r.pumpProviderEvents()
 	r.emit(P1, "harness.ready", "", "", map[string]any{
 		"pid": float64(pi.PID), "pgid": float64(pi.PGID), "startTicks": float64(pi.StartTicks), "reattached": reattach,
@@ -881,7 +880,6 @@ func (r *Runner) closeProvider() {
 	r.pumpProviderEvents()
 	r.st.ProviderProcess = nil
 	r.mustSave()
-	r.pong(0)
 }
 
 // stopProvider ends an active turn and stops the provider (fatal paths).
