@@ -88,7 +88,7 @@ func run() error {
 	}
 	defer gwConn.Close()
 	gw := grant.Client(gatewayv1.NewRunnerGatewayClient(gwConn), grant.NewSigner(signingKey, *grantTTL, nil), *gatewayID)
-	srv, err := grpcx.New(*cfg)
+	srv, err := grpcx.New(*cfg, api.WatchCodec())
 	if err != nil {
 		return err
 	}
@@ -96,7 +96,7 @@ func run() error {
 	if *advertise == "" {
 		*advertise = cfg.GRPCAddr
 	}
-	hub := watch.NewHub(watchStore)
+	hub := watch.NewHub(watchStore, watch.WithEncoder(api.EncodeWatchEvent))
 	d := dispatch.New(st, dispatch.Config{
 		Owner: *owner, LeaseTTL: *ttl, PollInterval: *poll, MaxActive: *maxActive, RetryDelay: *retryDelay,
 		NoSameHostTakeover: !*sameHost, AdvertiseAddr: *advertise, Metrics: srv.Registry(),

@@ -302,6 +302,13 @@ func (s *Server) WatchRun(req *executorv1.WatchRunRequest, stream executorv1.Exe
 			return failure.ToStatus(err)
 		}
 		for _, e := range evs {
+			if e.Wire != nil {
+				// Encoded once by the run's feed for all of its watchers.
+				if err := stream.SendMsg(e.Wire); err != nil {
+					return err
+				}
+				continue
+			}
 			m := &executorv1.WatchRunResponse{Seq: e.Seq, Event: e.Event}
 			terminal := e.Event.GetEventType() == store.EventTerminal
 			if terminal {

@@ -45,9 +45,10 @@ func start(t *testing.T, opts ...watch.Option) env {
 	st, err := store.Open(ctx, dsn)
 	require.NoError(t, err)
 	reads := &countingReader{Reader: st, n: map[string]int{}}
-	hub := watch.NewHub(reads, opts...)
+	// As the executor binary builds them: events encoded once per feed.
+	hub := watch.NewHub(reads, append([]watch.Option{watch.WithEncoder(api.EncodeWatchEvent)}, opts...)...)
 	srv, err := grpcx.New(grpcx.Config{Name: "executor", GRPCAddr: "127.0.0.1:0",
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}, api.WatchCodec())
 	require.NoError(t, err)
 	executorv1.RegisterExecutorServiceServer(srv.GRPC(), &api.Server{Store: st, Hub: hub})
 	require.NoError(t, srv.Listen())

@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/tether-run/tether/pkg/failure"
@@ -227,4 +228,52 @@ func TestWatchRunCutsOffAStalledWatcherWithoutDelayingOthersAndItResumesFromItsC
 	}
 	<-resumed.done
 	require.NoError(t, resumed.err)
+}
+
+func TestWatchRunSendsEachFeedEventEncodedOnceForAllWatchersIdenticalToTheStoredEvent(t *testing.T) {
+	var encoded sync.Map // seq → times encoded
+	e := start(t, watch.WithEncoder(func(ev store.StoredEvent) (any, error) {
+		n, _ := encoded.LoadOrStore(ev.Seq, new(int))
+		*n.(*int)++ // the feed goroutine is the only caller
+		return api.EncodeWatchEvent(ev)
+	}))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	f := claimed(t, e, "enc")
+
+	const n = 20
+	streams := make([]executorv1.ExecutorService_WatchRunClient, n)
+	for i := range streams {
+		s, err := e.client.WatchRun(ctx, &executorv1.WatchRunRequest{RunId: "enc"})
+		require.NoError(t, err)
+		streams[i] = s
+	}
+	require.Eventually(t, func() bool { return e.hub.Watchers("enc") == n }, 20*time.Second, 5*time.Millisecond)
+	want := []*prpv1.Event{sized("enc", 1, "item.delta", 300), sized("enc", 2, "item.delta", 5), sized("enc", 3, store.EventTerminal, 1)}
+	for _, ev := range want {
+		_, err := e.store.AppendEvents(ctx, f, []*prpv1.Event{ev})
+		require.NoError(t, err)
+	}
+	stored, err := e.store.EventsAfter(ctx, "enc", 0, 10)
+	require.NoError(t, err)
+	require.Len(t, stored, 3)
+	for _, s := range streams {
+		for i := range 3 {
+			m, err := s.Recv()
+			require.NoError(t, err)
+			require.EqualValues(t, i+1, m.GetSeq())
+			require.True(t, proto.Equal(stored[i].Event, m.GetEvent()), "event %d as stored", i+1)
+		}
+		_, err := s.Recv()
+		require.ErrorIs(t, err, io.EOF)
+	}
+	for seq := uint64(1); seq <= 3; seq++ {
+		times, ok := encoded.Load(seq)
+		if !ok {
+			continue // read by the watchers themselves before they joined the feed
+		}
+		require.Equal(t, 1, *times.(*int), "event %d encoded once for %d watchers", seq, n)
+	}
+	_, ok := encoded.Load(uint64(2))
+	require.True(t, ok, "events after every watcher joined come through the feed")
 }

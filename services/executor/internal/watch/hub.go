@@ -56,11 +56,26 @@ func (e *ErrTooSlow) Error() string {
 // ErrStopped is returned by Watch.Next when its stop channel closed.
 var ErrStopped = errors.New("watch stopped")
 
+// Event is one event a watch returns: the stored row and, when it came
+// through the run's feed and the hub has an encoder, its wire form, made
+// once for all of the run's watchers.
+type Event struct {
+	store.StoredEvent
+	// Wire is the encoder's result for the event, or nil (the event was
+	// replayed by this watcher, or the hub has no encoder).
+	Wire any
+}
+
+// Encoder turns an event into the form every watcher sends (for WatchRun, its
+// encoded response), so that a feed with 1,000 watchers encodes it once.
+type Encoder func(store.StoredEvent) (any, error)
+
 // Hub holds one feed per watched run.
 type Hub struct {
-	reader Reader
-	buffer int
-	page   int
+	reader  Reader
+	encoder Encoder
+	buffer  int
+	page    int
 
 	mu    sync.Mutex
 	feeds map[string]*feed
@@ -72,6 +87,9 @@ type Option func(*Hub)
 // WithBuffer sets the per-watcher bound (events delivered, not yet sent);
 // it is at least the page.
 func WithBuffer(n int) Option { return func(h *Hub) { h.buffer = max(n, 1) } }
+
+// WithEncoder makes each feed encode its events once, for all watchers.
+func WithEncoder(e Encoder) Option { return func(h *Hub) { h.encoder = e } }
 
 // WithPage sets how many events one read returns.
 func WithPage(n int) Option { return func(h *Hub) { h.page = max(n, 1) } }
@@ -114,7 +132,7 @@ type Watch struct {
 	signal chan struct{} // something was delivered, or the watch was cut
 
 	mu      sync.Mutex
-	pending []store.StoredEvent
+	pending []Event
 	cut     bool
 }
 
@@ -167,7 +185,7 @@ func (h *Hub) leave(w *Watch) {
 // Next returns the next events after the watch's cursor, in order, waiting
 // for them when there are none. It returns ctx's error when ctx ends,
 // ErrStopped when stop closes, and *ErrTooSlow once the watch was cut off.
-func (w *Watch) Next(ctx context.Context, stop <-chan struct{}) ([]store.StoredEvent, error) {
+func (w *Watch) Next(ctx context.Context, stop <-chan struct{}) ([]Event, error) {
 	for !w.live {
 		evs, err := w.hub.reader.EventsAfter(ctx, w.runID, w.cursor, w.hub.page)
 		if err != nil {
@@ -184,7 +202,7 @@ func (w *Watch) Next(ctx context.Context, stop <-chan struct{}) ([]store.StoredE
 		}
 		if len(evs) > 0 {
 			w.cursor = evs[len(evs)-1].Seq
-			return evs, nil
+			return unencoded(evs), nil
 		}
 	}
 	for {
@@ -208,7 +226,7 @@ func (w *Watch) Next(ctx context.Context, stop <-chan struct{}) ([]store.StoredE
 					return nil, fmt.Errorf("watch %s: events after %d are missing before %d", w.runID, w.cursor, got[0].Seq)
 				}
 				w.requeue(got)
-				got = evs
+				got = unencoded(evs)
 			}
 			w.cursor = got[len(got)-1].Seq
 			return got, nil
@@ -226,16 +244,25 @@ func (w *Watch) Next(ctx context.Context, stop <-chan struct{}) ([]store.StoredE
 	}
 }
 
+// unencoded wraps events read by the watcher itself (no wire form).
+func unencoded(evs []store.StoredEvent) []Event {
+	out := make([]Event, len(evs))
+	for i, e := range evs {
+		out[i].StoredEvent = e
+	}
+	return out
+}
+
 // requeue puts events taken from pending back in front of it.
-func (w *Watch) requeue(evs []store.StoredEvent) {
+func (w *Watch) requeue(evs []Event) {
 	w.mu.Lock()
-	w.pending = append(append([]store.StoredEvent(nil), evs...), w.pending...)
+	w.pending = append(append([]Event(nil), evs...), w.pending...)
 	w.mu.Unlock()
 }
 
 // deliver hands events to the watch, or cuts it off when its buffer would
 // overflow. It never blocks.
-func (w *Watch) deliver(evs []store.StoredEvent) (ok bool) {
+func (w *Watch) deliver(evs []Event) (ok bool) {
 	w.mu.Lock()
 	switch {
 	case len(w.pending)+len(evs) > w.hub.buffer:
@@ -328,7 +355,7 @@ func (f *feed) run(ctx context.Context) {
 				break
 			}
 			f.next = evs[len(evs)-1].Seq
-			if f.publish(evs) {
+			if f.publish(f.encode(evs)) {
 				return
 			}
 			if len(evs) < f.hub.page {
@@ -338,11 +365,27 @@ func (f *feed) run(ctx context.Context) {
 	}
 }
 
+// encode gives each event its wire form once, when the hub has an encoder;
+// an event the encoder refuses goes without (each watcher then encodes it,
+// and sees the error itself).
+func (f *feed) encode(evs []store.StoredEvent) []Event {
+	out := unencoded(evs)
+	if f.hub.encoder == nil {
+		return out
+	}
+	for i := range out {
+		if wire, err := f.hub.encoder(out[i].StoredEvent); err == nil {
+			out[i].Wire = wire
+		}
+	}
+	return out
+}
+
 // publish hands evs to every watcher and drops the ones cut off. It
 // reports whether the feed is done: the run ended (its terminal event was
 // among evs) or every watcher was cut off. The feed then retires, and a
 // later watch of the run starts a new one.
-func (f *feed) publish(evs []store.StoredEvent) (done bool) {
+func (f *feed) publish(evs []Event) (done bool) {
 	f.hub.mu.Lock()
 	defer f.hub.mu.Unlock()
 	for w := range f.watchers {
