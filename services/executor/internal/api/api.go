@@ -77,7 +77,7 @@ func (s *Server) SubmitRun(ctx context.Context, req *executorv1.SubmitRunRequest
 	if err != nil {
 		return nil, failure.ToStatus(err)
 	}
-	return &executorv1.SubmitRunResponse{Run: run, Created: created}, nil
+	return &executorv1.SubmitRunResponse{Run: visible(run), Created: created}, nil
 }
 
 // kick wakes the local dispatcher for a run just submitted.
@@ -96,7 +96,7 @@ func (s *Server) GetRun(ctx context.Context, req *executorv1.GetRunRequest) (*ex
 	if err != nil {
 		return nil, failure.ToStatus(err)
 	}
-	return &executorv1.GetRunResponse{Run: run}, nil
+	return &executorv1.GetRunResponse{Run: visible(run)}, nil
 }
 
 // ListRuns pages through runs.
@@ -107,7 +107,7 @@ func (s *Server) ListRuns(ctx context.Context, req *executorv1.ListRunsRequest) 
 	if err != nil {
 		return nil, failure.ToStatus(err)
 	}
-	return &executorv1.ListRunsResponse{Runs: runs, NextPageToken: next}, nil
+	return &executorv1.ListRunsResponse{Runs: visibleRuns(runs), NextPageToken: next}, nil
 }
 
 // CancelRun records a durable cancellation and waits (bounded) for the
