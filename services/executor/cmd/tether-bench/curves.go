@@ -42,7 +42,9 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
@@ -623,10 +625,10 @@ func startExecutor(ctx context.Context, bin, dsn string) (*executorProc, error) 
 		c, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 		if err == nil {
 			cctx, cancel := context.WithTimeout(ctx, time.Second)
-			_, err = executorv1.NewExecutorServiceClient(c).GetRun(cctx, &executorv1.GetRunRequest{RunId: "watch-curve"})
+			_, err = executorv1.NewExecutorServiceClient(c).GetRun(cctx, &executorv1.GetRunRequest{RunId: "readiness-probe"})
 			cancel()
 			c.Close()
-			if err == nil {
+			if status.Code(err) == codes.NotFound { // answering from its database
 				return p, nil
 			}
 		}

@@ -28,7 +28,8 @@ CREATE SCHEMA tether_bench;
 CREATE TABLE tether_bench.coordinators (LIKE executor.coordinators INCLUDING ALL) WITH (fillfactor = 50);
 -- The raw claim's own queue index (executor's claim walks session heads).
 CREATE INDEX ON tether_bench.coordinators (submit_seq) WHERE phase IN ('queued', 'retryable_failure');
-CREATE TABLE tether_bench.events (LIKE executor.events INCLUDING ALL);`
+CREATE TABLE tether_bench.events (LIKE executor.events INCLUDING ALL);
+CREATE TABLE tether_bench.runs (LIKE executor.runs INCLUDING ALL);`
 
 	rawSeedQueuedSQL = `
 INSERT INTO tether_bench.coordinators (run_id, next_attempt_at, session_scope, submit_seq)
@@ -71,6 +72,7 @@ type bench struct {
 	claim claimFn
 	raw   *pgxpool.Pool
 	dsn   string // the database, for the processes the curves start
+	exe   *executorProc // the executor the unary figures call
 	// absolute are BENCH lines of curve points with absolute targets.
 	absolute []string
 }
@@ -94,6 +96,16 @@ type result struct {
 	name, unit  string
 	tether, raw measurement
 	target      float64 // minimum tether/raw
+	// p99Limit, when set, is the maximum tether/raw of the p99 latencies.
+	p99Limit          float64
+	tetherP99, rawP99 time.Duration
+}
+
+func (r result) p99Ratio() float64 {
+	if r.rawP99 == 0 {
+		return 0
+	}
+	return float64(r.tetherP99) / float64(r.rawP99)
 }
 
 func (r result) ratio() float64 {

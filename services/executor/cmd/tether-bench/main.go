@@ -83,6 +83,7 @@ type config struct {
 	slices              int
 	figures             string
 	cpuProfile          string
+	unaryCallers        int
 
 	// -curves
 	curves                         bool
@@ -125,6 +126,13 @@ func (l intList) Set(v string) error {
 }
 
 func main() {
+	if os.Getenv(emptyServerEnv) != "" {
+		if err := serveEmpty(); err != nil {
+			fmt.Fprintln(os.Stderr, "tether-bench (empty unary server):", err)
+			os.Exit(1)
+		}
+		return
+	}
 	var cfg config
 	flag.IntVar(&cfg.claims, "claims", 2000, "lease_claim: queued runs claimed per side (measured)")
 	flag.IntVar(&cfg.claimWarmup, "claim-warmup", 200, "lease_claim: claims per side before measuring")
@@ -135,7 +143,8 @@ func main() {
 	flag.DurationVar(&cfg.duration, "duration", 4*time.Second, "measured time per side for the timed figures")
 	flag.DurationVar(&cfg.warmup, "warmup", 500*time.Millisecond, "warm-up time per side for the timed figures")
 	flag.IntVar(&cfg.slices, "slices", 8, "alternating tether/raw slices per figure")
-	flag.StringVar(&cfg.figures, "figures", "lease_claim,lease_renewal,event_persistence", "comma-separated figures to run, in this order")
+	flag.StringVar(&cfg.figures, "figures", "lease_claim,lease_renewal,event_persistence,unary_getrun,unary_submit", "comma-separated figures to run, in this order")
+	flag.IntVar(&cfg.unaryCallers, "unary-callers", 32, "unary_getrun, unary_submit: concurrent callers per side")
 	flag.StringVar(&cfg.cpuProfile, "cpuprofile", "", "write a CPU profile of the measured figures (both sides) to this file")
 	flag.BoolVar(&cfg.curves, "curves", false, "measure the scale curves instead of the figures (see curves.go)")
 	curveList := flag.String("curve", "claim_attempt,lease_renewal,event_append,watch_delivery", "-curves: which curves, comma-separated")
@@ -150,7 +159,7 @@ func main() {
 	flag.DurationVar(&cfg.watchPace, "watch-pace", 50*time.Millisecond, "watch_delivery: one event per this interval")
 	flag.DurationVar(&cfg.idle, "watch-idle", 2*time.Second, "watch_delivery: idle time measured per size")
 	flag.DurationVar(&cfg.idleSettle, "watch-idle-settle", 11*time.Second, "watch_delivery: wait before the idle measurement (PostgreSQL reports an idle backend's transactions within 10 s)")
-	flag.StringVar(&cfg.executor, "executor", "", "watch_delivery: the executor binary (default: next to this one)")
+	flag.StringVar(&cfg.executor, "executor", "", "watch_delivery, unary_getrun, unary_submit: the executor binary (default: next to this one)")
 	flag.Parse()
 	cfg.curveSet = map[string]bool{}
 	for name := range strings.SplitSeq(*curveList, ",") {
@@ -181,7 +190,7 @@ func run(ctx context.Context, cfg config) (err error) {
 		}
 	}()
 	// Enough connections that neither side queues on the pool.
-	poolCfg.MaxConns = int32(max(2*cfg.workers, 4))
+	poolCfg.MaxConns = int32(max(2*cfg.workers, cfg.unaryCallers, 4))
 
 	db := stdlib.OpenDB(*poolCfg.ConnConfig.Copy())
 	err = store.MigrateDB(ctx, db)
@@ -215,17 +224,23 @@ func run(ctx context.Context, cfg config) (err error) {
 	}
 
 	b := &bench{cfg: cfg, st: st, claim: claimFunc(st), raw: rawPool, dsn: dsn}
+	defer func() {
+		if b.exe != nil {
+			b.exe.stop()
+		}
+	}()
 	if cfg.curves {
 		return b.curves(ctx)
 	}
 	figures := map[string]func(context.Context) (result, error){
 		"lease_claim": b.leaseClaim, "lease_renewal": b.leaseRenewal, "event_persistence": b.eventPersistence,
+		"unary_getrun": b.unaryGetRun, "unary_submit": b.unarySubmit,
 	}
 	var chosen []func(context.Context) (result, error)
 	for name := range strings.SplitSeq(cfg.figures, ",") {
 		fig, ok := figures[strings.TrimSpace(name)]
 		if !ok {
-			return fmt.Errorf("-figures: no figure %q (lease_claim, lease_renewal, event_persistence)", name)
+			return fmt.Errorf("-figures: no figure %q (lease_claim, lease_renewal, event_persistence, unary_getrun, unary_submit)", name)
 		}
 		chosen = append(chosen, fig)
 	}
