@@ -27,9 +27,9 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/protobuf/proto"
 
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
+	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/scope"
 	"github.com/tether-run/tether/services/executor/internal/store"
 )
@@ -234,9 +234,10 @@ WITH ins AS (
 INSERT INTO tether_bench.coordinators (run_id, binding_digest, session_scope, submit_seq)
 SELECT run_id, $10, session_scope, submit_seq FROM ins`
 
-// unarySubmit is P1's SubmitRun figure. The runs queue in one warm session
-// behind its head (the executor's dispatcher claims the head only), so the
-// figure is the submission path, not dispatch.
+// unarySubmit is P1's SubmitRun figure. Each caller submits to a warm
+// session of its own: the first run of each is claimed (and its attempt fails
+// fast at the absent gateway, to retry later); the rest queue behind it, so
+// the figure is the submission path, not dispatch.
 func (b *bench) unarySubmit(ctx context.Context) (result, error) {
 	exe, err := b.executorProcess(ctx)
 	if err != nil {
@@ -248,24 +249,31 @@ func (b *bench) unarySubmit(ctx context.Context) (result, error) {
 	}
 	defer tc.Close()
 	tether := executorv1.NewExecutorServiceClient(tc)
-	in := benchInput("p1-submit")
-	digest, raw, err := store.InputDigest(in)
-	if err != nil {
-		return result{}, err
+	type caller struct {
+		in          *prpv1.ExecutionInput
+		digest, raw any
 	}
-	in = proto.CloneOf(in)
+	callers := make([]caller, b.cfg.unaryCallers)
+	for c := range callers {
+		in := benchInput(fmt.Sprintf("p1-submit-%d", c))
+		digest, raw, err := store.InputDigest(in)
+		if err != nil {
+			return result{}, err
+		}
+		callers[c] = caller{in: in, digest: digest, raw: raw}
+	}
 	id := func(side string, slice, caller, i int) string {
 		return fmt.Sprintf("p1-%s-%d-%d-%d", side, slice, caller, i)
 	}
 	return b.unaryFigure(ctx, "unary_submit", "runs/s",
 		func(ctx context.Context, s, c, i int) error {
-			_, err := tether.SubmitRun(ctx, &executorv1.SubmitRunRequest{RunId: id("t", s, c, i), Input: in})
+			_, err := tether.SubmitRun(ctx, &executorv1.SubmitRunRequest{RunId: id("t", s, c, i), Input: callers[c].in})
 			return err
 		},
 		func(ctx context.Context, s, c, i int) error {
-			runID := id("r", s, c, i)
+			runID, in := id("r", s, c, i), callers[c].in
 			_, err := b.raw.Exec(ctx, rawSubmitSQL, runID, in.GetBinding().GetCompanyId(), in.GetSession().GetNormalizedSessionId(),
-				scope.OfRun(runID, in), in.GetSession().GetLifecycle().GetMode().String(), raw, digest,
+				scope.OfRun(runID, in), in.GetSession().GetLifecycle().GetMode().String(), callers[c].raw, callers[c].digest,
 				in.GetBinding().GetIssueId(), in.GetBinding().GetAgentId(), store.BindingDigest(in))
 			return err
 		})
