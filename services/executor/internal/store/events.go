@@ -748,7 +748,8 @@ next:
 // round trip, one commit. While the fence holds, it bumps the run's event
 // count by the batch size (the UPDATE locks the run row, which serialises
 // the run's appends, and returns the count the batch's run-local seqs
-// follow), inserts the batch and notifies EventsChannel. A batch with an
+// follow) and inserts the batch; EventsChannel is notified after the commit
+// (notifyCommitted). A batch with an
 // event already stored under its (run, source instance, source seq) fails
 // on the events unique key, so the statement writes nothing; the caller
 // then takes the careful path. When the fence does not hold, nothing is
@@ -764,9 +765,8 @@ ins AS (
   SELECT $1, $3, fence.base + k.ord, k.source_instance_id, k.source_seq, k.source_event_id, k.event_type, k.payload_sha256, k.event
     FROM fence, unnest($4::text[], $5::bigint[], $6::text[], $7::text[], $8::bytea[], $9::bytea[]) WITH ORDINALITY
          AS k(source_instance_id, source_seq, source_event_id, event_type, payload_sha256, event, ord)
-  RETURNING 1),
-note AS (SELECT pg_notify($11, $1) FROM fence)
-SELECT (SELECT count(*) FROM fence), (SELECT count(*) FROM ins), (SELECT count(*) FROM note)`
+  RETURNING 1)
+SELECT (SELECT count(*) FROM fence), (SELECT count(*) FROM ins)`
 
 // eventsSourceKey is the events unique key on (run, source instance,
 // source seq): a violation means the batch replays stored events.
@@ -788,9 +788,9 @@ func (s *Store) appendFast(ctx context.Context, f Fence, evs []encodedEvent) (Ap
 		hashes[i] = e.hash
 		raws[i] = e.raw
 	}
-	var fence, ins, note int64
+	var fence, ins int64
 	err := s.pool.QueryRow(ctx, appendFastSQL, f.RunID, f.Owner, int64(f.Attempt),
-		insts, srcSeqs, ids, types, hashes, raws, int64(n), EventsChannel).Scan(&fence, &ins, &note)
+		insts, srcSeqs, ids, types, hashes, raws, int64(n)).Scan(&fence, &ins)
 	if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == "23505" && pgErr.ConstraintName == eventsSourceKey {
 		return AppendResult{}, false, nil
 	}
@@ -800,8 +800,9 @@ func (s *Store) appendFast(ctx context.Context, f Fence, evs []encodedEvent) (Ap
 	if fence == 0 {
 		return AppendResult{}, false, ErrLeaseLost(f)
 	}
-	if ins != int64(n) || note != 1 {
-		return AppendResult{}, false, fmt.Errorf("store: fast append of %d events inserted %d and notified %d", n, ins, note)
+	if ins != int64(n) {
+		return AppendResult{}, false, fmt.Errorf("store: fast append of %d events inserted %d", n, ins)
 	}
+	s.notifyCommitted(ctx, EventsChannel, f.RunID)
 	return AppendResult{Inserted: n}, true, nil
 }

@@ -309,8 +309,14 @@ func (s *Store) AnswerInteraction(ctx context.Context, id string, answers []runt
 			if err != nil {
 				return err
 			}
-			if _, err := submit(ctx, tx, runID, in); err != nil {
+			created, err := submit(ctx, tx, runID, in)
+			if err != nil {
 				return err
+			}
+			if created {
+				if _, err := tx.Exec(ctx, `SELECT pg_notify($1, $2)`, RunsChannel, runID); err != nil {
+					return err
+				}
 			}
 		}
 		if _, err := tx.Exec(ctx, `

@@ -12,9 +12,10 @@ import (
 	"github.com/tether-run/tether/pkg/scope"
 )
 
-// submitSQL inserts the run and its coordinator and notifies RunsChannel,
-// in one statement (one round trip, one commit). An existing run id inserts
-// nothing and returns its stored input digest.
+// submitSQL inserts the run and its coordinator in one statement (one round
+// trip, one commit). An existing run id inserts nothing and returns its
+// stored input digest. Dispatchers are notified after the commit
+// (notifyCommitted), not inside it.
 const submitSQL = `
 WITH ins AS (
   INSERT INTO executor.runs (run_id, company_id, normalized_session_id, session_scope, lifecycle, input, input_digest, issue_id, agent_id)
@@ -24,9 +25,8 @@ WITH ins AS (
 co AS (
   INSERT INTO executor.coordinators (run_id, binding_digest, session_scope, submit_seq)
   SELECT run_id, $10, session_scope, submit_seq FROM ins
-  RETURNING run_id),
-note AS (SELECT pg_notify($11, run_id) FROM co)
-SELECT (SELECT count(*) FROM co) > 0, (SELECT count(*) FROM note),
+  RETURNING run_id)
+SELECT (SELECT count(*) FROM co) > 0,
        coalesce((SELECT input_digest FROM executor.runs WHERE run_id = $1 AND NOT EXISTS (SELECT 1 FROM ins)), '')`
 
 // Submit stores a queued run and its coordinator, atomically, and notifies
@@ -35,7 +35,11 @@ SELECT (SELECT count(*) FROM co) > 0, (SELECT count(*) FROM note),
 // run_id_conflict. The caller reads the run (GetRun) afterwards, so a
 // dispatcher of this process can be woken before that read.
 func (s *Store) Submit(ctx context.Context, runID string, in *prpv1.ExecutionInput) (created bool, err error) {
-	return submit(ctx, s.pool, runID, in)
+	created, err = submit(ctx, s.pool, runID, in)
+	if created {
+		s.notifyCommitted(ctx, RunsChannel, runID)
+	}
+	return created, err
 }
 
 // rowQuerier is a pool or a transaction.
@@ -48,14 +52,11 @@ func submit(ctx context.Context, q rowQuerier, runID string, in *prpv1.Execution
 	if err != nil {
 		return false, err
 	}
-	var (
-		notified int64
-		existing string
-	)
+	var existing string
 	err = q.QueryRow(ctx, submitSQL,
 		runID, in.GetBinding().GetCompanyId(), in.GetSession().GetNormalizedSessionId(), scope.OfRun(runID, in),
 		in.GetSession().GetLifecycle().GetMode().String(), raw, digest,
-		in.GetBinding().GetIssueId(), in.GetBinding().GetAgentId(), BindingDigest(in), RunsChannel).Scan(&created, &notified, &existing)
+		in.GetBinding().GetIssueId(), in.GetBinding().GetAgentId(), BindingDigest(in)).Scan(&created, &existing)
 	if err != nil {
 		return false, err
 	}
