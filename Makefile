@@ -61,9 +61,9 @@ up: build ## keep the stack running on the default ports until interrupted
 
 bench: ## measure tether against raw baselines in one run (ephemeral durable PostgreSQL, or TETHER_DATABASE_URL); BENCHFLAGS=-h lists knobs
 	@mkdir -p bin
+	$(MAKE) --no-print-directory build
 	$(GO) build -o bin/ ./services/executor/cmd/tether-bench
 	bin/tether-bench $(BENCHFLAGS)
-	$(MAKE) --no-print-directory build
 	bin/tether-bench -curves $(CURVEFLAGS)
 	bin/tether-bench-stack
 	bin/tether-bench-stack -sessions 10,50
