@@ -4,8 +4,9 @@
 // delivers run.terminal — and (b) directly against the fake provider over
 // its stdio JSON-RPC (turn/start → turn/completed), in the same run, on one
 // warm session / thread each. It prints p50 and p99 of each and the ratio,
-// plus SubmitRun → turn.started (PERFORMANCE.md: ≤ 1.15× end to end;
-// turn.started p50 ≤ 10 ms on a warm session).
+// plus SubmitRun → turn.started (PERFORMANCE.md, SPEC P4: ≤ 2× end to end;
+// turn.started p50 ≤ 8 ms on a warm session). -cancels measures SPEC P2
+// instead (cancel.go), -sessions the memory of idle warm sessions.
 //
 // Both sides drive the same turn: the same prompt, a fake started with the
 // same flags (those the stack's gateway gives it), and threads of the same
@@ -56,6 +57,7 @@ func run() error {
 	trace := flag.Bool("trace", false, "print the timeline of the last turn")
 	settle := flag.Duration("settle", 10*time.Millisecond, "pause before each turn of either side")
 	sessions := flag.String("sessions", "", "instead of the warm turn: RSS/PSS per idle warm session at these session counts (e.g. 10,50)")
+	cancels := flag.Int("cancels", 0, "instead of the warm turn: CancelRun → provider interrupt acknowledged over this many live turns (SPEC P2)")
 	flag.Parse()
 	var sizes []int
 	if *sessions != "" {
@@ -111,6 +113,9 @@ func run() error {
 	client := executorv1.NewExecutorServiceClient(conn)
 	if len(sizes) > 0 {
 		return sessionsCurve(ctx, client, st.Proc("runnergw").Pid(), sizes)
+	}
+	if *cancels > 0 {
+		return cancelLatency(ctx, client, *warm, *cancels)
 	}
 	var direct, e2e, started []time.Duration
 	var lastT0 time.Time
@@ -193,18 +198,12 @@ func run() error {
 	sp50, sp99 := pct(e2e, 50), pct(e2e, 99)
 	tp50 := pct(started, 50)
 	ratio := float64(sp50) / float64(dp50)
-	mark := func(ok bool) string {
-		if ok {
-			return "✓"
-		}
-		return "✗"
-	}
 	fmt.Printf("\n%-28s %12s %12s %12s %10s %6s\n", "figure", "tether p50", "tether p99", "direct p50", "ratio", "target")
-	fmt.Printf("%-28s %12s %12s %12s %9.2fx %6s %s\n", "warm turn end to end", sp50, sp99, dp50, ratio, "≤1.15x", mark(ratio <= 1.15))
-	fmt.Printf("%-28s %12s %12s %12s %10s %6s %s\n", "SubmitRun → turn.started", tp50, pct(started, 99), "-", "-", "≤10ms", mark(tp50 <= 10*time.Millisecond))
-	fmt.Printf("BENCH warm_turn tether_p50_ms=%.3f tether_p99_ms=%.3f direct_p50_ms=%.3f direct_p99_ms=%.3f ratio=%.3f target=1.15 met=%t\n",
-		ms(sp50), ms(sp99), ms(dp50), ms(dp99), ratio, ratio <= 1.15)
-	fmt.Printf("BENCH submit_to_turn_started p50_ms=%.3f p99_ms=%.3f target_ms=10 met=%t\n", ms(tp50), ms(pct(started, 99)), tp50 <= 10*time.Millisecond)
+	fmt.Printf("%-28s %12s %12s %12s %9.2fx %6s %s\n", "warm turn end to end", sp50, sp99, dp50, ratio, "≤2x", markOf(ratio <= 2))
+	fmt.Printf("%-28s %12s %12s %12s %10s %6s %s\n", "SubmitRun → turn.started", tp50, pct(started, 99), "-", "-", "≤8ms", markOf(tp50 <= 8*time.Millisecond))
+	fmt.Printf("BENCH warm_turn tether_p50_ms=%.3f tether_p99_ms=%.3f direct_p50_ms=%.3f direct_p99_ms=%.3f ratio=%.3f target=2.00 met=%t\n",
+		ms(sp50), ms(sp99), ms(dp50), ms(dp99), ratio, ratio <= 2)
+	fmt.Printf("BENCH submit_to_turn_started p50_ms=%.3f p99_ms=%.3f target_ms=8 met=%t\n", ms(tp50), ms(pct(started, 99)), tp50 <= 8*time.Millisecond)
 	return nil
 }
 
