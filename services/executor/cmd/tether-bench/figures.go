@@ -71,7 +71,7 @@ type bench struct {
 	st    *store.Store
 	claim claimFn
 	raw   *pgxpool.Pool
-	dsn   string // the database, for the processes the curves start
+	dsn   string        // the database, for the processes the curves start
 	exe   *executorProc // the executor the unary figures call
 	// absolute are BENCH lines of curve points with absolute targets.
 	absolute []string
