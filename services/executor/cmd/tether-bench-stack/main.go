@@ -57,6 +57,9 @@ func run() error {
 	trace := flag.Bool("trace", false, "print the timeline of the last turn")
 	settle := flag.Duration("settle", 10*time.Millisecond, "pause before each turn of either side")
 	sessions := flag.String("sessions", "", "instead of the warm turn: RSS/PSS per idle warm session at these session counts (e.g. 10,50)")
+	takeovers := flag.Int("takeovers", 0, "instead of the warm turn: kill -9 of the driving executor → the run's next event from the other replica, this many times (SPEC P3)")
+	sameHost := flag.Bool("same-host-takeover", true, "-takeovers: the executors take over on proof of death on this host (else after lease expiry)")
+	ttl := flag.Duration("lease-ttl", 3*time.Second, "-takeovers: the executors' lease TTL")
 	cancels := flag.Int("cancels", 0, "instead of the warm turn: CancelRun → provider interrupt acknowledged over this many live turns (SPEC P2)")
 	flag.Parse()
 	var sizes []int
@@ -97,13 +100,27 @@ func run() error {
 	if err := cluster.CreateDatabase(ctx, "tether"); err != nil {
 		return err
 	}
-	st, err := stack.New(stack.Options{BinDir: *binDir, Dir: filepath.Join(dir, "stack"), DatabaseURL: cluster.DSN("tether"), FakeArgs: fakeArgs})
+	opts := stack.Options{BinDir: *binDir, Dir: filepath.Join(dir, "stack"), DatabaseURL: cluster.DSN("tether"), FakeArgs: fakeArgs}
+	if *takeovers > 0 {
+		opts.LeaseTTL = *ttl
+		opts.ExecutorArgs = []string{"-same-host-takeover=" + strconv.FormatBool(*sameHost)}
+	}
+	st, err := stack.New(opts)
 	if err != nil {
 		return err
 	}
 	defer st.Stop()
 	if err := st.StartAll(ctx); err != nil {
 		return err
+	}
+	if *takeovers > 0 {
+		if err := st.AddExecutor("executor-2"); err != nil {
+			return err
+		}
+		if _, err := st.Start(ctx, "executor-2"); err != nil {
+			return err
+		}
+		return takeoverTime(ctx, st, cluster.DSN("tether"), *ttl, *sameHost, *takeovers)
 	}
 	conn, err := grpcx.Dial(st.Addr("executor"), "")
 	if err != nil {
