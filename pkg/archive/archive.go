@@ -20,28 +20,28 @@
 //
 //   - type: directories and regular files only. Symlinks, hard links,
 //     character and block devices, FIFOs, sparse files, contiguous files and
-//     every other type → CodeUnsafeEntry.
+//     every other type → failure.RunnerRemoteCheckpointArchiveUnsafeEntry.
 //   - name: after an optional leading "./" and a trailing "/" (directories),
 //     the name must be a normalised relative path: not absolute, no ".." or
-//     "." or empty component, no backslash, no NUL → CodeUnsafePath. A
+//     "." or empty component, no backslash, no NUL → failure.RunnerRemoteCheckpointArchiveUnsafePath. A
 //     component longer than 255 bytes or a name longer than 4096 bytes →
-//     CodeInvalid.
-//   - mode: a set-user-ID or set-group-ID bit → CodeUnsafeMode (refused, not
+//     failure.RunnerRemoteCheckpointArchiveInvalid.
+//   - mode: a set-user-ID or set-group-ID bit → failure.RunnerRemoteCheckpointArchiveUnsafeMode (refused, not
 //     stripped: such a file never belongs in a provider home). The sticky bit
 //     and everything beyond 0o777 is dropped; owners are never applied.
 //     A directory's mode is taken through SafeDirMode (SPEC S4): it always
 //     includes owner rwx, so a staging tree can always be removed by the
 //     user who extracted it, and never group or other write.
 //   - the same name twice, or a file where a directory already is (or the
-//     reverse) → CodeDuplicate; an entry below a file → CodeInvalid.
+//     reverse) → failure.RunnerRemoteCheckpointArchiveDuplicateEntry; an entry below a file → failure.RunnerRemoteCheckpointArchiveInvalid.
 //   - limits (Limits; defaults 64 MiB, 64 MiB, 20,000 entries): bytes read
 //     from the stream beyond MaxArchiveBytes, or an uncompressed entry
 //     declaring more data than the stream may still hold →
-//     CodeTooLarge; file sizes adding up to more than MaxExpandedBytes (the
+//     failure.RunnerRemoteCheckpointArchiveTooLarge; file sizes adding up to more than MaxExpandedBytes (the
 //     expansion of a compressed archive, checked from the headers before the
-//     data is read) → CodeExpandedTooLarge; more than MaxEntries entries →
-//     CodeTooManyEntries.
-//   - a malformed or truncated stream, or one without any entry → CodeInvalid.
+//     data is read) → failure.RunnerRemoteCheckpointArchiveExpandedTooLarge; more than MaxEntries entries →
+//     failure.RunnerRemoteCheckpointArchiveTooManyEntries.
+//   - a malformed or truncated stream, or one without any entry → failure.RunnerRemoteCheckpointArchiveInvalid.
 //
 // Extract refuses the whole archive on the first bad entry; Restore then
 // removes its staging directory and never touches the target.
@@ -55,41 +55,6 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/tether-run/tether/pkg/failure"
-)
-
-// Stable codes.
-const (
-	// CodeExclusionInvalid: an exclusion is not a plain top-level name.
-	CodeExclusionInvalid = "runner_remote_checkpoint_exclusion_invalid"
-	// CodeSourceMissing: the directory to snapshot does not exist.
-	CodeSourceMissing = "runner_remote_checkpoint_source_missing"
-	// CodeSnapshotFailed: the snapshot could not be written (I/O, or the
-	// live directory changed while it was archived).
-	CodeSnapshotFailed = "runner_remote_checkpoint_snapshot_failed"
-	// CodeUnsafeEntry: a symlink, hard link, device, FIFO or other
-	// non-regular entry (in an archive, or in a directory being archived).
-	CodeUnsafeEntry = "runner_remote_checkpoint_archive_unsafe_entry"
-	// CodeUnsafePath: an absolute name, a ".." component, or a name that is
-	// not a normalised relative path.
-	CodeUnsafePath = "runner_remote_checkpoint_archive_unsafe_path"
-	// CodeUnsafeMode: a set-user-ID or set-group-ID bit.
-	CodeUnsafeMode = "runner_remote_checkpoint_archive_unsafe_mode"
-	// CodeDuplicate: the same name twice in one archive.
-	CodeDuplicate = "runner_remote_checkpoint_archive_duplicate_entry"
-	// CodeTooLarge: the archive stream is larger than MaxArchiveBytes.
-	CodeTooLarge = "runner_remote_checkpoint_archive_too_large"
-	// CodeExpandedTooLarge: the files add up to more than MaxExpandedBytes.
-	CodeExpandedTooLarge = "runner_remote_checkpoint_archive_expanded_too_large"
-	// CodeTooManyEntries: more than MaxEntries entries.
-	CodeTooManyEntries = "runner_remote_checkpoint_archive_too_many_entries"
-	// CodeInvalid: a malformed, truncated or empty archive, or one whose
-	// layout is not what the caller asked for.
-	CodeInvalid = "runner_remote_checkpoint_archive_invalid"
-	// CodeTargetUnsafe: the restore target is a symlink or not a directory.
-	CodeTargetUnsafe = "runner_remote_checkpoint_target_unsafe"
-	// CodeRestoreFailed: staging or swapping failed for an I/O reason; the
-	// target is unchanged.
-	CodeRestoreFailed = "runner_remote_checkpoint_restore_failed"
 )
 
 // Default limits.
@@ -152,11 +117,11 @@ var plainName = regexp.MustCompile(`^[A-Za-z0-9._-]+$`)
 // ValidateExclusions checks that every exclusion is a plain top-level name:
 // letters, digits, '.', '_' or '-', and neither "." nor "..". Anything else
 // (a "/", "..", an empty name, spaces, shell metacharacters) is
-// CodeExclusionInvalid.
+// failure.RunnerRemoteCheckpointExclusionInvalid.
 func ValidateExclusions(names []string) error {
 	for _, n := range names {
 		if n == "." || n == ".." || !plainName.MatchString(n) {
-			return failure.New(codes.InvalidArgument, CodeExclusionInvalid,
+			return failure.New(codes.InvalidArgument, failure.RunnerRemoteCheckpointExclusionInvalid,
 				"checkpoint exclusion %q is not a plain top-level name", n)
 		}
 	}
@@ -168,11 +133,11 @@ func ValidateExclusions(names []string) error {
 func validateExcludePaths(paths []string) error {
 	for _, p := range paths {
 		if p == "" {
-			return failure.New(codes.InvalidArgument, CodeExclusionInvalid, "empty checkpoint exclusion")
+			return failure.New(codes.InvalidArgument, failure.RunnerRemoteCheckpointExclusionInvalid, "empty checkpoint exclusion")
 		}
 		for part := range strings.SplitSeq(p, "/") {
 			if err := ValidateExclusions([]string{part}); err != nil {
-				return failure.New(codes.InvalidArgument, CodeExclusionInvalid,
+				return failure.New(codes.InvalidArgument, failure.RunnerRemoteCheckpointExclusionInvalid,
 					"checkpoint exclusion %q is not a plain relative path", p)
 			}
 		}
@@ -211,6 +176,6 @@ func excludedAnywhere(name string, rules []string) bool {
 	return false
 }
 
-func errorf(c codes.Code, code, format string, args ...any) error {
+func errorf(c codes.Code, code failure.Reason, format string, args ...any) error {
 	return failure.New(c, code, format, args...)
 }

@@ -119,7 +119,7 @@ func TestB4_SnapshotExcludesScratchAndCredentialsWithoutMutatingLiveHome(t *test
 	require.Equal(t, treeDigest(t, live), digests["codex-home"])
 
 	_, err = Snapshot(filepath.Join(parent, "absent"), io.Discard, SnapshotOptions{})
-	require.Equal(t, CodeSourceMissing, failure.CodeOf(err))
+	require.EqualValues(t, failure.RunnerRemoteCheckpointSourceMissing, failure.CodeOf(err))
 }
 
 func TestB4_RejectsNonTopLevelExclusions(t *testing.T) {
@@ -128,13 +128,13 @@ func TestB4_RejectsNonTopLevelExclusions(t *testing.T) {
 	codexHome(t, live)
 	for _, bad := range []string{"../outside", "sessions/2026", "/etc", "", ".", "..", "a b", "$(rm -rf ~)", "x'y", "a\x00b"} {
 		_, err := Snapshot(live, io.Discard, SnapshotOptions{Exclude: []string{bad}})
-		require.Equal(t, CodeExclusionInvalid, failure.CodeOf(err), "%q: %v", bad, err)
+		require.EqualValues(t, failure.RunnerRemoteCheckpointExclusionInvalid, failure.CodeOf(err), "%q: %v", bad, err)
 		require.ErrorContains(t, err, "runner_remote_checkpoint_exclusion_invalid")
 	}
 	require.Empty(t, leftovers(t, parent))
 	require.NoError(t, ValidateExclusions(codexExclusions))
 	_, err := Restore(bytes.NewReader(nil), filepath.Join(parent, "t"), RestoreOptions{ExtractOptions: ExtractOptions{Exclude: []string{"../x"}}})
-	require.Equal(t, CodeExclusionInvalid, failure.CodeOf(err))
+	require.EqualValues(t, failure.RunnerRemoteCheckpointExclusionInvalid, failure.CodeOf(err))
 }
 
 // TestB4_UnsafeArchiveLeavesDurableTargetUntouched runs the committed
@@ -142,19 +142,19 @@ func TestB4_RejectsNonTopLevelExclusions(t *testing.T) {
 // durable target.
 func TestB4_UnsafeArchiveLeavesDurableTargetUntouched(t *testing.T) {
 	want := map[string]string{
-		"symlink.tar":        CodeUnsafeEntry,
-		"hardlink.tar":       CodeUnsafeEntry,
-		"device.tar":         CodeUnsafeEntry,
-		"blockdev.tar":       CodeUnsafeEntry,
-		"fifo.tar":           CodeUnsafeEntry,
-		"absolute.tar":       CodeUnsafePath,
-		"dotdot.tar":         CodeUnsafePath,
-		"dotdot_nested.tar":  CodeUnsafePath,
-		"setuid.tar":         CodeUnsafeMode,
-		"setgid_dir.tar":     CodeUnsafeMode,
-		"duplicate.tar":      CodeDuplicate,
-		"size_bomb.tar":      CodeTooLarge,
-		"expansion_bomb.tgz": CodeExpandedTooLarge,
+		"symlink.tar":        failure.RunnerRemoteCheckpointArchiveUnsafeEntry,
+		"hardlink.tar":       failure.RunnerRemoteCheckpointArchiveUnsafeEntry,
+		"device.tar":         failure.RunnerRemoteCheckpointArchiveUnsafeEntry,
+		"blockdev.tar":       failure.RunnerRemoteCheckpointArchiveUnsafeEntry,
+		"fifo.tar":           failure.RunnerRemoteCheckpointArchiveUnsafeEntry,
+		"absolute.tar":       failure.RunnerRemoteCheckpointArchiveUnsafePath,
+		"dotdot.tar":         failure.RunnerRemoteCheckpointArchiveUnsafePath,
+		"dotdot_nested.tar":  failure.RunnerRemoteCheckpointArchiveUnsafePath,
+		"setuid.tar":         failure.RunnerRemoteCheckpointArchiveUnsafeMode,
+		"setgid_dir.tar":     failure.RunnerRemoteCheckpointArchiveUnsafeMode,
+		"duplicate.tar":      failure.RunnerRemoteCheckpointArchiveDuplicateEntry,
+		"size_bomb.tar":      failure.RunnerRemoteCheckpointArchiveTooLarge,
+		"expansion_bomb.tgz": failure.RunnerRemoteCheckpointArchiveExpandedTooLarge,
 	}
 	files, err := os.ReadDir("testdata/malicious")
 	require.NoError(t, err)
@@ -172,7 +172,7 @@ func TestB4_UnsafeArchiveLeavesDurableTargetUntouched(t *testing.T) {
 			before := treeDigest(t, target)
 
 			_, err = Restore(bytes.NewReader(data), target, RestoreOptions{})
-			require.Equal(t, code, failure.CodeOf(err), "%v", err)
+			require.EqualValues(t, code, failure.CodeOf(err), "%v", err)
 			require.ErrorContains(t, err, code+": ")
 
 			require.Equal(t, before, treeDigest(t, target), "durable target changed")
@@ -183,10 +183,10 @@ func TestB4_UnsafeArchiveLeavesDurableTargetUntouched(t *testing.T) {
 			require.NoFileExists(t, "/tmp/tether-absolute-escape")
 
 			_, err = Check(bytes.NewReader(data), Limits{})
-			require.Equal(t, code, failure.CodeOf(err))
+			require.EqualValues(t, code, failure.CodeOf(err))
 			// DigestTar also refuses it (possibly earlier, for a top-level file).
 			_, _, err = DigestTar(bytes.NewReader(data), Limits{})
-			require.Contains(t, []string{code, CodeInvalid}, failure.CodeOf(err), "%v", err)
+			require.Contains(t, []string{code, failure.RunnerRemoteCheckpointArchiveInvalid}, string(failure.CodeOf(err)), "%v", err)
 		})
 	}
 }
@@ -253,7 +253,7 @@ func TestB4_RestoreSwapsAtomicallyAndRoundTrips(t *testing.T) {
 	link := filepath.Join(parent, "link")
 	require.NoError(t, os.Symlink(target, link))
 	_, err = Restore(bytes.NewReader(buf.Bytes()), link, RestoreOptions{})
-	require.Equal(t, CodeTargetUnsafe, failure.CodeOf(err))
+	require.EqualValues(t, failure.RunnerRemoteCheckpointTargetUnsafe, failure.CodeOf(err))
 
 	// The fallback swap (rename aside) gives the same result.
 	other := filepath.Join(parent, "other")
@@ -286,15 +286,15 @@ func TestB4_LimitsRefuseOversizedArchives(t *testing.T) {
 		lim  Limits
 		code string
 	}{
-		{"entries", buildTar(t, 11, 1), Limits{MaxEntries: 10}, CodeTooManyEntries},
-		{"expanded", buildTar(t, 3, 1000), Limits{MaxExpandedBytes: 2500}, CodeExpandedTooLarge},
-		{"stream", buildTar(t, 3, 1000), Limits{MaxArchiveBytes: 4000}, CodeTooLarge},
-		{"gzip stream", gzipped(t, buildTar(t, 50, 2000)), Limits{MaxArchiveBytes: 100}, CodeTooLarge},
-		{"gzip expansion", gzipped(t, buildTar(t, 50, 2000)), Limits{MaxExpandedBytes: 50000}, CodeExpandedTooLarge},
-		{"empty", nil, Limits{}, CodeInvalid},
-		{"no entries", buildTar(t, 0, 0), Limits{}, CodeInvalid},
-		{"truncated", buildTar(t, 2, 5000)[:3000], Limits{}, CodeInvalid},
-		{"garbage", bytes.Repeat([]byte("not a tar"), 100), Limits{}, CodeInvalid},
+		{"entries", buildTar(t, 11, 1), Limits{MaxEntries: 10}, failure.RunnerRemoteCheckpointArchiveTooManyEntries},
+		{"expanded", buildTar(t, 3, 1000), Limits{MaxExpandedBytes: 2500}, failure.RunnerRemoteCheckpointArchiveExpandedTooLarge},
+		{"stream", buildTar(t, 3, 1000), Limits{MaxArchiveBytes: 4000}, failure.RunnerRemoteCheckpointArchiveTooLarge},
+		{"gzip stream", gzipped(t, buildTar(t, 50, 2000)), Limits{MaxArchiveBytes: 100}, failure.RunnerRemoteCheckpointArchiveTooLarge},
+		{"gzip expansion", gzipped(t, buildTar(t, 50, 2000)), Limits{MaxExpandedBytes: 50000}, failure.RunnerRemoteCheckpointArchiveExpandedTooLarge},
+		{"empty", nil, Limits{}, failure.RunnerRemoteCheckpointArchiveInvalid},
+		{"no entries", buildTar(t, 0, 0), Limits{}, failure.RunnerRemoteCheckpointArchiveInvalid},
+		{"truncated", buildTar(t, 2, 5000)[:3000], Limits{}, failure.RunnerRemoteCheckpointArchiveInvalid},
+		{"garbage", bytes.Repeat([]byte("not a tar"), 100), Limits{}, failure.RunnerRemoteCheckpointArchiveInvalid},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -302,7 +302,7 @@ func TestB4_LimitsRefuseOversizedArchives(t *testing.T) {
 			target := filepath.Join(parent, "t")
 			putFile(t, filepath.Join(target, "keep"), "keep", 0o600)
 			_, err := Restore(bytes.NewReader(c.data), target, RestoreOptions{ExtractOptions: ExtractOptions{Limits: c.lim}})
-			require.Equal(t, c.code, failure.CodeOf(err), "%v", err)
+			require.EqualValues(t, c.code, failure.CodeOf(err), "%v", err)
 			require.FileExists(t, filepath.Join(target, "keep"))
 			require.Empty(t, leftovers(t, parent))
 		})
@@ -340,7 +340,7 @@ func TestExtractTopLevelLayout(t *testing.T) {
 	require.NoFileExists(t, filepath.Join(dst, "codex-home", "auth.json"))
 
 	_, err = Extract(bytes.NewReader(buf.Bytes()), t.TempDir(), ExtractOptions{Top: []string{"runner"}})
-	require.Equal(t, CodeInvalid, failure.CodeOf(err))
+	require.EqualValues(t, failure.RunnerRemoteCheckpointArchiveInvalid, failure.CodeOf(err))
 
 	// DigestTar of a canonical multi-directory archive equals the tree
 	// digests; a reordered archive is refused.
@@ -360,7 +360,7 @@ func TestExtractTopLevelLayout(t *testing.T) {
 	}
 	require.NoError(t, tw.Close())
 	_, _, err = DigestTar(&reordered, Limits{})
-	require.Equal(t, digest.CodeNotCanonical, failure.CodeOf(err))
+	require.EqualValues(t, failure.RunnerHarnessBackupNotCanonical, failure.CodeOf(err))
 }
 
 func TestSnapshotRefusesSymlinksInLiveTree(t *testing.T) {
@@ -369,15 +369,15 @@ func TestSnapshotRefusesSymlinksInLiveTree(t *testing.T) {
 	putFile(t, filepath.Join(live, "a"), "a", 0o600)
 	require.NoError(t, os.Symlink("/etc/passwd", filepath.Join(live, "link")))
 	_, err := Snapshot(live, io.Discard, SnapshotOptions{})
-	require.Equal(t, CodeUnsafeEntry, failure.CodeOf(err))
+	require.EqualValues(t, failure.RunnerRemoteCheckpointArchiveUnsafeEntry, failure.CodeOf(err))
 	require.Empty(t, leftovers(t, parent))
 	require.NoError(t, os.Symlink(live, filepath.Join(parent, "rootlink")))
 	_, err = Snapshot(filepath.Join(parent, "rootlink"), io.Discard, SnapshotOptions{})
-	require.Equal(t, CodeUnsafeEntry, failure.CodeOf(err))
+	require.EqualValues(t, failure.RunnerRemoteCheckpointArchiveUnsafeEntry, failure.CodeOf(err))
 	// With limits, a tree too big to be accepted is refused early.
 	_, err = Snapshot(live, io.Discard, SnapshotOptions{Limits: &Limits{MaxEntries: 1}})
 	require.True(t, errors.Is(err, err))
-	require.Contains(t, []string{CodeTooManyEntries, CodeUnsafeEntry}, failure.CodeOf(err))
+	require.Contains(t, []string{failure.RunnerRemoteCheckpointArchiveTooManyEntries, failure.RunnerRemoteCheckpointArchiveUnsafeEntry}, string(failure.CodeOf(err)))
 }
 
 func TestNormalise(t *testing.T) {
@@ -389,7 +389,7 @@ func TestNormalise(t *testing.T) {
 	}
 	for _, bad := range []string{"/a", "../a", "a/../../b", "a//b", "a/./b", "a\\b", "a\x00b", "./../x", "././a"} {
 		_, err := normalise(bad, false)
-		require.Equal(t, CodeUnsafePath, failure.CodeOf(err), bad)
+		require.EqualValues(t, failure.RunnerRemoteCheckpointArchiveUnsafePath, failure.CodeOf(err), bad)
 	}
 	require.True(t, slices.Equal([]string{"a"}, []string{"a"}))
 }
@@ -523,5 +523,5 @@ func TestS4_AuthJSONIsExcludedAtAnyDepthBelowCodexHome(t *testing.T) {
 	require.FileExists(t, filepath.Join(dir, "runner", "notes", "auth.json"))
 
 	_, err = Extract(bytes.NewReader(all.Bytes()), t.TempDir(), ExtractOptions{ExcludeAnywhere: []string{"codex-home/../x"}})
-	require.Equal(t, CodeExclusionInvalid, failure.CodeOf(err))
+	require.EqualValues(t, failure.RunnerRemoteCheckpointExclusionInvalid, failure.CodeOf(err))
 }

@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/tether-run/tether/pkg/digest"
+	"github.com/tether-run/tether/pkg/failure"
 )
 
 // DigestTar checks the archive read from r like Extract does and returns the
@@ -16,7 +17,7 @@ import (
 // from the stream without extracting anything. The archive must hold only
 // directories at its top level and list each directory's entries in
 // canonical walk order, as WriteTar writes them; otherwise it fails with
-// digest.CodeNotCanonical or CodeInvalid. Directory modes count as
+// failure.RunnerHarnessBackupNotCanonical or failure.RunnerRemoteCheckpointArchiveInvalid. Directory modes count as
 // SafeDirMode of the stored mode, as Extract applies them, so for a
 // canonical archive the digests equal digest.BackupTree of the extracted
 // directories.
@@ -41,14 +42,14 @@ func DigestTar(r io.Reader, limits Limits) (map[string]digest.Result, Stats, err
 		top, rest, nested := strings.Cut(name, "/")
 		if !nested {
 			if hdr.Typeflag != tar.TypeDir {
-				return nil, er.finish(), errorf(codes.InvalidArgument, CodeInvalid, "top-level archive entry %q is not a directory", hdr.Name)
+				return nil, er.finish(), errorf(codes.InvalidArgument, failure.RunnerRemoteCheckpointArchiveInvalid, "top-level archive entry %q is not a directory", hdr.Name)
 			}
 			streams[top] = digest.NewBackupStream()
 			continue
 		}
 		s := streams[top]
 		if s == nil {
-			return nil, er.finish(), errorf(codes.InvalidArgument, CodeInvalid, "archive entry %q comes before its top-level directory", hdr.Name)
+			return nil, er.finish(), errorf(codes.InvalidArgument, failure.RunnerRemoteCheckpointArchiveInvalid, "archive entry %q comes before its top-level directory", hdr.Name)
 		}
 		if hdr.Typeflag == tar.TypeDir {
 			err = s.Dir(rest, uint32(SafeDirMode(fs.FileMode(mode))))

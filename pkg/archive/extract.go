@@ -31,7 +31,7 @@ type ExtractOptions struct {
 	ExcludeAnywhere []string
 	// Top, when non-empty, is the set of names allowed at the top level of
 	// the archive, each of which must be a directory; any other top-level
-	// entry is CodeInvalid.
+	// entry is failure.RunnerRemoteCheckpointArchiveInvalid.
 	Top []string
 }
 
@@ -47,7 +47,7 @@ func Extract(r io.Reader, dir string, opts ExtractOptions) (Stats, error) {
 	}
 	root, err := os.OpenRoot(dir)
 	if err != nil {
-		return Stats{}, failure.Wrap(err, codes.FailedPrecondition, CodeRestoreFailed, "opening staging directory: %v", err)
+		return Stats{}, failure.Wrap(err, codes.FailedPrecondition, failure.RunnerRemoteCheckpointRestoreFailed, "opening staging directory: %v", err)
 	}
 	defer root.Close()
 	er, err := newEntryReader(r, opts.Limits)
@@ -76,7 +76,7 @@ func Extract(r io.Reader, dir string, opts ExtractOptions) (Stats, error) {
 		if len(opts.Top) > 0 {
 			top, _, nested := strings.Cut(name, "/")
 			if !slices.Contains(opts.Top, top) || !nested && hdr.Typeflag != tar.TypeDir {
-				return er.finish(), errorf(codes.InvalidArgument, CodeInvalid, "unexpected top-level archive entry %q", hdr.Name)
+				return er.finish(), errorf(codes.InvalidArgument, failure.RunnerRemoteCheckpointArchiveInvalid, "unexpected top-level archive entry %q", hdr.Name)
 			}
 		}
 		if excluded(name, opts.Exclude) || excludedAnywhere(name, opts.ExcludeAnywhere) {
@@ -146,7 +146,7 @@ func extractFile(root *os.Root, er *entryReader, name string, mode fs.FileMode, 
 	}
 	if written != size {
 		f.Close()
-		return errorf(codes.InvalidArgument, CodeInvalid, "archive entry %q is truncated", name)
+		return errorf(codes.InvalidArgument, failure.RunnerRemoteCheckpointArchiveInvalid, "archive entry %q is truncated", name)
 	}
 	if err := f.Chmod(mode); err != nil {
 		f.Close()
@@ -164,9 +164,9 @@ func ioErr(err error, name string) error {
 		return err
 	}
 	if errors.Is(err, fs.ErrExist) {
-		return failure.Wrap(err, codes.InvalidArgument, CodeDuplicate, "archive holds %q twice", name)
+		return failure.Wrap(err, codes.InvalidArgument, failure.RunnerRemoteCheckpointArchiveDuplicateEntry, "archive holds %q twice", name)
 	}
-	return failure.Wrap(err, codes.FailedPrecondition, CodeRestoreFailed, "extracting %q: %v", name, err)
+	return failure.Wrap(err, codes.FailedPrecondition, failure.RunnerRemoteCheckpointRestoreFailed, "extracting %q: %v", name, err)
 }
 
 // Check reads the whole archive and checks every entry without writing
@@ -209,29 +209,29 @@ func Restore(r io.Reader, target string, opts RestoreOptions) (Stats, error) {
 	}
 	if fi, err := os.Lstat(target); err == nil {
 		if !fi.IsDir() {
-			return Stats{}, failure.New(codes.FailedPrecondition, CodeTargetUnsafe, "restore target %s is a symlink or not a directory", target)
+			return Stats{}, failure.New(codes.FailedPrecondition, failure.RunnerRemoteCheckpointTargetUnsafe, "restore target %s is a symlink or not a directory", target)
 		}
 	} else if !errors.Is(err, fs.ErrNotExist) {
-		return Stats{}, failure.Wrap(err, codes.FailedPrecondition, CodeRestoreFailed, "%v", err)
+		return Stats{}, failure.Wrap(err, codes.FailedPrecondition, failure.RunnerRemoteCheckpointRestoreFailed, "%v", err)
 	}
 	stage, err := os.MkdirTemp(filepath.Dir(target), ".tether-checkpoint-")
 	if err != nil {
-		return Stats{}, failure.Wrap(err, codes.FailedPrecondition, CodeRestoreFailed, "creating staging directory: %v", err)
+		return Stats{}, failure.Wrap(err, codes.FailedPrecondition, failure.RunnerRemoteCheckpointRestoreFailed, "creating staging directory: %v", err)
 	}
 	defer os.RemoveAll(stage)
 	payload := filepath.Join(stage, "payload")
 	if err := os.Mkdir(payload, 0o700); err != nil {
-		return Stats{}, failure.Wrap(err, codes.FailedPrecondition, CodeRestoreFailed, "%v", err)
+		return Stats{}, failure.Wrap(err, codes.FailedPrecondition, failure.RunnerRemoteCheckpointRestoreFailed, "%v", err)
 	}
 	st, err := Extract(r, payload, opts.ExtractOptions)
 	if err != nil {
 		return st, err
 	}
 	if err := os.Chmod(payload, opts.Mode&fs.ModePerm); err != nil {
-		return st, failure.Wrap(err, codes.FailedPrecondition, CodeRestoreFailed, "%v", err)
+		return st, failure.Wrap(err, codes.FailedPrecondition, failure.RunnerRemoteCheckpointRestoreFailed, "%v", err)
 	}
 	if err := swap(payload, target, filepath.Join(stage, "previous")); err != nil {
-		return st, failure.Wrap(err, codes.FailedPrecondition, CodeRestoreFailed, "swapping %s into place: %v", target, err)
+		return st, failure.Wrap(err, codes.FailedPrecondition, failure.RunnerRemoteCheckpointRestoreFailed, "swapping %s into place: %v", target, err)
 	}
 	return st, nil
 }

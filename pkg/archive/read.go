@@ -8,6 +8,7 @@ import (
 	"io"
 	"strings"
 
+	"github.com/tether-run/tether/pkg/failure"
 	"google.golang.org/grpc/codes"
 )
 
@@ -67,7 +68,7 @@ func newEntryReader(r io.Reader, lim Limits) (*entryReader, error) {
 		if e.raw.over {
 			return nil, e.tooLarge()
 		}
-		return nil, errorf(codes.InvalidArgument, CodeInvalid, "archive is empty or unreadable")
+		return nil, errorf(codes.InvalidArgument, failure.RunnerRemoteCheckpointArchiveInvalid, "archive is empty or unreadable")
 	}
 	var src io.Reader = br
 	if magic[0] == 0x1f && magic[1] == 0x8b {
@@ -86,11 +87,11 @@ func newEntryReader(r io.Reader, lim Limits) (*entryReader, error) {
 }
 
 func (e *entryReader) tooLarge() error {
-	return errorf(codes.ResourceExhausted, CodeTooLarge, "archive is larger than %d bytes", e.lim.MaxArchiveBytes)
+	return errorf(codes.ResourceExhausted, failure.RunnerRemoteCheckpointArchiveTooLarge, "archive is larger than %d bytes", e.lim.MaxArchiveBytes)
 }
 
 func (e *entryReader) expandedTooLarge() error {
-	return errorf(codes.ResourceExhausted, CodeExpandedTooLarge, "archive expands to more than %d bytes", e.lim.MaxExpandedBytes)
+	return errorf(codes.ResourceExhausted, failure.RunnerRemoteCheckpointArchiveExpandedTooLarge, "archive expands to more than %d bytes", e.lim.MaxExpandedBytes)
 }
 
 // streamErr maps a read error of the underlying stream.
@@ -101,7 +102,7 @@ func (e *entryReader) streamErr(err error) error {
 	case e.inflated != nil && e.inflated.over:
 		return e.expandedTooLarge()
 	}
-	return errorf(codes.InvalidArgument, CodeInvalid, "archive is malformed or truncated: %v", err)
+	return errorf(codes.InvalidArgument, failure.RunnerRemoteCheckpointArchiveInvalid, "archive is malformed or truncated: %v", err)
 }
 
 // next returns the next entry and its normalised name ("" for the archive's
@@ -118,7 +119,7 @@ func (e *entryReader) next() (*tar.Header, string, error) {
 	e.stats.ArchiveBytes = e.raw.n
 	if err == io.EOF {
 		if e.stats.Entries == 0 && len(e.seen) == 0 {
-			return nil, "", errorf(codes.InvalidArgument, CodeInvalid, "archive holds no entry")
+			return nil, "", errorf(codes.InvalidArgument, failure.RunnerRemoteCheckpointArchiveInvalid, "archive holds no entry")
 		}
 		return nil, "", io.EOF
 	}
@@ -145,31 +146,31 @@ func (e *entryReader) check(hdr *tar.Header) (string, error) {
 	if name != "" {
 		e.stats.Entries++
 		if e.stats.Entries > e.lim.MaxEntries {
-			return "", errorf(codes.ResourceExhausted, CodeTooManyEntries, "archive holds more than %d entries", e.lim.MaxEntries)
+			return "", errorf(codes.ResourceExhausted, failure.RunnerRemoteCheckpointArchiveTooManyEntries, "archive holds more than %d entries", e.lim.MaxEntries)
 		}
 	}
 	switch hdr.Typeflag {
 	case tar.TypeReg, tar.TypeDir:
 	default:
-		return "", errorf(codes.InvalidArgument, CodeUnsafeEntry, "archive entry %q is a %s", raw, typeName(hdr.Typeflag))
+		return "", errorf(codes.InvalidArgument, failure.RunnerRemoteCheckpointArchiveUnsafeEntry, "archive entry %q is a %s", raw, typeName(hdr.Typeflag))
 	}
 	for k := range hdr.PAXRecords {
 		if strings.HasPrefix(k, "GNU.sparse.") {
-			return "", errorf(codes.InvalidArgument, CodeUnsafeEntry, "archive entry %q is a sparse file", raw)
+			return "", errorf(codes.InvalidArgument, failure.RunnerRemoteCheckpointArchiveUnsafeEntry, "archive entry %q is a sparse file", raw)
 		}
 	}
 	if hdr.Mode&(0o4000|0o2000) != 0 {
-		return "", errorf(codes.InvalidArgument, CodeUnsafeMode, "archive entry %q has a set-user-ID or set-group-ID bit", raw)
+		return "", errorf(codes.InvalidArgument, failure.RunnerRemoteCheckpointArchiveUnsafeMode, "archive entry %q has a set-user-ID or set-group-ID bit", raw)
 	}
 	if hdr.Size < 0 {
-		return "", errorf(codes.InvalidArgument, CodeInvalid, "archive entry %q has a negative size", raw)
+		return "", errorf(codes.InvalidArgument, failure.RunnerRemoteCheckpointArchiveInvalid, "archive entry %q has a negative size", raw)
 	}
 	if name == "" {
 		if hdr.Typeflag != tar.TypeDir {
-			return "", errorf(codes.InvalidArgument, CodeUnsafePath, "archive entry %q names the root but is not a directory", raw)
+			return "", errorf(codes.InvalidArgument, failure.RunnerRemoteCheckpointArchiveUnsafePath, "archive entry %q names the root but is not a directory", raw)
 		}
 		if e.seen[""] != 0 {
-			return "", errorf(codes.InvalidArgument, CodeDuplicate, "archive holds the root directory twice")
+			return "", errorf(codes.InvalidArgument, failure.RunnerRemoteCheckpointArchiveDuplicateEntry, "archive holds the root directory twice")
 		}
 		e.seen[""] = seenDir
 		return "", nil
@@ -182,7 +183,7 @@ func (e *entryReader) check(hdr *tar.Header) (string, error) {
 		anc := name[:i]
 		switch e.seen[anc] {
 		case seenFile:
-			return "", errorf(codes.InvalidArgument, CodeInvalid, "archive entry %q is below the file %q", raw, anc)
+			return "", errorf(codes.InvalidArgument, failure.RunnerRemoteCheckpointArchiveInvalid, "archive entry %q is below the file %q", raw, anc)
 		case 0:
 			e.seen[anc] = seenImplicitDir
 		}
@@ -190,14 +191,14 @@ func (e *entryReader) check(hdr *tar.Header) (string, error) {
 	prev := e.seen[name]
 	if hdr.Typeflag == tar.TypeDir {
 		if prev == seenDir || prev == seenFile {
-			return "", errorf(codes.InvalidArgument, CodeDuplicate, "archive holds %q twice", name)
+			return "", errorf(codes.InvalidArgument, failure.RunnerRemoteCheckpointArchiveDuplicateEntry, "archive holds %q twice", name)
 		}
 		e.seen[name] = seenDir
 		e.stats.Dirs++
 		return name, nil
 	}
 	if prev != 0 {
-		return "", errorf(codes.InvalidArgument, CodeDuplicate, "archive holds %q twice", name)
+		return "", errorf(codes.InvalidArgument, failure.RunnerRemoteCheckpointArchiveDuplicateEntry, "archive holds %q twice", name)
 	}
 	e.seen[name] = seenFile
 	// Uncompressed data is stored verbatim: an entry declaring more than the
@@ -234,16 +235,16 @@ func (e *entryReader) finish() Stats {
 }
 
 // normalise returns the entry name as a clean relative path ("" for the
-// root) or CodeUnsafePath / CodeInvalid.
+// root) or failure.RunnerRemoteCheckpointArchiveUnsafePath / failure.RunnerRemoteCheckpointArchiveInvalid.
 func normalise(raw string, dir bool) (string, error) {
 	if strings.IndexByte(raw, 0) >= 0 || strings.IndexByte(raw, '\\') >= 0 {
-		return "", errorf(codes.InvalidArgument, CodeUnsafePath, "archive entry name %q holds a NUL or backslash", raw)
+		return "", errorf(codes.InvalidArgument, failure.RunnerRemoteCheckpointArchiveUnsafePath, "archive entry name %q holds a NUL or backslash", raw)
 	}
 	if strings.HasPrefix(raw, "/") {
-		return "", errorf(codes.InvalidArgument, CodeUnsafePath, "archive entry name %q is absolute", raw)
+		return "", errorf(codes.InvalidArgument, failure.RunnerRemoteCheckpointArchiveUnsafePath, "archive entry name %q is absolute", raw)
 	}
 	if len(raw) > 4096 {
-		return "", errorf(codes.InvalidArgument, CodeInvalid, "archive entry name is longer than 4096 bytes")
+		return "", errorf(codes.InvalidArgument, failure.RunnerRemoteCheckpointArchiveInvalid, "archive entry name is longer than 4096 bytes")
 	}
 	name := strings.TrimPrefix(raw, "./")
 	if dir || strings.HasSuffix(name, "/") {
@@ -255,11 +256,11 @@ func normalise(raw string, dir bool) (string, error) {
 	for part := range strings.SplitSeq(name, "/") {
 		switch {
 		case part == "..":
-			return "", errorf(codes.InvalidArgument, CodeUnsafePath, "archive entry name %q leaves the archive root", raw)
+			return "", errorf(codes.InvalidArgument, failure.RunnerRemoteCheckpointArchiveUnsafePath, "archive entry name %q leaves the archive root", raw)
 		case part == "" || part == ".":
-			return "", errorf(codes.InvalidArgument, CodeUnsafePath, "archive entry name %q is not normalised", raw)
+			return "", errorf(codes.InvalidArgument, failure.RunnerRemoteCheckpointArchiveUnsafePath, "archive entry name %q is not normalised", raw)
 		case len(part) > 255:
-			return "", errorf(codes.InvalidArgument, CodeInvalid, "archive entry name %q has a component longer than 255 bytes", raw)
+			return "", errorf(codes.InvalidArgument, failure.RunnerRemoteCheckpointArchiveInvalid, "archive entry name %q has a component longer than 255 bytes", raw)
 		}
 	}
 	return name, nil

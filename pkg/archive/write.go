@@ -37,8 +37,8 @@ type WriteOptions struct {
 // order (see the package documentation) without the end-of-archive marker
 // when tw is shared; use it through Writer, or call WriteTree for a complete
 // archive. Symlinks and every other non-regular entry are refused with
-// CodeUnsafeEntry, never followed; a file that changes size while it is read
-// fails with CodeSnapshotFailed. dir itself is only read.
+// failure.RunnerRemoteCheckpointArchiveUnsafeEntry, never followed; a file that changes size while it is read
+// fails with failure.RunnerRemoteCheckpointSnapshotFailed. dir itself is only read.
 func WriteTar(tw *tar.Writer, dir string, opts WriteOptions) (Stats, error) {
 	var st Stats
 	if err := ValidateExclusions(append(slices.Clip(opts.Exclude), opts.ExcludeAnywhere...)); err != nil {
@@ -46,22 +46,22 @@ func WriteTar(tw *tar.Writer, dir string, opts WriteOptions) (Stats, error) {
 	}
 	if opts.Prefix != "" {
 		if err := ValidateExclusions([]string{opts.Prefix}); err != nil {
-			return st, failure.New(codes.InvalidArgument, CodeInvalid, "archive prefix %q is not a plain name", opts.Prefix)
+			return st, failure.New(codes.InvalidArgument, failure.RunnerRemoteCheckpointArchiveInvalid, "archive prefix %q is not a plain name", opts.Prefix)
 		}
 	}
 	fi, err := os.Lstat(dir)
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
-			return st, failure.Wrap(err, codes.NotFound, CodeSourceMissing, "%s does not exist", dir)
+			return st, failure.Wrap(err, codes.NotFound, failure.RunnerRemoteCheckpointSourceMissing, "%s does not exist", dir)
 		}
-		return st, failure.Wrap(err, codes.FailedPrecondition, CodeSnapshotFailed, "%v", err)
+		return st, failure.Wrap(err, codes.FailedPrecondition, failure.RunnerRemoteCheckpointSnapshotFailed, "%v", err)
 	}
 	if !fi.IsDir() {
-		return st, failure.New(codes.FailedPrecondition, CodeUnsafeEntry, "%s is a symlink or not a directory", dir)
+		return st, failure.New(codes.FailedPrecondition, failure.RunnerRemoteCheckpointArchiveUnsafeEntry, "%s is a symlink or not a directory", dir)
 	}
 	root, err := os.OpenRoot(dir)
 	if err != nil {
-		return st, failure.Wrap(err, codes.FailedPrecondition, CodeSnapshotFailed, "%v", err)
+		return st, failure.Wrap(err, codes.FailedPrecondition, failure.RunnerRemoteCheckpointSnapshotFailed, "%v", err)
 	}
 	defer root.Close()
 	var lim Limits
@@ -81,7 +81,7 @@ func WriteTar(tw *tar.Writer, dir string, opts WriteOptions) (Stats, error) {
 	fsys := root.FS()
 	err = fs.WalkDir(fsys, ".", func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
-			return failure.Wrap(err, codes.FailedPrecondition, CodeSnapshotFailed, "reading %s: %v", p, err)
+			return failure.Wrap(err, codes.FailedPrecondition, failure.RunnerRemoteCheckpointSnapshotFailed, "reading %s: %v", p, err)
 		}
 		if p != "." && (filepath.Dir(p) == "." && excluded(p, opts.Exclude) || slices.Contains(opts.ExcludeAnywhere, d.Name())) {
 			st.Skipped++
@@ -97,7 +97,7 @@ func WriteTar(tw *tar.Writer, dir string, opts WriteOptions) (Stats, error) {
 		case t.IsDir():
 			info, err := d.Info()
 			if err != nil {
-				return failure.Wrap(err, codes.FailedPrecondition, CodeSnapshotFailed, "%s: %v", p, err)
+				return failure.Wrap(err, codes.FailedPrecondition, failure.RunnerRemoteCheckpointSnapshotFailed, "%s: %v", p, err)
 			}
 			if err := countEntry(&st, lim, opts.Limits != nil, 0); err != nil {
 				return err
@@ -110,13 +110,13 @@ func WriteTar(tw *tar.Writer, dir string, opts WriteOptions) (Stats, error) {
 		case t.IsRegular():
 			return writeFile(tw, fsys, p, name(p), &st, lim, opts.Limits != nil, buf)
 		default:
-			return failure.New(codes.FailedPrecondition, CodeUnsafeEntry, "%s holds %s, which cannot be archived", p, describeMode(t))
+			return failure.New(codes.FailedPrecondition, failure.RunnerRemoteCheckpointArchiveUnsafeEntry, "%s holds %s, which cannot be archived", p, describeMode(t))
 		}
 	})
 	if err != nil {
 		var fe *failure.Error
 		if !errors.As(err, &fe) {
-			err = failure.Wrap(err, codes.FailedPrecondition, CodeSnapshotFailed, "%v", err)
+			err = failure.Wrap(err, codes.FailedPrecondition, failure.RunnerRemoteCheckpointSnapshotFailed, "%v", err)
 		}
 	}
 	return st, err
@@ -129,10 +129,10 @@ func countEntry(st *Stats, lim Limits, limited bool, size int64) error {
 		return nil
 	}
 	if st.Entries > lim.MaxEntries {
-		return errorf(codes.ResourceExhausted, CodeTooManyEntries, "tree holds more than %d entries", lim.MaxEntries)
+		return errorf(codes.ResourceExhausted, failure.RunnerRemoteCheckpointArchiveTooManyEntries, "tree holds more than %d entries", lim.MaxEntries)
 	}
 	if st.Bytes > lim.MaxExpandedBytes {
-		return errorf(codes.ResourceExhausted, CodeExpandedTooLarge, "tree holds more than %d bytes", lim.MaxExpandedBytes)
+		return errorf(codes.ResourceExhausted, failure.RunnerRemoteCheckpointArchiveExpandedTooLarge, "tree holds more than %d bytes", lim.MaxExpandedBytes)
 	}
 	return nil
 }
@@ -140,15 +140,15 @@ func countEntry(st *Stats, lim Limits, limited bool, size int64) error {
 func writeFile(tw *tar.Writer, fsys fs.FS, p, name string, st *Stats, lim Limits, limited bool, buf []byte) error {
 	f, err := fsys.Open(p)
 	if err != nil {
-		return failure.Wrap(err, codes.FailedPrecondition, CodeSnapshotFailed, "%s: %v", p, err)
+		return failure.Wrap(err, codes.FailedPrecondition, failure.RunnerRemoteCheckpointSnapshotFailed, "%s: %v", p, err)
 	}
 	defer f.Close()
 	info, err := f.Stat()
 	if err != nil {
-		return failure.Wrap(err, codes.FailedPrecondition, CodeSnapshotFailed, "%s: %v", p, err)
+		return failure.Wrap(err, codes.FailedPrecondition, failure.RunnerRemoteCheckpointSnapshotFailed, "%s: %v", p, err)
 	}
 	if !info.Mode().IsRegular() {
-		return failure.New(codes.FailedPrecondition, CodeSnapshotFailed, "%s changed while it was archived", p)
+		return failure.New(codes.FailedPrecondition, failure.RunnerRemoteCheckpointSnapshotFailed, "%s changed while it was archived", p)
 	}
 	size := info.Size()
 	if err := countEntry(st, lim, limited, size); err != nil {
@@ -174,14 +174,14 @@ func writeFile(tw *tar.Writer, fsys fs.FS, p, name string, st *Stats, lim Limits
 			break
 		}
 		if err != nil {
-			return failure.Wrap(err, codes.FailedPrecondition, CodeSnapshotFailed, "%s: %v", p, err)
+			return failure.Wrap(err, codes.FailedPrecondition, failure.RunnerRemoteCheckpointSnapshotFailed, "%s: %v", p, err)
 		}
 	}
 	if left > 0 {
-		return failure.New(codes.Aborted, CodeSnapshotFailed, "%s shrank while it was archived", p)
+		return failure.New(codes.Aborted, failure.RunnerRemoteCheckpointSnapshotFailed, "%s shrank while it was archived", p)
 	}
 	if n, _ := f.Read(buf[:1]); n > 0 {
-		return failure.New(codes.Aborted, CodeSnapshotFailed, "%s grew while it was archived", p)
+		return failure.New(codes.Aborted, failure.RunnerRemoteCheckpointSnapshotFailed, "%s grew while it was archived", p)
 	}
 	return nil
 }
@@ -209,7 +209,7 @@ func WriteTree(w io.Writer, dir string, opts WriteOptions) (Stats, error) {
 		return st, err
 	}
 	if err := tw.Close(); err != nil {
-		return st, failure.Wrap(err, codes.Unavailable, CodeSnapshotFailed, "writing archive: %v", err)
+		return st, failure.Wrap(err, codes.Unavailable, failure.RunnerRemoteCheckpointSnapshotFailed, "writing archive: %v", err)
 	}
 	st.ArchiveBytes = cw.n
 	return st, nil
@@ -229,14 +229,14 @@ func (c *countingWriter) Write(p []byte) (int, error) {
 // SnapshotOptions tune Snapshot.
 type SnapshotOptions struct {
 	// Exclude lists plain top-level names left out of the snapshot
-	// (credentials, scratch). Anything else is CodeExclusionInvalid.
+	// (credentials, scratch). Anything else is failure.RunnerRemoteCheckpointExclusionInvalid.
 	Exclude []string
 	// Limits, when set, bound the snapshot like an extraction would.
 	Limits *Limits
 }
 
 // Snapshot archives the live directory src to w without ever mutating it:
-// it checks src is a real directory (CodeSourceMissing when absent), writes
+// it checks src is a real directory (failure.RunnerRemoteCheckpointSourceMissing when absent), writes
 // the archive (without the excluded top-level entries) into a private
 // temporary sibling ".tether-checkpoint-*" of src, so that the transfer
 // reads a point-in-time copy, then streams that copy to w and removes it.
@@ -247,20 +247,20 @@ func Snapshot(src string, w io.Writer, opts SnapshotOptions) (Stats, error) {
 	fi, err := os.Lstat(src)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
-		return Stats{}, failure.Wrap(err, codes.NotFound, CodeSourceMissing, "%s does not exist", src)
+		return Stats{}, failure.Wrap(err, codes.NotFound, failure.RunnerRemoteCheckpointSourceMissing, "%s does not exist", src)
 	case err != nil:
-		return Stats{}, failure.Wrap(err, codes.FailedPrecondition, CodeSnapshotFailed, "%v", err)
+		return Stats{}, failure.Wrap(err, codes.FailedPrecondition, failure.RunnerRemoteCheckpointSnapshotFailed, "%v", err)
 	case !fi.IsDir():
-		return Stats{}, failure.New(codes.FailedPrecondition, CodeUnsafeEntry, "%s is a symlink or not a directory", src)
+		return Stats{}, failure.New(codes.FailedPrecondition, failure.RunnerRemoteCheckpointArchiveUnsafeEntry, "%s is a symlink or not a directory", src)
 	}
 	snap, err := os.MkdirTemp(filepath.Dir(filepath.Clean(src)), ".tether-checkpoint-")
 	if err != nil {
-		return Stats{}, failure.Wrap(err, codes.FailedPrecondition, CodeSnapshotFailed, "creating snapshot directory: %v", err)
+		return Stats{}, failure.Wrap(err, codes.FailedPrecondition, failure.RunnerRemoteCheckpointSnapshotFailed, "creating snapshot directory: %v", err)
 	}
 	defer os.RemoveAll(snap)
 	f, err := os.OpenFile(filepath.Join(snap, "snapshot.tar"), os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
-		return Stats{}, failure.Wrap(err, codes.FailedPrecondition, CodeSnapshotFailed, "%v", err)
+		return Stats{}, failure.Wrap(err, codes.FailedPrecondition, failure.RunnerRemoteCheckpointSnapshotFailed, "%v", err)
 	}
 	defer f.Close()
 	st, err := WriteTree(f, src, WriteOptions{Exclude: opts.Exclude, Limits: opts.Limits})
@@ -268,21 +268,21 @@ func Snapshot(src string, w io.Writer, opts SnapshotOptions) (Stats, error) {
 		return st, err
 	}
 	if _, err := f.Seek(0, io.SeekStart); err != nil {
-		return st, failure.Wrap(err, codes.FailedPrecondition, CodeSnapshotFailed, "%v", err)
+		return st, failure.Wrap(err, codes.FailedPrecondition, failure.RunnerRemoteCheckpointSnapshotFailed, "%v", err)
 	}
 	buf := make([]byte, 256<<10)
 	for {
 		n, err := f.Read(buf)
 		if n > 0 {
 			if _, werr := w.Write(buf[:n]); werr != nil {
-				return st, failure.Wrap(werr, codes.Unavailable, CodeSnapshotFailed, "transferring snapshot: %v", werr)
+				return st, failure.Wrap(werr, codes.Unavailable, failure.RunnerRemoteCheckpointSnapshotFailed, "transferring snapshot: %v", werr)
 			}
 		}
 		if err == io.EOF {
 			return st, nil
 		}
 		if err != nil {
-			return st, failure.Wrap(err, codes.FailedPrecondition, CodeSnapshotFailed, "%v", err)
+			return st, failure.Wrap(err, codes.FailedPrecondition, failure.RunnerRemoteCheckpointSnapshotFailed, "%v", err)
 		}
 	}
 }

@@ -45,7 +45,7 @@
 // is a tree deeper than MaxDepth. Files are opened relative to their parent
 // directory's descriptor with O_NOFOLLOW, so a concurrent swap of a path
 // component for a symlink cannot redirect the walk; a file whose type or size
-// changes while it is read fails with CodeChanged.
+// changes while it is read fails with failure.RunnerHarnessBackupChanged.
 package digest
 
 import (
@@ -59,25 +59,6 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/tether-run/tether/pkg/failure"
-)
-
-// Stable codes of the backup digest.
-const (
-	// CodeUnsupportedEntry: the tree holds a symlink, device, FIFO, socket or
-	// other non-regular entry (message: its relative path).
-	CodeUnsupportedEntry = "runner_harness_backup_unsupported_entry"
-	// CodeUnsafeDirectory: the root is a symlink or not a directory.
-	CodeUnsafeDirectory = "runner_harness_backup_unsafe_directory"
-	// CodePathTooDeep: the tree is deeper than MaxDepth.
-	CodePathTooDeep = "runner_harness_backup_path_too_deep"
-	// CodeChanged: an entry changed type or size while it was read.
-	CodeChanged = "runner_harness_backup_changed"
-	// CodeUnreadable: the tree could not be read (permissions, I/O).
-	CodeUnreadable = "runner_harness_backup_unreadable"
-	// CodeNotCanonical: a BackupStream was fed entries out of walk order.
-	CodeNotCanonical = "runner_harness_backup_not_canonical"
-	// CodePackIncompatible prefixes every provider-pack digest failure.
-	CodePackIncompatible = "runner_remote_provider_artifact_incompatible"
 )
 
 // MaxDepth is the deepest directory nesting a tree digest accepts.
@@ -167,10 +148,10 @@ func Valid(s string) bool {
 	return true
 }
 
-func backupErr(code, format string, args ...any) error {
+func backupErr(code failure.Reason, format string, args ...any) error {
 	return failure.New(codes.FailedPrecondition, code, format, args...)
 }
 
 func packErr(format string, args ...any) error {
-	return failure.New(codes.FailedPrecondition, CodePackIncompatible, format, args...)
+	return failure.New(codes.FailedPrecondition, failure.RunnerRemoteProviderArtifactIncompatible, format, args...)
 }

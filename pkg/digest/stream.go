@@ -17,7 +17,7 @@ import (
 // order (each directory's entries in ascending byte order of their names,
 // depth first, a directory before its entries), e.g. from a tar archive
 // written by pkg/archive. It yields exactly what BackupTree yields for the
-// same tree, and refuses (CodeNotCanonical) an entry that is out of order, a
+// same tree, and refuses (failure.RunnerHarnessBackupNotCanonical) an entry that is out of order, a
 // repeated name, or an entry whose parent directory was not fed before it.
 //
 // Paths are relative to the digested directory, slash-separated, without a
@@ -105,7 +105,7 @@ func (s *BackupStream) Sum() (Result, error) {
 }
 
 func (s *BackupStream) fail(format string, args ...any) error {
-	s.err = failure.New(codes.FailedPrecondition, CodeNotCanonical, format, args...)
+	s.err = failure.New(codes.FailedPrecondition, failure.RunnerHarnessBackupNotCanonical, format, args...)
 	return s.err
 }
 

@@ -164,7 +164,7 @@ loop:
 }
 
 // PackTree computes the provider-pack dist digest of dir (see the package
-// documentation). Every failure is a CodePackIncompatible error.
+// documentation). Every failure is a failure.RunnerRemoteProviderArtifactIncompatible error.
 func PackTree(dir string, opts ...Options) (string, error) {
 	var o Options
 	if len(opts) > 0 {
@@ -209,10 +209,10 @@ loop:
 	w.stop()
 	if err != nil {
 		var fe *failure.Error
-		if errors.As(err, &fe) && fe.Code == CodePackIncompatible {
+		if errors.As(err, &fe) && fe.Code == failure.RunnerRemoteProviderArtifactIncompatible {
 			return "", err
 		}
-		return "", failure.Wrap(err, codes.FailedPrecondition, CodePackIncompatible, "provider dist tree is unreadable: %v", err)
+		return "", failure.Wrap(err, codes.FailedPrecondition, failure.RunnerRemoteProviderArtifactIncompatible, "provider dist tree is unreadable: %v", err)
 	}
 	return Prefix + hex.EncodeToString(h.Sum(nil)), nil
 }
@@ -227,7 +227,9 @@ func newWalker(pack bool, o Options) *walker {
 	if pack {
 		w.errf = func(rel, what string) error { return packErr("unsupported dist entry %s (%s)", rel, what) }
 	} else {
-		w.errf = func(rel, what string) error { return backupErr(CodeUnsupportedEntry, "%s (%s)", rel, what) }
+		w.errf = func(rel, what string) error {
+			return backupErr(failure.RunnerHarnessBackupUnsupportedEntry, "%s (%s)", rel, what)
+		}
 	}
 	for range o.workers() {
 		w.wg.Add(1)
@@ -301,12 +303,12 @@ func openRootDir(root string) (*dirRef, error) {
 	if err != nil {
 		switch {
 		case errors.Is(err, unix.ELOOP), errors.Is(err, unix.ENOTDIR):
-			return nil, backupErr(CodeUnsafeDirectory, "%s is a symlink or not a directory", root)
+			return nil, backupErr(failure.RunnerHarnessBackupUnsafeDirectory, "%s is a symlink or not a directory", root)
 		case errors.Is(err, unix.ENOENT):
 			return nil, failure.Wrap(&fs.PathError{Op: "open", Path: root, Err: fs.ErrNotExist}, codes.NotFound,
-				CodeUnreadable, "%s does not exist", root)
+				failure.RunnerHarnessBackupUnreadable, "%s does not exist", root)
 		}
-		return nil, failure.Wrap(err, codes.FailedPrecondition, CodeUnreadable, "open %s: %v", root, err)
+		return nil, failure.Wrap(err, codes.FailedPrecondition, failure.RunnerHarnessBackupUnreadable, "open %s: %v", root, err)
 	}
 	abs, _ := filepath.Abs(root)
 	d := &dirRef{f: os.NewFile(uintptr(fd), abs), fd: fd}
@@ -334,7 +336,7 @@ func joinRel(parent, name string) string {
 func (w *walker) walk(d *dirRef, rel string, depth int) error {
 	ents, err := d.f.ReadDir(-1)
 	if err != nil {
-		return failure.Wrap(err, codes.FailedPrecondition, CodeUnreadable, "read directory %q: %v", rel, err)
+		return failure.Wrap(err, codes.FailedPrecondition, failure.RunnerHarnessBackupUnreadable, "read directory %q: %v", rel, err)
 	}
 	slices.SortFunc(ents, func(a, b fs.DirEntry) int { return strings.Compare(a.Name(), b.Name()) })
 	if len(ents) == 0 && !w.pack {
@@ -351,7 +353,7 @@ func (w *walker) walk(d *dirRef, rel string, depth int) error {
 				if w.pack {
 					return packErr("dist tree deeper than %d at %s", MaxDepth, crel)
 				}
-				return backupErr(CodePathTooDeep, "%s is deeper than %d", crel, MaxDepth)
+				return backupErr(failure.RunnerHarnessBackupPathTooDeep, "%s is deeper than %d", crel, MaxDepth)
 			}
 			cfd, err := openDir(d.fd, name)
 			if err != nil {
@@ -408,12 +410,12 @@ func (w *walker) changed(rel string, err error) error {
 		if w.pack {
 			return packErr("dist entry %s changed while it was read", rel)
 		}
-		return failure.Wrap(err, codes.Aborted, CodeChanged, "%s changed while it was read", rel)
+		return failure.Wrap(err, codes.Aborted, failure.RunnerHarnessBackupChanged, "%s changed while it was read", rel)
 	}
 	if w.pack {
-		return failure.Wrap(err, codes.FailedPrecondition, CodePackIncompatible, "dist entry %s is unreadable: %v", rel, err)
+		return failure.Wrap(err, codes.FailedPrecondition, failure.RunnerRemoteProviderArtifactIncompatible, "dist entry %s is unreadable: %v", rel, err)
 	}
-	return failure.Wrap(err, codes.FailedPrecondition, CodeUnreadable, "%s: %v", rel, err)
+	return failure.Wrap(err, codes.FailedPrecondition, failure.RunnerHarnessBackupUnreadable, "%s: %v", rel, err)
 }
 
 func (w *walker) work() {
@@ -484,7 +486,7 @@ func (w *walker) readFile(it *item) error {
 		if err != nil {
 			unix.Close(fd)
 			smallBufs.Put(bp)
-			return failure.Wrap(err, codes.FailedPrecondition, CodeUnreadable, "read %s: %v", it.rel, err)
+			return failure.Wrap(err, codes.FailedPrecondition, failure.RunnerHarnessBackupUnreadable, "read %s: %v", it.rel, err)
 		}
 		if n == 0 {
 			break
@@ -497,7 +499,7 @@ func (w *walker) readFile(it *item) error {
 	unix.Close(fd)
 	if int64(total) != st.Size {
 		smallBufs.Put(bp)
-		return failure.New(codes.Aborted, CodeChanged, "%s changed size while it was read", it.rel)
+		return failure.New(codes.Aborted, failure.RunnerHarnessBackupChanged, "%s changed size while it was read", it.rel)
 	}
 	*bp = buf[:total]
 	it.data = bp
@@ -581,11 +583,11 @@ func (s *streamer) hash(h hash.Hash, fd int, size int64, rel string) error {
 		if err == nil {
 			switch {
 			case c.err != nil:
-				err = failure.Wrap(c.err, codes.FailedPrecondition, CodeUnreadable, "read %s: %v", rel, c.err)
+				err = failure.Wrap(c.err, codes.FailedPrecondition, failure.RunnerHarnessBackupUnreadable, "read %s: %v", rel, c.err)
 			case len(c.b) > 0:
 				total += int64(len(c.b))
 				if total > size {
-					err = failure.New(codes.Aborted, CodeChanged, "%s grew while it was read", rel)
+					err = failure.New(codes.Aborted, failure.RunnerHarnessBackupChanged, "%s grew while it was read", rel)
 				} else {
 					h.Write(c.b)
 				}
@@ -597,7 +599,7 @@ func (s *streamer) hash(h hash.Hash, fd int, size int64, rel string) error {
 		s.free <- c.b[:cap(c.b)]
 	}
 	if err == nil && total != size {
-		err = failure.New(codes.Aborted, CodeChanged, "%s shrank while it was read", rel)
+		err = failure.New(codes.Aborted, failure.RunnerHarnessBackupChanged, "%s shrank while it was read", rel)
 	}
 	return err
 }

@@ -33,10 +33,10 @@ func FuzzVerifyGrant(f *testing.F) {
 		tok, derr := Decode(s)
 		c, err := v.Verify(s, attachWant())
 		if err != nil {
-			if failure.CodeOf(err) == CodeInvalid {
+			if failure.CodeOf(err) == failure.GatewayGrantInvalid {
 				return
 			}
-			t.Fatalf("refusal without %s: %v", CodeInvalid, err)
+			t.Fatalf("refusal without %s: %v", failure.GatewayGrantInvalid, err)
 		}
 		if derr != nil || !ed25519.Verify(pubOf(fleetKey), message(tok.Payload), tok.Signature) {
 			t.Fatalf("accepted a grant the fleet did not sign: %q", s)

@@ -33,9 +33,6 @@ import (
 	"github.com/tether-run/tether/pkg/failure"
 )
 
-// CodeInvalid is the stable code of every refused grant.
-const CodeInvalid = "gateway_grant_invalid"
-
 // Header is the gRPC metadata key that carries a grant.
 const Header = "tether-grant"
 
@@ -279,5 +276,5 @@ func (c *Claims) Match(want Want) error {
 }
 
 func invalid(format string, args ...any) error {
-	return failure.New(codes.Unauthenticated, CodeInvalid, format, args...)
+	return failure.New(codes.Unauthenticated, failure.GatewayGrantInvalid, format, args...)
 }

@@ -45,7 +45,7 @@ func attachWant() Want {
 func requireInvalid(t *testing.T, err error, contains string) {
 	t.Helper()
 	require.Error(t, err)
-	require.Equal(t, CodeInvalid, failure.CodeOf(err))
+	require.EqualValues(t, failure.GatewayGrantInvalid, failure.CodeOf(err))
 	require.Equal(t, codes.Unauthenticated, status.Code(err))
 	require.Contains(t, err.Error(), contains)
 }

@@ -14,10 +14,6 @@ import (
 	"github.com/tether-run/tether/pkg/failure"
 )
 
-// CodeInvalidRequest is the stable code of a request that failed its
-// protovalidate rules.
-const CodeInvalidRequest = "invalid_request"
-
 // codedError gives errors produced by middleware (validation, recovery) the
 // same shape as tether's own: a stable code as the message prefix and an
 // ErrorInfo detail. Errors that already carry a tether code pass through.
@@ -33,7 +29,7 @@ func codedError(err error) error {
 	var details []protoadapt.MessageV1
 	switch {
 	case st.Code() == codes.InvalidArgument && hasViolations(st):
-		code = CodeInvalidRequest
+		code = failure.InvalidRequest
 		var parts []string
 		for _, d := range st.Details() {
 			if v, ok := d.(*validate.Violations); ok {

@@ -24,7 +24,7 @@ func TestCodedErrorGivesValidationFailuresAStableCode(t *testing.T) {
 	out := status.Convert(codedError(st.Err()))
 	require.Equal(t, codes.InvalidArgument, out.Code())
 	require.Equal(t, "invalid_request: input.task.prompt: value is required", out.Message())
-	require.Equal(t, CodeInvalidRequest, failure.CodeOf(out.Err()))
+	require.EqualValues(t, failure.InvalidRequest, failure.CodeOf(out.Err()))
 	require.Len(t, out.Details(), 2, "ErrorInfo plus the original violations")
 
 	own := failure.New(codes.InvalidArgument, "provider_not_admitted", "x")

@@ -16,10 +16,6 @@ import (
 	"github.com/tether-run/tether/pkg/identity"
 )
 
-// CodePeerNotAuthorized is the stable code of a call whose mTLS peer
-// identity may not call the service (SPEC S2).
-const CodePeerNotAuthorized = "peer_not_authorized"
-
 // PeerRoles returns the identity roles (pkg/identity) of the call's peer
 // certificate, verified by the server's mTLS handshake; nil without mTLS.
 func PeerRoles(ctx context.Context) []string {
@@ -64,7 +60,7 @@ func (p peerCheck) authorize(ctx context.Context, fullMethod string) error {
 	if len(roles) > 0 {
 		who = "peer " + identity.URI(roles[0]).String()
 	}
-	return failure.New(codes.PermissionDenied, CodePeerNotAuthorized, "%s may not call %s (allowed: %s)",
+	return failure.New(codes.PermissionDenied, failure.PeerNotAuthorized, "%s may not call %s (allowed: %s)",
 		who, fullMethod, strings.Join(p.allowed, ", "))
 }
 

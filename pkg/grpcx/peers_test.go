@@ -108,7 +108,7 @@ func TestS2_OnlyExecutorsMayCallAGateway(t *testing.T) {
 	for _, caller := range []string{identity.Client, identity.Gateway, identity.BackupVerifier} {
 		err := call(caller)
 		require.Equal(t, codes.PermissionDenied, status.Code(err), "%s: %v", caller, err)
-		require.Equal(t, CodePeerNotAuthorized, failure.CodeOf(err))
+		require.EqualValues(t, failure.PeerNotAuthorized, failure.CodeOf(err))
 		require.Contains(t, err.Error(), "spiffe://tether/"+caller)
 
 		conn, err := as(caller).DialPeer(target, ca)

@@ -3,7 +3,7 @@
 //
 // A key file is trusted only when it is the file itself (not a symlink), a
 // regular file, owned by the user the service runs as, and no more open
-// than 0600 (0400 is fine). Anything else is refused with CodeUnsafe and a
+// than 0600 (0400 is fine). Anything else is refused with failure.KeyFileUnsafe and a
 // message that says how to fix it, before a byte is read: a key that other
 // users can read or replace is not a secret, and a symlink lets whoever
 // controls its target choose the key. The checks are made on the opened
@@ -30,15 +30,6 @@ import (
 
 	"github.com/tether-run/tether/pkg/atomicfile"
 	"github.com/tether-run/tether/pkg/failure"
-)
-
-// Stable codes.
-const (
-	// CodeUnsafe: the key file is a symlink, not a regular file, owned by
-	// another user or more open than 0600.
-	CodeUnsafe = "key_file_unsafe"
-	// CodeInvalid: the key file is too short, too long or unreadable.
-	CodeInvalid = "key_file_invalid"
 )
 
 // Size is the length of a created key.
@@ -78,7 +69,7 @@ func checkInfo(path string, fi fs.FileInfo) error {
 }
 
 func unsafe(path, format string, args ...any) error {
-	e := failure.New(codes.FailedPrecondition, CodeUnsafe, format, args...)
+	e := failure.New(codes.FailedPrecondition, failure.KeyFileUnsafe, format, args...)
 	e.Metadata = map[string]string{"path": path}
 	return e
 }
@@ -101,17 +92,17 @@ func Read(path string) ([]byte, error) {
 	defer f.Close()
 	fi, err := f.Stat()
 	if err != nil {
-		return nil, failure.Wrap(err, codes.FailedPrecondition, CodeInvalid, "%s: %v", path, err)
+		return nil, failure.Wrap(err, codes.FailedPrecondition, failure.KeyFileInvalid, "%s: %v", path, err)
 	}
 	if err := checkInfo(path, fi); err != nil {
 		return nil, err
 	}
 	b, err := io.ReadAll(io.LimitReader(f, MaxSize+1))
 	if err != nil {
-		return nil, failure.Wrap(err, codes.FailedPrecondition, CodeInvalid, "reading %s: %v", path, err)
+		return nil, failure.Wrap(err, codes.FailedPrecondition, failure.KeyFileInvalid, "reading %s: %v", path, err)
 	}
 	if len(b) > MaxSize {
-		return nil, failure.New(codes.FailedPrecondition, CodeInvalid, "%s is larger than %d bytes; it is not a key file", path, MaxSize)
+		return nil, failure.New(codes.FailedPrecondition, failure.KeyFileInvalid, "%s is larger than %d bytes; it is not a key file", path, MaxSize)
 	}
 	return b, nil
 }
@@ -146,13 +137,13 @@ func Create(path string, data []byte) error {
 
 // LoadOrCreate returns the key stored at path (see Read), creating the file
 // with Size random bytes when it does not exist (see Create). A key shorter
-// than Size is refused with CodeInvalid.
+// than Size is refused with failure.KeyFileInvalid.
 func LoadOrCreate(path string) ([]byte, error) {
 	for {
 		b, err := Read(path)
 		if err == nil {
 			if len(b) < Size {
-				return nil, failure.New(codes.FailedPrecondition, CodeInvalid,
+				return nil, failure.New(codes.FailedPrecondition, failure.KeyFileInvalid,
 					"%s holds %d bytes, a key needs at least %d: remove it to have a new key created", path, len(b), Size)
 			}
 			return b, nil

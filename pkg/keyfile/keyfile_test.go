@@ -23,7 +23,7 @@ func writeKey(t *testing.T, path string, mode os.FileMode) {
 func requireUnsafe(t *testing.T, err error, fix string) {
 	t.Helper()
 	require.Error(t, err)
-	require.Equal(t, CodeUnsafe, failure.CodeOf(err), "%v", err)
+	require.EqualValues(t, failure.KeyFileUnsafe, failure.CodeOf(err), "%v", err)
 	require.Contains(t, err.Error(), fix, "the message says how to fix it")
 }
 
@@ -50,7 +50,7 @@ func TestS3_CreatesAPrivateKeyOnceAndReadsItBack(t *testing.T) {
 
 	require.NoError(t, os.WriteFile(p, []byte("short"), 0o600))
 	_, err = LoadOrCreate(p)
-	require.Equal(t, CodeInvalid, failure.CodeOf(err))
+	require.EqualValues(t, failure.KeyFileInvalid, failure.CodeOf(err))
 }
 
 func TestS3_ConcurrentCreatorsAgreeOnOneKey(t *testing.T) {

@@ -20,6 +20,7 @@ import (
 
 	"github.com/coder/websocket"
 
+	"github.com/tether-run/tether/pkg/failure"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 )
 
@@ -100,7 +101,7 @@ func ParseCredential(s string) (Credential, error) {
 	s = strings.TrimSpace(s)
 	i := strings.LastIndexByte(s, '.')
 	if i <= 0 || i == len(s)-1 {
-		return Credential{}, errorf(CodeAuthFailed, "malformed credential")
+		return Credential{}, errorf(failure.RunnerAuthFailed, "malformed credential")
 	}
 	cl, _, err := DecodeClaims(s[:i])
 	if err != nil {
@@ -108,7 +109,7 @@ func ParseCredential(s string) (Credential, error) {
 	}
 	secret, err := b64.DecodeString(s[i+1:])
 	if err != nil || len(secret) != secretLen {
-		return Credential{}, errorf(CodeAuthFailed, "malformed credential secret")
+		return Credential{}, errorf(failure.RunnerAuthFailed, "malformed credential secret")
 	}
 	return Credential{Kind: cl.Kind, Claims: s[:i], Secret: secret}, nil
 }
@@ -117,23 +118,23 @@ func ParseCredential(s string) (Credential, error) {
 // claims and the exact JSON bytes they were signed over.
 func DecodeClaims(enc string) (Claims, []byte, error) {
 	if enc == "" || len(enc) > maxClaimsLen {
-		return Claims{}, nil, errorf(CodeAuthFailed, "malformed credential claims")
+		return Claims{}, nil, errorf(failure.RunnerAuthFailed, "malformed credential claims")
 	}
 	raw, err := b64.DecodeString(enc)
 	if err != nil {
-		return Claims{}, nil, errorf(CodeAuthFailed, "malformed credential claims encoding")
+		return Claims{}, nil, errorf(failure.RunnerAuthFailed, "malformed credential claims encoding")
 	}
 	var w claimsWire
 	dec := json.NewDecoder(strings.NewReader(string(raw)))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&w); err != nil {
-		return Claims{}, nil, errorf(CodeAuthFailed, "malformed credential claims json")
+		return Claims{}, nil, errorf(failure.RunnerAuthFailed, "malformed credential claims json")
 	}
 	if w.Kind != KindBootstrap && w.Kind != KindLease {
-		return Claims{}, nil, errorf(CodeAuthFailed, "unknown credential kind")
+		return Claims{}, nil, errorf(failure.RunnerAuthFailed, "unknown credential kind")
 	}
 	if !validID(w.RunnerInstanceID) || !validID(w.SessionScope) || !validID(w.Nonce) || w.ExpiresAtUnixMs <= 0 {
-		return Claims{}, nil, errorf(CodeAuthFailed, "incomplete credential claims")
+		return Claims{}, nil, errorf(failure.RunnerAuthFailed, "incomplete credential claims")
 	}
 	return Claims{
 		Kind:             w.Kind,
@@ -223,7 +224,7 @@ func proofs(secret, signing []byte) (server, client string) {
 type Authority struct {
 	// HandshakeTimeout bounds Hello → Challenge → Proof on an accepted
 	// connection (0: DefaultHandshakeTimeout). A runner that has not sent
-	// its proof by then is sent a Goodbye CodeHandshakeTimeout and the
+	// its proof by then is sent a Goodbye failure.RunnerHandshakeTimeout and the
 	// connection is closed with 1008 and that code (SPEC S5). Set it
 	// before the first Accept.
 	HandshakeTimeout time.Duration
@@ -245,10 +246,10 @@ func NewAuthority(key []byte, now func() time.Time) *Authority {
 
 func (a *Authority) mint(kind, runnerInstanceID, sessionScope string, ttl time.Duration) (Credential, time.Time, error) {
 	if !validID(runnerInstanceID) || !validID(sessionScope) {
-		return Credential{}, time.Time{}, errorf(CodeAuthFailed, "credential needs a runner instance id and a session scope")
+		return Credential{}, time.Time{}, errorf(failure.RunnerAuthFailed, "credential needs a runner instance id and a session scope")
 	}
 	if ttl <= 0 {
-		return Credential{}, time.Time{}, errorf(CodeAuthFailed, "credential ttl must be positive")
+		return Credential{}, time.Time{}, errorf(failure.RunnerAuthFailed, "credential ttl must be positive")
 	}
 	exp := a.now().Add(ttl)
 	raw, err := CanonicalJSON(claimsWire{
@@ -291,7 +292,7 @@ type Accepted struct {
 // within HandshakeTimeout. On failure it sends a best-effort Goodbye carrying
 // the code and returns a *Error; the caller closes the connection. When the
 // timeout ends the handshake, Accept has already sent the Goodbye
-// CodeHandshakeTimeout and closed the connection with 1008.
+// failure.RunnerHandshakeTimeout and closed the connection with 1008.
 func (a *Authority) Accept(ctx context.Context, c *Conn) (*Accepted, error) {
 	d := a.HandshakeTimeout
 	if d <= 0 {
@@ -303,13 +304,13 @@ func (a *Authority) Accept(ctx context.Context, c *Conn) (*Accepted, error) {
 	expired := make(chan struct{})
 	timer := time.AfterFunc(d, func() {
 		defer close(expired)
-		a.goodbye(ctx, c, errorf(CodeHandshakeTimeout, "no handshake within %s", d))
-		_ = c.Close(websocket.StatusPolicyViolation, CodeHandshakeTimeout)
+		a.goodbye(ctx, c, errorf(failure.RunnerHandshakeTimeout, "no handshake within %s", d))
+		_ = c.Close(websocket.StatusPolicyViolation, failure.RunnerHandshakeTimeout)
 	})
 	acc, err := a.accept(ctx, c)
 	if !timer.Stop() {
 		<-expired
-		return nil, errorf(CodeHandshakeTimeout, "no handshake within %s", d)
+		return nil, errorf(failure.RunnerHandshakeTimeout, "no handshake within %s", d)
 	}
 	if err != nil {
 		pe := asError(err)
@@ -331,7 +332,7 @@ func asError(err error) *Error {
 	if errors.As(err, &pe) {
 		return pe
 	}
-	return errorf(CodeProtocolError, "%v", err)
+	return errorf(failure.RunnerProtocolError, "%v", err)
 }
 
 func readWithin(ctx context.Context, c *Conn, d time.Duration) (*prpv1.Frame, error) {
@@ -347,39 +348,39 @@ func (a *Authority) accept(ctx context.Context, c *Conn) (*Accepted, error) {
 	}
 	h := f.GetHello()
 	if h == nil {
-		return nil, errorf(CodeProtocolError, "expected hello")
+		return nil, errorf(failure.RunnerProtocolError, "expected hello")
 	}
 	if h.GetProtocol() != Protocol {
-		return nil, errorf(CodeProtocolError, "unknown protocol %q", h.GetProtocol())
+		return nil, errorf(failure.RunnerProtocolError, "unknown protocol %q", h.GetProtocol())
 	}
 	if h.GetVersionMin() > Version || h.GetVersionMax() < Version {
-		return nil, errorf(CodeProtocolError, "no common protocol version (runner %d..%d, gateway %d)", h.GetVersionMin(), h.GetVersionMax(), Version)
+		return nil, errorf(failure.RunnerProtocolError, "no common protocol version (runner %d..%d, gateway %d)", h.GetVersionMin(), h.GetVersionMax(), Version)
 	}
 	if n := len(h.GetClientNonce()); n < 16 || n > 128 {
-		return nil, errorf(CodeProtocolError, "client nonce must be 16..128 characters")
+		return nil, errorf(failure.RunnerProtocolError, "client nonce must be 16..128 characters")
 	}
 	claims, raw, err := DecodeClaims(h.GetCredentialClaims())
 	if err != nil {
 		return nil, err
 	}
 	if h.GetCredentialKind() != claims.Kind {
-		return nil, errorf(CodeAuthFailed, "credential kind does not match its claims")
+		return nil, errorf(failure.RunnerAuthFailed, "credential kind does not match its claims")
 	}
 	id := h.GetIdentity()
 	if id.GetRunnerInstanceId() != claims.RunnerInstanceID || id.GetSessionScope() != claims.SessionScope {
-		return nil, errorf(CodeAuthFailed, "runner identity does not match the credential")
+		return nil, errorf(failure.RunnerAuthFailed, "runner identity does not match the credential")
 	}
 	if !a.now().Before(claims.ExpiresAt) {
-		return nil, errorf(CodeCredentialExpired, "%s credential expired at %s", claims.Kind, claims.ExpiresAt.Format(time.RFC3339))
+		return nil, errorf(failure.RunnerCredentialExpired, "%s credential expired at %s", claims.Kind, claims.ExpiresAt.Format(time.RFC3339))
 	}
 	if claims.Kind == KindBootstrap && a.ticketUsed(claims.Nonce) {
-		return nil, errorf(CodeTicketReplayed, "bootstrap ticket was already used")
+		return nil, errorf(failure.RunnerTicketReplayed, "bootstrap ticket was already used")
 	}
 
 	serverNonce := randomHex(32)
 	signing, err := signingBytes(h, serverNonce, Version)
 	if err != nil {
-		return nil, errorf(CodeProtocolError, "signing bytes: %v", err)
+		return nil, errorf(failure.RunnerProtocolError, "signing bytes: %v", err)
 	}
 	serverProof, clientProof := proofs(a.secretFor(raw), signing)
 	if err := c.Write(ctx, &prpv1.Frame{Kind: &prpv1.Frame_Challenge{Challenge: &prpv1.Challenge{
@@ -394,13 +395,13 @@ func (a *Authority) accept(ctx context.Context, c *Conn) (*Accepted, error) {
 	}
 	p := f.GetProof()
 	if p == nil {
-		return nil, errorf(CodeProtocolError, "expected proof")
+		return nil, errorf(failure.RunnerProtocolError, "expected proof")
 	}
 	if !hmac.Equal([]byte(p.GetClientProof()), []byte(clientProof)) {
-		return nil, errorf(CodeAuthFailed, "client proof does not verify")
+		return nil, errorf(failure.RunnerAuthFailed, "client proof does not verify")
 	}
 	if claims.Kind == KindBootstrap && !a.consumeTicket(claims.Nonce, claims.ExpiresAt) {
-		return nil, errorf(CodeTicketReplayed, "bootstrap ticket was already used")
+		return nil, errorf(failure.RunnerTicketReplayed, "bootstrap ticket was already used")
 	}
 	return &Accepted{Hello: h, Claims: claims, ConnectionID: "conn_" + randomHex(12)}, nil
 }
@@ -458,7 +459,7 @@ func ClientHandshake(ctx context.Context, c *Conn, cred Credential, hello *prpv1
 		return nil, Credential{}, err
 	}
 	if len(cred.Secret) != secretLen {
-		return nil, Credential{}, errorf(CodeAuthFailed, "credential secret has the wrong length")
+		return nil, Credential{}, errorf(failure.RunnerAuthFailed, "credential secret has the wrong length")
 	}
 	if hello == nil {
 		hello = &prpv1.Hello{}
@@ -482,21 +483,21 @@ func ClientHandshake(ctx context.Context, c *Conn, cred Credential, hello *prpv1
 	}
 	ch := f.GetChallenge()
 	if ch == nil {
-		return nil, Credential{}, errorf(CodeProtocolError, "expected challenge")
+		return nil, Credential{}, errorf(failure.RunnerProtocolError, "expected challenge")
 	}
 	if ch.GetSelectedVersion() != Version {
-		return nil, Credential{}, errorf(CodeProtocolError, "gateway selected unsupported version %d", ch.GetSelectedVersion())
+		return nil, Credential{}, errorf(failure.RunnerProtocolError, "gateway selected unsupported version %d", ch.GetSelectedVersion())
 	}
 	if n := len(ch.GetServerNonce()); n < 16 || n > 128 {
-		return nil, Credential{}, errorf(CodeProtocolError, "server nonce must be 16..128 characters")
+		return nil, Credential{}, errorf(failure.RunnerProtocolError, "server nonce must be 16..128 characters")
 	}
 	signing, err := signingBytes(hello, ch.GetServerNonce(), ch.GetSelectedVersion())
 	if err != nil {
-		return nil, Credential{}, errorf(CodeProtocolError, "signing bytes: %v", err)
+		return nil, Credential{}, errorf(failure.RunnerProtocolError, "signing bytes: %v", err)
 	}
 	serverProof, clientProof := proofs(cred.Secret, signing)
 	if !hmac.Equal([]byte(ch.GetServerProof()), []byte(serverProof)) {
-		return nil, Credential{}, errorf(CodeAuthFailed, "gateway proof does not verify")
+		return nil, Credential{}, errorf(failure.RunnerAuthFailed, "gateway proof does not verify")
 	}
 	if err := c.Write(ctx, &prpv1.Frame{Kind: &prpv1.Frame_Proof{Proof: &prpv1.Proof{ClientProof: clientProof}}}); err != nil {
 		return nil, Credential{}, err
@@ -513,7 +514,7 @@ func ClientHandshake(ctx context.Context, c *Conn, cred Credential, hello *prpv1
 	}
 	w := f.GetWelcome()
 	if w == nil {
-		return nil, Credential{}, errorf(CodeProtocolError, "expected welcome")
+		return nil, Credential{}, errorf(failure.RunnerProtocolError, "expected welcome")
 	}
 	next, err := credentialAfterWelcome(claims, cred, w)
 	if err != nil {
@@ -529,7 +530,7 @@ func ClientHandshake(ctx context.Context, c *Conn, cred Credential, hello *prpv1
 func credentialAfterWelcome(claims Claims, cred Credential, w *prpv1.Welcome) (Credential, error) {
 	if w.GetLeaseSecret() == "" && w.GetLeaseClaims() == "" {
 		if claims.Kind == KindBootstrap {
-			return Credential{}, errorf(CodeProtocolError, "welcome for a bootstrap credential carries no lease")
+			return Credential{}, errorf(failure.RunnerProtocolError, "welcome for a bootstrap credential carries no lease")
 		}
 		return cred, nil
 	}
@@ -539,10 +540,10 @@ func credentialAfterWelcome(claims Claims, cred Credential, w *prpv1.Welcome) (C
 	}
 	secret, err := b64.DecodeString(w.GetLeaseSecret())
 	if err != nil || len(secret) != secretLen {
-		return Credential{}, errorf(CodeProtocolError, "malformed lease secret")
+		return Credential{}, errorf(failure.RunnerProtocolError, "malformed lease secret")
 	}
 	if lc.Kind != KindLease || lc.RunnerInstanceID != claims.RunnerInstanceID || lc.SessionScope != claims.SessionScope {
-		return Credential{}, errorf(CodeProtocolError, "lease claims do not match the runner")
+		return Credential{}, errorf(failure.RunnerProtocolError, "lease claims do not match the runner")
 	}
 	return Credential{Kind: KindLease, Claims: w.GetLeaseClaims(), Secret: secret}, nil
 }
@@ -550,7 +551,7 @@ func credentialAfterWelcome(claims Claims, cred Credential, w *prpv1.Welcome) (C
 func goodbyeError(g *prpv1.Goodbye) *Error {
 	code := g.GetCode()
 	if code == "" {
-		code = CodeProtocolError
+		code = failure.RunnerProtocolError
 	}
 	return &Error{Code: code, Message: g.GetMessage()}
 }

@@ -9,6 +9,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/tether-run/tether/pkg/failure"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 )
 
@@ -21,20 +22,20 @@ var (
 // Frames larger than MaxFrameBytes fail with provider_frame_too_large.
 func Marshal(f *prpv1.Frame) ([]byte, error) {
 	if f == nil || f.Kind == nil {
-		return nil, errorf(CodeProtocolError, "frame has no kind")
+		return nil, errorf(failure.RunnerProtocolError, "frame has no kind")
 	}
 	b, err := marshalOpts.Marshal(f)
 	if err != nil {
-		return nil, errorf(CodeProtocolError, "encode frame: %v", err)
+		return nil, errorf(failure.RunnerProtocolError, "encode frame: %v", err)
 	}
 	// protojson output is deliberately unstable in whitespace; compact it so
 	// the bytes on the wire do not depend on the build.
 	var buf bytes.Buffer
 	if err := json.Compact(&buf, b); err != nil {
-		return nil, errorf(CodeProtocolError, "compact frame: %v", err)
+		return nil, errorf(failure.RunnerProtocolError, "compact frame: %v", err)
 	}
 	if buf.Len() > MaxFrameBytes {
-		return nil, errorf(CodeFrameTooLarge, "frame of %d bytes exceeds %d bytes", buf.Len(), MaxFrameBytes)
+		return nil, errorf(failure.ProviderFrameTooLarge, "frame of %d bytes exceeds %d bytes", buf.Len(), MaxFrameBytes)
 	}
 	return buf.Bytes(), nil
 }
@@ -43,17 +44,17 @@ func Marshal(f *prpv1.Frame) ([]byte, error) {
 // compatibility); a frame without a known kind is a protocol error.
 func Unmarshal(b []byte) (*prpv1.Frame, error) {
 	if len(b) > MaxFrameBytes {
-		return nil, errorf(CodeFrameTooLarge, "frame of %d bytes exceeds %d bytes", len(b), MaxFrameBytes)
+		return nil, errorf(failure.ProviderFrameTooLarge, "frame of %d bytes exceeds %d bytes", len(b), MaxFrameBytes)
 	}
 	if f, ok := decodeEventBatch(b); ok {
 		return f, nil
 	}
 	f := &prpv1.Frame{}
 	if err := unmarshalOpts.Unmarshal(b, f); err != nil {
-		return nil, errorf(CodeProtocolError, "decode frame: %v", err)
+		return nil, errorf(failure.RunnerProtocolError, "decode frame: %v", err)
 	}
 	if f.Kind == nil {
-		return nil, errorf(CodeProtocolError, "frame carries no known kind")
+		return nil, errorf(failure.RunnerProtocolError, "frame carries no known kind")
 	}
 	return f, nil
 }
@@ -66,7 +67,7 @@ func Unmarshal(b []byte) (*prpv1.Frame, error) {
 // decoded as by Unmarshal.
 func UnmarshalRelay(b []byte) (*prpv1.Frame, error) {
 	if len(b) > MaxFrameBytes {
-		return nil, errorf(CodeFrameTooLarge, "frame of %d bytes exceeds %d bytes", len(b), MaxFrameBytes)
+		return nil, errorf(failure.ProviderFrameTooLarge, "frame of %d bytes exceeds %d bytes", len(b), MaxFrameBytes)
 	}
 	if raw, ok := transcodeEventBatch(b); ok {
 		return &prpv1.Frame{Kind: &prpv1.Frame_Events{Events: relayBatch(raw)}}, nil

@@ -8,6 +8,7 @@ import (
 
 	"github.com/coder/websocket"
 
+	"github.com/tether-run/tether/pkg/failure"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 )
 
@@ -70,7 +71,7 @@ func (c *Conn) Write(ctx context.Context, f *prpv1.Frame) error {
 // that must be resent with identical bytes).
 func (c *Conn) WriteRaw(ctx context.Context, b []byte) error {
 	if len(b) > MaxFrameBytes {
-		return errorf(CodeFrameTooLarge, "frame of %d bytes exceeds %d bytes", len(b), MaxFrameBytes)
+		return errorf(failure.ProviderFrameTooLarge, "frame of %d bytes exceeds %d bytes", len(b), MaxFrameBytes)
 	}
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
@@ -109,12 +110,12 @@ func (w *wsTransport) read(ctx context.Context) ([]byte, error) {
 	}
 	if err != nil {
 		if errors.Is(err, websocket.ErrMessageTooBig) {
-			return nil, errorf(CodeFrameTooLarge, "inbound frame exceeded %d bytes", MaxFrameBytes)
+			return nil, errorf(failure.ProviderFrameTooLarge, "inbound frame exceeded %d bytes", MaxFrameBytes)
 		}
 		return nil, err
 	}
 	if typ != websocket.MessageText {
-		return nil, errorf(CodeProtocolError, "binary WebSocket message; PRP frames are protojson text")
+		return nil, errorf(failure.RunnerProtocolError, "binary WebSocket message; PRP frames are protojson text")
 	}
 	return w.buf.Bytes(), nil
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/coder/websocket"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/tether-run/tether/pkg/failure"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 )
 
@@ -63,14 +64,14 @@ func FuzzUnmarshalFrame(f *testing.F) {
 	f.Fuzz(func(t *testing.T, b []byte) {
 		fr, err := Unmarshal(b)
 		if err != nil {
-			if c := CodeOf(err); c != CodeProtocolError && c != CodeFrameTooLarge {
+			if c := CodeOf(err); c != failure.RunnerProtocolError && c != failure.ProviderFrameTooLarge {
 				t.Fatalf("unexpected error code %q: %v", c, err)
 			}
 			return
 		}
 		out, err := Marshal(fr)
 		if err != nil {
-			if CodeOf(err) == CodeFrameTooLarge {
+			if CodeOf(err) == failure.ProviderFrameTooLarge {
 				return
 			}
 			t.Fatalf("re-marshal: %v", err)

@@ -6,6 +6,8 @@ package prp
 import (
 	"errors"
 	"fmt"
+
+	"github.com/tether-run/tether/pkg/failure"
 )
 
 // Protocol is the wire protocol name carried in every Hello.
@@ -32,18 +34,6 @@ const (
 	KindLease     = "lease"
 )
 
-// Stable error codes.
-const (
-	CodeAuthFailed        = "runner_auth_failed"
-	CodeTicketReplayed    = "runner_ticket_replayed"
-	CodeCredentialExpired = "runner_credential_expired"
-	CodeProtocolError     = "runner_protocol_error"
-	CodeFrameTooLarge     = "provider_frame_too_large"
-	// CodeHandshakeTimeout: the runner did not complete Hello → Proof
-	// within the gateway's handshake timeout (SPEC S5).
-	CodeHandshakeTimeout = "runner_handshake_timeout"
-)
-
 // Error is a PRP failure with a stable code.
 type Error struct {
 	Code    string
@@ -55,7 +45,10 @@ type Error struct {
 	PeerVerified bool
 }
 
-func (e *Error) Error() string { return e.Code + ": " + e.Message }
+func (e *Error) Error() string { return failure.Message(failure.Reason(e.Code), e.Message) }
+
+// FailureReason implements failure.Reasoned.
+func (e *Error) FailureReason() failure.Reason { return failure.Reason(e.Code) }
 
 func errorf(code, format string, args ...any) *Error {
 	return &Error{Code: code, Message: fmt.Sprintf(format, args...)}

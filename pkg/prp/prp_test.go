@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/tether-run/tether/pkg/failure"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 )
 
@@ -131,13 +132,13 @@ func TestHandshakeWrongSecret(t *testing.T) {
 	bad.Secret[0] ^= 1
 	r := handshake(t, a, bad, testHello(), 0)
 	require.Error(t, r.cliErr)
-	assert.Equal(t, CodeAuthFailed, CodeOf(r.cliErr), "runner refuses the gateway's proof")
+	assert.Equal(t, failure.RunnerAuthFailed, CodeOf(r.cliErr), "runner refuses the gateway's proof")
 	require.Error(t, r.srvErr)
 
 	// A gateway with a different key cannot verify either.
 	other := NewAuthority([]byte("key-B"), nil)
 	r = handshake(t, other, ticket, testHello(), 0)
-	assert.Equal(t, CodeAuthFailed, CodeOf(r.cliErr))
+	assert.Equal(t, failure.RunnerAuthFailed, CodeOf(r.cliErr))
 
 	// The legitimate ticket still works: failed attempts do not consume it.
 	r = handshake(t, a, ticket, testHello(), 0)
@@ -178,10 +179,10 @@ func TestHandshakeServerRejectsWrongClientProof(t *testing.T) {
 	helloForChallenge(ctx, t, cli, ticket)
 	require.NoError(t, cli.Write(ctx, &prpv1.Frame{Kind: &prpv1.Frame_Proof{Proof: &prpv1.Proof{ClientProof: strings.Repeat("0", 64)}}}))
 	err = <-errc
-	assert.Equal(t, CodeAuthFailed, CodeOf(err))
+	assert.Equal(t, failure.RunnerAuthFailed, CodeOf(err))
 	f, err := cli.Read(ctx)
 	require.NoError(t, err)
-	assert.Equal(t, CodeAuthFailed, f.GetGoodbye().GetCode())
+	assert.Equal(t, failure.RunnerAuthFailed, f.GetGoodbye().GetCode())
 }
 
 func TestHandshakeExpired(t *testing.T) {
@@ -191,8 +192,8 @@ func TestHandshakeExpired(t *testing.T) {
 	require.NoError(t, err)
 	clk.add(time.Minute)
 	r := handshake(t, a, ticket, testHello(), 0)
-	assert.Equal(t, CodeCredentialExpired, CodeOf(r.srvErr))
-	assert.Equal(t, CodeCredentialExpired, CodeOf(r.cliErr), "the goodbye carries the code to the runner")
+	assert.Equal(t, failure.RunnerCredentialExpired, CodeOf(r.srvErr))
+	assert.Equal(t, failure.RunnerCredentialExpired, CodeOf(r.cliErr), "the goodbye carries the code to the runner")
 }
 
 func TestHandshakeReplayedTicket(t *testing.T) {
@@ -202,8 +203,8 @@ func TestHandshakeReplayedTicket(t *testing.T) {
 	r := handshake(t, a, ticket, testHello(), 0)
 	require.NoError(t, r.cliErr)
 	r = handshake(t, a, ticket, testHello(), 0)
-	assert.Equal(t, CodeTicketReplayed, CodeOf(r.srvErr))
-	assert.Equal(t, CodeTicketReplayed, CodeOf(r.cliErr))
+	assert.Equal(t, failure.RunnerTicketReplayed, CodeOf(r.srvErr))
+	assert.Equal(t, failure.RunnerTicketReplayed, CodeOf(r.cliErr))
 }
 
 func TestHandshakeTamperedClaims(t *testing.T) {
@@ -219,19 +220,19 @@ func TestHandshakeTamperedClaims(t *testing.T) {
 	bad := ticket
 	bad.Claims = b64.EncodeToString([]byte(tampered))
 	r := handshake(t, a, bad, testHello(), 0)
-	assert.Equal(t, CodeAuthFailed, CodeOf(r.cliErr))
+	assert.Equal(t, failure.RunnerAuthFailed, CodeOf(r.cliErr))
 
 	// Claims for another runner than the hello identity.
 	other, err := a.MintTicket("runner-2", testScope, time.Minute)
 	require.NoError(t, err)
 	r = handshake(t, a, other, testHello(), 0)
-	assert.Equal(t, CodeAuthFailed, CodeOf(r.srvErr))
+	assert.Equal(t, failure.RunnerAuthFailed, CodeOf(r.srvErr))
 
 	// Garbage claims.
 	_, err = ParseCredential("not-a-credential")
-	assert.Equal(t, CodeAuthFailed, CodeOf(err))
+	assert.Equal(t, failure.RunnerAuthFailed, CodeOf(err))
 	_, err = ParseCredential("e30." + b64.EncodeToString(ticket.Secret))
-	assert.Equal(t, CodeAuthFailed, CodeOf(err))
+	assert.Equal(t, failure.RunnerAuthFailed, CodeOf(err))
 }
 
 func TestHandshakeProtocolErrors(t *testing.T) {
@@ -250,7 +251,7 @@ func TestHandshakeProtocolErrors(t *testing.T) {
 			defer srv.Close(websocket.StatusNormalClosure, "")
 			require.NoError(t, cli.Write(ctx, f))
 			_, err := a.Accept(ctx, srv)
-			assert.Equal(t, CodeProtocolError, CodeOf(err))
+			assert.Equal(t, failure.RunnerProtocolError, CodeOf(err))
 		})
 	}
 }
@@ -262,12 +263,12 @@ func TestS5_ASilentPeerIsSentAGoodbyeHandshakeTimeout(t *testing.T) {
 	srv, cli := newPipe()
 	defer srv.Close(websocket.StatusNormalClosure, "")
 	_, err := a.Accept(context.Background(), srv)
-	require.Equal(t, CodeHandshakeTimeout, CodeOf(err), "%v", err)
+	require.Equal(t, failure.RunnerHandshakeTimeout, CodeOf(err), "%v", err)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	f, err := cli.Read(ctx)
 	require.NoError(t, err)
-	require.Equal(t, CodeHandshakeTimeout, f.GetGoodbye().GetCode(), "%v", f)
+	require.Equal(t, failure.RunnerHandshakeTimeout, f.GetGoodbye().GetCode(), "%v", f)
 	_, err = cli.Read(ctx)
 	require.ErrorIs(t, err, errPipeClosed, "the connection is closed after the goodbye")
 }
@@ -283,10 +284,10 @@ func TestS5_AHelloWithoutItsProofTimesOutWithAGoodbye(t *testing.T) {
 	cli, errc := pendingAccept(ctx, t, a)
 	helloForChallenge(ctx, t, cli, ticket)
 	// ...and no proof.
-	require.Equal(t, CodeHandshakeTimeout, CodeOf(<-errc))
+	require.Equal(t, failure.RunnerHandshakeTimeout, CodeOf(<-errc))
 	f, err := cli.Read(ctx)
 	require.NoError(t, err)
-	require.Equal(t, CodeHandshakeTimeout, f.GetGoodbye().GetCode())
+	require.Equal(t, failure.RunnerHandshakeTimeout, f.GetGoodbye().GetCode())
 
 	// The ticket was not consumed: the runner may still use it.
 	a.HandshakeTimeout = 0
@@ -326,18 +327,18 @@ func TestMarshalRoundTripCamelCase(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, uint64(4), g.GetAck().GetAckedSourceSeq())
 	_, err = Unmarshal([]byte(`{"futureKind":{}}`))
-	assert.Equal(t, CodeProtocolError, CodeOf(err))
+	assert.Equal(t, failure.RunnerProtocolError, CodeOf(err))
 	_, err = Unmarshal([]byte(`{`))
-	assert.Equal(t, CodeProtocolError, CodeOf(err))
+	assert.Equal(t, failure.RunnerProtocolError, CodeOf(err))
 }
 
 func TestG4_OversizeFrameFailsWithProviderFrameTooLarge(t *testing.T) {
 	big := strings.Repeat("x", MaxFrameBytes)
 	f := &prpv1.Frame{Kind: &prpv1.Frame_Goodbye{Goodbye: &prpv1.Goodbye{Message: big}}}
 	_, err := Marshal(f)
-	assert.Equal(t, CodeFrameTooLarge, CodeOf(err))
+	assert.Equal(t, failure.ProviderFrameTooLarge, CodeOf(err))
 	_, err = Unmarshal(make([]byte, MaxFrameBytes+1))
-	assert.Equal(t, CodeFrameTooLarge, CodeOf(err))
+	assert.Equal(t, failure.ProviderFrameTooLarge, CodeOf(err))
 
 	// Over a real WebSocket: the receiver reports provider_frame_too_large.
 	errc := make(chan error, 1)
@@ -361,9 +362,9 @@ func TestG4_OversizeFrameFailsWithProviderFrameTooLarge(t *testing.T) {
 	payload := `{"goodbye":{"message":"` + strings.Repeat("x", MaxFrameBytes) + `"}}`
 	_ = ws.Write(ctx, websocket.MessageText, []byte(payload))
 	err = <-errc
-	assert.Equal(t, CodeFrameTooLarge, CodeOf(err))
+	assert.Equal(t, failure.ProviderFrameTooLarge, CodeOf(err))
 	cli := NewConn(ws)
-	assert.Equal(t, CodeFrameTooLarge, CodeOf(cli.WriteRaw(ctx, []byte(payload))))
+	assert.Equal(t, failure.ProviderFrameTooLarge, CodeOf(cli.WriteRaw(ctx, []byte(payload))))
 }
 
 func TestHandshakeOverWebSocket(t *testing.T) {

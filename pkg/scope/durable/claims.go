@@ -25,7 +25,7 @@ func (c *Claims) Acquire(scopeRoot, runID string) (release func(), err error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if holder, ok := c.held[scopeRoot]; ok {
-		return nil, failure.New(codes.Aborted, CodeSupervisorBusy,
+		return nil, failure.New(codes.Aborted, failure.NativeSessionSupervisorBusy,
 			"session scope %s is claimed by run %s; run %s must wait", scopeRoot, holder, runID)
 	}
 	if c.held == nil {
@@ -103,7 +103,7 @@ func (t *ToolAuthority) Binding() (ToolBinding, error) {
 	cur := t.epochs.current[t.scope]
 	t.epochs.mu.Unlock()
 	if cur != t {
-		return ToolBinding{}, failure.New(codes.FailedPrecondition, CodeToolEpochRevoked,
+		return ToolBinding{}, failure.New(codes.FailedPrecondition, failure.NativeToolAuthorityEpochRevoked,
 			"tool authority epoch %d of run %s for session scope %s was revoked", t.epoch, t.binding.RunID, t.scope)
 	}
 	return t.binding, nil

@@ -8,6 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/tether-run/tether/pkg/failure"
 	"github.com/tether-run/tether/pkg/procid"
 )
 
@@ -88,7 +89,7 @@ func TestR8_ACrashedIdleRunnerOfTheScopesPreviousRunIsResumedAndAnythingUnproven
 				require.DirExists(t, root)
 				return
 			}
-			requireCode(t, err, CodeIdentityMismatch)
+			requireCode(t, err, failure.RunnerStateIdentityMismatch)
 			require.Nil(t, prep)
 		})
 	}

@@ -95,7 +95,7 @@ func scopedRootOf(t *testing.T, a *Authority, p scope.Params, runner string) str
 func requireCode(t *testing.T, err error, code string) *failure.Error {
 	t.Helper()
 	require.Error(t, err)
-	require.Equal(t, code, failure.CodeOf(err), err.Error())
+	require.EqualValues(t, code, failure.CodeOf(err), err.Error())
 	require.Contains(t, err.Error(), code)
 	var fe *failure.Error
 	require.True(t, errors.As(err, &fe))
@@ -131,7 +131,7 @@ func TestE13_OverlappingRunsOfOneScopeAreRefusedBusy(t *testing.T) {
 	require.NoError(t, err)
 
 	_, err = a.Open(context.Background(), launch(second, "runner-runnerd-overlap"))
-	requireCode(t, err, CodeSupervisorBusy)
+	requireCode(t, err, failure.NativeSessionSupervisorBusy)
 	cpAfter, err := os.ReadFile(filepath.Join(active.Plan.StateDirectory, ControlPlaneDir, ControlPlaneFile))
 	require.NoError(t, err)
 	require.Equal(t, cpBefore, cpAfter, "the refused run touched nothing")
@@ -158,7 +158,7 @@ func TestE13_ConcurrentFirstUseIsBusyWhileTheClaimIsHeld(t *testing.T) {
 	s, err := a.Open(context.Background(), launch(first, "runner-session-concurrent-first"))
 	require.NoError(t, err)
 	_, err = a.Open(context.Background(), launch(second, "runner-session-concurrent-second"))
-	requireCode(t, err, CodeSupervisorBusy)
+	requireCode(t, err, failure.NativeSessionSupervisorBusy)
 	s.Release()
 
 	// Two goroutines racing for a fresh scope.
@@ -184,7 +184,7 @@ func TestE13_ConcurrentFirstUseIsBusyWhileTheClaimIsHeld(t *testing.T) {
 				won++
 				sessions[j].Release()
 			} else {
-				requireCode(t, results[j], CodeSupervisorBusy)
+				requireCode(t, results[j], failure.NativeSessionSupervisorBusy)
 			}
 		}
 		require.Equal(t, 1, won)
@@ -209,7 +209,7 @@ func TestE13_ClaimRegistryAdmitsOneOfTwoRacingClaims(t *testing.T) {
 				mu.Lock()
 				defer mu.Unlock()
 				if err != nil {
-					require.Equal(t, CodeSupervisorBusy, failure.CodeOf(err))
+					require.EqualValues(t, failure.NativeSessionSupervisorBusy, failure.CodeOf(err))
 					busy++
 					return
 				}
@@ -379,7 +379,7 @@ func TestE13_LegacyTerminalPriorRunWithoutSuspensionIsQuarantined(t *testing.T) 
 
 	a := &Authority{Base: base, PriorRuns: PriorRunsOf(terminalPrior(prior))}
 	s, err := a.Open(context.Background(), launch(current, "runner-after-legacy-terminal-unsuspended"))
-	fe := requireCode(t, err, CodeIdentityMismatch)
+	fe := requireCode(t, err, failure.RunnerStateIdentityMismatch)
 	require.Nil(t, s, "nothing was started")
 	require.False(t, exists(legacyRoot))
 	es := quarantineEntries(t, base)
@@ -407,7 +407,7 @@ func TestE13_ScopedPriorRunStillRunningFailsClosedUntouched(t *testing.T) {
 	running := PriorRun{RunID: prior.RunID, Status: "running", Terminal: false, Scope: keyOf(prior)}
 	a := &Authority{Base: base, PriorRuns: PriorRunsOf(running)}
 	s, err := a.Open(context.Background(), launch(current, "runner-after-running-prior-scope"))
-	requireCode(t, err, CodeIdentityMismatch)
+	requireCode(t, err, failure.RunnerStateIdentityMismatch)
 	require.Nil(t, s)
 	require.True(t, exists(root))
 	require.False(t, exists(filepath.Join(base, QuarantineDir)))
@@ -432,7 +432,7 @@ func TestE13_ScopedTerminalPriorRunWithoutSuspensionIsQuarantined(t *testing.T) 
 
 	a := &Authority{Base: base, PriorRuns: PriorRunsOf(terminalPrior(prior))}
 	s, err := a.Open(context.Background(), launch(current, "runner-after-terminal-unsuspended"))
-	requireCode(t, err, CodeIdentityMismatch)
+	requireCode(t, err, failure.RunnerStateIdentityMismatch)
 	require.Nil(t, s)
 	require.False(t, exists(root))
 	es := quarantineEntries(t, base)
@@ -483,7 +483,7 @@ func exactRunRunnerStateQuarantined(t *testing.T, caseName string) {
 	writeJSON(t, filepath.Join(root, RunnerDir, RunnerStateFile), rs)
 
 	s, err := a.Open(context.Background(), launch(current, "runner-"+caseName+"-retry"))
-	requireCode(t, err, CodeIdentityMismatch)
+	requireCode(t, err, failure.RunnerStateIdentityMismatch)
 	require.Nil(t, s)
 	require.False(t, exists(root))
 	es := quarantineEntries(t, base)
@@ -527,7 +527,7 @@ func scopedIdentityFailsClosed(t *testing.T, caseName string) {
 	}
 
 	s, err := a.Open(context.Background(), launch(p, "runner-"+caseName+"-retry"))
-	requireCode(t, err, CodeIdentityMismatch)
+	requireCode(t, err, failure.RunnerStateIdentityMismatch)
 	require.Nil(t, s)
 	require.False(t, exists(root))
 	es := quarantineEntries(t, base)
@@ -586,7 +586,7 @@ func TestE13_SymlinkedScopedRootIsUnsafeAndNeverFollowedMovedOrDeleted(t *testin
 	require.NoError(t, os.Symlink(target, root))
 
 	s, err := a.Open(context.Background(), launch(p, "runner-symlink-retry"))
-	requireCode(t, err, CodeDirectoryUnsafe)
+	requireCode(t, err, failure.RunnerStateDirectoryUnsafe)
 	require.Nil(t, s)
 	link, err := os.Readlink(root)
 	require.NoError(t, err, "the symlink itself is still there")
@@ -602,7 +602,7 @@ func TestE13_SymlinkedScopedRootIsUnsafeAndNeverFollowedMovedOrDeleted(t *testin
 
 	// Quarantine itself refuses a symlink too.
 	_, err = Quarantine(base, root, IdentityIndeterminate, timeNow())
-	requireCode(t, err, CodeDirectoryUnsafe)
+	requireCode(t, err, failure.RunnerStateDirectoryUnsafe)
 	require.True(t, exists(root))
 }
 
@@ -620,7 +620,7 @@ func TestE13_LegacyPriorRunOfAnotherFullScopeFailsClosedInPlace(t *testing.T) {
 
 	a := &Authority{Base: base, PriorRuns: PriorRunsOf(terminalPrior(prior))}
 	s, err := a.Open(context.Background(), launch(current, "runner-current-prior-mismatch"))
-	requireCode(t, err, CodeIdentityMismatch)
+	requireCode(t, err, failure.RunnerStateIdentityMismatch)
 	require.Nil(t, s)
 	require.True(t, exists(legacyRoot))
 	require.False(t, exists(filepath.Join(base, QuarantineDir)))
@@ -640,7 +640,7 @@ func TestE13_LegacyRootOfAnUnrelatedRunFailsClosedInPlace(t *testing.T) {
 	// The database knows only the current run (the seed's leaseDb).
 	a := &Authority{Base: base, PriorRuns: PriorRunsOf(PriorRun{RunID: current.RunID, Status: "running", Scope: keyOf(current)})}
 	s, err := a.Open(context.Background(), launch(current, "runner-current-scope"))
-	requireCode(t, err, CodeIdentityMismatch)
+	requireCode(t, err, failure.RunnerStateIdentityMismatch)
 	require.Nil(t, s)
 	require.True(t, exists(filepath.Join(legacyRoot, ControlPlaneDir, ControlPlaneFile)))
 	require.False(t, exists(filepath.Join(base, QuarantineDir)))
@@ -715,7 +715,7 @@ func TestE13_ScopeSeparatesAgentWorkspaceAndProviderProfileAndReusesAcrossRuns(t
 	require.Len(t, distinct, 4)
 
 	_, err := sessions[0].Tools.Binding()
-	requireCode(t, err, CodeToolEpochRevoked)
+	requireCode(t, err, failure.NativeToolAuthorityEpochRevoked)
 	b, err := sessions[1].Tools.Binding()
 	require.NoError(t, err)
 	require.Equal(t, continuation.RunID, b.RunID)
@@ -754,7 +754,7 @@ func remoteProviderNeedsPack(t *testing.T, provider scope.ProviderConfig, driver
 	req := launch(p, "runner")
 	req.Target = Target{Remote: true, RemoteWorkspacePath: "/home/sandbox/tether-workspace"}
 	s, err := a.Open(context.Background(), req)
-	requireCode(t, err, CodeProviderArtifactIncompatible)
+	requireCode(t, err, failure.RunnerRemoteProviderArtifactIncompatible)
 	require.Contains(t, err.Error(), "runner_remote_provider_artifact_incompatible: configure TETHER_PROVIDER_PACK_PATH")
 	require.Nil(t, s)
 	es, err := os.ReadDir(base)

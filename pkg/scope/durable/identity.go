@@ -51,17 +51,6 @@ const (
 // MaxIdentityBytes bounds how much of an identity document is read.
 const MaxIdentityBytes = 64 << 20
 
-// Stable codes.
-const (
-	CodeSupervisorBusy               = "native_session_supervisor_busy"
-	CodeIdentityMismatch             = "runner_state_identity_mismatch"
-	CodeDirectoryUnsafe              = "runner_state_directory_unsafe"
-	CodeToolEpochRevoked             = "native_tool_authority_epoch_revoked"
-	CodeProviderArtifactIncompatible = "runner_remote_provider_artifact_incompatible"
-	CodeIdentityTooLarge             = "runner_durable_identity_too_large"
-	CodeStateIO                      = "runner_state_io_failed"
-)
-
 // Identity is the durable identity a root is bound to.
 type Identity struct {
 	RunID               string `json:"runId"`
@@ -275,7 +264,7 @@ func CrashedIdle(root string) bool {
 // identity of an existing document are preserved.
 func Bind(root string, id Identity) error {
 	if !id.Complete() {
-		return failure.New(codes.InvalidArgument, CodeIdentityMismatch, "incomplete durable identity %+v", id)
+		return failure.New(codes.InvalidArgument, failure.RunnerStateIdentityMismatch, "incomplete durable identity %+v", id)
 	}
 	dir := filepath.Join(root, ControlPlaneDir)
 	for _, d := range []string{root, dir} {
@@ -294,10 +283,10 @@ func Bind(root string, id Identity) error {
 	doc["identity"], _ = json.Marshal(id)
 	b, err := json.Marshal(doc)
 	if err != nil {
-		return failure.Wrap(err, codes.Internal, CodeStateIO, "encoding control-plane state: %v", err)
+		return failure.Wrap(err, codes.Internal, failure.RunnerStateIOFailed, "encoding control-plane state: %v", err)
 	}
 	if err := writeFileAtomic(dir, ControlPlaneFile, b); err != nil {
-		return failure.Wrap(err, codes.Internal, CodeStateIO, "writing control-plane state: %v", err)
+		return failure.Wrap(err, codes.Internal, failure.RunnerStateIOFailed, "writing control-plane state: %v", err)
 	}
 	return nil
 }
@@ -330,7 +319,7 @@ func (e tooLargeError) Error() string { return e.path + " exceeds the identity s
 
 func isTooLarge(err error) bool {
 	var fe *failure.Error
-	return errors.As(err, &fe) && fe.Code == CodeIdentityTooLarge
+	return errors.As(err, &fe) && fe.Code == failure.RunnerDurableIdentityTooLarge
 }
 
 // readBounded reads a regular file without following a final symlink, up to
@@ -353,7 +342,7 @@ func readBounded(path string) ([]byte, error) {
 		return nil, err
 	}
 	if len(b) > MaxIdentityBytes {
-		return nil, failure.Wrap(tooLargeError{path}, codes.FailedPrecondition, CodeIdentityTooLarge,
+		return nil, failure.Wrap(tooLargeError{path}, codes.FailedPrecondition, failure.RunnerDurableIdentityTooLarge,
 			"%s is larger than %d bytes", path, MaxIdentityBytes)
 	}
 	return b, nil
@@ -363,7 +352,7 @@ func readBounded(path string) ([]byte, error) {
 // closed when it is a symlink or not a directory.
 func ensureBase(base string) error {
 	if err := os.MkdirAll(base, 0o700); err != nil {
-		return failure.Wrap(err, codes.Internal, CodeStateIO, "creating %s: %v", base, err)
+		return failure.Wrap(err, codes.Internal, failure.RunnerStateIOFailed, "creating %s: %v", base, err)
 	}
 	return privateDir(base)
 }
@@ -372,14 +361,14 @@ func ensureBase(base string) error {
 // symlink or not a directory.
 func privateDir(dir string) error {
 	if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
-		return failure.Wrap(err, codes.Internal, CodeStateIO, "creating %s: %v", dir, err)
+		return failure.Wrap(err, codes.Internal, failure.RunnerStateIOFailed, "creating %s: %v", dir, err)
 	}
 	fi, err := os.Lstat(dir)
 	if err != nil {
-		return failure.Wrap(err, codes.Internal, CodeStateIO, "inspecting %s: %v", dir, err)
+		return failure.Wrap(err, codes.Internal, failure.RunnerStateIOFailed, "inspecting %s: %v", dir, err)
 	}
 	if !realDir(fi) {
-		return failure.New(codes.FailedPrecondition, CodeDirectoryUnsafe, "%s is a symlink or not a directory", dir)
+		return failure.New(codes.FailedPrecondition, failure.RunnerStateDirectoryUnsafe, "%s is a symlink or not a directory", dir)
 	}
 	return nil
 }

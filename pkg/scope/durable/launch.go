@@ -40,7 +40,7 @@ type Target struct {
 // OpenCode or ACPX run without a provider pack.
 func CheckProviderArtifacts(providerKind string, t Target) error {
 	if t.Remote && t.ProviderPackPath == "" && (providerKind == "opencode" || providerKind == "acpx") {
-		return failure.New(codes.FailedPrecondition, CodeProviderArtifactIncompatible,
+		return failure.New(codes.FailedPrecondition, failure.RunnerRemoteProviderArtifactIncompatible,
 			"configure %s: remote %s needs the build-owned provider pack", EnvProviderPackPath, providerKind)
 	}
 	return nil
@@ -112,7 +112,7 @@ func PlanLaunch(p *Prepared, req LaunchRequest) (*LaunchPlan, error) {
 		id.EnvironmentLeaseID = "lease-" + filepath.Base(p.Root)[:16]
 	}
 	if id.RunnerInstanceID == "" {
-		return nil, failure.New(codes.InvalidArgument, CodeIdentityMismatch, "a runner instance id is required for a fresh durable root")
+		return nil, failure.New(codes.InvalidArgument, failure.RunnerStateIdentityMismatch, "a runner instance id is required for a fresh durable root")
 	}
 	cwd := req.Params.Cwd
 	env := maps.Clone(req.Environment)

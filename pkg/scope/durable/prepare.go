@@ -192,7 +192,7 @@ const (
 //   - Otherwise the root is fresh.
 func Prepare(ctx context.Context, req Request) (*Prepared, error) {
 	if req.Base == "" || req.RunID == "" || req.Scope.NormalizedSessionID == "" {
-		return nil, failure.New(codes.InvalidArgument, CodeIdentityMismatch, "state base, run id and session are required")
+		return nil, failure.New(codes.InvalidArgument, failure.RunnerStateIdentityMismatch, "state base, run id and session are required")
 	}
 	if req.Now == nil {
 		req.Now = time.Now
@@ -204,7 +204,7 @@ func Prepare(ctx context.Context, req Request) (*Prepared, error) {
 	case err == nil:
 		return prepareScoped(ctx, req, base, root, fi)
 	case !errors.Is(err, fs.ErrNotExist):
-		return nil, failure.Wrap(err, codes.Internal, CodeStateIO, "inspecting %s: %v", root, err)
+		return nil, failure.Wrap(err, codes.Internal, failure.RunnerStateIOFailed, "inspecting %s: %v", root, err)
 	}
 	for _, name := range req.Scope.LegacyRootNames() {
 		legacy := filepath.Join(base, name)
@@ -216,7 +216,7 @@ func Prepare(ctx context.Context, req Request) (*Prepared, error) {
 			continue
 		}
 		if err != nil {
-			return nil, failure.Wrap(err, codes.Internal, CodeStateIO, "inspecting %s: %v", legacy, err)
+			return nil, failure.Wrap(err, codes.Internal, failure.RunnerStateIOFailed, "inspecting %s: %v", legacy, err)
 		}
 		return migrateLegacy(ctx, req, base, legacy, lfi, root)
 	}
@@ -224,13 +224,13 @@ func Prepare(ctx context.Context, req Request) (*Prepared, error) {
 }
 
 func mismatch(root, format string, args ...any) *failure.Error {
-	e := failure.New(codes.FailedPrecondition, CodeIdentityMismatch, format, args...)
+	e := failure.New(codes.FailedPrecondition, failure.RunnerStateIdentityMismatch, format, args...)
 	e.Metadata = map[string]string{MetaRoot: root}
 	return e
 }
 
 func unsafeRoot(root string) *failure.Error {
-	e := failure.New(codes.FailedPrecondition, CodeDirectoryUnsafe,
+	e := failure.New(codes.FailedPrecondition, failure.RunnerStateDirectoryUnsafe,
 		"durable state root %s is a symlink or not a directory; it is left untouched", root)
 	e.Metadata = map[string]string{MetaRoot: root}
 	return e
@@ -253,7 +253,7 @@ func prepareScoped(ctx context.Context, req Request, base, root string, fi fs.Fi
 		return nil, unsafeRoot(root)
 	}
 	if empty, err := dirEmpty(root); err != nil {
-		return nil, failure.Wrap(err, codes.Internal, CodeStateIO, "reading %s: %v", root, err)
+		return nil, failure.Wrap(err, codes.Internal, failure.RunnerStateIOFailed, "reading %s: %v", root, err)
 	} else if empty {
 		return &Prepared{Root: root, Source: SourceFresh, Runner: RunnerAbsent}, nil
 	}
@@ -348,10 +348,10 @@ func migrateLegacy(ctx context.Context, req Request, base, legacy string, fi fs.
 			}
 			return nil, mismatch(root, "the scoped root appeared with another authority while migrating %s", legacy)
 		}
-		return nil, failure.Wrap(err, codes.Internal, CodeStateIO, "migrating %s to %s: %v", legacy, root, err)
+		return nil, failure.Wrap(err, codes.Internal, failure.RunnerStateIOFailed, "migrating %s to %s: %v", legacy, root, err)
 	}
 	if err := syncDir(base); err != nil {
-		return nil, failure.Wrap(err, codes.Internal, CodeStateIO, "syncing %s: %v", base, err)
+		return nil, failure.Wrap(err, codes.Internal, failure.RunnerStateIOFailed, "syncing %s: %v", base, err)
 	}
 	return &Prepared{Root: root, Source: src, Binding: &id, Runner: runner, MigratedFrom: legacy}, nil
 }
@@ -383,7 +383,7 @@ func scrubLaunchOnly(root string) error {
 	}
 	for _, e := range LaunchOnlyCodexHomeEntries {
 		if err := os.RemoveAll(filepath.Join(home, e)); err != nil {
-			return failure.Wrap(err, codes.Internal, CodeStateIO, "removing %s from %s: %v", e, home, err)
+			return failure.Wrap(err, codes.Internal, failure.RunnerStateIOFailed, "removing %s from %s: %v", e, home, err)
 		}
 	}
 	return nil
@@ -415,13 +415,13 @@ func Quarantine(base, root string, reason QuarantineReason, now time.Time) (stri
 	_, _ = rand.Read(rnd[:])
 	dest := filepath.Join(qdir, fmt.Sprintf("%s.%s.%d.%d.%s", name, reason, now.UnixMilli(), os.Getpid(), hex.EncodeToString(rnd[:])))
 	if err := os.Rename(root, dest); err != nil {
-		return "", failure.Wrap(err, codes.Internal, CodeStateIO, "quarantining %s: %v", root, err)
+		return "", failure.Wrap(err, codes.Internal, failure.RunnerStateIOFailed, "quarantining %s: %v", root, err)
 	}
 	if err := syncDir(qdir); err != nil {
-		return "", failure.Wrap(err, codes.Internal, CodeStateIO, "syncing %s: %v", qdir, err)
+		return "", failure.Wrap(err, codes.Internal, failure.RunnerStateIOFailed, "syncing %s: %v", qdir, err)
 	}
 	if err := syncDir(base); err != nil {
-		return "", failure.Wrap(err, codes.Internal, CodeStateIO, "syncing %s: %v", base, err)
+		return "", failure.Wrap(err, codes.Internal, failure.RunnerStateIOFailed, "syncing %s: %v", base, err)
 	}
 	return dest, nil
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/tether-run/tether/pkg/failure"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/scope"
 )
@@ -74,7 +75,7 @@ func TestE13_PriorRunFromInputVerifiesThroughPrepare(t *testing.T) {
 	seedRoot(t, root, id, "suspended")
 	_, err = Prepare(context.Background(), Request{Base: base, Scope: cur.Key(), RunID: cur.RunID,
 		PriorRuns: PriorRunsOf(PriorRunFromInput(id.RunID, "succeeded", true, nil))})
-	fe := requireCode(t, err, CodeIdentityMismatch)
+	fe := requireCode(t, err, failure.RunnerStateIdentityMismatch)
 	require.False(t, exists(root))
 	es := quarantineEntries(t, base)
 	require.Len(t, es, 1)

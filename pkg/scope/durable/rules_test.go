@@ -61,7 +61,7 @@ func TestE13_PriorRunLookupUnavailableLeavesTheRootUntouched(t *testing.T) {
 	seedRoot(t, root, Identity{RunID: "run-prior", NormalizedSessionID: "s", RunnerInstanceID: "r", EnvironmentLeaseID: "l"}, "suspended")
 	a := &Authority{Base: base, PriorRuns: func(context.Context, string) (*PriorRun, error) { return nil, errors.New("down") }}
 	_, err := a.Open(context.Background(), launch(current, "runner"))
-	fe := requireCode(t, err, CodeIdentityMismatch)
+	fe := requireCode(t, err, failure.RunnerStateIdentityMismatch)
 	require.Equal(t, codes.Unavailable, fe.GRPC)
 	require.True(t, exists(root))
 	require.False(t, exists(filepath.Join(base, QuarantineDir)))
@@ -78,7 +78,7 @@ func TestE13_ScopedPriorRunOfAnotherFullScopeIsQuarantinedMismatch(t *testing.T)
 	seedRoot(t, root, Identity{RunID: "run-prior", NormalizedSessionID: "s", RunnerInstanceID: "r", EnvironmentLeaseID: "l"}, "suspended")
 	a := &Authority{Base: base, PriorRuns: PriorRunsOf(terminalPrior(prior))}
 	_, err := a.Open(context.Background(), launch(current, "runner"))
-	requireCode(t, err, CodeIdentityMismatch)
+	requireCode(t, err, failure.RunnerStateIdentityMismatch)
 	es := quarantineEntries(t, base)
 	require.Len(t, es, 1)
 	require.Contains(t, es[0].Name(), ".identity_mismatch.")
@@ -158,7 +158,7 @@ func TestE13_EmptyScopedRootIsFreshAndSymlinkedControlPlaneIsIndeterminate(t *te
 	writeJSON(t, filepath.Join(elsewhere, ControlPlaneFile), controlPlane(Identity{RunID: "run", NormalizedSessionID: "s", RunnerInstanceID: "r", EnvironmentLeaseID: "l"}))
 	require.NoError(t, os.Symlink(elsewhere, filepath.Join(root, ControlPlaneDir)))
 	_, err = Prepare(context.Background(), Request{Base: base, Scope: p.Key(), RunID: "run"})
-	requireCode(t, err, CodeIdentityMismatch)
+	requireCode(t, err, failure.RunnerStateIdentityMismatch)
 	require.Contains(t, quarantineEntries(t, base)[0].Name(), ".identity_indeterminate.")
 	require.True(t, exists(filepath.Join(elsewhere, ControlPlaneFile)), "the symlink target is untouched")
 }
@@ -172,7 +172,7 @@ func TestE13_SymlinkedLegacyRootIsUnsafeAndLeftInPlace(t *testing.T) {
 	legacy := filepath.Join(base, p.Key().LegacyRootNames()[1])
 	require.NoError(t, os.Symlink(target, legacy))
 	_, err := Prepare(context.Background(), Request{Base: base, Scope: p.Key(), RunID: "run"})
-	requireCode(t, err, CodeDirectoryUnsafe)
+	requireCode(t, err, failure.RunnerStateDirectoryUnsafe)
 	_, err = os.Readlink(legacy)
 	require.NoError(t, err)
 	require.False(t, exists(filepath.Join(base, p.Key().RootName())))
@@ -185,18 +185,18 @@ func TestE13_QuarantineRefusesAnythingButARootUnderTheBase(t *testing.T) {
 	notRoot := filepath.Join(base, "not-a-root")
 	require.NoError(t, os.Mkdir(notRoot, 0o700))
 	_, err := Quarantine(base, notRoot, IdentityIndeterminate, timeNow())
-	requireCode(t, err, CodeDirectoryUnsafe)
+	requireCode(t, err, failure.RunnerStateDirectoryUnsafe)
 
 	nested := filepath.Join(base, "sub", sha("x"))
 	require.NoError(t, os.MkdirAll(nested, 0o700))
 	_, err = Quarantine(base, nested, IdentityIndeterminate, timeNow())
-	requireCode(t, err, CodeDirectoryUnsafe)
+	requireCode(t, err, failure.RunnerStateDirectoryUnsafe)
 
 	root := filepath.Join(base, sha("y"))
 	require.NoError(t, os.Mkdir(root, 0o700))
 	require.NoError(t, os.Symlink(t.TempDir(), filepath.Join(base, QuarantineDir)))
 	_, err = Quarantine(base, root, IdentityIndeterminate, timeNow())
-	requireCode(t, err, CodeDirectoryUnsafe)
+	requireCode(t, err, failure.RunnerStateDirectoryUnsafe)
 	require.True(t, exists(root))
 }
 
@@ -227,7 +227,7 @@ func TestE13_BindPreservesOtherControlPlaneFields(t *testing.T) {
 	require.Equal(t, id, *got)
 
 	err = Bind(root, Identity{RunID: "x"})
-	require.Equal(t, CodeIdentityMismatch, failure.CodeOf(err))
+	require.EqualValues(t, failure.RunnerStateIdentityMismatch, failure.CodeOf(err))
 }
 
 // A tool authority that was revoked explicitly (e.g. tool definitions failed
@@ -240,7 +240,7 @@ func TestE13_ToolAuthorityEpochsArePerScope(t *testing.T) {
 	require.NoError(t, err)
 	a2 := e.Begin("scope-a", ToolBinding{RunID: "run-a2"})
 	_, err = a1.Binding()
-	requireCode(t, err, CodeToolEpochRevoked)
+	requireCode(t, err, failure.NativeToolAuthorityEpochRevoked)
 	b, err := b1.Binding()
 	require.NoError(t, err)
 	require.Equal(t, "run-b1", b.RunID)
@@ -250,7 +250,7 @@ func TestE13_ToolAuthorityEpochsArePerScope(t *testing.T) {
 	require.Equal(t, "run-a2", b.RunID)
 	a2.Revoke()
 	_, err = a2.Binding()
-	requireCode(t, err, CodeToolEpochRevoked)
+	requireCode(t, err, failure.NativeToolAuthorityEpochRevoked)
 }
 
 // A quarantined root keeps the session's state but not the launch-only

@@ -25,14 +25,6 @@ import (
 	"github.com/tether-run/tether/services/backup/internal/store"
 )
 
-// Stable codes of the API layer.
-const (
-	// CodeHeaderMissing: an upload stream did not start with its header.
-	CodeHeaderMissing = "backup_upload_header_missing"
-	// CodePackRootNotAllowed: a provider pack outside the allowed roots.
-	CodePackRootNotAllowed = "backup_provider_pack_root_not_allowed"
-)
-
 // ChunkSize is the size of download chunks.
 const ChunkSize = 1 << 20
 
@@ -52,13 +44,13 @@ func (s *Server) UploadCheckpoint(stream grpc.ClientStreamingServer[backupv1.Upl
 	first, err := stream.Recv()
 	if err != nil {
 		if errors.Is(err, io.EOF) {
-			return failure.New(codes.InvalidArgument, CodeHeaderMissing, "the upload ended before its header")
+			return failure.New(codes.InvalidArgument, failure.BackupUploadHeaderMissing, "the upload ended before its header")
 		}
 		return err
 	}
 	ph := first.GetHeader()
 	if ph == nil {
-		return failure.New(codes.InvalidArgument, CodeHeaderMissing, "an upload starts with its header")
+		return failure.New(codes.InvalidArgument, failure.BackupUploadHeaderMissing, "an upload starts with its header")
 	}
 	h := checkpoint.Header{
 		SessionScope: ph.GetSessionScope(), RunnerInstanceID: ph.GetRunnerInstanceId(), LeaseID: ph.GetLeaseId(),
@@ -103,7 +95,7 @@ func (s *Server) UploadCheckpoint(stream grpc.ClientStreamingServer[backupv1.Upl
 		if msg.GetHeader() != nil {
 			pw.CloseWithError(errors.New("second header"))
 			<-done
-			return failure.New(codes.InvalidArgument, CodeHeaderMissing, "an upload carries one header")
+			return failure.New(codes.InvalidArgument, failure.BackupUploadHeaderMissing, "an upload carries one header")
 		}
 		if _, err := pw.Write(chunk); err != nil {
 			break // the domain stopped reading: its error is in done
@@ -188,9 +180,9 @@ func (s *Server) VerifyProviderPack(_ context.Context, req *backupv1.VerifyProvi
 	out := &backupv1.VerifyProviderPackResponse{PackRoot: root}
 	m, err := providerpack.Read(root, providerpack.Options{Platform: req.GetPlatform(), Architecture: req.GetArchitecture()})
 	if err != nil {
-		out.Reason, out.Message = failure.CodeOf(err), err.Error()
+		out.Reason, out.Message = string(failure.CodeOf(err)), err.Error()
 		if out.Reason == "" {
-			out.Reason = providerpack.Code
+			out.Reason = failure.RunnerRemoteProviderArtifactIncompatible
 		}
 		return out, nil
 	}
@@ -207,18 +199,18 @@ func (s *Server) packRoot(req string) (string, error) {
 				return r, nil
 			}
 		}
-		return "", failure.New(codes.NotFound, providerpack.Code,
+		return "", failure.New(codes.NotFound, failure.RunnerRemoteProviderArtifactIncompatible,
 			"no provider pack is installed (looked in %s)", strings.Join(s.PackRoots, ", "))
 	}
 	if !filepath.IsAbs(req) || filepath.Clean(req) != req {
-		return "", failure.New(codes.InvalidArgument, CodePackRootNotAllowed, "pack root %q is not a clean absolute path", req)
+		return "", failure.New(codes.InvalidArgument, failure.BackupProviderPackRootNotAllowed, "pack root %q is not a clean absolute path", req)
 	}
 	for _, r := range s.PackRoots {
 		if req == r || strings.HasPrefix(req, strings.TrimSuffix(r, "/")+"/") {
 			return req, nil
 		}
 	}
-	return "", failure.New(codes.PermissionDenied, CodePackRootNotAllowed, "pack root %q is not below an allowed provider pack root", req)
+	return "", failure.New(codes.PermissionDenied, failure.BackupProviderPackRootNotAllowed, "pack root %q is not below an allowed provider pack root", req)
 }
 
 // ExecutionFromProto converts an execution identity.

@@ -30,6 +30,7 @@ import (
 
 	"github.com/tether-run/tether/pkg/archive"
 	"github.com/tether-run/tether/pkg/digest"
+	"github.com/tether-run/tether/pkg/failure"
 	backupv1 "github.com/tether-run/tether/pkg/gen/tether/backup/v1"
 	"github.com/tether-run/tether/pkg/grpcx"
 	"github.com/tether-run/tether/pkg/pgtest"
@@ -276,7 +277,7 @@ func TestB3_ServiceUploadVerifyDownloadRestoreRoundTrip(t *testing.T) {
 	})
 	require.NoError(t, err)
 	require.False(t, other.GetValid())
-	require.Equal(t, checkpoint.ReasonIdentityMismatch, other.GetReason())
+	require.Equal(t, failure.BackupIdentityMismatch, other.GetReason())
 
 	// Stamps: valid for the lease they were issued for only.
 	ok, err := e.client.VerifyStamp(ctx, &backupv1.VerifyStampRequest{Stamp: st, LeaseId: "sandbox-1"})
@@ -309,7 +310,7 @@ func TestB3_ServiceUploadVerifyDownloadRestoreRoundTrip(t *testing.T) {
 	// Not found is an error with its code.
 	_, err = e.client.VerifyBackup(ctx, &backupv1.VerifyBackupRequest{
 		Selector: &backupv1.VerifyBackupRequest_CheckpointId{CheckpointId: "nope"}, Mode: backupv1.VerifyMode_VERIFY_MODE_QUICK})
-	requireCode(t, err, codes.NotFound, checkpoint.CodeNotFound)
+	requireCode(t, err, codes.NotFound, failure.BackupCheckpointNotFound)
 }
 
 // flipByte changes one byte of needle's first occurrence in the stored archive.
@@ -346,7 +347,7 @@ func TestB3_ServiceTamperedStoredByteFailsDeepVerifyNotError(t *testing.T) {
 	require.True(t, quick.GetValid(), "quick mode checks sizes only")
 	deep := verify(ctx, t, e.client, id, backupv1.VerifyMode_VERIFY_MODE_DEEP)
 	require.False(t, deep.GetValid())
-	require.Equal(t, checkpoint.ReasonDigestMismatch, deep.GetReason())
+	require.Equal(t, failure.BackupDigestMismatch, deep.GetReason())
 	var bad []string
 	for _, d := range deep.GetDirectories() {
 		if !d.GetOk() {
@@ -361,16 +362,16 @@ func TestB3_ServiceTamperedStoredByteFailsDeepVerifyNotError(t *testing.T) {
 	require.Equal(t, "backup_digest_mismatch", ok.GetReason())
 
 	_, _, err = download(ctx, t, e.client, id)
-	requireCode(t, err, codes.DataLoss, checkpoint.CodeArchiveCorrupt)
+	requireCode(t, err, codes.DataLoss, failure.BackupArchiveCorrupt)
 
 	// A removed archive: quick and deep say so, without an error.
 	require.NoError(t, os.Remove(storedArchive(t, e)))
 	gone := verify(ctx, t, e.client, id, backupv1.VerifyMode_VERIFY_MODE_QUICK)
 	require.False(t, gone.GetValid())
-	require.Equal(t, checkpoint.ReasonArchiveMissing, gone.GetReason())
+	require.Equal(t, failure.BackupArchiveMissing, gone.GetReason())
 	ok, err = e.client.VerifyStamp(ctx, &backupv1.VerifyStampRequest{Stamp: receipt.GetStamp(), LeaseId: "sandbox-1"})
 	require.NoError(t, err)
-	require.Equal(t, checkpoint.ReasonArchiveMissing, ok.GetReason())
+	require.Equal(t, failure.BackupArchiveMissing, ok.GetReason())
 }
 
 func rawTar(t *testing.T, hdrs ...*tar.Header) []byte {
@@ -404,23 +405,23 @@ func TestB4_ServiceRefusesUnsafeArchiveWithItsCodeAndStoresNothing(t *testing.T)
 		code string
 	}{
 		"symlink": {rawTar(t, dir("runner/"), dir("codex-home/"),
-			&tar.Header{Typeflag: tar.TypeSymlink, Name: "codex-home/host-secret", Linkname: "/etc/passwd", Mode: 0o777}), archive.CodeUnsafeEntry},
+			&tar.Header{Typeflag: tar.TypeSymlink, Name: "codex-home/host-secret", Linkname: "/etc/passwd", Mode: 0o777}), failure.RunnerRemoteCheckpointArchiveUnsafeEntry},
 		"hard link": {rawTar(t, dir("runner/"), file("runner/a", 1),
-			&tar.Header{Typeflag: tar.TypeLink, Name: "runner/b", Linkname: "runner/a"}), archive.CodeUnsafeEntry},
-		"fifo":      {rawTar(t, dir("runner/"), &tar.Header{Typeflag: tar.TypeFifo, Name: "runner/p", Mode: 0o600}), archive.CodeUnsafeEntry},
-		"dotdot":    {rawTar(t, dir("runner/"), file("runner/../../escape", 1)), archive.CodeUnsafePath},
-		"absolute":  {rawTar(t, file("/runner/x", 1)), archive.CodeUnsafePath},
-		"setuid":    {rawTar(t, dir("runner/"), &tar.Header{Typeflag: tar.TypeReg, Name: "runner/s", Mode: 0o4755, Size: 1}), archive.CodeUnsafeMode},
-		"duplicate": {rawTar(t, dir("runner/"), file("runner/a", 1), file("runner/a", 2)), archive.CodeDuplicate},
-		"entries":   {rawTar(t, many...), archive.CodeTooManyEntries},
-		"layout":    {rawTar(t, dir("runner/"), dir("opencode/")), archive.CodeInvalid},
-		"garbage":   {bytes.Repeat([]byte("garbage!"), 200), archive.CodeInvalid},
+			&tar.Header{Typeflag: tar.TypeLink, Name: "runner/b", Linkname: "runner/a"}), failure.RunnerRemoteCheckpointArchiveUnsafeEntry},
+		"fifo":      {rawTar(t, dir("runner/"), &tar.Header{Typeflag: tar.TypeFifo, Name: "runner/p", Mode: 0o600}), failure.RunnerRemoteCheckpointArchiveUnsafeEntry},
+		"dotdot":    {rawTar(t, dir("runner/"), file("runner/../../escape", 1)), failure.RunnerRemoteCheckpointArchiveUnsafePath},
+		"absolute":  {rawTar(t, file("/runner/x", 1)), failure.RunnerRemoteCheckpointArchiveUnsafePath},
+		"setuid":    {rawTar(t, dir("runner/"), &tar.Header{Typeflag: tar.TypeReg, Name: "runner/s", Mode: 0o4755, Size: 1}), failure.RunnerRemoteCheckpointArchiveUnsafeMode},
+		"duplicate": {rawTar(t, dir("runner/"), file("runner/a", 1), file("runner/a", 2)), failure.RunnerRemoteCheckpointArchiveDuplicateEntry},
+		"entries":   {rawTar(t, many...), failure.RunnerRemoteCheckpointArchiveTooManyEntries},
+		"layout":    {rawTar(t, dir("runner/"), dir("opencode/")), failure.RunnerRemoteCheckpointArchiveInvalid},
+		"garbage":   {bytes.Repeat([]byte("garbage!"), 200), failure.RunnerRemoteCheckpointArchiveInvalid},
 	}
 	for name, c := range cases {
 		t.Run(name, func(t *testing.T) {
 			_, err := upload(ctx, e.client, header("sandbox-1"), c.data)
 			grpcCode := codes.InvalidArgument
-			if c.code == archive.CodeTooManyEntries {
+			if c.code == failure.RunnerRemoteCheckpointArchiveTooManyEntries {
 				grpcCode = codes.ResourceExhausted
 			}
 			requireCode(t, err, grpcCode, c.code)
@@ -442,7 +443,7 @@ func TestB4_ServiceRefusesUnsafeArchiveWithItsCodeAndStoresNothing(t *testing.T)
 	require.Equal(t, 1, countRows(t, e.dsn))
 	small := newEnv(t, true, func(s *checkpoint.Service) { s.Limits = archive.Limits{MaxArchiveBytes: 64 << 10} })
 	_, err = upload(ctx, small.client, header("sandbox-1"), tarOf(t, harnessTree(t)))
-	requireCode(t, err, codes.ResourceExhausted, archive.CodeTooLarge)
+	requireCode(t, err, codes.ResourceExhausted, failure.RunnerRemoteCheckpointArchiveTooLarge)
 	require.Zero(t, countRows(t, small.dsn))
 	require.Empty(t, blobFiles(t, small.bucketDir))
 
@@ -476,13 +477,13 @@ func TestB2_ServiceRefusesHeaderNotMatchingTheProfile(t *testing.T) {
 	h = header("sandbox-1")
 	h.SessionScope = "not-a-scope"
 	_, err = upload(ctx, e.client, h, data)
-	requireCode(t, err, codes.InvalidArgument, grpcx.CodeInvalidRequest)
+	requireCode(t, err, codes.InvalidArgument, failure.InvalidRequest)
 
 	stream, err := e.client.UploadCheckpoint(ctx)
 	require.NoError(t, err)
 	require.NoError(t, stream.Send(&backupv1.UploadCheckpointRequest{Part: &backupv1.UploadCheckpointRequest_Chunk{Chunk: data[:512]}}))
 	_, err = stream.CloseAndRecv()
-	requireCode(t, err, codes.InvalidArgument, api.CodeHeaderMissing)
+	requireCode(t, err, codes.InvalidArgument, failure.BackupUploadHeaderMissing)
 	require.Zero(t, countRows(t, e.dsn))
 }
 
@@ -491,10 +492,10 @@ func TestWithoutDatabaseCheckpointsAreDisabled(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	_, err := upload(ctx, e.client, header("sandbox-1"), tarOf(t, harnessTree(t)))
-	requireCode(t, err, codes.FailedPrecondition, checkpoint.CodeMetadataDisabled)
+	requireCode(t, err, codes.FailedPrecondition, failure.BackupMetadataDisabled)
 	_, err = e.client.VerifyBackup(ctx, &backupv1.VerifyBackupRequest{
 		Selector: &backupv1.VerifyBackupRequest_CheckpointId{CheckpointId: "x"}, Mode: backupv1.VerifyMode_VERIFY_MODE_DEEP})
-	requireCode(t, err, codes.FailedPrecondition, checkpoint.CodeMetadataDisabled)
+	requireCode(t, err, codes.FailedPrecondition, failure.BackupMetadataDisabled)
 	res, err := e.client.VerifyStamp(ctx, &backupv1.VerifyStampRequest{Stamp: &backupv1.Stamp{LeaseId: "l"}, LeaseId: "l"})
 	require.NoError(t, err)
 	require.False(t, res.GetValid())
@@ -567,9 +568,9 @@ func TestB1_ServiceVerifiesProviderPack(t *testing.T) {
 	require.Equal(t, "runner_remote_provider_artifact_incompatible: OpenCode proxy digest mismatch", res.GetMessage())
 
 	_, err = e.client.VerifyProviderPack(ctx, &backupv1.VerifyProviderPackRequest{PackRoot: t.TempDir()})
-	requireCode(t, err, codes.PermissionDenied, api.CodePackRootNotAllowed)
+	requireCode(t, err, codes.PermissionDenied, failure.BackupProviderPackRootNotAllowed)
 	_, err = e.client.VerifyProviderPack(ctx, &backupv1.VerifyProviderPackRequest{PackRoot: e.packRoot + "/../x"})
-	requireCode(t, err, codes.InvalidArgument, api.CodePackRootNotAllowed)
+	requireCode(t, err, codes.InvalidArgument, failure.BackupProviderPackRootNotAllowed)
 }
 
 var _ grpc.ClientConnInterface = (*grpc.ClientConn)(nil)

@@ -170,10 +170,10 @@ func s4Child(t *testing.T, dsn, staging, bucketDir string, planted bool) {
 			dir("codex-home/open/", 0o777), file("codex-home/open/x")), ""},
 		"0000 directory then an unsafe entry": {rawTar(t, dir("runner/", 0o700), dir("codex-home/", 0o700),
 			dir("codex-home/locked/", 0o000), file("codex-home/locked/secret"),
-			&tar.Header{Typeflag: tar.TypeSymlink, Name: "codex-home/locked/link", Linkname: "/etc/passwd"}), archive.CodeUnsafeEntry},
+			&tar.Header{Typeflag: tar.TypeSymlink, Name: "codex-home/locked/link", Linkname: "/etc/passwd"}), failure.RunnerRemoteCheckpointArchiveUnsafeEntry},
 		"0500 directory in an archive refused after extraction": {rawTar(t, dir("runner/", 0o500),
 			dir("runner/ro/", 0o500), file("runner/ro/x")), "runner_harness_state_mismatch"},
-		"0000 directory and a duplicate": {rawTar(t, dir("runner/", 0o000), file("runner/a"), file("runner/a")), archive.CodeDuplicate},
+		"0000 directory and a duplicate": {rawTar(t, dir("runner/", 0o000), file("runner/a"), file("runner/a")), failure.RunnerRemoteCheckpointArchiveDuplicateEntry},
 	}
 	for name, c := range cases {
 		resp, err := upload(ctx, e.client, header("sandbox-s4"), c.data)
@@ -187,7 +187,7 @@ func s4Child(t *testing.T, dsn, staging, bucketDir string, planted bool) {
 				}
 			}
 		} else {
-			require.Equal(t, c.code, failure.CodeOf(err), "%s: %v", name, err)
+			require.EqualValues(t, c.code, failure.CodeOf(err), "%s: %v", name, err)
 		}
 		ents, err := os.ReadDir(staging)
 		require.NoError(t, err)
@@ -225,26 +225,26 @@ func TestS4_TheVerifierCreatesAndChecksItsStagingDirectory(t *testing.T) {
 	link := filepath.Join(base, "link")
 	require.NoError(t, os.Symlink(fresh, link))
 	err = svc.PrepareStaging(link)
-	require.Equal(t, checkpoint.CodeStagingUnsafe, failure.CodeOf(err))
+	require.EqualValues(t, failure.BackupStagingUnsafe, failure.CodeOf(err))
 	require.ErrorContains(t, err, "symlink")
 
 	open := filepath.Join(base, "open")
 	require.NoError(t, os.Mkdir(open, 0o700))
 	require.NoError(t, os.Chmod(open, 0o777))
 	err = svc.PrepareStaging(open)
-	require.Equal(t, checkpoint.CodeStagingUnsafe, failure.CodeOf(err))
+	require.EqualValues(t, failure.BackupStagingUnsafe, failure.CodeOf(err))
 	require.ErrorContains(t, err, "chmod 700 "+open)
 
 	file := filepath.Join(base, "file")
 	require.NoError(t, os.WriteFile(file, nil, 0o600))
-	require.Equal(t, checkpoint.CodeStagingUnsafe, failure.CodeOf(svc.PrepareStaging(file)))
+	require.EqualValues(t, failure.BackupStagingUnsafe, failure.CodeOf(svc.PrepareStaging(file)))
 
 	if os.Geteuid() == 0 {
 		other := filepath.Join(base, "other")
 		require.NoError(t, os.Mkdir(other, 0o700))
 		require.NoError(t, os.Chown(other, nobodyID, nobodyID))
 		err = svc.PrepareStaging(other)
-		require.Equal(t, checkpoint.CodeStagingUnsafe, failure.CodeOf(err))
+		require.EqualValues(t, failure.BackupStagingUnsafe, failure.CodeOf(err))
 		require.ErrorContains(t, err, "owned by uid 65534")
 	}
 }

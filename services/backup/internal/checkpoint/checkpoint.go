@@ -34,35 +34,12 @@ import (
 	"github.com/tether-run/tether/services/backup/internal/store"
 )
 
-// Stable codes of the service.
-const (
-	// CodeMetadataDisabled: the verifier runs without a database.
-	CodeMetadataDisabled = "backup_metadata_disabled"
-	// CodeNotFound: no such checkpoint.
-	CodeNotFound = "backup_checkpoint_not_found"
-	// CodeArchiveCorrupt: the stored archive differs from its record.
-	CodeArchiveCorrupt = "backup_archive_corrupt"
-	// CodeArchiveMissing: the stored archive is gone from the blob store.
-	CodeArchiveMissing = "backup_archive_missing"
-	// CodeStoreFailed: the blob store or the database failed.
-	CodeStoreFailed = "backup_store_failed"
-)
-
-// Reasons a verification is not valid (answers, not errors).
-const (
-	ReasonManifestMismatch = "backup_manifest_mismatch"
-	ReasonIdentityMismatch = "backup_identity_mismatch"
-	ReasonDigestMismatch   = stamp.ReasonDigestMismatch
-	ReasonArchiveCorrupt   = CodeArchiveCorrupt
-	ReasonArchiveMissing   = CodeArchiveMissing
-)
-
 // Service implements the verifier's operations.
 type Service struct {
 	// Bucket holds the archives.
 	Bucket *blob.Bucket
 	// Store holds the metadata; nil disables uploads, downloads and backup
-	// verification (CodeMetadataDisabled).
+	// verification (failure.BackupMetadataDisabled).
 	Store *store.Store
 	// Key signs stamps.
 	Key []byte
@@ -96,7 +73,7 @@ func (s *Service) log() *slog.Logger {
 
 func (s *Service) enabled() error {
 	if s.Store == nil || s.Bucket == nil {
-		return failure.New(codes.FailedPrecondition, CodeMetadataDisabled,
+		return failure.New(codes.FailedPrecondition, failure.BackupMetadataDisabled,
 			"this backup verifier runs without a database (-database-url): checkpoints are disabled")
 	}
 	return nil
@@ -127,28 +104,28 @@ var scopeRE = regexp.MustCompile(`^[0-9a-f]{64}$`)
 // profile before any byte of the archive is read.
 func CheckHeader(h Header) (harness.Profile, error) {
 	if !scopeRE.MatchString(h.SessionScope) {
-		return harness.Profile{}, failure.New(codes.InvalidArgument, stamp.CodeScopeInvalid, "session scope %q is not a scope digest", h.SessionScope)
+		return harness.Profile{}, failure.New(codes.InvalidArgument, failure.RunnerHarnessBackupScopeInvalid, "session scope %q is not a scope digest", h.SessionScope)
 	}
 	if h.LeaseID == "" {
-		return harness.Profile{}, failure.New(codes.InvalidArgument, stamp.CodeLeaseMissing, "a checkpoint needs the lease it was taken under")
+		return harness.Profile{}, failure.New(codes.InvalidArgument, failure.RunnerHarnessBackupLeaseMissing, "a checkpoint needs the lease it was taken under")
 	}
 	prof, err := harness.ResolveProfile(h.Execution.ProviderKind())
 	if err != nil {
 		return prof, err
 	}
 	if h.Execution.DriverKind != prof.DriverKind {
-		return prof, failure.New(codes.FailedPrecondition, harness.CodeStateMismatch,
+		return prof, failure.New(codes.FailedPrecondition, failure.RunnerHarnessStateMismatch,
 			"driver kind %q does not drive provider %q (want %s)", h.Execution.DriverKind, prof.ProviderKind, prof.DriverKind)
 	}
 	if !prof.SameNames(h.Directories) {
-		return prof, failure.New(codes.FailedPrecondition, harness.CodeStateMismatch,
+		return prof, failure.New(codes.FailedPrecondition, failure.RunnerHarnessStateMismatch,
 			"directories %v are not the %s persistence profile %v", h.Directories, prof.ProviderKind, prof.Names())
 	}
 	if !h.ProviderSessionIdentity.Present() {
-		return prof, failure.New(codes.FailedPrecondition, harness.CodeStateMismatch, "the checkpoint has no provider session identity")
+		return prof, failure.New(codes.FailedPrecondition, failure.RunnerHarnessStateMismatch, "the checkpoint has no provider session identity")
 	}
 	if h.RunnerInstanceID == "" || h.Execution.NormalizedSessionID == "" {
-		return prof, failure.New(codes.FailedPrecondition, harness.CodeStateMismatch, "the checkpoint has no runner instance or session identity")
+		return prof, failure.New(codes.FailedPrecondition, failure.RunnerHarnessStateMismatch, "the checkpoint has no runner instance or session identity")
 	}
 	return prof, nil
 }
@@ -174,12 +151,12 @@ func (s *Service) Upload(ctx context.Context, h Header, body io.Reader) (*Receip
 	}
 	staging, err := os.MkdirTemp(s.StagingDir, stagingPrefix)
 	if err != nil {
-		return nil, failure.Wrap(err, codes.Internal, CodeStoreFailed, "creating staging directory: %v", err)
+		return nil, failure.Wrap(err, codes.Internal, failure.BackupStoreFailed, "creating staging directory: %v", err)
 	}
 	defer s.removeStaging(staging)
 	tree := filepath.Join(staging, "tree")
 	if err := os.Mkdir(tree, 0o700); err != nil {
-		return nil, failure.Wrap(err, codes.Internal, CodeStoreFailed, "%v", err)
+		return nil, failure.Wrap(err, codes.Internal, failure.BackupStoreFailed, "%v", err)
 	}
 	if _, err := archive.Extract(body, tree, archive.ExtractOptions{
 		Limits: s.Limits, Top: prof.Names(), Exclude: prof.Exclusions(), ExcludeAnywhere: prof.ExclusionsAnywhere(),
@@ -244,7 +221,7 @@ func (s *Service) Upload(ctx context.Context, h Header, body io.Reader) (*Receip
 		CompletedAt: at,
 	}
 	if err := s.Store.Insert(ctx, c, h.LeaseID); err != nil {
-		return nil, failure.Wrap(err, codes.Unavailable, CodeStoreFailed, "recording checkpoint: %v", err)
+		return nil, failure.Wrap(err, codes.Unavailable, failure.BackupStoreFailed, "recording checkpoint: %v", err)
 	}
 	stored = true
 	s.log().Info("checkpoint stored", "checkpoint_id", id, "session_scope", h.SessionScope,
@@ -294,17 +271,17 @@ func (s *Service) writeArchive(ctx context.Context, key, tree string) (*harness.
 	defer cancel()
 	w, err := s.Bucket.NewWriter(wctx, key, &blob.WriterOptions{ContentType: "application/x-tar"})
 	if err != nil {
-		return nil, failure.Wrap(err, codes.Unavailable, CodeStoreFailed, "opening blob %s: %v", key, err)
+		return nil, failure.Wrap(err, codes.Unavailable, failure.BackupStoreFailed, "opening blob %s: %v", key, err)
 	}
 	h := sha256.New()
 	st, err := archive.WriteTree(io.MultiWriter(w, h), tree, archive.WriteOptions{})
 	if err != nil {
 		cancel()
 		_ = w.Close()
-		return nil, failure.Wrap(err, codes.Unavailable, CodeStoreFailed, "writing archive: %v", err)
+		return nil, failure.Wrap(err, codes.Unavailable, failure.BackupStoreFailed, "writing archive: %v", err)
 	}
 	if err := w.Close(); err != nil {
-		return nil, failure.Wrap(err, codes.Unavailable, CodeStoreFailed, "storing archive: %v", err)
+		return nil, failure.Wrap(err, codes.Unavailable, failure.BackupStoreFailed, "storing archive: %v", err)
 	}
 	return &harness.ArchiveInfo{
 		SHA256: digest.Prefix + hex.EncodeToString(h.Sum(nil)), Bytes: st.ArchiveBytes,
@@ -318,7 +295,7 @@ type Selector struct {
 	ManifestDigest string
 }
 
-// Lookup returns a stored checkpoint (CodeNotFound when unknown).
+// Lookup returns a stored checkpoint (failure.BackupCheckpointNotFound when unknown).
 func (s *Service) Lookup(ctx context.Context, sel Selector) (*store.Checkpoint, error) {
 	if err := s.enabled(); err != nil {
 		return nil, err
@@ -331,25 +308,25 @@ func (s *Service) Lookup(ctx context.Context, sel Selector) (*store.Checkpoint, 
 		c, err = s.Store.GetByManifestDigest(ctx, sel.ManifestDigest)
 	}
 	if errors.Is(err, store.ErrNotFound) {
-		return nil, failure.New(codes.NotFound, CodeNotFound, "no checkpoint %s%s", sel.CheckpointID, sel.ManifestDigest)
+		return nil, failure.New(codes.NotFound, failure.BackupCheckpointNotFound, "no checkpoint %s%s", sel.CheckpointID, sel.ManifestDigest)
 	}
 	if err != nil {
-		return nil, failure.Wrap(err, codes.Unavailable, CodeStoreFailed, "%v", err)
+		return nil, failure.Wrap(err, codes.Unavailable, failure.BackupStoreFailed, "%v", err)
 	}
 	return c, nil
 }
 
 // Download sends the checkpoint's stored archive in chunks of at most
 // chunkSize bytes. The archive's digest and size are checked while it
-// streams; a mismatch ends the download with DataLoss CodeArchiveCorrupt
+// streams; a mismatch ends the download with DataLoss failure.BackupArchiveCorrupt
 // after the chunks already sent (which the caller must discard).
 func (s *Service) Download(ctx context.Context, c *store.Checkpoint, chunkSize int, send func([]byte) error) error {
 	r, err := s.Bucket.NewReader(ctx, c.BlobKey, nil)
 	if err != nil {
 		if gcerrors.Code(err) == gcerrors.NotFound {
-			return failure.New(codes.DataLoss, CodeArchiveMissing, "the archive of checkpoint %s is missing", c.ID)
+			return failure.New(codes.DataLoss, failure.BackupArchiveMissing, "the archive of checkpoint %s is missing", c.ID)
 		}
-		return failure.Wrap(err, codes.Unavailable, CodeStoreFailed, "%v", err)
+		return failure.Wrap(err, codes.Unavailable, failure.BackupStoreFailed, "%v", err)
 	}
 	defer r.Close()
 	h := sha256.New()
@@ -361,7 +338,7 @@ func (s *Service) Download(ctx context.Context, c *store.Checkpoint, chunkSize i
 			h.Write(buf[:n])
 			total += int64(n)
 			if total > c.ArchiveBytes {
-				return failure.New(codes.DataLoss, CodeArchiveCorrupt, "the archive of checkpoint %s is larger than recorded", c.ID)
+				return failure.New(codes.DataLoss, failure.BackupArchiveCorrupt, "the archive of checkpoint %s is larger than recorded", c.ID)
 			}
 			if serr := send(buf[:n]); serr != nil {
 				return serr
@@ -371,11 +348,11 @@ func (s *Service) Download(ctx context.Context, c *store.Checkpoint, chunkSize i
 			break
 		}
 		if err != nil {
-			return failure.Wrap(err, codes.Unavailable, CodeStoreFailed, "reading archive: %v", err)
+			return failure.Wrap(err, codes.Unavailable, failure.BackupStoreFailed, "reading archive: %v", err)
 		}
 	}
 	if got := digest.Prefix + hex.EncodeToString(h.Sum(nil)); got != c.ArchiveSHA256 || total != c.ArchiveBytes {
-		return failure.New(codes.DataLoss, CodeArchiveCorrupt, "the archive of checkpoint %s does not match its digest", c.ID)
+		return failure.New(codes.DataLoss, failure.BackupArchiveCorrupt, "the archive of checkpoint %s does not match its digest", c.ID)
 	}
 	return nil
 }
@@ -423,15 +400,15 @@ func invalid(r *Result, reason, format string, args ...any) *Result {
 func (s *Service) Verify(ctx context.Context, c *store.Checkpoint, mode Mode, exp *harness.Expectation) (*Result, error) {
 	res := &Result{Checkpoint: c}
 	if digest.Bytes(c.Manifest) != c.ManifestDigest {
-		return invalid(res, ReasonManifestMismatch, "the stored manifest does not hash to its digest"), nil
+		return invalid(res, failure.BackupManifestMismatch, "the stored manifest does not hash to its digest"), nil
 	}
 	m, err := harness.ParseManifest(c.Manifest)
 	if err != nil {
-		return invalid(res, ReasonManifestMismatch, "%v", err), nil
+		return invalid(res, failure.BackupManifestMismatch, "%v", err), nil
 	}
 	res.Manifest = m
 	if d, err := m.Digest(); err != nil || d != c.ManifestDigest {
-		return invalid(res, ReasonManifestMismatch, "the stored manifest is not canonical"), nil
+		return invalid(res, failure.BackupManifestMismatch, "the stored manifest is not canonical"), nil
 	}
 	prof, err := harness.ResolveProfile(m.ProviderKind)
 	names := make([]string, len(m.Directories))
@@ -440,10 +417,10 @@ func (s *Service) Verify(ctx context.Context, c *store.Checkpoint, mode Mode, ex
 	}
 	if err != nil || !prof.SameNames(names) || m.Archive == nil || m.CheckpointID != c.ID ||
 		m.Archive.SHA256 != c.ArchiveSHA256 || m.Archive.Bytes != c.ArchiveBytes {
-		return invalid(res, ReasonManifestMismatch, "the manifest does not describe this checkpoint"), nil
+		return invalid(res, failure.BackupManifestMismatch, "the manifest does not describe this checkpoint"), nil
 	}
 	if exp != nil && !m.MatchesIdentity(*exp) {
-		return invalid(res, ReasonIdentityMismatch, "the backup belongs to another session, runner or environment"), nil
+		return invalid(res, failure.BackupIdentityMismatch, "the backup belongs to another session, runner or environment"), nil
 	}
 	for _, d := range m.Directories {
 		res.Directories = append(res.Directories, DirectoryCheck{Name: d.Name, ExpectedSHA256: d.SHA256, ExpectedBytes: d.Bytes})
@@ -451,13 +428,13 @@ func (s *Service) Verify(ctx context.Context, c *store.Checkpoint, mode Mode, ex
 	if mode == Quick {
 		attrs, err := s.Bucket.Attributes(ctx, c.BlobKey)
 		if gcerrors.Code(err) == gcerrors.NotFound {
-			return invalid(res, ReasonArchiveMissing, "the archive is missing"), nil
+			return invalid(res, failure.BackupArchiveMissing, "the archive is missing"), nil
 		}
 		if err != nil {
-			return nil, failure.Wrap(err, codes.Unavailable, CodeStoreFailed, "%v", err)
+			return nil, failure.Wrap(err, codes.Unavailable, failure.BackupStoreFailed, "%v", err)
 		}
 		if attrs.Size != c.ArchiveBytes {
-			return invalid(res, ReasonArchiveCorrupt, "the archive holds %d bytes, recorded %d", attrs.Size, c.ArchiveBytes), nil
+			return invalid(res, failure.BackupArchiveCorrupt, "the archive holds %d bytes, recorded %d", attrs.Size, c.ArchiveBytes), nil
 		}
 		res.Valid = true
 		return res, nil
@@ -479,7 +456,7 @@ func (s *Service) Verify(ctx context.Context, c *store.Checkpoint, mode Mode, ex
 		ok = ok && d.OK
 	}
 	if !ok || len(got) != len(res.Directories) {
-		return invalid(res, ReasonDigestMismatch, "a directory of the archive no longer matches its digest"), nil
+		return invalid(res, failure.BackupDigestMismatch, "a directory of the archive no longer matches its digest"), nil
 	}
 	if reason != "" {
 		return invalid(res, reason, "%s", detail), nil
@@ -507,10 +484,10 @@ func (h *hashingReader) Read(p []byte) (int, error) {
 func (s *Service) rehash(ctx context.Context, c *store.Checkpoint) (got map[string]digest.Result, n int64, reason, detail string, err error) {
 	r, err := s.Bucket.NewReader(ctx, c.BlobKey, nil)
 	if gcerrors.Code(err) == gcerrors.NotFound {
-		return nil, 0, ReasonArchiveMissing, "the archive is missing", nil
+		return nil, 0, failure.BackupArchiveMissing, "the archive is missing", nil
 	}
 	if err != nil {
-		return nil, 0, "", "", failure.Wrap(err, codes.Unavailable, CodeStoreFailed, "%v", err)
+		return nil, 0, "", "", failure.Wrap(err, codes.Unavailable, failure.BackupStoreFailed, "%v", err)
 	}
 	defer r.Close()
 	hr := &hashingReader{r: r, h: sha256.New()}
@@ -520,13 +497,13 @@ func (s *Service) rehash(ctx context.Context, c *store.Checkpoint) (got map[stri
 		if ctx.Err() != nil {
 			return nil, hr.n, "", "", ctx.Err()
 		}
-		return nil, hr.n, "", "", failure.Wrap(err, codes.Unavailable, CodeStoreFailed, "reading archive: %v", err)
+		return nil, hr.n, "", "", failure.Wrap(err, codes.Unavailable, failure.BackupStoreFailed, "reading archive: %v", err)
 	}
 	if derr != nil {
-		return nil, hr.n, ReasonArchiveCorrupt, derr.Error(), nil
+		return nil, hr.n, failure.BackupArchiveCorrupt, derr.Error(), nil
 	}
 	if sum := digest.Prefix + hex.EncodeToString(hr.h.Sum(nil)); sum != c.ArchiveSHA256 || hr.n != c.ArchiveBytes {
-		return got, hr.n, ReasonArchiveCorrupt, "the archive does not match its recorded digest", nil
+		return got, hr.n, failure.BackupArchiveCorrupt, "the archive does not match its recorded digest", nil
 	}
 	return got, hr.n, "", "", nil
 }
@@ -539,10 +516,10 @@ func (s *Service) VerifyStamp(ctx context.Context, st *backupv1.Stamp, leaseID s
 		return false, reason, nil
 	}
 	if err := s.enabled(); err != nil {
-		return false, CodeMetadataDisabled, nil
+		return false, failure.BackupMetadataDisabled, nil
 	}
 	c, err := s.Lookup(ctx, Selector{ManifestDigest: st.GetManifestDigest()})
-	if failure.CodeOf(err) == CodeNotFound {
+	if failure.CodeOf(err) == failure.BackupCheckpointNotFound {
 		ok, reason := stamp.VerifyBackup(s.Key, st, leaseID, nil, nil)
 		return ok, reason, nil
 	}
@@ -551,14 +528,14 @@ func (s *Service) VerifyStamp(ctx context.Context, st *backupv1.Stamp, leaseID s
 	}
 	m, err := harness.ParseManifest(c.Manifest)
 	if err != nil || digest.Bytes(c.Manifest) != c.ManifestDigest {
-		return false, stamp.ReasonManifestMismatch, nil
+		return false, failure.BackupStampManifestMismatch, nil
 	}
 	got, _, archiveReason, _, err := s.rehash(ctx, c)
 	if err != nil {
 		return false, "", err
 	}
 	ok, reason := stamp.VerifyBackup(s.Key, st, leaseID, m, digestSet(got).get)
-	if !ok && reason == stamp.ReasonDigestMismatch && got == nil && archiveReason != "" {
+	if !ok && reason == failure.BackupDigestMismatch && got == nil && archiveReason != "" {
 		return false, archiveReason, nil // missing or undigestable archive
 	}
 	if ok && archiveReason != "" {

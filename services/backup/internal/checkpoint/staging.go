@@ -13,10 +13,6 @@ import (
 	"github.com/tether-run/tether/pkg/failure"
 )
 
-// CodeStagingUnsafe: the staging directory is not a private directory of
-// the verifier's user.
-const CodeStagingUnsafe = "backup_staging_unsafe"
-
 // stagingPrefix names each upload's staging directory.
 const stagingPrefix = "tether-backup-upload-"
 
@@ -48,35 +44,35 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 // an earlier process left behind (a crash mid-upload) are removed.
 func (s *Service) PrepareStaging(dir string) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return failure.Wrap(err, codes.FailedPrecondition, CodeStagingUnsafe, "creating staging directory %s: %v", dir, err)
+		return failure.Wrap(err, codes.FailedPrecondition, failure.BackupStagingUnsafe, "creating staging directory %s: %v", dir, err)
 	}
 	fi, err := os.Lstat(dir)
 	if err != nil {
-		return failure.Wrap(err, codes.FailedPrecondition, CodeStagingUnsafe, "%v", err)
+		return failure.Wrap(err, codes.FailedPrecondition, failure.BackupStagingUnsafe, "%v", err)
 	}
 	if !fi.IsDir() {
-		return failure.New(codes.FailedPrecondition, CodeStagingUnsafe,
+		return failure.New(codes.FailedPrecondition, failure.BackupStagingUnsafe,
 			"staging directory %s is a symlink or not a directory: point -staging-dir at a private directory", dir)
 	}
 	if st, ok := fi.Sys().(*syscall.Stat_t); ok && int(st.Uid) != os.Geteuid() {
-		return failure.New(codes.FailedPrecondition, CodeStagingUnsafe,
+		return failure.New(codes.FailedPrecondition, failure.BackupStagingUnsafe,
 			"staging directory %s is owned by uid %d, not by this service's user (uid %d): chown %d %s, or point -staging-dir at a private directory",
 			dir, st.Uid, os.Geteuid(), os.Geteuid(), dir)
 	}
 	if perm := fi.Mode().Perm(); perm&0o022 != 0 {
-		return failure.New(codes.FailedPrecondition, CodeStagingUnsafe,
+		return failure.New(codes.FailedPrecondition, failure.BackupStagingUnsafe,
 			"staging directory %s has mode %04o, writable by other users: chmod 700 %s", dir, perm, dir)
 	}
 	probe, err := os.MkdirTemp(dir, stagingPrefix)
 	if err != nil {
-		return failure.Wrap(err, codes.FailedPrecondition, CodeStagingUnsafe, "staging directory %s is not writable: %v", dir, err)
+		return failure.Wrap(err, codes.FailedPrecondition, failure.BackupStagingUnsafe, "staging directory %s is not writable: %v", dir, err)
 	}
 	if err := os.Remove(probe); err != nil {
-		return failure.Wrap(err, codes.FailedPrecondition, CodeStagingUnsafe, "staging directory %s: %v", dir, err)
+		return failure.Wrap(err, codes.FailedPrecondition, failure.BackupStagingUnsafe, "staging directory %s: %v", dir, err)
 	}
 	ents, err := os.ReadDir(dir)
 	if err != nil {
-		return failure.Wrap(err, codes.FailedPrecondition, CodeStagingUnsafe, "%v", err)
+		return failure.Wrap(err, codes.FailedPrecondition, failure.BackupStagingUnsafe, "%v", err)
 	}
 	for _, e := range ents {
 		if strings.HasPrefix(e.Name(), stagingPrefix) {

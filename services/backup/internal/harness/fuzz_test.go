@@ -12,14 +12,14 @@ import (
 
 // FuzzManifest parses arbitrary manifest bytes (seed corpus in
 // testdata/fuzz/FuzzManifest). It must never panic; every refusal is
-// CodeManifestInvalid; an accepted manifest survives a canonical round trip
+// failure.RunnerHarnessBackupManifestInvalid; an accepted manifest survives a canonical round trip
 // with the same digest.
 func FuzzManifest(f *testing.F) {
 	f.Add([]byte(`{}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		m, err := ParseManifest(data)
 		if err != nil {
-			if failure.CodeOf(err) != CodeManifestInvalid {
+			if failure.CodeOf(err) != failure.RunnerHarnessBackupManifestInvalid {
 				t.Fatalf("unexpected code: %v", err)
 			}
 			return

@@ -54,7 +54,7 @@ func TestB2_CodexHomeExcludesScratchAndCredentials(t *testing.T) {
 	require.Equal(t, []string{"codex-home/auth.json"}, p.ExclusionsAnywhere())
 	require.Equal(t, []string{"codex-home/tmp", "codex-home/.tmp", "codex-home/auth.json", "codex-home/config.toml"}, p.Exclusions())
 	_, err = ResolveProfile("claude_local")
-	require.Equal(t, CodeProviderUnsupported, failure.CodeOf(err))
+	require.EqualValues(t, failure.RunnerHarnessProviderUnsupported, failure.CodeOf(err))
 }
 
 // backupExecution mirrors the seed's execution input.
@@ -142,14 +142,14 @@ func TestB3_BuildWithoutProviderSessionIdentityIsStateMismatch(t *testing.T) {
 	put(t, filepath.Join(current, "runner", "runner-state.json"), "runner-state")
 	require.NoError(t, os.MkdirAll(filepath.Join(current, "codex-home"), 0o700))
 	_, err := BuildFromRoot(current, BuildInput{Execution: backupExecution(), RunnerInstanceID: "runner-1", SourceLeaseID: "sandbox-1"})
-	require.Equal(t, CodeStateMismatch, failure.CodeOf(err))
+	require.EqualValues(t, failure.RunnerHarnessStateMismatch, failure.CodeOf(err))
 	require.ErrorContains(t, err, "runner_harness_state_mismatch")
 
 	// A missing profile directory is a mismatch as well.
 	require.NoError(t, os.RemoveAll(filepath.Join(current, "codex-home")))
 	_, err = BuildFromRoot(current, BuildInput{Execution: backupExecution(), RunnerInstanceID: "runner-1",
 		ProviderSessionIdentity: SessionIdentity{ProviderSessionID: "thread-1"}})
-	require.Equal(t, CodeStateMismatch, failure.CodeOf(err))
+	require.EqualValues(t, failure.RunnerHarnessStateMismatch, failure.CodeOf(err))
 	require.ErrorContains(t, err, "codex-home is missing")
 
 	// Any one identity field is enough.
@@ -231,7 +231,7 @@ func TestB3_RestoresIntoFreshNonReusableSandboxOnly(t *testing.T) {
 	for _, c := range cases {
 		got, err := DecideRestore(c.outcome, c.reusable, c.inPlace, c.backup)
 		if c.mismatch {
-			require.Equal(t, CodeStateMismatch, failure.CodeOf(err), "%+v", c)
+			require.EqualValues(t, failure.RunnerHarnessStateMismatch, failure.CodeOf(err), "%+v", c)
 			continue
 		}
 		require.NoError(t, err, "%+v", c)
@@ -260,11 +260,11 @@ func TestManifestRoundTripAndStrictParsing(t *testing.T) {
 		"too big":       string(make([]byte, MaxManifestBytes+1)),
 	} {
 		_, err := ParseManifest([]byte(bad))
-		require.Equal(t, CodeManifestInvalid, failure.CodeOf(err), name)
+		require.EqualValues(t, failure.RunnerHarnessBackupManifestInvalid, failure.CodeOf(err), name)
 	}
 	m2 := *m
 	m2.Directories = append(m2.Directories, m2.Directories[0])
 	data, _ = m2.CanonicalJSON()
 	_, err = ParseManifest(data)
-	require.Equal(t, CodeManifestInvalid, failure.CodeOf(err))
+	require.EqualValues(t, failure.RunnerHarnessBackupManifestInvalid, failure.CodeOf(err))
 }

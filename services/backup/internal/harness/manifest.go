@@ -28,9 +28,6 @@ const RunnerContractVersion = 2
 // MaxManifestBytes bounds a manifest's JSON.
 const MaxManifestBytes = 64 << 10
 
-// CodeManifestInvalid: a manifest that does not parse or is not well formed.
-const CodeManifestInvalid = "runner_harness_backup_manifest_invalid"
-
 // TimeLayout renders completedAt (UTC, milliseconds).
 const TimeLayout = "2006-01-02T15:04:05.000Z"
 
@@ -185,11 +182,11 @@ type BuildInput struct {
 type DigestFunc func(name string) (digest.Result, error)
 
 func mismatch(format string, args ...any) error {
-	return failure.New(codes.FailedPrecondition, CodeStateMismatch, format, args...)
+	return failure.New(codes.FailedPrecondition, failure.RunnerHarnessStateMismatch, format, args...)
 }
 
 // Build builds the manifest of a backup whose directories digest yields. It
-// fails with CodeStateMismatch when the provider session identity is
+// fails with failure.RunnerHarnessStateMismatch when the provider session identity is
 // missing (all three fields empty) or a profile directory is missing;
 // directories are listed in profile order.
 func Build(in BuildInput, digests DigestFunc) (*Manifest, error) {
@@ -210,7 +207,7 @@ func Build(in BuildInput, digests DigestFunc) (*Manifest, error) {
 	id.DriverKind = prof.DriverKind
 	fp, err := id.Fingerprint()
 	if err != nil {
-		return nil, failure.Wrap(err, codes.InvalidArgument, CodeStateMismatch, "execution identity: %v", err)
+		return nil, failure.Wrap(err, codes.InvalidArgument, failure.RunnerHarnessStateMismatch, "execution identity: %v", err)
 	}
 	at := in.CompletedAt
 	if at.IsZero() {
@@ -253,10 +250,10 @@ var dirNameRE = regexp.MustCompile(`^[A-Za-z0-9._-]+$`)
 // ParseManifest parses a manifest strictly: at most MaxManifestBytes, one
 // JSON object without repeated or unknown keys, this schema and contract
 // version, 1..4 directories with unique known names and well-formed digests,
-// a parseable completion time. Anything else is CodeManifestInvalid.
+// a parseable completion time. Anything else is failure.RunnerHarnessBackupManifestInvalid.
 func ParseManifest(data []byte) (*Manifest, error) {
 	bad := func(format string, args ...any) error {
-		return failure.New(codes.InvalidArgument, CodeManifestInvalid, format, args...)
+		return failure.New(codes.InvalidArgument, failure.RunnerHarnessBackupManifestInvalid, format, args...)
 	}
 	if len(data) > MaxManifestBytes {
 		return nil, bad("manifest is larger than %d bytes", MaxManifestBytes)

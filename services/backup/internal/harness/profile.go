@@ -32,14 +32,6 @@ const (
 // AllDirectories are every directory name a manifest may hold.
 var AllDirectories = []string{DirRunner, DirCodexHome, DirOpenCode, DirACPX}
 
-// CodeStateMismatch: the harness state is not what a backup needs (no
-// provider session identity, a profile directory missing, a layout other
-// than the profile's).
-const CodeStateMismatch = "runner_harness_state_mismatch"
-
-// CodeProviderUnsupported: no persistence profile for this provider kind.
-const CodeProviderUnsupported = "runner_harness_provider_unsupported"
-
 // Location says where a profile directory lives on the runner host.
 type Location string
 
@@ -84,7 +76,7 @@ var CodexHomeCredentialNames = []string{"auth.json"}
 // [runner, codex-home (without tmp, .tmp, auth.json, config.toml at the top
 // and any auth.json below)];
 // opencode → [runner, opencode]; acpx (any agent) → [runner, acpx]. Any
-// other kind is CodeProviderUnsupported.
+// other kind is failure.RunnerHarnessProviderUnsupported.
 func ResolveProfile(providerKind string) (Profile, error) {
 	runner := Directory{Name: DirRunner, Location: LocationRunner}
 	switch providerKind {
@@ -99,7 +91,7 @@ func ResolveProfile(providerKind string) (Profile, error) {
 		return Profile{ProviderKind: "acpx", DriverKind: DriverACPX, Directories: []Directory{runner,
 			{Name: DirACPX, Location: LocationFilesystem}}}, nil
 	}
-	return Profile{}, failure.New(codes.InvalidArgument, CodeProviderUnsupported,
+	return Profile{}, failure.New(codes.InvalidArgument, failure.RunnerHarnessProviderUnsupported,
 		"no persistence profile for provider kind %q", providerKind)
 }
 

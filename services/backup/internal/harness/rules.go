@@ -97,7 +97,7 @@ const (
 // verified backup. A resumed sandbox must have complete state; a
 // replacement sandbox restores the backup; a created sandbox restores it by
 // ShouldRestoreIntoSandbox; otherwise complete in-place state is used, and
-// incomplete state while a backup exists is CodeStateMismatch — a new
+// incomplete state while a backup exists is failure.RunnerHarnessStateMismatch — a new
 // provider session is never started silently when provider state may exist.
 func DecideRestore(acquisitionOutcome string, reusableLeaseConfigured, inPlaceComplete, backupAvailable bool) (RestoreAction, error) {
 	switch {

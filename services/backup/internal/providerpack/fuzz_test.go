@@ -20,7 +20,7 @@ func FuzzProviderPack(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte) {
 		m, err := Parse(data)
 		if err != nil {
-			if failure.CodeOf(err) != Code {
+			if failure.CodeOf(err) != failure.RunnerRemoteProviderArtifactIncompatible {
 				t.Fatalf("unexpected code: %v", err)
 			}
 			return

@@ -56,9 +56,6 @@ import (
 	"github.com/tether-run/tether/pkg/failure"
 )
 
-// Code is the stable code of every provider-pack failure.
-const Code = "runner_remote_provider_artifact_incompatible"
-
 // FileName is the manifest's name inside a pack directory.
 const FileName = "provider-pack.json"
 
@@ -143,7 +140,7 @@ type Options struct {
 }
 
 func fail(format string, args ...any) error {
-	return failure.New(codes.FailedPrecondition, Code, format, args...)
+	return failure.New(codes.FailedPrecondition, failure.RunnerRemoteProviderArtifactIncompatible, format, args...)
 }
 
 // Parse runs checks 1–3 on the bytes of provider-pack.json.

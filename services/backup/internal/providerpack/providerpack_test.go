@@ -128,8 +128,8 @@ func (p *pack) artifacts() map[string]any { return p.payload["artifacts"].(map[s
 func requireFails(t *testing.T, err error, msg string) {
 	t.Helper()
 	require.Error(t, err)
-	require.Equal(t, Code, failure.CodeOf(err), "%v", err)
-	require.Equal(t, Code+": "+msg, err.Error())
+	require.EqualValues(t, failure.RunnerRemoteProviderArtifactIncompatible, failure.CodeOf(err), "%v", err)
+	require.Equal(t, failure.RunnerRemoteProviderArtifactIncompatible+": "+msg, err.Error())
 }
 
 func TestB1_AcceptsFullyDigestedPack(t *testing.T) {
@@ -219,7 +219,7 @@ func TestB1_ChangedDistFileIsTreeDigestMismatch(t *testing.T) {
 		p := newPack(t)
 		require.NoError(t, os.Symlink("/etc/passwd", filepath.Join(p.root, "dist", "lib", "link")))
 		_, err := Read(p.root)
-		require.Equal(t, Code, failure.CodeOf(err))
+		require.EqualValues(t, failure.RunnerRemoteProviderArtifactIncompatible, failure.CodeOf(err))
 		require.ErrorContains(t, err, "unsupported dist entry lib/link")
 	})
 }

@@ -26,22 +26,6 @@ import (
 // Schema names the stamp layout.
 const Schema = "tether.backup-stamp.v2"
 
-// Reasons a stamp does not verify.
-const (
-	ReasonIncomplete        = "backup_stamp_incomplete"
-	ReasonBadSignature      = "backup_stamp_signature_invalid"
-	ReasonLeaseMismatch     = "backup_stamp_lease_mismatch"
-	ReasonCheckpointMissing = "backup_stamp_checkpoint_missing"
-	ReasonManifestMismatch  = "backup_stamp_manifest_mismatch"
-	ReasonDigestMismatch    = "backup_digest_mismatch"
-)
-
-// Codes of Issue.
-const (
-	CodeLeaseMissing = "runner_harness_backup_lease_missing"
-	CodeScopeInvalid = "runner_harness_backup_scope_invalid"
-)
-
 const domain = "tether-backup-stamp-v2"
 
 var scopeRE = regexp.MustCompile(`^[0-9a-f]{64}$`)
@@ -69,14 +53,14 @@ func Sign(key []byte, s *backupv1.Stamp) {
 }
 
 // Issue signs a stamp for the manifest, authorised for authorizedLease
-// (CodeLeaseMissing when empty). The manifest must carry a session scope
-// (CodeScopeInvalid otherwise).
+// (failure.RunnerHarnessBackupLeaseMissing when empty). The manifest must carry a session scope
+// (failure.RunnerHarnessBackupScopeInvalid otherwise).
 func Issue(key []byte, m *harness.Manifest, authorizedLease string) (*backupv1.Stamp, error) {
 	if authorizedLease == "" {
-		return nil, failure.New(codes.InvalidArgument, CodeLeaseMissing, "a backup stamp needs the lease it is authorised for")
+		return nil, failure.New(codes.InvalidArgument, failure.RunnerHarnessBackupLeaseMissing, "a backup stamp needs the lease it is authorised for")
 	}
 	if !scopeRE.MatchString(m.SessionScope) {
-		return nil, failure.New(codes.InvalidArgument, CodeScopeInvalid, "session scope %q is not a scope digest", m.SessionScope)
+		return nil, failure.New(codes.InvalidArgument, failure.RunnerHarnessBackupScopeInvalid, "session scope %q is not a scope digest", m.SessionScope)
 	}
 	d, err := m.Digest()
 	if err != nil {
@@ -84,7 +68,7 @@ func Issue(key []byte, m *harness.Manifest, authorizedLease string) (*backupv1.S
 	}
 	at, err := time.Parse(time.RFC3339Nano, m.CompletedAt)
 	if err != nil {
-		return nil, failure.Wrap(err, codes.InvalidArgument, harness.CodeManifestInvalid, "completedAt: %v", err)
+		return nil, failure.Wrap(err, codes.InvalidArgument, failure.RunnerHarnessBackupManifestInvalid, "completedAt: %v", err)
 	}
 	s := &backupv1.Stamp{
 		Schema: Schema, ManifestDigest: d, SessionScope: m.SessionScope, NormalizedSessionId: m.NormalizedSessionID,
@@ -101,14 +85,14 @@ func Issue(key []byte, m *harness.Manifest, authorizedLease string) (*backupv1.S
 func Verify(key []byte, s *backupv1.Stamp, leaseID string) (ok bool, reason string) {
 	if s.GetSchema() != Schema || s.GetManifestDigest() == "" || !scopeRE.MatchString(s.GetSessionScope()) ||
 		s.GetRunnerInstanceId() == "" || s.GetLeaseId() == "" || s.GetCompletedAt() == nil || leaseID == "" {
-		return false, ReasonIncomplete
+		return false, failure.BackupStampIncomplete
 	}
 	sig, err := hex.DecodeString(s.GetSignature())
 	if err != nil || !hmac.Equal(sig, mac(key, s)) {
-		return false, ReasonBadSignature
+		return false, failure.BackupStampSignatureInvalid
 	}
 	if s.GetLeaseId() != leaseID {
-		return false, ReasonLeaseMismatch
+		return false, failure.BackupStampLeaseMismatch
 	}
 	return true, ""
 }
@@ -124,7 +108,7 @@ func VerifyBackup(key []byte, s *backupv1.Stamp, leaseID string, m *harness.Mani
 		return false, reason
 	}
 	if m == nil {
-		return false, ReasonCheckpointMissing
+		return false, failure.BackupStampCheckpointMissing
 	}
 	d, err := m.Digest()
 	at, terr := time.Parse(time.RFC3339Nano, m.CompletedAt)
@@ -132,10 +116,10 @@ func VerifyBackup(key []byte, s *backupv1.Stamp, leaseID string, m *harness.Mani
 		m.NormalizedSessionID != s.GetNormalizedSessionId() || m.RunnerInstanceID != s.GetRunnerInstanceId() ||
 		m.CheckpointID != s.GetCheckpointId() || m.SourceLeaseID != s.GetSourceLeaseId() ||
 		!at.Equal(s.GetCompletedAt().AsTime()) {
-		return false, ReasonManifestMismatch
+		return false, failure.BackupStampManifestMismatch
 	}
 	if !m.DirectoriesMatch(current) {
-		return false, ReasonDigestMismatch
+		return false, failure.BackupDigestMismatch
 	}
 	return true, ""
 }

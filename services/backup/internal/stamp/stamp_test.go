@@ -52,12 +52,12 @@ func TestB3_StampVerifiesOnlyForItsLeaseWhileDigestsMatch(t *testing.T) {
 	require.True(t, ok, reason)
 	ok, reason = VerifyBackup(key, s, "sandbox-2", m, digests)
 	require.False(t, ok)
-	require.Equal(t, ReasonLeaseMismatch, reason)
+	require.Equal(t, failure.BackupStampLeaseMismatch, reason)
 
 	put(t, filepath.Join(current, "runner", "runner-state.json"), "corrupt")
 	ok, reason = VerifyBackup(key, s, "sandbox-1", m, digests)
 	require.False(t, ok)
-	require.Equal(t, ReasonDigestMismatch, reason)
+	require.Equal(t, failure.BackupDigestMismatch, reason)
 	put(t, filepath.Join(current, "runner", "runner-state.json"), "runner-state")
 
 	// A re-issued stamp authorises a replacement lease; the old one does not.
@@ -73,17 +73,17 @@ func TestB3_StampVerifiesOnlyForItsLeaseWhileDigestsMatch(t *testing.T) {
 	other.RunnerInstanceID = "runner-2"
 	ok, reason = VerifyBackup(key, s, "sandbox-1", &other, digests)
 	require.False(t, ok)
-	require.Equal(t, ReasonManifestMismatch, reason)
+	require.Equal(t, failure.BackupStampManifestMismatch, reason)
 	ok, reason = VerifyBackup(key, s, "sandbox-1", nil, digests)
 	require.False(t, ok)
-	require.Equal(t, ReasonCheckpointMissing, reason)
+	require.Equal(t, failure.BackupStampCheckpointMissing, reason)
 
 	_, err = Issue(key, m, "")
-	require.Equal(t, CodeLeaseMissing, failure.CodeOf(err))
+	require.EqualValues(t, failure.RunnerHarnessBackupLeaseMissing, failure.CodeOf(err))
 	noScope := *m
 	noScope.SessionScope = "native-session"
 	_, err = Issue(key, &noScope, "sandbox-1")
-	require.Equal(t, CodeScopeInvalid, failure.CodeOf(err))
+	require.EqualValues(t, failure.RunnerHarnessBackupScopeInvalid, failure.CodeOf(err))
 }
 
 func TestB3_StampVerifiesOnlyForItsLeaseAndBytes(t *testing.T) {
@@ -102,18 +102,18 @@ func TestB3_StampVerifiesOnlyForItsLeaseAndBytes(t *testing.T) {
 		key    []byte
 		reason string
 	}{
-		"other lease":      {func(*backupv1.Stamp) {}, "lease-2", key, ReasonLeaseMismatch},
-		"changed manifest": {func(s *backupv1.Stamp) { s.ManifestDigest = "sha256:abd" }, "lease-1", key, ReasonBadSignature},
-		"changed time":     {func(s *backupv1.Stamp) { s.CompletedAt = timestamppb.New(time.Unix(1700000000, 6)) }, "lease-1", key, ReasonBadSignature},
-		"rebound lease":    {func(s *backupv1.Stamp) { s.LeaseId = "lease-2" }, "lease-2", key, ReasonBadSignature},
-		"source lease":     {func(s *backupv1.Stamp) { s.SourceLeaseId = "lease-9" }, "lease-1", key, ReasonBadSignature},
-		"checkpoint":       {func(s *backupv1.Stamp) { s.CheckpointId = "cp2" }, "lease-1", key, ReasonBadSignature},
-		"other key":        {func(*backupv1.Stamp) {}, "lease-1", []byte("another key of thirty-two bytes!"), ReasonBadSignature},
-		"missing field":    {func(s *backupv1.Stamp) { s.RunnerInstanceId = "" }, "lease-1", key, ReasonIncomplete},
-		"bad scope":        {func(s *backupv1.Stamp) { s.SessionScope = "s" }, "lease-1", key, ReasonIncomplete},
-		"old schema":       {func(s *backupv1.Stamp) { s.Schema = "" }, "lease-1", key, ReasonIncomplete},
-		"empty lease":      {func(*backupv1.Stamp) {}, "", key, ReasonIncomplete},
-		"garbage sig":      {func(s *backupv1.Stamp) { s.Signature = "zz" }, "lease-1", key, ReasonBadSignature},
+		"other lease":      {func(*backupv1.Stamp) {}, "lease-2", key, failure.BackupStampLeaseMismatch},
+		"changed manifest": {func(s *backupv1.Stamp) { s.ManifestDigest = "sha256:abd" }, "lease-1", key, failure.BackupStampSignatureInvalid},
+		"changed time":     {func(s *backupv1.Stamp) { s.CompletedAt = timestamppb.New(time.Unix(1700000000, 6)) }, "lease-1", key, failure.BackupStampSignatureInvalid},
+		"rebound lease":    {func(s *backupv1.Stamp) { s.LeaseId = "lease-2" }, "lease-2", key, failure.BackupStampSignatureInvalid},
+		"source lease":     {func(s *backupv1.Stamp) { s.SourceLeaseId = "lease-9" }, "lease-1", key, failure.BackupStampSignatureInvalid},
+		"checkpoint":       {func(s *backupv1.Stamp) { s.CheckpointId = "cp2" }, "lease-1", key, failure.BackupStampSignatureInvalid},
+		"other key":        {func(*backupv1.Stamp) {}, "lease-1", []byte("another key of thirty-two bytes!"), failure.BackupStampSignatureInvalid},
+		"missing field":    {func(s *backupv1.Stamp) { s.RunnerInstanceId = "" }, "lease-1", key, failure.BackupStampIncomplete},
+		"bad scope":        {func(s *backupv1.Stamp) { s.SessionScope = "s" }, "lease-1", key, failure.BackupStampIncomplete},
+		"old schema":       {func(s *backupv1.Stamp) { s.Schema = "" }, "lease-1", key, failure.BackupStampIncomplete},
+		"empty lease":      {func(*backupv1.Stamp) {}, "", key, failure.BackupStampIncomplete},
+		"garbage sig":      {func(s *backupv1.Stamp) { s.Signature = "zz" }, "lease-1", key, failure.BackupStampSignatureInvalid},
 	}
 	for name, c := range cases {
 		t.Run(name, func(t *testing.T) {

@@ -23,9 +23,6 @@ import (
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 )
 
-// CodeProviderNotAdmitted is the stable code of every refusal.
-const CodeProviderNotAdmitted = "provider_not_admitted"
-
 // MetadataField is the ErrorInfo metadata key naming the refused field.
 const MetadataField = "field"
 
@@ -135,7 +132,7 @@ func contains(set []string, v string) bool {
 }
 
 func refuse(field, format string, args ...any) error {
-	err := failure.New(codes.InvalidArgument, CodeProviderNotAdmitted, format, args...)
+	err := failure.New(codes.InvalidArgument, failure.ProviderNotAdmitted, format, args...)
 	err.Metadata = map[string]string{MetadataField: field}
 	return err
 }

@@ -45,7 +45,7 @@ func TestE12_RejectsACPXPiBeforeConstructingABackend(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			err := Check(&prpv1.ExecutionInput{Provider: tc.provider})
 			require.Error(t, err)
-			require.Equal(t, "provider_not_admitted", failure.CodeOf(err))
+			require.EqualValues(t, "provider_not_admitted", failure.CodeOf(err))
 			require.Equal(t, codes.InvalidArgument, status.Code(err))
 			require.Contains(t, err.Error(), "descriptor-confined verified launch")
 			require.Equal(t, "provider.agent", refusedField(t, err))
@@ -77,14 +77,14 @@ func TestE12_RefusesUnqualifiedProviders(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			err := Check(&prpv1.ExecutionInput{Provider: tc.provider})
-			require.Equal(t, "provider_not_admitted", failure.CodeOf(err))
+			require.EqualValues(t, "provider_not_admitted", failure.CodeOf(err))
 			require.Equal(t, codes.InvalidArgument, status.Code(err))
 			require.Equal(t, tc.field, refusedField(t, err))
 		})
 	}
 	require.Equal(t, "", DriverKind(&prpv1.Provider{Kind: "claude_managed"}))
 	require.Equal(t, "", DriverKind(nil))
-	require.Equal(t, "provider_not_admitted", failure.CodeOf(Check(nil)))
+	require.EqualValues(t, "provider_not_admitted", failure.CodeOf(Check(nil)))
 }
 
 // refusedField reads the refused field from the error's gRPC ErrorInfo, as a

@@ -235,7 +235,7 @@ func (s *Server) ResolveRuntimeRequest(ctx context.Context, req *executorv1.Reso
 				return err
 			}
 			if !pending {
-				return failure.New(codes.FailedPrecondition, "runtime_request_no_longer_pending",
+				return failure.New(codes.FailedPrecondition, failure.RuntimeRequestNoLongerPending,
 					"runtime request %s of run %s is not pending", req.GetRequestId(), req.GetRunId())
 			}
 			return nil
@@ -281,7 +281,7 @@ func (s *Server) WatchRun(req *executorv1.WatchRunRequest, stream executorv1.Exe
 		return failure.ToStatus(err)
 	}
 	if req.GetAfterSeq() > run.GetEventCount() {
-		return failure.New(codes.OutOfRange, "watch_cursor_out_of_range",
+		return failure.New(codes.OutOfRange, failure.WatchCursorOutOfRange,
 			"after_seq %d is beyond the run's last event %d", req.GetAfterSeq(), run.GetEventCount())
 	}
 	if run.GetEndedAt() != nil && req.GetAfterSeq() >= run.GetEventCount() {
@@ -296,7 +296,7 @@ func (s *Server) WatchRun(req *executorv1.WatchRunRequest, stream executorv1.Exe
 		case errors.As(err, &slow):
 			return watchTooSlow(slow)
 		case errors.Is(err, watch.ErrStopped):
-			return failure.New(codes.Unavailable, "executor_draining",
+			return failure.New(codes.Unavailable, failure.ExecutorDraining,
 				"this executor is shutting down; resume the watch from cursor %d", w.Cursor())
 		case err != nil:
 			return failure.ToStatus(err)
@@ -329,13 +329,8 @@ func (s *Server) WatchRun(req *executorv1.WatchRunRequest, stream executorv1.Exe
 	}
 }
 
-// CodeWatchTooSlow cuts off a watcher whose unsent events exceeded its
-// buffer; it resumes with WatchRun from the after_seq in the ErrorInfo
-// metadata (the last seq it was sent).
-const CodeWatchTooSlow = "watch_consumer_too_slow"
-
 func watchTooSlow(e *watch.ErrTooSlow) error {
-	f := failure.New(codes.Unavailable, CodeWatchTooSlow,
+	f := failure.New(codes.Unavailable, failure.WatchConsumerTooSlow,
 		"the watcher fell %d events behind the run; resume the watch from cursor %d", e.Buffer, e.Cursor)
 	f.Metadata = map[string]string{"after_seq": strconv.FormatUint(e.Cursor, 10)}
 	return f

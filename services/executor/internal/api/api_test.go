@@ -122,7 +122,7 @@ func TestSubmitRunBadInputIsInvalidArgumentNamingFieldsAndWritesNothing(t *testi
 	in.Provider.Kind = "opencode"
 	_, err := e.client.SubmitRun(ctx, &executorv1.SubmitRunRequest{RunId: "r4", Input: in})
 	require.Equal(t, codes.InvalidArgument, status.Code(err))
-	require.Equal(t, "provider_not_admitted", failure.CodeOf(err))
+	require.EqualValues(t, "provider_not_admitted", failure.CodeOf(err))
 
 	list, err := e.client.ListRuns(ctx, &executorv1.ListRunsRequest{})
 	require.NoError(t, err)
@@ -144,10 +144,10 @@ func TestSubmitRunTwiceYieldsOneRun(t *testing.T) {
 	other.Input.Task.Prompt = "different"
 	_, err = e.client.SubmitRun(ctx, other)
 	require.Equal(t, codes.AlreadyExists, status.Code(err))
-	require.Equal(t, "run_id_conflict", failure.CodeOf(err))
+	require.EqualValues(t, "run_id_conflict", failure.CodeOf(err))
 	_, err = e.client.GetRun(ctx, &executorv1.GetRunRequest{RunId: "nope"})
 	require.Equal(t, codes.NotFound, status.Code(err))
-	require.Equal(t, "run_not_found", failure.CodeOf(err))
+	require.EqualValues(t, "run_not_found", failure.CodeOf(err))
 }
 
 func ev(run string, seq uint64, typ string) *prpv1.Event {
@@ -214,5 +214,5 @@ func TestWatchRunStreamsLiveThenReplaysTheSameSequence(t *testing.T) {
 	require.NoError(t, err)
 	_, err = beyond.Recv()
 	require.Equal(t, codes.OutOfRange, status.Code(err))
-	require.Equal(t, "watch_cursor_out_of_range", failure.CodeOf(err))
+	require.EqualValues(t, "watch_cursor_out_of_range", failure.CodeOf(err))
 }

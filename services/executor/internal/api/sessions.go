@@ -20,7 +20,7 @@ func (s *Server) GetSession(ctx context.Context, req *executorv1.GetSessionReque
 		return nil, failure.ToStatus(err)
 	}
 	if len(groups) == 0 {
-		return nil, failure.New(codes.NotFound, "session_not_found", "company %q has no session %q", req.GetCompanyId(), req.GetNormalizedSessionId())
+		return nil, failure.New(codes.NotFound, failure.SessionNotFound, "company %q has no session %q", req.GetCompanyId(), req.GetNormalizedSessionId())
 	}
 	out := &executorv1.GetSessionResponse{}
 	for _, g := range groups {
@@ -74,11 +74,11 @@ func (s *Server) CloseSession(ctx context.Context, req *executorv1.CloseSessionR
 		return nil, failure.ToStatus(err)
 	}
 	if len(groups) == 0 {
-		return nil, failure.New(codes.NotFound, "session_not_found", "company %q has no session %q", req.GetCompanyId(), req.GetNormalizedSessionId())
+		return nil, failure.New(codes.NotFound, failure.SessionNotFound, "company %q has no session %q", req.GetCompanyId(), req.GetNormalizedSessionId())
 	}
 	for _, g := range groups {
 		if g.Open {
-			return nil, failure.New(codes.Aborted, "native_session_supervisor_busy",
+			return nil, failure.New(codes.Aborted, failure.NativeSessionSupervisorBusy,
 				"session %q has a run queued or in flight; close it after the run ends", req.GetNormalizedSessionId())
 		}
 	}
@@ -90,11 +90,11 @@ func (s *Server) CloseSession(ctx context.Context, req *executorv1.CloseSessionR
 	if req.GetSuspend() {
 		// R5: a verified suspension per scope, recorded like an idle close.
 		if s.Suspender == nil {
-			return nil, failure.New(codes.Unavailable, "runner_gateway_unavailable", "no gateway configured")
+			return nil, failure.New(codes.Unavailable, failure.RunnerGatewayUnavailable, "no gateway configured")
 		}
 		for _, g := range groups {
 			cp, err := s.Suspender.Suspend(ctx, g.Scope, g.Last.GetRunId(), g.Last.GetInput(), reason, true)
-			if failure.CodeOf(err) == "runner_state_missing" {
+			if failure.CodeOf(err) == failure.RunnerStateMissing {
 				continue // the scope never got a runner: nothing to suspend
 			}
 			if err != nil {
@@ -123,7 +123,7 @@ func (s *Server) CloseSession(ctx context.Context, req *executorv1.CloseSessionR
 // continues it) and files what the runner emitted meanwhile under its runs.
 func (s *Server) closeRunner(ctx context.Context, runID string, in *prpv1.ExecutionInput, reason string) error {
 	if s.Gateway == nil {
-		return failure.New(codes.Unavailable, "runner_gateway_unavailable", "no gateway configured")
+		return failure.New(codes.Unavailable, failure.RunnerGatewayUnavailable, "no gateway configured")
 	}
 	resp, err := s.Gateway.CloseRunner(ctx, &gatewayv1.CloseRunnerRequest{Input: in, RunId: runID, Reason: reason})
 	if err != nil {

@@ -23,7 +23,6 @@ import (
 	"github.com/tether-run/tether/pkg/failure"
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
-	"github.com/tether-run/tether/services/executor/internal/api"
 	"github.com/tether-run/tether/services/executor/internal/store"
 	"github.com/tether-run/tether/services/executor/internal/watch"
 )
@@ -208,7 +207,7 @@ func TestWatchRunCutsOffAStalledWatcherWithoutDelayingOthersAndItResumesFromItsC
 		m, err := stalled.Recv()
 		if err != nil {
 			require.Equal(t, codes.Unavailable, status.Code(err), "%v", err)
-			require.Equal(t, api.CodeWatchTooSlow, failure.CodeOf(err))
+			require.EqualValues(t, failure.WatchConsumerTooSlow, failure.CodeOf(err))
 			var after string
 			for _, d := range status.Convert(err).Details() {
 				if info, ok := d.(*errdetails.ErrorInfo); ok {

@@ -8,27 +8,14 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"regexp"
 	"sync"
 	"time"
-
-	"google.golang.org/grpc/codes"
 
 	"github.com/tether-run/tether/pkg/failure"
 )
 
 // Stable codes.
 const (
-	CodeSteeringUnsupported          = "steering_unsupported"
-	CodeSteeringStaleTurn            = "steering_stale_turn"
-	CodeSteeringRejected             = "steering_rejected"
-	CodeSteeringTimeout              = "steering_timeout"
-	CodeSteeringUnavailable          = "steering_temporarily_unavailable"
-	CodeSessionNotActive             = "native_session_not_active"
-	CodeResolutionUnsupported        = "runtime_request_resolution_unsupported"
-	CodeRequestStaleTurn             = "runtime_request_stale_turn"
-	CodeResolutionConflict           = "runtime_request_resolution_conflict"
-	CodeToolAuthorityRevoked         = "native_tool_authority_epoch_revoked"
 	DefaultSteerTimeout              = 10 * time.Second
 	maxCompletedReservationsPerRun   = 256
 	dispositionAvailable             = "available"
@@ -63,21 +50,6 @@ type Session interface {
 	ResolveRuntimeRequest(ctx context.Context, commandID, requestID, turnID string, resolution map[string]any) error
 	// CompleteToolCall answers a dynamic tool call of this session.
 	CompleteToolCall(ctx context.Context, callID string, success bool, text string) (commandID string, err error)
-}
-
-// Error is a steering or resolution refusal; all are retryable by the
-// caller. It maps to gRPC FailedPrecondition (DeadlineExceeded for a timeout).
-func newError(code, format string, args ...any) error {
-	c := codes.FailedPrecondition
-	switch code {
-	case CodeSteeringTimeout:
-		c = codes.DeadlineExceeded
-	case CodeSessionNotActive, CodeSteeringUnavailable:
-		c = codes.Unavailable
-	case CodeResolutionConflict:
-		c = codes.Aborted
-	}
-	return failure.New(c, code, format, args...)
 }
 
 type entry struct {
@@ -164,31 +136,26 @@ func (r *Registry) SteeringState(ctx context.Context, runID string) (SteeringSta
 	return SteeringState{Disposition: dispositionAvailable, ActiveTurnID: turn}, nil
 }
 
-var (
-	staleRe       = regexp.MustCompile(`(?i)stale|terminal|active turn`)
-	unsupportedRe = regexp.MustCompile(`(?i)unsupported|unavailable|capability`)
-)
-
 // Steer sends a user message into the run's active provider turn and waits
 // at most timeout (default 10 s) for the provider's acknowledgement.
 func (r *Registry) Steer(ctx context.Context, runID, text, correlationID string, timeout time.Duration) (string, error) {
 	e := r.session(runID)
 	if e == nil {
-		return "", newError(CodeSteeringUnavailable, "run %s has no live provider session here", runID)
+		return "", failure.Newf(failure.SteeringTemporarilyUnavailable, "run %s has no live provider session here", runID)
 	}
 	caps, err := e.session.Capabilities(ctx)
 	if err != nil {
 		return "", err
 	}
 	if !caps.Steering {
-		return "", newError(CodeSteeringUnsupported, "the provider of run %s cannot be steered", runID)
+		return "", failure.Newf(failure.SteeringUnsupported, "the provider of run %s cannot be steered", runID)
 	}
 	turn, err := e.session.ActiveTurnID(ctx)
 	if err != nil {
 		return "", err
 	}
 	if turn == "" {
-		return "", newError(CodeSteeringStaleTurn, "run %s has no active provider turn", runID)
+		return "", failure.Newf(failure.SteeringStaleTurn, "run %s has no active provider turn", runID)
 	}
 	if timeout <= 0 {
 		timeout = DefaultSteerTimeout
@@ -204,22 +171,19 @@ func (r *Registry) Steer(ctx context.Context, runID, text, correlationID string,
 		if err == nil {
 			return turn, nil
 		}
-		if code := failure.CodeOf(err); code == CodeSteeringTimeout || errors.Is(err, context.DeadlineExceeded) {
-			return "", newError(CodeSteeringTimeout, "the provider did not acknowledge within %s", timeout)
-		}
-		switch msg := err.Error(); {
-		case staleRe.MatchString(msg):
-			return "", newError(CodeSteeringStaleTurn, "%s", msg)
-		case unsupportedRe.MatchString(msg):
-			return "", newError(CodeSteeringUnsupported, "%s", msg)
+		switch code := failure.CodeOf(err); {
+		case code == failure.SteeringTimeout || errors.Is(err, context.DeadlineExceeded):
+			return "", failure.Newf(failure.SteeringTimeout, "the provider did not acknowledge within %s", timeout)
+		case code == failure.SteeringStaleTurn || code == failure.SteeringUnsupported || code == failure.SteeringRejected:
+			return "", err
 		default:
-			return "", newError(CodeSteeringRejected, "%s", msg)
+			return "", failure.Newf(failure.SteeringRejected, "%s", err.Error())
 		}
 	case <-sctx.Done():
 		if ctx.Err() != nil {
 			return "", failure.ToStatus(ctx.Err())
 		}
-		return "", newError(CodeSteeringTimeout, "the provider did not acknowledge within %s", timeout)
+		return "", failure.Newf(failure.SteeringTimeout, "the provider did not acknowledge within %s", timeout)
 	}
 }
 
@@ -239,21 +203,21 @@ type ResolveInput struct {
 func (r *Registry) ResolveRuntimeRequest(ctx context.Context, in ResolveInput) (string, error) {
 	e := r.session(in.RunID)
 	if e == nil {
-		return "", newError(CodeSessionNotActive, "run %s has no live provider session here", in.RunID)
+		return "", failure.Newf(failure.NativeSessionNotActive, "run %s has no live provider session here", in.RunID)
 	}
 	caps, err := e.session.Capabilities(ctx)
 	if err != nil {
 		return "", err
 	}
 	if !caps.RuntimeRequestResolution {
-		return "", newError(CodeResolutionUnsupported, "the provider of run %s cannot resolve runtime requests", in.RunID)
+		return "", failure.Newf(failure.RuntimeRequestResolutionUnsupported, "the provider of run %s cannot resolve runtime requests", in.RunID)
 	}
 	turn, err := e.session.ActiveTurnID(ctx)
 	if err != nil {
 		return "", err
 	}
 	if turn != in.TurnID {
-		return "", newError(CodeRequestStaleTurn, "request %s belongs to turn %s; the active turn is %q", in.RequestID, in.TurnID, turn)
+		return "", failure.Newf(failure.RuntimeRequestStaleTurn, "request %s belongs to turn %s; the active turn is %q", in.RequestID, in.TurnID, turn)
 	}
 	fp, err := json.Marshal(map[string]any{"turnId": in.TurnID, "resolution": in.Resolution})
 	if err != nil {
@@ -262,7 +226,7 @@ func (r *Registry) ResolveRuntimeRequest(ctx context.Context, in ResolveInput) (
 	r.mu.Lock()
 	if cur := r.sessions[in.RunID]; cur != e {
 		r.mu.Unlock()
-		return "", newError(CodeSessionNotActive, "run %s's session changed", in.RunID)
+		return "", failure.Newf(failure.NativeSessionNotActive, "run %s's session changed", in.RunID)
 	}
 	byReq := r.resv[in.RunID]
 	if byReq == nil {
@@ -272,7 +236,7 @@ func (r *Registry) ResolveRuntimeRequest(ctx context.Context, in ResolveInput) (
 	if res, ok := byReq[in.RequestID]; ok {
 		r.mu.Unlock()
 		if res.fingerprint != string(fp) {
-			return "", newError(CodeResolutionConflict, "request %s is already being resolved differently", in.RequestID)
+			return "", failure.Newf(failure.RuntimeRequestResolutionConflict, "request %s is already being resolved differently", in.RequestID)
 		}
 		select {
 		case <-res.done:
@@ -316,7 +280,7 @@ func (r *Registry) dispatch(ctx context.Context, e *entry, in ResolveInput, comm
 	same := r.sessions[in.RunID] == e
 	r.mu.Unlock()
 	if !same {
-		return newError(CodeSessionNotActive, "run %s's session changed during authorisation", in.RunID)
+		return failure.Newf(failure.NativeSessionNotActive, "run %s's session changed during authorisation", in.RunID)
 	}
 	return e.session.ResolveRuntimeRequest(ctx, commandID, in.RequestID, in.TurnID, in.Resolution)
 }
@@ -347,7 +311,7 @@ func (r *Registry) pruneLocked(runID string) {
 func (r *Registry) CompleteToolCall(ctx context.Context, runID, callID string, success bool, text string) (string, error) {
 	e := r.session(runID)
 	if e == nil {
-		return "", newError(CodeToolAuthorityRevoked, "run %s no longer holds tool authority", runID)
+		return "", failure.Newf(failure.NativeToolAuthorityEpochRevoked, "run %s no longer holds tool authority", runID)
 	}
 	return e.session.CompleteToolCall(ctx, callID, success, text)
 }

@@ -97,9 +97,9 @@ func TestE9_KeepsFailuresRetryableWithStableCodes(t *testing.T) {
 		prepare func(*fakeSession)
 		code    string
 	}{
-		"unsupported provider": {func(s *fakeSession) { s.caps.Steering = false }, CodeSteeringUnsupported},
-		"stale turn":           {func(s *fakeSession) { s.activeTurn = "" }, CodeSteeringStaleTurn},
-		"provider rejection":   {func(s *fakeSession) { s.steerErr = errors.New("request rejected") }, CodeSteeringRejected},
+		"unsupported provider": {func(s *fakeSession) { s.caps.Steering = false }, failure.SteeringUnsupported},
+		"stale turn":           {func(s *fakeSession) { s.activeTurn = "" }, failure.SteeringStaleTurn},
+		"provider rejection":   {func(s *fakeSession) { s.steerErr = errors.New("request rejected") }, failure.SteeringRejected},
 	}
 	for name, c := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -108,12 +108,12 @@ func TestE9_KeepsFailuresRetryableWithStableCodes(t *testing.T) {
 			c.prepare(s)
 			defer r.Attach("run-1", s)()
 			_, err := r.Steer(context.Background(), "run-1", "Retryable steering", "queued-comment-error", 0)
-			require.Equal(t, c.code, failure.CodeOf(err))
+			require.EqualValues(t, c.code, failure.CodeOf(err))
 		})
 	}
 	r := registry()
 	_, err := r.Steer(context.Background(), "nobody", "x", "y", 0)
-	require.Equal(t, CodeSteeringUnavailable, failure.CodeOf(err))
+	require.EqualValues(t, failure.SteeringTemporarilyUnavailable, failure.CodeOf(err))
 	st, err := r.SteeringState(context.Background(), "nobody")
 	require.NoError(t, err)
 	require.Equal(t, "temporarily_unavailable", st.Disposition)
@@ -125,7 +125,7 @@ func TestE9_BoundsTheProviderAcknowledgementWait(t *testing.T) {
 	s.steerBlock = true
 	defer r.Attach("run-1", s)()
 	_, err := r.Steer(context.Background(), "run-1", "Do not wait forever", "queued-comment-timeout", 5*time.Millisecond)
-	require.Equal(t, CodeSteeringTimeout, failure.CodeOf(err))
+	require.EqualValues(t, failure.SteeringTimeout, failure.CodeOf(err))
 }
 
 func TestE8_RevalidatesLifecycleAfterProviderReadsAndBlocksStaleDispatch(t *testing.T) {
@@ -144,7 +144,7 @@ func TestE8_RevalidatesLifecycleAfterProviderReadsAndBlocksStaleDispatch(t *test
 			return failure.New(409, "runtime_request_no_longer_pending", "answered elsewhere")
 		},
 	})
-	require.Equal(t, "runtime_request_no_longer_pending", failure.CodeOf(err))
+	require.EqualValues(t, "runtime_request_no_longer_pending", failure.CodeOf(err))
 	require.Equal(t, 1, authorized)
 	_, _, resolves := s.counts()
 	require.Zero(t, resolves, "nothing was sent to the provider")
@@ -172,7 +172,7 @@ func TestE8_AtomicallyJoinsDuplicateResponsesAndRejectsAConcurrentConflict(t *te
 	conflict := in
 	conflict.Resolution = map[string]any{"action": "cancel"}
 	_, err := r.ResolveRuntimeRequest(context.Background(), conflict)
-	require.Equal(t, CodeResolutionConflict, failure.CodeOf(err))
+	require.EqualValues(t, failure.RuntimeRequestResolutionConflict, failure.CodeOf(err))
 	require.EqualValues(t, 1, authCalls.Load())
 	_, _, resolves := s.counts()
 	require.Zero(t, resolves)
@@ -211,5 +211,5 @@ func TestE13_ToolAuthorityIsBoundToTheRunsLiveSession(t *testing.T) {
 	require.Equal(t, "tool/call-1", id)
 	detach() // the run ended; a continuation may take the scope
 	_, err = r.CompleteToolCall(context.Background(), "run-1", "call-2", true, "42")
-	require.Equal(t, CodeToolAuthorityRevoked, failure.CodeOf(err))
+	require.EqualValues(t, failure.NativeToolAuthorityEpochRevoked, failure.CodeOf(err))
 }

@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"strings"
 	"sync"
 	"time"
 
@@ -326,7 +325,7 @@ func (d *Dispatcher) drive(ctx context.Context, c *store.Claim, cancelCh <-chan 
 			return
 		}
 		wait := backoff
-		if failure.CodeOf(err) == "native_session_supervisor_busy" {
+		if failure.CodeOf(err) == failure.NativeSessionSupervisorBusy {
 			// The session's previous run is detaching from the runner
 			// (its terminal was just persisted): retry promptly.
 			wait = 10 * time.Millisecond
@@ -347,7 +346,7 @@ func (d *Dispatcher) recordFailure(ctx context.Context, c *store.Claim, err erro
 	source := recovery.SourceCode(err)
 	code := failure.CodeOf(err)
 	if code == "" {
-		code = "runner_attach_failed"
+		code = failure.RunnerAttachFailed
 	}
 	dec := recovery.DispositionWithDelay(int(c.Attempt), d.cfg.Clock(), source, d.cfg.RetryDelay)
 	if source == "" && permanent(err) {
@@ -355,13 +354,13 @@ func (d *Dispatcher) recordFailure(ctx context.Context, c *store.Claim, err erro
 		// under its own code.
 		dec = recovery.Decision{Phase: recovery.PhaseTerminalFailure, FailureCode: code}
 	}
-	proj := recovery.Projection(dec.Phase, dec.FailureCode, c.Input.GetBinding().GetAgentId())
+	proj := recovery.Projection(dec.Phase, string(dec.FailureCode), c.Input.GetBinding().GetAgentId())
 	rec := &executorv1.Recovery{
 		Exhausted: proj.Exhausted, IssueStatus: proj.IssueStatus, RecoveryOwnerKind: proj.RecoveryOwner.Kind,
 		RecoveryOwnerAgentId: proj.RecoveryActionOwnerAgentID, RecoveryActionCause: proj.RecoveryActionCause,
 		SupersedeOnIdentityChange: proj.SupersedeOnIdentityChange,
 	}
-	fd := store.FailureDecision{Retry: dec.Retry(), Code: dec.FailureCode, Message: err.Error(), Recovery: rec}
+	fd := store.FailureDecision{Retry: dec.Retry(), Code: string(dec.FailureCode), Message: err.Error(), Recovery: rec}
 	if dec.NextAttemptAt != nil {
 		fd.NextAttemptAt = *dec.NextAttemptAt
 		rec.NextAttemptAt = timestamppb.New(*dec.NextAttemptAt)
@@ -405,12 +404,11 @@ func lostTurn(evs []*prpv1.Event, runID string) error {
 			continue
 		}
 		p := ev.GetPayload().GetFields()
-		code := p["code"].GetStringValue()
+		code := failure.Reason(p["code"].GetStringValue())
 		if code == "" {
-			code = "provider_process_exited"
+			code = failure.ProviderProcessExited
 		}
-		msg := strings.TrimPrefix(p["message"].GetStringValue(), code+": ")
-		return failure.New(codes.Unavailable, code, "%s", msg)
+		return failure.New(codes.Unavailable, code, "%s", p["message"].GetStringValue())
 	}
 	return nil
 }
@@ -519,7 +517,7 @@ func (d *Dispatcher) attachOnce(ctx context.Context, c *store.Claim, cancelCh <-
 		if cl := first.GetClosed(); cl != nil {
 			return false, &closedError{cl.GetCode(), cl.GetMessage()}
 		}
-		return false, failure.New(codes.Internal, "runner_protocol_error", "gateway answered Open with %T", first.GetKind())
+		return false, failure.New(codes.Internal, failure.RunnerProtocolError, "gateway answered Open with %T", first.GetKind())
 	}
 	log = log.With("runner_instance_id", opened.GetRunnerInstanceId())
 	log.Info("attached", "reused", opened.GetReused(), "runner_acked_seq", opened.GetRunnerAckedSeq())
@@ -583,10 +581,10 @@ func (d *Dispatcher) attachOnce(ctx context.Context, c *store.Claim, cancelCh <-
 		}()
 	} else {
 		if err := recordRunner(); err != nil {
-			return failure.CodeOf(err) == store.CodeLeaseLost, err
+			return failure.CodeOf(err) == failure.NativeSessionLeaseLost, err
 		}
 		if err := recordControl(); err != nil {
-			return failure.CodeOf(err) == store.CodeLeaseLost, err
+			return failure.CodeOf(err) == failure.NativeSessionLeaseLost, err
 		}
 	}
 	if localReplaced {
@@ -726,7 +724,7 @@ func (d *Dispatcher) attachOnce(ctx context.Context, c *store.Claim, cancelCh <-
 				err := <-bookkept
 				bookkept = nil
 				if err != nil {
-					return failure.CodeOf(err) == store.CodeLeaseLost, err
+					return failure.CodeOf(err) == failure.NativeSessionLeaseLost, err
 				}
 			}
 			// The live session follows the runner's events before they are
@@ -737,12 +735,12 @@ func (d *Dispatcher) attachOnce(ctx context.Context, c *store.Claim, cancelCh <-
 			}
 			res, err := d.store.AppendEvents(ctx, c.Fence, evs)
 			if err != nil {
-				if failure.CodeOf(err) == store.CodeReplayConflict {
+				if failure.CodeOf(err) == failure.NativeEventReplayConflict {
 					log.Error("replay conflict", "err", err)
 					d.recordFailure(ctx, c, err, log)
 					return true, err
 				}
-				if failure.CodeOf(err) == store.CodeLeaseLost {
+				if failure.CodeOf(err) == failure.NativeSessionLeaseLost {
 					return true, err
 				}
 				return false, err
@@ -782,7 +780,7 @@ func (d *Dispatcher) attachOnce(ctx context.Context, c *store.Claim, cancelCh <-
 			if intent, ok := cancelIntents[r.GetCommandId()]; ok {
 				// completed, or the turn had already ended: either way the
 				// provider has nothing left to do for this run.
-				if r.GetStatus() == "completed" || r.GetCode() == "no_active_turn" {
+				if r.GetStatus() == "completed" || r.GetCode() == failure.NoActiveTurn {
 					d.acknowledgeCancellation(ctx, c, intent, log)
 				} else {
 					log.Error("cancellation dispatch refused", "code", r.GetCode(), "msg", r.GetMessage())
@@ -796,12 +794,12 @@ func (d *Dispatcher) attachOnce(ctx context.Context, c *store.Claim, cancelCh <-
 			switch r.GetStatus() {
 			case "completed", "pending":
 			default:
-				if r.GetCode() == "turn_already_active" {
+				if r.GetCode() == failure.TurnAlreadyActive {
 					continue // a re-attach found its turn still running
 				}
-				code := r.GetCode()
+				code := failure.Reason(r.GetCode())
 				if code == "" {
-					code = "runner_command_failed"
+					code = failure.RunnerCommandFailed
 				}
 				msg := fmt.Sprintf("%s %s: %s", r.GetCommandType(), r.GetStatus(), r.GetMessage())
 				log.Error("command refused", "code", code, "msg", msg)
@@ -828,7 +826,7 @@ func (d *Dispatcher) acknowledgeCancellation(ctx context.Context, c *store.Claim
 			log.Info("cancellation acknowledged", "intent_id", intent)
 			return
 		}
-		if try == 5 || failure.CodeOf(err) == store.CodeLeaseLost || ctx.Err() != nil {
+		if try == 5 || failure.CodeOf(err) == failure.NativeSessionLeaseLost || ctx.Err() != nil {
 			log.Error("acknowledging cancellation failed; it stays pending", "intent_id", intent, "err", err)
 			return
 		}
@@ -906,7 +904,7 @@ func (d *Dispatcher) replaceThroughBackup(ctx context.Context, c *store.Claim, l
 		resp, err = d.cfg.Gateway.SuspendRunner(ctx, &gatewayv1.SuspendRunnerRequest{
 			Input: prev, RunId: prevID, Reason: session.ReasonConfigChanged, ArchiveState: true})
 		// The gateway may not have seen this run detach yet.
-		if err == nil || failure.CodeOf(err) != "native_session_supervisor_busy" || wait > 2*time.Second {
+		if err == nil || failure.CodeOf(err) != failure.NativeSessionSupervisorBusy || wait > 2*time.Second {
 			break
 		}
 		select {
@@ -915,12 +913,12 @@ func (d *Dispatcher) replaceThroughBackup(ctx context.Context, c *store.Claim, l
 			return ctx.Err()
 		}
 	}
-	if failure.CodeOf(err) == "runner_harness_backup_unavailable" {
+	if failure.CodeOf(err) == failure.RunnerHarnessBackupUnavailable {
 		log.Warn("no backup verifier behind the gateway; replacing the warm session on its local state", "err", err)
 		d.mu.Lock()
 		d.localReplace[c.RunID] = true
 		d.mu.Unlock()
-		return failure.New(codes.Unavailable, "warm_session_replaced", "%s; re-attaching", CloseReasonConfigChanged)
+		return failure.New(codes.Unavailable, failure.WarmSessionReplaced, "%s; re-attaching", CloseReasonConfigChanged)
 	}
 	if err != nil {
 		return err
@@ -939,7 +937,7 @@ func (d *Dispatcher) replaceThroughBackup(ctx context.Context, c *store.Claim, l
 	d.replaced[c.RunID] = true
 	d.mu.Unlock()
 	log.Info("warm session checkpointed for its replacement", "checkpoint_id", cp.GetCheckpointId(), "provider_thread_id", resp.GetProviderThreadId())
-	return failure.New(codes.Unavailable, "warm_session_replaced", "%s; re-attaching to restore checkpoint %s", CloseReasonConfigChanged, cp.GetCheckpointId())
+	return failure.New(codes.Unavailable, failure.WarmSessionReplaced, "%s; re-attaching to restore checkpoint %s", CloseReasonConfigChanged, cp.GetCheckpointId())
 }
 
 // closeForReplacement closes the live provider session (the runner stops it
@@ -981,7 +979,7 @@ func (d *Dispatcher) closeForReplacement(ctx context.Context, c *store.Claim, se
 			}
 		}
 	}
-	return failure.New(codes.Unavailable, "warm_session_replaced", "%s; re-attaching", CloseReasonConfigChanged)
+	return failure.New(codes.Unavailable, failure.WarmSessionReplaced, "%s; re-attaching", CloseReasonConfigChanged)
 }
 
 // RunnerTarget maps the run's placement to the gateway's target: the

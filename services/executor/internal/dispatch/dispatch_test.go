@@ -125,7 +125,7 @@ func TestE7_LostRenewalSelfFencesTheDriver(t *testing.T) {
 	require.NoError(t, err)
 	k.renew(ctx)
 	require.Error(t, runCtx.Err())
-	require.Equal(t, store.CodeLeaseLost, failure.CodeOf(context.Cause(runCtx)))
+	require.EqualValues(t, failure.NativeSessionLeaseLost, failure.CodeOf(context.Cause(runCtx)))
 }
 
 func TestE7_DriverSelfFencesWhenRenewalsKeepFailing(t *testing.T) {
@@ -146,5 +146,5 @@ func TestE7_DriverSelfFencesWhenRenewalsKeepFailing(t *testing.T) {
 	k.held["r"].renewedAt = time.Now().Add(-2 * time.Second) // > TTL/2 since the last good renewal
 	k.mu.Unlock()
 	k.renew(ctx)
-	require.Equal(t, store.CodeLeaseLost, failure.CodeOf(context.Cause(runCtx)), "the driver stopped on its own")
+	require.EqualValues(t, failure.NativeSessionLeaseLost, failure.CodeOf(context.Cause(runCtx)), "the driver stopped on its own")
 }

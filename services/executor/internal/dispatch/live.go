@@ -2,7 +2,6 @@ package dispatch
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strconv"
 	"sync"
@@ -100,7 +99,7 @@ func (l *liveSession) call(ctx context.Context, cmd *prpv1.Command) (*prpv1.Comm
 		l.mu.Unlock()
 	}()
 	if err := l.send(&gatewayv1.AttachRequest{Kind: &gatewayv1.AttachRequest_Command{Command: cmd}}); err != nil {
-		return nil, failure.Wrap(err, codes.Unavailable, "runner_disconnected", "sending %s: %v", cmd.GetType(), err)
+		return nil, failure.Wrap(err, codes.Unavailable, failure.RunnerDisconnected, "sending %s: %v", cmd.GetType(), err)
 	}
 	select {
 	case r := <-ch:
@@ -130,12 +129,12 @@ func (l *liveSession) Steer(ctx context.Context, in control.SteerInput) error {
 	switch {
 	case r.GetStatus() == "completed":
 		return nil
-	case r.GetCode() == "no_active_turn" || r.GetCode() == "turn_mismatch":
-		return errors.New("stale: the active turn changed: " + r.GetMessage())
-	case r.GetCode() == "command_unsupported":
-		return errors.New("unsupported: " + r.GetMessage())
+	case r.GetCode() == failure.NoActiveTurn || r.GetCode() == failure.TurnMismatch:
+		return failure.Newf(failure.SteeringStaleTurn, "stale: the active turn changed: %s", r.GetMessage())
+	case r.GetCode() == failure.CommandUnsupported:
+		return failure.Newf(failure.SteeringUnsupported, "unsupported: %s", r.GetMessage())
 	}
-	return fmt.Errorf("%s: %s", r.GetCode(), r.GetMessage())
+	return failure.Newf(failure.SteeringRejected, "%s: %s", r.GetCode(), r.GetMessage())
 }
 
 // ResolveRuntimeRequest sends request.resolve with the reservation's
@@ -153,9 +152,9 @@ func (l *liveSession) ResolveRuntimeRequest(ctx context.Context, commandID, requ
 		return err
 	}
 	if r.GetStatus() != "completed" {
-		code := r.GetCode()
+		code := failure.Reason(r.GetCode())
 		if code == "" {
-			code = "runtime_request_rejected"
+			code = failure.RuntimeRequestRejected
 		}
 		return failure.New(codes.FailedPrecondition, code, "%s", r.GetMessage())
 	}
@@ -176,9 +175,9 @@ func (l *liveSession) CompleteToolCall(ctx context.Context, callID string, succe
 		return "", err
 	}
 	if r.GetStatus() != "completed" {
-		code := r.GetCode()
+		code := failure.Reason(r.GetCode())
 		if code == "" {
-			code = "tool_result_rejected"
+			code = failure.ToolResultRejected
 		}
 		return "", failure.New(codes.FailedPrecondition, code, "%s", r.GetMessage())
 	}

@@ -215,7 +215,7 @@ func TestC2_AKilledControllerIsRecoveredByANewExecutorProcess(t *testing.T) {
 	require.NoError(t, stream.Send(&gatewayv1.AttachRequest{Kind: &gatewayv1.AttachRequest_Open{Open: &gatewayv1.Open{
 		RunId: "c2-2", Fence: &gatewayv1.FencingToken{Owner: "executor", Attempt: 1}, Input: c.input("c2", slowTurn)}}}))
 	_, err = stream.Recv()
-	require.Equal(t, "runner_attempt_fenced", failure.CodeOf(err), "%v", err)
+	require.EqualValues(t, "runner_attempt_fenced", failure.CodeOf(err), "%v", err)
 
 	// C6: a healthy follow-up through the new controller reuses both
 	// processes.
@@ -249,7 +249,7 @@ func TestC3_AReplacementSandboxWithAnotherRunnerIdentityIsRefusedBeforeAnyReconn
 	_, err = c.client.SubmitRun(ctx, &executorv1.SubmitRunRequest{RunId: "c3-2", Input: c.input("c3", "again")})
 	require.NoError(t, err)
 	run := c.waitState(ctx, c.client, "c3-2", executorv1.RunState_RUN_STATE_FAILED)
-	require.Equal(t, durable.CodeIdentityMismatch, run.GetFailure().GetCode(), run.GetFailure().GetMessage())
+	require.Equal(t, failure.RunnerStateIdentityMismatch, run.GetFailure().GetCode(), run.GetFailure().GetMessage())
 	require.NoDirExists(t, root, "the unproven root was quarantined")
 	runners, err := c.gw.ListRunners(ctx, &gatewayv1.ListRunnersRequest{})
 	require.NoError(t, err)

@@ -47,10 +47,10 @@ func TestE9_SteeringThroughAnotherReplicaReachesTheActiveTurnOnce(t *testing.T) 
 
 	// After the turn: no active turn to steer, and no pending request to resolve.
 	_, err = h.client.SteerRun(ctx, &executorv1.SteerRunRequest{RunId: "steer", Message: "too late"})
-	require.Equal(t, "steering_temporarily_unavailable", failure.CodeOf(err))
+	require.EqualValues(t, "steering_temporarily_unavailable", failure.CodeOf(err))
 	res, _ := structpb.NewStruct(map[string]any{"decision": "accept"})
 	_, err = h.client.ResolveRuntimeRequest(ctx, &executorv1.ResolveRuntimeRequestRequest{RunId: "steer", RequestId: "0", TurnId: resp.GetTurnId(), Resolution: res})
-	require.Equal(t, "native_session_not_active", failure.CodeOf(err))
+	require.EqualValues(t, "native_session_not_active", failure.CodeOf(err))
 }
 
 func TestE8_ARuntimeRequestIsResolvedOnceThroughTheExecutor(t *testing.T) {
@@ -216,7 +216,7 @@ func TestE13_ARunRacingAnotherInTheSameScopeIsBusyAndStartsNothing(t *testing.T)
 	second, err := open("busy-2")
 	require.NoError(t, err)
 	_, err = second.Recv()
-	require.Equal(t, "native_session_supervisor_busy", failure.CodeOf(err))
+	require.EqualValues(t, "native_session_supervisor_busy", failure.CodeOf(err))
 	require.Zero(t, countLines(t, h.st.CallLog(), "turn/start"), "nothing was started")
 }
 
@@ -252,7 +252,7 @@ func TestE10_GetSessionAndCloseSession(t *testing.T) {
 	require.Equal(t, 2, countLines(t, h.st.CallLog(), "process-start"))
 
 	_, err = h.client.GetSession(ctx, &executorv1.GetSessionRequest{CompanyId: "globex", NormalizedSessionId: "inspect"})
-	require.Equal(t, "session_not_found", failure.CodeOf(err))
+	require.EqualValues(t, "session_not_found", failure.CodeOf(err))
 }
 
 func TestE13_ADynamicToolCallIsAnsweredThroughTheRunsToolAuthority(t *testing.T) {
@@ -288,5 +288,5 @@ func TestE13_ADynamicToolCallIsAnsweredThroughTheRunsToolAuthority(t *testing.T)
 
 	// The run ended: its tool authority is gone.
 	_, err = h.client.CompleteToolCall(ctx, &executorv1.CompleteToolCallRequest{RunId: "tool-run", CallId: callID, Success: true, Text: "again"})
-	require.Equal(t, "native_tool_authority_epoch_revoked", failure.CodeOf(err))
+	require.EqualValues(t, "native_tool_authority_epoch_revoked", failure.CodeOf(err))
 }

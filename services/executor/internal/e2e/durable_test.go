@@ -11,6 +11,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/tether-run/tether/pkg/failure"
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
 	"github.com/tether-run/tether/pkg/procid"
 	"github.com/tether-run/tether/pkg/scope"
@@ -101,7 +102,7 @@ func TestE13_ATerminalPriorRunWhoseRunnerDidNotSuspendIsQuarantinedAndTheRunStar
 
 	h.submit("q-2", "quarantine", "second")
 	run := h.waitState(ctx, h.client, "q-2", executorv1.RunState_RUN_STATE_FAILED)
-	require.Equal(t, durable.CodeIdentityMismatch, run.GetFailure().GetCode(), run.GetFailure().GetMessage())
+	require.Equal(t, failure.RunnerStateIdentityMismatch, run.GetFailure().GetCode(), run.GetFailure().GetMessage())
 	require.Contains(t, run.GetFailure().GetMessage(), "quarantined")
 	entries, err := os.ReadDir(filepath.Join(h.st.RunnerStateRoot(), durable.QuarantineDir))
 	require.NoError(t, err)

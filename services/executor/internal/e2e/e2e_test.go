@@ -328,7 +328,7 @@ func TestAttachWithALowerAttemptIsRefused(t *testing.T) {
 	require.NoError(t, err)
 	_, err = older.Recv()
 	require.Equal(t, codes.FailedPrecondition, status.Code(err))
-	require.Equal(t, "runner_attempt_fenced", failure.CodeOf(err))
+	require.EqualValues(t, "runner_attempt_fenced", failure.CodeOf(err))
 }
 
 // gatewayClient is a client of the stack's gateway that signs grants with

@@ -17,7 +17,6 @@ import (
 	backupv1 "github.com/tether-run/tether/pkg/gen/tether/backup/v1"
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
 	gatewayv1 "github.com/tether-run/tether/pkg/gen/tether/gateway/v1"
-	"github.com/tether-run/tether/pkg/grant"
 	"github.com/tether-run/tether/pkg/grpcx"
 	"github.com/tether-run/tether/pkg/identity"
 	"github.com/tether-run/tether/services/executor/internal/stack"
@@ -52,10 +51,10 @@ func TestS1_AForgedAttachThroughTheStackIsRefusedAndTheRealRunSucceeds(t *testin
 		}
 		_, err = s.Recv()
 		require.Equal(t, codes.Unauthenticated, status.Code(err), "%v", err)
-		require.Equal(t, grant.CodeInvalid, failure.CodeOf(err), "%v", err)
+		require.EqualValues(t, failure.GatewayGrantInvalid, failure.CodeOf(err), "%v", err)
 	}
 	_, err = attacker.ListRunners(ctx, &gatewayv1.ListRunnersRequest{})
-	require.Equal(t, grant.CodeInvalid, failure.CodeOf(err), "%v", err)
+	require.EqualValues(t, failure.GatewayGrantInvalid, failure.CodeOf(err), "%v", err)
 	_, err = os.Stat(h.st.CallLog())
 	require.True(t, os.IsNotExist(err), "no provider was started")
 
@@ -107,7 +106,7 @@ func TestS2_AStackOnMutualTLSAdmitsEachServiceOnlyItsPeers(t *testing.T) {
 		require.NoError(t, err)
 		_, err = gw.ListRunners(ctx, &gatewayv1.ListRunnersRequest{})
 		require.Equal(t, codes.PermissionDenied, status.Code(err), "%s: %v", role, err)
-		require.Equal(t, grpcx.CodePeerNotAuthorized, failure.CodeOf(err))
+		require.EqualValues(t, failure.PeerNotAuthorized, failure.CodeOf(err))
 	}
 	gw, err := h.st.GatewayClient(dial("runnergw", identity.Executor))
 	require.NoError(t, err)
@@ -117,9 +116,9 @@ func TestS2_AStackOnMutualTLSAdmitsEachServiceOnlyItsPeers(t *testing.T) {
 
 	stamp := &backupv1.VerifyStampRequest{Stamp: &backupv1.Stamp{LeaseId: "lease-x"}, LeaseId: "lease-x"}
 	_, err = backupv1.NewBackupVerifierClient(dial("backup-verifier", identity.Client)).VerifyStamp(ctx, stamp)
-	require.Equal(t, grpcx.CodePeerNotAuthorized, failure.CodeOf(err), "%v", err)
+	require.EqualValues(t, failure.PeerNotAuthorized, failure.CodeOf(err), "%v", err)
 	_, err = backupv1.NewBackupVerifierClient(dial("backup-verifier", identity.Executor)).VerifyStamp(ctx, stamp)
-	require.NotEqual(t, grpcx.CodePeerNotAuthorized, failure.CodeOf(err), "the executor is admitted: %v", err)
+	require.NotEqualValues(t, failure.PeerNotAuthorized, failure.CodeOf(err), "the executor is admitted: %v", err)
 }
 
 // waitSucceeded watches a run to its end and requires it succeeded.

@@ -42,7 +42,7 @@ func requireCode(t *testing.T, err error, grpc codes.Code, code string) {
 	t.Helper()
 	require.Error(t, err)
 	require.Equal(t, grpc, status.Code(err), "%v", err)
-	require.Equal(t, code, failure.CodeOf(err), "%v", err)
+	require.EqualValues(t, code, failure.CodeOf(err), "%v", err)
 }
 
 // The fake calls the built-in tether_ask_user tool on "[wait]": the run

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/tether-run/tether/pkg/failure"
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
 	"github.com/tether-run/tether/services/executor/internal/cli"
 	"github.com/tether-run/tether/services/executor/internal/plan"
@@ -100,7 +101,7 @@ func TestE3_Stack_APlanArtifactLargerThanTheBoundIsRefusedAndNothingIsWritten(t 
 	require.Empty(t, eventsOf(evs, plan.EventPlanUpdated))
 	var refused []map[string]any
 	for _, d := range eventsOf(evs, "harness.diagnostic") {
-		if d["code"] == plan.CodeTooLarge {
+		if d["code"] == failure.NativeProviderPlanTooLarge {
 			refused = append(refused, d)
 		}
 	}
@@ -112,7 +113,7 @@ func TestE3_Stack_APlanArtifactLargerThanTheBoundIsRefusedAndNothingIsWritten(t 
 	}
 	res := run.GetResult()
 	require.Len(t, res.GetArtifacts(), 1)
-	require.True(t, proto.Equal(&executorv1.ResultArtifact{Kind: plan.ArtifactKind, Code: plan.CodeTooLarge}, res.GetArtifacts()[0]), "%v", res.GetArtifacts())
+	require.True(t, proto.Equal(&executorv1.ResultArtifact{Kind: plan.ArtifactKind, Code: failure.NativeProviderPlanTooLarge}, res.GetArtifacts()[0]), "%v", res.GetArtifacts())
 	require.Empty(t, res.GetPlan())
 	require.Empty(t, run.GetPlan())
 }

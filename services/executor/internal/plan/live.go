@@ -7,6 +7,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/tether-run/tether/pkg/failure"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 )
 
@@ -23,10 +24,6 @@ const (
 	EventTerminal    = "run.terminal"
 	eventDiagnostic  = "harness.diagnostic"
 )
-
-// CodeTooLarge is the stable code of a plan (update or artifact ref) larger
-// than MaxRefBytes: it is refused and nothing of it is kept.
-const CodeTooLarge = "native_provider_plan_too_large"
 
 // StoredEvents returns events as the executor stores them, with the E3 rules
 // applied (events it does not change are returned as they are; changed ones
@@ -92,7 +89,7 @@ func storedPlanUpdate(ev *prpv1.Event) *prpv1.Event {
 	if size > MaxRefBytes {
 		out.EventType = eventDiagnostic
 		out.Payload = mustStruct(map[string]any{
-			"code":              CodeTooLarge,
+			"code":              failure.NativeProviderPlanTooLarge,
 			"message":           "a provider plan of " + strconv.Itoa(size) + " bytes exceeds the bound of " + strconv.Itoa(MaxRefBytes) + "; it was not kept",
 			"originalEventType": EventPlanUpdated,
 			"source":            source,
@@ -122,7 +119,7 @@ func storedTerminal(ev *prpv1.Event) *prpv1.Event {
 			out = proto.CloneOf(ev)
 		}
 		out.Payload.Fields["artifacts"].GetListValue().Values[i] = structpb.NewStructValue(mustStruct(map[string]any{
-			"kind": strings.ToValidUTF8(a["kind"].GetStringValue(), "\uFFFD"), "code": CodeTooLarge,
+			"kind": strings.ToValidUTF8(a["kind"].GetStringValue(), "\uFFFD"), "code": failure.NativeProviderPlanTooLarge,
 		}))
 	}
 	if out == nil {

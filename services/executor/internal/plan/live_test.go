@@ -8,6 +8,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/tether-run/tether/pkg/failure"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 )
 
@@ -50,12 +51,12 @@ func TestE3_StoredEventsRenderPlanUpdatesAndRefuseOversizedPlans(t *testing.T) {
 			nil, atBound, true},
 		{"a plan over the bound is a diagnostic with the stable code",
 			event(EventPlanUpdated, map[string]any{"source": "plan_item", "markdown": big}),
-			event("harness.diagnostic", map[string]any{"code": CodeTooLarge, "originalEventType": EventPlanUpdated, "source": "plan_item",
+			event("harness.diagnostic", map[string]any{"code": failure.NativeProviderPlanTooLarge, "originalEventType": EventPlanUpdated, "source": "plan_item",
 				"message": "a provider plan of 65537 bytes exceeds the bound of 65536; it was not kept"}), "", false},
 		{"steps count towards the bound",
 			event(EventPlanUpdated, map[string]any{"source": "turn_plan", "explanation": atBound[:MaxRefBytes/2],
 				"steps": []any{step(atBound[:MaxRefBytes/2+1], "pending")}}),
-			event("harness.diagnostic", map[string]any{"code": CodeTooLarge, "originalEventType": EventPlanUpdated, "source": "turn_plan",
+			event("harness.diagnostic", map[string]any{"code": failure.NativeProviderPlanTooLarge, "originalEventType": EventPlanUpdated, "source": "turn_plan",
 				"message": "a provider plan of 65537 bytes exceeds the bound of 65536; it was not kept"}), "", false},
 		{"a terminal's artifacts within the bound are untouched",
 			event(EventTerminal, map[string]any{"runTerminalState": "succeeded",
@@ -66,7 +67,7 @@ func TestE3_StoredEventsRenderPlanUpdatesAndRefuseOversizedPlans(t *testing.T) {
 				map[string]any{"kind": ArtifactKind, "ref": big}}}),
 			event(EventTerminal, map[string]any{"runTerminalState": "succeeded", "artifacts": []any{
 				map[string]any{"kind": "other", "ref": "r"},
-				map[string]any{"kind": ArtifactKind, "code": CodeTooLarge}}}), "", false},
+				map[string]any{"kind": ArtifactKind, "code": failure.NativeProviderPlanTooLarge}}}), "", false},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -99,7 +100,7 @@ func TestE3_AChecklistWhoseRenderingExceedsTheBoundIsRefused(t *testing.T) {
 	in := event(EventPlanUpdated, map[string]any{"source": "turn_plan", "explanation": strings.Repeat("é", 2000), "steps": steps})
 	out := StoredEvents([]*prpv1.Event{in})[0]
 	require.Equal(t, "harness.diagnostic", out.GetEventType())
-	require.Equal(t, CodeTooLarge, out.GetPayload().GetFields()["code"].GetStringValue())
+	require.Equal(t, failure.NativeProviderPlanTooLarge, out.GetPayload().GetFields()["code"].GetStringValue())
 	require.Contains(t, out.GetPayload().GetFields()["message"].GetStringValue(), "66301 bytes")
 }
 
@@ -136,8 +137,8 @@ func TestE3_TerminalResultExtractsThePlanOfTheResultArtifacts(t *testing.T) {
 			"# Plan\n\n1. add GET /health\n2. add tests."},
 		{"a refused artifact yields no plan, even from the summary",
 			map[string]any{"finalMessage": "Plan: 1) a; 2) b.",
-				"artifacts": []any{map[string]any{"kind": ArtifactKind, "code": CodeTooLarge}}},
-			[]ResultArtifact{{Kind: ArtifactKind, Code: CodeTooLarge}}, ""},
+				"artifacts": []any{map[string]any{"kind": ArtifactKind, "code": failure.NativeProviderPlanTooLarge}}},
+			[]ResultArtifact{{Kind: ArtifactKind, Code: failure.NativeProviderPlanTooLarge}}, ""},
 		{"artifacts without a kind are dropped",
 			map[string]any{"artifacts": []any{map[string]any{"ref": "x"}, "not an object"}}, nil, ""},
 	}

@@ -18,20 +18,6 @@ const (
 	PhaseTerminalFailure  = "terminal_failure"
 )
 
-// Failure codes the disposition assigns itself.
-const (
-	// CodeInterrupted marks an attempt that failed but will be retried.
-	CodeInterrupted = "native_session_interrupted"
-	// CodeRetryExhausted marks a run whose last permitted attempt failed.
-	CodeRetryExhausted = "native_session_retry_exhausted"
-)
-
-// Causes with special meaning for the disposition.
-const (
-	CodeEventReplayConflict          = "native_event_replay_conflict"
-	CodeProviderArtifactIncompatible = "runner_remote_provider_artifact_incompatible"
-)
-
 // MaxAttempts is the number of attempts a run gets; the failure of attempt
 // MaxAttempts is terminal.
 const MaxAttempts = 3
@@ -39,52 +25,14 @@ const MaxAttempts = 3
 // RetryDelay is how long after a retryable failure the next attempt may start.
 const RetryDelay = 30 * time.Second
 
-// knownSourceCodes are the stable causes preserved from a failed attempt's
-// error. Anything else is reported as "" (no recognised cause).
-var knownSourceCodes = map[string]bool{
-	"provider_frame_too_large":           true,
-	"native_runner_process_exited":       true,
-	"provider_transport_failed":          true,
-	"planning_mode_unsupported":          true,
-	CodeEventReplayConflict:              true,
-	"provider_process_exited":            true,
-	"provider_stdout_closed":             true,
-	"provider_process_status_failed":     true,
-	"provider_initialize_timeout":        true,
-	"provider_initialize_protocol_error": true,
-	"provider_request_timeout":           true,
-	CodeProviderArtifactIncompatible:     true,
-	// The gateway refused the executor's grant (SPEC S1): a key or gateway
-	// id mismatch, e.g. mid-rotation; retried like any attach failure.
-	"gateway_grant_invalid": true,
-}
-
-// nonRetryable causes end the run at once under their own code: replaying
-// would diverge from recorded history, or the provider artifact can never be
-// launched by this runner.
-var nonRetryable = map[string]bool{
-	CodeEventReplayConflict:          true,
-	CodeProviderArtifactIncompatible: true,
-}
-
-// SourceCode returns the stable cause carried by err: its leading `code:`
-// token (or, for a failure.Error / gRPC status, its ErrorInfo reason) when
-// that is one of the known source codes, otherwise "". The empty result means
-// "no recognised cause"; callers that need a non-empty error code for an
-// unrecognised failure record CodeInterrupted.
-func SourceCode(err error) string {
-	if err == nil {
-		return ""
-	}
-	if code := failure.CodeOf(err); knownSourceCodes[code] {
-		return code
-	}
-	return SourceCodeOf(err.Error())
-}
-
-// SourceCodeOf is SourceCode for an error message.
-func SourceCodeOf(msg string) string {
-	if code := failure.LeadingCode(msg); knownSourceCodes[code] {
+// SourceCode returns the stable cause carried by err (its failure reason)
+// when the registry classes it as a failure source of bounded recovery
+// (failure.AttemptRetry or failure.AttemptTerminal), otherwise "". The empty
+// result means "no recognised cause"; callers that need a non-empty error
+// code for an unrecognised failure record failure.NativeSessionInterrupted.
+func SourceCode(err error) failure.Reason {
+	switch code := failure.CodeOf(err); code.Retry() {
+	case failure.AttemptRetry, failure.AttemptTerminal:
 		return code
 	}
 	return ""
@@ -92,12 +40,12 @@ func SourceCodeOf(msg string) string {
 
 // Retryable reports whether a failure with this source code may be retried
 // (subject to MaxAttempts). Unknown and empty codes are retryable.
-func Retryable(code string) bool { return !nonRetryable[code] }
+func Retryable(code failure.Reason) bool { return code.Retry() != failure.AttemptTerminal }
 
 // Decision is what happens to a run after a failed attempt.
 type Decision struct {
-	Phase       string `json:"phase"`
-	FailureCode string `json:"failureCode"`
+	Phase       string         `json:"phase"`
+	FailureCode failure.Reason `json:"failureCode"`
 	// NextAttemptAt is set only for a retryable failure.
 	NextAttemptAt *time.Time `json:"nextAttemptAt,omitempty"`
 }
@@ -108,20 +56,20 @@ func (d Decision) Retry() bool { return d.Phase == PhaseRetryableFailure }
 // Disposition decides the outcome of failed attempt number attempt (1-based)
 // at now, given the failure's source code ("" when none was recognised), with
 // the standard RetryDelay.
-func Disposition(attempt int, now time.Time, sourceCode string) Decision {
+func Disposition(attempt int, now time.Time, sourceCode failure.Reason) Decision {
 	return DispositionWithDelay(attempt, now, sourceCode, RetryDelay)
 }
 
 // DispositionWithDelay is Disposition with an explicit retry delay.
-func DispositionWithDelay(attempt int, now time.Time, sourceCode string, delay time.Duration) Decision {
+func DispositionWithDelay(attempt int, now time.Time, sourceCode failure.Reason, delay time.Duration) Decision {
 	if !Retryable(sourceCode) {
 		return Decision{Phase: PhaseTerminalFailure, FailureCode: sourceCode}
 	}
 	if attempt >= MaxAttempts {
-		return Decision{Phase: PhaseTerminalFailure, FailureCode: CodeRetryExhausted}
+		return Decision{Phase: PhaseTerminalFailure, FailureCode: failure.NativeSessionRetryExhausted}
 	}
 	next := now.Add(delay)
-	return Decision{Phase: PhaseRetryableFailure, FailureCode: CodeInterrupted, NextAttemptAt: &next}
+	return Decision{Phase: PhaseRetryableFailure, FailureCode: failure.NativeSessionInterrupted, NextAttemptAt: &next}
 }
 
 // Recovery owner kinds.

@@ -20,34 +20,32 @@ func TestE11_PreservesStableProviderAndRunnerFailureCauses(t *testing.T) {
 		err  error
 		want string
 	}{
-		{"frame too large", errors.New("provider_frame_too_large: harness stdout frame exceeded 4194304 bytes"), "provider_frame_too_large"},
-		{"runner exited", errors.New("native_runner_process_exited: runnerd exited unexpectedly with code 1"), "native_runner_process_exited"},
-		{"transport", errors.New("provider_transport_failed: invalid JSON-RPC"), "provider_transport_failed"},
-		{"planning", errors.New("planning_mode_unsupported: installed Codex app-server did not confirm plan mode"), "planning_mode_unsupported"},
-		{"replay conflict", errors.New("native_event_replay_conflict: source sequence 41 contained different bytes"), "native_event_replay_conflict"},
-		{"process exited", errors.New("provider_process_exited: provider=codex stage=initialize exitCode=1"), "provider_process_exited"},
-		{"stdout closed", errors.New("provider_stdout_closed: provider=codex stage=initialize"), "provider_stdout_closed"},
-		{"status failed", errors.New("provider_process_status_failed: provider=codex stage=session.open"), "provider_process_status_failed"},
-		{"initialize timeout", errors.New("provider_initialize_timeout: provider=codex stage=initialize"), "provider_initialize_timeout"},
-		{"initialize protocol", errors.New("provider_initialize_protocol_error: provider=codex stage=initialize"), "provider_initialize_protocol_error"},
-		{"request timeout", errors.New("provider_request_timeout: provider=codex stage=turn.start"), "provider_request_timeout"},
-		{"artifact incompatible", errors.New("runner_remote_provider_artifact_incompatible: OpenCode version mismatch"), "runner_remote_provider_artifact_incompatible"},
+		{"frame too large", failure.New(codes.Unavailable, "provider_frame_too_large", "harness stdout frame exceeded 4194304 bytes"), "provider_frame_too_large"},
+		{"runner exited", failure.New(codes.Unavailable, "native_runner_process_exited", "runnerd exited unexpectedly with code 1"), "native_runner_process_exited"},
+		{"transport", failure.New(codes.Unavailable, "provider_transport_failed", "invalid JSON-RPC"), "provider_transport_failed"},
+		{"planning", failure.New(codes.Unavailable, "planning_mode_unsupported", "installed Codex app-server did not confirm plan mode"), "planning_mode_unsupported"},
+		{"replay conflict", failure.New(codes.Unavailable, "native_event_replay_conflict", "source sequence 41 contained different bytes"), "native_event_replay_conflict"},
+		{"process exited", failure.New(codes.Unavailable, "provider_process_exited", "provider=codex stage=initialize exitCode=1"), "provider_process_exited"},
+		{"stdout closed", failure.New(codes.Unavailable, "provider_stdout_closed", "provider=codex stage=initialize"), "provider_stdout_closed"},
+		{"status failed", failure.New(codes.Unavailable, "provider_process_status_failed", "provider=codex stage=session.open"), "provider_process_status_failed"},
+		{"initialize timeout", failure.New(codes.Unavailable, "provider_initialize_timeout", "provider=codex stage=initialize"), "provider_initialize_timeout"},
+		{"initialize protocol", failure.New(codes.Unavailable, "provider_initialize_protocol_error", "provider=codex stage=initialize"), "provider_initialize_protocol_error"},
+		{"request timeout", failure.New(codes.Unavailable, "provider_request_timeout", "provider=codex stage=turn.start"), "provider_request_timeout"},
+		{"artifact incompatible", failure.New(codes.Unavailable, "runner_remote_provider_artifact_incompatible", "OpenCode version mismatch"), "runner_remote_provider_artifact_incompatible"},
 		// Beyond the seed: how the cause travels in tether, and what is not a cause.
 		{"failure error wrapped", fmt.Errorf("attempt 2: %w", failure.New(codes.Unavailable, "provider_stdout_closed", "provider=codex")), "provider_stdout_closed"},
-		{"grpc status", status.Error(codes.Unavailable, "provider_request_timeout: provider=codex stage=turn.start"), "provider_request_timeout"},
-		{"unknown code", errors.New("native_session_supervisor_busy: scope held"), ""},
+		{"grpc status", failure.New(codes.Unavailable, "provider_request_timeout", "provider=codex stage=turn.start").GRPCStatus().Err(), "provider_request_timeout"},
+		// The reason travels as a value, never parsed from a message.
+		{"message only", errors.New("provider_frame_too_large: harness stdout frame exceeded 4194304 bytes"), ""},
+		{"status message only", status.Error(codes.Unavailable, "provider_request_timeout: provider=codex stage=turn.start"), ""},
+		{"unknown code", failure.New(codes.Aborted, "native_session_supervisor_busy", "scope held"), ""},
 		{"no code", errors.New("connection reset by peer"), ""},
 		{"code not leading", errors.New("runnerd: provider_frame_too_large: too big"), ""},
 		{"nil", nil, ""},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			require.Equal(t, tc.want, SourceCode(tc.err))
-			if tc.err != nil {
-				if _, isStatus := status.FromError(tc.err); !isStatus {
-					require.Equal(t, tc.want, SourceCodeOf(tc.err.Error()))
-				}
-			}
+			require.Equal(t, failure.Reason(tc.want), SourceCode(tc.err))
 		})
 	}
 }
@@ -58,7 +56,7 @@ func TestE11_RetriesTheSameRunTwiceAndStopsAtTheThirdFailedAttempt(t *testing.T)
 	cases := []struct {
 		name    string
 		attempt int
-		source  string
+		source  failure.Reason
 		want    Decision
 	}{
 		{"first attempt", 1, "", Decision{Phase: "retryable_failure", FailureCode: "native_session_interrupted", NextAttemptAt: &next}},

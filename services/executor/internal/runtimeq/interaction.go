@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/tether-run/tether/pkg/askuser"
+	"github.com/tether-run/tether/pkg/failure"
 )
 
 // Interaction sources and policies besides the runtime question fallback.
@@ -35,7 +36,7 @@ func FromEvent(ev Event) (in Interaction, lost bool, ok bool) {
 		return in, false, ok
 	case EventExpired:
 		in, ok = Fallback(ev)
-		return in, ok && str(ev.Payload, "reason") == ReasonProviderProcessLost, ok
+		return in, ok && str(ev.Payload, "reason") == failure.ProviderProcessLost, ok
 	}
 	return Interaction{}, false, false
 }

@@ -21,6 +21,8 @@ import (
 	"slices"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/tether-run/tether/pkg/failure"
 )
 
 // Event types.
@@ -30,12 +32,6 @@ const (
 	EventExpired           = "runtime_request.expired"
 	EventCancelled         = "runtime_request.cancelled"
 	EventHarnessDiagnostic = "harness.diagnostic"
-)
-
-// Expiry reasons that hand a request over to a durable interaction.
-const (
-	ReasonProviderProcessLost = "provider_process_lost"
-	ReasonDurableHandoff      = "durable_handoff"
 )
 
 // Interaction values.
@@ -147,7 +143,7 @@ func Fallback(ev Event) (Interaction, bool) {
 	}
 	p := ev.Payload
 	switch str(p, "reason") {
-	case ReasonProviderProcessLost, ReasonDurableHandoff:
+	case failure.ProviderProcessLost, failure.DurableHandoff:
 	default:
 		return Interaction{}, false
 	}
@@ -272,7 +268,7 @@ const (
 	OutcomeNormalized          = "normalized"
 	OutcomeRejected            = "rejected"
 	OutcomeResolved            = "resolved"
-	OutcomeDurableHandoff      = "durable_handoff"
+	OutcomeDurableHandoff      = failure.DurableHandoff
 	OutcomeProviderLossHandoff = "provider_loss_handoff"
 	OutcomeExpired             = "expired"
 	OutcomeCancelled           = "cancelled"
@@ -328,9 +324,9 @@ func LifecycleMetric(ev Event) (Metric, bool) {
 			outcome = OutcomeResolved
 		case ev.EventType == EventCancelled:
 			outcome = OutcomeCancelled
-		case str(p, "reason") == ReasonDurableHandoff:
+		case str(p, "reason") == failure.DurableHandoff:
 			outcome = OutcomeDurableHandoff
-		case str(p, "reason") == ReasonProviderProcessLost:
+		case str(p, "reason") == failure.ProviderProcessLost:
 			outcome = OutcomeProviderLossHandoff
 		default:
 			outcome = OutcomeExpired

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+	"github.com/tether-run/tether/pkg/failure"
 )
 
 const (
@@ -147,7 +148,7 @@ func runFallback(t *testing.T, reason string, tests []fallbackCase) {
 func same(*Interaction) {}
 
 func TestE5_MaterializesOneIdempotentDurableInteractionAfterProviderProcessLost(t *testing.T) {
-	runFallback(t, ReasonProviderProcessLost, []fallbackCase{
+	runFallback(t, failure.ProviderProcessLost, []fallbackCase{
 		{name: "seed", want: same},
 		{name: "tether schema names", mutate: func(ev Event) {
 			request(ev)["schema"] = "tether.runtime_request.v2"
@@ -161,7 +162,7 @@ func TestE5_MaterializesOneIdempotentDurableInteractionAfterProviderProcessLost(
 	})
 
 	t.Run("idempotent: the same event gives the same interaction, the question set is copied", func(t *testing.T) {
-		ev := expiredEvent(t, ReasonProviderProcessLost)
+		ev := expiredEvent(t, failure.ProviderProcessLost)
 		a, ok := Fallback(ev)
 		require.True(t, ok)
 		b, ok := Fallback(ev)
@@ -177,7 +178,7 @@ func TestE5_MaterializesOneIdempotentDurableInteractionAfterDurableHandoff(t *te
 	q := func(ev Event, i int) map[string]any {
 		return questionSet(ev)["questions"].([]any)[i].(map[string]any)
 	}
-	runFallback(t, ReasonDurableHandoff, []fallbackCase{
+	runFallback(t, failure.DurableHandoff, []fallbackCase{
 		{name: "seed", want: same},
 		{name: "multi-select keeps options and descriptions", mutate: func(ev Event) {
 			q(ev, 0)["answerMode"] = "multi_select"
@@ -242,7 +243,7 @@ func TestE5_MaterializesOneIdempotentDurableInteractionAfterDurableHandoff(t *te
 	})
 
 	t.Run("no run id", func(t *testing.T) {
-		ev := expiredEvent(t, ReasonDurableHandoff)
+		ev := expiredEvent(t, failure.DurableHandoff)
 		ev.RunID = ""
 		_, ok := Fallback(ev)
 		require.False(t, ok)
@@ -257,15 +258,15 @@ func requireNoFallback(t *testing.T, ev Event) {
 }
 
 func TestE5_NoFallbackForResolvedRequest(t *testing.T) {
-	requireNoFallback(t, terminalEvent(t, EventResolved, ReasonProviderProcessLost, false))
-	ev := expiredEvent(t, ReasonProviderProcessLost)
+	requireNoFallback(t, terminalEvent(t, EventResolved, failure.ProviderProcessLost, false))
+	ev := expiredEvent(t, failure.ProviderProcessLost)
 	ev.EventType = EventResolved
 	requireNoFallback(t, ev)
 }
 
 func TestE5_NoFallbackForCancelledRequest(t *testing.T) {
-	requireNoFallback(t, terminalEvent(t, EventCancelled, ReasonProviderProcessLost, false))
-	ev := expiredEvent(t, ReasonDurableHandoff)
+	requireNoFallback(t, terminalEvent(t, EventCancelled, failure.ProviderProcessLost, false))
+	ev := expiredEvent(t, failure.DurableHandoff)
 	ev.EventType = EventCancelled
 	requireNoFallback(t, ev)
 }
@@ -281,11 +282,11 @@ func TestE5_NoFallbackForExplicitCancellation(t *testing.T) {
 
 func TestE5_NoFallbackWhenReplayAllowed(t *testing.T) {
 	t.Run("seed", func(t *testing.T) {
-		requireNoFallback(t, terminalEvent(t, EventExpired, ReasonProviderProcessLost, true))
+		requireNoFallback(t, terminalEvent(t, EventExpired, failure.ProviderProcessLost, true))
 	})
 	for name, v := range map[string]any{"true": true, "absent": nil, "not a bool": "false"} {
 		t.Run(name, func(t *testing.T) {
-			ev := expiredEvent(t, ReasonProviderProcessLost)
+			ev := expiredEvent(t, failure.ProviderProcessLost)
 			if v == nil {
 				delete(ev.Payload, "replayAllowed")
 			} else {

@@ -30,12 +30,6 @@ const (
 	ReasonFailed           = "warm native session failed"
 )
 
-// Stable codes.
-const (
-	CodeSupervisorBusy     = "native_session_supervisor_busy"
-	CodeCheckpointMismatch = "native_session_supervisor_checkpoint_mismatch"
-)
-
 // Entry is the registry's record of a scope's warm session.
 type Entry struct {
 	// Scope is the full session scope root name (the registry key).
@@ -106,7 +100,7 @@ func Decide(existing *Entry, req Request) (Decision, error) {
 		return Decision{Action: ActionStart, LoadCheckpoint: true}, nil
 	}
 	if existing.Busy {
-		return Decision{}, failure.New(codes.Aborted, CodeSupervisorBusy,
+		return Decision{}, failure.New(codes.Aborted, failure.NativeSessionSupervisorBusy,
 			"warm session of scope %s is busy with run %s", req.Scope, existing.RunID)
 	}
 	if IdleExpired(*existing, req.Now) {
@@ -172,7 +166,7 @@ func RehydrateCheckpoint(cp *Checkpoint, configDigest string, run CheckpointIden
 		return nil, nil
 	}
 	if cp.Identity.SessionID != run.SessionID || cp.Identity.CompanyID != run.CompanyID || cp.Identity.AgentID != run.AgentID {
-		return nil, failure.New(codes.FailedPrecondition, CodeCheckpointMismatch,
+		return nil, failure.New(codes.FailedPrecondition, failure.NativeSessionSupervisorCheckpointMismatch,
 			"warm checkpoint belongs to session %q of company %q agent %q", cp.Identity.SessionID, cp.Identity.CompanyID, cp.Identity.AgentID)
 	}
 	out := *cp

@@ -147,7 +147,7 @@ func TestE10_RunnerdWarmSessionIsRehydratedUnderAFreshRunAuthority(t *testing.T)
 	require.Equal(t, second.RunID, s2.Plan.Identity.RunID)
 	require.Equal(t, "runner-runnerd-warm", s2.Plan.Identity.RunnerInstanceID)
 	_, err = s1.Tools.Binding()
-	require.Equal(t, durable.CodeToolEpochRevoked, failure.CodeOf(err), "the fresh authority revoked the first run's tools")
+	require.EqualValues(t, failure.NativeToolAuthorityEpochRevoked, failure.CodeOf(err), "the fresh authority revoked the first run's tools")
 	s2.Release()
 
 	require.True(t, r.Attach(req2, secondSession))
@@ -259,7 +259,7 @@ func TestE10_DecideTable(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := Decide(tc.existing, tc.req)
 			if tc.busy {
-				require.Equal(t, CodeSupervisorBusy, failure.CodeOf(err))
+				require.EqualValues(t, failure.NativeSessionSupervisorBusy, failure.CodeOf(err))
 				return
 			}
 			require.NoError(t, err)
@@ -310,7 +310,7 @@ func TestE10_CheckpointRehydrationRules(t *testing.T) {
 		"agent":   {RunID: "r2", SessionID: "s", CompanyID: "c", AgentID: "a2"},
 	} {
 		_, err := RehydrateCheckpoint(cp, "d", id)
-		require.Equal(t, CodeCheckpointMismatch, failure.CodeOf(err), name)
+		require.EqualValues(t, failure.NativeSessionSupervisorCheckpointMismatch, failure.CodeOf(err), name)
 	}
 }
 
@@ -373,7 +373,7 @@ func TestE10_ConcurrentRunsOfOneScopeOneIsBusy(t *testing.T) {
 		busy := 0
 		for _, err := range errs {
 			if err != nil {
-				require.Equal(t, CodeSupervisorBusy, failure.CodeOf(err))
+				require.EqualValues(t, failure.NativeSessionSupervisorBusy, failure.CodeOf(err))
 				busy++
 			}
 		}

@@ -113,7 +113,7 @@ func TestG4_FastAppendFallsBackOnAReplayAndWritesNothingTwice(t *testing.T) {
 	changed := deltas("r", "runner-1", 14, 5)
 	changed[1] = event("r", "runner-1", 15, "item.delta", map[string]any{"delta": "other bytes"})
 	_, err = s.AppendEvents(ctx, c.Fence, changed)
-	require.Equal(t, store.CodeReplayConflict, failure.CodeOf(err))
+	require.EqualValues(t, failure.NativeEventReplayConflict, failure.CodeOf(err))
 
 	run, err := s.GetRun(ctx, "r")
 	require.NoError(t, err)
@@ -135,11 +135,11 @@ func TestE7_StaleFastAppendWritesNothing(t *testing.T) {
 	stale := c.Fence
 	stale.Attempt++
 	_, err := s.AppendEvents(ctx, stale, deltas("r", "runner-1", 1, 8))
-	require.Equal(t, "native_session_lease_lost", failure.CodeOf(err))
+	require.EqualValues(t, "native_session_lease_lost", failure.CodeOf(err))
 	stale = c.Fence
 	stale.Owner = "other"
 	_, err = s.AppendEvents(ctx, stale, deltas("r", "runner-1", 1, 8))
-	require.Equal(t, "native_session_lease_lost", failure.CodeOf(err))
+	require.EqualValues(t, "native_session_lease_lost", failure.CodeOf(err))
 	run, err := s.GetRun(ctx, "r")
 	require.NoError(t, err)
 	require.Zero(t, run.GetEventCount())

@@ -49,7 +49,7 @@ func TestSubmitIsOneIdempotentStatementThatNotifies(t *testing.T) {
 	require.False(t, created)
 	_, err = s.Submit(ctx, "r1", input("s", "another prompt"))
 	require.Equal(t, codes.AlreadyExists, status.Code(err))
-	require.Equal(t, "run_id_conflict", failure.CodeOf(err))
+	require.EqualValues(t, "run_id_conflict", failure.CodeOf(err))
 	// The same run through SubmitRun: one row, the same answer.
 	_, created, err = s.SubmitRun(ctx, "r1", input("s", "hello"))
 	require.NoError(t, err)
@@ -134,7 +134,7 @@ func TestAttachFactsEqualsTheSeparateReads(t *testing.T) {
 	f = check("w3")
 	require.NotNil(t, f.Cancellation)
 	_, err = s.AttachFacts(ctx, "missing", sc, in("missing"), 16)
-	require.Equal(t, "run_not_found", failure.CodeOf(err))
+	require.EqualValues(t, "run_not_found", failure.CodeOf(err))
 }
 
 // RecordControl writes what SupersedeCheckpoints and AppendControlEvent
@@ -156,7 +156,7 @@ func TestRecordControlIsFencedAndAppendsControlEventsInOrder(t *testing.T) {
 	stale := c.Fence
 	stale.Attempt++
 	err = s.RecordControl(ctx, stale, sc, []store.ControlEvent{{Type: "session.authority_rotated", Payload: map[string]any{"previousRunId": "a0"}}})
-	require.Equal(t, store.CodeLeaseLost, failure.CodeOf(err))
+	require.EqualValues(t, failure.NativeSessionLeaseLost, failure.CodeOf(err))
 	cur, err := s.CurrentCheckpoint(ctx, sc)
 	require.NoError(t, err)
 	require.NotNil(t, cur, "nothing is written under a stale fence")

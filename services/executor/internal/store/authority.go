@@ -45,14 +45,6 @@ func newID(prefix string) string {
 
 // Claim refusal codes (E7).
 const (
-	CodeResultPendingFinalization    = "native_result_pending_finalization"
-	CodeCancellationPendingRecovery  = "native_cancellation_pending_recovery"
-	CodeExecutionBindingChanged      = "native_execution_binding_changed"
-	CodeFinalizationLeaseBusy        = "native_finalization_lease_busy"
-	CodeCancellationCoordinatorGone  = "native_cancellation_coordinator_missing"
-	CodeRunAlreadyTerminal           = "native_run_already_terminal"
-	CodeLeaseTTLInvalid              = "native_session_lease_ttl_invalid"
-	CodeLeaseLost                    = "native_session_lease_lost"
 	actionCancellationIntentRecorded = "native.cancellation_intent_recorded"
 	actionCancellationAcknowledged   = "native.cancellation_acknowledged"
 )
@@ -67,7 +59,7 @@ const (
 // CheckLeaseTTL refuses a TTL outside 1 s … 20 min.
 func CheckLeaseTTL(ttl time.Duration) error {
 	if ttl < MinLeaseTTL || ttl > MaxLeaseTTL {
-		return failure.New(codes.InvalidArgument, CodeLeaseTTLInvalid, "lease TTL %s is outside %s..%s", ttl, MinLeaseTTL, MaxLeaseTTL)
+		return failure.New(codes.InvalidArgument, failure.NativeSessionLeaseTTLInvalid, "lease TTL %s is outside %s..%s", ttl, MinLeaseTTL, MaxLeaseTTL)
 	}
 	return nil
 }
@@ -121,20 +113,20 @@ SELECT phase, binding_digest, result_id, lease_owner, attempt, coalesce(lease_ex
   FROM executor.coordinators WHERE run_id = $1 FOR UPDATE`, runID).
 			Scan(&phase, &bdigest, &resultID, &lease, &attempt, &expired, &ctlBoot, &ctlPID, &ctlTicks)
 		if errors.Is(err, pgx.ErrNoRows) {
-			return failure.New(codes.FailedPrecondition, "native_run_coordinator_missing", "run %s has no coordinator", runID)
+			return failure.New(codes.FailedPrecondition, failure.NativeRunCoordinatorMissing, "run %s has no coordinator", runID)
 		}
 		if err != nil {
 			return err
 		}
 		switch {
 		case resultID != nil || phase == PhaseResultPersisted || phase == "workspace_finalizing":
-			return failure.New(codes.FailedPrecondition, CodeResultPendingFinalization,
+			return failure.New(codes.FailedPrecondition, failure.NativeResultPendingFinalization,
 				"run %s already holds a durable result; it is never driven again", runID)
 		case held:
-			return failure.New(codes.FailedPrecondition, CodeCancellationPendingRecovery,
+			return failure.New(codes.FailedPrecondition, failure.NativeCancellationPendingRecovery,
 				"run %s holds a durable cancellation; it is never driven again", runID)
 		case phase == PhaseCompleted || phase == PhaseTerminalFailure:
-			return failure.New(codes.FailedPrecondition, CodeRunAlreadyTerminal, "run %s already ended (%s)", runID, phase)
+			return failure.New(codes.FailedPrecondition, failure.NativeRunAlreadyTerminal, "run %s already ended (%s)", runID, phase)
 		}
 		in := &prpv1.ExecutionInput{}
 		if err := proto.Unmarshal(raw, in); err != nil {
@@ -143,7 +135,7 @@ SELECT phase, binding_digest, result_id, lease_owner, attempt, coalesce(lease_ex
 		if binding != nil {
 			want := BindingDigest(&prpv1.ExecutionInput{Binding: binding})
 			if bdigest != "" && want != bdigest {
-				return failure.New(codes.FailedPrecondition, CodeExecutionBindingChanged,
+				return failure.New(codes.FailedPrecondition, failure.NativeExecutionBindingChanged,
 					"run %s was submitted under another binding", runID)
 			}
 		}
@@ -153,7 +145,7 @@ SELECT phase, binding_digest, result_id, lease_owner, attempt, coalesce(lease_ex
 				ctlPID != nil && int(*ctlPID) == proof.Controller.PID &&
 				ctlTicks != nil && uint64(*ctlTicks) == proof.Controller.StartTicks
 			if !proven {
-				return failure.New(codes.Aborted, CodeFinalizationLeaseBusy,
+				return failure.New(codes.Aborted, failure.NativeFinalizationLeaseBusy,
 					"run %s is leased by %s (attempt %d) until its lease expires", runID, *lease, attempt)
 			}
 		}

@@ -52,7 +52,7 @@ func TestE7_DoesNotReacquireAProviderAfterADurableResultExists(t *testing.T) {
 	_, err := s.Pool().Exec(ctx, `UPDATE executor.coordinators SET phase = 'workspace_finalizing', result_id = 'native-result-1' WHERE run_id = 'r'`)
 	require.NoError(t, err)
 	_, err = s.ClaimRun(ctx, "r", "o", time.Minute, ctl, nil, nil)
-	require.Equal(t, store.CodeResultPendingFinalization, failure.CodeOf(err))
+	require.EqualValues(t, failure.NativeResultPendingFinalization, failure.CodeOf(err))
 	require.Equal(t, codes.FailedPrecondition, status.Code(err))
 	none, err := s.ClaimNext(ctx, "o", time.Minute, ctl)
 	require.NoError(t, err)
@@ -75,7 +75,7 @@ func TestE7_DoesNotReacquireAProviderWhileDurableCancellationIsPendingOrAcknowle
 			_, err = s.Pool().Exec(ctx, `UPDATE executor.coordinators SET cancel_state = $1 WHERE run_id = 'r'`, state)
 			require.NoError(t, err)
 			_, err = s.ClaimRun(ctx, "r", "o", time.Minute, ctl, nil, nil)
-			require.Equal(t, store.CodeCancellationPendingRecovery, failure.CodeOf(err))
+			require.EqualValues(t, failure.NativeCancellationPendingRecovery, failure.CodeOf(err))
 			none, err := s.ClaimNext(ctx, "o", time.Minute, ctl)
 			require.NoError(t, err)
 			require.Nil(t, none)
@@ -89,19 +89,19 @@ func TestE7_ClaimRefusesAChangedBindingAndABusyLeaseUnlessItsControllerIsProvenD
 	submitted(t, s, "r")
 	other := &prpv1.Binding{CompanyId: "acme", AgentId: "agent-2", IssueId: "ISS-r"}
 	_, err := s.ClaimRun(ctx, "r", "a", time.Minute, ctl, other, nil)
-	require.Equal(t, store.CodeExecutionBindingChanged, failure.CodeOf(err))
+	require.EqualValues(t, failure.NativeExecutionBindingChanged, failure.CodeOf(err))
 
 	c, err := s.ClaimRun(ctx, "r", "a", time.Minute, ctl, &prpv1.Binding{CompanyId: "acme", AgentId: "agent-1", IssueId: "ISS-r"}, nil)
 	require.NoError(t, err)
 	require.EqualValues(t, 1, c.Attempt)
 
 	_, err = s.ClaimRun(ctx, "r", "b", time.Minute, ctl, nil, nil)
-	require.Equal(t, store.CodeFinalizationLeaseBusy, failure.CodeOf(err))
+	require.EqualValues(t, failure.NativeFinalizationLeaseBusy, failure.CodeOf(err))
 	require.Equal(t, codes.Aborted, status.Code(err))
 	// A proof for another controller (PID reuse, stale attempt) is refused.
 	_, err = s.ClaimRun(ctx, "r", "b", time.Minute, ctl, nil,
 		&store.DeadProof{Owner: "a", Attempt: 1, Controller: store.Controller{BootID: "boot-1", PID: 4242, StartTicks: 78}})
-	require.Equal(t, store.CodeFinalizationLeaseBusy, failure.CodeOf(err))
+	require.EqualValues(t, failure.NativeFinalizationLeaseBusy, failure.CodeOf(err))
 
 	held, err := s.HeldOnBoot(ctx, "boot-1", "b")
 	require.NoError(t, err)
@@ -110,7 +110,7 @@ func TestE7_ClaimRefusesAChangedBindingAndABusyLeaseUnlessItsControllerIsProvenD
 	require.NoError(t, err)
 	require.EqualValues(t, 2, taken.Attempt)
 	_, err = s.AppendEvents(ctx, c.Fence, []*prpv1.Event{event("r", "runner-1", 1, "turn.started", nil)})
-	require.Equal(t, store.CodeLeaseLost, failure.CodeOf(err), "the dead controller's fence writes nothing")
+	require.EqualValues(t, failure.NativeSessionLeaseLost, failure.CodeOf(err), "the dead controller's fence writes nothing")
 }
 
 func TestE7_LeaseTTLBounds(t *testing.T) {
@@ -119,7 +119,7 @@ func TestE7_LeaseTTLBounds(t *testing.T) {
 		if ok {
 			require.NoError(t, err, ttl)
 		} else {
-			require.Equal(t, store.CodeLeaseTTLInvalid, failure.CodeOf(err), ttl)
+			require.EqualValues(t, failure.NativeSessionLeaseTTLInvalid, failure.CodeOf(err), ttl)
 		}
 	}
 }
@@ -263,7 +263,7 @@ func TestE6_RecoversAPostDispatchPersistenceFailureWithoutASecondIntent(t *testi
 		return nil
 	}})
 	err = s.AcknowledgeCancellation(ctx, c.Fence, out.Record.GetIntentId())
-	require.Equal(t, "post_dispatch_db_failure", failure.CodeOf(err))
+	require.EqualValues(t, "post_dispatch_db_failure", failure.CodeOf(err))
 	rec, err := s.Cancellation(ctx, "r")
 	require.NoError(t, err)
 	require.Equal(t, "pending", rec.GetDispatchState())
@@ -289,7 +289,7 @@ func TestE6_FailsClosedWhenThePersistedRunHasNoCoordinator(t *testing.T) {
 	_, err := s.Pool().Exec(ctx, `DELETE FROM executor.coordinators WHERE run_id = 'r'`)
 	require.NoError(t, err)
 	_, err = s.RecordCancellation(ctx, store.CancelRequest{RunID: "r", Scope: "run", Reason: "budget hard stop"})
-	require.Equal(t, store.CodeCancellationCoordinatorGone, failure.CodeOf(err))
+	require.EqualValues(t, failure.NativeCancellationCoordinatorMissing, failure.CodeOf(err))
 	var meta string
 	require.NoError(t, s.Pool().QueryRow(ctx, `SELECT result_metadata::text FROM executor.runs WHERE run_id = 'r'`).Scan(&meta))
 	require.Equal(t, "{}", meta, "no writes")

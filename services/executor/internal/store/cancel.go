@@ -143,7 +143,7 @@ SELECT state, company_id, issue_id, result_metadata -> 'nativeCancellation', eve
 		)
 		err = tx.QueryRow(ctx, `SELECT phase, attempt FROM executor.coordinators WHERE run_id = $1 FOR UPDATE`, req.RunID).Scan(&phase, &attempt)
 		if errors.Is(err, pgx.ErrNoRows) {
-			return failure.New(codes.FailedPrecondition, CodeCancellationCoordinatorGone,
+			return failure.New(codes.FailedPrecondition, failure.NativeCancellationCoordinatorMissing,
 				"run %s has no coordinator; refusing to record a cancellation", req.RunID)
 		}
 		if err != nil {
@@ -298,7 +298,7 @@ func (s *Store) AcknowledgeCancellation(ctx context.Context, f Fence, intentID s
 		}
 		if s.hooks.BeforeCancellationAck != nil {
 			if err := s.hooks.BeforeCancellationAck(f.RunID); err != nil {
-				return failure.Wrap(err, codes.Unavailable, "post_dispatch_db_failure",
+				return failure.Wrap(err, codes.Unavailable, failure.PostDispatchDBFailure,
 					"recording the cancellation acknowledgement failed: %v", err)
 			}
 		}

@@ -42,12 +42,9 @@ func recordProviderProcess(ctx context.Context, tx pgx.Tx, runID string, ev *prp
 	return err
 }
 
-// CodeReplayConflict is the stable code of a replayed event whose bytes differ.
-const CodeReplayConflict = "native_event_replay_conflict"
-
 // ReplayConflict builds the terminal error for a conflicting replay.
 func ReplayConflict(seq uint64) error {
-	return failure.New(codes.FailedPrecondition, CodeReplayConflict,
+	return failure.New(codes.FailedPrecondition, failure.NativeEventReplayConflict,
 		"source sequence %d contained different bytes", seq)
 }
 
@@ -234,7 +231,7 @@ func fenceViolation(f Fence, err error) error {
 	}
 	switch pgErr.ConstraintName {
 	case ConstraintWriterFence, ConstraintAfterTerminal, ConstraintOneTerminal:
-		return failure.Wrap(err, codes.Aborted, CodeLeaseLost,
+		return failure.Wrap(err, codes.Aborted, failure.NativeSessionLeaseLost,
 			"run %s attempt %d by %s: the database refused the row (%s): %s", f.RunID, f.Attempt, f.Owner, pgErr.ConstraintName, pgErr.Message)
 	}
 	return err
@@ -509,12 +506,12 @@ func TerminalFromEvent(ev *prpv1.Event) Terminal {
 	default:
 		t.State = StateFailed
 		if t.Code == "" {
-			t.Code = "native_run_terminal_invalid"
+			t.Code = failure.NativeRunTerminalInvalid
 			t.Message = fmt.Sprintf("run.terminal reported runTerminalState %q", str("runTerminalState"))
 		}
 	}
 	if t.State == StateFailed && t.Code == "" {
-		t.Code = "native_run_failed"
+		t.Code = failure.NativeRunFailed
 		t.Message = "the provider turn ended in state " + t.Result.TurnTerminalState
 	}
 	return t

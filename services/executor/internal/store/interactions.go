@@ -25,9 +25,6 @@ import (
 const (
 	InteractionPending  = "pending"
 	InteractionAnswered = "answered"
-
-	CodeInteractionNotFound        = "interaction_not_found"
-	CodeInteractionAlreadyAnswered = "interaction_already_answered"
 )
 
 // interactionEvent reports event types whose handling may open an
@@ -200,7 +197,7 @@ func scanInteraction(row pgx.Row) (*interactionRow, error) {
 }
 
 func errInteractionNotFound(id string) error {
-	return failure.New(codes.NotFound, CodeInteractionNotFound, "interaction %q does not exist", id)
+	return failure.New(codes.NotFound, failure.InteractionNotFound, "interaction %q does not exist", id)
 }
 
 // GetInteraction returns one interaction.
@@ -282,7 +279,7 @@ func (s *Store) AnswerInteraction(ctx context.Context, id string, answers []runt
 				out.Interaction, out.ContinuationRunID = p, p.GetContinuationRunId()
 				return nil
 			}
-			return failure.New(codes.FailedPrecondition, CodeInteractionAlreadyAnswered,
+			return failure.New(codes.FailedPrecondition, failure.InteractionAlreadyAnswered,
 				"interaction %q was already answered otherwise (continuation run %q)", id, p.GetContinuationRunId())
 		}
 		merged, complete, err := runtimeq.MergeAnswers(p.GetKind(), r.questions, r.answers, answers)

@@ -7,6 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/tether-run/tether/pkg/failure"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/services/executor/internal/plan"
 	"github.com/tether-run/tether/services/executor/internal/store"
@@ -66,5 +67,5 @@ func TestE3_PlanUpdatesAreStoredRenderedAndTheRunKeepsItsLatestPlan(t *testing.T
 		require.NotContains(t, e.Event.GetPayload().String(), "a step", "nothing of the oversized plan is stored")
 	}
 	require.Equal(t, []string{plan.EventPlanUpdated, "harness.diagnostic", plan.EventPlanUpdated, store.EventTerminal}, types)
-	require.Equal(t, plan.CodeTooLarge, evs[1].Event.GetPayload().GetFields()["code"].GetStringValue())
+	require.Equal(t, failure.NativeProviderPlanTooLarge, evs[1].Event.GetPayload().GetFields()["code"].GetStringValue())
 }

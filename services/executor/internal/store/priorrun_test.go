@@ -141,7 +141,7 @@ func e13Exists(p string) bool { _, err := os.Lstat(p); return err == nil }
 func e13Code(t *testing.T, err error, code string) *failure.Error {
 	t.Helper()
 	require.Error(t, err)
-	require.Equal(t, code, failure.CodeOf(err), err.Error())
+	require.EqualValues(t, code, failure.CodeOf(err), err.Error())
 	var fe *failure.Error
 	require.True(t, errors.As(err, &fe))
 	return fe
@@ -194,7 +194,7 @@ func TestE13_DatabasePriorRunStillRunningFailsClosedUntouched(t *testing.T) {
 			before := e13Tree(t, root)
 
 			_, err = e13Prepare(ctx, s, base, cur, in)
-			fe := e13Code(t, err, durable.CodeIdentityMismatch)
+			fe := e13Code(t, err, failure.RunnerStateIdentityMismatch)
 			require.Equal(t, codes.FailedPrecondition, fe.GRPC)
 			require.Contains(t, err.Error(), "prior run "+prior+" is still "+state)
 			require.Equal(t, before, e13Tree(t, root), "root untouched")
@@ -203,7 +203,7 @@ func TestE13_DatabasePriorRunStillRunningFailsClosedUntouched(t *testing.T) {
 			// The whole open fails the same way and leaves no claim or binding.
 			a := &durable.Authority{Base: base, PriorRuns: s.PriorRunLookup()}
 			_, err = a.Open(ctx, durable.LaunchRequest{RunID: cur, Params: scope.ParamsOf(cur, in), RunnerInstanceID: "runner-new"})
-			e13Code(t, err, durable.CodeIdentityMismatch)
+			e13Code(t, err, failure.RunnerStateIdentityMismatch)
 			_, held := a.Claims.Holder(filepath.Base(root))
 			require.False(t, held)
 			require.Equal(t, before, e13Tree(t, root))
@@ -324,7 +324,7 @@ func TestE13_DatabaseTerminalPriorRunWithReadyRunnerIsQuarantinedIndeterminate(t
 	before := e13Tree(t, root)
 
 	_, err := e13Prepare(ctx, s, base, cur, in)
-	fe := e13Code(t, err, durable.CodeIdentityMismatch)
+	fe := e13Code(t, err, failure.RunnerStateIdentityMismatch)
 	require.Contains(t, err.Error(), "runner state is not_suspended")
 	e13Quarantined(t, base, root, fe, durable.IdentityIndeterminate, before)
 }
@@ -350,7 +350,7 @@ func TestE13_DatabasePriorRunOfAnotherWorkspaceIsAScopeMismatch(t *testing.T) {
 		e13Seed(t, root, e13Identity(prior, "session-otherws"), "suspended")
 		before := e13Tree(t, root)
 		_, err := e13Prepare(ctx, s, base, cur, in)
-		fe := e13Code(t, err, durable.CodeIdentityMismatch)
+		fe := e13Code(t, err, failure.RunnerStateIdentityMismatch)
 		require.Contains(t, err.Error(), "another full session scope")
 		e13Quarantined(t, base, root, fe, durable.IdentityMismatch, before)
 	})
@@ -360,7 +360,7 @@ func TestE13_DatabasePriorRunOfAnotherWorkspaceIsAScopeMismatch(t *testing.T) {
 		e13Seed(t, legacy, e13Identity(prior, "session-otherws"), "suspended")
 		before := e13Tree(t, legacy)
 		_, err := e13Prepare(ctx, s, base, cur, in)
-		e13Code(t, err, durable.CodeIdentityMismatch)
+		e13Code(t, err, failure.RunnerStateIdentityMismatch)
 		require.Equal(t, before, e13Tree(t, legacy), "legacy root left in place")
 		require.False(t, e13Exists(e13Root(base, cur, in)))
 		e13NoQuarantine(t, base)
@@ -412,7 +412,7 @@ func TestE13_DatabaseLegacyRootOfARunningPriorRunFailsClosedInPlace(t *testing.T
 			e13Seed(t, legacy, e13Identity(prior, "session-legacy-active"), lifecycle)
 			before := e13Tree(t, legacy)
 			_, err := e13Prepare(ctx, s, base, cur, in)
-			e13Code(t, err, durable.CodeIdentityMismatch)
+			e13Code(t, err, failure.RunnerStateIdentityMismatch)
 			require.Contains(t, err.Error(), "owned by run "+prior)
 			require.Equal(t, before, e13Tree(t, legacy))
 			require.False(t, e13Exists(e13Root(base, cur, in)))
@@ -437,7 +437,7 @@ func TestE13_DatabaseRunOnDiskWithoutARowIsIndeterminate(t *testing.T) {
 		e13Seed(t, root, e13Identity("run-ghost", "session-ghost"), "suspended")
 		before := e13Tree(t, root)
 		_, err := e13Prepare(ctx, s, base, cur, in)
-		fe := e13Code(t, err, durable.CodeIdentityMismatch)
+		fe := e13Code(t, err, failure.RunnerStateIdentityMismatch)
 		require.Contains(t, err.Error(), "prior run run-ghost is unknown")
 		e13Quarantined(t, base, root, fe, durable.IdentityIndeterminate, before)
 	})
@@ -447,7 +447,7 @@ func TestE13_DatabaseRunOnDiskWithoutARowIsIndeterminate(t *testing.T) {
 		e13Seed(t, legacy, e13Identity("run-ghost", "session-ghost"), "suspended")
 		before := e13Tree(t, legacy)
 		_, err := e13Prepare(ctx, s, base, cur, in)
-		e13Code(t, err, durable.CodeIdentityMismatch)
+		e13Code(t, err, failure.RunnerStateIdentityMismatch)
 		require.Equal(t, before, e13Tree(t, legacy))
 		e13NoQuarantine(t, base)
 	})
@@ -486,7 +486,7 @@ func TestE13_DatabaseUnavailableLeavesEveryRootUntouched(t *testing.T) {
 			e13Seed(t, root, e13Identity(prior, "session-down"), "suspended")
 			before := e13Tree(t, root)
 			_, err = e13Prepare(tc.ctx, tc.s, base, cur, in)
-			fe := e13Code(t, err, durable.CodeIdentityMismatch)
+			fe := e13Code(t, err, failure.RunnerStateIdentityMismatch)
 			require.Equal(t, codes.Unavailable, fe.GRPC)
 			require.Contains(t, err.Error(), "could not be read")
 			require.Equal(t, before, e13Tree(t, root))
@@ -496,7 +496,7 @@ func TestE13_DatabaseUnavailableLeavesEveryRootUntouched(t *testing.T) {
 			legacy := filepath.Join(lbase, scope.ParamsOf(cur, in).Key().LegacyRootNames()[0])
 			e13Seed(t, legacy, e13Identity(prior, "session-down"), "suspended")
 			_, err = e13Prepare(tc.ctx, tc.s, lbase, cur, in)
-			fe = e13Code(t, err, durable.CodeIdentityMismatch)
+			fe = e13Code(t, err, failure.RunnerStateIdentityMismatch)
 			require.Equal(t, codes.Unavailable, fe.GRPC)
 			require.Equal(t, before, e13Tree(t, legacy))
 			require.False(t, e13Exists(e13Root(lbase, cur, in)))
@@ -566,7 +566,7 @@ func TestE13_PriorRunsListsTheSessionsOtherRunsOfTheSameCompanyAndAgentNewestFir
 	}
 
 	_, err = s.PriorRuns(ctx, "no-such-run", 10)
-	require.Equal(t, "run_not_found", failure.CodeOf(err))
+	require.EqualValues(t, "run_not_found", failure.CodeOf(err))
 
 	// Wire and durable forms.
 	for i, pr := range store.PriorRunsProto(recs) {

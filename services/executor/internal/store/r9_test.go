@@ -107,7 +107,7 @@ VALUES ('a', $1, $2::bigint, 'runner-1', $2::bigint + 100, 'forged', $3, '\x00',
 	requireRefused(t, forge(0, store.EventTerminal, ca.Attempt), store.ConstraintOneTerminal)
 	// The store's own fenced paths refuse it as well: the lease is over.
 	_, err := s.AppendEvents(ctx, ca.Fence, []*prpv1.Event{event("a", "runner-1", 4, "harness.exited", nil)})
-	require.Equal(t, store.CodeLeaseLost, failure.CodeOf(err))
+	require.EqualValues(t, failure.NativeSessionLeaseLost, failure.CodeOf(err))
 	require.Equal(t, []string{"run.attached", "turn.started", "run.terminal"}, types(rowsOf(t, s, "a")))
 }
 
@@ -159,13 +159,13 @@ func TestR9_SessionEventsAfterARunEndedAreFiledUnderTheNextRunUnderItsFence(t *t
 	require.NoError(t, err)
 	require.Equal(t, store.AppendResult{Duplicates: 3, Dropped: 1}, res)
 	_, err = s.AppendEvents(ctx, cb.Fence, []*prpv1.Event{event("a", "runner-1", 4, "harness.exited", map[string]any{"code": "other"})})
-	require.Equal(t, store.CodeReplayConflict, failure.CodeOf(err))
+	require.EqualValues(t, failure.NativeEventReplayConflict, failure.CodeOf(err))
 
 	// A stale attempt of b files nothing, neither its own nor a's events.
 	stale := cb.Fence
 	stale.Attempt++
 	_, err = s.AppendEvents(ctx, stale, []*prpv1.Event{event("a", "runner-1", 7, "harness.exited", nil)})
-	require.Equal(t, store.CodeLeaseLost, failure.CodeOf(err))
+	require.EqualValues(t, failure.NativeSessionLeaseLost, failure.CodeOf(err))
 	require.Len(t, rowsOf(t, s, "b"), 3)
 }
 

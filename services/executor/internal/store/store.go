@@ -171,13 +171,13 @@ type Fence struct {
 
 // ErrLeaseLost reports that the fence no longer holds.
 func ErrLeaseLost(f Fence) error {
-	return failure.New(codes.Aborted, "native_session_lease_lost",
+	return failure.New(codes.Aborted, failure.NativeSessionLeaseLost,
 		"run %s attempt %d is no longer owned by %s", f.RunID, f.Attempt, f.Owner)
 }
 
 // ErrRunNotFound reports an unknown run.
 func ErrRunNotFound(id string) error {
-	return failure.New(codes.NotFound, "run_not_found", "no run %q", id)
+	return failure.New(codes.NotFound, failure.RunNotFound, "no run %q", id)
 }
 
 // InputDigest is the hex sha256 of the deterministic encoding of an input.
@@ -216,7 +216,7 @@ ON CONFLICT (run_id) DO NOTHING`,
 				return err
 			}
 			if existing != digest {
-				return failure.New(codes.AlreadyExists, "run_id_conflict",
+				return failure.New(codes.AlreadyExists, failure.RunIDConflict,
 					"run %q already exists with a different input", runID)
 			}
 			return nil
@@ -388,7 +388,7 @@ func (s *Store) ListRuns(ctx context.Context, f ListFilter, pageSize int, pageTo
 		raw, err := base64.RawURLEncoding.DecodeString(pageToken)
 		n, perr := strconv.ParseInt(string(raw), 10, 64)
 		if err != nil || perr != nil || n <= 0 {
-			return nil, "", failure.New(codes.InvalidArgument, "page_token_invalid", "page_token is not one this service issued")
+			return nil, "", failure.New(codes.InvalidArgument, failure.PageTokenInvalid, "page_token is not one this service issued")
 		}
 		before = n
 	}

@@ -69,7 +69,7 @@ func TestSubmitRunIsIdempotentByRunID(t *testing.T) {
 
 	_, _, err = s.SubmitRun(ctx, "r1", input("s", "another prompt"))
 	require.Equal(t, codes.AlreadyExists, status.Code(err))
-	require.Equal(t, "run_id_conflict", failure.CodeOf(err))
+	require.EqualValues(t, "run_id_conflict", failure.CodeOf(err))
 
 	runs, _, err := s.ListRuns(ctx, store.ListFilter{}, 10, "")
 	require.NoError(t, err)
@@ -143,9 +143,9 @@ func TestE7_ExpiredLeaseIsTakenOverAndStaleWritesChangeNothing(t *testing.T) {
 	require.EqualValues(t, 2, taken.Attempt)
 
 	_, err = s.AppendEvents(ctx, old.Fence, []*prpv1.Event{event("r", "runner-1", 1, "turn.started", nil)})
-	require.Equal(t, "native_session_lease_lost", failure.CodeOf(err))
-	require.Equal(t, "native_session_lease_lost", failure.CodeOf(s.FailRun(ctx, old.Fence, "x_failed", "stale")))
-	require.Equal(t, "native_session_lease_lost", failure.CodeOf(s.RecordRunner(ctx, old.Fence, "runner-1", nil, nil)))
+	require.EqualValues(t, "native_session_lease_lost", failure.CodeOf(err))
+	require.EqualValues(t, "native_session_lease_lost", failure.CodeOf(s.FailRun(ctx, old.Fence, "x_failed", "stale")))
+	require.EqualValues(t, "native_session_lease_lost", failure.CodeOf(s.RecordRunner(ctx, old.Fence, "runner-1", nil, nil)))
 	run, err := s.GetRun(ctx, "r")
 	require.NoError(t, err)
 	require.Zero(t, run.GetEventCount())
@@ -179,7 +179,7 @@ func TestG4_AppendEventsDedupesAndRefusesConflicts(t *testing.T) {
 		event("r", "runner-1", 4, "item.delta", nil),
 		event("r", "runner-1", 2, "item.delta", map[string]any{"delta": "HE"}),
 	})
-	require.Equal(t, store.CodeReplayConflict, failure.CodeOf(err))
+	require.EqualValues(t, failure.NativeEventReplayConflict, failure.CodeOf(err))
 	require.Contains(t, err.Error(), "native_event_replay_conflict: source sequence 2 contained different bytes")
 	evs, err := s.EventsAfter(ctx, "r", 0, 100)
 	require.NoError(t, err)

@@ -68,7 +68,7 @@ func submit(ctx context.Context, q rowQuerier, runID string, in *prpv1.Execution
 		}
 	}
 	if !created && existing != digest {
-		return false, failure.New(codes.AlreadyExists, "run_id_conflict", "run %q already exists with a different input", runID)
+		return false, failure.New(codes.AlreadyExists, failure.RunIDConflict, "run %q already exists with a different input", runID)
 	}
 	return created, nil
 }

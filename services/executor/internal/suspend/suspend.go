@@ -23,10 +23,6 @@ import (
 	"github.com/tether-run/tether/services/executor/internal/store"
 )
 
-// CodeSupervisorBusy: another replica is suspending the scope, or a run is
-// attached to it.
-const CodeSupervisorBusy = "native_session_supervisor_busy"
-
 // Suspender claims and suspends idle warm sessions.
 type Suspender struct {
 	Store   *store.Store
@@ -113,7 +109,7 @@ func (s *Suspender) Suspend(ctx context.Context, sc, lastRunID string, in *prpv1
 	}
 	if !ok {
 		if force {
-			return nil, failure.New(codes.Aborted, CodeSupervisorBusy,
+			return nil, failure.New(codes.Aborted, failure.NativeSessionSupervisorBusy,
 				"session scope %s is being suspended elsewhere, or a newer run took it", sc)
 		}
 		return nil, nil
@@ -128,7 +124,7 @@ func (s *Suspender) Suspend(ctx context.Context, sc, lastRunID string, in *prpv1
 	resp, err := s.Gateway.SuspendRunner(cctx, &gatewayv1.SuspendRunnerRequest{Input: in, RunId: lastRunID, Reason: reason})
 	if err != nil {
 		state := store.SuspensionFailed
-		if failure.CodeOf(err) == "runner_state_missing" {
+		if failure.CodeOf(err) == failure.RunnerStateMissing {
 			state = store.SuspensionSkipped
 		}
 		log.Warn("suspension failed", "state", state, "code", failure.CodeOf(err), "err", err)

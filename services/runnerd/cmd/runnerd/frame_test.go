@@ -18,6 +18,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/tether-run/tether/pkg/failure"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/prp"
 )
@@ -126,8 +127,8 @@ func TestG4_ProviderLineOver4MiBFailsTheTurnWithProviderFrameTooLarge(t *testing
 	}
 	term := find("run.terminal").GetPayload().AsMap()
 	require.Equal(t, "failed", term["turnTerminalState"], "%v", term)
-	require.Equal(t, prp.CodeFrameTooLarge, term["code"], "%v", term)
-	require.Equal(t, prp.CodeFrameTooLarge, find("harness.exited").GetPayload().AsMap()["code"])
+	require.Equal(t, failure.ProviderFrameTooLarge, term["code"], "%v", term)
+	require.Equal(t, failure.ProviderFrameTooLarge, find("harness.exited").GetPayload().AsMap()["code"])
 	for _, ev := range events {
 		require.Less(t, len(ev.GetPayload().String()), 1<<20, "the oversize line never became an event")
 	}

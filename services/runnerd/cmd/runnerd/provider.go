@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/tether-run/tether/pkg/askuser"
+	"github.com/tether-run/tether/pkg/failure"
 	"github.com/tether-run/tether/services/runnerd/internal/codex"
 	"github.com/tether-run/tether/services/runnerd/internal/provhost"
 	"github.com/tether-run/tether/services/runnerd/internal/runner"
@@ -62,7 +63,7 @@ func startCodex(ctx context.Context, cfg runner.ProviderConfig, emit func(runner
 		self, err := os.Executable()
 		if err != nil {
 			_ = provhost.Stop(host, closeGrace(cfg))
-			return nil, &runner.ProviderError{Code: codex.CodeSpawnFailed, Message: err.Error()}
+			return nil, &runner.ProviderError{Code: failure.ProviderSpawnFailed, Message: err.Error()}
 		}
 		ccfg.Command, ccfg.Args = self, provhost.ShimArgs(cfg.HostDir, cfg.Reattach, cfg.ResumeAfter)
 	}
@@ -96,7 +97,7 @@ func startHost(ctx context.Context, cfg runner.ProviderConfig) (*provhost.Info, 
 	if cfg.Reattach {
 		if !old.HostAlive() || !old.ProviderAlive() {
 			_ = provhost.Stop(old, closeGrace(cfg))
-			return nil, &runner.ProviderError{Code: runner.CodeProviderProcessLost, Message: "the provider host is gone"}
+			return nil, &runner.ProviderError{Code: failure.ProviderProcessLost, Message: "the provider host is gone"}
 		}
 		return old, nil
 	}
@@ -105,14 +106,14 @@ func startHost(ctx context.Context, cfg runner.ProviderConfig) (*provhost.Info, 
 	}
 	self, err := os.Executable()
 	if err != nil {
-		return nil, &runner.ProviderError{Code: codex.CodeSpawnFailed, Message: err.Error()}
+		return nil, &runner.ProviderError{Code: failure.ProviderSpawnFailed, Message: err.Error()}
 	}
 	in, err := provhost.Spawn(ctx, provhost.SpawnConfig{
 		Self: self, Dir: cfg.HostDir, WorkDir: cfg.Dir, Env: cfg.Env, Command: cfg.Command, Args: cfg.Args,
 		SeqBase: cfg.ResumeAfter, DetachTimeout: cfg.DetachTimeout, Grace: closeGrace(cfg),
 	})
 	if err != nil {
-		return nil, &runner.ProviderError{Code: codex.CodeSpawnFailed, Message: err.Error()}
+		return nil, &runner.ProviderError{Code: failure.ProviderSpawnFailed, Message: err.Error()}
 	}
 	return in, nil
 }
@@ -283,7 +284,7 @@ func (p *codexProvider) convert(err error) error {
 		return err
 	}
 	switch pe.Code {
-	case codex.CodeProcessExited, codex.CodeStdoutClosed, codex.CodeTransportFailed:
+	case failure.ProviderProcessExited, failure.ProviderStdoutClosed, failure.ProviderTransportFailed:
 	default:
 		return err
 	}
@@ -291,7 +292,7 @@ func (p *codexProvider) convert(err error) error {
 	if ex == nil {
 		return err
 	}
-	return &runner.ProviderError{Code: codex.CodeProcessExited,
+	return &runner.ProviderError{Code: failure.ProviderProcessExited,
 		Message: fmt.Sprintf("provider process %d %s (its driver saw: %s)", ex.ProviderPID, ex.Description, pe.Message)}
 }
 

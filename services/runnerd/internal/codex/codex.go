@@ -20,6 +20,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/tether-run/tether/pkg/failure"
 )
 
 // ClientName, ClientTitle and ClientVersion are sent as initialize.clientInfo.
@@ -207,7 +209,7 @@ func Start(ctx context.Context, cfg Config, emit func(Event)) (*Session, error) 
 		emit = func(Event) {}
 	}
 	if cfg.Command == "" {
-		return nil, errorf(CodeSpawnFailed, "empty provider command")
+		return nil, errorf(failure.ProviderSpawnFailed, "empty provider command")
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -249,17 +251,17 @@ func Start(ctx context.Context, cfg Config, emit func(Event)) (*Session, error) 
 func (s *Session) spawn() error {
 	inR, inW, err := os.Pipe()
 	if err != nil {
-		return errorf(CodeSpawnFailed, "stdin pipe: %s", err.Error())
+		return errorf(failure.ProviderSpawnFailed, "stdin pipe: %s", err.Error())
 	}
 	outR, outW, err := os.Pipe()
 	if err != nil {
 		closeAll(inR, inW)
-		return errorf(CodeSpawnFailed, "stdout pipe: %s", err.Error())
+		return errorf(failure.ProviderSpawnFailed, "stdout pipe: %s", err.Error())
 	}
 	errR, errW, err := os.Pipe()
 	if err != nil {
 		closeAll(inR, inW, outR, outW)
-		return errorf(CodeSpawnFailed, "stderr pipe: %s", err.Error())
+		return errorf(failure.ProviderSpawnFailed, "stderr pipe: %s", err.Error())
 	}
 	cmd := exec.Command(s.cfg.Command, s.cfg.Args...)
 	cmd.Dir = s.cfg.Dir
@@ -269,7 +271,7 @@ func (s *Session) spawn() error {
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
 		closeAll(inR, inW, outR, outW, errR, errW)
-		return errorf(CodeSpawnFailed, "start %s: %s", s.cfg.Command, err.Error())
+		return errorf(failure.ProviderSpawnFailed, "start %s: %s", s.cfg.Command, err.Error())
 	}
 	startedAt := time.Now()
 	closeAll(inR, outW, errW)
@@ -299,7 +301,7 @@ func closeAll(fs ...*os.File) {
 
 func (s *Session) initialize(ctx context.Context, timeout time.Duration) error {
 	if timeout <= 0 {
-		return errorf(CodeInitializeTimeout, "no initialize response within %s", s.cfg.StartupTimeout)
+		return errorf(failure.ProviderInitializeTimeout, "no initialize response within %s", s.cfg.StartupTimeout)
 	}
 	params := map[string]any{
 		"clientInfo":   map[string]any{"name": ClientName, "title": ClientTitle, "version": ClientVersion},
@@ -307,16 +309,16 @@ func (s *Session) initialize(ctx context.Context, timeout time.Duration) error {
 	}
 	res, rpcErr, err := s.call(ctx, "initialize", params, timeout, nil)
 	switch {
-	case CodeOf(err) == CodeRequestTimeout:
-		return errorf(CodeInitializeTimeout, "no initialize response within %s", s.cfg.StartupTimeout)
+	case CodeOf(err) == failure.ProviderRequestTimeout:
+		return errorf(failure.ProviderInitializeTimeout, "no initialize response within %s", s.cfg.StartupTimeout)
 	case err != nil:
 		return err
 	case rpcErr != nil:
-		return errorf(CodeInitializeProtocolError, "initialize rejected: %s", rpcErr.describe())
+		return errorf(failure.ProviderInitializeProtocolError, "initialize rejected: %s", rpcErr.describe())
 	}
 	var obj map[string]json.RawMessage
 	if err := json.Unmarshal(res, &obj); err != nil || obj == nil {
-		return errorf(CodeInitializeProtocolError, "initialize result is not a JSON object")
+		return errorf(failure.ProviderInitializeProtocolError, "initialize result is not a JSON object")
 	}
 	if err := s.notify("initialized", nil); err != nil {
 		return err
@@ -369,10 +371,10 @@ func (s *Session) OpenThread(ctx context.Context, threadID string) (string, bool
 	case s.threadID != "":
 		open := s.threadID
 		s.mu.Unlock()
-		return "", false, errorf(CodeThreadAlreadyOpen, "thread %s is already open", open)
+		return "", false, errorf(failure.ProviderThreadAlreadyOpen, "thread %s is already open", open)
 	case s.opening:
 		s.mu.Unlock()
-		return "", false, errorf(CodeThreadAlreadyOpen, "a thread is already being opened")
+		return "", false, errorf(failure.ProviderThreadAlreadyOpen, "a thread is already being opened")
 	}
 	s.opening = true
 	s.mu.Unlock()
@@ -382,10 +384,10 @@ func (s *Session) OpenThread(ctx context.Context, threadID string) (string, bool
 		s.mu.Unlock()
 	}()
 
-	method, failCode := "thread/start", CodeThreadStartFailed
+	method, failCode := "thread/start", failure.ProviderThreadStartFailed
 	params := map[string]any{}
 	if resumed {
-		method, failCode = "thread/resume", CodeThreadResumeFailed
+		method, failCode = "thread/resume", failure.ProviderThreadResumeFailed
 		// excludeTurns: the full-history hydration is deprecated and can
 		// exceed the frame limit on long threads.
 		params["threadId"] = threadID
@@ -416,10 +418,10 @@ func (s *Session) OpenThread(ctx context.Context, threadID string) (string, bool
 			Model string `json:"model"`
 		}
 		if err := json.Unmarshal(raw, &res); err != nil || res.Thread.ID == "" {
-			return errorf(CodeProtocolError, "%s result has no thread.id", method)
+			return errorf(failure.ProviderProtocolError, "%s result has no thread.id", method)
 		}
 		if resumed && res.Thread.ID != threadID {
-			return errorf(CodeThreadResumeMismatch, "thread/resume of %s returned thread %s", threadID, res.Thread.ID)
+			return errorf(failure.ProviderThreadResumeMismatch, "thread/resume of %s returned thread %s", threadID, res.Thread.ID)
 		}
 		providerSession := res.Thread.SessionID
 		if providerSession == "" {
@@ -473,14 +475,14 @@ func (s *Session) StartTurnWith(ctx context.Context, text string, opts TurnOptio
 	switch {
 	case thread == "":
 		s.mu.Unlock()
-		return "", errorf(CodeThreadNotOpen, "no open thread")
+		return "", errorf(failure.ProviderThreadNotOpen, "no open thread")
 	case s.turn != nil:
 		active := s.turn.id
 		s.mu.Unlock()
-		return "", errorf(CodeTurnActive, "turn %s is still active; steer or interrupt it", active)
+		return "", errorf(failure.ProviderTurnActive, "turn %s is still active; steer or interrupt it", active)
 	case s.starting:
 		s.mu.Unlock()
-		return "", errorf(CodeTurnActive, "a turn is already being started")
+		return "", errorf(failure.ProviderTurnActive, "a turn is already being started")
 	}
 	s.starting = true
 	s.mu.Unlock()
@@ -498,7 +500,7 @@ func (s *Session) StartTurnWith(ctx context.Context, text string, opts TurnOptio
 			} `json:"turn"`
 		}
 		if err := json.Unmarshal(raw, &res); err != nil || res.Turn.ID == "" {
-			return errorf(CodeProtocolError, "turn/start result has no turn.id")
+			return errorf(failure.ProviderProtocolError, "turn/start result has no turn.id")
 		}
 		turnID = res.Turn.ID
 		s.mu.Lock()
@@ -512,7 +514,7 @@ func (s *Session) StartTurnWith(ctx context.Context, text string, opts TurnOptio
 		}
 		s.mu.Unlock()
 		if replaced != "" {
-			s.diagnosticOnce(CodeUnknownTurn, "turn/start", turnID, "", "provider announced turn "+replaced+" before the turn/start response named "+turnID)
+			s.diagnosticOnce(failure.ProviderUnknownTurn, "turn/start", turnID, "", "provider announced turn "+replaced+" before the turn/start response named "+turnID)
 		}
 		return nil
 	}
@@ -535,7 +537,7 @@ func (s *Session) StartTurnWith(ctx context.Context, text string, opts TurnOptio
 		return "", err
 	}
 	if rpcErr != nil {
-		return "", errorf(CodeTurnStartFailed, "turn/start: %s", rpcErr.describe())
+		return "", errorf(failure.ProviderTurnStartFailed, "turn/start: %s", rpcErr.describe())
 	}
 	return turnID, nil
 }
@@ -556,7 +558,7 @@ func (s *Session) Steer(ctx context.Context, turnID, text string) error {
 		return err
 	}
 	if rpcErr != nil {
-		return errorf(CodeSteerFailed, "turn/steer: %s", rpcErr.describe())
+		return errorf(failure.ProviderSteerFailed, "turn/steer: %s", rpcErr.describe())
 	}
 	return nil
 }
@@ -574,7 +576,7 @@ func (s *Session) Interrupt(ctx context.Context, turnID string) error {
 		return err
 	}
 	if rpcErr != nil {
-		return errorf(CodeInterruptFailed, "turn/interrupt: %s", rpcErr.describe())
+		return errorf(failure.ProviderInterruptFailed, "turn/interrupt: %s", rpcErr.describe())
 	}
 	return nil
 }
@@ -586,7 +588,7 @@ func (s *Session) openThread() (string, error) {
 		return "", s.failErr
 	}
 	if s.threadID == "" {
-		return "", errorf(CodeThreadNotOpen, "no open thread")
+		return "", errorf(failure.ProviderThreadNotOpen, "no open thread")
 	}
 	return s.threadID, nil
 }

@@ -8,6 +8,8 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+
+	"github.com/tether-run/tether/pkg/failure"
 )
 
 // ConfigTOML is what the caller chooses in codex's config.toml; everything
@@ -43,7 +45,7 @@ var (
 // Responses-API provider at c.BaseURL. codexHome is created (0700) if needed.
 func WriteConfig(codexHome string, c ConfigTOML) error {
 	if codexHome == "" {
-		return errorf(CodeInvalidConfig, "empty codex home")
+		return errorf(failure.ProviderConfigInvalid, "empty codex home")
 	}
 	if c.ProviderID == "" {
 		c.ProviderID = "tether"
@@ -62,15 +64,15 @@ func WriteConfig(codexHome string, c ConfigTOML) error {
 	}
 	switch {
 	case c.Model == "":
-		return errorf(CodeInvalidConfig, "model is required")
+		return errorf(failure.ProviderConfigInvalid, "model is required")
 	case !bareKey.MatchString(c.ProviderID):
-		return errorf(CodeInvalidConfig, "provider id %q must match [A-Za-z0-9_-]+", c.ProviderID)
+		return errorf(failure.ProviderConfigInvalid, "provider id %q must match [A-Za-z0-9_-]+", c.ProviderID)
 	case c.EnvKey != "" && !envName.MatchString(c.EnvKey):
-		return errorf(CodeInvalidConfig, "env key %q is not a variable name", c.EnvKey)
+		return errorf(failure.ProviderConfigInvalid, "env key %q is not a variable name", c.EnvKey)
 	}
 	u, err := url.Parse(c.BaseURL)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return errorf(CodeInvalidConfig, "base url must be an absolute http(s) URL")
+		return errorf(failure.ProviderConfigInvalid, "base url must be an absolute http(s) URL")
 	}
 	content := renderConfigTOML(c)
 

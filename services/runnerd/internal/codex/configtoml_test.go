@@ -8,6 +8,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"github.com/tether-run/tether/pkg/failure"
 )
 
 // parseSimpleTOML reads the flat "[table]" / "key = value" subset WriteConfig
@@ -99,9 +100,9 @@ func TestR2_WriteConfigRejectsBadInput(t *testing.T) {
 		"bad provider": {Model: "m", BaseURL: ok.BaseURL, ProviderID: "a.b]"},
 		"bad env key":  {Model: "m", BaseURL: ok.BaseURL, EnvKey: "A=B"},
 	} {
-		assert.Equal(t, CodeInvalidConfig, CodeOf(WriteConfig(home, c)), name)
+		assert.Equal(t, failure.ProviderConfigInvalid, CodeOf(WriteConfig(home, c)), name)
 	}
-	assert.Equal(t, CodeInvalidConfig, CodeOf(WriteConfig("", ok)))
+	assert.Equal(t, failure.ProviderConfigInvalid, CodeOf(WriteConfig("", ok)))
 	_, err := os.Stat(filepath.Join(home, "config.toml"))
 	assert.True(t, os.IsNotExist(err))
 	assert.Equal(t, `"a\u0001\tb"`, tomlString("a\x01\tb"))

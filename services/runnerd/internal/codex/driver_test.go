@@ -12,6 +12,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"github.com/tether-run/tether/pkg/failure"
 )
 
 // R2: the codex app-server JSON-RPC driver.
@@ -23,7 +24,7 @@ func TestR2_InitializeTimeout(t *testing.T) {
 	start := time.Now()
 	s, err := Start(context.Background(), cfg, nil)
 	require.Nil(t, s)
-	assert.Equal(t, CodeInitializeTimeout, CodeOf(err))
+	assert.Equal(t, failure.ProviderInitializeTimeout, CodeOf(err))
 	assert.GreaterOrEqual(t, time.Since(start), 300*time.Millisecond)
 	b, rerr := os.ReadFile(pidFile)
 	require.NoError(t, rerr)
@@ -37,7 +38,7 @@ func TestR2_InitializeProtocolError(t *testing.T) {
 	for _, sc := range []string{"init_error", "init_bad", "init_null"} {
 		t.Run(sc, func(t *testing.T) {
 			_, err := Start(context.Background(), stubConfig(t, sc), nil)
-			assert.Equal(t, CodeInitializeProtocolError, CodeOf(err), "%v", err)
+			assert.Equal(t, failure.ProviderInitializeProtocolError, CodeOf(err), "%v", err)
 		})
 	}
 }
@@ -198,15 +199,15 @@ func TestR2_UncompletedItemsAreNotTheFinalMessage(t *testing.T) {
 func TestR2_StartTurnRequiresThreadAndIdleTurn(t *testing.T) {
 	s, _ := startSession(t, stubConfig(t, "echo"))
 	_, err := s.StartTurn(context.Background(), "x")
-	assert.Equal(t, CodeThreadNotOpen, CodeOf(err))
-	assert.Equal(t, CodeThreadNotOpen, CodeOf(s.Steer(context.Background(), "t", "x")))
+	assert.Equal(t, failure.ProviderThreadNotOpen, CodeOf(err))
+	assert.Equal(t, failure.ProviderThreadNotOpen, CodeOf(s.Steer(context.Background(), "t", "x")))
 	openStubThread(t, s)
 	_, _, err = s.OpenThread(context.Background(), "")
-	assert.Equal(t, CodeThreadAlreadyOpen, CodeOf(err))
+	assert.Equal(t, failure.ProviderThreadAlreadyOpen, CodeOf(err))
 	turnID, err := s.StartTurn(context.Background(), "[slow] long")
 	require.NoError(t, err)
 	_, err = s.StartTurn(context.Background(), "y")
-	assert.Equal(t, CodeTurnActive, CodeOf(err))
+	assert.Equal(t, failure.ProviderTurnActive, CodeOf(err))
 	require.NoError(t, s.Interrupt(context.Background(), turnID))
 	assert.Equal(t, TurnInterrupted, waitTurn(t, s).Status)
 }
@@ -253,7 +254,7 @@ func TestR2_ServerRequestIDZeroIsAnswered(t *testing.T) {
 
 	var diags []Event
 	for _, e := range rec.ofType("harness.diagnostic") {
-		if e.Payload["code"] == CodeServerRequestUnsupported {
+		if e.Payload["code"] == failure.ProviderServerRequestUnsupported {
 			diags = append(diags, e)
 		}
 	}
@@ -297,9 +298,9 @@ func TestR2_FrameLimitBoundary(t *testing.T) {
 func TestR2_MalformedFrameFailsSession(t *testing.T) {
 	s, _ := startSession(t, stubConfig(t, "malformed"))
 	_, _, err := s.OpenThread(context.Background(), "")
-	assert.Equal(t, CodeTransportFailed, CodeOf(err))
+	assert.Equal(t, failure.ProviderTransportFailed, CodeOf(err))
 	waitExited(t, s)
-	assert.Equal(t, CodeTransportFailed, CodeOf(s.ExitErr()))
+	assert.Equal(t, failure.ProviderTransportFailed, CodeOf(s.ExitErr()))
 }
 
 func TestR2_SteerAndInterrupt(t *testing.T) {
@@ -313,7 +314,7 @@ func TestR2_SteerAndInterrupt(t *testing.T) {
 	require.NoError(t, err)
 	rec.waitFor(t, func(e Event) bool { return e.Type == "item.delta" && e.TurnID == turnID })
 	err = s.Steer(context.Background(), "not-the-active-turn", "x")
-	assert.Equal(t, CodeSteerFailed, CodeOf(err))
+	assert.Equal(t, failure.ProviderSteerFailed, CodeOf(err))
 	assert.Contains(t, err.Error(), "expected active turn id")
 	require.NoError(t, s.Steer(context.Background(), turnID, "steer: bananas"))
 	res := waitTurn(t, s)
@@ -346,7 +347,7 @@ func TestR2_RequestTimeout(t *testing.T) {
 	require.NoError(t, err)
 	rec.waitFor(t, func(e Event) bool { return e.Type == "item.delta" && e.TurnID == turnID })
 	err = s.Interrupt(context.Background(), turnID)
-	assert.Equal(t, CodeRequestTimeout, CodeOf(err))
+	assert.Equal(t, failure.ProviderRequestTimeout, CodeOf(err))
 	// A timed-out request does not break the session.
 	assert.Equal(t, TurnCompleted, waitTurn(t, s).Status)
 	assert.Nil(t, s.ExitErr())
@@ -365,7 +366,7 @@ func TestR2_FailedTurn(t *testing.T) {
 	res := waitTurn(t, s)
 	res.Total = nil // the thread total is TestR2_TurnEventsAndResult's
 	assert.Equal(t, TurnResult{
-		TurnID: turnID, Status: TurnFailed, ErrorCode: CodeTurnFailed,
+		TurnID: turnID, Status: TurnFailed, ErrorCode: failure.ProviderTurnFailed,
 		ErrorMessage: "stream disconnected before completion: mock failure",
 	}, res)
 	var provErr *Event
@@ -377,13 +378,13 @@ func TestR2_FailedTurn(t *testing.T) {
 	require.NotNil(t, provErr)
 	assert.Equal(t, turnID, provErr.TurnID)
 	assert.Equal(t, map[string]any{
-		"source": "provider", "code": CodeProviderError, "message": "stream disconnected before completion: mock failure",
+		"source": "provider", "code": failure.ProviderError, "message": "stream disconnected before completion: mock failure",
 		"willRetry": false, "providerErrorCode": "other",
 	}, provErr.Payload)
 	failed := rec.ofType("turn.failed")
 	require.Len(t, failed, 1)
 	assert.Equal(t, map[string]any{
-		"code": CodeTurnFailed, "message": "stream disconnected before completion: mock failure", "providerErrorCode": "other",
+		"code": failure.ProviderTurnFailed, "message": "stream disconnected before completion: mock failure", "providerErrorCode": "other",
 	}, failed[0].Payload["error"])
 }
 
@@ -404,9 +405,9 @@ func TestR2_UnknownTurnAndForeignThreadIgnored(t *testing.T) {
 	for _, e := range rec.ofType("harness.diagnostic") {
 		codes[e.Payload["code"].(string)] = e
 	}
-	require.Contains(t, codes, CodeUnknownTurn)
-	assert.Equal(t, "turn-bogus", codes[CodeUnknownTurn].TurnID)
-	require.Contains(t, codes, CodeThreadMismatch)
+	require.Contains(t, codes, failure.ProviderUnknownTurn)
+	assert.Equal(t, "turn-bogus", codes[failure.ProviderUnknownTurn].TurnID)
+	require.Contains(t, codes, failure.ProviderThreadMismatch)
 	assert.Equal(t, -1, rec.index(func(e Event) bool { return e.ItemID == "msg_foreign" }))
 	assert.Len(t, rec.ofType("turn.completed"), 1)
 }
@@ -432,13 +433,13 @@ func TestR2_ResumeThread(t *testing.T) {
 func TestR2_ResumeErrors(t *testing.T) {
 	s, rec := startSession(t, stubConfig(t, "echo"))
 	_, _, err := s.OpenThread(context.Background(), "thr-mismatch")
-	assert.Equal(t, CodeThreadResumeMismatch, CodeOf(err))
+	assert.Equal(t, failure.ProviderThreadResumeMismatch, CodeOf(err))
 	_, _, err = s.OpenThread(context.Background(), "thr-missing")
-	assert.Equal(t, CodeThreadResumeFailed, CodeOf(err))
+	assert.Equal(t, failure.ProviderThreadResumeFailed, CodeOf(err))
 	assert.Contains(t, err.Error(), "no rollout found")
 	assert.Empty(t, rec.ofType("session.started"))
 	_, err = s.StartTurn(context.Background(), "x")
-	assert.Equal(t, CodeThreadNotOpen, CodeOf(err))
+	assert.Equal(t, failure.ProviderThreadNotOpen, CodeOf(err))
 	// The session is still usable.
 	id, resumed, err := s.OpenThread(context.Background(), "thr-ok")
 	require.NoError(t, err)

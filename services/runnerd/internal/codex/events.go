@@ -12,7 +12,7 @@ package codex
 //	turn.completed           P0 {status, finalMessage, usage:{inputTokens,cachedInputTokens,outputTokens}}
 //	turn.failed              P0 {…, error:{code, message[, providerErrorCode]}}
 //	turn.interrupted         P0 {…}
-//	harness.diagnostic       P1 provider `error`: {source:"provider", code:"provider_error", message, willRetry[, providerErrorCode]}
+//	harness.diagnostic       P1 provider `error`: {source:"provider", code:failure.ProviderError, message, willRetry[, providerErrorCode]}
 //	                            driver notes: {code, method, message[, requestId, answer]}
 //	run.plan_updated         P1 {source:"turn_plan", explanation?, steps:[{step,status}]} | {source:"plan_item", markdown} (plan.go)
 //	provider.notice.recorded P2 {kind:"warning"|"configWarning"|"deprecationNotice", message[, details]}
@@ -22,6 +22,8 @@ import (
 	"encoding/json"
 	"strconv"
 	"unicode/utf8"
+
+	"github.com/tether-run/tether/pkg/failure"
 )
 
 // turnState tracks the active turn.
@@ -88,7 +90,7 @@ func (s *Session) handleNotification(method string, raw json.RawMessage) {
 	}
 	p, err := decodeObject(raw)
 	if err != nil {
-		s.diagnosticOnce(CodeProtocolError, method, "", "", method+" params are not a JSON object")
+		s.diagnosticOnce(failure.ProviderProtocolError, method, "", "", method+" params are not a JSON object")
 		return
 	}
 	switch method {
@@ -148,14 +150,14 @@ func (s *Session) threadOK(method string, p map[string]any, required bool) bool 
 		return true
 	}
 	msg := method + " names thread " + strconv.Quote(tid) + " but the open thread is " + strconv.Quote(open)
-	s.diagnosticOnce(CodeThreadMismatch, method, str(p, "turnId"), "", msg)
+	s.diagnosticOnce(failure.ProviderThreadMismatch, method, str(p, "turnId"), "", msg)
 	return false
 }
 
 func (s *Session) onTurnStarted(p map[string]any) {
 	id := str(obj(p, "turn"), "id")
 	if id == "" {
-		s.diagnosticOnce(CodeProtocolError, "turn/started", "", "", "turn/started has no turn.id")
+		s.diagnosticOnce(failure.ProviderProtocolError, "turn/started", "", "", "turn/started has no turn.id")
 		return
 	}
 	s.mu.Lock()
@@ -170,7 +172,7 @@ func (s *Session) onTurnStarted(p map[string]any) {
 	}
 	s.mu.Unlock()
 	if !match {
-		s.diagnosticOnce(CodeUnknownTurn, "turn/started", id, "", "turn/started for "+id+" while turn "+t.id+" is active")
+		s.diagnosticOnce(failure.ProviderUnknownTurn, "turn/started", id, "", "turn/started for "+id+" while turn "+t.id+" is active")
 		return
 	}
 	if first {
@@ -197,13 +199,13 @@ func (s *Session) onTurnCompleted(p map[string]any) {
 	if !known {
 		s.emitMu.Unlock()
 		if !failed {
-			s.diagnostic(CodeUnknownTurn, "turn/completed", id, "", "turn/completed for unknown turn "+strconv.Quote(id)+" ignored")
+			s.diagnostic(failure.ProviderUnknownTurn, "turn/completed", id, "", "turn/completed for unknown turn "+strconv.Quote(id)+" ignored")
 		}
 		return
 	}
 	defer s.emitMu.Unlock()
 	// Requests of the finished turn can no longer be answered.
-	s.expireRequests(id, ReasonTurnEnded, true)
+	s.expireRequests(id, failure.TurnEnded, true)
 
 	final := t.finalMessage
 	if final == "" {
@@ -220,7 +222,7 @@ func (s *Session) onTurnCompleted(p map[string]any) {
 		res.Status, evType = TurnInterrupted, "turn.interrupted"
 	default:
 		res.Status, evType = TurnFailed, "turn.failed"
-		res.ErrorCode = CodeTurnFailed
+		res.ErrorCode = failure.ProviderTurnFailed
 		res.ErrorMessage = "provider reported turn status " + strconv.Quote(status)
 		if status == TurnFailed {
 			res.ErrorMessage = "turn failed"
@@ -338,7 +340,7 @@ func (s *Session) onTokenUsage(p map[string]any) {
 	tu := obj(p, "tokenUsage")
 	total, ok := parseTotals(obj(tu, "total"))
 	if !ok {
-		s.diagnosticOnce(CodeProtocolError, "thread/tokenUsage/updated", str(p, "turnId"), "", "tokenUsage.total missing")
+		s.diagnosticOnce(failure.ProviderProtocolError, "thread/tokenUsage/updated", str(p, "turnId"), "", "tokenUsage.total missing")
 		return
 	}
 	last, _ := parseTotals(obj(tu, "last"))
@@ -377,7 +379,7 @@ func (s *Session) onProviderError(p map[string]any) {
 	willRetry, _ := p["willRetry"].(bool)
 	payload := map[string]any{
 		"source":    "provider",
-		"code":      CodeProviderError,
+		"code":      failure.ProviderError,
 		"message":   truncate(msg, 4096),
 		"willRetry": willRetry,
 	}

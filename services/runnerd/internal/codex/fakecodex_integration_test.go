@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/tether-run/tether/pkg/failure"
 	"github.com/tether-run/tether/services/runnerd/internal/fakecodex"
 )
 
@@ -121,7 +122,7 @@ func TestR2_FakeCodexThreeTurnsOneThreadThenResume(t *testing.T) {
 	total := reports[len(reports)-1].Payload["total"].(map[string]any)
 	assert.Equal(t, total["inputTokens"], usages[0].InputTokens+usages[1].InputTokens+usages[2].InputTokens)
 	closeSession(t, s)
-	assert.Equal(t, CodeClosed, CodeOf(s.ExitErr()))
+	assert.Equal(t, failure.ProviderClosed, CodeOf(s.ExitErr()))
 
 	// Process 2: resume the same thread from the same codex home; the fourth
 	// turn sees all six earlier messages and is charged only its own usage.
@@ -164,7 +165,7 @@ func TestR2_FakeCodexSteerAndInterrupt(t *testing.T) {
 	require.NoError(t, err)
 	rec.waitFor(t, func(e Event) bool { return e.Type == "item.delta" && e.TurnID == turnID })
 	err = s.Steer(ctx, "provider-turn-999", "wrong turn")
-	assert.Equal(t, CodeSteerFailed, CodeOf(err))
+	assert.Equal(t, failure.ProviderSteerFailed, CodeOf(err))
 	require.NoError(t, s.Steer(ctx, turnID, "steered"))
 	res := waitTurn(t, s)
 	assert.Equal(t, TurnCompleted, res.Status)

@@ -3,6 +3,8 @@ package codex
 import (
 	"context"
 	"strconv"
+
+	"github.com/tether-run/tether/pkg/failure"
 )
 
 // Reconciliation outcomes.
@@ -41,18 +43,18 @@ func (s *Session) ReconcileTurn(ctx context.Context, turnID string) (Reconciliat
 		return rec, err
 	}
 	if turnID == "" {
-		return rec, errorf(CodeReconcileFailed, "no turn id to reconcile")
+		return rec, errorf(failure.ProviderReconcileFailed, "no turn id to reconcile")
 	}
 	raw, rpcErr, err := s.call(ctx, "thread/read", map[string]any{"threadId": thread, "includeTurns": true}, s.cfg.RequestTimeout, nil)
 	if err != nil {
 		return rec, err
 	}
 	if rpcErr != nil {
-		return rec, errorf(CodeReconcileFailed, "thread/read: %s", rpcErr.describe())
+		return rec, errorf(failure.ProviderReconcileFailed, "thread/read: %s", rpcErr.describe())
 	}
 	res, err := decodeObject(raw)
 	if err != nil {
-		return rec, errorf(CodeProtocolError, "thread/read result is not a JSON object")
+		return rec, errorf(failure.ProviderProtocolError, "thread/read result is not a JSON object")
 	}
 	turns, _ := obj(res, "thread")["turns"].([]any)
 	var turn map[string]any
@@ -63,7 +65,7 @@ func (s *Session) ReconcileTurn(ctx context.Context, turnID string) (Reconciliat
 	}
 	if turn == nil {
 		rec.Outcome = ReconcileMissing
-		return rec, errorf(CodeTurnMissing, "thread %s has no turn %s; the turn was never recorded by the provider (recoverable)", thread, turnID)
+		return rec, errorf(failure.ProviderTurnMissing, "thread %s has no turn %s; the turn was never recorded by the provider (recoverable)", thread, turnID)
 	}
 	rec.Status = str(turn, "status")
 	rec.FinalMessage = lastAgentMessage(turn)
@@ -75,7 +77,7 @@ func (s *Session) ReconcileTurn(ctx context.Context, turnID string) (Reconciliat
 		case s.turn.id != turnID:
 			other := s.turn.id
 			s.mu.Unlock()
-			return rec, errorf(CodeTurnActive, "turn %s is active, not %s", other, turnID)
+			return rec, errorf(failure.ProviderTurnActive, "turn %s is active, not %s", other, turnID)
 		}
 		s.mu.Unlock()
 		rec.Outcome = ReconcileRetained
@@ -91,7 +93,7 @@ func (s *Session) ReconcileTurn(ctx context.Context, turnID string) (Reconciliat
 		res2.Status, evType = TurnInterrupted, "turn.interrupted"
 	default:
 		res2.Status = TurnFailed
-		res2.ErrorCode = CodeTurnFailed
+		res2.ErrorCode = failure.ProviderTurnFailed
 		res2.ErrorMessage = "provider reported turn status " + strconv.Quote(rec.Status)
 		if e := obj(turn, "error"); e != nil && str(e, "message") != "" {
 			res2.ErrorMessage = truncate(str(e, "message"), 4096)
@@ -115,7 +117,7 @@ func (s *Session) ReconcileTurn(ctx context.Context, turnID string) (Reconciliat
 		s.turn = nil
 	}
 	s.mu.Unlock()
-	s.expireRequests(turnID, ReasonTurnEnded, true)
+	s.expireRequests(turnID, failure.TurnEnded, true)
 	s.emitFn(Event{Type: evType, TurnID: turnID, Priority: PriorityP0, Payload: payload})
 	s.deliverTurn(res2)
 	rec.Outcome = ReconcileTerminalized

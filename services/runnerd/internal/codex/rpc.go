@@ -10,6 +10,8 @@ import (
 	"io"
 	"strconv"
 	"time"
+
+	"github.com/tether-run/tether/pkg/failure"
 )
 
 // MaxFrameBytes bounds one line (one JSON-RPC message) read from the
@@ -121,7 +123,7 @@ func (s *Session) readLoop() {
 	for {
 		line, err := readFrame(br, &buf)
 		if errors.Is(err, errFrameTooLarge) {
-			s.setReaderFatal(errorf(CodeFrameTooLarge, "harness stdout frame exceeded %d bytes", MaxFrameBytes))
+			s.setReaderFatal(errorf(failure.ProviderFrameTooLarge, "harness stdout frame exceeded %d bytes", MaxFrameBytes))
 			return
 		}
 		if len(bytes.TrimSpace(line)) > 0 {
@@ -166,11 +168,11 @@ func (s *Session) setReaderErr(err error) {
 func (s *Session) dispatch(line []byte) *Error {
 	trimmed := bytes.TrimSpace(line)
 	if trimmed[0] != '{' {
-		return errorf(CodeTransportFailed, "malformed JSON-RPC frame on harness stdout: not a JSON object")
+		return errorf(failure.ProviderTransportFailed, "malformed JSON-RPC frame on harness stdout: not a JSON object")
 	}
 	var msg wireMessage
 	if err := json.Unmarshal(trimmed, &msg); err != nil {
-		return errorf(CodeTransportFailed, "malformed JSON-RPC frame on harness stdout: %s", err.Error())
+		return errorf(failure.ProviderTransportFailed, "malformed JSON-RPC frame on harness stdout: %s", err.Error())
 	}
 	hasID := present(msg.ID)
 	switch {
@@ -247,7 +249,7 @@ func (s *Session) call(ctx context.Context, method string, params any, timeout t
 	case r := <-p.ch:
 		return r.result, r.rpcErr, r.err
 	case <-timer.C:
-		abandon = errorf(CodeRequestTimeout, "%s: no response within %s", method, timeout)
+		abandon = errorf(failure.ProviderRequestTimeout, "%s: no response within %s", method, timeout)
 	case <-ctx.Done():
 		abandon = fmt.Errorf("codex: %s: %w", method, ctx.Err())
 	case <-s.exited:
@@ -282,16 +284,16 @@ func (s *Session) writeMessage(v any) error {
 	enc := json.NewEncoder(&b)
 	enc.SetEscapeHTML(false)
 	if err := enc.Encode(v); err != nil {
-		return errorf(CodeProtocolError, "encode request: %s", err.Error())
+		return errorf(failure.ProviderProtocolError, "encode request: %s", err.Error())
 	}
 	s.writeMu.Lock()
 	defer s.writeMu.Unlock()
 	if s.stdinClosed.Load() {
-		return s.failureOr(errorf(CodeTransportFailed, "harness stdin is closed"))
+		return s.failureOr(errorf(failure.ProviderTransportFailed, "harness stdin is closed"))
 	}
 	_ = s.stdin.SetWriteDeadline(time.Now().Add(s.cfg.RequestTimeout))
 	if _, err := s.stdin.Write(b.Bytes()); err != nil {
-		e := errorf(CodeTransportFailed, "write to harness stdin: %s", err.Error())
+		e := errorf(failure.ProviderTransportFailed, "write to harness stdin: %s", err.Error())
 		s.breakWrite(e)
 		return s.failureOr(e)
 	}

@@ -24,7 +24,7 @@ package codex
 //	                              questions, isBlocking (user input)], request:{schema:"tether.runtime_request.v2", …}}
 //	runtime_request.resolved  P0 {requestId, requestKind, requestType, kind, turnId, itemId, resolution}
 //	runtime_request.expired   P0 {requestId, requestKind, requestType, kind, turnId, itemId, reason, replayAllowed:false, request}
-//	runtime_request.cancelled P0 {requestId, requestKind, requestType, kind, turnId, itemId, reason:"provider_resolved"}
+//	runtime_request.cancelled P0 {requestId, requestKind, requestType, kind, turnId, itemId, reason:failure.ProviderResolved}
 //	semantic_tool.input       P0 {callId, requestId, tool, namespace, arguments, turnId, semantic_tool:{schema, phase:"input", …}}
 //	tool.execution.started    P1 {callId, requestId, tool, namespace}
 //	semantic_tool.result      P0 {callId, requestId, tool, success, contentItems, source[, code], semantic_tool:{schema, phase:"result", …}}
@@ -39,6 +39,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/tether-run/tether/pkg/failure"
 )
 
 // Runtime request kinds (payload "kind").
@@ -55,23 +57,8 @@ const (
 	SemanticToolSchema   = "tether.prp.semantic_tool.v1"
 )
 
-// Expiry reasons (runtime_request.expired payload "reason").
-const (
-	ReasonProviderProcessLost = "provider_process_lost"
-	ReasonSessionClosed       = "session_closed"
-	ReasonTurnEnded           = "turn_ended"
-	ReasonProviderResolved    = "provider_resolved"
-)
-
 // Codes of runtime request and tool call failures.
 const (
-	CodeRequestNotPending      = "runtime_request_not_pending"
-	CodeResolutionInvalid      = "runtime_request_resolution_invalid"
-	CodeToolCallNotPending     = "tool_call_not_pending"
-	CodeToolResultInvalid      = "tool_result_invalid"
-	CodeToolAuthorityRevoked   = "native_tool_authority_epoch_revoked"
-	CodeTurnMissing            = "provider_turn_missing"
-	CodeReconcileFailed        = "provider_reconcile_failed"
 	approvalDecisionsDelimiter = "|"
 )
 
@@ -213,7 +200,7 @@ func (s *Session) answerUnsupported(msg wireMessage, p map[string]any) {
 		answer = "rpc_error"
 	}
 	s.emitFromReader(Event{Type: "harness.diagnostic", TurnID: turnID, ItemID: itemID, Priority: PriorityP1, Payload: map[string]any{
-		"code":      CodeServerRequestUnsupported,
+		"code":      failure.ProviderServerRequestUnsupported,
 		"method":    msg.Method,
 		"requestId": requestIDText(msg.ID),
 		"answer":    answer,
@@ -287,7 +274,7 @@ func (s *Session) onRuntimeRequest(msg wireMessage, p map[string]any) {
 	if dup {
 		// Two open requests under one id cannot be told apart: refuse the
 		// second one.
-		s.diagnostic(CodeProtocolError, msg.Method, r.turnID, r.itemID, "server request id "+r.requestID+" is already pending; the second request is refused")
+		s.diagnostic(failure.ProviderProtocolError, msg.Method, r.turnID, r.itemID, "server request id "+r.requestID+" is already pending; the second request is refused")
 		_ = s.writeMessage(outResponse{JSONRPC: "2.0", ID: msg.ID, Error: &wireError{Code: -32600, Message: "duplicate request id " + r.requestID}})
 		return
 	}
@@ -410,10 +397,10 @@ func (s *Session) ResolveRequest(ctx context.Context, requestID string, resoluti
 	failErr := s.failErr
 	s.mu.Unlock()
 	if failErr != nil {
-		return nil, errorf(CodeRequestNotPending, "runtime request %s is no longer pending: %s", requestID, failErr.Error())
+		return nil, errorf(failure.RuntimeRequestNotPending, "runtime request %s is no longer pending: %s", requestID, failErr.Error())
 	}
 	if r == nil {
-		return nil, errorf(CodeRequestNotPending, "runtime request %s is not pending", requestID)
+		return nil, errorf(failure.RuntimeRequestNotPending, "runtime request %s is not pending", requestID)
 	}
 	result, summary, cerr := buildResolution(r, resolution)
 	if cerr != nil {
@@ -425,7 +412,7 @@ func (s *Session) ResolveRequest(ctx context.Context, requestID string, resoluti
 	s.mu.Lock()
 	if s.failErr != nil || s.serverReqs[requestID] != r {
 		s.mu.Unlock()
-		return nil, errorf(CodeRequestNotPending, "runtime request %s is no longer pending", requestID)
+		return nil, errorf(failure.RuntimeRequestNotPending, "runtime request %s is no longer pending", requestID)
 	}
 	delete(s.serverReqs, requestID)
 	s.mu.Unlock()
@@ -454,31 +441,31 @@ func buildResolution(r *serverRequest, resolution map[string]any) (map[string]an
 		switch d := resolution["decision"].(type) {
 		case string:
 			if !approvalDecisions[d] {
-				return nil, nil, errorf(CodeResolutionInvalid, "decision %q is not one of accept, acceptForSession, decline, cancel", d)
+				return nil, nil, errorf(failure.RuntimeRequestResolutionInvalid, "decision %q is not one of accept, acceptForSession, decline, cancel", d)
 			}
 			return map[string]any{"decision": d}, map[string]any{"decision": d}, nil
 		case map[string]any:
 			if r.kind != KindCommandApproval || len(d) != 1 {
-				return nil, nil, errorf(CodeResolutionInvalid, "an object decision must be acceptWithExecpolicyAmendment or applyNetworkPolicyAmendment on a command approval")
+				return nil, nil, errorf(failure.RuntimeRequestResolutionInvalid, "an object decision must be acceptWithExecpolicyAmendment or applyNetworkPolicyAmendment on a command approval")
 			}
 			for k := range d {
 				if !amendmentDecisions[k] {
-					return nil, nil, errorf(CodeResolutionInvalid, "object decision %q is not supported", k)
+					return nil, nil, errorf(failure.RuntimeRequestResolutionInvalid, "object decision %q is not supported", k)
 				}
 				return map[string]any{"decision": d}, map[string]any{"decision": k, "amendment": d[k]}, nil
 			}
 		}
-		return nil, nil, errorf(CodeResolutionInvalid, "an approval resolution needs a decision")
+		return nil, nil, errorf(failure.RuntimeRequestResolutionInvalid, "an approval resolution needs a decision")
 	}
 	raw, ok := resolution["answers"].(map[string]any)
 	if !ok {
-		return nil, nil, errorf(CodeResolutionInvalid, "a user input resolution needs answers {questionId: text | [text] | {answers:[text]}}")
+		return nil, nil, errorf(failure.RuntimeRequestResolutionInvalid, "a user input resolution needs answers {questionId: text | [text] | {answers:[text]}}")
 	}
 	answers := map[string]any{}
 	summary := map[string]any{}
 	for qid, v := range raw {
 		if !r.questionIDs[qid] {
-			return nil, nil, errorf(CodeResolutionInvalid, "question %q was not asked", qid)
+			return nil, nil, errorf(failure.RuntimeRequestResolutionInvalid, "question %q was not asked", qid)
 		}
 		var list []string
 		switch x := v.(type) {
@@ -488,24 +475,24 @@ func buildResolution(r *serverRequest, resolution map[string]any) (map[string]an
 			for _, e := range x {
 				s, ok := e.(string)
 				if !ok {
-					return nil, nil, errorf(CodeResolutionInvalid, "answers of %q must be strings", qid)
+					return nil, nil, errorf(failure.RuntimeRequestResolutionInvalid, "answers of %q must be strings", qid)
 				}
 				list = append(list, s)
 			}
 		case map[string]any:
 			inner, ok := x["answers"].([]any)
 			if !ok {
-				return nil, nil, errorf(CodeResolutionInvalid, "answers of %q must be text, a list of text or {answers:[text]}", qid)
+				return nil, nil, errorf(failure.RuntimeRequestResolutionInvalid, "answers of %q must be text, a list of text or {answers:[text]}", qid)
 			}
 			for _, e := range inner {
 				s, ok := e.(string)
 				if !ok {
-					return nil, nil, errorf(CodeResolutionInvalid, "answers of %q must be strings", qid)
+					return nil, nil, errorf(failure.RuntimeRequestResolutionInvalid, "answers of %q must be strings", qid)
 				}
 				list = append(list, s)
 			}
 		default:
-			return nil, nil, errorf(CodeResolutionInvalid, "answers of %q must be text, a list of text or {answers:[text]}", qid)
+			return nil, nil, errorf(failure.RuntimeRequestResolutionInvalid, "answers of %q must be text, a list of text or {answers:[text]}", qid)
 		}
 		if list == nil {
 			list = []string{}
@@ -541,7 +528,7 @@ func (s *Session) onServerRequestResolved(p map[string]any) {
 		return
 	}
 	payload := r.basePayload()
-	payload["reason"] = ReasonProviderResolved
+	payload["reason"] = failure.ProviderResolved
 	s.emitFromReader(Event{Type: "runtime_request.cancelled", TurnID: r.turnID, ItemID: r.itemID, Priority: PriorityP0, Payload: payload})
 }
 
@@ -648,12 +635,12 @@ func (s *Session) onToolCall(msg wireMessage, p map[string]any) {
 	s.mu.Unlock()
 	switch {
 	case !active:
-		msgText := CodeToolAuthorityRevoked + ": tool call " + call.CallID + " belongs to turn " + strconv.Quote(call.TurnID) +
+		msgText := failure.NativeToolAuthorityEpochRevoked + ": tool call " + call.CallID + " belongs to turn " + strconv.Quote(call.TurnID) +
 			", which is not the active turn (" + strconv.Quote(activeID) + "); its run's tool authority was revoked"
-		s.finishTool(pt, TextOutput(false, msgText), "driver", CodeToolAuthorityRevoked)
+		s.finishTool(pt, TextOutput(false, msgText), "driver", failure.NativeToolAuthorityEpochRevoked)
 		return
 	case dup:
-		s.finishTool(pt, TextOutput(false, "tool call id is empty or already pending"), "driver", CodeProtocolError)
+		s.finishTool(pt, TextOutput(false, "tool call id is empty or already pending"), "driver", failure.ProviderProtocolError)
 		return
 	}
 	if d := s.cfg.ToolTimeout; d > 0 {
@@ -691,8 +678,8 @@ func (s *Session) timeoutTool(pt *pendingTool, d time.Duration) {
 		return
 	}
 	s.log.Warn("codex: tool call unanswered; answering it as failed", "call", pt.call.CallID, "timeout", d)
-	msg := fmt.Sprintf("%s: tool call %s got no result within %s", CodeToolTimeout, pt.call.CallID, d)
-	s.finishTool(pt, TextOutput(false, msg), "driver", CodeToolTimeout)
+	msg := fmt.Sprintf("%s: tool call %s got no result within %s", failure.SemanticToolTimeout, pt.call.CallID, d)
+	s.finishTool(pt, TextOutput(false, msg), "driver", failure.SemanticToolTimeout)
 }
 
 // finishTool writes the answer of a tool call and emits its result events
@@ -764,7 +751,7 @@ func (s *Session) AnswerToolCall(ctx context.Context, callID, turnID string, out
 		switch str(it, "type") {
 		case "inputText", "inputImage", "inputAudio":
 		default:
-			return nil, errorf(CodeToolResultInvalid, "content item type %q is not inputText, inputImage or inputAudio", str(it, "type"))
+			return nil, errorf(failure.ToolResultInvalid, "content item type %q is not inputText, inputImage or inputAudio", str(it, "type"))
 		}
 	}
 	s.emitMu.Lock()
@@ -774,16 +761,16 @@ func (s *Session) AnswerToolCall(ctx context.Context, callID, turnID string, out
 	switch {
 	case s.failErr != nil:
 		s.mu.Unlock()
-		return nil, errorf(CodeToolCallNotPending, "tool call %s is no longer pending: %s", callID, s.failErr.Error())
+		return nil, errorf(failure.ToolCallNotPending, "tool call %s is no longer pending: %s", callID, s.failErr.Error())
 	case pt == nil:
 		s.mu.Unlock()
-		return nil, errorf(CodeToolCallNotPending, "tool call %s is not pending", callID)
+		return nil, errorf(failure.ToolCallNotPending, "tool call %s is not pending", callID)
 	case turnID != "" && pt.call.TurnID != turnID:
 		s.mu.Unlock()
-		return nil, errorf(CodeToolAuthorityRevoked, "tool call %s belongs to turn %s, not %s", callID, pt.call.TurnID, turnID)
+		return nil, errorf(failure.NativeToolAuthorityEpochRevoked, "tool call %s belongs to turn %s, not %s", callID, pt.call.TurnID, turnID)
 	case s.turn == nil || s.turn.id != pt.call.TurnID:
 		s.mu.Unlock()
-		return nil, errorf(CodeToolAuthorityRevoked, "tool call %s belongs to turn %s, which is no longer active", callID, pt.call.TurnID)
+		return nil, errorf(failure.NativeToolAuthorityEpochRevoked, "tool call %s belongs to turn %s, which is no longer active", callID, pt.call.TurnID)
 	}
 	delete(s.toolCalls, callID)
 	s.mu.Unlock()

@@ -9,6 +9,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"github.com/tether-run/tether/pkg/failure"
 )
 
 // answers returns the wire answers the stub echoed back as warnings.
@@ -48,18 +49,18 @@ func TestR2_ApprovalBecomesRuntimeRequestAndIsResolved(t *testing.T) {
 
 	// Bad resolutions change nothing.
 	_, err = s.ResolveRequest(context.Background(), "0", map[string]any{"decision": "maybe"})
-	assert.Equal(t, CodeResolutionInvalid, CodeOf(err))
+	assert.Equal(t, failure.RuntimeRequestResolutionInvalid, CodeOf(err))
 	_, err = s.ResolveRequest(context.Background(), "0", map[string]any{"answers": map[string]any{}})
-	assert.Equal(t, CodeResolutionInvalid, CodeOf(err))
+	assert.Equal(t, failure.RuntimeRequestResolutionInvalid, CodeOf(err))
 	_, err = s.ResolveRequest(context.Background(), "7", map[string]any{"decision": "accept"})
-	assert.Equal(t, CodeRequestNotPending, CodeOf(err))
+	assert.Equal(t, failure.RuntimeRequestNotPending, CodeOf(err))
 
 	out, err := s.ResolveRequest(context.Background(), "0", map[string]any{"decision": "acceptForSession"})
 	require.NoError(t, err)
 	assert.Equal(t, map[string]any{"decision": "acceptForSession"}, out["resolution"])
 	// A second resolution of the same request is refused.
 	_, err = s.ResolveRequest(context.Background(), "0", map[string]any{"decision": "accept"})
-	assert.Equal(t, CodeRequestNotPending, CodeOf(err))
+	assert.Equal(t, failure.RuntimeRequestNotPending, CodeOf(err))
 
 	rec.waitFor(t, isType("semantic_tool.input"))
 	_, err = s.AnswerToolCall(context.Background(), "call_2", "", TextOutput(true, "a=1"))
@@ -111,9 +112,9 @@ func TestR2_UserInputRequestAnswered(t *testing.T) {
 	assert.Equal(t, "text", qs[1].(map[string]any)["answerMode"])
 
 	_, err = s.ResolveRequest(context.Background(), "0", map[string]any{"answers": map[string]any{"shoe": "x"}})
-	assert.Equal(t, CodeResolutionInvalid, CodeOf(err))
+	assert.Equal(t, failure.RuntimeRequestResolutionInvalid, CodeOf(err))
 	_, err = s.ResolveRequest(context.Background(), "0", map[string]any{"decision": "accept"})
-	assert.Equal(t, CodeResolutionInvalid, CodeOf(err))
+	assert.Equal(t, failure.RuntimeRequestResolutionInvalid, CodeOf(err))
 	_, err = s.ResolveRequest(context.Background(), "0", map[string]any{"answers": map[string]any{
 		"color": []any{"red"}, "name": "Ada",
 	}})
@@ -137,13 +138,13 @@ func TestR2_RuntimeRequestsExpireOnProviderLoss(t *testing.T) {
 	require.NoError(t, err)
 	res := waitTurn(t, s)
 	assert.Equal(t, TurnFailed, res.Status)
-	assert.Equal(t, CodeProcessExited, res.ErrorCode)
+	assert.Equal(t, failure.ProviderProcessExited, res.ErrorCode)
 	expired := rec.ofType("runtime_request.expired")
 	require.Len(t, expired, 2)
 	for i, want := range []string{"0", "1"} {
 		p := expired[i].Payload
 		assert.Equal(t, want, p["requestId"])
-		assert.Equal(t, ReasonProviderProcessLost, p["reason"])
+		assert.Equal(t, failure.ProviderProcessLost, p["reason"])
 		assert.Equal(t, false, p["replayAllowed"])
 		assert.Equal(t, "expired", p["request"].(map[string]any)["status"])
 	}
@@ -152,7 +153,7 @@ func TestR2_RuntimeRequestsExpireOnProviderLoss(t *testing.T) {
 	types := rec.types()
 	assert.Less(t, indexOf(types, "runtime_request.expired"), indexOf(types, "turn.failed"))
 	_, err = s.ResolveRequest(context.Background(), "0", map[string]any{"decision": "accept"})
-	assert.Equal(t, CodeRequestNotPending, CodeOf(err))
+	assert.Equal(t, failure.RuntimeRequestNotPending, CodeOf(err))
 }
 
 func TestR2_RuntimeRequestWithdrawnOrTurnEnded(t *testing.T) {
@@ -163,14 +164,14 @@ func TestR2_RuntimeRequestWithdrawnOrTurnEnded(t *testing.T) {
 	assert.Equal(t, TurnCompleted, waitTurn(t, s).Status)
 	c := rec.ofType("runtime_request.cancelled")
 	require.Len(t, c, 1)
-	assert.Equal(t, ReasonProviderResolved, c[0].Payload["reason"])
+	assert.Equal(t, failure.ProviderResolved, c[0].Payload["reason"])
 
 	_, err = s.StartTurn(context.Background(), "[approval-then-complete]")
 	require.NoError(t, err)
 	assert.Equal(t, TurnCompleted, waitTurn(t, s).Status)
 	e := rec.ofType("runtime_request.expired")
 	require.Len(t, e, 1)
-	assert.Equal(t, ReasonTurnEnded, e[0].Payload["reason"])
+	assert.Equal(t, failure.TurnEnded, e[0].Payload["reason"])
 	assert.Empty(t, s.PendingRequests())
 }
 
@@ -212,14 +213,14 @@ func TestR2_ToolCallOfAnotherTurnIsRevoked(t *testing.T) {
 	assert.Equal(t, TurnCompleted, waitTurn(t, s).Status)
 	out := rec.ofType("semantic_tool.result")
 	require.Len(t, out, 1)
-	assert.Equal(t, CodeToolAuthorityRevoked, out[0].Payload["code"])
+	assert.Equal(t, failure.NativeToolAuthorityEpochRevoked, out[0].Payload["code"])
 	assert.Equal(t, false, out[0].Payload["success"])
 	ans := stubAnswers(t, rec)
 	require.Len(t, ans, 1)
 	r := ans[0]["result"].(map[string]any)
 	assert.Equal(t, false, r["success"])
 	text := r["contentItems"].([]any)[0].(map[string]any)["text"].(string)
-	assert.True(t, strings.HasPrefix(text, CodeToolAuthorityRevoked+":"), text)
+	assert.True(t, strings.HasPrefix(text, failure.NativeToolAuthorityEpochRevoked+":"), text)
 }
 
 func TestR2_AnswerToolCallFromAnotherTurnIsRevoked(t *testing.T) {
@@ -232,11 +233,11 @@ func TestR2_AnswerToolCallFromAnotherTurnIsRevoked(t *testing.T) {
 	require.NoError(t, err)
 	rec.waitFor(t, isType("semantic_tool.input"))
 	_, err = s.AnswerToolCall(context.Background(), "call_2", "turn-of-an-old-run", TextOutput(true, "x"))
-	assert.Equal(t, CodeToolAuthorityRevoked, CodeOf(err))
+	assert.Equal(t, failure.NativeToolAuthorityEpochRevoked, CodeOf(err))
 	_, err = s.AnswerToolCall(context.Background(), "call_2", turnID, ToolOutput{Success: true, ContentItems: []map[string]any{{"type": "video"}}})
-	assert.Equal(t, CodeToolResultInvalid, CodeOf(err))
+	assert.Equal(t, failure.ToolResultInvalid, CodeOf(err))
 	_, err = s.AnswerToolCall(context.Background(), "nope", turnID, TextOutput(true, "x"))
-	assert.Equal(t, CodeToolCallNotPending, CodeOf(err))
+	assert.Equal(t, failure.ToolCallNotPending, CodeOf(err))
 	_, err = s.AnswerToolCall(context.Background(), "call_2", turnID, TextOutput(true, "x"))
 	require.NoError(t, err)
 	assert.Equal(t, TurnCompleted, waitTurn(t, s).Status)
@@ -271,13 +272,13 @@ func TestR2_ReconcilePersistedTurn(t *testing.T) {
 	assert.Equal(t, "model failed", tr.ErrorMessage)
 
 	_, err = s.ReconcileTurn(ctx, "turn-never")
-	assert.Equal(t, CodeTurnMissing, CodeOf(err))
+	assert.Equal(t, failure.ProviderTurnMissing, CodeOf(err))
 
 	r, err = s.ReconcileTurn(ctx, "turn-old-4")
 	require.NoError(t, err)
 	assert.Equal(t, ReconcileRetained, r.Outcome)
 	_, err = s.StartTurn(ctx, "x")
-	assert.Equal(t, CodeTurnActive, CodeOf(err))
+	assert.Equal(t, failure.ProviderTurnActive, CodeOf(err))
 
 	var reconciled []string
 	for _, e := range rec.events() {
@@ -341,14 +342,14 @@ func TestR8_AnUnansweredToolCallIsAnsweredFailedAfterTheToolTimeout(t *testing.T
 	res := rec.ofType("semantic_tool.result")
 	require.Len(t, res, 1)
 	assert.Equal(t, "driver", res[0].Payload["source"])
-	assert.Equal(t, CodeToolTimeout, res[0].Payload["code"])
+	assert.Equal(t, failure.SemanticToolTimeout, res[0].Payload["code"])
 	assert.Equal(t, false, res[0].Payload["success"])
 	done := rec.ofType("tool.execution.completed")
 	require.Len(t, done, 1)
-	assert.Equal(t, CodeToolTimeout, done[0].Payload["code"])
+	assert.Equal(t, failure.SemanticToolTimeout, done[0].Payload["code"])
 	assert.Equal(t, TurnCompleted, waitTurn(t, s).Status)
 	_, err = s.AnswerToolCall(context.Background(), "call_2", turnID, TextOutput(true, "late"))
-	assert.Equal(t, CodeToolCallNotPending, CodeOf(err), "a late answer has no effect")
+	assert.Equal(t, failure.ToolCallNotPending, CodeOf(err), "a late answer has no effect")
 	var answer map[string]any
 	for _, a := range stubAnswers(t, rec) {
 		if r, ok := a["result"].(map[string]any); ok && r["contentItems"] != nil {
@@ -358,5 +359,5 @@ func TestR8_AnUnansweredToolCallIsAnsweredFailedAfterTheToolTimeout(t *testing.T
 	require.NotNil(t, answer)
 	assert.Equal(t, false, answer["success"])
 	text := answer["contentItems"].([]any)[0].(map[string]any)["text"].(string)
-	assert.True(t, strings.HasPrefix(text, CodeToolTimeout+":"), text)
+	assert.True(t, strings.HasPrefix(text, failure.SemanticToolTimeout+":"), text)
 }

@@ -6,6 +6,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/tether-run/tether/pkg/failure"
 	"github.com/tether-run/tether/pkg/procid"
 )
 
@@ -49,9 +50,9 @@ func (s *Session) monitor() {
 			if s.awaitExit() {
 				cause = s.exitCause()
 			} else if rerr := s.getReaderErr(); rerr != nil {
-				cause = errorf(CodeTransportFailed, "read harness stdout: %s", rerr.Error())
+				cause = errorf(failure.ProviderTransportFailed, "read harness stdout: %s", rerr.Error())
 			} else {
-				cause = errorf(CodeStdoutClosed, "harness closed its stdout while still running")
+				cause = errorf(failure.ProviderStdoutClosed, "harness closed its stdout while still running")
 			}
 		}
 	case <-s.writeBroken:
@@ -70,8 +71,8 @@ func (s *Session) monitor() {
 		_ = s.stdout.Close()
 	}
 	s.mu.Lock()
-	if s.closing && cause.Code != CodeFrameTooLarge && cause.Code != CodeTransportFailed {
-		cause = errorf(CodeClosed, "harness closed by runnerd (%s)", cause.Message)
+	if s.closing && cause.Code != failure.ProviderFrameTooLarge && cause.Code != failure.ProviderTransportFailed {
+		cause = errorf(failure.ProviderClosed, "harness closed by runnerd (%s)", cause.Message)
 	}
 	s.mu.Unlock()
 	s.fail(cause)
@@ -150,9 +151,9 @@ func (s *Session) exitCause() *Error {
 	ps := s.procState
 	s.mu.Unlock()
 	if ps == nil {
-		return errorf(CodeProcessExited, "harness process exited")
+		return errorf(failure.ProviderProcessExited, "harness process exited")
 	}
-	return errorf(CodeProcessExited, "harness process %s", procid.DescribeExit(ps))
+	return errorf(failure.ProviderProcessExited, "harness process %s", procid.DescribeExit(ps))
 }
 
 // fail records the first failure, fails pending calls and the active turn
@@ -181,14 +182,14 @@ func (s *Session) fail(cause *Error) {
 	}
 	// Open runtime requests and tool calls die with the provider; the
 	// provider does not re-issue them after a resume (replayAllowed false).
-	reason := ReasonProviderProcessLost
-	if cause.Code == CodeClosed {
-		reason = ReasonSessionClosed
+	reason := failure.ProviderProcessLost
+	if cause.Code == failure.ProviderClosed {
+		reason = failure.SessionClosed
 	}
 	s.expireRequests("", reason, true)
 	// A lost provider's turn may be reconciled by the caller; a protocol
 	// failure (a frame too large, a malformed frame) fails it here.
-	lost := cause.Code == CodeProcessExited || cause.Code == CodeStdoutClosed
+	lost := cause.Code == failure.ProviderProcessExited || cause.Code == failure.ProviderStdoutClosed
 	if t != nil && !(s.cfg.ReconcileOnExit && lost) {
 		res := TurnResult{
 			TurnID: t.id, Status: TurnFailed, FinalMessage: t.finalMessage, Usage: t.usage,

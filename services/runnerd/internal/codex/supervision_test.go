@@ -13,6 +13,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"github.com/tether-run/tether/pkg/failure"
 )
 
 // R1: one provider process per session, own process group, identity,
@@ -99,7 +100,7 @@ func TestR1_NilEnvMeansEmptyEnvironment(t *testing.T) {
 		StartupTimeout: 300 * time.Millisecond,
 	}
 	_, err := Start(context.Background(), cfg, nil)
-	require.Equal(t, CodeInitializeTimeout, CodeOf(err))
+	require.Equal(t, failure.ProviderInitializeTimeout, CodeOf(err))
 	b, err := os.ReadFile(dump)
 	require.NoError(t, err)
 	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
@@ -140,7 +141,7 @@ func TestR1_CloseKillsProcessGroupIncludingGrandchild(t *testing.T) {
 	ws := ps.Sys().(syscall.WaitStatus)
 	assert.True(t, ws.Signaled())
 	assert.Equal(t, syscall.SIGKILL, ws.Signal())
-	assert.Equal(t, CodeClosed, CodeOf(s.ExitErr()))
+	assert.Equal(t, failure.ProviderClosed, CodeOf(s.ExitErr()))
 	select {
 	case <-s.Exited():
 	default:
@@ -159,7 +160,7 @@ func TestR1_CloseCooperativeExitOnStdinEOF(t *testing.T) {
 	require.NotNil(t, ps)
 	assert.Equal(t, 0, ps.ExitCode())
 	err := s.ExitErr()
-	assert.Equal(t, CodeClosed, CodeOf(err))
+	assert.Equal(t, failure.ProviderClosed, CodeOf(err))
 	assert.Contains(t, err.Error(), "status 0")
 }
 
@@ -185,24 +186,24 @@ func TestR1_ProcessExitMidTurnFailsTurn(t *testing.T) {
 	res := waitTurn(t, s)
 	assert.Equal(t, turnID, res.TurnID)
 	assert.Equal(t, TurnFailed, res.Status)
-	assert.Equal(t, CodeProcessExited, res.ErrorCode)
+	assert.Equal(t, failure.ProviderProcessExited, res.ErrorCode)
 	waitExited(t, s)
 	exitErr := s.ExitErr()
-	assert.Equal(t, CodeProcessExited, CodeOf(exitErr))
+	assert.Equal(t, failure.ProviderProcessExited, CodeOf(exitErr))
 	assert.Equal(t, "provider_process_exited: harness process exited with status 3", exitErr.Error())
-	assert.True(t, errorsIsCode(exitErr, CodeProcessExited))
+	assert.True(t, errorsIsCode(exitErr, failure.ProviderProcessExited))
 
 	evs := rec.events()
 	last := evs[len(evs)-1]
 	assert.Equal(t, "turn.failed", last.Type)
 	assert.Equal(t, turnID, last.TurnID)
 	assert.Equal(t, PriorityP0, last.Priority)
-	assert.Equal(t, map[string]any{"code": CodeProcessExited, "message": "harness process exited with status 3"}, last.Payload["error"])
+	assert.Equal(t, map[string]any{"code": failure.ProviderProcessExited, "message": "harness process exited with status 3"}, last.Payload["error"])
 
 	// Calls after the exit fail with the exit cause.
 	_, err = s.StartTurn(context.Background(), "again")
 	assert.Error(t, err)
-	assert.ErrorIs(t, s.Interrupt(context.Background(), turnID), &Error{Code: CodeProcessExited})
+	assert.ErrorIs(t, s.Interrupt(context.Background(), turnID), &Error{Code: failure.ProviderProcessExited})
 }
 
 func errorsIsCode(err error, code string) bool {
@@ -221,14 +222,14 @@ func TestR1_ProcessExitWhileIdle(t *testing.T) {
 	default:
 	}
 	_, _, err := s.OpenThread(context.Background(), "")
-	assert.Equal(t, CodeProcessExited, CodeOf(err))
+	assert.Equal(t, failure.ProviderProcessExited, CodeOf(err))
 }
 
 func TestR1_StdoutClosedWhileRunning(t *testing.T) {
 	s, _ := startSession(t, stubConfig(t, "close_stdout"))
 	waitExited(t, s)
 	err := s.ExitErr()
-	assert.Equal(t, CodeStdoutClosed, CodeOf(err))
+	assert.Equal(t, failure.ProviderStdoutClosed, CodeOf(err))
 	// The session terminates the orphaned process on its own.
 	pid := s.Process().PID
 	assert.Eventually(t, func() bool { return s.ProcessState() != nil && !alive(pid) }, 10*time.Second, 10*time.Millisecond)
@@ -238,10 +239,10 @@ func TestR1_SpawnFailure(t *testing.T) {
 	cfg := stubConfig(t, "echo")
 	cfg.Command = filepath.Join(t.TempDir(), "no-such-codex")
 	_, err := Start(context.Background(), cfg, nil)
-	assert.Equal(t, CodeSpawnFailed, CodeOf(err))
+	assert.Equal(t, failure.ProviderSpawnFailed, CodeOf(err))
 	cfg.Command = ""
 	_, err = Start(context.Background(), cfg, nil)
-	assert.Equal(t, CodeSpawnFailed, CodeOf(err))
+	assert.Equal(t, failure.ProviderSpawnFailed, CodeOf(err))
 }
 
 func TestR1_StderrIsBoundedAndSanitized(t *testing.T) {

@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/tether-run/tether/pkg/failure"
 	"github.com/tether-run/tether/services/runnerd/internal/durable"
 )
 
@@ -40,7 +41,7 @@ func TestR4_OutboxSoftLimitRejectsNonP0EventsKeepsTheP0ReserveAndClearsAfterAcks
 	assert.Equal(t, "completed", term.GetPayload().AsMap()["turnTerminalState"])
 	res := e.gw.command(cs.next("c-turn2", CmdTurnStart, map[string]any{"text": "more"}))
 	assert.Equal(t, durable.StatusRejected, res.GetStatus())
-	assert.Equal(t, CodeBackpressure, res.GetCode())
+	assert.Equal(t, failure.RunnerBackpressure, res.GetCode())
 	assert.Equal(t, 1, e.prov.count())
 
 	// Seqs stay contiguous: rejected events took none.

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/tether-run/tether/pkg/askuser"
+	"github.com/tether-run/tether/pkg/failure"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/provenv"
 	"github.com/tether-run/tether/pkg/prp"
@@ -33,23 +34,6 @@ const (
 	// acknowledged (SPEC R5): the state dir is then a checkpointable,
 	// resumable session.
 	CmdRunnerSuspend = "runner.suspend"
-)
-
-// Command result codes.
-const (
-	CodeCommandIDReused        = "command_id_reused"
-	CodeControllerSeqGap       = "controller_seq_not_contiguous"
-	CodeAttemptFenced          = "runner_attempt_fenced"
-	CodeTurnAlreadyActive      = "turn_already_active"
-	CodeNoActiveTurn           = "no_active_turn"
-	CodeTurnMismatch           = "turn_mismatch"
-	CodeRunNotAttached         = "run_not_attached"
-	CodeRunnerStopped          = "runner_stopped"
-	CodeCommandInvalid         = "command_invalid"
-	CodeCommandUnsupported     = "command_unsupported"
-	CodeExecutionIndeterminate = "execution_indeterminate"
-	CodeProviderStartFailed    = "provider_start_failed"
-	CodeBackpressure           = "runner_backpressure"
 )
 
 // cmdError is a command outcome other than success.
@@ -209,7 +193,7 @@ func (r *Runner) onCommands(connID int, cmds []*prpv1.Command) {
 			gen, err := r.saveAsync()
 			if err != nil {
 				r.log.Error("cannot persist runner state", "err", err)
-				r.setExit(ExitError, "runner_state_write_failed", true)
+				r.setExit(ExitError, failure.RunnerStateWriteFailed, true)
 				return
 			}
 			recs := make([]*durable.CommandRecord, 0, len(slots)-answerd)
@@ -321,11 +305,11 @@ func (r *Runner) admitCommand(c *prpv1.Command) (_ *commandSlot, changed bool) {
 		return &commandSlot{c: c, rec: &rec, done: true}
 	}
 	if c.GetCommandId() == "" || len(c.GetCommandId()) > 160 || c.GetType() == "" {
-		return reply(durable.StatusRejected, CodeCommandInvalid, "command needs a command id (1..160) and a type"), false
+		return reply(durable.StatusRejected, failure.CommandInvalid, "command needs a command id (1..160) and a type"), false
 	}
 	fp, err := Fingerprint(c)
 	if err != nil {
-		return reply(durable.StatusRejected, CodeCommandInvalid, "payload cannot be fingerprinted: "+err.Error()), false
+		return reply(durable.StatusRejected, failure.CommandInvalid, "payload cannot be fingerprinted: "+err.Error()), false
 	}
 	base.Fingerprint = fp
 	// consumeSeq advances the controller cursor when this command holds the
@@ -343,7 +327,7 @@ func (r *Runner) admitCommand(c *prpv1.Command) (_ *commandSlot, changed bool) {
 		if prev.Fingerprint == fp {
 			if runID := c.GetRunId(); runID != "" {
 				if hi := st.HighestAttempts[runID]; c.GetAttempt() < hi {
-					return reply(durable.StatusRejected, CodeAttemptFenced,
+					return reply(durable.StatusRejected, failure.RunnerAttemptFenced,
 						fmt.Sprintf("attempt %d is fenced by attempt %d of run %s", c.GetAttempt(), hi, runID)), changed
 				} else if c.GetAttempt() > hi {
 					st.NoteAttempt(runID, c.GetAttempt())
@@ -356,10 +340,10 @@ func (r *Runner) admitCommand(c *prpv1.Command) (_ *commandSlot, changed bool) {
 			// command is answered after every earlier one).
 			return &commandSlot{c: c, rec: prev, done: true}, changed
 		}
-		return reply(durable.StatusRejected, CodeCommandIDReused, "commandId was reused with different command data"), changed
+		return reply(durable.StatusRejected, failure.CommandIDReused, "commandId was reused with different command data"), changed
 	}
 	if c.GetControllerSeq() != st.LastControllerCommandSeq+1 {
-		return reply(durable.StatusRejected, CodeControllerSeqGap, fmt.Sprintf("controller sequence must be contiguous: expected %d, received %d",
+		return reply(durable.StatusRejected, failure.ControllerSeqNotContiguous, fmt.Sprintf("controller sequence must be contiguous: expected %d, received %d",
 			st.LastControllerCommandSeq+1, c.GetControllerSeq())), false
 	}
 	consumeSeq()
@@ -368,14 +352,14 @@ func (r *Runner) admitCommand(c *prpv1.Command) (_ *commandSlot, changed bool) {
 
 	if runID := c.GetRunId(); runID != "" {
 		if hi := st.HighestAttempts[runID]; c.GetAttempt() < hi {
-			rec.Status, rec.Code = durable.StatusRejected, CodeAttemptFenced
+			rec.Status, rec.Code = durable.StatusRejected, failure.RunnerAttemptFenced
 			rec.Message = fmt.Sprintf("attempt %d is fenced by attempt %d of run %s", c.GetAttempt(), hi, runID)
 			return &commandSlot{c: c, rec: rec, done: true}, true
 		}
 		st.NoteAttempt(runID, c.GetAttempt())
 	}
 	// The intent, journaled before any effect.
-	rec.Status, rec.Code, rec.Message = durable.StatusPending, CodeExecutionIndeterminate, ""
+	rec.Status, rec.Code, rec.Message = durable.StatusPending, failure.ExecutionIndeterminate, ""
 	return &commandSlot{c: c, rec: rec, run: true}, true
 }
 
@@ -391,7 +375,7 @@ func (r *Runner) runCommand(sl *commandSlot) {
 	}
 	sl.done = true
 	if c.GetType() == CmdSessionClose && cerr == nil {
-		r.setExit(ExitOK, "session_closed", false)
+		r.setExit(ExitOK, failure.SessionClosed, false)
 	}
 	if c.GetType() == CmdRunnerSuspend && cerr == nil {
 		r.setExit(ExitOK, "suspended", false)
@@ -417,7 +401,7 @@ func (r *Runner) execute(c *prpv1.Command) (map[string]any, *cmdError) {
 	case CmdToolResult:
 		return r.cmdToolResult(c)
 	}
-	return nil, rejected(CodeCommandUnsupported, "command type %q is not supported", c.GetType())
+	return nil, rejected(failure.CommandUnsupported, "command type %q is not supported", c.GetType())
 }
 
 func payloadString(c *prpv1.Command, key string) string {
@@ -430,10 +414,10 @@ func payloadString(c *prpv1.Command, key string) string {
 func (r *Runner) stoppedErr() *cmdError {
 	switch r.st.Lifecycle {
 	case durable.LifecycleStopped, durable.LifecycleDraining, durable.LifecycleSuspended, durable.LifecycleRevoked:
-		return rejected(CodeRunnerStopped, "runner is %s", r.st.Lifecycle)
+		return rejected(failure.RunnerStopped, "runner is %s", r.st.Lifecycle)
 	}
 	if r.exit != nil {
-		return rejected(CodeRunnerStopped, "runner is exiting (%s)", r.exit.reason)
+		return rejected(failure.RunnerStopped, "runner is exiting (%s)", r.exit.reason)
 	}
 	return nil
 }
@@ -442,13 +426,13 @@ func (r *Runner) stoppedErr() *cmdError {
 func (r *Runner) requireRun(c *prpv1.Command) *cmdError {
 	cur := r.st.CurrentRun
 	if cur == nil {
-		return rejected(CodeRunNotAttached, "no run is attached")
+		return rejected(failure.RunNotAttached, "no run is attached")
 	}
 	if c.GetRunId() != "" && c.GetRunId() != cur.RunID {
-		return rejected(CodeRunNotAttached, "run %s is not attached (attached: %s)", c.GetRunId(), cur.RunID)
+		return rejected(failure.RunNotAttached, "run %s is not attached (attached: %s)", c.GetRunId(), cur.RunID)
 	}
 	if c.GetRunId() != "" && c.GetAttempt() < cur.Attempt {
-		return rejected(CodeAttemptFenced, "attempt %d is fenced by attempt %d", c.GetAttempt(), cur.Attempt)
+		return rejected(failure.RunnerAttemptFenced, "attempt %d is fenced by attempt %d", c.GetAttempt(), cur.Attempt)
 	}
 	return nil
 }
@@ -458,25 +442,25 @@ func (r *Runner) cmdRunAttach(c *prpv1.Command) (map[string]any, *cmdError) {
 		return nil, e
 	}
 	if c.GetRunId() == "" {
-		return nil, rejected(CodeCommandInvalid, "run.attach needs a run id")
+		return nil, rejected(failure.CommandInvalid, "run.attach needs a run id")
 	}
 	inV, ok := c.GetPayload().GetFields()["input"]
 	if !ok || inV.GetStructValue() == nil {
-		return nil, rejected(CodeCommandInvalid, "run.attach needs payload.input (ExecutionInput)")
+		return nil, rejected(failure.CommandInvalid, "run.attach needs payload.input (ExecutionInput)")
 	}
 	raw, err := protojson.Marshal(inV.GetStructValue())
 	if err != nil {
-		return nil, rejected(CodeCommandInvalid, "payload.input: %v", err)
+		return nil, rejected(failure.CommandInvalid, "payload.input: %v", err)
 	}
 	in := &prpv1.ExecutionInput{}
 	if err := (protojson.UnmarshalOptions{DiscardUnknown: true}).Unmarshal(raw, in); err != nil {
-		return nil, rejected(CodeCommandInvalid, "payload.input is not an ExecutionInput: %v", err)
+		return nil, rejected(failure.CommandInvalid, "payload.input is not an ExecutionInput: %v", err)
 	}
 	if sid := in.GetSession().GetNormalizedSessionId(); sid != "" && sid != r.st.Identity.NormalizedSessionID {
-		return nil, rejected(CodeCommandInvalid, "input session %q does not match the runner's session %q", sid, r.st.Identity.NormalizedSessionID)
+		return nil, rejected(failure.CommandInvalid, "input session %q does not match the runner's session %q", sid, r.st.Identity.NormalizedSessionID)
 	}
 	if t := r.st.ActiveTurn; t != nil && t.RunID != c.GetRunId() {
-		return nil, rejected(CodeTurnAlreadyActive, "turn %s of run %s is still active", t.TurnID, t.RunID)
+		return nil, rejected(failure.TurnAlreadyActive, "turn %s of run %s is still active", t.TurnID, t.RunID)
 	}
 	r.configuredEnv = in.GetEnvironment().GetConfigured()
 	persisted := proto.Clone(in).(*prpv1.ExecutionInput)
@@ -485,7 +469,7 @@ func (r *Runner) cmdRunAttach(c *prpv1.Command) (map[string]any, *cmdError) {
 	}
 	canon, err := (protojson.MarshalOptions{}).Marshal(persisted)
 	if err != nil {
-		return nil, failed(CodeCommandInvalid, "re-encode input: %v", err)
+		return nil, failed(failure.CommandInvalid, "re-encode input: %v", err)
 	}
 	prev := r.st.CurrentRun
 	r.st.CurrentRun = &durable.RunRef{RunID: c.GetRunId(), Attempt: c.GetAttempt()}
@@ -552,13 +536,13 @@ func (r *Runner) cmdTurnStart(c *prpv1.Command) (map[string]any, *cmdError) {
 	}
 	text := payloadString(c, "text")
 	if text == "" || len(text) > 1<<20 {
-		return nil, rejected(CodeCommandInvalid, "turn.start needs payload.text (1 byte..1 MiB)")
+		return nil, rejected(failure.CommandInvalid, "turn.start needs payload.text (1 byte..1 MiB)")
 	}
 	if t := r.st.ActiveTurn; t != nil {
-		return nil, rejected(CodeTurnAlreadyActive, "turn %s is still active", t.TurnID)
+		return nil, rejected(failure.TurnAlreadyActive, "turn %s is still active", t.TurnID)
 	}
 	if r.st.Backpressure {
-		return nil, rejected(CodeBackpressure, "the outbox holds %d unacknowledged bytes; no new turn until it drains", r.outbox.Bytes())
+		return nil, rejected(failure.RunnerBackpressure, "the outbox holds %d unacknowledged bytes; no new turn until it drains", r.outbox.Bytes())
 	}
 	if e := r.ensureProvider(); e != nil {
 		return nil, e
@@ -572,7 +556,7 @@ func (r *Runner) cmdTurnStart(c *prpv1.Command) (map[string]any, *cmdError) {
 	}
 	r.pumpProviderEvents()
 	if err != nil {
-		return nil, providerFailure("provider_turn_start_failed", err)
+		return nil, providerFailure(failure.ProviderTurnStartFailed, err)
 	}
 	cur := r.st.CurrentRun
 	// Persisted with the command's outcome, before the answer.
@@ -671,10 +655,10 @@ func (r *Runner) recoverProvider() {
 	if e == nil {
 		r.log.Info("re-attached to the provider that survived the runnerd restart",
 			"pid", r.st.ProviderProcess.PID, "provider_cursor", r.st.ProviderCursor, "active_turn", turn != nil)
-		r.expireRequests(stale, ReasonDurableHandoff)
+		r.expireRequests(stale, failure.DurableHandoff)
 		return
 	}
-	r.expireRequests(stale, ReasonProviderProcessLost)
+	r.expireRequests(stale, failure.ProviderProcessLost)
 	r.log.Warn("the provider did not survive the runnerd restart", "code", e.code, "err", e.msg)
 	if lost != nil && sameProcessAlive(lost.PID, lost.StartTicks, lost.BootID) && lost.PGID > 0 {
 		_ = syscall.Kill(-lost.PGID, syscall.SIGKILL)
@@ -684,12 +668,12 @@ func (r *Runner) recoverProvider() {
 	msg := "provider process did not survive the runnerd restart: " + e.msg
 	if lost != nil {
 		r.emit(P0, "harness.exited", "", "", map[string]any{
-			"code": CodeProviderProcessLost, "message": msg,
+			"code": failure.ProviderProcessLost, "message": msg,
 			"pid": float64(lost.PID), "pgid": float64(lost.PGID),
 		})
 	}
 	if turn != nil {
-		r.recoverTurn(turn, CodeProviderProcessLost, msg)
+		r.recoverTurn(turn, failure.ProviderProcessLost, msg)
 	}
 }
 
@@ -726,7 +710,7 @@ func (r *Runner) startProvider(reattach bool) *cmdError {
 	p, err := r.cfg.StartProvider(ctx, cfg, func(ev ProviderEvent) { q.push(gen, ev) })
 	if err != nil {
 		r.pumpProviderEvents()
-		return providerFailure(CodeProviderStartFailed, err)
+		return providerFailure(failure.ProviderStartFailed, err)
 	}
 	r.prov = p
 	pi := p.Process()
@@ -756,15 +740,15 @@ func (r *Runner) cmdTurnInterrupt(c *prpv1.Command) (map[string]any, *cmdError) 
 	}
 	t := r.st.ActiveTurn
 	if t == nil || r.prov == nil {
-		return nil, rejected(CodeNoActiveTurn, "no turn is active")
+		return nil, rejected(failure.NoActiveTurn, "no turn is active")
 	}
 	if want := payloadString(c, "turnId"); want != "" && want != t.TurnID {
-		return nil, rejected(CodeTurnMismatch, "active turn is %s, not %s", t.TurnID, want)
+		return nil, rejected(failure.TurnMismatch, "active turn is %s, not %s", t.TurnID, want)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.RequestTimeout)
 	defer cancel()
 	if err := r.prov.Interrupt(ctx, t.TurnID); err != nil {
-		return nil, providerFailure("provider_interrupt_failed", err)
+		return nil, providerFailure(failure.ProviderInterruptFailed, err)
 	}
 	r.interruptAsked = t.TurnID
 	return map[string]any{"turnId": t.TurnID}, nil
@@ -776,19 +760,19 @@ func (r *Runner) cmdTurnSteer(c *prpv1.Command) (map[string]any, *cmdError) {
 	}
 	t := r.st.ActiveTurn
 	if t == nil || r.prov == nil {
-		return nil, rejected(CodeNoActiveTurn, "no turn is active")
+		return nil, rejected(failure.NoActiveTurn, "no turn is active")
 	}
 	text := payloadString(c, "text")
 	if text == "" {
-		return nil, rejected(CodeCommandInvalid, "turn.steer needs payload.text")
+		return nil, rejected(failure.CommandInvalid, "turn.steer needs payload.text")
 	}
 	if want := payloadString(c, "expectedTurnId"); want != "" && want != t.TurnID {
-		return nil, rejected(CodeTurnMismatch, "active turn is %s, not %s", t.TurnID, want)
+		return nil, rejected(failure.TurnMismatch, "active turn is %s, not %s", t.TurnID, want)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.RequestTimeout)
 	defer cancel()
 	if err := r.prov.Steer(ctx, t.TurnID, text); err != nil {
-		return nil, providerFailure("provider_steer_failed", err)
+		return nil, providerFailure(failure.ProviderSteerFailed, err)
 	}
 	return map[string]any{"turnId": t.TurnID}, nil
 }
@@ -801,12 +785,12 @@ func (r *Runner) cmdTurnSteer(c *prpv1.Command) (map[string]any, *cmdError) {
 // runner stops instead. A suspension that cannot be persisted fails the
 // command. The runner exits after answering.
 func (r *Runner) cmdSessionClose(c *prpv1.Command) (map[string]any, *cmdError) {
-	const reason = "session_closed"
+	const reason = failure.SessionClosed
 	r.interruptActiveTurn(reason)
 	if r.suspendRefusal() != nil {
 		r.stopSession(reason)
 	} else if err := r.suspend(reason); err != nil {
-		return nil, failed("runner_state_write_failed", "%v", err)
+		return nil, failed(failure.RunnerStateWriteFailed, "%v", err)
 	}
 	return map[string]any{"lifecycle": r.st.Lifecycle, "providerThreadId": r.st.ProviderThreadID}, nil
 }
@@ -823,7 +807,7 @@ func (r *Runner) cmdRunnerSuspend(c *prpv1.Command) (map[string]any, *cmdError) 
 		reason = "suspended"
 	}
 	if err := r.suspend(reason); err != nil {
-		return nil, failed("runner_state_write_failed", "%v", err)
+		return nil, failed(failure.RunnerStateWriteFailed, "%v", err)
 	}
 	return map[string]any{
 		"lifecycle": r.st.Lifecycle, "providerThreadId": r.st.ProviderThreadID,
@@ -835,11 +819,11 @@ func (r *Runner) cmdRunnerSuspend(c *prpv1.Command) (map[string]any, *cmdError) 
 // active, or the runner is revoked or unrecoverable.
 func (r *Runner) suspendRefusal() *cmdError {
 	if t := r.st.ActiveTurn; t != nil {
-		return rejected(CodeTurnAlreadyActive, "turn %s of run %s is still active; suspend an idle session", t.TurnID, t.RunID)
+		return rejected(failure.TurnAlreadyActive, "turn %s of run %s is still active; suspend an idle session", t.TurnID, t.RunID)
 	}
 	switch r.st.Lifecycle {
 	case durable.LifecycleRevoked, durable.LifecycleUnrecoverable:
-		return rejected(CodeRunnerStopped, "runner is %s", r.st.Lifecycle)
+		return rejected(failure.RunnerStopped, "runner is %s", r.st.Lifecycle)
 	}
 	return nil
 }
@@ -855,7 +839,7 @@ func (r *Runner) suspend(reason string) error {
 	r.st.Lifecycle, r.st.LifecycleReason = durable.LifecycleSuspended, reason
 	if err := r.save(); err != nil {
 		r.log.Error("cannot persist the suspension", "err", err)
-		r.setExit(ExitError, "runner_state_write_failed", true)
+		r.setExit(ExitError, failure.RunnerStateWriteFailed, true)
 		return err
 	}
 	r.log.Info("runner suspended", "reason", reason, "provider_thread_id", r.st.ProviderThreadID)
@@ -952,7 +936,7 @@ func (r *Runner) onProviderExit() {
 	err := p.ExitErr()
 	code := ProviderErrorCode(err)
 	if code == "" {
-		code = CodeProviderProcessExited
+		code = failure.ProviderProcessExited
 	}
 	msg := "provider exited"
 	if err != nil {

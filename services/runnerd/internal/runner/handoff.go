@@ -19,12 +19,6 @@ import (
 // durable question fallback (E5) — and each tool call as
 // tool.execution.completed with success false.
 
-// Expiry reasons of requests open at a runnerd crash.
-const (
-	ReasonProviderProcessLost = "provider_process_lost"
-	ReasonDurableHandoff      = "durable_handoff"
-)
-
 // requestFields are the announcement fields an expiry repeats.
 var requestFields = []string{"requestId", "requestKind", "requestType", "kind", "method", "threadId", "turnId", "itemId", "request"}
 

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/tether-run/tether/pkg/failure"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/services/runnerd/internal/durable"
 )
@@ -268,7 +269,7 @@ func TestR4_IntentJournaledBeforeACrashIsIndeterminateAfterTheRestart(t *testing
 	assert.Equal(t, turn.GetControllerSeq(), e.gw.hellos[1].GetResume().GetLastControllerSeq())
 	res = e.gw.command(turn)
 	assert.Equal(t, durable.StatusIndeterminate, res.GetStatus())
-	assert.Equal(t, CodeExecutionIndeterminate, res.GetCode())
+	assert.Equal(t, failure.ExecutionIndeterminate, res.GetCode())
 	assert.Zero(t, e.prov.count(), "the turn is never started")
 	ins, err := durable.ReadIntentLog(dir)
 	require.NoError(t, err)

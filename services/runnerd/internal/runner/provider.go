@@ -114,10 +114,3 @@ type ProcessInfo struct {
 	StartTicks uint64
 	StartedAt  time.Time
 }
-
-// Provider exit codes (shared with the codex driver).
-const (
-	CodeProviderProcessExited = "provider_process_exited"
-	CodeProviderStdoutClosed  = "provider_stdout_closed"
-	CodeProviderProcessLost   = "provider_process_lost"
-)

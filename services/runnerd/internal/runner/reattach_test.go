@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/tether-run/tether/pkg/failure"
 	"github.com/tether-run/tether/services/runnerd/internal/durable"
 )
 
@@ -127,17 +128,17 @@ func TestR7_RestartedRunnerReportsTheTurnLostWhenTheHostedProviderIsGone(t *test
 	require.Equal(t, ExitOK, p.stop(t))
 	crashState(t, e)
 	e.prov.mu.Lock()
-	e.prov.failNext = &ProviderError{Code: CodeProviderProcessLost, Message: "the provider host is gone"}
+	e.prov.failNext = &ProviderError{Code: failure.ProviderProcessLost, Message: "the provider host is gone"}
 	e.prov.mu.Unlock()
 
 	e.start(func(c *Config) { c.ProviderHost = true })
 	ex := e.gw.waitEvent("harness.exited", 1)
-	assert.Equal(t, CodeProviderProcessLost, ex.GetPayload().AsMap()["code"])
+	assert.Equal(t, failure.ProviderProcessLost, ex.GetPayload().AsMap()["code"])
 	// A fresh provider resumes the thread; the provider never recorded
 	// turn-7, so it is lost (the controller retries it), never failed.
 	lost := e.gw.waitEvent(EventTurnLost, 1)
 	assert.Equal(t, "turn-7", lost.GetTurnId())
-	assert.Equal(t, CodeProviderProcessLost, lost.GetPayload().AsMap()["code"])
+	assert.Equal(t, failure.ProviderProcessLost, lost.GetPayload().AsMap()["code"])
 	assert.Equal(t, ReconcileMissing, lost.GetPayload().AsMap()["reconciliation"])
 	for _, ev := range e.gw.eventsOf("run.terminal") {
 		assert.NotEqual(t, "turn-7", ev.GetTurnId(), "the lost turn has no terminal")

@@ -19,6 +19,7 @@ import (
 	"github.com/coder/websocket"
 	"google.golang.org/protobuf/encoding/protojson"
 
+	"github.com/tether-run/tether/pkg/failure"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/prp"
 	"github.com/tether-run/tether/services/runnerd/internal/durable"
@@ -358,7 +359,7 @@ func Run(ctx context.Context, cfg Config) (int, error) {
 		r.recoverProvider()
 	} else if t := r.lostTurn; t != nil {
 		r.lostTurn = nil
-		r.recoverTurn(t, CodeProviderProcessLost, r.lostCause)
+		r.recoverTurn(t, failure.ProviderProcessLost, r.lostCause)
 	}
 	code = r.loop(ctx)
 	if r.ackDirty {
@@ -443,7 +444,7 @@ func (r *Runner) open(ctx context.Context) (int, bool, error) {
 	st.Lifecycle = durable.LifecycleConnecting
 	st.LifecycleReason = ""
 	if st.Backpressure {
-		st.Lifecycle, st.LifecycleReason = durable.LifecycleBackpressure, "outbox_soft_limit"
+		st.Lifecycle, st.LifecycleReason = durable.LifecycleBackpressure, failure.OutboxSoftLimit
 	}
 
 	var lostProvider *durable.Process
@@ -451,7 +452,7 @@ func (r *Runner) open(ctx context.Context) (int, bool, error) {
 	for _, rec := range st.ProcessedCommands {
 		if rec.Status == durable.StatusPending {
 			rec.Status = durable.StatusIndeterminate
-			rec.Code = "execution_indeterminate"
+			rec.Code = failure.ExecutionIndeterminate
 			rec.Message = "runnerd restarted while the command was in progress; it is never re-executed"
 		}
 	}
@@ -489,7 +490,7 @@ func (r *Runner) open(ctx context.Context) (int, bool, error) {
 		const lostMsg = "provider process did not survive the runnerd restart"
 		if lostProvider != nil {
 			r.emit(P0, "harness.exited", "", "", map[string]any{
-				"code": CodeProviderProcessLost, "message": lostMsg,
+				"code": failure.ProviderProcessLost, "message": lostMsg,
 				"pid": lostProvider.PID, "pgid": lostProvider.PGID,
 			})
 		}
@@ -497,7 +498,7 @@ func (r *Runner) open(ctx context.Context) (int, bool, error) {
 		// machinery is up (Run).
 		r.lostTurn, r.lostCause = lostTurn, lostMsg
 		if !r.reattach {
-			r.expireRequests(r.openRequestKeys(), ReasonProviderProcessLost)
+			r.expireRequests(r.openRequestKeys(), failure.ProviderProcessLost)
 		}
 	}
 	if cfg.listening() {
@@ -531,7 +532,7 @@ func (r *Runner) save() error {
 func (r *Runner) mustSave() {
 	if err := r.save(); err != nil {
 		r.log.Error("cannot persist runner state", "err", err)
-		r.setExit(ExitError, "runner_state_write_failed", true)
+		r.setExit(ExitError, failure.RunnerStateWriteFailed, true)
 	}
 }
 
@@ -609,8 +610,8 @@ func (r *Runner) checkTimers(now time.Time) (int, bool) {
 	if r.conn == nil && !r.dialing {
 		if r.exit == nil && now.Sub(r.disconnectedSince) >= r.cfg.ReconnectGrace {
 			r.log.Error("no gateway connection within the reconnect grace", "grace", r.cfg.ReconnectGrace)
-			r.stopProvider("transport_reconnect_deadline_exceeded")
-			r.setLifecycle(durable.LifecycleRecoverableFailure, "transport_reconnect_deadline_exceeded")
+			r.stopProvider(failure.TransportReconnectDeadlineExceeded)
+			r.setLifecycle(durable.LifecycleRecoverableFailure, failure.TransportReconnectDeadlineExceeded)
 			return ExitRecoverable, true
 		}
 		if r.dialer != nil && !now.Before(r.nextDial) {
@@ -629,14 +630,14 @@ func (r *Runner) checkTimers(now time.Time) (int, bool) {
 // state a later run may continue (SPEC E13); a revoked or unrecoverable
 // runner stops instead. The runner exits 0 once its outbox drains.
 func (r *Runner) onIdle() {
-	const reason = "idle_timeout"
+	const reason = failure.IdleTimeout
 	if refusal := r.suspendRefusal(); refusal != nil {
-		r.log.Info("session idle; stopping", "idle_timeout", r.cfg.IdleTimeout, "lifecycle", r.st.Lifecycle)
+		r.log.Info("session idle; stopping", failure.IdleTimeout, r.cfg.IdleTimeout, "lifecycle", r.st.Lifecycle)
 		r.stopSession(reason)
 		r.setExit(ExitOK, reason, false)
 		return
 	}
-	r.log.Info("session idle; suspending", "idle_timeout", r.cfg.IdleTimeout)
+	r.log.Info("session idle; suspending", failure.IdleTimeout, r.cfg.IdleTimeout)
 	if err := r.suspend(reason); err != nil {
 		return // suspend set the immediate error exit
 	}
@@ -654,8 +655,8 @@ func (r *Runner) setLifecycle(l, reason string) {
 // terminate handles SIGTERM/SIGINT: end the turn, stop the provider.
 func (r *Runner) terminate() {
 	r.log.Info("terminating on signal")
-	r.stopSession("runner_terminated")
-	r.setExit(ExitOK, "runner_terminated", false)
+	r.stopSession(failure.RunnerTerminated)
+	r.setExit(ExitOK, failure.RunnerTerminated, false)
 	// Give the outbox a brief chance to drain over a live connection.
 	deadline := time.Now().Add(min(r.cfg.DrainTimeout, 2*time.Second))
 	for r.conn != nil && r.outbox.Len() > 0 && time.Now().Before(deadline) {
@@ -775,7 +776,7 @@ func (r *Runner) startHandshake(a accepted) {
 
 func isCredentialRefusal(err error) bool {
 	switch prp.CodeOf(err) {
-	case prp.CodeAuthFailed, prp.CodeTicketReplayed, prp.CodeCredentialExpired:
+	case failure.RunnerAuthFailed, failure.RunnerTicketReplayed, failure.RunnerCredentialExpired:
 		return true
 	}
 	return false
@@ -852,7 +853,7 @@ func (r *Runner) readLoop(ctx context.Context, lc *liveConn) {
 	defer r.wg.Done()
 	for {
 		f, err := lc.c.Read(ctx)
-		if err != nil && prp.CodeOf(err) == prp.CodeProtocolError {
+		if err != nil && prp.CodeOf(err) == failure.RunnerProtocolError {
 			// One undecodable frame; the connection itself is fine.
 			r.log.Warn("ignoring undecodable frame", "err", err)
 			continue
@@ -1009,7 +1010,7 @@ func (r *Runner) applyAck(n uint64) {
 	if r.outbox.CompactDue() {
 		if err := r.save(); err != nil {
 			r.log.Error("cannot persist ACK", "err", err)
-			r.setExit(ExitError, "runner_state_write_failed", true)
+			r.setExit(ExitError, failure.RunnerStateWriteFailed, true)
 			return
 		}
 		if err := r.outbox.Compact(); err != nil {
@@ -1058,7 +1059,7 @@ func (r *Runner) newEvent(prio uint32, typ, turnID, itemID, runID string, payloa
 	}
 	if len(env) > maxEnvelopeBytes {
 		s, _ := toStruct(map[string]any{
-			"code":              prp.CodeFrameTooLarge,
+			"code":              failure.ProviderFrameTooLarge,
 			"message":           fmt.Sprintf("%s event of %d bytes exceeds the frame limit", typ, len(env)),
 			"originalEventType": typ,
 		})
@@ -1117,7 +1118,7 @@ func (r *Runner) emitAll(evs []pendingEvent) {
 			r.st.BackpressureDropped++
 			if !r.st.Backpressure {
 				r.st.Backpressure = true
-				r.st.Lifecycle, r.st.LifecycleReason = durable.LifecycleBackpressure, "outbox_soft_limit"
+				r.st.Lifecycle, r.st.LifecycleReason = durable.LifecycleBackpressure, failure.OutboxSoftLimit
 				r.log.Warn("outbox soft limit reached: backpressure; non-P0 events are rejected until acknowledged",
 					"outbox_bytes", held, "soft_limit", soft)
 				return add(pendingEvent{prio: P0, typ: "runner.backpressure", payload: map[string]any{
@@ -1143,10 +1144,10 @@ func (r *Runner) emitAll(evs []pendingEvent) {
 	entered := r.st.Backpressure
 	for _, e := range evs {
 		if !add(e) {
-			r.st.Lifecycle, r.st.LifecycleReason = durable.LifecycleUnrecoverable, "p0_storage_exhausted"
+			r.st.Lifecycle, r.st.LifecycleReason = durable.LifecycleUnrecoverable, failure.P0StorageExhausted
 			r.journal(recs)
 			_ = r.save()
-			r.setExit(ExitError, "p0_storage_exhausted", true)
+			r.setExit(ExitError, failure.P0StorageExhausted, true)
 			return
 		}
 	}
@@ -1173,9 +1174,9 @@ func (r *Runner) journal(recs []durable.Record) {
 	if err := r.outbox.Append(recs...); err != nil {
 		r.log.Error("cannot journal events", "err", err)
 		r.st.NextSourceSeq = recs[0].SourceSeq
-		r.st.Lifecycle, r.st.LifecycleReason = durable.LifecycleUnrecoverable, "outbox_write_failed"
+		r.st.Lifecycle, r.st.LifecycleReason = durable.LifecycleUnrecoverable, failure.OutboxWriteFailed
 		_ = r.save()
-		r.setExit(ExitError, "outbox_write_failed", true)
+		r.setExit(ExitError, failure.OutboxWriteFailed, true)
 		return
 	}
 	r.sendRecords(recs)

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/tether-run/tether/pkg/failure"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/prp"
 	"github.com/tether-run/tether/services/runnerd/internal/durable"
@@ -54,12 +55,12 @@ func TestG4_TurnEventsCarrySourceIdentityAndTerminal(t *testing.T) {
 	// A second turn while one is active is refused.
 	res := e.gw.command(cs.next("c-turn2", CmdTurnStart, map[string]any{"text": "again"}))
 	assert.Equal(t, durable.StatusRejected, res.GetStatus())
-	assert.Equal(t, CodeTurnAlreadyActive, res.GetCode())
+	assert.Equal(t, failure.TurnAlreadyActive, res.GetCode())
 	assert.Equal(t, "run-1", res.GetRunId())
 
 	// Steering: wrong expected turn is refused, the right one reaches the driver.
 	res = e.gw.command(cs.next("c-steer1", CmdTurnSteer, map[string]any{"text": "left", "expectedTurnId": "turn-9"}))
-	assert.Equal(t, CodeTurnMismatch, res.GetCode())
+	assert.Equal(t, failure.TurnMismatch, res.GetCode())
 	res = e.gw.command(cs.next("c-steer2", CmdTurnSteer, map[string]any{"text": "left", "expectedTurnId": "turn-1"}))
 	assert.Equal(t, durable.StatusCompleted, res.GetStatus())
 	prov.mu.Lock()
@@ -162,7 +163,7 @@ func TestG4_OversizeProviderEventBecomesDiagnostic(t *testing.T) {
 	prov.emit(ProviderEvent{Type: "item.completed", TurnID: "turn-1", Priority: P1,
 		Payload: map[string]any{"text": strings.Repeat("x", prp.MaxFrameBytes+10)}})
 	d := e.gw.waitEvent("harness.diagnostic", 1)
-	assert.Equal(t, prp.CodeFrameTooLarge, d.GetPayload().AsMap()["code"])
+	assert.Equal(t, failure.ProviderFrameTooLarge, d.GetPayload().AsMap()["code"])
 	assert.Equal(t, "item.completed", d.GetPayload().AsMap()["originalEventType"])
 }
 
@@ -320,26 +321,26 @@ func TestR4_CommandDedupeFingerprintConflictSeqAndFencing(t *testing.T) {
 	other := cs.next("c1", CmdRunAttach, map[string]any{"input": testInput(t), "extra": true})
 	conflict := e.gw.command(other)
 	assert.Equal(t, durable.StatusRejected, conflict.GetStatus())
-	assert.Equal(t, CodeCommandIDReused, conflict.GetCode())
+	assert.Equal(t, failure.CommandIDReused, conflict.GetCode())
 
 	// A controller seq gap is refused and consumes nothing.
 	gap := &prpv1.Command{CommandId: "c-gap", ControllerSeq: cs.seq + 5, Type: CmdTurnStart, RunId: "run-1", Attempt: 2,
 		Payload: mustStruct(t, map[string]any{"text": "x"})}
 	r := e.gw.command(gap)
-	assert.Equal(t, CodeControllerSeqGap, r.GetCode())
+	assert.Equal(t, failure.ControllerSeqNotContiguous, r.GetCode())
 	assert.Contains(t, r.GetMessage(), fmt.Sprintf("expected %d", cs.seq+1))
 
 	// A lower attempt of the run is fenced.
 	cs.attempt = 1
 	r = e.gw.command(cs.next("c-old", CmdTurnStart, map[string]any{"text": "x"}))
 	assert.Equal(t, durable.StatusRejected, r.GetStatus())
-	assert.Equal(t, CodeAttemptFenced, r.GetCode())
+	assert.Equal(t, failure.RunnerAttemptFenced, r.GetCode())
 	assert.Zero(t, e.prov.count(), "fenced command had no effect")
 
 	// Unknown command types are rejected but journaled.
 	cs.attempt = 2
 	r = e.gw.command(cs.next("c-unknown", "session.fly", map[string]any{}))
-	assert.Equal(t, CodeCommandUnsupported, r.GetCode())
+	assert.Equal(t, failure.CommandUnsupported, r.GetCode())
 
 	assert.Len(t, e.gw.eventsOf("run.attached"), 1)
 
@@ -372,7 +373,7 @@ func TestR4_PendingCommandIsIndeterminateAfterRestart(t *testing.T) {
 	st, err := store.Load()
 	require.NoError(t, err)
 	st.ProcessedCommands["c2"] = &durable.CommandRecord{CommandID: "c2", ControllerSeq: 2, CommandType: CmdTurnStart,
-		RunID: "run-1", Attempt: 1, Status: durable.StatusPending, Fingerprint: fp, Code: CodeExecutionIndeterminate}
+		RunID: "run-1", Attempt: 1, Status: durable.StatusPending, Fingerprint: fp, Code: failure.ExecutionIndeterminate}
 	st.LastControllerCommandSeq = 2
 	require.NoError(t, store.Save(st))
 
@@ -380,7 +381,7 @@ func TestR4_PendingCommandIsIndeterminateAfterRestart(t *testing.T) {
 	e.gw.waitConns(2)
 	res := e.gw.command(turn)
 	assert.Equal(t, durable.StatusIndeterminate, res.GetStatus())
-	assert.Equal(t, CodeExecutionIndeterminate, res.GetCode())
+	assert.Equal(t, failure.ExecutionIndeterminate, res.GetCode())
 	assert.Zero(t, e.prov.count(), "an indeterminate command is never re-executed")
 	assert.Equal(t, durable.StatusIndeterminate, e.state().ProcessedCommands["c2"].Status)
 }
@@ -429,11 +430,11 @@ func TestR4_RestartFromSameStateDirReconcilesAndContinuesSeqs(t *testing.T) {
 	// The provider of the previous process is reported gone; its turn,
 	// which the restarted provider does not know, is lost (SPEC R7).
 	ex := e.gw.waitEvent("harness.exited", 1)
-	assert.Equal(t, CodeProviderProcessLost, ex.GetPayload().AsMap()["code"])
+	assert.Equal(t, failure.ProviderProcessLost, ex.GetPayload().AsMap()["code"])
 	lost := e.gw.waitEvent(EventTurnLost, 1)
 	assert.Equal(t, "turn-7", lost.GetTurnId())
 	assert.Equal(t, "run-1", lost.GetRunId())
-	assert.Equal(t, CodeProviderProcessLost, lost.GetPayload().AsMap()["code"])
+	assert.Equal(t, failure.ProviderProcessLost, lost.GetPayload().AsMap()["code"])
 
 	// Unacknowledged events of the previous process are resent identically.
 	e.gw.waitFor("resend", func() bool {
@@ -490,10 +491,10 @@ func TestR7_ATurnWhoseProviderExitedIsReconciledOnARestartedProvider(t *testing.
 			}
 			cs := &cmdSeq{t: t, runID: "run-1", attempt: 1}
 			prov := attachAndTurn(t, e, cs)
-			prov.crash(CodeProviderStdoutClosed)
+			prov.crash(failure.ProviderStdoutClosed)
 			ex := e.gw.waitEvent("harness.exited", 1)
 			assert.Equal(t, uint32(0), ex.GetPriority())
-			assert.Equal(t, CodeProviderStdoutClosed, ex.GetPayload().AsMap()["code"])
+			assert.Equal(t, failure.ProviderStdoutClosed, ex.GetPayload().AsMap()["code"])
 			e.gw.waitEvent("provider.restarting", 1)
 			switch {
 			case tc.terminal != "":
@@ -503,7 +504,7 @@ func TestR7_ATurnWhoseProviderExitedIsReconciledOnARestartedProvider(t *testing.
 			case tc.lost != "":
 				lost := e.gw.waitEvent(EventTurnLost, 1)
 				assert.Equal(t, tc.lost, lost.GetPayload().AsMap()["reconciliation"])
-				assert.Equal(t, CodeProviderStdoutClosed, lost.GetPayload().AsMap()["code"])
+				assert.Equal(t, failure.ProviderStdoutClosed, lost.GetPayload().AsMap()["code"])
 				assert.Equal(t, "run-1", lost.GetRunId())
 			}
 			e.gw.ping(1) // the loop has finished handling the exit
@@ -535,7 +536,7 @@ func TestR7_AResentTurnStartOfALostTurnAnnouncesTheLossAgain(t *testing.T) {
 	e.start(nil)
 	cs := &cmdSeq{t: t, runID: "run-1", attempt: 1}
 	prov := attachAndTurn(t, e, cs)
-	prov.crash(CodeProviderProcessExited)
+	prov.crash(failure.ProviderProcessExited)
 	first := e.gw.waitEvent(EventTurnLost, 1)
 
 	takeover := &cmdSeq{t: t, seq: cs.seq, runID: "run-1", attempt: 2}
@@ -568,7 +569,7 @@ func TestR1_ProviderStartFailureFailsTheCommand(t *testing.T) {
 	// Without an attached run a turn is refused.
 	e2 := &cmdSeq{t: t, seq: cs.seq, runID: "run-2", attempt: 1}
 	res = e.gw.command(e2.next("c3", CmdTurnStart, map[string]any{"text": "x"}))
-	assert.Equal(t, CodeRunNotAttached, res.GetCode())
+	assert.Equal(t, failure.RunNotAttached, res.GetCode())
 }
 
 func TestR4_IdleTimeoutSuspendsAndExits(t *testing.T) {
@@ -617,7 +618,7 @@ func TestR4_ReplayedTicketIsRefused(t *testing.T) {
 	// A second runner with the same (spent) ticket is refused and exits 4.
 	p2 := e.start(func(c *Config) { c.Ticket = cfg.Ticket })
 	assert.Equal(t, ExitCredentialRefused, p2.wait(t, 10*time.Second))
-	assert.Equal(t, prp.CodeTicketReplayed, e.state().LifecycleReason)
+	assert.Equal(t, failure.RunnerTicketReplayed, e.state().LifecycleReason)
 }
 
 func TestR4_StateFilesArePrivateAndStateIsWellFormed(t *testing.T) {

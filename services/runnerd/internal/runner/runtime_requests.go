@@ -34,6 +34,7 @@ import (
 
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/tether-run/tether/pkg/failure"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/services/runnerd/internal/durable"
 )
@@ -42,17 +43,6 @@ import (
 const (
 	CmdRequestResolve = "request.resolve"
 	CmdToolResult     = "tool.result"
-)
-
-// Codes of runtime request and tool result commands.
-const (
-	CodeRuntimeRequestStaleTurn   = "runtime_request_stale_turn"
-	CodeRuntimeRequestNotPending  = "runtime_request_not_pending"
-	CodeResolutionInvalid         = "runtime_request_resolution_invalid"
-	CodeResolutionUnsupported     = "runtime_request_resolution_unsupported"
-	CodeToolCallNotPending        = "tool_call_not_pending"
-	CodeToolResultInvalid         = "tool_result_invalid"
-	CodeToolAuthorityEpochRevoked = "native_tool_authority_epoch_revoked"
 )
 
 // RuntimeRequestProvider is implemented by providers that can answer runtime
@@ -67,7 +57,7 @@ type RuntimeRequestProvider interface {
 // providerRejection maps driver errors that had no effect to a rejection.
 func providerRejection(fallback string, err error) *cmdError {
 	switch code := ProviderErrorCode(err); code {
-	case CodeRuntimeRequestNotPending, CodeResolutionInvalid, CodeToolCallNotPending, CodeToolResultInvalid, CodeToolAuthorityEpochRevoked:
+	case failure.RuntimeRequestNotPending, failure.RuntimeRequestResolutionInvalid, failure.ToolCallNotPending, failure.ToolResultInvalid, failure.NativeToolAuthorityEpochRevoked:
 		return &cmdError{durable.StatusRejected, code, err.Error()}
 	}
 	return providerFailure(fallback, err)
@@ -76,11 +66,11 @@ func providerRejection(fallback string, err error) *cmdError {
 func (r *Runner) activeRuntimeProvider() (RuntimeRequestProvider, *cmdError) {
 	t := r.st.ActiveTurn
 	if t == nil || r.prov == nil {
-		return nil, rejected(CodeNoActiveTurn, "no turn is active")
+		return nil, rejected(failure.NoActiveTurn, "no turn is active")
 	}
 	rp, ok := r.prov.(RuntimeRequestProvider)
 	if !ok {
-		return nil, rejected(CodeResolutionUnsupported, "the provider cannot answer runtime requests")
+		return nil, rejected(failure.RuntimeRequestResolutionUnsupported, "the provider cannot answer runtime requests")
 	}
 	return rp, nil
 }
@@ -98,11 +88,11 @@ func (r *Runner) cmdRequestResolve(c *prpv1.Command) (map[string]any, *cmdError)
 		requestID = strconv.FormatFloat(v.NumberValue, 'f', -1, 64)
 	}
 	if requestID == "" || len(requestID) > 160 {
-		return nil, rejected(CodeCommandInvalid, "request.resolve needs payload.requestId (1..160)")
+		return nil, rejected(failure.CommandInvalid, "request.resolve needs payload.requestId (1..160)")
 	}
 	resolution := fields["resolution"].GetStructValue()
 	if resolution == nil {
-		return nil, rejected(CodeCommandInvalid, "request.resolve needs payload.resolution (an object)")
+		return nil, rejected(failure.CommandInvalid, "request.resolve needs payload.resolution (an object)")
 	}
 	rp, e := r.activeRuntimeProvider()
 	if e != nil {
@@ -110,7 +100,7 @@ func (r *Runner) cmdRequestResolve(c *prpv1.Command) (map[string]any, *cmdError)
 	}
 	t := r.st.ActiveTurn
 	if want := payloadString(c, "turnId"); want != "" && want != t.TurnID {
-		return nil, rejected(CodeRuntimeRequestStaleTurn, "active turn is %s, not %s", t.TurnID, want)
+		return nil, rejected(failure.RuntimeRequestStaleTurn, "active turn is %s, not %s", t.TurnID, want)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.RequestTimeout)
 	defer cancel()
@@ -126,7 +116,7 @@ func (r *Runner) cmdToolResult(c *prpv1.Command) (map[string]any, *cmdError) {
 	// The answering run must be the run whose turn made the call: an old
 	// run's answer after a continuation is refused as revoked.
 	if cur := r.st.CurrentRun; cur != nil && c.GetRunId() != "" && c.GetRunId() != cur.RunID {
-		return nil, rejected(CodeToolAuthorityEpochRevoked, "run %s no longer holds the tool authority (current run: %s)", c.GetRunId(), cur.RunID)
+		return nil, rejected(failure.NativeToolAuthorityEpochRevoked, "run %s no longer holds the tool authority (current run: %s)", c.GetRunId(), cur.RunID)
 	}
 	if e := r.requireRun(c); e != nil {
 		return nil, e
@@ -134,13 +124,13 @@ func (r *Runner) cmdToolResult(c *prpv1.Command) (map[string]any, *cmdError) {
 	fields := c.GetPayload().GetFields()
 	callID := payloadString(c, "callId")
 	if callID == "" || len(callID) > 160 {
-		return nil, rejected(CodeCommandInvalid, "tool.result needs payload.callId (1..160)")
+		return nil, rejected(failure.CommandInvalid, "tool.result needs payload.callId (1..160)")
 	}
 	success := true
 	if v, ok := fields["success"]; ok {
 		b, isBool := v.GetKind().(*structpb.Value_BoolValue)
 		if !isBool {
-			return nil, rejected(CodeCommandInvalid, "tool.result payload.success must be a boolean")
+			return nil, rejected(failure.CommandInvalid, "tool.result payload.success must be a boolean")
 		}
 		success = b.BoolValue
 	}
@@ -149,7 +139,7 @@ func (r *Runner) cmdToolResult(c *prpv1.Command) (map[string]any, *cmdError) {
 		for _, v := range l.GetValues() {
 			m := v.GetStructValue()
 			if m == nil {
-				return nil, rejected(CodeToolResultInvalid, "tool.result contentItems must be objects")
+				return nil, rejected(failure.ToolResultInvalid, "tool.result contentItems must be objects")
 			}
 			items = append(items, m.AsMap())
 		}
@@ -165,7 +155,7 @@ func (r *Runner) cmdToolResult(c *prpv1.Command) (map[string]any, *cmdError) {
 	}
 	t := r.st.ActiveTurn
 	if t.RunID != c.GetRunId() && c.GetRunId() != "" {
-		return nil, rejected(CodeToolAuthorityEpochRevoked, "the active turn belongs to run %s", t.RunID)
+		return nil, rejected(failure.NativeToolAuthorityEpochRevoked, "the active turn belongs to run %s", t.RunID)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.RequestTimeout)
 	defer cancel()

@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/tether-run/tether/pkg/failure"
 	"github.com/tether-run/tether/services/runnerd/internal/durable"
 )
 
@@ -21,11 +22,11 @@ type rrProvider struct {
 
 func (p *rrProvider) ResolveRequest(ctx context.Context, requestID string, resolution map[string]any) (map[string]any, error) {
 	if requestID != "0" {
-		return nil, &ProviderError{Code: CodeRuntimeRequestNotPending, Message: "runtime request " + requestID + " is not pending"}
+		return nil, &ProviderError{Code: failure.RuntimeRequestNotPending, Message: "runtime request " + requestID + " is not pending"}
 	}
 	d, _ := resolution["decision"].(string)
 	if d == "" {
-		return nil, &ProviderError{Code: CodeResolutionInvalid, Message: "no decision"}
+		return nil, &ProviderError{Code: failure.RuntimeRequestResolutionInvalid, Message: "no decision"}
 	}
 	p.mu.Lock()
 	p.resolved = append(p.resolved, requestID+":"+d)
@@ -36,7 +37,7 @@ func (p *rrProvider) ResolveRequest(ctx context.Context, requestID string, resol
 
 func (p *rrProvider) AnswerToolCall(ctx context.Context, callID, turnID string, success bool, items []map[string]any) (map[string]any, error) {
 	if callID != "call-1" {
-		return nil, &ProviderError{Code: CodeToolCallNotPending, Message: "tool call " + callID + " is not pending"}
+		return nil, &ProviderError{Code: failure.ToolCallNotPending, Message: "tool call " + callID + " is not pending"}
 	}
 	text, _ := items[0]["text"].(string)
 	p.mu.Lock()
@@ -67,7 +68,7 @@ func TestR2_RequestResolveCommandReachesTheProviderOnce(t *testing.T) {
 	res := e.gw.command(cs.attach("c-attach"))
 	require.Equal(t, durable.StatusCompleted, res.GetStatus(), res.GetMessage())
 	res = e.gw.command(cs.next("c-r0", CmdRequestResolve, map[string]any{"requestId": "0", "resolution": map[string]any{"decision": "accept"}}))
-	assert.Equal(t, CodeNoActiveTurn, res.GetCode())
+	assert.Equal(t, failure.NoActiveTurn, res.GetCode())
 
 	res = e.gw.command(cs.next("c-turn1", CmdTurnStart, map[string]any{"text": "hello"}))
 	require.Equal(t, durable.StatusCompleted, res.GetStatus(), res.GetMessage())
@@ -75,11 +76,11 @@ func TestR2_RequestResolveCommandReachesTheProviderOnce(t *testing.T) {
 		id, code string
 		payload  map[string]any
 	}{
-		{"c-bad1", CodeCommandInvalid, map[string]any{"resolution": map[string]any{"decision": "accept"}}},
-		{"c-bad2", CodeCommandInvalid, map[string]any{"requestId": "0"}},
-		{"c-bad3", CodeRuntimeRequestStaleTurn, map[string]any{"requestId": "0", "turnId": "turn-9", "resolution": map[string]any{"decision": "accept"}}},
-		{"c-bad4", CodeRuntimeRequestNotPending, map[string]any{"requestId": "5", "resolution": map[string]any{"decision": "accept"}}},
-		{"c-bad5", CodeResolutionInvalid, map[string]any{"requestId": "0", "resolution": map[string]any{}}},
+		{"c-bad1", failure.CommandInvalid, map[string]any{"resolution": map[string]any{"decision": "accept"}}},
+		{"c-bad2", failure.CommandInvalid, map[string]any{"requestId": "0"}},
+		{"c-bad3", failure.RuntimeRequestStaleTurn, map[string]any{"requestId": "0", "turnId": "turn-9", "resolution": map[string]any{"decision": "accept"}}},
+		{"c-bad4", failure.RuntimeRequestNotPending, map[string]any{"requestId": "5", "resolution": map[string]any{"decision": "accept"}}},
+		{"c-bad5", failure.RuntimeRequestResolutionInvalid, map[string]any{"requestId": "0", "resolution": map[string]any{}}},
 	} {
 		res = e.gw.command(cs.next(tc.id, CmdRequestResolve, tc.payload))
 		assert.Equal(t, durable.StatusRejected, res.GetStatus(), tc.id)
@@ -120,11 +121,11 @@ func TestR2_ToolResultCommandAndRevokedAuthority(t *testing.T) {
 	rp := <-rpCh
 
 	res := e.gw.command(cs.next("c-tool0", CmdToolResult, map[string]any{"text": "x"}))
-	assert.Equal(t, CodeCommandInvalid, res.GetCode())
+	assert.Equal(t, failure.CommandInvalid, res.GetCode())
 	res = e.gw.command(cs.next("c-tool1", CmdToolResult, map[string]any{"callId": "call-9", "text": "x"}))
-	assert.Equal(t, CodeToolCallNotPending, res.GetCode())
+	assert.Equal(t, failure.ToolCallNotPending, res.GetCode())
 	res = e.gw.command(cs.next("c-tool2", CmdToolResult, map[string]any{"callId": "call-1", "success": "yes"}))
-	assert.Equal(t, CodeCommandInvalid, res.GetCode())
+	assert.Equal(t, failure.CommandInvalid, res.GetCode())
 	res = e.gw.command(cs.next("c-tool3", CmdToolResult, map[string]any{"callId": "call-1", "text": "lookup(alpha) = 42"}))
 	require.Equal(t, durable.StatusCompleted, res.GetStatus(), res.GetMessage())
 	assert.Equal(t, "turn-1", res.GetResult().GetFields()["turnId"].GetStringValue())
@@ -144,7 +145,7 @@ func TestR2_ToolResultCommandAndRevokedAuthority(t *testing.T) {
 	cs.seq = cs2.seq
 	res = e.gw.command(cs.next("c-tool-old", CmdToolResult, map[string]any{"callId": "call-1", "text": "late"}))
 	assert.Equal(t, durable.StatusRejected, res.GetStatus())
-	assert.Equal(t, CodeToolAuthorityEpochRevoked, res.GetCode())
+	assert.Equal(t, failure.NativeToolAuthorityEpochRevoked, res.GetCode())
 	rp.mu.Lock()
 	assert.Len(t, rp.tools, 1)
 	rp.mu.Unlock()
@@ -157,7 +158,7 @@ func TestR2_RuntimeRequestsNeedACapableProvider(t *testing.T) {
 	cs := &cmdSeq{t: t, runID: "run-1", attempt: 1}
 	attachAndTurn(t, e, cs)
 	res := e.gw.command(cs.next("c-r", CmdRequestResolve, map[string]any{"requestId": "0", "resolution": map[string]any{"decision": "accept"}}))
-	assert.Equal(t, CodeResolutionUnsupported, res.GetCode())
+	assert.Equal(t, failure.RuntimeRequestResolutionUnsupported, res.GetCode())
 	res = e.gw.command(cs.next("c-t", CmdToolResult, map[string]any{"callId": "c", "text": "x"}))
-	assert.Equal(t, CodeResolutionUnsupported, res.GetCode())
+	assert.Equal(t, failure.RuntimeRequestResolutionUnsupported, res.GetCode())
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"sync"
 
+	"github.com/tether-run/tether/pkg/failure"
 	"github.com/tether-run/tether/services/runnerd/internal/durable"
 )
 
@@ -133,7 +134,7 @@ func (r *Runner) onSaved(res saveResult) {
 		r.saveErr = fmt.Errorf("runner_state_write_failed: %w", res.err)
 		r.pendingAnswers = nil
 		r.log.Error("cannot persist runner state", "err", res.err)
-		r.setExit(ExitError, "runner_state_write_failed", true)
+		r.setExit(ExitError, failure.RunnerStateWriteFailed, true)
 		return
 	}
 	r.savedGen = max(r.savedGen, res.gen)
@@ -172,7 +173,7 @@ func (r *Runner) journalIntents(ins []durable.Intent) error {
 		r.saveErr = err
 		r.pendingAnswers = nil
 		r.log.Error("cannot journal command intents", "err", err)
-		r.setExit(ExitError, "runner_state_write_failed", true)
+		r.setExit(ExitError, failure.RunnerStateWriteFailed, true)
 		return err
 	}
 	for _, in := range ins {
@@ -214,6 +215,6 @@ func (r *Runner) settleSaves() error {
 func (r *Runner) saveSoon() {
 	if _, err := r.saveAsync(); err != nil && r.saveErr == nil {
 		r.log.Error("cannot persist runner state", "err", err)
-		r.setExit(ExitError, "runner_state_write_failed", true)
+		r.setExit(ExitError, failure.RunnerStateWriteFailed, true)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/tether-run/tether/pkg/failure"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/services/runnerd/internal/durable"
 )
@@ -21,7 +22,7 @@ func TestR5_RunnerSuspendStopsTheProviderKeepsTheThreadAndResumes(t *testing.T) 
 	// A turn in progress refuses the suspension; nothing changes.
 	res := e.gw.command(cs.next("c-suspend-busy", CmdRunnerSuspend, map[string]any{"reason": "idle"}))
 	assert.Equal(t, durable.StatusRejected, res.GetStatus())
-	assert.Equal(t, CodeTurnAlreadyActive, res.GetCode())
+	assert.Equal(t, failure.TurnAlreadyActive, res.GetCode())
 	prov.finish(TurnResult{TurnID: "turn-1", Status: "completed"})
 	e.gw.waitEvent("run.terminal", 1)
 

@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/tether-run/tether/pkg/failure"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/prp"
 	"github.com/tether-run/tether/pkg/prp/prptest"
@@ -137,7 +138,7 @@ func TestR6_ListenWSOverTLSServesTheGatewayDialingIn(t *testing.T) {
 	imp := prp.NewConn(ws)
 	_, err = imp.Read(ctx) // the runner's hello
 	require.NoError(t, err)
-	require.NoError(t, imp.Write(ctx, &prpv1.Frame{Kind: &prpv1.Frame_Goodbye{Goodbye: &prpv1.Goodbye{Code: prp.CodeTicketReplayed}}}))
+	require.NoError(t, imp.Write(ctx, &prpv1.Frame{Kind: &prpv1.Frame_Goodbye{Goodbye: &prpv1.Goodbye{Code: failure.RunnerTicketReplayed}}}))
 	_ = ws.Close(websocket.StatusNormalClosure, "")
 
 	// The real gateway dials in, authenticates and drives a turn.

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/tether-run/tether/pkg/failure"
 	"github.com/tether-run/tether/services/runnerd/internal/codex"
 )
 
@@ -311,7 +312,7 @@ func runSuite(t *testing.T, tg target, workspace string) {
 	require.NoError(t, syscall.Kill(-p1.s.Process().PGID, syscall.SIGKILL))
 	res = p1.waitTurn(t, tg, turnID)
 	assert.Equal(t, codex.TurnFailed, res.Status)
-	assert.Equal(t, codex.CodeProcessExited, res.ErrorCode)
+	assert.Equal(t, failure.ProviderProcessExited, res.ErrorCode)
 	<-p1.s.Exited()
 	report("killed provider pid %d mid-turn %s: %s", pid1, turnID, res.ErrorMessage)
 
@@ -328,7 +329,7 @@ func runSuite(t *testing.T, tg target, workspace string) {
 	killed := p2.waitTurn(t, tg, turnID)
 	assert.Equal(t, codex.TurnInterrupted, killed.Status)
 	_, err = p2.s.ReconcileTurn(ctx, "no-such-turn")
-	assert.Equal(t, codex.CodeTurnMissing, codex.CodeOf(err))
+	assert.Equal(t, failure.ProviderTurnMissing, codex.CodeOf(err))
 	report("resumed thread in pid %d; killed turn reconciled as %s (%s)", p2.s.Process().PID, rec.Status, rec.Outcome)
 
 	res, _ = p2.turn(t, tg, "after resume delta")

@@ -140,7 +140,7 @@ func archiveState(root string) (string, error) {
 // ensureStateRoot creates the state base (0700) when it does not exist yet.
 func ensureStateRoot(base string) error {
 	if err := os.MkdirAll(base, 0o700); err != nil {
-		return failure.Wrap(err, codes.Internal, durable.CodeStateIO, "creating the state root %s: %v", base, err)
+		return failure.Wrap(err, codes.Internal, failure.RunnerStateIOFailed, "creating the state root %s: %v", base, err)
 	}
 	return nil
 }

@@ -108,7 +108,7 @@ func TestE13_GatewayRefusesWhileThePriorRunIsStillRunningAndMovesNothing(t *test
 	starts := countCalls(t, rl.callLog, "process-start")
 
 	_, err := rl.openPrior(ctx, "run-2", in, &gatewayv1.PriorRun{RunId: "run-1", Status: "running", Input: in})
-	require.Equal(t, durable.CodeIdentityMismatch, failure.CodeOf(err), "%v", err)
+	require.EqualValues(t, failure.RunnerStateIdentityMismatch, failure.CodeOf(err), "%v", err)
 	require.Contains(t, err.Error(), "still running")
 	require.Equal(t, "run-1", controlPlane(t, root).RunID, "the root is untouched")
 	require.Empty(t, quarantined(t, rl), "nothing is quarantined")
@@ -180,7 +180,7 @@ func TestE13_GatewayQuarantinesARootWhoseOwnershipIsUnprovenAndStartsNothing(t *
 			starts := countCalls(t, rl.callLog, "process-start")
 
 			_, err := rl.openPrior(ctx, "run-2", in, tc.prior(in)...)
-			require.Equal(t, durable.CodeIdentityMismatch, failure.CodeOf(err), "%v", err)
+			require.EqualValues(t, failure.RunnerStateIdentityMismatch, failure.CodeOf(err), "%v", err)
 			require.Contains(t, err.Error(), "quarantined")
 			q := quarantined(t, rl)
 			require.Len(t, q, 1)
@@ -205,7 +205,7 @@ func TestE13_GatewayNeverFollowsASymlinkedRoot(t *testing.T) {
 	require.NoError(t, os.Symlink(target, root))
 
 	_, err := rl.openPrior(ctx, "run-1", in)
-	require.Equal(t, durable.CodeDirectoryUnsafe, failure.CodeOf(err), "%v", err)
+	require.EqualValues(t, failure.RunnerStateDirectoryUnsafe, failure.CodeOf(err), "%v", err)
 	fi, err := os.Lstat(root)
 	require.NoError(t, err)
 	require.NotZero(t, fi.Mode()&os.ModeSymlink, "the link stays")
@@ -227,7 +227,7 @@ func TestE13_GatewayMigratesALegacyRootOnlyForItsOwnRun(t *testing.T) {
 	require.NoError(t, durable.Bind(foreign, durable.Identity{RunID: "run-unrelated", NormalizedSessionID: "legacy-foreign",
 		RunnerInstanceID: "runner-old", EnvironmentLeaseID: "lease-old"}))
 	_, err := rl.openPrior(ctx, "run-1", foreignIn)
-	require.Equal(t, durable.CodeIdentityMismatch, failure.CodeOf(err), "%v", err)
+	require.EqualValues(t, failure.RunnerStateIdentityMismatch, failure.CodeOf(err), "%v", err)
 	_, err = os.Stat(foreign)
 	require.NoError(t, err, "the legacy root is left in place")
 	_, err = os.Lstat(filepath.Join(rl.cfg.StateRoot, scope.OfRun("run-1", foreignIn)))
@@ -384,11 +384,11 @@ func TestE13_TheDurableAuthorityIsObservableInMetrics(t *testing.T) {
 	other := testInput("metrics-unsafe", "acme", "x")
 	require.NoError(t, os.Symlink(t.TempDir(), filepath.Join(rl.cfg.StateRoot, scope.OfRun("run-x", other))))
 	_, err := rl.openPrior(ctx, "run-x", other)
-	require.Equal(t, durable.CodeDirectoryUnsafe, failure.CodeOf(err))
+	require.EqualValues(t, failure.RunnerStateDirectoryUnsafe, failure.CodeOf(err))
 
 	require.Equal(t, 1.0, testutil.ToFloat64(rl.g.metrics.launches.WithLabelValues("fresh")))
 	require.Equal(t, 1.0, testutil.ToFloat64(rl.g.metrics.rotations))
-	require.Equal(t, 1.0, testutil.ToFloat64(rl.g.metrics.refusals.WithLabelValues(durable.CodeDirectoryUnsafe, "none")))
+	require.Equal(t, 1.0, testutil.ToFloat64(rl.g.metrics.refusals.WithLabelValues(failure.RunnerStateDirectoryUnsafe, "none")))
 	n, err := testutil.GatherAndCount(reg, "tether_runnergw_durable_launches_total", "tether_runnergw_authority_rotations_total", "tether_runnergw_durable_refusals_total")
 	require.NoError(t, err)
 	require.Equal(t, 3, n)
@@ -415,7 +415,7 @@ func TestG4_TheGatewayKeepsTheHighestAttemptsOfTheRecentRunsOnly(t *testing.T) {
 		require.NoError(t, g.fence(fmt.Sprintf("run-%d", i), 1))
 	}
 	require.NoError(t, g.fence("run-7", 2))
-	require.Equal(t, "runner_attempt_fenced", failure.CodeOf(g.fence("run-7", 1)), "a recent run stays fenced")
+	require.EqualValues(t, "runner_attempt_fenced", failure.CodeOf(g.fence("run-7", 1)), "a recent run stays fenced")
 	g.mu.Lock()
 	n := len(g.highest)
 	_, kept := g.highest["run-first"]

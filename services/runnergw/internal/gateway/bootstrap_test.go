@@ -15,6 +15,7 @@ import (
 	"github.com/coder/websocket"
 	"github.com/stretchr/testify/require"
 
+	"github.com/tether-run/tether/pkg/failure"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/prp"
 )
@@ -65,12 +66,12 @@ func requireHandshakeTimeout(ctx context.Context, t *testing.T, c *prp.Conn) {
 	t.Helper()
 	f, err := c.Read(ctx)
 	require.NoError(t, err)
-	require.Equal(t, prp.CodeHandshakeTimeout, f.GetGoodbye().GetCode(), "%v", f)
+	require.Equal(t, failure.RunnerHandshakeTimeout, f.GetGoodbye().GetCode(), "%v", f)
 	_, err = c.Read(ctx)
 	var ce websocket.CloseError
 	require.True(t, errors.As(err, &ce), "a close frame, not a dropped connection: %v", err)
 	require.Equal(t, websocket.StatusPolicyViolation, ce.Code)
-	require.Equal(t, prp.CodeHandshakeTimeout, ce.Reason)
+	require.Equal(t, failure.RunnerHandshakeTimeout, ce.Reason)
 }
 
 func TestS5_AConnectionThatSendsNothingGetsAGoodbyeHandshakeTimeout(t *testing.T) {

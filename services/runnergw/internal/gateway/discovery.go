@@ -78,11 +78,11 @@ func DiscoverRunnerd(ctx context.Context, buildOwned, self string, which WhichFu
 	if !MayUsePreinstalledRunner(buildOwned) {
 		p := strings.TrimSpace(buildOwned)
 		if !filepath.IsAbs(p) {
-			return "", false, failure.New(codes.FailedPrecondition, "runner_artifact_unavailable",
+			return "", false, failure.New(codes.FailedPrecondition, failure.RunnerArtifactUnavailable,
 				"the configured runnerd artifact %q must be an absolute path", p)
 		}
 		if st, err := os.Stat(p); err != nil || st.IsDir() {
-			return "", false, failure.New(codes.FailedPrecondition, "runner_artifact_unavailable",
+			return "", false, failure.New(codes.FailedPrecondition, failure.RunnerArtifactUnavailable,
 				"the configured runnerd artifact %s is not a file; a preinstalled runner is not used instead", p)
 		}
 		return p, false, nil
@@ -98,12 +98,12 @@ func DiscoverRunnerd(ctx context.Context, buildOwned, self string, which WhichFu
 	}
 	out, err := which(ctx)
 	if err != nil {
-		return "", false, failure.New(codes.FailedPrecondition, "runner_artifact_unavailable",
+		return "", false, failure.New(codes.FailedPrecondition, failure.RunnerArtifactUnavailable,
 			"runnerd not found: pass -runnerd-path, or put runnerd next to runnergw or on PATH")
 	}
 	p, ok := ParseExecutableCandidate(out)
 	if !ok {
-		return "", false, failure.New(codes.FailedPrecondition, "runner_artifact_unavailable",
+		return "", false, failure.New(codes.FailedPrecondition, failure.RunnerArtifactUnavailable,
 			"the preinstalled runnerd probe answered %q, which is not one normalised absolute path", truncateForLog(out))
 	}
 	return p, true, nil

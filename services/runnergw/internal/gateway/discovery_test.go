@@ -65,7 +65,7 @@ func TestG1_PreinstalledRunnerOnlyWithoutABuildOwnedArtifact(t *testing.T) {
 	// A configured artifact is used, never the preinstalled runner, even when
 	// it is missing.
 	_, _, err := DiscoverRunnerd(ctx, filepath.Join(dir, "missing-runnerd"), "", preinstalled)
-	require.Equal(t, "runner_artifact_unavailable", failure.CodeOf(err))
+	require.EqualValues(t, "runner_artifact_unavailable", failure.CodeOf(err))
 	art := filepath.Join(dir, "runnerd")
 	require.NoError(t, os.WriteFile(art, []byte("#!/bin/sh\n"), 0o755))
 	p, pre, err := DiscoverRunnerd(ctx, art, "", preinstalled)
@@ -82,14 +82,14 @@ func TestG1_PreinstalledRunnerOnlyWithoutABuildOwnedArtifact(t *testing.T) {
 	require.Equal(t, "/usr/local/bin/runnerd", p)
 	require.True(t, pre)
 	_, _, err = DiscoverRunnerd(ctx, "", "", func(context.Context) (string, error) { return "/x;rm -rf /\n", nil })
-	require.Equal(t, "runner_artifact_unavailable", failure.CodeOf(err))
+	require.EqualValues(t, "runner_artifact_unavailable", failure.CodeOf(err))
 	_, _, err = DiscoverRunnerd(ctx, "", "", func(context.Context) (string, error) { return "", errors.New("exit status 1") })
-	require.Equal(t, "runner_artifact_unavailable", failure.CodeOf(err))
+	require.EqualValues(t, "runner_artifact_unavailable", failure.CodeOf(err))
 }
 
 func TestG3_UnauthorisedRunFailsBeforeSelectingSandboxIngress(t *testing.T) {
 	_, err := ResolveTransportMode(gatewayv1.TransportMode_TRANSPORT_MODE_LISTEN_WS, false)
-	require.Equal(t, "runner_ingress_unavailable", failure.CodeOf(err))
+	require.EqualValues(t, "runner_ingress_unavailable", failure.CodeOf(err))
 }
 
 func TestG3_AuthorisedRunSelectsSandboxIngress(t *testing.T) {
@@ -104,7 +104,7 @@ func TestG3_AuthorisedRunSelectsSandboxIngress(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, ModeDialWSLoopback, m)
 	_, err = ResolveTransportMode(gatewayv1.TransportMode(42), true)
-	require.Equal(t, "runner_transport_ineligible", failure.CodeOf(err))
+	require.EqualValues(t, "runner_transport_ineligible", failure.CodeOf(err))
 
 	pol := ParseIngressPolicy("acme, beta")
 	require.True(t, pol.Admits("acme"))

@@ -226,7 +226,7 @@ func (g *Gateway) fence(runID string, attempt uint64) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if h := g.highest[runID]; attempt < h {
-		return failure.New(codes.FailedPrecondition, "runner_attempt_fenced",
+		return failure.New(codes.FailedPrecondition, failure.RunnerAttemptFenced,
 			"attempt %d of run %s is below the highest attempt %d seen", attempt, runID, h)
 	}
 	if _, ok := g.highest[runID]; !ok {
@@ -342,7 +342,7 @@ func (g *Gateway) ensureRunner(ctx context.Context, sc string, in *prpv1.Executi
 	case <-wait:
 		return r, false, prep, nil
 	case <-t.C:
-		return nil, false, nil, failure.New(codes.Unavailable, "runner_local_connect_failed",
+		return nil, false, nil, failure.New(codes.Unavailable, failure.RunnerLocalConnectFailed,
 			"no runner connected for session scope %s within %s", sc, g.cfg.ConnectTimeout)
 	case <-ctx.Done():
 		return nil, false, nil, failure.ToStatus(ctx.Err())
@@ -365,7 +365,7 @@ func (g *Gateway) Attach(stream gatewayv1.RunnerGateway_AttachServer) error {
 	}
 	open := first.GetOpen()
 	if open == nil {
-		return failure.New(codes.InvalidArgument, "attach_open_required", "the first Attach request must be Open")
+		return failure.New(codes.InvalidArgument, failure.AttachOpenRequired, "the first Attach request must be Open")
 	}
 	if err := g.match(claims, wantOpen(open)); err != nil {
 		return err
@@ -377,7 +377,7 @@ func (g *Gateway) Attach(stream gatewayv1.RunnerGateway_AttachServer) error {
 	if kind := open.GetInput().GetProvider().GetKind(); kind != "codex" {
 		// OpenCode and ACPX need a build-owned provider pack this build
 		// cannot stage yet.
-		return failure.New(codes.FailedPrecondition, "runner_remote_provider_artifact_incompatible",
+		return failure.New(codes.FailedPrecondition, failure.RunnerRemoteProviderArtifactIncompatible,
 			"configure TETHER_PROVIDER_PACK_PATH to launch provider %q; this gateway launches codex only", kind)
 	}
 	runID, attempt := open.GetRunId(), open.GetFence().GetAttempt()
@@ -411,7 +411,7 @@ func (g *Gateway) Attach(stream gatewayv1.RunnerGateway_AttachServer) error {
 	if old := r.att; old != nil {
 		if old.runID != runID {
 			r.mu.Unlock()
-			return failure.New(codes.Aborted, "native_session_supervisor_busy",
+			return failure.New(codes.Aborted, failure.NativeSessionSupervisorBusy,
 				"session scope %s is serving run %s", sc, old.runID)
 		}
 		old.close() // a re-attach (or a newer attempt) of the same run supersedes
@@ -506,13 +506,13 @@ func (g *Gateway) Attach(stream gatewayv1.RunnerGateway_AttachServer) error {
 		if err == nil {
 			select {
 			case <-att.done:
-				return failure.New(codes.Aborted, "runner_attachment_superseded", "a newer attachment of run %s took over", runID)
+				return failure.New(codes.Aborted, failure.RunnerAttachmentSuperseded, "a newer attachment of run %s took over", runID)
 			default:
 			}
 		}
 		return err
 	case <-g.cfg.Draining:
-		return failure.New(codes.Unavailable, "runner_gateway_draining", "the gateway is shutting down; re-attach")
+		return failure.New(codes.Unavailable, failure.RunnerGatewayDraining, "the gateway is shutting down; re-attach")
 	case err := <-recvc:
 		if errors.Is(err, context.Canceled) || err == nil {
 			return nil
@@ -533,21 +533,21 @@ func (g *Gateway) fromExecutor(ctx context.Context, r *runner, att *attachment, 
 			// Refused here; the runner never sees it.
 			att.deliver(ctx, &gatewayv1.AttachResponse{Kind: &gatewayv1.AttachResponse_CommandResult{CommandResult: &prpv1.CommandResult{
 				CommandId: cmd.GetCommandId(), CommandType: cmd.GetType(), Status: "rejected",
-				Code: failure.CodeOf(err), Message: err.Error(), RunId: cmd.GetRunId(),
+				Code: string(failure.CodeOf(err)), Message: err.Error(), RunId: cmd.GetRunId(),
 			}}})
 			return nil
 		}
 		r.mu.Lock()
 		defer r.mu.Unlock()
 		if r.att != att {
-			return failure.New(codes.Aborted, "runner_attachment_superseded", "attachment superseded")
+			return failure.New(codes.Aborted, failure.RunnerAttachmentSuperseded, "attachment superseded")
 		}
 		if r.conn == nil {
-			return failure.New(codes.Unavailable, "runner_disconnected", "the runner is reconnecting")
+			return failure.New(codes.Unavailable, failure.RunnerDisconnected, "the runner is reconnecting")
 		}
 		cmd.ControllerSeq = r.lastCmdSeq + 1
 		if err := writeRunner(r.conn, &prpv1.Frame{Kind: &prpv1.Frame_Command{Command: cmd}}); err != nil {
-			return failure.Wrap(err, codes.Unavailable, "runner_disconnected", "sending %s: %v", cmd.GetType(), err)
+			return failure.Wrap(err, codes.Unavailable, failure.RunnerDisconnected, "sending %s: %v", cmd.GetType(), err)
 		}
 		r.lastCmdSeq = cmd.ControllerSeq
 		return nil
@@ -564,7 +564,7 @@ func (g *Gateway) fromExecutor(ctx context.Context, r *runner, att *attachment, 
 		}
 		return nil
 	case *gatewayv1.AttachRequest_Open:
-		return failure.New(codes.InvalidArgument, "attach_already_open", "Open may only be the first request")
+		return failure.New(codes.InvalidArgument, failure.AttachAlreadyOpen, "Open may only be the first request")
 	}
 	return nil
 }
@@ -687,8 +687,8 @@ func (g *Gateway) serveRunner(ctx context.Context, c *prp.Conn, mode string) {
 func (g *Gateway) refuseStale(c *prp.Conn, inst string, gen, live uint64) {
 	g.log.Warn("refusing a stale runner connection", "runner_instance_id", inst, "generation", gen, "live_generation", live)
 	_ = writeRunner(c, &prpv1.Frame{Kind: &prpv1.Frame_Goodbye{Goodbye: &prpv1.Goodbye{
-		Code: "runner_connection_stale", Message: fmt.Sprintf("generation %d is older than the live connection's %d", gen, live)}}})
-	_ = c.Close(websocket.StatusPolicyViolation, "runner_connection_stale")
+		Code: failure.RunnerConnectionStale, Message: fmt.Sprintf("generation %d is older than the live connection's %d", gen, live)}}})
+	_ = c.Close(websocket.StatusPolicyViolation, failure.RunnerConnectionStale)
 }
 
 // pinger pings the runner every PingInterval and closes the connection
@@ -779,7 +779,7 @@ func (g *Gateway) Runner(id string) (*gatewayv1.Runner, error) {
 			return r, nil
 		}
 	}
-	return nil, failure.New(codes.NotFound, "runner_not_found", "no runner %q", id)
+	return nil, failure.New(codes.NotFound, failure.RunnerNotFound, "no runner %q", id)
 }
 
 func (r *runner) view() *gatewayv1.Runner {

@@ -25,7 +25,7 @@ func TestG2_StaleContractFailsBeforeDispatch(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			_, err := CheckBuildMetadata([]byte(doc), ModeListenWS)
-			require.Equal(t, "runner_remote_artifact_contract_incompatible", failure.CodeOf(err))
+			require.EqualValues(t, "runner_remote_artifact_contract_incompatible", failure.CodeOf(err))
 		})
 	}
 }
@@ -33,7 +33,7 @@ func TestG2_StaleContractFailsBeforeDispatch(t *testing.T) {
 func TestG2_RequiresTheSelectedTransportWithoutFallingThrough(t *testing.T) {
 	doc := `{"schema":"tether/runnerd-build-metadata/v1","binaryName":"runnerd","binaryContractVersion":2,"prpTransportModes":["dial_wss"]}`
 	_, err := CheckBuildMetadata([]byte(doc), ModeListenWS)
-	require.Equal(t, "runner_remote_transport_capability_missing:listen_ws", failure.CodeOf(err))
+	require.EqualValues(t, "runner_remote_transport_capability_missing:listen_ws", failure.CodeOf(err))
 	_, err = CheckBuildMetadata([]byte(doc), ModeDialWSS)
 	require.NoError(t, err, "the same build serves the mode it lists")
 }
@@ -42,7 +42,7 @@ func TestGatewayRefusesALowerAttemptThanSeen(t *testing.T) {
 	g := New(Config{})
 	require.NoError(t, g.fence("r", 2))
 	require.NoError(t, g.fence("r", 2), "a re-attach of the same attempt is allowed")
-	require.Equal(t, "runner_attempt_fenced", failure.CodeOf(g.fence("r", 1)))
+	require.EqualValues(t, "runner_attempt_fenced", failure.CodeOf(g.fence("r", 1)))
 	require.NoError(t, g.fence("r", 3))
 	require.NoError(t, g.fence("other", 1))
 }

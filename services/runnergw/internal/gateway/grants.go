@@ -39,13 +39,13 @@ func (g *Gateway) authenticate(ctx context.Context, method string) (*grant.Claim
 
 func (g *Gateway) grantOf(ctx context.Context, method string) (*grant.Claims, error) {
 	if g.cfg.Grants == nil {
-		return nil, failure.New(codes.Unauthenticated, grant.CodeInvalid, "this gateway has no grant public keys configured (-grant-public-keys); it refuses every call")
+		return nil, failure.New(codes.Unauthenticated, failure.GatewayGrantInvalid, "this gateway has no grant public keys configured (-grant-public-keys); it refuses every call")
 	}
 	var tok string
 	if md, ok := metadata.FromIncomingContext(ctx); ok {
 		v := md.Get(grant.Header)
 		if len(v) > 1 {
-			return nil, failure.New(codes.Unauthenticated, grant.CodeInvalid, "more than one grant")
+			return nil, failure.New(codes.Unauthenticated, failure.GatewayGrantInvalid, "more than one grant")
 		}
 		if len(v) == 1 {
 			tok = v[0]
@@ -102,13 +102,13 @@ func revokedToolAuthority(cmd *prpv1.Command, tools *durable.ToolAuthority) erro
 		return nil
 	}
 	if tools == nil {
-		return failure.New(codes.FailedPrecondition, durable.CodeToolEpochRevoked, "run %s holds no tool authority", cmd.GetRunId())
+		return failure.New(codes.FailedPrecondition, failure.NativeToolAuthorityEpochRevoked, "run %s holds no tool authority", cmd.GetRunId())
 	}
 	if _, err := tools.Binding(); err != nil {
 		return err
 	}
 	if e := cmd.GetControllerEpoch(); e != "" && e != strconv.FormatUint(tools.Epoch(), 10) {
-		return failure.New(codes.FailedPrecondition, durable.CodeToolEpochRevoked,
+		return failure.New(codes.FailedPrecondition, failure.NativeToolAuthorityEpochRevoked,
 			"tool authority epoch %s of run %s was revoked (the scope's current epoch is %d)", e, cmd.GetRunId(), tools.Epoch())
 	}
 	return nil

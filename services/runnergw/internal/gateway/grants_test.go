@@ -77,7 +77,7 @@ func requireGrantRefused(t *testing.T, err error) {
 	t.Helper()
 	require.Error(t, err)
 	require.Equal(t, codes.Unauthenticated, status.Code(err), "%v", err)
-	require.Equal(t, grant.CodeInvalid, failure.CodeOf(err), "%v", err)
+	require.EqualValues(t, failure.GatewayGrantInvalid, failure.CodeOf(err), "%v", err)
 }
 
 // TestS1_ForgedAttachesAreRefusedAndLeaveNoFenceRunnerOrProcess: each
@@ -248,12 +248,12 @@ func TestS1_RevokedToolAuthorityEpochsAreDecidedAtTheGateway(t *testing.T) {
 		{"no authority", cmd(cmdToolResult, "1"), nil},
 	} {
 		err := revokedToolAuthority(c.cmd, c.tools)
-		require.Equal(t, durable.CodeToolEpochRevoked, failure.CodeOf(err), c.name)
+		require.EqualValues(t, failure.NativeToolAuthorityEpochRevoked, failure.CodeOf(err), c.name)
 	}
 	epochs.Begin("scope-1", durable.ToolBinding{RunID: "run-2"}) // a continuation takes the scope
 	for _, typ := range []string{cmdToolResult, cmdRequestResolve} {
-		require.Equal(t, durable.CodeToolEpochRevoked, failure.CodeOf(revokedToolAuthority(cmd(typ, "1"), first)), typ)
-		require.Equal(t, durable.CodeToolEpochRevoked, failure.CodeOf(revokedToolAuthority(cmd(typ, ""), first)), typ)
+		require.EqualValues(t, failure.NativeToolAuthorityEpochRevoked, failure.CodeOf(revokedToolAuthority(cmd(typ, "1"), first)), typ)
+		require.EqualValues(t, failure.NativeToolAuthorityEpochRevoked, failure.CodeOf(revokedToolAuthority(cmd(typ, ""), first)), typ)
 	}
 }
 
@@ -284,9 +284,9 @@ func TestS1_AToolResultCarryingARevokedEpochIsRefusedAtTheGateway(t *testing.T) 
 	}
 	stale := result("call-stale", strconv.FormatUint(epoch+1, 10))
 	require.Equal(t, "rejected", stale.GetStatus())
-	require.Equal(t, durable.CodeToolEpochRevoked, stale.GetCode(), stale.GetMessage())
+	require.Equal(t, failure.NativeToolAuthorityEpochRevoked, stale.GetCode(), stale.GetMessage())
 	require.Zero(t, stale.GetControllerSeq(), "the runner never saw it")
 	current := result("call-current", strconv.FormatUint(epoch, 10))
-	require.NotEqual(t, durable.CodeToolEpochRevoked, current.GetCode(), "the current epoch reaches the runner")
+	require.NotEqual(t, failure.NativeToolAuthorityEpochRevoked, current.GetCode(), "the current epoch reaches the runner")
 	require.NotZero(t, current.GetControllerSeq())
 }

@@ -28,21 +28,21 @@ func (g *Gateway) selectTransport(open *gatewayv1.Open) (string, error) {
 	authorised := runAuthorised && g.cfg.Ingress.Admits(company)
 	mode, err := ResolveTransportMode(open.GetTarget().GetMode(), authorised)
 	if err != nil {
-		if failure.CodeOf(err) == "runner_ingress_unavailable" {
+		if failure.CodeOf(err) == failure.RunnerIngressUnavailable {
 			why := "the run's target is not authorised for sandbox ingress"
 			if runAuthorised {
 				why = "this gateway's ingress policy (-runner-ingress-companies) does not admit company " + company
 			}
-			return "", failure.New(codes.FailedPrecondition, "runner_ingress_unavailable", "listen_ws refused: %s", why)
+			return "", failure.New(codes.FailedPrecondition, failure.RunnerIngressUnavailable, "listen_ws refused: %s", why)
 		}
 		return "", err
 	}
 	if mode == ModeDialWSS && g.cfg.PublicURL == "" {
-		return "", failure.New(codes.FailedPrecondition, "runner_direct_wss_failed",
+		return "", failure.New(codes.FailedPrecondition, failure.RunnerDirectWSSFailed,
 			"this gateway serves no TLS runner listener (-runner-tls-cert, -runner-tls-key)")
 	}
 	if b := g.cfg.Build; b != nil && !slices.Contains(b.GetPrpTransportModes(), mode) {
-		return "", failure.New(codes.FailedPrecondition, "runner_remote_transport_capability_missing:"+mode,
+		return "", failure.New(codes.FailedPrecondition, failure.Qualified(failure.RunnerRemoteTransportCapabilityMissing, mode),
 			"runner build supports %v", b.GetPrpTransportModes())
 	}
 	return mode, nil

@@ -55,7 +55,7 @@ func ReadBuildMetadata(ctx context.Context, runnerdPath, mode string) (*gatewayv
 	defer cancel()
 	out, err := exec.CommandContext(ctx, runnerdPath, "--build-metadata").Output()
 	if err != nil {
-		return nil, failure.Wrap(err, codes.FailedPrecondition, "runner_remote_artifact_contract_incompatible",
+		return nil, failure.Wrap(err, codes.FailedPrecondition, failure.RunnerRemoteArtifactContractIncompatible,
 			"%s --build-metadata failed: %v", runnerdPath, err)
 	}
 	return CheckBuildMetadata(out, mode)
@@ -65,15 +65,15 @@ func ReadBuildMetadata(ctx context.Context, runnerdPath, mode string) (*gatewayv
 func CheckBuildMetadata(doc []byte, mode string) (*gatewayv1.BuildMetadata, error) {
 	var m buildMetadataJSON
 	if err := json.Unmarshal(bytes.TrimSpace(doc), &m); err != nil || m.Schema != BuildMetadataSchema {
-		return nil, failure.New(codes.FailedPrecondition, "runner_remote_artifact_contract_incompatible",
+		return nil, failure.New(codes.FailedPrecondition, failure.RunnerRemoteArtifactContractIncompatible,
 			"runner build metadata is not a %s document", BuildMetadataSchema)
 	}
 	if m.BinaryContractVersion != ContractVersion {
-		return nil, failure.New(codes.FailedPrecondition, "runner_remote_artifact_contract_incompatible",
+		return nil, failure.New(codes.FailedPrecondition, failure.RunnerRemoteArtifactContractIncompatible,
 			"runner binary contract version %d, gateway needs %d", m.BinaryContractVersion, ContractVersion)
 	}
 	if !slices.Contains(m.PrpTransportModes, mode) {
-		return nil, failure.New(codes.FailedPrecondition, "runner_remote_transport_capability_missing:"+mode,
+		return nil, failure.New(codes.FailedPrecondition, failure.Qualified(failure.RunnerRemoteTransportCapabilityMissing, mode),
 			"runner build supports %v", m.PrpTransportModes)
 	}
 	return &gatewayv1.BuildMetadata{
@@ -154,7 +154,7 @@ func (g *Gateway) transportArgs(spec *launchSpec) ([]string, error) {
 	case ModeListenWS:
 		port, err := freePort(g.cfg.IngressHost)
 		if err != nil {
-			return nil, failure.Wrap(err, codes.Unavailable, "runner_ingress_unavailable", "no free port on %s: %v", g.cfg.IngressHost, err)
+			return nil, failure.Wrap(err, codes.Unavailable, failure.RunnerIngressUnavailable, "no free port on %s: %v", g.cfg.IngressHost, err)
 		}
 		path := "/v1/runners/connect/" + spec.instanceID
 		args := []string{"--listen-address", g.cfg.IngressHost, "--listen-port", strconv.Itoa(port), "--listen-path", path}
@@ -172,7 +172,7 @@ func (g *Gateway) transportArgs(spec *launchSpec) ([]string, error) {
 func (g *Gateway) launch(spec *launchSpec) (*launched, error) {
 	for _, d := range []string{spec.stateDir, spec.workspace} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
-			return nil, failure.Wrap(err, codes.Internal, "runner_local_connect_failed", "creating %s: %v", d, err)
+			return nil, failure.Wrap(err, codes.Internal, failure.RunnerLocalConnectFailed, "creating %s: %v", d, err)
 		}
 	}
 	if err := materializeCodexHome(g.cfg.CodexHomeTemplate, spec.stateDir); err != nil {
@@ -183,7 +183,7 @@ func (g *Gateway) launch(spec *launchSpec) (*launched, error) {
 		return nil, err
 	}
 	if err := writeLaunchRecord(spec.stateDir, launchRecord{Mode: spec.mode, ListenURL: spec.listenURL}); err != nil {
-		return nil, failure.Wrap(err, codes.Internal, "runner_local_connect_failed", "writing the launch record: %v", err)
+		return nil, failure.Wrap(err, codes.Internal, failure.RunnerLocalConnectFailed, "writing the launch record: %v", err)
 	}
 	args = append(args,
 		"--state-dir", spec.stateDir,
@@ -207,12 +207,12 @@ func (g *Gateway) launch(spec *launchSpec) (*launched, error) {
 	}
 	logf, err := os.OpenFile(filepath.Join(spec.stateDir, "runnerd.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
-		return nil, failure.Wrap(err, codes.Internal, "runner_local_connect_failed", "opening runnerd log: %v", err)
+		return nil, failure.Wrap(err, codes.Internal, failure.RunnerLocalConnectFailed, "opening runnerd log: %v", err)
 	}
 	ticket, err := ticketPipe(spec.ticket)
 	if err != nil {
 		logf.Close()
-		return nil, failure.Wrap(err, codes.Internal, "runner_local_connect_failed", "handing over the bootstrap ticket: %v", err)
+		return nil, failure.Wrap(err, codes.Internal, failure.RunnerLocalConnectFailed, "handing over the bootstrap ticket: %v", err)
 	}
 	defer ticket.Close()
 	cmd := exec.Command(g.cfg.RunnerdPath, append(args, "--bootstrap-ticket-fd", strconv.Itoa(ticketFD))...)
@@ -227,7 +227,7 @@ func (g *Gateway) launch(spec *launchSpec) (*launched, error) {
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
 		logf.Close()
-		return nil, failure.Wrap(err, codes.Unavailable, "runner_local_connect_failed", "starting runnerd: %v", err)
+		return nil, failure.Wrap(err, codes.Unavailable, failure.RunnerLocalConnectFailed, "starting runnerd: %v", err)
 	}
 	l := &launched{cmd: cmd, done: make(chan struct{})}
 	go func() {
@@ -347,24 +347,24 @@ func materializeCodexHome(template, stateDir string) error {
 	}
 	home := filepath.Join(stateDir, durable.CodexHomeDir)
 	if err := os.MkdirAll(home, 0o700); err != nil {
-		return failure.Wrap(err, codes.Internal, "runner_local_connect_failed", "creating %s: %v", home, err)
+		return failure.Wrap(err, codes.Internal, failure.RunnerLocalConnectFailed, "creating %s: %v", home, err)
 	}
 	if fi, err := os.Lstat(home); err != nil || !fi.IsDir() {
-		return failure.New(codes.FailedPrecondition, durable.CodeDirectoryUnsafe, "provider home %s is not a real directory", home)
+		return failure.New(codes.FailedPrecondition, failure.RunnerStateDirectoryUnsafe, "provider home %s is not a real directory", home)
 	}
 	for _, name := range templateFiles {
 		b, err := keyfile.Read(filepath.Join(template, name))
 		if os.IsNotExist(err) {
 			continue
 		}
-		if failure.CodeOf(err) == keyfile.CodeUnsafe {
+		if failure.CodeOf(err) == failure.KeyFileUnsafe {
 			return err
 		}
 		if err != nil {
-			return failure.Wrap(err, codes.Internal, "runner_local_connect_failed", "reading the codex home template: %v", err)
+			return failure.Wrap(err, codes.Internal, failure.RunnerLocalConnectFailed, "reading the codex home template: %v", err)
 		}
 		if err := atomicfile.Write(home, name, b, 0o600); err != nil {
-			return failure.Wrap(err, codes.Internal, "runner_local_connect_failed", "writing %s into %s: %v", name, home, err)
+			return failure.Wrap(err, codes.Internal, failure.RunnerLocalConnectFailed, "writing %s into %s: %v", name, home, err)
 		}
 	}
 	return nil

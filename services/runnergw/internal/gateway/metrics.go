@@ -71,5 +71,5 @@ func (m *metrics) refused(err error) {
 			q = string(durable.IdentityIndeterminate)
 		}
 	}
-	m.refusals.WithLabelValues(failure.CodeOf(err), q).Inc()
+	m.refusals.WithLabelValues(string(failure.CodeOf(err)), q).Inc()
 }

@@ -337,7 +337,7 @@ func TestR6_DialWSSIsRefusedWithoutATLSListener(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	_, _, err := rl.attach(ctx, "run-nowss", &gatewayv1.RunnerTarget{Mode: gatewayv1.TransportMode_TRANSPORT_MODE_DIAL_WSS}, testInput("nowss", "acme", "x"))
-	require.Equal(t, "runner_direct_wss_failed", failure.CodeOf(err))
+	require.EqualValues(t, "runner_direct_wss_failed", failure.CodeOf(err))
 }
 
 func TestR6_ListenWSOverTLSRunsATurnAndSurvivesADroppedConnection(t *testing.T) {
@@ -391,7 +391,7 @@ func TestR6_ListenWSWithoutAuthorisationFailsBeforeAnythingIsLaunched(t *testing
 			in := testInput("noingress-"+c.company, c.company, "x")
 			_, _, err := rl.attach(ctx, "run-noingress-"+c.company, &gatewayv1.RunnerTarget{
 				Mode: gatewayv1.TransportMode_TRANSPORT_MODE_LISTEN_WS, RunnerIngressAuthorized: c.authorised}, in)
-			require.Equal(t, "runner_ingress_unavailable", failure.CodeOf(err))
+			require.EqualValues(t, "runner_ingress_unavailable", failure.CodeOf(err))
 			_, statErr := os.Stat(filepath.Join(rl.cfg.StateRoot, scope.Of(in)))
 			require.True(t, errors.Is(statErr, os.ErrNotExist), "nothing was launched")
 		})
@@ -408,7 +408,7 @@ func TestR6_ModeMissingFromTheRunnerBuildIsRefusedWithoutFallThrough(t *testing.
 	defer cancel()
 	_, _, err := rl.attach(ctx, "run-nomode", &gatewayv1.RunnerTarget{Mode: gatewayv1.TransportMode_TRANSPORT_MODE_LISTEN_WS, RunnerIngressAuthorized: true},
 		testInput("nomode", "acme", "x"))
-	require.Equal(t, "runner_remote_transport_capability_missing:listen_ws", failure.CodeOf(err))
+	require.EqualValues(t, "runner_remote_transport_capability_missing:listen_ws", failure.CodeOf(err))
 }
 
 // fakeRunner is an in-process PRP runner speaking to the relay's plain

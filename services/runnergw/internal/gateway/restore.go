@@ -31,7 +31,7 @@ func (g *Gateway) needsRestore(r *runner, sc string) bool {
 }
 
 func unverified(format string, args ...any) error {
-	return failure.New(codes.FailedPrecondition, CodeBackupUnverified, format, args...)
+	return failure.New(codes.FailedPrecondition, failure.RunnerHarnessBackupUnverified, format, args...)
 }
 
 // restore puts the stamped checkpoint of spec in place as the scope's
@@ -42,7 +42,7 @@ func unverified(format string, args ...any) error {
 // staged tree renamed into place. Any refusal leaves nothing behind.
 func (g *Gateway) restore(ctx context.Context, r *runner, sc, runID string, spec *gatewayv1.RestoreSpec) error {
 	if g.cfg.Backup == nil {
-		return failure.New(codes.FailedPrecondition, CodeBackupUnavailable, "a restore needs a backup verifier (-backup-addr)")
+		return failure.New(codes.FailedPrecondition, failure.RunnerHarnessBackupUnavailable, "a restore needs a backup verifier (-backup-addr)")
 	}
 	st := spec.GetStamp()
 	lease := LeaseFor(sc)
@@ -56,7 +56,7 @@ func (g *Gateway) restore(ctx context.Context, r *runner, sc, runID string, spec
 	}
 	vr, err := g.cfg.Backup.VerifyStamp(ctx, &backupv1.VerifyStampRequest{Stamp: st, LeaseId: lease})
 	if err != nil {
-		return failure.Wrap(err, codes.Unavailable, CodeBackupUnavailable, "verifying the backup stamp: %v", err)
+		return failure.Wrap(err, codes.Unavailable, failure.RunnerHarnessBackupUnavailable, "verifying the backup stamp: %v", err)
 	}
 	if !vr.GetValid() {
 		return unverified("%s: the stamp of checkpoint %s does not verify for lease %s", vr.GetReason(), spec.GetCheckpointId(), lease)
@@ -67,11 +67,11 @@ func (g *Gateway) restore(ctx context.Context, r *runner, sc, runID string, spec
 	stream, err := g.cfg.Backup.DownloadCheckpoint(dctx, &backupv1.DownloadCheckpointRequest{
 		Selector: &backupv1.DownloadCheckpointRequest_CheckpointId{CheckpointId: spec.GetCheckpointId()}})
 	if err != nil {
-		return failure.Wrap(err, codes.Unavailable, CodeBackupUnavailable, "downloading checkpoint: %v", err)
+		return failure.Wrap(err, codes.Unavailable, failure.RunnerHarnessBackupUnavailable, "downloading checkpoint: %v", err)
 	}
 	first, err := stream.Recv()
 	if err != nil {
-		return failure.Wrap(err, codes.Unavailable, CodeBackupUnavailable, "downloading checkpoint %s: %v", spec.GetCheckpointId(), err)
+		return failure.Wrap(err, codes.Unavailable, failure.RunnerHarnessBackupUnavailable, "downloading checkpoint %s: %v", spec.GetCheckpointId(), err)
 	}
 	cp := first.GetCheckpoint()
 	m := cp.GetManifest()
@@ -87,22 +87,22 @@ func (g *Gateway) restore(ctx context.Context, r *runner, sc, runID string, spec
 
 	scopeDir := g.stateDir(sc)
 	if fi, err := os.Lstat(scopeDir); err == nil && (fi.Mode()&os.ModeSymlink != 0 || !fi.IsDir()) {
-		return failure.New(codes.FailedPrecondition, durable.CodeDirectoryUnsafe,
+		return failure.New(codes.FailedPrecondition, failure.RunnerStateDirectoryUnsafe,
 			"durable state root %s is a symlink or not a directory; it is left untouched", scopeDir)
 	}
 	// Stage beside the scope roots: a refused restore leaves nothing in
 	// the scope.
 	if err := os.MkdirAll(g.cfg.StateRoot, 0o700); err != nil {
-		return failure.Wrap(err, codes.Internal, archive.CodeRestoreFailed, "%v", err)
+		return failure.Wrap(err, codes.Internal, failure.RunnerRemoteCheckpointRestoreFailed, "%v", err)
 	}
 	stage, err := os.MkdirTemp(g.cfg.StateRoot, ".tether-checkpoint-")
 	if err != nil {
-		return failure.Wrap(err, codes.Internal, archive.CodeRestoreFailed, "%v", err)
+		return failure.Wrap(err, codes.Internal, failure.RunnerRemoteCheckpointRestoreFailed, "%v", err)
 	}
 	defer os.RemoveAll(stage)
 	payload := filepath.Join(stage, "payload")
 	if err := os.Mkdir(payload, 0o700); err != nil {
-		return failure.Wrap(err, codes.Internal, archive.CodeRestoreFailed, "%v", err)
+		return failure.Wrap(err, codes.Internal, failure.RunnerRemoteCheckpointRestoreFailed, "%v", err)
 	}
 	pr, pw := io.Pipe()
 	go func() {
@@ -138,38 +138,38 @@ func (g *Gateway) restore(ctx context.Context, r *runner, sc, runID string, spec
 	cancel()
 	if err != nil {
 		switch code := failure.CodeOf(err); {
-		case strings.HasPrefix(code, "runner_remote_checkpoint_"):
+		case strings.HasPrefix(string(code), "runner_remote_checkpoint_"):
 			return err // an unsafe or malformed archive
-		case strings.HasPrefix(code, "backup_"):
+		case strings.HasPrefix(string(code), "backup_"):
 			return unverified("%s: checkpoint %s: %v", code, spec.GetCheckpointId(), err)
 		}
-		return failure.Wrap(err, codes.Unavailable, CodeBackupUnavailable, "restoring checkpoint %s: %v", spec.GetCheckpointId(), err)
+		return failure.Wrap(err, codes.Unavailable, failure.RunnerHarnessBackupUnavailable, "restoring checkpoint %s: %v", spec.GetCheckpointId(), err)
 	}
 	for _, d := range codexProfileDirs {
 		if err := os.MkdirAll(filepath.Join(payload, d), 0o700); err != nil {
-			return failure.Wrap(err, codes.Internal, archive.CodeRestoreFailed, "%v", err)
+			return failure.Wrap(err, codes.Internal, failure.RunnerRemoteCheckpointRestoreFailed, "%v", err)
 		}
 	}
 
 	// The restored runner identity must be the manifest's.
 	rs, err := readRunnerState(payload)
 	if err != nil || rs == nil {
-		return failure.New(codes.FailedPrecondition, CodeIdentityMismatch, "the checkpoint holds no readable runner state (%v)", err)
+		return failure.New(codes.FailedPrecondition, failure.RunnerHarnessIdentityMismatch, "the checkpoint holds no readable runner state (%v)", err)
 	}
 	if rs.Identity.RunnerInstanceID != m.GetRunnerInstanceId() || rs.Identity.SessionScope != m.GetSessionScope() ||
 		rs.Identity.NormalizedSessionID != m.GetNormalizedSessionId() ||
 		rs.ProviderThreadID != m.GetProviderSessionIdentity().GetProviderSessionId() {
-		return failure.New(codes.FailedPrecondition, CodeIdentityMismatch,
+		return failure.New(codes.FailedPrecondition, failure.RunnerHarnessIdentityMismatch,
 			"restored runner %s (scope %s, session %s, thread %s) is not the manifest's runner %s (scope %s, session %s, thread %s)",
 			rs.Identity.RunnerInstanceID, rs.Identity.SessionScope, rs.Identity.NormalizedSessionID, rs.ProviderThreadID,
 			m.GetRunnerInstanceId(), m.GetSessionScope(), m.GetNormalizedSessionId(), m.GetProviderSessionIdentity().GetProviderSessionId())
 	}
 	if rs.Lifecycle != "suspended" {
-		return failure.New(codes.FailedPrecondition, CodeIdentityMismatch, "the checkpoint's runner is %q, not suspended", rs.Lifecycle)
+		return failure.New(codes.FailedPrecondition, failure.RunnerHarnessIdentityMismatch, "the checkpoint's runner is %q, not suspended", rs.Lifecycle)
 	}
 
 	if err := os.MkdirAll(scopeDir, 0o700); err != nil {
-		return failure.Wrap(err, codes.Internal, archive.CodeRestoreFailed, "%v", err)
+		return failure.Wrap(err, codes.Internal, failure.RunnerRemoteCheckpointRestoreFailed, "%v", err)
 	}
 	// Swap the staged directories in: the provider home first, the runner
 	// state (whose presence marks the scope as having state) last. The
@@ -179,11 +179,11 @@ func (g *Gateway) restore(ctx context.Context, r *runner, sc, runID string, spec
 		target := filepath.Join(scopeDir, d)
 		if _, err := os.Lstat(target); err == nil {
 			if err := os.Rename(target, filepath.Join(stage, "previous-"+d)); err != nil {
-				return failure.Wrap(err, codes.Internal, archive.CodeRestoreFailed, "%v", err)
+				return failure.Wrap(err, codes.Internal, failure.RunnerRemoteCheckpointRestoreFailed, "%v", err)
 			}
 		}
 		if err := os.Rename(filepath.Join(payload, d), target); err != nil {
-			return failure.Wrap(err, codes.Internal, archive.CodeRestoreFailed, "swapping the restored state into place: %v", err)
+			return failure.Wrap(err, codes.Internal, failure.RunnerRemoteCheckpointRestoreFailed, "swapping the restored state into place: %v", err)
 		}
 	}
 	if d, err := os.Open(scopeDir); err == nil {

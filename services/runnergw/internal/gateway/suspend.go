@@ -27,29 +27,6 @@ import (
 	"github.com/tether-run/tether/pkg/scope/durable"
 )
 
-// Stable codes of suspension and restore (SPEC R5).
-const (
-	// CodeCloseUnrecoverable: the runner did not prove a durable suspension
-	// (lifecycle suspended on disk, process gone) before the checkpoint.
-	CodeCloseUnrecoverable = "native_session_close_unrecoverable"
-	// CodeSupervisorBusy: a run is attached to the scope.
-	CodeSupervisorBusy = "native_session_supervisor_busy"
-	// CodeRunnerStateMissing: the scope has no runner state to suspend.
-	CodeRunnerStateMissing = "runner_state_missing"
-	// CodeBackupUnavailable: no backup verifier is configured or reachable.
-	CodeBackupUnavailable = "runner_harness_backup_unavailable"
-	// CodeBackupUnverified: the restore spec's stamp does not verify for the
-	// lease (signature, lease, or the stored backup changed); nothing is
-	// restored.
-	CodeBackupUnverified = "runner_harness_backup_unverified"
-	// CodeIdentityMismatch: the restored runner identity is not the
-	// manifest's; nothing is restored.
-	CodeIdentityMismatch = "runner_harness_identity_mismatch"
-	// CodeLeaseMismatch: the lease asked for is not the scope runner's
-	// environment lease.
-	CodeLeaseMismatch = "runner_environment_lease_mismatch"
-)
-
 // Profile directories of the codex provider (SPEC B2) inside a runnerd
 // state dir, and what never travels.
 var (
@@ -146,11 +123,11 @@ func (g *Gateway) SuspendRunner(ctx context.Context, req *gatewayv1.SuspendRunne
 		return nil, err
 	}
 	if kind := in.GetProvider().GetKind(); kind != "codex" {
-		return nil, failure.New(codes.FailedPrecondition, "runner_remote_provider_artifact_incompatible",
+		return nil, failure.New(codes.FailedPrecondition, failure.RunnerRemoteProviderArtifactIncompatible,
 			"this gateway checkpoints codex sessions only, not %q", kind)
 	}
 	if g.cfg.Backup == nil {
-		return nil, failure.New(codes.FailedPrecondition, CodeBackupUnavailable, "this gateway has no backup verifier (-backup-addr)")
+		return nil, failure.New(codes.FailedPrecondition, failure.RunnerHarnessBackupUnavailable, "this gateway has no backup verifier (-backup-addr)")
 	}
 	ctx, cancel := context.WithTimeout(ctx, suspendTimeout)
 	defer cancel()
@@ -165,17 +142,17 @@ func (g *Gateway) SuspendRunner(ctx context.Context, req *gatewayv1.SuspendRunne
 
 	st, err := readRunnerState(dir)
 	if err != nil {
-		return nil, failure.Wrap(err, codes.FailedPrecondition, CodeCloseUnrecoverable, "reading runner state: %v", err)
+		return nil, failure.Wrap(err, codes.FailedPrecondition, failure.NativeSessionCloseUnrecoverable, "reading runner state: %v", err)
 	}
 	if st == nil {
-		return nil, failure.New(codes.NotFound, CodeRunnerStateMissing, "session scope %s has no runner state to suspend", sc)
+		return nil, failure.New(codes.NotFound, failure.RunnerStateMissing, "session scope %s has no runner state to suspend", sc)
 	}
 	lease := st.Identity.EnvironmentLeaseID
 	if lease == "" {
 		lease = LeaseFor(sc)
 	}
 	if want := req.GetLeaseId(); want != "" && want != lease {
-		return nil, failure.New(codes.FailedPrecondition, CodeLeaseMismatch,
+		return nil, failure.New(codes.FailedPrecondition, failure.RunnerEnvironmentLeaseMismatch,
 			"session scope %s runs under environment lease %s, not %s", sc, lease, want)
 	}
 	reason := req.GetReason()
@@ -199,16 +176,16 @@ func (g *Gateway) SuspendRunner(ctx context.Context, req *gatewayv1.SuspendRunne
 			return nil, err
 		}
 		if st, err = readRunnerState(dir); err != nil || st == nil {
-			return nil, failure.New(codes.FailedPrecondition, CodeCloseUnrecoverable,
+			return nil, failure.New(codes.FailedPrecondition, failure.NativeSessionCloseUnrecoverable,
 				"provider_transport_failed: runner did not durably suspend before checkpoint (state unreadable: %v)", err)
 		}
 	}
 	if st.Lifecycle != "suspended" || processAlive(st.process()) {
-		return nil, failure.New(codes.FailedPrecondition, CodeCloseUnrecoverable,
+		return nil, failure.New(codes.FailedPrecondition, failure.NativeSessionCloseUnrecoverable,
 			"provider_transport_failed: runner did not durably suspend before checkpoint (lifecycle %q)", st.Lifecycle)
 	}
 	if st.Identity.SessionScope != sc {
-		return nil, failure.New(codes.FailedPrecondition, CodeIdentityMismatch,
+		return nil, failure.New(codes.FailedPrecondition, failure.RunnerHarnessIdentityMismatch,
 			"the runner state of scope %s names scope %s", sc, st.Identity.SessionScope)
 	}
 	// A provider host whose runnerd went away would hold the provider's
@@ -224,7 +201,7 @@ func (g *Gateway) SuspendRunner(ctx context.Context, req *gatewayv1.SuspendRunne
 		// local state (a configuration change goes through the backup).
 		dest, err := archiveState(dir)
 		if err != nil {
-			return nil, failure.Wrap(err, codes.Internal, "runner_continuity_break_archive_failed",
+			return nil, failure.Wrap(err, codes.Internal, failure.RunnerContinuityBreakArchiveFailed,
 				"moving the runner state of scope %s aside after checkpoint %s: %v", sc, receipt.GetCheckpoint().GetCheckpointId(), err)
 		}
 		log.Info("runner state archived; the next run restores the checkpoint", "archive", dest)
@@ -258,11 +235,11 @@ func (g *Gateway) controlCommand(ctx context.Context, r *runner, sc, typ, reason
 	r.mu.Lock()
 	if old := r.att; old != nil {
 		r.mu.Unlock()
-		return nil, failure.New(codes.Aborted, CodeSupervisorBusy, "session scope %s is serving run %s", sc, old.runID)
+		return nil, failure.New(codes.Aborted, failure.NativeSessionSupervisorBusy, "session scope %s is serving run %s", sc, old.runID)
 	}
 	if r.conn == nil {
 		r.mu.Unlock()
-		return nil, failure.New(codes.Unavailable, "runner_disconnected", "the runner of scope %s is reconnecting", sc)
+		return nil, failure.New(codes.Unavailable, failure.RunnerDisconnected, "the runner of scope %s is reconnecting", sc)
 	}
 	r.att = att
 	conn, after := r.conn, r.ackedSeq
@@ -288,7 +265,7 @@ func (g *Gateway) controlCommand(ctx context.Context, r *runner, sc, typ, reason
 		r.mu.Unlock()
 	}()
 	if err != nil {
-		return nil, failure.Wrap(err, codes.Unavailable, "runner_disconnected", "sending %s: %v", typ, err)
+		return nil, failure.Wrap(err, codes.Unavailable, failure.RunnerDisconnected, "sending %s: %v", typ, err)
 	}
 
 	var events []*prpv1.Event
@@ -325,20 +302,20 @@ func (g *Gateway) controlCommand(ctx context.Context, r *runner, sc, typ, reason
 			if res := m.GetCommandResult(); res != nil && res.GetCommandId() == cmdID {
 				answered = true
 				if res.GetStatus() != "completed" {
-					if res.GetCode() == "turn_already_active" {
-						return events, failure.New(codes.Aborted, CodeSupervisorBusy, "%s: %s", typ, res.GetMessage())
+					if res.GetCode() == failure.TurnAlreadyActive {
+						return events, failure.New(codes.Aborted, failure.NativeSessionSupervisorBusy, "%s: %s", typ, res.GetMessage())
 					}
 					if typ != "runner.suspend" {
-						return events, failure.New(codes.FailedPrecondition, res.GetCode(), "%s: %s", typ, res.GetMessage())
+						return events, failure.New(codes.FailedPrecondition, failure.Reason(res.GetCode()), "%s: %s", typ, res.GetMessage())
 					}
-					return events, failure.New(codes.FailedPrecondition, CodeCloseUnrecoverable,
-						"provider_transport_failed: runner did not durably suspend before checkpoint (%s: %s)", res.GetCode(), res.GetMessage())
+					return events, failure.New(codes.FailedPrecondition, failure.NativeSessionCloseUnrecoverable,
+						"%s: runner did not durably suspend before checkpoint (%s: %s)", failure.ProviderTransportFailed, res.GetCode(), res.GetMessage())
 				}
 			}
 		case <-att.done:
 			gone = true // the runner's connection ended
 		case <-ctx.Done():
-			return events, failure.New(codes.DeadlineExceeded, CodeCloseUnrecoverable,
+			return events, failure.New(codes.DeadlineExceeded, failure.NativeSessionCloseUnrecoverable,
 				"provider_transport_failed: runner did not durably suspend before checkpoint (no exit within %s)", suspendTimeout)
 		}
 	}
@@ -355,7 +332,7 @@ func (g *Gateway) controlCommand(ctx context.Context, r *runner, sc, typ, reason
 	select {
 	case <-exited:
 	case <-ctx.Done():
-		return events, failure.New(codes.DeadlineExceeded, CodeCloseUnrecoverable,
+		return events, failure.New(codes.DeadlineExceeded, failure.NativeSessionCloseUnrecoverable,
 			"provider_transport_failed: runner did not durably suspend before checkpoint (the runner process did not exit)")
 	}
 	return events, nil
@@ -443,13 +420,13 @@ func writeProfile(w io.Writer, dir string) error {
 func (g *Gateway) upload(ctx context.Context, dir, sc, lease string, in *prpv1.ExecutionInput, st *runnerStateDoc) (*backupv1.UploadCheckpointResponse, error) {
 	exec, err := executionIdentity(in)
 	if err != nil {
-		return nil, failure.Wrap(err, codes.InvalidArgument, "runner_harness_state_mismatch", "execution identity: %v", err)
+		return nil, failure.Wrap(err, codes.InvalidArgument, failure.RunnerHarnessStateMismatch, "execution identity: %v", err)
 	}
 	uctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	stream, err := g.cfg.Backup.UploadCheckpoint(uctx)
 	if err != nil {
-		return nil, failure.Wrap(err, codes.Unavailable, CodeBackupUnavailable, "backup verifier: %v", err)
+		return nil, failure.Wrap(err, codes.Unavailable, failure.RunnerHarnessBackupUnavailable, "backup verifier: %v", err)
 	}
 	hdr := &backupv1.CheckpointHeader{
 		SessionScope: sc, RunnerInstanceId: st.Identity.RunnerInstanceID, LeaseId: lease, Execution: exec,
@@ -505,7 +482,7 @@ func uploadErr(sendErr, recvErr error) error {
 	if recvErr != nil && !errors.Is(recvErr, io.EOF) {
 		return recvErr
 	}
-	return failure.Wrap(sendErr, codes.Unavailable, CodeBackupUnavailable, "backup verifier: %v", sendErr)
+	return failure.Wrap(sendErr, codes.Unavailable, failure.RunnerHarnessBackupUnavailable, "backup verifier: %v", sendErr)
 }
 
 // CloseRunner closes the scope's connected runner with session.close (see

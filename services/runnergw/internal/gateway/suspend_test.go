@@ -201,12 +201,12 @@ func TestR5_GatewaySuspendsChecksTheLifecycleUploadsAndRestoresIntoANewRunner(t 
 	busy, _, err := rl.attach(ctx, "run-busy", nil, in)
 	require.NoError(t, err)
 	_, err = rl.client.SuspendRunner(ctx, &gatewayv1.SuspendRunnerRequest{Input: in, Reason: "idle"})
-	require.Equal(t, CodeSupervisorBusy, failure.CodeOf(err))
+	require.EqualValues(t, failure.NativeSessionSupervisorBusy, failure.CodeOf(err))
 	require.NoError(t, busy.CloseSend())
 	rl.waitDetached(sc)
 
 	_, err = rl.client.SuspendRunner(ctx, &gatewayv1.SuspendRunnerRequest{Input: in, LeaseId: "another-lease"})
-	require.Equal(t, CodeLeaseMismatch, failure.CodeOf(err))
+	require.EqualValues(t, failure.RunnerEnvironmentLeaseMismatch, failure.CodeOf(err))
 
 	resp, err := rl.client.SuspendRunner(ctx, &gatewayv1.SuspendRunnerRequest{Input: in, Reason: "warm native session idle timeout"})
 	require.NoError(t, err)
@@ -307,27 +307,27 @@ func TestR5_GatewayRefusesAnUnverifiedOrForeignBackupAndRestoresNothing(t *testi
 	forged := specOf(good)
 	forged.Stamp.Signature = "forged"
 	_, err = rl.openWith(ctx, "run-forged", in, forged)
-	require.Equal(t, CodeBackupUnverified, failure.CodeOf(err))
+	require.EqualValues(t, failure.RunnerHarnessBackupUnverified, failure.CodeOf(err))
 	require.Contains(t, err.Error(), "backup_stamp_signature_invalid")
 	nothingRestored()
 
 	wrongLease := specOf(good)
 	wrongLease.LeaseId = "local-0000000000000000"
 	_, err = rl.openWith(ctx, "run-lease", in, wrongLease)
-	require.Equal(t, CodeBackupUnverified, failure.CodeOf(err))
+	require.EqualValues(t, failure.RunnerHarnessBackupUnverified, failure.CodeOf(err))
 	nothingRestored()
 
 	fv.mu.Lock()
 	fv.archives[good.GetCheckpoint().GetCheckpointId()][600] ^= 1 // tampered after it was stamped
 	fv.mu.Unlock()
 	_, err = rl.openWith(ctx, "run-tampered", in, specOf(good))
-	require.Equal(t, CodeBackupUnverified, failure.CodeOf(err))
+	require.EqualValues(t, failure.RunnerHarnessBackupUnverified, failure.CodeOf(err))
 	require.Contains(t, err.Error(), "backup_digest_mismatch")
 	nothingRestored()
 
 	// A validly stamped backup whose runner state is another runner's.
 	_, err = rl.openWith(ctx, "run-foreign", in, specOf(foreign))
-	require.Equal(t, CodeIdentityMismatch, failure.CodeOf(err))
+	require.EqualValues(t, failure.RunnerHarnessIdentityMismatch, failure.CodeOf(err))
 	nothingRestored()
 	require.Equal(t, 1, countCalls(t, rl.callLog, "process-start"), "no provider was started")
 }

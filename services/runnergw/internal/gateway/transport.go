@@ -51,10 +51,10 @@ func ResolveTransportMode(requested gatewayv1.TransportMode, runnerIngressAuthor
 	name := ModeName(requested)
 	switch name {
 	case "":
-		return "", failure.New(codes.InvalidArgument, "runner_transport_ineligible", "unknown runner transport mode %d", int32(requested))
+		return "", failure.New(codes.InvalidArgument, failure.RunnerTransportIneligible, "unknown runner transport mode %d", int32(requested))
 	case ModeListenWS:
 		if !runnerIngressAuthorized {
-			return "", failure.New(codes.FailedPrecondition, "runner_ingress_unavailable",
+			return "", failure.New(codes.FailedPrecondition, failure.RunnerIngressUnavailable,
 				"sandbox ingress (listen_ws) is not authorised for this run")
 		}
 	}
