@@ -52,8 +52,11 @@ const (
 	GovernedWaitInteractionMissing = "governed_wait_interaction_missing"
 	IdleTimeout                    = "idle_timeout"
 	InteractionAlreadyAnswered     = "interaction_already_answered"
-	InteractionNotFound            = "interaction_not_found"
-	Internal                       = "internal"
+	// InteractionAnswerInvalid: an answer does not fit the interaction's
+	// questions.
+	InteractionAnswerInvalid = "interaction_answer_invalid"
+	InteractionNotFound      = "interaction_not_found"
+	Internal                 = "internal"
 	// InvalidRequest: the stable code of a request that failed its protovalidate
 	// rules.
 	InvalidRequest = "invalid_request"
@@ -328,6 +331,7 @@ var registry = map[Reason]Info{
 	GovernedWaitInteractionMissing:                {codes.Internal, Permanent},
 	IdleTimeout:                                   {codes.DeadlineExceeded, Transient},
 	InteractionAlreadyAnswered:                    {codes.FailedPrecondition, Permanent},
+	InteractionAnswerInvalid:                      {codes.InvalidArgument, Permanent},
 	InteractionNotFound:                           {codes.NotFound, Permanent},
 	Internal:                                      {codes.Internal, Permanent},
 	InvalidRequest:                                {codes.InvalidArgument, Permanent},

@@ -55,6 +55,14 @@ const (
 	AgentCodex  = "codex"
 )
 
+// Driver kinds, as recorded on the session (the default driver of each
+// provider kind).
+const (
+	DriverCodexAppServer = "codex_app_server"
+	DriverOpenCodeServer = "opencode_server"
+	DriverACPXRuntime    = "acpx_runtime"
+)
+
 // Provider identifies the process the environment is for.
 type Provider struct {
 	Kind  string // codex | opencode | acpx

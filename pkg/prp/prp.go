@@ -47,6 +47,13 @@ type Error struct {
 
 func (e *Error) Error() string { return failure.Message(failure.Reason(e.Code), e.Message) }
 
+// PRP transport mode names (build metadata, flags, logs).
+const (
+	ModeDialWSLoopback = "dial_ws_loopback"
+	ModeDialWSS        = "dial_wss"
+	ModeListenWS       = "listen_ws"
+)
+
 // FailureReason implements failure.Reasoned.
 func (e *Error) FailureReason() failure.Reason { return failure.Reason(e.Code) }
 

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
+	"github.com/tether-run/tether/pkg/provenv"
 	"github.com/tether-run/tether/pkg/prp"
 )
 
@@ -180,12 +181,12 @@ func ParamsOf(runID string, in *prpv1.ExecutionInput) Params {
 // none.
 func DefaultDriverKind(providerKind string) string {
 	switch providerKind {
-	case "codex":
-		return "codex_app_server"
-	case "opencode":
-		return "opencode_server"
-	case "acpx":
-		return "acpx_runtime"
+	case provenv.KindCodex:
+		return provenv.DriverCodexAppServer
+	case provenv.KindOpenCode:
+		return provenv.DriverOpenCodeServer
+	case provenv.KindACPX:
+		return provenv.DriverACPXRuntime
 	}
 	return providerKind
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tether-run/tether/pkg/failure"
+	"github.com/tether-run/tether/pkg/provenv"
 )
 
 func profileNames(t *testing.T, provider map[string]any) []string {
@@ -21,7 +22,7 @@ func profileNames(t *testing.T, provider map[string]any) []string {
 func TestB2_CodexDeclaresRunnerAndCodexHome(t *testing.T) {
 	require.Equal(t, []string{"runner", "codex-home"}, profileNames(t, map[string]any{"kind": "codex"}))
 	p, _ := ResolveProfile("codex")
-	require.Equal(t, DriverCodex, p.DriverKind)
+	require.Equal(t, provenv.DriverCodexAppServer, p.DriverKind)
 	require.Equal(t, LocationRunner, p.Directories[0].Location)
 	require.Empty(t, p.Directories[0].ExcludeTopLevel)
 }
@@ -29,7 +30,7 @@ func TestB2_CodexDeclaresRunnerAndCodexHome(t *testing.T) {
 func TestB2_OpenCodeDeclaresRunnerAndOpenCode(t *testing.T) {
 	require.Equal(t, []string{"runner", "opencode"}, profileNames(t, map[string]any{"kind": "opencode"}))
 	p, _ := ResolveProfile("opencode")
-	require.Equal(t, DriverOpenCode, p.DriverKind)
+	require.Equal(t, provenv.DriverOpenCodeServer, p.DriverKind)
 }
 
 func TestB2_ACPXPiDeclaresRunnerAndACPX(t *testing.T) {
@@ -39,7 +40,7 @@ func TestB2_ACPXPiDeclaresRunnerAndACPX(t *testing.T) {
 func TestB2_ACPXClaudeDeclaresRunnerAndACPX(t *testing.T) {
 	require.Equal(t, []string{"runner", "acpx"}, profileNames(t, map[string]any{"kind": "acpx", "agent": "claude"}))
 	p, _ := ResolveProfile("acpx")
-	require.Equal(t, DriverACPX, p.DriverKind)
+	require.Equal(t, provenv.DriverACPXRuntime, p.DriverKind)
 }
 
 func TestB2_ACPXCodexDeclaresRunnerAndACPX(t *testing.T) {
@@ -61,7 +62,7 @@ func TestB2_CodexHomeExcludesScratchAndCredentials(t *testing.T) {
 func backupExecution() Execution {
 	return Execution{
 		CompanyID: "company", RunID: "run", IssueID: "issue", AgentID: "agent", ExecutionWorkspaceID: "workspace",
-		NormalizedSessionID: "native-session", DriverKind: DriverCodex,
+		NormalizedSessionID: "native-session", DriverKind: provenv.DriverCodexAppServer,
 		Workspace: Workspace{Cwd: "/workspace", RepoURL: "https://example.test/repo.git", RepoRef: "main", BranchName: "tether/test"},
 		Provider:  map[string]any{"kind": "codex", "model": "gpt-5.6-sol", "approvalPolicy": "never"},
 	}
@@ -114,7 +115,7 @@ func TestB3_AcceptsDigestMatchedBackupAndRejectsCorruption(t *testing.T) {
 		"session": func(e *Expectation) { e.Execution.NormalizedSessionID = "other" },
 		"model":   func(e *Expectation) { e.Execution.Provider = map[string]any{"kind": "codex", "model": "other"} },
 		"company": func(e *Expectation) { e.Execution.CompanyID = "other" },
-		"driver":  func(e *Expectation) { e.Execution.DriverKind = DriverACPX },
+		"driver":  func(e *Expectation) { e.Execution.DriverKind = provenv.DriverACPXRuntime },
 	} {
 		e := Expectation{Execution: backupExecution(), RunnerInstanceID: "runner-1"}
 		mutate(&e)
@@ -177,7 +178,7 @@ func acpxIdentity(suffix string) SessionIdentity {
 func TestB3_ACPXRotationOnlyAfterGovernedInteraction(t *testing.T) {
 	exec := backupExecution()
 	exec.Provider = map[string]any{"kind": "acpx", "agent": "claude", "model": "claude-sonnet-5"}
-	exec.DriverKind = DriverACPX
+	exec.DriverKind = provenv.DriverACPXRuntime
 	exec.InteractionResponses = []string{"interaction-1"}
 	previous, current := acpxIdentity("previous"), acpxIdentity("current")
 

@@ -12,13 +12,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/tether-run/tether/pkg/failure"
-)
-
-// Driver kinds.
-const (
-	DriverCodex    = "codex_app_server"
-	DriverOpenCode = "opencode_server"
-	DriverACPX     = "acpx_runtime"
+	"github.com/tether-run/tether/pkg/provenv"
 )
 
 // Directory names of the profiles.
@@ -80,15 +74,15 @@ var CodexHomeCredentialNames = []string{"auth.json"}
 func ResolveProfile(providerKind string) (Profile, error) {
 	runner := Directory{Name: DirRunner, Location: LocationRunner}
 	switch providerKind {
-	case "codex":
-		return Profile{ProviderKind: "codex", DriverKind: DriverCodex, Directories: []Directory{runner,
+	case provenv.KindCodex:
+		return Profile{ProviderKind: provenv.KindCodex, DriverKind: provenv.DriverCodexAppServer, Directories: []Directory{runner,
 			{Name: DirCodexHome, Location: LocationFilesystem, ExcludeTopLevel: slices.Clone(CodexHomeExclusions),
 				ExcludeAnywhere: slices.Clone(CodexHomeCredentialNames)}}}, nil
-	case "opencode":
-		return Profile{ProviderKind: "opencode", DriverKind: DriverOpenCode, Directories: []Directory{runner,
+	case provenv.KindOpenCode:
+		return Profile{ProviderKind: provenv.KindOpenCode, DriverKind: provenv.DriverOpenCodeServer, Directories: []Directory{runner,
 			{Name: DirOpenCode, Location: LocationFilesystem}}}, nil
-	case "acpx":
-		return Profile{ProviderKind: "acpx", DriverKind: DriverACPX, Directories: []Directory{runner,
+	case provenv.KindACPX:
+		return Profile{ProviderKind: provenv.KindACPX, DriverKind: provenv.DriverACPXRuntime, Directories: []Directory{runner,
 			{Name: DirACPX, Location: LocationFilesystem}}}, nil
 	}
 	return Profile{}, failure.New(codes.InvalidArgument, failure.RunnerHarnessProviderUnsupported,

@@ -13,6 +13,7 @@ import (
 
 	"github.com/tether-run/tether/pkg/failure"
 	backupv1 "github.com/tether-run/tether/pkg/gen/tether/backup/v1"
+	"github.com/tether-run/tether/pkg/provenv"
 	"github.com/tether-run/tether/services/backup/internal/harness"
 )
 
@@ -29,7 +30,7 @@ func put(t *testing.T, path, data string) {
 func execution() harness.Execution {
 	return harness.Execution{
 		CompanyID: "company", RunID: "run", IssueID: "issue", AgentID: "agent", NormalizedSessionID: "native-session",
-		DriverKind: harness.DriverCodex, Workspace: harness.Workspace{Cwd: "/workspace"},
+		DriverKind: provenv.DriverCodexAppServer, Workspace: harness.Workspace{Cwd: "/workspace"},
 		Provider: map[string]any{"kind": "codex", "model": "gpt-5.6-sol", "approvalPolicy": "never"},
 	}
 }

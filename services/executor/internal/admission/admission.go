@@ -21,6 +21,7 @@ import (
 
 	"github.com/tether-run/tether/pkg/failure"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
+	"github.com/tether-run/tether/pkg/provenv"
 )
 
 // MetadataField is the ErrorInfo metadata key naming the refused field.
@@ -34,20 +35,6 @@ const (
 	FieldPermissionMode = "provider.permission_mode"
 )
 
-// Provider kinds.
-const (
-	KindCodex    = "codex"
-	KindOpenCode = "opencode"
-	KindACPX     = "acpx"
-)
-
-// Driver kinds, as recorded on the session.
-const (
-	DriverCodexAppServer = "codex_app_server"
-	DriverOpenCodeServer = "opencode_server"
-	DriverACPXRuntime    = "acpx_runtime"
-)
-
 var (
 	openCodePermissionModes = []string{"allow", "ask", "deny"}
 	acpxPermissionModes     = []string{"approve-all", "approve-reads", "deny-all"}
@@ -58,15 +45,15 @@ var (
 func Check(in *prpv1.ExecutionInput) error {
 	p := in.GetProvider()
 	switch kind := p.GetKind(); kind {
-	case KindCodex:
+	case provenv.KindCodex:
 		return nil
-	case KindOpenCode:
+	case provenv.KindOpenCode:
 		if !providerModel(p.GetModel()) {
 			return refuse(FieldModel,
 				"opencode model %q must be in provider/model form", p.GetModel())
 		}
 		return permissionMode(kind, p.GetPermissionMode(), openCodePermissionModes)
-	case KindACPX:
+	case provenv.KindACPX:
 		switch agent := p.GetAgent(); {
 		case agent == "pi":
 			// Refused before any backend or runner work: pi cannot yet be
@@ -88,12 +75,12 @@ func Check(in *prpv1.ExecutionInput) error {
 // does not know.
 func DriverKind(p *prpv1.Provider) string {
 	switch p.GetKind() {
-	case KindCodex:
-		return DriverCodexAppServer
-	case KindOpenCode:
-		return DriverOpenCodeServer
-	case KindACPX:
-		return DriverACPXRuntime
+	case provenv.KindCodex:
+		return provenv.DriverCodexAppServer
+	case provenv.KindOpenCode:
+		return provenv.DriverOpenCodeServer
+	case provenv.KindACPX:
+		return provenv.DriverACPXRuntime
 	default:
 		return ""
 	}

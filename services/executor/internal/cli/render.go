@@ -12,6 +12,7 @@ import (
 
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
+	"github.com/tether-run/tether/pkg/provenv"
 	"github.com/tether-run/tether/services/executor/internal/plan"
 )
 
@@ -40,7 +41,7 @@ func (s InputSpec) Input() (*prpv1.ExecutionInput, error) {
 		Binding:   &prpv1.Binding{CompanyId: s.Company, AgentId: s.Agent, IssueId: s.Issue},
 		Task:      &prpv1.Task{Prompt: s.Prompt},
 		Workspace: &prpv1.Workspace{Cwd: s.Cwd},
-		Session:   &prpv1.Session{NormalizedSessionId: s.Session, DriverKind: "codex_app_server", Lifecycle: lc},
+		Session:   &prpv1.Session{NormalizedSessionId: s.Session, DriverKind: provenv.DriverCodexAppServer, Lifecycle: lc},
 	}, nil
 }
 

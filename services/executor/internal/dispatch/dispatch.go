@@ -386,7 +386,10 @@ func permanent(err error) bool {
 
 type closedError struct{ code, msg string }
 
-func (e *closedError) Error() string { return e.code + ": " + e.msg }
+func (e *closedError) Error() string { return failure.Message(failure.Reason(e.code), e.msg) }
+
+// FailureReason implements failure.Reasoned: the gateway's close code.
+func (e *closedError) FailureReason() failure.Reason { return failure.Reason(e.code) }
 
 // maxCoalescedEvents bounds one group commit of relayed events.
 const maxCoalescedEvents = 512

@@ -91,13 +91,12 @@ type Answer struct {
 	Text       string   `json:"text,omitempty"`
 }
 
-// ErrAnswerInvalid prefixes every answer refusal (a stable code).
-const ErrAnswerInvalid = "interaction_answer_invalid"
-
 // AnswerError is an answer that does not fit the interaction's questions.
 type AnswerError struct{ Reason string }
 
-func (e *AnswerError) Error() string { return ErrAnswerInvalid + ": " + e.Reason }
+func (e *AnswerError) Error() string {
+	return failure.Message(failure.InteractionAnswerInvalid, e.Reason)
+}
 
 // MergeAnswers checks answers against the questions and merges them over
 // the answers recorded so far (a later answer to a question replaces the

@@ -285,7 +285,7 @@ func (s *Store) AnswerInteraction(ctx context.Context, id string, answers []runt
 		merged, complete, err := runtimeq.MergeAnswers(p.GetKind(), r.questions, r.answers, answers)
 		var ae *runtimeq.AnswerError
 		if errors.As(err, &ae) {
-			return failure.New(codes.InvalidArgument, runtimeq.ErrAnswerInvalid, "%s", ae.Reason)
+			return failure.New(codes.InvalidArgument, failure.InteractionAnswerInvalid, "%s", ae.Reason)
 		}
 		if err != nil {
 			return err

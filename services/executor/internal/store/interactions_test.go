@@ -73,7 +73,7 @@ func TestE4_PartialItemVerdictsKeepTheWaitUntilComplete(t *testing.T) {
 	require.Len(t, out.Interaction.GetAnswers(), 1)
 
 	_, err = s.AnswerInteraction(ctx, id, []runtimeq.Answer{{QuestionID: "i2", OptionIDs: []string{"maybe"}}})
-	require.EqualValues(t, runtimeq.ErrAnswerInvalid, failure.CodeOf(err))
+	require.EqualValues(t, failure.InteractionAnswerInvalid, failure.CodeOf(err))
 
 	out, err = s.AnswerInteraction(ctx, id, []runtimeq.Answer{{QuestionID: "i2", OptionIDs: []string{"reject"}}})
 	require.NoError(t, err)

@@ -41,7 +41,10 @@ type cmdError struct {
 	status, code, msg string
 }
 
-func (e *cmdError) Error() string { return e.code + ": " + e.msg }
+func (e *cmdError) Error() string { return failure.Message(failure.Reason(e.code), e.msg) }
+
+// FailureReason implements failure.Reasoned.
+func (e *cmdError) FailureReason() failure.Reason { return failure.Reason(e.code) }
 
 func rejected(code, format string, args ...any) *cmdError {
 	return &cmdError{durable.StatusRejected, code, fmt.Sprintf(format, args...)}
@@ -53,11 +56,12 @@ func failed(code, format string, args ...any) *cmdError {
 
 // providerFailure maps a provider error to a failed outcome with its code.
 func providerFailure(fallback string, err error) *cmdError {
-	code := ProviderErrorCode(err)
-	if code == "" {
-		code = fallback
+	var pe *ProviderError
+	if errors.As(err, &pe) && pe.Code != "" {
+		// The message is the provider's own; the code prefixes it once.
+		return &cmdError{durable.StatusFailed, pe.Code, pe.Message}
 	}
-	return &cmdError{durable.StatusFailed, code, err.Error()}
+	return &cmdError{durable.StatusFailed, fallback, err.Error()}
 }
 
 // ProviderError is a provider failure with a stable code (adapters convert
@@ -66,7 +70,10 @@ type ProviderError struct {
 	Code, Message string
 }
 
-func (e *ProviderError) Error() string { return e.Code + ": " + e.Message }
+func (e *ProviderError) Error() string { return failure.Message(failure.Reason(e.Code), e.Message) }
+
+// FailureReason implements failure.Reasoned.
+func (e *ProviderError) FailureReason() failure.Reason { return failure.Reason(e.Code) }
 
 // ProviderErrorCode returns the stable code of a provider error, or "".
 func ProviderErrorCode(err error) string {

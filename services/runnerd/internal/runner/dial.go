@@ -18,17 +18,12 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
-)
 
-// Transport mode names (build metadata).
-const (
-	ModeDialWSLoopback = "dial_ws_loopback"
-	ModeDialWSS        = "dial_wss"
-	ModeListenWS       = "listen_ws"
+	"github.com/tether-run/tether/pkg/prp"
 )
 
 // TransportModes lists the modes this build supports.
-var TransportModes = []string{ModeDialWSLoopback, ModeDialWSS, ModeListenWS}
+var TransportModes = []string{prp.ModeDialWSLoopback, prp.ModeDialWSS, prp.ModeListenWS}
 
 // maxCABundleBytes bounds --ca-bundle-path.
 const maxCABundleBytes = 4 << 20
@@ -74,10 +69,10 @@ func newGatewayDialer(ctx context.Context, raw, caBundle string) (*gatewayDialer
 	if err != nil {
 		return nil, err
 	}
-	d := &gatewayDialer{url: raw, mode: ModeDialWSLoopback}
+	d := &gatewayDialer{url: raw, mode: prp.ModeDialWSLoopback}
 	port := u.Port()
 	if u.Scheme == "wss" {
-		d.mode = ModeDialWSS
+		d.mode = prp.ModeDialWSS
 		if port == "" {
 			port = "443"
 		}
@@ -118,7 +113,7 @@ func newGatewayDialer(ctx context.Context, raw, caBundle string) (*gatewayDialer
 		return nil, fmt.Errorf("connect url: %q has no addresses", host)
 	}
 	for _, ip := range ips {
-		if d.mode == ModeDialWSLoopback && !ip.IsLoopback() {
+		if d.mode == prp.ModeDialWSLoopback && !ip.IsLoopback() {
 			return nil, fmt.Errorf("connect url: %q resolves to non-loopback address %s; use wss:// (dial_wss) off loopback", host, ip)
 		}
 		d.addrs = append(d.addrs, net.JoinHostPort(ip.String(), port))

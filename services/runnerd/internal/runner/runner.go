@@ -157,11 +157,11 @@ func (c *Config) listening() bool {
 func (c *Config) Mode() string {
 	switch {
 	case c.listening():
-		return ModeListenWS
+		return prp.ModeListenWS
 	case strings.HasPrefix(c.ConnectURL, "wss://"):
-		return ModeDialWSS
+		return prp.ModeDialWSS
 	}
-	return ModeDialWSLoopback
+	return prp.ModeDialWSLoopback
 }
 
 func (c *Config) validate() error {

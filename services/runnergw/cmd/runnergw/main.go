@@ -122,7 +122,7 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	build, err := gateway.ReadBuildMetadata(ctx, rpath, "dial_ws_loopback")
+	build, err := gateway.ReadBuildMetadata(ctx, rpath, prp.ModeDialWSLoopback)
 	if err != nil {
 		return err
 	}

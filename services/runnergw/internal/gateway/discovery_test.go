@@ -11,6 +11,7 @@ import (
 
 	"github.com/tether-run/tether/pkg/failure"
 	gatewayv1 "github.com/tether-run/tether/pkg/gen/tether/gateway/v1"
+	"github.com/tether-run/tether/pkg/prp"
 )
 
 func TestG1_AcceptsOneNormalisedAbsoluteExecutablePath(t *testing.T) {
@@ -95,14 +96,14 @@ func TestG3_UnauthorisedRunFailsBeforeSelectingSandboxIngress(t *testing.T) {
 func TestG3_AuthorisedRunSelectsSandboxIngress(t *testing.T) {
 	m, err := ResolveTransportMode(gatewayv1.TransportMode_TRANSPORT_MODE_LISTEN_WS, true)
 	require.NoError(t, err)
-	require.Equal(t, ModeListenWS, m)
+	require.Equal(t, prp.ModeListenWS, m)
 	// The other modes need no ingress authorisation.
 	m, err = ResolveTransportMode(gatewayv1.TransportMode_TRANSPORT_MODE_DIAL_WSS, false)
 	require.NoError(t, err)
-	require.Equal(t, ModeDialWSS, m)
+	require.Equal(t, prp.ModeDialWSS, m)
 	m, err = ResolveTransportMode(gatewayv1.TransportMode_TRANSPORT_MODE_UNSPECIFIED, false)
 	require.NoError(t, err)
-	require.Equal(t, ModeDialWSLoopback, m)
+	require.Equal(t, prp.ModeDialWSLoopback, m)
 	_, err = ResolveTransportMode(gatewayv1.TransportMode(42), true)
 	require.EqualValues(t, "runner_transport_ineligible", failure.CodeOf(err))
 

@@ -316,7 +316,7 @@ func (g *Gateway) ensureRunner(ctx context.Context, sc string, in *prpv1.Executi
 				r.mu.Unlock()
 			}()
 			g.log.Info("runner launched", "runner_instance_id", inst, "pid", child.cmd.Process.Pid, "session_scope", sc, "mode", mode)
-			if mode == ModeListenWS {
+			if mode == prp.ModeListenWS {
 				g.startDialLoop(r, spec.listenURL, true, func() bool {
 					select {
 					case <-child.done:
@@ -328,7 +328,7 @@ func (g *Gateway) ensureRunner(ctx context.Context, sc string, in *prpv1.Executi
 			}
 		} else {
 			g.log.Info("waiting for a live runner to reconnect", "runner_instance_id", inst, "pid", proc.GetPid())
-			if rec := readLaunchRecord(dir); rec.Mode == ModeListenWS && rec.ListenURL != "" {
+			if rec := readLaunchRecord(dir); rec.Mode == prp.ModeListenWS && rec.ListenURL != "" {
 				// A listening runner adopted from an earlier gateway: only
 				// the gateway can re-establish its connection.
 				g.startDialLoop(r, rec.ListenURL, false, func() bool { return processAlive(proc) })
@@ -593,9 +593,9 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	if err != nil {
 		return
 	}
-	mode := ModeDialWSLoopback
+	mode := prp.ModeDialWSLoopback
 	if req.TLS != nil {
-		mode = ModeDialWSS
+		mode = prp.ModeDialWSS
 	}
 	g.serveRunner(req.Context(), prp.NewConn(ws), mode)
 }

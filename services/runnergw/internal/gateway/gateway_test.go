@@ -6,15 +6,16 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tether-run/tether/pkg/failure"
+	"github.com/tether-run/tether/pkg/prp"
 )
 
 const currentMetadata = `{"schema":"tether/runnerd-build-metadata/v1","binaryName":"runnerd","packageName":"github.com/tether-run/tether/services/runnerd","binaryContractVersion":2,"prpTransportModes":["dial_ws_loopback","dial_wss","listen_ws"]}`
 
 func TestG2_AcceptsTheCurrentContractWithTheRequiredTransport(t *testing.T) {
-	m, err := CheckBuildMetadata([]byte(currentMetadata), ModeListenWS)
+	m, err := CheckBuildMetadata([]byte(currentMetadata), prp.ModeListenWS)
 	require.NoError(t, err)
 	require.EqualValues(t, ContractVersion, m.GetBinaryContractVersion())
-	require.Equal(t, []string{ModeDialWSLoopback, ModeDialWSS, ModeListenWS}, m.GetPrpTransportModes())
+	require.Equal(t, []string{prp.ModeDialWSLoopback, prp.ModeDialWSS, prp.ModeListenWS}, m.GetPrpTransportModes())
 }
 
 func TestG2_StaleContractFailsBeforeDispatch(t *testing.T) {
@@ -24,7 +25,7 @@ func TestG2_StaleContractFailsBeforeDispatch(t *testing.T) {
 		"not json":               `runnerd 1.0`,
 	} {
 		t.Run(name, func(t *testing.T) {
-			_, err := CheckBuildMetadata([]byte(doc), ModeListenWS)
+			_, err := CheckBuildMetadata([]byte(doc), prp.ModeListenWS)
 			require.EqualValues(t, "runner_remote_artifact_contract_incompatible", failure.CodeOf(err))
 		})
 	}
@@ -32,9 +33,9 @@ func TestG2_StaleContractFailsBeforeDispatch(t *testing.T) {
 
 func TestG2_RequiresTheSelectedTransportWithoutFallingThrough(t *testing.T) {
 	doc := `{"schema":"tether/runnerd-build-metadata/v1","binaryName":"runnerd","binaryContractVersion":2,"prpTransportModes":["dial_wss"]}`
-	_, err := CheckBuildMetadata([]byte(doc), ModeListenWS)
+	_, err := CheckBuildMetadata([]byte(doc), prp.ModeListenWS)
 	require.EqualValues(t, "runner_remote_transport_capability_missing:listen_ws", failure.CodeOf(err))
-	_, err = CheckBuildMetadata([]byte(doc), ModeDialWSS)
+	_, err = CheckBuildMetadata([]byte(doc), prp.ModeDialWSS)
 	require.NoError(t, err, "the same build serves the mode it lists")
 }
 

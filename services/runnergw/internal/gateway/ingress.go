@@ -37,7 +37,7 @@ func (g *Gateway) selectTransport(open *gatewayv1.Open) (string, error) {
 		}
 		return "", err
 	}
-	if mode == ModeDialWSS && g.cfg.PublicURL == "" {
+	if mode == prp.ModeDialWSS && g.cfg.PublicURL == "" {
 		return "", failure.New(codes.FailedPrecondition, failure.RunnerDirectWSSFailed,
 			"this gateway serves no TLS runner listener (-runner-tls-cert, -runner-tls-key)")
 	}
@@ -91,7 +91,7 @@ func (g *Gateway) startDialLoop(r *runner, url string, launched bool, alive func
 			ws, err := g.dialRunnerListener(url)
 			if err == nil {
 				backoff = 100 * time.Millisecond
-				g.serveRunner(g.ctx, prp.NewConn(ws), ModeListenWS)
+				g.serveRunner(g.ctx, prp.NewConn(ws), prp.ModeListenWS)
 			} else {
 				g.log.Debug("runner listener not reachable yet", "url", url, "err", err)
 			}

@@ -145,13 +145,13 @@ type launchSpec struct {
 // transportArgs are runnerd's flags for the spec's transport mode.
 func (g *Gateway) transportArgs(spec *launchSpec) ([]string, error) {
 	switch spec.mode {
-	case ModeDialWSS:
+	case prp.ModeDialWSS:
 		args := []string{"--connect-url", g.cfg.PublicURL}
 		if g.cfg.CABundle != "" {
 			args = append(args, "--ca-bundle-path", g.cfg.CABundle)
 		}
 		return args, nil
-	case ModeListenWS:
+	case prp.ModeListenWS:
 		port, err := freePort(g.cfg.IngressHost)
 		if err != nil {
 			return nil, failure.Wrap(err, codes.Unavailable, failure.RunnerIngressUnavailable, "no free port on %s: %v", g.cfg.IngressHost, err)

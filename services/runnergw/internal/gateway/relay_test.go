@@ -96,7 +96,7 @@ func newRelay(t *testing.T, mod func(*Config)) *relay {
 	tlsRaw, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	tlsLis := tls.NewListener(tlsRaw, gwLeaf.ServerConfig())
-	build, err := ReadBuildMetadata(context.Background(), filepath.Join(binDir, "runnerd"), ModeDialWSLoopback)
+	build, err := ReadBuildMetadata(context.Background(), filepath.Join(binDir, "runnerd"), prp.ModeDialWSLoopback)
 	require.NoError(t, err)
 	rl := &relay{t: t, callLog: filepath.Join(dir, "calls.log"), plain: plain.Addr().String()}
 	rl.cfg = Config{
@@ -314,7 +314,7 @@ func TestR6_DialWSLoopbackRunsATurnEndToEnd(t *testing.T) {
 	in := testInput("loopback", "acme", "hello over loopback")
 	opened, evs := rl.turn(ctx, "run-loopback", &gatewayv1.RunnerTarget{Mode: gatewayv1.TransportMode_TRANSPORT_MODE_DIAL_WS_LOOPBACK}, in, nil)
 	requireSucceeded(t, evs)
-	require.Contains(t, opened.GetBuild().GetPrpTransportModes(), ModeDialWSLoopback)
+	require.Contains(t, opened.GetBuild().GetPrpTransportModes(), prp.ModeDialWSLoopback)
 	require.Equal(t, gatewayv1.TransportMode_TRANSPORT_MODE_DIAL_WS_LOOPBACK, rl.runner(scope.Of(in)).GetMode())
 }
 
@@ -372,7 +372,7 @@ func TestR6_ListenWSOverTLSRunsATurnAndSurvivesADroppedConnection(t *testing.T) 
 	require.Equal(t, gatewayv1.TransportMode_TRANSPORT_MODE_LISTEN_WS, rl.runner(sc).GetMode())
 	require.Equal(t, 1, countCalls(t, rl.callLog, "turn/start"), "the provider turn started once")
 	rec := readLaunchRecord(filepath.Join(rl.cfg.StateRoot, sc))
-	require.Equal(t, ModeListenWS, rec.Mode)
+	require.Equal(t, prp.ModeListenWS, rec.Mode)
 	require.True(t, strings.HasPrefix(rec.ListenURL, "wss://127.0.0.1:"), rec.ListenURL)
 }
 
@@ -401,7 +401,7 @@ func TestR6_ListenWSWithoutAuthorisationFailsBeforeAnythingIsLaunched(t *testing
 func TestR6_ModeMissingFromTheRunnerBuildIsRefusedWithoutFallThrough(t *testing.T) {
 	rl := newRelay(t, func(c *Config) {
 		b := proto.Clone(c.Build).(*gatewayv1.BuildMetadata)
-		b.PrpTransportModes = []string{ModeDialWSLoopback, ModeDialWSS}
+		b.PrpTransportModes = []string{prp.ModeDialWSLoopback, prp.ModeDialWSS}
 		c.Build = b
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

@@ -23,6 +23,7 @@ import (
 	gatewayv1 "github.com/tether-run/tether/pkg/gen/tether/gateway/v1"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/grant"
+	"github.com/tether-run/tether/pkg/prp"
 	"github.com/tether-run/tether/pkg/scope"
 	"github.com/tether-run/tether/pkg/scope/durable"
 )
@@ -221,7 +222,7 @@ func launchMode(dir string) string {
 	if mode := readLaunchRecord(dir).Mode; mode != "" {
 		return mode
 	}
-	return ModeDialWSLoopback
+	return prp.ModeDialWSLoopback
 }
 
 // controlCommand sends the connected runner of sc a control command (typ:

@@ -8,24 +8,18 @@ import (
 
 	"github.com/tether-run/tether/pkg/failure"
 	gatewayv1 "github.com/tether-run/tether/pkg/gen/tether/gateway/v1"
-)
-
-// PRP transport mode names (build metadata, flags, logs).
-const (
-	ModeDialWSLoopback = "dial_ws_loopback"
-	ModeDialWSS        = "dial_wss"
-	ModeListenWS       = "listen_ws"
+	"github.com/tether-run/tether/pkg/prp"
 )
 
 // ModeName is the wire name of a transport mode ("" for unknown values).
 func ModeName(m gatewayv1.TransportMode) string {
 	switch m {
 	case gatewayv1.TransportMode_TRANSPORT_MODE_UNSPECIFIED, gatewayv1.TransportMode_TRANSPORT_MODE_DIAL_WS_LOOPBACK:
-		return ModeDialWSLoopback
+		return prp.ModeDialWSLoopback
 	case gatewayv1.TransportMode_TRANSPORT_MODE_DIAL_WSS:
-		return ModeDialWSS
+		return prp.ModeDialWSS
 	case gatewayv1.TransportMode_TRANSPORT_MODE_LISTEN_WS:
-		return ModeListenWS
+		return prp.ModeListenWS
 	}
 	return ""
 }
@@ -33,9 +27,9 @@ func ModeName(m gatewayv1.TransportMode) string {
 // ModeEnum is the inverse of ModeName.
 func ModeEnum(name string) gatewayv1.TransportMode {
 	switch name {
-	case ModeDialWSS:
+	case prp.ModeDialWSS:
 		return gatewayv1.TransportMode_TRANSPORT_MODE_DIAL_WSS
-	case ModeListenWS:
+	case prp.ModeListenWS:
 		return gatewayv1.TransportMode_TRANSPORT_MODE_LISTEN_WS
 	}
 	return gatewayv1.TransportMode_TRANSPORT_MODE_DIAL_WS_LOOPBACK
@@ -52,7 +46,7 @@ func ResolveTransportMode(requested gatewayv1.TransportMode, runnerIngressAuthor
 	switch name {
 	case "":
 		return "", failure.New(codes.InvalidArgument, failure.RunnerTransportIneligible, "unknown runner transport mode %d", int32(requested))
-	case ModeListenWS:
+	case prp.ModeListenWS:
 		if !runnerIngressAuthorized {
 			return "", failure.New(codes.FailedPrecondition, failure.RunnerIngressUnavailable,
 				"sandbox ingress (listen_ws) is not authorised for this run")
