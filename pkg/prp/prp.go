@@ -54,6 +54,10 @@ const (
 	ModeListenWS       = "listen_ws"
 )
 
+// ArtifactKindPlan is the semantic result artifact kind that carries a
+// provider plan (run.terminal artifacts).
+const ArtifactKindPlan = "native_provider_plan"
+
 // FailureReason implements failure.Reasoned.
 func (e *Error) FailureReason() failure.Reason { return failure.Reason(e.Code) }
 

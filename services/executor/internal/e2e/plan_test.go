@@ -12,6 +12,7 @@ import (
 
 	"github.com/tether-run/tether/pkg/failure"
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
+	"github.com/tether-run/tether/pkg/prp"
 	"github.com/tether-run/tether/services/executor/internal/cli"
 	"github.com/tether-run/tether/services/executor/internal/plan"
 	"github.com/tether-run/tether/services/executor/internal/stack"
@@ -85,7 +86,7 @@ func TestE3_Stack_ProviderPlanUpdatesAreRenderedAndTheResultsPlanIsExtracted(t *
 	want := "# Health check endpoint\n\n1. Register GET /health return 200 JSON status ok\n2. Add API tests"
 	res := run.GetResult()
 	require.Len(t, res.GetArtifacts(), 1)
-	require.True(t, proto.Equal(&executorv1.ResultArtifact{Kind: plan.ArtifactKind, Ref: ref}, res.GetArtifacts()[0]), "%v", res.GetArtifacts())
+	require.True(t, proto.Equal(&executorv1.ResultArtifact{Kind: prp.ArtifactKindPlan, Ref: ref}, res.GetArtifacts()[0]), "%v", res.GetArtifacts())
 	require.Equal(t, want, res.GetPlan())
 	require.Equal(t, want, run.GetPlan())
 }
@@ -113,7 +114,7 @@ func TestE3_Stack_APlanArtifactLargerThanTheBoundIsRefusedAndNothingIsWritten(t 
 	}
 	res := run.GetResult()
 	require.Len(t, res.GetArtifacts(), 1)
-	require.True(t, proto.Equal(&executorv1.ResultArtifact{Kind: plan.ArtifactKind, Code: failure.NativeProviderPlanTooLarge}, res.GetArtifacts()[0]), "%v", res.GetArtifacts())
+	require.True(t, proto.Equal(&executorv1.ResultArtifact{Kind: prp.ArtifactKindPlan, Code: failure.NativeProviderPlanTooLarge}, res.GetArtifacts()[0]), "%v", res.GetArtifacts())
 	require.Empty(t, res.GetPlan())
 	require.Empty(t, run.GetPlan())
 }

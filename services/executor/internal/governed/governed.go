@@ -15,6 +15,9 @@ import (
 	"errors"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/tether-run/tether/pkg/askuser"
+	"github.com/tether-run/tether/services/executor/internal/runtimeq"
 )
 
 // Values of the run result.
@@ -25,7 +28,6 @@ const (
 	CriterionUnknown   = "unknown"
 
 	ArtifactInteraction = "issue_thread_interaction"
-	ContinuationWake    = "response_wake"
 
 	ContinuationSummary = "Resume from the resolved interaction response without repeating prior work."
 	RemainingWorkText   = "Resume after the durable interaction is resolved."
@@ -167,7 +169,7 @@ func WaitResult(in Interaction, contract CompletionContract) (RunResult, error) 
 		AttentionRequests: []AttentionRequest{},
 		Artifacts:         []Artifact{{Kind: ArtifactInteraction, Ref: ref}},
 		Continuation: &Continuation{
-			Kind:           ContinuationWake,
+			Kind:           runtimeq.ContinuationResponseWake,
 			Summary:        ContinuationSummary,
 			IdempotencyKey: ResponseWakeKey(id),
 		},
@@ -192,9 +194,8 @@ func subject(in Interaction) string {
 
 // Interaction kinds and response statuses used by the item-verdict rule.
 const (
-	KindRequestItemVerdicts = "request_item_verdicts"
-	ResponseStatusPending   = "pending"
-	ResponseStatusAnswered  = "answered"
+	ResponseStatusPending  = "pending"
+	ResponseStatusAnswered = "answered"
 )
 
 // InteractionResponse is one entry of the execution input's interaction
@@ -236,7 +237,7 @@ func ContinuingPendingInteractionIDs(responses []InteractionResponse) []string {
 	ids := []string{}
 	seen := map[string]bool{}
 	for _, r := range responses {
-		if r.Kind != KindRequestItemVerdicts || r.Response.Status != ResponseStatusPending {
+		if r.Kind != askuser.KindRequestItemVerdicts || r.Response.Status != ResponseStatusPending {
 			continue
 		}
 		if r.Response.Result != nil && r.Response.Result.Complete {

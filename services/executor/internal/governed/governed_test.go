@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+	"github.com/tether-run/tether/pkg/askuser"
 )
 
 func TestE4_TurnsDurablePendingInteractionIntoResponseWakeResult(t *testing.T) {
@@ -105,7 +106,7 @@ func TestE4_KeepsPartialItemVerdictInteractionAsWaitTarget(t *testing.T) {
 	partial := func(id, status string, complete bool) InteractionResponse {
 		return InteractionResponse{
 			InteractionID: id,
-			Kind:          KindRequestItemVerdicts,
+			Kind:          askuser.KindRequestItemVerdicts,
 			Response: Response{Status: status, Result: &ItemVerdictResult{
 				Version: 1, Complete: complete, Items: []ItemVerdict{{ID: "alpha", Verdict: "approve"}},
 			}},
@@ -120,7 +121,7 @@ func TestE4_KeepsPartialItemVerdictInteractionAsWaitTarget(t *testing.T) {
 			[]string{"interaction-partial"}},
 		{"seed: answered", []InteractionResponse{partial("interaction-partial", "answered", false)}, []string{}},
 		{"complete result is not a wait target", []InteractionResponse{partial("i", "pending", true)}, []string{}},
-		{"pending without a result yet", []InteractionResponse{{InteractionID: "i", Kind: KindRequestItemVerdicts, Response: Response{Status: "pending"}}},
+		{"pending without a result yet", []InteractionResponse{{InteractionID: "i", Kind: askuser.KindRequestItemVerdicts, Response: Response{Status: "pending"}}},
 			[]string{"i"}},
 		{"other kinds are not continued", []InteractionResponse{{InteractionID: "q", Kind: "ask_user_questions", Response: Response{Status: "pending"}}},
 			[]string{}},

@@ -4,6 +4,8 @@ import (
 	"strings"
 	"testing"
 	"unicode/utf8"
+
+	"github.com/tether-run/tether/pkg/prp"
 )
 
 // FuzzPlanMarkdown feeds arbitrary refs and summaries to the plan-reference
@@ -15,7 +17,7 @@ func FuzzPlanMarkdown(f *testing.F) {
 	f.Add("DOT-16 plan: (1) add GET /health; (2) add tests; (3) document it.", "")
 	f.Add("native-provider-plan:DOT-18:health-check", "Native provider plan completed: 1) add GET /health; 2) add tests; 3) document it.")
 	f.Fuzz(func(t *testing.T, ref, summary string) {
-		r := SemanticResult{Summary: summary, Artifacts: []Artifact{{Kind: ArtifactKind, Ref: ref}}}
+		r := SemanticResult{Summary: summary, Artifacts: []Artifact{{Kind: prp.ArtifactKindPlan, Ref: ref}}}
 		md, ok := SemanticMarkdown(r)
 		check(t, md, ok, ref, summary)
 		again, ok2 := SemanticMarkdown(r)

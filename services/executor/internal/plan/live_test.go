@@ -10,6 +10,7 @@ import (
 
 	"github.com/tether-run/tether/pkg/failure"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
+	"github.com/tether-run/tether/pkg/prp"
 )
 
 func event(typ string, payload map[string]any) *prpv1.Event {
@@ -60,14 +61,14 @@ func TestE3_StoredEventsRenderPlanUpdatesAndRefuseOversizedPlans(t *testing.T) {
 				"message": "a provider plan of 65537 bytes exceeds the bound of 65536; it was not kept"}), "", false},
 		{"a terminal's artifacts within the bound are untouched",
 			event(EventTerminal, map[string]any{"runTerminalState": "succeeded",
-				"artifacts": []any{map[string]any{"kind": ArtifactKind, "ref": atBound}}}), nil, "", false},
+				"artifacts": []any{map[string]any{"kind": prp.ArtifactKindPlan, "ref": atBound}}}), nil, "", false},
 		{"a terminal's artifact over the bound keeps only its kind and the code",
 			event(EventTerminal, map[string]any{"runTerminalState": "succeeded", "artifacts": []any{
 				map[string]any{"kind": "other", "ref": "r"},
-				map[string]any{"kind": ArtifactKind, "ref": big}}}),
+				map[string]any{"kind": prp.ArtifactKindPlan, "ref": big}}}),
 			event(EventTerminal, map[string]any{"runTerminalState": "succeeded", "artifacts": []any{
 				map[string]any{"kind": "other", "ref": "r"},
-				map[string]any{"kind": ArtifactKind, "code": failure.NativeProviderPlanTooLarge}}}), "", false},
+				map[string]any{"kind": prp.ArtifactKindPlan, "code": failure.NativeProviderPlanTooLarge}}}), "", false},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -127,18 +128,18 @@ func TestE3_TerminalResultExtractsThePlanOfTheResultArtifacts(t *testing.T) {
 		wantPlan string
 	}{
 		{"no artifacts", map[string]any{"finalMessage": "Plan: 1) a; 2) b."}, nil, ""},
-		{"a compact ref", map[string]any{"artifacts": []any{map[string]any{"kind": ArtifactKind, "ref": compact}}},
-			[]ResultArtifact{{Kind: ArtifactKind, Ref: compact}},
+		{"a compact ref", map[string]any{"artifacts": []any{map[string]any{"kind": prp.ArtifactKindPlan, "ref": compact}}},
+			[]ResultArtifact{{Kind: prp.ArtifactKindPlan, Ref: compact}},
 			"# Health check endpoint\n\n1. Register GET /health return 200 JSON status ok\n2. Add API tests"},
 		{"an opaque ref falls back to a numbered final message",
 			map[string]any{"finalMessage": "Native provider plan completed: 1) add GET /health; 2) add tests.",
-				"artifacts": []any{map[string]any{"kind": ArtifactKind, "ref": "opaque"}}},
-			[]ResultArtifact{{Kind: ArtifactKind, Ref: "opaque"}},
+				"artifacts": []any{map[string]any{"kind": prp.ArtifactKindPlan, "ref": "opaque"}}},
+			[]ResultArtifact{{Kind: prp.ArtifactKindPlan, Ref: "opaque"}},
 			"# Plan\n\n1. add GET /health\n2. add tests."},
 		{"a refused artifact yields no plan, even from the summary",
 			map[string]any{"finalMessage": "Plan: 1) a; 2) b.",
-				"artifacts": []any{map[string]any{"kind": ArtifactKind, "code": failure.NativeProviderPlanTooLarge}}},
-			[]ResultArtifact{{Kind: ArtifactKind, Code: failure.NativeProviderPlanTooLarge}}, ""},
+				"artifacts": []any{map[string]any{"kind": prp.ArtifactKindPlan, "code": failure.NativeProviderPlanTooLarge}}},
+			[]ResultArtifact{{Kind: prp.ArtifactKindPlan, Code: failure.NativeProviderPlanTooLarge}}, ""},
 		{"artifacts without a kind are dropped",
 			map[string]any{"artifacts": []any{map[string]any{"ref": "x"}, "not an object"}}, nil, ""},
 	}

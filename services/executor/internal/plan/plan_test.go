@@ -5,13 +5,14 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+	"github.com/tether-run/tether/pkg/prp"
 )
 
 func lines(ls ...string) string { return strings.Join(ls, "\n") }
 
 // planArtifact wraps one ref as a semantic result.
 func planArtifact(ref string) SemanticResult {
-	return SemanticResult{Artifacts: []Artifact{{Kind: ArtifactKind, Ref: ref}}}
+	return SemanticResult{Artifacts: []Artifact{{Kind: prp.ArtifactKindPlan, Ref: ref}}}
 }
 
 type semanticCase struct {
@@ -73,9 +74,9 @@ func TestE3_ExtractsProposedPlanFromSemanticArtifact(t *testing.T) {
 			{Kind: "file", Ref: "<proposed_plan># No</proposed_plan>"},
 		}}, ""},
 		{"first decodable plan artifact wins", SemanticResult{Artifacts: []Artifact{
-			{Kind: ArtifactKind, Ref: "opaque"},
-			{Kind: ArtifactKind, Ref: "<proposed_plan># Second</proposed_plan>"},
-			{Kind: ArtifactKind, Ref: "<proposed_plan># Third</proposed_plan>"},
+			{Kind: prp.ArtifactKindPlan, Ref: "opaque"},
+			{Kind: prp.ArtifactKindPlan, Ref: "<proposed_plan># Second</proposed_plan>"},
+			{Kind: prp.ArtifactKindPlan, Ref: "<proposed_plan># Third</proposed_plan>"},
 		}}, "# Second"},
 	})
 }
@@ -153,22 +154,22 @@ func TestE3_UsesExplicitlyNumberedSummaryWhenArtifactIsOpaque(t *testing.T) {
 	runSemantic(t, []semanticCase{
 		{"seed", SemanticResult{
 			Summary:   "Native provider plan completed: 1) add GET /health; 2) add tests; 3) document it.",
-			Artifacts: []Artifact{{Kind: ArtifactKind, Ref: "native-provider-plan:DOT-18:health-check"}},
+			Artifacts: []Artifact{{Kind: prp.ArtifactKindPlan, Ref: "native-provider-plan:DOT-18:health-check"}},
 		}, "# Plan\n\n1. add GET /health\n2. add tests\n3. document it."},
 		{"a decodable artifact wins over the summary", SemanticResult{
 			Summary:   "Plan: 1) from the summary",
-			Artifacts: []Artifact{{Kind: ArtifactKind, Ref: "native-plan://DOT-18/x#1-from-the-artifact"}},
+			Artifacts: []Artifact{{Kind: prp.ArtifactKindPlan, Ref: "native-plan://DOT-18/x#1-from-the-artifact"}},
 		}, "# X\n\n1. From the artifact"},
 		{"no plan artifact, no plan", SemanticResult{
 			Summary: "Native provider plan completed: 1) add GET /health; 2) add tests.",
 		}, ""},
 		{"summary that is not explicitly numbered", SemanticResult{
 			Summary:   "Native provider plan completed. Add tests then document.",
-			Artifacts: []Artifact{{Kind: ArtifactKind, Ref: "native-provider-plan:DOT-18:health-check"}},
+			Artifacts: []Artifact{{Kind: prp.ArtifactKindPlan, Ref: "native-provider-plan:DOT-18:health-check"}},
 		}, ""},
 		{"summary numbering that skips", SemanticResult{
 			Summary:   "Plan: 1) add tests; 3) document it.",
-			Artifacts: []Artifact{{Kind: ArtifactKind, Ref: "native-provider-plan:DOT-18:health-check"}},
+			Artifacts: []Artifact{{Kind: prp.ArtifactKindPlan, Ref: "native-provider-plan:DOT-18:health-check"}},
 		}, "# Plan\n\n1. add tests; 3) document it."},
 	})
 }

@@ -7,10 +7,11 @@ import (
 	"strings"
 	"unicode"
 	"unicode/utf8"
+
+	"github.com/tether-run/tether/pkg/prp"
 )
 
-// ArtifactKind is the semantic result artifact kind that carries a plan.
-const ArtifactKind = "native_provider_plan"
+// prp.ArtifactKindPlan is the semantic result artifact kind that carries a plan.
 
 // DefaultTitle is the heading used when a plan carries no title of its own.
 const DefaultTitle = "Plan"
@@ -39,7 +40,7 @@ type SemanticResult struct {
 func SemanticMarkdown(r SemanticResult) (md string, ok bool) {
 	found := false
 	for _, a := range r.Artifacts {
-		if a.Kind != ArtifactKind {
+		if a.Kind != prp.ArtifactKindPlan {
 			continue
 		}
 		found = true

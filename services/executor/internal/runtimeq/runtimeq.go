@@ -22,6 +22,7 @@ import (
 	"strings"
 	"unicode/utf8"
 
+	"github.com/tether-run/tether/pkg/askuser"
 	"github.com/tether-run/tether/pkg/failure"
 )
 
@@ -36,7 +37,6 @@ const (
 
 // Interaction values.
 const (
-	KindAskUserQuestions     = "ask_user_questions"
 	ContinuationWakeAssignee = "wake_assignee"
 	// TextOptionID is the id of the single free-text option a text
 	// question becomes. The reference system's name is kept on purpose:
@@ -177,7 +177,7 @@ func Fallback(ev Event) (Interaction, bool) {
 		"The agent needs these answers to continue.",
 	)
 	return Interaction{
-		Kind:               KindAskUserQuestions,
+		Kind:               askuser.KindAskUserQuestions,
 		IdempotencyKey:     IdempotencyKey(ev.RunID, requestID),
 		SourceRunID:        ev.RunID,
 		Title:              title,

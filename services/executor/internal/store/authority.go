@@ -20,6 +20,7 @@ import (
 	"github.com/tether-run/tether/pkg/failure"
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
+	"github.com/tether-run/tether/services/executor/internal/recovery"
 )
 
 // ControlInstance is the source instance of events the executor itself
@@ -125,7 +126,7 @@ SELECT phase, binding_digest, result_id, lease_owner, attempt, coalesce(lease_ex
 		case held:
 			return failure.New(codes.FailedPrecondition, failure.NativeCancellationPendingRecovery,
 				"run %s holds a durable cancellation; it is never driven again", runID)
-		case phase == PhaseCompleted || phase == PhaseTerminalFailure:
+		case phase == PhaseCompleted || phase == recovery.PhaseTerminalFailure:
 			return failure.New(codes.FailedPrecondition, failure.NativeRunAlreadyTerminal, "run %s already ended (%s)", runID, phase)
 		}
 		in := &prpv1.ExecutionInput{}

@@ -17,6 +17,7 @@ import (
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/services/executor/internal/plan"
+	"github.com/tether-run/tether/services/executor/internal/recovery"
 	"github.com/tether-run/tether/services/executor/internal/runtimeq"
 	"github.com/tether-run/tether/services/executor/internal/usage"
 )
@@ -568,7 +569,7 @@ func finishRun(ctx context.Context, tx pgx.Tx, f Fence, t Terminal) error {
 	}
 	phase := PhaseCompleted
 	if t.State == StateFailed {
-		phase = PhaseTerminalFailure
+		phase = recovery.PhaseTerminalFailure
 	}
 	tag, err := tx.Exec(ctx, `
 UPDATE executor.coordinators SET phase = $4, lease_expires_at = now()

@@ -9,6 +9,7 @@ import (
 
 	"github.com/tether-run/tether/pkg/failure"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
+	"github.com/tether-run/tether/pkg/prp"
 	"github.com/tether-run/tether/services/executor/internal/plan"
 	"github.com/tether-run/tether/services/executor/internal/store"
 )
@@ -49,7 +50,7 @@ func TestE3_PlanUpdatesAreStoredRenderedAndTheRunKeepsItsLatestPlan(t *testing.T
 	res, err = s.AppendEvents(ctx, c.Fence, []*prpv1.Event{
 		event("r", "ri", 3, plan.EventPlanUpdated, map[string]any{"source": "plan_item", "markdown": ref}),
 		event("r", "ri", 4, store.EventTerminal, map[string]any{"runTerminalState": "succeeded", "turnTerminalState": "completed",
-			"artifacts": []any{map[string]any{"kind": plan.ArtifactKind, "ref": ref}}}),
+			"artifacts": []any{map[string]any{"kind": prp.ArtifactKindPlan, "ref": ref}}}),
 	})
 	require.NoError(t, err)
 	require.True(t, res.Terminal)

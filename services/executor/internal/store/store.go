@@ -63,12 +63,10 @@ const RunsChannel = "tether_runs_due"
 
 // Coordinator phases.
 const (
-	PhaseQueued           = "queued"
-	PhaseObserved         = "observed"
-	PhaseResultPersisted  = "result_persisted"
-	PhaseCompleted        = "completed"
-	PhaseRetryableFailure = "retryable_failure"
-	PhaseTerminalFailure  = "terminal_failure"
+	PhaseQueued          = "queued"
+	PhaseObserved        = "observed"
+	PhaseResultPersisted = "result_persisted"
+	PhaseCompleted       = "completed"
 )
 
 // Run states as stored.

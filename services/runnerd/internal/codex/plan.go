@@ -1,5 +1,7 @@
 package codex
 
+import "github.com/tether-run/tether/pkg/prp"
+
 // Provider plans (SPEC E3). codex reports a plan two ways:
 //
 //   - turn/plan/updated {threadId, turnId, explanation?, plan: [{step, status}]}
@@ -16,8 +18,7 @@ package codex
 // The executor renders and bounds them. A turn's last plan item is also the
 // turn's semantic result artifact of kind native_provider_plan.
 
-// ArtifactKindPlan is the semantic artifact kind of a provider plan.
-const ArtifactKindPlan = "native_provider_plan"
+// prp.ArtifactKindPlan is the semantic artifact kind of a provider plan.
 
 // Artifact is one semantic result artifact of a turn.
 type Artifact struct {
@@ -63,5 +64,5 @@ func (t *turnState) artifacts() []Artifact {
 	if t.planItem == "" {
 		return nil
 	}
-	return []Artifact{{Kind: ArtifactKindPlan, Ref: t.planItem}}
+	return []Artifact{{Kind: prp.ArtifactKindPlan, Ref: t.planItem}}
 }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/tether-run/tether/pkg/prp"
 	"github.com/tether-run/tether/services/runnerd/internal/fakecodex"
 )
 
@@ -24,7 +25,7 @@ func TestE3_PlanUpdatesAndPlanItemsBecomeRunPlanUpdatedEvents(t *testing.T) {
 	require.NoError(t, err)
 	res := waitTurn(t, s)
 	require.Equal(t, TurnCompleted, res.Status)
-	require.Equal(t, []Artifact{{Kind: ArtifactKindPlan, Ref: "# Plan\n\n1. a"}}, res.Artifacts)
+	require.Equal(t, []Artifact{{Kind: prp.ArtifactKindPlan, Ref: "# Plan\n\n1. a"}}, res.Artifacts)
 
 	evs := rec.ofType(EventPlanUpdated)
 	require.Len(t, evs, 3)

@@ -7,6 +7,8 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+
+	"github.com/tether-run/tether/pkg/askuser"
 )
 
 // Server requests (server -> client) the fake can make, each answered by the
@@ -119,7 +121,7 @@ func (s *Server) continueTurn(at *activeTurn) error {
 		args := map[string]any{"key": "alpha"}
 		pr.tool = dynamicToolName(th)
 		if kind == reqAskUser {
-			pr.kind, pr.tool, args = reqToolCall, askUserTool, askUserArguments()
+			pr.kind, pr.tool, args = reqToolCall, askuser.ToolName, askUserArguments()
 		}
 		if err := s.notify("item/started", map[string]any{"threadId": th.ID, "turnId": t.ID, "item": dynamicToolItem(itemID, pr.tool, "inProgress", nil, nil)}); err != nil {
 			return err
@@ -149,8 +151,7 @@ func (s *Server) emitStaleToolCall(th *threadState) error {
 	}})
 }
 
-// askUserTool is runnerd's built-in governed-wait tool.
-const askUserTool = "tether_ask_user"
+// askuser.ToolName is runnerd's built-in governed-wait tool.
 
 func askUserArguments() map[string]any {
 	return map[string]any{
@@ -170,7 +171,7 @@ func dynamicToolName(th *threadState) string {
 	}
 	if len(th.DynamicTools) > 0 && json.Unmarshal(th.DynamicTools, &tools) == nil {
 		for _, t := range tools {
-			if t.Name != "" && t.Name != askUserTool {
+			if t.Name != "" && t.Name != askuser.ToolName {
 				return t.Name
 			}
 		}
