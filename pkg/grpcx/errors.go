@@ -41,7 +41,7 @@ func codedError(err error) error {
 		}
 		st = status.New(codes.InvalidArgument, code+": "+strings.Join(parts, "; "))
 	case st.Code() == codes.Internal && st.Message() == "internal error":
-		code = "internal"
+		code = failure.Internal
 		st = status.New(codes.Internal, "internal: internal error")
 	default:
 		return err

@@ -22,6 +22,7 @@ import (
 	_ "gocloud.dev/blob/s3blob"
 
 	"github.com/tether-run/tether/pkg/archive"
+	"github.com/tether-run/tether/pkg/failure"
 	backupv1 "github.com/tether-run/tether/pkg/gen/tether/backup/v1"
 	"github.com/tether-run/tether/pkg/grpcx"
 	"github.com/tether-run/tether/pkg/identity"
@@ -84,7 +85,7 @@ func run() error {
 	}
 	if *dsn == "" {
 		log.Warn("no -database-url (TETHER_DATABASE_URL): checkpoint metadata disabled; UploadCheckpoint, DownloadCheckpoint " +
-			"and VerifyBackup answer backup_metadata_disabled, VerifyStamp answers valid=false; VerifyProviderPack works")
+			"and VerifyBackup answer " + failure.BackupMetadataDisabled + ", VerifyStamp answers valid=false; VerifyProviderPack works")
 	} else {
 		if *migrate {
 			if err := store.Migrate(ctx, *dsn); err != nil {

@@ -12,11 +12,11 @@
 package governed
 
 import (
-	"errors"
 	"strings"
 	"unicode/utf8"
 
 	"github.com/tether-run/tether/pkg/askuser"
+	"github.com/tether-run/tether/pkg/failure"
 	"github.com/tether-run/tether/services/executor/internal/runtimeq"
 )
 
@@ -124,7 +124,7 @@ type Continuation struct {
 }
 
 // ErrNoInteraction is returned for an interaction without an id.
-var ErrNoInteraction = errors.New("governed_wait_interaction_missing: the pending interaction has no id")
+var ErrNoInteraction error = failure.Newf(failure.GovernedWaitInteractionMissing, "the pending interaction has no id")
 
 // InteractionRef is the evidence ref of an interaction: "interaction:<id>".
 func InteractionRef(id string) string { return "interaction:" + id }

@@ -48,7 +48,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}),
 		grantRefusals: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tether_runnergw_grant_refusals_total",
-			Help: "RunnerGateway calls refused with gateway_grant_invalid (missing, forged, expired or mismatched grant), by method.",
+			Help: "RunnerGateway calls refused with " + failure.GatewayGrantInvalid + " (missing, forged, expired or mismatched grant), by method.",
 		}, []string{"method"}),
 	}
 	if reg != nil {

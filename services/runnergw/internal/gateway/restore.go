@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -30,8 +31,13 @@ func (g *Gateway) needsRestore(r *runner, sc string) bool {
 	return errors.Is(err, os.ErrNotExist)
 }
 
-func unverified(format string, args ...any) error {
-	return failure.New(codes.FailedPrecondition, failure.RunnerHarnessBackupUnverified, format, args...)
+// unverified refuses a restore whose backup does not verify; cause (a
+// backup verification reason) leads the message and is the ErrorInfo
+// metadata "cause".
+func unverified(cause failure.Reason, format string, args ...any) error {
+	e := failure.New(codes.FailedPrecondition, failure.RunnerHarnessBackupUnverified, "%s", failure.Message(cause, fmt.Sprintf(format, args...)))
+	e.Metadata = map[string]string{"cause": string(cause)}
+	return e
 }
 
 // restore puts the stamped checkpoint of spec in place as the scope's
@@ -48,18 +54,18 @@ func (g *Gateway) restore(ctx context.Context, r *runner, sc, runID string, spec
 	lease := LeaseFor(sc)
 	switch {
 	case spec.GetLeaseId() != lease:
-		return unverified("backup_stamp_lease_mismatch: the replacement runner of scope %s runs under lease %s, not %s", sc, lease, spec.GetLeaseId())
+		return unverified(failure.BackupStampLeaseMismatch, "the replacement runner of scope %s runs under lease %s, not %s", sc, lease, spec.GetLeaseId())
 	case st.GetSessionScope() != sc:
-		return unverified("backup_identity_mismatch: the stamp belongs to scope %s, not %s", st.GetSessionScope(), sc)
+		return unverified(failure.BackupIdentityMismatch, "the stamp belongs to scope %s, not %s", st.GetSessionScope(), sc)
 	case st.GetCheckpointId() != spec.GetCheckpointId():
-		return unverified("backup_identity_mismatch: the stamp names checkpoint %s, not %s", st.GetCheckpointId(), spec.GetCheckpointId())
+		return unverified(failure.BackupIdentityMismatch, "the stamp names checkpoint %s, not %s", st.GetCheckpointId(), spec.GetCheckpointId())
 	}
 	vr, err := g.cfg.Backup.VerifyStamp(ctx, &backupv1.VerifyStampRequest{Stamp: st, LeaseId: lease})
 	if err != nil {
 		return failure.Wrap(err, codes.Unavailable, failure.RunnerHarnessBackupUnavailable, "verifying the backup stamp: %v", err)
 	}
 	if !vr.GetValid() {
-		return unverified("%s: the stamp of checkpoint %s does not verify for lease %s", vr.GetReason(), spec.GetCheckpointId(), lease)
+		return unverified(failure.Reason(vr.GetReason()), "the stamp of checkpoint %s does not verify for lease %s", spec.GetCheckpointId(), lease)
 	}
 
 	dctx, cancel := context.WithCancel(ctx)
@@ -77,12 +83,12 @@ func (g *Gateway) restore(ctx context.Context, r *runner, sc, runID string, spec
 	m := cp.GetManifest()
 	switch {
 	case cp == nil || m == nil:
-		return unverified("backup_manifest_mismatch: the download did not start with the checkpoint record")
+		return unverified(failure.BackupManifestMismatch, "the download did not start with the checkpoint record")
 	case cp.GetManifestDigest() != st.GetManifestDigest():
-		return unverified("backup_stamp_manifest_mismatch: checkpoint %s has manifest %s, the stamp names %s",
+		return unverified(failure.BackupStampManifestMismatch, "checkpoint %s has manifest %s, the stamp names %s",
 			cp.GetCheckpointId(), cp.GetManifestDigest(), st.GetManifestDigest())
 	case m.GetSessionScope() != sc || m.GetRunnerInstanceId() != st.GetRunnerInstanceId():
-		return unverified("backup_identity_mismatch: the manifest belongs to scope %s runner %s", m.GetSessionScope(), m.GetRunnerInstanceId())
+		return unverified(failure.BackupIdentityMismatch, "the manifest belongs to scope %s runner %s", m.GetSessionScope(), m.GetRunnerInstanceId())
 	}
 
 	scopeDir := g.stateDir(sc)
@@ -141,7 +147,7 @@ func (g *Gateway) restore(ctx context.Context, r *runner, sc, runID string, spec
 		case strings.HasPrefix(string(code), "runner_remote_checkpoint_"):
 			return err // an unsafe or malformed archive
 		case strings.HasPrefix(string(code), "backup_"):
-			return unverified("%s: checkpoint %s: %v", code, spec.GetCheckpointId(), err)
+			return unverified(code, "checkpoint %s: %v", spec.GetCheckpointId(), err)
 		}
 		return failure.Wrap(err, codes.Unavailable, failure.RunnerHarnessBackupUnavailable, "restoring checkpoint %s: %v", spec.GetCheckpointId(), err)
 	}
