@@ -4,11 +4,11 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"sort"
 
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/tether-run/tether/pkg/digest"
 	"github.com/tether-run/tether/pkg/failure"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 )
@@ -75,10 +75,10 @@ func UnmarshalRelay(b []byte) (*prpv1.Frame, error) {
 	return Unmarshal(b)
 }
 
-// CanonicalJSON encodes v as JSON with object keys sorted recursively, no
-// insignificant whitespace and no HTML escaping. Proto messages are first
-// encoded with protojson; json.RawMessage and []byte inputs are taken as JSON
-// text. Numbers keep their textual form.
+// CanonicalJSON encodes v as canonical JSON (RFC 8785 as digest.Canonical
+// writes it: keys sorted, no insignificant whitespace, JavaScript number and
+// string forms). Proto messages are first encoded with protojson;
+// json.RawMessage and []byte inputs are taken as JSON text.
 func CanonicalJSON(v any) ([]byte, error) {
 	var raw []byte
 	switch t := v.(type) {
@@ -93,86 +93,11 @@ func CanonicalJSON(v any) ([]byte, error) {
 	case []byte:
 		raw = t
 	default:
-		b, err := json.Marshal(v)
-		if err != nil {
-			return nil, err
-		}
-		raw = b
+		return digest.Canonical(v)
 	}
-	dec := json.NewDecoder(bytes.NewReader(raw))
-	dec.UseNumber()
-	var tree any
-	if err := dec.Decode(&tree); err != nil {
+	tree, err := digest.ParseJSON(raw)
+	if err != nil {
 		return nil, fmt.Errorf("canonical json: %w", err)
 	}
-	if dec.More() {
-		return nil, fmt.Errorf("canonical json: trailing data")
-	}
-	var buf bytes.Buffer
-	if err := writeCanonical(&buf, tree); err != nil {
-		return nil, err
-	}
-	return buf.Bytes(), nil
-}
-
-func writeCanonical(buf *bytes.Buffer, v any) error {
-	switch t := v.(type) {
-	case map[string]any:
-		keys := make([]string, 0, len(t))
-		for k := range t {
-			keys = append(keys, k)
-		}
-		sort.Strings(keys)
-		buf.WriteByte('{')
-		for i, k := range keys {
-			if i > 0 {
-				buf.WriteByte(',')
-			}
-			if err := writeString(buf, k); err != nil {
-				return err
-			}
-			buf.WriteByte(':')
-			if err := writeCanonical(buf, t[k]); err != nil {
-				return err
-			}
-		}
-		buf.WriteByte('}')
-	case []any:
-		buf.WriteByte('[')
-		for i, e := range t {
-			if i > 0 {
-				buf.WriteByte(',')
-			}
-			if err := writeCanonical(buf, e); err != nil {
-				return err
-			}
-		}
-		buf.WriteByte(']')
-	case string:
-		return writeString(buf, t)
-	case json.Number:
-		buf.WriteString(t.String())
-	case bool:
-		if t {
-			buf.WriteString("true")
-		} else {
-			buf.WriteString("false")
-		}
-	case nil:
-		buf.WriteString("null")
-	default:
-		return fmt.Errorf("canonical json: unexpected %T", v)
-	}
-	return nil
-}
-
-func writeString(buf *bytes.Buffer, s string) error {
-	var sb bytes.Buffer
-	enc := json.NewEncoder(&sb)
-	enc.SetEscapeHTML(false)
-	if err := enc.Encode(s); err != nil {
-		return err
-	}
-	buf.Write(bytes.TrimSuffix(sb.Bytes(), []byte{'\n'}))
-	return nil
+	return digest.Canonical(tree)
 }

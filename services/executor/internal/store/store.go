@@ -26,7 +26,6 @@ import (
 	"github.com/tether-run/tether/pkg/failure"
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
-	"github.com/tether-run/tether/pkg/scope"
 )
 
 // Migrations holds the embedded, numbered goose migrations.
@@ -188,46 +187,10 @@ func InputDigest(in *prpv1.ExecutionInput) (string, []byte, error) {
 	return fmt.Sprintf("%x", sum), b, nil
 }
 
-// SubmitRun stores a queued run and its coordinator in one transaction. It is
-// idempotent by run id: the same input returns the stored run with created
-// false; another input under the same id is run_id_conflict.
+// SubmitRun is Submit followed by GetRun: it returns the stored run and
+// whether this call created it.
 func (s *Store) SubmitRun(ctx context.Context, runID string, in *prpv1.ExecutionInput) (*executorv1.Run, bool, error) {
-	digest, raw, err := InputDigest(in)
-	if err != nil {
-		return nil, false, err
-	}
-	created := false
-	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		tag, err := tx.Exec(ctx, `
-INSERT INTO executor.runs (run_id, company_id, normalized_session_id, session_scope, lifecycle, input, input_digest, issue_id, agent_id)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
-ON CONFLICT (run_id) DO NOTHING`,
-			runID, in.GetBinding().GetCompanyId(), in.GetSession().GetNormalizedSessionId(), scope.OfRun(runID, in),
-			in.GetSession().GetLifecycle().GetMode().String(), raw, digest,
-			in.GetBinding().GetIssueId(), in.GetBinding().GetAgentId())
-		if err != nil {
-			return err
-		}
-		if tag.RowsAffected() == 0 {
-			var existing string
-			if err := tx.QueryRow(ctx, `SELECT input_digest FROM executor.runs WHERE run_id = $1`, runID).Scan(&existing); err != nil {
-				return err
-			}
-			if existing != digest {
-				return failure.New(codes.AlreadyExists, failure.RunIDConflict,
-					"run %q already exists with a different input", runID)
-			}
-			return nil
-		}
-		created = true
-		if _, err := tx.Exec(ctx, `
-INSERT INTO executor.coordinators (run_id, binding_digest, session_scope, submit_seq)
-SELECT run_id, $2, session_scope, submit_seq FROM executor.runs WHERE run_id = $1`, runID, BindingDigest(in)); err != nil {
-			return err
-		}
-		_, err = tx.Exec(ctx, `SELECT pg_notify($1, $2)`, RunsChannel, runID)
-		return err
-	})
+	created, err := s.Submit(ctx, runID, in)
 	if err != nil {
 		return nil, false, err
 	}
