@@ -23,6 +23,7 @@ import (
 	"github.com/tether-run/tether/pkg/failure"
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
+	"github.com/tether-run/tether/services/executor/internal/api"
 	"github.com/tether-run/tether/services/executor/internal/store"
 	"github.com/tether-run/tether/services/executor/internal/watch"
 )
