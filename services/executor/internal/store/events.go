@@ -445,28 +445,41 @@ RETURNING payload_sha256, event`, f.RunID)
 	return count + int64(res.Inserted), nil
 }
 
-func insertEvents(ctx context.Context, tx pgx.Tx, runID string, count int64, writer uint64, evs []encodedEvent) error {
+// eventColumns are a batch's event columns as the arrays an unnest of the
+// events table takes (the careful and the fast append build them alike).
+type eventColumns struct {
+	insts, ids, types []string
+	srcSeqs           []int64
+	hashes, raws      [][]byte
+}
+
+func columnsOf(evs []encodedEvent) eventColumns {
 	n := len(evs)
-	seqs := make([]int64, n)
-	insts := make([]string, n)
-	srcSeqs := make([]int64, n)
-	ids := make([]string, n)
-	types := make([]string, n)
-	hashes := make([][]byte, n)
-	raws := make([][]byte, n)
-	for i, e := range evs {
-		seqs[i] = count + int64(i) + 1
-		insts[i] = e.ev.GetSourceInstanceId()
-		srcSeqs[i] = int64(e.ev.GetSourceSeq())
-		ids[i] = e.ev.GetSourceEventId()
-		types[i] = e.ev.GetEventType()
-		hashes[i] = e.hash
-		raws[i] = e.raw
+	c := eventColumns{
+		insts: make([]string, n), ids: make([]string, n), types: make([]string, n),
+		srcSeqs: make([]int64, n), hashes: make([][]byte, n), raws: make([][]byte, n),
 	}
+	for i, e := range evs {
+		c.insts[i] = e.ev.GetSourceInstanceId()
+		c.srcSeqs[i] = int64(e.ev.GetSourceSeq())
+		c.ids[i] = e.ev.GetSourceEventId()
+		c.types[i] = e.ev.GetEventType()
+		c.hashes[i] = e.hash
+		c.raws[i] = e.raw
+	}
+	return c
+}
+
+func insertEvents(ctx context.Context, tx pgx.Tx, runID string, count int64, writer uint64, evs []encodedEvent) error {
+	seqs := make([]int64, len(evs))
+	for i := range seqs {
+		seqs[i] = count + int64(i) + 1
+	}
+	c := columnsOf(evs)
 	_, err := tx.Exec(ctx, `
 INSERT INTO executor.events (run_id, writer_attempt, seq, source_instance_id, source_seq, source_event_id, event_type, payload_sha256, event)
 SELECT $1, $9, * FROM unnest($2::bigint[], $3::text[], $4::bigint[], $5::text[], $6::text[], $7::bytea[], $8::bytea[])`,
-		runID, seqs, insts, srcSeqs, ids, types, hashes, raws, int64(writer))
+		runID, seqs, c.insts, c.srcSeqs, c.ids, c.types, c.hashes, c.raws, int64(writer))
 	return err
 }
 
@@ -772,23 +785,10 @@ const eventsSourceKey = "events_run_id_source_instance_id_source_seq_key"
 
 func (s *Store) appendFast(ctx context.Context, f Fence, evs []encodedEvent) (AppendResult, bool, error) {
 	n := len(evs)
-	insts := make([]string, n)
-	srcSeqs := make([]int64, n)
-	ids := make([]string, n)
-	types := make([]string, n)
-	hashes := make([][]byte, n)
-	raws := make([][]byte, n)
-	for i, e := range evs {
-		insts[i] = e.ev.GetSourceInstanceId()
-		srcSeqs[i] = int64(e.ev.GetSourceSeq())
-		ids[i] = e.ev.GetSourceEventId()
-		types[i] = e.ev.GetEventType()
-		hashes[i] = e.hash
-		raws[i] = e.raw
-	}
+	c := columnsOf(evs)
 	var fence, ins int64
 	err := s.pool.QueryRow(ctx, appendFastSQL, f.RunID, f.Owner, int64(f.Attempt),
-		insts, srcSeqs, ids, types, hashes, raws, int64(n)).Scan(&fence, &ins)
+		c.insts, c.srcSeqs, c.ids, c.types, c.hashes, c.raws, int64(n)).Scan(&fence, &ins)
 	if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == "23505" && pgErr.ConstraintName == eventsSourceKey {
 		return AppendResult{}, false, nil
 	}
