@@ -35,10 +35,19 @@ func main() {
 func run() error {
 	self, _ := os.Executable()
 	binDir := flag.String("bin-dir", filepath.Dir(self), "directory with the tether binaries")
-	up := flag.Bool("up", false, "keep the stack running on the default ports until interrupted")
+	up := flag.Bool("up", false, "keep the stack running on fixed ports (-base-port) until interrupted")
+	base := flag.Int("base-port", 7400, "with -up: executor, runnergw and backup-verifier gRPC on base+0..2, the runner WebSocket on base+11, metrics on base+2000..2002")
 	keep := flag.Bool("keep", false, "keep the temporary directory (logs, state)")
 	flag.Parse()
 
+	ports := upPorts(*base)
+	if *up {
+		// Before anything starts: a taken port would otherwise let the
+		// readiness check be answered by whoever holds it.
+		if err := stack.CheckPortsFree(ports); err != nil {
+			return err
+		}
+	}
 	ctx, stop := grpcx.SignalContext(context.Background())
 	defer stop()
 	dir, err := os.MkdirTemp("", "tether-demo-")
@@ -68,7 +77,10 @@ func run() error {
 	}
 	opts := stack.Options{BinDir: *binDir, Dir: dir, DatabaseURL: dsn}
 	if *up {
-		opts.ExecutorPort, opts.GatewayPort, opts.RunnerPort, opts.BackupPort = 7400, 7401, 7411, 7402
+		opts.ExecutorPort, opts.GatewayPort, opts.RunnerPort, opts.BackupPort =
+			ports["executor gRPC"], ports["runnergw gRPC"], ports["runner WebSocket"], ports["backup-verifier gRPC"]
+		opts.MetricsPorts = map[string]int{"executor": ports["executor metrics"],
+			"runnergw": ports["runnergw metrics"], "backup-verifier": ports["backup-verifier metrics"]}
 	}
 	st, err := stack.New(opts)
 	if err != nil {
@@ -80,7 +92,16 @@ func run() error {
 	}
 	fmt.Printf("demo: executor %s, runnergw %s, backup-verifier %s\n", st.Addr("executor"), st.Addr("runnergw"), st.Addr("backup-verifier"))
 	if *up {
-		fmt.Println("demo: stack is up; try `grpcurl -plaintext 127.0.0.1:7400 list` — Ctrl-C stops it")
+		for _, n := range []string{"backup-verifier", "runnergw", "executor"} {
+			select {
+			case <-st.Proc(n).Done():
+				return fmt.Errorf("%s exited during start (log: %s)", n, st.LogPath(n))
+			default:
+			}
+		}
+		fmt.Printf("demo: metrics on http://127.0.0.1:%d/metrics (executor), :%d (runnergw), :%d (backup-verifier)\n",
+			ports["executor metrics"], ports["runnergw metrics"], ports["backup-verifier metrics"])
+		fmt.Printf("demo: stack is up; try `grpcurl -plaintext %s list` — Ctrl-C stops it\n", st.Addr("executor"))
 		fmt.Printf("demo: the gateway serves only grant-signed calls (executor key %s, gateway public key %s), e.g.\n"+
 			"  grpcurl -plaintext -H \"tether-grant: $(bin/tetherctl grant -key-file %[1]s)\" 127.0.0.1:7401 tether.gateway.v1.RunnerGateway/ListRunners\n",
 			st.GrantKeyFile(), st.GrantPublicKeyFile())
@@ -167,6 +188,14 @@ func turns(ctx context.Context, st *stack.Stack) error {
 		}
 	}
 	return nil
+}
+
+// upPorts are the fixed ports of -up, by what they serve.
+func upPorts(base int) map[string]int {
+	return map[string]int{
+		"executor gRPC": base, "runnergw gRPC": base + 1, "backup-verifier gRPC": base + 2, "runner WebSocket": base + 11,
+		"executor metrics": base + 2000, "runnergw metrics": base + 2001, "backup-verifier metrics": base + 2002,
+	}
 }
 
 func plural(n int, one, many string) string {

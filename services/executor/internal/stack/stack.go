@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -39,6 +40,9 @@ type Options struct {
 	DatabaseURL string
 	// Ports; zero picks a free loopback port.
 	ExecutorPort, GatewayPort, RunnerPort, BackupPort int
+	// MetricsPorts: a service named here serves /metrics and /healthz on
+	// 127.0.0.1:<port>; the others serve none.
+	MetricsPorts map[string]int
 	// FakeArgs are extra fake-codex-app-server flags (e.g. --delta-delay-ms).
 	FakeArgs []string
 	// LeaseTTL for the executor (default 10s).
@@ -103,6 +107,26 @@ func FreePort() (int, error) {
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// CheckPortsFree fails, naming the first port taken, unless every port
+// (what it is for → port) can be bound on 127.0.0.1 now: a stack on fixed
+// ports must not report itself up while another stack answers there.
+func CheckPortsFree(ports map[string]int) error {
+	names := make([]string, 0, len(ports))
+	for n := range ports {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		addr := "127.0.0.1:" + strconv.Itoa(ports[n])
+		l, err := net.Listen("tcp", addr)
+		if err != nil {
+			return fmt.Errorf("%s %s is already in use (another tether stack, e.g. a running `make up`, or another program holds it): stop it or choose other ports: %w", n, addr, err)
+		}
+		_ = l.Close()
+	}
+	return nil
 }
 
 // New prepares a stack; Start* launch its processes.
@@ -244,7 +268,11 @@ func (s *Stack) Proc(name string) *Proc {
 }
 
 func (s *Stack) args(name string) []string {
-	common := []string{"-log-format", "json", "-metrics-addr", ""}
+	metrics := ""
+	if port := s.opts.MetricsPorts[name]; port != 0 {
+		metrics = "127.0.0.1:" + strconv.Itoa(port)
+	}
+	common := []string{"-log-format", "json", "-metrics-addr", metrics}
 	s.mu.Lock()
 	extra := s.extra[name]
 	s.mu.Unlock()
