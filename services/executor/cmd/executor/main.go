@@ -41,6 +41,7 @@ func run() error {
 	poll := grpcx.DurationFlag(fs, "poll-interval", "", time.Second, "claim poll interval when no notification arrives")
 	maxActive := grpcx.IntFlag(fs, "max-active-runs", "", 64, "runs this replica drives at once")
 	advertise := grpcx.StringFlag(fs, "advertise-addr", "", "", "address other replicas use to reach this one (default: -grpc-addr)")
+	peerName := grpcx.StringFlag(fs, "peer-server-name", "", "", "TLS server name other replicas' certificates are verified against when calls are forwarded to them (e.g. executor, when replicas advertise pod IPs; default: the host of their -advertise-addr)")
 	sameHost := grpcx.BoolFlag(fs, "same-host-takeover", "", true, "take over at once a run whose controller on this host is provably dead (else wait for lease expiry)")
 	migrate := grpcx.BoolFlag(fs, "migrate", "", true, "apply database migrations at start")
 	grantKey := grpcx.StringFlag(fs, "grant-key-file", "", "", "the executor fleet's Ed25519 private key (PEM, mode 0600) that signs a grant for every gateway call (required; `tetherctl certs init DIR` writes grant.key)")
@@ -107,7 +108,13 @@ func run() error {
 	apiSrv := &api.Server{Store: st, Hub: hub, KickRun: d.KickRun, Draining: srv.Draining(), Controls: d.Controls(), SelfAddr: *advertise,
 		Gateway: gw, Suspender: sus,
 		// Other replicas are verified with the CA that verifies clients.
-		DialPeer: func(addr string) (*grpc.ClientConn, error) { return cfg.DialPeer(addr, cfg.TLSClientCAFile) }}
+		DialPeer: func(addr string) (*grpc.ClientConn, error) {
+			var opts []grpc.DialOption
+			if *peerName != "" {
+				opts = append(opts, grpc.WithAuthority(*peerName))
+			}
+			return cfg.DialPeer(addr, cfg.TLSClientCAFile, opts...)
+		}}
 	executorv1.RegisterExecutorServiceServer(srv.GRPC(), apiSrv)
 	defer apiSrv.Close()
 	bg, cancelBG := context.WithCancel(context.Background())

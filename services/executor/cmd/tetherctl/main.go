@@ -7,6 +7,7 @@
 //	tetherctl list [-session S] [-state succeeded]
 //	tetherctl audit -database-url URL [-since 1h|RFC3339] [-run RUN_ID] [-json]
 //	tetherctl interactions list|show|answer (see interactions.go)
+//	tetherctl -addr HOST:PORT health (probes: exit 1 unless SERVING)
 package main
 
 import (
@@ -62,6 +63,7 @@ commands:
   audit    check the exactly-once promises in the executor's database; exit 1 on any violation
            (-database-url or TETHER_DATABASE_URL, [-since 1h|RFC3339] [-run RUN_ID] [-json])
   interactions  list [-run R] [-status S] | show ID | answer ID -answer Q=OPT[,OPT] [-text Q=TEXT] [-watch]
+  health   gRPC health of the service at -addr (any tether service); exit 1 unless SERVING ([-service S] [-timeout 3s])
 environment: TETHER_EXECUTOR_ADDR (default 127.0.0.1:7400), TETHER_EXECUTOR_CA, TETHER_CLIENT_CERT, TETHER_CLIENT_KEY`
 
 func run(args []string) error {
@@ -107,6 +109,8 @@ func run(args []string) error {
 		return cancelRun(ctx, client, rest)
 	case "interactions":
 		return interactions(ctx, client, rest)
+	case "health":
+		return health(ctx, conn, rest)
 	}
 	global.Usage()
 	return fmt.Errorf("unknown command %q", cmd)
