@@ -18,6 +18,7 @@ package durable
 import (
 	"github.com/tether-run/tether/pkg/atomicfile"
 	"github.com/tether-run/tether/pkg/procid"
+	"github.com/tether-run/tether/pkg/runnerstate"
 
 	"encoding/json"
 	"errors"
@@ -36,15 +37,15 @@ import (
 // Schemas of the identity documents.
 const (
 	ControlPlaneSchema = "tether.runner.durable.control-plane-state.v1"
-	RunnerStateSchema  = "tether.runner.durable.state.v1"
+	RunnerStateSchema  = runnerstate.StateSchema
 )
 
 // Layout names.
 const (
 	ControlPlaneDir  = "control-plane"
 	ControlPlaneFile = "control-plane-state.json"
-	RunnerDir        = "runner"
-	RunnerStateFile  = "runner-state.json"
+	RunnerDir        = runnerstate.Dir
+	RunnerStateFile  = runnerstate.StateFile
 	QuarantineDir    = "quarantine"
 )
 
@@ -89,8 +90,9 @@ const (
 
 // KnownLifecycles are the lifecycle values runnerd writes.
 var KnownLifecycles = map[string]bool{
-	"connecting": true, "ready": true, "backpressure": true, "draining": true, "suspended": true,
-	"stopped": true, "revoked": true, "recoverable_failure": true, "unrecoverable": true,
+	runnerstate.LifecycleConnecting: true, runnerstate.LifecycleReady: true, runnerstate.LifecycleBackpressure: true,
+	runnerstate.LifecycleDraining: true, runnerstate.LifecycleSuspended: true, runnerstate.LifecycleStopped: true,
+	runnerstate.LifecycleRevoked: true, runnerstate.LifecycleRecoverableFailure: true, runnerstate.LifecycleUnrecoverable: true,
 }
 
 // identityRead is the outcome of reading the control-plane identity.
@@ -206,24 +208,10 @@ func ReadRunnerLifecycle(root string, id Identity) (RunnerLifecycle, string, err
 		got.NormalizedSessionID != id.NormalizedSessionID {
 		return RunnerIndeterminate, "runner state identity differs from the control-plane identity", nil
 	}
-	if doc.Lifecycle == "suspended" {
+	if doc.Lifecycle == runnerstate.LifecycleSuspended {
 		return RunnerSuspended, "", nil
 	}
 	return RunnerNotSuspended, "runner lifecycle " + doc.Lifecycle, nil
-}
-
-// crashedIdleDoc is what CrashedIdle reads of runner-state.json.
-type crashedIdleDoc struct {
-	Lifecycle     string `json:"lifecycle"`
-	ActiveTurn    any    `json:"activeTurn"`
-	RunnerProcess *struct {
-		PID        int    `json:"pid"`
-		StartTicks uint64 `json:"startTicks"`
-		BootID     string `json:"bootId"`
-	} `json:"runnerProcess"`
-	ProcessedCommands map[string]struct {
-		Status string `json:"status"`
-	} `json:"processedCommands"`
 }
 
 // CrashedIdle reports whether root's runner state is that of a runner that
@@ -236,18 +224,18 @@ func CrashedIdle(root string) bool {
 	if err != nil {
 		return false
 	}
-	var doc crashedIdleDoc
+	var doc runnerstate.State
 	if json.Unmarshal(raw, &doc) != nil {
 		return false
 	}
-	if doc.Lifecycle != "ready" && doc.Lifecycle != "connecting" {
+	if doc.Lifecycle != runnerstate.LifecycleReady && doc.Lifecycle != runnerstate.LifecycleConnecting {
 		return false
 	}
 	if doc.ActiveTurn != nil {
 		return false
 	}
 	for _, c := range doc.ProcessedCommands {
-		if c.Status == "pending" {
+		if c != nil && c.Status == runnerstate.StatusPending {
 			return false
 		}
 	}

@@ -17,6 +17,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/tether-run/tether/pkg/chunkio"
 	"github.com/tether-run/tether/pkg/failure"
 	backupv1 "github.com/tether-run/tether/pkg/gen/tether/backup/v1"
 	"github.com/tether-run/tether/services/backup/internal/checkpoint"
@@ -63,50 +64,29 @@ func (s *Server) UploadCheckpoint(stream grpc.ClientStreamingServer[backupv1.Upl
 	if _, err := checkpoint.CheckHeader(h); err != nil {
 		return err
 	}
-	pr, pw := io.Pipe()
-	type result struct {
-		r   *checkpoint.Receipt
-		err error
-	}
-	done := make(chan result, 1)
-	go func() {
-		r, err := s.Svc.Upload(ctx, h, pr)
-		if err != nil {
-			pr.CloseWithError(err)
-		} else {
-			// Padding after the archive's end is drained (bounded), not refused.
-			_, _ = io.Copy(io.Discard, io.LimitReader(pr, 1<<20))
-			pr.CloseWithError(io.ErrShortWrite)
-		}
-		done <- result{r, err}
-	}()
-	for {
+	errSecondHeader := errors.New("second header")
+	src := chunkio.NewReader(func() ([]byte, error) {
 		msg, err := stream.Recv()
-		if errors.Is(err, io.EOF) {
-			pw.Close()
-			break
+		if err == nil && msg.GetHeader() != nil {
+			return nil, errSecondHeader
 		}
-		if err != nil {
-			pw.CloseWithError(err)
-			<-done
-			return err
-		}
-		chunk := msg.GetChunk()
-		if msg.GetHeader() != nil {
-			pw.CloseWithError(errors.New("second header"))
-			<-done
-			return failure.New(codes.InvalidArgument, failure.BackupUploadHeaderMissing, "an upload carries one header")
-		}
-		if _, err := pw.Write(chunk); err != nil {
-			break // the domain stopped reading: its error is in done
-		}
+		return msg.GetChunk(), err
+	})
+	r, err := s.Svc.Upload(ctx, h, src)
+	if err == nil {
+		// Padding after the archive's end is drained (bounded), not refused.
+		_, _ = io.Copy(io.Discard, io.LimitReader(src, 1<<20))
 	}
-	res := <-done
-	if res.err != nil {
-		return res.err
+	switch rerr := src.Err(); {
+	case errors.Is(rerr, errSecondHeader):
+		return failure.New(codes.InvalidArgument, failure.BackupUploadHeaderMissing, "an upload carries one header")
+	case rerr != nil:
+		return rerr
+	case err != nil:
+		return err
 	}
 	return stream.SendAndClose(&backupv1.UploadCheckpointResponse{
-		Checkpoint: CheckpointToProto(res.r.Checkpoint, res.r.Manifest), Stamp: res.r.Stamp,
+		Checkpoint: CheckpointToProto(r.Checkpoint, r.Manifest), Stamp: r.Stamp,
 	})
 }
 

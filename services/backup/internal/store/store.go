@@ -5,16 +5,13 @@ package store
 
 import (
 	"context"
-	"database/sql"
 	"embed"
 	"errors"
-	"io/fs"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/jackc/pgx/v5/stdlib"
-	"github.com/pressly/goose/v3"
+	"github.com/tether-run/tether/pkg/pgstore"
 )
 
 // Migrations holds the embedded, numbered goose migrations.
@@ -28,25 +25,9 @@ const GooseTable = "backup_goose_version"
 // ErrNotFound is returned for an unknown checkpoint.
 var ErrNotFound = errors.New("checkpoint not found")
 
-var _ = stdlib.GetDefaultDriver // registers the "pgx" database/sql driver
-
 // Migrate applies the embedded migrations to the database at dsn.
 func Migrate(ctx context.Context, dsn string) error {
-	db, err := sql.Open("pgx", dsn)
-	if err != nil {
-		return err
-	}
-	defer db.Close()
-	sub, err := fs.Sub(Migrations, "migrations")
-	if err != nil {
-		return err
-	}
-	p, err := goose.NewProvider(goose.DialectPostgres, db, sub, goose.WithTableName(GooseTable))
-	if err != nil {
-		return err
-	}
-	_, err = p.Up(ctx)
-	return err
+	return pgstore.Migrate(ctx, dsn, pgstore.Migrations{FS: Migrations, Dir: "migrations", Table: GooseTable})
 }
 
 // Store is the verifier's PostgreSQL access.
@@ -54,12 +35,8 @@ type Store struct{ pool *pgxpool.Pool }
 
 // Open connects a pool to dsn.
 func Open(ctx context.Context, dsn string) (*Store, error) {
-	pool, err := pgxpool.New(ctx, dsn)
+	pool, err := pgstore.Open(ctx, dsn)
 	if err != nil {
-		return nil, err
-	}
-	if err := pool.Ping(ctx); err != nil {
-		pool.Close()
 		return nil, err
 	}
 	return &Store{pool: pool}, nil

@@ -15,6 +15,7 @@ import (
 	gatewayv1 "github.com/tether-run/tether/pkg/gen/tether/gateway/v1"
 	"github.com/tether-run/tether/pkg/grant"
 	"github.com/tether-run/tether/pkg/grpcx"
+	"github.com/tether-run/tether/pkg/pgstore"
 	"github.com/tether-run/tether/services/executor/internal/api"
 	"github.com/tether-run/tether/services/executor/internal/dispatch"
 	"github.com/tether-run/tether/services/executor/internal/store"
@@ -73,12 +74,12 @@ func run() error {
 			return fmt.Errorf("migrating: %w", err)
 		}
 	}
-	st, err := store.Open(ctx, *dsn, store.MaxConns(*maxConns))
+	st, err := store.Open(ctx, *dsn, pgstore.MaxConns(*maxConns))
 	if err != nil {
 		return err
 	}
 	defer st.Close()
-	watchStore, err := store.Open(ctx, *dsn, store.MaxConns(max(*watchConns, 1)))
+	watchStore, err := store.Open(ctx, *dsn, pgstore.MaxConns(max(*watchConns, 1)))
 	if err != nil {
 		return err
 	}

@@ -21,6 +21,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/tether-run/tether/pkg/backoff"
 	"github.com/tether-run/tether/pkg/failure"
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
 	gatewayv1 "github.com/tether-run/tether/pkg/gen/tether/gateway/v1"
@@ -29,7 +30,6 @@ import (
 	"github.com/tether-run/tether/pkg/scope"
 	"github.com/tether-run/tether/services/executor/internal/control"
 	"github.com/tether-run/tether/services/executor/internal/recovery"
-	"github.com/tether-run/tether/services/executor/internal/runtimeq"
 	"github.com/tether-run/tether/services/executor/internal/session"
 	"github.com/tether-run/tether/services/executor/internal/store"
 	"github.com/tether-run/tether/services/executor/internal/suspend"
@@ -310,7 +310,7 @@ func (d *Dispatcher) takeOverDead(ctx context.Context) *store.Claim {
 func (d *Dispatcher) drive(ctx context.Context, c *store.Claim, cancelCh <-chan struct{}) {
 	log := d.log.With("run_id", c.RunID, "attempt", c.Attempt)
 	log.Info("run claimed", "turn_generation", c.TurnGeneration)
-	backoff := 100 * time.Millisecond
+	retry := backoff.Backoff{Min: 100 * time.Millisecond, Max: 2 * time.Second}
 	for failures := 0; ; {
 		done, err := d.attachOnce(ctx, c, cancelCh, log)
 		if done || ctx.Err() != nil {
@@ -324,19 +324,14 @@ func (d *Dispatcher) drive(ctx context.Context, c *store.Claim, cancelCh <-chan 
 			d.recordFailure(ctx, c, err, log)
 			return
 		}
-		wait := backoff
-		if failure.CodeOf(err) == failure.NativeSessionSupervisorBusy {
-			// The session's previous run is detaching from the runner
-			// (its terminal was just persisted): retry promptly.
-			wait = 10 * time.Millisecond
-		} else {
+		wait := 10 * time.Millisecond
+		if failure.CodeOf(err) != failure.NativeSessionSupervisorBusy {
 			log.Warn("attach interrupted; retrying", "err", err, "failures", failures)
-			backoff = min(backoff*2, 2*time.Second)
-		}
-		select {
-		case <-ctx.Done():
+			wait = retry.Next()
+		} // else the session's previous run is detaching from the runner
+		// (its terminal was just persisted): retry promptly.
+		if !backoff.Sleep(ctx, wait) {
 			return
-		case <-time.After(wait):
 		}
 	}
 }
@@ -436,393 +431,13 @@ func newCommand(c *store.Claim, typ string, payload map[string]any) (*prpv1.Comm
 	}, nil
 }
 
-// attachOnce runs one Attach stream. done is true when the run needs no
-// further driving (terminal, or failed and recorded).
-func (d *Dispatcher) attachOnce(ctx context.Context, c *store.Claim, cancelCh <-chan struct{}, log *slog.Logger) (done bool, err error) {
-	sctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	stream, err := d.cfg.Gateway.Attach(sctx)
-	if err != nil {
-		return false, err
-	}
-	var sendMu sync.Mutex // a gRPC stream's Send is not safe for concurrent use
-	send := func(req *gatewayv1.AttachRequest) error {
-		sendMu.Lock()
-		defer sendMu.Unlock()
-		return stream.Send(req)
-	}
-	sendCmd := func(cmd *prpv1.Command) error {
-		return send(&gatewayv1.AttachRequest{Kind: &gatewayv1.AttachRequest_Command{Command: cmd}})
-	}
-	turnCmds, err := turnCommands(c)
-	if err != nil {
-		return true, err
-	}
-	sendTurn := func() error {
-		for _, cmd := range turnCmds {
-			if err := sendCmd(cmd); err != nil {
-				return err
-			}
-		}
-		return nil
-	}
-	// One round trip reads what the Open carries and what the warm-session
-	// decisions need. R5: the scope's current stamped checkpoint goes with
-	// every Open; the gateway restores it only when the scope has no runner
-	// state. E13: the gateway resumes the scope's durable root only for this
-	// run or a prior run these database records prove terminal, of the same
-	// full scope (and whose runner state on disk is suspended). E10: the
-	// previous run of the scope pinned the live session's configuration.
-	runScope := scope.OfRun(c.RunID, c.Input)
-	facts, err := d.store.AttachFacts(ctx, c.RunID, runScope, c.Input, priorRunRecords)
-	if err != nil {
-		return false, err
-	}
-	cp := facts.Checkpoint
-	var restore *gatewayv1.RestoreSpec
-	if cp != nil && cp.GetStamp().GetSessionScope() == runScope {
-		restore = &gatewayv1.RestoreSpec{CheckpointId: cp.GetCheckpointId(), Stamp: cp.GetStamp(), LeaseId: cp.GetLeaseId()}
-	}
-	if err := send(&gatewayv1.AttachRequest{Kind: &gatewayv1.AttachRequest_Open{Open: &gatewayv1.Open{
-		RunId:     c.RunID,
-		Fence:     &gatewayv1.FencingToken{Owner: c.Owner, Attempt: c.Attempt},
-		Target:    RunnerTarget(c.Input),
-		Input:     c.Input,
-		Restore:   restore,
-		PriorRuns: store.PriorRunsProto(facts.PriorRuns),
-	}}}); err != nil {
-		return false, err
-	}
-	d.mu.Lock()
-	replaced, local := d.replaced[c.RunID], d.localReplace[c.RunID]
-	d.mu.Unlock()
-	// The turn's commands go as early as fencing allows: the claim is
-	// committed, the Open carries its fencing token, and the gateway reads
-	// what follows the Open only once it opened the runner under that token
-	// (the scope's control plane bound to this run) — it and the runner
-	// refuse a lower attempt; the commands' ids carry no attempt, so a
-	// takeover gets the runner's stored results, not a second turn. So they
-	// are pipelined behind the Open unless the Opened answer may call for
-	// closing the live session first (E10): a configuration other than the
-	// previous run's, or a replacement on local state pending.
-	early := replaced || (!configChanged(c, facts) && !local)
-	if early {
-		if err := sendTurn(); err != nil {
-			return false, err
-		}
-	}
-	first, err := stream.Recv()
-	if err != nil {
-		return false, err
-	}
-	opened := first.GetOpened()
-	if opened == nil {
-		if cl := first.GetClosed(); cl != nil {
-			return false, &closedError{cl.GetCode(), cl.GetMessage()}
-		}
-		return false, failure.New(codes.Internal, failure.RunnerProtocolError, "gateway answered Open with %T", first.GetKind())
-	}
-	log = log.With("runner_instance_id", opened.GetRunnerInstanceId())
-	log.Info("attached", "reused", opened.GetReused(), "runner_acked_seq", opened.GetRunnerAckedSeq())
-	// E10: a warm provider session serves runs of one pinned configuration.
-	// When this run pins another (model, approval or permission, lifecycle,
-	// runtime context), the live session is closed first; the runner comes
-	// back with this run's configuration and resumes the same provider
-	// thread.
-	changed := opened.GetReused() && !replaced && configChanged(c, facts)
-	// The suspension for a configuration change stopped the runner but the
-	// checkpoint could not be stored: the runner came back on its local
-	// state with this run's configuration.
-	localReplaced := local && !replaced && !opened.GetReused()
-
-	// Bookkeeping: which runner and processes serve the run; the control
-	// plane (checkpoints superseded, the authority rotation and a session
-	// replacement on record).
-	var supersede string
-	if cp != nil {
-		// A runner serves this run now: its state moves on from the
-		// checkpoint, which can no longer stand for the session.
-		supersede = runScope
-	}
-	var control []store.ControlEvent
-	if prev := opened.GetPreviousRunId(); prev != "" && prev != c.RunID {
-		// E10: this run took the scope's run authority over from prev (a
-		// live warm runner, or a verified continuation of prev's suspended
-		// runner); prev's tool authority epoch is revoked.
-		control = append(control, store.ControlEvent{Type: "session.authority_rotated", Payload: map[string]any{
-			"reason": session.ReasonAuthorityRotated, "previousRunId": prev,
-			"runnerInstanceId": opened.GetRunnerInstanceId(), "toolAuthorityEpoch": float64(opened.GetToolAuthorityEpoch()),
-			"durableSource": opened.GetDurableSource(),
-		}})
-	}
-	if localReplaced {
-		control = append(control, store.ControlEvent{Type: "session.closed", Payload: map[string]any{"reason": CloseReasonConfigChanged}})
-	}
-	recordRunner := func() error {
-		return d.store.RecordRunner(ctx, c.Fence, opened.GetRunnerInstanceId(), opened.GetRunnerProcess(), opened.GetProviderProcess())
-	}
-	recordControl := func() error { return d.store.RecordControl(ctx, c.Fence, supersede, control) }
-	// With the turn's commands pipelined, the bookkeeping is written while
-	// the runner works on them, and committed before any of the runner's
-	// events is persisted (they follow it in the run's log; see
-	// bookkept). Otherwise it is written before the live session may be
-	// closed.
-	var bookkept chan error
-	if early {
-		bookkept = make(chan error, 1)
-		go func() {
-			err := recordControl()
-			if err == nil {
-				err = recordRunner()
-			}
-			bookkept <- err
-		}()
-		defer func() {
-			if bookkept != nil {
-				<-bookkept // nothing of this attach is written after it ends
-			}
-		}()
-	} else {
-		if err := recordRunner(); err != nil {
-			return failure.CodeOf(err) == failure.NativeSessionLeaseLost, err
-		}
-		if err := recordControl(); err != nil {
-			return failure.CodeOf(err) == failure.NativeSessionLeaseLost, err
-		}
-	}
-	if localReplaced {
-		d.mu.Lock()
-		d.replaced[c.RunID] = true
-		d.mu.Unlock()
-	}
-	if changed {
-		if !local {
-			cancel() // detach: the scope's runner is suspended next
-			return false, d.replaceThroughBackup(ctx, c, log)
-		}
-		return false, d.closeForReplacement(ctx, c, send, stream.Recv, opened.GetRunnerAckedSeq(), log)
-	}
-	if !early {
-		if err := sendTurn(); err != nil {
-			return false, err
-		}
-	}
-	live := newLiveSession(c, send, opened.GetToolAuthorityEpoch())
-	defer d.controls.Attach(c.RunID, live)()
-
-	// Everything the gateway relayed is read ahead into msgs, so a group
-	// commit takes every batch that arrived while the previous one was
-	// being persisted. msgs is closed (after its last message) when the
-	// stream ends; recvErr says why.
-	msgs := make(chan *gatewayv1.AttachResponse, maxReadAhead)
-	var recvErr error
-	go func() {
-		defer close(msgs)
-		for {
-			m, err := stream.Recv()
-			if err != nil {
-				recvErr = err
-				return
-			}
-			select {
-			case msgs <- m:
-			case <-sctx.Done():
-				recvErr = sctx.Err()
-				return
-			}
-		}
-	}()
-
-	// Durable cancellation (E6): dispatched on this stream by command id
-	// (the runner executes an id at most once), again on every re-attach
-	// while pending, and acknowledged under the fence.
-	cancelIntents := map[string]string{} // command id → intent id
-	dispatchCancel := func(rec *executorv1.Cancellation) error {
-		if rec == nil || rec.GetDispatchState() != "pending" {
-			return nil
-		}
-		cmd, err := newCommand(c, "turn.interrupt", map[string]any{"reason": rec.GetReason()})
-		if err != nil {
-			return err
-		}
-		cmd.CommandId = fmt.Sprintf("%s/cancel/%s", c.RunID, rec.GetIntentId())
-		cancelIntents[cmd.CommandId] = rec.GetIntentId()
-		log.Info("dispatching cancellation", "intent_id", rec.GetIntentId())
-		return sendCmd(cmd)
-	}
-	// A cancellation recorded since facts were read kicks cancelCh.
-	if err := dispatchCancel(facts.Cancellation); err != nil {
-		return false, err
-	}
-
-	acks := newAckTracker()
-	// After the terminal event, keep reading (bounded) until outstanding
-	// cancellation dispatches are answered, so their acknowledgement is
-	// recorded.
-	var terminalSeen <-chan time.Time
-	finish := func() (bool, error) {
-		if c.Input.GetSession().GetLifecycle().GetMode() != prpv1.LifecycleMode_LIFECYCLE_MODE_WARM {
-			if closeCmd, err := newCommand(c, "session.close", map[string]any{"reason": "per_turn run ended"}); err == nil {
-				_ = sendCmd(closeCmd)
-			}
-		}
-		_ = stream.CloseSend()
-		return true, nil
-	}
-	var held *gatewayv1.AttachResponse // read while coalescing, handled next
-	for {
-		var msg *gatewayv1.AttachResponse
-		if held != nil {
-			msg, held = held, nil
-		} else {
-			select {
-			case <-ctx.Done():
-				return true, context.Cause(ctx)
-			case <-terminalSeen:
-				log.Warn("cancellation dispatch unanswered after the terminal event; it stays pending")
-				return finish()
-			case <-cancelCh:
-				rec, err := d.store.Cancellation(ctx, c.RunID)
-				if err != nil {
-					return false, err
-				}
-				if err := dispatchCancel(rec); err != nil {
-					return false, err
-				}
-				continue
-
-			case m, ok := <-msgs:
-				if !ok {
-					if terminalSeen != nil {
-						return true, nil
-					}
-					return false, recvErr
-				}
-				msg = m
-			}
-		}
-		switch k := msg.GetKind().(type) {
-		case *gatewayv1.AttachResponse_Events:
-			evs := k.Events.GetEvents()
-			// Group commit: persist every batch that is already waiting in
-			// one transaction (the runner sends events as they happen).
-		coalesce:
-			for len(evs) < maxCoalescedEvents {
-				select {
-				case m, ok := <-msgs:
-					if !ok {
-						break coalesce // the stream ended; handled next
-					}
-					if more := m.GetEvents(); more != nil {
-						evs = append(evs, more.GetEvents()...)
-						continue
-					}
-					held = m
-					break coalesce
-				default:
-					break coalesce
-				}
-			}
-			if bookkept != nil {
-				err := <-bookkept
-				bookkept = nil
-				if err != nil {
-					return failure.CodeOf(err) == failure.NativeSessionLeaseLost, err
-				}
-			}
-			// The live session follows the runner's events before they are
-			// persisted: a watcher may act on them (e.g. answer a runtime
-			// request of the active turn) as soon as they are committed.
-			for _, ev := range evs {
-				live.observe(ev)
-			}
-			res, err := d.store.AppendEvents(ctx, c.Fence, evs)
-			if err != nil {
-				if failure.CodeOf(err) == failure.NativeEventReplayConflict {
-					log.Error("replay conflict", "err", err)
-					d.recordFailure(ctx, c, err, log)
-					return true, err
-				}
-				if failure.CodeOf(err) == failure.NativeSessionLeaseLost {
-					return true, err
-				}
-				return false, err
-			}
-			for _, m := range res.RuntimeInputs {
-				adapter := m.Adapter
-				if adapter == runtimeq.Unknown {
-					adapter = c.Input.GetProvider().GetKind() // the run's adapter
-				}
-				d.runtimeQuestions.WithLabelValues(m.Outcome, adapter).Inc()
-			}
-			for inst, seq := range acks.persisted(opened.GetRunnerAckedSeq(), evs) {
-				if err := send(&gatewayv1.AttachRequest{Kind: &gatewayv1.AttachRequest_Ack{Ack: &gatewayv1.Ack{
-					SourceInstanceId: inst, PersistedThroughSeq: seq,
-				}}}); err != nil {
-					return false, err
-				}
-			}
-			if lost := lostTurn(evs, c.RunID); lost != nil {
-				// The runner lost the turn with its provider (SPEC R7): the
-				// attempt ends retryably and the retry starts the turn again.
-				d.recordFailure(ctx, c, lost, log)
-				return true, lost
-			}
-			if res.Terminal {
-				log.Info("run terminal persisted", "events", res.Inserted)
-				if len(cancelIntents) == 0 {
-					return finish()
-				}
-				terminalSeen = time.After(5 * time.Second)
-			}
-		case *gatewayv1.AttachResponse_CommandResult:
-			r := k.CommandResult
-			if live.result(r) {
-				continue
-			}
-			if intent, ok := cancelIntents[r.GetCommandId()]; ok {
-				// completed, or the turn had already ended: either way the
-				// provider has nothing left to do for this run.
-				if r.GetStatus() == "completed" || r.GetCode() == failure.NoActiveTurn {
-					d.acknowledgeCancellation(ctx, c, intent, log)
-				} else {
-					log.Error("cancellation dispatch refused", "code", r.GetCode(), "msg", r.GetMessage())
-				}
-				delete(cancelIntents, r.GetCommandId())
-				if terminalSeen != nil && len(cancelIntents) == 0 {
-					return finish()
-				}
-				continue
-			}
-			switch r.GetStatus() {
-			case "completed", "pending":
-			default:
-				if r.GetCode() == failure.TurnAlreadyActive {
-					continue // a re-attach found its turn still running
-				}
-				code := failure.Reason(r.GetCode())
-				if code == "" {
-					code = failure.RunnerCommandFailed
-				}
-				msg := fmt.Sprintf("%s %s: %s", r.GetCommandType(), r.GetStatus(), r.GetMessage())
-				log.Error("command refused", "code", code, "msg", msg)
-				err := failure.New(codes.FailedPrecondition, code, "%s", msg)
-				d.recordFailure(ctx, c, err, log)
-				return true, err
-			}
-		case *gatewayv1.AttachResponse_Closed:
-			return false, &closedError{k.Closed.GetCode(), k.Closed.GetMessage()}
-		}
-	}
-}
-
 // acknowledgeCancellation records the acknowledgement, retrying a failed
 // write a few times: the provider was already told to stop, so only the
 // record is missing. If every try fails the record stays pending; the next
 // CancelRun re-dispatches by the same command id (no second provider
 // effect) and the acknowledgement is written then.
 func (d *Dispatcher) acknowledgeCancellation(ctx context.Context, c *store.Claim, intent string, log *slog.Logger) {
-	backoff := 50 * time.Millisecond
+	retry := backoff.Backoff{Min: 50 * time.Millisecond, Max: time.Second}
 	for try := 1; ; try++ {
 		err := d.store.AcknowledgeCancellation(ctx, c.Fence, intent)
 		if err == nil {
@@ -834,12 +449,9 @@ func (d *Dispatcher) acknowledgeCancellation(ctx context.Context, c *store.Claim
 			return
 		}
 		log.Warn("acknowledging cancellation failed; retrying", "intent_id", intent, "err", err)
-		select {
-		case <-ctx.Done():
+		if !backoff.Sleep(ctx, retry.Next()) {
 			return
-		case <-time.After(backoff):
 		}
-		backoff *= 2
 	}
 }
 
@@ -926,7 +538,7 @@ func (d *Dispatcher) replaceThroughBackup(ctx context.Context, c *store.Claim, l
 	if err != nil {
 		return err
 	}
-	cp, err := suspend.Record(ctx, d.store, c.Fence, resp, scope.OfRun(c.RunID, c.Input), c.RunID, c.Input, session.ReasonConfigChanged, log)
+	cp, err := suspend.Record(ctx, d.store, c.Fence, resp, c.Scope(), c.RunID, c.Input, session.ReasonConfigChanged, log)
 	if err != nil {
 		return err
 	}

@@ -11,8 +11,6 @@ import (
 	"github.com/tether-run/tether/pkg/prp"
 )
 
-// prp.ArtifactKindPlan is the semantic result artifact kind that carries a plan.
-
 // DefaultTitle is the heading used when a plan carries no title of its own.
 const DefaultTitle = "Plan"
 

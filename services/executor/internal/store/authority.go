@@ -152,18 +152,19 @@ SELECT phase, binding_digest, result_id, lease_owner, attempt, coalesce(lease_ex
 		}
 		var gen uint64
 		var exp time.Time
+		var sc string
 		err = tx.QueryRow(ctx, `
 UPDATE executor.coordinators
    SET attempt = attempt + 1, lease_owner = $2, lease_expires_at = now() + $3 * interval '1 microsecond', phase = 'observed',
        controller_boot_id = $4, controller_pid = $5, controller_start_ticks = $6, started_at = coalesce(started_at, now()),
        controller_addr = nullif($8, '')
  WHERE run_id = $1 AND attempt = $7
-RETURNING attempt, lease_expires_at, turn_generation`, runID, owner, ttl.Microseconds(),
-			ctl.BootID, ctl.PID, int64(ctl.StartTicks), int64(attempt), ctl.Addr).Scan(&attempt, &exp, &gen)
+RETURNING attempt, lease_expires_at, turn_generation, session_scope`, runID, owner, ttl.Microseconds(),
+			ctl.BootID, ctl.PID, int64(ctl.StartTicks), int64(attempt), ctl.Addr).Scan(&attempt, &exp, &gen, &sc)
 		if err != nil {
 			return err
 		}
-		c = &Claim{Fence: Fence{RunID: runID, Owner: owner, Attempt: attempt}, Input: in, LeaseExpiresAt: exp, TurnGeneration: gen}
+		c = &Claim{Fence: Fence{RunID: runID, Owner: owner, Attempt: attempt}, Input: in, SessionScope: sc, LeaseExpiresAt: exp, TurnGeneration: gen}
 		return nil
 	})
 	return c, err

@@ -17,8 +17,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/jackc/pgx/v5/stdlib"
-	"github.com/pressly/goose/v3"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -26,6 +24,8 @@ import (
 	"github.com/tether-run/tether/pkg/failure"
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
+	"github.com/tether-run/tether/pkg/pgstore"
+	"github.com/tether-run/tether/pkg/scope"
 )
 
 // Migrations holds the embedded, numbered goose migrations.
@@ -88,41 +88,14 @@ type Store struct {
 	hooks Hooks
 }
 
+// migrations are the executor schema's embedded migrations.
+var migrations = pgstore.Migrations{FS: Migrations, Dir: "migrations", Table: "executor_goose_version"}
+
 // Migrate applies the embedded migrations to the database at dsn.
-func Migrate(ctx context.Context, dsn string) error {
-	db, err := sql.Open("pgx", dsn)
-	if err != nil {
-		return err
-	}
-	defer db.Close()
-	return MigrateDB(ctx, db)
-}
+func Migrate(ctx context.Context, dsn string) error { return pgstore.Migrate(ctx, dsn, migrations) }
 
 // MigrateDB applies the embedded migrations on an open database.
-func MigrateDB(ctx context.Context, db *sql.DB) error {
-	p, err := goose.NewProvider(goose.DialectPostgres, db, mustSub(Migrations, "migrations"),
-		goose.WithTableName("executor_goose_version"))
-	if err != nil {
-		return err
-	}
-	_, err = p.Up(ctx)
-	return err
-}
-
-var _ = stdlib.GetDefaultDriver // registers the "pgx" database/sql driver
-
-// OpenOption adjusts the pool Open connects.
-type OpenOption func(*pgxpool.Config)
-
-// MaxConns caps the pool at n connections; n ≤ 0 keeps pgx's default
-// (the larger of 4 and the core count).
-func MaxConns(n int) OpenOption {
-	return func(c *pgxpool.Config) {
-		if n > 0 {
-			c.MaxConns = int32(n)
-		}
-	}
-}
+func MigrateDB(ctx context.Context, db *sql.DB) error { return pgstore.MigrateDB(ctx, db, migrations) }
 
 // DefaultMaxConns is the executor's main pool size: leases, event appends,
 // claims and unary calls of the runs a replica drives (64 by default) share it, each
@@ -131,20 +104,9 @@ func MaxConns(n int) OpenOption {
 func DefaultMaxConns() int { return max(8, 4*runtime.NumCPU()) }
 
 // Open connects a pool to dsn.
-func Open(ctx context.Context, dsn string, opts ...OpenOption) (*Store, error) {
-	cfg, err := pgxpool.ParseConfig(dsn)
+func Open(ctx context.Context, dsn string, opts ...pgstore.Option) (*Store, error) {
+	pool, err := pgstore.Open(ctx, dsn, opts...)
 	if err != nil {
-		return nil, err
-	}
-	for _, o := range opts {
-		o(cfg)
-	}
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		return nil, err
-	}
-	if err := pool.Ping(ctx); err != nil {
-		pool.Close()
 		return nil, err
 	}
 	return &Store{pool: pool}, nil
@@ -387,11 +349,22 @@ ORDER BY r.submit_seq DESC LIMIT $4`, before, f.NormalizedSessionID, stateFromPr
 // Claim is a run a dispatcher now holds a lease on.
 type Claim struct {
 	Fence
-	Input          *prpv1.ExecutionInput
+	Input *prpv1.ExecutionInput
+	// SessionScope is the run's stored scope key (runs.session_scope).
+	SessionScope   string
 	LeaseExpiresAt time.Time
 	// TurnGeneration counts recorded retries: a takeover keeps it (the same
 	// provider turn is resumed, never started twice), a retry bumps it.
 	TurnGeneration uint64
+}
+
+// Scope returns the run's session scope key: the stored one, or for a claim
+// made without it (tests, benchmarks) the key of its input.
+func (c *Claim) Scope() string {
+	if c.SessionScope != "" {
+		return c.SessionScope
+	}
+	return scope.OfRun(c.RunID, c.Input)
 }
 
 // Controller identifies the process holding a lease, so a successor on the
@@ -442,7 +415,7 @@ WITH claimed AS (
       FOR UPDATE SKIP LOCKED)
   RETURNING c.run_id, c.attempt, c.lease_expires_at, c.turn_generation
 )
-SELECT claimed.run_id, claimed.attempt, claimed.lease_expires_at, claimed.turn_generation, r.input
+SELECT claimed.run_id, claimed.attempt, claimed.lease_expires_at, claimed.turn_generation, r.input, r.session_scope
   FROM claimed JOIN executor.runs r ON r.run_id = claimed.run_id`
 
 // claimExpiredSQL takes over the oldest observed run whose lease expired.
@@ -458,7 +431,7 @@ WITH claimed AS (
       FOR UPDATE SKIP LOCKED)
   RETURNING c.run_id, c.attempt, c.lease_expires_at, c.turn_generation
 )
-SELECT claimed.run_id, claimed.attempt, claimed.lease_expires_at, claimed.turn_generation, r.input
+SELECT claimed.run_id, claimed.attempt, claimed.lease_expires_at, claimed.turn_generation, r.input, r.session_scope
   FROM claimed JOIN executor.runs r ON r.run_id = claimed.run_id`
 
 func (s *Store) claimNext(ctx context.Context, query, owner string, ttl time.Duration, ctl Controller) (*Claim, error) {
@@ -467,7 +440,7 @@ func (s *Store) claimNext(ctx context.Context, query, owner string, ttl time.Dur
 		c   Claim
 		raw []byte
 	)
-	err := row.Scan(&c.RunID, &c.Attempt, &c.LeaseExpiresAt, &c.TurnGeneration, &raw)
+	err := row.Scan(&c.RunID, &c.Attempt, &c.LeaseExpiresAt, &c.TurnGeneration, &raw, &c.SessionScope)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil
 	}

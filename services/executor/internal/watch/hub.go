@@ -23,6 +23,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/tether-run/tether/pkg/backoff"
 	"github.com/tether-run/tether/services/executor/internal/store"
 )
 
@@ -327,7 +328,7 @@ func (h *Hub) Watchers(runID string) int {
 // event or its last watcher leaves.
 func (f *feed) run(ctx context.Context) {
 	defer f.stop()
-	backoff := 10 * time.Millisecond
+	retry := backoff.Backoff{Min: 10 * time.Millisecond, Max: time.Second}
 	for {
 		select {
 		case <-ctx.Done():
@@ -342,15 +343,12 @@ func (f *feed) run(ctx context.Context) {
 				}
 				// Transient: try again shortly (the events stay in the table).
 				f.poke()
-				select {
-				case <-ctx.Done():
+				if !backoff.Sleep(ctx, retry.Next()) {
 					return
-				case <-time.After(backoff):
 				}
-				backoff = min(2*backoff, time.Second)
 				break
 			}
-			backoff = 10 * time.Millisecond
+			retry.Reset()
 			if len(evs) == 0 {
 				break
 			}
@@ -416,7 +414,7 @@ type Handlers struct {
 // reconnect every feed reads again, since notifications may have been
 // missed.
 func (h *Hub) Listen(ctx context.Context, pool *pgxpool.Pool, hs Handlers, log *slog.Logger) {
-	backoff := 100 * time.Millisecond
+	retry := backoff.Backoff{Min: 100 * time.Millisecond, Max: 5 * time.Second}
 	for ctx.Err() == nil {
 		err := h.listenOnce(ctx, pool, hs)
 		if ctx.Err() != nil {
@@ -424,12 +422,9 @@ func (h *Hub) Listen(ctx context.Context, pool *pgxpool.Pool, hs Handlers, log *
 		}
 		log.Warn("notification listener reconnecting", "err", err)
 		h.notifyAll()
-		select {
-		case <-ctx.Done():
+		if !backoff.Sleep(ctx, retry.Next()) {
 			return
-		case <-time.After(backoff):
 		}
-		backoff = min(backoff*2, 5*time.Second)
 	}
 }
 

@@ -25,6 +25,7 @@ import (
 
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/prp"
+	"github.com/tether-run/tether/pkg/runnerstate"
 	"github.com/tether-run/tether/services/runnerd/internal/durable"
 	"github.com/tether-run/tether/services/runnerd/internal/runner"
 )
@@ -271,7 +272,7 @@ func TestG4_BinaryRunsATurnAgainstAFakeGateway(t *testing.T) {
 
 	st, err := (&durable.Store{Dir: filepath.Join(stateDir, "runner")}).Load()
 	require.NoError(t, err)
-	assert.Equal(t, durable.LifecycleSuspended, st.Lifecycle, "a closed session is a durable suspension")
+	assert.Equal(t, runnerstate.LifecycleSuspended, st.Lifecycle, "a closed session is a durable suspension")
 	assert.Equal(t, "session_closed", st.LifecycleReason)
 	assert.Equal(t, pl["providerThreadId"], st.ProviderThreadID, "the provider thread is kept")
 	assert.Equal(t, suspended.GetSourceSeq(), st.AckedSourceSeq)

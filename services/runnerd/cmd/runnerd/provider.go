@@ -168,28 +168,7 @@ type codexProvider struct {
 	fwdDone chan struct{}
 }
 
-func convertResult(r codex.TurnResult) runner.TurnResult {
-	out := runner.TurnResult{
-		TurnID: r.TurnID, Status: r.Status, FinalMessage: r.FinalMessage,
-		Usage:     runner.Usage(r.Usage),
-		ErrorCode: r.ErrorCode, ErrorMessage: r.ErrorMessage, Artifacts: convertArtifacts(r.Artifacts),
-	}
-	if r.Total != nil {
-		t := runner.Usage(*r.Total)
-		out.Total = &t
-	}
-	return out
-}
-
-func convertArtifacts(as []codex.Artifact) []runner.Artifact {
-	var out []runner.Artifact
-	for _, a := range as {
-		out = append(out, runner.Artifact{Kind: a.Kind, Ref: a.Ref})
-	}
-	return out
-}
-
-// forward converts turn results; once the session exits it forwards the
+// forward relays turn results; once the session exits it forwards the
 // results still buffered and only then reports the exit, so a turn that
 // finished before the exit is never lost.
 func (p *codexProvider) forward() {
@@ -198,7 +177,7 @@ func (p *codexProvider) forward() {
 		select {
 		case r := <-p.s.TurnDone():
 			select {
-			case p.done <- convertResult(r):
+			case p.done <- r:
 			case <-p.stop:
 				return
 			}
@@ -207,7 +186,7 @@ func (p *codexProvider) forward() {
 				select {
 				case r := <-p.s.TurnDone():
 					select {
-					case p.done <- convertResult(r):
+					case p.done <- r:
 					case <-p.stop:
 						return
 					}
@@ -226,8 +205,7 @@ func (p *codexProvider) Process() runner.ProcessInfo {
 	if h := p.host; h != nil {
 		return runner.ProcessInfo{PID: h.ProviderPID, PGID: h.ProviderPGID, StartTicks: h.ProviderStartTicks, StartedAt: h.ProviderStartedAt}
 	}
-	pi := p.s.Process()
-	return runner.ProcessInfo{PID: pi.PID, PGID: pi.PGID, StartTicks: pi.StartTicks, StartedAt: pi.StartedAt}
+	return p.s.Process()
 }
 
 func (p *codexProvider) OpenThread(ctx context.Context, threadID string) (string, bool, error) {

@@ -21,6 +21,7 @@ import (
 
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/prp"
+	"github.com/tether-run/tether/pkg/runnerstate"
 	"github.com/tether-run/tether/services/runnerd/internal/durable"
 	"github.com/tether-run/tether/services/runnerd/internal/provhost"
 )
@@ -195,7 +196,7 @@ func TestR1_ProviderSurvivesARunnerdKillAndTheRestartedRunnerdReattaches(t *test
 	assert.Equal(t, 1, strings.Count(string(calls), "turn/start\n"), "the provider turn started exactly once")
 	assert.Equal(t, 1, strings.Count(string(calls), "process-start\n"), "one provider process")
 
-	var st *durable.State
+	var st *runnerstate.State
 	require.Eventually(t, func() bool {
 		st, err = (&durable.Store{Dir: filepath.Join(stateDir, "runner")}).Load()
 		return err == nil && st.ActiveTurn == nil

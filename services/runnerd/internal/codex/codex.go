@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/tether-run/tether/pkg/failure"
+	"github.com/tether-run/tether/services/runnerd/internal/provider"
 )
 
 // ClientName, ClientTitle and ClientVersion are sent as initialize.clientInfo.
@@ -62,9 +63,17 @@ const (
 
 // Turn statuses in TurnResult.Status.
 const (
-	TurnCompleted   = "completed"
-	TurnFailed      = "failed"
-	TurnInterrupted = "interrupted"
+	TurnCompleted   = provider.TurnCompleted
+	TurnFailed      = provider.TurnFailed
+	TurnInterrupted = provider.TurnInterrupted
+)
+
+// The values this driver reports are the runner's (package provider).
+type (
+	TurnResult  = provider.TurnResult
+	Usage       = provider.Usage
+	Artifact    = provider.Artifact
+	ProcessInfo = provider.ProcessInfo
 )
 
 // Config describes how to spawn and drive the provider.
@@ -117,27 +126,6 @@ type Event struct {
 	ItemID   string
 	Priority uint32
 	Payload  map[string]any
-}
-
-// TurnResult is delivered on TurnDone once per finished turn.
-type TurnResult struct {
-	TurnID       string
-	Status       string // completed | failed | interrupted
-	FinalMessage string
-	// Usage is the turn's own usage (the growth of the thread's total).
-	Usage Usage
-	// Total is the thread's cumulative usage when the turn ended; nil when
-	// the provider reported none.
-	Total        *Usage
-	ErrorCode    string
-	ErrorMessage string
-	// Artifacts are the turn's semantic result artifacts (its plan).
-	Artifacts []Artifact
-}
-
-// Usage is the token usage of one turn.
-type Usage struct {
-	InputTokens, CachedInputTokens, OutputTokens int64
 }
 
 // Session is one supervised provider process.

@@ -459,15 +459,15 @@ func TestR2_UsageGrowthAccounting(t *testing.T) {
 	// Fresh thread: no baseline, `last` is the growth.
 	s.turn = &turnState{id: "u1"}
 	upd("u1", [3]int64{6568, 0, 5}, [3]int64{6568, 0, 5})
-	assert.Equal(t, Usage{6568, 0, 5}, s.turn.usage)
+	assert.Equal(t, Usage{InputTokens: 6568, OutputTokens: 5}, s.turn.usage)
 	// Steered turn (transcript-steer): unchanged re-emit, then a new request.
 	s.turn = &turnState{id: "u2"}
 	upd("u2", [3]int64{6568, 0, 5}, [3]int64{6568, 0, 5})
 	upd("u2", [3]int64{13318, 0, 10}, [3]int64{6750, 0, 5})
-	assert.Equal(t, Usage{6750, 0, 5}, s.turn.usage)
+	assert.Equal(t, Usage{InputTokens: 6750, OutputTokens: 5}, s.turn.usage)
 	// Tool turn: two requests, both count.
 	s.turn = &turnState{id: "u3"}
 	upd("u3", [3]int64{20046, 0, 33}, [3]int64{6728, 0, 23})
 	upd("u3", [3]int64{26904, 0, 41}, [3]int64{6858, 0, 8})
-	assert.Equal(t, Usage{6728 + 6858, 0, 31}, s.turn.usage)
+	assert.Equal(t, Usage{InputTokens: 6728 + 6858, OutputTokens: 31}, s.turn.usage)
 }

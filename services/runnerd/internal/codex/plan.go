@@ -18,13 +18,6 @@ import "github.com/tether-run/tether/pkg/prp"
 // The executor renders and bounds them. A turn's last plan item is also the
 // turn's semantic result artifact of kind native_provider_plan.
 
-// prp.ArtifactKindPlan is the semantic artifact kind of a provider plan.
-
-// Artifact is one semantic result artifact of a turn.
-type Artifact struct {
-	Kind, Ref string
-}
-
 // EventPlanUpdated is the run event of a provider plan update.
 const EventPlanUpdated = "run.plan_updated"
 

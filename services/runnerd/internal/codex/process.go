@@ -12,18 +12,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
-	"time"
 )
-
-// ProcessInfo identifies the supervised provider process. StartTicks is field
-// 22 of /proc/<pid>/stat (start time in clock ticks since boot); together with
-// PID it protects liveness checks against PID reuse.
-type ProcessInfo struct {
-	PID        int
-	PGID       int
-	StartTicks uint64
-	StartedAt  time.Time
-}
 
 // procStat is the part of /proc/<pid>/stat this package uses.
 type procStat struct {

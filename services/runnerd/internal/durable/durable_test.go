@@ -10,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"github.com/tether-run/tether/pkg/runnerstate"
 	"go.uber.org/goleak"
 )
 
@@ -94,18 +95,18 @@ func TestR4_StateSaveIsAtomicPrivateAndBounded(t *testing.T) {
 	st, err := s.Load()
 	require.NoError(t, err)
 	assert.Nil(t, st)
-	st = NewState(Identity{RunnerInstanceID: "r", SessionScope: "s", NormalizedSessionID: "n", EnvironmentLeaseID: "e"})
-	for i := 1; i <= MaxProcessedCommands+10; i++ {
+	st = runnerstate.NewState(runnerstate.Identity{RunnerInstanceID: "r", SessionScope: "s", NormalizedSessionID: "n", EnvironmentLeaseID: "e"})
+	for i := 1; i <= runnerstate.MaxProcessedCommands+10; i++ {
 		id := fmt.Sprintf("c%d", i)
-		st.ProcessedCommands[id] = &CommandRecord{CommandID: id, ControllerSeq: uint64(i), Status: StatusCompleted}
+		st.ProcessedCommands[id] = &runnerstate.CommandRecord{CommandID: id, ControllerSeq: uint64(i), Status: runnerstate.StatusCompleted}
 	}
 	require.NoError(t, s.Save(st))
 	got, err := s.Load()
 	require.NoError(t, err)
-	assert.Len(t, got.ProcessedCommands, MaxProcessedCommands)
+	assert.Len(t, got.ProcessedCommands, runnerstate.MaxProcessedCommands)
 	assert.NotContains(t, got.ProcessedCommands, "c10")
 	assert.Contains(t, got.ProcessedCommands, "c11")
-	fi, err := os.Stat(filepath.Join(s.Dir, StateFile))
+	fi, err := os.Stat(filepath.Join(s.Dir, runnerstate.StateFile))
 	require.NoError(t, err)
 	assert.Equal(t, os.FileMode(0o600), fi.Mode().Perm())
 	ents, err := os.ReadDir(s.Dir)
@@ -118,17 +119,17 @@ func TestR4_StateSaveIsAtomicPrivateAndBounded(t *testing.T) {
 	assert.Error(t, err)
 }
 
-// A warm runner serves run after run: only the most recent MaxTrackedRuns
+// A warm runner serves run after run: only the most recent runnerstate.MaxTrackedRuns
 // runs' highest attempts are kept, in first-seen order, across a save.
 func TestR4_HighestAttemptsAreBoundedToTheRecentRuns(t *testing.T) {
 	s, err := OpenStore(t.TempDir())
 	require.NoError(t, err)
-	st := NewState(Identity{RunnerInstanceID: "r", EnvironmentLeaseID: "l", NormalizedSessionID: "s"})
-	for i := 0; i < MaxTrackedRuns+44; i++ {
+	st := runnerstate.NewState(runnerstate.Identity{RunnerInstanceID: "r", EnvironmentLeaseID: "l", NormalizedSessionID: "s"})
+	for i := 0; i < runnerstate.MaxTrackedRuns+44; i++ {
 		st.NoteAttempt(fmt.Sprintf("run-%03d", i), 1)
 	}
 	st.NoteAttempt("run-299", 2) // an existing run moves its attempt, not its place
-	require.Len(t, st.HighestAttempts, MaxTrackedRuns)
+	require.Len(t, st.HighestAttempts, runnerstate.MaxTrackedRuns)
 	require.NotContains(t, st.HighestAttempts, "run-043", "the oldest runs are forgotten")
 	require.Contains(t, st.HighestAttempts, "run-044")
 	require.EqualValues(t, 2, st.HighestAttempts["run-299"])
@@ -143,7 +144,7 @@ func TestR4_HighestAttemptsAreBoundedToTheRecentRuns(t *testing.T) {
 	require.NoError(t, s.Save(back))
 	old, err := s.Load()
 	require.NoError(t, err)
-	require.Len(t, old.AttemptRuns, MaxTrackedRuns)
+	require.Len(t, old.AttemptRuns, runnerstate.MaxTrackedRuns)
 	old.NoteAttempt("run-new", 1)
-	require.Len(t, old.HighestAttempts, MaxTrackedRuns)
+	require.Len(t, old.HighestAttempts, runnerstate.MaxTrackedRuns)
 }

@@ -10,6 +10,8 @@ import (
 	"path/filepath"
 	"syscall"
 	"time"
+
+	"github.com/tether-run/tether/pkg/runnerstate"
 )
 
 // IntentLogFile is the intent log's name inside the runner directory.
@@ -28,7 +30,7 @@ type Intent struct {
 }
 
 // IntentOf is the intent of a journal record.
-func IntentOf(r *CommandRecord) Intent {
+func IntentOf(r *runnerstate.CommandRecord) Intent {
 	return Intent{CommandID: r.CommandID, ControllerSeq: r.ControllerSeq, CommandType: r.CommandType, RunID: r.RunID,
 		Attempt: r.Attempt, Fingerprint: r.Fingerprint, ReceivedAt: r.ReceivedAt}
 }
@@ -164,7 +166,7 @@ func (l *IntentLog) Close() error { return l.f.Close() }
 // in seq order, as pending records (a recovering runner makes them
 // indeterminate: never re-executed), with the seq cursor and the highest
 // attempts they moved. It returns how many it restored.
-func ReplayIntents(st *State, ins []Intent) int {
+func ReplayIntents(st *runnerstate.State, ins []Intent) int {
 	n := 0
 	for _, in := range ins {
 		if in.ControllerSeq <= st.LastControllerCommandSeq {
@@ -177,9 +179,9 @@ func ReplayIntents(st *State, ins []Intent) int {
 		if _, ok := st.ProcessedCommands[in.CommandID]; ok {
 			continue
 		}
-		st.ProcessedCommands[in.CommandID] = &CommandRecord{
+		st.ProcessedCommands[in.CommandID] = &runnerstate.CommandRecord{
 			CommandID: in.CommandID, ControllerSeq: in.ControllerSeq, CommandType: in.CommandType, RunID: in.RunID,
-			Attempt: in.Attempt, Status: StatusPending, Fingerprint: in.Fingerprint, ReceivedAt: in.ReceivedAt,
+			Attempt: in.Attempt, Status: runnerstate.StatusPending, Fingerprint: in.Fingerprint, ReceivedAt: in.ReceivedAt,
 		}
 		n++
 	}

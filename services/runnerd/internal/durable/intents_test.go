@@ -8,6 +8,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"github.com/tether-run/tether/pkg/runnerstate"
 )
 
 func intent(id string, seq uint64) Intent {
@@ -56,16 +57,16 @@ func TestR4_IntentLogAppendsDurablyAndDropsATornTail(t *testing.T) {
 // the others come back as pending records with the cursor and attempts
 // they moved.
 func TestR4_ReplayIntentsRestoresWhatTheStateDoesNotCover(t *testing.T) {
-	st := NewState(Identity{RunnerInstanceID: "r"})
+	st := runnerstate.NewState(runnerstate.Identity{RunnerInstanceID: "r"})
 	st.LastControllerCommandSeq = 2
-	st.ProcessedCommands["b"] = &CommandRecord{CommandID: "b", ControllerSeq: 2, Status: StatusCompleted}
+	st.ProcessedCommands["b"] = &runnerstate.CommandRecord{CommandID: "b", ControllerSeq: 2, Status: runnerstate.StatusCompleted}
 	st.HighestAttempts["run-1"] = 1
 	n := ReplayIntents(st, []Intent{intent("a", 1), intent("b", 2), intent("c", 3), intent("d", 4)})
 	assert.Equal(t, 2, n)
 	assert.Equal(t, uint64(4), st.LastControllerCommandSeq)
 	assert.Equal(t, uint64(2), st.HighestAttempts["run-1"])
 	assert.Nil(t, st.ProcessedCommands["a"], "covered by the state (and pruned from it): not resurrected")
-	assert.Equal(t, StatusCompleted, st.ProcessedCommands["b"].Status)
-	assert.Equal(t, StatusPending, st.ProcessedCommands["c"].Status)
+	assert.Equal(t, runnerstate.StatusCompleted, st.ProcessedCommands["b"].Status)
+	assert.Equal(t, runnerstate.StatusPending, st.ProcessedCommands["c"].Status)
 	assert.Equal(t, "fp-d", st.ProcessedCommands["d"].Fingerprint)
 }

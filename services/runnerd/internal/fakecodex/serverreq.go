@@ -151,8 +151,6 @@ func (s *Server) emitStaleToolCall(th *threadState) error {
 	}})
 }
 
-// askuser.ToolName is runnerd's built-in governed-wait tool.
-
 func askUserArguments() map[string]any {
 	return map[string]any{
 		"title": AskUserTitle,

@@ -9,7 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tether-run/tether/pkg/failure"
-	"github.com/tether-run/tether/services/runnerd/internal/durable"
+	"github.com/tether-run/tether/pkg/runnerstate"
 )
 
 func TestR4_OutboxSoftLimitRejectsNonP0EventsKeepsTheP0ReserveAndClearsAfterAcks(t *testing.T) {
@@ -30,7 +30,7 @@ func TestR4_OutboxSoftLimitRejectsNonP0EventsKeepsTheP0ReserveAndClearsAfterAcks
 	assert.Equal(t, uint32(0), bp.GetPriority())
 	assert.Equal(t, true, bp.GetPayload().AsMap()["active"])
 	e.gw.waitFor("backpressure lifecycle", func() bool { return true })
-	require.Eventually(t, func() bool { return e.state().Lifecycle == durable.LifecycleBackpressure }, 5*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return e.state().Lifecycle == runnerstate.LifecycleBackpressure }, 5*time.Second, 10*time.Millisecond)
 	deltas := len(e.gw.eventsOf("item.delta"))
 	assert.Less(t, deltas, 80, "deltas beyond the soft limit were rejected")
 	assert.Greater(t, deltas, 30, "deltas up to the soft limit were kept")
@@ -40,7 +40,7 @@ func TestR4_OutboxSoftLimitRejectsNonP0EventsKeepsTheP0ReserveAndClearsAfterAcks
 	term := e.gw.waitEvent("run.terminal", 1) // P0 events use the reserve
 	assert.Equal(t, "completed", term.GetPayload().AsMap()["turnTerminalState"])
 	res := e.gw.command(cs.next("c-turn2", CmdTurnStart, map[string]any{"text": "more"}))
-	assert.Equal(t, durable.StatusRejected, res.GetStatus())
+	assert.Equal(t, runnerstate.StatusRejected, res.GetStatus())
 	assert.Equal(t, failure.RunnerBackpressure, res.GetCode())
 	assert.Equal(t, 1, e.prov.count())
 
@@ -57,10 +57,10 @@ func TestR4_OutboxSoftLimitRejectsNonP0EventsKeepsTheP0ReserveAndClearsAfterAcks
 	pl := relief.GetPayload().AsMap()
 	assert.Equal(t, false, pl["active"])
 	assert.Greater(t, pl["rejectedEvents"].(float64), 0.0)
-	require.Eventually(t, func() bool { return e.state().Lifecycle == durable.LifecycleReady }, 5*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return e.state().Lifecycle == runnerstate.LifecycleReady }, 5*time.Second, 10*time.Millisecond)
 	assert.Greater(t, e.state().PeakOutboxBytes, uint64(40<<10))
 	res = e.gw.command(cs.next("c-turn3", CmdTurnStart, map[string]any{"text": "more"}))
-	assert.Equal(t, durable.StatusCompleted, res.GetStatus(), res.GetMessage())
+	assert.Equal(t, runnerstate.StatusCompleted, res.GetStatus(), res.GetMessage())
 	require.Equal(t, ExitOK, p.stop(t))
 }
 
@@ -72,7 +72,7 @@ func TestR4_P0EventBeyondTheOutboxLimitIsUnrecoverable(t *testing.T) {
 	prov.emit(ProviderEvent{Type: "session.updated", Priority: P0, Payload: map[string]any{"blob": strings.Repeat("p", 40<<10)}})
 	assert.Equal(t, ExitError, p.wait(t, 10*time.Second))
 	st := e.state()
-	assert.Equal(t, durable.LifecycleUnrecoverable, st.Lifecycle)
+	assert.Equal(t, runnerstate.LifecycleUnrecoverable, st.Lifecycle)
 	assert.Equal(t, "p0_storage_exhausted", st.LifecycleReason)
 }
 

@@ -19,6 +19,7 @@ import (
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/provenv"
 	"github.com/tether-run/tether/pkg/prp"
+	"github.com/tether-run/tether/pkg/runnerstate"
 	"github.com/tether-run/tether/services/runnerd/internal/durable"
 )
 
@@ -47,11 +48,11 @@ func (e *cmdError) Error() string { return failure.Message(failure.Reason(e.code
 func (e *cmdError) FailureReason() failure.Reason { return failure.Reason(e.code) }
 
 func rejected(code, format string, args ...any) *cmdError {
-	return &cmdError{durable.StatusRejected, code, fmt.Sprintf(format, args...)}
+	return &cmdError{runnerstate.StatusRejected, code, fmt.Sprintf(format, args...)}
 }
 
 func failed(code, format string, args ...any) *cmdError {
-	return &cmdError{durable.StatusFailed, code, fmt.Sprintf(format, args...)}
+	return &cmdError{runnerstate.StatusFailed, code, fmt.Sprintf(format, args...)}
 }
 
 // providerFailure maps a provider error to a failed outcome with its code.
@@ -59,9 +60,9 @@ func providerFailure(fallback string, err error) *cmdError {
 	var pe *ProviderError
 	if errors.As(err, &pe) && pe.Code != "" {
 		// The message is the provider's own; the code prefixes it once.
-		return &cmdError{durable.StatusFailed, pe.Code, pe.Message}
+		return &cmdError{runnerstate.StatusFailed, pe.Code, pe.Message}
 	}
-	return &cmdError{durable.StatusFailed, fallback, err.Error()}
+	return &cmdError{runnerstate.StatusFailed, fallback, err.Error()}
 }
 
 // ProviderError is a provider failure with a stable code (adapters convert
@@ -110,7 +111,7 @@ func Fingerprint(c *prpv1.Command) (string, error) {
 	return hex.EncodeToString(sum[:]), nil
 }
 
-func (r *Runner) sendResult(rec *durable.CommandRecord) {
+func (r *Runner) sendResult(rec *runnerstate.CommandRecord) {
 	res := &prpv1.CommandResult{
 		CommandId:     rec.CommandID,
 		ControllerSeq: rec.ControllerSeq,
@@ -136,7 +137,7 @@ type commandSlot struct {
 	c *prpv1.Command
 	// rec is the outcome to send; for a new command it is its journal
 	// record, which the effect completes.
-	rec *durable.CommandRecord
+	rec *runnerstate.CommandRecord
 	// run: the command's intent is journaled and its effect is to run.
 	run bool
 	// done: rec is final (the answer may go once it is durable).
@@ -203,7 +204,7 @@ func (r *Runner) onCommands(connID int, cmds []*prpv1.Command) {
 				r.setExit(ExitError, failure.RunnerStateWriteFailed, true)
 				return
 			}
-			recs := make([]*durable.CommandRecord, 0, len(slots)-answerd)
+			recs := make([]*runnerstate.CommandRecord, 0, len(slots)-answerd)
 			for _, sl := range slots[answerd:] {
 				recs = append(recs, sl.rec)
 			}
@@ -298,7 +299,7 @@ func (r *Runner) drainCommands(connID, max int, wait time.Duration) []*prpv1.Com
 // is to run. changed says the state changed.
 func (r *Runner) admitCommand(c *prpv1.Command) (_ *commandSlot, changed bool) {
 	st := r.st
-	base := &durable.CommandRecord{
+	base := &runnerstate.CommandRecord{
 		CommandID:     c.GetCommandId(),
 		ControllerSeq: c.GetControllerSeq(),
 		CommandType:   c.GetType(),
@@ -312,11 +313,11 @@ func (r *Runner) admitCommand(c *prpv1.Command) (_ *commandSlot, changed bool) {
 		return &commandSlot{c: c, rec: &rec, done: true}
 	}
 	if c.GetCommandId() == "" || len(c.GetCommandId()) > 160 || c.GetType() == "" {
-		return reply(durable.StatusRejected, failure.CommandInvalid, "command needs a command id (1..160) and a type"), false
+		return reply(runnerstate.StatusRejected, failure.CommandInvalid, "command needs a command id (1..160) and a type"), false
 	}
 	fp, err := Fingerprint(c)
 	if err != nil {
-		return reply(durable.StatusRejected, failure.CommandInvalid, "payload cannot be fingerprinted: "+err.Error()), false
+		return reply(runnerstate.StatusRejected, failure.CommandInvalid, "payload cannot be fingerprinted: "+err.Error()), false
 	}
 	base.Fingerprint = fp
 	// consumeSeq advances the controller cursor when this command holds the
@@ -334,7 +335,7 @@ func (r *Runner) admitCommand(c *prpv1.Command) (_ *commandSlot, changed bool) {
 		if prev.Fingerprint == fp {
 			if runID := c.GetRunId(); runID != "" {
 				if hi := st.HighestAttempts[runID]; c.GetAttempt() < hi {
-					return reply(durable.StatusRejected, failure.RunnerAttemptFenced,
+					return reply(runnerstate.StatusRejected, failure.RunnerAttemptFenced,
 						fmt.Sprintf("attempt %d is fenced by attempt %d of run %s", c.GetAttempt(), hi, runID)), changed
 				} else if c.GetAttempt() > hi {
 					st.NoteAttempt(runID, c.GetAttempt())
@@ -347,10 +348,10 @@ func (r *Runner) admitCommand(c *prpv1.Command) (_ *commandSlot, changed bool) {
 			// command is answered after every earlier one).
 			return &commandSlot{c: c, rec: prev, done: true}, changed
 		}
-		return reply(durable.StatusRejected, failure.CommandIDReused, "commandId was reused with different command data"), changed
+		return reply(runnerstate.StatusRejected, failure.CommandIDReused, "commandId was reused with different command data"), changed
 	}
 	if c.GetControllerSeq() != st.LastControllerCommandSeq+1 {
-		return reply(durable.StatusRejected, failure.ControllerSeqNotContiguous, fmt.Sprintf("controller sequence must be contiguous: expected %d, received %d",
+		return reply(runnerstate.StatusRejected, failure.ControllerSeqNotContiguous, fmt.Sprintf("controller sequence must be contiguous: expected %d, received %d",
 			st.LastControllerCommandSeq+1, c.GetControllerSeq())), false
 	}
 	consumeSeq()
@@ -359,14 +360,14 @@ func (r *Runner) admitCommand(c *prpv1.Command) (_ *commandSlot, changed bool) {
 
 	if runID := c.GetRunId(); runID != "" {
 		if hi := st.HighestAttempts[runID]; c.GetAttempt() < hi {
-			rec.Status, rec.Code = durable.StatusRejected, failure.RunnerAttemptFenced
+			rec.Status, rec.Code = runnerstate.StatusRejected, failure.RunnerAttemptFenced
 			rec.Message = fmt.Sprintf("attempt %d is fenced by attempt %d of run %s", c.GetAttempt(), hi, runID)
 			return &commandSlot{c: c, rec: rec, done: true}, true
 		}
 		st.NoteAttempt(runID, c.GetAttempt())
 	}
 	// The intent, journaled before any effect.
-	rec.Status, rec.Code, rec.Message = durable.StatusPending, failure.ExecutionIndeterminate, ""
+	rec.Status, rec.Code, rec.Message = runnerstate.StatusPending, failure.ExecutionIndeterminate, ""
 	return &commandSlot{c: c, rec: rec, run: true}, true
 }
 
@@ -378,7 +379,7 @@ func (r *Runner) runCommand(sl *commandSlot) {
 	if cerr != nil {
 		rec.Status, rec.Code, rec.Message = cerr.status, cerr.code, cerr.msg
 	} else {
-		rec.Status, rec.Code, rec.Message, rec.Result = durable.StatusCompleted, "", "", result
+		rec.Status, rec.Code, rec.Message, rec.Result = runnerstate.StatusCompleted, "", "", result
 	}
 	sl.done = true
 	if c.GetType() == CmdSessionClose && cerr == nil {
@@ -420,7 +421,7 @@ func payloadString(c *prpv1.Command, key string) string {
 
 func (r *Runner) stoppedErr() *cmdError {
 	switch r.st.Lifecycle {
-	case durable.LifecycleStopped, durable.LifecycleDraining, durable.LifecycleSuspended, durable.LifecycleRevoked:
+	case runnerstate.LifecycleStopped, runnerstate.LifecycleDraining, runnerstate.LifecycleSuspended, runnerstate.LifecycleRevoked:
 		return rejected(failure.RunnerStopped, "runner is %s", r.st.Lifecycle)
 	}
 	if r.exit != nil {
@@ -479,7 +480,7 @@ func (r *Runner) cmdRunAttach(c *prpv1.Command) (map[string]any, *cmdError) {
 		return nil, failed(failure.CommandInvalid, "re-encode input: %v", err)
 	}
 	prev := r.st.CurrentRun
-	r.st.CurrentRun = &durable.RunRef{RunID: c.GetRunId(), Attempt: c.GetAttempt()}
+	r.st.CurrentRun = &runnerstate.RunRef{RunID: c.GetRunId(), Attempt: c.GetAttempt()}
 	r.st.SessionInput = compactJSON(canon)
 	if t := r.st.ActiveTurn; t != nil {
 		t.Attempt = c.GetAttempt()
@@ -567,7 +568,7 @@ func (r *Runner) cmdTurnStart(c *prpv1.Command) (map[string]any, *cmdError) {
 	}
 	cur := r.st.CurrentRun
 	// Persisted with the command's outcome, before the answer.
-	r.st.ActiveTurn = &durable.Turn{TurnID: turnID, RunID: cur.RunID, Attempt: cur.Attempt, StartedAt: time.Now().UTC()}
+	r.st.ActiveTurn = &runnerstate.Turn{TurnID: turnID, RunID: cur.RunID, Attempt: cur.Attempt, StartedAt: time.Now().UTC()}
 	return map[string]any{"turnId": turnID, "providerThreadId": r.st.ProviderThreadID}, nil
 }
 
@@ -721,7 +722,7 @@ func (r *Runner) startProvider(reattach bool) *cmdError {
 	}
 	r.prov = p
 	pi := p.Process()
-	r.st.ProviderProcess = &durable.Process{PID: pi.PID, PGID: pi.PGID, StartTicks: pi.StartTicks, BootID: r.boot, StartedAt: pi.StartedAt.UTC()}
+	r.st.ProviderProcess = &runnerstate.Process{PID: pi.PID, PGID: pi.PGID, StartTicks: pi.StartTicks, BootID: r.boot, StartedAt: pi.StartedAt.UTC()}
 	r.mustSave()
 	r.pumpProviderEvents()
 	r.emit(P1, "harness.ready", "", "", map[string]any{
@@ -829,7 +830,7 @@ func (r *Runner) suspendRefusal() *cmdError {
 		return rejected(failure.TurnAlreadyActive, "turn %s of run %s is still active; suspend an idle session", t.TurnID, t.RunID)
 	}
 	switch r.st.Lifecycle {
-	case durable.LifecycleRevoked, durable.LifecycleUnrecoverable:
+	case runnerstate.LifecycleRevoked, runnerstate.LifecycleUnrecoverable:
 		return rejected(failure.RunnerStopped, "runner is %s", r.st.Lifecycle)
 	}
 	return nil
@@ -843,7 +844,7 @@ func (r *Runner) suspendRefusal() *cmdError {
 // returned; nothing is emitted then. Callers check suspendRefusal first.
 func (r *Runner) suspend(reason string) error {
 	r.closeProvider()
-	r.st.Lifecycle, r.st.LifecycleReason = durable.LifecycleSuspended, reason
+	r.st.Lifecycle, r.st.LifecycleReason = runnerstate.LifecycleSuspended, reason
 	if err := r.save(); err != nil {
 		r.log.Error("cannot persist the suspension", "err", err)
 		r.setExit(ExitError, failure.RunnerStateWriteFailed, true)
@@ -904,7 +905,7 @@ func (r *Runner) interruptActiveTurn(reason string) {
 func (r *Runner) stopSession(reason string) {
 	r.interruptActiveTurn(reason)
 	r.closeProvider()
-	r.st.Lifecycle, r.st.LifecycleReason = durable.LifecycleStopped, reason
+	r.st.Lifecycle, r.st.LifecycleReason = runnerstate.LifecycleStopped, reason
 	r.mustSave()
 	r.emit(P0, "runner.stopped", "", "", map[string]any{"reason": reason})
 }
@@ -962,13 +963,13 @@ func (r *Runner) onProviderExit() {
 }
 
 // emitTerminal emits the P0 run.terminal event for a finished turn.
-func (r *Runner) emitTerminal(t *durable.Turn, res TurnResult) {
+func (r *Runner) emitTerminal(t *runnerstate.Turn, res TurnResult) {
 	r.emitAll([]pendingEvent{r.terminalEvent(t, res)})
 }
 
 // terminalEvent is the P0 run.terminal event for a finished turn, labelled
 // with the turn's run.
-func (r *Runner) terminalEvent(t *durable.Turn, res TurnResult) pendingEvent {
+func (r *Runner) terminalEvent(t *runnerstate.Turn, res TurnResult) pendingEvent {
 	turnState := res.Status
 	runState := "failed"
 	switch res.Status {

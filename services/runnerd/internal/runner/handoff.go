@@ -5,7 +5,7 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/tether-run/tether/services/runnerd/internal/durable"
+	"github.com/tether-run/tether/pkg/runnerstate"
 )
 
 // Runtime requests across a runnerd crash (SPEC R8). The runtime requests
@@ -39,7 +39,7 @@ func (r *Runner) trackRequest(e pendingEvent, runID string) bool {
 	switch e.typ {
 	case "runtime_request.created", "semantic_tool.input":
 		if r.st.OpenRequests == nil {
-			r.st.OpenRequests = map[string]*durable.OpenRequest{}
+			r.st.OpenRequests = map[string]*runnerstate.OpenRequest{}
 		}
 		fields := map[string]any{}
 		for _, f := range append(requestFields, "callId", "tool") {
@@ -47,7 +47,7 @@ func (r *Runner) trackRequest(e pendingEvent, runID string) bool {
 				fields[f] = v
 			}
 		}
-		r.st.OpenRequests[key] = &durable.OpenRequest{RunID: runID, TurnID: e.turnID, ItemID: e.itemID, Fields: fields}
+		r.st.OpenRequests[key] = &runnerstate.OpenRequest{RunID: runID, TurnID: e.turnID, ItemID: e.itemID, Fields: fields}
 		return true
 	}
 	if _, ok := r.st.OpenRequests[key]; !ok {

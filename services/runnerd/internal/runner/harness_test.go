@@ -25,6 +25,7 @@ import (
 
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/prp"
+	"github.com/tether-run/tether/pkg/runnerstate"
 	"github.com/tether-run/tether/services/runnerd/internal/durable"
 )
 
@@ -476,7 +477,7 @@ func (e *testEnv) start(mod func(*Config)) *runnerProc {
 	return p
 }
 
-func (e *testEnv) state() *durable.State {
+func (e *testEnv) state() *runnerstate.State {
 	e.t.Helper()
 	st, err := (&durable.Store{Dir: filepath.Join(e.stateDir, "runner")}).Load()
 	require.NoError(e.t, err)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/tether-run/tether/pkg/failure"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
+	"github.com/tether-run/tether/pkg/runnerstate"
 	"github.com/tether-run/tether/services/runnerd/internal/durable"
 )
 
@@ -61,7 +62,7 @@ func TestR4_CommandsReceivedTogetherShareSavesWithinTheJournalContract(t *testin
 		return "absent"
 	}
 	e.start(func(c *Config) {
-		c.StateSaved = func(*durable.State) {
+		c.StateSaved = func(*runnerstate.State) {
 			mu.Lock()
 			saves++
 			mu.Unlock()
@@ -99,7 +100,7 @@ func TestR4_CommandsReceivedTogetherShareSavesWithinTheJournalContract(t *testin
 		seq = cs.seq
 		e.gw.send(&prpv1.Frame{Kind: &prpv1.Frame_Command{Command: attach}})
 		res := e.gw.command(turn)
-		require.Equal(t, durable.StatusCompleted, res.GetStatus(), res.GetMessage())
+		require.Equal(t, runnerstate.StatusCompleted, res.GetStatus(), res.GetMessage())
 		e.gw.waitFor("both answers", func() bool {
 			n := 0
 			for _, r := range e.gw.results {
@@ -127,7 +128,7 @@ func TestR4_CommandsReceivedTogetherShareSavesWithinTheJournalContract(t *testin
 	mu.Lock()
 	defer mu.Unlock()
 	assert.Empty(t, problems)
-	assert.Equal(t, []string{durable.StatusPending, durable.StatusPending}, atEffect,
+	assert.Equal(t, []string{runnerstate.StatusPending, runnerstate.StatusPending}, atEffect,
 		"each turn.start intent is durable before the provider turn starts")
 	// outcomes + the turn's end (one when they coalesce); the intents go
 	// to the intent log and the acknowledgement saves nothing.
@@ -148,8 +149,8 @@ func TestR4_TurnEndJournalsItsLastEventsAndTheTerminalInOneFsync(t *testing.T) {
 		}
 		appends = append(appends, types)
 	}
-	r.st.CurrentRun = &durable.RunRef{RunID: "run-1", Attempt: 1}
-	r.st.ActiveTurn = &durable.Turn{TurnID: "turn-1", RunID: "run-1", Attempt: 1}
+	r.st.CurrentRun = &runnerstate.RunRef{RunID: "run-1", Attempt: 1}
+	r.st.ActiveTurn = &runnerstate.Turn{TurnID: "turn-1", RunID: "run-1", Attempt: 1}
 	r.queue.push(r.provGen, ProviderEvent{Type: "item.completed", TurnID: "turn-1", Priority: P1})
 	r.queue.push(r.provGen, ProviderEvent{Type: "turn.completed", TurnID: "turn-1", Priority: P0})
 	r.onTurnDone(TurnResult{TurnID: "turn-1", Status: "completed"})
@@ -171,7 +172,7 @@ func TestR4_AcknowledgementIsPersistedLazily(t *testing.T) {
 	var mu sync.Mutex
 	saves := 0
 	p := e.start(func(c *Config) {
-		c.StateSaved = func(*durable.State) {
+		c.StateSaved = func(*runnerstate.State) {
 			mu.Lock()
 			saves++
 			mu.Unlock()
@@ -201,7 +202,7 @@ func TestR4_AcknowledgementIsPersistedLazily(t *testing.T) {
 	e.gw.ack(5)
 	e.gw.ping(2)
 	res := e.gw.command(cs.next("c-close", CmdSessionClose, map[string]any{}))
-	require.Equal(t, durable.StatusCompleted, res.GetStatus())
+	require.Equal(t, runnerstate.StatusCompleted, res.GetStatus())
 	e.gw.waitEvent("runner.suspended", 1)
 	e.gw.ack(e.gw.maxSeq())
 	assert.Equal(t, ExitOK, p.wait(t, 5*time.Second))
@@ -224,7 +225,7 @@ func TestR4_RunAttachedAndTheTurnsFirstEventsShareOneFsync(t *testing.T) {
 		appends = append(appends, types)
 	}
 	saves := 0
-	r.cfg.StateSaved = func(*durable.State) { saves++ }
+	r.cfg.StateSaved = func(*runnerstate.State) { saves++ }
 	p, err := newFakeStarter().start(context.Background(), ProviderConfig{}, func(ev ProviderEvent) { r.queue.push(r.provGen, ev) })
 	require.NoError(t, err)
 	r.prov = p
@@ -236,8 +237,8 @@ func TestR4_RunAttachedAndTheTurnsFirstEventsShareOneFsync(t *testing.T) {
 	assert.Equal(t, 2, saves, "intents, then outcomes")
 	st, err := r.store.Load()
 	require.NoError(t, err)
-	assert.Equal(t, durable.StatusCompleted, st.ProcessedCommands["c-attach"].Status)
-	assert.Equal(t, durable.StatusCompleted, st.ProcessedCommands["c-turn"].Status)
+	assert.Equal(t, runnerstate.StatusCompleted, st.ProcessedCommands["c-attach"].Status)
+	assert.Equal(t, runnerstate.StatusCompleted, st.ProcessedCommands["c-turn"].Status)
 	assert.Equal(t, "turn-1", st.ActiveTurn.TurnID)
 	assert.Equal(t, "run-1", st.CurrentRun.RunID)
 }
@@ -251,7 +252,7 @@ func TestR4_IntentJournaledBeforeACrashIsIndeterminateAfterTheRestart(t *testing
 	p := e.start(nil)
 	cs := &cmdSeq{t: t, runID: "run-1", attempt: 1}
 	res := e.gw.command(cs.attach("c-attach"))
-	require.Equal(t, durable.StatusCompleted, res.GetStatus(), res.GetMessage())
+	require.Equal(t, runnerstate.StatusCompleted, res.GetStatus(), res.GetMessage())
 	p.stop(t)
 
 	turn := cs.next("c-turn", CmdTurnStart, map[string]any{"text": "hello"})
@@ -268,13 +269,13 @@ func TestR4_IntentJournaledBeforeACrashIsIndeterminateAfterTheRestart(t *testing
 	e.gw.waitConns(2)
 	assert.Equal(t, turn.GetControllerSeq(), e.gw.hellos[1].GetResume().GetLastControllerSeq())
 	res = e.gw.command(turn)
-	assert.Equal(t, durable.StatusIndeterminate, res.GetStatus())
+	assert.Equal(t, runnerstate.StatusIndeterminate, res.GetStatus())
 	assert.Equal(t, failure.ExecutionIndeterminate, res.GetCode())
 	assert.Zero(t, e.prov.count(), "the turn is never started")
 	ins, err := durable.ReadIntentLog(dir)
 	require.NoError(t, err)
 	assert.Empty(t, ins, "the state holds the command now")
-	assert.Equal(t, durable.StatusIndeterminate, e.state().ProcessedCommands["c-turn"].Status)
+	assert.Equal(t, runnerstate.StatusIndeterminate, e.state().ProcessedCommands["c-turn"].Status)
 }
 
 // lateStartedProvider announces turn.started shortly after its turn/start

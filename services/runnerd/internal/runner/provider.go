@@ -4,6 +4,8 @@ import (
 	"context"
 	"log/slog"
 	"time"
+
+	"github.com/tether-run/tether/services/runnerd/internal/provider"
 )
 
 // Provider is one supervised provider session (satisfied by an adapter over
@@ -82,35 +84,10 @@ type ProviderEvent struct {
 	Cursor uint64
 }
 
-// TurnResult mirrors codex.TurnResult.
-type TurnResult struct {
-	TurnID       string
-	Status       string // completed | failed | interrupted
-	FinalMessage string
-	// Usage is the turn's own usage; Total the provider session's
-	// cumulative usage when the turn ended (nil: not reported).
-	Usage        Usage
-	Total        *Usage
-	ErrorCode    string
-	ErrorMessage string
-	// Artifacts are the turn's semantic result artifacts, reported on its
-	// run.terminal as artifacts: [{kind, ref}].
-	Artifacts []Artifact
-}
-
-// Artifact mirrors codex.Artifact.
-type Artifact struct {
-	Kind, Ref string
-}
-
-// Usage mirrors codex.Usage.
-type Usage struct {
-	InputTokens, CachedInputTokens, OutputTokens int64
-}
-
-// ProcessInfo mirrors codex.ProcessInfo.
-type ProcessInfo struct {
-	PID, PGID  int
-	StartTicks uint64
-	StartedAt  time.Time
-}
+// What a provider driver reports (package provider), as the runner uses it.
+type (
+	TurnResult  = provider.TurnResult
+	Artifact    = provider.Artifact
+	Usage       = provider.Usage
+	ProcessInfo = provider.ProcessInfo
+)

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tether-run/tether/pkg/failure"
+	"github.com/tether-run/tether/pkg/runnerstate"
 	"github.com/tether-run/tether/services/runnerd/internal/durable"
 )
 
@@ -39,9 +40,9 @@ func crashState(t *testing.T, e *testEnv) {
 	store := &durable.Store{Dir: filepath.Join(e.stateDir, "runner")}
 	st, err := store.Load()
 	require.NoError(t, err)
-	st.ProviderProcess = &durable.Process{PID: 1 << 22, PGID: 1 << 22, StartTicks: 1}
-	st.ActiveTurn = &durable.Turn{TurnID: "turn-7", RunID: "run-1", Attempt: 1}
-	st.Lifecycle = durable.LifecycleReady
+	st.ProviderProcess = &runnerstate.Process{PID: 1 << 22, PGID: 1 << 22, StartTicks: 1}
+	st.ActiveTurn = &runnerstate.Turn{TurnID: "turn-7", RunID: "run-1", Attempt: 1}
+	st.Lifecycle = runnerstate.LifecycleReady
 	require.NoError(t, store.Save(st))
 }
 

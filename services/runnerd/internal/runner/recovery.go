@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/tether-run/tether/services/runnerd/internal/durable"
+	"github.com/tether-run/tether/pkg/runnerstate"
 )
 
 // Provider loss mid-turn (SPEC R7). When the provider of an active turn is
@@ -30,7 +30,7 @@ const EventTurnLost = "turn.lost"
 
 // recoverTurn reconciles t after its provider was lost; cause is the loss
 // (code and message: the provider's own signal or exit status).
-func (r *Runner) recoverTurn(t *durable.Turn, code, cause string) {
+func (r *Runner) recoverTurn(t *runnerstate.Turn, code, cause string) {
 	r.log.Warn("provider lost during a turn; restarting it to reconcile the turn", "turn_id", t.TurnID, "run_id", t.RunID, "cause", cause)
 	r.emit(P1, "provider.restarting", "", "", map[string]any{
 		"reason": "provider_lost", "runId": t.RunID, "turnId": t.TurnID, "providerThreadId": r.st.ProviderThreadID,
@@ -67,7 +67,7 @@ func (r *Runner) recoverTurn(t *durable.Turn, code, cause string) {
 // finished: completed or failed is the turn's result (one run.terminal, no
 // new turn/start); interrupted without an interrupt asked is a turn cut off
 // by the loss, which is lost.
-func (r *Runner) settleReconciled(ctx context.Context, t *durable.Turn, code, cause, status string) {
+func (r *Runner) settleReconciled(ctx context.Context, t *runnerstate.Turn, code, cause, status string) {
 	var res TurnResult
 	select {
 	case res = <-r.prov.TurnDone():
@@ -87,8 +87,8 @@ func (r *Runner) settleReconciled(ctx context.Context, t *durable.Turn, code, ca
 // (prev, its stored outcome) started, when that turn was lost: the
 // controller that resends it took the run over and may not have recorded
 // the loss (it persisted the event, then died).
-func (r *Runner) reannounceLost(prev *durable.CommandRecord) {
-	if prev.CommandType != CmdTurnStart || prev.Status != durable.StatusCompleted {
+func (r *Runner) reannounceLost(prev *runnerstate.CommandRecord) {
+	if prev.CommandType != CmdTurnStart || prev.Status != runnerstate.StatusCompleted {
 		return
 	}
 	turnID, _ := prev.Result["turnId"].(string)
@@ -103,7 +103,7 @@ func (r *Runner) reannounceLost(prev *durable.CommandRecord) {
 // loseTurn ends the active turn t as lost: the P0 turn.lost (labelled with
 // the turn's run) tells the controller to end the attempt retryably; no
 // run.terminal is emitted, so the run goes on under its next attempt.
-func (r *Runner) loseTurn(t *durable.Turn, code, msg, reconciliation string) {
+func (r *Runner) loseTurn(t *runnerstate.Turn, code, msg, reconciliation string) {
 	r.log.Warn("turn lost with its provider; the controller retries it", "turn_id", t.TurnID, "run_id", t.RunID,
 		"reconciliation", reconciliation, "cause", msg)
 	payload := map[string]any{
@@ -111,7 +111,7 @@ func (r *Runner) loseTurn(t *durable.Turn, code, msg, reconciliation string) {
 		"reconciliation": reconciliation, "retryable": true, "attempt": float64(t.Attempt),
 	}
 	r.emitAll([]pendingEvent{{prio: P0, typ: EventTurnLost, turnID: t.TurnID, runID: t.RunID, payload: payload}})
-	r.st.NoteLostTurn(t.TurnID, &durable.LostTurn{RunID: t.RunID, Payload: payload, LostAt: time.Now().UTC()})
+	r.st.NoteLostTurn(t.TurnID, &runnerstate.LostTurn{RunID: t.RunID, Payload: payload, LostAt: time.Now().UTC()})
 	if r.st.ActiveTurn == t {
 		r.st.ActiveTurn = nil
 	}

@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"strings"
@@ -19,9 +18,11 @@ import (
 	"github.com/coder/websocket"
 	"google.golang.org/protobuf/encoding/protojson"
 
+	"github.com/tether-run/tether/pkg/backoff"
 	"github.com/tether-run/tether/pkg/failure"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/prp"
+	"github.com/tether-run/tether/pkg/runnerstate"
 	"github.com/tether-run/tether/services/runnerd/internal/durable"
 )
 
@@ -115,7 +116,7 @@ type Config struct {
 	OutboxSynced func([]durable.Record)
 	// StateSaved, when set, is called after each save of the state
 	// document (tests).
-	StateSaved func(*durable.State)
+	StateSaved func(*runnerstate.State)
 }
 
 func (c *Config) defaults() {
@@ -240,14 +241,14 @@ type Runner struct {
 	cfg      Config
 	log      *slog.Logger
 	store    *durable.Store
-	st       *durable.State
+	st       *runnerstate.State
 	outbox   *durable.Outbox
 	dialer   *gatewayDialer
 	listener *runnerListener
 	inbound2 chan accepted // listen_ws: upgraded connections awaiting their handshake
 	cred     prp.Credential
 	boot     string
-	self     *durable.Process
+	self     *runnerstate.Process
 
 	runCtx  context.Context
 	wg      sync.WaitGroup
@@ -258,7 +259,7 @@ type Runner struct {
 	connSeq           int
 	dialing           bool
 	nextDial          time.Time
-	backoff           time.Duration
+	backoff           backoff.Backoff // the next gateway dial's delay
 	disconnectedSince time.Time
 
 	queue   *eventQueue
@@ -314,7 +315,7 @@ type Runner struct {
 	interruptAsked string
 	// lostTurn: a turn whose provider died with the previous runnerd
 	// (no provider host); reconciled before the loop starts.
-	lostTurn  *durable.Turn
+	lostTurn  *runnerstate.Turn
 	lostCause string
 	// requestsDirty: OpenRequests changed since the last save.
 	requestsDirty bool
@@ -335,7 +336,7 @@ func Run(ctx context.Context, cfg Config) (int, error) {
 		inbound2: make(chan accepted),
 		dialed:   make(chan dialResult, 1),
 		queue:    newEventQueue(),
-		backoff:  cfg.BackoffMin,
+		backoff:  backoff.Backoff{Min: cfg.BackoffMin, Max: cfg.BackoffMax, Jitter: true},
 	}
 	code, stop, err := r.open(ctx)
 	if err != nil || stop {
@@ -393,7 +394,7 @@ func (r *Runner) open(ctx context.Context) (int, bool, error) {
 	if err != nil {
 		return ExitError, true, fmt.Errorf("runner_state_unreadable: %w", err)
 	}
-	id := durable.Identity{
+	id := runnerstate.Identity{
 		RunnerInstanceID:    cfg.RunnerID,
 		EnvironmentLeaseID:  cfg.EnvironmentLeaseID,
 		NormalizedSessionID: cfg.SessionID,
@@ -401,14 +402,14 @@ func (r *Runner) open(ctx context.Context) (int, bool, error) {
 	}
 	recovered := st != nil
 	if st == nil {
-		st = durable.NewState(id)
+		st = runnerstate.NewState(id)
 	} else {
 		if st.Identity.RunnerInstanceID != id.RunnerInstanceID || st.Identity.SessionScope != id.SessionScope ||
 			st.Identity.NormalizedSessionID != id.NormalizedSessionID {
 			return ExitError, true, fmt.Errorf("runner_state_identity_mismatch: state dir belongs to runner %q session %q scope %q",
 				st.Identity.RunnerInstanceID, st.Identity.NormalizedSessionID, st.Identity.SessionScope)
 		}
-		if st.Lifecycle == durable.LifecycleRevoked {
+		if st.Lifecycle == runnerstate.LifecycleRevoked {
 			r.log.Info("runner state is revoked; exiting without connecting")
 			return ExitOK, true, nil
 		}
@@ -435,23 +436,23 @@ func (r *Runner) open(ctx context.Context) (int, bool, error) {
 	st.NextSourceSeq = max(st.NextSourceSeq, ob.LastSeq()+1, st.AckedSourceSeq+1)
 	st.ProviderCursor = max(st.ProviderCursor, ob.ProviderCursor())
 
-	self := &durable.Process{PID: os.Getpid(), PGID: syscall.Getpgrp(), BootID: r.boot, StartedAt: time.Now().UTC()}
+	self := &runnerstate.Process{PID: os.Getpid(), PGID: syscall.Getpgrp(), BootID: r.boot, StartedAt: time.Now().UTC()}
 	if t, err := procStartTicks(self.PID); err == nil {
 		self.StartTicks = t
 	}
 	r.self = self
 	st.RunnerProcess = self
-	st.Lifecycle = durable.LifecycleConnecting
+	st.Lifecycle = runnerstate.LifecycleConnecting
 	st.LifecycleReason = ""
 	if st.Backpressure {
-		st.Lifecycle, st.LifecycleReason = durable.LifecycleBackpressure, failure.OutboxSoftLimit
+		st.Lifecycle, st.LifecycleReason = runnerstate.LifecycleBackpressure, failure.OutboxSoftLimit
 	}
 
-	var lostProvider *durable.Process
-	var lostTurn *durable.Turn
+	var lostProvider *runnerstate.Process
+	var lostTurn *runnerstate.Turn
 	for _, rec := range st.ProcessedCommands {
-		if rec.Status == durable.StatusPending {
-			rec.Status = durable.StatusIndeterminate
+		if rec.Status == runnerstate.StatusPending {
+			rec.Status = runnerstate.StatusIndeterminate
 			rec.Code = failure.ExecutionIndeterminate
 			rec.Message = "runnerd restarted while the command was in progress; it is never re-executed"
 		}
@@ -611,7 +612,7 @@ func (r *Runner) checkTimers(now time.Time) (int, bool) {
 		if r.exit == nil && now.Sub(r.disconnectedSince) >= r.cfg.ReconnectGrace {
 			r.log.Error("no gateway connection within the reconnect grace", "grace", r.cfg.ReconnectGrace)
 			r.stopProvider(failure.TransportReconnectDeadlineExceeded)
-			r.setLifecycle(durable.LifecycleRecoverableFailure, failure.TransportReconnectDeadlineExceeded)
+			r.setLifecycle(runnerstate.LifecycleRecoverableFailure, failure.TransportReconnectDeadlineExceeded)
 			return ExitRecoverable, true
 		}
 		if r.dialer != nil && !now.Before(r.nextDial) {
@@ -699,7 +700,7 @@ func (r *Runner) buildHello() *prpv1.Hello {
 	return h
 }
 
-func processProto(p *durable.Process) *prpv1.ProcessInfo {
+func processProto(p *runnerstate.Process) *prpv1.ProcessInfo {
 	if p == nil {
 		return nil
 	}
@@ -800,13 +801,12 @@ func (r *Runner) handleDialed(d dialResult) {
 		if isCredentialRefusal(d.err) {
 			r.log.Error("gateway refused the runner credential", "code", prp.CodeOf(d.err), "err", d.err, "credential", r.cred)
 			r.stopProvider(prp.CodeOf(d.err))
-			r.setLifecycle(durable.LifecycleRecoverableFailure, prp.CodeOf(d.err))
+			r.setLifecycle(runnerstate.LifecycleRecoverableFailure, prp.CodeOf(d.err))
 			r.setExit(ExitCredentialRefused, prp.CodeOf(d.err), true)
 			return
 		}
-		wait := jittered(r.backoff)
+		wait := r.backoff.Next()
 		r.nextDial = time.Now().Add(wait)
-		r.backoff = min(r.backoff*2, r.cfg.BackoffMax)
 		r.log.Warn("gateway connect failed", "err", d.err, "retry_in", wait)
 		return
 	}
@@ -823,7 +823,7 @@ func (r *Runner) handleDialed(d dialResult) {
 		}()
 	}
 	r.cred = d.cred
-	r.backoff = r.cfg.BackoffMin
+	r.backoff.Reset()
 	r.connSeq++
 	cctx, cancel := context.WithCancel(r.runCtx)
 	stop := func() { cancel(); d.cancel() }
@@ -840,8 +840,8 @@ func (r *Runner) handleDialed(d dialResult) {
 	case wa > r.st.AckedSourceSeq:
 		r.applyAck(wa)
 	}
-	if r.st.Lifecycle == durable.LifecycleConnecting {
-		r.st.Lifecycle, r.st.LifecycleReason = durable.LifecycleReady, ""
+	if r.st.Lifecycle == runnerstate.LifecycleConnecting {
+		r.st.Lifecycle, r.st.LifecycleReason = runnerstate.LifecycleReady, ""
 	}
 	r.mustSave()
 	r.log.Info("connected to gateway", "connection_id", lc.connectionID, "acked_source_seq", r.st.AckedSourceSeq,
@@ -884,11 +884,11 @@ func (r *Runner) dropConn(reason string, err error) {
 		_ = lc.c.Close(websocket.StatusGoingAway, "connection dropped")
 	}()
 	r.disconnectedSince = time.Now()
-	wait := jittered(r.backoff)
+	wait := backoff.Jittered(r.backoff.Peek())
 	r.nextDial = time.Now().Add(wait)
 	r.st.ReconnectCount++
-	if r.st.Lifecycle == durable.LifecycleReady {
-		r.st.Lifecycle = durable.LifecycleConnecting
+	if r.st.Lifecycle == runnerstate.LifecycleReady {
+		r.st.Lifecycle = runnerstate.LifecycleConnecting
 	}
 	r.mustSave()
 }
@@ -1118,7 +1118,7 @@ func (r *Runner) emitAll(evs []pendingEvent) {
 			r.st.BackpressureDropped++
 			if !r.st.Backpressure {
 				r.st.Backpressure = true
-				r.st.Lifecycle, r.st.LifecycleReason = durable.LifecycleBackpressure, failure.OutboxSoftLimit
+				r.st.Lifecycle, r.st.LifecycleReason = runnerstate.LifecycleBackpressure, failure.OutboxSoftLimit
 				r.log.Warn("outbox soft limit reached: backpressure; non-P0 events are rejected until acknowledged",
 					"outbox_bytes", held, "soft_limit", soft)
 				return add(pendingEvent{prio: P0, typ: "runner.backpressure", payload: map[string]any{
@@ -1144,7 +1144,7 @@ func (r *Runner) emitAll(evs []pendingEvent) {
 	entered := r.st.Backpressure
 	for _, e := range evs {
 		if !add(e) {
-			r.st.Lifecycle, r.st.LifecycleReason = durable.LifecycleUnrecoverable, failure.P0StorageExhausted
+			r.st.Lifecycle, r.st.LifecycleReason = runnerstate.LifecycleUnrecoverable, failure.P0StorageExhausted
 			r.journal(recs)
 			_ = r.save()
 			r.setExit(ExitError, failure.P0StorageExhausted, true)
@@ -1174,7 +1174,7 @@ func (r *Runner) journal(recs []durable.Record) {
 	if err := r.outbox.Append(recs...); err != nil {
 		r.log.Error("cannot journal events", "err", err)
 		r.st.NextSourceSeq = recs[0].SourceSeq
-		r.st.Lifecycle, r.st.LifecycleReason = durable.LifecycleUnrecoverable, failure.OutboxWriteFailed
+		r.st.Lifecycle, r.st.LifecycleReason = runnerstate.LifecycleUnrecoverable, failure.OutboxWriteFailed
 		_ = r.save()
 		r.setExit(ExitError, failure.OutboxWriteFailed, true)
 		return
@@ -1194,10 +1194,10 @@ func (r *Runner) relieveBackpressure() {
 	}
 	dropped := r.st.BackpressureDropped
 	r.st.Backpressure, r.st.BackpressureDropped = false, 0
-	if r.st.Lifecycle == durable.LifecycleBackpressure {
-		r.st.Lifecycle, r.st.LifecycleReason = durable.LifecycleConnecting, ""
+	if r.st.Lifecycle == runnerstate.LifecycleBackpressure {
+		r.st.Lifecycle, r.st.LifecycleReason = runnerstate.LifecycleConnecting, ""
 		if r.conn != nil {
-			r.st.Lifecycle = durable.LifecycleReady
+			r.st.Lifecycle = runnerstate.LifecycleReady
 		}
 	}
 	r.log.Info("backpressure relieved", "outbox_bytes", r.outbox.Bytes(), "rejected_events", dropped)
@@ -1273,13 +1273,4 @@ func (r *Runner) journalProvider(evs []pendingEvent, cursor uint64) {
 		r.requestsDirty = false
 		r.saveSoon()
 	}
-}
-
-// jittered spreads reconnects of many runners: a uniformly random delay in
-// [backoff/2, backoff].
-func jittered(backoff time.Duration) time.Duration {
-	if backoff <= 0 {
-		return 0
-	}
-	return backoff/2 + rand.N(backoff/2+1)
 }

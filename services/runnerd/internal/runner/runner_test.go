@@ -17,6 +17,7 @@ import (
 	"github.com/tether-run/tether/pkg/failure"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/prp"
+	"github.com/tether-run/tether/pkg/runnerstate"
 	"github.com/tether-run/tether/services/runnerd/internal/durable"
 )
 
@@ -24,9 +25,9 @@ import (
 func attachAndTurn(t *testing.T, e *testEnv, cs *cmdSeq) *fakeProvider {
 	t.Helper()
 	res := e.gw.command(cs.attach("c-attach"))
-	require.Equal(t, durable.StatusCompleted, res.GetStatus(), res.GetMessage())
+	require.Equal(t, runnerstate.StatusCompleted, res.GetStatus(), res.GetMessage())
 	res = e.gw.command(cs.next("c-turn1", CmdTurnStart, map[string]any{"text": "hello"}))
-	require.Equal(t, durable.StatusCompleted, res.GetStatus(), res.GetMessage())
+	require.Equal(t, runnerstate.StatusCompleted, res.GetStatus(), res.GetMessage())
 	require.Equal(t, "turn-1", res.GetResult().GetFields()["turnId"].GetStringValue())
 	return e.prov.last()
 }
@@ -54,7 +55,7 @@ func TestG4_TurnEventsCarrySourceIdentityAndTerminal(t *testing.T) {
 
 	// A second turn while one is active is refused.
 	res := e.gw.command(cs.next("c-turn2", CmdTurnStart, map[string]any{"text": "again"}))
-	assert.Equal(t, durable.StatusRejected, res.GetStatus())
+	assert.Equal(t, runnerstate.StatusRejected, res.GetStatus())
 	assert.Equal(t, failure.TurnAlreadyActive, res.GetCode())
 	assert.Equal(t, "run-1", res.GetRunId())
 
@@ -62,7 +63,7 @@ func TestG4_TurnEventsCarrySourceIdentityAndTerminal(t *testing.T) {
 	res = e.gw.command(cs.next("c-steer1", CmdTurnSteer, map[string]any{"text": "left", "expectedTurnId": "turn-9"}))
 	assert.Equal(t, failure.TurnMismatch, res.GetCode())
 	res = e.gw.command(cs.next("c-steer2", CmdTurnSteer, map[string]any{"text": "left", "expectedTurnId": "turn-1"}))
-	assert.Equal(t, durable.StatusCompleted, res.GetStatus())
+	assert.Equal(t, runnerstate.StatusCompleted, res.GetStatus())
 	prov.mu.Lock()
 	assert.Equal(t, []string{"turn-1:left"}, prov.steers)
 	prov.mu.Unlock()
@@ -130,10 +131,10 @@ func TestG4_TurnEventsCarrySourceIdentityAndTerminal(t *testing.T) {
 
 	// A second turn reuses the running provider and its thread.
 	res = e.gw.command(cs.next("c-turn3", CmdTurnStart, map[string]any{"text": "more"}))
-	require.Equal(t, durable.StatusCompleted, res.GetStatus())
+	require.Equal(t, runnerstate.StatusCompleted, res.GetStatus())
 	assert.Equal(t, 1, e.prov.count())
 	res = e.gw.command(cs.next("c-int", CmdTurnInterrupt, map[string]any{}))
-	require.Equal(t, durable.StatusCompleted, res.GetStatus())
+	require.Equal(t, runnerstate.StatusCompleted, res.GetStatus())
 	term = e.gw.waitEvent("run.terminal", 2)
 	assert.Equal(t, "interrupted", term.GetPayload().AsMap()["turnTerminalState"])
 	assert.Equal(t, "cancelled", term.GetPayload().AsMap()["runTerminalState"])
@@ -141,12 +142,12 @@ func TestG4_TurnEventsCarrySourceIdentityAndTerminal(t *testing.T) {
 	// session.close: provider stopped, lifecycle suspended (a clean,
 	// resumable settlement), exit 0 once acked.
 	res = e.gw.command(cs.next("c-close", CmdSessionClose, map[string]any{}))
-	require.Equal(t, durable.StatusCompleted, res.GetStatus())
+	require.Equal(t, runnerstate.StatusCompleted, res.GetStatus())
 	e.gw.waitEvent("runner.suspended", 1)
 	e.gw.ack(e.gw.maxSeq())
 	assert.Equal(t, ExitOK, p.wait(t, 5*time.Second))
 	st := e.state()
-	assert.Equal(t, durable.LifecycleSuspended, st.Lifecycle)
+	assert.Equal(t, runnerstate.LifecycleSuspended, st.Lifecycle)
 	assert.Equal(t, "session_closed", st.LifecycleReason)
 	assert.Nil(t, st.ProviderProcess)
 	assert.Equal(t, e.gw.maxSeq(), st.AckedSourceSeq)
@@ -284,7 +285,7 @@ func TestR4_AckTrimsAndRefusesOutOfRange(t *testing.T) {
 	e.gw.ack(4)
 	pong := e.gw.ping(1)
 	assert.Equal(t, uint64(4), pong.GetAckedSourceSeq())
-	assert.Equal(t, durable.LifecycleReady, pong.GetLifecycle())
+	assert.Equal(t, runnerstate.LifecycleReady, pong.GetLifecycle())
 	assert.Equal(t, uint64(4), e.state().AckedSourceSeq, "the cursor is persisted")
 
 	e.gw.ack(2) // behind the durable cursor
@@ -308,19 +309,19 @@ func TestR4_CommandDedupeFingerprintConflictSeqAndFencing(t *testing.T) {
 	cs := &cmdSeq{t: t, runID: "run-1", attempt: 2}
 	attach := cs.attach("c1")
 	res := e.gw.command(attach)
-	require.Equal(t, durable.StatusCompleted, res.GetStatus())
+	require.Equal(t, runnerstate.StatusCompleted, res.GetStatus())
 	e.gw.waitEvent("run.attached", 1)
 
 	// Same id, same bytes: the stored result again, no second effect.
 	again := e.gw.command(attach)
-	assert.Equal(t, durable.StatusCompleted, again.GetStatus())
+	assert.Equal(t, runnerstate.StatusCompleted, again.GetStatus())
 	assert.Equal(t, res.GetResult().AsMap(), again.GetResult().AsMap())
 	assert.Equal(t, uint64(1), again.GetControllerSeq())
 
 	// Same id, other bytes.
 	other := cs.next("c1", CmdRunAttach, map[string]any{"input": testInput(t), "extra": true})
 	conflict := e.gw.command(other)
-	assert.Equal(t, durable.StatusRejected, conflict.GetStatus())
+	assert.Equal(t, runnerstate.StatusRejected, conflict.GetStatus())
 	assert.Equal(t, failure.CommandIDReused, conflict.GetCode())
 
 	// A controller seq gap is refused and consumes nothing.
@@ -333,7 +334,7 @@ func TestR4_CommandDedupeFingerprintConflictSeqAndFencing(t *testing.T) {
 	// A lower attempt of the run is fenced.
 	cs.attempt = 1
 	r = e.gw.command(cs.next("c-old", CmdTurnStart, map[string]any{"text": "x"}))
-	assert.Equal(t, durable.StatusRejected, r.GetStatus())
+	assert.Equal(t, runnerstate.StatusRejected, r.GetStatus())
 	assert.Equal(t, failure.RunnerAttemptFenced, r.GetCode())
 	assert.Zero(t, e.prov.count(), "fenced command had no effect")
 
@@ -348,21 +349,21 @@ func TestR4_CommandDedupeFingerprintConflictSeqAndFencing(t *testing.T) {
 	// same command id gets the stored result: no second effect.
 	cs.attempt = 3
 	taken := e.gw.command(cs.next("c1", CmdRunAttach, map[string]any{"input": testInput(t)}))
-	assert.Equal(t, durable.StatusCompleted, taken.GetStatus())
+	assert.Equal(t, runnerstate.StatusCompleted, taken.GetStatus())
 	assert.Equal(t, res.GetResult().AsMap(), taken.GetResult().AsMap())
 	assert.Len(t, e.gw.eventsOf("run.attached"), 1)
 
 	st := e.state()
 	assert.Equal(t, cs.seq, st.LastControllerCommandSeq)
 	assert.Equal(t, uint64(3), st.HighestAttempts["run-1"])
-	assert.Equal(t, durable.StatusRejected, st.ProcessedCommands["c-old"].Status)
+	assert.Equal(t, runnerstate.StatusRejected, st.ProcessedCommands["c-old"].Status)
 }
 
 func TestR4_PendingCommandIsIndeterminateAfterRestart(t *testing.T) {
 	e := newTestEnv(t)
 	p := e.start(nil)
 	cs := &cmdSeq{t: t, runID: "run-1", attempt: 1}
-	require.Equal(t, durable.StatusCompleted, e.gw.command(cs.attach("c1")).GetStatus())
+	require.Equal(t, runnerstate.StatusCompleted, e.gw.command(cs.attach("c1")).GetStatus())
 	require.Equal(t, ExitOK, p.stop(t))
 
 	// Simulate a crash between journaling turn.start as pending and its effect.
@@ -372,18 +373,18 @@ func TestR4_PendingCommandIsIndeterminateAfterRestart(t *testing.T) {
 	store := &durable.Store{Dir: filepath.Join(e.stateDir, "runner")}
 	st, err := store.Load()
 	require.NoError(t, err)
-	st.ProcessedCommands["c2"] = &durable.CommandRecord{CommandID: "c2", ControllerSeq: 2, CommandType: CmdTurnStart,
-		RunID: "run-1", Attempt: 1, Status: durable.StatusPending, Fingerprint: fp, Code: failure.ExecutionIndeterminate}
+	st.ProcessedCommands["c2"] = &runnerstate.CommandRecord{CommandID: "c2", ControllerSeq: 2, CommandType: CmdTurnStart,
+		RunID: "run-1", Attempt: 1, Status: runnerstate.StatusPending, Fingerprint: fp, Code: failure.ExecutionIndeterminate}
 	st.LastControllerCommandSeq = 2
 	require.NoError(t, store.Save(st))
 
 	e.start(nil)
 	e.gw.waitConns(2)
 	res := e.gw.command(turn)
-	assert.Equal(t, durable.StatusIndeterminate, res.GetStatus())
+	assert.Equal(t, runnerstate.StatusIndeterminate, res.GetStatus())
 	assert.Equal(t, failure.ExecutionIndeterminate, res.GetCode())
 	assert.Zero(t, e.prov.count(), "an indeterminate command is never re-executed")
-	assert.Equal(t, durable.StatusIndeterminate, e.state().ProcessedCommands["c2"].Status)
+	assert.Equal(t, runnerstate.StatusIndeterminate, e.state().ProcessedCommands["c2"].Status)
 }
 
 func TestR4_RestartFromSameStateDirReconcilesAndContinuesSeqs(t *testing.T) {
@@ -404,9 +405,9 @@ func TestR4_RestartFromSameStateDirReconcilesAndContinuesSeqs(t *testing.T) {
 	store := &durable.Store{Dir: filepath.Join(e.stateDir, "runner")}
 	st0, err := store.Load()
 	require.NoError(t, err)
-	st0.ProviderProcess = &durable.Process{PID: 1 << 22, PGID: 1 << 22, StartTicks: 1}
-	st0.ActiveTurn = &durable.Turn{TurnID: "turn-7", RunID: "run-1", Attempt: 1}
-	st0.Lifecycle = durable.LifecycleReady
+	st0.ProviderProcess = &runnerstate.Process{PID: 1 << 22, PGID: 1 << 22, StartTicks: 1}
+	st0.ActiveTurn = &runnerstate.Turn{TurnID: "turn-7", RunID: "run-1", Attempt: 1}
+	st0.Lifecycle = runnerstate.LifecycleReady
 	require.NoError(t, store.Save(st0))
 
 	var f *os.File
@@ -459,7 +460,7 @@ func TestR4_RestartFromSameStateDirReconcilesAndContinuesSeqs(t *testing.T) {
 
 	// The next turn resumes the persisted provider thread.
 	res := e.gw.command(cs.next("c-turn2", CmdTurnStart, map[string]any{"text": "again"}))
-	require.Equal(t, durable.StatusCompleted, res.GetStatus(), res.GetMessage())
+	require.Equal(t, runnerstate.StatusCompleted, res.GetStatus(), res.GetMessage())
 	prov2 := e.prov.last()
 	prov2.mu.Lock()
 	assert.Equal(t, []string{"thread-1"}, prov2.threadOpen)
@@ -541,9 +542,9 @@ func TestR7_AResentTurnStartOfALostTurnAnnouncesTheLossAgain(t *testing.T) {
 
 	takeover := &cmdSeq{t: t, seq: cs.seq, runID: "run-1", attempt: 2}
 	res := e.gw.command(takeover.next("c-attach", CmdRunAttach, map[string]any{"input": testInput(t)}))
-	require.Equal(t, durable.StatusCompleted, res.GetStatus(), res.GetMessage())
+	require.Equal(t, runnerstate.StatusCompleted, res.GetStatus(), res.GetMessage())
 	res = e.gw.command(takeover.next("c-turn1", CmdTurnStart, map[string]any{"text": "hello"}))
-	require.Equal(t, durable.StatusCompleted, res.GetStatus(), "the stored answer")
+	require.Equal(t, runnerstate.StatusCompleted, res.GetStatus(), "the stored answer")
 	again := e.gw.waitEvent(EventTurnLost, 2)
 	assert.Equal(t, "turn-1", again.GetTurnId())
 	assert.Equal(t, first.GetPayload().AsMap(), again.GetPayload().AsMap())
@@ -562,9 +563,9 @@ func TestR1_ProviderStartFailureFailsTheCommand(t *testing.T) {
 	e.prov.failNext = &ProviderError{Code: "provider_spawn_failed", Message: "no such file"}
 	e.prov.mu.Unlock()
 	cs := &cmdSeq{t: t, runID: "run-1", attempt: 1}
-	require.Equal(t, durable.StatusCompleted, e.gw.command(cs.attach("c1")).GetStatus())
+	require.Equal(t, runnerstate.StatusCompleted, e.gw.command(cs.attach("c1")).GetStatus())
 	res := e.gw.command(cs.next("c2", CmdTurnStart, map[string]any{"text": "x"}))
-	assert.Equal(t, durable.StatusFailed, res.GetStatus())
+	assert.Equal(t, runnerstate.StatusFailed, res.GetStatus())
 	assert.Equal(t, "provider_spawn_failed", res.GetCode())
 	// Without an attached run a turn is refused.
 	e2 := &cmdSeq{t: t, seq: cs.seq, runID: "run-2", attempt: 1}
@@ -587,7 +588,7 @@ func TestR4_IdleTimeoutSuspendsAndExits(t *testing.T) {
 	e.gw.waitEvent("runner.suspended", 1)
 	e.gw.ack(e.gw.maxSeq())
 	assert.Equal(t, ExitOK, p.wait(t, 5*time.Second))
-	assert.Equal(t, durable.LifecycleSuspended, e.state().Lifecycle)
+	assert.Equal(t, runnerstate.LifecycleSuspended, e.state().Lifecycle)
 	assert.Equal(t, "idle_timeout", e.state().LifecycleReason)
 	assert.Empty(t, e.gw.eventsOf("runner.stopped"), "an idle exit is a suspension, not a stop")
 }
@@ -601,7 +602,7 @@ func TestR4_ReconnectGraceExpiryExits3(t *testing.T) {
 	e.gw.dropConn()
 	assert.Equal(t, ExitRecoverable, p.wait(t, 10*time.Second))
 	st := e.state()
-	assert.Equal(t, durable.LifecycleRecoverableFailure, st.Lifecycle)
+	assert.Equal(t, runnerstate.LifecycleRecoverableFailure, st.Lifecycle)
 	assert.Equal(t, "transport_reconnect_deadline_exceeded", st.LifecycleReason)
 	prov.mu.Lock()
 	assert.True(t, prov.closed, "provider stopped")
@@ -625,19 +626,19 @@ func TestR4_StateFilesArePrivateAndStateIsWellFormed(t *testing.T) {
 	e := newTestEnv(t)
 	p := e.start(nil)
 	cs := &cmdSeq{t: t, runID: "run-1", attempt: 1}
-	require.Equal(t, durable.StatusCompleted, e.gw.command(cs.attach("c1")).GetStatus())
+	require.Equal(t, runnerstate.StatusCompleted, e.gw.command(cs.attach("c1")).GetStatus())
 	require.Equal(t, ExitOK, p.stop(t))
 	for _, path := range []string{e.stateDir, filepath.Join(e.stateDir, "runner")} {
 		fi, err := os.Stat(path)
 		require.NoError(t, err)
 		assert.Equal(t, os.FileMode(0o700), fi.Mode().Perm(), path)
 	}
-	for _, name := range []string{durable.StateFile, durable.OutboxFile} {
+	for _, name := range []string{runnerstate.StateFile, durable.OutboxFile} {
 		fi, err := os.Stat(filepath.Join(e.stateDir, "runner", name))
 		require.NoError(t, err)
 		assert.Equal(t, os.FileMode(0o600), fi.Mode().Perm(), name)
 	}
-	b, err := os.ReadFile(filepath.Join(e.stateDir, "runner", durable.StateFile))
+	b, err := os.ReadFile(filepath.Join(e.stateDir, "runner", runnerstate.StateFile))
 	require.NoError(t, err)
 	var m map[string]any
 	require.NoError(t, json.Unmarshal(b, &m))

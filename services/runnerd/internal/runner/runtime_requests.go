@@ -36,7 +36,7 @@ import (
 
 	"github.com/tether-run/tether/pkg/failure"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
-	"github.com/tether-run/tether/services/runnerd/internal/durable"
+	"github.com/tether-run/tether/pkg/runnerstate"
 )
 
 // Command types of runtime request resolution and tool results.
@@ -58,7 +58,7 @@ type RuntimeRequestProvider interface {
 func providerRejection(fallback string, err error) *cmdError {
 	switch code := ProviderErrorCode(err); code {
 	case failure.RuntimeRequestNotPending, failure.RuntimeRequestResolutionInvalid, failure.ToolCallNotPending, failure.ToolResultInvalid, failure.NativeToolAuthorityEpochRevoked:
-		return &cmdError{durable.StatusRejected, code, err.Error()}
+		return &cmdError{runnerstate.StatusRejected, code, err.Error()}
 	}
 	return providerFailure(fallback, err)
 }

@@ -9,7 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tether-run/tether/pkg/failure"
-	"github.com/tether-run/tether/services/runnerd/internal/durable"
+	"github.com/tether-run/tether/pkg/runnerstate"
 )
 
 // rrProvider adds runtime request answers to the fake provider.
@@ -66,12 +66,12 @@ func TestR2_RequestResolveCommandReachesTheProviderOnce(t *testing.T) {
 
 	// No turn yet: nothing to resolve.
 	res := e.gw.command(cs.attach("c-attach"))
-	require.Equal(t, durable.StatusCompleted, res.GetStatus(), res.GetMessage())
+	require.Equal(t, runnerstate.StatusCompleted, res.GetStatus(), res.GetMessage())
 	res = e.gw.command(cs.next("c-r0", CmdRequestResolve, map[string]any{"requestId": "0", "resolution": map[string]any{"decision": "accept"}}))
 	assert.Equal(t, failure.NoActiveTurn, res.GetCode())
 
 	res = e.gw.command(cs.next("c-turn1", CmdTurnStart, map[string]any{"text": "hello"}))
-	require.Equal(t, durable.StatusCompleted, res.GetStatus(), res.GetMessage())
+	require.Equal(t, runnerstate.StatusCompleted, res.GetStatus(), res.GetMessage())
 	for _, tc := range []struct {
 		id, code string
 		payload  map[string]any
@@ -83,18 +83,18 @@ func TestR2_RequestResolveCommandReachesTheProviderOnce(t *testing.T) {
 		{"c-bad5", failure.RuntimeRequestResolutionInvalid, map[string]any{"requestId": "0", "resolution": map[string]any{}}},
 	} {
 		res = e.gw.command(cs.next(tc.id, CmdRequestResolve, tc.payload))
-		assert.Equal(t, durable.StatusRejected, res.GetStatus(), tc.id)
+		assert.Equal(t, runnerstate.StatusRejected, res.GetStatus(), tc.id)
 		assert.Equal(t, tc.code, res.GetCode(), tc.id)
 	}
 
 	// requestId 0 given as a JSON number is the same request "0".
 	cmd := cs.next("c-resolve", CmdRequestResolve, map[string]any{"requestId": 0.0, "turnId": "turn-1", "resolution": map[string]any{"decision": "accept"}})
 	res = e.gw.command(cmd)
-	require.Equal(t, durable.StatusCompleted, res.GetStatus(), res.GetMessage())
+	require.Equal(t, runnerstate.StatusCompleted, res.GetStatus(), res.GetMessage())
 	assert.Equal(t, "0", res.GetResult().GetFields()["requestId"].GetStringValue())
 	// A resend of the same command id gets the stored result, no second effect.
 	res = e.gw.command(cmd)
-	assert.Equal(t, durable.StatusCompleted, res.GetStatus())
+	assert.Equal(t, runnerstate.StatusCompleted, res.GetStatus())
 	ev := e.gw.waitEvent("runtime_request.resolved", 1)
 	assert.Equal(t, "turn-1", ev.GetTurnId())
 	assert.Equal(t, "run-1", ev.GetRunId())
@@ -127,7 +127,7 @@ func TestR2_ToolResultCommandAndRevokedAuthority(t *testing.T) {
 	res = e.gw.command(cs.next("c-tool2", CmdToolResult, map[string]any{"callId": "call-1", "success": "yes"}))
 	assert.Equal(t, failure.CommandInvalid, res.GetCode())
 	res = e.gw.command(cs.next("c-tool3", CmdToolResult, map[string]any{"callId": "call-1", "text": "lookup(alpha) = 42"}))
-	require.Equal(t, durable.StatusCompleted, res.GetStatus(), res.GetMessage())
+	require.Equal(t, runnerstate.StatusCompleted, res.GetStatus(), res.GetMessage())
 	assert.Equal(t, "turn-1", res.GetResult().GetFields()["turnId"].GetStringValue())
 	rp.mu.Lock()
 	assert.Equal(t, []string{"call-1@turn-1:lookup(alpha) = 42"}, rp.tools)
@@ -139,12 +139,12 @@ func TestR2_ToolResultCommandAndRevokedAuthority(t *testing.T) {
 	e.gw.waitEvent("run.terminal", 1)
 	cs2 := &cmdSeq{t: t, seq: cs.seq, runID: "run-2", attempt: 1}
 	res = e.gw.command(cs2.attach("c-attach2"))
-	require.Equal(t, durable.StatusCompleted, res.GetStatus(), res.GetMessage())
+	require.Equal(t, runnerstate.StatusCompleted, res.GetStatus(), res.GetMessage())
 	res = e.gw.command(cs2.next("c-turn2", CmdTurnStart, map[string]any{"text": "next"}))
-	require.Equal(t, durable.StatusCompleted, res.GetStatus(), res.GetMessage())
+	require.Equal(t, runnerstate.StatusCompleted, res.GetStatus(), res.GetMessage())
 	cs.seq = cs2.seq
 	res = e.gw.command(cs.next("c-tool-old", CmdToolResult, map[string]any{"callId": "call-1", "text": "late"}))
-	assert.Equal(t, durable.StatusRejected, res.GetStatus())
+	assert.Equal(t, runnerstate.StatusRejected, res.GetStatus())
 	assert.Equal(t, failure.NativeToolAuthorityEpochRevoked, res.GetCode())
 	rp.mu.Lock()
 	assert.Len(t, rp.tools, 1)

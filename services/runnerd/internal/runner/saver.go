@@ -5,6 +5,7 @@ import (
 	"sync"
 
 	"github.com/tether-run/tether/pkg/failure"
+	"github.com/tether-run/tether/pkg/runnerstate"
 	"github.com/tether-run/tether/services/runnerd/internal/durable"
 )
 
@@ -84,7 +85,7 @@ func (s *stateSaver) stop() {
 // pendingAnswer is a command outcome to send once snapshot gen is durable.
 type pendingAnswer struct {
 	gen uint64
-	rec *durable.CommandRecord
+	rec *runnerstate.CommandRecord
 }
 
 // saveAsync encodes the state and has it written (synchronously without a
@@ -96,7 +97,7 @@ func (r *Runner) saveAsync() (uint64, error) {
 	// Events the state follows from are journaled first (and their
 	// source seqs are then taken).
 	r.flushHeld()
-	b, err := durable.Encode(r.st)
+	b, err := runnerstate.Encode(r.st)
 	if err != nil {
 		return 0, fmt.Errorf("runner_state_write_failed: %w", err)
 	}
@@ -194,7 +195,7 @@ func (r *Runner) flushAnswers() {
 
 // answerWhenSaved sends recs (in order, after every answer already
 // waiting) once snapshot gen is durable.
-func (r *Runner) answerWhenSaved(gen uint64, recs []*durable.CommandRecord) {
+func (r *Runner) answerWhenSaved(gen uint64, recs []*runnerstate.CommandRecord) {
 	for _, rec := range recs {
 		r.pendingAnswers = append(r.pendingAnswers, pendingAnswer{gen: gen, rec: rec})
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/tether-run/tether/pkg/failure"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
+	"github.com/tether-run/tether/pkg/runnerstate"
 	"github.com/tether-run/tether/services/runnerd/internal/durable"
 )
 
@@ -21,15 +22,15 @@ func TestR5_RunnerSuspendStopsTheProviderKeepsTheThreadAndResumes(t *testing.T) 
 
 	// A turn in progress refuses the suspension; nothing changes.
 	res := e.gw.command(cs.next("c-suspend-busy", CmdRunnerSuspend, map[string]any{"reason": "idle"}))
-	assert.Equal(t, durable.StatusRejected, res.GetStatus())
+	assert.Equal(t, runnerstate.StatusRejected, res.GetStatus())
 	assert.Equal(t, failure.TurnAlreadyActive, res.GetCode())
 	prov.finish(TurnResult{TurnID: "turn-1", Status: "completed"})
 	e.gw.waitEvent("run.terminal", 1)
 
 	res = e.gw.command(cs.next("c-suspend", CmdRunnerSuspend, map[string]any{"reason": "warm native session idle timeout"}))
-	require.Equal(t, durable.StatusCompleted, res.GetStatus(), res.GetMessage())
+	require.Equal(t, runnerstate.StatusCompleted, res.GetStatus(), res.GetMessage())
 	out := res.GetResult().AsMap()
-	assert.Equal(t, durable.LifecycleSuspended, out["lifecycle"])
+	assert.Equal(t, runnerstate.LifecycleSuspended, out["lifecycle"])
 	assert.Equal(t, "thread-1", out["providerThreadId"])
 	assert.Equal(t, tRunner, out["runnerInstanceId"])
 	ev := e.gw.waitEvent("runner.suspended", 1)
@@ -42,20 +43,20 @@ func TestR5_RunnerSuspendStopsTheProviderKeepsTheThreadAndResumes(t *testing.T) 
 	// Lifecycle suspended is durable before the answer; the runner exits 0
 	// once its outbox is acknowledged.
 	st := e.state()
-	assert.Equal(t, durable.LifecycleSuspended, st.Lifecycle)
+	assert.Equal(t, runnerstate.LifecycleSuspended, st.Lifecycle)
 	assert.Equal(t, "thread-1", st.ProviderThreadID)
 	assert.Nil(t, st.ProviderProcess)
 	e.gw.ack(e.gw.maxSeq())
 	assert.Equal(t, ExitOK, p.wait(t, 5*time.Second))
-	assert.Equal(t, durable.LifecycleSuspended, e.state().Lifecycle)
+	assert.Equal(t, runnerstate.LifecycleSuspended, e.state().Lifecycle)
 
 	// A runnerd started on the suspended state connects as usual and the
 	// next turn resumes the same provider thread in a new provider.
 	e.start(nil)
 	e.gw.waitConns(2)
-	e.gw.waitFor("ready", func() bool { return e.state().Lifecycle == durable.LifecycleReady })
+	e.gw.waitFor("ready", func() bool { return e.state().Lifecycle == runnerstate.LifecycleReady })
 	res = e.gw.command(cs.next("c-turn2", CmdTurnStart, map[string]any{"text": "again"}))
-	require.Equal(t, durable.StatusCompleted, res.GetStatus(), res.GetMessage())
+	require.Equal(t, runnerstate.StatusCompleted, res.GetStatus(), res.GetMessage())
 	require.Equal(t, 2, e.prov.count())
 	prov2 := e.prov.last()
 	prov2.mu.Lock()
@@ -78,7 +79,7 @@ func TestR5_IdleTimeoutIsADurableSuspension(t *testing.T) {
 	assert.Equal(t, uint32(P0), ev.GetPriority())
 	assert.Equal(t, map[string]any{"reason": "idle_timeout", "providerThreadId": "thread-1"}, ev.GetPayload().AsMap())
 	st := e.state()
-	assert.Equal(t, durable.LifecycleSuspended, st.Lifecycle)
+	assert.Equal(t, runnerstate.LifecycleSuspended, st.Lifecycle)
 	assert.Equal(t, "idle_timeout", st.LifecycleReason)
 	assert.Equal(t, "thread-1", st.ProviderThreadID)
 	assert.Nil(t, st.ProviderProcess)
@@ -92,16 +93,16 @@ func TestR5_IdleTimeoutIsADurableSuspension(t *testing.T) {
 	e.gw.ack(e.gw.maxSeq())
 	assert.Equal(t, ExitOK, p.wait(t, 5*time.Second))
 	st = e.state()
-	assert.Equal(t, durable.LifecycleSuspended, st.Lifecycle)
+	assert.Equal(t, runnerstate.LifecycleSuspended, st.Lifecycle)
 	assert.Equal(t, "idle_timeout", st.LifecycleReason)
 	assert.Equal(t, "thread-1", st.ProviderThreadID)
 
 	// A runnerd started on the suspended state continues the same thread.
 	e.start(nil)
 	e.gw.waitConns(2)
-	e.gw.waitFor("ready", func() bool { return e.state().Lifecycle == durable.LifecycleReady })
+	e.gw.waitFor("ready", func() bool { return e.state().Lifecycle == runnerstate.LifecycleReady })
 	res := e.gw.command(cs.next("c-turn2", CmdTurnStart, map[string]any{"text": "again"}))
-	require.Equal(t, durable.StatusCompleted, res.GetStatus(), res.GetMessage())
+	require.Equal(t, runnerstate.StatusCompleted, res.GetStatus(), res.GetMessage())
 	require.Equal(t, 2, e.prov.count())
 	prov2 := e.prov.last()
 	prov2.mu.Lock()
@@ -123,9 +124,9 @@ func bareRunner(t *testing.T) *Runner {
 	r := &Runner{
 		cfg: cfg, log: cfg.Logger, store: store, outbox: ob, queue: newEventQueue(),
 		disconnectedSince: time.Now(), // within the reconnect grace
-		st:                durable.NewState(durable.Identity{RunnerInstanceID: tRunner, NormalizedSessionID: tSess, SessionScope: tScope}),
+		st:                runnerstate.NewState(runnerstate.Identity{RunnerInstanceID: tRunner, NormalizedSessionID: tSess, SessionScope: tScope}),
 	}
-	r.st.Lifecycle, r.st.ProviderThreadID = durable.LifecycleReady, "thread-1"
+	r.st.Lifecycle, r.st.ProviderThreadID = runnerstate.LifecycleReady, "thread-1"
 	require.NoError(t, r.save())
 	return r
 }
@@ -139,7 +140,7 @@ func outboxTypes(r *Runner) []string {
 }
 
 func TestR5_IdleTimeoutOfARevokedOrUnrecoverableRunnerStops(t *testing.T) {
-	for _, lc := range []string{durable.LifecycleRevoked, durable.LifecycleUnrecoverable} {
+	for _, lc := range []string{runnerstate.LifecycleRevoked, runnerstate.LifecycleUnrecoverable} {
 		t.Run(lc, func(t *testing.T) {
 			r := bareRunner(t)
 			r.st.Lifecycle = lc
@@ -151,7 +152,7 @@ func TestR5_IdleTimeoutOfARevokedOrUnrecoverableRunnerStops(t *testing.T) {
 			assert.Equal(t, []string{"runner.stopped"}, outboxTypes(r))
 			st, err := r.store.Load()
 			require.NoError(t, err)
-			assert.Equal(t, durable.LifecycleStopped, st.Lifecycle)
+			assert.Equal(t, runnerstate.LifecycleStopped, st.Lifecycle)
 			assert.Equal(t, "idle_timeout", st.LifecycleReason)
 		})
 	}
@@ -181,10 +182,10 @@ func TestR4_SessionCloseOfAnIdleRunnerIsADurableSuspension(t *testing.T) {
 	// thread is kept and lifecycle suspended (session_closed) is durable
 	// before the answer and the P0 runner.suspended.
 	res := e.gw.command(cs.next("c-close", CmdSessionClose, map[string]any{}))
-	require.Equal(t, durable.StatusCompleted, res.GetStatus(), res.GetMessage())
-	assert.Equal(t, map[string]any{"lifecycle": durable.LifecycleSuspended, "providerThreadId": "thread-1"}, res.GetResult().AsMap())
+	require.Equal(t, runnerstate.StatusCompleted, res.GetStatus(), res.GetMessage())
+	assert.Equal(t, map[string]any{"lifecycle": runnerstate.LifecycleSuspended, "providerThreadId": "thread-1"}, res.GetResult().AsMap())
 	st := e.state()
-	assert.Equal(t, durable.LifecycleSuspended, st.Lifecycle)
+	assert.Equal(t, runnerstate.LifecycleSuspended, st.Lifecycle)
 	assert.Equal(t, "session_closed", st.LifecycleReason)
 	assert.Equal(t, "thread-1", st.ProviderThreadID)
 	assert.Nil(t, st.ProviderProcess)
@@ -201,16 +202,16 @@ func TestR4_SessionCloseOfAnIdleRunnerIsADurableSuspension(t *testing.T) {
 	assert.Equal(t, ExitOK, p.wait(t, 5*time.Second))
 	assert.Empty(t, e.gw.eventsOf("runner.stopped"), "a closed session is a suspension, not a stop")
 	st = e.state()
-	assert.Equal(t, durable.LifecycleSuspended, st.Lifecycle)
+	assert.Equal(t, runnerstate.LifecycleSuspended, st.Lifecycle)
 	assert.Equal(t, "session_closed", st.LifecycleReason)
 	assert.Equal(t, "thread-1", st.ProviderThreadID)
 
 	// A runnerd started on the suspended state continues the same thread.
 	e.start(nil)
 	e.gw.waitConns(2)
-	e.gw.waitFor("ready", func() bool { return e.state().Lifecycle == durable.LifecycleReady })
+	e.gw.waitFor("ready", func() bool { return e.state().Lifecycle == runnerstate.LifecycleReady })
 	res = e.gw.command(cs.next("c-turn2", CmdTurnStart, map[string]any{"text": "again"}))
-	require.Equal(t, durable.StatusCompleted, res.GetStatus(), res.GetMessage())
+	require.Equal(t, runnerstate.StatusCompleted, res.GetStatus(), res.GetMessage())
 	require.Equal(t, 2, e.prov.count())
 	prov2 := e.prov.last()
 	prov2.mu.Lock()
@@ -227,8 +228,8 @@ func TestR4_SessionCloseDuringATurnInterruptsItAndSuspends(t *testing.T) {
 	// The active turn ends interrupted/cancelled with code session_closed,
 	// then the settled runner is suspended with the thread kept.
 	res := e.gw.command(cs.next("c-close", CmdSessionClose, map[string]any{}))
-	require.Equal(t, durable.StatusCompleted, res.GetStatus(), res.GetMessage())
-	assert.Equal(t, map[string]any{"lifecycle": durable.LifecycleSuspended, "providerThreadId": "thread-1"}, res.GetResult().AsMap())
+	require.Equal(t, runnerstate.StatusCompleted, res.GetStatus(), res.GetMessage())
+	assert.Equal(t, map[string]any{"lifecycle": runnerstate.LifecycleSuspended, "providerThreadId": "thread-1"}, res.GetResult().AsMap())
 	term := e.gw.waitEvent("run.terminal", 1)
 	pl := term.GetPayload().AsMap()
 	assert.Equal(t, "interrupted", pl["turnTerminalState"])
@@ -249,7 +250,7 @@ func TestR4_SessionCloseDuringATurnInterruptsItAndSuspends(t *testing.T) {
 	assert.Empty(t, e.gw.eventsOf("runner.stopped"))
 	assert.Len(t, e.gw.eventsOf("run.terminal"), 1)
 	st := e.state()
-	assert.Equal(t, durable.LifecycleSuspended, st.Lifecycle)
+	assert.Equal(t, runnerstate.LifecycleSuspended, st.Lifecycle)
 	assert.Equal(t, "session_closed", st.LifecycleReason)
 	assert.Equal(t, "thread-1", st.ProviderThreadID)
 	assert.Nil(t, st.ActiveTurn)
@@ -257,17 +258,17 @@ func TestR4_SessionCloseDuringATurnInterruptsItAndSuspends(t *testing.T) {
 }
 
 func TestR4_SessionCloseOfARevokedOrUnrecoverableRunnerStops(t *testing.T) {
-	for _, lc := range []string{durable.LifecycleRevoked, durable.LifecycleUnrecoverable} {
+	for _, lc := range []string{runnerstate.LifecycleRevoked, runnerstate.LifecycleUnrecoverable} {
 		t.Run(lc, func(t *testing.T) {
 			r := bareRunner(t)
 			r.st.Lifecycle = lc
 			out, cerr := r.cmdSessionClose(&prpv1.Command{CommandId: "c-close", Type: CmdSessionClose})
 			require.Nil(t, cerr)
-			assert.Equal(t, map[string]any{"lifecycle": durable.LifecycleStopped, "providerThreadId": "thread-1"}, out)
+			assert.Equal(t, map[string]any{"lifecycle": runnerstate.LifecycleStopped, "providerThreadId": "thread-1"}, out)
 			assert.Equal(t, []string{"runner.stopped"}, outboxTypes(r))
 			st, err := r.store.Load()
 			require.NoError(t, err)
-			assert.Equal(t, durable.LifecycleStopped, st.Lifecycle)
+			assert.Equal(t, runnerstate.LifecycleStopped, st.Lifecycle)
 			assert.Equal(t, "session_closed", st.LifecycleReason)
 		})
 	}
@@ -279,7 +280,7 @@ func TestR4_SessionCloseWhoseSuspensionCannotBePersistedFails(t *testing.T) {
 	out, cerr := r.cmdSessionClose(&prpv1.Command{CommandId: "c-close", Type: CmdSessionClose})
 	assert.Nil(t, out)
 	require.NotNil(t, cerr)
-	assert.Equal(t, durable.StatusFailed, cerr.status)
+	assert.Equal(t, runnerstate.StatusFailed, cerr.status)
 	assert.Equal(t, "runner_state_write_failed", cerr.code)
 	require.NotNil(t, r.exit)
 	assert.Equal(t, ExitError, r.exit.code)
@@ -297,7 +298,7 @@ func TestR4_TerminationStillStops(t *testing.T) {
 	e.gw.waitEvent("run.terminal", 1)
 	require.Equal(t, ExitOK, p.stop(t))
 	st := e.state()
-	assert.Equal(t, durable.LifecycleStopped, st.Lifecycle)
+	assert.Equal(t, runnerstate.LifecycleStopped, st.Lifecycle)
 	assert.Equal(t, "runner_terminated", st.LifecycleReason)
 	assert.Empty(t, e.gw.eventsOf("runner.suspended"))
 }

@@ -16,11 +16,12 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/tether-run/tether/pkg/backoff"
 	"github.com/tether-run/tether/pkg/failure"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/prp"
 	"github.com/tether-run/tether/pkg/prp/prptest"
-	"github.com/tether-run/tether/services/runnerd/internal/durable"
+	"github.com/tether-run/tether/pkg/runnerstate"
 )
 
 // runOneTurn drives run-1 through one turn over the gateway's connection.
@@ -159,7 +160,7 @@ func TestR6_ListenWSOverTLSServesTheGatewayDialingIn(t *testing.T) {
 	assert.GreaterOrEqual(t, e.gw.hellos[1].GetResume().GetConnectionGeneration(), e.gw.hellos[0].GetResume().GetConnectionGeneration())
 	e.gw.mu.Unlock()
 	require.Equal(t, ExitOK, p.stop(t))
-	assert.Equal(t, durable.LifecycleStopped, e.state().Lifecycle)
+	assert.Equal(t, runnerstate.LifecycleStopped, e.state().Lifecycle)
 }
 
 func TestR6_ListenWSValidatesItsFlags(t *testing.T) {
@@ -192,13 +193,13 @@ func TestR6_ListenWSValidatesItsFlags(t *testing.T) {
 func TestR6_ReconnectDelayIsJittered(t *testing.T) {
 	seen := map[time.Duration]bool{}
 	for i := 0; i < 200; i++ {
-		d := jittered(time.Second)
+		d := backoff.Jittered(time.Second)
 		require.GreaterOrEqual(t, d, 500*time.Millisecond)
 		require.LessOrEqual(t, d, time.Second)
 		seen[d] = true
 	}
 	require.Greater(t, len(seen), 50, "delays are spread, not synchronised")
-	require.Zero(t, jittered(0))
+	require.Zero(t, backoff.Jittered(0))
 }
 
 func TestR6_SilentGatewayConnectionIsDroppedAndReestablished(t *testing.T) {

@@ -24,6 +24,7 @@ import (
 	gatewayv1 "github.com/tether-run/tether/pkg/gen/tether/gateway/v1"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/grant"
+	"github.com/tether-run/tether/pkg/provenv"
 	"github.com/tether-run/tether/pkg/prp"
 	"github.com/tether-run/tether/pkg/scope"
 	"github.com/tether-run/tether/pkg/scope/durable"
@@ -374,7 +375,7 @@ func (g *Gateway) Attach(stream gatewayv1.RunnerGateway_AttachServer) error {
 	if err != nil {
 		return err
 	}
-	if kind := open.GetInput().GetProvider().GetKind(); kind != "codex" {
+	if kind := open.GetInput().GetProvider().GetKind(); kind != provenv.KindCodex {
 		// OpenCode and ACPX need a build-owned provider pack this build
 		// cannot stage yet.
 		return failure.New(codes.FailedPrecondition, failure.RunnerRemoteProviderArtifactIncompatible,
@@ -468,60 +469,7 @@ func (g *Gateway) Attach(stream gatewayv1.RunnerGateway_AttachServer) error {
 		_ = writeRunner(conn, &prpv1.Frame{Kind: &prpv1.Frame_Replay{Replay: &prpv1.Replay{AfterSourceSeq: after}}})
 	}
 	log.Info("attached", "runner_instance_id", opened.GetRunnerInstanceId(), "reused", reused, "mode", mode)
-
-	errc := make(chan error, 1)
-	go func() {
-		for {
-			select {
-			case m := <-att.out:
-				if err := stream.Send(m); err != nil {
-					errc <- err
-					return
-				}
-			case <-att.done:
-				errc <- nil
-				return
-			case <-ctx.Done():
-				errc <- nil
-				return
-			}
-		}
-	}()
-	recvc := make(chan error, 1)
-	go func() {
-		for {
-			req, err := stream.Recv()
-			if err != nil {
-				recvc <- err
-				return
-			}
-			if err := g.fromExecutor(ctx, r, att, req); err != nil {
-				recvc <- err
-				return
-			}
-		}
-	}()
-	select {
-	case err := <-errc:
-		if err == nil {
-			select {
-			case <-att.done:
-				return failure.New(codes.Aborted, failure.RunnerAttachmentSuperseded, "a newer attachment of run %s took over", runID)
-			default:
-			}
-		}
-		return err
-	case <-g.cfg.Draining:
-		return failure.New(codes.Unavailable, failure.RunnerGatewayDraining, "the gateway is shutting down; re-attach")
-	case err := <-recvc:
-		if errors.Is(err, context.Canceled) || err == nil {
-			return nil
-		}
-		if s := err.Error(); s == "EOF" {
-			return nil
-		}
-		return err
-	}
+	return g.relay(ctx, stream, r, att)
 }
 
 func (g *Gateway) fromExecutor(ctx context.Context, r *runner, att *attachment, req *gatewayv1.AttachRequest) error {
@@ -838,4 +786,63 @@ func (g *Gateway) Close() {
 		}()
 	}
 	wg.Wait()
+}
+
+// relay carries an open attachment: what the runner sends goes to the
+// executor (att.out) and the executor's requests go to the runner, until
+// either side ends, the attachment is superseded or the gateway drains.
+func (g *Gateway) relay(ctx context.Context, stream gatewayv1.RunnerGateway_AttachServer, r *runner, att *attachment) error {
+	errc := make(chan error, 1)
+	go func() {
+		for {
+			select {
+			case m := <-att.out:
+				if err := stream.Send(m); err != nil {
+					errc <- err
+					return
+				}
+			case <-att.done:
+				errc <- nil
+				return
+			case <-ctx.Done():
+				errc <- nil
+				return
+			}
+		}
+	}()
+	recvc := make(chan error, 1)
+	go func() {
+		for {
+			req, err := stream.Recv()
+			if err != nil {
+				recvc <- err
+				return
+			}
+			if err := g.fromExecutor(ctx, r, att, req); err != nil {
+				recvc <- err
+				return
+			}
+		}
+	}()
+	select {
+	case err := <-errc:
+		if err == nil {
+			select {
+			case <-att.done:
+				return failure.New(codes.Aborted, failure.RunnerAttachmentSuperseded, "a newer attachment of run %s took over", att.runID)
+			default:
+			}
+		}
+		return err
+	case <-g.cfg.Draining:
+		return failure.New(codes.Unavailable, failure.RunnerGatewayDraining, "the gateway is shutting down; re-attach")
+	case err := <-recvc:
+		if errors.Is(err, context.Canceled) || err == nil {
+			return nil
+		}
+		if s := err.Error(); s == "EOF" {
+			return nil
+		}
+		return err
+	}
 }

@@ -3,7 +3,6 @@ package gateway
 import (
 	"context"
 	"encoding/json"
-	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -14,6 +13,7 @@ import (
 	"github.com/coder/websocket"
 	"google.golang.org/grpc/codes"
 
+	"github.com/tether-run/tether/pkg/backoff"
 	"github.com/tether-run/tether/pkg/failure"
 	gatewayv1 "github.com/tether-run/tether/pkg/gen/tether/gateway/v1"
 	"github.com/tether-run/tether/pkg/prp"
@@ -48,14 +48,6 @@ func (g *Gateway) selectTransport(open *gatewayv1.Open) (string, error) {
 	return mode, nil
 }
 
-// jittered is a uniformly random delay in [d/2, d].
-func jittered(d time.Duration) time.Duration {
-	if d <= 0 {
-		return 0
-	}
-	return d/2 + rand.N(d/2+1)
-}
-
 // startDialLoop keeps a listening runner (listen_ws) connected: the gateway
 // dials its listener, serves the connection until it ends, and dials again
 // (jittered backoff) while the runner process lives and the gateway runs.
@@ -86,21 +78,18 @@ func (g *Gateway) startDialLoop(r *runner, url string, launched bool, alive func
 			}
 			r.mu.Unlock()
 		}()
-		backoff := 100 * time.Millisecond
+		retry := backoff.Backoff{Min: 100 * time.Millisecond, Max: 2 * time.Second, Jitter: true}
 		for g.ctx.Err() == nil && current() && alive() {
 			ws, err := g.dialRunnerListener(url)
 			if err == nil {
-				backoff = 100 * time.Millisecond
+				retry.Reset()
 				g.serveRunner(g.ctx, prp.NewConn(ws), prp.ModeListenWS)
 			} else {
 				g.log.Debug("runner listener not reachable yet", "url", url, "err", err)
 			}
-			select {
-			case <-g.ctx.Done():
+			if !backoff.Sleep(g.ctx, retry.Next()) {
 				return
-			case <-time.After(jittered(backoff)):
 			}
-			backoff = min(backoff*2, 2*time.Second)
 		}
 	}()
 }

@@ -97,31 +97,11 @@ func randomID(prefix string) string {
 // persistedIdentity reads the runner instance id and process a previous
 // runnerd left in its state dir, if any.
 func persistedIdentity(stateDir string) (instanceID string, proc *prpv1.ProcessInfo) {
-	raw, err := os.ReadFile(filepath.Join(stateDir, "runner", "runner-state.json"))
-	if err != nil {
+	st, err := readRunnerState(stateDir)
+	if err != nil || st == nil {
 		return "", nil
 	}
-	var st struct {
-		Identity struct {
-			RunnerInstanceID string `json:"runnerInstanceId"`
-		} `json:"identity"`
-		RunnerInstanceID string `json:"runnerInstanceId"`
-		RunnerProcess    *struct {
-			PID        int32  `json:"pid"`
-			StartTicks uint64 `json:"startTicks"`
-		} `json:"runnerProcess"`
-	}
-	if json.Unmarshal(raw, &st) != nil {
-		return "", nil
-	}
-	instanceID = st.Identity.RunnerInstanceID
-	if instanceID == "" {
-		instanceID = st.RunnerInstanceID
-	}
-	if st.RunnerProcess != nil {
-		proc = &prpv1.ProcessInfo{Pid: st.RunnerProcess.PID, StartTicks: st.RunnerProcess.StartTicks}
-	}
-	return instanceID, proc
+	return st.Identity.RunnerInstanceID, runnerProcess(st)
 }
 
 // processAlive reports whether pid is alive and is the same process (same

@@ -12,9 +12,11 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/tether-run/tether/pkg/archive"
+	"github.com/tether-run/tether/pkg/chunkio"
 	"github.com/tether-run/tether/pkg/failure"
 	backupv1 "github.com/tether-run/tether/pkg/gen/tether/backup/v1"
 	gatewayv1 "github.com/tether-run/tether/pkg/gen/tether/gateway/v1"
+	"github.com/tether-run/tether/pkg/runnerstate"
 	"github.com/tether-run/tether/pkg/scope/durable"
 )
 
@@ -27,7 +29,7 @@ func (g *Gateway) needsRestore(r *runner, sc string) bool {
 	if live {
 		return false
 	}
-	_, err := os.Lstat(runnerStatePath(g.stateDir(sc)))
+	_, err := os.Lstat(runnerstate.Path(g.stateDir(sc)))
 	return errors.Is(err, os.ErrNotExist)
 }
 
@@ -110,23 +112,10 @@ func (g *Gateway) restore(ctx context.Context, r *runner, sc, runID string, spec
 	if err := os.Mkdir(payload, 0o700); err != nil {
 		return failure.Wrap(err, codes.Internal, failure.RunnerRemoteCheckpointRestoreFailed, "%v", err)
 	}
-	pr, pw := io.Pipe()
-	go func() {
-		for {
-			msg, err := stream.Recv()
-			if errors.Is(err, io.EOF) {
-				pw.Close()
-				return
-			}
-			if err != nil {
-				pw.CloseWithError(err)
-				return
-			}
-			if _, err := pw.Write(msg.GetChunk()); err != nil {
-				return // the extraction stopped; its error is reported
-			}
-		}
-	}()
+	src := chunkio.NewReader(func() ([]byte, error) {
+		msg, err := stream.Recv()
+		return msg.GetChunk(), err
+	})
 	var excl, anywhere []string
 	for _, e := range codexHomeExclusions {
 		excl = append(excl, "codex-home/"+e)
@@ -134,13 +123,12 @@ func (g *Gateway) restore(ctx context.Context, r *runner, sc, runID string, spec
 	for _, e := range codexHomeCredentials {
 		anywhere = append(anywhere, "codex-home/"+e)
 	}
-	_, err = archive.Extract(pr, payload, archive.ExtractOptions{Top: codexProfileDirs, Exclude: excl, ExcludeAnywhere: anywhere})
+	_, err = archive.Extract(src, payload, archive.ExtractOptions{Top: codexProfileDirs, Exclude: excl, ExcludeAnywhere: anywhere})
 	if err == nil {
 		// The download's digest check ends the stream: read to its end
 		// and accept the archive only when the stream ended cleanly.
-		_, err = io.Copy(io.Discard, pr)
+		_, err = io.Copy(io.Discard, src)
 	}
-	pr.CloseWithError(errors.New("restore finished"))
 	cancel()
 	if err != nil {
 		switch code := failure.CodeOf(err); {
@@ -157,44 +145,16 @@ func (g *Gateway) restore(ctx context.Context, r *runner, sc, runID string, spec
 		}
 	}
 
-	// The restored runner identity must be the manifest's.
-	rs, err := readRunnerState(payload)
-	if err != nil || rs == nil {
-		return failure.New(codes.FailedPrecondition, failure.RunnerHarnessIdentityMismatch, "the checkpoint holds no readable runner state (%v)", err)
-	}
-	if rs.Identity.RunnerInstanceID != m.GetRunnerInstanceId() || rs.Identity.SessionScope != m.GetSessionScope() ||
-		rs.Identity.NormalizedSessionID != m.GetNormalizedSessionId() ||
-		rs.ProviderThreadID != m.GetProviderSessionIdentity().GetProviderSessionId() {
-		return failure.New(codes.FailedPrecondition, failure.RunnerHarnessIdentityMismatch,
-			"restored runner %s (scope %s, session %s, thread %s) is not the manifest's runner %s (scope %s, session %s, thread %s)",
-			rs.Identity.RunnerInstanceID, rs.Identity.SessionScope, rs.Identity.NormalizedSessionID, rs.ProviderThreadID,
-			m.GetRunnerInstanceId(), m.GetSessionScope(), m.GetNormalizedSessionId(), m.GetProviderSessionIdentity().GetProviderSessionId())
-	}
-	if rs.Lifecycle != "suspended" {
-		return failure.New(codes.FailedPrecondition, failure.RunnerHarnessIdentityMismatch, "the checkpoint's runner is %q, not suspended", rs.Lifecycle)
+	rs, err := restoredIdentity(payload, m)
+	if err != nil {
+		return err
 	}
 
 	if err := os.MkdirAll(scopeDir, 0o700); err != nil {
 		return failure.Wrap(err, codes.Internal, failure.RunnerRemoteCheckpointRestoreFailed, "%v", err)
 	}
-	// Swap the staged directories in: the provider home first, the runner
-	// state (whose presence marks the scope as having state) last. The
-	// scope holds no runner state (checked under the scope's op lock); any
-	// leftover provider home is moved aside into the staging directory.
-	for _, d := range []string{"codex-home", durable.RunnerDir} {
-		target := filepath.Join(scopeDir, d)
-		if _, err := os.Lstat(target); err == nil {
-			if err := os.Rename(target, filepath.Join(stage, "previous-"+d)); err != nil {
-				return failure.Wrap(err, codes.Internal, failure.RunnerRemoteCheckpointRestoreFailed, "%v", err)
-			}
-		}
-		if err := os.Rename(filepath.Join(payload, d), target); err != nil {
-			return failure.Wrap(err, codes.Internal, failure.RunnerRemoteCheckpointRestoreFailed, "swapping the restored state into place: %v", err)
-		}
-	}
-	if d, err := os.Open(scopeDir); err == nil {
-		_ = d.Sync()
-		d.Close()
+	if err := swapIn(scopeDir, stage, payload); err != nil {
+		return err
 	}
 	// A verified restore is the run's authority over the scope: the control
 	// plane names this run under the restored runner and lease.
@@ -213,5 +173,50 @@ func (g *Gateway) restore(ctx context.Context, r *runner, sc, runID string, spec
 	r.mu.Unlock()
 	g.log.Info("runner state restored from a stamped checkpoint", "session_scope", sc, "checkpoint_id", spec.GetCheckpointId(),
 		"runner_instance_id", rs.Identity.RunnerInstanceID, "provider_thread_id", rs.ProviderThreadID, "lease_id", lease)
+	return nil
+}
+
+// restoredIdentity reads the restored runner state in payload; it must be
+// the manifest's runner, suspended.
+func restoredIdentity(payload string, m *backupv1.Manifest) (*runnerstate.State, error) {
+	rs, err := readRunnerState(payload)
+	if err != nil || rs == nil {
+		return nil, failure.New(codes.FailedPrecondition, failure.RunnerHarnessIdentityMismatch, "the checkpoint holds no readable runner state (%v)", err)
+	}
+	if rs.Identity.RunnerInstanceID != m.GetRunnerInstanceId() || rs.Identity.SessionScope != m.GetSessionScope() ||
+		rs.Identity.NormalizedSessionID != m.GetNormalizedSessionId() ||
+		rs.ProviderThreadID != m.GetProviderSessionIdentity().GetProviderSessionId() {
+		return nil, failure.New(codes.FailedPrecondition, failure.RunnerHarnessIdentityMismatch,
+			"restored runner %s (scope %s, session %s, thread %s) is not the manifest's runner %s (scope %s, session %s, thread %s)",
+			rs.Identity.RunnerInstanceID, rs.Identity.SessionScope, rs.Identity.NormalizedSessionID, rs.ProviderThreadID,
+			m.GetRunnerInstanceId(), m.GetSessionScope(), m.GetNormalizedSessionId(), m.GetProviderSessionIdentity().GetProviderSessionId())
+	}
+	if rs.Lifecycle != runnerstate.LifecycleSuspended {
+		return nil, failure.New(codes.FailedPrecondition, failure.RunnerHarnessIdentityMismatch, "the checkpoint's runner is %q, not suspended", rs.Lifecycle)
+	}
+	return rs, nil
+}
+
+// swapIn moves the staged profile directories of payload into scopeDir.
+func swapIn(scopeDir, stage, payload string) error {
+	// Swap the staged directories in: the provider home first, the runner
+	// state (whose presence marks the scope as having state) last. The
+	// scope holds no runner state (checked under the scope's op lock); any
+	// leftover provider home is moved aside into the staging directory.
+	for _, d := range []string{"codex-home", runnerstate.Dir} {
+		target := filepath.Join(scopeDir, d)
+		if _, err := os.Lstat(target); err == nil {
+			if err := os.Rename(target, filepath.Join(stage, "previous-"+d)); err != nil {
+				return failure.Wrap(err, codes.Internal, failure.RunnerRemoteCheckpointRestoreFailed, "%v", err)
+			}
+		}
+		if err := os.Rename(filepath.Join(payload, d), target); err != nil {
+			return failure.Wrap(err, codes.Internal, failure.RunnerRemoteCheckpointRestoreFailed, "swapping the restored state into place: %v", err)
+		}
+	}
+	if d, err := os.Open(scopeDir); err == nil {
+		_ = d.Sync()
+		d.Close()
+	}
 	return nil
 }

@@ -3,11 +3,8 @@ package gateway
 import (
 	"archive/tar"
 	"context"
-	"encoding/json"
 	"errors"
-	"fmt"
 	"io"
-	"os"
 	"path/filepath"
 	"strings"
 	"time"
@@ -18,12 +15,14 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/tether-run/tether/pkg/archive"
+	"github.com/tether-run/tether/pkg/chunkio"
 	"github.com/tether-run/tether/pkg/failure"
 	backupv1 "github.com/tether-run/tether/pkg/gen/tether/backup/v1"
 	gatewayv1 "github.com/tether-run/tether/pkg/gen/tether/gateway/v1"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/grant"
 	"github.com/tether-run/tether/pkg/prp"
+	"github.com/tether-run/tether/pkg/runnerstate"
 	"github.com/tether-run/tether/pkg/scope"
 	"github.com/tether-run/tether/pkg/scope/durable"
 )
@@ -52,54 +51,16 @@ const suspendTimeout = 2 * time.Minute
 // for a session scope; stamps of their checkpoints are bound to it.
 func LeaseFor(sc string) string { return "local-" + sc[:16] }
 
-// runnerStateDoc is what the gateway reads of runnerd's runner-state.json.
-type runnerStateDoc struct {
-	Schema   string `json:"schema"`
-	Identity struct {
-		RunnerInstanceID    string `json:"runnerInstanceId"`
-		EnvironmentLeaseID  string `json:"environmentLeaseId"`
-		NormalizedSessionID string `json:"normalizedSessionId"`
-		SessionScope        string `json:"sessionScope"`
-	} `json:"identity"`
-	Lifecycle        string `json:"lifecycle"`
-	LifecycleReason  string `json:"lifecycleReason"`
-	ProviderThreadID string `json:"providerThreadId"`
-	AckedSourceSeq   uint64 `json:"ackedSourceSeq"`
-	RunnerProcess    *struct {
-		PID        int32  `json:"pid"`
-		StartTicks uint64 `json:"startTicks"`
-	} `json:"runnerProcess"`
-	ProviderProcess *struct {
-		PID int32 `json:"pid"`
-	} `json:"providerProcess"`
-}
-
-func runnerStatePath(stateDir string) string {
-	return filepath.Join(stateDir, "runner", "runner-state.json")
-}
-
 // readRunnerState reads a runnerd state dir's runner-state.json; (nil, nil)
 // when there is none.
-func readRunnerState(stateDir string) (*runnerStateDoc, error) {
-	b, err := os.ReadFile(runnerStatePath(stateDir))
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, err
-	}
-	var st runnerStateDoc
-	if err := json.Unmarshal(b, &st); err != nil {
-		return nil, fmt.Errorf("runner state is not valid JSON: %w", err)
-	}
-	return &st, nil
-}
+func readRunnerState(stateDir string) (*runnerstate.State, error) { return runnerstate.Read(stateDir) }
 
-func (st *runnerStateDoc) process() *prpv1.ProcessInfo {
+// runnerProcess is the runner process a state document records.
+func runnerProcess(st *runnerstate.State) *prpv1.ProcessInfo {
 	if st == nil || st.RunnerProcess == nil {
 		return nil
 	}
-	return &prpv1.ProcessInfo{Pid: st.RunnerProcess.PID, StartTicks: st.RunnerProcess.StartTicks}
+	return &prpv1.ProcessInfo{Pid: int32(st.RunnerProcess.PID), StartTicks: st.RunnerProcess.StartTicks}
 }
 
 // acquireOp serialises suspensions, restores and launches of one scope.
@@ -165,7 +126,7 @@ func (g *Gateway) SuspendRunner(ctx context.Context, req *gatewayv1.SuspendRunne
 	live := r.conn != nil || r.child != nil
 	r.mu.Unlock()
 	var events []*prpv1.Event
-	if live || processAlive(st.process()) || st.Lifecycle != "suspended" {
+	if live || processAlive(runnerProcess(st)) || st.Lifecycle != runnerstate.LifecycleSuspended {
 		// A live runner suspends itself; a runner that is not running (it
 		// stopped on its own idle timeout, or crashed) is launched on its
 		// state first: it starts no provider until a turn asks for one.
@@ -181,7 +142,7 @@ func (g *Gateway) SuspendRunner(ctx context.Context, req *gatewayv1.SuspendRunne
 				"provider_transport_failed: runner did not durably suspend before checkpoint (state unreadable: %v)", err)
 		}
 	}
-	if st.Lifecycle != "suspended" || processAlive(st.process()) {
+	if st.Lifecycle != runnerstate.LifecycleSuspended || processAlive(runnerProcess(st)) {
 		return nil, failure.New(codes.FailedPrecondition, failure.NativeSessionCloseUnrecoverable,
 			"provider_transport_failed: runner did not durably suspend before checkpoint (lifecycle %q)", st.Lifecycle)
 	}
@@ -418,7 +379,7 @@ func writeProfile(w io.Writer, dir string) error {
 
 // upload snapshots the profile directories and streams them to the backup
 // verifier; the answer is its receipt.
-func (g *Gateway) upload(ctx context.Context, dir, sc, lease string, in *prpv1.ExecutionInput, st *runnerStateDoc) (*backupv1.UploadCheckpointResponse, error) {
+func (g *Gateway) upload(ctx context.Context, dir, sc, lease string, in *prpv1.ExecutionInput, st *runnerstate.State) (*backupv1.UploadCheckpointResponse, error) {
 	exec, err := executionIdentity(in)
 	if err != nil {
 		return nil, failure.Wrap(err, codes.InvalidArgument, failure.RunnerHarnessStateMismatch, "execution identity: %v", err)
@@ -438,36 +399,19 @@ func (g *Gateway) upload(ctx context.Context, dir, sc, lease string, in *prpv1.E
 		_, rerr := stream.CloseAndRecv()
 		return nil, uploadErr(err, rerr)
 	}
-	pr, pw := io.Pipe()
-	snapErr := make(chan error, 1)
-	go func() {
-		err := writeProfile(pw, dir)
-		pw.CloseWithError(err)
-		snapErr <- err
-	}()
-	buf := make([]byte, uploadChunk)
-	for {
-		n, err := io.ReadFull(pr, buf)
-		if n > 0 {
-			chunk := append([]byte(nil), buf[:n]...)
-			if serr := stream.Send(&backupv1.UploadCheckpointRequest{Part: &backupv1.UploadCheckpointRequest_Chunk{Chunk: chunk}}); serr != nil {
-				pr.CloseWithError(serr)
-				<-snapErr
-				_, rerr := stream.CloseAndRecv()
-				return nil, uploadErr(serr, rerr)
-			}
-		}
-		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
-			break
-		}
-		if err != nil {
-			cancel() // abandon the upload: the verifier stores nothing
-			<-snapErr
-			return nil, err
-		}
+	out := chunkio.NewWriter(uploadChunk, func(chunk []byte) error {
+		return stream.Send(&backupv1.UploadCheckpointRequest{Part: &backupv1.UploadCheckpointRequest_Chunk{Chunk: chunk}})
+	})
+	err = writeProfile(out, dir)
+	if err == nil {
+		err = out.Close()
 	}
-	if err := <-snapErr; err != nil {
-		cancel()
+	if serr := out.Err(); serr != nil {
+		_, rerr := stream.CloseAndRecv()
+		return nil, uploadErr(serr, rerr)
+	}
+	if err != nil {
+		cancel() // abandon the upload: the verifier stores nothing
 		return nil, err
 	}
 	res, err := stream.CloseAndRecv()

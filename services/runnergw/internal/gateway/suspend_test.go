@@ -222,7 +222,7 @@ func TestR5_GatewaySuspendsChecksTheLifecycleUploadsAndRestoresIntoANewRunner(t 
 	rs, err := readRunnerState(stateDir)
 	require.NoError(t, err)
 	require.Equal(t, "suspended", rs.Lifecycle)
-	require.False(t, processAlive(rs.process()), "runnerd exited")
+	require.False(t, processAlive(runnerProcess(rs)), "runnerd exited")
 	require.False(t, rl.runner(sc).GetConnected())
 
 	fv.mu.Lock()

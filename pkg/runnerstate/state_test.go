@@ -1,4 +1,4 @@
-package durable
+package runnerstate
 
 import (
 	"encoding/json"
@@ -53,7 +53,7 @@ func TestR4_CommandJournalEncodesLikeAPlainMap(t *testing.T) {
 }
 
 // Encode writes the same document encoding/json would (the journal's
-// place among the fields aside), and Load reads it back.
+// place among the fields aside), and Decode reads it back.
 func TestR4_EncodedStateLoadsBack(t *testing.T) {
 	st := NewState(Identity{RunnerInstanceID: "r", SessionScope: "s", NormalizedSessionID: "n"})
 	st.ProcessedCommands["c1"] = &CommandRecord{CommandID: "c1", ControllerSeq: 1, CommandType: "run.attach", Status: StatusCompleted,
@@ -68,9 +68,7 @@ func TestR4_EncodedStateLoadsBack(t *testing.T) {
 	require.NoError(t, json.Unmarshal(plain, &viaJSON))
 	assert.Equal(t, viaJSON, generic)
 
-	s := &Store{Dir: t.TempDir()}
-	require.NoError(t, s.Write(b))
-	back, err := s.Load()
+	back, err := Decode(b)
 	require.NoError(t, err)
 	assert.Equal(t, "run-1", back.ProcessedCommands["c1"].Result["runId"])
 	assert.Equal(t, uint64(2), back.HighestAttempts["run-1"])

@@ -1,0 +1,496 @@
+package dispatch
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+
+	"github.com/tether-run/tether/pkg/failure"
+	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
+	gatewayv1 "github.com/tether-run/tether/pkg/gen/tether/gateway/v1"
+	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
+	"github.com/tether-run/tether/services/executor/internal/runtimeq"
+	"github.com/tether-run/tether/services/executor/internal/session"
+	"github.com/tether-run/tether/services/executor/internal/store"
+)
+
+// attachment is one Attach stream of a claimed run: it opens the scope's
+// runner under the claim's fencing token, writes the run's bookkeeping,
+// pumps the runner's events into the run's log and answers its command
+// results until the run is finished or the stream ends. Each step is a
+// method; the fields are the state one stream carries between them.
+type attachment struct {
+	d        *Dispatcher
+	c        *store.Claim
+	log      *slog.Logger
+	cancelCh <-chan struct{}
+
+	ctx    context.Context // the driver's: writes outlive the stream
+	sctx   context.Context // the stream's
+	cancel context.CancelFunc
+	stream grpc.BidiStreamingClient[gatewayv1.AttachRequest, gatewayv1.AttachResponse]
+	sendMu sync.Mutex // a gRPC stream's Send is not safe for concurrent use
+
+	turnCmds []*prpv1.Command
+	facts    *store.AttachFacts
+	opened   *gatewayv1.Opened
+	// early: the turn's commands were pipelined behind the Open.
+	early bool
+	// replaced, local: a warm session replacement is done, or pending on
+	// local state (E10).
+	replaced, local bool
+	// bookkept delivers the outcome of the bookkeeping written while the
+	// runner works on pipelined commands; nil once received.
+	bookkept chan error
+
+	live          *liveSession
+	msgs          chan *gatewayv1.AttachResponse // read ahead; closed when the stream ends
+	recvErr       error                          // why msgs closed
+	held          *gatewayv1.AttachResponse      // read while coalescing, handled next
+	cancelIntents map[string]string              // cancel command id → intent id
+	acks          *ackTracker
+	terminalSeen  <-chan time.Time
+}
+
+// attachOnce runs one Attach stream. done is true when the run needs no
+// further driving (terminal, or failed and recorded).
+func (d *Dispatcher) attachOnce(ctx context.Context, c *store.Claim, cancelCh <-chan struct{}, log *slog.Logger) (done bool, err error) {
+	a := &attachment{d: d, c: c, log: log, cancelCh: cancelCh, ctx: ctx}
+	a.sctx, a.cancel = context.WithCancel(ctx)
+	defer a.cancel()
+	defer a.awaitBookkeeping() // nothing of this attach is written after it ends
+	if done, err := a.open(); done || err != nil {
+		return done, err
+	}
+	if done, err := a.bookkeep(); done || err != nil {
+		return done, err
+	}
+	if stop, err := a.replaceSession(); stop {
+		return false, err
+	}
+	if !a.early {
+		if err := a.sendTurn(); err != nil {
+			return false, err
+		}
+	}
+	a.live = newLiveSession(c, a.send, a.opened.GetToolAuthorityEpoch())
+	defer d.controls.Attach(c.RunID, a.live)()
+	return a.pump()
+}
+
+func (a *attachment) send(req *gatewayv1.AttachRequest) error {
+	a.sendMu.Lock()
+	defer a.sendMu.Unlock()
+	return a.stream.Send(req)
+}
+
+func (a *attachment) sendCmd(cmd *prpv1.Command) error {
+	return a.send(&gatewayv1.AttachRequest{Kind: &gatewayv1.AttachRequest_Command{Command: cmd}})
+}
+
+func (a *attachment) sendTurn() error {
+	for _, cmd := range a.turnCmds {
+		if err := a.sendCmd(cmd); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// open sends the Open (and, when fencing allows, the turn's commands behind
+// it) and reads the gateway's Opened.
+func (a *attachment) open() (done bool, err error) {
+	c, d := a.c, a.d
+	if a.stream, err = d.cfg.Gateway.Attach(a.sctx); err != nil {
+		return false, err
+	}
+	if a.turnCmds, err = turnCommands(c); err != nil {
+		return true, err
+	}
+	// One round trip reads what the Open carries and what the warm-session
+	// decisions need. R5: the scope's current stamped checkpoint goes with
+	// every Open; the gateway restores it only when the scope has no runner
+	// state. E13: the gateway resumes the scope's durable root only for this
+	// run or a prior run these database records prove terminal, of the same
+	// full scope (and whose runner state on disk is suspended). E10: the
+	// previous run of the scope pinned the live session's configuration.
+	runScope := c.Scope()
+	if a.facts, err = d.store.AttachFacts(a.ctx, c.RunID, runScope, c.Input, priorRunRecords); err != nil {
+		return false, err
+	}
+	var restore *gatewayv1.RestoreSpec
+	if cp := a.facts.Checkpoint; cp != nil && cp.GetStamp().GetSessionScope() == runScope {
+		restore = &gatewayv1.RestoreSpec{CheckpointId: cp.GetCheckpointId(), Stamp: cp.GetStamp(), LeaseId: cp.GetLeaseId()}
+	}
+	if err := a.send(&gatewayv1.AttachRequest{Kind: &gatewayv1.AttachRequest_Open{Open: &gatewayv1.Open{
+		RunId:     c.RunID,
+		Fence:     &gatewayv1.FencingToken{Owner: c.Owner, Attempt: c.Attempt},
+		Target:    RunnerTarget(c.Input),
+		Input:     c.Input,
+		Restore:   restore,
+		PriorRuns: store.PriorRunsProto(a.facts.PriorRuns),
+	}}}); err != nil {
+		return false, err
+	}
+	d.mu.Lock()
+	a.replaced, a.local = d.replaced[c.RunID], d.localReplace[c.RunID]
+	d.mu.Unlock()
+	// The turn's commands go as early as fencing allows: the claim is
+	// committed, the Open carries its fencing token, and the gateway reads
+	// what follows the Open only once it opened the runner under that token
+	// (the scope's control plane bound to this run) — it and the runner
+	// refuse a lower attempt; the commands' ids carry no attempt, so a
+	// takeover gets the runner's stored results, not a second turn. So they
+	// are pipelined behind the Open unless the Opened answer may call for
+	// closing the live session first (E10): a configuration other than the
+	// previous run's, or a replacement on local state pending.
+	a.early = a.replaced || (!configChanged(c, a.facts) && !a.local)
+	if a.early {
+		if err := a.sendTurn(); err != nil {
+			return false, err
+		}
+	}
+	first, err := a.stream.Recv()
+	if err != nil {
+		return false, err
+	}
+	if a.opened = first.GetOpened(); a.opened == nil {
+		if cl := first.GetClosed(); cl != nil {
+			return false, &closedError{cl.GetCode(), cl.GetMessage()}
+		}
+		return false, failure.New(codes.Internal, failure.RunnerProtocolError, "gateway answered Open with %T", first.GetKind())
+	}
+	a.log = a.log.With("runner_instance_id", a.opened.GetRunnerInstanceId())
+	a.log.Info("attached", "reused", a.opened.GetReused(), "runner_acked_seq", a.opened.GetRunnerAckedSeq())
+	return false, nil
+}
+
+// localReplaced: the suspension for a configuration change stopped the
+// runner but the checkpoint could not be stored; the runner came back on
+// its local state with this run's configuration.
+func (a *attachment) localReplaced() bool {
+	return a.local && !a.replaced && !a.opened.GetReused()
+}
+
+// bookkeep records which runner and processes serve the run and the
+// control plane (checkpoints superseded, the authority rotation and a
+// session replacement on record). With the turn's commands pipelined, it is
+// written while the runner works on them and committed before any of the
+// runner's events is persisted (they follow it in the run's log; see
+// awaitBookkeeping). Otherwise it is written before the live session may be
+// closed.
+func (a *attachment) bookkeep() (done bool, err error) {
+	c, d, opened := a.c, a.d, a.opened
+	var supersede string
+	if a.facts.Checkpoint != nil {
+		// A runner serves this run now: its state moves on from the
+		// checkpoint, which can no longer stand for the session.
+		supersede = c.Scope()
+	}
+	var control []store.ControlEvent
+	if prev := opened.GetPreviousRunId(); prev != "" && prev != c.RunID {
+		// E10: this run took the scope's run authority over from prev (a
+		// live warm runner, or a verified continuation of prev's suspended
+		// runner); prev's tool authority epoch is revoked.
+		control = append(control, store.ControlEvent{Type: "session.authority_rotated", Payload: map[string]any{
+			"reason": session.ReasonAuthorityRotated, "previousRunId": prev,
+			"runnerInstanceId": opened.GetRunnerInstanceId(), "toolAuthorityEpoch": float64(opened.GetToolAuthorityEpoch()),
+			"durableSource": opened.GetDurableSource(),
+		}})
+	}
+	if a.localReplaced() {
+		control = append(control, store.ControlEvent{Type: "session.closed", Payload: map[string]any{"reason": CloseReasonConfigChanged}})
+	}
+	recordRunner := func() error {
+		return d.store.RecordRunner(a.ctx, c.Fence, opened.GetRunnerInstanceId(), opened.GetRunnerProcess(), opened.GetProviderProcess())
+	}
+	recordControl := func() error { return d.store.RecordControl(a.ctx, c.Fence, supersede, control) }
+	if a.early {
+		a.bookkept = make(chan error, 1)
+		go func() {
+			err := recordControl()
+			if err == nil {
+				err = recordRunner()
+			}
+			a.bookkept <- err
+		}()
+		return false, nil
+	}
+	if err := recordRunner(); err != nil {
+		return failure.CodeOf(err) == failure.NativeSessionLeaseLost, err
+	}
+	if err := recordControl(); err != nil {
+		return failure.CodeOf(err) == failure.NativeSessionLeaseLost, err
+	}
+	return false, nil
+}
+
+// awaitBookkeeping waits for the pipelined bookkeeping, once.
+func (a *attachment) awaitBookkeeping() error {
+	if a.bookkept == nil {
+		return nil
+	}
+	err := <-a.bookkept
+	a.bookkept = nil
+	return err
+}
+
+// replaceSession closes a warm provider session that serves another
+// pinned configuration (E10: model, approval or permission, lifecycle,
+// runtime context); the runner comes back with this run's configuration
+// and resumes the same provider thread. stop is true when this attach ends
+// here.
+func (a *attachment) replaceSession() (stop bool, err error) {
+	c, d := a.c, a.d
+	if a.localReplaced() {
+		d.mu.Lock()
+		d.replaced[c.RunID] = true
+		d.mu.Unlock()
+	}
+	if !a.opened.GetReused() || a.replaced || !configChanged(c, a.facts) {
+		return false, nil
+	}
+	if !a.local {
+		a.cancel() // detach: the scope's runner is suspended next
+		return true, d.replaceThroughBackup(a.ctx, c, a.log)
+	}
+	return true, d.closeForReplacement(a.ctx, c, a.send, a.stream.Recv, a.opened.GetRunnerAckedSeq(), a.log)
+}
+
+// readAhead reads everything the gateway relays into msgs, so a group
+// commit takes every batch that arrived while the previous one was being
+// persisted. msgs is closed (after its last message) when the stream ends;
+// recvErr says why.
+func (a *attachment) readAhead() {
+	a.msgs = make(chan *gatewayv1.AttachResponse, maxReadAhead)
+	go func() {
+		defer close(a.msgs)
+		for {
+			m, err := a.stream.Recv()
+			if err != nil {
+				a.recvErr = err
+				return
+			}
+			select {
+			case a.msgs <- m:
+			case <-a.sctx.Done():
+				a.recvErr = a.sctx.Err()
+				return
+			}
+		}
+	}()
+}
+
+// dispatchCancel sends a pending durable cancellation (E6) on this stream
+// by command id (the runner executes an id at most once); it is sent again
+// on every re-attach while pending, and acknowledged under the fence.
+func (a *attachment) dispatchCancel(rec *executorv1.Cancellation) error {
+	if rec == nil || rec.GetDispatchState() != "pending" {
+		return nil
+	}
+	cmd, err := newCommand(a.c, "turn.interrupt", map[string]any{"reason": rec.GetReason()})
+	if err != nil {
+		return err
+	}
+	cmd.CommandId = fmt.Sprintf("%s/cancel/%s", a.c.RunID, rec.GetIntentId())
+	a.cancelIntents[cmd.CommandId] = rec.GetIntentId()
+	a.log.Info("dispatching cancellation", "intent_id", rec.GetIntentId())
+	return a.sendCmd(cmd)
+}
+
+// pump handles what the runner relays until the run is finished or the
+// stream ends.
+func (a *attachment) pump() (done bool, err error) {
+	a.readAhead()
+	a.cancelIntents = map[string]string{}
+	a.acks = newAckTracker()
+	// A cancellation recorded since facts were read kicks cancelCh.
+	if err := a.dispatchCancel(a.facts.Cancellation); err != nil {
+		return false, err
+	}
+	for {
+		msg := a.held
+		if msg != nil {
+			a.held = nil
+		} else {
+			select {
+			case <-a.ctx.Done():
+				return true, context.Cause(a.ctx)
+			case <-a.terminalSeen:
+				a.log.Warn("cancellation dispatch unanswered after the terminal event; it stays pending")
+				return a.finish()
+			case <-a.cancelCh:
+				rec, err := a.d.store.Cancellation(a.ctx, a.c.RunID)
+				if err != nil {
+					return false, err
+				}
+				if err := a.dispatchCancel(rec); err != nil {
+					return false, err
+				}
+				continue
+			case m, ok := <-a.msgs:
+				if !ok {
+					if a.terminalSeen != nil {
+						return true, nil
+					}
+					return false, a.recvErr
+				}
+				msg = m
+			}
+		}
+		var (
+			stop bool
+			done bool
+			err  error
+		)
+		switch k := msg.GetKind().(type) {
+		case *gatewayv1.AttachResponse_Events:
+			stop, done, err = a.onEvents(k.Events.GetEvents())
+		case *gatewayv1.AttachResponse_CommandResult:
+			stop, done, err = a.onResult(k.CommandResult)
+		case *gatewayv1.AttachResponse_Closed:
+			return false, &closedError{k.Closed.GetCode(), k.Closed.GetMessage()}
+		}
+		if stop {
+			return done, err
+		}
+	}
+}
+
+// coalesce adds every batch already waiting to evs (a group commit: the
+// runner sends events as they happen); a message of another kind is held
+// for the next turn of the pump.
+func (a *attachment) coalesce(evs []*prpv1.Event) []*prpv1.Event {
+	for len(evs) < maxCoalescedEvents {
+		select {
+		case m, ok := <-a.msgs:
+			if !ok {
+				return evs // the stream ended; handled next
+			}
+			if more := m.GetEvents(); more != nil {
+				evs = append(evs, more.GetEvents()...)
+				continue
+			}
+			a.held = m
+			return evs
+		default:
+			return evs
+		}
+	}
+	return evs
+}
+
+// onEvents persists a group of the runner's events, acknowledges them to
+// the runner and ends the attach on the run's terminal or a lost turn.
+func (a *attachment) onEvents(evs []*prpv1.Event) (stop, done bool, err error) {
+	c, d := a.c, a.d
+	evs = a.coalesce(evs)
+	if err := a.awaitBookkeeping(); err != nil {
+		return true, failure.CodeOf(err) == failure.NativeSessionLeaseLost, err
+	}
+	// The live session follows the runner's events before they are
+	// persisted: a watcher may act on them (e.g. answer a runtime request
+	// of the active turn) as soon as they are committed.
+	for _, ev := range evs {
+		a.live.observe(ev)
+	}
+	res, err := d.store.AppendEvents(a.ctx, c.Fence, evs)
+	if err != nil {
+		switch failure.CodeOf(err) {
+		case failure.NativeEventReplayConflict:
+			a.log.Error("replay conflict", "err", err)
+			d.recordFailure(a.ctx, c, err, a.log)
+			return true, true, err
+		case failure.NativeSessionLeaseLost:
+			return true, true, err
+		}
+		return true, false, err
+	}
+	for _, m := range res.RuntimeInputs {
+		adapter := m.Adapter
+		if adapter == runtimeq.Unknown {
+			adapter = c.Input.GetProvider().GetKind() // the run's adapter
+		}
+		d.runtimeQuestions.WithLabelValues(m.Outcome, adapter).Inc()
+	}
+	for inst, seq := range a.acks.persisted(a.opened.GetRunnerAckedSeq(), evs) {
+		if err := a.send(&gatewayv1.AttachRequest{Kind: &gatewayv1.AttachRequest_Ack{Ack: &gatewayv1.Ack{
+			SourceInstanceId: inst, PersistedThroughSeq: seq,
+		}}}); err != nil {
+			return true, false, err
+		}
+	}
+	if lost := lostTurn(evs, c.RunID); lost != nil {
+		// The runner lost the turn with its provider (SPEC R7): the attempt
+		// ends retryably and the retry starts the turn again.
+		d.recordFailure(a.ctx, c, lost, a.log)
+		return true, true, lost
+	}
+	if res.Terminal {
+		a.log.Info("run terminal persisted", "events", res.Inserted)
+		if len(a.cancelIntents) == 0 {
+			done, err := a.finish()
+			return true, done, err
+		}
+		// Keep reading (bounded) until outstanding cancellation dispatches
+		// are answered, so their acknowledgement is recorded.
+		a.terminalSeen = time.After(5 * time.Second)
+	}
+	return false, false, nil
+}
+
+// onResult handles a command result the live session did not wait for: a
+// cancellation dispatch's, or a refusal of the turn's commands.
+func (a *attachment) onResult(r *prpv1.CommandResult) (stop, done bool, err error) {
+	if a.live.result(r) {
+		return false, false, nil
+	}
+	if intent, ok := a.cancelIntents[r.GetCommandId()]; ok {
+		// completed, or the turn had already ended: either way the
+		// provider has nothing left to do for this run.
+		if r.GetStatus() == "completed" || r.GetCode() == failure.NoActiveTurn {
+			a.d.acknowledgeCancellation(a.ctx, a.c, intent, a.log)
+		} else {
+			a.log.Error("cancellation dispatch refused", "code", r.GetCode(), "msg", r.GetMessage())
+		}
+		delete(a.cancelIntents, r.GetCommandId())
+		if a.terminalSeen != nil && len(a.cancelIntents) == 0 {
+			done, err := a.finish()
+			return true, done, err
+		}
+		return false, false, nil
+	}
+	switch r.GetStatus() {
+	case "completed", "pending":
+		return false, false, nil
+	}
+	if r.GetCode() == failure.TurnAlreadyActive {
+		return false, false, nil // a re-attach found its turn still running
+	}
+	code := failure.Reason(r.GetCode())
+	if code == "" {
+		code = failure.RunnerCommandFailed
+	}
+	msg := fmt.Sprintf("%s %s: %s", r.GetCommandType(), r.GetStatus(), r.GetMessage())
+	a.log.Error("command refused", "code", code, "msg", msg)
+	err = failure.New(codes.FailedPrecondition, code, "%s", msg)
+	a.d.recordFailure(a.ctx, a.c, err, a.log)
+	return true, true, err
+}
+
+// finish ends a run whose terminal is persisted: a per-turn session is
+// closed, and the stream is closed for sending.
+func (a *attachment) finish() (bool, error) {
+	if a.c.Input.GetSession().GetLifecycle().GetMode() != prpv1.LifecycleMode_LIFECYCLE_MODE_WARM {
+		if closeCmd, err := newCommand(a.c, "session.close", map[string]any{"reason": "per_turn run ended"}); err == nil {
+			_ = a.sendCmd(closeCmd)
+		}
+	}
+	_ = a.stream.CloseSend()
+	return true, nil
+}

@@ -1,0 +1,51 @@
+// Package provider holds what a provider driver reports to the runner: the
+// result of a finished turn, its usage and artifacts, and the provider
+// process's identity. The codex driver produces these values and the runner
+// consumes them as they are, with no conversion between the two.
+package provider
+
+import "time"
+
+// Turn statuses in TurnResult.Status.
+const (
+	TurnCompleted   = "completed"
+	TurnFailed      = "failed"
+	TurnInterrupted = "interrupted"
+)
+
+// TurnResult is delivered once per finished turn.
+type TurnResult struct {
+	TurnID       string
+	Status       string // TurnCompleted | TurnFailed | TurnInterrupted
+	FinalMessage string
+	// Usage is the turn's own usage (the growth of the thread's total).
+	Usage Usage
+	// Total is the thread's cumulative usage when the turn ended; nil when
+	// the provider reported none.
+	Total        *Usage
+	ErrorCode    string
+	ErrorMessage string
+	// Artifacts are the turn's semantic result artifacts (its plan),
+	// reported on its run.terminal as artifacts: [{kind, ref}].
+	Artifacts []Artifact
+}
+
+// Usage is the token usage of one turn.
+type Usage struct {
+	InputTokens, CachedInputTokens, OutputTokens int64
+}
+
+// Artifact is one semantic result artifact of a turn.
+type Artifact struct {
+	Kind, Ref string
+}
+
+// ProcessInfo identifies a provider process. StartTicks is field 22 of
+// /proc/<pid>/stat (start time in clock ticks since boot); together with
+// PID it protects liveness checks against PID reuse.
+type ProcessInfo struct {
+	PID        int
+	PGID       int
+	StartTicks uint64
+	StartedAt  time.Time
+}
