@@ -5,21 +5,14 @@ import (
 	"strconv"
 
 	"github.com/tether-run/tether/pkg/failure"
+	"github.com/tether-run/tether/services/runnerd/internal/provider"
 )
 
-// Reconciliation outcomes.
+// Reconciliation outcomes (see package provider).
 const (
-	// ReconcileRetained: the provider still runs the turn; the session now
-	// tracks it as active and its end arrives on TurnDone as usual.
-	ReconcileRetained = "retained"
-	// ReconcileTerminalized: the provider recorded the turn as finished; the
-	// driver emitted its turn.<status> event (payload reconciled:true) and
-	// delivered its TurnResult on TurnDone.
-	ReconcileTerminalized = "terminalized"
-	// ReconcileMissing: the thread does not know the turn. ReconcileTurn
-	// returns a provider_turn_missing error with it; the failure is
-	// recoverable (the turn was never recorded, so a retry may start it).
-	ReconcileMissing = "missing"
+	ReconcileRetained     = provider.ReconcileRetained
+	ReconcileTerminalized = provider.ReconcileTerminalized
+	ReconcileMissing      = provider.ReconcileMissing
 )
 
 // Reconciliation is the result of ReconcileTurn.

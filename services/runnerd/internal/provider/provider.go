@@ -13,6 +13,22 @@ const (
 	TurnInterrupted = "interrupted"
 )
 
+// Outcomes of reconciling a turn that was active when the provider (or
+// runnerd) was lost.
+const (
+	// ReconcileRetained: the provider still runs the turn; the session now
+	// tracks it as active and its end arrives on TurnDone as usual.
+	ReconcileRetained = "retained"
+	// ReconcileTerminalized: the provider recorded the turn as finished; the
+	// driver emitted its turn.<status> event (payload reconciled:true) and
+	// delivered its TurnResult on TurnDone.
+	ReconcileTerminalized = "terminalized"
+	// ReconcileMissing: the thread does not know the turn; the driver
+	// returns a provider_turn_missing error with it. The failure is
+	// recoverable (the turn was never recorded, so a retry may start it).
+	ReconcileMissing = "missing"
+)
+
 // TurnResult is delivered once per finished turn.
 type TurnResult struct {
 	TurnID       string

@@ -31,11 +31,11 @@ type TurnReconciler interface {
 	ReconcileTurn(ctx context.Context, turnID string) (outcome, status string, err error)
 }
 
-// Reconciliation outcomes (codex.Reconcile*).
+// Reconciliation outcomes (see package provider).
 const (
-	ReconcileRetained     = "retained"
-	ReconcileTerminalized = "terminalized"
-	ReconcileMissing      = "missing"
+	ReconcileRetained     = provider.ReconcileRetained
+	ReconcileTerminalized = provider.ReconcileTerminalized
+	ReconcileMissing      = provider.ReconcileMissing
 )
 
 // StartFunc spawns a provider. emit is called in order from one goroutine
