@@ -214,6 +214,7 @@ func blobFiles(t *testing.T, dir string) []string {
 }
 
 func TestB3_ServiceUploadVerifyDownloadRestoreRoundTrip(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, true, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -335,6 +336,7 @@ func storedArchive(t *testing.T, e *env) string {
 }
 
 func TestB3_ServiceTamperedStoredByteFailsDeepVerifyNotError(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, true, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -389,6 +391,7 @@ func rawTar(t *testing.T, hdrs ...*tar.Header) []byte {
 }
 
 func TestB4_ServiceRefusesUnsafeArchiveWithItsCodeAndStoresNothing(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, true, func(s *checkpoint.Service) { s.Limits = archive.Limits{MaxEntries: 50} })
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -454,6 +457,7 @@ func TestB4_ServiceRefusesUnsafeArchiveWithItsCodeAndStoresNothing(t *testing.T)
 }
 
 func TestB2_ServiceRefusesHeaderNotMatchingTheProfile(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, true, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -488,6 +492,7 @@ func TestB2_ServiceRefusesHeaderNotMatchingTheProfile(t *testing.T) {
 }
 
 func TestWithoutDatabaseCheckpointsAreDisabled(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, false, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -547,6 +552,7 @@ func writePack(t *testing.T, root string) {
 }
 
 func TestB1_ServiceVerifiesProviderPack(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, false, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

@@ -43,6 +43,7 @@ const (
 // verifier's upload path as a non-root user: as root (CI) it re-executes
 // this test binary as nobody; as any other user it runs in place.
 func TestS4_NonRootUploadsLeaveNoStagingAfterLockedDirectories(t *testing.T) {
+	t.Parallel()
 	if os.Getenv(envS4Child) == "1" {
 		s4Child(t, os.Getenv(envS4DSN), os.Getenv(envS4Staging), os.Getenv(envS4Bucket), true)
 		return

@@ -41,6 +41,7 @@ func deltas(run, inst string, from, n int) []*prpv1.Event {
 // source instances, the deterministic bytes and their sha256 stored, the
 // run's event count bumped, listeners notified.
 func TestG4_FastAppendKeepsSeqsContiguousAndStoresTheDeterministicBytes(t *testing.T) {
+	t.Parallel()
 	s := newStore(t)
 	ctx := context.Background()
 	c := claimed(t, s, "r", "o")
@@ -100,6 +101,7 @@ func TestG4_FastAppendKeepsSeqsContiguousAndStoresTheDeterministicBytes(t *testi
 // statement writes nothing, the duplicates are dropped, the new events get
 // the next seqs, and a replay with other bytes is refused whole.
 func TestG4_FastAppendFallsBackOnAReplayAndWritesNothingTwice(t *testing.T) {
+	t.Parallel()
 	s := newStore(t)
 	ctx := context.Background()
 	c := claimed(t, s, "r", "o")
@@ -129,6 +131,7 @@ func TestG4_FastAppendFallsBackOnAReplayAndWritesNothingTwice(t *testing.T) {
 
 // A stale writer's fast append writes nothing: no event, no count.
 func TestE7_StaleFastAppendWritesNothing(t *testing.T) {
+	t.Parallel()
 	s := newStore(t)
 	ctx := context.Background()
 	c := claimed(t, s, "r", "o")
@@ -158,6 +161,7 @@ func requireFKViolation(t *testing.T, err error) {
 // Events and coordinators reference their run as a foreign key would,
 // checked once per statement.
 func TestRunReferencesHoldLikeForeignKeys(t *testing.T) {
+	t.Parallel()
 	s := newStore(t)
 	ctx := context.Background()
 	c := claimed(t, s, "r", "o")
@@ -201,6 +205,7 @@ VALUES ('r', 3, 'i', 1, 'e', 't', '\x00', '\x00'), ('nope', 1, 'i', 1, 'e', 't',
 // current and unexpired: not another lease of the same owner, not a lease
 // taken over, expired or finished.
 func TestE7_RenewLeasesRenewsExactlyTheListedHeldLeases(t *testing.T) {
+	t.Parallel()
 	s := newStore(t)
 	ctx := context.Background()
 	const n = 40

@@ -20,6 +20,7 @@ import (
 )
 
 func TestSubmitIsOneIdempotentStatementThatNotifies(t *testing.T) {
+	t.Parallel()
 	s := newStore(t)
 	ctx := context.Background()
 	conn, err := s.Pool().Acquire(ctx)
@@ -57,6 +58,7 @@ func TestSubmitIsOneIdempotentStatementThatNotifies(t *testing.T) {
 }
 
 func TestSubmitRacingClientsYieldOneRun(t *testing.T) {
+	t.Parallel()
 	s := newStore(t)
 	var wg sync.WaitGroup
 	var mu sync.Mutex
@@ -81,6 +83,7 @@ func TestSubmitRacingClientsYieldOneRun(t *testing.T) {
 // AttachFacts reads in one round trip what CurrentCheckpoint, PriorRuns and
 // PreviousInScope read one by one.
 func TestAttachFactsEqualsTheSeparateReads(t *testing.T) {
+	t.Parallel()
 	s := newStore(t)
 	ctx := context.Background()
 	in := func(prompt string) *prpv1.ExecutionInput { return input("warm", prompt) }
@@ -140,6 +143,7 @@ func TestAttachFactsEqualsTheSeparateReads(t *testing.T) {
 // RecordControl writes what SupersedeCheckpoints and AppendControlEvent
 // write, in one transaction under the fence.
 func TestRecordControlIsFencedAndAppendsControlEventsInOrder(t *testing.T) {
+	t.Parallel()
 	s := newStore(t)
 	ctx := context.Background()
 	in := input("att", "x")

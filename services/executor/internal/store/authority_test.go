@@ -27,6 +27,7 @@ func submitted(t *testing.T, s *store.Store, id string) {
 }
 
 func TestE7_RenewsOnlyWhenTheExactFencedOwnerRemainsCurrent(t *testing.T) {
+	t.Parallel()
 	s := newStore(t)
 	ctx := context.Background()
 	submitted(t, s, "run-lease")
@@ -46,6 +47,7 @@ func TestE7_RenewsOnlyWhenTheExactFencedOwnerRemainsCurrent(t *testing.T) {
 }
 
 func TestE7_DoesNotReacquireAProviderAfterADurableResultExists(t *testing.T) {
+	t.Parallel()
 	s := newStore(t)
 	ctx := context.Background()
 	submitted(t, s, "r")
@@ -63,6 +65,7 @@ func TestE7_DoesNotReacquireAProviderAfterADurableResultExists(t *testing.T) {
 }
 
 func TestE7_DoesNotReacquireAProviderWhileDurableCancellationIsPendingOrAcknowledged(t *testing.T) {
+	t.Parallel()
 	for _, state := range []string{"pending", "acknowledged"} {
 		t.Run(state, func(t *testing.T) {
 			s := newStore(t)
@@ -84,6 +87,7 @@ func TestE7_DoesNotReacquireAProviderWhileDurableCancellationIsPendingOrAcknowle
 }
 
 func TestE7_ClaimRefusesAChangedBindingAndABusyLeaseUnlessItsControllerIsProvenDead(t *testing.T) {
+	t.Parallel()
 	s := newStore(t)
 	ctx := context.Background()
 	submitted(t, s, "r")
@@ -125,6 +129,7 @@ func TestE7_LeaseTTLBounds(t *testing.T) {
 }
 
 func TestE11_RetryableFailureRequeuesWithANewTurnGenerationAndProjection(t *testing.T) {
+	t.Parallel()
 	s := newStore(t)
 	ctx := context.Background()
 	submitted(t, s, "r")
@@ -182,6 +187,7 @@ func activities(t *testing.T, s *store.Store, run string) []string {
 }
 
 func TestE6_CancellingAQueuedRunEndsItAtOnceAndALateCancelIsNotActive(t *testing.T) {
+	t.Parallel()
 	s := newStore(t)
 	ctx := context.Background()
 	submitted(t, s, "r")
@@ -210,6 +216,7 @@ func TestE6_CancellingAQueuedRunEndsItAtOnceAndALateCancelIsNotActive(t *testing
 }
 
 func TestE6_BindsCancellationToTheRunsIssueAndMergesMetadataUnderRowLocks(t *testing.T) {
+	t.Parallel()
 	s := newStore(t)
 	ctx := context.Background()
 	submitted(t, s, "r")
@@ -247,6 +254,7 @@ func TestE6_BindsCancellationToTheRunsIssueAndMergesMetadataUnderRowLocks(t *tes
 }
 
 func TestE6_RecoversAPostDispatchPersistenceFailureWithoutASecondIntent(t *testing.T) {
+	t.Parallel()
 	s := newStore(t)
 	ctx := context.Background()
 	submitted(t, s, "r")
@@ -283,6 +291,7 @@ func TestE6_RecoversAPostDispatchPersistenceFailureWithoutASecondIntent(t *testi
 }
 
 func TestE6_FailsClosedWhenThePersistedRunHasNoCoordinator(t *testing.T) {
+	t.Parallel()
 	s := newStore(t)
 	ctx := context.Background()
 	submitted(t, s, "r")

@@ -20,6 +20,7 @@ func askUserCall(callID string, args map[string]any) map[string]any {
 // created in the transaction that persists the event, and a duplicate event
 // is dropped before it.
 func TestE4_AReplayedToolCallOpensOneInteraction(t *testing.T) {
+	t.Parallel()
 	s := newStore(t)
 	ctx := context.Background()
 	c := claimed(t, s, "r", "o")
@@ -53,6 +54,7 @@ func TestE4_AReplayedToolCallOpensOneInteraction(t *testing.T) {
 // A partial item-verdict answer is recorded and keeps the interaction
 // pending (no run); the answer that completes it submits the continuation.
 func TestE4_PartialItemVerdictsKeepTheWaitUntilComplete(t *testing.T) {
+	t.Parallel()
 	s := newStore(t)
 	ctx := context.Background()
 	c := claimed(t, s, "r", "o")

@@ -19,6 +19,7 @@ import (
 // plan is refused with nothing of it written, and the result's plan
 // artifact becomes the run's plan when it ends.
 func TestE3_PlanUpdatesAreStoredRenderedAndTheRunKeepsItsLatestPlan(t *testing.T) {
+	t.Parallel()
 	s := newStore(t)
 	ctx := context.Background()
 	c := claimed(t, s, "r", "o")

@@ -176,6 +176,7 @@ func e13Root(base, runID string, in *prpv1.ExecutionInput) string {
 }
 
 func TestE13_DatabasePriorRunStillRunningFailsClosedUntouched(t *testing.T) {
+	t.Parallel()
 	s := newStore(t)
 	ctx := context.Background()
 	in := e13Input(e13Company, e13Agent, "ws-active", "session-active")
@@ -213,6 +214,7 @@ func TestE13_DatabasePriorRunStillRunningFailsClosedUntouched(t *testing.T) {
 }
 
 func TestE13_DatabaseTerminalSuspendedPriorRunIsContinuedUnderTheNewRunID(t *testing.T) {
+	t.Parallel()
 	s := newStore(t)
 	ctx := context.Background()
 	in := e13Input(e13Company, e13Agent, "ws-continue", "session-continue")
@@ -292,6 +294,7 @@ func TestE13_DatabaseTerminalSuspendedPriorRunIsContinuedUnderTheNewRunID(t *tes
 // that run id, the persisted input of the prior run is the same transient
 // scope as the continuation's.
 func TestE13_DatabaseProjectlessContinuationIsVerified(t *testing.T) {
+	t.Parallel()
 	s := newStore(t)
 	ctx := context.Background()
 	prior, cur := "run-projectless-prior", "run-projectless-next"
@@ -311,6 +314,7 @@ func TestE13_DatabaseProjectlessContinuationIsVerified(t *testing.T) {
 }
 
 func TestE13_DatabaseTerminalPriorRunWithReadyRunnerIsQuarantinedIndeterminate(t *testing.T) {
+	t.Parallel()
 	s := newStore(t)
 	ctx := context.Background()
 	in := e13Input(e13Company, e13Agent, "ws-ready", "session-ready")
@@ -330,6 +334,7 @@ func TestE13_DatabaseTerminalPriorRunWithReadyRunnerIsQuarantinedIndeterminate(t
 }
 
 func TestE13_DatabasePriorRunOfAnotherWorkspaceIsAScopeMismatch(t *testing.T) {
+	t.Parallel()
 	s := newStore(t)
 	ctx := context.Background()
 	prior, cur := "run-otherws-prior", "run-otherws-next"
@@ -368,6 +373,7 @@ func TestE13_DatabasePriorRunOfAnotherWorkspaceIsAScopeMismatch(t *testing.T) {
 }
 
 func TestE13_DatabaseLegacyRootOfAVerifiedPriorRunMigratesAtomically(t *testing.T) {
+	t.Parallel()
 	s := newStore(t)
 	ctx := context.Background()
 	in := e13Input(e13Company, e13Agent, "ws-legacy", "session-legacy")
@@ -399,6 +405,7 @@ func TestE13_DatabaseLegacyRootOfAVerifiedPriorRunMigratesAtomically(t *testing.
 }
 
 func TestE13_DatabaseLegacyRootOfARunningPriorRunFailsClosedInPlace(t *testing.T) {
+	t.Parallel()
 	s := newStore(t)
 	ctx := context.Background()
 	in := e13Input(e13Company, e13Agent, "ws-legacy-active", "session-legacy-active")
@@ -422,6 +429,7 @@ func TestE13_DatabaseLegacyRootOfARunningPriorRunFailsClosedInPlace(t *testing.T
 }
 
 func TestE13_DatabaseRunOnDiskWithoutARowIsIndeterminate(t *testing.T) {
+	t.Parallel()
 	s := newStore(t)
 	ctx := context.Background()
 	in := e13Input(e13Company, e13Agent, "ws-ghost", "session-ghost")
@@ -454,6 +462,7 @@ func TestE13_DatabaseRunOnDiskWithoutARowIsIndeterminate(t *testing.T) {
 }
 
 func TestE13_DatabaseUnavailableLeavesEveryRootUntouched(t *testing.T) {
+	t.Parallel()
 	dsn := pgtest.NewDB(t, Migrator)
 	ctx := context.Background()
 	s, err := store.Open(ctx, dsn)
@@ -523,6 +532,7 @@ func e13Summary(recs []store.PriorRunRecord) []string {
 }
 
 func TestE13_PriorRunsListsTheSessionsOtherRunsOfTheSameCompanyAndAgentNewestFirst(t *testing.T) {
+	t.Parallel()
 	s := newStore(t)
 	ctx := context.Background()
 	inputs := map[string]*prpv1.ExecutionInput{}
@@ -590,6 +600,7 @@ func TestE13_PriorRunsListsTheSessionsOtherRunsOfTheSameCompanyAndAgentNewestFir
 // A run that names no session is in "session-<run id>"; a later run naming
 // that session explicitly continues it.
 func TestE13_PriorRunsMatchesAnUnnamedSessionByItsRunID(t *testing.T) {
+	t.Parallel()
 	s := newStore(t)
 	ctx := context.Background()
 	e13Run(t, s, "solo", e13Input(e13Company, e13Agent, "ws-1", ""), store.StateSucceeded)
@@ -613,6 +624,7 @@ func TestE13_PriorRunsMatchesAnUnnamedSessionByItsRunID(t *testing.T) {
 }
 
 func TestE13_PriorRunsIsCappedAt64(t *testing.T) {
+	t.Parallel()
 	s := newStore(t)
 	ctx := context.Background()
 	in := e13Input(e13Company, e13Agent, "ws-cap", "session-cap")

@@ -89,6 +89,7 @@ func twoRunsOfOneScope(t *testing.T, s *store.Store, a, b, inst string) (*store.
 }
 
 func TestR9_AForgedLateEventForATerminalRunIsRefusedByTheDatabase(t *testing.T) {
+	t.Parallel()
 	s := newStore(t)
 	ctx := context.Background()
 	ca, _ := twoRunsOfOneScope(t, s, "a", "b", "runner-1")
@@ -112,6 +113,7 @@ VALUES ('a', $1, $2::bigint, 'runner-1', $2::bigint + 100, 'forged', $3, '\x00',
 }
 
 func TestR9_ARowNotWrittenByTheRunsCurrentAttemptIsRefusedByTheDatabase(t *testing.T) {
+	t.Parallel()
 	s := newStore(t)
 	ctx := context.Background()
 	c := claimed(t, s, "r", "o")
@@ -129,6 +131,7 @@ VALUES ('r', $1, 3, 'runner-1', 3, 'forged', 'item.delta', '\x00', '\x00')`, int
 }
 
 func TestR9_SessionEventsAfterARunEndedAreFiledUnderTheNextRunUnderItsFence(t *testing.T) {
+	t.Parallel()
 	s := newStore(t)
 	ctx := context.Background()
 	_, cb := twoRunsOfOneScope(t, s, "a", "b", "runner-1")
@@ -170,6 +173,7 @@ func TestR9_SessionEventsAfterARunEndedAreFiledUnderTheNextRunUnderItsFence(t *t
 }
 
 func TestR9_AnIdleSuspensionsEventsWaitForTheScopesNextRunAndAreFiledUnderItsFence(t *testing.T) {
+	t.Parallel()
 	s := newStore(t)
 	ctx := context.Background()
 	for _, id := range []string{"a", "b"} {
@@ -216,6 +220,7 @@ func TestR9_AnIdleSuspensionsEventsWaitForTheScopesNextRunAndAreFiledUnderItsFen
 }
 
 func TestR9_ACancelledRunWaitingForItsRetryEndsUnderItsLastAttempt(t *testing.T) {
+	t.Parallel()
 	s := newStore(t)
 	ctx := context.Background()
 	c := claimed(t, s, "r", "o")
@@ -236,6 +241,7 @@ func TestR9_ACancelledRunWaitingForItsRetryEndsUnderItsLastAttempt(t *testing.T)
 // (harness.exited, runner.reconciled): the run takes nothing after its
 // terminal, the rest waits for the scope's next run and is filed under it.
 func TestR9_EventsAfterTheRunsOwnTerminalInOneBatchGoToTheScopesNextRun(t *testing.T) {
+	t.Parallel()
 	s := newStore(t)
 	ctx := context.Background()
 	for _, id := range []string{"a", "b"} {

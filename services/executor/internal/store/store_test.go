@@ -54,6 +54,7 @@ func event(run, inst string, seq uint64, typ string, payload map[string]any) *pr
 }
 
 func TestSubmitRunIsIdempotentByRunID(t *testing.T) {
+	t.Parallel()
 	s := newStore(t)
 	ctx := context.Background()
 	run, created, err := s.SubmitRun(ctx, "r1", input("s", "hello"))
@@ -77,6 +78,7 @@ func TestSubmitRunIsIdempotentByRunID(t *testing.T) {
 }
 
 func TestSubmitRunRacingClientsYieldOneRun(t *testing.T) {
+	t.Parallel()
 	s := newStore(t)
 	var wg sync.WaitGroup
 	createdCount := 0
@@ -99,6 +101,7 @@ func TestSubmitRunRacingClientsYieldOneRun(t *testing.T) {
 }
 
 func TestE7_ClaimIsFencedAndSessionOrdered(t *testing.T) {
+	t.Parallel()
 	s := newStore(t)
 	ctx := context.Background()
 	for i, id := range []string{"a1", "a2"} {
@@ -130,15 +133,18 @@ func TestE7_ClaimIsFencedAndSessionOrdered(t *testing.T) {
 }
 
 func TestE7_ExpiredLeaseIsTakenOverAndStaleWritesChangeNothing(t *testing.T) {
+	t.Parallel()
 	s := newStore(t)
 	ctx := context.Background()
 	_, _, err := s.SubmitRun(ctx, "r", input("s", "x"))
 	require.NoError(t, err)
 	old, err := s.ClaimNext(ctx, "old", time.Millisecond, store.Controller{})
 	require.NoError(t, err)
-	time.Sleep(5 * time.Millisecond) // let the 1 ms lease expire in the database clock
-	taken, err := s.ClaimNext(ctx, "new", time.Minute, store.Controller{})
-	require.NoError(t, err)
+	var taken *store.Claim
+	require.Eventually(t, func() bool { // once the 1 ms lease expired in the database clock
+		taken, err = s.ClaimNext(ctx, "new", time.Minute, store.Controller{})
+		return err == nil && taken != nil
+	}, time.Minute, time.Millisecond)
 	require.Equal(t, "r", taken.RunID)
 	require.EqualValues(t, 2, taken.Attempt)
 
@@ -154,6 +160,7 @@ func TestE7_ExpiredLeaseIsTakenOverAndStaleWritesChangeNothing(t *testing.T) {
 }
 
 func TestG4_AppendEventsDedupesAndRefusesConflicts(t *testing.T) {
+	t.Parallel()
 	s := newStore(t)
 	ctx := context.Background()
 	_, _, err := s.SubmitRun(ctx, "r", input("s", "x"))
@@ -194,6 +201,7 @@ func TestG4_AppendEventsDedupesAndRefusesConflicts(t *testing.T) {
 }
 
 func TestTerminalEventRecordsTheOutcome(t *testing.T) {
+	t.Parallel()
 	s := newStore(t)
 	ctx := context.Background()
 	_, _, err := s.SubmitRun(ctx, "r", input("s", "x"))
@@ -220,6 +228,7 @@ func TestTerminalEventRecordsTheOutcome(t *testing.T) {
 }
 
 func TestFailRunAppendsOneControlPlaneTerminal(t *testing.T) {
+	t.Parallel()
 	s := newStore(t)
 	ctx := context.Background()
 	_, _, err := s.SubmitRun(ctx, "r", input("s", "x"))
@@ -240,6 +249,7 @@ func TestFailRunAppendsOneControlPlaneTerminal(t *testing.T) {
 }
 
 func TestListRunsPagesNewestFirst(t *testing.T) {
+	t.Parallel()
 	s := newStore(t)
 	ctx := context.Background()
 	for i := 0; i < 5; i++ {
