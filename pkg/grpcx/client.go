@@ -7,6 +7,7 @@ import (
 	"net/url"
 	"strings"
 
+	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
@@ -14,7 +15,8 @@ import (
 )
 
 // Dial creates a client connection (grpc.NewClient; it connects lazily) with
-// keepalive pings every 30s. Transport security:
+// keepalive pings every 30s and the OpenTelemetry stats handler (every call
+// carries the caller's trace context; see pkg/telemetry). Transport security:
 //   - tlsCAFile set: TLS verified against that CA bundle;
 //   - otherwise a loopback target (localhost, 127.0.0.0/8, ::1, unix socket):
 //     plaintext;
@@ -43,6 +45,7 @@ func Dial(target string, tlsCAFile string, opts ...grpc.DialOption) (*grpc.Clien
 			Timeout:             KeepaliveClientTimeout,
 			PermitWithoutStream: true,
 		}),
+		grpc.WithStatsHandler(otelgrpc.NewClientHandler()),
 	}
 	cc, err := grpc.NewClient(target, append(base, opts...)...)
 	if err != nil {

@@ -5,6 +5,7 @@
 package grpcx
 
 import (
+	"context"
 	"errors"
 	"flag"
 	"fmt"
@@ -14,6 +15,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/tether-run/tether/pkg/telemetry"
 )
 
 // DefaultShutdownTimeout bounds GracefulStop when Config.ShutdownTimeout is 0.
@@ -53,6 +56,9 @@ type Config struct {
 	LogFormat string
 	// Logger, when set, is used as is.
 	Logger *slog.Logger
+	// OTLPEndpoint turns on OpenTelemetry trace export (see StartTracing
+	// and pkg/telemetry); empty defers to OTEL_EXPORTER_OTLP_ENDPOINT.
+	OTLPEndpoint string
 
 	flagErrs func() error // env fallback errors of RegisterFlags
 }
@@ -68,7 +74,7 @@ func EnvName(flagName string) string {
 //
 //	-grpc-addr, -metrics-addr, -tls-cert, -tls-key, -tls-client-ca,
 //	-insecure-allow-plaintext, -shutdown-timeout, -drain-delay,
-//	-log-level, -log-format
+//	-log-level, -log-format, -otlp-endpoint
 //
 // The returned Config is filled in by fs.Parse. Use ParseFlags (or let New
 // report them) to surface invalid environment values.
@@ -84,6 +90,7 @@ func RegisterFlags(fs *flag.FlagSet, name, defaultGRPC, defaultMetrics string) *
 	DurationVar(fs, &c.DrainDelay, "drain-delay", "", 0, "time to report NOT_SERVING before refusing new RPCs at shutdown")
 	StringVar(fs, &c.LogLevel, "log-level", "", "info", "log level: debug|info|warn|error")
 	StringVar(fs, &c.LogFormat, "log-format", "", "json", "log format: json|text")
+	StringVar(fs, &c.OTLPEndpoint, "otlp-endpoint", "", "", "export OpenTelemetry traces over OTLP/gRPC to this endpoint (http://host:4317 plaintext, https:// TLS; empty: "+telemetry.EnvEndpoint+" or off)")
 	c.flagErrs = func() error { return envErrors(fs) }
 	return c
 }
@@ -192,4 +199,20 @@ func withEnv(usage, name, env string) string {
 		env = EnvName(name)
 	}
 	return usage + " (env " + env + ")"
+}
+
+// StartTracing installs the process's OpenTelemetry tracer provider when an
+// OTLP endpoint is configured (OTLPEndpoint or the OTEL_EXPORTER_OTLP_*
+// environment; see pkg/telemetry) and returns the function that flushes
+// it at exit (bounded to 5s). Without an endpoint nothing is exported.
+func (c *Config) StartTracing(ctx context.Context, log *slog.Logger) (stop func(), err error) {
+	shutdown, err := telemetry.Setup(ctx, c.Name, c.OTLPEndpoint, log)
+	if err != nil {
+		return func() {}, fmt.Errorf("grpcx: %w", err)
+	}
+	return func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = shutdown(ctx)
+	}, nil
 }

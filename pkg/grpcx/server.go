@@ -18,13 +18,15 @@ import (
 	"time"
 
 	"buf.build/go/protovalidate"
-	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors"
+	grpcprom "github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/logging"
 	protovalidatemw "github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/protovalidate"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
+	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc/filters"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
@@ -54,7 +56,7 @@ type Server struct {
 	gs       *grpc.Server
 	health   *health.Server
 	reg      *prometheus.Registry
-	metrics  *serverMetrics
+	metrics  *grpcprom.ServerMetrics
 	secure   bool
 	draining chan struct{}
 	drainMu  sync.Once
@@ -70,7 +72,8 @@ type Server struct {
 // ones (interceptors passed with grpc.ChainUnaryInterceptor /
 // ChainStreamInterceptor run after the built-in chain: fields, metrics,
 // logging, recovery, mTLS peer identities (Config.AllowedPeers),
-// protovalidate).
+// protovalidate), and the OpenTelemetry stats handler traces every call
+// but health checks (see pkg/telemetry).
 func New(cfg Config, extra ...grpc.ServerOption) (*Server, error) {
 	if cfg.flagErrs != nil {
 		if err := cfg.flagErrs(); err != nil {
@@ -116,8 +119,12 @@ func New(cfg Config, extra ...grpc.ServerOption) (*Server, error) {
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
-	metrics, err := newServerMetrics(reg)
-	if err != nil {
+	// go-grpc-middleware's Prometheus provider: grpc_server_started_total,
+	// grpc_server_handled_total, grpc_server_msg_received_total,
+	// grpc_server_msg_sent_total and grpc_server_handling_seconds, labelled
+	// grpc_type, grpc_service, grpc_method (and grpc_code).
+	metrics := grpcprom.NewServerMetrics(grpcprom.WithServerHandlingTimeHistogram())
+	if err := reg.Register(metrics); err != nil {
 		return nil, err
 	}
 
@@ -148,7 +155,7 @@ func New(cfg Config, extra ...grpc.ServerOption) (*Server, error) {
 	opts := []grpc.ServerOption{
 		grpc.ChainUnaryInterceptor(
 			unaryFieldsInterceptor,
-			interceptors.UnaryServerInterceptor(metrics),
+			metrics.UnaryServerInterceptor(),
 			logging.UnaryServerInterceptor(slogAdapter(log), logOpts...),
 			unaryCodedErrors,
 			recovery.UnaryServerInterceptor(rec),
@@ -157,13 +164,14 @@ func New(cfg Config, extra ...grpc.ServerOption) (*Server, error) {
 		),
 		grpc.ChainStreamInterceptor(
 			streamFieldsInterceptor,
-			interceptors.StreamServerInterceptor(metrics),
+			metrics.StreamServerInterceptor(),
 			logging.StreamServerInterceptor(slogAdapter(log), logOpts...),
 			streamCodedErrors,
 			recovery.StreamServerInterceptor(rec),
 			peers.stream,
 			protovalidatemw.StreamServerInterceptor(validator),
 		),
+		grpc.StatsHandler(otelgrpc.NewServerHandler(otelgrpc.WithFilter(filters.Not(filters.HealthCheck())))),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{
 			MinTime:             KeepaliveMinTime,
 			PermitWithoutStream: true,
@@ -344,7 +352,7 @@ func (s *Server) ServeListener(ctx context.Context, lis net.Listener) error {
 		return err
 	}
 
-	s.metrics.initialize(s.gs)
+	s.metrics.InitializeMetrics(s.gs)
 	for name := range s.gs.GetServiceInfo() {
 		if name != healthgrpc.Health_ServiceDesc.ServiceName {
 			s.health.SetServingStatus(name, healthpb.HealthCheckResponse_SERVING)

@@ -75,6 +75,11 @@ func run() error {
 	log := srv.Logger()
 	ctx, stop := grpcx.SignalContext(context.Background())
 	defer stop()
+	stopTracing, err := cfg.StartTracing(ctx, log)
+	if err != nil {
+		return err
+	}
+	defer stopTracing()
 
 	svc := &checkpoint.Service{
 		Key: key, StagingDir: *staging, Log: log, Metrics: checkpoint.NewMetrics(srv.Registry()),

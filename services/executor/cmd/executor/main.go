@@ -95,6 +95,11 @@ func run() error {
 		return err
 	}
 	log := srv.Logger()
+	stopTracing, err := cfg.StartTracing(ctx, log)
+	if err != nil {
+		return err
+	}
+	defer stopTracing()
 	if *advertise == "" {
 		*advertise = cfg.GRPCAddr
 	}

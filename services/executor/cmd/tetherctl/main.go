@@ -31,6 +31,7 @@ import (
 
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
 	"github.com/tether-run/tether/pkg/grpcx"
+	"github.com/tether-run/tether/pkg/telemetry"
 	"github.com/tether-run/tether/services/executor/internal/audit"
 	"github.com/tether-run/tether/services/executor/internal/cli"
 	"github.com/tether-run/tether/services/executor/internal/store"
@@ -95,7 +96,19 @@ func run(args []string) error {
 	defer conn.Close()
 	client := executorv1.NewExecutorServiceClient(conn)
 	cmd, rest := global.Arg(0), global.Args()[1:]
-	ctx := context.Background()
+	// With OTEL_EXPORTER_OTLP_ENDPOINT set, a command's calls are one
+	// trace that starts here.
+	stopTracing, err := telemetry.Setup(context.Background(), "tetherctl", "", nil)
+	if err != nil {
+		return err
+	}
+	ctx, span := telemetry.Tracer().Start(context.Background(), "tetherctl "+cmd)
+	defer func() {
+		span.End()
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = stopTracing(sctx)
+	}()
 	switch cmd {
 	case "submit":
 		return submit(ctx, client, rest)

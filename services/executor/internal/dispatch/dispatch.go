@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
@@ -28,6 +29,7 @@ import (
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/provenv"
 	"github.com/tether-run/tether/pkg/scope"
+	"github.com/tether-run/tether/pkg/telemetry"
 	"github.com/tether-run/tether/services/executor/internal/control"
 	"github.com/tether-run/tether/services/executor/internal/recovery"
 	"github.com/tether-run/tether/services/executor/internal/session"
@@ -308,6 +310,11 @@ func (d *Dispatcher) takeOverDead(ctx context.Context) *store.Claim {
 // cannot go on is recorded as a failure and disposed of (E11): retried
 // later, or failed for good.
 func (d *Dispatcher) drive(ctx context.Context, c *store.Claim, cancelCh <-chan struct{}) {
+	// The attempt's span continues the trace the run was submitted in;
+	// its Attach calls carry it to the gateway and on to runnerd.
+	ctx, span := telemetry.Tracer().Start(telemetry.WithTraceParent(ctx, c.TraceParent), "executor drive",
+		trace.WithAttributes(telemetry.AttrRunID.String(c.RunID), telemetry.AttrAttempt.Int64(int64(c.Attempt))))
+	defer span.End()
 	log := d.log.With("run_id", c.RunID, "attempt", c.Attempt)
 	log.Info("run claimed", "turn_generation", c.TurnGeneration)
 	retry := backoff.Backoff{Min: 100 * time.Millisecond, Max: 2 * time.Second}

@@ -100,8 +100,9 @@ func (s *Store) ClaimRun(ctx context.Context, runID, owner string, ttl time.Dura
 			ctlPID          *int32
 			ctlTicks        *int64
 		)
-		err := tx.QueryRow(ctx, `SELECT input, state, `+cancellationHeld("r")+` FROM executor.runs r WHERE run_id = $1 FOR UPDATE`, runID).
-			Scan(&raw, &state, &held)
+		var traceParent string
+		err := tx.QueryRow(ctx, `SELECT input, state, `+cancellationHeld("r")+`, coalesce(trace_parent, '') FROM executor.runs r WHERE run_id = $1 FOR UPDATE`, runID).
+			Scan(&raw, &state, &held, &traceParent)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return ErrRunNotFound(runID)
 		}
@@ -164,7 +165,7 @@ RETURNING attempt, lease_expires_at, turn_generation, session_scope`, runID, own
 		if err != nil {
 			return err
 		}
-		c = &Claim{Fence: Fence{RunID: runID, Owner: owner, Attempt: attempt}, Input: in, SessionScope: sc, LeaseExpiresAt: exp, TurnGeneration: gen}
+		c = &Claim{Fence: Fence{RunID: runID, Owner: owner, Attempt: attempt}, Input: in, SessionScope: sc, LeaseExpiresAt: exp, TurnGeneration: gen, TraceParent: traceParent}
 		return nil
 	})
 	return c, err

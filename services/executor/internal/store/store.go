@@ -356,6 +356,9 @@ type Claim struct {
 	// TurnGeneration counts recorded retries: a takeover keeps it (the same
 	// provider turn is resumed, never started twice), a retry bumps it.
 	TurnGeneration uint64
+	// TraceParent is the trace context the run was submitted in ("" when
+	// none), which its driver continues.
+	TraceParent string
 }
 
 // Scope returns the run's session scope key: the stored one, or for a claim
@@ -415,7 +418,7 @@ WITH claimed AS (
       FOR UPDATE SKIP LOCKED)
   RETURNING c.run_id, c.attempt, c.lease_expires_at, c.turn_generation
 )
-SELECT claimed.run_id, claimed.attempt, claimed.lease_expires_at, claimed.turn_generation, r.input, r.session_scope
+SELECT claimed.run_id, claimed.attempt, claimed.lease_expires_at, claimed.turn_generation, r.input, r.session_scope, coalesce(r.trace_parent, '')
   FROM claimed JOIN executor.runs r ON r.run_id = claimed.run_id`
 
 // claimExpiredSQL takes over the oldest observed run whose lease expired.
@@ -431,7 +434,7 @@ WITH claimed AS (
       FOR UPDATE SKIP LOCKED)
   RETURNING c.run_id, c.attempt, c.lease_expires_at, c.turn_generation
 )
-SELECT claimed.run_id, claimed.attempt, claimed.lease_expires_at, claimed.turn_generation, r.input, r.session_scope
+SELECT claimed.run_id, claimed.attempt, claimed.lease_expires_at, claimed.turn_generation, r.input, r.session_scope, coalesce(r.trace_parent, '')
   FROM claimed JOIN executor.runs r ON r.run_id = claimed.run_id`
 
 func (s *Store) claimNext(ctx context.Context, query, owner string, ttl time.Duration, ctl Controller) (*Claim, error) {
@@ -440,7 +443,7 @@ func (s *Store) claimNext(ctx context.Context, query, owner string, ttl time.Dur
 		c   Claim
 		raw []byte
 	)
-	err := row.Scan(&c.RunID, &c.Attempt, &c.LeaseExpiresAt, &c.TurnGeneration, &raw, &c.SessionScope)
+	err := row.Scan(&c.RunID, &c.Attempt, &c.LeaseExpiresAt, &c.TurnGeneration, &raw, &c.SessionScope, &c.TraceParent)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/tether-run/tether/pkg/failure"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/scope"
+	"github.com/tether-run/tether/pkg/telemetry"
 )
 
 // submitSQL inserts the run and its coordinator in one statement (one round
@@ -18,8 +19,8 @@ import (
 // (notifyCommitted), not inside it.
 const submitSQL = `
 WITH ins AS (
-  INSERT INTO executor.runs (run_id, company_id, normalized_session_id, session_scope, lifecycle, input, input_digest, issue_id, agent_id)
-  VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+  INSERT INTO executor.runs (run_id, company_id, normalized_session_id, session_scope, lifecycle, input, input_digest, issue_id, agent_id, trace_parent)
+  VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, nullif($11, ''))
   ON CONFLICT (run_id) DO NOTHING
   RETURNING run_id, session_scope, submit_seq),
 co AS (
@@ -32,8 +33,10 @@ SELECT (SELECT count(*) FROM co) > 0,
 // Submit stores a queued run and its coordinator, atomically, and notifies
 // dispatchers on commit (SPEC: SubmitRun). It is idempotent by run id: the
 // same input again is created false; another input under the same id is
-// run_id_conflict. The caller reads the run (GetRun) afterwards, so a
-// dispatcher of this process can be woken before that read.
+// run_id_conflict. The trace context of ctx is kept with the run, so
+// whoever drives it continues the caller's trace. The caller reads the run
+// (GetRun) afterwards, so a dispatcher of this process can be woken before
+// that read.
 func (s *Store) Submit(ctx context.Context, runID string, in *prpv1.ExecutionInput) (created bool, err error) {
 	created, err = submit(ctx, s.pool, runID, in)
 	if created {
@@ -56,7 +59,8 @@ func submit(ctx context.Context, q rowQuerier, runID string, in *prpv1.Execution
 	err = q.QueryRow(ctx, submitSQL,
 		runID, in.GetBinding().GetCompanyId(), in.GetSession().GetNormalizedSessionId(), scope.OfRun(runID, in),
 		in.GetSession().GetLifecycle().GetMode().String(), raw, digest,
-		in.GetBinding().GetIssueId(), in.GetBinding().GetAgentId(), BindingDigest(in)).Scan(&created, &existing)
+		in.GetBinding().GetIssueId(), in.GetBinding().GetAgentId(), BindingDigest(in),
+		telemetry.TraceParent(ctx)).Scan(&created, &existing)
 	if err != nil {
 		return false, err
 	}

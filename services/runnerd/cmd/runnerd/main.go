@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/tether-run/tether/pkg/prp"
+	"github.com/tether-run/tether/pkg/telemetry"
 	"github.com/tether-run/tether/services/runnerd/internal/runner"
 )
 
@@ -80,6 +81,7 @@ func run(args []string, ticket string, hadTicket bool, stdout, stderr io.Writer)
 		logFormat string
 		meta      bool
 		ticketFD  int
+		otlp      string
 	)
 	fs.BoolVar(&meta, "build-metadata", false, "print build metadata as JSON and exit")
 	fs.IntVar(&ticketFD, "bootstrap-ticket-fd", -1, "read the one-use bootstrap ticket from this inherited descriptor (a pipe, or a private file the launcher removes) until EOF, then close it; "+
@@ -108,6 +110,7 @@ func run(args []string, ticket string, hadTicket bool, stdout, stderr io.Writer)
 	fs.DurationVar(&cfg.SemanticToolTimeout, "semantic-tool-timeout", runner.DefaultSemanticToolTimeout, "answer a dynamic tool call failed (semantic_tool_timeout) when no tool.result arrived within this long")
 	fs.DurationVar(&cfg.SilenceTimeout, "gateway-silence-timeout", 60*time.Second, "drop and re-establish a gateway connection on which nothing arrived for this long (the gateway pings)")
 	fs.StringVar(&logFormat, "log-format", "json", "log format: json|text")
+	fs.StringVar(&otlp, "otlp-endpoint", "", "export OpenTelemetry traces over OTLP/gRPC to this endpoint (empty: "+telemetry.EnvEndpoint+" or off)")
 	if err := fs.Parse(args); err != nil {
 		return runner.ExitError
 	}
@@ -166,6 +169,16 @@ func run(args []string, ticket string, hadTicket bool, stdout, stderr io.Writer)
 	signal.Ignore(syscall.SIGHUP, syscall.SIGPIPE)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
+	stopTracing, err := telemetry.Setup(ctx, "runnerd", otlp, log)
+	if err != nil {
+		log.Error("tracing", "err", err)
+		return runner.ExitError
+	}
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = stopTracing(sctx)
+	}()
 	log.Info("runnerd starting", "version", version, "state_dir", cfg.StateDir, "pid", os.Getpid())
 	code, err := runner.Run(ctx, cfg)
 	if err != nil {

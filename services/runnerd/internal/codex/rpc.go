@@ -11,7 +11,11 @@ import (
 	"strconv"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/tether-run/tether/pkg/failure"
+	"github.com/tether-run/tether/pkg/telemetry"
 )
 
 // MaxFrameBytes bounds one line (one JSON-RPC message) read from the
@@ -225,6 +229,20 @@ func (s *Session) call(ctx context.Context, method string, params any, timeout t
 	if err := ctx.Err(); err != nil {
 		return nil, nil, fmt.Errorf("codex: %s: %w", method, err)
 	}
+	// The provider call's span: a child of the command it serves.
+	_, span := telemetry.Tracer().Start(ctx, "provider "+method, trace.WithSpanKind(trace.SpanKindClient),
+		trace.WithAttributes(attribute.String("rpc.system", "jsonrpc"), attribute.String("rpc.method", method)))
+	result, rpcErr, err := s.roundTrip(ctx, method, params, timeout, onResult)
+	spanErr := err
+	if err == nil && rpcErr != nil {
+		spanErr = errors.New(rpcErr.describe())
+	}
+	telemetry.End(span, spanErr)
+	return result, rpcErr, err
+}
+
+// roundTrip sends one request and waits for its answer (see call).
+func (s *Session) roundTrip(ctx context.Context, method string, params any, timeout time.Duration, onResult func(json.RawMessage) error) (json.RawMessage, *wireError, error) {
 	p := &pendingCall{method: method, ch: make(chan rpcReply, 1), onResult: onResult}
 	s.mu.Lock()
 	if s.failErr != nil {

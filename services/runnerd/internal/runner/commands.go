@@ -20,6 +20,7 @@ import (
 	"github.com/tether-run/tether/pkg/provenv"
 	"github.com/tether-run/tether/pkg/prp"
 	"github.com/tether-run/tether/pkg/runnerstate"
+	"github.com/tether-run/tether/pkg/telemetry"
 	"github.com/tether-run/tether/services/runnerd/internal/durable"
 )
 
@@ -375,7 +376,15 @@ func (r *Runner) admitCommand(c *prpv1.Command) (_ *commandSlot, changed bool) {
 // records its outcome (in memory: the caller saves before answering).
 func (r *Runner) runCommand(sl *commandSlot) {
 	c, rec := sl.c, sl.rec
-	result, cerr := r.execute(c)
+	// The command's span joins the trace it carries (the gateway's relay
+	// span); provider calls made for it are its children.
+	ctx, span := telemetry.StartCommand(context.Background(), "runnerd", c)
+	result, cerr := r.execute(ctx, c)
+	if cerr != nil {
+		telemetry.End(span, errors.New(cerr.code+": "+cerr.msg))
+	} else {
+		span.End()
+	}
 	if cerr != nil {
 		rec.Status, rec.Code, rec.Message = cerr.status, cerr.code, cerr.msg
 	} else {
@@ -390,16 +399,16 @@ func (r *Runner) runCommand(sl *commandSlot) {
 	}
 }
 
-func (r *Runner) execute(c *prpv1.Command) (map[string]any, *cmdError) {
+func (r *Runner) execute(ctx context.Context, c *prpv1.Command) (map[string]any, *cmdError) {
 	switch c.GetType() {
 	case CmdRunAttach:
 		return r.cmdRunAttach(c)
 	case CmdTurnStart:
-		return r.cmdTurnStart(c)
+		return r.cmdTurnStart(ctx, c)
 	case CmdTurnInterrupt:
-		return r.cmdTurnInterrupt(c)
+		return r.cmdTurnInterrupt(ctx, c)
 	case CmdTurnSteer:
-		return r.cmdTurnSteer(c)
+		return r.cmdTurnSteer(ctx, c)
 	case CmdSessionClose:
 		return r.cmdSessionClose(c)
 	case CmdRunnerSuspend:
@@ -535,7 +544,7 @@ func (r *Runner) sessionInput() *prpv1.ExecutionInput {
 	return in
 }
 
-func (r *Runner) cmdTurnStart(c *prpv1.Command) (map[string]any, *cmdError) {
+func (r *Runner) cmdTurnStart(ctx context.Context, c *prpv1.Command) (map[string]any, *cmdError) {
 	if e := r.stoppedErr(); e != nil {
 		return nil, e
 	}
@@ -555,7 +564,7 @@ func (r *Runner) cmdTurnStart(c *prpv1.Command) (map[string]any, *cmdError) {
 	if e := r.ensureProvider(); e != nil {
 		return nil, e
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.RequestTimeout)
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.RequestTimeout)
 	defer cancel()
 	turnID, err := r.prov.StartTurn(ctx, text)
 	r.reportExecution(c, turnID, err)
@@ -742,7 +751,7 @@ func (r *Runner) startProvider(reattach bool) *cmdError {
 	return nil
 }
 
-func (r *Runner) cmdTurnInterrupt(c *prpv1.Command) (map[string]any, *cmdError) {
+func (r *Runner) cmdTurnInterrupt(ctx context.Context, c *prpv1.Command) (map[string]any, *cmdError) {
 	if e := r.requireRun(c); e != nil {
 		return nil, e
 	}
@@ -753,7 +762,7 @@ func (r *Runner) cmdTurnInterrupt(c *prpv1.Command) (map[string]any, *cmdError) 
 	if want := payloadString(c, "turnId"); want != "" && want != t.TurnID {
 		return nil, rejected(failure.TurnMismatch, "active turn is %s, not %s", t.TurnID, want)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.RequestTimeout)
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.RequestTimeout)
 	defer cancel()
 	if err := r.prov.Interrupt(ctx, t.TurnID); err != nil {
 		return nil, providerFailure(failure.ProviderInterruptFailed, err)
@@ -762,7 +771,7 @@ func (r *Runner) cmdTurnInterrupt(c *prpv1.Command) (map[string]any, *cmdError) 
 	return map[string]any{"turnId": t.TurnID}, nil
 }
 
-func (r *Runner) cmdTurnSteer(c *prpv1.Command) (map[string]any, *cmdError) {
+func (r *Runner) cmdTurnSteer(ctx context.Context, c *prpv1.Command) (map[string]any, *cmdError) {
 	if e := r.requireRun(c); e != nil {
 		return nil, e
 	}
@@ -777,7 +786,7 @@ func (r *Runner) cmdTurnSteer(c *prpv1.Command) (map[string]any, *cmdError) {
 	if want := payloadString(c, "expectedTurnId"); want != "" && want != t.TurnID {
 		return nil, rejected(failure.TurnMismatch, "active turn is %s, not %s", t.TurnID, want)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.RequestTimeout)
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.RequestTimeout)
 	defer cancel()
 	if err := r.prov.Steer(ctx, t.TurnID, text); err != nil {
 		return nil, providerFailure(failure.ProviderSteerFailed, err)

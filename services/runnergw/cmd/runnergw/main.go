@@ -138,6 +138,11 @@ func run() error {
 		return err
 	}
 	log := srv.Logger()
+	stopTracing, err := cfg.StartTracing(ctx, log)
+	if err != nil {
+		return err
+	}
+	defer stopTracing()
 	lis, err := net.Listen("tcp", *wsAddr)
 	if err != nil {
 		return err
@@ -149,7 +154,7 @@ func run() error {
 		Build: build, Authority: prp.NewAuthority(key, time.Now), Grants: grants, Logger: log, Draining: srv.Draining(), Metrics: srv.Registry(),
 		CABundle: *caBundle, Ingress: gateway.ParseIngressPolicy(*ingressCompanies), IngressHost: *ingressHost,
 		IngressCert: *ingressCert, IngressKey: *ingressKey, PingInterval: *pingInterval, PingTimeout: *pingTimeout,
-		SemanticToolTimeout: *toolTimeout,
+		SemanticToolTimeout: *toolTimeout, OTLPEndpoint: cfg.OTLPEndpoint,
 	}
 	gcfg.Authority.HandshakeTimeout = *handshakeTimeout
 	if gcfg.ConnectURL == "" {

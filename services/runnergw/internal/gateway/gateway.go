@@ -28,6 +28,7 @@ import (
 	"github.com/tether-run/tether/pkg/prp"
 	"github.com/tether-run/tether/pkg/scope"
 	"github.com/tether-run/tether/pkg/scope/durable"
+	"github.com/tether-run/tether/pkg/telemetry"
 )
 
 // ReasonAuthorityRotated is logged when a run takes over a live warm
@@ -71,6 +72,10 @@ type Config struct {
 	// SemanticToolTimeout is passed to launched runners
 	// (--semantic-tool-timeout); zero keeps runnerd's default.
 	SemanticToolTimeout time.Duration
+	// OTLPEndpoint is passed to launched runners (--otlp-endpoint), with
+	// the gateway's OTEL_* environment, so their spans are exported where
+	// the gateway's are.
+	OTLPEndpoint string
 	// RunnerdPath is the runnerd binary.
 	RunnerdPath string
 	// CodexCommand and CodexArgs launch the provider (the real codex
@@ -477,6 +482,11 @@ func (g *Gateway) fromExecutor(ctx context.Context, r *runner, att *attachment, 
 	case *gatewayv1.AttachRequest_Command:
 		cmd := k.Command
 		cmd.RunId, cmd.Attempt = att.runID, att.attempt
+		// The relay's span (a child of the Attach call's) travels with
+		// the command, so runnerd's spans join the executor's trace.
+		ctx, span := telemetry.StartCommand(ctx, "runnergw", cmd)
+		defer span.End()
+		cmd.TraceContext = telemetry.Inject(ctx)
 		if err := revokedToolAuthority(cmd, att.tools); err != nil {
 			// Refused here; the runner never sees it.
 			att.deliver(ctx, &gatewayv1.AttachResponse{Kind: &gatewayv1.AttachResponse_CommandResult{CommandResult: &prpv1.CommandResult{

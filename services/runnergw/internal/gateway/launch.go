@@ -28,6 +28,7 @@ import (
 	gatewayv1 "github.com/tether-run/tether/pkg/gen/tether/gateway/v1"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/prp"
+	"github.com/tether-run/tether/pkg/telemetry"
 )
 
 // ContractVersion is the runnerd binary contract this gateway speaks (G2).
@@ -185,6 +186,9 @@ func (g *Gateway) launch(spec *launchSpec) (*launched, error) {
 	for _, a := range g.cfg.CodexArgs {
 		args = append(args, "--codex-arg", a)
 	}
+	if g.cfg.OTLPEndpoint != "" {
+		args = append(args, "--otlp-endpoint", g.cfg.OTLPEndpoint)
+	}
 	logf, err := os.OpenFile(filepath.Join(spec.stateDir, "runnerd.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return nil, failure.Wrap(err, codes.Internal, failure.RunnerLocalConnectFailed, "opening runnerd log: %v", err)
@@ -198,7 +202,9 @@ func (g *Gateway) launch(spec *launchSpec) (*launched, error) {
 	cmd := exec.Command(g.cfg.RunnerdPath, append(args, "--bootstrap-ticket-fd", strconv.Itoa(ticketFD))...)
 	// An allow-listed environment without the ticket (SPEC S5): it comes
 	// through an inherited pipe, so it never shows in /proc/<pid>/environ.
-	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + spec.stateDir}
+	// The OpenTelemetry settings (OTEL_*) pass too: runnerd exports its
+	// spans where the gateway does (the provider never sees them).
+	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH"), "HOME=" + spec.stateDir}, telemetry.Environ()...)
 	cmd.ExtraFiles = []*os.File{ticket}
 	cmd.Dir = spec.stateDir
 	cmd.Stdout, cmd.Stderr = logf, logf

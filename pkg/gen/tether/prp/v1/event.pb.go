@@ -267,8 +267,12 @@ type Command struct {
 	// The run whose authority issued the command, and the lease attempt that
 	// authority holds. Runners refuse commands from an attempt lower than the
 	// highest seen for the run.
-	RunId         string `protobuf:"bytes,10,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
-	Attempt       uint64 `protobuf:"varint,11,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	RunId   string `protobuf:"bytes,10,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	Attempt uint64 `protobuf:"varint,11,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	// W3C trace context (traceparent, tracestate) of the span that relayed
+	// the command, so runnerd's spans join the caller's trace. Carries no
+	// authority and is not part of the command's identity.
+	TraceContext  map[string]string `protobuf:"bytes,12,rep,name=trace_context,json=traceContext,proto3" json:"trace_context,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -378,6 +382,13 @@ func (x *Command) GetAttempt() uint64 {
 		return x.Attempt
 	}
 	return 0
+}
+
+func (x *Command) GetTraceContext() map[string]string {
+	if x != nil {
+		return x.TraceContext
+	}
+	return nil
 }
 
 // CommandResult is the stored outcome of a command.
@@ -638,7 +649,7 @@ const file_tether_prp_v1_event_proto_rawDesc = "" +
 	"\frunner_state\x18\x01 \x03(\tR\vrunnerState\x12\x1b\n" +
 	"\trun_state\x18\x02 \x03(\tR\brunState\x12#\n" +
 	"\rsession_state\x18\x03 \x03(\tR\fsessionState\x12$\n" +
-	"\x0eactive_turn_id\x18\x04 \x01(\tR\factiveTurnId\"\xd6\x03\n" +
+	"\x0eactive_turn_id\x18\x04 \x01(\tR\factiveTurnId\"\xe6\x04\n" +
 	"\aCommand\x12\x16\n" +
 	"\x06schema\x18\x01 \x01(\tR\x06schema\x12)\n" +
 	"\n" +
@@ -654,7 +665,11 @@ const file_tether_prp_v1_event_proto_rawDesc = "" +
 	"\apayload\x18\t \x01(\v2\x17.google.protobuf.StructR\apayload\x12\x15\n" +
 	"\x06run_id\x18\n" +
 	" \x01(\tR\x05runId\x12\x18\n" +
-	"\aattempt\x18\v \x01(\x04R\aattempt\"\x86\x02\n" +
+	"\aattempt\x18\v \x01(\x04R\aattempt\x12M\n" +
+	"\rtrace_context\x18\f \x03(\v2(.tether.prp.v1.Command.TraceContextEntryR\ftraceContext\x1a?\n" +
+	"\x11TraceContextEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x86\x02\n" +
 	"\rCommandResult\x12\x1d\n" +
 	"\n" +
 	"command_id\x18\x01 \x01(\tR\tcommandId\x12%\n" +
@@ -691,7 +706,7 @@ func file_tether_prp_v1_event_proto_rawDescGZIP() []byte {
 	return file_tether_prp_v1_event_proto_rawDescData
 }
 
-var file_tether_prp_v1_event_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
+var file_tether_prp_v1_event_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
 var file_tether_prp_v1_event_proto_goTypes = []any{
 	(*Event)(nil),                 // 0: tether.prp.v1.Event
 	(*Precondition)(nil),          // 1: tether.prp.v1.Precondition
@@ -699,24 +714,26 @@ var file_tether_prp_v1_event_proto_goTypes = []any{
 	(*CommandResult)(nil),         // 3: tether.prp.v1.CommandResult
 	(*EventBatch)(nil),            // 4: tether.prp.v1.EventBatch
 	(*ProcessInfo)(nil),           // 5: tether.prp.v1.ProcessInfo
-	(*timestamppb.Timestamp)(nil), // 6: google.protobuf.Timestamp
-	(*structpb.Struct)(nil),       // 7: google.protobuf.Struct
+	nil,                           // 6: tether.prp.v1.Command.TraceContextEntry
+	(*timestamppb.Timestamp)(nil), // 7: google.protobuf.Timestamp
+	(*structpb.Struct)(nil),       // 8: google.protobuf.Struct
 }
 var file_tether_prp_v1_event_proto_depIdxs = []int32{
-	6, // 0: tether.prp.v1.Event.emitted_at:type_name -> google.protobuf.Timestamp
-	7, // 1: tether.prp.v1.Event.payload:type_name -> google.protobuf.Struct
-	6, // 2: tether.prp.v1.Command.issued_at:type_name -> google.protobuf.Timestamp
-	6, // 3: tether.prp.v1.Command.deadline_at:type_name -> google.protobuf.Timestamp
-	1, // 4: tether.prp.v1.Command.precondition:type_name -> tether.prp.v1.Precondition
-	7, // 5: tether.prp.v1.Command.payload:type_name -> google.protobuf.Struct
-	7, // 6: tether.prp.v1.CommandResult.result:type_name -> google.protobuf.Struct
-	0, // 7: tether.prp.v1.EventBatch.events:type_name -> tether.prp.v1.Event
-	6, // 8: tether.prp.v1.ProcessInfo.started_at:type_name -> google.protobuf.Timestamp
-	9, // [9:9] is the sub-list for method output_type
-	9, // [9:9] is the sub-list for method input_type
-	9, // [9:9] is the sub-list for extension type_name
-	9, // [9:9] is the sub-list for extension extendee
-	0, // [0:9] is the sub-list for field type_name
+	7,  // 0: tether.prp.v1.Event.emitted_at:type_name -> google.protobuf.Timestamp
+	8,  // 1: tether.prp.v1.Event.payload:type_name -> google.protobuf.Struct
+	7,  // 2: tether.prp.v1.Command.issued_at:type_name -> google.protobuf.Timestamp
+	7,  // 3: tether.prp.v1.Command.deadline_at:type_name -> google.protobuf.Timestamp
+	1,  // 4: tether.prp.v1.Command.precondition:type_name -> tether.prp.v1.Precondition
+	8,  // 5: tether.prp.v1.Command.payload:type_name -> google.protobuf.Struct
+	6,  // 6: tether.prp.v1.Command.trace_context:type_name -> tether.prp.v1.Command.TraceContextEntry
+	8,  // 7: tether.prp.v1.CommandResult.result:type_name -> google.protobuf.Struct
+	0,  // 8: tether.prp.v1.EventBatch.events:type_name -> tether.prp.v1.Event
+	7,  // 9: tether.prp.v1.ProcessInfo.started_at:type_name -> google.protobuf.Timestamp
+	10, // [10:10] is the sub-list for method output_type
+	10, // [10:10] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_tether_prp_v1_event_proto_init() }
@@ -730,7 +747,7 @@ func file_tether_prp_v1_event_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_tether_prp_v1_event_proto_rawDesc), len(file_tether_prp_v1_event_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   6,
+			NumMessages:   7,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
