@@ -300,6 +300,7 @@ func (a *attachment) dispatchCancel(rec *executorv1.Cancellation) error {
 	cmd.CommandId = fmt.Sprintf("%s/cancel/%s", a.c.RunID, rec.GetIntentId())
 	a.cancelIntents[cmd.CommandId] = rec.GetIntentId()
 	a.log.Info("dispatching cancellation", "intent_id", rec.GetIntentId())
+	a.d.metrics.cancellations.WithLabelValues(cancelDispatched).Inc()
 	return a.sendCmd(cmd)
 }
 
@@ -416,7 +417,7 @@ func (a *attachment) onEvents(evs []*prpv1.Event) (stop, done bool, err error) {
 		if adapter == runtimeq.Unknown {
 			adapter = c.Input.GetProvider().GetKind() // the run's adapter
 		}
-		d.runtimeQuestions.WithLabelValues(m.Outcome, adapter).Inc()
+		d.metrics.runtimeQuestions.WithLabelValues(m.Outcome, adapter).Inc()
 	}
 	for inst, seq := range a.acks.persisted(a.opened.GetRunnerAckedSeq(), evs) {
 		if err := a.send(&gatewayv1.AttachRequest{Kind: &gatewayv1.AttachRequest_Ack{Ack: &gatewayv1.Ack{
@@ -454,8 +455,10 @@ func (a *attachment) onResult(r *prpv1.CommandResult) (stop, done bool, err erro
 		// completed, or the turn had already ended: either way the
 		// provider has nothing left to do for this run.
 		if r.GetStatus() == "completed" || r.GetCode() == failure.NoActiveTurn {
+			a.d.metrics.cancellations.WithLabelValues(cancelAcknowledged).Inc()
 			a.d.acknowledgeCancellation(a.ctx, a.c, intent, a.log)
 		} else {
+			a.d.metrics.cancellations.WithLabelValues(cancelRefused).Inc()
 			a.log.Error("cancellation dispatch refused", "code", r.GetCode(), "msg", r.GetMessage())
 		}
 		delete(a.cancelIntents, r.GetCommandId())

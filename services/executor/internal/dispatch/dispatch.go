@@ -91,9 +91,7 @@ type Dispatcher struct {
 	// verifier); their warm session is replaced on its local state.
 	localReplace map[string]bool
 	controls     *control.Registry
-	// runtimeQuestions counts runtime input request lifecycle steps (SPEC
-	// E5) by outcome and adapter; no request content.
-	runtimeQuestions *prometheus.CounterVec
+	metrics      *metrics
 	// kicked: runs submitted to this replica whose claim loop was already
 	// woken (KickRun); their database notification is redundant here.
 	kicked map[string]struct{}
@@ -131,17 +129,11 @@ func New(s *store.Store, cfg Config) *Dispatcher {
 	}
 	self := SelfController()
 	self.Addr = cfg.AdvertiseAddr
-	questions := prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "tether_executor_runtime_questions_total",
-		Help: "Runtime input requests by lifecycle outcome (normalized, rejected, resolved, durable_handoff, provider_loss_handoff, expired, cancelled) and adapter; no request content.",
-	}, []string{"outcome", "adapter"})
-	if cfg.Metrics != nil {
-		_ = cfg.Metrics.Register(questions)
-	}
+	m := newMetrics(cfg.Metrics, s)
 	return &Dispatcher{
-		runtimeQuestions: questions,
-		cfg:              cfg, store: s, log: cfg.Logger, self: self,
-		leases:   newLeaseKeeper(s, cfg.Owner, cfg.LeaseTTL, cfg.Logger),
+		metrics: m,
+		cfg:     cfg, store: s, log: cfg.Logger, self: self,
+		leases:   newLeaseKeeper(s, cfg.Owner, cfg.LeaseTTL, cfg.Logger, m),
 		kick:     make(chan struct{}, 1),
 		cancels:  map[string]chan struct{}{},
 		replaced: map[string]bool{}, localReplace: map[string]bool{}, kicked: map[string]struct{}{},
@@ -232,6 +224,10 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 				break
 			}
 			claimed = true
+			d.metrics.claims.Inc()
+			if c.Expired {
+				d.metrics.takeovers.WithLabelValues(takeoverLeaseExpired).Inc()
+			}
 			d.start(ctx, c, sem)
 		case <-ctx.Done():
 			return nil
@@ -259,8 +255,10 @@ func (d *Dispatcher) start(ctx context.Context, c *store.Claim, sem chan struct{
 	d.cancels[c.RunID] = cancelCh
 	d.mu.Unlock()
 	d.wg.Add(1)
+	d.metrics.active.Inc()
 	go func() {
 		defer d.wg.Done()
+		defer d.metrics.active.Dec()
 		defer func() { <-sem }()
 		defer cancel(nil)
 		defer d.leases.remove(c.RunID)
@@ -297,6 +295,7 @@ func (d *Dispatcher) takeOverDead(ctx context.Context) *store.Claim {
 			d.log.Info("takeover refused", "run_id", h.RunID, "err", err)
 			continue
 		}
+		d.metrics.takeovers.WithLabelValues(takeoverControllerDead).Inc()
 		d.log.Warn("took over a run from a dead controller", "run_id", h.RunID, "dead_owner", h.Owner,
 			"dead_pid", h.Controller.PID, "attempt", c.Attempt)
 		return c
@@ -368,6 +367,11 @@ func (d *Dispatcher) recordFailure(ctx context.Context, c *store.Claim, err erro
 		rec.NextAttemptAt = timestamppb.New(*dec.NextAttemptAt)
 	}
 	log.Error("attempt failed", "code", dec.FailureCode, "source_code", source, "retry", fd.Retry, "err", err)
+	if fd.Retry {
+		d.metrics.retries.WithLabelValues(string(code)).Inc() // what failed, not "interrupted"
+	} else {
+		d.metrics.failures.WithLabelValues(string(dec.FailureCode)).Inc()
+	}
 	if ferr := d.store.RecordFailure(context.WithoutCancel(ctx), c.Fence, fd); ferr != nil {
 		log.Error("recording failure", "err", ferr)
 	}

@@ -25,10 +25,11 @@ import (
 //
 // which leaves TTL/3 of margin for scheduling delays.
 type leaseKeeper struct {
-	store *store.Store
-	owner string
-	ttl   time.Duration
-	log   *slog.Logger
+	store   *store.Store
+	owner   string
+	ttl     time.Duration
+	log     *slog.Logger
+	metrics *metrics
 
 	mu   sync.Mutex
 	held map[string]*heldLease
@@ -41,8 +42,8 @@ type heldLease struct {
 	renewedAt time.Time
 }
 
-func newLeaseKeeper(s *store.Store, owner string, ttl time.Duration, log *slog.Logger) *leaseKeeper {
-	return &leaseKeeper{store: s, owner: owner, ttl: ttl, log: log, held: map[string]*heldLease{}}
+func newLeaseKeeper(s *store.Store, owner string, ttl time.Duration, log *slog.Logger, m *metrics) *leaseKeeper {
+	return &leaseKeeper{store: s, owner: owner, ttl: ttl, log: log, metrics: m, held: map[string]*heldLease{}}
 }
 
 func (k *leaseKeeper) add(runID string, attempt uint64, cancel context.CancelCauseFunc) {
@@ -92,7 +93,9 @@ func (k *leaseKeeper) renew(ctx context.Context) {
 		return
 	}
 	rctx, cancel := context.WithTimeout(ctx, k.ttl/3)
+	sent := time.Now()
 	renewed, err := k.store.RenewLeases(rctx, k.owner, leases, k.ttl)
+	k.metrics.renewalSeconds.Observe(time.Since(sent).Seconds())
 	cancel()
 	k.mu.Lock()
 	defer k.mu.Unlock()
@@ -104,9 +107,12 @@ func (k *leaseKeeper) renew(ctx context.Context) {
 		switch {
 		case err == nil && renewed[l.RunID]:
 			h.renewedAt = start
+			k.metrics.renewals.WithLabelValues(renewalRenewed).Inc()
 		case err == nil:
+			k.metrics.renewals.WithLabelValues(renewalLost).Inc()
 			k.lost(l.RunID, h, "lease lost")
 		default:
+			k.metrics.renewals.WithLabelValues(renewalFailed).Inc()
 			k.log.Warn("lease renewal failed; the self-fence bound decides", "run_id", l.RunID, "err", err)
 		}
 	}

@@ -3,11 +3,17 @@ package e2e
 import (
 	"context"
 	"encoding/hex"
+	"fmt"
 	"net"
+	"sort"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/trace"
 	collectortracepb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
@@ -144,4 +150,106 @@ func TestD3_OneTraceSpansExecutorGatewayRunnerdAndTheProviderCall(t *testing.T) 
 		"executor: executor drive",
 		"executor: tether.executor.v1.ExecutorService/SubmitRun",
 	}, hops)
+}
+
+// scrapeValues reads a /metrics page into "name{label="value",...}" →
+// value (histograms as their _count and _sum).
+func scrapeValues(t *testing.T, addr string) map[string]float64 {
+	t.Helper()
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(strings.NewReader(scrape(t, "http://"+addr+"/metrics")))
+	require.NoError(t, err)
+	out := map[string]float64{}
+	for name, f := range fams {
+		for _, m := range f.GetMetric() {
+			var labels []string
+			for _, l := range m.GetLabel() {
+				labels = append(labels, fmt.Sprintf("%s=%q", l.GetName(), l.GetValue()))
+			}
+			sort.Strings(labels)
+			key := name
+			if len(labels) > 0 {
+				key += "{" + strings.Join(labels, ",") + "}"
+			}
+			switch {
+			case m.GetCounter() != nil:
+				out[key] = m.GetCounter().GetValue()
+			case m.GetGauge() != nil:
+				out[key] = m.GetGauge().GetValue()
+			case m.GetHistogram() != nil:
+				out[name+"_count"] = float64(m.GetHistogram().GetSampleCount())
+				out[name+"_sum"] = m.GetHistogram().GetSampleSum()
+			}
+		}
+	}
+	return out
+}
+
+// D3: the executor's domain metrics, scraped from a real executor's
+// /metrics, move as runs go: a run queued behind its session's active run,
+// claims, lease renewals and their latency, active runs, cancellations
+// dispatched and acknowledged — and gRPC server metrics from the
+// go-grpc-middleware provider.
+func TestD3_ExecutorMetricsMoveAsRunsGo(t *testing.T) {
+	port, err := stack.FreePort()
+	require.NoError(t, err)
+	metricsAddr := fmt.Sprintf("127.0.0.1:%d", port)
+	h := newHarness(t, stack.Options{
+		LeaseTTL:     3 * time.Second,        // renewed every second
+		FakeArgs:     []string{"--hold-turn"}, // a turn lasts until it is interrupted
+		ExecutorArgs: []string{"-metrics-addr", metricsAddr},
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	eventually := func(what string, ok func(m map[string]float64) bool) map[string]float64 {
+		t.Helper()
+		var m map[string]float64
+		done := assert.Eventually(t, func() bool { m = scrapeValues(t, metricsAddr); return ok(m) }, time.Minute, 50*time.Millisecond)
+		require.True(t, done, "%s; tether metrics: %v", what, tetherMetrics(m))
+		return m
+	}
+	m := scrapeValues(t, metricsAddr)
+	require.Zero(t, m["tether_executor_claims_total"])
+	require.Zero(t, m["tether_executor_active_runs"])
+	require.Zero(t, m[`tether_executor_queue_depth{phase="queued"}`])
+
+	h.submit("m1", "metrics", "the first turn")
+	h.waitForDelta(ctx, h.client, "m1")
+	h.submit("m2", "metrics", "the second turn waits for the first") // same session: queued behind m1
+	m = eventually("m1 driven, m2 queued, the lease renewed", func(m map[string]float64) bool {
+		return m["tether_executor_claims_total"] == 1 && m["tether_executor_active_runs"] == 1 &&
+			m[`tether_executor_queue_depth{phase="queued"}`] == 1 &&
+			m[`tether_executor_lease_renewals_total{outcome="renewed"}`] >= 1 && m["tether_executor_lease_renewal_seconds_count"] >= 1
+	})
+	require.Positive(t, m["tether_executor_lease_renewal_seconds_sum"])
+	require.Zero(t, m[`tether_executor_lease_renewals_total{outcome="lost"}`])
+	require.Equal(t, 2.0, m[`grpc_server_handled_total{grpc_code="OK",grpc_method="SubmitRun",grpc_service="tether.executor.v1.ExecutorService",grpc_type="unary"}`])
+
+	for i, id := range []string{"m1", "m2"} {
+		_, err := h.client.CancelRun(ctx, &executorv1.CancelRunRequest{RunId: id,
+			Scope: executorv1.CancellationScope_CANCELLATION_SCOPE_RUN, Reason: "metrics test"})
+		require.NoError(t, err)
+		h.waitState(ctx, h.client, id, executorv1.RunState_RUN_STATE_CANCELLED)
+		n := float64(i + 1)
+		eventually("cancellation of "+id, func(m map[string]float64) bool {
+			// m2 is claimed as soon as m1 ends.
+			return m["tether_executor_claims_total"] == 2 && m[`tether_executor_queue_depth{phase="queued"}`] == 0 &&
+				m[`tether_executor_cancellations_total{outcome="dispatched"}`] == n &&
+				m[`tether_executor_cancellations_total{outcome="acknowledged"}`] == n
+		})
+		if id == "m1" {
+			h.waitForDelta(ctx, h.client, "m2") // claimed once m1 ended
+		}
+	}
+	eventually("no run active", func(m map[string]float64) bool { return m["tether_executor_active_runs"] == 0 })
+}
+
+func tetherMetrics(m map[string]float64) map[string]float64 {
+	out := map[string]float64{}
+	for k, v := range m {
+		if strings.HasPrefix(k, "tether_") {
+			out[k] = v
+		}
+	}
+	return out
 }

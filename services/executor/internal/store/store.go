@@ -26,6 +26,7 @@ import (
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/pgstore"
 	"github.com/tether-run/tether/pkg/scope"
+	"github.com/tether-run/tether/services/executor/internal/recovery"
 )
 
 // Migrations holds the embedded, numbered goose migrations.
@@ -359,6 +360,9 @@ type Claim struct {
 	// TraceParent is the trace context the run was submitted in ("" when
 	// none), which its driver continues.
 	TraceParent string
+	// Expired: the claim took over a lease that had expired (its
+	// controller stopped renewing it).
+	Expired bool
 }
 
 // Scope returns the run's session scope key: the stored one, or for a claim
@@ -451,11 +455,36 @@ func (s *Store) claimNext(ctx context.Context, query, owner string, ttl time.Dur
 		return nil, err
 	}
 	c.Owner = owner
+	c.Expired = query == claimExpiredSQL
 	c.Input = &prpv1.ExecutionInput{}
 	if err := proto.Unmarshal(raw, c.Input); err != nil {
 		return nil, err
 	}
 	return &c, nil
+}
+
+// QueueDepth counts the runs waiting to be claimed by phase: queued, and
+// retryable_failure (a failed attempt waiting for its next one).
+func (s *Store) QueueDepth(ctx context.Context) (map[string]int64, error) {
+	rows, err := s.pool.Query(ctx, `
+SELECT phase, count(*) FROM executor.coordinators
+ WHERE phase IN ('queued', 'retryable_failure') GROUP BY phase`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := map[string]int64{PhaseQueued: 0, recovery.PhaseRetryableFailure: 0}
+	for rows.Next() {
+		var (
+			phase string
+			n     int64
+		)
+		if err := rows.Scan(&phase, &n); err != nil {
+			return nil, err
+		}
+		out[phase] = n
+	}
+	return out, rows.Err()
 }
 
 // cancellationHeld is the SQL condition "the run holds a pending or
