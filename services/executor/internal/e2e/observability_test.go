@@ -195,7 +195,7 @@ func TestD3_ExecutorMetricsMoveAsRunsGo(t *testing.T) {
 	require.NoError(t, err)
 	metricsAddr := fmt.Sprintf("127.0.0.1:%d", port)
 	h := newHarness(t, stack.Options{
-		LeaseTTL:     3 * time.Second,        // renewed every second
+		LeaseTTL:     3 * time.Second,         // renewed every second
 		FakeArgs:     []string{"--hold-turn"}, // a turn lasts until it is interrupted
 		ExecutorArgs: []string{"-metrics-addr", metricsAddr},
 	})
