@@ -19,7 +19,7 @@ import (
 //	tetherctl interactions list [-run RUN_ID] [-status pending|answered]
 //	tetherctl interactions show INTERACTION_ID
 //	tetherctl interactions answer INTERACTION_ID -answer QUESTION=OPTION[,OPTION] [-text QUESTION=TEXT] [-watch]
-func interactions(ctx context.Context, c executorv1.ExecutorServiceClient, args []string) error {
+func interactions(ctx context.Context, c *replicaSet, args []string) error {
 	if len(args) == 0 {
 		return errors.New("interactions: list, show or answer")
 	}

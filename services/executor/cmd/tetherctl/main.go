@@ -38,18 +38,24 @@ import (
 )
 
 func main() {
-	err := run(os.Args[1:])
-	if errors.Is(err, errViolations) {
-		os.Exit(1) // the report says what
+	os.Exit(exitCode(run(os.Args[1:]), os.Stderr))
+}
+
+// exitCode reports err (if any) on w and returns the process's exit code:
+// 0 for success and for -h (the usage was printed, as asked), 1 otherwise.
+func exitCode(err error, w io.Writer) int {
+	switch {
+	case err == nil, errors.Is(err, flag.ErrHelp):
+		return 0
+	case errors.Is(err, errViolations):
+		return 1 // the report says what
 	}
-	if err != nil {
-		if st, ok := status.FromError(err); ok {
-			fmt.Fprintf(os.Stderr, "tetherctl: %s: %s\n", st.Code(), st.Message())
-		} else {
-			fmt.Fprintln(os.Stderr, "tetherctl:", err)
-		}
-		os.Exit(1)
+	if st, ok := status.FromError(err); ok {
+		fmt.Fprintf(w, "tetherctl: %s: %s\n", st.Code(), st.Message())
+	} else {
+		fmt.Fprintln(w, "tetherctl:", err)
 	}
+	return 1
 }
 
 const usage = `usage: tetherctl [-addr HOST:PORT] <command> [flags]
@@ -69,7 +75,7 @@ environment: TETHER_EXECUTOR_ADDR (default 127.0.0.1:7400), TETHER_EXECUTOR_CA, 
 
 func run(args []string) error {
 	global := flag.NewFlagSet("tetherctl", flag.ContinueOnError)
-	addr := grpcx.StringFlag(global, "addr", "TETHER_EXECUTOR_ADDR", "127.0.0.1:7400", "executor address")
+	addr := grpcx.StringFlag(global, "addr", "TETHER_EXECUTOR_ADDR", "127.0.0.1:7400", "executor address; several, comma separated, are replicas a watch resumes on when one drains")
 	ca := grpcx.StringFlag(global, "ca", "TETHER_EXECUTOR_CA", "", "CA bundle for the executor's TLS certificate")
 	cert := grpcx.StringFlag(global, "cert", "TETHER_CLIENT_CERT", "", "client certificate for mTLS to the executor (with -ca and -key)")
 	key := grpcx.StringFlag(global, "key", "TETHER_CLIENT_KEY", "", "client private key for -cert")
@@ -89,12 +95,16 @@ func run(args []string) error {
 	case "audit":
 		return auditCmd(context.Background(), global.Args()[1:], os.Stdout)
 	}
-	conn, err := (&grpcx.Config{TLSCertFile: *cert, TLSKeyFile: *key}).DialPeer(*addr, *ca)
-	if err != nil {
-		return err
+	client := &replicaSet{}
+	for _, a := range strings.Split(*addr, ",") {
+		conn, err := (&grpcx.Config{TLSCertFile: *cert, TLSKeyFile: *key}).DialPeer(strings.TrimSpace(a), *ca)
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		client.all = append(client.all, executorv1.NewExecutorServiceClient(conn))
 	}
-	defer conn.Close()
-	client := executorv1.NewExecutorServiceClient(conn)
+	client.ExecutorServiceClient = client.all[0]
 	cmd, rest := global.Arg(0), global.Args()[1:]
 	// With OTEL_EXPORTER_OTLP_ENDPOINT set, a command's calls are one
 	// trace that starts here.
@@ -129,14 +139,29 @@ func run(args []string) error {
 	return fmt.Errorf("unknown command %q", cmd)
 }
 
-func submit(ctx context.Context, c executorv1.ExecutorServiceClient, args []string) error {
+// The binding tetherctl submits under unless told otherwise: the one the
+// documentation's grpcurl examples use, so GetSession/CloseSession with
+// company_id "acme" find tetherctl's sessions.
+const (
+	DefaultCompany = "acme"
+	DefaultAgent   = "agent-1"
+)
+
+// replicaSet is the executor replicas -addr names: calls go to the first; a
+// watch resumes on the next one when a replica drains.
+type replicaSet struct {
+	executorv1.ExecutorServiceClient
+	all []executorv1.ExecutorServiceClient
+}
+
+func submit(ctx context.Context, c *replicaSet, args []string) error {
 	fs := flag.NewFlagSet("submit", flag.ContinueOnError)
 	var spec cli.InputSpec
 	runID := fs.String("run-id", "", "run id (default: generated)")
 	fs.StringVar(&spec.Prompt, "prompt", "", "the task for this turn (required)")
 	fs.StringVar(&spec.Session, "session", "", "normalized session id (required)")
-	fs.StringVar(&spec.Company, "company", "local", "company id")
-	fs.StringVar(&spec.Agent, "agent", "agent", "agent id")
+	fs.StringVar(&spec.Company, "company", DefaultCompany, "company id")
+	fs.StringVar(&spec.Agent, "agent", DefaultAgent, "agent id")
 	fs.StringVar(&spec.Issue, "issue", "", "issue id")
 	fs.StringVar(&spec.Lifecycle, "lifecycle", "warm", "warm or per_turn")
 	fs.StringVar(&spec.Cwd, "cwd", "", "absolute workspace directory on the runner host (default: assigned)")
@@ -174,7 +199,7 @@ func submit(ctx context.Context, c executorv1.ExecutorServiceClient, args []stri
 	return nil
 }
 
-func watch(ctx context.Context, c executorv1.ExecutorServiceClient, args []string) error {
+func watch(ctx context.Context, c *replicaSet, args []string) error {
 	fs := flag.NewFlagSet("watch", flag.ContinueOnError)
 	asJSON := fs.Bool("json", false, "print raw events as JSON lines")
 	after := fs.Uint64("after", 0, "start after this event cursor")
@@ -201,23 +226,10 @@ func parseWithID(fs *flag.FlagSet, args []string) error {
 	return nil
 }
 
-func watchRun(ctx context.Context, c executorv1.ExecutorServiceClient, runID string, after uint64, asJSON bool, w io.Writer) error {
-	stream, err := c.WatchRun(ctx, &executorv1.WatchRunRequest{RunId: runID, AfterSeq: after})
-	if err != nil {
-		return err
-	}
+func watchRun(ctx context.Context, c *replicaSet, runID string, after uint64, asJSON bool, w io.Writer) error {
 	r := &cli.Renderer{W: w, JSON: asJSON}
 	defer r.Flush()
-	for {
-		m, err := stream.Recv()
-		if errors.Is(err, io.EOF) {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		r.Event(m)
-	}
+	return cli.Watch(ctx, c.all, runID, after, r.Event)
 }
 
 func get(ctx context.Context, c executorv1.ExecutorServiceClient, args []string) error {
@@ -253,13 +265,18 @@ func list(ctx context.Context, c executorv1.ExecutorServiceClient, args []string
 	if err != nil {
 		return err
 	}
-	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "RUN\tSTATE\tSESSION\tATTEMPT\tEVENTS\tCREATED\tFAILURE")
-	for _, r := range resp.GetRuns() {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\t%s\n", r.GetRunId(),
+	return printRuns(os.Stdout, resp.GetRuns())
+}
+
+// printRuns prints runs as list's table.
+func printRuns(w io.Writer, runs []*executorv1.Run) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "RUN\tSTATE\tCOMPANY\tSESSION\tATTEMPT\tEVENTS\tCREATED\tFAILURE")
+	for _, r := range runs {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\n", r.GetRunId(),
 			strings.ToLower(strings.TrimPrefix(r.GetState().String(), "RUN_STATE_")),
-			r.GetInput().GetSession().GetNormalizedSessionId(), r.GetAttempt(), r.GetEventCount(),
-			r.GetCreatedAt().AsTime().Local().Format(time.DateTime), r.GetFailure().GetCode())
+			r.GetInput().GetBinding().GetCompanyId(), r.GetInput().GetSession().GetNormalizedSessionId(),
+			r.GetAttempt(), r.GetEventCount(), r.GetCreatedAt().AsTime().Local().Format(time.DateTime), r.GetFailure().GetCode())
 	}
 	return tw.Flush()
 }

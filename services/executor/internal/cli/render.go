@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"time"
 
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -117,6 +118,29 @@ func (r *Renderer) Event(m *executorv1.WatchRunResponse) {
 		}
 		r.line("● run %s: %s", ev.GetRunId(), msg)
 		r.usage(m.GetResult())
+	case "runtime_request.created":
+		// The run waits for an answer: say so, or it looks hung.
+		what := "input requested"
+		if str("requestType") == "approval" {
+			what = "approval requested"
+		}
+		req := p["request"].GetStructValue().GetFields()
+		detail := firstNonEmpty(req["prompt"].GetStringValue(), req["command"].GetStringValue(), req["reason"].GetStringValue())
+		if detail != "" {
+			detail = ": " + detail
+		}
+		r.line("⏸ %s (request %s)%s — ResolveRuntimeRequest answers it", what, str("requestId"), detail)
+	case "runtime_request.resolved", "runtime_request.expired", "runtime_request.cancelled":
+		r.line("· request %s %s", str("requestId"), strings.TrimPrefix(ev.GetEventType(), "runtime_request."))
+	case "semantic_tool.input":
+		tool := str("tool")
+		if ns := str("namespace"); ns != "" {
+			tool = ns + "/" + tool
+		}
+		r.line("⏸ tool call pending: %s (call %s)", tool, str("callId"))
+	case "run.retry_scheduled":
+		r.line("↻ attempt %d failed (%s: %s); retry scheduled at %s", int(p["attempt"].GetNumberValue()),
+			str("code"), str("message"), localTime(str("nextAttemptAt")))
 	case "harness.exited", "harness.diagnostic":
 		r.line("! %s %s %s", ev.GetEventType(), str("code"), str("message"))
 	}
@@ -157,4 +181,14 @@ func firstNonEmpty(a ...string) string {
 		}
 	}
 	return ""
+}
+
+// localTime shows an RFC 3339 time in the local zone (as is when it does
+// not parse).
+func localTime(v string) string {
+	t, err := time.Parse(time.RFC3339Nano, v)
+	if err != nil {
+		return v
+	}
+	return t.Local().Format(time.DateTime + " MST")
 }

@@ -1,0 +1,67 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"io"
+	"time"
+
+	"github.com/tether-run/tether/pkg/failure"
+	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
+)
+
+// codeDraining is the executor's answer to a watch it ends because it is
+// shutting down; another replica continues it from the last cursor.
+const codeDraining = "executor_draining"
+
+// maxWatchResumes bounds how often one Watch resumes on another replica.
+const maxWatchResumes = 10
+
+// Watch streams a run's events after cursor after to each, until the run's
+// stream ends. When a replica ends the stream because it is draining
+// (executor_draining), the watch resumes from the last event seen on the
+// next of replicas (round robin: with one address behind a load balancer,
+// that address again reaches another replica), so nothing is missed or
+// shown twice.
+func Watch(ctx context.Context, replicas []executorv1.ExecutorServiceClient, runID string, after uint64, each func(*executorv1.WatchRunResponse)) error {
+	if len(replicas) == 0 {
+		return errors.New("no executor address")
+	}
+	cursor := after
+	for i, resumes := 0, 0; ; {
+		err := watchOnce(ctx, replicas[i%len(replicas)], runID, &cursor, each)
+		if err == nil || failure.CodeOf(err) != codeDraining || resumes >= maxWatchResumes {
+			return err
+		}
+		resumes++
+		i++
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Duration(resumes) * 100 * time.Millisecond):
+		}
+	}
+}
+
+func watchOnce(ctx context.Context, c executorv1.ExecutorServiceClient, runID string, cursor *uint64, each func(*executorv1.WatchRunResponse)) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := c.WatchRun(ctx, &executorv1.WatchRunRequest{RunId: runID, AfterSeq: *cursor})
+	if err != nil {
+		return err
+	}
+	for {
+		m, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if m.GetSeq() <= *cursor {
+			continue // already shown
+		}
+		*cursor = m.GetSeq()
+		each(m)
+	}
+}
