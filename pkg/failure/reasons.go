@@ -161,8 +161,11 @@ const (
 	// RunnerEnvironmentLeaseMismatch: the lease asked for is not the scope
 	// runner's environment lease.
 	RunnerEnvironmentLeaseMismatch = "runner_environment_lease_mismatch"
-	RunnerGatewayDraining          = "runner_gateway_draining"
-	RunnerGatewayUnavailable       = "runner_gateway_unavailable"
+	// RunnerExiting: the Goodbye of a runnerd that exits (the gateway then
+	// reports the runner exited).
+	RunnerExiting            = "runner_exiting"
+	RunnerGatewayDraining    = "runner_gateway_draining"
+	RunnerGatewayUnavailable = "runner_gateway_unavailable"
 	// RunnerHandshakeTimeout: the runner did not complete Hello → Proof within
 	// the gateway's handshake timeout (SPEC S5).
 	RunnerHandshakeTimeout = "runner_handshake_timeout"
@@ -415,6 +418,7 @@ var registry = map[Reason]Info{
 	RunnerDisconnected:                            {codes.Unavailable, Transient},
 	RunnerDurableIdentityTooLarge:                 {codes.FailedPrecondition, Permanent},
 	RunnerEnvironmentLeaseMismatch:                {codes.FailedPrecondition, Permanent},
+	RunnerExiting:                                 {codes.Unavailable, Transient},
 	RunnerGatewayDraining:                         {codes.Unavailable, Transient},
 	RunnerGatewayUnavailable:                      {codes.Unavailable, Transient},
 	RunnerHandshakeTimeout:                        {codes.DeadlineExceeded, Transient},

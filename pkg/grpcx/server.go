@@ -48,6 +48,9 @@ const (
 	KeepaliveClientTimeout = 10 * time.Second
 )
 
+// MaxRecvMsgBytes bounds one request message a Server reads (16 MiB).
+const MaxRecvMsgBytes = 16 << 20
+
 // Server is a gRPC server with tether's interceptors, health, reflection and
 // a separate metrics HTTP server.
 type Server struct {
@@ -184,6 +187,11 @@ func New(cfg Config, extra ...grpc.ServerOption) (*Server, error) {
 	if tlsCfg != nil {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(tlsCfg)))
 	}
+	// Requests up to MaxRecvMsgBytes are read, so that one whose field is
+	// too long (a 5 MB prompt) is refused by its validation rule with the
+	// field named (invalid_request), not by the transport's bare
+	// ResourceExhausted at grpc-go's 4 MiB default.
+	opts = append(opts, grpc.MaxRecvMsgSize(MaxRecvMsgBytes))
 	s.gs = grpc.NewServer(append(opts, extra...)...)
 	healthgrpc.RegisterHealthServer(s.gs, &drainingHealth{Server: s.health, draining: s.draining})
 	reflection.Register(s.gs)

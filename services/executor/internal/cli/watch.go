@@ -10,10 +10,6 @@ import (
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
 )
 
-// codeDraining is the executor's answer to a watch it ends because it is
-// shutting down; another replica continues it from the last cursor.
-const codeDraining = "executor_draining"
-
 // maxWatchResumes bounds how often one Watch resumes on another replica.
 const maxWatchResumes = 10
 
@@ -30,7 +26,9 @@ func Watch(ctx context.Context, replicas []executorv1.ExecutorServiceClient, run
 	cursor := after
 	for i, resumes := 0, 0; ; {
 		err := watchOnce(ctx, replicas[i%len(replicas)], runID, &cursor, each)
-		if err == nil || failure.CodeOf(err) != codeDraining || resumes >= maxWatchResumes {
+		// executor_draining: the replica ends the watch because it is
+		// shutting down; another continues it from the last cursor.
+		if err == nil || failure.CodeOf(err) != failure.ExecutorDraining || resumes >= maxWatchResumes {
 			return err
 		}
 		resumes++

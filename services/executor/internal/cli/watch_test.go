@@ -8,7 +8,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/tether-run/tether/pkg/failure"
@@ -89,7 +88,7 @@ func (s *fakeStream) Recv() (*executorv1.WatchRunResponse, error) {
 // each event shown once. Other errors end the watch.
 func TestD3_WatchResumesOnAnotherReplicaWhenOneDrains(t *testing.T) {
 	all := []*executorv1.WatchRunResponse{event(1, "turn.started", nil), event(2, "item.delta", nil), event(3, "run.terminal", nil)}
-	draining := failure.ToStatus(failure.New(codes.Unavailable, "executor_draining", "this executor is shutting down; resume the watch from cursor 2"))
+	draining := failure.ToStatus(failure.Newf(failure.ExecutorDraining, "this executor is shutting down; resume the watch from cursor 2"))
 	a := &fakeReplica{events: all[:2], end: draining}
 	b := &fakeReplica{events: all}
 	var seen []uint64
@@ -101,8 +100,8 @@ func TestD3_WatchResumesOnAnotherReplicaWhenOneDrains(t *testing.T) {
 	require.Equal(t, []uint64{0}, a.cursors)
 	require.Equal(t, []uint64{2}, b.cursors, "resumed after the last event shown")
 
-	other := &fakeReplica{events: all[:1], end: failure.ToStatus(failure.New(codes.NotFound, "run_not_found", "no run"))}
+	other := &fakeReplica{events: all[:1], end: failure.ToStatus(failure.Newf(failure.RunNotFound, "no run"))}
 	err = Watch(context.Background(), []executorv1.ExecutorServiceClient{other, b}, "r1", 0, func(*executorv1.WatchRunResponse) {})
-	require.Equal(t, "run_not_found", failure.CodeOf(err))
+	require.EqualValues(t, failure.RunNotFound, failure.CodeOf(err))
 	require.Len(t, b.cursors, 1, "not resumed")
 }

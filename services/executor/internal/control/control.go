@@ -217,7 +217,7 @@ func (r *Registry) ResolveRuntimeRequest(ctx context.Context, in ResolveInput) (
 		return "", err
 	}
 	if turn != in.TurnID {
-		return "", failure.Newf(failure.RuntimeRequestStaleTurn, "request %s belongs to turn %s; the active turn is %q", in.RequestID, in.TurnID, turn)
+		return "", failure.Newf(failure.RuntimeRequestStaleTurn, "request %s: turn %s is not the active turn (the active turn is %q)", in.RequestID, in.TurnID, turn)
 	}
 	fp, err := json.Marshal(map[string]any{"turnId": in.TurnID, "resolution": in.Resolution})
 	if err != nil {

@@ -156,7 +156,15 @@ func (l *liveSession) ResolveRuntimeRequest(ctx context.Context, commandID, requ
 		if code == "" {
 			code = failure.RuntimeRequestRejected
 		}
-		return failure.New(codes.FailedPrecondition, code, "%s", r.GetMessage())
+		// The registry's gRPC code: a malformed answer
+		// (runtime_request_resolution_invalid) is the caller's error,
+		// InvalidArgument; the run's state (not pending, stale turn) is
+		// FailedPrecondition, as is a runner code the registry lacks.
+		c := code.GRPC()
+		if c == codes.Unknown {
+			c = codes.FailedPrecondition
+		}
+		return failure.New(c, code, "%s", r.GetMessage())
 	}
 	return nil
 }

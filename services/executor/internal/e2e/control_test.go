@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/tether-run/tether/pkg/failure"
@@ -45,12 +47,36 @@ func TestE9_SteeringThroughAnotherReplicaReachesTheActiveTurnOnce(t *testing.T) 
 	require.Equal(t, 1, countLines(t, h.st.CallLog(), "turn/steer"), "the provider was steered once")
 	require.Equal(t, 1, countLines(t, h.st.CallLog(), "turn/start"))
 
-	// After the turn: no active turn to steer, and no pending request to resolve.
-	_, err = h.client.SteerRun(ctx, &executorv1.SteerRunRequest{RunId: "steer", Message: "too late"})
-	require.EqualValues(t, "steering_temporarily_unavailable", failure.CodeOf(err))
-	res, _ := structpb.NewStruct(map[string]any{"decision": "accept"})
-	_, err = h.client.ResolveRuntimeRequest(ctx, &executorv1.ResolveRuntimeRequestRequest{RunId: "steer", RequestId: "0", TurnId: resp.GetTurnId(), Resolution: res})
-	require.EqualValues(t, "native_session_not_active", failure.CodeOf(err))
+	// After the run ended: nothing to steer, resolve or ask about, and no
+	// point in retrying — FailedPrecondition with the run-ended code, not
+	// a retryable Unavailable, on every replica.
+	h.waitEnded(ctx, "steer")
+	for _, c := range []executorv1.ExecutorServiceClient{h.client, other} {
+		_, err = c.SteerRun(ctx, &executorv1.SteerRunRequest{RunId: "steer", Message: "too late"})
+		requireRunEnded(t, err)
+		res, _ := structpb.NewStruct(map[string]any{"decision": "accept"})
+		_, err = c.ResolveRuntimeRequest(ctx, &executorv1.ResolveRuntimeRequestRequest{RunId: "steer", RequestId: "0", TurnId: resp.GetTurnId(), Resolution: res})
+		requireRunEnded(t, err)
+		_, err = c.GetSteeringState(ctx, &executorv1.GetSteeringStateRequest{RunId: "steer"})
+		requireRunEnded(t, err)
+	}
+}
+
+// waitEnded waits until no replica drives the run any more (its driver
+// let go of its live session after the terminal event).
+func (h *harness) waitEnded(ctx context.Context, runID string) {
+	h.t.Helper()
+	require.Eventually(h.t, func() bool {
+		_, err := h.client.GetSteeringState(ctx, &executorv1.GetSteeringStateRequest{RunId: runID})
+		return failure.CodeOf(err) == failure.NativeRunAlreadyTerminal
+	}, time.Minute, 20*time.Millisecond)
+}
+
+func requireRunEnded(t *testing.T, err error) {
+	t.Helper()
+	require.Equal(t, codes.FailedPrecondition, status.Code(err), "%v", err)
+	require.EqualValues(t, failure.NativeRunAlreadyTerminal, failure.CodeOf(err))
+	require.Contains(t, status.Convert(err).Message(), "already ended (succeeded)")
 }
 
 func TestE8_ARuntimeRequestIsResolvedOnceThroughTheExecutor(t *testing.T) {
@@ -77,6 +103,13 @@ func TestE8_ARuntimeRequestIsResolvedOnceThroughTheExecutor(t *testing.T) {
 
 	accept, _ := structpb.NewStruct(map[string]any{"decision": "accept"})
 	decline, _ := structpb.NewStruct(map[string]any{"decision": "decline"})
+	// A malformed answer is the caller's error (InvalidArgument), and it
+	// settles nothing: the request still takes a valid one.
+	maybe, _ := structpb.NewStruct(map[string]any{"decision": "maybe"})
+	_, err = h.client.ResolveRuntimeRequest(ctx, &executorv1.ResolveRuntimeRequestRequest{RunId: "approve", RequestId: requestID, TurnId: turnID, Resolution: maybe})
+	require.Equal(t, codes.InvalidArgument, status.Code(err), "%v", err)
+	require.EqualValues(t, failure.RuntimeRequestResolutionInvalid, failure.CodeOf(err))
+
 	req := &executorv1.ResolveRuntimeRequestRequest{RunId: "approve", RequestId: requestID, TurnId: turnID, Resolution: accept}
 	first, err := h.client.ResolveRuntimeRequest(ctx, req)
 	require.NoError(t, err)
@@ -244,6 +277,16 @@ func TestE10_GetSessionAndCloseSession(t *testing.T) {
 		r, err := h.client.GetSession(ctx, &executorv1.GetSessionRequest{CompanyId: "acme", NormalizedSessionId: "inspect"})
 		return err == nil && !r.GetSessions()[0].GetRunnerConnected()
 	}, 20*time.Second, 100*time.Millisecond, "the runner went away")
+	// Gone, and said so: neither GetSession nor ListRunners shows it ready
+	// with the pids of processes that ended.
+	after, err := h.client.GetSession(ctx, &executorv1.GetSessionRequest{CompanyId: "acme", NormalizedSessionId: "inspect"})
+	require.NoError(t, err)
+	require.Equal(t, "exited", after.GetSessions()[0].GetLifecycle())
+	runners, err := h.gatewayClient().ListRunners(ctx, &gatewayv1.ListRunnersRequest{})
+	require.NoError(t, err)
+	require.Len(t, runners.GetRunners(), 1)
+	require.Equal(t, "exited", runners.GetRunners()[0].GetLifecycle())
+	require.False(t, runners.GetRunners()[0].GetConnected())
 
 	// The next run resumes the same provider thread in a new process.
 	h.submit("sess-2", "inspect", "second")

@@ -344,17 +344,31 @@ func decodeRecovery(b []byte) (*executorv1.Recovery, error) {
 }
 
 // ControllerAddr returns where the controller currently driving the run
-// serves the executor API ("" when the run is not being driven).
+// serves the executor API ("" when the run is not being driven); a run that
+// ended is native_run_already_terminal (FailedPrecondition).
 func (s *Store) ControllerAddr(ctx context.Context, runID string) (string, error) {
-	var addr *string
+	var (
+		addr  *string
+		ended bool
+		state string
+	)
 	err := s.pool.QueryRow(ctx, `
-SELECT CASE WHEN phase = 'observed' AND lease_expires_at > now() THEN controller_addr END
-  FROM executor.coordinators WHERE run_id = $1`, runID).Scan(&addr)
+SELECT CASE WHEN c.phase = 'observed' AND c.lease_expires_at > now() THEN c.controller_addr END,
+       r.ended_at IS NOT NULL, r.state
+  FROM executor.coordinators c JOIN executor.runs r ON r.run_id = c.run_id WHERE c.run_id = $1`, runID).Scan(&addr, &ended, &state)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return "", ErrRunNotFound(runID)
 	}
-	if err != nil || addr == nil {
+	if err != nil {
 		return "", err
+	}
+	if ended {
+		// Not a passing condition to retry: the run is over.
+		return "", failure.Newf(failure.NativeRunAlreadyTerminal,
+			"run %s already ended (%s): it has no live provider session", runID, state)
+	}
+	if addr == nil {
+		return "", nil
 	}
 	return *addr, nil
 }

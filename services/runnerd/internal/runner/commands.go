@@ -581,6 +581,12 @@ func (r *Runner) cmdTurnStart(ctx context.Context, c *prpv1.Command) (map[string
 	return map[string]any{"turnId": turnID, "providerThreadId": r.st.ProviderThreadID}, nil
 }
 
+// staleTurn refuses a command that names turn given while active is the
+// active turn: the caller's turn first, then the one that is active.
+func staleTurn(code, given, active string) *cmdError {
+	return rejected(code, "turn %s is not the active turn (the active turn is %s)", given, active)
+}
+
 // EventCommandExecuted reports that runnerd executed a command's effect:
 // the one record of an execution the executor's audit counts (SPEC X1:
 // each turn command id is executed by a runner at most once). It is held
@@ -760,7 +766,7 @@ func (r *Runner) cmdTurnInterrupt(ctx context.Context, c *prpv1.Command) (map[st
 		return nil, rejected(failure.NoActiveTurn, "no turn is active")
 	}
 	if want := payloadString(c, "turnId"); want != "" && want != t.TurnID {
-		return nil, rejected(failure.TurnMismatch, "active turn is %s, not %s", t.TurnID, want)
+		return nil, staleTurn(failure.TurnMismatch, want, t.TurnID)
 	}
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.RequestTimeout)
 	defer cancel()
@@ -784,7 +790,7 @@ func (r *Runner) cmdTurnSteer(ctx context.Context, c *prpv1.Command) (map[string
 		return nil, rejected(failure.CommandInvalid, "turn.steer needs payload.text")
 	}
 	if want := payloadString(c, "expectedTurnId"); want != "" && want != t.TurnID {
-		return nil, rejected(failure.TurnMismatch, "active turn is %s, not %s", t.TurnID, want)
+		return nil, staleTurn(failure.TurnMismatch, want, t.TurnID)
 	}
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.RequestTimeout)
 	defer cancel()

@@ -370,7 +370,7 @@ func Run(ctx context.Context, cfg Config) (int, error) {
 	if r.listener != nil {
 		r.listener.Close()
 	}
-	r.closeConn("runner_exiting", "runnerd is exiting")
+	r.closeConn(failure.RunnerExiting, "runnerd is exiting")
 	cancel()
 	r.wg.Wait()
 	_ = r.outbox.Close()

@@ -62,6 +62,7 @@ func TestG4_TurnEventsCarrySourceIdentityAndTerminal(t *testing.T) {
 	// Steering: wrong expected turn is refused, the right one reaches the driver.
 	res = e.gw.command(cs.next("c-steer1", CmdTurnSteer, map[string]any{"text": "left", "expectedTurnId": "turn-9"}))
 	assert.Equal(t, failure.TurnMismatch, res.GetCode())
+	assert.Equal(t, "turn turn-9 is not the active turn (the active turn is turn-1)", res.GetMessage(), "the caller's turn first, then the active one")
 	res = e.gw.command(cs.next("c-steer2", CmdTurnSteer, map[string]any{"text": "left", "expectedTurnId": "turn-1"}))
 	assert.Equal(t, runnerstate.StatusCompleted, res.GetStatus())
 	prov.mu.Lock()

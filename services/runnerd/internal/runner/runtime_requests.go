@@ -100,7 +100,7 @@ func (r *Runner) cmdRequestResolve(c *prpv1.Command) (map[string]any, *cmdError)
 	}
 	t := r.st.ActiveTurn
 	if want := payloadString(c, "turnId"); want != "" && want != t.TurnID {
-		return nil, rejected(failure.RuntimeRequestStaleTurn, "active turn is %s, not %s", t.TurnID, want)
+		return nil, staleTurn(failure.RuntimeRequestStaleTurn, want, t.TurnID)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.RequestTimeout)
 	defer cancel()

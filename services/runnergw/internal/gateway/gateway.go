@@ -630,6 +630,12 @@ func (g *Gateway) serveRunner(ctx context.Context, c *prp.Conn, mode string) {
 	if r.conn == c {
 		r.conn = nil
 		r.connected = make(chan struct{})
+		// What the runner last reported no longer holds: it said goodbye
+		// at exit, or it is reconnecting.
+		r.lifecycle = LifecycleDisconnected
+		if failure.CodeOf(err) == failure.RunnerExiting {
+			r.lifecycle = LifecycleExited
+		}
 		if r.att != nil {
 			// The executor re-attaches and waits for the runner to reconnect.
 			r.att.close()
@@ -710,7 +716,7 @@ func (g *Gateway) readRunner(ctx context.Context, r *runner, c *prp.Conn) error 
 			r.lastPong = time.Now()
 			r.mu.Unlock()
 		case *prpv1.Frame_Goodbye:
-			return errors.New(k.Goodbye.GetCode() + ": " + k.Goodbye.GetMessage())
+			return failure.New(codes.Unavailable, failure.Reason(k.Goodbye.GetCode()), "%s", k.Goodbye.GetMessage())
 		}
 	}
 }
@@ -740,9 +746,24 @@ func (g *Gateway) Runner(id string) (*gatewayv1.Runner, error) {
 	return nil, failure.New(codes.NotFound, failure.RunnerNotFound, "no runner %q", id)
 }
 
+// Lifecycles the gateway reports for a runner without a connection (a
+// connected runner reports its own, e.g. ready, suspended).
+const (
+	// LifecycleDisconnected: the connection dropped; the runner may be
+	// reconnecting.
+	LifecycleDisconnected = "disconnected"
+	// LifecycleExited: the runner process ended (it said goodbye at exit,
+	// or the gateway saw its launched process exit); the process ids shown
+	// are its last, no longer live.
+	LifecycleExited = "exited"
+)
+
 func (r *runner) view() *gatewayv1.Runner {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if r.conn == nil && r.child != nil && r.child.exited() {
+		r.lifecycle = LifecycleExited
+	}
 	v := &gatewayv1.Runner{
 		RunnerInstanceId: r.instanceID, SessionScope: r.scope, Lifecycle: r.lifecycle,
 		Connected: r.conn != nil, AckedSourceSeq: r.ackedSeq,

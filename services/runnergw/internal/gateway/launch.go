@@ -224,6 +224,16 @@ func (g *Gateway) launch(spec *launchSpec) (*launched, error) {
 	return l, nil
 }
 
+// exited reports whether the launched process has ended.
+func (l *launched) exited() bool {
+	select {
+	case <-l.done:
+		return true
+	default:
+		return false
+	}
+}
+
 // ticketFD is the descriptor runnerd reads its bootstrap ticket from: the
 // first of cmd.ExtraFiles.
 const ticketFD = 3

@@ -1251,7 +1251,8 @@ func (x *Recovery) GetNextAttemptAt() *timestamppb.Timestamp {
 type CancelRunRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	RunId string                 `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
-	Scope CancellationScope      `protobuf:"varint,2,opt,name=scope,proto3,enum=tether.executor.v1.CancellationScope" json:"scope,omitempty"`
+	// Required: what the cancellation releases.
+	Scope CancellationScope `protobuf:"varint,2,opt,name=scope,proto3,enum=tether.executor.v1.CancellationScope" json:"scope,omitempty"`
 	// Human reason, kept in the audit trail.
 	Reason string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
 	// Caller's idempotency key (optional).
@@ -3440,11 +3441,11 @@ const file_tether_executor_v1_executor_proto_rawDesc = "" +
 	"\x17recovery_owner_agent_id\x18\x04 \x01(\tR\x14recoveryOwnerAgentId\x122\n" +
 	"\x15recovery_action_cause\x18\x05 \x01(\tR\x13recoveryActionCause\x12?\n" +
 	"\x1csupersede_on_identity_change\x18\x06 \x01(\bR\x19supersedeOnIdentityChange\x12B\n" +
-	"\x0fnext_attempt_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\rnextAttemptAt\"\x92\x02\n" +
+	"\x0fnext_attempt_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\rnextAttemptAt\"\x9f\x03\n" +
 	"\x10CancelRunRequest\x12\x1e\n" +
-	"\x06run_id\x18\x01 \x01(\tB\a\xbaH\x04r\x02\x10\x01R\x05runId\x12G\n" +
-	"\x05scope\x18\x02 \x01(\x0e2%.tether.executor.v1.CancellationScopeB\n" +
-	"\xbaH\a\x82\x01\x04\x10\x01 \x00R\x05scope\x12 \n" +
+	"\x06run_id\x18\x01 \x01(\tB\a\xbaH\x04r\x02\x10\x01R\x05runId\x12\xd3\x01\n" +
+	"\x05scope\x18\x02 \x01(\x0e2%.tether.executor.v1.CancellationScopeB\x95\x01\xbaH\x91\x01\xba\x01\x88\x01\n" +
+	"\x19cancel_run.scope_required\x12`a scope is required: CANCELLATION_SCOPE_RUN, CANCELLATION_SCOPE_TURN or CANCELLATION_SCOPE_ISSUE\x1a\tthis != 0\x82\x01\x02\x10\x01R\x05scope\x12 \n" +
 	"\x06reason\x18\x03 \x01(\tB\b\xbaH\x05r\x03\x18\xd0\x0fR\x06reason\x12'\n" +
 	"\n" +
 	"request_id\x18\x04 \x01(\tB\b\xbaH\x05r\x03\x18\xa0\x01R\trequestId\x12J\n" +
