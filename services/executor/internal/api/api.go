@@ -249,7 +249,13 @@ func (s *Server) ResolveRuntimeRequest(ctx context.Context, req *executorv1.Reso
 
 // CompleteToolCall answers a dynamic tool call of the run.
 func (s *Server) CompleteToolCall(ctx context.Context, req *executorv1.CompleteToolCallRequest) (*executorv1.CompleteToolCallResponse, error) {
-	if rc, err := s.remote(ctx, req.GetRunId()); err != nil || rc != nil {
+	rc, err := s.remote(ctx, req.GetRunId())
+	if failure.CodeOf(err) == failure.NativeRunAlreadyTerminal {
+		// E13: an ended run's tool authority is revoked; the registry
+		// below answers native_tool_authority_epoch_revoked.
+		rc, err = nil, nil
+	}
+	if err != nil || rc != nil {
 		if err != nil {
 			return nil, err
 		}
