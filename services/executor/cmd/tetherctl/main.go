@@ -102,6 +102,9 @@ func run(args []string) error {
 			return err
 		}
 		defer conn.Close()
+		if client.conn == nil {
+			client.conn = conn
+		}
 		client.all = append(client.all, executorv1.NewExecutorServiceClient(conn))
 	}
 	client.ExecutorServiceClient = client.all[0]
@@ -133,7 +136,7 @@ func run(args []string) error {
 	case "interactions":
 		return interactions(ctx, client, rest)
 	case "health":
-		return health(ctx, conn, rest)
+		return health(ctx, client.conn, rest)
 	}
 	global.Usage()
 	return fmt.Errorf("unknown command %q", cmd)
@@ -151,7 +154,8 @@ const (
 // watch resumes on the next one when a replica drains.
 type replicaSet struct {
 	executorv1.ExecutorServiceClient
-	all []executorv1.ExecutorServiceClient
+	all  []executorv1.ExecutorServiceClient
+	conn grpc.ClientConnInterface // the first replica's connection
 }
 
 func submit(ctx context.Context, c *replicaSet, args []string) error {
