@@ -109,6 +109,10 @@ test-chaos: ## SPEC X2: the fault matrix over real processes (>= 204 runs, 6 war
 CODEX_VERSION := 0.169.0
 CODEX_CACHE := .cache/codex
 CODEX_BIN := $(CODEX_CACHE)/node_modules/@openai/codex-linux-x64/vendor/x86_64-unknown-linux-musl/bin/codex
+.PHONY: test-compose
+test-compose: ## opt-in SPEC D1 (root): deploy/docker-compose.yml on a real Docker engine, offline (private dockerd, compose CLI and images cached in .cache/compose); 3 warm turns, docker kill of the executor mid-turn, audit, down -v
+	bash deploy/compose/test.sh
+
 .PHONY: test-codex
 test-codex: ## opt-in: provider scenario suite against the real codex app-server (npm @openai/codex into .cache/codex) and a loopback mock model
 	@test -x $(CODEX_BIN) && $(CODEX_BIN) --version | grep -qx 'codex-cli $(CODEX_VERSION)' || { \
