@@ -102,6 +102,7 @@ func run() error {
 		fmt.Printf("demo: metrics on http://127.0.0.1:%d/metrics (executor), :%d (runnergw), :%d (backup-verifier)\n",
 			ports["executor metrics"], ports["runnergw metrics"], ports["backup-verifier metrics"])
 		fmt.Printf("demo: stack is up; try `grpcurl -plaintext %s list` — Ctrl-C stops it\n", st.Addr("executor"))
+		fmt.Printf("demo: audit the runs with  bin/tetherctl audit -database-url '%s'\n", dsn)
 		fmt.Printf("demo: the gateway serves only grant-signed calls (executor key %s, gateway public key %s), e.g.\n"+
 			"  grpcurl -plaintext -H \"tether-grant: $(bin/tetherctl grant -key-file %[1]s)\" 127.0.0.1:7401 tether.gateway.v1.RunnerGateway/ListRunners\n",
 			st.GrantKeyFile(), st.GrantPublicKeyFile())
