@@ -294,6 +294,11 @@ const (
 	TurnEnded                           = "turn_ended"
 	TurnMismatch                        = "turn_mismatch"
 	WarmSessionReplaced                 = "warm_session_replaced"
+	// WarmSessionCloseBackupFailed: closing a warm session for a
+	// configuration change through the backup failed (the verifier
+	// unreachable or refusing, the runner not suspending); the attempt ends
+	// retryably and the session is not replaced on its local state.
+	WarmSessionCloseBackupFailed = "warm_session_close_backup_failed"
 	// WatchConsumerTooSlow: cuts off a watcher whose unsent events exceeded its
 	// buffer; it resumes with WatchRun from the after_seq in the ErrorInfo
 	// metadata (the last seq it was sent).
@@ -490,6 +495,7 @@ var registry = map[Reason]Info{
 	TurnEnded:                                     {codes.FailedPrecondition, Permanent},
 	TurnMismatch:                                  {codes.FailedPrecondition, Permanent},
 	WarmSessionReplaced:                           {codes.Unavailable, Transient},
+	WarmSessionCloseBackupFailed:                  {codes.Unavailable, Transient},
 	WatchConsumerTooSlow:                          {codes.Unavailable, Transient},
 	WatchCursorOutOfRange:                         {codes.OutOfRange, Permanent},
 }

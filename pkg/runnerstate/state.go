@@ -50,6 +50,9 @@ const (
 	StatusFailed        = "failed"
 	StatusRejected      = "rejected"
 	StatusIndeterminate = "indeterminate"
+	// StatusUnexecuted: a command a restart cut short whose effect provably
+	// never happened (SPEC R8); it runs when the controller resends it.
+	StatusUnexecuted = "unexecuted"
 )
 
 // Identity is the identity tuple the state is bound to.
@@ -77,9 +80,12 @@ type RunRef struct {
 
 // Turn is the provider turn in progress.
 type Turn struct {
-	TurnID    string    `json:"turnId"`
-	RunID     string    `json:"runId"`
-	Attempt   uint64    `json:"attempt"`
+	TurnID  string `json:"turnId"`
+	RunID   string `json:"runId"`
+	Attempt uint64 `json:"attempt"`
+	// CommandID is the turn.start that started the turn: a controller
+	// tells the loss of its own turn from that of an earlier generation's.
+	CommandID string    `json:"commandId,omitempty"`
 	StartedAt time.Time `json:"startedAt"`
 }
 
@@ -101,6 +107,13 @@ type CommandRecord struct {
 	// pending): a final record is never changed again, and the journal is
 	// encoded on every save of the state.
 	encoded []byte
+}
+
+// Reopen sets the outcome of a record a restart cut short (SPEC R8: the
+// outcome its reconciliation found, or pending again when it runs after
+// all), dropping the cached encoding of its former outcome.
+func (r *CommandRecord) Reopen(status, code, msg string, result map[string]any) {
+	r.Status, r.Code, r.Message, r.Result, r.encoded = status, code, msg, result, nil
 }
 
 // Final reports whether the record holds the command's outcome.
@@ -169,9 +182,11 @@ type State struct {
 	ProviderThreadID         string   `json:"providerThreadId,omitempty"`
 	// ProviderCursor is the provider host seq through which every provider
 	// line's events are journaled (see the provhost package).
-	ProviderCursor  uint64            `json:"providerCursor,omitempty"`
-	CurrentRun      *RunRef           `json:"currentRun,omitempty"`
-	ActiveTurn      *Turn             `json:"activeTurn,omitempty"`
+	ProviderCursor uint64  `json:"providerCursor,omitempty"`
+	CurrentRun     *RunRef `json:"currentRun,omitempty"`
+	ActiveTurn     *Turn   `json:"activeTurn,omitempty"`
+	// LastTurnID is the newest provider turn a turn.start started.
+	LastTurnID      string            `json:"lastTurnId,omitempty"`
 	HighestAttempts map[string]uint64 `json:"highestAttempts,omitempty"`
 	// AttemptRuns orders HighestAttempts' runs, oldest first: only the
 	// MaxTrackedRuns most recently seen runs are kept (see NoteAttempt).

@@ -52,6 +52,15 @@ func TestR8_ACrashedIdleRunnerOfTheScopesPreviousRunIsResumedAndAnythingUnproven
 		{name: "a command in flight", lifecycle: "ready", edit: func(d map[string]any) {
 			d["processedCommands"] = map[string]any{"c-1": map[string]any{"commandId": "c-1", "status": "pending"}}
 		}},
+		{name: "a command of another run in flight", lifecycle: "ready", edit: func(d map[string]any) {
+			d["processedCommands"] = map[string]any{"c-1": map[string]any{"commandId": "c-1", "status": "pending", "runId": older.RunID}}
+		}},
+		// runnerd died after the previous run's turn ended, before it
+		// saved the outcome of that run's turn.start: the run is terminal
+		// in the database, so its turn is over.
+		{name: "a command of the terminal previous run in flight", lifecycle: "ready", resumed: true, edit: func(d map[string]any) {
+			d["processedCommands"] = map[string]any{"c-1": map[string]any{"commandId": "c-1", "status": "pending", "runId": prior.RunID}}
+		}},
 		{name: "the runner process still alive", lifecycle: "ready", edit: func(d map[string]any) {
 			d["runnerProcess"] = liveRunner
 		}},

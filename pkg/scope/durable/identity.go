@@ -217,9 +217,13 @@ func ReadRunnerLifecycle(root string, id Identity) (RunnerLifecycle, string, err
 // CrashedIdle reports whether root's runner state is that of a runner that
 // died between turns (SPEC R8): lifecycle ready or connecting (a runner
 // that stopped on purpose records suspended, stopped, …), no active turn,
-// no command whose outcome was not yet recorded, and the recorded runnerd
-// process is gone. Anything unreadable is not idle.
-func CrashedIdle(root string) bool {
+// no command whose outcome was not yet recorded other than one of runID —
+// the control plane's run, which the caller checks is terminal in the
+// database (its turn ended; runnerd died before saving the outcome, and
+// settles such a command from the provider's thread when it restarts) —
+// and the recorded runnerd process is gone. Anything unreadable is not
+// idle.
+func CrashedIdle(root, runID string) bool {
 	raw, err := readBounded(filepath.Join(root, RunnerDir, RunnerStateFile))
 	if err != nil {
 		return false
@@ -235,7 +239,7 @@ func CrashedIdle(root string) bool {
 		return false
 	}
 	for _, c := range doc.ProcessedCommands {
-		if c != nil && c.Status == runnerstate.StatusPending {
+		if c != nil && c.Status == runnerstate.StatusPending && (c.RunID == "" || c.RunID != runID) {
 			return false
 		}
 	}

@@ -282,7 +282,7 @@ func prepareScoped(ctx context.Context, req Request, base, root string, fi fs.Fi
 		}
 		return &Prepared{Root: root, Source: SourceExactRun, Binding: &id, Runner: runner}, nil
 	}
-	v, why := verifyPriorRun(ctx, req.PriorRuns, req.Scope, id, runner, runner == RunnerNotSuspended && CrashedIdle(root))
+	v, why := verifyPriorRun(ctx, req.PriorRuns, req.Scope, id, runner, runner == RunnerNotSuspended && CrashedIdle(root, id.RunID))
 	switch v {
 	case Verified:
 		return &Prepared{Root: root, Source: SourcePriorRun, Binding: &id, Runner: runner}, nil

@@ -39,8 +39,11 @@ func (s *Server) GetSession(ctx context.Context, req *executorv1.GetSessionReque
 		}
 		sess.Checkpoint = cp
 		if r := s.runner(ctx, g.Last.GetRunnerInstanceId()); r != nil {
+			// A connected runner's view is the live one: no provider
+			// process once the provider died (not the last run's record
+			// of a dead pid).
 			sess.Lifecycle, sess.RunnerConnected = r.GetLifecycle(), r.GetConnected()
-			if r.GetProviderProcess() != nil {
+			if r.GetConnected() || r.GetProviderProcess() != nil {
 				sess.ProviderProcess = r.GetProviderProcess()
 			}
 		}

@@ -71,7 +71,8 @@ func (d *Dispatcher) attachOnce(ctx context.Context, c *store.Claim, cancelCh <-
 		return done, err
 	}
 	if stop, err := a.replaceSession(); stop {
-		return false, err
+		// A failed close through the backup ended the attempt (recorded).
+		return failure.CodeOf(err) == failure.WarmSessionCloseBackupFailed, err
 	}
 	if !a.early {
 		if err := a.sendTurn(); err != nil {
@@ -252,12 +253,30 @@ func (a *attachment) replaceSession() (stop bool, err error) {
 		d.replaced[c.RunID] = true
 		d.mu.Unlock()
 	}
-	if !a.opened.GetReused() || a.replaced || !configChanged(c, a.facts) {
+	if a.replaced || !configChanged(c, a.facts) {
 		return false, nil
+	}
+	if !a.opened.GetReused() {
+		// A runner launched for this run on the local state of a session
+		// whose configuration changed, with no checkpoint to restore (the
+		// runner had exited idle or crashed, or an earlier attempt's
+		// suspension stopped it but its checkpoint failed), goes through
+		// the backup too, never silently on the local state.
+		cp := a.facts.Checkpoint
+		restored := cp != nil && cp.GetStamp().GetSessionScope() == c.Scope()
+		if restored || a.local || a.opened.GetDurableSource() == durableSourceFresh {
+			return false, nil
+		}
 	}
 	if !a.local {
 		a.cancel() // detach: the scope's runner is suspended next
-		return true, d.replaceThroughBackup(a.ctx, c, a.log)
+		err := d.replaceThroughBackup(a.ctx, c, a.log)
+		if failure.CodeOf(err) == failure.WarmSessionCloseBackupFailed {
+			// Visible and retryable: the attempt ends here; the next one
+			// closes the session through the backup again.
+			d.recordFailure(a.ctx, c, err, a.log)
+		}
+		return true, err
 	}
 	return true, d.closeForReplacement(a.ctx, c, a.send, a.stream.Recv, a.opened.GetRunnerAckedSeq(), a.log)
 }
@@ -426,7 +445,7 @@ func (a *attachment) onEvents(evs []*prpv1.Event) (stop, done bool, err error) {
 			return true, false, err
 		}
 	}
-	if lost := lostTurn(evs, c.RunID); lost != nil {
+	if lost := lostTurn(evs, c.RunID, commandID(c, "turn.start")); lost != nil {
 		// The runner lost the turn with its provider (SPEC R7): the attempt
 		// ends retryably and the retry starts the turn again.
 		d.recordFailure(a.ctx, c, lost, a.log)
@@ -471,6 +490,15 @@ func (a *attachment) onResult(r *prpv1.CommandResult) (stop, done bool, err erro
 	switch r.GetStatus() {
 	case "completed", "pending":
 		return false, false, nil
+	}
+	if r.GetCode() == failure.TurnAlreadyActive && r.GetCommandType() == "run.attach" {
+		// The runner still runs a turn of an earlier run of the scope
+		// (that run ended while its turn went on): this attempt ends
+		// retryably, the retry finds the turn over.
+		err = failure.New(codes.Unavailable, failure.NativeSessionSupervisorBusy, "run.attach refused: %s", r.GetMessage())
+		a.log.Warn("the runner still runs another run's turn", "msg", r.GetMessage())
+		a.d.recordFailure(a.ctx, a.c, err, a.log)
+		return true, true, err
 	}
 	if r.GetCode() == failure.TurnAlreadyActive {
 		return false, false, nil // a re-attach found its turn still running

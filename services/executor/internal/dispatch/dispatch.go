@@ -406,13 +406,19 @@ const maxReadAhead = 64
 // lostTurn returns the failure a runner's turn.lost event of run runID
 // among evs carries (its code is the provider's loss, e.g.
 // provider_process_exited, and its message names the provider's own
-// signal or exit), or nil.
-func lostTurn(evs []*prpv1.Event, runID string) error {
+// signal or exit), or nil. Only the loss of the turn started by turnCmd
+// (this turn generation's turn.start) counts: a turn an earlier
+// generation lost — its loss replayed or announced again — was already
+// retried and must not end the attempt that runs its successor.
+func lostTurn(evs []*prpv1.Event, runID, turnCmd string) error {
 	for _, ev := range evs {
 		if ev.GetEventType() != "turn.lost" || ev.GetRunId() != runID {
 			continue
 		}
 		p := ev.GetPayload().GetFields()
+		if cmd := p["commandId"].GetStringValue(); cmd != "" && cmd != turnCmd {
+			continue
+		}
 		code := failure.Reason(p["code"].GetStringValue())
 		if code == "" {
 			code = failure.ProviderProcessExited
@@ -539,12 +545,17 @@ func (d *Dispatcher) replaceThroughBackup(ctx context.Context, c *store.Claim, l
 			return ctx.Err()
 		}
 	}
-	if failure.CodeOf(err) == failure.RunnerHarnessBackupUnavailable {
+	// Only a gateway without a verifier (FailedPrecondition) replaces the
+	// session on its local state; a verifier that fails ends the attempt.
+	if failure.CodeOf(err) == failure.RunnerHarnessBackupUnavailable && status.Code(err) == codes.FailedPrecondition {
 		log.Warn("no backup verifier behind the gateway; replacing the warm session on its local state", "err", err)
 		d.mu.Lock()
 		d.localReplace[c.RunID] = true
 		d.mu.Unlock()
 		return failure.New(codes.Unavailable, failure.WarmSessionReplaced, "%s; re-attaching", CloseReasonConfigChanged)
+	}
+	if err != nil && failure.CodeOf(err) != failure.NativeSessionSupervisorBusy {
+		return d.closeFailed(ctx, c, prevID, err, log)
 	}
 	if err != nil {
 		return err
@@ -564,6 +575,32 @@ func (d *Dispatcher) replaceThroughBackup(ctx context.Context, c *store.Claim, l
 	d.mu.Unlock()
 	log.Info("warm session checkpointed for its replacement", "checkpoint_id", cp.GetCheckpointId(), "provider_thread_id", resp.GetProviderThreadId())
 	return failure.New(codes.Unavailable, failure.WarmSessionReplaced, "%s; re-attaching to restore checkpoint %s", CloseReasonConfigChanged, cp.GetCheckpointId())
+}
+
+// durableSourceFresh is the gateway's durable source of a runner launched
+// on an empty root (nothing to replace).
+const durableSourceFresh = "fresh"
+
+// closeFailed records why the verified suspension for a configuration
+// change failed (session.close_failed with the gateway's code) and returns
+// WarmSessionCloseBackupFailed. A lost lease or an ended context is returned as
+// is: nothing may be written then.
+func (d *Dispatcher) closeFailed(ctx context.Context, c *store.Claim, prevID string, err error, log *slog.Logger) error {
+	if ctx.Err() != nil || failure.CodeOf(err) == failure.NativeSessionLeaseLost {
+		return err
+	}
+	code := failure.CodeOf(err)
+	if code == "" {
+		code = failure.Reason(status.Code(err).String())
+	}
+	log.Warn("the verified suspension for a configuration change failed; the attempt ends retryably", "code", code, "err", err)
+	if aerr := d.store.AppendControlEvent(ctx, c.Fence, "session.close_failed", map[string]any{
+		"reason": CloseReasonConfigChanged, "previousRunId": prevID, "code": string(code), "message": status.Convert(err).Message(),
+	}); aerr != nil {
+		return aerr
+	}
+	return failure.Wrap(err, codes.Unavailable, failure.WarmSessionCloseBackupFailed,
+		"%s; the session was not replaced: closing it through the backup failed: %s: %s", CloseReasonConfigChanged, code, status.Convert(err).Message())
 }
 
 // closeForReplacement closes the live provider session (the runner stops it

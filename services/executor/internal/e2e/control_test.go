@@ -124,6 +124,15 @@ func TestE8_ARuntimeRequestIsResolvedOnceThroughTheExecutor(t *testing.T) {
 	require.Zero(t, countLines(t, h.st.CallLog(), "approval-response:decline"))
 }
 
+// submitWithModel submits a run of the warm session "config" pinning model.
+func (h *harness) submitWithModel(ctx context.Context, id, model, prompt string) {
+	h.t.Helper()
+	in := h.submitInput("config", prompt)
+	in.Provider.Model = model
+	_, err := h.client.SubmitRun(ctx, &executorv1.SubmitRunRequest{RunId: id, Input: in})
+	require.NoError(h.t, err)
+}
+
 // configChange runs three runs of one warm session, the third with another
 // model, and checks what holds with or without a backup: one replacement
 // provider that resumed the same thread with the whole conversation, and
@@ -133,12 +142,7 @@ func configChange(t *testing.T, h *harness) (map[string]any, string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	submit := func(id, model, prompt string) {
-		in := h.submitInput("config", prompt)
-		in.Provider.Model = model
-		_, err := h.client.SubmitRun(ctx, &executorv1.SubmitRunRequest{RunId: id, Input: in})
-		require.NoError(t, err)
-	}
+	submit := func(id, model, prompt string) { h.submitWithModel(ctx, id, model, prompt) }
 	submit("cfg-1", "model-a", "first turn")
 	submit("cfg-2", "model-a", "second turn, same configuration")
 	submit("cfg-3", "model-b", "third turn, another model")
@@ -186,11 +190,63 @@ func TestE10_AConfigurationChangeReplacesTheWarmProviderOnceAndKeepsTheConversat
 }
 
 func TestE10_WithoutABackupVerifierAConfigurationChangeReplacesTheProviderOnItsLocalState(t *testing.T) {
-	h := newHarnessWith(t, stack.Options{}, "runnergw", "executor")
+	h := newHarnessWith(t, stack.Options{GatewayArgs: []string{"-backup-addr", ""}}, "runnergw", "executor")
 	closed, root := configChange(t, h)
 	require.Empty(t, closed["checkpointId"])
 	_, err := os.Stat(filepath.Join(root, "continuity-breaks"))
 	require.True(t, os.IsNotExist(err), "nothing was archived")
+}
+
+func TestE10_ABackupFailureDuringAConfigurationChangeFailsTheAttemptVisiblyAndTheRetryGoesThroughTheBackup(t *testing.T) {
+	h := newHarness(t, stack.Options{ExecutorArgs: []string{"-retry-delay", "2s"}})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	submit := func(id, model, prompt string) { h.submitWithModel(ctx, id, model, prompt) }
+	submit("bf-1", "model-a", "first turn")
+	h.watch(ctx, "bf-1", 0, nil)
+	require.Equal(t, executorv1.RunState_RUN_STATE_SUCCEEDED, h.get("bf-1").GetState())
+
+	// The verifier is down when the next run changes the model.
+	h.st.Proc("backup-verifier").Kill()
+	<-h.st.Proc("backup-verifier").Done()
+	submit("bf-2", "model-b", "second turn, another model")
+	db := h.store()
+	var failed map[string]any
+	require.Eventually(t, func() bool {
+		evs, err := db.EventsAfter(ctx, "bf-2", 0, 100)
+		require.NoError(t, err)
+		for _, e := range evs {
+			if e.Event.GetEventType() == "session.close_failed" {
+				failed = e.Event.GetPayload().AsMap()
+				return true
+			}
+		}
+		return false
+	}, time.Minute, 20*time.Millisecond, "the failed close is on record")
+	require.Equal(t, "warm native session configuration changed", failed["reason"])
+	require.Equal(t, "runner_harness_backup_unavailable", failed["code"])
+	require.Equal(t, "bf-1", failed["previousRunId"])
+	_, err := h.st.Start(ctx, "backup-verifier")
+	require.NoError(t, err)
+
+	evs := h.watch(ctx, "bf-2", 0, nil)
+	run := h.get("bf-2")
+	require.Equal(t, executorv1.RunState_RUN_STATE_SUCCEEDED, run.GetState(), "%v", run.GetFailure())
+	require.GreaterOrEqual(t, run.GetAttempt(), uint64(2), "the failed close ended an attempt")
+	retries := eventsOf(evs, "run.retry_scheduled")
+	require.NotEmpty(t, retries)
+	require.Equal(t, "native_session_interrupted", retries[0]["code"])
+	require.Contains(t, retries[0]["message"], "warm_session_close_backup_failed")
+	require.Contains(t, retries[0]["message"], "runner_harness_backup_unavailable")
+	closed := eventsOf(evs, "session.closed")
+	require.Len(t, closed, 1, "the session was closed once, through the backup")
+	require.NotEmpty(t, closed[0]["checkpointId"])
+	require.Equal(t, 2, countLines(t, h.st.CallLog(), "process-start"), "exactly one replacement provider")
+	require.Contains(t, run.GetResult().GetFinalMessage(), "2 earlier messages", "the conversation survived")
+	root := filepath.Join(h.st.RunnerStateRoot(), scope.OfRun("bf-2", h.submitInput("config", "")))
+	breaks, err := os.ReadDir(filepath.Join(root, "continuity-breaks"))
+	require.NoError(t, err)
+	require.Len(t, breaks, 1, "the replaced session's local state was archived once")
 }
 
 func TestE10_EqualSessionIDsInDifferentCompaniesGetTwoRootsAndTwoProcesses(t *testing.T) {

@@ -13,6 +13,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
+	gatewayv1 "github.com/tether-run/tether/pkg/gen/tether/gateway/v1"
+	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/procid"
 	"github.com/tether-run/tether/pkg/scope"
 	"github.com/tether-run/tether/pkg/scope/durable"
@@ -280,4 +282,76 @@ func TestR8_ARuntimeRequestOpenWhenRunnerdDiesIsAnnouncedExpiredByTheRelaunchedR
 	require.Equal(t, 1, countLines(t, log, "process-start"), "the provider survived")
 	require.Equal(t, 1, countLines(t, log, "user-input-response:failure"), "the host answered the dead runnerd's request")
 	require.Equal(t, 1, countLines(t, log, "turn/start"))
+}
+
+func TestR8_RunnerdKilledBeforeItRecordedTurnStartTheProviderTurnIsAdoptedNotStartedTwice(t *testing.T) {
+	dir := t.TempDir()
+	h := newHarness(t, stack.Options{FakeArgs: []string{"--die-once-dir", dir}, ExecutorArgs: []string{"-retry-delay", "200ms"}})
+	h.submit("r8-cut-1", "r8-cut", "first question")
+	requireOneSucceededTerminal(t, h, "r8-cut-1", watchRun(t, h, "r8-cut-1"))
+
+	// The provider records the turn and holds its answer to turn/start
+	// ("[stall:turn-recorded]"): runnerd has journaled the command's
+	// intent, not its outcome, when it is killed.
+	const prompt = "[stall:turn-recorded] second question"
+	h.submit("r8-cut-2", "r8-cut", prompt)
+	log := h.st.CallLog()
+	require.Eventually(t, func() bool { return countLines(t, log, "stall:turn-recorded") == 1 }, time.Minute, 10*time.Millisecond)
+	killRunnerd(t, h, "r8-cut-1") // the session's warm runnerd
+	// (fakecodex.ReleaseFile(fakecodex.StallTurnRecorded))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "release-turn-recorded"), nil, 0o600))
+
+	evs := watchRun(t, h, "r8-cut-2")
+	final := requireOneSucceededTerminal(t, h, "r8-cut-2", evs)
+	require.Contains(t, final, "(turn 2, 2 earlier messages)", "the thread continued")
+	turns := providerTurnsWith(t, h, prompt)
+	require.Len(t, turns, 1, "the provider ran the turn once")
+	require.Equal(t, "completed", turns[0].Status)
+	require.Equal(t, 2, countLines(t, log, "turn/start"), "one turn/start per run")
+	require.Equal(t, 1, countLines(t, log, "process-start"), "the provider survived under its host")
+	root := filepath.Join(h.st.RunnerStateRoot(), scope.OfRun("r8-cut-2", h.submitInput("r8-cut", prompt)))
+	rlog, err := os.ReadFile(filepath.Join(root, "runnerd.log"))
+	require.NoError(t, err)
+	require.Contains(t, string(rlog), "had started a turn; reconciling it", "the relaunched runnerd adopted the provider's turn")
+	require.NoDirExists(t, filepath.Join(h.st.RunnerStateRoot(), durable.QuarantineDir))
+}
+
+func TestR7_AProviderKilledBetweenTurnsIsNeitherInGetSessionNorInListRunners(t *testing.T) {
+	h := newHarness(t, stack.Options{})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	h.submit("r7-gone-1", "r7-gone", "first question")
+	requireOneSucceededTerminal(t, h, "r7-gone-1", watchRun(t, h, "r7-gone-1"))
+	session := func() *executorv1.Session {
+		resp, err := h.client.GetSession(ctx, &executorv1.GetSessionRequest{CompanyId: "acme", NormalizedSessionId: "r7-gone"})
+		require.NoError(t, err)
+		require.Len(t, resp.GetSessions(), 1)
+		return resp.GetSessions()[0]
+	}
+	gw := h.gatewayClient()
+	runnerProvider := func() *prpv1.ProcessInfo {
+		resp, err := gw.ListRunners(ctx, &gatewayv1.ListRunnersRequest{})
+		require.NoError(t, err)
+		require.Len(t, resp.GetRunners(), 1)
+		return resp.GetRunners()[0].GetProviderProcess()
+	}
+	dead := h.get("r7-gone-1").GetProviderProcess().GetPid()
+	require.Positive(t, dead)
+	require.Equal(t, dead, session().GetProviderProcess().GetPid(), "the live provider is shown")
+	require.Equal(t, dead, runnerProvider().GetPid())
+
+	require.NoError(t, syscall.Kill(int(dead), syscall.SIGKILL))
+	require.Eventually(t, func() bool {
+		s := session()
+		return s.GetRunnerConnected() && s.GetLifecycle() == "ready" && s.GetProviderProcess() == nil && runnerProvider() == nil
+	}, time.Minute, 20*time.Millisecond, "neither GetSession nor ListRunners shows the dead provider")
+
+	// The next turn starts a provider on the same thread, and it is shown.
+	h.submit("r7-gone-2", "r7-gone", "second question")
+	final := requireOneSucceededTerminal(t, h, "r7-gone-2", watchRun(t, h, "r7-gone-2"))
+	require.Contains(t, final, "(turn 2, 2 earlier messages)")
+	live := h.get("r7-gone-2").GetProviderProcess().GetPid()
+	require.NotEqual(t, dead, live)
+	require.Equal(t, live, session().GetProviderProcess().GetPid())
+	require.Equal(t, live, runnerProvider().GetPid())
 }

@@ -302,4 +302,13 @@ func (p *codexProvider) ReconcileTurn(ctx context.Context, turnID string) (outco
 	return rec.Outcome, rec.Status, p.convert(err)
 }
 
-var _ runner.RuntimeRequestProvider = (*codexProvider)(nil)
+// LastTurn returns the thread's newest turn id (runner.TurnReconciler).
+func (p *codexProvider) LastTurn(ctx context.Context) (string, error) {
+	id, err := p.s.LastTurn(ctx)
+	return id, p.convert(err)
+}
+
+var (
+	_ runner.RuntimeRequestProvider = (*codexProvider)(nil)
+	_ runner.TurnReconciler         = (*codexProvider)(nil)
+)

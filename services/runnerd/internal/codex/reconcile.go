@@ -31,25 +31,13 @@ type Reconciliation struct {
 // provider_turn_missing error when the thread has no such turn.
 func (s *Session) ReconcileTurn(ctx context.Context, turnID string) (Reconciliation, error) {
 	rec := Reconciliation{TurnID: turnID}
-	thread, err := s.openThread()
-	if err != nil {
-		return rec, err
-	}
 	if turnID == "" {
 		return rec, errorf(failure.ProviderReconcileFailed, "no turn id to reconcile")
 	}
-	raw, rpcErr, err := s.call(ctx, "thread/read", map[string]any{"threadId": thread, "includeTurns": true}, s.cfg.RequestTimeout, nil)
+	thread, turns, err := s.readTurns(ctx)
 	if err != nil {
 		return rec, err
 	}
-	if rpcErr != nil {
-		return rec, errorf(failure.ProviderReconcileFailed, "thread/read: %s", rpcErr.describe())
-	}
-	res, err := decodeObject(raw)
-	if err != nil {
-		return rec, errorf(failure.ProviderProtocolError, "thread/read result is not a JSON object")
-	}
-	turns, _ := obj(res, "thread")["turns"].([]any)
 	var turn map[string]any
 	for _, t := range turns {
 		if m, _ := t.(map[string]any); str(m, "id") == turnID {
@@ -115,4 +103,38 @@ func (s *Session) ReconcileTurn(ctx context.Context, turnID string) (Reconciliat
 	s.deliverTurn(res2)
 	rec.Outcome = ReconcileTerminalized
 	return rec, nil
+}
+
+// readTurns reads the open thread's turns, oldest first (thread/read
+// includeTurns:true).
+func (s *Session) readTurns(ctx context.Context) (string, []any, error) {
+	thread, err := s.openThread()
+	if err != nil {
+		return "", nil, err
+	}
+	raw, rpcErr, err := s.call(ctx, "thread/read", map[string]any{"threadId": thread, "includeTurns": true}, s.cfg.RequestTimeout, nil)
+	if err != nil {
+		return thread, nil, err
+	}
+	if rpcErr != nil {
+		return thread, nil, errorf(failure.ProviderReconcileFailed, "thread/read: %s", rpcErr.describe())
+	}
+	res, err := decodeObject(raw)
+	if err != nil {
+		return thread, nil, errorf(failure.ProviderProtocolError, "thread/read result is not a JSON object")
+	}
+	turns, _ := obj(res, "thread")["turns"].([]any)
+	return thread, turns, nil
+}
+
+// LastTurn returns the id of the open thread's newest turn ("" when the
+// thread has none): after a runnerd restart that cut a turn/start short,
+// it tells whether the provider recorded a turn for it.
+func (s *Session) LastTurn(ctx context.Context) (string, error) {
+	_, turns, err := s.readTurns(ctx)
+	if err != nil || len(turns) == 0 {
+		return "", err
+	}
+	m, _ := turns[len(turns)-1].(map[string]any)
+	return str(m, "id"), nil
 }

@@ -31,28 +31,26 @@ const (
 	DieAfterCompletion = "completed"
 )
 
+// StallTurnRecorded is the "[stall:turn-recorded]" prompt marker (tests
+// only, with Options.DieOnceDir): once per prompt, after the turn was
+// recorded and saved, the fake logs "stall:turn-recorded" to its call log
+// and holds its answer to turn/start until the file ReleaseFile(phase)
+// exists in DieOnceDir (at most StallLimit) — a window in which a test
+// kills the provider's client (runnerd) with the turn started but not
+// answered.
+const StallTurnRecorded = "turn-recorded"
+
+// StallLimit bounds a "[stall:…]" marker's hold.
+const StallLimit = time.Minute
+
+// ReleaseFile is the file (in DieOnceDir) that ends a stall at phase.
+func ReleaseFile(phase string) string { return "release-" + phase }
+
 // dieAt kills the process with SIGKILL when prompt asks for phase and the
 // fault has not happened yet for this prompt.
 func (s *Server) dieAt(phase, prompt string) {
-	dir := s.opts.DieOnceDir
-	if dir == "" || !strings.Contains(prompt, "[die:"+phase+"]") {
+	if !s.once("die", phase, prompt) {
 		return
-	}
-	sum := sha256.Sum256([]byte(prompt))
-	sentinel := filepath.Join(dir, fmt.Sprintf("died-%s-%s", phase, hex.EncodeToString(sum[:8])))
-	f, err := os.OpenFile(sentinel, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
-	if errors.Is(err, fs.ErrExist) {
-		return
-	}
-	if err != nil {
-		s.diag("die-once sentinel %s: %v", sentinel, err)
-		return
-	}
-	_ = f.Sync()
-	_ = f.Close()
-	if d, err := os.Open(dir); err == nil {
-		_ = d.Sync()
-		_ = d.Close()
 	}
 	s.logCall("die:" + phase)
 	_ = s.out.Flush()
@@ -60,4 +58,50 @@ func (s *Server) dieAt(phase, prompt string) {
 	for { // SIGKILL cannot be caught; it is delivered before this returns
 		time.Sleep(time.Hour)
 	}
+}
+
+// stallAt holds the caller when prompt asks for phase, once, until the
+// test releases it (ReleaseFile).
+func (s *Server) stallAt(phase, prompt string) {
+	if !s.once("stall", phase, prompt) {
+		return
+	}
+	s.logCall("stall:" + phase)
+	release := filepath.Join(s.opts.DieOnceDir, ReleaseFile(phase))
+	for deadline := time.Now().Add(StallLimit); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if _, err := os.Stat(release); err == nil {
+			return
+		}
+	}
+}
+
+// once reports whether the "[kind:phase]" marker of prompt fires: only with
+// Options.DieOnceDir, and only the first time (a synced sentinel in that
+// directory records it).
+func (s *Server) once(kind, phase, prompt string) bool {
+	dir := s.opts.DieOnceDir
+	if dir == "" || !strings.Contains(prompt, "["+kind+":"+phase+"]") {
+		return false
+	}
+	sum := sha256.Sum256([]byte(prompt))
+	prefix := "died"
+	if kind != "die" {
+		prefix = kind
+	}
+	sentinel := filepath.Join(dir, fmt.Sprintf("%s-%s-%s", prefix, phase, hex.EncodeToString(sum[:8])))
+	f, err := os.OpenFile(sentinel, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	if errors.Is(err, fs.ErrExist) {
+		return false
+	}
+	if err != nil {
+		s.diag("once sentinel %s: %v", sentinel, err)
+		return false
+	}
+	_ = f.Sync()
+	_ = f.Close()
+	if d, err := os.Open(dir); err == nil {
+		_ = d.Sync()
+		_ = d.Close()
+	}
+	return true
 }

@@ -149,6 +149,7 @@ func (s *Server) handleTurnStart(id json.RawMessage, p params) error {
 	if err := s.save(); err != nil {
 		return err
 	}
+	s.stallAt(StallTurnRecorded, at.prompt)
 	if err := s.respond(id, map[string]any{"turn": turnStartObject(t.ID, nil)}); err != nil {
 		return err
 	}

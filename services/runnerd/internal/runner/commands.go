@@ -159,6 +159,7 @@ type commandSlot struct {
 // written while the loop goes on — the turn's events are not held up — and
 // the answers go out once it is durable.
 func (r *Runner) onCommands(connID int, cmds []*prpv1.Command) {
+	defer r.pongIfDue()
 	var (
 		slots   []*commandSlot
 		next    int              // first slot not yet run (or passed, when it needs no run)
@@ -254,6 +255,16 @@ func (r *Runner) onCommands(connID int, cmds []*prpv1.Command) {
 	}
 }
 
+// pongIfDue tells the gateway of a provider started by the commands just
+// handled, after their events were flushed (an unsolicited pong sent in the
+// middle of them split the first turn's group commit).
+func (r *Runner) pongIfDue() {
+	if r.pongDue {
+		r.pongDue = false
+		r.pong(0)
+	}
+}
+
 // attachFollowWindow bounds how long a run.attach waits for the command
 // behind it (see onCommands): well under one save of the state.
 const attachFollowWindow = 2 * time.Millisecond
@@ -342,6 +353,14 @@ func (r *Runner) admitCommand(c *prpv1.Command) (_ *commandSlot, changed bool) {
 					st.NoteAttempt(runID, c.GetAttempt())
 					changed = true
 				}
+			}
+			if prev.Status == runnerstate.StatusUnexecuted {
+				// A restart cut it short before it took effect: it runs
+				// now (its intent journaled again before its effect).
+				r.log.Info("a command a restart cut short before it took effect runs now", "command_id", prev.CommandID)
+				prev.Reopen(runnerstate.StatusPending, failure.ExecutionIndeterminate, "", nil)
+				prev.Attempt, prev.ReceivedAt = c.GetAttempt(), time.Now().UTC()
+				return &commandSlot{c: c, rec: prev, run: true}, true
 			}
 			r.log.Info("duplicate command; resending the stored result", "command_id", prev.CommandID, "status", prev.Status)
 			r.reannounceLost(prev)
@@ -577,7 +596,8 @@ func (r *Runner) cmdTurnStart(ctx context.Context, c *prpv1.Command) (map[string
 	}
 	cur := r.st.CurrentRun
 	// Persisted with the command's outcome, before the answer.
-	r.st.ActiveTurn = &runnerstate.Turn{TurnID: turnID, RunID: cur.RunID, Attempt: cur.Attempt, StartedAt: time.Now().UTC()}
+	r.st.ActiveTurn = &runnerstate.Turn{TurnID: turnID, RunID: cur.RunID, Attempt: cur.Attempt, CommandID: c.GetCommandId(), StartedAt: time.Now().UTC()}
+	r.st.LastTurnID = turnID
 	return map[string]any{"turnId": turnID, "providerThreadId": r.st.ProviderThreadID}, nil
 }
 
@@ -739,6 +759,7 @@ func (r *Runner) startProvider(reattach bool) *cmdError {
 	pi := p.Process()
 	r.st.ProviderProcess = &runnerstate.Process{PID: pi.PID, PGID: pi.PGID, StartTicks: pi.StartTicks, BootID: r.boot, StartedAt: pi.StartedAt.UTC()}
 	r.mustSave()
+	r.pongDue = true // once the command's events are out (onCommands)
 	r.pumpProviderEvents()
 	r.emit(P1, "harness.ready", "", "", map[string]any{
 		"pid": float64(pi.PID), "pgid": float64(pi.PGID), "startTicks": float64(pi.StartTicks), "reattached": reattach,
@@ -974,6 +995,10 @@ func (r *Runner) onProviderExit() {
 	if t := r.st.ActiveTurn; t != nil {
 		r.recoverTurn(t, code, msg)
 	}
+	// The gateway's view (ListRunners, GetSession) drops the dead process
+	// (or shows its replacement) now, not at its next ping.
+	r.pongDue = false
+	r.pong(0)
 	r.lastActivity = time.Now()
 }
 

@@ -504,6 +504,8 @@ type fakeStarter struct {
 	// inProgress|completed|failed|interrupted), read by ReconcileTurn; a
 	// turn not in it is missing.
 	history map[string]string
+	// lastTurn is the thread's newest turn, read by LastTurn.
+	lastTurn string
 }
 
 func newFakeStarter() *fakeStarter { return &fakeStarter{started: make(chan *fakeProvider, 16)} }
@@ -643,6 +645,13 @@ func (p *fakeProvider) ReconcileTurn(ctx context.Context, turnID string) (string
 	p.emit(ProviderEvent{Type: "turn." + status, TurnID: turnID, Priority: P0, Payload: map[string]any{"reconciled": true}})
 	p.done <- TurnResult{TurnID: turnID, Status: status, FinalMessage: "recorded " + status}
 	return ReconcileTerminalized, status, nil
+}
+
+// LastTurn is the starter's lastTurn (TurnReconciler).
+func (p *fakeProvider) LastTurn(ctx context.Context) (string, error) {
+	p.starter.mu.Lock()
+	defer p.starter.mu.Unlock()
+	return p.starter.lastTurn, nil
 }
 
 // crash makes the provider exit unexpectedly.

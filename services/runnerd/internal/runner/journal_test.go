@@ -247,7 +247,11 @@ func TestR4_RunAttachedAndTheTurnsFirstEventsShareOneFsync(t *testing.T) {
 // command whose intent reached the intent log but whose outcome never
 // reached the state (runnerd died in between) is indeterminate after the
 // restart and never executed again; the log is emptied.
-func TestR4_IntentJournaledBeforeACrashIsIndeterminateAfterTheRestart(t *testing.T) {
+// TestR8_ATurnStartCutShortBeforeTheThreadOpenedRunsWhenResent: a
+// turn.start whose intent was journaled before a crash, with no provider
+// thread yet, never reached the provider (turn/start follows the thread's
+// opening, saved first): the resent command starts the turn, once.
+func TestR8_ATurnStartCutShortBeforeTheThreadOpenedRunsWhenResent(t *testing.T) {
 	e := newTestEnv(t)
 	p := e.start(nil)
 	cs := &cmdSeq{t: t, runID: "run-1", attempt: 1}
@@ -269,13 +273,43 @@ func TestR4_IntentJournaledBeforeACrashIsIndeterminateAfterTheRestart(t *testing
 	e.gw.waitConns(2)
 	assert.Equal(t, turn.GetControllerSeq(), e.gw.hellos[1].GetResume().GetLastControllerSeq())
 	res = e.gw.command(turn)
+	assert.Equal(t, runnerstate.StatusCompleted, res.GetStatus(), res.GetMessage())
+	assert.Equal(t, 1, e.prov.count(), "the turn started once, when resent")
+	assert.Equal(t, runnerstate.StatusCompleted, e.state().ProcessedCommands["c-turn"].Status)
+	res = e.gw.command(turn)
+	assert.Equal(t, runnerstate.StatusCompleted, res.GetStatus(), "a further resend gets the stored result")
+	assert.Equal(t, 1, e.prov.count())
+}
+
+// TestR4_AnInterruptCutShortByACrashIsIndeterminateAfterTheRestart: a
+// command whose effect cannot be proven absent is never run again.
+func TestR4_AnInterruptCutShortByACrashIsIndeterminateAfterTheRestart(t *testing.T) {
+	e := newTestEnv(t)
+	p := e.start(nil)
+	cs := &cmdSeq{t: t, runID: "run-1", attempt: 1}
+	res := e.gw.command(cs.attach("c-attach"))
+	require.Equal(t, runnerstate.StatusCompleted, res.GetStatus(), res.GetMessage())
+	p.stop(t)
+
+	intr := cs.next("c-intr", "turn.interrupt", map[string]any{"turnId": "turn-1"})
+	fp, err := Fingerprint(intr)
+	require.NoError(t, err)
+	dir := filepath.Join(e.stateDir, "runner")
+	l, _, err := durable.OpenIntentLog(dir)
+	require.NoError(t, err)
+	require.NoError(t, l.Append(durable.Intent{CommandID: "c-intr", ControllerSeq: intr.GetControllerSeq(), CommandType: "turn.interrupt",
+		RunID: "run-1", Attempt: 1, Fingerprint: fp, ReceivedAt: time.Now().UTC()}))
+	require.NoError(t, l.Close())
+
+	e.start(nil)
+	e.gw.waitConns(2)
+	res = e.gw.command(intr)
 	assert.Equal(t, runnerstate.StatusIndeterminate, res.GetStatus())
 	assert.Equal(t, failure.ExecutionIndeterminate, res.GetCode())
-	assert.Zero(t, e.prov.count(), "the turn is never started")
 	ins, err := durable.ReadIntentLog(dir)
 	require.NoError(t, err)
 	assert.Empty(t, ins, "the state holds the command now")
-	assert.Equal(t, runnerstate.StatusIndeterminate, e.state().ProcessedCommands["c-turn"].Status)
+	assert.Equal(t, runnerstate.StatusIndeterminate, e.state().ProcessedCommands["c-intr"].Status)
 }
 
 // lateStartedProvider announces turn.started shortly after its turn/start

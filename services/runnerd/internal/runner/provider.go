@@ -27,8 +27,13 @@ type Provider interface {
 // resumed thread (codex thread/read): outcome is retained (the provider
 // still runs it), terminalized (its TurnResult arrives on TurnDone; status
 // is the provider's) or missing (with a provider_turn_missing error).
+//
+// LastTurn returns the resumed thread's newest turn id ("" for none): a
+// turn.start a runnerd restart cut short started a turn exactly when the
+// thread's newest turn is not one runnerd knows.
 type TurnReconciler interface {
 	ReconcileTurn(ctx context.Context, turnID string) (outcome, status string, err error)
+	LastTurn(ctx context.Context) (string, error)
 }
 
 // Reconciliation outcomes (see package provider).

@@ -2,9 +2,11 @@ package runner
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"time"
 
+	"github.com/tether-run/tether/pkg/failure"
 	"github.com/tether-run/tether/pkg/runnerstate"
 )
 
@@ -39,6 +41,12 @@ func (r *Runner) recoverTurn(t *runnerstate.Turn, code, cause string) {
 		r.loseTurn(t, code, fmt.Sprintf("%s; the provider could not be restarted: %s", cause, e.msg), "restart_failed")
 		return
 	}
+	r.reconcileTurn(t, code, cause)
+}
+
+// reconcileTurn settles t, the active turn, on the running provider from
+// its thread's record: retained, its recorded result, or lost.
+func (r *Runner) reconcileTurn(t *runnerstate.Turn, code, cause string) {
 	rp, ok := r.prov.(TurnReconciler)
 	if !ok {
 		r.loseTurn(t, code, cause+"; the provider cannot reconcile turns", "unsupported")
@@ -110,6 +118,9 @@ func (r *Runner) loseTurn(t *runnerstate.Turn, code, msg, reconciliation string)
 		"code": code, "message": msg, "providerTurnId": t.TurnID, "providerThreadId": r.st.ProviderThreadID,
 		"reconciliation": reconciliation, "retryable": true, "attempt": float64(t.Attempt),
 	}
+	if t.CommandID != "" {
+		payload["commandId"] = t.CommandID
+	}
 	r.emitAll([]pendingEvent{{prio: P0, typ: EventTurnLost, turnID: t.TurnID, runID: t.RunID, payload: payload}})
 	r.st.NoteLostTurn(t.TurnID, &runnerstate.LostTurn{RunID: t.RunID, Payload: payload, LostAt: time.Now().UTC()})
 	if r.st.ActiveTurn == t {
@@ -117,4 +128,96 @@ func (r *Runner) loseTurn(t *runnerstate.Turn, code, msg, reconciliation string)
 	}
 	r.mustSave()
 	r.lastActivity = time.Now()
+}
+
+// reconcileCutTurnStart settles a turn.start whose intent was journaled but
+// whose outcome was not, because runnerd died in between (SPEC R8: a crash
+// at any moment). The provider (re-attached, or restarted on the thread)
+// tells from its thread whether the turn/start reached it: when the
+// thread's newest turn is one runnerd already knows, it did not, and the
+// command is marked unexecuted so the controller's resent one runs (the
+// provider turn still starts once); otherwise that newest turn is this
+// command's: it is recorded as the command's result and reconciled like a
+// turn lost with its provider (retained, its recorded result, or lost and
+// retried under a new command id). When the provider cannot tell, the
+// command stays indeterminate (never executed again).
+func (r *Runner) reconcileCutTurnStart(rec *runnerstate.CommandRecord) {
+	log := r.log.With("command_id", rec.CommandID, "run_id", rec.RunID)
+	if r.st.ActiveTurn != nil {
+		return // a turn is known active: the command's answer is indeterminate
+	}
+	if r.st.ProviderThreadID == "" {
+		// turn/start follows the thread's opening, which is saved first.
+		log.Info("a turn.start cut short by the runnerd restart never reached the provider (no thread yet); it runs when resent")
+		rec.Reopen(runnerstate.StatusUnexecuted, "", "", nil)
+		r.mustSave()
+		return
+	}
+	if e := r.ensureProvider(); e != nil {
+		log.Warn("a turn.start cut short by the runnerd restart stays indeterminate: no provider", "err", e.msg)
+		return
+	}
+	rp, ok := r.prov.(TurnReconciler)
+	if !ok {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.RequestTimeout)
+	last, err := rp.LastTurn(ctx)
+	cancel()
+	r.pumpProviderEvents()
+	if err != nil {
+		log.Warn("a turn.start cut short by the runnerd restart stays indeterminate: thread/read failed", "err", err)
+		return
+	}
+	if last == "" || r.knownTurn(last) {
+		log.Info("a turn.start cut short by the runnerd restart never reached the provider; it runs when resent", "newest_turn", last)
+		rec.Reopen(runnerstate.StatusUnexecuted, "", "", nil)
+		r.mustSave()
+		return
+	}
+	rec.Reopen(runnerstate.StatusCompleted, "", "", map[string]any{"turnId": last, "providerThreadId": r.st.ProviderThreadID})
+	r.st.LastTurnID = last
+	if r.turnEndJournaled(last) {
+		// The turn ran to its end (or its loss) before runnerd died; only
+		// the command's outcome had not been saved.
+		log.Info("a turn.start cut short by the runnerd restart had started a turn that already ended", "turn_id", last)
+		r.mustSave()
+		return
+	}
+	log.Warn("a turn.start cut short by the runnerd restart had started a turn; reconciling it", "turn_id", last)
+	t := &runnerstate.Turn{TurnID: last, RunID: rec.RunID, Attempt: rec.Attempt, CommandID: rec.CommandID, StartedAt: time.Now().UTC()}
+	r.st.ActiveTurn = t
+	r.mustSave()
+	r.reconcileTurn(t, failure.ProviderProcessLost, "runnerd restarted while the turn was being started")
+}
+
+// turnEndJournaled reports whether the outbox holds the end of turn turnID
+// (its run.terminal or turn.lost).
+func (r *Runner) turnEndJournaled(turnID string) bool {
+	for _, rec := range r.outbox.After(0) {
+		if rec.EventType != "run.terminal" && rec.EventType != EventTurnLost {
+			continue
+		}
+		var env struct {
+			TurnID string `json:"turnId"`
+		}
+		if json.Unmarshal(rec.Envelope, &env) == nil && env.TurnID == turnID {
+			return true
+		}
+	}
+	return false
+}
+
+// knownTurn reports whether a turn of the thread is one runnerd started (or
+// learnt of) before.
+func (r *Runner) knownTurn(id string) bool {
+	if id == r.st.LastTurnID || r.st.LostTurns[id] != nil {
+		return true
+	}
+	for _, rec := range r.st.ProcessedCommands {
+		if tid, _ := rec.Result["turnId"].(string); tid == id {
+			return true
+		}
+	}
+	return false
 }

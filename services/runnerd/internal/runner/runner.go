@@ -315,8 +315,14 @@ type Runner struct {
 	interruptAsked string
 	// lostTurn: a turn whose provider died with the previous runnerd
 	// (no provider host); reconciled before the loop starts.
-	lostTurn  *runnerstate.Turn
-	lostCause string
+	lostTurn *runnerstate.Turn
+	// pongDue: the provider process changed since the gateway last heard
+	// (see pongIfDue).
+	pongDue bool
+	// cutTurnStart: a turn.start the previous runnerd process journaled
+	// but did not finish (reconcileCutTurnStart).
+	cutTurnStart *runnerstate.CommandRecord
+	lostCause    string
 	// requestsDirty: OpenRequests changed since the last save.
 	requestsDirty bool
 }
@@ -361,6 +367,10 @@ func Run(ctx context.Context, cfg Config) (int, error) {
 	} else if t := r.lostTurn; t != nil {
 		r.lostTurn = nil
 		r.recoverTurn(t, failure.ProviderProcessLost, r.lostCause)
+	}
+	if rec := r.cutTurnStart; rec != nil {
+		r.cutTurnStart = nil
+		r.reconcileCutTurnStart(rec)
 	}
 	code = r.loop(ctx)
 	if r.ackDirty {
@@ -451,6 +461,17 @@ func (r *Runner) open(ctx context.Context) (int, bool, error) {
 	var lostProvider *runnerstate.Process
 	var lostTurn *runnerstate.Turn
 	for _, rec := range st.ProcessedCommands {
+		if rec.Status == runnerstate.StatusPending && rec.CommandType == CmdRunAttach {
+			// run.attach only binds the run in this state (and may stop
+			// an idle provider): running it again is harmless, so the
+			// controller's resent one runs instead of failing the run as
+			// indeterminate.
+			rec.Reopen(runnerstate.StatusUnexecuted, "", "", nil)
+			continue
+		}
+		if rec.Status == runnerstate.StatusPending && rec.CommandType == CmdTurnStart && recovered {
+			r.cutTurnStart = rec // settled from the provider's thread (Run)
+		}
 		if rec.Status == runnerstate.StatusPending {
 			rec.Status = runnerstate.StatusIndeterminate
 			rec.Code = failure.ExecutionIndeterminate

@@ -360,14 +360,14 @@ func TestR4_CommandDedupeFingerprintConflictSeqAndFencing(t *testing.T) {
 	assert.Equal(t, runnerstate.StatusRejected, st.ProcessedCommands["c-old"].Status)
 }
 
-func TestR4_PendingCommandIsIndeterminateAfterRestart(t *testing.T) {
-	e := newTestEnv(t)
+// cutTurnStart leaves e's state as a runnerd killed between journaling a
+// turn.start (pending) and its outcome leaves it, on a thread whose last
+// known turn is turn-1; it returns the command to resend.
+func cutTurnStart(t *testing.T, e *testEnv) *prpv1.Command {
 	p := e.start(nil)
 	cs := &cmdSeq{t: t, runID: "run-1", attempt: 1}
 	require.Equal(t, runnerstate.StatusCompleted, e.gw.command(cs.attach("c1")).GetStatus())
 	require.Equal(t, ExitOK, p.stop(t))
-
-	// Simulate a crash between journaling turn.start as pending and its effect.
 	turn := cs.next("c2", CmdTurnStart, map[string]any{"text": "hi"})
 	fp, err := Fingerprint(turn)
 	require.NoError(t, err)
@@ -377,15 +377,46 @@ func TestR4_PendingCommandIsIndeterminateAfterRestart(t *testing.T) {
 	st.ProcessedCommands["c2"] = &runnerstate.CommandRecord{CommandID: "c2", ControllerSeq: 2, CommandType: CmdTurnStart,
 		RunID: "run-1", Attempt: 1, Status: runnerstate.StatusPending, Fingerprint: fp, Code: failure.ExecutionIndeterminate}
 	st.LastControllerCommandSeq = 2
+	st.ProviderThreadID, st.LastTurnID = "thread-1", "turn-1"
 	require.NoError(t, store.Save(st))
+	return turn
+}
 
+func TestR8_ACutTurnStartTheProviderNeverRecordedRunsWhenResent(t *testing.T) {
+	e := newTestEnv(t)
+	turn := cutTurnStart(t, e)
+	e.prov.mu.Lock()
+	e.prov.lastTurn = "turn-1" // the thread's newest turn is the known one
+	e.prov.mu.Unlock()
 	e.start(nil)
 	e.gw.waitConns(2)
 	res := e.gw.command(turn)
-	assert.Equal(t, runnerstate.StatusIndeterminate, res.GetStatus())
-	assert.Equal(t, failure.ExecutionIndeterminate, res.GetCode())
-	assert.Zero(t, e.prov.count(), "an indeterminate command is never re-executed")
-	assert.Equal(t, runnerstate.StatusIndeterminate, e.state().ProcessedCommands["c2"].Status)
+	assert.Equal(t, runnerstate.StatusCompleted, res.GetStatus(), res.GetMessage())
+	assert.Equal(t, 1, e.prov.count(), "one provider: started to read the thread, then used for the turn")
+	assert.Equal(t, 1, e.prov.last().turns, "the turn started once, when resent")
+	assert.Equal(t, runnerstate.StatusCompleted, e.state().ProcessedCommands["c2"].Status)
+}
+
+func TestR8_ACutTurnStartWhoseTurnTheProviderRecordedIsAdoptedNotStartedAgain(t *testing.T) {
+	e := newTestEnv(t)
+	turn := cutTurnStart(t, e)
+	e.prov.mu.Lock()
+	e.prov.lastTurn = "turn-2" // a turn runnerd never heard of: the cut command's
+	e.prov.history = map[string]string{"turn-2": "inProgress"}
+	e.prov.mu.Unlock()
+	e.start(nil)
+	e.gw.waitConns(2)
+	res := e.gw.command(turn)
+	require.Equal(t, runnerstate.StatusCompleted, res.GetStatus(), res.GetMessage())
+	assert.Equal(t, "turn-2", res.GetResult().AsMap()["turnId"])
+	prov := e.prov.last()
+	assert.Zero(t, prov.turns, "no second turn/start")
+	st := e.state()
+	require.NotNil(t, st.ActiveTurn, "the provider's turn is retained")
+	assert.Equal(t, "turn-2", st.ActiveTurn.TurnID)
+	assert.Equal(t, "c2", st.ActiveTurn.CommandID)
+	prov.finish(TurnResult{TurnID: "turn-2", Status: "completed", FinalMessage: "done"})
+	e.gw.waitEvent("run.terminal", 1)
 }
 
 func TestR4_RestartFromSameStateDirReconcilesAndContinuesSeqs(t *testing.T) {
