@@ -22,6 +22,7 @@ import (
 	"github.com/tether-run/tether/pkg/failure"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/provenv"
+	"github.com/tether-run/tether/pkg/scope"
 )
 
 // MetadataField is the ErrorInfo metadata key naming the refused field.
@@ -74,16 +75,11 @@ func Check(in *prpv1.ExecutionInput) error {
 // DriverKind names the session driver for a provider, or "" for a kind tether
 // does not know.
 func DriverKind(p *prpv1.Provider) string {
-	switch p.GetKind() {
-	case provenv.KindCodex:
-		return provenv.DriverCodexAppServer
-	case provenv.KindOpenCode:
-		return provenv.DriverOpenCodeServer
-	case provenv.KindACPX:
-		return provenv.DriverACPXRuntime
-	default:
-		return ""
+	switch k := p.GetKind(); k {
+	case provenv.KindCodex, provenv.KindOpenCode, provenv.KindACPX:
+		return scope.DefaultDriverKind(k)
 	}
+	return ""
 }
 
 // providerModel reports whether model is provider/model: at least one '/',
