@@ -16,6 +16,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/tether-run/tether/pkg/providerlaunch"
 	"github.com/tether-run/tether/pkg/prp"
 	"github.com/tether-run/tether/pkg/telemetry"
 	"github.com/tether-run/tether/services/runnerd/internal/runner"
@@ -99,8 +100,11 @@ func run(args []string, ticket string, hadTicket bool, stdout, stderr io.Writer)
 	fs.StringVar(&cfg.SessionID, "session-id", "", "normalized session id")
 	fs.StringVar(&cfg.SessionScope, "session-scope", "", "session scope digest (hex)")
 	fs.StringVar(&cfg.Workspace, "workspace", "", "provider working directory (absolute)")
-	fs.StringVar(&cfg.CodexCommand, "codex-command", "", "provider executable")
-	fs.Var(&codexArgs, "codex-arg", "provider argument (repeatable)")
+	fs.StringVar(&cfg.Provider, "provider", providerlaunch.Codex, "launch profile of the provider: "+strings.Join(registeredProviders(), "|"))
+	fs.StringVar(&cfg.CodexCommand, "codex-command", "", "provider executable (alias of --provider-command)")
+	fs.StringVar(&cfg.CodexCommand, "provider-command", "", "provider executable")
+	fs.Var(&codexArgs, "codex-arg", "provider argument (repeatable; alias of --provider-arg)")
+	fs.Var(&codexArgs, "provider-arg", "provider argument (repeatable)")
 	fs.DurationVar(&cfg.IdleTimeout, "idle-timeout", 10*time.Minute, "stop after this long without activity")
 	fs.DurationVar(&cfg.ReconnectGrace, "reconnect-grace", 2*time.Minute, "exit 3 after this long without a gateway connection")
 	fs.Uint64Var(&cfg.MaxOutboxBytes, "max-outbox-bytes", runner.DefaultMaxOutboxBytes, "unacknowledged event bytes the durable outbox may hold (16 KiB..512 MiB)")
@@ -159,7 +163,12 @@ func run(args []string, ticket string, hadTicket bool, stdout, stderr io.Writer)
 	cfg.CodexArgs = codexArgs
 	cfg.Logger = log
 	cfg.RunnerVersion = version
-	cfg.StartProvider = startCodex
+	start, ok := providerStarters[cfg.Provider]
+	if !ok {
+		fmt.Fprintf(stderr, "runnerd: --provider %q: this build drives %s\n", cfg.Provider, strings.Join(registeredProviders(), ", "))
+		return runner.ExitError
+	}
+	cfg.StartProvider = start
 	cfg.PathEnv = os.Getenv("PATH")
 	if cfg.PathEnv == "" {
 		cfg.PathEnv = "/usr/local/bin:/usr/bin:/bin"

@@ -301,3 +301,18 @@ func TestS5_RunnerdReadsItsTicketFromAnInheritedDescriptorAndClosesIt(t *testing
 	require.Equal(t, runner.ExitError, code)
 	require.Contains(t, stderr.String(), "reading the bootstrap ticket")
 }
+
+// runnerd drives only the providers registered in its build: another
+// --provider is a configuration error before anything starts.
+func TestR10_RunnerdRefusesAProviderItHasNoDriverFor(t *testing.T) {
+	var out, errb bytes.Buffer
+	dir := t.TempDir()
+	args := []string{"--connect-url", "ws://127.0.0.1:1/v1/runners/connect", "--state-dir", dir, "--runner-id", "r",
+		"--environment-lease-id", "e", "--session-id", "s", "--session-scope", "abc", "--workspace", dir,
+		"--provider", "acpx-pi", "--provider-command", "/bin/true"}
+	a := prp.NewAuthority([]byte("k"), nil)
+	ticket, err := a.MintTicket("r", "abc", time.Minute)
+	require.NoError(t, err)
+	assert.Equal(t, 1, run(args, ticket.Encode(), true, &out, &errb))
+	assert.Contains(t, errb.String(), `--provider "acpx-pi"`)
+}

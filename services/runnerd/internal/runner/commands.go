@@ -18,6 +18,7 @@ import (
 	"github.com/tether-run/tether/pkg/failure"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/provenv"
+	"github.com/tether-run/tether/pkg/providerlaunch"
 	"github.com/tether-run/tether/pkg/prp"
 	"github.com/tether-run/tether/pkg/runnerstate"
 	"github.com/tether-run/tether/pkg/telemetry"
@@ -724,8 +725,15 @@ func (r *Runner) recoverProvider() {
 // hosted one) and opens or resumes the thread.
 func (r *Runner) startProvider(reattach bool) *cmdError {
 	in := r.sessionInput()
+	if kind := providerlaunch.Name(in.GetProvider()); kind != r.cfg.Provider && (kind != "" || r.cfg.Provider != providerlaunch.Codex) {
+		return failed(failure.ProviderConfigInvalid, "this runner drives provider %q, the run names %q", r.cfg.Provider, kind)
+	}
 	codexHome := filepath.Join(r.cfg.StateDir, "codex-home")
 	cfg := ProviderConfig{
+		Kind:           r.cfg.Provider,
+		StateDir:       r.cfg.StateDir,
+		PermissionMode: in.GetProvider().GetPermissionMode(),
+		Agent:          in.GetProvider().GetAgent(),
 		Command:        r.cfg.CodexCommand,
 		Args:           append([]string(nil), r.cfg.CodexArgs...),
 		Env:            r.providerEnv(in, codexHome),

@@ -47,14 +47,26 @@ const (
 // and must not block for long (runnerd queues events without blocking).
 type StartFunc func(ctx context.Context, cfg ProviderConfig, emit func(ProviderEvent)) (Provider, error)
 
-// ProviderConfig mirrors codex.Config.
+// ProviderConfig is what a driver needs to start its provider (codex's
+// fields mirror codex.Config).
 type ProviderConfig struct {
-	Command                        string
-	Args                           []string
-	Env                            []string // complete allow-listed environment
-	Dir                            string   // workspace cwd
+	// Kind is the launch profile name (providerlaunch.Name of the run's
+	// provider): the registry key the StartFunc was chosen by.
+	Kind    string
+	Command string
+	Args    []string
+	Env     []string // complete allow-listed environment (SPEC E2)
+	Dir     string   // workspace cwd
+	// StateDir is the scope root (runnerd's --state-dir); a driver keeps
+	// its provider's home under StateDir/<its profile directory>
+	// (codex-home, opencode, acpx: SPEC B2).
+	StateDir                       string
 	CodexHome                      string
 	Model, ApprovalPolicy, Sandbox string
+	// PermissionMode (opencode: allow|ask|deny; acpx: approve-all|
+	// approve-reads|deny-all) and Agent (acpx: claude|codex) are the run's
+	// provider settings for the non-codex drivers.
+	PermissionMode, Agent string
 	// DynamicTools are the run's caller-implemented tools (codex
 	// thread/start dynamicTools); calls are answered with tool.result.
 	DynamicTools []map[string]any

@@ -21,6 +21,7 @@ import (
 	"github.com/tether-run/tether/pkg/backoff"
 	"github.com/tether-run/tether/pkg/failure"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
+	"github.com/tether-run/tether/pkg/providerlaunch"
 	"github.com/tether-run/tether/pkg/prp"
 	"github.com/tether-run/tether/pkg/runnerstate"
 	"github.com/tether-run/tether/services/runnerd/internal/durable"
@@ -71,10 +72,15 @@ type Config struct {
 	SessionID          string
 	SessionScope       string
 	Workspace          string
-	CodexCommand       string
-	CodexArgs          []string
-	IdleTimeout        time.Duration
-	ReconnectGrace     time.Duration
+	// Provider is the launch profile name (package providerlaunch) this
+	// runner drives: "" or "codex", "opencode", "acpx-codex", ... A run
+	// whose input names another provider is refused. CodexCommand and
+	// CodexArgs launch it (whatever its kind; --provider-command).
+	Provider       string
+	CodexCommand   string
+	CodexArgs      []string
+	IdleTimeout    time.Duration
+	ReconnectGrace time.Duration
 	// Ticket is the bootstrap credential (from the environment).
 	Ticket        prp.Credential
 	StartProvider StartFunc
@@ -124,6 +130,9 @@ func (c *Config) defaults() {
 		if *d <= 0 {
 			*d = v
 		}
+	}
+	if c.Provider == "" {
+		c.Provider = providerlaunch.Codex
 	}
 	def(&c.IdleTimeout, 10*time.Minute)
 	def(&c.ReconnectGrace, 2*time.Minute)
@@ -179,7 +188,7 @@ func (c *Config) validate() error {
 	for name, v := range map[string]string{
 		"--state-dir": c.StateDir, "--runner-id": c.RunnerID,
 		"--environment-lease-id": c.EnvironmentLeaseID, "--session-id": c.SessionID,
-		"--session-scope": c.SessionScope, "--workspace": c.Workspace, "--codex-command": c.CodexCommand,
+		"--session-scope": c.SessionScope, "--workspace": c.Workspace, "--provider-command": c.CodexCommand,
 	} {
 		if v == "" {
 			return fmt.Errorf("%s is required", name)

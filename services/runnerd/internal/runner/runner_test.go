@@ -689,3 +689,29 @@ func TestR4_StateFilesArePrivateAndStateIsWellFormed(t *testing.T) {
 	assert.Equal(t, ExitError, p2.wait(t, 5*time.Second))
 	assert.Contains(t, p2.err.Error(), "runner_state_identity_mismatch")
 }
+
+// A runner launched for one provider profile refuses a run that names
+// another (the gateway chose the driver by the profile, runnerd checks
+// the run agrees), before any provider starts; its own profile reaches
+// the driver with the scope root.
+func TestR10_RunnerRefusesARunOfAnotherProviderProfile(t *testing.T) {
+	e := newTestEnv(t)
+	e.start(func(c *Config) { c.Provider = "opencode" })
+	cs := &cmdSeq{t: t, runID: "run-1", attempt: 1}
+	require.Equal(t, runnerstate.StatusCompleted, e.gw.command(cs.attach("c1")).GetStatus())
+	res := e.gw.command(cs.next("c2", CmdTurnStart, map[string]any{"text": "x"}))
+	assert.Equal(t, runnerstate.StatusFailed, res.GetStatus())
+	assert.Equal(t, failure.ProviderConfigInvalid, res.GetCode())
+	assert.Equal(t, 0, e.prov.count(), "no provider was started")
+
+	e2 := newTestEnv(t)
+	e2.start(nil)
+	cs = &cmdSeq{t: t, runID: "run-1", attempt: 1}
+	require.Equal(t, runnerstate.StatusCompleted, e2.gw.command(cs.attach("c1")).GetStatus())
+	require.Equal(t, runnerstate.StatusCompleted, e2.gw.command(cs.next("c2", CmdTurnStart, map[string]any{"text": "x"})).GetStatus())
+	e2.prov.mu.Lock()
+	cfg := e2.prov.configs[0]
+	e2.prov.mu.Unlock()
+	assert.Equal(t, "codex", cfg.Kind)
+	assert.Equal(t, e2.stateDir, cfg.StateDir)
+}

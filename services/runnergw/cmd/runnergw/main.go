@@ -24,6 +24,7 @@ import (
 	"github.com/tether-run/tether/pkg/grpcx"
 	"github.com/tether-run/tether/pkg/identity"
 	"github.com/tether-run/tether/pkg/keyfile"
+	"github.com/tether-run/tether/pkg/providerlaunch"
 	"github.com/tether-run/tether/pkg/prp"
 	"github.com/tether-run/tether/services/runnergw/internal/api"
 	"github.com/tether-run/tether/services/runnergw/internal/gateway"
@@ -76,6 +77,7 @@ func run() error {
 	codex := grpcx.StringFlag(fs, "codex-command", "", "codex", "provider command runnerd launches (the codex native binary, or fake-codex-app-server)")
 	codexHome := grpcx.StringFlag(fs, "codex-home-template", "", "", "directory whose auth.json and config.toml (mode 0600) are copied into each scope's codex-home before its runner is launched (they never travel in backups)")
 	var codexArgs listFlag
+	provFlags := providerlaunch.RegisterFlags(fs)
 	fs.Var(&codexArgs, "codex-arg", "argument for the provider command (repeatable; env TETHER_CODEX_ARGS, space separated)")
 	idle := grpcx.DurationFlag(fs, "idle-timeout", "", 10*time.Minute, "how long a warm runner lives without work")
 	grace := grpcx.DurationFlag(fs, "reconnect-grace", "", 2*time.Minute, "how long a runner keeps reconnecting before it gives up")
@@ -92,6 +94,10 @@ func run() error {
 		if v := os.Getenv("TETHER_CODEX_ARGS"); v != "" {
 			codexArgs = strings.Fields(v)
 		}
+	}
+	providers, err := provFlags.Profiles()
+	if err != nil {
+		return err
 	}
 	if !grpcx.IsLoopbackAddr(*wsAddr) {
 		return fmt.Errorf("-runner-addr %s: plain runner connections are accepted on loopback only; use -runner-tls-addr with -runner-tls-cert/-runner-tls-key off loopback (dial_wss)", *wsAddr)
@@ -150,6 +156,7 @@ func run() error {
 	gcfg := gateway.Config{
 		StateRoot: *stateRoot, ConnectURL: *connectURL,
 		RunnerdPath: rpath, CodexCommand: *codex, CodexArgs: codexArgs, CodexHomeTemplate: *codexHome,
+		Providers:   providers,
 		IdleTimeout: *idle, ReconnectGrace: *grace, ConnectTimeout: *connectTimeout,
 		Build: build, Authority: prp.NewAuthority(key, time.Now), Grants: grants, Logger: log, Draining: srv.Draining(), Metrics: srv.Registry(),
 		CABundle: *caBundle, Ingress: gateway.ParseIngressPolicy(*ingressCompanies), IngressHost: *ingressHost,

@@ -24,7 +24,7 @@ import (
 	gatewayv1 "github.com/tether-run/tether/pkg/gen/tether/gateway/v1"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/grant"
-	"github.com/tether-run/tether/pkg/provenv"
+	"github.com/tether-run/tether/pkg/providerlaunch"
 	"github.com/tether-run/tether/pkg/prp"
 	"github.com/tether-run/tether/pkg/scope"
 	"github.com/tether-run/tether/pkg/scope/durable"
@@ -82,6 +82,10 @@ type Config struct {
 	// app-server or the fake).
 	CodexCommand string
 	CodexArgs    []string
+	// Providers are the pinned launch profiles of the other providers
+	// (OpenCode, ACPX agents); a run whose provider has none, or whose
+	// pins do not match, is refused before anything is launched.
+	Providers providerlaunch.Set
 	// CodexHomeTemplate, when set, is a directory whose launch-only provider
 	// home files (auth.json, config.toml) are copied into a scope's
 	// codex-home before each runner launch — fresh, resumed or restored —
@@ -281,8 +285,14 @@ func (g *Gateway) ensureRunner(ctx context.Context, sc string, in *prpv1.Executi
 		dir := g.stateDir(sc)
 		inst, proc := persistedIdentity(dir)
 		if !processAlive(proc) {
+			prof, err := g.launchProfile(in)
+			if err != nil {
+				r.mu.Unlock()
+				return nil, false, nil, err
+			}
 			spec := launchSpec{stateDir: dir, instanceID: inst, mode: mode, leaseID: LeaseFor(sc),
-				sessionID: in.GetSession().GetNormalizedSessionId(), scope: sc, workspace: in.GetWorkspace().GetCwd()}
+				sessionID: in.GetSession().GetNormalizedSessionId(), scope: sc, workspace: in.GetWorkspace().GetCwd(),
+				provider: prof}
 			if runID != "" {
 				plan, p, err := g.launchAuthority(ctx, sc, runID, in, prior)
 				if err != nil {
@@ -380,11 +390,10 @@ func (g *Gateway) Attach(stream gatewayv1.RunnerGateway_AttachServer) error {
 	if err != nil {
 		return err
 	}
-	if kind := open.GetInput().GetProvider().GetKind(); kind != provenv.KindCodex {
-		// OpenCode and ACPX need a build-owned provider pack this build
-		// cannot stage yet.
-		return failure.New(codes.FailedPrecondition, failure.RunnerRemoteProviderArtifactIncompatible,
-			"configure TETHER_PROVIDER_PACK_PATH to launch provider %q; this gateway launches codex only", kind)
+	// A provider without a verified launch profile is refused before the
+	// attempt is fenced or any process starts.
+	if _, err := g.launchProfile(open.GetInput()); err != nil {
+		return err
 	}
 	runID, attempt := open.GetRunId(), open.GetFence().GetAttempt()
 	if err := g.fence(runID, attempt); err != nil {

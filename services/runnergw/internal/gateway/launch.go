@@ -27,6 +27,7 @@ import (
 	"github.com/tether-run/tether/pkg/failure"
 	gatewayv1 "github.com/tether-run/tether/pkg/gen/tether/gateway/v1"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
+	"github.com/tether-run/tether/pkg/providerlaunch"
 	"github.com/tether-run/tether/pkg/prp"
 	"github.com/tether-run/tether/pkg/telemetry"
 )
@@ -121,6 +122,41 @@ type launchSpec struct {
 	mode                                                       string
 	// listenURL is set by launch for listen_ws: where the gateway dials.
 	listenURL string
+	// provider is the verified launch profile of a pinned provider; nil
+	// launches codex (-codex-command).
+	provider *providerlaunch.Profile
+}
+
+// launchProfile returns the verified launch profile of the input's
+// provider: nil for codex, else its pinned profile (refused when
+// unconfigured, unpinned or mismatching; see providerlaunch).
+func (g *Gateway) launchProfile(in *prpv1.ExecutionInput) (*providerlaunch.Profile, error) {
+	if providerlaunch.Name(in.GetProvider()) == providerlaunch.Codex {
+		return nil, nil
+	}
+	p, err := g.cfg.Providers.For(in.GetProvider())
+	if err != nil {
+		return nil, err
+	}
+	return &p, nil
+}
+
+// providerArgs are runnerd's provider flags: codex's historical
+// --codex-command/--codex-arg, or --provider NAME with the profile's
+// command and arguments.
+func (g *Gateway) providerArgs(p *providerlaunch.Profile) []string {
+	if p == nil {
+		args := []string{"--codex-command", g.cfg.CodexCommand}
+		for _, a := range g.cfg.CodexArgs {
+			args = append(args, "--codex-arg", a)
+		}
+		return args
+	}
+	args := []string{"--provider", p.Name, "--provider-command", p.Command}
+	for _, a := range p.Args {
+		args = append(args, "--provider-arg", a)
+	}
+	return args
 }
 
 // transportArgs are runnerd's flags for the spec's transport mode.
@@ -156,8 +192,10 @@ func (g *Gateway) launch(spec *launchSpec) (*launched, error) {
 			return nil, failure.Wrap(err, codes.Internal, failure.RunnerLocalConnectFailed, "creating %s: %v", d, err)
 		}
 	}
-	if err := materializeCodexHome(g.cfg.CodexHomeTemplate, spec.stateDir); err != nil {
-		return nil, err
+	if spec.provider == nil {
+		if err := materializeCodexHome(g.cfg.CodexHomeTemplate, spec.stateDir); err != nil {
+			return nil, err
+		}
 	}
 	args, err := g.transportArgs(spec)
 	if err != nil {
@@ -173,7 +211,6 @@ func (g *Gateway) launch(spec *launchSpec) (*launched, error) {
 		"--session-id", spec.sessionID,
 		"--session-scope", spec.scope,
 		"--workspace", spec.workspace,
-		"--codex-command", g.cfg.CodexCommand,
 		"--idle-timeout", g.cfg.IdleTimeout.String(),
 		"--reconnect-grace", g.cfg.ReconnectGrace.String(),
 		// This gateway pings every PingInterval: silence for PingTimeout
@@ -183,9 +220,7 @@ func (g *Gateway) launch(spec *launchSpec) (*launched, error) {
 	if d := g.cfg.SemanticToolTimeout; d > 0 {
 		args = append(args, "--semantic-tool-timeout", d.String())
 	}
-	for _, a := range g.cfg.CodexArgs {
-		args = append(args, "--codex-arg", a)
-	}
+	args = append(args, g.providerArgs(spec.provider)...)
 	if g.cfg.OTLPEndpoint != "" {
 		args = append(args, "--otlp-endpoint", g.cfg.OTLPEndpoint)
 	}
