@@ -1,6 +1,7 @@
 package prp
 
 import (
+	"bytes"
 	"encoding/binary"
 	"math"
 	"strconv"
@@ -67,6 +68,28 @@ func (s *scanner) lit(w string) bool {
 	return false
 }
 
+// hasControl reports whether b has a byte below 0x20 (not allowed
+// unescaped in a JSON string), eight bytes at a time: a byte below 0x20
+// borrows when 0x20 is subtracted from it, and only such a byte (or one
+// above it in the same word, when some byte is) ends with its top bit set
+// after the subtraction while it was clear before.
+func hasControl(b []byte) bool {
+	const lows, highs = 0x2020202020202020, 0x8080808080808080
+	for len(b) >= 8 {
+		w := binary.LittleEndian.Uint64(b)
+		if (w-lows)&^w&highs != 0 {
+			return true
+		}
+		b = b[8:]
+	}
+	for _, c := range b {
+		if c < 0x20 {
+			return true
+		}
+	}
+	return false
+}
+
 // str reads a JSON string (valid UTF-8, no lone surrogates).
 func (s *scanner) str() (string, bool) {
 	b, ok := s.strBytes()
@@ -80,23 +103,19 @@ func (s *scanner) strBytes() ([]byte, bool) {
 		return nil, false
 	}
 	start := s.i
-	// Fast path: no escapes.
-	for s.i < len(s.b) {
-		c := s.b[s.i]
-		if c == '"' {
-			out := s.b[start:s.i:s.i]
-			s.i++
+	// Fast path: no escapes and no control characters up to the closing
+	// quote (a long delta is one memchr and a word-at-a-time scan).
+	if q := bytes.IndexByte(s.b[start:], '"'); q >= 0 {
+		out := s.b[start : start+q : start+q]
+		if bytes.IndexByte(out, '\\') < 0 && !hasControl(out) {
+			s.i = start + q + 1
 			if !utf8.Valid(out) {
 				return nil, false
 			}
 			return out, true
 		}
-		if c == '\\' || c < 0x20 {
-			break
-		}
-		s.i++
 	}
-	buf := append([]byte(nil), s.b[start:s.i]...)
+	buf := []byte(nil)
 	for s.i < len(s.b) {
 		c := s.b[s.i]
 		switch {
@@ -242,30 +261,30 @@ func (e *enc) bytesField(field int, v []byte) {
 	e.b = append(e.b, v...)
 }
 
-// open starts a length-delimited field; close writes its length.
+// open starts a length-delimited field; close writes its length. Two bytes
+// are reserved for the length varint, the size of every length from 128 B
+// to 16 KiB: a large payload (a long delta) is then never moved to make
+// its length fit; a shorter field moves back by one byte, a longer one
+// forward.
 func (e *enc) open(field int) int {
 	e.tag(field, 2)
-	e.b = append(e.b, 0, 0, 0, 0, 0) // room for the length varint
+	e.b = append(e.b, 0, 0)
 	return len(e.b)
 }
 
 func (e *enc) close(start int) {
 	n := len(e.b) - start
-	var l [5]byte
-	k := 0
-	for v := uint64(n); ; {
-		if v < 0x80 {
-			l[k] = byte(v)
-			k++
-			break
-		}
-		l[k] = byte(v) | 0x80
-		v >>= 7
-		k++
+	var l [binary.MaxVarintLen64]byte
+	k := binary.PutUvarint(l[:], uint64(n))
+	switch {
+	case k < 2:
+		copy(e.b[start-1:], e.b[start:])
+		e.b = e.b[:len(e.b)-1]
+	case k > 2:
+		e.b = append(e.b, l[:k-2]...) // room; overwritten below
+		copy(e.b[start+k-2:], e.b[start:start+n])
 	}
-	copy(e.b[start-5:], l[:k])
-	copy(e.b[start-5+k:], e.b[start:])
-	e.b = e.b[:len(e.b)-(5-k)]
+	copy(e.b[start-2:], l[:k])
 }
 
 // value transcodes one JSON value as a google.protobuf.Value (its fields,
