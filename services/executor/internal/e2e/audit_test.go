@@ -60,6 +60,7 @@ func (h *harness) eventRows(ctx context.Context, runID string) []eventRow {
 // executor only with the session's next run, and is filed under that run,
 // written by its attempt — never after the ended run's run.terminal.
 func TestR9_AHarnessExitAfterARunEndedIsFiledUnderTheNextRunOfTheScope(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, stack.Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -116,6 +117,7 @@ func (h *harness) waitTerminal(ctx context.Context, runID string) *executorv1.Ru
 // history corrupted around the database's own fence (its trigger and
 // terminal index dropped for the corruption) shows each violation class.
 func TestX1_TetherctlAuditIsCleanOnAStackHistoryAndFindsEachCorruption(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, stack.Options{FakeArgs: []string{"--delta-delay-ms", "40"}})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()

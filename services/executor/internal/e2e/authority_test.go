@@ -76,6 +76,7 @@ func (h *harness) waitState(ctx context.Context, client executorv1.ExecutorServi
 const slowTurn = "a long answer with many words so that it streams for a while before it ends and can be interrupted"
 
 func TestE6_CancelDuringATurnInterruptsTheProviderOnceAndAuditsIntentAndAckOnce(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, stack.Options{FakeArgs: []string{"--delta-delay-ms", "100"}})
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
@@ -140,6 +141,7 @@ func (h *harness) inProcessExecutor(owner string, hooks store.Hooks) executorv1.
 }
 
 func TestE6_CancellationSurvivesAnInjectedAcknowledgementFailure(t *testing.T) {
+	t.Parallel()
 	h := newHarnessWith(t, stack.Options{FakeArgs: []string{"--delta-delay-ms", "100"}}, "runnergw")
 	var mu sync.Mutex
 	failures := 0
@@ -208,16 +210,19 @@ func killDriverMidTurn(t *testing.T, ttl time.Duration, successorArgs ...string)
 }
 
 func TestE7_KilledExecutorsRunIsTakenOverAfterLeaseExpiry(t *testing.T) {
+	t.Parallel()
 	killDriverMidTurn(t, 2*time.Second, "-same-host-takeover=false")
 }
 
 func TestE7_SameHostSuccessorTakesOverWithProofOfDeathBeforeExpiry(t *testing.T) {
+	t.Parallel()
 	// A 10-minute lease: the run can only finish within the test's deadline
 	// if the successor proves the old controller dead instead of waiting.
 	killDriverMidTurn(t, 10*time.Minute)
 }
 
 func TestE7_TwoExecutorsRacing200RunsCompleteEachOnce(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, stack.Options{FakeArgs: []string{"--delta-delay-ms", "0"}, LeaseTTL: 30 * time.Second})
 	require.NoError(t, h.st.AddExecutor("executor-2"))
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
@@ -253,6 +258,7 @@ SELECT count(*) FILTER (WHERE e.writer_attempt <> c.attempt), count(*) FILTER (W
 }
 
 func TestE12_RunnerAndProviderProcessIdentityIsPersisted(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, stack.Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -273,6 +279,7 @@ func TestE12_RunnerAndProviderProcessIdentityIsPersisted(t *testing.T) {
 }
 
 func TestE6_ACancellationWhoseDispatchFailedIsDispatchedOnRetry(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, stack.Options{FakeArgs: []string{"--delta-delay-ms", "150"}})
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()

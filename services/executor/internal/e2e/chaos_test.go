@@ -103,6 +103,7 @@ func chaosPlan(seed uint64, perKind int, mean time.Duration) []injection {
 }
 
 func TestX2_ChaosPlanIsSeededAndCoversEveryKind(t *testing.T) {
+	t.Parallel()
 	a, b := chaosPlan(7, 10, time.Second), chaosPlan(7, 10, time.Second)
 	require.Equal(t, a, b, "the same seed gives the same plan")
 	require.NotEqual(t, a, chaosPlan(8, 10, time.Second))

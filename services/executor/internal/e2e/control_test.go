@@ -22,6 +22,7 @@ import (
 )
 
 func TestE9_SteeringThroughAnotherReplicaReachesTheActiveTurnOnce(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, stack.Options{FakeArgs: []string{"--delta-delay-ms", "300"}})
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
@@ -80,6 +81,7 @@ func requireRunEnded(t *testing.T, err error) {
 }
 
 func TestE8_ARuntimeRequestIsResolvedOnceThroughTheExecutor(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, stack.Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
@@ -168,6 +170,7 @@ func configChange(t *testing.T, h *harness) (map[string]any, string) {
 }
 
 func TestE10_AConfigurationChangeReplacesTheWarmProviderOnceAndKeepsTheConversationThroughTheBackup(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, stack.Options{})
 	closed, root := configChange(t, h)
 	// The old session was suspended and checkpointed; its local state was
@@ -190,6 +193,7 @@ func TestE10_AConfigurationChangeReplacesTheWarmProviderOnceAndKeepsTheConversat
 }
 
 func TestE10_WithoutABackupVerifierAConfigurationChangeReplacesTheProviderOnItsLocalState(t *testing.T) {
+	t.Parallel()
 	h := newHarnessWith(t, stack.Options{GatewayArgs: []string{"-backup-addr", ""}}, "runnergw", "executor")
 	closed, root := configChange(t, h)
 	require.Empty(t, closed["checkpointId"])
@@ -198,6 +202,7 @@ func TestE10_WithoutABackupVerifierAConfigurationChangeReplacesTheProviderOnItsL
 }
 
 func TestE10_ABackupFailureDuringAConfigurationChangeFailsTheAttemptVisiblyAndTheRetryGoesThroughTheBackup(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, stack.Options{ExecutorArgs: []string{"-retry-delay", "2s"}})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -250,6 +255,7 @@ func TestE10_ABackupFailureDuringAConfigurationChangeFailsTheAttemptVisiblyAndTh
 }
 
 func TestE10_EqualSessionIDsInDifferentCompaniesGetTwoRootsAndTwoProcesses(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, stack.Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
@@ -283,6 +289,7 @@ func TestE10_EqualSessionIDsInDifferentCompaniesGetTwoRootsAndTwoProcesses(t *te
 }
 
 func TestE13_ARunRacingAnotherInTheSameScopeIsBusyAndStartsNothing(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, stack.Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -310,6 +317,7 @@ func TestE13_ARunRacingAnotherInTheSameScopeIsBusyAndStartsNothing(t *testing.T)
 }
 
 func TestE10_GetSessionAndCloseSession(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, stack.Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
@@ -355,6 +363,7 @@ func TestE10_GetSessionAndCloseSession(t *testing.T) {
 }
 
 func TestE13_ADynamicToolCallIsAnsweredThroughTheRunsToolAuthority(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, stack.Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()

@@ -53,6 +53,7 @@ func (h *harness) controlEvents(ctx context.Context, runID, typ string) []map[st
 }
 
 func TestE13_AContinuationOfASettledSessionKeepsItsRunnerAndLeaseUnderItsOwnRunID(t *testing.T) {
+	t.Parallel()
 	h := settledHarness(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -82,6 +83,7 @@ func TestE13_AContinuationOfASettledSessionKeepsItsRunnerAndLeaseUnderItsOwnRunI
 }
 
 func TestE13_ATerminalPriorRunWhoseRunnerDidNotSuspendIsQuarantinedAndTheRunStartsNothing(t *testing.T) {
+	t.Parallel()
 	h := settledHarness(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -113,6 +115,7 @@ func TestE13_ATerminalPriorRunWhoseRunnerDidNotSuspendIsQuarantinedAndTheRunStar
 }
 
 func TestE10_EachWarmRunTakesTheRunAuthorityOverFromThePreviousOne(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, stack.Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()

@@ -213,6 +213,7 @@ func requireContiguous(t *testing.T, evs []*executorv1.WatchRunResponse) {
 }
 
 func TestWarmSessionThreeTurnsReuseOneRunnerAndOneProvider(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, stack.Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -244,6 +245,7 @@ func TestWarmSessionThreeTurnsReuseOneRunnerAndOneProvider(t *testing.T) {
 }
 
 func TestWatchRunReplayFromZeroEqualsTheLiveSequence(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, stack.Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -263,6 +265,7 @@ func TestWatchRunReplayFromZeroEqualsTheLiveSequence(t *testing.T) {
 }
 
 func TestSubmitRunTwiceWithTheSameInputYieldsOneRun(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, stack.Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -277,6 +280,7 @@ func TestSubmitRunTwiceWithTheSameInputYieldsOneRun(t *testing.T) {
 }
 
 func TestGatewayKilledMidTurnTheTurnFinishesWithContiguousEvents(t *testing.T) {
+	t.Parallel()
 	// Slow deltas so the kill lands mid-turn.
 	h := newHarness(t, stack.Options{FakeArgs: []string{"--delta-delay-ms", "60"}})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -303,6 +307,7 @@ func TestGatewayKilledMidTurnTheTurnFinishesWithContiguousEvents(t *testing.T) {
 }
 
 func TestAttachWithALowerAttemptIsRefused(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, stack.Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()

@@ -30,6 +30,7 @@ import (
 // real SubmitRun victim-1 then succeeds at attempt 1 on the only runner
 // and provider process.
 func TestS1_AForgedAttachThroughTheStackIsRefusedAndTheRealRunSucceeds(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, stack.Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
@@ -77,6 +78,7 @@ func TestS1_AForgedAttachThroughTheStackIsRefusedAndTheRealRunSucceeds(t *testin
 // the client's certificate is refused by the gateway even with a valid
 // grant, and by the backup verifier, which admits the executor.
 func TestS2_AStackOnMutualTLSAdmitsEachServiceOnlyItsPeers(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, stack.Options{MTLS: true, FakeArgs: []string{"--delta-delay-ms", "300"}})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()

@@ -50,6 +50,7 @@ func requireCode(t *testing.T, err error, grpc codes.Code, code string) {
 // submits one continuation run that continues the same warm provider
 // session with the answer.
 func TestE4_Stack_AToolCallYieldsAndItsAnswerContinuesTheWarmSession(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, stack.Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -130,6 +131,7 @@ func TestE4_Stack_AToolCallYieldsAndItsAnswerContinuesTheWarmSession(t *testing.
 // false) and the executor keeps the question as one durable
 // ask_user_questions interaction, counted by content-free metrics.
 func TestE5_Stack_AQuestionLostWithItsProviderBecomesOneDurableInteraction(t *testing.T) {
+	t.Parallel()
 	port, err := stack.FreePort()
 	require.NoError(t, err)
 	metricsAddr := "127.0.0.1:" + strconv.Itoa(port)

@@ -106,6 +106,7 @@ func chain(spans map[string]recordedSpan, name string) []recordedSpan {
 // relay, runnerd's turn.start and the provider call it makes — every
 // process exporting to the same receiver, every parent link intact.
 func TestD3_OneTraceSpansExecutorGatewayRunnerdAndTheProviderCall(t *testing.T) {
+	t.Parallel()
 	rec := newSpanRecorder(t)
 	h := newHarness(t, stack.Options{Env: []string{
 		"OTEL_EXPORTER_OTLP_ENDPOINT=http://" + rec.addr,
@@ -191,6 +192,7 @@ func scrapeValues(t *testing.T, addr string) map[string]float64 {
 // dispatched and acknowledged — and gRPC server metrics from the
 // go-grpc-middleware provider.
 func TestD3_ExecutorMetricsMoveAsRunsGo(t *testing.T) {
+	t.Parallel()
 	port, err := stack.FreePort()
 	require.NoError(t, err)
 	metricsAddr := fmt.Sprintf("127.0.0.1:%d", port)

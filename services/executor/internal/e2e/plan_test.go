@@ -44,6 +44,7 @@ func (h *harness) runPlanned(ctx context.Context, runID, prompt string) ([]*exec
 // The fake codex sends turn/plan/updated twice on "[plan]" (first step in
 // progress, then all completed) and a plan item on "[plan-item:…]".
 func TestE3_Stack_ProviderPlanUpdatesAreRenderedAndTheResultsPlanIsExtracted(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, stack.Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -94,6 +95,7 @@ func TestE3_Stack_ProviderPlanUpdatesAreRenderedAndTheResultsPlanIsExtracted(t *
 // A plan larger than the bound is refused with a stable code and nothing of
 // it is written: neither the update, nor the artifact's ref, nor a plan.
 func TestE3_Stack_APlanArtifactLargerThanTheBoundIsRefusedAndNothingIsWritten(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, stack.Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()

@@ -136,6 +136,7 @@ func runThroughProviderKill(t *testing.T, h *harness, runID, prompt string, atte
 }
 
 func TestR7_ProviderKilledAfterCompletingTheTurnBeforeItsEventsWereSentIsReconciledWithoutASecondTurnStart(t *testing.T) {
+	t.Parallel()
 	h := recoveryHarness(t)
 	const prompt = "finish the report [die:completed]"
 	// No retry: the provider's recorded result ended the turn.
@@ -174,6 +175,7 @@ func TestR7_ProviderKilledAfterCompletingTheTurnBeforeItsEventsWereSentIsReconci
 }
 
 func TestR7_ProviderKilledBeforeAnsweringTurnStartTheAttemptIsRetriedAndTheTurnRunsOnce(t *testing.T) {
+	t.Parallel()
 	h := recoveryHarness(t)
 	const prompt = "[die:turn-start] plan the week"
 	evs, final := runThroughProviderKill(t, h, "r7-start", prompt, 2)
@@ -187,6 +189,7 @@ func TestR7_ProviderKilledBeforeAnsweringTurnStartTheAttemptIsRetriedAndTheTurnR
 }
 
 func TestR7_ProviderKilledMidStreamTheCutOffTurnIsRetriedOnTheResumedThreadAndTheRunSucceeds(t *testing.T) {
+	t.Parallel()
 	h := recoveryHarness(t, "--delta-delay-ms", "20")
 	prompt := "[die:mid-stream] " + slowTurn
 	evs, final := runThroughProviderKill(t, h, "r7-stream", prompt, 2)
@@ -220,6 +223,7 @@ func killRunnerd(t *testing.T, h *harness, runID string) int32 {
 }
 
 func TestR8_RunnerdKilledBetweenTurnsTheNextRunContinuesTheThreadWithTheSameRunnerIdentity(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, stack.Options{})
 	first := "r8-idle-1"
 	h.submit(first, "r8-idle", "first question")
@@ -255,6 +259,7 @@ func TestR8_RunnerdKilledBetweenTurnsTheNextRunContinuesTheThreadWithTheSameRunn
 }
 
 func TestR8_ARuntimeRequestOpenWhenRunnerdDiesIsAnnouncedExpiredByTheRelaunchedRunnerd(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, stack.Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -285,6 +290,7 @@ func TestR8_ARuntimeRequestOpenWhenRunnerdDiesIsAnnouncedExpiredByTheRelaunchedR
 }
 
 func TestR8_RunnerdKilledBeforeItRecordedTurnStartTheProviderTurnIsAdoptedNotStartedTwice(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	h := newHarness(t, stack.Options{FakeArgs: []string{"--die-once-dir", dir}, ExecutorArgs: []string{"-retry-delay", "200ms"}})
 	h.submit("r8-cut-1", "r8-cut", "first question")
@@ -317,6 +323,7 @@ func TestR8_RunnerdKilledBeforeItRecordedTurnStartTheProviderTurnIsAdoptedNotSta
 }
 
 func TestR7_AProviderKilledBetweenTurnsIsNeitherInGetSessionNorInListRunners(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, stack.Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()

@@ -61,6 +61,7 @@ func isRunnerd(pid int32) bool {
 }
 
 func TestR4_RunnerdKilledMidTurnRestartsOnItsStateDirAndTheTurnCompletesOnce(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, stack.Options{FakeArgs: []string{"--delta-delay-ms", "60"}})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -210,6 +211,7 @@ func proxiedHarness(t *testing.T, gatewayArgs ...string) (*harness, *tcpProxy) {
 }
 
 func TestG4_RunnerWebSocketDroppedMidTurnTheTurnCompletesOnce(t *testing.T) {
+	t.Parallel()
 	h, proxy := proxiedHarness(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -233,6 +235,7 @@ func TestG4_RunnerWebSocketDroppedMidTurnTheTurnCompletesOnce(t *testing.T) {
 }
 
 func TestG4_StalledRunnerConnectionIsDetectedByPingsAndTheTurnCompletesOnce(t *testing.T) {
+	t.Parallel()
 	h, proxy := proxiedHarness(t, "-runner-ping-interval", "200ms", "-runner-ping-timeout", "1200ms")
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()

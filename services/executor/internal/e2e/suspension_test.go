@@ -76,6 +76,7 @@ func readRunnerState(t *testing.T, stateDir string) (*runnerStateFile, bool) {
 }
 
 func TestR5_IdleCloseIsAVerifiedSuspensionAndANewRunnerRestoresTheStampedBackup(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, stack.Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -164,6 +165,7 @@ func TestR5_IdleCloseIsAVerifiedSuspensionAndANewRunnerRestoresTheStampedBackup(
 }
 
 func TestR5_ATamperedOrUnstampedBackupIsRefusedAndNothingIsRestored(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, stack.Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -237,6 +239,7 @@ func TestR5_ATamperedOrUnstampedBackupIsRefusedAndNothingIsRestored(t *testing.T
 }
 
 func TestR5_CloseSessionWithSuspendRecordsAStampedCheckpoint(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, stack.Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()

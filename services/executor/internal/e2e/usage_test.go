@@ -23,6 +23,7 @@ import (
 // GetRun and on WatchRun's final message — no cost (codex reports none),
 // and tetherctl's rendering shows the two on separate lines.
 func TestE1_Stack_RunUsageIsTheTurnsDeltaNotTheSessionTotal(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, stack.Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
