@@ -21,6 +21,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
+	"go.uber.org/goleak"
 )
 
 // EnvTestDatabaseURL names the environment variable that points tests at an
@@ -180,7 +181,17 @@ func closeShared() error {
 //
 // Without it, the cluster is still stopped and removed when the test binary
 // exits, by its watchdog, just less promptly.
-func Main(m *testing.M) {
+func Main(m *testing.M) { os.Exit(run(m, false)) }
+
+// MainCheckingLeaks is Main that also fails the package when goroutines
+// outlive its tests (goleak, after the shared cluster is stopped). Tests
+// running in parallel cannot check for leaks one by one; this checks them
+// all at once:
+//
+//	func TestMain(m *testing.M) { pgtest.MainCheckingLeaks(m) }
+func MainCheckingLeaks(m *testing.M, opts ...goleak.Option) { os.Exit(run(m, true, opts...)) }
+
+func run(m *testing.M, leaks bool, opts ...goleak.Option) int {
 	code := m.Run()
 	if err := closeShared(); err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -188,7 +199,13 @@ func Main(m *testing.M) {
 			code = 1
 		}
 	}
-	os.Exit(code)
+	if leaks && code == 0 {
+		if err := goleak.Find(opts...); err != nil {
+			fmt.Fprintln(os.Stderr, "goleak: goroutines outlived the tests:", err)
+			code = 1
+		}
+	}
+	return code
 }
 
 // NewDB returns the URL of a fresh database cloned from a template that m

@@ -9,7 +9,6 @@ import (
 
 	"github.com/pressly/goose/v3"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/goleak"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -25,7 +24,7 @@ import (
 	"github.com/tether-run/tether/services/executor/internal/watch"
 )
 
-func TestMain(m *testing.M) { pgtest.Main(m) }
+func TestMain(m *testing.M) { pgtest.MainCheckingLeaks(m) }
 
 type env struct {
 	client executorv1.ExecutorServiceClient
@@ -37,9 +36,6 @@ type env struct {
 
 func start(t *testing.T, opts ...watch.Option) env {
 	t.Helper()
-	// Registered first, so it runs after every other cleanup.
-	before := goleak.IgnoreCurrent()
-	t.Cleanup(func() { goleak.VerifyNone(t, before) })
 	dsn := pgtest.NewDB(t, pgtest.GooseMigrator(store.Migrations, "migrations", goose.WithTableName("executor_goose_version")))
 	ctx, cancel := context.WithCancel(context.Background())
 	st, err := store.Open(ctx, dsn)
@@ -82,6 +78,7 @@ func validInput() *prpv1.ExecutionInput {
 }
 
 func TestSubmitRunBadInputIsInvalidArgumentNamingFieldsAndWritesNothing(t *testing.T) {
+	t.Parallel()
 	e := start(t)
 	ctx := context.Background()
 	cases := map[string]struct {
@@ -130,6 +127,7 @@ func TestSubmitRunBadInputIsInvalidArgumentNamingFieldsAndWritesNothing(t *testi
 }
 
 func TestSubmitRunTwiceYieldsOneRun(t *testing.T) {
+	t.Parallel()
 	e := start(t)
 	ctx := context.Background()
 	req := &executorv1.SubmitRunRequest{RunId: "run-1", Input: validInput()}
@@ -157,6 +155,7 @@ func ev(run string, seq uint64, typ string) *prpv1.Event {
 }
 
 func TestWatchRunStreamsLiveThenReplaysTheSameSequence(t *testing.T) {
+	t.Parallel()
 	e := start(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

@@ -16,6 +16,7 @@ import (
 // run's attempts but is never read back: SubmitRun, GetRun and ListRuns show
 // the configured names with redacted values.
 func TestE2_ConfiguredEnvironmentValuesAreStoredForTheRunButRedactedInEveryRead(t *testing.T) {
+	t.Parallel()
 	e := start(t)
 	ctx := context.Background()
 	const secret = "sk-test-0123456789abcdef"

@@ -16,6 +16,7 @@ import (
 // D3 (operator UX): a CancelRun without a scope says what is missing, not
 // "scope: must not be in list [0]".
 func TestD3_CancelRunWithoutAScopeSaysWhichScopesThereAre(t *testing.T) {
+	t.Parallel()
 	e := start(t)
 	_, err := e.client.CancelRun(context.Background(), &executorv1.CancelRunRequest{RunId: "r1"})
 	require.Equal(t, codes.InvalidArgument, status.Code(err), "%v", err)
@@ -28,6 +29,7 @@ func TestD3_CancelRunWithoutAScopeSaysWhichScopesThereAre(t *testing.T) {
 // field and its limit (InvalidArgument, ErrorInfo), not a bare
 // ResourceExhausted from the transport.
 func TestD3_AFiveMegabytePromptGetsAStableCodeNamingTheField(t *testing.T) {
+	t.Parallel()
 	e := start(t)
 	in := validInput()
 	in.Task.Prompt = strings.Repeat("x", 5<<20)

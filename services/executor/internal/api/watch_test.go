@@ -113,6 +113,7 @@ func (w *watcher) next(t *testing.T) uint64 {
 }
 
 func TestWatchRunReadsOncePerNotificationForAllWatchersNoneWhenIdleAndEndsWithTheRun(t *testing.T) {
+	t.Parallel()
 	e := start(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -161,6 +162,7 @@ func TestWatchRunReadsOncePerNotificationForAllWatchersNoneWhenIdleAndEndsWithTh
 }
 
 func TestWatchRunCutsOffAStalledWatcherWithoutDelayingOthersAndItResumesFromItsCursor(t *testing.T) {
+	t.Parallel()
 	e := start(t, watch.WithBuffer(16), watch.WithPage(16))
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -231,6 +233,7 @@ func TestWatchRunCutsOffAStalledWatcherWithoutDelayingOthersAndItResumesFromItsC
 }
 
 func TestWatchRunSendsEachFeedEventEncodedOnceForAllWatchersIdenticalToTheStoredEvent(t *testing.T) {
+	t.Parallel()
 	var encoded sync.Map // seq → times encoded
 	e := start(t, watch.WithEncoder(func(ev store.StoredEvent) (any, error) {
 		n, _ := encoded.LoadOrStore(ev.Seq, new(int))
