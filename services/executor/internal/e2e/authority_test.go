@@ -77,7 +77,7 @@ const slowTurn = "a long answer with many words so that it streams for a while b
 
 func TestE6_CancelDuringATurnInterruptsTheProviderOnceAndAuditsIntentAndAckOnce(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t, stack.Options{FakeArgs: []string{"--delta-delay-ms", "100"}})
+	h := newHarness(t, stack.Options{FakeArgs: []string{"--delta-delay-ms", "400"}})
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	h.submit("c1", "cancel", slowTurn)
@@ -142,7 +142,7 @@ func (h *harness) inProcessExecutor(owner string, hooks store.Hooks) executorv1.
 
 func TestE6_CancellationSurvivesAnInjectedAcknowledgementFailure(t *testing.T) {
 	t.Parallel()
-	h := newHarnessWith(t, stack.Options{FakeArgs: []string{"--delta-delay-ms", "100"}}, "runnergw")
+	h := newHarnessWith(t, stack.Options{FakeArgs: []string{"--delta-delay-ms", "400"}}, "runnergw")
 	var mu sync.Mutex
 	failures := 0
 	client := h.inProcessExecutor("in-process", store.Hooks{BeforeCancellationAck: func(string) error {
@@ -280,7 +280,7 @@ func TestE12_RunnerAndProviderProcessIdentityIsPersisted(t *testing.T) {
 
 func TestE6_ACancellationWhoseDispatchFailedIsDispatchedOnRetry(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t, stack.Options{FakeArgs: []string{"--delta-delay-ms", "150"}})
+	h := newHarness(t, stack.Options{FakeArgs: []string{"--delta-delay-ms", "600"}})
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	h.submit("c3", "cancel-retry", slowTurn)
