@@ -83,8 +83,10 @@ func TestE6_CancelDuringATurnInterruptsTheProviderOnceAndAuditsIntentAndAckOnce(
 	h.submit("c1", "cancel", slowTurn)
 	h.waitForDelta(ctx, h.client, "c1")
 
+	// Waits for the acknowledgement longer than the 5 s default: a loaded
+	// machine may take that long.
 	resp, err := h.client.CancelRun(ctx, &executorv1.CancelRunRequest{RunId: "c1",
-		Scope: executorv1.CancellationScope_CANCELLATION_SCOPE_RUN, Reason: "budget hard stop"})
+		Scope: executorv1.CancellationScope_CANCELLATION_SCOPE_RUN, Reason: "budget hard stop", WaitTimeout: durationpb.New(30 * time.Second)})
 	require.NoError(t, err)
 	require.True(t, resp.GetActive())
 	rec := resp.GetCancellation()
@@ -161,7 +163,7 @@ func TestE6_CancellationSurvivesAnInjectedAcknowledgementFailure(t *testing.T) {
 	h.waitForDelta(ctx, client, "c2")
 
 	resp, err := client.CancelRun(ctx, &executorv1.CancelRunRequest{RunId: "c2",
-		Scope: executorv1.CancellationScope_CANCELLATION_SCOPE_RUN, Reason: "budget hard stop", WaitTimeout: durationpb.New(10 * time.Second)})
+		Scope: executorv1.CancellationScope_CANCELLATION_SCOPE_RUN, Reason: "budget hard stop", WaitTimeout: durationpb.New(30 * time.Second)})
 	require.NoError(t, err)
 	require.Equal(t, "acknowledged", resp.GetCancellation().GetDispatchState(), "the failed write was recovered")
 	require.True(t, resp.GetCancellation().GetDispatched())
