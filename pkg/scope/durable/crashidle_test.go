@@ -46,7 +46,17 @@ func TestR8_ACrashedIdleRunnerOfTheScopesPreviousRunIsResumedAndAnythingUnproven
 	}{
 		{name: "ready between turns", lifecycle: "ready", resumed: true},
 		{name: "connecting between turns", lifecycle: "connecting", resumed: true},
-		{name: "a turn in flight", lifecycle: "ready", edit: func(d map[string]any) {
+		{name: "a turn of another run in flight", lifecycle: "ready", edit: func(d map[string]any) {
+			d["activeTurn"] = map[string]any{"turnId": "t-1", "runId": older.RunID}
+		}},
+		{name: "a turn of no run in flight", lifecycle: "ready", edit: func(d map[string]any) {
+			d["activeTurn"] = map[string]any{"turnId": "t-1"}
+		}},
+		// runnerd journaled the end of the previous run's turn and died
+		// before it saved the state that clears the turn: the run is
+		// terminal in the database, so its turn is over (the relaunched
+		// runnerd reads the end from its journal).
+		{name: "a turn of the terminal previous run not yet cleared", lifecycle: "ready", resumed: true, edit: func(d map[string]any) {
 			d["activeTurn"] = map[string]any{"turnId": "t-1", "runId": prior.RunID}
 		}},
 		{name: "a command in flight", lifecycle: "ready", edit: func(d map[string]any) {

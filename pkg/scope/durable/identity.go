@@ -216,13 +216,13 @@ func ReadRunnerLifecycle(root string, id Identity) (RunnerLifecycle, string, err
 
 // CrashedIdle reports whether root's runner state is that of a runner that
 // died between turns (SPEC R8): lifecycle ready or connecting (a runner
-// that stopped on purpose records suspended, stopped, …), no active turn,
-// no command whose outcome was not yet recorded other than one of runID —
-// the control plane's run, which the caller checks is terminal in the
-// database (its turn ended; runnerd died before saving the outcome, and
-// settles such a command from the provider's thread when it restarts) —
-// and the recorded runnerd process is gone. Anything unreadable is not
-// idle.
+// that stopped on purpose records suspended, stopped, …), no active turn
+// and no command whose outcome was not yet recorded other than one of
+// runID — the control plane's run, which the caller checks is terminal in
+// the database: its turn ended, and runnerd died before it saved the state
+// that says so (it settles such a turn or command from its journal and the
+// provider's thread when it restarts) — and the recorded runnerd process
+// is gone. Anything unreadable is not idle.
 func CrashedIdle(root, runID string) bool {
 	raw, err := readBounded(filepath.Join(root, RunnerDir, RunnerStateFile))
 	if err != nil {
@@ -235,7 +235,7 @@ func CrashedIdle(root, runID string) bool {
 	if doc.Lifecycle != runnerstate.LifecycleReady && doc.Lifecycle != runnerstate.LifecycleConnecting {
 		return false
 	}
-	if doc.ActiveTurn != nil {
+	if t := doc.ActiveTurn; t != nil && (t.RunID == "" || t.RunID != runID) {
 		return false
 	}
 	for _, c := range doc.ProcessedCommands {

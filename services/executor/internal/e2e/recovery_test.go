@@ -258,6 +258,57 @@ func TestR8_RunnerdKilledBetweenTurnsTheNextRunContinuesTheThreadWithTheSameRunn
 	require.Equal(t, before.GetRunnerInstanceId(), cp.RunnerInstanceID)
 }
 
+// runnerd journals a turn's end (run.terminal) with one fsync and saves the
+// state that clears the active turn afterwards. Killed in between, its state
+// on disk still holds the turn of a run the database shows ended: the next
+// run of the session must continue it, not quarantine it or find the turn
+// still active. The crash is reproduced exactly: the state saved while the
+// turn ran is put back after a kill -9 at the end of the run (the outbox,
+// never compacted this early, holds everything after it).
+func TestR8_RunnerdKilledAfterJournalingTheTurnsEndBeforeSavingItTheNextRunContinues(t *testing.T) {
+	h := newHarness(t, stack.Options{FakeArgs: []string{"--delta-delay-ms", "40"}})
+	first := "r8-end-1"
+	h.submit(first, "r8-end", slowTurn)
+	root := filepath.Join(h.st.RunnerStateRoot(), scope.OfRun(first, h.submitInput("r8-end", slowTurn)))
+	statePath := filepath.Join(root, "runner", "runner-state.json")
+	var during []byte
+	require.Eventually(t, func() bool {
+		b, err := os.ReadFile(statePath)
+		var st struct {
+			ActiveTurn *struct {
+				RunID string `json:"runId"`
+			} `json:"activeTurn"`
+		}
+		if err != nil || json.Unmarshal(b, &st) != nil || st.ActiveTurn == nil {
+			return false
+		}
+		require.Equal(t, first, st.ActiveTurn.RunID)
+		during = b
+		return true
+	}, time.Minute, 5*time.Millisecond, "the state saved while the turn runs")
+	requireOneSucceededTerminal(t, h, first, watchRun(t, h, first))
+	before := h.get(first)
+	killRunnerd(t, h, first)
+	tmp := statePath + ".restore"
+	require.NoError(t, os.WriteFile(tmp, during, 0o600))
+	require.NoError(t, os.Rename(tmp, statePath))
+
+	h.submit("r8-end-2", "r8-end", "second question")
+	evs := watchRun(t, h, "r8-end-2")
+	final := requireOneSucceededTerminal(t, h, "r8-end-2", evs)
+	require.Contains(t, final, "(turn 2, 2 earlier messages)", "the provider thread continued")
+	require.Equal(t, before.GetRunnerInstanceId(), h.get("r8-end-2").GetRunnerInstanceId(), "the same runner identity")
+	require.NoDirExists(t, filepath.Join(h.st.RunnerStateRoot(), durable.QuarantineDir))
+	log := h.st.CallLog()
+	require.Equal(t, 2, countLines(t, log, "turn/start"), "one turn/start per run")
+	require.Equal(t, 1, countLines(t, log, "process-start"), "the provider survived under its host")
+	rlog, err := os.ReadFile(filepath.Join(root, "runnerd.log"))
+	require.NoError(t, err)
+	require.Contains(t, string(rlog), "the active turn had ended before the restart", "the relaunched runnerd read the end from its journal")
+	rep, code := auditStack(t, h.dsn)
+	require.Zero(t, code, "tetherctl audit is clean: %+v", rep.Violations)
+}
+
 func TestR8_ARuntimeRequestOpenWhenRunnerdDiesIsAnnouncedExpiredByTheRelaunchedRunnerd(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, stack.Options{})

@@ -194,18 +194,55 @@ func (r *Runner) reconcileCutTurnStart(rec *runnerstate.CommandRecord) {
 // turnEndJournaled reports whether the outbox holds the end of turn turnID
 // (its run.terminal or turn.lost).
 func (r *Runner) turnEndJournaled(turnID string) bool {
+	_, ok := r.journaledTurnEnd(turnID)
+	return ok
+}
+
+// journaledTurnEnd returns the journaled end of turn turnID: its
+// run.terminal or turn.lost (the event type, its run and payload).
+func (r *Runner) journaledTurnEnd(turnID string) (turnEnd, bool) {
 	for _, rec := range r.outbox.After(0) {
 		if rec.EventType != "run.terminal" && rec.EventType != EventTurnLost {
 			continue
 		}
-		var env struct {
-			TurnID string `json:"turnId"`
-		}
+		var env turnEnd
 		if json.Unmarshal(rec.Envelope, &env) == nil && env.TurnID == turnID {
-			return true
+			env.EventType = rec.EventType
+			return env, true
 		}
 	}
-	return false
+	return turnEnd{}, false
+}
+
+// turnEnd is the part of a journaled turn end runnerd reads back.
+type turnEnd struct {
+	EventType string         `json:"-"`
+	TurnID    string         `json:"turnId"`
+	RunID     string         `json:"runId"`
+	Payload   map[string]any `json:"payload"`
+}
+
+// settleEndedTurn clears an active turn whose end the previous runnerd
+// process journaled (and sent) before it died, before saving the state that
+// clears it (SPEC R8: a crash at any moment). The turn is over: reconciling
+// it again would end it a second time, and keeping it active would refuse
+// the session's next run. A journaled turn.lost is noted as lost, as
+// loseTurn would have saved it.
+func (r *Runner) settleEndedTurn() {
+	t := r.st.ActiveTurn
+	if t == nil {
+		return
+	}
+	end, ok := r.journaledTurnEnd(t.TurnID)
+	if !ok {
+		return
+	}
+	r.log.Info("the active turn had ended before the restart (its end is journaled); it is no longer active",
+		"turn_id", t.TurnID, "run_id", t.RunID, "end", end.EventType)
+	if end.EventType == EventTurnLost {
+		r.st.NoteLostTurn(t.TurnID, &runnerstate.LostTurn{RunID: t.RunID, Payload: end.Payload, LostAt: time.Now().UTC()})
+	}
+	r.st.ActiveTurn = nil
 }
 
 // knownTurn reports whether a turn of the thread is one runnerd started (or

@@ -467,6 +467,9 @@ func (r *Runner) open(ctx context.Context) (int, bool, error) {
 		st.Lifecycle, st.LifecycleReason = runnerstate.LifecycleBackpressure, failure.OutboxSoftLimit
 	}
 
+	if recovered {
+		r.settleEndedTurn()
+	}
 	var lostProvider *runnerstate.Process
 	var lostTurn *runnerstate.Turn
 	for _, rec := range st.ProcessedCommands {
