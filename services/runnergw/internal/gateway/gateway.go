@@ -365,6 +365,17 @@ func (g *Gateway) ensureRunner(ctx context.Context, sc string, in *prpv1.Executi
 	}
 }
 
+// endedRun reports whether the executor's prior-run records (read from the
+// database when the Open was made) show runID terminal.
+func endedRun(prior []*gatewayv1.PriorRun, runID string) bool {
+	for _, p := range prior {
+		if p.GetRunId() == runID {
+			return p.GetTerminal()
+		}
+	}
+	return false
+}
+
 // Attach serves one executor stream.
 func (g *Gateway) Attach(stream gatewayv1.RunnerGateway_AttachServer) error {
 	ctx := stream.Context()
@@ -424,12 +435,19 @@ func (g *Gateway) Attach(stream gatewayv1.RunnerGateway_AttachServer) error {
 	defer att.close()
 	r.mu.Lock()
 	if old := r.att; old != nil {
-		if old.runID != runID {
+		if old.runID != runID && !endedRun(open.GetPriorRuns(), old.runID) {
 			r.mu.Unlock()
 			return failure.New(codes.Aborted, failure.NativeSessionSupervisorBusy,
 				"session scope %s is serving run %s", sc, old.runID)
 		}
-		old.close() // a re-attach (or a newer attempt) of the same run supersedes
+		// A re-attach (or a newer attempt) of the same run supersedes; so
+		// does the next run of the scope over a stale attachment of a run
+		// the database shows ended (its controller stopped or lost its
+		// lease before it detached): that attachment is refused from now on.
+		if old.runID != runID {
+			log.Info("a stale attachment of an ended run gives the scope up", "stale_run_id", old.runID, "stale_attempt", old.attempt)
+		}
+		old.close()
 	}
 	r.att = att
 	opened := &gatewayv1.Opened{
