@@ -130,3 +130,56 @@ func TestR8_MarkPreviousNamesTheNewestTerminalRunOfTheSameFullScope(t *testing.T
 		require.Equal(t, r.RunID == "previous", r.Previous, r.RunID)
 	}
 }
+
+// SPEC R8, X2: the gateway killed during the first Bind of a fresh root
+// leaves at most the control plane it was preparing aside: the run's retry
+// starts the root fresh. Anything beside it is read as usual.
+func TestR8_ARootWhoseFirstBindWasCutShortStartsFreshAndAnythingBesideItIsStillQuarantined(t *testing.T) {
+	p := execution("company-cut", "run-cut", "agent-cut", "workspace-cut", "session-cut")
+	cases := []struct {
+		name  string
+		files []string // under the root; a trailing "/" is a directory
+		fresh bool
+	}{
+		{name: "an empty control plane prepared aside", files: []string{bindTempPrefix + "1/"}, fresh: true},
+		{name: "a control plane prepared aside", files: []string{bindTempPrefix + "1/" + ControlPlaneFile}, fresh: true},
+		{name: "runner state beside it", files: []string{bindTempPrefix + "1/", "runner/runner-state.json"}},
+		{name: "a control-plane directory without its document", files: []string{bindTempPrefix + "1/", "control-plane/"}},
+		{name: "a file named like it", files: []string{bindTempPrefix + "2"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			base := t.TempDir()
+			root := filepath.Join(base, p.Key().RootName())
+			for _, f := range tc.files {
+				path := filepath.Join(root, f)
+				if f[len(f)-1] == '/' {
+					require.NoError(t, os.MkdirAll(path, 0o700))
+					continue
+				}
+				require.NoError(t, os.MkdirAll(filepath.Dir(path), 0o700))
+				require.NoError(t, os.WriteFile(path, []byte("{"), 0o600))
+			}
+			prep, err := Prepare(context.Background(), Request{Base: base, Scope: p.Key(), RunID: p.RunID, PriorRuns: PriorRunsOf()})
+			if !tc.fresh {
+				requireCode(t, err, failure.RunnerStateIdentityMismatch)
+				require.NoDirExists(t, root, "quarantined")
+				return
+			}
+			require.NoError(t, err)
+			require.Equal(t, SourceFresh, prep.Source)
+			entries, err := os.ReadDir(root)
+			require.NoError(t, err)
+			require.Empty(t, entries, "the cut Bind's leftovers are removed")
+			id := Identity{RunID: p.RunID, NormalizedSessionID: p.NormalizedSessionID, RunnerInstanceID: "runner-cut", EnvironmentLeaseID: "lease-cut"}
+			require.NoError(t, Bind(root, id))
+			got, why, err := ReadControlPlaneIdentity(root)
+			require.NoError(t, err)
+			require.NotNil(t, got, why)
+			require.Equal(t, id, *got)
+			entries, err = os.ReadDir(root)
+			require.NoError(t, err)
+			require.Len(t, entries, 1, "the first Bind renamed its control plane into place")
+		})
+	}
+}

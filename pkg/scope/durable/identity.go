@@ -253,16 +253,23 @@ func CrashedIdle(root, runID string) bool {
 // are created 0700 (a symlink at either fails closed), the document is
 // replaced atomically (exclusive temp sibling, fsync, rename, fsync of the
 // directory) with mode 0600, and top-level fields other than schema and
-// identity of an existing document are preserved.
+// identity of an existing document are preserved. A root's first Bind
+// writes the whole control-plane directory aside (bindTempPrefix) and
+// renames it into place, so a crash never leaves a control-plane directory
+// without its document (which would make the root indeterminate).
 func Bind(root string, id Identity) error {
 	if !id.Complete() {
 		return failure.New(codes.InvalidArgument, failure.RunnerStateIdentityMismatch, "incomplete durable identity %+v", id)
 	}
+	if err := privateDir(root); err != nil {
+		return err
+	}
 	dir := filepath.Join(root, ControlPlaneDir)
-	for _, d := range []string{root, dir} {
-		if err := privateDir(d); err != nil {
-			return err
-		}
+	if _, err := os.Lstat(dir); errors.Is(err, fs.ErrNotExist) {
+		return bindFirst(root, dir, id)
+	}
+	if err := privateDir(dir); err != nil {
+		return err
 	}
 	doc := map[string]json.RawMessage{}
 	if raw, err := readBounded(filepath.Join(dir, ControlPlaneFile)); err == nil {
@@ -279,6 +286,35 @@ func Bind(root string, id Identity) error {
 	}
 	if err := writeFileAtomic(dir, ControlPlaneFile, b); err != nil {
 		return failure.Wrap(err, codes.Internal, failure.RunnerStateIOFailed, "writing control-plane state: %v", err)
+	}
+	return nil
+}
+
+// bindTempPrefix begins the name of the directory a first Bind prepares
+// before renaming it to control-plane (firstBindCut removes a leftover).
+const bindTempPrefix = "." + ControlPlaneDir + ".tmp-"
+
+// bindFirst creates root's control plane holding id: written and synced in
+// a private temporary directory, then renamed into place.
+func bindFirst(root, dir string, id Identity) error {
+	b, err := json.Marshal(ControlPlaneState{Schema: ControlPlaneSchema, Identity: &id})
+	if err != nil {
+		return failure.Wrap(err, codes.Internal, failure.RunnerStateIOFailed, "encoding control-plane state: %v", err)
+	}
+	tmp, err := os.MkdirTemp(root, bindTempPrefix)
+	if err != nil {
+		return failure.Wrap(err, codes.Internal, failure.RunnerStateIOFailed, "creating the control plane in %s: %v", root, err)
+	}
+	if err := writeFileAtomic(tmp, ControlPlaneFile, b); err != nil {
+		_ = os.RemoveAll(tmp)
+		return failure.Wrap(err, codes.Internal, failure.RunnerStateIOFailed, "writing control-plane state: %v", err)
+	}
+	if err := os.Rename(tmp, dir); err != nil {
+		_ = os.RemoveAll(tmp)
+		return failure.Wrap(err, codes.Internal, failure.RunnerStateIOFailed, "binding the control plane of %s: %v", root, err)
+	}
+	if err := syncDir(root); err != nil {
+		return failure.Wrap(err, codes.Internal, failure.RunnerStateIOFailed, "syncing %s: %v", root, err)
 	}
 	return nil
 }

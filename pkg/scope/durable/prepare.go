@@ -9,6 +9,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -182,7 +183,8 @@ const (
 //     scope's previous run (SPEC R8); any
 //     other unproven ownership quarantines the root (.identity_mismatch. for
 //     another session or scope, .identity_indeterminate. otherwise) and fails.
-//     An entirely empty root holds no authority and counts as fresh.
+//     An entirely empty root holds no authority and counts as fresh; so
+//     does a root whose first Bind was cut short (firstBindCut).
 //   - Otherwise the legacy roots (company/session, then session only) are
 //     renamed atomically into the scoped root when their identity is the exact
 //     run or a verified prior run. A legacy root whose identity is missing or
@@ -257,6 +259,11 @@ func prepareScoped(ctx context.Context, req Request, base, root string, fi fs.Fi
 	} else if empty {
 		return &Prepared{Root: root, Source: SourceFresh, Runner: RunnerAbsent}, nil
 	}
+	if cut, err := firstBindCut(root); err != nil {
+		return nil, err
+	} else if cut {
+		return &Prepared{Root: root, Source: SourceFresh, Runner: RunnerAbsent}, nil
+	}
 	cp, err := readControlPlane(root)
 	if err != nil {
 		return nil, err
@@ -297,6 +304,31 @@ func prepareScoped(ctx context.Context, req Request, base, root string, fi fs.Fi
 	default:
 		return nil, quarantineAndFail(req, base, root, IdentityIndeterminate, why)
 	}
+}
+
+// firstBindCut reports whether root holds nothing but what a first Bind cut
+// short left (the gateway died while it prepared the control plane aside,
+// before renaming it into place): temporary control-plane directories and
+// nothing else. Such a root never bound a run and no runner ever wrote to
+// it, so it holds no authority: the leftovers are removed and the root
+// counts as fresh. Anything else is read as usual (a control-plane
+// directory without its document stays indeterminate).
+func firstBindCut(root string) (bool, error) {
+	entries, err := os.ReadDir(root)
+	if err != nil {
+		return false, failure.Wrap(err, codes.Internal, failure.RunnerStateIOFailed, "reading %s: %v", root, err)
+	}
+	for _, e := range entries {
+		if e.Type() != fs.ModeDir || !strings.HasPrefix(e.Name(), bindTempPrefix) {
+			return false, nil
+		}
+	}
+	for _, e := range entries {
+		if err := os.RemoveAll(filepath.Join(root, e.Name())); err != nil {
+			return false, failure.Wrap(err, codes.Internal, failure.RunnerStateIOFailed, "removing %s: %v", e.Name(), err)
+		}
+	}
+	return len(entries) > 0, nil
 }
 
 func migrateLegacy(ctx context.Context, req Request, base, legacy string, fi fs.FileInfo, root string) (*Prepared, error) {
