@@ -59,6 +59,63 @@ func TestR4_OutboxTornTailIsTruncated(t *testing.T) {
 	}
 }
 
+// A batch is appended with one write, which a kill -9 can cut between
+// pages: the records of a batch whose last record is missing were never
+// fsynced nor sent, and the provider cursor their batch carried on its last
+// record is lost. They are dropped, so the provider lines behind them are
+// replayed once from the cursor that was journaled (a kept record would be
+// sent and its line's events journaled again: the same delta twice).
+func TestR1_OutboxDropsTheRecordsOfABatchCutShort(t *testing.T) {
+	dir := t.TempDir()
+	o, _, err := OpenOutbox(dir, 0)
+	require.NoError(t, err)
+	withCursor := func(r Record, c uint64) Record { r.ProviderCursor = c; return r }
+	require.NoError(t, o.Append(rec(1), withCursor(rec(2), 7)))
+	require.NoError(t, o.Append(rec(3)))
+	require.NoError(t, o.Close())
+	path := filepath.Join(dir, OutboxFile)
+	good, err := os.ReadFile(path)
+	require.NoError(t, err)
+
+	// The first two of a three-record batch reached the file.
+	var torn []byte
+	for _, r := range []Record{rec(4), rec(5)} {
+		line, err := encodeLine(r)
+		require.NoError(t, err)
+		torn = append(torn, line...)
+	}
+	require.NoError(t, os.WriteFile(path, append(append([]byte(nil), good...), torn...), 0o600))
+	o, dropped, err := OpenOutbox(dir, 0)
+	require.NoError(t, err)
+	assert.Equal(t, int64(len(torn)), dropped)
+	assert.Equal(t, uint64(3), o.LastSeq())
+	assert.Equal(t, uint64(7), o.ProviderCursor())
+	require.Len(t, o.After(0), 3)
+	require.NoError(t, o.Append(rec(4), withCursor(rec(5), 9), rec(6)))
+	require.NoError(t, o.Close())
+	o, dropped, err = OpenOutbox(dir, 0)
+	require.NoError(t, err)
+	defer o.Close()
+	assert.Zero(t, dropped, "a whole batch is kept")
+	assert.Equal(t, uint64(6), o.LastSeq())
+	assert.Equal(t, uint64(9), o.ProviderCursor())
+
+	// A log written before batch ends were marked is kept whole.
+	legacy := t.TempDir()
+	var b []byte
+	for _, r := range []Record{rec(1), rec(2)} {
+		line, err := encodeLine(r)
+		require.NoError(t, err)
+		b = append(b, line...)
+	}
+	require.NoError(t, os.WriteFile(filepath.Join(legacy, OutboxFile), b, 0o600))
+	lo, dropped, err := OpenOutbox(legacy, 0)
+	require.NoError(t, err)
+	defer lo.Close()
+	assert.Zero(t, dropped)
+	assert.Len(t, lo.After(0), 2)
+}
+
 func TestR4_OutboxTrimCompactsAtomically(t *testing.T) {
 	dir := t.TempDir()
 	o, _, err := OpenOutbox(dir, 0)

@@ -28,6 +28,13 @@ type Record struct {
 	// ProviderCursor, when set, is the provider host seq through which
 	// every provider line's events are journaled (with this record).
 	ProviderCursor uint64 `json:"providerCursor,omitempty"`
+	// BatchEnd marks the last record of an Append. A batch is written
+	// with one write, which a kill -9 can cut between pages: records of a
+	// batch whose end is missing were never fsynced nor sent, and their
+	// batch's provider cursor (on its last record) was lost with it — kept,
+	// they would be sent and the provider lines behind them replayed and
+	// journaled again (the same deltas twice). load drops them.
+	BatchEnd bool `json:"batchEnd,omitempty"`
 }
 
 // Outbox is an append-only log of events not yet acknowledged. Each line is
@@ -50,8 +57,9 @@ type Outbox struct {
 	AfterSync func([]Record)
 }
 
-// OpenOutbox opens (creating) dir/outbox.log, drops a torn tail and keeps the
-// records with a source seq above acked.
+// OpenOutbox opens (creating) dir/outbox.log, drops a torn tail (a torn or
+// corrupt line, and the records of a batch whose end is missing) and keeps
+// the records with a source seq above acked.
 func OpenOutbox(dir string, acked uint64) (*Outbox, int64, error) {
 	path := filepath.Join(dir, OutboxFile)
 	if fi, err := os.Lstat(path); err == nil && !fi.Mode().IsRegular() {
@@ -80,33 +88,52 @@ func (o *Outbox) load(acked uint64) (int64, error) {
 		return 0, err
 	}
 	br := bufio.NewReaderSize(o.f, 64<<10)
-	var off int64
+	type line struct {
+		rec Record
+		n   int64
+	}
+	var lines []line
+	var last uint64
+	ended, marked := 0, false // lines up to the last batch end; whether any batch end was seen
 	for {
-		line, err := br.ReadBytes('\n')
+		b, err := br.ReadBytes('\n')
 		if err != nil && !errors.Is(err, io.EOF) {
 			return 0, err
 		}
-		if len(line) == 0 {
+		if len(b) == 0 {
 			break
 		}
-		rec, ok := decodeLine(line)
-		if !ok || (o.last != 0 && rec.SourceSeq <= o.last) {
+		rec, ok := decodeLine(b)
+		if !ok || (last != 0 && rec.SourceSeq <= last) {
 			break // torn or corrupt tail: everything from here is dropped
 		}
-		n := int64(len(line))
+		last = rec.SourceSeq
+		lines = append(lines, line{rec, int64(len(b))})
+		if rec.BatchEnd {
+			ended, marked = len(lines), true
+		}
+		if err != nil {
+			break
+		}
+	}
+	if marked {
+		// The records after the last batch end belong to a batch cut
+		// short. (A log written before batch ends were marked has none.)
+		lines = lines[:ended]
+	}
+	var off int64
+	for _, l := range lines {
+		rec := l.rec
 		o.last = rec.SourceSeq
 		o.cursor = max(o.cursor, rec.ProviderCursor)
 		if rec.SourceSeq > acked {
 			o.recs = append(o.recs, rec)
-			o.sizes = append(o.sizes, n)
+			o.sizes = append(o.sizes, l.n)
 			o.bytes += uint64(len(rec.Envelope))
 		} else {
-			o.dead += n
+			o.dead += l.n
 		}
-		off += n
-		if err != nil {
-			break
-		}
+		off += l.n
 	}
 	dropped, err := truncateTail(o.f, off)
 	if err != nil {
@@ -138,6 +165,8 @@ func (o *Outbox) Append(recs ...Record) error {
 	if len(recs) == 0 {
 		return nil
 	}
+	recs = append([]Record(nil), recs...)
+	recs[len(recs)-1].BatchEnd = true
 	var buf bytes.Buffer
 	sizes := make([]int64, len(recs))
 	last := o.last
