@@ -123,17 +123,20 @@ func TestE13_GatewayQuarantinesARootWhoseOwnershipIsUnprovenAndStartsNothing(t *
 		reason string
 	}{
 		{
-			name: "prior run terminal but its runner died with a turn in flight",
+			name: "prior run terminal but its runner died with another run's turn in flight",
 			setup: func(t *testing.T, root string) {
 				path := filepath.Join(root, durable.RunnerDir, durable.RunnerStateFile)
 				b, err := os.ReadFile(path)
 				require.NoError(t, err)
 				var doc map[string]any
 				require.NoError(t, json.Unmarshal(b, &doc))
-				// The runner died while ready with a turn in flight: not a
-				// settled owner (one that died idle is resumed, SPEC R8).
+				// The runner died while ready with a turn of a run other
+				// than the terminal one the control plane names in flight:
+				// not a settled owner (one that died idle, or with the
+				// terminal run's own turn not yet cleared, is resumed:
+				// SPEC R8).
 				doc["lifecycle"] = "ready"
-				doc["activeTurn"] = map[string]any{"turnId": "provider-turn-9", "runId": "run-1", "attempt": 1}
+				doc["activeTurn"] = map[string]any{"turnId": "provider-turn-9", "runId": "run-0", "attempt": 1}
 				b, err = json.Marshal(doc)
 				require.NoError(t, err)
 				require.NoError(t, os.WriteFile(path, b, 0o600))
