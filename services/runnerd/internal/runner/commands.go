@@ -589,7 +589,7 @@ func (r *Runner) cmdTurnStart(ctx context.Context, c *prpv1.Command) (map[string
 	turnID, err := r.prov.StartTurn(ctx, text)
 	r.reportExecution(c, turnID, err)
 	if err == nil {
-		r.awaitTurnStarted(turnStartedWait)
+		r.awaitTurnStarted(r.cfg.TurnStartedWait)
 	}
 	r.pumpProviderEvents()
 	if err != nil {
@@ -627,10 +627,6 @@ func (r *Runner) reportExecution(c *prpv1.Command, turnID string, err error) {
 	}
 	r.emit(P0, EventCommandExecuted, turnID, "", p)
 }
-
-// turnStartedWait bounds how long a started turn waits for the provider's
-// turn.started (see awaitTurnStarted).
-const turnStartedWait = 2 * time.Millisecond
 
 // awaitTurnStarted waits (at most max) for the provider's turn.started,
 // which follows its turn/start answer, so that it is journaled with the

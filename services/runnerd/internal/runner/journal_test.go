@@ -141,6 +141,9 @@ func TestR4_CommandsReceivedTogetherShareSavesWithinTheJournalContract(t *testin
 // one outbox append (one fsync), sent as one batch.
 func TestR4_TurnEndJournalsItsLastEventsAndTheTerminalInOneFsync(t *testing.T) {
 	r := bareRunner(t)
+	// The wait ends when turn.started arrives; its bound only has to
+	// outlast a loaded machine here.
+	r.cfg.TurnStartedWait = time.Minute
 	var appends [][]string
 	r.outbox.AfterSync = func(recs []durable.Record) {
 		var types []string
@@ -216,6 +219,9 @@ func TestR4_AcknowledgementIsPersistedLazily(t *testing.T) {
 // outcomes in one more save.
 func TestR4_RunAttachedAndTheTurnsFirstEventsShareOneFsync(t *testing.T) {
 	r := bareRunner(t)
+	// The wait ends when turn.started arrives; its bound only has to
+	// outlast a loaded machine here.
+	r.cfg.TurnStartedWait = time.Minute
 	var appends [][]string
 	r.outbox.AfterSync = func(recs []durable.Record) {
 		var types []string
@@ -331,6 +337,9 @@ func (p *lateStartedProvider) StartTurn(ctx context.Context, text string) (strin
 // journaled in the same append as the run.attached held before it.
 func TestR4_TurnStartedThatFollowsTheAnswerSharesTheFsyncOfRunAttached(t *testing.T) {
 	r := bareRunner(t)
+	// The wait ends when turn.started arrives; its bound only has to
+	// outlast a loaded machine here.
+	r.cfg.TurnStartedWait = time.Minute
 	var appends [][]string
 	r.outbox.AfterSync = func(recs []durable.Record) {
 		var types []string

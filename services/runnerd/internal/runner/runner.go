@@ -117,6 +117,9 @@ type Config struct {
 	// semantic_tool_timeout (SPEC R8). [10m]
 	SemanticToolTimeout time.Duration
 	Tick                time.Duration // [100ms] timer resolution
+	// TurnStartedWait [2ms] bounds how long a started turn waits for the
+	// provider's turn.started (awaitTurnStarted).
+	TurnStartedWait time.Duration
 
 	// OutboxSynced, when set, is called after each outbox fsync (tests).
 	OutboxSynced func([]durable.Record)
@@ -143,6 +146,7 @@ func (c *Config) defaults() {
 	def(&c.RequestTimeout, 60*time.Second)
 	def(&c.SemanticToolTimeout, DefaultSemanticToolTimeout)
 	def(&c.Tick, 100*time.Millisecond)
+	def(&c.TurnStartedWait, 2*time.Millisecond)
 	def(&c.SilenceTimeout, 60*time.Second)
 	if c.MaxOutboxBytes == 0 {
 		c.MaxOutboxBytes = DefaultMaxOutboxBytes
