@@ -88,16 +88,17 @@ func TestE13_ATerminalPriorRunWhoseRunnerDidNotSuspendIsQuarantinedAndTheRunStar
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	_, root := h.runToSettlement(ctx, "q-1", "quarantine", "first")
-	// The runner's state claims it was still ready, with a turn in
-	// flight, when it went away: it proves no settled owner (a runner that
-	// crashed idle would be resumed, SPEC R8).
+	// The runner's state claims it was still ready, with another run's
+	// turn in flight, when it went away: it proves no settled owner (a
+	// runner that crashed idle, or with the terminal run's own turn not yet
+	// cleared, would be resumed, SPEC R8).
 	path := filepath.Join(root, durable.RunnerDir, durable.RunnerStateFile)
 	b, err := os.ReadFile(path)
 	require.NoError(t, err)
 	var doc map[string]any
 	require.NoError(t, json.Unmarshal(b, &doc))
 	doc["lifecycle"] = "ready"
-	doc["activeTurn"] = map[string]any{"turnId": "provider-turn-9", "runId": "q-1", "attempt": 1}
+	doc["activeTurn"] = map[string]any{"turnId": "provider-turn-9", "runId": "q-0", "attempt": 1}
 	b, err = json.Marshal(doc)
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(path, b, 0o600))

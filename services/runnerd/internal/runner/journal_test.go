@@ -173,11 +173,12 @@ func TestR4_TurnEndJournalsItsLastEventsAndTheTerminalInOneFsync(t *testing.T) {
 func TestR4_AcknowledgementIsPersistedLazily(t *testing.T) {
 	e := newTestEnv(t)
 	var mu sync.Mutex
-	saves := 0
+	saves, turnCleared := 0, false
 	p := e.start(func(c *Config) {
-		c.StateSaved = func(*runnerstate.State) {
+		c.StateSaved = func(st *runnerstate.State) {
 			mu.Lock()
 			saves++
+			turnCleared = st.ActiveTurn == nil && st.LastTurnID != ""
 			mu.Unlock()
 		}
 	})
@@ -185,7 +186,8 @@ func TestR4_AcknowledgementIsPersistedLazily(t *testing.T) {
 	prov := attachAndTurn(t, e, cs)
 	prov.finish(TurnResult{TurnID: "turn-1", Status: "completed"})
 	e.gw.waitEvent("run.terminal", 1)
-	time.Sleep(50 * time.Millisecond)
+	// The save that follows the turn's end (saveSoon) is written.
+	require.Eventually(t, func() bool { mu.Lock(); defer mu.Unlock(); return turnCleared }, 10*time.Second, time.Millisecond)
 	mu.Lock()
 	before := saves
 	mu.Unlock()
