@@ -146,6 +146,24 @@ func (r *Runner) reconcileCutTurnStart(rec *runnerstate.CommandRecord) {
 	if r.st.ActiveTurn != nil {
 		return // a turn is known active: the command's answer is indeterminate
 	}
+	if ex, ok := r.journaledExecution(rec.CommandID); ok {
+		// runnerd reported the execution (command.executed, journaled
+		// with the turn's first events) before it died: the report is
+		// the command's outcome, whatever the thread reads back now — an
+		// id is executed once (SPEC X1).
+		if ex.turnID == "" {
+			log.Info("a turn.start cut short by the runnerd restart had been refused by the provider; it stays failed")
+			rec.Reopen(runnerstate.StatusFailed, failure.ProviderTurnStartFailed, "the provider refused the turn before runnerd restarted", nil)
+			r.mustSave()
+			return
+		}
+		if e := r.ensureProvider(); e != nil {
+			log.Warn("a turn.start cut short by the runnerd restart stays indeterminate: no provider", "err", e.msg)
+			return
+		}
+		r.adoptCutTurn(rec, ex.turnID)
+		return
+	}
 	if r.st.ProviderThreadID == "" {
 		// turn/start follows the thread's opening, which is saved first.
 		log.Info("a turn.start cut short by the runnerd restart never reached the provider (no thread yet); it runs when resent")
@@ -175,6 +193,13 @@ func (r *Runner) reconcileCutTurnStart(rec *runnerstate.CommandRecord) {
 		r.mustSave()
 		return
 	}
+	r.adoptCutTurn(rec, last)
+}
+
+// adoptCutTurn records turn last, which the cut turn.start rec started, as
+// the command's result, and reconciles it unless its end is journaled.
+func (r *Runner) adoptCutTurn(rec *runnerstate.CommandRecord, last string) {
+	log := r.log.With("command_id", rec.CommandID, "run_id", rec.RunID)
 	rec.Reopen(runnerstate.StatusCompleted, "", "", map[string]any{"turnId": last, "providerThreadId": r.st.ProviderThreadID})
 	r.st.LastTurnID = last
 	if r.turnEndJournaled(last) {
@@ -189,6 +214,36 @@ func (r *Runner) reconcileCutTurnStart(rec *runnerstate.CommandRecord) {
 	r.st.ActiveTurn = t
 	r.mustSave()
 	r.reconcileTurn(t, failure.ProviderProcessLost, "runnerd restarted while the turn was being started")
+}
+
+// execution is what a journaled command.executed reports.
+type execution struct {
+	turnID string // the turn the command started; empty when the provider refused it
+}
+
+// journaledExecution returns the execution of command commandID the outbox
+// holds (its command.executed event), if any.
+func (r *Runner) journaledExecution(commandID string) (execution, bool) {
+	for _, rec := range r.outbox.After(0) {
+		if rec.EventType != EventCommandExecuted {
+			continue
+		}
+		var env struct {
+			Payload struct {
+				CommandID string `json:"commandId"`
+				TurnID    string `json:"turnId"`
+				Failed    bool   `json:"failed"`
+			} `json:"payload"`
+		}
+		if json.Unmarshal(rec.Envelope, &env) != nil || env.Payload.CommandID != commandID {
+			continue
+		}
+		if env.Payload.Failed {
+			return execution{}, true
+		}
+		return execution{turnID: env.Payload.TurnID}, true
+	}
+	return execution{}, false
 }
 
 // turnEndJournaled reports whether the outbox holds the end of turn turnID

@@ -13,6 +13,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/tether-run/tether/pkg/failure"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
@@ -417,6 +418,71 @@ func TestR8_ACutTurnStartWhoseTurnTheProviderRecordedIsAdoptedNotStartedAgain(t 
 	assert.Equal(t, "c2", st.ActiveTurn.CommandID)
 	prov.finish(TurnResult{TurnID: "turn-2", Status: "completed", FinalMessage: "done"})
 	e.gw.waitEvent("run.terminal", 1)
+}
+
+// journalExecution appends the command.executed a runnerd killed right
+// after it journaled the execution of commandID left in the outbox.
+func journalExecution(t *testing.T, e *testEnv, commandID string, payload map[string]any) {
+	t.Helper()
+	store := &durable.Store{Dir: filepath.Join(e.stateDir, "runner")}
+	st, err := store.Load()
+	require.NoError(t, err)
+	ob, _, err := durable.OpenOutbox(store.Dir, st.AckedSourceSeq)
+	require.NoError(t, err)
+	defer ob.Close()
+	seq := max(st.NextSourceSeq, ob.LastSeq()+1)
+	payload["commandId"], payload["commandType"] = commandID, CmdTurnStart
+	p, err := structpb.NewStruct(payload)
+	require.NoError(t, err)
+	env, err := encodeEnvelope(&prpv1.Event{Schema: EventSchema, SourceInstanceId: st.Identity.RunnerInstanceID,
+		SourceEventId: SourceEventID(st.Identity.RunnerInstanceID, seq), SourceSeq: seq, SourceKind: SourceKindRunner,
+		RunId: "run-1", EventType: EventCommandExecuted, SchemaVersion: EventSchemaVersion, Payload: p})
+	require.NoError(t, err)
+	require.NoError(t, ob.Append(durable.Record{SourceSeq: seq, EventType: EventCommandExecuted, Envelope: env}))
+}
+
+// SPEC R8, X1: runnerd reports each execution of a turn.start
+// (command.executed) before it saves the command's outcome. Killed in
+// between, the relaunched runnerd takes the journaled report as the
+// outcome of the cut command — never runs it a second time — even when the
+// provider's thread does not show the turn (the provider refused it, or
+// lost it).
+func TestR8_ACutTurnStartWhoseExecutionIsJournaledIsNeverRunAgain(t *testing.T) {
+	t.Run("refused by the provider", func(t *testing.T) {
+		e := newTestEnv(t)
+		turn := cutTurnStart(t, e)
+		journalExecution(t, e, "c2", map[string]any{"failed": true})
+		e.prov.mu.Lock()
+		e.prov.lastTurn = "turn-1" // the thread shows no new turn
+		e.prov.mu.Unlock()
+		e.start(nil)
+		e.gw.waitConns(2)
+		res := e.gw.command(turn)
+		assert.Equal(t, runnerstate.StatusFailed, res.GetStatus(), res.GetMessage())
+		assert.Equal(t, failure.ProviderTurnStartFailed, res.GetCode())
+		if e.prov.count() > 0 {
+			assert.Zero(t, e.prov.last().turns, "no turn/start")
+		}
+		assert.Len(t, e.gw.eventsOf(EventCommandExecuted), 1, "one execution reported")
+	})
+	t.Run("started a turn the thread lost", func(t *testing.T) {
+		e := newTestEnv(t)
+		turn := cutTurnStart(t, e)
+		journalExecution(t, e, "c2", map[string]any{"turnId": "turn-2"})
+		e.prov.mu.Lock()
+		e.prov.lastTurn = "turn-1"
+		e.prov.mu.Unlock()
+		e.start(nil)
+		e.gw.waitConns(2)
+		res := e.gw.command(turn)
+		require.Equal(t, runnerstate.StatusCompleted, res.GetStatus(), res.GetMessage())
+		assert.Equal(t, "turn-2", res.GetResult().AsMap()["turnId"])
+		lost := e.gw.waitEvent(EventTurnLost, 1)
+		assert.Equal(t, "turn-2", lost.GetTurnId(), "the turn is reconciled (missing: lost, retried under a new command id)")
+		require.Equal(t, 1, e.prov.count())
+		assert.Zero(t, e.prov.last().turns, "no second turn/start")
+		assert.Len(t, e.gw.eventsOf(EventCommandExecuted), 1, "one execution reported")
+	})
 }
 
 func TestR4_RestartFromSameStateDirReconcilesAndContinuesSeqs(t *testing.T) {
