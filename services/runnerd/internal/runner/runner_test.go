@@ -383,15 +383,22 @@ func cutTurnStart(t *testing.T, e *testEnv) *prpv1.Command {
 	return turn
 }
 
-func TestR8_ACutTurnStartTheProviderNeverRecordedRunsWhenResent(t *testing.T) {
-	e := newTestEnv(t)
-	turn := cutTurnStart(t, e)
+// resendAfterRestart starts runnerd again on e's cut state, the provider's
+// thread reading back lastTurn as its newest turn (with history), and
+// resends the cut command turn; it returns the answer.
+func resendAfterRestart(e *testEnv, turn *prpv1.Command, lastTurn string, history map[string]string) *prpv1.CommandResult {
 	e.prov.mu.Lock()
-	e.prov.lastTurn = "turn-1" // the thread's newest turn is the known one
+	e.prov.lastTurn, e.prov.history = lastTurn, history
 	e.prov.mu.Unlock()
 	e.start(nil)
 	e.gw.waitConns(2)
-	res := e.gw.command(turn)
+	return e.gw.command(turn)
+}
+
+func TestR8_ACutTurnStartTheProviderNeverRecordedRunsWhenResent(t *testing.T) {
+	e := newTestEnv(t)
+	turn := cutTurnStart(t, e)
+	res := resendAfterRestart(e, turn, "turn-1", nil) // the thread's newest turn is the known one
 	assert.Equal(t, runnerstate.StatusCompleted, res.GetStatus(), res.GetMessage())
 	assert.Equal(t, 1, e.prov.count(), "one provider: started to read the thread, then used for the turn")
 	assert.Equal(t, 1, e.prov.last().turns, "the turn started once, when resent")
@@ -401,13 +408,8 @@ func TestR8_ACutTurnStartTheProviderNeverRecordedRunsWhenResent(t *testing.T) {
 func TestR8_ACutTurnStartWhoseTurnTheProviderRecordedIsAdoptedNotStartedAgain(t *testing.T) {
 	e := newTestEnv(t)
 	turn := cutTurnStart(t, e)
-	e.prov.mu.Lock()
-	e.prov.lastTurn = "turn-2" // a turn runnerd never heard of: the cut command's
-	e.prov.history = map[string]string{"turn-2": "inProgress"}
-	e.prov.mu.Unlock()
-	e.start(nil)
-	e.gw.waitConns(2)
-	res := e.gw.command(turn)
+	// A turn runnerd never heard of: the cut command's.
+	res := resendAfterRestart(e, turn, "turn-2", map[string]string{"turn-2": "inProgress"})
 	require.Equal(t, runnerstate.StatusCompleted, res.GetStatus(), res.GetMessage())
 	assert.Equal(t, "turn-2", res.GetResult().AsMap()["turnId"])
 	prov := e.prov.last()
@@ -452,12 +454,7 @@ func TestR8_ACutTurnStartWhoseExecutionIsJournaledIsNeverRunAgain(t *testing.T) 
 		e := newTestEnv(t)
 		turn := cutTurnStart(t, e)
 		journalExecution(t, e, "c2", map[string]any{"failed": true})
-		e.prov.mu.Lock()
-		e.prov.lastTurn = "turn-1" // the thread shows no new turn
-		e.prov.mu.Unlock()
-		e.start(nil)
-		e.gw.waitConns(2)
-		res := e.gw.command(turn)
+		res := resendAfterRestart(e, turn, "turn-1", nil) // the thread shows no new turn
 		assert.Equal(t, runnerstate.StatusFailed, res.GetStatus(), res.GetMessage())
 		assert.Equal(t, failure.ProviderTurnStartFailed, res.GetCode())
 		if e.prov.count() > 0 {
@@ -469,12 +466,7 @@ func TestR8_ACutTurnStartWhoseExecutionIsJournaledIsNeverRunAgain(t *testing.T) 
 		e := newTestEnv(t)
 		turn := cutTurnStart(t, e)
 		journalExecution(t, e, "c2", map[string]any{"turnId": "turn-2"})
-		e.prov.mu.Lock()
-		e.prov.lastTurn = "turn-1"
-		e.prov.mu.Unlock()
-		e.start(nil)
-		e.gw.waitConns(2)
-		res := e.gw.command(turn)
+		res := resendAfterRestart(e, turn, "turn-1", nil)
 		require.Equal(t, runnerstate.StatusCompleted, res.GetStatus(), res.GetMessage())
 		assert.Equal(t, "turn-2", res.GetResult().AsMap()["turnId"])
 		lost := e.gw.waitEvent(EventTurnLost, 1)
