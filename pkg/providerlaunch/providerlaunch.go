@@ -52,6 +52,11 @@ var Names = []string{OpenCode, ACPXCodex, ACPXClaude}
 // name. A profile declaring another version is refused.
 var Versions = map[string]string{
 	OpenCode: "1.18.17",
+	// The ACP agent packages (@agentclientprotocol/codex-acp,
+	// claude-agent-acp): the versions observed to load sessions and ask
+	// permissions offline (docs/providers.md).
+	ACPXCodex:  "2.6.0",
+	ACPXClaude: "0.101.0",
 }
 
 // Name is the launch profile name of a run's provider: the kind, or

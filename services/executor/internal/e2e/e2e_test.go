@@ -46,6 +46,7 @@ func TestMain(m *testing.M) {
 		"github.com/tether-run/tether/services/backup/cmd/backup-verifier",
 		"github.com/tether-run/tether/services/runnerd/cmd/runnerd",
 		"github.com/tether-run/tether/services/runnerd/cmd/fake-codex-app-server",
+		"github.com/tether-run/tether/services/runnerd/cmd/fake-acp-agent",
 	}
 	cmd := exec.Command("go", append([]string{"build", "-o", dir + "/"}, pkgs...)...)
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr

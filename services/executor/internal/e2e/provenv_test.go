@@ -24,7 +24,6 @@ import (
 // configuration says; and the configured credential is written nowhere in
 // the runner's durable state (what a suspension archives).
 func TestE2_Stack_ProviderEnvironmentComesFromTheRunsPolicy(t *testing.T) {
-	t.Parallel()
 	const (
 		hostSecret      = "host-secret-must-not-leak"
 		paperclipSecret = "paperclip-secret-must-not-leak"
@@ -58,13 +57,7 @@ func TestE2_Stack_ProviderEnvironmentComesFromTheRunsPolicy(t *testing.T) {
 	run := h.get("provenv-1")
 	require.Equal(t, executorv1.RunState_RUN_STATE_SUCCEEDED, run.GetState(), "%v", run.GetFailure())
 
-	raw, err := os.ReadFile(envLog)
-	require.NoError(t, err, "the fake recorded its environment")
-	env := map[string]string{}
-	for _, kv := range strings.Split(strings.TrimSpace(string(raw)), "\n") {
-		k, v, _ := strings.Cut(kv, "=")
-		env[k] = v
-	}
+	env := readEnvLog(t, envLog)
 	require.Equal(t, codexKey, env["OPENAI_API_KEY"], "the configured codex credential reaches codex")
 	require.Equal(t, "Agent E2", env["GIT_AUTHOR_NAME"])
 	require.NotContains(t, env, "ANTHROPIC_AUTH_TOKEN", "another provider's credential name never reaches codex")
@@ -94,4 +87,18 @@ func TestE2_Stack_ProviderEnvironmentComesFromTheRunsPolicy(t *testing.T) {
 		return nil
 	})
 	require.NoError(t, err)
+}
+
+// readEnvLog reads the environment a fake provider recorded (-env-log:
+// sorted KEY=VALUE lines).
+func readEnvLog(t *testing.T, path string) map[string]string {
+	t.Helper()
+	raw, err := os.ReadFile(path)
+	require.NoError(t, err, "the fake recorded its environment")
+	env := map[string]string{}
+	for _, kv := range strings.Split(strings.TrimSpace(string(raw)), "\n") {
+		k, v, _ := strings.Cut(kv, "=")
+		env[k] = v
+	}
+	return env
 }

@@ -11,7 +11,9 @@ import (
 // profile name (package providerlaunch). The gateway names the profile
 // with --provider; runnerd refuses a run whose provider is another one.
 var providerStarters = map[string]runner.StartFunc{
-	providerlaunch.Codex: startCodex,
+	providerlaunch.Codex:      startCodex,
+	providerlaunch.ACPXCodex:  startACP,
+	providerlaunch.ACPXClaude: startACP,
 }
 
 func registeredProviders() []string {

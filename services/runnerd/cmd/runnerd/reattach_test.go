@@ -98,57 +98,10 @@ func TestR1_ProviderSurvivesARunnerdKillAndTheRestartedRunnerdReattaches(t *test
 		"--codex-arg", "--durable-turn-ids", "--codex-arg", "--record-process-start", "--codex-arg", "--call-log=" + callLog}
 
 	first := startRunnerd(t, runnerd, g, url, args...)
-	events := map[uint64]*prpv1.Event{}
-	var results []*prpv1.CommandResult
-	collect := func(until func() bool, what string) {
-		t.Helper()
-		deadline := time.After(30 * time.Second)
-		for !until() {
-			select {
-			case f := <-g.frames:
-				for _, ev := range f.GetEvents().GetEvents() {
-					if prev, ok := events[ev.GetSourceSeq()]; ok {
-						require.Equal(t, prev.GetSourceEventId(), ev.GetSourceEventId(), "a replay carries the same event")
-						continue
-					}
-					events[ev.GetSourceSeq()] = ev
-				}
-				if r := f.GetCommandResult(); r != nil {
-					results = append(results, r)
-				}
-			case <-deadline:
-				t.Fatalf("timed out waiting for %s", what)
-			}
-		}
-	}
-	count := func(typ string) int {
-		n := 0
-		for _, ev := range events {
-			if ev.GetEventType() == typ {
-				n++
-			}
-		}
-		return n
-	}
-	seq := uint64(0)
-	send := func(id, typ string, payload map[string]any) {
-		seq++
-		s, err := structpb.NewStruct(payload)
-		require.NoError(t, err)
-		g.send(&prpv1.Frame{Kind: &prpv1.Frame_Command{Command: &prpv1.Command{
-			CommandId: id, ControllerSeq: seq, Type: typ, RunId: "run-re", Attempt: 1, Payload: s}}})
-	}
+	c := newFrameCollector(t, g)
+	events, collect, count, send := c.events, c.collect, c.count, c.send
 	require.Eventually(t, func() bool { g.mu.Lock(); defer g.mu.Unlock(); return g.conn != nil }, 10*time.Second, 10*time.Millisecond)
-	in := &prpv1.ExecutionInput{
-		Provider: &prpv1.Provider{Kind: "codex", Model: "gpt-fake"},
-		Binding:  &prpv1.Binding{CompanyId: "co", AgentId: "ag"},
-		Session:  &prpv1.Session{NormalizedSessionId: "sess-re", Lifecycle: &prpv1.Lifecycle{Mode: prpv1.LifecycleMode_LIFECYCLE_MODE_WARM}},
-	}
-	b, err := protojson.Marshal(in)
-	require.NoError(t, err)
-	var inMap map[string]any
-	require.NoError(t, json.Unmarshal(b, &inMap))
-	send("c1", "run.attach", map[string]any{"input": inMap})
+	send("c1", "run.attach", map[string]any{"input": inputMap(t, &prpv1.Provider{Kind: "codex", Model: "gpt-fake"})})
 	prompt := "tell me a long story with many many words so that the reply streams for quite a while before the turn ends"
 	send("c2", "turn.start", map[string]any{"text": prompt})
 	collect(func() bool { return count("item.delta") >= 5 }, "deltas")
@@ -212,4 +165,76 @@ func TestR1_ProviderSurvivesARunnerdKillAndTheRestartedRunnerdReattaches(t *test
 		t.Fatal("runnerd did not exit on SIGTERM")
 	}
 	require.Eventually(t, func() bool { return !info.ProviderAlive() && !info.HostAlive() }, 10*time.Second, 20*time.Millisecond)
+}
+
+// frameCollector gathers what a binGateway receives from runnerd: events by
+// source seq (a replay must carry the same event) and command results.
+type frameCollector struct {
+	t       *testing.T
+	g       *binGateway
+	events  map[uint64]*prpv1.Event
+	results []*prpv1.CommandResult
+	seq     uint64
+}
+
+func newFrameCollector(t *testing.T, g *binGateway) *frameCollector {
+	c := &frameCollector{t: t, g: g, events: map[uint64]*prpv1.Event{}}
+	require.Eventually(t, func() bool { g.mu.Lock(); defer g.mu.Unlock(); return g.conn != nil }, 10*time.Second, 10*time.Millisecond)
+	return c
+}
+
+// collect takes frames until until() holds (bounded).
+func (c *frameCollector) collect(until func() bool, what string) {
+	c.t.Helper()
+	deadline := time.After(30 * time.Second)
+	for !until() {
+		select {
+		case f := <-c.g.frames:
+			for _, ev := range f.GetEvents().GetEvents() {
+				if prev, ok := c.events[ev.GetSourceSeq()]; ok {
+					require.Equal(c.t, prev.GetSourceEventId(), ev.GetSourceEventId(), "a replay carries the same event")
+					continue
+				}
+				c.events[ev.GetSourceSeq()] = ev
+			}
+			if r := f.GetCommandResult(); r != nil {
+				c.results = append(c.results, r)
+			}
+		case <-deadline:
+			c.t.Fatalf("timed out waiting for %s", what)
+		}
+	}
+}
+
+func (c *frameCollector) count(typ string) int {
+	n := 0
+	for _, ev := range c.events {
+		if ev.GetEventType() == typ {
+			n++
+		}
+	}
+	return n
+}
+
+// send sends a command of run run-re, attempt 1.
+func (c *frameCollector) send(id, typ string, payload map[string]any) {
+	c.seq++
+	s, err := structpb.NewStruct(payload)
+	require.NoError(c.t, err)
+	c.g.send(&prpv1.Frame{Kind: &prpv1.Frame_Command{Command: &prpv1.Command{
+		CommandId: id, ControllerSeq: c.seq, Type: typ, RunId: "run-re", Attempt: 1, Payload: s}}})
+}
+
+// inputMap is the run.attach input of session sess-re for provider p.
+func inputMap(t *testing.T, p *prpv1.Provider) map[string]any {
+	in := &prpv1.ExecutionInput{
+		Provider: p,
+		Binding:  &prpv1.Binding{CompanyId: "co", AgentId: "ag"},
+		Session:  &prpv1.Session{NormalizedSessionId: "sess-re", Lifecycle: &prpv1.Lifecycle{Mode: prpv1.LifecycleMode_LIFECYCLE_MODE_WARM}},
+	}
+	b, err := protojson.Marshal(in)
+	require.NoError(t, err)
+	var m map[string]any
+	require.NoError(t, json.Unmarshal(b, &m))
+	return m
 }

@@ -232,7 +232,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		call("update_plan", map[string]any{"explanation": PlanExplanation, "plan": steps})
 	case strings.Contains(lastUser, "[slow]"):
 		text := "ECHO: " + lastUser
-		s.streamText(sse, text, splitEven(text, SlowChunks), s.SlowChunkDelay, completed, setReply)
+		s.streamText(sse, text, SplitEven(text, SlowChunks), s.SlowChunkDelay, completed, setReply)
 	default:
 		s.streamText(sse, "ECHO: "+lastUser, nil, 0, completed, setReply)
 	}
@@ -369,7 +369,8 @@ func outputText(v any) string {
 	return strings.TrimSpace(s)
 }
 
-func splitEven(text string, n int) []string {
+// SplitEven cuts text into n chunks of (about) equal length.
+func SplitEven(text string, n int) []string {
 	r := []rune(text)
 	size := (len(r) + n - 1) / n
 	if size == 0 {

@@ -4,7 +4,11 @@
 // consumes them as they are, with no conversion between the two.
 package provider
 
-import "time"
+import (
+	"time"
+
+	"github.com/tether-run/tether/pkg/failure"
+)
 
 // Turn statuses in TurnResult.Status.
 const (
@@ -38,7 +42,10 @@ type TurnResult struct {
 	Usage Usage
 	// Total is the thread's cumulative usage when the turn ended; nil when
 	// the provider reported none.
-	Total        *Usage
+	Total *Usage
+	// Cost is the turn's own cost as the provider reported it (ACP agents:
+	// the growth of the session's cumulative cost); nil when none was.
+	Cost         *Cost
 	ErrorCode    string
 	ErrorMessage string
 	// Artifacts are the turn's semantic result artifacts (its plan),
@@ -49,6 +56,13 @@ type TurnResult struct {
 // Usage is the token usage of one turn.
 type Usage struct {
 	InputTokens, CachedInputTokens, OutputTokens int64
+}
+
+// Cost is an amount of money in a currency, as a provider reports it (never
+// converted: SPEC E1 counts USD only).
+type Cost struct {
+	Amount   float64
+	Currency string
 }
 
 // Artifact is one semantic result artifact of a turn.
@@ -65,3 +79,14 @@ type ProcessInfo struct {
 	StartTicks uint64
 	StartedAt  time.Time
 }
+
+// Error is a provider failure with a stable code (SPEC.md): the runner
+// reports Code as the command's or turn's failure code.
+type Error struct {
+	Code, Message string
+}
+
+func (e *Error) Error() string { return failure.Message(failure.Reason(e.Code), e.Message) }
+
+// FailureReason implements failure.Reasoned.
+func (e *Error) FailureReason() failure.Reason { return failure.Reason(e.Code) }

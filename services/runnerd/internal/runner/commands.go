@@ -67,17 +67,6 @@ func providerFailure(fallback string, err error) *cmdError {
 	return &cmdError{runnerstate.StatusFailed, fallback, err.Error()}
 }
 
-// ProviderError is a provider failure with a stable code (adapters convert
-// driver errors into it).
-type ProviderError struct {
-	Code, Message string
-}
-
-func (e *ProviderError) Error() string { return failure.Message(failure.Reason(e.Code), e.Message) }
-
-// FailureReason implements failure.Reasoned.
-func (e *ProviderError) FailureReason() failure.Reason { return failure.Reason(e.Code) }
-
 // ProviderErrorCode returns the stable code of a provider error, or "".
 func ProviderErrorCode(err error) string {
 	var pe *ProviderError
@@ -1050,8 +1039,9 @@ func (r *Runner) terminalEvent(t *runnerstate.Turn, res TurnResult) pendingEvent
 }
 
 // usagePayload is the runner's usage report of a finished turn (SPEC E1):
-// {runDelta, total}, runDelta the turn's own usage and total the provider
-// session's cumulative usage (omitted when the provider reported none).
+// {runDelta, total[, cost]}, runDelta the turn's own usage, total the
+// provider session's cumulative usage (omitted when the provider reported
+// none) and cost the turn's cost {amount, currency} when it reported one.
 func usagePayload(res TurnResult) map[string]any {
 	counters := func(u Usage) map[string]any {
 		return map[string]any{
@@ -1063,6 +1053,10 @@ func usagePayload(res TurnResult) map[string]any {
 	out := map[string]any{"runDelta": counters(res.Usage)}
 	if res.Total != nil {
 		out["total"] = counters(*res.Total)
+	}
+	if res.Cost != nil {
+		// The ACPX cost shape {amount, currency} (SPEC E1).
+		out["cost"] = map[string]any{"amount": res.Cost.Amount, "currency": res.Cost.Currency}
 	}
 	return out
 }

@@ -107,4 +107,7 @@ type (
 	Artifact    = provider.Artifact
 	Usage       = provider.Usage
 	ProcessInfo = provider.ProcessInfo
+	// ProviderError is a provider failure with a stable code (drivers
+	// return it, or adapters convert driver errors into it).
+	ProviderError = provider.Error
 )
