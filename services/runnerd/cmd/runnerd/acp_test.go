@@ -1,8 +1,6 @@
 package main
 
 import (
-	"net/http"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -15,7 +13,6 @@ import (
 
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/procid"
-	"github.com/tether-run/tether/pkg/prp"
 	"github.com/tether-run/tether/services/runnerd/internal/durable"
 )
 
@@ -26,21 +23,7 @@ import (
 // lost (retryable; never a silent second start), and the next turn sees the
 // session's history (SPEC R8, R11).
 func TestR11_RunnerdKillMidTurnLoadsTheACPSessionAndRetriesTheTurn(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds binaries")
-	}
-	bin := t.TempDir()
-	runnerd := goBuild(t, bin, "github.com/tether-run/tether/services/runnerd/cmd/runnerd", "runnerd")
-	fake := goBuild(t, bin, "github.com/tether-run/tether/services/runnerd/cmd/fake-acp-agent", "fake-acp-agent")
-	g := &binGateway{t: t, auth: prp.NewAuthority([]byte("bin-key"), nil), frames: make(chan *prpv1.Frame, 4096)}
-	srv := httptest.NewServer(http.HandlerFunc(g.handle))
-	defer func() { srv.Close(); g.wg.Wait() }()
-	url := "ws" + strings.TrimPrefix(srv.URL, "http") + "/v1/runners/connect"
-
-	base := t.TempDir()
-	stateDir, ws := filepath.Join(base, "state"), filepath.Join(base, "ws")
-	require.NoError(t, os.MkdirAll(ws, 0o755))
-	callLog := filepath.Join(base, "calls.log")
+	runnerd, fake, g, url, stateDir, ws, callLog := newBinRunnerd(t, "fake-acp-agent")
 	args := []string{"--state-dir", stateDir, "--workspace", ws, "--provider", "acpx-codex", "--provider-command", fake,
 		"--provider-arg", "-flavor", "--provider-arg", "codex", "--provider-arg", "-call-log=" + callLog}
 

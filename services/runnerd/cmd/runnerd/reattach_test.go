@@ -78,21 +78,7 @@ const reScope = "feedfacefeedfacefeedfacefeedfacefeedfacefeedfacefeedfacefeedfac
 // the provider (under its host) keeps running, the new runnerd re-attaches,
 // and the turn completes with every provider line's events exactly once.
 func TestR1_ProviderSurvivesARunnerdKillAndTheRestartedRunnerdReattaches(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds binaries")
-	}
-	bin := t.TempDir()
-	runnerd := goBuild(t, bin, "github.com/tether-run/tether/services/runnerd/cmd/runnerd", "runnerd")
-	fake := goBuild(t, bin, "github.com/tether-run/tether/services/runnerd/cmd/fake-codex-app-server", "fake-codex-app-server")
-	g := &binGateway{t: t, auth: prp.NewAuthority([]byte("bin-key"), nil), frames: make(chan *prpv1.Frame, 4096)}
-	srv := httptest.NewServer(http.HandlerFunc(g.handle))
-	defer func() { srv.Close(); g.wg.Wait() }()
-	url := "ws" + strings.TrimPrefix(srv.URL, "http") + "/v1/runners/connect"
-
-	base := t.TempDir()
-	stateDir, ws := filepath.Join(base, "state"), filepath.Join(base, "ws")
-	require.NoError(t, os.MkdirAll(ws, 0o755))
-	callLog := filepath.Join(base, "calls.log")
+	runnerd, fake, g, url, stateDir, ws, callLog := newBinRunnerd(t, "fake-codex-app-server")
 	args := []string{"--state-dir", stateDir, "--workspace", ws, "--codex-command", fake,
 		"--codex-arg", "app-server", "--codex-arg", "--delta-delay-ms=25", "--codex-arg", "--state-file-in-codex-home",
 		"--codex-arg", "--durable-turn-ids", "--codex-arg", "--record-process-start", "--codex-arg", "--call-log=" + callLog}
@@ -237,4 +223,25 @@ func inputMap(t *testing.T, p *prpv1.Provider) map[string]any {
 	var m map[string]any
 	require.NoError(t, json.Unmarshal(b, &m))
 	return m
+}
+
+// newBinRunnerd builds runnerd and the named fake provider, serves a
+// binGateway on loopback (stopped at cleanup) and lays out a state dir, a
+// workspace and the fake's call log.
+func newBinRunnerd(t *testing.T, fakeName string) (runnerd, fake string, g *binGateway, url, stateDir, ws, callLog string) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("builds binaries")
+	}
+	bin := t.TempDir()
+	runnerd = goBuild(t, bin, "github.com/tether-run/tether/services/runnerd/cmd/runnerd", "runnerd")
+	fake = goBuild(t, bin, "github.com/tether-run/tether/services/runnerd/cmd/"+fakeName, fakeName)
+	g = &binGateway{t: t, auth: prp.NewAuthority([]byte("bin-key"), nil), frames: make(chan *prpv1.Frame, 4096)}
+	srv := httptest.NewServer(http.HandlerFunc(g.handle))
+	t.Cleanup(func() { srv.Close(); g.wg.Wait() })
+	url = "ws" + strings.TrimPrefix(srv.URL, "http") + "/v1/runners/connect"
+	base := t.TempDir()
+	stateDir, ws = filepath.Join(base, "state"), filepath.Join(base, "ws")
+	require.NoError(t, os.MkdirAll(ws, 0o755))
+	return runnerd, fake, g, url, stateDir, ws, filepath.Join(base, "calls.log")
 }
