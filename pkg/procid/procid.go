@@ -20,7 +20,12 @@ var ErrZombie = errors.New("process is a zombie")
 // field may contain spaces and parentheses, so fields are counted after the
 // last ')'. A zombie is ErrZombie: it can no longer act.
 func StartTicks(pid int) (uint64, error) {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	return startTicksAt("/proc/" + strconv.Itoa(pid) + "/stat")
+}
+
+// startTicksAt reads the start time from a /proc/<pid>/stat file.
+func startTicksAt(path string) (uint64, error) {
+	b, err := os.ReadFile(path)
 	if err != nil {
 		return 0, err
 	}

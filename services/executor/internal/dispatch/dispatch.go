@@ -192,10 +192,14 @@ func (d *Dispatcher) NotifiedRun(runID string) {
 	}
 }
 
-// Run claims due runs until ctx ends, then waits for its drivers to stop.
-// Drivers stop acting when ctx ends; their leases lapse and another replica
-// takes the runs over (at once, on the same host, by proving this process
-// dead).
+// Run claims due runs until ctx ends, then hands its leases back (SPEC F5):
+// it claims no more, its drivers stop acting (they detach from the
+// gateway; the runners keep their turns going and their outboxes), and each
+// lease a driver held is released under its exact fence, so any replica
+// claims the run at once and resumes the same turn. Run returns once every
+// driver stopped and released. A replica that dies without returning leaves
+// its leases to lapse (or, on the same host and in the same PID namespace,
+// to a successor that proves it dead).
 func (d *Dispatcher) Run(ctx context.Context) error {
 	go d.leases.run(ctx)
 	sem := make(chan struct{}, d.cfg.MaxActive)
@@ -272,13 +276,35 @@ func (d *Dispatcher) start(ctx context.Context, c *store.Claim, sem chan struct{
 			d.mu.Unlock()
 		}()
 		d.drive(runCtx, c, cancelCh)
+		if ctx.Err() != nil {
+			d.handBack(c)
+		}
 	}()
+}
+
+// handBackTimeout bounds the release of one lease at shutdown.
+const handBackTimeout = 5 * time.Second
+
+// handBack releases the lease of a claim whose driver stopped because the
+// dispatcher is stopping. A driver that finished its run, failed it, or lost
+// its lease releases nothing: the fence no longer holds.
+func (d *Dispatcher) handBack(c *store.Claim) {
+	ctx, cancel := context.WithTimeout(context.Background(), handBackTimeout)
+	defer cancel()
+	released, err := d.store.ReleaseLease(ctx, c.Fence)
+	switch {
+	case err != nil:
+		d.log.Warn("handing the lease back failed; it lapses at its expiry", "run_id", c.RunID, "attempt", c.Attempt, "err", err)
+	case released:
+		d.metrics.handBacks.Inc()
+		d.log.Info("lease handed back", "run_id", c.RunID, "attempt", c.Attempt)
+	}
 }
 
 // takeOverDead claims, before its lease expires, a run whose controller ran
 // on this host and is provably dead (E7 takeover with proof of death).
 func (d *Dispatcher) takeOverDead(ctx context.Context) *store.Claim {
-	held, err := d.store.HeldOnBoot(ctx, d.self.BootID, d.cfg.Owner)
+	held, err := d.store.HeldOnHost(ctx, d.self, d.cfg.Owner)
 	if err != nil {
 		if ctx.Err() == nil {
 			d.log.Error("listing held leases", "err", err)

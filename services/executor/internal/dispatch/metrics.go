@@ -14,6 +14,7 @@ import (
 type metrics struct {
 	claims         prometheus.Counter
 	takeovers      *prometheus.CounterVec
+	handBacks      prometheus.Counter
 	renewals       *prometheus.CounterVec
 	renewalSeconds prometheus.Histogram
 	active         prometheus.Gauge
@@ -47,6 +48,10 @@ func newMetrics(reg prometheus.Registerer, st *store.Store) *metrics {
 			Name: "tether_executor_takeovers_total",
 			Help: "Claims that took a run over from another controller, by reason (lease_expired, controller_dead: proven dead on this host before expiry).",
 		}, []string{"reason"}),
+		handBacks: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tether_executor_lease_hand_backs_total",
+			Help: "Leases this replica released under their fence when it stopped (SIGTERM), for another replica to claim at once.",
+		}),
 		renewals: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tether_executor_lease_renewals_total",
 			Help: "Lease renewals by outcome per lease (renewed; lost: the lease was no longer this replica's; failed: the statement failed and the self-fence bound decides).",
@@ -87,7 +92,7 @@ func newMetrics(reg prometheus.Registerer, st *store.Store) *metrics {
 		m.cancellations.WithLabelValues(o)
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.claims, m.takeovers, m.renewals, m.renewalSeconds, m.active,
+		for _, c := range []prometheus.Collector{m.claims, m.takeovers, m.handBacks, m.renewals, m.renewalSeconds, m.active,
 			m.cancellations, m.retries, m.failures, m.runtimeQuestions, &queueDepth{store: st}} {
 			_ = reg.Register(c)
 		}

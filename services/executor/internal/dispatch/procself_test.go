@@ -7,6 +7,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/tether-run/tether/pkg/procid"
+
 	"github.com/tether-run/tether/services/executor/internal/store"
 )
 
@@ -17,7 +19,8 @@ func TestE7_ControllerDeathIsProvenOnlyOnThisHost(t *testing.T) {
 
 	cmd := exec.Command("true")
 	require.NoError(t, cmd.Run())
-	gone := store.Controller{BootID: self.BootID, PID: cmd.Process.Pid, StartTicks: 1}
+	gone := self
+	gone.PID, gone.StartTicks = cmd.Process.Pid, 1
 	require.True(t, ControllerDead(gone), "an exited pid is dead")
 
 	reused := self
@@ -27,6 +30,6 @@ func TestE7_ControllerDeathIsProvenOnlyOnThisHost(t *testing.T) {
 	other := gone
 	other.BootID = "another-boot"
 	require.False(t, ControllerDead(other), "another host's process cannot be proven dead from here")
-	require.False(t, ControllerDead(store.Controller{BootID: self.BootID}), "no pid recorded")
+	require.False(t, ControllerDead(store.Controller{Identity: procid.Identity{BootID: self.BootID, PIDNamespace: self.PIDNamespace}}), "no pid recorded")
 	_ = os.Getpid()
 }

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/tether-run/tether/pkg/failure"
+	"github.com/tether-run/tether/pkg/procid"
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/services/executor/internal/recovery"
@@ -99,6 +100,7 @@ func (s *Store) ClaimRun(ctx context.Context, runID, owner string, ttl time.Dura
 			ctlBoot         *string
 			ctlPID          *int32
 			ctlTicks        *int64
+			ctlNS           *string
 		)
 		var traceParent string
 		err := tx.QueryRow(ctx, `SELECT input, state, `+cancellationHeld("r")+`, coalesce(trace_parent, '') FROM executor.runs r WHERE run_id = $1 FOR UPDATE`, runID).
@@ -111,9 +113,9 @@ func (s *Store) ClaimRun(ctx context.Context, runID, owner string, ttl time.Dura
 		}
 		err = tx.QueryRow(ctx, `
 SELECT phase, binding_digest, result_id, lease_owner, attempt, coalesce(lease_expires_at <= now(), true),
-       controller_boot_id, controller_pid, controller_start_ticks
+       controller_boot_id, controller_pid, controller_start_ticks, controller_pid_ns
   FROM executor.coordinators WHERE run_id = $1 FOR UPDATE`, runID).
-			Scan(&phase, &bdigest, &resultID, &lease, &attempt, &expired, &ctlBoot, &ctlPID, &ctlTicks)
+			Scan(&phase, &bdigest, &resultID, &lease, &attempt, &expired, &ctlBoot, &ctlPID, &ctlTicks, &ctlNS)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return failure.New(codes.FailedPrecondition, failure.NativeRunCoordinatorMissing, "run %s has no coordinator", runID)
 		}
@@ -145,7 +147,8 @@ SELECT phase, binding_digest, result_id, lease_owner, attempt, coalesce(lease_ex
 			proven := proof != nil && proof.Owner == *lease && proof.Attempt == attempt &&
 				ctlBoot != nil && *ctlBoot == proof.Controller.BootID &&
 				ctlPID != nil && int(*ctlPID) == proof.Controller.PID &&
-				ctlTicks != nil && uint64(*ctlTicks) == proof.Controller.StartTicks
+				ctlTicks != nil && uint64(*ctlTicks) == proof.Controller.StartTicks &&
+				ctlNS != nil && *ctlNS != "" && *ctlNS == proof.Controller.PIDNamespace
 			if !proven {
 				return failure.New(codes.Aborted, failure.NativeFinalizationLeaseBusy,
 					"run %s is leased by %s (attempt %d) until its lease expires", runID, *lease, attempt)
@@ -158,10 +161,10 @@ SELECT phase, binding_digest, result_id, lease_owner, attempt, coalesce(lease_ex
 UPDATE executor.coordinators
    SET attempt = attempt + 1, lease_owner = $2, lease_expires_at = now() + $3 * interval '1 microsecond', phase = 'observed',
        controller_boot_id = $4, controller_pid = $5, controller_start_ticks = $6, started_at = coalesce(started_at, now()),
-       controller_addr = nullif($8, '')
+       controller_addr = nullif($8, ''), controller_pid_ns = nullif($9, '')
  WHERE run_id = $1 AND attempt = $7
 RETURNING attempt, lease_expires_at, turn_generation, session_scope`, runID, owner, ttl.Microseconds(),
-			ctl.BootID, ctl.PID, int64(ctl.StartTicks), int64(attempt), ctl.Addr).Scan(&attempt, &exp, &gen, &sc)
+			ctl.BootID, ctl.PID, int64(ctl.StartTicks), int64(attempt), ctl.Addr, ctl.PIDNamespace).Scan(&attempt, &exp, &gen, &sc)
 		if err != nil {
 			return err
 		}
@@ -179,13 +182,20 @@ type Held struct {
 	Controller Controller
 }
 
-// HeldOnBoot lists unexpired leases of other owners whose controller ran on
-// this boot (bootID), so the caller can check whether that process is dead.
-func (s *Store) HeldOnBoot(ctx context.Context, bootID, exceptOwner string) ([]Held, error) {
+// HeldOnHost lists unexpired leases of other owners whose controller ran on
+// this boot and in this PID namespace (self's BootID and PIDNamespace), so
+// the caller can check whether that process is dead. Controllers of another
+// namespace — another container on the same host — are not listed: their
+// pids mean nothing here.
+func (s *Store) HeldOnHost(ctx context.Context, self Controller, exceptOwner string) ([]Held, error) {
+	if self.BootID == "" || self.PIDNamespace == "" {
+		return nil, nil
+	}
 	rows, err := s.pool.Query(ctx, `
 SELECT run_id, lease_owner, attempt, coalesce(controller_pid, 0), coalesce(controller_start_ticks, 0)
   FROM executor.coordinators
- WHERE phase = 'observed' AND lease_expires_at > now() AND controller_boot_id = $1 AND lease_owner <> $2`, bootID, exceptOwner)
+ WHERE phase = 'observed' AND lease_expires_at > now() AND controller_boot_id = $1 AND controller_pid_ns = $2
+   AND lease_owner <> $3`, self.BootID, self.PIDNamespace, exceptOwner)
 	if err != nil {
 		return nil, err
 	}
@@ -200,10 +210,27 @@ SELECT run_id, lease_owner, attempt, coalesce(controller_pid, 0), coalesce(contr
 		if err := rows.Scan(&h.RunID, &h.Owner, &h.Attempt, &pid, &ticks); err != nil {
 			return nil, err
 		}
-		h.Controller = Controller{BootID: bootID, PID: int(pid), StartTicks: uint64(ticks)}
+		h.Controller = Controller{Identity: procid.Identity{BootID: self.BootID, PIDNamespace: self.PIDNamespace,
+			PID: int(pid), StartTicks: uint64(ticks)}}
 		out = append(out, h)
 	}
 	return out, rows.Err()
+}
+
+// ReleaseLease hands the lease of fence f back (SPEC F5): while exactly f
+// holds it, it expires now, so any replica claims the run at once (as an
+// expired lease: the next attempt resumes the same provider turn). The
+// dispatchers are notified. It reports whether f still held the lease.
+func (s *Store) ReleaseLease(ctx context.Context, f Fence) (bool, error) {
+	tag, err := s.pool.Exec(ctx, `
+UPDATE executor.coordinators SET lease_expires_at = now()
+ WHERE run_id = $1 AND lease_owner = $2 AND attempt = $3 AND phase = 'observed' AND lease_expires_at > now()`,
+		f.RunID, f.Owner, int64(f.Attempt))
+	if err != nil || tag.RowsAffected() == 0 {
+		return false, err
+	}
+	s.notifyCommitted(ctx, RunsChannel, f.RunID)
+	return true, nil
 }
 
 // FailureDecision is what a failed attempt leads to (see package recovery).

@@ -11,12 +11,13 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/tether-run/tether/pkg/failure"
+	"github.com/tether-run/tether/pkg/procid"
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/services/executor/internal/store"
 )
 
-var ctl = store.Controller{BootID: "boot-1", PID: 4242, StartTicks: 77}
+var ctl = store.Controller{Identity: procid.Identity{BootID: "boot-1", PIDNamespace: "pid:[1]", PID: 4242, StartTicks: 77}}
 
 func submitted(t *testing.T, s *store.Store, id string) {
 	t.Helper()
@@ -104,10 +105,10 @@ func TestE7_ClaimRefusesAChangedBindingAndABusyLeaseUnlessItsControllerIsProvenD
 	require.Equal(t, codes.Aborted, status.Code(err))
 	// A proof for another controller (PID reuse, stale attempt) is refused.
 	_, err = s.ClaimRun(ctx, "r", "b", time.Minute, ctl, nil,
-		&store.DeadProof{Owner: "a", Attempt: 1, Controller: store.Controller{BootID: "boot-1", PID: 4242, StartTicks: 78}})
+		&store.DeadProof{Owner: "a", Attempt: 1, Controller: store.Controller{Identity: procid.Identity{BootID: "boot-1", PIDNamespace: "pid:[1]", PID: 4242, StartTicks: 78}}})
 	require.EqualValues(t, failure.NativeFinalizationLeaseBusy, failure.CodeOf(err))
 
-	held, err := s.HeldOnBoot(ctx, "boot-1", "b")
+	held, err := s.HeldOnHost(ctx, ctl, "b")
 	require.NoError(t, err)
 	require.Equal(t, []store.Held{{RunID: "r", Owner: "a", Attempt: 1, Controller: ctl}}, held)
 	taken, err := s.ClaimRun(ctx, "r", "b", time.Minute, ctl, nil, &store.DeadProof{Owner: "a", Attempt: 1, Controller: ctl})

@@ -25,6 +25,7 @@ import (
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/pgstore"
+	"github.com/tether-run/tether/pkg/procid"
 	"github.com/tether-run/tether/pkg/scope"
 	"github.com/tether-run/tether/services/executor/internal/recovery"
 )
@@ -375,11 +376,10 @@ func (c *Claim) Scope() string {
 }
 
 // Controller identifies the process holding a lease, so a successor on the
-// same host can prove it dead (no such pid, or another start time).
+// same host and in the same PID namespace can prove it dead (no such pid,
+// or another start time).
 type Controller struct {
-	BootID     string
-	PID        int
-	StartTicks uint64
+	procid.Identity
 	// Addr is where this controller serves the executor API (for
 	// forwarding steering and resolutions to the live session).
 	Addr string
@@ -403,7 +403,7 @@ func (s *Store) ClaimNext(ctx context.Context, owner string, ttl time.Duration, 
 // claimSet is the lease a claim writes.
 const claimSet = `attempt = c.attempt + 1, lease_owner = $1, lease_expires_at = now() + $2 * interval '1 microsecond',
          phase = 'observed', controller_boot_id = $3, controller_pid = $4, controller_start_ticks = $5,
-         started_at = coalesce(c.started_at, now()), controller_addr = nullif($6, '')`
+         started_at = coalesce(c.started_at, now()), controller_addr = nullif($6, ''), controller_pid_ns = nullif($7, '')`
 
 // claimQueuedSQL claims the oldest due queued run that heads its session
 // scope (migration 00009 keeps scope_head on exactly one unfinished run per
@@ -442,7 +442,7 @@ SELECT claimed.run_id, claimed.attempt, claimed.lease_expires_at, claimed.turn_g
   FROM claimed JOIN executor.runs r ON r.run_id = claimed.run_id`
 
 func (s *Store) claimNext(ctx context.Context, query, owner string, ttl time.Duration, ctl Controller) (*Claim, error) {
-	row := s.pool.QueryRow(ctx, query, owner, ttl.Microseconds(), ctl.BootID, ctl.PID, int64(ctl.StartTicks), ctl.Addr)
+	row := s.pool.QueryRow(ctx, query, owner, ttl.Microseconds(), ctl.BootID, ctl.PID, int64(ctl.StartTicks), ctl.Addr, ctl.PIDNamespace)
 	var (
 		c   Claim
 		raw []byte
