@@ -133,14 +133,21 @@ func run() error {
 			sus.Run(bg)
 		}
 	}()
+	// SIGTERM (ctx) stops the dispatcher at once, while the API drains:
+	// it claims no more and hands every lease back under its fence, so
+	// another replica resumes the runs now, not at their lease expiry
+	// (SPEC F5).
+	dctx, stopDispatch := context.WithCancel(ctx)
+	defer stopDispatch()
 	dispatched := make(chan struct{})
 	go func() {
 		defer close(dispatched)
-		_ = d.Run(bg)
+		_ = d.Run(dctx)
 	}()
 	err = srv.Serve(ctx)
-	cancelBG()
+	stopDispatch()
 	<-dispatched
+	cancelBG()
 	<-swept
 	return err
 }

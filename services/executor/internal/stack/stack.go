@@ -64,6 +64,8 @@ type Stack struct {
 	procs map[string]*Proc
 	ports map[string]int // extra executors: "executor-2", ...
 	extra map[string][]string
+	// pidNS: services started in a PID namespace of their own.
+	pidNS map[string]bool
 }
 
 // Proc is one service process (in its own process group).
@@ -155,7 +157,7 @@ func New(opts Options) (*Stack, error) {
 	}
 	// Grants stay on in development: the stack's executors sign with a
 	// key pair of its own, its gateway trusts that pair's public key.
-	st := &Stack{opts: opts, procs: map[string]*Proc{}, ports: map[string]int{}, extra: map[string][]string{}}
+	st := &Stack{opts: opts, procs: map[string]*Proc{}, ports: map[string]int{}, extra: map[string][]string{}, pidNS: map[string]bool{}}
 	if _, err := os.Stat(st.GrantKeyFile()); os.IsNotExist(err) {
 		if _, err := grant.WriteKeyPair(st.GrantKeyFile(), st.GrantPublicKeyFile()); err != nil {
 			return nil, err
@@ -247,6 +249,16 @@ func (s *Stack) SetExtraArgs(name string, args ...string) {
 	s.mu.Unlock()
 }
 
+// SetOwnPIDNamespace makes the service's next Start run it in a new PID
+// namespace, where it is pid 1, as in a container on this host (the host's
+// /proc stays mounted). As root that is all; otherwise in a new user
+// namespace too, mapping its root to the caller.
+func (s *Stack) SetOwnPIDNamespace(name string) {
+	s.mu.Lock()
+	s.pidNS[name] = true
+	s.mu.Unlock()
+}
+
 // CallLog is the fake provider's call log (one line per process start and
 // per method).
 func (s *Stack) CallLog() string { return filepath.Join(s.opts.Dir, "fake-codex-calls.log") }
@@ -327,6 +339,17 @@ func (s *Stack) Start(ctx context.Context, name string) (*Proc, error) {
 	cmd.Stdout, cmd.Stderr = logf, logf
 	// Own process group, and die with us if we die.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
+	s.mu.Lock()
+	ownNS := s.pidNS[name]
+	s.mu.Unlock()
+	if ownNS {
+		cmd.SysProcAttr.Cloneflags = syscall.CLONE_NEWPID
+		if uid, gid := os.Geteuid(), os.Getegid(); uid != 0 {
+			cmd.SysProcAttr.Cloneflags |= syscall.CLONE_NEWUSER
+			cmd.SysProcAttr.UidMappings = []syscall.SysProcIDMap{{ContainerID: 0, HostID: uid, Size: 1}}
+			cmd.SysProcAttr.GidMappings = []syscall.SysProcIDMap{{ContainerID: 0, HostID: gid, Size: 1}}
+		}
+	}
 	if err := cmd.Start(); err != nil {
 		logf.Close()
 		return nil, err

@@ -1,0 +1,139 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
+	"github.com/tether-run/tether/services/executor/internal/stack"
+)
+
+// waitAttempt polls GetRun until the run's attempt reaches want.
+func (h *harness) waitAttempt(ctx context.Context, client executorv1.ExecutorServiceClient, runID string, want uint64) *executorv1.Run {
+	h.t.Helper()
+	for {
+		resp, err := client.GetRun(ctx, &executorv1.GetRunRequest{RunId: runID})
+		require.NoError(h.t, err)
+		if resp.GetRun().GetAttempt() >= want {
+			return resp.GetRun()
+		}
+		select {
+		case <-ctx.Done():
+			h.t.Fatalf("run %s: want attempt %d, have %d", runID, want, resp.GetRun().GetAttempt())
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
+// requireOneTerminal checks a run's log: contiguous, one run.terminal.
+func (h *harness) requireOneTerminal(ctx context.Context, runID string) {
+	h.t.Helper()
+	evs := h.watch(ctx, runID, 0, nil)
+	requireContiguous(h.t, evs)
+	terminals := 0
+	for _, e := range evs {
+		if e.GetEvent().GetEventType() == "run.terminal" {
+			terminals++
+		}
+	}
+	require.Equal(h.t, 1, terminals, runID)
+}
+
+func TestF5_SIGTERMHandsEveryLeaseBackAndAnotherReplicaResumesEachTurnAtOnce(t *testing.T) {
+	// A 10-minute lease and no same-host takeover on the successor: the
+	// runs can only move within the test's deadline if the stopping
+	// replica hands its leases back.
+	h := newHarness(t, stack.Options{LeaseTTL: 10 * time.Minute, FakeArgs: []string{"--delta-delay-ms", "60"}})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	const runs = 3
+	for i := range runs {
+		h.submit(fmt.Sprintf("handback-%d", i), fmt.Sprintf("handback-session-%d", i), slowTurn)
+	}
+	for i := range runs {
+		h.waitForDelta(ctx, h.client, fmt.Sprintf("handback-%d", i))
+	}
+	require.NoError(t, h.st.AddExecutor("executor-2", "-same-host-takeover=false"))
+	_, err := h.st.Start(ctx, "executor-2")
+	require.NoError(t, err)
+	successor := h.clientFor("executor-2")
+
+	stopped := time.Now()
+	h.st.Proc("executor").Stop(30 * time.Second) // SIGTERM, waits for the exit
+	for i := range runs {
+		id := fmt.Sprintf("handback-%d", i)
+		run := h.waitAttempt(ctx, successor, id, 2)
+		t.Logf("%s resumed by %s %s after the SIGTERM", id, run.GetLeaseOwner(), time.Since(stopped).Round(time.Millisecond))
+	}
+	h.client = successor
+	for i := range runs {
+		id := fmt.Sprintf("handback-%d", i)
+		run := h.waitState(ctx, successor, id, executorv1.RunState_RUN_STATE_SUCCEEDED)
+		require.EqualValues(t, 2, run.GetAttempt(), "taken over once, after the hand-back")
+		require.Equal(t, "executor-2", run.GetLeaseOwner())
+		h.requireOneTerminal(ctx, id)
+	}
+	require.Equal(t, runs, countLines(t, h.st.CallLog(), "turn/start"), "each provider turn started exactly once")
+	require.Equal(t, runs, strings.Count(readFile(t, h.st.LogPath("executor")), `"msg":"lease handed back"`),
+		"the stopping replica released every lease under its fence")
+}
+
+func TestF5_ExecutorsInDifferentPIDNamespacesNeverTakeALiveRunFromEachOther(t *testing.T) {
+	// "executor" runs in a PID namespace of its own (pid 1 there, as in a
+	// container on this host); "executor-2" in the host's. Both keep
+	// same-host takeover on and the lease is 10 minutes: a pid read in the
+	// wrong namespace would "prove" the other dead and take its live run.
+	h := newHarnessWith(t, stack.Options{LeaseTTL: 10 * time.Minute, FakeArgs: []string{"--delta-delay-ms", "60"}},
+		"backup-verifier", "runnergw")
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	h.st.SetOwnPIDNamespace("executor")
+	h.st.SetExtraArgs("executor", "-max-active-runs", "1")
+	_, err := h.st.Start(ctx, "executor")
+	require.NoError(t, err)
+	h.client = h.clientFor("executor")
+	h.submit("in-container", "pidns-a", slowTurn)
+	h.waitForDelta(ctx, h.client, "in-container")
+
+	// The host replica drives a longer run while the contained one is
+	// busy (it drives at most one), probing the contained one's lease on
+	// every idle poll; once the contained run ends, the contained replica
+	// probes the host replica's lease until its run ends.
+	require.NoError(t, h.st.AddExecutor("executor-2"))
+	_, err = h.st.Start(ctx, "executor-2")
+	require.NoError(t, err)
+	host := h.clientFor("executor-2")
+	long := strings.Repeat(slowTurn+" ", 3)
+	_, err = host.SubmitRun(ctx, &executorv1.SubmitRunRequest{RunId: "on-host", Input: h.submitInput("pidns-b", long)})
+	require.NoError(t, err)
+	h.waitForDelta(ctx, host, "on-host")
+
+	var nsA, nsB string
+	var pidA int
+	require.NoError(t, h.store().Pool().QueryRow(ctx, `
+SELECT (SELECT controller_pid_ns FROM executor.coordinators WHERE run_id = 'in-container'),
+       (SELECT controller_pid FROM executor.coordinators WHERE run_id = 'in-container'),
+       (SELECT controller_pid_ns FROM executor.coordinators WHERE run_id = 'on-host')`).Scan(&nsA, &pidA, &nsB))
+	require.NotEqual(t, nsA, nsB, "the replicas run in two PID namespaces")
+	require.Equal(t, 1, pidA, "the contained replica is pid 1 in its namespace")
+
+	for id, owner := range map[string]string{"in-container": "executor", "on-host": "executor-2"} {
+		run := h.waitState(ctx, host, id, executorv1.RunState_RUN_STATE_SUCCEEDED)
+		require.EqualValues(t, 1, run.GetAttempt(), "%s was never taken over", id)
+		require.Equal(t, owner, run.GetLeaseOwner(), id)
+	}
+	require.Equal(t, 2, countLines(t, h.st.CallLog(), "turn/start"))
+}
+
+func readFile(t *testing.T, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	return string(b)
+}
