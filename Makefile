@@ -74,6 +74,7 @@ bench: ## measure tether against raw baselines in one run (ephemeral durable Pos
 	bin/tether-bench-stack -cancels 200
 	bin/tether-bench-stack -takeovers 20
 	bin/tether-bench-stack -takeovers 10 -same-host-takeover=false
+	bin/tether-bench-stack -takeovers 10 -same-host-takeover=false -sigterm -lease-ttl 60s
 	$(GO) build -o bin/ ./services/runnerd/cmd/warm-turn-bench
 	bin/warm-turn-bench -fake bin/fake-codex-app-server
 	$(MAKE) --no-print-directory bench-backup
@@ -131,6 +132,7 @@ bench-curves: build ## scale curves only (claim vs blocked backlog, renewal vs l
 	bin/tether-bench-stack -cancels 200
 	bin/tether-bench-stack -takeovers 20
 	bin/tether-bench-stack -takeovers 10 -same-host-takeover=false
+	bin/tether-bench-stack -takeovers 10 -same-host-takeover=false -sigterm -lease-ttl 60s
 
 .PHONY: bench-backup
 bench-backup: ## deep-verify digest throughput vs raw sha256 baselines (1 GiB in 10 files, 100 MiB in 10,000 files); BACKUPBENCHFLAGS=-h lists knobs

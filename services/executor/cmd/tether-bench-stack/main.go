@@ -60,6 +60,7 @@ func run() error {
 	takeovers := flag.Int("takeovers", 0, "instead of the warm turn: kill -9 of the driving executor → the run's next event from the other replica, this many times (SPEC P3)")
 	sameHost := flag.Bool("same-host-takeover", true, "-takeovers: the executors take over on proof of death on this host (else after lease expiry)")
 	ttl := flag.Duration("lease-ttl", 3*time.Second, "-takeovers: the executors' lease TTL")
+	sigterm := flag.Bool("sigterm", false, "-takeovers: SIGTERM the driving executor instead of kill -9 (it hands its lease back; target ≤ 1 s)")
 	cancels := flag.Int("cancels", 0, "instead of the warm turn: CancelRun → provider interrupt acknowledged over this many live turns (SPEC P2)")
 	flag.Parse()
 	var sizes []int
@@ -120,7 +121,7 @@ func run() error {
 		if _, err := st.Start(ctx, "executor-2"); err != nil {
 			return err
 		}
-		return takeoverTime(ctx, st, cluster.DSN("tether"), *ttl, *sameHost, *takeovers)
+		return takeoverTime(ctx, st, cluster.DSN("tether"), *ttl, *sameHost, *sigterm, *takeovers)
 	}
 	conn, err := grpcx.Dial(st.Addr("executor"), "")
 	if err != nil {
