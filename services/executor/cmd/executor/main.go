@@ -35,14 +35,17 @@ func run() error {
 	cfg := grpcx.RegisterFlags(fs, "executor", "127.0.0.1:7400", "127.0.0.1:9400")
 	dsn := grpcx.StringFlag(fs, "database-url", "", "", "PostgreSQL URL (required)")
 	gwAddr := grpcx.StringFlag(fs, "gateway-addr", "", "127.0.0.1:7401", "runner gateway gRPC address")
-	gwCA := grpcx.StringFlag(fs, "gateway-ca", "", "", "CA bundle for the gateway's TLS certificate (required off loopback); the executor presents its -tls-cert as its client identity (mTLS)")
+	gwTLS := grpcx.RegisterClientTLSFlags(fs, "gateway", "the runner gateways")
 	owner := grpcx.StringFlag(fs, "owner-id", "", dispatch.DefaultOwner(), "this replica's lease owner id")
 	ttl := grpcx.DurationFlag(fs, "lease-ttl", "", store.DefaultLeaseTTL, "lease TTL (1s..20m); renewed every TTL/3")
 	retryDelay := grpcx.DurationFlag(fs, "retry-delay", "", 30*time.Second, "delay before retrying a failed attempt (attempts 1 and 2; the third is terminal)")
 	poll := grpcx.DurationFlag(fs, "poll-interval", "", time.Second, "claim poll interval when no notification arrives")
 	maxActive := grpcx.IntFlag(fs, "max-active-runs", "", 64, "runs this replica drives at once")
 	advertise := grpcx.StringFlag(fs, "advertise-addr", "", "", "address other replicas use to reach this one (default: -grpc-addr)")
-	peerName := grpcx.StringFlag(fs, "peer-server-name", "", "", "TLS server name other replicas' certificates are verified against when calls are forwarded to them (e.g. executor, when replicas advertise pod IPs; default: the host of their -advertise-addr)")
+	// Forwarding to the replica that drives a run (e.g. -peer-server-name
+	// executor when replicas advertise pod IPs); -peer-ca defaults to
+	// -tls-client-ca, the CA that verifies clients.
+	peerTLS := grpcx.RegisterClientTLSFlags(fs, "peer", "other executor replicas (calls forwarded to the one driving a run)")
 	sameHost := grpcx.BoolFlag(fs, "same-host-takeover", "", true, "take over at once a run whose controller on this host is provably dead (else wait for lease expiry)")
 	migrate := grpcx.BoolFlag(fs, "migrate", "", true, "apply database migrations at start")
 	grantKey := grpcx.StringFlag(fs, "grant-key-file", "", "", "the executor fleet's Ed25519 private key (PEM, mode 0600) that signs a grant for every gateway call (required; `tetherctl certs init DIR` writes grant.key)")
@@ -84,7 +87,7 @@ func run() error {
 		return err
 	}
 	defer watchStore.Close()
-	gwConn, err := cfg.DialPeer(*gwAddr, *gwCA)
+	gwConn, err := gwTLS.WithDefaults(cfg, "").Dial(*gwAddr)
 	if err != nil {
 		return err
 	}
@@ -113,13 +116,8 @@ func run() error {
 		Interval: *idleSweep, Logger: log}
 	apiSrv := &api.Server{Store: st, Hub: hub, KickRun: d.KickRun, Draining: srv.Draining(), Controls: d.Controls(), SelfAddr: *advertise,
 		Gateway: gw, Suspender: sus,
-		// Other replicas are verified with the CA that verifies clients.
 		DialPeer: func(addr string) (*grpc.ClientConn, error) {
-			var opts []grpc.DialOption
-			if *peerName != "" {
-				opts = append(opts, grpc.WithAuthority(*peerName))
-			}
-			return cfg.DialPeer(addr, cfg.TLSClientCAFile, opts...)
+			return peerTLS.WithDefaults(cfg, cfg.TLSClientCAFile).Dial(addr)
 		}}
 	executorv1.RegisterExecutorServiceServer(srv.GRPC(), apiSrv)
 	defer apiSrv.Close()
