@@ -18,9 +18,9 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/tether-run/tether/pkg/failure"
-	"github.com/tether-run/tether/pkg/procid"
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
+	"github.com/tether-run/tether/pkg/procid"
 	"github.com/tether-run/tether/services/executor/internal/recovery"
 )
 

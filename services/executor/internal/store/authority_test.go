@@ -11,9 +11,9 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/tether-run/tether/pkg/failure"
-	"github.com/tether-run/tether/pkg/procid"
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
+	"github.com/tether-run/tether/pkg/procid"
 	"github.com/tether-run/tether/services/executor/internal/store"
 )
 
