@@ -95,6 +95,8 @@ type Dispatcher struct {
 	// kicked: runs submitted to this replica whose claim loop was already
 	// woken (KickRun); their database notification is redundant here.
 	kicked map[string]struct{}
+	// fleet: the live replicas and their capacity (fair claims).
+	fleet fleetView
 }
 
 // Controls is the registry of this replica's live provider sessions, for
@@ -202,11 +204,14 @@ func (d *Dispatcher) NotifiedRun(runID string) {
 // to a successor that proves it dead).
 func (d *Dispatcher) Run(ctx context.Context) error {
 	go d.leases.run(ctx)
+	hb := make(chan struct{})
+	go func() { defer close(hb); d.heartbeat(ctx) }()
+	defer func() { <-hb }()
 	sem := make(chan struct{}, d.cfg.MaxActive)
 	defer d.wg.Wait()
 	due := false // the last attempt claimed a due run
 	for {
-		claimed := false
+		claimed, fair := false, false
 		// After claiming a due run the loop looks again at once (more may
 		// be due); the takeover probe is then left to the next wake-up (a
 		// kick or the poll), so it does not load the database while the
@@ -215,11 +220,17 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 		due = false
 		select {
 		case sem <- struct{}{}:
-			c, err := d.store.ClaimNext(ctx, d.cfg.Owner, d.cfg.LeaseTTL, d.self)
-			if err != nil && ctx.Err() == nil {
-				d.log.Error("claim failed", "err", err)
+			// Over its fair share a replica leaves due runs to the
+			// others, but still takes over from a dead controller here.
+			var c *store.Claim
+			if fair = d.overShare(ctx); !fair {
+				var err error
+				c, err = d.store.ClaimNext(ctx, d.cfg.Owner, d.cfg.LeaseTTL, d.self)
+				if err != nil && ctx.Err() == nil {
+					d.log.Error("claim failed", "err", err)
+				}
+				due = c != nil
 			}
-			due = c != nil
 			if c == nil && probe {
 				c = d.takeOverDead(ctx)
 			}
@@ -239,7 +250,11 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 		if claimed {
 			continue // more may be due
 		}
-		t := time.NewTimer(d.cfg.PollInterval)
+		wait := d.cfg.PollInterval
+		if fair {
+			wait = min(wait, fairRetry)
+		}
+		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
 			t.Stop()

@@ -137,3 +137,58 @@ func readFile(t *testing.T, path string) string {
 	require.NoError(t, err)
 	return string(b)
 }
+
+// waitFleet waits until the named replicas all heartbeat and each has done
+// so again after all were registered, so each one's view holds them all.
+func (h *harness) waitFleet(ctx context.Context, owners ...string) {
+	h.t.Helper()
+	var since time.Time
+	for {
+		var n int
+		var first time.Time
+		require.NoError(h.t, h.store().Pool().QueryRow(ctx, `
+SELECT count(*), coalesce(min(heartbeat_at), now()) FROM executor.replicas
+ WHERE owner = ANY($1) AND heartbeat_at > now() - interval '2 seconds'`, owners).Scan(&n, &first))
+		switch {
+		case n == len(owners) && since.IsZero():
+			require.NoError(h.t, h.store().Pool().QueryRow(ctx, `SELECT now()`).Scan(&since))
+		case n == len(owners) && first.After(since):
+			return
+		}
+		select {
+		case <-ctx.Done():
+			h.t.Fatalf("replicas %v did not all heartbeat", owners)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+func TestF6_ClaimsSpreadFairlyOverThreeReplicasWhenOneReceivesEverySubmission(t *testing.T) {
+	h := newHarness(t, stack.Options{FakeArgs: []string{"--delta-delay-ms", "15"}})
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	owners := []string{"executor", "executor-2", "executor-3"}
+	for _, name := range owners[1:] {
+		require.NoError(t, h.st.AddExecutor(name))
+		_, err := h.st.Start(ctx, name)
+		require.NoError(t, err)
+	}
+	h.waitFleet(ctx, owners...)
+	// Every run is submitted to the first replica, which hears of each at
+	// once (the others a notification later): 12 sessions of 5 turns.
+	const runs, sessions = 60, 12
+	for i := range runs {
+		h.submit(fmt.Sprintf("fair-%02d", i), fmt.Sprintf("fair-session-%d", i%sessions), fmt.Sprintf("fair turn %d: %s", i, slowTurn))
+	}
+	claims := map[string]int{}
+	for i := range runs {
+		run := h.waitState(ctx, h.client, fmt.Sprintf("fair-%02d", i), executorv1.RunState_RUN_STATE_SUCCEEDED)
+		require.EqualValues(t, 1, run.GetAttempt())
+		claims[run.GetLeaseOwner()]++
+	}
+	t.Logf("claims per replica over %d runs: %v", runs, claims)
+	for _, o := range owners {
+		require.LessOrEqual(t, claims[o], runs/len(owners)*3/2, "no replica above 1.5× its fair share: %v", claims)
+	}
+	require.Equal(t, runs, countLines(t, h.st.CallLog(), "turn/start"))
+}
