@@ -47,8 +47,17 @@ const (
 	DurableHandoff             = "durable_handoff"
 	ExecutionIndeterminate     = "execution_indeterminate"
 	ExecutorDraining           = "executor_draining"
+	// GatewayCapacityExhausted: no active gateway whose labels satisfy the
+	// run's placement has room; the run stays queued (SPEC F2).
+	GatewayCapacityExhausted = "gateway_capacity_exhausted"
+	// GatewayCapacityInvalid: a gateway registered with a capacity of 0 or
+	// less (SPEC F1).
+	GatewayCapacityInvalid = "gateway_capacity_invalid"
 	// GatewayGrantInvalid: the stable code of every refused grant.
-	GatewayGrantInvalid            = "gateway_grant_invalid"
+	GatewayGrantInvalid = "gateway_grant_invalid"
+	// GatewayIDConflict: a gateway id held by a live gateway at another
+	// address (SPEC F1).
+	GatewayIDConflict              = "gateway_id_conflict"
 	GovernedWaitInteractionMissing = "governed_wait_interaction_missing"
 	IdleTimeout                    = "idle_timeout"
 	InteractionAlreadyAnswered     = "interaction_already_answered"
@@ -335,7 +344,10 @@ var registry = map[Reason]Info{
 	DurableHandoff:                                {codes.FailedPrecondition, Permanent},
 	ExecutionIndeterminate:                        {codes.FailedPrecondition, Permanent},
 	ExecutorDraining:                              {codes.Unavailable, Transient},
+	GatewayCapacityExhausted:                      {codes.ResourceExhausted, Transient},
+	GatewayCapacityInvalid:                        {codes.InvalidArgument, Permanent},
 	GatewayGrantInvalid:                           {codes.Unauthenticated, AttemptRetry},
+	GatewayIDConflict:                             {codes.AlreadyExists, Permanent},
 	GovernedWaitInteractionMissing:                {codes.Internal, Permanent},
 	IdleTimeout:                                   {codes.DeadlineExceeded, Transient},
 	InteractionAlreadyAnswered:                    {codes.FailedPrecondition, Permanent},

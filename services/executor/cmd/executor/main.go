@@ -53,6 +53,7 @@ func run() error {
 	grantTTL := grpcx.DurationFlag(fs, "grant-ttl", "", grant.DefaultTTL, "how long a signed gateway grant is valid (checked when the call starts)")
 	maxConns := grpcx.IntFlag(fs, "database-max-conns", "", store.DefaultMaxConns(), "connections of the main database pool (leases, event appends, claims, unary calls); default 4 per core, at least 8")
 	watchConns := grpcx.IntFlag(fs, "database-watch-conns", "", 2, "connections of the separate pool WatchRun reads events with (one read per notification per watched run), so watches never take the main pool's connections")
+	gatewayTTL := grpcx.DurationFlag(fs, "gateway-ttl", "", api.DefaultGatewayTTL, "a registered gateway without a heartbeat for this long is lost (SPEC F1); gateways heartbeat every third of it")
 	idleSweep := grpcx.DurationFlag(fs, "idle-sweep-interval", "", time.Second, "how often idle warm sessions are looked for (verified suspension after their idle timeout; 0 turns it off)")
 	if err := grpcx.ParseFlags(fs, os.Args[1:]); err != nil {
 		return err
@@ -120,6 +121,7 @@ func run() error {
 			return peerTLS.WithDefaults(cfg, cfg.TLSClientCAFile).Dial(addr)
 		}}
 	executorv1.RegisterExecutorServiceServer(srv.GRPC(), apiSrv)
+	executorv1.RegisterGatewayRegistryServer(srv.GRPC(), &api.Registry{Store: st, TTL: *gatewayTTL})
 	defer apiSrv.Close()
 	bg, cancelBG := context.WithCancel(context.Background())
 	defer cancelBG()

@@ -70,6 +70,7 @@ commands:
   audit    check the exactly-once promises in the executor's database; exit 1 on any violation
            (-database-url or TETHER_DATABASE_URL, [-since 1h|RFC3339] [-run RUN_ID] [-json])
   interactions  list [-run R] [-status S] | show ID | answer ID -answer Q=OPT[,OPT] [-text Q=TEXT] [-watch]
+  gateways list the runner gateway registry: state (active|draining|lost), load, sessions/capacity, last heartbeat ([-json])
   health   gRPC health of the service at -addr (any tether service); exit 1 unless SERVING ([-service S] [-timeout 3s])
 environment: TETHER_EXECUTOR_ADDR (default 127.0.0.1:7400), TETHER_EXECUTOR_CA, TETHER_CLIENT_CERT, TETHER_CLIENT_KEY`
 
@@ -137,6 +138,8 @@ func run(args []string) error {
 		return interactions(ctx, client, rest)
 	case "health":
 		return health(ctx, client.conn, rest)
+	case "gateways":
+		return gatewaysCmd(ctx, client.conn, rest, os.Stdout)
 	}
 	global.Usage()
 	return fmt.Errorf("unknown command %q", cmd)

@@ -19,13 +19,16 @@ import (
 	"time"
 
 	backupv1 "github.com/tether-run/tether/pkg/gen/tether/backup/v1"
+	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
 	gatewayv1 "github.com/tether-run/tether/pkg/gen/tether/gateway/v1"
 	"github.com/tether-run/tether/pkg/grant"
 	"github.com/tether-run/tether/pkg/grpcx"
 	"github.com/tether-run/tether/pkg/identity"
 	"github.com/tether-run/tether/pkg/keyfile"
 	"github.com/tether-run/tether/pkg/providerlaunch"
+	"github.com/tether-run/tether/pkg/placement"
 	"github.com/tether-run/tether/pkg/prp"
+	"github.com/tether-run/tether/services/runnergw/internal/announce"
 	"github.com/tether-run/tether/services/runnergw/internal/api"
 	"github.com/tether-run/tether/services/runnergw/internal/gateway"
 )
@@ -87,8 +90,20 @@ func run() error {
 	keyFile := grpcx.StringFlag(fs, "runner-auth-key-file", "", "", "HMAC key for runner credentials (default <state-root>/gateway.key, created 0600)")
 	gatewayID := grpcx.StringFlag(fs, "gateway-id", "", "runnergw", "this gateway's id: the audience every executor grant must name")
 	grantKeys := grpcx.StringFlag(fs, "grant-public-keys", "", "", "the executor fleet's Ed25519 grant public keys (PEM files, comma separated; more than one while keys rotate); every call needs a grant signed by one of them (required)")
+	registryAddrs := grpcx.StringFlag(fs, "registry-addr", "", "", "executor replicas (comma separated) this gateway announces itself to and heartbeats (SPEC F1; empty: no registry, executors dial it by -gateway-addr)")
+	advertise := grpcx.StringFlag(fs, "advertise-addr", "", "", "the address executors dial this gateway at, as announced to the registry (default: -grpc-addr)")
+	labelsFlag := grpcx.StringFlag(fs, "labels", "", "", "labels placements select this gateway by, e.g. zone=a,gpu=false")
+	capacity := grpcx.IntFlag(fs, "capacity", "", 100, "session scopes this gateway holds at most (announced to the registry; must be at least 1)")
+	registryTLS := grpcx.RegisterClientTLSFlags(fs, "registry", "the executors (the gateway registry)")
 	if err := grpcx.ParseFlags(fs, os.Args[1:]); err != nil {
 		return err
+	}
+	labels, err := placement.ParseLabels(*labelsFlag)
+	if err != nil {
+		return fmt.Errorf("-labels: %w", err)
+	}
+	if *registryAddrs != "" && *capacity <= 0 {
+		return fmt.Errorf("-capacity %d: a gateway holds at least 1 session (gateway_capacity_invalid)", *capacity)
 	}
 	if len(codexArgs) == 0 {
 		if v := os.Getenv("TETHER_CODEX_ARGS"); v != "" {
@@ -199,6 +214,34 @@ func run() error {
 	}
 	gw := gateway.New(gcfg)
 	gatewayv1.RegisterRunnerGatewayServer(srv.GRPC(), &api.Server{Gateway: gw})
+	if *registryAddrs != "" {
+		if *advertise == "" {
+			*advertise = cfg.GRPCAddr
+		}
+		var registries []executorv1.GatewayRegistryClient
+		for _, addr := range strings.Split(*registryAddrs, ",") {
+			conn, err := registryTLS.WithDefaults(cfg, cfg.TLSClientCAFile).Dial(strings.TrimSpace(addr))
+			if err != nil {
+				return fmt.Errorf("-registry-addr: %w", err)
+			}
+			defer conn.Close()
+			registries = append(registries, executorv1.NewGatewayRegistryClient(conn))
+		}
+		an := announce.New(announce.Config{Registries: registries, ID: *gatewayID, Address: *advertise, Labels: labels,
+			Capacity: *capacity, Sessions: gw.Sessions, Logger: log})
+		// A refused first announcement (bad capacity, an id another live
+		// gateway holds) stops the gateway; an unreachable registry does not.
+		if _, err := an.Announce(ctx, false); announce.Refused(err) {
+			return fmt.Errorf("the gateway registry refused this gateway: %w", err)
+		} else if err != nil {
+			log.Warn("the gateway registry is not reachable yet; retrying", "err", err)
+		}
+		actx, stopAnnouncing := context.WithCancel(context.Background())
+		announced := make(chan struct{})
+		go func() { defer close(announced); an.Run(actx) }()
+		defer func() { stopAnnouncing(); <-announced }()
+		go func() { <-ctx.Done(); stopAnnouncing() }()
+	}
 	var servers []*http.Server
 	for _, l := range []net.Listener{lis, tlsLis} {
 		if l == nil {

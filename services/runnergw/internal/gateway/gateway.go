@@ -904,3 +904,15 @@ func (g *Gateway) relay(ctx context.Context, stream gatewayv1.RunnerGateway_Atta
 		return err
 	}
 }
+
+// Sessions counts the session scopes this gateway holds live now (a runner
+// that is neither suspended nor exited): its load in the registry.
+func (g *Gateway) Sessions() int {
+	n := 0
+	for _, r := range g.Runners() {
+		if l := r.GetLifecycle(); l != LifecycleExited && l != "suspended" {
+			n++
+		}
+	}
+	return n
+}

@@ -1,0 +1,61 @@
+package api
+
+import (
+	"context"
+	"slices"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/tether-run/tether/pkg/failure"
+	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
+	"github.com/tether-run/tether/pkg/grpcx"
+	"github.com/tether-run/tether/pkg/identity"
+	"github.com/tether-run/tether/services/executor/internal/store"
+)
+
+// DefaultGatewayTTL is how long a gateway stays active without a heartbeat
+// before it is lost (SPEC F1); gateways heartbeat every third of it.
+const DefaultGatewayTTL = 15 * time.Second
+
+// Registry implements tether.executor.v1.GatewayRegistry.
+type Registry struct {
+	executorv1.UnsafeGatewayRegistryServer
+	Store *store.Store
+	// TTL after which a silent gateway is lost (DefaultGatewayTTL when 0).
+	TTL time.Duration
+}
+
+func (r *Registry) ttl() time.Duration {
+	if r.TTL <= 0 {
+		return DefaultGatewayTTL
+	}
+	return r.TTL
+}
+
+// RegisterGateway records a gateway's announcement or heartbeat. Over mTLS
+// only a gateway's certificate may announce one.
+func (r *Registry) RegisterGateway(ctx context.Context, req *executorv1.RegisterGatewayRequest) (*executorv1.RegisterGatewayResponse, error) {
+	if roles := grpcx.PeerRoles(ctx); roles != nil && !slices.Contains(roles, identity.Gateway) {
+		return nil, failure.New(codes.PermissionDenied, failure.PeerNotAuthorized,
+			"only a runner gateway's certificate may register a gateway (peer roles: %v)", roles)
+	}
+	g, err := r.Store.RegisterGateway(ctx, store.GatewayAnnouncement{
+		ID: req.GetGatewayId(), Address: req.GetAddress(), Labels: req.GetLabels(),
+		Capacity: int(req.GetCapacity()), Sessions: int(req.GetSessions()), Draining: req.GetDraining(),
+	}, r.ttl())
+	if err != nil {
+		return nil, failure.ToStatus(err)
+	}
+	return &executorv1.RegisterGatewayResponse{Gateway: g, HeartbeatInterval: durationpb.New(r.ttl() / 3), Ttl: durationpb.New(r.ttl())}, nil
+}
+
+// ListGateways lists the registry.
+func (r *Registry) ListGateways(ctx context.Context, _ *executorv1.ListGatewaysRequest) (*executorv1.ListGatewaysResponse, error) {
+	gs, err := r.Store.ListGateways(ctx, r.ttl())
+	if err != nil {
+		return nil, failure.ToStatus(err)
+	}
+	return &executorv1.ListGatewaysResponse{Gateways: gs}, nil
+}

@@ -1,0 +1,115 @@
+// Package announce registers a runner gateway with the executor fleet's
+// gateway registry and keeps it there with heartbeats (SPEC F1): its id,
+// advertised address, labels, capacity and current sessions. The gateway
+// never touches the database; any executor replica records it.
+package announce
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
+)
+
+// Config is what a gateway announces and to whom.
+type Config struct {
+	// Registries are the executor replicas' registry clients, tried in
+	// turn until one answers.
+	Registries []executorv1.GatewayRegistryClient
+	ID         string
+	Address    string
+	Labels     map[string]string
+	Capacity   int
+	// Sessions counts the session scopes the gateway holds now.
+	Sessions func() int
+	// Interval between heartbeats until a registry names one.
+	Interval time.Duration
+	Logger   *slog.Logger
+}
+
+// callTimeout bounds one announcement.
+const callTimeout = 5 * time.Second
+
+// Announcer heartbeats a gateway.
+type Announcer struct {
+	cfg  Config
+	next int // the registry tried first
+}
+
+// New returns an Announcer.
+func New(cfg Config) *Announcer {
+	if cfg.Interval <= 0 {
+		cfg.Interval = 5 * time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Sessions == nil {
+		cfg.Sessions = func() int { return 0 }
+	}
+	return &Announcer{cfg: cfg}
+}
+
+// Refused reports an announcement no retry can change (a capacity of 0 or
+// less, an id held by a live gateway elsewhere, bad input).
+func Refused(err error) bool {
+	switch status.Code(err) {
+	case codes.InvalidArgument, codes.AlreadyExists, codes.PermissionDenied, codes.Unauthenticated:
+		return true
+	}
+	return false
+}
+
+// Announce sends one announcement (draining says the gateway takes no new
+// placements), trying each registry in turn, and returns the registry's
+// answer.
+func (a *Announcer) Announce(ctx context.Context, draining bool) (*executorv1.RegisterGatewayResponse, error) {
+	req := &executorv1.RegisterGatewayRequest{GatewayId: a.cfg.ID, Address: a.cfg.Address, Labels: a.cfg.Labels,
+		Capacity: int32(a.cfg.Capacity), Sessions: int32(a.cfg.Sessions()), Draining: draining}
+	var err error
+	for range a.cfg.Registries {
+		r := a.cfg.Registries[a.next%len(a.cfg.Registries)]
+		cctx, cancel := context.WithTimeout(ctx, callTimeout)
+		var resp *executorv1.RegisterGatewayResponse
+		resp, err = r.RegisterGateway(cctx, req)
+		cancel()
+		if err == nil || Refused(err) {
+			return resp, err
+		}
+		a.next++ // this replica is away: the next one
+	}
+	return nil, err
+}
+
+// Run heartbeats until ctx ends, then announces the gateway draining once
+// (a stopping gateway takes no new placements).
+func (a *Announcer) Run(ctx context.Context) {
+	interval := a.cfg.Interval
+	for {
+		resp, err := a.Announce(ctx, false)
+		switch {
+		case err == nil:
+			if d := resp.GetHeartbeatInterval().AsDuration(); d > 0 {
+				interval = d
+			}
+		case ctx.Err() == nil:
+			a.cfg.Logger.Warn("announcing the gateway to the registry failed", "gateway_id", a.cfg.ID, "err", err)
+		}
+		t := time.NewTimer(interval)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			fctx, cancel := context.WithTimeout(context.Background(), callTimeout)
+			if _, err := a.Announce(fctx, true); err != nil {
+				a.cfg.Logger.Warn("announcing the gateway draining failed", "gateway_id", a.cfg.ID, "err", err)
+			}
+			cancel()
+			return
+		case <-t.C:
+		}
+	}
+}
