@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -11,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
+	"github.com/tether-run/tether/pkg/identity"
 	"github.com/tether-run/tether/services/executor/internal/stack"
 )
 
@@ -191,4 +194,96 @@ func TestF6_ClaimsSpreadFairlyOverThreeReplicasWhenOneReceivesEverySubmission(t 
 		require.LessOrEqual(t, claims[o], runs/len(owners)*3/2, "no replica above 1.5× its fair share: %v", claims)
 	}
 	require.Equal(t, runs, countLines(t, h.st.CallLog(), "turn/start"))
+}
+
+// gateways lists the registry through the executor's GatewayRegistry.
+func (h *harness) gateways(ctx context.Context) map[string]*executorv1.Gateway {
+	h.t.Helper()
+	conn, err := h.st.DialAs(h.st.Addr("executor"), identity.Client)
+	require.NoError(h.t, err)
+	defer conn.Close()
+	resp, err := executorv1.NewGatewayRegistryClient(conn).ListGateways(ctx, &executorv1.ListGatewaysRequest{})
+	require.NoError(h.t, err)
+	out := map[string]*executorv1.Gateway{}
+	for _, g := range resp.GetGateways() {
+		out[g.GetGatewayId()] = g
+	}
+	return out
+}
+
+func TestF1_GatewaysOnThreeHostsAnnounceThemselvesAndOneThatDiesIsLost(t *testing.T) {
+	h := newHarnessWith(t, stack.Options{ExecutorArgs: []string{"-gateway-ttl", "3s"}}, "backup-verifier", "executor")
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	zones := map[string]string{"runnergw": "a", "runnergw-2": "b", "runnergw-3": "c"}
+	for name, zone := range zones {
+		args := append(h.st.RegistryArgs("executor"), "-labels", "zone="+zone+",gpu=false", "-capacity", map[string]string{"a": "10", "b": "20", "c": "30"}[zone])
+		if name == "runnergw" {
+			h.st.SetExtraArgs(name, args...)
+		} else {
+			require.NoError(t, h.st.AddGateway(name, args...))
+		}
+		_, err := h.st.Start(ctx, name)
+		require.NoError(t, err)
+	}
+	gs := h.gateways(ctx)
+	require.Len(t, gs, 3, "each gateway registered before it reported healthy")
+	for name, zone := range zones {
+		g := gs[stack.GatewayIDOf(name)]
+		require.NotNil(t, g, name)
+		require.Equal(t, executorv1.GatewayState_GATEWAY_STATE_ACTIVE, g.GetState(), name)
+		require.Equal(t, map[string]string{"zone": zone, "gpu": "false"}, g.GetLabels())
+		require.Equal(t, h.st.Addr(name), g.GetAddress())
+	}
+	require.EqualValues(t, 30, gs["runnergw-3"].GetCapacity())
+
+	// A warm session on the first gateway shows as its load.
+	h.submit("load", "f1-load", "hello")
+	h.waitState(ctx, h.client, "load", executorv1.RunState_RUN_STATE_SUCCEEDED)
+	require.Eventually(t, func() bool { return h.gateways(ctx)[stack.GatewayID].GetSessions() == 1 }, time.Minute, 100*time.Millisecond)
+
+	out, err := exec.CommandContext(ctx, filepath.Join(binDir, "tetherctl"), "-addr", h.st.Addr("executor"), "gateways").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	require.Regexp(t, `(?m)^runnergw-3\s+active\s+0%\s+0/30\s`, string(out))
+	require.Regexp(t, `(?m)^runnergw\s+active\s+10%\s+1/10\s`, string(out))
+
+	// The host dies: no heartbeat, lost after the TTL; the others stay.
+	h.st.Proc("runnergw-3").Kill()
+	require.Eventually(t, func() bool {
+		return h.gateways(ctx)["runnergw-3"].GetState() == executorv1.GatewayState_GATEWAY_STATE_LOST
+	}, time.Minute, 100*time.Millisecond)
+	gs = h.gateways(ctx)
+	require.Equal(t, executorv1.GatewayState_GATEWAY_STATE_ACTIVE, gs["runnergw-2"].GetState())
+
+	// A stopping gateway announces itself draining.
+	stopping := h.st.Proc("runnergw-2")
+	go stopping.Stop(30 * time.Second)
+	require.Eventually(t, func() bool {
+		return h.gateways(ctx)["runnergw-2"].GetState() == executorv1.GatewayState_GATEWAY_STATE_DRAINING
+	}, time.Minute, 50*time.Millisecond)
+	<-stopping.Done()
+}
+
+func TestF1_AGatewayWithABadCapacityOrAnotherLiveGatewaysIDDoesNotStart(t *testing.T) {
+	h := newHarnessWith(t, stack.Options{}, "backup-verifier", "executor")
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	h.st.SetExtraArgs("runnergw", h.st.RegistryArgs("executor")...)
+	_, err := h.st.Start(ctx, "runnergw")
+	require.NoError(t, err)
+
+	// Another host claims the live gateway's id.
+	require.NoError(t, h.st.AddGateway("runnergw-2", append(h.st.RegistryArgs("executor"), "-gateway-id", stack.GatewayID)...))
+	_, err = h.st.Start(ctx, "runnergw-2")
+	require.Error(t, err)
+	require.Contains(t, readFile(t, h.st.LogPath("runnergw-2")), "gateway_id_conflict")
+	for _, capacity := range []string{"0", "-1"} {
+		require.NoError(t, h.st.AddGateway("runnergw-3", append(h.st.RegistryArgs("executor"), "-capacity", capacity)...))
+		_, err = h.st.Start(ctx, "runnergw-3")
+		require.Error(t, err)
+		require.Contains(t, readFile(t, h.st.LogPath("runnergw-3")), "gateway_capacity_invalid")
+	}
+	gs := h.gateways(ctx)
+	require.Len(t, gs, 1, "nothing of the refused gateways was registered")
+	require.Equal(t, h.st.Addr("runnergw"), gs[stack.GatewayID].GetAddress())
 }

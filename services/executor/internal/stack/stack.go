@@ -242,6 +242,43 @@ func (s *Stack) AddExecutor(name string, extraArgs ...string) error {
 	return nil
 }
 
+// AddGateway registers another runner gateway (as on another host: its
+// own gRPC and runner ports, its own state root, gateway id name) for
+// Start; name must start with "runnergw-".
+func (s *Stack) AddGateway(name string, extraArgs ...string) error {
+	grpcPort, err := FreePort()
+	if err != nil {
+		return err
+	}
+	runnerPort, err := FreePort()
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(s.RunnerStateRootOf(name), 0o700); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.ports[name] = grpcPort
+	s.ports[name+"/runner"] = runnerPort
+	s.extra[name] = extraArgs
+	s.mu.Unlock()
+	return nil
+}
+
+// RegistryArgs are the flags that make a gateway announce itself to the
+// named executors (SPEC F1).
+func (s *Stack) RegistryArgs(executors ...string) []string {
+	addrs := make([]string, len(executors))
+	for i, e := range executors {
+		addrs[i] = s.Addr(e)
+	}
+	a := []string{"-registry-addr", strings.Join(addrs, ",")}
+	if s.opts.MTLS {
+		a = append(a, "-registry-ca", filepath.Join(s.PKIDir(), identity.CAFile))
+	}
+	return a
+}
+
 // SetExtraArgs sets extra flags for a service's next Start.
 func (s *Stack) SetExtraArgs(name string, args ...string) {
 	s.mu.Lock()
@@ -272,6 +309,31 @@ func (s *Stack) BlobDir() string { return filepath.Join(s.opts.Dir, "backup-blob
 // RunnerStateRoot is where runnergw keeps runner state.
 func (s *Stack) RunnerStateRoot() string { return filepath.Join(s.opts.Dir, "runners") }
 
+// RunnerStateRootOf is where the named gateway keeps runner state.
+func (s *Stack) RunnerStateRootOf(gateway string) string {
+	if gateway == "runnergw" {
+		return s.RunnerStateRoot()
+	}
+	return filepath.Join(s.opts.Dir, "runners-"+gateway)
+}
+
+// runnerAuthKeyFile is the named gateway's runner credential key.
+func (s *Stack) runnerAuthKeyFile(gateway string) string {
+	if gateway == "runnergw" {
+		return filepath.Join(s.opts.Dir, "keys", "gateway.key")
+	}
+	return filepath.Join(s.opts.Dir, "keys", gateway+".key")
+}
+
+// GatewayIDOf is a gateway's id: GatewayID for the stack's first gateway,
+// its name for the others.
+func GatewayIDOf(name string) string {
+	if name == "runnergw" {
+		return GatewayID
+	}
+	return name
+}
+
 // Proc returns a started process.
 func (s *Stack) Proc(name string) *Proc {
 	s.mu.Lock()
@@ -295,12 +357,18 @@ func (s *Stack) args(name string) []string {
 			"-owner-id", name, "-grant-key-file", s.GrantKeyFile(), "-gateway-id", GatewayID), s.opts.ExecutorArgs...)
 		a = append(a, s.tlsArgs(identity.Executor, "-gateway-ca")...)
 		return append(a, extra...)
-	case name == "runnergw":
-		a := append(common, "-grpc-addr", s.Addr("runnergw"),
-			"-runner-addr", "127.0.0.1:"+strconv.Itoa(s.opts.RunnerPort),
-			"-state-root", s.RunnerStateRoot(),
-			"-runner-auth-key-file", filepath.Join(s.opts.Dir, "keys", "gateway.key"),
-			"-grant-public-keys", s.GrantPublicKeyFile(), "-gateway-id", GatewayID,
+	case name == "runnergw" || strings.HasPrefix(name, "runnergw-"):
+		runnerPort := s.opts.RunnerPort
+		if name != "runnergw" {
+			s.mu.Lock()
+			runnerPort = s.ports[name+"/runner"]
+			s.mu.Unlock()
+		}
+		a := append(common, "-grpc-addr", s.Addr(name),
+			"-runner-addr", "127.0.0.1:"+strconv.Itoa(runnerPort),
+			"-state-root", s.RunnerStateRootOf(name),
+			"-runner-auth-key-file", s.runnerAuthKeyFile(name),
+			"-grant-public-keys", s.GrantPublicKeyFile(), "-gateway-id", GatewayIDOf(name),
 			"-runnerd-path", filepath.Join(s.opts.BinDir, "runnerd"),
 			"-backup-addr", s.Addr("backup-verifier"),
 			"-codex-command", filepath.Join(s.opts.BinDir, "fake-codex-app-server"))
@@ -331,8 +399,11 @@ func (s *Stack) Start(ctx context.Context, name string) (*Proc, error) {
 		return nil, err
 	}
 	bin := name
-	if strings.HasPrefix(name, "executor-") {
+	switch {
+	case strings.HasPrefix(name, "executor-"):
 		bin = "executor"
+	case strings.HasPrefix(name, "runnergw-"):
+		bin = "runnergw"
 	}
 	cmd := exec.Command(filepath.Join(s.opts.BinDir, bin), s.args(name)...)
 	cmd.Env = append(append(os.Environ(), "TETHER_DATABASE_URL="), s.opts.Env...)
@@ -411,12 +482,17 @@ func (s *Stack) waitServing(ctx context.Context, p *Proc) error {
 // its runners), then the verifier.
 func (s *Stack) Stop() {
 	s.mu.Lock()
-	names := []string{"executor"}
+	executors, gateways := []string{"executor"}, []string{}
 	for n := range s.ports {
-		names = append(names, n)
+		switch {
+		case strings.HasPrefix(n, "executor-"):
+			executors = append(executors, n)
+		case strings.HasPrefix(n, "runnergw-") && !strings.HasSuffix(n, "/runner"):
+			gateways = append(gateways, n)
+		}
 	}
 	s.mu.Unlock()
-	for _, n := range append(names, "runnergw", "backup-verifier") {
+	for _, n := range append(append(executors, gateways...), "runnergw", "backup-verifier") {
 		if p := s.Proc(n); p != nil {
 			select {
 			case <-p.done:
