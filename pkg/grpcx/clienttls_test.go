@@ -33,17 +33,21 @@ func TestF6_ClientTransportIsTLSOffLoopbackUnlessPlaintextIsExplicit(t *testing.
 	}
 }
 
+// getRunWith calls GetRun at target dialed with c.
+func getRunWith(t *testing.T, c ClientTLS, target string) error {
+	t.Helper()
+	conn, err := c.Dial(target)
+	require.NoError(t, err)
+	defer conn.Close()
+	_, err = executorv1.NewExecutorServiceClient(conn).GetRun(ctxT(t), &executorv1.GetRunRequest{RunId: "r"})
+	return err
+}
+
 func TestF6_ClientTLSPresentsItsCertificateAndVerifiesTheServerName(t *testing.T) {
 	dir := devPKI(t)
 	ca := filepath.Join(dir, identity.CAFile)
 	target, _ := startAs(t, dir, identity.Executor)
-	call := func(c ClientTLS) error {
-		conn, err := c.Dial(target)
-		require.NoError(t, err)
-		defer conn.Close()
-		_, err = executorv1.NewExecutorServiceClient(conn).GetRun(ctxT(t), &executorv1.GetRunRequest{RunId: "r"})
-		return err
-	}
+	call := func(c ClientTLS) error { return getRunWith(t, c, target) }
 	me := ClientTLS{CAFile: ca, CertFile: identity.CertFile(dir, identity.Executor), KeyFile: identity.KeyFile(dir, identity.Executor)}
 	require.NoError(t, call(me))
 	named := me
@@ -85,13 +89,7 @@ func TestF6_APlaintextPeerOffLoopbackIsReachedOnlyWithTheExplicitFlag(t *testing
 	h := startServer(t, func(c *Config) { c.GRPCAddr = "0.0.0.0:0"; c.AllowPlaintext = true })
 	_, port, _ := net.SplitHostPort(h.srv.Addr().String())
 	target := net.JoinHostPort(ip, port)
-	call := func(c ClientTLS) error {
-		conn, err := c.Dial(target)
-		require.NoError(t, err)
-		defer conn.Close()
-		_, err = executorv1.NewExecutorServiceClient(conn).GetRun(ctxT(t), &executorv1.GetRunRequest{RunId: "r"})
-		return err
-	}
+	call := func(c ClientTLS) error { return getRunWith(t, c, target) }
 	require.Equal(t, codes.Unavailable, status.Code(call(ClientTLS{})), "off loopback the default is TLS")
 	require.NoError(t, call(ClientTLS{InsecurePlaintext: true}))
 }
