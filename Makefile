@@ -54,7 +54,7 @@ build: ## build every binary into bin/
 	$(GO) build -o bin/ $(CMDS)
 
 test: lint check-generate ## lint, check generated code, and run every test with -race
-	$(GO) test -race -count=1 -timeout 25m $(MODULES)
+	$(GO) test -race -count=1 -timeout 40m $(MODULES)
 	@for m in $(OWN_MODULES); do (cd $$m && GOWORK=off $(GO) test -race -count=1 -timeout 10m ./...) || exit 1; done
 
 demo: build ## run three warm turns through the whole stack on an ephemeral PostgreSQL

@@ -52,12 +52,15 @@ func TestF5_SIGTERMHandsEveryLeaseBackAndAnotherReplicaResumesEachTurnAtOnce(t *
 	// A 10-minute lease and no same-host takeover on the successor: the
 	// runs can only move within the test's deadline if the stopping
 	// replica hands its leases back.
-	h := newHarness(t, stack.Options{LeaseTTL: 10 * time.Minute, FakeArgs: []string{"--delta-delay-ms", "60"}})
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	// Turns of about 60 deltas 150 ms apart: they outlast the start of
+	// the second replica also on a loaded machine.
+	h := newHarness(t, stack.Options{LeaseTTL: 10 * time.Minute, FakeArgs: []string{"--delta-delay-ms", "150"}})
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	const runs = 3
+	long := strings.Repeat(slowTurn+" ", 3)
 	for i := range runs {
-		h.submit(fmt.Sprintf("handback-%d", i), fmt.Sprintf("handback-session-%d", i), slowTurn)
+		h.submit(fmt.Sprintf("handback-%d", i), fmt.Sprintf("handback-session-%d", i), long)
 	}
 	for i := range runs {
 		h.waitForDelta(ctx, h.client, fmt.Sprintf("handback-%d", i))
