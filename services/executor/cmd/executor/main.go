@@ -121,7 +121,9 @@ func run() error {
 			return peerTLS.WithDefaults(cfg, cfg.TLSClientCAFile).Dial(addr)
 		}}
 	executorv1.RegisterExecutorServiceServer(srv.GRPC(), apiSrv)
-	executorv1.RegisterGatewayRegistryServer(srv.GRPC(), &api.Registry{Store: st, TTL: *gatewayTTL})
+	registry := &api.Registry{Store: st, TTL: *gatewayTTL}
+	executorv1.RegisterGatewayRegistryServer(srv.GRPC(), registry)
+	srv.Registry().MustRegister(registry)
 	defer apiSrv.Close()
 	bg, cancelBG := context.WithCancel(context.Background())
 	defer cancelBG()

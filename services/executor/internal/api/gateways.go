@@ -3,7 +3,10 @@ package api
 import (
 	"context"
 	"slices"
+	"strings"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -58,4 +61,36 @@ func (r *Registry) ListGateways(ctx context.Context, _ *executorv1.ListGatewaysR
 		return nil, failure.ToStatus(err)
 	}
 	return &executorv1.ListGatewaysResponse{Gateways: gs}, nil
+}
+
+// gatewaySessionsDesc and gatewayCapacityDesc are the registry's load per
+// gateway (SPEC D3), read at scrape time: the same on every replica.
+var (
+	gatewaySessionsDesc = prometheus.NewDesc("tether_executor_gateway_sessions",
+		"Session scopes each registered gateway holds, as it last announced, by gateway and state (active, draining, lost); read from the database at scrape time.",
+		[]string{"gateway", "state"}, nil)
+	gatewayCapacityDesc = prometheus.NewDesc("tether_executor_gateway_capacity",
+		"Session scopes each registered gateway holds at most, as it announced.", []string{"gateway"}, nil)
+)
+
+// Describe implements prometheus.Collector.
+func (r *Registry) Describe(ch chan<- *prometheus.Desc) {
+	ch <- gatewaySessionsDesc
+	ch <- gatewayCapacityDesc
+}
+
+// Collect implements prometheus.Collector: the registry's load per gateway.
+func (r *Registry) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	gs, err := r.Store.ListGateways(ctx, r.ttl())
+	if err != nil {
+		ch <- prometheus.NewInvalidMetric(gatewaySessionsDesc, err)
+		return
+	}
+	for _, g := range gs {
+		state := strings.ToLower(strings.TrimPrefix(g.GetState().String(), "GATEWAY_STATE_"))
+		ch <- prometheus.MustNewConstMetric(gatewaySessionsDesc, prometheus.GaugeValue, float64(g.GetSessions()), g.GetGatewayId(), state)
+		ch <- prometheus.MustNewConstMetric(gatewayCapacityDesc, prometheus.GaugeValue, float64(g.GetCapacity()), g.GetGatewayId())
+	}
 }
