@@ -41,7 +41,6 @@ func FairShareAllows(mine, active, myCap, fleetCap int) bool {
 // fleetView is the last heartbeat's view of the live replicas.
 type fleetView struct {
 	replicas atomic.Int64
-	capacity atomic.Int64
 }
 
 // heartbeat announces this replica until ctx ends, then forgets it.
@@ -60,7 +59,6 @@ func (d *Dispatcher) heartbeat(ctx context.Context) {
 		switch {
 		case err == nil:
 			d.fleet.replicas.Store(int64(f.Replicas))
-			d.fleet.capacity.Store(int64(f.Capacity))
 		case ctx.Err() == nil:
 			d.log.Warn("replica heartbeat failed", "err", err)
 		}
@@ -73,14 +71,17 @@ func (d *Dispatcher) heartbeat(ctx context.Context) {
 }
 
 // overShare reports whether this replica holds its fair share of the
-// fleet's runs already (and so leaves the next claim to another).
+// fleet's runs already (and so leaves the next claim to another). The last
+// heartbeat only says whether other replicas live; the decision reads the
+// leases and the live replicas' capacities afresh, so a replica that just
+// stopped (and left the registry) no longer takes a share.
 func (d *Dispatcher) overShare(ctx context.Context) bool {
 	if d.fleet.replicas.Load() <= 1 {
 		return false
 	}
-	mine, active, err := d.store.ActiveLeases(ctx, d.cfg.Owner)
+	f, err := d.store.FairShare(ctx, d.cfg.Owner, replicaLive)
 	if err != nil {
 		return false // claim: fairness must not stop work
 	}
-	return !FairShareAllows(mine, active, d.cfg.MaxActive, int(d.fleet.capacity.Load()))
+	return !FairShareAllows(f.Mine, f.Active, d.cfg.MaxActive, d.cfg.MaxActive+f.OtherCapacity)
 }

@@ -36,11 +36,22 @@ func (s *Store) RemoveReplica(ctx context.Context, owner string) error {
 	return err
 }
 
-// ActiveLeases counts the unexpired leases owner holds and those the whole
-// fleet holds.
-func (s *Store) ActiveLeases(ctx context.Context, owner string) (mine, all int, err error) {
-	err = s.pool.QueryRow(ctx, `
-SELECT count(*) FILTER (WHERE lease_owner = $1), count(*) FROM executor.coordinators
- WHERE phase = 'observed' AND lease_expires_at > now()`, owner).Scan(&mine, &all)
-	return mine, all, err
+// FairShareFacts are what a fair-share decision reads, all from one
+// snapshot: the unexpired leases owner holds and the whole fleet holds, and
+// the summed capacity of the other replicas heard from within live.
+type FairShareFacts struct {
+	Mine, Active  int
+	OtherCapacity int
+}
+
+// FairShare reads the facts of a fair-share decision for owner.
+func (s *Store) FairShare(ctx context.Context, owner string, live time.Duration) (FairShareFacts, error) {
+	var f FairShareFacts
+	err := s.pool.QueryRow(ctx, `
+SELECT count(*) FILTER (WHERE lease_owner = $1), count(*),
+       (SELECT coalesce(sum(capacity), 0) FROM executor.replicas
+         WHERE owner <> $1 AND heartbeat_at > now() - $2 * interval '1 microsecond')
+  FROM executor.coordinators WHERE phase = 'observed' AND lease_expires_at > now()`,
+		owner, live.Microseconds()).Scan(&f.Mine, &f.Active, &f.OtherCapacity)
+	return f, err
 }
