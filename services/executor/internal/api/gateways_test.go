@@ -14,6 +14,7 @@ import (
 )
 
 func TestF1_TheRegistryExportsEachGatewaysSessionsAndCapacity(t *testing.T) {
+	t.Parallel()
 	e := start(t)
 	ctx := context.Background()
 	for _, a := range []store.GatewayAnnouncement{

@@ -52,10 +52,11 @@ func TestF5_SIGTERMHandsEveryLeaseBackAndAnotherReplicaResumesEachTurnAtOnce(t *
 	// A 10-minute lease and no same-host takeover on the successor: the
 	// runs can only move within the test's deadline if the stopping
 	// replica hands its leases back.
-	// Turns of about 60 deltas 150 ms apart: they outlast the start of
+	// Turns of about 60 deltas 300 ms apart: they outlast the start of
 	// the second replica also on a loaded machine.
-	h := newHarness(t, stack.Options{LeaseTTL: 10 * time.Minute, FakeArgs: []string{"--delta-delay-ms", "150"}})
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	t.Parallel()
+	h := newHarness(t, stack.Options{LeaseTTL: 10 * time.Minute, FakeArgs: []string{"--delta-delay-ms", "300"}})
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	const runs = 3
 	long := strings.Repeat(slowTurn+" ", 3)
@@ -91,6 +92,7 @@ func TestF5_SIGTERMHandsEveryLeaseBackAndAnotherReplicaResumesEachTurnAtOnce(t *
 }
 
 func TestF5_ExecutorsInDifferentPIDNamespacesNeverTakeALiveRunFromEachOther(t *testing.T) {
+	t.Parallel()
 	// "executor" runs in a PID namespace of its own (pid 1 there, as in a
 	// container on this host); "executor-2" in the host's. Both keep
 	// same-host takeover on and the lease is 10 minutes: a pid read in the
@@ -170,6 +172,7 @@ SELECT count(*), coalesce(min(heartbeat_at), now()) FROM executor.replicas
 }
 
 func TestF6_ClaimsSpreadFairlyOverThreeReplicasWhenOneReceivesEverySubmission(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, stack.Options{FakeArgs: []string{"--delta-delay-ms", "15"}})
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
@@ -215,7 +218,8 @@ func (h *harness) gateways(ctx context.Context) map[string]*executorv1.Gateway {
 }
 
 func TestF1_GatewaysOnThreeHostsAnnounceThemselvesAndOneThatDiesIsLost(t *testing.T) {
-	h := newHarnessWith(t, stack.Options{ExecutorArgs: []string{"-gateway-ttl", "3s"}}, "backup-verifier", "executor")
+	t.Parallel()
+	h := newHarnessWith(t, stack.Options{ExecutorArgs: []string{"-gateway-ttl", "6s"}}, "backup-verifier", "executor")
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	zones := map[string]string{"runnergw": "a", "runnergw-2": "b", "runnergw-3": "c"}
@@ -268,6 +272,7 @@ func TestF1_GatewaysOnThreeHostsAnnounceThemselvesAndOneThatDiesIsLost(t *testin
 }
 
 func TestF1_AGatewayWithABadCapacityOrAnotherLiveGatewaysIDDoesNotStart(t *testing.T) {
+	t.Parallel()
 	h := newHarnessWith(t, stack.Options{}, "backup-verifier", "executor")
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
