@@ -14,13 +14,18 @@ import (
 	"github.com/tether-run/tether/pkg/failure"
 )
 
-// codedError gives errors produced by middleware (validation, recovery) the
-// same shape as tether's own: a stable code as the message prefix and an
-// ErrorInfo detail. Errors that already carry a tether code pass through.
+// codedError is the error mapping of every handler: a domain error becomes
+// its status (failure.ToStatus: a tether error as it is, a context's end as
+// canceled/deadline_exceeded, anything else internal), so handlers return
+// their errors as they get them. Errors produced by middleware (validation,
+// recovery) get the same shape as tether's own: a stable code as the
+// message prefix and an ErrorInfo detail. Errors that already carry a
+// tether code pass through.
 func codedError(err error) error {
 	if err == nil {
 		return nil
 	}
+	err = failure.ToStatus(err)
 	st, ok := status.FromError(err)
 	if !ok || failure.CodeOf(err) != "" && hasTetherInfo(st) {
 		return err

@@ -94,7 +94,13 @@ func run() error {
 	}
 	defer gwConn.Close()
 	gw := grant.Client(gatewayv1.NewRunnerGatewayClient(gwConn), grant.NewSigner(signingKey, *grantTTL, nil), *gatewayID)
-	srv, err := grpcx.New(*cfg, api.WatchCodec())
+	// Calls for a run driven by another replica are forwarded there by an
+	// interceptor of the API server, which is built below.
+	var apiSrv *api.Server
+	forward := func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+		return apiSrv.ForwardToOwner(ctx, req, info, h)
+	}
+	srv, err := grpcx.New(*cfg, api.WatchCodec(), grpc.ChainUnaryInterceptor(forward))
 	if err != nil {
 		return err
 	}
@@ -115,7 +121,7 @@ func run() error {
 	})
 	sus := &suspend.Suspender{Store: st, Gateway: gw, Owner: *owner,
 		Interval: *idleSweep, Logger: log}
-	apiSrv := &api.Server{Store: st, Hub: hub, KickRun: d.KickRun, Draining: srv.Draining(), Controls: d.Controls(), SelfAddr: *advertise,
+	apiSrv = &api.Server{Store: st, Hub: hub, KickRun: d.KickRun, Draining: srv.Draining(), Controls: d.Controls(), SelfAddr: *advertise,
 		Gateway: gw, Suspender: sus,
 		DialPeer: func(addr string) (*grpc.ClientConn, error) {
 			return peerTLS.WithDefaults(cfg, cfg.TLSClientCAFile).Dial(addr)

@@ -16,7 +16,6 @@ import (
 	"github.com/tether-run/tether/pkg/failure"
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
 	gatewayv1 "github.com/tether-run/tether/pkg/gen/tether/gateway/v1"
-	"github.com/tether-run/tether/pkg/grpcx"
 	"github.com/tether-run/tether/services/executor/internal/admission"
 	"github.com/tether-run/tether/services/executor/internal/control"
 	"github.com/tether-run/tether/services/executor/internal/store"
@@ -35,8 +34,8 @@ type Server struct {
 	// run's id.
 	KickRun func(runID string)
 	// Controls holds this replica's live provider sessions (steering and
-	// runtime-request resolution); calls for runs driven elsewhere are
-	// forwarded to the replica recorded with the lease.
+	// runtime-request resolution); ForwardToOwner sends calls for runs
+	// driven elsewhere to the replica recorded with the lease.
 	Controls *control.Registry
 	// SelfAddr is this replica's advertised address (no self-forwarding).
 	SelfAddr string
@@ -67,7 +66,7 @@ func (s *Server) SubmitRun(ctx context.Context, req *executorv1.SubmitRunRequest
 	}
 	created, err := s.Store.Submit(ctx, req.GetRunId(), req.GetInput())
 	if err != nil {
-		return nil, failure.ToStatus(err)
+		return nil, err
 	}
 	if created {
 		// The local dispatcher claims while the run is read back.
@@ -75,7 +74,7 @@ func (s *Server) SubmitRun(ctx context.Context, req *executorv1.SubmitRunRequest
 	}
 	run, err := s.Store.GetRun(ctx, req.GetRunId())
 	if err != nil {
-		return nil, failure.ToStatus(err)
+		return nil, err
 	}
 	return &executorv1.SubmitRunResponse{Run: visible(run), Created: created}, nil
 }
@@ -94,7 +93,7 @@ func (s *Server) kick(runID string) {
 func (s *Server) GetRun(ctx context.Context, req *executorv1.GetRunRequest) (*executorv1.GetRunResponse, error) {
 	run, err := s.Store.GetRun(ctx, req.GetRunId())
 	if err != nil {
-		return nil, failure.ToStatus(err)
+		return nil, err
 	}
 	return &executorv1.GetRunResponse{Run: visible(run)}, nil
 }
@@ -105,7 +104,7 @@ func (s *Server) ListRuns(ctx context.Context, req *executorv1.ListRunsRequest) 
 		NormalizedSessionID: req.GetNormalizedSessionId(), State: req.GetState(),
 	}, int(req.GetPageSize()), req.GetPageToken())
 	if err != nil {
-		return nil, failure.ToStatus(err)
+		return nil, err
 	}
 	return &executorv1.ListRunsResponse{Runs: visibleRuns(runs), NextPageToken: next}, nil
 }
@@ -122,7 +121,7 @@ func (s *Server) CancelRun(ctx context.Context, req *executorv1.CancelRunRequest
 		RunID: req.GetRunId(), Scope: scope, Reason: req.GetReason(), RequestID: req.GetRequestId(), Actor: "api",
 	})
 	if err != nil {
-		return nil, failure.ToStatus(err)
+		return nil, err
 	}
 	rec := out.Record
 	if out.NeedsDispatch {
@@ -134,47 +133,15 @@ func (s *Server) CancelRun(ctx context.Context, req *executorv1.CancelRunRequest
 		for rec.GetDispatchState() == "pending" && time.Now().Before(deadline) {
 			select {
 			case <-ctx.Done():
-				return nil, failure.ToStatus(ctx.Err())
+				return nil, ctx.Err()
 			case <-time.After(20 * time.Millisecond):
 			}
 			if rec, err = s.Store.Cancellation(ctx, req.GetRunId()); err != nil {
-				return nil, failure.ToStatus(err)
+				return nil, err
 			}
 		}
 	}
 	return &executorv1.CancelRunResponse{Active: out.Active, Cancellation: rec}, nil
-}
-
-// remote returns a client for the replica driving the run, or nil when the
-// call should be answered here.
-func (s *Server) remote(ctx context.Context, runID string) (executorv1.ExecutorServiceClient, error) {
-	if s.Controls == nil || s.Controls.Has(runID) {
-		return nil, nil
-	}
-	addr, err := s.Store.ControllerAddr(ctx, runID)
-	if err != nil {
-		return nil, failure.ToStatus(err)
-	}
-	if addr == "" || addr == s.SelfAddr {
-		return nil, nil
-	}
-	s.connMu.Lock()
-	defer s.connMu.Unlock()
-	if s.conns == nil {
-		s.conns = map[string]*grpc.ClientConn{}
-	}
-	conn := s.conns[addr]
-	if conn == nil {
-		dial := s.DialPeer
-		if dial == nil {
-			dial = func(addr string) (*grpc.ClientConn, error) { return grpcx.Dial(addr, "") }
-		}
-		if conn, err = dial(addr); err != nil {
-			return nil, failure.ToStatus(err)
-		}
-		s.conns[addr] = conn
-	}
-	return executorv1.NewExecutorServiceClient(conn), nil
 }
 
 // Close releases forwarding connections.
@@ -189,30 +156,18 @@ func (s *Server) Close() {
 
 // GetSteeringState reports whether the run's active turn can be steered.
 func (s *Server) GetSteeringState(ctx context.Context, req *executorv1.GetSteeringStateRequest) (*executorv1.GetSteeringStateResponse, error) {
-	if rc, err := s.remote(ctx, req.GetRunId()); err != nil || rc != nil {
-		if err != nil {
-			return nil, err
-		}
-		return rc.GetSteeringState(ctx, req)
-	}
 	st, err := s.controls().SteeringState(ctx, req.GetRunId())
 	if err != nil {
-		return nil, failure.ToStatus(err)
+		return nil, err
 	}
 	return &executorv1.GetSteeringStateResponse{Disposition: st.Disposition, ActiveTurnId: st.ActiveTurnID}, nil
 }
 
 // SteerRun steers the run's active provider turn.
 func (s *Server) SteerRun(ctx context.Context, req *executorv1.SteerRunRequest) (*executorv1.SteerRunResponse, error) {
-	if rc, err := s.remote(ctx, req.GetRunId()); err != nil || rc != nil {
-		if err != nil {
-			return nil, err
-		}
-		return rc.SteerRun(ctx, req)
-	}
 	turn, err := s.controls().Steer(ctx, req.GetRunId(), req.GetMessage(), req.GetCorrelationId(), req.GetTimeout().AsDuration())
 	if err != nil {
-		return nil, failure.ToStatus(err)
+		return nil, err
 	}
 	return &executorv1.SteerRunResponse{TurnId: turn}, nil
 }
@@ -220,12 +175,6 @@ func (s *Server) SteerRun(ctx context.Context, req *executorv1.SteerRunRequest) 
 // ResolveRuntimeRequest answers a provider's runtime request once, after
 // revalidating that it is still pending.
 func (s *Server) ResolveRuntimeRequest(ctx context.Context, req *executorv1.ResolveRuntimeRequestRequest) (*executorv1.ResolveRuntimeRequestResponse, error) {
-	if rc, err := s.remote(ctx, req.GetRunId()); err != nil || rc != nil {
-		if err != nil {
-			return nil, err
-		}
-		return rc.ResolveRuntimeRequest(ctx, req)
-	}
 	id, err := s.controls().ResolveRuntimeRequest(ctx, control.ResolveInput{
 		RunID: req.GetRunId(), RequestID: req.GetRequestId(), TurnID: req.GetTurnId(),
 		Resolution: req.GetResolution().AsMap(),
@@ -242,28 +191,18 @@ func (s *Server) ResolveRuntimeRequest(ctx context.Context, req *executorv1.Reso
 		},
 	})
 	if err != nil {
-		return nil, failure.ToStatus(err)
+		return nil, err
 	}
 	return &executorv1.ResolveRuntimeRequestResponse{CommandId: id}, nil
 }
 
 // CompleteToolCall answers a dynamic tool call of the run.
 func (s *Server) CompleteToolCall(ctx context.Context, req *executorv1.CompleteToolCallRequest) (*executorv1.CompleteToolCallResponse, error) {
-	rc, err := s.remote(ctx, req.GetRunId())
-	if failure.CodeOf(err) == failure.NativeRunAlreadyTerminal {
-		// E13: an ended run's tool authority is revoked; the registry
-		// below answers native_tool_authority_epoch_revoked.
-		rc, err = nil, nil
-	}
-	if err != nil || rc != nil {
-		if err != nil {
-			return nil, err
-		}
-		return rc.CompleteToolCall(ctx, req)
-	}
+	// An ended run's tool authority is revoked: the registry answers
+	// native_tool_authority_epoch_revoked (SPEC E13).
 	id, err := s.controls().CompleteToolCall(ctx, req.GetRunId(), req.GetCallId(), req.GetSuccess(), req.GetText())
 	if err != nil {
-		return nil, failure.ToStatus(err)
+		return nil, err
 	}
 	return &executorv1.CompleteToolCallResponse{CommandId: id}, nil
 }
@@ -284,7 +223,7 @@ func (s *Server) WatchRun(req *executorv1.WatchRunRequest, stream executorv1.Exe
 	ctx := stream.Context()
 	run, err := s.Store.GetRun(ctx, req.GetRunId())
 	if err != nil {
-		return failure.ToStatus(err)
+		return err
 	}
 	if req.GetAfterSeq() > run.GetEventCount() {
 		return failure.New(codes.OutOfRange, failure.WatchCursorOutOfRange,
@@ -305,7 +244,7 @@ func (s *Server) WatchRun(req *executorv1.WatchRunRequest, stream executorv1.Exe
 			return failure.New(codes.Unavailable, failure.ExecutorDraining,
 				"this executor is shutting down; resume the watch from cursor %d", w.Cursor())
 		case err != nil:
-			return failure.ToStatus(err)
+			return err
 		}
 		for _, e := range evs {
 			if e.Wire != nil {
@@ -321,7 +260,7 @@ func (s *Server) WatchRun(req *executorv1.WatchRunRequest, stream executorv1.Exe
 				// The result is recorded with the terminal event.
 				run, err := s.Store.GetRun(ctx, req.GetRunId())
 				if err != nil {
-					return failure.ToStatus(err)
+					return err
 				}
 				m.Result = run.GetResult()
 			}

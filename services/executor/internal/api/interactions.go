@@ -3,7 +3,6 @@ package api
 import (
 	"context"
 
-	"github.com/tether-run/tether/pkg/failure"
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
 	"github.com/tether-run/tether/services/executor/internal/runtimeq"
 	"github.com/tether-run/tether/services/executor/internal/store"
@@ -13,7 +12,7 @@ import (
 func (s *Server) ListInteractions(ctx context.Context, req *executorv1.ListInteractionsRequest) (*executorv1.ListInteractionsResponse, error) {
 	list, err := s.Store.ListInteractions(ctx, store.InteractionFilter{RunID: req.GetRunId(), Status: req.GetStatus(), Limit: int(req.GetPageSize())})
 	if err != nil {
-		return nil, failure.ToStatus(err)
+		return nil, err
 	}
 	return &executorv1.ListInteractionsResponse{Interactions: list}, nil
 }
@@ -22,7 +21,7 @@ func (s *Server) ListInteractions(ctx context.Context, req *executorv1.ListInter
 func (s *Server) GetInteraction(ctx context.Context, req *executorv1.GetInteractionRequest) (*executorv1.GetInteractionResponse, error) {
 	in, err := s.Store.GetInteraction(ctx, req.GetInteractionId())
 	if err != nil {
-		return nil, failure.ToStatus(err)
+		return nil, err
 	}
 	return &executorv1.GetInteractionResponse{Interaction: in}, nil
 }
@@ -36,7 +35,7 @@ func (s *Server) AnswerInteraction(ctx context.Context, req *executorv1.AnswerIn
 	}
 	out, err := s.Store.AnswerInteraction(ctx, req.GetInteractionId(), answers)
 	if err != nil {
-		return nil, failure.ToStatus(err)
+		return nil, err
 	}
 	resp := &executorv1.AnswerInteractionResponse{Interaction: out.Interaction, Created: out.Created}
 	if out.ContinuationRunID == "" {
@@ -46,7 +45,7 @@ func (s *Server) AnswerInteraction(ctx context.Context, req *executorv1.AnswerIn
 		s.kick(out.ContinuationRunID)
 	}
 	if resp.ContinuationRun, err = s.Store.GetRun(ctx, out.ContinuationRunID); err != nil {
-		return nil, failure.ToStatus(err)
+		return nil, err
 	}
 	return resp, nil
 }

@@ -17,7 +17,7 @@ import (
 func (s *Server) GetSession(ctx context.Context, req *executorv1.GetSessionRequest) (*executorv1.GetSessionResponse, error) {
 	groups, err := s.Store.Sessions(ctx, req.GetCompanyId(), req.GetNormalizedSessionId())
 	if err != nil {
-		return nil, failure.ToStatus(err)
+		return nil, err
 	}
 	if len(groups) == 0 {
 		return nil, failure.New(codes.NotFound, failure.SessionNotFound, "company %q has no session %q", req.GetCompanyId(), req.GetNormalizedSessionId())
@@ -35,7 +35,7 @@ func (s *Server) GetSession(ctx context.Context, req *executorv1.GetSessionReque
 		}
 		cp, err := s.Store.LatestCheckpoint(ctx, g.Scope)
 		if err != nil {
-			return nil, failure.ToStatus(err)
+			return nil, err
 		}
 		sess.Checkpoint = cp
 		if r := s.runner(ctx, g.Last.GetRunnerInstanceId()); r != nil {
@@ -74,7 +74,7 @@ func (s *Server) runner(ctx context.Context, id string) *gatewayv1.Runner {
 func (s *Server) CloseSession(ctx context.Context, req *executorv1.CloseSessionRequest) (*executorv1.CloseSessionResponse, error) {
 	groups, err := s.Store.Sessions(ctx, req.GetCompanyId(), req.GetNormalizedSessionId())
 	if err != nil {
-		return nil, failure.ToStatus(err)
+		return nil, err
 	}
 	if len(groups) == 0 {
 		return nil, failure.New(codes.NotFound, failure.SessionNotFound, "company %q has no session %q", req.GetCompanyId(), req.GetNormalizedSessionId())
@@ -101,7 +101,7 @@ func (s *Server) CloseSession(ctx context.Context, req *executorv1.CloseSessionR
 				continue // the scope never got a runner: nothing to suspend
 			}
 			if err != nil {
-				return nil, failure.ToStatus(err)
+				return nil, err
 			}
 			out.ClosedRunnerInstanceIds = append(out.ClosedRunnerInstanceIds, cp.GetRunnerInstanceId())
 			out.Checkpoints = append(out.Checkpoints, cp)
@@ -114,7 +114,7 @@ func (s *Server) CloseSession(ctx context.Context, req *executorv1.CloseSessionR
 			continue // nothing live to close
 		}
 		if err := s.closeRunner(ctx, g.Last.GetRunId(), g.Last.GetInput(), reason); err != nil {
-			return nil, failure.ToStatus(err)
+			return nil, err
 		}
 		out.ClosedRunnerInstanceIds = append(out.ClosedRunnerInstanceIds, r.GetRunnerInstanceId())
 	}

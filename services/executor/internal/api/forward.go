@@ -1,0 +1,89 @@
+package api
+
+import (
+	"context"
+
+	"google.golang.org/grpc"
+
+	"github.com/tether-run/tether/pkg/failure"
+	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
+	"github.com/tether-run/tether/pkg/grpcx"
+)
+
+// ownerCall is a method answered by the replica that drives the run (it
+// holds the run's live provider session): reply makes an empty response
+// for a forwarded call; endedHere answers a run that has ended on this
+// replica instead of refusing it (its authority is revoked wherever it is
+// asked, SPEC E13).
+type ownerCall struct {
+	reply     func() any
+	endedHere bool
+}
+
+var ownerCalls = map[string]ownerCall{
+	executorv1.ExecutorService_GetSteeringState_FullMethodName: {reply: func() any { return new(executorv1.GetSteeringStateResponse) }},
+	executorv1.ExecutorService_SteerRun_FullMethodName:         {reply: func() any { return new(executorv1.SteerRunResponse) }},
+	executorv1.ExecutorService_ResolveRuntimeRequest_FullMethodName: {
+		reply: func() any { return new(executorv1.ResolveRuntimeRequestResponse) }},
+	executorv1.ExecutorService_CompleteToolCall_FullMethodName: {
+		reply: func() any { return new(executorv1.CompleteToolCallResponse) }, endedHere: true},
+}
+
+// ForwardToOwner is a unary interceptor: a call of ownerCalls for a run
+// driven by another replica (the address recorded with its lease) is sent
+// there as it came, after this replica's validation; every other call, and
+// a run driven here or by nobody, goes to the handler.
+func (s *Server) ForwardToOwner(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	call, ok := ownerCalls[info.FullMethod]
+	r, hasRun := req.(interface{ GetRunId() string })
+	if !ok || !hasRun {
+		return handler(ctx, req)
+	}
+	conn, err := s.owner(ctx, r.GetRunId())
+	if call.endedHere && failure.CodeOf(err) == failure.NativeRunAlreadyTerminal {
+		return handler(ctx, req)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if conn == nil {
+		return handler(ctx, req)
+	}
+	reply := call.reply()
+	if err := conn.Invoke(ctx, info.FullMethod, req, reply); err != nil {
+		return nil, err
+	}
+	return reply, nil
+}
+
+// owner returns a connection to the replica driving the run, or nil when
+// the call is answered here.
+func (s *Server) owner(ctx context.Context, runID string) (*grpc.ClientConn, error) {
+	if s.Controls == nil || s.Controls.Has(runID) {
+		return nil, nil
+	}
+	addr, err := s.Store.ControllerAddr(ctx, runID)
+	if err != nil {
+		return nil, err
+	}
+	if addr == "" || addr == s.SelfAddr {
+		return nil, nil
+	}
+	s.connMu.Lock()
+	defer s.connMu.Unlock()
+	if s.conns == nil {
+		s.conns = map[string]*grpc.ClientConn{}
+	}
+	conn := s.conns[addr]
+	if conn == nil {
+		dial := s.DialPeer
+		if dial == nil {
+			dial = func(addr string) (*grpc.ClientConn, error) { return grpcx.Dial(addr, "") }
+		}
+		if conn, err = dial(addr); err != nil {
+			return nil, err
+		}
+		s.conns[addr] = conn
+	}
+	return conn, nil
+}
