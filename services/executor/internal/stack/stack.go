@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -101,14 +102,57 @@ func (p *Proc) Stop(grace time.Duration) {
 	}
 }
 
-// FreePort returns a free loopback TCP port.
+// FreePort returns a free loopback TCP port for a process to bind later.
+// It is chosen below the kernel's ephemeral range, so that no outgoing
+// connection (of this stack or of any other program) can be given the port
+// between now and the bind, and it is never handed out twice by this
+// process (parallel tests start stacks at the same time).
 func FreePort() (int, error) {
+	low := ephemeralLow()
+	const first = 10000
+	handed.Lock()
+	defer handed.Unlock()
+	if handed.ports == nil {
+		handed.ports = map[int]bool{}
+	}
+	for range 200 {
+		p := first + rand.IntN(max(low-first, 1))
+		if handed.ports[p] {
+			continue
+		}
+		l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p))
+		if err != nil {
+			continue
+		}
+		_ = l.Close()
+		handed.ports[p] = true
+		return p, nil
+	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return 0, err
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+var handed struct {
+	sync.Mutex
+	ports map[int]bool
+}
+
+// ephemeralLow is the first port of the kernel's range for outgoing
+// connections (Linux default 32768).
+func ephemeralLow() int {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err == nil {
+		if f := strings.Fields(string(b)); len(f) == 2 {
+			if n, err := strconv.Atoi(f[0]); err == nil && n > 10000 {
+				return n
+			}
+		}
+	}
+	return 32768
 }
 
 // CheckPortsFree fails, naming the first port taken, unless every port
