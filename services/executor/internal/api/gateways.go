@@ -49,7 +49,7 @@ func (r *Registry) RegisterGateway(ctx context.Context, req *executorv1.Register
 		Capacity: int(req.GetCapacity()), Sessions: int(req.GetSessions()), Draining: req.GetDraining(),
 	}, r.ttl())
 	if err != nil {
-		return nil, failure.ToStatus(err)
+		return nil, err
 	}
 	return &executorv1.RegisterGatewayResponse{Gateway: g, HeartbeatInterval: durationpb.New(r.ttl() / 3), Ttl: durationpb.New(r.ttl())}, nil
 }
@@ -58,7 +58,7 @@ func (r *Registry) RegisterGateway(ctx context.Context, req *executorv1.Register
 func (r *Registry) ListGateways(ctx context.Context, _ *executorv1.ListGatewaysRequest) (*executorv1.ListGatewaysResponse, error) {
 	gs, err := r.Store.ListGateways(ctx, r.ttl())
 	if err != nil {
-		return nil, failure.ToStatus(err)
+		return nil, err
 	}
 	return &executorv1.ListGatewaysResponse{Gateways: gs}, nil
 }
