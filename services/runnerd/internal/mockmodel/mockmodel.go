@@ -1,6 +1,7 @@
 // Package mockmodel is a deterministic mock of the OpenAI Responses API
 // (POST {base}/responses, server-sent events) for driving the real
-// `codex app-server` offline. It listens on a loopback address only and
+// `codex app-server` offline, and of the Chat Completions API (chat.go,
+// for OpenCode). It listens on a loopback address only and
 // records every request, so tests can assert that each model request of
 // codex reached it.
 //
@@ -126,7 +127,8 @@ func (s *Server) Requests() []Request {
 	return append([]Request(nil), s.reqs...)
 }
 
-// Unexpected lists requests to anything but POST …/responses.
+// Unexpected lists requests to anything but a served API (POST
+// …/responses, …/chat/completions).
 func (s *Server) Unexpected() []string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -140,9 +142,26 @@ func (s *Server) nextID(prefix string) string {
 	return fmt.Sprintf("%s_mock_%03d", prefix, s.seq)
 }
 
-// ServeHTTP implements the Responses endpoint.
+// api is one model API the mock serves: POST requests whose path ends in
+// suffix go to serve, with the raw and decoded JSON body. Each API lives
+// in its own file and adds its entry to apis.
+type api struct {
+	suffix string
+	serve  func(s *Server, w http.ResponseWriter, r *http.Request, raw []byte, body map[string]any)
+}
+
+var apis = []api{{"/responses", (*Server).serveResponses}}
+
+// ServeHTTP routes a POST to the API its path names; anything else is
+// recorded as unexpected.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if r.Method != http.MethodPost || !strings.HasSuffix(r.URL.Path, "/responses") {
+	var route *api
+	for i := range apis {
+		if r.Method == http.MethodPost && strings.HasSuffix(r.URL.Path, apis[i].suffix) {
+			route = &apis[i]
+		}
+	}
+	if route == nil {
 		s.mu.Lock()
 		s.unexpected = append(s.unexpected, r.Method+" "+r.URL.Path)
 		s.mu.Unlock()
@@ -159,22 +178,32 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "body is not JSON", http.StatusBadRequest)
 		return
 	}
+	route.serve(s, w, r, raw, body)
+}
+
+// record appends a request and returns the function that sets its reply.
+func (s *Server) record(rec Request) (setReply func(reply string, aborted bool)) {
+	s.mu.Lock()
+	idx := len(s.reqs)
+	s.reqs = append(s.reqs, rec)
+	s.mu.Unlock()
+	return func(reply string, aborted bool) {
+		s.mu.Lock()
+		s.reqs[idx].Reply = reply
+		s.reqs[idx].Aborted = aborted
+		s.mu.Unlock()
+	}
+}
+
+// serveResponses implements the Responses endpoint.
+func (s *Server) serveResponses(w http.ResponseWriter, r *http.Request, raw []byte, body map[string]any) {
 	rec := Request{Method: r.Method, Path: r.URL.Path, Header: r.Header.Clone(), Body: body}
 	lastUser, toolOutput, isToolOutput, texts := inspectInput(body)
 	rec.InputTexts = texts
 	if !isToolOutput {
 		rec.LastUserText = lastUser
 	}
-	s.mu.Lock()
-	idx := len(s.reqs)
-	s.reqs = append(s.reqs, rec)
-	s.mu.Unlock()
-	setReply := func(reply string, aborted bool) {
-		s.mu.Lock()
-		s.reqs[idx].Reply = reply
-		s.reqs[idx].Aborted = aborted
-		s.mu.Unlock()
-	}
+	setReply := s.record(rec)
 
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.Header().Set("Cache-Control", "no-cache")
@@ -286,7 +315,12 @@ func (e *sseWriter) event(typ string, data any) {
 	buf.WriteString("event: " + typ + "\ndata: ")
 	buf.Write(b)
 	buf.WriteString("\n\n")
-	if _, err := e.w.Write(buf.Bytes()); err != nil {
+	e.write(buf.Bytes())
+}
+
+// write writes and flushes one SSE frame.
+func (e *sseWriter) write(frame []byte) {
+	if _, err := e.w.Write(frame); err != nil {
 		e.err = err
 		return
 	}
