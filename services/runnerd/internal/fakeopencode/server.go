@@ -1,0 +1,462 @@
+// Package fakeopencode is a deterministic stand-in for `opencode serve`
+// (OpenCode 1.18.17): the subset of its HTTP + server-sent-events API the
+// R10 driver uses, with the observed shapes (reference/opencode-acpx.md §3):
+//
+//	GET  /event                          SSE, data-only {id, type, properties}; server.connected first, server.heartbeat
+//	POST /session                        {title?} → session {id:"ses_…", slug, projectID, directory, title, version, time}
+//	GET  /session/{id}                   the session, or 404 NotFoundError
+//	GET  /session/status                 {"ses_…":{"type":"busy"}} for busy sessions
+//	GET  /session/{id}/message           [{info, parts}] (history)
+//	POST /session/{id}/prompt_async      {parts:[{type:"text",text}], model?} → 204; progress over /event
+//	POST /session/{id}/abort             → true
+//	GET  /permission                     pending permission requests
+//	POST /permission/{id}/reply          {reply:"once"|"always"|"reject", message?} → true
+//
+// Every request needs HTTP basic auth when OPENCODE_SERVER_PASSWORD is set
+// (user OPENCODE_SERVER_USERNAME, default "opencode"). Sessions persist in a
+// JSON state file (the real server's SQLite database stands in the same
+// place), so a restarted server continues a session with its history.
+//
+// The assistant's reply is keyed on the prompt text, like the mock model:
+//
+//	[bash] <cmd> | [shell]   a bash tool call (run with sh -c in the session directory) under the
+//	                         configured permission (OPENCODE_CONFIG permission.bash: allow|ask|deny);
+//	                         then "TOOL RESULT: <output or rejection>"
+//	[slow]                   "ECHO: <text>" in 12 deltas, SlowDelay apart (abortable)
+//	[hold]                   one delta, then nothing until the turn is aborted
+//	[history]                "HISTORY: <earlier user texts joined by " | ">"
+//	[fail]                   the turn ends with an APIError (session.error)
+//	anything else            "ECHO: <text>", one delta per word
+package fakeopencode
+
+import (
+	"context"
+	"crypto/subtle"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Version is the OpenCode version the fake answers to --version.
+const Version = "1.18.17"
+
+// ShellCommand is what a [shell] prompt runs.
+const ShellCommand = "echo permitted > perm.txt && echo done-bash"
+
+// Options configure a Server.
+type Options struct {
+	StateFile string
+	CallLog   string
+	// Directory is the sessions' directory (the server's working directory).
+	Directory string
+	// Permission is the bash permission: allow | ask | deny.
+	Permission string
+	// Model is the default "provider/model".
+	Model                string
+	Username, Password   string
+	DeltaDelay           time.Duration
+	SlowDelay, Heartbeat time.Duration
+}
+
+// Server is the fake.
+type Server struct {
+	opts Options
+
+	mu       sync.Mutex
+	st       *persisted
+	subs     map[chan []byte]struct{}
+	running  map[string]*turn // by session id
+	perms    map[string]*permission
+	evSeq    int
+	logMu    sync.Mutex
+	stopOnce sync.Once
+	stop     chan struct{}
+}
+
+type persisted struct {
+	Seq      int                 `json:"seq"`
+	Sessions map[string]*session `json:"sessions"`
+}
+
+type session struct {
+	Info     map[string]any `json:"info"`
+	Messages []*message     `json:"messages"`
+}
+
+type message struct {
+	Info  map[string]any   `json:"info"`
+	Parts []map[string]any `json:"parts"`
+}
+
+type turn struct {
+	cancel context.CancelFunc
+	ctx    context.Context
+}
+
+type permission struct {
+	req   map[string]any
+	reply chan [2]string // reply, message
+}
+
+// New loads the state file (if any) and returns a Server.
+func New(opts Options) (*Server, error) {
+	if opts.Heartbeat <= 0 {
+		opts.Heartbeat = 10 * time.Second
+	}
+	if opts.SlowDelay <= 0 {
+		opts.SlowDelay = 100 * time.Millisecond
+	}
+	if opts.Permission == "" {
+		opts.Permission = "ask"
+	}
+	s := &Server{opts: opts, st: &persisted{Sessions: map[string]*session{}}, subs: map[chan []byte]struct{}{},
+		running: map[string]*turn{}, perms: map[string]*permission{}, stop: make(chan struct{})}
+	if opts.StateFile != "" {
+		b, err := os.ReadFile(opts.StateFile)
+		switch {
+		case err == nil:
+			if err := json.Unmarshal(b, s.st); err != nil {
+				return nil, fmt.Errorf("state file %s: %w", opts.StateFile, err)
+			}
+			if s.st.Sessions == nil {
+				s.st.Sessions = map[string]*session{}
+			}
+		case !os.IsNotExist(err):
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+// Close ends open event streams.
+func (s *Server) Close() { s.stopOnce.Do(func() { close(s.stop) }) }
+
+// CallLog appends one line to the call log.
+func (s *Server) CallLog(line string) {
+	if s.opts.CallLog == "" {
+		return
+	}
+	s.logMu.Lock()
+	defer s.logMu.Unlock()
+	f, err := os.OpenFile(s.opts.CallLog, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return
+	}
+	defer f.Close()
+	fmt.Fprintln(f, line)
+}
+
+// save writes the state file (mu held).
+func (s *Server) save() {
+	if s.opts.StateFile == "" {
+		return
+	}
+	b, err := json.Marshal(s.st)
+	if err != nil {
+		return
+	}
+	tmp := s.opts.StateFile + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o600); err == nil {
+		_ = os.Rename(tmp, s.opts.StateFile)
+	}
+}
+
+// id returns a new durable id with the prefix (mu held).
+func (s *Server) id(prefix string) string {
+	s.st.Seq++
+	return fmt.Sprintf("%s_fake%08d", prefix, s.st.Seq)
+}
+
+// publish sends one event to every subscriber.
+func (s *Server) publish(typ string, props map[string]any) {
+	s.mu.Lock()
+	s.evSeq++
+	b, _ := json.Marshal(map[string]any{"id": fmt.Sprintf("evt_fake%08d", s.evSeq), "type": typ, "properties": props})
+	for ch := range s.subs {
+		select {
+		case ch <- b:
+		default: // a subscriber that does not keep up is dropped
+			delete(s.subs, ch)
+			close(ch)
+		}
+	}
+	s.mu.Unlock()
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func notFound(w http.ResponseWriter, what string) {
+	writeJSON(w, http.StatusNotFound, map[string]any{"name": "NotFoundError", "data": map[string]any{"message": what + " not found"}})
+}
+
+func (s *Server) authorized(r *http.Request) bool {
+	if s.opts.Password == "" {
+		return true
+	}
+	user, pass, ok := r.BasicAuth()
+	want := s.opts.Username
+	if want == "" {
+		want = "opencode"
+	}
+	return ok && subtle.ConstantTimeCompare([]byte(user), []byte(want)) == 1 && subtle.ConstantTimeCompare([]byte(pass), []byte(s.opts.Password)) == 1
+}
+
+// Handler is the HTTP API.
+func (s *Server) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /event", s.events)
+	mux.HandleFunc("POST /session", s.createSession)
+	mux.HandleFunc("GET /session/status", s.status)
+	mux.HandleFunc("GET /session/{id}", s.getSession)
+	mux.HandleFunc("GET /session/{id}/message", s.messages)
+	mux.HandleFunc("POST /session/{id}/prompt_async", s.promptAsync)
+	mux.HandleFunc("POST /session/{id}/abort", s.abort)
+	mux.HandleFunc("GET /permission", s.listPermissions)
+	mux.HandleFunc("POST /permission/{id}/reply", s.replyPermission)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !s.authorized(r) {
+			w.Header().Set("WWW-Authenticate", `Basic realm="opencode"`)
+			http.Error(w, "Unauthorized", http.StatusUnauthorized)
+			return
+		}
+		mux.ServeHTTP(w, r)
+	})
+}
+
+func (s *Server) events(w http.ResponseWriter, r *http.Request) {
+	fl, ok := w.(http.Flusher)
+	if !ok {
+		http.Error(w, "no streaming", http.StatusInternalServerError)
+		return
+	}
+	ch := make(chan []byte, 4096)
+	s.mu.Lock()
+	s.subs[ch] = struct{}{}
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		if _, ok := s.subs[ch]; ok {
+			delete(s.subs, ch)
+			close(ch)
+		}
+		s.mu.Unlock()
+	}()
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.Header().Set("Cache-Control", "no-cache")
+	w.WriteHeader(http.StatusOK)
+	write := func(b []byte) bool {
+		if _, err := fmt.Fprintf(w, "data: %s\n\n", b); err != nil {
+			return false
+		}
+		fl.Flush()
+		return true
+	}
+	hello, _ := json.Marshal(map[string]any{"id": "evt_connected", "type": "server.connected", "properties": map[string]any{}})
+	if !write(hello) {
+		return
+	}
+	hb := time.NewTicker(s.opts.Heartbeat)
+	defer hb.Stop()
+	for {
+		select {
+		case b, ok := <-ch:
+			if !ok || !write(b) {
+				return
+			}
+		case <-hb.C:
+			b, _ := json.Marshal(map[string]any{"id": "evt_heartbeat", "type": "server.heartbeat", "properties": map[string]any{}})
+			if !write(b) {
+				return
+			}
+		case <-r.Context().Done():
+			return
+		case <-s.stop:
+			return
+		}
+	}
+}
+
+func (s *Server) createSession(w http.ResponseWriter, r *http.Request) {
+	var body struct {
+		Title string `json:"title"`
+	}
+	_ = json.NewDecoder(r.Body).Decode(&body)
+	s.mu.Lock()
+	id := s.id("ses")
+	now := time.Now().UnixMilli()
+	title := body.Title
+	if title == "" {
+		title = "New session"
+	}
+	info := map[string]any{"id": id, "slug": strings.ToLower(id), "projectID": "global", "directory": s.opts.Directory,
+		"title": title, "version": Version, "time": map[string]any{"created": now, "updated": now}}
+	s.st.Sessions[id] = &session{Info: info}
+	s.save()
+	s.mu.Unlock()
+	s.CallLog("session.create " + id)
+	s.publish("session.created", map[string]any{"sessionID": id, "info": info})
+	writeJSON(w, http.StatusOK, info)
+}
+
+func (s *Server) getSession(w http.ResponseWriter, r *http.Request) {
+	s.mu.Lock()
+	ses := s.st.Sessions[r.PathValue("id")]
+	var info map[string]any
+	if ses != nil {
+		info = ses.Info
+	}
+	s.mu.Unlock()
+	s.CallLog("session.get " + r.PathValue("id"))
+	if info == nil {
+		notFound(w, "session "+r.PathValue("id"))
+		return
+	}
+	writeJSON(w, http.StatusOK, info)
+}
+
+func (s *Server) status(w http.ResponseWriter, _ *http.Request) {
+	out := map[string]any{}
+	s.mu.Lock()
+	for id := range s.running {
+		out[id] = map[string]any{"type": "busy"}
+	}
+	s.mu.Unlock()
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (s *Server) messages(w http.ResponseWriter, r *http.Request) {
+	s.mu.Lock()
+	ses := s.st.Sessions[r.PathValue("id")]
+	var b []byte
+	if ses != nil {
+		msgs := ses.Messages
+		if msgs == nil {
+			msgs = []*message{}
+		}
+		b, _ = json.Marshal(msgs)
+	}
+	s.mu.Unlock()
+	if ses == nil {
+		notFound(w, "session "+r.PathValue("id"))
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write(b)
+}
+
+func (s *Server) abort(w http.ResponseWriter, r *http.Request) {
+	s.CallLog("abort " + r.PathValue("id"))
+	s.mu.Lock()
+	t := s.running[r.PathValue("id")]
+	s.mu.Unlock()
+	if t != nil {
+		t.cancel()
+	}
+	writeJSON(w, http.StatusOK, true)
+}
+
+func (s *Server) listPermissions(w http.ResponseWriter, _ *http.Request) {
+	out := []any{}
+	s.mu.Lock()
+	for _, p := range s.perms {
+		out = append(out, p.req)
+	}
+	s.mu.Unlock()
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (s *Server) replyPermission(w http.ResponseWriter, r *http.Request) {
+	var body struct {
+		Reply   string `json:"reply"`
+		Message string `json:"message"`
+	}
+	if err := json.NewDecoder(r.Body).Decode(&body); err != nil || (body.Reply != "once" && body.Reply != "always" && body.Reply != "reject") {
+		writeJSON(w, http.StatusBadRequest, map[string]any{"name": "BadRequest", "data": map[string]any{"message": "reply must be once, always or reject"}})
+		return
+	}
+	id := r.PathValue("id")
+	s.mu.Lock()
+	p := s.perms[id]
+	delete(s.perms, id)
+	s.mu.Unlock()
+	if p == nil {
+		notFound(w, "permission "+id)
+		return
+	}
+	s.CallLog("permission-reply:" + body.Reply)
+	p.reply <- [2]string{body.Reply, body.Message}
+	writeJSON(w, http.StatusOK, true)
+}
+
+func (s *Server) promptAsync(w http.ResponseWriter, r *http.Request) {
+	var body struct {
+		Parts []struct {
+			Type string `json:"type"`
+			Text string `json:"text"`
+		} `json:"parts"`
+		Model *struct {
+			ProviderID string `json:"providerID"`
+			ModelID    string `json:"modelID"`
+		} `json:"model"`
+	}
+	if err := json.NewDecoder(r.Body).Decode(&body); err != nil {
+		writeJSON(w, http.StatusBadRequest, map[string]any{"name": "BadRequest", "data": map[string]any{"message": err.Error()}})
+		return
+	}
+	var text []string
+	for _, p := range body.Parts {
+		if p.Type == "text" {
+			text = append(text, p.Text)
+		}
+	}
+	sid := r.PathValue("id")
+	provider, model, _ := strings.Cut(s.opts.Model, "/")
+	if body.Model != nil && body.Model.ModelID != "" {
+		provider, model = body.Model.ProviderID, body.Model.ModelID
+	}
+	s.mu.Lock()
+	ses := s.st.Sessions[sid]
+	busy := s.running[sid] != nil
+	var t *turn
+	if ses != nil && !busy {
+		ctx, cancel := context.WithCancel(context.Background())
+		t = &turn{ctx: ctx, cancel: cancel}
+		s.running[sid] = t
+	}
+	s.mu.Unlock()
+	switch {
+	case ses == nil:
+		notFound(w, "session "+sid)
+		return
+	case busy:
+		writeJSON(w, http.StatusConflict, map[string]any{"name": "BusyError", "data": map[string]any{"message": "session " + sid + " is busy"}})
+		return
+	}
+	s.CallLog("prompt " + sid + " " + strings.Join(text, " "))
+	w.WriteHeader(http.StatusNoContent)
+	go s.runTurn(t, sid, strings.Join(text, "\n"), provider, model)
+}
+
+// runShell runs a bash tool command in the session directory.
+func (s *Server) runShell(ctx context.Context, command string) (string, int) {
+	cmd := exec.CommandContext(ctx, "sh", "-c", command)
+	cmd.Dir = s.opts.Directory
+	out, err := cmd.CombinedOutput()
+	code := 0
+	if err != nil {
+		code = 1
+		if ee, ok := err.(*exec.ExitError); ok {
+			code = ee.ExitCode()
+		}
+	}
+	return string(out), code
+}
