@@ -158,7 +158,9 @@ func (tr *turnRun) tool(command string) string {
 	callID := "call_" + strings.TrimPrefix(tr.asst.Info["id"].(string), "msg_")
 	input := map[string]any{"command": command, "description": "Run the mock command"}
 	p := tr.addPart(map[string]any{"type": "tool", "tool": "bash", "callID": callID, "state": map[string]any{"status": "pending", "input": map[string]any{}}})
-	tr.updatePart(p, func() { p["state"] = map[string]any{"status": "running", "input": input, "time": map[string]any{"start": time.Now().UnixMilli()}} })
+	tr.updatePart(p, func() {
+		p["state"] = map[string]any{"status": "running", "input": input, "time": map[string]any{"start": time.Now().UnixMilli()}}
+	})
 	fail := func(msg string) string {
 		tr.updatePart(p, func() { p["state"] = map[string]any{"status": "error", "input": input, "error": msg} })
 		return msg
