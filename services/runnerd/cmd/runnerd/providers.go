@@ -4,6 +4,7 @@ import (
 	"slices"
 
 	"github.com/tether-run/tether/pkg/providerlaunch"
+	"github.com/tether-run/tether/services/runnerd/internal/opencode"
 	"github.com/tether-run/tether/services/runnerd/internal/runner"
 )
 
@@ -12,6 +13,7 @@ import (
 // with --provider; runnerd refuses a run whose provider is another one.
 var providerStarters = map[string]runner.StartFunc{
 	providerlaunch.Codex:      startCodex,
+	providerlaunch.OpenCode:   opencode.Start,
 	providerlaunch.ACPXCodex:  startACP,
 	providerlaunch.ACPXClaude: startACP,
 }

@@ -403,7 +403,8 @@ func (s *Server) promptAsync(w http.ResponseWriter, r *http.Request) {
 			Type string `json:"type"`
 			Text string `json:"text"`
 		} `json:"parts"`
-		Model *struct {
+		MessageID string `json:"messageID"`
+		Model     *struct {
 			ProviderID string `json:"providerID"`
 			ModelID    string `json:"modelID"`
 		} `json:"model"`
@@ -443,7 +444,7 @@ func (s *Server) promptAsync(w http.ResponseWriter, r *http.Request) {
 	}
 	s.CallLog("prompt " + sid + " " + strings.Join(text, " "))
 	w.WriteHeader(http.StatusNoContent)
-	go s.runTurn(t, sid, strings.Join(text, "\n"), provider, model)
+	go s.runTurn(t, sid, body.MessageID, strings.Join(text, "\n"), provider, model)
 }
 
 // runShell runs a bash tool command in the session directory.

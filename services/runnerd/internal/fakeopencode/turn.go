@@ -20,7 +20,7 @@ type turnRun struct {
 	tokensOut int
 }
 
-func (s *Server) runTurn(t *turn, sid, text, provider, model string) {
+func (s *Server) runTurn(t *turn, sid, userID, text, provider, model string) {
 	tr := &turnRun{s: s, t: t, sid: sid}
 	s.mu.Lock()
 	ses := s.st.Sessions[sid]
@@ -37,7 +37,10 @@ func (s *Server) runTurn(t *turn, sid, text, provider, model string) {
 		}
 	}
 	now := time.Now().UnixMilli()
-	uid := s.id("msg")
+	uid := userID
+	if uid == "" {
+		uid = s.id("msg")
+	}
 	tr.user = &message{Info: map[string]any{"id": uid, "sessionID": sid, "role": "user", "time": map[string]any{"created": now},
 		"model": map[string]any{"providerID": provider, "modelID": model}}}
 	tr.user.Parts = []map[string]any{{"id": s.id("prt"), "sessionID": sid, "messageID": uid, "type": "text", "text": text}}

@@ -685,6 +685,9 @@ func (r *Runner) recoverProvider() {
 		r.log.Info("re-attached to the provider that survived the runnerd restart",
 			"pid", r.st.ProviderProcess.PID, "provider_cursor", r.st.ProviderCursor, "active_turn", turn != nil)
 		r.expireRequests(stale, failure.DurableHandoff)
+		if rr, ok := r.prov.(ReattachReconciler); ok && rr.ReconcileOnReattach() && turn != nil {
+			r.reconcileTurn(turn, failure.ProviderProcessLost, "runnerd restarted during the turn")
+		}
 		return
 	}
 	r.expireRequests(stale, failure.ProviderProcessLost)
@@ -717,6 +720,7 @@ func (r *Runner) startProvider(reattach bool) *cmdError {
 	cfg := ProviderConfig{
 		Kind:           r.cfg.Provider,
 		StateDir:       r.cfg.StateDir,
+		HomeTemplate:   r.cfg.ProviderHomeTemplate,
 		PermissionMode: in.GetProvider().GetPermissionMode(),
 		Agent:          in.GetProvider().GetAgent(),
 		Command:        r.cfg.CodexCommand,

@@ -36,6 +36,14 @@ type TurnReconciler interface {
 	LastTurn(ctx context.Context) (string, error)
 }
 
+// ReattachReconciler is implemented by providers whose re-attach after a
+// runnerd restart does not replay what the provider did meanwhile (the
+// OpenCode event stream): runnerd reconciles the active turn on the
+// re-attached provider (TurnReconciler) instead of waiting for its end.
+type ReattachReconciler interface {
+	ReconcileOnReattach() bool
+}
+
 // Reconciliation outcomes (see package provider).
 const (
 	ReconcileRetained     = provider.ReconcileRetained
@@ -60,8 +68,13 @@ type ProviderConfig struct {
 	// StateDir is the scope root (runnerd's --state-dir); a driver keeps
 	// its provider's home under StateDir/<its profile directory>
 	// (codex-home, opencode, acpx: SPEC B2).
-	StateDir                       string
-	CodexHome                      string
+	StateDir  string
+	CodexHome string
+	// HomeTemplate, when set, is the operator's directory of launch-only
+	// provider files (runnerd --provider-home-template; opencode:
+	// opencode.json with the provider definitions) the driver copies into
+	// the provider's home before each start; they never travel in backups.
+	HomeTemplate                   string
 	Model, ApprovalPolicy, Sandbox string
 	// PermissionMode (opencode: allow|ask|deny; acpx: approve-all|
 	// approve-reads|deny-all) and Agent (acpx: claude|codex) are the run's

@@ -76,11 +76,13 @@ type Config struct {
 	// runner drives: "" or "codex", "opencode", "acpx-codex", ... A run
 	// whose input names another provider is refused. CodexCommand and
 	// CodexArgs launch it (whatever its kind; --provider-command).
-	Provider       string
-	CodexCommand   string
-	CodexArgs      []string
-	IdleTimeout    time.Duration
-	ReconnectGrace time.Duration
+	Provider     string
+	CodexCommand string
+	CodexArgs    []string
+	// ProviderHomeTemplate is handed to the driver (ProviderConfig.HomeTemplate).
+	ProviderHomeTemplate string
+	IdleTimeout          time.Duration
+	ReconnectGrace       time.Duration
 	// Ticket is the bootstrap credential (from the environment).
 	Ticket        prp.Credential
 	StartProvider StartFunc

@@ -1,0 +1,388 @@
+package opencode
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/tether-run/tether/pkg/failure"
+	"github.com/tether-run/tether/services/runnerd/internal/runner"
+)
+
+var fakeBin string
+
+func TestMain(m *testing.M) {
+	os.Exit(func() int {
+		dir, err := os.MkdirTemp("", "tether-opencode-bin-")
+		if err != nil {
+			panic(err)
+		}
+		defer os.RemoveAll(dir)
+		cmd := exec.Command("go", "build", "-o", dir+"/", "github.com/tether-run/tether/services/runnerd/cmd/fake-opencode")
+		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+		if err := cmd.Run(); err != nil {
+			fmt.Fprintln(os.Stderr, "building fake-opencode:", err)
+			return 1
+		}
+		fakeBin = filepath.Join(dir, "fake-opencode")
+		return m.Run()
+	}())
+}
+
+// recorder collects a session's events and lets a test wait for one.
+type recorder struct {
+	mu     sync.Mutex
+	events []runner.ProviderEvent
+	signal chan struct{}
+}
+
+func newRecorder() *recorder { return &recorder{signal: make(chan struct{}, 1)} }
+
+func (r *recorder) emit(ev runner.ProviderEvent) {
+	r.mu.Lock()
+	r.events = append(r.events, ev)
+	r.mu.Unlock()
+	select {
+	case r.signal <- struct{}{}:
+	default:
+	}
+}
+
+func (r *recorder) of(typ string) []runner.ProviderEvent {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []runner.ProviderEvent
+	for _, e := range r.events {
+		if e.Type == typ {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// await waits until an event of typ matching ok has been emitted.
+func (r *recorder) await(t *testing.T, typ string, ok func(runner.ProviderEvent) bool) runner.ProviderEvent {
+	t.Helper()
+	deadline := time.After(30 * time.Second)
+	for {
+		for _, e := range r.of(typ) {
+			if ok == nil || ok(e) {
+				return e
+			}
+		}
+		select {
+		case <-r.signal:
+		case <-deadline:
+			t.Fatalf("no %s event", typ)
+		}
+	}
+}
+
+type bundle struct {
+	stateDir, workspace, callLog, envLog string
+}
+
+func setup(t *testing.T) *bundle {
+	t.Helper()
+	base := t.TempDir()
+	b := &bundle{stateDir: filepath.Join(base, "state"), workspace: filepath.Join(base, "ws"),
+		callLog: filepath.Join(base, "calls.log"), envLog: filepath.Join(base, "env.log")}
+	require.NoError(t, os.MkdirAll(b.stateDir, 0o700))
+	require.NoError(t, os.MkdirAll(b.workspace, 0o700))
+	return b
+}
+
+func (b *bundle) config(mode string) runner.ProviderConfig {
+	return runner.ProviderConfig{
+		Kind: "opencode", Command: fakeBin, Args: []string{"--call-log", b.callLog, "--env-log", b.envLog},
+		Env: []string{"PATH=" + os.Getenv("PATH"), "HOME=" + b.stateDir, "TETHER_WORKSPACE_CWD=" + b.workspace,
+			"OPENAI_API_KEY=sk-run", "OPENCODE_CONFIG_CONTENT={\"permission\":\"allow\"}"},
+		Dir: b.workspace, StateDir: b.stateDir, Model: "mock/mock-model", PermissionMode: mode,
+		StartupTimeout: 30 * time.Second, RequestTimeout: 30 * time.Second,
+	}
+}
+
+func start(t *testing.T, cfg runner.ProviderConfig) (*Session, *recorder) {
+	t.Helper()
+	rec := newRecorder()
+	p, err := Start(context.Background(), cfg, rec.emit)
+	require.NoError(t, err)
+	s := p.(*Session)
+	t.Cleanup(func() { _ = s.Close(context.Background(), 5*time.Second) })
+	return s, rec
+}
+
+func turnResult(t *testing.T, s *Session) runner.TurnResult {
+	t.Helper()
+	select {
+	case r := <-s.TurnDone():
+		return r
+	case <-time.After(30 * time.Second):
+		t.Fatal("no turn result")
+	}
+	return runner.TurnResult{}
+}
+
+func (b *bundle) processStarts(t *testing.T) int {
+	data, err := os.ReadFile(b.callLog)
+	require.NoError(t, err)
+	return strings.Count(string(data), "process-start")
+}
+
+func TestR10_WarmTurnsOnOneServerAndSessionReuseHistory(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	s, rec := start(t, b.config("ask"))
+	sid, resumed, err := s.OpenThread(context.Background(), "")
+	require.NoError(t, err)
+	require.False(t, resumed)
+	ctx := context.Background()
+	var prev int64
+	for i, prompt := range []string{"remember alpha", "remember beta", "[history] what did I say?"} {
+		id, err := s.StartTurn(ctx, prompt)
+		require.NoError(t, err)
+		res := turnResult(t, s)
+		require.Equal(t, id, res.TurnID)
+		require.Equal(t, "completed", res.Status, res.ErrorMessage)
+		if i < 2 {
+			assert.Equal(t, "ECHO: "+prompt, res.FinalMessage)
+		} else {
+			assert.Equal(t, "HISTORY: remember alpha | remember beta", res.FinalMessage)
+		}
+		assert.Positive(t, res.Usage.OutputTokens)
+		require.NotNil(t, res.Total)
+		assert.Greater(t, res.Total.InputTokens, prev, "the session total grows")
+		prev = res.Total.InputTokens
+	}
+	assert.Equal(t, 1, b.processStarts(t), "one server for the three turns")
+	assert.Len(t, rec.of("turn.started"), 3)
+	assert.Len(t, rec.of("turn.completed"), 3)
+	assert.NotEmpty(t, rec.of("item.delta"), "deltas are streamed")
+	u := rec.await(t, "usage.reported", nil)
+	assert.Positive(t, u.Payload["costUsd"])
+	started := rec.await(t, "session.started", nil)
+	assert.Equal(t, sid, started.Payload["threadId"])
+	// The history is OpenCode's: one session.
+	data, err := os.ReadFile(b.callLog)
+	require.NoError(t, err)
+	assert.Equal(t, 1, strings.Count(string(data), "session.create"))
+}
+
+func TestR10_InterruptAbortsTheTurnAndTheSessionGoesOn(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	s, rec := start(t, b.config("ask"))
+	_, _, err := s.OpenThread(context.Background(), "")
+	require.NoError(t, err)
+	ctx := context.Background()
+	id, err := s.StartTurn(ctx, "[hold] wait for me")
+	require.NoError(t, err)
+	rec.await(t, "item.delta", func(e runner.ProviderEvent) bool { return e.TurnID == id })
+	require.NoError(t, s.Interrupt(ctx, id))
+	res := turnResult(t, s)
+	assert.Equal(t, "interrupted", res.Status)
+	assert.Len(t, rec.of("turn.interrupted"), 1)
+	_, err = s.StartTurn(ctx, "after")
+	require.NoError(t, err)
+	res = turnResult(t, s)
+	assert.Equal(t, "completed", res.Status)
+	assert.Equal(t, "ECHO: after", res.FinalMessage)
+	// Steering is not offered.
+	require.EqualValues(t, failure.SteeringUnsupported, runner.ProviderErrorCode(s.Steer(ctx, id, "x")))
+}
+
+func TestR10_PermissionAskedIsARuntimeRequestAcceptedOrDeclined(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	s, rec := start(t, b.config("ask"))
+	_, _, err := s.OpenThread(context.Background(), "")
+	require.NoError(t, err)
+	ctx := context.Background()
+
+	id, err := s.StartTurn(ctx, "[shell] write the file")
+	require.NoError(t, err)
+	created := rec.await(t, "runtime_request.created", func(e runner.ProviderEvent) bool { return e.TurnID == id })
+	assert.Equal(t, "command_approval", created.Payload["kind"])
+	assert.Equal(t, "approval", created.Payload["requestType"])
+	assert.Contains(t, created.Payload["command"], "echo permitted > perm.txt")
+	reqID := created.Payload["requestId"].(string)
+	_, err = s.ResolveRequest(ctx, reqID, map[string]any{"decision": "bogus"})
+	require.EqualValues(t, failure.RuntimeRequestResolutionInvalid, runner.ProviderErrorCode(err))
+	out, err := s.ResolveRequest(ctx, reqID, map[string]any{"decision": "accept"})
+	require.NoError(t, err)
+	assert.Equal(t, map[string]any{"decision": "accept"}, out["resolution"])
+	res := turnResult(t, s)
+	assert.Equal(t, "completed", res.Status)
+	assert.Equal(t, "TOOL RESULT: done-bash", res.FinalMessage)
+	got, err := os.ReadFile(filepath.Join(b.workspace, "perm.txt"))
+	require.NoError(t, err)
+	assert.Equal(t, "permitted\n", string(got))
+	_, err = s.ResolveRequest(ctx, reqID, map[string]any{"decision": "accept"})
+	require.EqualValues(t, failure.RuntimeRequestNotPending, runner.ProviderErrorCode(err))
+	done := rec.await(t, "item.completed", func(e runner.ProviderEvent) bool {
+		return e.TurnID == id && e.Payload["kind"] == "commandExecution"
+	})
+	assert.Equal(t, "completed", done.Payload["status"])
+	assert.EqualValues(t, 0, done.Payload["exitCode"])
+
+	// Declined: the tool call fails, the model is told and the turn goes on.
+	id, err = s.StartTurn(ctx, "[bash] echo declined > no.txt")
+	require.NoError(t, err)
+	created = rec.await(t, "runtime_request.created", func(e runner.ProviderEvent) bool { return e.TurnID == id })
+	_, err = s.ResolveRequest(ctx, created.Payload["requestId"].(string), map[string]any{"decision": "decline"})
+	require.NoError(t, err)
+	res = turnResult(t, s)
+	assert.Equal(t, "completed", res.Status)
+	assert.Contains(t, res.FinalMessage, DeclineMessage)
+	assert.NoFileExists(t, filepath.Join(b.workspace, "no.txt"))
+	assert.Len(t, rec.of("runtime_request.resolved"), 2)
+}
+
+func TestR10_ResumeTheSameSessionAfterTheServerWasKilled(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	s, rec := start(t, b.config("allow"))
+	sid, _, err := s.OpenThread(context.Background(), "")
+	require.NoError(t, err)
+	ctx := context.Background()
+	_, err = s.StartTurn(ctx, "first words")
+	require.NoError(t, err)
+	require.Equal(t, "completed", turnResult(t, s).Status)
+
+	// Killed mid-turn: the turn fails with the server's own cause.
+	id, err := s.StartTurn(ctx, "[hold] cut me off")
+	require.NoError(t, err)
+	rec.await(t, "item.delta", func(e runner.ProviderEvent) bool { return e.TurnID == id })
+	require.NoError(t, syscall.Kill(-s.Process().PGID, syscall.SIGKILL))
+	<-s.Exited()
+	assert.Contains(t, s.ExitErr().Error(), "killed by signal SIGKILL")
+	assert.EqualValues(t, failure.ProviderProcessExited, runner.ProviderErrorCode(s.ExitErr()))
+
+	// A new server resumes the session: the killed turn reads back cut off,
+	// an unknown turn is missing, and the history goes on.
+	s2, rec2 := start(t, b.config("allow"))
+	got, resumed, err := s2.OpenThread(ctx, sid)
+	require.NoError(t, err)
+	require.True(t, resumed)
+	require.Equal(t, sid, got)
+	outcome, status, err := s2.ReconcileTurn(ctx, id)
+	require.NoError(t, err)
+	assert.Equal(t, runner.ReconcileTerminalized, outcome)
+	assert.Equal(t, "interrupted", status)
+	res := turnResult(t, s2)
+	assert.Equal(t, "interrupted", res.Status)
+	assert.Equal(t, true, rec2.await(t, "turn.interrupted", nil).Payload["reconciled"])
+	outcome, _, err = s2.ReconcileTurn(ctx, "msg_unknown")
+	assert.Equal(t, runner.ReconcileMissing, outcome)
+	assert.EqualValues(t, failure.ProviderTurnMissing, runner.ProviderErrorCode(err))
+	last, err := s2.LastTurn(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, id, last)
+	_, err = s2.StartTurn(ctx, "[history] again")
+	require.NoError(t, err)
+	res = turnResult(t, s2)
+	assert.Equal(t, "HISTORY: first words | [hold] cut me off", res.FinalMessage)
+	assert.Equal(t, 2, b.processStarts(t))
+
+	// A session the server does not know cannot be resumed.
+	_, _, err = s2.OpenThread(ctx, "ses_gone")
+	assert.EqualValues(t, failure.ProviderThreadResumeFailed, runner.ProviderErrorCode(err))
+}
+
+// A runnerd that dies leaves the server running; the next runnerd
+// re-attaches to it (no new process), reconciles the turn it was driving
+// (still running: retained) and gets its end.
+func TestR10_ARestartedRunnerdReattachesToTheServerAndKeepsTheTurn(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	cfg := b.config("ask")
+	old, rec := start(t, cfg)
+	sid, _, err := old.OpenThread(context.Background(), "")
+	require.NoError(t, err)
+	ctx := context.Background()
+	id, err := old.StartTurn(ctx, "[shell] during the restart")
+	require.NoError(t, err)
+	rec.await(t, "runtime_request.created", nil)
+	old.evCancel() // the old runnerd is gone: its event stream with it
+
+	cfg.Reattach = true
+	s, rec2 := start(t, cfg)
+	assert.Equal(t, old.Process().PID, s.Process().PID, "the same server")
+	_, resumed, err := s.OpenThread(ctx, sid)
+	require.NoError(t, err)
+	require.True(t, resumed)
+	// The open permission is announced afresh.
+	created := rec2.await(t, "runtime_request.created", nil)
+	outcome, _, err := s.ReconcileTurn(ctx, id)
+	require.NoError(t, err)
+	require.Equal(t, runner.ReconcileRetained, outcome)
+	_, err = s.ResolveRequest(ctx, created.Payload["requestId"].(string), map[string]any{"decision": "accept"})
+	require.NoError(t, err)
+	res := turnResult(t, s)
+	assert.Equal(t, id, res.TurnID)
+	assert.Equal(t, "completed", res.Status)
+	assert.Equal(t, "TOOL RESULT: done-bash", res.FinalMessage)
+	assert.Equal(t, 1, b.processStarts(t))
+}
+
+// The server gets the run's allow-listed environment with the driver's
+// home, offline switches and credentials: the configured
+// OPENCODE_CONFIG_CONTENT cannot override tether's permission mode; the
+// config directory is seeded so no registry install runs; basic auth is
+// required.
+func TestR10_ServerHomeEnvironmentAndAuth(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	s, _ := start(t, b.config("deny"))
+	env, err := os.ReadFile(b.envLog)
+	require.NoError(t, err)
+	lines := strings.Split(strings.TrimSpace(string(env)), "\n")
+	vars := map[string]string{}
+	for _, l := range lines {
+		k, v, _ := strings.Cut(l, "=")
+		vars[k] = v
+	}
+	home := filepath.Join(b.stateDir, HomeDir)
+	assert.Equal(t, home, vars["HOME"])
+	assert.Equal(t, filepath.Join(home, "data"), vars["XDG_DATA_HOME"])
+	assert.Equal(t, filepath.Join(home, "config"), vars["XDG_CONFIG_HOME"])
+	assert.Equal(t, filepath.Join(home, "tether.json"), vars["OPENCODE_CONFIG"])
+	assert.Equal(t, "1", vars["OPENCODE_DISABLE_AUTOUPDATE"])
+	assert.Equal(t, "sk-run", vars["OPENAI_API_KEY"])
+	assert.Equal(t, b.workspace, vars["TETHER_WORKSPACE_CWD"])
+	assert.NotContains(t, vars, "OPENCODE_CONFIG_CONTENT")
+	assert.Len(t, vars["OPENCODE_SERVER_PASSWORD"], 48)
+	assert.FileExists(t, filepath.Join(home, "config/opencode/package.json"))
+	assert.FileExists(t, filepath.Join(home, "config/opencode/package-lock.json"))
+	assert.DirExists(t, filepath.Join(home, "config/opencode/node_modules"))
+	tcfg, err := os.ReadFile(filepath.Join(home, "tether.json"))
+	require.NoError(t, err)
+	assert.Contains(t, string(tcfg), `"bash": "deny"`)
+	assert.Contains(t, string(tcfg), `"model": "mock/mock-model"`)
+
+	resp, err := http.Get(s.base + "/session/status")
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, http.StatusUnauthorized, resp.StatusCode)
+
+	// deny: the tool call fails without a request.
+	_, _, err = s.OpenThread(context.Background(), "")
+	require.NoError(t, err)
+	_, err = s.StartTurn(context.Background(), "[shell] not allowed")
+	require.NoError(t, err)
+	res := turnResult(t, s)
+	assert.Equal(t, "completed", res.Status)
+	assert.Contains(t, res.FinalMessage, "prevents you from using this specific tool call")
+	assert.NoFileExists(t, filepath.Join(b.workspace, "perm.txt"))
+}

@@ -1,0 +1,202 @@
+package opencode
+
+import (
+	"context"
+	"net/http"
+	"sort"
+
+	"github.com/tether-run/tether/pkg/failure"
+	"github.com/tether-run/tether/services/runnerd/internal/runner"
+)
+
+// Permission requests (OpenCode permission.asked) are runtime requests
+// (SPEC E8): runtime_request.created with the payload of the codex driver's
+// approvals (kind command_approval for bash, file_change_approval for
+// edit/write/patch, permission_approval otherwise), answered through
+// ResolveRequest:
+//
+//	accept            → reply "once"
+//	acceptForSession  → reply "always"
+//	decline           → reply "reject" with a message: the tool call fails, the turn goes on
+//	cancel            → reply "reject", then the turn is aborted
+//
+// The request id is OpenCode's permission id ("per_…").
+
+// RuntimeRequestSchema is the normalized request's schema.
+const RuntimeRequestSchema = "tether.runtime_request.v2"
+
+// DeclineMessage is what the model is told when a request is declined.
+const DeclineMessage = "The operator declined this tool call. Do not retry it; continue without it."
+
+type permRequest struct {
+	id, kind, turnID, itemID string
+	request                  map[string]any
+}
+
+func (r *permRequest) basePayload() map[string]any {
+	return map[string]any{"requestId": r.id, "requestKind": "runtime", "requestType": "approval", "kind": r.kind,
+		"turnId": r.turnID, "itemId": r.itemID}
+}
+
+func permissionKind(p string) string {
+	switch p {
+	case "bash":
+		return "command_approval"
+	case "edit", "write", "patch", "multiedit":
+		return "file_change_approval"
+	}
+	return "permission_approval"
+}
+
+// onPermissionAsked announces a permission request (emitMu held).
+func (s *Session) onPermissionAsked(p map[string]any) {
+	id := str(p, "id")
+	s.mu.Lock()
+	if id == "" || s.perms[id] != nil {
+		s.mu.Unlock()
+		return
+	}
+	turnID := ""
+	if s.turn != nil {
+		turnID = s.turn.id
+	}
+	r := &permRequest{id: id, kind: permissionKind(str(p, "permission")), turnID: turnID, itemID: str(obj(p, "tool"), "callID")}
+	s.perms[id] = r
+	sid := s.sesID
+	s.mu.Unlock()
+	command := str(obj(p, "metadata"), "command")
+	prompt := "Allow " + str(p, "permission")
+	if command != "" {
+		prompt = command
+	}
+	r.request = map[string]any{"schema": RuntimeRequestSchema, "requestKind": "runtime", "requestId": id, "type": "approval",
+		"status": "pending", "prompt": prompt, "turnId": turnID, "itemId": r.itemID}
+	payload := r.basePayload()
+	payload["method"] = "permission.asked"
+	payload["threadId"] = sid
+	payload["permission"] = str(p, "permission")
+	if command != "" {
+		payload["command"] = command
+	}
+	if pats, ok := p["patterns"].([]any); ok {
+		payload["patterns"] = pats
+	}
+	payload["cwd"] = s.cfg.Dir
+	payload["availableDecisions"] = []any{"accept", "acceptForSession", "decline", "cancel"}
+	payload["request"] = r.request
+	s.emitEv("runtime_request.created", turnID, r.itemID, runner.P0, payload)
+}
+
+// onPermissionReplied: a request answered by someone else (another client
+// of the server) is withdrawn (emitMu held).
+func (s *Session) onPermissionReplied(p map[string]any) {
+	id := str(p, "requestID")
+	s.mu.Lock()
+	r := s.perms[id]
+	delete(s.perms, id)
+	s.mu.Unlock()
+	if r == nil {
+		return
+	}
+	payload := r.basePayload()
+	payload["reason"] = failure.ProviderResolved
+	s.emitEv("runtime_request.cancelled", r.turnID, r.itemID, runner.P0, payload)
+}
+
+// announcePending announces the server's open requests of the session
+// (after a resume).
+func (s *Session) announcePending(ctx context.Context) {
+	var pending []map[string]any
+	if err := s.call(ctx, http.MethodGet, "/permission", nil, &pending); err != nil {
+		s.log.Warn("opencode: listing pending permissions", "err", err)
+		return
+	}
+	s.emitMu.Lock()
+	defer s.emitMu.Unlock()
+	for _, p := range pending {
+		if sessionOf(p) == s.sesID {
+			s.onPermissionAsked(p)
+		}
+	}
+}
+
+// expireRequests ends every open request (emitMu held).
+func (s *Session) expireRequests(reason string) {
+	s.mu.Lock()
+	reqs := make([]*permRequest, 0, len(s.perms))
+	for id, r := range s.perms {
+		reqs = append(reqs, r)
+		delete(s.perms, id)
+	}
+	s.mu.Unlock()
+	sort.Slice(reqs, func(i, j int) bool { return reqs[i].id < reqs[j].id })
+	for _, r := range reqs {
+		payload := r.basePayload()
+		payload["reason"] = reason
+		payload["replayAllowed"] = false
+		req := make(map[string]any, len(r.request))
+		for k, v := range r.request {
+			req[k] = v
+		}
+		req["status"] = "expired"
+		payload["request"] = req
+		s.emitEv("runtime_request.expired", r.turnID, r.itemID, runner.P0, payload)
+	}
+}
+
+// ResolveRequest answers a pending permission request.
+func (s *Session) ResolveRequest(ctx context.Context, requestID string, resolution map[string]any) (map[string]any, error) {
+	decision, _ := resolution["decision"].(string)
+	body := map[string]any{}
+	switch decision {
+	case "accept":
+		body["reply"] = "once"
+	case "acceptForSession":
+		body["reply"] = "always"
+	case "decline":
+		body["reply"], body["message"] = "reject", DeclineMessage
+	case "cancel":
+		body["reply"] = "reject"
+	default:
+		return nil, perr(failure.RuntimeRequestResolutionInvalid, "an OpenCode permission takes decision accept, acceptForSession, decline or cancel")
+	}
+	s.emitMu.Lock()
+	s.mu.Lock()
+	r := s.perms[requestID]
+	delete(s.perms, requestID)
+	sid := s.sesID
+	s.mu.Unlock()
+	if r == nil {
+		s.emitMu.Unlock()
+		return nil, perr(failure.RuntimeRequestNotPending, "runtime request %s is not pending", requestID)
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.RequestTimeout)
+	defer cancel()
+	if err := s.call(ctx, http.MethodPost, "/permission/"+requestID+"/reply", body, nil); err != nil {
+		if isNotFound(err) {
+			s.emitMu.Unlock()
+			return nil, perr(failure.RuntimeRequestNotPending, "OpenCode no longer holds permission %s", requestID)
+		}
+		s.mu.Lock()
+		s.perms[requestID] = r
+		s.mu.Unlock()
+		s.emitMu.Unlock()
+		return nil, perr(failure.ProviderTransportFailed, "answering OpenCode permission %s: %v", requestID, err)
+	}
+	out := r.basePayload()
+	out["resolution"] = map[string]any{"decision": decision}
+	s.emitEv("runtime_request.resolved", r.turnID, r.itemID, runner.P0, out)
+	s.emitMu.Unlock()
+	if decision == "cancel" && r.turnID != "" {
+		if err := s.Interrupt(ctx, r.turnID); err != nil {
+			s.log.Warn("opencode: aborting after a cancelled request", "err", err)
+		}
+	}
+	_ = sid
+	return out, nil
+}
+
+// AnswerToolCall: the OpenCode driver offers no dynamic tools.
+func (s *Session) AnswerToolCall(_ context.Context, callID, _ string, _ bool, _ []map[string]any) (map[string]any, error) {
+	return nil, perr(failure.ToolCallNotPending, "tool call %s is not pending (the OpenCode driver has no dynamic tools)", callID)
+}
