@@ -47,6 +47,7 @@ func TestMain(m *testing.M) {
 		"github.com/tether-run/tether/services/runnerd/cmd/runnerd",
 		"github.com/tether-run/tether/services/runnerd/cmd/fake-codex-app-server",
 		"github.com/tether-run/tether/services/runnerd/cmd/fake-acp-agent",
+		"github.com/tether-run/tether/services/runnerd/cmd/fake-opencode",
 	}
 	cmd := exec.Command("go", append([]string{"build", "-o", dir + "/"}, pkgs...)...)
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
