@@ -457,3 +457,12 @@ func Quarantine(base, root string, reason QuarantineReason, now time.Time) (stri
 	}
 	return dest, nil
 }
+
+// OpenCodeHomeDir is the OpenCode server's home inside a scope root.
+const OpenCodeHomeDir = "opencode"
+
+// LaunchOnlyOpenCodeEntries are the entries of the OpenCode home that
+// belong to a launch (the operator's config with its provider keys, the
+// seeded config directory, cache, the live server's password, tether's
+// rewritten config, the server log); they never travel in a backup.
+var LaunchOnlyOpenCodeEntries = []string{"config", "cache", "server.json", "tether.json", "serve.log"}

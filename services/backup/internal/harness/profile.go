@@ -13,6 +13,7 @@ import (
 
 	"github.com/tether-run/tether/pkg/failure"
 	"github.com/tether-run/tether/pkg/provenv"
+	"github.com/tether-run/tether/pkg/scope/durable"
 )
 
 // Directory names of the profiles.
@@ -69,7 +70,8 @@ var CodexHomeCredentialNames = []string{"auth.json"}
 // ResolveProfile returns the persistence profile of a provider kind: codex →
 // [runner, codex-home (without tmp, .tmp, auth.json, config.toml at the top
 // and any auth.json below)];
-// opencode → [runner, opencode]; acpx (any agent) → [runner, acpx]. Any
+// opencode → [runner, opencode (without its launch-only entries, see
+// durable.LaunchOnlyOpenCodeEntries, and any auth.json)]; acpx (any agent) → [runner, acpx]. Any
 // other kind is failure.RunnerHarnessProviderUnsupported.
 func ResolveProfile(providerKind string) (Profile, error) {
 	runner := Directory{Name: DirRunner, Location: LocationRunner}
@@ -80,7 +82,8 @@ func ResolveProfile(providerKind string) (Profile, error) {
 				ExcludeAnywhere: slices.Clone(CodexHomeCredentialNames)}}}, nil
 	case provenv.KindOpenCode:
 		return Profile{ProviderKind: provenv.KindOpenCode, DriverKind: provenv.DriverOpenCodeServer, Directories: []Directory{runner,
-			{Name: DirOpenCode, Location: LocationFilesystem}}}, nil
+			{Name: DirOpenCode, Location: LocationFilesystem, ExcludeTopLevel: slices.Clone(durable.LaunchOnlyOpenCodeEntries),
+				ExcludeAnywhere: []string{"auth.json"}}}}, nil
 	case provenv.KindACPX:
 		return Profile{ProviderKind: provenv.KindACPX, DriverKind: provenv.DriverACPXRuntime, Directories: []Directory{runner,
 			{Name: DirACPX, Location: LocationFilesystem}}}, nil

@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -121,7 +122,7 @@ func archiveState(root string) (string, error) {
 	}
 	// The provider home first: runner/runner-state.json is what marks the
 	// scope as having state, so it goes last.
-	for _, d := range []string{"codex-home", durable.RunnerDir} {
+	for _, d := range append(slices.Clone(providerHomes), durable.RunnerDir) {
 		src := filepath.Join(root, d)
 		if _, err := os.Lstat(src); os.IsNotExist(err) {
 			continue

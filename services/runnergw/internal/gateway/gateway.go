@@ -419,7 +419,7 @@ func (g *Gateway) Attach(stream gatewayv1.RunnerGateway_AttachServer) error {
 		return err
 	}
 	if spec := open.GetRestore(); spec != nil && g.needsRestore(g.runnerFor(sc), sc) {
-		if err := g.restore(ctx, g.runnerFor(sc), sc, runID, spec); err != nil {
+		if err := g.restore(ctx, g.runnerFor(sc), sc, runID, open.GetInput().GetProvider().GetKind(), spec); err != nil {
 			release()
 			log.Warn("restore refused", "checkpoint_id", spec.GetCheckpointId(), "err", err)
 			return err

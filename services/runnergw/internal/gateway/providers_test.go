@@ -5,12 +5,16 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/tether-run/tether/pkg/failure"
+	backupv1 "github.com/tether-run/tether/pkg/gen/tether/backup/v1"
+	gatewayv1 "github.com/tether-run/tether/pkg/gen/tether/gateway/v1"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/providerlaunch"
 	"github.com/tether-run/tether/pkg/scope"
@@ -59,4 +63,71 @@ func TestR10_GatewayRefusesAnUnconfiguredUnpinnedOrMismatchingProviderBeforeLaun
 			require.True(t, errors.Is(statErr, os.ErrNotExist), "nothing was launched")
 		})
 	}
+}
+
+// openCodeProfile is the pinned profile of the fake OpenCode server.
+func openCodeProfile(t *testing.T, args ...string) providerlaunch.Profile {
+	t.Helper()
+	bin := filepath.Join(binDir, "fake-opencode")
+	sum, err := providerlaunch.FileSHA256(bin)
+	require.NoError(t, err)
+	return providerlaunch.Profile{Name: providerlaunch.OpenCode, Command: bin, Args: args, Version: providerlaunch.Versions[providerlaunch.OpenCode],
+		Pins: []providerlaunch.Pin{{Path: bin, SHA256: sum}}}
+}
+
+// An OpenCode scope is checkpointed with the B2 profile opencode (runner,
+// opencode without its launch-only entries and any auth.json) and
+// restored into a new runner whose new server continues the same OpenCode
+// session with its history.
+func TestR10_GatewaySuspendsAndRestoresAnOpenCodeScope(t *testing.T) {
+	var fv *fakeVerifier
+	rl := newRelay(t, func(c *Config) {
+		var client backupv1.BackupVerifierClient
+		fv, client = startFakeVerifier(t)
+		c.Backup = client
+		c.Providers = providerlaunch.Set{providerlaunch.OpenCode: openCodeProfile(t)}
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	in := testInput("opencode-suspend", "acme", "first words")
+	in.Provider = &prpv1.Provider{Kind: "opencode", Model: "mock/mock-model", PermissionMode: "ask"}
+	sc := scope.Of(in)
+	stateDir := filepath.Join(rl.cfg.StateRoot, sc)
+	opened, evs := rl.turn(ctx, "run-1", nil, in, nil)
+	requireSucceeded(t, evs)
+	rl.waitDetached(sc)
+	home := filepath.Join(stateDir, "opencode")
+	require.NoError(t, os.WriteFile(filepath.Join(home, "config", "opencode", "opencode.json"), []byte(`{"provider":{"x":{"options":{"apiKey":"secret"}}}}`), 0o600))
+	require.NoError(t, os.WriteFile(filepath.Join(home, "data", "opencode", "auth.json"), []byte(`{"token":"secret"}`), 0o600))
+
+	resp, err := rl.client.SuspendRunner(ctx, &gatewayv1.SuspendRunnerRequest{Input: in, Reason: "idle"})
+	require.NoError(t, err)
+	require.NotEmpty(t, resp.GetProviderThreadId())
+	fv.mu.Lock()
+	h := fv.headers[0]
+	names := tarNames(t, fv.archives[resp.GetCheckpoint().GetCheckpointId()])
+	fv.mu.Unlock()
+	require.Equal(t, []string{"runner", "opencode"}, h.GetDirectories())
+	require.Equal(t, "opencode_server", h.GetExecution().GetDriverKind())
+	require.True(t, names["opencode/data/opencode/fake-opencode.json"], "%v", names)
+	require.True(t, names["runner/runner-state.json"], "%v", names)
+	for n := range names {
+		require.False(t, strings.HasPrefix(n, "opencode/config/") || strings.HasPrefix(n, "opencode/cache/"), "%s travelled", n)
+		require.NotContains(t, []string{"opencode/server.json", "opencode/tether.json", "opencode/serve.log", "opencode/data/opencode/auth.json"}, n)
+	}
+
+	require.NoError(t, os.RemoveAll(stateDir))
+	spec := &gatewayv1.RestoreSpec{CheckpointId: resp.GetCheckpoint().GetCheckpointId(), Stamp: resp.GetStamp(), LeaseId: resp.GetLeaseId()}
+	op, err := rl.openWith(ctx, "run-2", in, spec)
+	require.NoError(t, err)
+	require.Equal(t, opened.GetRunnerInstanceId(), op.GetRunnerInstanceId())
+	rl.waitDetached(sc)
+	in2 := proto.Clone(in).(*prpv1.ExecutionInput)
+	in2.Task.Prompt = "[history] and now?"
+	_, evs = rl.turn(ctx, "run-3", nil, in2, nil)
+	term := evs[len(evs)-1].GetPayload().AsMap()
+	require.Equal(t, "succeeded", term["runTerminalState"], "%v", term)
+	require.Equal(t, "HISTORY: first words", term["finalMessage"])
+	require.Equal(t, resp.GetProviderThreadId(), term["providerThreadId"])
+	require.NoFileExists(t, filepath.Join(stateDir, "opencode", "data", "opencode", "auth.json"))
 }

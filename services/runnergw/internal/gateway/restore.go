@@ -43,12 +43,12 @@ func unverified(cause failure.Reason, format string, args ...any) error {
 }
 
 // restore puts the stamped checkpoint of spec in place as the scope's
-// runner state and provider home for run runID: the stamp must verify for the scope's lease (checked
+// runner state and provider home (of provider kind, SPEC B2) for run runID: the stamp must verify for the scope's lease (checked
 // by the verifier, which re-hashes the stored backup), the downloaded
 // archive is checked entry by entry into a private staging directory, the
 // restored runner identity must equal the manifest's, and only then is the
 // staged tree renamed into place. Any refusal leaves nothing behind.
-func (g *Gateway) restore(ctx context.Context, r *runner, sc, runID string, spec *gatewayv1.RestoreSpec) error {
+func (g *Gateway) restore(ctx context.Context, r *runner, sc, runID, kind string, spec *gatewayv1.RestoreSpec) error {
 	if g.cfg.Backup == nil {
 		return failure.New(codes.FailedPrecondition, failure.RunnerHarnessBackupUnavailable, "a restore needs a backup verifier (-backup-addr)")
 	}
@@ -93,6 +93,11 @@ func (g *Gateway) restore(ctx context.Context, r *runner, sc, runID string, spec
 		return unverified(failure.BackupIdentityMismatch, "the manifest belongs to scope %s runner %s", m.GetSessionScope(), m.GetRunnerInstanceId())
 	}
 
+	prof, ok := persistenceOf(kind)
+	if !ok {
+		return failure.New(codes.FailedPrecondition, failure.RunnerRemoteProviderArtifactIncompatible,
+			"checkpoint %s holds provider %q, which this gateway cannot restore", spec.GetCheckpointId(), kind)
+	}
 	scopeDir := g.stateDir(sc)
 	if fi, err := os.Lstat(scopeDir); err == nil && (fi.Mode()&os.ModeSymlink != 0 || !fi.IsDir()) {
 		return failure.New(codes.FailedPrecondition, failure.RunnerStateDirectoryUnsafe,
@@ -117,13 +122,13 @@ func (g *Gateway) restore(ctx context.Context, r *runner, sc, runID string, spec
 		return msg.GetChunk(), err
 	})
 	var excl, anywhere []string
-	for _, e := range codexHomeExclusions {
-		excl = append(excl, "codex-home/"+e)
+	for _, e := range prof.exclude {
+		excl = append(excl, prof.home+"/"+e)
 	}
-	for _, e := range codexHomeCredentials {
-		anywhere = append(anywhere, "codex-home/"+e)
+	for _, e := range prof.anywhere {
+		anywhere = append(anywhere, prof.home+"/"+e)
 	}
-	_, err = archive.Extract(src, payload, archive.ExtractOptions{Top: codexProfileDirs, Exclude: excl, ExcludeAnywhere: anywhere})
+	_, err = archive.Extract(src, payload, archive.ExtractOptions{Top: prof.dirs, Exclude: excl, ExcludeAnywhere: anywhere})
 	if err == nil {
 		// The download's digest check ends the stream: read to its end
 		// and accept the archive only when the stream ended cleanly.
@@ -139,7 +144,7 @@ func (g *Gateway) restore(ctx context.Context, r *runner, sc, runID string, spec
 		}
 		return failure.Wrap(err, codes.Unavailable, failure.RunnerHarnessBackupUnavailable, "restoring checkpoint %s: %v", spec.GetCheckpointId(), err)
 	}
-	for _, d := range codexProfileDirs {
+	for _, d := range prof.dirs {
 		if err := os.MkdirAll(filepath.Join(payload, d), 0o700); err != nil {
 			return failure.Wrap(err, codes.Internal, failure.RunnerRemoteCheckpointRestoreFailed, "%v", err)
 		}
@@ -153,7 +158,7 @@ func (g *Gateway) restore(ctx context.Context, r *runner, sc, runID string, spec
 	if err := os.MkdirAll(scopeDir, 0o700); err != nil {
 		return failure.Wrap(err, codes.Internal, failure.RunnerRemoteCheckpointRestoreFailed, "%v", err)
 	}
-	if err := swapIn(scopeDir, stage, payload); err != nil {
+	if err := swapIn(scopeDir, stage, payload, prof.home); err != nil {
 		return err
 	}
 	// A verified restore is the run's authority over the scope: the control
@@ -198,12 +203,12 @@ func restoredIdentity(payload string, m *backupv1.Manifest) (*runnerstate.State,
 }
 
 // swapIn moves the staged profile directories of payload into scopeDir.
-func swapIn(scopeDir, stage, payload string) error {
+func swapIn(scopeDir, stage, payload, home string) error {
 	// Swap the staged directories in: the provider home first, the runner
 	// state (whose presence marks the scope as having state) last. The
 	// scope holds no runner state (checked under the scope's op lock); any
 	// leftover provider home is moved aside into the staging directory.
-	for _, d := range []string{"codex-home", runnerstate.Dir} {
+	for _, d := range []string{home, runnerstate.Dir} {
 		target := filepath.Join(scopeDir, d)
 		if _, err := os.Lstat(target); err == nil {
 			if err := os.Rename(target, filepath.Join(stage, "previous-"+d)); err != nil {

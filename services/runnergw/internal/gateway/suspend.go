@@ -84,9 +84,10 @@ func (g *Gateway) SuspendRunner(ctx context.Context, req *gatewayv1.SuspendRunne
 	if err := g.authorize(ctx, grant.Want{Method: grant.MethodSuspendRunner, RunID: req.GetRunId(), Scope: sc}); err != nil {
 		return nil, err
 	}
-	if kind := in.GetProvider().GetKind(); kind != "codex" {
+	prof, ok := persistenceOf(in.GetProvider().GetKind())
+	if !ok {
 		return nil, failure.New(codes.FailedPrecondition, failure.RunnerRemoteProviderArtifactIncompatible,
-			"this gateway checkpoints codex sessions only, not %q", kind)
+			"this gateway cannot checkpoint provider %q", in.GetProvider().GetKind())
 	}
 	if g.cfg.Backup == nil {
 		return nil, failure.New(codes.FailedPrecondition, failure.RunnerHarnessBackupUnavailable, "this gateway has no backup verifier (-backup-addr)")
@@ -154,7 +155,7 @@ func (g *Gateway) SuspendRunner(ctx context.Context, req *gatewayv1.SuspendRunne
 	// files open: make sure nothing runs in the state dir.
 	stopOrphanProviderHost(dir)
 
-	receipt, err := g.upload(ctx, dir, sc, lease, in, st)
+	receipt, err := g.upload(ctx, dir, sc, lease, in, st, prof)
 	if err != nil {
 		return nil, err
 	}
@@ -360,15 +361,16 @@ func executionIdentity(in *prpv1.ExecutionInput) (*backupv1.ExecutionIdentity, e
 	}, nil
 }
 
-// writeProfile writes the codex profile directories of a runnerd state dir
-// as one tar stream (runner/…, codex-home/…) without the excluded entries.
-func writeProfile(w io.Writer, dir string) error {
+// writeProfile writes the profile directories of a runnerd state dir as
+// one tar stream (runner/…, <provider home>/…) without the excluded
+// entries.
+func writeProfile(w io.Writer, dir string, prof persistence) error {
 	tw := tar.NewWriter(w)
 	lim := &archive.Limits{}
-	for _, d := range codexProfileDirs {
+	for _, d := range prof.dirs {
 		opts := archive.WriteOptions{Prefix: d, Exclude: runnerExclusions, Limits: lim}
-		if d == "codex-home" {
-			opts.Exclude, opts.ExcludeAnywhere = codexHomeExclusions, codexHomeCredentials
+		if d == prof.home {
+			opts.Exclude, opts.ExcludeAnywhere = prof.exclude, prof.anywhere
 		}
 		if _, err := archive.WriteTar(tw, filepath.Join(dir, d), opts); err != nil {
 			return err
@@ -379,7 +381,7 @@ func writeProfile(w io.Writer, dir string) error {
 
 // upload snapshots the profile directories and streams them to the backup
 // verifier; the answer is its receipt.
-func (g *Gateway) upload(ctx context.Context, dir, sc, lease string, in *prpv1.ExecutionInput, st *runnerstate.State) (*backupv1.UploadCheckpointResponse, error) {
+func (g *Gateway) upload(ctx context.Context, dir, sc, lease string, in *prpv1.ExecutionInput, st *runnerstate.State, prof persistence) (*backupv1.UploadCheckpointResponse, error) {
 	exec, err := executionIdentity(in)
 	if err != nil {
 		return nil, failure.Wrap(err, codes.InvalidArgument, failure.RunnerHarnessStateMismatch, "execution identity: %v", err)
@@ -393,7 +395,7 @@ func (g *Gateway) upload(ctx context.Context, dir, sc, lease string, in *prpv1.E
 	hdr := &backupv1.CheckpointHeader{
 		SessionScope: sc, RunnerInstanceId: st.Identity.RunnerInstanceID, LeaseId: lease, Execution: exec,
 		ProviderSessionIdentity: &backupv1.ProviderSessionIdentity{ProviderSessionId: st.ProviderThreadID},
-		Directories:             codexProfileDirs, CompletedAt: timestamppb.Now(),
+		Directories:             prof.dirs, CompletedAt: timestamppb.Now(),
 	}
 	if err := stream.Send(&backupv1.UploadCheckpointRequest{Part: &backupv1.UploadCheckpointRequest_Header{Header: hdr}}); err != nil {
 		_, rerr := stream.CloseAndRecv()
@@ -402,7 +404,7 @@ func (g *Gateway) upload(ctx context.Context, dir, sc, lease string, in *prpv1.E
 	out := chunkio.NewWriter(uploadChunk, func(chunk []byte) error {
 		return stream.Send(&backupv1.UploadCheckpointRequest{Part: &backupv1.UploadCheckpointRequest_Chunk{Chunk: chunk}})
 	})
-	err = writeProfile(out, dir)
+	err = writeProfile(out, dir, prof)
 	if err == nil {
 		err = out.Close()
 	}
