@@ -124,6 +124,10 @@ test-codex: ## opt-in: provider scenario suite against the real codex app-server
 	  | tee $(CODEX_CACHE)/test-codex.log | grep -E '^(test-codex:|--- |ok |FAIL|panic)' \
 	  || { echo "test-codex failed; full log: $(CODEX_CACHE)/test-codex.log"; tail -40 $(CODEX_CACHE)/test-codex.log; exit 1; }
 
+.PHONY: test-providers
+test-providers: ## opt-in SPEC R10/R11: pinned real providers (npm into .cache/) offline against the loopback mock model; PROVIDERS="opencode" selects
+	bash scripts/test-providers.sh
+
 .PHONY: bench-curves
 bench-curves: build ## scale curves only (claim vs blocked backlog, renewal vs leases, append vs table size, WatchRun vs watchers, memory per idle warm session); CURVEFLAGS=-h lists knobs
 	$(GO) build -o bin/ ./services/executor/cmd/tether-bench

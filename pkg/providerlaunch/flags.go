@@ -9,8 +9,8 @@ import (
 // Flags holds the gateway's per-profile launch flags until Profiles builds
 // the Set.
 type Flags struct {
-	command, version map[string]*string
-	args, sums       map[string]*multi
+	command, version, home map[string]*string
+	args, sums             map[string]*multi
 }
 
 type multi []string
@@ -24,11 +24,13 @@ func (m *multi) Set(v string) error { *m = append(*m, v); return nil }
 //	-N-arg ARG            an argument (repeatable)
 //	-N-version V          the declared version (must be Versions[N])
 //	-N-sha256 [PATH=]HEX  a pinned file (repeatable; without PATH= the command)
+//	-N-home-template DIR  launch-only files for the provider's home
 func RegisterFlags(fs *flag.FlagSet) *Flags {
-	f := &Flags{command: map[string]*string{}, version: map[string]*string{}, args: map[string]*multi{}, sums: map[string]*multi{}}
+	f := &Flags{command: map[string]*string{}, version: map[string]*string{}, home: map[string]*string{}, args: map[string]*multi{}, sums: map[string]*multi{}}
 	for _, n := range Names {
 		f.command[n] = fs.String(n+"-command", "", fmt.Sprintf("program launched for provider %s (its runs are refused while unset)", n))
 		f.version[n] = fs.String(n+"-version", "", fmt.Sprintf("declared version of the %s program (must be the pinned %s)", n, pinnedOrNone(n)))
+		f.home[n] = fs.String(n+"-home-template", "", fmt.Sprintf("directory of launch-only files copied into each %s provider home before launch (opencode: opencode.json with the provider definitions; never backed up)", n))
 		f.args[n], f.sums[n] = &multi{}, &multi{}
 		fs.Var(f.args[n], n+"-arg", fmt.Sprintf("argument of -%s-command (repeatable)", n))
 		fs.Var(f.sums[n], n+"-sha256", fmt.Sprintf("pinned SHA-256 of -%s-command, or PATH=HEX of another file it runs (repeatable); checked before every launch", n))
@@ -49,10 +51,10 @@ func pinnedOrNone(n string) string {
 func (f *Flags) Profiles() (Set, error) {
 	s := Set{}
 	for _, n := range Names {
-		p := Profile{Name: n, Command: *f.command[n], Args: append([]string(nil), (*f.args[n])...), Version: *f.version[n]}
+		p := Profile{Name: n, Command: *f.command[n], Args: append([]string(nil), (*f.args[n])...), Version: *f.version[n], HomeTemplate: *f.home[n]}
 		if !p.Configured() {
-			if len(*f.args[n]) > 0 || len(*f.sums[n]) > 0 || p.Version != "" {
-				return nil, fmt.Errorf("-%s-arg/-version/-sha256 need -%s-command", n, n)
+			if len(*f.args[n]) > 0 || len(*f.sums[n]) > 0 || p.Version != "" || p.HomeTemplate != "" {
+				return nil, fmt.Errorf("-%s-arg/-version/-sha256/-home-template need -%s-command", n, n)
 			}
 			continue
 		}

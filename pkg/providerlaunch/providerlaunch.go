@@ -87,6 +87,11 @@ type Profile struct {
 	Version string
 	// Pins are checked before every launch; at least one is required.
 	Pins []Pin
+	// HomeTemplate is a directory of launch-only provider files (opencode:
+	// opencode.json with the provider definitions) the driver copies into
+	// the provider's home before each start (runnerd
+	// --provider-home-template); they never travel in a backup.
+	HomeTemplate string
 }
 
 // Configured reports whether the profile names a command.

@@ -59,6 +59,7 @@ import (
 	"github.com/tether-run/tether/pkg/atomicfile"
 	"github.com/tether-run/tether/pkg/failure"
 	"github.com/tether-run/tether/pkg/procid"
+	"github.com/tether-run/tether/pkg/scope/durable"
 	"github.com/tether-run/tether/services/runnerd/internal/runner"
 )
 
@@ -67,7 +68,7 @@ const HomeDir = "opencode"
 
 // Directories of the home that never travel in a backup (credentials,
 // scratch, the live server's password); see the package comment.
-var BackupExclusions = []string{"config", "cache", "server.json", "tether.json", "serve.log"}
+var BackupExclusions = durable.LaunchOnlyOpenCodeEntries
 
 // Username is the basic-auth user of the server.
 const Username = "tether"

@@ -156,6 +156,9 @@ func (g *Gateway) providerArgs(p *providerlaunch.Profile) []string {
 	for _, a := range p.Args {
 		args = append(args, "--provider-arg", a)
 	}
+	if p.HomeTemplate != "" {
+		args = append(args, "--provider-home-template", p.HomeTemplate)
+	}
 	return args
 }
 
