@@ -41,7 +41,8 @@ GOFILES = $(shell git ls-files '*.go' | grep -v '^pkg/gen/')
 CMDS := ./services/executor/cmd/executor ./services/executor/cmd/tetherctl ./services/executor/cmd/tether-demo \
         ./services/executor/cmd/tether-bench-stack \
         ./services/runnergw/cmd/runnergw ./services/backup/cmd/backup-verifier \
-        ./services/runnerd/cmd/runnerd ./services/runnerd/cmd/fake-codex-app-server ./services/runnerd/cmd/fake-acp-agent ./services/runnerd/cmd/fake-opencode
+        ./services/runnerd/cmd/runnerd ./services/runnerd/cmd/fake-codex-app-server ./services/runnerd/cmd/fake-acp-agent ./services/runnerd/cmd/fake-opencode \
+        ./services/runnerd/cmd/mock-model
 
 lint: tools protodeps ## gofmt, go vet and buf lint
 	@out=$$(gofmt -l $(GOFILES)); test -z "$$out" || { echo "gofmt would change:"; echo "$$out"; exit 1; }

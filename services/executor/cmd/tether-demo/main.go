@@ -38,6 +38,8 @@ func run() error {
 	up := flag.Bool("up", false, "keep the stack running on fixed ports (-base-port) until interrupted")
 	base := flag.Int("base-port", 7400, "with -up: executor, runnergw and backup-verifier gRPC on base+0..2, the runner WebSocket on base+11, metrics on base+2000..2002")
 	keep := flag.Bool("keep", false, "keep the temporary directory (logs, state)")
+	providerName := flag.String("provider", "codex", "provider of the demo's runs: codex (the fake codex) or opencode (the real OpenCode 1.18.17 from make test-providers, offline against bin/mock-model)")
+	openCode := flag.String("opencode-command", "", "with -provider opencode: the opencode binary (default "+defaultOpenCode+")")
 	flag.Parse()
 
 	ports := upPorts(*base)
@@ -82,6 +84,11 @@ func run() error {
 		opts.MetricsPorts = map[string]int{"executor": ports["executor metrics"],
 			"runnergw": ports["runnergw metrics"], "backup-verifier": ports["backup-verifier metrics"]}
 	}
+	prov, err := setupProvider(ctx, *providerName, *openCode, *binDir, dir, &opts)
+	if err != nil {
+		return err
+	}
+	defer prov.stop()
 	st, err := stack.New(opts)
 	if err != nil {
 		return err
@@ -109,10 +116,10 @@ func run() error {
 		<-ctx.Done()
 		return nil
 	}
-	return turns(ctx, st)
+	return turns(ctx, st, prov)
 }
 
-func turns(ctx context.Context, st *stack.Stack) error {
+func turns(ctx context.Context, st *stack.Stack, prov *demoProvider) error {
 	conn, err := grpcx.Dial(st.Addr("executor"), "")
 	if err != nil {
 		return err
@@ -133,6 +140,7 @@ func turns(ctx context.Context, st *stack.Stack) error {
 		if err != nil {
 			return err
 		}
+		prov.apply(in)
 		if _, err := client.SubmitRun(ctx, &executorv1.SubmitRunRequest{RunId: runID, Input: in}); err != nil {
 			return err
 		}
@@ -156,7 +164,7 @@ func turns(ctx context.Context, st *stack.Stack) error {
 		runIDs = append(runIDs, runID)
 	}
 	turnsOK := 0
-	runners := map[string]bool{}
+	runners, providerPIDs := map[string]bool{}, map[int32]bool{}
 	for _, id := range runIDs {
 		resp, err := client.GetRun(ctx, &executorv1.GetRunRequest{RunId: id})
 		if err != nil {
@@ -170,10 +178,15 @@ func turns(ctx context.Context, st *stack.Stack) error {
 		if p := run.GetRunnerProcess(); p != nil {
 			runners[fmt.Sprintf("%d/%d", p.GetPid(), p.GetStartTicks())] = true
 		}
+		if p := run.GetProviderProcess(); p.GetPid() > 0 {
+			providerPIDs[p.GetPid()] = true
+		}
 	}
-	providers, err := countLines(st.CallLog(), "process-start")
-	if err != nil {
-		return err
+	providers := len(providerPIDs)
+	if prov.name == "codex" {
+		if providers, err = countLines(st.CallLog(), "process-start"); err != nil {
+			return err
+		}
 	}
 	fmt.Printf("\ndemo: %d turns, %d runner %s, %d provider %s, %d events\n",
 		turnsOK, len(runners), plural(len(runners), "process", "processes"), providers, plural(providers, "process", "processes"), events)
