@@ -41,6 +41,7 @@ import (
 	"time"
 
 	"github.com/tether-run/tether/pkg/failure"
+	"github.com/tether-run/tether/services/runnerd/internal/provider"
 )
 
 // Runtime request kinds (payload "kind").
@@ -558,15 +559,7 @@ func (s *Session) expireRequests(turnID, reason string, emit bool) {
 	}
 	sort.Slice(reqs, func(i, j int) bool { return lessID(reqs[i].requestID, reqs[j].requestID) })
 	for _, r := range reqs {
-		payload := r.basePayload()
-		payload["reason"] = reason
-		payload["replayAllowed"] = false
-		req := make(map[string]any, len(r.request))
-		for k, v := range r.request {
-			req[k] = v
-		}
-		req["status"] = "expired"
-		payload["request"] = req
+		payload := provider.ExpiredRequest(r.basePayload(), r.request, reason)
 		s.emitFn(Event{Type: "runtime_request.expired", TurnID: r.turnID, ItemID: r.itemID, Priority: PriorityP0, Payload: payload})
 	}
 	sort.Slice(calls, func(i, j int) bool { return lessID(calls[i].call.RequestID, calls[j].call.RequestID) })

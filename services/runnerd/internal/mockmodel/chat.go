@@ -90,19 +90,9 @@ func (s *Server) serveChat(w http.ResponseWriter, r *http.Request, raw []byte, b
 			chunks = strings.SplitAfter(reply, " ")
 		}
 		chunk(map[string]any{"role": "assistant", "content": ""}, nil)
-		for i, c := range chunks {
-			if i > 0 && delay > 0 {
-				select {
-				case <-time.After(delay):
-				case <-sse.ctx.Done():
-					sse.err = sse.ctx.Err()
-				}
-			}
-			if sse.err != nil {
-				setReply("text:"+reply, true)
-				return
-			}
-			chunk(map[string]any{"content": c}, nil)
+		if !sse.paced(chunks, delay, func(c string) { chunk(map[string]any{"content": c}, nil) }) {
+			setReply("text:"+reply, true)
+			return
 		}
 		finish("stop", reply)
 		setReply("text:"+reply, sse.err != nil)

@@ -274,20 +274,12 @@ func (s *Server) streamText(sse *sseWriter, text string, chunks []string, delay 
 	msgID := s.nextID("msg")
 	sse.event("response.output_item.added", map[string]any{"type": "response.output_item.added", "output_index": 0,
 		"item": map[string]any{"type": "message", "role": "assistant", "id": msgID, "content": []any{}}})
-	for i, c := range chunks {
-		if i > 0 && delay > 0 {
-			select {
-			case <-time.After(delay):
-			case <-sse.ctx.Done():
-				sse.err = sse.ctx.Err()
-			}
-		}
-		if sse.err != nil {
-			setReply("text:"+text, true)
-			return
-		}
+	if !sse.paced(chunks, delay, func(c string) {
 		sse.event("response.output_text.delta", map[string]any{"type": "response.output_text.delta", "item_id": msgID,
 			"output_index": 0, "content_index": 0, "delta": c})
+	}) {
+		setReply("text:"+text, true)
+		return
 	}
 	sse.event("response.output_item.done", map[string]any{"type": "response.output_item.done", "output_index": 0,
 		"item": map[string]any{"type": "message", "role": "assistant", "id": msgID,
@@ -300,6 +292,25 @@ type sseWriter struct {
 	w   http.ResponseWriter
 	ctx context.Context
 	err error
+}
+
+// paced sends each chunk, delay apart (none before the first), and stops
+// when the client goes away; it reports whether every chunk was sent.
+func (e *sseWriter) paced(chunks []string, delay time.Duration, send func(string)) bool {
+	for i, c := range chunks {
+		if i > 0 && delay > 0 {
+			select {
+			case <-time.After(delay):
+			case <-e.ctx.Done():
+				e.err = e.ctx.Err()
+			}
+		}
+		if e.err != nil {
+			return false
+		}
+		send(c)
+	}
+	return true
 }
 
 func (e *sseWriter) event(typ string, data any) {

@@ -312,8 +312,13 @@ func (s *Session) awaitReady(ctx context.Context, exited <-chan struct{}) error 
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
 	for {
+		// Each probe has its own bound: a request the server accepts while
+		// it is still starting may never be answered (observed with
+		// OpenCode 1.18.17 on a loaded machine).
 		var st map[string]any
-		err := s.call(ctx, http.MethodGet, "/session/status", nil, &st)
+		pctx, pcancel := context.WithTimeout(ctx, 10*time.Second)
+		err := s.call(pctx, http.MethodGet, "/session/status", nil, &st)
+		pcancel()
 		if err == nil {
 			return nil
 		}

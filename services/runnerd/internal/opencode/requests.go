@@ -6,6 +6,7 @@ import (
 	"sort"
 
 	"github.com/tether-run/tether/pkg/failure"
+	"github.com/tether-run/tether/services/runnerd/internal/provider"
 	"github.com/tether-run/tether/services/runnerd/internal/runner"
 )
 
@@ -131,15 +132,7 @@ func (s *Session) expireRequests(reason string) {
 	s.mu.Unlock()
 	sort.Slice(reqs, func(i, j int) bool { return reqs[i].id < reqs[j].id })
 	for _, r := range reqs {
-		payload := r.basePayload()
-		payload["reason"] = reason
-		payload["replayAllowed"] = false
-		req := make(map[string]any, len(r.request))
-		for k, v := range r.request {
-			req[k] = v
-		}
-		req["status"] = "expired"
-		payload["request"] = req
+		payload := provider.ExpiredRequest(r.basePayload(), r.request, reason)
 		s.emitEv("runtime_request.expired", r.turnID, r.itemID, runner.P0, payload)
 	}
 }
