@@ -86,11 +86,8 @@ func (s *Server) serveChat(w http.ResponseWriter, r *http.Request, raw []byte, b
 		sse.done()
 	}
 	text := func(reply string, chunks []string, delay time.Duration) {
-		if chunks == nil {
-			chunks = strings.SplitAfter(reply, " ")
-		}
 		chunk(map[string]any{"role": "assistant", "content": ""}, nil)
-		if !sse.paced(chunks, delay, func(c string) { chunk(map[string]any{"content": c}, nil) }) {
+		if !sse.stream(reply, chunks, delay, func(c string) { chunk(map[string]any{"content": c}, nil) }) {
 			setReply("text:"+reply, true)
 			return
 		}

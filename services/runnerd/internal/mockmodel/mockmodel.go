@@ -268,13 +268,10 @@ func (s *Server) serveResponses(w http.ResponseWriter, r *http.Request, raw []by
 }
 
 func (s *Server) streamText(sse *sseWriter, text string, chunks []string, delay time.Duration, completed func(string), setReply func(string, bool)) {
-	if chunks == nil {
-		chunks = strings.SplitAfter(text, " ")
-	}
 	msgID := s.nextID("msg")
 	sse.event("response.output_item.added", map[string]any{"type": "response.output_item.added", "output_index": 0,
 		"item": map[string]any{"type": "message", "role": "assistant", "id": msgID, "content": []any{}}})
-	if !sse.paced(chunks, delay, func(c string) {
+	if !sse.stream(text, chunks, delay, func(c string) {
 		sse.event("response.output_text.delta", map[string]any{"type": "response.output_text.delta", "item_id": msgID,
 			"output_index": 0, "content_index": 0, "delta": c})
 	}) {
@@ -294,9 +291,12 @@ type sseWriter struct {
 	err error
 }
 
-// paced sends each chunk, delay apart (none before the first), and stops
-// when the client goes away; it reports whether every chunk was sent.
-func (e *sseWriter) paced(chunks []string, delay time.Duration, send func(string)) bool {
+// stream sends text through send in chunks (one per word when chunks is
+// nil), delay apart; false when the client went away first.
+func (e *sseWriter) stream(text string, chunks []string, delay time.Duration, send func(chunk string)) bool {
+	if chunks == nil {
+		chunks = strings.SplitAfter(text, " ")
+	}
 	for i, c := range chunks {
 		if i > 0 && delay > 0 {
 			select {
