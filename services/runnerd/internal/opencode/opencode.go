@@ -97,6 +97,9 @@ type Session struct {
 	evCancel context.CancelFunc
 	evDone   chan struct{}
 
+	// instance names this driver's re-announced requests.
+	instance string
+
 	emitMu sync.Mutex // orders events and turn results
 	mu     sync.Mutex
 	sesID  string
@@ -118,6 +121,7 @@ func Start(ctx context.Context, cfg runner.ProviderConfig, emit func(runner.Prov
 	s := &Session{cfg: cfg, emit: emit, home: filepath.Join(cfg.StateDir, HomeDir), perms: map[string]*permRequest{},
 		done: make(chan runner.TurnResult, 16), exited: make(chan struct{}), watchDone: make(chan struct{}),
 		hc: &http.Client{Transport: &http.Transport{Proxy: nil, DisableCompression: true}}}
+	s.instance = randomPassword()[:8]
 	s.log = cfg.Logger
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)

@@ -322,11 +322,14 @@ func TestR10_ARestartedRunnerdReattachesToTheServerAndKeepsTheTurn(t *testing.T)
 	_, resumed, err := s.OpenThread(ctx, sid)
 	require.NoError(t, err)
 	require.True(t, resumed)
-	// The open permission is announced afresh.
-	created := rec2.await(t, "runtime_request.created", nil)
 	outcome, _, err := s.ReconcileTurn(ctx, id)
 	require.NoError(t, err)
 	require.Equal(t, runner.ReconcileRetained, outcome)
+	// The open permission (expired by the new runnerd) is announced afresh
+	// under a new request id.
+	first := rec.await(t, "runtime_request.created", nil)
+	created := rec2.await(t, "runtime_request.created", nil)
+	require.True(t, strings.HasPrefix(created.Payload["requestId"].(string), first.Payload["requestId"].(string)+"@"), "%v", created.Payload["requestId"])
 	_, err = s.ResolveRequest(ctx, created.Payload["requestId"].(string), map[string]any{"decision": "accept"})
 	require.NoError(t, err)
 	res := turnResult(t, s)

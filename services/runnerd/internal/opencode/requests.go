@@ -21,7 +21,9 @@ import (
 //	decline           → reply "reject" with a message: the tool call fails, the turn goes on
 //	cancel            → reply "reject", then the turn is aborted
 //
-// The request id is OpenCode's permission id ("per_…").
+// The request id is OpenCode's permission id ("per_…"); a request still
+// open after a runnerd restart (which expired the one announced before) is
+// announced afresh under "<permission id>@<driver instance>".
 
 // RuntimeRequestSchema is the normalized request's schema.
 const RuntimeRequestSchema = "tether.runtime_request.v2"
@@ -30,8 +32,8 @@ const RuntimeRequestSchema = "tether.runtime_request.v2"
 const DeclineMessage = "The operator declined this tool call. Do not retry it; continue without it."
 
 type permRequest struct {
-	id, kind, turnID, itemID string
-	request                  map[string]any
+	id, ocID, kind, turnID, itemID string
+	request                        map[string]any
 }
 
 func (r *permRequest) basePayload() map[string]any {
@@ -49,11 +51,16 @@ func permissionKind(p string) string {
 	return "permission_approval"
 }
 
-// onPermissionAsked announces a permission request (emitMu held).
-func (s *Session) onPermissionAsked(p map[string]any) {
-	id := str(p, "id")
+// onPermissionAsked announces a permission request (emitMu held);
+// reannounce names it with the driver instance.
+func (s *Session) onPermissionAsked(p map[string]any, reannounce bool) {
+	ocID := str(p, "id")
+	id := ocID
+	if reannounce {
+		id = ocID + "@" + s.instance
+	}
 	s.mu.Lock()
-	if id == "" || s.perms[id] != nil {
+	if ocID == "" || s.permByOC(ocID) != nil {
 		s.mu.Unlock()
 		return
 	}
@@ -61,7 +68,7 @@ func (s *Session) onPermissionAsked(p map[string]any) {
 	if s.turn != nil {
 		turnID = s.turn.id
 	}
-	r := &permRequest{id: id, kind: permissionKind(str(p, "permission")), turnID: turnID, itemID: str(obj(p, "tool"), "callID")}
+	r := &permRequest{id: id, ocID: ocID, kind: permissionKind(str(p, "permission")), turnID: turnID, itemID: str(obj(p, "tool"), "callID")}
 	s.perms[id] = r
 	sid := s.sesID
 	s.mu.Unlock()
@@ -88,13 +95,24 @@ func (s *Session) onPermissionAsked(p map[string]any) {
 	s.emitEv("runtime_request.created", turnID, r.itemID, runner.P0, payload)
 }
 
+// permByOC finds an open request by its OpenCode permission id (mu held).
+func (s *Session) permByOC(ocID string) *permRequest {
+	for _, r := range s.perms {
+		if r.ocID == ocID {
+			return r
+		}
+	}
+	return nil
+}
+
 // onPermissionReplied: a request answered by someone else (another client
 // of the server) is withdrawn (emitMu held).
 func (s *Session) onPermissionReplied(p map[string]any) {
-	id := str(p, "requestID")
 	s.mu.Lock()
-	r := s.perms[id]
-	delete(s.perms, id)
+	r := s.permByOC(str(p, "requestID"))
+	if r != nil {
+		delete(s.perms, r.id)
+	}
 	s.mu.Unlock()
 	if r == nil {
 		return
@@ -104,19 +122,17 @@ func (s *Session) onPermissionReplied(p map[string]any) {
 	s.emitEv("runtime_request.cancelled", r.turnID, r.itemID, runner.P0, payload)
 }
 
-// announcePending announces the server's open requests of the session
-// (after a resume).
+// announcePending announces afresh the server's open requests of the
+// session (after a re-attach; emitMu held).
 func (s *Session) announcePending(ctx context.Context) {
 	var pending []map[string]any
 	if err := s.call(ctx, http.MethodGet, "/permission", nil, &pending); err != nil {
 		s.log.Warn("opencode: listing pending permissions", "err", err)
 		return
 	}
-	s.emitMu.Lock()
-	defer s.emitMu.Unlock()
 	for _, p := range pending {
 		if sessionOf(p) == s.sesID {
-			s.onPermissionAsked(p)
+			s.onPermissionAsked(p, true)
 		}
 	}
 }
@@ -165,7 +181,7 @@ func (s *Session) ResolveRequest(ctx context.Context, requestID string, resoluti
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.RequestTimeout)
 	defer cancel()
-	if err := s.call(ctx, http.MethodPost, "/permission/"+requestID+"/reply", body, nil); err != nil {
+	if err := s.call(ctx, http.MethodPost, "/permission/"+r.ocID+"/reply", body, nil); err != nil {
 		if isNotFound(err) {
 			s.emitMu.Unlock()
 			return nil, perr(failure.RuntimeRequestNotPending, "OpenCode no longer holds permission %s", requestID)

@@ -98,11 +98,6 @@ func (s *Session) OpenThread(ctx context.Context, threadID string) (string, bool
 	s.emitEv("session.started", "", "", runner.P0, map[string]any{
 		"threadId": threadID, "providerSessionId": threadID, "resumed": resumed, "model": s.cfg.Model,
 	})
-	if resumed {
-		// Requests a previous runnerd announced were expired by it; the
-		// ones still open are announced afresh.
-		s.announcePending(ctx)
-	}
 	return threadID, resumed, nil
 }
 
@@ -212,7 +207,7 @@ func (s *Session) onEvent(typ string, p map[string]any) {
 	}
 	switch typ {
 	case "permission.asked":
-		s.onPermissionAsked(p)
+		s.onPermissionAsked(p, false)
 	case "permission.replied":
 		s.onPermissionReplied(p)
 	}
@@ -455,6 +450,9 @@ func (s *Session) ReconcileTurn(ctx context.Context, turnID string) (string, str
 				s.mu.Unlock()
 			}
 		}
+		// Requests the lost runnerd announced were expired by the new
+		// one; those still open are announced afresh.
+		s.announcePending(ctx)
 		return runner.ReconcileRetained, "inProgress", nil
 	}
 	var last map[string]any
