@@ -17,9 +17,15 @@ import (
 	"github.com/tether-run/tether/services/runnerd/internal/runner"
 )
 
-// envOpenCodeBin is the real opencode binary of the opt-in suite (make
-// test-providers: node_modules/opencode-linux-x64/bin/opencode).
-const envOpenCodeBin = "TETHER_OPENCODE_BIN"
+// Environment of the opt-in suite (make test-providers).
+const (
+	// envOpenCodeBin is the real opencode binary
+	// (node_modules/opencode-linux-x64/bin/opencode).
+	envOpenCodeBin = "TETHER_OPENCODE_BIN"
+	// envStrace: "0" disables the connect() audit under strace; otherwise
+	// it runs when strace is installed.
+	envStrace = "TETHER_OPENCODE_STRACE"
+)
 
 // TestR10_ScenarioSuiteAgainstRealOpenCode drives the real OpenCode
 // 1.18.17 offline against the loopback mock model (Chat Completions):
@@ -52,8 +58,17 @@ func TestR10_ScenarioSuiteAgainstRealOpenCode(t *testing.T) {
     "options": { "baseURL": "`+mock.BaseURL()+`", "apiKey": "{env:MOCK_API_KEY}" },
     "models": { "mock-model": { "name": "Mock Model", "tool_call": true, "limit": { "context": 100000, "output": 4096 } } } } }
 }`), 0o600))
+	// Under strace every server start writes its connect() calls to a
+	// trace (the driver's process group holds strace and the server).
+	var traces []string
+	command, args := bin, []string(nil)
+	if p, err := exec.LookPath("strace"); err == nil && os.Getenv(envStrace) != "0" {
+		trace := filepath.Join(t.TempDir(), "connect.strace")
+		traces = append(traces, trace)
+		command, args = p, []string{"-f", "-qq", "-ff", "-e", "trace=connect", "-o", trace, "--", bin}
+	}
 	cfg := runner.ProviderConfig{
-		Kind: "opencode", Command: bin,
+		Kind: "opencode", Command: command, Args: args,
 		Env: []string{"PATH=" + os.Getenv("PATH"), "HOME=" + b.stateDir, "MOCK_API_KEY=mock-key", "TETHER_WORKSPACE_CWD=" + b.workspace},
 		Dir: b.workspace, StateDir: b.stateDir, HomeTemplate: tmpl, Model: "mock/mock-model", PermissionMode: "ask",
 		StartupTimeout: 5 * time.Minute, RequestTimeout: 2 * time.Minute,
@@ -164,6 +179,19 @@ func TestR10_ScenarioSuiteAgainstRealOpenCode(t *testing.T) {
 		require.Equal(t, "POST /v1/chat/completions", r.Method+" "+r.Path)
 	}
 	t.Logf("test-providers: opencode: %d model requests, unexpected: %v", len(mock.Requests()), mock.Unexpected())
+	if len(traces) == 0 {
+		t.Logf("test-providers: opencode: strace not used (not installed or %s=0); egress checked by the mock only", envStrace)
+		return
+	}
+	var files []string
+	for _, tr := range traces {
+		m, _ := filepath.Glob(tr + "*")
+		files = append(files, m...)
+	}
+	connects, bad, err := mockmodel.AuditConnects(files)
+	require.NoError(t, err)
+	assert.Empty(t, bad, "non-loopback connect() attempts")
+	t.Logf("test-providers: opencode: strace: %d connect() calls in %d traced processes, %d to non-loopback addresses", connects, len(files), len(bad))
 }
 
 // copyTree copies a provider home without its launch-only entries (what a

@@ -1,13 +1,11 @@
 package scenario
 
 import (
-	"bufio"
 	"fmt"
 	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -155,7 +153,8 @@ func TestR2_ScenarioSuiteAgainstRealCodex(t *testing.T) {
 		tg.report("strace not used (not installed or %s=0); egress checked by config and mock only", envStrace)
 		return
 	}
-	connects, bad := auditConnects(t, traces)
+	connects, bad, err := mockmodel.AuditConnects(traces)
+	require.NoError(t, err)
 	assert.Empty(t, bad, "non-loopback connect() attempts")
 	tg.report("strace: %d connect() calls in %d provider processes, %d to non-loopback addresses", connects, len(traces), len(bad))
 }
@@ -166,49 +165,4 @@ type tlogWriter struct{ t *testing.T }
 func (w tlogWriter) Write(p []byte) (int, error) {
 	w.t.Log(strings.TrimRight(string(p), "\n"))
 	return len(p), nil
-}
-
-var (
-	inetAddr  = regexp.MustCompile(`sa_family=AF_INET, .*sin_addr=inet_addr\("([^"]+)"\)`)
-	inet6Addr = regexp.MustCompile(`sa_family=AF_INET6, .*inet_pton\(AF_INET6, "([^"]+)"`)
-	family    = regexp.MustCompile(`sa_family=(AF_[A-Z0-9]+)`)
-)
-
-// auditConnects reads strace -e trace=connect logs and returns the number of
-// connect() calls and those to anything but loopback or a unix socket.
-func auditConnects(t *testing.T, files []string) (int, []string) {
-	t.Helper()
-	n := 0
-	var bad []string
-	for _, f := range files {
-		fh, err := os.Open(f)
-		require.NoError(t, err)
-		sc := bufio.NewScanner(fh)
-		sc.Buffer(make([]byte, 64<<10), 1<<20)
-		for sc.Scan() {
-			line := sc.Text()
-			if !strings.Contains(line, "connect(") {
-				continue
-			}
-			n++
-			fam := family.FindStringSubmatch(line)
-			switch {
-			case fam == nil:
-				bad = append(bad, line)
-			case fam[1] == "AF_UNIX":
-			case fam[1] == "AF_INET":
-				if m := inetAddr.FindStringSubmatch(line); m == nil || !strings.HasPrefix(m[1], "127.") {
-					bad = append(bad, line)
-				}
-			case fam[1] == "AF_INET6":
-				if m := inet6Addr.FindStringSubmatch(line); m == nil || m[1] != "::1" {
-					bad = append(bad, line)
-				}
-			default:
-				bad = append(bad, line)
-			}
-		}
-		_ = fh.Close()
-	}
-	return n, bad
 }
