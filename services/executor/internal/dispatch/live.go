@@ -29,10 +29,16 @@ type liveSession struct {
 	mu      sync.Mutex
 	turn    string
 	pending map[string]chan *prpv1.CommandResult
+	// resolving maps a runtime request id to the command resolving it. The
+	// runner's runtime_request.resolved event comes before anything the
+	// answer caused — also before a run.terminal that ends the stream
+	// ahead of the command's result when the provider finishes at once —
+	// so it completes the waiting call as well.
+	resolving map[string]string
 }
 
 func newLiveSession(c *store.Claim, send func(*gatewayv1.AttachRequest) error, toolEpoch uint64) *liveSession {
-	return &liveSession{claim: c, send: send, toolEpoch: toolEpoch, pending: map[string]chan *prpv1.CommandResult{}}
+	return &liveSession{claim: c, send: send, toolEpoch: toolEpoch, pending: map[string]chan *prpv1.CommandResult{}, resolving: map[string]string{}}
 }
 
 // withToolEpoch stamps a tool result or runtime-request answer with the
@@ -59,6 +65,15 @@ func (l *liveSession) observe(ev *prpv1.Event) {
 		}
 	case "turn.completed", "turn.failed", "turn.interrupted", "turn.cancelled", "run.terminal":
 		l.turn = ""
+	case "runtime_request.resolved":
+		req := ev.GetPayload().GetFields()["requestId"].GetStringValue()
+		if cid, ok := l.resolving[req]; ok {
+			delete(l.resolving, req)
+			if ch, ok := l.pending[cid]; ok {
+				delete(l.pending, cid)
+				ch <- &prpv1.CommandResult{CommandId: cid, Status: "completed"}
+			}
+		}
 	}
 }
 
@@ -74,11 +89,17 @@ func (l *liveSession) result(r *prpv1.CommandResult) bool {
 	return ok
 }
 
-// Capabilities: the codex app-server supports steering and runtime-request
-// resolution.
+// providerCapabilities is what each provider's driver offers: the codex
+// app-server steering and runtime-request resolution; OpenCode runtime
+// requests (its permission requests) but no steering (SPEC R10).
+var providerCapabilities = map[string]control.Capabilities{
+	"codex":    {Steering: true, RuntimeRequestResolution: true},
+	"opencode": {RuntimeRequestResolution: true},
+}
+
+// Capabilities reports the run's provider's capabilities.
 func (l *liveSession) Capabilities(context.Context) (control.Capabilities, error) {
-	codex := l.claim.Input.GetProvider().GetKind() == "codex"
-	return control.Capabilities{Steering: codex, RuntimeRequestResolution: codex}, nil
+	return providerCapabilities[l.claim.Input.GetProvider().GetKind()], nil
 }
 
 // ActiveTurnID returns the provider's active turn, "" when none.
@@ -147,6 +168,16 @@ func (l *liveSession) ResolveRuntimeRequest(ctx context.Context, commandID, requ
 		return err
 	}
 	cmd.CommandId = commandID
+	l.mu.Lock()
+	l.resolving[requestID] = commandID
+	l.mu.Unlock()
+	defer func() {
+		l.mu.Lock()
+		if l.resolving[requestID] == commandID {
+			delete(l.resolving, requestID)
+		}
+		l.mu.Unlock()
+	}()
 	r, err := l.call(ctx, l.withToolEpoch(cmd))
 	if err != nil {
 		return err

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
@@ -71,4 +72,53 @@ func TestR10_Stack_WarmOpenCodeSessionKeepsOneServerAndOnlyItsCredentials(t *tes
 	for k, v := range env {
 		require.NotEqual(t, claudeKey, v, "%s carries the other provider's credential", k)
 	}
+}
+
+// TestR10_Stack_OpenCodePermissionIsResolvedThroughTheExecutor: OpenCode's
+// permission.asked reaches the caller as runtime_request.created and is
+// answered with ResolveRuntimeRequest (SPEC E8): the command runs and the
+// run succeeds; steering is reported unsupported.
+func TestR10_Stack_OpenCodePermissionIsResolvedThroughTheExecutor(t *testing.T) {
+	dir := t.TempDir()
+	callLog := filepath.Join(dir, "opencode-calls.log")
+	gw, err := stack.ProviderGatewayArgs("opencode", filepath.Join(binDir, "fake-opencode"), "--call-log", callLog)
+	require.NoError(t, err)
+	h := newHarness(t, stack.Options{GatewayArgs: gw})
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	ws := t.TempDir()
+	in := h.submitInput("opencode-permission", "[shell] write the file")
+	in.Provider = &prpv1.Provider{Kind: "opencode", Model: "mock/mock-model", PermissionMode: "ask"}
+	in.Workspace = &prpv1.Workspace{Cwd: ws}
+	_, err = h.client.SubmitRun(ctx, &executorv1.SubmitRunRequest{RunId: "oc-perm", Input: in})
+	require.NoError(t, err)
+	var requestID, turnID string
+	wctx, stop := context.WithCancel(ctx)
+	stream, err := h.client.WatchRun(wctx, &executorv1.WatchRunRequest{RunId: "oc-perm"})
+	require.NoError(t, err)
+	for requestID == "" {
+		m, err := stream.Recv()
+		require.NoError(t, err)
+		if m.GetEvent().GetEventType() == "runtime_request.created" {
+			p := m.GetEvent().GetPayload().AsMap()
+			requestID, _ = p["requestId"].(string)
+			turnID, _ = p["turnId"].(string)
+			require.Equal(t, "command_approval", p["kind"])
+		}
+	}
+	stop()
+	st, err := h.client.GetSteeringState(ctx, &executorv1.GetSteeringStateRequest{RunId: "oc-perm"})
+	require.NoError(t, err)
+	require.Equal(t, "unsupported", st.GetDisposition())
+	accept, _ := structpb.NewStruct(map[string]any{"decision": "accept"})
+	_, err = h.client.ResolveRuntimeRequest(ctx, &executorv1.ResolveRuntimeRequestRequest{RunId: "oc-perm", RequestId: requestID, TurnId: turnID, Resolution: accept})
+	require.NoError(t, err)
+	run := h.waitState(ctx, h.client, "oc-perm", executorv1.RunState_RUN_STATE_SUCCEEDED)
+	require.Equal(t, "TOOL RESULT: done-bash", run.GetResult().GetFinalMessage())
+	got, err := os.ReadFile(filepath.Join(ws, "perm.txt"))
+	require.NoError(t, err)
+	require.Equal(t, "permitted\n", string(got))
+	calls, err := os.ReadFile(callLog)
+	require.NoError(t, err)
+	require.Equal(t, 1, strings.Count(string(calls), "permission-reply:once"))
 }
