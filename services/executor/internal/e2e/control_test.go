@@ -80,6 +80,23 @@ func requireRunEnded(t *testing.T, err error) {
 	require.Contains(t, status.Convert(err).Message(), "already ended (succeeded)")
 }
 
+// awaitRuntimeRequest watches run runID until its first
+// runtime_request.created and returns that event's payload.
+func (h *harness) awaitRuntimeRequest(ctx context.Context, runID string) map[string]any {
+	h.t.Helper()
+	wctx, stop := context.WithCancel(ctx)
+	defer stop()
+	stream, err := h.client.WatchRun(wctx, &executorv1.WatchRunRequest{RunId: runID})
+	require.NoError(h.t, err)
+	for {
+		m, err := stream.Recv()
+		require.NoError(h.t, err)
+		if m.GetEvent().GetEventType() == "runtime_request.created" {
+			return m.GetEvent().GetPayload().AsMap()
+		}
+	}
+}
+
 func TestE8_ARuntimeRequestIsResolvedOnceThroughTheExecutor(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, stack.Options{})
@@ -87,20 +104,8 @@ func TestE8_ARuntimeRequestIsResolvedOnceThroughTheExecutor(t *testing.T) {
 	defer cancel()
 	// "[shell]" makes the fake ask for a command approval in this turn.
 	h.submit("approve", "approve", "[shell] make a directory")
-	var requestID, turnID string
-	wctx, stop := context.WithCancel(ctx)
-	stream, err := h.client.WatchRun(wctx, &executorv1.WatchRunRequest{RunId: "approve"})
-	require.NoError(t, err)
-	for requestID == "" {
-		m, err := stream.Recv()
-		require.NoError(t, err)
-		if m.GetEvent().GetEventType() == "runtime_request.created" {
-			p := m.GetEvent().GetPayload().AsMap()
-			requestID, _ = p["requestId"].(string)
-			turnID, _ = p["turnId"].(string)
-		}
-	}
-	stop()
+	created := h.awaitRuntimeRequest(ctx, "approve")
+	requestID, turnID := created["requestId"].(string), created["turnId"].(string)
 	require.NotEmpty(t, turnID)
 
 	accept, _ := structpb.NewStruct(map[string]any{"decision": "accept"})
@@ -108,7 +113,7 @@ func TestE8_ARuntimeRequestIsResolvedOnceThroughTheExecutor(t *testing.T) {
 	// A malformed answer is the caller's error (InvalidArgument), and it
 	// settles nothing: the request still takes a valid one.
 	maybe, _ := structpb.NewStruct(map[string]any{"decision": "maybe"})
-	_, err = h.client.ResolveRuntimeRequest(ctx, &executorv1.ResolveRuntimeRequestRequest{RunId: "approve", RequestId: requestID, TurnId: turnID, Resolution: maybe})
+	_, err := h.client.ResolveRuntimeRequest(ctx, &executorv1.ResolveRuntimeRequestRequest{RunId: "approve", RequestId: requestID, TurnId: turnID, Resolution: maybe})
 	require.Equal(t, codes.InvalidArgument, status.Code(err), "%v", err)
 	require.EqualValues(t, failure.RuntimeRequestResolutionInvalid, failure.CodeOf(err))
 

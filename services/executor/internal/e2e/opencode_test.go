@@ -24,6 +24,7 @@ import (
 // another provider (ANTHROPIC_AUTH_TOKEN is Claude's) never reaches the
 // server while its own (OPENAI_API_KEY) does.
 func TestR10_Stack_WarmOpenCodeSessionKeepsOneServerAndOnlyItsCredentials(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	callLog, envLog := filepath.Join(dir, "opencode-calls.log"), filepath.Join(dir, "opencode.env")
 	gw, err := stack.ProviderGatewayArgs("opencode", filepath.Join(binDir, "fake-opencode"), "--call-log", callLog, "--env-log", envLog)
@@ -79,6 +80,7 @@ func TestR10_Stack_WarmOpenCodeSessionKeepsOneServerAndOnlyItsCredentials(t *tes
 // answered with ResolveRuntimeRequest (SPEC E8): the command runs and the
 // run succeeds; steering is reported unsupported.
 func TestR10_Stack_OpenCodePermissionIsResolvedThroughTheExecutor(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	callLog := filepath.Join(dir, "opencode-calls.log")
 	gw, err := stack.ProviderGatewayArgs("opencode", filepath.Join(binDir, "fake-opencode"), "--call-log", callLog)
@@ -92,21 +94,9 @@ func TestR10_Stack_OpenCodePermissionIsResolvedThroughTheExecutor(t *testing.T) 
 	in.Workspace = &prpv1.Workspace{Cwd: ws}
 	_, err = h.client.SubmitRun(ctx, &executorv1.SubmitRunRequest{RunId: "oc-perm", Input: in})
 	require.NoError(t, err)
-	var requestID, turnID string
-	wctx, stop := context.WithCancel(ctx)
-	stream, err := h.client.WatchRun(wctx, &executorv1.WatchRunRequest{RunId: "oc-perm"})
-	require.NoError(t, err)
-	for requestID == "" {
-		m, err := stream.Recv()
-		require.NoError(t, err)
-		if m.GetEvent().GetEventType() == "runtime_request.created" {
-			p := m.GetEvent().GetPayload().AsMap()
-			requestID, _ = p["requestId"].(string)
-			turnID, _ = p["turnId"].(string)
-			require.Equal(t, "command_approval", p["kind"])
-		}
-	}
-	stop()
+	created := h.awaitRuntimeRequest(ctx, "oc-perm")
+	require.Equal(t, "command_approval", created["kind"])
+	requestID, turnID := created["requestId"].(string), created["turnId"].(string)
 	st, err := h.client.GetSteeringState(ctx, &executorv1.GetSteeringStateRequest{RunId: "oc-perm"})
 	require.NoError(t, err)
 	require.Equal(t, "unsupported", st.GetDisposition())
