@@ -461,6 +461,15 @@ func Quarantine(base, root string, reason QuarantineReason, now time.Time) (stri
 // OpenCodeHomeDir is the OpenCode server's home inside a scope root.
 const OpenCodeHomeDir = "opencode"
 
+// ACPXHomeDir is the ACPX agents' directory in a scope root: the ACP
+// driver's state and the agent's homes (SPEC B2, R11).
+const ACPXHomeDir = "acpx"
+
+// ACPXCredentialNames never travel from any depth of acpx/: codex's
+// auth.json and launch config.toml (acpx/codex-home, copied from the
+// profile's home template at launch) and Claude Code's .credentials.json.
+var ACPXCredentialNames = []string{"auth.json", "config.toml", ".credentials.json"}
+
 // LaunchOnlyOpenCodeEntries are the entries of the OpenCode home that
 // belong to a launch (the operator's config with its provider keys, the
 // seeded config directory, cache, the live server's password, tether's

@@ -71,7 +71,8 @@ var CodexHomeCredentialNames = []string{"auth.json"}
 // [runner, codex-home (without tmp, .tmp, auth.json, config.toml at the top
 // and any auth.json below)];
 // opencode → [runner, opencode (without its launch-only entries, see
-// durable.LaunchOnlyOpenCodeEntries, and any auth.json)]; acpx (any agent) → [runner, acpx]. Any
+// durable.LaunchOnlyOpenCodeEntries, and any auth.json)]; acpx (any agent) → [runner, acpx (without
+// durable.ACPXCredentialNames at any depth)]. Any
 // other kind is failure.RunnerHarnessProviderUnsupported.
 func ResolveProfile(providerKind string) (Profile, error) {
 	runner := Directory{Name: DirRunner, Location: LocationRunner}
@@ -86,7 +87,7 @@ func ResolveProfile(providerKind string) (Profile, error) {
 				ExcludeAnywhere: []string{"auth.json"}}}}, nil
 	case provenv.KindACPX:
 		return Profile{ProviderKind: provenv.KindACPX, DriverKind: provenv.DriverACPXRuntime, Directories: []Directory{runner,
-			{Name: DirACPX, Location: LocationFilesystem}}}, nil
+			{Name: DirACPX, Location: LocationFilesystem, ExcludeAnywhere: slices.Clone(durable.ACPXCredentialNames)}}}, nil
 	}
 	return Profile{}, failure.New(codes.InvalidArgument, failure.RunnerHarnessProviderUnsupported,
 		"no persistence profile for provider kind %q", providerKind)

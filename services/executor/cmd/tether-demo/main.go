@@ -38,8 +38,9 @@ func run() error {
 	up := flag.Bool("up", false, "keep the stack running on fixed ports (-base-port) until interrupted")
 	base := flag.Int("base-port", 7400, "with -up: executor, runnergw and backup-verifier gRPC on base+0..2, the runner WebSocket on base+11, metrics on base+2000..2002")
 	keep := flag.Bool("keep", false, "keep the temporary directory (logs, state)")
-	providerName := flag.String("provider", "codex", "provider of the demo's runs: codex (the fake codex) or opencode (the real OpenCode 1.18.17 from make test-providers, offline against bin/mock-model)")
+	providerName := flag.String("provider", "codex", "provider of the demo's runs: codex (the fake codex), opencode (the real OpenCode 1.18.17) or acpx-codex|acpx-claude (the real ACP agent), the real ones from make test-providers, offline against bin/mock-model")
 	openCode := flag.String("opencode-command", "", "with -provider opencode: the opencode binary (default "+defaultOpenCode+")")
+	acpModules := flag.String("acp-modules", defaultACPModules, "with -provider acpx-codex|acpx-claude: node_modules holding the pinned ACP agents (make test-providers installs them)")
 	flag.Parse()
 
 	ports := upPorts(*base)
@@ -84,7 +85,7 @@ func run() error {
 		opts.MetricsPorts = map[string]int{"executor": ports["executor metrics"],
 			"runnergw": ports["runnergw metrics"], "backup-verifier": ports["backup-verifier metrics"]}
 	}
-	prov, err := setupProvider(ctx, *providerName, *openCode, *binDir, dir, &opts)
+	prov, err := setupProvider(ctx, *providerName, *openCode, *acpModules, *binDir, dir, &opts)
 	if err != nil {
 		return err
 	}

@@ -10,6 +10,8 @@ import (
 	"strings"
 
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
+	"github.com/tether-run/tether/pkg/providerlaunch"
+	"github.com/tether-run/tether/pkg/scope"
 	"github.com/tether-run/tether/services/executor/internal/stack"
 )
 
@@ -29,13 +31,15 @@ type demoProvider struct {
 
 // setupProvider prepares the gateway flags of a real provider (pinned
 // profile, home template pointing at a mock model it starts).
-func setupProvider(ctx context.Context, name, command, binDir, dir string, opts *stack.Options) (*demoProvider, error) {
+func setupProvider(ctx context.Context, name, command, acpModules, binDir, dir string, opts *stack.Options) (*demoProvider, error) {
 	switch name {
 	case "", "codex":
 		return &demoProvider{name: "codex", stop: func() {}}, nil
 	case "opencode":
+	case providerlaunch.ACPXCodex, providerlaunch.ACPXClaude:
+		return acpProvider(ctx, name, acpModules, binDir, dir, opts)
 	default:
-		return nil, fmt.Errorf("-provider %q: this demo knows codex and opencode", name)
+		return nil, fmt.Errorf("-provider %q: this demo knows codex, opencode, acpx-codex and acpx-claude", name)
 	}
 	if command == "" {
 		command = defaultOpenCode
@@ -47,22 +51,10 @@ func setupProvider(ctx context.Context, name, command, binDir, dir string, opts 
 	if _, err := os.Stat(abs); err != nil {
 		return nil, fmt.Errorf("OpenCode not found at %s (make test-providers installs opencode-ai 1.18.17 there; or pass -opencode-command)", abs)
 	}
-	mock := exec.CommandContext(ctx, filepath.Join(binDir, "mock-model"))
-	out, err := mock.StdoutPipe()
+	base, stop, err := startMockModel(ctx, binDir)
 	if err != nil {
 		return nil, err
 	}
-	mock.Stderr = os.Stderr
-	if err := mock.Start(); err != nil {
-		return nil, fmt.Errorf("starting the mock model: %w", err)
-	}
-	stop := func() { _ = mock.Process.Kill(); _ = mock.Wait() }
-	line, err := bufio.NewReader(out).ReadString('\n')
-	if err != nil {
-		stop()
-		return nil, fmt.Errorf("the mock model did not print its URL: %w", err)
-	}
-	base := strings.TrimSpace(line)
 	tmpl := filepath.Join(dir, "opencode-template")
 	if err := os.MkdirAll(tmpl, 0o700); err != nil {
 		stop()
@@ -87,11 +79,33 @@ func setupProvider(ctx context.Context, name, command, binDir, dir string, opts 
 		env:      map[string]string{"MOCK_API_KEY": "mock-key"}}, nil
 }
 
+// startMockModel starts bin/mock-model (extra flags in args) and returns
+// its base URL (…/v1) and how to stop it.
+func startMockModel(ctx context.Context, binDir string, args ...string) (string, func(), error) {
+	mock := exec.CommandContext(ctx, filepath.Join(binDir, "mock-model"), args...)
+	out, err := mock.StdoutPipe()
+	if err != nil {
+		return "", nil, err
+	}
+	mock.Stderr = os.Stderr
+	if err := mock.Start(); err != nil {
+		return "", nil, fmt.Errorf("starting the mock model: %w", err)
+	}
+	stop := func() { _ = mock.Process.Kill(); _ = mock.Wait() }
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil {
+		stop()
+		return "", nil, fmt.Errorf("the mock model did not print its URL: %w", err)
+	}
+	return strings.TrimSpace(line), stop, nil
+}
+
 // apply sets the provider on a run's input.
 func (p *demoProvider) apply(in *prpv1.ExecutionInput) {
 	if p.provider == nil {
 		return
 	}
 	in.Provider = p.provider
+	in.Session.DriverKind = scope.DefaultDriverKind(p.provider.GetKind())
 	in.Environment = &prpv1.ProviderEnvironment{Configured: p.env}
 }

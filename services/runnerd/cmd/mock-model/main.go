@@ -1,5 +1,6 @@
 // Command mock-model serves the deterministic loopback mock model
-// (internal/mockmodel: the OpenAI Responses and Chat Completions APIs) until
+// (internal/mockmodel: the OpenAI Responses and Chat Completions APIs, the
+// Anthropic Messages API) until
 // it is interrupted, so a real provider can be driven offline (tether-demo
 // -provider opencode, manual runs). It prints its base URL.
 package main
@@ -11,16 +12,26 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/tether-run/tether/services/runnerd/internal/codex"
 	"github.com/tether-run/tether/services/runnerd/internal/mockmodel"
 )
 
 func main() {
 	addr := flag.String("addr", "127.0.0.1:0", "loopback address to listen on")
+	codexHome := flag.String("codex-home", "", "also write an offline codex config.toml for this mock into DIR (model mock-model, key from MOCK_API_KEY; codex and codex-acp)")
 	flag.Parse()
 	s, err := mockmodel.Start(*addr)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "mock-model:", err)
 		os.Exit(1)
+	}
+	if *codexHome != "" {
+		if err := codex.WriteConfig(*codexHome, codex.ConfigTOML{Model: "mock-model", ProviderID: "mock", ProviderName: "Mock Responses API",
+			BaseURL: s.BaseURL(), EnvKey: "MOCK_API_KEY", ApprovalPolicy: "on-request", SandboxMode: "workspace-write"}); err != nil {
+			fmt.Fprintln(os.Stderr, "mock-model:", err)
+			_ = s.Close()
+			os.Exit(1)
+		}
 	}
 	fmt.Println(s.BaseURL())
 	ch := make(chan os.Signal, 1)

@@ -13,7 +13,9 @@ import (
 // startACP adapts acp.Start to runner.StartFunc for the ACPX agents
 // (SPEC R11, launch profiles acpx-codex and acpx-claude). The agent, its
 // homes and the driver's durable state live under the scope root's acpx/
-// (SPEC B2). The agent is runnerd's direct child in its own process group,
+// (SPEC B2); the operator's home template (launch-only credentials and
+// configuration, e.g. codex's config.toml) is copied into the agent's home
+// before every start. The agent is runnerd's direct child in its own process group,
 // not hosted: after a runnerd crash there is nothing to re-attach to, so a
 // re-attach is refused as provider_process_lost (the runner then kills
 // what is left of the old group and loads the session in a new process).
@@ -24,6 +26,9 @@ func startACP(ctx context.Context, cfg runner.ProviderConfig, emit func(runner.P
 	dir := filepath.Join(cfg.StateDir, "acpx")
 	if err := acp.MakeHomes(dir, cfg.Agent); err != nil {
 		return nil, &runner.ProviderError{Code: failure.ProviderSpawnFailed, Message: err.Error()}
+	}
+	if err := acp.CopyTemplate(cfg.HomeTemplate, dir, cfg.Agent); err != nil {
+		return nil, &runner.ProviderError{Code: failure.ProviderConfigInvalid, Message: err.Error()}
 	}
 	s, err := acp.Start(ctx, acp.Config{
 		Command: cfg.Command, Args: cfg.Args, Env: acp.Environment(cfg.Env, dir, cfg.Agent, os.Geteuid() == 0),

@@ -341,8 +341,9 @@ func TestR11_DurableStateIsBounded(t *testing.T) {
 
 // The agent's environment: the allow-listed one with its homes under acpx/
 // (another agent's credential home removed), the offline switches unless
-// set, and IS_SANDBOX=1 for Claude Code run as root.
-func TestR11_AgentEnvironment(t *testing.T) {
+// set, and IS_SANDBOX=1 for Claude Code run as root; the operator's home
+// template supplies the agent's launch-only files.
+func TestR11_AgentEnvironmentAndHomeTemplate(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
 	in := []string{"PATH=/bin", "HOME=/root", "CODEX_HOME=/elsewhere", "CLAUDE_CONFIG_DIR=/x", "DISABLE_TELEMETRY=0", "OPENAI_API_KEY=k"}
@@ -359,4 +360,15 @@ func TestR11_AgentEnvironment(t *testing.T) {
 		assert.False(t, strings.HasPrefix(kv, "CODEX_HOME="), kv)
 	}
 
+	tmpl := t.TempDir()
+	require.NoError(t, os.WriteFile(tmpl+"/config.toml", []byte("model = \"m\"\n"), 0o600))
+	require.NoError(t, os.WriteFile(tmpl+"/unrelated.txt", []byte("x"), 0o600))
+	require.NoError(t, MakeHomes(dir, AgentCodex))
+	require.NoError(t, CopyTemplate(tmpl, dir, AgentCodex))
+	b, err := os.ReadFile(dir + "/codex-home/config.toml")
+	require.NoError(t, err)
+	assert.Equal(t, "model = \"m\"\n", string(b))
+	assert.NoFileExists(t, dir+"/codex-home/unrelated.txt")
+	assert.NoFileExists(t, dir+"/codex-home/auth.json")
+	require.NoError(t, CopyTemplate("", dir, AgentCodex))
 }

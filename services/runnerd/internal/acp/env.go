@@ -1,9 +1,13 @@
 package acp
 
 import (
+	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/tether-run/tether/pkg/atomicfile"
 )
 
 // Homes are the agent's directories inside its acpx directory (the scope
@@ -68,6 +72,44 @@ func Environment(env []string, acpxDir, agent string, root bool) []string {
 func MakeHomes(acpxDir, agent string) error {
 	for _, d := range Homes(acpxDir, agent) {
 		if err := os.MkdirAll(d, 0o700); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// templateFiles are the launch-only files an operator's home template may
+// hold for each agent (credentials and launch configuration); they are
+// copied into the agent's credential home before every start and never
+// travel in a backup (SPEC B2: the acpx profile excludes these names).
+var templateFiles = map[string][]string{
+	AgentCodex:  {"auth.json", "config.toml"},
+	AgentClaude: {".credentials.json", "settings.json"},
+}
+
+// CopyTemplate copies the agent's launch-only files present in template
+// (runnerd --provider-home-template, the gateway's -acpx-<agent>-home-template)
+// into its credential home under acpxDir (0600, atomically). A missing
+// file is skipped; "" copies nothing.
+func CopyTemplate(template, acpxDir, agent string) error {
+	if template == "" {
+		return nil
+	}
+	var home string
+	for k, v := range Homes(acpxDir, agent) {
+		if k != "HOME" {
+			home = v
+		}
+	}
+	for _, name := range templateFiles[agent] {
+		b, err := os.ReadFile(filepath.Join(template, name))
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("provider home template: %w", err)
+		}
+		if err := atomicfile.Write(home, name, b, 0o600); err != nil {
 			return err
 		}
 	}

@@ -10,6 +10,7 @@
 //	last input item is a *_call_output   "TOOL RESULT: <output after "Output:\n", or the whole output>"
 //	last user text contains [slow]       "ECHO: <text>" in 12 deltas, SlowChunkDelay apart
 //	[shell]                              function_call exec_command {cmd: ShellCommand, yield_time_ms: 5000}
+//	[escalate]                           the same with sandbox_permissions require_escalated (codex asks approval)
 //	[dyn]                                function_call mock_lookup {"key":"alpha"}
 //	[ask]                                function_call request_user_input (one question "color", options red/blue)
 //	[plan]                               function_call update_plan (PlanExplanation, PlanSteps, the first in progress)
@@ -237,6 +238,9 @@ func (s *Server) serveResponses(w http.ResponseWriter, r *http.Request, raw []by
 		sse.event("response.failed", map[string]any{"type": "response.failed", "response": map[string]any{
 			"id": respID, "error": map[string]any{"code": "server_error", "message": "mock failure requested"}}})
 		setReply("failed", sse.err != nil)
+	case strings.Contains(lastUser, "[escalate]"):
+		call("exec_command", map[string]any{"cmd": ShellCommand, "yield_time_ms": 5000,
+			"sandbox_permissions": "require_escalated", "justification": "the mock asks to run outside the sandbox"})
 	case strings.Contains(lastUser, "[shell]"):
 		call("exec_command", map[string]any{"cmd": ShellCommand, "yield_time_ms": 5000})
 	case strings.Contains(lastUser, "[dyn]"):

@@ -25,9 +25,12 @@ func persistenceOf(kind string) (persistence, bool) {
 	case provenv.KindOpenCode:
 		return persistence{dirs: []string{durable.RunnerDir, durable.OpenCodeHomeDir}, home: durable.OpenCodeHomeDir,
 			exclude: durable.LaunchOnlyOpenCodeEntries, anywhere: []string{"auth.json"}}, true
+	case provenv.KindACPX:
+		return persistence{dirs: []string{durable.RunnerDir, durable.ACPXHomeDir}, home: durable.ACPXHomeDir,
+			anywhere: durable.ACPXCredentialNames}, true
 	}
 	return persistence{}, false
 }
 
 // providerHomes are every provider home a scope root may hold.
-var providerHomes = []string{durable.CodexHomeDir, durable.OpenCodeHomeDir}
+var providerHomes = []string{durable.CodexHomeDir, durable.OpenCodeHomeDir, durable.ACPXHomeDir}

@@ -48,7 +48,8 @@ func TestMain(m *testing.M) {
 		cmd := exec.Command("go", "build", "-o", dir+"/",
 			"github.com/tether-run/tether/services/runnerd/cmd/runnerd",
 			"github.com/tether-run/tether/services/runnerd/cmd/fake-codex-app-server",
-			"github.com/tether-run/tether/services/runnerd/cmd/fake-opencode")
+			"github.com/tether-run/tether/services/runnerd/cmd/fake-opencode",
+			"github.com/tether-run/tether/services/runnerd/cmd/fake-acp-agent")
 		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 		if err := cmd.Run(); err != nil {
 			fmt.Fprintln(os.Stderr, "building binaries:", err)
