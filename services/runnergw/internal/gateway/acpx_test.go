@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
-	"google.golang.org/protobuf/proto"
 
 	backupv1 "github.com/tether-run/tether/pkg/gen/tether/backup/v1"
 	gatewayv1 "github.com/tether-run/tether/pkg/gen/tether/gateway/v1"
@@ -65,25 +64,4 @@ func TestR11_GatewaySuspendsAndRestoresAnACPXScope(t *testing.T) {
 
 	rl.restoreAndContinue(ctx, t, stateDir, in, opened, resp)
 	require.NoFileExists(t, filepath.Join(acpx, "codex-home", "auth.json"))
-}
-
-// restoreAndContinue removes a suspended scope's root, restores it from the
-// suspension's checkpoint into a new runner of the same instance, and
-// runs one more turn that sees the history ("first words") on the same
-// provider thread.
-func (rl *relay) restoreAndContinue(ctx context.Context, t *testing.T, stateDir string, in *prpv1.ExecutionInput, opened *gatewayv1.Opened, resp *gatewayv1.SuspendRunnerResponse) {
-	t.Helper()
-	require.NoError(t, os.RemoveAll(stateDir))
-	spec := &gatewayv1.RestoreSpec{CheckpointId: resp.GetCheckpoint().GetCheckpointId(), Stamp: resp.GetStamp(), LeaseId: resp.GetLeaseId()}
-	op, err := rl.openWith(ctx, "run-2", in, spec)
-	require.NoError(t, err)
-	require.Equal(t, opened.GetRunnerInstanceId(), op.GetRunnerInstanceId())
-	rl.waitDetached(scope.Of(in))
-	in2 := proto.Clone(in).(*prpv1.ExecutionInput)
-	in2.Task.Prompt = "[history] and now?"
-	_, evs := rl.turn(ctx, "run-3", nil, in2, nil)
-	term := evs[len(evs)-1].GetPayload().AsMap()
-	require.Equal(t, "succeeded", term["runTerminalState"], "%v", term)
-	require.Equal(t, "HISTORY: first words", term["finalMessage"])
-	require.Equal(t, resp.GetProviderThreadId(), term["providerThreadId"])
 }
