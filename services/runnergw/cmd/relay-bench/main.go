@@ -91,6 +91,7 @@ func parent() int {
 	n4k := fs.Int("events-4k", 60000, "events per 4 KiB run")
 	rounds := fs.Int("rounds", 3, "rounds per figure (the best of each is reported)")
 	target := fs.Float64("target", 0.55, "target ratio at 256 B (PERFORMANCE.md)")
+	target4k := fs.Float64("target-4k", 0.55, "target ratio at 4 KiB (SPEC P, issue #16)")
 	cpuProfile := fs.String("cpuprofile", "", "write the gateway process's CPU profile here")
 	fs.BoolVar(&verbose, "v", false, "print every round, with the load process's CPU")
 	_ = fs.Parse(os.Args[1:])
@@ -159,7 +160,7 @@ func parent() int {
 		size   int
 		events int
 		target float64
-	}{{"event relay 256 B", 256, *n256, *target}, {"event relay 4 KiB", 4096, *n4k, 0}} {
+	}{{"event relay 256 B", 256, *n256, *target}, {"event relay 4 KiB", 4096, *n4k, *target4k}} {
 		r := row{name: sz.name, target: sz.target}
 		for round := 0; round < *rounds; round++ {
 			seq++
