@@ -76,6 +76,8 @@ bench: ## measure tether against raw baselines in one run (ephemeral durable Pos
 	bin/tether-bench-stack -takeovers 20
 	bin/tether-bench-stack -takeovers 10 -same-host-takeover=false
 	bin/tether-bench-stack -takeovers 10 -same-host-takeover=false -sigterm -lease-ttl 60s
+	bin/tether-bench-stack -throughput 300 -gateways 1
+	bin/tether-bench-stack -throughput 300 -gateways 3
 	$(GO) build -o bin/ ./services/runnerd/cmd/warm-turn-bench
 	bin/warm-turn-bench -fake bin/fake-codex-app-server
 	$(MAKE) --no-print-directory bench-backup

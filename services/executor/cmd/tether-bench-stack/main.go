@@ -6,7 +6,8 @@
 // warm session / thread each. It prints p50 and p99 of each and the ratio,
 // plus SubmitRun → turn.started (PERFORMANCE.md, SPEC P4: ≤ 2× end to end;
 // turn.started p50 ≤ 8 ms on a warm session). -cancels measures SPEC P2
-// instead (cancel.go), -sessions the memory of idle warm sessions.
+// instead (cancel.go), -sessions the memory of idle warm sessions,
+// -throughput the fleet's short runs/s and CPU per run (throughput.go).
 //
 // Both sides drive the same turn: the same prompt, a fake started with the
 // same flags (those the stack's gateway gives it), and threads of the same
@@ -62,7 +63,13 @@ func run() error {
 	ttl := flag.Duration("lease-ttl", 3*time.Second, "-takeovers: the executors' lease TTL")
 	sigterm := flag.Bool("sigterm", false, "-takeovers: SIGTERM the driving executor instead of kill -9 (it hands its lease back; target ≤ 1 s)")
 	cancels := flag.Int("cancels", 0, "instead of the warm turn: CancelRun → provider interrupt acknowledged over this many live turns (SPEC P2)")
+	throughput := flag.Int("throughput", 0, "instead of the warm turn: this many short warm runs over -p5-sessions sessions, runs/s and CPU per run of each process kind (SPEC P5)")
+	gateways := flag.Int("gateways", 1, "-throughput: runner gateways (as on separate hosts, registered with the executor)")
+	p5Sessions := flag.Int("p5-sessions", 12, "-throughput: warm sessions the runs are spread over")
 	flag.Parse()
+	if *gateways < 1 {
+		return fmt.Errorf("-gateways: want ≥ 1, got %d", *gateways)
+	}
 	var sizes []int
 	if *sessions != "" {
 		for f := range strings.SplitSeq(*sessions, ",") {
@@ -111,8 +118,21 @@ func run() error {
 		return err
 	}
 	defer st.Stop()
+	if *throughput > 0 && *gateways > 1 {
+		st.SetExtraArgs("runnergw", st.RegistryArgs("executor")...)
+		for g := 2; g <= *gateways; g++ {
+			if err := st.AddGateway(gatewayName(g), st.RegistryArgs("executor")...); err != nil {
+				return err
+			}
+		}
+	}
 	if err := st.StartAll(ctx); err != nil {
 		return err
+	}
+	for g := 2; *throughput > 0 && g <= *gateways; g++ {
+		if _, err := st.Start(ctx, gatewayName(g)); err != nil {
+			return err
+		}
 	}
 	if *takeovers > 0 {
 		if err := st.AddExecutor("executor-2"); err != nil {
@@ -134,6 +154,9 @@ func run() error {
 	}
 	if *cancels > 0 {
 		return cancelLatency(ctx, client, *warm, *cancels)
+	}
+	if *throughput > 0 {
+		return fleetThroughput(ctx, st, client, cluster.Dir(), *gateways, *p5Sessions, *throughput)
 	}
 	var direct, e2e, started []time.Duration
 	var lastT0 time.Time

@@ -101,12 +101,17 @@ func openSessions(ctx context.Context, client executorv1.ExecutorServiceClient, 
 }
 
 func oneTurn(ctx context.Context, client executorv1.ExecutorServiceClient, i int) error {
-	in, err := cli.InputSpec{Prompt: "hello", Company: "bench", Agent: "bench", Session: fmt.Sprintf("idle-%d", i),
+	return oneTurnIn(ctx, client, fmt.Sprintf("idle-%d", i), fmt.Sprintf("idle-%d", i))
+}
+
+// oneTurnIn runs one warm turn as run id in session and waits for its
+// run.terminal, which must be succeeded.
+func oneTurnIn(ctx context.Context, client executorv1.ExecutorServiceClient, id, session string) error {
+	in, err := cli.InputSpec{Prompt: "hello", Company: "bench", Agent: "bench", Session: session,
 		Lifecycle: "warm", IdleTimeoutSeconds: 3600}.Input()
 	if err != nil {
 		return err
 	}
-	id := fmt.Sprintf("idle-%d", i)
 	if _, err := client.SubmitRun(ctx, &executorv1.SubmitRunRequest{RunId: id, Input: in}); err != nil {
 		return err
 	}
