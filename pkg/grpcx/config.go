@@ -60,6 +60,10 @@ type Config struct {
 	// and pkg/telemetry); empty defers to OTEL_EXPORTER_OTLP_ENDPOINT.
 	OTLPEndpoint string
 
+	// Pprof serves net/http/pprof under /debug/pprof/ on the metrics
+	// address (off by default: profiles reveal internals).
+	Pprof bool
+
 	flagErrs func() error // env fallback errors of RegisterFlags
 }
 
@@ -74,7 +78,7 @@ func EnvName(flagName string) string {
 //
 //	-grpc-addr, -metrics-addr, -tls-cert, -tls-key, -tls-client-ca,
 //	-insecure-allow-plaintext, -shutdown-timeout, -drain-delay,
-//	-log-level, -log-format, -otlp-endpoint
+//	-log-level, -log-format, -otlp-endpoint, -pprof
 //
 // The returned Config is filled in by fs.Parse. Use ParseFlags (or let New
 // report them) to surface invalid environment values.
@@ -91,6 +95,7 @@ func RegisterFlags(fs *flag.FlagSet, name, defaultGRPC, defaultMetrics string) *
 	StringVar(fs, &c.LogLevel, "log-level", "", "info", "log level: debug|info|warn|error")
 	StringVar(fs, &c.LogFormat, "log-format", "", "json", "log format: json|text")
 	StringVar(fs, &c.OTLPEndpoint, "otlp-endpoint", "", "", "export OpenTelemetry traces over OTLP/gRPC to this endpoint (http://host:4317 plaintext, https:// TLS; empty: "+telemetry.EnvEndpoint+" or off)")
+	BoolVar(fs, &c.Pprof, "pprof", "", false, "serve Go profiles under /debug/pprof/ on -metrics-addr (for profiling; keep that address private)")
 	c.flagErrs = func() error { return envErrors(fs) }
 	return c
 }

@@ -406,6 +406,17 @@ func TestMetricsEndpoint(t *testing.T) {
 	}
 }
 
+func TestPprofOnlyWhenAsked(t *testing.T) {
+	off := startServer(t, nil)
+	if code, _ := httpGet(t, "http://"+off.srv.MetricsAddr().String()+"/debug/pprof/"); code != http.StatusNotFound {
+		t.Errorf("without -pprof: /debug/pprof/ = %d, want 404", code)
+	}
+	on := startServer(t, func(c *Config) { c.Pprof = true })
+	if code, body := httpGet(t, "http://"+on.srv.MetricsAddr().String()+"/debug/pprof/"); code != 200 || !strings.Contains(body, "goroutine") {
+		t.Errorf("with -pprof: /debug/pprof/ = %d", code)
+	}
+}
+
 func TestLogFieldsRunIDAndAttempt(t *testing.T) {
 	h := startServer(t, nil)
 	c := executorv1.NewExecutorServiceClient(h.conn)

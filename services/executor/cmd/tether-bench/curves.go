@@ -596,8 +596,12 @@ func startExecutor(ctx context.Context, bin, dsn string) (*executorProc, error) 
 	if _, err := grant.WriteKeyPair(key, filepath.Join(keys, "grant.pub")); err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(bin, "-grpc-addr", addr, "-metrics-addr", "", "-database-url", dsn, "-idle-sweep-interval", "0",
-		"-gateway-addr", "127.0.0.1:1", "-grant-key-file", key, "-log-format", "json")
+	metrics := "" // TETHER_BENCH_EXECUTOR_PPROF=host:port serves the executor's profiles there
+	if a := os.Getenv("TETHER_BENCH_EXECUTOR_PPROF"); a != "" {
+		metrics = a
+	}
+	cmd := exec.Command(bin, "-grpc-addr", addr, "-metrics-addr", metrics, "-pprof="+strconv.FormatBool(metrics != ""), "-database-url", dsn,
+		"-idle-sweep-interval", "0", "-gateway-addr", "127.0.0.1:1", "-grant-key-file", key, "-log-format", "json")
 	cmd.Env = append(os.Environ(), "TETHER_DATABASE_URL=")
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
