@@ -271,7 +271,7 @@ func TestF1_GatewaysOnThreeHostsAnnounceThemselvesAndOneThatDiesIsLost(t *testin
 	<-stopping.Done()
 }
 
-func TestF1_AGatewayWithABadCapacityOrAnotherLiveGatewaysIDDoesNotStart(t *testing.T) {
+func TestF1_AGatewayWithABadCapacityAnotherLiveGatewaysIDOrItsStateRootDoesNotStart(t *testing.T) {
 	t.Parallel()
 	h := newHarnessWith(t, stack.Options{}, "backup-verifier", "executor")
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -291,6 +291,11 @@ func TestF1_AGatewayWithABadCapacityOrAnotherLiveGatewaysIDDoesNotStart(t *testi
 		require.Error(t, err)
 		require.Contains(t, readFile(t, h.st.LogPath("runnergw-3")), "gateway_capacity_invalid")
 	}
+	// A second gateway pointed at the live gateway's state root.
+	require.NoError(t, h.st.AddGateway("runnergw-4", append(h.st.RegistryArgs("executor"), "-state-root", h.st.RunnerStateRoot())...))
+	_, err = h.st.Start(ctx, "runnergw-4")
+	require.Error(t, err)
+	require.Contains(t, readFile(t, h.st.LogPath("runnergw-4")), "is in use by another runnergw")
 	gs := h.gateways(ctx)
 	require.Len(t, gs, 1, "nothing of the refused gateways was registered")
 	require.Equal(t, h.st.Addr("runnergw"), gs[stack.GatewayID].GetAddress())

@@ -137,6 +137,11 @@ func run() error {
 	if err := os.MkdirAll(*stateRoot, 0o700); err != nil {
 		return err
 	}
+	unlock, err := gateway.LockStateRoot(*stateRoot)
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	ctx, stop := grpcx.SignalContext(context.Background())
 	defer stop()
 	rpath, err := findRunnerd(ctx, *runnerd)
