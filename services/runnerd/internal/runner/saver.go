@@ -183,14 +183,16 @@ func (r *Runner) journalIntents(ins []durable.Intent) error {
 	return nil
 }
 
-// flushAnswers sends the waiting answers whose snapshot is durable.
+// flushAnswers sends the waiting answers whose snapshot is durable. Each
+// answer leaves the queue before it is sent: a send that fails drops the
+// connection, which saves the state, whose settlement comes back here
+// (re-entrantly) and must find only the answers not yet taken.
 func (r *Runner) flushAnswers() {
-	n := 0
-	for n < len(r.pendingAnswers) && r.pendingAnswers[n].gen <= r.savedGen {
-		r.sendResult(r.pendingAnswers[n].rec)
-		n++
+	for len(r.pendingAnswers) > 0 && r.pendingAnswers[0].gen <= r.savedGen {
+		a := r.pendingAnswers[0]
+		r.pendingAnswers = r.pendingAnswers[1:]
+		r.sendResult(a.rec)
 	}
-	r.pendingAnswers = r.pendingAnswers[n:]
 }
 
 // answerWhenSaved sends recs (in order, after every answer already
