@@ -46,23 +46,19 @@ func brokenConn(t *testing.T) *liveConn {
 // nothing panics.
 func TestR4_AnswersWaitingForASnapshotSurviveAConnectionDroppedWhileSending(t *testing.T) {
 	r := bareRunner(t)
-	setConn(r, brokenConn(t))
+	r.link.live = brokenConn(t)
 	recs := []*runnerstate.CommandRecord{
 		{CommandID: "cmd-1", ControllerSeq: 1, CommandType: CmdTurnSteer, Status: runnerstate.StatusCompleted},
 		{CommandID: "cmd-2", ControllerSeq: 2, CommandType: CmdTurnSteer, Status: runnerstate.StatusCompleted},
 		{CommandID: "cmd-3", ControllerSeq: 3, CommandType: CmdTurnSteer, Status: runnerstate.StatusCompleted},
 	}
-	gen, err := r.saveAsync()
+	gen, err := r.j.saveAsync()
 	require.NoError(t, err)
-	require.NotPanics(t, func() { r.answerWhenSaved(gen, recs) })
-	assert.False(t, connected(r), "the failed write dropped the connection")
-	assert.Zero(t, waitingAnswers(r), "every durable answer was taken")
+	require.NotPanics(t, func() { r.j.answerWhenSaved(gen, recs) })
+	assert.False(t, r.link.connected(), "the failed write dropped the connection")
+	assert.Empty(t, r.j.answers, "every durable answer was taken")
 	assert.Nil(t, r.exit, "a dropped connection is not fatal")
-	st, err := r.store.Load()
+	st, err := r.j.store.Load()
 	require.NoError(t, err)
 	assert.Equal(t, runnerstate.LifecycleConnecting, st.Lifecycle, "the drop is persisted")
 }
-
-func setConn(r *Runner, lc *liveConn) { r.conn = lc }
-func connected(r *Runner) bool       { return r.conn != nil }
-func waitingAnswers(r *Runner) int   { return len(r.pendingAnswers) }

@@ -169,7 +169,7 @@ func (r *Runner) onCommands(connID int, cmds []*prpv1.Command) {
 		}
 	}
 	// Answers still waiting for a snapshot go first (in order).
-	if r.settleSaves() != nil {
+	if r.j.settleSaves() != nil {
 		return
 	}
 	admit(cmds)
@@ -190,7 +190,7 @@ func (r *Runner) onCommands(connID int, cmds []*prpv1.Command) {
 				}
 				return
 			}
-			gen, err := r.saveAsync()
+			gen, err := r.j.saveAsync()
 			if err != nil {
 				r.log.Error("cannot persist runner state", "err", err)
 				r.setExit(ExitError, failure.RunnerStateWriteFailed, true)
@@ -200,20 +200,20 @@ func (r *Runner) onCommands(connID int, cmds []*prpv1.Command) {
 			for _, sl := range slots[answerd:] {
 				recs = append(recs, sl.rec)
 			}
-			r.answerWhenSaved(gen, recs)
+			r.j.answerWhenSaved(gen, recs)
 			return
 		}
 		// Intents before effects.
 		if len(fresh) > 0 {
-			if r.intents == nil {
+			if r.j.intents == nil {
 				changed = false // the save holds everything
 				// (and what is final so far may be answered after it)
 			}
-			if r.journalIntents(fresh) != nil {
+			if r.j.journalIntents(fresh) != nil {
 				return // nothing unjournaled runs, nothing unsaved is answered
 			}
 			fresh = nil
-			if r.intents == nil {
+			if r.j.intents == nil {
 				for answerd < len(slots) && slots[answerd].done {
 					r.sendResult(slots[answerd].rec)
 					answerd++
@@ -225,7 +225,7 @@ func (r *Runner) onCommands(connID int, cmds []*prpv1.Command) {
 		// events of a turn one of them starts (one fsync for run.attached
 		// and turn.started), before any state save, and at the latest when
 		// they have run.
-		r.holdEvents = true
+		r.j.hold = true
 		for ; next < len(slots); next++ {
 			sl := slots[next]
 			if !sl.run {
@@ -237,7 +237,7 @@ func (r *Runner) onCommands(connID int, cmds []*prpv1.Command) {
 				break
 			}
 		}
-		r.holdEvents = false
+		r.j.hold = false
 		r.flushHeld()
 		if r.exit != nil && r.exit.immediate {
 			return
@@ -274,19 +274,19 @@ func (r *Runner) drainCommands(connID, max int, wait time.Duration) []*prpv1.Com
 	for len(cmds) < max && r.held == nil {
 		var in inbound
 		select {
-		case in = <-r.inbound:
+		case in = <-r.link.inbound:
 		default:
 			if timeout == nil {
 				return cmds
 			}
 			select {
-			case in = <-r.inbound:
+			case in = <-r.link.inbound:
 			case <-timeout:
 				return cmds
 			}
 		}
 		timeout = nil
-		if cmd := in.f.GetCommand(); in.err == nil && in.connID == connID && r.conn != nil && r.conn.id == connID && cmd != nil {
+		if cmd := in.f.GetCommand(); in.err == nil && r.link.current(connID) && in.connID == connID && cmd != nil {
 			cmds = append(cmds, cmd)
 			continue
 		}
@@ -488,7 +488,7 @@ func (r *Runner) cmdRunAttach(c *prpv1.Command) (map[string]any, *cmdError) {
 	if t := r.st.ActiveTurn; t != nil && t.RunID != c.GetRunId() {
 		return nil, rejected(failure.TurnAlreadyActive, "turn %s of run %s is still active", t.TurnID, t.RunID)
 	}
-	r.configuredEnv = in.GetEnvironment().GetConfigured()
+	r.sup.configuredEnv = in.GetEnvironment().GetConfigured()
 	persisted := proto.Clone(in).(*prpv1.ExecutionInput)
 	if persisted.Environment != nil {
 		persisted.Environment.Configured = nil
@@ -506,7 +506,7 @@ func (r *Runner) cmdRunAttach(c *prpv1.Command) (map[string]any, *cmdError) {
 	// A run declaring another tool contract than the live provider's
 	// thread was opened with gets a fresh provider: the next turn resumes
 	// the same thread with the run's dynamic tools.
-	if r.prov != nil && r.st.ActiveTurn == nil && toolContract(in) != r.provTools {
+	if r.sup.prov != nil && r.st.ActiveTurn == nil && toolContract(in) != r.sup.tools {
 		r.log.Info("the run's tool contract differs from the live provider's; restarting the provider", "run_id", c.GetRunId())
 		r.closeProvider()
 		r.emit(P1, "provider.restarting", "", "", map[string]any{
@@ -515,7 +515,7 @@ func (r *Runner) cmdRunAttach(c *prpv1.Command) (map[string]any, *cmdError) {
 	}
 	// The attached run is persisted with the command's outcome, before the
 	// answer; run.attached is journaled (fsync) before it is sent.
-	reused := r.prov != nil
+	reused := r.sup.prov != nil
 	payload := map[string]any{
 		"runId":            c.GetRunId(),
 		"attempt":          float64(c.GetAttempt()),
@@ -568,17 +568,17 @@ func (r *Runner) cmdTurnStart(ctx context.Context, c *prpv1.Command) (map[string
 		return nil, rejected(failure.TurnAlreadyActive, "turn %s is still active", t.TurnID)
 	}
 	if r.st.Backpressure {
-		return nil, rejected(failure.RunnerBackpressure, "the outbox holds %d unacknowledged bytes; no new turn until it drains", r.outbox.Bytes())
+		return nil, rejected(failure.RunnerBackpressure, "the outbox holds %d unacknowledged bytes; no new turn until it drains", r.j.outbox.Bytes())
 	}
 	if e := r.ensureProvider(); e != nil {
 		return nil, e
 	}
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.RequestTimeout)
 	defer cancel()
-	turnID, err := r.prov.StartTurn(ctx, text)
+	turnID, err := r.sup.prov.StartTurn(ctx, text)
 	r.reportExecution(c, turnID, err)
 	if err == nil {
-		r.awaitTurnStarted(r.cfg.TurnStartedWait)
+		r.sup.awaitTurnStarted(r.cfg.TurnStartedWait)
 	}
 	r.pumpProviderEvents()
 	if err != nil {
@@ -617,30 +617,6 @@ func (r *Runner) reportExecution(c *prpv1.Command, turnID string, err error) {
 	r.emit(P0, EventCommandExecuted, turnID, "", p)
 }
 
-// awaitTurnStarted waits (at most max) for the provider's turn.started,
-// which follows its turn/start answer, so that it is journaled with the
-// events held so far (run.attached): one fsync, and one batch for the
-// executor to persist instead of two in a row. turn.started itself is not
-// delayed: it is journaled as soon as it arrived.
-func (r *Runner) awaitTurnStarted(max time.Duration) {
-	isStarted := func(ev ProviderEvent) bool { return ev.Type == "turn.started" }
-	if r.queue.has(isStarted) {
-		return
-	}
-	t := time.NewTimer(max)
-	defer t.Stop()
-	for {
-		select {
-		case <-r.queue.signal:
-			if r.queue.has(isStarted) {
-				return
-			}
-		case <-t.C:
-			return
-		}
-	}
-}
-
 // providerEnv is the provider process's environment (SPEC E2), built by
 // provenv from the policy the run input carries: the provider host context
 // is runnerd's own choice — PATH from its configuration, HOME and
@@ -648,11 +624,11 @@ func (r *Runner) awaitTurnStarted(max time.Duration) {
 // which holds its bootstrap credentials; the workspace pinned is the one
 // the runner serves.
 func (r *Runner) providerEnv(in *prpv1.ExecutionInput, codexHome string) []string {
-	if r.configuredEnv != nil {
+	if r.sup.configuredEnv != nil {
 		if in.Environment == nil {
 			in.Environment = &prpv1.ProviderEnvironment{}
 		}
-		in.Environment.Configured = r.configuredEnv
+		in.Environment.Configured = r.sup.configuredEnv
 	}
 	host := map[string]string{"PATH": r.cfg.PathEnv, "HOME": r.cfg.StateDir, "CODEX_HOME": codexHome}
 	env := provenv.ForRun(in, host, r.cfg.Workspace)
@@ -664,7 +640,7 @@ func (r *Runner) providerEnv(in *prpv1.ExecutionInput, codexHome string) []strin
 
 // ensureProvider starts the provider and opens (or resumes) the thread.
 func (r *Runner) ensureProvider() *cmdError {
-	if r.prov != nil {
+	if r.sup.prov != nil {
 		return nil
 	}
 	return r.startProvider(false)
@@ -685,7 +661,7 @@ func (r *Runner) recoverProvider() {
 		r.log.Info("re-attached to the provider that survived the runnerd restart",
 			"pid", r.st.ProviderProcess.PID, "provider_cursor", r.st.ProviderCursor, "active_turn", turn != nil)
 		r.expireRequests(stale, failure.DurableHandoff)
-		if rr, ok := r.prov.(ReattachReconciler); ok && rr.ReconcileOnReattach() && turn != nil {
+		if rr, ok := r.sup.prov.(ReattachReconciler); ok && rr.ReconcileOnReattach() && turn != nil {
 			r.reconcileTurn(turn, failure.ProviderProcessLost, "runnerd restarted during the turn")
 		}
 		return
@@ -736,23 +712,19 @@ func (r *Runner) startProvider(reattach bool) *cmdError {
 		RequestTimeout: r.cfg.RequestTimeout,
 		Logger:         r.log.With("component", "provider"),
 		Hosted:         r.cfg.ProviderHost,
-		HostDir:        r.store.Dir,
+		HostDir:        r.j.store.Dir,
 		Reattach:       reattach,
 		ResumeAfter:    r.st.ProviderCursor,
 		DetachTimeout:  r.cfg.ProviderDetachTimeout,
 		CloseGrace:     r.cfg.ProviderCloseGrace,
 	}
-	r.provGen++
-	gen := r.provGen
-	q := r.queue
 	ctx, cancel := context.WithTimeout(context.Background(), 2*r.cfg.RequestTimeout)
 	defer cancel()
-	p, err := r.cfg.StartProvider(ctx, cfg, func(ev ProviderEvent) { q.push(gen, ev) })
+	p, err := r.sup.launch(ctx, cfg)
 	if err != nil {
 		r.pumpProviderEvents()
 		return providerFailure(failure.ProviderStartFailed, err)
 	}
-	r.prov = p
 	pi := p.Process()
 	r.st.ProviderProcess = &runnerstate.Process{PID: pi.PID, PGID: pi.PGID, StartTicks: pi.StartTicks, BootID: r.boot, StartedAt: pi.StartedAt.UTC()}
 	r.mustSave()
@@ -769,7 +741,7 @@ func (r *Runner) startProvider(reattach bool) *cmdError {
 		return providerFailure("provider_thread_open_failed", err)
 	}
 	r.st.ProviderThreadID = tid
-	r.provTools = toolContract(in)
+	r.sup.tools = toolContract(in)
 	r.mustSave()
 	r.log.Info("provider ready", "pid", pi.PID, "thread_id", tid, "resumed", resumed)
 	return nil
@@ -780,7 +752,7 @@ func (r *Runner) cmdTurnInterrupt(ctx context.Context, c *prpv1.Command) (map[st
 		return nil, e
 	}
 	t := r.st.ActiveTurn
-	if t == nil || r.prov == nil {
+	if t == nil || r.sup.prov == nil {
 		return nil, rejected(failure.NoActiveTurn, "no turn is active")
 	}
 	if want := payloadString(c, "turnId"); want != "" && want != t.TurnID {
@@ -788,7 +760,7 @@ func (r *Runner) cmdTurnInterrupt(ctx context.Context, c *prpv1.Command) (map[st
 	}
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.RequestTimeout)
 	defer cancel()
-	if err := r.prov.Interrupt(ctx, t.TurnID); err != nil {
+	if err := r.sup.prov.Interrupt(ctx, t.TurnID); err != nil {
 		return nil, providerFailure(failure.ProviderInterruptFailed, err)
 	}
 	r.interruptAsked = t.TurnID
@@ -800,7 +772,7 @@ func (r *Runner) cmdTurnSteer(ctx context.Context, c *prpv1.Command) (map[string
 		return nil, e
 	}
 	t := r.st.ActiveTurn
-	if t == nil || r.prov == nil {
+	if t == nil || r.sup.prov == nil {
 		return nil, rejected(failure.NoActiveTurn, "no turn is active")
 	}
 	text := payloadString(c, "text")
@@ -812,7 +784,7 @@ func (r *Runner) cmdTurnSteer(ctx context.Context, c *prpv1.Command) (map[string
 	}
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.RequestTimeout)
 	defer cancel()
-	if err := r.prov.Steer(ctx, t.TurnID, text); err != nil {
+	if err := r.sup.prov.Steer(ctx, t.TurnID, text); err != nil {
 		return nil, providerFailure(failure.ProviderSteerFailed, err)
 	}
 	return map[string]any{"turnId": t.TurnID}, nil
@@ -878,7 +850,7 @@ func (r *Runner) suspendRefusal() *cmdError {
 func (r *Runner) suspend(reason string) error {
 	r.closeProvider()
 	r.st.Lifecycle, r.st.LifecycleReason = runnerstate.LifecycleSuspended, reason
-	if err := r.save(); err != nil {
+	if err := r.j.save(); err != nil {
 		r.log.Error("cannot persist the suspension", "err", err)
 		r.setExit(ExitError, failure.RunnerStateWriteFailed, true)
 		return err
@@ -892,11 +864,10 @@ func (r *Runner) suspend(reason string) error {
 
 // closeProvider stops the provider (if any) and forgets it.
 func (r *Runner) closeProvider() {
-	p := r.prov
+	p := r.sup.release()
 	if p == nil {
 		return
 	}
-	r.prov = nil
 	ctx, cancel := context.WithTimeout(context.Background(), 3*r.cfg.ProviderCloseGrace)
 	if err := p.Close(ctx, r.cfg.ProviderCloseGrace); err != nil {
 		r.log.Warn("provider close", "err", err)
@@ -967,7 +938,7 @@ func (r *Runner) onTurnDone(res TurnResult) {
 // next turn.start restarts the provider and resumes the thread.
 func (r *Runner) onProviderExit() {
 	r.pumpProviderEvents()
-	p := r.prov
+	p := r.sup.prov
 	// A turn that finished just before the exit still counts as finished.
 	select {
 	case res := <-p.TurnDone():

@@ -145,7 +145,7 @@ func TestR4_TurnEndJournalsItsLastEventsAndTheTerminalInOneFsync(t *testing.T) {
 	// outlast a loaded machine here.
 	r.cfg.TurnStartedWait = time.Minute
 	var appends [][]string
-	r.outbox.AfterSync = func(recs []durable.Record) {
+	r.j.outbox.AfterSync = func(recs []durable.Record) {
 		var types []string
 		for _, rec := range recs {
 			types = append(types, rec.EventType)
@@ -154,14 +154,14 @@ func TestR4_TurnEndJournalsItsLastEventsAndTheTerminalInOneFsync(t *testing.T) {
 	}
 	r.st.CurrentRun = &runnerstate.RunRef{RunID: "run-1", Attempt: 1}
 	r.st.ActiveTurn = &runnerstate.Turn{TurnID: "turn-1", RunID: "run-1", Attempt: 1}
-	r.queue.push(r.provGen, ProviderEvent{Type: "item.completed", TurnID: "turn-1", Priority: P1})
-	r.queue.push(r.provGen, ProviderEvent{Type: "turn.completed", TurnID: "turn-1", Priority: P0})
+	r.sup.queue.push(r.sup.gen, ProviderEvent{Type: "item.completed", TurnID: "turn-1", Priority: P1})
+	r.sup.queue.push(r.sup.gen, ProviderEvent{Type: "turn.completed", TurnID: "turn-1", Priority: P0})
 	r.onTurnDone(TurnResult{TurnID: "turn-1", Status: "completed"})
 	assert.Equal(t, [][]string{{"item.completed", "turn.completed", "run.terminal"}}, appends)
-	st, err := r.store.Load()
+	st, err := r.j.store.Load()
 	require.NoError(t, err)
 	assert.Nil(t, st.ActiveTurn, "the ended turn is persisted")
-	recs := r.outbox.After(0)
+	recs := r.j.outbox.After(0)
 	require.Len(t, recs, 3)
 	assert.Contains(t, string(recs[2].Envelope), `"runId":"run-1"`)
 }
@@ -225,7 +225,7 @@ func TestR4_RunAttachedAndTheTurnsFirstEventsShareOneFsync(t *testing.T) {
 	// outlast a loaded machine here.
 	r.cfg.TurnStartedWait = time.Minute
 	var appends [][]string
-	r.outbox.AfterSync = func(recs []durable.Record) {
+	r.j.outbox.AfterSync = func(recs []durable.Record) {
 		var types []string
 		for _, rec := range recs {
 			types = append(types, rec.EventType)
@@ -233,17 +233,17 @@ func TestR4_RunAttachedAndTheTurnsFirstEventsShareOneFsync(t *testing.T) {
 		appends = append(appends, types)
 	}
 	saves := 0
-	r.cfg.StateSaved = func(*runnerstate.State) { saves++ }
-	p, err := newFakeStarter().start(context.Background(), ProviderConfig{}, func(ev ProviderEvent) { r.queue.push(r.provGen, ev) })
+	r.j.saved = func(*runnerstate.State) { saves++ }
+	p, err := newFakeStarter().start(context.Background(), ProviderConfig{}, func(ev ProviderEvent) { r.sup.queue.push(r.sup.gen, ev) })
 	require.NoError(t, err)
-	r.prov = p
-	r.queue.drain() // session.starting: not part of this test
+	r.sup.prov = p
+	r.sup.queue.drain() // session.starting: not part of this test
 	cs := &cmdSeq{t: t, runID: "run-1", attempt: 1}
 	r.onCommands(0, []*prpv1.Command{cs.attach("c-attach"), cs.next("c-turn", CmdTurnStart, map[string]any{"text": "hi"})})
-	require.NoError(t, r.settleSaves())
+	require.NoError(t, r.j.settleSaves())
 	assert.Equal(t, [][]string{{"run.attached", EventCommandExecuted, "turn.started"}}, appends)
 	assert.Equal(t, 2, saves, "intents, then outcomes")
-	st, err := r.store.Load()
+	st, err := r.j.store.Load()
 	require.NoError(t, err)
 	assert.Equal(t, runnerstate.StatusCompleted, st.ProcessedCommands["c-attach"].Status)
 	assert.Equal(t, runnerstate.StatusCompleted, st.ProcessedCommands["c-turn"].Status)
@@ -343,19 +343,19 @@ func TestR4_TurnStartedThatFollowsTheAnswerSharesTheFsyncOfRunAttached(t *testin
 	// outlast a loaded machine here.
 	r.cfg.TurnStartedWait = time.Minute
 	var appends [][]string
-	r.outbox.AfterSync = func(recs []durable.Record) {
+	r.j.outbox.AfterSync = func(recs []durable.Record) {
 		var types []string
 		for _, rec := range recs {
 			types = append(types, rec.EventType)
 		}
 		appends = append(appends, types)
 	}
-	p, err := newFakeStarter().start(context.Background(), ProviderConfig{}, func(ev ProviderEvent) { r.queue.push(r.provGen, ev) })
+	p, err := newFakeStarter().start(context.Background(), ProviderConfig{}, func(ev ProviderEvent) { r.sup.queue.push(r.sup.gen, ev) })
 	require.NoError(t, err)
-	r.prov = &lateStartedProvider{p.(*fakeProvider)}
-	r.queue.drain()
+	r.sup.prov = &lateStartedProvider{p.(*fakeProvider)}
+	r.sup.queue.drain()
 	cs := &cmdSeq{t: t, runID: "run-1", attempt: 1}
 	r.onCommands(0, []*prpv1.Command{cs.attach("c-attach"), cs.next("c-turn", CmdTurnStart, map[string]any{"text": "hi"})})
-	require.NoError(t, r.settleSaves())
+	require.NoError(t, r.j.settleSaves())
 	assert.Equal(t, [][]string{{"run.attached", EventCommandExecuted, "turn.started"}}, appends)
 }

@@ -47,7 +47,7 @@ func (r *Runner) recoverTurn(t *runnerstate.Turn, code, cause string) {
 // reconcileTurn settles t, the active turn, on the running provider from
 // its thread's record: retained, its recorded result, or lost.
 func (r *Runner) reconcileTurn(t *runnerstate.Turn, code, cause string) {
-	rp, ok := r.prov.(TurnReconciler)
+	rp, ok := r.sup.prov.(TurnReconciler)
 	if !ok {
 		r.loseTurn(t, code, cause+"; the provider cannot reconcile turns", "unsupported")
 		return
@@ -78,7 +78,7 @@ func (r *Runner) reconcileTurn(t *runnerstate.Turn, code, cause string) {
 func (r *Runner) settleReconciled(ctx context.Context, t *runnerstate.Turn, code, cause, status string) {
 	var res TurnResult
 	select {
-	case res = <-r.prov.TurnDone():
+	case res = <-r.sup.prov.TurnDone():
 	case <-ctx.Done():
 		r.loseTurn(t, code, fmt.Sprintf("%s; the reconciled result of turn %s did not arrive", cause, t.TurnID), ReconcileTerminalized)
 		return
@@ -175,7 +175,7 @@ func (r *Runner) reconcileCutTurnStart(rec *runnerstate.CommandRecord) {
 		log.Warn("a turn.start cut short by the runnerd restart stays indeterminate: no provider", "err", e.msg)
 		return
 	}
-	rp, ok := r.prov.(TurnReconciler)
+	rp, ok := r.sup.prov.(TurnReconciler)
 	if !ok {
 		return
 	}
@@ -224,7 +224,7 @@ type execution struct {
 // journaledExecution returns the execution of command commandID the outbox
 // holds (its command.executed event), if any.
 func (r *Runner) journaledExecution(commandID string) (execution, bool) {
-	for _, rec := range r.outbox.After(0) {
+	for _, rec := range r.j.outbox.After(0) {
 		if rec.EventType != EventCommandExecuted {
 			continue
 		}
@@ -256,7 +256,7 @@ func (r *Runner) turnEndJournaled(turnID string) bool {
 // journaledTurnEnd returns the journaled end of turn turnID: its
 // run.terminal or turn.lost (the event type, its run and payload).
 func (r *Runner) journaledTurnEnd(turnID string) (turnEnd, bool) {
-	for _, rec := range r.outbox.After(0) {
+	for _, rec := range r.j.outbox.After(0) {
 		if rec.EventType != "run.terminal" && rec.EventType != EventTurnLost {
 			continue
 		}

@@ -65,10 +65,10 @@ func providerRejection(fallback string, err error) *cmdError {
 
 func (r *Runner) activeRuntimeProvider() (RuntimeRequestProvider, *cmdError) {
 	t := r.st.ActiveTurn
-	if t == nil || r.prov == nil {
+	if t == nil || r.sup.prov == nil {
 		return nil, rejected(failure.NoActiveTurn, "no turn is active")
 	}
-	rp, ok := r.prov.(RuntimeRequestProvider)
+	rp, ok := r.sup.prov.(RuntimeRequestProvider)
 	if !ok {
 		return nil, rejected(failure.RuntimeRequestResolutionUnsupported, "the provider cannot answer runtime requests")
 	}

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"sync"
 
-	"github.com/tether-run/tether/pkg/failure"
 	"github.com/tether-run/tether/pkg/runnerstate"
 	"github.com/tether-run/tether/services/runnerd/internal/durable"
 )
@@ -90,72 +89,72 @@ type pendingAnswer struct {
 
 // saveAsync encodes the state and has it written (synchronously without a
 // saver); it returns the snapshot's number.
-func (r *Runner) saveAsync() (uint64, error) {
-	if r.saveErr != nil {
-		return 0, r.saveErr
+func (j *journal) saveAsync() (uint64, error) {
+	if j.saveErr != nil {
+		return 0, j.saveErr
 	}
 	// Events the state follows from are journaled first (and their
 	// source seqs are then taken).
-	r.flushHeld()
-	b, err := runnerstate.Encode(r.st)
+	j.host.flushHeld()
+	b, err := runnerstate.Encode(j.st)
 	if err != nil {
 		return 0, fmt.Errorf("runner_state_write_failed: %w", err)
 	}
-	r.saveGen++
-	r.ackDirty = false // the snapshot holds the cursor
-	if r.intents != nil {
-		if r.snapCovers == nil {
-			r.snapCovers = map[uint64]uint64{}
+	j.saveGen++
+	j.ackDirty = false // the snapshot holds the cursor
+	if j.intents != nil {
+		if j.snapCovers == nil {
+			j.snapCovers = map[uint64]uint64{}
 		}
-		r.snapCovers[r.saveGen] = r.st.LastControllerCommandSeq
+		j.snapCovers[j.saveGen] = j.st.LastControllerCommandSeq
 	}
-	if r.saver == nil {
-		r.onSaved(saveResult{gen: r.saveGen, err: r.store.Write(b)})
-		return r.saveGen, r.saveErr
+	if j.saver == nil {
+		j.onSaved(saveResult{gen: j.saveGen, err: j.store.Write(b)})
+		return j.saveGen, j.saveErr
 	}
-	r.saver.submit(b, r.saveGen)
-	return r.saveGen, nil
+	j.saver.submit(b, j.saveGen)
+	return j.saveGen, nil
 }
 
 // waitSaved blocks until snapshot gen is durable.
-func (r *Runner) waitSaved(gen uint64) error {
-	for r.saveErr == nil && r.savedGen < gen {
-		r.onSaved(<-r.saver.done)
+func (j *journal) waitSaved(gen uint64) error {
+	for j.saveErr == nil && j.savedGen < gen {
+		j.onSaved(<-j.saver.done)
 	}
-	return r.saveErr
+	return j.saveErr
 }
 
 // onSaved records a written snapshot and sends the answers it made
 // durable. A failed write is fatal: nothing more is answered.
-func (r *Runner) onSaved(res saveResult) {
-	if r.saveErr != nil {
+func (j *journal) onSaved(res saveResult) {
+	if j.saveErr != nil {
 		return
 	}
 	if res.err != nil {
-		r.saveErr = fmt.Errorf("runner_state_write_failed: %w", res.err)
-		r.pendingAnswers = nil
-		r.log.Error("cannot persist runner state", "err", res.err)
-		r.setExit(ExitError, failure.RunnerStateWriteFailed, true)
+		j.saveErr = fmt.Errorf("runner_state_write_failed: %w", res.err)
+		j.answers = nil
+		j.log.Error("cannot persist runner state", "err", res.err)
+		j.host.journalFailed()
 		return
 	}
-	r.savedGen = max(r.savedGen, res.gen)
-	if r.cfg.StateSaved != nil {
-		r.cfg.StateSaved(r.st)
+	j.savedGen = max(j.savedGen, res.gen)
+	if j.saved != nil {
+		j.saved(j.st)
 	}
-	if r.intents != nil {
-		covers := r.snapCovers[res.gen]
-		for g := range r.snapCovers {
+	if j.intents != nil {
+		covers := j.snapCovers[res.gen]
+		for g := range j.snapCovers {
 			if g <= res.gen {
-				delete(r.snapCovers, g)
+				delete(j.snapCovers, g)
 			}
 		}
-		if covers >= r.intentsTo && r.intents.Size() >= intentLogResetBytes {
-			if err := r.intents.Reset(); err != nil {
-				r.log.Warn("cannot empty the intent log", "err", err)
+		if covers >= j.intentsTo && j.intents.Size() >= intentLogResetBytes {
+			if err := j.intents.Reset(); err != nil {
+				j.log.Warn("cannot empty the intent log", "err", err)
 			}
 		}
 	}
-	r.flushAnswers()
+	j.flushAnswers()
 }
 
 // intentLogResetBytes: the intent log is emptied (once a durable state
@@ -165,20 +164,20 @@ const intentLogResetBytes = 64 << 10
 // journalIntents makes the intents of commands about to run durable before
 // their effects: appended to the intent log (one fdatasync), or without a
 // log by saving the state.
-func (r *Runner) journalIntents(ins []durable.Intent) error {
-	if r.intents == nil {
-		return r.save()
+func (j *journal) journalIntents(ins []durable.Intent) error {
+	if j.intents == nil {
+		return j.save()
 	}
-	if err := r.intents.Append(ins...); err != nil {
+	if err := j.intents.Append(ins...); err != nil {
 		err = fmt.Errorf("runner_state_write_failed: intent log: %w", err)
-		r.saveErr = err
-		r.pendingAnswers = nil
-		r.log.Error("cannot journal command intents", "err", err)
-		r.setExit(ExitError, failure.RunnerStateWriteFailed, true)
+		j.saveErr = err
+		j.answers = nil
+		j.log.Error("cannot journal command intents", "err", err)
+		j.host.journalFailed()
 		return err
 	}
 	for _, in := range ins {
-		r.intentsTo = max(r.intentsTo, in.ControllerSeq)
+		j.intentsTo = max(j.intentsTo, in.ControllerSeq)
 	}
 	return nil
 }
@@ -187,37 +186,28 @@ func (r *Runner) journalIntents(ins []durable.Intent) error {
 // answer leaves the queue before it is sent: a send that fails drops the
 // connection, which saves the state, whose settlement comes back here
 // (re-entrantly) and must find only the answers not yet taken.
-func (r *Runner) flushAnswers() {
-	for len(r.pendingAnswers) > 0 && r.pendingAnswers[0].gen <= r.savedGen {
-		a := r.pendingAnswers[0]
-		r.pendingAnswers = r.pendingAnswers[1:]
-		r.sendResult(a.rec)
+func (j *journal) flushAnswers() {
+	for len(j.answers) > 0 && j.answers[0].gen <= j.savedGen {
+		a := j.answers[0]
+		j.answers = j.answers[1:]
+		j.host.sendResult(a.rec)
 	}
 }
 
 // answerWhenSaved sends recs (in order, after every answer already
 // waiting) once snapshot gen is durable.
-func (r *Runner) answerWhenSaved(gen uint64, recs []*runnerstate.CommandRecord) {
+func (j *journal) answerWhenSaved(gen uint64, recs []*runnerstate.CommandRecord) {
 	for _, rec := range recs {
-		r.pendingAnswers = append(r.pendingAnswers, pendingAnswer{gen: gen, rec: rec})
+		j.answers = append(j.answers, pendingAnswer{gen: gen, rec: rec})
 	}
-	r.flushAnswers()
+	j.flushAnswers()
 }
 
 // settleSaves waits for every snapshot asked for (and so sends every answer
 // waiting for one).
-func (r *Runner) settleSaves() error {
-	if r.saver == nil {
-		return r.saveErr
+func (j *journal) settleSaves() error {
+	if j.saver == nil {
+		return j.saveErr
 	}
-	return r.waitSaved(r.saveGen)
-}
-
-// saveSoon has the state written without waiting (for changes nobody waits
-// on); a failure is fatal as for mustSave.
-func (r *Runner) saveSoon() {
-	if _, err := r.saveAsync(); err != nil && r.saveErr == nil {
-		r.log.Error("cannot persist runner state", "err", err)
-		r.setExit(ExitError, failure.RunnerStateWriteFailed, true)
-	}
+	return j.waitSaved(j.saveGen)
 }

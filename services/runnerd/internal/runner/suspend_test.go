@@ -122,18 +122,19 @@ func bareRunner(t *testing.T) *Runner {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = ob.Close() })
 	r := &Runner{
-		cfg: cfg, log: cfg.Logger, store: store, outbox: ob, queue: newEventQueue(),
-		disconnectedSince: time.Now(), // within the reconnect grace
-		st:                runnerstate.NewState(runnerstate.Identity{RunnerInstanceID: tRunner, NormalizedSessionID: tSess, SessionScope: tScope}),
+		cfg: cfg, log: cfg.Logger, link: newLink(&cfg), sup: newSupervisor(nil),
+		st: runnerstate.NewState(runnerstate.Identity{RunnerInstanceID: tRunner, NormalizedSessionID: tSess, SessionScope: tScope}),
 	}
+	r.link.disconnectedSince = time.Now() // within the reconnect grace
+	r.j = &journal{log: cfg.Logger, host: r, st: r.st, store: store, outbox: ob}
 	r.st.Lifecycle, r.st.ProviderThreadID = runnerstate.LifecycleReady, "thread-1"
-	require.NoError(t, r.save())
+	require.NoError(t, r.j.save())
 	return r
 }
 
 func outboxTypes(r *Runner) []string {
 	var types []string
-	for _, rec := range r.outbox.After(0) {
+	for _, rec := range r.j.outbox.After(0) {
 		types = append(types, rec.EventType)
 	}
 	return types
@@ -150,7 +151,7 @@ func TestR5_IdleTimeoutOfARevokedOrUnrecoverableRunnerStops(t *testing.T) {
 			assert.Equal(t, ExitOK, r.exit.code)
 			assert.False(t, r.exit.immediate)
 			assert.Equal(t, []string{"runner.stopped"}, outboxTypes(r))
-			st, err := r.store.Load()
+			st, err := r.j.store.Load()
 			require.NoError(t, err)
 			assert.Equal(t, runnerstate.LifecycleStopped, st.Lifecycle)
 			assert.Equal(t, "idle_timeout", st.LifecycleReason)
@@ -160,7 +161,7 @@ func TestR5_IdleTimeoutOfARevokedOrUnrecoverableRunnerStops(t *testing.T) {
 
 func TestR5_IdleSuspensionThatCannotBePersistedExitsWithError(t *testing.T) {
 	r := bareRunner(t)
-	r.store = &durable.Store{Dir: filepath.Join(r.store.Dir, durable.OutboxFile, "not-a-dir")}
+	r.j.store = &durable.Store{Dir: filepath.Join(r.j.store.Dir, durable.OutboxFile, "not-a-dir")}
 	_, done := r.checkTimers(time.Now().Add(time.Second))
 	require.False(t, done)
 	require.NotNil(t, r.exit)
@@ -266,7 +267,7 @@ func TestR4_SessionCloseOfARevokedOrUnrecoverableRunnerStops(t *testing.T) {
 			require.Nil(t, cerr)
 			assert.Equal(t, map[string]any{"lifecycle": runnerstate.LifecycleStopped, "providerThreadId": "thread-1"}, out)
 			assert.Equal(t, []string{"runner.stopped"}, outboxTypes(r))
-			st, err := r.store.Load()
+			st, err := r.j.store.Load()
 			require.NoError(t, err)
 			assert.Equal(t, runnerstate.LifecycleStopped, st.Lifecycle)
 			assert.Equal(t, "session_closed", st.LifecycleReason)
@@ -276,7 +277,7 @@ func TestR4_SessionCloseOfARevokedOrUnrecoverableRunnerStops(t *testing.T) {
 
 func TestR4_SessionCloseWhoseSuspensionCannotBePersistedFails(t *testing.T) {
 	r := bareRunner(t)
-	r.store = &durable.Store{Dir: filepath.Join(r.store.Dir, durable.OutboxFile, "not-a-dir")}
+	r.j.store = &durable.Store{Dir: filepath.Join(r.j.store.Dir, durable.OutboxFile, "not-a-dir")}
 	out, cerr := r.cmdSessionClose(&prpv1.Command{CommandId: "c-close", Type: CmdSessionClose})
 	assert.Nil(t, out)
 	require.NotNil(t, cerr)

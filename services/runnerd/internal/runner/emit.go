@@ -1,0 +1,255 @@
+package runner
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/tether-run/tether/pkg/failure"
+	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
+	"github.com/tether-run/tether/pkg/runnerstate"
+	"github.com/tether-run/tether/services/runnerd/internal/durable"
+)
+
+// Emitting events: each takes the next source seq, is journaled (one
+// fsync per batch) before it is sent, and stays within the outbox limits
+// (backpressure).
+
+// newEvent assigns the next source seq and builds the journaled envelope.
+// The event is labelled with runID, or else with the attached run.
+func (r *Runner) newEvent(prio uint32, typ, turnID, itemID, runID string, payload map[string]any) (durable.Record, error) {
+	if prio > P2 {
+		prio = P1
+	}
+	seq := r.st.NextSourceSeq
+	ev := &prpv1.Event{
+		Schema:              EventSchema,
+		SourceInstanceId:    r.st.Identity.RunnerInstanceID,
+		SourceEventId:       SourceEventID(r.st.Identity.RunnerInstanceID, seq),
+		SourceSeq:           seq,
+		SourceKind:          SourceKindRunner,
+		NormalizedSessionId: r.st.Identity.NormalizedSessionID,
+		TurnId:              turnID,
+		ItemId:              itemID,
+		EventType:           typ,
+		SchemaVersion:       EventSchemaVersion,
+		Priority:            prio,
+		EmittedAt:           nowTS(time.Now()),
+	}
+	if runID != "" {
+		ev.RunId = runID
+	} else if r.st.CurrentRun != nil {
+		ev.RunId = r.st.CurrentRun.RunID
+	}
+	s, err := toStruct(payload)
+	if err != nil {
+		return durable.Record{}, err
+	}
+	ev.Payload = s
+	env, err := encodeEnvelope(ev)
+	if err != nil {
+		return durable.Record{}, err
+	}
+	if len(env) > maxEnvelopeBytes {
+		s, _ := toStruct(map[string]any{
+			"code":              failure.ProviderFrameTooLarge,
+			"message":           fmt.Sprintf("%s event of %d bytes exceeds the frame limit", typ, len(env)),
+			"originalEventType": typ,
+		})
+		ev.EventType, ev.Payload, ev.Priority = "harness.diagnostic", s, P1
+		if env, err = encodeEnvelope(ev); err != nil {
+			return durable.Record{}, err
+		}
+	}
+	r.st.NextSourceSeq++
+	return durable.Record{SourceSeq: seq, Priority: ev.Priority, EventType: ev.EventType, Envelope: env}, nil
+}
+
+type pendingEvent struct {
+	prio                uint32
+	typ, turnID, itemID string
+	payload             map[string]any
+	// runID labels the event (default: the attached run).
+	runID string
+}
+
+// emitAll journals events (one fsync) and then sends them, within the
+// outbox limits: a non-P0 event that does not fit below
+// MaxOutboxBytes-P0ReserveBytes is rejected and puts the runner in
+// backpressure (P0 runner.backpressure, lifecycle backpressure); P0 events
+// may use the reserve; a P0 event beyond MaxOutboxBytes is unrecoverable.
+// A rejected event takes no source seq, so seqs stay contiguous.
+func (r *Runner) emitAll(evs []pendingEvent) {
+	if r.j.hold {
+		r.j.held = append(r.j.held, evs...)
+		return
+	}
+	if len(r.j.held) > 0 {
+		evs = append(r.j.held, evs...)
+		r.j.held = nil
+	}
+	recs := make([]durable.Record, 0, len(evs))
+	opened := false // a runtime request or tool call is announced
+	held := r.j.outbox.Bytes()
+	soft := r.cfg.MaxOutboxBytes - r.cfg.P0ReserveBytes
+	var add func(e pendingEvent) bool
+	add = func(e pendingEvent) bool {
+		rec, err := r.newEvent(e.prio, e.typ, e.turnID, e.itemID, e.runID, e.payload)
+		if err != nil {
+			r.log.Error("dropping unencodable event", "event_type", e.typ, "err", err)
+			return true
+		}
+		size := uint64(len(rec.Envelope))
+		switch {
+		case rec.Priority == P0 && held+size > r.cfg.MaxOutboxBytes:
+			r.st.NextSourceSeq = rec.SourceSeq
+			r.log.Error("durable outbox limit exhausted by a P0 event", "event_type", rec.EventType, "outbox_bytes", held, "event_bytes", size,
+				"max_outbox_bytes", r.cfg.MaxOutboxBytes)
+			return false
+		case rec.Priority != P0 && held+size > soft:
+			r.st.NextSourceSeq = rec.SourceSeq
+			r.st.BackpressureDropped++
+			if !r.st.Backpressure {
+				r.st.Backpressure = true
+				r.st.Lifecycle, r.st.LifecycleReason = runnerstate.LifecycleBackpressure, failure.OutboxSoftLimit
+				r.log.Warn("outbox soft limit reached: backpressure; non-P0 events are rejected until acknowledged",
+					"outbox_bytes", held, "soft_limit", soft)
+				return add(pendingEvent{prio: P0, typ: "runner.backpressure", payload: map[string]any{
+					"active": true, "outboxBytes": float64(held), "softLimitBytes": float64(soft),
+					"maxOutboxBytes": float64(r.cfg.MaxOutboxBytes), "rejectedEventType": rec.EventType,
+				}})
+			}
+			return true
+		}
+		held += size
+		r.st.PeakOutboxBytes = max(r.st.PeakOutboxBytes, held)
+		recs = append(recs, rec)
+		label := e.runID
+		if label == "" && r.st.CurrentRun != nil {
+			label = r.st.CurrentRun.RunID
+		}
+		if r.trackRequest(e, label) {
+			r.requestsDirty = true
+			opened = opened || e.typ == "runtime_request.created" || e.typ == "semantic_tool.input"
+		}
+		return true
+	}
+	entered := r.st.Backpressure
+	for _, e := range evs {
+		if !add(e) {
+			r.st.Lifecycle, r.st.LifecycleReason = runnerstate.LifecycleUnrecoverable, failure.P0StorageExhausted
+			r.journal(recs)
+			_ = r.j.save()
+			r.setExit(ExitError, failure.P0StorageExhausted, true)
+			return
+		}
+	}
+	if opened {
+		// The state knows an announced request before the controller
+		// does: a restarted runnerd announces it expired (SPEC R8).
+		r.requestsDirty = false
+		r.mustSave()
+	}
+	r.journal(recs)
+	if r.st.Backpressure && !entered {
+		r.mustSave()
+	}
+}
+
+// journal appends recs to the outbox (one fsync) and sends them.
+func (r *Runner) journal(recs []durable.Record) {
+	if len(recs) == 0 {
+		return
+	}
+	if err := r.j.append(recs); err != nil {
+		r.log.Error("cannot journal events", "err", err)
+		r.st.NextSourceSeq = recs[0].SourceSeq
+		r.st.Lifecycle, r.st.LifecycleReason = runnerstate.LifecycleUnrecoverable, failure.OutboxWriteFailed
+		_ = r.j.save()
+		r.setExit(ExitError, failure.OutboxWriteFailed, true)
+		return
+	}
+	r.sendRecords(recs)
+}
+
+// relieveBackpressure leaves backpressure once acknowledgements brought the
+// outbox to half the soft limit (hysteresis, so it does not flap).
+func (r *Runner) relieveBackpressure() {
+	if !r.st.Backpressure {
+		return
+	}
+	soft := r.cfg.MaxOutboxBytes - r.cfg.P0ReserveBytes
+	if r.j.outbox.Bytes() > soft/2 {
+		return
+	}
+	dropped := r.st.BackpressureDropped
+	r.st.Backpressure, r.st.BackpressureDropped = false, 0
+	if r.st.Lifecycle == runnerstate.LifecycleBackpressure {
+		r.st.Lifecycle, r.st.LifecycleReason = runnerstate.LifecycleConnecting, ""
+		if r.link.connected() {
+			r.st.Lifecycle = runnerstate.LifecycleReady
+		}
+	}
+	r.log.Info("backpressure relieved", "outbox_bytes", r.j.outbox.Bytes(), "rejected_events", dropped)
+	r.emit(P0, "runner.backpressure", "", "", map[string]any{
+		"active": false, "outboxBytes": float64(r.j.outbox.Bytes()), "rejectedEvents": float64(dropped),
+	})
+	r.mustSave()
+}
+
+// flushHeld journals (and sends) the held events.
+func (r *Runner) flushHeld() {
+	if len(r.j.held) == 0 {
+		return
+	}
+	hold := r.j.hold
+	r.j.hold = false
+	r.emitAll(nil)
+	r.j.hold = hold
+}
+
+func (r *Runner) emit(prio uint32, typ, turnID, itemID string, payload map[string]any) {
+	r.emitAll([]pendingEvent{{prio: prio, typ: typ, turnID: turnID, itemID: itemID, payload: payload}})
+}
+
+// pumpProviderEvents journals (one fsync) and sends every provider event
+// queued so far.
+func (r *Runner) pumpProviderEvents() {
+	evs, cursor := r.providerEvents()
+	r.journalProvider(evs, cursor)
+}
+
+// providerEvents drains the provider events queued so far, and the
+// provider host cursor they reach (0: none).
+func (r *Runner) providerEvents() ([]pendingEvent, uint64) {
+	evs, cursor, any := r.sup.events()
+	if any {
+		r.lastActivity = time.Now()
+	}
+	return evs, cursor
+}
+
+// journalProvider journals provider events and the events derived from
+// them (one group commit: one fsync, then sent together).
+func (r *Runner) journalProvider(evs []pendingEvent, cursor uint64) {
+	if len(evs) == 0 && cursor == 0 && len(r.j.held) == 0 {
+		return
+	}
+	// Held events go first, in the same fsync. The cursor is journaled
+	// with the batch's last record: after a crash the host replays
+	// exactly the lines after it.
+	hold := r.j.hold
+	r.j.hold = false
+	r.j.cursor = cursor
+	r.emitAll(evs)
+	r.j.cursor = 0
+	r.j.hold = hold
+	if cursor > r.st.ProviderCursor && (r.exit == nil || !r.exit.immediate) {
+		r.st.ProviderCursor = cursor
+	}
+	if r.requestsDirty && !hold && r.exit == nil {
+		// A request opened or settled: the state follows soon, so that a
+		// restart knows what to announce expired (SPEC R8).
+		r.requestsDirty = false
+		r.saveSoon()
+	}
+}
