@@ -6,6 +6,7 @@ import (
 	"io"
 	"time"
 
+	"github.com/tether-run/tether/pkg/backoff"
 	"github.com/tether-run/tether/pkg/failure"
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
 )
@@ -24,6 +25,9 @@ func Watch(ctx context.Context, replicas []executorv1.ExecutorServiceClient, run
 		return errors.New("no executor address")
 	}
 	cursor := after
+	// Every watcher of a draining replica resumes at once: jitter spreads
+	// them over the others.
+	retry := backoff.Backoff{Min: 100 * time.Millisecond, Max: time.Second, Jitter: true}
 	for i, resumes := 0, 0; ; {
 		err := watchOnce(ctx, replicas[i%len(replicas)], runID, &cursor, each)
 		// executor_draining: the replica ends the watch because it is
@@ -33,10 +37,8 @@ func Watch(ctx context.Context, replicas []executorv1.ExecutorServiceClient, run
 		}
 		resumes++
 		i++
-		select {
-		case <-ctx.Done():
+		if !backoff.Sleep(ctx, retry.Next()) {
 			return ctx.Err()
-		case <-time.After(time.Duration(resumes) * 100 * time.Millisecond):
 		}
 	}
 }

@@ -573,16 +573,16 @@ func (d *Dispatcher) replaceThroughBackup(ctx context.Context, c *store.Claim, l
 	}
 	log.Info("closing the warm session for a configuration change through a verified suspension", "previous_run_id", prevID)
 	var resp *gatewayv1.SuspendRunnerResponse
-	for wait := 20 * time.Millisecond; ; wait *= 2 {
+	// The gateway may not have seen this run detach yet: retry while it
+	// is busy, 8 tries over about 2.5 s.
+	retry := backoff.Backoff{Min: 20 * time.Millisecond, Max: 2 * time.Second}
+	for {
 		resp, err = d.cfg.Gateway.SuspendRunner(ctx, &gatewayv1.SuspendRunnerRequest{
 			Input: prev, RunId: prevID, Reason: session.ReasonConfigChanged, ArchiveState: true})
-		// The gateway may not have seen this run detach yet.
-		if err == nil || failure.CodeOf(err) != failure.NativeSessionSupervisorBusy || wait > 2*time.Second {
+		if err == nil || failure.CodeOf(err) != failure.NativeSessionSupervisorBusy || retry.Peek() >= 2*time.Second {
 			break
 		}
-		select {
-		case <-time.After(wait):
-		case <-ctx.Done():
+		if !backoff.Sleep(ctx, retry.Next()) {
 			return ctx.Err()
 		}
 	}
