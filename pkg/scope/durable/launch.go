@@ -8,13 +8,14 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/tether-run/tether/pkg/failure"
+	"github.com/tether-run/tether/pkg/provenv"
 	"github.com/tether-run/tether/pkg/scope"
 )
 
 // Environment variables the plan sets; a configured value never wins over
 // the server's.
 const (
-	EnvWorkspaceCwd     = "TETHER_WORKSPACE_CWD"
+	EnvWorkspaceCwd     = provenv.WorkspaceVar
 	EnvHome             = "HOME"
 	EnvCodexHome        = "CODEX_HOME"
 	EnvProviderPackPath = "TETHER_PROVIDER_PACK_PATH"
@@ -39,7 +40,7 @@ type Target struct {
 // CheckProviderArtifacts refuses, before any backend or runner work, a remote
 // OpenCode or ACPX run without a provider pack.
 func CheckProviderArtifacts(providerKind string, t Target) error {
-	if t.Remote && t.ProviderPackPath == "" && (providerKind == "opencode" || providerKind == "acpx") {
+	if t.Remote && t.ProviderPackPath == "" && (providerKind == provenv.KindOpenCode || providerKind == provenv.KindACPX) {
 		return failure.New(codes.FailedPrecondition, failure.RunnerRemoteProviderArtifactIncompatible,
 			"configure %s: remote %s needs the build-owned provider pack", EnvProviderPackPath, providerKind)
 	}
@@ -140,9 +141,9 @@ func PlanLaunch(p *Prepared, req LaunchRequest) (*LaunchPlan, error) {
 		plan.ProviderPackPath = req.Target.ProviderPackPath
 	}
 	switch pc.Kind {
-	case "opencode":
+	case provenv.KindOpenCode:
 		plan.OpenCodePermissionMode = pc.PermissionMode
-	case "acpx":
+	case provenv.KindACPX:
 		plan.ACPXAgent, plan.ACPXPermissionMode = pc.Agent, pc.PermissionMode
 		plan.ACPXRuntimeDirectory = filepath.Join(p.Root, ACPXRuntimeSubdir)
 	}

@@ -28,6 +28,7 @@ import (
 	gatewayv1 "github.com/tether-run/tether/pkg/gen/tether/gateway/v1"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/provenv"
+	"github.com/tether-run/tether/pkg/prp"
 	"github.com/tether-run/tether/pkg/scope"
 	"github.com/tether-run/tether/pkg/telemetry"
 	"github.com/tether-run/tether/services/executor/internal/control"
@@ -692,9 +693,9 @@ func (d *Dispatcher) closeForReplacement(ctx context.Context, c *store.Claim, se
 func RunnerTarget(in *prpv1.ExecutionInput) *gatewayv1.RunnerTarget {
 	mode := gatewayv1.TransportMode_TRANSPORT_MODE_DIAL_WS_LOOPBACK
 	switch in.GetRunner().GetTransportMode() {
-	case "dial_wss":
+	case prp.ModeDialWSS:
 		mode = gatewayv1.TransportMode_TRANSPORT_MODE_DIAL_WSS
-	case "listen_ws":
+	case prp.ModeListenWS:
 		mode = gatewayv1.TransportMode_TRANSPORT_MODE_LISTEN_WS
 	}
 	return &gatewayv1.RunnerTarget{Mode: mode, RunnerIngressAuthorized: in.GetRunner().GetIngressAuthorized()}
