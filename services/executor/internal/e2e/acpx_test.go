@@ -51,6 +51,7 @@ func acpxInput(h *harness, session, prompt, agent string) *prpv1.ExecutionInput 
 // warm ACPX codex session, through executor, runnergw and runnerd, are
 // served by one agent process and one ACP session whose history grows.
 func TestR11_Stack_WarmACPXCodexSessionKeepsOneAgentProcess(t *testing.T) {
+	t.Parallel()
 	h, calls := acpxStack(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -88,6 +89,7 @@ func TestR11_Stack_WarmACPXCodexSessionKeepsOneAgentProcess(t *testing.T) {
 // TestR11_Stack_ACPXPiIsRefusedBeforeAnyProcessStarts: SubmitRun refuses
 // ACPX pi (E12), and nothing reaches a gateway or a runner.
 func TestR11_Stack_ACPXPiIsRefusedBeforeAnyProcessStarts(t *testing.T) {
+	t.Parallel()
 	h, calls := acpxStack(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -106,6 +108,7 @@ func TestR11_Stack_ACPXPiIsRefusedBeforeAnyProcessStarts(t *testing.T) {
 // one configured beside it, nor a host secret; its homes are under the
 // scope's acpx/ directory.
 func TestR11_Stack_ACPXAgentGetsOnlyItsOwnCredentialNames(t *testing.T) {
+	t.Parallel()
 	const (
 		hostSecret = "acpx-host-secret-must-not-leak"
 		codexKey   = "sk-acpx-configured-codex-key"

@@ -24,6 +24,7 @@ import (
 // configuration says; and the configured credential is written nowhere in
 // the runner's durable state (what a suspension archives).
 func TestE2_Stack_ProviderEnvironmentComesFromTheRunsPolicy(t *testing.T) {
+	t.Parallel()
 	const (
 		hostSecret      = "host-secret-must-not-leak"
 		paperclipSecret = "paperclip-secret-must-not-leak"

@@ -93,7 +93,7 @@ func TestR4_CommandsReceivedTogetherShareSavesWithinTheJournalContract(t *testin
 	e.gw.mu.Unlock()
 
 	var seq uint64
-	run := func(n int) {
+	run := func(n int) *prpv1.Command {
 		cs := &cmdSeq{t: t, runID: fmt.Sprintf("run-%d", n), attempt: 1, seq: seq}
 		attach := cs.attach(fmt.Sprintf("run-%d/attach", n))
 		turn := cs.next(fmt.Sprintf("run-%d/turn", n), CmdTurnStart, map[string]any{"text": "hello"})
@@ -113,17 +113,19 @@ func TestR4_CommandsReceivedTogetherShareSavesWithinTheJournalContract(t *testin
 		e.prov.last().finish(TurnResult{TurnID: res.GetResult().GetFields()["turnId"].GetStringValue(), Status: "completed"})
 		e.gw.waitEvent("run.terminal", n)
 		e.gw.ack(e.gw.maxSeq())
+		return turn
 	}
-	run(1) // starts the provider and opens the thread
-	time.Sleep(50 * time.Millisecond)
-	mu.Lock()
-	before := saves
-	mu.Unlock()
-	run(2) // a warm turn
-	time.Sleep(50 * time.Millisecond)
-	mu.Lock()
-	warm := saves - before
-	mu.Unlock()
+	// settled resends a command already answered: its stored answer goes
+	// out once every snapshot asked for before is durable (and counted).
+	settled := func(c *prpv1.Command) int {
+		res := e.gw.command(c)
+		require.Equal(t, runnerstate.StatusCompleted, res.GetStatus(), res.GetMessage())
+		mu.Lock()
+		defer mu.Unlock()
+		return saves
+	}
+	before := settled(run(1))        // starts the provider and opens the thread
+	warm := settled(run(2)) - before // a warm turn
 
 	mu.Lock()
 	defer mu.Unlock()
