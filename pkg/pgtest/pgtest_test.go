@@ -54,6 +54,7 @@ func connect(t *testing.T, dsn string) *pgx.Conn {
 }
 
 func TestClusterLifecycle(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	c, err := Start(ctx)
 	if err != nil {
@@ -118,6 +119,7 @@ func TestClusterLifecycle(t *testing.T) {
 }
 
 func TestDurable(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	c, err := Start(ctx, WithDurable(), WithSetting("max_connections", "20"))
 	if err != nil {
@@ -135,6 +137,7 @@ func TestDurable(t *testing.T) {
 }
 
 func TestMissingBinaries(t *testing.T) {
+	t.Parallel()
 	_, err := Start(context.Background(), WithBinDir(t.TempDir()))
 	if !errors.Is(err, ErrNoPostgres) || !strings.Contains(err.Error(), "apt-get install -y postgresql") {
 		t.Fatalf("err = %v", err)
@@ -142,6 +145,7 @@ func TestMissingBinaries(t *testing.T) {
 }
 
 func TestGooseMigratorHash(t *testing.T) {
+	t.Parallel()
 	m := GooseMigrator(testMigrations, "migrations")
 	h1, err := m.Hash()
 	if err != nil {
@@ -163,6 +167,7 @@ func TestGooseMigratorHash(t *testing.T) {
 }
 
 func TestNewDBIsolated(t *testing.T) {
+	t.Parallel()
 	m := GooseMigrator(testMigrations, "migrations")
 	var dsns [2]string
 	for i := range dsns {
@@ -194,6 +199,7 @@ func TestNewDBIsolated(t *testing.T) {
 }
 
 func TestNewDBParallel(t *testing.T) {
+	t.Parallel()
 	m := GooseMigrator(testMigrations, "migrations")
 	for i := range 4 {
 		t.Run(strconv.Itoa(i), func(t *testing.T) {
@@ -208,6 +214,7 @@ func TestNewDBParallel(t *testing.T) {
 }
 
 func TestNewDBEmptyAndDropped(t *testing.T) {
+	t.Parallel()
 	var dsn string
 	t.Run("inner", func(t *testing.T) {
 		dsn = NewDB(t, nil)
@@ -225,6 +232,7 @@ func TestNewDBEmptyAndDropped(t *testing.T) {
 }
 
 func TestNewDBMigrationError(t *testing.T) {
+	t.Parallel()
 	bad := MigratorFunc("broken-v1", func(ctx context.Context, db *sql.DB) error {
 		_, err := db.ExecContext(ctx, "CREATE TABLE nope (")
 		return err
@@ -257,6 +265,7 @@ func (r *recordingTB) Fatalf(format string, args ...any) {
 // child with SIGKILL and expects the watchdog to stop the server and remove
 // its directory.
 func TestWatchdogCleansUpAfterKill(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("starts a second cluster")
 	}
@@ -302,7 +311,9 @@ func TestWatchdogCleansUpAfterKill(t *testing.T) {
 }
 
 // TestExternalServerURL runs NewDB tests in a child process pointed at this
-// process's shared server through TETHER_TEST_DATABASE_URL.
+// process's shared server through TETHER_TEST_DATABASE_URL. It is not
+// parallel: it counts the test databases left on that server, and runs
+// while this process's parallel tests (which create some) still wait.
 func TestExternalServerURL(t *testing.T) {
 	if os.Getenv(EnvTestDatabaseURL) != "" {
 		t.Skip("already the child")
