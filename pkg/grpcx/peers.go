@@ -30,6 +30,19 @@ func PeerRoles(ctx context.Context) []string {
 	return identity.RolesOf(info.State.VerifiedChains[0][0])
 }
 
+// PeerIdentity names the call's caller for an audit record: the identity
+// of its verified client certificate (mTLS), else "addr:" and its network
+// address, else "unknown".
+func PeerIdentity(ctx context.Context) string {
+	if roles := PeerRoles(ctx); len(roles) > 0 {
+		return identity.URI(roles[0]).String()
+	}
+	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
+		return "addr:" + p.Addr.String()
+	}
+	return "unknown"
+}
+
 // infraMethod reports whether a method belongs to health or reflection,
 // which every peer the TLS layer admitted may call (probes, grpcurl list).
 func infraMethod(fullMethod string) bool {

@@ -7,6 +7,7 @@
 //	tetherctl list [-session S] [-state succeeded]
 //	tetherctl audit -database-url URL [-since 1h|RFC3339] [-run RUN_ID] [-json]
 //	tetherctl interactions list|show|answer (see interactions.go)
+//	tetherctl replace-session -session S -reason WHY [-by NAME]
 //	tetherctl -addr HOST:PORT health (probes: exit 1 unless SERVING)
 package main
 
@@ -71,6 +72,8 @@ commands:
            (-database-url or TETHER_DATABASE_URL, [-since 1h|RFC3339] [-run RUN_ID] [-json])
   interactions  list [-run R] [-status S] | show ID | answer ID -answer Q=OPT[,OPT] [-text Q=TEXT] [-watch]
   gateways list the runner gateway registry: state (active|draining|lost), load, sessions/capacity, last heartbeat ([-json])
+  replace-session  give a session's provider thread up after its state was lost (SPEC F3; audited):
+           -session S -reason WHY [-company C] [-agent A] [-by NAME]; the next run starts a fresh provider session
   health   gRPC health of the service at -addr (any tether service); exit 1 unless SERVING ([-service S] [-timeout 3s])
 environment: TETHER_EXECUTOR_ADDR (default 127.0.0.1:7400), TETHER_EXECUTOR_CA, TETHER_CLIENT_CERT, TETHER_CLIENT_KEY`
 
@@ -140,6 +143,8 @@ func run(args []string) error {
 		return health(ctx, client.conn, rest)
 	case "gateways":
 		return gatewaysCmd(ctx, client.conn, rest, os.Stdout)
+	case "replace-session":
+		return replaceSessionCmd(ctx, client, rest, os.Stdout)
 	}
 	global.Usage()
 	return fmt.Errorf("unknown command %q", cmd)

@@ -10,6 +10,7 @@ import (
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
 	gatewayv1 "github.com/tether-run/tether/pkg/gen/tether/gateway/v1"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
+	"github.com/tether-run/tether/pkg/grpcx"
 	"github.com/tether-run/tether/services/executor/internal/store"
 )
 
@@ -38,6 +39,9 @@ func (s *Server) GetSession(ctx context.Context, req *executorv1.GetSessionReque
 			return nil, err
 		}
 		sess.Checkpoint = cp
+		if sess.Replacements, err = s.Store.Replacements(ctx, g.Scope); err != nil {
+			return nil, err
+		}
 		if r := s.runner(ctx, g.Last.GetRunnerInstanceId()); r != nil {
 			// A connected runner's view is the live one: no provider
 			// process once the provider died (not the last run's record
@@ -138,4 +142,33 @@ func (s *Server) closeRunner(ctx context.Context, runID string, in *prpv1.Execut
 		}
 	}
 	return nil
+}
+
+// ReplaceSession records an operator's decision to give up the provider
+// thread of each scope of the session (or the agent's); the scope's next run
+// applies it (SPEC F3).
+func (s *Server) ReplaceSession(ctx context.Context, req *executorv1.ReplaceSessionRequest) (*executorv1.ReplaceSessionResponse, error) {
+	groups, err := s.Store.Sessions(ctx, req.GetCompanyId(), req.GetNormalizedSessionId())
+	if err != nil {
+		return nil, err
+	}
+	out := &executorv1.ReplaceSessionResponse{}
+	for _, g := range groups {
+		if a := req.GetAgentId(); a != "" && g.Last.GetInput().GetBinding().GetAgentId() != a {
+			continue
+		}
+		rp, err := s.Store.RecordReplacement(ctx, store.ReplacementRequest{
+			Scope: g.Scope, CompanyID: req.GetCompanyId(), SessionID: req.GetNormalizedSessionId(),
+			RequestedBy: req.GetRequestedBy(), Caller: grpcx.PeerIdentity(ctx), Reason: req.GetReason(),
+		})
+		if err != nil {
+			return nil, err
+		}
+		out.Replacements = append(out.Replacements, rp)
+	}
+	if len(out.Replacements) == 0 {
+		return nil, failure.New(codes.NotFound, failure.SessionNotFound, "company %q has no session %q (agent %q)",
+			req.GetCompanyId(), req.GetNormalizedSessionId(), req.GetAgentId())
+	}
+	return out, nil
 }

@@ -10,6 +10,8 @@ import (
 	"fmt"
 	"io"
 	"sort"
+
+	"github.com/tether-run/tether/services/executor/internal/session"
 )
 
 // Event types and audit actions the checks read.
@@ -17,6 +19,10 @@ const (
 	EventTerminal        = "run.terminal"
 	EventCommandExecuted = "command.executed" // runnerd: a command's effect was executed
 	CommandTurnStart     = "turn.start"
+	// EventContinuityBreak: a run applied an operator's ReplaceSession (a
+	// fresh provider session). Listed as a legitimate break, never a
+	// violation (SPEC F3).
+	EventContinuityBreak = session.EventContinuityBreak
 
 	ActionCancellationIntent = "native.cancellation_intent_recorded"
 	ActionCancellationAck    = "native.cancellation_acknowledged"
@@ -75,6 +81,17 @@ type Event struct {
 	Writer uint64
 	// CommandID and CommandType are set for command.executed.
 	CommandID, CommandType string
+	// Detail is set for session.continuity_break: who replaced the
+	// session, and why.
+	Detail string
+}
+
+// ContinuityBreak is a legitimate break of a scope's provider thread: the
+// run that applied an operator's ReplaceSession.
+type ContinuityBreak struct {
+	RunID  string `json:"runId"`
+	Seq    uint64 `json:"seq"`
+	Detail string `json:"detail"`
 }
 
 // Activity is one audit entry of a run.
@@ -99,6 +116,9 @@ type Report struct {
 	ByClass map[string]int `json:"byClass"`
 	// Outcomes counts runs per state.
 	Outcomes map[string]int `json:"outcomes"`
+	// ContinuityBreaks are the recorded ReplaceSession breaks (legitimate;
+	// not violations).
+	ContinuityBreaks []ContinuityBreak `json:"continuityBreaks"`
 }
 
 // Clean reports whether no promise was broken.
@@ -106,7 +126,8 @@ func (r Report) Clean() bool { return len(r.Violations) == 0 }
 
 // Check audits runs, their events (any order) and their activities.
 func Check(runs []Run, events []Event, activities []Activity) Report {
-	rep := Report{Runs: len(runs), Events: len(events), Violations: []Violation{}, ByClass: map[string]int{}, Outcomes: map[string]int{}}
+	rep := Report{Runs: len(runs), Events: len(events), Violations: []Violation{}, ByClass: map[string]int{}, Outcomes: map[string]int{},
+		ContinuityBreaks: []ContinuityBreak{}}
 	for _, c := range Classes {
 		rep.ByClass[c] = 0
 	}
@@ -126,6 +147,9 @@ func Check(runs []Run, events []Event, activities []Activity) Report {
 		sort.Slice(evs, func(i, j int) bool { return evs[i].Seq < evs[j].Seq })
 		checkRun(r, evs, add)
 		for _, e := range evs {
+			if e.Type == EventContinuityBreak {
+				rep.ContinuityBreaks = append(rep.ContinuityBreaks, ContinuityBreak{RunID: e.RunID, Seq: e.Seq, Detail: e.Detail})
+			}
 			if e.Type == EventCommandExecuted && e.CommandType == CommandTurnStart {
 				if executed[e.CommandID] == nil {
 					commandIDs = append(commandIDs, e.CommandID)
@@ -238,6 +262,9 @@ func (r Report) WriteText(w io.Writer) {
 		fmt.Fprintf(w, " %s=%d", s, r.Outcomes[s])
 	}
 	fmt.Fprintln(w)
+	for _, b := range r.ContinuityBreaks {
+		fmt.Fprintf(w, "continuity break (legitimate) run=%s seq=%d: %s\n", b.RunID, b.Seq, b.Detail)
+	}
 	if r.Clean() {
 		fmt.Fprintln(w, "audit: clean")
 	} else {

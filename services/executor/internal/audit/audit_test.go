@@ -156,3 +156,21 @@ func TestX1_ACancellationIsRecordedAndAcknowledgedAtMostOnce(t *testing.T) {
 		require.Contains(t, buf.String(), "audit: 1 violations")
 	}
 }
+
+func TestF3_AReplaceSessionContinuityBreakIsListedAsLegitimateNotAViolation(t *testing.T) {
+	h := healthy()
+	h.runs[0].EventCount = 5
+	// r1's break comes before its terminal (seq 4, the terminal moves to 5).
+	for i := range h.events {
+		if h.events[i].RunID == "r1" && h.events[i].Type == EventTerminal {
+			h.events[i].Seq = 5
+		}
+	}
+	h.events = append(h.events, Event{RunID: "r1", Seq: 4, Type: EventContinuityBreak, Writer: 1, Detail: "session replaced by alice"})
+	rep := Check(h.runs, h.events, h.acts)
+	require.True(t, rep.Clean(), "%+v", rep.Violations)
+	require.Equal(t, []ContinuityBreak{{RunID: "r1", Seq: 4, Detail: "session replaced by alice"}}, rep.ContinuityBreaks)
+	var b bytes.Buffer
+	rep.WriteText(&b)
+	require.Contains(t, b.String(), "continuity break (legitimate) run=r1 seq=4: session replaced by alice")
+}

@@ -124,18 +124,23 @@ func (a *attachment) open() (done bool, err error) {
 	if a.facts, err = d.store.AttachFacts(a.ctx, c.RunID, runScope, c.Input, priorRunRecords); err != nil {
 		return false, err
 	}
-	var restore *gatewayv1.RestoreSpec
-	if cp := a.facts.Checkpoint; cp != nil && cp.GetStamp().GetSessionScope() == runScope {
-		restore = &gatewayv1.RestoreSpec{CheckpointId: cp.GetCheckpointId(), Stamp: cp.GetStamp(), LeaseId: cp.GetLeaseId()}
+	// F3: a scope a runner served before must find its state (on the
+	// gateway's disk, or restored from the checkpoint) unless an operator
+	// replaced the session, whose next run starts a fresh provider session.
+	open := &gatewayv1.Open{
+		RunId:              c.RunID,
+		Fence:              &gatewayv1.FencingToken{Owner: c.Owner, Attempt: c.Attempt},
+		Target:             RunnerTarget(c.Input),
+		Input:              c.Input,
+		PriorRuns:          store.PriorRunsProto(a.facts.PriorRuns),
+		ContinuityRequired: a.facts.ContinuityRequired,
 	}
-	if err := a.send(&gatewayv1.AttachRequest{Kind: &gatewayv1.AttachRequest_Open{Open: &gatewayv1.Open{
-		RunId:     c.RunID,
-		Fence:     &gatewayv1.FencingToken{Owner: c.Owner, Attempt: c.Attempt},
-		Target:    RunnerTarget(c.Input),
-		Input:     c.Input,
-		Restore:   restore,
-		PriorRuns: store.PriorRunsProto(a.facts.PriorRuns),
-	}}}); err != nil {
+	if rp := a.facts.Replacement; rp != nil {
+		open.ReplacementId, open.ContinuityRequired = rp.GetReplacementId(), false
+	} else if cp := a.facts.Checkpoint; cp != nil && cp.GetStamp().GetSessionScope() == runScope {
+		open.Restore = &gatewayv1.RestoreSpec{CheckpointId: cp.GetCheckpointId(), Stamp: cp.GetStamp(), LeaseId: cp.GetLeaseId()}
+	}
+	if err := a.send(&gatewayv1.AttachRequest{Kind: &gatewayv1.AttachRequest_Open{Open: open}}); err != nil {
 		return false, err
 	}
 	d.mu.Lock()
@@ -188,12 +193,21 @@ func (a *attachment) localReplaced() bool {
 func (a *attachment) bookkeep() (done bool, err error) {
 	c, d, opened := a.c, a.d, a.opened
 	var supersede string
-	if a.facts.Checkpoint != nil {
+	if a.facts.Checkpoint != nil || a.facts.Replacement != nil {
 		// A runner serves this run now: its state moves on from the
 		// checkpoint, which can no longer stand for the session.
 		supersede = c.Scope()
 	}
 	var control []store.ControlEvent
+	if rp := a.facts.Replacement; rp != nil {
+		// F3: the operator's decision, applied: a fresh provider session,
+		// on record as a legitimate continuity break (once per run).
+		control = append(control, store.ControlEvent{Type: session.EventContinuityBreak, Replacement: rp.GetReplacementId(), Payload: map[string]any{
+			"reason": session.ReasonReplaced, "replacementId": rp.GetReplacementId(), "requestedBy": rp.GetRequestedBy(),
+			"caller": rp.GetCaller(), "why": rp.GetReason(), "requestedAt": rp.GetRequestedAt().AsTime().UTC().Format(time.RFC3339Nano),
+			"runnerInstanceId": opened.GetRunnerInstanceId(),
+		}})
+	}
 	if prev := opened.GetPreviousRunId(); prev != "" && prev != c.RunID {
 		// E10: this run took the scope's run authority over from prev (a
 		// live warm runner, or a verified continuation of prev's suspended

@@ -28,7 +28,15 @@ const (
 	ReasonConfigChanged    = "warm native session configuration changed"
 	ReasonAuthorityRotated = "warm native session authority epoch rotated"
 	ReasonFailed           = "warm native session failed"
+	// ReasonReplaced: an operator's ReplaceSession gave the provider thread
+	// up; the run that applies it starts a fresh provider session (SPEC F3).
+	ReasonReplaced = "warm native session replaced by operator"
 )
+
+// EventContinuityBreak is the control event of the run that applied a
+// ReplaceSession decision: a legitimate break of the scope's provider
+// thread, not a violation (tetherctl audit lists it as such).
+const EventContinuityBreak = "session.continuity_break"
 
 // Entry is the registry's record of a scope's warm session.
 type Entry struct {

@@ -26,6 +26,12 @@ type AttachFacts struct {
 	PreviousInput *prpv1.ExecutionInput
 	// Cancellation is the run's cancellation record (Cancellation), or nil.
 	Cancellation *executorv1.Cancellation
+	// Replacement is the ReplaceSession decision this run applies (pending,
+	// or applied by an earlier attempt of this run), or nil.
+	Replacement *executorv1.SessionReplacement
+	// ContinuityRequired: a runner served an earlier warm run of the scope
+	// (SPEC F3), so its state must be there or be restored.
+	ContinuityRequired bool
 }
 
 // AttachFacts reads, in one round trip (a pipelined batch), the scope's
@@ -41,6 +47,8 @@ func (s *Store) AttachFacts(ctx context.Context, runID, scope string, in *prpv1.
 		in.GetSession().GetNormalizedSessionId(), limit)...)
 	b.Queue(previousInScopeSQL, runID)
 	b.Queue(`SELECT result_metadata -> 'nativeCancellation' FROM executor.runs WHERE run_id = $1`, runID)
+	b.Queue(replacementForRunSQL, scope, runID)
+	b.Queue(continuityRequiredSQL, runID)
 	res := s.pool.SendBatch(ctx, b)
 	defer res.Close()
 	var f AttachFacts
@@ -82,6 +90,12 @@ func (s *Store) AttachFacts(ctx context.Context, runID, scope string, in *prpv1.
 	if f.Cancellation, err = decodeCancellation(raw); err != nil {
 		return nil, err
 	}
+	if f.Replacement, err = scanOptionalReplacement(res.QueryRow()); err != nil {
+		return nil, err
+	}
+	if err := res.QueryRow().Scan(&f.ContinuityRequired); err != nil {
+		return nil, err
+	}
 	return &f, res.Close()
 }
 
@@ -97,6 +111,10 @@ SELECT p.run_id, p.input FROM executor.runs r
 type ControlEvent struct {
 	Type    string
 	Payload map[string]any
+	// Replacement, when set, is the ReplaceSession decision the event
+	// records as applied by the run: the event is appended only when this
+	// marks it applied (not when an earlier attempt of the run did).
+	Replacement string
 }
 
 // RecordControl is the control-plane bookkeeping of an attach, in one
@@ -127,12 +145,22 @@ func (s *Store) RecordControl(ctx context.Context, f Fence, supersedeScope strin
 		if count, err = adoptParked(ctx, tx, f, count); err != nil {
 			return err
 		}
-		for i, ev := range events {
-			if err := appendControlEvent(ctx, tx, f.RunID, count+int64(i), f.Attempt, ev.Type, ev.Payload); err != nil {
+		appended := 0
+		for _, ev := range events {
+			if ev.Replacement != "" {
+				if first, err := applyReplacement(ctx, tx, ev.Replacement, f.RunID); err != nil || !first {
+					if err != nil {
+						return err
+					}
+					continue
+				}
+			}
+			if err := appendControlEvent(ctx, tx, f.RunID, count+int64(appended), f.Attempt, ev.Type, ev.Payload); err != nil {
 				return err
 			}
+			appended++
 		}
-		if len(events) > 0 {
+		if appended > 0 {
 			if _, err := tx.Exec(ctx, `SELECT pg_notify($1, $2)`, EventsChannel, f.RunID); err != nil {
 				return err
 			}

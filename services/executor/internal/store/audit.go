@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -54,8 +55,8 @@ SELECT run_id, state, attempt, event_count FROM audit_runs ORDER BY run_id`, f.R
 			return err
 		}
 		rows, err = tx.Query(ctx, `WITH `+auditRunsSQL+`
-SELECT e.run_id, e.seq, e.event_type, e.writer_attempt, CASE WHEN e.event_type = $3 THEN e.event END
-  FROM executor.events e JOIN audit_runs a ON a.run_id = e.run_id`, f.RunID, since, audit.EventCommandExecuted)
+SELECT e.run_id, e.seq, e.event_type, e.writer_attempt, CASE WHEN e.event_type IN ($3, $4) THEN e.event END
+  FROM executor.events e JOIN audit_runs a ON a.run_id = e.run_id`, f.RunID, since, audit.EventCommandExecuted, audit.EventContinuityBreak)
 		if err != nil {
 			return err
 		}
@@ -78,6 +79,10 @@ SELECT e.run_id, e.seq, e.event_type, e.writer_attempt, CASE WHEN e.event_type =
 				}
 				p := ev.GetPayload().GetFields()
 				e.CommandID, e.CommandType = p["commandId"].GetStringValue(), p["commandType"].GetStringValue()
+				if e.Type == audit.EventContinuityBreak {
+					e.Detail = fmt.Sprintf("session replaced by %s (%s) at %s: %s", p["requestedBy"].GetStringValue(),
+						p["caller"].GetStringValue(), p["requestedAt"].GetStringValue(), p["why"].GetStringValue())
+				}
 			}
 			events = append(events, e)
 		}

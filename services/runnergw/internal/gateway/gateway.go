@@ -418,12 +418,9 @@ func (g *Gateway) Attach(stream gatewayv1.RunnerGateway_AttachServer) error {
 	if err != nil {
 		return err
 	}
-	if spec := open.GetRestore(); spec != nil && g.needsRestore(g.runnerFor(sc), sc) {
-		if err := g.restore(ctx, g.runnerFor(sc), sc, runID, open.GetInput().GetProvider().GetKind(), spec); err != nil {
-			release()
-			log.Warn("restore refused", "checkpoint_id", spec.GetCheckpointId(), "err", err)
-			return err
-		}
+	if err := g.prepareContinuity(ctx, g.runnerFor(sc), sc, open, log); err != nil {
+		release()
+		return err
 	}
 	r, reused, prep, err := g.ensureRunner(ctx, sc, open.GetInput(), mode, runID, open.GetPriorRuns())
 	release()

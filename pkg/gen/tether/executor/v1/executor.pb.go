@@ -2232,7 +2232,10 @@ type Session struct {
 	ProviderProcess *v1.ProcessInfo `protobuf:"bytes,13,opt,name=provider_process,json=providerProcess,proto3" json:"provider_process,omitempty"`
 	RunCount        uint64          `protobuf:"varint,14,opt,name=run_count,json=runCount,proto3" json:"run_count,omitempty"`
 	// The scope's latest recorded verified suspension, if any.
-	Checkpoint    *SessionCheckpoint `protobuf:"bytes,15,opt,name=checkpoint,proto3" json:"checkpoint,omitempty"`
+	Checkpoint *SessionCheckpoint `protobuf:"bytes,15,opt,name=checkpoint,proto3" json:"checkpoint,omitempty"`
+	// The scope's ReplaceSession decisions, newest first: each is a
+	// legitimate continuity break (a fresh provider session) once applied.
+	Replacements  []*SessionReplacement `protobuf:"bytes,16,rep,name=replacements,proto3" json:"replacements,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2372,6 +2375,243 @@ func (x *Session) GetCheckpoint() *SessionCheckpoint {
 	return nil
 }
 
+func (x *Session) GetReplacements() []*SessionReplacement {
+	if x != nil {
+		return x.Replacements
+	}
+	return nil
+}
+
+// ReplaceSessionRequest names the session whose provider thread is given up.
+type ReplaceSessionRequest struct {
+	state               protoimpl.MessageState `protogen:"open.v1"`
+	CompanyId           string                 `protobuf:"bytes,1,opt,name=company_id,json=companyId,proto3" json:"company_id,omitempty"`
+	NormalizedSessionId string                 `protobuf:"bytes,2,opt,name=normalized_session_id,json=normalizedSessionId,proto3" json:"normalized_session_id,omitempty"`
+	// Only the scope of this agent (empty: every scope of the session).
+	AgentId string `protobuf:"bytes,3,opt,name=agent_id,json=agentId,proto3" json:"agent_id,omitempty"`
+	// Who decided (an operator's name); recorded with the caller's
+	// authenticated identity when the call came over mutual TLS.
+	RequestedBy string `protobuf:"bytes,4,opt,name=requested_by,json=requestedBy,proto3" json:"requested_by,omitempty"`
+	// Why: recorded and shown with the continuity break.
+	Reason        string `protobuf:"bytes,5,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReplaceSessionRequest) Reset() {
+	*x = ReplaceSessionRequest{}
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReplaceSessionRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReplaceSessionRequest) ProtoMessage() {}
+
+func (x *ReplaceSessionRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReplaceSessionRequest.ProtoReflect.Descriptor instead.
+func (*ReplaceSessionRequest) Descriptor() ([]byte, []int) {
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *ReplaceSessionRequest) GetCompanyId() string {
+	if x != nil {
+		return x.CompanyId
+	}
+	return ""
+}
+
+func (x *ReplaceSessionRequest) GetNormalizedSessionId() string {
+	if x != nil {
+		return x.NormalizedSessionId
+	}
+	return ""
+}
+
+func (x *ReplaceSessionRequest) GetAgentId() string {
+	if x != nil {
+		return x.AgentId
+	}
+	return ""
+}
+
+func (x *ReplaceSessionRequest) GetRequestedBy() string {
+	if x != nil {
+		return x.RequestedBy
+	}
+	return ""
+}
+
+func (x *ReplaceSessionRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+// ReplaceSessionResponse lists the recorded decisions, one per scope.
+type ReplaceSessionResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Replacements  []*SessionReplacement  `protobuf:"bytes,1,rep,name=replacements,proto3" json:"replacements,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReplaceSessionResponse) Reset() {
+	*x = ReplaceSessionResponse{}
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReplaceSessionResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReplaceSessionResponse) ProtoMessage() {}
+
+func (x *ReplaceSessionResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReplaceSessionResponse.ProtoReflect.Descriptor instead.
+func (*ReplaceSessionResponse) Descriptor() ([]byte, []int) {
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *ReplaceSessionResponse) GetReplacements() []*SessionReplacement {
+	if x != nil {
+		return x.Replacements
+	}
+	return nil
+}
+
+// SessionReplacement is a recorded ReplaceSession decision for one scope.
+type SessionReplacement struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ReplacementId string                 `protobuf:"bytes,1,opt,name=replacement_id,json=replacementId,proto3" json:"replacement_id,omitempty"`
+	SessionScope  string                 `protobuf:"bytes,2,opt,name=session_scope,json=sessionScope,proto3" json:"session_scope,omitempty"`
+	RequestedBy   string                 `protobuf:"bytes,3,opt,name=requested_by,json=requestedBy,proto3" json:"requested_by,omitempty"`
+	// The caller's authenticated identity (client certificate subject), or
+	// its peer address without mutual TLS.
+	Caller      string                 `protobuf:"bytes,4,opt,name=caller,proto3" json:"caller,omitempty"`
+	Reason      string                 `protobuf:"bytes,5,opt,name=reason,proto3" json:"reason,omitempty"`
+	RequestedAt *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=requested_at,json=requestedAt,proto3" json:"requested_at,omitempty"`
+	// The run that started the fresh provider session; empty while pending.
+	AppliedRunId  string                 `protobuf:"bytes,7,opt,name=applied_run_id,json=appliedRunId,proto3" json:"applied_run_id,omitempty"`
+	AppliedAt     *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=applied_at,json=appliedAt,proto3" json:"applied_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SessionReplacement) Reset() {
+	*x = SessionReplacement{}
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SessionReplacement) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SessionReplacement) ProtoMessage() {}
+
+func (x *SessionReplacement) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SessionReplacement.ProtoReflect.Descriptor instead.
+func (*SessionReplacement) Descriptor() ([]byte, []int) {
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *SessionReplacement) GetReplacementId() string {
+	if x != nil {
+		return x.ReplacementId
+	}
+	return ""
+}
+
+func (x *SessionReplacement) GetSessionScope() string {
+	if x != nil {
+		return x.SessionScope
+	}
+	return ""
+}
+
+func (x *SessionReplacement) GetRequestedBy() string {
+	if x != nil {
+		return x.RequestedBy
+	}
+	return ""
+}
+
+func (x *SessionReplacement) GetCaller() string {
+	if x != nil {
+		return x.Caller
+	}
+	return ""
+}
+
+func (x *SessionReplacement) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *SessionReplacement) GetRequestedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.RequestedAt
+	}
+	return nil
+}
+
+func (x *SessionReplacement) GetAppliedRunId() string {
+	if x != nil {
+		return x.AppliedRunId
+	}
+	return ""
+}
+
+func (x *SessionReplacement) GetAppliedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.AppliedAt
+	}
+	return nil
+}
+
 // GetSessionResponse lists the session's scopes.
 type GetSessionResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -2382,7 +2622,7 @@ type GetSessionResponse struct {
 
 func (x *GetSessionResponse) Reset() {
 	*x = GetSessionResponse{}
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[30]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2394,7 +2634,7 @@ func (x *GetSessionResponse) String() string {
 func (*GetSessionResponse) ProtoMessage() {}
 
 func (x *GetSessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[30]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2407,7 +2647,7 @@ func (x *GetSessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSessionResponse.ProtoReflect.Descriptor instead.
 func (*GetSessionResponse) Descriptor() ([]byte, []int) {
-	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{30}
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *GetSessionResponse) GetSessions() []*Session {
@@ -2433,7 +2673,7 @@ type CloseSessionRequest struct {
 
 func (x *CloseSessionRequest) Reset() {
 	*x = CloseSessionRequest{}
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[31]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2445,7 +2685,7 @@ func (x *CloseSessionRequest) String() string {
 func (*CloseSessionRequest) ProtoMessage() {}
 
 func (x *CloseSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[31]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2458,7 +2698,7 @@ func (x *CloseSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseSessionRequest.ProtoReflect.Descriptor instead.
 func (*CloseSessionRequest) Descriptor() ([]byte, []int) {
-	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{31}
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *CloseSessionRequest) GetCompanyId() string {
@@ -2501,7 +2741,7 @@ type CloseSessionResponse struct {
 
 func (x *CloseSessionResponse) Reset() {
 	*x = CloseSessionResponse{}
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[32]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2513,7 +2753,7 @@ func (x *CloseSessionResponse) String() string {
 func (*CloseSessionResponse) ProtoMessage() {}
 
 func (x *CloseSessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[32]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2526,7 +2766,7 @@ func (x *CloseSessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseSessionResponse.ProtoReflect.Descriptor instead.
 func (*CloseSessionResponse) Descriptor() ([]byte, []int) {
-	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{32}
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *CloseSessionResponse) GetClosedRunnerInstanceIds() []string {
@@ -2560,7 +2800,7 @@ type SessionCheckpoint struct {
 
 func (x *SessionCheckpoint) Reset() {
 	*x = SessionCheckpoint{}
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[33]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2572,7 +2812,7 @@ func (x *SessionCheckpoint) String() string {
 func (*SessionCheckpoint) ProtoMessage() {}
 
 func (x *SessionCheckpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[33]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2585,7 +2825,7 @@ func (x *SessionCheckpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionCheckpoint.ProtoReflect.Descriptor instead.
 func (*SessionCheckpoint) Descriptor() ([]byte, []int) {
-	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{33}
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *SessionCheckpoint) GetSessionScope() string {
@@ -2676,7 +2916,7 @@ type Interaction struct {
 
 func (x *Interaction) Reset() {
 	*x = Interaction{}
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[34]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2688,7 +2928,7 @@ func (x *Interaction) String() string {
 func (*Interaction) ProtoMessage() {}
 
 func (x *Interaction) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[34]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2701,7 +2941,7 @@ func (x *Interaction) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Interaction.ProtoReflect.Descriptor instead.
 func (*Interaction) Descriptor() ([]byte, []int) {
-	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{34}
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *Interaction) GetInteractionId() string {
@@ -2824,7 +3064,7 @@ type InteractionQuestion struct {
 
 func (x *InteractionQuestion) Reset() {
 	*x = InteractionQuestion{}
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[35]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2836,7 +3076,7 @@ func (x *InteractionQuestion) String() string {
 func (*InteractionQuestion) ProtoMessage() {}
 
 func (x *InteractionQuestion) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[35]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2849,7 +3089,7 @@ func (x *InteractionQuestion) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InteractionQuestion.ProtoReflect.Descriptor instead.
 func (*InteractionQuestion) Descriptor() ([]byte, []int) {
-	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{35}
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *InteractionQuestion) GetId() string {
@@ -2900,7 +3140,7 @@ type InteractionOption struct {
 
 func (x *InteractionOption) Reset() {
 	*x = InteractionOption{}
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[36]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2912,7 +3152,7 @@ func (x *InteractionOption) String() string {
 func (*InteractionOption) ProtoMessage() {}
 
 func (x *InteractionOption) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[36]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2925,7 +3165,7 @@ func (x *InteractionOption) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InteractionOption.ProtoReflect.Descriptor instead.
 func (*InteractionOption) Descriptor() ([]byte, []int) {
-	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{36}
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *InteractionOption) GetId() string {
@@ -2969,7 +3209,7 @@ type InteractionAnswer struct {
 
 func (x *InteractionAnswer) Reset() {
 	*x = InteractionAnswer{}
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[37]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2981,7 +3221,7 @@ func (x *InteractionAnswer) String() string {
 func (*InteractionAnswer) ProtoMessage() {}
 
 func (x *InteractionAnswer) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[37]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2994,7 +3234,7 @@ func (x *InteractionAnswer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InteractionAnswer.ProtoReflect.Descriptor instead.
 func (*InteractionAnswer) Descriptor() ([]byte, []int) {
-	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{37}
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *InteractionAnswer) GetQuestionId() string {
@@ -3033,7 +3273,7 @@ type ListInteractionsRequest struct {
 
 func (x *ListInteractionsRequest) Reset() {
 	*x = ListInteractionsRequest{}
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[38]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3045,7 +3285,7 @@ func (x *ListInteractionsRequest) String() string {
 func (*ListInteractionsRequest) ProtoMessage() {}
 
 func (x *ListInteractionsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[38]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3058,7 +3298,7 @@ func (x *ListInteractionsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListInteractionsRequest.ProtoReflect.Descriptor instead.
 func (*ListInteractionsRequest) Descriptor() ([]byte, []int) {
-	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{38}
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ListInteractionsRequest) GetRunId() string {
@@ -3092,7 +3332,7 @@ type ListInteractionsResponse struct {
 
 func (x *ListInteractionsResponse) Reset() {
 	*x = ListInteractionsResponse{}
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[39]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3104,7 +3344,7 @@ func (x *ListInteractionsResponse) String() string {
 func (*ListInteractionsResponse) ProtoMessage() {}
 
 func (x *ListInteractionsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[39]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3117,7 +3357,7 @@ func (x *ListInteractionsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListInteractionsResponse.ProtoReflect.Descriptor instead.
 func (*ListInteractionsResponse) Descriptor() ([]byte, []int) {
-	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{39}
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *ListInteractionsResponse) GetInteractions() []*Interaction {
@@ -3137,7 +3377,7 @@ type GetInteractionRequest struct {
 
 func (x *GetInteractionRequest) Reset() {
 	*x = GetInteractionRequest{}
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[40]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3149,7 +3389,7 @@ func (x *GetInteractionRequest) String() string {
 func (*GetInteractionRequest) ProtoMessage() {}
 
 func (x *GetInteractionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[40]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3162,7 +3402,7 @@ func (x *GetInteractionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetInteractionRequest.ProtoReflect.Descriptor instead.
 func (*GetInteractionRequest) Descriptor() ([]byte, []int) {
-	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{40}
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *GetInteractionRequest) GetInteractionId() string {
@@ -3182,7 +3422,7 @@ type GetInteractionResponse struct {
 
 func (x *GetInteractionResponse) Reset() {
 	*x = GetInteractionResponse{}
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[41]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3194,7 +3434,7 @@ func (x *GetInteractionResponse) String() string {
 func (*GetInteractionResponse) ProtoMessage() {}
 
 func (x *GetInteractionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[41]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3207,7 +3447,7 @@ func (x *GetInteractionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetInteractionResponse.ProtoReflect.Descriptor instead.
 func (*GetInteractionResponse) Descriptor() ([]byte, []int) {
-	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{41}
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *GetInteractionResponse) GetInteraction() *Interaction {
@@ -3228,7 +3468,7 @@ type AnswerInteractionRequest struct {
 
 func (x *AnswerInteractionRequest) Reset() {
 	*x = AnswerInteractionRequest{}
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[42]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3240,7 +3480,7 @@ func (x *AnswerInteractionRequest) String() string {
 func (*AnswerInteractionRequest) ProtoMessage() {}
 
 func (x *AnswerInteractionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[42]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3253,7 +3493,7 @@ func (x *AnswerInteractionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AnswerInteractionRequest.ProtoReflect.Descriptor instead.
 func (*AnswerInteractionRequest) Descriptor() ([]byte, []int) {
-	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{42}
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *AnswerInteractionRequest) GetInteractionId() string {
@@ -3284,7 +3524,7 @@ type AnswerInteractionResponse struct {
 
 func (x *AnswerInteractionResponse) Reset() {
 	*x = AnswerInteractionResponse{}
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[43]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3296,7 +3536,7 @@ func (x *AnswerInteractionResponse) String() string {
 func (*AnswerInteractionResponse) ProtoMessage() {}
 
 func (x *AnswerInteractionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_executor_v1_executor_proto_msgTypes[43]
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3309,7 +3549,7 @@ func (x *AnswerInteractionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AnswerInteractionResponse.ProtoReflect.Descriptor instead.
 func (*AnswerInteractionResponse) Descriptor() ([]byte, []int) {
-	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{43}
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *AnswerInteractionResponse) GetInteraction() *Interaction {
@@ -3508,7 +3748,7 @@ const file_tether_executor_v1_executor_proto_rawDesc = "" +
 	"\x11GetSessionRequest\x12&\n" +
 	"\n" +
 	"company_id\x18\x01 \x01(\tB\a\xbaH\x04r\x02\x10\x01R\tcompanyId\x12;\n" +
-	"\x15normalized_session_id\x18\x02 \x01(\tB\a\xbaH\x04r\x02\x10\x01R\x13normalizedSessionId\"\xa8\x05\n" +
+	"\x15normalized_session_id\x18\x02 \x01(\tB\a\xbaH\x04r\x02\x10\x01R\x13normalizedSessionId\"\xf4\x05\n" +
 	"\aSession\x12#\n" +
 	"\rsession_scope\x18\x01 \x01(\tR\fsessionScope\x12\x1d\n" +
 	"\n" +
@@ -3529,7 +3769,29 @@ const file_tether_executor_v1_executor_proto_rawDesc = "" +
 	"\trun_count\x18\x0e \x01(\x04R\brunCount\x12E\n" +
 	"\n" +
 	"checkpoint\x18\x0f \x01(\v2%.tether.executor.v1.SessionCheckpointR\n" +
-	"checkpoint\"M\n" +
+	"checkpoint\x12J\n" +
+	"\freplacements\x18\x10 \x03(\v2&.tether.executor.v1.SessionReplacementR\freplacements\"\xea\x01\n" +
+	"\x15ReplaceSessionRequest\x12&\n" +
+	"\n" +
+	"company_id\x18\x01 \x01(\tB\a\xbaH\x04r\x02\x10\x01R\tcompanyId\x12;\n" +
+	"\x15normalized_session_id\x18\x02 \x01(\tB\a\xbaH\x04r\x02\x10\x01R\x13normalizedSessionId\x12\x19\n" +
+	"\bagent_id\x18\x03 \x01(\tR\aagentId\x12-\n" +
+	"\frequested_by\x18\x04 \x01(\tB\n" +
+	"\xbaH\ar\x05\x10\x01\x18\x80\x02R\vrequestedBy\x12\"\n" +
+	"\x06reason\x18\x05 \x01(\tB\n" +
+	"\xbaH\ar\x05\x10\x01\x18\xd0\x0fR\x06reason\"d\n" +
+	"\x16ReplaceSessionResponse\x12J\n" +
+	"\freplacements\x18\x01 \x03(\v2&.tether.executor.v1.SessionReplacementR\freplacements\"\xd3\x02\n" +
+	"\x12SessionReplacement\x12%\n" +
+	"\x0ereplacement_id\x18\x01 \x01(\tR\rreplacementId\x12#\n" +
+	"\rsession_scope\x18\x02 \x01(\tR\fsessionScope\x12!\n" +
+	"\frequested_by\x18\x03 \x01(\tR\vrequestedBy\x12\x16\n" +
+	"\x06caller\x18\x04 \x01(\tR\x06caller\x12\x16\n" +
+	"\x06reason\x18\x05 \x01(\tR\x06reason\x12=\n" +
+	"\frequested_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\vrequestedAt\x12$\n" +
+	"\x0eapplied_run_id\x18\a \x01(\tR\fappliedRunId\x129\n" +
+	"\n" +
+	"applied_at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\tappliedAt\"M\n" +
 	"\x12GetSessionResponse\x127\n" +
 	"\bsessions\x18\x01 \x03(\v2\x1b.tether.executor.v1.SessionR\bsessions\"\xb6\x01\n" +
 	"\x13CloseSessionRequest\x12&\n" +
@@ -3620,7 +3882,7 @@ const file_tether_executor_v1_executor_proto_rawDesc = "" +
 	"\x1eCANCELLATION_SCOPE_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16CANCELLATION_SCOPE_RUN\x10\x01\x12\x1b\n" +
 	"\x17CANCELLATION_SCOPE_TURN\x10\x02\x12\x1c\n" +
-	"\x18CANCELLATION_SCOPE_ISSUE\x10\x032\x83\v\n" +
+	"\x18CANCELLATION_SCOPE_ISSUE\x10\x032\xec\v\n" +
 	"\x0fExecutorService\x12X\n" +
 	"\tSubmitRun\x12$.tether.executor.v1.SubmitRunRequest\x1a%.tether.executor.v1.SubmitRunResponse\x12O\n" +
 	"\x06GetRun\x12!.tether.executor.v1.GetRunRequest\x1a\".tether.executor.v1.GetRunResponse\x12U\n" +
@@ -3633,7 +3895,8 @@ const file_tether_executor_v1_executor_proto_rawDesc = "" +
 	"\x10CompleteToolCall\x12+.tether.executor.v1.CompleteToolCallRequest\x1a,.tether.executor.v1.CompleteToolCallResponse\x12[\n" +
 	"\n" +
 	"GetSession\x12%.tether.executor.v1.GetSessionRequest\x1a&.tether.executor.v1.GetSessionResponse\x12a\n" +
-	"\fCloseSession\x12'.tether.executor.v1.CloseSessionRequest\x1a(.tether.executor.v1.CloseSessionResponse\x12m\n" +
+	"\fCloseSession\x12'.tether.executor.v1.CloseSessionRequest\x1a(.tether.executor.v1.CloseSessionResponse\x12g\n" +
+	"\x0eReplaceSession\x12).tether.executor.v1.ReplaceSessionRequest\x1a*.tether.executor.v1.ReplaceSessionResponse\x12m\n" +
 	"\x10ListInteractions\x12+.tether.executor.v1.ListInteractionsRequest\x1a,.tether.executor.v1.ListInteractionsResponse\x12g\n" +
 	"\x0eGetInteraction\x12).tether.executor.v1.GetInteractionRequest\x1a*.tether.executor.v1.GetInteractionResponse\x12p\n" +
 	"\x11AnswerInteraction\x12,.tether.executor.v1.AnswerInteractionRequest\x1a-.tether.executor.v1.AnswerInteractionResponseB\xd5\x01\n" +
@@ -3652,7 +3915,7 @@ func file_tether_executor_v1_executor_proto_rawDescGZIP() []byte {
 }
 
 var file_tether_executor_v1_executor_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_tether_executor_v1_executor_proto_msgTypes = make([]protoimpl.MessageInfo, 44)
+var file_tether_executor_v1_executor_proto_msgTypes = make([]protoimpl.MessageInfo, 47)
 var file_tether_executor_v1_executor_proto_goTypes = []any{
 	(RunState)(0),                         // 0: tether.executor.v1.RunState
 	(CancellationScope)(0),                // 1: tether.executor.v1.CancellationScope
@@ -3686,30 +3949,33 @@ var file_tether_executor_v1_executor_proto_goTypes = []any{
 	(*CompleteToolCallResponse)(nil),      // 29: tether.executor.v1.CompleteToolCallResponse
 	(*GetSessionRequest)(nil),             // 30: tether.executor.v1.GetSessionRequest
 	(*Session)(nil),                       // 31: tether.executor.v1.Session
-	(*GetSessionResponse)(nil),            // 32: tether.executor.v1.GetSessionResponse
-	(*CloseSessionRequest)(nil),           // 33: tether.executor.v1.CloseSessionRequest
-	(*CloseSessionResponse)(nil),          // 34: tether.executor.v1.CloseSessionResponse
-	(*SessionCheckpoint)(nil),             // 35: tether.executor.v1.SessionCheckpoint
-	(*Interaction)(nil),                   // 36: tether.executor.v1.Interaction
-	(*InteractionQuestion)(nil),           // 37: tether.executor.v1.InteractionQuestion
-	(*InteractionOption)(nil),             // 38: tether.executor.v1.InteractionOption
-	(*InteractionAnswer)(nil),             // 39: tether.executor.v1.InteractionAnswer
-	(*ListInteractionsRequest)(nil),       // 40: tether.executor.v1.ListInteractionsRequest
-	(*ListInteractionsResponse)(nil),      // 41: tether.executor.v1.ListInteractionsResponse
-	(*GetInteractionRequest)(nil),         // 42: tether.executor.v1.GetInteractionRequest
-	(*GetInteractionResponse)(nil),        // 43: tether.executor.v1.GetInteractionResponse
-	(*AnswerInteractionRequest)(nil),      // 44: tether.executor.v1.AnswerInteractionRequest
-	(*AnswerInteractionResponse)(nil),     // 45: tether.executor.v1.AnswerInteractionResponse
-	(*v1.ExecutionInput)(nil),             // 46: tether.prp.v1.ExecutionInput
-	(*timestamppb.Timestamp)(nil),         // 47: google.protobuf.Timestamp
-	(*v1.ProcessInfo)(nil),                // 48: tether.prp.v1.ProcessInfo
-	(*durationpb.Duration)(nil),           // 49: google.protobuf.Duration
-	(*v1.Event)(nil),                      // 50: tether.prp.v1.Event
-	(*structpb.Struct)(nil),               // 51: google.protobuf.Struct
-	(*v11.Stamp)(nil),                     // 52: tether.backup.v1.Stamp
+	(*ReplaceSessionRequest)(nil),         // 32: tether.executor.v1.ReplaceSessionRequest
+	(*ReplaceSessionResponse)(nil),        // 33: tether.executor.v1.ReplaceSessionResponse
+	(*SessionReplacement)(nil),            // 34: tether.executor.v1.SessionReplacement
+	(*GetSessionResponse)(nil),            // 35: tether.executor.v1.GetSessionResponse
+	(*CloseSessionRequest)(nil),           // 36: tether.executor.v1.CloseSessionRequest
+	(*CloseSessionResponse)(nil),          // 37: tether.executor.v1.CloseSessionResponse
+	(*SessionCheckpoint)(nil),             // 38: tether.executor.v1.SessionCheckpoint
+	(*Interaction)(nil),                   // 39: tether.executor.v1.Interaction
+	(*InteractionQuestion)(nil),           // 40: tether.executor.v1.InteractionQuestion
+	(*InteractionOption)(nil),             // 41: tether.executor.v1.InteractionOption
+	(*InteractionAnswer)(nil),             // 42: tether.executor.v1.InteractionAnswer
+	(*ListInteractionsRequest)(nil),       // 43: tether.executor.v1.ListInteractionsRequest
+	(*ListInteractionsResponse)(nil),      // 44: tether.executor.v1.ListInteractionsResponse
+	(*GetInteractionRequest)(nil),         // 45: tether.executor.v1.GetInteractionRequest
+	(*GetInteractionResponse)(nil),        // 46: tether.executor.v1.GetInteractionResponse
+	(*AnswerInteractionRequest)(nil),      // 47: tether.executor.v1.AnswerInteractionRequest
+	(*AnswerInteractionResponse)(nil),     // 48: tether.executor.v1.AnswerInteractionResponse
+	(*v1.ExecutionInput)(nil),             // 49: tether.prp.v1.ExecutionInput
+	(*timestamppb.Timestamp)(nil),         // 50: google.protobuf.Timestamp
+	(*v1.ProcessInfo)(nil),                // 51: tether.prp.v1.ProcessInfo
+	(*durationpb.Duration)(nil),           // 52: google.protobuf.Duration
+	(*v1.Event)(nil),                      // 53: tether.prp.v1.Event
+	(*structpb.Struct)(nil),               // 54: google.protobuf.Struct
+	(*v11.Stamp)(nil),                     // 55: tether.backup.v1.Stamp
 }
 var file_tether_executor_v1_executor_proto_depIdxs = []int32{
-	46, // 0: tether.executor.v1.SubmitRunRequest.input:type_name -> tether.prp.v1.ExecutionInput
+	49, // 0: tether.executor.v1.SubmitRunRequest.input:type_name -> tether.prp.v1.ExecutionInput
 	11, // 1: tether.executor.v1.SubmitRunResponse.run:type_name -> tether.executor.v1.Run
 	4,  // 2: tether.executor.v1.RunResult.usage:type_name -> tether.executor.v1.Usage
 	4,  // 3: tether.executor.v1.RunResult.session_usage:type_name -> tether.executor.v1.Usage
@@ -3718,80 +3984,86 @@ var file_tether_executor_v1_executor_proto_depIdxs = []int32{
 	9,  // 6: tether.executor.v1.RunResult.continuation:type_name -> tether.executor.v1.Continuation
 	8,  // 7: tether.executor.v1.CompletionClaim.criteria:type_name -> tether.executor.v1.CriterionClaim
 	0,  // 8: tether.executor.v1.Run.state:type_name -> tether.executor.v1.RunState
-	47, // 9: tether.executor.v1.Run.lease_expires_at:type_name -> google.protobuf.Timestamp
-	46, // 10: tether.executor.v1.Run.input:type_name -> tether.prp.v1.ExecutionInput
+	50, // 9: tether.executor.v1.Run.lease_expires_at:type_name -> google.protobuf.Timestamp
+	49, // 10: tether.executor.v1.Run.input:type_name -> tether.prp.v1.ExecutionInput
 	5,  // 11: tether.executor.v1.Run.result:type_name -> tether.executor.v1.RunResult
 	10, // 12: tether.executor.v1.Run.failure:type_name -> tether.executor.v1.Failure
-	48, // 13: tether.executor.v1.Run.runner_process:type_name -> tether.prp.v1.ProcessInfo
-	48, // 14: tether.executor.v1.Run.provider_process:type_name -> tether.prp.v1.ProcessInfo
-	47, // 15: tether.executor.v1.Run.created_at:type_name -> google.protobuf.Timestamp
-	47, // 16: tether.executor.v1.Run.updated_at:type_name -> google.protobuf.Timestamp
-	47, // 17: tether.executor.v1.Run.started_at:type_name -> google.protobuf.Timestamp
-	47, // 18: tether.executor.v1.Run.ended_at:type_name -> google.protobuf.Timestamp
+	51, // 13: tether.executor.v1.Run.runner_process:type_name -> tether.prp.v1.ProcessInfo
+	51, // 14: tether.executor.v1.Run.provider_process:type_name -> tether.prp.v1.ProcessInfo
+	50, // 15: tether.executor.v1.Run.created_at:type_name -> google.protobuf.Timestamp
+	50, // 16: tether.executor.v1.Run.updated_at:type_name -> google.protobuf.Timestamp
+	50, // 17: tether.executor.v1.Run.started_at:type_name -> google.protobuf.Timestamp
+	50, // 18: tether.executor.v1.Run.ended_at:type_name -> google.protobuf.Timestamp
 	12, // 19: tether.executor.v1.Run.cancellation:type_name -> tether.executor.v1.Cancellation
 	13, // 20: tether.executor.v1.Run.recovery:type_name -> tether.executor.v1.Recovery
-	47, // 21: tether.executor.v1.Recovery.next_attempt_at:type_name -> google.protobuf.Timestamp
+	50, // 21: tether.executor.v1.Recovery.next_attempt_at:type_name -> google.protobuf.Timestamp
 	1,  // 22: tether.executor.v1.CancelRunRequest.scope:type_name -> tether.executor.v1.CancellationScope
-	49, // 23: tether.executor.v1.CancelRunRequest.wait_timeout:type_name -> google.protobuf.Duration
+	52, // 23: tether.executor.v1.CancelRunRequest.wait_timeout:type_name -> google.protobuf.Duration
 	12, // 24: tether.executor.v1.CancelRunResponse.cancellation:type_name -> tether.executor.v1.Cancellation
 	11, // 25: tether.executor.v1.GetRunResponse.run:type_name -> tether.executor.v1.Run
 	0,  // 26: tether.executor.v1.ListRunsRequest.state:type_name -> tether.executor.v1.RunState
 	11, // 27: tether.executor.v1.ListRunsResponse.runs:type_name -> tether.executor.v1.Run
-	50, // 28: tether.executor.v1.WatchRunResponse.event:type_name -> tether.prp.v1.Event
+	53, // 28: tether.executor.v1.WatchRunResponse.event:type_name -> tether.prp.v1.Event
 	5,  // 29: tether.executor.v1.WatchRunResponse.result:type_name -> tether.executor.v1.RunResult
-	49, // 30: tether.executor.v1.SteerRunRequest.timeout:type_name -> google.protobuf.Duration
-	51, // 31: tether.executor.v1.ResolveRuntimeRequestRequest.resolution:type_name -> google.protobuf.Struct
+	52, // 30: tether.executor.v1.SteerRunRequest.timeout:type_name -> google.protobuf.Duration
+	54, // 31: tether.executor.v1.ResolveRuntimeRequestRequest.resolution:type_name -> google.protobuf.Struct
 	0,  // 32: tether.executor.v1.Session.last_run_state:type_name -> tether.executor.v1.RunState
-	48, // 33: tether.executor.v1.Session.runner_process:type_name -> tether.prp.v1.ProcessInfo
-	48, // 34: tether.executor.v1.Session.provider_process:type_name -> tether.prp.v1.ProcessInfo
-	35, // 35: tether.executor.v1.Session.checkpoint:type_name -> tether.executor.v1.SessionCheckpoint
-	31, // 36: tether.executor.v1.GetSessionResponse.sessions:type_name -> tether.executor.v1.Session
-	35, // 37: tether.executor.v1.CloseSessionResponse.checkpoints:type_name -> tether.executor.v1.SessionCheckpoint
-	52, // 38: tether.executor.v1.SessionCheckpoint.stamp:type_name -> tether.backup.v1.Stamp
-	47, // 39: tether.executor.v1.SessionCheckpoint.created_at:type_name -> google.protobuf.Timestamp
-	37, // 40: tether.executor.v1.Interaction.questions:type_name -> tether.executor.v1.InteractionQuestion
-	39, // 41: tether.executor.v1.Interaction.answers:type_name -> tether.executor.v1.InteractionAnswer
-	47, // 42: tether.executor.v1.Interaction.created_at:type_name -> google.protobuf.Timestamp
-	47, // 43: tether.executor.v1.Interaction.answered_at:type_name -> google.protobuf.Timestamp
-	38, // 44: tether.executor.v1.InteractionQuestion.options:type_name -> tether.executor.v1.InteractionOption
-	36, // 45: tether.executor.v1.ListInteractionsResponse.interactions:type_name -> tether.executor.v1.Interaction
-	36, // 46: tether.executor.v1.GetInteractionResponse.interaction:type_name -> tether.executor.v1.Interaction
-	39, // 47: tether.executor.v1.AnswerInteractionRequest.answers:type_name -> tether.executor.v1.InteractionAnswer
-	36, // 48: tether.executor.v1.AnswerInteractionResponse.interaction:type_name -> tether.executor.v1.Interaction
-	11, // 49: tether.executor.v1.AnswerInteractionResponse.continuation_run:type_name -> tether.executor.v1.Run
-	2,  // 50: tether.executor.v1.ExecutorService.SubmitRun:input_type -> tether.executor.v1.SubmitRunRequest
-	16, // 51: tether.executor.v1.ExecutorService.GetRun:input_type -> tether.executor.v1.GetRunRequest
-	18, // 52: tether.executor.v1.ExecutorService.ListRuns:input_type -> tether.executor.v1.ListRunsRequest
-	20, // 53: tether.executor.v1.ExecutorService.WatchRun:input_type -> tether.executor.v1.WatchRunRequest
-	14, // 54: tether.executor.v1.ExecutorService.CancelRun:input_type -> tether.executor.v1.CancelRunRequest
-	22, // 55: tether.executor.v1.ExecutorService.GetSteeringState:input_type -> tether.executor.v1.GetSteeringStateRequest
-	24, // 56: tether.executor.v1.ExecutorService.SteerRun:input_type -> tether.executor.v1.SteerRunRequest
-	26, // 57: tether.executor.v1.ExecutorService.ResolveRuntimeRequest:input_type -> tether.executor.v1.ResolveRuntimeRequestRequest
-	28, // 58: tether.executor.v1.ExecutorService.CompleteToolCall:input_type -> tether.executor.v1.CompleteToolCallRequest
-	30, // 59: tether.executor.v1.ExecutorService.GetSession:input_type -> tether.executor.v1.GetSessionRequest
-	33, // 60: tether.executor.v1.ExecutorService.CloseSession:input_type -> tether.executor.v1.CloseSessionRequest
-	40, // 61: tether.executor.v1.ExecutorService.ListInteractions:input_type -> tether.executor.v1.ListInteractionsRequest
-	42, // 62: tether.executor.v1.ExecutorService.GetInteraction:input_type -> tether.executor.v1.GetInteractionRequest
-	44, // 63: tether.executor.v1.ExecutorService.AnswerInteraction:input_type -> tether.executor.v1.AnswerInteractionRequest
-	3,  // 64: tether.executor.v1.ExecutorService.SubmitRun:output_type -> tether.executor.v1.SubmitRunResponse
-	17, // 65: tether.executor.v1.ExecutorService.GetRun:output_type -> tether.executor.v1.GetRunResponse
-	19, // 66: tether.executor.v1.ExecutorService.ListRuns:output_type -> tether.executor.v1.ListRunsResponse
-	21, // 67: tether.executor.v1.ExecutorService.WatchRun:output_type -> tether.executor.v1.WatchRunResponse
-	15, // 68: tether.executor.v1.ExecutorService.CancelRun:output_type -> tether.executor.v1.CancelRunResponse
-	23, // 69: tether.executor.v1.ExecutorService.GetSteeringState:output_type -> tether.executor.v1.GetSteeringStateResponse
-	25, // 70: tether.executor.v1.ExecutorService.SteerRun:output_type -> tether.executor.v1.SteerRunResponse
-	27, // 71: tether.executor.v1.ExecutorService.ResolveRuntimeRequest:output_type -> tether.executor.v1.ResolveRuntimeRequestResponse
-	29, // 72: tether.executor.v1.ExecutorService.CompleteToolCall:output_type -> tether.executor.v1.CompleteToolCallResponse
-	32, // 73: tether.executor.v1.ExecutorService.GetSession:output_type -> tether.executor.v1.GetSessionResponse
-	34, // 74: tether.executor.v1.ExecutorService.CloseSession:output_type -> tether.executor.v1.CloseSessionResponse
-	41, // 75: tether.executor.v1.ExecutorService.ListInteractions:output_type -> tether.executor.v1.ListInteractionsResponse
-	43, // 76: tether.executor.v1.ExecutorService.GetInteraction:output_type -> tether.executor.v1.GetInteractionResponse
-	45, // 77: tether.executor.v1.ExecutorService.AnswerInteraction:output_type -> tether.executor.v1.AnswerInteractionResponse
-	64, // [64:78] is the sub-list for method output_type
-	50, // [50:64] is the sub-list for method input_type
-	50, // [50:50] is the sub-list for extension type_name
-	50, // [50:50] is the sub-list for extension extendee
-	0,  // [0:50] is the sub-list for field type_name
+	51, // 33: tether.executor.v1.Session.runner_process:type_name -> tether.prp.v1.ProcessInfo
+	51, // 34: tether.executor.v1.Session.provider_process:type_name -> tether.prp.v1.ProcessInfo
+	38, // 35: tether.executor.v1.Session.checkpoint:type_name -> tether.executor.v1.SessionCheckpoint
+	34, // 36: tether.executor.v1.Session.replacements:type_name -> tether.executor.v1.SessionReplacement
+	34, // 37: tether.executor.v1.ReplaceSessionResponse.replacements:type_name -> tether.executor.v1.SessionReplacement
+	50, // 38: tether.executor.v1.SessionReplacement.requested_at:type_name -> google.protobuf.Timestamp
+	50, // 39: tether.executor.v1.SessionReplacement.applied_at:type_name -> google.protobuf.Timestamp
+	31, // 40: tether.executor.v1.GetSessionResponse.sessions:type_name -> tether.executor.v1.Session
+	38, // 41: tether.executor.v1.CloseSessionResponse.checkpoints:type_name -> tether.executor.v1.SessionCheckpoint
+	55, // 42: tether.executor.v1.SessionCheckpoint.stamp:type_name -> tether.backup.v1.Stamp
+	50, // 43: tether.executor.v1.SessionCheckpoint.created_at:type_name -> google.protobuf.Timestamp
+	40, // 44: tether.executor.v1.Interaction.questions:type_name -> tether.executor.v1.InteractionQuestion
+	42, // 45: tether.executor.v1.Interaction.answers:type_name -> tether.executor.v1.InteractionAnswer
+	50, // 46: tether.executor.v1.Interaction.created_at:type_name -> google.protobuf.Timestamp
+	50, // 47: tether.executor.v1.Interaction.answered_at:type_name -> google.protobuf.Timestamp
+	41, // 48: tether.executor.v1.InteractionQuestion.options:type_name -> tether.executor.v1.InteractionOption
+	39, // 49: tether.executor.v1.ListInteractionsResponse.interactions:type_name -> tether.executor.v1.Interaction
+	39, // 50: tether.executor.v1.GetInteractionResponse.interaction:type_name -> tether.executor.v1.Interaction
+	42, // 51: tether.executor.v1.AnswerInteractionRequest.answers:type_name -> tether.executor.v1.InteractionAnswer
+	39, // 52: tether.executor.v1.AnswerInteractionResponse.interaction:type_name -> tether.executor.v1.Interaction
+	11, // 53: tether.executor.v1.AnswerInteractionResponse.continuation_run:type_name -> tether.executor.v1.Run
+	2,  // 54: tether.executor.v1.ExecutorService.SubmitRun:input_type -> tether.executor.v1.SubmitRunRequest
+	16, // 55: tether.executor.v1.ExecutorService.GetRun:input_type -> tether.executor.v1.GetRunRequest
+	18, // 56: tether.executor.v1.ExecutorService.ListRuns:input_type -> tether.executor.v1.ListRunsRequest
+	20, // 57: tether.executor.v1.ExecutorService.WatchRun:input_type -> tether.executor.v1.WatchRunRequest
+	14, // 58: tether.executor.v1.ExecutorService.CancelRun:input_type -> tether.executor.v1.CancelRunRequest
+	22, // 59: tether.executor.v1.ExecutorService.GetSteeringState:input_type -> tether.executor.v1.GetSteeringStateRequest
+	24, // 60: tether.executor.v1.ExecutorService.SteerRun:input_type -> tether.executor.v1.SteerRunRequest
+	26, // 61: tether.executor.v1.ExecutorService.ResolveRuntimeRequest:input_type -> tether.executor.v1.ResolveRuntimeRequestRequest
+	28, // 62: tether.executor.v1.ExecutorService.CompleteToolCall:input_type -> tether.executor.v1.CompleteToolCallRequest
+	30, // 63: tether.executor.v1.ExecutorService.GetSession:input_type -> tether.executor.v1.GetSessionRequest
+	36, // 64: tether.executor.v1.ExecutorService.CloseSession:input_type -> tether.executor.v1.CloseSessionRequest
+	32, // 65: tether.executor.v1.ExecutorService.ReplaceSession:input_type -> tether.executor.v1.ReplaceSessionRequest
+	43, // 66: tether.executor.v1.ExecutorService.ListInteractions:input_type -> tether.executor.v1.ListInteractionsRequest
+	45, // 67: tether.executor.v1.ExecutorService.GetInteraction:input_type -> tether.executor.v1.GetInteractionRequest
+	47, // 68: tether.executor.v1.ExecutorService.AnswerInteraction:input_type -> tether.executor.v1.AnswerInteractionRequest
+	3,  // 69: tether.executor.v1.ExecutorService.SubmitRun:output_type -> tether.executor.v1.SubmitRunResponse
+	17, // 70: tether.executor.v1.ExecutorService.GetRun:output_type -> tether.executor.v1.GetRunResponse
+	19, // 71: tether.executor.v1.ExecutorService.ListRuns:output_type -> tether.executor.v1.ListRunsResponse
+	21, // 72: tether.executor.v1.ExecutorService.WatchRun:output_type -> tether.executor.v1.WatchRunResponse
+	15, // 73: tether.executor.v1.ExecutorService.CancelRun:output_type -> tether.executor.v1.CancelRunResponse
+	23, // 74: tether.executor.v1.ExecutorService.GetSteeringState:output_type -> tether.executor.v1.GetSteeringStateResponse
+	25, // 75: tether.executor.v1.ExecutorService.SteerRun:output_type -> tether.executor.v1.SteerRunResponse
+	27, // 76: tether.executor.v1.ExecutorService.ResolveRuntimeRequest:output_type -> tether.executor.v1.ResolveRuntimeRequestResponse
+	29, // 77: tether.executor.v1.ExecutorService.CompleteToolCall:output_type -> tether.executor.v1.CompleteToolCallResponse
+	35, // 78: tether.executor.v1.ExecutorService.GetSession:output_type -> tether.executor.v1.GetSessionResponse
+	37, // 79: tether.executor.v1.ExecutorService.CloseSession:output_type -> tether.executor.v1.CloseSessionResponse
+	33, // 80: tether.executor.v1.ExecutorService.ReplaceSession:output_type -> tether.executor.v1.ReplaceSessionResponse
+	44, // 81: tether.executor.v1.ExecutorService.ListInteractions:output_type -> tether.executor.v1.ListInteractionsResponse
+	46, // 82: tether.executor.v1.ExecutorService.GetInteraction:output_type -> tether.executor.v1.GetInteractionResponse
+	48, // 83: tether.executor.v1.ExecutorService.AnswerInteraction:output_type -> tether.executor.v1.AnswerInteractionResponse
+	69, // [69:84] is the sub-list for method output_type
+	54, // [54:69] is the sub-list for method input_type
+	54, // [54:54] is the sub-list for extension type_name
+	54, // [54:54] is the sub-list for extension extendee
+	0,  // [0:54] is the sub-list for field type_name
 }
 
 func init() { file_tether_executor_v1_executor_proto_init() }
@@ -3806,7 +4078,7 @@ func file_tether_executor_v1_executor_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_tether_executor_v1_executor_proto_rawDesc), len(file_tether_executor_v1_executor_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   44,
+			NumMessages:   47,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -30,6 +30,7 @@ const (
 	ExecutorService_CompleteToolCall_FullMethodName      = "/tether.executor.v1.ExecutorService/CompleteToolCall"
 	ExecutorService_GetSession_FullMethodName            = "/tether.executor.v1.ExecutorService/GetSession"
 	ExecutorService_CloseSession_FullMethodName          = "/tether.executor.v1.ExecutorService/CloseSession"
+	ExecutorService_ReplaceSession_FullMethodName        = "/tether.executor.v1.ExecutorService/ReplaceSession"
 	ExecutorService_ListInteractions_FullMethodName      = "/tether.executor.v1.ExecutorService/ListInteractions"
 	ExecutorService_GetInteraction_FullMethodName        = "/tether.executor.v1.ExecutorService/GetInteraction"
 	ExecutorService_AnswerInteraction_FullMethodName     = "/tether.executor.v1.ExecutorService/AnswerInteraction"
@@ -84,6 +85,15 @@ type ExecutorServiceClient interface {
 	// With suspend it is a verified suspension whose stamped checkpoint is
 	// recorded (SPEC R5).
 	CloseSession(ctx context.Context, in *CloseSessionRequest, opts ...grpc.CallOption) (*CloseSessionResponse, error)
+	// ReplaceSession is an operator's decision to give up a session's provider
+	// thread (SPEC F3): its durable state is lost (its gateway died before a
+	// verified checkpoint), so its runs fail closed with
+	// runner_harness_state_mismatch. The decision is recorded durably (who,
+	// when, why); the next run of each scope starts a fresh provider session
+	// and records the continuity break as a session.continuity_break event,
+	// visible in GetSession and tetherctl audit. A scope with a run in flight
+	// is native_session_supervisor_busy.
+	ReplaceSession(ctx context.Context, in *ReplaceSessionRequest, opts ...grpc.CallOption) (*ReplaceSessionResponse, error)
 	// ListInteractions lists durable interactions (governed waits, SPEC E4/E5),
 	// newest first.
 	ListInteractions(ctx context.Context, in *ListInteractionsRequest, opts ...grpc.CallOption) (*ListInteractionsResponse, error)
@@ -223,6 +233,16 @@ func (c *executorServiceClient) CloseSession(ctx context.Context, in *CloseSessi
 	return out, nil
 }
 
+func (c *executorServiceClient) ReplaceSession(ctx context.Context, in *ReplaceSessionRequest, opts ...grpc.CallOption) (*ReplaceSessionResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReplaceSessionResponse)
+	err := c.cc.Invoke(ctx, ExecutorService_ReplaceSession_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *executorServiceClient) ListInteractions(ctx context.Context, in *ListInteractionsRequest, opts ...grpc.CallOption) (*ListInteractionsResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(ListInteractionsResponse)
@@ -302,6 +322,15 @@ type ExecutorServiceServer interface {
 	// With suspend it is a verified suspension whose stamped checkpoint is
 	// recorded (SPEC R5).
 	CloseSession(context.Context, *CloseSessionRequest) (*CloseSessionResponse, error)
+	// ReplaceSession is an operator's decision to give up a session's provider
+	// thread (SPEC F3): its durable state is lost (its gateway died before a
+	// verified checkpoint), so its runs fail closed with
+	// runner_harness_state_mismatch. The decision is recorded durably (who,
+	// when, why); the next run of each scope starts a fresh provider session
+	// and records the continuity break as a session.continuity_break event,
+	// visible in GetSession and tetherctl audit. A scope with a run in flight
+	// is native_session_supervisor_busy.
+	ReplaceSession(context.Context, *ReplaceSessionRequest) (*ReplaceSessionResponse, error)
 	// ListInteractions lists durable interactions (governed waits, SPEC E4/E5),
 	// newest first.
 	ListInteractions(context.Context, *ListInteractionsRequest) (*ListInteractionsResponse, error)
@@ -354,6 +383,9 @@ func (UnimplementedExecutorServiceServer) GetSession(context.Context, *GetSessio
 }
 func (UnimplementedExecutorServiceServer) CloseSession(context.Context, *CloseSessionRequest) (*CloseSessionResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method CloseSession not implemented")
+}
+func (UnimplementedExecutorServiceServer) ReplaceSession(context.Context, *ReplaceSessionRequest) (*ReplaceSessionResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ReplaceSession not implemented")
 }
 func (UnimplementedExecutorServiceServer) ListInteractions(context.Context, *ListInteractionsRequest) (*ListInteractionsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListInteractions not implemented")
@@ -576,6 +608,24 @@ func _ExecutorService_CloseSession_Handler(srv interface{}, ctx context.Context,
 	return interceptor(ctx, in, info, handler)
 }
 
+func _ExecutorService_ReplaceSession_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReplaceSessionRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ExecutorServiceServer).ReplaceSession(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ExecutorService_ReplaceSession_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ExecutorServiceServer).ReplaceSession(ctx, req.(*ReplaceSessionRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _ExecutorService_ListInteractions_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(ListInteractionsRequest)
 	if err := dec(in); err != nil {
@@ -676,6 +726,10 @@ var ExecutorService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "CloseSession",
 			Handler:    _ExecutorService_CloseSession_Handler,
+		},
+		{
+			MethodName: "ReplaceSession",
+			Handler:    _ExecutorService_ReplaceSession_Handler,
 		},
 		{
 			MethodName: "ListInteractions",

@@ -345,7 +345,18 @@ type Open struct {
 	// has the same full scope, and whose runner state on disk is suspended.
 	// A run named on disk but missing here is indeterminate: the root is
 	// quarantined and nothing starts.
-	PriorRuns     []*PriorRun `protobuf:"bytes,6,rep,name=prior_runs,json=priorRuns,proto3" json:"prior_runs,omitempty"`
+	PriorRuns []*PriorRun `protobuf:"bytes,6,rep,name=prior_runs,json=priorRuns,proto3" json:"prior_runs,omitempty"`
+	// The executor's records show a runner served an earlier warm run of the
+	// scope, so the scope has durable state (SPEC F3). When the scope has
+	// neither a live runner nor runner state on this gateway and no restore
+	// spec applies, the Open fails closed with runner_harness_state_mismatch
+	// instead of starting a fresh provider session.
+	ContinuityRequired bool `protobuf:"varint,7,opt,name=continuity_required,json=continuityRequired,proto3" json:"continuity_required,omitempty"`
+	// An operator's ReplaceSession decision pending for the scope: unless the
+	// scope's control plane already names this run, the gateway closes a live
+	// runner of the scope, moves the scope's durable root aside
+	// (<state-root>/continuity-breaks/) and starts a fresh provider session.
+	ReplacementId string `protobuf:"bytes,8,opt,name=replacement_id,json=replacementId,proto3" json:"replacement_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -420,6 +431,20 @@ func (x *Open) GetPriorRuns() []*PriorRun {
 		return x.PriorRuns
 	}
 	return nil
+}
+
+func (x *Open) GetContinuityRequired() bool {
+	if x != nil {
+		return x.ContinuityRequired
+	}
+	return false
+}
+
+func (x *Open) GetReplacementId() string {
+	if x != nil {
+		return x.ReplacementId
+	}
+	return ""
 }
 
 // PriorRun is the executor's record of an earlier run of the session.
@@ -1594,7 +1619,7 @@ const file_tether_gateway_v1_gateway_proto_rawDesc = "" +
 	"\aattempt\x18\x02 \x01(\x04B\a\xbaH\x042\x02(\x01R\aattempt\"\x80\x01\n" +
 	"\fRunnerTarget\x124\n" +
 	"\x04mode\x18\x01 \x01(\x0e2 .tether.gateway.v1.TransportModeR\x04mode\x12:\n" +
-	"\x19runner_ingress_authorized\x18\x02 \x01(\bR\x17runnerIngressAuthorized\"\xdb\x02\n" +
+	"\x19runner_ingress_authorized\x18\x02 \x01(\bR\x17runnerIngressAuthorized\"\xbc\x03\n" +
 	"\x04Open\x12\x1e\n" +
 	"\x06run_id\x18\x01 \x01(\tB\a\xbaH\x04r\x02\x10\x01R\x05runId\x12=\n" +
 	"\x05fence\x18\x02 \x01(\v2\x1f.tether.gateway.v1.FencingTokenB\x06\xbaH\x03\xc8\x01\x01R\x05fence\x127\n" +
@@ -1602,7 +1627,9 @@ const file_tether_gateway_v1_gateway_proto_rawDesc = "" +
 	"\x05input\x18\x04 \x01(\v2\x1d.tether.prp.v1.ExecutionInputB\x06\xbaH\x03\xc8\x01\x01R\x05input\x128\n" +
 	"\arestore\x18\x05 \x01(\v2\x1e.tether.gateway.v1.RestoreSpecR\arestore\x12D\n" +
 	"\n" +
-	"prior_runs\x18\x06 \x03(\v2\x1b.tether.gateway.v1.PriorRunB\b\xbaH\x05\x92\x01\x02\x10@R\tpriorRuns\"\x93\x01\n" +
+	"prior_runs\x18\x06 \x03(\v2\x1b.tether.gateway.v1.PriorRunB\b\xbaH\x05\x92\x01\x02\x10@R\tpriorRuns\x12/\n" +
+	"\x13continuity_required\x18\a \x01(\bR\x12continuityRequired\x12.\n" +
+	"\x0ereplacement_id\x18\b \x01(\tB\a\xbaH\x04r\x02\x18@R\rreplacementId\"\x93\x01\n" +
 	"\bPriorRun\x12\x1e\n" +
 	"\x06run_id\x18\x01 \x01(\tB\a\xbaH\x04r\x02\x10\x01R\x05runId\x12\x16\n" +
 	"\x06status\x18\x02 \x01(\tR\x06status\x12\x1a\n" +

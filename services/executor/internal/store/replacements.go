@@ -1,0 +1,125 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/tether-run/tether/pkg/failure"
+	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
+)
+
+// ReplacementRequest is an operator's ReplaceSession decision for one scope
+// (SPEC F3).
+type ReplacementRequest struct {
+	Scope, CompanyID, SessionID string
+	RequestedBy, Caller, Reason string
+}
+
+const replacementColumns = `replacement_id, session_scope, requested_by, caller, reason, requested_at,
+       coalesce(applied_run_id, ''), applied_at`
+
+func scanReplacement(row pgx.Row) (*executorv1.SessionReplacement, error) {
+	var (
+		r       executorv1.SessionReplacement
+		at      time.Time
+		applied *time.Time
+	)
+	if err := row.Scan(&r.ReplacementId, &r.SessionScope, &r.RequestedBy, &r.Caller, &r.Reason, &at,
+		&r.AppliedRunId, &applied); err != nil {
+		return nil, err
+	}
+	r.RequestedAt = timestamppb.New(at)
+	if applied != nil {
+		r.AppliedAt = timestamppb.New(*applied)
+	}
+	return &r, nil
+}
+
+// RecordReplacement records req durably and returns it; while a decision
+// for the scope is pending (no run applied it yet) it is returned as it is.
+// A scope with a run in flight refuses (native_session_supervisor_busy):
+// its runner serves that run now.
+func (s *Store) RecordReplacement(ctx context.Context, req ReplacementRequest) (*executorv1.SessionReplacement, error) {
+	var out *executorv1.SessionReplacement
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		// The scope lock orders this against a run of the scope starting.
+		if _, err := tx.Exec(ctx, `SELECT executor.lock_scope($1)`, req.Scope); err != nil {
+			return err
+		}
+		var busy bool
+		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM executor.coordinators
+ WHERE session_scope = $1 AND phase = 'observed')`, req.Scope).Scan(&busy); err != nil {
+			return err
+		}
+		if busy {
+			return failure.New(codes.Aborted, failure.NativeSessionSupervisorBusy,
+				"session %q has a run in flight; replace it after the run ends", req.SessionID)
+		}
+		if _, err := tx.Exec(ctx, `
+INSERT INTO executor.session_replacements (replacement_id, session_scope, company_id, normalized_session_id,
+       requested_by, caller, reason)
+VALUES ($1, $2, $3, $4, $5, $6, $7)
+ON CONFLICT (session_scope) WHERE applied_run_id IS NULL DO NOTHING`,
+			newID("repl-"), req.Scope, req.CompanyID, req.SessionID, req.RequestedBy, req.Caller, req.Reason); err != nil {
+			return err
+		}
+		var err error
+		out, err = scanReplacement(tx.QueryRow(ctx, `SELECT `+replacementColumns+` FROM executor.session_replacements
+ WHERE session_scope = $1 AND applied_run_id IS NULL`, req.Scope))
+		return err
+	})
+	return out, err
+}
+
+// Replacements lists the scope's ReplaceSession decisions, newest first.
+func (s *Store) Replacements(ctx context.Context, scope string) ([]*executorv1.SessionReplacement, error) {
+	rows, err := s.pool.Query(ctx, `SELECT `+replacementColumns+` FROM executor.session_replacements
+ WHERE session_scope = $1 ORDER BY requested_at DESC LIMIT 100`, scope)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []*executorv1.SessionReplacement
+	for rows.Next() {
+		r, err := scanReplacement(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, r)
+	}
+	return out, rows.Err()
+}
+
+// replacementForRunSQL reads the decision run $2 of scope $1 applies: the
+// pending one, or the one it already applied (a later attempt of the run).
+const replacementForRunSQL = `SELECT ` + replacementColumns + ` FROM executor.session_replacements
+ WHERE session_scope = $1 AND (applied_run_id IS NULL OR applied_run_id = $2)
+ ORDER BY applied_run_id NULLS FIRST LIMIT 1`
+
+// continuityRequiredSQL: a runner served an earlier warm run of run $1's
+// scope, so the scope has durable state that a fresh provider session
+// would silently abandon (SPEC F3).
+const continuityRequiredSQL = `SELECT EXISTS (SELECT 1 FROM executor.runs r
+  JOIN executor.runs p ON p.session_scope = r.session_scope AND p.submit_seq < r.submit_seq
+ WHERE r.run_id = $1 AND p.runner_instance_id IS NOT NULL AND p.lifecycle = 'LIFECYCLE_MODE_WARM')`
+
+func scanOptionalReplacement(row pgx.Row) (*executorv1.SessionReplacement, error) {
+	r, err := scanReplacement(row)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil
+	}
+	return r, err
+}
+
+// applyReplacement marks decision id applied by run runID; false when it
+// was applied already (by this run's earlier attempt).
+func applyReplacement(ctx context.Context, tx pgx.Tx, id, runID string) (bool, error) {
+	tag, err := tx.Exec(ctx, `UPDATE executor.session_replacements SET applied_run_id = $2, applied_at = now()
+ WHERE replacement_id = $1 AND applied_run_id IS NULL`, id, runID)
+	return tag.RowsAffected() == 1, err
+}

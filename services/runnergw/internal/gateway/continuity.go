@@ -1,0 +1,116 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"time"
+
+	"google.golang.org/grpc/codes"
+
+	"github.com/tether-run/tether/pkg/failure"
+	gatewayv1 "github.com/tether-run/tether/pkg/gen/tether/gateway/v1"
+	"github.com/tether-run/tether/pkg/scope"
+	"github.com/tether-run/tether/pkg/scope/durable"
+)
+
+// Continuity of a session scope's provider thread across gateways (SPEC
+// F3). The executor knows whether a runner served the scope before; this
+// gateway knows whether the scope's state is on its disk. A scope that
+// should have state but has none here, and no verified checkpoint to
+// restore, fails closed: starting a fresh provider session would silently
+// drop the thread. Only an operator's ReplaceSession starts a fresh one.
+
+// ContinuityBreaksDir holds the durable roots moved aside by a
+// ReplaceSession, under the state root.
+const ContinuityBreaksDir = "continuity-breaks"
+
+// prepareContinuity applies the Open's continuity rules to scope sc under
+// the scope's op lock, before any runner is launched: a pending replacement
+// moves the scope's state aside; a restore spec restores the checkpoint
+// when the scope has no state here; a scope that must have state and has
+// none fails with runner_harness_state_mismatch.
+func (g *Gateway) prepareContinuity(ctx context.Context, r *runner, sc string, open *gatewayv1.Open, log *slog.Logger) error {
+	runID := open.GetRunId()
+	if id := open.GetReplacementId(); id != "" {
+		return g.replaceSession(ctx, r, sc, runID, id, log)
+	}
+	if !g.needsRestore(r, sc) {
+		return nil
+	}
+	if spec := open.GetRestore(); spec != nil {
+		if err := g.restore(ctx, r, sc, runID, open.GetInput().GetProvider().GetKind(), spec); err != nil {
+			log.Warn("restore refused", "checkpoint_id", spec.GetCheckpointId(), "err", err)
+			return err
+		}
+		return nil
+	}
+	if open.GetContinuityRequired() && !g.hasLegacyRoot(runID, open) {
+		log.Warn("session scope has no state here and no verified checkpoint; refusing a fresh provider session")
+		err := failure.New(codes.FailedPrecondition, failure.RunnerHarnessStateMismatch,
+			"session scope %s served earlier runs, but its runner state is not on this gateway and it has no verified checkpoint; "+
+				"nothing was started (ReplaceSession starts a fresh provider session)", sc)
+		g.metrics.refused(err)
+		return err
+	}
+	return nil
+}
+
+// hasLegacyRoot reports whether a legacy root of the run's session exists
+// (durable.Prepare migrates it into the scope).
+func (g *Gateway) hasLegacyRoot(runID string, open *gatewayv1.Open) bool {
+	for _, name := range scope.FromRun(runID, open.GetInput()).LegacyRootNames() {
+		if _, err := os.Lstat(filepath.Join(g.cfg.StateRoot, name)); err == nil {
+			return true
+		}
+	}
+	return false
+}
+
+// replaceSession applies ReplaceSession decision id for run runID: unless
+// the scope's control plane already names the run (an earlier attempt
+// applied it), a live runner of the scope is closed and the scope's
+// durable root is moved to <state-root>/continuity-breaks/, so the run
+// starts a fresh provider session on a fresh root.
+func (g *Gateway) replaceSession(ctx context.Context, r *runner, sc, runID, id string, log *slog.Logger) error {
+	root := g.stateDir(sc)
+	cur, _, err := durable.ReadControlPlaneIdentity(root)
+	if err == nil && cur != nil && cur.RunID == runID {
+		return nil
+	}
+	r.mu.Lock()
+	live := r.conn != nil
+	r.mu.Unlock()
+	if live {
+		evs, err := g.controlCommand(ctx, r, sc, "session.close", "warm native session replaced by operator")
+		if err != nil {
+			return err
+		}
+		log.Info("live runner closed for a session replacement", "events_dropped", len(evs))
+	}
+	stopOrphanProviderHost(root)
+	fi, err := os.Lstat(root)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil || fi.Mode()&os.ModeSymlink != 0 || !fi.IsDir() {
+		return failure.New(codes.FailedPrecondition, failure.RunnerStateDirectoryUnsafe,
+			"durable state root %s is a symlink or not a directory; it is left untouched", root)
+	}
+	dir := filepath.Join(g.cfg.StateRoot, ContinuityBreaksDir)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return failure.Wrap(err, codes.Internal, failure.RunnerContinuityBreakArchiveFailed, "%v", err)
+	}
+	dest := filepath.Join(dir, sc+"."+time.Now().UTC().Format("20060102T150405.000Z")+"."+id)
+	if err := os.Rename(root, dest); err != nil {
+		return failure.Wrap(err, codes.Internal, failure.RunnerContinuityBreakArchiveFailed,
+			"moving the durable root of scope %s aside: %v", sc, err)
+	}
+	r.mu.Lock()
+	r.ackedSeq, r.lastCmdSeq, r.instanceID = 0, 0, ""
+	r.mu.Unlock()
+	log.Info("session replaced: the durable root was moved aside; a fresh provider session starts", "replacement_id", id, "archive", dest)
+	return nil
+}
