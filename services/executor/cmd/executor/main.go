@@ -55,6 +55,7 @@ func run() error {
 	watchConns := grpcx.IntFlag(fs, "database-watch-conns", "", 2, "connections of the separate pool WatchRun reads events with (one read per notification per watched run), so watches never take the main pool's connections")
 	gatewayTTL := grpcx.DurationFlag(fs, "gateway-ttl", "", api.DefaultGatewayTTL, "a registered gateway without a heartbeat for this long is lost (SPEC F1); gateways heartbeat every third of it")
 	idleSweep := grpcx.DurationFlag(fs, "idle-sweep-interval", "", time.Second, "how often idle warm sessions are looked for (verified suspension after their idle timeout; 0 turns it off)")
+	checkpointAfter := grpcx.DurationFlag(fs, "checkpoint-after", "", suspend.DefaultCheckpointAfter, "a warm session idle this long after a settled run gets a verified checkpoint (a suspension; its next run resumes the thread), so a lost gateway host loses no turn settled longer ago (SPEC F3); 0: only at the idle timeout")
 	if err := grpcx.ParseFlags(fs, os.Args[1:]); err != nil {
 		return err
 	}
@@ -120,7 +121,7 @@ func run() error {
 		Gateway: gw, Logger: log,
 	})
 	sus := &suspend.Suspender{Store: st, Gateway: gw, Owner: *owner,
-		Interval: *idleSweep, Logger: log}
+		Interval: *idleSweep, CheckpointAfter: *checkpointAfter, Logger: log}
 	apiSrv = &api.Server{Store: st, Hub: hub, KickRun: d.KickRun, Draining: srv.Draining(), Controls: d.Controls(), SelfAddr: *advertise,
 		Gateway: gw, Suspender: sus,
 		DialPeer: func(addr string) (*grpc.ClientConn, error) {

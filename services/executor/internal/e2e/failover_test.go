@@ -11,6 +11,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	backupv1 "github.com/tether-run/tether/pkg/gen/tether/backup/v1"
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
 	"github.com/tether-run/tether/services/executor/internal/stack"
 )
@@ -99,4 +100,50 @@ func TestF3_Stack_ALostRootWithoutACheckpointFailsClosedUntilAnOperatorReplacesT
 	require.Len(t, rep.ContinuityBreaks, 1)
 	require.Equal(t, "lost-3", rep.ContinuityBreaks[0].RunID)
 	require.True(t, strings.Contains(rep.ContinuityBreaks[0].Detail, "alice"), rep.ContinuityBreaks[0].Detail)
+}
+
+// TestF3_Stack_AWarmSessionIsCheckpointedSoonAfterASettledRun: the
+// checkpoint policy. With -checkpoint-after, a warm session idle that long
+// after a settled run gets a verified checkpoint (a suspension the backup
+// verifier stamped and re-verifies), long before its idle timeout; runs
+// that follow each other within it share one provider; the run after a
+// checkpoint resumes the same thread in a new runner and provider. It logs
+// what the policy costs (no timed assertion).
+func TestF3_Stack_AWarmSessionIsCheckpointedSoonAfterASettledRun(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, stack.Options{CheckpointAfter: 500 * time.Millisecond})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	// Two runs queued back to back: one provider, no checkpoint between.
+	h.submit("cp-1", "policy", "first")
+	h.submit("cp-2", "policy", "second")
+	h.waitState(ctx, h.client, "cp-1", executorv1.RunState_RUN_STATE_SUCCEEDED)
+	start := time.Now()
+	second := h.waitState(ctx, h.client, "cp-2", executorv1.RunState_RUN_STATE_SUCCEEDED)
+	warm := time.Since(start)
+	require.Equal(t, 1, countLines(t, h.st.CallLog(), "process-start"))
+
+	sess, cp := h.waitCheckpoint(ctx, "policy", "")
+	settled := time.Since(second.GetEndedAt().AsTime())
+	require.Equal(t, "warm native session checkpoint after a settled run", cp.GetReason())
+	require.Equal(t, second.GetRunnerInstanceId(), cp.GetRunnerInstanceId())
+	vr, err := h.backupClient().VerifyBackup(ctx, &backupv1.VerifyBackupRequest{
+		Selector: &backupv1.VerifyBackupRequest_CheckpointId{CheckpointId: cp.GetCheckpointId()}, Mode: backupv1.VerifyMode_VERIFY_MODE_DEEP})
+	require.NoError(t, err)
+	require.True(t, vr.GetValid(), vr.GetReason())
+	rs, ok := readRunnerState(t, filepath.Join(h.st.RunnerStateRoot(), sess.GetSessionScope()))
+	require.True(t, ok)
+	require.Equal(t, "suspended", rs.Lifecycle)
+
+	start = time.Now()
+	h.submit("cp-3", "policy", "third")
+	third := h.waitState(ctx, h.client, "cp-3", executorv1.RunState_RUN_STATE_SUCCEEDED)
+	resumed := time.Since(start)
+	require.Contains(t, third.GetResult().GetFinalMessage(), "4 earlier messages", "the same thread")
+	require.Equal(t, second.GetRunnerInstanceId(), third.GetRunnerInstanceId())
+	require.Equal(t, 2, countLines(t, h.st.CallLog(), "process-start"), "a new provider process")
+	require.Equal(t, 1, countLines(t, h.st.CallLog(), "thread/start"))
+	require.Equal(t, 1, countLines(t, h.st.CallLog(), "thread/resume"))
+	t.Logf("checkpoint policy cost: checkpoint recorded %s after the run ended (policy 500ms); a queued warm run took %s, the run after a checkpoint %s",
+		settled.Round(time.Millisecond), warm.Round(time.Millisecond), resumed.Round(time.Millisecond))
 }

@@ -31,6 +31,10 @@ const (
 	// ReasonReplaced: an operator's ReplaceSession gave the provider thread
 	// up; the run that applies it starts a fresh provider session (SPEC F3).
 	ReasonReplaced = "warm native session replaced by operator"
+	// ReasonCheckpoint: a warm session idle past the executor's
+	// -checkpoint-after (shorter than its idle timeout) was suspended for
+	// a verified checkpoint (SPEC F3).
+	ReasonCheckpoint = "warm native session checkpoint after a settled run"
 )
 
 // EventContinuityBreak is the control event of the run that applied a

@@ -48,6 +48,10 @@ type Options struct {
 	FakeArgs []string
 	// LeaseTTL for the executor (default 10s).
 	LeaseTTL time.Duration
+	// CheckpointAfter is the executors' -checkpoint-after; zero turns it
+	// off (suspension only at a session's idle timeout), so a test's warm
+	// session keeps its provider between turns however slow the machine.
+	CheckpointAfter time.Duration
 	// ExecutorArgs / GatewayArgs are extra flags.
 	ExecutorArgs, GatewayArgs []string
 	// MTLS serves every service over mutual TLS with identities from a
@@ -398,7 +402,8 @@ func (s *Stack) args(name string) []string {
 	case name == "executor" || strings.HasPrefix(name, "executor-"):
 		a := append(append(common, "-grpc-addr", s.Addr(name), "-database-url", s.opts.DatabaseURL,
 			"-gateway-addr", s.Addr("runnergw"), "-lease-ttl", s.opts.LeaseTTL.String(), "-poll-interval", "250ms",
-			"-owner-id", name, "-grant-key-file", s.GrantKeyFile(), "-gateway-id", GatewayID), s.opts.ExecutorArgs...)
+			"-owner-id", name, "-grant-key-file", s.GrantKeyFile(), "-gateway-id", GatewayID,
+			"-checkpoint-after", s.opts.CheckpointAfter.String()), s.opts.ExecutorArgs...)
 		a = append(a, s.tlsArgs(identity.Executor, "-gateway-ca")...)
 		return append(a, extra...)
 	case name == "runnergw" || strings.HasPrefix(name, "runnergw-"):

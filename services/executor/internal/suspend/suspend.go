@@ -31,6 +31,13 @@ type Suspender struct {
 	Owner string
 	// Interval is how often idle sessions are looked for (default 1s).
 	Interval time.Duration
+	// CheckpointAfter, when positive and shorter than a session's idle
+	// timeout, suspends a warm session (a verified checkpoint) once it has
+	// been idle this long after a settled run (SPEC F3: a lost gateway
+	// host loses no turn settled longer ago). Runs that follow each other
+	// within it share one warm provider; the next run after a checkpoint
+	// resumes the thread in a new runner and provider.
+	CheckpointAfter time.Duration
 	// ClaimTTL bounds a claim; a replica that dies mid-suspension loses it
 	// after this and another takes the scope over (default 3m, longer than
 	// the gateway's own bound on a suspension).
@@ -77,11 +84,11 @@ func (s *Suspender) Sweep(ctx context.Context) (int, error) {
 	}
 	n := 0
 	for _, is := range idle {
-		timeout := scope.ParamsOf(is.LastRunID, is.Input).Lifecycle.EffectiveIdleTimeout()
-		if is.IdleFor < timeout {
+		after, reason := s.suspendAfter(is)
+		if is.IdleFor < after {
 			continue
 		}
-		cp, err := s.Suspend(ctx, is.Scope, is.LastRunID, is.Input, session.ReasonIdleTimeout, false)
+		cp, err := s.Suspend(ctx, is.Scope, is.LastRunID, is.Input, reason, false)
 		if err != nil {
 			if ctx.Err() != nil {
 				return n, ctx.Err()
@@ -93,6 +100,20 @@ func (s *Suspender) Sweep(ctx context.Context) (int, error) {
 		}
 	}
 	return n, nil
+}
+
+// DefaultCheckpointAfter is the executor's -checkpoint-after default.
+const DefaultCheckpointAfter = 5 * time.Second
+
+// suspendAfter is how long the idle session waits for its suspension,
+// and the suspension's reason: its idle timeout, or CheckpointAfter when
+// shorter.
+func (s *Suspender) suspendAfter(is store.IdleSession) (time.Duration, string) {
+	timeout := scope.ParamsOf(is.LastRunID, is.Input).Lifecycle.EffectiveIdleTimeout()
+	if s.CheckpointAfter > 0 && s.CheckpointAfter < timeout {
+		return s.CheckpointAfter, session.ReasonCheckpoint
+	}
+	return timeout, session.ReasonIdleTimeout
 }
 
 // Suspend performs one verified suspension of scope's idle period that
