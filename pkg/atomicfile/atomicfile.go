@@ -6,10 +6,13 @@ package atomicfile
 import (
 	"os"
 	"path/filepath"
+
+	"github.com/tether-run/tether/pkg/synctrace"
 )
 
 // Write replaces dir/name with data (mode perm).
 func Write(dir, name string, data []byte, perm os.FileMode) error {
+	defer synctrace.Begin("atomic "+name, "")()
 	f, err := os.CreateTemp(dir, "."+name+".tmp-*")
 	if err != nil {
 		return err

@@ -35,6 +35,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
+	"github.com/tether-run/tether/pkg/synctrace"
 
 	"github.com/tether-run/tether/pkg/grpcx"
 	"github.com/tether-run/tether/pkg/pgtest"
@@ -109,6 +110,18 @@ func run() error {
 		return err
 	}
 	opts := stack.Options{BinDir: *binDir, Dir: filepath.Join(dir, "stack"), DatabaseURL: cluster.DSN("tether"), FakeArgs: fakeArgs}
+	// The warm turn traces every synced write of the stack's processes
+	// (pkg/synctrace): the executor and the gateway inherit the variable,
+	// runnerd gets it from the gateway, the provider by its flag.
+	traceDir := ""
+	if len(sizes) == 0 && *takeovers == 0 && *cancels == 0 {
+		traceDir = filepath.Join(dir, "synctrace")
+		if err := os.MkdirAll(traceDir, 0o700); err != nil {
+			return err
+		}
+		opts.Env = append(opts.Env, synctrace.EnvVar+"="+traceDir)
+		opts.FakeArgs = append(append([]string(nil), fakeArgs...), "--sync-trace", traceDir)
+	}
 	if *takeovers > 0 {
 		opts.LeaseTTL = *ttl
 		opts.ExecutorArgs = []string{"-same-host-takeover=" + strconv.FormatBool(*sameHost)}
@@ -159,6 +172,7 @@ func run() error {
 		return fleetThroughput(ctx, st, client, cluster.Dir(), *gateways, *p5Sessions, *throughput)
 	}
 	var direct, e2e, started []time.Duration
+	var windows []turnWindow
 	var lastT0 time.Time
 	var lastID string
 	for i := 0; i < *warm+*turns; i++ {
@@ -208,6 +222,7 @@ func run() error {
 		if i >= *warm {
 			e2e = append(e2e, tEnd)
 			started = append(started, tStarted)
+			windows = append(windows, turnWindow{t0: t0, started: t0.Add(tStarted), end: t0.Add(tEnd)})
 		}
 	}
 	if *trace {
@@ -245,7 +260,7 @@ func run() error {
 	fmt.Printf("BENCH warm_turn tether_p50_ms=%.3f tether_p99_ms=%.3f direct_p50_ms=%.3f direct_p99_ms=%.3f ratio=%.3f target=2.00 met=%t\n",
 		ms(sp50), ms(sp99), ms(dp50), ms(dp99), ratio, ratio <= 2)
 	fmt.Printf("BENCH submit_to_turn_started p50_ms=%.3f p99_ms=%.3f target_ms=8 met=%t\n", ms(tp50), ms(pct(started, 99)), tp50 <= 8*time.Millisecond)
-	return nil
+	return reportSynced(traceDir, windows)
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

@@ -9,6 +9,7 @@ import (
 
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
+	"github.com/tether-run/tether/pkg/synctrace"
 )
 
 // AttachFacts is what a driver reads before it attaches a claimed run to its
@@ -131,6 +132,9 @@ func (s *Store) RecordControl(ctx context.Context, f Fence, supersedeScope strin
 	if supersedeScope == "" && len(events) == 0 {
 		return nil
 	}
+	defer synctrace.BeginNote("executor.control", f.RunID, func() string {
+		return synctrace.Types(len(events), func(i int) string { return events[i].Type })
+	})()
 	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		count, err := lockFenced(ctx, tx, f)
 		if err != nil {

@@ -21,6 +21,7 @@ import (
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/procid"
+	"github.com/tether-run/tether/pkg/synctrace"
 	"github.com/tether-run/tether/services/executor/internal/recovery"
 )
 
@@ -247,6 +248,7 @@ type FailureDecision struct {
 // turn), re-queues the run for NextAttemptAt and appends a run.retry_scheduled
 // control event; a terminal failure ends the run with one run.terminal.
 func (s *Store) RecordFailure(ctx context.Context, f Fence, d FailureDecision) error {
+	defer synctrace.Begin("executor.failure", f.RunID)()
 	rec, err := encodeRecovery(d.Recovery)
 	if err != nil {
 		return err

@@ -11,6 +11,7 @@ import (
 
 	"github.com/tether-run/tether/pkg/failure"
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
+	"github.com/tether-run/tether/pkg/synctrace"
 )
 
 // CancelChannel announces a run whose cancellation needs dispatching; the
@@ -120,6 +121,7 @@ func isTerminalState(state string) bool {
 // Active=false. No coordinator → native_cancellation_coordinator_missing and
 // nothing is written.
 func (s *Store) RecordCancellation(ctx context.Context, req CancelRequest) (CancelOutcome, error) {
+	defer synctrace.Begin("executor.cancel", req.RunID)()
 	var out CancelOutcome
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		out = CancelOutcome{}
@@ -263,6 +265,7 @@ func (s *Store) Cancellation(ctx context.Context, runID string) (*executorv1.Can
 // audit activity (native.cancellation_acknowledged). It holds the run and
 // coordinator rows. Acknowledging twice is a no-op.
 func (s *Store) AcknowledgeCancellation(ctx context.Context, f Fence, intentID string) error {
+	defer synctrace.Begin("executor.cancel_ack", f.RunID)()
 	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		var raw []byte
 		err := tx.QueryRow(ctx, `SELECT result_metadata -> 'nativeCancellation' FROM executor.runs WHERE run_id = $1 FOR UPDATE`, f.RunID).Scan(&raw)

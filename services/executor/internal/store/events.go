@@ -16,6 +16,7 @@ import (
 	"github.com/tether-run/tether/pkg/failure"
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
+	"github.com/tether-run/tether/pkg/synctrace"
 	"github.com/tether-run/tether/services/executor/internal/plan"
 	"github.com/tether-run/tether/services/executor/internal/recovery"
 	"github.com/tether-run/tether/services/executor/internal/runtimeq"
@@ -91,6 +92,9 @@ type encodedEvent struct {
 // of the scope holds a lease), the events are parked for their scope and
 // filed under its next run when it attaches (RecordControl).
 func (s *Store) AppendEvents(ctx context.Context, f Fence, events []*prpv1.Event) (AppendResult, error) {
+	defer synctrace.BeginNote("executor.events", f.RunID, func() string {
+		return synctrace.Types(len(events), func(i int) string { return events[i].GetEventType() })
+	})()
 	// Plan updates are stored rendered, oversized plans refused (SPEC E3).
 	events = plan.StoredEvents(events)
 	// Each event is encoded (deterministically) and hashed once, for

@@ -27,6 +27,7 @@ import (
 	"github.com/tether-run/tether/pkg/pgstore"
 	"github.com/tether-run/tether/pkg/procid"
 	"github.com/tether-run/tether/pkg/scope"
+	"github.com/tether-run/tether/pkg/synctrace"
 	"github.com/tether-run/tether/services/executor/internal/recovery"
 )
 
@@ -442,6 +443,9 @@ SELECT claimed.run_id, claimed.attempt, claimed.lease_expires_at, claimed.turn_g
   FROM claimed JOIN executor.runs r ON r.run_id = claimed.run_id`
 
 func (s *Store) claimNext(ctx context.Context, query, owner string, ttl time.Duration, ctl Controller) (*Claim, error) {
+	// Traced only when it claimed: an attempt that finds nothing writes
+	// no WAL and syncs nothing.
+	end := synctrace.Begin("executor.claim", "")
 	row := s.pool.QueryRow(ctx, query, owner, ttl.Microseconds(), ctl.BootID, ctl.PID, int64(ctl.StartTicks), ctl.Addr, ctl.PIDNamespace)
 	var (
 		c   Claim
@@ -454,6 +458,7 @@ func (s *Store) claimNext(ctx context.Context, query, owner string, ttl time.Dur
 	if err != nil {
 		return nil, err
 	}
+	end()
 	c.Owner = owner
 	c.Expired = query == claimExpiredSQL
 	c.Input = &prpv1.ExecutionInput{}
@@ -573,6 +578,7 @@ func (s *Store) RecordRunner(ctx context.Context, f Fence, runnerInstanceID stri
 	if err != nil {
 		return err
 	}
+	defer synctrace.Begin("executor.runner", f.RunID)()
 	tag, err := s.pool.Exec(ctx, `
 UPDATE executor.runs r SET runner_instance_id = $4, runner_process = $5, updated_at = now(),
        provider_process = coalesce($6, r.provider_process,

@@ -10,6 +10,7 @@ import (
 	"github.com/tether-run/tether/pkg/failure"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/scope"
+	"github.com/tether-run/tether/pkg/synctrace"
 	"github.com/tether-run/tether/pkg/telemetry"
 )
 
@@ -38,7 +39,9 @@ SELECT (SELECT count(*) FROM co) > 0,
 // (GetRun) afterwards, so a dispatcher of this process can be woken before
 // that read.
 func (s *Store) Submit(ctx context.Context, runID string, in *prpv1.ExecutionInput) (created bool, err error) {
+	end := synctrace.Begin("executor.submit", runID)
 	created, err = submit(ctx, s.pool, runID, in)
+	end()
 	if created {
 		s.notifyCommitted(ctx, RunsChannel, runID)
 	}

@@ -16,6 +16,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/tether-run/tether/pkg/synctrace"
 	"github.com/tether-run/tether/services/runnerd/internal/fakecodex"
 )
 
@@ -59,11 +60,15 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs.BoolVar(&opts.EmitToolCallOnResume, "emit-tool-call-on-resume", false, "after each thread/resume send an item/tool/call naming the thread's last stored (inactive) turn")
 	fs.StringVar(&opts.DieOnceDir, "die-once-dir", "", "tests only: a prompt containing [die:turn-start|mid-stream|completed] makes the fake SIGKILL itself at that phase, once per phase and prompt (sentinels in this directory)")
 	fs.Var(&overrides, "c", "config override key=value (accepted and ignored)")
+	syncTrace := fs.String("sync-trace", "", "benchmarks: record each state save in this directory (pkg/synctrace; the provider's environment is allow-listed, so not by "+synctrace.EnvVar+")")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
 		}
 		return 2
+	}
+	if *syncTrace != "" {
+		_ = os.Setenv(synctrace.EnvVar, *syncTrace)
 	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "fake-codex-app-server: unexpected arguments: %q\n", fs.Args())

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/tether-run/tether/pkg/runnerstate"
+	"github.com/tether-run/tether/pkg/synctrace"
 )
 
 // IntentLogFile is the intent log's name inside the runner directory.
@@ -113,6 +114,9 @@ func (l *IntentLog) Append(ins ...Intent) error {
 	if len(ins) == 0 {
 		return nil
 	}
+	defer synctrace.BeginNote("runnerd.intents", ins[0].RunID, func() string {
+		return synctrace.Types(len(ins), func(i int) string { return ins[i].CommandType })
+	})()
 	var buf bytes.Buffer
 	for _, in := range ins {
 		if err := appendFrame(&buf, in); err != nil {

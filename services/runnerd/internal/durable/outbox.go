@@ -9,6 +9,8 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+
+	"github.com/tether-run/tether/pkg/synctrace"
 )
 
 // OutboxFile is the outbox log's name inside the runner directory.
@@ -165,6 +167,9 @@ func (o *Outbox) Append(recs ...Record) error {
 	if len(recs) == 0 {
 		return nil
 	}
+	defer synctrace.BeginNote("runnerd.outbox", "", func() string {
+		return synctrace.Types(len(recs), func(i int) string { return recs[i].EventType })
+	})()
 	recs = append([]Record(nil), recs...)
 	recs[len(recs)-1].BatchEnd = true
 	var buf bytes.Buffer

@@ -7,6 +7,8 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+
+	"github.com/tether-run/tether/pkg/synctrace"
 )
 
 // stateVersion identifies the on-disk layout of the fake's state file.
@@ -109,6 +111,7 @@ func loadState(path string) (st *persisted, exists bool, err error) {
 // fsync, rename over the target, fsync the directory. Ephemeral threads are
 // left out, as the real server writes no rollout for them.
 func saveState(path string, st *persisted) error {
+	defer synctrace.Begin("provider.save", "")()
 	out := &persisted{
 		Version:    stateVersion,
 		NextThread: st.NextThread,

@@ -5,6 +5,7 @@ import (
 	"github.com/tether-run/tether/pkg/keyfile"
 	"github.com/tether-run/tether/pkg/procid"
 	"github.com/tether-run/tether/pkg/scope/durable"
+	"github.com/tether-run/tether/pkg/synctrace"
 
 	"bytes"
 	"context"
@@ -242,7 +243,7 @@ func (g *Gateway) launch(spec *launchSpec) (*launched, error) {
 	// through an inherited pipe, so it never shows in /proc/<pid>/environ.
 	// The OpenTelemetry settings (OTEL_*) pass too: runnerd exports its
 	// spans where the gateway does (the provider never sees them).
-	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH"), "HOME=" + spec.stateDir}, telemetry.Environ()...)
+	cmd.Env = append(append([]string{"PATH=" + os.Getenv("PATH"), "HOME=" + spec.stateDir}, telemetry.Environ()...), synctrace.Environ()...)
 	cmd.ExtraFiles = []*os.File{ticket}
 	cmd.Dir = spec.stateDir
 	cmd.Stdout, cmd.Stderr = logf, logf

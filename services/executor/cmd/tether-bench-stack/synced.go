@@ -1,0 +1,129 @@
+package main
+
+import (
+	"fmt"
+	"sort"
+	"time"
+
+	"github.com/tether-run/tether/pkg/synctrace"
+)
+
+// turnWindow is one measured stack turn: SubmitRun sent at t0, turn.started
+// and run.terminal received by its WatchRun.
+type turnWindow struct {
+	t0, started, end time.Time
+}
+
+// providerProcess is the program whose synced writes are the provider's own
+// (SPEC P4 counts the others).
+const providerProcess = "fake-codex-app-server"
+
+// syncedWrite is one traced write, relative to its turn's t0.
+type syncedWrite struct {
+	label      string
+	start, end time.Duration
+	provider   bool
+}
+
+// turnWrites returns the synced writes (pkg/synctrace, recorded at the
+// fsync/commit sites of every process of the stack) that started within
+// the turn, in order of their start.
+func turnWrites(recs []synctrace.Record, w turnWindow) []syncedWrite {
+	var out []syncedWrite
+	for _, r := range recs {
+		if r.Start < w.t0.UnixNano() || r.Start >= w.end.UnixNano() {
+			continue
+		}
+		label := r.Process + " " + r.Site
+		if r.Note != "" {
+			label += " [" + r.Note + "]"
+		}
+		out = append(out, syncedWrite{label: label, start: time.Duration(r.Start - w.t0.UnixNano()),
+			end: time.Duration(r.End - w.t0.UnixNano()), provider: r.Process == providerProcess})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].start < out[j].start })
+	return out
+}
+
+// chain counts the synced writes, other than the provider's, that end by
+// until and follow one another: the most writes of ws none of which
+// overlaps another (earliest end first). Writes that overlap run side by
+// side and cost the turn one sync's time; so this is the count of synced
+// writes on the critical path, at most.
+func chain(ws []syncedWrite, until time.Duration) int {
+	var own []syncedWrite
+	for _, w := range ws {
+		if !w.provider && w.end <= until {
+			own = append(own, w)
+		}
+	}
+	sort.Slice(own, func(i, j int) bool { return own[i].end < own[j].end })
+	n, free := 0, time.Duration(-1)
+	for _, w := range own {
+		if w.start >= free {
+			n++
+			free = w.end
+		}
+	}
+	return n
+}
+
+// reportSynced prints the synced-write timeline of the median turn and the
+// median counts over every measured turn, with a BENCH line.
+func reportSynced(dir string, turns []turnWindow) error {
+	recs, err := synctrace.Read(dir)
+	if err != nil {
+		return err
+	}
+	if len(recs) == 0 || len(turns) == 0 {
+		return fmt.Errorf("no synced writes traced in %s", dir)
+	}
+	var toEnd, toStarted, inTurn, provider []int
+	for _, w := range turns {
+		ws := turnWrites(recs, w)
+		toEnd = append(toEnd, chain(ws, w.end.Sub(w.t0)))
+		toStarted = append(toStarted, chain(ws, w.started.Sub(w.t0)))
+		p := 0
+		for _, x := range ws {
+			if x.provider {
+				p++
+			}
+		}
+		inTurn = append(inTurn, len(ws)-p)
+		provider = append(provider, p)
+	}
+	// The timeline of the turn whose end-to-end time is the median.
+	idx := make([]int, len(turns))
+	for i := range idx {
+		idx[i] = i
+	}
+	sort.Slice(idx, func(a, b int) bool {
+		return turns[idx[a]].end.Sub(turns[idx[a]].t0) < turns[idx[b]].end.Sub(turns[idx[b]].t0)
+	})
+	med := turns[idx[len(idx)/2]]
+	fmt.Printf("\nsynced writes of the median turn (start → end after SubmitRun; * = the provider's own):\n")
+	for _, x := range turnWrites(recs, med) {
+		mark := " "
+		if x.provider {
+			mark = "*"
+		}
+		fmt.Printf("  %s %8s → %8s  %s\n", mark, round(x.start), round(x.end), x.label)
+	}
+	fmt.Printf("    %8s             turn.started received\n", round(med.started.Sub(med.t0)))
+	fmt.Printf("    %8s             run.terminal received\n", round(med.end.Sub(med.t0)))
+	cp, cs := medianInt(toEnd), medianInt(toStarted)
+	fmt.Printf("synced writes on the critical path (median of %d turns, besides the provider's own): %d to run.terminal, %d to turn.started; "+
+		"%d in the turn in all (concurrent ones included), the provider's own %d (target ≤ 4)\n",
+		len(turns), cp, cs, medianInt(inTurn), medianInt(provider))
+	fmt.Printf("BENCH warm_turn_synced_writes critical_path=%d to_turn_started=%d in_turn=%d provider=%d target=4 met=%t\n",
+		cp, cs, medianInt(inTurn), medianInt(provider), cp <= 4)
+	return nil
+}
+
+func round(d time.Duration) string { return fmt.Sprintf("%.2fms", ms(d)) }
+
+func medianInt(xs []int) int {
+	s := append([]int(nil), xs...)
+	sort.Ints(s)
+	return s[len(s)/2]
+}
