@@ -221,25 +221,17 @@ func (a *attachment) bookkeep() (done bool, err error) {
 	if a.localReplaced() {
 		control = append(control, store.ControlEvent{Type: "session.closed", Payload: map[string]any{"reason": CloseReasonConfigChanged}})
 	}
-	recordRunner := func() error {
-		return d.store.RecordRunner(a.ctx, c.Fence, opened.GetRunnerInstanceId(), opened.GetRunnerProcess(), opened.GetProviderProcess())
+	// One transaction: the control plane, then the runner serving the run.
+	record := func() error {
+		return d.store.RecordAttach(a.ctx, c.Fence, supersede, control, store.RunnerRecord{
+			InstanceID: opened.GetRunnerInstanceId(), Runner: opened.GetRunnerProcess(), Provider: opened.GetProviderProcess()})
 	}
-	recordControl := func() error { return d.store.RecordControl(a.ctx, c.Fence, supersede, control) }
 	if a.early {
 		a.bookkept = make(chan error, 1)
-		go func() {
-			err := recordControl()
-			if err == nil {
-				err = recordRunner()
-			}
-			a.bookkept <- err
-		}()
+		go func() { a.bookkept <- record() }()
 		return false, nil
 	}
-	if err := recordRunner(); err != nil {
-		return failure.CodeOf(err) == failure.NativeSessionLeaseLost, err
-	}
-	if err := recordControl(); err != nil {
+	if err := record(); err != nil {
 		return failure.CodeOf(err) == failure.NativeSessionLeaseLost, err
 	}
 	return false, nil

@@ -135,40 +135,59 @@ func (s *Store) RecordControl(ctx context.Context, f Fence, supersedeScope strin
 	defer synctrace.BeginNote("executor.control", f.RunID, func() string {
 		return synctrace.Types(len(events), func(i int) string { return events[i].Type })
 	})()
+	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error { return recordControl(ctx, tx, f, supersedeScope, events) })
+}
+
+// RecordAttach is the whole bookkeeping of an attach in one transaction
+// (one commit instead of two): RecordControl's, then RecordRunner's.
+func (s *Store) RecordAttach(ctx context.Context, f Fence, supersedeScope string, events []ControlEvent, runner RunnerRecord) error {
+	defer synctrace.BeginNote("executor.attach", f.RunID, func() string {
+		return synctrace.Types(len(events), func(i int) string { return events[i].Type })
+	})()
 	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		count, err := lockFenced(ctx, tx, f)
-		if err != nil {
+		if err := recordControl(ctx, tx, f, supersedeScope, events); err != nil {
 			return err
 		}
-		if supersedeScope != "" {
-			if _, err := tx.Exec(ctx, `UPDATE executor.session_checkpoints SET superseded_at = now()
- WHERE session_scope = $1 AND superseded_at IS NULL`, supersedeScope); err != nil {
-				return err
-			}
-		}
-		if count, err = adoptParked(ctx, tx, f, count); err != nil {
-			return err
-		}
-		appended := 0
-		for _, ev := range events {
-			if ev.Replacement != "" {
-				if first, err := applyReplacement(ctx, tx, ev.Replacement, f.RunID); err != nil || !first {
-					if err != nil {
-						return err
-					}
-					continue
-				}
-			}
-			if err := appendControlEvent(ctx, tx, f.RunID, count+int64(appended), f.Attempt, ev.Type, ev.Payload); err != nil {
-				return err
-			}
-			appended++
-		}
-		if appended > 0 {
-			if _, err := tx.Exec(ctx, `SELECT pg_notify($1, $2)`, EventsChannel, f.RunID); err != nil {
-				return err
-			}
-		}
-		return nil
+		return recordRunner(ctx, tx, f, runner)
 	})
+}
+
+func recordControl(ctx context.Context, tx pgx.Tx, f Fence, supersedeScope string, events []ControlEvent) error {
+	if supersedeScope == "" && len(events) == 0 {
+		return nil
+	}
+	count, err := lockFenced(ctx, tx, f)
+	if err != nil {
+		return err
+	}
+	if supersedeScope != "" {
+		if _, err := tx.Exec(ctx, `UPDATE executor.session_checkpoints SET superseded_at = now()
+ WHERE session_scope = $1 AND superseded_at IS NULL`, supersedeScope); err != nil {
+			return err
+		}
+	}
+	if count, err = adoptParked(ctx, tx, f, count); err != nil {
+		return err
+	}
+	appended := 0
+	for _, ev := range events {
+		if ev.Replacement != "" {
+			if first, err := applyReplacement(ctx, tx, ev.Replacement, f.RunID); err != nil || !first {
+				if err != nil {
+					return err
+				}
+				continue
+			}
+		}
+		if err := appendControlEvent(ctx, tx, f.RunID, count+int64(appended), f.Attempt, ev.Type, ev.Payload); err != nil {
+			return err
+		}
+		appended++
+	}
+	if appended > 0 {
+		if _, err := tx.Exec(ctx, `SELECT pg_notify($1, $2)`, EventsChannel, f.RunID); err != nil {
+			return err
+		}
+	}
+	return nil
 }

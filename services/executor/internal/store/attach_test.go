@@ -194,3 +194,40 @@ func TestRecordControlIsFencedAndAppendsControlEventsInOrder(t *testing.T) {
 	require.Len(t, evs, 1)
 	require.EqualValues(t, 3, evs[0].Seq)
 }
+
+// RecordAttach is RecordControl and RecordRunner in one transaction (one
+// commit on the warm path, SPEC P4): a stale fence writes neither.
+func TestP4_RecordAttachWritesControlAndRunnerInOneFencedTransaction(t *testing.T) {
+	t.Parallel()
+	s := newStore(t)
+	ctx := context.Background()
+	_, err := s.Submit(ctx, "b1", input("att1", "x"))
+	require.NoError(t, err)
+	c, err := s.ClaimNext(ctx, "o", time.Minute, store.Controller{})
+	require.NoError(t, err)
+	rotated := []store.ControlEvent{{Type: "session.authority_rotated", Payload: map[string]any{"previousRunId": "b0"}}}
+	rec := store.RunnerRecord{InstanceID: "runner-1", Runner: &prpv1.ProcessInfo{Pid: 42}}
+
+	stale := c.Fence
+	stale.Attempt++
+	err = s.RecordAttach(ctx, stale, "", rotated, rec)
+	require.EqualValues(t, failure.NativeSessionLeaseLost, failure.CodeOf(err))
+	run, err := s.GetRun(ctx, "b1")
+	require.NoError(t, err)
+	require.Zero(t, run.GetEventCount())
+	require.Empty(t, run.GetRunnerInstanceId())
+
+	require.NoError(t, s.RecordAttach(ctx, c.Fence, "", rotated, rec))
+	run, err = s.GetRun(ctx, "b1")
+	require.NoError(t, err)
+	require.EqualValues(t, 1, run.GetEventCount())
+	require.Equal(t, "runner-1", run.GetRunnerInstanceId())
+	require.EqualValues(t, 42, run.GetRunnerProcess().GetPid())
+
+	// Without control events it records the runner alone.
+	require.NoError(t, s.RecordAttach(ctx, c.Fence, "", nil, store.RunnerRecord{InstanceID: "runner-2"}))
+	run, err = s.GetRun(ctx, "b1")
+	require.NoError(t, err)
+	require.Equal(t, "runner-2", run.GetRunnerInstanceId())
+	require.EqualValues(t, 1, run.GetEventCount())
+}

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/proto"
@@ -564,22 +565,38 @@ SELECT c.run_id FROM executor.coordinators c JOIN unnest($2::text[], $3::bigint[
 	return renewed, rows.Err()
 }
 
+// RunnerRecord names the runner instance and the processes that serve a
+// run (as the gateway's Opened reports them).
+type RunnerRecord struct {
+	InstanceID       string
+	Runner, Provider *prpv1.ProcessInfo
+}
+
 // RecordRunner stores which runner and provider processes serve the run.
 // Without a provider process (a warm runner's hello predates its provider),
 // the run inherits the provider the same runner instance last reported in
 // its scope; a provider started during the run overwrites it (its spawn
 // event).
 func (s *Store) RecordRunner(ctx context.Context, f Fence, runnerInstanceID string, runner, provider *prpv1.ProcessInfo) error {
-	rp, err := marshalOpt(runner)
-	if err != nil {
-		return err
-	}
-	pp, err := marshalOpt(provider)
-	if err != nil {
-		return err
-	}
 	defer synctrace.Begin("executor.runner", f.RunID)()
-	tag, err := s.pool.Exec(ctx, `
+	return recordRunner(ctx, s.pool, f, RunnerRecord{InstanceID: runnerInstanceID, Runner: runner, Provider: provider})
+}
+
+// execer is a pool or a transaction.
+type execer interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}
+
+func recordRunner(ctx context.Context, q execer, f Fence, rec RunnerRecord) error {
+	rp, err := marshalOpt(rec.Runner)
+	if err != nil {
+		return err
+	}
+	pp, err := marshalOpt(rec.Provider)
+	if err != nil {
+		return err
+	}
+	tag, err := q.Exec(ctx, `
 UPDATE executor.runs r SET runner_instance_id = $4, runner_process = $5, updated_at = now(),
        provider_process = coalesce($6, r.provider_process,
          (SELECT p.provider_process FROM executor.runs p
@@ -588,7 +605,7 @@ UPDATE executor.runs r SET runner_instance_id = $4, runner_process = $5, updated
            ORDER BY p.submit_seq DESC LIMIT 1))
   FROM executor.coordinators c
  WHERE r.run_id = $1 AND c.run_id = r.run_id AND c.lease_owner = $2 AND c.attempt = $3 AND c.phase = 'observed'`,
-		f.RunID, f.Owner, int64(f.Attempt), runnerInstanceID, rp, pp)
+		f.RunID, f.Owner, int64(f.Attempt), rec.InstanceID, rp, pp)
 	if err != nil {
 		return err
 	}
