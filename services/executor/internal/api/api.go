@@ -16,6 +16,7 @@ import (
 	"github.com/tether-run/tether/pkg/failure"
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
 	gatewayv1 "github.com/tether-run/tether/pkg/gen/tether/gateway/v1"
+	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/services/executor/internal/admission"
 	"github.com/tether-run/tether/services/executor/internal/control"
 	"github.com/tether-run/tether/services/executor/internal/store"
@@ -33,6 +34,11 @@ type Server struct {
 	// KickRun, when set, is called instead of Kick with the submitted
 	// run's id.
 	KickRun func(runID string)
+	// Submit, when set, stores a submission instead of Store.Submit and
+	// wakes whoever claims it (the local dispatcher's SubmitAndClaim,
+	// which claims in the same commit when it can; Kick and KickRun are
+	// then not called).
+	Submit func(ctx context.Context, runID string, in *prpv1.ExecutionInput) (created bool, err error)
 	// Controls holds this replica's live provider sessions (steering and
 	// runtime-request resolution); ForwardToOwner sends calls for runs
 	// driven elsewhere to the replica recorded with the lease.
@@ -64,13 +70,18 @@ func (s *Server) SubmitRun(ctx context.Context, req *executorv1.SubmitRunRequest
 	if err := admission.Check(req.GetInput()); err != nil {
 		return nil, err
 	}
-	created, err := s.Store.Submit(ctx, req.GetRunId(), req.GetInput())
-	if err != nil {
-		return nil, err
-	}
-	if created {
+	var (
+		created bool
+		err     error
+	)
+	if s.Submit != nil {
+		created, err = s.Submit(ctx, req.GetRunId(), req.GetInput())
+	} else if created, err = s.Store.Submit(ctx, req.GetRunId(), req.GetInput()); created {
 		// The local dispatcher claims while the run is read back.
 		s.kick(req.GetRunId())
+	}
+	if err != nil {
+		return nil, err
 	}
 	run, err := s.Store.GetRun(ctx, req.GetRunId())
 	if err != nil {

@@ -98,6 +98,11 @@ type Dispatcher struct {
 	kicked map[string]struct{}
 	// fleet: the live replicas and their capacity (fair claims).
 	fleet fleetView
+	// runCtx and sem are Run's context and its slots of driven runs, set
+	// while Run claims (nil before and once it stops): SubmitAndClaim
+	// drives a run it claimed under them.
+	runCtx context.Context
+	sem    chan struct{}
 }
 
 // Controls is the registry of this replica's live provider sessions, for
@@ -210,6 +215,14 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	defer func() { <-hb }()
 	sem := make(chan struct{}, d.cfg.MaxActive)
 	defer d.wg.Wait()
+	d.mu.Lock()
+	d.runCtx, d.sem = ctx, sem
+	d.mu.Unlock()
+	defer func() { // before d.wg.Wait: no driver starts after it
+		d.mu.Lock()
+		d.runCtx, d.sem = nil, nil
+		d.mu.Unlock()
+	}()
 	due := false // the last attempt claimed a due run
 	for {
 		claimed, fair := false, false
@@ -265,6 +278,73 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 		}
 		t.Stop()
 	}
+}
+
+// SubmitAndClaim stores a submitted run (idempotent by run id, as
+// store.Submit) and, when this replica has a free slot and is within its
+// fair share, claims it in the same commit if it can start at once (it heads
+// its session scope, which no other run holds), and drives it: one synced
+// write instead of a submission's and a claim's, and no claim loop to wake
+// (SPEC P4). The lease is the one ClaimNext would have taken, under the same
+// fence; a replica that dies holding it leaves it to lapse or to a
+// same-host successor, as any claim. Otherwise the run waits for a claim as
+// usual and the local claim loop is woken.
+func (d *Dispatcher) SubmitAndClaim(ctx context.Context, runID string, in *prpv1.ExecutionInput) (created bool, err error) {
+	if sem := d.freeSlot(ctx); sem != nil {
+		var c *store.Claim
+		created, c, err = d.store.SubmitClaim(ctx, runID, in, d.cfg.Owner, d.cfg.LeaseTTL, d.self)
+		if c != nil {
+			d.metrics.claims.Inc()
+			d.startClaimed(c, sem)
+			return created, nil
+		}
+		<-sem
+	} else {
+		created, err = d.store.Submit(ctx, runID, in)
+	}
+	if created {
+		d.KickRun(runID)
+	}
+	return created, err
+}
+
+// freeSlot takes a slot for a run to drive when Run is claiming and this
+// replica is within its fair share; nil otherwise.
+func (d *Dispatcher) freeSlot(ctx context.Context) chan struct{} {
+	d.mu.Lock()
+	sem := d.sem
+	d.mu.Unlock()
+	if sem == nil {
+		return nil
+	}
+	select {
+	case sem <- struct{}{}:
+	default:
+		return nil
+	}
+	if d.overShare(ctx) {
+		<-sem
+		return nil
+	}
+	return sem
+}
+
+// startClaimed drives a run SubmitAndClaim claimed, in Run's context; if
+// Run stopped meanwhile, the lease is handed back at once.
+func (d *Dispatcher) startClaimed(c *store.Claim, sem chan struct{}) {
+	d.mu.Lock()
+	runCtx := d.runCtx
+	if runCtx != nil {
+		d.wg.Add(1) // Run's d.wg.Wait waits for this driver from now on
+	}
+	d.mu.Unlock()
+	if runCtx == nil {
+		d.handBack(c)
+		<-sem
+		return
+	}
+	defer d.wg.Done()
+	d.start(runCtx, c, sem)
 }
 
 func (d *Dispatcher) start(ctx context.Context, c *store.Claim, sem chan struct{}) {

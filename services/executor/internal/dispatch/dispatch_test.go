@@ -148,3 +148,45 @@ func TestE7_DriverSelfFencesWhenRenewalsKeepFailing(t *testing.T) {
 	k.renew(ctx)
 	require.EqualValues(t, failure.NativeSessionLeaseLost, failure.CodeOf(context.Cause(runCtx)), "the driver stopped on its own")
 }
+
+// SubmitAndClaim claims a run that can start at once in its submitting
+// commit and drives it, without the claim loop (SPEC P4); before Run claims
+// anything it only stores the run.
+func TestP4_SubmitAndClaimDrivesARunItClaimedInTheSubmittingCommit(t *testing.T) {
+	s := newStore(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	gw := &probeGateway{store: s}
+	d := New(s, Config{Owner: "probe", LeaseTTL: time.Minute, PollInterval: time.Hour, Gateway: gw,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	created, err := d.SubmitAndClaim(ctx, "early", input("s-early"))
+	require.NoError(t, err)
+	require.True(t, created)
+	run, err := s.GetRun(ctx, "early")
+	require.NoError(t, err)
+	require.Equal(t, executorv1.RunState_RUN_STATE_QUEUED, run.GetState(), "no dispatcher runs yet: only stored")
+	_, err = s.Pool().Exec(ctx, `UPDATE executor.coordinators SET phase = 'completed', scope_head = false WHERE run_id = 'early'`)
+	require.NoError(t, err)
+
+	done := make(chan struct{})
+	go func() { defer close(done); _ = d.Run(ctx) }()
+	require.Eventually(t, func() bool {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		return d.sem != nil
+	}, 10*time.Second, 5*time.Millisecond)
+	created, err = d.SubmitAndClaim(ctx, "fresh", input("s-fresh"))
+	require.NoError(t, err)
+	require.True(t, created)
+	// The claim loop sleeps (an hour's poll, no kick): the run reached the
+	// gateway through the submission's own claim.
+	require.Eventually(t, func() bool { return len(gw.attaches()) > 0 }, 10*time.Second, 10*time.Millisecond)
+	seen := gw.attaches()
+	require.Equal(t, "fresh", seen[0].GetRunId())
+	require.Equal(t, "probe", seen[0].GetLeaseOwner(), "the claim was committed before the gateway was contacted")
+	require.EqualValues(t, 1, seen[0].GetAttempt())
+	cancel()
+	<-done
+	d.mu.Lock()
+	require.Nil(t, d.sem, "no run is claimed on submission once Run stopped")
+	d.mu.Unlock()
+}

@@ -447,7 +447,22 @@ func (s *Store) claimNext(ctx context.Context, query, owner string, ttl time.Dur
 	// Traced only when it claimed: an attempt that finds nothing writes
 	// no WAL and syncs nothing.
 	end := synctrace.Begin("executor.claim", "")
-	row := s.pool.QueryRow(ctx, query, owner, ttl.Microseconds(), ctl.BootID, ctl.PID, int64(ctl.StartTicks), ctl.Addr, ctl.PIDNamespace)
+	c, err := scanClaim(s.pool.QueryRow(ctx, query, claimArgs(owner, ttl, ctl)...), owner)
+	if c != nil {
+		end()
+		c.Expired = query == claimExpiredSQL
+	}
+	return c, err
+}
+
+// claimArgs are the parameters $1..$7 of claimSet.
+func claimArgs(owner string, ttl time.Duration, ctl Controller) []any {
+	return []any{owner, ttl.Microseconds(), ctl.BootID, ctl.PID, int64(ctl.StartTicks), ctl.Addr, ctl.PIDNamespace}
+}
+
+// scanClaim reads the row of a claim statement; nil when it claimed
+// nothing.
+func scanClaim(row pgx.Row, owner string) (*Claim, error) {
 	var (
 		c   Claim
 		raw []byte
@@ -459,9 +474,7 @@ func (s *Store) claimNext(ctx context.Context, query, owner string, ttl time.Dur
 	if err != nil {
 		return nil, err
 	}
-	end()
 	c.Owner = owner
-	c.Expired = query == claimExpiredSQL
 	c.Input = &prpv1.ExecutionInput{}
 	if err := proto.Unmarshal(raw, c.Input); err != nil {
 		return nil, err

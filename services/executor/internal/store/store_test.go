@@ -342,3 +342,59 @@ func TestE1_TerminalRecordsTheRunsUsageAndUSDCost(t *testing.T) {
 		})
 	}
 }
+
+// SubmitClaim claims a run in its submitting commit only when it can start
+// at once: it heads its idle session scope (SPEC P4, one synced write for
+// submit and claim). A run behind a busy scope is queued and announced.
+func TestP4_SubmitClaimClaimsOnlyARunThatHeadsAnIdleScope(t *testing.T) {
+	t.Parallel()
+	s := newStore(t)
+	ctx := context.Background()
+	ctl := store.Controller{Addr: "127.0.0.1:1"}
+	created, c, err := s.SubmitClaim(ctx, "sc1", input("sc", "one"), "o", time.Minute, ctl)
+	require.NoError(t, err)
+	require.True(t, created)
+	require.NotNil(t, c)
+	require.Equal(t, store.Fence{RunID: "sc1", Owner: "o", Attempt: 1}, c.Fence)
+	require.True(t, proto.Equal(input("sc", "one"), c.Input))
+	require.NotEmpty(t, c.SessionScope)
+	run, err := s.GetRun(ctx, "sc1")
+	require.NoError(t, err)
+	require.Equal(t, executorv1.RunState_RUN_STATE_RUNNING, run.GetState())
+	require.Equal(t, "o", run.GetLeaseOwner())
+
+	// The same submission again: not created, not claimed again.
+	created, c, err = s.SubmitClaim(ctx, "sc1", input("sc", "one"), "o2", time.Minute, ctl)
+	require.NoError(t, err)
+	require.False(t, created)
+	require.Nil(t, c)
+
+	// The next run of the busy scope waits, and is announced.
+	conn, err := s.Pool().Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	_, err = conn.Exec(ctx, "LISTEN "+store.RunsChannel)
+	require.NoError(t, err)
+	created, c, err = s.SubmitClaim(ctx, "sc2", input("sc", "two"), "o", time.Minute, ctl)
+	require.NoError(t, err)
+	require.True(t, created)
+	require.Nil(t, c)
+	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	n, err := conn.Conn().WaitForNotification(wctx)
+	cancel()
+	require.NoError(t, err)
+	require.Equal(t, "sc2", n.Payload)
+	run, err = s.GetRun(ctx, "sc2")
+	require.NoError(t, err)
+	require.Equal(t, executorv1.RunState_RUN_STATE_QUEUED, run.GetState())
+	next, err := s.ClaimNext(ctx, "o", time.Minute, ctl)
+	require.NoError(t, err)
+	require.Nil(t, next, "sc2 waits behind sc1")
+
+	// Another scope is idle: claimed at once.
+	created, c, err = s.SubmitClaim(ctx, "other1", input("other", "x"), "o", time.Minute, ctl)
+	require.NoError(t, err)
+	require.True(t, created)
+	require.NotNil(t, c)
+	require.Equal(t, "other1", c.RunID)
+}

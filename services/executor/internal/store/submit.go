@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -46,6 +47,46 @@ func (s *Store) Submit(ctx context.Context, runID string, in *prpv1.ExecutionInp
 		s.notifyCommitted(ctx, RunsChannel, runID)
 	}
 	return created, err
+}
+
+// claimSubmittedSQL claims the run just submitted ($8) in the submitting
+// transaction when it heads its session scope (migration 00009's insert
+// trigger decided that under the scope's lock) and is due: the claim of
+// claimQueuedSQL, for one known run.
+const claimSubmittedSQL = `
+WITH claimed AS (
+  UPDATE executor.coordinators c SET ` + claimSet + `
+   WHERE c.run_id = $8 AND c.scope_head AND c.phase = 'queued' AND c.next_attempt_at <= now()
+     AND c.result_id IS NULL AND c.cancel_state IS NULL
+  RETURNING c.run_id, c.attempt, c.lease_expires_at, c.turn_generation
+)
+SELECT claimed.run_id, claimed.attempt, claimed.lease_expires_at, claimed.turn_generation, r.input, r.session_scope, coalesce(r.trace_parent, '')
+  FROM claimed JOIN executor.runs r ON r.run_id = claimed.run_id`
+
+// SubmitClaim is Submit and, in the same transaction (one commit instead
+// of two, SPEC P4), the claim of the new run by owner when it can start at
+// once: it heads its session scope (no earlier run of the scope is
+// unfinished) and is due. c is nil when the run existed already or waits
+// behind its scope; dispatchers are then notified as by Submit. A claimed
+// run is announced to nobody: its owner drives it.
+func (s *Store) SubmitClaim(ctx context.Context, runID string, in *prpv1.ExecutionInput, owner string, ttl time.Duration, ctl Controller) (created bool, c *Claim, err error) {
+	end := synctrace.Begin("executor.submit+claim", runID)
+	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		created, c = false, nil
+		if created, err = submit(ctx, tx, runID, in); err != nil || !created {
+			return err
+		}
+		c, err = scanClaim(tx.QueryRow(ctx, claimSubmittedSQL, append(claimArgs(owner, ttl, ctl), runID)...), owner)
+		return err
+	})
+	end()
+	if err != nil {
+		return false, nil, err
+	}
+	if created && c == nil {
+		s.notifyCommitted(ctx, RunsChannel, runID)
+	}
+	return created, c, nil
 }
 
 // rowQuerier is a pool or a transaction.
