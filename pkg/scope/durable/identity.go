@@ -70,6 +70,10 @@ func (id Identity) Complete() bool {
 type ControlPlaneState struct {
 	Schema   string    `json:"schema"`
 	Identity *Identity `json:"identity"`
+	// AttachSeq is the runner's controller seq when the identity was
+	// bound: a run.attach the runner journals above it binds its run
+	// (see bound.go). Absent (0) in documents written before it existed.
+	AttachSeq uint64 `json:"attachSeq,omitempty"`
 }
 
 // RunnerLifecycle is what runner/runner-state.json proves about the runner.
@@ -97,18 +101,27 @@ var KnownLifecycles = map[string]bool{
 
 // identityRead is the outcome of reading the control-plane identity.
 type identityRead struct {
-	id     *Identity // nil: indeterminate
-	reason string    // why indeterminate
+	id        *Identity // nil: indeterminate
+	reason    string    // why indeterminate
+	attachSeq uint64
 }
 
-// ReadControlPlaneIdentity returns the identity of root's control-plane
-// state, or nil with the reason it is indeterminate (missing, symlinked,
-// malformed, unknown schema, no identity). An oversized document is an error
-// (runner_durable_identity_too_large); other read errors count as
-// indeterminate.
+// ReadControlPlaneIdentity returns the identity root is bound to: its
+// control-plane state's, with the run of a later run.attach its runner
+// journaled (bound.go), or nil with the reason it is indeterminate
+// (missing, symlinked, malformed, unknown schema, no identity). An oversized
+// document is an error (runner_durable_identity_too_large); other read
+// errors count as indeterminate.
 func ReadControlPlaneIdentity(root string) (*Identity, string, error) {
 	r, err := readControlPlane(root)
-	return r.id, r.reason, err
+	if err != nil || r.id == nil {
+		return r.id, r.reason, err
+	}
+	id := *r.id
+	if runner, _, err := ReadRunnerLifecycle(root, id); err == nil && (runner == RunnerSuspended || runner == RunnerNotSuspended) {
+		id = boundIdentity(root, id, r.attachSeq)
+	}
+	return &id, "", nil
 }
 
 func readControlPlane(root string) (identityRead, error) {
@@ -135,7 +148,7 @@ func readControlPlane(root string) (identityRead, error) {
 	if doc.Identity == nil {
 		return identityRead{reason: "control-plane state has no identity"}, nil
 	}
-	return identityRead{id: doc.Identity}, nil
+	return identityRead{id: doc.Identity, attachSeq: doc.AttachSeq}, nil
 }
 
 // runnerStateDoc accepts both runnerd's nested identity and the flat layout.
@@ -257,7 +270,14 @@ func CrashedIdle(root, runID string) bool {
 // writes the whole control-plane directory aside (bindTempPrefix) and
 // renames it into place, so a crash never leaves a control-plane directory
 // without its document (which would make the root indeterminate).
-func Bind(root string, id Identity) error {
+//
+// The document records the runner's controller seq journaled so far
+// (AttachSeq): run.attach commands journaled before it no longer bind.
+func Bind(root string, id Identity) error { return BindAfter(root, id, 0) }
+
+// BindAfter is Bind for a scope whose live runner may still journal
+// commands the gateway sent up to controller seq sent.
+func BindAfter(root string, id Identity, sent uint64) error {
 	if !id.Complete() {
 		return failure.New(codes.InvalidArgument, failure.RunnerStateIdentityMismatch, "incomplete durable identity %+v", id)
 	}
@@ -265,8 +285,9 @@ func Bind(root string, id Identity) error {
 		return err
 	}
 	dir := filepath.Join(root, ControlPlaneDir)
+	seq := max(journalSeq(root), sent)
 	if _, err := os.Lstat(dir); errors.Is(err, fs.ErrNotExist) {
-		return bindFirst(root, dir, id)
+		return bindFirst(root, dir, id, seq)
 	}
 	if err := privateDir(dir); err != nil {
 		return err
@@ -280,6 +301,7 @@ func Bind(root string, id Identity) error {
 	}
 	doc["schema"], _ = json.Marshal(ControlPlaneSchema)
 	doc["identity"], _ = json.Marshal(id)
+	doc["attachSeq"], _ = json.Marshal(seq)
 	b, err := json.Marshal(doc)
 	if err != nil {
 		return failure.Wrap(err, codes.Internal, failure.RunnerStateIOFailed, "encoding control-plane state: %v", err)
@@ -296,8 +318,8 @@ const bindTempPrefix = "." + ControlPlaneDir + ".tmp-"
 
 // bindFirst creates root's control plane holding id: written and synced in
 // a private temporary directory, then renamed into place.
-func bindFirst(root, dir string, id Identity) error {
-	b, err := json.Marshal(ControlPlaneState{Schema: ControlPlaneSchema, Identity: &id})
+func bindFirst(root, dir string, id Identity, seq uint64) error {
+	b, err := json.Marshal(ControlPlaneState{Schema: ControlPlaneSchema, Identity: &id, AttachSeq: seq})
 	if err != nil {
 		return failure.Wrap(err, codes.Internal, failure.RunnerStateIOFailed, "encoding control-plane state: %v", err)
 	}

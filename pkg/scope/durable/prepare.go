@@ -283,6 +283,11 @@ func prepareScoped(ctx context.Context, req Request, base, root string, fi fs.Fi
 	if err != nil {
 		return nil, err
 	}
+	if runner == RunnerSuspended || runner == RunnerNotSuspended {
+		// The runner of this identity may have journaled a later run's
+		// run.attach (a warm run on a live runner, bound.go).
+		id = boundIdentity(root, id, cp.attachSeq)
+	}
 	if id.RunID == req.RunID {
 		if runner == RunnerIndeterminate {
 			return nil, quarantineAndFail(req, base, root, IdentityIndeterminate, why)

@@ -1,49 +1,13 @@
 package durable
 
 import (
-	"bytes"
-	"encoding/hex"
-	"encoding/json"
-	"fmt"
-	"hash/crc32"
 	"io"
 	"os"
 )
 
-// The append-only logs (outbox.log, intents.log) hold one frame per line:
-// "<crc32c hex of the JSON> <JSON>\n". A torn or corrupt tail (a crash
-// during an append) is dropped when the log is opened.
-
-var crcTable = crc32.MakeTable(crc32.Castagnoli)
-
-// appendFrame writes v's frame to buf.
-func appendFrame(buf *bytes.Buffer, v any) error {
-	body, err := json.Marshal(v)
-	if err != nil {
-		return err
-	}
-	fmt.Fprintf(buf, "%08x ", crc32.Checksum(body, crcTable))
-	buf.Write(body)
-	buf.WriteByte('\n')
-	return nil
-}
-
-// unframe decodes one whole, intact frame into v.
-func unframe(line []byte, v any) bool {
-	if len(line) < 10 || line[len(line)-1] != '\n' || line[8] != ' ' {
-		return false
-	}
-	sum, err := hex.DecodeString(string(line[:8]))
-	if err != nil {
-		return false
-	}
-	body := line[9 : len(line)-1]
-	want := uint32(sum[0])<<24 | uint32(sum[1])<<16 | uint32(sum[2])<<8 | uint32(sum[3])
-	if crc32.Checksum(body, crcTable) != want {
-		return false
-	}
-	return json.Unmarshal(body, v) == nil
-}
+// The append-only logs (outbox.log, intents.log) hold one frame per line
+// (runnerstate.AppendFrame). A torn or corrupt tail (a crash during an
+// append) is dropped when the log is opened.
 
 // truncateTail cuts f after off (the end of its last intact frame), durably
 // when there was anything after it, and positions f there for appends. It

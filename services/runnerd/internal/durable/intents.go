@@ -9,26 +9,16 @@ import (
 	"os"
 	"path/filepath"
 	"syscall"
-	"time"
 
 	"github.com/tether-run/tether/pkg/runnerstate"
 	"github.com/tether-run/tether/pkg/synctrace"
 )
 
 // IntentLogFile is the intent log's name inside the runner directory.
-const IntentLogFile = "intents.log"
+const IntentLogFile = runnerstate.IntentLogFile
 
-// Intent is a command journaled as received, before any of its effects: the
-// fields of its journal record while its outcome is pending.
-type Intent struct {
-	CommandID     string    `json:"commandId"`
-	ControllerSeq uint64    `json:"controllerSeq"`
-	CommandType   string    `json:"commandType"`
-	RunID         string    `json:"runId,omitempty"`
-	Attempt       uint64    `json:"attempt,omitempty"`
-	Fingerprint   string    `json:"fingerprint"`
-	ReceivedAt    time.Time `json:"receivedAt"`
-}
+// Intent is a command journaled as received, before any of its effects.
+type Intent = runnerstate.Intent
 
 // IntentOf is the intent of a journal record.
 func IntentOf(r *runnerstate.CommandRecord) Intent {
@@ -83,7 +73,7 @@ func (l *IntentLog) load() ([]Intent, error) {
 		if err != nil && !errors.Is(err, io.EOF) {
 			return nil, err
 		}
-		in, ok := decodeIntent(line)
+		in, ok := runnerstate.DecodeIntent(line)
 		if !ok {
 			break // torn or corrupt tail: everything from here is dropped
 		}
@@ -100,14 +90,6 @@ func (l *IntentLog) load() ([]Intent, error) {
 	return ins, nil
 }
 
-func decodeIntent(line []byte) (Intent, bool) {
-	var in Intent
-	if !unframe(line, &in) || in.CommandID == "" || in.ControllerSeq == 0 {
-		return Intent{}, false
-	}
-	return in, true
-}
-
 // Append writes the intents and syncs their data before returning: they are
 // durable then.
 func (l *IntentLog) Append(ins ...Intent) error {
@@ -119,7 +101,7 @@ func (l *IntentLog) Append(ins ...Intent) error {
 	})()
 	var buf bytes.Buffer
 	for _, in := range ins {
-		if err := appendFrame(&buf, in); err != nil {
+		if err := runnerstate.AppendFrame(&buf, in); err != nil {
 			return err
 		}
 	}
@@ -202,18 +184,5 @@ func ReadIntentLog(dir string) ([]Intent, error) {
 	if err != nil {
 		return nil, err
 	}
-	var ins []Intent
-	for len(b) > 0 {
-		i := bytes.IndexByte(b, '\n')
-		if i < 0 {
-			break
-		}
-		in, ok := decodeIntent(b[:i+1])
-		if !ok {
-			break
-		}
-		ins = append(ins, in)
-		b = b[i+1:]
-	}
-	return ins, nil
+	return runnerstate.ParseIntents(b), nil
 }

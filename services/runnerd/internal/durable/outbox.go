@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/tether-run/tether/pkg/runnerstate"
 	"github.com/tether-run/tether/pkg/synctrace"
 )
 
@@ -147,7 +148,7 @@ func (o *Outbox) load(acked uint64) (int64, error) {
 
 func decodeLine(line []byte) (Record, bool) {
 	var rec Record
-	if !unframe(line, &rec) || rec.SourceSeq == 0 || len(rec.Envelope) == 0 {
+	if !runnerstate.Unframe(line, &rec) || rec.SourceSeq == 0 || len(rec.Envelope) == 0 {
 		return Record{}, false
 	}
 	return rec, true
@@ -155,7 +156,7 @@ func decodeLine(line []byte) (Record, bool) {
 
 func encodeLine(rec Record) ([]byte, error) {
 	var buf bytes.Buffer
-	if err := appendFrame(&buf, rec); err != nil {
+	if err := runnerstate.AppendFrame(&buf, rec); err != nil {
 		return nil, err
 	}
 	return buf.Bytes(), nil

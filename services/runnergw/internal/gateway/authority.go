@@ -79,11 +79,16 @@ func (g *Gateway) launchAuthority(ctx context.Context, sc, runID string, in *prp
 	return plan, prep, nil
 }
 
-// bindRun makes runID the holder of a live runner's scope: the control
-// plane is re-bound to the run under the runner's own instance and lease
-// (the live process is the proof of ownership). It returns the run that
-// held the scope before, empty when it was this run or none.
-func (g *Gateway) bindRun(sc, runID, sessionID, instanceID string) (string, error) {
+// bindRun makes runID the holder of a live runner's scope (the live process
+// is the proof of ownership). A runner whose identity the scope is bound to
+// binds the run itself: the gateway forwards the run's run.attach, which the
+// runner journals (fdatasync) before any of its effects, and the binding
+// rule reads it there (durable/bound.go) — no control-plane rewrite on a
+// warm turn's critical path (SPEC P4). Otherwise the control plane is
+// re-bound to the run under the runner's own instance and lease, above
+// controller seq sent (the last command sent to the runner). It returns the
+// run that held the scope before, empty when it was this run or none.
+func (g *Gateway) bindRun(sc, runID, sessionID, instanceID string, sent uint64) (string, error) {
 	root := g.stateDir(sc)
 	if err := ensureStateRoot(g.cfg.StateRoot); err != nil {
 		return "", err
@@ -94,15 +99,18 @@ func (g *Gateway) bindRun(sc, runID, sessionID, instanceID string) (string, erro
 	}
 	lease := LeaseFor(sc)
 	if cur != nil {
-		if cur.RunID == runID && cur.RunnerInstanceID == instanceID {
-			return "", nil
+		if cur.RunnerInstanceID == instanceID && cur.EnvironmentLeaseID != "" && cur.NormalizedSessionID == sessionID {
+			if cur.RunID == runID {
+				return "", nil
+			}
+			return cur.RunID, nil
 		}
 		if cur.EnvironmentLeaseID != "" && cur.RunnerInstanceID == instanceID {
 			lease = cur.EnvironmentLeaseID
 		}
 	}
-	if err := durable.Bind(root, durable.Identity{RunID: runID, NormalizedSessionID: sessionID,
-		RunnerInstanceID: instanceID, EnvironmentLeaseID: lease}); err != nil {
+	if err := durable.BindAfter(root, durable.Identity{RunID: runID, NormalizedSessionID: sessionID,
+		RunnerInstanceID: instanceID, EnvironmentLeaseID: lease}, sent); err != nil {
 		return "", err
 	}
 	if cur == nil || cur.RunID == runID {

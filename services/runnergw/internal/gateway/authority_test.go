@@ -401,7 +401,7 @@ func TestE13_TheStateRootIsCreatedWhenMissing(t *testing.T) {
 	g := New(Config{StateRoot: filepath.Join(t.TempDir(), "not", "yet")})
 	defer g.Close()
 	sc := strings.Repeat("ef", 32)
-	prev, err := g.bindRun(sc, "run-1", "s", "runner-1")
+	prev, err := g.bindRun(sc, "run-1", "s", "runner-1", 0)
 	require.NoError(t, err)
 	require.Empty(t, prev)
 	require.Equal(t, "run-1", controlPlane(t, g.stateDir(sc)).RunID)
@@ -425,4 +425,41 @@ func TestG4_TheGatewayKeepsTheHighestAttemptsOfTheRecentRunsOnly(t *testing.T) {
 	g.mu.Unlock()
 	require.Equal(t, maxFencedRuns, n)
 	require.False(t, kept, "the oldest run is forgotten")
+}
+
+// SPEC P4: the next warm run on the live runner is bound by the run.attach
+// the runner journals before its effects, not by rewriting the control
+// plane (two fsyncs on the turn's critical path); the binding every reader
+// sees names it, and the gateway reports the run it took over from.
+func TestP4_AWarmRunOnTheLiveRunnerIsBoundWithoutRewritingTheControlPlane(t *testing.T) {
+	rl := newRelay(t, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	in := testInput("warm-bind", "acme", "first")
+	sc := scope.Of(in)
+	root := filepath.Join(rl.cfg.StateRoot, sc)
+	_, evs := rl.turn(ctx, "run-1", nil, in, nil)
+	requireSucceeded(t, evs)
+	rl.waitDetached(sc)
+	cpFile := filepath.Join(root, durable.ControlPlaneDir, durable.ControlPlaneFile)
+	before, err := os.ReadFile(cpFile)
+	require.NoError(t, err)
+	first := controlPlane(t, root)
+	require.Equal(t, "run-1", first.RunID)
+
+	opened, evs := rl.turn(ctx, "run-2", nil, testInput("warm-bind", "acme", "second"), nil)
+	require.Equal(t, "succeeded", evs[len(evs)-1].GetPayload().AsMap()["runTerminalState"])
+	require.True(t, opened.GetReused())
+	require.Equal(t, "run-1", opened.GetPreviousRunId())
+	after, err := os.ReadFile(cpFile)
+	require.NoError(t, err)
+	require.Equal(t, string(before), string(after), "the control plane was not rewritten")
+	bound := *first
+	bound.RunID = "run-2"
+	require.Equal(t, bound, *controlPlane(t, root), "the runner's journaled run.attach binds run-2")
+	rl.waitDetached(sc)
+
+	opened, evs = rl.turn(ctx, "run-3", nil, testInput("warm-bind", "acme", "third"), nil)
+	require.Equal(t, "succeeded", evs[len(evs)-1].GetPayload().AsMap()["runTerminalState"])
+	require.Equal(t, "run-2", opened.GetPreviousRunId())
 }

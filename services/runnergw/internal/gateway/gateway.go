@@ -453,7 +453,7 @@ func (g *Gateway) Attach(stream gatewayv1.RunnerGateway_AttachServer) error {
 	}
 	// This run now holds the scope's run authority: the control plane names
 	// it, and a new tool authority epoch revokes the previous run's.
-	prev, err := g.bindRun(sc, runID, open.GetInput().GetSession().GetNormalizedSessionId(), r.instanceID)
+	prev, err := g.bindRun(sc, runID, open.GetInput().GetSession().GetNormalizedSessionId(), r.instanceID, r.lastCmdSeq)
 	if err != nil {
 		r.att = nil
 		r.mu.Unlock()

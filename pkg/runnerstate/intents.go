@@ -1,0 +1,95 @@
+package runnerstate
+
+import (
+	"bytes"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"hash/crc32"
+	"time"
+)
+
+// IntentLogFile is the intent log's name inside the runner directory:
+// runnerd appends each command's intent to it (one fdatasync for the
+// commands received together) before any of their effects, until a saved
+// state document covers them. The durable scope rules read it too: a
+// run.attach journaled there binds its run to the scope (SPEC P4).
+const IntentLogFile = "intents.log"
+
+// CmdRunAttach is the command that attaches a run to the scope's runner.
+const CmdRunAttach = "run.attach"
+
+// Intent is a command journaled as received, before any of its effects: the
+// fields of its journal record while its outcome is pending.
+type Intent struct {
+	CommandID     string    `json:"commandId"`
+	ControllerSeq uint64    `json:"controllerSeq"`
+	CommandType   string    `json:"commandType"`
+	RunID         string    `json:"runId,omitempty"`
+	Attempt       uint64    `json:"attempt,omitempty"`
+	Fingerprint   string    `json:"fingerprint"`
+	ReceivedAt    time.Time `json:"receivedAt"`
+}
+
+// The append-only logs (outbox.log, intents.log) hold one frame per line:
+// "<crc32c hex of the JSON> <JSON>\n". A torn or corrupt tail (a crash
+// during an append) ends what is read.
+
+var crcTable = crc32.MakeTable(crc32.Castagnoli)
+
+// AppendFrame writes v's frame to buf.
+func AppendFrame(buf *bytes.Buffer, v any) error {
+	body, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(buf, "%08x ", crc32.Checksum(body, crcTable))
+	buf.Write(body)
+	buf.WriteByte('\n')
+	return nil
+}
+
+// Unframe decodes one whole, intact frame into v.
+func Unframe(line []byte, v any) bool {
+	if len(line) < 10 || line[len(line)-1] != '\n' || line[8] != ' ' {
+		return false
+	}
+	sum, err := hex.DecodeString(string(line[:8]))
+	if err != nil {
+		return false
+	}
+	body := line[9 : len(line)-1]
+	want := uint32(sum[0])<<24 | uint32(sum[1])<<16 | uint32(sum[2])<<8 | uint32(sum[3])
+	if crc32.Checksum(body, crcTable) != want {
+		return false
+	}
+	return json.Unmarshal(body, v) == nil
+}
+
+// DecodeIntent decodes one intent log line.
+func DecodeIntent(line []byte) (Intent, bool) {
+	var in Intent
+	if !Unframe(line, &in) || in.CommandID == "" || in.ControllerSeq == 0 {
+		return Intent{}, false
+	}
+	return in, true
+}
+
+// ParseIntents returns the intents of an intent log's bytes, up to a torn
+// or corrupt line.
+func ParseIntents(b []byte) []Intent {
+	var ins []Intent
+	for len(b) > 0 {
+		i := bytes.IndexByte(b, '\n')
+		if i < 0 {
+			break
+		}
+		in, ok := DecodeIntent(b[:i+1])
+		if !ok {
+			break
+		}
+		ins = append(ins, in)
+		b = b[i+1:]
+	}
+	return ins
+}
