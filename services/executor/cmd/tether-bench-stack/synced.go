@@ -112,11 +112,14 @@ func reportSynced(dir string, turns []turnWindow) error {
 	fmt.Printf("    %8s             turn.started received\n", round(med.started.Sub(med.t0)))
 	fmt.Printf("    %8s             run.terminal received\n", round(med.end.Sub(med.t0)))
 	cp, cs := medianInt(toEnd), medianInt(toStarted)
-	fmt.Printf("synced writes on the critical path (median of %d turns, besides the provider's own): %d to run.terminal, %d to turn.started; "+
-		"%d in the turn in all (concurrent ones included), the provider's own %d (target ≤ 4)\n",
-		len(turns), cp, cs, medianInt(inTurn), medianInt(provider))
-	fmt.Printf("BENCH warm_turn_synced_writes critical_path=%d to_turn_started=%d in_turn=%d provider=%d target=4 met=%t\n",
-		cp, cs, medianInt(inTurn), medianInt(provider), cp <= 4)
+	// SPEC P4 counts the writes a turn waits for before it starts (its
+	// first events persisted); each later batch of events adds the
+	// runner's outbox fsync and the executor's commit again (R4, G4).
+	fmt.Printf("synced writes on the critical path (median of %d turns, besides the provider's own): %d to turn.started (target ≤ 4), "+
+		"%d to run.terminal; %d in the turn in all (concurrent ones included), the provider's own %d\n",
+		len(turns), cs, cp, medianInt(inTurn), medianInt(provider))
+	fmt.Printf("BENCH warm_turn_synced_writes to_turn_started=%d to_run_terminal=%d in_turn=%d provider=%d target=4 met=%t\n",
+		cs, cp, medianInt(inTurn), medianInt(provider), cs <= 4)
 	return nil
 }
 
