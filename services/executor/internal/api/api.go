@@ -39,6 +39,13 @@ type Server struct {
 	// which claims in the same commit when it can; Kick and KickRun are
 	// then not called).
 	Submit func(ctx context.Context, runID string, in *prpv1.ExecutionInput) (created bool, err error)
+	// CancelKick, when set, tells the local driver of a run, if any, that
+	// its cancellation waits to be dispatched (at once, without waiting
+	// for the database's notification). AwaitCancellationAck, when set,
+	// signals a local driver's acknowledgement; CancelRun polls the
+	// record otherwise (a run driven by another replica).
+	CancelKick           func(runID string)
+	AwaitCancellationAck func(runID string) (<-chan struct{}, func())
 	// Controls holds this replica's live provider sessions (steering and
 	// runtime-request resolution); ForwardToOwner sends calls for runs
 	// driven elsewhere to the replica recorded with the lease.
@@ -120,6 +127,11 @@ func (s *Server) ListRuns(ctx context.Context, req *executorv1.ListRunsRequest) 
 	return &executorv1.ListRunsResponse{Runs: visibleRuns(runs), NextPageToken: next}, nil
 }
 
+// cancelPoll is how often CancelRun reads the cancellation record while a
+// driver on another replica dispatches it (a local driver's
+// acknowledgement wakes it at once).
+const cancelPoll = 20 * time.Millisecond
+
 // CancelRun records a durable cancellation and waits (bounded) for the
 // driver's acknowledgement.
 func (s *Server) CancelRun(ctx context.Context, req *executorv1.CancelRunRequest) (*executorv1.CancelRunResponse, error) {
@@ -128,6 +140,14 @@ func (s *Server) CancelRun(ctx context.Context, req *executorv1.CancelRunRequest
 		executorv1.CancellationScope_CANCELLATION_SCOPE_TURN:  "turn",
 		executorv1.CancellationScope_CANCELLATION_SCOPE_ISSUE: "issue",
 	}[req.GetScope()]
+	// Registered before the record is written: a local driver's
+	// acknowledgement cannot come before it is awaited.
+	var acked <-chan struct{}
+	if s.AwaitCancellationAck != nil {
+		var stop func()
+		acked, stop = s.AwaitCancellationAck(req.GetRunId())
+		defer stop()
+	}
 	out, err := s.Store.RecordCancellation(ctx, store.CancelRequest{
 		RunID: req.GetRunId(), Scope: scope, Reason: req.GetReason(), RequestID: req.GetRequestId(), Actor: "api",
 	})
@@ -136,16 +156,26 @@ func (s *Server) CancelRun(ctx context.Context, req *executorv1.CancelRunRequest
 	}
 	rec := out.Record
 	if out.NeedsDispatch {
+		if s.CancelKick != nil {
+			s.CancelKick(req.GetRunId())
+		}
 		wait := 5 * time.Second
 		if req.GetWaitTimeout() != nil {
 			wait = req.GetWaitTimeout().AsDuration()
 		}
-		deadline := time.Now().Add(wait)
-		for rec.GetDispatchState() == "pending" && time.Now().Before(deadline) {
+		deadline := time.NewTimer(wait)
+		defer deadline.Stop()
+		poll := time.NewTicker(cancelPoll)
+		defer poll.Stop()
+		for rec.GetDispatchState() == "pending" {
 			select {
 			case <-ctx.Done():
 				return nil, ctx.Err()
-			case <-time.After(20 * time.Millisecond):
+			case <-deadline.C:
+				return &executorv1.CancelRunResponse{Active: out.Active, Cancellation: rec}, nil
+			case <-acked:
+				acked = nil // read the record once more, then poll
+			case <-poll.C:
 			}
 			if rec, err = s.Store.Cancellation(ctx, req.GetRunId()); err != nil {
 				return nil, err

@@ -323,6 +323,9 @@ func (a *attachment) dispatchCancel(rec *executorv1.Cancellation) error {
 		return err
 	}
 	cmd.CommandId = fmt.Sprintf("%s/cancel/%s", a.c.RunID, rec.GetIntentId())
+	if _, sent := a.cancelIntents[cmd.CommandId]; sent {
+		return nil // a second kick (the local one and the notification): sent on this stream already
+	}
 	a.cancelIntents[cmd.CommandId] = rec.GetIntentId()
 	a.log.Info("dispatching cancellation", "intent_id", rec.GetIntentId())
 	a.d.metrics.cancellations.WithLabelValues(cancelDispatched).Inc()

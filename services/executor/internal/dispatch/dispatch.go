@@ -103,6 +103,9 @@ type Dispatcher struct {
 	// drives a run it claimed under them.
 	runCtx context.Context
 	sem    chan struct{}
+	// ackWaiters: CancelRun calls of this replica waiting for a run's
+	// cancellation to be acknowledged (AwaitCancellationAck).
+	ackWaiters map[string][]chan struct{}
 }
 
 // Controls is the registry of this replica's live provider sessions, for
@@ -160,6 +163,48 @@ func (d *Dispatcher) CancelKick(runID string) {
 		case ch <- struct{}{}:
 		default:
 		}
+	}
+}
+
+// AwaitCancellationAck returns a channel closed when a driver of this
+// replica acknowledged a cancellation of run runID (the provider was told
+// to stop and the record says so), and a function that stops waiting. A
+// caller registers before it records the cancellation, so it cannot miss
+// the acknowledgement; a run driven by another replica never closes it.
+func (d *Dispatcher) AwaitCancellationAck(runID string) (<-chan struct{}, func()) {
+	ch := make(chan struct{})
+	d.mu.Lock()
+	if d.ackWaiters == nil {
+		d.ackWaiters = map[string][]chan struct{}{}
+	}
+	d.ackWaiters[runID] = append(d.ackWaiters[runID], ch)
+	d.mu.Unlock()
+	return ch, func() {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		ws := d.ackWaiters[runID]
+		for i, w := range ws {
+			if w == ch {
+				ws = append(ws[:i], ws[i+1:]...)
+				break
+			}
+		}
+		if len(ws) == 0 {
+			delete(d.ackWaiters, runID)
+		} else {
+			d.ackWaiters[runID] = ws
+		}
+	}
+}
+
+// cancellationAcked wakes the waiters of run runID's acknowledgement.
+func (d *Dispatcher) cancellationAcked(runID string) {
+	d.mu.Lock()
+	ws := d.ackWaiters[runID]
+	delete(d.ackWaiters, runID)
+	d.mu.Unlock()
+	for _, ch := range ws {
+		close(ch)
 	}
 }
 
@@ -581,6 +626,7 @@ func (d *Dispatcher) acknowledgeCancellation(ctx context.Context, c *store.Claim
 		err := d.store.AcknowledgeCancellation(ctx, c.Fence, intent)
 		if err == nil {
 			log.Info("cancellation acknowledged", "intent_id", intent)
+			d.cancellationAcked(c.RunID)
 			return
 		}
 		if try == 5 || failure.CodeOf(err) == failure.NativeSessionLeaseLost || ctx.Err() != nil {

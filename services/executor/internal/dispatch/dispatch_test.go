@@ -190,3 +190,27 @@ func TestP4_SubmitAndClaimDrivesARunItClaimedInTheSubmittingCommit(t *testing.T)
 	require.Nil(t, d.sem, "no run is claimed on submission once Run stopped")
 	d.mu.Unlock()
 }
+
+// SPEC P2: CancelRun waits for a local driver's acknowledgement on a
+// signal, not by polling the record: every waiter of the run is woken once.
+func TestP2_ACancellationAcknowledgementWakesTheRunsWaiters(t *testing.T) {
+	d := New(newStore(t), Config{Owner: "o", Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	a, stopA := d.AwaitCancellationAck("r")
+	b, stopB := d.AwaitCancellationAck("r")
+	other, stopOther := d.AwaitCancellationAck("other")
+	defer stopOther()
+	stopB() // gave up: not woken, nothing left behind
+	d.cancellationAcked("r")
+	<-a
+	stopA() // after the wake-up: a no-op
+	select {
+	case <-b:
+		t.Fatal("a waiter that stopped waiting was woken")
+	case <-other:
+		t.Fatal("another run's waiter was woken")
+	default:
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	require.Len(t, d.ackWaiters, 1, "only the other run's waiter is left")
+}
