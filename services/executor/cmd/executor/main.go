@@ -123,7 +123,7 @@ func run() error {
 	sus := &suspend.Suspender{Store: st, Gateway: gw, Owner: *owner,
 		Interval: *idleSweep, CheckpointAfter: *checkpointAfter, Logger: log}
 	apiSrv = &api.Server{Store: st, Hub: hub, Submit: d.SubmitAndClaim, KickRun: d.KickRun,
-		CancelKick: d.CancelKick, AwaitCancellationAck: d.AwaitCancellationAck, Draining: srv.Draining(), Controls: d.Controls(), SelfAddr: *advertise,
+		DispatchCancellation: d.DispatchCancellation, AwaitCancellationAck: d.AwaitCancellationAck, Draining: srv.Draining(), Controls: d.Controls(), SelfAddr: *advertise,
 		Gateway: gw, Suspender: sus,
 		DialPeer: func(addr string) (*grpc.ClientConn, error) {
 			return peerTLS.WithDefaults(cfg, cfg.TLSClientCAFile).Dial(addr)

@@ -16,8 +16,9 @@ import (
 // one warm session. Each run's turn is live (its first delta was persisted
 // and watched) when it is cancelled; the next run starts after the cancelled
 // one ended.
-func cancelLatency(ctx context.Context, client executorv1.ExecutorServiceClient, warm, n int) error {
+func cancelLatency(ctx context.Context, client executorv1.ExecutorServiceClient, warm, n int, traceDir string) error {
 	var lat []time.Duration
+	var windows []turnWindow
 	for i := range warm + n {
 		id := fmt.Sprintf("cancel-%d", i)
 		in, err := cli.InputSpec{Prompt: fmt.Sprintf("[slow] cancel me %d", i), Company: "bench", Agent: "bench",
@@ -53,6 +54,7 @@ func cancelLatency(ctx context.Context, client executorv1.ExecutorServiceClient,
 		}
 		if i >= warm {
 			lat = append(lat, d)
+			windows = append(windows, turnWindow{t0: t0, started: t0.Add(d), end: t0.Add(d)})
 		}
 		for {
 			_, err := stream.Recv()
@@ -69,7 +71,7 @@ func cancelLatency(ctx context.Context, client executorv1.ExecutorServiceClient,
 	fmt.Printf("\n%-40s %10s %10s %10s %s\n", "figure", "p50", "p99", "target", "met")
 	fmt.Printf("%-40s %10s %10s %10s %s\n", fmt.Sprintf("cancel → interrupt acknowledged (%d)", len(lat)), p50, p99, "p99≤20ms", markOf(ok))
 	fmt.Printf("BENCH cancel_latency cancels=%d p50_ms=%.3f p99_ms=%.3f target_ms=20 met=%t\n", len(lat), ms(p50), ms(p99), ok)
-	return nil
+	return reportCancelWrites(traceDir, windows)
 }
 
 func markOf(ok bool) string {

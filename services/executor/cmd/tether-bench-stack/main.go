@@ -114,7 +114,7 @@ func run() error {
 	// (pkg/synctrace): the executor and the gateway inherit the variable,
 	// runnerd gets it from the gateway, the provider by its flag.
 	traceDir := ""
-	if len(sizes) == 0 && *takeovers == 0 && *cancels == 0 {
+	if len(sizes) == 0 && *takeovers == 0 && *throughput == 0 {
 		traceDir = filepath.Join(dir, "synctrace")
 		if err := os.MkdirAll(traceDir, 0o700); err != nil {
 			return err
@@ -166,7 +166,7 @@ func run() error {
 		return sessionsCurve(ctx, client, st.Proc("runnergw").Pid(), sizes)
 	}
 	if *cancels > 0 {
-		return cancelLatency(ctx, client, *warm, *cancels)
+		return cancelLatency(ctx, client, *warm, *cancels, traceDir)
 	}
 	if *throughput > 0 {
 		return fleetThroughput(ctx, st, client, cluster.Dir(), *gateways, *p5Sessions, *throughput)

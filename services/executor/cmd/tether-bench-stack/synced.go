@@ -102,13 +102,7 @@ func reportSynced(dir string, turns []turnWindow) error {
 	})
 	med := turns[idx[len(idx)/2]]
 	fmt.Printf("\nsynced writes of the median turn (start → end after SubmitRun; * = the provider's own):\n")
-	for _, x := range turnWrites(recs, med) {
-		mark := " "
-		if x.provider {
-			mark = "*"
-		}
-		fmt.Printf("  %s %8s → %8s  %s\n", mark, round(x.start), round(x.end), x.label)
-	}
+	printWrites(turnWrites(recs, med))
 	fmt.Printf("    %8s             turn.started received\n", round(med.started.Sub(med.t0)))
 	fmt.Printf("    %8s             run.terminal received\n", round(med.end.Sub(med.t0)))
 	cp, cs := medianInt(toEnd), medianInt(toStarted)
@@ -120,6 +114,32 @@ func reportSynced(dir string, turns []turnWindow) error {
 		len(turns), cs, cp, medianInt(inTurn), medianInt(provider))
 	fmt.Printf("BENCH warm_turn_synced_writes to_turn_started=%d to_run_terminal=%d in_turn=%d provider=%d target=4 met=%t\n",
 		cs, cp, medianInt(inTurn), medianInt(provider), cs <= 4)
+	return nil
+}
+
+func printWrites(ws []syncedWrite) {
+	for _, x := range ws {
+		mark := " "
+		if x.provider {
+			mark = "*"
+		}
+		fmt.Printf("  %s %8s → %8s  %s\n", mark, round(x.start), round(x.end), x.label)
+	}
+}
+
+// reportCancelWrites prints the synced writes between CancelRun sent and
+// its answer received, of the cancellation whose latency is the median.
+func reportCancelWrites(dir string, cancels []turnWindow) error {
+	recs, err := synctrace.Read(dir)
+	if err != nil || len(cancels) == 0 {
+		return err
+	}
+	s := append([]turnWindow(nil), cancels...)
+	sort.Slice(s, func(a, b int) bool { return s[a].end.Sub(s[a].t0) < s[b].end.Sub(s[b].t0) })
+	med := s[len(s)/2]
+	fmt.Printf("\nsynced writes of the median cancellation (after CancelRun sent; * = the provider's own):\n")
+	printWrites(turnWrites(recs, med))
+	fmt.Printf("    %8s             CancelRun answered (interrupt acknowledged)\n", round(med.end.Sub(med.t0)))
 	return nil
 }
 

@@ -39,12 +39,13 @@ type Server struct {
 	// which claims in the same commit when it can; Kick and KickRun are
 	// then not called).
 	Submit func(ctx context.Context, runID string, in *prpv1.ExecutionInput) (created bool, err error)
-	// CancelKick, when set, tells the local driver of a run, if any, that
-	// its cancellation waits to be dispatched (at once, without waiting
-	// for the database's notification). AwaitCancellationAck, when set,
+	// DispatchCancellation, when set, hands the local driver of a run, if
+	// any, its cancellation just recorded (dispatched at once, without
+	// waiting for the database's notification nor reading it back).
+	// AwaitCancellationAck, when set,
 	// signals a local driver's acknowledgement; CancelRun polls the
 	// record otherwise (a run driven by another replica).
-	CancelKick           func(runID string)
+	DispatchCancellation func(runID string, rec *executorv1.Cancellation)
 	AwaitCancellationAck func(runID string) (<-chan struct{}, func())
 	// Controls holds this replica's live provider sessions (steering and
 	// runtime-request resolution); ForwardToOwner sends calls for runs
@@ -156,8 +157,8 @@ func (s *Server) CancelRun(ctx context.Context, req *executorv1.CancelRunRequest
 	}
 	rec := out.Record
 	if out.NeedsDispatch {
-		if s.CancelKick != nil {
-			s.CancelKick(req.GetRunId())
+		if s.DispatchCancellation != nil {
+			s.DispatchCancellation(req.GetRunId(), rec)
 		}
 		wait := 5 * time.Second
 		if req.GetWaitTimeout() != nil {

@@ -28,7 +28,7 @@ type attachment struct {
 	d        *Dispatcher
 	c        *store.Claim
 	log      *slog.Logger
-	cancelCh <-chan struct{}
+	cancelCh <-chan *executorv1.Cancellation
 
 	ctx    context.Context // the driver's: writes outlive the stream
 	sctx   context.Context // the stream's
@@ -53,17 +53,19 @@ type attachment struct {
 	recvErr       error                          // why msgs closed
 	held          *gatewayv1.AttachResponse      // read while coalescing, handled next
 	cancelIntents map[string]string              // cancel command id → intent id
+	acking        sync.WaitGroup                 // acknowledgements being written
 	acks          *ackTracker
 	terminalSeen  <-chan time.Time
 }
 
 // attachOnce runs one Attach stream. done is true when the run needs no
 // further driving (terminal, or failed and recorded).
-func (d *Dispatcher) attachOnce(ctx context.Context, c *store.Claim, cancelCh <-chan struct{}, log *slog.Logger) (done bool, err error) {
+func (d *Dispatcher) attachOnce(ctx context.Context, c *store.Claim, cancelCh <-chan *executorv1.Cancellation, log *slog.Logger) (done bool, err error) {
 	a := &attachment{d: d, c: c, log: log, cancelCh: cancelCh, ctx: ctx}
 	a.sctx, a.cancel = context.WithCancel(ctx)
 	defer a.cancel()
 	defer a.awaitBookkeeping() // nothing of this attach is written after it ends
+	defer a.acking.Wait()
 	if done, err := a.open(); done || err != nil {
 		return done, err
 	}
@@ -353,10 +355,12 @@ func (a *attachment) pump() (done bool, err error) {
 			case <-a.terminalSeen:
 				a.log.Warn("cancellation dispatch unanswered after the terminal event; it stays pending")
 				return a.finish()
-			case <-a.cancelCh:
-				rec, err := a.d.store.Cancellation(a.ctx, a.c.RunID)
-				if err != nil {
-					return false, err
+			case rec := <-a.cancelCh:
+				if rec == nil {
+					var err error
+					if rec, err = a.d.store.Cancellation(a.ctx, a.c.RunID); err != nil {
+						return false, err
+					}
 				}
 				if err := a.dispatchCancel(rec); err != nil {
 					return false, err
@@ -484,7 +488,14 @@ func (a *attachment) onResult(r *prpv1.CommandResult) (stop, done bool, err erro
 		// provider has nothing left to do for this run.
 		if r.GetStatus() == "completed" || r.GetCode() == failure.NoActiveTurn {
 			a.d.metrics.cancellations.WithLabelValues(cancelAcknowledged).Inc()
-			a.d.acknowledgeCancellation(a.ctx, a.c, intent, a.log)
+			// Written beside the pump, which may be persisting the
+			// turn's last events meanwhile (SPEC P2: the acknowledgement
+			// does not queue behind them); the attach ends after it.
+			a.acking.Add(1)
+			go func() {
+				defer a.acking.Done()
+				a.d.acknowledgeCancellation(a.ctx, a.c, intent, a.log)
+			}()
 		} else {
 			a.d.metrics.cancellations.WithLabelValues(cancelRefused).Inc()
 			a.log.Error("cancellation dispatch refused", "code", r.GetCode(), "msg", r.GetMessage())

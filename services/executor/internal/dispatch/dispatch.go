@@ -86,7 +86,7 @@ type Dispatcher struct {
 	self   store.Controller
 
 	mu       sync.Mutex
-	cancels  map[string]chan struct{} // per driven run
+	cancels  map[string]chan *executorv1.Cancellation // per driven run: its pending cancellation, or nil (read it)
 	replaced map[string]bool          // runs whose warm session was closed for a new configuration
 	// localReplace: runs whose gateway cannot checkpoint (no backup
 	// verifier); their warm session is replaced on its local state.
@@ -146,22 +146,27 @@ func New(s *store.Store, cfg Config) *Dispatcher {
 		cfg:     cfg, store: s, log: cfg.Logger, self: self,
 		leases:   newLeaseKeeper(s, cfg.Owner, cfg.LeaseTTL, cfg.Logger, m),
 		kick:     make(chan struct{}, 1),
-		cancels:  map[string]chan struct{}{},
+		cancels:  map[string]chan *executorv1.Cancellation{},
 		replaced: map[string]bool{}, localReplace: map[string]bool{}, kicked: map[string]struct{}{},
 		controls: control.NewRegistry(func() string { return store.NewID("") }),
 	}
 }
 
 // CancelKick tells the run's driver, if this replica drives it, that a
-// cancellation is waiting to be dispatched.
-func (d *Dispatcher) CancelKick(runID string) {
+// cancellation is waiting to be dispatched (the driver reads it).
+func (d *Dispatcher) CancelKick(runID string) { d.DispatchCancellation(runID, nil) }
+
+// DispatchCancellation hands the run's driver, if this replica drives it,
+// the pending cancellation rec just recorded, so it dispatches it without
+// reading it back (SPEC P2); nil makes the driver read it.
+func (d *Dispatcher) DispatchCancellation(runID string, rec *executorv1.Cancellation) {
 	d.mu.Lock()
 	ch := d.cancels[runID]
 	d.mu.Unlock()
 	if ch != nil {
 		select {
-		case ch <- struct{}{}:
-		default:
+		case ch <- rec:
+		default: // a kick is waiting: the driver reads the record then
 		}
 	}
 }
@@ -395,7 +400,7 @@ func (d *Dispatcher) startClaimed(c *store.Claim, sem chan struct{}) {
 func (d *Dispatcher) start(ctx context.Context, c *store.Claim, sem chan struct{}) {
 	runCtx, cancel := context.WithCancelCause(ctx)
 	d.leases.add(c.RunID, c.Attempt, cancel)
-	cancelCh := make(chan struct{}, 1)
+	cancelCh := make(chan *executorv1.Cancellation, 1)
 	d.mu.Lock()
 	d.cancels[c.RunID] = cancelCh
 	d.mu.Unlock()
@@ -475,7 +480,7 @@ func (d *Dispatcher) takeOverDead(ctx context.Context) *store.Claim {
 // restarting) is retried with backoff under the same lease; an attempt that
 // cannot go on is recorded as a failure and disposed of (E11): retried
 // later, or failed for good.
-func (d *Dispatcher) drive(ctx context.Context, c *store.Claim, cancelCh <-chan struct{}) {
+func (d *Dispatcher) drive(ctx context.Context, c *store.Claim, cancelCh <-chan *executorv1.Cancellation) {
 	// The attempt's span continues the trace the run was submitted in;
 	// its Attach calls carry it to the gateway and on to runnerd.
 	ctx, span := telemetry.Tracer().Start(telemetry.WithTraceParent(ctx, c.TraceParent), "executor drive",
