@@ -87,7 +87,7 @@ type Dispatcher struct {
 
 	mu       sync.Mutex
 	cancels  map[string]chan *executorv1.Cancellation // per driven run: its pending cancellation, or nil (read it)
-	replaced map[string]bool          // runs whose warm session was closed for a new configuration
+	replaced map[string]bool                          // runs whose warm session was closed for a new configuration
 	// localReplace: runs whose gateway cannot checkpoint (no backup
 	// verifier); their warm session is replaced on its local state.
 	localReplace map[string]bool
