@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/pressly/goose/v3"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc/codes"
@@ -379,11 +380,7 @@ func TestP4_SubmitClaimClaimsOnlyARunThatHeadsAnIdleScope(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, created)
 	require.Nil(t, c)
-	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	n, err := conn.Conn().WaitForNotification(wctx)
-	cancel()
-	require.NoError(t, err)
-	require.Equal(t, "sc2", n.Payload)
+	requireNotified(t, conn, "sc2")
 	run, err = s.GetRun(ctx, "sc2")
 	require.NoError(t, err)
 	require.Equal(t, executorv1.RunState_RUN_STATE_QUEUED, run.GetState())
@@ -397,4 +394,15 @@ func TestP4_SubmitClaimClaimsOnlyARunThatHeadsAnIdleScope(t *testing.T) {
 	require.True(t, created)
 	require.NotNil(t, c)
 	require.Equal(t, "other1", c.RunID)
+}
+
+// requireNotified waits (bounded) for conn's next notification and checks
+// its payload.
+func requireNotified(t *testing.T, conn *pgxpool.Conn, want string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	n, err := conn.Conn().WaitForNotification(ctx)
+	require.NoError(t, err)
+	require.Equal(t, want, n.Payload)
 }
