@@ -45,6 +45,7 @@ func brokenConn(t *testing.T) *liveConn {
 // answers again, re-entrantly); the answers are all taken once, and
 // nothing panics.
 func TestR4_AnswersWaitingForASnapshotSurviveAConnectionDroppedWhileSending(t *testing.T) {
+	t.Parallel()
 	r := bareRunner(t)
 	r.link.live = brokenConn(t)
 	recs := []*runnerstate.CommandRecord{

@@ -13,6 +13,7 @@ import (
 )
 
 func TestR4_OutboxSoftLimitRejectsNonP0EventsKeepsTheP0ReserveAndClearsAfterAcks(t *testing.T) {
+	t.Parallel()
 	e := newTestEnv(t)
 	p := e.start(func(c *Config) { c.MaxOutboxBytes, c.P0ReserveBytes = 64<<10, 16<<10 })
 	cs := &cmdSeq{t: t, runID: "run-1", attempt: 1}
@@ -65,6 +66,7 @@ func TestR4_OutboxSoftLimitRejectsNonP0EventsKeepsTheP0ReserveAndClearsAfterAcks
 }
 
 func TestR4_P0EventBeyondTheOutboxLimitIsUnrecoverable(t *testing.T) {
+	t.Parallel()
 	e := newTestEnv(t)
 	p := e.start(func(c *Config) { c.MaxOutboxBytes, c.P0ReserveBytes = 32<<10, 8<<10 })
 	cs := &cmdSeq{t: t, runID: "run-1", attempt: 1}
@@ -77,6 +79,7 @@ func TestR4_P0EventBeyondTheOutboxLimitIsUnrecoverable(t *testing.T) {
 }
 
 func TestR4_OutboxLimitFlagsAreValidated(t *testing.T) {
+	t.Parallel()
 	e := newTestEnv(t)
 	for _, c := range []struct{ max, reserve uint64 }{{1 << 10, 0}, {1 << 30, 1 << 20}, {1 << 20, 600 << 10}} {
 		_, err := Run(t.Context(), e.config(func(cfg *Config) { cfg.MaxOutboxBytes, cfg.P0ReserveBytes = c.max, c.reserve }))

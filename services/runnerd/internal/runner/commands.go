@@ -177,7 +177,7 @@ func (r *Runner) onCommands(connID int, cmds []*prpv1.Command) {
 	if last := slots[len(slots)-1]; last.run && last.c.GetType() == CmdRunAttach {
 		// The executor sends a run's turn.start right behind its
 		// run.attach: a short wait lets both intents share one sync.
-		wait = attachFollowWindow
+		wait = r.cfg.AttachFollowWindow
 	}
 	for {
 		admit(r.drainCommands(connID, maxCommandBatch-len(slots), wait))
@@ -254,10 +254,6 @@ func (r *Runner) pongIfDue() {
 		r.pong(0)
 	}
 }
-
-// attachFollowWindow bounds how long a run.attach waits for the command
-// behind it (see onCommands): well under one save of the state.
-const attachFollowWindow = 2 * time.Millisecond
 
 // drainCommands returns the commands of connection connID already waiting
 // behind the one being handled (at most max), waiting up to wait for the

@@ -35,6 +35,7 @@ func (p *diskCheckingProvider) StartTurn(ctx context.Context, text string) (stri
 // turn's end; not one per intent, outcome and state change), while every
 // intent is durable before its effect and every outcome before its answer.
 func TestR4_CommandsReceivedTogetherShareSavesWithinTheJournalContract(t *testing.T) {
+	t.Parallel()
 	e := newTestEnv(t)
 	store := &durable.Store{Dir: filepath.Join(e.stateDir, "runner")}
 	var (
@@ -62,6 +63,9 @@ func TestR4_CommandsReceivedTogetherShareSavesWithinTheJournalContract(t *testin
 		return "absent"
 	}
 	e.start(func(c *Config) {
+		// The turn.start always follows its run.attach here; the window
+		// only has to outlast a loaded machine.
+		c.AttachFollowWindow = time.Minute
 		c.StateSaved = func(*runnerstate.State) {
 			mu.Lock()
 			saves++
@@ -142,6 +146,7 @@ func TestR4_CommandsReceivedTogetherShareSavesWithinTheJournalContract(t *testin
 // provider events still queued when a turn ends and its run.terminal are
 // one outbox append (one fsync), sent as one batch.
 func TestR4_TurnEndJournalsItsLastEventsAndTheTerminalInOneFsync(t *testing.T) {
+	t.Parallel()
 	r := bareRunner(t)
 	// The wait ends when turn.started arrives; its bound only has to
 	// outlast a loaded machine here.
@@ -173,6 +178,7 @@ func TestR4_TurnEndJournalsItsLastEventsAndTheTerminalInOneFsync(t *testing.T) {
 // with the next save, at the latest on the gateway's next ping, and at
 // exit.
 func TestR4_AcknowledgementIsPersistedLazily(t *testing.T) {
+	t.Parallel()
 	e := newTestEnv(t)
 	var mu sync.Mutex
 	saves, turnCleared := 0, false
@@ -222,6 +228,7 @@ func TestR4_AcknowledgementIsPersistedLazily(t *testing.T) {
 // follow the turn's start in one outbox append (one fsync), and their
 // outcomes in one more save.
 func TestR4_RunAttachedAndTheTurnsFirstEventsShareOneFsync(t *testing.T) {
+	t.Parallel()
 	r := bareRunner(t)
 	// The wait ends when turn.started arrives; its bound only has to
 	// outlast a loaded machine here.
@@ -262,6 +269,7 @@ func TestR4_RunAttachedAndTheTurnsFirstEventsShareOneFsync(t *testing.T) {
 // thread yet, never reached the provider (turn/start follows the thread's
 // opening, saved first): the resent command starts the turn, once.
 func TestR8_ATurnStartCutShortBeforeTheThreadOpenedRunsWhenResent(t *testing.T) {
+	t.Parallel()
 	e := newTestEnv(t)
 	p := e.start(nil)
 	cs := &cmdSeq{t: t, runID: "run-1", attempt: 1}
@@ -294,6 +302,7 @@ func TestR8_ATurnStartCutShortBeforeTheThreadOpenedRunsWhenResent(t *testing.T) 
 // TestR4_AnInterruptCutShortByACrashIsIndeterminateAfterTheRestart: a
 // command whose effect cannot be proven absent is never run again.
 func TestR4_AnInterruptCutShortByACrashIsIndeterminateAfterTheRestart(t *testing.T) {
+	t.Parallel()
 	e := newTestEnv(t)
 	p := e.start(nil)
 	cs := &cmdSeq{t: t, runID: "run-1", attempt: 1}
@@ -340,6 +349,7 @@ func (p *lateStartedProvider) StartTurn(ctx context.Context, text string) (strin
 // provider's turn.started, announced after its turn/start answer, is
 // journaled in the same append as the run.attached held before it.
 func TestR4_TurnStartedThatFollowsTheAnswerSharesTheFsyncOfRunAttached(t *testing.T) {
+	t.Parallel()
 	r := bareRunner(t)
 	// The wait ends when turn.started arrives; its bound only has to
 	// outlast a loaded machine here.

@@ -47,6 +47,7 @@ func crashState(t *testing.T, e *testEnv) {
 }
 
 func TestR4_ProviderCursorIsJournaledWithTheEventsBeforeIt(t *testing.T) {
+	t.Parallel()
 	e := newTestEnv(t)
 	p := e.start(func(c *Config) { c.ProviderHost = true })
 	cs := &cmdSeq{t: t, runID: "run-1", attempt: 1}
@@ -71,6 +72,7 @@ func TestR4_ProviderCursorIsJournaledWithTheEventsBeforeIt(t *testing.T) {
 }
 
 func TestR1_RestartedRunnerReattachesItsHostedProviderAndTheTurnGoesOn(t *testing.T) {
+	t.Parallel()
 	e := newTestEnv(t)
 	p := e.start(func(c *Config) { c.ProviderHost = true })
 	cs := &cmdSeq{t: t, runID: "run-1", attempt: 1}
@@ -122,6 +124,7 @@ func TestR1_RestartedRunnerReattachesItsHostedProviderAndTheTurnGoesOn(t *testin
 }
 
 func TestR7_RestartedRunnerReportsTheTurnLostWhenTheHostedProviderIsGone(t *testing.T) {
+	t.Parallel()
 	e := newTestEnv(t)
 	p := e.start(func(c *Config) { c.ProviderHost = true })
 	cs := &cmdSeq{t: t, runID: "run-1", attempt: 1}

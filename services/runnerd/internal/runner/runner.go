@@ -116,6 +116,9 @@ type Config struct {
 	// TurnStartedWait [2ms] bounds how long a started turn waits for the
 	// provider's turn.started (awaitTurnStarted).
 	TurnStartedWait time.Duration
+	// AttachFollowWindow [2ms] bounds how long a run.attach waits for the
+	// command behind it (see onCommands): well under one save of the state.
+	AttachFollowWindow time.Duration
 
 	// OutboxSynced, when set, is called after each outbox fsync (tests).
 	OutboxSynced func([]durable.Record)
@@ -143,6 +146,7 @@ func (c *Config) defaults() {
 	def(&c.SemanticToolTimeout, DefaultSemanticToolTimeout)
 	def(&c.Tick, 100*time.Millisecond)
 	def(&c.TurnStartedWait, 2*time.Millisecond)
+	def(&c.AttachFollowWindow, 2*time.Millisecond)
 	def(&c.SilenceTimeout, 60*time.Second)
 	if c.MaxOutboxBytes == 0 {
 		c.MaxOutboxBytes = DefaultMaxOutboxBytes

@@ -34,6 +34,7 @@ func attachAndTurn(t *testing.T, e *testEnv, cs *cmdSeq) *fakeProvider {
 }
 
 func TestG4_TurnEventsCarrySourceIdentityAndTerminal(t *testing.T) {
+	t.Parallel()
 	e := newTestEnv(t)
 	p := e.start(nil)
 	e.gw.waitConns(1)
@@ -159,6 +160,7 @@ func TestG4_TurnEventsCarrySourceIdentityAndTerminal(t *testing.T) {
 }
 
 func TestG4_OversizeProviderEventBecomesDiagnostic(t *testing.T) {
+	t.Parallel()
 	e := newTestEnv(t)
 	e.start(nil)
 	cs := &cmdSeq{t: t, runID: "run-1", attempt: 1}
@@ -171,6 +173,7 @@ func TestG4_OversizeProviderEventBecomesDiagnostic(t *testing.T) {
 }
 
 func TestR4_OutboxFsyncBeforeSend(t *testing.T) {
+	t.Parallel()
 	e := newTestEnv(t)
 	var mu sync.Mutex
 	synced := map[uint64]bool{}
@@ -219,6 +222,7 @@ func TestR4_OutboxFsyncBeforeSend(t *testing.T) {
 }
 
 func TestR4_ReplayAfterReconnectSendsIdenticalBytes(t *testing.T) {
+	t.Parallel()
 	e := newTestEnv(t)
 	e.start(nil)
 	cs := &cmdSeq{t: t, runID: "run-1", attempt: 1}
@@ -276,6 +280,7 @@ func TestR4_ReplayAfterReconnectSendsIdenticalBytes(t *testing.T) {
 }
 
 func TestR4_AckTrimsAndRefusesOutOfRange(t *testing.T) {
+	t.Parallel()
 	e := newTestEnv(t)
 	e.start(nil)
 	cs := &cmdSeq{t: t, runID: "run-1", attempt: 1}
@@ -306,6 +311,7 @@ func TestR4_AckTrimsAndRefusesOutOfRange(t *testing.T) {
 }
 
 func TestR4_CommandDedupeFingerprintConflictSeqAndFencing(t *testing.T) {
+	t.Parallel()
 	e := newTestEnv(t)
 	e.start(nil)
 	cs := &cmdSeq{t: t, runID: "run-1", attempt: 2}
@@ -396,6 +402,7 @@ func resendAfterRestart(e *testEnv, turn *prpv1.Command, lastTurn string, histor
 }
 
 func TestR8_ACutTurnStartTheProviderNeverRecordedRunsWhenResent(t *testing.T) {
+	t.Parallel()
 	e := newTestEnv(t)
 	turn := cutTurnStart(t, e)
 	res := resendAfterRestart(e, turn, "turn-1", nil) // the thread's newest turn is the known one
@@ -406,6 +413,7 @@ func TestR8_ACutTurnStartTheProviderNeverRecordedRunsWhenResent(t *testing.T) {
 }
 
 func TestR8_ACutTurnStartWhoseTurnTheProviderRecordedIsAdoptedNotStartedAgain(t *testing.T) {
+	t.Parallel()
 	e := newTestEnv(t)
 	turn := cutTurnStart(t, e)
 	// A turn runnerd never heard of: the cut command's.
@@ -450,6 +458,7 @@ func journalExecution(t *testing.T, e *testEnv, commandID string, payload map[st
 // provider's thread does not show the turn (the provider refused it, or
 // lost it).
 func TestR8_ACutTurnStartWhoseExecutionIsJournaledIsNeverRunAgain(t *testing.T) {
+	t.Parallel()
 	t.Run("refused by the provider", func(t *testing.T) {
 		e := newTestEnv(t)
 		turn := cutTurnStart(t, e)
@@ -478,6 +487,7 @@ func TestR8_ACutTurnStartWhoseExecutionIsJournaledIsNeverRunAgain(t *testing.T) 
 }
 
 func TestR4_RestartFromSameStateDirReconcilesAndContinuesSeqs(t *testing.T) {
+	t.Parallel()
 	e := newTestEnv(t)
 	p := e.start(nil)
 	cs := &cmdSeq{t: t, runID: "run-1", attempt: 1}
@@ -561,6 +571,7 @@ func TestR4_RestartFromSameStateDirReconcilesAndContinuesSeqs(t *testing.T) {
 // restarted on the same thread and the turn reconciled from what the
 // provider recorded.
 func TestR7_ATurnWhoseProviderExitedIsReconciledOnARestartedProvider(t *testing.T) {
+	t.Parallel()
 	cases := []struct {
 		recorded string // the provider's record of turn-1 ("": none)
 		terminal string // the run.terminal's runTerminalState ("": none)
@@ -623,6 +634,7 @@ func TestR7_ATurnWhoseProviderExitedIsReconciledOnARestartedProvider(t *testing.
 // lost turn (same command id, higher attempt): it gets the stored answer and
 // the loss is announced again, so it ends the attempt too; nothing restarts.
 func TestR7_AResentTurnStartOfALostTurnAnnouncesTheLossAgain(t *testing.T) {
+	t.Parallel()
 	e := newTestEnv(t)
 	e.start(nil)
 	cs := &cmdSeq{t: t, runID: "run-1", attempt: 1}
@@ -647,6 +659,7 @@ func TestR7_AResentTurnStartOfALostTurnAnnouncesTheLossAgain(t *testing.T) {
 }
 
 func TestR1_ProviderStartFailureFailsTheCommand(t *testing.T) {
+	t.Parallel()
 	e := newTestEnv(t)
 	e.start(nil)
 	e.prov.mu.Lock()
@@ -664,6 +677,7 @@ func TestR1_ProviderStartFailureFailsTheCommand(t *testing.T) {
 }
 
 func TestR4_IdleTimeoutSuspendsAndExits(t *testing.T) {
+	t.Parallel()
 	e := newTestEnv(t)
 	p := e.start(func(c *Config) { c.IdleTimeout = 300 * time.Millisecond })
 	cs := &cmdSeq{t: t, runID: "run-1", attempt: 1}
@@ -684,6 +698,7 @@ func TestR4_IdleTimeoutSuspendsAndExits(t *testing.T) {
 }
 
 func TestR4_ReconnectGraceExpiryExits3(t *testing.T) {
+	t.Parallel()
 	e := newTestEnv(t)
 	p := e.start(func(c *Config) { c.ReconnectGrace = 500 * time.Millisecond })
 	cs := &cmdSeq{t: t, runID: "run-1", attempt: 1}
@@ -700,6 +715,7 @@ func TestR4_ReconnectGraceExpiryExits3(t *testing.T) {
 }
 
 func TestR4_ReplayedTicketIsRefused(t *testing.T) {
+	t.Parallel()
 	e := newTestEnv(t)
 	cfg := e.config(nil)
 	// Use the ticket once.
@@ -713,6 +729,7 @@ func TestR4_ReplayedTicketIsRefused(t *testing.T) {
 }
 
 func TestR4_StateFilesArePrivateAndStateIsWellFormed(t *testing.T) {
+	t.Parallel()
 	e := newTestEnv(t)
 	p := e.start(nil)
 	cs := &cmdSeq{t: t, runID: "run-1", attempt: 1}
@@ -753,6 +770,7 @@ func TestR4_StateFilesArePrivateAndStateIsWellFormed(t *testing.T) {
 // the run agrees), before any provider starts; its own profile reaches
 // the driver with the scope root.
 func TestR10_RunnerRefusesARunOfAnotherProviderProfile(t *testing.T) {
+	t.Parallel()
 	e := newTestEnv(t)
 	e.start(func(c *Config) { c.Provider = "opencode" })
 	cs := &cmdSeq{t: t, runID: "run-1", attempt: 1}

@@ -59,6 +59,7 @@ func rrStarter(e *testEnv) func(*Config) {
 }
 
 func TestR2_RequestResolveCommandReachesTheProviderOnce(t *testing.T) {
+	t.Parallel()
 	e := newTestEnv(t)
 	e.start(rrStarter(e))
 	e.gw.waitConns(1)
@@ -102,6 +103,7 @@ func TestR2_RequestResolveCommandReachesTheProviderOnce(t *testing.T) {
 }
 
 func TestR2_ToolResultCommandAndRevokedAuthority(t *testing.T) {
+	t.Parallel()
 	e := newTestEnv(t)
 	rpCh := make(chan *rrProvider, 1)
 	e.start(func(c *Config) {
@@ -152,6 +154,7 @@ func TestR2_ToolResultCommandAndRevokedAuthority(t *testing.T) {
 }
 
 func TestR2_RuntimeRequestsNeedACapableProvider(t *testing.T) {
+	t.Parallel()
 	e := newTestEnv(t)
 	e.start(nil)
 	e.gw.waitConns(1)

@@ -15,6 +15,7 @@ import (
 )
 
 func TestR5_RunnerSuspendStopsTheProviderKeepsTheThreadAndResumes(t *testing.T) {
+	t.Parallel()
 	e := newTestEnv(t)
 	p := e.start(nil)
 	cs := &cmdSeq{t: t, runID: "run-1", attempt: 1}
@@ -65,6 +66,7 @@ func TestR5_RunnerSuspendStopsTheProviderKeepsTheThreadAndResumes(t *testing.T) 
 }
 
 func TestR5_IdleTimeoutIsADurableSuspension(t *testing.T) {
+	t.Parallel()
 	e := newTestEnv(t)
 	p := e.start(func(c *Config) { c.IdleTimeout = 300 * time.Millisecond })
 	cs := &cmdSeq{t: t, runID: "run-1", attempt: 1}
@@ -141,6 +143,7 @@ func outboxTypes(r *Runner) []string {
 }
 
 func TestR5_IdleTimeoutOfARevokedOrUnrecoverableRunnerStops(t *testing.T) {
+	t.Parallel()
 	for _, lc := range []string{runnerstate.LifecycleRevoked, runnerstate.LifecycleUnrecoverable} {
 		t.Run(lc, func(t *testing.T) {
 			r := bareRunner(t)
@@ -160,6 +163,7 @@ func TestR5_IdleTimeoutOfARevokedOrUnrecoverableRunnerStops(t *testing.T) {
 }
 
 func TestR5_IdleSuspensionThatCannotBePersistedExitsWithError(t *testing.T) {
+	t.Parallel()
 	r := bareRunner(t)
 	r.j.store = &durable.Store{Dir: filepath.Join(r.j.store.Dir, durable.OutboxFile, "not-a-dir")}
 	_, done := r.checkTimers(time.Now().Add(time.Second))
@@ -172,6 +176,7 @@ func TestR5_IdleSuspensionThatCannotBePersistedExitsWithError(t *testing.T) {
 }
 
 func TestR4_SessionCloseOfAnIdleRunnerIsADurableSuspension(t *testing.T) {
+	t.Parallel()
 	e := newTestEnv(t)
 	p := e.start(nil)
 	cs := &cmdSeq{t: t, runID: "run-1", attempt: 1}
@@ -221,6 +226,7 @@ func TestR4_SessionCloseOfAnIdleRunnerIsADurableSuspension(t *testing.T) {
 }
 
 func TestR4_SessionCloseDuringATurnInterruptsItAndSuspends(t *testing.T) {
+	t.Parallel()
 	e := newTestEnv(t)
 	p := e.start(nil)
 	cs := &cmdSeq{t: t, runID: "run-1", attempt: 1}
@@ -259,6 +265,7 @@ func TestR4_SessionCloseDuringATurnInterruptsItAndSuspends(t *testing.T) {
 }
 
 func TestR4_SessionCloseOfARevokedOrUnrecoverableRunnerStops(t *testing.T) {
+	t.Parallel()
 	for _, lc := range []string{runnerstate.LifecycleRevoked, runnerstate.LifecycleUnrecoverable} {
 		t.Run(lc, func(t *testing.T) {
 			r := bareRunner(t)
@@ -276,6 +283,7 @@ func TestR4_SessionCloseOfARevokedOrUnrecoverableRunnerStops(t *testing.T) {
 }
 
 func TestR4_SessionCloseWhoseSuspensionCannotBePersistedFails(t *testing.T) {
+	t.Parallel()
 	r := bareRunner(t)
 	r.j.store = &durable.Store{Dir: filepath.Join(r.j.store.Dir, durable.OutboxFile, "not-a-dir")}
 	out, cerr := r.cmdSessionClose(&prpv1.Command{CommandId: "c-close", Type: CmdSessionClose})
@@ -291,6 +299,7 @@ func TestR4_SessionCloseWhoseSuspensionCannotBePersistedFails(t *testing.T) {
 }
 
 func TestR4_TerminationStillStops(t *testing.T) {
+	t.Parallel()
 	e := newTestEnv(t)
 	p := e.start(nil)
 	cs := &cmdSeq{t: t, runID: "run-1", attempt: 1}

@@ -35,6 +35,7 @@ func runOneTurn(t *testing.T, e *testEnv) {
 }
 
 func TestR6_DialWSSWithAPrivateCABundle(t *testing.T) {
+	t.Parallel()
 	ca := prptest.NewCA(t)
 	leaf := ca.Issue(t, "gateway")
 	e := newTestEnv(t)
@@ -58,6 +59,7 @@ func TestR6_DialWSSWithAPrivateCABundle(t *testing.T) {
 }
 
 func TestR6_CABundleMustBePrivateAndOnlyWithWSS(t *testing.T) {
+	t.Parallel()
 	ca := prptest.NewCA(t)
 	e := newTestEnv(t)
 	open := filepath.Join(t.TempDir(), "ca.pem")
@@ -94,6 +96,7 @@ func freePort(t *testing.T) int {
 }
 
 func TestR6_ListenWSOverTLSServesTheGatewayDialingIn(t *testing.T) {
+	t.Parallel()
 	ca := prptest.NewCA(t)
 	leaf := ca.Issue(t, "runner")
 	e := newTestEnv(t)
@@ -164,6 +167,7 @@ func TestR6_ListenWSOverTLSServesTheGatewayDialingIn(t *testing.T) {
 }
 
 func TestR6_ListenWSValidatesItsFlags(t *testing.T) {
+	t.Parallel()
 	e := newTestEnv(t)
 	for name, mod := range map[string]func(*Config){
 		"path of another runner": func(c *Config) { c.ListenPath = ListenPath("someone-else") },
@@ -191,6 +195,7 @@ func TestR6_ListenWSValidatesItsFlags(t *testing.T) {
 }
 
 func TestR6_ReconnectDelayIsJittered(t *testing.T) {
+	t.Parallel()
 	seen := map[time.Duration]bool{}
 	for i := 0; i < 200; i++ {
 		d := backoff.Jittered(time.Second)
@@ -203,6 +208,7 @@ func TestR6_ReconnectDelayIsJittered(t *testing.T) {
 }
 
 func TestR6_SilentGatewayConnectionIsDroppedAndReestablished(t *testing.T) {
+	t.Parallel()
 	e := newTestEnv(t)
 	// The fake gateway never pings: every connection falls silent.
 	p := e.start(func(c *Config) { c.SilenceTimeout = 300 * time.Millisecond })
