@@ -23,6 +23,7 @@ import (
 // lost (retryable; never a silent second start), and the next turn sees the
 // session's history (SPEC R8, R11).
 func TestR11_RunnerdKillMidTurnLoadsTheACPSessionAndRetriesTheTurn(t *testing.T) {
+	t.Parallel()
 	runnerd, fake, g, url, stateDir, ws, callLog := newBinRunnerd(t, "fake-acp-agent")
 	args := []string{"--state-dir", stateDir, "--workspace", ws, "--provider", "acpx-codex", "--provider-command", fake,
 		"--provider-arg", "-flavor", "--provider-arg", "codex", "--provider-arg", "-call-log=" + callLog}

@@ -64,11 +64,11 @@ func TestHelperHugeLineProvider(t *testing.T) {
 }
 
 func TestG4_ProviderLineOver4MiBFailsTheTurnWithProviderFrameTooLarge(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("builds binaries")
 	}
-	bin := t.TempDir()
-	runnerd := goBuild(t, bin, "github.com/tether-run/tether/services/runnerd/cmd/runnerd", "runnerd")
+	runnerd := goBuild(t, "github.com/tether-run/tether/services/runnerd/cmd/runnerd", "runnerd")
 	g := &binGateway{t: t, auth: prp.NewAuthority([]byte("bin-key"), nil), frames: make(chan *prpv1.Frame, 1024)}
 	srv := httptest.NewServer(http.HandlerFunc(g.handle))
 	defer func() { srv.Close(); g.wg.Wait() }()

@@ -30,7 +30,14 @@ import (
 	"github.com/tether-run/tether/services/runnerd/internal/runner"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) {
+		if built.dir != "" {
+			_ = os.RemoveAll(built.dir)
+		}
+		os.Exit(code)
+	}))
+}
 
 func TestG2_BuildMetadata(t *testing.T) {
 	var out, errb bytes.Buffer
@@ -113,22 +120,43 @@ func (g *binGateway) send(f *prpv1.Frame) {
 	require.NoError(g.t, c.Write(ctx, f))
 }
 
-func goBuild(t *testing.T, dir, pkg, name string) string {
+// built holds the binaries goBuild made: one build of each package per
+// test run, shared by the tests (TestMain removes them).
+var built struct {
+	mu   sync.Mutex
+	dir  string
+	bins map[string]string
+}
+
+// goBuild builds the command pkg as name (once per test run) and returns
+// its path.
+func goBuild(t *testing.T, pkg, name string) string {
 	t.Helper()
-	out := filepath.Join(dir, name)
+	built.mu.Lock()
+	defer built.mu.Unlock()
+	if p, ok := built.bins[pkg]; ok {
+		return p
+	}
+	if built.dir == "" {
+		dir, err := os.MkdirTemp("", "runnerd-cmd-bin-")
+		require.NoError(t, err)
+		built.dir, built.bins = dir, map[string]string{}
+	}
+	out := filepath.Join(built.dir, name)
 	cmd := exec.Command("go", "build", "-o", out, pkg)
 	cmd.Stderr = os.Stderr
 	require.NoError(t, cmd.Run(), "go build %s", pkg)
+	built.bins[pkg] = out
 	return out
 }
 
 func TestG4_BinaryRunsATurnAgainstAFakeGateway(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("builds binaries")
 	}
-	bin := t.TempDir()
-	runnerd := goBuild(t, bin, "github.com/tether-run/tether/services/runnerd/cmd/runnerd", "runnerd")
-	fake := goBuild(t, bin, "github.com/tether-run/tether/services/runnerd/cmd/fake-codex-app-server", "fake-codex-app-server")
+	runnerd := goBuild(t, "github.com/tether-run/tether/services/runnerd/cmd/runnerd", "runnerd")
+	fake := goBuild(t, "github.com/tether-run/tether/services/runnerd/cmd/fake-codex-app-server", "fake-codex-app-server")
 
 	g := &binGateway{t: t, auth: prp.NewAuthority([]byte("bin-key"), nil), frames: make(chan *prpv1.Frame, 1024)}
 	srv := httptest.NewServer(http.HandlerFunc(g.handle))

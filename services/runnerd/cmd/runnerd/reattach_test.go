@@ -78,6 +78,7 @@ const reScope = "feedfacefeedfacefeedfacefeedfacefeedfacefeedfacefeedfacefeedfac
 // the provider (under its host) keeps running, the new runnerd re-attaches,
 // and the turn completes with every provider line's events exactly once.
 func TestR1_ProviderSurvivesARunnerdKillAndTheRestartedRunnerdReattaches(t *testing.T) {
+	t.Parallel()
 	runnerd, fake, g, url, stateDir, ws, callLog := newBinRunnerd(t, "fake-codex-app-server")
 	args := []string{"--state-dir", stateDir, "--workspace", ws, "--codex-command", fake,
 		"--codex-arg", "app-server", "--codex-arg", "--delta-delay-ms=25", "--codex-arg", "--state-file-in-codex-home",
@@ -233,9 +234,8 @@ func newBinRunnerd(t *testing.T, fakeName string) (runnerd, fake string, g *binG
 	if testing.Short() {
 		t.Skip("builds binaries")
 	}
-	bin := t.TempDir()
-	runnerd = goBuild(t, bin, "github.com/tether-run/tether/services/runnerd/cmd/runnerd", "runnerd")
-	fake = goBuild(t, bin, "github.com/tether-run/tether/services/runnerd/cmd/"+fakeName, fakeName)
+	runnerd = goBuild(t, "github.com/tether-run/tether/services/runnerd/cmd/runnerd", "runnerd")
+	fake = goBuild(t, "github.com/tether-run/tether/services/runnerd/cmd/"+fakeName, fakeName)
 	g = &binGateway{t: t, auth: prp.NewAuthority([]byte("bin-key"), nil), frames: make(chan *prpv1.Frame, 4096)}
 	srv := httptest.NewServer(http.HandlerFunc(g.handle))
 	t.Cleanup(func() { srv.Close(); g.wg.Wait() })
