@@ -102,7 +102,7 @@ func run() error {
 			return err
 		}
 		defer st.Close()
-		bucket, err := blob.OpenBucket(ctx, *blobURL)
+		bucket, err := blob.OpenBucket(ctx, checkpoint.BucketURL(*blobURL))
 		if err != nil {
 			return fmt.Errorf("opening blob store %s: %w", *blobURL, err)
 		}
