@@ -57,7 +57,12 @@ const (
 	GatewayGrantInvalid = "gateway_grant_invalid"
 	// GatewayIDConflict: a gateway id held by a live gateway at another
 	// address (SPEC F1).
-	GatewayIDConflict              = "gateway_id_conflict"
+	GatewayIDConflict = "gateway_id_conflict"
+	// GatewayNotFound: no registered gateway has this id (SPEC F4).
+	GatewayNotFound = "gateway_not_found"
+	// SessionScopeMoving: the run's session scope is being moved to another
+	// gateway (a drain, SPEC F4); the run stays queued until it is placed.
+	SessionScopeMoving             = "session_scope_moving"
 	GovernedWaitInteractionMissing = "governed_wait_interaction_missing"
 	IdleTimeout                    = "idle_timeout"
 	InteractionAlreadyAnswered     = "interaction_already_answered"
@@ -348,6 +353,8 @@ var registry = map[Reason]Info{
 	GatewayCapacityInvalid:                        {codes.InvalidArgument, Permanent},
 	GatewayGrantInvalid:                           {codes.Unauthenticated, AttemptRetry},
 	GatewayIDConflict:                             {codes.AlreadyExists, Permanent},
+	GatewayNotFound:                               {codes.NotFound, Permanent},
+	SessionScopeMoving:                            {codes.Unavailable, Transient},
 	GovernedWaitInteractionMissing:                {codes.Internal, Permanent},
 	IdleTimeout:                                   {codes.DeadlineExceeded, Transient},
 	InteractionAlreadyAnswered:                    {codes.FailedPrecondition, Permanent},

@@ -12,12 +12,12 @@ import (
 	"google.golang.org/grpc"
 
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
-	gatewayv1 "github.com/tether-run/tether/pkg/gen/tether/gateway/v1"
 	"github.com/tether-run/tether/pkg/grant"
 	"github.com/tether-run/tether/pkg/grpcx"
 	"github.com/tether-run/tether/pkg/pgstore"
 	"github.com/tether-run/tether/services/executor/internal/api"
 	"github.com/tether-run/tether/services/executor/internal/dispatch"
+	"github.com/tether-run/tether/services/executor/internal/fleet"
 	"github.com/tether-run/tether/services/executor/internal/store"
 	"github.com/tether-run/tether/services/executor/internal/suspend"
 	"github.com/tether-run/tether/services/executor/internal/watch"
@@ -34,7 +34,7 @@ func run() error {
 	fs := flag.NewFlagSet("executor", flag.ExitOnError)
 	cfg := grpcx.RegisterFlags(fs, "executor", "127.0.0.1:7400", "127.0.0.1:9400")
 	dsn := grpcx.StringFlag(fs, "database-url", "", "", "PostgreSQL URL (required)")
-	gwAddr := grpcx.StringFlag(fs, "gateway-addr", "", "127.0.0.1:7401", "runner gateway gRPC address")
+	gwAddr := grpcx.StringFlag(fs, "gateway-addr", "", "127.0.0.1:7401", "the static runner gateway's gRPC address: scopes are placed on it while no gateway is registered (SPEC F2), and it serves the scopes placed on -gateway-id when that gateway is not registered")
 	gwTLS := grpcx.RegisterClientTLSFlags(fs, "gateway", "the runner gateways")
 	owner := grpcx.StringFlag(fs, "owner-id", "", dispatch.DefaultOwner(), "this replica's lease owner id")
 	ttl := grpcx.DurationFlag(fs, "lease-ttl", "", store.DefaultLeaseTTL, "lease TTL (1s..20m); renewed every TTL/3")
@@ -49,13 +49,14 @@ func run() error {
 	sameHost := grpcx.BoolFlag(fs, "same-host-takeover", "", true, "take over at once a run whose controller on this host is provably dead (else wait for lease expiry)")
 	migrate := grpcx.BoolFlag(fs, "migrate", "", true, "apply database migrations at start")
 	grantKey := grpcx.StringFlag(fs, "grant-key-file", "", "", "the executor fleet's Ed25519 private key (PEM, mode 0600) that signs a grant for every gateway call (required; `tetherctl certs init DIR` writes grant.key)")
-	gatewayID := grpcx.StringFlag(fs, "gateway-id", "", "runnergw", "the gateway's id, the audience of the grants this executor signs (the gateway's -gateway-id)")
+	gatewayID := grpcx.StringFlag(fs, "gateway-id", "", "runnergw", "the id of the -gateway-addr gateway (its -gateway-id), the audience of the grants signed for it; every scope is placed on it while no gateway is registered")
 	grantTTL := grpcx.DurationFlag(fs, "grant-ttl", "", grant.DefaultTTL, "how long a signed gateway grant is valid (checked when the call starts)")
 	maxConns := grpcx.IntFlag(fs, "database-max-conns", "", store.DefaultMaxConns(), "connections of the main database pool (leases, event appends, claims, unary calls); default 4 per core, at least 8")
 	watchConns := grpcx.IntFlag(fs, "database-watch-conns", "", 2, "connections of the separate pool WatchRun reads events with (one read per notification per watched run), so watches never take the main pool's connections")
 	gatewayTTL := grpcx.DurationFlag(fs, "gateway-ttl", "", api.DefaultGatewayTTL, "a registered gateway without a heartbeat for this long is lost (SPEC F1); gateways heartbeat every third of it")
 	idleSweep := grpcx.DurationFlag(fs, "idle-sweep-interval", "", time.Second, "how often idle warm sessions are looked for (verified suspension after their idle timeout; 0 turns it off)")
 	checkpointAfter := grpcx.DurationFlag(fs, "checkpoint-after", "", suspend.DefaultCheckpointAfter, "a warm session idle this long after a settled run gets a verified checkpoint (a suspension; its next run resumes the thread), so a lost gateway host loses no turn settled longer ago (SPEC F3); 0: only at the idle timeout")
+	drainSweep := grpcx.DurationFlag(fs, "drain-sweep-interval", "", time.Second, "how often the idle session scopes of drained gateways are looked for and moved (SPEC F4; 0 turns it off)")
 	if err := grpcx.ParseFlags(fs, os.Args[1:]); err != nil {
 		return err
 	}
@@ -89,12 +90,18 @@ func run() error {
 		return err
 	}
 	defer watchStore.Close()
-	gwConn, err := gwTLS.WithDefaults(cfg, "").Dial(*gwAddr)
-	if err != nil {
+	// Each session scope's calls go to the gateway it is placed on (SPEC
+	// F2), over one connection per gateway; -gateway-addr/-gateway-id is
+	// the static gateway every scope is placed on while no gateway is
+	// registered.
+	gwDial := gwTLS.WithDefaults(cfg, "")
+	router := fleet.NewRouter(st, grant.NewSigner(signingKey, *grantTTL, nil), func(addr string) (*grpc.ClientConn, error) {
+		return gwDial.Dial(addr)
+	}, fleet.Static{ID: *gatewayID, Addr: *gwAddr}, *gatewayTTL)
+	defer router.Close()
+	if _, err := router.Client(*gatewayID, *gwAddr); err != nil {
 		return err
 	}
-	defer gwConn.Close()
-	gw := grant.Client(gatewayv1.NewRunnerGatewayClient(gwConn), grant.NewSigner(signingKey, *grantTTL, nil), *gatewayID)
 	// Calls for a run driven by another replica are forwarded there by an
 	// interceptor of the API server, which is built below.
 	var apiSrv *api.Server
@@ -118,13 +125,14 @@ func run() error {
 	d := dispatch.New(st, dispatch.Config{
 		Owner: *owner, LeaseTTL: *ttl, PollInterval: *poll, MaxActive: *maxActive, RetryDelay: *retryDelay,
 		NoSameHostTakeover: !*sameHost, AdvertiseAddr: *advertise, Metrics: srv.Registry(),
-		Gateway: gw, Logger: log,
+		Router: router, Logger: log,
 	})
-	sus := &suspend.Suspender{Store: st, Gateway: gw, Owner: *owner,
+	sus := &suspend.Suspender{Store: st, Gateways: router, Owner: *owner,
 		Interval: *idleSweep, CheckpointAfter: *checkpointAfter, Logger: log}
+	drainer := &fleet.Drainer{Store: st, Suspender: sus, Router: router, Interval: *drainSweep, Logger: log}
 	apiSrv = &api.Server{Store: st, Hub: hub, Submit: d.SubmitAndClaim, KickRun: d.KickRun,
 		DispatchCancellation: d.DispatchCancellation, AwaitCancellationAck: d.AwaitCancellationAck, Draining: srv.Draining(), Controls: d.Controls(), SelfAddr: *advertise,
-		Gateway: gw, Suspender: sus,
+		Gateways: router, GatewayTTL: *gatewayTTL, Suspender: sus,
 		DialPeer: func(addr string) (*grpc.ClientConn, error) {
 			return peerTLS.WithDefaults(cfg, cfg.TLSClientCAFile).Dial(addr)
 		}}
@@ -143,6 +151,13 @@ func run() error {
 			sus.Run(bg)
 		}
 	}()
+	drained := make(chan struct{})
+	go func() {
+		defer close(drained)
+		if *drainSweep > 0 {
+			drainer.Run(bg)
+		}
+	}()
 	// SIGTERM (ctx) stops the dispatcher at once, while the API drains:
 	// it claims no more and hands every lease back under its fence, so
 	// another replica resumes the runs now, not at their lease expiry
@@ -159,5 +174,6 @@ func run() error {
 	<-dispatched
 	cancelBG()
 	<-swept
+	<-drained
 	return err
 }

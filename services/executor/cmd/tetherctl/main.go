@@ -61,7 +61,7 @@ func exitCode(err error, w io.Writer) int {
 
 const usage = `usage: tetherctl [-addr HOST:PORT] <command> [flags]
 commands:
-  submit   submit a run (-prompt, -session, -company, -agent, -lifecycle, -cwd, -run-id, -watch)
+  submit   submit a run (-prompt, -session, -company, -agent, -lifecycle, -cwd, -labels, -run-id, -watch)
   watch    stream a run's events live (RUN_ID [-json] [-after N])
   get      print a run as JSON (RUN_ID)
   list     list runs (-session, -state, -limit)
@@ -71,7 +71,8 @@ commands:
   audit    check the exactly-once promises in the executor's database; exit 1 on any violation
            (-database-url or TETHER_DATABASE_URL, [-since 1h|RFC3339] [-run RUN_ID] [-json])
   interactions  list [-run R] [-status S] | show ID | answer ID -answer Q=OPT[,OPT] [-text Q=TEXT] [-watch]
-  gateways list the runner gateway registry: state (active|draining|lost), load, sessions/capacity, last heartbeat ([-json])
+  gateways list the runner gateway registry: state (active|draining|lost), load, sessions/capacity, placed scopes, last heartbeat, drain ([-json])
+           gateways drain ID [-reason R] [-wait] [-timeout D]: no new placements there; its scopes move to other gateways
   replace-session  give a session's provider thread up after its state was lost (SPEC F3; audited):
            -session S -reason WHY [-company C] [-agent A] [-by NAME]; the next run starts a fresh provider session
   health   gRPC health of the service at -addr (any tether service); exit 1 unless SERVING ([-service S] [-timeout 3s])
@@ -178,6 +179,7 @@ func submit(ctx context.Context, c *replicaSet, args []string) error {
 	fs.StringVar(&spec.Lifecycle, "lifecycle", "warm", "warm or per_turn")
 	fs.StringVar(&spec.Cwd, "cwd", "", "absolute workspace directory on the runner host (default: assigned)")
 	fs.StringVar(&spec.Model, "model", "", "provider model")
+	fs.StringVar(&spec.Labels, "labels", "", "placement labels the session's gateway must carry, e.g. zone=a,gpu=false (SPEC F2)")
 	doWatch := fs.Bool("watch", false, "watch the run after submitting")
 	asJSON := fs.Bool("json", false, "print raw JSON")
 	if err := fs.Parse(args); err != nil {

@@ -57,8 +57,13 @@ type Server struct {
 	// grpcx.Dial without a CA); over mTLS it presents this replica's
 	// certificate (SPEC S2, F6).
 	DialPeer func(addr string) (*grpc.ClientConn, error)
-	// Gateway answers runner lookups and session closes.
-	Gateway gatewayv1.RunnerGatewayClient
+	// Gateways gives a session scope's gateway (SPEC F2) for runner
+	// lookups and session closes; nil: Gateway answers them all.
+	Gateways suspend.Gateways
+	Gateway  gatewayv1.RunnerGatewayClient
+	// GatewayTTL after which a silent gateway is lost (DefaultGatewayTTL
+	// when 0).
+	GatewayTTL time.Duration
 	// Suspender performs verified suspensions (CloseSession with suspend).
 	Suspender *suspend.Suspender
 
@@ -72,6 +77,13 @@ type Server struct {
 }
 
 var _ executorv1.ExecutorServiceServer = (*Server)(nil)
+
+func (s *Server) gatewayTTL() time.Duration {
+	if s.GatewayTTL <= 0 {
+		return DefaultGatewayTTL
+	}
+	return s.GatewayTTL
+}
 
 // SubmitRun stores a run (idempotent by run id).
 func (s *Server) SubmitRun(ctx context.Context, req *executorv1.SubmitRunRequest) (*executorv1.SubmitRunResponse, error) {

@@ -63,6 +63,16 @@ func (r *Registry) ListGateways(ctx context.Context, _ *executorv1.ListGatewaysR
 	return &executorv1.ListGatewaysResponse{Gateways: gs}, nil
 }
 
+// DrainGateway starts (or repeats) an operator's drain of a gateway (SPEC
+// F4); the replicas' drainers move its scopes.
+func (r *Registry) DrainGateway(ctx context.Context, req *executorv1.DrainGatewayRequest) (*executorv1.DrainGatewayResponse, error) {
+	g, err := r.Store.DrainGateway(ctx, req.GetGatewayId(), req.GetReason(), r.ttl())
+	if err != nil {
+		return nil, err
+	}
+	return &executorv1.DrainGatewayResponse{Gateway: g}, nil
+}
+
 // gatewaySessionsDesc and gatewayCapacityDesc are the registry's load per
 // gateway (SPEC D3), read at scrape time: the same on every replica.
 var (

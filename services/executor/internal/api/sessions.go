@@ -42,7 +42,12 @@ func (s *Server) GetSession(ctx context.Context, req *executorv1.GetSessionReque
 		if sess.Replacements, err = s.Store.Replacements(ctx, g.Scope); err != nil {
 			return nil, err
 		}
-		if r := s.runner(ctx, g.Last.GetRunnerInstanceId()); r != nil {
+		if p, err := s.Store.ScopePlacement(ctx, g.Scope, s.gatewayTTL()); err != nil {
+			return nil, err
+		} else if p != nil {
+			sess.GatewayId = p.GatewayID
+		}
+		if r := s.runner(ctx, g.Scope, g.Last.GetRunnerInstanceId()); r != nil {
 			// A connected runner's view is the live one: no provider
 			// process once the provider died (not the last run's record
 			// of a dead pid).
@@ -56,13 +61,28 @@ func (s *Server) GetSession(ctx context.Context, req *executorv1.GetSessionReque
 	return out, nil
 }
 
-func (s *Server) runner(ctx context.Context, id string) *gatewayv1.Runner {
-	if s.Gateway == nil || id == "" {
+// gateway returns the gateway session scope sc is placed on.
+func (s *Server) gateway(ctx context.Context, sc string) (gatewayv1.RunnerGatewayClient, error) {
+	if s.Gateways != nil {
+		return s.Gateways.ForScope(ctx, sc)
+	}
+	if s.Gateway == nil {
+		return nil, failure.New(codes.Unavailable, failure.RunnerGatewayUnavailable, "no gateway configured")
+	}
+	return s.Gateway, nil
+}
+
+func (s *Server) runner(ctx context.Context, sc, id string) *gatewayv1.Runner {
+	if id == "" {
 		return nil
 	}
 	cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	resp, err := s.Gateway.GetRunner(cctx, &gatewayv1.GetRunnerRequest{RunnerInstanceId: id})
+	gw, err := s.gateway(cctx, sc)
+	if err != nil {
+		return nil
+	}
+	resp, err := gw.GetRunner(cctx, &gatewayv1.GetRunnerRequest{RunnerInstanceId: id})
 	if err != nil {
 		return nil
 	}
@@ -113,11 +133,11 @@ func (s *Server) CloseSession(ctx context.Context, req *executorv1.CloseSessionR
 		return out, nil
 	}
 	for _, g := range groups {
-		r := s.runner(ctx, g.Last.GetRunnerInstanceId())
+		r := s.runner(ctx, g.Scope, g.Last.GetRunnerInstanceId())
 		if r == nil || !r.GetConnected() {
 			continue // nothing live to close
 		}
-		if err := s.closeRunner(ctx, g.Last.GetRunId(), g.Last.GetInput(), reason); err != nil {
+		if err := s.closeRunner(ctx, g.Scope, g.Last.GetRunId(), g.Last.GetInput(), reason); err != nil {
 			return nil, err
 		}
 		out.ClosedRunnerInstanceIds = append(out.ClosedRunnerInstanceIds, r.GetRunnerInstanceId())
@@ -128,11 +148,12 @@ func (s *Server) CloseSession(ctx context.Context, req *executorv1.CloseSessionR
 // closeRunner closes the scope's live runner through the gateway
 // (session.close: the runner settles as suspended, so the scope's next run
 // continues it) and files what the runner emitted meanwhile under its runs.
-func (s *Server) closeRunner(ctx context.Context, runID string, in *prpv1.ExecutionInput, reason string) error {
-	if s.Gateway == nil {
-		return failure.New(codes.Unavailable, failure.RunnerGatewayUnavailable, "no gateway configured")
+func (s *Server) closeRunner(ctx context.Context, sc, runID string, in *prpv1.ExecutionInput, reason string) error {
+	gw, err := s.gateway(ctx, sc)
+	if err != nil {
+		return err
 	}
-	resp, err := s.Gateway.CloseRunner(ctx, &gatewayv1.CloseRunnerRequest{Input: in, RunId: runID, Reason: reason})
+	resp, err := gw.CloseRunner(ctx, &gatewayv1.CloseRunnerRequest{Input: in, RunId: runID, Reason: reason})
 	if err != nil {
 		return err
 	}

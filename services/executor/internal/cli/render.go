@@ -13,6 +13,7 @@ import (
 
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
+	"github.com/tether-run/tether/pkg/placement"
 	"github.com/tether-run/tether/pkg/provenv"
 	"github.com/tether-run/tether/services/executor/internal/plan"
 )
@@ -21,6 +22,9 @@ import (
 type InputSpec struct {
 	Prompt, Company, Agent, Issue, Session, Lifecycle, Cwd, Model, Approval, Sandbox string
 	IdleTimeoutSeconds                                                               int64
+	// Labels are the run's placement labels ("zone=a,gpu=false"): its
+	// session scope is placed on a gateway carrying them (SPEC F2).
+	Labels string
 }
 
 // Input builds an ExecutionInput for the codex provider.
@@ -37,7 +41,16 @@ func (s InputSpec) Input() (*prpv1.ExecutionInput, error) {
 	if s.IdleTimeoutSeconds > 0 {
 		lc.IdleTimeout = durationpb.New(secondsDuration(s.IdleTimeoutSeconds))
 	}
+	var runner *prpv1.RunnerPlacement
+	if s.Labels != "" {
+		labels, err := placement.ParseLabels(s.Labels)
+		if err != nil {
+			return nil, fmt.Errorf("placement labels: %w", err)
+		}
+		runner = &prpv1.RunnerPlacement{Labels: labels}
+	}
 	return &prpv1.ExecutionInput{
+		Runner:    runner,
 		Provider:  &prpv1.Provider{Kind: "codex", Model: s.Model, ApprovalPolicy: s.Approval, Sandbox: s.Sandbox},
 		Binding:   &prpv1.Binding{CompanyId: s.Company, AgentId: s.Agent, IssueId: s.Issue},
 		Task:      &prpv1.Task{Prompt: s.Prompt},

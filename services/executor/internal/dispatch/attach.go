@@ -27,6 +27,7 @@ import (
 type attachment struct {
 	d        *Dispatcher
 	c        *store.Claim
+	gw       gatewayv1.RunnerGatewayClient // the scope's gateway
 	log      *slog.Logger
 	cancelCh <-chan *executorv1.Cancellation
 
@@ -60,8 +61,8 @@ type attachment struct {
 
 // attachOnce runs one Attach stream. done is true when the run needs no
 // further driving (terminal, or failed and recorded).
-func (d *Dispatcher) attachOnce(ctx context.Context, c *store.Claim, cancelCh <-chan *executorv1.Cancellation, log *slog.Logger) (done bool, err error) {
-	a := &attachment{d: d, c: c, log: log, cancelCh: cancelCh, ctx: ctx}
+func (d *Dispatcher) attachOnce(ctx context.Context, c *store.Claim, gw gatewayv1.RunnerGatewayClient, cancelCh <-chan *executorv1.Cancellation, log *slog.Logger) (done bool, err error) {
+	a := &attachment{d: d, c: c, gw: gw, log: log, cancelCh: cancelCh, ctx: ctx}
 	a.sctx, a.cancel = context.WithCancel(ctx)
 	defer a.cancel()
 	defer a.awaitBookkeeping() // nothing of this attach is written after it ends
@@ -109,7 +110,7 @@ func (a *attachment) sendTurn() error {
 // it) and reads the gateway's Opened.
 func (a *attachment) open() (done bool, err error) {
 	c, d := a.c, a.d
-	if a.stream, err = d.cfg.Gateway.Attach(a.sctx); err != nil {
+	if a.stream, err = a.gw.Attach(a.sctx); err != nil {
 		return false, err
 	}
 	if a.turnCmds, err = turnCommands(c); err != nil {
@@ -278,7 +279,7 @@ func (a *attachment) replaceSession() (stop bool, err error) {
 	}
 	if !a.local {
 		a.cancel() // detach: the scope's runner is suspended next
-		err := d.replaceThroughBackup(a.ctx, c, a.log)
+		err := d.replaceThroughBackup(a.ctx, c, a.gw, a.log)
 		if failure.CodeOf(err) == failure.WarmSessionCloseBackupFailed {
 			// Visible and retryable: the attempt ends here; the next one
 			// closes the session through the backup again.

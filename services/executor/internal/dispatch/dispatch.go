@@ -65,8 +65,19 @@ type Config struct {
 	NoSameHostTakeover bool
 	// Metrics registers the dispatcher's counters (optional).
 	Metrics prometheus.Registerer
+	// Router gives each claimed run the gateway its session scope is
+	// placed on (SPEC F2); nil: every run goes to Gateway.
+	Router Router
+	// Gateway is the one gateway of a dispatcher without a Router.
 	Gateway gatewayv1.RunnerGatewayClient
 	Logger  *slog.Logger
+}
+
+// Router routes a claimed run to its session scope's gateway, placing the
+// scope first when it has none (fleet.Router). A scope that cannot be placed
+// now is gateway_capacity_exhausted: the run goes back to the queue.
+type Router interface {
+	Route(ctx context.Context, runID, scope string, in *prpv1.ExecutionInput) (gatewayv1.RunnerGatewayClient, error)
 }
 
 // DefaultOwner names this process: host:pid.
@@ -490,7 +501,17 @@ func (d *Dispatcher) drive(ctx context.Context, c *store.Claim, cancelCh <-chan 
 	log.Info("run claimed", "turn_generation", c.TurnGeneration)
 	retry := backoff.Backoff{Min: 100 * time.Millisecond, Max: 2 * time.Second}
 	for failures := 0; ; {
-		done, err := d.attachOnce(ctx, c, cancelCh, log)
+		// Each attach asks where the scope is placed: a move (drain,
+		// failover) that committed meanwhile is followed.
+		gw, err := d.route(ctx, c)
+		if code := failure.CodeOf(err); code == failure.GatewayCapacityExhausted || code == failure.SessionScopeMoving {
+			d.deferRun(ctx, c, err, log)
+			return
+		}
+		done := false
+		if err == nil {
+			done, err = d.attachOnce(ctx, c, gw, cancelCh, log)
+		}
 		if done || ctx.Err() != nil {
 			if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
 				log.Warn("driver stopped", "cause", cause)
@@ -511,6 +532,26 @@ func (d *Dispatcher) drive(ctx context.Context, c *store.Claim, cancelCh <-chan 
 		if !backoff.Sleep(ctx, wait) {
 			return
 		}
+	}
+}
+
+// route returns the gateway of the claimed run's session scope.
+func (d *Dispatcher) route(ctx context.Context, c *store.Claim) (gatewayv1.RunnerGatewayClient, error) {
+	if d.cfg.Router == nil {
+		return d.cfg.Gateway, nil
+	}
+	return d.cfg.Router.Route(ctx, c.RunID, c.Scope(), c.Input)
+}
+
+// deferRun hands a run whose scope cannot be placed now (SPEC F2), or is
+// being moved (F4), back to the queue: no attempt is spent and nothing fails; it shows the reason in
+// GetRun and is claimed again after a poll interval, when capacity may
+// have freed up.
+func (d *Dispatcher) deferRun(ctx context.Context, c *store.Claim, cause error, log *slog.Logger) {
+	log.Info("the run's session scope cannot be placed now; it stays queued", "reason", failure.CodeOf(cause), "err", cause)
+	d.metrics.placementDeferrals.Inc()
+	if err := d.store.DeferRun(context.WithoutCancel(ctx), c.Fence, failure.CodeOf(cause), status.Convert(cause).Message(), d.cfg.PollInterval); err != nil {
+		log.Warn("handing the unplaced run back to the queue failed; it waits for its lease to lapse", "err", err)
 	}
 }
 
@@ -695,7 +736,7 @@ func turnCommands(c *store.Claim) ([]*prpv1.Command, error) {
 // runner with this run's configuration, resuming the provider thread. A
 // gateway without a backup verifier makes the next attach replace the
 // session on its local state instead.
-func (d *Dispatcher) replaceThroughBackup(ctx context.Context, c *store.Claim, log *slog.Logger) error {
+func (d *Dispatcher) replaceThroughBackup(ctx context.Context, c *store.Claim, gw gatewayv1.RunnerGatewayClient, log *slog.Logger) error {
 	prevID, prev, err := d.store.PreviousInScope(ctx, c.RunID)
 	if err != nil {
 		return err
@@ -709,7 +750,7 @@ func (d *Dispatcher) replaceThroughBackup(ctx context.Context, c *store.Claim, l
 	// is busy, 8 tries over about 2.5 s.
 	retry := backoff.Backoff{Min: 20 * time.Millisecond, Max: 2 * time.Second}
 	for {
-		resp, err = d.cfg.Gateway.SuspendRunner(ctx, &gatewayv1.SuspendRunnerRequest{
+		resp, err = gw.SuspendRunner(ctx, &gatewayv1.SuspendRunnerRequest{
 			Input: prev, RunId: prevID, Reason: session.ReasonConfigChanged, ArchiveState: true})
 		if err == nil || failure.CodeOf(err) != failure.NativeSessionSupervisorBusy || retry.Peek() >= 2*time.Second {
 			break

@@ -12,15 +12,18 @@ import (
 // metrics are the executor's domain metrics (SPEC D3). They exist whether
 // or not Config.Metrics registers them, so the code counts unconditionally.
 type metrics struct {
-	claims         prometheus.Counter
-	takeovers      *prometheus.CounterVec
-	handBacks      prometheus.Counter
-	renewals       *prometheus.CounterVec
-	renewalSeconds prometheus.Histogram
-	active         prometheus.Gauge
-	cancellations  *prometheus.CounterVec
-	retries        *prometheus.CounterVec
-	failures       *prometheus.CounterVec
+	claims    prometheus.Counter
+	takeovers *prometheus.CounterVec
+	handBacks prometheus.Counter
+	// placementDeferrals: claims handed back because no gateway could
+	// take the run's scope (SPEC F2).
+	placementDeferrals prometheus.Counter
+	renewals           *prometheus.CounterVec
+	renewalSeconds     prometheus.Histogram
+	active             prometheus.Gauge
+	cancellations      *prometheus.CounterVec
+	retries            *prometheus.CounterVec
+	failures           *prometheus.CounterVec
 	// runtimeQuestions counts runtime input request lifecycle steps (SPEC
 	// E5) by outcome and adapter; no request content.
 	runtimeQuestions *prometheus.CounterVec
@@ -48,6 +51,10 @@ func newMetrics(reg prometheus.Registerer, st *store.Store) *metrics {
 			Name: "tether_executor_takeovers_total",
 			Help: "Claims that took a run over from another controller, by reason (lease_expired, controller_dead: proven dead on this host before expiry).",
 		}, []string{"reason"}),
+		placementDeferrals: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tether_executor_placement_deferrals_total",
+			Help: "Claimed runs handed back to the queue because no active gateway satisfying their placement labels had room (gateway_capacity_exhausted).",
+		}),
 		handBacks: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "tether_executor_lease_hand_backs_total",
 			Help: "Leases this replica released under their fence when it stopped (SIGTERM), for another replica to claim at once.",
@@ -92,7 +99,7 @@ func newMetrics(reg prometheus.Registerer, st *store.Store) *metrics {
 		m.cancellations.WithLabelValues(o)
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.claims, m.takeovers, m.handBacks, m.renewals, m.renewalSeconds, m.active,
+		for _, c := range []prometheus.Collector{m.claims, m.takeovers, m.handBacks, m.placementDeferrals, m.renewals, m.renewalSeconds, m.active,
 			m.cancellations, m.retries, m.failures, m.runtimeQuestions, &queueDepth{store: st}} {
 			_ = reg.Register(c)
 		}

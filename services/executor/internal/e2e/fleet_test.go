@@ -245,7 +245,7 @@ func TestF1_GatewaysOnThreeHostsAnnounceThemselvesAndOneThatDiesIsLost(t *testin
 	require.EqualValues(t, 30, gs["runnergw-3"].GetCapacity())
 
 	// A warm session on the first gateway shows as its load.
-	h.submit("load", "f1-load", "hello")
+	h.submitWith(ctx, "load", "f1-load", "hello", map[string]string{"zone": "a"}, 0)
 	h.waitState(ctx, h.client, "load", executorv1.RunState_RUN_STATE_SUCCEEDED)
 	require.Eventually(t, func() bool { return h.gateways(ctx)[stack.GatewayID].GetSessions() == 1 }, time.Minute, 100*time.Millisecond)
 

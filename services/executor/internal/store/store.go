@@ -175,7 +175,8 @@ const runColumns = `r.run_id, ` + stateExpr + `, c.phase, c.attempt, coalesce(c.
 	coalesce(r.runner_instance_id, ''), r.runner_process, r.provider_process,
 	r.created_at, r.updated_at, c.started_at, r.ended_at, r.submit_seq,
 	r.result_metadata -> 'nativeCancellation', r.recovery, coalesce(r.plan, ''),
-	r.usage_input_tokens, r.usage_cached_input_tokens, r.usage_output_tokens, r.cost_usd::float8`
+	r.usage_input_tokens, r.usage_cached_input_tokens, r.usage_output_tokens, r.cost_usd::float8,
+	coalesce(r.queued_reason, ''), coalesce(r.queued_message, '')`
 
 func scanRun(row pgx.Row) (*executorv1.Run, int64, error) { return scanRunWith(row) }
 
@@ -191,12 +192,13 @@ func scanRunWith(row pgx.Row, extra ...any) (*executorv1.Run, int64, error) {
 		cancel, recovery                       []byte
 		usageIn, usageCached, usageOut         *int64
 		costUSD                                *float64
+		queuedReason, queuedMsg                string
 	)
 	dest := append([]any{&run.RunId, &state, &run.Phase, &run.Attempt, &run.LeaseOwner, &leaseExp,
 		&input, &result, &failCode, &failMsg, &run.EventCount,
 		&run.RunnerInstanceId, &runnerProc, &providerPrc,
 		&createdAt, &updatedAt, &startedAt, &endedAt, &seq, &cancel, &recovery, &run.Plan,
-		&usageIn, &usageCached, &usageOut, &costUSD}, extra...)
+		&usageIn, &usageCached, &usageOut, &costUSD, &queuedReason, &queuedMsg}, extra...)
 	err := row.Scan(dest...)
 	if err != nil {
 		return nil, 0, err
@@ -226,6 +228,9 @@ func scanRunWith(row pgx.Row, extra ...any) (*executorv1.Run, int64, error) {
 	}
 	if failCode != "" {
 		run.Failure = &executorv1.Failure{Code: failCode, Message: failMsg}
+	}
+	if queuedReason != "" && state == StateQueued {
+		run.QueuedReason = &executorv1.Failure{Code: queuedReason, Message: queuedMsg}
 	}
 	if len(runnerProc) > 0 {
 		run.RunnerProcess = &prpv1.ProcessInfo{}

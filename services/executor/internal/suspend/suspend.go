@@ -25,8 +25,11 @@ import (
 
 // Suspender claims and suspends idle warm sessions.
 type Suspender struct {
-	Store   *store.Store
-	Gateway gatewayv1.RunnerGatewayClient
+	Store *store.Store
+	// Gateways gives a scope's gateway (SPEC F2); nil: every scope is on
+	// Gateway.
+	Gateways Gateways
+	Gateway  gatewayv1.RunnerGatewayClient
 	// Owner identifies this replica in suspension claims.
 	Owner string
 	// Interval is how often idle sessions are looked for (default 1s).
@@ -57,10 +60,32 @@ func (s *Suspender) defaults() {
 	}
 }
 
+// Gateways gives the gateway a session scope is placed on (fleet.Router).
+type Gateways interface {
+	ForScope(ctx context.Context, scope string) (gatewayv1.RunnerGatewayClient, error)
+}
+
+// ForScope returns the gateway of scope sc.
+func (s *Suspender) ForScope(ctx context.Context, sc string) (gatewayv1.RunnerGatewayClient, error) {
+	if s.Gateways == nil {
+		if s.Gateway == nil {
+			return nil, failure.New(codes.Unavailable, failure.RunnerGatewayUnavailable, "no gateway configured")
+		}
+		return s.Gateway, nil
+	}
+	return s.Gateways.ForScope(ctx, sc)
+}
+
 // Run sweeps for idle sessions every Interval until ctx ends.
 func (s *Suspender) Run(ctx context.Context) {
 	s.defaults()
-	t := time.NewTicker(s.Interval)
+	Every(ctx, s.Interval, s.Logger, "idle session sweep failed", s.Sweep)
+}
+
+// Every calls sweep every interval until ctx ends, logging a failed sweep
+// as msg (the executor's background sweeps: idle suspensions, drains).
+func Every(ctx context.Context, interval time.Duration, log *slog.Logger, msg string, sweep func(context.Context) (int, error)) {
+	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
 		select {
@@ -68,8 +93,8 @@ func (s *Suspender) Run(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		if _, err := s.Sweep(ctx); err != nil && ctx.Err() == nil {
-			s.Logger.Error("idle session sweep failed", "err", err)
+		if _, err := sweep(ctx); err != nil && ctx.Err() == nil {
+			log.Error(msg, "err", err)
 		}
 	}
 }
@@ -122,6 +147,20 @@ func (s *Suspender) suspendAfter(is store.IdleSession) (time.Duration, string) {
 // nil with a nil error when another replica holds the claim or there was
 // nothing to claim (not forced).
 func (s *Suspender) Suspend(ctx context.Context, sc, lastRunID string, in *prpv1.ExecutionInput, reason string, force bool) (*executorv1.SessionCheckpoint, error) {
+	return s.suspend(ctx, nil, sc, lastRunID, in, reason, force)
+}
+
+// SuspendToMove is Suspend (forced) on gateway gw for moving the scope off
+// it (SPEC F4): after the checkpoint is stored the gateway moves the
+// scope's runner state aside, so nothing stale is resumed there should the
+// scope ever come back.
+func (s *Suspender) SuspendToMove(ctx context.Context, gw gatewayv1.RunnerGatewayClient, sc, lastRunID string, in *prpv1.ExecutionInput, reason string) (*executorv1.SessionCheckpoint, error) {
+	return s.suspend(ctx, gw, sc, lastRunID, in, reason, true)
+}
+
+// suspend suspends on gw (nil: the scope's gateway), with archive when gw
+// is given.
+func (s *Suspender) suspend(ctx context.Context, gw gatewayv1.RunnerGatewayClient, sc, lastRunID string, in *prpv1.ExecutionInput, reason string, force bool) (*executorv1.SessionCheckpoint, error) {
 	s.defaults()
 	log := s.Logger.With("session_scope", sc, "last_run_id", lastRunID)
 	ok, err := s.Store.ClaimSuspension(ctx, sc, lastRunID, s.Owner, s.ClaimTTL, force)
@@ -142,7 +181,14 @@ func (s *Suspender) Suspend(ctx context.Context, sc, lastRunID string, in *prpv1
 	}
 	cctx, cancel := context.WithTimeout(ctx, s.ClaimTTL)
 	defer cancel()
-	resp, err := s.Gateway.SuspendRunner(cctx, &gatewayv1.SuspendRunnerRequest{Input: in, RunId: lastRunID, Reason: reason})
+	archive := gw != nil
+	if gw == nil {
+		gw, err = s.ForScope(cctx, sc)
+	}
+	var resp *gatewayv1.SuspendRunnerResponse
+	if err == nil {
+		resp, err = gw.SuspendRunner(cctx, &gatewayv1.SuspendRunnerRequest{Input: in, RunId: lastRunID, Reason: reason, ArchiveState: archive})
+	}
 	if err != nil {
 		state := store.SuspensionFailed
 		if failure.CodeOf(err) == failure.RunnerStateMissing {

@@ -817,7 +817,11 @@ type Run struct {
 	Recovery *Recovery `protobuf:"bytes,19,opt,name=recovery,proto3" json:"recovery,omitempty"`
 	// The run's latest provider plan as Markdown (SPEC E3): the last
 	// run.plan_updated, or the plan of the run's result once it ended.
-	Plan          string `protobuf:"bytes,30,opt,name=plan,proto3" json:"plan,omitempty"`
+	Plan string `protobuf:"bytes,30,opt,name=plan,proto3" json:"plan,omitempty"`
+	// Why a queued run waits, while it does: gateway_capacity_exhausted when
+	// no active gateway satisfying its placement labels has room (SPEC F2);
+	// the run is placed when capacity frees up. Absent otherwise.
+	QueuedReason  *Failure `protobuf:"bytes,31,opt,name=queued_reason,json=queuedReason,proto3" json:"queued_reason,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -990,6 +994,13 @@ func (x *Run) GetPlan() string {
 		return x.Plan
 	}
 	return ""
+}
+
+func (x *Run) GetQueuedReason() *Failure {
+	if x != nil {
+		return x.QueuedReason
+	}
+	return nil
 }
 
 // Cancellation is the durable cancellation record (schema
@@ -2235,7 +2246,10 @@ type Session struct {
 	Checkpoint *SessionCheckpoint `protobuf:"bytes,15,opt,name=checkpoint,proto3" json:"checkpoint,omitempty"`
 	// The scope's ReplaceSession decisions, newest first: each is a
 	// legitimate continuity break (a fresh provider session) once applied.
-	Replacements  []*SessionReplacement `protobuf:"bytes,16,rep,name=replacements,proto3" json:"replacements,omitempty"`
+	Replacements []*SessionReplacement `protobuf:"bytes,16,rep,name=replacements,proto3" json:"replacements,omitempty"`
+	// The gateway the scope is placed on (SPEC F2); empty before its first
+	// placement.
+	GatewayId     string `protobuf:"bytes,17,opt,name=gateway_id,json=gatewayId,proto3" json:"gateway_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2380,6 +2394,13 @@ func (x *Session) GetReplacements() []*SessionReplacement {
 		return x.Replacements
 	}
 	return nil
+}
+
+func (x *Session) GetGatewayId() string {
+	if x != nil {
+		return x.GatewayId
+	}
+	return ""
 }
 
 // ReplaceSessionRequest names the session whose provider thread is given up.
@@ -3623,7 +3644,7 @@ const file_tether_executor_v1_executor_proto_rawDesc = "" +
 	"\x0fidempotency_key\x18\x03 \x01(\tR\x0eidempotencyKey\"7\n" +
 	"\aFailure\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\tR\x04code\x12\x18\n" +
-	"\amessage\x18\x02 \x01(\tR\amessage\"\xdf\a\n" +
+	"\amessage\x18\x02 \x01(\tR\amessage\"\xa1\b\n" +
 	"\x03Run\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x122\n" +
 	"\x05state\x18\x02 \x01(\x0e2\x1c.tether.executor.v1.RunStateR\x05state\x12\x14\n" +
@@ -3650,7 +3671,8 @@ const file_tether_executor_v1_executor_proto_rawDesc = "" +
 	"\bended_at\x18\x11 \x01(\v2\x1a.google.protobuf.TimestampR\aendedAt\x12D\n" +
 	"\fcancellation\x18\x12 \x01(\v2 .tether.executor.v1.CancellationR\fcancellation\x128\n" +
 	"\brecovery\x18\x13 \x01(\v2\x1c.tether.executor.v1.RecoveryR\brecovery\x12\x12\n" +
-	"\x04plan\x18\x1e \x01(\tR\x04plan\"\xe6\x03\n" +
+	"\x04plan\x18\x1e \x01(\tR\x04plan\x12@\n" +
+	"\rqueued_reason\x18\x1f \x01(\v2\x1b.tether.executor.v1.FailureR\fqueuedReason\"\xe6\x03\n" +
 	"\fCancellation\x12\x16\n" +
 	"\x06schema\x18\x01 \x01(\tR\x06schema\x12\x1b\n" +
 	"\tintent_id\x18\x02 \x01(\tR\bintentId\x12&\n" +
@@ -3748,7 +3770,7 @@ const file_tether_executor_v1_executor_proto_rawDesc = "" +
 	"\x11GetSessionRequest\x12&\n" +
 	"\n" +
 	"company_id\x18\x01 \x01(\tB\a\xbaH\x04r\x02\x10\x01R\tcompanyId\x12;\n" +
-	"\x15normalized_session_id\x18\x02 \x01(\tB\a\xbaH\x04r\x02\x10\x01R\x13normalizedSessionId\"\xf4\x05\n" +
+	"\x15normalized_session_id\x18\x02 \x01(\tB\a\xbaH\x04r\x02\x10\x01R\x13normalizedSessionId\"\x93\x06\n" +
 	"\aSession\x12#\n" +
 	"\rsession_scope\x18\x01 \x01(\tR\fsessionScope\x12\x1d\n" +
 	"\n" +
@@ -3770,7 +3792,9 @@ const file_tether_executor_v1_executor_proto_rawDesc = "" +
 	"\n" +
 	"checkpoint\x18\x0f \x01(\v2%.tether.executor.v1.SessionCheckpointR\n" +
 	"checkpoint\x12J\n" +
-	"\freplacements\x18\x10 \x03(\v2&.tether.executor.v1.SessionReplacementR\freplacements\"\xea\x01\n" +
+	"\freplacements\x18\x10 \x03(\v2&.tether.executor.v1.SessionReplacementR\freplacements\x12\x1d\n" +
+	"\n" +
+	"gateway_id\x18\x11 \x01(\tR\tgatewayId\"\xea\x01\n" +
 	"\x15ReplaceSessionRequest\x12&\n" +
 	"\n" +
 	"company_id\x18\x01 \x01(\tB\a\xbaH\x04r\x02\x10\x01R\tcompanyId\x12;\n" +
@@ -3996,74 +4020,75 @@ var file_tether_executor_v1_executor_proto_depIdxs = []int32{
 	50, // 18: tether.executor.v1.Run.ended_at:type_name -> google.protobuf.Timestamp
 	12, // 19: tether.executor.v1.Run.cancellation:type_name -> tether.executor.v1.Cancellation
 	13, // 20: tether.executor.v1.Run.recovery:type_name -> tether.executor.v1.Recovery
-	50, // 21: tether.executor.v1.Recovery.next_attempt_at:type_name -> google.protobuf.Timestamp
-	1,  // 22: tether.executor.v1.CancelRunRequest.scope:type_name -> tether.executor.v1.CancellationScope
-	52, // 23: tether.executor.v1.CancelRunRequest.wait_timeout:type_name -> google.protobuf.Duration
-	12, // 24: tether.executor.v1.CancelRunResponse.cancellation:type_name -> tether.executor.v1.Cancellation
-	11, // 25: tether.executor.v1.GetRunResponse.run:type_name -> tether.executor.v1.Run
-	0,  // 26: tether.executor.v1.ListRunsRequest.state:type_name -> tether.executor.v1.RunState
-	11, // 27: tether.executor.v1.ListRunsResponse.runs:type_name -> tether.executor.v1.Run
-	53, // 28: tether.executor.v1.WatchRunResponse.event:type_name -> tether.prp.v1.Event
-	5,  // 29: tether.executor.v1.WatchRunResponse.result:type_name -> tether.executor.v1.RunResult
-	52, // 30: tether.executor.v1.SteerRunRequest.timeout:type_name -> google.protobuf.Duration
-	54, // 31: tether.executor.v1.ResolveRuntimeRequestRequest.resolution:type_name -> google.protobuf.Struct
-	0,  // 32: tether.executor.v1.Session.last_run_state:type_name -> tether.executor.v1.RunState
-	51, // 33: tether.executor.v1.Session.runner_process:type_name -> tether.prp.v1.ProcessInfo
-	51, // 34: tether.executor.v1.Session.provider_process:type_name -> tether.prp.v1.ProcessInfo
-	38, // 35: tether.executor.v1.Session.checkpoint:type_name -> tether.executor.v1.SessionCheckpoint
-	34, // 36: tether.executor.v1.Session.replacements:type_name -> tether.executor.v1.SessionReplacement
-	34, // 37: tether.executor.v1.ReplaceSessionResponse.replacements:type_name -> tether.executor.v1.SessionReplacement
-	50, // 38: tether.executor.v1.SessionReplacement.requested_at:type_name -> google.protobuf.Timestamp
-	50, // 39: tether.executor.v1.SessionReplacement.applied_at:type_name -> google.protobuf.Timestamp
-	31, // 40: tether.executor.v1.GetSessionResponse.sessions:type_name -> tether.executor.v1.Session
-	38, // 41: tether.executor.v1.CloseSessionResponse.checkpoints:type_name -> tether.executor.v1.SessionCheckpoint
-	55, // 42: tether.executor.v1.SessionCheckpoint.stamp:type_name -> tether.backup.v1.Stamp
-	50, // 43: tether.executor.v1.SessionCheckpoint.created_at:type_name -> google.protobuf.Timestamp
-	40, // 44: tether.executor.v1.Interaction.questions:type_name -> tether.executor.v1.InteractionQuestion
-	42, // 45: tether.executor.v1.Interaction.answers:type_name -> tether.executor.v1.InteractionAnswer
-	50, // 46: tether.executor.v1.Interaction.created_at:type_name -> google.protobuf.Timestamp
-	50, // 47: tether.executor.v1.Interaction.answered_at:type_name -> google.protobuf.Timestamp
-	41, // 48: tether.executor.v1.InteractionQuestion.options:type_name -> tether.executor.v1.InteractionOption
-	39, // 49: tether.executor.v1.ListInteractionsResponse.interactions:type_name -> tether.executor.v1.Interaction
-	39, // 50: tether.executor.v1.GetInteractionResponse.interaction:type_name -> tether.executor.v1.Interaction
-	42, // 51: tether.executor.v1.AnswerInteractionRequest.answers:type_name -> tether.executor.v1.InteractionAnswer
-	39, // 52: tether.executor.v1.AnswerInteractionResponse.interaction:type_name -> tether.executor.v1.Interaction
-	11, // 53: tether.executor.v1.AnswerInteractionResponse.continuation_run:type_name -> tether.executor.v1.Run
-	2,  // 54: tether.executor.v1.ExecutorService.SubmitRun:input_type -> tether.executor.v1.SubmitRunRequest
-	16, // 55: tether.executor.v1.ExecutorService.GetRun:input_type -> tether.executor.v1.GetRunRequest
-	18, // 56: tether.executor.v1.ExecutorService.ListRuns:input_type -> tether.executor.v1.ListRunsRequest
-	20, // 57: tether.executor.v1.ExecutorService.WatchRun:input_type -> tether.executor.v1.WatchRunRequest
-	14, // 58: tether.executor.v1.ExecutorService.CancelRun:input_type -> tether.executor.v1.CancelRunRequest
-	22, // 59: tether.executor.v1.ExecutorService.GetSteeringState:input_type -> tether.executor.v1.GetSteeringStateRequest
-	24, // 60: tether.executor.v1.ExecutorService.SteerRun:input_type -> tether.executor.v1.SteerRunRequest
-	26, // 61: tether.executor.v1.ExecutorService.ResolveRuntimeRequest:input_type -> tether.executor.v1.ResolveRuntimeRequestRequest
-	28, // 62: tether.executor.v1.ExecutorService.CompleteToolCall:input_type -> tether.executor.v1.CompleteToolCallRequest
-	30, // 63: tether.executor.v1.ExecutorService.GetSession:input_type -> tether.executor.v1.GetSessionRequest
-	36, // 64: tether.executor.v1.ExecutorService.CloseSession:input_type -> tether.executor.v1.CloseSessionRequest
-	32, // 65: tether.executor.v1.ExecutorService.ReplaceSession:input_type -> tether.executor.v1.ReplaceSessionRequest
-	43, // 66: tether.executor.v1.ExecutorService.ListInteractions:input_type -> tether.executor.v1.ListInteractionsRequest
-	45, // 67: tether.executor.v1.ExecutorService.GetInteraction:input_type -> tether.executor.v1.GetInteractionRequest
-	47, // 68: tether.executor.v1.ExecutorService.AnswerInteraction:input_type -> tether.executor.v1.AnswerInteractionRequest
-	3,  // 69: tether.executor.v1.ExecutorService.SubmitRun:output_type -> tether.executor.v1.SubmitRunResponse
-	17, // 70: tether.executor.v1.ExecutorService.GetRun:output_type -> tether.executor.v1.GetRunResponse
-	19, // 71: tether.executor.v1.ExecutorService.ListRuns:output_type -> tether.executor.v1.ListRunsResponse
-	21, // 72: tether.executor.v1.ExecutorService.WatchRun:output_type -> tether.executor.v1.WatchRunResponse
-	15, // 73: tether.executor.v1.ExecutorService.CancelRun:output_type -> tether.executor.v1.CancelRunResponse
-	23, // 74: tether.executor.v1.ExecutorService.GetSteeringState:output_type -> tether.executor.v1.GetSteeringStateResponse
-	25, // 75: tether.executor.v1.ExecutorService.SteerRun:output_type -> tether.executor.v1.SteerRunResponse
-	27, // 76: tether.executor.v1.ExecutorService.ResolveRuntimeRequest:output_type -> tether.executor.v1.ResolveRuntimeRequestResponse
-	29, // 77: tether.executor.v1.ExecutorService.CompleteToolCall:output_type -> tether.executor.v1.CompleteToolCallResponse
-	35, // 78: tether.executor.v1.ExecutorService.GetSession:output_type -> tether.executor.v1.GetSessionResponse
-	37, // 79: tether.executor.v1.ExecutorService.CloseSession:output_type -> tether.executor.v1.CloseSessionResponse
-	33, // 80: tether.executor.v1.ExecutorService.ReplaceSession:output_type -> tether.executor.v1.ReplaceSessionResponse
-	44, // 81: tether.executor.v1.ExecutorService.ListInteractions:output_type -> tether.executor.v1.ListInteractionsResponse
-	46, // 82: tether.executor.v1.ExecutorService.GetInteraction:output_type -> tether.executor.v1.GetInteractionResponse
-	48, // 83: tether.executor.v1.ExecutorService.AnswerInteraction:output_type -> tether.executor.v1.AnswerInteractionResponse
-	69, // [69:84] is the sub-list for method output_type
-	54, // [54:69] is the sub-list for method input_type
-	54, // [54:54] is the sub-list for extension type_name
-	54, // [54:54] is the sub-list for extension extendee
-	0,  // [0:54] is the sub-list for field type_name
+	10, // 21: tether.executor.v1.Run.queued_reason:type_name -> tether.executor.v1.Failure
+	50, // 22: tether.executor.v1.Recovery.next_attempt_at:type_name -> google.protobuf.Timestamp
+	1,  // 23: tether.executor.v1.CancelRunRequest.scope:type_name -> tether.executor.v1.CancellationScope
+	52, // 24: tether.executor.v1.CancelRunRequest.wait_timeout:type_name -> google.protobuf.Duration
+	12, // 25: tether.executor.v1.CancelRunResponse.cancellation:type_name -> tether.executor.v1.Cancellation
+	11, // 26: tether.executor.v1.GetRunResponse.run:type_name -> tether.executor.v1.Run
+	0,  // 27: tether.executor.v1.ListRunsRequest.state:type_name -> tether.executor.v1.RunState
+	11, // 28: tether.executor.v1.ListRunsResponse.runs:type_name -> tether.executor.v1.Run
+	53, // 29: tether.executor.v1.WatchRunResponse.event:type_name -> tether.prp.v1.Event
+	5,  // 30: tether.executor.v1.WatchRunResponse.result:type_name -> tether.executor.v1.RunResult
+	52, // 31: tether.executor.v1.SteerRunRequest.timeout:type_name -> google.protobuf.Duration
+	54, // 32: tether.executor.v1.ResolveRuntimeRequestRequest.resolution:type_name -> google.protobuf.Struct
+	0,  // 33: tether.executor.v1.Session.last_run_state:type_name -> tether.executor.v1.RunState
+	51, // 34: tether.executor.v1.Session.runner_process:type_name -> tether.prp.v1.ProcessInfo
+	51, // 35: tether.executor.v1.Session.provider_process:type_name -> tether.prp.v1.ProcessInfo
+	38, // 36: tether.executor.v1.Session.checkpoint:type_name -> tether.executor.v1.SessionCheckpoint
+	34, // 37: tether.executor.v1.Session.replacements:type_name -> tether.executor.v1.SessionReplacement
+	34, // 38: tether.executor.v1.ReplaceSessionResponse.replacements:type_name -> tether.executor.v1.SessionReplacement
+	50, // 39: tether.executor.v1.SessionReplacement.requested_at:type_name -> google.protobuf.Timestamp
+	50, // 40: tether.executor.v1.SessionReplacement.applied_at:type_name -> google.protobuf.Timestamp
+	31, // 41: tether.executor.v1.GetSessionResponse.sessions:type_name -> tether.executor.v1.Session
+	38, // 42: tether.executor.v1.CloseSessionResponse.checkpoints:type_name -> tether.executor.v1.SessionCheckpoint
+	55, // 43: tether.executor.v1.SessionCheckpoint.stamp:type_name -> tether.backup.v1.Stamp
+	50, // 44: tether.executor.v1.SessionCheckpoint.created_at:type_name -> google.protobuf.Timestamp
+	40, // 45: tether.executor.v1.Interaction.questions:type_name -> tether.executor.v1.InteractionQuestion
+	42, // 46: tether.executor.v1.Interaction.answers:type_name -> tether.executor.v1.InteractionAnswer
+	50, // 47: tether.executor.v1.Interaction.created_at:type_name -> google.protobuf.Timestamp
+	50, // 48: tether.executor.v1.Interaction.answered_at:type_name -> google.protobuf.Timestamp
+	41, // 49: tether.executor.v1.InteractionQuestion.options:type_name -> tether.executor.v1.InteractionOption
+	39, // 50: tether.executor.v1.ListInteractionsResponse.interactions:type_name -> tether.executor.v1.Interaction
+	39, // 51: tether.executor.v1.GetInteractionResponse.interaction:type_name -> tether.executor.v1.Interaction
+	42, // 52: tether.executor.v1.AnswerInteractionRequest.answers:type_name -> tether.executor.v1.InteractionAnswer
+	39, // 53: tether.executor.v1.AnswerInteractionResponse.interaction:type_name -> tether.executor.v1.Interaction
+	11, // 54: tether.executor.v1.AnswerInteractionResponse.continuation_run:type_name -> tether.executor.v1.Run
+	2,  // 55: tether.executor.v1.ExecutorService.SubmitRun:input_type -> tether.executor.v1.SubmitRunRequest
+	16, // 56: tether.executor.v1.ExecutorService.GetRun:input_type -> tether.executor.v1.GetRunRequest
+	18, // 57: tether.executor.v1.ExecutorService.ListRuns:input_type -> tether.executor.v1.ListRunsRequest
+	20, // 58: tether.executor.v1.ExecutorService.WatchRun:input_type -> tether.executor.v1.WatchRunRequest
+	14, // 59: tether.executor.v1.ExecutorService.CancelRun:input_type -> tether.executor.v1.CancelRunRequest
+	22, // 60: tether.executor.v1.ExecutorService.GetSteeringState:input_type -> tether.executor.v1.GetSteeringStateRequest
+	24, // 61: tether.executor.v1.ExecutorService.SteerRun:input_type -> tether.executor.v1.SteerRunRequest
+	26, // 62: tether.executor.v1.ExecutorService.ResolveRuntimeRequest:input_type -> tether.executor.v1.ResolveRuntimeRequestRequest
+	28, // 63: tether.executor.v1.ExecutorService.CompleteToolCall:input_type -> tether.executor.v1.CompleteToolCallRequest
+	30, // 64: tether.executor.v1.ExecutorService.GetSession:input_type -> tether.executor.v1.GetSessionRequest
+	36, // 65: tether.executor.v1.ExecutorService.CloseSession:input_type -> tether.executor.v1.CloseSessionRequest
+	32, // 66: tether.executor.v1.ExecutorService.ReplaceSession:input_type -> tether.executor.v1.ReplaceSessionRequest
+	43, // 67: tether.executor.v1.ExecutorService.ListInteractions:input_type -> tether.executor.v1.ListInteractionsRequest
+	45, // 68: tether.executor.v1.ExecutorService.GetInteraction:input_type -> tether.executor.v1.GetInteractionRequest
+	47, // 69: tether.executor.v1.ExecutorService.AnswerInteraction:input_type -> tether.executor.v1.AnswerInteractionRequest
+	3,  // 70: tether.executor.v1.ExecutorService.SubmitRun:output_type -> tether.executor.v1.SubmitRunResponse
+	17, // 71: tether.executor.v1.ExecutorService.GetRun:output_type -> tether.executor.v1.GetRunResponse
+	19, // 72: tether.executor.v1.ExecutorService.ListRuns:output_type -> tether.executor.v1.ListRunsResponse
+	21, // 73: tether.executor.v1.ExecutorService.WatchRun:output_type -> tether.executor.v1.WatchRunResponse
+	15, // 74: tether.executor.v1.ExecutorService.CancelRun:output_type -> tether.executor.v1.CancelRunResponse
+	23, // 75: tether.executor.v1.ExecutorService.GetSteeringState:output_type -> tether.executor.v1.GetSteeringStateResponse
+	25, // 76: tether.executor.v1.ExecutorService.SteerRun:output_type -> tether.executor.v1.SteerRunResponse
+	27, // 77: tether.executor.v1.ExecutorService.ResolveRuntimeRequest:output_type -> tether.executor.v1.ResolveRuntimeRequestResponse
+	29, // 78: tether.executor.v1.ExecutorService.CompleteToolCall:output_type -> tether.executor.v1.CompleteToolCallResponse
+	35, // 79: tether.executor.v1.ExecutorService.GetSession:output_type -> tether.executor.v1.GetSessionResponse
+	37, // 80: tether.executor.v1.ExecutorService.CloseSession:output_type -> tether.executor.v1.CloseSessionResponse
+	33, // 81: tether.executor.v1.ExecutorService.ReplaceSession:output_type -> tether.executor.v1.ReplaceSessionResponse
+	44, // 82: tether.executor.v1.ExecutorService.ListInteractions:output_type -> tether.executor.v1.ListInteractionsResponse
+	46, // 83: tether.executor.v1.ExecutorService.GetInteraction:output_type -> tether.executor.v1.GetInteractionResponse
+	48, // 84: tether.executor.v1.ExecutorService.AnswerInteraction:output_type -> tether.executor.v1.AnswerInteractionResponse
+	70, // [70:85] is the sub-list for method output_type
+	55, // [55:70] is the sub-list for method input_type
+	55, // [55:55] is the sub-list for extension type_name
+	55, // [55:55] is the sub-list for extension extendee
+	0,  // [0:55] is the sub-list for field type_name
 }
 
 func init() { file_tether_executor_v1_executor_proto_init() }

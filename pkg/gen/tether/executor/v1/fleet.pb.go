@@ -94,8 +94,12 @@ type Gateway struct {
 	State           GatewayState           `protobuf:"varint,6,opt,name=state,proto3,enum=tether.executor.v1.GatewayState" json:"state,omitempty"`
 	RegisteredAt    *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=registered_at,json=registeredAt,proto3" json:"registered_at,omitempty"`
 	LastHeartbeatAt *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=last_heartbeat_at,json=lastHeartbeatAt,proto3" json:"last_heartbeat_at,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// Session scopes placed on it (SPEC F2).
+	PlacedScopes int32 `protobuf:"varint,9,opt,name=placed_scopes,json=placedScopes,proto3" json:"placed_scopes,omitempty"`
+	// Set once an operator asked to drain it (SPEC F4).
+	Drain         *DrainProgress `protobuf:"bytes,10,opt,name=drain,proto3" json:"drain,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Gateway) Reset() {
@@ -184,6 +188,206 @@ func (x *Gateway) GetLastHeartbeatAt() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *Gateway) GetPlacedScopes() int32 {
+	if x != nil {
+		return x.PlacedScopes
+	}
+	return 0
+}
+
+func (x *Gateway) GetDrain() *DrainProgress {
+	if x != nil {
+		return x.Drain
+	}
+	return nil
+}
+
+// DrainProgress is how far a requested drain got.
+type DrainProgress struct {
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	RequestedAt *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=requested_at,json=requestedAt,proto3" json:"requested_at,omitempty"`
+	Reason      string                 `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	// Scopes moved to other gateways since the drain began.
+	MovedScopes int32 `protobuf:"varint,3,opt,name=moved_scopes,json=movedScopes,proto3" json:"moved_scopes,omitempty"`
+	// Scopes still placed on the gateway, and of those the ones with a run
+	// queued or in flight (moved once it ended).
+	RemainingScopes int32 `protobuf:"varint,4,opt,name=remaining_scopes,json=remainingScopes,proto3" json:"remaining_scopes,omitempty"`
+	BusyScopes      int32 `protobuf:"varint,5,opt,name=busy_scopes,json=busyScopes,proto3" json:"busy_scopes,omitempty"`
+	// True once no scope is placed on the gateway: it can be stopped.
+	Done          bool `protobuf:"varint,6,opt,name=done,proto3" json:"done,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DrainProgress) Reset() {
+	*x = DrainProgress{}
+	mi := &file_tether_executor_v1_fleet_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DrainProgress) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DrainProgress) ProtoMessage() {}
+
+func (x *DrainProgress) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_executor_v1_fleet_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DrainProgress.ProtoReflect.Descriptor instead.
+func (*DrainProgress) Descriptor() ([]byte, []int) {
+	return file_tether_executor_v1_fleet_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *DrainProgress) GetRequestedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.RequestedAt
+	}
+	return nil
+}
+
+func (x *DrainProgress) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *DrainProgress) GetMovedScopes() int32 {
+	if x != nil {
+		return x.MovedScopes
+	}
+	return 0
+}
+
+func (x *DrainProgress) GetRemainingScopes() int32 {
+	if x != nil {
+		return x.RemainingScopes
+	}
+	return 0
+}
+
+func (x *DrainProgress) GetBusyScopes() int32 {
+	if x != nil {
+		return x.BusyScopes
+	}
+	return 0
+}
+
+func (x *DrainProgress) GetDone() bool {
+	if x != nil {
+		return x.Done
+	}
+	return false
+}
+
+type DrainGatewayRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	GatewayId string                 `protobuf:"bytes,1,opt,name=gateway_id,json=gatewayId,proto3" json:"gateway_id,omitempty"`
+	// Human reason, kept with the drain.
+	Reason        string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DrainGatewayRequest) Reset() {
+	*x = DrainGatewayRequest{}
+	mi := &file_tether_executor_v1_fleet_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DrainGatewayRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DrainGatewayRequest) ProtoMessage() {}
+
+func (x *DrainGatewayRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_executor_v1_fleet_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DrainGatewayRequest.ProtoReflect.Descriptor instead.
+func (*DrainGatewayRequest) Descriptor() ([]byte, []int) {
+	return file_tether_executor_v1_fleet_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *DrainGatewayRequest) GetGatewayId() string {
+	if x != nil {
+		return x.GatewayId
+	}
+	return ""
+}
+
+func (x *DrainGatewayRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+type DrainGatewayResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Gateway       *Gateway               `protobuf:"bytes,1,opt,name=gateway,proto3" json:"gateway,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DrainGatewayResponse) Reset() {
+	*x = DrainGatewayResponse{}
+	mi := &file_tether_executor_v1_fleet_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DrainGatewayResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DrainGatewayResponse) ProtoMessage() {}
+
+func (x *DrainGatewayResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_executor_v1_fleet_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DrainGatewayResponse.ProtoReflect.Descriptor instead.
+func (*DrainGatewayResponse) Descriptor() ([]byte, []int) {
+	return file_tether_executor_v1_fleet_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *DrainGatewayResponse) GetGateway() *Gateway {
+	if x != nil {
+		return x.Gateway
+	}
+	return nil
+}
+
 type RegisterGatewayRequest struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	GatewayId string                 `protobuf:"bytes,1,opt,name=gateway_id,json=gatewayId,proto3" json:"gateway_id,omitempty"`
@@ -200,7 +404,7 @@ type RegisterGatewayRequest struct {
 
 func (x *RegisterGatewayRequest) Reset() {
 	*x = RegisterGatewayRequest{}
-	mi := &file_tether_executor_v1_fleet_proto_msgTypes[1]
+	mi := &file_tether_executor_v1_fleet_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -212,7 +416,7 @@ func (x *RegisterGatewayRequest) String() string {
 func (*RegisterGatewayRequest) ProtoMessage() {}
 
 func (x *RegisterGatewayRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_executor_v1_fleet_proto_msgTypes[1]
+	mi := &file_tether_executor_v1_fleet_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -225,7 +429,7 @@ func (x *RegisterGatewayRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterGatewayRequest.ProtoReflect.Descriptor instead.
 func (*RegisterGatewayRequest) Descriptor() ([]byte, []int) {
-	return file_tether_executor_v1_fleet_proto_rawDescGZIP(), []int{1}
+	return file_tether_executor_v1_fleet_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *RegisterGatewayRequest) GetGatewayId() string {
@@ -283,7 +487,7 @@ type RegisterGatewayResponse struct {
 
 func (x *RegisterGatewayResponse) Reset() {
 	*x = RegisterGatewayResponse{}
-	mi := &file_tether_executor_v1_fleet_proto_msgTypes[2]
+	mi := &file_tether_executor_v1_fleet_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -295,7 +499,7 @@ func (x *RegisterGatewayResponse) String() string {
 func (*RegisterGatewayResponse) ProtoMessage() {}
 
 func (x *RegisterGatewayResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_executor_v1_fleet_proto_msgTypes[2]
+	mi := &file_tether_executor_v1_fleet_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -308,7 +512,7 @@ func (x *RegisterGatewayResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterGatewayResponse.ProtoReflect.Descriptor instead.
 func (*RegisterGatewayResponse) Descriptor() ([]byte, []int) {
-	return file_tether_executor_v1_fleet_proto_rawDescGZIP(), []int{2}
+	return file_tether_executor_v1_fleet_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *RegisterGatewayResponse) GetGateway() *Gateway {
@@ -340,7 +544,7 @@ type ListGatewaysRequest struct {
 
 func (x *ListGatewaysRequest) Reset() {
 	*x = ListGatewaysRequest{}
-	mi := &file_tether_executor_v1_fleet_proto_msgTypes[3]
+	mi := &file_tether_executor_v1_fleet_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -352,7 +556,7 @@ func (x *ListGatewaysRequest) String() string {
 func (*ListGatewaysRequest) ProtoMessage() {}
 
 func (x *ListGatewaysRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_executor_v1_fleet_proto_msgTypes[3]
+	mi := &file_tether_executor_v1_fleet_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -365,7 +569,7 @@ func (x *ListGatewaysRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListGatewaysRequest.ProtoReflect.Descriptor instead.
 func (*ListGatewaysRequest) Descriptor() ([]byte, []int) {
-	return file_tether_executor_v1_fleet_proto_rawDescGZIP(), []int{3}
+	return file_tether_executor_v1_fleet_proto_rawDescGZIP(), []int{6}
 }
 
 type ListGatewaysResponse struct {
@@ -377,7 +581,7 @@ type ListGatewaysResponse struct {
 
 func (x *ListGatewaysResponse) Reset() {
 	*x = ListGatewaysResponse{}
-	mi := &file_tether_executor_v1_fleet_proto_msgTypes[4]
+	mi := &file_tether_executor_v1_fleet_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -389,7 +593,7 @@ func (x *ListGatewaysResponse) String() string {
 func (*ListGatewaysResponse) ProtoMessage() {}
 
 func (x *ListGatewaysResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_executor_v1_fleet_proto_msgTypes[4]
+	mi := &file_tether_executor_v1_fleet_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -402,7 +606,7 @@ func (x *ListGatewaysResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListGatewaysResponse.ProtoReflect.Descriptor instead.
 func (*ListGatewaysResponse) Descriptor() ([]byte, []int) {
-	return file_tether_executor_v1_fleet_proto_rawDescGZIP(), []int{4}
+	return file_tether_executor_v1_fleet_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ListGatewaysResponse) GetGateways() []*Gateway {
@@ -416,7 +620,7 @@ var File_tether_executor_v1_fleet_proto protoreflect.FileDescriptor
 
 const file_tether_executor_v1_fleet_proto_rawDesc = "" +
 	"\n" +
-	"\x1etether/executor/v1/fleet.proto\x12\x12tether.executor.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb7\x03\n" +
+	"\x1etether/executor/v1/fleet.proto\x12\x12tether.executor.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x95\x04\n" +
 	"\aGateway\x12\x1d\n" +
 	"\n" +
 	"gateway_id\x18\x01 \x01(\tR\tgatewayId\x12\x18\n" +
@@ -426,10 +630,28 @@ const file_tether_executor_v1_fleet_proto_rawDesc = "" +
 	"\bsessions\x18\x05 \x01(\x05R\bsessions\x126\n" +
 	"\x05state\x18\x06 \x01(\x0e2 .tether.executor.v1.GatewayStateR\x05state\x12?\n" +
 	"\rregistered_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\fregisteredAt\x12F\n" +
-	"\x11last_heartbeat_at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\x0flastHeartbeatAt\x1a9\n" +
+	"\x11last_heartbeat_at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\x0flastHeartbeatAt\x12#\n" +
+	"\rplaced_scopes\x18\t \x01(\x05R\fplacedScopes\x127\n" +
+	"\x05drain\x18\n" +
+	" \x01(\v2!.tether.executor.v1.DrainProgressR\x05drain\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xdb\x02\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xe9\x01\n" +
+	"\rDrainProgress\x12=\n" +
+	"\frequested_at\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\vrequestedAt\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\x12!\n" +
+	"\fmoved_scopes\x18\x03 \x01(\x05R\vmovedScopes\x12)\n" +
+	"\x10remaining_scopes\x18\x04 \x01(\x05R\x0fremainingScopes\x12\x1f\n" +
+	"\vbusy_scopes\x18\x05 \x01(\x05R\n" +
+	"busyScopes\x12\x12\n" +
+	"\x04done\x18\x06 \x01(\bR\x04done\"b\n" +
+	"\x13DrainGatewayRequest\x12)\n" +
+	"\n" +
+	"gateway_id\x18\x01 \x01(\tB\n" +
+	"\xbaH\ar\x05\x10\x01\x18\x80\x01R\tgatewayId\x12 \n" +
+	"\x06reason\x18\x02 \x01(\tB\b\xbaH\x05r\x03\x18\xd0\x0fR\x06reason\"M\n" +
+	"\x14DrainGatewayResponse\x125\n" +
+	"\agateway\x18\x01 \x01(\v2\x1b.tether.executor.v1.GatewayR\agateway\"\xdb\x02\n" +
 	"\x16RegisterGatewayRequest\x12)\n" +
 	"\n" +
 	"gateway_id\x18\x01 \x01(\tB\n" +
@@ -454,10 +676,11 @@ const file_tether_executor_v1_fleet_proto_rawDesc = "" +
 	"\x19GATEWAY_STATE_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14GATEWAY_STATE_ACTIVE\x10\x01\x12\x1a\n" +
 	"\x16GATEWAY_STATE_DRAINING\x10\x02\x12\x16\n" +
-	"\x12GATEWAY_STATE_LOST\x10\x032\xe0\x01\n" +
+	"\x12GATEWAY_STATE_LOST\x10\x032\xc3\x02\n" +
 	"\x0fGatewayRegistry\x12j\n" +
 	"\x0fRegisterGateway\x12*.tether.executor.v1.RegisterGatewayRequest\x1a+.tether.executor.v1.RegisterGatewayResponse\x12a\n" +
-	"\fListGateways\x12'.tether.executor.v1.ListGatewaysRequest\x1a(.tether.executor.v1.ListGatewaysResponseB\xd2\x01\n" +
+	"\fListGateways\x12'.tether.executor.v1.ListGatewaysRequest\x1a(.tether.executor.v1.ListGatewaysResponse\x12a\n" +
+	"\fDrainGateway\x12'.tether.executor.v1.DrainGatewayRequest\x1a(.tether.executor.v1.DrainGatewayResponseB\xd2\x01\n" +
 	"\x16com.tether.executor.v1B\n" +
 	"FleetProtoP\x01ZBgithub.com/tether-run/tether/pkg/gen/tether/executor/v1;executorv1\xa2\x02\x03TEX\xaa\x02\x12Tether.Executor.V1\xca\x02\x12Tether\\Executor\\V1\xe2\x02\x1eTether\\Executor\\V1\\GPBMetadata\xea\x02\x14Tether::Executor::V1b\x06proto3"
 
@@ -474,38 +697,46 @@ func file_tether_executor_v1_fleet_proto_rawDescGZIP() []byte {
 }
 
 var file_tether_executor_v1_fleet_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_tether_executor_v1_fleet_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
+var file_tether_executor_v1_fleet_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
 var file_tether_executor_v1_fleet_proto_goTypes = []any{
 	(GatewayState)(0),               // 0: tether.executor.v1.GatewayState
 	(*Gateway)(nil),                 // 1: tether.executor.v1.Gateway
-	(*RegisterGatewayRequest)(nil),  // 2: tether.executor.v1.RegisterGatewayRequest
-	(*RegisterGatewayResponse)(nil), // 3: tether.executor.v1.RegisterGatewayResponse
-	(*ListGatewaysRequest)(nil),     // 4: tether.executor.v1.ListGatewaysRequest
-	(*ListGatewaysResponse)(nil),    // 5: tether.executor.v1.ListGatewaysResponse
-	nil,                             // 6: tether.executor.v1.Gateway.LabelsEntry
-	nil,                             // 7: tether.executor.v1.RegisterGatewayRequest.LabelsEntry
-	(*timestamppb.Timestamp)(nil),   // 8: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),     // 9: google.protobuf.Duration
+	(*DrainProgress)(nil),           // 2: tether.executor.v1.DrainProgress
+	(*DrainGatewayRequest)(nil),     // 3: tether.executor.v1.DrainGatewayRequest
+	(*DrainGatewayResponse)(nil),    // 4: tether.executor.v1.DrainGatewayResponse
+	(*RegisterGatewayRequest)(nil),  // 5: tether.executor.v1.RegisterGatewayRequest
+	(*RegisterGatewayResponse)(nil), // 6: tether.executor.v1.RegisterGatewayResponse
+	(*ListGatewaysRequest)(nil),     // 7: tether.executor.v1.ListGatewaysRequest
+	(*ListGatewaysResponse)(nil),    // 8: tether.executor.v1.ListGatewaysResponse
+	nil,                             // 9: tether.executor.v1.Gateway.LabelsEntry
+	nil,                             // 10: tether.executor.v1.RegisterGatewayRequest.LabelsEntry
+	(*timestamppb.Timestamp)(nil),   // 11: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),     // 12: google.protobuf.Duration
 }
 var file_tether_executor_v1_fleet_proto_depIdxs = []int32{
-	6,  // 0: tether.executor.v1.Gateway.labels:type_name -> tether.executor.v1.Gateway.LabelsEntry
+	9,  // 0: tether.executor.v1.Gateway.labels:type_name -> tether.executor.v1.Gateway.LabelsEntry
 	0,  // 1: tether.executor.v1.Gateway.state:type_name -> tether.executor.v1.GatewayState
-	8,  // 2: tether.executor.v1.Gateway.registered_at:type_name -> google.protobuf.Timestamp
-	8,  // 3: tether.executor.v1.Gateway.last_heartbeat_at:type_name -> google.protobuf.Timestamp
-	7,  // 4: tether.executor.v1.RegisterGatewayRequest.labels:type_name -> tether.executor.v1.RegisterGatewayRequest.LabelsEntry
-	1,  // 5: tether.executor.v1.RegisterGatewayResponse.gateway:type_name -> tether.executor.v1.Gateway
-	9,  // 6: tether.executor.v1.RegisterGatewayResponse.heartbeat_interval:type_name -> google.protobuf.Duration
-	9,  // 7: tether.executor.v1.RegisterGatewayResponse.ttl:type_name -> google.protobuf.Duration
-	1,  // 8: tether.executor.v1.ListGatewaysResponse.gateways:type_name -> tether.executor.v1.Gateway
-	2,  // 9: tether.executor.v1.GatewayRegistry.RegisterGateway:input_type -> tether.executor.v1.RegisterGatewayRequest
-	4,  // 10: tether.executor.v1.GatewayRegistry.ListGateways:input_type -> tether.executor.v1.ListGatewaysRequest
-	3,  // 11: tether.executor.v1.GatewayRegistry.RegisterGateway:output_type -> tether.executor.v1.RegisterGatewayResponse
-	5,  // 12: tether.executor.v1.GatewayRegistry.ListGateways:output_type -> tether.executor.v1.ListGatewaysResponse
-	11, // [11:13] is the sub-list for method output_type
-	9,  // [9:11] is the sub-list for method input_type
-	9,  // [9:9] is the sub-list for extension type_name
-	9,  // [9:9] is the sub-list for extension extendee
-	0,  // [0:9] is the sub-list for field type_name
+	11, // 2: tether.executor.v1.Gateway.registered_at:type_name -> google.protobuf.Timestamp
+	11, // 3: tether.executor.v1.Gateway.last_heartbeat_at:type_name -> google.protobuf.Timestamp
+	2,  // 4: tether.executor.v1.Gateway.drain:type_name -> tether.executor.v1.DrainProgress
+	11, // 5: tether.executor.v1.DrainProgress.requested_at:type_name -> google.protobuf.Timestamp
+	1,  // 6: tether.executor.v1.DrainGatewayResponse.gateway:type_name -> tether.executor.v1.Gateway
+	10, // 7: tether.executor.v1.RegisterGatewayRequest.labels:type_name -> tether.executor.v1.RegisterGatewayRequest.LabelsEntry
+	1,  // 8: tether.executor.v1.RegisterGatewayResponse.gateway:type_name -> tether.executor.v1.Gateway
+	12, // 9: tether.executor.v1.RegisterGatewayResponse.heartbeat_interval:type_name -> google.protobuf.Duration
+	12, // 10: tether.executor.v1.RegisterGatewayResponse.ttl:type_name -> google.protobuf.Duration
+	1,  // 11: tether.executor.v1.ListGatewaysResponse.gateways:type_name -> tether.executor.v1.Gateway
+	5,  // 12: tether.executor.v1.GatewayRegistry.RegisterGateway:input_type -> tether.executor.v1.RegisterGatewayRequest
+	7,  // 13: tether.executor.v1.GatewayRegistry.ListGateways:input_type -> tether.executor.v1.ListGatewaysRequest
+	3,  // 14: tether.executor.v1.GatewayRegistry.DrainGateway:input_type -> tether.executor.v1.DrainGatewayRequest
+	6,  // 15: tether.executor.v1.GatewayRegistry.RegisterGateway:output_type -> tether.executor.v1.RegisterGatewayResponse
+	8,  // 16: tether.executor.v1.GatewayRegistry.ListGateways:output_type -> tether.executor.v1.ListGatewaysResponse
+	4,  // 17: tether.executor.v1.GatewayRegistry.DrainGateway:output_type -> tether.executor.v1.DrainGatewayResponse
+	15, // [15:18] is the sub-list for method output_type
+	12, // [12:15] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_tether_executor_v1_fleet_proto_init() }
@@ -519,7 +750,7 @@ func file_tether_executor_v1_fleet_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_tether_executor_v1_fleet_proto_rawDesc), len(file_tether_executor_v1_fleet_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   7,
+			NumMessages:   10,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -21,6 +21,7 @@ const _ = grpc.SupportPackageIsVersion9
 const (
 	GatewayRegistry_RegisterGateway_FullMethodName = "/tether.executor.v1.GatewayRegistry/RegisterGateway"
 	GatewayRegistry_ListGateways_FullMethodName    = "/tether.executor.v1.GatewayRegistry/ListGateways"
+	GatewayRegistry_DrainGateway_FullMethodName    = "/tether.executor.v1.GatewayRegistry/DrainGateway"
 )
 
 // GatewayRegistryClient is the client API for GatewayRegistry service.
@@ -41,6 +42,15 @@ type GatewayRegistryClient interface {
 	// ListGateways lists every known gateway with its state, load, capacity
 	// and last heartbeat.
 	ListGateways(ctx context.Context, in *ListGatewaysRequest, opts ...grpc.CallOption) (*ListGatewaysResponse, error)
+	// DrainGateway stops new placements on a gateway and moves its session
+	// scopes to others (SPEC F4): an idle scope is suspended there (a
+	// verified checkpoint) and re-placed, so its next run restores the
+	// checkpoint on its new gateway; a scope with a run queued or in flight
+	// is moved once that run ended. No run fails. The drain is durable
+	// (heartbeats do not undo it) and repeating the call is safe; progress
+	// shows in ListGateways (Gateway.drain). An unknown id is NotFound
+	// gateway_not_found.
+	DrainGateway(ctx context.Context, in *DrainGatewayRequest, opts ...grpc.CallOption) (*DrainGatewayResponse, error)
 }
 
 type gatewayRegistryClient struct {
@@ -71,6 +81,16 @@ func (c *gatewayRegistryClient) ListGateways(ctx context.Context, in *ListGatewa
 	return out, nil
 }
 
+func (c *gatewayRegistryClient) DrainGateway(ctx context.Context, in *DrainGatewayRequest, opts ...grpc.CallOption) (*DrainGatewayResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DrainGatewayResponse)
+	err := c.cc.Invoke(ctx, GatewayRegistry_DrainGateway_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // GatewayRegistryServer is the server API for GatewayRegistry service.
 // All implementations must embed UnimplementedGatewayRegistryServer
 // for forward compatibility.
@@ -89,6 +109,15 @@ type GatewayRegistryServer interface {
 	// ListGateways lists every known gateway with its state, load, capacity
 	// and last heartbeat.
 	ListGateways(context.Context, *ListGatewaysRequest) (*ListGatewaysResponse, error)
+	// DrainGateway stops new placements on a gateway and moves its session
+	// scopes to others (SPEC F4): an idle scope is suspended there (a
+	// verified checkpoint) and re-placed, so its next run restores the
+	// checkpoint on its new gateway; a scope with a run queued or in flight
+	// is moved once that run ended. No run fails. The drain is durable
+	// (heartbeats do not undo it) and repeating the call is safe; progress
+	// shows in ListGateways (Gateway.drain). An unknown id is NotFound
+	// gateway_not_found.
+	DrainGateway(context.Context, *DrainGatewayRequest) (*DrainGatewayResponse, error)
 	mustEmbedUnimplementedGatewayRegistryServer()
 }
 
@@ -104,6 +133,9 @@ func (UnimplementedGatewayRegistryServer) RegisterGateway(context.Context, *Regi
 }
 func (UnimplementedGatewayRegistryServer) ListGateways(context.Context, *ListGatewaysRequest) (*ListGatewaysResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListGateways not implemented")
+}
+func (UnimplementedGatewayRegistryServer) DrainGateway(context.Context, *DrainGatewayRequest) (*DrainGatewayResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method DrainGateway not implemented")
 }
 func (UnimplementedGatewayRegistryServer) mustEmbedUnimplementedGatewayRegistryServer() {}
 func (UnimplementedGatewayRegistryServer) testEmbeddedByValue()                         {}
@@ -162,6 +194,24 @@ func _GatewayRegistry_ListGateways_Handler(srv interface{}, ctx context.Context,
 	return interceptor(ctx, in, info, handler)
 }
 
+func _GatewayRegistry_DrainGateway_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DrainGatewayRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(GatewayRegistryServer).DrainGateway(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: GatewayRegistry_DrainGateway_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(GatewayRegistryServer).DrainGateway(ctx, req.(*DrainGatewayRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // GatewayRegistry_ServiceDesc is the grpc.ServiceDesc for GatewayRegistry service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -176,6 +226,10 @@ var GatewayRegistry_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListGateways",
 			Handler:    _GatewayRegistry_ListGateways_Handler,
+		},
+		{
+			MethodName: "DrainGateway",
+			Handler:    _GatewayRegistry_DrainGateway_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -541,8 +541,14 @@ type RunnerPlacement struct {
 	// The caller authorises sandbox ingress for this run (listen_ws needs it,
 	// and the gateway's -runner-ingress-companies must admit the company).
 	IngressAuthorized bool `protobuf:"varint,2,opt,name=ingress_authorized,json=ingressAuthorized,proto3" json:"ingress_authorized,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// Labels the gateway of the run's session scope must carry (each key with
+	// this value), e.g. zone=a. They choose the gateway when the scope is
+	// first placed (SPEC F2); a scope already placed stays on its gateway.
+	// No active gateway with these labels and room: the run stays queued
+	// with the reason gateway_capacity_exhausted.
+	Labels        map[string]string `protobuf:"bytes,3,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RunnerPlacement) Reset() {
@@ -587,6 +593,13 @@ func (x *RunnerPlacement) GetIngressAuthorized() bool {
 		return x.IngressAuthorized
 	}
 	return false
+}
+
+func (x *RunnerPlacement) GetLabels() map[string]string {
+	if x != nil {
+		return x.Labels
+	}
+	return nil
 }
 
 // DynamicTool declares one caller-implemented tool.
@@ -1093,10 +1106,14 @@ const file_tether_prp_v1_execution_proto_rawDesc = "" +
 	"questionId\x12'\n" +
 	"\n" +
 	"option_ids\x18\x02 \x03(\tB\b\xbaH\x05\x92\x01\x02\x102R\toptionIds\x12\x1d\n" +
-	"\x04text\x18\x03 \x01(\tB\t\xbaH\x06r\x04(\x80\x80\x01R\x04text\"\x97\x01\n" +
+	"\x04text\x18\x03 \x01(\tB\t\xbaH\x06r\x04(\x80\x80\x01R\x04text\"\xcd\x02\n" +
 	"\x0fRunnerPlacement\x12U\n" +
 	"\x0etransport_mode\x18\x01 \x01(\tB.\xbaH+r)R\x00R\x10dial_ws_loopbackR\bdial_wssR\tlisten_wsR\rtransportMode\x12-\n" +
-	"\x12ingress_authorized\x18\x02 \x01(\bR\x11ingressAuthorized\"\xa7\x01\n" +
+	"\x12ingress_authorized\x18\x02 \x01(\bR\x11ingressAuthorized\x12y\n" +
+	"\x06labels\x18\x03 \x03(\v2*.tether.prp.v1.RunnerPlacement.LabelsEntryB5\xbaH2\x9a\x01/\x10\x10\"%r#\x10\x01\x18?2\x1d^[A-Za-z0-9][A-Za-z0-9._/-]*$*\x04r\x02\x18?R\x06labels\x1a9\n" +
+	"\vLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xa7\x01\n" +
 	"\vDynamicTool\x120\n" +
 	"\x04name\x18\x01 \x01(\tB\x1c\xbaH\x19r\x172\x15^[A-Za-z0-9_-]{1,64}$R\x04name\x12*\n" +
 	"\vdescription\x18\x02 \x01(\tB\b\xbaH\x05r\x03\x18\x80 R\vdescription\x12:\n" +
@@ -1150,7 +1167,7 @@ func file_tether_prp_v1_execution_proto_rawDescGZIP() []byte {
 }
 
 var file_tether_prp_v1_execution_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_tether_prp_v1_execution_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
+var file_tether_prp_v1_execution_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
 var file_tether_prp_v1_execution_proto_goTypes = []any{
 	(LifecycleMode)(0),                // 0: tether.prp.v1.LifecycleMode
 	(*ExecutionInput)(nil),            // 1: tether.prp.v1.ExecutionInput
@@ -1168,8 +1185,9 @@ var file_tether_prp_v1_execution_proto_goTypes = []any{
 	(*Lifecycle)(nil),                 // 13: tether.prp.v1.Lifecycle
 	(*Session)(nil),                   // 14: tether.prp.v1.Session
 	nil,                               // 15: tether.prp.v1.ProviderEnvironment.ConfiguredEntry
-	(*structpb.Struct)(nil),           // 16: google.protobuf.Struct
-	(*durationpb.Duration)(nil),       // 17: google.protobuf.Duration
+	nil,                               // 16: tether.prp.v1.RunnerPlacement.LabelsEntry
+	(*structpb.Struct)(nil),           // 17: google.protobuf.Struct
+	(*durationpb.Duration)(nil),       // 18: google.protobuf.Duration
 }
 var file_tether_prp_v1_execution_proto_depIdxs = []int32{
 	9,  // 0: tether.prp.v1.ExecutionInput.provider:type_name -> tether.prp.v1.Provider
@@ -1185,15 +1203,16 @@ var file_tether_prp_v1_execution_proto_depIdxs = []int32{
 	15, // 10: tether.prp.v1.ProviderEnvironment.configured:type_name -> tether.prp.v1.ProviderEnvironment.ConfiguredEntry
 	4,  // 11: tether.prp.v1.CompletionContract.criteria:type_name -> tether.prp.v1.Criterion
 	6,  // 12: tether.prp.v1.InteractionResponse.answers:type_name -> tether.prp.v1.InteractionResponseAnswer
-	16, // 13: tether.prp.v1.DynamicTool.input_schema:type_name -> google.protobuf.Struct
-	0,  // 14: tether.prp.v1.Lifecycle.mode:type_name -> tether.prp.v1.LifecycleMode
-	17, // 15: tether.prp.v1.Lifecycle.idle_timeout:type_name -> google.protobuf.Duration
-	13, // 16: tether.prp.v1.Session.lifecycle:type_name -> tether.prp.v1.Lifecycle
-	17, // [17:17] is the sub-list for method output_type
-	17, // [17:17] is the sub-list for method input_type
-	17, // [17:17] is the sub-list for extension type_name
-	17, // [17:17] is the sub-list for extension extendee
-	0,  // [0:17] is the sub-list for field type_name
+	16, // 13: tether.prp.v1.RunnerPlacement.labels:type_name -> tether.prp.v1.RunnerPlacement.LabelsEntry
+	17, // 14: tether.prp.v1.DynamicTool.input_schema:type_name -> google.protobuf.Struct
+	0,  // 15: tether.prp.v1.Lifecycle.mode:type_name -> tether.prp.v1.LifecycleMode
+	18, // 16: tether.prp.v1.Lifecycle.idle_timeout:type_name -> google.protobuf.Duration
+	13, // 17: tether.prp.v1.Session.lifecycle:type_name -> tether.prp.v1.Lifecycle
+	18, // [18:18] is the sub-list for method output_type
+	18, // [18:18] is the sub-list for method input_type
+	18, // [18:18] is the sub-list for extension type_name
+	18, // [18:18] is the sub-list for extension extendee
+	0,  // [0:18] is the sub-list for field type_name
 }
 
 func init() { file_tether_prp_v1_execution_proto_init() }
@@ -1207,7 +1226,7 @@ func file_tether_prp_v1_execution_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_tether_prp_v1_execution_proto_rawDesc), len(file_tether_prp_v1_execution_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   15,
+			NumMessages:   16,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -1,0 +1,128 @@
+// Package fleet routes an executor's calls to runner gateways: each session
+// scope's calls go to the gateway it is placed on (SPEC F2), over one client
+// connection per gateway that every run, suspension and session call
+// shares; and it drains gateways (SPEC F4).
+package fleet
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+
+	"github.com/tether-run/tether/pkg/failure"
+	gatewayv1 "github.com/tether-run/tether/pkg/gen/tether/gateway/v1"
+	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
+	"github.com/tether-run/tether/pkg/grant"
+	"github.com/tether-run/tether/services/executor/internal/store"
+)
+
+// Static is the gateway an executor names with -gateway-id and
+// -gateway-addr. While the registry is empty every scope is placed on it,
+// so a single-gateway deployment needs no registry; a scope placed on it
+// that is not registered is dialed at Addr.
+type Static struct {
+	ID, Addr string
+}
+
+// Router hands out the gateway client of a session scope.
+type Router struct {
+	store  *store.Store
+	signer *grant.Signer
+	dial   func(addr string) (*grpc.ClientConn, error)
+	static Static
+	ttl    time.Duration
+
+	mu    sync.Mutex
+	conns map[string]*gatewayConn // by gateway id
+}
+
+type gatewayConn struct {
+	addr   string
+	conn   *grpc.ClientConn
+	client gatewayv1.RunnerGatewayClient
+}
+
+// NewRouter returns a Router that places scopes in st (a gateway silent
+// for ttl is lost), dials gateways with dial (the executor's -gateway-* TLS
+// settings) and signs every call's grant with signer for the called
+// gateway's id.
+func NewRouter(st *store.Store, signer *grant.Signer, dial func(addr string) (*grpc.ClientConn, error), static Static, ttl time.Duration) *Router {
+	return &Router{store: st, signer: signer, dial: dial, static: static, ttl: ttl, conns: map[string]*gatewayConn{}}
+}
+
+// TTL is the gateway TTL placements are decided with.
+func (r *Router) TTL() time.Duration { return r.ttl }
+
+// Static is the executor's static gateway.
+func (r *Router) Static() Static { return r.static }
+
+// Client returns the (shared) client of gateway id at addr; an empty addr
+// is the static gateway's when id is its id. A gateway that re-registered
+// at another address gets a new connection; the old one is closed.
+func (r *Router) Client(id, addr string) (gatewayv1.RunnerGatewayClient, error) {
+	if addr == "" && id == r.static.ID {
+		addr = r.static.Addr
+	}
+	if addr == "" {
+		return nil, failure.New(codes.Unavailable, failure.RunnerGatewayUnavailable,
+			"gateway %s is not in the registry and is not this executor's -gateway-id", id)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if c := r.conns[id]; c != nil && c.addr == addr {
+		return c.client, nil
+	}
+	conn, err := r.dial(addr)
+	if err != nil {
+		return nil, failure.Wrap(err, codes.Unavailable, failure.RunnerGatewayUnavailable, "dialing gateway %s at %s: %v", id, addr, err)
+	}
+	if old := r.conns[id]; old != nil {
+		_ = old.conn.Close()
+	}
+	c := &gatewayConn{addr: addr, conn: conn, client: grant.Client(gatewayv1.NewRunnerGatewayClient(conn), r.signer, id)}
+	r.conns[id] = c
+	return c.client, nil
+}
+
+// Route returns the gateway client for a claimed run of scope, placing the
+// scope first when it has no placement (store.PlaceScope: labels from the
+// run's placement). A scope that cannot be placed now is
+// gateway_capacity_exhausted.
+func (r *Router) Route(ctx context.Context, runID, scope string, in *prpv1.ExecutionInput) (gatewayv1.RunnerGatewayClient, error) {
+	p, err := r.store.PlaceScope(ctx, store.PlaceRequest{Scope: scope, RunID: runID, Labels: in.GetRunner().GetLabels(),
+		TTL: r.ttl, Fallback: r.static.ID})
+	if err != nil {
+		return nil, err
+	}
+	if p.Moving {
+		return nil, failure.New(codes.Unavailable, failure.SessionScopeMoving,
+			"session scope %s is being moved off gateway %s; the run stays queued until it is placed", scope, p.GatewayID)
+	}
+	return r.Client(p.GatewayID, p.Address)
+}
+
+// ForScope returns the gateway client of a scope's placement; a scope
+// never placed (it never ran) is the static gateway's.
+func (r *Router) ForScope(ctx context.Context, scope string) (gatewayv1.RunnerGatewayClient, error) {
+	p, err := r.store.ScopePlacement(ctx, scope, r.ttl)
+	if err != nil {
+		return nil, err
+	}
+	if p == nil {
+		return r.Client(r.static.ID, "")
+	}
+	return r.Client(p.GatewayID, p.Address)
+}
+
+// Close closes every gateway connection.
+func (r *Router) Close() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for id, c := range r.conns {
+		_ = c.conn.Close()
+		delete(r.conns, id)
+	}
+}

@@ -1,0 +1,101 @@
+package fleet_test
+
+import (
+	"context"
+	"crypto/ed25519"
+	"crypto/rand"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/pressly/goose/v3"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/tether-run/tether/pkg/failure"
+	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
+	"github.com/tether-run/tether/pkg/grant"
+	"github.com/tether-run/tether/pkg/pgtest"
+	"github.com/tether-run/tether/services/executor/internal/fleet"
+	"github.com/tether-run/tether/services/executor/internal/store"
+)
+
+func TestMain(m *testing.M) { pgtest.MainCheckingLeaks(m) }
+
+var migrator = pgtest.GooseMigrator(store.Migrations, "migrations", goose.WithTableName("executor_goose_version"))
+
+const ttl = 15 * time.Second
+
+type dialer struct {
+	mu    sync.Mutex
+	addrs []string
+}
+
+func (d *dialer) dial(addr string) (*grpc.ClientConn, error) {
+	d.mu.Lock()
+	d.addrs = append(d.addrs, addr)
+	d.mu.Unlock()
+	return grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+}
+
+func newRouter(t *testing.T) (*fleet.Router, *store.Store, *dialer) {
+	t.Helper()
+	st, err := store.Open(context.Background(), pgtest.NewDB(t, migrator))
+	require.NoError(t, err)
+	t.Cleanup(st.Close)
+	_, key, err := ed25519.GenerateKey(rand.Reader)
+	require.NoError(t, err)
+	d := &dialer{}
+	r := fleet.NewRouter(st, grant.NewSigner(key, 0, nil), d.dial, fleet.Static{ID: "runnergw", Addr: "127.0.0.1:7401"}, ttl)
+	t.Cleanup(r.Close)
+	return r, st, d
+}
+
+func TestF2_RouterKeepsOneConnectionPerGatewayAndFollowsTheScopesPlacement(t *testing.T) {
+	t.Parallel()
+	r, st, d := newRouter(t)
+	ctx := context.Background()
+
+	// No registry: every scope is on the static gateway, one connection.
+	static, err := r.Route(ctx, "run-1", "scope-1", &prpv1.ExecutionInput{})
+	require.NoError(t, err)
+	again, err := r.ForScope(ctx, "scope-1")
+	require.NoError(t, err)
+	require.Same(t, static, again)
+	unplaced, err := r.ForScope(ctx, "never-ran")
+	require.NoError(t, err)
+	require.Same(t, static, unplaced)
+
+	for _, id := range []string{"gw-a", "gw-b"} {
+		_, err := st.RegisterGateway(ctx, store.GatewayAnnouncement{ID: id, Address: "10.0.0.1:" + id, Capacity: 4,
+			Labels: map[string]string{"zone": id}}, ttl)
+		require.NoError(t, err)
+	}
+	b, err := r.Route(ctx, "run-2", "scope-2", &prpv1.ExecutionInput{Runner: &prpv1.RunnerPlacement{Labels: map[string]string{"zone": "gw-b"}}})
+	require.NoError(t, err)
+	b2, err := r.Client("gw-b", "10.0.0.1:gw-b")
+	require.NoError(t, err)
+	require.Same(t, b, b2, "one client per gateway, reused")
+	b3, err := r.Route(ctx, "run-3", "scope-2", &prpv1.ExecutionInput{})
+	require.NoError(t, err)
+	require.Same(t, b, b3, "a later run of the scope goes to its gateway")
+	require.Equal(t, []string{"127.0.0.1:7401", "10.0.0.1:gw-b"}, d.addrs)
+
+	// A gateway that re-registered at another address is dialed there.
+	moved, err := r.Client("gw-b", "10.0.0.9:7401")
+	require.NoError(t, err)
+	require.NotSame(t, b, moved)
+
+	_, err = r.Route(ctx, "run-4", "scope-4", &prpv1.ExecutionInput{Runner: &prpv1.RunnerPlacement{Labels: map[string]string{"zone": "c"}}})
+	require.EqualValues(t, failure.GatewayCapacityExhausted, failure.CodeOf(err))
+	_, err = r.Client("gw-unknown", "")
+	require.EqualValues(t, failure.RunnerGatewayUnavailable, failure.CodeOf(err))
+
+	// A scope being moved (a drain) makes its runs wait.
+	ok, err := st.BeginMove(ctx, "scope-2", "gw-b", time.Minute)
+	require.NoError(t, err)
+	require.True(t, ok)
+	_, err = r.Route(ctx, "run-5", "scope-2", &prpv1.ExecutionInput{})
+	require.EqualValues(t, failure.SessionScopeMoving, failure.CodeOf(err))
+}

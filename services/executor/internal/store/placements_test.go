@@ -1,0 +1,255 @@
+package store_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/tether-run/tether/pkg/failure"
+	backupv1 "github.com/tether-run/tether/pkg/gen/tether/backup/v1"
+	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
+	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
+	"github.com/tether-run/tether/pkg/scope"
+	"github.com/tether-run/tether/services/executor/internal/store"
+)
+
+func register(t *testing.T, s *store.Store, id string, capacity, sessions int, labels map[string]string) {
+	t.Helper()
+	_, err := s.RegisterGateway(context.Background(), store.GatewayAnnouncement{ID: id, Address: "addr-" + id, Labels: labels,
+		Capacity: capacity, Sessions: sessions}, gatewayTTL)
+	require.NoError(t, err)
+}
+
+func place(t *testing.T, s *store.Store, scope string, labels map[string]string) (*store.Placement, error) {
+	t.Helper()
+	return s.PlaceScope(context.Background(), store.PlaceRequest{Scope: scope, Labels: labels, TTL: gatewayTTL, Fallback: "static"})
+}
+
+func TestF2_StorePlacesEachScopeOnceOnTheLeastLoadedGatewayWhoseLabelsMatch(t *testing.T) {
+	t.Parallel()
+	s := newStore(t)
+	ctx := context.Background()
+
+	// An empty registry: every scope goes to the static gateway.
+	p, err := place(t, s, "scope-static", nil)
+	require.NoError(t, err)
+	require.Equal(t, "static", p.GatewayID)
+	require.Empty(t, p.Address, "not registered: dialed at -gateway-addr")
+
+	register(t, s, "gw-a", 2, 0, map[string]string{"zone": "a"})
+	register(t, s, "gw-b", 4, 1, map[string]string{"zone": "b"})
+	// The placement is durable: the scope stays where it was placed.
+	p, err = place(t, s, "scope-static", nil)
+	require.NoError(t, err)
+	require.Equal(t, "static", p.GatewayID)
+
+	// Least loaded relative to capacity (0/2 < 1/4), then counting the
+	// placements made since each gateway's last heartbeat.
+	var got []string
+	for i := range 4 {
+		p, err := place(t, s, fmt.Sprintf("scope-%d", i), nil)
+		require.NoError(t, err)
+		require.Equal(t, "active", p.State)
+		require.Equal(t, "addr-"+p.GatewayID, p.Address)
+		got = append(got, p.GatewayID)
+	}
+	require.Equal(t, []string{"gw-a", "gw-b", "gw-b", "gw-a"}, got) // 0/2; 1/2 > 1/4; 1/2 = 2/4 with more free on gw-b; 1/2 < 3/4
+	again, err := s.ScopePlacement(ctx, "scope-0", gatewayTTL)
+	require.NoError(t, err)
+	require.Equal(t, "gw-a", again.GatewayID)
+
+	// Labels select: gw-a is full, a zone=a scope waits; zone=b has room.
+	p, err = place(t, s, "scope-zone-b", map[string]string{"zone": "b"})
+	require.NoError(t, err)
+	require.Equal(t, "gw-b", p.GatewayID)
+	_, err = place(t, s, "scope-zone-a", map[string]string{"zone": "a"})
+	require.Equal(t, codes.ResourceExhausted, status.Code(err))
+	require.EqualValues(t, failure.GatewayCapacityExhausted, failure.CodeOf(err))
+	require.Contains(t, err.Error(), "at capacity")
+	_, err = place(t, s, "scope-zone-c", map[string]string{"zone": "c"})
+	require.EqualValues(t, failure.GatewayCapacityExhausted, failure.CodeOf(err))
+	require.Contains(t, err.Error(), "no active gateway has the labels zone=c")
+	p, err = s.ScopePlacement(ctx, "scope-zone-a", gatewayTTL)
+	require.NoError(t, err)
+	require.Nil(t, p, "nothing written for a scope that could not be placed")
+
+	// A heartbeat announcing fewer sessions frees capacity.
+	register(t, s, "gw-a", 2, 1, map[string]string{"zone": "a"})
+	p, err = place(t, s, "scope-zone-a", map[string]string{"zone": "a"})
+	require.NoError(t, err)
+	require.Equal(t, "gw-a", p.GatewayID)
+
+	// Lost and draining gateways take no new placements.
+	register(t, s, "gw-c", 100, 0, nil)
+	silence(t, s, "gw-c", gatewayTTL+time.Second)
+	_, err = s.DrainGateway(ctx, "gw-b", "maintenance", gatewayTTL)
+	require.NoError(t, err)
+	_, err = place(t, s, "scope-late", nil)
+	require.EqualValues(t, failure.GatewayCapacityExhausted, failure.CodeOf(err))
+}
+
+func TestF2_ConcurrentPlacementsCountEachOther(t *testing.T) {
+	t.Parallel()
+	s := newStore(t)
+	register(t, s, "gw-a", 10, 0, nil)
+	register(t, s, "gw-b", 20, 0, nil)
+	register(t, s, "gw-c", 30, 0, nil)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	per := map[string]int{}
+	for i := range 30 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			p, err := place(t, s, fmt.Sprintf("burst-%d", i), nil)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			mu.Lock()
+			per[p.GatewayID]++
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	require.Equal(t, map[string]int{"gw-a": 5, "gw-b": 10, "gw-c": 15}, per, "spread by capacity, no pile-up between heartbeats")
+}
+
+func TestF2_ADeferredRunIsQueuedWithItsReasonAndKeepsItsAttempt(t *testing.T) {
+	t.Parallel()
+	s := newStore(t)
+	ctx := context.Background()
+	submitted(t, s, "waits")
+	c, err := s.ClaimRun(ctx, "waits", "owner-1", time.Minute, ctl, nil, nil)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, c.Attempt)
+	require.NoError(t, s.DeferRun(ctx, c.Fence, failure.GatewayCapacityExhausted, "every active gateway is at capacity", 0))
+	run, err := s.GetRun(ctx, "waits")
+	require.NoError(t, err)
+	require.Equal(t, executorv1.RunState_RUN_STATE_QUEUED, run.GetState())
+	require.EqualValues(t, 0, run.GetAttempt())
+	require.Nil(t, run.GetStartedAt())
+	require.Empty(t, run.GetLeaseOwner())
+	require.Equal(t, string(failure.GatewayCapacityExhausted), run.GetQueuedReason().GetCode())
+	require.Contains(t, run.GetQueuedReason().GetMessage(), "capacity")
+	// The old fence holds nothing now.
+	require.EqualValues(t, failure.NativeSessionLeaseLost, failure.CodeOf(s.DeferRun(ctx, c.Fence, failure.GatewayCapacityExhausted, "", 0)))
+
+	// Claimed again and placed: the reason is gone.
+	again, err := s.ClaimNext(ctx, "owner-2", time.Minute, ctl)
+	require.NoError(t, err)
+	require.Equal(t, "waits", again.RunID)
+	require.EqualValues(t, 1, again.Attempt, "the deferral spent no attempt")
+	_, err = s.PlaceScope(ctx, store.PlaceRequest{Scope: again.Scope(), RunID: "waits", TTL: gatewayTTL, Fallback: "static"})
+	require.NoError(t, err)
+	run, err = s.GetRun(ctx, "waits")
+	require.NoError(t, err)
+	require.Nil(t, run.GetQueuedReason())
+}
+
+func TestF4_AScopeMovesOffADrainedGatewayOnlyWhileIdleAndItsCheckpointIsCurrent(t *testing.T) {
+	t.Parallel()
+	s := newStore(t)
+	ctx := context.Background()
+	register(t, s, "gw-a", 10, 0, nil)
+	in := e13Input("acme", "agent-1", "ws-1", "drain-1")
+	sc := scope.OfRun("d1", in)
+	e13Run(t, s, "d1", in, store.StateSucceeded)
+	p, err := s.PlaceScope(ctx, store.PlaceRequest{Scope: sc, RunID: "d1", TTL: gatewayTTL})
+	require.NoError(t, err)
+	require.Equal(t, "gw-a", p.GatewayID)
+
+	// The only gateway is drained: the scope is listed but has nowhere to go.
+	g, err := s.DrainGateway(ctx, "gw-a", "kernel upgrade", gatewayTTL)
+	require.NoError(t, err)
+	require.Equal(t, executorv1.GatewayState_GATEWAY_STATE_DRAINING, g.GetState())
+	require.Equal(t, "kernel upgrade", g.GetDrain().GetReason())
+	require.EqualValues(t, 1, g.GetDrain().GetRemainingScopes())
+	require.False(t, g.GetDrain().GetDone())
+	// A heartbeat (not draining itself) does not undo it.
+	register(t, s, "gw-a", 10, 0, nil)
+	_, err = s.DrainGateway(ctx, "gw-x", "", gatewayTTL)
+	require.EqualValues(t, failure.GatewayNotFound, failure.CodeOf(err))
+	require.Equal(t, codes.NotFound, status.Code(err))
+
+	moves, err := s.ScopesToMove(ctx, gatewayTTL, 10)
+	require.NoError(t, err)
+	require.Len(t, moves, 1)
+	require.Equal(t, store.ScopeToMove{Scope: sc, GatewayID: "gw-a", Address: "addr-gw-a", LastRunID: "d1", Input: moves[0].Input}, moves[0])
+	_, err = s.RePlace(ctx, store.PlaceRequest{Scope: sc, TTL: gatewayTTL}, store.Move{From: "gw-a", Idle: true})
+	require.EqualValues(t, failure.GatewayCapacityExhausted, failure.CodeOf(err), "never back onto the gateway it leaves")
+
+	// While moving, the scope's runs wait (Placement.Moving); a run
+	// queued in the scope refuses the move's start.
+	ok, err := s.BeginMove(ctx, sc, "gw-a", time.Minute)
+	require.NoError(t, err)
+	require.True(t, ok)
+	p, err = s.ScopePlacement(ctx, sc, gatewayTTL)
+	require.NoError(t, err)
+	require.True(t, p.Moving)
+	require.NoError(t, s.EndMove(ctx, sc, "gw-a"))
+	e13Run(t, s, "d2", in, store.StateQueued)
+	ok, err = s.BeginMove(ctx, sc, "gw-a", time.Minute)
+	require.NoError(t, err)
+	require.False(t, ok, "a run is queued in the scope")
+	moves, err = s.ScopesToMove(ctx, gatewayTTL, 10)
+	require.NoError(t, err)
+	require.Empty(t, moves)
+	g, err = s.DrainGateway(ctx, "gw-a", "", gatewayTTL)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, g.GetDrain().GetBusyScopes())
+	c, err := s.ClaimRun(ctx, "d2", "owner-d2", time.Minute, ctl, nil, nil)
+	require.NoError(t, err)
+
+	// Another gateway registers; a run in flight still refuses an idle move.
+	register(t, s, "gw-b", 10, 0, nil)
+	_, err = s.RePlace(ctx, store.PlaceRequest{Scope: sc, TTL: gatewayTTL}, store.Move{From: "gw-a", Idle: true})
+	require.ErrorIs(t, err, store.ErrMoveRefused)
+	_, err = s.AppendEvents(ctx, c.Fence, []*prpv1.Event{event("d2", "runner-d2", 1, store.EventTerminal,
+		map[string]any{"turnTerminalState": "completed", "runTerminalState": store.StateSucceeded})})
+	require.NoError(t, err)
+
+	// A checkpoint that a later run superseded refuses the move.
+	rec := store.CheckpointRecord{Scope: sc, CompanyID: "acme", SessionID: "drain-1", LastRunID: "d2",
+		Stamp: &backupv1.Stamp{CheckpointId: "cp-1", SessionScope: sc}, CheckpointID: "cp-1", ManifestDigest: "sha256:00"}
+	_, err = s.RecordCheckpoint(ctx, rec)
+	require.NoError(t, err)
+	require.NoError(t, s.SupersedeCheckpoints(ctx, sc))
+	_, err = s.RePlace(ctx, store.PlaceRequest{Scope: sc, TTL: gatewayTTL}, store.Move{From: "gw-a", Idle: true, Checkpoint: "cp-1"})
+	require.ErrorIs(t, err, store.ErrMoveRefused)
+	rec.CheckpointID, rec.Stamp = "cp-2", &backupv1.Stamp{CheckpointId: "cp-2", SessionScope: sc}
+	_, err = s.RecordCheckpoint(ctx, rec)
+	require.NoError(t, err)
+	p, err = s.RePlace(ctx, store.PlaceRequest{Scope: sc, TTL: gatewayTTL}, store.Move{From: "gw-a", Idle: true, Checkpoint: "cp-2", Drained: true})
+	require.NoError(t, err)
+	require.Equal(t, "gw-b", p.GatewayID)
+	require.False(t, p.Moving)
+	// Moved once: a second move from gw-a is refused.
+	_, err = s.RePlace(ctx, store.PlaceRequest{Scope: sc, TTL: gatewayTTL}, store.Move{From: "gw-a"})
+	require.ErrorIs(t, err, store.ErrMoveRefused)
+
+	gs, err := s.ListGateways(ctx, gatewayTTL)
+	require.NoError(t, err)
+	require.Equal(t, "gw-a", gs[0].GetGatewayId())
+	require.EqualValues(t, 0, gs[0].GetPlacedScopes())
+	require.True(t, gs[0].GetDrain().GetDone())
+	require.EqualValues(t, 1, gs[0].GetDrain().GetMovedScopes())
+	require.EqualValues(t, 1, gs[1].GetPlacedScopes())
+	require.Nil(t, gs[1].GetDrain())
+
+	// The drained gateway restarts (it announced its shutdown, then is
+	// back): the drain is over and it takes placements again.
+	_, err = s.RegisterGateway(ctx, store.GatewayAnnouncement{ID: "gw-a", Address: "addr-gw-a", Capacity: 10, Draining: true}, gatewayTTL)
+	require.NoError(t, err)
+	register(t, s, "gw-a", 10, 0, nil)
+	gs, err = s.ListGateways(ctx, gatewayTTL)
+	require.NoError(t, err)
+	require.Equal(t, executorv1.GatewayState_GATEWAY_STATE_ACTIVE, gs[0].GetState())
+	require.Nil(t, gs[0].GetDrain())
+}
