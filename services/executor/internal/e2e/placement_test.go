@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -329,16 +330,17 @@ func TestF4_DrainMovesIdleSessionsThroughVerifiedCheckpointsAndEachContinuesItsT
 
 func TestF4_AnActiveRunFinishesOnTheDrainedGatewayAndItsScopeMovesOnceItEnded(t *testing.T) {
 	t.Parallel()
-	h := newFleet(t, stack.Options{FakeArgs: []string{"--delta-delay-ms", "100"}}, []string{"executor"}, map[string][]string{
-		"runnergw": {"-labels", "zone=a,host=1"},
+	// A turn of about 60 deltas 300 ms apart outlasts the drain's start
+	// also on a loaded machine. Equal gateways: the tie goes to the lower
+	// id, runnergw.
+	h := newFleet(t, stack.Options{FakeArgs: []string{"--delta-delay-ms", "300"}}, []string{"executor"}, map[string][]string{
+		"runnergw": {"-labels", "zone=a,host=1"}, "runnergw-2": {"-labels", "zone=a,host=2"},
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	h.submitWith(ctx, "busy-1", "busy", slowTurn, map[string]string{"zone": "a"}, 0)
+	h.submitWith(ctx, "busy-1", "busy", strings.Repeat(slowTurn+" ", 3), map[string]string{"zone": "a"}, 0)
 	h.waitForDelta(ctx, h.client, "busy-1")
-	require.NoError(t, h.st.AddGateway("runnergw-2", append(h.st.RegistryArgs("executor"), "-labels", "zone=a,host=2")...))
-	_, err := h.st.Start(ctx, "runnergw-2")
-	require.NoError(t, err)
+	require.Equal(t, stack.GatewayID, h.session(ctx, "busy").GetGatewayId())
 
 	resp, err := h.registry().DrainGateway(ctx, &executorv1.DrainGatewayRequest{GatewayId: stack.GatewayID, Reason: "host maintenance"})
 	require.NoError(t, err)
