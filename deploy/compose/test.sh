@@ -7,9 +7,11 @@
 #  2. the compose v2 CLI, built once from its Go module into .cache/compose;
 #  3. images: a Debian base with PostgreSQL 15 (debootstrap, docker import),
 #     a PostgreSQL image on it, and the tether image from static binaries;
-#  4. up --wait, three warm turns with tetherctl from the host, docker kill
-#     of the executor mid-turn, the turn recovered exactly once (tetherctl
-#     audit), down -v; whatever it started is stopped on exit.
+#  4. up --wait (two executors, two gateways), both gateways registered,
+#     three warm turns with tetherctl from the host, sessions placed on both
+#     gateways, docker kill of the executor driving a turn mid-turn, the
+#     other executor finishing the turn exactly once (tetherctl audit),
+#     down -v; whatever it started is stopped on exit.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 repo=$PWD
@@ -117,13 +119,14 @@ log "images: $base, $pg, $img"
 # --- up --------------------------------------------------------------------
 export TETHER_IMAGE=$img TETHER_POSTGRES_IMAGE=$pg TETHER_BIND=127.0.0.1
 # Free host ports, whatever else runs here.
-export TETHER_EXECUTOR_PORT="" TETHER_EXECUTOR_METRICS_PORT="" TETHER_GATEWAY_METRICS_PORT="" TETHER_BACKUP_METRICS_PORT=""
+export TETHER_EXECUTOR_PORT="" TETHER_EXECUTOR_METRICS_PORT="" TETHER_EXECUTOR_2_PORT="" TETHER_EXECUTOR_2_METRICS_PORT="" \
+	TETHER_GATEWAY_METRICS_PORT="" TETHER_GATEWAY_B_METRICS_PORT="" TETHER_BACKUP_METRICS_PORT=""
 dc() { "$compose_bin" -p "$project" -f "$repo/deploy/docker-compose.yml" "$@"; }
 dc --profile cli down -v --remove-orphans >/dev/null 2>&1 || true # a run killed before its cleanup
 touch "$tmp/up"
 dc up -d --wait --no-build --quiet-pull 2>&1 | sed 's/^/  /'
-executor=$(dc port executor 7400)
-metrics=$(dc port executor 9400)
+executor=$(dc port executor-1 7400)
+metrics=$(dc port executor-1 9400)
 mkdir -p "$tmp/pki"
 for f in ca.pem client.pem client.key; do dc cp "pki:/pki/$f" "$tmp/pki/$f" >/dev/null 2>&1; done
 ctl() { "$ctx/prebuilt/tetherctl" -addr "$executor" -ca "$tmp/pki/ca.pem" -cert "$tmp/pki/client.pem" -key "$tmp/pki/client.key" "$@"; }
@@ -131,6 +134,15 @@ log "stack is up: executor $executor (mTLS), metrics http://$metrics/metrics"
 m=$(curl -fsS "http://$metrics/metrics") && grep -q '^grpc_server_handled_total' <<<"$m" || die "no gRPC metrics on $metrics"
 
 state() { ctl get "$1" | sed -n 's/.*"state": *"\([A-Z_]*\)".*/\1/p' | head -1; }
+
+# --- the fleet: both gateways registered --------------------------------------
+for _ in $(seq 1 60); do
+	gws=$(ctl gateways 2>/dev/null || true)
+	[ "$(grep -cE '^runnergw-[ab] .*active' <<<"$gws")" = 2 ] && break
+	sleep 1
+done
+echo "$gws" | sed 's/^/  /'
+[ "$(grep -cE '^runnergw-[ab] .*active' <<<"$gws")" = 2 ] || die "runnergw-a and runnergw-b are not both active"
 
 # --- three warm turns --------------------------------------------------------
 session=compose-$(date +%s)
@@ -143,24 +155,42 @@ for i in 0 1 2; do
 	[ "$(state "$run")" = RUN_STATE_SUCCEEDED ] || die "$run did not succeed: $(ctl get "$run")"
 done
 
-# --- kill the executor mid-turn ---------------------------------------------
+# --- sessions spread over both gateways ---------------------------------------
+echo
+log "six more sessions, one turn each: placed on both gateways"
+for i in 1 2 3 4 5 6; do
+	ctl submit -company acme -session "$session-spread-$i" -run-id "$session-spread-$i" -prompt "hello" -watch >/dev/null
+	[ "$(state "$session-spread-$i")" = RUN_STATE_SUCCEEDED ] || die "$session-spread-$i did not succeed"
+done
+gws=$(ctl gateways)
+echo "$gws" | sed 's/^/  /'
+# The PLACED column (the fifth) of both gateways is at least 1.
+[ "$(awk '$1 ~ /^runnergw-[ab]$/ && $5 >= 1' <<<"$gws" | wc -l)" = 2 ] || die "sessions were not placed on both gateways"
+
+# --- kill the executor driving a turn, mid-turn ----------------------------------
 run=$session-turn-4
 echo
-log "turn 4 ([slow]: about 2 s of reply); docker kill of the executor once it has started"
+log "turn 4 ([slow]: about 2 s of reply); docker kill of the executor driving it once it has started"
 ctl submit -company acme -session "$session" -run-id "$run" -prompt "[slow] Count to ten, slowly." >/dev/null
 # The watch blocks until the turn has started (grep exits at the first
 # match; the watch ends at its next write).
 { ctl watch "$run" -json 2>/dev/null || true; } | grep -m1 -q 'turn\.started' || die "$run never started"
 [ "$(state "$run")" = RUN_STATE_RUNNING ] || die "$run ended before the kill ($(state "$run")); nothing to recover"
-docker kill "$(dc ps -q executor)" >/dev/null
-log "killed the executor container mid-turn; starting it again"
-dc up -d --wait --no-build executor 2>&1 | sed 's/^/  /'
-executor=$(dc port executor 7400) # a free host port again, maybe another
+owner=$(ctl get "$run" | sed -n 's/.*"leaseOwner": *"\([^"]*\)".*/\1/p' | head -1)
+case $owner in
+executor-1) other=executor-2 ;;
+executor-2) other=executor-1 ;;
+*) die "$run has no lease owner among executor-1/executor-2: '$owner'" ;;
+esac
+docker kill "$(dc ps -q "$owner")" >/dev/null
+log "killed $owner mid-turn; $other takes the run over once its lease lapses (TETHER_LEASE_TTL 15s)"
+executor=$(dc port "$other" 7400)
 ctl watch "$run" | sed 's/^/  /'
 final=$(state "$run")
 [ "$final" = RUN_STATE_SUCCEEDED ] || die "$run after the kill: $final: $(ctl get "$run")"
 attempt=$(ctl get "$run" | sed -n 's/.*"attempt": *"\{0,1\}\([0-9]*\)"\{0,1\}.*/\1/p' | head -1)
-log "turn 4 recovered: $final (attempt ${attempt:-?})"
+log "turn 4 recovered by $other: $final (attempt ${attempt:-?}); starting $owner again"
+dc up -d --wait --no-build "$owner" 2>&1 | sed 's/^/  /'
 
 # --- audit -------------------------------------------------------------------
 echo
@@ -173,4 +203,4 @@ rm -f "$tmp/up"
 left=$(docker ps -aq --filter "label=com.docker.compose.project=$project"; docker volume ls -q --filter "label=com.docker.compose.project=$project"; docker network ls -q --filter "label=com.docker.compose.project=$project")
 [ -z "$left" ] || die "left behind: $left"
 echo
-log "ok: 3 warm turns, turn 4 recovered after docker kill of the executor, audit clean, nothing left behind"
+log "ok: 2 gateways registered, 3 warm turns, 6 sessions placed on both gateways, turn 4 finished by the other executor after docker kill of its own, audit clean, nothing left behind"
