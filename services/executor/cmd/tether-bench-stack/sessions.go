@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -138,32 +137,11 @@ func oneTurnIn(ctx context.Context, client executorv1.ExecutorServiceClient, id,
 
 // treeMemory sums RSS and PSS (KiB) of every descendant of root.
 func treeMemory(root int) (procs int, rss, pss int64, err error) {
-	entries, err := os.ReadDir("/proc")
-	if err != nil {
-		return 0, 0, 0, err
-	}
-	children := map[int][]int{}
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		raw, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
-		if err != nil {
-			continue
-		}
-		s := string(raw)
-		f := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
-		if len(f) < 2 {
-			continue
-		}
-		ppid, _ := strconv.Atoi(f[1])
-		children[ppid] = append(children[ppid], pid)
-	}
-	queue := append([]int(nil), children[root]...)
+	tree := procTree()
+	queue := append([]int(nil), tree.children[root]...)
 	for len(queue) > 0 {
 		pid := queue[0]
-		queue = append(queue[1:], children[pid]...)
+		queue = append(queue[1:], tree.children[pid]...)
 		r, p, err := rollup(pid)
 		if err != nil {
 			continue // exited meanwhile
