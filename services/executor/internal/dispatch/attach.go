@@ -138,9 +138,15 @@ func (a *attachment) open() (done bool, err error) {
 		PriorRuns:          store.PriorRunsProto(a.facts.PriorRuns),
 		ContinuityRequired: a.facts.ContinuityRequired,
 	}
+	cp := a.facts.Checkpoint
+	if cp == nil {
+		// A run that was in flight on a gateway since lost restores the
+		// checkpoint its attempt started from on its new gateway.
+		cp = a.facts.Restorable
+	}
 	if rp := a.facts.Replacement; rp != nil {
 		open.ReplacementId, open.ContinuityRequired = rp.GetReplacementId(), false
-	} else if cp := a.facts.Checkpoint; cp != nil && cp.GetStamp().GetSessionScope() == runScope {
+	} else if cp != nil && cp.GetStamp().GetSessionScope() == runScope {
 		open.Restore = &gatewayv1.RestoreSpec{CheckpointId: cp.GetCheckpointId(), Stamp: cp.GetStamp(), LeaseId: cp.GetLeaseId()}
 	}
 	if err := a.send(&gatewayv1.AttachRequest{Kind: &gatewayv1.AttachRequest_Open{Open: open}}); err != nil {

@@ -33,6 +33,13 @@ type AttachFacts struct {
 	// ContinuityRequired: a runner served an earlier warm run of the scope
 	// (SPEC F3), so its state must be there or be restored.
 	ContinuityRequired bool
+	// Restorable is the scope's newest checkpoint that no run settled
+	// since, superseded or not: a run attached a runner after it but none
+	// of those runs ended, so the provider thread has no turn the
+	// checkpoint lacks. It is what a run in flight on a gateway that was
+	// lost restores on its new one (SPEC F3, retried as E11 says); nil when
+	// none.
+	Restorable *executorv1.SessionCheckpoint
 }
 
 // AttachFacts reads, in one round trip (a pipelined batch), the scope's
@@ -50,6 +57,7 @@ func (s *Store) AttachFacts(ctx context.Context, runID, scope string, in *prpv1.
 	b.Queue(`SELECT result_metadata -> 'nativeCancellation' FROM executor.runs WHERE run_id = $1`, runID)
 	b.Queue(replacementForRunSQL, scope, runID)
 	b.Queue(continuityRequiredSQL, runID)
+	b.Queue(restorableCheckpointSQL, scope)
 	res := s.pool.SendBatch(ctx, b)
 	defer res.Close()
 	var f AttachFacts
@@ -97,8 +105,25 @@ func (s *Store) AttachFacts(ctx context.Context, runID, scope string, in *prpv1.
 	if err := res.QueryRow().Scan(&f.ContinuityRequired); err != nil {
 		return nil, err
 	}
+	cp, _, err = scanCheckpoint(res.QueryRow())
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+	case err != nil:
+		return nil, err
+	default:
+		f.Restorable = cp
+	}
 	return &f, res.Close()
 }
+
+// restorableCheckpointSQL reads scope $1's newest checkpoint after which
+// no run of the scope that a runner served has ended (AttachFacts.Restorable).
+const restorableCheckpointSQL = `SELECT ` + checkpointColumns + ` FROM executor.session_checkpoints k
+ WHERE k.session_scope = $1
+   AND NOT EXISTS (SELECT 1 FROM executor.runs l JOIN executor.runs n ON n.session_scope = l.session_scope AND n.submit_seq > l.submit_seq
+                    WHERE l.run_id = k.last_run_id AND n.runner_instance_id IS NOT NULL
+                      AND n.state IN ('succeeded', 'failed', 'cancelled'))
+ ORDER BY k.created_at DESC LIMIT 1`
 
 // previousInScopeSQL reads the run submitted just before $1 in its session
 // scope (see PreviousInScope).

@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tether-run/tether/pkg/failure"
+	backupv1 "github.com/tether-run/tether/pkg/gen/tether/backup/v1"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/scope"
 	"github.com/tether-run/tether/services/executor/internal/store"
@@ -79,4 +80,46 @@ func TestF3_AReplaceSessionDecisionIsRefusedUnderALiveRunKeptOnceWhilePendingAnd
 func terminalOf(run string) []*prpv1.Event {
 	return []*prpv1.Event{event(run, "runner-"+run, 1, "run.terminal", map[string]any{
 		"turnTerminalState": "completed", "runTerminalState": "succeeded"})}
+}
+
+func TestF3_ARunInFlightRestoresTheCheckpointItsAttemptStartedFromUntilARunSettlesAfterIt(t *testing.T) {
+	t.Parallel()
+	s := newStore(t)
+	ctx := context.Background()
+	in := input("inflight", "x")
+	sc := scope.OfRun("i1", in)
+	_, _, err := s.SubmitRun(ctx, "i1", in)
+	require.NoError(t, err)
+	c1, err := s.ClaimNext(ctx, "o", time.Minute, store.Controller{})
+	require.NoError(t, err)
+	require.NoError(t, s.RecordRunner(ctx, c1.Fence, "runner-1", nil, nil))
+	_, err = s.AppendEvents(ctx, c1.Fence, terminalOf("i1"))
+	require.NoError(t, err)
+	_, err = s.RecordCheckpoint(ctx, store.CheckpointRecord{Scope: sc, CompanyID: "acme", SessionID: "inflight", LastRunID: "i1",
+		GatewayScope: sc, Stamp: &backupv1.Stamp{CheckpointId: "cp-1"}, CheckpointID: "cp-1", ManifestDigest: "sha256:00",
+		LeaseID: "l", RunnerInstanceID: "runner-1", ProviderThreadID: "thread-1", Reason: "idle"})
+	require.NoError(t, err)
+
+	// i2 attaches a runner (the checkpoint is superseded) and its gateway
+	// is lost mid-turn: its next attempt still restores cp-1.
+	_, _, err = s.SubmitRun(ctx, "i2", in)
+	require.NoError(t, err)
+	c2, err := s.ClaimNext(ctx, "o", time.Minute, store.Controller{})
+	require.NoError(t, err)
+	require.NoError(t, s.RecordControl(ctx, c2.Fence, sc, nil))
+	require.NoError(t, s.RecordRunner(ctx, c2.Fence, "runner-1", nil, nil))
+	facts, err := s.AttachFacts(ctx, "i2", sc, in, 8)
+	require.NoError(t, err)
+	require.Nil(t, facts.Checkpoint, "superseded")
+	require.Equal(t, "cp-1", facts.Restorable.GetCheckpointId())
+
+	// Once i2 settled, cp-1 lacks its turn: nothing is restorable.
+	_, err = s.AppendEvents(ctx, c2.Fence, terminalOf("i2"))
+	require.NoError(t, err)
+	_, _, err = s.SubmitRun(ctx, "i3", in)
+	require.NoError(t, err)
+	facts, err = s.AttachFacts(ctx, "i3", sc, in, 8)
+	require.NoError(t, err)
+	require.Nil(t, facts.Restorable)
+	require.True(t, facts.ContinuityRequired)
 }
