@@ -148,6 +148,12 @@ func (a *attachment) open() (done bool, err error) {
 		open.ReplacementId, open.ContinuityRequired = rp.GetReplacementId(), false
 	} else if cp != nil && cp.GetStamp().GetSessionScope() == runScope {
 		open.Restore = &gatewayv1.RestoreSpec{CheckpointId: cp.GetCheckpointId(), Stamp: cp.GetStamp(), LeaseId: cp.GetLeaseId()}
+		if cp != a.facts.Checkpoint {
+			// Its runner emitted events after it (on the lost gateway).
+			if open.Restore.MinSourceSeq, err = d.store.MaxSourceSeq(a.ctx, runScope, cp.GetRunnerInstanceId()); err != nil {
+				return false, err
+			}
+		}
 	}
 	if err := a.send(&gatewayv1.AttachRequest{Kind: &gatewayv1.AttachRequest_Open{Open: open}}); err != nil {
 		return false, err

@@ -217,3 +217,14 @@ func (s *Store) SupersedeCheckpoints(ctx context.Context, scope string) error {
  WHERE session_scope = $1 AND superseded_at IS NULL`, scope)
 	return err
 }
+
+// MaxSourceSeq is the highest source seq stored from runner instance inst
+// in the runs of scope (0 when none): a runner restored from a checkpoint
+// older than its last events continues above it (SPEC F3).
+func (s *Store) MaxSourceSeq(ctx context.Context, scope, inst string) (uint64, error) {
+	var n int64
+	err := s.pool.QueryRow(ctx, `SELECT coalesce(max(e.source_seq), 0) FROM executor.events e
+  JOIN executor.runs r ON r.run_id = e.run_id
+ WHERE r.session_scope = $1 AND e.source_instance_id = $2`, scope, inst).Scan(&n)
+	return uint64(n), err
+}

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/tether-run/tether/pkg/archive"
+	"github.com/tether-run/tether/pkg/atomicfile"
 	"github.com/tether-run/tether/pkg/chunkio"
 	"github.com/tether-run/tether/pkg/failure"
 	backupv1 "github.com/tether-run/tether/pkg/gen/tether/backup/v1"
@@ -154,6 +155,9 @@ func (g *Gateway) restore(ctx context.Context, r *runner, sc, runID, kind string
 	if err != nil {
 		return err
 	}
+	if err := continueAbove(payload, rs, spec.GetMinSourceSeq()); err != nil {
+		return err
+	}
 
 	if err := os.MkdirAll(scopeDir, 0o700); err != nil {
 		return failure.Wrap(err, codes.Internal, failure.RunnerRemoteCheckpointRestoreFailed, "%v", err)
@@ -200,6 +204,26 @@ func restoredIdentity(payload string, m *backupv1.Manifest) (*runnerstate.State,
 		return nil, failure.New(codes.FailedPrecondition, failure.RunnerHarnessIdentityMismatch, "the checkpoint's runner is %q, not suspended", rs.Lifecycle)
 	}
 	return rs, nil
+}
+
+// continueAbove makes the restored runner state in payload continue its
+// source seqs above minSeq, the highest seq the executor holds from this
+// runner instance: a checkpoint that predates events the runner emitted
+// afterwards (on a gateway since lost, SPEC F3) must not reuse their seqs.
+// Those events are persisted, so they count as acknowledged.
+func continueAbove(payload string, rs *runnerstate.State, minSeq uint64) error {
+	if minSeq < rs.NextSourceSeq {
+		return nil
+	}
+	rs.NextSourceSeq, rs.AckedSourceSeq = minSeq+1, max(rs.AckedSourceSeq, minSeq)
+	raw, err := runnerstate.Encode(rs)
+	if err == nil {
+		err = atomicfile.Write(filepath.Dir(runnerstate.Path(payload)), filepath.Base(runnerstate.Path(payload)), raw, 0o600)
+	}
+	if err != nil {
+		return failure.Wrap(err, codes.Internal, failure.RunnerRemoteCheckpointRestoreFailed, "advancing the restored runner's source seq: %v", err)
+	}
+	return nil
 }
 
 // swapIn moves the staged profile directories of payload into scopeDir.

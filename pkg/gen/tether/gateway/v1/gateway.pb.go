@@ -525,7 +525,12 @@ type RestoreSpec struct {
 	CheckpointId string                 `protobuf:"bytes,1,opt,name=checkpoint_id,json=checkpointId,proto3" json:"checkpoint_id,omitempty"`
 	Stamp        *v11.Stamp             `protobuf:"bytes,2,opt,name=stamp,proto3" json:"stamp,omitempty"`
 	// The environment lease the stamp must verify for.
-	LeaseId       string `protobuf:"bytes,3,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	LeaseId string `protobuf:"bytes,3,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	// The highest source seq the executor holds from the checkpoint's runner
+	// instance. A checkpoint restored after a run that was in flight on a
+	// lost gateway predates events that gateway's runner emitted (SPEC F3):
+	// the restored runner continues above this seq, so no seq is reused.
+	MinSourceSeq  uint64 `protobuf:"varint,4,opt,name=min_source_seq,json=minSourceSeq,proto3" json:"min_source_seq,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -579,6 +584,13 @@ func (x *RestoreSpec) GetLeaseId() string {
 		return x.LeaseId
 	}
 	return ""
+}
+
+func (x *RestoreSpec) GetMinSourceSeq() uint64 {
+	if x != nil {
+		return x.MinSourceSeq
+	}
+	return 0
 }
 
 // Ack reports the highest contiguous source seq the executor has persisted.
@@ -1634,12 +1646,13 @@ const file_tether_gateway_v1_gateway_proto_rawDesc = "" +
 	"\x06run_id\x18\x01 \x01(\tB\a\xbaH\x04r\x02\x10\x01R\x05runId\x12\x16\n" +
 	"\x06status\x18\x02 \x01(\tR\x06status\x12\x1a\n" +
 	"\bterminal\x18\x03 \x01(\bR\bterminal\x123\n" +
-	"\x05input\x18\x04 \x01(\v2\x1d.tether.prp.v1.ExecutionInputR\x05input\"\x9b\x01\n" +
+	"\x05input\x18\x04 \x01(\v2\x1d.tether.prp.v1.ExecutionInputR\x05input\"\xc1\x01\n" +
 	"\vRestoreSpec\x12.\n" +
 	"\rcheckpoint_id\x18\x01 \x01(\tB\t\xbaH\x06r\x04\x10\x01\x18@R\fcheckpointId\x125\n" +
 	"\x05stamp\x18\x02 \x01(\v2\x17.tether.backup.v1.StampB\x06\xbaH\x03\xc8\x01\x01R\x05stamp\x12%\n" +
 	"\blease_id\x18\x03 \x01(\tB\n" +
-	"\xbaH\ar\x05\x10\x01\x18\x80\x02R\aleaseId\"g\n" +
+	"\xbaH\ar\x05\x10\x01\x18\x80\x02R\aleaseId\x12$\n" +
+	"\x0emin_source_seq\x18\x04 \x01(\x04R\fminSourceSeq\"g\n" +
 	"\x03Ack\x12,\n" +
 	"\x12source_instance_id\x18\x01 \x01(\tR\x10sourceInstanceId\x122\n" +
 	"\x15persisted_through_seq\x18\x02 \x01(\x04R\x13persistedThroughSeq\"\xa6\x01\n" +
