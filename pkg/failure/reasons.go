@@ -180,6 +180,11 @@ const (
 	RunnerExiting            = "runner_exiting"
 	RunnerGatewayDraining    = "runner_gateway_draining"
 	RunnerGatewayUnavailable = "runner_gateway_unavailable"
+	// RunnerGatewayLost: the run's session scope was moved off its lost
+	// gateway while an attempt of the run was driven there (SPEC F3): the
+	// attempt ends retryably and the retry restores the scope's checkpoint
+	// on the new gateway under a new turn generation.
+	RunnerGatewayLost = "runner_gateway_lost"
 	// RunnerHandshakeTimeout: the runner did not complete Hello → Proof within
 	// the gateway's handshake timeout (SPEC S5).
 	RunnerHandshakeTimeout = "runner_handshake_timeout"
@@ -445,6 +450,7 @@ var registry = map[Reason]Info{
 	RunnerExiting:                                 {codes.Unavailable, Transient},
 	RunnerGatewayDraining:                         {codes.Unavailable, Transient},
 	RunnerGatewayUnavailable:                      {codes.Unavailable, Transient},
+	RunnerGatewayLost:                             {codes.Unavailable, Transient},
 	RunnerHandshakeTimeout:                        {codes.DeadlineExceeded, Transient},
 	RunnerHarnessBackupChanged:                    {codes.Aborted, Transient},
 	RunnerHarnessBackupLeaseMissing:               {codes.InvalidArgument, Permanent},

@@ -113,6 +113,7 @@ func run() error {
 		return err
 	}
 	log := srv.Logger()
+	router.Logger = log
 	stopTracing, err := cfg.StartTracing(ctx, log)
 	if err != nil {
 		return err

@@ -500,6 +500,7 @@ func (d *Dispatcher) drive(ctx context.Context, c *store.Claim, cancelCh <-chan 
 	log := d.log.With("run_id", c.RunID, "attempt", c.Attempt)
 	log.Info("run claimed", "turn_generation", c.TurnGeneration)
 	retry := backoff.Backoff{Min: 100 * time.Millisecond, Max: 2 * time.Second}
+	var first gatewayv1.RunnerGatewayClient // the gateway this attempt went to
 	for failures := 0; ; {
 		// Each attach asks where the scope is placed: a move (drain,
 		// failover) that committed meanwhile is followed.
@@ -507,6 +508,19 @@ func (d *Dispatcher) drive(ctx context.Context, c *store.Claim, cancelCh <-chan 
 		if code := failure.CodeOf(err); code == failure.GatewayCapacityExhausted || code == failure.SessionScopeMoving {
 			d.deferRun(ctx, c, err, log)
 			return
+		}
+		if err == nil && first != nil && gw != first {
+			// F3: the scope failed over while this attempt was driven on
+			// its lost gateway, where the turn may have started. The
+			// attempt ends retryably (E11); the retry restores the scope's
+			// checkpoint on the new gateway and starts the turn there under
+			// a new turn generation, so no turn command runs twice.
+			d.recordFailure(ctx, c, failure.New(codes.Unavailable, failure.RunnerGatewayLost,
+				"session scope %s moved off its lost gateway during attempt %d; the retry continues from its checkpoint", c.Scope(), c.Attempt), log)
+			return
+		}
+		if first == nil {
+			first = gw
 		}
 		done := false
 		if err == nil {

@@ -6,6 +6,8 @@ package fleet
 
 import (
 	"context"
+	"errors"
+	"log/slog"
 	"sync"
 	"time"
 
@@ -27,8 +29,14 @@ type Static struct {
 	ID, Addr string
 }
 
+// gatewayLost is store.Placement.State of a gateway past its heartbeat TTL.
+const gatewayLost = "lost"
+
 // Router hands out the gateway client of a session scope.
 type Router struct {
+	// Logger logs failovers (default slog.Default()).
+	Logger *slog.Logger
+
 	store  *store.Store
 	signer *grant.Signer
 	dial   func(addr string) (*grpc.ClientConn, error)
@@ -97,11 +105,41 @@ func (r *Router) Route(ctx context.Context, runID, scope string, in *prpv1.Execu
 	if err != nil {
 		return nil, err
 	}
+	if p.State == gatewayLost {
+		if p, err = r.failOver(ctx, runID, scope, in, p); err != nil {
+			return nil, err
+		}
+	}
 	if p.Moving {
 		return nil, failure.New(codes.Unavailable, failure.SessionScopeMoving,
 			"session scope %s is being moved off gateway %s; the run stays queued until it is placed", scope, p.GatewayID)
 	}
 	return r.Client(p.GatewayID, p.Address)
+}
+
+// failOver re-places a scope whose gateway is lost (SPEC F3) on another
+// active gateway chosen as a first placement is (its labels, least loaded);
+// the scope's next attach restores its latest verified checkpoint there. A
+// move another replica made first is followed.
+func (r *Router) failOver(ctx context.Context, runID, scope string, in *prpv1.ExecutionInput, from *store.Placement) (*store.Placement, error) {
+	p, err := r.store.RePlace(ctx, store.PlaceRequest{Scope: scope, RunID: runID, Labels: in.GetRunner().GetLabels(), TTL: r.ttl},
+		store.Move{From: from.GatewayID})
+	if errors.Is(err, store.ErrMoveRefused) {
+		return r.store.ScopePlacement(ctx, scope, r.ttl)
+	}
+	if err != nil {
+		return nil, err
+	}
+	r.log().Warn("session scope failed over: its gateway is lost", "session_scope", scope, "run_id", runID,
+		"lost_gateway_id", from.GatewayID, "gateway_id", p.GatewayID)
+	return p, nil
+}
+
+func (r *Router) log() *slog.Logger {
+	if r.Logger == nil {
+		return slog.Default()
+	}
+	return r.Logger
 }
 
 // ForScope returns the gateway client of a scope's placement; a scope

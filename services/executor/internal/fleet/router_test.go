@@ -99,3 +99,46 @@ func TestF2_RouterKeepsOneConnectionPerGatewayAndFollowsTheScopesPlacement(t *te
 	_, err = r.Route(ctx, "run-5", "scope-2", &prpv1.ExecutionInput{})
 	require.EqualValues(t, failure.SessionScopeMoving, failure.CodeOf(err))
 }
+
+func TestF3_RouterFailsAScopeOverOffALostGatewayOnce(t *testing.T) {
+	t.Parallel()
+	r, st, _ := newRouter(t)
+	ctx := context.Background()
+	for _, id := range []string{"gw-a", "gw-b"} {
+		_, err := st.RegisterGateway(ctx, store.GatewayAnnouncement{ID: id, Address: "10.0.0.1:" + id, Capacity: 4}, ttl)
+		require.NoError(t, err)
+	}
+	first, err := r.Route(ctx, "run-1", "scope-1", &prpv1.ExecutionInput{})
+	require.NoError(t, err)
+	p, err := st.ScopePlacement(ctx, "scope-1", ttl)
+	require.NoError(t, err)
+	lost := p.GatewayID
+	silence := func(id string) {
+		_, err := st.Pool().Exec(ctx, `UPDATE executor.gateways SET heartbeat_at = now() - interval '1 hour' WHERE gateway_id = $1`, id)
+		require.NoError(t, err)
+	}
+	silence(lost)
+
+	// The next run of the scope moves it to the live gateway, once.
+	moved, err := r.Route(ctx, "run-2", "scope-1", &prpv1.ExecutionInput{})
+	require.NoError(t, err)
+	require.NotSame(t, first, moved)
+	again, err := r.Route(ctx, "run-2", "scope-1", &prpv1.ExecutionInput{})
+	require.NoError(t, err)
+	require.Same(t, moved, again)
+	var (
+		moves int
+		from  string
+		now   string
+	)
+	require.NoError(t, st.Pool().QueryRow(ctx, `SELECT moves, moved_from, gateway_id FROM executor.placements WHERE session_scope = 'scope-1'`).
+		Scan(&moves, &from, &now))
+	require.Equal(t, 1, moves)
+	require.Equal(t, lost, from)
+	require.NotEqual(t, lost, now)
+
+	// No live gateway left: the run waits, visibly, nothing fails.
+	silence(now)
+	_, err = r.Route(ctx, "run-3", "scope-1", &prpv1.ExecutionInput{})
+	require.EqualValues(t, failure.GatewayCapacityExhausted, failure.CodeOf(err), "%v", err)
+}

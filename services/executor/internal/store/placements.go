@@ -81,11 +81,17 @@ const lockPlacements = `SELECT pg_advisory_xact_lock(hashtext('tether.executor.p
 
 // candidatesSQL lists the active gateways (heartbeat within $1, neither
 // draining nor being drained) with their load: the sessions each announced
-// in its last heartbeat plus the scopes placed on it since.
+// in its last heartbeat plus the scopes placed on it since — or, when more,
+// its placed scopes with a run queued or in flight (a burst of first runs:
+// a scope placed just before a heartbeat whose runner was not up yet is in
+// neither of the first two counts, which skewed the spread).
 const candidatesSQL = `
 SELECT g.gateway_id, g.labels, g.capacity,
-       g.sessions + (SELECT count(*) FROM executor.placements p
-                      WHERE p.gateway_id = g.gateway_id AND p.placed_at >= g.heartbeat_at)::int
+       greatest(g.sessions + (SELECT count(*) FROM executor.placements p
+                               WHERE p.gateway_id = g.gateway_id AND p.placed_at >= g.heartbeat_at)::int,
+                (SELECT count(DISTINCT p.session_scope) FROM executor.placements p
+                   JOIN executor.coordinators c ON c.session_scope = p.session_scope
+                  WHERE p.gateway_id = g.gateway_id AND c.phase NOT IN ('completed', 'terminal_failure'))::int)
   FROM executor.gateways g
  WHERE g.heartbeat_at > now() - $1 * interval '1 microsecond' AND NOT g.draining AND g.drain_requested_at IS NULL
  ORDER BY g.gateway_id`
