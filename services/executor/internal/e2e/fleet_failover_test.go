@@ -115,26 +115,16 @@ func (h *harness) runAll(ctx context.Context, client executorv1.ExecutorServiceC
 func TestF3_Fleet_AHostDiesAGatewayDrainsAndAnExecutorStops(t *testing.T) {
 	t.Parallel()
 	n := fleetSessions(t)
-	h := newHarnessWith(t, stack.Options{
+	h := newFleet(t, stack.Options{
 		LeaseTTL: 10 * time.Minute, FakeArgs: []string{"--slow-delta-delay-ms", "700"},
-		ExecutorArgs: []string{"-gateway-ttl", "3s", "-retry-delay", "1s"},
-	}, "backup-verifier", "executor")
+		ExecutorArgs: []string{"-gateway-ttl", "3s", "-retry-delay", "1s", "-same-host-takeover=false"},
+	}, []string{"executor", "executor-2"}, map[string][]string{
+		"runnergw": {"-capacity", "30", "-labels", "zone=a"}, "runnergw-2": {"-capacity", "30", "-labels", "zone=b"},
+		"runnergw-3": {"-capacity", "30", "-labels", "zone=c"},
+	})
 	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
-	require.NoError(t, h.st.AddExecutor("executor-2", "-same-host-takeover=false"))
-	_, err := h.st.Start(ctx, "executor-2")
-	require.NoError(t, err)
 	gateways := []string{"runnergw", "runnergw-2", "runnergw-3"}
-	for i, name := range gateways {
-		args := append(h.st.RegistryArgs("executor", "executor-2"), "-capacity", "30", "-labels", fmt.Sprintf("zone=%c", 'a'+i))
-		if name == "runnergw" {
-			h.st.SetExtraArgs(name, args...)
-		} else {
-			require.NoError(t, h.st.AddGateway(name, args...))
-		}
-		_, err := h.st.Start(ctx, name)
-		require.NoError(t, err)
-	}
 	began := time.Now()
 
 	// 30 warm sessions, spread by capacity.
