@@ -82,16 +82,23 @@ const lockPlacements = `SELECT pg_advisory_xact_lock(hashtext('tether.executor.p
 // candidatesSQL lists the active gateways (heartbeat within $1, neither
 // draining nor being drained) with their load: the sessions each announced
 // in its last heartbeat plus the scopes placed on it since — or, when more,
-// its placed scopes with a run queued or in flight (a burst of first runs:
-// a scope placed just before a heartbeat whose runner was not up yet is in
-// neither of the first two counts, which skewed the spread).
+// its placed scopes with a run queued or in flight or one that ended since
+// shortly before that heartbeat. The second count covers the heartbeat's
+// lag: a scope placed just before a heartbeat whose runner came up after
+// it is in neither of the first two counts (a burst of first runs was
+// skewed, and a capacity-1 gateway took a second scope while the first
+// one's runner was still up), but its run started after the heartbeat's
+// count was taken, so it is in flight or ended after it. The slack covers
+// the time between the gateway counting and the heartbeat arriving.
 const candidatesSQL = `
 SELECT g.gateway_id, g.labels, g.capacity,
        greatest(g.sessions + (SELECT count(*) FROM executor.placements p
                                WHERE p.gateway_id = g.gateway_id AND p.placed_at >= g.heartbeat_at)::int,
-                (SELECT count(DISTINCT p.session_scope) FROM executor.placements p
-                   JOIN executor.coordinators c ON c.session_scope = p.session_scope
-                  WHERE p.gateway_id = g.gateway_id AND c.phase NOT IN ('completed', 'terminal_failure'))::int)
+                (SELECT count(*) FROM executor.placements p
+                  WHERE p.gateway_id = g.gateway_id
+                    AND EXISTS (SELECT 1 FROM executor.runs r
+                                 WHERE r.session_scope = p.session_scope
+                                   AND (r.ended_at IS NULL OR r.ended_at >= g.heartbeat_at - interval '2 seconds')))::int)
   FROM executor.gateways g
  WHERE g.heartbeat_at > now() - $1 * interval '1 microsecond' AND NOT g.draining AND g.drain_requested_at IS NULL
  ORDER BY g.gateway_id`

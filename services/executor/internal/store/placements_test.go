@@ -253,3 +253,38 @@ func TestF4_AScopeMovesOffADrainedGatewayOnlyWhileIdleAndItsCheckpointIsCurrent(
 	require.Equal(t, executorv1.GatewayState_GATEWAY_STATE_ACTIVE, gs[0].GetState())
 	require.Nil(t, gs[0].GetDrain())
 }
+
+// A heartbeat lags the gateway: one counted before a scope's runner came up
+// says 0 sessions although the scope is resident. Its run ended after that
+// heartbeat, so the scope still fills a capacity-1 gateway; a later
+// heartbeat that counts no session (the scope was suspended) frees it.
+func TestF2_AScopeWhoseRunnerCameUpAfterTheLastHeartbeatStillFillsItsGateway(t *testing.T) {
+	t.Parallel()
+	s := newStore(t)
+	ctx := context.Background()
+	register(t, s, "gw-a", 1, 0, nil)
+	submitted(t, s, "first")
+	var scope string
+	require.NoError(t, s.Pool().QueryRow(ctx, `SELECT session_scope FROM executor.runs WHERE run_id = 'first'`).Scan(&scope))
+	p, err := place(t, s, scope, nil)
+	require.NoError(t, err)
+	require.Equal(t, "gw-a", p.GatewayID)
+	register(t, s, "gw-a", 1, 0, nil) // counted before the runner came up
+	finish(t, s, "first")
+
+	_, err = place(t, s, "second-scope", nil)
+	require.EqualValues(t, failure.GatewayCapacityExhausted, failure.CodeOf(err), "the first scope's runner holds the only place")
+
+	register(t, s, "gw-a", 1, 1, nil) // the runner is counted
+	_, err = place(t, s, "second-scope", nil)
+	require.EqualValues(t, failure.GatewayCapacityExhausted, failure.CodeOf(err))
+
+	// The run ended well before the next heartbeat, which counts no
+	// session (the scope was suspended): the place is free.
+	_, err = s.Pool().Exec(ctx, `UPDATE executor.runs SET ended_at = ended_at - interval '3 seconds' WHERE run_id = 'first'`)
+	require.NoError(t, err)
+	register(t, s, "gw-a", 1, 0, nil)
+	p, err = place(t, s, "second-scope", nil)
+	require.NoError(t, err)
+	require.Equal(t, "gw-a", p.GatewayID)
+}
