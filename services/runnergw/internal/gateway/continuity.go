@@ -37,11 +37,21 @@ func (g *Gateway) prepareContinuity(ctx context.Context, r *runner, sc string, o
 	if id := open.GetReplacementId(); id != "" {
 		return g.replaceSession(ctx, r, sc, runID, id, log)
 	}
-	if !g.needsRestore(r, sc) {
+	spec := open.GetRestore()
+	live, hasState := g.localState(r, sc)
+	if live {
 		return nil
 	}
-	if spec := open.GetRestore(); spec != nil {
-		if err := g.restore(ctx, r, sc, runID, open.GetInput().GetProvider().GetKind(), spec); err != nil {
+	stale := hasState && spec != nil && (spec.GetMinSourceSeq() > 0 || !localStateIsCheckpoint(g.stateDir(sc), spec.GetCheckpointId()))
+	if hasState && !stale {
+		return nil
+	}
+	if spec != nil {
+		if stale {
+			log.Warn("the scope's local runner state is not its current checkpoint (it ran elsewhere since); restoring the checkpoint",
+				"checkpoint_id", spec.GetCheckpointId())
+		}
+		if err := g.restore(ctx, r, sc, runID, open.GetInput().GetProvider().GetKind(), spec, stale); err != nil {
 			log.Warn("restore refused", "checkpoint_id", spec.GetCheckpointId(), "err", err)
 			return err
 		}

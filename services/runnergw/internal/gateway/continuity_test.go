@@ -8,9 +8,11 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/tether-run/tether/pkg/failure"
 	gatewayv1 "github.com/tether-run/tether/pkg/gen/tether/gateway/v1"
+	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/scope"
 )
 
@@ -78,4 +80,98 @@ func TestF3_GatewayFailsClosedOnALostScopeAndAReplacementStartsAFreshRootOnce(t 
 		PriorRuns: append(prior, terminalRun("run-2", in)), ContinuityRequired: true})
 	require.EqualValues(t, failure.RunnerHarnessStateMismatch, failure.CodeOf(err), "%v", err)
 	require.NoDirExists(t, root)
+}
+
+// A gateway lost and back with its disk holds the root of a scope that was
+// failed over and ran elsewhere since. Placed here again, the scope must
+// continue from its current checkpoint, not from the old root: the old
+// root is moved aside and the checkpoint restored. A root that is exactly
+// the checkpoint (this gateway took it and nothing ran since) is resumed
+// without a download.
+func TestF3_AGatewayBackWithAnOldRootRestoresTheScopesCurrentCheckpoint(t *testing.T) {
+	fv, client := startFakeVerifier(t)
+	withBackup := func(c *Config) { c.Backup = client }
+	a, b := newRelay(t, withBackup), newRelay(t, withBackup)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	in := testInput("moved", "acme", "first")
+	sc := scope.Of(in)
+	prompt := func(p string) *prpv1.ExecutionInput {
+		c := proto.Clone(in).(*prpv1.ExecutionInput)
+		c.Task.Prompt = p
+		return c
+	}
+	specOf := func(r *gatewayv1.SuspendRunnerResponse) *gatewayv1.RestoreSpec {
+		return &gatewayv1.RestoreSpec{CheckpointId: r.GetCheckpoint().GetCheckpointId(), Stamp: r.GetStamp(), LeaseId: r.GetLeaseId()}
+	}
+	downloads := func() int {
+		fv.mu.Lock()
+		defer fv.mu.Unlock()
+		return fv.downloads
+	}
+	// The executor's records of the scope's earlier runs, all ended.
+	inputs := map[string]*prpv1.ExecutionInput{"run-1": in, "run-2": prompt("second"), "run-3": prompt("second"),
+		"run-4": prompt("third"), "run-5": prompt("third"), "run-6": prompt("fourth")}
+	ended := func(ids ...string) {
+		var prior []*gatewayv1.PriorRun
+		for _, id := range ids {
+			prior = append(prior, &gatewayv1.PriorRun{RunId: id, Status: "succeeded", Terminal: true, Input: inputs[id]})
+		}
+		a.prior, b.prior = prior, prior
+	}
+	finalMessage := func(evs []*prpv1.Event) string {
+		t.Helper()
+		term := evs[len(evs)-1].GetPayload().AsMap()
+		require.Equal(t, "succeeded", term["runTerminalState"], "%v", term)
+		return term["finalMessage"].(string)
+	}
+
+	// On A: a turn, then a verified suspension (checkpoint 1).
+	_, evs := a.turn(ctx, "run-1", nil, in, nil)
+	requireSucceeded(t, evs)
+	a.waitDetached(sc)
+	cp1, err := a.client.SuspendRunner(ctx, &gatewayv1.SuspendRunnerRequest{Input: in, Reason: "idle"})
+	require.NoError(t, err)
+
+	// Its next run on A resumes the local root, which is checkpoint 1.
+	ended("run-1")
+	_, err = a.openWith(ctx, "run-2", prompt("second"), specOf(cp1), a.prior...)
+	require.NoError(t, err)
+	require.Zero(t, downloads(), "the local root is the checkpoint: nothing downloaded")
+	a.waitDetached(sc)
+	ended("run-1", "run-2")
+	_, evs = a.turn(ctx, "run-3", nil, prompt("second"), nil)
+	require.Contains(t, finalMessage(evs), "2 earlier messages")
+	a.waitDetached(sc)
+	cp2, err := a.client.SuspendRunner(ctx, &gatewayv1.SuspendRunnerRequest{Input: in, Reason: "idle"})
+	require.NoError(t, err)
+
+	// A is lost; the scope fails over to B from checkpoint 2 and runs a
+	// turn there, then suspends (checkpoint 3).
+	ended("run-1", "run-2", "run-3")
+	_, err = b.openWith(ctx, "run-4", prompt("third"), specOf(cp2), b.prior...)
+	require.NoError(t, err)
+	require.Equal(t, 1, downloads())
+	b.waitDetached(sc)
+	ended("run-1", "run-2", "run-3", "run-4")
+	_, evs = b.turn(ctx, "run-5", nil, prompt("third"), nil)
+	require.Contains(t, finalMessage(evs), "4 earlier messages")
+	b.waitDetached(sc)
+	cp3, err := b.client.SuspendRunner(ctx, &gatewayv1.SuspendRunnerRequest{Input: in, Reason: "idle"})
+	require.NoError(t, err)
+
+	// A is back with its old root (checkpoint 2's); the scope is placed on
+	// A again with checkpoint 3: A restores it and the thread has every
+	// turn.
+	ended("run-1", "run-2", "run-3", "run-4", "run-5")
+	_, err = a.openWith(ctx, "run-6", prompt("fourth"), specOf(cp3), a.prior...)
+	require.NoError(t, err)
+	require.Equal(t, 2, downloads(), "the old root is not the current checkpoint: restored")
+	a.waitDetached(sc)
+	ended("run-1", "run-2", "run-3", "run-4", "run-5", "run-6")
+	_, evs = a.turn(ctx, "run-7", nil, prompt("fourth"), nil)
+	require.Contains(t, finalMessage(evs), "6 earlier messages")
+	breaks, err := os.ReadDir(filepath.Join(a.cfg.StateRoot, sc, "continuity-breaks"))
+	require.NoError(t, err)
+	require.Len(t, breaks, 1, "the old root was moved aside, not deleted")
 }

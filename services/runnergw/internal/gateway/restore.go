@@ -21,17 +21,14 @@ import (
 	"github.com/tether-run/tether/pkg/scope/durable"
 )
 
-// needsRestore reports whether the scope has neither a live runner nor
-// runner state on disk, so a restore spec applies.
-func (g *Gateway) needsRestore(r *runner, sc string) bool {
+// localState reports whether the scope has a live runner, and whether it
+// has runner state on disk.
+func (g *Gateway) localState(r *runner, sc string) (live, hasState bool) {
 	r.mu.Lock()
-	live := r.conn != nil || r.child != nil
+	live = r.conn != nil || r.child != nil
 	r.mu.Unlock()
-	if live {
-		return false
-	}
 	_, err := os.Lstat(runnerstate.Path(g.stateDir(sc)))
-	return errors.Is(err, os.ErrNotExist)
+	return live, !errors.Is(err, os.ErrNotExist)
 }
 
 // unverified refuses a restore whose backup does not verify; cause (a
@@ -48,8 +45,10 @@ func unverified(cause failure.Reason, format string, args ...any) error {
 // by the verifier, which re-hashes the stored backup), the downloaded
 // archive is checked entry by entry into a private staging directory, the
 // restored runner identity must equal the manifest's, and only then is the
-// staged tree renamed into place. Any refusal leaves nothing behind.
-func (g *Gateway) restore(ctx context.Context, r *runner, sc, runID, kind string, spec *gatewayv1.RestoreSpec) error {
+// staged tree renamed into place (stale local state, when replaceLocal, is
+// moved aside into continuity-breaks/ first). Any refusal leaves nothing
+// behind and the local state untouched.
+func (g *Gateway) restore(ctx context.Context, r *runner, sc, runID, kind string, spec *gatewayv1.RestoreSpec, replaceLocal bool) error {
 	if g.cfg.Backup == nil {
 		return failure.New(codes.FailedPrecondition, failure.RunnerHarnessBackupUnavailable, "a restore needs a backup verifier (-backup-addr)")
 	}
@@ -162,6 +161,13 @@ func (g *Gateway) restore(ctx context.Context, r *runner, sc, runID, kind string
 	if err := os.MkdirAll(scopeDir, 0o700); err != nil {
 		return failure.Wrap(err, codes.Internal, failure.RunnerRemoteCheckpointRestoreFailed, "%v", err)
 	}
+	if replaceLocal {
+		dest, err := archiveState(scopeDir)
+		if err != nil {
+			return failure.Wrap(err, codes.Internal, failure.RunnerRemoteCheckpointRestoreFailed, "moving stale runner state aside: %v", err)
+		}
+		g.log.Warn("stale runner state moved aside", "session_scope", sc, "archive", dest)
+	}
 	if err := swapIn(scopeDir, stage, payload, prof.home); err != nil {
 		return err
 	}
@@ -174,6 +180,11 @@ func (g *Gateway) restore(ctx context.Context, r *runner, sc, runID, kind string
 	if err := durable.Bind(scopeDir, durable.Identity{RunID: runID, NormalizedSessionID: rs.Identity.NormalizedSessionID,
 		RunnerInstanceID: rs.Identity.RunnerInstanceID, EnvironmentLeaseID: restoredLease}); err != nil {
 		return err
+	}
+	if err := markCheckpoint(scopeDir, spec.GetCheckpointId()); err != nil {
+		// Only costs a download: the next Open with this checkpoint
+		// restores it again.
+		g.log.Warn("marking the restored checkpoint", "session_scope", sc, "err", err)
 	}
 	r.mu.Lock()
 	// The restored runner's cursors are its own, not those of whatever ran

@@ -168,6 +168,9 @@ func (g *Gateway) SuspendRunner(ctx context.Context, req *gatewayv1.SuspendRunne
 				"moving the runner state of scope %s aside after checkpoint %s: %v", sc, receipt.GetCheckpoint().GetCheckpointId(), err)
 		}
 		log.Info("runner state archived; the next run restores the checkpoint", "archive", dest)
+	} else if err := markCheckpoint(dir, receipt.GetCheckpoint().GetCheckpointId()); err != nil {
+		// Only costs a download: the next Open restores the checkpoint.
+		log.Warn("marking the checkpoint", "checkpoint_id", receipt.GetCheckpoint().GetCheckpointId(), "err", err)
 	}
 	log.Info("runner suspended and checkpointed", "runner_instance_id", st.Identity.RunnerInstanceID,
 		"checkpoint_id", receipt.GetCheckpoint().GetCheckpointId(), "manifest_digest", receipt.GetCheckpoint().GetManifestDigest(),

@@ -40,6 +40,7 @@ type fakeVerifier struct {
 	// claimRunner, when set, is the runner instance the manifest and stamp
 	// name instead of the uploaded one (a backup of another runner).
 	claimRunner string
+	downloads   int
 }
 
 func sum(b []byte) string { s := sha256.Sum256(b); return "sha256:" + hex.EncodeToString(s[:]) }
@@ -98,6 +99,7 @@ func (f *fakeVerifier) VerifyStamp(_ context.Context, req *backupv1.VerifyStampR
 func (f *fakeVerifier) DownloadCheckpoint(req *backupv1.DownloadCheckpointRequest, stream grpc.ServerStreamingServer[backupv1.DownloadCheckpointResponse]) error {
 	f.mu.Lock()
 	cp, data := f.cps[req.GetCheckpointId()], f.archives[req.GetCheckpointId()]
+	f.downloads++
 	f.mu.Unlock()
 	if err := stream.Send(&backupv1.DownloadCheckpointResponse{Part: &backupv1.DownloadCheckpointResponse_Checkpoint{Checkpoint: cp}}); err != nil {
 		return err

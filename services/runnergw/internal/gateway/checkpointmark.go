@@ -1,0 +1,71 @@
+package gateway
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"os"
+	"path/filepath"
+
+	"github.com/tether-run/tether/pkg/atomicfile"
+	"github.com/tether-run/tether/pkg/runnerstate"
+)
+
+// A scope's local runner state may be older than the scope: a gateway that
+// was lost and came back with its disk holds the roots of scopes that were
+// failed over and ran elsewhere since. When such a scope is placed here
+// again, its Open carries its current checkpoint, and that checkpoint —
+// not the local root — is the scope's state (no runner attached since it
+// was taken). The checkpoint mark tells the two apart without a download:
+// this gateway writes it when it checkpoints a suspended runner or restores
+// a checkpoint, naming the checkpoint and the digest of the runner state
+// document at that moment. Local state that is not exactly the checkpoint's
+// (another checkpoint, or a runner state changed since) is moved aside and
+// the checkpoint restored.
+
+// checkpointMarkFile lives in the scope's root, outside the checkpointed
+// directories.
+const checkpointMarkFile = "checkpoint-mark.json"
+
+type checkpointMark struct {
+	CheckpointID      string `json:"checkpointId"`
+	RunnerStateSHA256 string `json:"runnerStateSha256"`
+}
+
+func runnerStateDigest(scopeDir string) (string, error) {
+	b, err := os.ReadFile(runnerstate.Path(scopeDir))
+	if err != nil {
+		return "", err
+	}
+	s := sha256.Sum256(b)
+	return hex.EncodeToString(s[:]), nil
+}
+
+// markCheckpoint records that the scope's runner state is now checkpoint
+// id's.
+func markCheckpoint(scopeDir, id string) error {
+	d, err := runnerStateDigest(scopeDir)
+	if err != nil {
+		return err
+	}
+	b, err := json.Marshal(checkpointMark{CheckpointID: id, RunnerStateSHA256: d})
+	if err != nil {
+		return err
+	}
+	return atomicfile.Write(scopeDir, checkpointMarkFile, b, 0o600)
+}
+
+// localStateIsCheckpoint reports whether the scope's runner state on disk
+// is exactly checkpoint id's, as this gateway marked it.
+func localStateIsCheckpoint(scopeDir, id string) bool {
+	b, err := os.ReadFile(filepath.Join(scopeDir, checkpointMarkFile))
+	if err != nil {
+		return false
+	}
+	var m checkpointMark
+	if json.Unmarshal(b, &m) != nil || m.CheckpointID == "" || m.CheckpointID != id {
+		return false
+	}
+	d, err := runnerStateDigest(scopeDir)
+	return err == nil && d == m.RunnerStateSHA256
+}
