@@ -300,7 +300,9 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 			var c *store.Claim
 			if fair = d.overShare(ctx); !fair {
 				var err error
-				c, err = d.store.ClaimNext(ctx, d.cfg.Owner, d.cfg.LeaseTTL, d.self)
+				c, err = d.claim(ctx, func(cctx context.Context) (*store.Claim, error) {
+					return d.store.ClaimNext(cctx, d.cfg.Owner, d.cfg.LeaseTTL, d.self)
+				})
 				if err != nil && ctx.Err() == nil {
 					d.log.Error("claim failed", "err", err)
 				}
@@ -353,7 +355,11 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 func (d *Dispatcher) SubmitAndClaim(ctx context.Context, runID string, in *prpv1.ExecutionInput) (created bool, err error) {
 	if sem := d.freeSlot(ctx); sem != nil {
 		var c *store.Claim
-		created, c, err = d.store.SubmitClaim(ctx, runID, in, d.cfg.Owner, d.cfg.LeaseTTL, d.self)
+		// Not cancelled midway by the caller going away: the run is
+		// durable either way, and a claim that committed must be driven.
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), claimTimeout)
+		created, c, err = d.store.SubmitClaim(sctx, runID, in, d.cfg.Owner, d.cfg.LeaseTTL, d.self)
+		cancel()
 		if c != nil {
 			d.metrics.claims.Inc()
 			d.startClaimed(c, sem)
@@ -439,6 +445,31 @@ func (d *Dispatcher) start(ctx context.Context, c *store.Claim, sem chan struct{
 	}()
 }
 
+// claimTimeout bounds one claim statement.
+const claimTimeout = 30 * time.Second
+
+// claim runs one claim statement so that its outcome is never lost. A
+// statement cancelled after it reached the database may still commit (the
+// server reads it after the cancel request arrived, or finishes before it):
+// the claimer would see an error while the run sat under its lease, driven
+// by nobody until the lease lapsed — with a long lease and a stopping
+// replica, for minutes. So the statement is not cancelled with ctx; a claim
+// that commits after ctx ended (the dispatcher is stopping) is handed back
+// at once, and nothing is claimed once ctx has ended.
+func (d *Dispatcher) claim(ctx context.Context, f func(context.Context) (*store.Claim, error)) (*store.Claim, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), claimTimeout)
+	defer cancel()
+	c, err := f(cctx)
+	if c != nil && ctx.Err() != nil {
+		d.handBack(c)
+		return nil, ctx.Err()
+	}
+	return c, err
+}
+
 // handBackTimeout bounds the release of one lease at shutdown.
 const handBackTimeout = 5 * time.Second
 
@@ -472,8 +503,10 @@ func (d *Dispatcher) takeOverDead(ctx context.Context) *store.Claim {
 		if !ControllerDead(h.Controller) {
 			continue
 		}
-		c, err := d.store.ClaimRun(ctx, h.RunID, d.cfg.Owner, d.cfg.LeaseTTL, d.self, nil,
-			&store.DeadProof{Owner: h.Owner, Attempt: h.Attempt, Controller: h.Controller})
+		c, err := d.claim(ctx, func(cctx context.Context) (*store.Claim, error) {
+			return d.store.ClaimRun(cctx, h.RunID, d.cfg.Owner, d.cfg.LeaseTTL, d.self, nil,
+				&store.DeadProof{Owner: h.Owner, Attempt: h.Attempt, Controller: h.Controller})
+		})
 		if err != nil {
 			d.log.Info("takeover refused", "run_id", h.RunID, "err", err)
 			continue

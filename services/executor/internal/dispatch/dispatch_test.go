@@ -214,3 +214,38 @@ func TestP2_ACancellationAcknowledgementWakesTheRunsWaiters(t *testing.T) {
 	defer d.mu.Unlock()
 	require.Len(t, d.ackWaiters, 1, "only the other run's waiter is left")
 }
+
+// A claim statement that reaches the database as the dispatcher stops may
+// still commit. Its outcome must not be lost: the statement is not
+// cancelled with the dispatcher, and a claim that committed after the stop
+// is handed back at once, so another replica claims the run now instead of
+// after the lease (here ten minutes) lapses. Nothing is claimed once the
+// stop is seen. (TestF5_SIGTERMHandsEveryLeaseBack… once left a run under
+// a dead replica's lease this way.)
+func TestF5_AClaimThatCommitsWhileTheDispatcherStopsIsHandedBackAtOnce(t *testing.T) {
+	s := newStore(t)
+	bg := context.Background()
+	_, _, err := s.SubmitRun(bg, "r", input("s"))
+	require.NoError(t, err)
+	d := New(s, Config{Owner: "stopping", LeaseTTL: 10 * time.Minute, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+
+	ctx, stop := context.WithCancel(bg)
+	c, err := d.claim(ctx, func(cctx context.Context) (*store.Claim, error) {
+		stop() // the dispatcher stops while the statement is on its way
+		require.NoError(t, cctx.Err(), "the statement is not cancelled with the dispatcher")
+		return s.ClaimNext(cctx, "stopping", 10*time.Minute, store.Controller{})
+	})
+	require.Nil(t, c)
+	require.ErrorIs(t, err, context.Canceled)
+	next, err := s.ClaimNext(bg, "successor", time.Minute, store.Controller{})
+	require.NoError(t, err)
+	require.NotNil(t, next, "the lease was handed back: claimable at once")
+	require.Equal(t, "r", next.RunID)
+	require.EqualValues(t, 2, next.Attempt)
+
+	called := false
+	c, err = d.claim(ctx, func(context.Context) (*store.Claim, error) { called = true; return nil, nil })
+	require.Nil(t, c)
+	require.ErrorIs(t, err, context.Canceled)
+	require.False(t, called, "nothing is claimed once the stop is seen")
+}
