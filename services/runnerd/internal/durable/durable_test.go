@@ -205,3 +205,40 @@ func TestR4_HighestAttemptsAreBoundedToTheRecentRuns(t *testing.T) {
 	old.NoteAttempt("run-new", 1)
 	require.Len(t, old.HighestAttempts, runnerstate.MaxTrackedRuns)
 }
+
+// A provider host mark no journaled event carries (it arrived after its
+// line's events were appended, or its line had none) is journaled on its
+// own, and survives a reopen and a compaction that drops every record
+// carrying a cursor: a restarted runnerd resumes the host after it and
+// never journals a line's events twice.
+func TestR4_OutboxKeepsTheProviderCursorNoEventCarries(t *testing.T) {
+	dir := t.TempDir()
+	o, _, err := OpenOutbox(dir, 0)
+	require.NoError(t, err)
+	withCursor := func(r Record, c uint64) Record { r.ProviderCursor = c; return r }
+	require.NoError(t, o.Append(rec(1), withCursor(rec(2), 7)))
+	require.NoError(t, o.Append(rec(3))) // line 8's events; its mark not yet here
+	require.NoError(t, o.MarkCursor(8))  // the mark, on its own
+	require.NoError(t, o.MarkCursor(6), "an older mark changes nothing")
+	require.NoError(t, o.Close())
+
+	o, dropped, err := OpenOutbox(dir, 0)
+	require.NoError(t, err)
+	assert.Zero(t, dropped)
+	assert.Equal(t, uint64(8), o.ProviderCursor())
+	assert.Equal(t, uint64(3), o.LastSeq())
+	require.Len(t, o.After(0), 3, "a cursor record is no event")
+	require.NoError(t, o.Append(rec(4)))
+
+	// Every record is acknowledged and compacted away: the cursor stays.
+	o.Forget(4)
+	require.NoError(t, o.Compact())
+	require.NoError(t, o.Close())
+	o, dropped, err = OpenOutbox(dir, 4)
+	require.NoError(t, err)
+	defer o.Close()
+	assert.Zero(t, dropped)
+	assert.Equal(t, uint64(8), o.ProviderCursor())
+	assert.Zero(t, o.Len())
+	require.NoError(t, o.Append(rec(5)), "appends go on after a cursor record")
+}

@@ -107,10 +107,12 @@ func (o *Outbox) load(acked uint64) (int64, error) {
 			break
 		}
 		rec, ok := decodeLine(b)
-		if !ok || (last != 0 && rec.SourceSeq <= last) {
+		if !ok || (!rec.isCursor() && last != 0 && rec.SourceSeq <= last) {
 			break // torn or corrupt tail: everything from here is dropped
 		}
-		last = rec.SourceSeq
+		if !rec.isCursor() {
+			last = rec.SourceSeq
+		}
 		lines = append(lines, line{rec, int64(len(b))})
 		if rec.BatchEnd {
 			ended, marked = len(lines), true
@@ -127,8 +129,13 @@ func (o *Outbox) load(acked uint64) (int64, error) {
 	var off int64
 	for _, l := range lines {
 		rec := l.rec
-		o.last = rec.SourceSeq
 		o.cursor = max(o.cursor, rec.ProviderCursor)
+		if rec.isCursor() {
+			o.dead += l.n
+			off += l.n
+			continue
+		}
+		o.last = rec.SourceSeq
 		if rec.SourceSeq > acked {
 			o.recs = append(o.recs, rec)
 			o.sizes = append(o.sizes, l.n)
@@ -148,10 +155,49 @@ func (o *Outbox) load(acked uint64) (int64, error) {
 
 func decodeLine(line []byte) (Record, bool) {
 	var rec Record
-	if !runnerstate.Unframe(line, &rec) || rec.SourceSeq == 0 || len(rec.Envelope) == 0 {
+	if !runnerstate.Unframe(line, &rec) {
+		return Record{}, false
+	}
+	if rec.isCursor() {
+		return rec, true
+	}
+	if rec.SourceSeq == 0 || len(rec.Envelope) == 0 {
 		return Record{}, false
 	}
 	return rec, true
+}
+
+// isCursor reports whether rec is a cursor record (see MarkCursor): no
+// event, only a provider host cursor.
+func (r Record) isCursor() bool {
+	return r.SourceSeq == 0 && (len(r.Envelope) == 0 || string(r.Envelope) == "null") && r.ProviderCursor > 0 && r.BatchEnd
+}
+
+// MarkCursor journals that every provider line through cursor has had its
+// events journaled, when no event carries it: a host mark that arrived
+// after its line's events were appended (or for a line without events).
+// Lost, the line would be replayed to a restarted runnerd and its events
+// journaled again under new seqs. The record is written without an fsync:
+// the provider host that replays lines outlives only a runnerd process
+// (whose written bytes the kernel keeps), never the machine, and the next
+// append's fsync covers it anyway. It is not sent and not live.
+func (o *Outbox) MarkCursor(cursor uint64) error {
+	if cursor <= o.cursor {
+		return nil
+	}
+	line, err := encodeLine(Record{ProviderCursor: cursor, BatchEnd: true})
+	if err != nil {
+		return err
+	}
+	if _, err := o.f.Write(line); err != nil {
+		_ = o.f.Truncate(o.size)
+		_, _ = o.f.Seek(o.size, io.SeekStart)
+		return err
+	}
+	o.size += int64(len(line))
+	o.dead += int64(len(line))
+	o.cursor = cursor
+	return nil
 }
 
 func encodeLine(rec Record) ([]byte, error) {
@@ -247,15 +293,28 @@ func (o *Outbox) CompactDue() bool {
 }
 
 // Compact rewrites the log with only the live records (temp sibling, fsync,
-// rename, dir fsync) and reopens it for appends.
+// rename, dir fsync) and reopens it for appends. The provider host cursor
+// survives it: when no live record carries it, a cursor record ends the
+// log (the acknowledged records that carried it are gone).
 func (o *Outbox) Compact() error {
 	var buf bytes.Buffer
+	var carried uint64
 	for _, r := range o.recs {
 		line, err := encodeLine(r)
 		if err != nil {
 			return err
 		}
 		buf.Write(line)
+		carried = max(carried, r.ProviderCursor)
+	}
+	dead := int64(0)
+	if o.cursor > carried {
+		line, err := encodeLine(Record{ProviderCursor: o.cursor, BatchEnd: true})
+		if err != nil {
+			return err
+		}
+		buf.Write(line)
+		dead = int64(len(line))
 	}
 	if err := WriteFileAtomic(o.dir, OutboxFile, buf.Bytes()); err != nil {
 		return err
@@ -271,7 +330,7 @@ func (o *Outbox) Compact() error {
 	_ = o.f.Close()
 	o.f = f
 	o.size = int64(buf.Len())
-	o.dead = 0
+	o.dead = dead
 	return nil
 }
 

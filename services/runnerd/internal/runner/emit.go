@@ -218,6 +218,16 @@ func (r *Runner) pumpProviderEvents() {
 	r.journalProvider(evs, cursor)
 }
 
+// pumpStreamedEvents is pumpProviderEvents while the provider streams: a
+// line's events wait (briefly) for their provider host mark (supervisor.streamed).
+func (r *Runner) pumpStreamedEvents() {
+	evs, cursor, any := r.sup.streamed()
+	if any {
+		r.lastActivity = time.Now()
+	}
+	r.journalProvider(evs, cursor)
+}
+
 // providerEvents drains the provider events queued so far, and the
 // provider host cursor they reach (0: none).
 func (r *Runner) providerEvents() ([]pendingEvent, uint64) {
@@ -243,8 +253,14 @@ func (r *Runner) journalProvider(evs []pendingEvent, cursor uint64) {
 	r.emitAll(evs)
 	r.j.cursor = 0
 	r.j.hold = hold
-	if cursor > r.st.ProviderCursor && (r.exit == nil || !r.exit.immediate) {
-		r.st.ProviderCursor = cursor
+	if cursor > 0 && (r.exit == nil || !r.exit.immediate) {
+		// A mark no journaled event carried (it came after its line's
+		// events were journaled, or for a line without events) is
+		// journaled on its own: a restart must not replay its line.
+		if err := r.j.outbox.MarkCursor(cursor); err != nil {
+			r.log.Warn("journaling the provider host cursor", "cursor", cursor, "err", err)
+		}
+		r.st.ProviderCursor = max(r.st.ProviderCursor, cursor)
 	}
 	if r.requestsDirty && !hold && r.exit == nil {
 		// A request opened or settled: the state follows soon, so that a

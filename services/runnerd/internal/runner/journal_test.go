@@ -371,3 +371,38 @@ func TestR4_TurnStartedThatFollowsTheAnswerSharesTheFsyncOfRunAttached(t *testin
 	require.NoError(t, r.j.settleSaves())
 	assert.Equal(t, [][]string{{"run.attached", EventCommandExecuted, "turn.started"}}, appends)
 }
+
+// While the provider streams under a provider host, a line's events are
+// drained only with the mark behind them, so they are journaled with their
+// cursor; events no mark follows are taken once they waited the hold.
+func TestR4_StreamedEventsWaitForTheirLinesMark(t *testing.T) {
+	q := newEventQueue()
+	delta := func(d string) ProviderEvent {
+		return ProviderEvent{Type: "item.delta", Payload: map[string]any{"delta": d}}
+	}
+	q.push(1, delta("a"))
+	q.push(1, ProviderEvent{Cursor: 4})
+	q.push(1, delta("b")) // line 5's event; its mark is on its way
+	items, wait := q.drainThroughMark(time.Hour)
+	require.Len(t, items, 2)
+	assert.Equal(t, uint64(4), items[1].ev.Cursor)
+	assert.Positive(t, wait, "the rest waits for its mark")
+
+	q.push(1, ProviderEvent{Cursor: 5})
+	items, wait = q.drainThroughMark(time.Hour)
+	require.Len(t, items, 2, "line 5's event with its mark")
+	assert.Equal(t, "b", items[0].ev.Payload["delta"])
+	assert.Zero(t, wait)
+
+	q.push(1, delta("c")) // raised outside any host line: no mark follows
+	items, wait = q.drainThroughMark(0)
+	require.Len(t, items, 1, "taken once it waited the hold")
+	assert.Zero(t, wait)
+
+	// Without a provider host no mark ever comes: nothing waits.
+	s := newSupervisor(nil)
+	s.queue.push(1, delta("d"))
+	evs, _, any := s.streamed()
+	assert.True(t, any)
+	require.Len(t, evs, 1)
+}

@@ -539,7 +539,7 @@ func (r *Runner) loop(ctx context.Context) int {
 				// The turn's last events and its terminal: one batch.
 				r.onTurnDone(res)
 			default:
-				r.pumpProviderEvents()
+				r.pumpStreamedEvents()
 			}
 		case res := <-turnDone:
 			r.onTurnDone(res)
