@@ -120,8 +120,22 @@ func (r *Router) Route(ctx context.Context, runID, scope string, in *prpv1.Execu
 // failOver re-places a scope whose gateway is lost (SPEC F3) on another
 // active gateway chosen as a first placement is (its labels, least loaded);
 // the scope's next attach restores its latest verified checkpoint there. A
-// move another replica made first is followed.
+// move another replica made first is followed. A scope that cannot follow
+// (store.CanFailOver) stays and its run fails closed with
+// runner_harness_state_mismatch.
 func (r *Router) failOver(ctx context.Context, runID, scope string, in *prpv1.ExecutionInput, from *store.Placement) (*store.Placement, error) {
+	ok, err := r.store.CanFailOver(ctx, scope, runID)
+	if err != nil {
+		return nil, err
+	}
+	if !ok {
+		// The thread is only on the lost gateway's disk: the scope stays
+		// placed there, so bringing that gateway back resumes it.
+		return nil, failure.New(codes.FailedPrecondition, failure.RunnerHarnessStateMismatch,
+			"session scope %s is on gateway %s, which is lost, and has no verified checkpoint to continue from elsewhere; "+
+				"nothing was started: bring the gateway back (the same -gateway-id and -state-root) or call ReplaceSession "+
+				"(a fresh provider session)", scope, from.GatewayID)
+	}
 	p, err := r.store.RePlace(ctx, store.PlaceRequest{Scope: scope, RunID: runID, Labels: in.GetRunner().GetLabels(), TTL: r.ttl},
 		store.Move{From: from.GatewayID})
 	if errors.Is(err, store.ErrMoveRefused) {

@@ -142,3 +142,70 @@ func TestF3_RouterFailsAScopeOverOffALostGatewayOnce(t *testing.T) {
 	_, err = r.Route(ctx, "run-3", "scope-1", &prpv1.ExecutionInput{})
 	require.EqualValues(t, failure.GatewayCapacityExhausted, failure.CodeOf(err), "%v", err)
 }
+
+// A scope whose thread is only on its lost gateway's disk (a runner served
+// it, no verified checkpoint) does not move: its run fails closed, and the
+// scope stays placed there, so the gateway coming back resumes it; an
+// operator's ReplaceSession lets it move (a fresh provider session). Moved
+// without either, it would fail closed elsewhere and its old root could be
+// resumed stale should it ever be placed back.
+func TestF3_AScopeWithoutACheckpointStaysOnItsLostGatewayUntilItReturnsOrIsReplaced(t *testing.T) {
+	t.Parallel()
+	r, st, _ := newRouter(t)
+	ctx := context.Background()
+	register := func(id string) {
+		_, err := st.RegisterGateway(ctx, store.GatewayAnnouncement{ID: id, Address: "10.0.0.1:" + id, Capacity: 4}, ttl)
+		require.NoError(t, err)
+	}
+	silence := func(id string) {
+		_, err := st.Pool().Exec(ctx, `UPDATE executor.gateways SET heartbeat_at = now() - interval '1 hour' WHERE gateway_id = $1`, id)
+		require.NoError(t, err)
+	}
+	register("gw-a")
+	register("gw-b")
+	in := &prpv1.ExecutionInput{
+		Provider: &prpv1.Provider{Kind: "codex"},
+		Binding:  &prpv1.Binding{CompanyId: "acme", AgentId: "agent-1"},
+		Task:     &prpv1.Task{Prompt: "x"},
+		Session:  &prpv1.Session{NormalizedSessionId: "thread", Lifecycle: &prpv1.Lifecycle{Mode: prpv1.LifecycleMode_LIFECYCLE_MODE_WARM}},
+	}
+	for _, id := range []string{"run-1", "run-2"} {
+		_, err := st.Submit(ctx, id, in)
+		require.NoError(t, err)
+	}
+	var scope string
+	require.NoError(t, st.Pool().QueryRow(ctx, `SELECT session_scope FROM executor.runs WHERE run_id = 'run-1'`).Scan(&scope))
+	first, err := r.Route(ctx, "run-1", scope, in)
+	require.NoError(t, err)
+	p, err := st.ScopePlacement(ctx, scope, ttl)
+	require.NoError(t, err)
+	home := p.GatewayID
+	_, err = st.Pool().Exec(ctx, `UPDATE executor.runs SET runner_instance_id = 'runner-1', state = 'succeeded', ended_at = now() WHERE run_id = 'run-1'`)
+	require.NoError(t, err)
+
+	silence(home)
+	_, err = r.Route(ctx, "run-2", scope, in)
+	require.EqualValues(t, failure.RunnerHarnessStateMismatch, failure.CodeOf(err), "%v", err)
+	require.Contains(t, err.Error(), "bring the gateway back")
+	p, err = st.ScopePlacement(ctx, scope, ttl)
+	require.NoError(t, err)
+	require.Equal(t, home, p.GatewayID, "the scope stays where its thread is")
+
+	// The gateway comes back: the scope's runs go there again.
+	register(home)
+	back, err := r.Route(ctx, "run-2", scope, in)
+	require.NoError(t, err)
+	require.Same(t, first, back)
+
+	// Lost again, and an operator gives the thread up: the scope moves.
+	silence(home)
+	_, err = st.RecordReplacement(ctx, store.ReplacementRequest{Scope: scope, CompanyID: "acme", SessionID: "thread",
+		RequestedBy: "operator", Reason: "host gone for good"})
+	require.NoError(t, err)
+	moved, err := r.Route(ctx, "run-2", scope, in)
+	require.NoError(t, err)
+	require.NotSame(t, first, moved)
+	p, err = st.ScopePlacement(ctx, scope, ttl)
+	require.NoError(t, err)
+	require.NotEqual(t, home, p.GatewayID)
+}

@@ -123,3 +123,36 @@ func applyReplacement(ctx context.Context, tx pgx.Tx, id, runID string) (bool, e
  WHERE replacement_id = $1 AND applied_run_id IS NULL`, id, runID)
 	return tag.RowsAffected() == 1, err
 }
+
+// CanFailOver reports whether session scope scope can follow run runID off
+// its lost gateway (SPEC F3): it has a verified checkpoint to restore (the
+// current one, or the one a run in flight there started from), a pending
+// ReplaceSession decision (a fresh provider session), or no state worth
+// keeping (no runner served an earlier warm run of it). Otherwise its
+// thread is only on the lost gateway's disk: moving the scope would fail
+// it closed elsewhere and leave the old root to be resumed, stale, should
+// the scope ever be placed back there.
+func (s *Store) CanFailOver(ctx context.Context, scope, runID string) (bool, error) {
+	b := &pgx.Batch{}
+	b.Queue(restorableCheckpointSQL, scope)
+	b.Queue(replacementForRunSQL, scope, runID)
+	b.Queue(continuityRequiredSQL, runID)
+	res := s.pool.SendBatch(ctx, b)
+	defer res.Close()
+	_, _, err := scanCheckpoint(res.QueryRow())
+	switch {
+	case err == nil:
+		return true, res.Close()
+	case !errors.Is(err, pgx.ErrNoRows):
+		return false, err
+	}
+	rp, err := scanOptionalReplacement(res.QueryRow())
+	if err != nil {
+		return false, err
+	}
+	var required bool
+	if err := res.QueryRow().Scan(&required); err != nil {
+		return false, err
+	}
+	return rp != nil || !required, res.Close()
+}
