@@ -73,8 +73,16 @@ func (executor) GetRun(_ context.Context, req *executorv1.GetRunRequest) (*execu
 	return &executorv1.GetRunResponse{Run: &executorv1.Run{RunId: req.GetRunId(), Attempt: 3}}, nil
 }
 
+// WatchRun sends after_seq+1; with run_id "unwrapped" it sends after_seq+2
+// on the unwrapped stream too.
 func (executor) WatchRun(req *executorv1.WatchRunRequest, stream grpc.ServerStreamingServer[executorv1.WatchRunResponse]) error {
-	return stream.Send(&executorv1.WatchRunResponse{Seq: req.GetAfterSeq() + 1})
+	if err := stream.Send(&executorv1.WatchRunResponse{Seq: req.GetAfterSeq() + 1}); err != nil {
+		return err
+	}
+	if req.GetRunId() != "unwrapped" {
+		return nil
+	}
+	return Unwrapped(stream).SendMsg(&executorv1.WatchRunResponse{Seq: req.GetAfterSeq() + 2})
 }
 
 // syncBuffer is a goroutine-safe log sink.
@@ -404,6 +412,57 @@ func TestMetricsEndpoint(t *testing.T) {
 	if code, _ := httpGet(t, base+"/readyz"); code != 200 {
 		t.Errorf("/readyz = %d", code)
 	}
+}
+
+func TestUnwrappedStreamSendsWithoutTheMessageHooksAndTheCallIsStillCounted(t *testing.T) {
+	h := startServer(t, nil)
+	stream, err := executorv1.NewExecutorServiceClient(h.conn).WatchRun(ctxT(t), &executorv1.WatchRunRequest{RunId: "unwrapped", AfterSeq: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var seqs []uint64
+	for {
+		m, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		seqs = append(seqs, m.GetSeq())
+	}
+	if !slices.Equal(seqs, []uint64{5, 6}) {
+		t.Fatalf("received seqs %v, want [5 6]", seqs)
+	}
+	// The call is counted once it is handled (after the client saw its end).
+	base := "http://" + h.srv.MetricsAddr().String()
+	series := `{grpc_method="WatchRun",grpc_service="tether.executor.v1.ExecutorService",grpc_type="server_stream"}`
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		_, body := httpGet(t, base+"/metrics")
+		if strings.Contains(body, `grpc_server_handled_total{grpc_code="OK",grpc_method="WatchRun"`) {
+			// Only the wrapped stream's message went through the hooks.
+			if !strings.Contains(body, "grpc_server_msg_sent_total"+series+" 1\n") ||
+				!strings.Contains(body, "grpc_server_started_total"+series+" 1\n") {
+				t.Fatalf("WatchRun series:\n%s", grepLines(body, "WatchRun"))
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("WatchRun never counted as handled:\n%s", grepLines(body, "WatchRun"))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func grepLines(s, sub string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
 }
 
 func TestPprofOnlyWhenAsked(t *testing.T) {

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 
+	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 )
@@ -58,6 +59,8 @@ type callFields struct {
 	hasAtt    bool
 	sessionID string
 	seen      bool
+
+	stream grpc.ServerStream // a stream call's own, under the interceptors' wrappers (Unwrapped)
 }
 
 func (f *callFields) observe(msg any) {

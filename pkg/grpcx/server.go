@@ -175,7 +175,7 @@ func New(cfg Config, extra ...grpc.ServerOption) (*Server, error) {
 			peers.stream,
 			protovalidatemw.StreamServerInterceptor(validator),
 		),
-		grpc.StatsHandler(otelgrpc.NewServerHandler(otelgrpc.WithFilter(filters.Not(filters.HealthCheck())))),
+		grpc.StatsHandler(payloadless{otelgrpc.NewServerHandler(otelgrpc.WithFilter(filters.Not(filters.HealthCheck())))}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{
 			MinTime:             KeepaliveMinTime,
 			PermitWithoutStream: true,
@@ -233,7 +233,7 @@ func unaryFieldsInterceptor(ctx context.Context, req any, _ *grpc.UnaryServerInf
 }
 
 func streamFieldsInterceptor(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-	f := &callFields{}
+	f := &callFields{stream: ss}
 	return handler(srv, &fieldsStream{ServerStream: ss, ctx: context.WithValue(ss.Context(), callFieldsKey{}, f), f: f})
 }
 

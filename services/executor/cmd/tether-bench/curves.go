@@ -45,7 +45,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
@@ -384,7 +383,7 @@ func (b *bench) watchCurve(ctx context.Context) ([]curve, error) {
 		return nil, err
 	}
 	defer exe.stop()
-	conns := map[int]*grpc.ClientConn{}
+	conns := map[int]io.Closer{}
 	defer func() {
 		for _, c := range conns {
 			c.Close()
@@ -427,31 +426,17 @@ func (b *bench) watchCurve(ctx context.Context) ([]curve, error) {
 	}
 	for _, n := range b.cfg.watchers {
 		for ; streams < n; streams++ {
-			ci := streams / 100 // 100 streams per connection
-			if conns[ci] == nil {
-				c, err := grpc.NewClient(exe.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-				if err != nil {
-					return nil, err
-				}
-				conns[ci] = c
-			}
-			s, err := executorv1.NewExecutorServiceClient(conns[ci]).WatchRun(wctx, &executorv1.WatchRunRequest{RunId: "watch-curve", AfterSeq: seq},
-				grpc.ForceCodec(seqOnlyCodec{}))
-			if err != nil {
-				return nil, err
-			}
 			at := make([]time.Duration, maxSeq+1)
 			arrivals = append(arrivals, at)
-			go func() {
-				for {
-					m, err := s.Recv()
-					if err != nil || m.GetSeq() > uint64(maxSeq) {
-						return
-					}
-					at[m.GetSeq()] = time.Since(base)
-					got[m.GetSeq()].Add(1)
+			onSeq := func(s uint64) {
+				if s <= uint64(maxSeq) {
+					at[s] = time.Since(base)
+					got[s].Add(1)
 				}
-			}()
+			}
+			if err := b.openWatch(wctx, conns, streams/100, exe.addr, seq, onSeq); err != nil { // 100 streams per connection
+				return nil, err
+			}
 		}
 		// Every stream is live once it has an event appended now.
 		if _, s, err := appendOne(); err != nil {
@@ -480,7 +465,7 @@ func (b *bench) watchCurve(ctx context.Context) ([]curve, error) {
 		// Live: one event at a time, -watch-events of them, paced.
 		var lat []time.Duration
 		commit = commit[:0]
-		c1, w1 := exe.cpu(), time.Now()
+		c1, r1, w1 := exe.cpu(), procCPU(os.Getpid()), time.Now()
 		for i := range b.cfg.watchEvents {
 			if wait := time.Until(w1.Add(time.Duration(i) * b.cfg.watchPace)); wait > 0 {
 				time.Sleep(wait)
@@ -497,9 +482,10 @@ func (b *bench) watchCurve(ctx context.Context) ([]curve, error) {
 			}
 		}
 		live := 100 * float64(exe.cpu()-c1) / float64(time.Since(w1))
+		recv := 100 * float64(procCPU(os.Getpid())-r1) / float64(time.Since(w1))
 		xps := float64(x1-x0) / idleSecs
-		logf("watch_delivery: %d watchers: p50 %.3f ms, p99 %.3f ms (AppendEvents itself: p50 %.3f ms); executor CPU %.1f %% of a core at one event per %s; idle: %.1f xact/s, executor CPU %.1f %%",
-			n, ms(percentile(lat, 50)), ms(percentile(lat, 99)), ms(percentile(commit, 50)), live, b.cfg.watchPace, xps, 100*idleCPU.Seconds()/idleSecs)
+		logf("watch_delivery: %d watchers: p50 %.3f ms, p99 %.3f ms (AppendEvents itself: p50 %.3f ms); executor CPU %.1f %% of a core at one event per %s (the bench, with its %s receivers: %.1f %%); idle: %.1f xact/s, executor CPU %.1f %%",
+			n, ms(percentile(lat, 50)), ms(percentile(lat, 99)), ms(percentile(commit, 50)), live, b.cfg.watchPace, b.cfg.watchClient, recv, xps, 100*idleCPU.Seconds()/idleSecs)
 		p99.xs, p99.values = append(p99.xs, n), append(p99.values, ms(percentile(lat, 99)))
 		cpu.xs, cpu.values = append(cpu.xs, n), append(cpu.values, live)
 		idle.xs, idle.values = append(idle.xs, n), append(idle.values, xps)
@@ -509,6 +495,44 @@ func (b *bench) watchCurve(ctx context.Context) ([]curve, error) {
 	b.absolute = append(b.absolute, fmt.Sprintf("BENCH watch_delivery_p99_at_max watchers=%d p99_ms=%.3f target_ms=15 met=%t",
 		p99.xs[len(p99.xs)-1], last, last <= 15))
 	return []curve{p99, cpu, idle}, nil
+}
+
+// openWatch opens one WatchRun stream of the watch curve's run after seq on
+// connection ci (dialled on first use) with the -watch-client receiver;
+// onSeq gets each response's seq as it arrives.
+func (b *bench) openWatch(ctx context.Context, conns map[int]io.Closer, ci int, addr string, after uint64, onSeq func(uint64)) error {
+	if b.cfg.watchClient == "h2" {
+		if conns[ci] == nil {
+			c, err := dialH2(addr)
+			if err != nil {
+				return err
+			}
+			conns[ci] = c
+		}
+		return conns[ci].(*h2Conn).watch("watch-curve", after, onSeq)
+	}
+	if conns[ci] == nil {
+		c, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			return err
+		}
+		conns[ci] = c
+	}
+	s, err := executorv1.NewExecutorServiceClient(conns[ci].(*grpc.ClientConn)).WatchRun(ctx,
+		&executorv1.WatchRunRequest{RunId: "watch-curve", AfterSeq: after}, grpc.ForceCodec(seqOnlyCodec{}))
+	if err != nil {
+		return err
+	}
+	go func() {
+		for {
+			m, err := s.Recv()
+			if err != nil {
+				return
+			}
+			onSeq(m.GetSeq())
+		}
+	}()
+	return nil
 }
 
 // seqOnlyCodec decodes only the seq of a WatchRunResponse (field 1), so
@@ -525,27 +549,9 @@ func (seqOnlyCodec) Unmarshal(data []byte, v any) error {
 	if !ok {
 		return proto.Unmarshal(data, v.(proto.Message))
 	}
-	for len(data) > 0 {
-		num, typ, n := protowire.ConsumeTag(data)
-		if n < 0 {
-			return protowire.ParseError(n)
-		}
-		data = data[n:]
-		if num == 1 && typ == protowire.VarintType {
-			seq, n := protowire.ConsumeVarint(data)
-			if n < 0 {
-				return protowire.ParseError(n)
-			}
-			m.Seq = seq
-			return nil
-		}
-		n = protowire.ConsumeFieldValue(num, typ, data)
-		if n < 0 {
-			return protowire.ParseError(n)
-		}
-		data = data[n:]
-	}
-	return nil
+	seq, err := seqOf(data)
+	m.Seq = seq
+	return err
 }
 
 // xacts is the database's committed transactions so far.
@@ -652,8 +658,11 @@ func startExecutor(ctx context.Context, bin, dsn string) (*executorProc, error) 
 }
 
 // cpu is the process's user+system CPU time so far.
-func (p *executorProc) cpu() time.Duration {
-	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.cmd.Process.Pid))
+func (p *executorProc) cpu() time.Duration { return procCPU(p.cmd.Process.Pid) }
+
+// procCPU is process pid's user+system CPU time so far.
+func procCPU(pid int) time.Duration {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
 		return 0
 	}

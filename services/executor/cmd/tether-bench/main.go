@@ -93,6 +93,7 @@ type config struct {
 	attempts, ticks, watchEvents   int
 	watchPace, idle, idleSettle    time.Duration
 	executor                       string
+	watchClient                    string
 }
 
 // intList is a comma-separated list of sizes.
@@ -145,7 +146,7 @@ func main() {
 	flag.IntVar(&cfg.slices, "slices", 8, "alternating tether/raw slices per figure")
 	flag.StringVar(&cfg.figures, "figures", "lease_claim,lease_renewal,event_persistence,unary_getrun,unary_submit", "comma-separated figures to run, in this order")
 	flag.IntVar(&cfg.unaryCallers, "unary-callers", 32, "unary_getrun, unary_submit: concurrent callers per side")
-	flag.StringVar(&cfg.cpuProfile, "cpuprofile", "", "write a CPU profile of the measured figures (both sides) to this file")
+	flag.StringVar(&cfg.cpuProfile, "cpuprofile", "", "write a CPU profile of this process (the measured figures, both sides; or the curves) to this file")
 	flag.BoolVar(&cfg.curves, "curves", false, "measure the scale curves instead of the figures (see curves.go)")
 	curveList := flag.String("curve", "claim_attempt,lease_renewal,event_append,watch_delivery", "-curves: which curves, comma-separated")
 	cfg.backlogs, cfg.leaseSizes, cfg.watchers, cfg.appendRows = []int{1000, 10000, 100000}, []int{100, 1000, 10000}, []int{1, 100, 1000}, []int{0, 1000000}
@@ -159,6 +160,7 @@ func main() {
 	flag.DurationVar(&cfg.watchPace, "watch-pace", 50*time.Millisecond, "watch_delivery: one event per this interval")
 	flag.DurationVar(&cfg.idle, "watch-idle", 2*time.Second, "watch_delivery: idle time measured per size")
 	flag.DurationVar(&cfg.idleSettle, "watch-idle-settle", 11*time.Second, "watch_delivery: wait before the idle measurement (PostgreSQL reports an idle backend's transactions within 10 s)")
+	flag.StringVar(&cfg.watchClient, "watch-client", "h2", "watch_delivery: the receivers, h2 (bare HTTP/2 connections, one goroutine each: the executor's cost alone) or grpc (grpc-go streams: the receivers' cost too)")
 	flag.StringVar(&cfg.executor, "executor", "", "watch_delivery, unary_getrun, unary_submit: the executor binary (default: next to this one)")
 	flag.Parse()
 	cfg.curveSet = map[string]bool{}
@@ -167,6 +169,10 @@ func main() {
 	}
 	if cfg.claims < cfg.slices || cfg.workers < 1 || cfg.leases < 1 || cfg.batch < 1 || cfg.slices < 1 {
 		fmt.Fprintln(os.Stderr, "tether-bench: -claims must be ≥ -slices, and -workers, -leases, -batch, -slices ≥ 1")
+		os.Exit(2)
+	}
+	if cfg.watchClient != "h2" && cfg.watchClient != "grpc" {
+		fmt.Fprintln(os.Stderr, "tether-bench: -watch-client is h2 or grpc")
 		os.Exit(2)
 	}
 
@@ -229,6 +235,17 @@ func run(ctx context.Context, cfg config) (err error) {
 			b.exe.stop()
 		}
 	}()
+	if cfg.cpuProfile != "" {
+		f, err := os.Create(cfg.cpuProfile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
 	if cfg.curves {
 		return b.curves(ctx)
 	}
@@ -243,17 +260,6 @@ func run(ctx context.Context, cfg config) (err error) {
 			return fmt.Errorf("-figures: no figure %q (lease_claim, lease_renewal, event_persistence, unary_getrun, unary_submit)", name)
 		}
 		chosen = append(chosen, fig)
-	}
-	if cfg.cpuProfile != "" {
-		f, err := os.Create(cfg.cpuProfile)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		if err := pprof.StartCPUProfile(f); err != nil {
-			return err
-		}
-		defer pprof.StopCPUProfile()
 	}
 	var results []result
 	for _, fig := range chosen {

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/tether-run/tether/pkg/failure"
+	"github.com/tether-run/tether/pkg/grpcx"
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
 	gatewayv1 "github.com/tether-run/tether/pkg/gen/tether/gateway/v1"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
@@ -288,6 +289,9 @@ func (s *Server) WatchRun(req *executorv1.WatchRunRequest, stream executorv1.Exe
 	}
 	w := s.Hub.Watch(req.GetRunId(), req.GetAfterSeq())
 	defer w.Close()
+	// The run's events skip the interceptors' per-message hooks: with
+	// 1,000 watchers each event is 1,000 sends.
+	out := grpcx.Unwrapped(stream)
 	for {
 		evs, err := w.Next(ctx, s.Draining)
 		var slow *watch.ErrTooSlow
@@ -303,7 +307,7 @@ func (s *Server) WatchRun(req *executorv1.WatchRunRequest, stream executorv1.Exe
 		for _, e := range evs {
 			if e.Wire != nil {
 				// Encoded once by the run's feed for all of its watchers.
-				if err := stream.SendMsg(e.Wire); err != nil {
+				if err := out.SendMsg(e.Wire); err != nil {
 					return err
 				}
 				continue
@@ -318,7 +322,7 @@ func (s *Server) WatchRun(req *executorv1.WatchRunRequest, stream executorv1.Exe
 				}
 				m.Result = run.GetResult()
 			}
-			if err := stream.Send(m); err != nil {
+			if err := out.SendMsg(m); err != nil {
 				return err
 			}
 			if terminal {

@@ -130,7 +130,10 @@ type Watch struct {
 	cursor uint64
 	live   bool // joined and caught up
 
-	signal chan struct{} // something was delivered, or the watch was cut
+	signal chan struct{} // something was delivered, the watch was cut, or Next's ctx or stop ended
+	closed chan struct{} // closed by Close: the waker ends
+	once   sync.Once     // closes closed
+	waker  bool          // the waker runs (owned by Next's caller)
 
 	mu      sync.Mutex
 	pending []Event
@@ -139,7 +142,7 @@ type Watch struct {
 
 // Watch starts watching runID after seq after. Close it when done.
 func (h *Hub) Watch(runID string, after uint64) *Watch {
-	return &Watch{hub: h, runID: runID, cursor: after, signal: make(chan struct{}, 1)}
+	return &Watch{hub: h, runID: runID, cursor: after, signal: make(chan struct{}, 1), closed: make(chan struct{})}
 }
 
 // join adds the watch to the run's feed, starting one (reading after the
@@ -164,7 +167,10 @@ func (w *Watch) join() {
 func (w *Watch) Cursor() uint64 { return w.cursor }
 
 // Close stops the watch; the run's feed stops with its last watcher.
-func (w *Watch) Close() { w.hub.leave(w) }
+func (w *Watch) Close() {
+	w.once.Do(func() { close(w.closed) })
+	w.hub.leave(w)
+}
 
 func (h *Hub) leave(w *Watch) {
 	h.mu.Lock()
@@ -186,6 +192,7 @@ func (h *Hub) leave(w *Watch) {
 // Next returns the next events after the watch's cursor, in order, waiting
 // for them when there are none. It returns ctx's error when ctx ends,
 // ErrStopped when stop closes, and *ErrTooSlow once the watch was cut off.
+// Every call passes the same ctx and stop (the first wait binds them).
 func (w *Watch) Next(ctx context.Context, stop <-chan struct{}) ([]Event, error) {
 	for !w.live {
 		evs, err := w.hub.reader.EventsAfter(ctx, w.runID, w.cursor, w.hub.page)
@@ -235,13 +242,42 @@ func (w *Watch) Next(ctx context.Context, stop <-chan struct{}) ([]Event, error)
 		if cut {
 			return nil, &ErrTooSlow{Cursor: w.cursor, Buffer: w.hub.buffer}
 		}
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
 		select {
-		case <-ctx.Done():
-			return nil, ctx.Err()
 		case <-stop:
 			return nil, ErrStopped
-		case <-w.signal:
+		default:
 		}
+		if !w.waker {
+			w.waker = true
+			go w.wake(ctx.Done(), stop)
+		}
+		// One channel, this watch's own: with 1,000 watchers of a run, a
+		// select that also waited on ctx and the server-wide stop channel
+		// locked that shared channel twice per watcher and event.
+		<-w.signal
+	}
+}
+
+// wake signals the watch when its Next's ctx ends or stop closes, until the
+// watch is closed.
+func (w *Watch) wake(done <-chan struct{}, stop <-chan struct{}) {
+	select {
+	case <-done:
+	case <-stop:
+	case <-w.closed:
+		return
+	}
+	w.poke()
+}
+
+// poke signals the watch's Next; signals coalesce.
+func (w *Watch) poke() {
+	select {
+	case w.signal <- struct{}{}:
+	default:
 	}
 }
 
@@ -277,10 +313,7 @@ func (w *Watch) deliver(evs []Event) (ok bool) {
 	}
 	ok = !w.cut
 	w.mu.Unlock()
-	select {
-	case w.signal <- struct{}{}:
-	default:
-	}
+	w.poke()
 	return ok
 }
 
