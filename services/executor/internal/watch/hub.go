@@ -19,6 +19,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -134,6 +135,7 @@ type Watch struct {
 	closed chan struct{} // closed by Close: the waker ends
 	once   sync.Once     // closes closed
 	waker  bool          // the waker runs (owned by Next's caller)
+	ended  atomic.Bool   // Next's ctx ended or its stop closed (set by the waker)
 
 	mu      sync.Mutex
 	pending []Event
@@ -242,27 +244,34 @@ func (w *Watch) Next(ctx context.Context, stop <-chan struct{}) ([]Event, error)
 		if cut {
 			return nil, &ErrTooSlow{Cursor: w.cursor, Buffer: w.hub.buffer}
 		}
-		if err := ctx.Err(); err != nil {
-			return nil, err
-		}
-		select {
-		case <-stop:
-			return nil, ErrStopped
-		default:
-		}
+		// The watch waits on one channel, its own. With 1,000 watchers of
+		// a run, a select that also waited on ctx and the server-wide stop
+		// channel locked that shared channel twice per watcher and event,
+		// and asking ctx (a chain of contexts, cold in the cache by the
+		// next event) cost as much as the send: the waker asks them once.
 		if !w.waker {
+			if err := ctx.Err(); err != nil {
+				return nil, err
+			}
+			select {
+			case <-stop:
+				return nil, ErrStopped
+			default:
+			}
 			w.waker = true
 			go w.wake(ctx.Done(), stop)
+		} else if w.ended.Load() {
+			if err := ctx.Err(); err != nil {
+				return nil, err
+			}
+			return nil, ErrStopped
 		}
-		// One channel, this watch's own: with 1,000 watchers of a run, a
-		// select that also waited on ctx and the server-wide stop channel
-		// locked that shared channel twice per watcher and event.
 		<-w.signal
 	}
 }
 
-// wake signals the watch when its Next's ctx ends or stop closes, until the
-// watch is closed.
+// wake marks the watch ended and signals it when its Next's ctx ends or
+// stop closes, until the watch is closed.
 func (w *Watch) wake(done <-chan struct{}, stop <-chan struct{}) {
 	select {
 	case <-done:
@@ -270,6 +279,7 @@ func (w *Watch) wake(done <-chan struct{}, stop <-chan struct{}) {
 	case <-w.closed:
 		return
 	}
+	w.ended.Store(true)
 	w.poke()
 }
 
