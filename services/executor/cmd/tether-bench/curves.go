@@ -463,7 +463,7 @@ func (b *bench) watchCurve(ctx context.Context) ([]curve, error) {
 		idleCPU := exe.cpu() - c0
 		idleSecs := time.Since(t0).Seconds()
 		// Live: one event at a time, -watch-events of them, paced.
-		var lat []time.Duration
+		var lat, after, slowest []time.Duration // every arrival, since AppendEvents started and since it returned; each event's last
 		commit = commit[:0]
 		c1, r1, w1 := exe.cpu(), procCPU(os.Getpid()), time.Now()
 		for i := range b.cfg.watchEvents {
@@ -477,15 +477,20 @@ func (b *bench) watchCurve(ctx context.Context) ([]curve, error) {
 			if err := waitAll(s); err != nil {
 				return nil, err
 			}
+			var last time.Duration
+			committed := commit[len(commit)-1]
 			for _, at := range arrivals[:streams] {
-				lat = append(lat, at[s]-t0.Sub(base))
+				d := at[s] - t0.Sub(base)
+				lat, last = append(lat, d), max(last, d)
+				after = append(after, d-committed)
 			}
+			slowest = append(slowest, last)
 		}
 		live := 100 * float64(exe.cpu()-c1) / float64(time.Since(w1))
 		recv := 100 * float64(procCPU(os.Getpid())-r1) / float64(time.Since(w1))
 		xps := float64(x1-x0) / idleSecs
-		logf("watch_delivery: %d watchers: p50 %.3f ms, p99 %.3f ms (AppendEvents itself: p50 %.3f ms); executor CPU %.1f %% of a core at one event per %s (the bench, with its %s receivers: %.1f %%); idle: %.1f xact/s, executor CPU %.1f %%",
-			n, ms(percentile(lat, 50)), ms(percentile(lat, 99)), ms(percentile(commit, 50)), live, b.cfg.watchPace, b.cfg.watchClient, recv, xps, 100*idleCPU.Seconds()/idleSecs)
+		logf("watch_delivery: %d watchers: p50 %.3f ms, p99 %.3f ms (AppendEvents itself: p50 %.3f ms, p99 %.3f ms; an event's last watcher: p50 %.3f ms; since AppendEvents returned: p50 %.3f ms, p99 %.3f ms); executor CPU %.1f %% of a core at one event per %s (the bench, with its %s receivers: %.1f %%); idle: %.1f xact/s, executor CPU %.1f %%",
+			n, ms(percentile(lat, 50)), ms(percentile(lat, 99)), ms(percentile(commit, 50)), ms(percentile(commit, 99)), ms(percentile(slowest, 50)), ms(percentile(after, 50)), ms(percentile(after, 99)), live, b.cfg.watchPace, b.cfg.watchClient, recv, xps, 100*idleCPU.Seconds()/idleSecs)
 		p99.xs, p99.values = append(p99.xs, n), append(p99.values, ms(percentile(lat, 99)))
 		cpu.xs, cpu.values = append(cpu.xs, n), append(cpu.values, live)
 		idle.xs, idle.values = append(idle.xs, n), append(idle.values, xps)
