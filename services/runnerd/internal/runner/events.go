@@ -122,6 +122,13 @@ func (q *eventQueue) push(gen int, ev ProviderEvent) {
 	q.poke()
 }
 
+// pending reports whether anything is queued.
+func (q *eventQueue) pending() bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return len(q.items) > 0
+}
+
 // poke wakes the loop's drain.
 func (q *eventQueue) poke() {
 	select {

@@ -546,6 +546,11 @@ func (r *Runner) loop(ctx context.Context) int {
 		case <-exited:
 			r.onProviderExit()
 		case <-tick.C:
+			// A wake-up of the queue taken by another waiter
+			// (awaitTurnStarted) strands nothing past a tick.
+			if r.sup.queue.pending() {
+				r.pumpStreamedEvents()
+			}
 		}
 	}
 }

@@ -106,6 +106,8 @@ func (s *supervisor) collect(items []queued) (evs []pendingEvent, cursor uint64,
 // awaitTurnStarted waits (at most max) until the provider's turn.started
 // is queued.
 func (s *supervisor) awaitTurnStarted(max time.Duration) {
+	// The wake-ups this takes are the loop's: leave it one.
+	defer s.queue.poke()
 	isStarted := func(ev ProviderEvent) bool { return ev.Type == "turn.started" }
 	if s.queue.has(isStarted) {
 		return
