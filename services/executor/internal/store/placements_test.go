@@ -288,3 +288,62 @@ func TestF2_AScopeWhoseRunnerCameUpAfterTheLastHeartbeatStillFillsItsGateway(t *
 	require.NoError(t, err)
 	require.Equal(t, "gw-a", p.GatewayID)
 }
+
+// TestP4_ALockedPlacementReadStillWaitsForAMoveAndLeavesNoSettingBehind: the
+// read a driver makes before each attach commits asynchronously (no WAL
+// flush for its row lock) but keeps its lock: a move holding the row is
+// waited for, and the read returns where the move put the scope. The
+// setting ends with the read's own transaction.
+func TestP4_ALockedPlacementReadStillWaitsForAMoveAndLeavesNoSettingBehind(t *testing.T) {
+	t.Parallel()
+	s := newStore(t)
+	ctx := context.Background()
+	register(t, s, "gw-a", 10, 0, nil)
+	register(t, s, "gw-b", 10, 0, nil)
+	p, err := place(t, s, "scope-locked", nil)
+	require.NoError(t, err)
+	from, to := p.GatewayID, "gw-b"
+	if from == to {
+		to = "gw-a"
+	}
+
+	// A move in progress: the row is locked, the new gateway not committed.
+	tx, err := s.Pool().Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	var movePID int
+	require.NoError(t, tx.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&movePID))
+	_, err = tx.Exec(ctx, `SELECT 1 FROM executor.placements WHERE session_scope = 'scope-locked' FOR UPDATE`)
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, `UPDATE executor.placements SET gateway_id = $1 WHERE session_scope = 'scope-locked'`, to)
+	require.NoError(t, err)
+
+	got := make(chan *store.Placement, 1)
+	go func() {
+		p, err := s.ScopePlacement(ctx, "scope-locked", gatewayTTL)
+		if err != nil {
+			t.Error(err)
+		}
+		got <- p
+	}()
+	// The read waits on the move's lock.
+	require.Eventually(t, func() bool {
+		var n int
+		err := s.Pool().QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+ WHERE wait_event_type = 'Lock' AND $1 = ANY (pg_blocking_pids(pid))`, movePID).Scan(&n)
+		return err == nil && n == 1
+	}, 30*time.Second, 5*time.Millisecond)
+	require.NoError(t, tx.Commit(ctx))
+	require.Equal(t, to, (<-got).GatewayID, "the read returns the committed move")
+
+	// No connection of the pool keeps the read's setting: each has the
+	// session's own value (test clusters run with it off, durable ones on).
+	for range 4 {
+		c, err := s.Pool().Acquire(ctx)
+		require.NoError(t, err)
+		defer c.Release()
+		var source string
+		require.NoError(t, c.QueryRow(ctx, `SELECT source FROM pg_settings WHERE name = 'synchronous_commit'`).Scan(&source))
+		require.NotEqual(t, "session", source)
+	}
+}
