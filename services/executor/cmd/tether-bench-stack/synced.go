@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/tether-run/tether/pkg/synctrace"
@@ -21,6 +22,7 @@ const providerProcess = "fake-codex-app-server"
 // syncedWrite is one traced write, relative to its turn's t0.
 type syncedWrite struct {
 	label      string
+	site, note string
 	start, end time.Duration
 	provider   bool
 }
@@ -38,7 +40,7 @@ func turnWrites(recs []synctrace.Record, w turnWindow) []syncedWrite {
 		if r.Note != "" {
 			label += " [" + r.Note + "]"
 		}
-		out = append(out, syncedWrite{label: label, start: time.Duration(r.Start - w.t0.UnixNano()),
+		out = append(out, syncedWrite{label: label, site: r.Site, note: r.Note, start: time.Duration(r.Start - w.t0.UnixNano()),
 			end: time.Duration(r.End - w.t0.UnixNano()), provider: r.Process == providerProcess})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].start < out[j].start })
@@ -68,6 +70,34 @@ func chain(ws []syncedWrite, until time.Duration) int {
 	return n
 }
 
+// persistSite is the executor's commit of a batch of a run's events.
+const persistSite = "executor.events"
+
+// chainTo counts the synced writes on the critical path to the executor's
+// commit of the event typ (what a watcher waits for): that commit and the
+// chain of writes that ended before it started — a write still going when
+// the commit began is not one it waited for. Without such a commit in ws,
+// the chain of the writes that ended by until.
+func chainTo(ws []syncedWrite, typ string, until time.Duration) int {
+	for _, w := range ws {
+		if w.site == persistSite && carries(w.note, typ) {
+			return chain(ws, w.start) + 1
+		}
+	}
+	return chain(ws, until)
+}
+
+// carries reports whether a synctrace note of event types (synctrace.Types:
+// "a+b×3+c") names typ.
+func carries(note, typ string) bool {
+	for _, t := range strings.Split(note, "+") {
+		if t, _, _ = strings.Cut(t, "×"); t == typ {
+			return true
+		}
+	}
+	return false
+}
+
 // reportSynced prints the synced-write timeline of the median turn and the
 // median counts over every measured turn, with a BENCH line.
 func reportSynced(dir string, turns []turnWindow) error {
@@ -81,8 +111,8 @@ func reportSynced(dir string, turns []turnWindow) error {
 	var toEnd, toStarted, inTurn, provider []int
 	for _, w := range turns {
 		ws := turnWrites(recs, w)
-		toEnd = append(toEnd, chain(ws, w.end.Sub(w.t0)))
-		toStarted = append(toStarted, chain(ws, w.started.Sub(w.t0)))
+		toEnd = append(toEnd, chainTo(ws, "run.terminal", w.end.Sub(w.t0)))
+		toStarted = append(toStarted, chainTo(ws, "turn.started", w.started.Sub(w.t0)))
 		p := 0
 		for _, x := range ws {
 			if x.provider {

@@ -61,15 +61,17 @@ type attachment struct {
 	terminalSeen  <-chan time.Time
 }
 
-// attachOnce runs one Attach stream. done is true when the run needs no
+// attachOnce runs one Attach stream; facts waits for the attach's facts,
+// read beside the route (readFacts). done is true when the run needs no
 // further driving (terminal, or failed and recorded).
-func (d *Dispatcher) attachOnce(ctx context.Context, c *store.Claim, gw gatewayv1.RunnerGatewayClient, cancelCh <-chan *executorv1.Cancellation, log *slog.Logger) (done bool, err error) {
+func (d *Dispatcher) attachOnce(ctx context.Context, c *store.Claim, gw gatewayv1.RunnerGatewayClient,
+	facts func() (*store.AttachFacts, error), cancelCh <-chan *executorv1.Cancellation, log *slog.Logger) (done bool, err error) {
 	a := &attachment{d: d, c: c, gw: gw, log: log, cancelCh: cancelCh, ctx: ctx}
 	a.sctx, a.cancel = context.WithCancel(ctx)
 	defer a.cancel()
 	defer a.awaitBookkeeping() // nothing of this attach is written after it ends
 	defer a.acking.Wait()
-	if done, err := a.open(); done || err != nil {
+	if done, err := a.open(facts); done || err != nil {
 		return done, err
 	}
 	if done, err := a.bookkeep(); done || err != nil {
@@ -110,12 +112,14 @@ func (a *attachment) sendTurn() error {
 
 // open sends the Open (and, when fencing allows, the turn's commands behind
 // it) and reads the gateway's Opened.
-func (a *attachment) open() (done bool, err error) {
+func (a *attachment) open(facts func() (*store.AttachFacts, error)) (done bool, err error) {
 	c, d := a.c, a.d
 	if a.stream, err = a.gw.Attach(a.sctx); err != nil {
+		_, _ = facts()
 		return false, err
 	}
 	if a.turnCmds, err = turnCommands(c); err != nil {
+		_, _ = facts()
 		return true, err
 	}
 	// One round trip reads what the Open carries and what the warm-session
@@ -126,7 +130,7 @@ func (a *attachment) open() (done bool, err error) {
 	// full scope (and whose runner state on disk is suspended). E10: the
 	// previous run of the scope pinned the live session's configuration.
 	runScope := c.Scope()
-	if a.facts, err = d.store.AttachFacts(a.ctx, c.RunID, runScope, c.Input, priorRunRecords); err != nil {
+	if a.facts, err = facts(); err != nil {
 		return false, err
 	}
 	// F3: a scope a runner served before must find its state (on the

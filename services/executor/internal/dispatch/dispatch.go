@@ -536,8 +536,14 @@ func (d *Dispatcher) drive(ctx context.Context, c *store.Claim, cancelCh <-chan 
 	var first gatewayv1.RunnerGatewayClient // the gateway this attempt went to
 	for failures := 0; ; {
 		// Each attach asks where the scope is placed: a move (drain,
-		// failover) that committed meanwhile is followed.
+		// failover) that committed meanwhile is followed. The attach's
+		// facts are read meanwhile (SPEC P4: one round trip less before
+		// the Open); an attach that does not happen waits for them.
+		facts := d.readFacts(ctx, c)
 		gw, err := d.route(ctx, c)
+		if err != nil || (first != nil && gw != first) {
+			_, _ = facts()
+		}
 		if code := failure.CodeOf(err); code == failure.GatewayCapacityExhausted || code == failure.SessionScopeMoving {
 			d.deferRun(ctx, c, err, log)
 			return
@@ -557,7 +563,7 @@ func (d *Dispatcher) drive(ctx context.Context, c *store.Claim, cancelCh <-chan 
 		}
 		done := false
 		if err == nil {
-			done, err = d.attachOnce(ctx, c, gw, cancelCh, log)
+			done, err = d.attachOnce(ctx, c, gw, facts, cancelCh, log)
 		}
 		if done || ctx.Err() != nil {
 			if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
@@ -580,6 +586,24 @@ func (d *Dispatcher) drive(ctx context.Context, c *store.Claim, cancelCh <-chan 
 			return
 		}
 	}
+}
+
+// readFacts starts reading the facts of an attach of c (store.AttachFacts)
+// and returns the function that waits for them.
+func (d *Dispatcher) readFacts(ctx context.Context, c *store.Claim) func() (*store.AttachFacts, error) {
+	type read struct {
+		facts *store.AttachFacts
+		err   error
+	}
+	ch := make(chan read, 1)
+	go func() {
+		f, err := d.store.AttachFacts(ctx, c.RunID, c.Scope(), c.Input, priorRunRecords)
+		ch <- read{f, err}
+	}()
+	return sync.OnceValues(func() (*store.AttachFacts, error) {
+		r := <-ch
+		return r.facts, r.err
+	})
 }
 
 // route returns the gateway of the claimed run's session scope.

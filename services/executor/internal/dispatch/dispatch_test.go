@@ -90,6 +90,11 @@ func TestE7_NoRunnerIsContactedBeforeTheClaimCommitsOrWhenTheClaimIsRefused(t *t
 	done := make(chan struct{})
 	go func() { defer close(done); _ = d.Run(ctx) }()
 	require.Eventually(t, func() bool { return len(gw.attaches()) > 0 }, 10*time.Second, 10*time.Millisecond)
+	// The refusal is recorded once the attach's facts (read beside it) are in.
+	require.Eventually(t, func() bool {
+		run, err := s.GetRun(context.Background(), "fresh")
+		return err == nil && run.GetState() == executorv1.RunState_RUN_STATE_FAILED
+	}, 10*time.Second, 10*time.Millisecond)
 	time.Sleep(100 * time.Millisecond) // give refused runs every chance to be (wrongly) picked
 	cancel()
 	<-done
