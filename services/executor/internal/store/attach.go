@@ -160,7 +160,15 @@ func (s *Store) RecordControl(ctx context.Context, f Fence, supersedeScope strin
 	defer synctrace.BeginNote("executor.control", f.RunID, func() string {
 		return synctrace.Types(len(events), func(i int) string { return events[i].Type })
 	})()
-	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error { return recordControl(ctx, tx, f, supersedeScope, events) })
+	var appended bool
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) (err error) {
+		appended, err = recordControl(ctx, tx, f, supersedeScope, events)
+		return err
+	})
+	if err == nil && appended {
+		s.notifyCommitted(ctx, EventsChannel, f.RunID)
+	}
+	return err
 }
 
 // RecordAttach is the whole bookkeeping of an attach in one transaction
@@ -169,50 +177,56 @@ func (s *Store) RecordAttach(ctx context.Context, f Fence, supersedeScope string
 	defer synctrace.BeginNote("executor.attach", f.RunID, func() string {
 		return synctrace.Types(len(events), func(i int) string { return events[i].Type })
 	})()
-	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		if err := recordControl(ctx, tx, f, supersedeScope, events); err != nil {
+	var appended bool
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) (err error) {
+		if appended, err = recordControl(ctx, tx, f, supersedeScope, events); err != nil {
 			return err
 		}
 		return recordRunner(ctx, tx, f, runner)
 	})
+	if err == nil && appended {
+		s.notifyCommitted(ctx, EventsChannel, f.RunID)
+	}
+	return err
 }
 
-func recordControl(ctx context.Context, tx pgx.Tx, f Fence, supersedeScope string, events []ControlEvent) error {
+// recordControl writes RecordControl's bookkeeping in tx; appended says it
+// appended events, which the caller announces once tx committed
+// (notifyCommitted: a NOTIFY inside the transaction would hold the
+// notification queue's lock through its WAL flush, so every notifying
+// commit meanwhile, e.g. the first events of this and other runs, waited
+// for it).
+func recordControl(ctx context.Context, tx pgx.Tx, f Fence, supersedeScope string, events []ControlEvent) (appended bool, err error) {
 	if supersedeScope == "" && len(events) == 0 {
-		return nil
+		return false, nil
 	}
 	count, err := lockFenced(ctx, tx, f)
 	if err != nil {
-		return err
+		return false, err
 	}
 	if supersedeScope != "" {
 		if _, err := tx.Exec(ctx, `UPDATE executor.session_checkpoints SET superseded_at = now()
  WHERE session_scope = $1 AND superseded_at IS NULL`, supersedeScope); err != nil {
-			return err
+			return false, err
 		}
 	}
 	if count, err = adoptParked(ctx, tx, f, count); err != nil {
-		return err
+		return false, err
 	}
-	appended := 0
+	n := 0
 	for _, ev := range events {
 		if ev.Replacement != "" {
 			if first, err := applyReplacement(ctx, tx, ev.Replacement, f.RunID); err != nil || !first {
 				if err != nil {
-					return err
+					return false, err
 				}
 				continue
 			}
 		}
-		if err := appendControlEvent(ctx, tx, f.RunID, count+int64(appended), f.Attempt, ev.Type, ev.Payload); err != nil {
-			return err
+		if err := appendControlEvent(ctx, tx, f.RunID, count+int64(n), f.Attempt, ev.Type, ev.Payload); err != nil {
+			return false, err
 		}
-		appended++
+		n++
 	}
-	if appended > 0 {
-		if _, err := tx.Exec(ctx, `SELECT pg_notify($1, $2)`, EventsChannel, f.RunID); err != nil {
-			return err
-		}
-	}
-	return nil
+	return n > 0, nil
 }
