@@ -294,15 +294,8 @@ func (s *Server) WatchRun(req *executorv1.WatchRunRequest, stream executorv1.Exe
 	out := grpcx.Unwrapped(stream)
 	for {
 		evs, err := w.Next(ctx, s.Draining)
-		var slow *watch.ErrTooSlow
-		switch {
-		case errors.As(err, &slow):
-			return watchTooSlow(slow)
-		case errors.Is(err, watch.ErrStopped):
-			return failure.New(codes.Unavailable, failure.ExecutorDraining,
-				"this executor is shutting down; resume the watch from cursor %d", w.Cursor())
-		case err != nil:
-			return err
+		if err != nil {
+			return watchEnded(err, w.Cursor())
 		}
 		for _, e := range evs {
 			if e.Wire != nil {
@@ -330,6 +323,21 @@ func (s *Server) WatchRun(req *executorv1.WatchRunRequest, stream executorv1.Exe
 			}
 		}
 	}
+}
+
+// watchEnded maps the error that ended a watch at cursor to the stream's
+// status. (Out of WatchRun's loop: errors.As's target would be allocated for
+// every event of every watcher.)
+func watchEnded(err error, cursor uint64) error {
+	var slow *watch.ErrTooSlow
+	switch {
+	case errors.As(err, &slow):
+		return watchTooSlow(slow)
+	case errors.Is(err, watch.ErrStopped):
+		return failure.New(codes.Unavailable, failure.ExecutorDraining,
+			"this executor is shutting down; resume the watch from cursor %d", cursor)
+	}
+	return err
 }
 
 func watchTooSlow(e *watch.ErrTooSlow) error {
