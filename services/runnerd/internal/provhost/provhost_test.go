@@ -111,6 +111,19 @@ func (s *shim) next() msg {
 	}
 }
 
+// exit waits for the shim's exit code (a shim that never exits fails the
+// test instead of hanging it).
+func (s *shim) exit() int {
+	s.t.Helper()
+	select {
+	case code := <-s.done:
+		return code
+	case <-time.After(time.Minute):
+		s.t.Fatal("the shim did not exit")
+		return -1
+	}
+}
+
 // mark returns the cursor of a host mark line, or 0.
 func (m msg) mark() uint64 {
 	if m.Method != "warning" {
@@ -190,13 +203,13 @@ func TestR1_ProviderHostReplaysExactlyTheLinesAfterTheCursorToAReattachingClient
 	// The client dies (as the shim does when runnerd is killed); the
 	// provider goes on into the host's buffer.
 	require.NoError(t, c1.in.Close())
-	require.Equal(t, ShimExitClosed, <-c1.done)
+	require.Equal(t, ShimExitClosed, c1.exit())
 	time.Sleep(150 * time.Millisecond)
 	require.True(t, info.ProviderAlive())
 
 	// A fresh session cannot take over a provider that served one.
 	fresh := startShim(t, dir, false, 0)
-	require.Equal(t, ShimExitRefused, <-fresh.done)
+	require.Equal(t, ShimExitRefused, fresh.exit())
 
 	c2 := startShim(t, dir, true, lastMark)
 	c2.request(1, "initialize", map[string]any{"clientInfo": map[string]any{"name": "t", "version": "2"}})
@@ -267,17 +280,24 @@ func TestR1_ProviderHostRefusesAReplayFromBehindItsBuffer(t *testing.T) {
 		}
 	}
 	c1.request(3, "turn/start", map[string]any{"threadId": thread, "input": []any{map[string]any{"type": "text", "text": prompt}}})
+	// The whole turn reaches the client: every line of it was sent, so the
+	// next line the host buffers (the answer to thread/read) trims the turn
+	// down to the 512-byte bound and the turn's first lines are dropped.
+	for m := c1.next(); m.Method != "turn/completed"; m = c1.next() {
+	}
+	c1.request(4, "thread/read", map[string]any{"threadId": thread})
+	for m := c1.next(); string(m.ID) != "4"; m = c1.next() {
+	}
 	require.NoError(t, c1.in.Close())
-	<-c1.done
-	time.Sleep(500 * time.Millisecond) // more output than the 512-byte buffer holds
+	require.Equal(t, ShimExitClosed, c1.exit())
 	c2 := startShim(t, dir, true, 100)
-	require.Equal(t, ShimExitRefused, <-c2.done)
+	require.Equal(t, ShimExitRefused, c2.exit())
 	require.NoError(t, Stop(info, time.Second))
 }
 
 func TestR1_ShimWithoutAHostFails(t *testing.T) {
 	s := startShim(t, t.TempDir(), true, 0)
-	require.Equal(t, ShimExitNoHost, <-s.done)
+	require.Equal(t, ShimExitNoHost, s.exit())
 }
 
 func TestR1_StoppingTheHostKillsAProviderGroupThatIgnoresStdinEOFAndTERM(t *testing.T) {
