@@ -54,9 +54,11 @@ build: ## build every binary into bin/
 	@mkdir -p bin
 	$(GO) build -o bin/ $(CMDS)
 
-test: lint check-generate ## lint, check generated code, and run every test with -race
-	$(GO) test -race -count=1 -timeout 40m $(MODULES)
-	@for m in $(OWN_MODULES); do (cd $$m && GOWORK=off $(GO) test -race -count=1 -timeout 10m ./...) || exit 1; done
+# The binaries are built once (bin/) for every package whose tests run real
+# processes (TETHER_TEST_BIN, see pkg/testbin) instead of once per package.
+test: lint check-generate build ## lint, check generated code, and run every test with -race
+	TETHER_TEST_BIN=$(CURDIR)/bin $(GO) test -race -count=1 -timeout 40m $(MODULES)
+	@for m in $(OWN_MODULES); do (cd $$m && TETHER_TEST_BIN=$(CURDIR)/bin GOWORK=off $(GO) test -race -count=1 -timeout 10m ./...) || exit 1; done
 
 demo: build ## run three warm turns through the whole stack on an ephemeral PostgreSQL
 	bin/tether-demo

@@ -139,25 +139,47 @@ var flagsOf = func() func(t *testing.T, name string) map[string]bool {
 	}
 }()
 
-var binDir string
+var (
+	binDir string // where the binaries are
+	built  string // a directory this test built them into (TestMain removes it)
+)
+
+// prebuilt is the directory of binaries `make test` built once for every
+// package's tests ($TETHER_TEST_BIN, see pkg/testbin), when it holds ours.
+func prebuilt() string {
+	dir := os.Getenv("TETHER_TEST_BIN")
+	if dir == "" {
+		return ""
+	}
+	for name := range services {
+		if _, err := os.Stat(filepath.Join(dir, name)); err != nil {
+			return ""
+		}
+	}
+	return dir
+}
 
 func buildAndListFlags() (map[string]map[string]bool, error) {
-	dir, err := os.MkdirTemp("", "tether-k8s-test-")
-	if err != nil {
-		return nil, err
+	dir := prebuilt()
+	if dir == "" {
+		var err error
+		if dir, err = os.MkdirTemp("", "tether-k8s-test-"); err != nil {
+			return nil, err
+		}
+		built = dir
+		var pkgs []string
+		for _, p := range services {
+			pkgs = append(pkgs, p)
+		}
+		cmd := exec.Command("go", append([]string{"build", "-o", dir + "/"}, pkgs...)...)
+		cmd.Dir = "../.."
+		// The repository's workspace, not this module's GOWORK=off.
+		cmd.Env = slices.DeleteFunc(os.Environ(), func(e string) bool { return strings.HasPrefix(e, "GOWORK=") })
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return nil, fmt.Errorf("go build: %v\n%s", err, out)
+		}
 	}
 	binDir = dir
-	var pkgs []string
-	for _, p := range services {
-		pkgs = append(pkgs, p)
-	}
-	cmd := exec.Command("go", append([]string{"build", "-o", dir + "/"}, pkgs...)...)
-	cmd.Dir = "../.."
-	// The repository's workspace, not this module's GOWORK=off.
-	cmd.Env = slices.DeleteFunc(os.Environ(), func(e string) bool { return strings.HasPrefix(e, "GOWORK=") })
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("go build: %v\n%s", err, out)
-	}
 	flagLine := regexp.MustCompile(`(?m)^\s+-([a-z0-9-]+)`)
 	all := map[string]map[string]bool{}
 	for name := range services {
@@ -182,8 +204,8 @@ func buildAndListFlags() (map[string]map[string]bool, error) {
 
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if binDir != "" {
-		_ = os.RemoveAll(binDir)
+	if built != "" {
+		_ = os.RemoveAll(built)
 	}
 	os.Exit(code)
 }

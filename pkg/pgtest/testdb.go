@@ -181,7 +181,11 @@ func closeShared() error {
 //
 // Without it, the cluster is still stopped and removed when the test binary
 // exits, by its watchdog, just less promptly.
-func Main(m *testing.M) { os.Exit(run(m, false)) }
+func Main(m *testing.M) { os.Exit(Run(m)) }
+
+// Run is Main returning the exit code instead of exiting, for a TestMain
+// with cleanup of its own to do afterwards.
+func Run(m *testing.M) int { return run(m, false) }
 
 // MainCheckingLeaks is Main that also fails the package when goroutines
 // outlive its tests (goleak, after the shared cluster is stopped). Tests

@@ -4,23 +4,30 @@ import (
 	"bytes"
 	"errors"
 	"net"
+	"os"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/tether-run/tether/pkg/testbin"
 )
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	testbin.Cleanup()
+	os.Exit(code)
+}
 
 // TestD1_UpFailsLoudlyWhenAPortIsTaken: `make up` (tether-demo -up) on a
 // port another stack holds exits non-zero naming the port, before it starts
 // anything, instead of reporting "stack is up" answered by the other stack.
 func TestD1_UpFailsLoudlyWhenAPortIsTaken(t *testing.T) {
 	t.Parallel()
-	bin := filepath.Join(t.TempDir(), "tether-demo")
-	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
-	require.NoError(t, err, "go build: %s", out)
+	bin, err := testbin.Path("github.com/tether-run/tether/services/executor/cmd/tether-demo")
+	require.NoError(t, err)
 
 	taken, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)

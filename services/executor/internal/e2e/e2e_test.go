@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -28,6 +27,7 @@ import (
 	"github.com/tether-run/tether/pkg/grpcx"
 	"github.com/tether-run/tether/pkg/identity"
 	"github.com/tether-run/tether/pkg/pgtest"
+	"github.com/tether-run/tether/pkg/testbin"
 	"github.com/tether-run/tether/services/executor/internal/cli"
 	"github.com/tether-run/tether/services/executor/internal/stack"
 )
@@ -35,11 +35,7 @@ import (
 var binDir string
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "tether-e2e-bin-")
-	if err != nil {
-		panic(err)
-	}
-	pkgs := []string{
+	dir, err := testbin.Dir(
 		"github.com/tether-run/tether/services/executor/cmd/executor",
 		"github.com/tether-run/tether/services/executor/cmd/tetherctl",
 		"github.com/tether-run/tether/services/runnergw/cmd/runnergw",
@@ -48,16 +44,15 @@ func TestMain(m *testing.M) {
 		"github.com/tether-run/tether/services/runnerd/cmd/fake-codex-app-server",
 		"github.com/tether-run/tether/services/runnerd/cmd/fake-acp-agent",
 		"github.com/tether-run/tether/services/runnerd/cmd/fake-opencode",
-	}
-	cmd := exec.Command("go", append([]string{"build", "-o", dir + "/"}, pkgs...)...)
-	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
-	if err := cmd.Run(); err != nil {
+	)
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "building binaries:", err)
 		os.Exit(1)
 	}
 	binDir = dir
-	defer os.RemoveAll(dir)
-	pgtest.Main(m)
+	code := pgtest.Run(m)
+	testbin.Cleanup()
+	os.Exit(code)
 }
 
 type harness struct {

@@ -26,15 +26,14 @@ import (
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/prp"
 	"github.com/tether-run/tether/pkg/runnerstate"
+	"github.com/tether-run/tether/pkg/testbin"
 	"github.com/tether-run/tether/services/runnerd/internal/durable"
 	"github.com/tether-run/tether/services/runnerd/internal/runner"
 )
 
 func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) {
-		if built.dir != "" {
-			_ = os.RemoveAll(built.dir)
-		}
+		testbin.Cleanup()
 		os.Exit(code)
 	}))
 }
@@ -120,34 +119,14 @@ func (g *binGateway) send(f *prpv1.Frame) {
 	require.NoError(g.t, c.Write(ctx, f))
 }
 
-// built holds the binaries goBuild made: one build of each package per
-// test run, shared by the tests (TestMain removes them).
-var built struct {
-	mu   sync.Mutex
-	dir  string
-	bins map[string]string
-}
-
-// goBuild builds the command pkg as name (once per test run) and returns
-// its path.
+// goBuild returns the binary of the command pkg (built once per test run
+// unless make test prebuilt it); name is its file name.
 func goBuild(t *testing.T, pkg, name string) string {
 	t.Helper()
-	built.mu.Lock()
-	defer built.mu.Unlock()
-	if p, ok := built.bins[pkg]; ok {
-		return p
-	}
-	if built.dir == "" {
-		dir, err := os.MkdirTemp("", "runnerd-cmd-bin-")
-		require.NoError(t, err)
-		built.dir, built.bins = dir, map[string]string{}
-	}
-	out := filepath.Join(built.dir, name)
-	cmd := exec.Command("go", "build", "-o", out, pkg)
-	cmd.Stderr = os.Stderr
-	require.NoError(t, cmd.Run(), "go build %s", pkg)
-	built.bins[pkg] = out
-	return out
+	p, err := testbin.Path(pkg)
+	require.NoError(t, err)
+	require.Equal(t, name, filepath.Base(p))
+	return p
 }
 
 func TestG4_BinaryRunsATurnAgainstAFakeGateway(t *testing.T) {

@@ -3,7 +3,6 @@ package acp
 import (
 	"context"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -11,39 +10,25 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/tether-run/tether/pkg/testbin"
 )
 
-var fakeBuild struct {
-	once sync.Once
-	bin  string
-	err  error
-	out  []byte
-}
-
-// fakeAgent builds cmd/fake-acp-agent once per test binary.
+// fakeAgent returns cmd/fake-acp-agent (built once per test binary unless
+// make test prebuilt it).
 func fakeAgent(t *testing.T) string {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("builds the fake ACP agent")
 	}
-	fakeBuild.once.Do(func() {
-		dir, err := os.MkdirTemp("", "fake-acp-bin-")
-		if err != nil {
-			fakeBuild.err = err
-			return
-		}
-		fakeBuild.bin = filepath.Join(dir, "fake-acp-agent")
-		fakeBuild.out, fakeBuild.err = exec.Command("go", "build", "-o", fakeBuild.bin, "../../cmd/fake-acp-agent").CombinedOutput()
-	})
-	require.NoError(t, fakeBuild.err, "go build: %s", fakeBuild.out)
-	return fakeBuild.bin
+	bin, err := testbin.Path("github.com/tether-run/tether/services/runnerd/cmd/fake-acp-agent")
+	require.NoError(t, err)
+	return bin
 }
 
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if fakeBuild.bin != "" {
-		_ = os.RemoveAll(filepath.Dir(fakeBuild.bin))
-	}
+	testbin.Cleanup()
 	os.Exit(code)
 }
 

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -17,27 +16,22 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tether-run/tether/pkg/failure"
+	"github.com/tether-run/tether/pkg/testbin"
 	"github.com/tether-run/tether/services/runnerd/internal/runner"
 )
 
 var fakeBin string
 
 func TestMain(m *testing.M) {
-	os.Exit(func() int {
-		dir, err := os.MkdirTemp("", "tether-opencode-bin-")
-		if err != nil {
-			panic(err)
-		}
-		defer os.RemoveAll(dir)
-		cmd := exec.Command("go", "build", "-o", dir+"/", "github.com/tether-run/tether/services/runnerd/cmd/fake-opencode")
-		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
-		if err := cmd.Run(); err != nil {
-			fmt.Fprintln(os.Stderr, "building fake-opencode:", err)
-			return 1
-		}
-		fakeBin = filepath.Join(dir, "fake-opencode")
-		return m.Run()
-	}())
+	bin, err := testbin.Path("github.com/tether-run/tether/services/runnerd/cmd/fake-opencode")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "building fake-opencode:", err)
+		os.Exit(1)
+	}
+	fakeBin = bin
+	code := m.Run()
+	testbin.Cleanup()
+	os.Exit(code)
 }
 
 // recorder collects a session's events and lets a test wait for one.

@@ -15,28 +15,24 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/tether-run/tether/pkg/testbin"
 )
 
 var runnerdBin, fakeBin string
 
 func TestMain(m *testing.M) {
-	os.Exit(func() int {
-		dir, err := os.MkdirTemp("", "tether-provhost-bin-")
-		if err != nil {
-			panic(err)
-		}
-		defer os.RemoveAll(dir)
-		cmd := exec.Command("go", "build", "-o", dir+"/",
-			"github.com/tether-run/tether/services/runnerd/cmd/runnerd",
-			"github.com/tether-run/tether/services/runnerd/cmd/fake-codex-app-server")
-		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
-		if err := cmd.Run(); err != nil {
-			fmt.Fprintln(os.Stderr, "building binaries:", err)
-			return 1
-		}
-		runnerdBin, fakeBin = filepath.Join(dir, "runnerd"), filepath.Join(dir, "fake-codex-app-server")
-		return m.Run()
-	}())
+	dir, err := testbin.Dir(
+		"github.com/tether-run/tether/services/runnerd/cmd/runnerd",
+		"github.com/tether-run/tether/services/runnerd/cmd/fake-codex-app-server")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "building binaries:", err)
+		os.Exit(1)
+	}
+	runnerdBin, fakeBin = filepath.Join(dir, "runnerd"), filepath.Join(dir, "fake-codex-app-server")
+	code := m.Run()
+	testbin.Cleanup()
+	os.Exit(code)
 }
 
 // shim is a `runnerd provider-shim` process driven line by line.

@@ -28,6 +28,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tether-run/tether/pkg/failure"
+	"github.com/tether-run/tether/pkg/testbin"
 	"github.com/tether-run/tether/services/runnerd/internal/acp"
 	"github.com/tether-run/tether/services/runnerd/internal/codex"
 	"github.com/tether-run/tether/services/runnerd/internal/provider"
@@ -203,10 +204,8 @@ func TestR11_ScenarioSuiteAgainstFakeACP(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the fake ACP agent")
 	}
-	dir := t.TempDir()
-	bin := filepath.Join(dir, "fake-acp-agent")
-	out, err := exec.Command("go", "build", "-o", bin, "../../cmd/fake-acp-agent").CombinedOutput()
-	require.NoError(t, err, "go build: %s", out)
+	bin, err := testbin.Path("github.com/tether-run/tether/services/runnerd/cmd/fake-acp-agent")
+	require.NoError(t, err)
 	for _, agent := range []string{acp.AgentCodex, acp.AgentClaude} {
 		t.Run(agent, func(t *testing.T) {
 			t.Parallel()

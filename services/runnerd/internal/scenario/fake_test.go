@@ -2,12 +2,10 @@ package scenario
 
 import (
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -15,47 +13,27 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/tether-run/tether/pkg/testbin"
 	"github.com/tether-run/tether/services/runnerd/internal/codex"
 )
 
 func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) {
-		if fakeBuild.dir != "" {
-			_ = os.RemoveAll(fakeBuild.dir)
-		}
+		testbin.Cleanup()
 		os.Exit(code)
 	}))
 }
 
-var fakeBuild struct {
-	once sync.Once
-	dir  string
-	bin  string
-	err  error
-	out  []byte
-}
-
-// fakeBinary builds cmd/fake-codex-app-server once per test run.
+// fakeBinary returns cmd/fake-codex-app-server (built once per test run
+// unless make test prebuilt it).
 func fakeBinary(t *testing.T) string {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("builds the fake codex app-server")
 	}
-	goTool, err := exec.LookPath("go")
-	if err != nil {
-		t.Skip("go tool not on PATH")
-	}
-	fakeBuild.once.Do(func() {
-		fakeBuild.dir, fakeBuild.err = os.MkdirTemp("", "scenario-fake-bin-")
-		if fakeBuild.err != nil {
-			return
-		}
-		fakeBuild.bin = filepath.Join(fakeBuild.dir, "fake-codex-app-server")
-		cmd := exec.Command(goTool, "build", "-o", fakeBuild.bin, "../../cmd/fake-codex-app-server")
-		fakeBuild.out, fakeBuild.err = cmd.CombinedOutput()
-	})
-	require.NoError(t, fakeBuild.err, "go build: %s", fakeBuild.out)
-	return fakeBuild.bin
+	bin, err := testbin.Path("github.com/tether-run/tether/services/runnerd/cmd/fake-codex-app-server")
+	require.NoError(t, err)
+	return bin
 }
 
 // mockLookupTool is the dynamic tool every suite thread declares.

@@ -12,7 +12,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -34,30 +33,25 @@ import (
 	"github.com/tether-run/tether/pkg/prp"
 	"github.com/tether-run/tether/pkg/prp/prptest"
 	"github.com/tether-run/tether/pkg/scope"
+	"github.com/tether-run/tether/pkg/testbin"
 )
 
 var binDir string
 
 func TestMain(m *testing.M) {
-	os.Exit(func() int {
-		dir, err := os.MkdirTemp("", "tether-gw-bin-")
-		if err != nil {
-			panic(err)
-		}
-		defer os.RemoveAll(dir)
-		cmd := exec.Command("go", "build", "-o", dir+"/",
-			"github.com/tether-run/tether/services/runnerd/cmd/runnerd",
-			"github.com/tether-run/tether/services/runnerd/cmd/fake-codex-app-server",
-			"github.com/tether-run/tether/services/runnerd/cmd/fake-opencode",
-			"github.com/tether-run/tether/services/runnerd/cmd/fake-acp-agent")
-		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
-		if err := cmd.Run(); err != nil {
-			fmt.Fprintln(os.Stderr, "building binaries:", err)
-			return 1
-		}
-		binDir = dir
-		return m.Run()
-	}())
+	dir, err := testbin.Dir(
+		"github.com/tether-run/tether/services/runnerd/cmd/runnerd",
+		"github.com/tether-run/tether/services/runnerd/cmd/fake-codex-app-server",
+		"github.com/tether-run/tether/services/runnerd/cmd/fake-opencode",
+		"github.com/tether-run/tether/services/runnerd/cmd/fake-acp-agent")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "building binaries:", err)
+		os.Exit(1)
+	}
+	binDir = dir
+	code := m.Run()
+	testbin.Cleanup()
+	os.Exit(code)
 }
 
 // server adapts the Gateway to the gRPC service (the api package imports

@@ -1,0 +1,82 @@
+// Package testbin gives tests the binaries of tether's main packages.
+//
+// `make test` builds every binary once into a directory it names in
+// $TETHER_TEST_BIN (EnvDir) before the tests start, so that the packages
+// running real processes (the end-to-end stack, runnerd, the gateway, the
+// providers) neither build nor link their own copies. A plain `go test`
+// builds what a test asks for, once per test process, into a temporary
+// directory that Cleanup removes.
+package testbin
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path"
+	"path/filepath"
+	"sync"
+)
+
+// EnvDir names the environment variable holding a directory of prebuilt
+// binaries, each named by the last element of its package's import path.
+const EnvDir = "TETHER_TEST_BIN"
+
+var built struct {
+	mu  sync.Mutex
+	dir string
+}
+
+// Dir returns a directory holding the binaries of the main packages pkgs
+// (import paths): $TETHER_TEST_BIN when it holds all of them, otherwise
+// this process's build directory, into which the missing ones are built
+// (one go build).
+func Dir(pkgs ...string) (string, error) {
+	if dir := os.Getenv(EnvDir); dir != "" && len(missing(dir, pkgs)) == 0 {
+		return dir, nil
+	}
+	built.mu.Lock()
+	defer built.mu.Unlock()
+	if built.dir == "" {
+		dir, err := os.MkdirTemp("", "tether-test-bin-")
+		if err != nil {
+			return "", err
+		}
+		built.dir = dir
+	}
+	if todo := missing(built.dir, pkgs); len(todo) > 0 {
+		cmd := exec.Command("go", append([]string{"build", "-o", built.dir + "/"}, todo...)...)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return "", fmt.Errorf("go build %v: %v\n%s", todo, err, out)
+		}
+	}
+	return built.dir, nil
+}
+
+// Path returns the path of the binary of the main package pkg (see Dir).
+func Path(pkg string) (string, error) {
+	dir, err := Dir(pkg)
+	if err != nil {
+		return "", err
+	}
+	return filepath.Join(dir, path.Base(pkg)), nil
+}
+
+// Cleanup removes what Dir built in this process (never $TETHER_TEST_BIN).
+func Cleanup() {
+	built.mu.Lock()
+	defer built.mu.Unlock()
+	if built.dir != "" {
+		_ = os.RemoveAll(built.dir)
+		built.dir = ""
+	}
+}
+
+func missing(dir string, pkgs []string) []string {
+	var out []string
+	for _, p := range pkgs {
+		if fi, err := os.Stat(filepath.Join(dir, path.Base(p))); err != nil || fi.IsDir() || fi.Mode()&0o111 == 0 {
+			out = append(out, p)
+		}
+	}
+	return out
+}
