@@ -56,8 +56,16 @@ build: ## build every binary into bin/
 
 # The binaries are built once (bin/) for every package whose tests run real
 # processes (TETHER_TEST_BIN, see pkg/testbin) instead of once per package.
+# The end-to-end package is the long pole: it starts at once, beside the
+# other packages (its output follows theirs), instead of after most of them.
+E2E := ./services/executor/internal/e2e
 test: lint check-generate build ## lint, check generated code, and run every test with -race
-	TETHER_TEST_BIN=$(CURDIR)/bin $(GO) test -race -count=1 -timeout 40m $(MODULES)
+	@export TETHER_TEST_BIN=$(CURDIR)/bin; out=$$(mktemp); \
+	  echo "$(GO) test -race -count=1 -timeout 40m $(E2E) (in the background)"; \
+	  $(GO) test -race -count=1 -timeout 40m $(E2E) >$$out 2>&1 & e2e=$$!; \
+	  echo "$(GO) test -race -count=1 -timeout 40m $(MODULES) (but $(E2E))"; \
+	  $(GO) test -race -count=1 -timeout 40m $$($(GO) list $(MODULES) | grep -v '/internal/e2e$$'); rc=$$?; \
+	  wait $$e2e; erc=$$?; cat $$out; rm -f $$out; test $$rc = 0 && test $$erc = 0
 	@for m in $(OWN_MODULES); do (cd $$m && TETHER_TEST_BIN=$(CURDIR)/bin GOWORK=off $(GO) test -race -count=1 -timeout 10m ./...) || exit 1; done
 
 demo: build ## run three warm turns through the whole stack on an ephemeral PostgreSQL
