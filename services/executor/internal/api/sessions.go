@@ -6,6 +6,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 
+	"github.com/tether-run/tether/pkg/backoff"
 	"github.com/tether-run/tether/pkg/failure"
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
 	gatewayv1 "github.com/tether-run/tether/pkg/gen/tether/gateway/v1"
@@ -137,12 +138,40 @@ func (s *Server) CloseSession(ctx context.Context, req *executorv1.CloseSessionR
 		if r == nil || !r.GetConnected() {
 			continue // nothing live to close
 		}
-		if err := s.closeRunner(ctx, g.Scope, g.Last.GetRunId(), g.Last.GetInput(), reason); err != nil {
+		if err := s.closeEndedScope(ctx, req, g, reason); err != nil {
 			return nil, err
 		}
 		out.ClosedRunnerInstanceIds = append(out.ClosedRunnerInstanceIds, r.GetRunnerInstanceId())
 	}
 	return out, nil
+}
+
+// closeEndedScope closes the runner of g, a scope whose runs all ended. The
+// gateway may still hold the attachment of its last run (the run's terminal
+// is persisted before the run detaches) and answer
+// native_session_supervisor_busy: that passes, so the close is retried for
+// as long as the scope has no run queued or in flight.
+func (s *Server) closeEndedScope(ctx context.Context, req *executorv1.CloseSessionRequest, g store.SessionRuns, reason string) error {
+	retry := backoff.Backoff{Min: 20 * time.Millisecond, Max: time.Second}
+	for {
+		err := s.closeRunner(ctx, g.Scope, g.Last.GetRunId(), g.Last.GetInput(), reason)
+		if failure.CodeOf(err) != failure.NativeSessionSupervisorBusy {
+			return err
+		}
+		groups, serr := s.Store.Sessions(ctx, req.GetCompanyId(), req.GetNormalizedSessionId())
+		if serr != nil || scopeOpen(groups, g.Scope) || !backoff.Sleep(ctx, retry.Next()) {
+			return err
+		}
+	}
+}
+
+func scopeOpen(groups []store.SessionRuns, sc string) bool {
+	for _, g := range groups {
+		if g.Scope == sc {
+			return g.Open
+		}
+	}
+	return false
 }
 
 // closeRunner closes the scope's live runner through the gateway
