@@ -344,6 +344,8 @@ func TestR8_AnUnansweredToolCallIsAnsweredFailedAfterTheToolTimeout(t *testing.T
 	assert.Equal(t, "driver", res[0].Payload["source"])
 	assert.Equal(t, failure.SemanticToolTimeout, res[0].Payload["code"])
 	assert.Equal(t, false, res[0].Payload["success"])
+	// tool.execution.completed is emitted after the result, not with it.
+	rec.waitFor(t, isType("tool.execution.completed"))
 	done := rec.ofType("tool.execution.completed")
 	require.Len(t, done, 1)
 	assert.Equal(t, failure.SemanticToolTimeout, done[0].Payload["code"])
