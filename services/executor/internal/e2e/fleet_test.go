@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
 	"github.com/tether-run/tether/pkg/identity"
@@ -106,13 +107,17 @@ func TestF5_ExecutorsInDifferentPIDNamespacesNeverTakeALiveRunFromEachOther(t *t
 	_, err := h.st.Start(ctx, "executor")
 	require.NoError(t, err)
 	h.client = h.clientFor("executor")
-	h.submit("in-container", "pidns-a", slowTurn)
-	h.waitForDelta(ctx, h.client, "in-container")
+	// "[shell]": the contained run waits for a command approval, so the
+	// contained replica (it drives at most one run) is busy until the test
+	// answers, however slow the machine: the next run can only be the host
+	// replica's.
+	h.submit("in-container", "pidns-a", "[shell] "+slowTurn)
+	created := h.awaitRuntimeRequest(ctx, "in-container")
 
 	// The host replica drives a longer run while the contained one is
-	// busy (it drives at most one), probing the contained one's lease on
-	// every idle poll; once the contained run ends, the contained replica
-	// probes the host replica's lease until its run ends.
+	// busy, probing the contained one's lease on every idle poll; once the
+	// contained run ends, the contained replica probes the host replica's
+	// lease until its run ends.
 	require.NoError(t, h.st.AddExecutor("executor-2"))
 	_, err = h.st.Start(ctx, "executor-2")
 	require.NoError(t, err)
@@ -130,6 +135,11 @@ SELECT (SELECT controller_pid_ns FROM executor.coordinators WHERE run_id = 'in-c
        (SELECT controller_pid_ns FROM executor.coordinators WHERE run_id = 'on-host')`).Scan(&nsA, &pidA, &nsB))
 	require.NotEqual(t, nsA, nsB, "the replicas run in two PID namespaces")
 	require.Equal(t, 1, pidA, "the contained replica is pid 1 in its namespace")
+	accept, err := structpb.NewStruct(map[string]any{"decision": "accept"})
+	require.NoError(t, err)
+	_, err = h.client.ResolveRuntimeRequest(ctx, &executorv1.ResolveRuntimeRequestRequest{RunId: "in-container",
+		RequestId: created["requestId"].(string), TurnId: created["turnId"].(string), Resolution: accept})
+	require.NoError(t, err)
 
 	for id, owner := range map[string]string{"in-container": "executor", "on-host": "executor-2"} {
 		run := h.waitState(ctx, host, id, executorv1.RunState_RUN_STATE_SUCCEEDED)
