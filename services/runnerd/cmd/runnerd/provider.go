@@ -68,6 +68,9 @@ func startCodex(ctx context.Context, cfg runner.ProviderConfig, emit func(runner
 		ccfg.Command, ccfg.Args = self, provhost.ShimArgs(cfg.HostDir, cfg.Reattach, cfg.ResumeAfter)
 	}
 	f := &markFilter{emit: emit}
+	if cfg.Hosted {
+		ccfg.Lines = f
+	}
 	s, err := codex.Start(ctx, ccfg, f.handle)
 	if err != nil {
 		if host != nil {
@@ -120,10 +123,69 @@ func startHost(ctx context.Context, cfg runner.ProviderConfig) (*provhost.Info, 
 
 // markFilter turns the host's in-band marks into cursors and suppresses
 // the turn.started a re-announced (adopted) turn causes a second time.
+//
+// The host follows each provider line but an answer with its mark. The
+// events a line causes are held until its mark and handed on with the
+// cursor on the last of them (one queue item): journaled in one batch with
+// the cursor past their line. Handed on one by one, a runnerd killed after
+// journaling a line's events but before its mark made the re-attached host
+// replay the line, and its events were journaled twice.
 type markFilter struct {
 	emit     func(runner.ProviderEvent)
 	mu       sync.Mutex
 	suppress string
+	held     []runner.ProviderEvent
+	inLine   bool // the reader dispatches a line
+	awaiting bool // a line was read whose mark has not come yet
+	marked   bool // the line being read is a host notice (no mark follows it)
+	bare     bool // the next line comes without a mark (a re-announced turn)
+	ended    bool // the reader is done: nothing is held any more
+}
+
+func (f *markFilter) LineStart() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.inLine, f.marked = true, false
+}
+
+func (f *markFilter) LineDone(answer bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.inLine = false
+	switch {
+	case f.marked:
+		f.marked = false
+	case answer || f.bare:
+		f.bare = false
+		f.release(0)
+	default:
+		f.awaiting = true
+	}
+}
+
+func (f *markFilter) ReaderDone() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.ended, f.inLine = true, false
+	f.release(0)
+}
+
+// release hands on the held events, the last one carrying cursor (a bare
+// mark when nothing is held and cursor is not 0); under f.mu.
+func (f *markFilter) release(cursor uint64) {
+	f.awaiting = false
+	if len(f.held) == 0 {
+		if cursor > 0 {
+			f.emit(runner.ProviderEvent{Cursor: cursor})
+		}
+		return
+	}
+	held := f.held
+	f.held = nil
+	held[len(held)-1].Cursor = cursor
+	for _, ev := range held {
+		f.emit(ev)
+	}
 }
 
 func (f *markFilter) handle(ev codex.Event) {
@@ -132,10 +194,11 @@ func (f *markFilter) handle(ev codex.Event) {
 	if ev.Type == "provider.notice.recorded" {
 		if msg, _ := ev.Payload["message"].(string); msg != "" {
 			if cursor, adopt, ok := provhost.ParseMark(msg); ok {
+				f.marked = true
 				if adopt != "" {
-					f.suppress = adopt
+					f.suppress, f.bare = adopt, true
 				} else {
-					f.emit(runner.ProviderEvent{Cursor: cursor})
+					f.release(cursor)
 				}
 				return
 			}
@@ -145,7 +208,12 @@ func (f *markFilter) handle(ev codex.Event) {
 		f.suppress = "" // already journaled by the previous runnerd
 		return
 	}
-	f.emit(runner.ProviderEvent{Type: ev.Type, TurnID: ev.TurnID, ItemID: ev.ItemID, Priority: ev.Priority, Payload: ev.Payload})
+	out := runner.ProviderEvent{Type: ev.Type, TurnID: ev.TurnID, ItemID: ev.ItemID, Priority: ev.Priority, Payload: ev.Payload}
+	if !f.ended && (f.inLine || f.awaiting) {
+		f.held = append(f.held, out)
+		return
+	}
+	f.emit(out)
 }
 
 func convertErr(err error) error {

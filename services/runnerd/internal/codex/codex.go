@@ -117,6 +117,22 @@ type Config struct {
 	// Logger receives operational logs (nil: discarded). Provider stderr is
 	// logged at debug level, one sanitized, truncated line at a time.
 	Logger *slog.Logger
+	// Lines, when set, follows the reader through the provider's stdout
+	// (a provider host marks every line but answers after it: the caller
+	// holds a line's events until its mark).
+	Lines LineObserver
+}
+
+// LineObserver follows the reader through the provider's stdout. Its
+// methods run on the reader goroutine.
+type LineObserver interface {
+	// LineStart: the reader dispatches a line now.
+	LineStart()
+	// LineDone: every event the line caused was emitted; answer says the
+	// line answered a request of the driver's.
+	LineDone(answer bool)
+	// ReaderDone: stdout ended (or failed); nothing more is read.
+	ReaderDone()
 }
 
 // Event is one provider observation mapped to a PRP event type.

@@ -122,6 +122,10 @@ func readFrame(br *bufio.Reader, buf *[]byte) ([]byte, error) {
 // readLoop reads and dispatches provider stdout until EOF or a fatal error.
 func (s *Session) readLoop() {
 	defer close(s.readerDone)
+	lines := s.cfg.Lines
+	if lines != nil {
+		defer lines.ReaderDone()
+	}
 	br := bufio.NewReaderSize(s.stdout, 64<<10)
 	var buf []byte
 	for {
@@ -132,7 +136,13 @@ func (s *Session) readLoop() {
 		}
 		if len(bytes.TrimSpace(line)) > 0 {
 			s.readerBusy.Store(true)
-			fatal := s.dispatch(line)
+			if lines != nil {
+				lines.LineStart()
+			}
+			answer, fatal := s.dispatch(line)
+			if lines != nil {
+				lines.LineDone(answer)
+			}
 			s.readerFrames.Add(1)
 			s.readerBusy.Store(false)
 			if fatal != nil {
@@ -168,17 +178,19 @@ func (s *Session) setReaderErr(err error) {
 	s.mu.Unlock()
 }
 
-// dispatch routes one line. A non-nil return fails the session.
-func (s *Session) dispatch(line []byte) *Error {
+// dispatch routes one line; answer says it answered a request (an id and
+// no method). A non-nil fatal fails the session.
+func (s *Session) dispatch(line []byte) (answer bool, fatal *Error) {
 	trimmed := bytes.TrimSpace(line)
 	if trimmed[0] != '{' {
-		return errorf(failure.ProviderTransportFailed, "malformed JSON-RPC frame on harness stdout: not a JSON object")
+		return false, errorf(failure.ProviderTransportFailed, "malformed JSON-RPC frame on harness stdout: not a JSON object")
 	}
 	var msg wireMessage
 	if err := json.Unmarshal(trimmed, &msg); err != nil {
-		return errorf(failure.ProviderTransportFailed, "malformed JSON-RPC frame on harness stdout: %s", err.Error())
+		return false, errorf(failure.ProviderTransportFailed, "malformed JSON-RPC frame on harness stdout: %s", err.Error())
 	}
 	hasID := present(msg.ID)
+	answer = msg.Method == "" && hasID
 	switch {
 	case msg.Method == "" && hasID && (msg.Result != nil || msg.Error != nil):
 		s.handleResponse(msg)
@@ -189,7 +201,7 @@ func (s *Session) dispatch(line []byte) *Error {
 	default:
 		s.log.Warn("codex: ignoring unroutable message from provider", "bytes", len(trimmed))
 	}
-	return nil
+	return answer, nil
 }
 
 func (s *Session) handleResponse(msg wireMessage) {

@@ -109,8 +109,8 @@ type ProviderEvent struct {
 	ItemID   string
 	Priority uint32
 	Payload  map[string]any
-	// Cursor, on an event without a Type, is a provider host mark: every
-	// provider line through this host seq has been emitted.
+	// Cursor is a provider host mark: every provider line through this
+	// host seq has been emitted (with this event, if it has a Type).
 	Cursor uint64
 }
 

@@ -67,8 +67,16 @@ func TestR4_ProviderCursorIsJournaledWithTheEventsBeforeIt(t *testing.T) {
 	// A mark after events already journaled (no event of its own) still
 	// moves the cursor.
 	prov.emit(ProviderEvent{Cursor: 9})
+	// A mark riding on the last event of its line is journaled on it.
+	prov.emit(ProviderEvent{Type: "item.delta", TurnID: "turn-1", ItemID: "i", Priority: P2, Payload: map[string]any{"delta": "c"}, Cursor: 10})
+	e.gw.waitEvent("item.delta", 3)
+	require.Eventually(t, func() bool {
+		recs := outboxRecords(t, e.stateDir)
+		last := recs[len(recs)-1]
+		return last.EventType == "item.delta" && last.ProviderCursor == 10
+	}, 5*time.Second, 10*time.Millisecond, "the cursor on the event is journaled with it")
 	require.Equal(t, ExitOK, p.stop(t))
-	assert.Equal(t, uint64(9), e.state().ProviderCursor)
+	assert.Equal(t, uint64(10), e.state().ProviderCursor)
 }
 
 func TestR1_RestartedRunnerReattachesItsHostedProviderAndTheTurnGoesOn(t *testing.T) {

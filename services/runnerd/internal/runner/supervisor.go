@@ -94,8 +94,8 @@ func (s *supervisor) collect(items []queued) (evs []pendingEvent, cursor uint64,
 	}
 	evs = make([]pendingEvent, 0, len(items))
 	for _, it := range items {
+		cursor = max(cursor, it.ev.Cursor) // a provider host mark
 		if it.ev.Type == "" {
-			cursor = max(cursor, it.ev.Cursor) // a provider host mark
 			continue
 		}
 		evs = append(evs, pendingEvent{prio: it.ev.Priority, typ: it.ev.Type, turnID: it.ev.TurnID, itemID: it.ev.ItemID, payload: it.ev.Payload})
