@@ -149,7 +149,7 @@ func (q *eventQueue) drainThroughMark(hold time.Duration) (items []queued, wait 
 	defer q.mu.Unlock()
 	cut := 0
 	for i, it := range q.items {
-		if it.ev.Type == "" {
+		if it.ev.Cursor > 0 { // a mark, alone or on its line's last event
 			cut = i + 1
 		}
 	}

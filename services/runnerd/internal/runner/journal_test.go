@@ -399,6 +399,15 @@ func TestR4_StreamedEventsWaitForTheirLinesMark(t *testing.T) {
 	require.Len(t, items, 1, "taken once it waited the hold")
 	assert.Zero(t, wait)
 
+	// runnerd's mark filter hands a line's events on with the mark on the
+	// last one: nothing waits.
+	marked := delta("e")
+	marked.Cursor = 6
+	q.push(1, marked)
+	items, wait = q.drainThroughMark(time.Hour)
+	require.Len(t, items, 1)
+	assert.Zero(t, wait)
+
 	// Without a provider host no mark ever comes: nothing waits.
 	s := newSupervisor(nil)
 	s.queue.push(1, delta("d"))
