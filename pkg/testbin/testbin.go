@@ -15,6 +15,7 @@ import (
 	"path"
 	"path/filepath"
 	"sync"
+	"testing"
 )
 
 // EnvDir names the environment variable holding a directory of prebuilt
@@ -59,6 +60,25 @@ func Path(pkg string) (string, error) {
 		return "", err
 	}
 	return filepath.Join(dir, path.Base(pkg)), nil
+}
+
+// MustDir is Dir for a TestMain: a failed build ends the test process.
+func MustDir(pkgs ...string) string {
+	dir, err := Dir(pkgs...)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "building binaries:", err)
+		os.Exit(1)
+	}
+	return dir
+}
+
+// Main runs the package's tests, removes what Dir built and exits:
+//
+//	func TestMain(m *testing.M) { testbin.Main(m) }
+func Main(m *testing.M) {
+	code := m.Run()
+	Cleanup()
+	os.Exit(code)
 }
 
 // Cleanup removes what Dir built in this process (never $TETHER_TEST_BIN).

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"errors"
 	"net"
-	"os"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -15,11 +14,7 @@ import (
 	"github.com/tether-run/tether/pkg/testbin"
 )
 
-func TestMain(m *testing.M) {
-	code := m.Run()
-	testbin.Cleanup()
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { testbin.Main(m) }
 
 // TestD1_UpFailsLoudlyWhenAPortIsTaken: `make up` (tether-demo -up) on a
 // port another stack holds exits non-zero naming the port, before it starts

@@ -35,7 +35,7 @@ import (
 var binDir string
 
 func TestMain(m *testing.M) {
-	dir, err := testbin.Dir(
+	binDir = testbin.MustDir(
 		"github.com/tether-run/tether/services/executor/cmd/executor",
 		"github.com/tether-run/tether/services/executor/cmd/tetherctl",
 		"github.com/tether-run/tether/services/runnergw/cmd/runnergw",
@@ -45,11 +45,6 @@ func TestMain(m *testing.M) {
 		"github.com/tether-run/tether/services/runnerd/cmd/fake-acp-agent",
 		"github.com/tether-run/tether/services/runnerd/cmd/fake-opencode",
 	)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "building binaries:", err)
-		os.Exit(1)
-	}
-	binDir = dir
 	code := pgtest.Run(m)
 	testbin.Cleanup()
 	os.Exit(code)

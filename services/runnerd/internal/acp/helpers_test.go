@@ -26,11 +26,7 @@ func fakeAgent(t *testing.T) string {
 	return bin
 }
 
-func TestMain(m *testing.M) {
-	code := m.Run()
-	testbin.Cleanup()
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { testbin.Main(m) }
 
 // recorder collects emitted events; wait blocks until a condition holds.
 type recorder struct {

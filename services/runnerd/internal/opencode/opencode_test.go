@@ -2,7 +2,6 @@ package opencode
 
 import (
 	"context"
-	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -23,15 +22,8 @@ import (
 var fakeBin string
 
 func TestMain(m *testing.M) {
-	bin, err := testbin.Path("github.com/tether-run/tether/services/runnerd/cmd/fake-opencode")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "building fake-opencode:", err)
-		os.Exit(1)
-	}
-	fakeBin = bin
-	code := m.Run()
-	testbin.Cleanup()
-	os.Exit(code)
+	fakeBin = filepath.Join(testbin.MustDir("github.com/tether-run/tether/services/runnerd/cmd/fake-opencode"), "fake-opencode")
+	testbin.Main(m)
 }
 
 // recorder collects a session's events and lets a test wait for one.

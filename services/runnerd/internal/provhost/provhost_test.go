@@ -22,17 +22,11 @@ import (
 var runnerdBin, fakeBin string
 
 func TestMain(m *testing.M) {
-	dir, err := testbin.Dir(
+	dir := testbin.MustDir(
 		"github.com/tether-run/tether/services/runnerd/cmd/runnerd",
 		"github.com/tether-run/tether/services/runnerd/cmd/fake-codex-app-server")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "building binaries:", err)
-		os.Exit(1)
-	}
 	runnerdBin, fakeBin = filepath.Join(dir, "runnerd"), filepath.Join(dir, "fake-codex-app-server")
-	code := m.Run()
-	testbin.Cleanup()
-	os.Exit(code)
+	testbin.Main(m)
 }
 
 // shim is a `runnerd provider-shim` process driven line by line.

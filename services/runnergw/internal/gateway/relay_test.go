@@ -39,19 +39,12 @@ import (
 var binDir string
 
 func TestMain(m *testing.M) {
-	dir, err := testbin.Dir(
+	binDir = testbin.MustDir(
 		"github.com/tether-run/tether/services/runnerd/cmd/runnerd",
 		"github.com/tether-run/tether/services/runnerd/cmd/fake-codex-app-server",
 		"github.com/tether-run/tether/services/runnerd/cmd/fake-opencode",
 		"github.com/tether-run/tether/services/runnerd/cmd/fake-acp-agent")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "building binaries:", err)
-		os.Exit(1)
-	}
-	binDir = dir
-	code := m.Run()
-	testbin.Cleanup()
-	os.Exit(code)
+	testbin.Main(m)
 }
 
 // server adapts the Gateway to the gRPC service (the api package imports
