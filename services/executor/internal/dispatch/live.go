@@ -29,16 +29,18 @@ type liveSession struct {
 	mu      sync.Mutex
 	turn    string
 	pending map[string]chan *prpv1.CommandResult
-	// resolving maps a runtime request id to the command resolving it. The
-	// runner's runtime_request.resolved event comes before anything the
-	// answer caused — also before a run.terminal that ends the stream
-	// ahead of the command's result when the provider finishes at once —
-	// so it completes the waiting call as well.
-	resolving map[string]string
+	// answering maps the runner's event that settles an answer (see
+	// observe: "request:<id>" for a runtime request's resolution,
+	// "tool:<callId>" for a tool call's result) to the command carrying
+	// the answer. That event comes before anything the answer caused —
+	// also before a run.terminal that ends the stream ahead of the
+	// command's result when the provider finishes at once — so it
+	// completes the waiting call as well.
+	answering map[string]string
 }
 
 func newLiveSession(c *store.Claim, send func(*gatewayv1.AttachRequest) error, toolEpoch uint64) *liveSession {
-	return &liveSession{claim: c, send: send, toolEpoch: toolEpoch, pending: map[string]chan *prpv1.CommandResult{}, resolving: map[string]string{}}
+	return &liveSession{claim: c, send: send, toolEpoch: toolEpoch, pending: map[string]chan *prpv1.CommandResult{}, answering: map[string]string{}}
 }
 
 // withToolEpoch stamps a tool result or runtime-request answer with the
@@ -66,14 +68,39 @@ func (l *liveSession) observe(ev *prpv1.Event) {
 	case "turn.completed", "turn.failed", "turn.interrupted", "turn.cancelled", "run.terminal":
 		l.turn = ""
 	case "runtime_request.resolved":
-		req := ev.GetPayload().GetFields()["requestId"].GetStringValue()
-		if cid, ok := l.resolving[req]; ok {
-			delete(l.resolving, req)
-			if ch, ok := l.pending[cid]; ok {
-				delete(l.pending, cid)
-				ch <- &prpv1.CommandResult{CommandId: cid, Status: "completed"}
-			}
+		l.answered("request:" + ev.GetPayload().GetFields()["requestId"].GetStringValue())
+	case "semantic_tool.result":
+		if f := ev.GetPayload().GetFields(); f["source"].GetStringValue() == "controller" {
+			l.answered("tool:" + f["callId"].GetStringValue())
 		}
+	}
+}
+
+// answered completes the call waiting for the answer key names; under l.mu.
+func (l *liveSession) answered(key string) {
+	cid, ok := l.answering[key]
+	if !ok {
+		return
+	}
+	delete(l.answering, key)
+	if ch, ok := l.pending[cid]; ok {
+		delete(l.pending, cid)
+		ch <- &prpv1.CommandResult{CommandId: cid, Status: "completed"}
+	}
+}
+
+// answer registers that the runner's event named by key settles command
+// commandID (see answering); the returned func forgets it.
+func (l *liveSession) answer(key, commandID string) func() {
+	l.mu.Lock()
+	l.answering[key] = commandID
+	l.mu.Unlock()
+	return func() {
+		l.mu.Lock()
+		if l.answering[key] == commandID {
+			delete(l.answering, key)
+		}
+		l.mu.Unlock()
 	}
 }
 
@@ -168,16 +195,7 @@ func (l *liveSession) ResolveRuntimeRequest(ctx context.Context, commandID, requ
 		return err
 	}
 	cmd.CommandId = commandID
-	l.mu.Lock()
-	l.resolving[requestID] = commandID
-	l.mu.Unlock()
-	defer func() {
-		l.mu.Lock()
-		if l.resolving[requestID] == commandID {
-			delete(l.resolving, requestID)
-		}
-		l.mu.Unlock()
-	}()
+	defer l.answer("request:"+requestID, commandID)()
 	r, err := l.call(ctx, l.withToolEpoch(cmd))
 	if err != nil {
 		return err
@@ -209,6 +227,7 @@ func (l *liveSession) CompleteToolCall(ctx context.Context, callID string, succe
 		return "", err
 	}
 	cmd.CommandId = fmt.Sprintf("%s/tool/%s", l.claim.RunID, callID)
+	defer l.answer("tool:"+callID, cmd.GetCommandId())()
 	r, err := l.call(ctx, l.withToolEpoch(cmd))
 	if err != nil {
 		return "", err
