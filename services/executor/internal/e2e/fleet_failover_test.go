@@ -38,27 +38,46 @@ func (h *harness) killHost(name string) int {
 	h.t.Helper()
 	root := h.st.RunnerStateRootOf(name) + "/"
 	p := h.st.Proc(name)
-	victims := []int{p.Pid()}
-	entries, err := os.ReadDir("/proc")
-	require.NoError(h.t, err)
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil || pid == os.Getpid() {
-			continue
-		}
-		dir := filepath.Join("/proc", e.Name())
+	ofHost := func(pid int) bool {
+		dir := filepath.Join("/proc", strconv.Itoa(pid))
 		cmdline, _ := os.ReadFile(filepath.Join(dir, "cmdline"))
 		environ, _ := os.ReadFile(filepath.Join(dir, "environ"))
 		cwd, _ := os.Readlink(filepath.Join(dir, "cwd"))
-		if strings.Contains(string(cmdline), root) || strings.Contains(string(environ), root) || strings.HasPrefix(cwd+"/", root) {
-			victims = append(victims, pid)
+		return strings.Contains(string(cmdline), root) || strings.Contains(string(environ), root) || strings.HasPrefix(cwd+"/", root)
+	}
+	require.NoError(h.t, syscall.Kill(p.Pid(), syscall.SIGKILL))
+	entries, err := os.ReadDir("/proc")
+	require.NoError(h.t, err)
+	killed := 0
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == os.Getpid() || pid == p.Pid() || !ofHost(pid) {
+			continue
+		}
+		if killMatching(pid, ofHost) {
+			killed++
 		}
 	}
-	for _, pid := range victims {
-		_ = syscall.Kill(pid, syscall.SIGKILL)
-	}
 	<-p.Done()
-	return len(victims) - 1
+	return killed
+}
+
+// killMatching sends SIGKILL to pid if it still is a process that matches:
+// a pidfd pins the process before the check, so a pid that was reused
+// meanwhile (this box's pid space is small and shared: a PostgreSQL backend
+// of the tests) is never signalled.
+func killMatching(pid int, matches func(int) bool) bool {
+	const sysPidfdOpen, sysPidfdSendSignal = 434, 424
+	fd, _, errno := syscall.Syscall(sysPidfdOpen, uintptr(pid), 0, 0)
+	if errno != 0 {
+		return false // gone already
+	}
+	defer syscall.Close(int(fd))
+	if !matches(pid) {
+		return false
+	}
+	_, _, errno = syscall.Syscall6(sysPidfdSendSignal, fd, uintptr(syscall.SIGKILL), 0, 0, 0, 0)
+	return errno == 0
 }
 
 // placements counts the stack's session scopes per gateway.
