@@ -2,7 +2,6 @@ package dispatch
 
 import (
 	"encoding/json"
-	"time"
 
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 )
@@ -50,46 +49,3 @@ func (a *ackTracker) persisted(floor uint64, evs []*prpv1.Event) map[string]uint
 	}
 	return moved
 }
-
-// seqGate passes the attached runner's events in source order. An attach
-// asks the runner to replay everything after its acknowledged cursor (the
-// gateway's Replay), but the runner may send events it produces live before
-// it reads that request: they arrive ahead of the replay, after a gap in
-// its source seqs, and persisted then they would precede the events the
-// replay brings (the run's log out of source order, a turn's deltas
-// garbled). They are dropped unpersisted and unacknowledged: the replay
-// carries them again, in order. Events of other sources, and duplicates
-// below the cursor, pass (the store deduplicates).
-type seqGate struct {
-	inst string
-	next uint64 // the next source seq expected from inst
-	// gapSince is when the current gap opened (zero: none).
-	gapSince time.Time
-}
-
-func newSeqGate(inst string, acked uint64) *seqGate { return &seqGate{inst: inst, next: acked + 1} }
-
-// admit returns evs without the events that follow a gap.
-func (g *seqGate) admit(evs []*prpv1.Event, now time.Time) []*prpv1.Event {
-	out := evs[:0:0]
-	for _, ev := range evs {
-		if ev.GetSourceInstanceId() != g.inst || ev.GetSourceSeq() < g.next {
-			out = append(out, ev)
-			continue
-		}
-		if ev.GetSourceSeq() > g.next {
-			if g.gapSince.IsZero() {
-				g.gapSince = now
-			}
-			continue
-		}
-		g.next++
-		g.gapSince = time.Time{}
-		out = append(out, ev)
-	}
-	return out
-}
-
-// gap reports whether events were dropped after a gap not filled since,
-// and since when.
-func (g *seqGate) gap() (time.Time, bool) { return g.gapSince, !g.gapSince.IsZero() }

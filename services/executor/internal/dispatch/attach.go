@@ -56,8 +56,6 @@ type attachment struct {
 	cancelIntents map[string]string              // cancel command id → intent id
 	acking        sync.WaitGroup                 // acknowledgements being written
 	acks          *ackTracker
-	order         *seqGate
-	gapExpired    <-chan time.Time // armed while the order gate waits for a replay
 	terminalSeen  <-chan time.Time
 }
 
@@ -359,7 +357,6 @@ func (a *attachment) pump() (done bool, err error) {
 	a.readAhead()
 	a.cancelIntents = map[string]string{}
 	a.acks = newAckTracker()
-	a.order = newSeqGate(a.opened.GetRunnerInstanceId(), a.opened.GetRunnerAckedSeq())
 	// A cancellation recorded since facts were read kicks cancelCh.
 	if err := a.dispatchCancel(a.facts.Cancellation); err != nil {
 		return false, err
@@ -386,11 +383,6 @@ func (a *attachment) pump() (done bool, err error) {
 					return false, err
 				}
 				continue
-			case <-a.gapExpired:
-				// The replay that fills the gap never came: attach again,
-				// which asks for it again.
-				return false, failure.New(codes.Unavailable, failure.RunnerDisconnected,
-					"the runner's events skipped source seqs after %d and no replay filled the gap within %s; re-attaching", a.order.next-1, gapLimit)
 			case m, ok := <-a.msgs:
 				if !ok {
 					if a.terminalSeen != nil {
@@ -447,15 +439,7 @@ func (a *attachment) coalesce(evs []*prpv1.Event) []*prpv1.Event {
 // the runner and ends the attach on the run's terminal or a lost turn.
 func (a *attachment) onEvents(evs []*prpv1.Event) (stop, done bool, err error) {
 	c, d := a.c, a.d
-	evs = a.order.admit(a.coalesce(evs), time.Now())
-	if since, open := a.order.gap(); !open {
-		a.gapExpired = nil
-	} else if a.gapExpired == nil {
-		a.gapExpired = time.After(gapLimit - time.Since(since))
-	}
-	if len(evs) == 0 {
-		return false, false, nil
-	}
+	evs = a.coalesce(evs)
 	if err := a.awaitBookkeeping(); err != nil {
 		return true, failure.CodeOf(err) == failure.NativeSessionLeaseLost, err
 	}

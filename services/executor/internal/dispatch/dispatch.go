@@ -687,10 +687,6 @@ const maxCoalescedEvents = 512
 // maxReadAhead bounds the relayed messages read ahead of their handling.
 const maxReadAhead = 64
 
-// gapLimit bounds how long an attachment waits for the replay that fills a
-// gap in the runner's source seqs before it attaches again (see seqGate).
-const gapLimit = 10 * time.Second
-
 // lostTurn returns the failure a runner's turn.lost event of run runID
 // among evs carries (its code is the provider's loss, e.g.
 // provider_process_exited, and its message names the provider's own
