@@ -218,16 +218,6 @@ func (r *Runner) pumpProviderEvents() {
 	r.journalProvider(evs, cursor)
 }
 
-// pumpStreamedEvents is pumpProviderEvents while the provider streams: a
-// line's events wait (briefly) for their provider host mark (supervisor.streamed).
-func (r *Runner) pumpStreamedEvents() {
-	evs, cursor, any := r.sup.streamed()
-	if any {
-		r.lastActivity = time.Now()
-	}
-	r.journalProvider(evs, cursor)
-}
-
 // providerEvents drains the provider events queued so far, and the
 // provider host cursor they reach (0: none).
 func (r *Runner) providerEvents() ([]pendingEvent, uint64) {

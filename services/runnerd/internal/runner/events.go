@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"sync"
-	"time"
 
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/structpb"
@@ -110,23 +109,15 @@ type eventQueue struct {
 type queued struct {
 	gen int
 	ev  ProviderEvent
-	at  time.Time // when it was queued
 }
 
 func newEventQueue() *eventQueue { return &eventQueue{signal: make(chan struct{}, 1)} }
 
 func (q *eventQueue) push(gen int, ev ProviderEvent) {
 	q.mu.Lock()
-	q.items = append(q.items, queued{gen, ev, time.Now()})
+	q.items = append(q.items, queued{gen, ev})
 	q.mu.Unlock()
 	q.poke()
-}
-
-// pending reports whether anything is queued.
-func (q *eventQueue) pending() bool {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	return len(q.items) > 0
 }
 
 // poke wakes the loop's drain.
@@ -135,34 +126,6 @@ func (q *eventQueue) poke() {
 	case q.signal <- struct{}{}:
 	default:
 	}
-}
-
-// drainThroughMark drains the queue up to and including its last provider
-// host mark. The events queued after it belong to a line whose mark has
-// not arrived yet (a host sends every line with its mark behind it): they
-// stay queued, so that they are journaled with their mark, unless the
-// oldest waited hold already (an event the driver raised outside any host
-// line gets no mark). wait is how long until those left may be taken (0:
-// none left).
-func (q *eventQueue) drainThroughMark(hold time.Duration) (items []queued, wait time.Duration) {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	cut := 0
-	for i, it := range q.items {
-		if it.ev.Cursor > 0 { // a mark, alone or on its line's last event
-			cut = i + 1
-		}
-	}
-	if cut < len(q.items) {
-		if age := time.Since(q.items[cut].at); age < hold {
-			items = q.items[:cut:cut]
-			q.items = append([]queued(nil), q.items[cut:]...)
-			return items, hold - age
-		}
-	}
-	items = q.items
-	q.items = nil
-	return items, 0
 }
 
 // has reports whether a queued event satisfies pred.

@@ -539,18 +539,13 @@ func (r *Runner) loop(ctx context.Context) int {
 				// The turn's last events and its terminal: one batch.
 				r.onTurnDone(res)
 			default:
-				r.pumpStreamedEvents()
+				r.pumpProviderEvents()
 			}
 		case res := <-turnDone:
 			r.onTurnDone(res)
 		case <-exited:
 			r.onProviderExit()
 		case <-tick.C:
-			// A wake-up of the queue taken by another waiter
-			// (awaitTurnStarted) strands nothing past a tick.
-			if r.sup.queue.pending() {
-				r.pumpStreamedEvents()
-			}
 		}
 	}
 }

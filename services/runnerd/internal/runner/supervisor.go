@@ -16,9 +16,6 @@ type supervisor struct {
 	queue *eventQueue
 	prov  Provider // nil: none running
 	gen   int      // the live provider's generation (its events carry it)
-	// hosted: the live provider runs under a provider host, which sends
-	// a mark behind every line (see streamed).
-	hosted bool
 	// configuredEnv is the attached run's configured provider environment
 	// (SPEC E2). It may hold provider credentials, so it is kept in memory
 	// only: the persisted session input (the state document, which a
@@ -37,7 +34,6 @@ func newSupervisor(start StartFunc) *supervisor {
 // live one.
 func (s *supervisor) launch(ctx context.Context, cfg ProviderConfig) (Provider, error) {
 	s.gen++
-	s.hosted = cfg.Hosted
 	gen, q := s.gen, s.queue
 	p, err := s.start(ctx, cfg, func(ev ProviderEvent) { q.push(gen, ev) })
 	if err != nil {
@@ -67,25 +63,6 @@ func (s *supervisor) signals() (<-chan TurnResult, <-chan struct{}) {
 // cursor they reach (0: none); any says whether anything was queued.
 func (s *supervisor) events() (evs []pendingEvent, cursor uint64, any bool) {
 	return s.collect(s.queue.drain())
-}
-
-// markWait bounds how long streamed events wait for their line's mark.
-const markWait = 20 * time.Millisecond
-
-// streamed is events for the loop's drain while the provider streams: under
-// a provider host, events whose line's mark has not arrived yet stay queued
-// (at most markWait), so a line's events and its cursor are journaled in
-// one batch. Journaled without it, a runnerd killed before the mark was
-// would have its restart replay the line, and journal its events twice.
-func (s *supervisor) streamed() (evs []pendingEvent, cursor uint64, any bool) {
-	if !s.hosted {
-		return s.events()
-	}
-	items, wait := s.queue.drainThroughMark(markWait)
-	if wait > 0 {
-		time.AfterFunc(wait, s.queue.poke)
-	}
-	return s.collect(items)
 }
 
 func (s *supervisor) collect(items []queued) (evs []pendingEvent, cursor uint64, any bool) {

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 
 	"github.com/tether-run/tether/pkg/atomicfile"
+	gatewayv1 "github.com/tether-run/tether/pkg/gen/tether/gateway/v1"
 	"github.com/tether-run/tether/pkg/runnerstate"
 )
 
@@ -53,6 +54,21 @@ func markCheckpoint(scopeDir, id string) error {
 		return err
 	}
 	return atomicfile.Write(scopeDir, checkpointMarkFile, b, 0o600)
+}
+
+// olderStateOf reports whether the scope's runner state on disk is an
+// older state of the runner spec's checkpoint was taken from (the same
+// runner instance) rather than exactly that checkpoint: it ran elsewhere
+// since, and the checkpoint is the scope's state. Local state of another
+// runner identity is not: the durable-state rules judge it (it is
+// quarantined and nothing starts, SPEC C3).
+func (g *Gateway) olderStateOf(sc string, spec *gatewayv1.RestoreSpec) bool {
+	dir := g.stateDir(sc)
+	st, err := runnerstate.Read(dir)
+	if err != nil || st == nil || st.Identity.RunnerInstanceID != spec.GetStamp().GetRunnerInstanceId() {
+		return false
+	}
+	return spec.GetMinSourceSeq() > 0 || !localStateIsCheckpoint(dir, spec.GetCheckpointId())
 }
 
 // localStateIsCheckpoint reports whether the scope's runner state on disk

@@ -42,7 +42,7 @@ func (g *Gateway) prepareContinuity(ctx context.Context, r *runner, sc string, o
 	if live {
 		return nil
 	}
-	stale := hasState && spec != nil && (spec.GetMinSourceSeq() > 0 || !localStateIsCheckpoint(g.stateDir(sc), spec.GetCheckpointId()))
+	stale := hasState && spec != nil && g.olderStateOf(sc, spec)
 	if hasState && !stale {
 		return nil
 	}

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"testing"
@@ -13,6 +14,7 @@ import (
 	"github.com/tether-run/tether/pkg/failure"
 	gatewayv1 "github.com/tether-run/tether/pkg/gen/tether/gateway/v1"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
+	"github.com/tether-run/tether/pkg/runnerstate"
 	"github.com/tether-run/tether/pkg/scope"
 )
 
@@ -174,4 +176,37 @@ func TestF3_AGatewayBackWithAnOldRootRestoresTheScopesCurrentCheckpoint(t *testi
 	breaks, err := os.ReadDir(filepath.Join(a.cfg.StateRoot, sc, "continuity-breaks"))
 	require.NoError(t, err)
 	require.Len(t, breaks, 1, "the old root was moved aside, not deleted")
+}
+
+// Local state of another runner identity is not an older state of the
+// checkpoint's runner: it is never swapped for the checkpoint, the
+// durable-state rules refuse it (quarantined, nothing starts; SPEC C3).
+func TestC3_AForeignRootIsRefusedEvenWithACheckpointToRestore(t *testing.T) {
+	fv, client := startFakeVerifier(t)
+	a := newRelay(t, func(c *Config) { c.Backup = client })
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	in := testInput("foreign", "acme", "first")
+	sc := scope.Of(in)
+	_, evs := a.turn(ctx, "run-1", nil, in, nil)
+	requireSucceeded(t, evs)
+	a.waitDetached(sc)
+	cp, err := a.client.SuspendRunner(ctx, &gatewayv1.SuspendRunnerRequest{Input: in, Reason: "idle"})
+	require.NoError(t, err)
+	path := runnerstate.Path(filepath.Join(a.cfg.StateRoot, sc))
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	var doc map[string]any
+	require.NoError(t, json.Unmarshal(b, &doc))
+	doc["identity"].(map[string]any)["runnerInstanceId"] = "runner-replacement-sandbox"
+	b, err = json.Marshal(doc)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(path, b, 0o600))
+
+	spec := &gatewayv1.RestoreSpec{CheckpointId: cp.GetCheckpoint().GetCheckpointId(), Stamp: cp.GetStamp(), LeaseId: cp.GetLeaseId()}
+	_, err = a.openWith(ctx, "run-2", in, spec, &gatewayv1.PriorRun{RunId: "run-1", Status: "succeeded", Terminal: true, Input: in})
+	require.EqualValues(t, failure.RunnerStateIdentityMismatch, failure.CodeOf(err), "%v", err)
+	fv.mu.Lock()
+	defer fv.mu.Unlock()
+	require.Zero(t, fv.downloads, "nothing restored over it")
 }
