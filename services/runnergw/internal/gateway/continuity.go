@@ -46,6 +46,11 @@ func (g *Gateway) prepareContinuity(ctx context.Context, r *runner, sc string, o
 	if hasState && !stale {
 		return nil
 	}
+	if !hasState && g.hasLegacyRoot(runID, open) {
+		// The scope's state is under a legacy root name: durable.Prepare
+		// migrates it into the scope (SPEC C4), nothing is restored.
+		return nil
+	}
 	if spec != nil {
 		if stale {
 			log.Warn("the scope's local runner state is not its current checkpoint (it ran elsewhere since); restoring the checkpoint",
