@@ -738,6 +738,14 @@ func newCommand(c *store.Claim, typ string, payload map[string]any) (*prpv1.Comm
 // CancelRun re-dispatches by the same command id (no second provider
 // effect) and the acknowledgement is written then.
 func (d *Dispatcher) acknowledgeCancellation(ctx context.Context, c *store.Claim, intent string, log *slog.Logger) {
+	// The provider stopped: its acknowledgement is written even when the
+	// driver stops meanwhile. The run's terminal, persisted beside it, ends
+	// the lease's renewal, which cancels the driver's context; the
+	// cancellation then stayed pending and CancelRun waited its whole bound
+	// (tether-bench-stack -cancels failed one cancel in 20–80). The fence in
+	// the database (owner, attempt) decides, as for any write of the driver.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ackTimeout)
+	defer cancel()
 	retry := backoff.Backoff{Min: 50 * time.Millisecond, Max: time.Second}
 	for try := 1; ; try++ {
 		err := d.store.AcknowledgeCancellation(ctx, c.Fence, intent)
@@ -756,6 +764,9 @@ func (d *Dispatcher) acknowledgeCancellation(ctx context.Context, c *store.Claim
 		}
 	}
 }
+
+// ackTimeout bounds the writing of one cancellation acknowledgement.
+const ackTimeout = 10 * time.Second
 
 // CloseReasonConfigChanged is the E10 close reason for a warm session whose
 // pinned configuration changed.

@@ -254,3 +254,28 @@ func TestF5_AClaimThatCommitsWhileTheDispatcherStopsIsHandedBackAtOnce(t *testin
 	require.ErrorIs(t, err, context.Canceled)
 	require.False(t, called, "nothing is claimed once the stop is seen")
 }
+
+func TestP2_AnInterruptTheProviderAcknowledgedIsRecordedEvenWhenTheDriverStopped(t *testing.T) {
+	s := newStore(t)
+	ctx := context.Background()
+	_, _, err := s.SubmitRun(ctx, "r", input("s"))
+	require.NoError(t, err)
+	c, err := s.ClaimNext(ctx, "me", time.Minute, store.Controller{})
+	require.NoError(t, err)
+	out, err := s.RecordCancellation(ctx, store.CancelRequest{RunID: "r", Scope: "run", Reason: "stop"})
+	require.NoError(t, err)
+	require.True(t, out.NeedsDispatch)
+	d := New(s, Config{Owner: "me", LeaseTTL: time.Minute, Gateway: &probeGateway{store: s},
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+
+	// The run's terminal was persisted beside the acknowledgement: the
+	// lease's renewal found it ended and stopped the driver.
+	stopped, stop := context.WithCancelCause(ctx)
+	stop(failure.New(codes.FailedPrecondition, failure.NativeSessionLeaseLost, "run r ended"))
+	d.acknowledgeCancellation(stopped, c, out.Record.GetIntentId(), d.log)
+
+	rec, err := s.Cancellation(ctx, "r")
+	require.NoError(t, err)
+	require.Equal(t, "acknowledged", rec.GetDispatchState())
+	require.True(t, rec.GetDispatched())
+}
