@@ -483,6 +483,12 @@ func (a *attachment) onEvents(evs []*prpv1.Event) (stop, done bool, err error) {
 	}
 	if res.Terminal {
 		a.log.Info("run terminal persisted", "events", res.Inserted)
+		// The run ended: its lease is no longer renewed (a renewal would
+		// find it ended and stop this driver, which may still be reading
+		// the runner's answer to a cancellation: the acknowledgement was
+		// never written). What it writes from now on is a cancellation's
+		// acknowledgement, under the database's fence.
+		d.leases.remove(c.RunID)
 		if len(a.cancelIntents) == 0 {
 			done, err := a.finish()
 			return true, done, err
