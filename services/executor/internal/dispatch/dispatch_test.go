@@ -111,13 +111,21 @@ func TestE7_NoRunnerIsContactedBeforeTheClaimCommitsOrWhenTheClaimIsRefused(t *t
 	require.Contains(t, run.GetFailure().GetMessage(), "probe: no runner here")
 }
 
-func TestE7_LostRenewalSelfFencesTheDriver(t *testing.T) {
+// claimedRun is a store holding run "r", claimed by "me".
+func claimedRun(t *testing.T) (*store.Store, *store.Claim) {
+	t.Helper()
 	s := newStore(t)
 	ctx := context.Background()
 	_, _, err := s.SubmitRun(ctx, "r", input("s"))
 	require.NoError(t, err)
 	c, err := s.ClaimNext(ctx, "me", time.Minute, store.Controller{})
 	require.NoError(t, err)
+	return s, c
+}
+
+func TestE7_LostRenewalSelfFencesTheDriver(t *testing.T) {
+	s, c := claimedRun(t)
+	ctx := context.Background()
 	k := newLeaseKeeper(s, "me", 3*time.Second, slog.New(slog.NewTextHandler(io.Discard, nil)), newMetrics(nil, s))
 	runCtx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
@@ -126,7 +134,7 @@ func TestE7_LostRenewalSelfFencesTheDriver(t *testing.T) {
 	require.NoError(t, runCtx.Err(), "a held lease is renewed")
 
 	// Another replica took the run over (expired, claimed with attempt+1).
-	_, err = s.Pool().Exec(ctx, `UPDATE executor.coordinators SET attempt = attempt + 1, lease_owner = 'other' WHERE run_id = 'r'`)
+	_, err := s.Pool().Exec(ctx, `UPDATE executor.coordinators SET attempt = attempt + 1, lease_owner = 'other' WHERE run_id = 'r'`)
 	require.NoError(t, err)
 	k.renew(ctx)
 	require.Error(t, runCtx.Err())
@@ -134,12 +142,8 @@ func TestE7_LostRenewalSelfFencesTheDriver(t *testing.T) {
 }
 
 func TestE7_DriverSelfFencesWhenRenewalsKeepFailing(t *testing.T) {
-	s := newStore(t)
+	s, c := claimedRun(t)
 	ctx := context.Background()
-	_, _, err := s.SubmitRun(ctx, "r", input("s"))
-	require.NoError(t, err)
-	c, err := s.ClaimNext(ctx, "me", time.Minute, store.Controller{})
-	require.NoError(t, err)
 	k := newLeaseKeeper(s, "me", 3*time.Second, slog.New(slog.NewTextHandler(io.Discard, nil)), newMetrics(nil, s))
 	runCtx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
@@ -256,12 +260,8 @@ func TestF5_AClaimThatCommitsWhileTheDispatcherStopsIsHandedBackAtOnce(t *testin
 }
 
 func TestP2_AnInterruptTheProviderAcknowledgedIsRecordedEvenWhenTheDriverStopped(t *testing.T) {
-	s := newStore(t)
+	s, c := claimedRun(t)
 	ctx := context.Background()
-	_, _, err := s.SubmitRun(ctx, "r", input("s"))
-	require.NoError(t, err)
-	c, err := s.ClaimNext(ctx, "me", time.Minute, store.Controller{})
-	require.NoError(t, err)
 	out, err := s.RecordCancellation(ctx, store.CancelRequest{RunID: "r", Scope: "run", Reason: "stop"})
 	require.NoError(t, err)
 	require.True(t, out.NeedsDispatch)
