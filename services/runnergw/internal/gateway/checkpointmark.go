@@ -33,23 +33,19 @@ type checkpointMark struct {
 	RunnerStateSHA256 string `json:"runnerStateSha256"`
 }
 
-func runnerStateDigest(scopeDir string) (string, error) {
-	b, err := os.ReadFile(runnerstate.Path(scopeDir))
-	if err != nil {
-		return "", err
-	}
+func digest(b []byte) string {
 	s := sha256.Sum256(b)
-	return hex.EncodeToString(s[:]), nil
+	return hex.EncodeToString(s[:])
 }
 
 // markCheckpoint records that the scope's runner state is now checkpoint
 // id's.
 func markCheckpoint(scopeDir, id string) error {
-	d, err := runnerStateDigest(scopeDir)
+	state, err := os.ReadFile(runnerstate.Path(scopeDir))
 	if err != nil {
 		return err
 	}
-	b, err := json.Marshal(checkpointMark{CheckpointID: id, RunnerStateSHA256: d})
+	b, err := json.Marshal(checkpointMark{CheckpointID: id, RunnerStateSHA256: digest(state)})
 	if err != nil {
 		return err
 	}
@@ -64,16 +60,20 @@ func markCheckpoint(scopeDir, id string) error {
 // quarantined and nothing starts, SPEC C3).
 func (g *Gateway) olderStateOf(sc string, spec *gatewayv1.RestoreSpec) bool {
 	dir := g.stateDir(sc)
-	st, err := runnerstate.Read(dir)
-	if err != nil || st == nil || st.Identity.RunnerInstanceID != spec.GetStamp().GetRunnerInstanceId() {
+	state, err := os.ReadFile(runnerstate.Path(dir))
+	if err != nil {
 		return false
 	}
-	return spec.GetMinSourceSeq() > 0 || !localStateIsCheckpoint(dir, spec.GetCheckpointId())
+	st, err := runnerstate.Decode(state)
+	if err != nil || st.Identity.RunnerInstanceID != spec.GetStamp().GetRunnerInstanceId() {
+		return false
+	}
+	return spec.GetMinSourceSeq() > 0 || !isMarked(dir, state, spec.GetCheckpointId())
 }
 
-// localStateIsCheckpoint reports whether the scope's runner state on disk
-// is exactly checkpoint id's, as this gateway marked it.
-func localStateIsCheckpoint(scopeDir, id string) bool {
+// isMarked reports whether state (the scope's runner state document) is
+// exactly checkpoint id's, as this gateway marked it.
+func isMarked(scopeDir string, state []byte, id string) bool {
 	b, err := os.ReadFile(filepath.Join(scopeDir, checkpointMarkFile))
 	if err != nil {
 		return false
@@ -82,6 +82,5 @@ func localStateIsCheckpoint(scopeDir, id string) bool {
 	if json.Unmarshal(b, &m) != nil || m.CheckpointID == "" || m.CheckpointID != id {
 		return false
 	}
-	d, err := runnerStateDigest(scopeDir)
-	return err == nil && d == m.RunnerStateSHA256
+	return digest(state) == m.RunnerStateSHA256
 }
