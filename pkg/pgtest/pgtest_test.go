@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/pressly/goose/v3"
 )
 
 func TestMain(m *testing.M) {
@@ -360,4 +361,28 @@ func helperStartAndHang() {
 	}
 	fmt.Printf("%d %s\n", c.pid, c.Dir())
 	time.Sleep(time.Hour)
+}
+
+// Two schemas in one template, each with its own goose version table, as
+// the end-to-end stack's services share one database.
+func TestNewDBMigratorsApplyEachSchemaInOrder(t *testing.T) {
+	t.Parallel()
+	other := fstest.MapFS{"m/00001_gadgets.sql": {Data: []byte("-- +goose Up\nCREATE TABLE gadgets (widget bigint REFERENCES widgets);\n")}}
+	both := Migrators(GooseMigrator(testMigrations, "migrations"), GooseMigrator(other, "m", goose.WithTableName("other_goose_version")))
+	h1, err := both.Hash()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h2, _ := Migrators(GooseMigrator(other, "m"), GooseMigrator(testMigrations, "migrations")).Hash(); h2 == h1 {
+		t.Fatal("the hash ignores the order")
+	}
+	conn := connect(t, NewDB(t, both))
+	var n int
+	if err := conn.QueryRow(context.Background(),
+		"SELECT (SELECT count(*) FROM goose_db_version WHERE version_id > 0) + (SELECT count(*) FROM other_goose_version WHERE version_id > 0)").Scan(&n); err != nil || n != 3 {
+		t.Fatalf("versions = %d, %v", n, err)
+	}
+	if _, err := conn.Exec(context.Background(), "INSERT INTO gadgets VALUES (1)"); err != nil {
+		t.Fatal(err)
+	}
 }

@@ -111,6 +111,35 @@ func (m gooseMigrator) Migrate(ctx context.Context, db *sql.DB) error {
 	return nil
 }
 
+// Migrators applies ms in order: one template for a database several
+// services share (each with its own schema and migrations), so that their
+// processes find every migration applied and start at once.
+func Migrators(ms ...Migrator) Migrator { return chain(ms) }
+
+type chain []Migrator
+
+func (c chain) Hash() (string, error) {
+	h := sha256.New()
+	h.Write([]byte("chain\x00"))
+	for _, m := range c {
+		mh, err := m.Hash()
+		if err != nil {
+			return "", err
+		}
+		fmt.Fprintf(h, "%d\x00%s", len(mh), mh)
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+func (c chain) Migrate(ctx context.Context, db *sql.DB) error {
+	for _, m := range c {
+		if err := m.Migrate(ctx, db); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // shared is the per-process server NewDB uses.
 var shared struct {
 	mu      sync.Mutex

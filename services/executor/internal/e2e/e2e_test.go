@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pressly/goose/v3"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -30,6 +31,7 @@ import (
 	"github.com/tether-run/tether/pkg/testbin"
 	"github.com/tether-run/tether/services/executor/internal/cli"
 	"github.com/tether-run/tether/services/executor/internal/stack"
+	"github.com/tether-run/tether/services/executor/internal/store"
 )
 
 var binDir string
@@ -49,6 +51,15 @@ func TestMain(m *testing.M) {
 	testbin.Cleanup()
 	os.Exit(code)
 }
+
+// stackSchema is the schema of a stack's database: the executor's and the
+// backup verifier's migrations, applied once per test process to the
+// template every test's database is cloned from, so that each test's
+// services start without migrating.
+var stackSchema = pgtest.Migrators(
+	pgtest.GooseMigrator(store.Migrations, "migrations", goose.WithTableName(store.GooseTable)),
+	pgtest.GooseMigrator(os.DirFS("../../../backup/internal/store"), "migrations", goose.WithTableName("backup_goose_version")),
+)
 
 type harness struct {
 	t      *testing.T
@@ -77,7 +88,7 @@ func newHarnessKeeping(t *testing.T, opts stack.Options, keep bool, procs ...str
 		require.NoError(t, err)
 		opts.Dir = dir
 	}
-	opts.DatabaseURL = pgtest.NewDB(t, nil)
+	opts.DatabaseURL = pgtest.NewDB(t, stackSchema)
 	st, err := stack.New(opts)
 	require.NoError(t, err)
 	t.Cleanup(func() {

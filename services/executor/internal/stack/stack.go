@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	gatewayv1 "github.com/tether-run/tether/pkg/gen/tether/gateway/v1"
@@ -225,12 +226,12 @@ func (s *Stack) PKIDir() string { return filepath.Join(s.opts.Dir, "keys", "pki"
 
 // DialAs connects to addr as role: over mTLS with role's certificate in an
 // MTLS stack, plaintext on loopback otherwise.
-func (s *Stack) DialAs(addr, role string) (*grpc.ClientConn, error) {
+func (s *Stack) DialAs(addr, role string, opts ...grpc.DialOption) (*grpc.ClientConn, error) {
 	if !s.opts.MTLS {
-		return grpcx.Dial(addr, "")
+		return grpcx.Dial(addr, "", opts...)
 	}
 	c := grpcx.Config{TLSCertFile: identity.CertFile(s.PKIDir(), role), TLSKeyFile: identity.KeyFile(s.PKIDir(), role)}
-	return c.DialPeer(addr, filepath.Join(s.PKIDir(), identity.CAFile))
+	return c.DialPeer(addr, filepath.Join(s.PKIDir(), identity.CAFile), opts...)
 }
 
 // tlsArgs are a service's mTLS flags in an MTLS stack.
@@ -504,7 +505,13 @@ func (s *Stack) StartAll(ctx context.Context) error {
 func (s *Stack) waitServing(ctx context.Context, p *Proc) error {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	conn, err := s.DialAs(p.Addr, identity.Client)
+	// The process listens a moment after it starts: retry the connection
+	// every few tens of milliseconds, not after gRPC's default backoff (1 s,
+	// growing), which made every start take a second or more.
+	conn, err := s.DialAs(p.Addr, identity.Client, grpc.WithConnectParams(grpc.ConnectParams{
+		Backoff:           backoff.Config{BaseDelay: 20 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 200 * time.Millisecond},
+		MinConnectTimeout: 5 * time.Second,
+	}))
 	if err != nil {
 		return err
 	}

@@ -92,8 +92,11 @@ type Store struct {
 	hooks Hooks
 }
 
+// GooseTable is the goose version table of the executor schema.
+const GooseTable = "executor_goose_version"
+
 // migrations are the executor schema's embedded migrations.
-var migrations = pgstore.Migrations{FS: Migrations, Dir: "migrations", Table: "executor_goose_version"}
+var migrations = pgstore.Migrations{FS: Migrations, Dir: "migrations", Table: GooseTable}
 
 // Migrate applies the embedded migrations to the database at dsn.
 func Migrate(ctx context.Context, dsn string) error { return pgstore.Migrate(ctx, dsn, migrations) }
