@@ -403,6 +403,7 @@ func toolContractRefresh(t *testing.T, h *harness, input func(session, prompt st
 }
 
 func TestR2_AToolContractChangeRestartsTheProviderOnTheSameThreadAndFollowUpsReuseIt(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, stack.Options{})
 	toolContractRefresh(t, h, h.submitInput)
 }

@@ -266,6 +266,7 @@ func TestR8_RunnerdKilledBetweenTurnsTheNextRunContinuesTheThreadWithTheSameRunn
 // turn ran is put back after a kill -9 at the end of the run (the outbox,
 // never compacted this early, holds everything after it).
 func TestR8_RunnerdKilledAfterJournalingTheTurnsEndBeforeSavingItTheNextRunContinues(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, stack.Options{FakeArgs: []string{"--delta-delay-ms", "40"}})
 	first := "r8-end-1"
 	h.submit(first, "r8-end", slowTurn)
