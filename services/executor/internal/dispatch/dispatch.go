@@ -114,6 +114,8 @@ type Dispatcher struct {
 	// drives a run it claimed under them.
 	runCtx context.Context
 	sem    chan struct{}
+	// claiming is closed when Run's claim loop has stopped.
+	claiming chan struct{}
 	// ackWaiters: CancelRun calls of this replica waiting for a run's
 	// cancellation to be acknowledged (AwaitCancellationAck).
 	ackWaiters map[string][]chan struct{}
@@ -276,14 +278,17 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	defer func() { <-hb }()
 	sem := make(chan struct{}, d.cfg.MaxActive)
 	defer d.wg.Wait()
+	claiming := make(chan struct{})
 	d.mu.Lock()
-	d.runCtx, d.sem = ctx, sem
+	d.runCtx, d.sem, d.claiming = ctx, sem, claiming
 	d.mu.Unlock()
 	defer func() { // before d.wg.Wait: no driver starts after it
 		d.mu.Lock()
 		d.runCtx, d.sem = nil, nil
 		d.mu.Unlock()
 	}()
+	defer close(claiming) // first: the drivers stopping hand their leases back
+
 	due := false // the last attempt claimed a due run
 	for {
 		claimed, fair := false, false
@@ -420,6 +425,7 @@ func (d *Dispatcher) start(ctx context.Context, c *store.Claim, sem chan struct{
 	cancelCh := make(chan *executorv1.Cancellation, 1)
 	d.mu.Lock()
 	d.cancels[c.RunID] = cancelCh
+	claiming := d.claiming
 	d.mu.Unlock()
 	d.wg.Add(1)
 	d.metrics.active.Inc()
@@ -440,6 +446,13 @@ func (d *Dispatcher) start(ctx context.Context, c *store.Claim, sem chan struct{
 		}()
 		d.drive(runCtx, c, cancelCh)
 		if ctx.Err() != nil {
+			// Only once the claim loop stopped: a claim it was making
+			// could otherwise take this run back the moment its lease
+			// expires, and hand it back again, an attempt for nothing
+			// (seen under load: the successor ran attempt 3, not 2).
+			if claiming != nil {
+				<-claiming
+			}
 			d.handBack(c)
 		}
 	}()
