@@ -58,11 +58,14 @@ build: ## build every binary into bin/
 # processes (TETHER_TEST_BIN, see pkg/testbin) instead of once per package.
 # The end-to-end package is the long pole: it starts at once, beside the
 # other packages (its output follows theirs), instead of after most of them.
+# Its tests mostly wait on real processes (a test's stack uses a fraction of
+# a core), so it runs E2E_PARALLEL of them at once instead of GOMAXPROCS.
 E2E := ./services/executor/internal/e2e
+E2E_PARALLEL ?= 4
 test: lint check-generate build ## lint, check generated code, and run every test with -race
 	@export TETHER_TEST_BIN=$(CURDIR)/bin; out=$$(mktemp); \
-	  echo "$(GO) test -race -count=1 -timeout 40m $(E2E) (in the background)"; \
-	  $(GO) test -race -count=1 -timeout 40m $(E2E) >$$out 2>&1 & e2e=$$!; \
+	  echo "$(GO) test -race -count=1 -timeout 40m -parallel $(E2E_PARALLEL) $(E2E) (in the background)"; \
+	  $(GO) test -race -count=1 -timeout 40m -parallel $(E2E_PARALLEL) $(E2E) >$$out 2>&1 & e2e=$$!; \
 	  echo "$(GO) test -race -count=1 -timeout 40m $(MODULES) (but $(E2E))"; \
 	  $(GO) test -race -count=1 -timeout 40m $$($(GO) list $(MODULES) | grep -v '/internal/e2e$$'); rc=$$?; \
 	  wait $$e2e; erc=$$?; cat $$out; rm -f $$out; test $$rc = 0 && test $$erc = 0
