@@ -57,19 +57,28 @@ build: ## build every binary into bin/
 # The binaries are built once (bin/) for every package whose tests run real
 # processes (TETHER_TEST_BIN, see pkg/testbin) instead of once per package.
 # The end-to-end package is the long pole: it starts at once, beside the
-# other packages (its output follows theirs), instead of after most of them.
-# Its tests mostly wait on real processes (a test's stack uses a fraction of
-# a core), so it runs E2E_PARALLEL of them at once instead of GOMAXPROCS.
+# other packages, instead of after most of them. Its tests mostly wait on
+# real processes (a test's stack uses a fraction of a core), so it runs
+# E2E_PARALLEL of them at once instead of GOMAXPROCS. Lint (after
+# check-generate, which rewrites pkg/gen) and the modules outside go.work
+# run in the background too, instead of before and after everything.
+# The background runs' output follows the main run's.
 E2E := ./services/executor/internal/e2e
 E2E_PARALLEL ?= 4
-test: lint check-generate build ## lint, check generated code, and run every test with -race
-	@export TETHER_TEST_BIN=$(CURDIR)/bin; out=$$(mktemp); \
+test: check-generate build ## lint, check generated code, and run every test with -race
+	@export TETHER_TEST_BIN=$(CURDIR)/bin; out=$$(mktemp -d); \
 	  echo "$(GO) test -race -count=1 -timeout 40m -parallel $(E2E_PARALLEL) $(E2E) (in the background)"; \
-	  $(GO) test -race -count=1 -timeout 40m -parallel $(E2E_PARALLEL) $(E2E) >$$out 2>&1 & e2e=$$!; \
+	  $(GO) test -race -count=1 -timeout 40m -parallel $(E2E_PARALLEL) $(E2E) >$$out/e2e 2>&1 & e2e=$$!; \
+	  echo "make lint (in the background)"; \
+	  $(MAKE) --no-print-directory lint >$$out/lint 2>&1 & lint=$$!; \
+	  echo "$(GO) test -race -count=1 -timeout 10m ./... in $(OWN_MODULES) (in the background)"; \
+	  for m in $(OWN_MODULES); do (cd $$m && GOWORK=off $(GO) test -race -count=1 -timeout 10m ./...) || exit 1; done >$$out/own 2>&1 & own=$$!; \
 	  echo "$(GO) test -race -count=1 -timeout 40m $(MODULES) (but $(E2E))"; \
 	  $(GO) test -race -count=1 -timeout 40m $$($(GO) list $(MODULES) | grep -v '/internal/e2e$$'); rc=$$?; \
-	  wait $$e2e; erc=$$?; cat $$out; rm -f $$out; test $$rc = 0 && test $$erc = 0
-	@for m in $(OWN_MODULES); do (cd $$m && TETHER_TEST_BIN=$(CURDIR)/bin GOWORK=off $(GO) test -race -count=1 -timeout 10m ./...) || exit 1; done
+	  wait $$e2e; erc=$$?; cat $$out/e2e; \
+	  wait $$own; orc=$$?; cat $$out/own; \
+	  wait $$lint; lrc=$$?; echo "make lint:"; cat $$out/lint; rm -rf $$out; \
+	  test $$rc = 0 && test $$erc = 0 && test $$orc = 0 && test $$lrc = 0
 
 demo: build ## run three warm turns through the whole stack on an ephemeral PostgreSQL
 	bin/tether-demo
