@@ -96,7 +96,9 @@ func newHarnessKeeping(t *testing.T, opts stack.Options, keep bool, procs ...str
 			t.Logf("KEEP=1: the failed case's processes still run and its files are in %s", opts.Dir)
 			return
 		}
-		st.Stop()
+		// Killed, not stopped: nothing is checked after a test, and a
+		// graceful stop waits for each runnerd's outbox drain (2 s).
+		st.Kill()
 		if t.Failed() {
 			dumpLogs(t, opts.Dir)
 		}

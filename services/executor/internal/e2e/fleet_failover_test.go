@@ -4,9 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strconv"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -32,52 +30,14 @@ func fleetSessions(t *testing.T) int {
 }
 
 // killHost kills -9 a gateway together with every runnerd and provider
-// process of its state root ("the host died"): the processes whose command
-// line, working directory or environment names the root.
+// process of its state root ("the host died") and returns how many of
+// those it killed.
 func (h *harness) killHost(name string) int {
 	h.t.Helper()
-	root := h.st.RunnerStateRootOf(name) + "/"
 	p := h.st.Proc(name)
-	ofHost := func(pid int) bool {
-		dir := filepath.Join("/proc", strconv.Itoa(pid))
-		cmdline, _ := os.ReadFile(filepath.Join(dir, "cmdline"))
-		environ, _ := os.ReadFile(filepath.Join(dir, "environ"))
-		cwd, _ := os.Readlink(filepath.Join(dir, "cwd"))
-		return strings.Contains(string(cmdline), root) || strings.Contains(string(environ), root) || strings.HasPrefix(cwd+"/", root)
-	}
 	require.NoError(h.t, syscall.Kill(p.Pid(), syscall.SIGKILL))
-	entries, err := os.ReadDir("/proc")
-	require.NoError(h.t, err)
-	killed := 0
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil || pid == os.Getpid() || pid == p.Pid() || !ofHost(pid) {
-			continue
-		}
-		if killMatching(pid, ofHost) {
-			killed++
-		}
-	}
 	<-p.Done()
-	return killed
-}
-
-// killMatching sends SIGKILL to pid if it still is a process that matches:
-// a pidfd pins the process before the check, so a pid that was reused
-// meanwhile (this box's pid space is small and shared: a PostgreSQL backend
-// of the tests) is never signalled.
-func killMatching(pid int, matches func(int) bool) bool {
-	const sysPidfdOpen, sysPidfdSendSignal = 434, 424
-	fd, _, errno := syscall.Syscall(sysPidfdOpen, uintptr(pid), 0, 0)
-	if errno != 0 {
-		return false // gone already
-	}
-	defer syscall.Close(int(fd))
-	if !matches(pid) {
-		return false
-	}
-	_, _, errno = syscall.Syscall6(sysPidfdSendSignal, fd, uintptr(syscall.SIGKILL), 0, 0, 0, 0)
-	return errno == 0
+	return stack.KillProcessesUnder(h.st.RunnerStateRootOf(name))
 }
 
 // placements counts the stack's session scopes per gateway.

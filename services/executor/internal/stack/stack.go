@@ -7,11 +7,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -557,4 +559,70 @@ func (s *Stack) Stop() {
 			}
 		}
 	}
+}
+
+// Kill ends the stack at once, as a power cut would: SIGKILL to every
+// process of the stack — its services and what they launched (runnerd,
+// providers), found by the stack's directory (KillProcessesUnder) — and
+// waits for its services. Tests tear their stacks down so: a graceful
+// Stop waits for every runnerd to drain its outbox to a gateway that no
+// longer acknowledges (2 s each).
+func (s *Stack) Kill() {
+	s.mu.Lock()
+	procs := slices.Collect(maps.Values(s.procs))
+	s.mu.Unlock()
+	for _, p := range procs {
+		_ = p.cmd.Process.Signal(syscall.SIGKILL)
+	}
+	KillProcessesUnder(s.opts.Dir)
+	for _, p := range procs {
+		<-p.done
+	}
+}
+
+// KillProcessesUnder sends SIGKILL to every process but this one whose
+// command line, environment or working directory names the directory root
+// (or a path below it), and returns how many it signalled. A pidfd pins
+// each process before the check, so that a pid reused meanwhile (the pid
+// space is shared with every other test of the machine) is never
+// signalled.
+func KillProcessesUnder(root string) int {
+	root = filepath.Clean(root) + "/"
+	under := func(pid int) bool {
+		dir := filepath.Join("/proc", strconv.Itoa(pid))
+		cmdline, _ := os.ReadFile(filepath.Join(dir, "cmdline"))
+		environ, _ := os.ReadFile(filepath.Join(dir, "environ"))
+		cwd, _ := os.Readlink(filepath.Join(dir, "cwd"))
+		return strings.Contains(string(cmdline), root) || strings.Contains(string(environ), root) || strings.HasPrefix(cwd+"/", root)
+	}
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return 0
+	}
+	killed := 0
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		if killMatching(pid, under) {
+			killed++
+		}
+	}
+	return killed
+}
+
+// killMatching sends SIGKILL to pid if it still is a process that matches.
+func killMatching(pid int, matches func(int) bool) bool {
+	const sysPidfdOpen, sysPidfdSendSignal = 434, 424
+	fd, _, errno := syscall.Syscall(sysPidfdOpen, uintptr(pid), 0, 0)
+	if errno != 0 {
+		return false // gone already
+	}
+	defer syscall.Close(int(fd))
+	if !matches(pid) {
+		return false
+	}
+	_, _, errno = syscall.Syscall6(sysPidfdSendSignal, fd, uintptr(syscall.SIGKILL), 0, 0, 0, 0)
+	return errno == 0
 }
