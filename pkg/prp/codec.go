@@ -63,15 +63,18 @@ func Unmarshal(b []byte) (*prpv1.Frame, error) {
 // runnerd's shape is transcoded straight to its protobuf encoding and
 // carried opaquely — GetEvents of the returned batch is empty, but the
 // batch marshals to exactly the encoding of the events it carries, so it
-// can be forwarded on a protobuf stream as is. Every other frame is
-// decoded as by Unmarshal.
+// can be forwarded on a protobuf stream as is; its encoding can be handed
+// back with ReleaseRelayBatch once forwarded. Every other frame is decoded
+// as by Unmarshal.
 func UnmarshalRelay(b []byte) (*prpv1.Frame, error) {
 	if len(b) > MaxFrameBytes {
 		return nil, errorf(failure.ProviderFrameTooLarge, "frame of %d bytes exceeds %d bytes", len(b), MaxFrameBytes)
 	}
-	if raw, ok := transcodeEventBatch(b); ok {
+	dst := relayBuf()
+	if raw, ok := transcodeEventBatchInto(dst, b); ok {
 		return &prpv1.Frame{Kind: &prpv1.Frame_Events{Events: relayBatch(raw)}}, nil
 	}
+	putRelayBuf(dst)
 	return Unmarshal(b)
 }
 

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"math"
 	"strconv"
+	"sync"
 	"time"
 	"unicode/utf16"
 	"unicode/utf8"
@@ -564,12 +565,20 @@ func (s *scanner) field(e *enc, k []byte) (uint32, bool) {
 
 // transcodeEventBatch turns an event batch frame into the protobuf wire
 // encoding of its EventBatch, or declines.
-func transcodeEventBatch(b []byte) ([]byte, bool) {
+func transcodeEventBatch(b []byte) ([]byte, bool) { return transcodeEventBatchInto(nil, b) }
+
+// transcodeEventBatchInto is transcodeEventBatch appending to dst[:0] (a
+// buffer a relay handed back), grown to the frame's size when smaller: the
+// encoding is never longer than the JSON it comes from.
+func transcodeEventBatchInto(dst, b []byte) ([]byte, bool) {
 	if len(b) < len(batchPrefix) || string(b[:len(batchPrefix)]) != batchPrefix {
 		return nil, false
 	}
+	if cap(dst) < len(b) {
+		dst = make([]byte, 0, len(b))
+	}
 	s := &scanner{b: b, i: len(batchPrefix)}
-	e := &enc{b: make([]byte, 0, len(b))}
+	e := &enc{b: dst[:0]}
 	if !s.eat(']') {
 		for {
 			at := e.open(1)
@@ -618,4 +627,45 @@ func relayBatch(raw []byte) *prpv1.EventBatch {
 	batch := &prpv1.EventBatch{}
 	batch.ProtoReflect().SetUnknown(raw)
 	return batch
+}
+
+// relayBufs holds the encodings of relayed batches whose relay is done with
+// them (ReleaseRelayBatch). A gateway relaying large events otherwise
+// allocates a fresh frame-sized buffer per batch, and writing into fresh,
+// cold (often just returned to the OS) memory cost more than the transcode
+// itself at 4 KiB events.
+var relayBufs sync.Pool // of *[]byte
+
+// maxPooledRelayBuf bounds the buffers kept for reuse (a rare huge frame's
+// buffer is left to the collector).
+const maxPooledRelayBuf = 1 << 20
+
+func relayBuf() []byte {
+	if p, ok := relayBufs.Get().(*[]byte); ok {
+		return *p
+	}
+	return nil
+}
+
+func putRelayBuf(b []byte) {
+	if cap(b) == 0 || cap(b) > maxPooledRelayBuf {
+		return
+	}
+	b = b[:0]
+	relayBufs.Put(&b)
+}
+
+// ReleaseRelayBatch hands the encoding of a batch that UnmarshalRelay
+// returned back for reuse, once the relay has forwarded it (a gRPC Send
+// has marshalled it into its own buffers when it returns). The batch must
+// not be used afterwards; it is emptied. A batch that carries decoded
+// events (not a relay batch) is left as it is.
+func ReleaseRelayBatch(b *prpv1.EventBatch) {
+	if b == nil || len(b.GetEvents()) > 0 {
+		return
+	}
+	m := b.ProtoReflect()
+	raw := m.GetUnknown()
+	m.SetUnknown(nil)
+	putRelayBuf(raw)
 }

@@ -176,3 +176,42 @@ func TestG4_FastEventBatchLengthsAtEveryVarintSize(t *testing.T) {
 		require.Equal(t, canonical, raw, "size %d: the transcoder writes the canonical encoding", size)
 	}
 }
+
+// A relayed batch's buffer handed back (ReleaseRelayBatch) serves the next
+// batch: a reused buffer — larger, full of an earlier batch's bytes — gives
+// exactly the encoding a fresh one does, and a batch that carries decoded
+// events is not touched.
+func TestG4_RelayBuffersHandedBackAreReusedWithoutStaleBytes(t *testing.T) {
+	big, small := deltaFrame(t, 70000), deltaFrame(t, 200)
+	fresh, ok := transcodeEventBatch(small)
+	require.True(t, ok)
+	want := append([]byte(nil), fresh...)
+
+	f, err := UnmarshalRelay(big)
+	require.NoError(t, err)
+	ReleaseRelayBatch(f.GetEvents())
+	require.Empty(t, f.GetEvents().ProtoReflect().GetUnknown(), "a released batch is emptied")
+
+	dirty := make([]byte, 0, len(big))
+	dirty = append(dirty, big...)
+	got, ok := transcodeEventBatchInto(dirty, small)
+	require.True(t, ok)
+	require.Equal(t, want, got)
+	require.Equal(t, &dirty[:1][0], &got[:1][0], "the handed-back buffer is written in place")
+
+	for range 3 { // through the pool, as the gateway does
+		f, err := UnmarshalRelay(small)
+		require.NoError(t, err)
+		b, err := proto.Marshal(f.GetEvents())
+		require.NoError(t, err)
+		require.Equal(t, want, b)
+		ReleaseRelayBatch(f.GetEvents())
+	}
+
+	decoded, err := Unmarshal(small)
+	require.NoError(t, err)
+	n := len(decoded.GetEvents().GetEvents())
+	require.Positive(t, n)
+	ReleaseRelayBatch(decoded.GetEvents())
+	require.Len(t, decoded.GetEvents().GetEvents(), n)
+}

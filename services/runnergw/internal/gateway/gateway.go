@@ -856,6 +856,9 @@ func (g *Gateway) relay(ctx context.Context, stream gatewayv1.RunnerGateway_Atta
 					errc <- err
 					return
 				}
+				// Sent: the batch's encoding is marshalled into the
+				// stream's buffers; its buffer serves the next batch.
+				prp.ReleaseRelayBatch(m.GetEvents())
 			case <-att.done:
 				errc <- nil
 				return
