@@ -135,6 +135,7 @@ func BenchmarkUnmarshalRelay(b *testing.B) {
 				if err != nil || f.GetEvents() == nil {
 					b.Fatal(err)
 				}
+				ReleaseRelayBatch(f.GetEvents()) // as the gateway does once sent
 			}
 		})
 	}
