@@ -8,6 +8,7 @@ import (
 	"fmt"
 
 	"github.com/tether-run/tether/pkg/failure"
+	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 )
 
 // Protocol is the wire protocol name carried in every Hello.
@@ -15,6 +16,21 @@ const Protocol = "tether.runner"
 
 // Version is the only PRP version this package speaks.
 const Version = 1
+
+// FeatureReplayMarker is the Hello feature of a runner that answers a
+// Replay carrying a marker with a Pong of that nonce immediately before the
+// replayed events (prpv1.Replay.marker).
+const FeatureReplayMarker = "replay_marker"
+
+// HasFeature reports whether the runner's hello lists feature.
+func HasFeature(h *prpv1.Hello, feature string) bool {
+	for _, f := range h.GetFeatures() {
+		if f == feature {
+			return true
+		}
+	}
+	return false
+}
 
 // MaxFrameBytes bounds one encoded frame in either direction.
 const MaxFrameBytes = 4 << 20

@@ -50,11 +50,14 @@ const (
 	// ClassCancellationTwice: a run's cancellation intent or its
 	// acknowledgement was recorded more than once.
 	ClassCancellationTwice = "cancellation_recorded_twice"
+	// ClassSourceOrder: a source's events are stored in a run out of the
+	// order the source produced them (SPEC G4: relayed in order).
+	ClassSourceOrder = "source_seq_out_of_order"
 )
 
 // Classes lists every violation class, in report order.
 var Classes = []string{ClassTerminal, ClassSeqGap, ClassAfterTerminal, ClassWriterAttempt, ClassTerminalAttempt,
-	ClassTurnTwice, ClassCancellationTwice}
+	ClassTurnTwice, ClassCancellationTwice, ClassSourceOrder}
 
 // Run is one run as stored.
 type Run struct {
@@ -84,6 +87,10 @@ type Event struct {
 	// Detail is set for session.continuity_break: who replaced the
 	// session, and why.
 	Detail string
+	// Source and SourceSeq are the event's source instance and its seq
+	// there (empty: not known).
+	Source    string
+	SourceSeq uint64
 }
 
 // ContinuityBreak is a legitimate break of a scope's provider thread: the
@@ -208,6 +215,17 @@ func checkRun(r Run, evs []Event, add adder) {
 				add(ClassTerminalAttempt, r.ID, t.Seq, "run.terminal written by attempt %d, the run's final attempt is %d", t.Writer, r.Attempt)
 			}
 		}
+	}
+	last := map[string]uint64{}
+	for _, e := range evs {
+		if e.Source == "" {
+			continue
+		}
+		if l, ok := last[e.Source]; ok && e.SourceSeq <= l {
+			add(ClassSourceOrder, r.ID, e.Seq, "%s: source seq %d of %s stored after its source seq %d", e.Type, e.SourceSeq, e.Source, l)
+			continue
+		}
+		last[e.Source] = e.SourceSeq
 	}
 	var hi uint64
 	for _, e := range evs {

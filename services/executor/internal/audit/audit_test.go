@@ -174,3 +174,27 @@ func TestF3_AReplaceSessionContinuityBreakIsListedAsLegitimateNotAViolation(t *t
 	rep.WriteText(&b)
 	require.Contains(t, b.String(), "continuity break (legitimate) run=r1 seq=4: session replaced by alice")
 }
+
+// SPEC G4: a source's events are stored in the order it produced them; a
+// later event stored ahead of an earlier one (a re-attachment that got live
+// events before the replay) is a violation, each source on its own.
+func TestG4_ASourcesEventsStoredOutOfItsOrderAreAViolation(t *testing.T) {
+	h := healthy()
+	src := func(run string, seq uint64, source string, sourceSeq uint64) {
+		e := h.event(run, seq)
+		e.Source, e.SourceSeq = source, sourceSeq
+	}
+	// r1: the runner's events 7, 8, 9 and an executor event of its own
+	// numbering in between.
+	src("r1", 1, "runner-a", 7)
+	src("r1", 2, "executor:control", 1)
+	src("r1", 3, "runner-a", 8)
+	src("r1", 4, "runner-a", 9)
+	require.True(t, h.check().Clean())
+
+	src("r1", 3, "runner-a", 10) // 10 stored before 9
+	rep := h.check()
+	requireOnly(t, rep, ClassSourceOrder, "r1")
+	require.Equal(t, uint64(4), rep.Violations[0].Seq)
+	require.Equal(t, 1, rep.ByClass[ClassSourceOrder])
+}

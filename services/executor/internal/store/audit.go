@@ -22,7 +22,8 @@ type AuditFilter struct {
 // AuditRows reads, in one consistent snapshot, what the exactly-once audit
 // (package audit, SPEC X1) checks for the selected runs: each run's state,
 // final attempt and event count; its event rows (seq, type, writer
-// attempt; command.executed with the command it reports); and its
+// attempt, source and source seq; command.executed with the command it
+// reports); and its
 // cancellation audit entries.
 func (s *Store) AuditRows(ctx context.Context, f AuditFilter) ([]audit.Run, []audit.Event, []audit.Activity, error) {
 	var (
@@ -55,7 +56,8 @@ SELECT run_id, state, attempt, event_count FROM audit_runs ORDER BY run_id`, f.R
 			return err
 		}
 		rows, err = tx.Query(ctx, `WITH `+auditRunsSQL+`
-SELECT e.run_id, e.seq, e.event_type, e.writer_attempt, CASE WHEN e.event_type IN ($3, $4) THEN e.event END
+SELECT e.run_id, e.seq, e.event_type, e.writer_attempt, CASE WHEN e.event_type IN ($3, $4) THEN e.event END,
+       e.source_instance_id, e.source_seq
   FROM executor.events e JOIN audit_runs a ON a.run_id = e.run_id`, f.RunID, since, audit.EventCommandExecuted, audit.EventContinuityBreak)
 		if err != nil {
 			return err
@@ -65,12 +67,13 @@ SELECT e.run_id, e.seq, e.event_type, e.writer_attempt, CASE WHEN e.event_type I
 				e           audit.Event
 				seq, writer int64
 				raw         []byte
+				sourceSeq   int64
 			)
-			if err := rows.Scan(&e.RunID, &seq, &e.Type, &writer, &raw); err != nil {
+			if err := rows.Scan(&e.RunID, &seq, &e.Type, &writer, &raw, &e.Source, &sourceSeq); err != nil {
 				rows.Close()
 				return err
 			}
-			e.Seq, e.Writer = uint64(seq), uint64(writer)
+			e.Seq, e.Writer, e.SourceSeq = uint64(seq), uint64(writer), uint64(sourceSeq)
 			if raw != nil {
 				ev := &prpv1.Event{}
 				if err := proto.Unmarshal(raw, ev); err != nil {

@@ -39,6 +39,7 @@ func (r *Runner) buildHello() *prpv1.Hello {
 		RunnerProcess:   processProto(st.RunnerProcess),
 		ProviderProcess: processProto(st.ProviderProcess),
 		Lifecycle:       st.Lifecycle,
+		Features:        []string{prp.FeatureReplayMarker},
 	}
 	if len(st.SessionInput) > 0 {
 		in := &prpv1.ExecutionInput{}
@@ -166,6 +167,11 @@ func (r *Runner) handleInbound(in inbound) {
 		if after < r.st.AckedSourceSeq {
 			r.log.Warn("replay requested from behind the durable cursor; sending what is retained",
 				"after", after, "acked_source_seq", r.st.AckedSourceSeq)
+		}
+		if m := k.Replay.GetMarker(); m != 0 {
+			// The marker goes out in the same turn of the loop as the
+			// replay: every event frame before it is also in the replay.
+			r.pong(m)
 		}
 		r.sendRecords(r.j.outbox.After(after))
 	case *prpv1.Frame_Command:

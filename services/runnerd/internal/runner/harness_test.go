@@ -60,6 +60,7 @@ type fakeGateway struct {
 	events   []rxEvent
 	results  []*prpv1.CommandResult
 	pongs    []*prpv1.Pong
+	pongsAt  []int // len(events) when each pong came
 	goodbyes []*prpv1.Goodbye
 	refuse   bool   // refuse new connections (HTTP 503)
 	acked    uint64 // acked seq reported in Welcome
@@ -197,6 +198,7 @@ func (g *fakeGateway) serve(ctx context.Context, ws *websocket.Conn) {
 			}
 		case *prpv1.Frame_Pong:
 			g.pongs = append(g.pongs, k.Pong)
+			g.pongsAt = append(g.pongsAt, len(g.events))
 		case *prpv1.Frame_Goodbye:
 			g.goodbyes = append(g.goodbyes, k.Goodbye)
 		}

@@ -276,6 +276,24 @@ func TestR4_ReplayAfterReconnectSendsIdenticalBytes(t *testing.T) {
 	for _, ev := range e.gw.events[before:] {
 		assert.Equal(t, string(first[ev.ev.GetSourceSeq()].raw), string(ev.raw))
 	}
+	before = len(e.gw.events)
+	e.gw.mu.Unlock()
+
+	// A Replay with a marker (SPEC G4: the gateway relays a re-attachment
+	// only from it) is answered by a Pong of the marker right before the
+	// replayed events.
+	assert.Contains(t, h2.GetFeatures(), prp.FeatureReplayMarker)
+	e.gw.send(&prpv1.Frame{Kind: &prpv1.Frame_Replay{Replay: &prpv1.Replay{AfterSourceSeq: 5, Marker: 1<<63 | 7}}})
+	e.gw.waitFor("marked replay", func() bool { return uint64(len(e.gw.events)-before) == produced-5 })
+	e.gw.mu.Lock()
+	at := -1
+	for i, p := range e.gw.pongs {
+		if p.GetNonce() == 1<<63|7 {
+			at = e.gw.pongsAt[i]
+		}
+	}
+	assert.Equal(t, before, at, "the marker's pong came right before the replayed events")
+	assert.Equal(t, uint64(6), e.gw.events[before].ev.GetSourceSeq())
 	e.gw.mu.Unlock()
 }
 

@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/coder/websocket"
@@ -131,6 +132,8 @@ type Gateway struct {
 	// highestOrder orders highest's runs, oldest first (bounded).
 	highestOrder []string
 	closed       bool
+	// markers numbers the Replay markers (prpv1.Replay.marker).
+	markers atomic.Uint64
 
 	// ctx ends at Close: it bounds the connections the gateway dials
 	// (listen_ws) and their dial loops.
@@ -206,6 +209,13 @@ type attachment struct {
 	out   chan *gatewayv1.AttachResponse
 	done  chan struct{}
 	once  sync.Once
+	// gate is the marker of the Replay sent for this attachment while the
+	// runner has not answered it (0: open). Event frames before the
+	// marker's Pong are not relayed: the runner sent them before it read the
+	// Replay, so the replay that follows the Pong carries them again, and
+	// relaying them first would hand the executor later events before
+	// earlier ones (SPEC G4: relayed in order).
+	gate atomic.Uint64
 }
 
 func (a *attachment) close() { a.once.Do(func() { close(a.done) }) }
@@ -482,6 +492,13 @@ func (g *Gateway) Attach(stream gatewayv1.RunnerGateway_AttachServer) error {
 	}
 	conn := r.conn
 	after := r.ackedSeq
+	var marker uint64
+	if conn != nil && prp.HasFeature(r.hello, prp.FeatureReplayMarker) {
+		// Set before the attachment is visible to the connection's reader
+		// without the lock.
+		marker = 1<<63 | g.markers.Add(1)
+		att.gate.Store(marker)
+	}
 	r.mu.Unlock()
 	defer func() {
 		r.mu.Lock()
@@ -495,7 +512,7 @@ func (g *Gateway) Attach(stream gatewayv1.RunnerGateway_AttachServer) error {
 	}
 	if conn != nil {
 		// Unacknowledged events may have been sent to an earlier attachment.
-		_ = writeRunner(conn, &prpv1.Frame{Kind: &prpv1.Frame_Replay{Replay: &prpv1.Replay{AfterSourceSeq: after}}})
+		_ = writeRunner(conn, &prpv1.Frame{Kind: &prpv1.Frame_Replay{Replay: &prpv1.Replay{AfterSourceSeq: after, Marker: marker}}})
 	}
 	log.Info("attached", "runner_instance_id", opened.GetRunnerInstanceId(), "reused", reused, "mode", mode)
 	return g.relay(ctx, stream, r, att)
@@ -632,6 +649,11 @@ func (g *Gateway) serveRunner(ctx context.Context, c *prp.Conn, mode string) {
 		close(r.connected)
 	}
 	r.conn, r.connID, r.hello, r.gen, r.mode = c, acc.ConnectionID, hello, gen, mode
+	if r.att != nil {
+		// A marker sent on the replaced connection is not answered on this
+		// one; the runner begins it by sending every unacknowledged event.
+		r.att.gate.Store(0)
+	}
 	r.provider = hello.GetProviderProcess()
 	r.connectedAt = time.Now()
 	r.lastPong = r.connectedAt
@@ -726,14 +748,19 @@ func (g *Gateway) readRunner(ctx context.Context, r *runner, c *prp.Conn) error 
 		r.mu.Unlock()
 		switch k := f.GetKind().(type) {
 		case *prpv1.Frame_Events:
-			if att != nil {
+			if att != nil && att.gate.Load() == 0 {
 				att.deliver(ctx, &gatewayv1.AttachResponse{Kind: &gatewayv1.AttachResponse_Events{Events: k.Events}})
+			} else {
+				prp.ReleaseRelayBatch(k.Events)
 			}
 		case *prpv1.Frame_CommandResult:
 			if att != nil {
 				att.deliver(ctx, &gatewayv1.AttachResponse{Kind: &gatewayv1.AttachResponse_CommandResult{CommandResult: k.CommandResult}})
 			}
 		case *prpv1.Frame_Pong:
+			if n := k.Pong.GetNonce(); att != nil && n != 0 {
+				att.gate.CompareAndSwap(n, 0) // the replay follows
+			}
 			r.mu.Lock()
 			r.lifecycle = k.Pong.GetLifecycle()
 			r.provider = k.Pong.GetProviderProcess()

@@ -410,7 +410,7 @@ type fakeRunner struct {
 	seen []*prpv1.Frame
 }
 
-func (rl *relay) connectFake(t *testing.T, inst, sc string, gen uint64, cred *prp.Credential) (*fakeRunner, error) {
+func (rl *relay) connectFake(t *testing.T, inst, sc string, gen uint64, cred *prp.Credential, features ...string) (*fakeRunner, error) {
 	t.Helper()
 	if cred.Kind == "" {
 		c, err := rl.g.cfg.Authority.MintTicket(inst, sc, time.Minute)
@@ -425,6 +425,7 @@ func (rl *relay) connectFake(t *testing.T, inst, sc string, gen uint64, cred *pr
 	hello := &prpv1.Hello{
 		Identity: &prpv1.RunnerIdentity{RunnerInstanceId: inst, SessionScope: sc, NormalizedSessionId: "s", EnvironmentLeaseId: "e"},
 		Resume:   &prpv1.ResumeCursor{NextSourceSeq: 1, ConnectionGeneration: gen},
+		Features: features,
 	}
 	_, next, err := prp.ClientHandshake(ctx, c, *cred, hello)
 	if err != nil {
@@ -447,6 +448,19 @@ func (rl *relay) connectFake(t *testing.T, inst, sc string, gen uint64, cred *pr
 	}()
 	t.Cleanup(func() { _ = ws.CloseNow() })
 	return f, nil
+}
+
+// replays returns the Replay frames the fake runner was sent so far.
+func (f *fakeRunner) replays() []*prpv1.Replay {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []*prpv1.Replay
+	for _, fr := range f.seen {
+		if r := fr.GetReplay(); r != nil {
+			out = append(out, r)
+		}
+	}
+	return out
 }
 
 func (f *fakeRunner) closedWithin(d time.Duration) bool {
@@ -559,4 +573,95 @@ func TestGatewayBuffersAreBoundedAndBackpressureReachesTheRunner(t *testing.T) {
 	require.True(t, blocked, "writes block once the gateway's bounded buffers are full")
 	t.Logf("the runner could write %d frames (%d MiB) before backpressure held it", sent, sent*60>>10)
 	require.Less(t, sent, 4000)
+}
+
+// seqBatch is an event batch frame in runnerd's shape of item.delta events
+// with the given source seqs.
+func seqBatch(inst string, seqs ...uint64) []byte {
+	evs := make([]string, len(seqs))
+	for i, seq := range seqs {
+		evs[i] = fmt.Sprintf(`{"schema":"tether.prp.event.v1","sourceInstanceId":%q,"sourceSeq":"%d","eventType":"item.delta","payload":{"delta":"d%d"}}`, inst, seq, seq)
+	}
+	return []byte(`{"events":{"events":[` + strings.Join(evs, ",") + `]}}`)
+}
+
+// recvSeqs receives n events from an Attach stream and returns their
+// source seqs in the order they came.
+func recvSeqs(t *testing.T, s gatewayv1.RunnerGateway_AttachClient, n int) []uint64 {
+	t.Helper()
+	var seqs []uint64
+	for len(seqs) < n {
+		m, err := s.Recv()
+		require.NoError(t, err)
+		for _, ev := range m.GetEvents().GetEvents() {
+			seqs = append(seqs, ev.GetSourceSeq())
+		}
+	}
+	return seqs
+}
+
+// SPEC G4: the gateway relays in order. A re-attach asks the runner to
+// replay what is unacknowledged; a runner sends the events it produces
+// while the Replay is on its way before it reads it, and those reached the
+// new attachment ahead of the replayed ones (seq 9 → 23 in an E7 run).
+// The gateway now relays to a re-attachment only from the runner's marker,
+// answered immediately before the replay.
+func TestG4_AReattachGetsTheEventsInSourceOrderWhenTheRunnerSentLiveOnesBeforeTheReplay(t *testing.T) {
+	rl := newRelay(t, nil)
+	in := testInput("order", "acme", "x")
+	sc := scope.Of(in)
+	const inst = "runner-order"
+	var cred prp.Credential
+	f, err := rl.connectFake(t, inst, sc, 0, &cred, prp.FeatureReplayMarker)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return rl.runner(sc).GetConnected() }, 5*time.Second, time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+
+	first, opened, err := rl.attach(ctx, "run-order", nil, in)
+	require.NoError(t, err)
+	require.True(t, opened.GetReused())
+	require.Eventually(t, func() bool { return len(f.replays()) == 1 }, 5*time.Second, time.Millisecond)
+	m := f.replays()[0].GetMarker()
+	require.NotZero(t, m, "a runner with the feature is sent a marker")
+	require.NoError(t, f.c.Write(ctx, &prpv1.Frame{Kind: &prpv1.Frame_Pong{Pong: &prpv1.Pong{Nonce: m, Lifecycle: "ready"}}}))
+	require.NoError(t, f.c.WriteRaw(ctx, seqBatch(inst, 1, 2, 3)))
+	require.Equal(t, []uint64{1, 2, 3}, recvSeqs(t, first, 3))
+
+	// The executor re-attaches (its stream broke, or a successor took
+	// over) with nothing acknowledged.
+	second, _, err := rl.attach(ctx, "run-order", nil, in)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return len(f.replays()) == 2 }, 5*time.Second, time.Millisecond)
+	replay := f.replays()[1]
+	require.Zero(t, replay.GetAfterSourceSeq())
+	require.NotEqual(t, m, replay.GetMarker())
+	// The runner produced event 4 before it read the Replay, then answers
+	// the marker and replays everything after 0, then goes on live.
+	require.NoError(t, f.c.WriteRaw(ctx, seqBatch(inst, 4)))
+	require.NoError(t, f.c.Write(ctx, &prpv1.Frame{Kind: &prpv1.Frame_Pong{Pong: &prpv1.Pong{Nonce: replay.GetMarker(), Lifecycle: "ready"}}}))
+	require.NoError(t, f.c.WriteRaw(ctx, seqBatch(inst, 1, 2, 3, 4)))
+	require.NoError(t, f.c.WriteRaw(ctx, seqBatch(inst, 5)))
+	require.Equal(t, []uint64{1, 2, 3, 4, 5}, recvSeqs(t, second, 5), "the re-attachment gets the events in source order")
+}
+
+// A runner without the feature (an older runnerd a gateway adopted) is
+// sent no marker and relayed to as before.
+func TestG4_ARunnerWithoutTheReplayMarkerIsRelayedToWithoutOne(t *testing.T) {
+	rl := newRelay(t, nil)
+	in := testInput("order-old", "acme", "x")
+	sc := scope.Of(in)
+	const inst = "runner-order-old"
+	var cred prp.Credential
+	f, err := rl.connectFake(t, inst, sc, 0, &cred)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return rl.runner(sc).GetConnected() }, 5*time.Second, time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	s, _, err := rl.attach(ctx, "run-order-old", nil, in)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return len(f.replays()) == 1 }, 5*time.Second, time.Millisecond)
+	require.Zero(t, f.replays()[0].GetMarker())
+	require.NoError(t, f.c.WriteRaw(ctx, seqBatch(inst, 1, 2)))
+	require.Equal(t, []uint64{1, 2}, recvSeqs(t, s, 2))
 }

@@ -434,7 +434,10 @@ type Hello struct {
 	ProviderProcess  *ProcessInfo    `protobuf:"bytes,10,opt,name=provider_process,json=providerProcess,proto3" json:"provider_process,omitempty"`
 	Lifecycle        string          `protobuf:"bytes,11,opt,name=lifecycle,proto3" json:"lifecycle,omitempty"`
 	// The session the runner serves (so a restarted gateway can adopt it).
-	SessionInput  *ExecutionInput `protobuf:"bytes,12,opt,name=session_input,json=sessionInput,proto3" json:"session_input,omitempty"`
+	SessionInput *ExecutionInput `protobuf:"bytes,12,opt,name=session_input,json=sessionInput,proto3" json:"session_input,omitempty"`
+	// Optional behaviours this runner build has (a gateway uses one only
+	// when it is listed): "replay_marker" (see Replay.marker).
+	Features      []string `protobuf:"bytes,13,rep,name=features,proto3" json:"features,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -549,6 +552,13 @@ func (x *Hello) GetLifecycle() string {
 func (x *Hello) GetSessionInput() *ExecutionInput {
 	if x != nil {
 		return x.SessionInput
+	}
+	return nil
+}
+
+func (x *Hello) GetFeatures() []string {
+	if x != nil {
+		return x.Features
 	}
 	return nil
 }
@@ -968,8 +978,15 @@ func (x *Goodbye) GetMessage() string {
 type Replay struct {
 	state          protoimpl.MessageState `protogen:"open.v1"`
 	AfterSourceSeq uint64                 `protobuf:"varint,1,opt,name=after_source_seq,json=afterSourceSeq,proto3" json:"after_source_seq,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// When set (to a runner that lists the "replay_marker" feature), the
+	// runner answers with a Pong carrying this nonce immediately before the
+	// replayed events, with nothing between them: every event frame it sent
+	// before that Pong is also in the replay, so a gateway relays to the new
+	// attachment only from the Pong on and the executor receives the events
+	// in source order (SPEC G4).
+	Marker        uint64 `protobuf:"varint,2,opt,name=marker,proto3" json:"marker,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Replay) Reset() {
@@ -1009,6 +1026,13 @@ func (x *Replay) GetAfterSourceSeq() uint64 {
 	return 0
 }
 
+func (x *Replay) GetMarker() uint64 {
+	if x != nil {
+		return x.Marker
+	}
+	return 0
+}
+
 var File_tether_prp_v1_frame_proto protoreflect.FileDescriptor
 
 const file_tether_prp_v1_frame_proto_rawDesc = "" +
@@ -1039,7 +1063,7 @@ const file_tether_prp_v1_frame_proto_rawDesc = "" +
 	"\x13last_controller_seq\x18\x01 \x01(\x04R\x11lastControllerSeq\x12&\n" +
 	"\x0fnext_source_seq\x18\x02 \x01(\x04R\rnextSourceSeq\x12(\n" +
 	"\x10acked_source_seq\x18\x03 \x01(\x04R\x0eackedSourceSeq\x123\n" +
-	"\x15connection_generation\x18\x04 \x01(\x04R\x14connectionGeneration\"\xba\x04\n" +
+	"\x15connection_generation\x18\x04 \x01(\x04R\x14connectionGeneration\"\xd6\x04\n" +
 	"\x05Hello\x12\x1a\n" +
 	"\bprotocol\x18\x01 \x01(\tR\bprotocol\x12\x1f\n" +
 	"\vversion_min\x18\x02 \x01(\rR\n" +
@@ -1055,7 +1079,8 @@ const file_tether_prp_v1_frame_proto_rawDesc = "" +
 	"\x10provider_process\x18\n" +
 	" \x01(\v2\x1a.tether.prp.v1.ProcessInfoR\x0fproviderProcess\x12\x1c\n" +
 	"\tlifecycle\x18\v \x01(\tR\tlifecycle\x12B\n" +
-	"\rsession_input\x18\f \x01(\v2\x1d.tether.prp.v1.ExecutionInputR\fsessionInput\"|\n" +
+	"\rsession_input\x18\f \x01(\v2\x1d.tether.prp.v1.ExecutionInputR\fsessionInput\x12\x1a\n" +
+	"\bfeatures\x18\r \x03(\tR\bfeatures\"|\n" +
 	"\tChallenge\x12!\n" +
 	"\fserver_nonce\x18\x01 \x01(\tR\vserverNonce\x12!\n" +
 	"\fserver_proof\x18\x02 \x01(\tR\vserverProof\x12)\n" +
@@ -1080,9 +1105,10 @@ const file_tether_prp_v1_frame_proto_rawDesc = "" +
 	"\x10provider_process\x18\x05 \x01(\v2\x1a.tether.prp.v1.ProcessInfoR\x0fproviderProcess\"7\n" +
 	"\aGoodbye\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\tR\x04code\x12\x18\n" +
-	"\amessage\x18\x02 \x01(\tR\amessage\"2\n" +
+	"\amessage\x18\x02 \x01(\tR\amessage\"J\n" +
 	"\x06Replay\x12(\n" +
-	"\x10after_source_seq\x18\x01 \x01(\x04R\x0eafterSourceSeqB\xaf\x01\n" +
+	"\x10after_source_seq\x18\x01 \x01(\x04R\x0eafterSourceSeq\x12\x16\n" +
+	"\x06marker\x18\x02 \x01(\x04R\x06markerB\xaf\x01\n" +
 	"\x11com.tether.prp.v1B\n" +
 	"FrameProtoP\x01Z8github.com/tether-run/tether/pkg/gen/tether/prp/v1;prpv1\xa2\x02\x03TPX\xaa\x02\rTether.Prp.V1\xca\x02\rTether\\Prp\\V1\xe2\x02\x19Tether\\Prp\\V1\\GPBMetadata\xea\x02\x0fTether::Prp::V1b\x06proto3"
 
