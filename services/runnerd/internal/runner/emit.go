@@ -35,11 +35,7 @@ func (r *Runner) newEvent(prio uint32, typ, turnID, itemID, runID string, payloa
 		Priority:            prio,
 		EmittedAt:           nowTS(time.Now()),
 	}
-	if runID != "" {
-		ev.RunId = runID
-	} else if r.st.CurrentRun != nil {
-		ev.RunId = r.st.CurrentRun.RunID
-	}
+	ev.RunId = eventRun(runID, turnID, r.st.ActiveTurn, r.st.CurrentRun)
 	s, err := toStruct(payload)
 	if err != nil {
 		return durable.Record{}, err
@@ -62,6 +58,23 @@ func (r *Runner) newEvent(prio uint32, typ, turnID, itemID, runID string, payloa
 	}
 	r.st.NextSourceSeq++
 	return durable.Record{SourceSeq: seq, Priority: ev.Priority, EventType: ev.EventType, Envelope: env}, nil
+}
+
+// eventRun is the run an event is labelled with: the one it names, else
+// the active turn's run for an event of that turn (a turn belongs to the
+// run whose turn.start started it — also after a runnerd restart that cut
+// that run's run.attach short, when the attached run is still the previous
+// one), else the attached run.
+func eventRun(runID, turnID string, active *runnerstate.Turn, current *runnerstate.RunRef) string {
+	switch {
+	case runID != "":
+		return runID
+	case active != nil && turnID != "" && turnID == active.TurnID && active.RunID != "":
+		return active.RunID
+	case current != nil:
+		return current.RunID
+	}
+	return ""
 }
 
 type pendingEvent struct {

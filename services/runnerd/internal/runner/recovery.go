@@ -182,17 +182,21 @@ func (r *Runner) reconcileCutTurnStart(rec *runnerstate.CommandRecord) {
 	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.RequestTimeout)
 	last, err := rp.LastTurn(ctx)
 	cancel()
-	r.pumpProviderEvents()
 	if err != nil {
+		r.pumpProviderEvents()
 		log.Warn("a turn.start cut short by the runnerd restart stays indeterminate: thread/read failed", "err", err)
 		return
 	}
 	if last == "" || r.knownTurn(last) {
+		r.pumpProviderEvents()
 		log.Info("a turn.start cut short by the runnerd restart never reached the provider; it runs when resent", "newest_turn", last)
 		rec.Reopen(runnerstate.StatusUnexecuted, "", "", nil)
 		r.mustSave()
 		return
 	}
+	// The provider events queued meanwhile (the adopted turn's, replayed by
+	// the provider host) are taken once the turn is adopted: they are the
+	// cut command's run's, whatever run the state still names attached.
 	r.adoptCutTurn(rec, last)
 }
 
@@ -213,7 +217,7 @@ func (r *Runner) adoptCutTurn(rec *runnerstate.CommandRecord, last string) {
 	t := &runnerstate.Turn{TurnID: last, RunID: rec.RunID, Attempt: rec.Attempt, CommandID: rec.CommandID, StartedAt: time.Now().UTC()}
 	r.st.ActiveTurn = t
 	r.mustSave()
-	r.reconcileTurn(t, failure.ProviderProcessLost, "runnerd restarted while the turn was being started")
+	r.reconcileTurn(t, failure.ProviderProcessLost, "runnerd restarted while the turn was being started") // takes the queued events first
 }
 
 // execution is what a journaled command.executed reports.

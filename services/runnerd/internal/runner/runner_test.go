@@ -809,3 +809,30 @@ func TestR10_RunnerRefusesARunOfAnotherProviderProfile(t *testing.T) {
 	assert.Equal(t, "codex", cfg.Kind)
 	assert.Equal(t, e2.stateDir, cfg.StateDir)
 }
+
+// SPEC R8, X1: an event names the run it belongs to. A turn's events are
+// its turn.start's run's: after a runnerd restart that cut a new run's
+// run.attach and turn.start short, the attached run is still the previous
+// one while the provider host replays the new run's turn (a chaos run
+// filed that turn's items under the previous run and its run.terminal
+// under the new one: the run never ended).
+func TestR8_EventsOfATurnAreLabelledWithTheRunThatStartedIt(t *testing.T) {
+	prev := &runnerstate.RunRef{RunID: "run-57"}
+	turn := &runnerstate.Turn{TurnID: "turn-60", RunID: "run-58"}
+	for _, tc := range []struct {
+		name          string
+		runID, turnID string
+		active        *runnerstate.Turn
+		current       *runnerstate.RunRef
+		want          string
+	}{
+		{"named", "run-9", "turn-60", turn, prev, "run-9"},
+		{"the active turn's event", "", "turn-60", turn, prev, "run-58"},
+		{"another turn's event", "", "turn-59", turn, prev, "run-57"},
+		{"not a turn's event", "", "", turn, prev, "run-57"},
+		{"no active turn", "", "turn-60", nil, prev, "run-57"},
+		{"nothing attached", "", "turn-60", nil, nil, ""},
+	} {
+		require.Equal(t, tc.want, eventRun(tc.runID, tc.turnID, tc.active, tc.current), tc.name)
+	}
+}
