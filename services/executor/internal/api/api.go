@@ -292,6 +292,10 @@ func (s *Server) WatchRun(req *executorv1.WatchRunRequest, stream executorv1.Exe
 	// The run's events skip the interceptors' per-message hooks: with
 	// 1,000 watchers each event is 1,000 sends.
 	out := grpcx.Unwrapped(stream)
+	// While this watcher waits, the run's feed sends the events it encoded
+	// on the stream itself (no wake-up of this goroutine per event); Next
+	// returns the others.
+	w.SendWith(out.SendMsg)
 	for {
 		evs, err := w.Next(ctx, s.Draining)
 		if err != nil {

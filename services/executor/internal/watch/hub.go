@@ -18,6 +18,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -40,6 +41,9 @@ const (
 	DefaultBuffer = 4096
 	// DefaultPage is how many events one read returns.
 	DefaultPage = 256
+	// DefaultStallAfter is how long a feed's senders may all be held by
+	// stalled streams before another one starts.
+	DefaultStallAfter = 10 * time.Millisecond
 )
 
 // ErrTooSlow is returned by Watch.Next to a watcher that was cut off because
@@ -74,10 +78,12 @@ type Encoder func(store.StoredEvent) (any, error)
 
 // Hub holds one feed per watched run.
 type Hub struct {
-	reader  Reader
-	encoder Encoder
-	buffer  int
-	page    int
+	reader     Reader
+	encoder    Encoder
+	buffer     int
+	page       int
+	senders    int
+	stallAfter time.Duration
 
 	mu    sync.Mutex
 	feeds map[string]*feed
@@ -93,12 +99,23 @@ func WithBuffer(n int) Option { return func(h *Hub) { h.buffer = max(n, 1) } }
 // WithEncoder makes each feed encode its events once, for all watchers.
 func WithEncoder(e Encoder) Option { return func(h *Hub) { h.encoder = e } }
 
+// WithSenders sets how many goroutines send a feed's events to the streams
+// of waiting watchers (SendWith); the default is GOMAXPROCS.
+func WithSenders(n int) Option { return func(h *Hub) { h.senders = max(n, 1) } }
+
+// WithStallAfter sets how long the senders may all be held by stalled
+// streams before another one starts.
+func WithStallAfter(d time.Duration) Option {
+	return func(h *Hub) { h.stallAfter = max(d, time.Millisecond) }
+}
+
 // WithPage sets how many events one read returns.
 func WithPage(n int) Option { return func(h *Hub) { h.page = max(n, 1) } }
 
 // NewHub returns a hub reading events through r.
 func NewHub(r Reader, opts ...Option) *Hub {
-	h := &Hub{reader: r, buffer: DefaultBuffer, page: DefaultPage, feeds: map[string]*feed{}}
+	h := &Hub{reader: r, buffer: DefaultBuffer, page: DefaultPage, senders: runtime.GOMAXPROCS(0),
+		stallAfter: DefaultStallAfter, feeds: map[string]*feed{}}
 	for _, o := range opts {
 		o(h)
 	}
@@ -137,9 +154,18 @@ type Watch struct {
 	waker  bool          // the waker runs (owned by Next's caller)
 	ended  atomic.Bool   // Next's ctx ended or its stop closed (set by the waker)
 
+	// send, when set (SendWith), sends an event's wire form on the
+	// watcher's stream: the run's feed then sends to a waiting watcher
+	// itself, instead of waking its goroutine to send.
+	send func(wire any) error
+
 	mu      sync.Mutex
 	pending []Event
 	cut     bool
+	idle    bool  // Next waits with nothing pending: a feed sender may take the stream
+	sending bool  // a feed sender holds the stream (Next waits for it)
+	waiting bool  // Next waits for the sender to let the stream go
+	sendErr error // a feed sender's send failed
 }
 
 // Watch starts watching runID after seq after. Close it when done.
@@ -165,7 +191,16 @@ func (w *Watch) join() {
 	w.feed = f
 }
 
-// Cursor is the seq of the last event Next returned.
+// SendWith lets the run's feed send events on the watcher's stream with
+// send while the watcher waits in Next (an event the feed encoded, in
+// order after the watch's cursor): with 1,000 watchers of a run, an event is
+// then a few sending goroutines' work, not 1,000 goroutine wake-ups. Next
+// returns only the events the feed did not send, and never while a feed
+// sender holds the stream; a send's error ends the watch (Next returns it).
+// Call it before the first Next.
+func (w *Watch) SendWith(send func(wire any) error) { w.send = send }
+
+// Cursor is the seq of the last event Next returned or the feed sent.
 func (w *Watch) Cursor() uint64 { return w.cursor }
 
 // Close stops the watch; the run's feed stops with its last watcher.
@@ -217,9 +252,19 @@ func (w *Watch) Next(ctx context.Context, stop <-chan struct{}) ([]Event, error)
 	}
 	for {
 		w.mu.Lock()
-		got, cut := w.pending, w.cut
-		w.pending = nil
+		if w.sending {
+			// A feed sender holds the stream: it signals once done.
+			w.waiting = true
+			w.mu.Unlock()
+			<-w.signal
+			continue
+		}
+		got, cut, sendErr := w.pending, w.cut, w.sendErr
+		w.pending, w.idle, w.waiting = nil, false, false
 		w.mu.Unlock()
+		if sendErr != nil {
+			return nil, sendErr
+		}
 		// Already replayed events come again from the feed: skip them.
 		for len(got) > 0 && got[0].Seq <= w.cursor {
 			got = got[1:]
@@ -266,6 +311,9 @@ func (w *Watch) Next(ctx context.Context, stop <-chan struct{}) ([]Event, error)
 			}
 			return nil, ErrStopped
 		}
+		w.mu.Lock()
+		w.idle = w.send != nil && len(w.pending) == 0 && !w.cut
+		w.mu.Unlock()
 		<-w.signal
 	}
 }
@@ -308,9 +356,17 @@ func (w *Watch) requeue(evs []Event) {
 }
 
 // deliver hands events to the watch, or cuts it off when its buffer would
-// overflow. It never blocks.
-func (w *Watch) deliver(evs []Event) (ok bool) {
+// overflow. It never blocks. When sendable (every event has its wire form)
+// and the watch waits with nothing pending, right after evs' first event,
+// it takes the watch's stream instead (take): the caller sends evs and
+// then calls sent.
+func (w *Watch) deliver(evs []Event, sendable bool) (take, ok bool) {
 	w.mu.Lock()
+	if sendable && w.idle && len(w.pending) == 0 && evs[0].Seq == w.cursor+1 {
+		w.idle, w.sending = false, true
+		w.mu.Unlock()
+		return true, true
+	}
 	switch {
 	case len(w.pending)+len(evs) > w.hub.buffer:
 		w.cut, w.pending = true, nil
@@ -324,7 +380,34 @@ func (w *Watch) deliver(evs []Event) (ok bool) {
 	ok = !w.cut
 	w.mu.Unlock()
 	w.poke()
-	return ok
+	return false, ok
+}
+
+// sendTaken sends evs, taken by deliver, on the watch's stream, then lets
+// the stream go: Next is signalled only when it has something to do (events
+// delivered meanwhile, a cut, the send's error, or it waits for the stream).
+func (w *Watch) sendTaken(evs []Event) {
+	cursor := w.cursor // deliver took the stream at this cursor
+	var err error
+	for _, e := range evs {
+		if err = w.send(e.Wire); err != nil {
+			break
+		}
+		cursor = e.Seq
+	}
+	w.mu.Lock()
+	w.cursor, w.sending = cursor, false
+	if err != nil {
+		w.sendErr = err
+	}
+	wake := w.waiting || err != nil || len(w.pending) > 0 || w.cut
+	if !wake {
+		w.idle = true // Next still waits, and nothing came meanwhile
+	}
+	w.mu.Unlock()
+	if wake {
+		w.poke()
+	}
 }
 
 // Notify tells the run's feed (when the run is watched here) that the run
@@ -427,18 +510,77 @@ func (f *feed) encode(evs []store.StoredEvent) []Event {
 // among evs) or every watcher was cut off. The feed then retires, and a
 // later watch of the run starts a new one.
 func (f *feed) publish(evs []Event) (done bool) {
+	// The terminal event goes through Next: the watcher ends with it.
+	sendable := true
+	for _, e := range evs {
+		sendable = sendable && e.Wire != nil && e.Event.GetEventType() != store.EventTerminal
+	}
+	var taken []*Watch
 	f.hub.mu.Lock()
-	defer f.hub.mu.Unlock()
 	for w := range f.watchers {
-		if !w.deliver(evs) {
+		take, ok := w.deliver(evs, sendable)
+		if !ok {
 			delete(f.watchers, w)
+		} else if take {
+			taken = append(taken, w)
 		}
 	}
 	done = evs[len(evs)-1].Event.GetEventType() == store.EventTerminal || len(f.watchers) == 0
 	if done && f.hub.feeds[f.runID] == f {
 		delete(f.hub.feeds, f.runID)
 	}
+	f.hub.mu.Unlock()
+	if len(taken) > 0 {
+		f.hub.sendAll(taken, evs)
+	}
 	return done
+}
+
+// sendAll sends evs on the streams taken from ws, from a few goroutines
+// (the hub's senders) that share the list. A send blocks while its stream's
+// flow-control window is full (a stalled watcher), holding one sender: while
+// any stream is left, another sender starts each StallAfter, so a stalled
+// watcher never holds back the others by more than that. The stalled one
+// gets later events in its bounded buffer (cut off when it fills), as when
+// its own goroutine is stuck sending.
+func (h *Hub) sendAll(ws []*Watch, evs []Event) {
+	j := &sendJob{ws: ws, evs: evs}
+	j.left.Store(int64(len(ws)))
+	var stall func()
+	stall = func() {
+		if j.left.Load() > 0 && j.next.Load() < int64(len(ws)) {
+			go j.run()
+			j.timer.Reset(h.stallAfter)
+		}
+	}
+	// Armed once j.timer is set: stall reads it.
+	j.timer = time.AfterFunc(time.Hour, stall)
+	j.timer.Reset(h.stallAfter)
+	for range min(h.senders, len(ws)) {
+		go j.run()
+	}
+}
+
+// sendJob is one publish's sends to the watchers whose streams it took.
+type sendJob struct {
+	ws    []*Watch
+	evs   []Event
+	next  atomic.Int64 // index of the next watcher to send to
+	left  atomic.Int64 // watchers not yet sent to
+	timer *time.Timer
+}
+
+func (j *sendJob) run() {
+	for {
+		i := j.next.Add(1) - 1
+		if i >= int64(len(j.ws)) {
+			return
+		}
+		j.ws[i].sendTaken(j.evs)
+		if j.left.Add(-1) == 0 {
+			j.timer.Stop()
+		}
+	}
 }
 
 // Handlers receive notifications other than new events.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"sync"
 	"testing"
+	"time"
 
 	"go.uber.org/goleak"
 
@@ -97,5 +98,204 @@ func TestWatchWaitingForEventsEndsWithItsContextOrStop(t *testing.T) {
 	w.Close()
 	if n := h.Watchers("run"); n != 0 {
 		t.Fatalf("%d watchers after every watch closed", n)
+	}
+}
+
+// sink records what one watcher got, in order, and by which path.
+type sink struct {
+	mu   sync.Mutex
+	seqs []uint64
+	sent int // how many the feed sent (SendWith), not Next
+	got  chan struct{}
+}
+
+func newSink() *sink { return &sink{got: make(chan struct{}, 1024)} }
+
+func (s *sink) add(seq uint64, sent bool) {
+	s.mu.Lock()
+	s.seqs = append(s.seqs, seq)
+	if sent {
+		s.sent++
+	}
+	s.mu.Unlock()
+	s.got <- struct{}{}
+}
+
+func (s *sink) state() ([]uint64, int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]uint64(nil), s.seqs...), s.sent
+}
+
+// wait waits until the sink holds n events.
+func (s *sink) wait(t *testing.T, n int) {
+	t.Helper()
+	for {
+		if seqs, _ := s.state(); len(seqs) >= n {
+			return
+		}
+		select {
+		case <-s.got:
+		case <-time.After(20 * time.Second):
+			t.Fatalf("%d events within 20 s", n)
+		}
+	}
+}
+
+// serve runs w as WatchRun does, recording into s what Next returns, until
+// the run's terminal event (nil) or Next's error.
+func serve(w *Watch, s *sink) <-chan error {
+	done := make(chan error, 1)
+	go func() {
+		for {
+			evs, err := w.Next(context.Background(), nil)
+			if err != nil {
+				done <- err
+				return
+			}
+			for _, e := range evs {
+				s.add(e.Seq, false)
+				if e.Event.GetEventType() == store.EventTerminal {
+					done <- nil
+					return
+				}
+			}
+		}
+	}()
+	return done
+}
+
+// waitIdle waits until every watch waits with nothing pending (the feed
+// may send to it).
+func waitIdle(t *testing.T, ws ...*Watch) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for _, w := range ws {
+		for {
+			w.mu.Lock()
+			idle := w.idle
+			w.mu.Unlock()
+			if idle {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("the watch did not start waiting within 20 s")
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+}
+
+func seqWire(e store.StoredEvent) (any, error) { return e.Seq, nil }
+
+// holding reports whether a feed sender holds w's stream.
+func (h *Hub) holding(w *Watch) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.sending
+}
+
+// The feed sends its encoded events on the streams of waiting watchers
+// itself. A send that blocks (a stalled stream) holds neither the other
+// watchers nor the feed: with one sender, another starts once the stall
+// outlasts StallAfter; the stalled watcher's later events fill its buffer,
+// and once its send returns, Next reports the cut with the cursor of what
+// was sent.
+func TestFeedSendsToWaitingWatchersAndAStalledSendHoldsNoOther(t *testing.T) {
+	r := &events{}
+	h := NewHub(r, WithEncoder(seqWire), WithBuffer(4), WithPage(4), WithSenders(1), WithStallAfter(time.Millisecond))
+	release := make(chan struct{})
+	stalled, reader := newSink(), newSink()
+	a, b := h.Watch("run", 0), h.Watch("run", 0)
+	defer a.Close()
+	defer b.Close()
+	a.SendWith(func(wire any) error {
+		<-release
+		stalled.add(wire.(uint64), true)
+		return nil
+	})
+	b.SendWith(func(wire any) error {
+		reader.add(wire.(uint64), true)
+		return nil
+	})
+	aDone, bDone := serve(a, stalled), serve(b, reader)
+	waitIdle(t, a, b)
+
+	const n = 12
+	for i := 1; i <= n; i++ {
+		waitIdle(t, b)
+		r.add("item.delta")
+		h.Notify("run")
+		reader.wait(t, i)
+	}
+	if seqs, sent := reader.state(); len(seqs) != n || sent != n || seqs[n-1] != n {
+		t.Fatalf("the reading watcher got %v (%d sent by the feed), want 1…%d all sent", seqs, sent, n)
+	}
+	close(release)
+	var slow *ErrTooSlow
+	if err := <-aDone; !errors.As(err, &slow) || slow.Cursor != 1 || a.Cursor() != 1 {
+		t.Fatalf("the stalled watcher ended with %v at cursor %d, want ErrTooSlow at 1", err, a.Cursor())
+	}
+	if seqs, _ := stalled.state(); len(seqs) != 1 || seqs[0] != 1 {
+		t.Fatalf("the stalled watcher got %v, want [1]", seqs)
+	}
+	r.add(store.EventTerminal) // the terminal event goes through Next
+	h.Notify("run")
+	if err := <-bDone; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Events delivered while the feed sends on a watcher's stream come from Next
+// after the send, in order; a failed send ends the watch with its error.
+func TestFeedSendKeepsTheOrderAndItsErrorEndsTheWatch(t *testing.T) {
+	r := &events{}
+	h := NewHub(r, WithEncoder(seqWire))
+	hold, broken := make(chan struct{}), errors.New("stream broken")
+	got := newSink()
+	w := h.Watch("run", 0)
+	defer w.Close()
+	w.SendWith(func(wire any) error {
+		seq := wire.(uint64)
+		if seq == 1 {
+			<-hold
+		}
+		if seq == 4 {
+			return broken
+		}
+		got.add(seq, true)
+		return nil
+	})
+	done := serve(w, got)
+	waitIdle(t, w)
+	r.add("item.delta")
+	h.Notify("run")
+	// Seq 1's send holds the stream: 2 and 3 wait in the buffer.
+	for !h.holding(w) {
+		time.Sleep(time.Millisecond)
+	}
+	r.add("item.delta")
+	h.Notify("run")
+	r.add("item.delta")
+	h.Notify("run")
+	for {
+		w.mu.Lock()
+		n := len(w.pending)
+		w.mu.Unlock()
+		if n == 2 {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	close(hold)
+	got.wait(t, 3)
+	if seqs, sent := got.state(); len(seqs) != 3 || seqs[0] != 1 || seqs[1] != 2 || seqs[2] != 3 || sent != 1 {
+		t.Fatalf("got %v (%d sent by the feed), want [1 2 3] with 1 sent", seqs, sent)
+	}
+	waitIdle(t, w)
+	r.add("item.delta")
+	h.Notify("run")
+	if err := <-done; !errors.Is(err, broken) || w.Cursor() != 3 {
+		t.Fatalf("Next after a failed send: %v at cursor %d, want %v at 3", err, w.Cursor(), broken)
 	}
 }
