@@ -41,8 +41,8 @@ const (
 	DefaultBuffer = 4096
 	// DefaultPage is how many events one read returns.
 	DefaultPage = 256
-	// DefaultStallAfter is how long a feed's senders may all be held by
-	// stalled streams before another one starts.
+	// DefaultStallAfter is how long a feed's senders may make no progress
+	// (all held by stalled streams) before more start.
 	DefaultStallAfter = 10 * time.Millisecond
 )
 
@@ -103,8 +103,8 @@ func WithEncoder(e Encoder) Option { return func(h *Hub) { h.encoder = e } }
 // of waiting watchers (SendWith); the default is GOMAXPROCS.
 func WithSenders(n int) Option { return func(h *Hub) { h.senders = max(n, 1) } }
 
-// WithStallAfter sets how long the senders may all be held by stalled
-// streams before another one starts.
+// WithStallAfter sets how long the senders may make no progress (all held
+// by stalled streams) before more start.
 func WithStallAfter(d time.Duration) Option {
 	return func(h *Hub) { h.stallAfter = max(d, time.Millisecond) }
 }
@@ -356,10 +356,10 @@ func (w *Watch) requeue(evs []Event) {
 }
 
 // deliver hands events to the watch, or cuts it off when its buffer would
-// overflow. It never blocks. When sendable (every event has its wire form)
-// and the watch waits with nothing pending, right after evs' first event,
-// it takes the watch's stream instead (take): the caller sends evs and
-// then calls sent.
+// overflow. It never blocks. When sendable (every event has its wire form,
+// none is the terminal one) and the watch waits with nothing pending, its
+// cursor right before evs, it takes the watch's stream instead (take): the
+// caller then sends evs with sendTaken.
 func (w *Watch) deliver(evs []Event, sendable bool) (take, ok bool) {
 	w.mu.Lock()
 	if sendable && w.idle && len(w.pending) == 0 && evs[0].Seq == w.cursor+1 {
@@ -538,36 +538,50 @@ func (f *feed) publish(evs []Event) (done bool) {
 
 // sendAll sends evs on the streams taken from ws, from a few goroutines
 // (the hub's senders) that share the list. A send blocks while its stream's
-// flow-control window is full (a stalled watcher), holding one sender: while
-// any stream is left, another sender starts each StallAfter, so a stalled
-// watcher never holds back the others by more than that. The stalled one
-// gets later events in its bounded buffer (cut off when it fills), as when
-// its own goroutine is stuck sending.
+// flow-control window and write quota are full (a stalled watcher), holding
+// its sender: when no send completed for StallAfter while streams are left,
+// as many senders again start, so a stalled stream holds back the others
+// once, by about StallAfter, on the event that found it stalled. Its later
+// events wait in its bounded buffer (it is cut off when that fills), as
+// when its own goroutine was stuck sending.
 func (h *Hub) sendAll(ws []*Watch, evs []Event) {
 	j := &sendJob{ws: ws, evs: evs}
 	j.left.Store(int64(len(ws)))
+	n := min(h.senders, len(ws))
+	j.started.Store(int64(n))
+	j.seen.Store(int64(len(ws)))
 	var stall func()
 	stall = func() {
-		if j.left.Load() > 0 && j.next.Load() < int64(len(ws)) {
-			go j.run()
-			j.timer.Reset(h.stallAfter)
+		left, next := j.left.Load(), j.next.Load()
+		if left == 0 || next >= int64(len(ws)) {
+			return
 		}
+		if j.seen.Swap(left) == left { // no send completed since the last look
+			more := min(j.started.Load(), int64(len(ws))-next)
+			j.started.Add(more)
+			for range more {
+				go j.run()
+			}
+		}
+		j.timer.Reset(h.stallAfter)
 	}
 	// Armed once j.timer is set: stall reads it.
 	j.timer = time.AfterFunc(time.Hour, stall)
 	j.timer.Reset(h.stallAfter)
-	for range min(h.senders, len(ws)) {
+	for range n {
 		go j.run()
 	}
 }
 
 // sendJob is one publish's sends to the watchers whose streams it took.
 type sendJob struct {
-	ws    []*Watch
-	evs   []Event
-	next  atomic.Int64 // index of the next watcher to send to
-	left  atomic.Int64 // watchers not yet sent to
-	timer *time.Timer
+	ws      []*Watch
+	evs     []Event
+	next    atomic.Int64 // index of the next watcher to send to
+	left    atomic.Int64 // watchers not yet sent to
+	seen    atomic.Int64 // left at the last stall check
+	started atomic.Int64 // senders started
+	timer   *time.Timer
 }
 
 func (j *sendJob) run() {
