@@ -196,30 +196,37 @@ func (h *Hub) holding(w *Watch) bool {
 }
 
 // The feed sends its encoded events on the streams of waiting watchers
-// itself. A send that blocks (a stalled stream) holds neither the other
-// watchers nor the feed: with one sender, another starts once the stall
-// outlasts StallAfter; the stalled watcher's later events fill its buffer,
-// and once its send returns, Next reports the cut with the cursor of what
-// was sent.
-func TestFeedSendsToWaitingWatchersAndAStalledSendHoldsNoOther(t *testing.T) {
+// itself. Sends that block (stalled streams) hold neither the other
+// watchers nor the feed: with one sender, more start while no send
+// completes for StallAfter; a stalled watcher's later events fill its
+// buffer, and once its send returns, Next reports the cut with the cursor
+// of what was sent.
+func TestFeedSendsToWaitingWatchersAndStalledSendsHoldNoOther(t *testing.T) {
 	r := &events{}
 	h := NewHub(r, WithEncoder(seqWire), WithBuffer(4), WithPage(4), WithSenders(1), WithStallAfter(time.Millisecond))
 	release := make(chan struct{})
-	stalled, reader := newSink(), newSink()
-	a, b := h.Watch("run", 0), h.Watch("run", 0)
-	defer a.Close()
+	const stalls = 3
+	stalled := make([]*Watch, stalls)
+	stalledGot := make([]*sink, stalls)
+	stalledDone := make([]<-chan error, stalls)
+	for i := range stalled {
+		w, got := h.Watch("run", 0), newSink()
+		defer w.Close()
+		w.SendWith(func(wire any) error {
+			<-release
+			got.add(wire.(uint64), true)
+			return nil
+		})
+		stalled[i], stalledGot[i], stalledDone[i] = w, got, serve(w, got)
+	}
+	reader, b := newSink(), h.Watch("run", 0)
 	defer b.Close()
-	a.SendWith(func(wire any) error {
-		<-release
-		stalled.add(wire.(uint64), true)
-		return nil
-	})
 	b.SendWith(func(wire any) error {
 		reader.add(wire.(uint64), true)
 		return nil
 	})
-	aDone, bDone := serve(a, stalled), serve(b, reader)
-	waitIdle(t, a, b)
+	bDone := serve(b, reader)
+	waitIdle(t, append(stalled, b)...)
 
 	const n = 12
 	for i := 1; i <= n; i++ {
@@ -232,12 +239,14 @@ func TestFeedSendsToWaitingWatchersAndAStalledSendHoldsNoOther(t *testing.T) {
 		t.Fatalf("the reading watcher got %v (%d sent by the feed), want 1…%d all sent", seqs, sent, n)
 	}
 	close(release)
-	var slow *ErrTooSlow
-	if err := <-aDone; !errors.As(err, &slow) || slow.Cursor != 1 || a.Cursor() != 1 {
-		t.Fatalf("the stalled watcher ended with %v at cursor %d, want ErrTooSlow at 1", err, a.Cursor())
-	}
-	if seqs, _ := stalled.state(); len(seqs) != 1 || seqs[0] != 1 {
-		t.Fatalf("the stalled watcher got %v, want [1]", seqs)
+	for i, w := range stalled {
+		var slow *ErrTooSlow
+		if err := <-stalledDone[i]; !errors.As(err, &slow) || slow.Cursor != 1 || w.Cursor() != 1 {
+			t.Fatalf("stalled watcher %d ended with %v at cursor %d, want ErrTooSlow at 1", i, err, w.Cursor())
+		}
+		if seqs, _ := stalledGot[i].state(); len(seqs) != 1 || seqs[0] != 1 {
+			t.Fatalf("stalled watcher %d got %v, want [1]", i, seqs)
+		}
 	}
 	r.add(store.EventTerminal) // the terminal event goes through Next
 	h.Notify("run")
