@@ -189,6 +189,10 @@ func TestR4_AcknowledgementIsPersistedLazily(t *testing.T) {
 			turnCleared = st.ActiveTurn == nil && st.LastTurnID != ""
 			mu.Unlock()
 		}
+		// The test acknowledges the suspension's events itself before
+		// runnerd exits: the harness's 300 ms drain wait ran out first
+		// under load and the last ack met a closed connection.
+		c.DrainTimeout = time.Minute
 	})
 	cs := &cmdSeq{t: t, runID: "run-1", attempt: 1}
 	prov := attachAndTurn(t, e, cs)
