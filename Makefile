@@ -62,9 +62,13 @@ build: ## build every binary into bin/
 # E2E_PARALLEL of them at once instead of GOMAXPROCS. Lint (after
 # check-generate, which rewrites pkg/gen) and the modules outside go.work
 # run in the background too, instead of before and after everything.
-# The background runs' output follows the main run's.
+# The background runs' output follows the main run's. The other packages
+# run TEST_P programs (builds, links, test binaries) at once instead of
+# GOMAXPROCS (2): a package whose tests mostly wait (the gateway's, 1–2 min)
+# then no longer holds one of two slots while the rest is built.
 E2E := ./services/executor/internal/e2e
 E2E_PARALLEL ?= 4
+TEST_P ?= 3
 test: check-generate build ## lint, check generated code, and run every test with -race
 	@export TETHER_TEST_BIN=$(CURDIR)/bin; out=$$(mktemp -d); \
 	  echo "$(GO) test -race -count=1 -timeout 40m -parallel $(E2E_PARALLEL) $(E2E) (in the background)"; \
@@ -73,8 +77,8 @@ test: check-generate build ## lint, check generated code, and run every test wit
 	  $(MAKE) --no-print-directory lint >$$out/lint 2>&1 & lint=$$!; \
 	  echo "$(GO) test -race -count=1 -timeout 10m ./... in $(OWN_MODULES) (in the background)"; \
 	  for m in $(OWN_MODULES); do (cd $$m && GOWORK=off $(GO) test -race -count=1 -timeout 10m ./...) || exit 1; done >$$out/own 2>&1 & own=$$!; \
-	  echo "$(GO) test -race -count=1 -timeout 40m $(MODULES) (but $(E2E))"; \
-	  $(GO) test -race -count=1 -timeout 40m $$($(GO) list $(MODULES) | grep -v '/internal/e2e$$'); rc=$$?; \
+	  echo "$(GO) test -race -count=1 -timeout 40m -p $(TEST_P) $(MODULES) (but $(E2E))"; \
+	  $(GO) test -race -count=1 -timeout 40m -p $(TEST_P) $$($(GO) list $(MODULES) | grep -v '/internal/e2e$$'); rc=$$?; \
 	  wait $$e2e; erc=$$?; cat $$out/e2e; \
 	  wait $$own; orc=$$?; cat $$out/own; \
 	  wait $$lint; lrc=$$?; echo "make lint:"; cat $$out/lint; rm -rf $$out; \
