@@ -35,6 +35,10 @@ type Record struct {
 	// Start and End are wall-clock Unix nanoseconds.
 	Start int64 `json:"b"`
 	End   int64 `json:"e"`
+	// Step marks a record that is not a synced write: a step of the
+	// critical path (Step), shown on the bench's timeline and never
+	// counted as a synced write.
+	Step bool `json:"t,omitempty"`
 }
 
 var (
@@ -75,6 +79,20 @@ func BeginNote(site, run string, note func() string) func() {
 			r.Note = note()
 		}
 		write(r)
+	}
+}
+
+// Step starts timing a step of a run's critical path that is not a synced
+// write (e.g. "executor.route", "runnergw.open"); the returned function ends
+// it. The bench prints steps on its timeline beside the synced writes, to
+// show where the time between them goes.
+func Step(site, run string) func() {
+	if !On() {
+		return func() {}
+	}
+	start := time.Now()
+	return func() {
+		write(Record{Site: site, Run: run, Start: start.UnixNano(), End: time.Now().UnixNano(), Step: true})
 	}
 }
 

@@ -30,11 +30,13 @@ func TestP4_SitesAreRecordedWhenTheTraceDirectoryIsSet(t *testing.T) {
 	}
 	Begin("test.commit", "run-1")()
 	BeginNote("test.fsync", "", func() string { return "note" })()
+	Step("test.step", "run-1")()
 	recs, err := Read(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(recs) != 2 || recs[0].Site != "test.commit" || recs[0].Run != "run-1" || recs[1].Note != "note" {
+	if len(recs) != 3 || recs[0].Site != "test.commit" || recs[0].Run != "run-1" || recs[1].Note != "note" ||
+		recs[0].Step || recs[1].Step || !recs[2].Step || recs[2].Site != "test.step" {
 		t.Fatalf("records %+v", recs)
 	}
 	for _, r := range recs {

@@ -25,11 +25,14 @@ type syncedWrite struct {
 	site, note string
 	start, end time.Duration
 	provider   bool
+	// step: not a synced write but a step of the critical path
+	// (synctrace.Step), shown on the timeline and never counted.
+	step bool
 }
 
 // turnWrites returns the synced writes (pkg/synctrace, recorded at the
-// fsync/commit sites of every process of the stack) that started within
-// the turn, in order of their start.
+// fsync/commit sites of every process of the stack) and the traced steps of
+// the critical path that started within the turn, in order of their start.
 func turnWrites(recs []synctrace.Record, w turnWindow) []syncedWrite {
 	var out []syncedWrite
 	for _, r := range recs {
@@ -41,7 +44,7 @@ func turnWrites(recs []synctrace.Record, w turnWindow) []syncedWrite {
 			label += " [" + r.Note + "]"
 		}
 		out = append(out, syncedWrite{label: label, site: r.Site, note: r.Note, start: time.Duration(r.Start - w.t0.UnixNano()),
-			end: time.Duration(r.End - w.t0.UnixNano()), provider: r.Process == providerProcess})
+			end: time.Duration(r.End - w.t0.UnixNano()), provider: r.Process == providerProcess, step: r.Step})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].start < out[j].start })
 	return out
@@ -55,7 +58,7 @@ func turnWrites(recs []synctrace.Record, w turnWindow) []syncedWrite {
 func chain(ws []syncedWrite, until time.Duration) int {
 	var own []syncedWrite
 	for _, w := range ws {
-		if !w.provider && w.end <= until {
+		if !w.provider && !w.step && w.end <= until {
 			own = append(own, w)
 		}
 	}
@@ -113,13 +116,17 @@ func reportSynced(dir string, turns []turnWindow) error {
 		ws := turnWrites(recs, w)
 		toEnd = append(toEnd, chainTo(ws, "run.terminal", w.end.Sub(w.t0)))
 		toStarted = append(toStarted, chainTo(ws, "turn.started", w.started.Sub(w.t0)))
-		p := 0
+		p, own := 0, 0
 		for _, x := range ws {
-			if x.provider {
+			switch {
+			case x.step:
+			case x.provider:
 				p++
+			default:
+				own++
 			}
 		}
-		inTurn = append(inTurn, len(ws)-p)
+		inTurn = append(inTurn, own)
 		provider = append(provider, p)
 	}
 	// The timeline of the turn whose end-to-end time is the median.
@@ -131,7 +138,7 @@ func reportSynced(dir string, turns []turnWindow) error {
 		return turns[idx[a]].end.Sub(turns[idx[a]].t0) < turns[idx[b]].end.Sub(turns[idx[b]].t0)
 	})
 	med := turns[idx[len(idx)/2]]
-	fmt.Printf("\nsynced writes of the median turn (start → end after SubmitRun; * = the provider's own):\n")
+	fmt.Printf("\nsynced writes of the median turn (start → end after SubmitRun; * = the provider's own, · = a step, not a write):\n")
 	printWrites(turnWrites(recs, med))
 	fmt.Printf("    %8s             turn.started received\n", round(med.started.Sub(med.t0)))
 	fmt.Printf("    %8s             run.terminal received\n", round(med.end.Sub(med.t0)))
@@ -150,8 +157,11 @@ func reportSynced(dir string, turns []turnWindow) error {
 func printWrites(ws []syncedWrite) {
 	for _, x := range ws {
 		mark := " "
-		if x.provider {
+		switch {
+		case x.provider:
 			mark = "*"
+		case x.step:
+			mark = "·"
 		}
 		fmt.Printf("  %s %8s → %8s  %s\n", mark, round(x.start), round(x.end), x.label)
 	}
@@ -167,7 +177,7 @@ func reportCancelWrites(dir string, cancels []turnWindow) error {
 	s := append([]turnWindow(nil), cancels...)
 	sort.Slice(s, func(a, b int) bool { return s[a].end.Sub(s[a].t0) < s[b].end.Sub(s[b].t0) })
 	med := s[len(s)/2]
-	fmt.Printf("\nsynced writes of the median cancellation (after CancelRun sent; * = the provider's own):\n")
+	fmt.Printf("\nsynced writes of the median cancellation (after CancelRun sent; * = the provider's own, · = a step, not a write):\n")
 	printWrites(turnWrites(recs, med))
 	fmt.Printf("    %8s             CancelRun answered (interrupt acknowledged)\n", round(med.end.Sub(med.t0)))
 	return nil

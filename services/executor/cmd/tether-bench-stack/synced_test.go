@@ -37,6 +37,8 @@ func TestP4_TheSyncedWritesToAnEventEndAtTheCommitThatPersistsIt(t *testing.T) {
 		{"run.terminal", turn, "run.terminal", ms(41.59), 7},
 		{"no commit carries it: the writes ended by until", append(turn[:6:6], turn[7]), "turn.started", ms(37.59), 5},
 		{"item.delta×2 is item.delta", turn, "item.delta", ms(37.59), 4},
+		{"a step of the path is not a write", append([]syncedWrite{{site: "executor.route", start: ms(3.5), end: ms(4.0), step: true}}, turn...),
+			"turn.started", ms(37.59), 4},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if got := chainTo(tc.ws, tc.typ, tc.until); got != tc.want {

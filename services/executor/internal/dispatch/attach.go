@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/tether-run/tether/pkg/failure"
+	"github.com/tether-run/tether/pkg/synctrace"
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
 	gatewayv1 "github.com/tether-run/tether/pkg/gen/tether/gateway/v1"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
@@ -112,7 +113,11 @@ func (a *attachment) sendTurn() error {
 // it) and reads the gateway's Opened.
 func (a *attachment) open(facts func() (*store.AttachFacts, error)) (done bool, err error) {
 	c, d := a.c, a.d
-	if a.stream, err = a.gw.Attach(a.sctx); err != nil {
+	defer synctrace.Step("executor.open", c.RunID)()
+	endStream := synctrace.Step("executor.stream", c.RunID)
+	a.stream, err = a.gw.Attach(a.sctx)
+	endStream()
+	if err != nil {
 		_, _ = facts()
 		return false, err
 	}
@@ -128,7 +133,10 @@ func (a *attachment) open(facts func() (*store.AttachFacts, error)) (done bool, 
 	// full scope (and whose runner state on disk is suspended). E10: the
 	// previous run of the scope pinned the live session's configuration.
 	runScope := c.Scope()
-	if a.facts, err = facts(); err != nil {
+	endFacts := synctrace.Step("executor.await_facts", c.RunID)
+	a.facts, err = facts()
+	endFacts()
+	if err != nil {
 		return false, err
 	}
 	// F3: a scope a runner served before must find its state (on the
@@ -180,7 +188,9 @@ func (a *attachment) open(facts func() (*store.AttachFacts, error)) (done bool, 
 			return false, err
 		}
 	}
+	endOpened := synctrace.Step("executor.await_opened", c.RunID)
 	first, err := a.stream.Recv()
+	endOpened()
 	if err != nil {
 		return false, err
 	}

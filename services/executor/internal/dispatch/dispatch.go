@@ -30,6 +30,7 @@ import (
 	"github.com/tether-run/tether/pkg/provenv"
 	"github.com/tether-run/tether/pkg/prp"
 	"github.com/tether-run/tether/pkg/scope"
+	"github.com/tether-run/tether/pkg/synctrace"
 	"github.com/tether-run/tether/pkg/telemetry"
 	"github.com/tether-run/tether/services/executor/internal/control"
 	"github.com/tether-run/tether/services/executor/internal/recovery"
@@ -553,7 +554,9 @@ func (d *Dispatcher) drive(ctx context.Context, c *store.Claim, cancelCh <-chan 
 		// facts are read meanwhile (SPEC P4: one round trip less before
 		// the Open); an attach that does not happen waits for them.
 		facts := d.readFacts(ctx, c)
+		endRoute := synctrace.Step("executor.route", c.RunID)
 		gw, err := d.route(ctx, c)
+		endRoute()
 		if err != nil || (first != nil && gw != first) {
 			_, _ = facts()
 		}
@@ -610,6 +613,7 @@ func (d *Dispatcher) readFacts(ctx context.Context, c *store.Claim) func() (*sto
 	}
 	ch := make(chan read, 1)
 	go func() {
+		defer synctrace.Step("executor.facts", c.RunID)()
 		f, err := d.store.AttachFacts(ctx, c.RunID, c.Scope(), c.Input, priorRunRecords)
 		ch <- read{f, err}
 	}()

@@ -21,6 +21,7 @@ import (
 	"github.com/tether-run/tether/pkg/providerlaunch"
 	"github.com/tether-run/tether/pkg/prp"
 	"github.com/tether-run/tether/pkg/runnerstate"
+	"github.com/tether-run/tether/pkg/synctrace"
 	"github.com/tether-run/tether/pkg/telemetry"
 	"github.com/tether-run/tether/services/runnerd/internal/durable"
 )
@@ -150,6 +151,7 @@ type commandSlot struct {
 // the answers go out once it is durable.
 func (r *Runner) onCommands(connID int, cmds []*prpv1.Command) {
 	defer r.pongIfDue()
+	defer synctrace.Step("runnerd.commands", cmds[0].GetRunId())()
 	var (
 		slots   []*commandSlot
 		next    int              // first slot not yet run (or passed, when it needs no run)
@@ -571,9 +573,12 @@ func (r *Runner) cmdTurnStart(ctx context.Context, c *prpv1.Command) (map[string
 	}
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.RequestTimeout)
 	defer cancel()
+	endStart := synctrace.Step("runnerd.provider_turn_start", c.GetRunId())
 	turnID, err := r.sup.prov.StartTurn(ctx, text)
+	endStart()
 	r.reportExecution(c, turnID, err)
 	if err == nil {
+		defer synctrace.Step("runnerd.await_turn_started", c.GetRunId())()
 		r.sup.awaitTurnStarted(r.cfg.TurnStartedWait)
 	}
 	r.pumpProviderEvents()

@@ -29,6 +29,7 @@ import (
 	"github.com/tether-run/tether/pkg/prp"
 	"github.com/tether-run/tether/pkg/scope"
 	"github.com/tether-run/tether/pkg/scope/durable"
+	"github.com/tether-run/tether/pkg/synctrace"
 	"github.com/tether-run/tether/pkg/telemetry"
 )
 
@@ -392,7 +393,9 @@ func (g *Gateway) Attach(stream gatewayv1.RunnerGateway_AttachServer) error {
 	// The grant is checked before the Open is even read, and matched
 	// against it before the attempt is fenced or anything is looked at: an
 	// unproven caller leaves no trace (SPEC S1).
+	endAuth := synctrace.Step("runnergw.authenticate", "")
 	claims, err := g.authenticate(ctx, grant.MethodAttach)
+	endAuth()
 	if err != nil {
 		return err
 	}
@@ -400,6 +403,8 @@ func (g *Gateway) Attach(stream gatewayv1.RunnerGateway_AttachServer) error {
 	if err != nil {
 		return err
 	}
+	endOpen := synctrace.Step("runnergw.open", first.GetOpen().GetRunId())
+	defer func() { endOpen() }()
 	open := first.GetOpen()
 	if open == nil {
 		return failure.New(codes.InvalidArgument, failure.AttachOpenRequired, "the first Attach request must be Open")
@@ -428,11 +433,16 @@ func (g *Gateway) Attach(stream gatewayv1.RunnerGateway_AttachServer) error {
 	if err != nil {
 		return err
 	}
-	if err := g.prepareContinuity(ctx, g.runnerFor(sc), sc, open, log); err != nil {
+	endCont := synctrace.Step("runnergw.continuity", runID)
+	err = g.prepareContinuity(ctx, g.runnerFor(sc), sc, open, log)
+	endCont()
+	if err != nil {
 		release()
 		return err
 	}
+	endEnsure := synctrace.Step("runnergw.ensure_runner", runID)
 	r, reused, prep, err := g.ensureRunner(ctx, sc, open.GetInput(), mode, runID, open.GetPriorRuns())
+	endEnsure()
 	release()
 	if err != nil {
 		log.Warn("runner not started", "code", failure.CodeOf(err), "err", err)
@@ -463,7 +473,9 @@ func (g *Gateway) Attach(stream gatewayv1.RunnerGateway_AttachServer) error {
 	}
 	// This run now holds the scope's run authority: the control plane names
 	// it, and a new tool authority epoch revokes the previous run's.
+	endBind := synctrace.Step("runnergw.bind", runID)
 	prev, err := g.bindRun(sc, runID, open.GetInput().GetSession().GetNormalizedSessionId(), r.instanceID, r.lastCmdSeq)
+	endBind()
 	if err != nil {
 		r.att = nil
 		r.mu.Unlock()
@@ -510,6 +522,8 @@ func (g *Gateway) Attach(stream gatewayv1.RunnerGateway_AttachServer) error {
 	if err := stream.Send(&gatewayv1.AttachResponse{Kind: &gatewayv1.AttachResponse_Opened{Opened: opened}}); err != nil {
 		return err
 	}
+	endOpen()
+	endOpen = func() {}
 	if conn != nil {
 		// Unacknowledged events may have been sent to an earlier attachment.
 		_ = writeRunner(conn, &prpv1.Frame{Kind: &prpv1.Frame_Replay{Replay: &prpv1.Replay{AfterSourceSeq: after, Marker: marker}}})
