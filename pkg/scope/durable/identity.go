@@ -113,15 +113,26 @@ type identityRead struct {
 // document is an error (runner_durable_identity_too_large); other read
 // errors count as indeterminate.
 func ReadControlPlaneIdentity(root string) (*Identity, string, error) {
+	id, _, reason, err := ReadBinding(root)
+	return id, reason, err
+}
+
+// ReadBinding is ReadControlPlaneIdentity that also says whether the
+// binding rule applies to root (journaled: its runner state is the
+// identity's, bound.go): then, and only then, the next run.attach that
+// runner journals binds the scope to that command's run, with no write of
+// the control plane. A gateway that saw its live runner journal and answer
+// such a command knows the binding without reading it again (SPEC P4).
+func ReadBinding(root string) (id *Identity, journaled bool, reason string, err error) {
 	r, err := readControlPlane(root)
 	if err != nil || r.id == nil {
-		return r.id, r.reason, err
+		return r.id, false, r.reason, err
 	}
-	id := *r.id
-	if runner, _, err := ReadRunnerLifecycle(root, id); err == nil && (runner == RunnerSuspended || runner == RunnerNotSuspended) {
-		id = boundIdentity(root, id, r.attachSeq)
+	bound := *r.id
+	if runner, _, err := ReadRunnerLifecycle(root, bound); err == nil && (runner == RunnerSuspended || runner == RunnerNotSuspended) {
+		bound, journaled = boundIdentity(root, bound, r.attachSeq), true
 	}
-	return &id, "", nil
+	return &bound, journaled, "", nil
 }
 
 func readControlPlane(root string) (identityRead, error) {

@@ -11,10 +11,10 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/tether-run/tether/pkg/failure"
-	"github.com/tether-run/tether/pkg/synctrace"
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
 	gatewayv1 "github.com/tether-run/tether/pkg/gen/tether/gateway/v1"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
+	"github.com/tether-run/tether/pkg/synctrace"
 	"github.com/tether-run/tether/services/executor/internal/runtimeq"
 	"github.com/tether-run/tether/services/executor/internal/session"
 	"github.com/tether-run/tether/services/executor/internal/store"

@@ -12,6 +12,8 @@ import (
 	"github.com/tether-run/tether/pkg/failure"
 	gatewayv1 "github.com/tether-run/tether/pkg/gen/tether/gateway/v1"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
+	"github.com/tether-run/tether/pkg/prp"
+	"github.com/tether-run/tether/pkg/runnerstate"
 	"github.com/tether-run/tether/pkg/scope"
 	"github.com/tether-run/tether/pkg/scope/durable"
 )
@@ -88,12 +90,16 @@ func (g *Gateway) launchAuthority(ctx context.Context, sc, runID string, in *prp
 // re-bound to the run under the runner's own instance and lease, above
 // controller seq sent (the last command sent to the runner). It returns the
 // run that held the scope before, empty when it was this run or none.
-func (g *Gateway) bindRun(sc, runID, sessionID, instanceID string, sent uint64) (string, error) {
+//
+// r.mu is held: the binding the gateway knows from r's live connection
+// (r.binding) spares a warm attach reading and decoding the runner's state
+// document and intent log again.
+func (g *Gateway) bindRun(r *runner, sc, runID, sessionID, instanceID string, sent uint64) (string, error) {
 	root := g.stateDir(sc)
 	if err := ensureStateRoot(g.cfg.StateRoot); err != nil {
 		return "", err
 	}
-	cur, _, err := durable.ReadControlPlaneIdentity(root)
+	cur, err := r.binding(root)
 	if err != nil {
 		return "", err
 	}
@@ -109,6 +115,7 @@ func (g *Gateway) bindRun(sc, runID, sessionID, instanceID string, sent uint64) 
 			lease = cur.EnvironmentLeaseID
 		}
 	}
+	r.bound = nil // the next attach reads the new control plane
 	if err := durable.BindAfter(root, durable.Identity{RunID: runID, NormalizedSessionID: sessionID,
 		RunnerInstanceID: instanceID, EnvironmentLeaseID: lease}, sent); err != nil {
 		return "", err
@@ -152,4 +159,61 @@ func ensureStateRoot(base string) error {
 		return failure.Wrap(err, codes.Internal, failure.RunnerStateIOFailed, "creating the state root %s: %v", base, err)
 	}
 	return nil
+}
+
+// boundRun is the scope's binding as the gateway knows it from the live
+// runner connection conn, without reading the disk (SPEC P4). It is taken
+// from a read (durable.ReadBinding) made while the binding rule applied and
+// no run.attach was outstanding on conn, and follows the binding rule from
+// there: a run.attach conn's runner answered completed was journaled (its
+// intent is durable before its effect, its outcome before its answer) with
+// the highest controller seq so far, so it binds the scope to its run — the
+// run every reader of the disk finds. Anything else forgets it: a
+// run.attach whose answer is not seen or not completed (it may or may not
+// have been journaled), another connection, a control-plane write.
+type boundRun struct {
+	conn *prp.Conn
+	id   durable.Identity
+}
+
+// binding returns root's binding (r.mu held): the one kept for the live
+// connection, else read from disk (and kept when the rule applies).
+func (r *runner) binding(root string) (*durable.Identity, error) {
+	if b := r.bound; b != nil && b.conn == r.conn && r.conn != nil && r.attachSent == 0 {
+		id := b.id
+		return &id, nil
+	}
+	r.bound = nil
+	r.diskBinds++
+	cur, journaled, _, err := durable.ReadBinding(root)
+	if err != nil {
+		return nil, err
+	}
+	if cur != nil && journaled && r.conn != nil && r.attachSent == 0 {
+		r.bound = &boundRun{conn: r.conn, id: *cur}
+	}
+	return cur, nil
+}
+
+// sentAttach notes a run.attach written (or perhaps written) to the
+// runner's connection (r.mu held): the binding is unknown until its answer.
+func (r *runner) sentAttach(cmd *prpv1.Command) {
+	if cmd.GetType() == runnerstate.CmdRunAttach {
+		r.attachSent = cmd.GetControllerSeq()
+	}
+}
+
+// answered applies the runner's answer to a command, received on conn c
+// (r.mu held): the outstanding run.attach, answered completed, binds the
+// scope to its run; otherwise the binding is read from disk next time.
+func (r *runner) answered(c *prp.Conn, res *prpv1.CommandResult) {
+	if res.GetCommandType() != runnerstate.CmdRunAttach || r.attachSent == 0 || res.GetControllerSeq() != r.attachSent || c != r.conn {
+		return
+	}
+	r.attachSent = 0
+	if b := r.bound; b != nil && b.conn == c && res.GetStatus() == runnerstate.StatusCompleted && res.GetRunId() != "" {
+		b.id.RunID = res.GetRunId()
+		return
+	}
+	r.bound = nil
 }

@@ -401,7 +401,7 @@ func TestE13_TheStateRootIsCreatedWhenMissing(t *testing.T) {
 	g := New(Config{StateRoot: filepath.Join(t.TempDir(), "not", "yet")})
 	defer g.Close()
 	sc := strings.Repeat("ef", 32)
-	prev, err := g.bindRun(sc, "run-1", "s", "runner-1", 0)
+	prev, err := g.bindRun(g.runnerFor(sc), sc, "run-1", "s", "runner-1", 0)
 	require.NoError(t, err)
 	require.Empty(t, prev)
 	require.Equal(t, "run-1", controlPlane(t, g.stateDir(sc)).RunID)
@@ -462,4 +462,51 @@ func TestP4_AWarmRunOnTheLiveRunnerIsBoundWithoutRewritingTheControlPlane(t *tes
 	opened, evs = rl.turn(ctx, "run-3", nil, testInput("warm-bind", "acme", "third"), nil)
 	require.Equal(t, "succeeded", evs[len(evs)-1].GetPayload().AsMap()["runTerminalState"])
 	require.Equal(t, "run-2", opened.GetPreviousRunId())
+}
+
+// SPEC P4: the gateway knows a warm runner's binding from the runner's
+// answers — the run.attach it journaled and answered completed — so the
+// next warm attach reads no runner state document or intent log; what it
+// knows is what every reader of the disk finds.
+func TestP4_AWarmAttachTakesTheBindingFromTheRunnersAnswerAsTheDiskHasIt(t *testing.T) {
+	rl := newRelay(t, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	in := testInput("warm-known", "acme", "first")
+	sc := scope.Of(in)
+	root := filepath.Join(rl.cfg.StateRoot, sc)
+	r := rl.g.runnerFor(sc)
+	// known is the binding the gateway keeps for the live connection.
+	known := func() *durable.Identity {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		if r.bound == nil || r.bound.conn != r.conn || r.attachSent != 0 {
+			return nil
+		}
+		id := r.bound.id
+		return &id
+	}
+	diskBinds := func() int {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		return r.diskBinds
+	}
+	_, evs := rl.turn(ctx, "run-1", nil, in, nil)
+	requireSucceeded(t, evs)
+	rl.waitDetached(sc)
+
+	for i, run := range []string{"run-2", "run-3"} {
+		reads := diskBinds()
+		opened, evs := rl.turn(ctx, run, nil, testInput("warm-known", "acme", "next"), nil)
+		require.Equal(t, "succeeded", evs[len(evs)-1].GetPayload().AsMap()["runTerminalState"])
+		require.True(t, opened.GetReused())
+		require.Equal(t, fmt.Sprintf("run-%d", i+1), opened.GetPreviousRunId())
+		if i > 0 {
+			require.Equal(t, reads, diskBinds(), "%s: the binding was known, not read", run)
+		}
+		// The answer to the run's run.attach binds it, as on disk.
+		require.Eventually(t, func() bool { k := known(); return k != nil && k.RunID == run }, 10*time.Second, 5*time.Millisecond)
+		require.Equal(t, *controlPlane(t, root), *known())
+		rl.waitDetached(sc)
+	}
 }

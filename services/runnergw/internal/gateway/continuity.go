@@ -125,6 +125,7 @@ func (g *Gateway) replaceSession(ctx context.Context, r *runner, sc, runID, id s
 	}
 	r.mu.Lock()
 	r.ackedSeq, r.lastCmdSeq, r.instanceID = 0, 0, ""
+	r.bound, r.attachSent = nil, 0
 	r.mu.Unlock()
 	log.Info("session replaced: the durable root was moved aside; a fresh provider session starts", "replacement_id", id, "archive", dest)
 	return nil

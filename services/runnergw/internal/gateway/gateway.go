@@ -193,6 +193,11 @@ type runner struct {
 	lastPong   time.Time
 	lastCmdSeq uint64
 	ackedSeq   uint64
+	// bound and attachSent keep the scope's binding in memory (see
+	// boundRun) between warm attaches.
+	bound      *boundRun
+	attachSent uint64
+	diskBinds  int // bindings read from disk (tests)
 	att        *attachment
 	child      *launched
 	lifecycle  string
@@ -474,7 +479,7 @@ func (g *Gateway) Attach(stream gatewayv1.RunnerGateway_AttachServer) error {
 	// This run now holds the scope's run authority: the control plane names
 	// it, and a new tool authority epoch revokes the previous run's.
 	endBind := synctrace.Step("runnergw.bind", runID)
-	prev, err := g.bindRun(sc, runID, open.GetInput().GetSession().GetNormalizedSessionId(), r.instanceID, r.lastCmdSeq)
+	prev, err := g.bindRun(r, sc, runID, open.GetInput().GetSession().GetNormalizedSessionId(), r.instanceID, r.lastCmdSeq)
 	endBind()
 	if err != nil {
 		r.att = nil
@@ -560,8 +565,10 @@ func (g *Gateway) fromExecutor(ctx context.Context, r *runner, att *attachment, 
 		}
 		cmd.ControllerSeq = r.lastCmdSeq + 1
 		if err := writeRunner(r.conn, &prpv1.Frame{Kind: &prpv1.Frame_Command{Command: cmd}}); err != nil {
+			r.sentAttach(cmd) // it may have reached the runner
 			return failure.Wrap(err, codes.Unavailable, failure.RunnerDisconnected, "sending %s: %v", cmd.GetType(), err)
 		}
+		r.sentAttach(cmd)
 		r.lastCmdSeq = cmd.ControllerSeq
 		return nil
 	case *gatewayv1.AttachRequest_Ack:
@@ -672,6 +679,7 @@ func (g *Gateway) serveRunner(ctx context.Context, c *prp.Conn, mode string) {
 	r.connectedAt = time.Now()
 	r.lastPong = r.connectedAt
 	r.lastCmdSeq = hello.GetResume().GetLastControllerSeq()
+	r.bound, r.attachSent = nil, 0 // learnt again from this connection
 	r.ackedSeq = acked
 	r.lifecycle = "ready" // runnerd enters ready once welcomed; pongs refresh it
 	r.mu.Unlock()
@@ -768,6 +776,9 @@ func (g *Gateway) readRunner(ctx context.Context, r *runner, c *prp.Conn) error 
 				prp.ReleaseRelayBatch(k.Events)
 			}
 		case *prpv1.Frame_CommandResult:
+			r.mu.Lock()
+			r.answered(c, k.CommandResult)
+			r.mu.Unlock()
 			if att != nil {
 				att.deliver(ctx, &gatewayv1.AttachResponse{Kind: &gatewayv1.AttachResponse_CommandResult{CommandResult: k.CommandResult}})
 			}

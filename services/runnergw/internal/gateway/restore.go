@@ -190,6 +190,7 @@ func (g *Gateway) restore(ctx context.Context, r *runner, sc, runID, kind string
 	// The restored runner's cursors are its own, not those of whatever ran
 	// in this scope before.
 	r.ackedSeq, r.lastCmdSeq, r.instanceID = 0, 0, rs.Identity.RunnerInstanceID
+	r.bound, r.attachSent = nil, 0
 	r.mu.Unlock()
 	g.log.Info("runner state restored from a stamped checkpoint", "session_scope", sc, "checkpoint_id", spec.GetCheckpointId(),
 		"runner_instance_id", rs.Identity.RunnerInstanceID, "provider_thread_id", rs.ProviderThreadID, "lease_id", lease)

@@ -217,6 +217,7 @@ func (g *Gateway) controlCommand(ctx context.Context, r *runner, sc, typ, reason
 	err := writeRunner(conn, &prpv1.Frame{Kind: &prpv1.Frame_Replay{Replay: &prpv1.Replay{AfterSourceSeq: after}}})
 	if err == nil {
 		err = writeRunner(conn, &prpv1.Frame{Kind: &prpv1.Frame_Command{Command: cmd}})
+		r.sentAttach(cmd)
 	}
 	if err == nil {
 		r.lastCmdSeq = cmd.ControllerSeq
