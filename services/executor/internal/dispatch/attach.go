@@ -459,7 +459,13 @@ func (a *attachment) onEvents(evs []*prpv1.Event) (stop, done bool, err error) {
 	for _, ev := range evs {
 		a.live.observe(ev)
 	}
-	res, err := d.store.AppendEvents(a.ctx, c.Fence, evs)
+	// Cancellations dispatched here are acknowledged with the run's
+	// terminal, should this batch persist it (SPEC P2).
+	var intents []string
+	for _, intent := range a.cancelIntents {
+		intents = append(intents, intent)
+	}
+	res, err := d.store.AppendEventsAcking(a.ctx, c.Fence, evs, intents)
 	if err != nil {
 		switch failure.CodeOf(err) {
 		case failure.NativeEventReplayConflict:
@@ -499,6 +505,7 @@ func (a *attachment) onEvents(evs []*prpv1.Event) (stop, done bool, err error) {
 		// never written). What it writes from now on is a cancellation's
 		// acknowledgement, under the database's fence.
 		d.leases.remove(c.RunID)
+		a.acknowledged(res.Acknowledged)
 		if len(a.cancelIntents) == 0 {
 			done, err := a.finish()
 			return true, done, err
@@ -508,6 +515,22 @@ func (a *attachment) onEvents(evs []*prpv1.Event) (stop, done bool, err error) {
 		a.terminalSeen = time.After(5 * time.Second)
 	}
 	return false, false, nil
+}
+
+// acknowledged takes the cancellation intents acknowledged with the run's
+// terminal off the dispatches awaiting the runner's answer, whose answer is
+// then not waited for.
+func (a *attachment) acknowledged(intents []string) {
+	for _, intent := range intents {
+		for cmdID, in := range a.cancelIntents {
+			if in == intent {
+				delete(a.cancelIntents, cmdID)
+			}
+		}
+		a.d.metrics.cancellations.WithLabelValues(cancelAcknowledged).Inc()
+		a.log.Info("cancellation acknowledged with the run's terminal", "intent_id", intent)
+		a.d.cancellationAcked(a.c.RunID)
+	}
 }
 
 // onResult handles a command result the live session did not wait for: a

@@ -305,3 +305,70 @@ func TestE6_FailsClosedWhenThePersistedRunHasNoCoordinator(t *testing.T) {
 	require.Equal(t, "{}", meta, "no writes")
 	require.Empty(t, activities(t, s, "r"), "no audit")
 }
+
+// SPEC P2: a cancellation dispatched to the runner is acknowledged in the
+// transaction that persists the run's terminal (the turn ended: the
+// provider has nothing left to do), one commit instead of two and without
+// waiting for the runner's answer; a batch without the terminal
+// acknowledges nothing, and an acknowledgement that fails leaves the
+// events persisted and the record pending for the runner's answer.
+func TestP2_ACancellationIsAcknowledgedInTheCommitOfTheRunsTerminal(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	cancelled := func(t *testing.T, s *store.Store) (store.Fence, string) {
+		submitted(t, s, "r")
+		c, err := s.ClaimNext(ctx, "o", time.Minute, ctl)
+		require.NoError(t, err)
+		out, err := s.RecordCancellation(ctx, store.CancelRequest{RunID: "r", Scope: "run", Reason: "budget hard stop"})
+		require.NoError(t, err)
+		return c.Fence, out.Record.GetIntentId()
+	}
+	interrupted := func(seq uint64) *prpv1.Event {
+		return event("r", "runner-1", seq, "turn.interrupted", map[string]any{})
+	}
+	terminal := func(seq uint64) *prpv1.Event {
+		return event("r", "runner-1", seq, "run.terminal", map[string]any{"turnTerminalState": "interrupted", "runTerminalState": "cancelled"})
+	}
+
+	t.Run("with the terminal", func(t *testing.T) {
+		t.Parallel()
+		s := newStore(t)
+		f, intent := cancelled(t, s)
+		res, err := s.AppendEventsAcking(ctx, f, []*prpv1.Event{interrupted(1)}, []string{intent})
+		require.NoError(t, err)
+		require.Empty(t, res.Acknowledged, "no terminal, no acknowledgement")
+		rec, err := s.Cancellation(ctx, "r")
+		require.NoError(t, err)
+		require.Equal(t, "pending", rec.GetDispatchState())
+
+		res, err = s.AppendEventsAcking(ctx, f, []*prpv1.Event{terminal(2)}, []string{intent})
+		require.NoError(t, err)
+		require.True(t, res.Terminal)
+		require.Equal(t, []string{intent}, res.Acknowledged)
+		rec, err = s.Cancellation(ctx, "r")
+		require.NoError(t, err)
+		require.Equal(t, "acknowledged", rec.GetDispatchState())
+		require.True(t, rec.GetDispatched())
+		require.NoError(t, s.AcknowledgeCancellation(ctx, f, intent), "the runner's later answer is a no-op")
+		require.Equal(t, []string{"native.cancellation_intent_recorded", "native.cancellation_acknowledged"}, activities(t, s, "r"))
+	})
+	t.Run("a failed acknowledgement", func(t *testing.T) {
+		t.Parallel()
+		s := newStore(t)
+		f, intent := cancelled(t, s)
+		s.SetHooks(store.Hooks{BeforeCancellationAck: func(string) error { return errors.New("injected") }})
+		res, err := s.AppendEventsAcking(ctx, f, []*prpv1.Event{interrupted(1), terminal(2)}, []string{intent})
+		require.NoError(t, err)
+		require.True(t, res.Terminal, "the events are persisted")
+		require.Empty(t, res.Acknowledged)
+		run, err := s.GetRun(ctx, "r")
+		require.NoError(t, err)
+		require.EqualValues(t, 2, run.GetEventCount())
+		rec, err := s.Cancellation(ctx, "r")
+		require.NoError(t, err)
+		require.Equal(t, "pending", rec.GetDispatchState())
+		s.SetHooks(store.Hooks{})
+		require.NoError(t, s.AcknowledgeCancellation(ctx, f, intent), "the runner's answer acknowledges it")
+		require.Equal(t, []string{"native.cancellation_intent_recorded", "native.cancellation_acknowledged"}, activities(t, s, "r"))
+	})
+}

@@ -266,47 +266,50 @@ func (s *Store) Cancellation(ctx context.Context, runID string) (*executorv1.Can
 // coordinator rows. Acknowledging twice is a no-op.
 func (s *Store) AcknowledgeCancellation(ctx context.Context, f Fence, intentID string) error {
 	defer synctrace.Begin("executor.cancel_ack", f.RunID)()
-	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		var raw []byte
-		err := tx.QueryRow(ctx, `SELECT result_metadata -> 'nativeCancellation' FROM executor.runs WHERE run_id = $1 FOR UPDATE`, f.RunID).Scan(&raw)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return ErrRunNotFound(f.RunID)
-		}
-		if err != nil {
-			return err
-		}
-		var one int
-		err = tx.QueryRow(ctx, `SELECT 1 FROM executor.coordinators WHERE run_id = $1 AND lease_owner = $2 AND attempt = $3 FOR UPDATE`,
-			f.RunID, f.Owner, int64(f.Attempt)).Scan(&one)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return ErrLeaseLost(f)
-		}
-		if err != nil {
-			return err
-		}
-		rec, err := parseCancellation(raw)
-		if err != nil {
-			return err
-		}
-		if rec == nil || rec.IntentID != intentID || rec.DispatchState == "acknowledged" {
-			return nil
-		}
-		rec.DispatchState, rec.Dispatched = "acknowledged", true
-		rec.AcknowledgementAuditID = newID("activity-")
-		if err := insertActivity(ctx, tx, rec.AcknowledgementAuditID, f.Owner, actionCancellationAcknowledged, rec); err != nil {
-			return err
-		}
-		if err := mergeCancellation(ctx, tx, rec); err != nil {
-			return err
-		}
-		if s.hooks.BeforeCancellationAck != nil {
-			if err := s.hooks.BeforeCancellationAck(f.RunID); err != nil {
-				return failure.Wrap(err, codes.Unavailable, failure.PostDispatchDBFailure,
-					"recording the cancellation acknowledgement failed: %v", err)
-			}
-		}
+	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error { return s.acknowledgeCancellation(ctx, tx, f, intentID) })
+}
+
+// acknowledgeCancellation is AcknowledgeCancellation's transaction.
+func (s *Store) acknowledgeCancellation(ctx context.Context, tx pgx.Tx, f Fence, intentID string) error {
+	var raw []byte
+	err := tx.QueryRow(ctx, `SELECT result_metadata -> 'nativeCancellation' FROM executor.runs WHERE run_id = $1 FOR UPDATE`, f.RunID).Scan(&raw)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return ErrRunNotFound(f.RunID)
+	}
+	if err != nil {
+		return err
+	}
+	var one int
+	err = tx.QueryRow(ctx, `SELECT 1 FROM executor.coordinators WHERE run_id = $1 AND lease_owner = $2 AND attempt = $3 FOR UPDATE`,
+		f.RunID, f.Owner, int64(f.Attempt)).Scan(&one)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return ErrLeaseLost(f)
+	}
+	if err != nil {
+		return err
+	}
+	rec, err := parseCancellation(raw)
+	if err != nil {
+		return err
+	}
+	if rec == nil || rec.IntentID != intentID || rec.DispatchState == "acknowledged" {
 		return nil
-	})
+	}
+	rec.DispatchState, rec.Dispatched = "acknowledged", true
+	rec.AcknowledgementAuditID = newID("activity-")
+	if err := insertActivity(ctx, tx, rec.AcknowledgementAuditID, f.Owner, actionCancellationAcknowledged, rec); err != nil {
+		return err
+	}
+	if err := mergeCancellation(ctx, tx, rec); err != nil {
+		return err
+	}
+	if s.hooks.BeforeCancellationAck != nil {
+		if err := s.hooks.BeforeCancellationAck(f.RunID); err != nil {
+			return failure.Wrap(err, codes.Unavailable, failure.PostDispatchDBFailure,
+				"recording the cancellation acknowledgement failed: %v", err)
+		}
+	}
+	return nil
 }
 
 // Activity is one audit entry.

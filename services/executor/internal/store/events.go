@@ -67,6 +67,9 @@ type AppendResult struct {
 	// RuntimeInputs are the lifecycle metrics of the fresh runtime input
 	// request events (SPEC E5), each counted once.
 	RuntimeInputs []runtimeq.Metric
+	// Acknowledged are the cancellation intents AppendEventsAcking
+	// acknowledged with the run's terminal.
+	Acknowledged []string
 }
 
 type encodedEvent struct {
@@ -92,6 +95,19 @@ type encodedEvent struct {
 // of the scope holds a lease), the events are parked for their scope and
 // filed under its next run when it attaches (RecordControl).
 func (s *Store) AppendEvents(ctx context.Context, f Fence, events []*prpv1.Event) (AppendResult, error) {
+	return s.AppendEventsAcking(ctx, f, events, nil)
+}
+
+// AppendEventsAcking is AppendEvents that, when it persists the fenced
+// run's run.terminal, also acknowledges the cancellation intents
+// dispatched to the run's runner (AcknowledgeCancellation) in the same
+// transaction (SPEC P2: one commit instead of two, without waiting for the
+// runner's answer): the turn ended, so the provider has nothing left to do
+// for the run — the rule the driver applies to the runner's answer
+// (completed, or no active turn). An acknowledgement that fails is rolled
+// back alone (a savepoint); the events are persisted and the driver
+// acknowledges on the runner's answer as before.
+func (s *Store) AppendEventsAcking(ctx context.Context, f Fence, events []*prpv1.Event, intents []string) (AppendResult, error) {
 	defer synctrace.BeginNote("executor.events", f.RunID, func() string {
 		return synctrace.Types(len(events), func(i int) string { return events[i].GetEventType() })
 	})()
@@ -149,7 +165,15 @@ func (s *Store) AppendEvents(ctx context.Context, f Fence, events []*prpv1.Event
 			return err
 		}
 		res.Duplicates += fdups
-		return fileFenced(ctx, tx, f, count, sourceOrdered(append(ffresh, fresh...)), &res)
+		if err := fileFenced(ctx, tx, f, count, sourceOrdered(append(ffresh, fresh...)), &res); err != nil || !res.Terminal {
+			return err
+		}
+		for _, intent := range intents {
+			if s.acknowledgeBeside(ctx, tx, f, intent) {
+				res.Acknowledged = append(res.Acknowledged, intent)
+			}
+		}
+		return nil
 	})
 	return res, fenceViolation(f, err)
 }
@@ -807,4 +831,18 @@ func (s *Store) appendFast(ctx context.Context, f Fence, evs []encodedEvent) (Ap
 	}
 	s.notifyCommitted(ctx, EventsChannel, f.RunID)
 	return AppendResult{Inserted: n}, true, nil
+}
+
+// acknowledgeBeside acknowledges a cancellation intent inside tx under a
+// savepoint, reporting whether it did; a failure leaves tx as it was.
+func (s *Store) acknowledgeBeside(ctx context.Context, tx pgx.Tx, f Fence, intent string) bool {
+	sp, err := tx.Begin(ctx)
+	if err != nil {
+		return false
+	}
+	if err := s.acknowledgeCancellation(ctx, sp, f, intent); err != nil {
+		_ = sp.Rollback(ctx)
+		return false
+	}
+	return sp.Commit(ctx) == nil
 }
