@@ -450,6 +450,18 @@ func (rl *relay) connectFake(t *testing.T, inst, sc string, gen uint64, cred *pr
 	return f, nil
 }
 
+// connectedFake connects a fake runner inst for in's scope and waits until
+// the gateway registered it (just after its welcome).
+func (rl *relay) connectedFake(t *testing.T, inst string, in *prpv1.ExecutionInput, features ...string) *fakeRunner {
+	t.Helper()
+	sc := scope.Of(in)
+	var cred prp.Credential
+	f, err := rl.connectFake(t, inst, sc, 0, &cred, features...)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return rl.runner(sc).GetConnected() }, 5*time.Second, time.Millisecond)
+	return f
+}
+
 // replays returns the Replay frames the fake runner was sent so far.
 func (f *fakeRunner) replays() []*prpv1.Replay {
 	f.mu.Lock()
@@ -544,12 +556,7 @@ func TestGatewayKeepsOneConnectionPerRunnerNewerGenerationTakesOver(t *testing.T
 func TestGatewayBuffersAreBoundedAndBackpressureReachesTheRunner(t *testing.T) {
 	rl := newRelay(t, nil)
 	in := testInput("bp", "acme", "x")
-	sc := scope.Of(in)
-	var cred prp.Credential
-	f, err := rl.connectFake(t, "runner-bp", sc, 0, &cred)
-	require.NoError(t, err)
-	// The gateway registers the connection just after its welcome.
-	require.Eventually(t, func() bool { return rl.runner(sc).GetConnected() }, 5*time.Second, time.Millisecond)
+	f := rl.connectedFake(t, "runner-bp", in)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	// An attached executor that never reads its stream.
@@ -609,12 +616,8 @@ func recvSeqs(t *testing.T, s gatewayv1.RunnerGateway_AttachClient, n int) []uin
 func TestG4_AReattachGetsTheEventsInSourceOrderWhenTheRunnerSentLiveOnesBeforeTheReplay(t *testing.T) {
 	rl := newRelay(t, nil)
 	in := testInput("order", "acme", "x")
-	sc := scope.Of(in)
 	const inst = "runner-order"
-	var cred prp.Credential
-	f, err := rl.connectFake(t, inst, sc, 0, &cred, prp.FeatureReplayMarker)
-	require.NoError(t, err)
-	require.Eventually(t, func() bool { return rl.runner(sc).GetConnected() }, 5*time.Second, time.Millisecond)
+	f := rl.connectedFake(t, inst, in, prp.FeatureReplayMarker)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 
@@ -650,12 +653,8 @@ func TestG4_AReattachGetsTheEventsInSourceOrderWhenTheRunnerSentLiveOnesBeforeTh
 func TestG4_ARunnerWithoutTheReplayMarkerIsRelayedToWithoutOne(t *testing.T) {
 	rl := newRelay(t, nil)
 	in := testInput("order-old", "acme", "x")
-	sc := scope.Of(in)
 	const inst = "runner-order-old"
-	var cred prp.Credential
-	f, err := rl.connectFake(t, inst, sc, 0, &cred)
-	require.NoError(t, err)
-	require.Eventually(t, func() bool { return rl.runner(sc).GetConnected() }, 5*time.Second, time.Millisecond)
+	f := rl.connectedFake(t, inst, in)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	s, _, err := rl.attach(ctx, "run-order-old", nil, in)
