@@ -73,22 +73,28 @@ func (s *scanner) lit(w string) bool {
 // unescaped in a JSON string), eight bytes at a time: a byte below 0x20
 // borrows when 0x20 is subtracted from it, and only such a byte (or one
 // above it in the same word, when some byte is) ends with its top bit set
-// after the subtraction while it was clear before.
-func hasControl(b []byte) bool {
+// after the subtraction while it was clear before. It also reports whether
+// b has a byte at or above 0x80 (UTF-8 to validate: an ASCII string, most
+// deltas, skips that pass).
+func hasControl(b []byte) (control, nonASCII bool) {
 	const lows, highs = 0x2020202020202020, 0x8080808080808080
+	var acc uint64
 	for len(b) >= 8 {
 		w := binary.LittleEndian.Uint64(b)
 		if (w-lows)&^w&highs != 0 {
-			return true
+			return true, false
 		}
+		acc |= w
 		b = b[8:]
 	}
+	high := acc&highs != 0
 	for _, c := range b {
 		if c < 0x20 {
-			return true
+			return true, false
 		}
+		high = high || c >= 0x80
 	}
-	return false
+	return false, high
 }
 
 // str reads a JSON string (valid UTF-8, no lone surrogates).
@@ -108,12 +114,14 @@ func (s *scanner) strBytes() ([]byte, bool) {
 	// quote (a long delta is one memchr and a word-at-a-time scan).
 	if q := bytes.IndexByte(s.b[start:], '"'); q >= 0 {
 		out := s.b[start : start+q : start+q]
-		if bytes.IndexByte(out, '\\') < 0 && !hasControl(out) {
-			s.i = start + q + 1
-			if !utf8.Valid(out) {
-				return nil, false
+		if bytes.IndexByte(out, '\\') < 0 {
+			if control, nonASCII := hasControl(out); !control {
+				s.i = start + q + 1
+				if nonASCII && !utf8.Valid(out) {
+					return nil, false
+				}
+				return out, true
 			}
-			return out, true
 		}
 	}
 	buf := []byte(nil)

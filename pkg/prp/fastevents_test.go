@@ -144,17 +144,22 @@ func BenchmarkUnmarshalRelay(b *testing.B) {
 func TestG4_HasControlFindsEveryByteBelow0x20AtEveryPosition(t *testing.T) {
 	for n := range 20 {
 		clean := []byte(strings.Repeat("x", n))
-		require.False(t, hasControl(clean), "len %d", n)
+		control, nonASCII := hasControl(clean)
+		require.False(t, control, "len %d", n)
+		require.False(t, nonASCII, "len %d", n)
 		for i := range n {
 			for _, c := range []byte{0x00, 0x01, 0x0a, 0x1f} {
 				b := append([]byte(nil), clean...)
 				b[i] = c
-				require.True(t, hasControl(b), "len %d, 0x%02x at %d", n, c, i)
+				control, _ := hasControl(b)
+				require.True(t, control, "len %d, 0x%02x at %d", n, c, i)
 			}
-			for _, c := range []byte{0x20, 0x7f, 0x80, 0xff, '"', '\\'} {
+			for _, c := range []byte{0x20, 0x7f, 0x80, 0xc3, 0xff, '"', '\\'} {
 				b := append([]byte(nil), clean...)
 				b[i] = c
-				require.False(t, hasControl(b), "len %d, 0x%02x at %d", n, c, i)
+				control, nonASCII := hasControl(b)
+				require.False(t, control, "len %d, 0x%02x at %d", n, c, i)
+				require.Equal(t, c >= 0x80, nonASCII, "a byte at or above 0x80 is seen: len %d, 0x%02x at %d", n, c, i)
 			}
 		}
 	}
