@@ -10,7 +10,6 @@ package e2e
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -26,8 +25,8 @@ import (
 	gatewayv1 "github.com/tether-run/tether/pkg/gen/tether/gateway/v1"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/prp/prptest"
+	"github.com/tether-run/tether/pkg/runnerstate/runnerstatetest"
 	"github.com/tether-run/tether/pkg/scope"
-	"github.com/tether-run/tether/pkg/scope/durable"
 	"github.com/tether-run/tether/services/executor/internal/cli"
 	"github.com/tether-run/tether/services/executor/internal/stack"
 )
@@ -236,17 +235,9 @@ func TestC3_AReplacementSandboxWithAnotherRunnerIdentityIsRefusedBeforeAnyReconn
 	first := c.turn(ctx, c.client, "c3-1", "c3", "a first turn", nil)
 	c.suspend(ctx, "c3")
 	root := c.root("c3")
-	path := filepath.Join(root, durable.RunnerDir, durable.RunnerStateFile)
-	b, err := os.ReadFile(path)
-	require.NoError(t, err)
-	var doc map[string]any
-	require.NoError(t, json.Unmarshal(b, &doc))
-	doc["identity"].(map[string]any)["runnerInstanceId"] = "runner-replacement-sandbox"
-	b, err = json.Marshal(doc)
-	require.NoError(t, err)
-	require.NoError(t, os.WriteFile(path, b, 0o600))
+	runnerstatetest.SetRunnerInstance(t, root, "runner-replacement-sandbox")
 
-	_, err = c.client.SubmitRun(ctx, &executorv1.SubmitRunRequest{RunId: "c3-2", Input: c.input("c3", "again")})
+	_, err := c.client.SubmitRun(ctx, &executorv1.SubmitRunRequest{RunId: "c3-2", Input: c.input("c3", "again")})
 	require.NoError(t, err)
 	run := c.waitState(ctx, c.client, "c3-2", executorv1.RunState_RUN_STATE_FAILED)
 	require.Equal(t, failure.RunnerStateIdentityMismatch, run.GetFailure().GetCode(), run.GetFailure().GetMessage())

@@ -2,7 +2,6 @@ package gateway
 
 import (
 	"context"
-	"encoding/json"
 	"os"
 	"path/filepath"
 	"testing"
@@ -14,7 +13,7 @@ import (
 	"github.com/tether-run/tether/pkg/failure"
 	gatewayv1 "github.com/tether-run/tether/pkg/gen/tether/gateway/v1"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
-	"github.com/tether-run/tether/pkg/runnerstate"
+	"github.com/tether-run/tether/pkg/runnerstate/runnerstatetest"
 	"github.com/tether-run/tether/pkg/scope"
 )
 
@@ -193,15 +192,7 @@ func TestC3_AForeignRootIsRefusedEvenWithACheckpointToRestore(t *testing.T) {
 	a.waitDetached(sc)
 	cp, err := a.client.SuspendRunner(ctx, &gatewayv1.SuspendRunnerRequest{Input: in, Reason: "idle"})
 	require.NoError(t, err)
-	path := runnerstate.Path(filepath.Join(a.cfg.StateRoot, sc))
-	b, err := os.ReadFile(path)
-	require.NoError(t, err)
-	var doc map[string]any
-	require.NoError(t, json.Unmarshal(b, &doc))
-	doc["identity"].(map[string]any)["runnerInstanceId"] = "runner-replacement-sandbox"
-	b, err = json.Marshal(doc)
-	require.NoError(t, err)
-	require.NoError(t, os.WriteFile(path, b, 0o600))
+	runnerstatetest.SetRunnerInstance(t, filepath.Join(a.cfg.StateRoot, sc), "runner-replacement-sandbox")
 
 	spec := &gatewayv1.RestoreSpec{CheckpointId: cp.GetCheckpoint().GetCheckpointId(), Stamp: cp.GetStamp(), LeaseId: cp.GetLeaseId()}
 	_, err = a.openWith(ctx, "run-2", in, spec, &gatewayv1.PriorRun{RunId: "run-1", Status: "succeeded", Terminal: true, Input: in})
