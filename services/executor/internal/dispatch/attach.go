@@ -123,6 +123,10 @@ func (a *attachment) open(facts func() (*store.AttachFacts, error)) (done bool, 
 	}
 	if a.turnCmds, err = turnCommands(c); err != nil {
 		_, _ = facts()
+		// No attach can send this run's turn: the attempt fails on record
+		// (a driver that stopped silently would leave its lease to lapse
+		// and the run to be claimed again, without end).
+		d.recordFailure(a.ctx, c, err, a.log)
 		return true, err
 	}
 	// One round trip reads what the Open carries and what the warm-session

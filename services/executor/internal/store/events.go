@@ -126,7 +126,10 @@ func (s *Store) AppendEventsAcking(ctx context.Context, f Fence, events []*prpv1
 		}
 		// A replay (duplicates, or a conflict to report): take the careful path.
 	}
-	var res AppendResult
+	var (
+		res    AppendResult
+		locked bool // the fence held: the run's row is locked under it
+	)
 	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		res = AppendResult{}
 		if f.RunID == "" {
@@ -136,7 +139,8 @@ func (s *Store) AppendEventsAcking(ctx context.Context, f Fence, events []*prpv1
 		if err != nil {
 			return err
 		}
-		var own, foreign, after []encodedEvent
+		locked = true
+		var own, foreign []encodedEvent
 		for _, e := range encoded {
 			switch {
 			case e.ev.GetRunId() == f.RunID:
@@ -150,9 +154,15 @@ func (s *Store) AppendEventsAcking(ctx context.Context, f Fence, events []*prpv1
 		// What the runner emitted after the run's own run.terminal (e.g.
 		// harness.exited, runner.reconciled of a runner restarted as the
 		// turn ended) takes no row of this run: it waits for the scope's
-		// next run, like a suspension's events.
-		own, after = splitAfterTerminal(own)
-		if err := parkEvents(ctx, tx, after, &res); err != nil {
+		// next run, like a suspension's events — whichever run it names
+		// (a replayed turn's events may name an earlier run of the scope;
+		// filed after the terminal they were refused by the database's
+		// events_after_terminal rule on every attempt, a run re-claimed
+		// forever).
+		term := ownTerminal(own)
+		own, after := splitAfter(term, own)
+		foreign, fafter := splitAfter(term, foreign)
+		if err := parkEvents(ctx, tx, append(after, fafter...), &res); err != nil {
 			return err
 		}
 		fresh, dups, err := dedupe(ctx, tx, f.RunID, own)
@@ -165,7 +175,7 @@ func (s *Store) AppendEventsAcking(ctx context.Context, f Fence, events []*prpv1
 			return err
 		}
 		res.Duplicates += fdups
-		if err := fileFenced(ctx, tx, f, count, sourceOrdered(append(ffresh, fresh...)), &res); err != nil || !res.Terminal {
+		if err := fileFenced(ctx, tx, f, count, terminalLast(sourceOrdered(append(ffresh, fresh...))), &res); err != nil || !res.Terminal {
 			return err
 		}
 		for _, intent := range intents {
@@ -175,19 +185,47 @@ func (s *Store) AppendEventsAcking(ctx context.Context, f Fence, events []*prpv1
 		}
 		return nil
 	})
+	if locked {
+		if c := refusedAfterTerminal(err); c != "" {
+			// Not a lost lease (the fence held, its run's row locked):
+			// the batch itself puts a row after the run's terminal (two
+			// run.terminal events of the run from two sources). Retrying
+			// the same replay cannot succeed; reported as what it is, the
+			// attempt fails visibly (and the run's attempts bound it)
+			// instead of its driver stopping silently and the run being
+			// re-claimed each lease TTL.
+			return res, failure.Wrap(err, codes.Internal, failure.RunnerProtocolError,
+				"run %s attempt %d: the runner's events put a row after the run's run.terminal (%s); the batch is refused", f.RunID, f.Attempt, c)
+		}
+	}
 	return res, fenceViolation(f, err)
 }
 
-// splitAfterTerminal splits a run's own events at its run.terminal: the
-// events of the terminal's source instance with a higher source seq come
-// after it.
-func splitAfterTerminal(evs []encodedEvent) (upTo, after []encodedEvent) {
+// refusedAfterTerminal names the database's rule err broke when it is one
+// of those that keep a run's run.terminal its last row, else "".
+func refusedAfterTerminal(err error) string {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && (pgErr.ConstraintName == ConstraintAfterTerminal || pgErr.ConstraintName == ConstraintOneTerminal) {
+		return pgErr.ConstraintName
+	}
+	return ""
+}
+
+// ownTerminal is the run.terminal among a run's own events (the one of
+// the lowest source seq), or nil.
+func ownTerminal(evs []encodedEvent) *prpv1.Event {
 	var term *prpv1.Event
 	for _, e := range evs {
 		if e.ev.GetEventType() == EventTerminal && (term == nil || e.ev.GetSourceSeq() < term.GetSourceSeq()) {
 			term = e.ev
 		}
 	}
+	return term
+}
+
+// splitAfter splits events at a run's run.terminal term: the events of
+// term's source instance with a higher source seq come after it.
+func splitAfter(term *prpv1.Event, evs []encodedEvent) (upTo, after []encodedEvent) {
 	if term == nil {
 		return evs, nil
 	}
@@ -199,6 +237,20 @@ func splitAfterTerminal(evs []encodedEvent) (upTo, after []encodedEvent) {
 		}
 	}
 	return upTo, after
+}
+
+// terminalLast moves a run.terminal to the end of the events filed with
+// it: what is left beside it (splitAfter took its own source's later
+// events) comes from other sources, and nothing of a run follows its
+// terminal.
+func terminalLast(evs []encodedEvent) []encodedEvent {
+	for i, e := range evs {
+		if e.ev.GetEventType() == EventTerminal && i != len(evs)-1 {
+			out := append(append(make([]encodedEvent, 0, len(evs)), evs[:i]...), evs[i+1:]...)
+			return append(out, e)
+		}
+	}
+	return evs
 }
 
 // fileFenced writes fresh events (deduplicated, in source order) under the

@@ -270,3 +270,100 @@ func TestR9_EventsAfterTheRunsOwnTerminalInOneBatchGoToTheScopesNextRun(t *testi
 		require.EqualValues(t, cb.Attempt, r.Writer)
 	}
 }
+
+// A runner that replays a turn after a restart may label the turn's events
+// with an earlier run of the scope: the run's own run.terminal, then a
+// reconciled turn.completed naming the earlier run, from the same source
+// after it. Filed after the terminal, the database refused the batch
+// (events_after_terminal) on every attempt, and the run was re-claimed
+// every lease TTL without end (chaos, attempt 87). What follows the
+// terminal waits for the scope's next run whichever run it names, and the
+// terminal is the run's last row even when another source's event follows
+// it in the batch.
+func TestR9_EventsAfterTheRunsTerminalNamingAnEarlierRunGoToTheScopesNextRunToo(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name   string
+		batch  []*prpv1.Event
+		res    store.AppendResult
+		rows   []string // of run a
+		nextRs []string // of run b, after its control event
+	}{{
+		name: "the same source's events after the terminal name an earlier run",
+		batch: []*prpv1.Event{
+			event("p", "runner-2", 1, "item.completed", nil),
+			event("a", "runner-2", 2, store.EventTerminal, map[string]any{"runTerminalState": "succeeded"}),
+			event("p", "runner-2", 3, "turn.completed", nil),
+		},
+		res:    store.AppendResult{Inserted: 2, Parked: 1, Terminal: true},
+		rows:   []string{"item.completed", "run.terminal"},
+		nextRs: []string{"turn.completed", "session.authority_rotated"},
+	}, {
+		name: "another source's event follows the terminal in the batch",
+		batch: []*prpv1.Event{
+			event("a", "runner-2", 2, store.EventTerminal, map[string]any{"runTerminalState": "succeeded"}),
+			event("a", "runner-3", 1, "runner.reconciled", nil),
+		},
+		res:    store.AppendResult{Inserted: 2, Terminal: true},
+		rows:   []string{"runner.reconciled", "run.terminal"},
+		nextRs: []string{"session.authority_rotated"},
+	}} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			s := newStore(t)
+			ctx := context.Background()
+			for _, id := range []string{"p", "a", "b"} {
+				_, _, err := s.SubmitRun(ctx, id, input("replay", "x"))
+				require.NoError(t, err)
+			}
+			cp, err := s.ClaimNext(ctx, "o", time.Minute, store.Controller{})
+			require.NoError(t, err)
+			require.Equal(t, "p", cp.RunID)
+			_, err = s.AppendEvents(ctx, cp.Fence, []*prpv1.Event{
+				event("p", "runner-1", 1, store.EventTerminal, map[string]any{"runTerminalState": "succeeded"}),
+			})
+			require.NoError(t, err)
+
+			ca, err := s.ClaimNext(ctx, "o", time.Minute, store.Controller{})
+			require.NoError(t, err)
+			require.Equal(t, "a", ca.RunID)
+			res, err := s.AppendEvents(ctx, ca.Fence, tc.batch)
+			require.NoError(t, err, "nothing after the terminal is filed under the run")
+			require.Equal(t, tc.res, res)
+			require.Equal(t, tc.rows, types(rowsOf(t, s, "a")))
+
+			cb, err := s.ClaimNext(ctx, "o", time.Minute, store.Controller{})
+			require.NoError(t, err)
+			require.Equal(t, "b", cb.RunID)
+			require.NoError(t, s.RecordControl(ctx, cb.Fence, "", []store.ControlEvent{{Type: "session.authority_rotated", Payload: map[string]any{"previousRunId": "a"}}}))
+			require.Equal(t, tc.nextRs, types(rowsOf(t, s, "b")))
+		})
+	}
+}
+
+// A batch the database refuses for putting a row after the run's terminal
+// while the driver's lease holds is not a lost lease: reported as one, the
+// driver stopped silently and the run was re-claimed every lease TTL. It is
+// the runner's protocol error, which fails the attempt visibly.
+func TestR9_ABatchRefusedAfterTheTerminalWhileTheLeaseHoldsIsNotALostLease(t *testing.T) {
+	t.Parallel()
+	s := newStore(t)
+	ctx := context.Background()
+	_, _, err := s.SubmitRun(ctx, "a", input("two-terminals", "x"))
+	require.NoError(t, err)
+	ca, err := s.ClaimNext(ctx, "o", time.Minute, store.Controller{})
+	require.NoError(t, err)
+	_, err = s.AppendEvents(ctx, ca.Fence, []*prpv1.Event{
+		event("a", "runner-1", 1, store.EventTerminal, map[string]any{"runTerminalState": "succeeded"}),
+		event("a", "runner-2", 1, store.EventTerminal, map[string]any{"runTerminalState": "failed"}),
+	})
+	require.Error(t, err)
+	require.EqualValues(t, failure.RunnerProtocolError, failure.CodeOf(err), "%v", err)
+	require.Empty(t, rowsOf(t, s, "a"))
+
+	// A stale fence is still a lost lease.
+	_, err = s.AppendEvents(ctx, store.Fence{RunID: "a", Owner: "o", Attempt: ca.Attempt + 1}, []*prpv1.Event{
+		event("a", "runner-1", 1, store.EventTerminal, map[string]any{"runTerminalState": "succeeded"}),
+	})
+	require.EqualValues(t, failure.NativeSessionLeaseLost, failure.CodeOf(err))
+}
