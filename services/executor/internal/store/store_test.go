@@ -396,6 +396,40 @@ func TestP4_SubmitClaimClaimsOnlyARunThatHeadsAnIdleScope(t *testing.T) {
 	require.Equal(t, "other1", c.RunID)
 }
 
+// SubmitClaim pipelines its claim behind the submission in one implicit
+// transaction; the claim takes only a coordinator that transaction
+// inserted. A run submitted before (queued, heading its idle scope, due:
+// what any claim would take) is not claimed by submitting it again, with
+// its input or another (run_id_conflict, and nothing written).
+func TestP4_SubmitClaimNeverClaimsARunItDidNotInsert(t *testing.T) {
+	t.Parallel()
+	s := newStore(t)
+	ctx := context.Background()
+	ctl := store.Controller{Addr: "127.0.0.1:1"}
+	created, err := s.Submit(ctx, "q1", input("q", "one"))
+	require.NoError(t, err)
+	require.True(t, created)
+
+	created, c, err := s.SubmitClaim(ctx, "q1", input("q", "one"), "o", time.Minute, ctl)
+	require.NoError(t, err)
+	require.False(t, created)
+	require.Nil(t, c)
+	_, c, err = s.SubmitClaim(ctx, "q1", input("q", "another"), "o", time.Minute, ctl)
+	require.EqualValues(t, failure.RunIDConflict, failure.CodeOf(err))
+	require.Nil(t, c)
+	run, err := s.GetRun(ctx, "q1")
+	require.NoError(t, err)
+	require.Equal(t, executorv1.RunState_RUN_STATE_QUEUED, run.GetState())
+	require.Empty(t, run.GetLeaseOwner())
+	require.Zero(t, run.GetAttempt())
+
+	// It is still the scope's head, claimed as usual.
+	next, err := s.ClaimNext(ctx, "o", time.Minute, ctl)
+	require.NoError(t, err)
+	require.NotNil(t, next)
+	require.Equal(t, "q1", next.RunID)
+}
+
 // requireNotified waits (bounded) for conn's next notification and checks
 // its payload.
 func requireNotified(t *testing.T, conn *pgxpool.Conn, want string) {

@@ -52,11 +52,15 @@ func (s *Store) Submit(ctx context.Context, runID string, in *prpv1.ExecutionInp
 // claimSubmittedSQL claims the run just submitted ($8) in the submitting
 // transaction when it heads its session scope (migration 00009's insert
 // trigger decided that under the scope's lock) and is due: the claim of
-// claimQueuedSQL, for one known run.
+// claimQueuedSQL, for one known run. Only a coordinator this transaction
+// inserted is claimed (its xmin is the transaction's id): the statement is
+// pipelined behind the submission, which inserts nothing when the run
+// exists already.
 const claimSubmittedSQL = `
 WITH claimed AS (
   UPDATE executor.coordinators c SET ` + claimSet + `
-   WHERE c.run_id = $8 AND c.scope_head AND c.phase = 'queued' AND c.next_attempt_at <= now()
+   WHERE c.run_id = $8 AND c.xmin = pg_current_xact_id()::xid
+     AND c.scope_head AND c.phase = 'queued' AND c.next_attempt_at <= now()
      AND c.result_id IS NULL AND c.cancel_state IS NULL
   RETURNING c.run_id, c.attempt, c.lease_expires_at, c.turn_generation
 )
@@ -69,24 +73,38 @@ SELECT claimed.run_id, claimed.attempt, claimed.lease_expires_at, claimed.turn_g
 // unfinished) and is due. c is nil when the run existed already or waits
 // behind its scope; dispatchers are then notified as by Submit. A claimed
 // run is announced to nobody: its owner drives it.
+//
+// The submission and the claim go in one round trip: a pipelined batch,
+// which PostgreSQL runs as one implicit transaction (the batch's single
+// Sync commits it; an error in either statement rolls back both). An
+// explicit transaction took four round trips (BEGIN, the two statements,
+// COMMIT), each a wake-up of the server and of this process.
 func (s *Store) SubmitClaim(ctx context.Context, runID string, in *prpv1.ExecutionInput, owner string, ttl time.Duration, ctl Controller) (created bool, c *Claim, err error) {
 	end := synctrace.Begin("executor.submit+claim", runID)
-	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		created, c = false, nil
-		if created, err = submit(ctx, tx, runID, in); err != nil || !created {
-			return err
-		}
-		c, err = scanClaim(tx.QueryRow(ctx, claimSubmittedSQL, append(claimArgs(owner, ttl, ctl), runID)...), owner)
+	args, digest, err := submitArgs(ctx, runID, in)
+	if err != nil {
+		end()
+		return false, nil, err
+	}
+	var existing string
+	b := &pgx.Batch{}
+	b.Queue(submitSQL, args...).QueryRow(func(row pgx.Row) error { return row.Scan(&created, &existing) })
+	b.Queue(claimSubmittedSQL, append(claimArgs(owner, ttl, ctl), runID)...).QueryRow(func(row pgx.Row) (err error) {
+		c, err = scanClaim(row, owner)
 		return err
 	})
+	err = s.pool.SendBatch(ctx, b).Close()
 	end()
 	if err != nil {
 		return false, nil, err
 	}
-	if created && c == nil {
+	if !created {
+		return false, nil, s.checkResubmitted(ctx, runID, digest, existing)
+	}
+	if c == nil {
 		s.notifyCommitted(ctx, RunsChannel, runID)
 	}
-	return created, c, nil
+	return true, c, nil
 }
 
 // rowQuerier is a pool or a transaction.
@@ -95,28 +113,50 @@ type rowQuerier interface {
 }
 
 func submit(ctx context.Context, q rowQuerier, runID string, in *prpv1.ExecutionInput) (created bool, err error) {
-	digest, raw, err := InputDigest(in)
+	args, digest, err := submitArgs(ctx, runID, in)
 	if err != nil {
 		return false, err
 	}
 	var existing string
-	err = q.QueryRow(ctx, submitSQL,
-		runID, in.GetBinding().GetCompanyId(), in.GetSession().GetNormalizedSessionId(), scope.OfRun(runID, in),
-		in.GetSession().GetLifecycle().GetMode().String(), raw, digest,
-		in.GetBinding().GetIssueId(), in.GetBinding().GetAgentId(), BindingDigest(in),
-		telemetry.TraceParent(ctx)).Scan(&created, &existing)
-	if err != nil {
+	if err := q.QueryRow(ctx, submitSQL, args...).Scan(&created, &existing); err != nil {
 		return false, err
 	}
-	if !created && existing == "" {
+	if created {
+		return true, nil
+	}
+	return false, checkResubmitted(ctx, q, runID, digest, existing)
+}
+
+// submitArgs are submitSQL's parameters for the run, and its input digest.
+func submitArgs(ctx context.Context, runID string, in *prpv1.ExecutionInput) (args []any, digest string, err error) {
+	digest, raw, err := InputDigest(in)
+	if err != nil {
+		return nil, "", err
+	}
+	return []any{runID, in.GetBinding().GetCompanyId(), in.GetSession().GetNormalizedSessionId(), scope.OfRun(runID, in),
+		in.GetSession().GetLifecycle().GetMode().String(), raw, digest,
+		in.GetBinding().GetIssueId(), in.GetBinding().GetAgentId(), BindingDigest(in),
+		telemetry.TraceParent(ctx)}, digest, nil
+}
+
+func (s *Store) checkResubmitted(ctx context.Context, runID, digest, existing string) error {
+	return checkResubmitted(ctx, s.pool, runID, digest, existing)
+}
+
+// checkResubmitted checks a submission that found its run id stored
+// (existing is the stored input digest, "" when the run was inserted
+// concurrently, after the statement's snapshot): the same input is an
+// idempotent retry, another one run_id_conflict.
+func checkResubmitted(ctx context.Context, q rowQuerier, runID, digest, existing string) error {
+	if existing == "" {
 		// Inserted concurrently, after this statement's snapshot: read it
 		// now that it committed.
 		if err := q.QueryRow(ctx, `SELECT input_digest FROM executor.runs WHERE run_id = $1`, runID).Scan(&existing); err != nil {
-			return false, err
+			return err
 		}
 	}
-	if !created && existing != digest {
-		return false, failure.New(codes.AlreadyExists, failure.RunIDConflict, "run %q already exists with a different input", runID)
+	if existing != digest {
+		return failure.New(codes.AlreadyExists, failure.RunIDConflict, "run %q already exists with a different input", runID)
 	}
-	return created, nil
+	return nil
 }
