@@ -5,6 +5,7 @@ package e2e
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -130,6 +131,7 @@ func dumpLogs(t *testing.T, dir string) {
 	_ = filepath.Walk(dir, func(p string, info os.FileInfo, err error) error {
 		if err == nil && !info.IsDir() && strings.HasSuffix(p, ".log") {
 			b, _ := os.ReadFile(p)
+			b = dropPolls(b)
 			if len(b) > 6000 {
 				b = b[len(b)-6000:]
 			}
@@ -137,6 +139,26 @@ func dumpLogs(t *testing.T, dir string) {
 		}
 		return nil
 	})
+}
+
+// dropPolls leaves out the access log lines of the tests' GetRun polls,
+// which otherwise fill the tail of an executor's log that dumpLogs shows.
+func dropPolls(b []byte) []byte {
+	var out []byte
+	for len(b) > 0 {
+		line := b
+		if i := bytes.IndexByte(b, '\n'); i >= 0 {
+			line, b = b[:i+1], b[i+1:]
+		} else {
+			b = nil
+		}
+		if bytes.Contains(line, []byte(`"msg":"finished call"`)) && bytes.Contains(line, []byte(`"grpc.method":"GetRun"`)) &&
+			bytes.Contains(line, []byte(`"grpc.code":"OK"`)) {
+			continue
+		}
+		out = append(out, line...)
+	}
+	return out
 }
 
 func (h *harness) submitInput(session, prompt string) *prpv1.ExecutionInput {
