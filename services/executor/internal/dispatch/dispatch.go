@@ -81,6 +81,15 @@ type Router interface {
 	Route(ctx context.Context, runID, scope string, in *prpv1.ExecutionInput) (gatewayv1.RunnerGatewayClient, error)
 }
 
+// PlacedRouter is a Router that also routes from a placement read
+// beforehand, under its share lock, with the gateways' state for TTL (the
+// claiming transaction's, store.Claim.Preread).
+type PlacedRouter interface {
+	Router
+	TTL() time.Duration
+	RoutePlaced(ctx context.Context, runID, scope string, in *prpv1.ExecutionInput, p *store.Placement) (gatewayv1.RunnerGatewayClient, error)
+}
+
 // DefaultOwner names this process: host:pid.
 func DefaultOwner() string {
 	h, _ := os.Hostname()
@@ -326,7 +335,7 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 			if c.Expired {
 				d.metrics.takeovers.WithLabelValues(takeoverLeaseExpired).Inc()
 			}
-			d.start(ctx, c, sem)
+			d.start(ctx, c, sem, nil)
 		case <-ctx.Done():
 			return nil
 		}
@@ -361,16 +370,28 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 func (d *Dispatcher) SubmitAndClaim(ctx context.Context, runID string, in *prpv1.ExecutionInput) (created bool, err error) {
 	if sem := d.freeSlot(ctx); sem != nil {
 		var c *store.Claim
+		// The run's cancellations reach its driver from the moment the
+		// claim commits: its facts are read before (in the claiming
+		// transaction), when no cancellation of the run can exist yet.
+		cancelCh := d.reserveCancels(runID)
+		reads := &store.AttachReads{PriorRuns: priorRunRecords}
+		if pr, ok := d.cfg.Router.(PlacedRouter); ok {
+			reads.GatewayTTL = pr.TTL()
+		}
 		// Not cancelled midway by the caller going away: the run is
 		// durable either way, and a claim that committed must be driven.
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), claimTimeout)
-		created, c, err = d.store.SubmitClaim(sctx, runID, in, d.cfg.Owner, d.cfg.LeaseTTL, d.self)
+		created, c, err = d.store.SubmitClaim(sctx, runID, in, d.cfg.Owner, d.cfg.LeaseTTL, d.self, reads)
 		cancel()
 		if c != nil {
+			if cancelCh == nil {
+				c.Preread = nil // read once the driver takes its cancellations
+			}
 			d.metrics.claims.Inc()
-			d.startClaimed(c, sem)
+			d.startClaimed(c, sem, cancelCh)
 			return created, nil
 		}
+		d.releaseCancels(runID, cancelCh)
 		<-sem
 	} else {
 		created, err = d.store.Submit(ctx, runID, in)
@@ -402,9 +423,35 @@ func (d *Dispatcher) freeSlot(ctx context.Context) chan struct{} {
 	return sem
 }
 
-// startClaimed drives a run SubmitAndClaim claimed, in Run's context; if
-// Run stopped meanwhile, the lease is handed back at once.
-func (d *Dispatcher) startClaimed(c *store.Claim, sem chan struct{}) {
+// reserveCancels registers the channel of the cancellations of a run about
+// to be claimed (nil when the run has a driver here already).
+func (d *Dispatcher) reserveCancels(runID string) chan *executorv1.Cancellation {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.cancels[runID] != nil {
+		return nil
+	}
+	ch := make(chan *executorv1.Cancellation, 1)
+	d.cancels[runID] = ch
+	return ch
+}
+
+// releaseCancels unregisters a channel reserveCancels registered.
+func (d *Dispatcher) releaseCancels(runID string, ch chan *executorv1.Cancellation) {
+	if ch == nil {
+		return
+	}
+	d.mu.Lock()
+	if d.cancels[runID] == ch {
+		delete(d.cancels, runID)
+	}
+	d.mu.Unlock()
+}
+
+// startClaimed drives a run SubmitAndClaim claimed, in Run's context, with
+// the cancellation channel reserved for it (nil: none); if Run stopped
+// meanwhile, the lease is handed back at once.
+func (d *Dispatcher) startClaimed(c *store.Claim, sem chan struct{}, cancelCh chan *executorv1.Cancellation) {
 	d.mu.Lock()
 	runCtx := d.runCtx
 	if runCtx != nil {
@@ -412,18 +459,23 @@ func (d *Dispatcher) startClaimed(c *store.Claim, sem chan struct{}) {
 	}
 	d.mu.Unlock()
 	if runCtx == nil {
+		d.releaseCancels(c.RunID, cancelCh)
 		d.handBack(c)
 		<-sem
 		return
 	}
 	defer d.wg.Done()
-	d.start(runCtx, c, sem)
+	d.start(runCtx, c, sem, cancelCh)
 }
 
-func (d *Dispatcher) start(ctx context.Context, c *store.Claim, sem chan struct{}) {
+// start drives c; cancelCh is the channel reserved for its cancellations
+// (reserveCancels), or nil to register one.
+func (d *Dispatcher) start(ctx context.Context, c *store.Claim, sem chan struct{}, cancelCh chan *executorv1.Cancellation) {
 	runCtx, cancel := context.WithCancelCause(ctx)
 	d.leases.add(c.RunID, c.Attempt, cancel)
-	cancelCh := make(chan *executorv1.Cancellation, 1)
+	if cancelCh == nil {
+		cancelCh = make(chan *executorv1.Cancellation, 1)
+	}
 	d.mu.Lock()
 	d.cancels[c.RunID] = cancelCh
 	claiming := d.claiming
@@ -548,15 +600,26 @@ func (d *Dispatcher) drive(ctx context.Context, c *store.Claim, cancelCh <-chan 
 	log.Info("run claimed", "turn_generation", c.TurnGeneration)
 	retry := backoff.Backoff{Min: 100 * time.Millisecond, Max: 2 * time.Second}
 	var first gatewayv1.RunnerGatewayClient // the gateway this attempt went to
+	// What the claiming transaction read for the first attach (SPEC P4:
+	// no round trip between the claim's commit and the Open).
+	pre := c.Preread
+	c.Preread = nil
 	for failures := 0; ; {
 		// Each attach asks where the scope is placed: a move (drain,
 		// failover) that committed meanwhile is followed. The attach's
 		// facts are read meanwhile (SPEC P4: one round trip less before
 		// the Open); an attach that does not happen waits for them.
-		facts := d.readFacts(ctx, c)
+		var facts func() (*store.AttachFacts, error)
+		if pre != nil {
+			f := pre.Facts
+			facts = func() (*store.AttachFacts, error) { return f, nil }
+		} else {
+			facts = d.readFacts(ctx, c)
+		}
 		endRoute := synctrace.Step("executor.route", c.RunID)
-		gw, err := d.route(ctx, c)
+		gw, err := d.routeFrom(ctx, c, pre)
 		endRoute()
+		pre = nil
 		if err != nil || (first != nil && gw != first) {
 			_, _ = facts()
 		}
@@ -623,10 +686,14 @@ func (d *Dispatcher) readFacts(ctx context.Context, c *store.Claim) func() (*sto
 	})
 }
 
-// route returns the gateway of the claimed run's session scope.
-func (d *Dispatcher) route(ctx context.Context, c *store.Claim) (gatewayv1.RunnerGatewayClient, error) {
+// routeFrom returns the gateway of the claimed run's session scope, from
+// the placement pre read in the claiming transaction when there is one.
+func (d *Dispatcher) routeFrom(ctx context.Context, c *store.Claim, pre *store.Preread) (gatewayv1.RunnerGatewayClient, error) {
 	if d.cfg.Router == nil {
 		return d.cfg.Gateway, nil
+	}
+	if pr, ok := d.cfg.Router.(PlacedRouter); ok && pre != nil && pre.Placement != nil {
+		return pr.RoutePlaced(ctx, c.RunID, c.Scope(), c.Input, pre.Placement)
 	}
 	return d.cfg.Router.Route(ctx, c.RunID, c.Scope(), c.Input)
 }

@@ -19,6 +19,7 @@ import (
 	gatewayv1 "github.com/tether-run/tether/pkg/gen/tether/gateway/v1"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/pgtest"
+	"github.com/tether-run/tether/pkg/scope"
 	"github.com/tether-run/tether/services/executor/internal/store"
 )
 
@@ -198,6 +199,70 @@ func TestP4_SubmitAndClaimDrivesARunItClaimedInTheSubmittingCommit(t *testing.T)
 	d.mu.Lock()
 	require.Nil(t, d.sem, "no run is claimed on submission once Run stopped")
 	d.mu.Unlock()
+}
+
+// placedRouter routes every run to gw and records how each was routed.
+type placedRouter struct {
+	gw    gatewayv1.RunnerGatewayClient
+	mu    sync.Mutex
+	calls []string
+}
+
+func (r *placedRouter) record(call string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.calls = append(r.calls, call)
+}
+
+func (r *placedRouter) routed() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]string(nil), r.calls...)
+}
+
+func (r *placedRouter) Route(_ context.Context, runID, _ string, _ *prpv1.ExecutionInput) (gatewayv1.RunnerGatewayClient, error) {
+	r.record("route " + runID)
+	return r.gw, nil
+}
+
+func (r *placedRouter) TTL() time.Duration { return 15 * time.Second }
+
+func (r *placedRouter) RoutePlaced(_ context.Context, runID, _ string, _ *prpv1.ExecutionInput, p *store.Placement) (gatewayv1.RunnerGatewayClient, error) {
+	r.record("placed " + runID + " on " + p.GatewayID)
+	return r.gw, nil
+}
+
+// A run claimed in its submitting commit goes to its gateway with what that
+// commit read (SPEC P4): the scope's placement is not read again before the
+// Open; a scope with no placement yet is placed as before.
+func TestP4_ARunClaimedOnSubmissionIsRoutedFromThePlacementItsClaimRead(t *testing.T) {
+	s := newStore(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	_, err := s.PlaceScope(ctx, store.PlaceRequest{Scope: scope.OfRun("warm", input("s-warm")), TTL: time.Minute, Fallback: "gw-1"})
+	require.NoError(t, err)
+	gw := &probeGateway{store: s}
+	router := &placedRouter{gw: gw}
+	d := New(s, Config{Owner: "probe", LeaseTTL: time.Minute, PollInterval: time.Hour, Router: router,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	done := make(chan struct{})
+	go func() { defer close(done); _ = d.Run(ctx) }()
+	require.Eventually(t, func() bool {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		return d.sem != nil
+	}, 10*time.Second, 5*time.Millisecond)
+	for _, id := range []string{"warm", "new"} {
+		created, err := d.SubmitAndClaim(ctx, id, input("s-"+id))
+		require.NoError(t, err)
+		require.True(t, created)
+		require.Eventually(t, func() bool {
+			run, err := s.GetRun(ctx, id)
+			return err == nil && run.GetState() == executorv1.RunState_RUN_STATE_FAILED // the probe refuses it
+		}, 10*time.Second, 10*time.Millisecond)
+	}
+	cancel()
+	<-done
+	require.Equal(t, []string{"placed warm on gw-1", "route new"}, router.routed())
 }
 
 // SPEC P2: CancelRun waits for a local driver's acknowledgement on a

@@ -105,6 +105,14 @@ func (r *Router) Route(ctx context.Context, runID, scope string, in *prpv1.Execu
 	if err != nil {
 		return nil, err
 	}
+	return r.RoutePlaced(ctx, runID, scope, in, p)
+}
+
+// RoutePlaced is Route for a scope whose placement p the caller read under
+// its share lock, with the gateways' state for TTL (store.Claim's
+// Preread): no read of its own unless the gateway is lost.
+func (r *Router) RoutePlaced(ctx context.Context, runID, scope string, in *prpv1.ExecutionInput, p *store.Placement) (gatewayv1.RunnerGatewayClient, error) {
+	var err error
 	if p.State == gatewayLost {
 		if p, err = r.failOver(ctx, runID, scope, in, p); err != nil {
 			return nil, err

@@ -49,71 +49,96 @@ type AttachFacts struct {
 // the run row's columns (written from it) do for PriorRuns.
 func (s *Store) AttachFacts(ctx context.Context, runID, scope string, in *prpv1.ExecutionInput, limit int) (*AttachFacts, error) {
 	b := &pgx.Batch{}
-	b.Queue(`SELECT `+checkpointColumns+` FROM executor.session_checkpoints
- WHERE session_scope = $1 AND superseded_at IS NULL ORDER BY created_at DESC LIMIT 1`, scope)
-	b.Queue(priorRunsSQL, priorRunsArgs(runID, in.GetBinding().GetCompanyId(), in.GetBinding().GetAgentId(),
-		in.GetSession().GetNormalizedSessionId(), limit)...)
-	b.Queue(previousInScopeSQL, runID)
-	b.Queue(`SELECT result_metadata -> 'nativeCancellation' FROM executor.runs WHERE run_id = $1`, runID)
-	b.Queue(replacementForRunSQL, scope, runID)
-	b.Queue(continuityRequiredSQL, runID)
-	b.Queue(restorableCheckpointSQL, scope)
-	res := s.pool.SendBatch(ctx, b)
-	defer res.Close()
-	var f AttachFacts
-	cp, _, err := scanCheckpoint(res.QueryRow())
-	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-	case err != nil:
-		return nil, err
-	default:
-		f.Checkpoint = cp
-	}
-	rows, err := res.Query()
-	if err != nil {
+	f, decodeErr := queueAttachFacts(b, runID, scope, in, limit)
+	if err := s.pool.SendBatch(ctx, b).Close(); err != nil {
 		return nil, err
 	}
-	if f.PriorRuns, err = scanPriorRuns(rows); err != nil {
-		return nil, err
+	if *decodeErr != nil {
+		return nil, *decodeErr
 	}
-	var raw []byte
-	err = res.QueryRow().Scan(&f.PreviousRunID, &raw)
-	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-	case err != nil:
-		return nil, err
-	default:
-		f.PreviousInput = &prpv1.ExecutionInput{}
-		if err := proto.Unmarshal(raw, f.PreviousInput); err != nil {
-			return nil, err
+	return f, nil
+}
+
+// queueAttachFacts queues AttachFacts' statements on b; the facts are
+// filled in as b's results are read. A result that cannot be decoded (or
+// a run that does not exist) is recorded in *decodeErr, not returned to the
+// batch: a batch that also writes has committed by then, and its other
+// results are still read.
+func queueAttachFacts(b *pgx.Batch, runID, scope string, in *prpv1.ExecutionInput, limit int) (f *AttachFacts, decodeErr *error) {
+	f, decodeErr = &AttachFacts{}, new(error)
+	keep := func(err error) error {
+		if *decodeErr == nil {
+			*decodeErr = err
+		}
+		return nil
+	}
+	checkpoint := func(dst **executorv1.SessionCheckpoint) func(pgx.Row) error {
+		return func(row pgx.Row) error {
+			cp, _, err := scanCheckpoint(row)
+			switch {
+			case errors.Is(err, pgx.ErrNoRows):
+			case err != nil:
+				return keep(err)
+			default:
+				*dst = cp
+			}
+			return nil
 		}
 	}
-	raw = nil
-	err = res.QueryRow().Scan(&raw)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, ErrRunNotFound(runID)
-	}
-	if err != nil {
-		return nil, err
-	}
-	if f.Cancellation, err = decodeCancellation(raw); err != nil {
-		return nil, err
-	}
-	if f.Replacement, err = scanOptionalReplacement(res.QueryRow()); err != nil {
-		return nil, err
-	}
-	if err := res.QueryRow().Scan(&f.ContinuityRequired); err != nil {
-		return nil, err
-	}
-	cp, _, err = scanCheckpoint(res.QueryRow())
-	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-	case err != nil:
-		return nil, err
-	default:
-		f.Restorable = cp
-	}
-	return &f, res.Close()
+	b.Queue(`SELECT `+checkpointColumns+` FROM executor.session_checkpoints
+ WHERE session_scope = $1 AND superseded_at IS NULL ORDER BY created_at DESC LIMIT 1`, scope).QueryRow(checkpoint(&f.Checkpoint))
+	b.Queue(priorRunsSQL, priorRunsArgs(runID, in.GetBinding().GetCompanyId(), in.GetBinding().GetAgentId(),
+		in.GetSession().GetNormalizedSessionId(), limit)...).Query(func(rows pgx.Rows) error {
+		var err error
+		if f.PriorRuns, err = scanPriorRuns(rows); err != nil {
+			return keep(err)
+		}
+		return nil
+	})
+	b.Queue(previousInScopeSQL, runID).QueryRow(func(row pgx.Row) error {
+		var raw []byte
+		err := row.Scan(&f.PreviousRunID, &raw)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+		case err != nil:
+			return keep(err)
+		default:
+			f.PreviousInput = &prpv1.ExecutionInput{}
+			if err := proto.Unmarshal(raw, f.PreviousInput); err != nil {
+				return keep(err)
+			}
+		}
+		return nil
+	})
+	b.Queue(`SELECT result_metadata -> 'nativeCancellation' FROM executor.runs WHERE run_id = $1`, runID).QueryRow(func(row pgx.Row) error {
+		var raw []byte
+		err := row.Scan(&raw)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return keep(ErrRunNotFound(runID))
+		}
+		if err != nil {
+			return keep(err)
+		}
+		if f.Cancellation, err = decodeCancellation(raw); err != nil {
+			return keep(err)
+		}
+		return nil
+	})
+	b.Queue(replacementForRunSQL, scope, runID).QueryRow(func(row pgx.Row) error {
+		var err error
+		if f.Replacement, err = scanOptionalReplacement(row); err != nil {
+			return keep(err)
+		}
+		return nil
+	})
+	b.Queue(continuityRequiredSQL, runID).QueryRow(func(row pgx.Row) error {
+		if err := row.Scan(&f.ContinuityRequired); err != nil {
+			return keep(err)
+		}
+		return nil
+	})
+	b.Queue(restorableCheckpointSQL, scope).QueryRow(checkpoint(&f.Restorable))
+	return f, decodeErr
 }
 
 // restorableCheckpointSQL reads scope $1's newest checkpoint after which

@@ -227,3 +227,108 @@ func TestP4_RecordAttachWritesControlAndRunnerInOneFencedTransaction(t *testing.
 	require.Equal(t, "runner-2", run.GetRunnerInstanceId())
 	require.EqualValues(t, 1, run.GetEventCount())
 }
+
+// SubmitClaim with AttachReads reads, in its one round trip and after the
+// claim, what the claimed run's first attach needs: the facts AttachFacts
+// reads and the scope's placement as ScopePlacement reads it (SPEC P4: no
+// read between the claim's commit and the Open). A move that holds the
+// placement is waited for, as by ScopePlacement.
+func TestP4_SubmitClaimReadsTheFirstAttachsFactsAndPlacementInItsRoundTrip(t *testing.T) {
+	t.Parallel()
+	s := newStore(t)
+	ctx := context.Background()
+	ctl := store.Controller{Addr: "127.0.0.1:1"}
+	in := func(prompt string) *prpv1.ExecutionInput { return input("warm", prompt) }
+	sc := scope.OfRun("w2", in("w2"))
+	reads := &store.AttachReads{PriorRuns: 16, GatewayTTL: gatewayTTL}
+
+	// The scope's first run: no placement yet, nothing before it.
+	created, c, err := s.SubmitClaim(ctx, "w1", in("w1"), "o", time.Minute, ctl, reads)
+	require.NoError(t, err)
+	require.True(t, created)
+	require.NotNil(t, c.Preread)
+	require.Nil(t, c.Preread.Placement, "the scope is not placed: the driver places it")
+	require.Empty(t, c.Preread.Facts.PreviousRunID)
+	_, err = s.PlaceScope(ctx, store.PlaceRequest{Scope: sc, RunID: "w1", TTL: gatewayTTL, Fallback: "static"})
+	require.NoError(t, err)
+	_, err = s.AppendEvents(ctx, c.Fence, []*prpv1.Event{event("w1", "runner-1", 1, "run.terminal", map[string]any{
+		"turnTerminalState": "completed", "runTerminalState": "succeeded"})})
+	require.NoError(t, err)
+	stamp := &backupv1.Stamp{CheckpointId: "cp-1", LeaseId: "local-x", SessionScope: sc, Signature: "ab"}
+	_, err = s.RecordCheckpoint(ctx, store.CheckpointRecord{Scope: sc, CompanyID: "acme", SessionID: "warm", LastRunID: "w1",
+		GatewayScope: sc, Stamp: stamp, CheckpointID: "cp-1", ManifestDigest: "sha256:00", LeaseID: "local-x",
+		RunnerInstanceID: "runner-1", ProviderThreadID: "thread-1", Reason: "idle"})
+	require.NoError(t, err)
+
+	// The next run: what it read is what the separate reads see after the commit.
+	created, c, err = s.SubmitClaim(ctx, "w2", in("w2"), "o", time.Minute, ctl, reads)
+	require.NoError(t, err)
+	require.True(t, created)
+	require.NotNil(t, c)
+	pre := c.Preread
+	require.NotNil(t, pre)
+	want, err := s.AttachFacts(ctx, "w2", sc, in("w2"), 16)
+	require.NoError(t, err)
+	require.Equal(t, "cp-1", pre.Facts.Checkpoint.GetCheckpointId())
+	require.True(t, proto.Equal(want.Checkpoint, pre.Facts.Checkpoint), "checkpoint")
+	require.True(t, proto.Equal(want.Restorable, pre.Facts.Restorable), "restorable checkpoint")
+	require.Equal(t, e13Summary(want.PriorRuns), e13Summary(pre.Facts.PriorRuns), "prior runs")
+	require.Equal(t, "w1", pre.Facts.PreviousRunID)
+	require.True(t, proto.Equal(want.PreviousInput, pre.Facts.PreviousInput), "previous input")
+	require.Equal(t, want.ContinuityRequired, pre.Facts.ContinuityRequired)
+	require.Nil(t, pre.Facts.Cancellation)
+	require.Nil(t, pre.Facts.Replacement)
+	placed, err := s.ScopePlacement(ctx, sc, gatewayTTL)
+	require.NoError(t, err)
+	require.Equal(t, placed, pre.Placement)
+	require.Equal(t, "static", pre.Placement.GatewayID)
+
+	// Without a gateway TTL the placement is not read; a run that is not
+	// claimed (it waits behind w2) has nothing read for it.
+	created, c, err = s.SubmitClaim(ctx, "w3", in("w3"), "o", time.Minute, ctl, &store.AttachReads{PriorRuns: 16})
+	require.NoError(t, err)
+	require.True(t, created)
+	require.Nil(t, c)
+	created, c, err = s.SubmitClaim(ctx, "cold1", input("cold", "x"), "o", time.Minute, ctl, &store.AttachReads{PriorRuns: 16})
+	require.NoError(t, err)
+	require.True(t, created)
+	require.NotNil(t, c.Preread)
+	require.Nil(t, c.Preread.Placement)
+
+	// A move in progress holds the placement: the claim waits for it and
+	// reads where the scope went.
+	register(t, s, "gw-a", 10, 0, nil)
+	register(t, s, "gw-b", 10, 0, nil)
+	mv := scope.OfRun("m1", input("moving", "m1"))
+	p, err := place(t, s, mv, nil)
+	require.NoError(t, err)
+	to := "gw-b"
+	if p.GatewayID == to {
+		to = "gw-a"
+	}
+	tx, err := s.Pool().Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	var movePID int
+	require.NoError(t, tx.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&movePID))
+	_, err = tx.Exec(ctx, `UPDATE executor.placements SET gateway_id = $1 WHERE session_scope = $2`, to, mv)
+	require.NoError(t, err)
+	got := make(chan *store.Claim, 1)
+	go func() {
+		_, c, err := s.SubmitClaim(ctx, "m1", input("moving", "m1"), "o", time.Minute, ctl, reads)
+		if err != nil {
+			t.Error(err)
+		}
+		got <- c
+	}()
+	require.Eventually(t, func() bool {
+		var n int
+		err := s.Pool().QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+ WHERE wait_event_type = 'Lock' AND $1 = ANY (pg_blocking_pids(pid))`, movePID).Scan(&n)
+		return err == nil && n == 1
+	}, 30*time.Second, 5*time.Millisecond)
+	require.NoError(t, tx.Commit(ctx))
+	c = <-got
+	require.NotNil(t, c)
+	require.Equal(t, to, c.Preread.Placement.GatewayID, "the read returns the committed move")
+}

@@ -64,14 +64,18 @@ func scanPlacement(row pgx.Row) (*Placement, error) {
 // does not outlive the transaction, so a crash that loses the commit
 // record loses nothing.
 func (s *Store) ScopePlacement(ctx context.Context, scope string, ttl time.Duration) (*Placement, error) {
-	p, err := scanPlacement(s.pool.QueryRow(ctx, `SELECT `+placementColumns("$2")+`
-  FROM executor.placements p LEFT JOIN executor.gateways g ON g.gateway_id = p.gateway_id
- WHERE p.session_scope = $1 AND `+asyncCommit+` FOR SHARE OF p`, scope, ttl.Microseconds()))
+	p, err := scanPlacement(s.pool.QueryRow(ctx, scopePlacementSQL+` AND `+asyncCommit+` FOR SHARE OF p`, scope, ttl.Microseconds()))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil
 	}
 	return p, err
 }
+
+// scopePlacementSQL reads scope $1's placement, with its gateway's state
+// for the gateway TTL $2 (in microseconds).
+var scopePlacementSQL = `SELECT ` + placementColumns("$2") + `
+  FROM executor.placements p LEFT JOIN executor.gateways g ON g.gateway_id = p.gateway_id
+ WHERE p.session_scope = $1`
 
 // PlaceRequest asks for a gateway for a session scope.
 type PlaceRequest struct {

@@ -374,6 +374,10 @@ type Claim struct {
 	// Expired: the claim took over a lease that had expired (its
 	// controller stopped renewing it).
 	Expired bool
+	// Preread, when set, is what the claiming transaction read for the
+	// run's first attach (SubmitClaim with AttachReads); nil: the driver
+	// reads it.
+	Preread *Preread
 }
 
 // Scope returns the run's session scope key: the stored one, or for a claim

@@ -352,7 +352,7 @@ func TestP4_SubmitClaimClaimsOnlyARunThatHeadsAnIdleScope(t *testing.T) {
 	s := newStore(t)
 	ctx := context.Background()
 	ctl := store.Controller{Addr: "127.0.0.1:1"}
-	created, c, err := s.SubmitClaim(ctx, "sc1", input("sc", "one"), "o", time.Minute, ctl)
+	created, c, err := s.SubmitClaim(ctx, "sc1", input("sc", "one"), "o", time.Minute, ctl, nil)
 	require.NoError(t, err)
 	require.True(t, created)
 	require.NotNil(t, c)
@@ -365,7 +365,7 @@ func TestP4_SubmitClaimClaimsOnlyARunThatHeadsAnIdleScope(t *testing.T) {
 	require.Equal(t, "o", run.GetLeaseOwner())
 
 	// The same submission again: not created, not claimed again.
-	created, c, err = s.SubmitClaim(ctx, "sc1", input("sc", "one"), "o2", time.Minute, ctl)
+	created, c, err = s.SubmitClaim(ctx, "sc1", input("sc", "one"), "o2", time.Minute, ctl, nil)
 	require.NoError(t, err)
 	require.False(t, created)
 	require.Nil(t, c)
@@ -376,7 +376,7 @@ func TestP4_SubmitClaimClaimsOnlyARunThatHeadsAnIdleScope(t *testing.T) {
 	defer conn.Release()
 	_, err = conn.Exec(ctx, "LISTEN "+store.RunsChannel)
 	require.NoError(t, err)
-	created, c, err = s.SubmitClaim(ctx, "sc2", input("sc", "two"), "o", time.Minute, ctl)
+	created, c, err = s.SubmitClaim(ctx, "sc2", input("sc", "two"), "o", time.Minute, ctl, nil)
 	require.NoError(t, err)
 	require.True(t, created)
 	require.Nil(t, c)
@@ -389,7 +389,7 @@ func TestP4_SubmitClaimClaimsOnlyARunThatHeadsAnIdleScope(t *testing.T) {
 	require.Nil(t, next, "sc2 waits behind sc1")
 
 	// Another scope is idle: claimed at once.
-	created, c, err = s.SubmitClaim(ctx, "other1", input("other", "x"), "o", time.Minute, ctl)
+	created, c, err = s.SubmitClaim(ctx, "other1", input("other", "x"), "o", time.Minute, ctl, nil)
 	require.NoError(t, err)
 	require.True(t, created)
 	require.NotNil(t, c)
@@ -410,11 +410,11 @@ func TestP4_SubmitClaimNeverClaimsARunItDidNotInsert(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, created)
 
-	created, c, err := s.SubmitClaim(ctx, "q1", input("q", "one"), "o", time.Minute, ctl)
+	created, c, err := s.SubmitClaim(ctx, "q1", input("q", "one"), "o", time.Minute, ctl, nil)
 	require.NoError(t, err)
 	require.False(t, created)
 	require.Nil(t, c)
-	_, c, err = s.SubmitClaim(ctx, "q1", input("q", "another"), "o", time.Minute, ctl)
+	_, c, err = s.SubmitClaim(ctx, "q1", input("q", "another"), "o", time.Minute, ctl, nil)
 	require.EqualValues(t, failure.RunIDConflict, failure.CodeOf(err))
 	require.Nil(t, c)
 	run, err := s.GetRun(ctx, "q1")

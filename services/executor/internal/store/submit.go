@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -67,6 +68,29 @@ WITH claimed AS (
 SELECT claimed.run_id, claimed.attempt, claimed.lease_expires_at, claimed.turn_generation, r.input, r.session_scope, coalesce(r.trace_parent, '')
   FROM claimed JOIN executor.runs r ON r.run_id = claimed.run_id`
 
+// AttachReads asks SubmitClaim to read, in its round trip, what the first
+// attach of a run it claims needs (Claim.Preread).
+type AttachReads struct {
+	// PriorRuns bounds the prior-run records read (AttachFacts' limit).
+	PriorRuns int
+	// GatewayTTL, when set, has the scope's placement read too, with the
+	// gateways' state for this TTL (ScopePlacement's).
+	GatewayTTL time.Duration
+}
+
+// Preread is what SubmitClaim read for the first attach of a run it
+// claimed, in the claiming transaction, after the claim.
+type Preread struct {
+	// Facts are the run's AttachFacts.
+	Facts *AttachFacts
+	// Placement is the scope's placement, read under a share lock as
+	// ScopePlacement reads it (a move that locked it first was waited
+	// for; one that comes after waits for the claim's commit, and then
+	// sees the run in flight). Nil when the scope has none, or it was
+	// not asked for.
+	Placement *Placement
+}
+
 // SubmitClaim is Submit and, in the same transaction (one commit instead
 // of two, SPEC P4), the claim of the new run by owner when it can start at
 // once: it heads its session scope (no earlier run of the scope is
@@ -79,7 +103,18 @@ SELECT claimed.run_id, claimed.attempt, claimed.lease_expires_at, claimed.turn_g
 // Sync commits it; an error in either statement rolls back both). An
 // explicit transaction took four round trips (BEGIN, the two statements,
 // COMMIT), each a wake-up of the server and of this process.
-func (s *Store) SubmitClaim(ctx context.Context, runID string, in *prpv1.ExecutionInput, owner string, ttl time.Duration, ctl Controller) (created bool, c *Claim, err error) {
+//
+// With reads, the same round trip also reads what the claimed run's first
+// attach needs (Claim.Preread; SPEC P4: the driver then contacts the
+// gateway at once, with no read of its own before the Open). They are read
+// after the claim, in its transaction, so they see the database as a read
+// right after its commit would, except for what commits in between: the
+// run was not visible to anyone before its commit (no cancellation of it
+// can be missed), and the claim holds the run's coordinator row. They are
+// read whether or not the run is claimed (a round trip costs more than
+// the reads); a result that cannot be decoded leaves Preread nil, and the
+// driver reads again.
+func (s *Store) SubmitClaim(ctx context.Context, runID string, in *prpv1.ExecutionInput, owner string, ttl time.Duration, ctl Controller, reads *AttachReads) (created bool, c *Claim, err error) {
 	end := synctrace.Begin("executor.submit+claim", runID)
 	args, digest, err := submitArgs(ctx, runID, in)
 	if err != nil {
@@ -93,6 +128,30 @@ func (s *Store) SubmitClaim(ctx context.Context, runID string, in *prpv1.Executi
 		c, err = scanClaim(row, owner)
 		return err
 	})
+	var (
+		pre        *Preread
+		decodeErr  = new(error)
+		placeErr   error
+		placedRead bool
+	)
+	if reads != nil {
+		pre = &Preread{}
+		pre.Facts, decodeErr = queueAttachFacts(b, runID, scope.OfRun(runID, in), in, reads.PriorRuns)
+		if reads.GatewayTTL > 0 {
+			b.Queue(scopePlacementSQL+` FOR SHARE OF p`, scope.OfRun(runID, in), reads.GatewayTTL.Microseconds()).QueryRow(func(row pgx.Row) error {
+				placedRead = true
+				p, err := scanPlacement(row)
+				switch {
+				case errors.Is(err, pgx.ErrNoRows):
+				case err != nil:
+					placeErr = err
+				default:
+					pre.Placement = p
+				}
+				return nil
+			})
+		}
+	}
 	err = s.pool.SendBatch(ctx, b).Close()
 	end()
 	if err != nil {
@@ -103,6 +162,10 @@ func (s *Store) SubmitClaim(ctx context.Context, runID string, in *prpv1.Executi
 	}
 	if c == nil {
 		s.notifyCommitted(ctx, RunsChannel, runID)
+		return true, nil, nil
+	}
+	if pre != nil && *decodeErr == nil && placeErr == nil && (placedRead || reads.GatewayTTL <= 0) {
+		c.Preread = pre
 	}
 	return true, c, nil
 }
