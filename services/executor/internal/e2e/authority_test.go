@@ -282,7 +282,12 @@ func TestE12_RunnerAndProviderProcessIdentityIsPersisted(t *testing.T) {
 
 func TestE6_ACancellationWhoseDispatchFailedIsDispatchedOnRetry(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t, stack.Options{FakeArgs: []string{"--delta-delay-ms", "600"}})
+	// The turn must outlast the gateway's restart and the re-attach: at 600
+	// ms a delta (≈ 12 s) it ended first on a loaded box (the restart took 11
+	// s), its run.terminal acknowledged the cancellation and the run
+	// succeeded instead of being cancelled. At 1.5 s a delta it runs ≈ 30 s
+	// unless interrupted.
+	h := newHarness(t, stack.Options{FakeArgs: []string{"--delta-delay-ms", "1500"}})
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	h.submit("c3", "cancel-retry", slowTurn)
