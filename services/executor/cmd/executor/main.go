@@ -123,6 +123,10 @@ func run() error {
 		*advertise = cfg.GRPCAddr
 	}
 	hub := watch.NewHub(watchStore, watch.WithEncoder(api.EncodeWatchEvent))
+	// The runs this replica drives wake their watchers here, at their
+	// commit, without the notification's round trip (other replicas'
+	// watchers still learn of it by notification).
+	st.OnEventsCommitted(hub.Offer)
 	d := dispatch.New(st, dispatch.Config{
 		Owner: *owner, LeaseTTL: *ttl, PollInterval: *poll, MaxActive: *maxActive, RetryDelay: *retryDelay,
 		NoSameHostTakeover: !*sameHost, AdvertiseAddr: *advertise, Metrics: srv.Registry(),

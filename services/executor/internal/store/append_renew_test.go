@@ -265,3 +265,47 @@ func TestE7_RenewLeasesRenewsExactlyTheListedHeldLeases(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, renewed)
 }
+
+// Each commit that appends events tells the store's OnEventsCommitted
+// function, after the commit: the one-statement append with the events as
+// stored, with their seqs (what EventsAfter then reads); the careful path
+// (here a run.terminal) with nil, the reader reads them (SPEC P4: the
+// run's watchers of this process are woken at the commit).
+func TestP4_ACommittedAppendTellsTheStoresListenerWithTheStoredEvents(t *testing.T) {
+	t.Parallel()
+	s := newStore(t)
+	ctx := context.Background()
+	type call struct {
+		run string
+		evs []store.StoredEvent
+	}
+	var calls []call
+	s.OnEventsCommitted(func(run string, evs []store.StoredEvent) { calls = append(calls, call{run, evs}) })
+	c := claimed(t, s, "r", "o")
+	_, err := s.AppendEvents(ctx, c.Fence, deltas("r", "runner-1", 1, 3))
+	require.NoError(t, err)
+	_, err = s.AppendEvents(ctx, c.Fence, deltas("r", "runner-1", 4, 2))
+	require.NoError(t, err)
+	stored, err := s.EventsAfter(ctx, "r", 0, 100)
+	require.NoError(t, err)
+	require.Len(t, calls, 2)
+	require.Equal(t, "r", calls[0].run)
+	got := append(calls[0].evs, calls[1].evs...)
+	require.Len(t, got, 5)
+	for i := range got {
+		require.Equal(t, stored[i].Seq, got[i].Seq)
+		require.True(t, proto.Equal(stored[i].Event, got[i].Event), "event %d", i)
+	}
+
+	// A stale fence commits nothing and tells nobody.
+	_, err = s.AppendEvents(ctx, store.Fence{RunID: "r", Owner: "o", Attempt: 9}, deltas("r", "runner-1", 6, 1))
+	require.Error(t, err)
+	require.Len(t, calls, 2)
+
+	res, err := s.AppendEvents(ctx, c.Fence, []*prpv1.Event{event("r", "runner-1", 6, "run.terminal", map[string]any{
+		"turnTerminalState": "completed", "runTerminalState": "succeeded"})})
+	require.NoError(t, err)
+	require.True(t, res.Terminal)
+	require.Len(t, calls, 3)
+	require.Equal(t, call{"r", nil}, calls[2])
+}

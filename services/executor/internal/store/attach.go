@@ -191,6 +191,7 @@ func (s *Store) RecordControl(ctx context.Context, f Fence, supersedeScope strin
 		return err
 	})
 	if err == nil && appended {
+		s.eventsCommitted(f.RunID, nil)
 		s.notifyCommitted(ctx, EventsChannel, f.RunID)
 	}
 	return err
@@ -210,6 +211,7 @@ func (s *Store) RecordAttach(ctx context.Context, f Fence, supersedeScope string
 		return recordRunner(ctx, tx, f, runner)
 	})
 	if err == nil && appended {
+		s.eventsCommitted(f.RunID, nil)
 		s.notifyCommitted(ctx, EventsChannel, f.RunID)
 	}
 	return err

@@ -185,6 +185,9 @@ func (s *Store) AppendEventsAcking(ctx context.Context, f Fence, events []*prpv1
 		}
 		return nil
 	})
+	if err == nil && f.RunID != "" && res.Inserted > 0 {
+		s.eventsCommitted(f.RunID, nil)
+	}
 	if locked {
 		if c := refusedAfterTerminal(err); c != "" {
 			// Not a lost lease (the fence held, its run's row locked):
@@ -702,7 +705,7 @@ func (s *Store) FailRun(ctx context.Context, f Fence, code, message string) erro
 }
 
 func (s *Store) failRun(ctx context.Context, f Fence, code, message string, recovery []byte) error {
-	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		count, err := lockFenced(ctx, tx, f)
 		if err != nil {
 			return err
@@ -732,6 +735,10 @@ func (s *Store) failRun(ctx context.Context, f Fence, code, message string, reco
 		_, err = tx.Exec(ctx, `SELECT pg_notify($1, $2)`, EventsChannel, f.RunID)
 		return err
 	})
+	if err == nil {
+		s.eventsCommitted(f.RunID, nil)
+	}
+	return err
 }
 
 // StoredEvent is a persisted event with its run-local cursor.
@@ -857,7 +864,7 @@ ins AS (
     FROM fence, unnest($4::text[], $5::bigint[], $6::text[], $7::text[], $8::bytea[], $9::bytea[]) WITH ORDINALITY
          AS k(source_instance_id, source_seq, source_event_id, event_type, payload_sha256, event, ord)
   RETURNING 1)
-SELECT (SELECT count(*) FROM fence), (SELECT count(*) FROM ins)`
+SELECT (SELECT count(*) FROM fence), (SELECT count(*) FROM ins), coalesce((SELECT base FROM fence), 0)`
 
 // eventsSourceKey is the events unique key on (run, source instance,
 // source seq): a violation means the batch replays stored events.
@@ -866,9 +873,9 @@ const eventsSourceKey = "events_run_id_source_instance_id_source_seq_key"
 func (s *Store) appendFast(ctx context.Context, f Fence, evs []encodedEvent) (AppendResult, bool, error) {
 	n := len(evs)
 	c := columnsOf(evs)
-	var fence, ins int64
+	var fence, ins, base int64
 	err := s.pool.QueryRow(ctx, appendFastSQL, f.RunID, f.Owner, int64(f.Attempt),
-		c.insts, c.srcSeqs, c.ids, c.types, c.hashes, c.raws, int64(n)).Scan(&fence, &ins)
+		c.insts, c.srcSeqs, c.ids, c.types, c.hashes, c.raws, int64(n)).Scan(&fence, &ins, &base)
 	if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == "23505" && pgErr.ConstraintName == eventsSourceKey {
 		return AppendResult{}, false, nil
 	}
@@ -880,6 +887,13 @@ func (s *Store) appendFast(ctx context.Context, f Fence, evs []encodedEvent) (Ap
 	}
 	if ins != int64(n) {
 		return AppendResult{}, false, fmt.Errorf("store: fast append of %d events inserted %d", n, ins)
+	}
+	if s.committed != nil {
+		stored := make([]StoredEvent, n)
+		for i, e := range evs {
+			stored[i] = StoredEvent{Seq: uint64(base) + uint64(i) + 1, Event: e.ev}
+		}
+		s.committed(f.RunID, stored)
 	}
 	s.notifyCommitted(ctx, EventsChannel, f.RunID)
 	return AppendResult{Inserted: n}, true, nil

@@ -90,6 +90,25 @@ var marshalDet = proto.MarshalOptions{Deterministic: true}
 type Store struct {
 	pool  *pgxpool.Pool
 	hooks Hooks
+	// committed, when set, learns of each commit that appended events to
+	// a run (OnEventsCommitted).
+	committed func(runID string, evs []StoredEvent)
+}
+
+// OnEventsCommitted has fn called after each commit of this store that
+// appended events to a run, before the commit is announced to other
+// processes: with the events stored, in seq order, when the append knows
+// them (its one-statement path), else nil. The executor wakes the run's
+// watch feed with it (SPEC P4: no notification round trip between a local
+// commit and the run's watchers). fn must not block; it may keep evs, read
+// only. Set it before the store is used.
+func (s *Store) OnEventsCommitted(fn func(runID string, evs []StoredEvent)) { s.committed = fn }
+
+// eventsCommitted calls the OnEventsCommitted function, if any.
+func (s *Store) eventsCommitted(runID string, evs []StoredEvent) {
+	if s.committed != nil {
+		s.committed(runID, evs)
+	}
 }
 
 // GooseTable is the goose version table of the executor schema.

@@ -133,6 +133,8 @@ type feed struct {
 
 	// Guarded by hub.mu.
 	watchers map[*Watch]struct{}
+	// offered: events this process committed, handed over by Offer.
+	offered []store.StoredEvent
 	// Owned by the feed goroutine.
 	next uint64 // events up to this seq were read
 }
@@ -412,13 +414,46 @@ func (w *Watch) sendTaken(evs []Event) {
 
 // Notify tells the run's feed (when the run is watched here) that the run
 // has new events.
-func (h *Hub) Notify(runID string) {
+func (h *Hub) Notify(runID string) { h.Offer(runID, nil) }
+
+// Offer tells the run's feed (when the run is watched here) that this
+// process just committed events of the run: evs, in seq order, when the
+// committer knows them (nil: the feed reads them). The feed publishes
+// offered events that follow what it read without reading them (SPEC P4:
+// no notification round trip and no read between a local commit and the
+// watchers); anything else it reads, as on a notification. Offered events
+// are shared, read only, with the watchers.
+func (h *Hub) Offer(runID string, evs []store.StoredEvent) {
 	h.mu.Lock()
 	f := h.feeds[runID]
+	if f != nil && len(evs) > 0 && len(f.offered) < h.page {
+		f.offered = append(f.offered, evs...)
+	}
 	h.mu.Unlock()
 	if f != nil {
 		f.poke()
 	}
+}
+
+// takeOffered returns the offered events that follow f.next without a gap
+// (nil when none do: the feed reads), and forgets every offered event.
+func (f *feed) takeOffered() []store.StoredEvent {
+	f.hub.mu.Lock()
+	off := f.offered
+	f.offered = nil
+	f.hub.mu.Unlock()
+	for len(off) > 0 && off[0].Seq <= f.next {
+		off = off[1:]
+	}
+	if len(off) == 0 || off[0].Seq != f.next+1 {
+		return nil
+	}
+	for i := 1; i < len(off); i++ {
+		if off[i].Seq != off[i-1].Seq+1 {
+			return off[:i]
+		}
+	}
+	return off
 }
 
 func (f *feed) poke() {
@@ -460,6 +495,16 @@ func (f *feed) run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-f.wake:
+		}
+		if evs := f.takeOffered(); evs != nil {
+			// Committed here: the notification of the same commit, or
+			// of another, wakes the feed again and it reads what
+			// follows.
+			f.next = evs[len(evs)-1].Seq
+			if f.publish(f.encode(evs)) {
+				return
+			}
+			continue
 		}
 		for {
 			evs, err := f.hub.reader.EventsAfter(ctx, f.runID, f.next, f.hub.page)

@@ -308,3 +308,83 @@ func TestFeedSendKeepsTheOrderAndItsErrorEndsTheWatch(t *testing.T) {
 		t.Fatalf("Next after a failed send: %v at cursor %d, want %v at 3", err, w.Cursor(), broken)
 	}
 }
+
+// countingReader counts its reads.
+type countingReader struct {
+	events
+	n   int
+	nmu sync.Mutex
+}
+
+func (r *countingReader) EventsAfter(ctx context.Context, run string, after uint64, limit int) ([]store.StoredEvent, error) {
+	r.nmu.Lock()
+	r.n++
+	r.nmu.Unlock()
+	return r.events.EventsAfter(ctx, run, after, limit)
+}
+
+func (r *countingReader) count() int {
+	r.nmu.Lock()
+	defer r.nmu.Unlock()
+	return r.n
+}
+
+// Events a process committed and offered to the hub reach the run's
+// watchers without a read when they follow what the feed has (SPEC P4: no
+// notification round trip and no read after a local commit); offered
+// events after a gap (another replica's commit in between) are read.
+func TestP4_EventsOfferedByTheirCommitterReachWatchersWithoutARead(t *testing.T) {
+	r := &countingReader{}
+	h := NewHub(r)
+	w := h.Watch("run", 0)
+	defer w.Close()
+	type got struct {
+		evs []Event
+		err error
+	}
+	nextEvents := func() <-chan got {
+		ch := make(chan got, 1)
+		go func() {
+			evs, err := w.Next(context.Background(), nil)
+			ch <- got{evs, err}
+		}()
+		return ch
+	}
+	waiting := nextEvents() // replays nothing, joins the feed, waits
+	deadline := time.Now().Add(10 * time.Second)
+	for h.Watchers("run") == 0 || r.count() < 2 {
+		if time.Now().After(deadline) {
+			t.Fatal("the watch never joined its feed")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	before := r.count()
+	r.add("turn.started")
+	r.add("item.delta")
+	h.Offer("run", append([]store.StoredEvent(nil), r.evs...))
+	g := <-waiting
+	if g.err != nil || len(g.evs) != 2 || g.evs[0].Seq != 1 || g.evs[1].Seq != 2 {
+		t.Fatalf("offered events: %v %v", g.evs, g.err)
+	}
+	if n := r.count() - before; n != 0 {
+		t.Fatalf("%d reads for events offered in order, want none", n)
+	}
+
+	// Seq 3 was committed elsewhere (only notified); seq 4 is offered.
+	waiting = nextEvents()
+	r.add("item.delta")
+	r.add("item.completed")
+	h.Offer("run", []store.StoredEvent{r.evs[3]})
+	g = <-waiting
+	if g.err != nil || len(g.evs) == 0 || g.evs[0].Seq != 3 {
+		t.Fatalf("after a gap: %v %v", g.evs, g.err)
+	}
+	if g.evs[len(g.evs)-1].Seq != 4 {
+		if g2 := <-nextEvents(); g2.err != nil || g2.evs[len(g2.evs)-1].Seq != 4 {
+			t.Fatalf("after a gap: %v then %v %v", g.evs, g2.evs, g2.err)
+		}
+	}
+	if r.count() == before {
+		t.Fatal("events after a gap were not read")
+	}
+}
