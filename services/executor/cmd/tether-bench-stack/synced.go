@@ -142,6 +142,7 @@ func reportSynced(dir string, turns []turnWindow) error {
 	printWrites(turnWrites(recs, med))
 	fmt.Printf("    %8s             turn.started received\n", round(med.started.Sub(med.t0)))
 	fmt.Printf("    %8s             run.terminal received\n", round(med.end.Sub(med.t0)))
+	printMedianSteps(recs, turns)
 	cp, cs := medianInt(toEnd), medianInt(toStarted)
 	// SPEC P4 counts the writes a turn waits for before it starts (its
 	// first events persisted); each later batch of events adds the
@@ -189,4 +190,59 @@ func medianInt(xs []int) int {
 	s := append([]int(nil), xs...)
 	sort.Ints(s)
 	return s[len(s)/2]
+}
+
+// printMedianSteps prints, for each write or step that most turns have
+// (by process, site and occurrence in the turn), the median of its start
+// and of its end after SubmitRun over every measured turn: one turn's
+// timeline is noisy on a shared box, the medians show where time goes.
+func printMedianSteps(recs []synctrace.Record, turns []turnWindow) {
+	type key struct {
+		label string
+		nth   int
+	}
+	starts, ends := map[key][]time.Duration{}, map[key][]time.Duration{}
+	marks := map[key]string{}
+	for _, w := range turns {
+		seen := map[string]int{}
+		for _, x := range turnWrites(recs, w) {
+			l := strings.SplitN(x.label, " [", 2)[0]
+			seen[l]++
+			k := key{l, seen[l]}
+			starts[k] = append(starts[k], x.start)
+			ends[k] = append(ends[k], x.end)
+			switch {
+			case x.provider:
+				marks[k] = "*"
+			case x.step:
+				marks[k] = "·"
+			default:
+				marks[k] = " "
+			}
+		}
+	}
+	var keys []key
+	for k, v := range starts {
+		if 2*len(v) >= len(turns) {
+			keys = append(keys, k)
+		}
+	}
+	med := func(ds []time.Duration) time.Duration {
+		s := append([]time.Duration(nil), ds...)
+		sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+		return s[len(s)/2]
+	}
+	sort.Slice(keys, func(i, j int) bool { return med(starts[keys[i]]) < med(starts[keys[j]]) })
+	fmt.Printf("\nmedians over the %d measured turns (start → end after SubmitRun, duration; #n = the n-th in its turn):\n", len(turns))
+	for _, k := range keys {
+		durs := make([]time.Duration, len(starts[k]))
+		for i := range durs {
+			durs[i] = ends[k][i] - starts[k][i]
+		}
+		label := k.label
+		if k.nth > 1 {
+			label += fmt.Sprintf(" #%d", k.nth)
+		}
+		fmt.Printf("  %s %8s → %8s  %7s  %s\n", marks[k], round(med(starts[k])), round(med(ends[k])), round(med(durs)), label)
+	}
 }
