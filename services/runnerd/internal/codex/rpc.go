@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"runtime"
 	"strconv"
 	"time"
 
@@ -148,6 +149,12 @@ func (s *Session) readLoop() {
 			if fatal != nil {
 				s.setReaderFatal(fatal)
 				return
+			}
+			if answer {
+				// The caller waiting for this answer runs now rather than
+				// after every line already buffered here was dispatched
+				// (an answer to turn/start comes at the head of a burst).
+				runtime.Gosched()
 			}
 		}
 		if cap(buf) > keepFrameBuffer {

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"runtime"
 	"strconv"
 	"sync"
 	"syscall"
@@ -354,6 +355,11 @@ func (h *host) readProvider(stdout io.Reader) {
 		line, err := readLine(br, MaxLineBytes)
 		if len(line) > 0 {
 			h.onProviderLine(line)
+			// The client's writer, woken for this line, runs now rather
+			// than after every line already buffered here was parsed: a
+			// burst (an answer, turn/started, the first items) otherwise
+			// reached runnerd only once the host had read all of it.
+			runtime.Gosched()
 		}
 		if err != nil {
 			break
