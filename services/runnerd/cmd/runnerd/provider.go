@@ -31,9 +31,9 @@ func builtinTools(c codex.ToolCall) (codex.ToolOutput, bool) {
 }
 
 // startCodex adapts codex.Start to runner.StartFunc. A hosted provider runs
-// under a provider host (see the provhost package): the driver talks to a
-// `runnerd provider-shim` connected to the host, and the host's marks
-// become cursors.
+// under a provider host (see the provhost package): the driver talks to
+// the host over its socket (provhost.Dial), and the host's marks become
+// cursors.
 func startCodex(ctx context.Context, cfg runner.ProviderConfig, emit func(runner.ProviderEvent)) (runner.Provider, error) {
 	ccfg := codex.Config{
 		Command:        cfg.Command,
@@ -60,12 +60,16 @@ func startCodex(ctx context.Context, cfg runner.ProviderConfig, emit func(runner
 			return nil, err
 		}
 		host = h
-		self, err := os.Executable()
+		conn, err := provhost.Dial(cfg.HostDir, cfg.Reattach, cfg.ResumeAfter)
 		if err != nil {
 			_ = provhost.Stop(host, closeGrace(cfg))
-			return nil, &runner.ProviderError{Code: failure.ProviderSpawnFailed, Message: err.Error()}
+			code := failure.ProviderSpawnFailed
+			if cfg.Reattach {
+				code = failure.ProviderProcessLost
+			}
+			return nil, &runner.ProviderError{Code: code, Message: err.Error()}
 		}
-		ccfg.Command, ccfg.Args = self, provhost.ShimArgs(cfg.HostDir, cfg.Reattach, cfg.ResumeAfter)
+		ccfg.Transport = conn
 	}
 	f := &markFilter{emit: emit}
 	if cfg.Hosted {

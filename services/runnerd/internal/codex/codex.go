@@ -13,6 +13,7 @@ package codex
 import (
 	"context"
 	"encoding/json"
+	"io"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -121,6 +122,28 @@ type Config struct {
 	// (a provider host marks every line but answers after it: the caller
 	// holds a line's events until its mark).
 	Lines LineObserver
+	// Transport, when set, is the provider's stdio already connected (a
+	// provider host's socket): no process is spawned, Command and Args
+	// only name the provider in logs. Its end (the host closed it, or
+	// closing it) is the provider process's end for the session; there is
+	// no process group to signal and no stderr.
+	Transport Transport
+}
+
+// Transport is a provider's stdio over one connection.
+type Transport interface {
+	io.Reader
+	io.Writer
+	SetWriteDeadline(time.Time) error
+	// CloseWrite is the provider's stdin EOF.
+	CloseWrite() error
+	Close() error
+}
+
+// stdinWriter is the provider's stdin: a pipe, or a transport's write side.
+type stdinWriter interface {
+	io.WriteCloser
+	SetWriteDeadline(time.Time) error
 }
 
 // LineObserver follows the reader through the provider's stdout. Its
@@ -151,11 +174,11 @@ type Session struct {
 	emitFn func(Event)
 	emitMu sync.Mutex
 
-	cmd    *exec.Cmd
+	cmd    *exec.Cmd // nil with a Transport
 	info   ProcessInfo
-	stdin  *os.File
-	stdout *os.File
-	stderr *os.File
+	stdin  stdinWriter
+	stdout io.ReadCloser
+	stderr io.ReadCloser // nil with a Transport
 
 	writeMu     sync.Mutex
 	stdinClosed atomic.Bool
@@ -212,7 +235,7 @@ func Start(ctx context.Context, cfg Config, emit func(Event)) (*Session, error) 
 	if emit == nil {
 		emit = func(Event) {}
 	}
-	if cfg.Command == "" {
+	if cfg.Command == "" && cfg.Transport == nil {
 		return nil, errorf(failure.ProviderSpawnFailed, "empty provider command")
 	}
 	if err := ctx.Err(); err != nil {
@@ -253,6 +276,11 @@ func Start(ctx context.Context, cfg Config, emit func(Event)) (*Session, error) 
 }
 
 func (s *Session) spawn() error {
+	if t := s.cfg.Transport; t != nil {
+		s.stdin, s.stdout = transportStdin{t}, transportStdout{t}
+		s.log.Info("codex: provider connected", "command", s.cfg.Command, "dir", s.cfg.Dir, "codex_home", s.cfg.CodexHome)
+		return nil
+	}
 	inR, inW, err := os.Pipe()
 	if err != nil {
 		return errorf(failure.ProviderSpawnFailed, "stdin pipe: %s", err.Error())
@@ -296,6 +324,20 @@ func (s *Session) spawn() error {
 	s.log.Info("codex: provider started", "pid", pid, "pgid", s.info.PGID, "command", s.cfg.Command, "args", len(s.cfg.Args), "dir", s.cfg.Dir, "codex_home", s.cfg.CodexHome)
 	return nil
 }
+
+// transportStdin is a transport's write side; closing it is stdin's EOF.
+type transportStdin struct{ t Transport }
+
+func (w transportStdin) Write(p []byte) (int, error)        { return w.t.Write(p) }
+func (w transportStdin) SetWriteDeadline(d time.Time) error { return w.t.SetWriteDeadline(d) }
+func (w transportStdin) Close() error                       { return w.t.CloseWrite() }
+
+// transportStdout is a transport's read side; closing it closes the
+// transport (as a pipe's reader closing ends a provider's writes).
+type transportStdout struct{ t Transport }
+
+func (r transportStdout) Read(p []byte) (int, error) { return r.t.Read(p) }
+func (r transportStdout) Close() error               { return r.t.Close() }
 
 func closeAll(fs ...*os.File) {
 	for _, f := range fs {

@@ -12,6 +12,12 @@ import (
 
 // waitLoop reaps the provider.
 func (s *Session) waitLoop() {
+	if s.cmd == nil {
+		// A transport ends with its connection: the reader saw it close.
+		<-s.readerDone
+		close(s.procDone)
+		return
+	}
 	_ = s.cmd.Wait()
 	s.mu.Lock()
 	s.procState = s.cmd.ProcessState
@@ -23,6 +29,9 @@ func (s *Session) waitLoop() {
 // line at debug level.
 func (s *Session) stderrLoop() {
 	defer close(s.stderrDone)
+	if s.stderr == nil {
+		return
+	}
 	readBoundedLines(s.stderr, stderrLineMax, func(line []byte, truncated bool) {
 		text := sanitizeLogLine(string(line))
 		if truncated {
@@ -87,11 +96,13 @@ func (s *Session) monitor() {
 		<-s.readerDone
 	}
 	if !waitFor(s.stderrDone, exitDrainWindow) {
-		_ = s.stderr.Close()
+		_ = s.stderr.Close() // not nil: without stderr the loop is done
 		<-s.stderrDone
 	}
 	_ = s.stdout.Close()
-	_ = s.stderr.Close()
+	if s.stderr != nil {
+		_ = s.stderr.Close()
+	}
 	s.closeStdin()
 	s.log.Info("codex: provider session ended", "pid", s.info.PID, "code", cause.Code)
 }
@@ -123,7 +134,7 @@ func (s *Session) awaitExit() bool {
 		if waitFor(s.procDone, pollInterval) {
 			return true
 		}
-		if st, err := readProcStat(s.info.PID); err == nil && (st.State == 'Z' || st.State == 'X') {
+		if st, err := readProcStat(s.info.PID); s.cmd != nil && err == nil && (st.State == 'Z' || st.State == 'X') {
 			<-s.procDone
 			return true
 		}
@@ -150,6 +161,9 @@ func (s *Session) exitCause() *Error {
 	s.mu.Lock()
 	ps := s.procState
 	s.mu.Unlock()
+	if s.cmd == nil {
+		return errorf(failure.ProviderProcessExited, "the provider host closed the connection")
+	}
 	if ps == nil {
 		return errorf(failure.ProviderProcessExited, "harness process exited")
 	}
@@ -242,6 +256,12 @@ func (s *Session) groupGone() bool {
 }
 
 func (s *Session) signal(sig syscall.Signal) {
+	if s.cmd == nil {
+		// A transport has no process here: closing it ends the session
+		// (the host, seeing its client gone, keeps or stops its provider).
+		_ = s.stdout.Close()
+		return
+	}
 	if err := s.cmd.Process.Signal(sig); err != nil && !errors.Is(err, os.ErrProcessDone) {
 		s.log.Debug("codex: signal provider", "signal", sig.String(), "err", err)
 	}

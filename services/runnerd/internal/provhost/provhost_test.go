@@ -4,11 +4,13 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -128,7 +130,11 @@ func (m msg) mark() uint64 {
 
 func spawnHost(t *testing.T, retain int) (string, *Info) {
 	t.Helper()
-	dir := filepath.Join(t.TempDir(), "runner")
+	return spawnHostIn(t, filepath.Join(t.TempDir(), "runner"), retain)
+}
+
+func spawnHostIn(t *testing.T, dir string, retain int) (string, *Info) {
+	t.Helper()
 	require.NoError(t, os.MkdirAll(dir, 0o700))
 	home := t.TempDir()
 	in, err := Spawn(context.Background(), SpawnConfig{
@@ -346,4 +352,92 @@ func groupAlive(pgid int) bool {
 		}
 	}
 	return false
+}
+
+// dialled is a client attached with Dial, driven line by line.
+type dialled struct {
+	t     *testing.T
+	c     *Conn
+	lines chan string
+}
+
+func dialClient(t *testing.T, dir string, reattach bool, resume uint64) *dialled {
+	t.Helper()
+	c, err := Dial(dir, reattach, resume)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Close() })
+	d := &dialled{t: t, c: c, lines: make(chan string, 4096)}
+	go func() {
+		sc := bufio.NewScanner(c)
+		sc.Buffer(make([]byte, 1<<20), 8<<20)
+		for sc.Scan() {
+			d.lines <- sc.Text()
+		}
+		close(d.lines)
+	}()
+	return d
+}
+
+func (d *dialled) request(id int, method string, params map[string]any) {
+	b, err := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": id, "method": method, "params": params})
+	require.NoError(d.t, err)
+	_, err = d.c.Write(append(b, '\n'))
+	require.NoError(d.t, err)
+}
+
+// answer waits for the answer to request id.
+func (d *dialled) answer(id int) msg {
+	d.t.Helper()
+	for {
+		select {
+		case l, ok := <-d.lines:
+			require.True(d.t, ok, "the host closed the connection")
+			var m msg
+			require.NoError(d.t, json.Unmarshal([]byte(l), &m), l)
+			if m.Method == "" && string(m.ID) == strconv.Itoa(id) {
+				return m
+			}
+		case <-time.After(15 * time.Second):
+			d.t.Fatal("no answer from the provider host")
+			return msg{}
+		}
+	}
+}
+
+// TestP4_RunnerdAttachesToTheHostOverItsSocketWithoutAShim: runnerd drives
+// a hosted provider over the host's socket itself (Dial), whatever the
+// length of its state directory's path (a socket address holds about 108
+// bytes: a long one is reached through a descriptor of the directory). A
+// second fresh client is refused as a shim's was, and a client closing
+// its side detaches (the host then takes a re-attaching one).
+func TestP4_RunnerdAttachesToTheHostOverItsSocketWithoutAShim(t *testing.T) {
+	dir, info := spawnHostIn(t, filepath.Join(t.TempDir(), "a-state-directory-deep-enough", "that-its-socket-path-is-long", "runner"), 0)
+	require.Greater(t, len(filepath.Join(dir, SocketName)), maxSocketPath, "the test's state directory is a long path")
+	short, err := os.MkdirTemp("", "ph")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = os.RemoveAll(short) })
+	require.NoError(t, os.Symlink(dir, filepath.Join(short, "r")))
+	require.Less(t, len(filepath.Join(short, "r", SocketName)), maxSocketPath)
+
+	c1 := dialClient(t, dir, false, 0)
+	c1.request(1, "initialize", map[string]any{"clientInfo": map[string]any{"name": "t", "version": "1"}})
+	require.NotNil(t, c1.answer(1).Result)
+	c1.request(2, "thread/start", map[string]any{"cwd": t.TempDir()})
+	require.NotNil(t, c1.answer(2).Result)
+
+	_, err = Dial(filepath.Join(short, "r"), false, 0)
+	var ref *RefusedError
+	require.ErrorAs(t, err, &ref, "a fresh session cannot attach to a provider that already served one")
+
+	require.NoError(t, c1.c.CloseWrite())
+	for range c1.lines {
+	}
+	c2 := dialClient(t, filepath.Join(short, "r"), true, 0)
+	c2.request(1, "initialize", map[string]any{"clientInfo": map[string]any{"name": "t", "version": "1"}})
+	require.NotNil(t, c2.answer(1).Result, "the re-attached client is answered from the cached initialize")
+	require.True(t, info.ProviderAlive())
+
+	_, err = Dial(t.TempDir(), true, 0)
+	require.Error(t, err, "no host listens there")
+	require.False(t, errors.As(err, &ref))
 }
