@@ -312,12 +312,16 @@ func (s *Server) WatchRun(req *executorv1.WatchRunRequest, stream executorv1.Exe
 			m := &executorv1.WatchRunResponse{Seq: e.Seq, Event: e.Event}
 			terminal := e.Event.GetEventType() == store.EventTerminal
 			if terminal {
-				// The result is recorded with the terminal event.
-				run, err := s.Store.GetRun(ctx, req.GetRunId())
-				if err != nil {
-					return err
+				// The result is recorded with the terminal event, and
+				// read with it.
+				m.Result = e.Result
+				if m.Result == nil {
+					run, err := s.Store.GetRun(ctx, req.GetRunId())
+					if err != nil {
+						return err
+					}
+					m.Result = run.GetResult()
 				}
-				m.Result = run.GetResult()
 			}
 			if err := out.SendMsg(m); err != nil {
 				return err

@@ -309,3 +309,34 @@ func TestP4_ACommittedAppendTellsTheStoresListenerWithTheStoredEvents(t *testing
 	require.Len(t, calls, 3)
 	require.Equal(t, call{"r", nil}, calls[2])
 }
+
+// EventsAfter reads a run's run.terminal with the run's result, as GetRun
+// returns it (usage and cost included), in the same statement: a watcher
+// sends the terminal without reading the run again (SPEC P4). Other
+// events carry none.
+func TestP4_EventsAfterReadsTheTerminalWithTheRunsResult(t *testing.T) {
+	t.Parallel()
+	s := newStore(t)
+	ctx := context.Background()
+	c := claimed(t, s, "r", "o")
+	_, err := s.AppendEvents(ctx, c.Fence, deltas("r", "runner-1", 1, 2))
+	require.NoError(t, err)
+	_, err = s.AppendEvents(ctx, c.Fence, []*prpv1.Event{event("r", "runner-1", 3, "run.terminal", map[string]any{
+		"turnTerminalState": "completed", "runTerminalState": "succeeded", "finalMessage": "ECHO: x",
+		"usage": map[string]any{"inputTokens": 10, "cachedInputTokens": 2, "outputTokens": 3, "costUsd": 0.25},
+	})})
+	require.NoError(t, err)
+	run, err := s.GetRun(ctx, "r")
+	require.NoError(t, err)
+	require.NotNil(t, run.GetResult().GetUsage())
+	evs, err := s.EventsAfter(ctx, "r", 0, 10)
+	require.NoError(t, err)
+	require.Len(t, evs, 3)
+	require.Nil(t, evs[0].Result)
+	require.Nil(t, evs[1].Result)
+	require.Equal(t, "run.terminal", evs[2].Event.GetEventType())
+	require.True(t, proto.Equal(run.GetResult(), evs[2].Result), "%v vs %v", run.GetResult(), evs[2].Result)
+	evs, err = s.EventsAfter(ctx, "r", 2, 10)
+	require.NoError(t, err)
+	require.True(t, proto.Equal(run.GetResult(), evs[0].Result))
+}

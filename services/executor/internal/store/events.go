@@ -745,11 +745,20 @@ func (s *Store) failRun(ctx context.Context, f Fence, code, message string, reco
 type StoredEvent struct {
 	Seq   uint64
 	Event *prpv1.Event
+	// Result is, on a run.terminal EventsAfter read, the run's result as
+	// GetRun returns it, read in the same statement (the terminal event
+	// and the result are committed together); nil otherwise, or when the
+	// run has none.
+	Result *executorv1.RunResult
 }
 
-// EventsAfter returns up to limit events of a run with seq > after, in order.
+// EventsAfter returns up to limit events of a run with seq > after, in
+// order; the run's run.terminal comes with the run's result (so that a
+// watcher sends it without reading the run again, SPEC P4).
 func (s *Store) EventsAfter(ctx context.Context, runID string, after uint64, limit int) ([]StoredEvent, error) {
-	rows, err := s.pool.Query(ctx, `SELECT seq, event FROM executor.events WHERE run_id = $1 AND seq > $2 ORDER BY seq LIMIT $3`,
+	rows, err := s.pool.Query(ctx, `SELECT e.seq, e.event, `+resultColumns+`
+  FROM executor.events e LEFT JOIN executor.runs r ON e.event_type = 'run.terminal' AND r.run_id = e.run_id
+ WHERE e.run_id = $1 AND e.seq > $2 ORDER BY e.seq LIMIT $3`,
 		runID, int64(after), limit)
 	if err != nil {
 		return nil, err
@@ -758,17 +767,23 @@ func (s *Store) EventsAfter(ctx context.Context, runID string, after uint64, lim
 	var out []StoredEvent
 	for rows.Next() {
 		var (
-			seq int64
-			raw []byte
+			seq                            int64
+			raw, result                    []byte
+			usageIn, usageCached, usageOut *int64
+			costUSD                        *float64
 		)
-		if err := rows.Scan(&seq, &raw); err != nil {
+		if err := rows.Scan(&seq, &raw, &result, &usageIn, &usageCached, &usageOut, &costUSD); err != nil {
 			return nil, err
 		}
 		ev := &prpv1.Event{}
 		if err := proto.Unmarshal(raw, ev); err != nil {
 			return nil, err
 		}
-		out = append(out, StoredEvent{Seq: uint64(seq), Event: ev})
+		res, err := decodeResult(result, usageIn, usageCached, usageOut, costUSD)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, StoredEvent{Seq: uint64(seq), Event: ev, Result: res})
 	}
 	return out, rows.Err()
 }

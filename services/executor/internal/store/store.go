@@ -236,17 +236,8 @@ func scanRunWith(row pgx.Row, extra ...any) (*executorv1.Run, int64, error) {
 	if err := proto.Unmarshal(input, run.Input); err != nil {
 		return nil, 0, err
 	}
-	if len(result) > 0 {
-		run.Result = &executorv1.RunResult{}
-		if err := proto.Unmarshal(result, run.Result); err != nil {
-			return nil, 0, err
-		}
-	}
-	if usageIn != nil && run.Result != nil {
-		run.Result.Usage = &executorv1.Usage{
-			InputTokens: uint64(*usageIn), CachedInputTokens: uint64(deref(usageCached)), OutputTokens: uint64(deref(usageOut)),
-		}
-		run.Result.CostUsd = costUSD
+	if run.Result, err = decodeResult(result, usageIn, usageCached, usageOut, costUSD); err != nil {
+		return nil, 0, err
 	}
 	if failCode != "" {
 		run.Failure = &executorv1.Failure{Code: failCode, Message: failMsg}
@@ -268,6 +259,29 @@ func scanRunWith(row pgx.Row, extra ...any) (*executorv1.Run, int64, error) {
 	run.StartedAt = tsOrNil(startedAt)
 	run.EndedAt = tsOrNil(endedAt)
 	return &run, seq, nil
+}
+
+// resultColumns are the columns decodeResult reads, of the runs row r.
+const resultColumns = `r.result, r.usage_input_tokens, r.usage_cached_input_tokens, r.usage_output_tokens, r.cost_usd::float8`
+
+// decodeResult is a run's result as stored: the result column, with the
+// usage and cost kept in columns of their own (migration 00011); nil when
+// the run has none.
+func decodeResult(result []byte, usageIn, usageCached, usageOut *int64, costUSD *float64) (*executorv1.RunResult, error) {
+	if len(result) == 0 {
+		return nil, nil
+	}
+	res := &executorv1.RunResult{}
+	if err := proto.Unmarshal(result, res); err != nil {
+		return nil, err
+	}
+	if usageIn != nil {
+		res.Usage = &executorv1.Usage{
+			InputTokens: uint64(*usageIn), CachedInputTokens: uint64(deref(usageCached)), OutputTokens: uint64(deref(usageOut)),
+		}
+		res.CostUsd = costUSD
+	}
+	return res, nil
 }
 
 func deref(p *int64) int64 {
