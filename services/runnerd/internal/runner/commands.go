@@ -917,7 +917,8 @@ func (r *Runner) stopSession(reason string) {
 
 // onTurnDone ends the active turn: the provider events still queued and
 // the turn's run.terminal are journaled together (one fsync) and sent in
-// one batch.
+// one batch. The state that clears the active turn is saved once the
+// controller acknowledged them (saveWhenAcked).
 func (r *Runner) onTurnDone(res TurnResult) {
 	r.lastActivity = time.Now()
 	evs, cursor := r.providerEvents()
@@ -929,7 +930,7 @@ func (r *Runner) onTurnDone(res TurnResult) {
 	}
 	r.journalProvider(append(evs, r.terminalEvent(t, res)), cursor)
 	r.st.ActiveTurn = nil
-	r.saveSoon()
+	r.saveWhenAcked(r.st.NextSourceSeq - 1)
 }
 
 // onProviderExit handles a provider that exited under a live runnerd: its

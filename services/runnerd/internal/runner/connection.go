@@ -229,6 +229,9 @@ func (r *Runner) applyAck(n uint64) {
 	r.st.AckedSourceSeq = n
 	r.j.ackDirty = true
 	r.j.outbox.Forget(n)
+	if s := r.j.saveOnAck; s != 0 && n >= s {
+		r.saveSoon()
+	}
 	if r.j.outbox.CompactDue() {
 		if err := r.j.save(); err != nil {
 			r.log.Error("cannot persist ACK", "err", err)

@@ -3,6 +3,7 @@ package runner
 import (
 	"fmt"
 	"log/slog"
+	"time"
 
 	"github.com/tether-run/tether/pkg/runnerstate"
 	"github.com/tether-run/tether/services/runnerd/internal/durable"
@@ -39,6 +40,11 @@ type journal struct {
 	// ackDirty: the acknowledged cursor moved since the last snapshot. It
 	// is persisted lazily (see Runner.applyAck).
 	ackDirty bool
+	// saveOnAck: a snapshot is due once the controller acknowledged this
+	// source seq (0: none; see Runner.saveWhenAcked); owedSince is when
+	// it was asked for.
+	saveOnAck uint64
+	owedSince time.Time
 
 	// hold: events emitted now are held (held, no source seq yet) and
 	// journaled with the next batch — the provider events after a turn

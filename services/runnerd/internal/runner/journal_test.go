@@ -198,7 +198,8 @@ func TestR4_AcknowledgementIsPersistedLazily(t *testing.T) {
 	prov := attachAndTurn(t, e, cs)
 	prov.finish(TurnResult{TurnID: "turn-1", Status: "completed"})
 	e.gw.waitEvent("run.terminal", 1)
-	// The save that follows the turn's end (saveSoon) is written.
+	// The save that follows the turn's end is written (unacknowledged, as
+	// here, after saveOnAckWait; see TestP4_…).
 	require.Eventually(t, func() bool { mu.Lock(); defer mu.Unlock(); return turnCleared }, 10*time.Second, time.Millisecond)
 	mu.Lock()
 	before := saves
@@ -224,6 +225,41 @@ func TestR4_AcknowledgementIsPersistedLazily(t *testing.T) {
 	e.gw.ack(e.gw.maxSeq())
 	assert.Equal(t, ExitOK, p.wait(t, 5*time.Second))
 	assert.Equal(t, e.gw.maxSeq(), e.state().AckedSourceSeq, "persisted at exit")
+}
+
+// TestP4_TheSaveThatEndsATurnWaitsForItsEndToBeAcknowledged: the state
+// that clears a finished turn is saved once the controller acknowledged the
+// turn's run.terminal, not while the executor commits it (the snapshot's
+// syncs competed with that commit for the disk); until then the state on
+// disk still holds the turn, whose end the outbox holds (a runnerd killed
+// meanwhile settles it from there: TestR8_RunnerdKilledAfterJournalingThe…).
+func TestP4_TheSaveThatEndsATurnWaitsForItsEndToBeAcknowledged(t *testing.T) {
+	t.Parallel()
+	e := newTestEnv(t)
+	var mu sync.Mutex
+	turnCleared := false
+	e.start(func(c *Config) {
+		c.StateSaved = func(st *runnerstate.State) {
+			mu.Lock()
+			turnCleared = turnCleared || (st.ActiveTurn == nil && st.LastTurnID != "")
+			mu.Unlock()
+		}
+	})
+	cs := &cmdSeq{t: t, runID: "run-1", attempt: 1}
+	prov := attachAndTurn(t, e, cs)
+	prov.finish(TurnResult{TurnID: "turn-1", Status: "completed"})
+	term := e.gw.waitEvent("run.terminal", 1)
+	time.Sleep(100 * time.Millisecond)
+	mu.Lock()
+	assert.False(t, turnCleared, "no save before the turn's end is acknowledged")
+	mu.Unlock()
+	require.NotNil(t, e.state().ActiveTurn, "the state on disk still holds the turn")
+
+	e.gw.ack(term.GetSourceSeq())
+	require.Eventually(t, func() bool { mu.Lock(); defer mu.Unlock(); return turnCleared }, 10*time.Second, time.Millisecond)
+	st := e.state()
+	assert.Nil(t, st.ActiveTurn, "the ended turn is persisted")
+	assert.Equal(t, term.GetSourceSeq(), st.AckedSourceSeq, "with the acknowledged cursor")
 }
 
 // TestR4_RunAttachedAndTheTurnsFirstEventsShareOneFsync: run.attach and

@@ -307,8 +307,8 @@ func Run(ctx context.Context, cfg Config) (int, error) {
 		r.reconcileCutTurnStart(rec)
 	}
 	code = r.loop(ctx)
-	if r.j.ackDirty {
-		_ = r.j.save() // the acknowledged cursor, for the next process
+	if r.j.ackDirty || r.j.saveOnAck != 0 {
+		_ = r.j.save() // the acknowledged cursor (and what waited for it), for the next process
 	}
 	_ = r.j.settleSaves() // answers waiting for a snapshot go out before the goodbye
 	r.link.stopListening()
@@ -491,6 +491,29 @@ func (r *Runner) mustSave() {
 
 // saveSoon has the state written without waiting (for changes nobody waits
 // on); a failure is fatal as for mustSave.
+// saveWhenAcked has the state saved (as saveSoon) once the controller
+// acknowledged source seq seq: a turn's end, whose run.terminal the
+// executor commits meanwhile — the snapshot's syncs (a rewrite, two
+// fsyncs) then no longer compete with that commit for the disk, on the
+// turn's critical path. Nothing waits for this snapshot: the turn's end is
+// journaled, so a runnerd killed before it finds the end in its outbox and
+// settles the active turn (settleEndedTurn, SPEC R8), and any earlier save
+// holds it. Without a connection, once saveOnAckWait passed, and at exit
+// it is saved anyway.
+func (r *Runner) saveWhenAcked(seq uint64) {
+	if !r.link.connected() || seq <= r.st.AckedSourceSeq {
+		r.saveSoon()
+		return
+	}
+	if r.j.saveOnAck == 0 {
+		r.j.owedSince = time.Now()
+	}
+	r.j.saveOnAck = max(r.j.saveOnAck, seq)
+}
+
+// saveOnAckWait bounds how long a snapshot waits for its acknowledgement.
+const saveOnAckWait = time.Second
+
 func (r *Runner) saveSoon() {
 	if _, err := r.j.saveAsync(); err != nil && r.j.saveErr == nil {
 		r.log.Error("cannot persist runner state", "err", err)
@@ -571,6 +594,9 @@ func (r *Runner) checkTimers(now time.Time) (int, bool) {
 		if r.link.dialDue(now) {
 			r.startDial()
 		}
+	}
+	if r.j.saveOnAck != 0 && now.Sub(r.j.owedSince) >= saveOnAckWait {
+		r.saveSoon()
 	}
 	if r.exit == nil && r.st.ActiveTurn == nil && now.Sub(r.lastActivity) >= r.cfg.IdleTimeout {
 		r.onIdle()

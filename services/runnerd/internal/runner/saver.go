@@ -102,6 +102,7 @@ func (j *journal) saveAsync() (uint64, error) {
 	}
 	j.saveGen++
 	j.ackDirty = false // the snapshot holds the cursor
+	j.saveOnAck = 0    // and what waited for an acknowledgement
 	if j.intents != nil {
 		if j.snapCovers == nil {
 			j.snapCovers = map[uint64]uint64{}
