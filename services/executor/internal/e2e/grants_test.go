@@ -79,7 +79,9 @@ func TestS1_AForgedAttachThroughTheStackIsRefusedAndTheRealRunSucceeds(t *testin
 // grant, and by the backup verifier, which admits the executor.
 func TestS2_AStackOnMutualTLSAdmitsEachServiceOnlyItsPeers(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t, stack.Options{MTLS: true, FakeArgs: []string{"--delta-delay-ms", "300"}})
+	// The turn outlasts a second executor's start (≈ 6 s at 300 ms a
+	// delta ended first at load 50: the forwarded call found the run over).
+	h := newHarness(t, stack.Options{MTLS: true, FakeArgs: []string{"--delta-delay-ms", "1000"}})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	dial := func(service, role string) *grpc.ClientConn {

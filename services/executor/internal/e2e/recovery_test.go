@@ -211,6 +211,28 @@ func TestR7_ProviderKilledMidStreamTheCutOffTurnIsRetriedOnTheResumedThreadAndTh
 	require.Equal(t, 2, countLines(t, log, "process-start"), "one replacement provider")
 }
 
+// waitGatewayLog waits until the gateway's log has a line with every one
+// of parts.
+func waitGatewayLog(t *testing.T, h *harness, parts ...string) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		b, err := os.ReadFile(h.st.LogPath("runnergw"))
+		if err != nil {
+			return false
+		}
+	lines:
+		for _, line := range strings.Split(string(b), "\n") {
+			for _, p := range parts {
+				if !strings.Contains(line, p) {
+					continue lines
+				}
+			}
+			return true
+		}
+		return false
+	}, 30*time.Second, 20*time.Millisecond, "the gateway's log has no line with %q", parts)
+}
+
 // killRunnerd SIGKILLs the session's runnerd (as GetRun reports it) and
 // waits until it is gone.
 func killRunnerd(t *testing.T, h *harness, runID string) int32 {
@@ -234,6 +256,11 @@ func TestR8_RunnerdKilledBetweenTurnsTheNextRunContinuesTheThreadWithTheSameRunn
 	require.True(t, ok)
 	require.Equal(t, "ready", rs.Lifecycle, "a warm runner between turns")
 	killed := killRunnerd(t, h, first)
+	// The next run is submitted once the gateway saw the runner go: on a
+	// loaded box its Open could otherwise still find the dead runner's
+	// connection, take the scope's authority over on it (one rotation)
+	// and attach again to the relaunched runner (a second one).
+	waitGatewayLog(t, h, "runner disconnected", before.GetRunnerInstanceId())
 
 	// The scope's previous run is terminal, the root's runner crashed idle
 	// with the same identity: the next run resumes it (nothing quarantined).
