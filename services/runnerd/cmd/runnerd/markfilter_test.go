@@ -41,8 +41,10 @@ func TestR4_AHostedLinesEventsAreHandedOnWithTheMarkPastTheLine(t *testing.T) {
 	require.Len(t, got, 2)
 	require.Equal(t, "a", got[0].Payload["delta"])
 	require.Zero(t, got[0].Cursor)
+	require.True(t, got[0].More, "the runner takes it with the rest of its line")
 	require.Equal(t, "b", got[1].Payload["delta"])
 	require.EqualValues(t, 7, got[1].Cursor, "the cursor rides on the line's last event")
+	require.False(t, got[1].More)
 
 	// An answer is not marked: its events go on at once.
 	got = nil

@@ -130,8 +130,9 @@ func startHost(ctx context.Context, cfg runner.ProviderConfig) (*provhost.Info, 
 //
 // The host follows each provider line but an answer with its mark. The
 // events a line causes are held until its mark and handed on with the
-// cursor on the last of them (one queue item): journaled in one batch with
-// the cursor past their line. Handed on one by one, a runnerd killed after
+// cursor on the last of them, the others marked More so that the runner
+// takes them together: journaled in one batch with the cursor past their
+// line. Handed on one by one, a runnerd killed after
 // journaling a line's events but before its mark made the re-attached host
 // replay the line, and its events were journaled twice.
 type markFilter struct {
@@ -187,7 +188,8 @@ func (f *markFilter) release(cursor uint64) {
 	held := f.held
 	f.held = nil
 	held[len(held)-1].Cursor = cursor
-	for _, ev := range held {
+	for i, ev := range held {
+		ev.More = i < len(held)-1 // the runner takes the line's events together
 		f.emit(ev)
 	}
 }

@@ -140,11 +140,22 @@ func (q *eventQueue) has(pred func(ProviderEvent) bool) bool {
 	return false
 }
 
+// drain takes what is queued but the trailing events of a provider line
+// still being handed on (ProviderEvent.More): they are taken with the
+// line's last event, on the wake-up its push causes.
 func (q *eventQueue) drain() []queued {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	it := q.items
-	q.items = nil
+	n := len(q.items)
+	for n > 0 && q.items[n-1].ev.More {
+		n--
+	}
+	it := q.items[:n:n]
+	if n == len(q.items) {
+		q.items = nil
+	} else {
+		q.items = append([]queued(nil), q.items[n:]...)
+	}
 	return it
 }
 

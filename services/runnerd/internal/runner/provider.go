@@ -112,6 +112,12 @@ type ProviderEvent struct {
 	// Cursor is a provider host mark: every provider line through this
 	// host seq has been emitted (with this event, if it has a Type).
 	Cursor uint64
+	// More: further events of the same provider line follow at once, the
+	// last with the line's cursor. The runner takes a line's events
+	// together (eventQueue.drain): a loop that journaled part of a line
+	// without its cursor, killed before the rest, would have the host
+	// replay the line and journal that part twice.
+	More bool
 }
 
 // What a provider driver reports (package provider), as the runner uses it.
