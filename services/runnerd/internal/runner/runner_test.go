@@ -697,10 +697,12 @@ func TestR1_ProviderStartFailureFailsTheCommand(t *testing.T) {
 func TestR4_IdleTimeoutSuspendsAndExits(t *testing.T) {
 	t.Parallel()
 	e := newTestEnv(t)
-	p := e.start(func(c *Config) { c.IdleTimeout = 300 * time.Millisecond })
+	// 1 s: at 300 ms a loaded box (load 50) let the runner go idle
+	// between the run.attach and the turn.start.
+	p := e.start(func(c *Config) { c.IdleTimeout = time.Second })
 	cs := &cmdSeq{t: t, runID: "run-1", attempt: 1}
 	prov := attachAndTurn(t, e, cs)
-	time.Sleep(400 * time.Millisecond) // an active turn is not idle
+	time.Sleep(1200 * time.Millisecond) // an active turn is not idle
 	select {
 	case <-p.done:
 		t.Fatal("runner exited during an active turn")

@@ -68,7 +68,9 @@ func TestR5_RunnerSuspendStopsTheProviderKeepsTheThreadAndResumes(t *testing.T) 
 func TestR5_IdleTimeoutIsADurableSuspension(t *testing.T) {
 	t.Parallel()
 	e := newTestEnv(t)
-	p := e.start(func(c *Config) { c.IdleTimeout = 300 * time.Millisecond })
+	// 1 s: at 300 ms a loaded box (load 50) let the runner go idle
+	// between the run.attach and the turn.start.
+	p := e.start(func(c *Config) { c.IdleTimeout = time.Second })
 	cs := &cmdSeq{t: t, runID: "run-1", attempt: 1}
 	prov := attachAndTurn(t, e, cs)
 	prov.finish(TurnResult{TurnID: "turn-1", Status: "completed"})
