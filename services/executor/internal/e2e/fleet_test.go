@@ -35,6 +35,13 @@ func (h *harness) waitAttempt(ctx context.Context, client executorv1.ExecutorSer
 	}
 }
 
+// releaseStall ends the fake provider's "[stall:<phase>]" holds of a stack
+// started with --die-once-dir dir (fakecodex.ReleaseFile).
+func releaseStall(t *testing.T, dir, phase string) {
+	t.Helper()
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "release-"+phase), nil, 0o600))
+}
+
 // requireOneTerminal checks a run's log: contiguous, one run.terminal.
 func (h *harness) requireOneTerminal(ctx context.Context, runID string) {
 	h.t.Helper()
@@ -53,16 +60,16 @@ func TestF5_SIGTERMHandsEveryLeaseBackAndAnotherReplicaResumesEachTurnAtOnce(t *
 	// A 10-minute lease and no same-host takeover on the successor: the
 	// runs can only move within the test's deadline if the stopping
 	// replica hands its leases back.
-	// Turns of about 60 deltas 300 ms apart: they outlast the start of
-	// the second replica also on a loaded machine.
+	// Each turn is held after its first delta ("[stall:mid-stream]")
+	// until every run was taken over, however slow the machine.
 	t.Parallel()
-	h := newHarness(t, stack.Options{LeaseTTL: 10 * time.Minute, FakeArgs: []string{"--delta-delay-ms", "300"}})
+	dir := t.TempDir()
+	h := newHarness(t, stack.Options{LeaseTTL: 10 * time.Minute, FakeArgs: []string{"--die-once-dir", dir}})
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	const runs = 3
-	long := strings.Repeat(slowTurn+" ", 3)
 	for i := range runs {
-		h.submit(fmt.Sprintf("handback-%d", i), fmt.Sprintf("handback-session-%d", i), long)
+		h.submit(fmt.Sprintf("handback-%d", i), fmt.Sprintf("handback-session-%d", i), fmt.Sprintf("[stall:mid-stream] turn %d: %s", i, slowTurn))
 	}
 	for i := range runs {
 		h.waitForDelta(ctx, h.client, fmt.Sprintf("handback-%d", i))
@@ -80,6 +87,7 @@ func TestF5_SIGTERMHandsEveryLeaseBackAndAnotherReplicaResumesEachTurnAtOnce(t *
 		t.Logf("%s resumed by %s %s after the SIGTERM", id, run.GetLeaseOwner(), time.Since(stopped).Round(time.Millisecond))
 	}
 	h.client = successor
+	releaseStall(t, dir, "mid-stream")
 	for i := range runs {
 		id := fmt.Sprintf("handback-%d", i)
 		run := h.waitState(ctx, successor, id, executorv1.RunState_RUN_STATE_SUCCEEDED)

@@ -7,7 +7,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"strings"
 	"testing"
 	"time"
 
@@ -330,15 +329,16 @@ func TestF4_DrainMovesIdleSessionsThroughVerifiedCheckpointsAndEachContinuesItsT
 
 func TestF4_AnActiveRunFinishesOnTheDrainedGatewayAndItsScopeMovesOnceItEnded(t *testing.T) {
 	t.Parallel()
-	// A turn of about 60 deltas 300 ms apart outlasts the drain's start
-	// also on a loaded machine. Equal gateways: the tie goes to the lower
-	// id, runnergw.
-	h := newFleet(t, stack.Options{FakeArgs: []string{"--delta-delay-ms", "300"}}, []string{"executor"}, map[string][]string{
+	// The turn is held after its first delta ("[stall:mid-stream]") until
+	// the drain was checked, however slow the machine. Equal gateways:
+	// the tie goes to the lower id, runnergw.
+	dir := t.TempDir()
+	h := newFleet(t, stack.Options{FakeArgs: []string{"--die-once-dir", dir}}, []string{"executor"}, map[string][]string{
 		"runnergw": {"-labels", "zone=a,host=1"}, "runnergw-2": {"-labels", "zone=a,host=2"},
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	h.submitWith(ctx, "busy-1", "busy", strings.Repeat(slowTurn+" ", 3), map[string]string{"zone": "a"}, 0)
+	h.submitWith(ctx, "busy-1", "busy", "[stall:mid-stream] "+slowTurn, map[string]string{"zone": "a"}, 0)
 	h.waitForDelta(ctx, h.client, "busy-1")
 	require.Equal(t, stack.GatewayID, h.session(ctx, "busy").GetGatewayId())
 
@@ -354,6 +354,7 @@ func TestF4_AnActiveRunFinishesOnTheDrainedGatewayAndItsScopeMovesOnceItEnded(t 
 	require.NoError(t, err)
 
 	// The run finishes where it runs, then the scope moves.
+	releaseStall(t, dir, "mid-stream")
 	run := h.waitState(ctx, h.client, "busy-1", executorv1.RunState_RUN_STATE_SUCCEEDED)
 	require.EqualValues(t, 1, run.GetAttempt())
 	require.Eventually(t, func() bool { return h.gateways(ctx)[stack.GatewayID].GetDrain().GetDone() }, time.Minute, 100*time.Millisecond)

@@ -40,6 +40,17 @@ const (
 // answered.
 const StallTurnRecorded = "turn-recorded"
 
+// StallMidStream is the "[stall:mid-stream]" prompt marker (tests only,
+// with Options.DieOnceDir): once per prompt, after the reply's first delta
+// the fake logs "stall:mid-stream" to its call log and sends the turn's
+// next delta only once the file ReleaseFile(phase) exists in DieOnceDir
+// (at most StallLimit). Unlike "[stall:turn-recorded]" it holds only that
+// turn: the server keeps answering requests meanwhile. A test keeps a turn
+// in flight for as long as it needs (a drain, a replica's SIGTERM) and
+// then lets it end at once, instead of streaming slow deltas that must
+// outlast the slowest machine.
+const StallMidStream = "mid-stream"
+
 // StallLimit bounds a "[stall:…]" marker's hold.
 const StallLimit = time.Minute
 
@@ -74,6 +85,33 @@ func (s *Server) stallAt(phase, prompt string) {
 		}
 	}
 }
+
+// stallMidStream starts the "[stall:mid-stream]" hold of at, once per
+// prompt: called after the reply's first delta.
+func (s *Server) stallMidStream(at *activeTurn) {
+	if !s.once("stall", StallMidStream, at.prompt) {
+		return
+	}
+	s.logCall("stall:" + StallMidStream)
+	at.stallUntil = time.Now().Add(StallLimit)
+}
+
+// stalled reports whether at's "[stall:mid-stream]" hold still holds: no
+// release file yet and StallLimit not over.
+func (s *Server) stalled(at *activeTurn) bool {
+	if at.stallUntil.IsZero() {
+		return false
+	}
+	_, err := os.Stat(filepath.Join(s.opts.DieOnceDir, ReleaseFile(StallMidStream)))
+	if err == nil || time.Now().After(at.stallUntil) {
+		at.stallUntil = time.Time{}
+		return false
+	}
+	return true
+}
+
+// stallPoll is how often a held turn looks for its release file.
+const stallPoll = 10 * time.Millisecond
 
 // once reports whether the "[kind:phase]" marker of prompt fires: only with
 // Options.DieOnceDir, and only the first time (a synced sentinel in that

@@ -655,3 +655,39 @@ func TestR3_TwoProcessesShareStateFile(t *testing.T) {
 	require.Len(t, st.Threads[threadA].Turns, 1)
 	require.Len(t, st.Threads[threadB].Turns, 1)
 }
+
+func TestR3_StallMidStreamHoldsTheTurnUntilReleasedWhileTheServerAnswers(t *testing.T) {
+	dir := t.TempDir()
+	opts := fastOpts()
+	opts.DieOnceDir = dir
+	opts.CallLog = filepath.Join(dir, "calls.log")
+	c := startServer(t, opts)
+	c.initialize()
+	threadID := c.startThread()
+
+	const prompt = "[stall:mid-stream] hold this turn after its first delta"
+	turnID := c.startTurn(threadID, prompt)
+	c.waitDeltas(1)
+	// Held: the server answers a request, and no further delta came first.
+	var rr threadResp
+	before := c.mustCall("thread/read", map[string]any{"threadId": threadID, "includeTurns": true}, &rr)
+	for _, m := range before {
+		require.NotEqual(t, "item/agentMessage/delta", m.Method, "the turn is held after its first delta")
+	}
+	require.Equal(t, statusInProgress, rr.Thread.Turns[0].Status)
+	log, err := os.ReadFile(opts.CallLog)
+	require.NoError(t, err)
+	require.Contains(t, strings.Split(string(log), "\n"), "stall:"+StallMidStream)
+
+	require.NoError(t, os.WriteFile(filepath.Join(dir, ReleaseFile(StallMidStream)), nil, 0o600))
+	tc, _ := c.untilTurnCompleted(turnID)
+	require.Equal(t, statusCompleted, tc.Turn.Status)
+	require.Equal(t, ReplyText(prompt, 1, 0), tc.Turn.Items[0].Text)
+
+	// Once per prompt: the same prompt again is not held (no release file).
+	require.NoError(t, os.Remove(filepath.Join(dir, ReleaseFile(StallMidStream))))
+	turn2 := c.startTurn(threadID, prompt)
+	tc, _ = c.untilTurnCompleted(turn2)
+	require.Equal(t, statusCompleted, tc.Turn.Status)
+	require.NoError(t, c.stop())
+}

@@ -30,6 +30,9 @@ type activeTurn struct {
 	waitingID int
 	outcomes  []string // answers to this turn's server requests, for the reply
 	prompt    string   // the turn's first input (for the [die:…] markers)
+	// stallUntil is set while a "[stall:mid-stream]" hold lasts (see
+	// StallMidStream): the next delta waits for the release file.
+	stallUntil time.Time
 }
 
 // ReplyText is the fake model's deterministic answer. prompt is the turn's
@@ -421,6 +424,10 @@ func (s *Server) runDue() error {
 }
 
 func (s *Server) step(at *activeTurn) error {
+	if s.stalled(at) {
+		at.due = time.Now().Add(stallPoll)
+		return nil
+	}
 	delta := at.chunks[at.next]
 	at.next++
 	if err := s.notify("item/agentMessage/delta", map[string]any{
@@ -433,6 +440,7 @@ func (s *Server) step(at *activeTurn) error {
 	}
 	if at.next == 1 {
 		s.dieAt(DieMidStream, at.prompt)
+		s.stallMidStream(at)
 	}
 	if at.next < len(at.chunks) {
 		at.due = time.Now().Add(at.delay)
