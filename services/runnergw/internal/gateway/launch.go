@@ -294,10 +294,21 @@ func ticketPipe(c prp.Credential) (*os.File, error) {
 	return r, nil
 }
 
-// stop terminates a runnerd process group: TERM, grace, KILL.
+// stop terminates a runnerd process group: TERM, grace, KILL. A process
+// known gone (done closed: reaped, or no longer the recorded process) gets
+// no signal. runnerd's children (provider host, shim, provider) live in
+// groups of their own, so nothing is left in its group; its id is free,
+// and a process started since (another scope's runnerd, which leads a
+// group of its own, on a box that wraps pid_max within minutes) may lead a
+// group of that id.
 func stopGroup(pid int, done <-chan struct{}, grace time.Duration) {
 	if pid <= 0 {
 		return
+	}
+	select {
+	case <-done:
+		return
+	default:
 	}
 	_ = syscall.Kill(-pid, syscall.SIGTERM)
 	select {
