@@ -239,10 +239,14 @@ func (rl *relay) turn(ctx context.Context, runID string, target *gatewayv1.Runne
 			if during != nil {
 				during(evs)
 			}
-			for _, ev := range evs {
-				if ev.GetEventType() == "run.terminal" {
+			// The turn ends at this run's run.terminal. A re-attach may first
+			// be sent what the runner still holds unacknowledged of an earlier
+			// run (its terminal included, in one batch with this run's first
+			// events): that is not this turn's end.
+			for i, ev := range events {
+				if ev.GetEventType() == "run.terminal" && ev.GetRunId() == runID {
 					_ = s.CloseSend()
-					return opened, events
+					return opened, events[:i+1]
 				}
 			}
 		}
