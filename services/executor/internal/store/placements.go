@@ -64,7 +64,12 @@ func scanPlacement(row pgx.Row) (*Placement, error) {
 // does not outlive the transaction, so a crash that loses the commit
 // record loses nothing.
 func (s *Store) ScopePlacement(ctx context.Context, scope string, ttl time.Duration) (*Placement, error) {
-	p, err := scanPlacement(s.pool.QueryRow(ctx, scopePlacementSQL+` AND `+asyncCommit+` FOR SHARE OF p`, scope, ttl.Microseconds()))
+	return scanOptionalPlacement(s.pool.QueryRow(ctx, scopePlacementSQL+` AND `+asyncCommit+` FOR SHARE OF p`, scope, ttl.Microseconds()))
+}
+
+// scanOptionalPlacement is scanPlacement with no row a nil placement.
+func scanOptionalPlacement(row pgx.Row) (*Placement, error) {
+	p, err := scanPlacement(row)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil
 	}

@@ -2,7 +2,6 @@ package store
 
 import (
 	"context"
-	"errors"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -136,18 +135,12 @@ func (s *Store) SubmitClaim(ctx context.Context, runID string, in *prpv1.Executi
 	)
 	if reads != nil {
 		pre = &Preread{}
-		pre.Facts, decodeErr = queueAttachFacts(b, runID, scope.OfRun(runID, in), in, reads.PriorRuns)
+		sc := scope.OfRun(runID, in)
+		pre.Facts, decodeErr = queueAttachFacts(b, runID, sc, in, reads.PriorRuns)
 		if reads.GatewayTTL > 0 {
-			b.Queue(scopePlacementSQL+` FOR SHARE OF p`, scope.OfRun(runID, in), reads.GatewayTTL.Microseconds()).QueryRow(func(row pgx.Row) error {
+			b.Queue(scopePlacementSQL+` FOR SHARE OF p`, sc, reads.GatewayTTL.Microseconds()).QueryRow(func(row pgx.Row) error {
 				placedRead = true
-				p, err := scanPlacement(row)
-				switch {
-				case errors.Is(err, pgx.ErrNoRows):
-				case err != nil:
-					placeErr = err
-				default:
-					pre.Placement = p
-				}
+				pre.Placement, placeErr = scanOptionalPlacement(row)
 				return nil
 			})
 		}
@@ -158,7 +151,7 @@ func (s *Store) SubmitClaim(ctx context.Context, runID string, in *prpv1.Executi
 		return false, nil, err
 	}
 	if !created {
-		return false, nil, s.checkResubmitted(ctx, runID, digest, existing)
+		return false, nil, checkResubmitted(ctx, s.pool, runID, digest, existing)
 	}
 	if c == nil {
 		s.notifyCommitted(ctx, RunsChannel, runID)
@@ -200,10 +193,6 @@ func submitArgs(ctx context.Context, runID string, in *prpv1.ExecutionInput) (ar
 		in.GetSession().GetLifecycle().GetMode().String(), raw, digest,
 		in.GetBinding().GetIssueId(), in.GetBinding().GetAgentId(), BindingDigest(in),
 		telemetry.TraceParent(ctx)}, digest, nil
-}
-
-func (s *Store) checkResubmitted(ctx context.Context, runID, digest, existing string) error {
-	return checkResubmitted(ctx, s.pool, runID, digest, existing)
 }
 
 // checkResubmitted checks a submission that found its run id stored
