@@ -135,6 +135,10 @@ type feed struct {
 	watchers map[*Watch]struct{}
 	// offered: events this process committed, handed over by Offer.
 	offered []store.StoredEvent
+	// announced: a commit was announced whose events were not offered (a
+	// notification, or an Offer without them or past the bound): the feed
+	// reads, whatever else woke it.
+	announced bool
 	// Owned by the feed goroutine.
 	next uint64 // events up to this seq were read
 }
@@ -426,8 +430,12 @@ func (h *Hub) Notify(runID string) { h.Offer(runID, nil) }
 func (h *Hub) Offer(runID string, evs []store.StoredEvent) {
 	h.mu.Lock()
 	f := h.feeds[runID]
-	if f != nil && len(evs) > 0 && len(f.offered) < h.page {
-		f.offered = append(f.offered, evs...)
+	if f != nil {
+		if len(evs) > 0 && len(f.offered) < h.page {
+			f.offered = append(f.offered, evs...)
+		} else {
+			f.announced = true
+		}
 	}
 	h.mu.Unlock()
 	if f != nil {
@@ -437,23 +445,27 @@ func (h *Hub) Offer(runID string, evs []store.StoredEvent) {
 
 // takeOffered returns the offered events that follow f.next without a gap
 // (nil when none do: the feed reads), and forgets every offered event.
-func (f *feed) takeOffered() []store.StoredEvent {
+// read reports that the feed must also read: a commit was announced
+// without its events, or offered events were left out after a gap.
+// (Wake-ups coalesce: one may stand for an offered commit and for others
+// announced beside it, whose notifications came before the feed woke.)
+func (f *feed) takeOffered() (evs []store.StoredEvent, read bool) {
 	f.hub.mu.Lock()
-	off := f.offered
-	f.offered = nil
+	off, read := f.offered, f.announced
+	f.offered, f.announced = nil, false
 	f.hub.mu.Unlock()
 	for len(off) > 0 && off[0].Seq <= f.next {
 		off = off[1:]
 	}
 	if len(off) == 0 || off[0].Seq != f.next+1 {
-		return nil
+		return nil, true
 	}
 	for i := 1; i < len(off); i++ {
 		if off[i].Seq != off[i-1].Seq+1 {
-			return off[:i]
+			return off[:i], true
 		}
 	}
-	return off
+	return off, read
 }
 
 func (f *feed) poke() {
@@ -496,14 +508,15 @@ func (f *feed) run(ctx context.Context) {
 			return
 		case <-f.wake:
 		}
-		if evs := f.takeOffered(); evs != nil {
-			// Committed here: the notification of the same commit, or
-			// of another, wakes the feed again and it reads what
-			// follows.
+		evs, read := f.takeOffered()
+		if evs != nil {
+			// Committed here: published without a read.
 			f.next = evs[len(evs)-1].Seq
 			if f.publish(f.encode(evs)) {
 				return
 			}
+		}
+		if !read {
 			continue
 		}
 		for {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -386,5 +387,95 @@ func TestP4_EventsOfferedByTheirCommitterReachWatchersWithoutARead(t *testing.T)
 	}
 	if r.count() == before {
 		t.Fatal("events after a gap were not read")
+	}
+}
+
+// heldReader answers a read with what the run held when the read began,
+// but only once the test lets it go (hold), so a test can commit and
+// announce events while the feed is reading.
+type heldReader struct {
+	events
+	gate  chan heldRead // the next read takes it and waits
+	reads atomic.Int64
+}
+
+type heldRead struct{ began, release chan struct{} }
+
+func (r *heldReader) EventsAfter(ctx context.Context, run string, after uint64, limit int) ([]store.StoredEvent, error) {
+	out, err := r.events.EventsAfter(ctx, run, after, limit)
+	r.reads.Add(1)
+	select {
+	case h := <-r.gate:
+		close(h.began)
+		<-h.release
+	default:
+	}
+	return out, err
+}
+
+// hold makes the next read wait until release is called; began closes
+// when that read began.
+func (r *heldReader) hold() (began <-chan struct{}, release func()) {
+	h := heldRead{began: make(chan struct{}), release: make(chan struct{})}
+	r.gate <- h
+	return h.began, func() { close(h.release) }
+}
+
+// An offered commit and an announcement of another (a commit whose events
+// were not offered: the careful path, or another replica's) that arrive
+// while the feed is busy wake it once; after publishing the offered events
+// it still reads what was announced. (Before: the feed published the
+// offered events and went back to sleep, so a run.terminal announced beside
+// an offered commit never reached the run's watchers — WatchRun hung until
+// its caller's deadline.)
+func TestP4_AnAnnouncedCommitBesideAnOfferedOneIsReadToo(t *testing.T) {
+	r := &heldReader{gate: make(chan heldRead, 1)}
+	h := NewHub(r)
+	w := h.Watch("run", 0)
+	defer w.Close()
+	type got struct {
+		evs []Event
+		err error
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	nextEvents := func() got {
+		evs, err := w.Next(ctx, nil)
+		return got{evs, err}
+	}
+	waiting := make(chan got, 1)
+	go func() { waiting <- nextEvents() }()            // replays nothing, joins, waits
+	for h.Watchers("run") == 0 || r.reads.Load() < 2 { // read, join, read again
+		time.Sleep(time.Millisecond)
+	}
+	// The feed reads on a notification of seq 1; while that read is held,
+	// seq 2 is committed and offered, then the terminal (seq 3) committed
+	// and announced without its events.
+	began, release := r.hold()
+	r.add("item.delta")
+	h.Notify("run")
+	<-began
+	seq2 := r.add("item.delta")
+	h.Offer("run", []store.StoredEvent{r.evs[seq2-1]})
+	r.add(store.EventTerminal)
+	h.Notify("run")
+	release()
+
+	var seqs []uint64
+	g := <-waiting
+	for {
+		if g.err != nil {
+			t.Fatalf("after %v: %v", seqs, g.err)
+		}
+		for _, e := range g.evs {
+			seqs = append(seqs, e.Seq)
+		}
+		if len(seqs) > 0 && seqs[len(seqs)-1] == 3 {
+			break
+		}
+		g = nextEvents()
+	}
+	if len(seqs) != 3 || seqs[0] != 1 || seqs[1] != 2 {
+		t.Fatalf("watched %v, want 1 2 3", seqs)
 	}
 }
