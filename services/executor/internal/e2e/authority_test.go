@@ -75,12 +75,19 @@ func (h *harness) waitState(ctx context.Context, client executorv1.ExecutorServi
 
 const slowTurn = "a long answer with many words so that it streams for a while before it ends and can be interrupted"
 
+// stalledTurn is slowTurn held after its first delta until the test
+// releases it (releaseStall) or interrupts it: a stack started with
+// --die-once-dir.
+const stalledTurn = "[stall:mid-stream] " + slowTurn
+
 func TestE6_CancelDuringATurnInterruptsTheProviderOnceAndAuditsIntentAndAckOnce(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t, stack.Options{FakeArgs: []string{"--delta-delay-ms", "400"}})
+	// The turn is held after its first delta ("[stall:mid-stream]") until
+	// it is cancelled, however slow the machine.
+	h := newHarness(t, stack.Options{FakeArgs: []string{"--die-once-dir", t.TempDir()}})
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	h.submit("c1", "cancel", slowTurn)
+	h.submit("c1", "cancel", stalledTurn)
 	h.waitForDelta(ctx, h.client, "c1")
 
 	// Waits for the acknowledgement longer than the 5 s default: a loaded
@@ -144,7 +151,8 @@ func (h *harness) inProcessExecutor(owner string, hooks store.Hooks) executorv1.
 
 func TestE6_CancellationSurvivesAnInjectedAcknowledgementFailure(t *testing.T) {
 	t.Parallel()
-	h := newHarnessWith(t, stack.Options{FakeArgs: []string{"--delta-delay-ms", "400"}}, "runnergw")
+	// The turn is held after its first delta until it is cancelled.
+	h := newHarnessWith(t, stack.Options{FakeArgs: []string{"--die-once-dir", t.TempDir()}}, "runnergw")
 	var mu sync.Mutex
 	failures := 0
 	client := h.inProcessExecutor("in-process", store.Hooks{BeforeCancellationAck: func(string) error {
@@ -159,7 +167,7 @@ func TestE6_CancellationSurvivesAnInjectedAcknowledgementFailure(t *testing.T) {
 	h.client = client
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	h.submit("c2", "cancel-fault", slowTurn)
+	h.submit("c2", "cancel-fault", stalledTurn)
 	h.waitForDelta(ctx, client, "c2")
 
 	resp, err := client.CancelRun(ctx, &executorv1.CancelRunRequest{RunId: "c2",
@@ -285,12 +293,13 @@ func TestE6_ACancellationWhoseDispatchFailedIsDispatchedOnRetry(t *testing.T) {
 	// The turn must outlast the gateway's restart and the re-attach: at 600
 	// ms a delta (≈ 12 s) it ended first on a loaded box (the restart took 11
 	// s), its run.terminal acknowledged the cancellation and the run
-	// succeeded instead of being cancelled. At 1.5 s a delta it runs ≈ 30 s
-	// unless interrupted.
-	h := newHarness(t, stack.Options{FakeArgs: []string{"--delta-delay-ms", "1500"}})
+	// succeeded instead of being cancelled. Held after its first delta
+	// ("[stall:mid-stream]", never released) it lasts until interrupted
+	// (at most fakecodex.StallLimit, a minute).
+	h := newHarness(t, stack.Options{FakeArgs: []string{"--die-once-dir", t.TempDir()}})
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	h.submit("c3", "cancel-retry", slowTurn)
+	h.submit("c3", "cancel-retry", stalledTurn)
 	h.waitForDelta(ctx, h.client, "c3")
 	// The gateway is down: the driver cannot reach the runner.
 	h.st.Proc("runnergw").Kill()

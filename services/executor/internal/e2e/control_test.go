@@ -23,10 +23,13 @@ import (
 
 func TestE9_SteeringThroughAnotherReplicaReachesTheActiveTurnOnce(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t, stack.Options{FakeArgs: []string{"--delta-delay-ms", "300"}})
+	// The turn is held after its first delta ("[stall:mid-stream]") until
+	// it was steered through the second replica, however slow the machine.
+	dir := t.TempDir()
+	h := newHarness(t, stack.Options{FakeArgs: []string{"--die-once-dir", dir}})
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	h.submit("steer", "steer", slowTurn)
+	h.submit("steer", "steer", stalledTurn)
 	h.waitForDelta(ctx, h.client, "steer")
 
 	// Ask a replica that does not drive the run: it forwards to the one that does.
@@ -42,6 +45,7 @@ func TestE9_SteeringThroughAnotherReplicaReachesTheActiveTurnOnce(t *testing.T) 
 	resp, err := other.SteerRun(ctx, &executorv1.SteerRunRequest{RunId: "steer", Message: "also mention bananas", CorrelationId: "comment-1"})
 	require.NoError(t, err)
 	require.Equal(t, state.GetActiveTurnId(), resp.GetTurnId())
+	releaseStall(t, dir, "mid-stream")
 
 	run := h.waitState(ctx, h.client, "steer", executorv1.RunState_RUN_STATE_SUCCEEDED)
 	require.Contains(t, run.GetResult().GetFinalMessage(), "also mention bananas", "the turn answered both inputs")

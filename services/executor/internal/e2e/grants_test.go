@@ -79,9 +79,12 @@ func TestS1_AForgedAttachThroughTheStackIsRefusedAndTheRealRunSucceeds(t *testin
 // grant, and by the backup verifier, which admits the executor.
 func TestS2_AStackOnMutualTLSAdmitsEachServiceOnlyItsPeers(t *testing.T) {
 	t.Parallel()
-	// The turn outlasts a second executor's start (≈ 6 s at 300 ms a
-	// delta ended first at load 50: the forwarded call found the run over).
-	h := newHarness(t, stack.Options{MTLS: true, FakeArgs: []string{"--delta-delay-ms", "1000"}})
+	// The turn is held after its first delta ("[stall:mid-stream]") until
+	// a second executor started and forwarded its call, however slow the
+	// machine (slow deltas that must outlast that start ended first at
+	// load 50: the forwarded call found the run over).
+	dir := t.TempDir()
+	h := newHarness(t, stack.Options{MTLS: true, FakeArgs: []string{"--die-once-dir", dir}})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	dial := func(service, role string) *grpc.ClientConn {
@@ -91,7 +94,7 @@ func TestS2_AStackOnMutualTLSAdmitsEachServiceOnlyItsPeers(t *testing.T) {
 		return conn
 	}
 	client := executorv1.NewExecutorServiceClient(dial("executor", identity.Client))
-	_, err := client.SubmitRun(ctx, &executorv1.SubmitRunRequest{RunId: "mtls-1", Input: h.submitInput("mtls", slowTurn)})
+	_, err := client.SubmitRun(ctx, &executorv1.SubmitRunRequest{RunId: "mtls-1", Input: h.submitInput("mtls", stalledTurn)})
 	require.NoError(t, err)
 	h.waitForDelta(ctx, client, "mtls-1")
 	// Another replica forwards a live-session call to the driving one,
@@ -103,6 +106,7 @@ func TestS2_AStackOnMutualTLSAdmitsEachServiceOnlyItsPeers(t *testing.T) {
 		&executorv1.GetSteeringStateRequest{RunId: "mtls-1"})
 	require.NoError(t, err)
 	require.Equal(t, "available", state.GetDisposition(), "forwarded to the driving replica")
+	releaseStall(t, dir, "mid-stream")
 	waitSucceeded(ctx, t, client, "mtls-1")
 
 	for _, role := range []string{identity.Client, identity.BackupVerifier} {
