@@ -94,8 +94,14 @@ func (h *harness) runAll(ctx context.Context, client executorv1.ExecutorServiceC
 func TestF3_Fleet_AHostDiesAGatewayDrainsAndAnExecutorStops(t *testing.T) {
 	t.Parallel()
 	n := fleetSessions(t)
+	// The turns in flight when the host dies and when the executor stops
+	// are held after their first delta ("[stall:mid-stream]", once per
+	// prompt: each names its session) instead of streaming slow deltas:
+	// the host's are never released (their retries on another gateway run
+	// at full speed), the stopping executor's once it stopped.
+	dir := t.TempDir()
 	h := newFleet(t, stack.Options{
-		LeaseTTL: 10 * time.Minute, FakeArgs: []string{"--slow-delta-delay-ms", "700"},
+		LeaseTTL: 10 * time.Minute, FakeArgs: []string{"--die-once-dir", dir},
 		ExecutorArgs: []string{"-gateway-ttl", "3s", "-retry-delay", "1s", "-same-host-takeover=false"},
 	}, []string{"executor", "executor-2"}, map[string][]string{
 		"runnergw": {"-capacity", "30", "-labels", "zone=a"}, "runnergw-2": {"-capacity", "30", "-labels", "zone=b"},
@@ -137,7 +143,7 @@ func TestF3_Fleet_AHostDiesAGatewayDrainsAndAnExecutorStops(t *testing.T) {
 		affected[sc] = true
 		if len(inFlight) < 2 {
 			inFlight[i] = true
-			in := h.submitInput(fmt.Sprintf("fleet-%02d", i), "[slow] Which word did I ask you to remember?")
+			in := h.submitInput(fmt.Sprintf("fleet-%02d", i), fmt.Sprintf("[stall:mid-stream] fleet-%02d: Which word did I ask you to remember?", i))
 			_, err := h.client.SubmitRun(ctx, &executorv1.SubmitRunRequest{RunId: fmt.Sprintf("f3-%02d-2", i), Input: in})
 			require.NoError(t, err)
 		}
@@ -199,7 +205,7 @@ func TestF3_Fleet_AHostDiesAGatewayDrainsAndAnExecutorStops(t *testing.T) {
 	// An executor stops (SIGTERM): the runs it drives resume on the other.
 	const slow = 6
 	for i := range slow {
-		in := h.submitInput(fmt.Sprintf("fleet-%02d", i), "[slow] "+slowTurn)
+		in := h.submitInput(fmt.Sprintf("fleet-%02d", i), fmt.Sprintf("[stall:mid-stream] fleet-%02d: %s", i, slowTurn))
 		_, err := h.client.SubmitRun(ctx, &executorv1.SubmitRunRequest{RunId: fmt.Sprintf("f3-%02d-4", i), Input: in})
 		require.NoError(t, err)
 	}
@@ -210,6 +216,7 @@ func TestF3_Fleet_AHostDiesAGatewayDrainsAndAnExecutorStops(t *testing.T) {
 	h.st.Proc("executor").Stop(30 * time.Second)
 	other := h.clientFor("executor-2")
 	h.client = other
+	releaseStall(t, dir, "mid-stream")
 	moved := 0
 	for i := range slow {
 		run := h.waitState(ctx, other, fmt.Sprintf("f3-%02d-4", i), executorv1.RunState_RUN_STATE_SUCCEEDED)
