@@ -140,6 +140,9 @@ func TestX2_ChaosFaultMatrixEndsWithACleanAudit(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: the chaos matrix starts a whole stack")
 	}
+	// Beside the package's other tests, not before them all: its stack is
+	// its own, and no run may fail without a fault however loaded the box.
+	t.Parallel()
 	cfg := chaosFromEnv(t)
 	t.Logf("chaos: SEED=%d sessions=%d runs>=%d injections per kind=%d lease TTL=%s", cfg.Seed, cfg.Sessions, cfg.Runs, cfg.PerKind, cfg.LeaseTTL)
 	h := newHarnessKeeping(t, stack.Options{
