@@ -22,6 +22,7 @@ import (
 // config.toml, Claude Code's .credentials.json) and restored into a new
 // runner whose new agent process loads the same ACP session (SPEC R11).
 func TestR11_GatewaySuspendsAndRestoresAnACPXScope(t *testing.T) {
+	t.Parallel()
 	var fv *fakeVerifier
 	rl := newRelay(t, func(c *Config) {
 		var client backupv1.BackupVerifierClient

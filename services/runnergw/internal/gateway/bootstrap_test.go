@@ -21,6 +21,7 @@ import (
 )
 
 func TestS5_TheLaunchedRunnersEnvironmentHoldsNoTicket(t *testing.T) {
+	t.Parallel()
 	rl := newRelay(t, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()

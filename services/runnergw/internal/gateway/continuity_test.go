@@ -36,6 +36,7 @@ func (rl *relay) openRaw(ctx context.Context, open *gatewayv1.Open) (*gatewayv1.
 }
 
 func TestF3_GatewayFailsClosedOnALostScopeAndAReplacementStartsAFreshRootOnce(t *testing.T) {
+	t.Parallel()
 	rl := newRelay(t, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -90,6 +91,7 @@ func TestF3_GatewayFailsClosedOnALostScopeAndAReplacementStartsAFreshRootOnce(t 
 // the checkpoint (this gateway took it and nothing ran since) is resumed
 // without a download.
 func TestF3_AGatewayBackWithAnOldRootRestoresTheScopesCurrentCheckpoint(t *testing.T) {
+	t.Parallel()
 	fv, client := startFakeVerifier(t)
 	withBackup := func(c *Config) { c.Backup = client }
 	a, b := newRelay(t, withBackup), newRelay(t, withBackup)
@@ -181,6 +183,7 @@ func TestF3_AGatewayBackWithAnOldRootRestoresTheScopesCurrentCheckpoint(t *testi
 // checkpoint's runner: it is never swapped for the checkpoint, the
 // durable-state rules refuse it (quarantined, nothing starts; SPEC C3).
 func TestC3_AForeignRootIsRefusedEvenWithACheckpointToRestore(t *testing.T) {
+	t.Parallel()
 	fv, client := startFakeVerifier(t)
 	a := newRelay(t, func(c *Config) { c.Backup = client })
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)

@@ -15,6 +15,7 @@ import (
 )
 
 func TestG1_AcceptsOneNormalisedAbsoluteExecutablePath(t *testing.T) {
+	t.Parallel()
 	p, ok := ParseExecutableCandidate("/home/sandbox/.local/bin/runnerd\n")
 	require.True(t, ok)
 	require.Equal(t, "/home/sandbox/.local/bin/runnerd", p)
@@ -24,6 +25,7 @@ func TestG1_AcceptsOneNormalisedAbsoluteExecutablePath(t *testing.T) {
 }
 
 func TestG1_RejectsARelativePath(t *testing.T) {
+	t.Parallel()
 	for _, out := range []string{"runnerd\n", "./runnerd\n", "bin/runnerd\n", "~/bin/runnerd\n", "\n", ""} {
 		_, ok := ParseExecutableCandidate(out)
 		require.False(t, ok, "%q", out)
@@ -31,6 +33,7 @@ func TestG1_RejectsARelativePath(t *testing.T) {
 }
 
 func TestG1_RejectsTwoLines(t *testing.T) {
+	t.Parallel()
 	for _, out := range []string{"/safe/path\n/unexpected/second-line\n", "/safe/path\n\n", "/safe/path\r\n", "\n/safe/path\n"} {
 		_, ok := ParseExecutableCandidate(out)
 		require.False(t, ok, "%q", out)
@@ -38,6 +41,7 @@ func TestG1_RejectsTwoLines(t *testing.T) {
 }
 
 func TestG1_RejectsSpaces(t *testing.T) {
+	t.Parallel()
 	for _, out := range []string{"/safe/path with spaces\n", "/safe/path\t\n", " /safe/path\n", "/safe/path \n"} {
 		_, ok := ParseExecutableCandidate(out)
 		require.False(t, ok, "%q", out)
@@ -45,6 +49,7 @@ func TestG1_RejectsSpaces(t *testing.T) {
 }
 
 func TestG1_RejectsShellMetacharactersAndUnnormalisedPaths(t *testing.T) {
+	t.Parallel()
 	for _, out := range []string{
 		"/safe/path;touch-bad\n", "/safe/$(id)\n", "/safe/`id`\n", "/safe/path|x\n", "/safe/path&\n",
 		"/safe/*\n", "/safe/pa?h\n", "/safe/'q'\n", "/safe/\"q\"\n", "/safe/a>b\n", "/safe/a\\b\n", "/safe/\x00x\n",
@@ -56,6 +61,7 @@ func TestG1_RejectsShellMetacharactersAndUnnormalisedPaths(t *testing.T) {
 }
 
 func TestG1_PreinstalledRunnerOnlyWithoutABuildOwnedArtifact(t *testing.T) {
+	t.Parallel()
 	require.False(t, MayUsePreinstalledRunner("/artifacts/runnerd"))
 	require.True(t, MayUsePreinstalledRunner("  "))
 	require.True(t, MayUsePreinstalledRunner(""), "unset")
@@ -89,11 +95,13 @@ func TestG1_PreinstalledRunnerOnlyWithoutABuildOwnedArtifact(t *testing.T) {
 }
 
 func TestG3_UnauthorisedRunFailsBeforeSelectingSandboxIngress(t *testing.T) {
+	t.Parallel()
 	_, err := ResolveTransportMode(gatewayv1.TransportMode_TRANSPORT_MODE_LISTEN_WS, false)
 	require.EqualValues(t, "runner_ingress_unavailable", failure.CodeOf(err))
 }
 
 func TestG3_AuthorisedRunSelectsSandboxIngress(t *testing.T) {
+	t.Parallel()
 	m, err := ResolveTransportMode(gatewayv1.TransportMode_TRANSPORT_MODE_LISTEN_WS, true)
 	require.NoError(t, err)
 	require.Equal(t, prp.ModeListenWS, m)

@@ -12,6 +12,7 @@ import (
 const currentMetadata = `{"schema":"tether/runnerd-build-metadata/v1","binaryName":"runnerd","packageName":"github.com/tether-run/tether/services/runnerd","binaryContractVersion":2,"prpTransportModes":["dial_ws_loopback","dial_wss","listen_ws"]}`
 
 func TestG2_AcceptsTheCurrentContractWithTheRequiredTransport(t *testing.T) {
+	t.Parallel()
 	m, err := CheckBuildMetadata([]byte(currentMetadata), prp.ModeListenWS)
 	require.NoError(t, err)
 	require.EqualValues(t, ContractVersion, m.GetBinaryContractVersion())
@@ -19,6 +20,7 @@ func TestG2_AcceptsTheCurrentContractWithTheRequiredTransport(t *testing.T) {
 }
 
 func TestG2_StaleContractFailsBeforeDispatch(t *testing.T) {
+	t.Parallel()
 	for name, doc := range map[string]string{
 		"stale contract version": `{"schema":"tether/runnerd-build-metadata/v1","binaryName":"runnerd","binaryContractVersion":1,"prpTransportModes":["dial_ws_loopback","dial_wss","listen_ws"]}`,
 		"wrong schema":           `{"schema":"other","binaryContractVersion":2,"prpTransportModes":["listen_ws"]}`,
@@ -32,6 +34,7 @@ func TestG2_StaleContractFailsBeforeDispatch(t *testing.T) {
 }
 
 func TestG2_RequiresTheSelectedTransportWithoutFallingThrough(t *testing.T) {
+	t.Parallel()
 	doc := `{"schema":"tether/runnerd-build-metadata/v1","binaryName":"runnerd","binaryContractVersion":2,"prpTransportModes":["dial_wss"]}`
 	_, err := CheckBuildMetadata([]byte(doc), prp.ModeListenWS)
 	require.EqualValues(t, "runner_remote_transport_capability_missing:listen_ws", failure.CodeOf(err))
@@ -40,6 +43,7 @@ func TestG2_RequiresTheSelectedTransportWithoutFallingThrough(t *testing.T) {
 }
 
 func TestGatewayRefusesALowerAttemptThanSeen(t *testing.T) {
+	t.Parallel()
 	g := New(Config{})
 	require.NoError(t, g.fence("r", 2))
 	require.NoError(t, g.fence("r", 2), "a re-attach of the same attempt is allowed")

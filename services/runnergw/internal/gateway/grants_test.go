@@ -85,6 +85,7 @@ func requireGrantRefused(t *testing.T, err error) {
 // at or launches anything; the genuine run then attaches at attempt 1 and
 // completes its turn on the only runner and provider of its scope.
 func TestS1_ForgedAttachesAreRefusedAndLeaveNoFenceRunnerOrProcess(t *testing.T) {
+	t.Parallel()
 	rl := newRelay(t, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -165,6 +166,7 @@ func TestS1_ForgedAttachesAreRefusedAndLeaveNoFenceRunnerOrProcess(t *testing.T)
 // ListRunners and GetRunner refuse a missing grant, a grant of another
 // call, run or gateway, and act on a grant for themselves.
 func TestS1_EveryGatewayCallNeedsAGrantForItself(t *testing.T) {
+	t.Parallel()
 	rl := newRelay(t, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -218,6 +220,7 @@ func TestS1_EveryGatewayCallNeedsAGrantForItself(t *testing.T) {
 // TestS1_AGatewayWithoutGrantKeysRefusesEveryCall: grants are on by
 // default; a gateway configured without keys serves nobody.
 func TestS1_AGatewayWithoutGrantKeysRefusesEveryCall(t *testing.T) {
+	t.Parallel()
 	g := New(Config{StateRoot: t.TempDir()})
 	defer g.Close()
 	_, err := g.ListRunners(context.Background())
@@ -231,6 +234,7 @@ func TestS1_AGatewayWithoutGrantKeysRefusesEveryCall(t *testing.T) {
 }
 
 func TestS1_RevokedToolAuthorityEpochsAreDecidedAtTheGateway(t *testing.T) {
+	t.Parallel()
 	var epochs durable.Epochs
 	first := epochs.Begin("scope-1", durable.ToolBinding{RunID: "run-1"})
 	cmd := func(typ, epoch string) *prpv1.Command {
@@ -262,6 +266,7 @@ func TestS1_RevokedToolAuthorityEpochsAreDecidedAtTheGateway(t *testing.T) {
 // answered rejected by the gateway and never reaches the runner; one
 // carrying the current epoch is the runner's to judge.
 func TestS1_AToolResultCarryingARevokedEpochIsRefusedAtTheGateway(t *testing.T) {
+	t.Parallel()
 	rl := newRelay(t, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()

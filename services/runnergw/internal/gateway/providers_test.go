@@ -80,6 +80,7 @@ func openCodeProfile(t *testing.T, args ...string) providerlaunch.Profile {
 // restored into a new runner whose new server continues the same OpenCode
 // session with its history.
 func TestR10_GatewaySuspendsAndRestoresAnOpenCodeScope(t *testing.T) {
+	t.Parallel()
 	var fv *fakeVerifier
 	rl := newRelay(t, func(c *Config) {
 		var client backupv1.BackupVerifierClient

@@ -10,6 +10,7 @@ import (
 )
 
 func TestF1_OneGatewayPerStateRoot(t *testing.T) {
+	t.Parallel()
 	root := t.TempDir()
 	release, err := LockStateRoot(root)
 	require.NoError(t, err)

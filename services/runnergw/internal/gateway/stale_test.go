@@ -23,6 +23,7 @@ import (
 // that proof (the first run still running in the records) the scope stays
 // busy for the second run.
 func TestE13_GatewayLetsTheNextRunTakeTheScopeFromAStaleAttachmentOfAnEndedRun(t *testing.T) {
+	t.Parallel()
 	rl := newRelay(t, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()

@@ -170,7 +170,7 @@ func (rl *relay) openWith(ctx context.Context, runID string, in *prpv1.Execution
 // waitDetached waits until no run is attached to the scope's runner.
 func (rl *relay) waitDetached(sc string) {
 	rl.t.Helper()
-	require.Eventually(rl.t, func() bool { return rl.runner(sc).GetAttachedRunId() == "" }, 10*time.Second, 10*time.Millisecond)
+	require.Eventually(rl.t, func() bool { return rl.runner(sc).GetAttachedRunId() == "" }, 30*time.Second, 10*time.Millisecond)
 }
 
 func newSuspendRelay(t *testing.T) (*relay, *fakeVerifier) {
@@ -184,6 +184,7 @@ func newSuspendRelay(t *testing.T) (*relay, *fakeVerifier) {
 }
 
 func TestR5_GatewaySuspendsChecksTheLifecycleUploadsAndRestoresIntoANewRunner(t *testing.T) {
+	t.Parallel()
 	rl, fv := newSuspendRelay(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
@@ -271,6 +272,7 @@ func TestR5_GatewaySuspendsChecksTheLifecycleUploadsAndRestoresIntoANewRunner(t 
 }
 
 func TestR5_GatewayRefusesAnUnverifiedOrForeignBackupAndRestoresNothing(t *testing.T) {
+	t.Parallel()
 	rl, fv := newSuspendRelay(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
