@@ -54,10 +54,13 @@ func connect(t *testing.T, dsn string) *pgx.Conn {
 	return conn
 }
 
+// TestClusterLifecycle starts the one cluster of its own that this
+// package's tests initdb (besides the shared one and the watchdog test's):
+// durable, with a setting, so that it checks those options too.
 func TestClusterLifecycle(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	c, err := Start(ctx)
+	c, err := Start(ctx, WithDurable(), WithSetting("max_connections", "20"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,9 +87,12 @@ func TestClusterLifecycle(t *testing.T) {
 		if _, err := a.Exec(ctx, "CREATE TABLE only_in_alpha (x int)"); err != nil {
 			t.Fatal(err)
 		}
-		var fsync string
-		if err := a.QueryRow(ctx, "SHOW fsync").Scan(&fsync); err != nil || fsync != "off" {
-			t.Fatalf("fsync = %q, %v; want off by default", fsync, err)
+		var fsync, maxConn string
+		if err := a.QueryRow(ctx, "SELECT current_setting('fsync'), current_setting('max_connections')").Scan(&fsync, &maxConn); err != nil {
+			t.Fatal(err)
+		}
+		if fsync != "on" || maxConn != "20" {
+			t.Fatalf("WithDurable, WithSetting: fsync=%s max_connections=%s", fsync, maxConn)
 		}
 		b, err := pgx.Connect(ctx, c.DSN("beta"))
 		if err != nil {
@@ -119,21 +125,17 @@ func TestClusterLifecycle(t *testing.T) {
 	}
 }
 
-func TestDurable(t *testing.T) {
+// TestNotDurableByDefault checks the shared cluster, started without
+// options.
+func TestNotDurableByDefault(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	c, err := Start(ctx, WithDurable(), WithSetting("max_connections", "20"))
-	if err != nil {
-		t.Fatal(err)
+	if os.Getenv(EnvTestDatabaseURL) != "" {
+		t.Skip("not a cluster of ours")
 	}
-	defer c.Close()
-	conn := connect(t, c.DSN("postgres"))
-	var fsync, maxConn string
-	if err := conn.QueryRow(ctx, "SELECT current_setting('fsync'), current_setting('max_connections')").Scan(&fsync, &maxConn); err != nil {
-		t.Fatal(err)
-	}
-	if fsync != "on" || maxConn != "20" {
-		t.Fatalf("fsync=%s max_connections=%s", fsync, maxConn)
+	conn := connect(t, NewDB(t, nil))
+	var fsync string
+	if err := conn.QueryRow(context.Background(), "SHOW fsync").Scan(&fsync); err != nil || fsync != "off" {
+		t.Fatalf("fsync = %q, %v; want off by default", fsync, err)
 	}
 }
 
