@@ -22,7 +22,22 @@ import (
 	"github.com/tether-run/tether/services/executor/internal/watch"
 )
 
+// store is the test's store of the stack's database: one pool for the
+// whole test (opened on first use, closed with the test), not a new pool —
+// and PostgreSQL connections — on every poll of a wait loop.
 func (h *harness) store() *store.Store {
+	h.t.Helper()
+	h.dbMu.Lock()
+	defer h.dbMu.Unlock()
+	if h.db == nil {
+		h.db = h.openStore()
+	}
+	return h.db
+}
+
+// openStore opens a store of its own (closed with the test): for hooks
+// that must not apply to the test's other queries.
+func (h *harness) openStore() *store.Store {
 	h.t.Helper()
 	s, err := store.Open(context.Background(), h.dsn)
 	require.NoError(h.t, err)
@@ -121,7 +136,7 @@ func (h *harness) inProcessExecutor(owner string, hooks store.Hooks) executorv1.
 	h.t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	require.NoError(h.t, store.Migrate(ctx, h.dsn))
-	st := h.store()
+	st := h.openStore()
 	st.SetHooks(hooks)
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	d := dispatch.New(st, dispatch.Config{Owner: owner, LeaseTTL: 10 * time.Second, PollInterval: 100 * time.Millisecond,

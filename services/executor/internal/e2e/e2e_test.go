@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -67,6 +68,9 @@ type harness struct {
 	st     *stack.Stack
 	client executorv1.ExecutorServiceClient
 	dsn    string
+
+	dbMu sync.Mutex
+	db   *store.Store // see store
 }
 
 func newHarness(t *testing.T, opts stack.Options) *harness {
