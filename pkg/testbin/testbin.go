@@ -9,11 +9,13 @@
 package testbin
 
 import (
+	"flag"
 	"fmt"
 	"os"
 	"os/exec"
 	"path"
 	"path/filepath"
+	"strconv"
 	"sync"
 	"testing"
 )
@@ -79,6 +81,24 @@ func Main(m *testing.M) {
 	code := m.Run()
 	Cleanup()
 	os.Exit(code)
+}
+
+// Parallel is for a TestMain whose tests mostly wait on the processes they
+// run: it lets n of them run at once (-test.parallel n) instead of
+// GOMAXPROCS, unless the command line sets -parallel. On a 2-core machine
+// the gateway's tests took 53 s at -parallel 2 and 20 s at 4, with the
+// same CPU time.
+func Parallel(n int) {
+	if !flag.Parsed() {
+		flag.Parse()
+	}
+	set := false
+	flag.Visit(func(f *flag.Flag) { set = set || f.Name == "test.parallel" })
+	if !set {
+		if err := flag.Set("test.parallel", strconv.Itoa(n)); err != nil {
+			panic(err)
+		}
+	}
 }
 
 // Cleanup removes what Dir built in this process (never $TETHER_TEST_BIN).

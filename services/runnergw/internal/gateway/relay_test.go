@@ -44,6 +44,7 @@ func TestMain(m *testing.M) {
 		"github.com/tether-run/tether/services/runnerd/cmd/fake-codex-app-server",
 		"github.com/tether-run/tether/services/runnerd/cmd/fake-opencode",
 		"github.com/tether-run/tether/services/runnerd/cmd/fake-acp-agent")
+	testbin.Parallel(4)
 	testbin.Main(m)
 }
 
@@ -496,7 +497,10 @@ func (f *fakeRunner) closedWithin(d time.Duration) bool {
 
 func TestGatewayClosesARunnerConnectionThatMissesItsPongs(t *testing.T) {
 	t.Parallel()
-	rl := newRelay(t, func(c *Config) { c.PingInterval, c.PingTimeout = 50*time.Millisecond, 300*time.Millisecond })
+	// The pong timeout leaves the answering runner below (its pongs sent
+	// from a goroutine polling every 10 ms) room on a loaded machine: at
+	// 300 ms one of them missed it under 4 parallel tests at load 20.
+	rl := newRelay(t, func(c *Config) { c.PingInterval, c.PingTimeout = 50*time.Millisecond, 2*time.Second })
 	var cred prp.Credential
 	f, err := rl.connectFake(t, "runner-mute", strings.Repeat("ab", 32), 0, &cred)
 	require.NoError(t, err)
