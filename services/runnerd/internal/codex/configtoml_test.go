@@ -36,6 +36,7 @@ func parseSimpleTOML(t *testing.T, content string) map[string]map[string]string 
 }
 
 func TestR2_WriteConfigOfflineSafe(t *testing.T) {
+	t.Parallel()
 	home := filepath.Join(t.TempDir(), "codex-home")
 	require.NoError(t, WriteConfig(home, ConfigTOML{
 		Model: "mock-model", ProviderID: "mock", BaseURL: "http://127.0.0.1:18080/v1", EnvKey: "MOCK_API_KEY",
@@ -90,6 +91,7 @@ func TestR2_WriteConfigOfflineSafe(t *testing.T) {
 }
 
 func TestR2_WriteConfigRejectsBadInput(t *testing.T) {
+	t.Parallel()
 	home := t.TempDir()
 	ok := ConfigTOML{Model: "m", BaseURL: "http://127.0.0.1:1/v1"}
 	for name, c := range map[string]ConfigTOML{

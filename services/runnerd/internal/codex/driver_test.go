@@ -18,6 +18,7 @@ import (
 // R2: the codex app-server JSON-RPC driver.
 
 func TestR2_InitializeTimeout(t *testing.T) {
+	t.Parallel()
 	// The stub writes its pid and then never answers initialize. On a
 	// loaded machine the (race-built) stub may not even get as far as its
 	// pid file within a short startup bound: such an attempt still has to
@@ -47,6 +48,7 @@ func TestR2_InitializeTimeout(t *testing.T) {
 }
 
 func TestR2_InitializeProtocolError(t *testing.T) {
+	t.Parallel()
 	for _, sc := range []string{"init_error", "init_bad", "init_null"} {
 		t.Run(sc, func(t *testing.T) {
 			_, err := Start(context.Background(), stubConfig(t, sc), nil)
@@ -56,6 +58,7 @@ func TestR2_InitializeProtocolError(t *testing.T) {
 }
 
 func TestR2_HandshakeAndRequestShapes(t *testing.T) {
+	t.Parallel()
 	record := filepath.Join(t.TempDir(), "wire.jsonl")
 	s, _ := startSession(t, stubConfig(t, "echo", stubRecordEnv+"="+record))
 	openStubThread(t, s)
@@ -97,6 +100,7 @@ func TestR2_HandshakeAndRequestShapes(t *testing.T) {
 }
 
 func TestR2_ThreadStartOmitsEmptySettings(t *testing.T) {
+	t.Parallel()
 	record := filepath.Join(t.TempDir(), "wire.jsonl")
 	cfg := stubConfig(t, "echo", stubRecordEnv+"="+record)
 	cfg.Model, cfg.ApprovalPolicy, cfg.Sandbox = "", "", ""
@@ -114,6 +118,7 @@ func TestR2_ThreadStartOmitsEmptySettings(t *testing.T) {
 }
 
 func TestR2_NotificationBeforeResponseKeepsOrder(t *testing.T) {
+	t.Parallel()
 	s, rec := startSession(t, stubConfig(t, "echo"))
 	id, resumed, err := s.OpenThread(context.Background(), "")
 	require.NoError(t, err)
@@ -140,6 +145,7 @@ func TestR2_NotificationBeforeResponseKeepsOrder(t *testing.T) {
 }
 
 func TestR2_TurnEventsAndResult(t *testing.T) {
+	t.Parallel()
 	s, rec := startSession(t, stubConfig(t, "echo"))
 	openStubThread(t, s)
 	n := len(rec.events())
@@ -200,6 +206,7 @@ func TestR2_TurnEventsAndResult(t *testing.T) {
 }
 
 func TestR2_UncompletedItemsAreNotTheFinalMessage(t *testing.T) {
+	t.Parallel()
 	s, _ := startSession(t, stubConfig(t, "echo"))
 	openStubThread(t, s)
 	_, err := s.StartTurn(context.Background(), "[orphan] x")
@@ -209,6 +216,7 @@ func TestR2_UncompletedItemsAreNotTheFinalMessage(t *testing.T) {
 }
 
 func TestR2_StartTurnRequiresThreadAndIdleTurn(t *testing.T) {
+	t.Parallel()
 	s, _ := startSession(t, stubConfig(t, "echo"))
 	_, err := s.StartTurn(context.Background(), "x")
 	assert.Equal(t, failure.ProviderThreadNotOpen, CodeOf(err))
@@ -225,6 +233,7 @@ func TestR2_StartTurnRequiresThreadAndIdleTurn(t *testing.T) {
 }
 
 func TestR2_ServerRequestIDZeroIsAnswered(t *testing.T) {
+	t.Parallel()
 	s, rec := startSession(t, stubConfig(t, "echo"))
 	openStubThread(t, s)
 	turnID, err := s.StartTurn(context.Background(), "[approval] make a dir")
@@ -280,6 +289,7 @@ func TestR2_ServerRequestIDZeroIsAnswered(t *testing.T) {
 }
 
 func TestR2_OversizeFrameFailsSession(t *testing.T) {
+	t.Parallel()
 	cfg := stubConfig(t, "oversize")
 	// The subject is the frame bound: thread/start must not time out first
 	// while a loaded machine moves the 5 MiB line.
@@ -293,6 +303,7 @@ func TestR2_OversizeFrameFailsSession(t *testing.T) {
 }
 
 func TestR2_FrameLimitBoundary(t *testing.T) {
+	t.Parallel()
 	exact := strings.Repeat("a", MaxFrameBytes)
 	br := bufio.NewReaderSize(strings.NewReader(exact+"\r\n"+exact+"a\n"), 64<<10)
 	var buf []byte
@@ -312,6 +323,7 @@ func TestR2_FrameLimitBoundary(t *testing.T) {
 }
 
 func TestR2_MalformedFrameFailsSession(t *testing.T) {
+	t.Parallel()
 	s, _ := startSession(t, stubConfig(t, "malformed"))
 	_, _, err := s.OpenThread(context.Background(), "")
 	assert.Equal(t, failure.ProviderTransportFailed, CodeOf(err))
@@ -320,6 +332,7 @@ func TestR2_MalformedFrameFailsSession(t *testing.T) {
 }
 
 func TestR2_SteerAndInterrupt(t *testing.T) {
+	t.Parallel()
 	s, rec := startSession(t, stubConfig(t, "echo"))
 	openStubThread(t, s)
 	_, err := s.StartTurn(context.Background(), "warm up")
@@ -355,6 +368,7 @@ func TestR2_SteerAndInterrupt(t *testing.T) {
 }
 
 func TestR2_RequestTimeout(t *testing.T) {
+	t.Parallel()
 	cfg := stubConfig(t, "echo")
 	cfg.RequestTimeout = 150 * time.Millisecond
 	s, rec := startSession(t, cfg)
@@ -375,6 +389,7 @@ func TestR2_RequestTimeout(t *testing.T) {
 }
 
 func TestR2_FailedTurn(t *testing.T) {
+	t.Parallel()
 	s, rec := startSession(t, stubConfig(t, "echo"))
 	openStubThread(t, s)
 	turnID, err := s.StartTurn(context.Background(), "[fail] please")
@@ -405,6 +420,7 @@ func TestR2_FailedTurn(t *testing.T) {
 }
 
 func TestR2_UnknownTurnAndForeignThreadIgnored(t *testing.T) {
+	t.Parallel()
 	s, rec := startSession(t, stubConfig(t, "echo"))
 	openStubThread(t, s)
 	turnID, err := s.StartTurn(context.Background(), "[unknown-turn] [foreign] hi")
@@ -429,6 +445,7 @@ func TestR2_UnknownTurnAndForeignThreadIgnored(t *testing.T) {
 }
 
 func TestR2_ResumeThread(t *testing.T) {
+	t.Parallel()
 	s, rec := startSession(t, stubConfig(t, "echo"))
 	id, resumed, err := s.OpenThread(context.Background(), "thr-7")
 	require.NoError(t, err)
@@ -447,6 +464,7 @@ func TestR2_ResumeThread(t *testing.T) {
 }
 
 func TestR2_ResumeErrors(t *testing.T) {
+	t.Parallel()
 	s, rec := startSession(t, stubConfig(t, "echo"))
 	_, _, err := s.OpenThread(context.Background(), "thr-mismatch")
 	assert.Equal(t, failure.ProviderThreadResumeMismatch, CodeOf(err))
@@ -464,6 +482,7 @@ func TestR2_ResumeErrors(t *testing.T) {
 }
 
 func TestR2_UsageGrowthAccounting(t *testing.T) {
+	t.Parallel()
 	s := &Session{pending: map[int64]*pendingCall{}, reported: map[string]bool{}, emitFn: func(Event) {}, log: quietLogger()}
 	s.threadID = "T"
 	upd := func(turn string, total, last [3]int64) {

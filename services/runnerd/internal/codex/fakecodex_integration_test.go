@@ -3,49 +3,29 @@ package codex
 import (
 	"context"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/tether-run/tether/pkg/failure"
+	"github.com/tether-run/tether/pkg/testbin"
 	"github.com/tether-run/tether/services/runnerd/internal/fakecodex"
 )
 
-var fakeBuild struct {
-	once sync.Once
-	dir  string
-	bin  string
-	err  error
-	out  []byte
-}
-
-// fakeCodexBinary builds cmd/fake-codex-app-server once per test run (TestMain
-// removes it).
+// fakeCodexBinary is cmd/fake-codex-app-server: make test's prebuilt one
+// ($TETHER_TEST_BIN), or one built once per test process (TestMain removes
+// it).
 func fakeCodexBinary(t *testing.T) string {
 	t.Helper()
 	if testing.Short() {
-		t.Skip("builds the fake codex app-server")
+		t.Skip("runs the fake codex app-server")
 	}
-	goTool, err := exec.LookPath("go")
-	if err != nil {
-		t.Skip("go tool not on PATH")
-	}
-	fakeBuild.once.Do(func() {
-		fakeBuild.dir, fakeBuild.err = os.MkdirTemp("", "codex-fake-bin-")
-		if fakeBuild.err != nil {
-			return
-		}
-		fakeBuild.bin = filepath.Join(fakeBuild.dir, "fake-codex-app-server")
-		cmd := exec.Command(goTool, "build", "-o", fakeBuild.bin, "../../cmd/fake-codex-app-server")
-		fakeBuild.out, fakeBuild.err = cmd.CombinedOutput()
-	})
-	require.NoError(t, fakeBuild.err, "go build: %s", fakeBuild.out)
-	return fakeBuild.bin
+	bin, err := testbin.Path("github.com/tether-run/tether/services/runnerd/cmd/fake-codex-app-server")
+	require.NoError(t, err)
+	return bin
 }
 
 // fakeDirs builds the fake and lays out a test root with a codex home and
@@ -77,6 +57,7 @@ func fakeConfig(t *testing.T, bin, codexHome, workspace, callLog string, extraAr
 }
 
 func TestR2_FakeCodexThreeTurnsOneThreadThenResume(t *testing.T) {
+	t.Parallel()
 	bin, root, codexHome, workspace := fakeDirs(t)
 	require.NoError(t, WriteConfig(codexHome, ConfigTOML{Model: "mock-model", ProviderID: "mock", BaseURL: "http://127.0.0.1:1/v1"}))
 	callLog := filepath.Join(root, "calls.log")
@@ -152,6 +133,7 @@ func TestR2_FakeCodexThreeTurnsOneThreadThenResume(t *testing.T) {
 }
 
 func TestR2_FakeCodexSteerAndInterrupt(t *testing.T) {
+	t.Parallel()
 	bin, root, codexHome, workspace := fakeDirs(t)
 	ctx := context.Background()
 

@@ -15,6 +15,7 @@ import (
 // events with the provider's data; the turn's last plan item is its
 // native_provider_plan artifact.
 func TestE3_PlanUpdatesAndPlanItemsBecomeRunPlanUpdatedEvents(t *testing.T) {
+	t.Parallel()
 	bin, root, codexHome, workspace := fakeDirs(t)
 	ctx := context.Background()
 	s, rec := startSession(t, fakeConfig(t, bin, codexHome, workspace, filepath.Join(root, "calls.log")))

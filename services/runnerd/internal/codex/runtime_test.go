@@ -27,6 +27,7 @@ func stubAnswers(t *testing.T, rec *recorder) []map[string]any {
 }
 
 func TestR2_ApprovalBecomesRuntimeRequestAndIsResolved(t *testing.T) {
+	t.Parallel()
 	s, rec := startSession(t, stubConfig(t, "echo"))
 	openStubThread(t, s)
 	turnID, err := s.StartTurn(context.Background(), "[approval] make a dir")
@@ -90,6 +91,7 @@ func indexOf(list []string, s string) int {
 }
 
 func TestR2_UserInputRequestAnswered(t *testing.T) {
+	t.Parallel()
 	s, rec := startSession(t, stubConfig(t, "echo"))
 	openStubThread(t, s)
 	turnID, err := s.StartTurn(context.Background(), "[input] ask me")
@@ -132,6 +134,7 @@ func TestR2_UserInputRequestAnswered(t *testing.T) {
 }
 
 func TestR2_RuntimeRequestsExpireOnProviderLoss(t *testing.T) {
+	t.Parallel()
 	s, rec := startSession(t, stubConfig(t, "echo"))
 	openStubThread(t, s)
 	_, err := s.StartTurn(context.Background(), "[approval-then-exit]")
@@ -157,6 +160,7 @@ func TestR2_RuntimeRequestsExpireOnProviderLoss(t *testing.T) {
 }
 
 func TestR2_RuntimeRequestWithdrawnOrTurnEnded(t *testing.T) {
+	t.Parallel()
 	s, rec := startSession(t, stubConfig(t, "echo"))
 	openStubThread(t, s)
 	_, err := s.StartTurn(context.Background(), "[withdraw]")
@@ -176,6 +180,7 @@ func TestR2_RuntimeRequestWithdrawnOrTurnEnded(t *testing.T) {
 }
 
 func TestR2_DynamicToolCallBuiltinHandler(t *testing.T) {
+	t.Parallel()
 	cfg := stubConfig(t, "echo")
 	cfg.ToolHandler = StubToolHandler
 	cfg.DynamicTools = []map[string]any{{"type": "function", "name": "mock_lookup", "description": "d", "inputSchema": map[string]any{"type": "object"}}}
@@ -204,6 +209,7 @@ func TestR2_DynamicToolCallBuiltinHandler(t *testing.T) {
 }
 
 func TestR2_ToolCallOfAnotherTurnIsRevoked(t *testing.T) {
+	t.Parallel()
 	cfg := stubConfig(t, "echo")
 	cfg.ToolHandler = StubToolHandler
 	s, rec := startSession(t, cfg)
@@ -224,6 +230,7 @@ func TestR2_ToolCallOfAnotherTurnIsRevoked(t *testing.T) {
 }
 
 func TestR2_AnswerToolCallFromAnotherTurnIsRevoked(t *testing.T) {
+	t.Parallel()
 	s, rec := startSession(t, stubConfig(t, "echo"))
 	openStubThread(t, s)
 	turnID, err := s.StartTurn(context.Background(), "[approval]")
@@ -247,6 +254,7 @@ func TestR2_AnswerToolCallFromAnotherTurnIsRevoked(t *testing.T) {
 }
 
 func TestR2_ReconcilePersistedTurn(t *testing.T) {
+	t.Parallel()
 	s, rec := startSession(t, stubConfig(t, "echo"))
 	_, resumed, err := s.OpenThread(context.Background(), "thr-hist")
 	require.NoError(t, err)
@@ -290,6 +298,7 @@ func TestR2_ReconcilePersistedTurn(t *testing.T) {
 }
 
 func TestR2_ThreadStartSendsDynamicTools(t *testing.T) {
+	t.Parallel()
 	record := t.TempDir() + "/rec.jsonl"
 	cfg := stubConfig(t, "echo", stubRecordEnv+"="+record)
 	cfg.DynamicTools = []map[string]any{{"type": "function", "name": "mock_lookup"}}
@@ -307,6 +316,7 @@ func TestR2_ThreadStartSendsDynamicTools(t *testing.T) {
 }
 
 func TestR2_StartTurnWithCollaborationMode(t *testing.T) {
+	t.Parallel()
 	record := t.TempDir() + "/rec.jsonl"
 	s, _ := startSession(t, stubConfig(t, "echo", stubRecordEnv+"="+record))
 	openStubThread(t, s)
@@ -328,6 +338,7 @@ func TestR2_StartTurnWithCollaborationMode(t *testing.T) {
 // then the driver answers it failed with semantic_tool_timeout and the turn
 // goes on.
 func TestR8_AnUnansweredToolCallIsAnsweredFailedAfterTheToolTimeout(t *testing.T) {
+	t.Parallel()
 	cfg := stubConfig(t, "echo")
 	cfg.ToolTimeout = 50 * time.Millisecond
 	s, rec := startSession(t, cfg)

@@ -18,6 +18,8 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+
+	"github.com/tether-run/tether/pkg/testbin"
 )
 
 const (
@@ -33,9 +35,7 @@ func TestMain(m *testing.M) {
 		os.Exit(runStub(sc))
 	}
 	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) {
-		if fakeBuild.dir != "" {
-			_ = os.RemoveAll(fakeBuild.dir)
-		}
+		testbin.Cleanup()
 		os.Exit(code)
 	}))
 }

@@ -20,6 +20,7 @@ import (
 // exit detection, group kill on close.
 
 func TestR1_ProcessInfoOwnProcessGroup(t *testing.T) {
+	t.Parallel()
 	before := time.Now()
 	s, _ := startSession(t, stubConfig(t, "echo"))
 	info := s.Process()
@@ -39,6 +40,7 @@ func TestR1_ProcessInfoOwnProcessGroup(t *testing.T) {
 }
 
 func TestR1_ParseProcStatCommWithSpacesAndParens(t *testing.T) {
+	t.Parallel()
 	tail := make([]string, 0, 50)
 	for i := 4; i <= 52; i++ {
 		switch i {
@@ -110,6 +112,7 @@ func TestR1_NilEnvMeansEmptyEnvironment(t *testing.T) {
 }
 
 func TestR1_CloseKillsProcessGroupIncludingGrandchild(t *testing.T) {
+	t.Parallel()
 	childFile := filepath.Join(t.TempDir(), "child.pid")
 	s, _ := startSession(t, stubConfig(t, "group", stubChildEnv+"="+childFile))
 	info := s.Process()
@@ -152,6 +155,7 @@ func TestR1_CloseKillsProcessGroupIncludingGrandchild(t *testing.T) {
 }
 
 func TestR1_CloseCooperativeExitOnStdinEOF(t *testing.T) {
+	t.Parallel()
 	s, _ := startSession(t, stubConfig(t, "echo"))
 	start := time.Now()
 	require.NoError(t, s.Close(context.Background(), 10*time.Second))
@@ -165,6 +169,7 @@ func TestR1_CloseCooperativeExitOnStdinEOF(t *testing.T) {
 }
 
 func TestR1_CloseContextCancelledKillsAtOnce(t *testing.T) {
+	t.Parallel()
 	childFile := filepath.Join(t.TempDir(), "child.pid")
 	s, _ := startSession(t, stubConfig(t, "group", stubChildEnv+"="+childFile))
 	require.Eventually(t, func() bool { b, _ := os.ReadFile(childFile); return len(b) > 0 }, 10*time.Second, 10*time.Millisecond)
@@ -178,6 +183,7 @@ func TestR1_CloseContextCancelledKillsAtOnce(t *testing.T) {
 }
 
 func TestR1_ProcessExitMidTurnFailsTurn(t *testing.T) {
+	t.Parallel()
 	s, rec := startSession(t, stubConfig(t, "echo"))
 	openStubThread(t, s)
 	turnID, err := s.StartTurn(context.Background(), "please [exit]")
@@ -212,6 +218,7 @@ func errorsIsCode(err error, code string) bool {
 }
 
 func TestR1_ProcessExitWhileIdle(t *testing.T) {
+	t.Parallel()
 	s, rec := startSession(t, stubConfig(t, "exit_after_init"))
 	waitExited(t, s)
 	assert.Equal(t, "provider_process_exited: harness process exited with status 7", s.ExitErr().Error())
@@ -226,6 +233,7 @@ func TestR1_ProcessExitWhileIdle(t *testing.T) {
 }
 
 func TestR1_StdoutClosedWhileRunning(t *testing.T) {
+	t.Parallel()
 	s, _ := startSession(t, stubConfig(t, "close_stdout"))
 	waitExited(t, s)
 	err := s.ExitErr()
@@ -236,6 +244,7 @@ func TestR1_StdoutClosedWhileRunning(t *testing.T) {
 }
 
 func TestR1_SpawnFailure(t *testing.T) {
+	t.Parallel()
 	cfg := stubConfig(t, "echo")
 	cfg.Command = filepath.Join(t.TempDir(), "no-such-codex")
 	_, err := Start(context.Background(), cfg, nil)
@@ -246,6 +255,7 @@ func TestR1_SpawnFailure(t *testing.T) {
 }
 
 func TestR1_StderrIsBoundedAndSanitized(t *testing.T) {
+	t.Parallel()
 	s, _ := startSession(t, stubConfig(t, "stderr"))
 	require.Eventually(t, func() bool {
 		tail := s.StderrTail()
@@ -265,6 +275,7 @@ func TestR1_StderrIsBoundedAndSanitized(t *testing.T) {
 }
 
 func TestR1_ReadBoundedLinesTruncates(t *testing.T) {
+	t.Parallel()
 	input := strings.Repeat("y", 10_000) + "\nshort\n" + strings.Repeat("z", 8) + "\r\nlast-no-newline"
 	type line struct {
 		text      string
@@ -276,6 +287,7 @@ func TestR1_ReadBoundedLinesTruncates(t *testing.T) {
 }
 
 func TestR1_OutputBeforeExitIsDeliveredToSlowConsumer(t *testing.T) {
+	t.Parallel()
 	rec := &recorder{}
 	s, err := Start(context.Background(), stubConfig(t, "echo"), rec.emit)
 	require.NoError(t, err)

@@ -14,22 +14,20 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/tether-run/tether/pkg/testbin"
 )
 
-// buildBinary compiles cmd/fake-codex-app-server into a temp dir.
+// buildBinary is cmd/fake-codex-app-server: make test's prebuilt one
+// ($TETHER_TEST_BIN), or one built once per test process (TestMain removes
+// it).
 func buildBinary(t *testing.T) string {
 	t.Helper()
 	if testing.Short() {
-		t.Skip("builds a binary")
+		t.Skip("runs a binary")
 	}
-	goTool, err := exec.LookPath("go")
-	if err != nil {
-		t.Skip("go tool not on PATH")
-	}
-	bin := filepath.Join(t.TempDir(), "fake-codex-app-server")
-	cmd := exec.Command(goTool, "build", "-o", bin, "../../cmd/fake-codex-app-server")
-	out, err := cmd.CombinedOutput()
-	require.NoError(t, err, "go build: %s", out)
+	bin, err := testbin.Path("github.com/tether-run/tether/services/runnerd/cmd/fake-codex-app-server")
+	require.NoError(t, err)
 	return bin
 }
 

@@ -5,16 +5,22 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"os"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
+
+	"github.com/tether-run/tether/pkg/testbin"
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) {
+		testbin.Cleanup()
+		os.Exit(code)
+	}))
 }
 
 const waitTimeout = 10 * time.Second
