@@ -17,6 +17,7 @@ func seqs(inst string, ns ...uint64) []*prpv1.Event {
 }
 
 func TestG4_AckIsHighestContiguousPersistedSeq(t *testing.T) {
+	t.Parallel()
 	cases := []struct {
 		name    string
 		floor   uint64
@@ -40,6 +41,7 @@ func TestG4_AckIsHighestContiguousPersistedSeq(t *testing.T) {
 }
 
 func TestG3_RunPlacementSelectsTheGatewayTransport(t *testing.T) {
+	t.Parallel()
 	cases := map[string]struct {
 		in   *prpv1.RunnerPlacement
 		mode string

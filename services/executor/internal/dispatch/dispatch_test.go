@@ -74,6 +74,7 @@ func (g *probeGateway) attaches() []*executorv1.Run {
 }
 
 func TestE7_NoRunnerIsContactedBeforeTheClaimCommitsOrWhenTheClaimIsRefused(t *testing.T) {
+	t.Parallel()
 	s := newStore(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	for _, id := range []string{"has-result", "cancelled", "fresh"} {
@@ -125,6 +126,7 @@ func claimedRun(t *testing.T) (*store.Store, *store.Claim) {
 }
 
 func TestE7_LostRenewalSelfFencesTheDriver(t *testing.T) {
+	t.Parallel()
 	s, c := claimedRun(t)
 	ctx := context.Background()
 	k := newLeaseKeeper(s, "me", 3*time.Second, slog.New(slog.NewTextHandler(io.Discard, nil)), newMetrics(nil, s))
@@ -143,6 +145,7 @@ func TestE7_LostRenewalSelfFencesTheDriver(t *testing.T) {
 }
 
 func TestE7_DriverSelfFencesWhenRenewalsKeepFailing(t *testing.T) {
+	t.Parallel()
 	s, c := claimedRun(t)
 	ctx := context.Background()
 	k := newLeaseKeeper(s, "me", 3*time.Second, slog.New(slog.NewTextHandler(io.Discard, nil)), newMetrics(nil, s))
@@ -163,6 +166,7 @@ func TestE7_DriverSelfFencesWhenRenewalsKeepFailing(t *testing.T) {
 // commit and drives it, without the claim loop (SPEC P4); before Run claims
 // anything it only stores the run.
 func TestP4_SubmitAndClaimDrivesARunItClaimedInTheSubmittingCommit(t *testing.T) {
+	t.Parallel()
 	s := newStore(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	gw := &probeGateway{store: s}
@@ -236,6 +240,7 @@ func (r *placedRouter) RoutePlaced(_ context.Context, runID, _ string, _ *prpv1.
 // commit read (SPEC P4): the scope's placement is not read again before the
 // Open; a scope with no placement yet is placed as before.
 func TestP4_ARunClaimedOnSubmissionIsRoutedFromThePlacementItsClaimRead(t *testing.T) {
+	t.Parallel()
 	s := newStore(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	_, err := s.PlaceScope(ctx, store.PlaceRequest{Scope: scope.OfRun("warm", input("s-warm")), TTL: time.Minute, Fallback: "gw-1"})
@@ -268,6 +273,7 @@ func TestP4_ARunClaimedOnSubmissionIsRoutedFromThePlacementItsClaimRead(t *testi
 // SPEC P2: CancelRun waits for a local driver's acknowledgement on a
 // signal, not by polling the record: every waiter of the run is woken once.
 func TestP2_ACancellationAcknowledgementWakesTheRunsWaiters(t *testing.T) {
+	t.Parallel()
 	d := New(newStore(t), Config{Owner: "o", Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	a, stopA := d.AwaitCancellationAck("r")
 	b, stopB := d.AwaitCancellationAck("r")
@@ -297,6 +303,7 @@ func TestP2_ACancellationAcknowledgementWakesTheRunsWaiters(t *testing.T) {
 // stop is seen. (TestF5_SIGTERMHandsEveryLeaseBack… once left a run under
 // a dead replica's lease this way.)
 func TestF5_AClaimThatCommitsWhileTheDispatcherStopsIsHandedBackAtOnce(t *testing.T) {
+	t.Parallel()
 	s := newStore(t)
 	bg := context.Background()
 	_, _, err := s.SubmitRun(bg, "r", input("s"))
@@ -325,6 +332,7 @@ func TestF5_AClaimThatCommitsWhileTheDispatcherStopsIsHandedBackAtOnce(t *testin
 }
 
 func TestP2_AnInterruptTheProviderAcknowledgedIsRecordedEvenWhenTheDriverStopped(t *testing.T) {
+	t.Parallel()
 	s, c := claimedRun(t)
 	ctx := context.Background()
 	out, err := s.RecordCancellation(ctx, store.CancelRequest{RunID: "r", Scope: "run", Reason: "stop"})

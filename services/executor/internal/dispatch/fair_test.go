@@ -8,6 +8,7 @@ import (
 )
 
 func TestF6_FairShareAllowsAClaimOnlyBelowTheReplicasShareOfTheFleetsRuns(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		mine, active, myCap, fleetCap int
 		want                          bool
@@ -37,6 +38,7 @@ func TestF6_FairShareAllowsAClaimOnlyBelowTheReplicasShareOfTheFleetsRuns(t *tes
 // runs end as others begin; with unequal ones while the fleet is loaded
 // (with a few runs in flight every replica drives about one).
 func TestF6_ClaimsThatFollowTheRuleStaySpreadOverThreeReplicas(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		caps   []int
 		ending bool

@@ -34,6 +34,7 @@ func (g refusingGateway) Attach(context.Context, ...grpc.CallOption) (gatewayv1.
 // permanent one as a terminal failure; the queue depth is read at scrape
 // time.
 func TestD3_DispatcherMetricsCountClaimsTakeoversRetriesAndFailures(t *testing.T) {
+	t.Parallel()
 	s := newStore(t)
 	ctx := context.Background()
 	for _, id := range []string{"expired", "transient", "waiting"} {

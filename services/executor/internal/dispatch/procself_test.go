@@ -13,6 +13,7 @@ import (
 )
 
 func TestE7_ControllerDeathIsProvenOnlyOnThisHost(t *testing.T) {
+	t.Parallel()
 	self := SelfController()
 	require.NotZero(t, self.StartTicks)
 	require.False(t, ControllerDead(self), "a live process is not dead")
