@@ -80,6 +80,11 @@ build: ## build every binary into bin/
 E2E := ./services/executor/internal/e2e
 E2E_PARALLEL ?= 4
 TEST_P ?= 3
+# The longest of the other packages come first on go test's command line,
+# which builds and runs packages in that order as slots free up: a long one
+# taken last (the gateway's sorts late) otherwise runs alone at the end.
+TEST_FIRST := ./services/runnergw/internal/gateway ./services/executor/internal/store ./pkg/pgtest \
+              ./services/executor/internal/dispatch ./services/executor/internal/api ./services/runnerd/internal/codex
 test: check-generate build ## lint, check generated code, and run every test with -race
 	@export TETHER_TEST_BIN=$(CURDIR)/bin; out=$$(mktemp -d); \
 	  echo "$(GO) test $(TRIMPATH) -race -count=1 -timeout 40m -parallel $(E2E_PARALLEL) $(E2E) (in the background)"; \
@@ -88,8 +93,9 @@ test: check-generate build ## lint, check generated code, and run every test wit
 	  $(MAKE) --no-print-directory lint >$$out/lint 2>&1 & lint=$$!; \
 	  echo "$(GO) test $(TRIMPATH) -race -count=1 -timeout 10m ./... in $(OWN_MODULES) (in the background)"; \
 	  for m in $(OWN_MODULES); do (cd $$m && GOWORK=off $(GO) test $(TRIMPATH) -race -count=1 -timeout 10m ./...) || exit 1; done >$$out/own 2>&1 & own=$$!; \
-	  echo "$(GO) test $(TRIMPATH) -race -count=1 -timeout 40m -p $(TEST_P) $(MODULES) (but $(E2E))"; \
-	  $(GO) test $(TRIMPATH) -race -count=1 -timeout 40m -p $(TEST_P) $$($(GO) list $(MODULES) | grep -v '/internal/e2e$$'); rc=$$?; \
+	  echo "$(GO) test $(TRIMPATH) -race -count=1 -timeout 40m -p $(TEST_P) $(MODULES) (but $(E2E); $(TEST_FIRST) first)"; \
+	  first=$$($(GO) list $(TEST_FIRST)); \
+	  $(GO) test $(TRIMPATH) -race -count=1 -timeout 40m -p $(TEST_P) $$first $$($(GO) list $(MODULES) | grep -v '/internal/e2e$$' | grep -vxF "$$first"); rc=$$?; \
 	  wait $$e2e; erc=$$?; cat $$out/e2e; \
 	  wait $$own; orc=$$?; cat $$out/own; \
 	  wait $$lint; lrc=$$?; echo "make lint:"; cat $$out/lint; rm -rf $$out; \
