@@ -94,6 +94,7 @@ func newHarnessKeeping(t *testing.T, opts stack.Options, keep bool, procs ...str
 		opts.Dir = dir
 	}
 	opts.DatabaseURL = pgtest.NewDB(t, stackSchema)
+	opts.Migrated = true // stackSchema
 	st, err := stack.New(opts)
 	require.NoError(t, err)
 	t.Cleanup(func() {

@@ -63,6 +63,11 @@ type Options struct {
 	// Env holds extra KEY=VALUE entries of every service's environment
 	// (e.g. a host secret that must not reach the provider).
 	Env []string
+	// Migrated: DatabaseURL holds the executor's and the backup
+	// verifier's schema already (a test database cloned from a migrated
+	// template), so they start with -migrate=false instead of each
+	// opening a connection of its own to check every migration again.
+	Migrated bool
 }
 
 // Stack is a running set of tether processes.
@@ -398,6 +403,10 @@ func (s *Stack) args(name string) []string {
 		metrics = "127.0.0.1:" + strconv.Itoa(port)
 	}
 	common := []string{"-log-format", "json", "-metrics-addr", metrics}
+	var migrate []string
+	if s.opts.Migrated {
+		migrate = []string{"-migrate=false"}
+	}
 	s.mu.Lock()
 	extra := s.extra[name]
 	s.mu.Unlock()
@@ -406,7 +415,8 @@ func (s *Stack) args(name string) []string {
 		a := append(append(common, "-grpc-addr", s.Addr(name), "-database-url", s.opts.DatabaseURL,
 			"-gateway-addr", s.Addr("runnergw"), "-lease-ttl", s.opts.LeaseTTL.String(), "-poll-interval", "250ms",
 			"-owner-id", name, "-grant-key-file", s.GrantKeyFile(), "-gateway-id", GatewayID,
-			"-checkpoint-after", s.opts.CheckpointAfter.String()), s.opts.ExecutorArgs...)
+			"-checkpoint-after", s.opts.CheckpointAfter.String()), migrate...)
+		a = append(a, s.opts.ExecutorArgs...)
 		a = append(a, s.tlsArgs(identity.Executor, "-gateway-ca")...)
 		return append(a, extra...)
 	case name == "runnergw" || strings.HasPrefix(name, "runnergw-"):
@@ -438,7 +448,7 @@ func (s *Stack) args(name string) []string {
 			"-blob-url", "file://"+s.BlobDir()+"?create_dir=true",
 			"-staging-dir", filepath.Join(s.opts.Dir, "backup-staging"),
 			"-stamp-key-file", filepath.Join(s.opts.Dir, "keys", "stamp.key"))
-		a = append(a, s.tlsArgs(identity.BackupVerifier)...)
+		a = append(append(a, migrate...), s.tlsArgs(identity.BackupVerifier)...)
 		return append(a, extra...)
 	}
 	return nil
