@@ -4,8 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
+	"os"
 	"sync"
 	"testing"
 	"time"
@@ -138,7 +138,12 @@ func (h *harness) inProcessExecutor(owner string, hooks store.Hooks) executorv1.
 	require.NoError(h.t, store.Migrate(ctx, h.dsn))
 	st := h.openStore()
 	st.SetHooks(hooks)
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	// Its log sits beside the stack's processes' logs: a failing test
+	// shows it with theirs.
+	logFile, err := os.Create(h.st.LogPath(owner))
+	require.NoError(h.t, err)
+	h.t.Cleanup(func() { logFile.Close() })
+	log := slog.New(slog.NewJSONHandler(logFile, nil)).With("service", owner)
 	d := dispatch.New(st, dispatch.Config{Owner: owner, LeaseTTL: 10 * time.Second, PollInterval: 100 * time.Millisecond,
 		Gateway: h.gatewayClient(), Logger: log})
 	hub := watch.NewHub(st)
