@@ -52,6 +52,10 @@ func newContinuity(t *testing.T, opts stack.Options) *continuity {
 		"-runner-ingress-tls-cert", leaf.CertFile, "-runner-ingress-tls-key", leaf.KeyFile, "-runner-ingress-ca", ca.CAFile(t))
 	h := newHarnessKeeping(t, opts, os.Getenv("KEEP") == "1", "backup-verifier", "runnergw", "executor")
 	c := &continuity{harness: h, gw: h.gatewayClient()}
+	// The test's store is opened (its close registered) before the leak
+	// check: cleanups run last-registered first, and the check reads the
+	// events through it.
+	c.store()
 	t.Cleanup(func() {
 		if !t.Failed() {
 			c.requireNoCredentialLeaked()
