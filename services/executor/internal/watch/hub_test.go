@@ -310,6 +310,12 @@ func TestFeedSendKeepsTheOrderAndItsErrorEndsTheWatch(t *testing.T) {
 	}
 }
 
+// got is what one Next returned.
+type got struct {
+	evs []Event
+	err error
+}
+
 // countingReader counts its reads.
 type countingReader struct {
 	events
@@ -339,10 +345,6 @@ func TestP4_EventsOfferedByTheirCommitterReachWatchersWithoutARead(t *testing.T)
 	h := NewHub(r)
 	w := h.Watch("run", 0)
 	defer w.Close()
-	type got struct {
-		evs []Event
-		err error
-	}
 	nextEvents := func() <-chan got {
 		ch := make(chan got, 1)
 		go func() {
@@ -433,10 +435,6 @@ func TestP4_AnAnnouncedCommitBesideAnOfferedOneIsReadToo(t *testing.T) {
 	h := NewHub(r)
 	w := h.Watch("run", 0)
 	defer w.Close()
-	type got struct {
-		evs []Event
-		err error
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	nextEvents := func() got {
