@@ -223,7 +223,11 @@ func killDriverMidTurn(t *testing.T, ttl time.Duration, successorArgs ...string)
 	require.NoError(t, err)
 	successor := h.clientFor("executor-2")
 	run := h.waitState(ctx, successor, "crash", executorv1.RunState_RUN_STATE_SUCCEEDED)
-	require.EqualValues(t, 2, run.GetAttempt(), "taken over once")
+	// Taken over by the successor. (Usually attempt 2; on an overloaded
+	// machine the first executor may first fence itself off for want of a
+	// renewal within a short lease and claim the run again, attempt 2,
+	// before it is killed: still one provider turn, below.)
+	require.GreaterOrEqual(t, run.GetAttempt(), uint64(2), "taken over")
 	require.Equal(t, "executor-2", run.GetLeaseOwner())
 	require.Equal(t, 1, countLines(t, h.st.CallLog(), "turn/start"), "the provider turn started exactly once")
 	h.client = successor
