@@ -212,15 +212,15 @@ func TestE10_WithoutABackupVerifierAConfigurationChangeReplacesTheProviderOnItsL
 
 func TestE10_ABackupFailureDuringAConfigurationChangeFailsTheAttemptVisiblyAndTheRetryGoesThroughTheBackup(t *testing.T) {
 	t.Parallel()
-	// The gateway reaches the verifier through a switch the test turns
+	// The gateway reaches the verifier through a proxy the test turns
 	// off and on at once: the verifier is back well within the retry
 	// delay, however loaded the machine (a restarted verifier took 6 s
 	// at load 25, after both retries had failed).
 	h := newHarnessWith(t, stack.Options{ExecutorArgs: []string{"-retry-delay", "2s"}}, "backup-verifier")
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	verifier := newTCPSwitch(t, h.st.Addr("backup-verifier"))
-	h.st.SetExtraArgs("runnergw", "-backup-addr", verifier.Addr())
+	verifier := newTCPProxy(t, h.st.Addr("backup-verifier"))
+	h.st.SetExtraArgs("runnergw", "-backup-addr", verifier.addr())
 	for _, p := range []string{"runnergw", "executor"} {
 		_, err := h.st.Start(ctx, p)
 		require.NoError(t, err)
@@ -232,7 +232,7 @@ func TestE10_ABackupFailureDuringAConfigurationChangeFailsTheAttemptVisiblyAndTh
 	require.Equal(t, executorv1.RunState_RUN_STATE_SUCCEEDED, h.get("bf-1").GetState())
 
 	// The verifier is unreachable when the next run changes the model.
-	verifier.set(true)
+	verifier.setOff(true)
 	submit("bf-2", "model-b", "second turn, another model")
 	db := h.store()
 	var failed map[string]any
@@ -250,7 +250,7 @@ func TestE10_ABackupFailureDuringAConfigurationChangeFailsTheAttemptVisiblyAndTh
 	require.Equal(t, "warm native session configuration changed", failed["reason"])
 	require.Equal(t, "runner_harness_backup_unavailable", failed["code"])
 	require.Equal(t, "bf-1", failed["previousRunId"])
-	verifier.set(false)
+	verifier.setOff(false)
 
 	evs := h.watch(ctx, "bf-2", 0, nil)
 	run := h.get("bf-2")

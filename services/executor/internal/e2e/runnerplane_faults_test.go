@@ -98,12 +98,14 @@ func TestR4_RunnerdKilledMidTurnRestartsOnItsStateDirAndTheTurnCompletesOnce(t *
 }
 
 // tcpProxy forwards loopback TCP connections to target and can drop or
-// stall (black-hole) the ones it carries.
+// stall (black-hole) the ones it carries, or be turned off and on at once
+// (no process start to wait for, however loaded the machine).
 type tcpProxy struct {
 	ln       net.Listener
 	target   string
 	mu       sync.Mutex
 	pairs    []*proxyPair
+	off      bool // every new connection is closed unanswered
 	accepted atomic.Int32
 	wg       sync.WaitGroup
 }
@@ -146,9 +148,15 @@ func (p *tcpProxy) serve() {
 			a.Close()
 			continue
 		}
-		p.accepted.Add(1)
 		pr := &proxyPair{a: a, b: b}
 		p.mu.Lock()
+		if p.off {
+			p.mu.Unlock()
+			a.Close()
+			b.Close()
+			continue
+		}
+		p.accepted.Add(1)
 		p.pairs = append(p.pairs, pr)
 		p.mu.Unlock()
 		p.wg.Add(2)
@@ -183,9 +191,24 @@ func (p *tcpProxy) pipe(pr *proxyPair, src, dst net.Conn) {
 func (p *tcpProxy) dropAll() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.dropLocked()
+}
+
+func (p *tcpProxy) dropLocked() {
 	for _, pr := range p.pairs {
 		pr.a.Close()
 		pr.b.Close()
+	}
+}
+
+// setOff turns the proxy off — every carried connection cut and each new
+// one closed unanswered, as a service that went away — or on again.
+func (p *tcpProxy) setOff(off bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.off = off
+	if off {
+		p.dropLocked()
 	}
 }
 
