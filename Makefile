@@ -85,8 +85,22 @@ TEST_P ?= 3
 # taken last (the gateway's sorts late) otherwise runs alone at the end.
 TEST_FIRST := ./services/runnergw/internal/gateway ./services/executor/internal/store ./pkg/pgtest \
               ./services/executor/internal/dispatch ./services/executor/internal/api ./services/runnerd/internal/codex
+# Everything make test writes to a temporary directory — each test's
+# directories, the PostgreSQL clusters, runnerd state roots, go test's build
+# directories and the test binaries it links — goes to a fresh directory
+# under TEST_TMPDIR, removed afterwards. TEST_TMPDIR is /dev/shm when that is
+# a memory file system with at least 4 GiB free. On the 2-core VM this was
+# measured on (ext4 mounted with discard, a guest whose page faults, context
+# switches and disk requests are dear) creating, writing and deleting those
+# files was kernel time the CPU-bound run paid for: PostgreSQL's CPU in the
+# store package's tests fell from 33-38 s to 23-24 s, in all of make test
+# from 172 s to 129 s, runnerd's from 65 s to 54 s (process accounting,
+# 2026-12-02). Elsewhere (TEST_TMPDIR empty) it is $$TMPDIR or /tmp.
+TEST_TMPDIR ?= $(shell test "$$(stat -f -c %T /dev/shm 2>/dev/null)" = tmpfs && df -Pk /dev/shm | awk 'NR==2 && $$4 >= 4194304 {print "/dev/shm"}')
 test: check-generate build ## lint, check generated code, and run every test with -race
-	@export TETHER_TEST_BIN=$(CURDIR)/bin; out=$$(mktemp -d); \
+	@base='$(TEST_TMPDIR)'; tmp=$$(mktemp -d "$${base:-$${TMPDIR:-/tmp}}/tether-test.XXXXXX") && chmod 1777 "$$tmp" || exit 1; \
+	  trap 'rm -rf "$$tmp"' EXIT; export TMPDIR=$$tmp; echo "temporary files: $$tmp"; \
+	  export TETHER_TEST_BIN=$(CURDIR)/bin; out=$$(mktemp -d); \
 	  echo "$(GO) test $(TRIMPATH) -race -count=1 -timeout 40m -parallel $(E2E_PARALLEL) $(E2E) (in the background)"; \
 	  $(GO) test $(TRIMPATH) -race -count=1 -timeout 40m -parallel $(E2E_PARALLEL) $(E2E) >$$out/e2e 2>&1 & e2e=$$!; \
 	  echo "make lint (in the background)"; \
