@@ -1,7 +1,9 @@
 package main
 
 import (
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -82,4 +84,140 @@ func TestR4_AHostedLinesEventsAreHandedOnWithTheMarkPastTheLine(t *testing.T) {
 	require.Len(t, got, 1)
 	f.handle(delta("d"))
 	require.Len(t, got, 2)
+}
+
+// TestR7_ATurnResultWaitsForItsHeldCompletionEvent: a turn's result reaches
+// the runner only after the events the filter was handed before it were
+// handed on. The driver delivers the result on its own channel right after
+// emitting turn.completed; when that event was held for a line's mark (a
+// reconciled turn's event emitted while the reader was in the middle of
+// another line), the runner journaled run.terminal first and the turn's
+// turn.completed after it, past the run's end (R7 and R9: the watch ended
+// at the terminal without the turn's completion).
+func TestR7_ATurnResultWaitsForItsHeldCompletionEvent(t *testing.T) {
+	t.Parallel()
+	type setup struct {
+		f   *markFilter
+		p   *codexProvider
+		mu  *sync.Mutex
+		got *[]runner.ProviderEvent
+	}
+	newSetup := func() setup {
+		var mu sync.Mutex
+		var got []runner.ProviderEvent
+		f := &markFilter{emit: func(ev runner.ProviderEvent) {
+			mu.Lock()
+			got = append(got, ev)
+			mu.Unlock()
+		}}
+		// done is unbuffered: a result is handed on only to a receiver.
+		p := &codexProvider{f: f, done: make(chan runner.TurnResult), stop: make(chan struct{})}
+		return setup{f: f, p: p, mu: &mu, got: &got}
+	}
+	types := func(s setup) []string {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		var out []string
+		for _, ev := range *s.got {
+			if ev.Type != "" {
+				out = append(out, ev.Type)
+			}
+		}
+		return out
+	}
+	completed := codex.Event{Type: "turn.completed", TurnID: "turn-1", Payload: map[string]any{"status": "completed", "reconciled": true}}
+	res := runner.TurnResult{TurnID: "turn-1", Status: "completed"}
+	// pass runs as forward does, on its own goroutine; passed reports what it returned.
+	pass := func(s setup) <-chan bool {
+		passed := make(chan bool, 1)
+		go func() { passed <- s.p.pass(res) }()
+		return passed
+	}
+	notYet := func(t *testing.T, s setup) {
+		t.Helper()
+		select {
+		case r := <-s.p.done:
+			t.Fatalf("the result %+v reached the runner while turn.completed was held (handed on: %v)", r, types(s))
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	take := func(t *testing.T, s setup, passed <-chan bool) {
+		t.Helper()
+		select {
+		case r := <-s.p.done:
+			require.Equal(t, res, r)
+		case <-time.After(10 * time.Second):
+			t.Fatal("the result was not handed on")
+		}
+		require.True(t, <-passed)
+	}
+
+	t.Run("the line's mark releases it", func(t *testing.T) {
+		t.Parallel()
+		s := newSetup()
+		// The reader is in a line; the runner's ReconcileTurn emits the
+		// turn's completion meanwhile (held), then delivers the result.
+		s.f.LineStart()
+		s.f.handle(codex.Event{Type: "item.delta", TurnID: "turn-2", ItemID: "i", Payload: map[string]any{"delta": "x"}})
+		s.f.handle(completed)
+		s.f.LineDone(false) // its mark has not come
+		passed := pass(s)
+		notYet(t, s)
+		require.Empty(t, types(s))
+
+		s.f.LineStart()
+		s.f.handle(notice(provhost.MarkPrefix + "9"))
+		s.f.LineDone(false)
+		take(t, s, passed)
+		require.Equal(t, []string{"item.delta", "turn.completed"}, types(s), "handed on before the result")
+	})
+
+	t.Run("the reader's end releases it", func(t *testing.T) {
+		t.Parallel()
+		s := newSetup()
+		s.f.LineStart()
+		s.f.handle(completed)
+		s.f.LineDone(false)
+		passed := pass(s)
+		notYet(t, s)
+		s.f.ReaderDone()
+		take(t, s, passed)
+		require.Equal(t, []string{"turn.completed"}, types(s))
+	})
+
+	t.Run("stop ends the wait", func(t *testing.T) {
+		t.Parallel()
+		s := newSetup()
+		s.f.LineStart()
+		s.f.handle(completed)
+		passed := pass(s)
+		select {
+		case <-passed:
+			t.Fatal("pass returned while turn.completed was held")
+		case <-time.After(50 * time.Millisecond):
+		}
+		close(s.p.stop)
+		select {
+		case ok := <-passed:
+			require.False(t, ok, "nothing took the result")
+		case <-time.After(10 * time.Second):
+			t.Fatal("stop did not end the wait")
+		}
+	})
+
+	t.Run("nothing held: at once", func(t *testing.T) {
+		t.Parallel()
+		// Not hosted (no line observer), or between lines: nothing is held.
+		s := newSetup()
+		s.f.handle(completed)
+		// A suppressed turn.started and a bare mark are not counted.
+		s.f.LineStart()
+		s.f.handle(notice(provhost.AdoptPrefix + "turn-3"))
+		s.f.LineDone(false)
+		s.f.LineStart()
+		s.f.handle(codex.Event{Type: "turn.started", TurnID: "turn-3"})
+		s.f.LineDone(false)
+		take(t, s, pass(s))
+		require.Equal(t, []string{"turn.completed"}, types(s))
+	})
 }

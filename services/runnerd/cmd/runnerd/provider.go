@@ -82,7 +82,7 @@ func startCodex(ctx context.Context, cfg runner.ProviderConfig, emit func(runner
 		}
 		return nil, convertErr(err)
 	}
-	p := &codexProvider{s: s, host: host, grace: closeGrace(cfg), done: make(chan runner.TurnResult, 64), exited: make(chan struct{}), stop: make(chan struct{}), fwdDone: make(chan struct{})}
+	p := &codexProvider{s: s, f: f, host: host, grace: closeGrace(cfg), done: make(chan runner.TurnResult, 64), exited: make(chan struct{}), stop: make(chan struct{}), fwdDone: make(chan struct{})}
 	if host != nil {
 		p.hostDir = cfg.HostDir
 	}
@@ -135,16 +135,29 @@ func startHost(ctx context.Context, cfg runner.ProviderConfig) (*provhost.Info, 
 // line. Handed on one by one, a runnerd killed after
 // journaling a line's events but before its mark made the re-attached host
 // replay the line, and its events were journaled twice.
+//
+// A turn's result does not pass through the filter: the driver delivers it
+// on its own channel right after emitting the turn's last event (on the
+// reader's goroutine, or on the runner's when a turn is reconciled), and
+// the runner journals run.terminal with the events queued when it takes
+// the result. The filter counts the events it was handed (handled) and
+// handed on (released), and the provider passes a result on only once
+// every event handled before it was released (waitReleased); otherwise a
+// turn.completed still held for its line's mark was journaled after the
+// turn's run.terminal (SPEC R7).
 type markFilter struct {
 	emit     func(runner.ProviderEvent)
 	mu       sync.Mutex
 	suppress string
 	held     []runner.ProviderEvent
-	inLine   bool // the reader dispatches a line
-	awaiting bool // a line was read whose mark has not come yet
-	marked   bool // the line being read is a host notice (no mark follows it)
-	bare     bool // the next line comes without a mark (a re-announced turn)
-	ended    bool // the reader is done: nothing is held any more
+	inLine   bool          // the reader dispatches a line
+	awaiting bool          // a line was read whose mark has not come yet
+	marked   bool          // the line being read is a host notice (no mark follows it)
+	bare     bool          // the next line comes without a mark (a re-announced turn)
+	ended    bool          // the reader is done: nothing is held any more
+	handled  uint64        // events handed in that are passed on (not marks, not suppressed)
+	released uint64        // events handed on
+	changed  chan struct{} // closed (and dropped) when released grows or the reader ends; nil until waited on
 }
 
 func (f *markFilter) LineStart() {
@@ -173,6 +186,46 @@ func (f *markFilter) ReaderDone() {
 	defer f.mu.Unlock()
 	f.ended, f.inLine = true, false
 	f.release(0)
+	f.notify()
+}
+
+// handledCount is the number of events handed in so far that the filter
+// passes on (at once or with their line's mark).
+func (f *markFilter) handledCount() uint64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.handled
+}
+
+// waitReleased returns once n events were handed on, the reader ended (so
+// nothing is held any more), or stop is closed. It must not run on the
+// reader's goroutine: a mark only comes with the reader's next line.
+func (f *markFilter) waitReleased(n uint64, stop <-chan struct{}) {
+	for {
+		f.mu.Lock()
+		if f.released >= n || f.ended {
+			f.mu.Unlock()
+			return
+		}
+		if f.changed == nil {
+			f.changed = make(chan struct{})
+		}
+		ch := f.changed
+		f.mu.Unlock()
+		select {
+		case <-ch:
+		case <-stop:
+			return
+		}
+	}
+}
+
+// notify wakes the waiters of waitReleased; under f.mu.
+func (f *markFilter) notify() {
+	if f.changed != nil {
+		close(f.changed)
+		f.changed = nil
+	}
 }
 
 // release hands on the held events, the last one carrying cursor (a bare
@@ -192,6 +245,8 @@ func (f *markFilter) release(cursor uint64) {
 		ev.More = i < len(held)-1 // the runner takes the line's events together
 		f.emit(ev)
 	}
+	f.released += uint64(len(held))
+	f.notify()
 }
 
 func (f *markFilter) handle(ev codex.Event) {
@@ -215,11 +270,13 @@ func (f *markFilter) handle(ev codex.Event) {
 		return
 	}
 	out := runner.ProviderEvent{Type: ev.Type, TurnID: ev.TurnID, ItemID: ev.ItemID, Priority: ev.Priority, Payload: ev.Payload}
+	f.handled++
 	if !f.ended && (f.inLine || f.awaiting) {
 		f.held = append(f.held, out)
 		return
 	}
 	f.emit(out)
+	f.released++ // nothing is held (or it would have been released first): no one waits
 }
 
 func convertErr(err error) error {
@@ -233,6 +290,7 @@ func convertErr(err error) error {
 // codexProvider adapts *codex.Session to runner.Provider.
 type codexProvider struct {
 	s       *codex.Session
+	f       *markFilter
 	host    *provhost.Info // nil unless hosted
 	hostDir string         // the host's directory (hosted only)
 	grace   time.Duration
@@ -250,18 +308,14 @@ func (p *codexProvider) forward() {
 	for {
 		select {
 		case r := <-p.s.TurnDone():
-			select {
-			case p.done <- r:
-			case <-p.stop:
+			if !p.pass(r) {
 				return
 			}
 		case <-p.s.Exited():
 			for {
 				select {
 				case r := <-p.s.TurnDone():
-					select {
-					case p.done <- r:
-					case <-p.stop:
+					if !p.pass(r) {
 						return
 					}
 				default:
@@ -272,6 +326,22 @@ func (p *codexProvider) forward() {
 		case <-p.stop:
 			return
 		}
+	}
+}
+
+// pass hands r on to the runner once the events the filter was handed
+// before it (the turn's completion event among them) were handed on, so
+// the runner journals them before the turn's run.terminal; false when
+// stopped. The driver emits a turn's last event before delivering its
+// result, so the count taken now covers it (and perhaps a few events
+// after it, whose line's mark follows as promptly).
+func (p *codexProvider) pass(r runner.TurnResult) bool {
+	p.f.waitReleased(p.f.handledCount(), p.stop)
+	select {
+	case p.done <- r:
+		return true
+	case <-p.stop:
+		return false
 	}
 }
 
