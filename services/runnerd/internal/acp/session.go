@@ -215,7 +215,10 @@ func (s *Session) LastTurn(context.Context) (string, error) {
 // retained; recorded as finished → terminalized (its result is delivered
 // on TurnDone); recorded as started only → missing (the agent process that
 // ran it is gone, and ACP cannot tell how far it got), which the runner
-// retries on the loaded session.
+// retries on the loaded session. A terminalized turn's turn.<status>
+// event (payload reconciled:true) is emitted before its result is
+// delivered, as the codex and OpenCode drivers do: the events the lost
+// process emitted for it may never have been journaled.
 func (s *Session) ReconcileTurn(_ context.Context, turnID string) (string, string, error) {
 	s.mu.Lock()
 	if s.active != nil && s.active.id == turnID {
@@ -237,6 +240,7 @@ func (s *Session) ReconcileTurn(_ context.Context, turnID string) (string, strin
 	if rec.Usage != nil {
 		res.Usage = *rec.Usage
 	}
+	s.send(Event{Type: "turn." + res.Status, TurnID: res.TurnID, Priority: P0, Payload: turnPayload(res, rec.StopReason, true)})
 	s.deliver(res)
 	return ReconcileTerminalized, rec.Status, nil
 }

@@ -23,7 +23,7 @@ import (
 //	usage.reported           P1 {used, size[, cost:{amount, currency}]}
 //	run.plan_updated         P1 {source:"turn_plan", steps:[{step, status}]}
 //	provider.notice.recorded P2 {kind:"warning", message} (agent text without a messageId)
-//	turn.completed|turn.interrupted|turn.failed P0 {status, stopReason, finalMessage, usage[, error]}
+//	turn.completed|turn.interrupted|turn.failed P0 {status, stopReason, finalMessage, usage[, error][, reconciled:true]}
 //	harness.diagnostic       P1 {code, method, message}
 
 // Reconciliation outcomes (package provider).
@@ -174,13 +174,28 @@ func (s *Session) finishTurn(t *turn, r reply) {
 		s.log.Error("acp: state not saved after a turn", "turn_id", t.id, "err", werr)
 	}
 
-	payload := map[string]any{"status": res.Status, "stopReason": ans.StopReason, "finalMessage": res.FinalMessage,
+	// The state is saved before the event is emitted. The event is durable
+	// only once the runner journaled it (at the latest with the turn's
+	// run.terminal); a runnerd lost before that finds the turn recorded as
+	// finished, and its reconciliation emits the event (ReconcileTurn).
+	// Saved after the event, a loss in between would read back as a turn
+	// that never finished, and the retry would run it a second time.
+	s.send(Event{Type: "turn." + res.Status, TurnID: t.id, Priority: P0, Payload: turnPayload(res, ans.StopReason, false)})
+	s.deliver(res)
+}
+
+// turnPayload is the turn.<status> payload of a finished turn; reconciled
+// marks one whose result was read back from the durable state.
+func turnPayload(res TurnResult, stopReason string, reconciled bool) map[string]any {
+	payload := map[string]any{"status": res.Status, "stopReason": stopReason, "finalMessage": res.FinalMessage,
 		"usage": map[string]any{"inputTokens": res.Usage.InputTokens, "cachedInputTokens": res.Usage.CachedInputTokens, "outputTokens": res.Usage.OutputTokens}}
 	if res.ErrorCode != "" || res.ErrorMessage != "" {
 		payload["error"] = map[string]any{"code": res.ErrorCode, "message": res.ErrorMessage}
 	}
-	s.send(Event{Type: "turn." + res.Status, TurnID: t.id, Priority: P0, Payload: payload})
-	s.deliver(res)
+	if reconciled {
+		payload["reconciled"] = true
+	}
+	return payload
 }
 
 // promptUsage reads the ACP PromptResponse usage of one turn.
