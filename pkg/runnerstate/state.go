@@ -206,7 +206,23 @@ type State struct {
 	// by turn id, at most MaxLostTurns: a controller that took the run over
 	// and resends the command that started one learns it again (SPEC R7).
 	LostTurns map[string]*LostTurn `json:"lostTurns,omitempty"`
-	UpdatedAt time.Time            `json:"updatedAt"`
+	// LastTurnEvent is the newest turn whose turn.<status> event
+	// (turn.completed, turn.failed or turn.interrupted) runnerd journaled.
+	// A turn reconciled after a loss of its provider or of runnerd has
+	// its result, not its event, delivered again: the event is journaled
+	// once per turn (SPEC R7, X1). Set when the event is journaled, so
+	// every later snapshot holds it; a restart also reads it from the
+	// outbox (the event outlives no snapshot unacknowledged).
+	LastTurnEvent *TurnEvent `json:"lastTurnEvent,omitempty"`
+	UpdatedAt     time.Time  `json:"updatedAt"`
+}
+
+// TurnEvent is a journaled turn.<status> event: its turn, type and source
+// seq.
+type TurnEvent struct {
+	TurnID    string `json:"turnId"`
+	EventType string `json:"eventType"`
+	SourceSeq uint64 `json:"sourceSeq"`
 }
 
 // MaxLostTurns bounds State.LostTurns.

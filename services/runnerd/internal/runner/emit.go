@@ -106,6 +106,14 @@ func (r *Runner) emitAll(evs []pendingEvent) {
 	soft := r.cfg.MaxOutboxBytes - r.cfg.P0ReserveBytes
 	var add func(e pendingEvent) bool
 	add = func(e pendingEvent) bool {
+		if te := r.st.LastTurnEvent; te != nil && e.turnID == te.TurnID && isTurnEvent(e.typ) {
+			// A turn reconciled after a loss (SPEC R7) whose event the
+			// live provider's was: its result settles it, the event is
+			// not journaled twice (X1).
+			r.log.Info("the turn's event is journaled already; the reconciled one is not journaled again",
+				"turn_id", e.turnID, "event_type", e.typ, "journaled", te.EventType, "journaled_seq", te.SourceSeq)
+			return true
+		}
 		rec, err := r.newEvent(e.prio, e.typ, e.turnID, e.itemID, e.runID, e.payload)
 		if err != nil {
 			r.log.Error("dropping unencodable event", "event_type", e.typ, "err", err)
@@ -136,6 +144,9 @@ func (r *Runner) emitAll(evs []pendingEvent) {
 		held += size
 		r.st.PeakOutboxBytes = max(r.st.PeakOutboxBytes, held)
 		recs = append(recs, rec)
+		if e.turnID != "" && isTurnEvent(rec.EventType) {
+			r.st.LastTurnEvent = &runnerstate.TurnEvent{TurnID: e.turnID, EventType: rec.EventType, SourceSeq: rec.SourceSeq}
+		}
 		label := e.runID
 		if label == "" && r.st.CurrentRun != nil {
 			label = r.st.CurrentRun.RunID

@@ -304,6 +304,36 @@ func (r *Runner) settleEndedTurn() {
 	r.st.ActiveTurn = nil
 }
 
+// isTurnEvent reports whether typ is the event a provider driver emits
+// when a turn ends (live, or reconciled after a loss): turn.<status>.
+func isTurnEvent(typ string) bool {
+	return typ == "turn.completed" || typ == "turn.failed" || typ == "turn.interrupted"
+}
+
+// recallTurnEvent takes the newest turn.<status> event the outbox holds
+// into the state (LastTurnEvent), for a recovered state: the previous
+// runnerd process may have journaled it after the last snapshot, and died
+// before the turn's run.terminal; the turn's reconciliation must then not
+// journal a second one (SPEC R7, X1). An event no longer in the outbox was
+// acknowledged, so a snapshot written after it was journaled holds it.
+func (r *Runner) recallTurnEvent() {
+	for _, rec := range r.j.outbox.After(0) {
+		if !isTurnEvent(rec.EventType) {
+			continue
+		}
+		if te := r.st.LastTurnEvent; te != nil && te.SourceSeq >= rec.SourceSeq {
+			continue
+		}
+		var env struct {
+			TurnID string `json:"turnId"`
+		}
+		if json.Unmarshal(rec.Envelope, &env) != nil || env.TurnID == "" {
+			continue
+		}
+		r.st.LastTurnEvent = &runnerstate.TurnEvent{TurnID: env.TurnID, EventType: rec.EventType, SourceSeq: rec.SourceSeq}
+	}
+}
+
 // knownTurn reports whether a turn of the thread is one runnerd started (or
 // learnt of) before.
 func (r *Runner) knownTurn(id string) bool {

@@ -359,6 +359,7 @@ func (r *Runner) open(ctx context.Context) (int, bool, error) {
 		st.Lifecycle, st.LifecycleReason = runnerstate.LifecycleBackpressure, failure.OutboxSoftLimit
 	}
 	if recovered {
+		r.recallTurnEvent()
 		r.settleEndedTurn()
 	}
 	r.settleCutCommands(recovered)

@@ -1,0 +1,151 @@
+package runner
+
+import (
+	"io/fs"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/tether-run/tether/pkg/failure"
+	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
+)
+
+// endLive emits the closing events of a turn the provider finished —
+// its turn.<status> last — without delivering its result: whoever takes
+// the result (the runner loop) is lost before it does.
+func (p *fakeProvider) endLive(turnID, status string) {
+	p.emit(ProviderEvent{Type: "item.completed", TurnID: turnID, ItemID: "item-1", Priority: P1, Payload: map[string]any{"text": "live " + status}})
+	p.emit(ProviderEvent{Type: "turn." + status, TurnID: turnID, Priority: P0, Payload: map[string]any{"status": status}})
+}
+
+// copyDir copies the files of src into dst (created), keeping their modes.
+func copyDir(t *testing.T, src, dst string) {
+	t.Helper()
+	require.NoError(t, filepath.WalkDir(src, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(src, path)
+		to := filepath.Join(dst, rel)
+		info, err := d.Info()
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			return os.MkdirAll(to, info.Mode().Perm())
+		}
+		if !info.Mode().IsRegular() {
+			return nil // sockets and the like: gone with the process
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		return os.WriteFile(to, b, info.Mode().Perm())
+	}))
+}
+
+// turnHistory is what the controller stores of e's gateway's events (one
+// row per source seq, the first copy): the turn.<status> events of turnID
+// and the run.terminal events.
+func turnHistory(e *testEnv, turnID, status string) (turnEvents, terminals []*prpv1.Event) {
+	rows := e.gw.distinct()
+	for seq := uint64(1); seq <= e.gw.maxSeq(); seq++ {
+		rx, ok := rows[seq]
+		if !ok {
+			continue
+		}
+		switch ev := rx.ev; {
+		case ev.GetEventType() == "turn."+status && ev.GetTurnId() == turnID:
+			turnEvents = append(turnEvents, ev)
+		case ev.GetEventType() == "run.terminal":
+			terminals = append(terminals, ev)
+		}
+	}
+	return turnEvents, terminals
+}
+
+// TestR7_ATurnEventJournaledBeforeALossIsNotJournaledAgainByTheReconciliation:
+// the provider finished the turn and runnerd journaled its live
+// turn.<status> event, then was lost before it took the turn's result
+// (no run.terminal yet). The relaunched runnerd (or, for a provider lost
+// under a live runnerd, the same one) reconciles the turn from the
+// provider's record: the turn's result settles it with one run.terminal,
+// and the reconciled turn.<status> the driver emits again is not journaled
+// a second time — the run's durable history holds one turn event for the
+// turn (SPEC R7, X1). The event may still be in the outbox (not yet
+// acknowledged) or only in the state saved after its acknowledgement.
+func TestR7_ATurnEventJournaledBeforeALossIsNotJournaledAgainByTheReconciliation(t *testing.T) {
+	t.Parallel()
+	for _, status := range []string{"completed", "failed"} {
+		for _, loss := range []string{"runnerd, event unacknowledged", "runnerd, event acknowledged", "provider, under a live runnerd"} {
+			t.Run(status+"/"+loss, func(t *testing.T) {
+				t.Parallel()
+				e := newTestEnv(t)
+				first := e.start(nil)
+				e.prov.mu.Lock()
+				e.prov.history = map[string]string{"turn-1": status}
+				e.prov.mu.Unlock()
+				cs := &cmdSeq{t: t, runID: "run-1", attempt: 1}
+				prov := attachAndTurn(t, e, cs)
+				prov.endLive("turn-1", status)
+				live := e.gw.waitEvent("turn."+status, 1)
+				require.NotContains(t, live.GetPayload().AsMap(), "reconciled")
+
+				if loss == "provider, under a live runnerd" {
+					prov.crash(failure.ProviderStdoutClosed)
+				} else {
+					if loss == "runnerd, event acknowledged" {
+						// The controller persisted it; the state saved
+						// at the ping holds the cursor past it, so the
+						// relaunched runnerd's outbox no longer does.
+						e.gw.ack(live.GetSourceSeq())
+						require.Equal(t, live.GetSourceSeq(), e.gw.ping(1).GetAckedSourceSeq())
+						e.gw.mu.Lock()
+						e.gw.acked = live.GetSourceSeq()
+						e.gw.mu.Unlock()
+					}
+					// runnerd is killed here: its state dir as it is now
+					// is what the relaunched one finds, and nothing it
+					// sends from now on reaches the controller.
+					runnerDir := filepath.Join(e.stateDir, "runner")
+					crashed := filepath.Join(t.TempDir(), "runner")
+					copyDir(t, runnerDir, crashed)
+					e.gw.mu.Lock()
+					sent := len(e.gw.events)
+					e.gw.mu.Unlock()
+					first.stop(t)
+					e.gw.mu.Lock()
+					e.gw.events = e.gw.events[:sent]
+					e.gw.mu.Unlock()
+					require.NoError(t, os.RemoveAll(runnerDir))
+					copyDir(t, crashed, runnerDir)
+					st := e.state()
+					require.NotNil(t, st.ActiveTurn, "the turn is active in the crashed state")
+					require.Equal(t, "turn-1", st.ActiveTurn.TurnID)
+
+					e.start(nil)
+					e.gw.waitConns(2)
+					e.gw.waitEvent("runner.reconciled", 1)
+				}
+				term := e.gw.waitEvent("run.terminal", 1)
+				assert.Equal(t, "recorded "+status, term.GetPayload().AsMap()["finalMessage"], "the turn's recorded result ends it")
+				assert.Equal(t, "turn-1", term.GetTurnId())
+				e.gw.ping(2) // the loop has settled the reconciliation
+				require.Eventually(t, func() bool { return e.state().ActiveTurn == nil }, 5*time.Second, 10*time.Millisecond)
+
+				turnEvents, terminals := turnHistory(e, "turn-1", status)
+				require.Len(t, turnEvents, 1, "one turn.%s for the turn in the run's history", status)
+				assert.Equal(t, live.GetSourceSeq(), turnEvents[0].GetSourceSeq(), "the live event is the turn's one")
+				require.Len(t, terminals, 1, "the turn settles once")
+				assert.Greater(t, terminals[0].GetSourceSeq(), turnEvents[0].GetSourceSeq(), "the turn event precedes the terminal")
+				assert.Equal(t, 2, e.prov.count(), "the turn was reconciled on a restarted provider")
+				assert.Zero(t, e.prov.last().turns, "no second turn/start")
+			})
+		}
+	}
+}
