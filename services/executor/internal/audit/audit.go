@@ -1,14 +1,16 @@
 // Package audit checks the executor's durable history for the
 // exactly-once promises (SPEC X1): every run ends once, its events form one
 // contiguous, fenced sequence that stops at its run.terminal, a runner
-// executed each turn command at most once, and a cancellation was recorded
-// and acknowledged at most once. Check is a pure function over the rows
+// executed each turn command at most once, each provider turn ended with
+// one turn event, and a cancellation was recorded and acknowledged at most
+// once. Check is a pure function over the rows
 // the store reads (store.AuditRows); tetherctl audit prints its report.
 package audit
 
 import (
 	"fmt"
 	"io"
+	"slices"
 	"sort"
 
 	"github.com/tether-run/tether/services/executor/internal/session"
@@ -47,6 +49,11 @@ const (
 	// ClassTurnTwice: a turn command id was executed by a runner more than
 	// once.
 	ClassTurnTwice = "turn_command_executed_twice"
+	// ClassTurnEventTwice: a run holds more than one turn end event
+	// (turn.completed, turn.failed, turn.interrupted, turn.cancelled) for
+	// one provider turn: a turn's end was reported again, e.g. by its
+	// reconciliation after a runnerd loss (SPEC R7).
+	ClassTurnEventTwice = "turn_terminal_event_twice"
 	// ClassCancellationTwice: a run's cancellation intent or its
 	// acknowledgement was recorded more than once.
 	ClassCancellationTwice = "cancellation_recorded_twice"
@@ -57,7 +64,14 @@ const (
 
 // Classes lists every violation class, in report order.
 var Classes = []string{ClassTerminal, ClassSeqGap, ClassAfterTerminal, ClassWriterAttempt, ClassTerminalAttempt,
-	ClassTurnTwice, ClassCancellationTwice, ClassSourceOrder}
+	ClassTurnTwice, ClassTurnEventTwice, ClassCancellationTwice, ClassSourceOrder}
+
+// TurnEndTypes are the event types of a provider turn's end (the audit
+// reads their turn id).
+var TurnEndTypes = []string{"turn.completed", "turn.failed", "turn.interrupted", "turn.cancelled"}
+
+// IsTurnEnd reports whether typ is one of TurnEndTypes.
+func IsTurnEnd(typ string) bool { return slices.Contains(TurnEndTypes, typ) }
 
 // Run is one run as stored.
 type Run struct {
@@ -84,6 +98,8 @@ type Event struct {
 	Writer uint64
 	// CommandID and CommandType are set for command.executed.
 	CommandID, CommandType string
+	// TurnID is the provider turn of a turn end event (IsTurnEnd).
+	TurnID string
 	// Detail is set for session.continuity_break: who replaced the
 	// session, and why.
 	Detail string
@@ -215,6 +231,17 @@ func checkRun(r Run, evs []Event, add adder) {
 				add(ClassTerminalAttempt, r.ID, t.Seq, "run.terminal written by attempt %d, the run's final attempt is %d", t.Writer, r.Attempt)
 			}
 		}
+	}
+	ended := map[string]Event{} // provider turn id -> its first end event
+	for _, e := range evs {
+		if !IsTurnEnd(e.Type) || e.TurnID == "" {
+			continue
+		}
+		if first, ok := ended[e.TurnID]; ok {
+			add(ClassTurnEventTwice, r.ID, e.Seq, "turn %s ended again by %s (seq %d); its %s is seq %d", e.TurnID, e.Type, e.Seq, first.Type, first.Seq)
+			continue
+		}
+		ended[e.TurnID] = e
 	}
 	last := map[string]uint64{}
 	for _, e := range evs {

@@ -143,6 +143,53 @@ func TestX1_ATurnCommandIsExecutedAtMostOnce(t *testing.T) {
 	require.True(t, h.check().Clean())
 }
 
+// SPEC X1, R7: a provider turn's end is reported once in its run: a second
+// turn.<status> for the same turn (a reconciliation after a runnerd loss
+// reporting again an end already stored) is a violation; distinct turns,
+// and the same turn id in another run, are not.
+func TestX1_AProviderTurnEndsWithOneTurnEventPerRun(t *testing.T) {
+	end := func(h *history, run string, seq uint64, typ, turnID string) {
+		e := h.event(run, seq)
+		e.Type, e.TurnID, e.CommandID, e.CommandType = typ, turnID, "", ""
+	}
+	for _, tc := range []struct {
+		name         string
+		second, turn string // r1 seq 3's type and turn (seq 2 is turn-1's turn.completed)
+		violation    bool
+	}{
+		{"the live event reported again", "turn.completed", "turn-1", true},
+		{"ended again with another status", "turn.failed", "turn-1", true},
+		{"interrupted, then completed", "turn.interrupted", "turn-1", true},
+		{"two turns of the run", "turn.completed", "turn-2", false},
+		{"an end without a turn id", "turn.completed", "", false},
+		{"a turn's start is not its end", "turn.started", "turn-1", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := healthy()
+			end(h, "r1", 2, "turn.completed", "turn-1")
+			end(h, "r1", 3, tc.second, tc.turn)
+			rep := h.check()
+			if !tc.violation {
+				require.True(t, rep.Clean(), "%+v", rep.Violations)
+				return
+			}
+			requireOnly(t, rep, ClassTurnEventTwice, "r1")
+			require.Len(t, rep.Violations, 1)
+			require.EqualValues(t, 3, rep.Violations[0].Seq, "the second end is the violation")
+			require.Contains(t, rep.Violations[0].Detail, "turn-1")
+			var buf bytes.Buffer
+			rep.WriteText(&buf)
+			require.Contains(t, buf.String(), "VIOLATION "+ClassTurnEventTwice+" run=r1 seq=3")
+		})
+	}
+
+	// The same provider turn id in two runs: each run's history is its own.
+	h := healthy()
+	end(h, "r1", 3, "turn.completed", "turn-1")
+	end(h, "r2", 4, "turn.interrupted", "turn-1")
+	require.True(t, h.check().Clean())
+}
+
 func TestX1_ACancellationIsRecordedAndAcknowledgedAtMostOnce(t *testing.T) {
 	for _, action := range []string{ActionCancellationIntent, ActionCancellationAck} {
 		h := healthy()

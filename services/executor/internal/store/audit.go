@@ -23,7 +23,7 @@ type AuditFilter struct {
 // (package audit, SPEC X1) checks for the selected runs: each run's state,
 // final attempt and event count; its event rows (seq, type, writer
 // attempt, source and source seq; command.executed with the command it
-// reports); and its
+// reports; a turn end event with its provider turn); and its
 // cancellation audit entries.
 func (s *Store) AuditRows(ctx context.Context, f AuditFilter) ([]audit.Run, []audit.Event, []audit.Activity, error) {
 	var (
@@ -56,9 +56,10 @@ SELECT run_id, state, attempt, event_count FROM audit_runs ORDER BY run_id`, f.R
 			return err
 		}
 		rows, err = tx.Query(ctx, `WITH `+auditRunsSQL+`
-SELECT e.run_id, e.seq, e.event_type, e.writer_attempt, CASE WHEN e.event_type IN ($3, $4) THEN e.event END,
+SELECT e.run_id, e.seq, e.event_type, e.writer_attempt, CASE WHEN e.event_type IN ($3, $4) OR e.event_type = ANY($5) THEN e.event END,
        e.source_instance_id, e.source_seq
-  FROM executor.events e JOIN audit_runs a ON a.run_id = e.run_id`, f.RunID, since, audit.EventCommandExecuted, audit.EventContinuityBreak)
+  FROM executor.events e JOIN audit_runs a ON a.run_id = e.run_id`, f.RunID, since, audit.EventCommandExecuted, audit.EventContinuityBreak,
+			audit.TurnEndTypes)
 		if err != nil {
 			return err
 		}
@@ -81,6 +82,12 @@ SELECT e.run_id, e.seq, e.event_type, e.writer_attempt, CASE WHEN e.event_type I
 					return err
 				}
 				p := ev.GetPayload().GetFields()
+				if audit.IsTurnEnd(e.Type) {
+					e.TurnID = ev.GetTurnId()
+					if e.TurnID == "" {
+						e.TurnID = p["providerTurnId"].GetStringValue()
+					}
+				}
 				e.CommandID, e.CommandType = p["commandId"].GetStringValue(), p["commandType"].GetStringValue()
 				if e.Type == audit.EventContinuityBreak {
 					e.Detail = fmt.Sprintf("session replaced by %s (%s) at %s: %s", p["requestedBy"].GetStringValue(),
