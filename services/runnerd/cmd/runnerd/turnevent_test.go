@@ -43,6 +43,9 @@ func cutAfterTurnEvent(t *testing.T, stateDir, turnID string) uint64 {
 	}
 	require.GreaterOrEqual(t, cut, 0, "the live turn event is journaled")
 	kept := recs[:cut+1]
+	// Every provider line through the turn's end was journaled (a hosted
+	// provider's host replays none of them to the relaunched runnerd).
+	kept[cut].ProviderCursor = max(kept[cut].ProviderCursor, ob.ProviderCursor())
 	require.NoError(t, os.Remove(filepath.Join(dir, durable.OutboxFile)))
 	ob, _, err = durable.OpenOutbox(dir, 0)
 	require.NoError(t, err)
@@ -84,6 +87,16 @@ func TestR7_RunnerdKilledBetweenTheTurnEventAndRunTerminalJournalsTheTurnEventOn
 			name: "codex", fake: "fake-codex-app-server",
 			args: func(fake, callLog string) []string {
 				return []string{"--provider-host=false", "--codex-command", fake, "--codex-arg", "app-server", "--codex-arg", "--state-file-in-codex-home",
+					"--codex-arg", "--durable-turn-ids", "--codex-arg", "--call-log=" + callLog}
+			},
+			provider: &prpv1.Provider{Kind: "codex", Model: "gpt-fake"},
+		},
+		{
+			// Hosted: the provider survives the kill under its host, and
+			// the host replays nothing of the turn (its end is journaled).
+			name: "codex hosted", fake: "fake-codex-app-server",
+			args: func(fake, callLog string) []string {
+				return []string{"--codex-command", fake, "--codex-arg", "app-server", "--codex-arg", "--state-file-in-codex-home",
 					"--codex-arg", "--durable-turn-ids", "--codex-arg", "--call-log=" + callLog}
 			},
 			provider: &prpv1.Provider{Kind: "codex", Model: "gpt-fake"},

@@ -662,8 +662,19 @@ func (r *Runner) recoverProvider() {
 		r.log.Info("re-attached to the provider that survived the runnerd restart",
 			"pid", r.st.ProviderProcess.PID, "provider_cursor", r.st.ProviderCursor, "active_turn", turn != nil)
 		r.expireRequests(stale, failure.DurableHandoff)
-		if rr, ok := r.sup.prov.(ReattachReconciler); ok && rr.ReconcileOnReattach() && turn != nil {
+		rr, ok := r.sup.prov.(ReattachReconciler)
+		switch {
+		case turn == nil:
+		case ok && rr.ReconcileOnReattach():
 			r.reconcileTurn(turn, failure.ProviderProcessLost, "runnerd restarted during the turn")
+		case r.turnEventJournaled(turn.TurnID):
+			// The provider ended the turn and its turn.<status> is
+			// journaled, with the host cursor past its line: the host
+			// replays nothing of it, and the dead runnerd never took
+			// its result. The provider's record gives the result (the
+			// reconciled event is not journaled again).
+			r.log.Info("the active turn's end is journaled, not its result; reconciling it on the re-attached provider", "turn_id", turn.TurnID)
+			r.reconcileTurn(turn, failure.ProviderProcessLost, "runnerd restarted after the turn ended")
 		}
 		return
 	}

@@ -106,10 +106,11 @@ func (r *Runner) emitAll(evs []pendingEvent) {
 	soft := r.cfg.MaxOutboxBytes - r.cfg.P0ReserveBytes
 	var add func(e pendingEvent) bool
 	add = func(e pendingEvent) bool {
-		if te := r.st.LastTurnEvent; te != nil && e.turnID == te.TurnID && isTurnEvent(e.typ) {
+		if e.turnID != "" && isTurnEvent(e.typ) && r.turnEventJournaled(e.turnID) {
 			// A turn reconciled after a loss (SPEC R7) whose event the
 			// live provider's was: its result settles it, the event is
 			// not journaled twice (X1).
+			te := r.st.LastTurnEvent
 			r.log.Info("the turn's event is journaled already; the reconciled one is not journaled again",
 				"turn_id", e.turnID, "event_type", e.typ, "journaled", te.EventType, "journaled_seq", te.SourceSeq)
 			return true

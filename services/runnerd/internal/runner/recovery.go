@@ -310,6 +310,13 @@ func isTurnEvent(typ string) bool {
 	return typ == "turn.completed" || typ == "turn.failed" || typ == "turn.interrupted"
 }
 
+// turnEventJournaled reports whether turn turnID's turn.<status> event is
+// journaled.
+func (r *Runner) turnEventJournaled(turnID string) bool {
+	te := r.st.LastTurnEvent
+	return te != nil && te.TurnID == turnID
+}
+
 // recallTurnEvent takes the newest turn.<status> event the outbox holds
 // into the state (LastTurnEvent), for a recovered state: the previous
 // runnerd process may have journaled it after the last snapshot, and died

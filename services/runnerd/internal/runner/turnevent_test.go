@@ -74,7 +74,9 @@ func turnHistory(e *testEnv, turnID, status string) (turnEvents, terminals []*pr
 // turn.<status> event, then was lost before it took the turn's result
 // (no run.terminal yet). The relaunched runnerd (or, for a provider lost
 // under a live runnerd, the same one) reconciles the turn from the
-// provider's record: the turn's result settles it with one run.terminal,
+// provider's record — also on a provider it re-attached to under its host,
+// which replays nothing of a turn whose end is journaled (before, that
+// turn stayed active for good): the turn's result settles it with one run.terminal,
 // and the reconciled turn.<status> the driver emits again is not journaled
 // a second time — the run's durable history holds one turn event for the
 // turn (SPEC R7, X1). The event may still be in the outbox (not yet
@@ -82,11 +84,13 @@ func turnHistory(e *testEnv, turnID, status string) (turnEvents, terminals []*pr
 func TestR7_ATurnEventJournaledBeforeALossIsNotJournaledAgainByTheReconciliation(t *testing.T) {
 	t.Parallel()
 	for _, status := range []string{"completed", "failed"} {
-		for _, loss := range []string{"runnerd, event unacknowledged", "runnerd, event acknowledged", "provider, under a live runnerd"} {
+		for _, loss := range []string{"runnerd, event unacknowledged", "runnerd, event acknowledged", "runnerd, hosted provider re-attached",
+			"provider, under a live runnerd"} {
 			t.Run(status+"/"+loss, func(t *testing.T) {
 				t.Parallel()
 				e := newTestEnv(t)
-				first := e.start(nil)
+				hosted := func(c *Config) { c.ProviderHost = loss == "runnerd, hosted provider re-attached" }
+				first := e.start(hosted)
 				e.prov.mu.Lock()
 				e.prov.history = map[string]string{"turn-1": status}
 				e.prov.mu.Unlock()
@@ -128,7 +132,7 @@ func TestR7_ATurnEventJournaledBeforeALossIsNotJournaledAgainByTheReconciliation
 					require.NotNil(t, st.ActiveTurn, "the turn is active in the crashed state")
 					require.Equal(t, "turn-1", st.ActiveTurn.TurnID)
 
-					e.start(nil)
+					e.start(hosted)
 					e.gw.waitConns(2)
 					e.gw.waitEvent("runner.reconciled", 1)
 				}
@@ -143,7 +147,7 @@ func TestR7_ATurnEventJournaledBeforeALossIsNotJournaledAgainByTheReconciliation
 				assert.Equal(t, live.GetSourceSeq(), turnEvents[0].GetSourceSeq(), "the live event is the turn's one")
 				require.Len(t, terminals, 1, "the turn settles once")
 				assert.Greater(t, terminals[0].GetSourceSeq(), turnEvents[0].GetSourceSeq(), "the turn event precedes the terminal")
-				assert.Equal(t, 2, e.prov.count(), "the turn was reconciled on a restarted provider")
+				assert.Equal(t, 2, e.prov.count(), "the turn was reconciled on a restarted (or re-attached) provider")
 				assert.Zero(t, e.prov.last().turns, "no second turn/start")
 			})
 		}
