@@ -217,12 +217,24 @@ type State struct {
 	UpdatedAt     time.Time  `json:"updatedAt"`
 }
 
+// TurnUsage is a turn's own token usage.
+type TurnUsage struct {
+	InputTokens       int64 `json:"inputTokens"`
+	CachedInputTokens int64 `json:"cachedInputTokens"`
+	OutputTokens      int64 `json:"outputTokens"`
+}
+
 // TurnEvent is a journaled turn.<status> event: its turn, type and source
 // seq.
 type TurnEvent struct {
 	TurnID    string `json:"turnId"`
 	EventType string `json:"eventType"`
 	SourceSeq uint64 `json:"sourceSeq"`
+	// Usage is the turn's own token usage as the event reported it (its
+	// payload's usage), nil when it reported none: a reconciled result,
+	// which a provider's record may not carry usage for, settles the turn
+	// with it (SPEC E1: the run.terminal's runDelta).
+	Usage *TurnUsage `json:"usage,omitempty"`
 }
 
 // MaxLostTurns bounds State.LostTurns.

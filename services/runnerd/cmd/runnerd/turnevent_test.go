@@ -174,6 +174,10 @@ func TestR7_RunnerdKilledBetweenTheTurnEventAndRunTerminalJournalsTheTurnEventOn
 			assert.Equal(t, "completed", term.GetPayload().AsMap()["turnTerminalState"])
 			assert.Contains(t, term.GetPayload().AsMap()["finalMessage"], "the answer before the crash", "the recorded result")
 			assert.Equal(t, 1, c.count("runner.reconciled"))
+			live := turnEvents[0].GetPayload().AsMap()["usage"]
+			require.NotEmpty(t, live)
+			assert.Equal(t, live, term.GetPayload().AsMap()["usage"].(map[string]any)["runDelta"],
+				"the terminal reports the turn's usage as its journaled event did (SPEC E1)")
 		})
 	}
 }

@@ -146,7 +146,8 @@ func (r *Runner) emitAll(evs []pendingEvent) {
 		r.st.PeakOutboxBytes = max(r.st.PeakOutboxBytes, held)
 		recs = append(recs, rec)
 		if e.turnID != "" && isTurnEvent(rec.EventType) {
-			r.st.LastTurnEvent = &runnerstate.TurnEvent{TurnID: e.turnID, EventType: rec.EventType, SourceSeq: rec.SourceSeq}
+			r.st.LastTurnEvent = &runnerstate.TurnEvent{TurnID: e.turnID, EventType: rec.EventType, SourceSeq: rec.SourceSeq,
+				Usage: turnUsageOf(e.payload)}
 		}
 		label := e.runID
 		if label == "" && r.st.CurrentRun != nil {

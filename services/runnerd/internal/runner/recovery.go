@@ -87,6 +87,9 @@ func (r *Runner) settleReconciled(ctx context.Context, t *runnerstate.Turn, code
 		r.loseTurn(t, code, fmt.Sprintf("%s; turn %s was cut off (the provider records it %s)", cause, t.TurnID, status), "interrupted")
 		return
 	}
+	if u, ok := r.journaledUsage(t.TurnID); ok && res.Usage == (Usage{}) {
+		res.Usage = u
+	}
 	r.log.Info("the provider had finished the turn; its recorded result ends it", "turn_id", t.TurnID, "status", res.Status)
 	r.onTurnDone(res)
 }
@@ -332,13 +335,49 @@ func (r *Runner) recallTurnEvent() {
 			continue
 		}
 		var env struct {
-			TurnID string `json:"turnId"`
+			TurnID  string         `json:"turnId"`
+			Payload map[string]any `json:"payload"`
 		}
 		if json.Unmarshal(rec.Envelope, &env) != nil || env.TurnID == "" {
 			continue
 		}
-		r.st.LastTurnEvent = &runnerstate.TurnEvent{TurnID: env.TurnID, EventType: rec.EventType, SourceSeq: rec.SourceSeq}
+		r.st.LastTurnEvent = &runnerstate.TurnEvent{TurnID: env.TurnID, EventType: rec.EventType, SourceSeq: rec.SourceSeq,
+			Usage: turnUsageOf(env.Payload)}
 	}
+}
+
+// turnUsageOf reads the turn's own usage from a turn.<status> payload
+// (usage: {inputTokens, cachedInputTokens, outputTokens}, as every driver
+// reports it); nil when it has none.
+func turnUsageOf(payload map[string]any) *runnerstate.TurnUsage {
+	m, ok := payload["usage"].(map[string]any)
+	if !ok {
+		return nil
+	}
+	n := func(k string) int64 {
+		switch v := m[k].(type) {
+		case int64:
+			return v
+		case int:
+			return int64(v)
+		case float64:
+			return int64(v)
+		}
+		return 0
+	}
+	return &runnerstate.TurnUsage{InputTokens: n("inputTokens"), CachedInputTokens: n("cachedInputTokens"), OutputTokens: n("outputTokens")}
+}
+
+// journaledUsage is the usage the journaled turn.<status> event of turnID
+// reported, for a reconciled result that carries none (a provider's record
+// may keep no usage: codex's thread/read does not): the turn's run.terminal
+// then reports what its turn event did, not zero (SPEC E1).
+func (r *Runner) journaledUsage(turnID string) (Usage, bool) {
+	te := r.st.LastTurnEvent
+	if te == nil || te.TurnID != turnID || te.Usage == nil {
+		return Usage{}, false
+	}
+	return Usage{InputTokens: te.Usage.InputTokens, CachedInputTokens: te.Usage.CachedInputTokens, OutputTokens: te.Usage.OutputTokens}, true
 }
 
 // knownTurn reports whether a turn of the thread is one runnerd started (or

@@ -19,7 +19,8 @@ import (
 // the result (the runner loop) is lost before it does.
 func (p *fakeProvider) endLive(turnID, status string) {
 	p.emit(ProviderEvent{Type: "item.completed", TurnID: turnID, ItemID: "item-1", Priority: P1, Payload: map[string]any{"text": "live " + status}})
-	p.emit(ProviderEvent{Type: "turn." + status, TurnID: turnID, Priority: P0, Payload: map[string]any{"status": status}})
+	p.emit(ProviderEvent{Type: "turn." + status, TurnID: turnID, Priority: P0, Payload: map[string]any{"status": status,
+		"usage": map[string]any{"inputTokens": int64(120), "cachedInputTokens": int64(80), "outputTokens": int64(17)}}})
 }
 
 // copyDir copies the files of src into dst (created), keeping their modes.
@@ -80,7 +81,9 @@ func turnHistory(e *testEnv, turnID, status string) (turnEvents, terminals []*pr
 // and the reconciled turn.<status> the driver emits again is not journaled
 // a second time — the run's durable history holds one turn event for the
 // turn (SPEC R7, X1). The event may still be in the outbox (not yet
-// acknowledged) or only in the state saved after its acknowledgement.
+// acknowledged) or only in the state saved after its acknowledgement. The
+// run.terminal reports the turn's usage as its journaled event did, though
+// the provider's record carries none (SPEC E1).
 func TestR7_ATurnEventJournaledBeforeALossIsNotJournaledAgainByTheReconciliation(t *testing.T) {
 	t.Parallel()
 	for _, status := range []string{"completed", "failed"} {
@@ -139,6 +142,11 @@ func TestR7_ATurnEventJournaledBeforeALossIsNotJournaledAgainByTheReconciliation
 				term := e.gw.waitEvent("run.terminal", 1)
 				assert.Equal(t, "recorded "+status, term.GetPayload().AsMap()["finalMessage"], "the turn's recorded result ends it")
 				assert.Equal(t, "turn-1", term.GetTurnId())
+				// The provider's record carries no usage (codex's thread/read
+				// keeps none): the terminal reports the journaled event's
+				// (SPEC E1), not zero.
+				assert.Equal(t, map[string]any{"inputTokens": float64(120), "cachedInputTokens": float64(80), "outputTokens": float64(17)},
+					term.GetPayload().AsMap()["usage"].(map[string]any)["runDelta"], "the turn's usage as its journaled event reported it")
 				e.gw.ping(2) // the loop has settled the reconciliation
 				require.Eventually(t, func() bool { return e.state().ActiveTurn == nil }, 5*time.Second, 10*time.Millisecond)
 
