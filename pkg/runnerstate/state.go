@@ -212,7 +212,9 @@ type State struct {
 	// its result, not its event, delivered again: the event is journaled
 	// once per turn (SPEC R7, X1). Set when the event is journaled, so
 	// every later snapshot holds it; a restart also reads it from the
-	// outbox (the event outlives no snapshot unacknowledged).
+	// outbox (the event outlives no snapshot unacknowledged). A journaled
+	// turn.started clears it: it names the newest turn only, and a
+	// restarted provider may reuse a turn id.
 	LastTurnEvent *TurnEvent `json:"lastTurnEvent,omitempty"`
 	UpdatedAt     time.Time  `json:"updatedAt"`
 }

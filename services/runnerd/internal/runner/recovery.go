@@ -261,19 +261,30 @@ func (r *Runner) turnEndJournaled(turnID string) bool {
 }
 
 // journaledTurnEnd returns the journaled end of turn turnID: its
-// run.terminal or turn.lost (the event type, its run and payload).
+// run.terminal or turn.lost (the event type, its run and payload). Only an
+// end journaled after the turn's newest turn.started counts: a restarted
+// provider may give a later turn the id of an ended one (the fake codex
+// without durable ids, an ACP session's acp-turn-1), and that turn has not
+// ended with the earlier one's end.
 func (r *Runner) journaledTurnEnd(turnID string) (turnEnd, bool) {
+	var found turnEnd
+	ok := false
 	for _, rec := range r.j.outbox.After(0) {
-		if rec.EventType != "run.terminal" && rec.EventType != EventTurnLost {
+		if rec.EventType != "run.terminal" && rec.EventType != EventTurnLost && rec.EventType != "turn.started" {
 			continue
 		}
 		var env turnEnd
-		if json.Unmarshal(rec.Envelope, &env) == nil && env.TurnID == turnID {
-			env.EventType = rec.EventType
-			return env, true
+		if json.Unmarshal(rec.Envelope, &env) != nil || env.TurnID != turnID {
+			continue
 		}
+		if rec.EventType == "turn.started" {
+			found, ok = turnEnd{}, false
+			continue
+		}
+		env.EventType = rec.EventType
+		found, ok = env, true
 	}
-	return turnEnd{}, false
+	return found, ok
 }
 
 // turnEnd is the part of a journaled turn end runnerd reads back.
@@ -325,13 +336,19 @@ func (r *Runner) turnEventJournaled(turnID string) bool {
 // runnerd process may have journaled it after the last snapshot, and died
 // before the turn's run.terminal; the turn's reconciliation must then not
 // journal a second one (SPEC R7, X1). An event no longer in the outbox was
-// acknowledged, so a snapshot written after it was journaled holds it.
+// acknowledged, so a snapshot written after it was journaled holds it. A
+// turn.started journaled after it ends it as emitAll does: the fact is the
+// turn event of the newest turn only.
 func (r *Runner) recallTurnEvent() {
 	for _, rec := range r.j.outbox.After(0) {
-		if !isTurnEvent(rec.EventType) {
+		if te := r.st.LastTurnEvent; te != nil && te.SourceSeq >= rec.SourceSeq {
 			continue
 		}
-		if te := r.st.LastTurnEvent; te != nil && te.SourceSeq >= rec.SourceSeq {
+		if rec.EventType == "turn.started" {
+			r.st.LastTurnEvent = nil // a later turn, perhaps of the same id
+			continue
+		}
+		if !isTurnEvent(rec.EventType) {
 			continue
 		}
 		var env struct {

@@ -4,6 +4,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"sort"
 	"testing"
 	"time"
 
@@ -12,6 +13,7 @@ import (
 
 	"github.com/tether-run/tether/pkg/failure"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
+	"github.com/tether-run/tether/pkg/runnerstate"
 )
 
 // endLive emits the closing events of a turn the provider finished —
@@ -160,4 +162,97 @@ func TestR7_ATurnEventJournaledBeforeALossIsNotJournaledAgainByTheReconciliation
 			})
 		}
 	}
+}
+
+// TestR7_ATurnIDAProviderUsesAgainAfterARestartGetsItsOwnTurnEvent: turn
+// ids are the provider's, and a restarted provider may number its turns
+// from the start again (the fake codex without durable turn ids does; an
+// ACP session's turns start at acp-turn-1): the turn.<status> of a new
+// turn whose id equals the previous turn's journaled one is that turn's
+// own event, journaled — the journaled-once rule covers a turn's
+// reconciliation, never a later turn (SPEC R7, X1).
+func TestR7_ATurnIDAProviderUsesAgainAfterARestartGetsItsOwnTurnEvent(t *testing.T) {
+	t.Parallel()
+	e := newTestEnv(t)
+	e.start(nil)
+	cs := &cmdSeq{t: t, runID: "run-1", attempt: 1}
+	prov := attachAndTurn(t, e, cs)
+	prov.finish(TurnResult{TurnID: "turn-1", Status: "completed", FinalMessage: "first"})
+	e.gw.waitEvent("run.terminal", 1)
+	prov.crash(failure.ProviderStdoutClosed)
+
+	cs2 := &cmdSeq{t: t, seq: cs.seq, runID: "run-2", attempt: 1}
+	require.Equal(t, runnerstate.StatusCompleted, e.gw.command(cs2.attach("c2-attach")).GetStatus())
+	res := e.gw.command(cs2.next("c2-turn", CmdTurnStart, map[string]any{"text": "again"}))
+	require.Equal(t, runnerstate.StatusCompleted, res.GetStatus(), res.GetMessage())
+	require.Equal(t, "turn-1", res.GetResult().GetFields()["turnId"].GetStringValue(), "the restarted provider numbers its turns anew")
+	next := e.prov.last()
+	require.NotSame(t, prov, next)
+	next.finish(TurnResult{TurnID: "turn-1", Status: "completed", FinalMessage: "second"})
+	e.gw.waitEvent("run.terminal", 2)
+
+	var runs []string
+	for _, ev := range e.gw.eventsOf("turn.completed") {
+		require.Equal(t, "turn-1", ev.GetTurnId())
+		runs = append(runs, ev.GetRunId())
+	}
+	assert.Equal(t, []string{"run-1", "run-2"}, runs, "each run's turn has its turn.completed")
+}
+
+// TestR7_ATurnIDUsedAgainIsReconciledWithItsOwnEventAfterARunnerdLoss: as
+// above, and runnerd is lost while the second turn-1 runs, the first
+// turn-1's turn.completed still unacknowledged in the outbox: the
+// relaunched runnerd, reading the outbox for a journaled turn event, takes
+// the turn.started after it as the end of that fact, and the second turn's
+// reconciled turn.completed is journaled — its one event; nor is the first
+// turn-1's run.terminal taken for the end of the second (before, the
+// second stayed unsettled: no run.terminal for run-2) (SPEC R7, R8, X1).
+func TestR7_ATurnIDUsedAgainIsReconciledWithItsOwnEventAfterARunnerdLoss(t *testing.T) {
+	t.Parallel()
+	e := newTestEnv(t)
+	first := e.start(nil)
+	cs := &cmdSeq{t: t, runID: "run-1", attempt: 1}
+	prov := attachAndTurn(t, e, cs)
+	prov.finish(TurnResult{TurnID: "turn-1", Status: "completed", FinalMessage: "first"})
+	e.gw.waitEvent("run.terminal", 1)
+	prov.crash(failure.ProviderStdoutClosed)
+	cs2 := &cmdSeq{t: t, seq: cs.seq, runID: "run-2", attempt: 1}
+	require.Equal(t, runnerstate.StatusCompleted, e.gw.command(cs2.attach("c2-attach")).GetStatus())
+	res := e.gw.command(cs2.next("c2-turn", CmdTurnStart, map[string]any{"text": "again"}))
+	require.Equal(t, "turn-1", res.GetResult().GetFields()["turnId"].GetStringValue())
+	e.gw.waitEvent("turn.started", 2)
+	e.prov.mu.Lock()
+	e.prov.history = map[string]string{"turn-1": "completed"}
+	e.prov.mu.Unlock()
+
+	// runnerd is killed here, nothing acknowledged.
+	runnerDir := filepath.Join(e.stateDir, "runner")
+	crashed := filepath.Join(t.TempDir(), "runner")
+	copyDir(t, runnerDir, crashed)
+	e.gw.mu.Lock()
+	sent := len(e.gw.events)
+	e.gw.mu.Unlock()
+	first.stop(t)
+	e.gw.mu.Lock()
+	e.gw.events = e.gw.events[:sent]
+	e.gw.mu.Unlock()
+	require.NoError(t, os.RemoveAll(runnerDir))
+	copyDir(t, crashed, runnerDir)
+
+	e.start(nil)
+	e.gw.waitConns(2)
+	e.gw.waitEvent("run.terminal", 2)
+	var runs, terminals []string
+	for _, ev := range e.gw.distinct() {
+		switch ev.ev.GetEventType() {
+		case "turn.completed":
+			runs = append(runs, ev.ev.GetRunId())
+		case "run.terminal":
+			terminals = append(terminals, ev.ev.GetRunId())
+		}
+	}
+	sort.Strings(runs)
+	sort.Strings(terminals)
+	assert.Equal(t, []string{"run-1", "run-2"}, runs, "each run's turn-1 has one turn.completed")
+	assert.Equal(t, []string{"run-1", "run-2"}, terminals, "each run ends once")
 }
