@@ -287,14 +287,23 @@ UPDATE executor.runs SET state = 'queued', failure_code = $2, failure_message = 
 // count.
 func lockFenced(ctx context.Context, tx pgx.Tx, f Fence) (int64, error) {
 	var count int64
-	err := tx.QueryRow(ctx, `
+	err := scanFenced(tx.QueryRow(ctx, lockFencedSQL, f.RunID, f.Owner, int64(f.Attempt)), f, &count)
+	return count, err
+}
+
+// lockFencedSQL is lockFenced's statement (args: run, owner, attempt).
+const lockFencedSQL = `
 SELECT r.event_count FROM executor.runs r JOIN executor.coordinators c ON c.run_id = r.run_id
  WHERE r.run_id = $1 AND c.lease_owner = $2 AND c.attempt = $3 AND c.phase = 'observed'
-   FOR UPDATE OF r`, f.RunID, f.Owner, int64(f.Attempt)).Scan(&count)
+   FOR UPDATE OF r`
+
+// scanFenced reads lockFencedSQL's row into count: no row is a lost lease.
+func scanFenced(row pgx.Row, f Fence, count *int64) error {
+	err := row.Scan(count)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return 0, ErrLeaseLost(f)
+		return ErrLeaseLost(f)
 	}
-	return count, err
+	return err
 }
 
 // appendControlEvent appends an executor-originated event to the run.

@@ -217,7 +217,7 @@ SELECT state, company_id, issue_id, result_metadata -> 'nativeCancellation', eve
 	return out, err
 }
 
-func mergeCancellation(ctx context.Context, tx pgx.Tx, rec *cancellationJSON) error {
+func mergeCancellation(ctx context.Context, tx execer, rec *cancellationJSON) error {
 	b, err := json.Marshal(rec)
 	if err != nil {
 		return err
@@ -232,7 +232,7 @@ UPDATE executor.runs SET result_metadata = result_metadata || jsonb_build_object
 	return err
 }
 
-func insertActivity(ctx context.Context, tx pgx.Tx, id, actor, action string, rec *cancellationJSON) error {
+func insertActivity(ctx context.Context, tx execer, id, actor, action string, rec *cancellationJSON) error {
 	if actor == "" {
 		actor = "system"
 	}

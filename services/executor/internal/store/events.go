@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 
 	"github.com/jackc/pgx/v5"
@@ -28,7 +29,7 @@ const EventHarnessReady = "harness.ready"
 
 // recordProviderProcess persists the provider process identity a runner
 // reported when it spawned the provider (E12).
-func recordProviderProcess(ctx context.Context, tx pgx.Tx, runID string, ev *prpv1.Event) error {
+func recordProviderProcess(ctx context.Context, tx execer, runID string, ev *prpv1.Event) error {
 	p := ev.GetPayload().GetFields()
 	info := &prpv1.ProcessInfo{
 		Pid:        int32(p["pid"].GetNumberValue()),
@@ -126,66 +127,16 @@ func (s *Store) AppendEventsAcking(ctx context.Context, f Fence, events []*prpv1
 		}
 		// A replay (duplicates, or a conflict to report): take the careful path.
 	}
-	var (
-		res    AppendResult
-		locked bool // the fence held: the run's row is locked under it
-	)
-	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		res = AppendResult{}
-		if f.RunID == "" {
+	if f.RunID == "" {
+		var res AppendResult
+		err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+			res = AppendResult{}
 			return parkEvents(ctx, tx, encoded, &res)
-		}
-		count, err := lockFenced(ctx, tx, f)
-		if err != nil {
-			return err
-		}
-		locked = true
-		var own, foreign []encodedEvent
-		for _, e := range encoded {
-			switch {
-			case e.ev.GetRunId() == f.RunID:
-				own = append(own, e)
-			case e.ev.GetEventType() == EventTerminal:
-				res.Dropped++
-			default:
-				foreign = append(foreign, e)
-			}
-		}
-		// What the runner emitted after the run's own run.terminal (e.g.
-		// harness.exited, runner.reconciled of a runner restarted as the
-		// turn ended) takes no row of this run: it waits for the scope's
-		// next run, like a suspension's events — whichever run it names
-		// (a replayed turn's events may name an earlier run of the scope;
-		// filed after the terminal they were refused by the database's
-		// events_after_terminal rule on every attempt, a run re-claimed
-		// forever).
-		term := ownTerminal(own)
-		own, after := splitAfter(term, own)
-		foreign, fafter := splitAfter(term, foreign)
-		if err := parkEvents(ctx, tx, append(after, fafter...), &res); err != nil {
-			return err
-		}
-		fresh, dups, err := dedupe(ctx, tx, f.RunID, own)
-		if err != nil {
-			return err
-		}
-		res.Duplicates += dups
-		ffresh, fdups, err := dedupeInScope(ctx, tx, f.RunID, foreign)
-		if err != nil {
-			return err
-		}
-		res.Duplicates += fdups
-		if err := fileFenced(ctx, tx, f, count, terminalLast(sourceOrdered(append(ffresh, fresh...))), &res); err != nil || !res.Terminal {
-			return err
-		}
-		for _, intent := range intents {
-			if s.acknowledgeBeside(ctx, tx, f, intent) {
-				res.Acknowledged = append(res.Acknowledged, intent)
-			}
-		}
-		return nil
-	})
-	if err == nil && f.RunID != "" && res.Inserted > 0 {
+		})
+		return res, fenceViolation(f, err)
+	}
+	res, locked, err := s.appendCareful(ctx, f, encoded, intents)
+	if err == nil && res.Inserted > 0 {
 		s.eventsCommitted(f.RunID, nil)
 	}
 	if locked {
@@ -212,6 +163,162 @@ func refusedAfterTerminal(err error) string {
 		return pgErr.ConstraintName
 	}
 	return ""
+}
+
+// appendCareful is the careful path of a fenced append (AppendEvents), its
+// transaction pipelined (SPEC P4): its statements are sent in as few
+// round trips as their data dependencies allow, three for a run's
+// run.terminal (ten one by one):
+//
+//  1. BEGIN; the fenced lock (the run's row, its event count); the park of
+//     what follows the run's terminal; the dedupe reads; with the run's
+//     run.terminal, the governed wait read (when the batch opens no
+//     interaction, which that read would have to see) and the run's
+//     cancellation record (when acknowledging intents). Every statement
+//     after the lock runs after it, under the row it locked.
+//  2. what the fresh events write (fileFenced): the insert, the
+//     interactions, process and plan they record, the count, the run's
+//     finish (its coordinator fenced again), the notification, the
+//     acknowledgements.
+//  3. COMMIT.
+//
+// A replay with nothing fresh commits after the first. locked reports
+// that the fence held (the lock's row was read).
+func (s *Store) appendCareful(ctx context.Context, f Fence, encoded []encodedEvent, intents []string) (res AppendResult, locked bool, err error) {
+	var own, foreign []encodedEvent
+	for _, e := range encoded {
+		switch {
+		case e.ev.GetRunId() == f.RunID:
+			own = append(own, e)
+		case e.ev.GetEventType() == EventTerminal:
+			res.Dropped++
+		default:
+			foreign = append(foreign, e)
+		}
+	}
+	// What the runner emitted after the run's own run.terminal (e.g.
+	// harness.exited, runner.reconciled of a runner restarted as the
+	// turn ended) takes no row of this run: it waits for the scope's
+	// next run, like a suspension's events — whichever run it names
+	// (a replayed turn's events may name an earlier run of the scope;
+	// filed after the terminal they were refused by the database's
+	// events_after_terminal rule on every attempt, a run re-claimed
+	// forever).
+	term := ownTerminal(own)
+	own, after := splitAfter(term, own)
+	foreign, fafter := splitAfter(term, foreign)
+
+	var (
+		count            int64
+		lost             bool // the lock found no row: the fence does not hold
+		ownOf, foreignOf func([]encodedEvent) ([]encodedEvent, int, error)
+		gov              governedRead
+		ack              *acking
+	)
+	// The callbacks report what they find rather than fail the batch: pgx
+	// drops a failed batch's statements from the connection's cache (each
+	// prepared again, a round trip more, on its next use).
+	b := &pgx.Batch{}
+	b.BeginTx(pgx.TxOptions{})
+	b.Queue(lockFencedSQL, f.RunID, f.Owner, int64(f.Attempt)).QueryRow(func(row pgx.Row) error {
+		err := row.Scan(&count)
+		if errors.Is(err, pgx.ErrNoRows) {
+			lost = true
+			return nil
+		}
+		locked = err == nil
+		return err
+	})
+	queuePark(b, append(after, fafter...), &res)
+	if len(own) > 0 {
+		instances, seqs := sourceKeys(own)
+		b.Queue(dedupeSQL, f.RunID, instances, seqs).Query(func(rows pgx.Rows) error {
+			ownOf = filterStored(rows, nil)
+			return nil
+		})
+	}
+	if len(foreign) > 0 {
+		b.Queue(dedupeInScopeSQL, dedupeInScopeArgs(f.RunID, foreign)...).Query(func(rows pgx.Rows) error {
+			foreignOf = filterStored(rows, nil)
+			return nil
+		})
+	}
+	if term != nil && !opensInteractions(encoded) {
+		b.Queue(governedWaitSQL, f.RunID).QueryRow(func(row pgx.Row) error { return noRowsOK(gov.scan(row)) })
+	}
+	if term != nil && len(intents) > 0 {
+		ack = &acking{intents: intents, hook: s.hooks.BeforeCancellationAck}
+		b.Queue(cancellationRecordSQL, f.RunID).QueryRow(func(row pgx.Row) error { return noRowsOK(row.Scan(&ack.raw)) })
+	}
+	br := s.pool.SendBatch(ctx, b)
+	tx := br.Tx()
+	// A no-op once committed; else it ends the transaction (BeginFunc's
+	// rule) and hands the connection back.
+	defer func() { _ = tx.Rollback(ctx) }()
+	if err = br.Close(); lost {
+		return AppendResult{}, false, ErrLeaseLost(f)
+	}
+	if err != nil {
+		return res, locked, err
+	}
+	fresh, dups, err := filterWith(ownOf, own)
+	if err != nil {
+		return res, locked, err
+	}
+	res.Duplicates += dups
+	ffresh, fdups, err := filterWith(foreignOf, foreign)
+	if err != nil {
+		return res, locked, err
+	}
+	res.Duplicates += fdups
+	var pre *governedRead
+	if gov.ok {
+		pre = &gov
+	}
+	if err = fileFenced(ctx, tx, f, count, terminalLast(sourceOrdered(append(ffresh, fresh...))), &res, pre, ack); err != nil {
+		return res, locked, err
+	}
+	return res, locked, tx.Commit(ctx)
+}
+
+// noRowsOK is err, except that no row is no error: a read after the
+// fenced lock in its batch, whose row the lock found unless the fence does
+// not hold (then the lock's result is the batch's).
+func noRowsOK(err error) error {
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil
+	}
+	return err
+}
+
+// filterWith applies a dedupe read's filter (nil: nothing was read, as
+// there was nothing to look up).
+func filterWith(filter func([]encodedEvent) ([]encodedEvent, int, error), evs []encodedEvent) ([]encodedEvent, int, error) {
+	if filter == nil {
+		return nil, 0, nil
+	}
+	return filter(evs)
+}
+
+// opensInteractions reports whether a batch carries an event whose
+// filing may open an interaction (recordInteractions).
+func opensInteractions(evs []encodedEvent) bool {
+	for _, e := range evs {
+		if interactionEvent(e.ev.GetEventType()) {
+			return true
+		}
+	}
+	return false
+}
+
+// queued is an execer that queues statements on a batch, for the
+// functions that need of a statement's result only its success (its error
+// comes with the batch's).
+type queued struct{ b *pgx.Batch }
+
+func (q queued) Exec(_ context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	q.b.Queue(sql, args...)
+	return pgconn.CommandTag{}, nil
 }
 
 // ownTerminal is the run.terminal among a run's own events (the one of
@@ -258,50 +365,86 @@ func terminalLast(evs []encodedEvent) []encodedEvent {
 
 // fileFenced writes fresh events (deduplicated, in source order) under the
 // fence, whose run holds count rows: a harness.ready records the provider
-// process the run is served by, the run's run.terminal finishes it.
-func fileFenced(ctx context.Context, tx pgx.Tx, f Fence, count int64, fresh []encodedEvent, res *AppendResult) error {
+// process the run is served by, the run's run.terminal finishes it, and
+// acknowledges ack's intents beside it (AppendEventsAcking). Its
+// statements go in one batch (one round trip); in two, around the
+// governed wait read, when a succeeded terminal's read was not made ahead
+// (pre) or the events may open interactions (the read must see them).
+func fileFenced(ctx context.Context, tx pgx.Tx, f Fence, count int64, fresh []encodedEvent, res *AppendResult, pre *governedRead, ack *acking) error {
 	if len(fresh) == 0 {
 		return nil
 	}
-	if err := insertEvents(ctx, tx, f.RunID, count, f.Attempt, fresh); err != nil {
+	b := &pgx.Batch{}
+	q := queued{b}
+	if err := insertEvents(ctx, q, f.RunID, count, f.Attempt, fresh); err != nil {
 		return err
 	}
-	res.Inserted += len(fresh)
-	metrics, err := recordInteractions(ctx, tx, f.RunID, fresh)
+	metrics, err := recordInteractions(ctx, q, f.RunID, fresh)
 	if err != nil {
 		return err
 	}
-	res.RuntimeInputs = append(res.RuntimeInputs, metrics...)
 	var terminal *prpv1.Event
 	for _, e := range fresh {
 		switch e.ev.GetEventType() {
 		case EventTerminal:
 			terminal = e.ev
 		case EventHarnessReady:
-			if err := recordProviderProcess(ctx, tx, f.RunID, e.ev); err != nil {
+			if err := recordProviderProcess(ctx, q, f.RunID, e.ev); err != nil {
 				return err
 			}
 		case plan.EventPlanUpdated:
 			if e.ev.GetRunId() != f.RunID {
 				break // another run's turn planned it: not this run's plan
 			}
-			if err := recordPlan(ctx, tx, f.RunID, e.ev); err != nil {
+			if err := recordPlan(ctx, q, f.RunID, e.ev); err != nil {
 				return err
 			}
 		}
 	}
-	if _, err := tx.Exec(ctx, `UPDATE executor.runs SET event_count = event_count + $2, updated_at = now() WHERE run_id = $1`,
-		f.RunID, len(fresh)); err != nil {
-		return err
-	}
+	b.Queue(`UPDATE executor.runs SET event_count = event_count + $2, updated_at = now() WHERE run_id = $1`,
+		f.RunID, len(fresh))
+	acked := &ackWrite{}
+	lost := false // the run's finish found the fence gone
 	if terminal != nil {
-		if err := finishRun(ctx, tx, f, TerminalFromEvent(terminal)); err != nil {
+		t := TerminalFromEvent(terminal)
+		if t.Result != nil && t.State == StateSucceeded {
+			if pre == nil || opensInteractions(fresh) {
+				if err := tx.SendBatch(ctx, b).Close(); err != nil {
+					return err
+				}
+				b = &pgx.Batch{}
+				if err := governedWait(ctx, tx, f.RunID, t.Result); err != nil {
+					return err
+				}
+			} else if err := pre.apply(ctx, tx, f.RunID, t.Result); err != nil {
+				return err
+			}
+		}
+		if err := queueFinish(b, f, t, &lost); err != nil {
 			return err
 		}
-		res.Terminal = true
 	}
-	_, err = tx.Exec(ctx, `SELECT pg_notify($1, $2)`, EventsChannel, f.RunID)
-	return err
+	b.Queue(`SELECT pg_notify($1, $2)`, EventsChannel, f.RunID)
+	if terminal != nil && ack != nil {
+		acked = queueAcks(ctx, b, f, ack, res)
+	}
+	if err := tx.SendBatch(ctx, b).Close(); lost {
+		return ErrLeaseLost(f)
+	} else if err != nil {
+		if !acked.begun {
+			return err
+		}
+		// The acknowledgement failed, after everything before its
+		// savepoint succeeded: it is rolled back alone.
+		if _, rerr := tx.Exec(ctx, `ROLLBACK TO SAVEPOINT acknowledgement`); rerr != nil {
+			return errors.Join(err, rerr)
+		}
+		res.Acknowledged = slices.DeleteFunc(res.Acknowledged, func(id string) bool { return id == acked.intent })
+	}
+	res.Inserted += len(fresh)
+	res.RuntimeInputs = append(res.RuntimeInputs, metrics...)
+	res.Terminal = terminal != nil
+	return nil
 }
 
 // fenceViolation maps the database's own refusal of an unfenced row
@@ -341,21 +484,16 @@ func sourceOrdered(evs []encodedEvent) []encodedEvent {
 	return evs
 }
 
-// dedupe drops the events already stored under runID (same source
-// instance and seq, same bytes) and refuses a replay with other bytes.
-func dedupe(ctx context.Context, tx pgx.Tx, runID string, evs []encodedEvent) ([]encodedEvent, int, error) {
-	if len(evs) == 0 {
-		return nil, 0, nil
-	}
-	instances, seqs := sourceKeys(evs)
-	return filterStored(tx.Query(ctx, `
+// dedupeSQL reads which of a batch's events of a run are stored under it
+// (args: run, source instances, source seqs); filterStored drops them (a
+// duplicate, same bytes) or refuses the batch (a replay with other bytes).
+const dedupeSQL = `
 SELECT e.source_instance_id, e.source_seq, e.payload_sha256 FROM executor.events e
   JOIN unnest($2::text[], $3::bigint[]) AS k(source_instance_id, source_seq)
     ON e.source_instance_id = k.source_instance_id AND e.source_seq = k.source_seq
- WHERE e.run_id = $1`, runID, instances, seqs))(evs)
-}
+ WHERE e.run_id = $1`
 
-// dedupeInScope is dedupe for events naming another run than runID: they
+// dedupeInScope is the dedupe (dedupeSQL) of events naming another run than runID: they
 // may be stored under the run they name (before SPEC R9 they were) or
 // under any later run of runID's scope that filed them, so runs of the
 // scope from the earliest one they name on are searched.
@@ -363,12 +501,10 @@ func dedupeInScope(ctx context.Context, tx pgx.Tx, runID string, evs []encodedEv
 	if len(evs) == 0 {
 		return nil, 0, nil
 	}
-	instances, seqs := sourceKeys(evs)
-	origins := make([]string, len(evs))
-	for i, e := range evs {
-		origins[i] = e.ev.GetRunId()
-	}
-	return filterStored(tx.Query(ctx, `
+	return filterStored(tx.Query(ctx, dedupeInScopeSQL, dedupeInScopeArgs(runID, evs)...))(evs)
+}
+
+const dedupeInScopeSQL = `
 SELECT e.source_instance_id, e.source_seq, e.payload_sha256
   FROM executor.runs b
   JOIN executor.runs r ON r.session_scope = b.session_scope
@@ -377,7 +513,15 @@ SELECT e.source_instance_id, e.source_seq, e.payload_sha256
   JOIN executor.events e ON e.run_id = r.run_id
   JOIN unnest($2::text[], $3::bigint[]) AS k(source_instance_id, source_seq)
     ON e.source_instance_id = k.source_instance_id AND e.source_seq = k.source_seq
- WHERE b.run_id = $1`, runID, instances, seqs, origins))(evs)
+ WHERE b.run_id = $1`
+
+func dedupeInScopeArgs(runID string, evs []encodedEvent) []any {
+	instances, seqs := sourceKeys(evs)
+	origins := make([]string, len(evs))
+	for i, e := range evs {
+		origins[i] = e.ev.GetRunId()
+	}
+	return []any{runID, instances, seqs, origins}
 }
 
 func sourceKeys(evs []encodedEvent) ([]string, []int64) {
@@ -442,6 +586,17 @@ func filterStored(rows pgx.Rows, err error) func([]encodedEvent) ([]encodedEvent
 // run each names (see AppendEvents); a run.terminal, or an event of a run
 // the database does not know, is dropped.
 func parkEvents(ctx context.Context, tx pgx.Tx, evs []encodedEvent, res *AppendResult) error {
+	b := &pgx.Batch{}
+	queuePark(b, evs, res)
+	if b.Len() == 0 {
+		return nil
+	}
+	return tx.SendBatch(ctx, b).Close()
+}
+
+// queuePark queues parkEvents' statement on b, if there is anything to
+// park; the counts are added to res when its result is read.
+func queuePark(b *pgx.Batch, evs []encodedEvent, res *AppendResult) {
 	var (
 		runs, insts []string
 		seqs        []int64
@@ -460,10 +615,9 @@ func parkEvents(ctx context.Context, tx pgx.Tx, evs []encodedEvent, res *AppendR
 		raws = append(raws, e.raw)
 	}
 	if len(runs) == 0 {
-		return nil
+		return
 	}
-	var parked, known int
-	err := tx.QueryRow(ctx, `
+	b.Queue(`
 WITH k AS (
   SELECT r.session_scope, k.source_instance_id, k.source_seq, k.payload_sha256, k.event
     FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bytea[], $5::bytea[])
@@ -472,14 +626,16 @@ WITH k AS (
 ins AS (
   INSERT INTO executor.parked_events (session_scope, source_instance_id, source_seq, payload_sha256, event)
   SELECT * FROM k ON CONFLICT (source_instance_id, source_seq) DO NOTHING RETURNING 1)
-SELECT (SELECT count(*) FROM ins), (SELECT count(*) FROM k)`, runs, insts, seqs, hashes, raws).Scan(&parked, &known)
-	if err != nil {
-		return err
-	}
-	res.Parked += parked
-	res.Duplicates += known - parked
-	res.Dropped += len(runs) - known
-	return nil
+SELECT (SELECT count(*) FROM ins), (SELECT count(*) FROM k)`, runs, insts, seqs, hashes, raws).QueryRow(func(row pgx.Row) error {
+		var parked, known int
+		if err := row.Scan(&parked, &known); err != nil {
+			return err
+		}
+		res.Parked += parked
+		res.Duplicates += known - parked
+		res.Dropped += len(runs) - known
+		return nil
+	})
 }
 
 // adoptParked files the events parked for the fenced run's scope (see
@@ -522,7 +678,7 @@ RETURNING payload_sha256, event`, f.RunID)
 		return count, err
 	}
 	var res AppendResult
-	if err := fileFenced(ctx, tx, f, count, fresh, &res); err != nil {
+	if err := fileFenced(ctx, tx, f, count, fresh, &res, nil, nil); err != nil {
 		return count, err
 	}
 	return count + int64(res.Inserted), nil
@@ -553,7 +709,7 @@ func columnsOf(evs []encodedEvent) eventColumns {
 	return c
 }
 
-func insertEvents(ctx context.Context, tx pgx.Tx, runID string, count int64, writer uint64, evs []encodedEvent) error {
+func insertEvents(ctx context.Context, tx execer, runID string, count int64, writer uint64, evs []encodedEvent) error {
 	seqs := make([]int64, len(evs))
 	for i := range seqs {
 		seqs[i] = count + int64(i) + 1
@@ -638,16 +794,32 @@ func usageProto(u usage.Usage) *executorv1.Usage {
 }
 
 func finishRun(ctx context.Context, tx pgx.Tx, f Fence, t Terminal) error {
-	var (
-		result                      []byte
-		usageIn, usageCached, usOut *int64
-		costUSD                     *float64
-	)
 	if t.Result != nil && t.State == StateSucceeded {
 		if err := governedWait(ctx, tx, f.RunID, t.Result); err != nil {
 			return err
 		}
 	}
+	b := &pgx.Batch{}
+	lost := false
+	if err := queueFinish(b, f, t, &lost); err != nil {
+		return err
+	}
+	if err := tx.SendBatch(ctx, b).Close(); err != nil || !lost {
+		return err
+	}
+	return ErrLeaseLost(f)
+}
+
+// queueFinish queues the statements that finish a run with t (its
+// governed wait, if any, already applied to t.Result): its coordinator,
+// fenced (no row sets *lost: the lease is lost, the caller rolls back),
+// and its state and result.
+func queueFinish(b *pgx.Batch, f Fence, t Terminal, lost *bool) error {
+	var (
+		result                      []byte
+		usageIn, usageCached, usOut *int64
+		costUSD                     *float64
+	)
 	if t.Result != nil {
 		// The run's usage and cost are columns of the run (migration
 		// 00011), not part of the stored result.
@@ -667,28 +839,25 @@ func finishRun(ctx context.Context, tx pgx.Tx, f Fence, t Terminal) error {
 	if t.State == StateFailed {
 		phase = recovery.PhaseTerminalFailure
 	}
-	tag, err := tx.Exec(ctx, `
+	b.Queue(`
 UPDATE executor.coordinators SET phase = $4, lease_expires_at = now()
  WHERE run_id = $1 AND lease_owner = $2 AND attempt = $3 AND phase = 'observed'`,
-		f.RunID, f.Owner, int64(f.Attempt), phase)
-	if err != nil {
-		return err
-	}
-	if tag.RowsAffected() == 0 {
-		return ErrLeaseLost(f)
-	}
-	_, err = tx.Exec(ctx, `
+		f.RunID, f.Owner, int64(f.Attempt), phase).Exec(func(tag pgconn.CommandTag) error {
+		*lost = tag.RowsAffected() == 0
+		return nil
+	})
+	b.Queue(`
 UPDATE executor.runs SET state = $2, result = $3, failure_code = nullif($4, ''), failure_message = nullif($5, ''),
        plan = coalesce(nullif($6, ''), plan),
        usage_input_tokens = $7, usage_cached_input_tokens = $8, usage_output_tokens = $9, cost_usd = $10,
        ended_at = now(), updated_at = now()
  WHERE run_id = $1`, f.RunID, t.State, result, t.Code, t.Message, t.Result.GetPlan(), usageIn, usageCached, usOut, costUSD)
-	return err
+	return nil
 }
 
 // recordPlan keeps a stored run.plan_updated's Markdown as the run's latest
 // plan (SPEC E3).
-func recordPlan(ctx context.Context, tx pgx.Tx, runID string, ev *prpv1.Event) error {
+func recordPlan(ctx context.Context, tx execer, runID string, ev *prpv1.Event) error {
 	md, ok := plan.UpdateMarkdown(ev)
 	if !ok {
 		return nil
@@ -914,16 +1083,71 @@ func (s *Store) appendFast(ctx context.Context, f Fence, evs []encodedEvent) (Ap
 	return AppendResult{Inserted: n}, true, nil
 }
 
-// acknowledgeBeside acknowledges a cancellation intent inside tx under a
-// savepoint, reporting whether it did; a failure leaves tx as it was.
-func (s *Store) acknowledgeBeside(ctx context.Context, tx pgx.Tx, f Fence, intent string) bool {
-	sp, err := tx.Begin(ctx)
+// acking is what a run's terminal commit needs to acknowledge the
+// cancellation intents dispatched to its runner (AppendEventsAcking): the
+// intents, and the run's cancellation record, read in the append's first
+// batch, after the run's row was locked (no other writer changes it
+// before the commit).
+type acking struct {
+	intents []string
+	raw     []byte
+	hook    func(runID string) error // Hooks.BeforeCancellationAck
+}
+
+// cancellationRecordSQL reads a run's cancellation record (arg: run).
+const cancellationRecordSQL = `SELECT result_metadata -> 'nativeCancellation' FROM executor.runs WHERE run_id = $1`
+
+// ackWrite is the acknowledgement queueAcks queued: intent's writes, in a
+// savepoint begun once begun is true (the batch got that far).
+type ackWrite struct {
+	intent string
+	begun  bool
+}
+
+// queueAcks acknowledges ack's intents as acknowledgeCancellation would,
+// one after the other, inside the terminal's transaction (whose fenced
+// coordinator update precedes them, so the fence acknowledgeCancellation
+// checks holds): an intent the record is not pending for is acknowledged
+// with no write; the one it is pending for has its writes queued on b
+// (the record, its activity, the coordinator's mirror) under a savepoint,
+// so that a failure of theirs is rolled back alone (fileFenced); a record
+// that does not parse, or a BeforeCancellationAck hook that fails,
+// acknowledges nothing of what it concerns — as the savepoint per intent
+// did.
+func queueAcks(ctx context.Context, b *pgx.Batch, f Fence, ack *acking, res *AppendResult) *ackWrite {
+	rec, err := parseCancellation(ack.raw)
 	if err != nil {
-		return false
+		return &ackWrite{}
 	}
-	if err := s.acknowledgeCancellation(ctx, sp, f, intent); err != nil {
-		_ = sp.Rollback(ctx)
-		return false
+	w := &ackWrite{}
+	var writes *pgx.Batch
+	for _, intent := range ack.intents {
+		if rec == nil || rec.IntentID != intent || rec.DispatchState == "acknowledged" {
+			res.Acknowledged = append(res.Acknowledged, intent)
+			continue
+		}
+		if ack.hook != nil && ack.hook(f.RunID) != nil {
+			continue
+		}
+		next := *rec
+		next.DispatchState, next.Dispatched = "acknowledged", true
+		next.AcknowledgementAuditID = newID("activity-")
+		wb := &pgx.Batch{}
+		if insertActivity(ctx, queued{wb}, next.AcknowledgementAuditID, f.Owner, actionCancellationAcknowledged, &next) != nil ||
+			mergeCancellation(ctx, queued{wb}, &next) != nil {
+			continue
+		}
+		rec, writes, w.intent = &next, wb, intent
+		res.Acknowledged = append(res.Acknowledged, intent)
 	}
-	return sp.Commit(ctx) == nil
+	if writes == nil {
+		return &ackWrite{}
+	}
+	b.Queue(`SAVEPOINT acknowledgement`).Exec(func(pgconn.CommandTag) error {
+		w.begun = true
+		return nil
+	})
+	b.QueuedQueries = append(b.QueuedQueries, writes.QueuedQueries...)
+	b.Queue(`RELEASE SAVEPOINT acknowledgement`)
+	return w
 }

@@ -37,7 +37,7 @@ func interactionEvent(typ string) bool {
 // recordInteractions opens the interactions the fresh (never stored
 // before) events filed under runID call for, once per idempotency key, and returns
 // their runtime input lifecycle metrics.
-func recordInteractions(ctx context.Context, tx pgx.Tx, runID string, fresh []encodedEvent) ([]runtimeq.Metric, error) {
+func recordInteractions(ctx context.Context, tx execer, runID string, fresh []encodedEvent) ([]runtimeq.Metric, error) {
 	var metrics []runtimeq.Metric
 	for _, e := range fresh {
 		if !interactionEvent(e.ev.GetEventType()) {
@@ -80,21 +80,45 @@ ON CONFLICT (idempotency_key) DO NOTHING`,
 // fallback wakes the assignee instead), or one of its input's partial
 // item-verdict responses.
 func governedWait(ctx context.Context, tx pgx.Tx, runID string, res *executorv1.RunResult) error {
-	// One round trip in the common case: the run's input with the newest
-	// pending interaction it opened.
-	var (
-		raw  []byte
-		wait governed.Interaction
-	)
-	if err := tx.QueryRow(ctx, `
+	var g governedRead
+	if err := g.scan(tx.QueryRow(ctx, governedWaitSQL, runID)); err != nil {
+		return err
+	}
+	return g.apply(ctx, tx, runID, res)
+}
+
+// governedWaitSQL reads, in one round trip in the common case, the run's
+// input with the newest pending interaction it opened (governedWait).
+const governedWaitSQL = `
 SELECT r.input, coalesce(i.interaction_id, ''), coalesce(i.title, ''), coalesce(i.summary, '')
   FROM executor.runs r LEFT JOIN LATERAL (
        SELECT interaction_id, title, summary FROM executor.interactions
         WHERE source_run_id = r.run_id AND status = 'pending' AND NOT provider_lost
         ORDER BY created_at DESC, interaction_id DESC LIMIT 1) i ON true
- WHERE r.run_id = $1`, runID).Scan(&raw, &wait.ID, &wait.Title, &wait.Summary); err != nil {
+ WHERE r.run_id = $1`
+
+// governedRead is governedWaitSQL's row: read by governedWait, or ahead
+// of time in the first batch of a careful append that opens no
+// interaction (nothing it writes before the run's finish changes it).
+type governedRead struct {
+	raw  []byte
+	wait governed.Interaction
+	ok   bool // read
+}
+
+func (g *governedRead) scan(row pgx.Row) error {
+	if err := row.Scan(&g.raw, &g.wait.ID, &g.wait.Title, &g.wait.Summary); err != nil {
 		return err
 	}
+	g.ok = true
+	return nil
+}
+
+// apply makes res a governed wait when the read says the run waits: one
+// more round trip only when the run's input continues pending
+// interactions (partial item-verdict responses).
+func (g *governedRead) apply(ctx context.Context, tx pgx.Tx, runID string, res *executorv1.RunResult) error {
+	raw, wait := g.raw, g.wait
 	in := &prpv1.ExecutionInput{}
 	if err := proto.Unmarshal(raw, in); err != nil {
 		return err

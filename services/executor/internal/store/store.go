@@ -640,7 +640,7 @@ func (s *Store) RecordRunner(ctx context.Context, f Fence, runnerInstanceID stri
 	return recordRunner(ctx, s.pool, f, RunnerRecord{InstanceID: runnerInstanceID, Runner: runner, Provider: provider})
 }
 
-// execer is a pool or a transaction.
+// execer is a pool, a transaction, or a batch being built (queued).
 type execer interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 }
