@@ -401,8 +401,10 @@ func fileFenced(ctx context.Context, tx pgx.Tx, f Fence, count int64, fresh []en
 			}
 		}
 	}
-	b.Queue(`UPDATE executor.runs SET event_count = event_count + $2, updated_at = now() WHERE run_id = $1`,
-		f.RunID, len(fresh))
+	if terminal == nil {
+		b.Queue(`UPDATE executor.runs SET event_count = event_count + $2, updated_at = now() WHERE run_id = $1`,
+			f.RunID, len(fresh))
+	}
 	acked := &ackWrite{}
 	lost := false // the run's finish found the fence gone
 	if terminal != nil {
@@ -420,7 +422,8 @@ func fileFenced(ctx context.Context, tx pgx.Tx, f Fence, count int64, fresh []en
 				return err
 			}
 		}
-		if err := queueFinish(b, f, t, &lost); err != nil {
+		// The run's finish counts the rows too: one update of its row.
+		if err := queueFinish(b, f, t, len(fresh), &lost); err != nil {
 			return err
 		}
 	}
@@ -801,7 +804,7 @@ func finishRun(ctx context.Context, tx pgx.Tx, f Fence, t Terminal) error {
 	}
 	b := &pgx.Batch{}
 	lost := false
-	if err := queueFinish(b, f, t, &lost); err != nil {
+	if err := queueFinish(b, f, t, 0, &lost); err != nil {
 		return err
 	}
 	if err := tx.SendBatch(ctx, b).Close(); err != nil || !lost {
@@ -813,8 +816,9 @@ func finishRun(ctx context.Context, tx pgx.Tx, f Fence, t Terminal) error {
 // queueFinish queues the statements that finish a run with t (its
 // governed wait, if any, already applied to t.Result): its coordinator,
 // fenced (no row sets *lost: the lease is lost, the caller rolls back),
-// and its state and result.
-func queueFinish(b *pgx.Batch, f Fence, t Terminal, lost *bool) error {
+// and its state and result, with the rows filed beside it (added to its
+// event count).
+func queueFinish(b *pgx.Batch, f Fence, t Terminal, rows int, lost *bool) error {
 	var (
 		result                      []byte
 		usageIn, usageCached, usOut *int64
@@ -850,8 +854,8 @@ UPDATE executor.coordinators SET phase = $4, lease_expires_at = now()
 UPDATE executor.runs SET state = $2, result = $3, failure_code = nullif($4, ''), failure_message = nullif($5, ''),
        plan = coalesce(nullif($6, ''), plan),
        usage_input_tokens = $7, usage_cached_input_tokens = $8, usage_output_tokens = $9, cost_usd = $10,
-       ended_at = now(), updated_at = now()
- WHERE run_id = $1`, f.RunID, t.State, result, t.Code, t.Message, t.Result.GetPlan(), usageIn, usageCached, usOut, costUSD)
+       event_count = event_count + $11, ended_at = now(), updated_at = now()
+ WHERE run_id = $1`, f.RunID, t.State, result, t.Code, t.Message, t.Result.GetPlan(), usageIn, usageCached, usOut, costUSD, rows)
 	return nil
 }
 
