@@ -107,6 +107,12 @@ func (r *Runner) reannounceLost(prev *runnerstate.CommandRecord) {
 	if lt == nil || (r.st.ActiveTurn != nil && r.st.ActiveTurn.TurnID == turnID) {
 		return
 	}
+	if cmd, _ := lt.Payload["commandId"].(string); cmd != "" && cmd != prev.CommandID {
+		// The loss is of an earlier turn of that id, another command's
+		// (a restarted provider may number its turns anew): this
+		// command's turn was not lost.
+		return
+	}
 	r.log.Info("a resent turn.start names a lost turn; announcing the loss again", "turn_id", turnID, "run_id", lt.RunID)
 	r.emitAll([]pendingEvent{{prio: P0, typ: EventTurnLost, turnID: turnID, runID: lt.RunID, payload: lt.Payload}})
 }

@@ -256,3 +256,34 @@ func TestR7_ATurnIDUsedAgainIsReconciledWithItsOwnEventAfterARunnerdLoss(t *test
 	assert.Equal(t, []string{"run-1", "run-2"}, runs, "each run's turn-1 has one turn.completed")
 	assert.Equal(t, []string{"run-1", "run-2"}, terminals, "each run ends once")
 }
+
+// TestR7_AResentTurnStartOfATurnThatReusedALostTurnsIDAnnouncesNoLoss: turn
+// turn-1 was lost; the retry's turn.start ran on the restarted provider,
+// which named its turn turn-1 again, and it completed. A controller that
+// takes the run over and resends that turn.start gets the stored answer,
+// and no turn.lost: the loss recorded under the id is the earlier
+// command's, not this one's (SPEC R7).
+func TestR7_AResentTurnStartOfATurnThatReusedALostTurnsIDAnnouncesNoLoss(t *testing.T) {
+	t.Parallel()
+	e := newTestEnv(t)
+	e.start(nil)
+	cs := &cmdSeq{t: t, runID: "run-1", attempt: 1}
+	prov := attachAndTurn(t, e, cs)
+	prov.crash(failure.ProviderProcessExited)
+	e.gw.waitEvent(EventTurnLost, 1)
+
+	retry := &cmdSeq{t: t, seq: cs.seq, runID: "run-1", attempt: 2}
+	require.Equal(t, runnerstate.StatusCompleted, e.gw.command(retry.next("c-attach-2", CmdRunAttach, map[string]any{"input": testInput(t)})).GetStatus())
+	res := e.gw.command(retry.next("c-turn-retry", CmdTurnStart, map[string]any{"text": "hello"}))
+	require.Equal(t, runnerstate.StatusCompleted, res.GetStatus(), res.GetMessage())
+	require.Equal(t, "turn-1", res.GetResult().GetFields()["turnId"].GetStringValue(), "the restarted provider numbers its turns anew")
+	e.prov.last().finish(TurnResult{TurnID: "turn-1", Status: "completed", FinalMessage: "retried"})
+	e.gw.waitEvent("run.terminal", 1)
+
+	takeover := &cmdSeq{t: t, seq: retry.seq, runID: "run-1", attempt: 3}
+	e.gw.command(takeover.next("c-attach-3", CmdRunAttach, map[string]any{"input": testInput(t)}))
+	res = e.gw.command(takeover.next("c-turn-retry", CmdTurnStart, map[string]any{"text": "hello"}))
+	require.Equal(t, runnerstate.StatusCompleted, res.GetStatus(), "the stored answer")
+	e.gw.ping(1) // the resent command's effects are journaled
+	assert.Len(t, e.gw.eventsOf(EventTurnLost), 1, "the completed turn is not announced lost")
+}
