@@ -752,6 +752,11 @@ func (r *Runner) startProvider(reattach bool) *cmdError {
 		r.closeProvider()
 		return providerFailure("provider_thread_open_failed", err)
 	}
+	if tid != r.st.ProviderThreadID {
+		// A fresh thread: its turns are its own (their ids may repeat an
+		// earlier thread's).
+		r.st.LastTurnID = ""
+	}
 	r.st.ProviderThreadID = tid
 	r.sup.tools = toolContract(in)
 	r.mustSave()

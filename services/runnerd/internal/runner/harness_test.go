@@ -508,6 +508,11 @@ type fakeStarter struct {
 	history map[string]string
 	// lastTurn is the thread's newest turn, read by LastTurn.
 	lastTurn string
+	// freshThread, when set, is the thread OpenThread opens whatever it is
+	// asked to resume: the provider could not resume it.
+	freshThread string
+	// beforeStartTurn, when set, runs as StartTurn is called.
+	beforeStartTurn func()
 }
 
 func newFakeStarter() *fakeStarter { return &fakeStarter{started: make(chan *fakeProvider, 16)} }
@@ -574,11 +579,22 @@ func (p *fakeProvider) OpenThread(ctx context.Context, threadID string) (string,
 	if id == "" {
 		id = "thread-1"
 	}
+	p.starter.mu.Lock()
+	if p.starter.freshThread != "" {
+		id, threadID = p.starter.freshThread, ""
+	}
+	p.starter.mu.Unlock()
 	p.emit(ProviderEvent{Type: "session.started", Priority: P0, Payload: map[string]any{"providerThreadId": id, "resumed": threadID != ""}})
 	return id, threadID != "", nil
 }
 
 func (p *fakeProvider) StartTurn(ctx context.Context, text string) (string, error) {
+	p.starter.mu.Lock()
+	hook := p.starter.beforeStartTurn
+	p.starter.mu.Unlock()
+	if hook != nil {
+		hook()
+	}
 	p.mu.Lock()
 	p.turns++
 	id := fmt.Sprintf("turn-%d", p.turns)

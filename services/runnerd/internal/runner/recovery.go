@@ -406,11 +406,21 @@ func (r *Runner) journaledUsage(turnID string) (Usage, bool) {
 // knownTurn reports whether a turn of the thread is one runnerd started (or
 // learnt of) before.
 func (r *Runner) knownTurn(id string) bool {
-	if id == r.st.LastTurnID || r.st.LostTurns[id] != nil {
+	if id == r.st.LastTurnID {
+		return true
+	}
+	// Turn ids are the thread's: a fresh thread may number its turns anew
+	// (an ACP session's acp-turn-1), so a turn of another thread with the
+	// same id is not this one.
+	ofThread := func(thread any) bool {
+		t, _ := thread.(string)
+		return t == "" || t == r.st.ProviderThreadID
+	}
+	if lt := r.st.LostTurns[id]; lt != nil && ofThread(lt.Payload["providerThreadId"]) {
 		return true
 	}
 	for _, rec := range r.st.ProcessedCommands {
-		if tid, _ := rec.Result["turnId"].(string); tid == id {
+		if tid, _ := rec.Result["turnId"].(string); tid == id && ofThread(rec.Result["providerThreadId"]) {
 			return true
 		}
 	}

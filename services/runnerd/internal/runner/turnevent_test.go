@@ -14,6 +14,7 @@ import (
 	"github.com/tether-run/tether/pkg/failure"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/runnerstate"
+	"github.com/tether-run/tether/services/runnerd/internal/durable"
 )
 
 // endLive emits the closing events of a turn the provider finished —
@@ -286,4 +287,66 @@ func TestR7_AResentTurnStartOfATurnThatReusedALostTurnsIDAnnouncesNoLoss(t *test
 	require.Equal(t, runnerstate.StatusCompleted, res.GetStatus(), "the stored answer")
 	e.gw.ping(1) // the resent command's effects are journaled
 	assert.Len(t, e.gw.eventsOf(EventTurnLost), 1, "the completed turn is not announced lost")
+}
+
+// TestR8_ACutTurnStartOnAFreshThreadWhoseTurnReusesAnEarlierThreadsIDIsAdopted:
+// the provider's thread was replaced by a fresh one (its earlier thread
+// could not be resumed), whose turns are numbered anew (an ACP session's
+// acp-turn-1). runnerd is killed between journaling a turn.start and its
+// outcome; the fresh thread's newest turn, turn-1, bears the id of a turn
+// of the earlier thread that runnerd knows. It is the cut command's turn:
+// adopted, never started a second time (SPEC R8, X1) — runnerd knows the
+// turns of the thread it reads, not of another.
+func TestR8_ACutTurnStartOnAFreshThreadWhoseTurnReusesAnEarlierThreadsIDIsAdopted(t *testing.T) {
+	t.Parallel()
+	e := newTestEnv(t)
+	turn := cutTurnStart(t, e)
+	store := &durable.Store{Dir: filepath.Join(e.stateDir, "runner")}
+	st, err := store.Load()
+	require.NoError(t, err)
+	// The earlier thread's turn.start, answered with its turn-1.
+	st.ProcessedCommands["c0"] = &runnerstate.CommandRecord{CommandID: "c0", ControllerSeq: 1, CommandType: CmdTurnStart,
+		RunID: "run-0", Attempt: 1, Status: runnerstate.StatusCompleted,
+		Result: map[string]any{"turnId": "turn-1", "providerThreadId": "thread-1"}}
+	st.ProviderThreadID, st.LastTurnID = "thread-2", ""
+	require.NoError(t, store.Save(st))
+
+	res := resendAfterRestart(e, turn, "turn-1", map[string]string{"turn-1": "inProgress"})
+	require.Equal(t, runnerstate.StatusCompleted, res.GetStatus(), res.GetMessage())
+	assert.Equal(t, "turn-1", res.GetResult().AsMap()["turnId"])
+	prov := e.prov.last()
+	assert.Zero(t, prov.turns, "no second turn/start: the fresh thread's turn-1 is the cut command's")
+	require.NotNil(t, e.state().ActiveTurn, "the provider's turn is retained")
+	assert.Equal(t, "c2", e.state().ActiveTurn.CommandID)
+}
+
+// TestR8_AFreshThreadForgetsTheEarlierThreadsNewestTurn: the provider is
+// restarted and cannot resume the thread; the fresh thread's turns are its
+// own. The state saved once the fresh thread is open — what a runnerd
+// killed during the turn.start that opened it leaves — no longer names the
+// earlier thread's newest turn as the thread's (a cut turn.start is judged
+// by it: its turn may bear that id).
+func TestR8_AFreshThreadForgetsTheEarlierThreadsNewestTurn(t *testing.T) {
+	t.Parallel()
+	e := newTestEnv(t)
+	e.start(nil)
+	cs := &cmdSeq{t: t, runID: "run-1", attempt: 1}
+	prov := attachAndTurn(t, e, cs)
+	prov.finish(TurnResult{TurnID: "turn-1", Status: "completed", FinalMessage: "first"})
+	e.gw.waitEvent("run.terminal", 1)
+	require.Equal(t, "turn-1", e.state().LastTurnID)
+	prov.crash(failure.ProviderStdoutClosed)
+	var atStart *runnerstate.State
+	e.prov.mu.Lock()
+	e.prov.freshThread = "thread-2"
+	e.prov.beforeStartTurn = func() { atStart = e.state() }
+	e.prov.mu.Unlock()
+
+	cs2 := &cmdSeq{t: t, seq: cs.seq, runID: "run-2", attempt: 1}
+	require.Equal(t, runnerstate.StatusCompleted, e.gw.command(cs2.attach("c2-attach")).GetStatus())
+	res := e.gw.command(cs2.next("c2-turn", CmdTurnStart, map[string]any{"text": "again"}))
+	require.Equal(t, runnerstate.StatusCompleted, res.GetStatus(), res.GetMessage())
+	require.NotNil(t, atStart)
+	assert.Equal(t, "thread-2", atStart.ProviderThreadID)
+	assert.Empty(t, atStart.LastTurnID, "thread-2 had no turn when its first was started")
 }
