@@ -589,6 +589,9 @@ func (r *Runner) cmdTurnStart(ctx context.Context, c *prpv1.Command) (map[string
 	// Persisted with the command's outcome, before the answer.
 	r.st.ActiveTurn = &runnerstate.Turn{TurnID: turnID, RunID: cur.RunID, Attempt: cur.Attempt, CommandID: c.GetCommandId(), StartedAt: time.Now().UTC()}
 	r.st.LastTurnID = turnID
+	// An interrupt asked of an earlier turn is not this one's, whatever its
+	// id (a restarted provider may number its turns anew).
+	r.interruptAsked = ""
 	return map[string]any{"turnId": turnID, "providerThreadId": r.st.ProviderThreadID}, nil
 }
 

@@ -350,3 +350,35 @@ func TestR8_AFreshThreadForgetsTheEarlierThreadsNewestTurn(t *testing.T) {
 	assert.Equal(t, "thread-2", atStart.ProviderThreadID)
 	assert.Empty(t, atStart.LastTurnID, "thread-2 had no turn when its first was started")
 }
+
+// TestR7_AnInterruptOfAnEarlierTurnOfTheSameIDDoesNotExcuseALaterTurnCutOff:
+// turn-1 was interrupted on request; the provider restarted and named a
+// later turn turn-1 again; that provider is lost mid-turn and its record
+// reads the turn back interrupted — cut off by the loss, not asked: the
+// turn is lost and retried, not ended as interrupted (SPEC R7).
+func TestR7_AnInterruptOfAnEarlierTurnOfTheSameIDDoesNotExcuseALaterTurnCutOff(t *testing.T) {
+	t.Parallel()
+	e := newTestEnv(t)
+	e.start(nil)
+	cs := &cmdSeq{t: t, runID: "run-1", attempt: 1}
+	prov := attachAndTurn(t, e, cs)
+	res := e.gw.command(cs.next("c-int", CmdTurnInterrupt, map[string]any{}))
+	require.Equal(t, runnerstate.StatusCompleted, res.GetStatus(), res.GetMessage())
+	prov.finish(TurnResult{TurnID: "turn-1", Status: "interrupted"})
+	e.gw.waitEvent("run.terminal", 1)
+	prov.crash(failure.ProviderStdoutClosed)
+
+	cs2 := &cmdSeq{t: t, seq: cs.seq, runID: "run-2", attempt: 1}
+	require.Equal(t, runnerstate.StatusCompleted, e.gw.command(cs2.attach("c2-attach")).GetStatus())
+	res = e.gw.command(cs2.next("c2-turn", CmdTurnStart, map[string]any{"text": "again"}))
+	require.Equal(t, "turn-1", res.GetResult().GetFields()["turnId"].GetStringValue())
+	e.prov.mu.Lock()
+	e.prov.history = map[string]string{"turn-1": "interrupted"}
+	e.prov.mu.Unlock()
+	e.prov.last().crash(failure.ProviderStdoutClosed)
+
+	lost := e.gw.waitEvent(EventTurnLost, 1)
+	assert.Equal(t, "run-2", lost.GetRunId())
+	assert.Equal(t, "interrupted", lost.GetPayload().AsMap()["reconciliation"])
+	assert.Len(t, e.gw.eventsOf("run.terminal"), 1, "run-2 does not end: its attempt is retried")
+}
