@@ -51,8 +51,10 @@ const (
 	ClassTurnTwice = "turn_command_executed_twice"
 	// ClassTurnEventTwice: a run holds more than one turn end event
 	// (turn.completed, turn.failed, turn.interrupted, turn.cancelled) for
-	// one provider turn: a turn's end was reported again, e.g. by its
-	// reconciliation after a runnerd loss (SPEC R7).
+	// one provider turn — with no turn.started of that id between them,
+	// which would begin a later turn the provider gave the same id: a
+	// turn's end was reported again, e.g. by its reconciliation after a
+	// runnerd loss (SPEC R7).
 	ClassTurnEventTwice = "turn_terminal_event_twice"
 	// ClassCancellationTwice: a run's cancellation intent or its
 	// acknowledgement was recorded more than once.
@@ -69,6 +71,13 @@ var Classes = []string{ClassTerminal, ClassSeqGap, ClassAfterTerminal, ClassWrit
 // TurnEndTypes are the event types of a provider turn's end (the audit
 // reads their turn id).
 var TurnEndTypes = []string{"turn.completed", "turn.failed", "turn.interrupted", "turn.cancelled"}
+
+// EventTurnStarted begins a provider turn; the audit reads its turn id too.
+const EventTurnStarted = "turn.started"
+
+// TurnEventTypes are the event types whose turn id the audit reads: a
+// turn's start and its ends.
+var TurnEventTypes = append([]string{EventTurnStarted}, TurnEndTypes...)
 
 // IsTurnEnd reports whether typ is one of TurnEndTypes.
 func IsTurnEnd(typ string) bool { return slices.Contains(TurnEndTypes, typ) }
@@ -234,6 +243,12 @@ func checkRun(r Run, evs []Event, add adder) {
 	}
 	ended := map[string]Event{} // provider turn id -> its first end event
 	for _, e := range evs {
+		if e.Type == EventTurnStarted && e.TurnID != "" {
+			// A later turn of that id (a restarted provider may number
+			// its turns anew): its end is its own.
+			delete(ended, e.TurnID)
+			continue
+		}
 		if !IsTurnEnd(e.Type) || e.TurnID == "" {
 			continue
 		}

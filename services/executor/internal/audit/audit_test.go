@@ -183,8 +183,22 @@ func TestX1_AProviderTurnEndsWithOneTurnEventPerRun(t *testing.T) {
 		})
 	}
 
-	// The same provider turn id in two runs: each run's history is its own.
+	// A later turn the provider gave the same id (a restarted provider
+	// numbering its turns anew) starts between the two ends: each end is
+	// its own turn's. Without the start between, the second is a
+	// violation.
 	h := healthy()
+	h.runs[0].EventCount = 5
+	h.events = append(h.events, Event{RunID: "r1", Seq: 5, Type: EventTerminal, Writer: 1})
+	end(h, "r1", 2, "turn.completed", "turn-1")
+	end(h, "r1", 3, "turn.started", "turn-1")
+	end(h, "r1", 4, "turn.completed", "turn-1")
+	require.True(t, h.check().Clean(), "%+v", h.check().Violations)
+	end(h, "r1", 3, "item.completed", "")
+	requireOnly(t, h.check(), ClassTurnEventTwice, "r1")
+
+	// The same provider turn id in two runs: each run's history is its own.
+	h = healthy()
 	end(h, "r1", 3, "turn.completed", "turn-1")
 	end(h, "r2", 4, "turn.interrupted", "turn-1")
 	require.True(t, h.check().Clean())

@@ -161,10 +161,11 @@ func TestX1_TetherctlAuditIsCleanOnAStackHistoryAndFindsEachCorruption(t *testin
 		 SELECT 'a-2', 1, 0, 'forged', 3, 'forged-3', event_type, payload_sha256, event FROM executor.events
 		  WHERE run_id = 'a-3' AND event_type = 'command.executed'`,
 		// a-1: its turn's end reported a second time (a copy of its
-		// turn.completed: the same provider turn).
+		// turn.completed, after it: the same provider turn, no turn.started
+		// between).
 		`INSERT INTO executor.events (run_id, writer_attempt, seq, source_instance_id, source_seq, source_event_id, event_type, payload_sha256, event)
-		 SELECT 'a-1', 1, 0, 'forged', 4, 'forged-4', event_type, payload_sha256, event FROM executor.events
-		  WHERE run_id = 'a-1' AND event_type = 'turn.completed'`,
+		 SELECT 'a-1', 1, (SELECT event_count + 1 FROM executor.runs WHERE run_id = 'a-1'), 'forged', 4, 'forged-4', event_type, payload_sha256, event
+		  FROM executor.events WHERE run_id = 'a-1' AND event_type = 'turn.completed'`,
 		// a-4: its cancellation audited twice.
 		`INSERT INTO executor.activities (activity_id, actor, action, company_id, issue_id, run_id, details, created_at)
 		 SELECT activity_id || '-again', actor, action, company_id, issue_id, run_id, details, created_at FROM executor.activities

@@ -59,7 +59,7 @@ SELECT run_id, state, attempt, event_count FROM audit_runs ORDER BY run_id`, f.R
 SELECT e.run_id, e.seq, e.event_type, e.writer_attempt, CASE WHEN e.event_type IN ($3, $4) OR e.event_type = ANY($5) THEN e.event END,
        e.source_instance_id, e.source_seq
   FROM executor.events e JOIN audit_runs a ON a.run_id = e.run_id`, f.RunID, since, audit.EventCommandExecuted, audit.EventContinuityBreak,
-			audit.TurnEndTypes)
+			audit.TurnEventTypes)
 		if err != nil {
 			return err
 		}
@@ -82,7 +82,7 @@ SELECT e.run_id, e.seq, e.event_type, e.writer_attempt, CASE WHEN e.event_type I
 					return err
 				}
 				p := ev.GetPayload().GetFields()
-				if audit.IsTurnEnd(e.Type) {
+				if audit.IsTurnEnd(e.Type) || e.Type == audit.EventTurnStarted {
 					e.TurnID = ev.GetTurnId()
 					if e.TurnID == "" {
 						e.TurnID = p["providerTurnId"].GetStringValue()
