@@ -63,13 +63,17 @@ func TestR7_ACPReconciledTurnEmitsItsTurnEventBeforeTheTerminal(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		name, prompt, status string
+		agent                string
 	}{
-		{"completed", "finish the report", provider.TurnCompleted},
-		{"failed", "this one breaks [fail]", provider.TurnFailed},
+		{"completed", "finish the report", provider.TurnCompleted, AgentCodex},
+		{"failed", "this one breaks [fail]", provider.TurnFailed, AgentCodex},
+		// claude-agent-acp reports the session's cost: the reconciled
+		// result carries the turn's as the live one did.
+		{"completed, with its cost", "finish the report", provider.TurnCompleted, AgentClaude},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			h := newHarness(t, AgentCodex, ApproveAll)
+			h := newHarness(t, tc.agent, ApproveAll)
 			s1, rec1, recordID := h.start("")
 			live := turnOf(t, s1, tc.prompt)
 			require.Equal(t, tc.status, live.Status)
@@ -80,6 +84,13 @@ func TestR7_ACPReconciledTurnEmitsItsTurnEventBeforeTheTerminal(t *testing.T) {
 			assert.Equal(t, tc.status, status)
 			assert.Equal(t, live.Status, res.Status)
 			assert.Equal(t, live.FinalMessage, res.FinalMessage)
+			assert.Equal(t, live.Usage, res.Usage)
+			require.NotNil(t, live.Total)
+			assert.Equal(t, live.Total, res.Total, "the session's total when the turn ended")
+			assert.Equal(t, live.Cost, res.Cost, "the turn's own cost")
+			if tc.agent == AgentClaude {
+				require.NotNil(t, live.Cost)
+			}
 
 			evs := rec.ofType("turn." + tc.status)
 			require.Len(t, evs, 1, "the reconciled turn's event; got %v", rec.types())

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/tether-run/tether/pkg/failure"
+	"github.com/tether-run/tether/services/runnerd/internal/provider"
 )
 
 // sessionAnswer is the part of the session/new and session/load answers the
@@ -239,6 +240,13 @@ func (s *Session) ReconcileTurn(_ context.Context, turnID string) (string, strin
 	res := TurnResult{TurnID: rec.TurnID, Status: rec.Status, FinalMessage: rec.FinalMessage, ErrorCode: rec.ErrorCode, ErrorMessage: rec.ErrorMessage}
 	if rec.Usage != nil {
 		res.Usage = *rec.Usage
+	}
+	if rec.Total != nil {
+		total := *rec.Total
+		res.Total = &total
+	}
+	if rec.Cost != nil {
+		res.Cost = &provider.Cost{Amount: rec.Cost.Amount, Currency: rec.Cost.Currency}
 	}
 	s.send(Event{Type: "turn." + res.Status, TurnID: res.TurnID, Priority: P0, Payload: turnPayload(res, rec.StopReason, true)})
 	s.deliver(res)

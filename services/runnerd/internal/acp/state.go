@@ -46,14 +46,25 @@ type Identity struct {
 
 // TurnRecord is what the state keeps of one turn.
 type TurnRecord struct {
-	TurnID       string    `json:"turnId"`
-	Status       string    `json:"status"` // "started" until it ends, then the TurnResult status
-	StopReason   string    `json:"stopReason,omitempty"`
-	FinalMessage string    `json:"finalMessage,omitempty"`
-	Usage        *Usage    `json:"usage,omitempty"`
+	TurnID       string `json:"turnId"`
+	Status       string `json:"status"` // "started" until it ends, then the TurnResult status
+	StopReason   string `json:"stopReason,omitempty"`
+	FinalMessage string `json:"finalMessage,omitempty"`
+	Usage        *Usage `json:"usage,omitempty"`
+	// Total is the session's cumulative usage when the turn ended, and
+	// Cost the turn's own cost as reported: a reconciled result carries
+	// them as the live one did (SPEC E1).
+	Total        *Usage    `json:"total,omitempty"`
+	Cost         *TurnCost `json:"cost,omitempty"`
 	ErrorCode    string    `json:"errorCode,omitempty"`
 	ErrorMessage string    `json:"errorMessage,omitempty"`
 	StartedAt    time.Time `json:"startedAt"`
+}
+
+// TurnCost is a turn's own cost in a currency.
+type TurnCost struct {
+	Amount   float64 `json:"amount"`
+	Currency string  `json:"currency"`
 }
 
 // State is the document.

@@ -163,7 +163,10 @@ func (s *Session) finishTurn(t *turn, r reply) {
 	}
 	if rec := st.turn(t.id); rec != nil {
 		u := res.Usage
-		rec.Status, rec.StopReason, rec.Usage = res.Status, ans.StopReason, &u
+		rec.Status, rec.StopReason, rec.Usage, rec.Total = res.Status, ans.StopReason, &u, &total
+		if res.Cost != nil {
+			rec.Cost = &TurnCost{Amount: res.Cost.Amount, Currency: res.Cost.Currency}
+		}
 		rec.FinalMessage = truncate(res.FinalMessage, MaxRecordedMessage)
 		rec.ErrorCode, rec.ErrorMessage = res.ErrorCode, res.ErrorMessage
 	}
