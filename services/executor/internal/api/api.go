@@ -38,8 +38,9 @@ type Server struct {
 	// Submit, when set, stores a submission instead of Store.Submit and
 	// wakes whoever claims it (the local dispatcher's SubmitAndClaim,
 	// which claims in the same commit when it can; Kick and KickRun are
-	// then not called).
-	Submit func(ctx context.Context, runID string, in *prpv1.ExecutionInput) (created bool, err error)
+	// then not called). run, when not nil, is the run as that commit left
+	// it, which SubmitRun answers without reading it again.
+	Submit func(ctx context.Context, runID string, in *prpv1.ExecutionInput) (created bool, run *executorv1.Run, err error)
 	// DispatchCancellation, when set, hands the local driver of a run, if
 	// any, its cancellation just recorded (dispatched at once, without
 	// waiting for the database's notification nor reading it back).
@@ -93,10 +94,11 @@ func (s *Server) SubmitRun(ctx context.Context, req *executorv1.SubmitRunRequest
 	}
 	var (
 		created bool
+		run     *executorv1.Run
 		err     error
 	)
 	if s.Submit != nil {
-		created, err = s.Submit(ctx, req.GetRunId(), req.GetInput())
+		created, run, err = s.Submit(ctx, req.GetRunId(), req.GetInput())
 	} else if created, err = s.Store.Submit(ctx, req.GetRunId(), req.GetInput()); created {
 		// The local dispatcher claims while the run is read back.
 		s.kick(req.GetRunId())
@@ -104,9 +106,10 @@ func (s *Server) SubmitRun(ctx context.Context, req *executorv1.SubmitRunRequest
 	if err != nil {
 		return nil, err
 	}
-	run, err := s.Store.GetRun(ctx, req.GetRunId())
-	if err != nil {
-		return nil, err
+	if run == nil {
+		if run, err = s.Store.GetRun(ctx, req.GetRunId()); err != nil {
+			return nil, err
+		}
 	}
 	return &executorv1.SubmitRunResponse{Run: visible(run), Created: created}, nil
 }

@@ -366,8 +366,10 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 // (SPEC P4). The lease is the one ClaimNext would have taken, under the same
 // fence; a replica that dies holding it leaves it to lapse or to a
 // same-host successor, as any claim. Otherwise the run waits for a claim as
-// usual and the local claim loop is woken.
-func (d *Dispatcher) SubmitAndClaim(ctx context.Context, runID string, in *prpv1.ExecutionInput) (created bool, err error) {
+// usual and the local claim loop is woken. run is the claimed run as its
+// claim committed (read in the same round trip), nil when it was not
+// claimed here.
+func (d *Dispatcher) SubmitAndClaim(ctx context.Context, runID string, in *prpv1.ExecutionInput) (created bool, run *executorv1.Run, err error) {
 	if sem := d.freeSlot(ctx); sem != nil {
 		var c *store.Claim
 		// The run's cancellations reach its driver from the moment the
@@ -388,8 +390,9 @@ func (d *Dispatcher) SubmitAndClaim(ctx context.Context, runID string, in *prpv1
 				c.Preread = nil // read once the driver takes its cancellations
 			}
 			d.metrics.claims.Inc()
+			run = c.Run
 			d.startClaimed(c, sem, cancelCh)
-			return created, nil
+			return created, run, nil
 		}
 		d.releaseCancels(runID, cancelCh)
 		<-sem
@@ -399,7 +402,7 @@ func (d *Dispatcher) SubmitAndClaim(ctx context.Context, runID string, in *prpv1
 	if created {
 		d.KickRun(runID)
 	}
-	return created, err
+	return created, nil, err
 }
 
 // freeSlot takes a slot for a run to drive when Run is claiming and this

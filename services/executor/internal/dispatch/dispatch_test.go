@@ -172,9 +172,10 @@ func TestP4_SubmitAndClaimDrivesARunItClaimedInTheSubmittingCommit(t *testing.T)
 	gw := &probeGateway{store: s}
 	d := New(s, Config{Owner: "probe", LeaseTTL: time.Minute, PollInterval: time.Hour, Gateway: gw,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	created, err := d.SubmitAndClaim(ctx, "early", input("s-early"))
+	created, stored, err := d.SubmitAndClaim(ctx, "early", input("s-early"))
 	require.NoError(t, err)
 	require.True(t, created)
+	require.Nil(t, stored, "not claimed here: SubmitRun reads the run")
 	run, err := s.GetRun(ctx, "early")
 	require.NoError(t, err)
 	require.Equal(t, executorv1.RunState_RUN_STATE_QUEUED, run.GetState(), "no dispatcher runs yet: only stored")
@@ -188,9 +189,16 @@ func TestP4_SubmitAndClaimDrivesARunItClaimedInTheSubmittingCommit(t *testing.T)
 		defer d.mu.Unlock()
 		return d.sem != nil
 	}, 10*time.Second, 5*time.Millisecond)
-	created, err = d.SubmitAndClaim(ctx, "fresh", input("s-fresh"))
+	created, claimed, err := d.SubmitAndClaim(ctx, "fresh", input("s-fresh"))
 	require.NoError(t, err)
 	require.True(t, created)
+	// The run as its claim committed, read in the same round trip (SubmitRun
+	// answers it without another read).
+	require.NotNil(t, claimed)
+	require.Equal(t, "fresh", claimed.GetRunId())
+	require.Equal(t, executorv1.RunState_RUN_STATE_RUNNING, claimed.GetState())
+	require.Equal(t, "probe", claimed.GetLeaseOwner())
+	require.EqualValues(t, 1, claimed.GetAttempt())
 	// The claim loop sleeps (an hour's poll, no kick): the run reached the
 	// gateway through the submission's own claim.
 	require.Eventually(t, func() bool { return len(gw.attaches()) > 0 }, 10*time.Second, 10*time.Millisecond)
@@ -257,7 +265,7 @@ func TestP4_ARunClaimedOnSubmissionIsRoutedFromThePlacementItsClaimRead(t *testi
 		return d.sem != nil
 	}, 10*time.Second, 5*time.Millisecond)
 	for _, id := range []string{"warm", "new"} {
-		created, err := d.SubmitAndClaim(ctx, id, input("s-"+id))
+		created, _, err := d.SubmitAndClaim(ctx, id, input("s-"+id))
 		require.NoError(t, err)
 		require.True(t, created)
 		require.Eventually(t, func() bool {

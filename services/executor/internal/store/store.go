@@ -330,10 +330,13 @@ func stateFromProto(s executorv1.RunState) string {
 	return ""
 }
 
+// getRunSQL reads one run ($1).
+const getRunSQL = `SELECT ` + runColumns + `
+FROM executor.runs r JOIN executor.coordinators c ON c.run_id = r.run_id WHERE r.run_id = $1`
+
 // GetRun returns a run or run_not_found.
 func (s *Store) GetRun(ctx context.Context, runID string) (*executorv1.Run, error) {
-	run, _, err := scanRun(s.pool.QueryRow(ctx, `SELECT `+runColumns+`
-FROM executor.runs r JOIN executor.coordinators c ON c.run_id = r.run_id WHERE r.run_id = $1`, runID))
+	run, _, err := scanRun(s.pool.QueryRow(ctx, getRunSQL, runID))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, ErrRunNotFound(runID)
 	}
@@ -411,6 +414,10 @@ type Claim struct {
 	// run's first attach (SubmitClaim with AttachReads); nil: the driver
 	// reads it.
 	Preread *Preread
+	// Run is the run as its claim committed (SubmitClaim reads it in the
+	// same round trip): what SubmitRun answers, with no read after the
+	// commit; nil when it could not be read.
+	Run *executorv1.Run
 }
 
 // Scope returns the run's session scope key: the stored one, or for a claim

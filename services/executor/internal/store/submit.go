@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -127,6 +128,16 @@ func (s *Store) SubmitClaim(ctx context.Context, runID string, in *prpv1.Executi
 		c, err = scanClaim(row, owner)
 		return err
 	})
+	// The run as the claim left it, for SubmitRun's answer (a round trip
+	// less than reading it after the commit). A read that fails to scan
+	// leaves it nil: the caller reads the run itself.
+	var run *executorv1.Run
+	b.Queue(getRunSQL, runID).QueryRow(func(row pgx.Row) error {
+		if r, _, err := scanRun(row); err == nil {
+			run = r
+		}
+		return nil
+	})
 	var (
 		pre        *Preread
 		decodeErr  = new(error)
@@ -160,6 +171,7 @@ func (s *Store) SubmitClaim(ctx context.Context, runID string, in *prpv1.Executi
 	if pre != nil && *decodeErr == nil && placeErr == nil && (placedRead || reads.GatewayTTL <= 0) {
 		c.Preread = pre
 	}
+	c.Run = run
 	return true, c, nil
 }
 
