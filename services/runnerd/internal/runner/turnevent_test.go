@@ -53,6 +53,52 @@ func copyDir(t *testing.T, src, dst string) {
 	}))
 }
 
+// killKeepingState kills runnerd p as a crash would: its state dir as it
+// is now is what the relaunched one finds, and nothing it sends from now
+// on reaches the controller.
+func killKeepingState(t *testing.T, e *testEnv, p *runnerProc) {
+	t.Helper()
+	runnerDir := filepath.Join(e.stateDir, "runner")
+	crashed := filepath.Join(t.TempDir(), "runner")
+	copyDir(t, runnerDir, crashed)
+	e.gw.mu.Lock()
+	sent := len(e.gw.events)
+	e.gw.mu.Unlock()
+	p.stop(t)
+	e.gw.mu.Lock()
+	e.gw.events = e.gw.events[:sent]
+	e.gw.mu.Unlock()
+	require.NoError(t, os.RemoveAll(runnerDir))
+	copyDir(t, crashed, runnerDir)
+}
+
+// run1EndsAndItsProviderCrashes runs run-1's turn turn-1 to its end on a
+// new runnerd, then crashes its provider while idle; it returns the
+// environment, the runnerd and run-1's command sequence.
+func run1EndsAndItsProviderCrashes(t *testing.T) (*testEnv, *runnerProc, *cmdSeq) {
+	t.Helper()
+	e := newTestEnv(t)
+	p := e.start(nil)
+	cs := &cmdSeq{t: t, runID: "run-1", attempt: 1}
+	prov := attachAndTurn(t, e, cs)
+	prov.finish(TurnResult{TurnID: "turn-1", Status: "completed", FinalMessage: "first"})
+	e.gw.waitEvent("run.terminal", 1)
+	prov.crash(failure.ProviderStdoutClosed)
+	return e, p, cs
+}
+
+// startRun2 attaches run-2 after run-1 (cs) and starts its turn on the
+// provider restarted after run-1's crashed, which numbers its turns anew:
+// the turn is turn-1 again.
+func startRun2(t *testing.T, e *testEnv, cs *cmdSeq) {
+	t.Helper()
+	cs2 := &cmdSeq{t: t, seq: cs.seq, runID: "run-2", attempt: 1}
+	require.Equal(t, runnerstate.StatusCompleted, e.gw.command(cs2.attach("c2-attach")).GetStatus())
+	res := e.gw.command(cs2.next("c2-turn", CmdTurnStart, map[string]any{"text": "again"}))
+	require.Equal(t, runnerstate.StatusCompleted, res.GetStatus(), res.GetMessage())
+	require.Equal(t, "turn-1", res.GetResult().GetFields()["turnId"].GetStringValue(), "the restarted provider numbers its turns anew")
+}
+
 // turnHistory is what the controller stores of e's gateway's events (one
 // row per source seq, the first copy): the turn.<status> events of turnID
 // and the run.terminal events.
@@ -119,21 +165,7 @@ func TestR7_ATurnEventJournaledBeforeALossIsNotJournaledAgainByTheReconciliation
 						e.gw.acked = live.GetSourceSeq()
 						e.gw.mu.Unlock()
 					}
-					// runnerd is killed here: its state dir as it is now
-					// is what the relaunched one finds, and nothing it
-					// sends from now on reaches the controller.
-					runnerDir := filepath.Join(e.stateDir, "runner")
-					crashed := filepath.Join(t.TempDir(), "runner")
-					copyDir(t, runnerDir, crashed)
-					e.gw.mu.Lock()
-					sent := len(e.gw.events)
-					e.gw.mu.Unlock()
-					first.stop(t)
-					e.gw.mu.Lock()
-					e.gw.events = e.gw.events[:sent]
-					e.gw.mu.Unlock()
-					require.NoError(t, os.RemoveAll(runnerDir))
-					copyDir(t, crashed, runnerDir)
+					killKeepingState(t, e, first)
 					st := e.state()
 					require.NotNil(t, st.ActiveTurn, "the turn is active in the crashed state")
 					require.Equal(t, "turn-1", st.ActiveTurn.TurnID)
@@ -174,22 +206,11 @@ func TestR7_ATurnEventJournaledBeforeALossIsNotJournaledAgainByTheReconciliation
 // reconciliation, never a later turn (SPEC R7, X1).
 func TestR7_ATurnIDAProviderUsesAgainAfterARestartGetsItsOwnTurnEvent(t *testing.T) {
 	t.Parallel()
-	e := newTestEnv(t)
-	e.start(nil)
-	cs := &cmdSeq{t: t, runID: "run-1", attempt: 1}
-	prov := attachAndTurn(t, e, cs)
-	prov.finish(TurnResult{TurnID: "turn-1", Status: "completed", FinalMessage: "first"})
-	e.gw.waitEvent("run.terminal", 1)
-	prov.crash(failure.ProviderStdoutClosed)
+	e, _, cs := run1EndsAndItsProviderCrashes(t)
 
-	cs2 := &cmdSeq{t: t, seq: cs.seq, runID: "run-2", attempt: 1}
-	require.Equal(t, runnerstate.StatusCompleted, e.gw.command(cs2.attach("c2-attach")).GetStatus())
-	res := e.gw.command(cs2.next("c2-turn", CmdTurnStart, map[string]any{"text": "again"}))
-	require.Equal(t, runnerstate.StatusCompleted, res.GetStatus(), res.GetMessage())
-	require.Equal(t, "turn-1", res.GetResult().GetFields()["turnId"].GetStringValue(), "the restarted provider numbers its turns anew")
-	next := e.prov.last()
-	require.NotSame(t, prov, next)
-	next.finish(TurnResult{TurnID: "turn-1", Status: "completed", FinalMessage: "second"})
+	startRun2(t, e, cs)
+	require.Equal(t, 2, e.prov.count(), "a restarted provider")
+	e.prov.last().finish(TurnResult{TurnID: "turn-1", Status: "completed", FinalMessage: "second"})
 	e.gw.waitEvent("run.terminal", 2)
 
 	var runs []string
@@ -210,35 +231,14 @@ func TestR7_ATurnIDAProviderUsesAgainAfterARestartGetsItsOwnTurnEvent(t *testing
 // second stayed unsettled: no run.terminal for run-2) (SPEC R7, R8, X1).
 func TestR7_ATurnIDUsedAgainIsReconciledWithItsOwnEventAfterARunnerdLoss(t *testing.T) {
 	t.Parallel()
-	e := newTestEnv(t)
-	first := e.start(nil)
-	cs := &cmdSeq{t: t, runID: "run-1", attempt: 1}
-	prov := attachAndTurn(t, e, cs)
-	prov.finish(TurnResult{TurnID: "turn-1", Status: "completed", FinalMessage: "first"})
-	e.gw.waitEvent("run.terminal", 1)
-	prov.crash(failure.ProviderStdoutClosed)
-	cs2 := &cmdSeq{t: t, seq: cs.seq, runID: "run-2", attempt: 1}
-	require.Equal(t, runnerstate.StatusCompleted, e.gw.command(cs2.attach("c2-attach")).GetStatus())
-	res := e.gw.command(cs2.next("c2-turn", CmdTurnStart, map[string]any{"text": "again"}))
-	require.Equal(t, "turn-1", res.GetResult().GetFields()["turnId"].GetStringValue())
+	e, first, cs := run1EndsAndItsProviderCrashes(t)
+	startRun2(t, e, cs)
 	e.gw.waitEvent("turn.started", 2)
 	e.prov.mu.Lock()
 	e.prov.history = map[string]string{"turn-1": "completed"}
 	e.prov.mu.Unlock()
 
-	// runnerd is killed here, nothing acknowledged.
-	runnerDir := filepath.Join(e.stateDir, "runner")
-	crashed := filepath.Join(t.TempDir(), "runner")
-	copyDir(t, runnerDir, crashed)
-	e.gw.mu.Lock()
-	sent := len(e.gw.events)
-	e.gw.mu.Unlock()
-	first.stop(t)
-	e.gw.mu.Lock()
-	e.gw.events = e.gw.events[:sent]
-	e.gw.mu.Unlock()
-	require.NoError(t, os.RemoveAll(runnerDir))
-	copyDir(t, crashed, runnerDir)
+	killKeepingState(t, e, first) // nothing acknowledged
 
 	e.start(nil)
 	e.gw.waitConns(2)
@@ -328,24 +328,15 @@ func TestR8_ACutTurnStartOnAFreshThreadWhoseTurnReusesAnEarlierThreadsIDIsAdopte
 // by it: its turn may bear that id).
 func TestR8_AFreshThreadForgetsTheEarlierThreadsNewestTurn(t *testing.T) {
 	t.Parallel()
-	e := newTestEnv(t)
-	e.start(nil)
-	cs := &cmdSeq{t: t, runID: "run-1", attempt: 1}
-	prov := attachAndTurn(t, e, cs)
-	prov.finish(TurnResult{TurnID: "turn-1", Status: "completed", FinalMessage: "first"})
-	e.gw.waitEvent("run.terminal", 1)
+	e, _, cs := run1EndsAndItsProviderCrashes(t)
 	require.Equal(t, "turn-1", e.state().LastTurnID)
-	prov.crash(failure.ProviderStdoutClosed)
 	var atStart *runnerstate.State
 	e.prov.mu.Lock()
 	e.prov.freshThread = "thread-2"
 	e.prov.beforeStartTurn = func() { atStart = e.state() }
 	e.prov.mu.Unlock()
 
-	cs2 := &cmdSeq{t: t, seq: cs.seq, runID: "run-2", attempt: 1}
-	require.Equal(t, runnerstate.StatusCompleted, e.gw.command(cs2.attach("c2-attach")).GetStatus())
-	res := e.gw.command(cs2.next("c2-turn", CmdTurnStart, map[string]any{"text": "again"}))
-	require.Equal(t, runnerstate.StatusCompleted, res.GetStatus(), res.GetMessage())
+	startRun2(t, e, cs)
 	require.NotNil(t, atStart)
 	assert.Equal(t, "thread-2", atStart.ProviderThreadID)
 	assert.Empty(t, atStart.LastTurnID, "thread-2 had no turn when its first was started")
@@ -368,10 +359,7 @@ func TestR7_AnInterruptOfAnEarlierTurnOfTheSameIDDoesNotExcuseALaterTurnCutOff(t
 	e.gw.waitEvent("run.terminal", 1)
 	prov.crash(failure.ProviderStdoutClosed)
 
-	cs2 := &cmdSeq{t: t, seq: cs.seq, runID: "run-2", attempt: 1}
-	require.Equal(t, runnerstate.StatusCompleted, e.gw.command(cs2.attach("c2-attach")).GetStatus())
-	res = e.gw.command(cs2.next("c2-turn", CmdTurnStart, map[string]any{"text": "again"}))
-	require.Equal(t, "turn-1", res.GetResult().GetFields()["turnId"].GetStringValue())
+	startRun2(t, e, cs)
 	e.prov.mu.Lock()
 	e.prov.history = map[string]string{"turn-1": "interrupted"}
 	e.prov.mu.Unlock()
