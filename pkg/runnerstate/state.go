@@ -185,7 +185,9 @@ type State struct {
 	ProviderCursor uint64  `json:"providerCursor,omitempty"`
 	CurrentRun     *RunRef `json:"currentRun,omitempty"`
 	ActiveTurn     *Turn   `json:"activeTurn,omitempty"`
-	// LastTurnID is the newest provider turn a turn.start started.
+	// LastTurnID is the newest provider turn a turn.start started on the
+	// current thread; a fresh thread clears it (its turn ids may repeat an
+	// earlier thread's).
 	LastTurnID      string            `json:"lastTurnId,omitempty"`
 	HighestAttempts map[string]uint64 `json:"highestAttempts,omitempty"`
 	// AttemptRuns orders HighestAttempts' runs, oldest first: only the
