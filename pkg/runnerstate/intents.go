@@ -11,8 +11,9 @@ import (
 
 // IntentLogFile is the intent log's name inside the runner directory:
 // runnerd appends each command's intent to it (one fdatasync for the
-// commands received together) before any of their effects, until a saved
-// state document covers them. The durable scope rules read it too: a
+// commands received together) before any of their effects, and the
+// outcomes of the warm path's commands before they are answered (an
+// OutcomeBatch), until a saved state document covers them. The durable scope rules read it too: a
 // run.attach journaled there binds its run to the scope (SPEC P4).
 const IntentLogFile = "intents.log"
 
@@ -29,6 +30,60 @@ type Intent struct {
 	Attempt       uint64    `json:"attempt,omitempty"`
 	Fingerprint   string    `json:"fingerprint"`
 	ReceivedAt    time.Time `json:"receivedAt"`
+	// Outcomes makes the line an outcome record: the outcomes of a batch
+	// of commands that ran, journaled before they are answered (its intent
+	// fields repeat the batch's last command's intent, so a reader that
+	// looks for intents only sees that intent again).
+	Outcomes *OutcomeBatch `json:"outcomes,omitempty"`
+}
+
+// OutcomeBatch is the outcome of a batch of commands, journaled in the
+// intent log (one append, one fdatasync) before their answers are sent: the
+// commands' final records and the state they left that a restart cannot
+// read back from the outbox or the provider. The state document catches up
+// later; it covers the outcome records up to its lastOutcomeSeq, and a
+// restart applies the later ones over it (ApplyOutcomes).
+type OutcomeBatch struct {
+	Seq      uint64           `json:"seq"`
+	Commands []*CommandRecord `json:"commands"`
+	// The commands' effects on the state, as they left it.
+	CurrentRun   *RunRef         `json:"currentRun,omitempty"`
+	SessionInput json.RawMessage `json:"sessionInput,omitempty"`
+	ActiveTurn   *Turn           `json:"activeTurn,omitempty"`
+	LastTurnID   string          `json:"lastTurnId,omitempty"`
+}
+
+// ApplyOutcomes puts an outcome record the state does not cover (its seq is
+// after st.LastOutcomeSeq) into st: the commands' records and the state
+// they left. It reports whether it applied b.
+func (st *State) ApplyOutcomes(b *OutcomeBatch) bool {
+	if b == nil || b.Seq <= st.LastOutcomeSeq {
+		return false
+	}
+	st.LastOutcomeSeq = b.Seq
+	if st.ProcessedCommands == nil {
+		st.ProcessedCommands = CommandJournal{}
+	}
+	for _, rec := range b.Commands {
+		if rec == nil || rec.CommandID == "" {
+			continue
+		}
+		c := *rec
+		c.encoded = nil
+		st.ProcessedCommands[c.CommandID] = &c
+		st.LastControllerCommandSeq = max(st.LastControllerCommandSeq, c.ControllerSeq)
+	}
+	if b.CurrentRun != nil {
+		st.CurrentRun = b.CurrentRun
+	}
+	if len(b.SessionInput) > 0 {
+		st.SessionInput = b.SessionInput
+	}
+	st.ActiveTurn = b.ActiveTurn
+	if b.LastTurnID != "" {
+		st.LastTurnID = b.LastTurnID
+	}
+	return true
 }
 
 // The append-only logs (outbox.log, intents.log) hold one frame per line:

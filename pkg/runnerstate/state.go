@@ -176,10 +176,13 @@ type State struct {
 	NextSourceSeq            uint64   `json:"nextSourceSeq"`
 	AckedSourceSeq           uint64   `json:"ackedSourceSeq"`
 	LastControllerCommandSeq uint64   `json:"lastControllerCommandSeq"`
-	ReconnectCount           uint64   `json:"reconnectCount"`
-	RunnerProcess            *Process `json:"runnerProcess,omitempty"`
-	ProviderProcess          *Process `json:"providerProcess,omitempty"`
-	ProviderThreadID         string   `json:"providerThreadId,omitempty"`
+	// LastOutcomeSeq is the newest outcome record of the intent log the
+	// document covers (see OutcomeBatch).
+	LastOutcomeSeq   uint64   `json:"lastOutcomeSeq,omitempty"`
+	ReconnectCount   uint64   `json:"reconnectCount"`
+	RunnerProcess    *Process `json:"runnerProcess,omitempty"`
+	ProviderProcess  *Process `json:"providerProcess,omitempty"`
+	ProviderThreadID string   `json:"providerThreadId,omitempty"`
 	// ProviderCursor is the provider host seq through which every provider
 	// line's events are journaled (see the provhost package).
 	ProviderCursor uint64  `json:"providerCursor,omitempty"`

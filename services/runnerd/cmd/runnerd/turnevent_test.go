@@ -19,7 +19,8 @@ import (
 // it journaled the live turn.<status> event of turnID, before it took the
 // turn's result, left it: the outbox ends with that event (the turn's
 // run.terminal and what followed were never journaled) and the state is
-// the one saved while the turn ran (the turn active). It returns the
+// the one saved while the turn ran (the turn active, the outcome records
+// of the intent log applied). It returns the
 // event's source seq.
 func cutAfterTurnEvent(t *testing.T, stateDir, turnID string) uint64 {
 	t.Helper()
@@ -27,6 +28,11 @@ func cutAfterTurnEvent(t *testing.T, stateDir, turnID string) uint64 {
 	store := &durable.Store{Dir: dir}
 	st, err := store.Load()
 	require.NoError(t, err)
+	// The state as runnerd left it: the document, and the outcomes of its
+	// commands it journaled in the intent log before answering them.
+	ins, err := durable.ReadIntentLog(dir)
+	require.NoError(t, err)
+	durable.ReplayIntents(st, ins)
 	ob, _, err := durable.OpenOutbox(dir, 0)
 	require.NoError(t, err)
 	recs := ob.After(0)

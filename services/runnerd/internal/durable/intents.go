@@ -32,7 +32,11 @@ func IntentOf(r *runnerstate.CommandRecord) Intent {
 // directory. The state document stays the truth: an intent is in the log
 // only until a saved document holds its command (every new command holds
 // the next controller seq, so the document covers exactly the intents with
-// a seq up to its lastControllerCommandSeq; see ReplayIntents). Each line is
+// a seq up to its lastControllerCommandSeq; see ReplayIntents). The log
+// also holds outcome records (Intent.Outcomes: the outcomes of commands
+// that ran, journaled before they are answered), numbered: the document
+// covers those up to its lastOutcomeSeq. The log is emptied only once a
+// saved document covers every record in it. Each line is
 // "<crc32c hex> <intent JSON>\n"; a torn or corrupt tail is dropped on open.
 type IntentLog struct {
 	dir  string
@@ -152,9 +156,20 @@ func (l *IntentLog) Close() error { return l.f.Close() }
 // in seq order, as pending records (a recovering runner makes them
 // indeterminate: never re-executed), with the seq cursor and the highest
 // attempts they moved. It returns how many it restored.
+//
+// An outcome record (Intent.Outcomes) the state does not cover is applied
+// over it: its commands are completed with their journaled outcomes (a
+// resent one gets its stored answer, never runs again) and the state they
+// left is restored.
 func ReplayIntents(st *runnerstate.State, ins []Intent) int {
 	n := 0
 	for _, in := range ins {
+		if in.Outcomes != nil {
+			if st.ApplyOutcomes(in.Outcomes) {
+				n += len(in.Outcomes.Commands)
+			}
+			continue
+		}
 		if in.ControllerSeq <= st.LastControllerCommandSeq {
 			continue // covered by the document
 		}

@@ -145,10 +145,15 @@ type commandSlot struct {
 // append to the intent log and one fdatasync; without a log, one save of
 // the state); those commands then run one after the other. Commands that
 // arrived meanwhile (drained from the connection) are journaled the same
-// way before they run. When nothing is left to run, one save of the state
-// holds every outcome (and everything else the commands changed); it is
-// written while the loop goes on — the turn's events are not held up — and
-// the answers go out once it is durable.
+// way before they run. When nothing is left to run, the outcomes are made
+// durable together: for the warm path's commands (outcomeRecordable) one
+// outcome record in the intent log (one fdatasync) holds them and the
+// state they left, the answers go out at once, and the state document
+// catches up later (the turn's end saves it; Runner.checkTimers bounds the
+// wait); otherwise one save of the state holds every outcome (and
+// everything else the commands changed), written while the loop goes on —
+// the turn's events are not held up — and the answers go out once it is
+// durable.
 func (r *Runner) onCommands(connID int, cmds []*prpv1.Command) {
 	defer r.pongIfDue()
 	defer synctrace.Step("runnerd.commands", cmds[0].GetRunId())()
@@ -158,6 +163,10 @@ func (r *Runner) onCommands(connID int, cmds []*prpv1.Command) {
 		answerd int              // slots answered so far
 		changed bool             // the state changed (beyond fresh intents) since the last save
 		fresh   []durable.Intent // intents not yet durable
+		// byOutcome: every change is a command's run whose outcome an
+		// outcome record can carry (see outcomeRecordable).
+		byOutcome = r.j.intents != nil
+		attached  bool // a run.attach ran (its input goes on the record)
 	)
 	admit := func(cs []*prpv1.Command) {
 		for _, c := range cs {
@@ -165,8 +174,13 @@ func (r *Runner) onCommands(connID int, cmds []*prpv1.Command) {
 			slots = append(slots, s)
 			if s.run {
 				fresh = append(fresh, durable.IntentOf(s.rec))
+				if !outcomeRecordable(c.GetType()) {
+					byOutcome = false
+				}
+				attached = attached || c.GetType() == CmdRunAttach
 			} else if ch {
 				changed = true
+				byOutcome = false
 			}
 		}
 	}
@@ -187,6 +201,30 @@ func (r *Runner) onCommands(connID int, cmds []*prpv1.Command) {
 		if next == len(slots) {
 			// Nothing left to run: persist and answer.
 			if !changed && len(fresh) == 0 {
+				for ; answerd < len(slots); answerd++ {
+					r.sendResult(slots[answerd].rec)
+				}
+				return
+			}
+			if byOutcome && len(fresh) == 0 {
+				// The outcomes go to the intent log (one fdatasync) and
+				// are answered from there; the state document catches up
+				// later (its snapshot is off the turn's path).
+				var ran []*runnerstate.CommandRecord
+				for _, sl := range slots {
+					if sl.run {
+						ran = append(ran, sl.rec)
+					}
+				}
+				if r.j.journalOutcomes(ran, attached) != nil {
+					return // nothing whose outcome is not durable is answered
+				}
+				if r.requestsDirty {
+					// A request the turn opened: the state follows soon
+					// (as the provider's events have it, emit.go).
+					r.requestsDirty = false
+					r.saveSoon()
+				}
 				for ; answerd < len(slots); answerd++ {
 					r.sendResult(slots[answerd].rec)
 				}
@@ -246,6 +284,14 @@ func (r *Runner) onCommands(connID int, cmds []*prpv1.Command) {
 		}
 	}
 }
+
+// outcomeRecordable reports whether a command of type typ changes nothing
+// in the state but its own record and what an outcome record carries (the
+// attached run, its input, the active and last turn) and what is saved on
+// its own when it changes (the provider process and thread): its outcome
+// may be journaled in the intent log and answered before the state
+// document holds it. These are the commands of a warm turn's path.
+func outcomeRecordable(typ string) bool { return typ == CmdRunAttach || typ == CmdTurnStart }
 
 // pongIfDue tells the gateway of a provider started by the commands just
 // handled, after their events were flushed (an unsolicited pong sent in the

@@ -479,7 +479,21 @@ func (e *testEnv) start(mod func(*Config)) *runnerProc {
 	return p
 }
 
+// state is the runner state a relaunched runnerd would find: the state
+// document with the intent log's intents and outcome records it does not
+// cover applied over it. The log is read first: a live runnerd empties it
+// only once a saved document covers it.
 func (e *testEnv) state() *runnerstate.State {
+	e.t.Helper()
+	ins, err := durable.ReadIntentLog(filepath.Join(e.stateDir, "runner"))
+	require.NoError(e.t, err)
+	st := e.document()
+	durable.ReplayIntents(st, ins)
+	return st
+}
+
+// document is the state document as saved.
+func (e *testEnv) document() *runnerstate.State {
 	e.t.Helper()
 	st, err := (&durable.Store{Dir: filepath.Join(e.stateDir, "runner")}).Load()
 	require.NoError(e.t, err)

@@ -11,9 +11,10 @@ import (
 
 // journal is runnerd's durable memory of one state dir: the outbox of
 // events (appended and fsynced before anything is sent), the intent log of
-// commands about to run, the state document (snapshots written by the
-// saver, saver.go), the command answers waiting for a durable snapshot,
-// and the events held back for the next batch. Which events to emit and
+// commands about to run and of the outcomes of those that ran, the state
+// document (snapshots written by the saver, saver.go), the command answers
+// waiting for a durable snapshot, and the events held back for the next
+// batch. Which events to emit and
 // what a failure means are the Runner's; the journal reaches back only
 // through journalHost. The loop goroutine owns it.
 type journal struct {
@@ -32,11 +33,15 @@ type journal struct {
 	saveGen, savedGen uint64
 	saveErr           error
 	answers           []pendingAnswer
-	// intentsTo is the newest controller seq in the intent log; snapCovers
-	// maps a snapshot to the controller seq its state covers, so the log is
-	// emptied once a durable one covers it all.
-	intentsTo  uint64
-	snapCovers map[uint64]uint64
+	// intentsTo is the newest controller seq in the intent log and
+	// outcomesTo its newest outcome record; snapCovers maps a snapshot to
+	// what its state covers, so the log is emptied once a durable one
+	// covers it all.
+	intentsTo, outcomesTo uint64
+	snapCovers            map[uint64]logCover
+	// outcomesOwed is when the state first held outcomes only the intent
+	// log has (zero: none): a snapshot follows lazily (Runner.checkTimers).
+	outcomesOwed time.Time
 	// ackDirty: the acknowledged cursor moved since the last snapshot. It
 	// is persisted lazily (see Runner.applyAck).
 	ackDirty bool

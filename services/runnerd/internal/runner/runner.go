@@ -307,8 +307,8 @@ func Run(ctx context.Context, cfg Config) (int, error) {
 		r.reconcileCutTurnStart(rec)
 	}
 	code = r.loop(ctx)
-	if r.j.ackDirty || r.j.saveOnAck != 0 {
-		_ = r.j.save() // the acknowledged cursor (and what waited for it), for the next process
+	if r.j.ackDirty || r.j.saveOnAck != 0 || !r.j.outcomesOwed.IsZero() {
+		_ = r.j.save() // the acknowledged cursor (and what waited for it, and outcomes only the intent log has), for the next process
 	}
 	_ = r.j.settleSaves() // answers waiting for a snapshot go out before the goodbye
 	r.link.stopListening()
@@ -515,6 +515,10 @@ func (r *Runner) saveWhenAcked(seq uint64) {
 // saveOnAckWait bounds how long a snapshot waits for its acknowledgement.
 const saveOnAckWait = time.Second
 
+// outcomeSnapshotWait bounds how long outcomes stay in the intent log only
+// while a turn runs.
+const outcomeSnapshotWait = 10 * time.Second
+
 func (r *Runner) saveSoon() {
 	if _, err := r.j.saveAsync(); err != nil && r.j.saveErr == nil {
 		r.log.Error("cannot persist runner state", "err", err)
@@ -598,6 +602,16 @@ func (r *Runner) checkTimers(now time.Time) (int, bool) {
 	}
 	if r.j.saveOnAck != 0 && now.Sub(r.j.owedSince) >= saveOnAckWait {
 		r.saveSoon()
+	}
+	if since := r.j.outcomesOwed; !since.IsZero() && r.exit == nil {
+		// Outcomes only the intent log holds: the turn's end saves them
+		// (saveWhenAcked); without a turn, or a long one, or a log grown
+		// large, a snapshot of its own.
+		age := now.Sub(since)
+		if (r.st.ActiveTurn == nil && age >= saveOnAckWait) || age >= outcomeSnapshotWait ||
+			r.j.intents.Size() >= intentLogResetBytes {
+			r.saveSoon()
+		}
 	}
 	if r.exit == nil && r.st.ActiveTurn == nil && now.Sub(r.lastActivity) >= r.cfg.IdleTimeout {
 		r.onIdle()

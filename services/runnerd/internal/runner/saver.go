@@ -3,6 +3,7 @@ package runner
 import (
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/tether-run/tether/pkg/runnerstate"
 	"github.com/tether-run/tether/services/runnerd/internal/durable"
@@ -16,7 +17,8 @@ import (
 // order and, when several wait, only the newest (it contains the others).
 // What needs a snapshot durable waits for its number: an effect waits for
 // its intent (save), an answer is sent once its outcome is durable
-// (answerWhenSaved).
+// (answerWhenSaved) — unless the outcome went to the intent log
+// (journalOutcomes), which a later snapshot covers.
 
 type saveResult struct {
 	gen uint64
@@ -103,11 +105,12 @@ func (j *journal) saveAsync() (uint64, error) {
 	j.saveGen++
 	j.ackDirty = false // the snapshot holds the cursor
 	j.saveOnAck = 0    // and what waited for an acknowledgement
+	j.outcomesOwed = time.Time{}
 	if j.intents != nil {
 		if j.snapCovers == nil {
-			j.snapCovers = map[uint64]uint64{}
+			j.snapCovers = map[uint64]logCover{}
 		}
-		j.snapCovers[j.saveGen] = j.st.LastControllerCommandSeq
+		j.snapCovers[j.saveGen] = logCover{intents: j.st.LastControllerCommandSeq, outcomes: j.st.LastOutcomeSeq}
 	}
 	if j.saver == nil {
 		j.onSaved(saveResult{gen: j.saveGen, err: j.store.Write(b)})
@@ -149,7 +152,7 @@ func (j *journal) onSaved(res saveResult) {
 				delete(j.snapCovers, g)
 			}
 		}
-		if covers >= j.intentsTo && j.intents.Size() >= intentLogResetBytes {
+		if covers.intents >= j.intentsTo && covers.outcomes >= j.outcomesTo && j.intents.Size() >= intentLogResetBytes {
 			if err := j.intents.Reset(); err != nil {
 				j.log.Warn("cannot empty the intent log", "err", err)
 			}
@@ -161,6 +164,41 @@ func (j *journal) onSaved(res saveResult) {
 // intentLogResetBytes: the intent log is emptied (once a durable state
 // covers it) from this size on.
 const intentLogResetBytes = 64 << 10
+
+// logCover is what a snapshot's state covers of the intent log: the
+// intents up to a controller seq, the outcome records up to a seq.
+type logCover struct{ intents, outcomes uint64 }
+
+// journalOutcomes makes the outcomes of the commands that just ran (recs,
+// final) durable before they are answered: one outcome record appended to
+// the intent log (one fdatasync) with the state the commands left (see
+// runnerstate.OutcomeBatch). The state document follows lazily: a later
+// snapshot covers the record (lastOutcomeSeq), and until then a restart
+// applies it over the document.
+func (j *journal) journalOutcomes(recs []*runnerstate.CommandRecord, withInput bool) error {
+	st := j.st
+	b := &runnerstate.OutcomeBatch{Seq: st.LastOutcomeSeq + 1, Commands: recs, CurrentRun: st.CurrentRun,
+		ActiveTurn: st.ActiveTurn, LastTurnID: st.LastTurnID}
+	if withInput {
+		b.SessionInput = st.SessionInput
+	}
+	in := durable.IntentOf(recs[len(recs)-1])
+	in.Outcomes = b
+	if err := j.intents.Append(in); err != nil {
+		err = fmt.Errorf("runner_state_write_failed: intent log: %w", err)
+		j.saveErr = err
+		j.answers = nil
+		j.log.Error("cannot journal command outcomes", "err", err)
+		j.host.journalFailed()
+		return err
+	}
+	st.LastOutcomeSeq = b.Seq
+	j.outcomesTo = b.Seq
+	if j.outcomesOwed.IsZero() {
+		j.outcomesOwed = time.Now()
+	}
+	return nil
+}
 
 // journalIntents makes the intents of commands about to run durable before
 // their effects: appended to the intent log (one fdatasync), or without a
