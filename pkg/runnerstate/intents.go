@@ -86,6 +86,27 @@ func (st *State) ApplyOutcomes(b *OutcomeBatch) bool {
 	return true
 }
 
+// ApplyIntentLog reads an intent log (raw, as ParseIntents) over st as a
+// restarted runnerd does: the outcome records st does not cover are applied
+// (ApplyOutcomes), and the intents of commands still without an outcome —
+// journaled after everything st then covers — are returned: their
+// commands were in flight. A reader of a dead runner's state that is not
+// runnerd (the gateway's durable scope rules) sees what runnerd will.
+func (st *State) ApplyIntentLog(raw []byte) (pending []Intent) {
+	ins := ParseIntents(raw)
+	for _, in := range ins {
+		if in.Outcomes != nil {
+			st.ApplyOutcomes(in.Outcomes)
+		}
+	}
+	for _, in := range ins {
+		if in.Outcomes == nil && in.ControllerSeq > st.LastControllerCommandSeq {
+			pending = append(pending, in)
+		}
+	}
+	return pending
+}
+
 // The append-only logs (outbox.log, intents.log) hold one frame per line:
 // "<crc32c hex of the JSON> <JSON>\n". A torn or corrupt tail (a crash
 // during an append) ends what is read.

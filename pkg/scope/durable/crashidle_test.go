@@ -1,6 +1,7 @@
 package durable
 
 import (
+	"bytes"
 	"context"
 	"os"
 	"path/filepath"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/tether-run/tether/pkg/failure"
 	"github.com/tether-run/tether/pkg/procid"
+	"github.com/tether-run/tether/pkg/runnerstate"
 )
 
 // SPEC R8: a runner that crashed idle between turns (lifecycle ready or
@@ -42,7 +44,10 @@ func TestR8_ACrashedIdleRunnerOfTheScopesPreviousRunIsResumedAndAnythingUnproven
 		edit      func(doc map[string]any)
 		boundRun  string     // the control plane's run (default: the prior run)
 		records   []PriorRun // default: records()
-		resumed   bool
+		// log is the runner's intent log: what runnerd journaled after
+		// the document it saved (commands in flight, outcome records).
+		log     []runnerstate.Intent
+		resumed bool
 	}{
 		{name: "ready between turns", lifecycle: "ready", resumed: true},
 		{name: "connecting between turns", lifecycle: "connecting", resumed: true},
@@ -71,6 +76,25 @@ func TestR8_ACrashedIdleRunnerOfTheScopesPreviousRunIsResumedAndAnythingUnproven
 		{name: "a command of the terminal previous run in flight", lifecycle: "ready", resumed: true, edit: func(d map[string]any) {
 			d["processedCommands"] = map[string]any{"c-1": map[string]any{"commandId": "c-1", "status": "pending", "runId": prior.RunID}}
 		}},
+		// The warm path answers run.attach and turn.start from an outcome
+		// record in the intent log; the document catches up later. A
+		// runner that died with another run's turn there is not idle,
+		// though its document shows no turn.
+		{name: "a turn of another run in the intent log's outcome record", lifecycle: "ready", log: []runnerstate.Intent{{
+			CommandID: "c-2", ControllerSeq: 2, CommandType: "turn.start", RunID: older.RunID,
+			Outcomes: &runnerstate.OutcomeBatch{Seq: 1,
+				Commands:   []*runnerstate.CommandRecord{{CommandID: "c-2", ControllerSeq: 2, CommandType: "turn.start", RunID: older.RunID, Status: runnerstate.StatusCompleted}},
+				ActiveTurn: &runnerstate.Turn{TurnID: "t-2", RunID: older.RunID}},
+		}}},
+		{name: "a turn of the terminal previous run in the intent log's outcome record", lifecycle: "ready", resumed: true, log: []runnerstate.Intent{{
+			CommandID: "c-2", ControllerSeq: 2, CommandType: "turn.start", RunID: prior.RunID,
+			Outcomes: &runnerstate.OutcomeBatch{Seq: 1,
+				Commands:   []*runnerstate.CommandRecord{{CommandID: "c-2", ControllerSeq: 2, CommandType: "turn.start", RunID: prior.RunID, Status: runnerstate.StatusCompleted}},
+				ActiveTurn: &runnerstate.Turn{TurnID: "t-2", RunID: prior.RunID}},
+		}}},
+		{name: "a command of another run journaled in the intent log, no outcome", lifecycle: "ready", log: []runnerstate.Intent{{
+			CommandID: "c-3", ControllerSeq: 3, CommandType: "turn.start", RunID: older.RunID,
+		}}},
 		{name: "the runner process still alive", lifecycle: "ready", edit: func(d map[string]any) {
 			d["runnerProcess"] = liveRunner
 		}},
@@ -95,6 +119,13 @@ func TestR8_ACrashedIdleRunnerOfTheScopesPreviousRunIsResumedAndAnythingUnproven
 			}
 			writeJSON(t, filepath.Join(root, ControlPlaneDir, ControlPlaneFile), controlPlane(id))
 			writeJSON(t, filepath.Join(root, RunnerDir, RunnerStateFile), doc)
+			if tc.log != nil {
+				var buf bytes.Buffer
+				for _, in := range tc.log {
+					require.NoError(t, runnerstate.AppendFrame(&buf, in))
+				}
+				require.NoError(t, os.WriteFile(filepath.Join(root, RunnerDir, runnerstate.IntentLogFile), buf.Bytes(), 0o600))
+			}
 			recs := tc.records
 			if recs == nil {
 				recs = records()

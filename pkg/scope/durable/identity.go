@@ -246,7 +246,8 @@ func ReadRunnerLifecycle(root string, id Identity) (RunnerLifecycle, string, err
 // the database: its turn ended, and runnerd died before it saved the state
 // that says so (it settles such a turn or command from its journal and the
 // provider's thread when it restarts) — and the recorded runnerd process
-// is gone. Anything unreadable is not idle.
+// is gone. The document is read with its intent log applied, as runnerd
+// reads it. Anything unreadable is not idle.
 func CrashedIdle(root, runID string) bool {
 	raw, err := readBounded(filepath.Join(root, RunnerDir, RunnerStateFile))
 	if err != nil {
@@ -257,6 +258,18 @@ func CrashedIdle(root, runID string) bool {
 		return false
 	}
 	if doc.Lifecycle != runnerstate.LifecycleReady && doc.Lifecycle != runnerstate.LifecycleConnecting {
+		return false
+	}
+	// The intent log holds what the document does not yet: commands in
+	// flight, and the outcomes of the warm path's commands (the turn they
+	// started) until a saved document covers them.
+	if log, err := readBounded(filepath.Join(root, RunnerDir, runnerstate.IntentLogFile)); err == nil {
+		for _, in := range doc.ApplyIntentLog(log) {
+			if in.RunID == "" || in.RunID != runID {
+				return false
+			}
+		}
+	} else if !errors.Is(err, fs.ErrNotExist) {
 		return false
 	}
 	if t := doc.ActiveTurn; t != nil && (t.RunID == "" || t.RunID != runID) {

@@ -16,6 +16,7 @@ import (
 	gatewayv1 "github.com/tether-run/tether/pkg/gen/tether/gateway/v1"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/procid"
+	"github.com/tether-run/tether/pkg/runnerstate"
 	"github.com/tether-run/tether/pkg/scope"
 	"github.com/tether-run/tether/pkg/scope/durable"
 	"github.com/tether-run/tether/services/executor/internal/stack"
@@ -298,28 +299,35 @@ func TestR8_RunnerdKilledAfterJournalingTheTurnsEndBeforeSavingItTheNextRunConti
 	first := "r8-end-1"
 	h.submit(first, "r8-end", slowTurn)
 	root := filepath.Join(h.st.RunnerStateRoot(), scope.OfRun(first, h.submitInput("r8-end", slowTurn)))
+	// What runnerd saved while the turn ran: its state document and its
+	// intent log, which holds the outcome of the turn.start (the active
+	// turn) until a saved document covers it.
 	statePath := filepath.Join(root, "runner", "runner-state.json")
-	var during []byte
+	logPath := filepath.Join(root, "runner", runnerstate.IntentLogFile)
+	var during, duringLog []byte
 	require.Eventually(t, func() bool {
+		l, _ := os.ReadFile(logPath) // read first: the log is emptied once a saved document covers it
 		b, err := os.ReadFile(statePath)
-		var st struct {
-			ActiveTurn *struct {
-				RunID string `json:"runId"`
-			} `json:"activeTurn"`
+		var st runnerstate.State
+		if err != nil || json.Unmarshal(b, &st) != nil {
+			return false
 		}
-		if err != nil || json.Unmarshal(b, &st) != nil || st.ActiveTurn == nil {
+		st.ApplyIntentLog(l)
+		if st.ActiveTurn == nil {
 			return false
 		}
 		require.Equal(t, first, st.ActiveTurn.RunID)
-		during = b
+		during, duringLog = b, l
 		return true
 	}, time.Minute, 5*time.Millisecond, "the state saved while the turn runs")
 	requireOneSucceededTerminal(t, h, first, watchRun(t, h, first))
 	before := h.get(first)
 	killRunnerd(t, h, first)
-	tmp := statePath + ".restore"
-	require.NoError(t, os.WriteFile(tmp, during, 0o600))
-	require.NoError(t, os.Rename(tmp, statePath))
+	for path, b := range map[string][]byte{statePath: during, logPath: duringLog} {
+		tmp := path + ".restore"
+		require.NoError(t, os.WriteFile(tmp, b, 0o600))
+		require.NoError(t, os.Rename(tmp, path))
+	}
 
 	h.submit("r8-end-2", "r8-end", "second question")
 	evs := watchRun(t, h, "r8-end-2")
