@@ -84,6 +84,7 @@ func run1EndsAndItsProviderCrashes(t *testing.T) (*testEnv, *runnerProc, *cmdSeq
 	prov.finish(TurnResult{TurnID: "turn-1", Status: "completed", FinalMessage: "first"})
 	e.gw.waitEvent("run.terminal", 1)
 	prov.crash(failure.ProviderStdoutClosed)
+	e.gw.waitEvent("harness.exited", 1) // noticed: the next turn starts a new provider
 	return e, p, cs
 }
 
@@ -358,6 +359,7 @@ func TestR7_AnInterruptOfAnEarlierTurnOfTheSameIDDoesNotExcuseALaterTurnCutOff(t
 	prov.finish(TurnResult{TurnID: "turn-1", Status: "interrupted"})
 	e.gw.waitEvent("run.terminal", 1)
 	prov.crash(failure.ProviderStdoutClosed)
+	e.gw.waitEvent("harness.exited", 1) // noticed: the next turn starts a new provider
 
 	startRun2(t, e, cs)
 	e.prov.mu.Lock()
