@@ -235,8 +235,13 @@ func (rl *relay) turn(ctx context.Context, runID string, target *gatewayv1.Runne
 				seen[ev.GetSourceSeq()] = true
 				events = append(events, ev)
 			}
-			require.NoError(t, s.Send(&gatewayv1.AttachRequest{Kind: &gatewayv1.AttachRequest_Ack{Ack: &gatewayv1.Ack{
-				SourceInstanceId: evs[0].GetSourceInstanceId(), PersistedThroughSeq: contiguous(events)}}}))
+			if err := s.Send(&gatewayv1.AttachRequest{Kind: &gatewayv1.AttachRequest_Ack{Ack: &gatewayv1.Ack{
+				SourceInstanceId: evs[0].GetSourceInstanceId(), PersistedThroughSeq: contiguous(events)}}}); err != nil {
+				// The stream ended (a dropped runner connection ends the
+				// attach): the send may see it before the next receive.
+				t.Logf("attach ended on sending an ack (%v); re-attaching", err)
+				break
+			}
 			if during != nil {
 				during(evs)
 			}
