@@ -145,16 +145,7 @@ func (r *Runner) emitAll(evs []pendingEvent) {
 		held += size
 		r.st.PeakOutboxBytes = max(r.st.PeakOutboxBytes, held)
 		recs = append(recs, rec)
-		if rec.EventType == "turn.started" {
-			// A new turn: the journaled-once rule is for the previous
-			// turn's reconciliation, and a restarted provider may give
-			// this one the same id (SPEC R7, X1).
-			r.st.LastTurnEvent = nil
-		}
-		if e.turnID != "" && isTurnEvent(rec.EventType) {
-			r.st.LastTurnEvent = &runnerstate.TurnEvent{TurnID: e.turnID, EventType: rec.EventType, SourceSeq: rec.SourceSeq,
-				Usage: turnUsageOf(e.payload)}
-		}
+		r.noteTurnEvent(rec.EventType, e.turnID, rec.SourceSeq, e.payload)
 		label := e.runID
 		if label == "" && r.st.CurrentRun != nil {
 			label = r.st.CurrentRun.RunID

@@ -342,30 +342,37 @@ func (r *Runner) turnEventJournaled(turnID string) bool {
 // runnerd process may have journaled it after the last snapshot, and died
 // before the turn's run.terminal; the turn's reconciliation must then not
 // journal a second one (SPEC R7, X1). An event no longer in the outbox was
-// acknowledged, so a snapshot written after it was journaled holds it. A
-// turn.started journaled after it ends it as emitAll does: the fact is the
-// turn event of the newest turn only.
+// acknowledged, so a snapshot written after it was journaled holds it. The
+// rule is emitAll's (noteTurnEvent): the fact is the newest turn's.
 func (r *Runner) recallTurnEvent() {
 	for _, rec := range r.j.outbox.After(0) {
 		if te := r.st.LastTurnEvent; te != nil && te.SourceSeq >= rec.SourceSeq {
 			continue
 		}
-		if rec.EventType == "turn.started" {
-			r.st.LastTurnEvent = nil // a later turn, perhaps of the same id
-			continue
-		}
-		if !isTurnEvent(rec.EventType) {
+		if rec.EventType != "turn.started" && !isTurnEvent(rec.EventType) {
 			continue
 		}
 		var env struct {
 			TurnID  string         `json:"turnId"`
 			Payload map[string]any `json:"payload"`
 		}
-		if json.Unmarshal(rec.Envelope, &env) != nil || env.TurnID == "" {
-			continue
+		if json.Unmarshal(rec.Envelope, &env) == nil {
+			r.noteTurnEvent(rec.EventType, env.TurnID, rec.SourceSeq, env.Payload)
 		}
-		r.st.LastTurnEvent = &runnerstate.TurnEvent{TurnID: env.TurnID, EventType: rec.EventType, SourceSeq: rec.SourceSeq,
-			Usage: turnUsageOf(env.Payload)}
+	}
+}
+
+// noteTurnEvent keeps LastTurnEvent as the journal has it once an event of
+// type typ (turn turnID, source seq, payload) is journaled: a turn.started
+// clears it — a new turn, which a restarted provider may give the same id
+// — and a turn.<status> names its turn. emitAll applies it as events are
+// journaled, recallTurnEvent to what a previous process journaled.
+func (r *Runner) noteTurnEvent(typ, turnID string, seq uint64, payload map[string]any) {
+	switch {
+	case typ == "turn.started":
+		r.st.LastTurnEvent = nil
+	case turnID != "" && isTurnEvent(typ):
+		r.st.LastTurnEvent = &runnerstate.TurnEvent{TurnID: turnID, EventType: typ, SourceSeq: seq, Usage: turnUsageOf(payload)}
 	}
 }
 

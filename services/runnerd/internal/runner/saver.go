@@ -184,18 +184,27 @@ func (j *journal) journalOutcomes(recs []*runnerstate.CommandRecord, withInput b
 	}
 	in := durable.IntentOf(recs[len(recs)-1])
 	in.Outcomes = b
-	if err := j.intents.Append(in); err != nil {
-		err = fmt.Errorf("runner_state_write_failed: intent log: %w", err)
-		j.saveErr = err
-		j.answers = nil
-		j.log.Error("cannot journal command outcomes", "err", err)
-		j.host.journalFailed()
+	if err := j.appendLog("command outcomes", in); err != nil {
 		return err
 	}
 	st.LastOutcomeSeq = b.Seq
 	j.outcomesTo = b.Seq
 	if j.outcomesOwed.IsZero() {
 		j.outcomesOwed = time.Now()
+	}
+	return nil
+}
+
+// appendLog appends ins to the intent log (one fdatasync). A failed append
+// fails the journal as a failed snapshot does: nothing waiting is answered.
+func (j *journal) appendLog(what string, ins ...durable.Intent) error {
+	if err := j.intents.Append(ins...); err != nil {
+		err = fmt.Errorf("runner_state_write_failed: intent log: %w", err)
+		j.saveErr = err
+		j.answers = nil
+		j.log.Error("cannot journal "+what, "err", err)
+		j.host.journalFailed()
+		return err
 	}
 	return nil
 }
@@ -207,12 +216,7 @@ func (j *journal) journalIntents(ins []durable.Intent) error {
 	if j.intents == nil {
 		return j.save()
 	}
-	if err := j.intents.Append(ins...); err != nil {
-		err = fmt.Errorf("runner_state_write_failed: intent log: %w", err)
-		j.saveErr = err
-		j.answers = nil
-		j.log.Error("cannot journal command intents", "err", err)
-		j.host.journalFailed()
+	if err := j.appendLog("command intents", ins...); err != nil {
 		return err
 	}
 	for _, in := range ins {
