@@ -39,8 +39,8 @@ import (
 
 // Profile names.
 const (
-	Codex      = "codex"
-	OpenCode   = "opencode"
+	Codex      = provenv.KindCodex
+	OpenCode   = provenv.KindOpenCode
 	ACPXCodex  = "acpx-codex"
 	ACPXClaude = "acpx-claude"
 )

@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"github.com/tether-run/tether/pkg/prp"
 	"hash/crc32"
 	"time"
 )
@@ -18,7 +19,7 @@ import (
 const IntentLogFile = "intents.log"
 
 // CmdRunAttach is the command that attaches a run to the scope's runner.
-const CmdRunAttach = "run.attach"
+const CmdRunAttach = prp.CommandRunAttach
 
 // Intent is a command journaled as received, before any of its effects: the
 // fields of its journal record while its outcome is pending.

@@ -19,9 +19,9 @@ import (
 // Directory names of the profiles.
 const (
 	DirRunner    = "runner"
-	DirCodexHome = "codex-home"
-	DirOpenCode  = "opencode"
-	DirACPX      = "acpx"
+	DirCodexHome = durable.CodexHomeDir
+	DirOpenCode  = durable.OpenCodeHomeDir
+	DirACPX      = durable.ACPXHomeDir
 )
 
 // AllDirectories are every directory name a manifest may hold.

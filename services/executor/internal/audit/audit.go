@@ -13,14 +13,15 @@ import (
 	"slices"
 	"sort"
 
+	"github.com/tether-run/tether/pkg/prp"
 	"github.com/tether-run/tether/services/executor/internal/session"
 )
 
 // Event types and audit actions the checks read.
 const (
-	EventTerminal        = "run.terminal"
-	EventCommandExecuted = "command.executed" // runnerd: a command's effect was executed
-	CommandTurnStart     = "turn.start"
+	EventTerminal        = prp.EventRunTerminal
+	EventCommandExecuted = prp.EventCommandExecuted // runnerd: a command's effect was executed
+	CommandTurnStart     = prp.CommandTurnStart
 	// EventContinuityBreak: a run applied an operator's ReplaceSession (a
 	// fresh provider session). Listed as a legitimate break, never a
 	// violation (SPEC F3).
@@ -73,7 +74,7 @@ var Classes = []string{ClassTerminal, ClassSeqGap, ClassAfterTerminal, ClassWrit
 var TurnEndTypes = []string{"turn.completed", "turn.failed", "turn.interrupted", "turn.cancelled"}
 
 // EventTurnStarted begins a provider turn; the audit reads its turn id too.
-const EventTurnStarted = "turn.started"
+const EventTurnStarted = prp.EventTurnStarted
 
 // TurnEventTypes are the event types whose turn id the audit reads: a
 // turn's start and its ends.

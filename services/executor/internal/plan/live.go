@@ -9,6 +9,7 @@ import (
 
 	"github.com/tether-run/tether/pkg/failure"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
+	"github.com/tether-run/tether/pkg/prp"
 )
 
 // Runner events this file reads. A runner reports a provider plan update as
@@ -20,9 +21,9 @@ import (
 // and the turn's semantic artifacts on its EventTerminal as
 // artifacts: [{kind, ref}].
 const (
-	EventPlanUpdated = "run.plan_updated"
-	EventTerminal    = "run.terminal"
-	eventDiagnostic  = "harness.diagnostic"
+	EventPlanUpdated = prp.EventRunPlanUpdated
+	EventTerminal    = prp.EventRunTerminal
+	eventDiagnostic  = prp.EventHarnessDiagnostic
 )
 
 // StoredEvents returns events as the executor stores them, with the E3 rules

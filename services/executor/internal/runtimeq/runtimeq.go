@@ -24,6 +24,7 @@ import (
 
 	"github.com/tether-run/tether/pkg/askuser"
 	"github.com/tether-run/tether/pkg/failure"
+	"github.com/tether-run/tether/pkg/prp"
 )
 
 // Event types.
@@ -32,7 +33,7 @@ const (
 	EventResolved          = "runtime_request.resolved"
 	EventExpired           = "runtime_request.expired"
 	EventCancelled         = "runtime_request.cancelled"
-	EventHarnessDiagnostic = "harness.diagnostic"
+	EventHarnessDiagnostic = prp.EventHarnessDiagnostic
 )
 
 // Interaction values.

@@ -22,6 +22,7 @@ import (
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/procid"
 	"github.com/tether-run/tether/pkg/synctrace"
+	"github.com/tether-run/tether/services/executor/internal/audit"
 	"github.com/tether-run/tether/services/executor/internal/recovery"
 )
 
@@ -48,8 +49,8 @@ func newID(prefix string) string {
 
 // Claim refusal codes (E7).
 const (
-	actionCancellationIntentRecorded = "native.cancellation_intent_recorded"
-	actionCancellationAcknowledged   = "native.cancellation_acknowledged"
+	actionCancellationIntentRecorded = audit.ActionCancellationIntent
+	actionCancellationAcknowledged   = audit.ActionCancellationAck
 )
 
 // Lease TTL bounds.

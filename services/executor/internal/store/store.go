@@ -27,6 +27,7 @@ import (
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/pgstore"
 	"github.com/tether-run/tether/pkg/procid"
+	"github.com/tether-run/tether/pkg/prp"
 	"github.com/tether-run/tether/pkg/scope"
 	"github.com/tether-run/tether/pkg/synctrace"
 	"github.com/tether-run/tether/services/executor/internal/recovery"
@@ -82,7 +83,7 @@ const (
 )
 
 // EventTerminal is the event type that ends a run's event stream.
-const EventTerminal = "run.terminal"
+const EventTerminal = prp.EventRunTerminal
 
 var marshalDet = proto.MarshalOptions{Deterministic: true}
 

@@ -36,6 +36,7 @@ import (
 
 	"github.com/tether-run/tether/pkg/failure"
 	"github.com/tether-run/tether/pkg/procid"
+	"github.com/tether-run/tether/pkg/prp"
 	"github.com/tether-run/tether/services/runnerd/internal/provider"
 )
 
@@ -48,7 +49,7 @@ type (
 )
 
 // ClientName is sent as initialize.clientInfo.name.
-const ClientName = "tether-runnerd"
+const ClientName = prp.ClientName
 
 // ProtocolVersion is the ACP version spoken.
 const ProtocolVersion = 1

@@ -1,5 +1,7 @@
 package acp
 
+import "github.com/tether-run/tether/pkg/provenv"
+
 // Permission modes (SPEC E12, R11) and how each is carried out: the agent
 // is switched to a mode that asks the client before anything risky (so no
 // decision is left to the agent's own automatic review, which is another
@@ -13,7 +15,7 @@ const (
 
 // Agents the driver knows (SPEC E12: pi is refused before launch).
 const (
-	AgentCodex  = "codex"
+	AgentCodex  = provenv.AgentCodex
 	AgentClaude = "claude"
 )
 

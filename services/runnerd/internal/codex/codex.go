@@ -23,12 +23,13 @@ import (
 	"time"
 
 	"github.com/tether-run/tether/pkg/failure"
+	"github.com/tether-run/tether/pkg/prp"
 	"github.com/tether-run/tether/services/runnerd/internal/provider"
 )
 
 // ClientName, ClientTitle and ClientVersion are sent as initialize.clientInfo.
 const (
-	ClientName    = "tether-runnerd"
+	ClientName    = prp.ClientName
 	ClientTitle   = "tether runnerd"
 	ClientVersion = "0.1.0"
 )

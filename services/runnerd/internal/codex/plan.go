@@ -19,7 +19,7 @@ import "github.com/tether-run/tether/pkg/prp"
 // turn's semantic result artifact of kind native_provider_plan.
 
 // EventPlanUpdated is the run event of a provider plan update.
-const EventPlanUpdated = "run.plan_updated"
+const EventPlanUpdated = prp.EventRunPlanUpdated
 
 func (s *Session) onPlanUpdated(p map[string]any) {
 	var steps []any

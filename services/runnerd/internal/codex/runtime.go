@@ -41,6 +41,7 @@ import (
 	"time"
 
 	"github.com/tether-run/tether/pkg/failure"
+	"github.com/tether-run/tether/pkg/prp"
 	"github.com/tether-run/tether/services/runnerd/internal/provider"
 )
 
@@ -53,7 +54,7 @@ const (
 
 // Schemas of the normalized request objects in runtime_request.* payloads.
 const (
-	RuntimeRequestSchema = "tether.runtime_request.v2"
+	RuntimeRequestSchema = prp.RuntimeRequestSchema
 	QuestionSetSchema    = "tether.question_set.v1"
 	SemanticToolSchema   = "tether.prp.semantic_tool.v1"
 )

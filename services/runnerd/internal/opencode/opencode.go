@@ -64,7 +64,7 @@ import (
 )
 
 // HomeDir is the profile directory under the scope root (SPEC B2).
-const HomeDir = "opencode"
+const HomeDir = durable.OpenCodeHomeDir
 
 // Directories of the home that never travel in a backup (credentials,
 // scratch, the live server's password); see the package comment.

@@ -6,6 +6,7 @@ import (
 	"sort"
 
 	"github.com/tether-run/tether/pkg/failure"
+	"github.com/tether-run/tether/pkg/prp"
 	"github.com/tether-run/tether/services/runnerd/internal/provider"
 	"github.com/tether-run/tether/services/runnerd/internal/runner"
 )
@@ -26,7 +27,7 @@ import (
 // announced afresh under "<permission id>@<driver instance>".
 
 // RuntimeRequestSchema is the normalized request's schema.
-const RuntimeRequestSchema = "tether.runtime_request.v2"
+const RuntimeRequestSchema = prp.RuntimeRequestSchema
 
 // DeclineMessage is what the model is told when a request is declined.
 const DeclineMessage = "The operator declined this tool call. Do not retry it; continue without it."

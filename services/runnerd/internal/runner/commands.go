@@ -28,8 +28,8 @@ import (
 
 // Command types.
 const (
-	CmdRunAttach     = "run.attach"
-	CmdTurnStart     = "turn.start"
+	CmdRunAttach     = prp.CommandRunAttach
+	CmdTurnStart     = prp.CommandTurnStart
 	CmdTurnInterrupt = "turn.interrupt"
 	CmdTurnSteer     = "turn.steer"
 	CmdSessionClose  = "session.close"
@@ -652,7 +652,7 @@ func staleTurn(code, given, active string) *cmdError {
 // each turn command id is executed by a runner at most once). It is held
 // and journaled with the turn's first provider events (no fsync of its
 // own).
-const EventCommandExecuted = "command.executed"
+const EventCommandExecuted = prp.EventCommandExecuted
 
 // reportExecution emits command.executed for c, whose effect was just
 // tried: the provider turn it started, or that the provider refused it.

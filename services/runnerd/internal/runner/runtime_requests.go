@@ -36,13 +36,14 @@ import (
 
 	"github.com/tether-run/tether/pkg/failure"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
+	"github.com/tether-run/tether/pkg/prp"
 	"github.com/tether-run/tether/pkg/runnerstate"
 )
 
 // Command types of runtime request resolution and tool results.
 const (
-	CmdRequestResolve = "request.resolve"
-	CmdToolResult     = "tool.result"
+	CmdRequestResolve = prp.CommandRequestResolve
+	CmdToolResult     = prp.CommandToolResult
 )
 
 // RuntimeRequestProvider is implemented by providers that can answer runtime

@@ -11,6 +11,7 @@ import (
 	gatewayv1 "github.com/tether-run/tether/pkg/gen/tether/gateway/v1"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/grant"
+	"github.com/tether-run/tether/pkg/prp"
 	"github.com/tether-run/tether/pkg/scope/durable"
 )
 
@@ -88,8 +89,8 @@ func (g *Gateway) GetRunner(ctx context.Context, id string) (*gatewayv1.Runner, 
 
 // Commands that act under the scope's tool authority.
 const (
-	cmdToolResult     = "tool.result"
-	cmdRequestResolve = "request.resolve"
+	cmdToolResult     = prp.CommandToolResult
+	cmdRequestResolve = prp.CommandRequestResolve
 )
 
 // revokedToolAuthority refuses a tool result or runtime-request answer whose
