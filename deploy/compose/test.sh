@@ -128,8 +128,8 @@ dc up -d --wait --no-build --quiet-pull 2>&1 | sed 's/^/  /'
 executor=$(dc port executor-1 7400)
 metrics=$(dc port executor-1 9400)
 mkdir -p "$tmp/pki"
-for f in ca.pem client.pem client.key; do dc cp "pki:/pki/$f" "$tmp/pki/$f" >/dev/null 2>&1; done
-ctl() { "$ctx/prebuilt/tetherctl" -addr "$executor" -ca "$tmp/pki/ca.pem" -cert "$tmp/pki/client.pem" -key "$tmp/pki/client.key" "$@"; }
+for f in ca.pem operator.pem operator.key; do dc cp "pki:/pki/$f" "$tmp/pki/$f" >/dev/null 2>&1; done
+ctl() { "$ctx/prebuilt/tetherctl" -addr "$executor" -ca "$tmp/pki/ca.pem" -cert "$tmp/pki/operator.pem" -key "$tmp/pki/operator.key" "$@"; }
 log "stack is up: executor $executor (mTLS), metrics http://$metrics/metrics"
 m=$(curl -fsS "http://$metrics/metrics") && grep -q '^grpc_server_handled_total' <<<"$m" || die "no gRPC metrics on $metrics"
 

@@ -118,6 +118,13 @@ const (
 	OutboxWriteFailed                         = "outbox_write_failed"
 	P0StorageExhausted                        = "p0_storage_exhausted"
 	PageTokenInvalid                          = "page_token_invalid"
+	// CallerNotAuthorized: the authenticated principal holds no role that
+	// allows the call for the company it names (SPEC T2).
+	CallerNotAuthorized = "caller_not_authorized"
+	// CallerUnauthenticated: a call that needs an identity came without one
+	// (no verified client certificate naming a principal, no valid bearer
+	// token; SPEC T1).
+	CallerUnauthenticated = "caller_unauthenticated"
 	// PeerNotAuthorized: the stable code of a call whose mTLS peer identity may
 	// not call the service (SPEC S2).
 	PeerNotAuthorized               = "peer_not_authorized"
@@ -396,6 +403,8 @@ var registry = map[Reason]Info{
 	P0StorageExhausted:                            {codes.ResourceExhausted, Transient},
 	PageTokenInvalid:                              {codes.InvalidArgument, Permanent},
 	PeerNotAuthorized:                             {codes.PermissionDenied, Permanent},
+	CallerNotAuthorized:                           {codes.PermissionDenied, Permanent},
+	CallerUnauthenticated:                         {codes.Unauthenticated, Permanent},
 	PlanningModeUnsupported:                       {codes.Unavailable, AttemptRetry},
 	PostDispatchDBFailure:                         {codes.Unavailable, Transient},
 	ProviderClosed:                                {codes.Unavailable, Transient},

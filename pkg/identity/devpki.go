@@ -123,3 +123,59 @@ func writePair(certPath, keyPath string, der []byte, key *ecdsa.PrivateKey) erro
 	}
 	return keyfile.Create(keyPath, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: kder}))
 }
+
+// IssueDev writes a client certificate and key named name (name.pem,
+// name.key, mode 0600) into dir, signed by the development CA InitDev wrote
+// there, carrying uris as its URI SANs (e.g. the tenancy URIs of
+// pkg/tenancy) besides the client role's identity.
+func IssueDev(dir, name string, uris []*url.URL, validity time.Duration) error {
+	if validity <= 0 {
+		validity = 365 * 24 * time.Hour
+	}
+	ca, caKey, err := loadDevCA(dir)
+	if err != nil {
+		return err
+	}
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return err
+	}
+	now := time.Now()
+	tmpl := &x509.Certificate{
+		SerialNumber: serial(), Subject: pkix.Name{CommonName: name},
+		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(validity),
+		KeyUsage:    x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+		URIs:        append([]*url.URL{URI(Client)}, uris...),
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
+	if err != nil {
+		return err
+	}
+	return writePair(CertFile(dir, name), KeyFile(dir, name), der, key)
+}
+
+func loadDevCA(dir string) (*x509.Certificate, any, error) {
+	certPEM, err := os.ReadFile(filepath.Join(dir, CAFile))
+	if err != nil {
+		return nil, nil, err
+	}
+	keyPEM, err := keyfile.Read(filepath.Join(dir, CAKeyFile))
+	if err != nil {
+		return nil, nil, err
+	}
+	cb, _ := pem.Decode(certPEM)
+	kb, _ := pem.Decode(keyPEM)
+	if cb == nil || kb == nil {
+		return nil, nil, fmt.Errorf("%s: no PEM CA certificate or key", dir)
+	}
+	ca, err := x509.ParseCertificate(cb.Bytes)
+	if err != nil {
+		return nil, nil, err
+	}
+	key, err := x509.ParsePKCS8PrivateKey(kb.Bytes)
+	if err != nil {
+		return nil, nil, err
+	}
+	return ca, key, nil
+}

@@ -4,12 +4,14 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"net/url"
 	"path/filepath"
 	"strings"
 	"time"
 
 	"github.com/tether-run/tether/pkg/grant"
 	"github.com/tether-run/tether/pkg/identity"
+	"github.com/tether-run/tether/pkg/tenancy"
 )
 
 type listFlag []string
@@ -19,8 +21,11 @@ func (l *listFlag) Set(v string) error { *l = append(*l, v); return nil }
 
 // certs writes a development PKI: tetherctl certs init DIR [-host H]...
 func certs(args []string) error {
+	if len(args) > 0 && args[0] == "issue" {
+		return certsIssue(args[1:])
+	}
 	if len(args) == 0 || args[0] != "init" {
-		return errors.New("usage: tetherctl certs init DIR [-host NAME|IP]... [-validity 8760h]")
+		return errors.New("usage: tetherctl certs init DIR [-host NAME|IP]... [-validity 8760h] | certs issue DIR -name N -role GRANT...")
 	}
 	fs := flag.NewFlagSet("certs init", flag.ContinueOnError)
 	var hosts listFlag
@@ -42,6 +47,11 @@ func certs(args []string) error {
 	if err := identity.InitDev(dir, hosts, *validity); err != nil {
 		return err
 	}
+	// The development operator (SPEC T1): the client certificate names no
+	// principal and is refused where the executor requires identities.
+	if err := identity.IssueDev(dir, tenancy.OperatorName, []*url.URL{tenancy.OperatorURI(tenancy.OperatorName)}, *validity); err != nil {
+		return err
+	}
 	fmt.Printf("wrote a development CA, certificates for %s and the grant key pair to %s (mode 0600)\n",
 		strings.Join(identity.Roles, ", "), dir)
 	fmt.Printf("  executor:        -tls-cert %s -tls-key %s -tls-client-ca %s -gateway-ca %[3]s -grant-key-file %s\n",
@@ -50,8 +60,8 @@ func certs(args []string) error {
 		identity.CertFile(dir, identity.Gateway), identity.KeyFile(dir, identity.Gateway), filepath.Join(dir, identity.CAFile), filepath.Join(dir, identity.GrantPublicKey))
 	fmt.Printf("  backup-verifier: -tls-cert %s -tls-key %s -tls-client-ca %s\n",
 		identity.CertFile(dir, identity.BackupVerifier), identity.KeyFile(dir, identity.BackupVerifier), filepath.Join(dir, identity.CAFile))
-	fmt.Printf("  tetherctl:       -ca %s -cert %s -key %s\n",
-		filepath.Join(dir, identity.CAFile), identity.CertFile(dir, identity.Client), identity.KeyFile(dir, identity.Client))
+	fmt.Printf("  tetherctl:       -ca %s -cert %s -key %s (an operator; tetherctl certs issue %s -name N -role acme:writer for a company's principal)\n",
+		filepath.Join(dir, identity.CAFile), identity.CertFile(dir, tenancy.OperatorName), identity.KeyFile(dir, tenancy.OperatorName), dir)
 	return nil
 }
 

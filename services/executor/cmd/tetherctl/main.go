@@ -33,6 +33,7 @@ import (
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
 	"github.com/tether-run/tether/pkg/grpcx"
 	"github.com/tether-run/tether/pkg/telemetry"
+	"github.com/tether-run/tether/pkg/tenancy"
 	"github.com/tether-run/tether/services/executor/internal/audit"
 	"github.com/tether-run/tether/services/executor/internal/cli"
 	"github.com/tether-run/tether/services/executor/internal/store"
@@ -67,6 +68,9 @@ commands:
   list     list runs (-session, -state, -limit)
   cancel   cancel a run (RUN_ID [-reason R] [-scope run|turn|issue])
   certs    certs init DIR [-host H]...: a development CA, service certificates and the grant key pair
+           certs issue DIR -name N -role acme:writer [-role ...]: a client certificate naming a principal (SPEC T1)
+  tokens   tokens init DIR: a token signing key and the executor's JWKS (-auth-jwks)
+           tokens mint -key DIR/token-signing.key -subject N -role acme:writer|acme:reader|operator [-ttl 24h]: a development token
   grant    print a gateway grant for ListRunners/GetRunner (-key-file, -gateway-id, -method)
   audit    check the exactly-once promises in the executor's database; exit 1 on any violation
            (-database-url or TETHER_DATABASE_URL, [-since 1h|RFC3339] [-run RUN_ID] [-json])
@@ -76,7 +80,8 @@ commands:
   replace-session  give a session's provider thread up after its state was lost (SPEC F3; audited):
            -session S -reason WHY [-company C] [-agent A] [-by NAME]; the next run starts a fresh provider session
   health   gRPC health of the service at -addr (any tether service); exit 1 unless SERVING ([-service S] [-timeout 3s])
-environment: TETHER_EXECUTOR_ADDR (default 127.0.0.1:7400), TETHER_EXECUTOR_CA, TETHER_CLIENT_CERT, TETHER_CLIENT_KEY`
+identity: -token (TETHER_TOKEN) sends a bearer token; -cert/-key present a client certificate
+environment: TETHER_EXECUTOR_ADDR (default 127.0.0.1:7400), TETHER_EXECUTOR_CA, TETHER_CLIENT_CERT, TETHER_CLIENT_KEY, TETHER_TOKEN`
 
 func run(args []string) error {
 	global := flag.NewFlagSet("tetherctl", flag.ContinueOnError)
@@ -84,6 +89,7 @@ func run(args []string) error {
 	ca := grpcx.StringFlag(global, "ca", "TETHER_EXECUTOR_CA", "", "CA bundle for the executor's TLS certificate")
 	cert := grpcx.StringFlag(global, "cert", "TETHER_CLIENT_CERT", "", "client certificate for mTLS to the executor (with -ca and -key)")
 	key := grpcx.StringFlag(global, "key", "TETHER_CLIENT_KEY", "", "client private key for -cert")
+	token := grpcx.StringFlag(global, "token", "TETHER_TOKEN", "", "bearer token (a JWT, SPEC T1) sent with every call; `tetherctl tokens mint` makes development ones")
 	global.Usage = func() { fmt.Fprintln(os.Stderr, usage) }
 	if err := global.Parse(args); err != nil {
 		return err
@@ -99,10 +105,16 @@ func run(args []string) error {
 		return grantCmd(global.Args()[1:])
 	case "audit":
 		return auditCmd(context.Background(), global.Args()[1:], os.Stdout)
+	case "tokens":
+		return tokensCmd(global.Args()[1:], os.Stdout)
+	}
+	var dialOpts []grpc.DialOption
+	if *token != "" {
+		dialOpts = append(dialOpts, grpc.WithPerRPCCredentials(tenancy.Bearer(strings.TrimSpace(*token))))
 	}
 	client := &replicaSet{}
 	for _, a := range strings.Split(*addr, ",") {
-		conn, err := (&grpcx.Config{TLSCertFile: *cert, TLSKeyFile: *key}).DialPeer(strings.TrimSpace(a), *ca)
+		conn, err := (&grpcx.Config{TLSCertFile: *cert, TLSKeyFile: *key}).DialPeer(strings.TrimSpace(a), *ca, dialOpts...)
 		if err != nil {
 			return err
 		}
