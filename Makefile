@@ -14,7 +14,7 @@ MODULES := ./pkg/... ./services/executor/... ./services/runnergw/... ./services/
 OWN_MODULES := deploy/k8s
 PROTODEPS := .cache/protodeps/protovalidate/buf/validate/validate.proto
 
-.PHONY: help tools protodeps generate check-generate lint build test demo up bench fuzz
+.PHONY: help tools protodeps generate check-generate lint build test demo up up-auth bench fuzz
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -134,6 +134,9 @@ demo: build ## run three warm turns through the whole stack on an ephemeral Post
 
 up: build ## keep the stack running on the default ports until interrupted
 	bin/tether-demo -up
+
+up-auth: build ## as up, with tenancy enforced: development tokens for acme, globex and an operator in a printed directory
+	bin/tether-demo -up -auth
 
 bench: ## measure tether against raw baselines in one run (ephemeral durable PostgreSQL, or TETHER_DATABASE_URL); BENCHFLAGS=-h lists knobs
 	@mkdir -p bin

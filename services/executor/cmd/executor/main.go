@@ -15,7 +15,9 @@ import (
 	"github.com/tether-run/tether/pkg/grant"
 	"github.com/tether-run/tether/pkg/grpcx"
 	"github.com/tether-run/tether/pkg/pgstore"
+	"github.com/tether-run/tether/pkg/tenancy"
 	"github.com/tether-run/tether/services/executor/internal/api"
+	"github.com/tether-run/tether/services/executor/internal/authz"
 	"github.com/tether-run/tether/services/executor/internal/dispatch"
 	"github.com/tether-run/tether/services/executor/internal/fleet"
 	"github.com/tether-run/tether/services/executor/internal/store"
@@ -57,6 +59,10 @@ func run() error {
 	idleSweep := grpcx.DurationFlag(fs, "idle-sweep-interval", "", time.Second, "how often idle warm sessions are looked for (verified suspension after their idle timeout; 0 turns it off)")
 	checkpointAfter := grpcx.DurationFlag(fs, "checkpoint-after", "", suspend.DefaultCheckpointAfter, "a warm session idle this long after a settled run gets a verified checkpoint (a suspension; its next run resumes the thread), so a lost gateway host loses no turn settled longer ago (SPEC F3); 0: only at the idle timeout")
 	drainSweep := grpcx.DurationFlag(fs, "drain-sweep-interval", "", time.Second, "how often the idle session scopes of drained gateways are looked for and moved (SPEC F4; 0 turns it off)")
+	var auth authz.Settings
+	grpcx.StringVar(fs, &auth.JWKSFile, "auth-jwks", "", "", "JWKS file of the public keys bearer tokens are verified against (SPEC T1; `tetherctl tokens init DIR` writes one); with -tls-client-ca, client certificates naming principals are accepted too. Off loopback one of them is required; on loopback without either every caller is admitted (development mode)")
+	grpcx.StringVar(fs, &auth.Issuer, "auth-issuer", "", tenancy.DefaultIssuer, "the issuer (iss) bearer tokens must carry")
+	grpcx.StringVar(fs, &auth.Audience, "auth-audience", "", tenancy.DefaultAudience, "the audience (aud) bearer tokens must carry")
 	if err := grpcx.ParseFlags(fs, os.Args[1:]); err != nil {
 		return err
 	}
@@ -108,11 +114,18 @@ func run() error {
 	forward := func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 		return apiSrv.ForwardToOwner(ctx, req, info, h)
 	}
-	srv, err := grpcx.New(*cfg, api.WatchCodec(), grpc.ChainUnaryInterceptor(forward))
+	// Every call of the public services is authorized before its handler
+	// and before it is forwarded (SPEC T2).
+	az, err := authz.New(cfg.GRPCAddr, cfg.TLSCertFile, cfg.TLSClientCAFile, auth, st)
+	if err != nil {
+		return err
+	}
+	srv, err := grpcx.New(*cfg, api.WatchCodec(), grpc.ChainUnaryInterceptor(az.Unary, forward), grpc.ChainStreamInterceptor(az.Stream))
 	if err != nil {
 		return err
 	}
 	log := srv.Logger()
+	log.Info("authorization", "mode", az.Mode())
 	router.Logger = log
 	stopTracing, err := cfg.StartTracing(ctx, log)
 	if err != nil {

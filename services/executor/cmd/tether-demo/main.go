@@ -18,9 +18,12 @@ import (
 	"syscall"
 	"time"
 
+	"google.golang.org/grpc"
+
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
 	"github.com/tether-run/tether/pkg/grpcx"
 	"github.com/tether-run/tether/pkg/pgtest"
+	"github.com/tether-run/tether/pkg/tenancy"
 	"github.com/tether-run/tether/services/executor/internal/cli"
 	"github.com/tether-run/tether/services/executor/internal/stack"
 )
@@ -38,6 +41,7 @@ func run() error {
 	up := flag.Bool("up", false, "keep the stack running on fixed ports (-base-port) until interrupted")
 	base := flag.Int("base-port", 7400, "with -up: executor, runnergw and backup-verifier gRPC on base+0..2, the runner WebSocket on base+11, metrics on base+2000..2002")
 	keep := flag.Bool("keep", false, "keep the temporary directory (logs, state)")
+	auth := flag.Bool("auth", false, "enforce tenancy (SPEC T1, T2): the executor verifies bearer tokens, and development tokens for companies acme and globex and an operator are written into a printed directory")
 	providerName := flag.String("provider", "codex", "provider of the demo's runs: codex (the fake codex), opencode (the real OpenCode 1.18.17) or acpx-codex|acpx-claude (the real ACP agent), the real ones from make test-providers, offline against bin/mock-model")
 	openCode := flag.String("opencode-command", "", "with -provider opencode: the opencode binary (default "+defaultOpenCode+")")
 	acpModules := flag.String("acp-modules", defaultACPModules, "with -provider acpx-codex|acpx-claude: node_modules holding the pinned ACP agents (make test-providers installs them)")
@@ -78,7 +82,7 @@ func run() error {
 		dsn = cluster.DSN("tether")
 		fmt.Printf("demo: PostgreSQL on 127.0.0.1:%d (ephemeral)\n", cluster.Port())
 	}
-	opts := stack.Options{BinDir: *binDir, Dir: dir, DatabaseURL: dsn}
+	opts := stack.Options{BinDir: *binDir, Dir: dir, DatabaseURL: dsn, Auth: *auth}
 	if *up {
 		opts.ExecutorPort, opts.GatewayPort, opts.RunnerPort, opts.BackupPort =
 			ports["executor gRPC"], ports["runnergw gRPC"], ports["runner WebSocket"], ports["backup-verifier gRPC"]
@@ -110,18 +114,31 @@ func run() error {
 		fmt.Printf("demo: metrics on http://127.0.0.1:%d/metrics (executor), :%d (runnergw), :%d (backup-verifier)\n",
 			ports["executor metrics"], ports["runnergw metrics"], ports["backup-verifier metrics"])
 		fmt.Printf("demo: stack is up; try `grpcurl -plaintext %s list` — Ctrl-C stops it\n", st.Addr("executor"))
+		if *auth {
+			if err := writeCredentials(st, filepath.Join(dir, "credentials"), os.Stdout); err != nil {
+				return err
+			}
+		}
 		fmt.Printf("demo: audit the runs with  bin/tetherctl audit -database-url '%s'\n", dsn)
 		fmt.Printf("demo: the gateway serves only grant-signed calls (executor key %s, gateway public key %s), e.g.\n"+
-			"  grpcurl -plaintext -H \"tether-grant: $(bin/tetherctl grant -key-file %[1]s)\" 127.0.0.1:7401 tether.gateway.v1.RunnerGateway/ListRunners\n",
-			st.GrantKeyFile(), st.GrantPublicKeyFile())
+			"  grpcurl -plaintext -H \"tether-grant: $(bin/tetherctl grant -key-file %[1]s)\" %[3]s tether.gateway.v1.RunnerGateway/ListRunners\n",
+			st.GrantKeyFile(), st.GrantPublicKeyFile(), st.Addr("runnergw"))
 		<-ctx.Done()
 		return nil
 	}
-	return turns(ctx, st, prov)
+	return turns(ctx, st, prov, *auth)
 }
 
-func turns(ctx context.Context, st *stack.Stack, prov *demoProvider) error {
-	conn, err := grpcx.Dial(st.Addr("executor"), "")
+func turns(ctx context.Context, st *stack.Stack, prov *demoProvider, auth bool) error {
+	var dialOpts []grpc.DialOption
+	if auth {
+		tok, err := st.Token("demo", time.Hour, "demo:writer")
+		if err != nil {
+			return err
+		}
+		dialOpts = append(dialOpts, grpc.WithPerRPCCredentials(tenancy.Bearer(tok)))
+	}
+	conn, err := grpcx.Dial(st.Addr("executor"), "", dialOpts...)
 	if err != nil {
 		return err
 	}

@@ -19,6 +19,7 @@ import (
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/grpcx"
 	"github.com/tether-run/tether/services/executor/internal/admission"
+	"github.com/tether-run/tether/services/executor/internal/authz"
 	"github.com/tether-run/tether/services/executor/internal/control"
 	"github.com/tether-run/tether/services/executor/internal/store"
 	"github.com/tether-run/tether/services/executor/internal/suspend"
@@ -136,7 +137,7 @@ func (s *Server) GetRun(ctx context.Context, req *executorv1.GetRunRequest) (*ex
 // ListRuns pages through runs.
 func (s *Server) ListRuns(ctx context.Context, req *executorv1.ListRunsRequest) (*executorv1.ListRunsResponse, error) {
 	runs, next, err := s.Store.ListRuns(ctx, store.ListFilter{
-		NormalizedSessionID: req.GetNormalizedSessionId(), State: req.GetState(),
+		NormalizedSessionID: req.GetNormalizedSessionId(), State: req.GetState(), Companies: authz.Companies(ctx),
 	}, int(req.GetPageSize()), req.GetPageToken())
 	if err != nil {
 		return nil, err
@@ -166,7 +167,7 @@ func (s *Server) CancelRun(ctx context.Context, req *executorv1.CancelRunRequest
 		defer stop()
 	}
 	out, err := s.Store.RecordCancellation(ctx, store.CancelRequest{
-		RunID: req.GetRunId(), Scope: scope, Reason: req.GetReason(), RequestID: req.GetRequestId(), Actor: "api",
+		RunID: req.GetRunId(), Scope: scope, Reason: req.GetReason(), RequestID: req.GetRequestId(), Actor: authz.Actor(ctx, "api"),
 	})
 	if err != nil {
 		return nil, err

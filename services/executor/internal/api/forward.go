@@ -4,10 +4,12 @@ import (
 	"context"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
 
 	"github.com/tether-run/tether/pkg/failure"
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
 	"github.com/tether-run/tether/pkg/grpcx"
+	"github.com/tether-run/tether/services/executor/internal/authz"
 )
 
 // ownerCall is a method answered by the replica that drives the run (it
@@ -50,7 +52,7 @@ func (s *Server) ForwardToOwner(ctx context.Context, req any, info *grpc.UnarySe
 		return handler(ctx, req)
 	}
 	reply := call.reply()
-	if err := conn.Invoke(ctx, info.FullMethod, req, reply); err != nil {
+	if err := conn.Invoke(forwardedAuth(ctx), info.FullMethod, req, reply); err != nil {
 		return nil, err
 	}
 	return reply, nil
@@ -86,4 +88,15 @@ func (s *Server) owner(ctx context.Context, runID string) (*grpc.ClientConn, err
 		s.conns[addr] = conn
 	}
 	return conn, nil
+}
+
+// forwardedAuth carries the caller's bearer token (SPEC T1) to the replica
+// the call is forwarded to, which authorizes it again; over mTLS this
+// replica's own certificate identifies it as well.
+func forwardedAuth(ctx context.Context) context.Context {
+	md, _ := metadata.FromIncomingContext(ctx)
+	for _, v := range md.Get(authz.MetadataKey) {
+		ctx = metadata.AppendToOutgoingContext(ctx, authz.MetadataKey, v)
+	}
+	return ctx
 }

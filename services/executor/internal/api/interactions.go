@@ -4,13 +4,15 @@ import (
 	"context"
 
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
+	"github.com/tether-run/tether/services/executor/internal/authz"
 	"github.com/tether-run/tether/services/executor/internal/runtimeq"
 	"github.com/tether-run/tether/services/executor/internal/store"
 )
 
 // ListInteractions lists durable interactions, newest first.
 func (s *Server) ListInteractions(ctx context.Context, req *executorv1.ListInteractionsRequest) (*executorv1.ListInteractionsResponse, error) {
-	list, err := s.Store.ListInteractions(ctx, store.InteractionFilter{RunID: req.GetRunId(), Status: req.GetStatus(), Limit: int(req.GetPageSize())})
+	list, err := s.Store.ListInteractions(ctx, store.InteractionFilter{RunID: req.GetRunId(), Status: req.GetStatus(), Limit: int(req.GetPageSize()),
+		Companies: authz.Companies(ctx)})
 	if err != nil {
 		return nil, err
 	}

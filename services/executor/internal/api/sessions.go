@@ -12,6 +12,7 @@ import (
 	gatewayv1 "github.com/tether-run/tether/pkg/gen/tether/gateway/v1"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/grpcx"
+	"github.com/tether-run/tether/services/executor/internal/authz"
 	"github.com/tether-run/tether/services/executor/internal/store"
 )
 
@@ -209,7 +210,7 @@ func (s *Server) ReplaceSession(ctx context.Context, req *executorv1.ReplaceSess
 		}
 		rp, err := s.Store.RecordReplacement(ctx, store.ReplacementRequest{
 			Scope: g.Scope, CompanyID: req.GetCompanyId(), SessionID: req.GetNormalizedSessionId(),
-			RequestedBy: req.GetRequestedBy(), Caller: grpcx.PeerIdentity(ctx), Reason: req.GetReason(),
+			RequestedBy: authz.Actor(ctx, req.GetRequestedBy()), Caller: authz.Actor(ctx, grpcx.PeerIdentity(ctx)), Reason: req.GetReason(),
 		})
 		if err != nil {
 			return nil, err

@@ -28,7 +28,6 @@ import (
 	gatewayv1 "github.com/tether-run/tether/pkg/gen/tether/gateway/v1"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/grpcx"
-	"github.com/tether-run/tether/pkg/identity"
 	"github.com/tether-run/tether/pkg/pgtest"
 	"github.com/tether-run/tether/pkg/testbin"
 	"github.com/tether-run/tether/services/executor/internal/cli"
@@ -126,7 +125,7 @@ func newHarnessKeeping(t *testing.T, opts stack.Options, keep bool, procs ...str
 }
 
 func (h *harness) clientFor(name string) executorv1.ExecutorServiceClient {
-	conn, err := h.st.DialAs(h.st.Addr(name), identity.Client)
+	conn, err := h.st.DialAs(h.st.Addr(name), stack.Operator)
 	require.NoError(h.t, err)
 	h.t.Cleanup(func() { conn.Close() })
 	return executorv1.NewExecutorServiceClient(conn)

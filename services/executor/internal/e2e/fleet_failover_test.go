@@ -12,7 +12,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
-	"github.com/tether-run/tether/pkg/identity"
 	"github.com/tether-run/tether/pkg/scope"
 	"github.com/tether-run/tether/services/executor/internal/stack"
 )
@@ -188,7 +187,7 @@ func TestF3_Fleet_AHostDiesAGatewayDrainsAndAnExecutorStops(t *testing.T) {
 
 	// A second gateway drains: its sessions move, no run fails.
 	drained := "runnergw-3"
-	conn, err := h.st.DialAs(h.st.Addr("executor"), identity.Client)
+	conn, err := h.st.DialAs(h.st.Addr("executor"), stack.Operator)
 	require.NoError(t, err)
 	defer conn.Close()
 	_, err = executorv1.NewGatewayRegistryClient(conn).DrainGateway(ctx, &executorv1.DrainGatewayRequest{GatewayId: drained, Reason: "test"})

@@ -14,7 +14,6 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
-	"github.com/tether-run/tether/pkg/identity"
 	"github.com/tether-run/tether/services/executor/internal/stack"
 )
 
@@ -223,7 +222,7 @@ func TestF6_ClaimsSpreadFairlyOverThreeReplicasWhenOneReceivesEverySubmission(t 
 // gateways lists the registry through the executor's GatewayRegistry.
 func (h *harness) gateways(ctx context.Context) map[string]*executorv1.Gateway {
 	h.t.Helper()
-	conn, err := h.st.DialAs(h.st.Addr("executor"), identity.Client)
+	conn, err := h.st.DialAs(h.st.Addr("executor"), stack.Operator)
 	require.NoError(h.t, err)
 	defer conn.Close()
 	resp, err := executorv1.NewGatewayRegistryClient(conn).ListGateways(ctx, &executorv1.ListGatewaysRequest{})

@@ -93,7 +93,7 @@ func TestS2_AStackOnMutualTLSAdmitsEachServiceOnlyItsPeers(t *testing.T) {
 		t.Cleanup(func() { conn.Close() })
 		return conn
 	}
-	client := executorv1.NewExecutorServiceClient(dial("executor", identity.Client))
+	client := executorv1.NewExecutorServiceClient(dial("executor", stack.Operator))
 	_, err := client.SubmitRun(ctx, &executorv1.SubmitRunRequest{RunId: "mtls-1", Input: h.submitInput("mtls", stalledTurn)})
 	require.NoError(t, err)
 	h.waitForDelta(ctx, client, "mtls-1")
@@ -102,7 +102,7 @@ func TestS2_AStackOnMutualTLSAdmitsEachServiceOnlyItsPeers(t *testing.T) {
 	require.NoError(t, h.st.AddExecutor("executor-2"))
 	_, err = h.st.Start(ctx, "executor-2")
 	require.NoError(t, err)
-	state, err := executorv1.NewExecutorServiceClient(dial("executor-2", identity.Client)).GetSteeringState(ctx,
+	state, err := executorv1.NewExecutorServiceClient(dial("executor-2", stack.Operator)).GetSteeringState(ctx,
 		&executorv1.GetSteeringStateRequest{RunId: "mtls-1"})
 	require.NoError(t, err)
 	require.Equal(t, "available", state.GetDisposition(), "forwarded to the driving replica")

@@ -16,7 +16,6 @@ import (
 	"github.com/tether-run/tether/pkg/failure"
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
-	"github.com/tether-run/tether/pkg/identity"
 	"github.com/tether-run/tether/services/executor/internal/stack"
 )
 
@@ -103,7 +102,7 @@ func (h *harness) tetherctl(ctx context.Context, args ...string) string {
 // registry is a GatewayRegistry client of the first executor.
 func (h *harness) registry() executorv1.GatewayRegistryClient {
 	h.t.Helper()
-	conn, err := h.st.DialAs(h.st.Addr("executor"), identity.Client)
+	conn, err := h.st.DialAs(h.st.Addr("executor"), stack.Operator)
 	require.NoError(h.t, err)
 	h.t.Cleanup(func() { conn.Close() })
 	return executorv1.NewGatewayRegistryClient(conn)

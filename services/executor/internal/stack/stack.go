@@ -10,6 +10,7 @@ import (
 	"maps"
 	"math/rand/v2"
 	"net"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -29,6 +30,7 @@ import (
 	"github.com/tether-run/tether/pkg/grant"
 	"github.com/tether-run/tether/pkg/grpcx"
 	"github.com/tether-run/tether/pkg/identity"
+	"github.com/tether-run/tether/pkg/tenancy"
 )
 
 // Binaries the stack needs in BinDir.
@@ -58,8 +60,13 @@ type Options struct {
 	// ExecutorArgs / GatewayArgs are extra flags.
 	ExecutorArgs, GatewayArgs []string
 	// MTLS serves every service over mutual TLS with identities from a
-	// development PKI in the stack's directory (SPEC S2), as off loopback.
+	// development PKI in the stack's directory (SPEC S2), as off loopback;
+	// the executor then requires caller identities (SPEC T1): DialAs with
+	// Operator presents an operator's certificate.
 	MTLS bool
+	// Auth has the executor verify bearer tokens against a JWKS the stack
+	// writes (SPEC T1, tenancy enforced on loopback); Token mints them.
+	Auth bool
 	// Env holds extra KEY=VALUE entries of every service's environment
 	// (e.g. a host secret that must not reach the provider).
 	Env []string
@@ -223,8 +230,42 @@ func New(opts Options) (*Stack, error) {
 		if err := identity.InitDev(st.PKIDir(), nil, 0); err != nil {
 			return nil, err
 		}
+		if err := identity.IssueDev(st.PKIDir(), Operator, []*url.URL{tenancy.OperatorURI(Operator)}, 0); err != nil {
+			return nil, err
+		}
+	}
+	if _, err := os.Stat(st.tokenKeyFile()); opts.Auth && os.IsNotExist(err) {
+		if err := tenancy.WriteSigningKey(st.tokenKeyFile(), st.JWKSFile()); err != nil {
+			return nil, err
+		}
 	}
 	return st, nil
+}
+
+// Operator is the development operator's certificate in an MTLS stack
+// (DialAs(addr, Operator)) and its principal name.
+const Operator = tenancy.OperatorName
+
+// JWKSFile is the executors' -auth-jwks in an Auth stack.
+func (s *Stack) JWKSFile() string {
+	return filepath.Join(s.opts.Dir, "keys", "tokens", tenancy.JWKSFile)
+}
+
+func (s *Stack) tokenKeyFile() string {
+	return filepath.Join(s.opts.Dir, "keys", "tokens", tenancy.SigningKeyFile)
+}
+
+// TokenKeyFile is the signing key of an Auth stack's tokens.
+func (s *Stack) TokenKeyFile() string { return s.tokenKeyFile() }
+
+// Token mints a bearer token (valid ttl) for subject with grants
+// ("acme:writer", "operator") in an Auth stack.
+func (s *Stack) Token(subject string, ttl time.Duration, grants ...string) (string, error) {
+	m, err := tenancy.LoadMinter(s.tokenKeyFile())
+	if err != nil {
+		return "", err
+	}
+	return m.Mint(subject, grants, ttl, time.Now())
 }
 
 // PKIDir holds the development CA and service certificates of an MTLS
@@ -416,6 +457,9 @@ func (s *Stack) args(name string) []string {
 			"-gateway-addr", s.Addr("runnergw"), "-lease-ttl", s.opts.LeaseTTL.String(), "-poll-interval", "250ms",
 			"-owner-id", name, "-grant-key-file", s.GrantKeyFile(), "-gateway-id", GatewayID,
 			"-checkpoint-after", s.opts.CheckpointAfter.String()), migrate...)
+		if s.opts.Auth {
+			a = append(a, "-auth-jwks", s.JWKSFile())
+		}
 		a = append(a, s.opts.ExecutorArgs...)
 		a = append(a, s.tlsArgs(identity.Executor, "-gateway-ca")...)
 		return append(a, extra...)

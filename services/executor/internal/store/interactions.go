@@ -240,6 +240,9 @@ func (s *Store) GetInteraction(ctx context.Context, id string) (*executorv1.Inte
 type InteractionFilter struct {
 	RunID, Status string
 	Limit         int
+	// Companies, when not nil, keeps only these companies' interactions
+	// (SPEC T2).
+	Companies []string
 }
 
 // ListInteractions lists interactions, newest first.
@@ -249,7 +252,8 @@ func (s *Store) ListInteractions(ctx context.Context, f InteractionFilter) ([]*e
 	}
 	rows, err := s.pool.Query(ctx, `SELECT `+interactionColumns+` FROM executor.interactions
  WHERE ($1 = '' OR source_run_id = $1) AND ($2 = '' OR status = $2)
- ORDER BY created_at DESC, interaction_id DESC LIMIT $3`, f.RunID, f.Status, f.Limit)
+   AND ($4::text[] IS NULL OR company_id = ANY($4))
+ ORDER BY created_at DESC, interaction_id DESC LIMIT $3`, f.RunID, f.Status, f.Limit, companiesArg(f.Companies))
 	if err != nil {
 		return nil, err
 	}

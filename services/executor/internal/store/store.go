@@ -348,6 +348,9 @@ func (s *Store) GetRun(ctx context.Context, runID string) (*executorv1.Run, erro
 type ListFilter struct {
 	NormalizedSessionID string
 	State               executorv1.RunState
+	// Companies, when not nil, keeps only runs of these companies (the
+	// caller's, SPEC T2); nil lists every company's.
+	Companies []string
 }
 
 // ListRuns pages through runs, newest first. The page token is opaque.
@@ -367,7 +370,8 @@ func (s *Store) ListRuns(ctx context.Context, f ListFilter, pageSize int, pageTo
 	rows, err := s.pool.Query(ctx, `SELECT `+runColumns+`
 FROM executor.runs r JOIN executor.coordinators c ON c.run_id = r.run_id
 WHERE r.submit_seq < $1 AND ($2 = '' OR r.normalized_session_id = $2) AND ($3 = '' OR `+stateExpr+` = $3)
-ORDER BY r.submit_seq DESC LIMIT $4`, before, f.NormalizedSessionID, stateFromProto(f.State), pageSize+1)
+  AND ($5::text[] IS NULL OR r.company_id = ANY($5))
+ORDER BY r.submit_seq DESC LIMIT $4`, before, f.NormalizedSessionID, stateFromProto(f.State), pageSize+1, companiesArg(f.Companies))
 	if err != nil {
 		return nil, "", err
 	}

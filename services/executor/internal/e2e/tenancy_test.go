@@ -1,0 +1,84 @@
+package e2e
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/tether-run/tether/pkg/failure"
+	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
+	"github.com/tether-run/tether/pkg/grpcx"
+	"github.com/tether-run/tether/pkg/tenancy"
+	"github.com/tether-run/tether/services/executor/internal/stack"
+)
+
+// TestT2_OnAStackWithTokensAnotherCompanyCannotTouchALiveRun re-runs the
+// issue's probes against real processes with tenancy enforced (the stack
+// of make up-auth): while acme's turn is live, globex's writer cannot
+// read, watch, steer, cancel or resolve it (each answers as a missing
+// run), nor read or close acme's session, nor list acme's runs; a caller
+// without a token is Unauthenticated. The genuine run then succeeds once,
+// unsteered, and the audit is clean.
+func TestT2_OnAStackWithTokensAnotherCompanyCannotTouchALiveRun(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	h := newHarness(t, stack.Options{Auth: true, FakeArgs: []string{"--die-once-dir", dir}})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	as := func(subject string, grants ...string) executorv1.ExecutorServiceClient {
+		tok, err := h.st.Token(subject, time.Hour, grants...)
+		require.NoError(t, err)
+		conn, err := grpcx.Dial(h.st.Addr("executor"), "", grpc.WithPerRPCCredentials(tenancy.Bearer(tok)))
+		require.NoError(t, err)
+		t.Cleanup(func() { conn.Close() })
+		return executorv1.NewExecutorServiceClient(conn)
+	}
+	_, err := h.client.ListRuns(ctx, &executorv1.ListRunsRequest{})
+	require.Equal(t, codes.Unauthenticated, status.Code(err), "no token: %v", err)
+
+	acme, globex := as("alice", "acme:writer"), as("mallory", "globex:writer")
+	h.client = acme
+	h.submit("victim", "victim", stalledTurn)
+	h.waitForDelta(ctx, acme, "victim")
+
+	notFound := map[string]error{}
+	_, notFound["GetRun"] = globex.GetRun(ctx, &executorv1.GetRunRequest{RunId: "victim"})
+	_, notFound["GetSteeringState"] = globex.GetSteeringState(ctx, &executorv1.GetSteeringStateRequest{RunId: "victim"})
+	_, notFound["SteerRun"] = globex.SteerRun(ctx, &executorv1.SteerRunRequest{RunId: "victim", Message: "attacker steering text"})
+	_, notFound["CancelRun"] = globex.CancelRun(ctx, &executorv1.CancelRunRequest{RunId: "victim", Scope: executorv1.CancellationScope_CANCELLATION_SCOPE_RUN})
+	res, _ := structpb.NewStruct(map[string]any{"decision": "accept"})
+	_, notFound["ResolveRuntimeRequest"] = globex.ResolveRuntimeRequest(ctx, &executorv1.ResolveRuntimeRequestRequest{RunId: "victim", RequestId: "0", TurnId: "t", Resolution: res})
+	if w, err := globex.WatchRun(ctx, &executorv1.WatchRunRequest{RunId: "victim"}); err != nil {
+		notFound["WatchRun"] = err
+	} else {
+		_, notFound["WatchRun"] = w.Recv()
+	}
+	for name, err := range notFound {
+		require.Equal(t, codes.NotFound, status.Code(err), "%s: %v", name, err)
+		require.EqualValues(t, failure.RunNotFound, failure.CodeOf(err), name)
+	}
+	_, err = globex.GetSession(ctx, &executorv1.GetSessionRequest{CompanyId: "acme", NormalizedSessionId: "victim"})
+	require.Equal(t, codes.PermissionDenied, status.Code(err), "%v", err)
+	_, err = globex.CloseSession(ctx, &executorv1.CloseSessionRequest{CompanyId: "acme", NormalizedSessionId: "victim"})
+	require.Equal(t, codes.PermissionDenied, status.Code(err), "%v", err)
+	list, err := globex.ListRuns(ctx, &executorv1.ListRunsRequest{})
+	require.NoError(t, err)
+	require.Empty(t, list.GetRuns())
+
+	releaseStall(t, dir, "mid-stream")
+	waitSucceeded(ctx, t, acme, "victim")
+	run, err := acme.GetRun(ctx, &executorv1.GetRunRequest{RunId: "victim"})
+	require.NoError(t, err)
+	require.NotContains(t, run.GetRun().GetResult().GetFinalMessage(), "attacker")
+	require.Equal(t, 0, countLines(t, h.st.CallLog(), "turn/steer"), "the provider was never steered")
+	require.Equal(t, 1, countLines(t, h.st.CallLog(), "turn/start"))
+	rep, code := auditStack(t, h.dsn)
+	require.Equal(t, 0, code, "%+v", rep.Violations)
+	require.True(t, rep.Clean())
+}
