@@ -369,11 +369,11 @@ func auditCmd(ctx context.Context, args []string, w io.Writer) error {
 		return err
 	}
 	defer st.Close()
-	runs, events, acts, err := st.AuditRows(ctx, filter)
+	hist, err := st.AuditRows(ctx, filter)
 	if err != nil {
 		return err
 	}
-	rep := audit.Check(runs, events, acts)
+	rep := audit.Check(hist)
 	if *asJSON {
 		enc := json.NewEncoder(w)
 		enc.SetIndent("", "  ")

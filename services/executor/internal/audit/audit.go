@@ -3,7 +3,8 @@
 // contiguous, fenced sequence that stops at its run.terminal, a runner
 // executed each turn command at most once, each provider turn ended with
 // one turn event, and a cancellation was recorded and acknowledged at most
-// once. Check is a pure function over the rows
+// once; and no session is left wedged (its runs all failing while a
+// current copy of its thread exists). Check is a pure function over the rows
 // the store reads (store.AuditRows); tetherctl audit prints its report.
 package audit
 
@@ -67,7 +68,7 @@ const (
 
 // Classes lists every violation class, in report order.
 var Classes = []string{ClassTerminal, ClassSeqGap, ClassAfterTerminal, ClassWriterAttempt, ClassTerminalAttempt,
-	ClassTurnTwice, ClassTurnEventTwice, ClassCancellationTwice, ClassSourceOrder}
+	ClassTurnTwice, ClassTurnEventTwice, ClassCancellationTwice, ClassSourceOrder, ClassSessionWedged}
 
 // TurnEndTypes are the event types of a provider turn's end (the audit
 // reads their turn id).
@@ -93,6 +94,11 @@ type Run struct {
 	Attempt uint64
 	// EventCount is the run's stored event count.
 	EventCount uint64
+	// Scope is the run's session scope and Seq its submission order; the
+	// wedged-session rule reads them with the failure of a failed run.
+	Scope                       string
+	Seq                         uint64
+	FailureCode, FailureMessage string
 }
 
 // Ended reports whether the run has its outcome.
@@ -157,8 +163,18 @@ type Report struct {
 // Clean reports whether no promise was broken.
 func (r Report) Clean() bool { return len(r.Violations) == 0 }
 
-// Check audits runs, their events (any order) and their activities.
-func Check(runs []Run, events []Event, activities []Activity) Report {
+// History is what the audit reads: runs, their events (any order), their
+// activities, and the session checkpoints recorded.
+type History struct {
+	Runs        []Run
+	Events      []Event
+	Activities  []Activity
+	Checkpoints []Checkpoint
+}
+
+// Check audits a history.
+func Check(h History) Report {
+	runs, events, activities := h.Runs, h.Events, h.Activities
 	rep := Report{Runs: len(runs), Events: len(events), Violations: []Violation{}, ByClass: map[string]int{}, Outcomes: map[string]int{},
 		ContinuityBreaks: []ContinuityBreak{}}
 	for _, c := range Classes {
@@ -197,6 +213,7 @@ func Check(runs []Run, events []Event, activities []Activity) Report {
 		}
 	}
 	checkCancellations(runs, activities, add)
+	checkWedged(runs, h.Checkpoints, add)
 	return rep
 }
 

@@ -41,7 +41,7 @@ func healthy() *history {
 	return h
 }
 
-func (h *history) check() Report { return Check(h.runs, h.events, h.acts) }
+func (h *history) check() Report { return Check(History{Runs: h.runs, Events: h.events, Activities: h.acts}) }
 
 func (h *history) event(run string, seq uint64) *Event {
 	for i := range h.events {
@@ -228,7 +228,7 @@ func TestF3_AReplaceSessionContinuityBreakIsListedAsLegitimateNotAViolation(t *t
 		}
 	}
 	h.events = append(h.events, Event{RunID: "r1", Seq: 4, Type: EventContinuityBreak, Writer: 1, Detail: "session replaced by alice"})
-	rep := Check(h.runs, h.events, h.acts)
+	rep := h.check()
 	require.True(t, rep.Clean(), "%+v", rep.Violations)
 	require.Equal(t, []ContinuityBreak{{RunID: "r1", Seq: 4, Detail: "session replaced by alice"}}, rep.ContinuityBreaks)
 	var b bytes.Buffer

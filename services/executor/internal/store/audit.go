@@ -24,38 +24,21 @@ type AuditFilter struct {
 // final attempt and event count; its event rows (seq, type, writer
 // attempt, source and source seq; command.executed with the command it
 // reports; a turn end event with its provider turn); and its
-// cancellation audit entries.
-func (s *Store) AuditRows(ctx context.Context, f AuditFilter) ([]audit.Run, []audit.Event, []audit.Activity, error) {
-	var (
-		runs   []audit.Run
-		events []audit.Event
-		acts   []audit.Activity
-	)
+// cancellation audit entries; and the checkpoints of the selected runs'
+// session scopes (the wedged-session rule).
+func (s *Store) AuditRows(ctx context.Context, f AuditFilter) (audit.History, error) {
+	var h audit.History
 	err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
-		runs, events, acts = nil, nil, nil
+		h = audit.History{}
 		since := sinceArg(f.Since)
+		var err error
+		if h.Runs, err = auditRuns(ctx, tx, f.RunID, since); err != nil {
+			return err
+		}
+		if h.Checkpoints, err = auditCheckpoints(ctx, tx, f.RunID, since); err != nil {
+			return err
+		}
 		rows, err := tx.Query(ctx, `WITH `+auditRunsSQL+`
-SELECT run_id, state, attempt, event_count FROM audit_runs ORDER BY run_id`, f.RunID, since)
-		if err != nil {
-			return err
-		}
-		for rows.Next() {
-			var (
-				r        audit.Run
-				att, cnt int64
-			)
-			if err := rows.Scan(&r.ID, &r.State, &att, &cnt); err != nil {
-				rows.Close()
-				return err
-			}
-			r.Attempt, r.EventCount = uint64(att), uint64(cnt)
-			runs = append(runs, r)
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
-			return err
-		}
-		rows, err = tx.Query(ctx, `WITH `+auditRunsSQL+`
 SELECT e.run_id, e.seq, e.event_type, e.writer_attempt, CASE WHEN e.event_type IN ($3, $4) OR e.event_type = ANY($5) THEN e.event END,
        e.source_instance_id, e.source_seq
   FROM executor.events e JOIN audit_runs a ON a.run_id = e.run_id`, f.RunID, since, audit.EventCommandExecuted, audit.EventContinuityBreak,
@@ -94,7 +77,7 @@ SELECT e.run_id, e.seq, e.event_type, e.writer_attempt, CASE WHEN e.event_type I
 						p["caller"].GetStringValue(), p["requestedAt"].GetStringValue(), p["why"].GetStringValue())
 				}
 			}
-			events = append(events, e)
+			h.Events = append(h.Events, e)
 		}
 		rows.Close()
 		if err := rows.Err(); err != nil {
@@ -112,18 +95,72 @@ SELECT t.run_id, t.action FROM executor.activities t JOIN audit_runs a ON a.run_
 				rows.Close()
 				return err
 			}
-			acts = append(acts, a)
+			h.Activities = append(h.Activities, a)
 		}
 		rows.Close()
 		return rows.Err()
 	})
-	return runs, events, acts, err
+	return h, err
+}
+
+// auditRuns reads the selected runs: state, final attempt, event count,
+// session scope, submission order and failure.
+func auditRuns(ctx context.Context, tx pgx.Tx, runID string, since *time.Time) ([]audit.Run, error) {
+	rows, err := tx.Query(ctx, `WITH `+auditRunsSQL+`
+SELECT run_id, state, attempt, event_count, session_scope, submit_seq, failure_code, failure_message
+  FROM audit_runs ORDER BY run_id`, runID, since)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var runs []audit.Run
+	for rows.Next() {
+		var (
+			r             audit.Run
+			att, cnt, seq int64
+			code, msg     *string
+		)
+		if err := rows.Scan(&r.ID, &r.State, &att, &cnt, &r.Scope, &seq, &code, &msg); err != nil {
+			return nil, err
+		}
+		r.Attempt, r.EventCount, r.Seq = uint64(att), uint64(cnt), uint64(seq)
+		if code != nil {
+			r.FailureCode = *code
+		}
+		if msg != nil {
+			r.FailureMessage = *msg
+		}
+		runs = append(runs, r)
+	}
+	return runs, rows.Err()
+}
+
+// auditCheckpoints reads the checkpoints recorded for the selected runs'
+// session scopes.
+func auditCheckpoints(ctx context.Context, tx pgx.Tx, runID string, since *time.Time) ([]audit.Checkpoint, error) {
+	rows, err := tx.Query(ctx, `WITH `+auditRunsSQL+`
+SELECT k.checkpoint_id, k.session_scope, k.last_run_id FROM executor.session_checkpoints k
+ WHERE k.session_scope IN (SELECT session_scope FROM audit_runs) ORDER BY k.created_at`, runID, since)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []audit.Checkpoint
+	for rows.Next() {
+		var c audit.Checkpoint
+		if err := rows.Scan(&c.ID, &c.Scope, &c.LastRunID); err != nil {
+			return nil, err
+		}
+		out = append(out, c)
+	}
+	return out, rows.Err()
 }
 
 // auditRunsSQL selects the audited runs ($1 run id or ”, $2 since or
 // NULL) with their final attempt.
 const auditRunsSQL = `audit_runs AS (
-SELECT r.run_id, r.state, c.attempt, r.event_count FROM executor.runs r JOIN executor.coordinators c ON c.run_id = r.run_id
+SELECT r.run_id, r.state, c.attempt, r.event_count, r.session_scope, r.submit_seq, r.failure_code, r.failure_message
+  FROM executor.runs r JOIN executor.coordinators c ON c.run_id = r.run_id
  WHERE ($1 = '' OR r.run_id = $1) AND ($2::timestamptz IS NULL OR r.created_at >= $2))`
 
 func sinceArg(t time.Time) *time.Time {
