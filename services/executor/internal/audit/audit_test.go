@@ -41,7 +41,9 @@ func healthy() *history {
 	return h
 }
 
-func (h *history) check() Report { return Check(History{Runs: h.runs, Events: h.events, Activities: h.acts}) }
+func (h *history) check() Report {
+	return Check(History{Runs: h.runs, Events: h.events, Activities: h.acts})
+}
 
 func (h *history) event(run string, seq uint64) *Event {
 	for i := range h.events {
