@@ -181,7 +181,7 @@ test-continuity: ## opt-in SPEC C: the remote continuity regression in a disposa
 	TETHER_CONTINUITY=1 $(GO) test -race -count=1 -timeout 15m -v -run '^TestC[0-9]' ./services/executor/internal/e2e/
 
 .PHONY: test-chaos
-test-chaos: ## SPEC X2: the fault matrix over real processes (>= 204 runs, 6 warm sessions, >= 10 faults of each kind), then tetherctl audit; SEED=n reproduces a plan
+test-chaos: ## SPEC X2: the fault matrix over real processes (>= 204 runs, 6 warm sessions, two gateways, >= 10 faults of each kind incl. host kill, fail-back, runnerd kill after a checkpoint), then tetherctl audit (wedged sessions too) and an orphan-provider scan; SEED=n reproduces a plan
 	TETHER_CHAOS=1 SEED=$(SEED) $(GO) test -count=1 -timeout 25m -v -run '^TestX2_' ./services/executor/internal/e2e/
 
 CODEX_VERSION := 0.169.0

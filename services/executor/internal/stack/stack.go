@@ -268,6 +268,9 @@ func (s *Stack) Token(subject string, ttl time.Duration, grants ...string) (stri
 	return m.Mint(subject, grants, ttl, time.Now())
 }
 
+// Dir is the stack's private directory.
+func (s *Stack) Dir() string { return s.opts.Dir }
+
 // PKIDir holds the development CA and service certificates of an MTLS
 // stack.
 func (s *Stack) PKIDir() string { return filepath.Join(s.opts.Dir, "keys", "pki") }
