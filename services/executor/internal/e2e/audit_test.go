@@ -170,6 +170,14 @@ func TestX1_TetherctlAuditIsCleanOnAStackHistoryAndFindsEachCorruption(t *testin
 		`INSERT INTO executor.activities (activity_id, actor, action, company_id, issue_id, run_id, details, created_at)
 		 SELECT activity_id || '-again', actor, action, company_id, issue_id, run_id, details, created_at FROM executor.activities
 		  WHERE run_id = 'a-4' AND action = 'native.cancellation_intent_recorded'`,
+		// The session: a-2's idle period checkpointed, a-3 and a-4 failed
+		// after it — wedged (filed under a-4).
+		`INSERT INTO executor.session_checkpoints (checkpoint_id, session_scope, company_id, normalized_session_id, last_run_id,
+		        gateway_scope, manifest_digest, stamp, lease_id, runner_instance_id, reason)
+		 SELECT 'forged-cp', session_scope, company_id, normalized_session_id, run_id, session_scope, 'sha256:00', '\x00', 'local-x', 'forged', 'idle'
+		   FROM executor.runs WHERE run_id = 'a-2'`,
+		`UPDATE executor.runs SET state = 'failed', failure_code = 'runner_harness_state_mismatch', failure_message = 'forged'
+		  WHERE run_id IN ('a-3', 'a-4')`,
 	} {
 		_, err := db.Exec(ctx, q)
 		require.NoError(t, err, q)
@@ -192,6 +200,7 @@ func TestX1_TetherctlAuditIsCleanOnAStackHistoryAndFindsEachCorruption(t *testin
 	require.Len(t, found[audit.ClassTurnTwice], 1, "%+v", rep.Violations)
 	require.True(t, found[audit.ClassTurnEventTwice]["a-1"], "%+v", rep.Violations)
 	require.True(t, found[audit.ClassCancellationTwice]["a-4"], "%+v", rep.Violations)
+	require.True(t, found[audit.ClassSessionWedged]["a-4"], "%+v", rep.Violations)
 	for _, c := range audit.Classes {
 		require.NotZero(t, rep.ByClass[c], "class %s found", c)
 	}
