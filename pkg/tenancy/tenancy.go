@@ -115,18 +115,6 @@ func (p *Principal) granted() []string {
 	return out
 }
 
-// Grants are the principal's grants in "<company>:<role>"/"operator" form.
-func (p *Principal) Grants() []string {
-	var out []string
-	if p.Operator {
-		out = append(out, string(Operator))
-	}
-	for _, c := range p.granted() {
-		out = append(out, c+":"+string(p.Roles[c]))
-	}
-	return out
-}
-
 // ParseGrants builds a principal named name from grants ("acme:writer",
 // "globex:reader", "operator").
 func ParseGrants(name string, src Source, grants []string) (*Principal, error) {

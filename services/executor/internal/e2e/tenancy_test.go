@@ -23,7 +23,8 @@ import (
 // of make up-auth): while acme's turn is live, globex's writer cannot
 // read, watch, steer, cancel or resolve it (each answers as a missing
 // run), nor read or close acme's session, nor list acme's runs; a caller
-// without a token is Unauthenticated. The genuine run then succeeds once,
+// without a token is Unauthenticated; acme's writer asking another replica
+// is forwarded with its token. The genuine run then succeeds once,
 // unsteered, and the audit is clean.
 func TestT2_OnAStackWithTokensAnotherCompanyCannotTouchALiveRun(t *testing.T) {
 	t.Parallel()
@@ -70,6 +71,20 @@ func TestT2_OnAStackWithTokensAnotherCompanyCannotTouchALiveRun(t *testing.T) {
 	list, err := globex.ListRuns(ctx, &executorv1.ListRunsRequest{})
 	require.NoError(t, err)
 	require.Empty(t, list.GetRuns())
+
+	// Through another replica, the call is forwarded to the one driving
+	// the run with the caller's token, and authorized there again.
+	require.NoError(t, h.st.AddExecutor("executor-2"))
+	_, err = h.st.Start(ctx, "executor-2")
+	require.NoError(t, err)
+	tok, err := h.st.Token("alice", time.Hour, "acme:writer")
+	require.NoError(t, err)
+	conn, err := grpcx.Dial(h.st.Addr("executor-2"), "", grpc.WithPerRPCCredentials(tenancy.Bearer(tok)))
+	require.NoError(t, err)
+	defer conn.Close()
+	state, err := executorv1.NewExecutorServiceClient(conn).GetSteeringState(ctx, &executorv1.GetSteeringStateRequest{RunId: "victim"})
+	require.NoError(t, err)
+	require.Equal(t, "available", state.GetDisposition(), "forwarded to the driving replica with the caller's identity")
 
 	releaseStall(t, dir, "mid-stream")
 	waitSucceeded(ctx, t, acme, "victim")
