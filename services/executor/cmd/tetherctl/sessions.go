@@ -21,7 +21,7 @@ func replaceSessionCmd(ctx context.Context, client executorv1.ExecutorServiceCli
 	session := fs.String("session", "", "normalized session id (required)")
 	agent := fs.String("agent", "", "only this agent's scope (default: every scope of the session)")
 	reason := fs.String("reason", "", "why the provider thread is given up (required; recorded)")
-	by := fs.String("by", os.Getenv("USER"), "who decides (recorded)")
+	by := fs.String("by", os.Getenv("USER"), "who decides (recorded; where identities are required the authenticated principal is recorded instead)")
 	asJSON := fs.Bool("json", false, "print raw JSON")
 	if err := fs.Parse(args); err != nil {
 		return err
