@@ -74,6 +74,10 @@ const (
 	// InvalidRequest: the stable code of a request that failed its protovalidate
 	// rules.
 	InvalidRequest = "invalid_request"
+	// WorkspaceOutsideRoot: a run's workspace.cwd is not a clean absolute
+	// path inside the workspace root of its company, or resolves (through a
+	// symbolic link) outside it (SPEC T6).
+	WorkspaceOutsideRoot = "workspace_outside_root"
 	// KeyFileInvalid: the key file is too short, too long or unreadable.
 	KeyFileInvalid = "key_file_invalid"
 	// KeyFileUnsafe: the key file is a symlink, not a regular file, owned by
@@ -374,6 +378,7 @@ var registry = map[Reason]Info{
 	InteractionNotFound:                           {codes.NotFound, Permanent},
 	Internal:                                      {codes.Internal, Permanent},
 	InvalidRequest:                                {codes.InvalidArgument, Permanent},
+	WorkspaceOutsideRoot:                          {codes.InvalidArgument, AttemptTerminal},
 	KeyFileInvalid:                                {codes.FailedPrecondition, Permanent},
 	KeyFileUnsafe:                                 {codes.FailedPrecondition, Permanent},
 	NativeCancellationCoordinatorMissing:          {codes.FailedPrecondition, Permanent},

@@ -69,7 +69,7 @@ func ClientTLSConfig(caFile, certFile, keyFile string) (*tls.Config, error) {
 		return nil, errors.New("grpcx: client certificate and key must be set together")
 	}
 	if certFile != "" {
-		cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+		cert, err := LoadKeyPair(certFile, keyFile)
 		if err != nil {
 			return nil, fmt.Errorf("grpcx: loading client key pair: %w", err)
 		}

@@ -4,10 +4,13 @@ import (
 	"crypto/tls"
 	"errors"
 	"flag"
+	"os"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/tether-run/tether/pkg/keyfile"
 )
 
 // ClientTLS is how a service dials one kind of peer (SPEC F6): the CA that
@@ -107,4 +110,20 @@ func (c ClientTLS) tlsConfig() (*tls.Config, error) {
 	}
 	tc.ServerName = c.ServerName
 	return tc, nil
+}
+
+// LoadKeyPair loads a TLS certificate and its private key; the key is read
+// as a key file (pkg/keyfile, SPEC S3: the file itself, not a symlink, a
+// regular file owned by this process's user, mode 0600 or stricter), so a
+// TLS key is held to the same rule as every other private key (SPEC T6).
+func LoadKeyPair(certFile, keyFile string) (tls.Certificate, error) {
+	certPEM, err := os.ReadFile(certFile)
+	if err != nil {
+		return tls.Certificate{}, err
+	}
+	keyPEM, err := keyfile.Read(keyFile)
+	if err != nil {
+		return tls.Certificate{}, err
+	}
+	return tls.X509KeyPair(certPEM, keyPEM)
 }

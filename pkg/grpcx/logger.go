@@ -5,8 +5,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strconv"
 	"strings"
 	"sync"
+	"unicode/utf8"
 
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
@@ -38,13 +40,55 @@ func checkFormat(format string) error {
 
 // NewLogger returns a slog logger writing JSON (default) or text at level.
 // Unknown values fall back to info / json; New validates them up front.
+// Every string or error value is capped at MaxLogValueBytes (CapLogValue), so
+// no request field makes a log line larger than that (SPEC T6).
 func NewLogger(level, format string, w io.Writer) *slog.Logger {
 	lvl, _ := ParseLevel(level)
-	opts := &slog.HandlerOptions{Level: lvl}
+	opts := &slog.HandlerOptions{Level: lvl, ReplaceAttr: capAttr}
 	if strings.EqualFold(strings.TrimSpace(format), "text") {
 		return slog.New(slog.NewTextHandler(w, opts))
 	}
 	return slog.New(slog.NewJSONHandler(w, opts))
+}
+
+// MaxLogValueBytes caps one logged value; MaxLogIDBytes the request ids every
+// call's log line carries (run_id, session_id).
+const (
+	MaxLogValueBytes = 8 << 10
+	MaxLogIDBytes    = 256
+)
+
+// CapLogValue returns s as valid UTF-8 of at most n bytes (a cut value ends
+// in "...(+N bytes)").
+func CapLogValue(s string, n int) string {
+	if len(s) <= n && utf8.ValidString(s) {
+		return s
+	}
+	s = strings.ToValidUTF8(s, "\uFFFD")
+	if len(s) <= n {
+		return s
+	}
+	cut := n
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "...(+" + strconv.Itoa(len(s)-cut) + " bytes)"
+}
+
+func capAttr(_ []string, a slog.Attr) slog.Attr {
+	switch a.Value.Kind() {
+	case slog.KindString:
+		if s := a.Value.String(); len(s) > MaxLogValueBytes || !utf8.ValidString(s) {
+			a.Value = slog.StringValue(CapLogValue(s, MaxLogValueBytes))
+		}
+	case slog.KindAny:
+		if err, ok := a.Value.Any().(error); ok {
+			if s := err.Error(); len(s) > MaxLogValueBytes {
+				a.Value = slog.StringValue(CapLogValue(s, MaxLogValueBytes))
+			}
+		}
+	}
+	return a
 }
 
 // Call fields: run_id, attempt and session_id, taken from the request (unary)
@@ -71,6 +115,7 @@ func (f *callFields) observe(msg any) {
 	}
 	f.seen = true
 	f.runID, f.attempt, f.hasAtt, f.sessionID = extractIDs(msg)
+	f.runID, f.sessionID = CapLogValue(f.runID, MaxLogIDBytes), CapLogValue(f.sessionID, MaxLogIDBytes)
 }
 
 func (f *callFields) args() []any {

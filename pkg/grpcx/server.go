@@ -164,6 +164,7 @@ func New(cfg Config, extra ...grpc.ServerOption) (*Server, error) {
 			unaryCodedErrors,
 			recovery.UnaryServerInterceptor(rec),
 			peers.unary,
+			unaryUndecodable,
 			protovalidatemw.UnaryServerInterceptor(validator),
 		),
 		grpc.ChainStreamInterceptor(
@@ -173,8 +174,12 @@ func New(cfg Config, extra ...grpc.ServerOption) (*Server, error) {
 			streamCodedErrors,
 			recovery.StreamServerInterceptor(rec),
 			peers.stream,
+			streamUndecodable,
 			protovalidatemw.StreamServerInterceptor(validator),
 		),
+		// Undecodable requests reach the interceptors marked (decode.go)
+		// instead of failing as a bare Internal inside grpc-go.
+		grpc.ForceServerCodecV2(Codec()),
 		grpc.StatsHandler(payloadless{otelgrpc.NewServerHandler(otelgrpc.WithFilter(filters.Not(filters.HealthCheck())))}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{
 			MinTime:             KeepaliveMinTime,
@@ -492,7 +497,7 @@ func serverTLS(cfg Config) (*tls.Config, error) {
 	if cfg.TLSCertFile == "" || cfg.TLSKeyFile == "" {
 		return nil, errors.New("grpcx: -tls-cert and -tls-key must be set together")
 	}
-	cert, err := tls.LoadX509KeyPair(cfg.TLSCertFile, cfg.TLSKeyFile)
+	cert, err := LoadKeyPair(cfg.TLSCertFile, cfg.TLSKeyFile)
 	if err != nil {
 		return nil, fmt.Errorf("grpcx: loading TLS key pair: %w", err)
 	}
@@ -538,4 +543,12 @@ func IsLoopbackAddr(addr string) bool {
 // SignalContext returns a context cancelled on SIGINT or SIGTERM.
 func SignalContext(parent context.Context) (context.Context, context.CancelFunc) {
 	return signal.NotifyContext(parent, os.Interrupt, syscall.SIGTERM)
+}
+
+// CheckTLS loads the server's TLS settings as New would (the key through
+// pkg/keyfile's checks), so a service can refuse a bad key before it does
+// anything else (connects to its database, migrates).
+func (c *Config) CheckTLS() error {
+	_, err := serverTLS(*c)
+	return err
 }

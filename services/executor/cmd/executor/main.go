@@ -16,6 +16,7 @@ import (
 	"github.com/tether-run/tether/pkg/grpcx"
 	"github.com/tether-run/tether/pkg/pgstore"
 	"github.com/tether-run/tether/pkg/tenancy"
+	"github.com/tether-run/tether/pkg/workspace"
 	"github.com/tether-run/tether/services/executor/internal/api"
 	"github.com/tether-run/tether/services/executor/internal/authz"
 	"github.com/tether-run/tether/services/executor/internal/dispatch"
@@ -63,6 +64,7 @@ func run() error {
 	grpcx.StringVar(fs, &auth.JWKSFile, "auth-jwks", "", "", "JWKS file of the public keys bearer tokens are verified against (SPEC T1; `tetherctl tokens init DIR` writes one); with -tls-client-ca, client certificates naming principals are accepted too. Off loopback one of them is required; on loopback without either every caller is admitted (development mode)")
 	grpcx.StringVar(fs, &auth.Issuer, "auth-issuer", "", tenancy.DefaultIssuer, "the issuer (iss) bearer tokens must carry")
 	grpcx.StringVar(fs, &auth.Audience, "auth-audience", "", tenancy.DefaultAudience, "the audience (aud) bearer tokens must carry")
+	workspaceRoot := grpcx.StringFlag(fs, "workspace-root", "", workspace.DefaultRoot, "a run's workspace.cwd must lie in <this>/<company_id> (SPEC T6; the same as the gateways' -workspace-root), or the run is refused at submit with workspace_outside_root")
 	if err := grpcx.ParseFlags(fs, os.Args[1:]); err != nil {
 		return err
 	}
@@ -77,6 +79,9 @@ func run() error {
 	}
 	signingKey, err := grant.LoadSigningKey(*grantKey)
 	if err != nil {
+		return err
+	}
+	if err := cfg.CheckTLS(); err != nil {
 		return err
 	}
 	ctx, stop := grpcx.SignalContext(context.Background())
@@ -150,7 +155,7 @@ func run() error {
 	drainer := &fleet.Drainer{Store: st, Suspender: sus, Router: router, Interval: *drainSweep, Logger: log}
 	apiSrv = &api.Server{Store: st, Hub: hub, Submit: d.SubmitAndClaim, KickRun: d.KickRun,
 		DispatchCancellation: d.DispatchCancellation, AwaitCancellationAck: d.AwaitCancellationAck, Draining: srv.Draining(), Controls: d.Controls(), SelfAddr: *advertise,
-		Gateways: router, GatewayTTL: *gatewayTTL, Suspender: sus,
+		Gateways: router, GatewayTTL: *gatewayTTL, Suspender: sus, WorkspaceRoot: *workspaceRoot,
 		DialPeer: func(addr string) (*grpc.ClientConn, error) {
 			return peerTLS.WithDefaults(cfg, cfg.TLSClientCAFile).Dial(addr)
 		}}

@@ -189,7 +189,7 @@ func submit(ctx context.Context, c *replicaSet, args []string) error {
 	fs.StringVar(&spec.Agent, "agent", DefaultAgent, "agent id")
 	fs.StringVar(&spec.Issue, "issue", "", "issue id")
 	fs.StringVar(&spec.Lifecycle, "lifecycle", "warm", "warm or per_turn")
-	fs.StringVar(&spec.Cwd, "cwd", "", "absolute workspace directory on the runner host (default: assigned)")
+	fs.StringVar(&spec.Cwd, "cwd", "", "workspace directory on the runner host, inside <workspace-root>/<company> (default: assigned)")
 	fs.StringVar(&spec.Model, "model", "", "provider model")
 	fs.StringVar(&spec.Labels, "labels", "", "placement labels the session's gateway must carry, e.g. zone=a,gpu=false (SPEC F2)")
 	doWatch := fs.Bool("watch", false, "watch the run after submitting")

@@ -6,7 +6,11 @@
 // ACPX provider is admitted here even though the runner gateway of this build
 // separately refuses to launch it.
 //
-// Every refusal is a gRPC InvalidArgument failure.Error with the single
+// It also bounds free-form values (structure.go: a tool's input_schema too
+// deep or too large is invalid_request) and confines workspace.cwd to its
+// company's workspace root (workspace_outside_root), SPEC T6.
+//
+// Every provider refusal is a gRPC InvalidArgument failure.Error with the single
 // stable code provider_not_admitted (clients need one code for "this provider
 // configuration cannot run"). Which provider field was refused is carried in
 // the ErrorInfo metadata under "field": provider.kind, provider.agent,
@@ -42,8 +46,13 @@ var (
 	acpxAgents              = []string{"claude", "codex"}
 )
 
-// Check returns a failure.Error when the input cannot be admitted.
+// Check returns a failure.Error when the input cannot be admitted: its
+// free-form values too deep or too large (CheckStructures), or its provider
+// not qualified.
 func Check(in *prpv1.ExecutionInput) error {
+	if err := CheckStructures(in); err != nil {
+		return err
+	}
 	p := in.GetProvider()
 	switch kind := p.GetKind(); kind {
 	case provenv.KindCodex:

@@ -73,6 +73,11 @@ type Server struct {
 	connMu sync.Mutex
 	conns  map[string]*grpc.ClientConn
 
+	// WorkspaceRoot is the fleet's workspace root: a run's workspace.cwd
+	// must lie in <WorkspaceRoot>/<company_id> (SPEC T6; "" is
+	// workspace.DefaultRoot).
+	WorkspaceRoot string
+
 	// Draining, when closed, ends open watches with Unavailable so a
 	// graceful shutdown is not held up by them (clients resume from their
 	// last cursor on another replica).
@@ -91,6 +96,9 @@ func (s *Server) gatewayTTL() time.Duration {
 // SubmitRun stores a run (idempotent by run id).
 func (s *Server) SubmitRun(ctx context.Context, req *executorv1.SubmitRunRequest) (*executorv1.SubmitRunResponse, error) {
 	if err := admission.Check(req.GetInput()); err != nil {
+		return nil, err
+	}
+	if err := admission.CheckWorkspace(req.GetInput(), s.WorkspaceRoot); err != nil {
 		return nil, err
 	}
 	var (
@@ -234,6 +242,9 @@ func (s *Server) SteerRun(ctx context.Context, req *executorv1.SteerRunRequest) 
 // ResolveRuntimeRequest answers a provider's runtime request once, after
 // revalidating that it is still pending.
 func (s *Server) ResolveRuntimeRequest(ctx context.Context, req *executorv1.ResolveRuntimeRequestRequest) (*executorv1.ResolveRuntimeRequestResponse, error) {
+	if err := admission.CheckStruct("resolution", req.GetResolution(), admission.MaxResolutionBytes); err != nil {
+		return nil, err
+	}
 	id, err := s.controls().ResolveRuntimeRequest(ctx, control.ResolveInput{
 		RunID: req.GetRunId(), RequestID: req.GetRequestId(), TurnID: req.GetTurnId(),
 		Resolution: req.GetResolution().AsMap(),

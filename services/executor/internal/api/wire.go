@@ -3,11 +3,11 @@ package api
 import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/encoding"
-	grpcproto "google.golang.org/grpc/encoding/proto"
 	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/proto"
 
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
+	"github.com/tether-run/tether/pkg/grpcx"
 	"github.com/tether-run/tether/services/executor/internal/store"
 )
 
@@ -34,10 +34,10 @@ func EncodeWatchEvent(e store.StoredEvent) (any, error) {
 }
 
 // WatchCodec is the server option an executor serving a hub with
-// EncodeWatchEvent needs: grpc's proto codec, which also sends an encoded
+// EncodeWatchEvent needs: grpcx's request-checking proto codec, which also sends an encoded
 // response as it is.
 func WatchCodec() grpc.ServerOption {
-	return grpc.ForceServerCodecV2(wireCodec{encoding.GetCodecV2(grpcproto.Name)})
+	return grpc.ForceServerCodecV2(wireCodec{grpcx.Codec()})
 }
 
 type wireCodec struct{ encoding.CodecV2 }

@@ -88,7 +88,7 @@ func TestR10_Stack_OpenCodePermissionIsResolvedThroughTheExecutor(t *testing.T) 
 	h := newHarness(t, stack.Options{GatewayArgs: gw})
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	ws := t.TempDir()
+	ws := filepath.Join(h.st.WorkspaceRoot(), "acme", t.Name())
 	in := h.submitInput("opencode-permission", "[shell] write the file")
 	in.Provider = &prpv1.Provider{Kind: "opencode", Model: "mock/mock-model", PermissionMode: "ask"}
 	in.Workspace = &prpv1.Workspace{Cwd: ws}

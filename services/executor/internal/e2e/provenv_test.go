@@ -39,7 +39,7 @@ func TestE2_Stack_ProviderEnvironmentComesFromTheRunsPolicy(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 
-	ws := t.TempDir()
+	ws := filepath.Join(h.st.WorkspaceRoot(), "acme", t.Name())
 	in := h.submitInput("provenv", "show me your environment")
 	in.Workspace = &prpv1.Workspace{Cwd: ws}
 	in.Environment = &prpv1.ProviderEnvironment{

@@ -406,6 +406,10 @@ func (s *Stack) LogPath(name string) string { return filepath.Join(s.opts.Dir, "
 // BlobDir is where the backup verifier stores checkpoint archives.
 func (s *Stack) BlobDir() string { return filepath.Join(s.opts.Dir, "backup-blobs") }
 
+// WorkspaceRoot is the stack's workspace root (the executors' and gateways'
+// -workspace-root): a run's workspace.cwd lies in <root>/<company_id>.
+func (s *Stack) WorkspaceRoot() string { return filepath.Join(s.opts.Dir, "workspaces") }
+
 // RunnerStateRoot is where runnergw keeps runner state.
 func (s *Stack) RunnerStateRoot() string { return filepath.Join(s.opts.Dir, "runners") }
 
@@ -459,7 +463,7 @@ func (s *Stack) args(name string) []string {
 		a := append(append(common, "-grpc-addr", s.Addr(name), "-database-url", s.opts.DatabaseURL,
 			"-gateway-addr", s.Addr("runnergw"), "-lease-ttl", s.opts.LeaseTTL.String(), "-poll-interval", "250ms",
 			"-owner-id", name, "-grant-key-file", s.GrantKeyFile(), "-gateway-id", GatewayID,
-			"-checkpoint-after", s.opts.CheckpointAfter.String()), migrate...)
+			"-checkpoint-after", s.opts.CheckpointAfter.String(), "-workspace-root", s.WorkspaceRoot()), migrate...)
 		if s.opts.Auth {
 			a = append(a, "-auth-jwks", s.JWKSFile())
 		}
@@ -475,7 +479,7 @@ func (s *Stack) args(name string) []string {
 		}
 		a := append(common, "-grpc-addr", s.Addr(name),
 			"-runner-addr", "127.0.0.1:"+strconv.Itoa(runnerPort),
-			"-state-root", s.RunnerStateRootOf(name),
+			"-state-root", s.RunnerStateRootOf(name), "-workspace-root", s.WorkspaceRoot(),
 			"-runner-auth-key-file", s.runnerAuthKeyFile(name),
 			"-grant-public-keys", s.GrantPublicKeyFile(), "-gateway-id", GatewayIDOf(name),
 			"-runnerd-path", filepath.Join(s.opts.BinDir, "runnerd"),

@@ -28,6 +28,7 @@ import (
 	"github.com/tether-run/tether/pkg/placement"
 	"github.com/tether-run/tether/pkg/providerlaunch"
 	"github.com/tether-run/tether/pkg/prp"
+	"github.com/tether-run/tether/pkg/workspace"
 	"github.com/tether-run/tether/services/runnergw/internal/announce"
 	"github.com/tether-run/tether/services/runnergw/internal/api"
 	"github.com/tether-run/tether/services/runnergw/internal/gateway"
@@ -76,6 +77,7 @@ func run() error {
 		"a runner connection that has not proven its credential this long after it opened gets a Goodbye runner_handshake_timeout and is closed")
 	toolTimeout := grpcx.DurationFlag(fs, "semantic-tool-timeout", "", 0, "how long a dynamic tool call waits for its result before runnerd answers it failed (semantic_tool_timeout); 0: runnerd's default (10m)")
 	stateRoot := grpcx.StringFlag(fs, "state-root", "", defaultStateRoot(), "directory for runner state, one subdirectory per session scope")
+	workspaceRoot := grpcx.StringFlag(fs, "workspace-root", "", workspace.DefaultRoot, "a run's workspace.cwd must resolve inside <this>/<company_id> (created 0700 on first use), or the run fails with workspace_outside_root (SPEC T6; the same as the executors' -workspace-root)")
 	runnerd := grpcx.StringFlag(fs, "runnerd-path", "", "", "runnerd binary (default: next to this binary, then PATH)")
 	codex := grpcx.StringFlag(fs, "codex-command", "", "codex", "provider command runnerd launches (the codex native binary, or fake-codex-app-server)")
 	codexHome := grpcx.StringFlag(fs, "codex-home-template", "", "", "directory whose auth.json and config.toml (mode 0600) are copied into each scope's codex-home before its runner is launched (they never travel in backups)")
@@ -174,7 +176,7 @@ func run() error {
 		return err
 	}
 	gcfg := gateway.Config{
-		StateRoot: *stateRoot, ConnectURL: *connectURL,
+		StateRoot: *stateRoot, WorkspaceRoot: *workspaceRoot, ConnectURL: *connectURL,
 		RunnerdPath: rpath, CodexCommand: *codex, CodexArgs: codexArgs, CodexHomeTemplate: *codexHome,
 		Providers:   providers,
 		IdleTimeout: *idle, ReconnectGrace: *grace, ConnectTimeout: *connectTimeout,
@@ -196,7 +198,7 @@ func run() error {
 	}
 	var tlsLis net.Listener
 	if *tlsCert != "" {
-		cert, err := tls.LoadX509KeyPair(*tlsCert, *tlsKey)
+		cert, err := grpcx.LoadKeyPair(*tlsCert, *tlsKey)
 		if err != nil {
 			return fmt.Errorf("runner TLS listener: %w", err)
 		}

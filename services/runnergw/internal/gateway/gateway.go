@@ -31,6 +31,7 @@ import (
 	"github.com/tether-run/tether/pkg/scope/durable"
 	"github.com/tether-run/tether/pkg/synctrace"
 	"github.com/tether-run/tether/pkg/telemetry"
+	"github.com/tether-run/tether/pkg/workspace"
 )
 
 // ReasonAuthorityRotated is logged when a run takes over a live warm
@@ -48,6 +49,10 @@ type Config struct {
 	// root), runnerd.log and the default workspace; quarantined roots go to
 	// quarantine/.
 	StateRoot string
+	// WorkspaceRoot confines a run's workspace.cwd to
+	// <WorkspaceRoot>/<company_id>, resolved (SPEC T6); "" is
+	// workspace.DefaultRoot.
+	WorkspaceRoot string
 	// ConnectURL is the ws:// URL launched dial_ws_loopback runners dial
 	// (loopback only).
 	ConnectURL string
@@ -271,6 +276,22 @@ func (g *Gateway) fence(runID string, attempt uint64) error {
 // is still refused by the runner and by the executor's lease.
 const maxFencedRuns = 4096
 
+// confineWorkspace refuses (workspace_outside_root) a run whose
+// workspace.cwd is not, once resolved, inside its company's workspace root,
+// and creates it; an empty cwd is the scope's own workspace directory.
+func (g *Gateway) confineWorkspace(in *prpv1.ExecutionInput) error {
+	cwd := in.GetWorkspace().GetCwd()
+	if cwd == "" {
+		return nil
+	}
+	root := g.cfg.WorkspaceRoot
+	if root == "" {
+		root = workspace.DefaultRoot
+	}
+	_, err := workspace.Confine(root, in.GetBinding().GetCompanyId(), cwd)
+	return err
+}
+
 // stateDir is the scope's durable root: runnerd's --state-dir.
 func (g *Gateway) stateDir(sc string) string { return filepath.Join(g.cfg.StateRoot, sc) }
 
@@ -302,6 +323,9 @@ func (g *Gateway) ensureRunner(ctx context.Context, sc string, in *prpv1.Executi
 		inst, proc := persistedIdentity(dir)
 		if !processAlive(proc) {
 			prof, err := g.launchProfile(in)
+			if err == nil {
+				err = g.confineWorkspace(in)
+			}
 			if err != nil {
 				r.mu.Unlock()
 				return nil, false, nil, err

@@ -1776,24 +1776,24 @@ var File_tether_backup_v1_backup_proto protoreflect.FileDescriptor
 
 const file_tether_backup_v1_backup_proto_rawDesc = "" +
 	"\n" +
-	"\x1dtether/backup/v1/backup.proto\x12\x10tether.backup.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x94\x03\n" +
-	"\x05Stamp\x12'\n" +
-	"\x0fmanifest_digest\x18\x01 \x01(\tR\x0emanifestDigest\x12#\n" +
-	"\rsession_scope\x18\x02 \x01(\tR\fsessionScope\x12,\n" +
-	"\x12runner_instance_id\x18\x03 \x01(\tR\x10runnerInstanceId\x12\x19\n" +
-	"\blease_id\x18\x04 \x01(\tR\aleaseId\x12=\n" +
-	"\fcompleted_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\vcompletedAt\x12\x1c\n" +
-	"\tsignature\x18\x06 \x01(\tR\tsignature\x12\x16\n" +
-	"\x06schema\x18\a \x01(\tR\x06schema\x12#\n" +
-	"\rcheckpoint_id\x18\b \x01(\tR\fcheckpointId\x122\n" +
-	"\x15normalized_session_id\x18\t \x01(\tR\x13normalizedSessionId\x12&\n" +
+	"\x1dtether/backup/v1/backup.proto\x12\x10tether.backup.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xee\x03\n" +
+	"\x05Stamp\x121\n" +
+	"\x0fmanifest_digest\x18\x01 \x01(\tB\b\xbaH\x05r\x03\x18\x80\x01R\x0emanifestDigest\x12-\n" +
+	"\rsession_scope\x18\x02 \x01(\tB\b\xbaH\x05r\x03\x18\x80\x01R\fsessionScope\x126\n" +
+	"\x12runner_instance_id\x18\x03 \x01(\tB\b\xbaH\x05r\x03\x18\x80\x02R\x10runnerInstanceId\x12#\n" +
+	"\blease_id\x18\x04 \x01(\tB\b\xbaH\x05r\x03\x18\x80\x02R\aleaseId\x12=\n" +
+	"\fcompleted_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\vcompletedAt\x12&\n" +
+	"\tsignature\x18\x06 \x01(\tB\b\xbaH\x05r\x03\x18\x80\bR\tsignature\x12 \n" +
+	"\x06schema\x18\a \x01(\tB\b\xbaH\x05r\x03\x18\x80\x01R\x06schema\x12-\n" +
+	"\rcheckpoint_id\x18\b \x01(\tB\b\xbaH\x05r\x03\x18\x80\x02R\fcheckpointId\x12<\n" +
+	"\x15normalized_session_id\x18\t \x01(\tB\b\xbaH\x05r\x03\x18\xa0\x01R\x13normalizedSessionId\x120\n" +
 	"\x0fsource_lease_id\x18\n" +
-	" \x01(\tR\rsourceLeaseId\"t\n" +
-	"\tWorkspace\x12\x10\n" +
-	"\x03cwd\x18\x01 \x01(\tR\x03cwd\x12\x19\n" +
-	"\brepo_url\x18\x02 \x01(\tR\arepoUrl\x12\x19\n" +
-	"\brepo_ref\x18\x03 \x01(\tR\arepoRef\x12\x1f\n" +
-	"\vbranch_name\x18\x04 \x01(\tR\n" +
+	" \x01(\tB\b\xbaH\x05r\x03\x18\x80\x02R\rsourceLeaseId\"\x9c\x01\n" +
+	"\tWorkspace\x12\x1a\n" +
+	"\x03cwd\x18\x01 \x01(\tB\b\xbaH\x05r\x03\x18\x80 R\x03cwd\x12#\n" +
+	"\brepo_url\x18\x02 \x01(\tB\b\xbaH\x05r\x03\x18\x80\x10R\arepoUrl\x12#\n" +
+	"\brepo_ref\x18\x03 \x01(\tB\b\xbaH\x05r\x03\x18\x80\x02R\arepoRef\x12)\n" +
+	"\vbranch_name\x18\x04 \x01(\tB\b\xbaH\x05r\x03\x18\x80\x02R\n" +
 	"branchName\"\x9b\x03\n" +
 	"\x11ExecutionIdentity\x12)\n" +
 	"\n" +
@@ -1807,13 +1807,13 @@ const file_tether_backup_v1_backup_proto_rawDesc = "" +
 	"\vdriver_kind\x18\x05 \x01(\tB6\xbaH3r1R\x10codex_app_serverR\x0fopencode_serverR\facpx_runtimeR\n" +
 	"driverKind\x129\n" +
 	"\tworkspace\x18\x06 \x01(\v2\x1b.tether.backup.v1.WorkspaceR\tworkspace\x12;\n" +
-	"\bprovider\x18\a \x01(\v2\x17.google.protobuf.StructB\x06\xbaH\x03\xc8\x01\x01R\bprovider\"\xdd\x01\n" +
-	"\x17ProviderSessionIdentity\x12.\n" +
-	"\x13provider_session_id\x18\x01 \x01(\tR\x11providerSessionId\x12=\n" +
-	"\x1bprovider_backend_session_id\x18\x02 \x01(\tR\x18providerBackendSessionId\x12S\n" +
-	"\x19provider_session_identity\x18\x03 \x01(\v2\x17.google.protobuf.StructR\x17providerSessionIdentity\"\x80\x04\n" +
-	"\x10CheckpointHeader\x12:\n" +
-	"\rsession_scope\x18\x01 \x01(\tB\x15\xbaH\x12r\x102\x0e^[0-9a-f]{64}$R\fsessionScope\x128\n" +
+	"\bprovider\x18\a \x01(\v2\x17.google.protobuf.StructB\x06\xbaH\x03\xc8\x01\x01R\bprovider\"\xf1\x01\n" +
+	"\x17ProviderSessionIdentity\x128\n" +
+	"\x13provider_session_id\x18\x01 \x01(\tB\b\xbaH\x05r\x03\x18\x80\x02R\x11providerSessionId\x12G\n" +
+	"\x1bprovider_backend_session_id\x18\x02 \x01(\tB\b\xbaH\x05r\x03\x18\x80\x02R\x18providerBackendSessionId\x12S\n" +
+	"\x19provider_session_identity\x18\x03 \x01(\v2\x17.google.protobuf.StructR\x17providerSessionIdentity\"\x82\x04\n" +
+	"\x10CheckpointHeader\x12<\n" +
+	"\rsession_scope\x18\x01 \x01(\tB\x17\xbaH\x14r\x12\x18@2\x0e^[0-9a-f]{64}$R\fsessionScope\x128\n" +
 	"\x12runner_instance_id\x18\x02 \x01(\tB\n" +
 	"\xbaH\ar\x05\x10\x01\x18\x80\x02R\x10runnerInstanceId\x12%\n" +
 	"\blease_id\x18\x03 \x01(\tB\n" +
@@ -1876,14 +1876,14 @@ const file_tether_backup_v1_backup_proto_rawDesc = "" +
 	"checkpoint\x18\x01 \x01(\v2\x1c.tether.backup.v1.CheckpointH\x00R\n" +
 	"checkpoint\x12\x16\n" +
 	"\x05chunk\x18\x02 \x01(\fH\x00R\x05chunkB\x06\n" +
-	"\x04part\"\xf4\x02\n" +
+	"\x04part\"\xfe\x02\n" +
 	"\x13VerifyBackupRequest\x120\n" +
 	"\rcheckpoint_id\x18\x01 \x01(\tB\t\xbaH\x06r\x04\x10\x01\x18@H\x00R\fcheckpointId\x12G\n" +
 	"\x0fmanifest_digest\x18\x02 \x01(\tB\x1c\xbaH\x19r\x172\x15^sha256:[0-9a-f]{64}$H\x00R\x0emanifestDigest\x12<\n" +
 	"\x04mode\x18\x03 \x01(\x0e2\x1c.tether.backup.v1.VerifyModeB\n" +
 	"\xbaH\a\x82\x01\x04\x10\x01 \x00R\x04mode\x12R\n" +
-	"\x12expected_execution\x18\x04 \x01(\v2#.tether.backup.v1.ExecutionIdentityR\x11expectedExecution\x12=\n" +
-	"\x1bexpected_runner_instance_id\x18\x05 \x01(\tR\x18expectedRunnerInstanceIdB\x11\n" +
+	"\x12expected_execution\x18\x04 \x01(\v2#.tether.backup.v1.ExecutionIdentityR\x11expectedExecution\x12G\n" +
+	"\x1bexpected_runner_instance_id\x18\x05 \x01(\tB\b\xbaH\x05r\x03\x18\x80\x02R\x18expectedRunnerInstanceIdB\x11\n" +
 	"\bselector\x12\x05\xbaH\x02\b\x01\"\xcc\x01\n" +
 	"\x0eDirectoryCheck\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12'\n" +
@@ -1901,17 +1901,18 @@ const file_tether_backup_v1_backup_proto_rawDesc = "" +
 	"checkpoint\x120\n" +
 	"\x04mode\x18\x05 \x01(\x0e2\x1c.tether.backup.v1.VerifyModeR\x04mode\x12%\n" +
 	"\x0ebytes_verified\x18\x06 \x01(\x03R\rbytesVerified\x12B\n" +
-	"\vdirectories\x18\a \x03(\v2 .tether.backup.v1.DirectoryCheckR\vdirectories\"o\n" +
+	"\vdirectories\x18\a \x03(\v2 .tether.backup.v1.DirectoryCheckR\vdirectories\"r\n" +
 	"\x12VerifyStampRequest\x125\n" +
-	"\x05stamp\x18\x01 \x01(\v2\x17.tether.backup.v1.StampB\x06\xbaH\x03\xc8\x01\x01R\x05stamp\x12\"\n" +
-	"\blease_id\x18\x02 \x01(\tB\a\xbaH\x04r\x02\x10\x01R\aleaseId\"C\n" +
+	"\x05stamp\x18\x01 \x01(\v2\x17.tether.backup.v1.StampB\x06\xbaH\x03\xc8\x01\x01R\x05stamp\x12%\n" +
+	"\blease_id\x18\x02 \x01(\tB\n" +
+	"\xbaH\ar\x05\x10\x01\x18\x80\x02R\aleaseId\"C\n" +
 	"\x13VerifyStampResponse\x12\x14\n" +
 	"\x05valid\x18\x01 \x01(\bR\x05valid\x12\x16\n" +
-	"\x06reason\x18\x02 \x01(\tR\x06reason\"\x82\x01\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\"\x94\x01\n" +
 	"\x19VerifyProviderPackRequest\x12%\n" +
-	"\tpack_root\x18\x01 \x01(\tB\b\xbaH\x05r\x03\x18\x80 R\bpackRoot\x12\x1a\n" +
-	"\bplatform\x18\x02 \x01(\tR\bplatform\x12\"\n" +
-	"\farchitecture\x18\x03 \x01(\tR\farchitecture\"\xab\x03\n" +
+	"\tpack_root\x18\x01 \x01(\tB\b\xbaH\x05r\x03\x18\x80 R\bpackRoot\x12#\n" +
+	"\bplatform\x18\x02 \x01(\tB\a\xbaH\x04r\x02\x18@R\bplatform\x12+\n" +
+	"\farchitecture\x18\x03 \x01(\tB\a\xbaH\x04r\x02\x18@R\farchitecture\"\xab\x03\n" +
 	"\x1aVerifyProviderPackResponse\x12\x14\n" +
 	"\x05valid\x18\x01 \x01(\bR\x05valid\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\x12\x18\n" +

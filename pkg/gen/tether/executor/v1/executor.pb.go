@@ -3703,9 +3703,10 @@ const file_tether_executor_v1_executor_proto_rawDesc = "" +
 	"\x17recovery_owner_agent_id\x18\x04 \x01(\tR\x14recoveryOwnerAgentId\x122\n" +
 	"\x15recovery_action_cause\x18\x05 \x01(\tR\x13recoveryActionCause\x12?\n" +
 	"\x1csupersede_on_identity_change\x18\x06 \x01(\bR\x19supersedeOnIdentityChange\x12B\n" +
-	"\x0fnext_attempt_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\rnextAttemptAt\"\x9f\x03\n" +
-	"\x10CancelRunRequest\x12\x1e\n" +
-	"\x06run_id\x18\x01 \x01(\tB\a\xbaH\x04r\x02\x10\x01R\x05runId\x12\xd3\x01\n" +
+	"\x0fnext_attempt_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\rnextAttemptAt\"\xa2\x03\n" +
+	"\x10CancelRunRequest\x12!\n" +
+	"\x06run_id\x18\x01 \x01(\tB\n" +
+	"\xbaH\ar\x05\x10\x01\x18\xa0\x01R\x05runId\x12\xd3\x01\n" +
 	"\x05scope\x18\x02 \x01(\x0e2%.tether.executor.v1.CancellationScopeB\x95\x01\xbaH\x91\x01\xba\x01\x88\x01\n" +
 	"\x19cancel_run.scope_required\x12`a scope is required: CANCELLATION_SCOPE_RUN, CANCELLATION_SCOPE_TURN or CANCELLATION_SCOPE_ISSUE\x1a\tthis != 0\x82\x01\x02\x10\x01R\x05scope\x12 \n" +
 	"\x06reason\x18\x03 \x01(\tB\b\xbaH\x05r\x03\x18\xd0\x0fR\x06reason\x12'\n" +
@@ -3714,63 +3715,74 @@ const file_tether_executor_v1_executor_proto_rawDesc = "" +
 	"\fwait_timeout\x18\x05 \x01(\v2\x19.google.protobuf.DurationB\f\xbaH\t\xaa\x01\x06\"\x02\b<2\x00R\vwaitTimeout\"q\n" +
 	"\x11CancelRunResponse\x12\x16\n" +
 	"\x06active\x18\x01 \x01(\bR\x06active\x12D\n" +
-	"\fcancellation\x18\x02 \x01(\v2 .tether.executor.v1.CancellationR\fcancellation\"/\n" +
-	"\rGetRunRequest\x12\x1e\n" +
-	"\x06run_id\x18\x01 \x01(\tB\a\xbaH\x04r\x02\x10\x01R\x05runId\";\n" +
+	"\fcancellation\x18\x02 \x01(\v2 .tether.executor.v1.CancellationR\fcancellation\"2\n" +
+	"\rGetRunRequest\x12!\n" +
+	"\x06run_id\x18\x01 \x01(\tB\n" +
+	"\xbaH\ar\x05\x10\x01\x18\xa0\x01R\x05runId\";\n" +
 	"\x0eGetRunResponse\x12)\n" +
-	"\x03run\x18\x01 \x01(\v2\x17.tether.executor.v1.RunR\x03run\"\xcb\x01\n" +
+	"\x03run\x18\x01 \x01(\v2\x17.tether.executor.v1.RunR\x03run\"\xdf\x01\n" +
 	"\x0fListRunsRequest\x12'\n" +
 	"\tpage_size\x18\x01 \x01(\x05B\n" +
-	"\xbaH\a\x1a\x05\x18\xf4\x03(\x00R\bpageSize\x12\x1d\n" +
+	"\xbaH\a\x1a\x05\x18\xf4\x03(\x00R\bpageSize\x12'\n" +
 	"\n" +
-	"page_token\x18\x02 \x01(\tR\tpageToken\x122\n" +
-	"\x15normalized_session_id\x18\x03 \x01(\tR\x13normalizedSessionId\x12<\n" +
+	"page_token\x18\x02 \x01(\tB\b\xbaH\x05r\x03\x18\x80\x04R\tpageToken\x12<\n" +
+	"\x15normalized_session_id\x18\x03 \x01(\tB\b\xbaH\x05r\x03\x18\xa0\x01R\x13normalizedSessionId\x12<\n" +
 	"\x05state\x18\x04 \x01(\x0e2\x1c.tether.executor.v1.RunStateB\b\xbaH\x05\x82\x01\x02\x10\x01R\x05state\"g\n" +
 	"\x10ListRunsResponse\x12+\n" +
 	"\x04runs\x18\x01 \x03(\v2\x17.tether.executor.v1.RunR\x04runs\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"N\n" +
-	"\x0fWatchRunRequest\x12\x1e\n" +
-	"\x06run_id\x18\x01 \x01(\tB\a\xbaH\x04r\x02\x10\x01R\x05runId\x12\x1b\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"Q\n" +
+	"\x0fWatchRunRequest\x12!\n" +
+	"\x06run_id\x18\x01 \x01(\tB\n" +
+	"\xbaH\ar\x05\x10\x01\x18\xa0\x01R\x05runId\x12\x1b\n" +
 	"\tafter_seq\x18\x02 \x01(\x04R\bafterSeq\"\x87\x01\n" +
 	"\x10WatchRunResponse\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12*\n" +
 	"\x05event\x18\x02 \x01(\v2\x14.tether.prp.v1.EventR\x05event\x125\n" +
-	"\x06result\x18\x03 \x01(\v2\x1d.tether.executor.v1.RunResultR\x06result\"9\n" +
-	"\x17GetSteeringStateRequest\x12\x1e\n" +
-	"\x06run_id\x18\x01 \x01(\tB\a\xbaH\x04r\x02\x10\x01R\x05runId\"b\n" +
+	"\x06result\x18\x03 \x01(\v2\x1d.tether.executor.v1.RunResultR\x06result\"<\n" +
+	"\x17GetSteeringStateRequest\x12!\n" +
+	"\x06run_id\x18\x01 \x01(\tB\n" +
+	"\xbaH\ar\x05\x10\x01\x18\xa0\x01R\x05runId\"b\n" +
 	"\x18GetSteeringStateResponse\x12 \n" +
 	"\vdisposition\x18\x01 \x01(\tR\vdisposition\x12$\n" +
-	"\x0eactive_turn_id\x18\x02 \x01(\tR\factiveTurnId\"\xcc\x01\n" +
-	"\x0fSteerRunRequest\x12\x1e\n" +
-	"\x06run_id\x18\x01 \x01(\tB\a\xbaH\x04r\x02\x10\x01R\x05runId\x12%\n" +
+	"\x0eactive_turn_id\x18\x02 \x01(\tR\factiveTurnId\"\xcf\x01\n" +
+	"\x0fSteerRunRequest\x12!\n" +
+	"\x06run_id\x18\x01 \x01(\tB\n" +
+	"\xbaH\ar\x05\x10\x01\x18\xa0\x01R\x05runId\x12%\n" +
 	"\amessage\x18\x02 \x01(\tB\v\xbaH\br\x06\x10\x01(\x80\x80\x04R\amessage\x12/\n" +
 	"\x0ecorrelation_id\x18\x03 \x01(\tB\b\xbaH\x05r\x03\x18\xa0\x01R\rcorrelationId\x12A\n" +
 	"\atimeout\x18\x04 \x01(\v2\x19.google.protobuf.DurationB\f\xbaH\t\xaa\x01\x06\"\x02\b<2\x00R\atimeout\"+\n" +
 	"\x10SteerRunResponse\x12\x17\n" +
-	"\aturn_id\x18\x01 \x01(\tR\x06turnId\"\xc9\x01\n" +
-	"\x1cResolveRuntimeRequestRequest\x12\x1e\n" +
-	"\x06run_id\x18\x01 \x01(\tB\a\xbaH\x04r\x02\x10\x01R\x05runId\x12&\n" +
+	"\aturn_id\x18\x01 \x01(\tR\x06turnId\"\xd2\x01\n" +
+	"\x1cResolveRuntimeRequestRequest\x12!\n" +
+	"\x06run_id\x18\x01 \x01(\tB\n" +
+	"\xbaH\ar\x05\x10\x01\x18\xa0\x01R\x05runId\x12)\n" +
 	"\n" +
-	"request_id\x18\x02 \x01(\tB\a\xbaH\x04r\x02\x10\x01R\trequestId\x12 \n" +
-	"\aturn_id\x18\x03 \x01(\tB\a\xbaH\x04r\x02\x10\x01R\x06turnId\x12?\n" +
+	"request_id\x18\x02 \x01(\tB\n" +
+	"\xbaH\ar\x05\x10\x01\x18\x80\x02R\trequestId\x12#\n" +
+	"\aturn_id\x18\x03 \x01(\tB\n" +
+	"\xbaH\ar\x05\x10\x01\x18\x80\x02R\x06turnId\x12?\n" +
 	"\n" +
 	"resolution\x18\x04 \x01(\v2\x17.google.protobuf.StructB\x06\xbaH\x03\xc8\x01\x01R\n" +
 	"resolution\">\n" +
 	"\x1dResolveRuntimeRequestResponse\x12\x1d\n" +
 	"\n" +
-	"command_id\x18\x01 \x01(\tR\tcommandId\"\x94\x01\n" +
-	"\x17CompleteToolCallRequest\x12\x1e\n" +
-	"\x06run_id\x18\x01 \x01(\tB\a\xbaH\x04r\x02\x10\x01R\x05runId\x12 \n" +
-	"\acall_id\x18\x02 \x01(\tB\a\xbaH\x04r\x02\x10\x01R\x06callId\x12\x18\n" +
+	"command_id\x18\x01 \x01(\tR\tcommandId\"\x9a\x01\n" +
+	"\x17CompleteToolCallRequest\x12!\n" +
+	"\x06run_id\x18\x01 \x01(\tB\n" +
+	"\xbaH\ar\x05\x10\x01\x18\xa0\x01R\x05runId\x12#\n" +
+	"\acall_id\x18\x02 \x01(\tB\n" +
+	"\xbaH\ar\x05\x10\x01\x18\x80\x02R\x06callId\x12\x18\n" +
 	"\asuccess\x18\x03 \x01(\bR\asuccess\x12\x1d\n" +
 	"\x04text\x18\x04 \x01(\tB\t\xbaH\x06r\x04(\x80\x80@R\x04text\"9\n" +
 	"\x18CompleteToolCallResponse\x12\x1d\n" +
 	"\n" +
-	"command_id\x18\x01 \x01(\tR\tcommandId\"x\n" +
-	"\x11GetSessionRequest\x12&\n" +
+	"command_id\x18\x01 \x01(\tR\tcommandId\"~\n" +
+	"\x11GetSessionRequest\x12)\n" +
 	"\n" +
-	"company_id\x18\x01 \x01(\tB\a\xbaH\x04r\x02\x10\x01R\tcompanyId\x12;\n" +
-	"\x15normalized_session_id\x18\x02 \x01(\tB\a\xbaH\x04r\x02\x10\x01R\x13normalizedSessionId\"\x93\x06\n" +
+	"company_id\x18\x01 \x01(\tB\n" +
+	"\xbaH\ar\x05\x10\x01\x18\xa0\x01R\tcompanyId\x12>\n" +
+	"\x15normalized_session_id\x18\x02 \x01(\tB\n" +
+	"\xbaH\ar\x05\x10\x01\x18\xa0\x01R\x13normalizedSessionId\"\x93\x06\n" +
 	"\aSession\x12#\n" +
 	"\rsession_scope\x18\x01 \x01(\tR\fsessionScope\x12\x1d\n" +
 	"\n" +
@@ -3794,12 +3806,14 @@ const file_tether_executor_v1_executor_proto_rawDesc = "" +
 	"checkpoint\x12J\n" +
 	"\freplacements\x18\x10 \x03(\v2&.tether.executor.v1.SessionReplacementR\freplacements\x12\x1d\n" +
 	"\n" +
-	"gateway_id\x18\x11 \x01(\tR\tgatewayId\"\xea\x01\n" +
-	"\x15ReplaceSessionRequest\x12&\n" +
+	"gateway_id\x18\x11 \x01(\tR\tgatewayId\"\xfa\x01\n" +
+	"\x15ReplaceSessionRequest\x12)\n" +
 	"\n" +
-	"company_id\x18\x01 \x01(\tB\a\xbaH\x04r\x02\x10\x01R\tcompanyId\x12;\n" +
-	"\x15normalized_session_id\x18\x02 \x01(\tB\a\xbaH\x04r\x02\x10\x01R\x13normalizedSessionId\x12\x19\n" +
-	"\bagent_id\x18\x03 \x01(\tR\aagentId\x12-\n" +
+	"company_id\x18\x01 \x01(\tB\n" +
+	"\xbaH\ar\x05\x10\x01\x18\xa0\x01R\tcompanyId\x12>\n" +
+	"\x15normalized_session_id\x18\x02 \x01(\tB\n" +
+	"\xbaH\ar\x05\x10\x01\x18\xa0\x01R\x13normalizedSessionId\x12#\n" +
+	"\bagent_id\x18\x03 \x01(\tB\b\xbaH\x05r\x03\x18\xa0\x01R\aagentId\x12-\n" +
 	"\frequested_by\x18\x04 \x01(\tB\n" +
 	"\xbaH\ar\x05\x10\x01\x18\x80\x02R\vrequestedBy\x12\"\n" +
 	"\x06reason\x18\x05 \x01(\tB\n" +
@@ -3817,11 +3831,13 @@ const file_tether_executor_v1_executor_proto_rawDesc = "" +
 	"\n" +
 	"applied_at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\tappliedAt\"M\n" +
 	"\x12GetSessionResponse\x127\n" +
-	"\bsessions\x18\x01 \x03(\v2\x1b.tether.executor.v1.SessionR\bsessions\"\xb6\x01\n" +
-	"\x13CloseSessionRequest\x12&\n" +
+	"\bsessions\x18\x01 \x03(\v2\x1b.tether.executor.v1.SessionR\bsessions\"\xbc\x01\n" +
+	"\x13CloseSessionRequest\x12)\n" +
 	"\n" +
-	"company_id\x18\x01 \x01(\tB\a\xbaH\x04r\x02\x10\x01R\tcompanyId\x12;\n" +
-	"\x15normalized_session_id\x18\x02 \x01(\tB\a\xbaH\x04r\x02\x10\x01R\x13normalizedSessionId\x12 \n" +
+	"company_id\x18\x01 \x01(\tB\n" +
+	"\xbaH\ar\x05\x10\x01\x18\xa0\x01R\tcompanyId\x12>\n" +
+	"\x15normalized_session_id\x18\x02 \x01(\tB\n" +
+	"\xbaH\ar\x05\x10\x01\x18\xa0\x01R\x13normalizedSessionId\x12 \n" +
 	"\x06reason\x18\x03 \x01(\tB\b\xbaH\x05r\x03\x18\xd0\x0fR\x06reason\x12\x18\n" +
 	"\asuspend\x18\x04 \x01(\bR\asuspend\"\x9c\x01\n" +
 	"\x14CloseSessionResponse\x12;\n" +
@@ -3867,28 +3883,29 @@ const file_tether_executor_v1_executor_proto_rawDesc = "" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05label\x18\x02 \x01(\tR\x05label\x12 \n" +
 	"\vdescription\x18\x03 \x01(\tR\vdescription\x12\x1b\n" +
-	"\tfree_text\x18\x04 \x01(\bR\bfreeText\"\x8a\x01\n" +
+	"\tfree_text\x18\x04 \x01(\bR\bfreeText\"\x91\x01\n" +
 	"\x11InteractionAnswer\x12+\n" +
 	"\vquestion_id\x18\x01 \x01(\tB\n" +
 	"\xbaH\ar\x05\x10\x01\x18\xa0\x01R\n" +
-	"questionId\x12)\n" +
+	"questionId\x120\n" +
 	"\n" +
-	"option_ids\x18\x02 \x03(\tB\n" +
-	"\xbaH\a\x92\x01\x04\b\x01\x102R\toptionIds\x12\x1d\n" +
-	"\x04text\x18\x03 \x01(\tB\t\xbaH\x06r\x04(\x80\x80\x01R\x04text\"\x8d\x01\n" +
-	"\x17ListInteractionsRequest\x12\x15\n" +
-	"\x06run_id\x18\x01 \x01(\tR\x05runId\x122\n" +
+	"option_ids\x18\x02 \x03(\tB\x11\xbaH\x0e\x92\x01\v\b\x01\x102\"\x05r\x03\x18\xa0\x01R\toptionIds\x12\x1d\n" +
+	"\x04text\x18\x03 \x01(\tB\t\xbaH\x06r\x04(\x80\x80\x01R\x04text\"\x97\x01\n" +
+	"\x17ListInteractionsRequest\x12\x1f\n" +
+	"\x06run_id\x18\x01 \x01(\tB\b\xbaH\x05r\x03\x18\xa0\x01R\x05runId\x122\n" +
 	"\x06status\x18\x02 \x01(\tB\x1a\xbaH\x17r\x15R\x00R\apendingR\bansweredR\x06status\x12'\n" +
 	"\tpage_size\x18\x03 \x01(\x05B\n" +
 	"\xbaH\a\x1a\x05\x18\xf4\x03(\x00R\bpageSize\"_\n" +
 	"\x18ListInteractionsResponse\x12C\n" +
-	"\finteractions\x18\x01 \x03(\v2\x1f.tether.executor.v1.InteractionR\finteractions\"G\n" +
-	"\x15GetInteractionRequest\x12.\n" +
-	"\x0einteraction_id\x18\x01 \x01(\tB\a\xbaH\x04r\x02\x10\x01R\rinteractionId\"[\n" +
+	"\finteractions\x18\x01 \x03(\v2\x1f.tether.executor.v1.InteractionR\finteractions\"J\n" +
+	"\x15GetInteractionRequest\x121\n" +
+	"\x0einteraction_id\x18\x01 \x01(\tB\n" +
+	"\xbaH\ar\x05\x10\x01\x18\xa0\x01R\rinteractionId\"[\n" +
 	"\x16GetInteractionResponse\x12A\n" +
-	"\vinteraction\x18\x01 \x01(\v2\x1f.tether.executor.v1.InteractionR\vinteraction\"\x97\x01\n" +
-	"\x18AnswerInteractionRequest\x12.\n" +
-	"\x0einteraction_id\x18\x01 \x01(\tB\a\xbaH\x04r\x02\x10\x01R\rinteractionId\x12K\n" +
+	"\vinteraction\x18\x01 \x01(\v2\x1f.tether.executor.v1.InteractionR\vinteraction\"\x9a\x01\n" +
+	"\x18AnswerInteractionRequest\x121\n" +
+	"\x0einteraction_id\x18\x01 \x01(\tB\n" +
+	"\xbaH\ar\x05\x10\x01\x18\xa0\x01R\rinteractionId\x12K\n" +
 	"\aanswers\x18\x02 \x03(\v2%.tether.executor.v1.InteractionAnswerB\n" +
 	"\xbaH\a\x92\x01\x04\b\x01\x102R\aanswers\"\xbc\x01\n" +
 	"\x19AnswerInteractionResponse\x12A\n" +

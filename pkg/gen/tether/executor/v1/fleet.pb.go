@@ -651,14 +651,14 @@ const file_tether_executor_v1_fleet_proto_rawDesc = "" +
 	"\xbaH\ar\x05\x10\x01\x18\x80\x01R\tgatewayId\x12 \n" +
 	"\x06reason\x18\x02 \x01(\tB\b\xbaH\x05r\x03\x18\xd0\x0fR\x06reason\"M\n" +
 	"\x14DrainGatewayResponse\x125\n" +
-	"\agateway\x18\x01 \x01(\v2\x1b.tether.executor.v1.GatewayR\agateway\"\xdb\x02\n" +
+	"\agateway\x18\x01 \x01(\v2\x1b.tether.executor.v1.GatewayR\agateway\"\xe9\x02\n" +
 	"\x16RegisterGatewayRequest\x12)\n" +
 	"\n" +
 	"gateway_id\x18\x01 \x01(\tB\n" +
 	"\xbaH\ar\x05\x10\x01\x18\x80\x01R\tgatewayId\x12$\n" +
 	"\aaddress\x18\x02 \x01(\tB\n" +
-	"\xbaH\ar\x05\x10\x01\x18\x80\x04R\aaddress\x12X\n" +
-	"\x06labels\x18\x03 \x03(\v26.tether.executor.v1.RegisterGatewayRequest.LabelsEntryB\b\xbaH\x05\x9a\x01\x02\x10@R\x06labels\x12\x1a\n" +
+	"\xbaH\ar\x05\x10\x01\x18\x80\x04R\aaddress\x12f\n" +
+	"\x06labels\x18\x03 \x03(\v26.tether.executor.v1.RegisterGatewayRequest.LabelsEntryB\x16\xbaH\x13\x9a\x01\x10\x10@\"\x06r\x04\x10\x01\x18?*\x04r\x02\x18?R\x06labels\x12\x1a\n" +
 	"\bcapacity\x18\x04 \x01(\x05R\bcapacity\x12#\n" +
 	"\bsessions\x18\x05 \x01(\x05B\a\xbaH\x04\x1a\x02(\x00R\bsessions\x12\x1a\n" +
 	"\bdraining\x18\x06 \x01(\bR\bdraining\x1a9\n" +

@@ -1625,15 +1625,17 @@ const file_tether_gateway_v1_gateway_proto_rawDesc = "" +
 	"\rsession_scope\x18\x01 \x01(\tR\fsessionScope\x12,\n" +
 	"\x12runner_instance_id\x18\x02 \x01(\tR\x10runnerInstanceId\x12\x16\n" +
 	"\x06closed\x18\x03 \x01(\bR\x06closed\x12,\n" +
-	"\x06events\x18\x04 \x03(\v2\x14.tether.prp.v1.EventR\x06events\"P\n" +
-	"\fFencingToken\x12\x1d\n" +
-	"\x05owner\x18\x01 \x01(\tB\a\xbaH\x04r\x02\x10\x01R\x05owner\x12!\n" +
+	"\x06events\x18\x04 \x03(\v2\x14.tether.prp.v1.EventR\x06events\"S\n" +
+	"\fFencingToken\x12 \n" +
+	"\x05owner\x18\x01 \x01(\tB\n" +
+	"\xbaH\ar\x05\x10\x01\x18\x80\x02R\x05owner\x12!\n" +
 	"\aattempt\x18\x02 \x01(\x04B\a\xbaH\x042\x02(\x01R\aattempt\"\x80\x01\n" +
 	"\fRunnerTarget\x124\n" +
 	"\x04mode\x18\x01 \x01(\x0e2 .tether.gateway.v1.TransportModeR\x04mode\x12:\n" +
-	"\x19runner_ingress_authorized\x18\x02 \x01(\bR\x17runnerIngressAuthorized\"\xbc\x03\n" +
-	"\x04Open\x12\x1e\n" +
-	"\x06run_id\x18\x01 \x01(\tB\a\xbaH\x04r\x02\x10\x01R\x05runId\x12=\n" +
+	"\x19runner_ingress_authorized\x18\x02 \x01(\bR\x17runnerIngressAuthorized\"\xbf\x03\n" +
+	"\x04Open\x12!\n" +
+	"\x06run_id\x18\x01 \x01(\tB\n" +
+	"\xbaH\ar\x05\x10\x01\x18\xa0\x01R\x05runId\x12=\n" +
 	"\x05fence\x18\x02 \x01(\v2\x1f.tether.gateway.v1.FencingTokenB\x06\xbaH\x03\xc8\x01\x01R\x05fence\x127\n" +
 	"\x06target\x18\x03 \x01(\v2\x1f.tether.gateway.v1.RunnerTargetR\x06target\x12;\n" +
 	"\x05input\x18\x04 \x01(\v2\x1d.tether.prp.v1.ExecutionInputB\x06\xbaH\x03\xc8\x01\x01R\x05input\x128\n" +
@@ -1641,10 +1643,11 @@ const file_tether_gateway_v1_gateway_proto_rawDesc = "" +
 	"\n" +
 	"prior_runs\x18\x06 \x03(\v2\x1b.tether.gateway.v1.PriorRunB\b\xbaH\x05\x92\x01\x02\x10@R\tpriorRuns\x12/\n" +
 	"\x13continuity_required\x18\a \x01(\bR\x12continuityRequired\x12.\n" +
-	"\x0ereplacement_id\x18\b \x01(\tB\a\xbaH\x04r\x02\x18@R\rreplacementId\"\x93\x01\n" +
-	"\bPriorRun\x12\x1e\n" +
-	"\x06run_id\x18\x01 \x01(\tB\a\xbaH\x04r\x02\x10\x01R\x05runId\x12\x16\n" +
-	"\x06status\x18\x02 \x01(\tR\x06status\x12\x1a\n" +
+	"\x0ereplacement_id\x18\b \x01(\tB\a\xbaH\x04r\x02\x18@R\rreplacementId\"\x9f\x01\n" +
+	"\bPriorRun\x12!\n" +
+	"\x06run_id\x18\x01 \x01(\tB\n" +
+	"\xbaH\ar\x05\x10\x01\x18\xa0\x01R\x05runId\x12\x1f\n" +
+	"\x06status\x18\x02 \x01(\tB\a\xbaH\x04r\x02\x18@R\x06status\x12\x1a\n" +
 	"\bterminal\x18\x03 \x01(\bR\bterminal\x123\n" +
 	"\x05input\x18\x04 \x01(\v2\x1d.tether.prp.v1.ExecutionInputR\x05input\"\xc1\x01\n" +
 	"\vRestoreSpec\x12.\n" +
@@ -1652,9 +1655,9 @@ const file_tether_gateway_v1_gateway_proto_rawDesc = "" +
 	"\x05stamp\x18\x02 \x01(\v2\x17.tether.backup.v1.StampB\x06\xbaH\x03\xc8\x01\x01R\x05stamp\x12%\n" +
 	"\blease_id\x18\x03 \x01(\tB\n" +
 	"\xbaH\ar\x05\x10\x01\x18\x80\x02R\aleaseId\x12$\n" +
-	"\x0emin_source_seq\x18\x04 \x01(\x04R\fminSourceSeq\"g\n" +
-	"\x03Ack\x12,\n" +
-	"\x12source_instance_id\x18\x01 \x01(\tR\x10sourceInstanceId\x122\n" +
+	"\x0emin_source_seq\x18\x04 \x01(\x04R\fminSourceSeq\"q\n" +
+	"\x03Ack\x126\n" +
+	"\x12source_instance_id\x18\x01 \x01(\tB\b\xbaH\x05r\x03\x18\x80\x02R\x10sourceInstanceId\x122\n" +
 	"\x15persisted_through_seq\x18\x02 \x01(\x04R\x13persistedThroughSeq\"\xa6\x01\n" +
 	"\rAttachRequest\x12-\n" +
 	"\x04open\x18\x01 \x01(\v2\x17.tether.gateway.v1.OpenH\x00R\x04open\x122\n" +
@@ -1707,9 +1710,10 @@ const file_tether_gateway_v1_gateway_proto_rawDesc = "" +
 	"\x04mode\x18\f \x01(\x0e2 .tether.gateway.v1.TransportModeR\x04mode\"\x14\n" +
 	"\x12ListRunnersRequest\"J\n" +
 	"\x13ListRunnersResponse\x123\n" +
-	"\arunners\x18\x01 \x03(\v2\x19.tether.gateway.v1.RunnerR\arunners\"I\n" +
-	"\x10GetRunnerRequest\x125\n" +
-	"\x12runner_instance_id\x18\x01 \x01(\tB\a\xbaH\x04r\x02\x10\x01R\x10runnerInstanceId\"F\n" +
+	"\arunners\x18\x01 \x03(\v2\x19.tether.gateway.v1.RunnerR\arunners\"L\n" +
+	"\x10GetRunnerRequest\x128\n" +
+	"\x12runner_instance_id\x18\x01 \x01(\tB\n" +
+	"\xbaH\ar\x05\x10\x01\x18\x80\x02R\x10runnerInstanceId\"F\n" +
 	"\x11GetRunnerResponse\x121\n" +
 	"\x06runner\x18\x01 \x01(\v2\x19.tether.gateway.v1.RunnerR\x06runner\"\xe0\x01\n" +
 	"\x14SuspendRunnerRequest\x12;\n" +

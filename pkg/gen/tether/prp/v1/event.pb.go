@@ -644,29 +644,30 @@ const file_tether_prp_v1_event_proto_rawDesc = "" +
 	"\bpriority\x18\f \x01(\rB\a\xbaH\x04*\x02\x18\x02R\bpriority\x129\n" +
 	"\n" +
 	"emitted_at\x18\r \x01(\v2\x1a.google.protobuf.TimestampR\temittedAt\x121\n" +
-	"\apayload\x18\x0e \x01(\v2\x17.google.protobuf.StructR\apayload\"\x99\x01\n" +
-	"\fPrecondition\x12!\n" +
-	"\frunner_state\x18\x01 \x03(\tR\vrunnerState\x12\x1b\n" +
-	"\trun_state\x18\x02 \x03(\tR\brunState\x12#\n" +
-	"\rsession_state\x18\x03 \x03(\tR\fsessionState\x12$\n" +
-	"\x0eactive_turn_id\x18\x04 \x01(\tR\factiveTurnId\"\xe6\x04\n" +
-	"\aCommand\x12\x16\n" +
-	"\x06schema\x18\x01 \x01(\tR\x06schema\x12)\n" +
+	"\apayload\x18\x0e \x01(\v2\x17.google.protobuf.StructR\apayload\"\xd3\x01\n" +
+	"\fPrecondition\x121\n" +
+	"\frunner_state\x18\x01 \x03(\tB\x0e\xbaH\v\x92\x01\b\x10\x10\"\x04r\x02\x18@R\vrunnerState\x12+\n" +
+	"\trun_state\x18\x02 \x03(\tB\x0e\xbaH\v\x92\x01\b\x10\x10\"\x04r\x02\x18@R\brunState\x123\n" +
+	"\rsession_state\x18\x03 \x03(\tB\x0e\xbaH\v\x92\x01\b\x10\x10\"\x04r\x02\x18@R\fsessionState\x12.\n" +
+	"\x0eactive_turn_id\x18\x04 \x01(\tB\b\xbaH\x05r\x03\x18\x80\x02R\factiveTurnId\"\x9e\x05\n" +
+	"\aCommand\x12 \n" +
+	"\x06schema\x18\x01 \x01(\tB\b\xbaH\x05r\x03\x18\x80\x01R\x06schema\x12)\n" +
 	"\n" +
 	"command_id\x18\x02 \x01(\tB\n" +
 	"\xbaH\ar\x05\x10\x01\x18\xa0\x01R\tcommandId\x12%\n" +
-	"\x0econtroller_seq\x18\x03 \x01(\x04R\rcontrollerSeq\x12)\n" +
-	"\x10controller_epoch\x18\x04 \x01(\tR\x0fcontrollerEpoch\x12\x1b\n" +
-	"\x04type\x18\x05 \x01(\tB\a\xbaH\x04r\x02\x10\x01R\x04type\x127\n" +
+	"\x0econtroller_seq\x18\x03 \x01(\x04R\rcontrollerSeq\x123\n" +
+	"\x10controller_epoch\x18\x04 \x01(\tB\b\xbaH\x05r\x03\x18\x80\x02R\x0fcontrollerEpoch\x12\x1e\n" +
+	"\x04type\x18\x05 \x01(\tB\n" +
+	"\xbaH\ar\x05\x10\x01\x18\x80\x01R\x04type\x127\n" +
 	"\tissued_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\bissuedAt\x12;\n" +
 	"\vdeadline_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"deadlineAt\x12?\n" +
 	"\fprecondition\x18\b \x01(\v2\x1b.tether.prp.v1.PreconditionR\fprecondition\x121\n" +
-	"\apayload\x18\t \x01(\v2\x17.google.protobuf.StructR\apayload\x12\x15\n" +
+	"\apayload\x18\t \x01(\v2\x17.google.protobuf.StructR\apayload\x12\x1f\n" +
 	"\x06run_id\x18\n" +
-	" \x01(\tR\x05runId\x12\x18\n" +
-	"\aattempt\x18\v \x01(\x04R\aattempt\x12M\n" +
-	"\rtrace_context\x18\f \x03(\v2(.tether.prp.v1.Command.TraceContextEntryR\ftraceContext\x1a?\n" +
+	" \x01(\tB\b\xbaH\x05r\x03\x18\xa0\x01R\x05runId\x12\x18\n" +
+	"\aattempt\x18\v \x01(\x04R\aattempt\x12d\n" +
+	"\rtrace_context\x18\f \x03(\v2(.tether.prp.v1.Command.TraceContextEntryB\x15\xbaH\x12\x9a\x01\x0f\x10\x10\"\x04r\x02\x18@*\x05r\x03\x18\x80\bR\ftraceContext\x1a?\n" +
 	"\x11TraceContextEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x86\x02\n" +

@@ -1077,12 +1077,12 @@ const file_tether_prp_v1_execution_proto_rawDesc = "" +
 	"\x06runner\x18\b \x01(\v2\x1e.tether.prp.v1.RunnerPlacementR\x06runner\x12D\n" +
 	"\venvironment\x18\t \x01(\v2\".tether.prp.v1.ProviderEnvironmentR\venvironment\x12R\n" +
 	"\x13completion_contract\x18\x14 \x01(\v2!.tether.prp.v1.CompletionContractR\x12completionContract\x12a\n" +
-	"\x15interaction_responses\x18\x15 \x03(\v2\".tether.prp.v1.InteractionResponseB\b\xbaH\x05\x92\x01\x02\x10@R\x14interactionResponses\"\xe8\x01\n" +
+	"\x15interaction_responses\x18\x15 \x03(\v2\".tether.prp.v1.InteractionResponseB\b\xbaH\x05\x92\x01\x02\x10@R\x14interactionResponses\"\xef\x01\n" +
 	"\x13ProviderEnvironment\x12n\n" +
 	"\n" +
 	"configured\x18\x01 \x03(\v22.tether.prp.v1.ProviderEnvironment.ConfiguredEntryB\x1a\xbaH\x17\x9a\x01\x14\x10\x80\x02\"\ar\x05\x10\x01\x18\x80\x02*\x06r\x04(\x80\x80\x02R\n" +
-	"configured\x12\"\n" +
-	"\ainherit\x18\x02 \x03(\tB\b\xbaH\x05\x92\x01\x02\x10@R\ainherit\x1a=\n" +
+	"configured\x12)\n" +
+	"\ainherit\x18\x02 \x03(\tB\x0f\xbaH\f\x92\x01\t\x10@\"\x05r\x03\x18\x80\x02R\ainherit\x1a=\n" +
 	"\x0fConfiguredEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xa2\x01\n" +
@@ -1100,12 +1100,12 @@ const file_tether_prp_v1_execution_proto_rawDesc = "" +
 	"\x04kind\x18\x02 \x01(\tB\a\xbaH\x04r\x02\x18@R\x04kind\x12\x1f\n" +
 	"\x06status\x18\x03 \x01(\tB\a\xbaH\x04r\x02\x18 R\x06status\x12\x1a\n" +
 	"\bcomplete\x18\x04 \x01(\bR\bcomplete\x12L\n" +
-	"\aanswers\x18\x05 \x03(\v2(.tether.prp.v1.InteractionResponseAnswerB\b\xbaH\x05\x92\x01\x02\x10@R\aanswers\"\x8e\x01\n" +
+	"\aanswers\x18\x05 \x03(\v2(.tether.prp.v1.InteractionResponseAnswerB\b\xbaH\x05\x92\x01\x02\x10@R\aanswers\"\x95\x01\n" +
 	"\x19InteractionResponseAnswer\x12)\n" +
 	"\vquestion_id\x18\x01 \x01(\tB\b\xbaH\x05r\x03\x18\xa0\x01R\n" +
-	"questionId\x12'\n" +
+	"questionId\x12.\n" +
 	"\n" +
-	"option_ids\x18\x02 \x03(\tB\b\xbaH\x05\x92\x01\x02\x102R\toptionIds\x12\x1d\n" +
+	"option_ids\x18\x02 \x03(\tB\x0f\xbaH\f\x92\x01\t\x102\"\x05r\x03\x18\xa0\x01R\toptionIds\x12\x1d\n" +
 	"\x04text\x18\x03 \x01(\tB\t\xbaH\x06r\x04(\x80\x80\x01R\x04text\"\xcd\x02\n" +
 	"\x0fRunnerPlacement\x12U\n" +
 	"\x0etransport_mode\x18\x01 \x01(\tB.\xbaH+r)R\x00R\x10dial_ws_loopbackR\bdial_wssR\tlisten_wsR\rtransportMode\x12-\n" +
@@ -1113,9 +1113,9 @@ const file_tether_prp_v1_execution_proto_rawDesc = "" +
 	"\x06labels\x18\x03 \x03(\v2*.tether.prp.v1.RunnerPlacement.LabelsEntryB5\xbaH2\x9a\x01/\x10\x10\"%r#\x10\x01\x18?2\x1d^[A-Za-z0-9][A-Za-z0-9._/-]*$*\x04r\x02\x18?R\x06labels\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xa7\x01\n" +
-	"\vDynamicTool\x120\n" +
-	"\x04name\x18\x01 \x01(\tB\x1c\xbaH\x19r\x172\x15^[A-Za-z0-9_-]{1,64}$R\x04name\x12*\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xa9\x01\n" +
+	"\vDynamicTool\x122\n" +
+	"\x04name\x18\x01 \x01(\tB\x1e\xbaH\x1br\x19\x18@2\x15^[A-Za-z0-9_-]{1,64}$R\x04name\x12*\n" +
 	"\vdescription\x18\x02 \x01(\tB\b\xbaH\x05r\x03\x18\x80 R\vdescription\x12:\n" +
 	"\finput_schema\x18\x03 \x01(\v2\x17.google.protobuf.StructR\vinputSchema\"\x82\x02\n" +
 	"\bProvider\x120\n" +
