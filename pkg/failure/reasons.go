@@ -58,6 +58,10 @@ const (
 	// GatewayIDConflict: a gateway id held by a live gateway at another
 	// address (SPEC F1).
 	GatewayIDConflict = "gateway_id_conflict"
+	// GatewayRegistrationUnauthenticated: a RegisterGateway without the
+	// runnergw certificate identity and without the registration secret's
+	// proof (SPEC T5).
+	GatewayRegistrationUnauthenticated = "gateway_registration_unauthenticated"
 	// GatewayNotFound: no registered gateway has this id (SPEC F4).
 	GatewayNotFound = "gateway_not_found"
 	// SessionScopeMoving: the run's session scope is being moved to another
@@ -369,6 +373,7 @@ var registry = map[Reason]Info{
 	GatewayCapacityInvalid:                        {codes.InvalidArgument, Permanent},
 	GatewayGrantInvalid:                           {codes.Unauthenticated, AttemptRetry},
 	GatewayIDConflict:                             {codes.AlreadyExists, Permanent},
+	GatewayRegistrationUnauthenticated:            {codes.Unauthenticated, Permanent},
 	GatewayNotFound:                               {codes.NotFound, Permanent},
 	SessionScopeMoving:                            {codes.Unavailable, Transient},
 	GovernedWaitInteractionMissing:                {codes.Internal, Permanent},

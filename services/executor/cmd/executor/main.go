@@ -14,6 +14,8 @@ import (
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
 	"github.com/tether-run/tether/pkg/grant"
 	"github.com/tether-run/tether/pkg/grpcx"
+	"github.com/tether-run/tether/pkg/identity"
+	"github.com/tether-run/tether/pkg/keyfile"
 	"github.com/tether-run/tether/pkg/pgstore"
 	"github.com/tether-run/tether/pkg/tenancy"
 	"github.com/tether-run/tether/pkg/workspace"
@@ -65,6 +67,7 @@ func run() error {
 	grpcx.StringVar(fs, &auth.Issuer, "auth-issuer", "", tenancy.DefaultIssuer, "the issuer (iss) bearer tokens must carry")
 	grpcx.StringVar(fs, &auth.Audience, "auth-audience", "", tenancy.DefaultAudience, "the audience (aud) bearer tokens must carry")
 	workspaceRoot := grpcx.StringFlag(fs, "workspace-root", "", workspace.DefaultRoot, "a run's workspace.cwd must lie in <this>/<company_id> (SPEC T6; the same as the gateways' -workspace-root), or the run is refused at submit with workspace_outside_root")
+	regSecretFile := grpcx.StringFlag(fs, "registration-secret-file", "", identity.DefaultRegistrationSecretFile(), "the registration secret gateways without a runnergw certificate prove when they call RegisterGateway (SPEC T5; a 0600 key file, created when missing, read only without -tls-client-ca); give the gateways the same file")
 	if err := grpcx.ParseFlags(fs, os.Args[1:]); err != nil {
 		return err
 	}
@@ -161,6 +164,12 @@ func run() error {
 		}}
 	executorv1.RegisterExecutorServiceServer(srv.GRPC(), apiSrv)
 	registry := &api.Registry{Store: st, TTL: *gatewayTTL}
+	if cfg.TLSClientCAFile == "" {
+		// No client certificates: a gateway proves the registration secret.
+		if registry.Secret, err = keyfile.LoadOrCreate(*regSecretFile); err != nil {
+			return fmt.Errorf("-registration-secret-file: %w", err)
+		}
+	}
 	executorv1.RegisterGatewayRegistryServer(srv.GRPC(), registry)
 	srv.Registry().MustRegister(registry)
 	defer apiSrv.Close()

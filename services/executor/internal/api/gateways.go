@@ -15,6 +15,7 @@ import (
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
 	"github.com/tether-run/tether/pkg/grpcx"
 	"github.com/tether-run/tether/pkg/identity"
+	"github.com/tether-run/tether/services/executor/internal/authz"
 	"github.com/tether-run/tether/services/executor/internal/store"
 )
 
@@ -28,6 +29,10 @@ type Registry struct {
 	Store *store.Store
 	// TTL after which a silent gateway is lost (DefaultGatewayTTL when 0).
 	TTL time.Duration
+	// Secret is the registration secret (SPEC T5): a caller without a
+	// certificate identity or an authenticated principal must prove it
+	// (identity.RegistrationHeader). Empty: such a caller is refused.
+	Secret []byte
 }
 
 func (r *Registry) ttl() time.Duration {
@@ -37,12 +42,11 @@ func (r *Registry) ttl() time.Duration {
 	return r.TTL
 }
 
-// RegisterGateway records a gateway's announcement or heartbeat. Over mTLS
-// only a gateway's certificate may announce one.
+// RegisterGateway records a gateway's announcement or heartbeat, once its
+// caller is authenticated as a gateway (authenticateRegistration).
 func (r *Registry) RegisterGateway(ctx context.Context, req *executorv1.RegisterGatewayRequest) (*executorv1.RegisterGatewayResponse, error) {
-	if roles := grpcx.PeerRoles(ctx); roles != nil && !slices.Contains(roles, identity.Gateway) {
-		return nil, failure.New(codes.PermissionDenied, failure.PeerNotAuthorized,
-			"only a runner gateway's certificate may register a gateway (peer roles: %v)", roles)
+	if err := authenticateRegistration(ctx, r.Secret); err != nil {
+		return nil, err
 	}
 	g, err := r.Store.RegisterGateway(ctx, store.GatewayAnnouncement{
 		ID: req.GetGatewayId(), Address: req.GetAddress(), Labels: req.GetLabels(),
@@ -52,6 +56,26 @@ func (r *Registry) RegisterGateway(ctx context.Context, req *executorv1.Register
 		return nil, err
 	}
 	return &executorv1.RegisterGatewayResponse{Gateway: g, HeartbeatInterval: durationpb.New(r.ttl() / 3), Ttl: durationpb.New(r.ttl())}, nil
+}
+
+// authenticateRegistration admits a gateway's announcement (SPEC T5): over
+// mTLS only the runnergw certificate; a principal the authorization layer
+// admitted (tokens or certificates required: an operator or the runnergw
+// service); otherwise — loopback development, plaintext — only a call
+// carrying the registration secret's proof.
+func authenticateRegistration(ctx context.Context, secret []byte) error {
+	if roles := grpcx.PeerRoles(ctx); roles != nil {
+		if !slices.Contains(roles, identity.Gateway) {
+			return failure.New(codes.PermissionDenied, failure.PeerNotAuthorized,
+				"only a runner gateway's certificate may register a gateway (peer roles: %v)", roles)
+		}
+		return nil
+	}
+	if authz.FromContext(ctx) != nil || identity.HasRegistrationProof(ctx, secret) {
+		return nil
+	}
+	return failure.New(codes.Unauthenticated, failure.GatewayRegistrationUnauthenticated,
+		"a gateway registers with its runnergw certificate or, without one, with the proof of the registration secret (-registration-secret-file, metadata %q)", identity.RegistrationHeader)
 }
 
 // ListGateways lists the registry.

@@ -421,6 +421,13 @@ func (s *Stack) RunnerStateRootOf(gateway string) string {
 	return filepath.Join(s.opts.Dir, "runners-"+gateway)
 }
 
+// RegistrationSecretFile is the registration secret the stack's executors
+// and gateways share (SPEC T5): gateways without a certificate prove it to
+// register; whichever service starts first creates it (0600).
+func (s *Stack) RegistrationSecretFile() string {
+	return filepath.Join(s.opts.Dir, "keys", "registration.key")
+}
+
 // runnerAuthKeyFile is the named gateway's runner credential key.
 func (s *Stack) runnerAuthKeyFile(gateway string) string {
 	if gateway == "runnergw" {
@@ -463,7 +470,8 @@ func (s *Stack) args(name string) []string {
 		a := append(append(common, "-grpc-addr", s.Addr(name), "-database-url", s.opts.DatabaseURL,
 			"-gateway-addr", s.Addr("runnergw"), "-lease-ttl", s.opts.LeaseTTL.String(), "-poll-interval", "250ms",
 			"-owner-id", name, "-grant-key-file", s.GrantKeyFile(), "-gateway-id", GatewayID,
-			"-checkpoint-after", s.opts.CheckpointAfter.String(), "-workspace-root", s.WorkspaceRoot()), migrate...)
+			"-checkpoint-after", s.opts.CheckpointAfter.String(), "-workspace-root", s.WorkspaceRoot(),
+			"-registration-secret-file", s.RegistrationSecretFile()), migrate...)
 		if s.opts.Auth {
 			a = append(a, "-auth-jwks", s.JWKSFile())
 		}
@@ -480,6 +488,7 @@ func (s *Stack) args(name string) []string {
 		a := append(common, "-grpc-addr", s.Addr(name),
 			"-runner-addr", "127.0.0.1:"+strconv.Itoa(runnerPort),
 			"-state-root", s.RunnerStateRootOf(name), "-workspace-root", s.WorkspaceRoot(),
+			"-registration-secret-file", s.RegistrationSecretFile(),
 			"-runner-auth-key-file", s.runnerAuthKeyFile(name),
 			"-grant-public-keys", s.GrantPublicKeyFile(), "-gateway-id", GatewayIDOf(name),
 			"-runnerd-path", filepath.Join(s.opts.BinDir, "runnerd"),

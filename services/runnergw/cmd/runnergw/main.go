@@ -97,6 +97,7 @@ func run() error {
 	labelsFlag := grpcx.StringFlag(fs, "labels", "", "", "labels placements select this gateway by, e.g. zone=a,gpu=false")
 	capacity := grpcx.IntFlag(fs, "capacity", "", 100, "session scopes this gateway holds at most (announced to the registry; must be at least 1)")
 	registryTLS := grpcx.RegisterClientTLSFlags(fs, "registry", "the executors (the gateway registry)")
+	regSecretFile := grpcx.StringFlag(fs, "registration-secret-file", "", identity.DefaultRegistrationSecretFile(), "the registration secret (SPEC T5) this gateway proves to the registry when it presents no client certificate (a 0600 key file, created when missing; the executors' -registration-secret-file)")
 	if err := grpcx.ParseFlags(fs, os.Args[1:]); err != nil {
 		return err
 	}
@@ -226,8 +227,16 @@ func run() error {
 			*advertise = cfg.GRPCAddr
 		}
 		var registries []executorv1.GatewayRegistryClient
+		regTLS := registryTLS.WithDefaults(cfg, cfg.TLSClientCAFile)
+		var regSecret []byte
+		if regTLS.CertFile == "" {
+			// No certificate to present: prove the registration secret.
+			if regSecret, err = keyfile.LoadOrCreate(*regSecretFile); err != nil {
+				return fmt.Errorf("-registration-secret-file: %w", err)
+			}
+		}
 		for _, addr := range strings.Split(*registryAddrs, ",") {
-			conn, err := registryTLS.WithDefaults(cfg, cfg.TLSClientCAFile).Dial(strings.TrimSpace(addr))
+			conn, err := regTLS.Dial(strings.TrimSpace(addr))
 			if err != nil {
 				return fmt.Errorf("-registry-addr: %w", err)
 			}
@@ -235,7 +244,7 @@ func run() error {
 			registries = append(registries, executorv1.NewGatewayRegistryClient(conn))
 		}
 		an := announce.New(announce.Config{Registries: registries, ID: *gatewayID, Address: *advertise, Labels: labels,
-			Capacity: *capacity, Sessions: gw.Sessions, Logger: log})
+			Capacity: *capacity, Sessions: gw.Sessions, Logger: log, Secret: regSecret})
 		// A refused first announcement (bad capacity, an id another live
 		// gateway holds) stops the gateway; an unreachable registry does not.
 		if _, err := an.Announce(ctx, false); announce.Refused(err) {

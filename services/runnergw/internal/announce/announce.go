@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
+	"github.com/tether-run/tether/pkg/identity"
 )
 
 // Config is what a gateway announces and to whom.
@@ -29,6 +30,10 @@ type Config struct {
 	// Interval between heartbeats until a registry names one.
 	Interval time.Duration
 	Logger   *slog.Logger
+	// Secret is the registration secret whose proof every announcement
+	// carries (SPEC T5; identity.WithRegistrationProof), for registries
+	// that cannot see a runnergw certificate. Empty: none is sent.
+	Secret []byte
 }
 
 // callTimeout bounds one announcement.
@@ -73,7 +78,7 @@ func (a *Announcer) Announce(ctx context.Context, draining bool) (*executorv1.Re
 	var err error
 	for range a.cfg.Registries {
 		r := a.cfg.Registries[a.next%len(a.cfg.Registries)]
-		cctx, cancel := context.WithTimeout(ctx, callTimeout)
+		cctx, cancel := context.WithTimeout(identity.WithRegistrationProof(ctx, a.cfg.Secret), callTimeout)
 		var resp *executorv1.RegisterGatewayResponse
 		resp, err = r.RegisterGateway(cctx, req)
 		cancel()
