@@ -74,6 +74,18 @@ func TestT1_TokensVerifyOfflineAgainstTheJWKS(t *testing.T) {
 	require.Equal(t, "token:alice", p.String())
 	require.True(t, p.Can("acme", tenancy.Writer))
 
+	// A remembered token still expires.
+	clock := now
+	cached, err := tenancy.LoadVerifier(jwks, "", "", func() time.Time { return clock })
+	require.NoError(t, err)
+	_, err = cached.Verify(tok)
+	require.NoError(t, err)
+	_, err = cached.Verify(tok)
+	require.NoError(t, err)
+	clock = now.Add(2 * time.Hour)
+	_, err = cached.Verify(tok)
+	require.ErrorContains(t, err, "expired")
+
 	late, err := tenancy.LoadVerifier(jwks, "", "", func() time.Time { return now.Add(2 * time.Hour) })
 	require.NoError(t, err)
 	_, err = late.Verify(tok)

@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"sync"
 	"time"
 
 	jose "github.com/go-jose/go-jose/v4"
@@ -43,12 +44,26 @@ type roleClaims struct {
 }
 
 // Verifier checks bearer tokens offline against a JWKS's public keys.
+// A verified token is remembered until it expires (at most cacheSize of
+// them), so a client sending the same token with every call pays for the
+// signature check once.
 type Verifier struct {
 	keys     jose.JSONWebKeySet
 	issuer   string
 	audience string
 	clock    func() time.Time
+
+	mu    sync.Mutex
+	cache map[string]verified
 }
+
+type verified struct {
+	p      *Principal
+	expiry time.Time
+}
+
+// cacheSize bounds the verified tokens a Verifier remembers.
+const cacheSize = 4096
 
 // LoadVerifier reads a JWKS file (public keys only) and verifies tokens
 // issued by issuer for audience (the defaults when empty). clock is
@@ -79,7 +94,7 @@ func LoadVerifier(jwksFile, issuer, audience string, clock func() time.Time) (*V
 	if clock == nil {
 		clock = time.Now
 	}
-	return &Verifier{keys: set, issuer: issuer, audience: audience, clock: clock}, nil
+	return &Verifier{keys: set, issuer: issuer, audience: audience, clock: clock, cache: map[string]verified{}}, nil
 }
 
 // Verify checks a compact JWT's signature, issuer, audience, expiry (required)
@@ -88,12 +103,38 @@ func (v *Verifier) Verify(raw string) (*Principal, error) {
 	if len(raw) > MaxTokenBytes {
 		return nil, errors.New("token too long")
 	}
+	now := v.clock()
+	v.mu.Lock()
+	hit, ok := v.cache[raw]
+	v.mu.Unlock()
+	if ok && now.Before(hit.expiry) {
+		return hit.p, nil
+	}
+	p, expiry, err := v.verify(raw, now)
+	if err != nil {
+		return nil, err
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if len(v.cache) >= cacheSize {
+		for k, e := range v.cache {
+			if !now.Before(e.expiry) || len(v.cache) >= cacheSize {
+				delete(v.cache, k)
+			}
+		}
+	}
+	v.cache[raw] = verified{p: p, expiry: expiry}
+	return p, nil
+}
+
+// verify checks a token's signature and claims at now.
+func (v *Verifier) verify(raw string, now time.Time) (*Principal, time.Time, error) {
 	tok, err := jwt.ParseSigned(raw, algorithms)
 	if err != nil {
-		return nil, fmt.Errorf("token malformed: %w", err)
+		return nil, time.Time{}, fmt.Errorf("token malformed: %w", err)
 	}
 	if len(tok.Headers) != 1 {
-		return nil, errors.New("token must carry one signature")
+		return nil, time.Time{}, errors.New("token must carry one signature")
 	}
 	keys := v.keys.Keys
 	if kid := tok.Headers[0].KeyID; kid != "" {
@@ -111,15 +152,16 @@ func (v *Verifier) Verify(raw string) (*Principal, error) {
 		}
 	}
 	if !ok {
-		return nil, errors.New("token signature does not verify against the configured keys")
+		return nil, time.Time{}, errors.New("token signature does not verify against the configured keys")
 	}
 	if std.Expiry == nil {
-		return nil, errors.New("token has no expiry")
+		return nil, time.Time{}, errors.New("token has no expiry")
 	}
-	if err := std.ValidateWithLeeway(jwt.Expected{Issuer: v.issuer, AnyAudience: jwt.Audience{v.audience}, Time: v.clock()}, leeway); err != nil {
-		return nil, fmt.Errorf("token rejected: %w", err)
+	if err := std.ValidateWithLeeway(jwt.Expected{Issuer: v.issuer, AnyAudience: jwt.Audience{v.audience}, Time: now}, leeway); err != nil {
+		return nil, time.Time{}, fmt.Errorf("token rejected: %w", err)
 	}
-	return ParseGrants(std.Subject, SourceToken, roles.Roles)
+	p, err := ParseGrants(std.Subject, SourceToken, roles.Roles)
+	return p, std.Expiry.Time().Add(leeway), err
 }
 
 // Files WriteSigningKey writes.

@@ -37,6 +37,8 @@ type Authorizer struct {
 	Tokens *tenancy.Verifier
 	// Lookup finds stored resources' companies.
 	Lookup Lookup
+
+	known companies
 }
 
 // MetadataKey carries a bearer token: "authorization: Bearer <JWT>".
@@ -182,11 +184,15 @@ func (a *Authorizer) check(ctx context.Context, p *tenancy.Principal, method str
 		}
 	case ScopeRun:
 		id := req.(interface{ GetRunId() string }).GetRunId()
-		return a.stored(p, method, rule, func() (string, error) { return a.Lookup.RunCompany(ctx, id) },
+		return a.stored(p, method, rule, func() (string, error) {
+			return a.known.get(ctx, "run/"+id, func(ctx context.Context) (string, error) { return a.Lookup.RunCompany(ctx, id) })
+		},
 			func() error { return store.ErrRunNotFound(id) })
 	case ScopeInteraction:
 		id := req.(interface{ GetInteractionId() string }).GetInteractionId()
-		return a.stored(p, method, rule, func() (string, error) { return a.Lookup.InteractionCompany(ctx, id) },
+		return a.stored(p, method, rule, func() (string, error) {
+			return a.known.get(ctx, "interaction/"+id, func(ctx context.Context) (string, error) { return a.Lookup.InteractionCompany(ctx, id) })
+		},
 			func() error { return store.ErrInteractionNotFound(id) })
 	case ScopeList:
 		if !p.Operator && !slices.ContainsFunc(p.Companies(), func(c string) bool { return p.Can(c, rule.Need) }) {

@@ -74,7 +74,7 @@ func TestT1_BearerTokensNamePrincipalsAndBadOnesAreUnauthenticated(t *testing.T)
 // TestT1_ClientCertificatesNamePrincipals: over mTLS a certificate's
 // tenancy URI SANs are the caller's identity; the plain client certificate
 // (no principal) is Unauthenticated; an executor replica's certificate
-// acts as an operator (forwarded calls).
+// acts as an operator (forwarded calls), a gateway's may only register.
 func TestT1_ClientCertificatesNamePrincipals(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, envOpts{mtls: true})
@@ -97,6 +97,18 @@ func TestT1_ClientCertificatesNamePrincipals(t *testing.T) {
 		_, err = executorv1.NewExecutorServiceClient(e.asCert(name)).GetRun(ctx, &executorv1.GetRunRequest{RunId: "acme-run"})
 		require.Equal(t, codes.Unauthenticated, status.Code(err), "%s: %v", name, err)
 	}
+	// The runnergw service identity may register a gateway, and nothing
+	// else; a company's principal may not register one.
+	gw := executorv1.NewGatewayRegistryClient(e.asCert(identity.Gateway))
+	reg := &executorv1.RegisterGatewayRequest{GatewayId: "gw-a", Address: "127.0.0.1:1", Capacity: 1}
+	_, err = gw.RegisterGateway(ctx, reg)
+	require.NoError(t, err)
+	_, err = gw.ListGateways(ctx, &executorv1.ListGatewaysRequest{})
+	require.Equal(t, codes.PermissionDenied, status.Code(err), "%v", err)
+	_, err = executorv1.NewExecutorServiceClient(e.asCert(identity.Gateway)).GetRun(ctx, &executorv1.GetRunRequest{RunId: "acme-run"})
+	require.Equal(t, codes.NotFound, status.Code(err), "%v", err)
+	_, err = executorv1.NewGatewayRegistryClient(e.asCert("alice")).RegisterGateway(ctx, reg)
+	require.Equal(t, codes.PermissionDenied, status.Code(err), "%v", err)
 	for name, grants := range map[string][]string{"olga": {"operator"}, identity.Executor: nil} {
 		list, err := executorv1.NewExecutorServiceClient(e.asCert(name, grants...)).ListRuns(ctx, &executorv1.ListRunsRequest{})
 		require.NoError(t, err, name)

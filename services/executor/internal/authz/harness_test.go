@@ -39,7 +39,7 @@ const (
 // env is an executor API (ExecutorService and GatewayRegistry) on real
 // gRPC and PostgreSQL, behind the authorizer, with development tokens.
 type env struct {
-	t      *testing.T
+	t      testing.TB
 	addr   string
 	store  *store.Store
 	minter *tenancy.Minter
@@ -57,7 +57,7 @@ type envOpts struct {
 	mtls bool
 }
 
-func newEnv(t *testing.T, o envOpts) *env {
+func newEnv(t testing.TB, o envOpts) *env {
 	t.Helper()
 	dsn := pgtest.NewDB(t, pgtest.GooseMigrator(store.Migrations, "migrations", goose.WithTableName("executor_goose_version")))
 	ctx, cancel := context.WithCancel(context.Background())
