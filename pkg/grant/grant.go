@@ -19,6 +19,7 @@ package grant
 import (
 	"bytes"
 	"crypto/ed25519"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
@@ -69,6 +70,9 @@ type Claims struct {
 	Audience string `json:"audience"`
 	// ExpiresAt is the expiry in Unix milliseconds.
 	ExpiresAt int64 `json:"expires_at"`
+	// ID names this grant (random, set by Sign): a gateway accepts each
+	// grant once (Ledger, SPEC T4).
+	ID string `json:"jti,omitempty"`
 }
 
 // KeyID names a public key: the first 8 bytes of its sha256, in hex.
@@ -105,9 +109,17 @@ func NewSigner(key ed25519.PrivateKey, ttl time.Duration, clock func() time.Time
 	return &Signer{key: key, kid: KeyID(key.Public().(ed25519.PublicKey)), ttl: ttl, clock: clock}
 }
 
-// Sign encodes and signs c, setting its expiry.
+// Sign encodes and signs c, setting its expiry and, unless c names one, a
+// fresh random id.
 func (s *Signer) Sign(c Claims) (string, error) {
 	c.ExpiresAt = s.clock().Add(s.ttl).UnixMilli()
+	if c.ID == "" {
+		id := make([]byte, 16)
+		if _, err := rand.Read(id); err != nil {
+			return "", err
+		}
+		c.ID = base64.RawURLEncoding.EncodeToString(id)
+	}
 	payload, err := json.Marshal(c)
 	if err != nil {
 		return "", err

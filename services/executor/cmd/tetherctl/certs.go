@@ -66,7 +66,7 @@ func certs(args []string) error {
 }
 
 // grantCmd prints a grant for an operator's call to a gateway (ListRunners
-// or GetRunner), signed with the fleet key:
+// or GetRunner), signed with the fleet key; a gateway accepts it once:
 //
 //	grpcurl -plaintext -H "tether-grant: $(tetherctl grant -key-file K)" 127.0.0.1:7401 tether.gateway.v1.RunnerGateway/ListRunners
 func grantCmd(args []string) error {

@@ -64,11 +64,17 @@ const (
 	// ClassSourceOrder: a source's events are stored in a run out of the
 	// order the source produced them (SPEC G4: relayed in order).
 	ClassSourceOrder = "source_seq_out_of_order"
+	// ClassForeignRunEvent: a run holds a turn of another run that began
+	// after that run's runner had reported its run.terminal (a turn.started
+	// or a turn command's execution naming the other run, from the same
+	// runner at a later source seq): a turn no attempt started, injected
+	// (SPEC T4).
+	ClassForeignRunEvent = "event_of_another_run"
 )
 
 // Classes lists every violation class, in report order.
 var Classes = []string{ClassTerminal, ClassSeqGap, ClassAfterTerminal, ClassWriterAttempt, ClassTerminalAttempt,
-	ClassTurnTwice, ClassTurnEventTwice, ClassCancellationTwice, ClassSourceOrder, ClassSessionWedged}
+	ClassTurnTwice, ClassTurnEventTwice, ClassCancellationTwice, ClassSourceOrder, ClassSessionWedged, ClassForeignRunEvent}
 
 // TurnEndTypes are the event types of a provider turn's end (the audit
 // reads their turn id).
@@ -123,6 +129,9 @@ type Event struct {
 	// there (empty: not known).
 	Source    string
 	SourceSeq uint64
+	// EventRunID is the run the event itself names, read for turn.started
+	// and command.executed ("" when not read).
+	EventRunID string
 }
 
 // ContinuityBreak is a legitimate break of a scope's provider thread: the
@@ -212,6 +221,7 @@ func Check(h History) Report {
 			add(ClassTurnTwice, executed[id][0], 0, "turn command %s executed %d times", id, n)
 		}
 	}
+	checkForeign(runs, byRun, add)
 	checkCancellations(runs, activities, add)
 	checkWedged(runs, h.Checkpoints, add)
 	return rep
@@ -296,6 +306,35 @@ func checkRun(r Run, evs []Event, add adder) {
 			add(ClassWriterAttempt, r.ID, e.Seq, "%s written by attempt %d, the run's attempt is %d", e.Type, e.Writer, r.Attempt)
 		}
 		hi = max(hi, e.Writer)
+	}
+}
+
+// checkForeign reports, in each run, the turn.started events and turn
+// command executions of another run that its runner emitted after that
+// run's run.terminal (same source, later source seq).
+func checkForeign(runs []Run, byRun map[string][]Event, add adder) {
+	ended := map[string]map[string]uint64{} // run -> source -> its run.terminal's source seq
+	for _, evs := range byRun {
+		for _, e := range evs {
+			if e.Type == EventTerminal && e.Source != "" {
+				if ended[e.RunID] == nil {
+					ended[e.RunID] = map[string]uint64{}
+				}
+				ended[e.RunID][e.Source] = e.SourceSeq
+			}
+		}
+	}
+	for _, r := range runs {
+		for _, e := range byRun[r.ID] {
+			turn := e.Type == EventTurnStarted || e.Type == EventCommandExecuted && e.CommandType == CommandTurnStart
+			if !turn || e.EventRunID == "" || e.EventRunID == r.ID {
+				continue
+			}
+			if end, ok := ended[e.EventRunID][e.Source]; ok && e.SourceSeq > end {
+				add(ClassForeignRunEvent, r.ID, e.Seq, "%s of run %s (source seq %d) stored here, after run %s's run.terminal (source seq %d)",
+					e.Type, e.EventRunID, e.SourceSeq, e.EventRunID, end)
+			}
+		}
 	}
 }
 

@@ -166,6 +166,13 @@ func TestX1_TetherctlAuditIsCleanOnAStackHistoryAndFindsEachCorruption(t *testin
 		`INSERT INTO executor.events (run_id, writer_attempt, seq, source_instance_id, source_seq, source_event_id, event_type, payload_sha256, event)
 		 SELECT 'a-1', 1, (SELECT event_count + 1 FROM executor.runs WHERE run_id = 'a-1'), 'forged', 4, 'forged-4', event_type, payload_sha256, event
 		  FROM executor.events WHERE run_id = 'a-1' AND event_type = 'turn.completed'`,
+		// a-2: a turn of a-1 that a-1's runner began after a-1's
+		// run.terminal (an injected turn, SPEC T4).
+		`INSERT INTO executor.events (run_id, writer_attempt, seq, source_instance_id, source_seq, source_event_id, event_type, payload_sha256, event)
+		 SELECT 'a-2', 1, (SELECT event_count + 3 FROM executor.runs WHERE run_id = 'a-2'), t.source_instance_id, t.source_seq + 1000, 'forged-5',
+		        s.event_type, s.payload_sha256, s.event
+		   FROM executor.events t, executor.events s
+		  WHERE t.run_id = 'a-1' AND t.event_type = 'run.terminal' AND s.run_id = 'a-1' AND s.event_type = 'turn.started'`,
 		// a-4: its cancellation audited twice.
 		`INSERT INTO executor.activities (activity_id, actor, action, company_id, issue_id, run_id, details, created_at)
 		 SELECT activity_id || '-again', actor, action, company_id, issue_id, run_id, details, created_at FROM executor.activities
@@ -200,6 +207,7 @@ func TestX1_TetherctlAuditIsCleanOnAStackHistoryAndFindsEachCorruption(t *testin
 	require.Len(t, found[audit.ClassTurnTwice], 1, "%+v", rep.Violations)
 	require.True(t, found[audit.ClassTurnEventTwice]["a-1"], "%+v", rep.Violations)
 	require.True(t, found[audit.ClassCancellationTwice]["a-4"], "%+v", rep.Violations)
+	require.True(t, found[audit.ClassForeignRunEvent]["a-2"], "%+v", rep.Violations)
 	require.True(t, found[audit.ClassSessionWedged]["a-4"], "%+v", rep.Violations)
 	for _, c := range audit.Classes {
 		require.NotZero(t, rep.ByClass[c], "class %s found", c)

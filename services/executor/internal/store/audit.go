@@ -72,6 +72,9 @@ SELECT e.run_id, e.seq, e.event_type, e.writer_attempt, CASE WHEN e.event_type I
 					}
 				}
 				e.CommandID, e.CommandType = p["commandId"].GetStringValue(), p["commandType"].GetStringValue()
+				if e.Type == audit.EventTurnStarted || e.Type == audit.EventCommandExecuted {
+					e.EventRunID = ev.GetRunId()
+				}
 				if e.Type == audit.EventContinuityBreak {
 					e.Detail = fmt.Sprintf("session replaced by %s (%s) at %s: %s", p["requestedBy"].GetStringValue(),
 						p["caller"].GetStringValue(), p["requestedAt"].GetStringValue(), p["why"].GetStringValue())

@@ -137,7 +137,12 @@ type Gateway struct {
 	highest map[string]uint64  // highest attempt seen per run
 	// highestOrder orders highest's runs, oldest first (bounded).
 	highestOrder []string
-	closed       bool
+	// ended are runs an executor attested ended (endRuns), endedOrder
+	// orders them, oldest first (bounded); spent are the grants used.
+	ended      map[string]bool
+	endedOrder []string
+	spent      *grant.Ledger
+	closed     bool
 	// markers numbers the Replay markers (prpv1.Replay.marker).
 	markers atomic.Uint64
 
@@ -173,7 +178,7 @@ func New(cfg Config) *Gateway {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Gateway{cfg: cfg, log: cfg.Logger, runners: map[string]*runner{}, highest: map[string]uint64{}, ctx: ctx, cancel: cancel,
-		metrics: newMetrics(cfg.Metrics)}
+		metrics: newMetrics(cfg.Metrics), ended: map[string]bool{}, spent: grant.NewLedger(nil)}
 }
 
 // runner is one runnerd (one session scope).
@@ -441,6 +446,10 @@ func (g *Gateway) Attach(stream gatewayv1.RunnerGateway_AttachServer) error {
 	if err := g.match(claims, wantOpen(open)); err != nil {
 		return err
 	}
+	if err := g.refuseEnded(open.GetRunId()); err != nil {
+		return err
+	}
+	g.endRuns(open.GetPriorRuns(), open.GetRunId())
 	mode, err := g.selectTransport(open)
 	if err != nil {
 		return err

@@ -30,6 +30,10 @@ func (g *Gateway) authorize(ctx context.Context, want grant.Want) error {
 // call's grant, before its request is read.
 func (g *Gateway) authenticate(ctx context.Context, method string) (*grant.Claims, error) {
 	c, err := g.grantOf(ctx, method)
+	if err == nil {
+		// A grant authorizes one call (SPEC T4): a copy is refused.
+		err = g.spent.Spend(c)
+	}
 	if err != nil {
 		g.metrics.grantRefusals.WithLabelValues(method).Inc()
 		g.log.Warn("gateway call refused", "method", method, "err", err)
@@ -63,6 +67,43 @@ func (g *Gateway) match(c *grant.Claims, want grant.Want) error {
 		return err
 	}
 	return nil
+}
+
+// refuseEnded refuses an Attach for a run an executor attested ended (SPEC
+// T4): a grant authorizes an attach only while its run is live, so a grant
+// minted before the run ended starts nothing after.
+func (g *Gateway) refuseEnded(runID string) error {
+	g.mu.Lock()
+	ended := g.ended[runID]
+	g.mu.Unlock()
+	if !ended {
+		return nil
+	}
+	g.metrics.grantRefusals.WithLabelValues(grant.MethodAttach).Inc()
+	err := failure.New(codes.Unauthenticated, failure.GatewayGrantInvalid,
+		"run %s ended (its executor recorded its outcome): no grant authorizes an attach for it", runID)
+	g.log.Warn("gateway call refused", "method", grant.MethodAttach, "run_id", runID, "err", err)
+	return err
+}
+
+// endRuns records the runs a granted Open names as ended (its prior runs
+// the executor marks terminal; never the run it opens), the most recent
+// maxFencedRuns of them.
+func (g *Gateway) endRuns(prior []*gatewayv1.PriorRun, opening string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for _, p := range prior {
+		id := p.GetRunId()
+		if !p.GetTerminal() || id == opening || g.ended[id] {
+			continue
+		}
+		g.ended[id] = true
+		g.endedOrder = append(g.endedOrder, id)
+		for len(g.endedOrder) > maxFencedRuns {
+			delete(g.ended, g.endedOrder[0])
+			g.endedOrder = g.endedOrder[1:]
+		}
+	}
 }
 
 // wantOpen is what an Attach with this Open needs its grant to say.
