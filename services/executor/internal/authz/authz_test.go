@@ -333,3 +333,25 @@ func TestT2_AuditAndRequestedByRecordTheAuthenticatedPrincipal(t *testing.T) {
 	require.Equal(t, "token:olga", rp.GetReplacements()[0].GetRequestedBy())
 	require.Equal(t, "token:olga", rp.GetReplacements()[0].GetCaller())
 }
+
+// TestT2_AGatewayWithoutACertificateRegistersOnlyWithTheRegistrationProof:
+// where identities are required, RegisterGateway without an identity is
+// refused before the registry unless it carries a registration proof, which
+// the registry then checks against its secret (SPEC T5).
+func TestT2_AGatewayWithoutACertificateRegistersOnlyWithTheRegistrationProof(t *testing.T) {
+	t.Parallel()
+	secret := []byte("0123456789abcdef0123456789abcdef")
+	e := newEnv(t, envOpts{registrationSecret: secret})
+	ctx := context.Background()
+	reg := executorv1.NewGatewayRegistryClient(e.dial())
+	req := &executorv1.RegisterGatewayRequest{GatewayId: "gw-a", Address: "127.0.0.1:1", Capacity: 1}
+	_, err := reg.RegisterGateway(ctx, req)
+	require.EqualValues(t, failure.CallerUnauthenticated, failure.CodeOf(err), "%v", err)
+	_, err = reg.RegisterGateway(identity.WithRegistrationProof(ctx, []byte("another secret, also 32 bytes..")), req)
+	require.EqualValues(t, failure.GatewayRegistrationUnauthenticated, failure.CodeOf(err), "%v", err)
+	_, err = reg.RegisterGateway(identity.WithRegistrationProof(ctx, secret), req)
+	require.NoError(t, err)
+	// The proof admits a registration only.
+	_, err = reg.ListGateways(identity.WithRegistrationProof(ctx, secret), &executorv1.ListGatewaysRequest{})
+	require.Equal(t, codes.Unauthenticated, status.Code(err), "%v", err)
+}

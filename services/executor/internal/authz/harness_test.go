@@ -55,6 +55,8 @@ type envOpts struct {
 	noAuth bool
 	// mtls: TLS with client certificates from a development PKI.
 	mtls bool
+	// registrationSecret: the registry's registration secret (SPEC T5).
+	registrationSecret []byte
 }
 
 func newEnv(t testing.TB, o envOpts) *env {
@@ -87,7 +89,7 @@ func newEnv(t testing.TB, o envOpts) *env {
 		grpc.ChainUnaryInterceptor(az.Unary, e.recordUnary), grpc.ChainStreamInterceptor(az.Stream, e.recordStream))
 	require.NoError(t, err)
 	executorv1.RegisterExecutorServiceServer(srv.GRPC(), &api.Server{Store: st, Hub: hub})
-	executorv1.RegisterGatewayRegistryServer(srv.GRPC(), &api.Registry{Store: st})
+	executorv1.RegisterGatewayRegistryServer(srv.GRPC(), &api.Registry{Store: st, Secret: o.registrationSecret})
 	require.NoError(t, srv.Listen())
 	e.addr = srv.Addr().String()
 	served, listened := make(chan struct{}), make(chan struct{})

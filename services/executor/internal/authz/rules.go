@@ -34,7 +34,9 @@ const (
 	// ScopeFleet: fleet administration, no company: operators only.
 	ScopeFleet
 	// ScopeGateway: a runner gateway's registration: the runnergw service
-	// identity (mTLS) or an operator.
+	// identity (mTLS) or an operator; a caller without an identity that
+	// carries a registration proof is left to the registry, which checks
+	// it against the registration secret (SPEC T5).
 	ScopeGateway
 )
 
