@@ -74,6 +74,13 @@ func run() error {
 	if *dsn == "" {
 		return fmt.Errorf("-database-url (or TETHER_DATABASE_URL) is required")
 	}
+	// Who may call (SPEC T1): decided before anything starts, so that an
+	// executor off loopback without an authentication configuration never
+	// serves; the company lookups use the store opened below.
+	az, err := authz.New(cfg.GRPCAddr, cfg.TLSCertFile, cfg.TLSClientCAFile, auth, nil)
+	if err != nil {
+		return err
+	}
 	if err := store.CheckLeaseTTL(*ttl); err != nil {
 		return err
 	}
@@ -124,10 +131,7 @@ func run() error {
 	}
 	// Every call of the public services is authorized before its handler
 	// and before it is forwarded (SPEC T2).
-	az, err := authz.New(cfg.GRPCAddr, cfg.TLSCertFile, cfg.TLSClientCAFile, auth, st)
-	if err != nil {
-		return err
-	}
+	az.Lookup = st
 	srv, err := grpcx.New(*cfg, api.WatchCodec(), grpc.ChainUnaryInterceptor(az.Unary, forward), grpc.ChainStreamInterceptor(az.Stream))
 	if err != nil {
 		return err

@@ -2,6 +2,8 @@ package e2e
 
 import (
 	"context"
+	"os/exec"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -96,4 +98,22 @@ func TestT2_OnAStackWithTokensAnotherCompanyCannotTouchALiveRun(t *testing.T) {
 	rep, code := auditStack(t, h.dsn)
 	require.Equal(t, 0, code, "%+v", rep.Violations)
 	require.True(t, rep.Clean())
+}
+
+// TestT1_TheExecutorRefusesToStartOffLoopbackWithoutAuthentication runs
+// the executor binary listening on every interface without -auth-jwks or
+// -tls-client-ca: it exits at once, saying what to configure, before
+// touching its database.
+func TestT1_TheExecutorRefusesToStartOffLoopbackWithoutAuthentication(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, filepath.Join(binDir, "executor"), "-grpc-addr", "0.0.0.0:0", "-metrics-addr", "",
+		"-insecure-allow-plaintext", "-database-url", "postgres://127.0.0.1:1/none", "-grant-key-file", filepath.Join(t.TempDir(), "none"))
+	out, err := cmd.CombinedOutput()
+	var exit *exec.ExitError
+	require.ErrorAs(t, err, &exit, "%s", out)
+	require.Equal(t, 1, exit.ExitCode(), "%s", out)
+	require.Contains(t, string(out), "requires caller identities", "%s", out)
+	require.Contains(t, string(out), "-auth-jwks")
 }
