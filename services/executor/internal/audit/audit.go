@@ -105,6 +105,8 @@ type Run struct {
 	Scope                       string
 	Seq                         uint64
 	FailureCode, FailureMessage string
+	// RunnerInstanceID is the runner that served the run ("" if none did).
+	RunnerInstanceID string
 }
 
 // Ended reports whether the run has its outcome.

@@ -11,7 +11,8 @@ import (
 // ClassSessionWedged: a session scope whose runs all fail after its last
 // succeeded run (at least MinWedgedRuns of them, none still open) while a
 // current copy of its thread is known to exist — a checkpoint recorded
-// after that run, or a root a failed run reports it set aside (quarantine).
+// after that run, a root a failed run reports it set aside (quarantine),
+// or the runner that ran it, still serving the scope's failed runs.
 // The thread is not lost, yet nothing the session is sent can use it: a
 // fault left the session wedged (issue #30, SPEC F7–F9).
 const ClassSessionWedged = "session_wedged"
@@ -54,8 +55,10 @@ var quarantineMark = "/" + durable.QuarantineDir + "/"
 //   - every run submitted after L has ended, and failed — at least
 //     MinWedgedRuns of them (cancelled runs are neither),
 //   - a current copy of L's thread exists: a checkpoint of the scope whose
-//     last run is L, or a failed run after L whose failure reports that
-//     its root was quarantined (the root that ran L, moved aside whole).
+//     last run is L; a failed run after L whose failure reports that its
+//     root was quarantined (the root that ran L, moved aside whole); or a
+//     failed run after L served by L's runner (the same runner instance:
+//     the root that ran L is live, yet the run failed).
 //
 // A scope whose runs after L include an open or a succeeded run is not
 // wedged (it recovered or may still), nor one with no copy known (its
@@ -95,7 +98,7 @@ func wedgedScope(scope string, runs []Run, checkpointed map[string]string) (Wedg
 		return Wedge{}, false
 	}
 	w := Wedge{Scope: scope, LastSucceeded: runs[last].ID}
-	quarantined := ""
+	quarantined, sameRunner := "", ""
 	for _, r := range runs[last+1:] {
 		switch r.State {
 		case "cancelled":
@@ -109,6 +112,9 @@ func wedgedScope(scope string, runs []Run, checkpointed map[string]string) (Wedg
 		if strings.Contains(r.FailureMessage, quarantineMark) && quarantined == "" {
 			quarantined = r.ID
 		}
+		if id := runs[last].RunnerInstanceID; id != "" && r.RunnerInstanceID == id && sameRunner == "" {
+			sameRunner = r.ID
+		}
 	}
 	if len(w.Failed) < MinWedgedRuns {
 		return Wedge{}, false
@@ -118,6 +124,8 @@ func wedgedScope(scope string, runs []Run, checkpointed map[string]string) (Wedg
 		w.Copy = fmt.Sprintf("checkpoint %s holds its thread up to %s", id, w.LastSucceeded)
 	case quarantined != "":
 		w.Copy = fmt.Sprintf("run %s quarantined the root that ran %s", quarantined, w.LastSucceeded)
+	case sameRunner != "":
+		w.Copy = fmt.Sprintf("runner %s that ran %s served run %s", runs[last].RunnerInstanceID, w.LastSucceeded, sameRunner)
 	default:
 		return Wedge{}, false
 	}

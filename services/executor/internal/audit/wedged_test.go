@@ -22,6 +22,10 @@ func TestX1_ASessionWhoseRunsAllFailWhileACurrentCopyOfItsThreadExistsIsWedged(t
 		r.FailureMessage = "prior run r1 is failed but its runner state is not_suspended; the durable state was quarantined to /var/lib/tether/runners/quarantine/s.identity_indeterminate.1.2.ab and nothing was started"
 		return r
 	}
+	withRunner := func(r Run, id string) Run {
+		r.RunnerInstanceID = id
+		return r
+	}
 	cpAfter := func(run string) []Checkpoint { return []Checkpoint{{ID: "cp-" + run, Scope: "s", LastRunID: run}} }
 	cases := []struct {
 		name        string
@@ -36,6 +40,10 @@ func TestX1_ASessionWhoseRunsAllFailWhileACurrentCopyOfItsThreadExistsIsWedged(t
 			cpAfter("b"), true, "checkpoint cp-b"},
 		{"a failed run quarantined the root that ran the last turn", []Run{run("r1", 1, "succeeded"), quarantined(run("r2", 2, "failed")), run("r3", 3, "failed")},
 			nil, true, "run r2 quarantined"},
+		{"the runner that ran the last turn still serves the failing runs", []Run{withRunner(run("r1", 1, "succeeded"), "runner-a"),
+			withRunner(run("r2", 2, "failed"), "runner-a"), run("r3", 3, "failed")}, nil, true, "runner runner-a that ran r1 served run r2"},
+		{"another runner served them", []Run{withRunner(run("r1", 1, "succeeded"), "runner-a"),
+			withRunner(run("r2", 2, "failed"), "runner-b"), run("r3", 3, "failed")}, nil, false, ""},
 		{"cancelled runs in between count neither way", []Run{run("r1", 1, "succeeded"), run("r2", 2, "failed"), run("r3", 3, "cancelled"), run("r4", 4, "failed")},
 			cpAfter("r1"), true, "checkpoint cp-r1"},
 		{"one failed run is what a fault may cost", []Run{run("r1", 1, "succeeded"), run("r2", 2, "failed")}, cpAfter("r1"), false, ""},

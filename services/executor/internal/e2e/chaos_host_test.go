@@ -71,8 +71,26 @@ func (c *chaos) gate(ctx context.Context, session, last string) {
 	}
 }
 
-// waitParked waits (bounded) until every one of sessions parked and
-// returns their last runs.
+// giveUpAfter: a session that failed this many runs in a row stops
+// submitting (it is wedged; the audit reports it).
+const giveUpAfter = 10
+
+// stop notes that a session's loop ended for good after its run last.
+func (c *chaos) stop(session, last string) {
+	c.mu.Lock()
+	c.stopped[session] = last
+	c.mu.Unlock()
+	c.logf("session %s stopped after %d failed runs in a row (the last %s)", session, giveUpAfter, last)
+}
+
+func (c *chaos) allStopped() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.stopped) == c.cfg.Sessions
+}
+
+// waitParked waits (bounded) until every one of sessions parked (or
+// stopped) and returns their last runs.
 func (c *chaos) waitParked(ctx context.Context, sessions []string, bound time.Duration) map[string]string {
 	deadline := time.Now().Add(bound)
 	for {
@@ -80,6 +98,9 @@ func (c *chaos) waitParked(ctx context.Context, sessions []string, bound time.Du
 		out := map[string]string{}
 		for _, s := range sessions {
 			if last, ok := c.parked[s]; ok {
+				out[s] = last
+			}
+			if last, ok := c.stopped[s]; ok {
 				out[s] = last
 			}
 		}
@@ -296,8 +317,9 @@ func (c *chaos) killRunnerdAfterCheckpoint(ctx context.Context, in injection) {
 	session := fmt.Sprintf("chaos-%d", in.Pick%c.cfg.Sessions)
 	c.mu.Lock()
 	_, down := c.down[session]
+	_, stopped := c.stopped[session]
 	c.mu.Unlock()
-	if down {
+	if down || stopped {
 		c.retryLater(ctx, in)
 		return
 	}

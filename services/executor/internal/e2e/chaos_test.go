@@ -179,6 +179,8 @@ type chaos struct {
 	held       map[string]chan struct{}
 	parked     map[string]string
 	nextPrompt map[string]string
+	// stopped: sessions whose loop gave up (giveUpAfter), with their last run.
+	stopped map[string]string
 }
 
 func TestX2_ChaosFaultMatrixEndsWithACleanAudit(t *testing.T) {
@@ -197,7 +199,8 @@ func TestX2_ChaosFaultMatrixEndsWithACleanAudit(t *testing.T) {
 	defer cancel()
 	c := &chaos{t: t, h: h, st: h.store(), cfg: cfg, execs: []string{"executor", "executor-2"}, inFlight: map[string]string{},
 		hits: map[string]map[string]bool{}, carried: map[string]string{}, injected: map[string]int{}, skipped: map[string]int{},
-		down: map[string]string{}, held: map[string]chan struct{}{}, parked: map[string]string{}, nextPrompt: map[string]string{}}
+		down: map[string]string{}, held: map[string]chan struct{}{}, parked: map[string]string{}, nextPrompt: map[string]string{},
+		stopped: map[string]string{}}
 	defer c.resumeAll()
 	clients := map[string]executorv1.ExecutorServiceClient{}
 	for _, n := range c.execs {
@@ -214,6 +217,10 @@ func TestX2_ChaosFaultMatrixEndsWithACleanAudit(t *testing.T) {
 				return
 			case <-time.After(in.Pause):
 			}
+			if c.allStopped() {
+				c.logf("every session stopped: the remaining faults are not injected")
+				return
+			}
 			c.inject(ctx, in)
 		}
 	}()
@@ -225,7 +232,7 @@ func TestX2_ChaosFaultMatrixEndsWithACleanAudit(t *testing.T) {
 		wg.Add(1)
 		go func(s int) {
 			defer wg.Done()
-			session, last := fmt.Sprintf("chaos-%d", s), ""
+			session, last, failedInARow := fmt.Sprintf("chaos-%d", s), "", 0
 			for i := 0; ; i++ {
 				final := false
 				select {
@@ -253,6 +260,16 @@ func TestX2_ChaosFaultMatrixEndsWithACleanAudit(t *testing.T) {
 				outcomes[s] = append(outcomes[s], run)
 				last = runID
 				if final {
+					return
+				}
+				failedInARow++
+				if run.GetState() != executorv1.RunState_RUN_STATE_FAILED {
+					failedInARow = 0
+				}
+				if failedInARow >= giveUpAfter {
+					// A wedged session fails each run at once: stop it
+					// rather than fill the database (the audit reports it).
+					c.stop(session, last)
 					return
 				}
 			}
@@ -455,7 +472,7 @@ func (c *chaos) retryLater(ctx context.Context, in injection) {
 	case <-ctx.Done():
 		return
 	}
-	if ctx.Err() != nil {
+	if ctx.Err() != nil || c.allStopped() {
 		return
 	}
 	in.Pick++

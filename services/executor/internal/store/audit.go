@@ -110,7 +110,7 @@ SELECT t.run_id, t.action FROM executor.activities t JOIN audit_runs a ON a.run_
 // session scope, submission order and failure.
 func auditRuns(ctx context.Context, tx pgx.Tx, runID string, since *time.Time) ([]audit.Run, error) {
 	rows, err := tx.Query(ctx, `WITH `+auditRunsSQL+`
-SELECT run_id, state, attempt, event_count, session_scope, submit_seq, failure_code, failure_message
+SELECT run_id, state, attempt, event_count, session_scope, submit_seq, failure_code, failure_message, runner_instance_id
   FROM audit_runs ORDER BY run_id`, runID, since)
 	if err != nil {
 		return nil, err
@@ -121,9 +121,9 @@ SELECT run_id, state, attempt, event_count, session_scope, submit_seq, failure_c
 		var (
 			r             audit.Run
 			att, cnt, seq int64
-			code, msg     *string
+			code, msg, rn *string
 		)
-		if err := rows.Scan(&r.ID, &r.State, &att, &cnt, &r.Scope, &seq, &code, &msg); err != nil {
+		if err := rows.Scan(&r.ID, &r.State, &att, &cnt, &r.Scope, &seq, &code, &msg, &rn); err != nil {
 			return nil, err
 		}
 		r.Attempt, r.EventCount, r.Seq = uint64(att), uint64(cnt), uint64(seq)
@@ -132,6 +132,9 @@ SELECT run_id, state, attempt, event_count, session_scope, submit_seq, failure_c
 		}
 		if msg != nil {
 			r.FailureMessage = *msg
+		}
+		if rn != nil {
+			r.RunnerInstanceID = *rn
 		}
 		runs = append(runs, r)
 	}
@@ -162,7 +165,8 @@ SELECT k.checkpoint_id, k.session_scope, k.last_run_id FROM executor.session_che
 // auditRunsSQL selects the audited runs ($1 run id or ”, $2 since or
 // NULL) with their final attempt.
 const auditRunsSQL = `audit_runs AS (
-SELECT r.run_id, r.state, c.attempt, r.event_count, r.session_scope, r.submit_seq, r.failure_code, r.failure_message
+SELECT r.run_id, r.state, c.attempt, r.event_count, r.session_scope, r.submit_seq, r.failure_code, r.failure_message,
+       r.runner_instance_id
   FROM executor.runs r JOIN executor.coordinators c ON c.run_id = r.run_id
  WHERE ($1 = '' OR r.run_id = $1) AND ($2::timestamptz IS NULL OR r.created_at >= $2))`
 
