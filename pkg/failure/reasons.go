@@ -66,7 +66,16 @@ const (
 	GatewayNotFound = "gateway_not_found"
 	// SessionScopeMoving: the run's session scope is being moved to another
 	// gateway (a drain, SPEC F4); the run stays queued until it is placed.
-	SessionScopeMoving             = "session_scope_moving"
+	SessionScopeMoving = "session_scope_moving"
+	// WaitingForGateway: the run's session scope is placed on a lost
+	// gateway and cannot move (no verified checkpoint covers its newest
+	// turn); the run stays queued, its attempt and turn kept, until the
+	// gateway returns or the wait bound passes (SPEC F7).
+	WaitingForGateway = "waiting_for_gateway"
+	// GatewayLostWaitExceeded: the run's session scope waited for its lost
+	// gateway longer than the executor's -gateway-lost-wait, with no
+	// verified checkpoint to move with (SPEC F7).
+	GatewayLostWaitExceeded        = "gateway_lost_wait_exceeded"
 	GovernedWaitInteractionMissing = "governed_wait_interaction_missing"
 	IdleTimeout                    = "idle_timeout"
 	InteractionAlreadyAnswered     = "interaction_already_answered"
@@ -376,6 +385,8 @@ var registry = map[Reason]Info{
 	GatewayRegistrationUnauthenticated:            {codes.Unauthenticated, Permanent},
 	GatewayNotFound:                               {codes.NotFound, Permanent},
 	SessionScopeMoving:                            {codes.Unavailable, Transient},
+	WaitingForGateway:                             {codes.Unavailable, Transient},
+	GatewayLostWaitExceeded:                       {codes.FailedPrecondition, Permanent},
 	GovernedWaitInteractionMissing:                {codes.Internal, Permanent},
 	IdleTimeout:                                   {codes.DeadlineExceeded, Transient},
 	InteractionAlreadyAnswered:                    {codes.FailedPrecondition, Permanent},

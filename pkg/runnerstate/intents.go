@@ -5,9 +5,12 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"github.com/tether-run/tether/pkg/prp"
 	"hash/crc32"
+	"os"
+	"path/filepath"
 	"time"
+
+	"github.com/tether-run/tether/pkg/prp"
 )
 
 // IntentLogFile is the intent log's name inside the runner directory:
@@ -169,4 +172,45 @@ func ParseIntents(b []byte) []Intent {
 		b = b[i+1:]
 	}
 	return ins
+}
+
+// OutboxFile is runnerd's event outbox inside the runner directory.
+const OutboxFile = "outbox.log"
+
+// ProducedThrough is the highest source seq the runner whose state root is
+// stateRoot produced: the state document's cursors, or the newest intact
+// record of its outbox when that is newer (runnerd journals events before
+// the document catches up). It orders a root against what the executor
+// holds from the same runner instance (SPEC F9, R13): a root that produced
+// at least that much is not older. ok is false without a readable state
+// document.
+func ProducedThrough(stateRoot string) (st *State, produced uint64, ok bool) {
+	raw, err := os.ReadFile(Path(stateRoot))
+	if err != nil {
+		return nil, 0, false
+	}
+	if st, err = Decode(raw); err != nil {
+		return nil, 0, false
+	}
+	produced = st.AckedSourceSeq
+	if st.NextSourceSeq > 0 {
+		produced = max(produced, st.NextSourceSeq-1)
+	}
+	if b, err := os.ReadFile(filepath.Join(stateRoot, Dir, OutboxFile)); err == nil {
+		for len(b) > 0 {
+			i := bytes.IndexByte(b, '\n')
+			if i < 0 {
+				break
+			}
+			var rec struct {
+				SourceSeq uint64 `json:"sourceSeq"`
+			}
+			if !Unframe(b[:i+1], &rec) {
+				break
+			}
+			produced = max(produced, rec.SourceSeq)
+			b = b[i+1:]
+		}
+	}
+	return st, produced, true
 }

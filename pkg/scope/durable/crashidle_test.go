@@ -214,3 +214,23 @@ func TestR8_ARootWhoseFirstBindWasCutShortStartsFreshAndAnythingBesideItIsStillQ
 		})
 	}
 }
+
+// SPEC F8: runs that failed before any runner served them (their gateway
+// was lost) ran no turn; they do not hide the run that last held the root,
+// whose runner the host's death left idle: that run is still the scope's
+// previous run, so the returning host resumes the root.
+func TestF8_RunsThatFailedUnservedDoNotHideTheRunThatLastHeldTheRoot(t *testing.T) {
+	want := execution("company-mp", "run-mp-current", "agent-mp", "workspace-mp", "session-mp")
+	at := func(id string, p PriorRun) PriorRun { p.RunID = id; return p }
+	unserved := func(id string) PriorRun { p := at(id, terminalPrior(want)); p.NeverServed = true; return p }
+	recs := []PriorRun{
+		unserved("failed-waiting-2"),
+		unserved("failed-waiting-1"),
+		at("served", terminalPrior(want)),
+		at("older", terminalPrior(want)),
+	}
+	MarkPrevious(want.Key(), recs)
+	for _, r := range recs {
+		require.Equal(t, r.RunID != "older", r.Previous, r.RunID)
+	}
+}

@@ -33,6 +33,10 @@ type PriorRun struct {
 	// Previous: this is the scope's previous run, the newest terminal run of
 	// the same full scope (MarkPrevious).
 	Previous bool
+	// NeverServed: terminal, and no runner ever served the run: it failed
+	// before it attached (e.g. while its gateway was lost, SPEC F7) and ran
+	// no turn.
+	NeverServed bool
 }
 
 // PriorRunLookup returns the record of runID, nil when there is none, or an

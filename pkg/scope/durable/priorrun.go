@@ -29,13 +29,20 @@ func PriorRunFromInput(runID, status string, terminal bool, in *prpv1.ExecutionI
 // records, newest first): the newest record of want's full scope that is
 // terminal. Runs of a session are driven one at a time in submission order,
 // so that run is the last one that held the scope; a crashed runner left
-// idle by it is its proven owner (SPEC R8, see VerifyPriorRun).
+// idle by it is its proven owner (SPEC R8, see VerifyPriorRun). Terminal
+// runs no runner ever served (NeverServed: they failed before they
+// attached, e.g. while the scope's gateway was lost, SPEC F8) ran no turn:
+// they are marked too, and the newest served terminal run below them is
+// still the previous one, so a host that comes back after such failures
+// resumes the root its last served run left idle.
 func MarkPrevious(want scope.Key, recs []PriorRun) {
 	for i := range recs {
 		r := &recs[i]
 		if r.Terminal && r.Scope != nil && r.Scope.RootName() == want.RootName() {
 			r.Previous = true
-			return
+			if !r.NeverServed {
+				return
+			}
 		}
 	}
 }

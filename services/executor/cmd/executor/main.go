@@ -59,6 +59,7 @@ func run() error {
 	maxConns := grpcx.IntFlag(fs, "database-max-conns", "", store.DefaultMaxConns(), "connections of the main database pool (leases, event appends, claims, unary calls); default 4 per core, at least 8")
 	watchConns := grpcx.IntFlag(fs, "database-watch-conns", "", 2, "connections of the separate pool WatchRun reads events with (one read per notification per watched run), so watches never take the main pool's connections")
 	gatewayTTL := grpcx.DurationFlag(fs, "gateway-ttl", "", api.DefaultGatewayTTL, "a registered gateway without a heartbeat for this long is lost (SPEC F1); gateways heartbeat every third of it")
+	lostWait := grpcx.DurationFlag(fs, "gateway-lost-wait", "", fleet.DefaultLostWait, "how long a run waits (queued, waiting_for_gateway) for the lost gateway its session is placed on when no verified checkpoint covers the session's newest turn; past it the run fails with gateway_lost_wait_exceeded (SPEC F7); 0: no bound")
 	idleSweep := grpcx.DurationFlag(fs, "idle-sweep-interval", "", time.Second, "how often idle warm sessions are looked for (verified suspension after their idle timeout; 0 turns it off)")
 	checkpointAfter := grpcx.DurationFlag(fs, "checkpoint-after", "", suspend.DefaultCheckpointAfter, "a warm session idle this long after a settled run gets a verified checkpoint (a suspension; its next run resumes the thread), so a lost gateway host loses no turn settled longer ago (SPEC F3); 0: only at the idle timeout")
 	drainSweep := grpcx.DurationFlag(fs, "drain-sweep-interval", "", time.Second, "how often the idle session scopes of drained gateways are looked for and moved (SPEC F4; 0 turns it off)")
@@ -139,6 +140,7 @@ func run() error {
 	log := srv.Logger()
 	log.Info("authorization", "mode", az.Mode())
 	router.Logger = log
+	router.LostWait = *lostWait
 	stopTracing, err := cfg.StartTracing(ctx, log)
 	if err != nil {
 		return err

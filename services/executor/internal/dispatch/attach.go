@@ -164,11 +164,14 @@ func (a *attachment) open(facts func() (*store.AttachFacts, error)) (done bool, 
 		open.ReplacementId, open.ContinuityRequired = rp.GetReplacementId(), false
 	} else if cp != nil && cp.GetStamp().GetSessionScope() == runScope {
 		open.Restore = &gatewayv1.RestoreSpec{CheckpointId: cp.GetCheckpointId(), Stamp: cp.GetStamp(), LeaseId: cp.GetLeaseId()}
-		if cp != a.facts.Checkpoint {
-			// Its runner emitted events after it (on the lost gateway).
-			if open.Restore.MinSourceSeq, err = d.store.MaxSourceSeq(a.ctx, runScope, cp.GetRunnerInstanceId()); err != nil {
-				return false, err
-			}
+		// The highest seq held from the checkpoint's runner: a restored
+		// runner continues above it (its runner may have emitted events
+		// after the checkpoint, on a gateway since lost), and the gateway
+		// orders a local root of that runner against it (SPEC F9: a root
+		// that produced at least this much is not older than the
+		// checkpoint and is resumed, R13).
+		if open.Restore.MinSourceSeq, err = d.store.MaxSourceSeq(a.ctx, runScope, cp.GetRunnerInstanceId()); err != nil {
+			return false, err
 		}
 	}
 	if err := a.send(&gatewayv1.AttachRequest{Kind: &gatewayv1.AttachRequest_Open{Open: open}}); err != nil {

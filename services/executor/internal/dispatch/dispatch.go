@@ -626,8 +626,15 @@ func (d *Dispatcher) drive(ctx context.Context, c *store.Claim, cancelCh <-chan 
 		if err != nil || (first != nil && gw != first) {
 			_, _ = facts()
 		}
-		if code := failure.CodeOf(err); code == failure.GatewayCapacityExhausted || code == failure.SessionScopeMoving {
-			d.deferRun(ctx, c, err, log)
+		if code := failure.CodeOf(err); code == failure.GatewayCapacityExhausted || code == failure.SessionScopeMoving ||
+			code == failure.WaitingForGateway {
+			if first != nil {
+				// F7: this attempt attached to the gateway now lost; its
+				// turn may have started there. It waits keeping its turn.
+				d.waitRun(ctx, c, err, log)
+			} else {
+				d.deferRun(ctx, c, err, log)
+			}
 			return
 		}
 		if err == nil && first != nil && gw != first {
@@ -710,6 +717,18 @@ func (d *Dispatcher) deferRun(ctx context.Context, c *store.Claim, cause error, 
 	d.metrics.placementDeferrals.Inc()
 	if err := d.store.DeferRun(context.WithoutCancel(ctx), c.Fence, failure.CodeOf(cause), status.Convert(cause).Message(), d.cfg.PollInterval); err != nil {
 		log.Warn("handing the unplaced run back to the queue failed; it waits for its lease to lapse", "err", err)
+	}
+}
+
+// waitRun hands a run whose attempt attached to a gateway that is now lost
+// back to the queue (store.WaitRun, SPEC F7): nothing fails, the attempt
+// stays spent and the turn generation is kept, so the run resumes the same
+// turn when the gateway returns.
+func (d *Dispatcher) waitRun(ctx context.Context, c *store.Claim, cause error, log *slog.Logger) {
+	log.Warn("the run's gateway is lost and its session scope cannot move; the run waits for it", "reason", failure.CodeOf(cause), "err", cause)
+	d.metrics.placementDeferrals.Inc()
+	if err := d.store.WaitRun(context.WithoutCancel(ctx), c.Fence, failure.CodeOf(cause), status.Convert(cause).Message(), d.cfg.PollInterval); err != nil {
+		log.Warn("handing the waiting run back to the queue failed; it waits for its lease to lapse", "err", err)
 	}
 }
 

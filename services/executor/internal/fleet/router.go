@@ -32,10 +32,20 @@ type Static struct {
 // gatewayLost is store.Placement.State of a gateway past its heartbeat TTL.
 const gatewayLost = "lost"
 
+// DefaultLostWait is how long a run whose scope cannot leave its lost
+// gateway waits for it by default (the executor's -gateway-lost-wait).
+const DefaultLostWait = 30 * time.Minute
+
 // Router hands out the gateway client of a session scope.
 type Router struct {
 	// Logger logs failovers (default slog.Default()).
 	Logger *slog.Logger
+	// LostWait bounds how long a run whose scope is on a lost gateway and
+	// cannot move waits for it (SPEC F7): past it, the run fails with
+	// gateway_lost_wait_exceeded. 0: no bound (it waits until the gateway
+	// returns or an operator replaces the session). NewRouter sets
+	// DefaultLostWait.
+	LostWait time.Duration
 
 	store  *store.Store
 	signer *grant.Signer
@@ -58,7 +68,8 @@ type gatewayConn struct {
 // settings) and signs every call's grant with signer for the called
 // gateway's id.
 func NewRouter(st *store.Store, signer *grant.Signer, dial func(addr string) (*grpc.ClientConn, error), static Static, ttl time.Duration) *Router {
-	return &Router{store: st, signer: signer, dial: dial, static: static, ttl: ttl, conns: map[string]*gatewayConn{}}
+	return &Router{store: st, signer: signer, dial: dial, static: static, ttl: ttl, LostWait: DefaultLostWait,
+		conns: map[string]*gatewayConn{}}
 }
 
 // TTL is the gateway TTL placements are decided with.
@@ -129,20 +140,40 @@ func (r *Router) RoutePlaced(ctx context.Context, runID, scope string, in *prpv1
 // active gateway chosen as a first placement is (its labels, least loaded);
 // the scope's next attach restores its latest verified checkpoint there. A
 // move another replica made first is followed. A scope that cannot follow
-// (store.CanFailOver) stays and its run fails closed with
-// runner_harness_state_mismatch.
+// (store.CanFailOver) stays placed there and its run waits for the gateway
+// (waiting_for_gateway, SPEC F7) up to LostWait, then fails with
+// gateway_lost_wait_exceeded (LostDecision).
 func (r *Router) failOver(ctx context.Context, runID, scope string, in *prpv1.ExecutionInput, from *store.Placement) (*store.Placement, error) {
 	ok, err := r.store.CanFailOver(ctx, scope, runID)
 	if err != nil {
 		return nil, err
 	}
+	served := false
 	if !ok {
+		if served, err = r.store.RunServed(ctx, runID); err != nil {
+			return nil, err
+		}
+	}
+	switch LostDecision(ok, served, from.LostFor, r.LostWait) {
+	case WaitForGateway:
 		// The thread is only on the lost gateway's disk: the scope stays
 		// placed there, so bringing that gateway back resumes it.
-		return nil, failure.New(codes.FailedPrecondition, failure.RunnerHarnessStateMismatch,
-			"session scope %s is on gateway %s, which is lost, and has no verified checkpoint to continue from elsewhere; "+
-				"nothing was started: bring the gateway back (the same -gateway-id and -state-root) or call ReplaceSession "+
-				"(a fresh provider session)", scope, from.GatewayID)
+		until := "until it returns or the session is replaced"
+		if served {
+			until += " (a runner on it served this run: its turn may be in flight there)"
+		} else if r.LostWait > 0 {
+			until = "until " + from.LostSince.Add(r.LostWait).UTC().Format(time.RFC3339) + " (-gateway-lost-wait " + r.LostWait.String() + ")"
+		}
+		return nil, failure.New(codes.Unavailable, failure.WaitingForGateway,
+			"session scope %s is on gateway %s, lost since %s; no verified checkpoint covers its newest turn, so the run "+
+				"waits for the gateway %s: bring it back (the same -gateway-id and -state-root) or call ReplaceSession "+
+				"(a fresh provider session)", scope, from.GatewayID, from.LostSince.UTC().Format(time.RFC3339), until)
+	case FailRun:
+		return nil, failure.New(codes.FailedPrecondition, failure.GatewayLostWaitExceeded,
+			"session scope %s is on gateway %s, lost since %s, longer than -gateway-lost-wait %s, and has no verified "+
+				"checkpoint to continue from elsewhere; nothing was started: bring the gateway back (the same -gateway-id and "+
+				"-state-root) or call ReplaceSession (a fresh provider session)",
+			scope, from.GatewayID, from.LostSince.UTC().Format(time.RFC3339), r.LostWait)
 	}
 	p, err := r.store.RePlace(ctx, store.PlaceRequest{Scope: scope, RunID: runID, Labels: in.GetRunner().GetLabels(), TTL: r.ttl},
 		store.Move{From: from.GatewayID})
@@ -155,6 +186,38 @@ func (r *Router) failOver(ctx context.Context, runID, scope string, in *prpv1.Ex
 	r.log().Warn("session scope failed over: its gateway is lost", "session_scope", scope, "run_id", runID,
 		"lost_gateway_id", from.GatewayID, "gateway_id", p.GatewayID)
 	return p, nil
+}
+
+// LostAction is what a run whose session scope is on a lost gateway does.
+type LostAction int
+
+const (
+	// MoveOff: the scope moves to another gateway (its verified
+	// checkpoint covers its newest turn, or it has no state to keep).
+	MoveOff LostAction = iota
+	// WaitForGateway: the run stays queued, waiting for the gateway.
+	WaitForGateway
+	// FailRun: the wait bound passed; the run fails.
+	FailRun
+)
+
+// LostDecision decides for a run whose scope is on a gateway lost for
+// lostFor (SPEC F7): a scope that can move (store.CanFailOver) moves at
+// once; one that cannot waits for its gateway while lostFor is within bound
+// (0: no bound), and its run fails after. A run a runner on the lost
+// gateway served (served: it was in flight there when the host died) waits
+// without bound: failing it would leave its turn unsettled on that host's
+// root, which the host's return must reconcile from runnerd's journal
+// (SPEC F8); ReplaceSession lets it move.
+func LostDecision(canMove, served bool, lostFor, bound time.Duration) LostAction {
+	switch {
+	case canMove:
+		return MoveOff
+	case served || bound <= 0 || lostFor < bound:
+		return WaitForGateway
+	default:
+		return FailRun
+	}
 }
 
 func (r *Router) log() *slog.Logger {

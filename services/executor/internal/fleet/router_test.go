@@ -144,7 +144,7 @@ func TestF3_RouterFailsAScopeOverOffALostGatewayOnce(t *testing.T) {
 }
 
 // A scope whose thread is only on its lost gateway's disk (a runner served
-// it, no verified checkpoint) does not move: its run fails closed, and the
+// it, no verified checkpoint) does not move: its run waits (SPEC F7), and the
 // scope stays placed there, so the gateway coming back resumes it; an
 // operator's ReplaceSession lets it move (a fresh provider session). Moved
 // without either, it would fail closed elsewhere and its old root could be
@@ -158,7 +158,7 @@ func TestF3_AScopeWithoutACheckpointStaysOnItsLostGatewayUntilItReturnsOrIsRepla
 		require.NoError(t, err)
 	}
 	silence := func(id string) {
-		_, err := st.Pool().Exec(ctx, `UPDATE executor.gateways SET heartbeat_at = now() - interval '1 hour' WHERE gateway_id = $1`, id)
+		_, err := st.Pool().Exec(ctx, `UPDATE executor.gateways SET heartbeat_at = now() - interval '1 minute' WHERE gateway_id = $1`, id)
 		require.NoError(t, err)
 	}
 	register("gw-a")
@@ -185,8 +185,9 @@ func TestF3_AScopeWithoutACheckpointStaysOnItsLostGatewayUntilItReturnsOrIsRepla
 
 	silence(home)
 	_, err = r.Route(ctx, "run-2", scope, in)
-	require.EqualValues(t, failure.RunnerHarnessStateMismatch, failure.CodeOf(err), "%v", err)
-	require.Contains(t, err.Error(), "bring the gateway back")
+	require.EqualValues(t, failure.WaitingForGateway, failure.CodeOf(err), "%v", err)
+	require.Contains(t, err.Error(), "bring it back")
+	require.Contains(t, err.Error(), "gateway "+home+", lost since ")
 	p, err = st.ScopePlacement(ctx, scope, ttl)
 	require.NoError(t, err)
 	require.Equal(t, home, p.GatewayID, "the scope stays where its thread is")
@@ -208,4 +209,84 @@ func TestF3_AScopeWithoutACheckpointStaysOnItsLostGatewayUntilItReturnsOrIsRepla
 	p, err = st.ScopePlacement(ctx, scope, ttl)
 	require.NoError(t, err)
 	require.NotEqual(t, home, p.GatewayID)
+}
+
+// SPEC F7: what a run whose scope is on a lost gateway does.
+func TestF7_LostDecisionMovesWaitsWithinTheBoundAndFailsAfterItUnlessTheRunWasInFlight(t *testing.T) {
+	t.Parallel()
+	const bound = 10 * time.Minute
+	for _, tc := range []struct {
+		name           string
+		canMove, serve bool
+		lostFor, bound time.Duration
+		want           fleet.LostAction
+	}{
+		{"a checkpoint covers the newest turn: move at once", true, false, 0, bound, fleet.MoveOff},
+		{"moves even past the bound", true, true, time.Hour, bound, fleet.MoveOff},
+		{"cannot move: waits within the bound", false, false, time.Minute, bound, fleet.WaitForGateway},
+		{"cannot move: fails at the bound", false, false, bound, bound, fleet.FailRun},
+		{"cannot move: fails past the bound", false, false, time.Hour, bound, fleet.FailRun},
+		{"no bound: waits", false, false, 100 * time.Hour, 0, fleet.WaitForGateway},
+		{"in flight there: waits past the bound", false, true, time.Hour, bound, fleet.WaitForGateway},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			require.Equal(t, tc.want, fleet.LostDecision(tc.canMove, tc.serve, tc.lostFor, tc.bound))
+		})
+	}
+}
+
+// SPEC F7: past -gateway-lost-wait a run that never attached fails with
+// gateway_lost_wait_exceeded, naming the gateway, since when and the bound;
+// the scope stays placed where its thread is.
+func TestF7_PastTheBoundARunOfAScopeThatCannotMoveFailsWithAStableReason(t *testing.T) {
+	t.Parallel()
+	r, st, _ := newRouter(t)
+	r.LostWait = time.Minute
+	ctx := context.Background()
+	_, err := st.RegisterGateway(ctx, store.GatewayAnnouncement{ID: "gw-a", Address: "10.0.0.1:1", Capacity: 4}, ttl)
+	require.NoError(t, err)
+	_, err = st.RegisterGateway(ctx, store.GatewayAnnouncement{ID: "gw-b", Address: "10.0.0.2:1", Capacity: 4}, ttl)
+	require.NoError(t, err)
+	in := &prpv1.ExecutionInput{
+		Provider: &prpv1.Provider{Kind: "codex"},
+		Binding:  &prpv1.Binding{CompanyId: "acme", AgentId: "agent-1"},
+		Task:     &prpv1.Task{Prompt: "x"},
+		Session:  &prpv1.Session{NormalizedSessionId: "thread", Lifecycle: &prpv1.Lifecycle{Mode: prpv1.LifecycleMode_LIFECYCLE_MODE_WARM}},
+	}
+	for _, id := range []string{"run-1", "run-2"} {
+		_, err := st.Submit(ctx, id, in)
+		require.NoError(t, err)
+	}
+	var scope string
+	require.NoError(t, st.Pool().QueryRow(ctx, `SELECT session_scope FROM executor.runs WHERE run_id = 'run-1'`).Scan(&scope))
+	_, err = r.Route(ctx, "run-1", scope, in)
+	require.NoError(t, err)
+	p, err := st.ScopePlacement(ctx, scope, ttl)
+	require.NoError(t, err)
+	_, err = st.Pool().Exec(ctx, `UPDATE executor.runs SET runner_instance_id = 'runner-1', state = 'succeeded', ended_at = now() WHERE run_id = 'run-1'`)
+	require.NoError(t, err)
+
+	// Lost for 30 s (heartbeat TTL + 30 s ago): within the bound, it waits.
+	_, err = st.Pool().Exec(ctx, `UPDATE executor.gateways SET heartbeat_at = now() - $2 * interval '1 microsecond' WHERE gateway_id = $1`,
+		p.GatewayID, (ttl + 30*time.Second).Microseconds())
+	require.NoError(t, err)
+	_, err = r.Route(ctx, "run-2", scope, in)
+	require.EqualValues(t, failure.WaitingForGateway, failure.CodeOf(err), "%v", err)
+	require.Contains(t, err.Error(), "(-gateway-lost-wait 1m0s)")
+	// Lost for two minutes: past the bound, it fails.
+	_, err = st.Pool().Exec(ctx, `UPDATE executor.gateways SET heartbeat_at = now() - $2 * interval '1 microsecond' WHERE gateway_id = $1`,
+		p.GatewayID, (ttl + 2*time.Minute).Microseconds())
+	require.NoError(t, err)
+	_, err = r.Route(ctx, "run-2", scope, in)
+	require.EqualValues(t, failure.GatewayLostWaitExceeded, failure.CodeOf(err), "%v", err)
+	require.Contains(t, err.Error(), "gateway "+p.GatewayID+", lost since ")
+	require.Contains(t, err.Error(), "-gateway-lost-wait 1m0s")
+	// A run a runner on it served (in flight when the host died) waits on.
+	_, err = st.Pool().Exec(ctx, `UPDATE executor.runs SET runner_instance_id = 'runner-1' WHERE run_id = 'run-2'`)
+	require.NoError(t, err)
+	_, err = r.Route(ctx, "run-2", scope, in)
+	require.EqualValues(t, failure.WaitingForGateway, failure.CodeOf(err), "%v", err)
+	p2, err := st.ScopePlacement(ctx, scope, ttl)
+	require.NoError(t, err)
+	require.Equal(t, p.GatewayID, p2.GatewayID, "the scope stays where its thread is")
 }

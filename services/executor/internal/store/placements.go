@@ -25,6 +25,12 @@ type Placement struct {
 	State string
 	// Moving: a drain is moving the scope (BeginMove); its runs wait.
 	Moving bool
+	// LostSince is when a lost gateway became lost (its last heartbeat
+	// plus the TTL), and LostFor how long ago that was, both by the
+	// database's clock (SPEC F7: a run waits for its lost gateway up to a
+	// bound). Zero unless State is lost.
+	LostSince time.Time
+	LostFor   time.Duration
 }
 
 // placementColumns read a placement joined to its gateway's registry entry
@@ -34,7 +40,11 @@ func placementColumns(ttlParam string) string {
        CASE WHEN g.gateway_id IS NULL THEN ''
             WHEN g.heartbeat_at <= now() - ` + ttlParam + ` * interval '1 microsecond' THEN 'lost'
             WHEN g.draining OR g.drain_requested_at IS NOT NULL THEN 'draining' ELSE 'active' END,
-       coalesce(p.moving_until > now(), false)`
+       coalesce(p.moving_until > now(), false),
+       CASE WHEN g.heartbeat_at <= now() - ` + ttlParam + ` * interval '1 microsecond'
+            THEN g.heartbeat_at + ` + ttlParam + ` * interval '1 microsecond' END,
+       CASE WHEN g.heartbeat_at <= now() - ` + ttlParam + ` * interval '1 microsecond'
+            THEN (extract(epoch FROM now() - g.heartbeat_at) * 1000000 - ` + ttlParam + `)::bigint END`
 }
 
 // asyncCommit is a predicate, always true, that turns synchronous_commit
@@ -43,9 +53,16 @@ func placementColumns(ttlParam string) string {
 const asyncCommit = `set_config('synchronous_commit', 'off', true) = 'off'`
 
 func scanPlacement(row pgx.Row) (*Placement, error) {
-	var p Placement
-	if err := row.Scan(&p.Scope, &p.GatewayID, &p.Address, &p.State, &p.Moving); err != nil {
+	var (
+		p         Placement
+		lostSince *time.Time
+		lostFor   *int64
+	)
+	if err := row.Scan(&p.Scope, &p.GatewayID, &p.Address, &p.State, &p.Moving, &lostSince, &lostFor); err != nil {
 		return nil, err
+	}
+	if lostSince != nil && lostFor != nil {
+		p.LostSince, p.LostFor = *lostSince, time.Duration(*lostFor)*time.Microsecond
 	}
 	return &p, nil
 }
@@ -347,6 +364,34 @@ UPDATE executor.coordinators c
    SET attempt = c.attempt - 1, lease_owner = NULL, lease_expires_at = NULL,
        phase = CASE WHEN c.attempt <= 1 THEN 'queued' ELSE 'retryable_failure' END,
        started_at = CASE WHEN c.attempt <= 1 THEN NULL ELSE c.started_at END,
+       next_attempt_at = now() + $4 * interval '1 microsecond'
+ WHERE c.run_id = $1 AND c.lease_owner = $2 AND c.attempt = $3 AND c.phase = 'observed'`,
+			f.RunID, f.Owner, int64(f.Attempt), delay.Microseconds())
+		if err != nil {
+			return err
+		}
+		if tag.RowsAffected() == 0 {
+			return ErrLeaseLost(f)
+		}
+		_, err = tx.Exec(ctx, `UPDATE executor.runs SET queued_reason = $2, queued_message = $3 WHERE run_id = $1`,
+			f.RunID, string(reason), message)
+		return err
+	})
+}
+
+// WaitRun hands a run whose attempt attached (its turn may have started)
+// back to the queue while its scope waits for a lost gateway (SPEC F7):
+// the lease is released and the run is due again after delay, showing
+// reason and message (GetRun's queued_reason). Unlike DeferRun the attempt
+// stays spent and the turn generation is kept, so the next claim is a new
+// attempt that resumes the same turn once the gateway is back (runnerd
+// reconciles it from its journal, the way a takeover does); unlike
+// RecordFailure no failure is recorded. The fence must hold.
+func (s *Store) WaitRun(ctx context.Context, f Fence, reason failure.Reason, message string, delay time.Duration) error {
+	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		tag, err := tx.Exec(ctx, `
+UPDATE executor.coordinators c
+   SET lease_owner = NULL, lease_expires_at = NULL, phase = 'retryable_failure',
        next_attempt_at = now() + $4 * interval '1 microsecond'
  WHERE c.run_id = $1 AND c.lease_owner = $2 AND c.attempt = $3 AND c.phase = 'observed'`,
 			f.RunID, f.Owner, int64(f.Attempt), delay.Microseconds())

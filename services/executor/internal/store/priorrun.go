@@ -32,17 +32,25 @@ type PriorRunRecord struct {
 	// Input is the run's persisted execution input; nil when none was
 	// persisted.
 	Input *prpv1.ExecutionInput
+	// NeverServed: terminal, and no runner ever served the run (it ran no
+	// turn; durable.PriorRun.NeverServed).
+	NeverServed bool
+	// RunnerInstanceID is the runner that served the run; empty when none.
+	RunnerInstanceID string
 }
 
 // Proto is the record as the gateway receives it.
 func (r PriorRunRecord) Proto() *gatewayv1.PriorRun {
-	return &gatewayv1.PriorRun{RunId: r.RunID, Status: r.Status, Terminal: r.Terminal, Input: r.Input}
+	return &gatewayv1.PriorRun{RunId: r.RunID, Status: r.Status, Terminal: r.Terminal, Input: r.Input, NeverServed: r.NeverServed,
+		RunnerInstanceId: r.RunnerInstanceID}
 }
 
 // Durable is the record as the durable authority verifies it (the same
 // conversion the gateway applies to the proto).
 func (r PriorRunRecord) Durable() durable.PriorRun {
-	return durable.PriorRunFromInput(r.RunID, r.Status, r.Terminal, r.Input)
+	d := durable.PriorRunFromInput(r.RunID, r.Status, r.Terminal, r.Input)
+	d.NeverServed = r.NeverServed
+	return d
 }
 
 // PriorRunsProto converts records for the wire, in order.
@@ -81,7 +89,7 @@ func (s *Store) PriorRunLookup() durable.PriorRunLookup {
 
 // priorRunSelect reads PriorRunRecord columns; a run without a coordinator
 // row is reported by its stored state alone.
-const priorRunSelect = `SELECT r.run_id, ` + stateExpr + `, r.input
+const priorRunSelect = `SELECT r.run_id, ` + stateExpr + `, r.input, coalesce(r.runner_instance_id, '')
   FROM executor.runs r LEFT JOIN executor.coordinators c ON c.run_id = r.run_id`
 
 func scanPriorRun(row pgx.Row) (*PriorRunRecord, error) {
@@ -89,10 +97,11 @@ func scanPriorRun(row pgx.Row) (*PriorRunRecord, error) {
 		rec PriorRunRecord
 		raw []byte
 	)
-	if err := row.Scan(&rec.RunID, &rec.Status, &raw); err != nil {
+	if err := row.Scan(&rec.RunID, &rec.Status, &raw, &rec.RunnerInstanceID); err != nil {
 		return nil, err
 	}
 	rec.Terminal = isTerminalState(rec.Status)
+	rec.NeverServed = rec.Terminal && rec.RunnerInstanceID == ""
 	if len(raw) > 0 {
 		rec.Input = &prpv1.ExecutionInput{}
 		if err := proto.Unmarshal(raw, rec.Input); err != nil {
@@ -117,7 +126,7 @@ func (s *Store) PriorRun(ctx context.Context, runID string) (*PriorRunRecord, er
 // named session's newest runs in index order (runs_prior_session_idx), and
 // the one run whose unnamed session it is.
 const priorRunsSQL = `
-SELECT r.run_id, ` + stateExpr + `, r.input
+SELECT r.run_id, ` + stateExpr + `, r.input, coalesce(r.runner_instance_id, '')
   FROM (
         (SELECT run_id FROM executor.runs
           WHERE company_id = $1 AND agent_id = $2 AND normalized_session_id = $3 AND run_id <> $5

@@ -584,8 +584,12 @@ func TestE13_PriorRunsListsTheSessionsOtherRunsOfTheSameCompanyAndAgentNewestFir
 		require.Equal(t, recs[i].Status, pr.GetStatus())
 		require.Equal(t, recs[i].Terminal, pr.GetTerminal())
 		require.True(t, proto.Equal(recs[i].Input, pr.GetInput()))
+		require.Equal(t, recs[i].NeverServed, pr.GetNeverServed())
+		require.Equal(t, recs[i].RunnerInstanceID, pr.GetRunnerInstanceId())
 		d := recs[i].Durable()
-		require.Equal(t, durable.PriorRunFromInput(pr.GetRunId(), pr.GetStatus(), pr.GetTerminal(), pr.GetInput()), d)
+		want := durable.PriorRunFromInput(pr.GetRunId(), pr.GetStatus(), pr.GetTerminal(), pr.GetInput())
+		want.NeverServed = pr.GetNeverServed()
+		require.Equal(t, want, d)
 		require.Equal(t, scope.ParamsOf(recs[i].RunID, inputs[recs[i].RunID]).Key(), *d.Scope)
 	}
 	lookup := store.PriorRunLookupOf(recs)

@@ -124,6 +124,17 @@ func applyReplacement(ctx context.Context, tx pgx.Tx, id, runID string) (bool, e
 	return tag.RowsAffected() == 1, err
 }
 
+// RunServed reports whether a runner served run runID (its runner instance
+// was recorded): an attempt of it attached, so its turn may have started.
+func (s *Store) RunServed(ctx context.Context, runID string) (bool, error) {
+	var served bool
+	err := s.pool.QueryRow(ctx, `SELECT runner_instance_id IS NOT NULL FROM executor.runs WHERE run_id = $1`, runID).Scan(&served)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, ErrRunNotFound(runID)
+	}
+	return served, err
+}
+
 // CanFailOver reports whether session scope scope can follow run runID off
 // its lost gateway (SPEC F3): it has a verified checkpoint to restore (the
 // current one, or the one a run in flight there started from), a pending

@@ -15,7 +15,7 @@ import (
 )
 
 // OutboxFile is the outbox log's name inside the runner directory.
-const OutboxFile = "outbox.log"
+const OutboxFile = runnerstate.OutboxFile
 
 // compactMinBytes is the file size from which acknowledged records are
 // compacted away.

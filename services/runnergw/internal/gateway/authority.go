@@ -42,7 +42,9 @@ type authorised struct {
 func priorRuns(want scope.Key, recs []*gatewayv1.PriorRun) durable.PriorRunLookup {
 	out := make([]durable.PriorRun, 0, len(recs))
 	for _, r := range recs {
-		out = append(out, durable.PriorRunFromInput(r.GetRunId(), r.GetStatus(), r.GetTerminal(), r.GetInput()))
+		rec := durable.PriorRunFromInput(r.GetRunId(), r.GetStatus(), r.GetTerminal(), r.GetInput())
+		rec.NeverServed = r.GetNeverServed()
+		out = append(out, rec)
 	}
 	durable.MarkPrevious(want, out)
 	return durable.PriorRunsOf(out...)

@@ -52,35 +52,102 @@ func markCheckpoint(scopeDir, id string) error {
 	return atomicfile.Write(scopeDir, checkpointMarkFile, b, 0o600)
 }
 
-// olderStateOf reports whether the scope's runner state on disk is an
-// older state of the runner spec's checkpoint was taken from (the same
-// runner instance) rather than exactly that checkpoint: it ran elsewhere
-// since, and the checkpoint is the scope's state. Local state of another
-// runner identity is not: the durable-state rules judge it (it is
-// quarantined and nothing starts, SPEC C3).
-func (g *Gateway) olderStateOf(sc string, spec *gatewayv1.RestoreSpec) bool {
+// olderStateOf reports whether the scope's runner state on disk is provably
+// older than the checkpoint of spec, so that the checkpoint, not the local
+// root, is the scope's state (SPEC F9). It reads the local root's runner
+// identity, its checkpoint mark and how far it produced (its state
+// document and outbox, runnerstate.ProducedThrough) and decides by order
+// (StaleRoot), never by mere difference.
+func (g *Gateway) olderStateOf(sc string, spec *gatewayv1.RestoreSpec, prior []*gatewayv1.PriorRun) bool {
 	dir := g.stateDir(sc)
+	st, produced, ok := runnerstate.ProducedThrough(dir)
+	if !ok {
+		return false
+	}
 	state, err := os.ReadFile(runnerstate.Path(dir))
 	if err != nil {
 		return false
 	}
-	st, err := runnerstate.Decode(state)
-	if err != nil || st.Identity.RunnerInstanceID != spec.GetStamp().GetRunnerInstanceId() {
-		return false
+	m, _ := readMark(dir)
+	servedBefore := false
+	for _, p := range prior {
+		if id := p.GetRunnerInstanceId(); id != "" && id == st.Identity.RunnerInstanceID {
+			servedBefore = true
+		}
 	}
-	return spec.GetMinSourceSeq() > 0 || !isMarked(dir, state, spec.GetCheckpointId())
+	return StaleRoot(LocalRoot{ServedBefore: servedBefore,
+		RunnerInstanceID: st.Identity.RunnerInstanceID, SessionScope: st.Identity.SessionScope,
+		NormalizedSessionID: st.Identity.NormalizedSessionID, Produced: produced,
+		MarkedCheckpoint: m.CheckpointID, ExactlyMarked: m.CheckpointID != "" && digest(state) == m.RunnerStateSHA256,
+	}, sc, spec)
 }
 
-// isMarked reports whether state (the scope's runner state document) is
-// exactly checkpoint id's, as this gateway marked it.
-func isMarked(scopeDir string, state []byte, id string) bool {
+// LocalRoot is what the gateway knows of a scope's root on its disk.
+type LocalRoot struct {
+	RunnerInstanceID    string
+	SessionScope        string
+	NormalizedSessionID string
+	// Produced is the highest source seq the root's runner produced.
+	Produced uint64
+	// MarkedCheckpoint is the checkpoint this gateway last took or
+	// restored into the root (checkpoint-mark.json), empty when none;
+	// ExactlyMarked: the runner state is still exactly that checkpoint's.
+	MarkedCheckpoint string
+	ExactlyMarked    bool
+	// ServedBefore: the executor's records of the scope's earlier runs
+	// (the Open's prior runs) name the root's runner as one that served
+	// them.
+	ServedBefore bool
+}
+
+// StaleRoot decides whether local, the root of scope sc, is provably older
+// than the checkpoint of spec (the scope's current checkpoint, or the one
+// a run in flight started from), by recorded order (SPEC F9, R13):
+//
+//   - The same runner instance: the checkpoint is the root's state when
+//     this gateway never took or restored it into this root (the mark names
+//     another checkpoint or none: the scope moved and the checkpoint was
+//     taken elsewhere since), or when the root produced fewer events than
+//     the executor holds from that runner (spec.MinSourceSeq: the runner
+//     continued on another gateway). A root that descends from the
+//     checkpoint and produced at least what the executor holds is the
+//     newest copy of the thread (e.g. runnerd killed during the first turn
+//     after the checkpoint, its turn.start journaled): it is kept, and its
+//     journal resumed, so no journaled command runs twice.
+//   - Another runner instance that served earlier runs of the scope (the
+//     executor's records say so): a root left behind by a move (a fresh
+//     runner elsewhere took the scope over, e.g. after ReplaceSession); the
+//     checkpoint names the scope's current runner, so the root is set aside
+//     and the checkpoint restored.
+//   - A root of a runner the records do not name, or of another scope or
+//     session, is not judged here: the durable-state rules refuse it
+//     (quarantined, nothing starts; SPEC C3).
+func StaleRoot(local LocalRoot, sc string, spec *gatewayv1.RestoreSpec) bool {
+	stamp := spec.GetStamp()
+	if local.SessionScope != "" && local.SessionScope != sc {
+		return false
+	}
+	if a, b := local.NormalizedSessionID, stamp.GetNormalizedSessionId(); a != "" && b != "" && a != b {
+		return false
+	}
+	if local.RunnerInstanceID != stamp.GetRunnerInstanceId() {
+		return local.RunnerInstanceID != "" && local.ServedBefore
+	}
+	if local.ExactlyMarked && local.MarkedCheckpoint == spec.GetCheckpointId() {
+		return false
+	}
+	if local.MarkedCheckpoint != spec.GetCheckpointId() {
+		return true
+	}
+	return local.Produced < spec.GetMinSourceSeq()
+}
+
+// readMark reads the scope's checkpoint mark (zero when none).
+func readMark(scopeDir string) (checkpointMark, error) {
+	var m checkpointMark
 	b, err := os.ReadFile(filepath.Join(scopeDir, checkpointMarkFile))
 	if err != nil {
-		return false
+		return m, err
 	}
-	var m checkpointMark
-	if json.Unmarshal(b, &m) != nil || m.CheckpointID == "" || m.CheckpointID != id {
-		return false
-	}
-	return digest(state) == m.RunnerStateSHA256
+	return m, json.Unmarshal(b, &m)
 }

@@ -42,7 +42,7 @@ func (g *Gateway) prepareContinuity(ctx context.Context, r *runner, sc string, o
 	if live {
 		return nil
 	}
-	stale := hasState && spec != nil && g.olderStateOf(sc, spec)
+	stale := hasState && spec != nil && g.olderStateOf(sc, spec, open.GetPriorRuns())
 	if hasState && !stale {
 		return nil
 	}

@@ -162,6 +162,10 @@ func (g *Gateway) restore(ctx context.Context, r *runner, sc, runID, kind string
 		return failure.Wrap(err, codes.Internal, failure.RunnerRemoteCheckpointRestoreFailed, "%v", err)
 	}
 	if replaceLocal {
+		// R13: no provider of the replaced root outlives it (runnerd
+		// killed, its provider host kept the turn going); it is stopped
+		// before the restored runner's provider starts.
+		stopOrphanProviderHost(scopeDir)
 		dest, err := archiveState(scopeDir)
 		if err != nil {
 			return failure.Wrap(err, codes.Internal, failure.RunnerRemoteCheckpointRestoreFailed, "moving stale runner state aside: %v", err)

@@ -456,9 +456,18 @@ type PriorRun struct {
 	// True when the run row is terminal: no controller can still drive it.
 	Terminal bool `protobuf:"varint,3,opt,name=terminal,proto3" json:"terminal,omitempty"`
 	// The run's persisted execution input; absent when none was persisted.
-	Input         *v1.ExecutionInput `protobuf:"bytes,4,opt,name=input,proto3" json:"input,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Input *v1.ExecutionInput `protobuf:"bytes,4,opt,name=input,proto3" json:"input,omitempty"`
+	// True when the run is terminal and no runner ever served it (it failed
+	// before it attached, e.g. while its gateway was lost, SPEC F7/F8): it
+	// ran no turn, so it does not stand between the scope's root and the
+	// last run that held it (durable.MarkPrevious).
+	NeverServed bool `protobuf:"varint,5,opt,name=never_served,json=neverServed,proto3" json:"never_served,omitempty"`
+	// The runner instance that served the run, empty when none did. A root
+	// of one of these runners that is not the checkpoint's is a root left
+	// behind by a move, set aside for the checkpoint (SPEC F9).
+	RunnerInstanceId string `protobuf:"bytes,6,opt,name=runner_instance_id,json=runnerInstanceId,proto3" json:"runner_instance_id,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *PriorRun) Reset() {
@@ -517,6 +526,20 @@ func (x *PriorRun) GetInput() *v1.ExecutionInput {
 		return x.Input
 	}
 	return nil
+}
+
+func (x *PriorRun) GetNeverServed() bool {
+	if x != nil {
+		return x.NeverServed
+	}
+	return false
+}
+
+func (x *PriorRun) GetRunnerInstanceId() string {
+	if x != nil {
+		return x.RunnerInstanceId
+	}
+	return ""
 }
 
 // RestoreSpec names a stamped checkpoint of the session scope.
@@ -1643,13 +1666,15 @@ const file_tether_gateway_v1_gateway_proto_rawDesc = "" +
 	"\n" +
 	"prior_runs\x18\x06 \x03(\v2\x1b.tether.gateway.v1.PriorRunB\b\xbaH\x05\x92\x01\x02\x10@R\tpriorRuns\x12/\n" +
 	"\x13continuity_required\x18\a \x01(\bR\x12continuityRequired\x12.\n" +
-	"\x0ereplacement_id\x18\b \x01(\tB\a\xbaH\x04r\x02\x18@R\rreplacementId\"\x9f\x01\n" +
+	"\x0ereplacement_id\x18\b \x01(\tB\a\xbaH\x04r\x02\x18@R\rreplacementId\"\xfa\x01\n" +
 	"\bPriorRun\x12!\n" +
 	"\x06run_id\x18\x01 \x01(\tB\n" +
 	"\xbaH\ar\x05\x10\x01\x18\xa0\x01R\x05runId\x12\x1f\n" +
 	"\x06status\x18\x02 \x01(\tB\a\xbaH\x04r\x02\x18@R\x06status\x12\x1a\n" +
 	"\bterminal\x18\x03 \x01(\bR\bterminal\x123\n" +
-	"\x05input\x18\x04 \x01(\v2\x1d.tether.prp.v1.ExecutionInputR\x05input\"\xc1\x01\n" +
+	"\x05input\x18\x04 \x01(\v2\x1d.tether.prp.v1.ExecutionInputR\x05input\x12!\n" +
+	"\fnever_served\x18\x05 \x01(\bR\vneverServed\x126\n" +
+	"\x12runner_instance_id\x18\x06 \x01(\tB\b\xbaH\x05r\x03\x18\x80\x02R\x10runnerInstanceId\"\xc1\x01\n" +
 	"\vRestoreSpec\x12.\n" +
 	"\rcheckpoint_id\x18\x01 \x01(\tB\t\xbaH\x06r\x04\x10\x01\x18@R\fcheckpointId\x125\n" +
 	"\x05stamp\x18\x02 \x01(\v2\x17.tether.backup.v1.StampB\x06\xbaH\x03\xc8\x01\x01R\x05stamp\x12%\n" +

@@ -1,0 +1,356 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/tether-run/tether/pkg/failure"
+	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
+	"github.com/tether-run/tether/pkg/procid"
+	"github.com/tether-run/tether/services/executor/internal/stack"
+)
+
+// Host loss (SPEC F7–F9, R13, issue #30): a gateway's host dies (kill -9
+// of the gateway and every runnerd and provider under its state root) and
+// later comes back under the same -gateway-id on the same -state-root.
+
+// hostLossFleet starts a fleet of two gateways on two simulated hosts
+// ("runnergw" zone=a, "runnergw-2" zone=b) and one executor with a short
+// gateway TTL, plus the executor's extra flags.
+func hostLossFleet(t *testing.T, opts stack.Options, executorArgs ...string) *harness {
+	t.Helper()
+	opts.ExecutorArgs = append([]string{"-gateway-ttl", "3s", "-retry-delay", "1s"}, executorArgs...)
+	return newFleet(t, opts, []string{"executor"}, map[string][]string{
+		"runnergw": {"-capacity", "8", "-labels", "zone=a"}, "runnergw-2": {"-capacity", "8", "-labels", "zone=b"},
+	})
+}
+
+var zoneA = map[string]string{"zone": "a"}
+
+// loseHost kills the named gateway's host and waits until the executors
+// list it lost.
+func (h *harness) loseHost(ctx context.Context, name string) {
+	h.t.Helper()
+	h.killHost(name)
+	require.Eventually(h.t, func() bool {
+		return h.gateways(ctx)[stack.GatewayIDOf(name)].GetState() == executorv1.GatewayState_GATEWAY_STATE_LOST
+	}, time.Minute, 100*time.Millisecond, "the gateway is lost")
+}
+
+// waitQueuedReason polls GetRun until the run is queued with reason code.
+func (h *harness) waitQueuedReason(ctx context.Context, runID string, code string) *executorv1.Run {
+	h.t.Helper()
+	for {
+		run := h.get(runID)
+		if run.GetState() == executorv1.RunState_RUN_STATE_QUEUED && run.GetQueuedReason().GetCode() == code {
+			return run
+		}
+		require.NotEqual(h.t, executorv1.RunState_RUN_STATE_FAILED, run.GetState(), "%s failed: %v", runID, run.GetFailure())
+		select {
+		case <-ctx.Done():
+			h.t.Fatalf("run %s: want queued with %s, have %s %v", runID, code, run.GetState(), run.GetQueuedReason())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// requireAuditClean runs tetherctl audit over the stack's durable history:
+// every turn command executed at most once, contiguous events, one
+// terminal per run (SPEC A, R13).
+func (h *harness) requireAuditClean() {
+	h.t.Helper()
+	rep, code := auditStack(h.t, h.dsn)
+	require.Zero(h.t, code, "%+v", rep.Violations)
+	require.Empty(h.t, rep.Violations)
+}
+
+// TestF7_QueuedRunsOfASessionOnALostHostWaitVisiblyAndContinueTheThreadWhenItReturns:
+// a warm session whose thread is only on its host's disk (no verified
+// checkpoint) and whose host dies. Before, its next run failed closed
+// (runner_harness_state_mismatch) and so did every queued one. Now each
+// waits, queued with waiting_for_gateway naming the gateway and since when
+// (GetRun, ListRuns), spending no attempt; when the host comes back under
+// its id and root, they run there in order and continue the same thread;
+// the audit is clean.
+func TestF7_QueuedRunsOfASessionOnALostHostWaitVisiblyAndContinueTheThreadWhenItReturns(t *testing.T) {
+	t.Parallel()
+	h := hostLossFleet(t, stack.Options{})
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	h.submitWith(ctx, "wait-1", "wait", "Remember the word tether.", zoneA, 0)
+	first := h.waitState(ctx, h.client, "wait-1", executorv1.RunState_RUN_STATE_SUCCEEDED)
+	require.Equal(t, stack.GatewayIDOf("runnergw"), h.session(ctx, "wait").GetGatewayId())
+
+	h.loseHost(ctx, "runnergw")
+	for i := 2; i <= 4; i++ {
+		h.submitWith(ctx, fmt.Sprintf("wait-%d", i), "wait", fmt.Sprintf("Turn %d: which word?", i), zoneA, 0)
+	}
+	waiting := h.waitQueuedReason(ctx, "wait-2", failure.WaitingForGateway)
+	msg := waiting.GetQueuedReason().GetMessage()
+	require.Contains(t, msg, "gateway "+stack.GatewayIDOf("runnergw")+", lost since ", msg)
+	require.Contains(t, msg, "(-gateway-lost-wait 30m0s)", "the default bound")
+	require.Zero(t, waiting.GetAttempt(), "waiting spends no attempt")
+	listed, err := h.client.ListRuns(ctx, &executorv1.ListRunsRequest{})
+	require.NoError(t, err)
+	shown := false
+	for _, r := range listed.GetRuns() {
+		if r.GetRunId() == "wait-2" {
+			shown = r.GetQueuedReason().GetCode() == failure.WaitingForGateway
+		}
+		require.NotEqual(t, executorv1.RunState_RUN_STATE_FAILED, r.GetState(), r.GetRunId())
+	}
+	require.True(t, shown, "ListRuns shows the wait")
+	// The executor claims the head run again and again meanwhile, and
+	// hands it back each time: none fails.
+	require.Eventually(t, func() bool {
+		return strings.Count(readFile(t, h.st.LogPath("executor")), `"reason":"waiting_for_gateway"`) >= 3
+	}, time.Minute, 100*time.Millisecond)
+	for i := 2; i <= 4; i++ {
+		require.Equal(t, executorv1.RunState_RUN_STATE_QUEUED, h.get(fmt.Sprintf("wait-%d", i)).GetState())
+	}
+
+	// The host comes back with its id and root: the session continues
+	// there, the same thread and runner identity.
+	_, err = h.st.Start(ctx, "runnergw")
+	require.NoError(t, err)
+	for i := 2; i <= 4; i++ {
+		run := h.waitState(ctx, h.client, fmt.Sprintf("wait-%d", i), executorv1.RunState_RUN_STATE_SUCCEEDED)
+		require.EqualValues(t, 1, run.GetAttempt(), run.GetRunId())
+		require.Contains(t, run.GetResult().GetFinalMessage(), fmt.Sprintf("%d earlier messages", 2*(i-1)), run.GetRunId())
+		require.Equal(t, first.GetRunnerInstanceId(), run.GetRunnerInstanceId(), run.GetRunId())
+		require.Nil(t, run.GetQueuedReason())
+	}
+	require.Equal(t, stack.GatewayIDOf("runnergw"), h.session(ctx, "wait").GetGatewayId())
+	require.Equal(t, 1, countLines(t, h.st.CallLog(), "thread/start"), "one provider thread")
+	require.Equal(t, 4, countLines(t, h.st.CallLog(), "turn/start"), "each turn started once")
+	h.requireAuditClean()
+}
+
+// TestF7_PastTheWaitBoundARunFailsWithAStableReasonAndTheReturnedHostResumesTheSession:
+// the policy at the bound (-gateway-lost-wait). A run that waited longer
+// fails with gateway_lost_wait_exceeded (nothing started, the scope stays
+// on its gateway); the host coming back later resumes the session: its
+// next run continues the thread.
+func TestF7_PastTheWaitBoundARunFailsWithAStableReasonAndTheReturnedHostResumesTheSession(t *testing.T) {
+	t.Parallel()
+	h := hostLossFleet(t, stack.Options{}, "-gateway-lost-wait", "2s")
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	h.submitWith(ctx, "bound-1", "bound", "Remember the word tether.", zoneA, 0)
+	first := h.waitState(ctx, h.client, "bound-1", executorv1.RunState_RUN_STATE_SUCCEEDED)
+
+	h.loseHost(ctx, "runnergw")
+	h.submitWith(ctx, "bound-2", "bound", "Which word?", zoneA, 0)
+	failed := h.waitState(ctx, h.client, "bound-2", executorv1.RunState_RUN_STATE_FAILED)
+	require.Equal(t, failure.GatewayLostWaitExceeded, failed.GetFailure().GetCode(), failed.GetFailure().GetMessage())
+	require.Contains(t, failed.GetFailure().GetMessage(), "-gateway-lost-wait 2s")
+	require.Equal(t, stack.GatewayIDOf("runnergw"), h.session(ctx, "bound").GetGatewayId(), "the scope stays where its thread is")
+
+	_, err := h.st.Start(ctx, "runnergw")
+	require.NoError(t, err)
+	h.submitWith(ctx, "bound-3", "bound", "Which word now?", zoneA, 0)
+	run := h.waitState(ctx, h.client, "bound-3", executorv1.RunState_RUN_STATE_SUCCEEDED)
+	require.Contains(t, run.GetResult().GetFinalMessage(), "2 earlier messages", "the thread continued")
+	require.Equal(t, first.GetRunnerInstanceId(), run.GetRunnerInstanceId())
+	require.Equal(t, 1, countLines(t, h.st.CallLog(), "thread/start"))
+	h.requireAuditClean()
+}
+
+// checkpoint asks for the session's verified checkpoint (a suspension the
+// backup verifier stamps) and returns its id.
+func (h *harness) checkpoint(ctx context.Context, session string) string {
+	h.t.Helper()
+	resp, err := h.client.CloseSession(ctx, &executorv1.CloseSessionRequest{CompanyId: "acme",
+		NormalizedSessionId: session, Reason: "checkpoint", Suspend: true})
+	require.NoError(h.t, err)
+	require.Len(h.t, resp.GetCheckpoints(), 1)
+	return resp.GetCheckpoints()[0].GetCheckpointId()
+}
+
+// continuityBreaks counts the states of scope the named gateway set aside
+// for a checkpoint (<state-root>/<scope>/continuity-breaks/) or for a
+// session replacement (<state-root>/continuity-breaks/<scope>.*).
+func (h *harness) continuityBreaks(gateway, scope string) int {
+	h.t.Helper()
+	root := h.st.RunnerStateRootOf(gateway)
+	n := 0
+	if entries, err := os.ReadDir(filepath.Join(root, scope, "continuity-breaks")); err == nil {
+		n += len(entries)
+	}
+	replaced, _ := filepath.Glob(filepath.Join(root, "continuity-breaks", scope+".*"))
+	return n + len(replaced)
+}
+
+// requireNoOrphanProvider checks that the provider process a replaced or
+// resumed root had (pid) is either gone or the one serving the session now.
+func requireNoOrphanProvider(t *testing.T, pid int32, current int32) {
+	t.Helper()
+	if pid == current {
+		return
+	}
+	require.False(t, procid.Exists(int(pid)), "provider %d of the earlier root outlived it (now %d)", pid, current)
+}
+
+// TestR13_RunnerdKilledDuringTheFirstTurnAfterACheckpointNeverRunsTheJournaledTurnStartTwice:
+// issue #30 point 1. runnerd is killed ~1 s into the first turn after a
+// verified checkpoint (turn.start journaled, the provider mid-turn). Before,
+// the relaunch judged the live root older than the checkpoint because it
+// differed from the checkpoint mark, moved it aside, restored the
+// checkpoint and ran the journaled turn.start again (tetherctl audit:
+// turn_command_executed_twice), leaving the first provider alive. Now the
+// root, which descends from the checkpoint and produced everything the
+// executor holds, is resumed: the turn runs once, one provider.
+func TestR13_RunnerdKilledDuringTheFirstTurnAfterACheckpointNeverRunsTheJournaledTurnStartTwice(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	h := newHarness(t, stack.Options{FakeArgs: []string{"--die-once-dir", dir}})
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	h.submit("r13-1", "r13", "Remember the word tether.")
+	first := h.waitState(ctx, h.client, "r13-1", executorv1.RunState_RUN_STATE_SUCCEEDED)
+	h.checkpoint(ctx, "r13")
+
+	h.submit("r13-2", "r13", "[stall:mid-stream] Which word did I ask you to remember?")
+	h.waitForDelta(ctx, h.client, "r13-2")
+	provider := h.get("r13-2").GetProviderProcess().GetPid()
+	killRunnerd(t, h, "r13-2")
+	releaseStall(t, dir, "mid-stream")
+	run := h.waitState(ctx, h.client, "r13-2", executorv1.RunState_RUN_STATE_SUCCEEDED)
+	require.Contains(t, run.GetResult().GetFinalMessage(), "2 earlier messages", "the thread continued")
+	require.Equal(t, first.GetRunnerInstanceId(), run.GetRunnerInstanceId())
+	h.requireOneTerminal(ctx, "r13-2")
+	h.requireAuditClean() // before: turn_command_executed_twice (g0/turn.start executed 2 times)
+	require.Equal(t, 2, countLines(t, h.st.CallLog(), "turn/start"), "each turn started once")
+	require.Equal(t, 1, countLines(t, h.st.CallLog(), "thread/start"))
+	requireNoOrphanProvider(t, provider, h.get("r13-2").GetProviderProcess().GetPid())
+	require.Zero(t, h.continuityBreaks("runnergw", h.session(ctx, "r13").GetSessionScope()), "the live root was not moved aside")
+
+	// The session goes on from the same root.
+	h.submit("r13-3", "r13", "And now?")
+	next := h.waitState(ctx, h.client, "r13-3", executorv1.RunState_RUN_STATE_SUCCEEDED)
+	require.Contains(t, next.GetResult().GetFinalMessage(), "4 earlier messages")
+	h.requireAuditClean()
+}
+
+// TestF8_ATurnInFlightWhenItsHostDiesWaitsAndIsReconciledFromRunnerdsJournalWhenItReturns:
+// issue #30 point 2. A session without a verified checkpoint has a turn in
+// flight when its host dies; a run is queued behind it. Before, the
+// executor failed the run in flight for good (runner_harness_state_mismatch
+// once the gateway was lost), and when the host came back the next run
+// quarantined the root (prior run … is failed but its runner state is
+// not_suspended): every later run failed. Now the run in flight waits
+// (waiting_for_gateway, its turn generation kept), so does the one behind
+// it; when the host comes back with its root the run is re-attached and
+// runnerd reconciles its turn from its journal; both runs succeed on the
+// same runner and provider thread, and the audit is clean.
+func TestF8_ATurnInFlightWhenItsHostDiesWaitsAndIsReconciledFromRunnerdsJournalWhenItReturns(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	h := hostLossFleet(t, stack.Options{FakeArgs: []string{"--die-once-dir", dir}})
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	h.submitWith(ctx, "fly-1", "fly", "Remember the word tether.", zoneA, 0)
+	first := h.waitState(ctx, h.client, "fly-1", executorv1.RunState_RUN_STATE_SUCCEEDED)
+	h.submitWith(ctx, "fly-2", "fly", "[stall:mid-stream] Which word did I ask you to remember?", zoneA, 0)
+	h.waitForDelta(ctx, h.client, "fly-2")
+	h.submitWith(ctx, "fly-3", "fly", "And after that?", zoneA, 0)
+
+	h.loseHost(ctx, "runnergw")
+	waiting := h.waitQueuedReason(ctx, "fly-2", failure.WaitingForGateway)
+	require.Contains(t, waiting.GetQueuedReason().GetMessage(), "its turn may be in flight there")
+	require.Equal(t, executorv1.RunState_RUN_STATE_QUEUED, h.get("fly-3").GetState())
+
+	_, err := h.st.Start(ctx, "runnergw")
+	require.NoError(t, err)
+	releaseStall(t, dir, "mid-stream")
+	for _, id := range []string{"fly-2", "fly-3"} {
+		run := h.waitState(ctx, h.client, id, executorv1.RunState_RUN_STATE_SUCCEEDED)
+		require.Equal(t, first.GetRunnerInstanceId(), run.GetRunnerInstanceId(), id)
+		h.requireOneTerminal(ctx, id)
+	}
+	h.requireNoFailedRun(ctx)
+	h.requireAuditClean()
+	require.Equal(t, 1, countLines(t, h.st.CallLog(), "thread/start"), "the same provider thread")
+	require.Equal(t, stack.GatewayIDOf("runnergw"), h.session(ctx, "fly").GetGatewayId())
+}
+
+// TestF9_FailingBackOntoAnAbandonedRootOfAnotherRunnerRestoresTheCurrentCheckpoint:
+// issue #30 point 3. A session leaves gw-a's dead host for gw-b with a
+// fresh runner (an operator's replace-session), is checkpointed there; gw-a
+// comes back with its disk (the old root, another runner id), then gw-b's
+// host dies and the session fails back to gw-a with its current
+// checkpoint. Before, gw-a judged the old root by the durable-state rules
+// (a prior run whose runner is not suspended): the run failed and the root
+// was quarantined, and the session wedged. Now the abandoned root is set
+// aside into continuity-breaks/ and the checkpoint restored: the run
+// continues gw-b's thread under gw-b's runner identity.
+func TestF9_FailingBackOntoAnAbandonedRootOfAnotherRunnerRestoresTheCurrentCheckpoint(t *testing.T) {
+	t.Parallel()
+	h := hostLossFleet(t, stack.Options{})
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	h.submitWith(ctx, "fb-1", "fb", "Remember the word tether.", zoneA, 0)
+	h.waitState(ctx, h.client, "fb-1", executorv1.RunState_RUN_STATE_SUCCEEDED)
+	h.loseHost(ctx, "runnergw")
+	h.tetherctl(ctx, "replace-session", "-session", "fb", "-by", "alice", "-reason", "host a is down")
+	h.submitWith(ctx, "fb-2", "fb", "Remember the word rope.", nil, 0)
+	moved := h.waitState(ctx, h.client, "fb-2", executorv1.RunState_RUN_STATE_SUCCEEDED)
+	require.Equal(t, stack.GatewayIDOf("runnergw-2"), h.session(ctx, "fb").GetGatewayId())
+	h.checkpoint(ctx, "fb")
+
+	_, err := h.st.Start(ctx, "runnergw") // back, with the abandoned root
+	require.NoError(t, err)
+	h.loseHost(ctx, "runnergw-2")
+	h.submitWith(ctx, "fb-3", "fb", "Which word?", nil, 0)
+	back := h.waitState(ctx, h.client, "fb-3", executorv1.RunState_RUN_STATE_SUCCEEDED)
+	require.Equal(t, stack.GatewayIDOf("runnergw"), h.session(ctx, "fb").GetGatewayId(), "failed back")
+	require.Equal(t, moved.GetRunnerInstanceId(), back.GetRunnerInstanceId(), "the checkpoint's runner, not the abandoned root's")
+	require.Contains(t, back.GetResult().GetFinalMessage(), "2 earlier messages", "gw-b's thread continued")
+	require.Equal(t, 1, h.continuityBreaks("runnergw", h.session(ctx, "fb").GetSessionScope()), "the abandoned root was set aside")
+	require.Equal(t, 2, countLines(t, h.st.CallLog(), "thread/start"), "the replacement's thread, no third")
+	h.submitWith(ctx, "fb-4", "fb", "Again?", nil, 0)
+	next := h.waitState(ctx, h.client, "fb-4", executorv1.RunState_RUN_STATE_SUCCEEDED)
+	require.Contains(t, next.GetResult().GetFinalMessage(), "4 earlier messages")
+	h.requireAuditClean()
+}
+
+// TestR13_RunnerdAndItsGatewayKilledDuringTheFirstTurnAfterACheckpointResumeTheRootAndRunTheTurnOnce:
+// as the first R13 case, with the gateway killed too (the provider host
+// survives): the restarted gateway finds no live runner, the Open carries
+// the checkpoint the run started from, and the root — which descends from
+// it and journaled more than the executor holds — is resumed, not set
+// aside. The turn runs once; no provider of the root is left behind.
+func TestR13_RunnerdAndItsGatewayKilledDuringTheFirstTurnAfterACheckpointResumeTheRootAndRunTheTurnOnce(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	h := newHarness(t, stack.Options{FakeArgs: []string{"--die-once-dir", dir}})
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	h.submit("r13g-1", "r13g", "Remember the word tether.")
+	first := h.waitState(ctx, h.client, "r13g-1", executorv1.RunState_RUN_STATE_SUCCEEDED)
+	h.checkpoint(ctx, "r13g")
+
+	h.submit("r13g-2", "r13g", "[stall:mid-stream] Which word did I ask you to remember?")
+	h.waitForDelta(ctx, h.client, "r13g-2")
+	provider := h.get("r13g-2").GetProviderProcess().GetPid()
+	killRunnerd(t, h, "r13g-2")
+	h.st.Proc("runnergw").Kill()
+	_, err := h.st.Start(ctx, "runnergw")
+	require.NoError(t, err)
+	releaseStall(t, dir, "mid-stream")
+	run := h.waitState(ctx, h.client, "r13g-2", executorv1.RunState_RUN_STATE_SUCCEEDED)
+	require.Contains(t, run.GetResult().GetFinalMessage(), "2 earlier messages")
+	require.Equal(t, first.GetRunnerInstanceId(), run.GetRunnerInstanceId())
+	h.requireOneTerminal(ctx, "r13g-2")
+	h.requireAuditClean()
+	require.Equal(t, 2, countLines(t, h.st.CallLog(), "turn/start"), "each turn started once")
+	requireNoOrphanProvider(t, provider, h.get("r13g-2").GetProviderProcess().GetPid())
+	require.Zero(t, h.continuityBreaks("runnergw", h.session(ctx, "r13g").GetSessionScope()), "the live root was not moved aside")
+}
