@@ -354,3 +354,160 @@ func TestR13_RunnerdAndItsGatewayKilledDuringTheFirstTurnAfterACheckpointResumeT
 	requireNoOrphanProvider(t, provider, h.get("r13g-2").GetProviderProcess().GetPid())
 	require.Zero(t, h.continuityBreaks("runnergw", h.session(ctx, "r13g").GetSessionScope()), "the live root was not moved aside")
 }
+
+// TestF7_OnALostHostACheckpointedSessionMovesAtOnceAndOneWithoutWaitsUntilAnOperatorReplacesIt:
+// the policy for two sessions on the same dead host. The one whose
+// verified checkpoint covers its newest turn moves at once to another
+// gateway and continues its thread there; the one whose thread is only on
+// the dead host's disk waits (waiting_for_gateway) instead of failing,
+// until an operator's replace-session lets it move (a fresh provider
+// session). No run fails.
+func TestF7_OnALostHostACheckpointedSessionMovesAtOnceAndOneWithoutWaitsUntilAnOperatorReplacesIt(t *testing.T) {
+	t.Parallel()
+	h := hostLossFleet(t, stack.Options{})
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	h.submitWith(ctx, "cpd-1", "cpd", "Remember the word tether.", zoneA, 0)
+	h.submitWith(ctx, "raw-1", "raw", "Remember the word rope.", zoneA, 0)
+	h.waitState(ctx, h.client, "cpd-1", executorv1.RunState_RUN_STATE_SUCCEEDED)
+	h.waitState(ctx, h.client, "raw-1", executorv1.RunState_RUN_STATE_SUCCEEDED)
+	h.checkpoint(ctx, "cpd")
+
+	h.loseHost(ctx, "runnergw")
+	h.submitWith(ctx, "cpd-2", "cpd", "Which word?", nil, 0)
+	h.submitWith(ctx, "raw-2", "raw", "Which word?", nil, 0)
+	moved := h.waitState(ctx, h.client, "cpd-2", executorv1.RunState_RUN_STATE_SUCCEEDED)
+	require.EqualValues(t, 1, moved.GetAttempt())
+	require.Contains(t, moved.GetResult().GetFinalMessage(), "2 earlier messages", "the checkpointed thread continued elsewhere")
+	require.Equal(t, stack.GatewayIDOf("runnergw-2"), h.session(ctx, "cpd").GetGatewayId())
+	h.waitQueuedReason(ctx, "raw-2", failure.WaitingForGateway)
+	require.Equal(t, stack.GatewayIDOf("runnergw"), h.session(ctx, "raw").GetGatewayId(), "it stays with its thread")
+
+	h.tetherctl(ctx, "replace-session", "-session", "raw", "-by", "alice", "-reason", "host a is gone for good")
+	fresh := h.waitState(ctx, h.client, "raw-2", executorv1.RunState_RUN_STATE_SUCCEEDED)
+	require.EqualValues(t, 1, fresh.GetAttempt(), "waiting spent no attempt")
+	require.Equal(t, stack.GatewayIDOf("runnergw-2"), h.session(ctx, "raw").GetGatewayId())
+	require.Equal(t, 3, countLines(t, h.st.CallLog(), "thread/start"), "the replaced session's fresh thread")
+	h.requireNoFailedRun(ctx)
+	h.requireAuditClean()
+}
+
+// waitPastLostBound waits until the named gateway has been lost (its last
+// heartbeat plus ttl) for longer than bound, and then until the executor
+// has handed a waiting run back at least twice more, so a decision made
+// past the bound is on record.
+func (h *harness) waitPastLostBound(ctx context.Context, name string, ttl, bound time.Duration) {
+	h.t.Helper()
+	require.Eventually(h.t, func() bool {
+		hb := h.gateways(ctx)[stack.GatewayIDOf(name)].GetLastHeartbeatAt().AsTime()
+		return time.Since(hb) > ttl+bound+time.Second
+	}, time.Minute, 100*time.Millisecond)
+	count := func() int {
+		return strings.Count(readFile(h.t, h.st.LogPath("executor")), `"reason":"waiting_for_gateway"`)
+	}
+	n := count()
+	require.Eventually(h.t, func() bool { return count() >= n+2 }, time.Minute, 50*time.Millisecond)
+}
+
+// TestF8_ATurnInFlightOnALostHostWaitsPastTheBoundAndIsReconciledWhenItReturns:
+// the bound (-gateway-lost-wait 1s here) never fails a run that was in
+// flight on the lost host: failing it would leave its turn unsettled on
+// that root, which is what quarantined and wedged sessions before. It
+// waits on; when the host returns the turn is reconciled from runnerd's
+// journal and the session continues.
+func TestF8_ATurnInFlightOnALostHostWaitsPastTheBoundAndIsReconciledWhenItReturns(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	h := hostLossFleet(t, stack.Options{FakeArgs: []string{"--die-once-dir", dir}}, "-gateway-lost-wait", "1s")
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	h.submitWith(ctx, "past-1", "past", "Remember the word tether.", zoneA, 0)
+	first := h.waitState(ctx, h.client, "past-1", executorv1.RunState_RUN_STATE_SUCCEEDED)
+	h.submitWith(ctx, "past-2", "past", "[stall:mid-stream] Which word did I ask you to remember?", zoneA, 0)
+	h.waitForDelta(ctx, h.client, "past-2")
+
+	h.loseHost(ctx, "runnergw")
+	h.waitQueuedReason(ctx, "past-2", failure.WaitingForGateway)
+	h.waitPastLostBound(ctx, "runnergw", 3*time.Second, time.Second)
+	waiting := h.waitQueuedReason(ctx, "past-2", failure.WaitingForGateway)
+	require.Contains(t, waiting.GetQueuedReason().GetMessage(), "its turn may be in flight there")
+
+	_, err := h.st.Start(ctx, "runnergw")
+	require.NoError(t, err)
+	releaseStall(t, dir, "mid-stream")
+	run := h.waitState(ctx, h.client, "past-2", executorv1.RunState_RUN_STATE_SUCCEEDED)
+	require.Equal(t, first.GetRunnerInstanceId(), run.GetRunnerInstanceId())
+	h.submitWith(ctx, "past-3", "past", "And now?", zoneA, 0)
+	h.waitState(ctx, h.client, "past-3", executorv1.RunState_RUN_STATE_SUCCEEDED)
+	h.requireNoFailedRun(ctx)
+	h.requireAuditClean()
+	require.Equal(t, 1, countLines(t, h.st.CallLog(), "thread/start"))
+}
+
+// TestF8_AnExecutorKilledWhileARunWaitsForItsHostLeavesTheWaitToItsSuccessor:
+// waiting is durable state, not a driver's loop: the executor is killed -9
+// while a run in flight on a dead host waits; a restarted executor takes
+// the wait over (the run holds no lease while it waits), and when the host
+// returns the turn is reconciled and the run succeeds once.
+func TestF8_AnExecutorKilledWhileARunWaitsForItsHostLeavesTheWaitToItsSuccessor(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	h := hostLossFleet(t, stack.Options{FakeArgs: []string{"--die-once-dir", dir}})
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	h.submitWith(ctx, "ek-1", "ek", "Remember the word tether.", zoneA, 0)
+	first := h.waitState(ctx, h.client, "ek-1", executorv1.RunState_RUN_STATE_SUCCEEDED)
+	h.submitWith(ctx, "ek-2", "ek", "[stall:mid-stream] Which word did I ask you to remember?", zoneA, 0)
+	h.waitForDelta(ctx, h.client, "ek-2")
+	h.loseHost(ctx, "runnergw")
+	h.waitQueuedReason(ctx, "ek-2", failure.WaitingForGateway)
+
+	h.st.Proc("executor").Kill()
+	_, err := h.st.Start(ctx, "executor")
+	require.NoError(t, err)
+	h.client = h.clientFor("executor")
+	_, err = h.st.Start(ctx, "runnergw")
+	require.NoError(t, err)
+	releaseStall(t, dir, "mid-stream")
+	run := h.waitState(ctx, h.client, "ek-2", executorv1.RunState_RUN_STATE_SUCCEEDED)
+	require.Equal(t, first.GetRunnerInstanceId(), run.GetRunnerInstanceId())
+	h.requireOneTerminal(ctx, "ek-2")
+	h.requireNoFailedRun(ctx)
+	h.requireAuditClean()
+}
+
+// TestF9_FailingBackOntoAnOlderRootOfTheSameRunnerRestoresTheNewerCheckpoint:
+// the order rule for the checkpoint's own runner. A session checkpointed on
+// gw-a moves to gw-b when gw-a's host dies, runs there and is checkpointed
+// again; gw-a comes back with its root (the same runner identity, marked
+// with the first checkpoint), then gw-b's host dies. The session fails back
+// to gw-a with the newer checkpoint: gw-a's root is provably older (its
+// mark names another checkpoint), so it is set aside and the checkpoint
+// restored; the thread has every turn.
+func TestF9_FailingBackOntoAnOlderRootOfTheSameRunnerRestoresTheNewerCheckpoint(t *testing.T) {
+	t.Parallel()
+	h := hostLossFleet(t, stack.Options{})
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	h.submitWith(ctx, "same-1", "same", "Remember the word tether.", zoneA, 0)
+	first := h.waitState(ctx, h.client, "same-1", executorv1.RunState_RUN_STATE_SUCCEEDED)
+	h.checkpoint(ctx, "same")
+	h.loseHost(ctx, "runnergw")
+	h.submitWith(ctx, "same-2", "same", "Which word?", nil, 0)
+	moved := h.waitState(ctx, h.client, "same-2", executorv1.RunState_RUN_STATE_SUCCEEDED)
+	require.Equal(t, stack.GatewayIDOf("runnergw-2"), h.session(ctx, "same").GetGatewayId())
+	require.Equal(t, first.GetRunnerInstanceId(), moved.GetRunnerInstanceId())
+	h.checkpoint(ctx, "same")
+
+	_, err := h.st.Start(ctx, "runnergw")
+	require.NoError(t, err)
+	h.loseHost(ctx, "runnergw-2")
+	h.submitWith(ctx, "same-3", "same", "And now?", nil, 0)
+	back := h.waitState(ctx, h.client, "same-3", executorv1.RunState_RUN_STATE_SUCCEEDED)
+	require.Equal(t, stack.GatewayIDOf("runnergw"), h.session(ctx, "same").GetGatewayId(), "failed back")
+	require.Contains(t, back.GetResult().GetFinalMessage(), "4 earlier messages", "every turn, gw-b's too")
+	require.Equal(t, 1, h.continuityBreaks("runnergw", h.session(ctx, "same").GetSessionScope()), "the older root was set aside")
+	require.Equal(t, 1, countLines(t, h.st.CallLog(), "thread/start"))
+	h.requireNoFailedRun(ctx)
+	h.requireAuditClean()
+}
