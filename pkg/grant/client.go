@@ -45,7 +45,7 @@ func (c *client) ctx(ctx context.Context, cl Claims) (context.Context, error) {
 // ClaimsForOpen are the claims an Attach with this Open needs.
 func ClaimsForOpen(o *gatewayv1.Open) Claims {
 	return Claims{Method: MethodAttach, RunID: o.GetRunId(), Owner: o.GetFence().GetOwner(),
-		Attempt: o.GetFence().GetAttempt(), Scope: scope.OfRun(o.GetRunId(), o.GetInput())}
+		Attempt: o.GetFence().GetAttempt(), Scope: scope.OfRun(o.GetRunId(), o.GetInput()), Turn: o.GetTurn()}
 }
 
 func (c *client) ListRunners(ctx context.Context, in *gatewayv1.ListRunnersRequest, opts ...grpc.CallOption) (*gatewayv1.ListRunnersResponse, error) {

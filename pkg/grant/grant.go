@@ -70,6 +70,9 @@ type Claims struct {
 	Audience string `json:"audience"`
 	// ExpiresAt is the expiry in Unix milliseconds.
 	ExpiresAt int64 `json:"expires_at"`
+	// Turn is the digest of the one turn.start an Attach may relay
+	// (TurnDigest); empty: none.
+	Turn string `json:"turn,omitempty"`
 	// ID names this grant (random, set by Sign): a gateway accepts each
 	// grant once (Ledger, SPEC T4).
 	ID string `json:"jti,omitempty"`
@@ -218,10 +221,11 @@ type Want struct {
 	Method string
 	RunID  string
 	Scope  string
-	// Fenced calls (Attach) also compare the lease.
+	// Fenced calls (Attach) also compare the lease and the turn.
 	Fenced  bool
 	Owner   string
 	Attempt uint64
+	Turn    string
 }
 
 // Verify checks an encoded grant: its signature by one of the fleet's keys,
@@ -283,8 +287,17 @@ func (c *Claims) Match(want Want) error {
 		return invalid("the grant is for owner %q, not %q", c.Owner, want.Owner)
 	case want.Fenced && c.Attempt != want.Attempt:
 		return invalid("the grant is for attempt %d, not %d", c.Attempt, want.Attempt)
+	case want.Fenced && c.Turn != want.Turn:
+		return invalid("the grant is for another turn")
 	}
 	return nil
+}
+
+// TurnDigest names one turn.start — its command id and text — as an Open
+// and its grant carry it (SPEC T4): hex sha256 of id, a NUL, text.
+func TurnDigest(commandID, text string) string {
+	sum := sha256.Sum256([]byte(commandID + "\x00" + text))
+	return hex.EncodeToString(sum[:])
 }
 
 func invalid(format string, args ...any) error {

@@ -14,6 +14,8 @@ import (
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
 	gatewayv1 "github.com/tether-run/tether/pkg/gen/tether/gateway/v1"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
+	"github.com/tether-run/tether/pkg/grant"
+	"github.com/tether-run/tether/pkg/prp"
 	"github.com/tether-run/tether/pkg/synctrace"
 	"github.com/tether-run/tether/services/executor/internal/runtimeq"
 	"github.com/tether-run/tether/services/executor/internal/session"
@@ -153,6 +155,8 @@ func (a *attachment) open(facts func() (*store.AttachFacts, error)) (done bool, 
 		Input:              c.Input,
 		PriorRuns:          store.PriorRunsProto(a.facts.PriorRuns),
 		ContinuityRequired: a.facts.ContinuityRequired,
+		// The one turn the attach may start, named in its grant (SPEC T4).
+		Turn: grant.TurnDigest(commandID(c, prp.CommandTurnStart), c.Input.GetTask().GetPrompt()),
 	}
 	cp := a.facts.Checkpoint
 	if cp == nil {

@@ -220,6 +220,8 @@ type runner struct {
 type attachment struct {
 	runID   string
 	attempt uint64
+	// turn is the one turn.start the attach may relay (unauthorizedTurn).
+	turn string
 	// tools is the scope's tool authority epoch begun for this attachment.
 	tools *durable.ToolAuthority
 	out   chan *gatewayv1.AttachResponse
@@ -486,7 +488,7 @@ func (g *Gateway) Attach(stream gatewayv1.RunnerGateway_AttachServer) error {
 		log.Warn("runner not started", "code", failure.CodeOf(err), "err", err)
 		return err
 	}
-	att := &attachment{runID: runID, attempt: attempt, out: make(chan *gatewayv1.AttachResponse, 64), done: make(chan struct{})}
+	att := &attachment{runID: runID, attempt: attempt, turn: open.GetTurn(), out: make(chan *gatewayv1.AttachResponse, 64), done: make(chan struct{})}
 	defer att.close()
 	r.mu.Lock()
 	if old := r.att; old != nil {
@@ -580,7 +582,11 @@ func (g *Gateway) fromExecutor(ctx context.Context, r *runner, att *attachment, 
 		ctx, span := telemetry.StartCommand(ctx, "runnergw", cmd)
 		defer span.End()
 		cmd.TraceContext = telemetry.Inject(ctx)
-		if err := revokedToolAuthority(cmd, att.tools); err != nil {
+		err := unauthorizedTurn(cmd, att.turn)
+		if err == nil {
+			err = revokedToolAuthority(cmd, att.tools)
+		}
+		if err != nil {
 			// Refused here; the runner never sees it.
 			att.deliver(ctx, &gatewayv1.AttachResponse{Kind: &gatewayv1.AttachResponse_CommandResult{CommandResult: &prpv1.CommandResult{
 				CommandId: cmd.GetCommandId(), CommandType: cmd.GetType(), Status: "rejected",

@@ -109,7 +109,7 @@ func (g *Gateway) endRuns(prior []*gatewayv1.PriorRun, opening string) {
 // wantOpen is what an Attach with this Open needs its grant to say.
 func wantOpen(o *gatewayv1.Open) grant.Want {
 	c := grant.ClaimsForOpen(o)
-	return grant.Want{Method: c.Method, RunID: c.RunID, Scope: c.Scope, Fenced: true, Owner: c.Owner, Attempt: c.Attempt}
+	return grant.Want{Method: c.Method, RunID: c.RunID, Scope: c.Scope, Fenced: true, Owner: c.Owner, Attempt: c.Attempt, Turn: c.Turn}
 }
 
 // ListRunners lists the known runners for a granted caller.
@@ -133,6 +133,21 @@ const (
 	cmdToolResult     = prp.CommandToolResult
 	cmdRequestResolve = prp.CommandRequestResolve
 )
+
+// unauthorizedTurn refuses a turn.start other than the one the attach's
+// Open (and so its grant) names (SPEC T4): a grant that reached the wrong
+// hands can start no turn of its own. Other commands pass.
+func unauthorizedTurn(cmd *prpv1.Command, turn string) error {
+	if cmd.GetType() != prp.CommandTurnStart {
+		return nil
+	}
+	text := cmd.GetPayload().GetFields()["text"].GetStringValue()
+	if turn == "" || grant.TurnDigest(cmd.GetCommandId(), text) != turn {
+		return failure.New(codes.PermissionDenied, failure.GatewayGrantInvalid,
+			"turn.start %s is not the turn this attach's grant authorizes", cmd.GetCommandId())
+	}
+	return nil
+}
 
 // revokedToolAuthority refuses a tool result or runtime-request answer whose
 // tool authority epoch is no longer the scope's current one: the

@@ -178,6 +178,7 @@ func (rl *relay) attach(ctx context.Context, runID string, target *gatewayv1.Run
 	}
 	if err := s.Send(&gatewayv1.AttachRequest{Kind: &gatewayv1.AttachRequest_Open{Open: &gatewayv1.Open{
 		RunId: runID, Fence: &gatewayv1.FencingToken{Owner: "test", Attempt: 1}, Target: target, Input: in, PriorRuns: rl.prior,
+		Turn: grant.TurnDigest(runID+"/turn.start", in.GetTask().GetPrompt()),
 	}}}); err != nil {
 		return nil, nil, err
 	}

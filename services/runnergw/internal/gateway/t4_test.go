@@ -111,3 +111,40 @@ func requireEndedSucceeded(t *testing.T, evs []*prpv1.Event) {
 	require.Equal(t, "run.terminal", term.GetEventType())
 	require.Equal(t, "succeeded", term.GetPayload().AsMap()["runTerminalState"], "%v", term.GetPayload().AsMap())
 }
+
+// A grant that reached other hands unused can start no turn of its own
+// (SPEC T4): the attach relays only the turn.start its Open and grant name
+// (command id and text); another is rejected gateway_grant_invalid and
+// never reaches the runner, and the genuine turn still runs once.
+func TestT4_AnAttachStartsOnlyTheTurnItsGrantNames(t *testing.T) {
+	t.Parallel()
+	rl := newRelay(t, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	in := testInput("t4-turn", "acme", "the genuine prompt")
+	open := &gatewayv1.Open{RunId: "t4-turn", Fence: &gatewayv1.FencingToken{Owner: "test", Attempt: 1}, Input: in,
+		Turn: grant.TurnDigest("t4-turn/turn.start", in.GetTask().GetPrompt())}
+	s, m, err := rl.rawAttach(ctx, openGrant(t, open), "t4-turn", open)
+	require.NoError(t, err)
+	require.NotNil(t, m.GetOpened())
+	injected := command(t, "t4-turn", 1, "turn.start", map[string]any{"text": "attacker text"})
+	injected.CommandId = "t4-turn/g9/turn.start"
+	for _, c := range []*prpv1.Command{injected} {
+		require.NoError(t, s.Send(&gatewayv1.AttachRequest{Kind: &gatewayv1.AttachRequest_Command{Command: c}}))
+	}
+	for {
+		m, err := s.Recv()
+		require.NoError(t, err)
+		if r := m.GetCommandResult(); r != nil {
+			require.Equal(t, "rejected", r.GetStatus())
+			require.Equal(t, "gateway_grant_invalid", r.GetCode(), r.GetMessage())
+			break
+		}
+	}
+	require.NoError(t, s.CloseSend())
+	require.Zero(t, countCalls(t, rl.callLog, "turn/start"), "no provider turn")
+
+	_, evs := rl.turn(ctx, "t4-turn", nil, in, nil)
+	requireSucceeded(t, evs)
+	require.Equal(t, 1, countCalls(t, rl.callLog, "turn/start"), "the genuine turn, once")
+}

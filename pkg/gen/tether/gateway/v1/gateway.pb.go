@@ -357,6 +357,10 @@ type Open struct {
 	// runner of the scope, moves the scope's durable root aside
 	// (<state-root>/continuity-breaks/) and starts a fresh provider session.
 	ReplacementId string `protobuf:"bytes,8,opt,name=replacement_id,json=replacementId,proto3" json:"replacement_id,omitempty"`
+	// The one turn this attach may start (SPEC T4): grant.TurnDigest of its
+	// turn.start command id and text. The attach's grant names it, and the
+	// gateway relays no other turn.start on the attach.
+	Turn          string `protobuf:"bytes,9,opt,name=turn,proto3" json:"turn,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -443,6 +447,13 @@ func (x *Open) GetContinuityRequired() bool {
 func (x *Open) GetReplacementId() string {
 	if x != nil {
 		return x.ReplacementId
+	}
+	return ""
+}
+
+func (x *Open) GetTurn() string {
+	if x != nil {
+		return x.Turn
 	}
 	return ""
 }
@@ -1655,7 +1666,7 @@ const file_tether_gateway_v1_gateway_proto_rawDesc = "" +
 	"\aattempt\x18\x02 \x01(\x04B\a\xbaH\x042\x02(\x01R\aattempt\"\x80\x01\n" +
 	"\fRunnerTarget\x124\n" +
 	"\x04mode\x18\x01 \x01(\x0e2 .tether.gateway.v1.TransportModeR\x04mode\x12:\n" +
-	"\x19runner_ingress_authorized\x18\x02 \x01(\bR\x17runnerIngressAuthorized\"\xbf\x03\n" +
+	"\x19runner_ingress_authorized\x18\x02 \x01(\bR\x17runnerIngressAuthorized\"\xdc\x03\n" +
 	"\x04Open\x12!\n" +
 	"\x06run_id\x18\x01 \x01(\tB\n" +
 	"\xbaH\ar\x05\x10\x01\x18\xa0\x01R\x05runId\x12=\n" +
@@ -1666,7 +1677,8 @@ const file_tether_gateway_v1_gateway_proto_rawDesc = "" +
 	"\n" +
 	"prior_runs\x18\x06 \x03(\v2\x1b.tether.gateway.v1.PriorRunB\b\xbaH\x05\x92\x01\x02\x10@R\tpriorRuns\x12/\n" +
 	"\x13continuity_required\x18\a \x01(\bR\x12continuityRequired\x12.\n" +
-	"\x0ereplacement_id\x18\b \x01(\tB\a\xbaH\x04r\x02\x18@R\rreplacementId\"\xfa\x01\n" +
+	"\x0ereplacement_id\x18\b \x01(\tB\a\xbaH\x04r\x02\x18@R\rreplacementId\x12\x1b\n" +
+	"\x04turn\x18\t \x01(\tB\a\xbaH\x04r\x02\x18@R\x04turn\"\xfa\x01\n" +
 	"\bPriorRun\x12!\n" +
 	"\x06run_id\x18\x01 \x01(\tB\n" +
 	"\xbaH\ar\x05\x10\x01\x18\xa0\x01R\x05runId\x12\x1f\n" +
