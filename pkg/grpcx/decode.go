@@ -93,7 +93,12 @@ func undecodable(b []byte, md protoreflect.MessageDescriptor, path []string, dep
 			return nil, ""
 		}
 		b = b[n:]
-		here := append(path[:len(path):len(path)], string(fd.Name()))
+		// The path is kept to maxPathElems+1 elements: copying it whole at
+		// every level made a 20,000-deep request quadratic.
+		here := path
+		if len(path) <= maxPathElems {
+			here = append(path[:len(path):len(path)], string(fd.Name()))
+		}
 		switch fd.Kind() {
 		case protoreflect.StringKind:
 			if !utf8.Valid(v) {

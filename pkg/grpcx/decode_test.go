@@ -2,8 +2,10 @@ package grpcx
 
 import (
 	"bytes"
+	"context"
 	"strings"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -111,7 +113,10 @@ func TestT6_NestingDeeperThanTheDecoderIsInvalidArgumentNotInternal(t *testing.T
 	if err != nil {
 		t.Fatal(err)
 	}
-	err = h.conn.Invoke(ctxT(t), "/tether.executor.v1.ExecutorService/SubmitRun", rawMsg(b), &executorv1.SubmitRunResponse{}, rawCall())
+	// A generous bound: 40,000 nested messages are slow to send under -race.
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	err = h.conn.Invoke(ctx, "/tether.executor.v1.ExecutorService/SubmitRun", rawMsg(b), &executorv1.SubmitRunResponse{}, rawCall())
 	wantInvalidRequest(t, err, "input.dynamic_tools.input_schema")
 	if !strings.Contains(status.Convert(err).Message(), "nested deeper") {
 		t.Fatalf("message %q", status.Convert(err).Message())
