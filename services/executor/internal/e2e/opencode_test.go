@@ -112,3 +112,58 @@ func TestR10_Stack_OpenCodePermissionIsResolvedThroughTheExecutor(t *testing.T) 
 	require.NoError(t, err)
 	require.Equal(t, 1, strings.Count(string(calls), "permission-reply:once"))
 }
+
+// TestR7_OpenCodeKilledMidTurnIsRestartedReconciledAndTheRunSucceedsAtTheNextAttempt:
+// the OpenCode server SIGKILLed mid-stream (fake-opencode "[die:mid-stream]")
+// does not fail the run: runnerd restarts the server, resumes the session,
+// reconciles the cut-off turn from its history (lost), and the executor's
+// next attempt runs the turn to success (SPEC R7). The lost attempt's
+// deltas are not repeated under the successful turn and the audit is clean.
+func TestR7_OpenCodeKilledMidTurnIsRestartedReconciledAndTheRunSucceedsAtTheNextAttempt(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	callLog := filepath.Join(dir, "opencode-calls.log")
+	gw, err := stack.ProviderGatewayArgs("opencode", filepath.Join(binDir, "fake-opencode"), "--call-log", callLog,
+		"--die-once-dir", t.TempDir(), "--delta-delay-ms", "5")
+	require.NoError(t, err)
+	h := newHarness(t, stack.Options{GatewayArgs: gw, ExecutorArgs: []string{"-retry-delay", "200ms"}})
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	const prompt = "[die:mid-stream] tell a long story about the sea"
+	in := h.submitInput("opencode-r7", prompt)
+	in.Provider = &prpv1.Provider{Kind: "opencode", Model: "mock/mock-model", PermissionMode: "ask"}
+	_, err = h.client.SubmitRun(ctx, &executorv1.SubmitRunRequest{RunId: "oc-r7", Input: in})
+	require.NoError(t, err)
+	evs := h.watch(ctx, "oc-r7", 0, nil)
+	requireContiguous(t, evs)
+	final := requireOneSucceededTerminal(t, h, "oc-r7", evs)
+	require.Equal(t, "ECHO: "+prompt, final)
+	require.EqualValues(t, 2, h.get("oc-r7").GetAttempt(), "the cut-off turn ran again at the next attempt")
+	requireKilledBySIGKILL(t, evs)
+	require.Empty(t, eventsOf(evs, "turn.failed"), "the driver did not fail the turn with the server")
+	lost := eventsOf(evs, "turn.lost")
+	require.Len(t, lost, 1, "the cut-off turn was reconciled lost")
+	require.Equal(t, "interrupted", lost[0]["reconciliation"])
+	retries := eventsOf(evs, "run.retry_scheduled")
+	require.Len(t, retries, 1)
+	require.Equal(t, "native_session_interrupted", retries[0]["code"])
+	require.Contains(t, retries[0]["message"], "killed by signal SIGKILL", "the retry names the server's signal")
+
+	// The successful turn's deltas are its reply, once.
+	terms := eventsOf(evs, "run.terminal")
+	turnID, _ := terms[0]["providerTurnId"].(string)
+	var text strings.Builder
+	for _, m := range evs {
+		if e := m.GetEvent(); e.GetEventType() == "item.delta" && e.GetTurnId() == turnID {
+			d, _ := e.GetPayload().AsMap()["delta"].(string)
+			text.WriteString(d)
+		}
+	}
+	require.Equal(t, final, text.String(), "the successful turn's deltas, each once")
+	calls, err := os.ReadFile(callLog)
+	require.NoError(t, err)
+	require.Equal(t, 2, strings.Count(string(calls), "process-start"), "one replacement server")
+	require.Equal(t, 1, strings.Count(string(calls), "session.create"), "the session was resumed, not replaced")
+	rep, code := auditStack(t, h.dsn)
+	require.Zero(t, code, "%+v", rep.Violations)
+}

@@ -41,6 +41,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		state    = fs.String("state-file", "", "session store (default $XDG_DATA_HOME/opencode/fake-opencode.json)")
 		deltaMs  = fs.Int("delta-delay-ms", 1, "pause before each text delta, in ms")
 		slowMs   = fs.Int("slow-delay-ms", 100, "pause between the deltas of a [slow] reply, in ms")
+		dieOnce  = fs.String("die-once-dir", "", "enable the [die:mid-stream] prompt marker: SIGKILL itself after the reply's first delta, once per prompt (sentinels in this directory)")
 		hostname string
 		port     int
 	)
@@ -76,7 +77,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	opts := fakeopencode.Options{StateFile: *state, CallLog: *callLog,
 		Username: os.Getenv("OPENCODE_SERVER_USERNAME"), Password: os.Getenv("OPENCODE_SERVER_PASSWORD"),
-		DeltaDelay: time.Duration(*deltaMs) * time.Millisecond, SlowDelay: time.Duration(*slowMs) * time.Millisecond}
+		DeltaDelay: time.Duration(*deltaMs) * time.Millisecond, SlowDelay: time.Duration(*slowMs) * time.Millisecond,
+		DieOnceDir: *dieOnce}
 	if opts.StateFile == "" {
 		data := os.Getenv("XDG_DATA_HOME")
 		if data == "" {

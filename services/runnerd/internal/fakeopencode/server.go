@@ -26,6 +26,10 @@
 //	[hold]                   one delta, then nothing until the turn is aborted
 //	[history]                "HISTORY: <earlier user texts joined by " | ">"
 //	[fail]                   the turn ends with an APIError (session.error)
+//	[die:mid-stream]         with Options.DieOnceDir: after the reply's first delta the server
+//	                         SIGKILLs itself, once per prompt (a synced sentinel in DieOnceDir
+//	                         records it, so the retried turn lives); the turn is recorded with
+//	                         its assistant message unfinished, as the real server leaves it
 //	anything else            "ECHO: <text>", one delta per word
 package fakeopencode
 
@@ -61,6 +65,8 @@ type Options struct {
 	Username, Password   string
 	DeltaDelay           time.Duration
 	SlowDelay, Heartbeat time.Duration
+	// DieOnceDir enables the "[die:…]" prompt markers (tests of SPEC R7).
+	DieOnceDir string
 }
 
 // Server is the fake.

@@ -14,6 +14,7 @@ type turnRun struct {
 	sid       string
 	user      *message
 	asst      *message
+	prompt    string // the user's text
 	text      string // the assistant's text so far
 	textPart  map[string]any
 	tokensIn  int
@@ -21,7 +22,7 @@ type turnRun struct {
 }
 
 func (s *Server) runTurn(t *turn, sid, userID, text, provider, model string) {
-	tr := &turnRun{s: s, t: t, sid: sid}
+	tr := &turnRun{s: s, t: t, sid: sid, prompt: text}
 	s.mu.Lock()
 	ses := s.st.Sessions[sid]
 	var history []string
@@ -145,6 +146,9 @@ func (tr *turnRun) stream(reply string, chunks []string, delay time.Duration) {
 		sent += c
 		tr.s.publish("message.part.delta", map[string]any{"sessionID": tr.sid, "messageID": tr.asst.Info["id"],
 			"partID": p["id"], "field": "text", "delta": c})
+		if i == 0 {
+			tr.s.dieAt(DieMidStream, tr.prompt)
+		}
 	}
 	tr.updatePart(p, func() {
 		p["text"] = sent

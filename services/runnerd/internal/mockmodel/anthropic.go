@@ -116,6 +116,24 @@ func inspectMessages(req messagesRequest) (lastUser, toolOutput string, isToolOu
 	return lastUser, toolOutput, isToolOutput, texts
 }
 
+// userBlocks are the user text blocks of the conversation as "user: text"
+// lines (Claude Code adds context blocks to a user message; HistoryReply
+// skips those starting with "<").
+func userBlocks(req messagesRequest) []string {
+	var out []string
+	for _, m := range req.Messages {
+		if m.Role != "user" {
+			continue
+		}
+		for _, b := range blocksOf(m.Content) {
+			if b.Type == "text" {
+				out = append(out, "user: "+b.Text)
+			}
+		}
+	}
+	return out
+}
+
 func (s *Server) serveMessages(w http.ResponseWriter, r *http.Request, raw []byte, body map[string]any) {
 	var req messagesRequest
 	if json.Unmarshal(raw, &req) != nil {
@@ -165,6 +183,8 @@ func (s *Server) serveMessages(w http.ResponseWriter, r *http.Request, raw []byt
 	case strings.Contains(lastUser, "[slow]"):
 		text = "ECHO: " + lastUser
 		chunks, delay = SplitEven(text, SlowChunks), s.SlowChunkDelay
+	case strings.Contains(lastUser, "[history]"):
+		text = HistoryReply(userBlocks(req))
 	default:
 		text = "ECHO: " + lastUser
 	}

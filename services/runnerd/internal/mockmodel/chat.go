@@ -12,6 +12,7 @@ package mockmodel
 //	[bash] <command>                     tool call bash {command, description}
 //	[shell]                              tool call bash {command: ShellCommand, description}
 //	[slow]                               "ECHO: <text>" in 12 deltas, SlowChunkDelay apart
+//	[history]                            HistoryReply: "HISTORY: <earlier user texts joined by " | ">"
 //	anything else                        "ECHO: <text>", one delta per word
 //
 // Usage (the last chunk, choices empty): prompt_tokens = body bytes / 4,
@@ -115,6 +116,8 @@ func (s *Server) serveChat(w http.ResponseWriter, r *http.Request, raw []byte, b
 	case strings.Contains(lastUser, "[slow]"):
 		reply := "ECHO: " + lastUser
 		text(reply, SplitEven(reply, SlowChunks), s.SlowChunkDelay)
+	case strings.Contains(lastUser, "[history]"):
+		text(HistoryReply(rec.InputTexts), nil, 0)
 	default:
 		text("ECHO: "+lastUser, nil, 0)
 	}

@@ -15,6 +15,8 @@
 //	[ask]                                function_call request_user_input (one question "color", options red/blue)
 //	[plan]                               function_call update_plan (PlanExplanation, PlanSteps, the first in progress)
 //	[fail]                               response.failed (server_error)
+//	[history]                            "HISTORY: <the earlier user texts joined by " | ">" (HistoryReply):
+//	                                     what the provider resent of its history, user messages only
 //	anything else                        "ECHO: <text>", one delta per word
 //
 // The "last user text" is the text of the last user message that does not
@@ -266,6 +268,8 @@ func (s *Server) serveResponses(w http.ResponseWriter, r *http.Request, raw []by
 	case strings.Contains(lastUser, "[slow]"):
 		text := "ECHO: " + lastUser
 		s.streamText(sse, text, SplitEven(text, SlowChunks), s.SlowChunkDelay, completed, setReply)
+	case strings.Contains(lastUser, "[history]"):
+		s.streamText(sse, HistoryReply(texts), nil, 0, completed, setReply)
 	default:
 		s.streamText(sse, "ECHO: "+lastUser, nil, 0, completed, setReply)
 	}
@@ -416,6 +420,22 @@ func outputText(v any) string {
 		s = s[i+len("Output:\n"):]
 	}
 	return strings.TrimSpace(s)
+}
+
+// HistoryReply is the reply to a [history] prompt: "HISTORY: " and the
+// user texts before the last one (context messages starting with "<"
+// skipped), joined by " | ". texts are "role: text" lines.
+func HistoryReply(texts []string) string {
+	var users []string
+	for _, t := range texts {
+		if u, ok := strings.CutPrefix(t, "user: "); ok && !strings.HasPrefix(strings.TrimSpace(u), "<") {
+			users = append(users, strings.TrimSpace(u))
+		}
+	}
+	if len(users) > 0 {
+		users = users[:len(users)-1]
+	}
+	return "HISTORY: " + strings.Join(users, " | ")
 }
 
 // SplitEven cuts text into n chunks of (about) equal length.

@@ -504,7 +504,11 @@ func (s *Session) readEvents(body io.ReadCloser, connected chan struct{}) {
 	}
 }
 
-// fail ends the session: an active turn fails, Exited closes.
+// fail ends the session and closes Exited. An active turn of a server
+// that was lost (its process exited, its event stream ended) is left to
+// runnerd, which restarts the server and reconciles the turn from the
+// session's history (SPEC R7): no turn.failed and no TurnResult, as the
+// codex driver does with ReconcileOnExit. Any other end (Close) fails it.
 func (s *Session) fail(err error) {
 	s.exitOnce.Do(func() {
 		s.emitMu.Lock()
@@ -515,6 +519,8 @@ func (s *Session) fail(err error) {
 		s.mu.Unlock()
 		if t != nil {
 			s.expireRequests(failure.ProviderProcessLost)
+		}
+		if t != nil && !lostServer(err) {
 			s.emitEv("turn.failed", t.id, "", runner.P0, map[string]any{"status": "failed", "finalMessage": t.final,
 				"error": map[string]any{"code": runner.ProviderErrorCode(err), "message": err.Error()}})
 			s.deliver(runner.TurnResult{TurnID: t.id, Status: "failed", FinalMessage: t.final, Usage: t.usage,
@@ -523,6 +529,16 @@ func (s *Session) fail(err error) {
 		s.emitMu.Unlock()
 		close(s.exited)
 	})
+}
+
+// lostServer reports whether err is the loss of the server (not a close):
+// its turn is reconciled by runnerd on a restarted server.
+func lostServer(err error) bool {
+	switch runner.ProviderErrorCode(err) {
+	case failure.ProviderProcessExited, failure.ProviderTransportFailed:
+		return true
+	}
+	return false
 }
 
 func (s *Session) deliver(r runner.TurnResult) {

@@ -246,7 +246,9 @@ func TestR10_ResumeTheSameSessionAfterTheServerWasKilled(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "completed", turnResult(t, s).Status)
 
-	// Killed mid-turn: the turn fails with the server's own cause.
+	// Killed mid-turn: the session ends with the server's own cause and
+	// leaves the turn to runnerd's reconciliation (SPEC R7): no
+	// turn.failed, no result.
 	id, err := s.StartTurn(ctx, "[hold] cut me off")
 	require.NoError(t, err)
 	rec.await(t, "item.delta", func(e runner.ProviderEvent) bool { return e.TurnID == id })
@@ -254,6 +256,12 @@ func TestR10_ResumeTheSameSessionAfterTheServerWasKilled(t *testing.T) {
 	<-s.Exited()
 	assert.Contains(t, s.ExitErr().Error(), "killed by signal SIGKILL")
 	assert.EqualValues(t, failure.ProviderProcessExited, runner.ProviderErrorCode(s.ExitErr()))
+	assert.Empty(t, rec.of("turn.failed"))
+	select {
+	case r := <-s.TurnDone():
+		t.Fatalf("a lost server's turn got a result: %+v", r)
+	default:
+	}
 
 	// A new server resumes the session: the killed turn reads back cut off,
 	// an unknown turn is missing, and the history goes on.
