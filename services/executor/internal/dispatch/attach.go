@@ -173,10 +173,14 @@ func (a *attachment) open(facts func() (*store.AttachFacts, error)) (done bool, 
 		// after the checkpoint, on a gateway since lost), and the gateway
 		// orders a local root of that runner against it (SPEC F9: a root
 		// that produced at least this much is not older than the
-		// checkpoint and is resumed, R13).
-		if open.Restore.MinSourceSeq, err = d.store.MaxSourceSeq(a.ctx, runScope, cp.GetRunnerInstanceId()); err != nil {
+		// checkpoint and is resumed, R13). The runners that ever served
+		// the scope let it tell a root left behind by a move, however
+		// many runs ago, from a foreign one.
+		order, err := d.store.RestoreOrderOf(a.ctx, runScope, cp.GetRunnerInstanceId())
+		if err != nil {
 			return false, err
 		}
+		open.Restore.MinSourceSeq, open.Restore.ServedRunnerIds = order.MinSourceSeq, order.ServedRunnerIDs
 	}
 	if err := a.send(&gatewayv1.AttachRequest{Kind: &gatewayv1.AttachRequest_Open{Open: open}}); err != nil {
 		return false, err

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/tether-run/tether/pkg/failure"
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
@@ -293,6 +294,26 @@ func TestF8_ATurnInFlightWhenItsHostDiesWaitsAndIsReconciledFromRunnerdsJournalW
 // continues gw-b's thread under gw-b's runner identity.
 func TestF9_FailingBackOntoAnAbandonedRootOfAnotherRunnerRestoresTheCurrentCheckpoint(t *testing.T) {
 	t.Parallel()
+	failBackOntoAnAbandonedRoot(t, 1)
+}
+
+// TestF9_FailingBackAfterManyTurnsElsewhereStillSetsTheAbandonedRootAside:
+// as above, with more turns on gw-b than the Open carries prior runs (16):
+// the abandoned root's runner served none of them, and before, gw-a then
+// judged the root a foreign identity (quarantined, the run failed, the
+// session wedged). The Open's restore names every runner that served the
+// scope, so the root is set aside however long ago its runner served.
+func TestF9_FailingBackAfterManyTurnsElsewhereStillSetsTheAbandonedRootAside(t *testing.T) {
+	t.Parallel()
+	failBackOntoAnAbandonedRoot(t, 18)
+}
+
+// failBackOntoAnAbandonedRoot moves session "fb" off gw-a's dead host
+// (replace-session), runs turnsElsewhere turns on gw-b, checkpoints it,
+// brings gw-a back with its old root, kills gw-b's host and checks that
+// the next run fails back onto gw-a continuing gw-b's thread.
+func failBackOntoAnAbandonedRoot(t *testing.T, turnsElsewhere int) {
+	t.Helper()
 	h := hostLossFleet(t, stack.Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
@@ -300,8 +321,12 @@ func TestF9_FailingBackOntoAnAbandonedRootOfAnotherRunnerRestoresTheCurrentCheck
 	h.waitState(ctx, h.client, "fb-1", executorv1.RunState_RUN_STATE_SUCCEEDED)
 	h.loseHost(ctx, "runnergw")
 	h.tetherctl(ctx, "replace-session", "-session", "fb", "-by", "alice", "-reason", "host a is down")
-	h.submitWith(ctx, "fb-2", "fb", "Remember the word rope.", nil, 0)
-	moved := h.waitState(ctx, h.client, "fb-2", executorv1.RunState_RUN_STATE_SUCCEEDED)
+	var moved *executorv1.Run
+	for i := range turnsElsewhere {
+		id := fmt.Sprintf("fb-b%d", i)
+		h.submitWith(ctx, id, "fb", "Remember the word rope.", nil, 0)
+		moved = h.waitState(ctx, h.client, id, executorv1.RunState_RUN_STATE_SUCCEEDED)
+	}
 	require.Equal(t, stack.GatewayIDOf("runnergw-2"), h.session(ctx, "fb").GetGatewayId())
 	h.checkpoint(ctx, "fb")
 
@@ -312,12 +337,12 @@ func TestF9_FailingBackOntoAnAbandonedRootOfAnotherRunnerRestoresTheCurrentCheck
 	back := h.waitState(ctx, h.client, "fb-3", executorv1.RunState_RUN_STATE_SUCCEEDED)
 	require.Equal(t, stack.GatewayIDOf("runnergw"), h.session(ctx, "fb").GetGatewayId(), "failed back")
 	require.Equal(t, moved.GetRunnerInstanceId(), back.GetRunnerInstanceId(), "the checkpoint's runner, not the abandoned root's")
-	require.Contains(t, back.GetResult().GetFinalMessage(), "2 earlier messages", "gw-b's thread continued")
+	require.Contains(t, back.GetResult().GetFinalMessage(), fmt.Sprintf("%d earlier messages", 2*turnsElsewhere), "gw-b's thread continued")
 	require.Equal(t, 1, h.continuityBreaks("runnergw", h.session(ctx, "fb").GetSessionScope()), "the abandoned root was set aside")
 	require.Equal(t, 2, countLines(t, h.st.CallLog(), "thread/start"), "the replacement's thread, no third")
 	h.submitWith(ctx, "fb-4", "fb", "Again?", nil, 0)
 	next := h.waitState(ctx, h.client, "fb-4", executorv1.RunState_RUN_STATE_SUCCEEDED)
-	require.Contains(t, next.GetResult().GetFinalMessage(), "4 earlier messages")
+	require.Contains(t, next.GetResult().GetFinalMessage(), fmt.Sprintf("%d earlier messages", 2*turnsElsewhere+2))
 	h.requireAuditClean()
 }
 
@@ -508,6 +533,82 @@ func TestF9_FailingBackOntoAnOlderRootOfTheSameRunnerRestoresTheNewerCheckpoint(
 	require.Contains(t, back.GetResult().GetFinalMessage(), "4 earlier messages", "every turn, gw-b's too")
 	require.Equal(t, 1, h.continuityBreaks("runnergw", h.session(ctx, "same").GetSessionScope()), "the older root was set aside")
 	require.Equal(t, 1, countLines(t, h.st.CallLog(), "thread/start"))
+	h.requireNoFailedRun(ctx)
+	h.requireAuditClean()
+}
+
+// TestF9_ACancelledRunAfterTheOnlyCheckpointStillLetsTheSessionMoveWhenItsHostDies:
+// the session's only checkpoint is followed by a run that a runner served
+// and that ended without success (cancelled mid-turn here). Before, that
+// run made the checkpoint stop counting as restorable, so when the host
+// died the session could neither move (no verified checkpoint covered its
+// thread) nor run anywhere else: it waited, then failed, with its copy in
+// hand. A failed or cancelled turn is not one the thread must keep: the
+// next run moves at once to the other gateway, restores the checkpoint
+// (without the cancelled turn) and succeeds at its first attempt; the audit
+// is clean.
+func TestF9_ACancelledRunAfterTheOnlyCheckpointStillLetsTheSessionMoveWhenItsHostDies(t *testing.T) {
+	t.Parallel()
+	h := hostLossFleet(t, stack.Options{FakeArgs: []string{"--die-once-dir", t.TempDir()}})
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	h.submitWith(ctx, "oc-1", "oc", "Remember the word tether.", zoneA, 0)
+	h.waitState(ctx, h.client, "oc-1", executorv1.RunState_RUN_STATE_SUCCEEDED)
+	h.checkpoint(ctx, "oc")
+
+	h.submitWith(ctx, "oc-2", "oc", stalledTurn, zoneA, 0)
+	h.waitForDelta(ctx, h.client, "oc-2")
+	_, err := h.client.CancelRun(ctx, &executorv1.CancelRunRequest{RunId: "oc-2",
+		Scope: executorv1.CancellationScope_CANCELLATION_SCOPE_RUN, Reason: "changed my mind", WaitTimeout: durationpb.New(30 * time.Second)})
+	require.NoError(t, err)
+	cancelled := h.waitState(ctx, h.client, "oc-2", executorv1.RunState_RUN_STATE_CANCELLED)
+	require.NotEmpty(t, cancelled.GetRunnerInstanceId(), "a runner served it")
+
+	h.loseHost(ctx, "runnergw")
+	h.submitWith(ctx, "oc-3", "oc", "Which word?", nil, 0)
+	moved := h.waitState(ctx, h.client, "oc-3", executorv1.RunState_RUN_STATE_SUCCEEDED)
+	require.EqualValues(t, 1, moved.GetAttempt(), "it moved at once")
+	require.Equal(t, stack.GatewayIDOf("runnergw-2"), h.session(ctx, "oc").GetGatewayId())
+	require.Equal(t, cancelled.GetRunnerInstanceId(), moved.GetRunnerInstanceId(), "the checkpoint's runner, restored")
+	require.Contains(t, moved.GetResult().GetFinalMessage(), "2 earlier messages", "the checkpoint's thread, without the cancelled turn")
+	require.Equal(t, 1, countLines(t, h.st.CallLog(), "thread/start"), "the same thread, resumed")
+	h.requireAuditClean()
+}
+
+// TestF9_ATurnInFlightThatFailsBackOntoARootStillAtItsCheckpointContinuesAboveTheSeqsItProducedElsewhere:
+// the root on gw-a is exactly at checkpoint K (suspended there); gw-a's
+// host dies and a run moves to gw-b, restores K and streams part of its
+// turn; gw-a comes back and gw-b's host dies mid-turn, so the retry fails
+// back onto gw-a. Before, gw-a resumed its root because it was exactly K,
+// and its runner reused the source seqs gw-b's copy of the same runner had
+// already produced: native_event_replay_conflict on that run and on every
+// later run of the session (found by make test's chaos suite). The root is
+// now judged by order — the executor holds more from its runner than it
+// produced — so K is restored and continues above them; the run succeeds
+// at its second attempt and the session goes on, the audit clean.
+func TestF9_ATurnInFlightThatFailsBackOntoARootStillAtItsCheckpointContinuesAboveTheSeqsItProducedElsewhere(t *testing.T) {
+	t.Parallel()
+	h := hostLossFleet(t, stack.Options{FakeArgs: []string{"--die-once-dir", t.TempDir()}})
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	h.submitWith(ctx, "fx-1", "fx", "Remember the word tether.", zoneA, 0)
+	h.waitState(ctx, h.client, "fx-1", executorv1.RunState_RUN_STATE_SUCCEEDED)
+	h.checkpoint(ctx, "fx") // gw-a's root is exactly K
+
+	h.loseHost(ctx, "runnergw")
+	h.submitWith(ctx, "fx-2", "fx", stalledTurn, nil, 0)
+	h.waitForDelta(ctx, h.client, "fx-2") // on gw-b, restored from K, above K's seqs
+	require.Equal(t, stack.GatewayIDOf("runnergw-2"), h.session(ctx, "fx").GetGatewayId())
+	_, err := h.st.Start(ctx, "runnergw")
+	require.NoError(t, err)
+	h.loseHost(ctx, "runnergw-2")
+
+	back := h.waitState(ctx, h.client, "fx-2", executorv1.RunState_RUN_STATE_SUCCEEDED)
+	require.EqualValues(t, 2, back.GetAttempt())
+	require.Equal(t, stack.GatewayIDOf("runnergw"), h.session(ctx, "fx").GetGatewayId(), "failed back")
+	h.submitWith(ctx, "fx-3", "fx", "Which word?", nil, 0)
+	next := h.waitState(ctx, h.client, "fx-3", executorv1.RunState_RUN_STATE_SUCCEEDED)
+	require.Contains(t, next.GetResult().GetFinalMessage(), "4 earlier messages", "K's turn and fx-2's")
 	h.requireNoFailedRun(ctx)
 	h.requireAuditClean()
 }

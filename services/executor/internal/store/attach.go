@@ -35,8 +35,9 @@ type AttachFacts struct {
 	ContinuityRequired bool
 	// Restorable is the scope's newest checkpoint that no run settled
 	// since, superseded or not: a run attached a runner after it but none
-	// of those runs ended, so the provider thread has no turn the
-	// checkpoint lacks. It is what a run in flight on a gateway that was
+	// of those runs succeeded, so the provider thread has no kept turn the
+	// checkpoint lacks (a failed or cancelled run's turn is not kept,
+	// SPEC F9). It is what a run in flight on a gateway that was
 	// lost restores on its new one (SPEC F3, retried as E11 says); nil when
 	// none.
 	Restorable *executorv1.SessionCheckpoint
@@ -142,12 +143,18 @@ func queueAttachFacts(b *pgx.Batch, runID, scope string, in *prpv1.ExecutionInpu
 }
 
 // restorableCheckpointSQL reads scope $1's newest checkpoint after which
-// no run of the scope that a runner served has ended (AttachFacts.Restorable).
+// no run of the scope that a runner served has succeeded
+// (AttachFacts.Restorable). Only a succeeded run settles a turn the
+// session's thread must keep: a failed or cancelled run after the
+// checkpoint never makes it unrestorable (SPEC F9) — restoring it leaves
+// that run's turn, which its caller saw fail or stop, out of the
+// provider's history (its events stay on record), where refusing would
+// wedge the session once its root is gone.
 const restorableCheckpointSQL = `SELECT ` + checkpointColumns + ` FROM executor.session_checkpoints k
  WHERE k.session_scope = $1
    AND NOT EXISTS (SELECT 1 FROM executor.runs l JOIN executor.runs n ON n.session_scope = l.session_scope AND n.submit_seq > l.submit_seq
                     WHERE l.run_id = k.last_run_id AND n.runner_instance_id IS NOT NULL
-                      AND n.state IN ('succeeded', 'failed', 'cancelled'))
+                      AND n.state = 'succeeded')
  ORDER BY k.created_at DESC LIMIT 1`
 
 // previousInScopeSQL reads the run submitted just before $1 in its session

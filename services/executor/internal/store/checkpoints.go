@@ -218,13 +218,41 @@ func (s *Store) SupersedeCheckpoints(ctx context.Context, scope string) error {
 	return err
 }
 
-// MaxSourceSeq is the highest source seq stored from runner instance inst
-// in the runs of scope (0 when none): a runner restored from a checkpoint
-// older than its last events continues above it (SPEC F3).
-func (s *Store) MaxSourceSeq(ctx context.Context, scope, inst string) (uint64, error) {
-	var n int64
-	err := s.pool.QueryRow(ctx, `SELECT coalesce(max(e.source_seq), 0) FROM executor.events e
+// RestoreOrder is what an Open that restores a checkpoint of scope tells
+// the gateway to order a local root against it (SPEC F3, F9), read in one
+// round trip: MinSourceSeq, the highest source seq stored from the
+// checkpoint's runner inst in the runs of scope (0 when none: a runner
+// restored from a checkpoint older than its last events continues above
+// it), and ServedRunnerIDs, the runner instances that ever attached for
+// scope (scope_runners, attempts cut off included), newest first (at most
+// MaxServedRunners): a root of one of them that is not inst's was left
+// behind by a move.
+type RestoreOrder struct {
+	MinSourceSeq    uint64
+	ServedRunnerIDs []string
+}
+
+// MaxServedRunners bounds RestoreOrder.ServedRunnerIDs (the Open's
+// RestoreSpec.served_runner_ids allows as many).
+const MaxServedRunners = 64
+
+// RestoreOrderOf reads scope's RestoreOrder for checkpoint runner inst.
+func (s *Store) RestoreOrderOf(ctx context.Context, scope, inst string) (RestoreOrder, error) {
+	var o RestoreOrder
+	b := &pgx.Batch{}
+	b.Queue(`SELECT coalesce(max(e.source_seq), 0) FROM executor.events e
   JOIN executor.runs r ON r.run_id = e.run_id
- WHERE r.session_scope = $1 AND e.source_instance_id = $2`, scope, inst).Scan(&n)
-	return uint64(n), err
+ WHERE r.session_scope = $1 AND e.source_instance_id = $2`, scope, inst).QueryRow(func(row pgx.Row) error {
+		var n int64
+		err := row.Scan(&n)
+		o.MinSourceSeq = uint64(n)
+		return err
+	})
+	b.Queue(`SELECT runner_instance_id FROM executor.scope_runners
+ WHERE session_scope = $1 ORDER BY last_submit_seq DESC LIMIT $2`, scope, MaxServedRunners).Query(func(rows pgx.Rows) error {
+		var err error
+		o.ServedRunnerIDs, err = pgx.CollectRows(rows, pgx.RowTo[string])
+		return err
+	})
+	return o, s.pool.SendBatch(ctx, b).Close()
 }

@@ -666,7 +666,11 @@ func recordRunner(ctx context.Context, q execer, f Fence, rec RunnerRecord) erro
 	if err != nil {
 		return err
 	}
+	// One statement: the run's runner, and the scope's record of every
+	// runner that attached for it (scope_runners; its upsert affects one
+	// row exactly when the fenced update did).
 	tag, err := q.Exec(ctx, `
+WITH u AS (
 UPDATE executor.runs r SET runner_instance_id = $4, runner_process = $5, updated_at = now(),
        provider_process = coalesce($6, r.provider_process,
          (SELECT p.provider_process FROM executor.runs p
@@ -674,7 +678,11 @@ UPDATE executor.runs r SET runner_instance_id = $4, runner_process = $5, updated
              AND p.submit_seq < r.submit_seq
            ORDER BY p.submit_seq DESC LIMIT 1))
   FROM executor.coordinators c
- WHERE r.run_id = $1 AND c.run_id = r.run_id AND c.lease_owner = $2 AND c.attempt = $3 AND c.phase = 'observed'`,
+ WHERE r.run_id = $1 AND c.run_id = r.run_id AND c.lease_owner = $2 AND c.attempt = $3 AND c.phase = 'observed'
+RETURNING r.session_scope, r.run_id, r.submit_seq)
+INSERT INTO executor.scope_runners AS s (session_scope, runner_instance_id, first_run_id, last_submit_seq)
+SELECT session_scope, $4, run_id, submit_seq FROM u
+    ON CONFLICT (session_scope, runner_instance_id) DO UPDATE SET last_submit_seq = greatest(s.last_submit_seq, excluded.last_submit_seq)`,
 		f.RunID, f.Owner, int64(f.Attempt), rec.InstanceID, rp, pp)
 	if err != nil {
 		return err

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 
 	"github.com/tether-run/tether/pkg/atomicfile"
 	gatewayv1 "github.com/tether-run/tether/pkg/gen/tether/gateway/v1"
@@ -64,22 +65,26 @@ func (g *Gateway) olderStateOf(sc string, spec *gatewayv1.RestoreSpec, prior []*
 	if !ok {
 		return false
 	}
-	state, err := os.ReadFile(runnerstate.Path(dir))
-	if err != nil {
-		return false
-	}
 	m, _ := readMark(dir)
-	servedBefore := false
-	for _, p := range prior {
-		if id := p.GetRunnerInstanceId(); id != "" && id == st.Identity.RunnerInstanceID {
-			servedBefore = true
-		}
-	}
+	servedBefore := servedScope(st.Identity.RunnerInstanceID, spec, prior)
 	return StaleRoot(LocalRoot{ServedBefore: servedBefore,
 		RunnerInstanceID: st.Identity.RunnerInstanceID, SessionScope: st.Identity.SessionScope,
 		NormalizedSessionID: st.Identity.NormalizedSessionID, Produced: produced,
-		MarkedCheckpoint: m.CheckpointID, ExactlyMarked: m.CheckpointID != "" && digest(state) == m.RunnerStateSHA256,
+		MarkedCheckpoint: m.CheckpointID,
 	}, sc, spec)
+}
+
+// servedScope reports whether runner instance id served runs of the scope
+// by the executor's records: the Open's restore names it among the scope's
+// runners, or one of its prior runs does.
+func servedScope(id string, spec *gatewayv1.RestoreSpec, prior []*gatewayv1.PriorRun) bool {
+	if id == "" {
+		return false
+	}
+	if slices.Contains(spec.GetServedRunnerIds(), id) {
+		return true
+	}
+	return slices.ContainsFunc(prior, func(p *gatewayv1.PriorRun) bool { return p.GetRunnerInstanceId() == id })
 }
 
 // LocalRoot is what the gateway knows of a scope's root on its disk.
@@ -90,13 +95,11 @@ type LocalRoot struct {
 	// Produced is the highest source seq the root's runner produced.
 	Produced uint64
 	// MarkedCheckpoint is the checkpoint this gateway last took or
-	// restored into the root (checkpoint-mark.json), empty when none;
-	// ExactlyMarked: the runner state is still exactly that checkpoint's.
+	// restored into the root (checkpoint-mark.json), empty when none.
 	MarkedCheckpoint string
-	ExactlyMarked    bool
 	// ServedBefore: the executor's records of the scope's earlier runs
-	// (the Open's prior runs) name the root's runner as one that served
-	// them.
+	// (the Open's RestoreSpec.served_runner_ids or prior runs) name the
+	// root's runner as one that served them.
 	ServedBefore bool
 }
 
@@ -133,9 +136,12 @@ func StaleRoot(local LocalRoot, sc string, spec *gatewayv1.RestoreSpec) bool {
 	if local.RunnerInstanceID != stamp.GetRunnerInstanceId() {
 		return local.RunnerInstanceID != "" && local.ServedBefore
 	}
-	if local.ExactlyMarked && local.MarkedCheckpoint == spec.GetCheckpointId() {
-		return false
-	}
+	// A root still exactly at the checkpoint is the checkpoint only while
+	// the executor holds nothing newer from its runner: when it holds more
+	// (a run went on from the same checkpoint on another gateway, and that
+	// gateway was lost in turn), resuming this root would reuse those
+	// source seqs for other events (native_event_replay_conflict on every
+	// later run). It is restored instead, continuing above MinSourceSeq.
 	if local.MarkedCheckpoint != spec.GetCheckpointId() {
 		return true
 	}

@@ -564,9 +564,14 @@ type RestoreSpec struct {
 	// instance. A checkpoint restored after a run that was in flight on a
 	// lost gateway predates events that gateway's runner emitted (SPEC F3):
 	// the restored runner continues above this seq, so no seq is reused.
-	MinSourceSeq  uint64 `protobuf:"varint,4,opt,name=min_source_seq,json=minSourceSeq,proto3" json:"min_source_seq,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	MinSourceSeq uint64 `protobuf:"varint,4,opt,name=min_source_seq,json=minSourceSeq,proto3" json:"min_source_seq,omitempty"`
+	// The runner instances that served runs of the scope, newest first (at
+	// most 64). A root on the gateway's disk of one of them that is not the
+	// checkpoint's runner was left behind by a move: it is set aside and the
+	// checkpoint restored (SPEC F9), however many runs ago it served.
+	ServedRunnerIds []string `protobuf:"bytes,5,rep,name=served_runner_ids,json=servedRunnerIds,proto3" json:"served_runner_ids,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *RestoreSpec) Reset() {
@@ -625,6 +630,13 @@ func (x *RestoreSpec) GetMinSourceSeq() uint64 {
 		return x.MinSourceSeq
 	}
 	return 0
+}
+
+func (x *RestoreSpec) GetServedRunnerIds() []string {
+	if x != nil {
+		return x.ServedRunnerIds
+	}
+	return nil
 }
 
 // Ack reports the highest contiguous source seq the executor has persisted.
@@ -1686,13 +1698,14 @@ const file_tether_gateway_v1_gateway_proto_rawDesc = "" +
 	"\bterminal\x18\x03 \x01(\bR\bterminal\x123\n" +
 	"\x05input\x18\x04 \x01(\v2\x1d.tether.prp.v1.ExecutionInputR\x05input\x12!\n" +
 	"\fnever_served\x18\x05 \x01(\bR\vneverServed\x126\n" +
-	"\x12runner_instance_id\x18\x06 \x01(\tB\b\xbaH\x05r\x03\x18\x80\x02R\x10runnerInstanceId\"\xc1\x01\n" +
+	"\x12runner_instance_id\x18\x06 \x01(\tB\b\xbaH\x05r\x03\x18\x80\x02R\x10runnerInstanceId\"\xfe\x01\n" +
 	"\vRestoreSpec\x12.\n" +
 	"\rcheckpoint_id\x18\x01 \x01(\tB\t\xbaH\x06r\x04\x10\x01\x18@R\fcheckpointId\x125\n" +
 	"\x05stamp\x18\x02 \x01(\v2\x17.tether.backup.v1.StampB\x06\xbaH\x03\xc8\x01\x01R\x05stamp\x12%\n" +
 	"\blease_id\x18\x03 \x01(\tB\n" +
 	"\xbaH\ar\x05\x10\x01\x18\x80\x02R\aleaseId\x12$\n" +
-	"\x0emin_source_seq\x18\x04 \x01(\x04R\fminSourceSeq\"q\n" +
+	"\x0emin_source_seq\x18\x04 \x01(\x04R\fminSourceSeq\x12;\n" +
+	"\x11served_runner_ids\x18\x05 \x03(\tB\x0f\xbaH\f\x92\x01\t\x10@\"\x05r\x03\x18\x80\x02R\x0fservedRunnerIds\"q\n" +
 	"\x03Ack\x126\n" +
 	"\x12source_instance_id\x18\x01 \x01(\tB\b\xbaH\x05r\x03\x18\x80\x02R\x10sourceInstanceId\x122\n" +
 	"\x15persisted_through_seq\x18\x02 \x01(\x04R\x13persistedThroughSeq\"\xa6\x01\n" +
