@@ -51,6 +51,9 @@ type Options struct {
 	MetricsPorts map[string]int
 	// FakeArgs are extra fake-codex-app-server flags (e.g. --delta-delay-ms).
 	FakeArgs []string
+	// NoCallLog starts the fake without the stack's shared call log (a
+	// confined provider cannot reach the stack's directory, SPEC T7).
+	NoCallLog bool
 	// LeaseTTL for the executor (default 10s).
 	LeaseTTL time.Duration
 	// CheckpointAfter is the executors' -checkpoint-after; zero turns it
@@ -494,8 +497,11 @@ func (s *Stack) args(name string) []string {
 			"-runnerd-path", filepath.Join(s.opts.BinDir, "runnerd"),
 			"-backup-addr", s.Addr("backup-verifier"),
 			"-codex-command", filepath.Join(s.opts.BinDir, "fake-codex-app-server"))
-		for _, f := range append([]string{"--state-file-in-codex-home", "--durable-turn-ids", "--record-process-start",
-			"--call-log", s.CallLog()}, s.opts.FakeArgs...) {
+		fake := []string{"--state-file-in-codex-home", "--durable-turn-ids"}
+		if !s.opts.NoCallLog {
+			fake = append(fake, "--record-process-start", "--call-log", s.CallLog())
+		}
+		for _, f := range append(fake, s.opts.FakeArgs...) {
 			a = append(a, "-codex-arg", f)
 		}
 		a = append(a, s.tlsArgs(identity.Gateway, "-backup-ca")...)

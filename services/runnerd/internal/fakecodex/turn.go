@@ -360,6 +360,9 @@ func (s *Server) beginReply(at *activeTurn) error {
 	if len(at.outcomes) > 0 {
 		at.reply += " [" + strings.Join(at.outcomes, "; ") + "]"
 	}
+	for _, o := range probes(lastUser) {
+		at.reply += " [" + o + "]"
+	}
 	if strings.Contains(lastUser, "[slow]") {
 		at.chunks = splitEven(at.reply, SlowChunks)
 		at.delay = s.opts.SlowDeltaDelay

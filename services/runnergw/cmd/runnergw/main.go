@@ -14,8 +14,10 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 
 	backupv1 "github.com/tether-run/tether/pkg/gen/tether/backup/v1"
@@ -31,6 +33,7 @@ import (
 	"github.com/tether-run/tether/pkg/workspace"
 	"github.com/tether-run/tether/services/runnergw/internal/announce"
 	"github.com/tether-run/tether/services/runnergw/internal/api"
+	"github.com/tether-run/tether/services/runnergw/internal/confine"
 	"github.com/tether-run/tether/services/runnergw/internal/gateway"
 )
 
@@ -97,6 +100,12 @@ func run() error {
 	labelsFlag := grpcx.StringFlag(fs, "labels", "", "", "labels placements select this gateway by, e.g. zone=a,gpu=false")
 	capacity := grpcx.IntFlag(fs, "capacity", "", 100, "session scopes this gateway holds at most (announced to the registry; must be at least 1)")
 	registryTLS := grpcx.RegisterClientTLSFlags(fs, "registry", "the executors (the gateway registry)")
+	confinement := grpcx.StringFlag(fs, "runner-confinement", "", string(confine.Auto), "how launched runners and providers are confined (SPEC T7): auto (off loopback the strongest available: uid+bwrap as root, uid as root without bubblewrap, bwrap unprivileged, else refuse to start; on loopback none), uid (each company's runners under a uid of their own; needs root), bwrap (providers in a bubblewrap namespace sandbox), uid+bwrap, or none (unsafe: a provider can read the gateway's keys and other companies' files)")
+	uidBase := grpcx.IntFlag(fs, "runner-uid-base", "", 200000, "first uid (and gid) of the range companies' runners get a uid of their own from (uid confinement); each company gets the lowest free one, recorded in <state-root>/"+confine.UIDFile)
+	uidCount := grpcx.IntFlag(fs, "runner-uid-count", "", 50000, "size of the -runner-uid-base range (the companies one gateway can hold)")
+	bwrapPath := grpcx.StringFlag(fs, "bwrap-path", "", "", "bubblewrap binary (default: bwrap on PATH)")
+	var sandboxRO listFlag
+	fs.Var(&sandboxRO, "runner-sandbox-ro-bind", "a path bound read-only into every provider sandbox besides the system directories, the provider binary, the scope root and the workspace (repeatable)")
 	regSecretFile := grpcx.StringFlag(fs, "registration-secret-file", "", identity.DefaultRegistrationSecretFile(), "the registration secret (SPEC T5) this gateway proves to the registry when it presents no client certificate (a 0600 key file, created when missing; the executors' -registration-secret-file)")
 	if err := grpcx.ParseFlags(fs, os.Args[1:]); err != nil {
 		return err
@@ -151,12 +160,25 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	build, err := gateway.ReadBuildMetadata(ctx, rpath, prp.ModeDialWSLoopback)
+	if *keyFile == "" {
+		*keyFile = filepath.Join(*stateRoot, "gateway.key")
+	}
+	confiner, err := newConfiner(confineFlags{
+		mode: confine.Mode(*confinement), offLoopback: !grpcx.IsLoopbackAddr(cfg.GRPCAddr),
+		cfg: confine.Config{
+			StateRoot: *stateRoot, WorkspaceRoot: *workspaceRoot, UIDBase: *uidBase, UIDCount: *uidCount,
+			BwrapPath: *bwrapPath, ReadOnly: sandboxRO,
+			Hidden: append(strings.Split(*grantKeys, ","), *keyFile, cfg.TLSKeyFile, *tlsKey, *ingressKey, *regSecretFile,
+				*codexHome, registryTLS.KeyFile),
+			Executables: executables(rpath, *codex, providers),
+		},
+	})
 	if err != nil {
 		return err
 	}
-	if *keyFile == "" {
-		*keyFile = filepath.Join(*stateRoot, "gateway.key")
+	build, err := gateway.ReadBuildMetadata(ctx, rpath, prp.ModeDialWSLoopback)
+	if err != nil {
+		return err
 	}
 	key, err := keyfile.LoadOrCreate(*keyFile)
 	if err != nil {
@@ -184,7 +206,7 @@ func run() error {
 		Build: build, Authority: prp.NewAuthority(key, time.Now), Grants: grants, Logger: log, Draining: srv.Draining(), Metrics: srv.Registry(),
 		CABundle: *caBundle, Ingress: gateway.ParseIngressPolicy(*ingressCompanies), IngressHost: *ingressHost,
 		IngressCert: *ingressCert, IngressKey: *ingressKey, PingInterval: *pingInterval, PingTimeout: *pingTimeout,
-		SemanticToolTimeout: *toolTimeout, OTLPEndpoint: cfg.OTLPEndpoint,
+		SemanticToolTimeout: *toolTimeout, OTLPEndpoint: cfg.OTLPEndpoint, Confine: confiner,
 	}
 	gcfg.Authority.HandshakeTimeout = *handshakeTimeout
 	if gcfg.ConnectURL == "" {
@@ -273,7 +295,10 @@ func run() error {
 		}()
 		log.Info("runner listener", "addr", l.Addr().String(), "tls", l != lis)
 	}
-	log.Info("runner gateway", "runnerd", rpath, "codex_command", *codex, "connect_url", gcfg.ConnectURL,
+	if confiner.Mode() == confine.None && !grpcx.IsLoopbackAddr(cfg.GRPCAddr) {
+		log.Warn("runners are not confined (-runner-confinement=none): a provider can read this gateway's keys and other companies' files")
+	}
+	log.Info("runner gateway", "runner_confinement", string(confiner.Mode()), "runnerd", rpath, "codex_command", *codex, "connect_url", gcfg.ConnectURL,
 		"public_url", gcfg.PublicURL, "ingress", gcfg.Ingress.Enabled())
 	err = srv.Serve(ctx)
 	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -305,4 +330,52 @@ func findRunnerd(ctx context.Context, p string) (string, error) {
 	self, _ := os.Executable()
 	path, _, err := gateway.DiscoverRunnerd(ctx, p, self, gateway.ShellWhich)
 	return path, err
+}
+
+type confineFlags struct {
+	mode        confine.Mode
+	offLoopback bool
+	cfg         confine.Config
+}
+
+// newConfiner resolves -runner-confinement against what this host can do
+// (root? a working bubblewrap, tried as the user providers will run as)
+// and prepares it (SPEC T7).
+func newConfiner(f confineFlags) (*confine.Confiner, error) {
+	host := confine.Host{Root: os.Geteuid() == 0}
+	if f.mode != confine.None && f.mode != confine.UID && (f.mode != confine.Auto || f.offLoopback) {
+		if f.cfg.BwrapPath == "" {
+			f.cfg.BwrapPath, _ = exec.LookPath("bwrap")
+		}
+		var as *syscall.Credential
+		if host.Root && f.mode != confine.Bwrap {
+			// The sandbox runs as a company's uid: try it as the first one.
+			as = &syscall.Credential{Uid: uint32(f.cfg.UIDBase), Gid: uint32(f.cfg.UIDBase), Groups: []uint32{}}
+		}
+		host.Bwrap, host.BwrapErr = confine.ProbeBwrap(f.cfg.BwrapPath, as)
+	}
+	mode, err := confine.Resolve(f.mode, f.offLoopback, host)
+	if err != nil {
+		return nil, err
+	}
+	f.cfg.Mode = mode
+	return confine.New(f.cfg)
+}
+
+// executables are the absolute paths of runnerd and the provider commands
+// (those found): runners under their own uid must be able to reach them.
+func executables(runnerd, codex string, providers providerlaunch.Set) []string {
+	out := []string{runnerd}
+	cmds := []string{codex}
+	for _, p := range providers {
+		cmds = append(cmds, p.Command)
+	}
+	for _, c := range cmds {
+		if p, err := exec.LookPath(c); err == nil {
+			if p, err = filepath.Abs(p); err == nil {
+				out = append(out, p)
+			}
+		}
+	}
+	return out
 }

@@ -32,6 +32,7 @@ import (
 	"github.com/tether-run/tether/pkg/synctrace"
 	"github.com/tether-run/tether/pkg/telemetry"
 	"github.com/tether-run/tether/pkg/workspace"
+	"github.com/tether-run/tether/services/runnergw/internal/confine"
 )
 
 // ReasonAuthorityRotated is logged when a run takes over a live warm
@@ -118,6 +119,9 @@ type Config struct {
 	Logger *slog.Logger
 	// Metrics registers the gateway's domain counters (nil: not exported).
 	Metrics prometheus.Registerer
+	// Confine confines launched runners and providers (SPEC T7); nil
+	// confines nothing.
+	Confine *confine.Confiner
 	// Draining, when closed, ends Attach streams with Unavailable so a
 	// graceful shutdown is not held up; executors re-attach elsewhere.
 	Draining <-chan struct{}
@@ -339,7 +343,7 @@ func (g *Gateway) ensureRunner(ctx context.Context, sc string, in *prpv1.Executi
 			}
 			spec := launchSpec{stateDir: dir, instanceID: inst, mode: mode, leaseID: LeaseFor(sc),
 				sessionID: in.GetSession().GetNormalizedSessionId(), scope: sc, workspace: in.GetWorkspace().GetCwd(),
-				provider: prof}
+				provider: prof, company: in.GetBinding().GetCompanyId()}
 			if runID != "" {
 				plan, p, err := g.launchAuthority(ctx, sc, runID, in, prior)
 				if err != nil {

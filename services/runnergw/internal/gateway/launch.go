@@ -119,8 +119,11 @@ func processAlive(p *prpv1.ProcessInfo) bool {
 // launchSpec is what a runnerd launch needs.
 type launchSpec struct {
 	stateDir, workspace, instanceID, leaseID, sessionID, scope string
-	ticket                                                     prp.Credential
-	mode                                                       string
+	// company owns the runner: its uid, when runners run under their
+	// company's uid (SPEC T7).
+	company string
+	ticket  prp.Credential
+	mode    string
 	// listenURL is set by launch for listen_ws: where the gateway dials.
 	listenURL string
 	// provider is the verified launch profile of a pinned provider; nil
@@ -144,23 +147,33 @@ func (g *Gateway) launchProfile(in *prpv1.ExecutionInput) (*providerlaunch.Profi
 
 // providerArgs are runnerd's provider flags: codex's historical
 // --codex-command/--codex-arg, or --provider NAME with the profile's
-// command and arguments.
-func (g *Gateway) providerArgs(p *providerlaunch.Profile) []string {
+// command and arguments. Where providers are sandboxed (SPEC T7) the
+// command runnerd starts is the sandbox, the provider command inside it.
+func (g *Gateway) providerArgs(spec *launchSpec) ([]string, error) {
+	p := spec.provider
 	if p == nil {
-		args := []string{"--codex-command", g.cfg.CodexCommand}
-		for _, a := range g.cfg.CodexArgs {
+		cmd, cargs, err := g.cfg.Confine.Provider(spec.stateDir, spec.workspace, g.cfg.CodexCommand, g.cfg.CodexArgs)
+		if err != nil {
+			return nil, failure.Wrap(err, codes.FailedPrecondition, failure.RunnerLocalConnectFailed, "confining the provider: %v", err)
+		}
+		args := []string{"--codex-command", cmd}
+		for _, a := range cargs {
 			args = append(args, "--codex-arg", a)
 		}
-		return args
+		return args, nil
 	}
-	args := []string{"--provider", p.Name, "--provider-command", p.Command}
-	for _, a := range p.Args {
+	cmd, cargs, err := g.cfg.Confine.Provider(spec.stateDir, spec.workspace, p.Command, p.Args)
+	if err != nil {
+		return nil, failure.Wrap(err, codes.FailedPrecondition, failure.RunnerLocalConnectFailed, "confining the provider: %v", err)
+	}
+	args := []string{"--provider", p.Name, "--provider-command", cmd}
+	for _, a := range cargs {
 		args = append(args, "--provider-arg", a)
 	}
 	if p.HomeTemplate != "" {
 		args = append(args, "--provider-home-template", p.HomeTemplate)
 	}
-	return args
+	return args, nil
 }
 
 // transportArgs are runnerd's flags for the spec's transport mode.
@@ -224,13 +237,24 @@ func (g *Gateway) launch(spec *launchSpec) (*launched, error) {
 	if d := g.cfg.SemanticToolTimeout; d > 0 {
 		args = append(args, "--semantic-tool-timeout", d.String())
 	}
-	args = append(args, g.providerArgs(spec.provider)...)
+	pargs, err := g.providerArgs(spec)
+	if err != nil {
+		return nil, err
+	}
+	args = append(args, pargs...)
 	if g.cfg.OTLPEndpoint != "" {
 		args = append(args, "--otlp-endpoint", g.cfg.OTLPEndpoint)
 	}
 	logf, err := os.OpenFile(filepath.Join(spec.stateDir, "runnerd.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return nil, failure.Wrap(err, codes.Internal, failure.RunnerLocalConnectFailed, "opening runnerd log: %v", err)
+	}
+	// Last, once every file of the launch is written: the scope root and
+	// workspace become the company's uid's (SPEC T7).
+	cred, err := g.cfg.Confine.Runner(spec.company, spec.stateDir, spec.workspace)
+	if err != nil {
+		logf.Close()
+		return nil, failure.Wrap(err, codes.FailedPrecondition, failure.RunnerLocalConnectFailed, "confining the runner: %v", err)
 	}
 	ticket, err := ticketPipe(spec.ticket)
 	if err != nil {
@@ -249,7 +273,7 @@ func (g *Gateway) launch(spec *launchSpec) (*launched, error) {
 	cmd.Stdout, cmd.Stderr = logf, logf
 	// Its own process group: runnerd outlives a crashed gateway and is
 	// adopted when the gateway comes back.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Credential: cred}
 	if err := cmd.Start(); err != nil {
 		logf.Close()
 		return nil, failure.Wrap(err, codes.Unavailable, failure.RunnerLocalConnectFailed, "starting runnerd: %v", err)

@@ -1,0 +1,279 @@
+package e2e
+
+import (
+	"context"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
+	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
+	"github.com/tether-run/tether/pkg/scope"
+	"github.com/tether-run/tether/services/executor/internal/cli"
+	"github.com/tether-run/tether/services/executor/internal/stack"
+)
+
+// confinedHarness starts a stack whose gateway confines its runners with
+// -runner-confinement=mode (SPEC T7). The fake runs without the stack's
+// shared call log (outside every root a provider may reach), and runnerd
+// and the fake are started from a copy whose every ancestor other users
+// can traverse, as a runner under its company's uid must.
+func confinedHarness(t *testing.T, mode string) *harness {
+	t.Helper()
+	if strings.Contains(mode, "uid") && os.Geteuid() != 0 {
+		t.Skip("confinement by uid needs a gateway running as root")
+	}
+	if strings.Contains(mode, "bwrap") {
+		if _, err := exec.LookPath("bwrap"); err != nil {
+			t.Skip("bwrap is not installed (Debian package bubblewrap; .ci/run installs it)")
+		}
+	}
+	h := newHarnessWith(t, stack.Options{NoCallLog: true}, "backup-verifier")
+	dir := h.st.Dir()
+	for d := dir; d != filepath.Dir(d); d = filepath.Dir(d) {
+		fi, err := os.Stat(d)
+		require.NoError(t, err)
+		if fi.Mode().Perm()&0o001 == 0 {
+			require.NoError(t, os.Chmod(d, fi.Mode().Perm()|0o011))
+		}
+	}
+	bin := filepath.Join(dir, "bin")
+	require.NoError(t, os.Mkdir(bin, 0o755))
+	for _, b := range []string{"runnerd", "fake-codex-app-server"} {
+		copyExecutable(t, filepath.Join(binDir, b), filepath.Join(bin, b))
+	}
+	h.st.SetExtraArgs("runnergw", "-runner-confinement", mode,
+		"-runnerd-path", filepath.Join(bin, "runnerd"), "-codex-command", filepath.Join(bin, "fake-codex-app-server"))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for _, p := range []string{"runnergw", "executor"} {
+		_, err := h.st.Start(ctx, p)
+		require.NoError(t, err)
+	}
+	h.client = h.clientFor("executor")
+	return h
+}
+
+func copyExecutable(t *testing.T, from, to string) {
+	t.Helper()
+	if os.Link(from, to) == nil {
+		return
+	}
+	src, err := os.Open(from)
+	require.NoError(t, err)
+	defer src.Close()
+	dst, err := os.OpenFile(to, os.O_CREATE|os.O_WRONLY|os.O_EXCL, 0o755)
+	require.NoError(t, err)
+	_, err = io.Copy(dst, src)
+	require.NoError(t, err)
+	require.NoError(t, dst.Close())
+}
+
+// confinedInput is a warm run's input for company in session, working in
+// cwd (empty: the scope's own workspace).
+func confinedInput(t *testing.T, company, session, cwd, prompt string) *prpv1.ExecutionInput {
+	t.Helper()
+	in, err := cli.InputSpec{Prompt: prompt, Company: company, Agent: "agent-1", Issue: "ISS-1", Session: session,
+		Lifecycle: "warm", Cwd: cwd}.Input()
+	require.NoError(t, err)
+	return in
+}
+
+// runProbes runs one turn with the prompt and returns its reply, which
+// must have succeeded.
+func (h *harness) runProbes(ctx context.Context, runID string, in *prpv1.ExecutionInput) string {
+	h.t.Helper()
+	_, err := h.client.SubmitRun(ctx, &executorv1.SubmitRunRequest{RunId: runID, Input: in})
+	require.NoError(h.t, err)
+	run := h.waitTerminal(ctx, runID)
+	require.Equal(h.t, executorv1.RunState_RUN_STATE_SUCCEEDED, run.GetState(), "%v", run.GetFailure())
+	return run.GetResult().GetFinalMessage()
+}
+
+// probe is the fake's probe marker; probeOK and probeFailed are its
+// outcomes (see fake-codex-app-server's README).
+func probe(kind, path string) string { return "[probe-" + kind + ":" + path + "]" }
+
+func probeOK(kind, path string) string { return "probe-" + kind + " " + path + ": ok" }
+
+func probeFailed(kind, path string) string { return "probe-" + kind + " " + path + ": error" }
+
+// requireProbes checks the reply's outcome of each probe: ok for allowed,
+// refused (permission denied or not found) for denied.
+func requireProbes(t *testing.T, reply string, allowed, denied map[string][]string) {
+	t.Helper()
+	for kind, paths := range allowed {
+		for _, p := range paths {
+			require.Contains(t, reply, probeOK(kind, p), "the provider must reach its own %s", p)
+		}
+	}
+	for kind, paths := range denied {
+		for _, p := range paths {
+			require.NotContains(t, reply, probeOK(kind, p), "the provider reached %s", p)
+			require.Contains(t, reply, probeFailed(kind, p), "no outcome for %s in %q", p, reply)
+		}
+	}
+}
+
+// t7Setup runs a globex session that leaves a file in its workspace and
+// its scope root, and returns the paths an acme provider must not reach.
+type t7Paths struct {
+	gatewayKey, stateRoot, globexScope, globexState, globexWorkspace, globexFile string
+}
+
+func (h *harness) t7Globex(ctx context.Context) t7Paths {
+	h.t.Helper()
+	ws := filepath.Join(h.st.WorkspaceRoot(), "globex", "repo")
+	file := filepath.Join(ws, "plans.txt")
+	in := confinedInput(h.t, "globex", "globex-session", ws, "keep this "+probe("write", file))
+	reply := h.runProbes(ctx, "globex-1", in)
+	require.Contains(h.t, reply, probeOK("write", file))
+	sc := filepath.Join(h.st.RunnerStateRoot(), scope.OfRun("globex-1", in))
+	return t7Paths{
+		gatewayKey:      filepath.Join(h.st.Dir(), "keys", "gateway.key"),
+		stateRoot:       h.st.RunnerStateRoot(),
+		globexScope:     sc,
+		globexState:     filepath.Join(sc, "codex-home", "fake-codex-state.json"),
+		globexWorkspace: ws,
+		globexFile:      file,
+	}
+}
+
+// As root, each company's runners run under a uid of their own: an acme
+// provider cannot read the gateway's key, list the state root, or read a
+// globex scope root or workspace; its own workspace works and the run
+// succeeds, twice in its warm session. The roots are the uid's, 0700; the
+// gateway's key stays root's, 0600.
+func TestT7_UnderItsCompanysUIDAProviderCannotReadTheGatewayKeyNorAnotherCompanysScopeOrWorkspace(t *testing.T) {
+	t.Parallel()
+	h := confinedHarness(t, "uid")
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	g := h.t7Globex(ctx)
+	ws := filepath.Join(h.st.WorkspaceRoot(), "acme", "repo")
+	mine := filepath.Join(ws, "notes.txt")
+	prompt := strings.Join([]string{probe("read", g.gatewayKey), probe("list", g.stateRoot), probe("list", g.globexScope),
+		probe("read", g.globexState), probe("list", g.globexWorkspace), probe("read", g.globexFile),
+		probe("write", mine), probe("read", mine)}, " ")
+	in := confinedInput(t, "acme", "acme-session", ws, prompt)
+	reply := h.runProbes(ctx, "acme-1", in)
+	requireProbes(t, reply, map[string][]string{"write": {mine}, "read": {mine}},
+		map[string][]string{"read": {g.gatewayKey, g.globexState, g.globexFile}, "list": {g.stateRoot, g.globexScope, g.globexWorkspace}})
+	// The warm session's next turn, in the same runner, still works.
+	reply = h.runProbes(ctx, "acme-2", confinedInput(t, "acme", "acme-session", ws, probe("read", mine)))
+	require.Contains(t, reply, probeOK("read", mine))
+	require.Contains(t, reply, "2 earlier messages")
+
+	acme := filepath.Join(h.st.RunnerStateRoot(), scope.OfRun("acme-1", in))
+	acmeUID := ownerOf(t, acme, 0o700)
+	globexUID := ownerOf(t, g.globexScope, 0o700)
+	require.NotZero(t, acmeUID)
+	require.NotEqual(t, acmeUID, globexUID, "each company has a uid of its own")
+	require.Equal(t, acmeUID, ownerOf(t, filepath.Join(h.st.WorkspaceRoot(), "acme"), 0o700))
+	require.Zero(t, ownerOf(t, g.gatewayKey, 0o600))
+}
+
+func ownerOf(t *testing.T, p string, mode os.FileMode) uint32 {
+	t.Helper()
+	fi, err := os.Stat(p)
+	require.NoError(t, err)
+	require.Equal(t, mode, fi.Mode().Perm(), "%s", p)
+	return fi.Sys().(*syscall.Stat_t).Uid
+}
+
+// A gateway that confines with bubblewrap alone (as an unprivileged
+// gateway does; here even as root, so nothing but the sandbox stands in
+// the way): the provider sees the system directories, its scope root and
+// its workspace — not the gateway's keys or state root, not another
+// session of its own company, not another company's workspace, not the
+// gateway's processes.
+func TestT7_InABubblewrapSandboxAProviderSeesOnlyItsScopeRootAndWorkspace(t *testing.T) {
+	t.Parallel()
+	h := confinedHarness(t, "bwrap")
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	g := h.t7Globex(ctx)
+	// Another session of acme itself.
+	otherIn := confinedInput(t, "acme", "acme-other", "", "hello")
+	h.runProbes(ctx, "acme-other-1", otherIn)
+	other := filepath.Join(h.st.RunnerStateRoot(), scope.OfRun("acme-other-1", otherIn))
+
+	in := confinedInput(t, "acme", "acme-session", "", "")
+	own := filepath.Join(h.st.RunnerStateRoot(), scope.OfRun("acme-1", in))
+	mine := filepath.Join(own, "workspace", "notes.txt")
+	gw := h.st.Proc("runnergw").Pid()
+	in.Task.Prompt = strings.Join([]string{probe("read", g.gatewayKey), probe("list", g.stateRoot), probe("list", other),
+		probe("list", g.globexScope), probe("read", g.globexFile), probe("list", filepath.Join(h.st.Dir(), "keys")),
+		probe("list", filepath.Join("/proc", itoa(gw), "root")), probe("write", mine), probe("read", mine)}, " ")
+	reply := h.runProbes(ctx, "acme-1", in)
+	requireProbes(t, reply, map[string][]string{"write": {mine}, "read": {mine}},
+		map[string][]string{"read": {g.gatewayKey, g.globexFile},
+			"list": {other, g.globexScope, filepath.Join(h.st.Dir(), "keys"), filepath.Join("/proc", itoa(gw), "root")}})
+	requireOnlyOwnScope(t, reply, g.stateRoot, own)
+}
+
+// Both: runners under their company's uid and providers in a sandbox. A
+// second session of the same company (same uid) is hidden by the sandbox,
+// another company's by both; the session's runner keeps working across a
+// stop and a cold start on its root (the ownership follows).
+func TestT7_UnderItsUIDAndInASandboxAProviderReachesOnlyItsOwnSession(t *testing.T) {
+	t.Parallel()
+	h := confinedHarness(t, "uid+bwrap")
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	g := h.t7Globex(ctx)
+	otherWS := filepath.Join(h.st.WorkspaceRoot(), "acme", "other")
+	otherIn := confinedInput(t, "acme", "acme-other", otherWS, probe("write", filepath.Join(otherWS, "draft.txt")))
+	h.runProbes(ctx, "acme-other-1", otherIn)
+	other := filepath.Join(h.st.RunnerStateRoot(), scope.OfRun("acme-other-1", otherIn))
+
+	ws := filepath.Join(h.st.WorkspaceRoot(), "acme", "repo")
+	mine := filepath.Join(ws, "notes.txt")
+	prompt := strings.Join([]string{probe("read", g.gatewayKey), probe("list", g.stateRoot), probe("list", other),
+		probe("read", filepath.Join(otherWS, "draft.txt")), probe("list", g.globexScope), probe("read", g.globexFile),
+		probe("write", mine), probe("read", mine)}, " ")
+	in := confinedInput(t, "acme", "acme-session", ws, prompt)
+	reply := h.runProbes(ctx, "acme-1", in)
+	requireProbes(t, reply, map[string][]string{"write": {mine}, "read": {mine}},
+		map[string][]string{"read": {g.gatewayKey, filepath.Join(otherWS, "draft.txt"), g.globexFile},
+			"list": {other, g.globexScope}})
+	requireOnlyOwnScope(t, reply, g.stateRoot, filepath.Join(h.st.RunnerStateRoot(), scope.OfRun("acme-1", in)))
+
+	// The runner stops; the next run starts a new one on the same root.
+	h.stopRunner(ctx, "acme-session")
+	reply = h.runProbes(ctx, "acme-2", confinedInput(t, "acme", "acme-session", ws, probe("read", mine)))
+	require.Contains(t, reply, probeOK("read", mine))
+	require.Contains(t, reply, "2 earlier messages", "the conversation survived the cold start")
+}
+
+// requireOnlyOwnScope checks that the sandbox's state root, where the
+// provider's own scope root is bound, lists that scope root alone.
+func requireOnlyOwnScope(t *testing.T, reply, stateRoot, own string) {
+	t.Helper()
+	require.Contains(t, reply, "["+probeOK("list", stateRoot)+" "+filepath.Base(own)+"]")
+}
+
+func itoa(i int) string { return strconv.Itoa(i) }
+
+// A confinement the host cannot provide is refused at startup, on loopback
+// too, instead of launching runners unconfined.
+func TestT7_AGatewayRefusesToStartWithAConfinementItCannotProvide(t *testing.T) {
+	t.Parallel()
+	h := newHarnessWith(t, stack.Options{}, "backup-verifier")
+	h.st.SetExtraArgs("runnergw", "-runner-confinement", "bwrap", "-bwrap-path", filepath.Join(h.st.Dir(), "no-bwrap"))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	_, err := h.st.Start(ctx, "runnergw")
+	require.Error(t, err)
+	log, err := os.ReadFile(h.st.LogPath("runnergw"))
+	require.NoError(t, err)
+	require.Contains(t, string(log), "runner_confinement_unavailable")
+}
