@@ -374,11 +374,23 @@ func stopOrphanProviderHost(stateDir string) {
 		return
 	}
 	p := &prpv1.ProcessInfo{Pid: in.HostPID, StartTicks: in.HostStartTicks}
-	if !processAlive(p) {
+	if !processAlive(p) || !sameOwner(stateDir, int(in.HostPID)) {
 		return
 	}
 	_ = syscall.Kill(int(in.HostPID), syscall.SIGTERM)
 	<-pollExit(p)
+}
+
+// sameOwner reports whether process pid runs as the owner of stateDir. A
+// runner under its company's uid (SPEC T7) can write any file of its root,
+// provider-host.json too: the gateway signals only a process of that uid,
+// never one of its own or another company's.
+func sameOwner(stateDir string, pid int) bool {
+	var root, proc syscall.Stat_t
+	if syscall.Stat(stateDir, &root) != nil || syscall.Stat("/proc/"+strconv.Itoa(pid), &proc) != nil {
+		return false
+	}
+	return root.Uid == proc.Uid
 }
 
 // templateFiles are the launch-only provider home files a template supplies.
