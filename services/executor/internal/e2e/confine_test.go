@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -28,15 +29,24 @@ import (
 // can traverse, as a runner under its company's uid must.
 func confinedHarness(t *testing.T, mode string) *harness {
 	t.Helper()
-	if strings.Contains(mode, "uid") && os.Geteuid() != 0 {
+	return confinedHarnessWith(t, stack.Options{}, mode, false)
+}
+
+// confinedHarnessWith is confinedHarness with stack options; mode "" gives
+// the gateway no -runner-confinement (its default, auto); offLoopback has
+// the gateway serve on every address (0.0.0.0, its port unchanged).
+func confinedHarnessWith(t *testing.T, opts stack.Options, mode string, offLoopback bool) *harness {
+	t.Helper()
+	if (mode == "" || strings.Contains(mode, "uid")) && os.Geteuid() != 0 {
 		t.Skip("confinement by uid needs a gateway running as root")
 	}
-	if strings.Contains(mode, "bwrap") {
+	if mode == "" || strings.Contains(mode, "bwrap") {
 		if _, err := exec.LookPath("bwrap"); err != nil {
 			t.Skip("bwrap is not installed (Debian package bubblewrap; .ci/run installs it)")
 		}
 	}
-	h := newHarnessWith(t, stack.Options{NoCallLog: true}, "backup-verifier")
+	opts.NoCallLog = true
+	h := newHarnessWith(t, opts, "backup-verifier")
 	dir := h.st.Dir()
 	for d := dir; d != filepath.Dir(d); d = filepath.Dir(d) {
 		fi, err := os.Stat(d)
@@ -50,8 +60,16 @@ func confinedHarness(t *testing.T, mode string) *harness {
 	for _, b := range []string{"runnerd", "fake-codex-app-server"} {
 		copyExecutable(t, filepath.Join(binDir, b), filepath.Join(bin, b))
 	}
-	h.st.SetExtraArgs("runnergw", "-runner-confinement", mode,
-		"-runnerd-path", filepath.Join(bin, "runnerd"), "-codex-command", filepath.Join(bin, "fake-codex-app-server"))
+	args := []string{"-runnerd-path", filepath.Join(bin, "runnerd"), "-codex-command", filepath.Join(bin, "fake-codex-app-server")}
+	if mode != "" {
+		args = append(args, "-runner-confinement", mode)
+	}
+	if offLoopback {
+		_, port, err := net.SplitHostPort(h.st.Addr("runnergw"))
+		require.NoError(t, err)
+		args = append(args, "-grpc-addr", "0.0.0.0:"+port)
+	}
+	h.st.SetExtraArgs("runnergw", args...)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	for _, p := range []string{"runnergw", "executor"} {
@@ -276,4 +294,28 @@ func TestT7_AGatewayRefusesToStartWithAConfinementItCannotProvide(t *testing.T) 
 	log, err := os.ReadFile(h.st.LogPath("runnergw"))
 	require.NoError(t, err)
 	require.Contains(t, string(log), "runner_confinement_unavailable")
+}
+
+// Off loopback the gateway confines by default: as root with bubblewrap,
+// each company's runners under their uid and providers in a sandbox,
+// without a flag (SPEC T7 default-on). The gateway serves mTLS on every
+// address (0.0.0.0); the executor reaches it on 127.0.0.1.
+func TestT7_OffLoopbackTheGatewayConfinesItsRunnersByDefault(t *testing.T) {
+	t.Parallel()
+	h := confinedHarnessWith(t, stack.Options{MTLS: true}, "", true)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	g := h.t7Globex(ctx)
+	in := confinedInput(t, "acme", "acme-session", "", "")
+	own := filepath.Join(h.st.RunnerStateRoot(), scope.OfRun("acme-1", in))
+	mine := filepath.Join(own, "workspace", "notes.txt")
+	in.Task.Prompt = strings.Join([]string{probe("read", g.gatewayKey), probe("list", g.globexScope), probe("read", g.globexFile),
+		probe("write", mine), probe("read", mine)}, " ")
+	reply := h.runProbes(ctx, "acme-1", in)
+	requireProbes(t, reply, map[string][]string{"write": {mine}, "read": {mine}},
+		map[string][]string{"read": {g.gatewayKey, g.globexFile}, "list": {g.globexScope}})
+	require.NotZero(t, ownerOf(t, own, 0o700), "the runner's root is its company uid's")
+	log, err := os.ReadFile(h.st.LogPath("runnergw"))
+	require.NoError(t, err)
+	require.Contains(t, string(log), `"runner_confinement":"uid+bwrap"`)
 }

@@ -133,6 +133,7 @@ func ProbeBwrap(bwrap string, cred *syscall.Credential) (bool, string) {
 	cmd := exec.Command(bwrap, append(sandboxFlags(cred == nil && os.Geteuid() == 0),
 		"--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "true")...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
+	cmd.Dir = "/" // the gateway's own directory may be closed to cred
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return false, fmt.Sprintf("%s: %v: %s", bwrap, err, strings.TrimSpace(string(out)))
 	}
