@@ -6,11 +6,13 @@ package pgstore
 import (
 	"context"
 	"database/sql"
+	"hash/fnv"
 	"io/fs"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
+	"github.com/pressly/goose/v3/lock"
 )
 
 var _ = stdlib.GetDefaultDriver // registers the "pgx" database/sql driver
@@ -72,10 +74,30 @@ func MigrateDB(ctx context.Context, db *sql.DB, m Migrations) error {
 	if err != nil {
 		return err
 	}
-	p, err := goose.NewProvider(goose.DialectPostgres, db, sub, goose.WithTableName(m.Table))
+	// Under a PostgreSQL session advisory lock: replicas starting together
+	// on one database apply each migration once, the others wait for it
+	// (without it, two executors on a fresh database collided in goose:
+	// duplicate key … pg_namespace_nspname_index). Out of order: a
+	// migration that lands after a higher-numbered one was applied (two
+	// branches merged in either order) is applied, not refused.
+	locker, err := lock.NewPostgresSessionLocker(lock.WithLockID(lockID(m.Table)))
+	if err != nil {
+		return err
+	}
+	p, err := goose.NewProvider(goose.DialectPostgres, db, sub, goose.WithTableName(m.Table),
+		goose.WithSessionLocker(locker), goose.WithAllowOutofOrder(true))
 	if err != nil {
 		return err
 	}
 	_, err = p.Up(ctx)
 	return err
+}
+
+// lockID is the advisory lock key of a migrations table: one service's
+// replicas serialize, two services sharing a database do not wait on each
+// other.
+func lockID(table string) int64 {
+	h := fnv.New64a()
+	h.Write([]byte("tether-migrations\x00" + table))
+	return int64(h.Sum64() >> 1)
 }
