@@ -15,8 +15,9 @@ import (
 )
 
 // Dial creates a client connection (grpc.NewClient; it connects lazily) with
-// keepalive pings every 30s and the OpenTelemetry stats handler (every call
-// carries the caller's trace context; see pkg/telemetry). Transport security:
+// keepalive pings every 30s, the OpenTelemetry stats handler (every call
+// carries the caller's trace context; see pkg/telemetry) and no service
+// config lookups in DNS (SPEC D5). Transport security:
 //   - tlsCAFile set: TLS verified against that CA bundle;
 //   - otherwise a loopback target (localhost, 127.0.0.0/8, ::1, unix socket):
 //     plaintext;
@@ -46,6 +47,13 @@ func Dial(target string, tlsCAFile string, opts ...grpc.DialOption) (*grpc.Clien
 			PermitWithoutStream: true,
 		}),
 		grpc.WithStatsHandler(otelgrpc.NewClientHandler()),
+		// No service config from the resolver: the dns resolver would ask
+		// for the TXT record _grpc_config.<host> before the first
+		// connection, and where nothing answers it (Docker's embedded DNS
+		// off-network, air-gapped and many corporate resolvers) every new
+		// connection waited ~10 s for that query to time out (SPEC D5).
+		// tether configures its channels in code.
+		grpc.WithDisableServiceConfig(),
 	}
 	cc, err := grpc.NewClient(target, append(base, opts...)...)
 	if err != nil {
