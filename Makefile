@@ -68,9 +68,16 @@ lint: tools protodeps ## gofmt, go vet and buf lint
 # 2-core VM, before every test can start. For a debugger:
 # make build BUILD_LDFLAGS=
 BUILD_LDFLAGS ?= -s -w
-build: ## build every binary into bin/ (BUILD_LDFLAGS= keeps debug information)
+# SPEC L4: every binary answers -version with VERSION (git describe: a tag
+# such as v0.1.0, or <tag>-<n>-g<commit>[-dirty]) and the commit and commit
+# time go build records (-buildvcs, on in a git checkout; workspace builds
+# do not stamp them by default).
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo devel)
+BUILDVCS := $(shell git rev-parse --is-inside-work-tree >/dev/null 2>&1 && echo true || echo false)
+VERSION_LDFLAGS := -X github.com/tether-run/tether/pkg/buildinfo.version=$(VERSION)
+build: ## build every binary into bin/ (BUILD_LDFLAGS= keeps debug information; VERSION= overrides the version)
 	@mkdir -p bin
-	$(GO) build $(TRIMPATH) -ldflags='$(BUILD_LDFLAGS)' -o bin/ $(CMDS)
+	$(GO) build $(TRIMPATH) -buildvcs=$(BUILDVCS) -ldflags='$(BUILD_LDFLAGS) $(VERSION_LDFLAGS)' -o bin/ $(CMDS)
 
 # The binaries are built once (bin/) for every package whose tests run real
 # processes (TETHER_TEST_BIN, see pkg/testbin) instead of once per package.

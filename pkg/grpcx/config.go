@@ -16,6 +16,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/tether-run/tether/pkg/buildinfo"
 	"github.com/tether-run/tether/pkg/telemetry"
 )
 
@@ -64,6 +65,9 @@ type Config struct {
 	// address (off by default: profiles reveal internals).
 	Pprof bool
 
+	// Version: print the build (pkg/buildinfo) and exit; ParseFlags does.
+	Version bool
+
 	flagErrs func() error // env fallback errors of RegisterFlags
 }
 
@@ -96,6 +100,7 @@ func RegisterFlags(fs *flag.FlagSet, name, defaultGRPC, defaultMetrics string) *
 	StringVar(fs, &c.LogFormat, "log-format", "", "json", "log format: json|text")
 	StringVar(fs, &c.OTLPEndpoint, "otlp-endpoint", "", "", "export OpenTelemetry traces over OTLP/gRPC to this endpoint (http://host:4317 plaintext, https:// TLS; empty: "+telemetry.EnvEndpoint+" or off)")
 	BoolVar(fs, &c.Pprof, "pprof", "", false, "serve Go profiles under /debug/pprof/ on -metrics-addr (for profiling; keep that address private)")
+	fs.BoolVar(&c.Version, "version", false, "print the build (version, commit, commit time, Go) and exit")
 	c.flagErrs = func() error { return envErrors(fs) }
 	return c
 }
@@ -120,11 +125,21 @@ func envErrors(fs *flag.FlagSet) error {
 
 // ParseFlags parses args into fs and reports invalid environment fallback
 // values of flags registered with this package's helpers.
+//
+// A set with -version (RegisterFlags registers it) given -version prints
+// the build on standard output and exits 0, as -h prints the usage.
 func ParseFlags(fs *flag.FlagSet, args []string) error {
 	if err := envErrors(fs); err != nil {
 		return err
 	}
-	return fs.Parse(args)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if v := fs.Lookup("version"); v != nil && v.Value.String() == "true" {
+		fmt.Println(buildinfo.Read().Line(fs.Name()))
+		os.Exit(0)
+	}
+	return nil
 }
 
 // lookupEnv returns the env value for a flag; env "" means EnvName(name).

@@ -12,6 +12,7 @@ import (
 	"encoding/pem"
 	"errors"
 	"flag"
+	"fmt"
 	"io"
 	"math/big"
 	"net"
@@ -33,6 +34,7 @@ import (
 	reflectionv1alpha "google.golang.org/grpc/reflection/grpc_reflection_v1alpha"
 	"google.golang.org/grpc/status"
 
+	"github.com/tether-run/tether/pkg/buildinfo"
 	backupv1 "github.com/tether-run/tether/pkg/gen/tether/backup/v1"
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
 	gatewayv1 "github.com/tether-run/tether/pkg/gen/tether/gateway/v1"
@@ -777,5 +779,22 @@ func TestHealthCallsLoggedAtDebug(t *testing.T) {
 	}
 	if !strings.Contains(out, `"grpc.method":"VerifyStamp"`) {
 		t.Errorf("service call not logged:\n%s", out)
+	}
+}
+
+// TestL4_EveryServiceExposesItsBuildAndLogsItAtStart: /metrics carries
+// tether_build_info{service, version, commit, go_version} 1 and the
+// "serving" log line names the same build.
+func TestL4_EveryServiceExposesItsBuildAndLogsItAtStart(t *testing.T) {
+	h := startServer(t, nil)
+	b := buildinfo.Read()
+	_, body := httpGet(t, "http://"+h.srv.MetricsAddr().String()+"/metrics")
+	want := fmt.Sprintf(`tether_build_info{commit=%q,go_version=%q,service=%q,version=%q} 1`, b.Commit, b.Go, "test", b.Version)
+	if !strings.Contains(body, want) {
+		t.Errorf("/metrics lacks %s", want)
+	}
+	logs := h.logs.String()
+	if !strings.Contains(logs, `"msg":"serving"`) || !strings.Contains(logs, `"version":"`+b.Version+`"`) || !strings.Contains(logs, `"commit":"`+b.Commit+`"`) {
+		t.Errorf("the serving log line does not name the build:\n%s", logs)
 	}
 }

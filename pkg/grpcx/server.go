@@ -37,6 +37,8 @@ import (
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
+
+	"github.com/tether-run/tether/pkg/buildinfo"
 )
 
 // Keepalive settings shared by servers and clients. Client pings (Dial) are
@@ -119,9 +121,11 @@ func New(cfg Config, extra ...grpc.ServerOption) (*Server, error) {
 		return nil, fmt.Errorf("grpcx: protovalidate: %w", err)
 	}
 	reg := prometheus.NewRegistry()
+	build := buildinfo.Read()
 	reg.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		buildInfoGauge(cfg.Name, build),
 	)
 	// go-grpc-middleware's Prometheus provider: grpc_server_started_total,
 	// grpc_server_handled_total, grpc_server_msg_received_total,
@@ -394,7 +398,9 @@ func (s *Server) ServeListener(ctx context.Context, lis net.Listener) error {
 			}
 		}()
 	}
-	s.log.Info("serving", "grpc_addr", lis.Addr().String(), "metrics_addr", addrString(metricsLis), "tls", s.secure)
+	b := buildinfo.Read()
+	s.log.Info("serving", "grpc_addr", lis.Addr().String(), "metrics_addr", addrString(metricsLis), "tls", s.secure,
+		"version", b.Version, "commit", b.Commit, "go_version", b.Go)
 
 	var runErr error
 	select {
@@ -551,4 +557,17 @@ func SignalContext(parent context.Context) (context.Context, context.CancelFunc)
 func (c *Config) CheckTLS() error {
 	_, err := serverTLS(*c)
 	return err
+}
+
+// buildInfoGauge is tether_build_info{service, version, commit,
+// go_version} = 1 (SPEC L4): which build each replica runs, for dashboards
+// and rolling upgrades.
+func buildInfoGauge(service string, b buildinfo.Info) prometheus.Collector {
+	g := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name:        "tether_build_info",
+		Help:        "The build this process runs (value 1): its release version, VCS commit and Go toolchain.",
+		ConstLabels: prometheus.Labels{"service": service, "version": b.Version, "commit": b.Commit, "go_version": b.Go},
+	})
+	g.Set(1)
+	return g
 }

@@ -30,6 +30,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/tether-run/tether/pkg/buildinfo"
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
 	"github.com/tether-run/tether/pkg/grpcx"
 	"github.com/tether-run/tether/pkg/telemetry"
@@ -66,6 +67,7 @@ commands:
   watch    stream a run's events live (RUN_ID [-json] [-after N])
   get      print a run as JSON (RUN_ID)
   list     list runs (-session, -state, -limit)
+  version  print the build (version, commit, Go); also -version
   cancel   cancel a run (RUN_ID [-reason R] [-scope run|turn|issue])
   certs    certs init DIR [-host H]...: a development CA, service certificates and the grant key pair
            certs issue DIR -name N -role acme:writer [-role ...]: a client certificate naming a principal (SPEC T1)
@@ -90,9 +92,14 @@ func run(args []string) error {
 	cert := grpcx.StringFlag(global, "cert", "TETHER_CLIENT_CERT", "", "client certificate for mTLS to the executor (with -ca and -key)")
 	key := grpcx.StringFlag(global, "key", "TETHER_CLIENT_KEY", "", "client private key for -cert")
 	token := grpcx.StringFlag(global, "token", "TETHER_TOKEN", "", "bearer token (a JWT, SPEC T1) sent with every call; `tetherctl tokens mint` makes development ones")
+	showVersion := global.Bool("version", false, "print the build (version, commit, Go) and exit")
 	global.Usage = func() { fmt.Fprintln(os.Stderr, usage) }
 	if err := global.Parse(args); err != nil {
 		return err
+	}
+	if *showVersion || global.Arg(0) == "version" {
+		fmt.Println(buildinfo.Read().Line("tetherctl"))
+		return nil
 	}
 	if global.NArg() == 0 {
 		global.Usage()

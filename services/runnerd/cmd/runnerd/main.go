@@ -16,6 +16,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/tether-run/tether/pkg/buildinfo"
 	"github.com/tether-run/tether/pkg/providerlaunch"
 	"github.com/tether-run/tether/pkg/prp"
 	"github.com/tether-run/tether/pkg/telemetry"
@@ -116,8 +117,13 @@ func run(args []string, ticket string, hadTicket bool, stdout, stderr io.Writer)
 	fs.DurationVar(&cfg.SilenceTimeout, "gateway-silence-timeout", 60*time.Second, "drop and re-establish a gateway connection on which nothing arrived for this long (the gateway pings)")
 	fs.StringVar(&logFormat, "log-format", "json", "log format: json|text")
 	fs.StringVar(&otlp, "otlp-endpoint", "", "export OpenTelemetry traces over OTLP/gRPC to this endpoint (empty: "+telemetry.EnvEndpoint+" or off)")
+	showVersion := fs.Bool("version", false, "print the build (version, commit, Go) and exit")
 	if err := fs.Parse(args); err != nil {
 		return runner.ExitError
+	}
+	if *showVersion {
+		fmt.Fprintln(stdout, buildinfo.Read().Line("runnerd"))
+		return 0
 	}
 	if meta {
 		enc := json.NewEncoder(stdout)
