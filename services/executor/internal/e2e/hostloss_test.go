@@ -619,3 +619,35 @@ func TestF9_ATurnInFlightThatFailsBackOntoARootStillAtItsCheckpointContinuesAbov
 	h.requireNoFailedRun(ctx)
 	h.requireAuditClean()
 }
+
+// TestR13_AReplacedRootsSurvivingProviderIsStoppedBeforeTheFreshSessionStarts:
+// runnerd of a warm session dies between turns while its provider host
+// lives on (orphaned, holding the old thread), and an operator replaces the
+// session (its host lost it, say). The next run moves the root aside for a
+// fresh provider session; the old root's provider must not outlive it — a
+// second provider of the same home beside the fresh one — so the gateway
+// stops it first. The fresh session starts one thread, each turn runs once
+// and the audit is clean (the continuity break is legitimate).
+func TestR13_AReplacedRootsSurvivingProviderIsStoppedBeforeTheFreshSessionStarts(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, stack.Options{})
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	h.submit("rp-1", "rp", "Remember the word tether.")
+	first := h.waitState(ctx, h.client, "rp-1", executorv1.RunState_RUN_STATE_SUCCEEDED)
+	provider := first.GetProviderProcess().GetPid()
+	require.NotZero(t, provider)
+	killRunnerd(t, h, "rp-1")
+	require.True(t, procid.Exists(int(provider)), "the provider host outlives its runnerd")
+
+	h.tetherctl(ctx, "replace-session", "-session", "rp", "-by", "alice", "-reason", "start over")
+	h.submit("rp-2", "rp", "Which word?")
+	fresh := h.waitState(ctx, h.client, "rp-2", executorv1.RunState_RUN_STATE_SUCCEEDED)
+	requireNoOrphanProvider(t, provider, fresh.GetProviderProcess().GetPid())
+	require.NotEqual(t, provider, fresh.GetProviderProcess().GetPid(), "a fresh provider")
+	require.Contains(t, fresh.GetResult().GetFinalMessage(), "0 earlier messages", "a fresh thread")
+	require.Equal(t, 2, countLines(t, h.st.CallLog(), "thread/start"))
+	require.Equal(t, 2, countLines(t, h.st.CallLog(), "turn/start"), "each turn started once")
+	require.Equal(t, 1, h.continuityBreaks("runnergw", h.session(ctx, "rp").GetSessionScope()))
+	h.requireAuditClean()
+}
