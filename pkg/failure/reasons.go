@@ -322,6 +322,8 @@ const (
 	RuntimeRequestResolutionUnsupported = "runtime_request_resolution_unsupported"
 	RuntimeRequestStaleTurn             = "runtime_request_stale_turn"
 	SemanticToolTimeout                 = "semantic_tool_timeout"
+	SecretNotFound                      = "secret_not_found"
+	SecretUnreadable                    = "secret_unreadable"
 	SessionClosed                       = "session_closed"
 	SessionNotFound                     = "session_not_found"
 	SteeringRejected                    = "steering_rejected"
@@ -535,6 +537,8 @@ var registry = map[Reason]Info{
 	RuntimeRequestResolutionUnsupported:           {codes.FailedPrecondition, Permanent},
 	RuntimeRequestStaleTurn:                       {codes.FailedPrecondition, Permanent},
 	SemanticToolTimeout:                           {codes.DeadlineExceeded, Transient},
+	SecretNotFound:                                {codes.NotFound, Permanent},
+	SecretUnreadable:                              {codes.FailedPrecondition, Permanent},
 	SessionClosed:                                 {codes.FailedPrecondition, Permanent},
 	SessionNotFound:                               {codes.NotFound, Permanent},
 	SteeringRejected:                              {codes.FailedPrecondition, Transient},

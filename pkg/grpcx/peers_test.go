@@ -51,7 +51,7 @@ func TestS2_CertsInitWritesAPrivateCAServiceIdentitiesAndTheGrantKeyPair(t *test
 	require.Equal(t, os.FileMode(0o700), fi.Mode().Perm())
 	entries, err := os.ReadDir(dir)
 	require.NoError(t, err)
-	require.Len(t, entries, 2+2*len(identity.Roles)+2)
+	require.Len(t, entries, 2+2*len(identity.Roles)+2+1) // CA, roles, grant pair, secrets key
 	for _, e := range entries {
 		fi, err := e.Info()
 		require.NoError(t, err)

@@ -25,6 +25,8 @@ const (
 	CAKeyFile      = "ca.key"
 	GrantKeyFile   = "grant.key"
 	GrantPublicKey = "grant.pub"
+	// SecretsKeyFile is the executors' -secrets-key-file (SPEC T3).
+	SecretsKeyFile = "secrets.key"
 )
 
 // CertFile and KeyFile are the certificate and key of role in a directory
@@ -38,7 +40,7 @@ func KeyFile(dir, role string) string { return filepath.Join(dir, role+".key") }
 // hold one already): a CA, for every role a certificate (server and client
 // use) naming the role's identity URI, the DNS names role and localhost,
 // 127.0.0.1, ::1 and the extra hosts (DNS names or IPs), and the executor
-// fleet's grant key pair. It is for development and tests; production
+// fleet's grant key pair and secrets key. It is for development and tests; production
 // issues certificates from its own CA with the same URI SANs.
 func InitDev(dir string, hosts []string, validity time.Duration) error {
 	if validity <= 0 {
@@ -101,7 +103,10 @@ func InitDev(dir string, hosts []string, validity time.Duration) error {
 			return err
 		}
 	}
-	_, err = grant.WriteKeyPair(filepath.Join(dir, GrantKeyFile), filepath.Join(dir, GrantPublicKey))
+	if _, err = grant.WriteKeyPair(filepath.Join(dir, GrantKeyFile), filepath.Join(dir, GrantPublicKey)); err != nil {
+		return err
+	}
+	_, err = keyfile.LoadOrCreate(filepath.Join(dir, SecretsKeyFile))
 	return err
 }
 

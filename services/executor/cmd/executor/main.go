@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"path/filepath"
 	"time"
 
 	"google.golang.org/grpc"
@@ -23,6 +24,7 @@ import (
 	"github.com/tether-run/tether/services/executor/internal/authz"
 	"github.com/tether-run/tether/services/executor/internal/dispatch"
 	"github.com/tether-run/tether/services/executor/internal/fleet"
+	"github.com/tether-run/tether/services/executor/internal/secrets"
 	"github.com/tether-run/tether/services/executor/internal/store"
 	"github.com/tether-run/tether/services/executor/internal/suspend"
 	"github.com/tether-run/tether/services/executor/internal/watch"
@@ -69,6 +71,7 @@ func run() error {
 	grpcx.StringVar(fs, &auth.Audience, "auth-audience", "", tenancy.DefaultAudience, "the audience (aud) bearer tokens must carry")
 	workspaceRoot := grpcx.StringFlag(fs, "workspace-root", "", workspace.DefaultRoot, "a run's workspace.cwd must lie in <this>/<company_id> (SPEC T6; the same as the gateways' -workspace-root), or the run is refused at submit with workspace_outside_root")
 	regSecretFile := grpcx.StringFlag(fs, "registration-secret-file", "", identity.DefaultRegistrationSecretFile(), "the registration secret gateways without a runnergw certificate prove when they call RegisterGateway (SPEC T5; a 0600 key file, created when missing, read only without -tls-client-ca); give the gateways the same file")
+	secretsKey := grpcx.StringFlag(fs, "secrets-key-file", "", filepath.Join(filepath.Dir(identity.DefaultRegistrationSecretFile()), "secrets.key"), "the key (a 0600 key file, created when missing) that seals company secrets in the database (SPEC T3: envelope encryption, a data key per secret version sealed with this key); every executor replica of a fleet needs the same file")
 	if err := grpcx.ParseFlags(fs, os.Args[1:]); err != nil {
 		return err
 	}
@@ -94,6 +97,10 @@ func run() error {
 	}
 	if err := cfg.CheckTLS(); err != nil {
 		return err
+	}
+	keys, err := secrets.Load(*secretsKey)
+	if err != nil {
+		return fmt.Errorf("-secrets-key-file: %w", err)
 	}
 	ctx, stop := grpcx.SignalContext(context.Background())
 	defer stop()
@@ -154,17 +161,18 @@ func run() error {
 	// commit, without the notification's round trip (other replicas'
 	// watchers still learn of it by notification).
 	st.OnEventsCommitted(hub.Offer)
+	vault := &secrets.Vault{Keys: keys, Store: st}
 	d := dispatch.New(st, dispatch.Config{
 		Owner: *owner, LeaseTTL: *ttl, PollInterval: *poll, MaxActive: *maxActive, RetryDelay: *retryDelay,
 		NoSameHostTakeover: !*sameHost, AdvertiseAddr: *advertise, Metrics: srv.Registry(),
-		Router: router, Logger: log,
+		Router: router, Logger: log, Secrets: vault,
 	})
 	sus := &suspend.Suspender{Store: st, Gateways: router, Owner: *owner,
 		Interval: *idleSweep, CheckpointAfter: *checkpointAfter, Logger: log}
 	drainer := &fleet.Drainer{Store: st, Suspender: sus, Router: router, Interval: *drainSweep, Logger: log}
 	apiSrv = &api.Server{Store: st, Hub: hub, Submit: d.SubmitAndClaim, KickRun: d.KickRun,
 		DispatchCancellation: d.DispatchCancellation, AwaitCancellationAck: d.AwaitCancellationAck, Draining: srv.Draining(), Controls: d.Controls(), SelfAddr: *advertise,
-		Gateways: router, GatewayTTL: *gatewayTTL, Suspender: sus, WorkspaceRoot: *workspaceRoot,
+		Gateways: router, GatewayTTL: *gatewayTTL, Suspender: sus, WorkspaceRoot: *workspaceRoot, Vault: vault,
 		DialPeer: func(addr string) (*grpc.ClientConn, error) {
 			return peerTLS.WithDefaults(cfg, cfg.TLSClientCAFile).Dial(addr)
 		}}

@@ -32,6 +32,7 @@ import (
 
 	"github.com/tether-run/tether/pkg/buildinfo"
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
+	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/grpcx"
 	"github.com/tether-run/tether/pkg/telemetry"
 	"github.com/tether-run/tether/pkg/tenancy"
@@ -63,7 +64,7 @@ func exitCode(err error, w io.Writer) int {
 
 const usage = `usage: tetherctl [-addr HOST:PORT] <command> [flags]
 commands:
-  submit   submit a run (-prompt, -session, -company, -agent, -lifecycle, -cwd, -labels, -run-id, -watch)
+  submit   submit a run (-prompt, -session, -company, -agent, -lifecycle, -cwd, -labels, -secret ENV=NAME, -run-id, -watch)
   watch    stream a run's events live (RUN_ID [-json] [-after N])
   get      print a run as JSON (RUN_ID)
   list     list runs (-session, -state, -limit)
@@ -81,6 +82,8 @@ commands:
            gateways drain ID [-reason R] [-wait] [-timeout D]: no new placements there; its scopes move to other gateways
   replace-session  give a session's provider thread up after its state was lost (SPEC F3; audited):
            -session S -reason WHY [-company C] [-agent A] [-by NAME]; the next run starts a fresh provider session
+  secrets  a company's secrets (SPEC T3; values never printed): put -name N [-company C] [-value-file F, default stdin] |
+           list [-company C] | delete -name N [-company C]; runs name them with submit -secret ENV=NAME
   health   gRPC health of the service at -addr (any tether service); exit 1 unless SERVING ([-service S] [-timeout 3s])
 identity: -token (TETHER_TOKEN) sends a bearer token; -cert/-key present a client certificate
 environment: TETHER_EXECUTOR_ADDR (default 127.0.0.1:7400), TETHER_EXECUTOR_CA, TETHER_CLIENT_CERT, TETHER_CLIENT_KEY, TETHER_TOKEN`
@@ -165,6 +168,8 @@ func run(args []string) error {
 		return gatewaysCmd(ctx, client.conn, rest, os.Stdout)
 	case "replace-session":
 		return replaceSessionCmd(ctx, client, rest, os.Stdout)
+	case "secrets":
+		return secretsCmd(ctx, client, rest, os.Stdin, os.Stdout)
 	}
 	global.Usage()
 	return fmt.Errorf("unknown command %q", cmd)
@@ -201,6 +206,8 @@ func submit(ctx context.Context, c *replicaSet, args []string) error {
 	fs.StringVar(&spec.Labels, "labels", "", "placement labels the session's gateway must carry, e.g. zone=a,gpu=false (SPEC F2)")
 	doWatch := fs.Bool("watch", false, "watch the run after submitting")
 	asJSON := fs.Bool("json", false, "print raw JSON")
+	refs := secretRefs{}
+	fs.Var(refs, "secret", "ENV=NAME: the provider's variable ENV gets the company secret NAME (repeatable; tetherctl secrets put)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -212,6 +219,9 @@ func submit(ctx context.Context, c *replicaSet, args []string) error {
 	in, err := spec.Input()
 	if err != nil {
 		return err
+	}
+	if len(refs) > 0 {
+		in.Environment = &prpv1.ProviderEnvironment{SecretRefs: refs}
 	}
 	resp, err := c.SubmitRun(ctx, &executorv1.SubmitRunRequest{RunId: *runID, Input: in})
 	if err != nil {

@@ -21,6 +21,7 @@ import (
 	"github.com/tether-run/tether/services/executor/internal/admission"
 	"github.com/tether-run/tether/services/executor/internal/authz"
 	"github.com/tether-run/tether/services/executor/internal/control"
+	"github.com/tether-run/tether/services/executor/internal/secrets"
 	"github.com/tether-run/tether/services/executor/internal/store"
 	"github.com/tether-run/tether/services/executor/internal/suspend"
 	"github.com/tether-run/tether/services/executor/internal/watch"
@@ -78,6 +79,11 @@ type Server struct {
 	// workspace.DefaultRoot).
 	WorkspaceRoot string
 
+	// Vault keeps company secrets (SPEC T3): PutSecret seals them, and a
+	// submitted plain environment.configured value is stored as one and
+	// named by reference. Nil: secrets are refused.
+	Vault *secrets.Vault
+
 	// Draining, when closed, ends open watches with Unavailable so a
 	// graceful shutdown is not held up by them (clients resume from their
 	// last cursor on another replica).
@@ -101,14 +107,17 @@ func (s *Server) SubmitRun(ctx context.Context, req *executorv1.SubmitRunRequest
 	if err := admission.CheckWorkspace(req.GetInput(), s.WorkspaceRoot); err != nil {
 		return nil, err
 	}
+	in, err := s.byReference(ctx, req.GetInput())
+	if err != nil {
+		return nil, err
+	}
 	var (
 		created bool
 		run     *executorv1.Run
-		err     error
 	)
 	if s.Submit != nil {
-		created, run, err = s.Submit(ctx, req.GetRunId(), req.GetInput())
-	} else if created, err = s.Store.Submit(ctx, req.GetRunId(), req.GetInput()); created {
+		created, run, err = s.Submit(ctx, req.GetRunId(), in)
+	} else if created, err = s.Store.Submit(ctx, req.GetRunId(), in); created {
 		// The local dispatcher claims while the run is read back.
 		s.kick(req.GetRunId())
 	}

@@ -20,6 +20,7 @@ import (
 	"github.com/tether-run/tether/pkg/grpcx"
 	"github.com/tether-run/tether/pkg/pgtest"
 	"github.com/tether-run/tether/services/executor/internal/api"
+	"github.com/tether-run/tether/services/executor/internal/secrets"
 	"github.com/tether-run/tether/services/executor/internal/store"
 	"github.com/tether-run/tether/services/executor/internal/watch"
 )
@@ -32,6 +33,7 @@ type env struct {
 	hub    *watch.Hub
 	reads  *countingReader // the hub's event reads
 	addr   string
+	vault  *secrets.Vault
 }
 
 func start(t *testing.T, opts ...watch.Option) env {
@@ -46,7 +48,10 @@ func start(t *testing.T, opts ...watch.Option) env {
 	srv, err := grpcx.New(grpcx.Config{Name: "executor", GRPCAddr: "127.0.0.1:0",
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}, api.WatchCodec())
 	require.NoError(t, err)
-	executorv1.RegisterExecutorServiceServer(srv.GRPC(), &api.Server{Store: st, Hub: hub})
+	keys, err := secrets.New(make([]byte, 32))
+	require.NoError(t, err)
+	vault := &secrets.Vault{Keys: keys, Store: st}
+	executorv1.RegisterExecutorServiceServer(srv.GRPC(), &api.Server{Store: st, Hub: hub, Vault: vault})
 	require.NoError(t, srv.Listen())
 	served := make(chan struct{})
 	go func() { defer close(served); _ = srv.Serve(ctx) }()
@@ -64,7 +69,7 @@ func start(t *testing.T, opts ...watch.Option) env {
 		<-listened
 		st.Close()
 	})
-	return env{client: executorv1.NewExecutorServiceClient(conn), store: st, hub: hub, reads: reads, addr: srv.Addr().String()}
+	return env{client: executorv1.NewExecutorServiceClient(conn), store: st, hub: hub, reads: reads, addr: srv.Addr().String(), vault: vault}
 }
 
 func validInput() *prpv1.ExecutionInput {

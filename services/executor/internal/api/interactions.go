@@ -46,8 +46,10 @@ func (s *Server) AnswerInteraction(ctx context.Context, req *executorv1.AnswerIn
 	if out.Created {
 		s.kick(out.ContinuationRunID)
 	}
-	if resp.ContinuationRun, err = s.Store.GetRun(ctx, out.ContinuationRunID); err != nil {
+	run, err := s.Store.GetRun(ctx, out.ContinuationRunID)
+	if err != nil {
 		return nil, err
 	}
+	resp.ContinuationRun = visible(run)
 	return resp, nil
 }

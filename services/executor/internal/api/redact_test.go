@@ -2,6 +2,7 @@ package api_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -9,12 +10,12 @@ import (
 
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
-	"github.com/tether-run/tether/services/executor/internal/api"
 )
 
 // A credential the caller configures for its provider (SPEC E2) reaches the
 // run's attempts but is never read back: SubmitRun, GetRun and ListRuns show
-// the configured names with redacted values.
+// the configured names, each naming the company secret its value is stored
+// as (SPEC T3), and no value.
 func TestE2_ConfiguredEnvironmentValuesAreStoredForTheRunButRedactedInEveryRead(t *testing.T) {
 	t.Parallel()
 	e := start(t)
@@ -30,16 +31,20 @@ func TestE2_ConfiguredEnvironmentValuesAreStoredForTheRunButRedactedInEveryRead(
 	require.NoError(t, err)
 	require.Len(t, list.GetRuns(), 1)
 	for name, run := range map[string]*executorv1.Run{"SubmitRun": sub.GetRun(), "GetRun": got.GetRun(), "ListRuns": list.GetRuns()[0]} {
-		require.Equal(t, map[string]string{"OPENAI_API_KEY": api.RedactedValue, "FOO": api.RedactedValue},
-			run.GetInput().GetEnvironment().GetConfigured(), name)
+		require.Empty(t, run.GetInput().GetEnvironment().GetConfigured(), name)
+		refs := run.GetInput().GetEnvironment().GetSecretRefs()
+		require.Len(t, refs, 2, name)
+		require.True(t, strings.HasPrefix(refs["OPENAI_API_KEY"], "env.OPENAI_API_KEY."), "%s: %v", name, refs)
 		require.NotContains(t, protojson.Format(run), secret, name)
 	}
-	// The run itself keeps the value: its attempts hand it to the provider.
+	// The run's attempts resolve the value from its reference.
 	stored, err := e.store.GetRun(ctx, "redact-1")
 	require.NoError(t, err)
-	require.Equal(t, secret, stored.GetInput().GetEnvironment().GetConfigured()["OPENAI_API_KEY"])
+	vals, err := e.vault.Resolve(ctx, "acme", stored.GetInput().GetEnvironment().GetSecretRefs())
+	require.NoError(t, err)
+	require.Equal(t, map[string]string{"OPENAI_API_KEY": secret, "FOO": "bar"}, vals)
 
-	// Idempotent resubmission still matches the stored (unredacted) input.
+	// Idempotent resubmission still matches the stored input.
 	again, err := e.client.SubmitRun(ctx, &executorv1.SubmitRunRequest{RunId: "redact-1", Input: in})
 	require.NoError(t, err)
 	require.False(t, again.GetCreated())

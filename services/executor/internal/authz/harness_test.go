@@ -23,6 +23,7 @@ import (
 	"github.com/tether-run/tether/pkg/tenancy"
 	"github.com/tether-run/tether/services/executor/internal/api"
 	"github.com/tether-run/tether/services/executor/internal/authz"
+	"github.com/tether-run/tether/services/executor/internal/secrets"
 	"github.com/tether-run/tether/services/executor/internal/store"
 	"github.com/tether-run/tether/services/executor/internal/watch"
 )
@@ -34,6 +35,9 @@ func TestMain(m *testing.M) { pgtest.MainCheckingLeaks(m) }
 const (
 	acmeCanary   = "ACME-CANARY-7f3a"
 	globexCanary = "GLOBEX-CANARY-91bd"
+	// secretCanary is the value of acme's secrets (SPEC T3): no response
+	// to any caller ever holds it.
+	secretCanary = "SECRET-CANARY-5c2e"
 )
 
 // env is an executor API (ExecutorService and GatewayRegistry) on real
@@ -43,6 +47,7 @@ type env struct {
 	addr   string
 	store  *store.Store
 	minter *tenancy.Minter
+	vault  *secrets.Vault
 	pki    string // with mTLS: the development PKI
 	mtls   bool
 
@@ -88,7 +93,10 @@ func newEnv(t testing.TB, o envOpts) *env {
 	srv, err := grpcx.New(cfg, api.WatchCodec(),
 		grpc.ChainUnaryInterceptor(az.Unary, e.recordUnary), grpc.ChainStreamInterceptor(az.Stream, e.recordStream))
 	require.NoError(t, err)
-	executorv1.RegisterExecutorServiceServer(srv.GRPC(), &api.Server{Store: st, Hub: hub})
+	keys, err := secrets.New([]byte("0123456789abcdef0123456789abcdef"))
+	require.NoError(t, err)
+	e.vault = &secrets.Vault{Keys: keys, Store: st}
+	executorv1.RegisterExecutorServiceServer(srv.GRPC(), &api.Server{Store: st, Hub: hub, Vault: e.vault})
 	executorv1.RegisterGatewayRegistryServer(srv.GRPC(), &api.Registry{Store: st, Secret: o.registrationSecret})
 	require.NoError(t, srv.Listen())
 	e.addr = srv.Addr().String()
@@ -200,7 +208,14 @@ func (e *env) seed(ctx context.Context, conns map[string]*grpc.ClientConn) map[s
 	for company, canary := range map[string]string{"acme": acmeCanary, "globex": globexCanary} {
 		c := executorv1.NewExecutorServiceClient(conns[company])
 		run := company + "-run"
-		_, err := c.SubmitRun(ctx, &executorv1.SubmitRunRequest{RunId: run, Input: input(company, "s-"+company, "task "+canary)})
+		// Each company's run names a secret and configures a plain value
+		// (stored by reference): neither value is ever returned (SPEC T3).
+		_, err := c.PutSecret(ctx, &executorv1.PutSecretRequest{CompanyId: company, Name: "api-key", Value: []byte(secretCanary)})
+		require.NoError(e.t, err)
+		in := input(company, "s-"+company, "task "+canary)
+		in.Environment = &prpv1.ProviderEnvironment{SecretRefs: map[string]string{"OPENAI_API_KEY": "api-key"},
+			Configured: map[string]string{"GIT_TOKEN": secretCanary + "-plain"}}
+		_, err = c.SubmitRun(ctx, &executorv1.SubmitRunRequest{RunId: run, Input: in})
 		require.NoError(e.t, err)
 		_, err = c.CancelRun(ctx, &executorv1.CancelRunRequest{RunId: run, Scope: executorv1.CancellationScope_CANCELLATION_SCOPE_RUN, Reason: "seed"})
 		require.NoError(e.t, err)

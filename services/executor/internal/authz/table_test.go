@@ -75,6 +75,15 @@ var acmeRequests = map[string]func(caller string, ia map[string]string) proto.Me
 		return &executorv1.AnswerInteractionRequest{InteractionId: ia["acme"],
 			Answers: []*executorv1.InteractionAnswer{{QuestionId: "nope", OptionIds: []string{"nope"}}}}
 	},
+	executorv1.ExecutorService_PutSecret_FullMethodName: func(caller string, _ map[string]string) proto.Message {
+		return &executorv1.PutSecretRequest{CompanyId: "acme", Name: "put-by-" + caller, Value: []byte(secretCanary)}
+	},
+	executorv1.ExecutorService_ListSecrets_FullMethodName: func(string, map[string]string) proto.Message {
+		return &executorv1.ListSecretsRequest{CompanyId: "acme"}
+	},
+	executorv1.ExecutorService_DeleteSecret_FullMethodName: func(caller string, _ map[string]string) proto.Message {
+		return &executorv1.DeleteSecretRequest{CompanyId: "acme", Name: "put-by-" + caller}
+	},
 	executorv1.GatewayRegistry_RegisterGateway_FullMethodName: func(caller string, _ map[string]string) proto.Message {
 		return &executorv1.RegisterGatewayRequest{GatewayId: "gw-" + caller, Address: "127.0.0.1:1", Capacity: 1}
 	},
@@ -182,6 +191,7 @@ func TestT2_EveryMethodOfEveryPublicServiceHasOneRuleEnforcedForEveryCaller(t *t
 				if c.foreign != "" {
 					require.NotContains(t, out+status.Convert(err).String(), c.foreign, "%s as %s leaks another company's data", full, c.name)
 				}
+				require.NotContains(t, out+status.Convert(err).String(), secretCanary, "%s as %s returns a secret value", full, c.name)
 			}
 		}
 	}

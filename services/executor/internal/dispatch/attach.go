@@ -123,7 +123,11 @@ func (a *attachment) open(facts func() (*store.AttachFacts, error)) (done bool, 
 		_, _ = facts()
 		return false, err
 	}
-	if a.turnCmds, err = turnCommands(c); err != nil {
+	resolved, err := d.resolveSecrets(a.ctx, c)
+	if err == nil {
+		a.turnCmds, err = turnCommands(c, resolved)
+	}
+	if err != nil {
 		_, _ = facts()
 		// No attach can send this run's turn: the attempt fails on record
 		// (a driver that stopped silently would leave its lease to lapse

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"sync"
 	"time"
@@ -34,6 +35,7 @@ import (
 	"github.com/tether-run/tether/pkg/telemetry"
 	"github.com/tether-run/tether/services/executor/internal/control"
 	"github.com/tether-run/tether/services/executor/internal/recovery"
+	"github.com/tether-run/tether/services/executor/internal/secrets"
 	"github.com/tether-run/tether/services/executor/internal/session"
 	"github.com/tether-run/tether/services/executor/internal/store"
 	"github.com/tether-run/tether/services/executor/internal/suspend"
@@ -72,6 +74,10 @@ type Config struct {
 	// Gateway is the one gateway of a dispatcher without a Router.
 	Gateway gatewayv1.RunnerGatewayClient
 	Logger  *slog.Logger
+	// Secrets resolves runs' secret references (SPEC T3) for the attach
+	// sent to the run's gateway; nil: a run naming a secret fails
+	// (secret_unreadable).
+	Secrets *secrets.Vault
 }
 
 // Router routes a claimed run to its session scope's gateway, placing the
@@ -890,12 +896,38 @@ func configChanged(c *store.Claim, f *store.AttachFacts) bool {
 	return scope.ParamsOf(f.PreviousRunID, f.PreviousInput).ConfigDigest() != scope.ParamsOf(c.RunID, c.Input).ConfigDigest()
 }
 
+// resolveSecrets returns the values of the claim's secret references
+// (SPEC T3), read and opened for this attach only.
+func (d *Dispatcher) resolveSecrets(ctx context.Context, c *store.Claim) (map[string]string, error) {
+	refs := c.Input.GetEnvironment().GetSecretRefs()
+	if len(refs) == 0 {
+		return nil, nil
+	}
+	if d.cfg.Secrets == nil {
+		return nil, failure.New(codes.FailedPrecondition, failure.SecretUnreadable, "run %s names secrets and this executor keeps none (no -secrets-key-file)", c.RunID)
+	}
+	return d.cfg.Secrets.Resolve(ctx, c.Input.GetBinding().GetCompanyId(), refs)
+}
+
 // turnCommands are the claim's run.attach (with its execution input, which
-// carries the executor's provider environment policy, SPEC E2) and
-// turn.start.
-func turnCommands(c *store.Claim) ([]*prpv1.Command, error) {
+// carries the executor's provider environment policy, SPEC E2, and the
+// values of its secret references, SPEC T3: this command, sent on the
+// attach to the gateway that launches the run's provider, is the only
+// place they travel; runnerd keeps them in memory only) and turn.start.
+func turnCommands(c *store.Claim, resolved map[string]string) ([]*prpv1.Command, error) {
 	in := proto.Clone(c.Input).(*prpv1.ExecutionInput)
-	in.Environment = provenv.Policy(c.Input)
+	if len(resolved) > 0 {
+		if in.Environment == nil {
+			in.Environment = &prpv1.ProviderEnvironment{}
+		}
+		conf := maps.Clone(in.Environment.GetConfigured())
+		if conf == nil {
+			conf = map[string]string{}
+		}
+		maps.Copy(conf, resolved)
+		in.Environment.Configured = conf
+	}
+	in.Environment = provenv.Policy(in)
 	inputJSON, err := protojson.Marshal(in)
 	if err != nil {
 		return nil, err

@@ -304,6 +304,10 @@ func (s *Stack) tlsArgs(role string, peerCAFlags ...string) []string {
 // GatewayID is the stack gateway's id (the audience of its grants).
 const GatewayID = "runnergw"
 
+// SecretsKeyFile is the executors' -secrets-key-file (SPEC T3), shared
+// by every replica.
+func (s *Stack) SecretsKeyFile() string { return filepath.Join(s.opts.Dir, "keys", "secrets.key") }
+
 // GrantKeyFile is the executors' grant signing key.
 func (s *Stack) GrantKeyFile() string { return filepath.Join(s.opts.Dir, "keys", "grant.key") }
 
@@ -474,7 +478,7 @@ func (s *Stack) args(name string) []string {
 			"-gateway-addr", s.Addr("runnergw"), "-lease-ttl", s.opts.LeaseTTL.String(), "-poll-interval", "250ms",
 			"-owner-id", name, "-grant-key-file", s.GrantKeyFile(), "-gateway-id", GatewayID,
 			"-checkpoint-after", s.opts.CheckpointAfter.String(), "-workspace-root", s.WorkspaceRoot(),
-			"-registration-secret-file", s.RegistrationSecretFile()), migrate...)
+			"-registration-secret-file", s.RegistrationSecretFile(), "-secrets-key-file", s.SecretsKeyFile()), migrate...)
 		if s.opts.Auth {
 			a = append(a, "-auth-jwks", s.JWKSFile())
 		}

@@ -13,6 +13,7 @@ import (
 
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/tether-run/tether/pkg/askuser"
 	"github.com/tether-run/tether/pkg/failure"
@@ -82,10 +83,41 @@ func ProviderErrorCode(err error) string {
 // took the run over) that resends a command id gets the stored result instead
 // of a second effect, so a provider turn starts at most once per command id.
 // Fencing of lower attempts is checked separately.
+//
+// The values of a run.attach's configured provider environment are left
+// out too (their names stay in): they are credentials the executor
+// resolves afresh for each attempt (SPEC T3), so a secret rotated between
+// two attempts of a run is the same command, and no digest of a credential
+// is journaled.
 func Fingerprint(c *prpv1.Command) (string, error) {
+	return fingerprint(c, withoutEnvironmentValues(c.GetPayload()))
+}
+
+// legacyFingerprint is the fingerprint of a runnerd that hashed the
+// configured values too: a command journaled by it, resent to this one
+// (an upgrade during a takeover), is still recognized.
+func legacyFingerprint(c *prpv1.Command) (string, error) {
+	return fingerprint(c, c.GetPayload())
+}
+
+// withoutEnvironmentValues is payload with input.environment.configured's
+// values blanked (payload itself is not changed).
+func withoutEnvironmentValues(payload *structpb.Struct) *structpb.Struct {
+	conf := payload.GetFields()["input"].GetStructValue().GetFields()["environment"].GetStructValue().GetFields()["configured"].GetStructValue()
+	if len(conf.GetFields()) == 0 {
+		return payload
+	}
+	out := proto.CloneOf(payload)
+	for _, v := range out.GetFields()["input"].GetStructValue().GetFields()["environment"].GetStructValue().GetFields()["configured"].GetStructValue().GetFields() {
+		v.Kind = &structpb.Value_StringValue{}
+	}
+	return out
+}
+
+func fingerprint(c *prpv1.Command, p *structpb.Struct) (string, error) {
 	payload := json.RawMessage("{}")
-	if c.GetPayload() != nil {
-		b, err := protojson.Marshal(c.GetPayload())
+	if p != nil {
+		b, err := protojson.Marshal(p)
 		if err != nil {
 			return "", err
 		}
@@ -378,6 +410,11 @@ func (r *Runner) admitCommand(c *prpv1.Command) (_ *commandSlot, changed bool) {
 
 	if prev, ok := st.ProcessedCommands[c.GetCommandId()]; ok {
 		changed = consumeSeq()
+		if prev.Fingerprint != fp {
+			if legacy, err := legacyFingerprint(c); err == nil && legacy == prev.Fingerprint {
+				fp = legacy
+			}
+		}
 		if prev.Fingerprint == fp {
 			if runID := c.GetRunId(); runID != "" {
 				if hi := st.HighestAttempts[runID]; c.GetAttempt() < hi {

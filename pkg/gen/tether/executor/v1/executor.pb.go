@@ -3594,6 +3594,379 @@ func (x *AnswerInteractionResponse) GetCreated() bool {
 	return false
 }
 
+// Secret describes a stored secret of a company; never its value.
+type Secret struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	CompanyId string                 `protobuf:"bytes,1,opt,name=company_id,json=companyId,proto3" json:"company_id,omitempty"`
+	Name      string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	// Incremented by each PutSecret of the name.
+	Version   uint64                 `protobuf:"varint,3,opt,name=version,proto3" json:"version,omitempty"`
+	UpdatedAt *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=updated_at,json=updatedAt,proto3" json:"updated_at,omitempty"`
+	// The principal that wrote this version.
+	UpdatedBy     string `protobuf:"bytes,5,opt,name=updated_by,json=updatedBy,proto3" json:"updated_by,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Secret) Reset() {
+	*x = Secret{}
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[47]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Secret) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Secret) ProtoMessage() {}
+
+func (x *Secret) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[47]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Secret.ProtoReflect.Descriptor instead.
+func (*Secret) Descriptor() ([]byte, []int) {
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{47}
+}
+
+func (x *Secret) GetCompanyId() string {
+	if x != nil {
+		return x.CompanyId
+	}
+	return ""
+}
+
+func (x *Secret) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Secret) GetVersion() uint64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+func (x *Secret) GetUpdatedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.UpdatedAt
+	}
+	return nil
+}
+
+func (x *Secret) GetUpdatedBy() string {
+	if x != nil {
+		return x.UpdatedBy
+	}
+	return ""
+}
+
+// PutSecretRequest writes one secret value.
+type PutSecretRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	CompanyId     string                 `protobuf:"bytes,1,opt,name=company_id,json=companyId,proto3" json:"company_id,omitempty"`
+	Name          string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	Value         []byte                 `protobuf:"bytes,3,opt,name=value,proto3" json:"value,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PutSecretRequest) Reset() {
+	*x = PutSecretRequest{}
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[48]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PutSecretRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PutSecretRequest) ProtoMessage() {}
+
+func (x *PutSecretRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[48]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PutSecretRequest.ProtoReflect.Descriptor instead.
+func (*PutSecretRequest) Descriptor() ([]byte, []int) {
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{48}
+}
+
+func (x *PutSecretRequest) GetCompanyId() string {
+	if x != nil {
+		return x.CompanyId
+	}
+	return ""
+}
+
+func (x *PutSecretRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *PutSecretRequest) GetValue() []byte {
+	if x != nil {
+		return x.Value
+	}
+	return nil
+}
+
+// PutSecretResponse names the version written.
+type PutSecretResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Secret        *Secret                `protobuf:"bytes,1,opt,name=secret,proto3" json:"secret,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PutSecretResponse) Reset() {
+	*x = PutSecretResponse{}
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[49]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PutSecretResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PutSecretResponse) ProtoMessage() {}
+
+func (x *PutSecretResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[49]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PutSecretResponse.ProtoReflect.Descriptor instead.
+func (*PutSecretResponse) Descriptor() ([]byte, []int) {
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{49}
+}
+
+func (x *PutSecretResponse) GetSecret() *Secret {
+	if x != nil {
+		return x.Secret
+	}
+	return nil
+}
+
+// ListSecretsRequest names the company.
+type ListSecretsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	CompanyId     string                 `protobuf:"bytes,1,opt,name=company_id,json=companyId,proto3" json:"company_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListSecretsRequest) Reset() {
+	*x = ListSecretsRequest{}
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[50]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListSecretsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListSecretsRequest) ProtoMessage() {}
+
+func (x *ListSecretsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[50]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListSecretsRequest.ProtoReflect.Descriptor instead.
+func (*ListSecretsRequest) Descriptor() ([]byte, []int) {
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{50}
+}
+
+func (x *ListSecretsRequest) GetCompanyId() string {
+	if x != nil {
+		return x.CompanyId
+	}
+	return ""
+}
+
+// ListSecretsResponse lists secrets by name.
+type ListSecretsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Secrets       []*Secret              `protobuf:"bytes,1,rep,name=secrets,proto3" json:"secrets,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListSecretsResponse) Reset() {
+	*x = ListSecretsResponse{}
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[51]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListSecretsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListSecretsResponse) ProtoMessage() {}
+
+func (x *ListSecretsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[51]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListSecretsResponse.ProtoReflect.Descriptor instead.
+func (*ListSecretsResponse) Descriptor() ([]byte, []int) {
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{51}
+}
+
+func (x *ListSecretsResponse) GetSecrets() []*Secret {
+	if x != nil {
+		return x.Secrets
+	}
+	return nil
+}
+
+// DeleteSecretRequest names the secret.
+type DeleteSecretRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	CompanyId     string                 `protobuf:"bytes,1,opt,name=company_id,json=companyId,proto3" json:"company_id,omitempty"`
+	Name          string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteSecretRequest) Reset() {
+	*x = DeleteSecretRequest{}
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[52]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteSecretRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteSecretRequest) ProtoMessage() {}
+
+func (x *DeleteSecretRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[52]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteSecretRequest.ProtoReflect.Descriptor instead.
+func (*DeleteSecretRequest) Descriptor() ([]byte, []int) {
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{52}
+}
+
+func (x *DeleteSecretRequest) GetCompanyId() string {
+	if x != nil {
+		return x.CompanyId
+	}
+	return ""
+}
+
+func (x *DeleteSecretRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+// DeleteSecretResponse describes the deleted secret.
+type DeleteSecretResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Secret        *Secret                `protobuf:"bytes,1,opt,name=secret,proto3" json:"secret,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteSecretResponse) Reset() {
+	*x = DeleteSecretResponse{}
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[53]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteSecretResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteSecretResponse) ProtoMessage() {}
+
+func (x *DeleteSecretResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[53]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteSecretResponse.ProtoReflect.Descriptor instead.
+func (*DeleteSecretResponse) Descriptor() ([]byte, []int) {
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{53}
+}
+
+func (x *DeleteSecretResponse) GetSecret() *Secret {
+	if x != nil {
+		return x.Secret
+	}
+	return nil
+}
+
 var File_tether_executor_v1_executor_proto protoreflect.FileDescriptor
 
 const file_tether_executor_v1_executor_proto_rawDesc = "" +
@@ -3911,7 +4284,38 @@ const file_tether_executor_v1_executor_proto_rawDesc = "" +
 	"\x19AnswerInteractionResponse\x12A\n" +
 	"\vinteraction\x18\x01 \x01(\v2\x1f.tether.executor.v1.InteractionR\vinteraction\x12B\n" +
 	"\x10continuation_run\x18\x02 \x01(\v2\x17.tether.executor.v1.RunR\x0fcontinuationRun\x12\x18\n" +
-	"\acreated\x18\x03 \x01(\bR\acreated*\x9a\x01\n" +
+	"\acreated\x18\x03 \x01(\bR\acreated\"\xaf\x01\n" +
+	"\x06Secret\x12\x1d\n" +
+	"\n" +
+	"company_id\x18\x01 \x01(\tR\tcompanyId\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12\x18\n" +
+	"\aversion\x18\x03 \x01(\x04R\aversion\x129\n" +
+	"\n" +
+	"updated_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\tupdatedAt\x12\x1d\n" +
+	"\n" +
+	"updated_by\x18\x05 \x01(\tR\tupdatedBy\"\x9f\x01\n" +
+	"\x10PutSecretRequest\x12)\n" +
+	"\n" +
+	"company_id\x18\x01 \x01(\tB\n" +
+	"\xbaH\ar\x05\x10\x01\x18\xa0\x01R\tcompanyId\x12=\n" +
+	"\x04name\x18\x02 \x01(\tB)\xbaH&r$\x10\x01\x18\xa0\x012\x1d^[A-Za-z0-9][A-Za-z0-9._:-]*$R\x04name\x12!\n" +
+	"\x05value\x18\x03 \x01(\fB\v\xbaH\bz\x06\x10\x01\x18\x80\x80\x02R\x05value\"G\n" +
+	"\x11PutSecretResponse\x122\n" +
+	"\x06secret\x18\x01 \x01(\v2\x1a.tether.executor.v1.SecretR\x06secret\"?\n" +
+	"\x12ListSecretsRequest\x12)\n" +
+	"\n" +
+	"company_id\x18\x01 \x01(\tB\n" +
+	"\xbaH\ar\x05\x10\x01\x18\xa0\x01R\tcompanyId\"K\n" +
+	"\x13ListSecretsResponse\x124\n" +
+	"\asecrets\x18\x01 \x03(\v2\x1a.tether.executor.v1.SecretR\asecrets\"`\n" +
+	"\x13DeleteSecretRequest\x12)\n" +
+	"\n" +
+	"company_id\x18\x01 \x01(\tB\n" +
+	"\xbaH\ar\x05\x10\x01\x18\xa0\x01R\tcompanyId\x12\x1e\n" +
+	"\x04name\x18\x02 \x01(\tB\n" +
+	"\xbaH\ar\x05\x10\x01\x18\xa0\x01R\x04name\"J\n" +
+	"\x14DeleteSecretResponse\x122\n" +
+	"\x06secret\x18\x01 \x01(\v2\x1a.tether.executor.v1.SecretR\x06secret*\x9a\x01\n" +
 	"\bRunState\x12\x19\n" +
 	"\x15RUN_STATE_UNSPECIFIED\x10\x00\x12\x14\n" +
 	"\x10RUN_STATE_QUEUED\x10\x01\x12\x15\n" +
@@ -3923,7 +4327,7 @@ const file_tether_executor_v1_executor_proto_rawDesc = "" +
 	"\x1eCANCELLATION_SCOPE_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16CANCELLATION_SCOPE_RUN\x10\x01\x12\x1b\n" +
 	"\x17CANCELLATION_SCOPE_TURN\x10\x02\x12\x1c\n" +
-	"\x18CANCELLATION_SCOPE_ISSUE\x10\x032\xec\v\n" +
+	"\x18CANCELLATION_SCOPE_ISSUE\x10\x032\x89\x0e\n" +
 	"\x0fExecutorService\x12X\n" +
 	"\tSubmitRun\x12$.tether.executor.v1.SubmitRunRequest\x1a%.tether.executor.v1.SubmitRunResponse\x12O\n" +
 	"\x06GetRun\x12!.tether.executor.v1.GetRunRequest\x1a\".tether.executor.v1.GetRunResponse\x12U\n" +
@@ -3940,7 +4344,10 @@ const file_tether_executor_v1_executor_proto_rawDesc = "" +
 	"\x0eReplaceSession\x12).tether.executor.v1.ReplaceSessionRequest\x1a*.tether.executor.v1.ReplaceSessionResponse\x12m\n" +
 	"\x10ListInteractions\x12+.tether.executor.v1.ListInteractionsRequest\x1a,.tether.executor.v1.ListInteractionsResponse\x12g\n" +
 	"\x0eGetInteraction\x12).tether.executor.v1.GetInteractionRequest\x1a*.tether.executor.v1.GetInteractionResponse\x12p\n" +
-	"\x11AnswerInteraction\x12,.tether.executor.v1.AnswerInteractionRequest\x1a-.tether.executor.v1.AnswerInteractionResponseB\xd5\x01\n" +
+	"\x11AnswerInteraction\x12,.tether.executor.v1.AnswerInteractionRequest\x1a-.tether.executor.v1.AnswerInteractionResponse\x12X\n" +
+	"\tPutSecret\x12$.tether.executor.v1.PutSecretRequest\x1a%.tether.executor.v1.PutSecretResponse\x12^\n" +
+	"\vListSecrets\x12&.tether.executor.v1.ListSecretsRequest\x1a'.tether.executor.v1.ListSecretsResponse\x12a\n" +
+	"\fDeleteSecret\x12'.tether.executor.v1.DeleteSecretRequest\x1a(.tether.executor.v1.DeleteSecretResponseB\xd5\x01\n" +
 	"\x16com.tether.executor.v1B\rExecutorProtoP\x01ZBgithub.com/tether-run/tether/pkg/gen/tether/executor/v1;executorv1\xa2\x02\x03TEX\xaa\x02\x12Tether.Executor.V1\xca\x02\x12Tether\\Executor\\V1\xe2\x02\x1eTether\\Executor\\V1\\GPBMetadata\xea\x02\x14Tether::Executor::V1b\x06proto3"
 
 var (
@@ -3956,7 +4363,7 @@ func file_tether_executor_v1_executor_proto_rawDescGZIP() []byte {
 }
 
 var file_tether_executor_v1_executor_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_tether_executor_v1_executor_proto_msgTypes = make([]protoimpl.MessageInfo, 47)
+var file_tether_executor_v1_executor_proto_msgTypes = make([]protoimpl.MessageInfo, 54)
 var file_tether_executor_v1_executor_proto_goTypes = []any{
 	(RunState)(0),                         // 0: tether.executor.v1.RunState
 	(CancellationScope)(0),                // 1: tether.executor.v1.CancellationScope
@@ -4007,16 +4414,23 @@ var file_tether_executor_v1_executor_proto_goTypes = []any{
 	(*GetInteractionResponse)(nil),        // 46: tether.executor.v1.GetInteractionResponse
 	(*AnswerInteractionRequest)(nil),      // 47: tether.executor.v1.AnswerInteractionRequest
 	(*AnswerInteractionResponse)(nil),     // 48: tether.executor.v1.AnswerInteractionResponse
-	(*v1.ExecutionInput)(nil),             // 49: tether.prp.v1.ExecutionInput
-	(*timestamppb.Timestamp)(nil),         // 50: google.protobuf.Timestamp
-	(*v1.ProcessInfo)(nil),                // 51: tether.prp.v1.ProcessInfo
-	(*durationpb.Duration)(nil),           // 52: google.protobuf.Duration
-	(*v1.Event)(nil),                      // 53: tether.prp.v1.Event
-	(*structpb.Struct)(nil),               // 54: google.protobuf.Struct
-	(*v11.Stamp)(nil),                     // 55: tether.backup.v1.Stamp
+	(*Secret)(nil),                        // 49: tether.executor.v1.Secret
+	(*PutSecretRequest)(nil),              // 50: tether.executor.v1.PutSecretRequest
+	(*PutSecretResponse)(nil),             // 51: tether.executor.v1.PutSecretResponse
+	(*ListSecretsRequest)(nil),            // 52: tether.executor.v1.ListSecretsRequest
+	(*ListSecretsResponse)(nil),           // 53: tether.executor.v1.ListSecretsResponse
+	(*DeleteSecretRequest)(nil),           // 54: tether.executor.v1.DeleteSecretRequest
+	(*DeleteSecretResponse)(nil),          // 55: tether.executor.v1.DeleteSecretResponse
+	(*v1.ExecutionInput)(nil),             // 56: tether.prp.v1.ExecutionInput
+	(*timestamppb.Timestamp)(nil),         // 57: google.protobuf.Timestamp
+	(*v1.ProcessInfo)(nil),                // 58: tether.prp.v1.ProcessInfo
+	(*durationpb.Duration)(nil),           // 59: google.protobuf.Duration
+	(*v1.Event)(nil),                      // 60: tether.prp.v1.Event
+	(*structpb.Struct)(nil),               // 61: google.protobuf.Struct
+	(*v11.Stamp)(nil),                     // 62: tether.backup.v1.Stamp
 }
 var file_tether_executor_v1_executor_proto_depIdxs = []int32{
-	49, // 0: tether.executor.v1.SubmitRunRequest.input:type_name -> tether.prp.v1.ExecutionInput
+	56, // 0: tether.executor.v1.SubmitRunRequest.input:type_name -> tether.prp.v1.ExecutionInput
 	11, // 1: tether.executor.v1.SubmitRunResponse.run:type_name -> tether.executor.v1.Run
 	4,  // 2: tether.executor.v1.RunResult.usage:type_name -> tether.executor.v1.Usage
 	4,  // 3: tether.executor.v1.RunResult.session_usage:type_name -> tether.executor.v1.Usage
@@ -4025,87 +4439,97 @@ var file_tether_executor_v1_executor_proto_depIdxs = []int32{
 	9,  // 6: tether.executor.v1.RunResult.continuation:type_name -> tether.executor.v1.Continuation
 	8,  // 7: tether.executor.v1.CompletionClaim.criteria:type_name -> tether.executor.v1.CriterionClaim
 	0,  // 8: tether.executor.v1.Run.state:type_name -> tether.executor.v1.RunState
-	50, // 9: tether.executor.v1.Run.lease_expires_at:type_name -> google.protobuf.Timestamp
-	49, // 10: tether.executor.v1.Run.input:type_name -> tether.prp.v1.ExecutionInput
+	57, // 9: tether.executor.v1.Run.lease_expires_at:type_name -> google.protobuf.Timestamp
+	56, // 10: tether.executor.v1.Run.input:type_name -> tether.prp.v1.ExecutionInput
 	5,  // 11: tether.executor.v1.Run.result:type_name -> tether.executor.v1.RunResult
 	10, // 12: tether.executor.v1.Run.failure:type_name -> tether.executor.v1.Failure
-	51, // 13: tether.executor.v1.Run.runner_process:type_name -> tether.prp.v1.ProcessInfo
-	51, // 14: tether.executor.v1.Run.provider_process:type_name -> tether.prp.v1.ProcessInfo
-	50, // 15: tether.executor.v1.Run.created_at:type_name -> google.protobuf.Timestamp
-	50, // 16: tether.executor.v1.Run.updated_at:type_name -> google.protobuf.Timestamp
-	50, // 17: tether.executor.v1.Run.started_at:type_name -> google.protobuf.Timestamp
-	50, // 18: tether.executor.v1.Run.ended_at:type_name -> google.protobuf.Timestamp
+	58, // 13: tether.executor.v1.Run.runner_process:type_name -> tether.prp.v1.ProcessInfo
+	58, // 14: tether.executor.v1.Run.provider_process:type_name -> tether.prp.v1.ProcessInfo
+	57, // 15: tether.executor.v1.Run.created_at:type_name -> google.protobuf.Timestamp
+	57, // 16: tether.executor.v1.Run.updated_at:type_name -> google.protobuf.Timestamp
+	57, // 17: tether.executor.v1.Run.started_at:type_name -> google.protobuf.Timestamp
+	57, // 18: tether.executor.v1.Run.ended_at:type_name -> google.protobuf.Timestamp
 	12, // 19: tether.executor.v1.Run.cancellation:type_name -> tether.executor.v1.Cancellation
 	13, // 20: tether.executor.v1.Run.recovery:type_name -> tether.executor.v1.Recovery
 	10, // 21: tether.executor.v1.Run.queued_reason:type_name -> tether.executor.v1.Failure
-	50, // 22: tether.executor.v1.Recovery.next_attempt_at:type_name -> google.protobuf.Timestamp
+	57, // 22: tether.executor.v1.Recovery.next_attempt_at:type_name -> google.protobuf.Timestamp
 	1,  // 23: tether.executor.v1.CancelRunRequest.scope:type_name -> tether.executor.v1.CancellationScope
-	52, // 24: tether.executor.v1.CancelRunRequest.wait_timeout:type_name -> google.protobuf.Duration
+	59, // 24: tether.executor.v1.CancelRunRequest.wait_timeout:type_name -> google.protobuf.Duration
 	12, // 25: tether.executor.v1.CancelRunResponse.cancellation:type_name -> tether.executor.v1.Cancellation
 	11, // 26: tether.executor.v1.GetRunResponse.run:type_name -> tether.executor.v1.Run
 	0,  // 27: tether.executor.v1.ListRunsRequest.state:type_name -> tether.executor.v1.RunState
 	11, // 28: tether.executor.v1.ListRunsResponse.runs:type_name -> tether.executor.v1.Run
-	53, // 29: tether.executor.v1.WatchRunResponse.event:type_name -> tether.prp.v1.Event
+	60, // 29: tether.executor.v1.WatchRunResponse.event:type_name -> tether.prp.v1.Event
 	5,  // 30: tether.executor.v1.WatchRunResponse.result:type_name -> tether.executor.v1.RunResult
-	52, // 31: tether.executor.v1.SteerRunRequest.timeout:type_name -> google.protobuf.Duration
-	54, // 32: tether.executor.v1.ResolveRuntimeRequestRequest.resolution:type_name -> google.protobuf.Struct
+	59, // 31: tether.executor.v1.SteerRunRequest.timeout:type_name -> google.protobuf.Duration
+	61, // 32: tether.executor.v1.ResolveRuntimeRequestRequest.resolution:type_name -> google.protobuf.Struct
 	0,  // 33: tether.executor.v1.Session.last_run_state:type_name -> tether.executor.v1.RunState
-	51, // 34: tether.executor.v1.Session.runner_process:type_name -> tether.prp.v1.ProcessInfo
-	51, // 35: tether.executor.v1.Session.provider_process:type_name -> tether.prp.v1.ProcessInfo
+	58, // 34: tether.executor.v1.Session.runner_process:type_name -> tether.prp.v1.ProcessInfo
+	58, // 35: tether.executor.v1.Session.provider_process:type_name -> tether.prp.v1.ProcessInfo
 	38, // 36: tether.executor.v1.Session.checkpoint:type_name -> tether.executor.v1.SessionCheckpoint
 	34, // 37: tether.executor.v1.Session.replacements:type_name -> tether.executor.v1.SessionReplacement
 	34, // 38: tether.executor.v1.ReplaceSessionResponse.replacements:type_name -> tether.executor.v1.SessionReplacement
-	50, // 39: tether.executor.v1.SessionReplacement.requested_at:type_name -> google.protobuf.Timestamp
-	50, // 40: tether.executor.v1.SessionReplacement.applied_at:type_name -> google.protobuf.Timestamp
+	57, // 39: tether.executor.v1.SessionReplacement.requested_at:type_name -> google.protobuf.Timestamp
+	57, // 40: tether.executor.v1.SessionReplacement.applied_at:type_name -> google.protobuf.Timestamp
 	31, // 41: tether.executor.v1.GetSessionResponse.sessions:type_name -> tether.executor.v1.Session
 	38, // 42: tether.executor.v1.CloseSessionResponse.checkpoints:type_name -> tether.executor.v1.SessionCheckpoint
-	55, // 43: tether.executor.v1.SessionCheckpoint.stamp:type_name -> tether.backup.v1.Stamp
-	50, // 44: tether.executor.v1.SessionCheckpoint.created_at:type_name -> google.protobuf.Timestamp
+	62, // 43: tether.executor.v1.SessionCheckpoint.stamp:type_name -> tether.backup.v1.Stamp
+	57, // 44: tether.executor.v1.SessionCheckpoint.created_at:type_name -> google.protobuf.Timestamp
 	40, // 45: tether.executor.v1.Interaction.questions:type_name -> tether.executor.v1.InteractionQuestion
 	42, // 46: tether.executor.v1.Interaction.answers:type_name -> tether.executor.v1.InteractionAnswer
-	50, // 47: tether.executor.v1.Interaction.created_at:type_name -> google.protobuf.Timestamp
-	50, // 48: tether.executor.v1.Interaction.answered_at:type_name -> google.protobuf.Timestamp
+	57, // 47: tether.executor.v1.Interaction.created_at:type_name -> google.protobuf.Timestamp
+	57, // 48: tether.executor.v1.Interaction.answered_at:type_name -> google.protobuf.Timestamp
 	41, // 49: tether.executor.v1.InteractionQuestion.options:type_name -> tether.executor.v1.InteractionOption
 	39, // 50: tether.executor.v1.ListInteractionsResponse.interactions:type_name -> tether.executor.v1.Interaction
 	39, // 51: tether.executor.v1.GetInteractionResponse.interaction:type_name -> tether.executor.v1.Interaction
 	42, // 52: tether.executor.v1.AnswerInteractionRequest.answers:type_name -> tether.executor.v1.InteractionAnswer
 	39, // 53: tether.executor.v1.AnswerInteractionResponse.interaction:type_name -> tether.executor.v1.Interaction
 	11, // 54: tether.executor.v1.AnswerInteractionResponse.continuation_run:type_name -> tether.executor.v1.Run
-	2,  // 55: tether.executor.v1.ExecutorService.SubmitRun:input_type -> tether.executor.v1.SubmitRunRequest
-	16, // 56: tether.executor.v1.ExecutorService.GetRun:input_type -> tether.executor.v1.GetRunRequest
-	18, // 57: tether.executor.v1.ExecutorService.ListRuns:input_type -> tether.executor.v1.ListRunsRequest
-	20, // 58: tether.executor.v1.ExecutorService.WatchRun:input_type -> tether.executor.v1.WatchRunRequest
-	14, // 59: tether.executor.v1.ExecutorService.CancelRun:input_type -> tether.executor.v1.CancelRunRequest
-	22, // 60: tether.executor.v1.ExecutorService.GetSteeringState:input_type -> tether.executor.v1.GetSteeringStateRequest
-	24, // 61: tether.executor.v1.ExecutorService.SteerRun:input_type -> tether.executor.v1.SteerRunRequest
-	26, // 62: tether.executor.v1.ExecutorService.ResolveRuntimeRequest:input_type -> tether.executor.v1.ResolveRuntimeRequestRequest
-	28, // 63: tether.executor.v1.ExecutorService.CompleteToolCall:input_type -> tether.executor.v1.CompleteToolCallRequest
-	30, // 64: tether.executor.v1.ExecutorService.GetSession:input_type -> tether.executor.v1.GetSessionRequest
-	36, // 65: tether.executor.v1.ExecutorService.CloseSession:input_type -> tether.executor.v1.CloseSessionRequest
-	32, // 66: tether.executor.v1.ExecutorService.ReplaceSession:input_type -> tether.executor.v1.ReplaceSessionRequest
-	43, // 67: tether.executor.v1.ExecutorService.ListInteractions:input_type -> tether.executor.v1.ListInteractionsRequest
-	45, // 68: tether.executor.v1.ExecutorService.GetInteraction:input_type -> tether.executor.v1.GetInteractionRequest
-	47, // 69: tether.executor.v1.ExecutorService.AnswerInteraction:input_type -> tether.executor.v1.AnswerInteractionRequest
-	3,  // 70: tether.executor.v1.ExecutorService.SubmitRun:output_type -> tether.executor.v1.SubmitRunResponse
-	17, // 71: tether.executor.v1.ExecutorService.GetRun:output_type -> tether.executor.v1.GetRunResponse
-	19, // 72: tether.executor.v1.ExecutorService.ListRuns:output_type -> tether.executor.v1.ListRunsResponse
-	21, // 73: tether.executor.v1.ExecutorService.WatchRun:output_type -> tether.executor.v1.WatchRunResponse
-	15, // 74: tether.executor.v1.ExecutorService.CancelRun:output_type -> tether.executor.v1.CancelRunResponse
-	23, // 75: tether.executor.v1.ExecutorService.GetSteeringState:output_type -> tether.executor.v1.GetSteeringStateResponse
-	25, // 76: tether.executor.v1.ExecutorService.SteerRun:output_type -> tether.executor.v1.SteerRunResponse
-	27, // 77: tether.executor.v1.ExecutorService.ResolveRuntimeRequest:output_type -> tether.executor.v1.ResolveRuntimeRequestResponse
-	29, // 78: tether.executor.v1.ExecutorService.CompleteToolCall:output_type -> tether.executor.v1.CompleteToolCallResponse
-	35, // 79: tether.executor.v1.ExecutorService.GetSession:output_type -> tether.executor.v1.GetSessionResponse
-	37, // 80: tether.executor.v1.ExecutorService.CloseSession:output_type -> tether.executor.v1.CloseSessionResponse
-	33, // 81: tether.executor.v1.ExecutorService.ReplaceSession:output_type -> tether.executor.v1.ReplaceSessionResponse
-	44, // 82: tether.executor.v1.ExecutorService.ListInteractions:output_type -> tether.executor.v1.ListInteractionsResponse
-	46, // 83: tether.executor.v1.ExecutorService.GetInteraction:output_type -> tether.executor.v1.GetInteractionResponse
-	48, // 84: tether.executor.v1.ExecutorService.AnswerInteraction:output_type -> tether.executor.v1.AnswerInteractionResponse
-	70, // [70:85] is the sub-list for method output_type
-	55, // [55:70] is the sub-list for method input_type
-	55, // [55:55] is the sub-list for extension type_name
-	55, // [55:55] is the sub-list for extension extendee
-	0,  // [0:55] is the sub-list for field type_name
+	57, // 55: tether.executor.v1.Secret.updated_at:type_name -> google.protobuf.Timestamp
+	49, // 56: tether.executor.v1.PutSecretResponse.secret:type_name -> tether.executor.v1.Secret
+	49, // 57: tether.executor.v1.ListSecretsResponse.secrets:type_name -> tether.executor.v1.Secret
+	49, // 58: tether.executor.v1.DeleteSecretResponse.secret:type_name -> tether.executor.v1.Secret
+	2,  // 59: tether.executor.v1.ExecutorService.SubmitRun:input_type -> tether.executor.v1.SubmitRunRequest
+	16, // 60: tether.executor.v1.ExecutorService.GetRun:input_type -> tether.executor.v1.GetRunRequest
+	18, // 61: tether.executor.v1.ExecutorService.ListRuns:input_type -> tether.executor.v1.ListRunsRequest
+	20, // 62: tether.executor.v1.ExecutorService.WatchRun:input_type -> tether.executor.v1.WatchRunRequest
+	14, // 63: tether.executor.v1.ExecutorService.CancelRun:input_type -> tether.executor.v1.CancelRunRequest
+	22, // 64: tether.executor.v1.ExecutorService.GetSteeringState:input_type -> tether.executor.v1.GetSteeringStateRequest
+	24, // 65: tether.executor.v1.ExecutorService.SteerRun:input_type -> tether.executor.v1.SteerRunRequest
+	26, // 66: tether.executor.v1.ExecutorService.ResolveRuntimeRequest:input_type -> tether.executor.v1.ResolveRuntimeRequestRequest
+	28, // 67: tether.executor.v1.ExecutorService.CompleteToolCall:input_type -> tether.executor.v1.CompleteToolCallRequest
+	30, // 68: tether.executor.v1.ExecutorService.GetSession:input_type -> tether.executor.v1.GetSessionRequest
+	36, // 69: tether.executor.v1.ExecutorService.CloseSession:input_type -> tether.executor.v1.CloseSessionRequest
+	32, // 70: tether.executor.v1.ExecutorService.ReplaceSession:input_type -> tether.executor.v1.ReplaceSessionRequest
+	43, // 71: tether.executor.v1.ExecutorService.ListInteractions:input_type -> tether.executor.v1.ListInteractionsRequest
+	45, // 72: tether.executor.v1.ExecutorService.GetInteraction:input_type -> tether.executor.v1.GetInteractionRequest
+	47, // 73: tether.executor.v1.ExecutorService.AnswerInteraction:input_type -> tether.executor.v1.AnswerInteractionRequest
+	50, // 74: tether.executor.v1.ExecutorService.PutSecret:input_type -> tether.executor.v1.PutSecretRequest
+	52, // 75: tether.executor.v1.ExecutorService.ListSecrets:input_type -> tether.executor.v1.ListSecretsRequest
+	54, // 76: tether.executor.v1.ExecutorService.DeleteSecret:input_type -> tether.executor.v1.DeleteSecretRequest
+	3,  // 77: tether.executor.v1.ExecutorService.SubmitRun:output_type -> tether.executor.v1.SubmitRunResponse
+	17, // 78: tether.executor.v1.ExecutorService.GetRun:output_type -> tether.executor.v1.GetRunResponse
+	19, // 79: tether.executor.v1.ExecutorService.ListRuns:output_type -> tether.executor.v1.ListRunsResponse
+	21, // 80: tether.executor.v1.ExecutorService.WatchRun:output_type -> tether.executor.v1.WatchRunResponse
+	15, // 81: tether.executor.v1.ExecutorService.CancelRun:output_type -> tether.executor.v1.CancelRunResponse
+	23, // 82: tether.executor.v1.ExecutorService.GetSteeringState:output_type -> tether.executor.v1.GetSteeringStateResponse
+	25, // 83: tether.executor.v1.ExecutorService.SteerRun:output_type -> tether.executor.v1.SteerRunResponse
+	27, // 84: tether.executor.v1.ExecutorService.ResolveRuntimeRequest:output_type -> tether.executor.v1.ResolveRuntimeRequestResponse
+	29, // 85: tether.executor.v1.ExecutorService.CompleteToolCall:output_type -> tether.executor.v1.CompleteToolCallResponse
+	35, // 86: tether.executor.v1.ExecutorService.GetSession:output_type -> tether.executor.v1.GetSessionResponse
+	37, // 87: tether.executor.v1.ExecutorService.CloseSession:output_type -> tether.executor.v1.CloseSessionResponse
+	33, // 88: tether.executor.v1.ExecutorService.ReplaceSession:output_type -> tether.executor.v1.ReplaceSessionResponse
+	44, // 89: tether.executor.v1.ExecutorService.ListInteractions:output_type -> tether.executor.v1.ListInteractionsResponse
+	46, // 90: tether.executor.v1.ExecutorService.GetInteraction:output_type -> tether.executor.v1.GetInteractionResponse
+	48, // 91: tether.executor.v1.ExecutorService.AnswerInteraction:output_type -> tether.executor.v1.AnswerInteractionResponse
+	51, // 92: tether.executor.v1.ExecutorService.PutSecret:output_type -> tether.executor.v1.PutSecretResponse
+	53, // 93: tether.executor.v1.ExecutorService.ListSecrets:output_type -> tether.executor.v1.ListSecretsResponse
+	55, // 94: tether.executor.v1.ExecutorService.DeleteSecret:output_type -> tether.executor.v1.DeleteSecretResponse
+	77, // [77:95] is the sub-list for method output_type
+	59, // [59:77] is the sub-list for method input_type
+	59, // [59:59] is the sub-list for extension type_name
+	59, // [59:59] is the sub-list for extension extendee
+	0,  // [0:59] is the sub-list for field type_name
 }
 
 func init() { file_tether_executor_v1_executor_proto_init() }
@@ -4120,7 +4544,7 @@ func file_tether_executor_v1_executor_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_tether_executor_v1_executor_proto_rawDesc), len(file_tether_executor_v1_executor_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   47,
+			NumMessages:   54,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -34,6 +34,9 @@ const (
 	ExecutorService_ListInteractions_FullMethodName      = "/tether.executor.v1.ExecutorService/ListInteractions"
 	ExecutorService_GetInteraction_FullMethodName        = "/tether.executor.v1.ExecutorService/GetInteraction"
 	ExecutorService_AnswerInteraction_FullMethodName     = "/tether.executor.v1.ExecutorService/AnswerInteraction"
+	ExecutorService_PutSecret_FullMethodName             = "/tether.executor.v1.ExecutorService/PutSecret"
+	ExecutorService_ListSecrets_FullMethodName           = "/tether.executor.v1.ExecutorService/ListSecrets"
+	ExecutorService_DeleteSecret_FullMethodName          = "/tether.executor.v1.ExecutorService/DeleteSecret"
 )
 
 // ExecutorServiceClient is the client API for ExecutorService service.
@@ -104,6 +107,16 @@ type ExecutorServiceClient interface {
 	// run; another answer after the first is interaction_already_answered.
 	// A partial item-verdict answer is recorded and keeps the wait pending.
 	AnswerInteraction(ctx context.Context, in *AnswerInteractionRequest, opts ...grpc.CallOption) (*AnswerInteractionResponse, error)
+	// PutSecret stores (or rotates) a secret of a company (SPEC T3): the
+	// value is encrypted at rest, and each put is a new version. Runs name
+	// secrets in environment.secret_refs; an attempt started after a
+	// rotation gets the new value. No call ever returns a value.
+	PutSecret(ctx context.Context, in *PutSecretRequest, opts ...grpc.CallOption) (*PutSecretResponse, error)
+	// ListSecrets lists a company's secrets: names and versions, never values.
+	ListSecrets(ctx context.Context, in *ListSecretsRequest, opts ...grpc.CallOption) (*ListSecretsResponse, error)
+	// DeleteSecret deletes a company's secret (secret_not_found when there
+	// is none); a run naming it fails its next attempt with secret_not_found.
+	DeleteSecret(ctx context.Context, in *DeleteSecretRequest, opts ...grpc.CallOption) (*DeleteSecretResponse, error)
 }
 
 type executorServiceClient struct {
@@ -273,6 +286,36 @@ func (c *executorServiceClient) AnswerInteraction(ctx context.Context, in *Answe
 	return out, nil
 }
 
+func (c *executorServiceClient) PutSecret(ctx context.Context, in *PutSecretRequest, opts ...grpc.CallOption) (*PutSecretResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PutSecretResponse)
+	err := c.cc.Invoke(ctx, ExecutorService_PutSecret_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *executorServiceClient) ListSecrets(ctx context.Context, in *ListSecretsRequest, opts ...grpc.CallOption) (*ListSecretsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListSecretsResponse)
+	err := c.cc.Invoke(ctx, ExecutorService_ListSecrets_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *executorServiceClient) DeleteSecret(ctx context.Context, in *DeleteSecretRequest, opts ...grpc.CallOption) (*DeleteSecretResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DeleteSecretResponse)
+	err := c.cc.Invoke(ctx, ExecutorService_DeleteSecret_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // ExecutorServiceServer is the server API for ExecutorService service.
 // All implementations must embed UnimplementedExecutorServiceServer
 // for forward compatibility.
@@ -341,6 +384,16 @@ type ExecutorServiceServer interface {
 	// run; another answer after the first is interaction_already_answered.
 	// A partial item-verdict answer is recorded and keeps the wait pending.
 	AnswerInteraction(context.Context, *AnswerInteractionRequest) (*AnswerInteractionResponse, error)
+	// PutSecret stores (or rotates) a secret of a company (SPEC T3): the
+	// value is encrypted at rest, and each put is a new version. Runs name
+	// secrets in environment.secret_refs; an attempt started after a
+	// rotation gets the new value. No call ever returns a value.
+	PutSecret(context.Context, *PutSecretRequest) (*PutSecretResponse, error)
+	// ListSecrets lists a company's secrets: names and versions, never values.
+	ListSecrets(context.Context, *ListSecretsRequest) (*ListSecretsResponse, error)
+	// DeleteSecret deletes a company's secret (secret_not_found when there
+	// is none); a run naming it fails its next attempt with secret_not_found.
+	DeleteSecret(context.Context, *DeleteSecretRequest) (*DeleteSecretResponse, error)
 	mustEmbedUnimplementedExecutorServiceServer()
 }
 
@@ -395,6 +448,15 @@ func (UnimplementedExecutorServiceServer) GetInteraction(context.Context, *GetIn
 }
 func (UnimplementedExecutorServiceServer) AnswerInteraction(context.Context, *AnswerInteractionRequest) (*AnswerInteractionResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method AnswerInteraction not implemented")
+}
+func (UnimplementedExecutorServiceServer) PutSecret(context.Context, *PutSecretRequest) (*PutSecretResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method PutSecret not implemented")
+}
+func (UnimplementedExecutorServiceServer) ListSecrets(context.Context, *ListSecretsRequest) (*ListSecretsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListSecrets not implemented")
+}
+func (UnimplementedExecutorServiceServer) DeleteSecret(context.Context, *DeleteSecretRequest) (*DeleteSecretResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method DeleteSecret not implemented")
 }
 func (UnimplementedExecutorServiceServer) mustEmbedUnimplementedExecutorServiceServer() {}
 func (UnimplementedExecutorServiceServer) testEmbeddedByValue()                         {}
@@ -680,6 +742,60 @@ func _ExecutorService_AnswerInteraction_Handler(srv interface{}, ctx context.Con
 	return interceptor(ctx, in, info, handler)
 }
 
+func _ExecutorService_PutSecret_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PutSecretRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ExecutorServiceServer).PutSecret(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ExecutorService_PutSecret_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ExecutorServiceServer).PutSecret(ctx, req.(*PutSecretRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _ExecutorService_ListSecrets_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListSecretsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ExecutorServiceServer).ListSecrets(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ExecutorService_ListSecrets_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ExecutorServiceServer).ListSecrets(ctx, req.(*ListSecretsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _ExecutorService_DeleteSecret_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DeleteSecretRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ExecutorServiceServer).DeleteSecret(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ExecutorService_DeleteSecret_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ExecutorServiceServer).DeleteSecret(ctx, req.(*DeleteSecretRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // ExecutorService_ServiceDesc is the grpc.ServiceDesc for ExecutorService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -742,6 +858,18 @@ var ExecutorService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "AnswerInteraction",
 			Handler:    _ExecutorService_AnswerInteraction_Handler,
+		},
+		{
+			MethodName: "PutSecret",
+			Handler:    _ExecutorService_PutSecret_Handler,
+		},
+		{
+			MethodName: "ListSecrets",
+			Handler:    _ExecutorService_ListSecrets_Handler,
+		},
+		{
+			MethodName: "DeleteSecret",
+			Handler:    _ExecutorService_DeleteSecret_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

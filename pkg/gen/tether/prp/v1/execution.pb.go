@@ -227,7 +227,14 @@ type ProviderEnvironment struct {
 	Configured map[string]string `protobuf:"bytes,1,rep,name=configured,proto3" json:"configured,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// Host variables the provider inherits (PATH, HOME, the provider's
 	// credential home, ...). Set by the executor; a caller's list is replaced.
-	Inherit       []string `protobuf:"bytes,2,rep,name=inherit,proto3" json:"inherit,omitempty"`
+	Inherit []string `protobuf:"bytes,2,rep,name=inherit,proto3" json:"inherit,omitempty"`
+	// Credentials by reference (SPEC T3): variable name -> the name of a
+	// secret of the run's company (ExecutorService.PutSecret). The executor
+	// resolves them only when it sends the run's attach to the gateway that
+	// launches the provider; values are never stored with the run. A plain
+	// configured value given at submit is stored the same way (as a secret
+	// named "env.<NAME>.<keyed digest>") and replaced by its reference.
+	SecretRefs    map[string]string `protobuf:"bytes,3,rep,name=secret_refs,json=secretRefs,proto3" json:"secret_refs,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -272,6 +279,13 @@ func (x *ProviderEnvironment) GetConfigured() map[string]string {
 func (x *ProviderEnvironment) GetInherit() []string {
 	if x != nil {
 		return x.Inherit
+	}
+	return nil
+}
+
+func (x *ProviderEnvironment) GetSecretRefs() map[string]string {
+	if x != nil {
+		return x.SecretRefs
 	}
 	return nil
 }
@@ -1077,13 +1091,18 @@ const file_tether_prp_v1_execution_proto_rawDesc = "" +
 	"\x06runner\x18\b \x01(\v2\x1e.tether.prp.v1.RunnerPlacementR\x06runner\x12D\n" +
 	"\venvironment\x18\t \x01(\v2\".tether.prp.v1.ProviderEnvironmentR\venvironment\x12R\n" +
 	"\x13completion_contract\x18\x14 \x01(\v2!.tether.prp.v1.CompletionContractR\x12completionContract\x12a\n" +
-	"\x15interaction_responses\x18\x15 \x03(\v2\".tether.prp.v1.InteractionResponseB\b\xbaH\x05\x92\x01\x02\x10@R\x14interactionResponses\"\xef\x01\n" +
+	"\x15interaction_responses\x18\x15 \x03(\v2\".tether.prp.v1.InteractionResponseB\b\xbaH\x05\x92\x01\x02\x10@R\x14interactionResponses\"\xc0\x03\n" +
 	"\x13ProviderEnvironment\x12n\n" +
 	"\n" +
 	"configured\x18\x01 \x03(\v22.tether.prp.v1.ProviderEnvironment.ConfiguredEntryB\x1a\xbaH\x17\x9a\x01\x14\x10\x80\x02\"\ar\x05\x10\x01\x18\x80\x02*\x06r\x04(\x80\x80\x02R\n" +
 	"configured\x12)\n" +
-	"\ainherit\x18\x02 \x03(\tB\x0f\xbaH\f\x92\x01\t\x10@\"\x05r\x03\x18\x80\x02R\ainherit\x1a=\n" +
+	"\ainherit\x18\x02 \x03(\tB\x0f\xbaH\f\x92\x01\t\x10@\"\x05r\x03\x18\x80\x02R\ainherit\x12\x8f\x01\n" +
+	"\vsecret_refs\x18\x03 \x03(\v22.tether.prp.v1.ProviderEnvironment.SecretRefsEntryB:\xbaH7\x9a\x014\x10\x80\x02\"\ar\x05\x10\x01\x18\x80\x02*&r$\x10\x01\x18\xa0\x012\x1d^[A-Za-z0-9][A-Za-z0-9._:-]*$R\n" +
+	"secretRefs\x1a=\n" +
 	"\x0fConfiguredEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a=\n" +
+	"\x0fSecretRefsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xa2\x01\n" +
 	"\x12CompletionContract\x12$\n" +
@@ -1167,7 +1186,7 @@ func file_tether_prp_v1_execution_proto_rawDescGZIP() []byte {
 }
 
 var file_tether_prp_v1_execution_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_tether_prp_v1_execution_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
+var file_tether_prp_v1_execution_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
 var file_tether_prp_v1_execution_proto_goTypes = []any{
 	(LifecycleMode)(0),                // 0: tether.prp.v1.LifecycleMode
 	(*ExecutionInput)(nil),            // 1: tether.prp.v1.ExecutionInput
@@ -1185,9 +1204,10 @@ var file_tether_prp_v1_execution_proto_goTypes = []any{
 	(*Lifecycle)(nil),                 // 13: tether.prp.v1.Lifecycle
 	(*Session)(nil),                   // 14: tether.prp.v1.Session
 	nil,                               // 15: tether.prp.v1.ProviderEnvironment.ConfiguredEntry
-	nil,                               // 16: tether.prp.v1.RunnerPlacement.LabelsEntry
-	(*structpb.Struct)(nil),           // 17: google.protobuf.Struct
-	(*durationpb.Duration)(nil),       // 18: google.protobuf.Duration
+	nil,                               // 16: tether.prp.v1.ProviderEnvironment.SecretRefsEntry
+	nil,                               // 17: tether.prp.v1.RunnerPlacement.LabelsEntry
+	(*structpb.Struct)(nil),           // 18: google.protobuf.Struct
+	(*durationpb.Duration)(nil),       // 19: google.protobuf.Duration
 }
 var file_tether_prp_v1_execution_proto_depIdxs = []int32{
 	9,  // 0: tether.prp.v1.ExecutionInput.provider:type_name -> tether.prp.v1.Provider
@@ -1201,18 +1221,19 @@ var file_tether_prp_v1_execution_proto_depIdxs = []int32{
 	3,  // 8: tether.prp.v1.ExecutionInput.completion_contract:type_name -> tether.prp.v1.CompletionContract
 	5,  // 9: tether.prp.v1.ExecutionInput.interaction_responses:type_name -> tether.prp.v1.InteractionResponse
 	15, // 10: tether.prp.v1.ProviderEnvironment.configured:type_name -> tether.prp.v1.ProviderEnvironment.ConfiguredEntry
-	4,  // 11: tether.prp.v1.CompletionContract.criteria:type_name -> tether.prp.v1.Criterion
-	6,  // 12: tether.prp.v1.InteractionResponse.answers:type_name -> tether.prp.v1.InteractionResponseAnswer
-	16, // 13: tether.prp.v1.RunnerPlacement.labels:type_name -> tether.prp.v1.RunnerPlacement.LabelsEntry
-	17, // 14: tether.prp.v1.DynamicTool.input_schema:type_name -> google.protobuf.Struct
-	0,  // 15: tether.prp.v1.Lifecycle.mode:type_name -> tether.prp.v1.LifecycleMode
-	18, // 16: tether.prp.v1.Lifecycle.idle_timeout:type_name -> google.protobuf.Duration
-	13, // 17: tether.prp.v1.Session.lifecycle:type_name -> tether.prp.v1.Lifecycle
-	18, // [18:18] is the sub-list for method output_type
-	18, // [18:18] is the sub-list for method input_type
-	18, // [18:18] is the sub-list for extension type_name
-	18, // [18:18] is the sub-list for extension extendee
-	0,  // [0:18] is the sub-list for field type_name
+	16, // 11: tether.prp.v1.ProviderEnvironment.secret_refs:type_name -> tether.prp.v1.ProviderEnvironment.SecretRefsEntry
+	4,  // 12: tether.prp.v1.CompletionContract.criteria:type_name -> tether.prp.v1.Criterion
+	6,  // 13: tether.prp.v1.InteractionResponse.answers:type_name -> tether.prp.v1.InteractionResponseAnswer
+	17, // 14: tether.prp.v1.RunnerPlacement.labels:type_name -> tether.prp.v1.RunnerPlacement.LabelsEntry
+	18, // 15: tether.prp.v1.DynamicTool.input_schema:type_name -> google.protobuf.Struct
+	0,  // 16: tether.prp.v1.Lifecycle.mode:type_name -> tether.prp.v1.LifecycleMode
+	19, // 17: tether.prp.v1.Lifecycle.idle_timeout:type_name -> google.protobuf.Duration
+	13, // 18: tether.prp.v1.Session.lifecycle:type_name -> tether.prp.v1.Lifecycle
+	19, // [19:19] is the sub-list for method output_type
+	19, // [19:19] is the sub-list for method input_type
+	19, // [19:19] is the sub-list for extension type_name
+	19, // [19:19] is the sub-list for extension extendee
+	0,  // [0:19] is the sub-list for field type_name
 }
 
 func init() { file_tether_prp_v1_execution_proto_init() }
@@ -1226,7 +1247,7 @@ func file_tether_prp_v1_execution_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_tether_prp_v1_execution_proto_rawDesc), len(file_tether_prp_v1_execution_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   16,
+			NumMessages:   17,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
