@@ -107,6 +107,8 @@ func (s *Server) SubmitRun(ctx context.Context, req *executorv1.SubmitRunRequest
 	if err := admission.CheckWorkspace(req.GetInput(), s.WorkspaceRoot); err != nil {
 		return nil, err
 	}
+	// The run records who submitted it (SPEC T2).
+	ctx = store.WithActor(ctx, s.principal(ctx))
 	in, err := s.byReference(ctx, req.GetInput())
 	if err != nil {
 		return nil, err

@@ -90,6 +90,8 @@ func (r *Registry) ListGateways(ctx context.Context, _ *executorv1.ListGatewaysR
 // DrainGateway starts (or repeats) an operator's drain of a gateway (SPEC
 // F4); the replicas' drainers move its scopes.
 func (r *Registry) DrainGateway(ctx context.Context, req *executorv1.DrainGatewayRequest) (*executorv1.DrainGatewayResponse, error) {
+	// The drain records the operator that asked (SPEC T2).
+	ctx = store.WithActor(ctx, authz.Actor(ctx, "dev:"+grpcx.PeerIdentity(ctx)))
 	g, err := r.Store.DrainGateway(ctx, req.GetGatewayId(), req.GetReason(), r.ttl())
 	if err != nil {
 		return nil, err

@@ -35,7 +35,9 @@ func (s *Server) AnswerInteraction(ctx context.Context, req *executorv1.AnswerIn
 	for _, a := range req.GetAnswers() {
 		answers = append(answers, runtimeq.Answer{QuestionID: a.GetQuestionId(), OptionIDs: a.GetOptionIds(), Text: a.GetText()})
 	}
-	out, err := s.Store.AnswerInteraction(ctx, req.GetInteractionId(), answers)
+	// The answer, and the continuation run it submits, record who
+	// answered (SPEC T2).
+	out, err := s.Store.AnswerInteraction(store.WithActor(ctx, s.principal(ctx)), req.GetInteractionId(), answers)
 	if err != nil {
 		return nil, err
 	}

@@ -334,6 +334,42 @@ func TestT2_AuditAndRequestedByRecordTheAuthenticatedPrincipal(t *testing.T) {
 	require.Equal(t, "token:olga", rp.GetReplacements()[0].GetCaller())
 }
 
+// TestT2_SubmitAnswerAndDrainRecordTheAuthenticatedPrincipal: the run
+// names the principal that submitted it, the interaction the one whose
+// answer completed it (and its continuation run names that one as its
+// submitter), and a gateway's drain the operator that asked; none of them
+// is text the caller wrote.
+func TestT2_SubmitAnswerAndDrainRecordTheAuthenticatedPrincipal(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, envOpts{})
+	ctx := context.Background()
+	ia := e.seed(ctx, map[string]*grpc.ClientConn{"acme": e.as("alice", "acme:writer"), "globex": e.as("gary", "globex:writer")})
+	bob := executorv1.NewExecutorServiceClient(e.as("bob", "acme:writer"))
+	run, err := bob.GetRun(ctx, &executorv1.GetRunRequest{RunId: "acme-run"})
+	require.NoError(t, err)
+	require.Equal(t, "token:alice", run.GetRun().GetSubmittedBy())
+
+	ans, err := bob.AnswerInteraction(ctx, &executorv1.AnswerInteractionRequest{InteractionId: ia["acme"],
+		Answers: []*executorv1.InteractionAnswer{{QuestionId: "q", OptionIds: []string{"o"}}}})
+	require.NoError(t, err)
+	require.Equal(t, "token:bob", ans.GetInteraction().GetAnsweredBy())
+	require.Equal(t, "token:bob", ans.GetContinuationRun().GetSubmittedBy())
+	got, err := bob.GetInteraction(ctx, &executorv1.GetInteractionRequest{InteractionId: ia["acme"]})
+	require.NoError(t, err)
+	require.Equal(t, "token:bob", got.GetInteraction().GetAnsweredBy())
+
+	olga := executorv1.NewGatewayRegistryClient(e.as("olga", "operator"))
+	_, err = olga.RegisterGateway(ctx, &executorv1.RegisterGatewayRequest{GatewayId: "gw-a", Address: "127.0.0.1:1", Capacity: 1})
+	require.NoError(t, err)
+	dr, err := olga.DrainGateway(ctx, &executorv1.DrainGatewayRequest{GatewayId: "gw-a", Reason: "maintenance"})
+	require.NoError(t, err)
+	require.Equal(t, "token:olga", dr.GetGateway().GetDrain().GetRequestedBy())
+	list, err := olga.ListGateways(ctx, &executorv1.ListGatewaysRequest{})
+	require.NoError(t, err)
+	require.Len(t, list.GetGateways(), 1)
+	require.Equal(t, "token:olga", list.GetGateways()[0].GetDrain().GetRequestedBy())
+}
+
 // TestT2_AGatewayWithoutACertificateRegistersOnlyWithTheRegistrationProof:
 // where identities are required, RegisterGateway without an identity is
 // refused before the registry unless it carries a registration proof, which

@@ -33,7 +33,7 @@ func gatewayColumns(ttlParam string) string {
             WHEN draining OR drain_requested_at IS NOT NULL THEN 'draining' ELSE 'active' END,
        registered_at, heartbeat_at,
        (SELECT count(*) FROM executor.placements p WHERE p.gateway_id = g.gateway_id)::int,
-       drain_requested_at, coalesce(drain_reason, ''), drain_moved,
+       drain_requested_at, coalesce(drain_reason, ''), drain_moved, coalesce(drain_requested_by, ''),
        CASE WHEN drain_requested_at IS NULL THEN 0 ELSE
          (SELECT count(DISTINCT p.session_scope) FROM executor.placements p
             JOIN executor.coordinators c ON c.session_scope = p.session_scope
@@ -48,15 +48,16 @@ func scanGateway(row pgx.Row) (*executorv1.Gateway, error) {
 		reg, heard  time.Time
 		drainAt     *time.Time
 		drainReason string
+		drainBy     string
 		moved, busy int32
 	)
 	if err := row.Scan(&g.GatewayId, &g.Address, &labels, &g.Capacity, &g.Sessions, &state, &reg, &heard,
-		&g.PlacedScopes, &drainAt, &drainReason, &moved, &busy); err != nil {
+		&g.PlacedScopes, &drainAt, &drainReason, &moved, &drainBy, &busy); err != nil {
 		return nil, err
 	}
 	if drainAt != nil {
 		g.Drain = &executorv1.DrainProgress{RequestedAt: timestamppb.New(*drainAt), Reason: drainReason,
-			MovedScopes: moved, RemainingScopes: g.PlacedScopes, BusyScopes: busy, Done: g.PlacedScopes == 0}
+			MovedScopes: moved, RemainingScopes: g.PlacedScopes, BusyScopes: busy, Done: g.PlacedScopes == 0, RequestedBy: drainBy}
 	}
 	if err := json.Unmarshal(labels, &g.Labels); err != nil {
 		return nil, err
@@ -146,9 +147,10 @@ func (s *Store) ListGateways(ctx context.Context, ttl time.Duration) ([]*executo
 func (s *Store) DrainGateway(ctx context.Context, id, reason string, ttl time.Duration) (*executorv1.Gateway, error) {
 	g, err := scanGateway(s.pool.QueryRow(ctx, `
 UPDATE executor.gateways g SET drain_requested_at = coalesce(g.drain_requested_at, now()),
-       drain_reason = CASE WHEN g.drain_requested_at IS NULL THEN nullif($2, '') ELSE g.drain_reason END
+       drain_reason = CASE WHEN g.drain_requested_at IS NULL THEN nullif($2, '') ELSE g.drain_reason END,
+       drain_requested_by = CASE WHEN g.drain_requested_at IS NULL THEN nullif($4, '') ELSE g.drain_requested_by END
  WHERE g.gateway_id = $1
-RETURNING `+gatewayColumns("$3"), id, reason, ttl.Microseconds()))
+RETURNING `+gatewayColumns("$3"), id, reason, ttl.Microseconds(), ActorOf(ctx)))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, failure.New(codes.NotFound, failure.GatewayNotFound, "no registered gateway has the id %q", id)
 	}

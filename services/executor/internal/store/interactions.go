@@ -169,7 +169,7 @@ SELECT interaction_id, title, summary FROM executor.interactions
 
 const interactionColumns = `interaction_id, idempotency_key, kind, status, source_run_id, company_id, title, summary,
        continuation_policy, runtime_request_id, payload, answers, coalesce(answer_digest, ''), coalesce(continuation_run_id, ''),
-       created_at, answered_at`
+       created_at, answered_at, coalesce(answered_by, '')`
 
 // interactionRow is a stored interaction.
 type interactionRow struct {
@@ -189,7 +189,7 @@ func scanInteraction(row pgx.Row) (*interactionRow, error) {
 	)
 	p := r.pb
 	if err := row.Scan(&p.InteractionId, &p.IdempotencyKey, &p.Kind, &p.Status, &p.SourceRunId, &p.CompanyId, &p.Title, &p.Summary,
-		&policy, &runtimeReq, &payload, &answers, &r.digest, &p.ContinuationRunId, &created, &answered); err != nil {
+		&policy, &runtimeReq, &payload, &answers, &r.digest, &p.ContinuationRunId, &created, &answered, &p.AnsweredBy); err != nil {
 		return nil, err
 	}
 	p.ContinuationPolicy, p.RuntimeRequestId = policy, runtimeReq
@@ -346,8 +346,9 @@ func (s *Store) AnswerInteraction(ctx context.Context, id string, answers []runt
 		}
 		if _, err := tx.Exec(ctx, `
 UPDATE executor.interactions SET answers = $2, answer_digest = $3, status = $4, continuation_run_id = nullif($5, ''),
-       answered_at = CASE WHEN $4 = 'answered' THEN now() END
- WHERE interaction_id = $1`, id, raw, digest, status, runID); err != nil {
+       answered_at = CASE WHEN $4 = 'answered' THEN now() END,
+       answered_by = CASE WHEN $4 = 'answered' THEN nullif($6, '') END
+ WHERE interaction_id = $1`, id, raw, digest, status, runID, ActorOf(ctx)); err != nil {
 			return err
 		}
 		r2, err := scanInteraction(tx.QueryRow(ctx, `SELECT `+interactionColumns+` FROM executor.interactions WHERE interaction_id = $1`, id))

@@ -199,7 +199,7 @@ const runColumns = `r.run_id, ` + stateExpr + `, c.phase, c.attempt, coalesce(c.
 	r.created_at, r.updated_at, c.started_at, r.ended_at, r.submit_seq,
 	r.result_metadata -> 'nativeCancellation', r.recovery, coalesce(r.plan, ''),
 	r.usage_input_tokens, r.usage_cached_input_tokens, r.usage_output_tokens, r.cost_usd::float8,
-	coalesce(r.queued_reason, ''), coalesce(r.queued_message, '')`
+	coalesce(r.queued_reason, ''), coalesce(r.queued_message, ''), coalesce(r.submitted_by, '')`
 
 func scanRun(row pgx.Row) (*executorv1.Run, int64, error) { return scanRunWith(row) }
 
@@ -221,7 +221,7 @@ func scanRunWith(row pgx.Row, extra ...any) (*executorv1.Run, int64, error) {
 		&input, &result, &failCode, &failMsg, &run.EventCount,
 		&run.RunnerInstanceId, &runnerProc, &providerPrc,
 		&createdAt, &updatedAt, &startedAt, &endedAt, &seq, &cancel, &recovery, &run.Plan,
-		&usageIn, &usageCached, &usageOut, &costUSD, &queuedReason, &queuedMsg}, extra...)
+		&usageIn, &usageCached, &usageOut, &costUSD, &queuedReason, &queuedMsg, &run.SubmittedBy}, extra...)
 	err := row.Scan(dest...)
 	if err != nil {
 		return nil, 0, err

@@ -22,8 +22,8 @@ import (
 // (notifyCommitted), not inside it.
 const submitSQL = `
 WITH ins AS (
-  INSERT INTO executor.runs (run_id, company_id, normalized_session_id, session_scope, lifecycle, input, input_digest, issue_id, agent_id, trace_parent)
-  VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, nullif($11, ''))
+  INSERT INTO executor.runs (run_id, company_id, normalized_session_id, session_scope, lifecycle, input, input_digest, issue_id, agent_id, trace_parent, submitted_by)
+  VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, nullif($11, ''), nullif($12, ''))
   ON CONFLICT (run_id) DO NOTHING
   RETURNING run_id, session_scope, submit_seq),
 co AS (
@@ -204,7 +204,7 @@ func submitArgs(ctx context.Context, runID string, in *prpv1.ExecutionInput) (ar
 	return []any{runID, in.GetBinding().GetCompanyId(), in.GetSession().GetNormalizedSessionId(), scope.OfRun(runID, in),
 		in.GetSession().GetLifecycle().GetMode().String(), raw, digest,
 		in.GetBinding().GetIssueId(), in.GetBinding().GetAgentId(), BindingDigest(in),
-		telemetry.TraceParent(ctx)}, digest, nil
+		telemetry.TraceParent(ctx), ActorOf(ctx)}, digest, nil
 }
 
 // checkResubmitted checks a submission that found its run id stored

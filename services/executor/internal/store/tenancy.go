@@ -39,5 +39,20 @@ func companiesArg(companies []string) any {
 	return companies
 }
 
+type actorKey struct{}
+
+// WithActor returns ctx naming the principal a write is recorded for
+// (SPEC T2: runs.submitted_by, interactions.answered_by,
+// gateways.drain_requested_by), as the API's authorizer named it.
+func WithActor(ctx context.Context, actor string) context.Context {
+	return context.WithValue(ctx, actorKey{}, actor)
+}
+
+// ActorOf is the principal WithActor named ("" when none).
+func ActorOf(ctx context.Context) string {
+	a, _ := ctx.Value(actorKey{}).(string)
+	return a
+}
+
 // ErrInteractionNotFound is the interaction_not_found error of id.
 func ErrInteractionNotFound(id string) error { return errInteractionNotFound(id) }

@@ -821,7 +821,11 @@ type Run struct {
 	// Why a queued run waits, while it does: gateway_capacity_exhausted when
 	// no active gateway satisfying its placement labels has room (SPEC F2);
 	// the run is placed when capacity frees up. Absent otherwise.
-	QueuedReason  *Failure `protobuf:"bytes,31,opt,name=queued_reason,json=queuedReason,proto3" json:"queued_reason,omitempty"`
+	QueuedReason *Failure `protobuf:"bytes,31,opt,name=queued_reason,json=queuedReason,proto3" json:"queued_reason,omitempty"`
+	// The authenticated principal that submitted the run (SPEC T2; for a
+	// continuation run, the one that answered its interaction); in loopback
+	// development mode the caller's peer. Empty for runs from before.
+	SubmittedBy   string `protobuf:"bytes,32,opt,name=submitted_by,json=submittedBy,proto3" json:"submitted_by,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1001,6 +1005,13 @@ func (x *Run) GetQueuedReason() *Failure {
 		return x.QueuedReason
 	}
 	return nil
+}
+
+func (x *Run) GetSubmittedBy() string {
+	if x != nil {
+		return x.SubmittedBy
+	}
+	return ""
 }
 
 // Cancellation is the durable cancellation record (schema
@@ -2931,8 +2942,10 @@ type Interaction struct {
 	RuntimeRequestId string                 `protobuf:"bytes,13,opt,name=runtime_request_id,json=runtimeRequestId,proto3" json:"runtime_request_id,omitempty"`
 	CreatedAt        *timestamppb.Timestamp `protobuf:"bytes,14,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
 	AnsweredAt       *timestamppb.Timestamp `protobuf:"bytes,15,opt,name=answered_at,json=answeredAt,proto3" json:"answered_at,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// The authenticated principal whose answer completed it (SPEC T2).
+	AnsweredBy    string `protobuf:"bytes,16,opt,name=answered_by,json=answeredBy,proto3" json:"answered_by,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Interaction) Reset() {
@@ -3068,6 +3081,13 @@ func (x *Interaction) GetAnsweredAt() *timestamppb.Timestamp {
 		return x.AnsweredAt
 	}
 	return nil
+}
+
+func (x *Interaction) GetAnsweredBy() string {
+	if x != nil {
+		return x.AnsweredBy
+	}
+	return ""
 }
 
 // InteractionQuestion is one question and its options.
@@ -4017,7 +4037,7 @@ const file_tether_executor_v1_executor_proto_rawDesc = "" +
 	"\x0fidempotency_key\x18\x03 \x01(\tR\x0eidempotencyKey\"7\n" +
 	"\aFailure\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\tR\x04code\x12\x18\n" +
-	"\amessage\x18\x02 \x01(\tR\amessage\"\xa1\b\n" +
+	"\amessage\x18\x02 \x01(\tR\amessage\"\xc4\b\n" +
 	"\x03Run\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x122\n" +
 	"\x05state\x18\x02 \x01(\x0e2\x1c.tether.executor.v1.RunStateR\x05state\x12\x14\n" +
@@ -4045,7 +4065,8 @@ const file_tether_executor_v1_executor_proto_rawDesc = "" +
 	"\fcancellation\x18\x12 \x01(\v2 .tether.executor.v1.CancellationR\fcancellation\x128\n" +
 	"\brecovery\x18\x13 \x01(\v2\x1c.tether.executor.v1.RecoveryR\brecovery\x12\x12\n" +
 	"\x04plan\x18\x1e \x01(\tR\x04plan\x12@\n" +
-	"\rqueued_reason\x18\x1f \x01(\v2\x1b.tether.executor.v1.FailureR\fqueuedReason\"\xe6\x03\n" +
+	"\rqueued_reason\x18\x1f \x01(\v2\x1b.tether.executor.v1.FailureR\fqueuedReason\x12!\n" +
+	"\fsubmitted_by\x18  \x01(\tR\vsubmittedBy\"\xe6\x03\n" +
 	"\fCancellation\x12\x16\n" +
 	"\x06schema\x18\x01 \x01(\tR\x06schema\x12\x1b\n" +
 	"\tintent_id\x18\x02 \x01(\tR\bintentId\x12&\n" +
@@ -4225,7 +4246,7 @@ const file_tether_executor_v1_executor_proto_rawDesc = "" +
 	"\x05stamp\x18\x06 \x01(\v2\x17.tether.backup.v1.StampR\x05stamp\x12\x16\n" +
 	"\x06reason\x18\a \x01(\tR\x06reason\x129\n" +
 	"\n" +
-	"created_at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\"\x8b\x05\n" +
+	"created_at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\"\xac\x05\n" +
 	"\vInteraction\x12%\n" +
 	"\x0einteraction_id\x18\x01 \x01(\tR\rinteractionId\x12\x12\n" +
 	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x16\n" +
@@ -4245,7 +4266,9 @@ const file_tether_executor_v1_executor_proto_rawDesc = "" +
 	"\n" +
 	"created_at\x18\x0e \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x12;\n" +
 	"\vanswered_at\x18\x0f \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"answeredAt\"\xc1\x01\n" +
+	"answeredAt\x12\x1f\n" +
+	"\vanswered_by\x18\x10 \x01(\tR\n" +
+	"answeredBy\"\xc1\x01\n" +
 	"\x13InteractionQuestion\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x16\n" +
 	"\x06prompt\x18\x02 \x01(\tR\x06prompt\x12\x1a\n" +

@@ -214,7 +214,9 @@ type DrainProgress struct {
 	RemainingScopes int32 `protobuf:"varint,4,opt,name=remaining_scopes,json=remainingScopes,proto3" json:"remaining_scopes,omitempty"`
 	BusyScopes      int32 `protobuf:"varint,5,opt,name=busy_scopes,json=busyScopes,proto3" json:"busy_scopes,omitempty"`
 	// True once no scope is placed on the gateway: it can be stopped.
-	Done          bool `protobuf:"varint,6,opt,name=done,proto3" json:"done,omitempty"`
+	Done bool `protobuf:"varint,6,opt,name=done,proto3" json:"done,omitempty"`
+	// The authenticated principal that asked for the drain (SPEC T2).
+	RequestedBy   string `protobuf:"bytes,7,opt,name=requested_by,json=requestedBy,proto3" json:"requested_by,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -289,6 +291,13 @@ func (x *DrainProgress) GetDone() bool {
 		return x.Done
 	}
 	return false
+}
+
+func (x *DrainProgress) GetRequestedBy() string {
+	if x != nil {
+		return x.RequestedBy
+	}
+	return ""
 }
 
 type DrainGatewayRequest struct {
@@ -636,7 +645,7 @@ const file_tether_executor_v1_fleet_proto_rawDesc = "" +
 	" \x01(\v2!.tether.executor.v1.DrainProgressR\x05drain\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xe9\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x8c\x02\n" +
 	"\rDrainProgress\x12=\n" +
 	"\frequested_at\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\vrequestedAt\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\x12!\n" +
@@ -644,7 +653,8 @@ const file_tether_executor_v1_fleet_proto_rawDesc = "" +
 	"\x10remaining_scopes\x18\x04 \x01(\x05R\x0fremainingScopes\x12\x1f\n" +
 	"\vbusy_scopes\x18\x05 \x01(\x05R\n" +
 	"busyScopes\x12\x12\n" +
-	"\x04done\x18\x06 \x01(\bR\x04done\"b\n" +
+	"\x04done\x18\x06 \x01(\bR\x04done\x12!\n" +
+	"\frequested_by\x18\a \x01(\tR\vrequestedBy\"b\n" +
 	"\x13DrainGatewayRequest\x12)\n" +
 	"\n" +
 	"gateway_id\x18\x01 \x01(\tB\n" +
