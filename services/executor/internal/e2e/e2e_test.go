@@ -47,6 +47,7 @@ func TestMain(m *testing.M) {
 		"github.com/tether-run/tether/services/runnerd/cmd/fake-codex-app-server",
 		"github.com/tether-run/tether/services/runnerd/cmd/fake-acp-agent",
 		"github.com/tether-run/tether/services/runnerd/cmd/fake-opencode",
+		"github.com/tether-run/tether/services/runnerd/cmd/mock-model",
 	)
 	code := pgtest.Run(m)
 	testbin.Cleanup()

@@ -200,13 +200,13 @@ func TestR7_ProviderKilledMidStreamTheCutOffTurnIsRetriedOnTheResumedThreadAndTh
 	require.Contains(t, lost[0]["message"], "killed by signal SIGKILL")
 	require.LessOrEqual(t, len(eventsOf(evs, "turn.interrupted")), 1, "at most the reconciled one")
 
-	// The provider's history: the cut-off turn (never completed, no result
-	// delivered) and the retried one, completed once.
+	// The provider's history: the cut-off turn was dropped (thread/revert,
+	// SPEC R12) and the retried one completed once.
+	require.Equal(t, "dropped", lost[0]["providerHistory"])
 	turns := providerTurnsWith(t, h, prompt)
-	require.Len(t, turns, 2)
-	require.Equal(t, "interrupted", turns[0].Status)
-	require.Equal(t, "completed", turns[1].Status)
-	require.Contains(t, final, "(turn 2, 1 earlier messages)", "the retry continued the same thread")
+	require.Len(t, turns, 1)
+	require.Equal(t, "completed", turns[0].Status)
+	require.Contains(t, final, "(turn 1, 0 earlier messages)", "the retry continued the same thread, without the cut-off turn")
 	log := h.st.CallLog()
 	require.Equal(t, 2, countLines(t, log, "turn/start"), "one turn/start per attempt")
 	require.Equal(t, 2, countLines(t, log, "process-start"), "one replacement provider")

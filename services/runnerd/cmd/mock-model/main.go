@@ -18,7 +18,8 @@ import (
 
 func main() {
 	addr := flag.String("addr", "127.0.0.1:0", "loopback address to listen on")
-	codexHome := flag.String("codex-home", "", "also write an offline codex config.toml for this mock into DIR (model mock-model, key from MOCK_API_KEY; codex and codex-acp)")
+	codexHome := flag.String("codex-home", "", "also write an offline codex config.toml for this mock into DIR (model mock-model, key from -codex-env-key; codex and codex-acp)")
+	envKey := flag.String("codex-env-key", "MOCK_API_KEY", "the environment variable the written config.toml reads the mock's API key from")
 	flag.Parse()
 	s, err := mockmodel.Start(*addr)
 	if err != nil {
@@ -27,7 +28,7 @@ func main() {
 	}
 	if *codexHome != "" {
 		if err := codex.WriteConfig(*codexHome, codex.ConfigTOML{Model: "mock-model", ProviderID: "mock", ProviderName: "Mock Responses API",
-			BaseURL: s.BaseURL(), EnvKey: "MOCK_API_KEY", ApprovalPolicy: "on-request", SandboxMode: "workspace-write"}); err != nil {
+			BaseURL: s.BaseURL(), EnvKey: *envKey, ApprovalPolicy: "on-request", SandboxMode: "workspace-write"}); err != nil {
 			fmt.Fprintln(os.Stderr, "mock-model:", err)
 			_ = s.Close()
 			os.Exit(1)

@@ -452,7 +452,13 @@ func (p *codexProvider) LastTurn(ctx context.Context) (string, error) {
 	return id, p.convert(err)
 }
 
+// DropTurn removes a cut-off turn from the thread (runner.TurnDropper).
+func (p *codexProvider) DropTurn(ctx context.Context, turnID string) error {
+	return p.convert(p.s.DropTurn(ctx, turnID))
+}
+
 var (
 	_ runner.RuntimeRequestProvider = (*codexProvider)(nil)
 	_ runner.TurnReconciler         = (*codexProvider)(nil)
+	_ runner.TurnDropper            = (*codexProvider)(nil)
 )

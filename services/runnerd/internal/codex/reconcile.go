@@ -138,3 +138,23 @@ func (s *Session) LastTurn(ctx context.Context) (string, error) {
 	m, _ := turns[len(turns)-1].(map[string]any)
 	return str(m, "id"), nil
 }
+
+// DropTurn removes turnID and every later turn from the open thread's
+// durable history (thread/revert, codex 0.169.0: "replace a paginated
+// thread's durable history with the prefix before one turn"; local file
+// changes are not reverted). SPEC R12: a cut-off turn is dropped before its
+// retry so the thread holds the user's message once.
+func (s *Session) DropTurn(ctx context.Context, turnID string) error {
+	thread, err := s.openThread()
+	if err != nil {
+		return err
+	}
+	_, rpcErr, err := s.call(ctx, "thread/revert", map[string]any{"threadId": thread, "beforeTurnId": turnID}, s.cfg.RequestTimeout, nil)
+	if err != nil {
+		return err
+	}
+	if rpcErr != nil {
+		return errorf(failure.ProviderError, "thread/revert: %s", rpcErr.describe())
+	}
+	return nil
+}

@@ -31,6 +31,7 @@ var supportedMethods = []string{
 	"thread/start",
 	"thread/resume",
 	"thread/read",
+	"thread/revert",
 	"turn/start",
 	"turn/steer",
 	"turn/interrupt",

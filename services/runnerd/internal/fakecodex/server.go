@@ -404,6 +404,8 @@ func (s *Server) handlerFor(method string) handler {
 		return s.handleThreadResume
 	case "thread/read":
 		return s.handleThreadRead
+	case "thread/revert":
+		return s.handleThreadRevert
 	case "turn/start":
 		return s.handleTurnStart
 	case "turn/steer":
@@ -671,6 +673,40 @@ func (s *Server) handleThreadRead(id json.RawMessage, p params) error {
 		turns = append(turns, historyTurn(t, includeTurns))
 	}
 	return s.respond(id, map[string]any{"thread": s.threadObject(th, turns)})
+}
+
+// handleThreadRevert replaces a loaded thread's durable history with the
+// prefix before beforeTurnId (codex 0.169.0 thread/revert): that turn and
+// every later one are dropped. An active turn cannot be reverted.
+func (s *Server) handleThreadRevert(id json.RawMessage, p params) error {
+	th, perr := s.loadedThread(p)
+	if perr != nil {
+		return s.respondError(id, perr)
+	}
+	before, perr := p.str("beforeTurnId")
+	if perr != nil {
+		return s.respondError(id, perr)
+	}
+	if _, active := s.active[th.ID]; active {
+		return s.respondError(id, invalidRequest("thread %s has an active turn", th.ID))
+	}
+	cut := -1
+	for i, t := range th.Turns {
+		if t.ID == before {
+			cut = i
+		}
+	}
+	if cut < 0 {
+		return s.respondError(id, invalidRequest("thread/revert: turn not found: %s", before))
+	}
+	th.Turns = th.Turns[:cut]
+	if err := s.save(); err != nil {
+		return err
+	}
+	if err := s.respond(id, map[string]any{"thread": s.threadObject(th, nil), "itemsBackwardsCursor": nil, "turnsBackwardsCursor": nil}); err != nil {
+		return err
+	}
+	return s.notify("thread/reverted", map[string]any{"threadId": th.ID})
 }
 
 // loadedThread resolves a thread id for turn methods, which only work on

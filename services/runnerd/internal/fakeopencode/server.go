@@ -9,6 +9,7 @@
 //	GET  /session/{id}/message           [{info, parts}] (history)
 //	POST /session/{id}/prompt_async      {parts:[{type:"text",text}], model?} → 204; progress over /event
 //	POST /session/{id}/abort             → true
+//	DELETE /session/{id}/message/{mid}   → true (the message and its parts), 404 when unknown
 //	GET  /permission                     pending permission requests
 //	POST /permission/{id}/reply          {reply:"once"|"always"|"reject", message?} → true
 //
@@ -24,6 +25,12 @@
 //	                         then "TOOL RESULT: <output or rejection>"
 //	[slow]                   "ECHO: <text>" in 12 deltas, SlowDelay apart (abortable)
 //	[hold]                   one delta, then nothing until the turn is aborted
+//
+// An aborted turn ends as OpenCode 1.18.17's does (observed): session.error
+// MessageAbortedError and session.idle at once, then the aborted assistant
+// message and a second session.idle, which may come after the next prompt
+// was accepted (the fake holds them until then, at most AbortTailLimit).
+//
 //	[history]                "HISTORY: <earlier user texts joined by " | ">"
 //	[fail]                   the turn ends with an APIError (session.error)
 //	[die:mid-stream]         with Options.DieOnceDir: after the reply's first delta the server
@@ -73,15 +80,18 @@ type Options struct {
 type Server struct {
 	opts Options
 
-	mu       sync.Mutex
-	st       *persisted
-	subs     map[chan []byte]struct{}
-	running  map[string]*turn // by session id
-	perms    map[string]*permission
-	evSeq    int
-	logMu    sync.Mutex
-	stopOnce sync.Once
-	stop     chan struct{}
+	mu      sync.Mutex
+	st      *persisted
+	subs    map[chan []byte]struct{}
+	running map[string]*turn // by session id
+	// nextPrompt: an aborted turn's last events wait for the session's
+	// next prompt (closed when it was accepted).
+	nextPrompt map[string]chan struct{}
+	perms      map[string]*permission
+	evSeq      int
+	logMu      sync.Mutex
+	stopOnce   sync.Once
+	stop       chan struct{}
 }
 
 type persisted struct {
@@ -121,7 +131,7 @@ func New(opts Options) (*Server, error) {
 		opts.Permission = "ask"
 	}
 	s := &Server{opts: opts, st: &persisted{Sessions: map[string]*session{}}, subs: map[chan []byte]struct{}{},
-		running: map[string]*turn{}, perms: map[string]*permission{}, stop: make(chan struct{})}
+		running: map[string]*turn{}, nextPrompt: map[string]chan struct{}{}, perms: map[string]*permission{}, stop: make(chan struct{})}
 	if opts.StateFile != "" {
 		b, err := os.ReadFile(opts.StateFile)
 		switch {
@@ -224,6 +234,7 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /session/status", s.status)
 	mux.HandleFunc("GET /session/{id}", s.getSession)
 	mux.HandleFunc("GET /session/{id}/message", s.messages)
+	mux.HandleFunc("DELETE /session/{id}/message/{messageID}", s.deleteMessage)
 	mux.HandleFunc("POST /session/{id}/prompt_async", s.promptAsync)
 	mux.HandleFunc("POST /session/{id}/abort", s.abort)
 	mux.HandleFunc("GET /permission", s.listPermissions)
@@ -359,6 +370,32 @@ func (s *Server) messages(w http.ResponseWriter, r *http.Request) {
 	_, _ = w.Write(b)
 }
 
+func (s *Server) deleteMessage(w http.ResponseWriter, r *http.Request) {
+	sid, mid := r.PathValue("id"), r.PathValue("messageID")
+	s.mu.Lock()
+	ses := s.st.Sessions[sid]
+	found := false
+	if ses != nil {
+		for i, m := range ses.Messages {
+			if m.Info["id"] == mid {
+				ses.Messages = append(ses.Messages[:i:i], ses.Messages[i+1:]...)
+				found = true
+				break
+			}
+		}
+		if found {
+			s.save()
+		}
+	}
+	s.mu.Unlock()
+	if !found {
+		notFound(w, "message "+mid)
+		return
+	}
+	s.CallLog("message.delete " + mid)
+	writeJSON(w, http.StatusOK, true)
+}
+
 func (s *Server) abort(w http.ResponseWriter, r *http.Request) {
 	s.CallLog("abort " + r.PathValue("id"))
 	s.mu.Lock()
@@ -450,6 +487,12 @@ func (s *Server) promptAsync(w http.ResponseWriter, r *http.Request) {
 	}
 	s.CallLog("prompt " + sid + " " + strings.Join(text, " "))
 	w.WriteHeader(http.StatusNoContent)
+	s.mu.Lock()
+	if ch := s.nextPrompt[sid]; ch != nil {
+		delete(s.nextPrompt, sid)
+		close(ch)
+	}
+	s.mu.Unlock()
 	go s.runTurn(t, sid, body.MessageID, strings.Join(text, "\n"), provider, model)
 }
 

@@ -211,6 +211,10 @@ func (tr *turnRun) tool(command string) string {
 	return out
 }
 
+// AbortTailLimit bounds how long an aborted turn's last events wait for
+// the session's next prompt.
+const AbortTailLimit = 2 * time.Second
+
 // finish records the step and message end, then reports the session idle.
 func (tr *turnRun) finish(errInfo map[string]any) {
 	s := tr.s
@@ -234,10 +238,32 @@ func (tr *turnRun) finish(errInfo map[string]any) {
 	ci := clone(info)
 	s.save()
 	delete(s.running, tr.sid)
+	var next chan struct{}
+	if aborted := errInfo != nil && errInfo["name"] == "MessageAbortedError"; aborted {
+		next = make(chan struct{})
+		s.nextPrompt[tr.sid] = next
+	}
 	s.mu.Unlock()
 	tr.t.cancel()
 	if errInfo != nil {
 		s.publish("session.error", map[string]any{"sessionID": tr.sid, "error": errInfo})
+	}
+	if next != nil {
+		// As OpenCode 1.18.17 does on an abort: the session is reported
+		// idle at once, and again after the aborted message was written
+		// (its late idle can follow the next prompt: held until one comes,
+		// at most AbortTailLimit).
+		s.publish("session.status", map[string]any{"sessionID": tr.sid, "status": map[string]any{"type": "idle"}})
+		s.publish("session.idle", map[string]any{"sessionID": tr.sid})
+		select {
+		case <-next:
+		case <-time.After(AbortTailLimit):
+		}
+		s.mu.Lock()
+		if s.nextPrompt[tr.sid] == next {
+			delete(s.nextPrompt, tr.sid)
+		}
+		s.mu.Unlock()
 	}
 	s.publish("message.updated", map[string]any{"sessionID": tr.sid, "info": ci})
 	s.publish("session.status", map[string]any{"sessionID": tr.sid, "status": map[string]any{"type": "idle"}})

@@ -105,6 +105,7 @@ type Session struct {
 	sesID  string
 	turn   *turnState
 	total  runner.Usage
+	seen   map[string]bool // assistant messages counted in total
 	perms  map[string]*permRequest
 	closed bool
 
@@ -118,7 +119,7 @@ type Session struct {
 // Start starts (or, with cfg.Reattach, re-attaches to) the scope's
 // OpenCode server. It is runnerd's StartFunc for the "opencode" profile.
 func Start(ctx context.Context, cfg runner.ProviderConfig, emit func(runner.ProviderEvent)) (runner.Provider, error) {
-	s := &Session{cfg: cfg, emit: emit, home: filepath.Join(cfg.StateDir, HomeDir), perms: map[string]*permRequest{},
+	s := &Session{cfg: cfg, emit: emit, home: filepath.Join(cfg.StateDir, HomeDir), perms: map[string]*permRequest{}, seen: map[string]bool{},
 		done: make(chan runner.TurnResult, 16), exited: make(chan struct{}), watchDone: make(chan struct{}),
 		hc: &http.Client{Transport: &http.Transport{Proxy: nil, DisableCompression: true}}}
 	s.instance = randomPassword()[:8]

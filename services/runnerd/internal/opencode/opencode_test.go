@@ -383,3 +383,80 @@ func TestR10_ServerHomeEnvironmentAndAuth(t *testing.T) {
 	assert.Contains(t, res.FinalMessage, "prevents you from using this specific tool call")
 	assert.NoFileExists(t, filepath.Join(b.workspace, "perm.txt"))
 }
+
+// TestR10_ALateIdleOfAnAbortedTurnDoesNotEndTheNextTurn: OpenCode reports
+// an aborted session idle twice, the second time after the aborted message
+// was written, and that second idle may follow the next prompt (the fake
+// holds it until then). The interrupted turn ends with its own message and
+// the next turn is not ended by the stale idle (the make test-providers
+// flake: "expected ECHO: after the interrupt, actual ”").
+func TestR10_ALateIdleOfAnAbortedTurnDoesNotEndTheNextTurn(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	s, rec := start(t, b.config("ask"))
+	_, _, err := s.OpenThread(context.Background(), "")
+	require.NoError(t, err)
+	ctx := context.Background()
+	for i := range 2 {
+		id, err := s.StartTurn(ctx, "[hold] wait for me")
+		require.NoError(t, err)
+		rec.await(t, "item.delta", func(e runner.ProviderEvent) bool { return e.TurnID == id })
+		require.NoError(t, s.Interrupt(ctx, id))
+		res := turnResult(t, s)
+		require.Equal(t, "interrupted", res.Status, "round %d", i)
+		require.Equal(t, id, res.TurnID)
+		next, err := s.StartTurn(ctx, "after the interrupt")
+		require.NoError(t, err)
+		res = turnResult(t, s)
+		require.Equal(t, next, res.TurnID)
+		require.Equal(t, "completed", res.Status, "round %d", i)
+		require.Equal(t, "ECHO: after the interrupt", res.FinalMessage, "round %d", i)
+	}
+}
+
+// TestR12_OpenCodeSessionUsageSurvivesServerRestartsAndARestoredHome: the
+// session total a turn reports is the sum of every turn's usage of the
+// session, across a server killed and restarted and a home restored into a
+// new scope root (suspension): the driver reads it back from the session's
+// history instead of counting from zero in memory.
+func TestR12_OpenCodeSessionUsageSurvivesServerRestartsAndARestoredHome(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	cfg := b.config("allow")
+	s, _ := start(t, cfg)
+	ctx := context.Background()
+	sid, _, err := s.OpenThread(ctx, "")
+	require.NoError(t, err)
+	var sum runner.Usage
+	turn := func(s *Session, text string) {
+		t.Helper()
+		_, err := s.StartTurn(ctx, text)
+		require.NoError(t, err)
+		res := turnResult(t, s)
+		require.Equal(t, "completed", res.Status, res.ErrorMessage)
+		require.Positive(t, res.Usage.OutputTokens)
+		sum.InputTokens += res.Usage.InputTokens
+		sum.CachedInputTokens += res.Usage.CachedInputTokens
+		sum.OutputTokens += res.Usage.OutputTokens
+		require.NotNil(t, res.Total)
+		require.Equal(t, sum, *res.Total, "%q: the session total is the sum of the session's turns", text)
+	}
+	turn(s, "first words")
+	turn(s, "second words")
+
+	require.NoError(t, syscall.Kill(-s.Process().PGID, syscall.SIGKILL))
+	<-s.Exited()
+	s2, _ := start(t, cfg)
+	_, _, err = s2.OpenThread(ctx, sid)
+	require.NoError(t, err)
+	turn(s2, "after the kill")
+
+	require.NoError(t, s2.Close(ctx, 5*time.Second))
+	restored := filepath.Join(t.TempDir(), "restored")
+	copyTree(t, filepath.Join(b.stateDir, HomeDir), filepath.Join(restored, HomeDir))
+	cfg.StateDir = restored
+	s3, _ := start(t, cfg)
+	_, _, err = s3.OpenThread(ctx, sid)
+	require.NoError(t, err)
+	turn(s3, "after the restore")
+}

@@ -27,6 +27,12 @@ type turnState struct {
 	counted   map[string]bool // assistant messages whose usage was added
 	items     map[string]bool // items announced started
 	interrupt bool
+	// ended: the turn's newest assistant message is finished for good
+	// (completed with a finish other than "tool-calls", or with an
+	// error): OpenCode's prompt loop is over for this turn.
+	ended bool
+	// open: an assistant message of the turn is not completed yet.
+	open bool
 }
 
 func newTurn(id string) *turnState {
@@ -92,8 +98,13 @@ func (s *Session) OpenThread(ctx context.Context, threadID string) (string, bool
 			return "", false, perr(failure.ProviderThreadStartFailed, "OpenCode returned a session without an id")
 		}
 	}
+	total, seen, err := s.historyUsage(ctx, threadID)
+	if err != nil {
+		return "", false, perr(failure.ProviderThreadResumeFailed, "reading the usage of OpenCode session %s: %v", threadID, err)
+	}
 	s.mu.Lock()
 	s.sesID = threadID
+	s.total, s.seen = total, seen
 	s.mu.Unlock()
 	s.emitEv("session.started", "", "", runner.P0, map[string]any{
 		"threadId": threadID, "providerSessionId": threadID, "resumed": resumed, "model": s.cfg.Model,
@@ -229,7 +240,35 @@ func (s *Session) onEvent(typ string, p map[string]any) {
 		t.errName, t.errMsg = str(e, "name"), str(obj(e, "data"), "message")
 		s.mu.Unlock()
 	case "session.idle":
+		if !s.idleEnds(t) {
+			// An idle this turn gave no cause for: OpenCode reports a
+			// session idle more than once around an abort, and a late one
+			// of the previous (aborted) turn arrives after the next
+			// prompt started. It is not this turn's end.
+			s.log.Debug("opencode: session.idle before the turn's end; ignored", "turn", t.id)
+			return
+		}
 		s.finishTurn(t, false)
+	}
+}
+
+// idleEnds reports whether a session.idle ends t: its newest assistant
+// message finished (for good, or after tool calls when OpenCode stops
+// there), or, before any assistant message of it, it was aborted or
+// OpenCode reported an error for it. A stale idle of the previous turn
+// comes before the turn's first assistant message ends.
+func (s *Session) idleEnds(t *turnState) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case t.ended:
+		return true
+	case t.open:
+		return false
+	case len(t.asst) > 0:
+		return true
+	default:
+		return t.interrupt || t.errName != ""
 	}
 }
 
@@ -248,6 +287,12 @@ func (s *Session) onMessage(t *turnState, info map[string]any) {
 	s.mu.Lock()
 	t.asst[id] = true
 	done := obj(info, "time")["completed"] != nil
+	e := obj(info, "error")
+	t.open = !done
+	t.ended = done && (e != nil || str(info, "finish") != "tool-calls")
+	if e != nil {
+		t.errName, t.errMsg = str(e, "name"), str(obj(e, "data"), "message")
+	}
 	add := done && !t.counted[id]
 	var u runner.Usage
 	var cost float64
@@ -258,9 +303,7 @@ func (s *Session) onMessage(t *turnState, info map[string]any) {
 		t.usage.CachedInputTokens += u.CachedInputTokens
 		t.usage.OutputTokens += u.OutputTokens
 		t.cost += cost
-		s.total.InputTokens += u.InputTokens
-		s.total.CachedInputTokens += u.CachedInputTokens
-		s.total.OutputTokens += u.OutputTokens
+		s.countTotal(id, u)
 	}
 	total := s.total
 	s.mu.Unlock()
@@ -269,6 +312,49 @@ func (s *Session) onMessage(t *turnState, info map[string]any) {
 			"total": usagePayload(total), "last": usagePayload(u), "costUsd": cost,
 		})
 	}
+}
+
+// Usage is durable (SPEC R12): the session's total is not kept by the
+// driver but read back from the session's history at every OpenThread (a
+// restarted or re-attached server, a restored checkpoint: the history is in
+// the backed-up database) — the tokens of every finished assistant message
+// — plus what tether deleted from the history with a dropped turn
+// (usageFile). Each finished assistant message counts once (seen).
+
+// countTotal adds u of assistant message id to the session's total once
+// (mu held).
+func (s *Session) countTotal(id string, u runner.Usage) {
+	if s.seen[id] {
+		return
+	}
+	s.seen[id] = true
+	s.total.InputTokens += u.InputTokens
+	s.total.CachedInputTokens += u.CachedInputTokens
+	s.total.OutputTokens += u.OutputTokens
+}
+
+// historyUsage is the total of session sid: its finished assistant
+// messages and its dropped usage.
+func (s *Session) historyUsage(ctx context.Context, sid string) (runner.Usage, map[string]bool, error) {
+	seen := map[string]bool{}
+	total := s.droppedUsage(sid)
+	var msgs []struct {
+		Info map[string]any `json:"info"`
+	}
+	if err := s.call(ctx, http.MethodGet, "/session/"+sid+"/message", nil, &msgs); err != nil {
+		return total, seen, err
+	}
+	for _, m := range msgs {
+		if str(m.Info, "role") != "assistant" || obj(m.Info, "time")["completed"] == nil {
+			continue
+		}
+		u, _ := usageOf(m.Info)
+		seen[str(m.Info, "id")] = true
+		total.InputTokens += u.InputTokens
+		total.CachedInputTokens += u.CachedInputTokens
+		total.OutputTokens += u.OutputTokens
+	}
+	return total, seen, nil
 }
 
 // usageOf reads an assistant message's tokens: input counts the cached
@@ -523,4 +609,5 @@ var (
 	_ runner.TurnReconciler         = (*Session)(nil)
 	_ runner.RuntimeRequestProvider = (*Session)(nil)
 	_ runner.ReattachReconciler     = (*Session)(nil)
+	_ runner.TurnDropper            = (*Session)(nil)
 )

@@ -1106,6 +1106,10 @@ func (r *Runner) terminalEvent(t *runnerstate.Turn, res TurnResult) pendingEvent
 	if res.ErrorMessage != "" {
 		payload["message"] = res.ErrorMessage
 	}
+	if res.Status == "interrupted" {
+		payload["finalMessage"] = r.streamed.partialOutput(t.TurnID, res.FinalMessage)
+		payload["partial"] = true
+	}
 	if len(res.Artifacts) > 0 {
 		arts := make([]any, len(res.Artifacts))
 		for i, a := range res.Artifacts {

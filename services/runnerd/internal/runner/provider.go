@@ -36,6 +36,28 @@ type TurnReconciler interface {
 	LastTurn(ctx context.Context) (string, error)
 }
 
+// TurnDropper is implemented by providers that can remove a turn from
+// the thread's history (SPEC R12): a turn cut off by a provider loss is
+// dropped before the controller retries it, so that the provider's history
+// holds the user's message once (codex thread/revert, OpenCode's message
+// delete). DropTurn removes turnID and nothing before it.
+type TurnDropper interface {
+	DropTurn(ctx context.Context, turnID string) error
+}
+
+// What happened to a lost turn in the provider's history (turn.lost
+// payload providerHistory, SPEC R12).
+const (
+	// HistoryDropped: the cut-off turn was removed; the retry's prompt is
+	// in the history once.
+	HistoryDropped = "dropped"
+	// HistoryKept: the provider cannot drop it (or dropping failed): the
+	// history holds the cut-off prompt and the retry's.
+	HistoryKept = "kept"
+	// HistoryAbsent: the provider never recorded the turn.
+	HistoryAbsent = "absent"
+)
+
 // ReattachReconciler is implemented by providers whose re-attach after a
 // runnerd restart does not replay what the provider did meanwhile (the
 // OpenCode event stream): runnerd reconciles the active turn on the

@@ -61,7 +61,11 @@ func (r *Runner) reconcileTurn(t *runnerstate.Turn, code, cause string) {
 		if outcome == "" {
 			outcome = "failed"
 		}
-		r.loseTurn(t, code, fmt.Sprintf("%s; reconciling turn %s: %v", cause, t.TurnID, err), outcome)
+		history := ""
+		if outcome == ReconcileMissing {
+			history = HistoryAbsent
+		}
+		r.loseTurnWith(t, code, fmt.Sprintf("%s; reconciling turn %s: %v", cause, t.TurnID, err), outcome, history)
 	case outcome == ReconcileRetained:
 		r.log.Info("the restarted provider still runs the turn; retained", "turn_id", t.TurnID)
 	case outcome == ReconcileTerminalized:
@@ -84,7 +88,12 @@ func (r *Runner) settleReconciled(ctx context.Context, t *runnerstate.Turn, code
 		return
 	}
 	if res.Status == "interrupted" && r.interruptAsked != t.TurnID {
-		r.loseTurn(t, code, fmt.Sprintf("%s; turn %s was cut off (the provider records it %s)", cause, t.TurnID, status), "interrupted")
+		msg := fmt.Sprintf("%s; turn %s was cut off (the provider records it %s)", cause, t.TurnID, status)
+		history, why := r.dropTurn(ctx, t.TurnID)
+		if why != "" {
+			msg += "; " + why
+		}
+		r.loseTurnWith(t, code, msg, "interrupted", history)
 		return
 	}
 	if u, ok := r.journaledUsage(t.TurnID); ok && res.Usage == (Usage{}) {
@@ -121,6 +130,27 @@ func (r *Runner) reannounceLost(prev *runnerstate.CommandRecord) {
 // the turn's run) tells the controller to end the attempt retryably; no
 // run.terminal is emitted, so the run goes on under its next attempt.
 func (r *Runner) loseTurn(t *runnerstate.Turn, code, msg, reconciliation string) {
+	r.loseTurnWith(t, code, msg, reconciliation, "")
+}
+
+// dropTurn removes the cut-off turn turnID from the provider's history
+// before its retry (SPEC R12): HistoryDropped, or HistoryKept with why.
+func (r *Runner) dropTurn(ctx context.Context, turnID string) (history, why string) {
+	d, ok := r.sup.prov.(TurnDropper)
+	if !ok {
+		return HistoryKept, "the provider cannot drop a turn from its history: the retry's prompt follows the cut-off one"
+	}
+	if err := d.DropTurn(ctx, turnID); err != nil {
+		r.log.Warn("dropping the cut-off turn from the provider's history failed; the history keeps it", "turn_id", turnID, "err", err)
+		return HistoryKept, fmt.Sprintf("dropping it from the provider's history failed: %v", err)
+	}
+	r.log.Info("the cut-off turn was dropped from the provider's history", "turn_id", turnID)
+	return HistoryDropped, ""
+}
+
+// loseTurnWith is loseTurn recording what became of the turn in the
+// provider's history (providerHistory; "" when unknown).
+func (r *Runner) loseTurnWith(t *runnerstate.Turn, code, msg, reconciliation, history string) {
 	r.log.Warn("turn lost with its provider; the controller retries it", "turn_id", t.TurnID, "run_id", t.RunID,
 		"reconciliation", reconciliation, "cause", msg)
 	payload := map[string]any{
@@ -129,6 +159,9 @@ func (r *Runner) loseTurn(t *runnerstate.Turn, code, msg, reconciliation string)
 	}
 	if t.CommandID != "" {
 		payload["commandId"] = t.CommandID
+	}
+	if history != "" {
+		payload["providerHistory"] = history
 	}
 	r.emitAll([]pendingEvent{{prio: P0, typ: EventTurnLost, turnID: t.TurnID, runID: t.RunID, payload: payload}})
 	r.st.NoteLostTurn(t.TurnID, &runnerstate.LostTurn{RunID: t.RunID, Payload: payload, LostAt: time.Now().UTC()})
@@ -368,6 +401,7 @@ func (r *Runner) recallTurnEvent() {
 // — and a turn.<status> names its turn. emitAll applies it as events are
 // journaled, recallTurnEvent to what a previous process journaled.
 func (r *Runner) noteTurnEvent(typ, turnID string, seq uint64, payload map[string]any) {
+	r.streamed.note(typ, turnID, payload)
 	switch {
 	case typ == "turn.started":
 		r.st.LastTurnEvent = nil

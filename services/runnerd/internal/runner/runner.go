@@ -253,6 +253,10 @@ type Runner struct {
 	// interruptAsked is the turn a turn.interrupt reached the provider
 	// for: its interrupted end is the asked-for one, not a crash's.
 	interruptAsked string
+	// streamed is the agent text the active turn streamed so far (its
+	// newest agentMessage item, as journaled): a cut-off turn's partial
+	// output (partialOutput).
+	streamed streamedText
 	// lostTurn: a turn whose provider died with the previous runnerd
 	// (no provider host); reconciled before the loop starts.
 	lostTurn *runnerstate.Turn

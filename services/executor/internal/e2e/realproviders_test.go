@@ -1,0 +1,274 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
+	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
+	"github.com/tether-run/tether/pkg/procid"
+	"github.com/tether-run/tether/services/executor/internal/stack"
+)
+
+// The real providers through the whole stack (make test-providers, opt-in):
+// executor → runnergw → runnerd → the pinned real provider, offline against
+// the loopback mock model (bin/mock-model). Each step logs a
+// "test-providers:" line the script reports.
+
+// Environment of the opt-in suites (scripts/test-providers.sh sets them).
+const (
+	// envRealOpenCode is the native opencode binary
+	// (node_modules/opencode-linux-x64/bin/opencode).
+	envRealOpenCode = "TETHER_OPENCODE_BIN"
+	// envRealCodex is the native codex binary
+	// (node_modules/@openai/codex-linux-x64/vendor/x86_64-unknown-linux-musl/bin/codex).
+	envRealCodex = "TETHER_CODEX_BIN"
+)
+
+// startMockModel runs bin/mock-model (optionally writing an offline codex
+// config.toml into codexHome) and returns its base URL ("http://…/v1").
+func startMockModel(t *testing.T, args ...string) string {
+	t.Helper()
+	cmd := exec.Command(filepath.Join(binDir, "mock-model"), args...)
+	out, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	line, err := bufio.NewReader(out).ReadString('\n')
+	require.NoError(t, err)
+	return strings.TrimSpace(line)
+}
+
+// realProvider is one real provider's stack configuration.
+type realProvider struct {
+	name  string
+	gw    []string
+	input func(h *harness, session, prompt string) *prpv1.ExecutionInput
+}
+
+func realOpenCode(t *testing.T) realProvider {
+	t.Helper()
+	bin := os.Getenv(envRealOpenCode)
+	if bin == "" {
+		t.Skip(envRealOpenCode + " is not set (make test-providers sets it)")
+	}
+	base := startMockModel(t)
+	tmpl := filepath.Join(t.TempDir(), "opencode-template")
+	require.NoError(t, os.MkdirAll(tmpl, 0o700))
+	require.NoError(t, os.WriteFile(filepath.Join(tmpl, "opencode.json"), []byte(`{
+  "$schema": "https://opencode.ai/config.json",
+  "provider": { "mock": {
+    "npm": "@ai-sdk/openai-compatible",
+    "name": "Mock (loopback)",
+    "options": { "baseURL": "`+base+`", "apiKey": "mock-key" },
+    "models": { "mock-model": { "name": "Mock Model", "tool_call": true, "limit": { "context": 100000, "output": 4096 } } } } }
+}`), 0o600))
+	gw, err := stack.ProviderGatewayArgs("opencode", bin)
+	require.NoError(t, err)
+	return realProvider{name: "opencode", gw: append(gw, "-opencode-home-template", tmpl),
+		input: func(h *harness, session, prompt string) *prpv1.ExecutionInput {
+			in := h.submitInput(session, prompt)
+			in.Provider = &prpv1.Provider{Kind: "opencode", Model: "mock/mock-model", PermissionMode: "ask"}
+			return in
+		}}
+}
+
+func realCodex(t *testing.T) realProvider {
+	t.Helper()
+	bin := os.Getenv(envRealCodex)
+	if bin == "" {
+		t.Skip(envRealCodex + " is not set (make test-providers sets it)")
+	}
+	tmpl := filepath.Join(t.TempDir(), "codex-template")
+	startMockModel(t, "-codex-home", tmpl, "-codex-env-key", "OPENAI_API_KEY")
+	return realProvider{name: "codex", gw: []string{"-codex-command", bin, "-codex-arg", "app-server", "-codex-home-template", tmpl},
+		input: func(h *harness, session, prompt string) *prpv1.ExecutionInput {
+			in := h.submitInput(session, prompt)
+			in.Provider = &prpv1.Provider{Kind: "codex", Model: "mock-model"}
+			in.Environment = &prpv1.ProviderEnvironment{Configured: map[string]string{"OPENAI_API_KEY": "mock-key"}}
+			return in
+		}}
+}
+
+// realStack is a stack for rp whose executor retries a lost attempt soon.
+func realStack(t *testing.T, rp realProvider) *harness {
+	t.Helper()
+	return newHarness(t, stack.Options{GatewayArgs: rp.gw, ExecutorArgs: []string{"-retry-delay", "200ms"}})
+}
+
+// realRun submits prompt on session and returns the run's events once it
+// ended.
+func (h *harness) realRun(ctx context.Context, rp realProvider, runID, session, prompt string, during func()) ([]*executorv1.WatchRunResponse, *executorv1.Run) {
+	h.t.Helper()
+	_, err := h.client.SubmitRun(ctx, &executorv1.SubmitRunRequest{RunId: runID, Input: rp.input(h, session, prompt)})
+	require.NoError(h.t, err)
+	if during != nil {
+		h.waitForDelta(ctx, h.client, runID)
+		during()
+	}
+	evs := h.watch(ctx, runID, 0, nil)
+	requireContiguous(h.t, evs)
+	return evs, h.waitTerminal(ctx, runID)
+}
+
+// killProvider SIGKILLs the run's provider process (its process group
+// when it leads one) and waits until it is gone.
+func killProvider(t *testing.T, h *harness, runID string) {
+	t.Helper()
+	pid := int(h.get(runID).GetProviderProcess().GetPid())
+	require.Positive(t, pid, "the run reports its provider process")
+	if err := syscall.Kill(-pid, syscall.SIGKILL); errors.Is(err, syscall.ESRCH) {
+		require.NoError(t, syscall.Kill(pid, syscall.SIGKILL))
+	}
+	require.Eventually(t, func() bool { return !procid.Exists(pid) }, 30*time.Second, 10*time.Millisecond)
+}
+
+func requireSucceeded(t *testing.T, run *executorv1.Run, what string) {
+	t.Helper()
+	require.Equal(t, executorv1.RunState_RUN_STATE_SUCCEEDED, run.GetState(), "%s: %v", what, run.GetFailure())
+}
+
+// TestR7_OpenCodeRealServerKilledMidTurnIsRestartedAndTheRunSucceedsThroughTheStack:
+// the real OpenCode server SIGKILLed mid-stream under a run of the whole
+// stack is restarted by runnerd, the session resumed and the cut-off turn
+// reconciled lost; the executor's next attempt runs it to success.
+func TestR7_OpenCodeRealServerKilledMidTurnIsRestartedAndTheRunSucceedsThroughTheStack(t *testing.T) {
+	rp := realOpenCode(t)
+	h := realStack(t, rp)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	_, first := h.realRun(ctx, rp, "oc-real-r7-1", "oc-real-r7", "remember alpha", nil)
+	requireSucceeded(t, first, "first turn")
+	const prompt = "[slow] a story cut off by a kill"
+	evs, run := h.realRun(ctx, rp, "oc-real-r7-2", "oc-real-r7", prompt, func() { killProvider(t, h, "oc-real-r7-2") })
+	requireSucceeded(t, run, "the killed turn's run")
+	require.EqualValues(t, 2, run.GetAttempt(), "retried at the next attempt")
+	require.Equal(t, "ECHO: "+prompt, run.GetResult().GetFinalMessage())
+	require.Len(t, eventsOf(evs, "turn.lost"), 1)
+	require.Empty(t, eventsOf(evs, "turn.failed"))
+	require.Len(t, eventsOf(evs, "run.terminal"), 1)
+	rep, code := auditStack(t, h.dsn)
+	require.Zero(t, code, "%+v", rep.Violations)
+	t.Logf("test-providers: opencode stack: killed mid-turn, run succeeded at attempt %d; audit clean", run.GetAttempt())
+}
+
+// TestR10_Stack_RealProviderScenarios runs each real provider's scenarios
+// through the whole stack: three warm turns on one provider process with
+// the history resent, a cancel (partial output) and the next turn, a kill
+// -9 mid-turn (retried at the next attempt) and one between turns, and the
+// session's usage total growing by each run's usage across the kills.
+func TestR10_Stack_RealProviderScenarios(t *testing.T) {
+	for _, name := range []string{"opencode", "codex"} {
+		t.Run(name, func(t *testing.T) {
+			var rp realProvider
+			switch name {
+			case "opencode":
+				rp = realOpenCode(t)
+			case "codex":
+				rp = realCodex(t)
+			}
+			realScenarios(t, rp)
+		})
+	}
+}
+
+func realScenarios(t *testing.T, rp realProvider) {
+	h := realStack(t, rp)
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
+	step := func(format string, args ...any) {
+		t.Logf("test-providers: %s stack: "+format, append([]any{rp.name}, args...)...)
+	}
+	session := rp.name + "-real"
+	var total *executorv1.Usage
+	usage := func(run *executorv1.Run) {
+		t.Helper()
+		u, st := run.GetResult().GetUsage(), run.GetResult().GetSessionUsage()
+		require.NotNil(t, st, "%s reports the session total", run.GetRunId())
+		if total != nil {
+			require.GreaterOrEqual(t, st.GetInputTokens(), total.GetInputTokens()+u.GetInputTokens(),
+				"%s: the session total grows by the run's usage (before %v, run %v, after %v)", run.GetRunId(), total, u, st)
+			require.GreaterOrEqual(t, st.GetOutputTokens(), total.GetOutputTokens()+u.GetOutputTokens())
+		}
+		total = st
+	}
+	n := 0
+	runOne := func(prompt string, during func(runID string)) ([]*executorv1.WatchRunResponse, *executorv1.Run) {
+		t.Helper()
+		n++
+		runID := session + "-" + string(rune('a'+n-1))
+		var d func()
+		if during != nil {
+			d = func() { during(runID) }
+		}
+		return h.realRun(ctx, rp, runID, session, prompt, d)
+	}
+
+	pids := map[int32]bool{}
+	for _, p := range []string{"remember alpha", "remember beta"} {
+		_, run := runOne(p, nil)
+		requireSucceeded(t, run, p)
+		require.Equal(t, "ECHO: "+p, run.GetResult().GetFinalMessage())
+		require.Positive(t, run.GetResult().GetUsage().GetOutputTokens())
+		usage(run)
+		pids[run.GetProviderProcess().GetPid()] = true
+	}
+	_, run := runOne("[history] what was said?", nil)
+	requireSucceeded(t, run, "history")
+	require.Equal(t, "HISTORY: remember alpha | remember beta", run.GetResult().GetFinalMessage(), "the provider resent its history")
+	usage(run)
+	pids[run.GetProviderProcess().GetPid()] = true
+	require.Len(t, pids, 1, "one provider process serves the warm turns")
+	step("3 warm turns on one provider process, history resent")
+
+	evs, run := runOne("[slow] a long answer to cancel", func(runID string) {
+		_, err := h.client.CancelRun(ctx, &executorv1.CancelRunRequest{RunId: runID, Scope: executorv1.CancellationScope_CANCELLATION_SCOPE_RUN, Reason: "test-providers"})
+		require.NoError(t, err)
+	})
+	require.Equal(t, executorv1.RunState_RUN_STATE_CANCELLED, run.GetState())
+	terms := eventsOf(evs, "run.terminal")
+	require.Len(t, terms, 1)
+	require.Equal(t, true, terms[0]["partial"])
+	_, run = runOne("after the cancel", nil)
+	requireSucceeded(t, run, "after the cancel")
+	require.Equal(t, "ECHO: after the cancel", run.GetResult().GetFinalMessage())
+	usage(run)
+	step("cancel (partial output %q), then the next turn", terms[0]["finalMessage"])
+
+	const cut = "[slow] a story cut off by a kill"
+	evs, run = runOne(cut, func(runID string) { killProvider(t, h, runID) })
+	requireSucceeded(t, run, "killed mid-turn")
+	require.EqualValues(t, 2, run.GetAttempt())
+	require.Equal(t, "ECHO: "+cut, run.GetResult().GetFinalMessage())
+	require.Len(t, eventsOf(evs, "turn.lost"), 1)
+	usage(run)
+	lost := eventsOf(evs, "turn.lost")[0]
+	step("kill -9 mid-turn: succeeded at attempt 2 (provider history: %v)", lost["providerHistory"])
+
+	before := run.GetProviderProcess().GetPid()
+	killProvider(t, h, run.GetRunId())
+	_, run = runOne("[history] after the kills", nil)
+	requireSucceeded(t, run, "after a kill between turns")
+	require.NotEqual(t, before, run.GetProviderProcess().GetPid(), "a replacement provider")
+	final := run.GetResult().GetFinalMessage()
+	require.Contains(t, final, "remember alpha", "the replacement provider resumed the history")
+	usage(run)
+	step("kill -9 between turns: the next turn resumed the history; the cut-off prompt is in it %d time(s): %q", strings.Count(final, cut), final)
+	if lost["providerHistory"] == "dropped" {
+		require.Equal(t, 1, strings.Count(final, cut), "the retried prompt is in the provider's history once (SPEC R12)")
+	}
+	step("session usage total %v, monotonic across the kills", total)
+	rep, code := auditStack(t, h.dsn)
+	require.Zero(t, code, "%+v", rep.Violations)
+	step("tetherctl audit clean")
+}
