@@ -53,6 +53,7 @@ func startMockModel(t *testing.T, args ...string) string {
 type realProvider struct {
 	name  string
 	gw    []string
+	codex []string // the real codex command and its arguments
 	input func(h *harness, session, prompt string) *prpv1.ExecutionInput
 }
 
@@ -91,7 +92,7 @@ func realCodex(t *testing.T) realProvider {
 	}
 	tmpl := filepath.Join(t.TempDir(), "codex-template")
 	startMockModel(t, "-codex-home", tmpl, "-codex-env-key", "OPENAI_API_KEY")
-	return realProvider{name: "codex", gw: []string{"-codex-command", bin, "-codex-arg", "app-server", "-codex-home-template", tmpl},
+	return realProvider{name: "codex", gw: []string{"-codex-home-template", tmpl}, codex: []string{bin, "app-server"},
 		input: func(h *harness, session, prompt string) *prpv1.ExecutionInput {
 			in := h.submitInput(session, prompt)
 			in.Provider = &prpv1.Provider{Kind: "codex", Model: "mock-model"}
@@ -103,7 +104,11 @@ func realCodex(t *testing.T) realProvider {
 // realStack is a stack for rp whose executor retries a lost attempt soon.
 func realStack(t *testing.T, rp realProvider) *harness {
 	t.Helper()
-	return newHarness(t, stack.Options{GatewayArgs: rp.gw, ExecutorArgs: []string{"-retry-delay", "200ms"}})
+	opts := stack.Options{GatewayArgs: rp.gw, ExecutorArgs: []string{"-retry-delay", "200ms"}}
+	if len(rp.codex) > 0 {
+		opts.CodexCommand, opts.CodexArgs = rp.codex[0], rp.codex[1:]
+	}
+	return newHarness(t, opts)
 }
 
 // realRun submits prompt on session and returns the run's events once it

@@ -54,6 +54,11 @@ type Options struct {
 	// NoCallLog starts the fake without the stack's shared call log (a
 	// confined provider cannot reach the stack's directory, SPEC T7).
 	NoCallLog bool
+	// CodexCommand, when set, is the gateways' -codex-command instead of
+	// the fake (the real codex of make test-providers), with CodexArgs as
+	// its only -codex-args (FakeArgs are not used).
+	CodexCommand string
+	CodexArgs    []string
 	// LeaseTTL for the executor (default 10s).
 	LeaseTTL time.Duration
 	// CheckpointAfter is the executors' -checkpoint-after; zero turns it
@@ -499,13 +504,18 @@ func (s *Stack) args(name string) []string {
 			"-runner-auth-key-file", s.runnerAuthKeyFile(name),
 			"-grant-public-keys", s.GrantPublicKeyFile(), "-gateway-id", GatewayIDOf(name),
 			"-runnerd-path", filepath.Join(s.opts.BinDir, "runnerd"),
-			"-backup-addr", s.Addr("backup-verifier"),
-			"-codex-command", filepath.Join(s.opts.BinDir, "fake-codex-app-server"))
-		fake := []string{"--state-file-in-codex-home", "--durable-turn-ids"}
+			"-backup-addr", s.Addr("backup-verifier"))
+		codexArgs := []string{"--state-file-in-codex-home", "--durable-turn-ids"}
 		if !s.opts.NoCallLog {
-			fake = append(fake, "--record-process-start", "--call-log", s.CallLog())
+			codexArgs = append(codexArgs, "--record-process-start", "--call-log", s.CallLog())
 		}
-		for _, f := range append(fake, s.opts.FakeArgs...) {
+		codexArgs = append(codexArgs, s.opts.FakeArgs...)
+		codex := filepath.Join(s.opts.BinDir, "fake-codex-app-server")
+		if s.opts.CodexCommand != "" {
+			codex, codexArgs = s.opts.CodexCommand, s.opts.CodexArgs
+		}
+		a = append(a, "-codex-command", codex)
+		for _, f := range codexArgs {
 			a = append(a, "-codex-arg", f)
 		}
 		a = append(a, s.tlsArgs(identity.Gateway, "-backup-ca")...)
