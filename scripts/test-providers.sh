@@ -11,6 +11,8 @@
 #   codex-stack     codex through the whole stack, the same scenarios
 #   acpx-codex      the ACP suite against codex-acp
 #   acpx-claude     the ACP suite against claude-agent-acp
+#   acpx-codex-stack, acpx-claude-stack  each agent through the whole stack,
+#                   the same scenarios as opencode-stack
 #
 # PROVIDERS="opencode codex-stack ..." selects sections (default: all).
 # Every section runs even when an earlier one failed; each is reported
@@ -20,7 +22,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 GO=${GO:-go}
 ROOT=$PWD
-PROVIDERS=${PROVIDERS:-opencode opencode-stack codex codex-stack acpx-codex acpx-claude}
+PROVIDERS=${PROVIDERS:-opencode opencode-stack codex codex-stack acpx-codex acpx-codex-stack acpx-claude acpx-claude-stack}
 LOG_DIR=$ROOT/.cache/test-providers
 mkdir -p "$LOG_DIR"
 
@@ -119,6 +121,18 @@ acp_section() {
 }
 section_acpx-codex() { acp_section codex @agentclientprotocol/codex-acp "$ACP_CODEX_VERSION"; }
 section_acpx-claude() { acp_section claude @agentclientprotocol/claude-agent-acp "$ACP_CLAUDE_VERSION"; }
+# acp_stack_section AGENT PACKAGE VERSION: the agent through the whole stack.
+acp_stack_section() {
+  local agent=$1 pkg=$2 version=$3
+  if ! grep -qx "  \"version\": \"$version\"," "$ACP_CACHE/node_modules/$pkg/package.json" 2>/dev/null; then
+    npm_install "$ACP_CACHE" "$pkg@$version" || return 1
+  fi
+  need_build || return 1
+  TETHER_TEST_BIN=$ROOT/bin TETHER_ACP_MODULES=$ACP_CACHE/node_modules run_go "$LOG_DIR/acpx-$agent-stack.log" "$DRIVER_LINES" \
+    -run "^TestR10_Stack_RealProviderScenarios\$/^acpx-$agent\$" ./services/executor/internal/e2e/
+}
+section_acpx-codex-stack() { acp_stack_section codex @agentclientprotocol/codex-acp "$ACP_CODEX_VERSION"; }
+section_acpx-claude-stack() { acp_stack_section claude @agentclientprotocol/claude-agent-acp "$ACP_CLAUDE_VERSION"; }
 
 failed=0
 summary=()

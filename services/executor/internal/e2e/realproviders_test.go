@@ -17,6 +17,8 @@ import (
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/procid"
+	"github.com/tether-run/tether/pkg/provenv"
+	"github.com/tether-run/tether/pkg/providerlaunch"
 	"github.com/tether-run/tether/services/executor/internal/stack"
 )
 
@@ -30,6 +32,9 @@ const (
 	// envRealOpenCode is the native opencode binary
 	// (node_modules/opencode-linux-x64/bin/opencode).
 	envRealOpenCode = "TETHER_OPENCODE_BIN"
+	// envRealACPModules is the node_modules directory holding the pinned
+	// @agentclientprotocol/codex-acp and claude-agent-acp.
+	envRealACPModules = "TETHER_ACP_MODULES"
 	// envRealCodex is the native codex binary
 	// (node_modules/@openai/codex-linux-x64/vendor/x86_64-unknown-linux-musl/bin/codex).
 	envRealCodex = "TETHER_CODEX_BIN"
@@ -97,6 +102,50 @@ func realCodex(t *testing.T) realProvider {
 			in := h.submitInput(session, prompt)
 			in.Provider = &prpv1.Provider{Kind: "codex", Model: "mock-model"}
 			in.Environment = &prpv1.ProviderEnvironment{Configured: map[string]string{"OPENAI_API_KEY": "mock-key"}}
+			return in
+		}}
+}
+
+// realACP is the ACP agent agent (codex | claude) of the pinned package
+// under TETHER_ACP_MODULES, run by node, on the mock model: codex-acp with
+// the offline config.toml (the profile's home template), claude-agent-acp
+// on the mock Messages API through its configured environment.
+func realACP(t *testing.T, agent string) realProvider {
+	t.Helper()
+	modules := os.Getenv(envRealACPModules)
+	if modules == "" {
+		t.Skip(envRealACPModules + " is not set (make test-providers sets it)")
+	}
+	node, err := exec.LookPath("node")
+	require.NoError(t, err)
+	pkg, profile := "codex-acp", "acpx-codex"
+	if agent == "claude" {
+		pkg, profile = "claude-agent-acp", "acpx-claude"
+	}
+	script := filepath.Join(modules, "@agentclientprotocol", pkg, "dist", "index.js")
+	tmpl := filepath.Join(t.TempDir(), profile+"-template")
+	var base string
+	if agent == "codex" {
+		base = startMockModel(t, "-codex-home", tmpl, "-codex-env-key", "OPENAI_API_KEY")
+	} else {
+		require.NoError(t, os.MkdirAll(tmpl, 0o700))
+		base = startMockModel(t)
+	}
+	gw, err := stack.ProviderGatewayArgs(profile, node, script)
+	require.NoError(t, err)
+	sum, err := providerlaunch.FileSHA256(script)
+	require.NoError(t, err)
+	gw = append(gw, "-"+profile+"-sha256", script+"="+sum, "-"+profile+"-home-template", tmpl)
+	env := map[string]string{"OPENAI_API_KEY": "mock-key"}
+	if agent == "claude" {
+		env = map[string]string{"ANTHROPIC_API_KEY": "mock-key", "ANTHROPIC_BASE_URL": strings.TrimSuffix(base, "/v1")}
+	}
+	return realProvider{name: profile, gw: gw,
+		input: func(h *harness, session, prompt string) *prpv1.ExecutionInput {
+			in := h.submitInput(session, prompt)
+			in.Provider = &prpv1.Provider{Kind: provenv.KindACPX, Agent: agent, PermissionMode: "approve-all"}
+			in.Session.DriverKind = provenv.DriverACPXRuntime
+			in.Environment = &prpv1.ProviderEnvironment{Configured: env}
 			return in
 		}}
 }
@@ -173,7 +222,7 @@ func TestR7_OpenCodeRealServerKilledMidTurnIsRestartedAndTheRunSucceedsThroughTh
 // -9 mid-turn (retried at the next attempt) and one between turns, and the
 // session's usage total growing by each run's usage across the kills.
 func TestR10_Stack_RealProviderScenarios(t *testing.T) {
-	for _, name := range []string{"opencode", "codex"} {
+	for _, name := range []string{"opencode", "codex", "acpx-codex", "acpx-claude"} {
 		t.Run(name, func(t *testing.T) {
 			var rp realProvider
 			switch name {
@@ -181,6 +230,10 @@ func TestR10_Stack_RealProviderScenarios(t *testing.T) {
 				rp = realOpenCode(t)
 			case "codex":
 				rp = realCodex(t)
+			case "acpx-codex":
+				rp = realACP(t, "codex")
+			case "acpx-claude":
+				rp = realACP(t, "claude")
 			}
 			realScenarios(t, rp)
 		})

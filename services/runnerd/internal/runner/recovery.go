@@ -63,7 +63,13 @@ func (r *Runner) reconcileTurn(t *runnerstate.Turn, code, cause string) {
 		}
 		history := ""
 		if outcome == ReconcileMissing {
-			history = HistoryAbsent
+			// A provider that can drop turns reads its own thread: the
+			// turn is not in it. Another (the ACP agents: their driver
+			// state only says the turn had not ended) may hold the prompt.
+			history = HistoryKept
+			if _, ok := r.sup.prov.(TurnDropper); ok {
+				history = HistoryAbsent
+			}
 		}
 		r.loseTurnWith(t, code, fmt.Sprintf("%s; reconciling turn %s: %v", cause, t.TurnID, err), outcome, history)
 	case outcome == ReconcileRetained:
