@@ -52,10 +52,12 @@ func (h *harness) providerInput(kind, session, prompt string) *prpv1.ExecutionIn
 // carries no message), OpenCode and an ACP agent alike.
 func TestR12_ACancelledTurnReportsItsStreamedPartialOutputTheSameWayForEveryProvider(t *testing.T) {
 	t.Parallel()
-	h := allProvidersStack(t, []string{"--delta-delay-ms", "40"})
+	// Each turn holds after its first delta until it is cancelled (fake
+	// codex "[stall:mid-stream]", the others "[hold]").
+	h := allProvidersStack(t, []string{"--die-once-dir", t.TempDir()})
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	for kind, prompt := range map[string]string{"codex": slowTurn, "opencode": "[hold] " + slowTurn, "acpx": "[hold] " + slowTurn} {
+	for kind, prompt := range map[string]string{"codex": "[stall:mid-stream] " + slowTurn, "opencode": "[hold] " + slowTurn, "acpx": "[hold] " + slowTurn} {
 		runID := "r12-cancel-" + kind
 		_, err := h.client.SubmitRun(ctx, &executorv1.SubmitRunRequest{RunId: runID, Input: h.providerInput(kind, runID, prompt)})
 		require.NoError(t, err)
