@@ -92,14 +92,21 @@ install_codex() {
   test -x "$CODEX_BIN" || { echo "native codex binary not found at $CODEX_BIN"; return 1; }
   echo "test-providers: $("$CODEX_BIN" --version) sha256 $(sha256sum "$CODEX_BIN" | cut -d' ' -f1)"
 }
+# codex refuses to create its sandbox helper (the codex-linux-sandbox alias
+# bwrap runs) when CODEX_HOME is under the temporary directory ("/tmp"):
+# sandboxed commands then fail. The codex suites' directories are under
+# .cache/test-providers/tmp instead.
+CODEX_TMP=$LOG_DIR/tmp
 section_codex() {
   install_codex || return 1
-  TETHER_CODEX_BIN=$CODEX_BIN run_go "$LOG_DIR/codex.log" "$DRIVER_LINES" \
+  mkdir -p "$CODEX_TMP"
+  TMPDIR=$CODEX_TMP TETHER_CODEX_BIN=$CODEX_BIN run_go "$LOG_DIR/codex.log" "$DRIVER_LINES" \
     -run '^TestR2_ScenarioSuiteAgainstRealCodex$' ./services/runnerd/internal/scenario/
 }
 section_codex-stack() {
   install_codex && need_build || return 1
-  TETHER_TEST_BIN=$ROOT/bin TETHER_CODEX_BIN=$CODEX_BIN run_go "$LOG_DIR/codex-stack.log" "$DRIVER_LINES" \
+  mkdir -p "$CODEX_TMP"
+  TMPDIR=$CODEX_TMP TETHER_TEST_BIN=$ROOT/bin TETHER_CODEX_BIN=$CODEX_BIN run_go "$LOG_DIR/codex-stack.log" "$DRIVER_LINES" \
     -run '^TestR10_Stack_RealProviderScenarios$/^codex$' ./services/executor/internal/e2e/
 }
 
