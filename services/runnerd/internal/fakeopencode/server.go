@@ -487,6 +487,13 @@ func (s *Server) promptAsync(w http.ResponseWriter, r *http.Request) {
 	}
 	s.CallLog("prompt " + sid + " " + strings.Join(text, " "))
 	w.WriteHeader(http.StatusNoContent)
+	// The answer is on the wire before the turn runs: a turn that kills
+	// the server after its first delta ([die:mid-stream]) must not race
+	// the 204 (the client would see the prompt refused, not the server
+	// lost mid-turn).
+	if f, ok := w.(http.Flusher); ok {
+		f.Flush()
+	}
 	s.mu.Lock()
 	if ch := s.nextPrompt[sid]; ch != nil {
 		delete(s.nextPrompt, sid)
