@@ -204,7 +204,11 @@ test-codex: ## opt-in: provider scenario suite against the real codex app-server
 	  mkdir -p $(CODEX_CACHE) && cd $(CODEX_CACHE) && { test -f package.json || echo '{"name":"tether-codex-cache","private":true}' > package.json; } && \
 	  npm install --no-audit --no-fund @openai/codex@$(CODEX_VERSION); }
 	@test -x $(CODEX_BIN) || { echo "native codex binary not found at $(CODEX_BIN)"; exit 1; }
-	@set -o pipefail; TETHER_CODEX_BIN=$(abspath $(CODEX_BIN)) $(GO) test -count=1 -timeout 10m -v -run '^TestR2_ScenarioSuiteAgainstRealCodex$$' ./services/runnerd/internal/scenario/ 2>&1 \
+	@mkdir -p $(CODEX_CACHE)/tmp
+	@# codex refuses to create its sandbox helper when CODEX_HOME is under /tmp
+	@# (an accepted approval then fails: bwrap: execvp codex-linux-sandbox), so
+	@# the suite's temporary homes live under .cache/codex/tmp.
+	@set -o pipefail; TMPDIR=$(abspath $(CODEX_CACHE))/tmp TETHER_CODEX_BIN=$(abspath $(CODEX_BIN)) $(GO) test -count=1 -timeout 10m -v -run '^TestR2_ScenarioSuiteAgainstRealCodex$$' ./services/runnerd/internal/scenario/ 2>&1 \
 	  | tee $(CODEX_CACHE)/test-codex.log | grep -E '^(test-codex:|--- |ok |FAIL|panic)' \
 	  || { echo "test-codex failed; full log: $(CODEX_CACHE)/test-codex.log"; tail -40 $(CODEX_CACHE)/test-codex.log; exit 1; }
 
