@@ -22,6 +22,10 @@ type journal struct {
 	host  journalHost
 	st    *runnerstate.State
 	saved func(*runnerstate.State) // Config.StateSaved (tests)
+	// savedSnaps holds, while a saved hook is set, each pending snapshot
+	// as encoded, so that the hook sees what was written rather than the
+	// live state (which may have moved on by the time the write is done).
+	savedSnaps map[uint64]*runnerstate.State
 
 	store   *durable.Store
 	outbox  *durable.Outbox

@@ -123,7 +123,7 @@ type Config struct {
 	// OutboxSynced, when set, is called after each outbox fsync (tests).
 	OutboxSynced func([]durable.Record)
 	// StateSaved, when set, is called after each save of the state
-	// document (tests).
+	// document, with the state as that save wrote it (tests).
 	StateSaved func(*runnerstate.State)
 }
 

@@ -103,6 +103,14 @@ func (j *journal) saveAsync() (uint64, error) {
 		return 0, fmt.Errorf("runner_state_write_failed: %w", err)
 	}
 	j.saveGen++
+	if j.saved != nil {
+		if snap, err := runnerstate.Decode(b); err == nil {
+			if j.savedSnaps == nil {
+				j.savedSnaps = map[uint64]*runnerstate.State{}
+			}
+			j.savedSnaps[j.saveGen] = snap
+		}
+	}
 	j.ackDirty = false // the snapshot holds the cursor
 	j.saveOnAck = 0    // and what waited for an acknowledgement
 	j.outcomesOwed = time.Time{}
@@ -143,7 +151,12 @@ func (j *journal) onSaved(res saveResult) {
 	}
 	j.savedGen = max(j.savedGen, res.gen)
 	if j.saved != nil {
-		j.saved(j.st)
+		snap := j.savedSnaps[res.gen]
+		delete(j.savedSnaps, res.gen)
+		if snap == nil {
+			snap = j.st
+		}
+		j.saved(snap)
 	}
 	if j.intents != nil {
 		covers := j.snapCovers[res.gen]
