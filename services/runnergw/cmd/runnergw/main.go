@@ -84,6 +84,7 @@ func run() error {
 	runnerd := grpcx.StringFlag(fs, "runnerd-path", "", "", "runnerd binary (default: next to this binary, then PATH)")
 	codex := grpcx.StringFlag(fs, "codex-command", "", "codex", "provider command runnerd launches (the codex native binary, or fake-codex-app-server)")
 	codexHome := grpcx.StringFlag(fs, "codex-home-template", "", "", "directory whose auth.json and config.toml (mode 0600) are copied into each scope's codex-home before its runner is launched (they never travel in backups)")
+	homeTemplates := grpcx.StringFlag(fs, "provider-home-templates", "", "", "directory of provider home templates per company: <dir>/<company_id>/ holds that company's codex auth.json and config.toml (mode 0600) and <dir>/<company_id>/<provider>/ a pinned provider's launch-only files; <dir>/_default/ serves companies without their own; copied into each scope before its runner is launched (SPEC T3; never backed up)")
 	var codexArgs listFlag
 	provFlags := providerlaunch.RegisterFlags(fs)
 	fs.Var(&codexArgs, "codex-arg", "argument for the provider command (repeatable; env TETHER_CODEX_ARGS, space separated)")
@@ -140,6 +141,9 @@ func run() error {
 	if err := gateway.CheckCodexHomeTemplate(*codexHome); err != nil {
 		return err
 	}
+	if err := gateway.CheckProviderHomeTemplates(*homeTemplates); err != nil {
+		return err
+	}
 	if (*tlsCert == "") != (*tlsKey == "") {
 		return errors.New("-runner-tls-cert and -runner-tls-key go together")
 	}
@@ -169,7 +173,7 @@ func run() error {
 			StateRoot: *stateRoot, WorkspaceRoot: *workspaceRoot, UIDBase: *uidBase, UIDCount: *uidCount,
 			BwrapPath: *bwrapPath, ReadOnly: sandboxRO,
 			Hidden: append(strings.Split(*grantKeys, ","), *keyFile, cfg.TLSKeyFile, *tlsKey, *ingressKey, *regSecretFile,
-				*codexHome, registryTLS.KeyFile),
+				*codexHome, *homeTemplates, registryTLS.KeyFile),
 			Executables: executables(rpath, *codex, providers),
 		},
 	})
@@ -201,8 +205,9 @@ func run() error {
 	gcfg := gateway.Config{
 		StateRoot: *stateRoot, WorkspaceRoot: *workspaceRoot, ConnectURL: *connectURL,
 		RunnerdPath: rpath, CodexCommand: *codex, CodexArgs: codexArgs, CodexHomeTemplate: *codexHome,
-		Providers:   providers,
-		IdleTimeout: *idle, ReconnectGrace: *grace, ConnectTimeout: *connectTimeout,
+		ProviderHomeTemplates: *homeTemplates,
+		Providers:             providers,
+		IdleTimeout:           *idle, ReconnectGrace: *grace, ConnectTimeout: *connectTimeout,
 		Build: build, Authority: prp.NewAuthority(key, time.Now), Grants: grants, Logger: log, Draining: srv.Draining(), Metrics: srv.Registry(),
 		CABundle: *caBundle, Ingress: gateway.ParseIngressPolicy(*ingressCompanies), IngressHost: *ingressHost,
 		IngressCert: *ingressCert, IngressKey: *ingressKey, PingInterval: *pingInterval, PingTimeout: *pingTimeout,

@@ -99,6 +99,11 @@ type Config struct {
 	// codex-home before each runner launch — fresh, resumed or restored —
 	// since they never travel in a backup. See CheckCodexHomeTemplate.
 	CodexHomeTemplate string
+	// ProviderHomeTemplates, when set, holds a provider home template per
+	// company (<dir>/<company_id>/, <dir>/_default/); CodexHomeTemplate and
+	// the profiles' templates are then only the shared fallback. See
+	// templates.go.
+	ProviderHomeTemplates string
 	// IdleTimeout is how long a warm runner lives without work.
 	IdleTimeout time.Duration
 	// ReconnectGrace is how long a runner keeps trying to reconnect.

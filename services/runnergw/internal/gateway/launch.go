@@ -1,10 +1,8 @@
 package gateway
 
 import (
-	"github.com/tether-run/tether/pkg/atomicfile"
 	"github.com/tether-run/tether/pkg/keyfile"
 	"github.com/tether-run/tether/pkg/procid"
-	"github.com/tether-run/tether/pkg/scope/durable"
 	"github.com/tether-run/tether/pkg/synctrace"
 
 	"bytes"
@@ -170,8 +168,19 @@ func (g *Gateway) providerArgs(spec *launchSpec) ([]string, error) {
 	for _, a := range cargs {
 		args = append(args, "--provider-arg", a)
 	}
-	if p.HomeTemplate != "" {
-		args = append(args, "--provider-home-template", p.HomeTemplate)
+	tmpl, err := g.companyTemplate(spec.company, p.Name, p.HomeTemplate)
+	if err != nil {
+		return nil, err
+	}
+	if tmpl != "" && g.cfg.ProviderHomeTemplates != "" {
+		// The company's own (or _default) template: copied into the scope
+		// root, where runnerd (under the company's uid, SPEC T7) reads it.
+		if tmpl, err = materializeProviderTemplate(tmpl, spec.stateDir); err != nil {
+			return nil, err
+		}
+	}
+	if tmpl != "" {
+		args = append(args, "--provider-home-template", tmpl)
 	}
 	return args, nil
 }
@@ -210,7 +219,11 @@ func (g *Gateway) launch(spec *launchSpec) (*launched, error) {
 		}
 	}
 	if spec.provider == nil {
-		if err := materializeCodexHome(g.cfg.CodexHomeTemplate, spec.stateDir); err != nil {
+		tmpl, err := g.companyTemplate(spec.company, "", g.cfg.CodexHomeTemplate)
+		if err != nil {
+			return nil, err
+		}
+		if err := materializeCodexHome(tmpl, spec.stateDir, g.cfg.ProviderHomeTemplates != ""); err != nil {
 			return nil, err
 		}
 	}
@@ -415,38 +428,6 @@ func CheckCodexHomeTemplate(dir string) error {
 		}
 		if err != nil {
 			return fmt.Errorf("codex home template: %w", err)
-		}
-	}
-	return nil
-}
-
-// materializeCodexHome copies the template's launch-only files into the
-// scope's provider home (0600, atomically), replacing what a previous launch
-// left: the template is their only source.
-func materializeCodexHome(template, stateDir string) error {
-	if template == "" {
-		return nil
-	}
-	home := filepath.Join(stateDir, durable.CodexHomeDir)
-	if err := os.MkdirAll(home, 0o700); err != nil {
-		return failure.Wrap(err, codes.Internal, failure.RunnerLocalConnectFailed, "creating %s: %v", home, err)
-	}
-	if fi, err := os.Lstat(home); err != nil || !fi.IsDir() {
-		return failure.New(codes.FailedPrecondition, failure.RunnerStateDirectoryUnsafe, "provider home %s is not a real directory", home)
-	}
-	for _, name := range templateFiles {
-		b, err := keyfile.Read(filepath.Join(template, name))
-		if os.IsNotExist(err) {
-			continue
-		}
-		if failure.CodeOf(err) == failure.KeyFileUnsafe {
-			return err
-		}
-		if err != nil {
-			return failure.Wrap(err, codes.Internal, failure.RunnerLocalConnectFailed, "reading the codex home template: %v", err)
-		}
-		if err := atomicfile.Write(home, name, b, 0o600); err != nil {
-			return failure.Wrap(err, codes.Internal, failure.RunnerLocalConnectFailed, "writing %s into %s: %v", name, home, err)
 		}
 	}
 	return nil
