@@ -167,3 +167,69 @@ func TestR7_OpenCodeKilledMidTurnIsRestartedReconciledAndTheRunSucceedsAtTheNext
 	rep, code := auditStack(t, h.dsn)
 	require.Zero(t, code, "%+v", rep.Violations)
 }
+
+// TestR7_OpenCodeServerLostDuringPromptAsyncIsReconciledByItsMessageIDAndTheRunSucceedsOnce:
+// the OpenCode server SIGKILLed during the prompt call of a warm session
+// (fake-opencode "[die:prompt]": before it records the prompt;
+// "[die:prompt-recorded]": after) does not fail the run with
+// provider_turn_start_failed: runnerd records the turn under the message
+// id it chose, restarts the server, looks the id up in the resumed
+// session's history (absent: lost; present with no answer: cut off,
+// dropped, lost), and the executor's next attempt runs the turn to success,
+// once: the session's history holds the prompt once and the audit is
+// clean (SPEC R7, R12).
+func TestR7_OpenCodeServerLostDuringPromptAsyncIsReconciledByItsMessageIDAndTheRunSucceedsOnce(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	callLog := filepath.Join(dir, "opencode-calls.log")
+	gw, err := stack.ProviderGatewayArgs("opencode", filepath.Join(binDir, "fake-opencode"), "--call-log", callLog,
+		"--die-once-dir", t.TempDir(), "--delta-delay-ms", "5")
+	require.NoError(t, err)
+	h := newHarness(t, stack.Options{GatewayArgs: gw, ExecutorArgs: []string{"-retry-delay", "200ms"}})
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	run := func(runID, prompt string) []*executorv1.WatchRunResponse {
+		t.Helper()
+		in := h.submitInput("opencode-r7-prompt", prompt)
+		in.Provider = &prpv1.Provider{Kind: "opencode", Model: "mock/mock-model", PermissionMode: "ask"}
+		_, err := h.client.SubmitRun(ctx, &executorv1.SubmitRunRequest{RunId: runID, Input: in})
+		require.NoError(t, err)
+		evs := h.watch(ctx, runID, 0, nil)
+		requireContiguous(t, evs)
+		return evs
+	}
+	evs := run("oc-r7p-warm", "remember alpha")
+	require.Equal(t, "ECHO: remember alpha", requireOneSucceededTerminal(t, h, "oc-r7p-warm", evs))
+
+	for i, c := range []struct{ marker, reconciliation, history string }{
+		{"[die:prompt]", "missing", "absent"},
+		{"[die:prompt-recorded]", "interrupted", "dropped"},
+	} {
+		runID := fmt.Sprintf("oc-r7p-%d", i+1)
+		prompt := c.marker + " a prompt the server may not have taken"
+		evs := run(runID, prompt)
+		require.Empty(t, eventsOf(evs, "turn.failed"), "%s: the turn was not failed with the server", c.marker)
+		require.Equal(t, "ECHO: "+prompt, requireOneSucceededTerminal(t, h, runID, evs), c.marker)
+		require.EqualValues(t, 2, h.get(runID).GetAttempt(), "%s: the lost turn ran again at the next attempt", c.marker)
+		requireKilledBySIGKILL(t, evs)
+		lost := eventsOf(evs, "turn.lost")
+		require.Len(t, lost, 1, "%s: the turn started during the loss was reconciled lost", c.marker)
+		require.Equal(t, c.reconciliation, lost[0]["reconciliation"], c.marker)
+		require.Equal(t, c.history, lost[0]["providerHistory"], c.marker)
+		retries := eventsOf(evs, "run.retry_scheduled")
+		require.Len(t, retries, 1, c.marker)
+		require.Equal(t, "native_session_interrupted", retries[0]["code"], c.marker)
+	}
+
+	// The session's history holds each prompt once.
+	evs = run("oc-r7p-history", "[history] what was said?")
+	require.Equal(t, "HISTORY: remember alpha | [die:prompt] a prompt the server may not have taken | "+
+		"[die:prompt-recorded] a prompt the server may not have taken",
+		requireOneSucceededTerminal(t, h, "oc-r7p-history", evs))
+	calls, err := os.ReadFile(callLog)
+	require.NoError(t, err)
+	require.Equal(t, 3, strings.Count(string(calls), "process-start"), "one replacement server per loss")
+	require.Equal(t, 1, strings.Count(string(calls), "session.create"), "the session was resumed, not replaced")
+	rep, code := auditStack(t, h.dsn)
+	require.Zero(t, code, "%+v", rep.Violations)
+}

@@ -41,7 +41,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		state    = fs.String("state-file", "", "session store (default $XDG_DATA_HOME/opencode/fake-opencode.json)")
 		deltaMs  = fs.Int("delta-delay-ms", 1, "pause before each text delta, in ms")
 		slowMs   = fs.Int("slow-delay-ms", 100, "pause between the deltas of a [slow] reply, in ms")
-		dieOnce  = fs.String("die-once-dir", "", "enable the [die:mid-stream] prompt marker: SIGKILL itself after the reply's first delta, once per prompt (sentinels in this directory)")
+		dieOnce  = fs.String("die-once-dir", "", "enable the [die:prompt], [die:prompt-recorded] and [die:mid-stream] prompt markers: SIGKILL itself in prompt_async (before or after recording the prompt) or after the reply's first delta, once per prompt (sentinels in this directory)")
 		hostname string
 		port     int
 	)

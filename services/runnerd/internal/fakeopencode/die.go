@@ -18,24 +18,32 @@ import (
 // message unfinished).
 const DieMidStream = "mid-stream"
 
+// DiePrompt is the "[die:prompt]" marker's phase: prompt_async read the
+// request and the server dies before it records the prompt or answers (a
+// server lost during the prompt call that never took the prompt).
+const DiePrompt = "prompt"
+
+// DiePromptRecorded is the "[die:prompt-recorded]" marker's phase: the
+// prompt's user message is recorded (saved) and the server dies before it
+// answers prompt_async or starts the reply (a server lost during the
+// prompt call that took the prompt).
+const DiePromptRecorded = "prompt-recorded"
+
 // dieAt SIGKILLs the server when prompt holds "[die:<phase>]", once per
 // prompt: only with Options.DieOnceDir, and only when the sentinel for the
 // phase and prompt is not there yet (it is written and synced first, so
 // the retried turn lives).
 func (s *Server) dieAt(phase, prompt string) {
-	dir := s.opts.DieOnceDir
-	if dir == "" || !strings.Contains(prompt, "[die:"+phase+"]") {
+	if !s.dieArmed(phase, prompt) {
 		return
 	}
-	sum := sha256.Sum256([]byte(prompt))
-	sentinel := filepath.Join(dir, fmt.Sprintf("died-%s-%s", phase, hex.EncodeToString(sum[:8])))
-	f, err := os.OpenFile(sentinel, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	f, err := os.OpenFile(s.sentinel(phase, prompt), os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
 	if errors.Is(err, fs.ErrExist) || err != nil {
 		return
 	}
 	_ = f.Sync()
 	_ = f.Close()
-	if d, err := os.Open(dir); err == nil {
+	if d, err := os.Open(s.opts.DieOnceDir); err == nil {
 		_ = d.Sync()
 		_ = d.Close()
 	}
@@ -44,4 +52,18 @@ func (s *Server) dieAt(phase, prompt string) {
 	for { // SIGKILL cannot be caught; it is delivered before this returns
 		time.Sleep(time.Hour)
 	}
+}
+
+// dieArmed reports whether dieAt(phase, prompt) would kill the server.
+func (s *Server) dieArmed(phase, prompt string) bool {
+	if s.opts.DieOnceDir == "" || !strings.Contains(prompt, "[die:"+phase+"]") {
+		return false
+	}
+	_, err := os.Stat(s.sentinel(phase, prompt))
+	return errors.Is(err, fs.ErrNotExist)
+}
+
+func (s *Server) sentinel(phase, prompt string) string {
+	sum := sha256.Sum256([]byte(prompt))
+	return filepath.Join(s.opts.DieOnceDir, fmt.Sprintf("died-%s-%s", phase, hex.EncodeToString(sum[:8])))
 }

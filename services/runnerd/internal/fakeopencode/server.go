@@ -33,6 +33,9 @@
 //
 //	[history]                "HISTORY: <earlier user texts joined by " | ">"
 //	[fail]                   the turn ends with an APIError (session.error)
+//	[die:prompt]             with Options.DieOnceDir: prompt_async SIGKILLs the server before it
+//	                         records the prompt or answers, once per prompt (as [die:mid-stream])
+//	[die:prompt-recorded]    likewise, after the prompt's user message was recorded
 //	[die:mid-stream]         with Options.DieOnceDir: after the reply's first delta the server
 //	                         SIGKILLs itself, once per prompt (a synced sentinel in DieOnceDir
 //	                         records it, so the retried turn lives); the turn is recorded with
@@ -484,6 +487,12 @@ func (s *Server) promptAsync(w http.ResponseWriter, r *http.Request) {
 	case busy:
 		writeJSON(w, http.StatusConflict, map[string]any{"name": "BusyError", "data": map[string]any{"message": "session " + sid + " is busy"}})
 		return
+	}
+	prompt := strings.Join(text, "\n")
+	s.dieAt(DiePrompt, prompt)
+	if s.dieArmed(DiePromptRecorded, prompt) {
+		s.recordUser(sid, body.MessageID, prompt, provider, model)
+		s.dieAt(DiePromptRecorded, prompt)
 	}
 	s.CallLog("prompt " + sid + " " + strings.Join(text, " "))
 	w.WriteHeader(http.StatusNoContent)

@@ -21,6 +21,22 @@ type turnRun struct {
 	tokensOut int
 }
 
+// recordUser records (and saves) the user message of a prompt without
+// answering it ([die:prompt-recorded]).
+func (s *Server) recordUser(sid, userID, text, provider, model string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ses := s.st.Sessions[sid]
+	if ses == nil || userID == "" {
+		return
+	}
+	m := &message{Info: map[string]any{"id": userID, "sessionID": sid, "role": "user", "time": map[string]any{"created": time.Now().UnixMilli()},
+		"model": map[string]any{"providerID": provider, "modelID": model}}}
+	m.Parts = []map[string]any{{"id": s.id("prt"), "sessionID": sid, "messageID": userID, "type": "text", "text": text}}
+	ses.Messages = append(ses.Messages, m)
+	s.save()
+}
+
 func (s *Server) runTurn(t *turn, sid, userID, text, provider, model string) {
 	tr := &turnRun{s: s, t: t, sid: sid, prompt: text}
 	s.mu.Lock()

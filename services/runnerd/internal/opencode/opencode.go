@@ -425,6 +425,11 @@ func (e *httpError) Error() string {
 	return fmt.Sprintf("HTTP %d: %s", e.status, e.body)
 }
 
+func isHTTPError(err error) bool {
+	var he *httpError
+	return errors.As(err, &he)
+}
+
 func isNotFound(err error) bool {
 	var he *httpError
 	return errors.As(err, &he) && he.status == http.StatusNotFound

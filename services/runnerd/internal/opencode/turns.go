@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
 	"math/big"
 	"net/http"
 	"strings"
@@ -122,12 +123,23 @@ func (s *Session) modelRef() map[string]any {
 
 // StartTurn sends the prompt (prompt_async) under a message id tether
 // chose, which is the turn id.
+//
+// A server lost before or during the prompt call (its process exited, the
+// connection refused or cut: SPEC R7) does not fail the turn: the prompt
+// may or may not have reached it, and the message id tells which after the
+// restart. StartTurn then answers runner.TurnStartLost with the turn id;
+// runnerd records the turn, restarts the server and reconciles the turn
+// from the session's history (found: its recorded result, or cut off and
+// dropped; missing: lost), so the run succeeds once, at its next attempt
+// or reconciled. A server that is still there after a failed call is
+// asked whether it took the prompt; if not, the prompt is sent once more.
 func (s *Session) StartTurn(ctx context.Context, text string) (string, error) {
 	s.mu.Lock()
 	switch {
 	case s.exitErr != nil:
 		err := s.exitErr
 		s.mu.Unlock()
+		// Nothing was sent: runnerd restarts the server and sends it.
 		return "", err
 	case s.sesID == "":
 		s.mu.Unlock()
@@ -148,8 +160,20 @@ func (s *Session) StartTurn(ctx context.Context, text string) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.RequestTimeout)
 	defer cancel()
 	s.emitMu.Lock()
+	err := s.call(ctx, http.MethodPost, "/session/"+sid+"/prompt_async", body, nil)
+	if err != nil && !isHTTPError(err) {
+		// Released while the server's fate is settled: a lost server's
+		// end (fail) takes emitMu.
+		s.emitMu.Unlock()
+		if s.lostDuring(ctx) {
+			s.log.Warn("opencode: the server was lost during prompt_async; the turn is reconciled after its restart", "turn", t.id, "err", err)
+			return "", &runner.TurnStartLost{TurnID: t.id, Err: perr(failure.ProviderProcessLost, "OpenCode server lost during prompt_async: %v", err)}
+		}
+		s.emitMu.Lock()
+		err = s.retryPrompt(ctx, sid, t.id, body, err)
+	}
 	defer s.emitMu.Unlock()
-	if err := s.call(ctx, http.MethodPost, "/session/"+sid+"/prompt_async", body, nil); err != nil {
+	if err != nil {
 		s.mu.Lock()
 		if s.turn == t {
 			s.turn = nil
@@ -159,6 +183,53 @@ func (s *Session) StartTurn(ctx context.Context, text string) (string, error) {
 	}
 	s.emitEv("turn.started", t.id, "", runner.P0, map[string]any{"providerTurnId": t.id})
 	return t.id, nil
+}
+
+// startLossWait bounds the wait for a server's end after a failed prompt
+// call: its exit watcher sees a killed child at once, a re-attached
+// server's within 250 ms, an event stream cut without an exit within 2 s.
+const startLossWait = 5 * time.Second
+
+// lostDuring reports whether the server ended (Exited) within
+// startLossWait after a prompt call failed on the transport.
+func (s *Session) lostDuring(ctx context.Context) bool {
+	t := time.NewTimer(startLossWait)
+	defer t.Stop()
+	select {
+	case <-s.exited:
+		return true
+	case <-t.C:
+	case <-ctx.Done():
+	}
+	select {
+	case <-s.exited:
+		return true
+	default:
+		return false
+	}
+}
+
+// retryPrompt settles a prompt call that failed on the transport (cause)
+// while the server lives on (emitMu held): the prompt is in the session's
+// history under id (taken: nil), or it is sent once more.
+func (s *Session) retryPrompt(ctx context.Context, sid, id string, body map[string]any, cause error) error {
+	var msgs []struct {
+		Info map[string]any `json:"info"`
+	}
+	if err := s.call(ctx, http.MethodGet, "/session/"+sid+"/message", nil, &msgs); err != nil {
+		return fmt.Errorf("%v; reading the session's history after it: %v", cause, err)
+	}
+	for _, m := range msgs {
+		if str(m.Info, "id") == id {
+			s.log.Info("opencode: prompt_async failed but the server took the prompt", "turn", id, "err", cause)
+			return nil
+		}
+	}
+	s.log.Warn("opencode: prompt_async failed and the server has no such prompt; sending it once more", "turn", id, "err", cause)
+	if err := s.call(ctx, http.MethodPost, "/session/"+sid+"/prompt_async", body, nil); err != nil {
+		return fmt.Errorf("%v; sent again: %v", cause, err)
+	}
+	return nil
 }
 
 // Steer is not offered: OpenCode cannot deliver a message into a running

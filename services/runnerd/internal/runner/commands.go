@@ -651,6 +651,10 @@ func (r *Runner) cmdTurnStart(ctx context.Context, c *prpv1.Command) (map[string
 	if r.st.Backpressure {
 		return nil, rejected(failure.RunnerBackpressure, "the outbox holds %d unacknowledged bytes; no new turn until it drains", r.j.outbox.Bytes())
 	}
+	// A provider that exited between turns, its exit not handled yet (the
+	// loop took this command first), is replaced now: the turn starts on a
+	// live one (SPEC R7).
+	r.takeProviderExit()
 	if e := r.ensureProvider(); e != nil {
 		return nil, e
 	}
@@ -658,9 +662,29 @@ func (r *Runner) cmdTurnStart(ctx context.Context, c *prpv1.Command) (map[string
 	defer cancel()
 	endStart := synctrace.Step("runnerd.provider_turn_start", c.GetRunId())
 	turnID, err := r.sup.prov.StartTurn(ctx, text)
+	if exitErr := r.sup.prov.ExitErr(); err != nil && exitErr != nil && errors.Is(err, exitErr) {
+		// The provider refused the turn because it had exited just
+		// before: nothing was sent. Once on a restarted one.
+		r.log.Warn("the provider exited just before the turn started; restarting it for the turn", "run_id", c.GetRunId(), "err", err)
+		r.takeProviderExit()
+		if e := r.ensureProvider(); e != nil {
+			endStart()
+			return nil, e
+		}
+		turnID, err = r.sup.prov.StartTurn(ctx, text)
+	}
 	endStart()
+	var startLost *TurnStartLost
+	if errors.As(err, &startLost) && startLost.TurnID != "" {
+		// Lost during the start: the turn is recorded under its id and
+		// reconciled once the loop takes the provider's exit (the prompt
+		// reached the provider or not; recoverTurn tells).
+		r.log.Warn("the provider was lost while the turn was being started; the turn is reconciled on a restarted provider",
+			"run_id", c.GetRunId(), "turn_id", startLost.TurnID, "err", startLost.Err)
+		turnID, err = startLost.TurnID, nil
+	}
 	r.reportExecution(c, turnID, err)
-	if err == nil {
+	if err == nil && startLost == nil {
 		defer synctrace.Step("runnerd.await_turn_started", c.GetRunId())()
 		r.sup.awaitTurnStarted(r.cfg.TurnStartedWait)
 	}
@@ -1033,6 +1057,19 @@ func (r *Runner) onTurnDone(res TurnResult) {
 	r.journalProvider(append(evs, r.terminalEvent(t, res)), cursor)
 	r.st.ActiveTurn = nil
 	r.saveWhenAcked(r.st.NextSourceSeq - 1)
+}
+
+// takeProviderExit handles the live provider's exit now if it exited
+// (onProviderExit), instead of at the loop's next turn.
+func (r *Runner) takeProviderExit() {
+	if r.sup.prov == nil {
+		return
+	}
+	select {
+	case <-r.sup.prov.Exited():
+		r.onProviderExit()
+	default:
+	}
 }
 
 // onProviderExit handles a provider that exited under a live runnerd: its

@@ -2,6 +2,7 @@ package runner
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"time"
 
@@ -57,6 +58,25 @@ const (
 	// HistoryAbsent: the provider never recorded the turn.
 	HistoryAbsent = "absent"
 )
+
+// TurnStartLost is what a provider's StartTurn returns when the provider
+// was lost while the turn was being started (the process exited or the
+// transport broke during the start request, SPEC R7): the prompt may or
+// may not have reached it under TurnID, which the provider can look up
+// after a restart (OpenCode: the user message id tether chose). runnerd
+// records the turn as started and, the provider's exit seen, restarts the
+// provider and reconciles TurnID (TurnReconciler): found, the provider's
+// record settles it; missing, it is lost and the controller retries it.
+type TurnStartLost struct {
+	TurnID string
+	Err    error
+}
+
+func (e *TurnStartLost) Error() string {
+	return fmt.Sprintf("provider lost while starting turn %s: %v", e.TurnID, e.Err)
+}
+
+func (e *TurnStartLost) Unwrap() error { return e.Err }
 
 // ReattachReconciler is implemented by providers whose re-attach after a
 // runnerd restart does not replay what the provider did meanwhile (the
