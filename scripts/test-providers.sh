@@ -5,10 +5,13 @@
 #
 #   opencode        the OpenCode driver suite (runnerd's driver in-process)
 #   opencode-stack  OpenCode through executor → runnergw → runnerd (warm
-#                   turns with history, cancel, kill -9 mid-turn and between
-#                   turns, usage across the kills, audit)
+#                   turns with history, steering unsupported, a command
+#                   approval answered by the caller, cancel, kill -9 mid-turn
+#                   and between turns, suspension and restore, usage across
+#                   the kills and the restore, audit)
 #   codex           the codex driver suite (make test-codex's)
-#   codex-stack     codex through the whole stack, the same scenarios
+#   codex-stack     codex through the whole stack, the same scenarios and a
+#                   steer into the active turn
 #   acpx-codex      the ACP suite against codex-acp
 #   acpx-claude     the ACP suite against claude-agent-acp
 #   acpx-codex-stack, acpx-claude-stack  each agent through the whole stack,
@@ -77,7 +80,7 @@ section_opencode() {
 section_opencode-stack() {
   install_opencode && need_build || return 1
   TETHER_TEST_BIN=$ROOT/bin TETHER_OPENCODE_BIN=$OPENCODE_BIN run_go "$LOG_DIR/opencode-stack.log" "$DRIVER_LINES" \
-    -run '^(TestR7_OpenCodeRealServerKilledMidTurnIsRestartedAndTheRunSucceedsThroughTheStack|TestR10_Stack_RealProviderScenarios)$/^opencode$' \
+    -run '^TestR10_Stack_RealProviderScenarios$/^opencode$' \
     ./services/executor/internal/e2e/
 }
 

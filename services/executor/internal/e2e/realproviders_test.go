@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
@@ -60,6 +62,15 @@ type realProvider struct {
 	gw    []string
 	codex []string // the real codex command and its arguments
 	input func(h *harness, session, prompt string) *prpv1.ExecutionInput
+	// steer: the provider takes a message into its active turn (codex);
+	// the others' steering state is unsupported.
+	steer bool
+	// approvalPrompt makes the model ask to run mockmodel.ShellCommand;
+	// askCaller: the request reaches the caller (runtime_request.created,
+	// answered with ResolveRuntimeRequest); otherwise the run's permission
+	// mode decides it in runnerd (ACP: permission.decided).
+	approvalPrompt string
+	askCaller      bool
 }
 
 func realOpenCode(t *testing.T) realProvider {
@@ -82,9 +93,13 @@ func realOpenCode(t *testing.T) realProvider {
 	gw, err := stack.ProviderGatewayArgs("opencode", bin)
 	require.NoError(t, err)
 	return realProvider{name: "opencode", gw: append(gw, "-opencode-home-template", tmpl),
+		approvalPrompt: "[shell] make the directory", askCaller: true,
 		input: func(h *harness, session, prompt string) *prpv1.ExecutionInput {
 			in := h.submitInput(session, prompt)
 			in.Provider = &prpv1.Provider{Kind: "opencode", Model: "mock/mock-model", PermissionMode: "ask"}
+			// The checkpoint of a suspension records the driver kind; the
+			// verifier refuses one that does not drive the provider.
+			in.Session.DriverKind = provenv.DriverOpenCodeServer
 			return in
 		}}
 }
@@ -96,8 +111,13 @@ func realCodex(t *testing.T) realProvider {
 		t.Skip(envRealCodex + " is not set (make test-providers sets it)")
 	}
 	tmpl := filepath.Join(t.TempDir(), "codex-template")
-	startMockModel(t, "-codex-home", tmpl, "-codex-env-key", "OPENAI_API_KEY")
+	// A [slow] reply lasts 12 s: the steer lands in it however loaded the
+	// machine (a 3 s reply could end before it).
+	startMockModel(t, "-codex-home", tmpl, "-codex-env-key", "OPENAI_API_KEY", "-slow-delay", "1s")
+	// The template's config.toml asks approval on request: [escalate]
+	// (sandbox_permissions require_escalated) asks the caller.
 	return realProvider{name: "codex", gw: []string{"-codex-home-template", tmpl}, codex: []string{bin, "app-server"},
+		steer: true, approvalPrompt: "[escalate] make the directory", askCaller: true,
 		input: func(h *harness, session, prompt string) *prpv1.ExecutionInput {
 			in := h.submitInput(session, prompt)
 			in.Provider = &prpv1.Provider{Kind: "codex", Model: "mock-model"}
@@ -140,7 +160,11 @@ func realACP(t *testing.T, agent string) realProvider {
 	if agent == "claude" {
 		env = map[string]string{"ANTHROPIC_API_KEY": "mock-key", "ANTHROPIC_BASE_URL": strings.TrimSuffix(base, "/v1")}
 	}
-	return realProvider{name: profile, gw: gw,
+	approval := "[shell] make the directory"
+	if agent == "codex" {
+		approval = "[escalate] make the directory" // codex-acp asks only outside its sandbox
+	}
+	return realProvider{name: profile, gw: gw, approvalPrompt: approval,
 		input: func(h *harness, session, prompt string) *prpv1.ExecutionInput {
 			in := h.submitInput(session, prompt)
 			in.Provider = &prpv1.Provider{Kind: provenv.KindACPX, Agent: agent, PermissionMode: "approve-all"}
@@ -230,9 +254,15 @@ func TestR7_OpenCodeRealServerKilledMidTurnIsRestartedAndTheRunSucceedsThroughTh
 
 // TestR10_Stack_RealProviderScenarios runs each real provider's scenarios
 // through the whole stack: three warm turns on one provider process with
-// the history resent, a cancel (partial output) and the next turn, a kill
-// -9 mid-turn (retried at the next attempt) and one between turns, and the
-// session's usage total growing by each run's usage across the kills.
+// the history resent; a steer into the active turn (codex; the others'
+// steering state is unsupported); a command approval (asked of the caller
+// and accepted: codex, OpenCode; decided by the permission mode: the ACP
+// agents); a cancel (partial output) and the next turn; a kill -9 mid-turn
+// (retried at the next attempt, no turn.failed, one run.terminal) and one
+// between turns; a suspension (CloseSession with a verified checkpoint),
+// the scope's local state lost, and a restore that continues the same
+// provider thread; the session's usage total growing by each run's usage
+// across the kills and the restore; a clean audit.
 func TestR10_Stack_RealProviderScenarios(t *testing.T) {
 	for _, name := range []string{"opencode", "codex", "acpx-codex", "acpx-claude"} {
 		t.Run(name, func(t *testing.T) {
@@ -301,7 +331,59 @@ func realScenarios(t *testing.T, rp realProvider) {
 	require.Len(t, pids, 1, "one provider process serves the warm turns")
 	step("3 warm turns on one provider process, history resent")
 
-	evs, run := runOne("[slow] a long answer to cancel", func(runID string) {
+	if rp.steer {
+		var turnID string
+		_, run := runOne("[slow] tell me slowly", func(runID string) {
+			resp, err := h.client.SteerRun(ctx, &executorv1.SteerRunRequest{RunId: runID, Message: "steer: also mention bananas", CorrelationId: "test-providers"})
+			require.NoError(t, err)
+			turnID = resp.GetTurnId()
+		})
+		requireSucceeded(t, run, "steered")
+		require.Equal(t, turnID, run.GetResult().GetProviderTurnId(), "the active turn was steered")
+		require.Contains(t, run.GetResult().GetFinalMessage(), "bananas", "the turn answered the steering message")
+		usage(run)
+		step("steer into the active turn: %q", run.GetResult().GetFinalMessage())
+	}
+
+	// A command approval: asked of the caller and accepted with
+	// ResolveRuntimeRequest, or decided by the run's permission mode in
+	// runnerd (ACP approve-all: permission.decided); the command runs.
+	n++
+	approveID := session + "-" + string(rune('a'+n-1))
+	_, err := h.client.SubmitRun(ctx, &executorv1.SubmitRunRequest{RunId: approveID, Input: rp.input(h, session, rp.approvalPrompt)})
+	require.NoError(t, err)
+	decision := ""
+	if rp.askCaller {
+		created := h.awaitRuntimeRequest(ctx, approveID)
+		require.Equal(t, "command_approval", created["kind"])
+		accept, _ := structpb.NewStruct(map[string]any{"decision": "accept"})
+		_, err = h.client.ResolveRuntimeRequest(ctx, &executorv1.ResolveRuntimeRequestRequest{RunId: approveID,
+			RequestId: created["requestId"].(string), TurnId: created["turnId"].(string), Resolution: accept})
+		require.NoError(t, err)
+		decision = "asked of the caller, accepted"
+	}
+	evs := h.watch(ctx, approveID, 0, nil)
+	requireContiguous(t, evs)
+	run = h.waitTerminal(ctx, approveID)
+	requireSucceeded(t, run, "approval")
+	if rp.askCaller {
+		require.Len(t, eventsOf(evs, "runtime_request.resolved"), 1, "answered once")
+	} else {
+		decided := eventsOf(evs, "permission.decided")
+		require.NotEmpty(t, decided, "the permission mode decided the request")
+		require.Equal(t, "allow", decided[0]["decision"])
+		decision = fmt.Sprintf("decided by the permission mode (%v)", decided[0]["optionId"])
+	}
+	require.Contains(t, run.GetResult().GetFinalMessage(), "hello-from-mock-shell", "the approved command ran")
+	usage(run)
+	step("command approval %s; the command ran: %q", decision, run.GetResult().GetFinalMessage())
+
+	evs, run = runOne("[slow] a long answer to cancel", func(runID string) {
+		if !rp.steer {
+			st, err := h.client.GetSteeringState(ctx, &executorv1.GetSteeringStateRequest{RunId: runID})
+			require.NoError(t, err)
+			require.Equal(t, "unsupported", st.GetDisposition(), "steering is not offered")
+		}
 		_, err := h.client.CancelRun(ctx, &executorv1.CancelRunRequest{RunId: runID, Scope: executorv1.CancellationScope_CANCELLATION_SCOPE_RUN, Reason: "test-providers"})
 		require.NoError(t, err)
 	})
@@ -321,6 +403,8 @@ func realScenarios(t *testing.T, rp realProvider) {
 	require.EqualValues(t, 2, run.GetAttempt())
 	require.Equal(t, "ECHO: "+cut, run.GetResult().GetFinalMessage())
 	requireOneLostTurn(t, evs)
+	require.Empty(t, eventsOf(evs, "turn.failed"), "the turn was not failed with the provider")
+	require.Len(t, eventsOf(evs, "run.terminal"), 1)
 	usage(run)
 	lost := eventsOf(evs, "turn.lost")[0]
 	step("kill -9 mid-turn: succeeded at attempt 2 (provider history: %v)", lost["providerHistory"])
@@ -337,7 +421,34 @@ func realScenarios(t *testing.T, rp realProvider) {
 	if lost["providerHistory"] == "dropped" {
 		require.Equal(t, 1, strings.Count(final, cut), "the retried prompt is in the provider's history once (SPEC R12)")
 	}
-	step("session usage total %v, monotonic across the kills", total)
+
+	// Suspension and restore: the session is closed with a verified
+	// checkpoint (its runner and provider stop), the scope's local state
+	// is lost, and the next run restores the backup into a new runner and
+	// provider that continue the same provider thread with its history.
+	closed, err := h.client.CloseSession(ctx, &executorv1.CloseSessionRequest{CompanyId: "acme", NormalizedSessionId: session, Suspend: true, Reason: "test-providers"})
+	require.NoError(t, err)
+	require.Len(t, closed.GetCheckpoints(), 1, "one verified checkpoint")
+	cp := closed.GetCheckpoints()[0]
+	require.Eventually(t, func() bool {
+		r, err := h.client.GetSession(ctx, &executorv1.GetSessionRequest{CompanyId: "acme", NormalizedSessionId: session})
+		return err == nil && !r.GetSessions()[0].GetRunnerConnected()
+	}, time.Minute, 50*time.Millisecond, "the runner went away")
+	require.NoError(t, os.RemoveAll(filepath.Join(h.st.RunnerStateRoot(), cp.GetStamp().GetSessionScope())))
+	thread := run.GetResult().GetProviderThreadId()
+	_, restored := runOne("[history] after the restore", nil)
+	requireSucceeded(t, restored, "after the restore")
+	require.Contains(t, restored.GetResult().GetFinalMessage(), "remember alpha", "the restored provider resumed the history")
+	require.Contains(t, restored.GetResult().GetFinalMessage(), "[history] after the kills")
+	if thread != "" {
+		require.Equal(t, thread, restored.GetResult().GetProviderThreadId(), "the same provider thread")
+	}
+	require.NotEqual(t, run.GetRunnerProcess().GetPid(), restored.GetRunnerProcess().GetPid(), "a new runner process")
+	usage(restored)
+	step("suspended (checkpoint %s), local state removed, restored: the next turn continued thread %s with its history",
+		cp.GetCheckpointId(), restored.GetResult().GetProviderThreadId())
+
+	step("session usage total %v, monotonic across the kills and the restore", total)
 	rep, code := auditStack(t, h.dsn)
 	require.Zero(t, code, "%+v", rep.Violations)
 	step("tetherctl audit clean")

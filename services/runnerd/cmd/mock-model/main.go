@@ -20,11 +20,15 @@ func main() {
 	addr := flag.String("addr", "127.0.0.1:0", "loopback address to listen on")
 	codexHome := flag.String("codex-home", "", "also write an offline codex config.toml for this mock into DIR (model mock-model, key from -codex-env-key; codex and codex-acp)")
 	envKey := flag.String("codex-env-key", "MOCK_API_KEY", "the environment variable the written config.toml reads the mock's API key from")
+	slowDelay := flag.Duration("slow-delay", 0, "the pause between the deltas of a [slow] reply (0: the mock's default, 250ms)")
 	flag.Parse()
 	s, err := mockmodel.Start(*addr)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "mock-model:", err)
 		os.Exit(1)
+	}
+	if *slowDelay > 0 {
+		s.SlowChunkDelay = *slowDelay
 	}
 	if *codexHome != "" {
 		if err := codex.WriteConfig(*codexHome, codex.ConfigTOML{Model: "mock-model", ProviderID: "mock", ProviderName: "Mock Responses API",
