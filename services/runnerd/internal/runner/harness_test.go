@@ -610,6 +610,11 @@ func (p *fakeProvider) StartTurn(ctx context.Context, text string) (string, erro
 		hook()
 	}
 	p.mu.Lock()
+	if err := p.exitErr; err != nil {
+		// An exited provider refuses the turn with its exit error.
+		p.mu.Unlock()
+		return "", err
+	}
 	p.turns++
 	id := fmt.Sprintf("turn-%d", p.turns)
 	p.mu.Unlock()

@@ -648,6 +648,37 @@ func TestR7_ATurnWhoseProviderExitedIsReconciledOnARestartedProvider(t *testing.
 	}
 }
 
+// SPEC R7: a provider that exited just before a turn.start reached it
+// (it refuses the turn with its exit error: nothing was sent) does not fail
+// the turn: runnerd handles the exit and starts the turn once on a
+// replacement that resumes the thread.
+func TestR7_ATurnStartRefusedByAProviderThatHadJustExitedRunsOnAReplacement(t *testing.T) {
+	t.Parallel()
+	e := newTestEnv(t)
+	e.start(nil)
+	var once sync.Once
+	e.prov.mu.Lock()
+	e.prov.beforeStartTurn = func() {
+		once.Do(func() { e.prov.last().crash(failure.ProviderProcessExited) })
+	}
+	e.prov.mu.Unlock()
+	cs := &cmdSeq{t: t, runID: "run-1", attempt: 1}
+	res := e.gw.command(cs.attach("c-attach"))
+	require.Equal(t, runnerstate.StatusCompleted, res.GetStatus(), res.GetMessage())
+	res = e.gw.command(cs.next("c-turn1", CmdTurnStart, map[string]any{"text": "hello"}))
+	require.Equal(t, runnerstate.StatusCompleted, res.GetStatus(), "%s: %s", res.GetCode(), res.GetMessage())
+	require.Equal(t, "turn-1", res.GetResult().GetFields()["turnId"].GetStringValue())
+	ex := e.gw.waitEvent("harness.exited", 1)
+	assert.Equal(t, failure.ProviderProcessExited, ex.GetPayload().AsMap()["code"])
+	require.Equal(t, 2, e.prov.count(), "a replacement provider")
+	next := e.prov.last()
+	next.mu.Lock()
+	assert.Equal(t, []string{"thread-1"}, next.threadOpen, "the replacement resumed the thread")
+	assert.Equal(t, 1, next.turns, "the turn started once, on the replacement")
+	next.mu.Unlock()
+	assert.Empty(t, e.gw.eventsOf(EventTurnLost))
+}
+
 // SPEC R7: a controller that took the run over resends the turn.start of a
 // lost turn (same command id, higher attempt): it gets the stored answer and
 // the loss is announced again, so it ends the attempt too; nothing restarts.
