@@ -15,6 +15,7 @@ import (
 	"testing"
 
 	appsv1 "k8s.io/api/apps/v1"
+	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
@@ -42,6 +43,7 @@ type objects struct {
 	pdbs         []*policyv1.PodDisruptionBudget
 	policies     []*networkingv1.NetworkPolicy
 	namespaces   []*corev1.Namespace
+	jobs         []*batchv1.Job
 }
 
 // workload is a pod template with what owns it.
@@ -105,6 +107,9 @@ func render(t *testing.T) *objects {
 		case "Namespace":
 			x := &corev1.Namespace{}
 			o.namespaces, into = append(o.namespaces, x), x
+		case "Job":
+			x := &batchv1.Job{}
+			o.jobs, into = append(o.jobs, x), x
 		default:
 			t.Fatalf("%s %s: a kind this test does not know; add it", r.GetKind(), r.GetName())
 		}
@@ -570,5 +575,66 @@ func TestD2_EveryManifestIsInTheKustomization(t *testing.T) {
 		if f != "kustomization.yaml" && !slices.Contains(k.Resources, f) {
 			t.Errorf("%s is not listed in kustomization.yaml resources", f)
 		}
+	}
+}
+
+// TestL3_TheSchemaIsMigratedByAJobBeforeTheExecutorsStart: the executors do
+// not migrate (TETHER_MIGRATE=false, so a rolling upgrade never has two
+// releases racing to migrate from their pods); a Job runs `executor
+// migrate` with the database URL from its Secret; each executor pod waits
+// in an init container until `executor migrate -check` passes. The check
+// is a real flag of the binary.
+func TestL3_TheSchemaIsMigratedByAJobBeforeTheExecutorsStart(t *testing.T) {
+	o := render(t)
+	var job *batchv1.Job
+	for _, j := range o.jobs {
+		if j.Name == "executor-migrate" {
+			job = j
+		}
+	}
+	if job == nil {
+		t.Fatal("no Job executor-migrate")
+	}
+	pod := job.Spec.Template.Spec
+	if len(pod.Containers) != 1 || !slices.Equal(pod.Containers[0].Command, []string{"executor", "migrate"}) {
+		t.Fatalf("the Job must run `executor migrate`: %+v", pod.Containers)
+	}
+	if pod.RestartPolicy != corev1.RestartPolicyOnFailure && pod.RestartPolicy != corev1.RestartPolicyNever {
+		t.Errorf("Job restartPolicy %q", pod.RestartPolicy)
+	}
+	dbFromSecret := func(c corev1.Container) bool {
+		for _, e := range c.Env {
+			if e.Name == "TETHER_DATABASE_URL" && e.ValueFrom != nil && e.ValueFrom.SecretKeyRef != nil && e.ValueFrom.SecretKeyRef.Name == "tether-database" {
+				return true
+			}
+		}
+		return false
+	}
+	if !dbFromSecret(pod.Containers[0]) {
+		t.Error("the Job's TETHER_DATABASE_URL must come from the tether-database Secret")
+	}
+	if pod.SecurityContext == nil || pod.SecurityContext.RunAsNonRoot == nil || !*pod.SecurityContext.RunAsNonRoot {
+		t.Error("the Job must run as non-root")
+	}
+	for _, w := range o.workloads() {
+		if w.name != "executor" {
+			continue
+		}
+		if v, _ := envValue(w.spec.Spec.Containers[0], "TETHER_MIGRATE"); v != "false" {
+			t.Errorf("executor: TETHER_MIGRATE=%q, want false (the Job migrates)", v)
+		}
+		var waits bool
+		for _, c := range w.spec.Spec.InitContainers {
+			waits = waits || strings.Contains(strings.Join(c.Command, " "), "executor migrate -check") && dbFromSecret(c)
+		}
+		if !waits {
+			t.Error("executor: no init container waiting on `executor migrate -check`")
+		}
+	}
+	// -check is a flag of `executor migrate`.
+	flagsOf(t, "executor")
+	out, _ := exec.Command(filepath.Join(binDir, "executor"), "migrate", "-h").CombinedOutput()
+	if !strings.Contains(string(out), "-check") {
+		t.Errorf("executor migrate -h lists no -check:\n%s", out)
 	}
 }

@@ -93,6 +93,10 @@ const (
 	WorkspaceOutsideRoot = "workspace_outside_root"
 	// KeyFileInvalid: the key file is too short, too long or unreadable.
 	KeyFileInvalid = "key_file_invalid"
+	// SchemaOutdated: the database lacks migrations this binary needs; a
+	// service started with -migrate=false refuses to serve until
+	// `<service> migrate` applied them (SPEC L3).
+	SchemaOutdated = "schema_outdated"
 	// KeyFileUnsafe: the key file is a symlink, not a regular file, owned by
 	// another user or more open than 0600.
 	KeyFileUnsafe                        = "key_file_unsafe"
@@ -398,6 +402,7 @@ var registry = map[Reason]Info{
 	InvalidRequest:                                {codes.InvalidArgument, Permanent},
 	WorkspaceOutsideRoot:                          {codes.InvalidArgument, AttemptTerminal},
 	KeyFileInvalid:                                {codes.FailedPrecondition, Permanent},
+	SchemaOutdated:                                {codes.FailedPrecondition, Permanent},
 	KeyFileUnsafe:                                 {codes.FailedPrecondition, Permanent},
 	NativeCancellationCoordinatorMissing:          {codes.FailedPrecondition, Permanent},
 	NativeCancellationPendingRecovery:             {codes.FailedPrecondition, Permanent},

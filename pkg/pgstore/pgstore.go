@@ -6,13 +6,21 @@ package pgstore
 import (
 	"context"
 	"database/sql"
+	"errors"
+	"fmt"
 	"hash/fnv"
+	"io"
 	"io/fs"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
 	"github.com/pressly/goose/v3/lock"
+
+	"github.com/tether-run/tether/pkg/failure"
 )
 
 var _ = stdlib.GetDefaultDriver // registers the "pgx" database/sql driver
@@ -60,37 +68,124 @@ type Migrations struct {
 
 // Migrate applies m to the database at dsn.
 func Migrate(ctx context.Context, dsn string, m Migrations) error {
+	_, err := Apply(ctx, dsn, m)
+	return err
+}
+
+// Apply applies m to the database at dsn and returns the versions it
+// applied (none when the schema was current).
+func Apply(ctx context.Context, dsn string, m Migrations) ([]int64, error) {
 	db, err := sql.Open("pgx", dsn)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer db.Close()
-	return MigrateDB(ctx, db, m)
+	return apply(ctx, db, m)
 }
 
 // MigrateDB applies m on an open database.
 func MigrateDB(ctx context.Context, db *sql.DB, m Migrations) error {
+	_, err := apply(ctx, db, m)
+	return err
+}
+
+func apply(ctx context.Context, db *sql.DB, m Migrations) ([]int64, error) {
+	p, err := provider(db, m)
+	if err != nil {
+		return nil, err
+	}
+	res, err := p.Up(ctx)
+	var applied []int64
+	for _, r := range res {
+		if r.Error == nil {
+			applied = append(applied, r.Source.Version)
+		}
+	}
+	return applied, err
+}
+
+// provider is m's goose provider on db: under a PostgreSQL session
+// advisory lock, so that replicas starting together on one database (or a
+// migrate job beside them) apply each migration once while the others wait
+// for it (without it, two executors on a fresh database collided in goose:
+// duplicate key … pg_namespace_nspname_index); out of order, so that a
+// migration landing after a higher-numbered one was applied (two branches
+// merged in either order) is applied, not refused.
+func provider(db *sql.DB, m Migrations) (*goose.Provider, error) {
 	sub, err := fs.Sub(m.FS, m.Dir)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	// Under a PostgreSQL session advisory lock: replicas starting together
-	// on one database apply each migration once, the others wait for it
-	// (without it, two executors on a fresh database collided in goose:
-	// duplicate key … pg_namespace_nspname_index). Out of order: a
-	// migration that lands after a higher-numbered one was applied (two
-	// branches merged in either order) is applied, not refused.
 	locker, err := lock.NewPostgresSessionLocker(lock.WithLockID(lockID(m.Table)))
 	if err != nil {
-		return err
+		return nil, err
 	}
-	p, err := goose.NewProvider(goose.DialectPostgres, db, sub, goose.WithTableName(m.Table),
+	return goose.NewProvider(goose.DialectPostgres, db, sub, goose.WithTableName(m.Table),
 		goose.WithSessionLocker(locker), goose.WithAllowOutofOrder(true))
+}
+
+// Pending returns the versions of m the database at dsn has not applied,
+// in order, without writing anything (a database no migration ever ran
+// on lacks them all). Versions the database holds beyond m (a newer
+// release migrated it) are not pending: they are additive, and a binary
+// one release older keeps working on them (SPEC L3).
+func Pending(ctx context.Context, dsn string, m Migrations) ([]int64, error) {
+	db, err := sql.Open("pgx", dsn)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	_, err = p.Up(ctx)
-	return err
+	defer db.Close()
+	p, err := provider(db, m)
+	if err != nil {
+		return nil, err
+	}
+	applied := map[int64]bool{}
+	rows, err := db.QueryContext(ctx, "SELECT version_id FROM "+m.Table+" WHERE is_applied")
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "3F000"):
+		// undefined_table / invalid_schema_name: never migrated.
+	case err != nil:
+		return nil, err
+	default:
+		defer rows.Close()
+		for rows.Next() {
+			var v int64
+			if err := rows.Scan(&v); err != nil {
+				return nil, err
+			}
+			applied[v] = true
+		}
+		if err := rows.Err(); err != nil {
+			return nil, err
+		}
+	}
+	var pending []int64
+	for _, src := range p.ListSources() {
+		if !applied[src.Version] {
+			pending = append(pending, src.Version)
+		}
+	}
+	return pending, nil
+}
+
+// CheckCurrent fails with schema_outdated, naming the missing versions
+// and the command that applies them, when the database at dsn lacks any
+// migration of m.
+func CheckCurrent(ctx context.Context, dsn string, m Migrations, migrateCommand string) error {
+	pending, err := Pending(ctx, dsn, m)
+	if err != nil {
+		return fmt.Errorf("reading the schema version: %w", err)
+	}
+	if len(pending) == 0 {
+		return nil
+	}
+	names := make([]string, len(pending))
+	for i, v := range pending {
+		names[i] = fmt.Sprintf("%05d", v)
+	}
+	return failure.Newf(failure.SchemaOutdated, "the database lacks migration(s) %s that this binary needs: run `%s` (or start with -migrate)",
+		strings.Join(names, ", "), migrateCommand)
 }
 
 // lockID is the advisory lock key of a migrations table: one service's
@@ -100,4 +195,30 @@ func lockID(table string) int64 {
 	h := fnv.New64a()
 	h.Write([]byte("tether-migrations\x00" + table))
 	return int64(h.Sum64() >> 1)
+}
+
+// RunMigrate is the body of a service's `migrate` command: it applies m to
+// the database at dsn (waiting for the migration lock while another
+// replica or job holds it) and reports what it applied on w.
+func RunMigrate(ctx context.Context, w io.Writer, service, dsn string, m Migrations) error {
+	if dsn == "" {
+		return fmt.Errorf("-database-url (or TETHER_DATABASE_URL) is required")
+	}
+	applied, err := Apply(ctx, dsn, m)
+	for _, v := range applied {
+		fmt.Fprintf(w, "%s: applied migration %05d\n", service, v)
+	}
+	if err != nil {
+		return fmt.Errorf("migrating: %w", err)
+	}
+	if len(applied) == 0 {
+		fmt.Fprintf(w, "%s: schema is current (%d migrations)\n", service, len(sourcesOf(m)))
+	}
+	return nil
+}
+
+// sourcesOf lists m's migration files (numbered .sql files of Dir).
+func sourcesOf(m Migrations) []string {
+	names, _ := fs.Glob(m.FS, m.Dir+"/*.sql")
+	return names
 }

@@ -40,6 +40,9 @@ func main() {
 }
 
 func run() error {
+	if len(os.Args) > 1 && os.Args[1] == "migrate" {
+		return migrateCommand(os.Args[2:])
+	}
 	fs := flag.NewFlagSet("backup-verifier", flag.ExitOnError)
 	cfg := grpcx.RegisterFlags(fs, "backup-verifier", "127.0.0.1:7402", "127.0.0.1:9402")
 	// SPEC S2: over mTLS only gateways and executors may call the verifier.
@@ -50,7 +53,7 @@ func run() error {
 		"HMAC key signing backup stamps (created 0600 when missing)")
 	dsn := grpcx.StringFlag(fs, "database-url", "", "",
 		"PostgreSQL URL for checkpoint metadata (schema backup); empty: checkpoints disabled")
-	migrate := grpcx.BoolFlag(fs, "migrate", "", true, "apply database migrations at start")
+	migrate := grpcx.BoolFlag(fs, "migrate", "", true, "apply database migrations at start (under a lock); false: only check that the schema has every migration this verifier needs and refuse to start otherwise (run `backup-verifier migrate` first)")
 	blobURL := grpcx.StringFlag(fs, "blob-url", "", "file://"+filepath.Join(state, "blobs")+"?create_dir=true",
 		"blob store for checkpoint archives (gocloud.dev/blob URL: file:///dir, s3://bucket, gs://bucket)")
 	staging := grpcx.StringFlag(fs, "staging-dir", "", filepath.Join(state, "staging"),
@@ -96,6 +99,8 @@ func run() error {
 			if err := store.Migrate(ctx, *dsn); err != nil {
 				return fmt.Errorf("migrating: %w", err)
 			}
+		} else if err := store.CheckSchema(ctx, *dsn); err != nil {
+			return err
 		}
 		st, err := store.Open(ctx, *dsn)
 		if err != nil {
@@ -126,4 +131,29 @@ func redact(u string) string {
 		return u[:i]
 	}
 	return u
+}
+
+// migrateCommand is `backup-verifier migrate`: apply the schema's
+// migrations and exit (SPEC L3).
+func migrateCommand(args []string) error {
+	fs := flag.NewFlagSet("backup-verifier migrate", flag.ExitOnError)
+	dsn := grpcx.StringFlag(fs, "database-url", "", "", "PostgreSQL URL (required)")
+	check := fs.Bool("check", false, "apply nothing: exit 0 when the schema has every migration this binary needs, else 1 with schema_outdated (e.g. an init container waiting for the migration job)")
+	fs.Bool("version", false, "print the version and exit")
+	if err := grpcx.ParseFlags(fs, args); err != nil {
+		return err
+	}
+	ctx, stop := grpcx.SignalContext(context.Background())
+	defer stop()
+	if *check {
+		if *dsn == "" {
+			return fmt.Errorf("-database-url (or TETHER_DATABASE_URL) is required")
+		}
+		if err := store.CheckSchema(ctx, *dsn); err != nil {
+			return err
+		}
+		fmt.Println("backup-verifier: schema is current")
+		return nil
+	}
+	return store.MigrateCommand(ctx, os.Stdout, *dsn)
 }

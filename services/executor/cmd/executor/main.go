@@ -38,6 +38,9 @@ func main() {
 }
 
 func run() error {
+	if len(os.Args) > 1 && os.Args[1] == "migrate" {
+		return migrateCommand(os.Args[2:])
+	}
 	fs := flag.NewFlagSet("executor", flag.ExitOnError)
 	cfg := grpcx.RegisterFlags(fs, "executor", "127.0.0.1:7400", "127.0.0.1:9400")
 	dsn := grpcx.StringFlag(fs, "database-url", "", "", "PostgreSQL URL (required)")
@@ -54,7 +57,7 @@ func run() error {
 	// -tls-client-ca, the CA that verifies clients.
 	peerTLS := grpcx.RegisterClientTLSFlags(fs, "peer", "other executor replicas (calls forwarded to the one driving a run)")
 	sameHost := grpcx.BoolFlag(fs, "same-host-takeover", "", true, "take over at once a run whose controller on this host is provably dead (else wait for lease expiry)")
-	migrate := grpcx.BoolFlag(fs, "migrate", "", true, "apply database migrations at start")
+	migrate := grpcx.BoolFlag(fs, "migrate", "", true, "apply database migrations at start (under a lock; replicas wait for each other); false: only check that the schema has every migration this executor needs and refuse to start otherwise (run `executor migrate` first, e.g. as a Kubernetes Job)")
 	grantKey := grpcx.StringFlag(fs, "grant-key-file", "", "", "the executor fleet's Ed25519 private key (PEM, mode 0600) that signs a grant for every gateway call (required; `tetherctl certs init DIR` writes grant.key)")
 	gatewayID := grpcx.StringFlag(fs, "gateway-id", "", "runnergw", "the id of the -gateway-addr gateway (its -gateway-id), the audience of the grants signed for it; every scope is placed on it while no gateway is registered")
 	grantTTL := grpcx.DurationFlag(fs, "grant-ttl", "", grant.DefaultTTL, "how long a signed gateway grant is valid (checked when the call starts)")
@@ -108,6 +111,8 @@ func run() error {
 		if err := store.Migrate(ctx, *dsn); err != nil {
 			return fmt.Errorf("migrating: %w", err)
 		}
+	} else if err := store.CheckSchema(ctx, *dsn); err != nil {
+		return err
 	}
 	st, err := store.Open(ctx, *dsn, pgstore.MaxConns(*maxConns))
 	if err != nil {
@@ -222,4 +227,30 @@ func run() error {
 	<-swept
 	<-drained
 	return err
+}
+
+// migrateCommand is `executor migrate`: apply the schema's migrations and
+// exit (SPEC L3), for a deployment that migrates once before its
+// executors start with -migrate=false.
+func migrateCommand(args []string) error {
+	fs := flag.NewFlagSet("executor migrate", flag.ExitOnError)
+	dsn := grpcx.StringFlag(fs, "database-url", "", "", "PostgreSQL URL (required)")
+	check := fs.Bool("check", false, "apply nothing: exit 0 when the schema has every migration this binary needs, else 1 with schema_outdated (e.g. an init container waiting for the migration job)")
+	fs.Bool("version", false, "print the version and exit")
+	if err := grpcx.ParseFlags(fs, args); err != nil {
+		return err
+	}
+	ctx, stop := grpcx.SignalContext(context.Background())
+	defer stop()
+	if *check {
+		if *dsn == "" {
+			return fmt.Errorf("-database-url (or TETHER_DATABASE_URL) is required")
+		}
+		if err := store.CheckSchema(ctx, *dsn); err != nil {
+			return err
+		}
+		fmt.Println("executor: schema is current")
+		return nil
+	}
+	return store.MigrateCommand(ctx, os.Stdout, *dsn)
 }

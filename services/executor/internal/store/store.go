@@ -11,6 +11,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"io"
 	"runtime"
 	"strconv"
 	"time"
@@ -120,6 +121,19 @@ var migrations = pgstore.Migrations{FS: Migrations, Dir: "migrations", Table: Go
 
 // Migrate applies the embedded migrations to the database at dsn.
 func Migrate(ctx context.Context, dsn string) error { return pgstore.Migrate(ctx, dsn, migrations) }
+
+// MigrateCommand applies the embedded migrations (`executor migrate`),
+// reporting each applied version on w.
+func MigrateCommand(ctx context.Context, w io.Writer, dsn string) error {
+	return pgstore.RunMigrate(ctx, w, "executor", dsn, migrations)
+}
+
+// CheckSchema fails with schema_outdated when the database at dsn lacks a
+// migration this executor needs (started with -migrate=false, SPEC L3); a
+// schema newer than this executor's passes.
+func CheckSchema(ctx context.Context, dsn string) error {
+	return pgstore.CheckCurrent(ctx, dsn, migrations, "executor migrate -database-url URL")
+}
 
 // MigrateDB applies the embedded migrations on an open database.
 func MigrateDB(ctx context.Context, db *sql.DB) error { return pgstore.MigrateDB(ctx, db, migrations) }
