@@ -14,7 +14,7 @@ MODULES := ./pkg/... ./services/executor/... ./services/runnergw/... ./services/
 OWN_MODULES := deploy/k8s
 PROTODEPS := .cache/protodeps/protovalidate/buf/validate/validate.proto
 
-.PHONY: help tools protodeps generate check-generate lint build test demo up up-auth bench fuzz
+.PHONY: help tools protodeps generate check-generate lint release-api build test demo up up-auth bench fuzz
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -55,11 +55,20 @@ CMDS := ./services/executor/cmd/executor ./services/executor/cmd/tetherctl ./ser
 # then name files by import path (github.com/tether-run/tether/...).
 TRIMPATH := -trimpath
 
-lint: tools protodeps ## gofmt, go vet and buf lint
+# SPEC L4: the API of the newest release (CHANGELOG.md). buf breaking compares
+# proto/ with it; at a release, `make release-api VERSION=vX.Y.Z` writes the new
+# image, commit it and point RELEASE_API at it.
+RELEASE_API := proto/releases/v0.1.0.binpb
+
+lint: tools protodeps ## gofmt, go vet, buf lint and buf breaking against the newest release's API
 	@out=$$(gofmt -l $(GOFILES)); test -z "$$out" || { echo "gofmt would change:"; echo "$$out"; exit 1; }
 	$(GO) vet $(TRIMPATH) $(MODULES)
 	@for m in $(OWN_MODULES); do (cd $$m && GOWORK=off $(GO) vet $(TRIMPATH) ./...) || exit 1; done
 	buf lint
+	buf breaking proto --against $(RELEASE_API)
+
+release-api: tools protodeps ## write proto/releases/$(VERSION).binpb, the API image later versions are checked against
+	buf build proto --exclude-source-info -o proto/releases/$(VERSION).binpb
 
 # bin/ holds the binaries the tests, the demo and the benchmarks run, not
 # release artifacts: they are linked without the symbol table and DWARF
