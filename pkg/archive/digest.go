@@ -12,6 +12,32 @@ import (
 	"github.com/tether-run/tether/pkg/failure"
 )
 
+// DigestRules name how a checkpoint's directory digests were computed, so
+// that one made under older rules still verifies under them (SPEC L5).
+type DigestRules int
+
+const (
+	// DigestRulesRawDirModes: directory modes count as the archive stores
+	// them (checkpoints made before SafeDirMode, SPEC S4).
+	DigestRulesRawDirModes DigestRules = 1
+	// DigestRulesSafeDirModes: directory modes count as SafeDirMode of the
+	// stored mode, as Extract applies them.
+	DigestRulesSafeDirModes DigestRules = 2
+	// CurrentDigestRules are the rules new checkpoints are made with.
+	CurrentDigestRules = DigestRulesSafeDirModes
+)
+
+// String names the rules as recorded and reported.
+func (r DigestRules) String() string {
+	switch r {
+	case DigestRulesRawDirModes:
+		return "raw-dir-modes"
+	case DigestRulesSafeDirModes:
+		return "safe-dir-modes"
+	}
+	return "unknown"
+}
+
 // DigestTar checks the archive read from r like Extract does and returns the
 // backup directory digest (pkg/digest) of each top-level directory, computed
 // from the stream without extracting anything. The archive must hold only
@@ -22,6 +48,11 @@ import (
 // canonical archive the digests equal digest.BackupTree of the extracted
 // directories.
 func DigestTar(r io.Reader, limits Limits) (map[string]digest.Result, Stats, error) {
+	return DigestTarWith(r, limits, CurrentDigestRules)
+}
+
+// DigestTarWith is DigestTar under the given rules.
+func DigestTarWith(r io.Reader, limits Limits, rules DigestRules) (map[string]digest.Result, Stats, error) {
 	er, err := newEntryReader(r, limits)
 	if err != nil {
 		return nil, Stats{}, err
@@ -52,7 +83,11 @@ func DigestTar(r io.Reader, limits Limits) (map[string]digest.Result, Stats, err
 			return nil, er.finish(), errorf(codes.InvalidArgument, failure.RunnerRemoteCheckpointArchiveInvalid, "archive entry %q comes before its top-level directory", hdr.Name)
 		}
 		if hdr.Typeflag == tar.TypeDir {
-			err = s.Dir(rest, uint32(SafeDirMode(fs.FileMode(mode))))
+			dm := mode
+			if rules != DigestRulesRawDirModes {
+				dm = uint32(SafeDirMode(fs.FileMode(mode)))
+			}
+			err = s.Dir(rest, dm)
 		} else {
 			err = s.File(rest, mode, hdr.Size, er)
 		}

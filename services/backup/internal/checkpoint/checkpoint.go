@@ -218,7 +218,7 @@ func (s *Service) Upload(ctx context.Context, h Header, body io.Reader) (*Receip
 		RunnerInstanceID: m.RunnerInstanceID, SourceLeaseID: m.SourceLeaseID, ProviderKind: m.ProviderKind,
 		DriverKind: m.DriverKind, Manifest: canon, ManifestDigest: md, BlobKey: key,
 		ArchiveSHA256: info.SHA256, ArchiveBytes: info.Bytes, ExpandedBytes: info.ExpandedBytes, Entries: info.Entries,
-		CompletedAt: at,
+		CompletedAt: at, DigestRules: int(archive.CurrentDigestRules),
 	}
 	if err := s.Store.Insert(ctx, c, h.LeaseID); err != nil {
 		return nil, failure.Wrap(err, codes.Unavailable, failure.BackupStoreFailed, "recording checkpoint: %v", err)
@@ -439,7 +439,7 @@ func (s *Service) Verify(ctx context.Context, c *store.Checkpoint, mode Mode, ex
 		res.Valid = true
 		return res, nil
 	}
-	got, n, reason, detail, err := s.rehash(ctx, c)
+	got, n, reason, detail, err := s.rehashUnderItsRules(ctx, c, m)
 	res.Bytes = n
 	if err != nil {
 		return nil, err
@@ -478,10 +478,50 @@ func (h *hashingReader) Read(p []byte) (int, error) {
 	return n, err
 }
 
+// rehashUnderItsRules rehashes c's archive under the digest rules it was
+// made with (SPEC L5). A checkpoint stored before rules were recorded is
+// rehashed under the current rules and, when its directories do not match
+// m under them, once more under the older rules; rules that match are
+// recorded for the next verification.
+func (s *Service) rehashUnderItsRules(ctx context.Context, c *store.Checkpoint, m *harness.Manifest) (got map[string]digest.Result, n int64, reason, detail string, err error) {
+	rules := archive.DigestRules(c.DigestRules)
+	if c.DigestRules == 0 {
+		rules = archive.CurrentDigestRules
+	}
+	got, n, reason, detail, err = s.rehash(ctx, c, rules)
+	if c.DigestRules != 0 || err != nil || got == nil || matchesManifest(m, got) {
+		return got, n, reason, detail, err
+	}
+	older, on, oreason, odetail, oerr := s.rehash(ctx, c, archive.DigestRulesRawDirModes)
+	if oerr != nil || older == nil || !matchesManifest(m, older) {
+		return got, n, reason, detail, err
+	}
+	if rerr := s.Store.RecordDigestRules(ctx, c.ID, int(archive.DigestRulesRawDirModes)); rerr != nil {
+		s.log().Warn("recording a checkpoint's digest rules", "checkpoint_id", c.ID, "err", rerr)
+	}
+	s.log().Info("checkpoint verified under older digest rules", "checkpoint_id", c.ID,
+		"digest_rules", archive.DigestRulesRawDirModes.String())
+	return older, on, oreason, odetail, nil
+}
+
+// matchesManifest: every directory m records has its digest and size in got.
+func matchesManifest(m *harness.Manifest, got map[string]digest.Result) bool {
+	if m == nil || len(got) != len(m.Directories) {
+		return false
+	}
+	for _, d := range m.Directories {
+		r, ok := got[d.Name]
+		if !ok || r.Digest != d.SHA256 || r.Bytes != d.Bytes {
+			return false
+		}
+	}
+	return true
+}
+
 // rehash reads the stored archive completely and returns each directory's
 // digest (nil when the archive cannot be digested) and whether the archive
 // still has its recorded digest and size; reason and detail say why not.
-func (s *Service) rehash(ctx context.Context, c *store.Checkpoint) (got map[string]digest.Result, n int64, reason, detail string, err error) {
+func (s *Service) rehash(ctx context.Context, c *store.Checkpoint, rules archive.DigestRules) (got map[string]digest.Result, n int64, reason, detail string, err error) {
 	r, err := s.Bucket.NewReader(ctx, c.BlobKey, nil)
 	if gcerrors.Code(err) == gcerrors.NotFound {
 		return nil, 0, failure.BackupArchiveMissing, "the archive is missing", nil
@@ -492,7 +532,7 @@ func (s *Service) rehash(ctx context.Context, c *store.Checkpoint) (got map[stri
 	defer r.Close()
 	hr := &hashingReader{r: r, h: sha256.New()}
 	lim := archive.Limits{MaxArchiveBytes: max(c.ArchiveBytes, 1), MaxExpandedBytes: max(c.ExpandedBytes, 1), MaxEntries: max(c.Entries, 1)}
-	got, _, derr := archive.DigestTar(hr, lim)
+	got, _, derr := archive.DigestTarWith(hr, lim, rules)
 	if _, err := io.Copy(io.Discard, io.LimitReader(hr, c.ArchiveBytes+1-hr.n)); err != nil {
 		if ctx.Err() != nil {
 			return nil, hr.n, "", "", ctx.Err()
@@ -530,7 +570,7 @@ func (s *Service) VerifyStamp(ctx context.Context, st *backupv1.Stamp, leaseID s
 	if err != nil || digest.Bytes(c.Manifest) != c.ManifestDigest {
 		return false, failure.BackupStampManifestMismatch, nil
 	}
-	got, _, archiveReason, _, err := s.rehash(ctx, c)
+	got, _, archiveReason, _, err := s.rehashUnderItsRules(ctx, c, m)
 	if err != nil {
 		return false, "", err
 	}

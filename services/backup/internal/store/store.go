@@ -80,6 +80,9 @@ type Checkpoint struct {
 	Entries        int
 	CompletedAt    time.Time
 	CreatedAt      time.Time
+	// DigestRules are the rules its directory digests were computed with
+	// (archive.DigestRules); 0: not recorded (stored before SPEC L5).
+	DigestRules int
 }
 
 // Insert records a checkpoint and the stamp issued for stampLease, in one
@@ -89,12 +92,12 @@ func (s *Store) Insert(ctx context.Context, c *Checkpoint, stampLease string) er
 		err := tx.QueryRow(ctx, `
 INSERT INTO backup.checkpoints (checkpoint_id, session_scope, normalized_session_id, runner_instance_id,
     source_lease_id, provider_kind, driver_kind, manifest, manifest_digest, blob_key, archive_sha256,
-    archive_bytes, expanded_bytes, entries, completed_at)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)
+    archive_bytes, expanded_bytes, entries, completed_at, digest_rules)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, NULLIF($16, 0))
 RETURNING created_at`,
 			c.ID, c.SessionScope, c.NormalizedSessionID, c.RunnerInstanceID, c.SourceLeaseID, c.ProviderKind,
 			c.DriverKind, c.Manifest, c.ManifestDigest, c.BlobKey, c.ArchiveSHA256, c.ArchiveBytes,
-			c.ExpandedBytes, c.Entries, c.CompletedAt).Scan(&c.CreatedAt)
+			c.ExpandedBytes, c.Entries, c.CompletedAt, c.DigestRules).Scan(&c.CreatedAt)
 		if err != nil {
 			return err
 		}
@@ -105,13 +108,13 @@ RETURNING created_at`,
 
 const columns = `checkpoint_id, session_scope, normalized_session_id, runner_instance_id, source_lease_id,
     provider_kind, driver_kind, manifest, manifest_digest, blob_key, archive_sha256, archive_bytes,
-    expanded_bytes, entries, completed_at, created_at`
+    expanded_bytes, entries, completed_at, created_at, coalesce(digest_rules, 0)`
 
 func scan(row pgx.Row) (*Checkpoint, error) {
 	var c Checkpoint
 	err := row.Scan(&c.ID, &c.SessionScope, &c.NormalizedSessionID, &c.RunnerInstanceID, &c.SourceLeaseID,
 		&c.ProviderKind, &c.DriverKind, &c.Manifest, &c.ManifestDigest, &c.BlobKey, &c.ArchiveSHA256,
-		&c.ArchiveBytes, &c.ExpandedBytes, &c.Entries, &c.CompletedAt, &c.CreatedAt)
+		&c.ArchiveBytes, &c.ExpandedBytes, &c.Entries, &c.CompletedAt, &c.CreatedAt, &c.DigestRules)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, ErrNotFound
 	}
@@ -152,4 +155,11 @@ func (s *Store) Stamps(ctx context.Context, checkpointID string) ([]string, erro
 		return nil, err
 	}
 	return pgx.CollectRows(rows, pgx.RowTo[string])
+}
+
+// RecordDigestRules records the rules a checkpoint stored before they were
+// recorded turned out to verify under (SPEC L5); a recorded value stays.
+func (s *Store) RecordDigestRules(ctx context.Context, id string, rules int) error {
+	_, err := s.pool.Exec(ctx, `UPDATE backup.checkpoints SET digest_rules = $2 WHERE checkpoint_id = $1 AND digest_rules IS NULL`, id, rules)
+	return err
 }
