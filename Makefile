@@ -222,7 +222,7 @@ test-codex: ## opt-in: provider scenario suite against the real codex app-server
 	  || { echo "test-codex failed; full log: $(CODEX_CACHE)/test-codex.log"; tail -40 $(CODEX_CACHE)/test-codex.log; exit 1; }
 
 .PHONY: test-providers
-test-providers: ## opt-in SPEC R7/R10/R11/R12: pinned real providers (npm into .cache/) offline against the loopback mock model, driver suites and through the whole stack; every section runs and is reported; PROVIDERS="opencode opencode-stack codex codex-stack acpx-codex acpx-claude" selects
+test-providers: ## opt-in SPEC R7/R10/R11/R12: pinned real providers (npm into .cache/) offline against the loopback mock model, driver suites and through the whole stack; every section runs and is reported; PROVIDERS="opencode opencode-stack codex codex-stack acpx-codex acpx-codex-stack acpx-claude acpx-claude-stack" selects
 	bash scripts/test-providers.sh
 
 .PHONY: bench-curves

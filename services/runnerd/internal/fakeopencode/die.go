@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -28,6 +29,41 @@ const DiePrompt = "prompt"
 // answers prompt_async or starts the reply (a server lost during the
 // prompt call that took the prompt).
 const DiePromptRecorded = "prompt-recorded"
+
+// DropPrompt is the "[drop:prompt]" marker's phase: prompt_async cuts the
+// connection before it records the prompt, and the server lives on (a
+// prompt call lost on the way while the server stays up).
+const DropPrompt = "drop:prompt"
+
+// DropPromptTaken is the "[drop:prompt-taken]" marker's phase: the prompt
+// is taken and answered, but prompt_async cuts the connection instead of
+// its 204 (the answer lost on the way back).
+const DropPromptTaken = "drop:prompt-taken"
+
+// dropOnce reports whether prompt holds the marker of phase (a "drop:…"
+// phase: "[drop:…]") for the first time (DieOnceDir sentinel, written
+// first) and cuts the request's connection if so.
+func (s *Server) dropOnce(w http.ResponseWriter, phase, prompt string) bool {
+	if s.opts.DieOnceDir == "" || !strings.Contains(prompt, "["+phase+"]") {
+		return false
+	}
+	f, err := os.OpenFile(s.sentinel(phase, prompt), os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	if err != nil {
+		return false
+	}
+	_ = f.Close()
+	hj, ok := w.(http.Hijacker)
+	if !ok {
+		return false
+	}
+	conn, _, err := hj.Hijack()
+	if err != nil {
+		return false
+	}
+	s.CallLog(phase)
+	_ = conn.Close()
+	return true
+}
 
 // dieAt SIGKILLs the server when prompt holds "[die:<phase>]", once per
 // prompt: only with Options.DieOnceDir, and only when the sentinel for the

@@ -36,6 +36,9 @@
 //	[die:prompt]             with Options.DieOnceDir: prompt_async SIGKILLs the server before it
 //	                         records the prompt or answers, once per prompt (as [die:mid-stream])
 //	[die:prompt-recorded]    likewise, after the prompt's user message was recorded
+//	[drop:prompt]            with Options.DieOnceDir: prompt_async cuts the connection before it
+//	                         records the prompt, once per prompt; the server lives on
+//	[drop:prompt-taken]      likewise, after it took the prompt (the turn runs; no 204)
 //	[die:mid-stream]         with Options.DieOnceDir: after the reply's first delta the server
 //	                         SIGKILLs itself, once per prompt (a synced sentinel in DieOnceDir
 //	                         records it, so the retried turn lives); the turn is recorded with
@@ -494,14 +497,22 @@ func (s *Server) promptAsync(w http.ResponseWriter, r *http.Request) {
 		s.recordUser(sid, body.MessageID, prompt, provider, model)
 		s.dieAt(DiePromptRecorded, prompt)
 	}
+	if s.dropOnce(w, DropPrompt, prompt) {
+		s.mu.Lock()
+		delete(s.running, sid)
+		s.mu.Unlock()
+		return
+	}
 	s.CallLog("prompt " + sid + " " + strings.Join(text, " "))
-	w.WriteHeader(http.StatusNoContent)
-	// The answer is on the wire before the turn runs: a turn that kills
-	// the server after its first delta ([die:mid-stream]) must not race
-	// the 204 (the client would see the prompt refused, not the server
-	// lost mid-turn).
-	if f, ok := w.(http.Flusher); ok {
-		f.Flush()
+	if !s.dropOnce(w, DropPromptTaken, prompt) {
+		w.WriteHeader(http.StatusNoContent)
+		// The answer is on the wire before the turn runs: a turn that
+		// kills the server after its first delta ([die:mid-stream]) must
+		// not race the 204 (the client would see the prompt refused, not
+		// the server lost mid-turn).
+		if f, ok := w.(http.Flusher); ok {
+			f.Flush()
+		}
 	}
 	s.mu.Lock()
 	if ch := s.nextPrompt[sid]; ch != nil {

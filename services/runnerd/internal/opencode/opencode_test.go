@@ -460,3 +460,46 @@ func TestR12_OpenCodeSessionUsageSurvivesServerRestartsAndARestoredHome(t *testi
 	require.NoError(t, err)
 	turn(s3, "after the restore")
 }
+
+// TestR7_APromptCallCutWhileTheServerLivesIsSettledByTheMessageID: a
+// prompt_async whose connection is cut while the server stays up
+// (fake-opencode "[drop:prompt]": before the server took the prompt;
+// "[drop:prompt-taken]": after) is settled by the message id tether chose:
+// the driver finds the server alive, looks the id up in the session's
+// history and sends the prompt once more only when it is not there. Each
+// turn starts and completes once and the history holds each prompt once.
+func TestR7_APromptCallCutWhileTheServerLivesIsSettledByTheMessageID(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	cfg := b.config("ask")
+	cfg.Args = append(cfg.Args, "--die-once-dir", t.TempDir())
+	s, rec := start(t, cfg)
+	_, _, err := s.OpenThread(context.Background(), "")
+	require.NoError(t, err)
+	ctx := context.Background()
+	prompts := []string{"[drop:prompt] first", "[drop:prompt-taken] second"}
+	for _, prompt := range prompts {
+		id, err := s.StartTurn(ctx, prompt)
+		require.NoError(t, err, prompt)
+		res := turnResult(t, s)
+		require.Equal(t, id, res.TurnID)
+		require.Equal(t, "completed", res.Status, res.ErrorMessage)
+		require.Equal(t, "ECHO: "+prompt, res.FinalMessage)
+	}
+	select {
+	case <-s.Exited():
+		t.Fatal("the server is not lost")
+	default:
+	}
+	_, err = s.StartTurn(ctx, "[history] what was said?")
+	require.NoError(t, err)
+	res := turnResult(t, s)
+	require.Equal(t, "HISTORY: "+strings.Join(prompts, " | "), res.FinalMessage, "each prompt once")
+	assert.Len(t, rec.of("turn.started"), 3)
+	calls, err := os.ReadFile(b.callLog)
+	require.NoError(t, err)
+	assert.Equal(t, 1, strings.Count(string(calls), "drop:prompt\n"), "the first call was cut")
+	assert.Equal(t, 1, strings.Count(string(calls), "drop:prompt-taken\n"), "the second call's answer was cut")
+	assert.Equal(t, 3, strings.Count(string(calls), "prompt ses_"), "the first prompt sent again, the second not")
+	assert.Equal(t, 1, b.processStarts(t))
+}
