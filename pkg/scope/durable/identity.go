@@ -32,6 +32,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/tether-run/tether/pkg/failure"
+	"github.com/tether-run/tether/pkg/safefs"
 )
 
 // Schemas of the identity documents.
@@ -331,6 +332,9 @@ func BindAfter(root string, id Identity, sent uint64) error {
 		return failure.Wrap(err, codes.Internal, failure.RunnerStateIOFailed, "encoding control-plane state: %v", err)
 	}
 	if err := writeFileAtomic(dir, ControlPlaneFile, b); err != nil {
+		if failure.CodeOf(err) == failure.RunnerStateDirectoryUnsafe {
+			return err
+		}
 		return failure.Wrap(err, codes.Internal, failure.RunnerStateIOFailed, "writing control-plane state: %v", err)
 	}
 	return nil
@@ -447,8 +451,16 @@ func privateDir(dir string) error {
 	return nil
 }
 
+// writeFileAtomic replaces dir/name (0600) atomically without following a
+// link at dir or at name: a runner that swapped the control-plane
+// directory for a link between the gateway's check and its write makes the
+// write fail (SPEC T7).
 func writeFileAtomic(dir, name string, data []byte) error {
-	return atomicfile.Write(dir, name, data, 0o600)
+	err := safefs.WriteFileAt(filepath.Dir(dir), filepath.Base(dir), name, data, 0o600)
+	if safefs.IsLink(err) {
+		return failure.Wrap(err, codes.FailedPrecondition, failure.RunnerStateDirectoryUnsafe, "%v", err)
+	}
+	return err
 }
 
 func syncDir(dir string) error { return atomicfile.SyncDir(dir) }

@@ -414,10 +414,19 @@ const CodexHomeDir = "codex-home"
 // a root is quarantined.
 var LaunchOnlyCodexHomeEntries = []string{"tmp", ".tmp", "auth.json", "config.toml"}
 
+// ProviderTemplateDir is where, in a scope root, the gateway puts a pinned
+// provider's company home template for runnerd (launch-only: never backed
+// up, removed before a root is quarantined).
+const ProviderTemplateDir = "provider-template"
+
 // scrubLaunchOnly removes the launch-only entries of root's provider home
-// (a symlinked entry is removed itself, never its target; a provider home
-// that is not a real directory is left alone).
+// and its provider template directory (a symlinked entry is removed
+// itself, never its target; a provider home that is not a real directory
+// is left alone).
 func scrubLaunchOnly(root string) error {
+	if err := os.RemoveAll(filepath.Join(root, ProviderTemplateDir)); err != nil {
+		return failure.Wrap(err, codes.Internal, failure.RunnerStateIOFailed, "removing %s from %s: %v", ProviderTemplateDir, root, err)
+	}
 	home := filepath.Join(root, CodexHomeDir)
 	if fi, err := os.Lstat(home); err != nil || !realDir(fi) {
 		return nil

@@ -168,8 +168,8 @@ func (h *harness) t7Globex(ctx context.Context) t7Paths {
 // As root, each company's runners run under a uid of their own: an acme
 // provider cannot read the gateway's key, list the state root, or read a
 // globex scope root or workspace; its own workspace works and the run
-// succeeds, twice in its warm session. The roots are the uid's, 0700; the
-// gateway's key stays root's, 0600.
+// succeeds, twice in its warm session. The runner's subtrees are the uid's,
+// 0700, the scope root root's (0710); the gateway's key stays root's, 0600.
 func TestT7_UnderItsCompanysUIDAProviderCannotReadTheGatewayKeyNorAnotherCompanysScopeOrWorkspace(t *testing.T) {
 	t.Parallel()
 	h := confinedHarness(t, "uid")
@@ -191,8 +191,9 @@ func TestT7_UnderItsCompanysUIDAProviderCannotReadTheGatewayKeyNorAnotherCompany
 	require.Contains(t, reply, "2 earlier messages")
 
 	acme := filepath.Join(h.st.RunnerStateRoot(), scope.OfRun("acme-1", in))
-	acmeUID := ownerOf(t, acme, 0o700)
-	globexUID := ownerOf(t, g.globexScope, 0o700)
+	acmeUID := ownerOf(t, filepath.Join(acme, "runner"), 0o700)
+	globexUID := ownerOf(t, filepath.Join(g.globexScope, "runner"), 0o700)
+	require.Zero(t, ownerOf(t, acme, 0o710), "the scope root stays root's")
 	require.NotZero(t, acmeUID)
 	require.NotEqual(t, acmeUID, globexUID, "each company has a uid of its own")
 	require.Equal(t, acmeUID, ownerOf(t, filepath.Join(h.st.WorkspaceRoot(), "acme"), 0o700))
@@ -314,8 +315,78 @@ func TestT7_OffLoopbackTheGatewayConfinesItsRunnersByDefault(t *testing.T) {
 	reply := h.runProbes(ctx, "acme-1", in)
 	requireProbes(t, reply, map[string][]string{"write": {mine}, "read": {mine}},
 		map[string][]string{"read": {g.gatewayKey, g.globexFile}, "list": {g.globexScope}})
-	require.NotZero(t, ownerOf(t, own, 0o700), "the runner's root is its company uid's")
+	require.NotZero(t, ownerOf(t, filepath.Join(own, "runner"), 0o700), "the runner's state is its company uid's")
+	require.Zero(t, ownerOf(t, own, 0o710), "the scope root stays root's")
 	log, err := os.ReadFile(h.st.LogPath("runnergw"))
 	require.NoError(t, err)
 	require.Contains(t, string(log), `"runner_confinement":"uid+bwrap"`)
+}
+
+// Under its company's uid a runner owns only its subtrees of the scope
+// root (runner/, the provider home, the workspace), never the root itself
+// nor what the gateway, as root, writes there. Its provider tries to put
+// symbolic links to files outside in place of the launch record (and the
+// fixed-name temporary the gateway once wrote it through), runnerd's log
+// and the control plane; then the runner is stopped and the next run
+// launches a new one on the root. No swap succeeds, no file outside
+// changes, the runs succeed, and the layout is root's root (0710, the
+// company's group) with the company's uid owning runner/ alone.
+func TestT7_UnderItsUIDARunnerCannotRedirectTheGatewaysWritesInItsScopeRoot(t *testing.T) {
+	t.Parallel()
+	h := confinedHarness(t, "uid")
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	victims := filepath.Join(h.st.Dir(), "victims")
+	require.NoError(t, os.Mkdir(victims, 0o700))
+	victim := func(name string) string {
+		p := filepath.Join(victims, name)
+		require.NoError(t, os.WriteFile(p, []byte("untouched"), 0o600))
+		return p
+	}
+	launchTmp, log, launch, mark := victim("launch-tmp"), victim("log"), victim("launch"), victim("mark")
+
+	in := confinedInput(t, "acme", "acme-session", "", "")
+	root := filepath.Join(h.st.RunnerStateRoot(), scope.OfRun("acme-1", in))
+	swap := func(name, target string) string {
+		return "[probe-swap:" + filepath.Join(root, name) + ">" + target + "]"
+	}
+	swaps := []string{swap(".launch.json.tmp", launchTmp), swap("runnerd.log", log), swap("launch.json", launch),
+		swap("checkpoint-mark.json", mark)}
+	in.Task.Prompt = strings.Join(swaps, " ")
+	first := h.runProbes(ctx, "acme-1", in)
+
+	// A new runner on the root: the gateway writes the launch record, opens
+	// runnerd's log and binds the control plane again, as root.
+	h.stopRunner(ctx, "acme-session")
+	cp := filepath.Join(victims, "control-plane")
+	require.NoError(t, os.Mkdir(cp, 0o700))
+	next := confinedInput(t, "acme", "acme-session", "", swap("control-plane", cp))
+	second := h.runProbes(ctx, "acme-2", next)
+	for _, v := range []string{launchTmp, log, launch, mark} {
+		b, err := os.ReadFile(v)
+		require.NoError(t, err)
+		require.Equal(t, "untouched", string(b), "the gateway wrote through a runner's link into %s", v)
+	}
+	for _, reply := range []string{first, second} {
+		require.NotContains(t, reply, ": ok", "a swap in the scope root succeeded: %s", reply)
+	}
+	require.Contains(t, first, "probe-swap "+filepath.Join(root, "runnerd.log")+">"+log+": error permission denied")
+
+	h.stopRunner(ctx, "acme-session")
+	third := h.runProbes(ctx, "acme-3", confinedInput(t, "acme", "acme-session", "", "again"))
+	require.Contains(t, third, "4 earlier messages", "the session went on on its root")
+	entries, err := os.ReadDir(cp)
+	require.NoError(t, err)
+	require.Empty(t, entries, "the control plane was written through a runner's link")
+
+	uid := ownerOf(t, filepath.Join(root, "runner"), 0o700)
+	require.NotZero(t, uid)
+	require.Zero(t, ownerOf(t, root, 0o710), "the scope root stays root's")
+	fi, err := os.Stat(root)
+	require.NoError(t, err)
+	require.EqualValues(t, uid, fi.Sys().(*syscall.Stat_t).Gid, "the company's group traverses the root")
+	require.Zero(t, ownerOf(t, filepath.Join(root, "control-plane"), 0o700))
+	require.Zero(t, ownerOf(t, filepath.Join(root, "launch.json"), 0o600))
+	require.Equal(t, uid, ownerOf(t, filepath.Join(root, "codex-home"), 0o700))
+	require.Equal(t, uid, ownerOf(t, filepath.Join(root, "workspace"), 0o700))
 }

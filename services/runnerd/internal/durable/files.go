@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"syscall"
 )
 
 const (
@@ -17,7 +18,10 @@ const (
 
 // EnsurePrivateDir creates dir (and parents) with mode 0700 and fails closed
 // when it is a symlink or not a directory. An existing directory with group
-// or other bits is tightened to 0700.
+// or other bits is tightened to 0700 — unless another user owns it: under
+// uid confinement (SPEC T7) the gateway keeps the scope root (runnerd's
+// state dir) its own, mode 0710 with the company's group, and it is fine
+// as long as nobody but its owner can write it.
 func EnsurePrivateDir(dir string) error {
 	if err := os.MkdirAll(dir, dirMode); err != nil {
 		return err
@@ -28,6 +32,12 @@ func EnsurePrivateDir(dir string) error {
 	}
 	if fi.Mode()&fs.ModeSymlink != 0 || !fi.IsDir() {
 		return fmt.Errorf("%s is not a private directory (symlink or not a directory)", dir)
+	}
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok && int(st.Uid) != os.Geteuid() {
+		if fi.Mode().Perm()&0o022 != 0 {
+			return fmt.Errorf("%s is another user's and writable by others (mode %o)", dir, fi.Mode().Perm())
+		}
+		return nil
 	}
 	if fi.Mode().Perm()&0o077 != 0 {
 		if err := os.Chmod(dir, dirMode); err != nil {

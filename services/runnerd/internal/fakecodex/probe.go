@@ -15,7 +15,10 @@ import (
 //
 //   - "[probe-read:PATH]": read the file;
 //   - "[probe-list:PATH]": list the directory;
-//   - "[probe-write:PATH]": create (or replace) the file with "probe".
+//   - "[probe-write:PATH]": create (or replace) the file with "probe";
+//   - "[probe-swap:PATH>TARGET]": move PATH aside (to PATH.swapped) if it
+//     exists and put a symbolic link to TARGET in its place — what a
+//     runner would do to redirect a write of the gateway's (SPEC T7).
 //
 // Each outcome is appended to the reply, in marker order, as
 // "[probe-KIND PATH: ok …]" or "[probe-KIND PATH: error <reason>]", where
@@ -28,7 +31,7 @@ func ProbeOK(kind, path string) string { return "probe-" + kind + " " + path + "
 // ProbeFailed is the prefix of a failed probe's outcome.
 func ProbeFailed(kind, path string) string { return "probe-" + kind + " " + path + ": error" }
 
-var probeKinds = []string{"read", "list", "write"}
+var probeKinds = []string{"read", "list", "write", "swap"}
 
 // probes runs the probes the prompt names and returns their outcomes.
 func probes(prompt string) []string {
@@ -46,6 +49,10 @@ func probes(prompt string) []string {
 		kind, path, ok := strings.Cut(rest[:j], ":")
 		rest = rest[j+1:]
 		if !ok || !contains(probeKinds, kind) {
+			continue
+		}
+		if kind == "swap" {
+			out = append(out, probe(kind, path))
 			continue
 		}
 		out = append(out, probe(kind, filepath.Clean(path)))
@@ -81,6 +88,15 @@ func probe(kind, path string) string {
 		}
 	case "write":
 		err = os.WriteFile(path, []byte("probe"), 0o600)
+	case "swap":
+		link, target, _ := strings.Cut(path, ">")
+		link = filepath.Clean(link)
+		if err = os.Rename(link, link+".swapped"); errors.Is(err, os.ErrNotExist) {
+			err = nil
+		}
+		if err == nil {
+			err = os.Symlink(target, link)
+		}
 	}
 	switch {
 	case err == nil:

@@ -23,4 +23,12 @@ func TestT7_ProbeMarkersReportWhatTheProviderCanReach(t *testing.T) {
 	b, err := os.ReadFile(file)
 	require.NoError(t, err)
 	require.Equal(t, "probe", string(b))
+
+	// A swap moves the file aside and links its name to the target.
+	target := filepath.Join(dir, "target")
+	require.Equal(t, []string{ProbeOK("swap", file+">"+target)}, probes("[probe-swap:"+file+">"+target+"]"))
+	got, err := os.Readlink(file)
+	require.NoError(t, err)
+	require.Equal(t, target, got)
+	require.FileExists(t, file+".swapped")
 }

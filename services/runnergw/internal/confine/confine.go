@@ -7,11 +7,13 @@
 //
 //   - uid: a gateway running as root starts each company's runners under an
 //     unprivileged uid and gid of their own (a configured range, assigned
-//     per company once and kept in <state-root>/runner-uids.json), hands the
-//     scope root and the company's workspace root over to that uid (mode
-//     0700) before every launch, so ownership follows restored or moved
-//     roots, and keeps its own files root's (0600, in directories the uid
-//     can traverse but not list).
+//     per company once and kept in <state-root>/runner-uids.json), hands
+//     the runner's subtrees of the scope root (runner/, the provider home,
+//     the workspace) and the company's workspace root over to that uid
+//     (mode 0700) before every launch, so ownership follows restored or
+//     moved roots, and keeps the scope root itself (0710, the company's
+//     group) and its own files there and elsewhere root's, so a runner
+//     cannot plant a link where the gateway writes (KeepScopeRoot).
 //   - bwrap: the provider runs in a bubblewrap namespace sandbox (mount, PID,
 //     IPC, UTS, user and cgroup namespaces; the network is shared): it sees
 //     the system directories read-only, its scope root and workspace

@@ -152,3 +152,52 @@ func TestT7_TheSandboxBindsOnlyTheRunnersOwnRootsAndMasksSecrets(t *testing.T) {
 	require.Equal(t, bin, cmd)
 	require.Equal(t, []string{"a"}, args)
 }
+
+// A scope root handed over whole by an earlier gateway (the layout before
+// this one) is taken back: the root and every entry but the runner's
+// subtrees become the gateway's (root 0710 with the company's group), the
+// runner's subtrees (and the missing ones it needs) the company's uid's; a
+// link where a runner's subtree should be is refused, not followed.
+func TestT7_AScopeRootStaysTheGatewaysAndOnlyTheRunnersSubtreesChangeHands(t *testing.T) {
+	t.Parallel()
+	if os.Geteuid() != 0 {
+		t.Skip("changing owners needs root")
+	}
+	dir := t.TempDir()
+	root := filepath.Join(dir, "scope")
+	for _, d := range []string{"control-plane", "runner", "codex-home/sessions"} {
+		require.NoError(t, os.MkdirAll(filepath.Join(root, d), 0o700))
+	}
+	require.NoError(t, os.WriteFile(filepath.Join(root, "launch.json"), []byte("{}"), 0o600))
+	require.NoError(t, os.WriteFile(filepath.Join(root, "runner", "state.json"), []byte("{}"), 0o600))
+	outside := filepath.Join(dir, "outside")
+	require.NoError(t, os.WriteFile(outside, []byte("x"), 0o600))
+	require.NoError(t, os.Symlink(outside, filepath.Join(root, "runnerd.log")))
+	require.NoError(t, HandOver(root, 300200, 300200))
+
+	owned := []string{"runner", "codex-home", "opencode", "acpx"}
+	require.NoError(t, KeepScopeRoot(root, 300200, owned, []string{"runner", "codex-home", "acpx"}))
+	owner := func(p string) (uint32, uint32, os.FileMode) {
+		var st syscall.Stat_t
+		require.NoError(t, syscall.Lstat(p, &st))
+		return st.Uid, st.Gid, os.FileMode(st.Mode).Perm()
+	}
+	uid, gid, mode := owner(root)
+	require.Equal(t, []any{uint32(0), uint32(300200), os.FileMode(0o710)}, []any{uid, gid, mode})
+	for _, p := range []string{"control-plane", "launch.json", "runnerd.log"} {
+		uid, _, _ := owner(filepath.Join(root, p))
+		require.Zero(t, uid, p)
+	}
+	for _, p := range []string{"runner", "runner/state.json", "codex-home", "codex-home/sessions", "acpx"} {
+		uid, _, _ := owner(filepath.Join(root, p))
+		require.EqualValues(t, 300200, uid, p)
+	}
+	_, err := os.Lstat(filepath.Join(root, "opencode"))
+	require.True(t, os.IsNotExist(err), "only the subtrees a launch needs are created")
+	uid, _, _ = owner(outside)
+	require.Zero(t, uid)
+
+	require.NoError(t, os.RemoveAll(filepath.Join(root, "codex-home")))
+	require.NoError(t, os.Symlink(dir, filepath.Join(root, "codex-home")))
+	require.ErrorContains(t, KeepScopeRoot(root, 300200, owned, []string{"runner"}), "link or not a directory")
+}

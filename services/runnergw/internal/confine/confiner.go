@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sort"
+	"strings"
 	"sync"
 	"syscall"
 
@@ -153,11 +154,18 @@ func (c *Confiner) UIDOf(company string) (int, error) {
 
 // Runner prepares the launch of a company's runnerd on stateDir with
 // workspace and returns the credential to start it with (nil: the
-// gateway's own). In the UID modes it hands the scope root and the
-// company's workspace root (or a workspace inside the scope root) over to
-// the company's uid, mode 0700; nothing else of the gateway's changes
-// hands.
-func (c *Confiner) Runner(company, stateDir, ws string) (*syscall.Credential, error) {
+// gateway's own). In the UID modes the scope root stays the gateway's: it
+// becomes owned by the gateway's user and the company's gid, mode 0710 (the
+// company's runner traverses it, cannot list it, and cannot create, rename
+// or replace anything in it), and so does every entry of it that is not
+// the runner's (control-plane/, the launch record, the checkpoint mark,
+// runnerd's log, archived state), so a runner cannot plant a link where
+// the gateway writes as root. Only the runner's subtrees — the entries of
+// stateDir named in owned that exist, each in need (created 0700 when
+// missing), and a workspace inside the scope root — and the company's
+// workspace root for a workspace outside it are handed over to the
+// company's uid, mode 0700.
+func (c *Confiner) Runner(company, stateDir, ws string, owned, need []string) (*syscall.Credential, error) {
 	if c == nil || !c.cfg.Mode.UsesUID() {
 		return nil, nil
 	}
@@ -165,13 +173,22 @@ func (c *Confiner) Runner(company, stateDir, ws string) (*syscall.Credential, er
 	if err != nil {
 		return nil, err
 	}
-	roots := []string{stateDir}
+	owned = append(append([]string(nil), owned...), need...)
+	var roots []string
 	croot := workspace.CompanyRoot(c.cfg.WorkspaceRoot, company)
 	if ws != "" && !within(stateDir, ws) {
 		if !within(croot, ws) {
 			return nil, fmt.Errorf("workspace %s is neither in the scope root nor in company %s's workspace root %s", ws, company, croot)
 		}
 		roots = append(roots, croot)
+	} else if ws != "" && ws != stateDir {
+		top := strings.SplitN(strings.TrimPrefix(ws, strings.TrimSuffix(stateDir, "/")+"/"), "/", 2)[0]
+		owned, need = append(owned, top), append(need, top)
+	} else if ws == stateDir {
+		return nil, fmt.Errorf("workspace %s is the scope root itself: the runner cannot own it", ws)
+	}
+	if err := KeepScopeRoot(stateDir, uid, owned, need); err != nil {
+		return nil, fmt.Errorf("keeping the scope root %s the gateway's: %w", stateDir, err)
 	}
 	for _, r := range roots {
 		if err := HandOver(r, uid, uid); err != nil {

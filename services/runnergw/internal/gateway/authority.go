@@ -133,10 +133,13 @@ func (g *Gateway) bindRun(r *runner, sc, runID, sessionID, instanceID string, se
 // scope's stamped checkpoint instead of resuming the local state. The
 // control plane stays: it still names the run that holds the scope.
 func archiveState(root string) (string, error) {
-	dest := filepath.Join(root, "continuity-breaks", time.Now().UTC().Format("20060102T150405.000Z")+"-"+randomID("")[:12])
-	if err := os.MkdirAll(dest, 0o700); err != nil {
+	sub := filepath.Join("continuity-breaks", time.Now().UTC().Format("20060102T150405.000Z")+"-"+randomID("")[:12])
+	dest := filepath.Join(root, sub)
+	d, err := openScopeDir(root, sub, true) // no link followed on the way (SPEC T7)
+	if err != nil {
 		return "", err
 	}
+	d.Close()
 	// The provider home first: runner/runner-state.json is what marks the
 	// scope as having state, so it goes last.
 	for _, d := range append(slices.Clone(providerHomes), durable.RunnerDir) {

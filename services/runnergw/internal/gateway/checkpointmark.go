@@ -8,9 +8,9 @@ import (
 	"path/filepath"
 	"slices"
 
-	"github.com/tether-run/tether/pkg/atomicfile"
 	gatewayv1 "github.com/tether-run/tether/pkg/gen/tether/gateway/v1"
 	"github.com/tether-run/tether/pkg/runnerstate"
+	"github.com/tether-run/tether/pkg/scope/durable"
 )
 
 // A scope's local runner state may be older than the scope: a gateway that
@@ -42,7 +42,7 @@ func digest(b []byte) string {
 // markCheckpoint records that the scope's runner state is now checkpoint
 // id's.
 func markCheckpoint(scopeDir, id string) error {
-	state, err := os.ReadFile(runnerstate.Path(scopeDir))
+	state, err := readScopeFile(scopeDir, durable.RunnerDir, filepath.Base(runnerstate.Path(scopeDir)), durable.MaxIdentityBytes)
 	if err != nil {
 		return err
 	}
@@ -50,7 +50,7 @@ func markCheckpoint(scopeDir, id string) error {
 	if err != nil {
 		return err
 	}
-	return atomicfile.Write(scopeDir, checkpointMarkFile, b, 0o600)
+	return writeScopeFile(scopeDir, "", checkpointMarkFile, b)
 }
 
 // olderStateOf reports whether the scope's runner state on disk is provably

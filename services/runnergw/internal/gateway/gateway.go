@@ -348,7 +348,7 @@ func (g *Gateway) ensureRunner(ctx context.Context, sc string, in *prpv1.Executi
 			}
 			spec := launchSpec{stateDir: dir, instanceID: inst, mode: mode, leaseID: LeaseFor(sc),
 				sessionID: in.GetSession().GetNormalizedSessionId(), scope: sc, workspace: in.GetWorkspace().GetCwd(),
-				provider: prof, company: in.GetBinding().GetCompanyId()}
+				provider: prof, company: in.GetBinding().GetCompanyId(), kind: in.GetProvider().GetKind()}
 			if runID != "" {
 				plan, p, err := g.launchAuthority(ctx, sc, runID, in, prior)
 				if err != nil {

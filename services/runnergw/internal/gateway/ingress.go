@@ -5,8 +5,6 @@ import (
 	"encoding/json"
 	"net"
 	"net/http"
-	"os"
-	"path/filepath"
 	"slices"
 	"time"
 
@@ -131,16 +129,12 @@ func writeLaunchRecord(scopeDir string, rec launchRecord) error {
 	if err != nil {
 		return err
 	}
-	tmp := filepath.Join(scopeDir, "."+launchRecordFile+".tmp")
-	if err := os.WriteFile(tmp, b, 0o600); err != nil {
-		return err
-	}
-	return os.Rename(tmp, filepath.Join(scopeDir, launchRecordFile))
+	return writeScopeFile(scopeDir, "", launchRecordFile, b)
 }
 
 func readLaunchRecord(scopeDir string) launchRecord {
 	var rec launchRecord
-	b, err := os.ReadFile(filepath.Join(scopeDir, launchRecordFile))
+	b, err := readScopeFile(scopeDir, "", launchRecordFile, 1<<20)
 	if err == nil {
 		_ = json.Unmarshal(b, &rec)
 	}

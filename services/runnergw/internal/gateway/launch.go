@@ -3,6 +3,7 @@ package gateway
 import (
 	"github.com/tether-run/tether/pkg/keyfile"
 	"github.com/tether-run/tether/pkg/procid"
+	"github.com/tether-run/tether/pkg/scope/durable"
 	"github.com/tether-run/tether/pkg/synctrace"
 
 	"bytes"
@@ -127,6 +128,25 @@ type launchSpec struct {
 	// provider is the verified launch profile of a pinned provider; nil
 	// launches codex (-codex-command).
 	provider *providerlaunch.Profile
+	// kind is the run's provider kind (its persistence profile names the
+	// provider home runnerd needs).
+	kind string
+}
+
+// runnerSubtrees are the entries of a scope root that runnerd and its
+// provider own (SPEC T7): handed over to the company's uid in the UID
+// modes; everything else in the root stays the gateway's.
+var runnerSubtrees = append([]string{durable.RunnerDir, providerTemplateDir}, providerHomes...)
+
+// neededSubtrees are the runner's subtrees a launch creates (the scope
+// root is not the runner's to create them in): its state, codex's home
+// (runnerd keeps one whatever the provider) and its provider's home.
+func (spec *launchSpec) neededSubtrees() []string {
+	need := []string{durable.RunnerDir, durable.CodexHomeDir}
+	if p, ok := persistenceOf(spec.kind); ok && p.home != durable.CodexHomeDir {
+		need = append(need, p.home)
+	}
+	return need
 }
 
 // launchProfile returns the verified launch profile of the input's
@@ -232,7 +252,7 @@ func (g *Gateway) launch(spec *launchSpec) (*launched, error) {
 		return nil, err
 	}
 	if err := writeLaunchRecord(spec.stateDir, launchRecord{Mode: spec.mode, ListenURL: spec.listenURL}); err != nil {
-		return nil, failure.Wrap(err, codes.Internal, failure.RunnerLocalConnectFailed, "writing the launch record: %v", err)
+		return nil, scopeWriteError(err, "writing the launch record")
 	}
 	args = append(args,
 		"--state-dir", spec.stateDir,
@@ -258,13 +278,14 @@ func (g *Gateway) launch(spec *launchSpec) (*launched, error) {
 	if g.cfg.OTLPEndpoint != "" {
 		args = append(args, "--otlp-endpoint", g.cfg.OTLPEndpoint)
 	}
-	logf, err := os.OpenFile(filepath.Join(spec.stateDir, "runnerd.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	logf, err := openScopeLog(spec.stateDir)
 	if err != nil {
-		return nil, failure.Wrap(err, codes.Internal, failure.RunnerLocalConnectFailed, "opening runnerd log: %v", err)
+		return nil, scopeWriteError(err, "opening runnerd's log")
 	}
-	// Last, once every file of the launch is written: the scope root and
-	// workspace become the company's uid's (SPEC T7).
-	cred, err := g.cfg.Confine.Runner(spec.company, spec.stateDir, spec.workspace)
+	// Last, once every file of the launch is written: the runner's
+	// subtrees and workspace become the company's uid's, the scope root
+	// and the rest stay the gateway's (SPEC T7).
+	cred, err := g.cfg.Confine.Runner(spec.company, spec.stateDir, spec.workspace, runnerSubtrees, spec.neededSubtrees())
 	if err != nil {
 		logf.Close()
 		return nil, failure.Wrap(err, codes.FailedPrecondition, failure.RunnerLocalConnectFailed, "confining the runner: %v", err)
@@ -387,20 +408,20 @@ func stopOrphanProviderHost(stateDir string) {
 		return
 	}
 	p := &prpv1.ProcessInfo{Pid: in.HostPID, StartTicks: in.HostStartTicks}
-	if !processAlive(p) || !sameOwner(stateDir, int(in.HostPID)) {
+	if !processAlive(p) || !sameOwner(filepath.Join(stateDir, durable.RunnerDir), int(in.HostPID)) {
 		return
 	}
 	_ = syscall.Kill(int(in.HostPID), syscall.SIGTERM)
 	<-pollExit(p)
 }
 
-// sameOwner reports whether process pid runs as the owner of stateDir. A
-// runner under its company's uid (SPEC T7) can write any file of its root,
-// provider-host.json too: the gateway signals only a process of that uid,
-// never one of its own or another company's.
-func sameOwner(stateDir string, pid int) bool {
+// sameOwner reports whether process pid runs as the owner of dir (the
+// scope's runner/). A runner under its company's uid (SPEC T7) can write
+// any file of its subtree, provider-host.json too: the gateway signals only
+// a process of that uid, never one of its own or another company's.
+func sameOwner(dir string, pid int) bool {
 	var root, proc syscall.Stat_t
-	if syscall.Stat(stateDir, &root) != nil || syscall.Stat("/proc/"+strconv.Itoa(pid), &proc) != nil {
+	if syscall.Lstat(dir, &root) != nil || syscall.Stat("/proc/"+strconv.Itoa(pid), &proc) != nil {
 		return false
 	}
 	return root.Uid == proc.Uid

@@ -34,7 +34,7 @@ func TestT7_AConfinedRunnersOrphanHostRecordCannotMakeTheGatewaySignalAnotherUse
 	rec, err := json.Marshal(map[string]any{"hostPid": victim.Process.Pid, "hostStartTicks": ticks})
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "runner", "provider-host.json"), rec, 0o600))
-	require.NoError(t, os.Chown(dir, 300300, 300300))
+	require.NoError(t, os.Chown(filepath.Join(dir, "runner"), 300300, 300300))
 
 	stopOrphanProviderHost(dir)
 	select {
@@ -43,7 +43,7 @@ func TestT7_AConfinedRunnersOrphanHostRecordCannotMakeTheGatewaySignalAnotherUse
 	default:
 	}
 
-	require.NoError(t, os.Chown(dir, 0, 0))
+	require.NoError(t, os.Chown(filepath.Join(dir, "runner"), 0, 0))
 	stopOrphanProviderHost(dir)
 	<-done
 }

@@ -38,7 +38,7 @@ const DefaultHomeTemplate = "_default"
 // providerTemplateDir is where, inside a scope root, the gateway puts the
 // company's template of a pinned provider for runnerd to read
 // (--provider-home-template); never in a checkpoint.
-const providerTemplateDir = "provider-template"
+const providerTemplateDir = durable.ProviderTemplateDir
 
 // maxTemplateFiles bounds the files of one pinned provider's template.
 const maxTemplateFiles = 32
@@ -154,7 +154,7 @@ func materializeCodexHome(template, stateDir string, prune bool) error {
 	if template == "" && !prune {
 		return nil
 	}
-	home, err := safefs.OpenDir(filepath.Dir(stateDir), filepath.Join(filepath.Base(stateDir), durable.CodexHomeDir), true, 0o700)
+	home, err := openScopeDir(stateDir, durable.CodexHomeDir, true)
 	if err != nil {
 		return scopeWriteError(err, "opening the codex home")
 	}
@@ -186,7 +186,7 @@ func materializeCodexHome(template, stateDir string, prune bool) error {
 // <scope>/provider-template, which replaces its previous content, and
 // returns that directory for runnerd's --provider-home-template.
 func materializeProviderTemplate(template, stateDir string) (string, error) {
-	dir, err := safefs.OpenDir(filepath.Dir(stateDir), filepath.Join(filepath.Base(stateDir), providerTemplateDir), true, 0o700)
+	dir, err := openScopeDir(stateDir, providerTemplateDir, true)
 	if err != nil {
 		return "", scopeWriteError(err, "opening the provider template directory")
 	}
@@ -236,4 +236,49 @@ func scopeWriteError(err error, what string) error {
 		return failure.Wrap(err, codes.FailedPrecondition, failure.RunnerStateDirectoryUnsafe, "%s: %v", what, err)
 	}
 	return failure.Wrap(err, codes.Internal, failure.RunnerLocalConnectFailed, "%s: %v", what, err)
+}
+
+// openScopeDir opens sub (relative, "" for the root itself) of the scope
+// root scopeDir, following no link below the state root: the gateway's
+// writes there never land elsewhere, whatever a runner put in its
+// subtrees (SPEC T7).
+func openScopeDir(scopeDir, sub string, create bool) (*os.File, error) {
+	return safefs.OpenDir(filepath.Dir(scopeDir), filepath.Join(filepath.Base(scopeDir), sub), create, 0o700)
+}
+
+// writeScopeFile replaces scopeDir/sub/name (0600) atomically, following
+// no link.
+func writeScopeFile(scopeDir, sub, name string, b []byte) error {
+	d, err := openScopeDir(scopeDir, sub, false)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return safefs.WriteFile(d, name, b, 0o600)
+}
+
+// readScopeFile reads scopeDir/sub/name, at most max bytes, following no
+// link.
+func readScopeFile(scopeDir, sub, name string, max int64) ([]byte, error) {
+	d, err := openScopeDir(scopeDir, sub, false)
+	if err != nil {
+		return nil, err
+	}
+	defer d.Close()
+	return safefs.ReadFile(d, name, max)
+}
+
+// runnerdLog is runnerd's log in the scope root (the gateway opens it and
+// hands runnerd the descriptor).
+const runnerdLog = "runnerd.log"
+
+// openScopeLog opens the scope's runnerd log for appending: a link there
+// or a hard-linked file is refused, never followed.
+func openScopeLog(scopeDir string) (*os.File, error) {
+	d, err := openScopeDir(scopeDir, "", false)
+	if err != nil {
+		return nil, err
+	}
+	defer d.Close()
+	return safefs.OpenAppend(d, runnerdLog, 0o600)
 }
