@@ -235,7 +235,7 @@ INSERT INTO executor.placements (session_scope, gateway_id) VALUES ($1, $2) ON C
 			return err
 		}
 		if req.RunID != "" {
-			if _, err := tx.Exec(ctx, `UPDATE executor.runs SET queued_reason = NULL, queued_message = NULL
+			if _, err := tx.Exec(ctx, `UPDATE executor.runs SET queued_reason = NULL, queued_message = NULL, queued_since = NULL
  WHERE run_id = $1 AND queued_reason IS NOT NULL`, req.RunID); err != nil {
 				return err
 			}
@@ -353,12 +353,19 @@ func (s *Store) EndMove(ctx context.Context, scope, from string) error {
 }
 
 // DeferRun hands a claimed run back to the queue without spending an
-// attempt: it is due again after delay and shows reason (a stable code)
+// attempt: it is due again after placement.DeferDelay of poll and shows reason (a stable code)
 // and message while it waits (GetRun's queued_reason). The fence must
 // hold: the claim is undone (attempt back to its previous value, no lease,
 // not started when it never was).
-func (s *Store) DeferRun(ctx context.Context, f Fence, reason failure.Reason, message string, delay time.Duration) error {
+func (s *Store) DeferRun(ctx context.Context, f Fence, reason failure.Reason, message string, poll time.Duration) error {
 	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		delay, err := markQueued(ctx, tx, f.RunID, reason, message, poll)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return ErrLeaseLost(f)
+		}
+		if err != nil {
+			return err
+		}
 		tag, err := tx.Exec(ctx, `
 UPDATE executor.coordinators c
    SET attempt = c.attempt - 1, lease_owner = NULL, lease_expires_at = NULL,
@@ -373,22 +380,45 @@ UPDATE executor.coordinators c
 		if tag.RowsAffected() == 0 {
 			return ErrLeaseLost(f)
 		}
-		_, err = tx.Exec(ctx, `UPDATE executor.runs SET queued_reason = $2, queued_message = $3 WHERE run_id = $1`,
-			f.RunID, string(reason), message)
-		return err
+		return nil
 	})
+}
+
+// markQueued shows reason and message on the run (GetRun's queued_reason)
+// and returns how long it waits before its next claim: placement.DeferDelay
+// of poll and the time it has waited for this reason (queued_since, kept
+// while the reason stays the same).
+func markQueued(ctx context.Context, tx pgx.Tx, runID string, reason failure.Reason, message string, poll time.Duration) (time.Duration, error) {
+	var waited time.Duration
+	err := tx.QueryRow(ctx, `
+UPDATE executor.runs
+   SET queued_since = CASE WHEN queued_reason IS NOT DISTINCT FROM $2 AND queued_since IS NOT NULL THEN queued_since ELSE now() END,
+       queued_reason = $2, queued_message = $3
+ WHERE run_id = $1
+RETURNING now() - queued_since`, runID, string(reason), message).Scan(&waited)
+	if err != nil {
+		return 0, err
+	}
+	return placement.DeferDelay(poll, waited), nil
 }
 
 // WaitRun hands a run whose attempt attached (its turn may have started)
 // back to the queue while its scope waits for a lost gateway (SPEC F7):
-// the lease is released and the run is due again after delay, showing
+// the lease is released and the run is due again after placement.DeferDelay of poll, showing
 // reason and message (GetRun's queued_reason). Unlike DeferRun the attempt
 // stays spent and the turn generation is kept, so the next claim is a new
 // attempt that resumes the same turn once the gateway is back (runnerd
 // reconciles it from its journal, the way a takeover does); unlike
 // RecordFailure no failure is recorded. The fence must hold.
-func (s *Store) WaitRun(ctx context.Context, f Fence, reason failure.Reason, message string, delay time.Duration) error {
+func (s *Store) WaitRun(ctx context.Context, f Fence, reason failure.Reason, message string, poll time.Duration) error {
 	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		delay, err := markQueued(ctx, tx, f.RunID, reason, message, poll)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return ErrLeaseLost(f)
+		}
+		if err != nil {
+			return err
+		}
 		tag, err := tx.Exec(ctx, `
 UPDATE executor.coordinators c
    SET lease_owner = NULL, lease_expires_at = NULL, phase = 'retryable_failure',
@@ -401,9 +431,7 @@ UPDATE executor.coordinators c
 		if tag.RowsAffected() == 0 {
 			return ErrLeaseLost(f)
 		}
-		_, err = tx.Exec(ctx, `UPDATE executor.runs SET queued_reason = $2, queued_message = $3 WHERE run_id = $1`,
-			f.RunID, string(reason), message)
-		return err
+		return nil
 	})
 }
 

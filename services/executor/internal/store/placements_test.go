@@ -15,6 +15,7 @@ import (
 	backupv1 "github.com/tether-run/tether/pkg/gen/tether/backup/v1"
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
+	"github.com/tether-run/tether/pkg/placement"
 	"github.com/tether-run/tether/pkg/scope"
 	"github.com/tether-run/tether/services/executor/internal/store"
 )
@@ -346,4 +347,50 @@ func TestP4_ALockedPlacementReadStillWaitsForAMoveAndLeavesNoSettingBehind(t *te
 		require.NoError(t, c.QueryRow(ctx, `SELECT source FROM pg_settings WHERE name = 'synchronous_commit'`).Scan(&source))
 		require.NotEqual(t, "session", source)
 	}
+}
+
+// TestF7_AnUnplacedRunIsClaimedLessOftenTheLongerItWaits: a run handed back
+// unplaced waits the poll interval at first; once it has waited long for
+// the same reason (a lost gateway, SPEC F7) its next claim is
+// placement.MaxDeferDelay away, not one poll; a new reason starts the
+// count again, and placing the run clears it.
+func TestF7_AnUnplacedRunIsClaimedLessOftenTheLongerItWaits(t *testing.T) {
+	t.Parallel()
+	s := newStore(t)
+	ctx := context.Background()
+	submitted(t, s, "waits-long")
+	delay := func() time.Duration {
+		var d time.Duration
+		require.NoError(t, s.Pool().QueryRow(ctx, `SELECT next_attempt_at - now() FROM executor.coordinators WHERE run_id = 'waits-long'`).Scan(&d))
+		return d
+	}
+	claim := func() *store.Claim {
+		_, err := s.Pool().Exec(ctx, `UPDATE executor.coordinators SET next_attempt_at = now() WHERE run_id = 'waits-long'`)
+		require.NoError(t, err)
+		c, err := s.ClaimNext(ctx, "owner-1", time.Minute, ctl)
+		require.NoError(t, err)
+		require.Equal(t, "waits-long", c.RunID)
+		return c
+	}
+	c, err := s.ClaimRun(ctx, "waits-long", "owner-1", time.Minute, ctl, nil, nil)
+	require.NoError(t, err)
+	require.NoError(t, s.DeferRun(ctx, c.Fence, failure.WaitingForGateway, "its gateway is lost", time.Second))
+	require.InDelta(t, time.Second.Seconds(), delay().Seconds(), 0.5, "first deferral: one poll")
+
+	_, err = s.Pool().Exec(ctx, `UPDATE executor.runs SET queued_since = now() - interval '10 minutes' WHERE run_id = 'waits-long'`)
+	require.NoError(t, err)
+	require.NoError(t, s.DeferRun(ctx, claim().Fence, failure.WaitingForGateway, "its gateway is lost", time.Second))
+	require.InDelta(t, placement.MaxDeferDelay.Seconds(), delay().Seconds(), 0.5, "after ten minutes of waiting: the cap")
+	require.NoError(t, s.DeferRun(ctx, claim().Fence, failure.WaitingForGateway, "its gateway is lost", time.Second))
+	require.InDelta(t, placement.MaxDeferDelay.Seconds(), delay().Seconds(), 0.5, "the same reason keeps its start")
+
+	require.NoError(t, s.DeferRun(ctx, claim().Fence, failure.GatewayCapacityExhausted, "every active gateway is at capacity", time.Second))
+	require.InDelta(t, time.Second.Seconds(), delay().Seconds(), 0.5, "a new reason starts again")
+
+	again := claim()
+	_, err = s.PlaceScope(ctx, store.PlaceRequest{Scope: again.Scope(), RunID: "waits-long", TTL: gatewayTTL, Fallback: "static"})
+	require.NoError(t, err)
+	var since *time.Time
+	require.NoError(t, s.Pool().QueryRow(ctx, `SELECT queued_since FROM executor.runs WHERE run_id = 'waits-long'`).Scan(&since))
+	require.Nil(t, since, "placed: no longer waiting")
 }
