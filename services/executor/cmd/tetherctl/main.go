@@ -277,10 +277,11 @@ func watchRun(ctx context.Context, c *replicaSet, runID string, after uint64, as
 
 func get(ctx context.Context, c executorv1.ExecutorServiceClient, args []string) error {
 	fs := flag.NewFlagSet("get", flag.ContinueOnError)
+	company := fs.String("company", "", "the run's company, when more than one company you can read has a run of this id")
 	if err := parseWithID(fs, args); err != nil {
 		return err
 	}
-	resp, err := c.GetRun(ctx, &executorv1.GetRunRequest{RunId: fs.Arg(0)})
+	resp, err := c.GetRun(ctx, &executorv1.GetRunRequest{RunId: fs.Arg(0), CompanyId: *company})
 	if err != nil {
 		return err
 	}
@@ -333,6 +334,7 @@ func cancelRun(ctx context.Context, c executorv1.ExecutorServiceClient, args []s
 	fs := flag.NewFlagSet("cancel", flag.ContinueOnError)
 	reason := fs.String("reason", "cancelled by tetherctl", "reason, kept in the audit trail")
 	scope := fs.String("scope", "run", "run, turn or issue")
+	company := fs.String("company", "", "the run's company, when more than one company you can read has a run of this id")
 	if err := parseWithID(fs, args); err != nil {
 		return err
 	}
@@ -340,7 +342,7 @@ func cancelRun(ctx context.Context, c executorv1.ExecutorServiceClient, args []s
 	if !ok || v == 0 {
 		return fmt.Errorf("unknown scope %q", *scope)
 	}
-	resp, err := c.CancelRun(ctx, &executorv1.CancelRunRequest{RunId: fs.Arg(0), Scope: executorv1.CancellationScope(v), Reason: *reason})
+	resp, err := c.CancelRun(ctx, &executorv1.CancelRunRequest{RunId: fs.Arg(0), CompanyId: *company, Scope: executorv1.CancellationScope(v), Reason: *reason})
 	if err != nil {
 		return err
 	}

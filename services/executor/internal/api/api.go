@@ -6,10 +6,13 @@ import (
 	"context"
 	"errors"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"google.golang.org/grpc/codes"
 
@@ -113,25 +116,60 @@ func (s *Server) SubmitRun(ctx context.Context, req *executorv1.SubmitRunRequest
 	if err != nil {
 		return nil, err
 	}
-	var (
-		created bool
-		run     *executorv1.Run
-	)
-	if s.Submit != nil {
-		created, run, err = s.Submit(ctx, req.GetRunId(), in)
-	} else if created, err = s.Store.Submit(ctx, req.GetRunId(), in); created {
-		// The local dispatcher claims while the run is read back.
-		s.kick(req.GetRunId())
-	}
+	created, run, err := s.submit(ctx, req.GetRunId(), in)
 	if err != nil {
 		return nil, err
 	}
+	return &executorv1.SubmitRunResponse{Run: visible(run), Created: created}, nil
+}
+
+// submit stores a run under the id its company chose (SPEC T2: run ids are
+// unique per company). Its internal key is that id, unless the id is
+// already another company's run's key: then a fresh one. A resubmission
+// finds the company's run of that id, whatever its key.
+func (s *Server) submit(ctx context.Context, id string, in *prpv1.ExecutionInput) (created bool, run *executorv1.Run, err error) {
+	ctx = store.WithClientRunID(ctx, id)
+	key := id
+	for range 3 {
+		if s.Submit != nil {
+			created, run, err = s.Submit(ctx, key, in)
+		} else if created, err = s.Store.Submit(ctx, key, in); created {
+			// The local dispatcher claims while the run is read back.
+			s.kick(key)
+		}
+		if !errors.Is(err, store.ErrRunKeyTaken) {
+			break
+		}
+		key = store.NewRunKey()
+	}
+	if err != nil {
+		return false, nil, err
+	}
 	if run == nil {
-		if run, err = s.Store.GetRun(ctx, req.GetRunId()); err != nil {
-			return nil, err
+		if run, _, err = s.Store.FindRun(ctx, store.RunRef{ID: id, Company: in.GetBinding().GetCompanyId()}); err != nil {
+			return false, nil, err
 		}
 	}
-	return &executorv1.SubmitRunResponse{Run: visible(run), Created: created}, nil
+	return created, run, nil
+}
+
+// runRef is the run a caller names by id and company (the request's
+// company_id, "" when none), among the companies it may read (SPEC T2).
+func runRef(ctx context.Context, id, company string) store.RunRef {
+	ref := store.RunRef{ID: id, Company: company, Companies: authz.Companies(ctx)}
+	if r, ok := authz.RunOf(ctx, id, company); ok {
+		// As the authorizer resolved it: its company has the id once.
+		ref.Company = r.Company
+	}
+	return ref
+}
+
+// resolve finds the run a caller names: its internal key and company.
+func (s *Server) resolve(ctx context.Context, id, company string) (store.ResolvedRun, error) {
+	if r, ok := authz.RunOf(ctx, id, company); ok {
+		return r, nil
+	}
+	return s.Store.ResolveRun(ctx, runRef(ctx, id, company))
 }
 
 // kick wakes the local dispatcher for a run just submitted.
@@ -146,7 +184,7 @@ func (s *Server) kick(runID string) {
 
 // GetRun returns a run.
 func (s *Server) GetRun(ctx context.Context, req *executorv1.GetRunRequest) (*executorv1.GetRunResponse, error) {
-	run, err := s.Store.GetRun(ctx, req.GetRunId())
+	run, _, err := s.Store.FindRun(ctx, runRef(ctx, req.GetRunId(), req.GetCompanyId()))
 	if err != nil {
 		return nil, err
 	}
@@ -177,16 +215,20 @@ func (s *Server) CancelRun(ctx context.Context, req *executorv1.CancelRunRequest
 		executorv1.CancellationScope_CANCELLATION_SCOPE_TURN:  "turn",
 		executorv1.CancellationScope_CANCELLATION_SCOPE_ISSUE: "issue",
 	}[req.GetScope()]
+	run, err := s.resolve(ctx, req.GetRunId(), req.GetCompanyId())
+	if err != nil {
+		return nil, err
+	}
 	// Registered before the record is written: a local driver's
 	// acknowledgement cannot come before it is awaited.
 	var acked <-chan struct{}
 	if s.AwaitCancellationAck != nil {
 		var stop func()
-		acked, stop = s.AwaitCancellationAck(req.GetRunId())
+		acked, stop = s.AwaitCancellationAck(run.Key)
 		defer stop()
 	}
 	out, err := s.Store.RecordCancellation(ctx, store.CancelRequest{
-		RunID: req.GetRunId(), Scope: scope, Reason: req.GetReason(), RequestID: req.GetRequestId(), Actor: authz.Actor(ctx, "api"),
+		RunID: run.Key, Scope: scope, Reason: req.GetReason(), RequestID: req.GetRequestId(), Actor: authz.Actor(ctx, "api"),
 	})
 	if err != nil {
 		return nil, err
@@ -194,7 +236,7 @@ func (s *Server) CancelRun(ctx context.Context, req *executorv1.CancelRunRequest
 	rec := out.Record
 	if out.NeedsDispatch {
 		if s.DispatchCancellation != nil {
-			s.DispatchCancellation(req.GetRunId(), rec)
+			s.DispatchCancellation(run.Key, rec)
 		}
 		wait := 5 * time.Second
 		if req.GetWaitTimeout() != nil {
@@ -209,17 +251,28 @@ func (s *Server) CancelRun(ctx context.Context, req *executorv1.CancelRunRequest
 			case <-ctx.Done():
 				return nil, ctx.Err()
 			case <-deadline.C:
-				return &executorv1.CancelRunResponse{Active: out.Active, Cancellation: rec}, nil
+				return &executorv1.CancelRunResponse{Active: out.Active, Cancellation: asNamed(rec, req.GetRunId())}, nil
 			case <-acked:
 				acked = nil // read the record once more, then poll
 			case <-poll.C:
 			}
-			if rec, err = s.Store.Cancellation(ctx, req.GetRunId()); err != nil {
+			if rec, err = s.Store.Cancellation(ctx, run.Key); err != nil {
 				return nil, err
 			}
 		}
 	}
-	return &executorv1.CancelRunResponse{Active: out.Active, Cancellation: rec}, nil
+	return &executorv1.CancelRunResponse{Active: out.Active, Cancellation: asNamed(rec, req.GetRunId())}, nil
+}
+
+// asNamed is a run's cancellation record as its caller names the run (the
+// record holds the run's internal key, SPEC T2).
+func asNamed(rec *executorv1.Cancellation, id string) *executorv1.Cancellation {
+	if rec == nil || rec.GetRunId() == id {
+		return rec
+	}
+	rec = proto.Clone(rec).(*executorv1.Cancellation)
+	rec.RunId = id
+	return rec
 }
 
 // Close releases forwarding connections.
@@ -234,7 +287,11 @@ func (s *Server) Close() {
 
 // GetSteeringState reports whether the run's active turn can be steered.
 func (s *Server) GetSteeringState(ctx context.Context, req *executorv1.GetSteeringStateRequest) (*executorv1.GetSteeringStateResponse, error) {
-	st, err := s.controls().SteeringState(ctx, req.GetRunId())
+	run, err := s.resolve(ctx, req.GetRunId(), req.GetCompanyId())
+	if err != nil {
+		return nil, err
+	}
+	st, err := s.controls().SteeringState(ctx, run.Key)
 	if err != nil {
 		return nil, err
 	}
@@ -243,7 +300,11 @@ func (s *Server) GetSteeringState(ctx context.Context, req *executorv1.GetSteeri
 
 // SteerRun steers the run's active provider turn.
 func (s *Server) SteerRun(ctx context.Context, req *executorv1.SteerRunRequest) (*executorv1.SteerRunResponse, error) {
-	turn, err := s.controls().Steer(ctx, req.GetRunId(), req.GetMessage(), req.GetCorrelationId(), req.GetTimeout().AsDuration())
+	run, err := s.resolve(ctx, req.GetRunId(), req.GetCompanyId())
+	if err != nil {
+		return nil, err
+	}
+	turn, err := s.controls().Steer(ctx, run.Key, req.GetMessage(), req.GetCorrelationId(), req.GetTimeout().AsDuration())
 	if err != nil {
 		return nil, err
 	}
@@ -256,11 +317,15 @@ func (s *Server) ResolveRuntimeRequest(ctx context.Context, req *executorv1.Reso
 	if err := admission.CheckStruct("resolution", req.GetResolution(), admission.MaxResolutionBytes); err != nil {
 		return nil, err
 	}
+	run, err := s.resolve(ctx, req.GetRunId(), req.GetCompanyId())
+	if err != nil {
+		return nil, err
+	}
 	id, err := s.controls().ResolveRuntimeRequest(ctx, control.ResolveInput{
-		RunID: req.GetRunId(), RequestID: req.GetRequestId(), TurnID: req.GetTurnId(),
+		RunID: run.Key, RequestID: req.GetRequestId(), TurnID: req.GetTurnId(),
 		Resolution: req.GetResolution().AsMap(),
 		Authorize: func(ctx context.Context) error {
-			pending, err := s.Store.RuntimeRequestPending(ctx, req.GetRunId(), req.GetRequestId())
+			pending, err := s.Store.RuntimeRequestPending(ctx, run.Key, req.GetRequestId())
 			if err != nil {
 				return err
 			}
@@ -281,7 +346,11 @@ func (s *Server) ResolveRuntimeRequest(ctx context.Context, req *executorv1.Reso
 func (s *Server) CompleteToolCall(ctx context.Context, req *executorv1.CompleteToolCallRequest) (*executorv1.CompleteToolCallResponse, error) {
 	// An ended run's tool authority is revoked: the registry answers
 	// native_tool_authority_epoch_revoked (SPEC E13).
-	id, err := s.controls().CompleteToolCall(ctx, req.GetRunId(), req.GetCallId(), req.GetSuccess(), req.GetText())
+	run, err := s.resolve(ctx, req.GetRunId(), req.GetCompanyId())
+	if err != nil {
+		return nil, err
+	}
+	id, err := s.controls().CompleteToolCall(ctx, run.Key, req.GetCallId(), req.GetSuccess(), req.GetText())
 	if err != nil {
 		return nil, err
 	}
@@ -302,10 +371,13 @@ func (s *Server) controls() *control.Registry {
 // Unavailable watch_consumer_too_slow and resumes from its last seq.
 func (s *Server) WatchRun(req *executorv1.WatchRunRequest, stream executorv1.ExecutorService_WatchRunServer) error {
 	ctx := stream.Context()
-	run, err := s.Store.GetRun(ctx, req.GetRunId())
+	run, found, err := s.Store.FindRun(ctx, runRef(ctx, req.GetRunId(), req.GetCompanyId()))
 	if err != nil {
 		return err
 	}
+	// The run's events name it by its internal key: a run whose key is
+	// not the id its company chose (SPEC T2) has them renamed, one by one.
+	rename := found.Key != run.GetRunId()
 	if req.GetAfterSeq() > run.GetEventCount() {
 		return failure.New(codes.OutOfRange, failure.WatchCursorOutOfRange,
 			"after_seq %d is beyond the run's last event %d", req.GetAfterSeq(), run.GetEventCount())
@@ -313,22 +385,24 @@ func (s *Server) WatchRun(req *executorv1.WatchRunRequest, stream executorv1.Exe
 	if run.GetEndedAt() != nil && req.GetAfterSeq() >= run.GetEventCount() {
 		return nil // the terminal event lies at or before the cursor
 	}
-	w := s.Hub.Watch(req.GetRunId(), req.GetAfterSeq())
+	w := s.Hub.Watch(found.Key, req.GetAfterSeq())
 	defer w.Close()
 	// The run's events skip the interceptors' per-message hooks: with
 	// 1,000 watchers each event is 1,000 sends.
 	out := grpcx.Unwrapped(stream)
-	// While this watcher waits, the run's feed sends the events it encoded
-	// on the stream itself (no wake-up of this goroutine per event); Next
-	// returns the others.
-	w.SendWith(out.SendMsg)
+	if !rename {
+		// While this watcher waits, the run's feed sends the events it
+		// encoded on the stream itself (no wake-up of this goroutine per
+		// event); Next returns the others.
+		w.SendWith(out.SendMsg)
+	}
 	for {
 		evs, err := w.Next(ctx, s.Draining)
 		if err != nil {
 			return watchEnded(err, w.Cursor())
 		}
 		for _, e := range evs {
-			if e.Wire != nil {
+			if e.Wire != nil && !rename {
 				// Encoded once by the run's feed for all of its watchers.
 				if err := out.SendMsg(e.Wire); err != nil {
 					return err
@@ -336,13 +410,16 @@ func (s *Server) WatchRun(req *executorv1.WatchRunRequest, stream executorv1.Exe
 				continue
 			}
 			m := &executorv1.WatchRunResponse{Seq: e.Seq, Event: e.Event}
+			if rename {
+				m.Event = renamed(e.Event, found.Key, run.GetRunId())
+			}
 			terminal := e.Event.GetEventType() == store.EventTerminal
 			if terminal {
 				// The result is recorded with the terminal event, and
 				// read with it.
 				m.Result = e.Result
 				if m.Result == nil {
-					run, err := s.Store.GetRun(ctx, req.GetRunId())
+					run, err := s.Store.GetRun(ctx, found.Key)
 					if err != nil {
 						return err
 					}
@@ -355,6 +432,41 @@ func (s *Server) WatchRun(req *executorv1.WatchRunRequest, stream executorv1.Exe
 			if terminal {
 				return nil
 			}
+		}
+	}
+}
+
+// renamed is a run's event as the run's company names the run: its id
+// instead of the run's internal key (SPEC T2), in the event's run_id, its
+// source_event_id (the executor's own events are numbered under the run)
+// and its payload's values that name the run.
+func renamed(ev *prpv1.Event, key, id string) *prpv1.Event {
+	ev = proto.Clone(ev).(*prpv1.Event)
+	if ev.GetRunId() == key {
+		ev.RunId = id
+	}
+	if rest, ok := strings.CutPrefix(ev.GetSourceEventId(), key+":"); ok {
+		ev.SourceEventId = id + ":" + rest
+	}
+	for _, v := range ev.GetPayload().GetFields() {
+		renameValue(v, key, id)
+	}
+	return ev
+}
+
+func renameValue(v *structpb.Value, key, id string) {
+	switch k := v.GetKind().(type) {
+	case *structpb.Value_StringValue:
+		if k.StringValue == key {
+			k.StringValue = id
+		}
+	case *structpb.Value_StructValue:
+		for _, f := range k.StructValue.GetFields() {
+			renameValue(f, key, id)
+		}
+	case *structpb.Value_ListValue:
+		for _, f := range k.ListValue.GetValues() {
+			renameValue(f, key, id)
 		}
 	}
 }

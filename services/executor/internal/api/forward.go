@@ -5,6 +5,8 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
 
 	"github.com/tether-run/tether/pkg/failure"
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
@@ -41,7 +43,7 @@ func (s *Server) ForwardToOwner(ctx context.Context, req any, info *grpc.UnarySe
 	if !ok || !hasRun {
 		return handler(ctx, req)
 	}
-	conn, err := s.owner(ctx, r.GetRunId())
+	conn, company, err := s.ownerOf(ctx, r.GetRunId(), companyOf(req))
 	if call.endedHere && failure.CodeOf(err) == failure.NativeRunAlreadyTerminal {
 		return handler(ctx, req)
 	}
@@ -52,10 +54,51 @@ func (s *Server) ForwardToOwner(ctx context.Context, req any, info *grpc.UnarySe
 		return handler(ctx, req)
 	}
 	reply := call.reply()
-	if err := conn.Invoke(forwardedAuth(ctx), info.FullMethod, req, reply); err != nil {
+	if err := conn.Invoke(forwardedAuth(ctx), info.FullMethod, withCompany(req, company), reply); err != nil {
 		return nil, err
 	}
 	return reply, nil
+}
+
+// ownerOf is owner of the run a caller names (SPEC T2: by the id its
+// company chose; the call is forwarded as it came, and the owner resolves
+// it again).
+func (s *Server) ownerOf(ctx context.Context, id, company string) (*grpc.ClientConn, string, error) {
+	if s.Controls == nil {
+		return nil, "", nil
+	}
+	run, err := s.resolve(ctx, id, company)
+	if err != nil {
+		return nil, "", err
+	}
+	conn, err := s.owner(ctx, run.Key)
+	return conn, run.Company, err
+}
+
+// withCompany is a forwarded request naming the run's company: the owner
+// authorizes the call again, maybe as this replica (its certificate, an
+// operator's reach), and must find the same run however many companies
+// use its id (SPEC T2).
+func withCompany(req any, company string) any {
+	m, ok := req.(proto.Message)
+	if !ok || company == "" || companyOf(req) != "" {
+		return req
+	}
+	f := m.ProtoReflect().Descriptor().Fields().ByName("company_id")
+	if f == nil {
+		return req
+	}
+	m = proto.Clone(m)
+	m.ProtoReflect().Set(f, protoreflect.ValueOfString(company))
+	return m
+}
+
+func companyOf(req any) string {
+	r, _ := req.(interface{ GetCompanyId() string })
+	if r == nil {
+		return ""
+	}
+	return r.GetCompanyId()
 }
 
 // owner returns a connection to the replica driving the run, or nil when

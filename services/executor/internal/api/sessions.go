@@ -122,7 +122,7 @@ func (s *Server) CloseSession(ctx context.Context, req *executorv1.CloseSessionR
 			return nil, failure.New(codes.Unavailable, failure.RunnerGatewayUnavailable, "no gateway configured")
 		}
 		for _, g := range groups {
-			cp, err := s.Suspender.Suspend(ctx, g.Scope, g.Last.GetRunId(), g.Last.GetInput(), reason, true)
+			cp, err := s.Suspender.Suspend(ctx, g.Scope, g.LastKey, g.Last.GetInput(), reason, true)
 			if failure.CodeOf(err) == failure.RunnerStateMissing {
 				continue // the scope never got a runner: nothing to suspend
 			}
@@ -155,7 +155,7 @@ func (s *Server) CloseSession(ctx context.Context, req *executorv1.CloseSessionR
 func (s *Server) closeEndedScope(ctx context.Context, req *executorv1.CloseSessionRequest, g store.SessionRuns, reason string) error {
 	retry := backoff.Backoff{Min: 20 * time.Millisecond, Max: time.Second}
 	for {
-		err := s.closeRunner(ctx, g.Scope, g.Last.GetRunId(), g.Last.GetInput(), reason)
+		err := s.closeRunner(ctx, g.Scope, g.LastKey, g.Last.GetInput(), reason)
 		if failure.CodeOf(err) != failure.NativeSessionSupervisorBusy {
 			return err
 		}

@@ -24,7 +24,10 @@ import (
 // Lookup finds the company of stored resources. A missing resource is the
 // error the service answers for it (run_not_found, interaction_not_found).
 type Lookup interface {
-	RunCompany(ctx context.Context, runID string) (string, error)
+	// ResolveRun finds the run a caller names by the id its company chose
+	// among the companies it may read (run ids are unique per company);
+	// run_id_ambiguous when more than one has one and none is named.
+	ResolveRun(ctx context.Context, ref store.RunRef) (store.ResolvedRun, error)
 	InteractionCompany(ctx context.Context, id string) (string, error)
 }
 
@@ -45,6 +48,26 @@ type Authorizer struct {
 const MetadataKey = "authorization"
 
 type principalKey struct{}
+
+type runKey struct{}
+
+// resolvedRun is the run a call names, as the authorizer resolved it.
+type resolvedRun struct {
+	id, company string
+	run         store.ResolvedRun
+}
+
+// RunOf is the run a run-addressed call names by id (and company, the
+// request's company_id), as the authorizer resolved it before the handler
+// (SPEC T2); false when it did not (loopback development mode, or another
+// id).
+func RunOf(ctx context.Context, id, company string) (store.ResolvedRun, bool) {
+	r, ok := ctx.Value(runKey{}).(*resolvedRun)
+	if !ok || r.id != id || r.company != company {
+		return store.ResolvedRun{}, false
+	}
+	return r.run, true
+}
 
 // NewContext returns ctx carrying the call's principal.
 func NewContext(ctx context.Context, p *tenancy.Principal) context.Context {
@@ -175,46 +198,87 @@ func (a *Authorizer) Authorize(ctx context.Context, method string, req any) (con
 	if p == nil {
 		return nil, unauthenticated("%s needs an identity: a bearer token (authorization: Bearer <JWT>) or a client certificate naming a principal", method)
 	}
-	if err := a.check(ctx, p, method, rule, req); err != nil {
+	ctx, err = a.check(ctx, p, method, rule, req)
+	if err != nil {
 		return nil, err
 	}
 	return NewContext(ctx, p), nil
 }
 
-func (a *Authorizer) check(ctx context.Context, p *tenancy.Principal, method string, rule Rule, req any) error {
+func (a *Authorizer) check(ctx context.Context, p *tenancy.Principal, method string, rule Rule, req any) (context.Context, error) {
 	switch rule.Scope {
 	case ScopeRequest:
 		if c := rule.Company(req); !p.Can(c, rule.Need) {
-			return notAuthorized(p, method, rule.Need, c)
+			return nil, notAuthorized(p, method, rule.Need, c)
 		}
 	case ScopeRun:
-		id := req.(interface{ GetRunId() string }).GetRunId()
-		return a.stored(p, method, rule, func() (string, error) {
-			return a.known.get(ctx, "run/"+id, func(ctx context.Context) (string, error) { return a.Lookup.RunCompany(ctx, id) })
-		},
-			func() error { return store.ErrRunNotFound(id) })
+		id, hint := req.(interface{ GetRunId() string }).GetRunId(), companyField(req)
+		var run store.ResolvedRun
+		err := a.stored(p, method, rule, func() (string, error) {
+			var err error
+			run, err = a.resolveRun(ctx, p, id, hint)
+			return run.Company, err
+		}, func() error { return store.ErrRunNotFound(id) })
+		if err != nil {
+			return nil, err
+		}
+		// The handler acts on the run resolved here (SPEC T2).
+		return context.WithValue(ctx, runKey{}, &resolvedRun{id: id, company: hint, run: run}), nil
 	case ScopeInteraction:
 		id := req.(interface{ GetInteractionId() string }).GetInteractionId()
-		return a.stored(p, method, rule, func() (string, error) {
-			return a.known.get(ctx, "interaction/"+id, func(ctx context.Context) (string, error) { return a.Lookup.InteractionCompany(ctx, id) })
+		return ctx, a.stored(p, method, rule, func() (string, error) {
+			r, err := a.known.get(ctx, "interaction/"+id, func(ctx context.Context) (store.ResolvedRun, error) {
+				c, err := a.Lookup.InteractionCompany(ctx, id)
+				return store.ResolvedRun{Company: c}, err
+			})
+			return r.Company, err
 		},
 			func() error { return store.ErrInteractionNotFound(id) })
 	case ScopeList:
 		if !p.Operator && !slices.ContainsFunc(p.Companies(), func(c string) bool { return p.Can(c, rule.Need) }) {
-			return notAuthorized(p, method, rule.Need, "")
+			return nil, notAuthorized(p, method, rule.Need, "")
 		}
 	case ScopeFleet:
 		if !p.Operator {
-			return notAuthorized(p, method, tenancy.Operator, "")
+			return nil, notAuthorized(p, method, tenancy.Operator, "")
 		}
 	case ScopeGateway:
 		if !p.Operator && !(p.Source == tenancy.SourceService && p.Name == identity.Gateway) {
-			return notAuthorized(p, method, "the runnergw identity or operator", "")
+			return nil, notAuthorized(p, method, "the runnergw identity or operator", "")
 		}
 	default:
-		return failure.New(codes.PermissionDenied, failure.CallerNotAuthorized, "%s has no valid rule", method)
+		return nil, failure.New(codes.PermissionDenied, failure.CallerNotAuthorized, "%s has no valid rule", method)
 	}
-	return nil
+	return ctx, nil
+}
+
+// resolveRun finds the run p names by id (and company hint) among the
+// companies it can read: run ids are unique per company (SPEC T2), so the
+// same id may name a run of each. A company p cannot read is not looked
+// at (its run answers as a missing one); more than one run is
+// run_id_ambiguous, unless a company is named. A resolution that cannot
+// change (one company, or one named) is remembered.
+func (a *Authorizer) resolveRun(ctx context.Context, p *tenancy.Principal, id, hint string) (store.ResolvedRun, error) {
+	ref := store.RunRef{ID: id, Company: hint}
+	if !p.Operator {
+		ref.Companies = []string{}
+		for _, c := range p.Companies() {
+			if p.Can(c, tenancy.Reader) {
+				ref.Companies = append(ref.Companies, c)
+			}
+		}
+		if hint != "" && !slices.Contains(ref.Companies, hint) {
+			return store.ResolvedRun{}, store.ErrRunNotFound(id)
+		}
+	}
+	lookup := func(ctx context.Context) (store.ResolvedRun, error) { return a.Lookup.ResolveRun(ctx, ref) }
+	switch {
+	case hint != "":
+		return a.known.get(ctx, "run/"+hint+"\x00"+id, lookup)
+	case len(ref.Companies) == 1:
+		return a.known.get(ctx, "run/"+ref.Companies[0]+"\x00"+id, lookup)
+	}
+	return lookup(ctx)
 }
 
 // stored authorizes a call on a stored resource: one the caller cannot

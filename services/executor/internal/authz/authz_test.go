@@ -2,6 +2,7 @@ package authz_test
 
 import (
 	"context"
+	"fmt"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -12,6 +13,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/encoding/prototext"
 
 	"github.com/tether-run/tether/pkg/failure"
@@ -279,9 +281,12 @@ func contains(s []string, v string) bool {
 
 // TestT2_ResubmittingAnotherCompanysRunIDIsNoOracle: the issue's probe
 // (resubmit a victim's run id with a guessed input: created:false on a
-// right guess, run_id_conflict on a wrong one) answers the same whatever
-// the guess: the victim's company is refused before its run is read, and
-// under the caller's own company the input differs by its company anyway.
+// right guess, run_id_conflict on a wrong one) learns nothing. Under the
+// victim's company it is refused before any run is read, whatever the
+// guess. Under the caller's own company run ids are the company's own
+// (unique per company): the victim's id answers exactly as an id nobody
+// used (created, then idempotent, then run_id_conflict against the
+// caller's own run), and the victim's run is untouched.
 func TestT2_ResubmittingAnotherCompanysRunIDIsNoOracle(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, envOpts{})
@@ -289,20 +294,34 @@ func TestT2_ResubmittingAnotherCompanysRunIDIsNoOracle(t *testing.T) {
 	ctx := context.Background()
 	c := executorv1.NewExecutorServiceClient(e.as("gwen", "globex:writer"))
 	right, wrong := "task "+acmeCanary, "a wrong guess"
-	for _, company := range []string{"acme", "globex"} {
-		var answers []string
-		for _, prompt := range []string{right, wrong} {
-			resp, err := c.SubmitRun(ctx, &executorv1.SubmitRunRequest{RunId: "acme-run", Input: input(company, "s-acme", prompt)})
-			require.Error(t, err, "%s: %v", company, resp)
-			answers = append(answers, sanitized(err, prompt))
-		}
-		require.Equal(t, answers[0], answers[1], "as company %s the answer tells the guess", company)
-		require.NotContains(t, answers[0], acmeCanary)
+	var answers []string
+	for _, prompt := range []string{right, wrong} {
+		resp, err := c.SubmitRun(ctx, &executorv1.SubmitRunRequest{RunId: "acme-run", Input: input("acme", "s-acme", prompt)})
+		require.Error(t, err, "%v", resp)
+		answers = append(answers, sanitized(err, prompt))
 	}
-	// The victim's run is untouched.
+	require.Equal(t, answers[0], answers[1], "as company acme the answer tells the guess")
+	require.NotContains(t, answers[0], acmeCanary)
+
+	probe := func(id string) []string {
+		var out []string
+		for _, prompt := range []string{right, right, wrong} {
+			resp, err := c.SubmitRun(ctx, &executorv1.SubmitRunRequest{RunId: id, Input: input("globex", "s-probe-"+id, prompt)})
+			out = append(out, fmt.Sprintf("created=%v run=%s code=%s %s", resp.GetCreated(),
+				strings.ReplaceAll(resp.GetRun().GetRunId(), id, "ID"), status.Code(err), strings.ReplaceAll(sanitized(err, prompt), id, "ID")))
+			require.NotContains(t, protojson.Format(resp), "acme\"", "nothing of acme's run")
+		}
+		return out
+	}
+	victims, nobodys := probe("acme-run"), probe("nobodys-run")
+	require.Equal(t, nobodys, victims, "another company's run id answers as an unused one")
+	require.True(t, strings.HasPrefix(victims[0], "created=true run=ID code=OK"), victims[0])
+	require.Contains(t, victims[2], "run_id_conflict")
+	// The victim's run is untouched, and still acme's only.
 	run, err := executorv1.NewExecutorServiceClient(e.as("alice", "acme:reader")).GetRun(ctx, &executorv1.GetRunRequest{RunId: "acme-run"})
 	require.NoError(t, err)
 	require.Equal(t, "acme", run.GetRun().GetInput().GetBinding().GetCompanyId())
+	require.Contains(t, run.GetRun().GetInput().GetTask().GetPrompt(), acmeCanary)
 }
 
 // TestT2_AuditAndRequestedByRecordTheAuthenticatedPrincipal: a

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"io"
 	"os/exec"
 	"path/filepath"
 	"testing"
@@ -17,6 +18,7 @@ import (
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
 	"github.com/tether-run/tether/pkg/grpcx"
 	"github.com/tether-run/tether/pkg/tenancy"
+	"github.com/tether-run/tether/services/executor/internal/cli"
 	"github.com/tether-run/tether/services/executor/internal/stack"
 )
 
@@ -116,4 +118,76 @@ func TestT1_TheExecutorRefusesToStartOffLoopbackWithoutAuthentication(t *testing
 	require.Equal(t, 1, exit.ExitCode(), "%s", out)
 	require.Contains(t, string(out), "requires caller identities", "%s", out)
 	require.Contains(t, string(out), "-auth-jwks")
+}
+
+// TestT2_TwoCompaniesRunTheSameRunIDThroughTheStackEachExactlyOnce: run
+// ids are unique per company. On the stack with tokens (real executor,
+// runnergw and runnerd processes), acme and globex each submit run id
+// "same-id": both are created and run through the real gateway and
+// runner, each exactly once (one provider turn each), each company sees
+// its own run and events under that id (and its session's last run), an
+// operator must name the company, and tetherctl audit is clean.
+func TestT2_TwoCompaniesRunTheSameRunIDThroughTheStackEachExactlyOnce(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, stack.Options{Auth: true})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	as := func(subject string, grants ...string) executorv1.ExecutorServiceClient {
+		tok, err := h.st.Token(subject, time.Hour, grants...)
+		require.NoError(t, err)
+		conn, err := grpcx.Dial(h.st.Addr("executor"), "", grpc.WithPerRPCCredentials(tenancy.Bearer(tok)))
+		require.NoError(t, err)
+		t.Cleanup(func() { conn.Close() })
+		return executorv1.NewExecutorServiceClient(conn)
+	}
+	clients := map[string]executorv1.ExecutorServiceClient{"acme": as("alice", "acme:writer"), "globex": as("gwen", "globex:writer")}
+	for _, company := range []string{"acme", "globex"} {
+		in, err := cli.InputSpec{Prompt: company + "'s work", Company: company, Agent: "agent-1", Issue: "ISS-1",
+			Session: "s-same-" + company, Lifecycle: "warm"}.Input()
+		require.NoError(t, err)
+		resp, err := clients[company].SubmitRun(ctx, &executorv1.SubmitRunRequest{RunId: "same-id", Input: in})
+		require.NoError(t, err, company)
+		require.True(t, resp.GetCreated(), company)
+		require.Equal(t, "same-id", resp.GetRun().GetRunId())
+	}
+	for company, c := range clients {
+		waitSucceeded(ctx, t, c, "same-id")
+		run, err := c.GetRun(ctx, &executorv1.GetRunRequest{RunId: "same-id"})
+		require.NoError(t, err)
+		require.Equal(t, company, run.GetRun().GetInput().GetBinding().GetCompanyId())
+		require.Equal(t, company+"'s work", run.GetRun().GetInput().GetTask().GetPrompt())
+		w, err := c.WatchRun(ctx, &executorv1.WatchRunRequest{RunId: "same-id"})
+		require.NoError(t, err)
+		n := 0
+		for {
+			m, err := w.Recv()
+			if err != nil {
+				require.ErrorIs(t, err, io.EOF)
+				break
+			}
+			n++
+			require.Equal(t, "same-id", m.GetEvent().GetRunId(), "%s's events name its run by its id", company)
+		}
+		require.NotZero(t, n)
+		sess, err := c.GetSession(ctx, &executorv1.GetSessionRequest{CompanyId: company, NormalizedSessionId: "s-same-" + company})
+		require.NoError(t, err)
+		require.Len(t, sess.GetSessions(), 1)
+		require.Equal(t, "same-id", sess.GetSessions()[0].GetLastRunId())
+		list, err := c.ListRuns(ctx, &executorv1.ListRunsRequest{})
+		require.NoError(t, err)
+		require.Len(t, list.GetRuns(), 1, company)
+	}
+	require.Equal(t, 2, countLines(t, h.st.CallLog(), "turn/start"), "each run's turn started exactly once")
+
+	operator := as("olga", "operator")
+	_, err := operator.GetRun(ctx, &executorv1.GetRunRequest{RunId: "same-id"})
+	require.Equal(t, codes.FailedPrecondition, status.Code(err), "%v", err)
+	require.EqualValues(t, failure.RunIDAmbiguous, failure.CodeOf(err))
+	run, err := operator.GetRun(ctx, &executorv1.GetRunRequest{RunId: "same-id", CompanyId: "globex"})
+	require.NoError(t, err)
+	require.Equal(t, "globex", run.GetRun().GetInput().GetBinding().GetCompanyId())
+
+	rep, code := auditStack(t, h.dsn)
+	require.Equal(t, 0, code, "%+v", rep.Violations)
+	require.True(t, rep.Clean())
 }

@@ -169,11 +169,15 @@ SELECT interaction_id, title, summary FROM executor.interactions
 
 const interactionColumns = `interaction_id, idempotency_key, kind, status, source_run_id, company_id, title, summary,
        continuation_policy, runtime_request_id, payload, answers, coalesce(answer_digest, ''), coalesce(continuation_run_id, ''),
-       created_at, answered_at, coalesce(answered_by, '')`
+       created_at, answered_at, coalesce(answered_by, ''),
+       coalesce((SELECT x.client_run_id FROM executor.runs x WHERE x.run_id = source_run_id), source_run_id)`
 
 // interactionRow is a stored interaction.
 type interactionRow struct {
-	pb        *executorv1.Interaction
+	pb *executorv1.Interaction
+	// sourceKey is the source run's internal key (pb.SourceRunId is the
+	// id its company chose, SPEC T2).
+	sourceKey string
 	questions []runtimeq.Question
 	answers   []runtimeq.Answer
 	digest    string
@@ -188,11 +192,15 @@ func scanInteraction(row pgx.Row) (*interactionRow, error) {
 		policy, runtimeReq string
 	)
 	p := r.pb
-	if err := row.Scan(&p.InteractionId, &p.IdempotencyKey, &p.Kind, &p.Status, &p.SourceRunId, &p.CompanyId, &p.Title, &p.Summary,
-		&policy, &runtimeReq, &payload, &answers, &r.digest, &p.ContinuationRunId, &created, &answered, &p.AnsweredBy); err != nil {
+	if err := row.Scan(&p.InteractionId, &p.IdempotencyKey, &p.Kind, &p.Status, &r.sourceKey, &p.CompanyId, &p.Title, &p.Summary,
+		&policy, &runtimeReq, &payload, &answers, &r.digest, &p.ContinuationRunId, &created, &answered, &p.AnsweredBy, &p.SourceRunId); err != nil {
 		return nil, err
 	}
 	p.ContinuationPolicy, p.RuntimeRequestId = policy, runtimeReq
+	if r.sourceKey != p.SourceRunId {
+		// The key names the run by its internal key (SPEC T2).
+		p.IdempotencyKey = strings.ReplaceAll(p.IdempotencyKey, ":"+r.sourceKey+":", ":"+p.SourceRunId+":")
+	}
 	var qp runtimeq.QuestionsPayload
 	if err := json.Unmarshal(payload, &qp); err != nil {
 		return nil, err
@@ -238,6 +246,8 @@ func (s *Store) GetInteraction(ctx context.Context, id string) (*executorv1.Inte
 
 // InteractionFilter narrows ListInteractions.
 type InteractionFilter struct {
+	// RunID keeps the interactions of the runs of this id (the id their
+	// companies chose, SPEC T2) among Companies.
 	RunID, Status string
 	Limit         int
 	// Companies, when not nil, keeps only these companies' interactions
@@ -251,7 +261,9 @@ func (s *Store) ListInteractions(ctx context.Context, f InteractionFilter) ([]*e
 		f.Limit = 50
 	}
 	rows, err := s.pool.Query(ctx, `SELECT `+interactionColumns+` FROM executor.interactions
- WHERE ($1 = '' OR source_run_id = $1) AND ($2 = '' OR status = $2)
+ WHERE ($1 = '' OR source_run_id IN (SELECT r.run_id FROM executor.runs r WHERE r.client_run_id = $1
+                                       AND ($4::text[] IS NULL OR r.company_id = ANY($4))))
+   AND ($2 = '' OR status = $2)
    AND ($4::text[] IS NULL OR company_id = ANY($4))
  ORDER BY created_at DESC, interaction_id DESC LIMIT $3`, f.RunID, f.Status, f.Limit, companiesArg(f.Companies))
 	if err != nil {
@@ -366,7 +378,7 @@ UPDATE executor.interactions SET answers = $2, answer_digest = $3, status = $4, 
 // the prompt, and the interaction's response.
 func continuationInput(ctx context.Context, tx pgx.Tx, r *interactionRow, answers []runtimeq.Answer) (*prpv1.ExecutionInput, error) {
 	var raw []byte
-	if err := tx.QueryRow(ctx, `SELECT input FROM executor.runs WHERE run_id = $1`, r.pb.GetSourceRunId()).Scan(&raw); err != nil {
+	if err := tx.QueryRow(ctx, `SELECT input FROM executor.runs WHERE run_id = $1`, r.sourceKey).Scan(&raw); err != nil {
 		return nil, fmt.Errorf("reading the source run of interaction %s: %w", r.pb.GetInteractionId(), err)
 	}
 	in := &prpv1.ExecutionInput{}

@@ -21,7 +21,7 @@ type ReplacementRequest struct {
 }
 
 const replacementColumns = `replacement_id, session_scope, requested_by, caller, reason, requested_at,
-       coalesce(applied_run_id, ''), applied_at`
+       coalesce((SELECT x.client_run_id FROM executor.runs x WHERE x.run_id = applied_run_id), applied_run_id, ''), applied_at`
 
 func scanReplacement(row pgx.Row) (*executorv1.SessionReplacement, error) {
 	var (

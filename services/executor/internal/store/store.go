@@ -207,7 +207,9 @@ func (s *Store) SubmitRun(ctx context.Context, runID string, in *prpv1.Execution
 const stateExpr = `CASE WHEN r.state IN ('succeeded', 'failed', 'cancelled') THEN r.state
 	WHEN c.phase = 'observed' THEN 'running' ELSE 'queued' END`
 
-const runColumns = `r.run_id, ` + stateExpr + `, c.phase, c.attempt, coalesce(c.lease_owner, ''), c.lease_expires_at,
+// runColumns are a run's columns as the API shows it: its id is the one
+// its company chose (runs.client_run_id, SPEC T2), not its internal key.
+const runColumns = `r.client_run_id, ` + stateExpr + `, c.phase, c.attempt, coalesce(c.lease_owner, ''), c.lease_expires_at,
 	r.input, r.result, coalesce(r.failure_code, ''), coalesce(r.failure_message, ''), r.event_count,
 	coalesce(r.runner_instance_id, ''), r.runner_process, r.provider_process,
 	r.created_at, r.updated_at, c.started_at, r.ended_at, r.submit_seq,
@@ -242,6 +244,10 @@ func scanRunWith(row pgx.Row, extra ...any) (*executorv1.Run, int64, error) {
 	}
 	if run.Cancellation, err = decodeCancellation(cancel); err != nil {
 		return nil, 0, err
+	}
+	if run.Cancellation != nil {
+		// The record names the run by its internal key (SPEC T2).
+		run.Cancellation.RunId = run.RunId
 	}
 	if run.Recovery, err = decodeRecovery(recovery); err != nil {
 		return nil, 0, err
@@ -349,13 +355,54 @@ func stateFromProto(s executorv1.RunState) string {
 const getRunSQL = `SELECT ` + runColumns + `
 FROM executor.runs r JOIN executor.coordinators c ON c.run_id = r.run_id WHERE r.run_id = $1`
 
-// GetRun returns a run or run_not_found.
+// GetRun returns the run of internal key runID or run_not_found. The run's
+// RunId is the id its company chose.
 func (s *Store) GetRun(ctx context.Context, runID string) (*executorv1.Run, error) {
 	run, _, err := scanRun(s.pool.QueryRow(ctx, getRunSQL, runID))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, ErrRunNotFound(runID)
 	}
 	return run, err
+}
+
+// findRunSQL reads the runs a RunRef may name (resolveRunSQL's), with
+// their keys and companies.
+const findRunSQL = `SELECT ` + runColumns + `, r.run_id, r.company_id
+FROM executor.runs r JOIN executor.coordinators c ON c.run_id = r.run_id
+WHERE r.client_run_id = $1 AND ($2 = '' OR r.company_id = $2) AND ($3::text[] IS NULL OR r.company_id = ANY($3))
+ORDER BY r.company_id LIMIT 2`
+
+// FindRun is ResolveRun and GetRun in one round trip: the run a caller
+// names, and its key and company.
+func (s *Store) FindRun(ctx context.Context, ref RunRef) (*executorv1.Run, ResolvedRun, error) {
+	rows, err := s.pool.Query(ctx, findRunSQL, ref.ID, ref.Company, companiesArg(ref.Companies))
+	if err != nil {
+		return nil, ResolvedRun{}, err
+	}
+	defer rows.Close()
+	var (
+		run   *executorv1.Run
+		found ResolvedRun
+		n     int
+	)
+	for rows.Next() {
+		var r ResolvedRun
+		if run, _, err = scanRunWith(rows, &r.Key, &r.Company); err != nil {
+			return nil, ResolvedRun{}, err
+		}
+		found = r
+		n++
+	}
+	if err := rows.Err(); err != nil {
+		return nil, ResolvedRun{}, err
+	}
+	switch n {
+	case 0:
+		return nil, ResolvedRun{}, ErrRunNotFound(ref.ID)
+	case 1:
+		return run, found, nil
+	}
+	return nil, ResolvedRun{}, ErrRunAmbiguous(ref.ID)
 }
 
 // ListFilter narrows ListRuns.

@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"errors"
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
 	"time"
 
@@ -17,26 +18,37 @@ import (
 )
 
 // submitSQL inserts the run and its coordinator in one statement (one round
-// trip, one commit). An existing run id inserts nothing and returns its
-// stored input digest. Dispatchers are notified after the commit
-// (notifyCommitted), not inside it.
+// trip, one commit). The run is stored under key $1 with the client id $13
+// its company chose (SPEC T2). When the company has a run of that client id
+// already, or the key is taken (another company's run), it inserts nothing
+// and returns the company's run's stored input digest and key, if any.
+// Dispatchers are notified after the commit (notifyCommitted), not inside
+// it.
 const submitSQL = `
 WITH ins AS (
-  INSERT INTO executor.runs (run_id, company_id, normalized_session_id, session_scope, lifecycle, input, input_digest, issue_id, agent_id, trace_parent, submitted_by)
-  VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, nullif($11, ''), nullif($12, ''))
-  ON CONFLICT (run_id) DO NOTHING
+  INSERT INTO executor.runs (run_id, company_id, normalized_session_id, session_scope, lifecycle, input, input_digest, issue_id, agent_id, trace_parent, submitted_by, client_run_id)
+  VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, nullif($11, ''), nullif($12, ''), $13)
+  ON CONFLICT DO NOTHING
   RETURNING run_id, session_scope, submit_seq),
 co AS (
   INSERT INTO executor.coordinators (run_id, binding_digest, session_scope, submit_seq)
   SELECT run_id, $10, session_scope, submit_seq FROM ins
-  RETURNING run_id)
-SELECT (SELECT count(*) FROM co) > 0,
-       coalesce((SELECT input_digest FROM executor.runs WHERE run_id = $1 AND NOT EXISTS (SELECT 1 FROM ins)), '')`
+  RETURNING run_id),
+mine AS (
+  SELECT input_digest FROM executor.runs WHERE client_run_id = $13 AND company_id = $2 AND NOT EXISTS (SELECT 1 FROM ins))
+SELECT (SELECT count(*) FROM co) > 0, coalesce((SELECT input_digest FROM mine), '')`
+
+// ErrRunKeyTaken reports a submission whose key is another run's (of
+// another company, or under another client id): nothing was stored; submit
+// again under a fresh key (NewRunKey) with the same client id.
+var ErrRunKeyTaken = errors.New("store: the run key is another run's")
 
 // Submit stores a queued run and its coordinator, atomically, and notifies
 // dispatchers on commit (SPEC: SubmitRun). It is idempotent by run id: the
 // same input again is created false; another input under the same id is
-// run_id_conflict. The trace context of ctx is kept with the run, so
+// run_id_conflict. Run ids are unique per company (SPEC T2): runID is the
+// run's key, its client id is WithClientRunID's (runID without), and a key
+// another run holds is ErrRunKeyTaken. The trace context of ctx is kept with the run, so
 // whoever drives it continues the caller's trace. The caller reads the run
 // (GetRun) afterwards, so a dispatcher of this process can be woken before
 // that read.
@@ -162,7 +174,7 @@ func (s *Store) SubmitClaim(ctx context.Context, runID string, in *prpv1.Executi
 		return false, nil, err
 	}
 	if !created {
-		return false, nil, checkResubmitted(ctx, s.pool, runID, digest, existing)
+		return false, nil, checkResubmitted(ctx, s.pool, runID, in, digest, existing)
 	}
 	if c == nil {
 		s.notifyCommitted(ctx, RunsChannel, runID)
@@ -192,7 +204,7 @@ func submit(ctx context.Context, q rowQuerier, runID string, in *prpv1.Execution
 	if created {
 		return true, nil
 	}
-	return false, checkResubmitted(ctx, q, runID, digest, existing)
+	return false, checkResubmitted(ctx, q, runID, in, digest, existing)
 }
 
 // submitArgs are submitSQL's parameters for the run, and its input digest.
@@ -204,23 +216,30 @@ func submitArgs(ctx context.Context, runID string, in *prpv1.ExecutionInput) (ar
 	return []any{runID, in.GetBinding().GetCompanyId(), in.GetSession().GetNormalizedSessionId(), scope.OfRun(runID, in),
 		in.GetSession().GetLifecycle().GetMode().String(), raw, digest,
 		in.GetBinding().GetIssueId(), in.GetBinding().GetAgentId(), BindingDigest(in),
-		telemetry.TraceParent(ctx), ActorOf(ctx)}, digest, nil
+		telemetry.TraceParent(ctx), ActorOf(ctx), clientRunID(ctx, runID)}, digest, nil
 }
 
-// checkResubmitted checks a submission that found its run id stored
-// (existing is the stored input digest, "" when the run was inserted
-// concurrently, after the statement's snapshot): the same input is an
-// idempotent retry, another one run_id_conflict.
-func checkResubmitted(ctx context.Context, q rowQuerier, runID, digest, existing string) error {
+// checkResubmitted checks a submission that stored nothing (existing is
+// the stored input digest of the company's run of the same client id, ""
+// when there was none in the statement's snapshot): the same input is an
+// idempotent retry, another one run_id_conflict; without a run of the
+// client id in the company, the key was another run's (ErrRunKeyTaken).
+func checkResubmitted(ctx context.Context, q rowQuerier, runID string, in *prpv1.ExecutionInput, digest, existing string) error {
+	clientID := clientRunID(ctx, runID)
 	if existing == "" {
-		// Inserted concurrently, after this statement's snapshot: read it
-		// now that it committed.
-		if err := q.QueryRow(ctx, `SELECT input_digest FROM executor.runs WHERE run_id = $1`, runID).Scan(&existing); err != nil {
+		// Inserted concurrently, after this statement's snapshot, or the
+		// key is taken: read it now that it committed.
+		err := q.QueryRow(ctx, `SELECT input_digest FROM executor.runs WHERE client_run_id = $1 AND company_id = $2`,
+			clientID, in.GetBinding().GetCompanyId()).Scan(&existing)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return ErrRunKeyTaken
+		}
+		if err != nil {
 			return err
 		}
 	}
 	if existing != digest {
-		return failure.New(codes.AlreadyExists, failure.RunIDConflict, "run %q already exists with a different input", runID)
+		return failure.New(codes.AlreadyExists, failure.RunIDConflict, "run %q already exists with a different input", clientID)
 	}
 	return nil
 }

@@ -1280,7 +1280,11 @@ type CancelRunRequest struct {
 	// Caller's idempotency key (optional).
 	RequestId string `protobuf:"bytes,4,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
 	// How long to wait for the runner's acknowledgement (default 5s, max 60s).
-	WaitTimeout   *durationpb.Duration `protobuf:"bytes,5,opt,name=wait_timeout,json=waitTimeout,proto3" json:"wait_timeout,omitempty"`
+	WaitTimeout *durationpb.Duration `protobuf:"bytes,5,opt,name=wait_timeout,json=waitTimeout,proto3" json:"wait_timeout,omitempty"`
+	// The run's company, when the caller can read more than one (an
+	// operator): required when more than one of them has a run of this id
+	// (run_id_ambiguous otherwise). Run ids are unique per company.
+	CompanyId     string `protobuf:"bytes,6,opt,name=company_id,json=companyId,proto3" json:"company_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1350,6 +1354,13 @@ func (x *CancelRunRequest) GetWaitTimeout() *durationpb.Duration {
 	return nil
 }
 
+func (x *CancelRunRequest) GetCompanyId() string {
+	if x != nil {
+		return x.CompanyId
+	}
+	return ""
+}
+
 // CancelRunResponse reports the cancellation.
 type CancelRunResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1406,8 +1417,12 @@ func (x *CancelRunResponse) GetCancellation() *Cancellation {
 
 // GetRunRequest names a run.
 type GetRunRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	RunId         string                 `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	RunId string                 `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	// The run's company, when the caller can read more than one (an
+	// operator): required when more than one of them has a run of this id
+	// (run_id_ambiguous otherwise). Run ids are unique per company.
+	CompanyId     string `protobuf:"bytes,2,opt,name=company_id,json=companyId,proto3" json:"company_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1445,6 +1460,13 @@ func (*GetRunRequest) Descriptor() ([]byte, []int) {
 func (x *GetRunRequest) GetRunId() string {
 	if x != nil {
 		return x.RunId
+	}
+	return ""
+}
+
+func (x *GetRunRequest) GetCompanyId() string {
+	if x != nil {
+		return x.CompanyId
 	}
 	return ""
 }
@@ -1621,9 +1643,13 @@ func (x *ListRunsResponse) GetNextPageToken() string {
 
 // WatchRunRequest starts a watch after a cursor (0 = from the beginning).
 type WatchRunRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	RunId         string                 `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
-	AfterSeq      uint64                 `protobuf:"varint,2,opt,name=after_seq,json=afterSeq,proto3" json:"after_seq,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	RunId    string                 `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	AfterSeq uint64                 `protobuf:"varint,2,opt,name=after_seq,json=afterSeq,proto3" json:"after_seq,omitempty"`
+	// The run's company, when the caller can read more than one (an
+	// operator): required when more than one of them has a run of this id
+	// (run_id_ambiguous otherwise). Run ids are unique per company.
+	CompanyId     string `protobuf:"bytes,3,opt,name=company_id,json=companyId,proto3" json:"company_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1670,6 +1696,13 @@ func (x *WatchRunRequest) GetAfterSeq() uint64 {
 		return x.AfterSeq
 	}
 	return 0
+}
+
+func (x *WatchRunRequest) GetCompanyId() string {
+	if x != nil {
+		return x.CompanyId
+	}
+	return ""
 }
 
 // WatchRunResponse is one persisted event with its run-local cursor.
@@ -1737,8 +1770,12 @@ func (x *WatchRunResponse) GetResult() *RunResult {
 
 // GetSteeringStateRequest names a run.
 type GetSteeringStateRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	RunId         string                 `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	RunId string                 `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	// The run's company, when the caller can read more than one (an
+	// operator): required when more than one of them has a run of this id
+	// (run_id_ambiguous otherwise). Run ids are unique per company.
+	CompanyId     string `protobuf:"bytes,2,opt,name=company_id,json=companyId,proto3" json:"company_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1776,6 +1813,13 @@ func (*GetSteeringStateRequest) Descriptor() ([]byte, []int) {
 func (x *GetSteeringStateRequest) GetRunId() string {
 	if x != nil {
 		return x.RunId
+	}
+	return ""
+}
+
+func (x *GetSteeringStateRequest) GetCompanyId() string {
+	if x != nil {
+		return x.CompanyId
 	}
 	return ""
 }
@@ -1842,7 +1886,11 @@ type SteerRunRequest struct {
 	// Correlates the steer with the caller's record (e.g. a queued comment).
 	CorrelationId string `protobuf:"bytes,3,opt,name=correlation_id,json=correlationId,proto3" json:"correlation_id,omitempty"`
 	// Bound on the provider acknowledgement wait (default 10s, max 60s).
-	Timeout       *durationpb.Duration `protobuf:"bytes,4,opt,name=timeout,proto3" json:"timeout,omitempty"`
+	Timeout *durationpb.Duration `protobuf:"bytes,4,opt,name=timeout,proto3" json:"timeout,omitempty"`
+	// The run's company, when the caller can read more than one (an
+	// operator): required when more than one of them has a run of this id
+	// (run_id_ambiguous otherwise). Run ids are unique per company.
+	CompanyId     string `protobuf:"bytes,5,opt,name=company_id,json=companyId,proto3" json:"company_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1905,6 +1953,13 @@ func (x *SteerRunRequest) GetTimeout() *durationpb.Duration {
 	return nil
 }
 
+func (x *SteerRunRequest) GetCompanyId() string {
+	if x != nil {
+		return x.CompanyId
+	}
+	return ""
+}
+
 // SteerRunResponse returns the steered turn.
 type SteerRunResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -1957,7 +2012,11 @@ type ResolveRuntimeRequestRequest struct {
 	RequestId string                 `protobuf:"bytes,2,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
 	TurnId    string                 `protobuf:"bytes,3,opt,name=turn_id,json=turnId,proto3" json:"turn_id,omitempty"`
 	// e.g. {"decision":"accept"} for an approval, {"answers":{...}} for user input.
-	Resolution    *structpb.Struct `protobuf:"bytes,4,opt,name=resolution,proto3" json:"resolution,omitempty"`
+	Resolution *structpb.Struct `protobuf:"bytes,4,opt,name=resolution,proto3" json:"resolution,omitempty"`
+	// The run's company, when the caller can read more than one (an
+	// operator): required when more than one of them has a run of this id
+	// (run_id_ambiguous otherwise). Run ids are unique per company.
+	CompanyId     string `protobuf:"bytes,5,opt,name=company_id,json=companyId,proto3" json:"company_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2020,6 +2079,13 @@ func (x *ResolveRuntimeRequestRequest) GetResolution() *structpb.Struct {
 	return nil
 }
 
+func (x *ResolveRuntimeRequestRequest) GetCompanyId() string {
+	if x != nil {
+		return x.CompanyId
+	}
+	return ""
+}
+
 // ResolveRuntimeRequestResponse returns the dispatching command id.
 type ResolveRuntimeRequestResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -2072,7 +2138,11 @@ type CompleteToolCallRequest struct {
 	CallId  string                 `protobuf:"bytes,2,opt,name=call_id,json=callId,proto3" json:"call_id,omitempty"`
 	Success bool                   `protobuf:"varint,3,opt,name=success,proto3" json:"success,omitempty"`
 	// The tool's output as text for the model.
-	Text          string `protobuf:"bytes,4,opt,name=text,proto3" json:"text,omitempty"`
+	Text string `protobuf:"bytes,4,opt,name=text,proto3" json:"text,omitempty"`
+	// The run's company, when the caller can read more than one (an
+	// operator): required when more than one of them has a run of this id
+	// (run_id_ambiguous otherwise). Run ids are unique per company.
+	CompanyId     string `protobuf:"bytes,5,opt,name=company_id,json=companyId,proto3" json:"company_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2131,6 +2201,13 @@ func (x *CompleteToolCallRequest) GetSuccess() bool {
 func (x *CompleteToolCallRequest) GetText() string {
 	if x != nil {
 		return x.Text
+	}
+	return ""
+}
+
+func (x *CompleteToolCallRequest) GetCompanyId() string {
+	if x != nil {
+		return x.CompanyId
 	}
 	return ""
 }
@@ -4097,7 +4174,7 @@ const file_tether_executor_v1_executor_proto_rawDesc = "" +
 	"\x17recovery_owner_agent_id\x18\x04 \x01(\tR\x14recoveryOwnerAgentId\x122\n" +
 	"\x15recovery_action_cause\x18\x05 \x01(\tR\x13recoveryActionCause\x12?\n" +
 	"\x1csupersede_on_identity_change\x18\x06 \x01(\bR\x19supersedeOnIdentityChange\x12B\n" +
-	"\x0fnext_attempt_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\rnextAttemptAt\"\xa2\x03\n" +
+	"\x0fnext_attempt_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\rnextAttemptAt\"\xcb\x03\n" +
 	"\x10CancelRunRequest\x12!\n" +
 	"\x06run_id\x18\x01 \x01(\tB\n" +
 	"\xbaH\ar\x05\x10\x01\x18\xa0\x01R\x05runId\x12\xd3\x01\n" +
@@ -4106,13 +4183,17 @@ const file_tether_executor_v1_executor_proto_rawDesc = "" +
 	"\x06reason\x18\x03 \x01(\tB\b\xbaH\x05r\x03\x18\xd0\x0fR\x06reason\x12'\n" +
 	"\n" +
 	"request_id\x18\x04 \x01(\tB\b\xbaH\x05r\x03\x18\xa0\x01R\trequestId\x12J\n" +
-	"\fwait_timeout\x18\x05 \x01(\v2\x19.google.protobuf.DurationB\f\xbaH\t\xaa\x01\x06\"\x02\b<2\x00R\vwaitTimeout\"q\n" +
+	"\fwait_timeout\x18\x05 \x01(\v2\x19.google.protobuf.DurationB\f\xbaH\t\xaa\x01\x06\"\x02\b<2\x00R\vwaitTimeout\x12'\n" +
+	"\n" +
+	"company_id\x18\x06 \x01(\tB\b\xbaH\x05r\x03\x18\xa0\x01R\tcompanyId\"q\n" +
 	"\x11CancelRunResponse\x12\x16\n" +
 	"\x06active\x18\x01 \x01(\bR\x06active\x12D\n" +
-	"\fcancellation\x18\x02 \x01(\v2 .tether.executor.v1.CancellationR\fcancellation\"2\n" +
+	"\fcancellation\x18\x02 \x01(\v2 .tether.executor.v1.CancellationR\fcancellation\"[\n" +
 	"\rGetRunRequest\x12!\n" +
 	"\x06run_id\x18\x01 \x01(\tB\n" +
-	"\xbaH\ar\x05\x10\x01\x18\xa0\x01R\x05runId\";\n" +
+	"\xbaH\ar\x05\x10\x01\x18\xa0\x01R\x05runId\x12'\n" +
+	"\n" +
+	"company_id\x18\x02 \x01(\tB\b\xbaH\x05r\x03\x18\xa0\x01R\tcompanyId\";\n" +
 	"\x0eGetRunResponse\x12)\n" +
 	"\x03run\x18\x01 \x01(\v2\x17.tether.executor.v1.RunR\x03run\"\xdf\x01\n" +
 	"\x0fListRunsRequest\x12'\n" +
@@ -4124,29 +4205,35 @@ const file_tether_executor_v1_executor_proto_rawDesc = "" +
 	"\x05state\x18\x04 \x01(\x0e2\x1c.tether.executor.v1.RunStateB\b\xbaH\x05\x82\x01\x02\x10\x01R\x05state\"g\n" +
 	"\x10ListRunsResponse\x12+\n" +
 	"\x04runs\x18\x01 \x03(\v2\x17.tether.executor.v1.RunR\x04runs\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"Q\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"z\n" +
 	"\x0fWatchRunRequest\x12!\n" +
 	"\x06run_id\x18\x01 \x01(\tB\n" +
 	"\xbaH\ar\x05\x10\x01\x18\xa0\x01R\x05runId\x12\x1b\n" +
-	"\tafter_seq\x18\x02 \x01(\x04R\bafterSeq\"\x87\x01\n" +
+	"\tafter_seq\x18\x02 \x01(\x04R\bafterSeq\x12'\n" +
+	"\n" +
+	"company_id\x18\x03 \x01(\tB\b\xbaH\x05r\x03\x18\xa0\x01R\tcompanyId\"\x87\x01\n" +
 	"\x10WatchRunResponse\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12*\n" +
 	"\x05event\x18\x02 \x01(\v2\x14.tether.prp.v1.EventR\x05event\x125\n" +
-	"\x06result\x18\x03 \x01(\v2\x1d.tether.executor.v1.RunResultR\x06result\"<\n" +
+	"\x06result\x18\x03 \x01(\v2\x1d.tether.executor.v1.RunResultR\x06result\"e\n" +
 	"\x17GetSteeringStateRequest\x12!\n" +
 	"\x06run_id\x18\x01 \x01(\tB\n" +
-	"\xbaH\ar\x05\x10\x01\x18\xa0\x01R\x05runId\"b\n" +
+	"\xbaH\ar\x05\x10\x01\x18\xa0\x01R\x05runId\x12'\n" +
+	"\n" +
+	"company_id\x18\x02 \x01(\tB\b\xbaH\x05r\x03\x18\xa0\x01R\tcompanyId\"b\n" +
 	"\x18GetSteeringStateResponse\x12 \n" +
 	"\vdisposition\x18\x01 \x01(\tR\vdisposition\x12$\n" +
-	"\x0eactive_turn_id\x18\x02 \x01(\tR\factiveTurnId\"\xcf\x01\n" +
+	"\x0eactive_turn_id\x18\x02 \x01(\tR\factiveTurnId\"\xf8\x01\n" +
 	"\x0fSteerRunRequest\x12!\n" +
 	"\x06run_id\x18\x01 \x01(\tB\n" +
 	"\xbaH\ar\x05\x10\x01\x18\xa0\x01R\x05runId\x12%\n" +
 	"\amessage\x18\x02 \x01(\tB\v\xbaH\br\x06\x10\x01(\x80\x80\x04R\amessage\x12/\n" +
 	"\x0ecorrelation_id\x18\x03 \x01(\tB\b\xbaH\x05r\x03\x18\xa0\x01R\rcorrelationId\x12A\n" +
-	"\atimeout\x18\x04 \x01(\v2\x19.google.protobuf.DurationB\f\xbaH\t\xaa\x01\x06\"\x02\b<2\x00R\atimeout\"+\n" +
+	"\atimeout\x18\x04 \x01(\v2\x19.google.protobuf.DurationB\f\xbaH\t\xaa\x01\x06\"\x02\b<2\x00R\atimeout\x12'\n" +
+	"\n" +
+	"company_id\x18\x05 \x01(\tB\b\xbaH\x05r\x03\x18\xa0\x01R\tcompanyId\"+\n" +
 	"\x10SteerRunResponse\x12\x17\n" +
-	"\aturn_id\x18\x01 \x01(\tR\x06turnId\"\xd2\x01\n" +
+	"\aturn_id\x18\x01 \x01(\tR\x06turnId\"\xfb\x01\n" +
 	"\x1cResolveRuntimeRequestRequest\x12!\n" +
 	"\x06run_id\x18\x01 \x01(\tB\n" +
 	"\xbaH\ar\x05\x10\x01\x18\xa0\x01R\x05runId\x12)\n" +
@@ -4157,17 +4244,21 @@ const file_tether_executor_v1_executor_proto_rawDesc = "" +
 	"\xbaH\ar\x05\x10\x01\x18\x80\x02R\x06turnId\x12?\n" +
 	"\n" +
 	"resolution\x18\x04 \x01(\v2\x17.google.protobuf.StructB\x06\xbaH\x03\xc8\x01\x01R\n" +
-	"resolution\">\n" +
+	"resolution\x12'\n" +
+	"\n" +
+	"company_id\x18\x05 \x01(\tB\b\xbaH\x05r\x03\x18\xa0\x01R\tcompanyId\">\n" +
 	"\x1dResolveRuntimeRequestResponse\x12\x1d\n" +
 	"\n" +
-	"command_id\x18\x01 \x01(\tR\tcommandId\"\x9a\x01\n" +
+	"command_id\x18\x01 \x01(\tR\tcommandId\"\xc3\x01\n" +
 	"\x17CompleteToolCallRequest\x12!\n" +
 	"\x06run_id\x18\x01 \x01(\tB\n" +
 	"\xbaH\ar\x05\x10\x01\x18\xa0\x01R\x05runId\x12#\n" +
 	"\acall_id\x18\x02 \x01(\tB\n" +
 	"\xbaH\ar\x05\x10\x01\x18\x80\x02R\x06callId\x12\x18\n" +
 	"\asuccess\x18\x03 \x01(\bR\asuccess\x12\x1d\n" +
-	"\x04text\x18\x04 \x01(\tB\t\xbaH\x06r\x04(\x80\x80@R\x04text\"9\n" +
+	"\x04text\x18\x04 \x01(\tB\t\xbaH\x06r\x04(\x80\x80@R\x04text\x12'\n" +
+	"\n" +
+	"company_id\x18\x05 \x01(\tB\b\xbaH\x05r\x03\x18\xa0\x01R\tcompanyId\"9\n" +
 	"\x18CompleteToolCallResponse\x12\x1d\n" +
 	"\n" +
 	"command_id\x18\x01 \x01(\tR\tcommandId\"~\n" +
