@@ -67,6 +67,7 @@ type Server struct {
 	draining chan struct{}
 	drainMu  sync.Once
 	serving  atomic.Bool
+	ready    readiness
 
 	mu         sync.Mutex
 	lis        net.Listener
@@ -371,13 +372,21 @@ func (s *Server) ServeListener(ctx context.Context, lis net.Listener) error {
 	}
 
 	s.metrics.InitializeMetrics(s.gs)
-	for name := range s.gs.GetServiceInfo() {
-		if name != healthgrpc.Health_ServiceDesc.ServiceName {
-			s.health.SetServingStatus(name, healthpb.HealthCheckResponse_SERVING)
-		}
+	// SERVING once every readiness check passes (SPEC D5: not before the
+	// database answers), then following them.
+	ready := s.ready.runChecks(ctx) == ""
+	if ready {
+		s.setServing(healthpb.HealthCheckResponse_SERVING)
+		s.serving.Store(true)
+	} else {
+		failing, _, _ := s.ready.state()
+		s.log.Warn("not ready: a readiness check fails", "check", failing)
 	}
-	s.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
-	s.serving.Store(true)
+	readyCtx, stopReady := context.WithCancel(ctx)
+	defer stopReady()
+	if _, _, n := s.ready.state(); n > 0 {
+		go s.watchReadiness(readyCtx, ready)
+	}
 
 	var wg sync.WaitGroup
 	grpcErr := make(chan error, 1)
@@ -469,12 +478,23 @@ func (s *Server) metricsHandler() http.Handler {
 		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	}
+	// Liveness (SPEC D5): the process still makes progress. With readiness
+	// checks, their loop must have finished a round within livenessStall
+	// (a wedged process fails it; a database that is down does not).
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		if _, round, n := s.ready.state(); n > 0 && !round.IsZero() && time.Since(round) > livenessStall {
+			http.Error(w, fmt.Sprintf("stalled: no readiness round for %s", time.Since(round).Round(time.Second)), http.StatusServiceUnavailable)
+			return
+		}
 		w.Write([]byte("ok\n")) //nolint:errcheck
 	})
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
 		if !s.serving.Load() {
-			http.Error(w, "not serving", http.StatusServiceUnavailable)
+			msg := "not serving"
+			if failing, _, _ := s.ready.state(); failing != "" {
+				msg += ": " + failing
+			}
+			http.Error(w, msg, http.StatusServiceUnavailable)
 			return
 		}
 		w.Write([]byte("ok\n")) //nolint:errcheck

@@ -113,6 +113,8 @@ func run() error {
 		}
 		defer bucket.Close()
 		svc.Store, svc.Bucket = st, bucket
+		// Ready only while the metadata database answers (SPEC D5).
+		srv.AddReadinessCheck("database", st.Ping)
 		log.Info("checkpoints enabled", "blob_url", redact(*blobURL))
 	}
 	var roots []string

@@ -46,6 +46,9 @@ func CheckSchema(ctx context.Context, dsn string) error {
 // Store is the verifier's PostgreSQL access.
 type Store struct{ pool *pgxpool.Pool }
 
+// Ping checks that the database answers (the verifier's readiness, SPEC D5).
+func (s *Store) Ping(ctx context.Context) error { return s.pool.Ping(ctx) }
+
 // Open connects a pool to dsn.
 func Open(ctx context.Context, dsn string) (*Store, error) {
 	pool, err := pgstore.Open(ctx, dsn)

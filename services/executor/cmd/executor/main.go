@@ -149,6 +149,8 @@ func run() error {
 	if err != nil {
 		return err
 	}
+	// Ready only while the database answers (SPEC D5).
+	srv.AddReadinessCheck("database", func(ctx context.Context) error { return st.Pool().Ping(ctx) })
 	log := srv.Logger()
 	log.Info("authorization", "mode", az.Mode())
 	router.Logger = log
