@@ -27,6 +27,7 @@ import (
 	"github.com/tether-run/tether/pkg/grpcx"
 	"github.com/tether-run/tether/pkg/identity"
 	"github.com/tether-run/tether/pkg/keyfile"
+	"github.com/tether-run/tether/pkg/pgstore/migratecli"
 	"github.com/tether-run/tether/services/backup/internal/api"
 	"github.com/tether-run/tether/services/backup/internal/checkpoint"
 	"github.com/tether-run/tether/services/backup/internal/store"
@@ -41,7 +42,7 @@ func main() {
 
 func run() error {
 	if len(os.Args) > 1 && os.Args[1] == "migrate" {
-		return migrateCommand(os.Args[2:])
+		return migratecli.Run("backup-verifier", os.Args[2:], store.Schema)
 	}
 	fs := flag.NewFlagSet("backup-verifier", flag.ExitOnError)
 	cfg := grpcx.RegisterFlags(fs, "backup-verifier", "127.0.0.1:7402", "127.0.0.1:9402")
@@ -133,29 +134,4 @@ func redact(u string) string {
 		return u[:i]
 	}
 	return u
-}
-
-// migrateCommand is `backup-verifier migrate`: apply the schema's
-// migrations and exit (SPEC L3).
-func migrateCommand(args []string) error {
-	fs := flag.NewFlagSet("backup-verifier migrate", flag.ExitOnError)
-	dsn := grpcx.StringFlag(fs, "database-url", "", "", "PostgreSQL URL (required)")
-	check := fs.Bool("check", false, "apply nothing: exit 0 when the schema has every migration this binary needs, else 1 with schema_outdated (e.g. an init container waiting for the migration job)")
-	fs.Bool("version", false, "print the version and exit")
-	if err := grpcx.ParseFlags(fs, args); err != nil {
-		return err
-	}
-	ctx, stop := grpcx.SignalContext(context.Background())
-	defer stop()
-	if *check {
-		if *dsn == "" {
-			return fmt.Errorf("-database-url (or TETHER_DATABASE_URL) is required")
-		}
-		if err := store.CheckSchema(ctx, *dsn); err != nil {
-			return err
-		}
-		fmt.Println("backup-verifier: schema is current")
-		return nil
-	}
-	return store.MigrateCommand(ctx, os.Stdout, *dsn)
 }

@@ -7,7 +7,6 @@ import (
 	"context"
 	"embed"
 	"errors"
-	"io"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -26,21 +25,16 @@ const GooseTable = "backup_goose_version"
 // ErrNotFound is returned for an unknown checkpoint.
 var ErrNotFound = errors.New("checkpoint not found")
 
-var migrations = pgstore.Migrations{FS: Migrations, Dir: "migrations", Table: GooseTable}
+// Schema is the verifier's migrations (`backup-verifier migrate`, SPEC L3).
+var Schema = pgstore.Migrations{FS: Migrations, Dir: "migrations", Table: GooseTable}
 
 // Migrate applies the embedded migrations to the database at dsn.
-func Migrate(ctx context.Context, dsn string) error { return pgstore.Migrate(ctx, dsn, migrations) }
-
-// MigrateCommand applies the embedded migrations (`backup-verifier
-// migrate`), reporting each applied version on w.
-func MigrateCommand(ctx context.Context, w io.Writer, dsn string) error {
-	return pgstore.RunMigrate(ctx, w, "backup-verifier", dsn, migrations)
-}
+func Migrate(ctx context.Context, dsn string) error { return pgstore.Migrate(ctx, dsn, Schema) }
 
 // CheckSchema fails with schema_outdated when the database at dsn lacks a
 // migration this verifier needs (started with -migrate=false, SPEC L3).
 func CheckSchema(ctx context.Context, dsn string) error {
-	return pgstore.CheckCurrent(ctx, dsn, migrations, "backup-verifier migrate -database-url URL")
+	return pgstore.CheckCurrent(ctx, dsn, Schema, "backup-verifier migrate -database-url URL")
 }
 
 // Store is the verifier's PostgreSQL access.

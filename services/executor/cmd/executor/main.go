@@ -18,6 +18,7 @@ import (
 	"github.com/tether-run/tether/pkg/identity"
 	"github.com/tether-run/tether/pkg/keyfile"
 	"github.com/tether-run/tether/pkg/pgstore"
+	"github.com/tether-run/tether/pkg/pgstore/migratecli"
 	"github.com/tether-run/tether/pkg/tenancy"
 	"github.com/tether-run/tether/pkg/workspace"
 	"github.com/tether-run/tether/services/executor/internal/api"
@@ -39,7 +40,7 @@ func main() {
 
 func run() error {
 	if len(os.Args) > 1 && os.Args[1] == "migrate" {
-		return migrateCommand(os.Args[2:])
+		return migratecli.Run("executor", os.Args[2:], store.Schema)
 	}
 	fs := flag.NewFlagSet("executor", flag.ExitOnError)
 	cfg := grpcx.RegisterFlags(fs, "executor", "127.0.0.1:7400", "127.0.0.1:9400")
@@ -229,30 +230,4 @@ func run() error {
 	<-swept
 	<-drained
 	return err
-}
-
-// migrateCommand is `executor migrate`: apply the schema's migrations and
-// exit (SPEC L3), for a deployment that migrates once before its
-// executors start with -migrate=false.
-func migrateCommand(args []string) error {
-	fs := flag.NewFlagSet("executor migrate", flag.ExitOnError)
-	dsn := grpcx.StringFlag(fs, "database-url", "", "", "PostgreSQL URL (required)")
-	check := fs.Bool("check", false, "apply nothing: exit 0 when the schema has every migration this binary needs, else 1 with schema_outdated (e.g. an init container waiting for the migration job)")
-	fs.Bool("version", false, "print the version and exit")
-	if err := grpcx.ParseFlags(fs, args); err != nil {
-		return err
-	}
-	ctx, stop := grpcx.SignalContext(context.Background())
-	defer stop()
-	if *check {
-		if *dsn == "" {
-			return fmt.Errorf("-database-url (or TETHER_DATABASE_URL) is required")
-		}
-		if err := store.CheckSchema(ctx, *dsn); err != nil {
-			return err
-		}
-		fmt.Println("executor: schema is current")
-		return nil
-	}
-	return store.MigrateCommand(ctx, os.Stdout, *dsn)
 }

@@ -11,7 +11,6 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
-	"io"
 	"runtime"
 	"strconv"
 	"time"
@@ -117,26 +116,21 @@ func (s *Store) eventsCommitted(runID string, evs []StoredEvent) {
 const GooseTable = "executor_goose_version"
 
 // migrations are the executor schema's embedded migrations.
-var migrations = pgstore.Migrations{FS: Migrations, Dir: "migrations", Table: GooseTable}
+// Schema is the executor's migrations (`executor migrate`, SPEC L3).
+var Schema = pgstore.Migrations{FS: Migrations, Dir: "migrations", Table: GooseTable}
 
 // Migrate applies the embedded migrations to the database at dsn.
-func Migrate(ctx context.Context, dsn string) error { return pgstore.Migrate(ctx, dsn, migrations) }
-
-// MigrateCommand applies the embedded migrations (`executor migrate`),
-// reporting each applied version on w.
-func MigrateCommand(ctx context.Context, w io.Writer, dsn string) error {
-	return pgstore.RunMigrate(ctx, w, "executor", dsn, migrations)
-}
+func Migrate(ctx context.Context, dsn string) error { return pgstore.Migrate(ctx, dsn, Schema) }
 
 // CheckSchema fails with schema_outdated when the database at dsn lacks a
 // migration this executor needs (started with -migrate=false, SPEC L3); a
 // schema newer than this executor's passes.
 func CheckSchema(ctx context.Context, dsn string) error {
-	return pgstore.CheckCurrent(ctx, dsn, migrations, "executor migrate -database-url URL")
+	return pgstore.CheckCurrent(ctx, dsn, Schema, "executor migrate -database-url URL")
 }
 
 // MigrateDB applies the embedded migrations on an open database.
-func MigrateDB(ctx context.Context, db *sql.DB) error { return pgstore.MigrateDB(ctx, db, migrations) }
+func MigrateDB(ctx context.Context, db *sql.DB) error { return pgstore.MigrateDB(ctx, db, Schema) }
 
 // DefaultMaxConns is the executor's main pool size: leases, event appends,
 // claims and unary calls of the runs a replica drives (64 by default) share it, each
