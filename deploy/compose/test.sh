@@ -89,16 +89,16 @@ fi
 export DOCKER_HOST=${DOCKER_HOST:-unix:///var/run/docker.sock}
 
 # --- images ----------------------------------------------------------------
-base=tether-debian:bookworm
+base=tether-debian:bookworm-bwrap
 pg=tether-postgres:15
 img=tether:compose-test
 if docker image inspect "$base" >/dev/null 2>&1; then
 	log "base image $base: cached"
 else
-	log "building $base with debootstrap (minbase + postgresql-15)"
+	log "building $base with debootstrap (minbase + postgresql-15 + bubblewrap)"
 	rootfs=$cache/rootfs
 	rm -rf "$rootfs"
-	debootstrap --variant=minbase --include=postgresql-15,ca-certificates bookworm "$rootfs" \
+	debootstrap --variant=minbase --include=postgresql-15,ca-certificates,bubblewrap bookworm "$rootfs" \
 		http://deb.debian.org/debian >"$cache/debootstrap.log" 2>&1 || { tail -20 "$cache/debootstrap.log" >&2; die debootstrap; }
 	rm -rf "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/*
 	tar -C "$rootfs" -c . | docker import --change 'CMD ["bash"]' - "$base" >/dev/null

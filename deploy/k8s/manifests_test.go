@@ -638,3 +638,48 @@ func TestL3_TheSchemaIsMigratedByAJobBeforeTheExecutorsStart(t *testing.T) {
 		t.Errorf("executor migrate -h lists no -check:\n%s", out)
 	}
 }
+
+// TestT7_TheGatewayPodConfinesItsProvidersWithBubblewrap: the runner
+// gateway runs its providers in a bubblewrap sandbox by default (SPEC T7):
+// TETHER_RUNNER_CONFINEMENT=bwrap, with what bwrap needs in an
+// unprivileged pod — a user namespace of the pod's own (hostUsers: false),
+// a seccomp profile that allows creating user namespaces, an unmasked
+// /proc — and the image installs bubblewrap. Without them the gateway
+// refuses to start rather than run providers unconfined. (No kubelet here:
+// the sandbox itself is tested on a host by TestT7_… in the e2e suite.)
+func TestT7_TheGatewayPodConfinesItsProvidersWithBubblewrap(t *testing.T) {
+	o := render(t)
+	var gw *workload
+	for _, w := range o.workloads() {
+		if w.name == "runnergw" {
+			gw = &w
+		}
+	}
+	if gw == nil {
+		t.Fatal("no runnergw workload")
+	}
+	c := gw.spec.Spec.Containers[0]
+	if v, _ := envValue(c, "TETHER_RUNNER_CONFINEMENT"); v != "bwrap" {
+		t.Errorf("runnergw: TETHER_RUNNER_CONFINEMENT=%q, want bwrap", v)
+	}
+	if hu := gw.spec.Spec.HostUsers; hu == nil || *hu {
+		t.Error("runnergw: the pod must run in its own user namespace (hostUsers: false)")
+	}
+	sc := c.SecurityContext
+	if sc == nil || sc.SeccompProfile == nil || sc.SeccompProfile.Type == corev1.SeccompProfileTypeRuntimeDefault {
+		t.Error("runnergw: RuntimeDefault seccomp refuses bubblewrap's user namespace; the container needs Unconfined or a Localhost profile")
+	}
+	if sc == nil || sc.ProcMount == nil || *sc.ProcMount != corev1.UnmaskedProcMount {
+		t.Error("runnergw: bubblewrap mounts its own /proc: procMount Unmasked")
+	}
+	if sc == nil || sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation {
+		t.Error("runnergw: no privilege escalation")
+	}
+	dockerfile, err := os.ReadFile("../Dockerfile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(dockerfile), "bubblewrap") {
+		t.Error("deploy/Dockerfile does not install bubblewrap")
+	}
+}
