@@ -156,3 +156,57 @@ func TestT3_Stack_ASecretReachesOnlyItsProviderAndIsWrittenNowhere(t *testing.T)
 	require.Positive(t, blobs, "the suspension's checkpoint archive was scanned")
 	require.FileExists(t, h.st.LogPath("executor"))
 }
+
+// A rotated secret reaches a warm session at its next run: the live
+// provider keeps the environment it was started with, so runnerd restarts
+// it (between turns, resuming its thread) when a run attaches with another
+// configured environment than the provider's — the executor puts the
+// secrets' current values there. A run with the same values keeps the
+// provider.
+func TestT3_Stack_AWarmProviderIsRestartedWhenItsRunsSecretWasRotated(t *testing.T) {
+	t.Parallel()
+	const v1, v2 = "sk-T3-ROTATE-v1-5a8c02", "sk-T3-ROTATE-v2-c91e47"
+	envLog := filepath.Join(t.TempDir(), "provider.env")
+	h := newHarness(t, stack.Options{FakeArgs: []string{"--env-log", envLog}})
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	put := func(v string) {
+		t.Helper()
+		_, err := h.client.PutSecret(ctx, &executorv1.PutSecretRequest{CompanyId: "acme", Name: "openai", Value: []byte(v)})
+		require.NoError(t, err)
+	}
+	run := func(id, prompt string) (*executorv1.Run, []*executorv1.WatchRunResponse) {
+		t.Helper()
+		in := h.submitInput("rotate", prompt)
+		in.Environment = &prpv1.ProviderEnvironment{SecretRefs: map[string]string{"OPENAI_API_KEY": "openai"}}
+		_, err := h.client.SubmitRun(ctx, &executorv1.SubmitRunRequest{RunId: id, Input: in})
+		require.NoError(t, err)
+		evs := h.watch(ctx, id, 0, nil)
+		got := h.get(id)
+		require.Equal(t, executorv1.RunState_RUN_STATE_SUCCEEDED, got.GetState(), "%v", got.GetFailure())
+		return got, evs
+	}
+	restarts := func(evs []*executorv1.WatchRunResponse) []any {
+		var out []any
+		for _, ev := range evs {
+			if ev.GetEvent().GetEventType() == "provider.restarting" {
+				out = append(out, ev.GetEvent().GetPayload().AsMap()["reason"])
+			}
+		}
+		return out
+	}
+
+	put(v1)
+	first, _ := run("rot-1", "first")
+	require.Equal(t, v1, readEnvLog(t, envLog)["OPENAI_API_KEY"])
+	second, evs := run("rot-2", "second, same key")
+	sameProcess(t, first.GetProviderProcess(), second.GetProviderProcess(), "an unchanged secret keeps the warm provider")
+	require.Empty(t, restarts(evs))
+
+	put(v2)
+	third, evs := run("rot-3", "third, rotated key")
+	require.Equal(t, v2, readEnvLog(t, envLog)["OPENAI_API_KEY"], "the warm session's provider got the rotated secret")
+	require.NotEqual(t, second.GetProviderProcess().GetPid(), third.GetProviderProcess().GetPid(), "a new provider process")
+	require.Equal(t, []any{"environment_changed"}, restarts(evs))
+	require.Contains(t, third.GetResult().GetFinalMessage(), "4 earlier messages", "the restarted provider resumed the session's thread")
+}
