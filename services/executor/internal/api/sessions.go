@@ -122,7 +122,7 @@ func (s *Server) CloseSession(ctx context.Context, req *executorv1.CloseSessionR
 			return nil, failure.New(codes.Unavailable, failure.RunnerGatewayUnavailable, "no gateway configured")
 		}
 		for _, g := range groups {
-			cp, err := s.Suspender.Suspend(ctx, g.Scope, g.LastKey, g.Last.GetInput(), reason, true)
+			cp, err := s.suspendEndedScope(ctx, req, g, reason)
 			if failure.CodeOf(err) == failure.RunnerStateMissing {
 				continue // the scope never got a runner: nothing to suspend
 			}
@@ -164,6 +164,36 @@ func (s *Server) closeEndedScope(ctx context.Context, req *executorv1.CloseSessi
 			return err
 		}
 	}
+}
+
+// suspendEndedScope is a verified suspension of g, a scope whose runs all
+// ended. As for closeEndedScope, the gateway may still hold the attachment
+// of its last run and answer native_session_supervisor_busy: the
+// suspension is retried for as long as the scope has no run queued or in
+// flight (a suspension right after a run ended failed make test-providers'
+// codex-stack once in ten runs).
+func (s *Server) suspendEndedScope(ctx context.Context, req *executorv1.CloseSessionRequest, g store.SessionRuns, reason string) (*executorv1.SessionCheckpoint, error) {
+	retry := backoff.Backoff{Min: 20 * time.Millisecond, Max: time.Second}
+	for {
+		cp, err := s.Suspender.Suspend(ctx, g.Scope, g.LastKey, g.Last.GetInput(), reason, true)
+		if failure.CodeOf(err) != failure.NativeSessionSupervisorBusy {
+			return cp, err
+		}
+		groups, serr := s.Store.Sessions(ctx, req.GetCompanyId(), req.GetNormalizedSessionId())
+		if serr != nil || scopeOpen(groups, g.Scope) || lastRunOf(groups, g.Scope) != g.LastKey || !backoff.Sleep(ctx, retry.Next()) {
+			return nil, err
+		}
+	}
+}
+
+// lastRunOf is the key of the last run of scope sc among groups.
+func lastRunOf(groups []store.SessionRuns, sc string) string {
+	for _, g := range groups {
+		if g.Scope == sc {
+			return g.LastKey
+		}
+	}
+	return ""
 }
 
 func scopeOpen(groups []store.SessionRuns, sc string) bool {
