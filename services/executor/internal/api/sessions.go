@@ -228,6 +228,11 @@ func (s *Server) closeRunner(ctx context.Context, sc, runID string, in *prpv1.Ex
 // ReplaceSession records an operator's decision to give up the provider
 // thread of each scope of the session (or the agent's); the scope's next run
 // applies it (SPEC F3).
+// replaceBusyWait bounds how long ReplaceSession waits for a scope whose
+// run is held by a claim: a waiting run's claim lasts milliseconds; a run
+// really in flight still refuses after it.
+const replaceBusyWait = 3 * time.Second
+
 func (s *Server) ReplaceSession(ctx context.Context, req *executorv1.ReplaceSessionRequest) (*executorv1.ReplaceSessionResponse, error) {
 	groups, err := s.Store.Sessions(ctx, req.GetCompanyId(), req.GetNormalizedSessionId())
 	if err != nil {
@@ -238,10 +243,20 @@ func (s *Server) ReplaceSession(ctx context.Context, req *executorv1.ReplaceSess
 		if a := req.GetAgentId(); a != "" && g.Last.GetInput().GetBinding().GetAgentId() != a {
 			continue
 		}
-		rp, err := s.Store.RecordReplacement(ctx, store.ReplacementRequest{
+		rr := store.ReplacementRequest{
 			Scope: g.Scope, CompanyID: req.GetCompanyId(), SessionID: req.GetNormalizedSessionId(),
 			RequestedBy: authz.Actor(ctx, req.GetRequestedBy()), Caller: authz.Actor(ctx, grpcx.PeerIdentity(ctx)), Reason: req.GetReason(),
-		})
+		}
+		rp, err := s.Store.RecordReplacement(ctx, rr)
+		// A run waiting for its lost gateway (the very case a replacement
+		// is for, SPEC F7) is claimed now and then and handed straight
+		// back; a claim that holds it this moment is not a run in flight:
+		// wait it out (briefly) rather than refuse.
+		retry := backoff.Backoff{Min: 20 * time.Millisecond, Max: 250 * time.Millisecond}
+		for deadline := time.Now().Add(replaceBusyWait); failure.CodeOf(err) == failure.NativeSessionSupervisorBusy &&
+			time.Now().Before(deadline) && backoff.Sleep(ctx, retry.Next()); {
+			rp, err = s.Store.RecordReplacement(ctx, rr)
+		}
 		if err != nil {
 			return nil, err
 		}
