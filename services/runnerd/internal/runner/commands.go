@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
-	"sort"
 	"syscall"
 	"time"
 
@@ -588,23 +587,11 @@ func (r *Runner) cmdRunAttach(c *prpv1.Command) (map[string]any, *cmdError) {
 	// A run declaring another tool contract than the live provider's
 	// thread was opened with gets a fresh provider: the next turn resumes
 	// the same thread with the run's dynamic tools.
-	// So does a run whose configured environment — where the executor puts
-	// the values of the run's secrets (SPEC T3) — differs from the one the
-	// live provider was started with: a rotated secret reaches a warm
-	// session at its next run, not only at its next launch.
-	restart := ""
-	switch {
-	case r.sup.prov == nil || r.st.ActiveTurn != nil:
-	case toolContract(in) != r.sup.tools:
-		restart = "tool_contract_changed"
-	case r.sup.envKnown && envDigest(r.sup.configuredEnv) != r.sup.env:
-		restart = "environment_changed"
-	}
-	if restart != "" {
-		r.log.Info("the run's tool contract or environment differs from the live provider's; restarting the provider", "run_id", c.GetRunId(), "reason", restart)
+	if r.sup.prov != nil && r.st.ActiveTurn == nil && toolContract(in) != r.sup.tools {
+		r.log.Info("the run's tool contract differs from the live provider's; restarting the provider", "run_id", c.GetRunId())
 		r.closeProvider()
 		r.emit(P1, "provider.restarting", "", "", map[string]any{
-			"reason": restart, "runId": c.GetRunId(), "providerThreadId": r.st.ProviderThreadID,
+			"reason": "tool_contract_changed", "runId": c.GetRunId(), "providerThreadId": r.st.ProviderThreadID,
 		})
 	}
 	// The attached run is persisted with the command's outcome, before the
@@ -882,9 +869,6 @@ func (r *Runner) startProvider(reattach bool) *cmdError {
 	}
 	r.st.ProviderThreadID = tid
 	r.sup.tools = toolContract(in)
-	// A re-attached provider was started by an earlier runnerd with an
-	// environment this one never saw (it keeps none on disk).
-	r.sup.env, r.sup.envKnown = envDigest(r.sup.configuredEnv), !reattach
 	r.mustSave()
 	r.log.Info("provider ready", "pid", pi.PID, "thread_id", tid, "resumed", resumed)
 	return nil
@@ -1195,24 +1179,6 @@ func usagePayload(res TurnResult) map[string]any {
 		out["cost"] = map[string]any{"amount": res.Cost.Amount, "currency": res.Cost.Currency}
 	}
 	return out
-}
-
-// envDigest is a digest of a configured provider environment (kept in
-// memory only, like the environment itself).
-func envDigest(env map[string]string) string {
-	if len(env) == 0 {
-		return ""
-	}
-	keys := make([]string, 0, len(env))
-	for k := range env {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	h := sha256.New()
-	for _, k := range keys {
-		fmt.Fprintf(h, "%d:%s=%d:%s\n", len(k), k, len(env[k]), env[k])
-	}
-	return hex.EncodeToString(h.Sum(nil))
 }
 
 // toolContract is a digest of the run's declared dynamic tools (empty for

@@ -24,11 +24,6 @@ type supervisor struct {
 	// tools is the digest of the dynamic tools the live provider's thread
 	// was opened or resumed with (its tool contract, see toolContract).
 	tools string
-	// env is the digest of the configured environment the live provider
-	// was started with (envDigest); envKnown is false for a provider this
-	// runnerd re-attached to, whose environment it never saw.
-	env      string
-	envKnown bool
 }
 
 func newSupervisor(start StartFunc) *supervisor {
