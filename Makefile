@@ -12,7 +12,9 @@ PROTOVALIDATE_VERSION := v1.2.2
 MODULES := ./pkg/... ./services/executor/... ./services/runnergw/... ./services/backup/... ./services/runnerd/...
 # Modules outside go.work (heavy dependencies of their own), tested in place.
 OWN_MODULES := deploy/k8s
-PROTODEPS := .cache/protodeps/protovalidate/buf/validate/validate.proto
+# protovalidate's validate.proto, vendored: buf resolves the import from this
+# workspace module (buf.yaml), on a fresh clone, for any language's generator.
+PROTODEPS := third_party/protovalidate/buf/validate/validate.proto
 
 .PHONY: help tools protodeps generate check-generate lint release-api build test demo up up-auth bench fuzz
 
@@ -24,20 +26,18 @@ tools: ## install pinned code generators (buf, protoc-gen-go, protoc-gen-go-grpc
 	@$(GOBIN)/protoc-gen-go --version 2>/dev/null | grep -q '$(PROTOC_GEN_GO_VERSION)' || $(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOC_GEN_GO_VERSION)
 	@$(GOBIN)/protoc-gen-go-grpc --version 2>/dev/null | grep -q '$(PROTOC_GEN_GO_GRPC_VERSION:v%=%)' || $(GO) install google.golang.org/grpc/cmd/protoc-gen-go-grpc@$(PROTOC_GEN_GO_GRPC_VERSION)
 
-protodeps: $(PROTODEPS) ## extract protovalidate's validate.proto from the Go module cache
-
-$(PROTODEPS):
+protodeps: ## refresh the vendored validate.proto (third_party/protovalidate) from protovalidate $(PROTOVALIDATE_VERSION) in the Go module cache; commit it
 	@dir=$$(cd pkg && $(GO) mod download -json github.com/bufbuild/protovalidate@$(PROTOVALIDATE_VERSION) | sed -n 's/.*"Dir": "\(.*\)",/\1/p'); \
-	  mkdir -p $(dir $@) && cp $$dir/proto/protovalidate/buf/validate/validate.proto $@ && chmod 0644 $@
+	  mkdir -p $(dir $(PROTODEPS)) && cp $$dir/proto/protovalidate/buf/validate/validate.proto $(PROTODEPS) && chmod 0644 $(PROTODEPS)
 
-generate: tools protodeps ## regenerate pkg/gen from proto/
+generate: tools ## regenerate pkg/gen from proto/
 	rm -rf pkg/gen
 	buf generate
 
 # check-generate generates into a scratch directory and compares: pkg/gen is
 # never removed under a build or test running beside it (make test and make
 # test-continuity in one checkout).
-check-generate: tools protodeps ## fail when committed generated code is stale
+check-generate: tools ## fail when committed generated code is stale
 	@tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; buf generate -o "$$tmp" || exit 1; \
 	  diff -r "$$tmp/pkg/gen" pkg/gen && test -z "$$(git status --porcelain -- pkg/gen)" || { echo "pkg/gen is stale: run make generate and commit"; exit 1; }
 
@@ -60,14 +60,14 @@ TRIMPATH := -trimpath
 # image, commit it and point RELEASE_API at it.
 RELEASE_API := proto/releases/v0.1.0.binpb
 
-lint: tools protodeps ## gofmt, go vet, buf lint and buf breaking against the newest release's API
+lint: tools ## gofmt, go vet, buf lint and buf breaking against the newest release's API
 	@out=$$(gofmt -l $(GOFILES)); test -z "$$out" || { echo "gofmt would change:"; echo "$$out"; exit 1; }
 	$(GO) vet $(TRIMPATH) $(MODULES)
 	@for m in $(OWN_MODULES); do (cd $$m && GOWORK=off $(GO) vet $(TRIMPATH) ./...) || exit 1; done
 	buf lint
 	buf breaking proto --against $(RELEASE_API)
 
-release-api: tools protodeps ## write proto/releases/$(VERSION).binpb, the API image later versions are checked against
+release-api: tools ## write proto/releases/$(VERSION).binpb, the API image later versions are checked against
 	buf build proto --exclude-source-info -o proto/releases/$(VERSION).binpb
 
 # bin/ holds the binaries the tests, the demo and the benchmarks run, not

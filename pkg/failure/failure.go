@@ -20,6 +20,12 @@ import (
 // Domain is the ErrorInfo domain of every tether error.
 const Domain = "tether"
 
+// MetadataField is the ErrorInfo metadata key that names the request field an
+// InvalidArgument error refuses (dotted proto field names, e.g.
+// "input.provider.kind"); the server edge reports it as a
+// google.rpc.BadRequest field violation too (AIP-193).
+const MetadataField = "field"
+
 // Reason is a stable failure code: one of the constants in reasons.go.
 type Reason string
 

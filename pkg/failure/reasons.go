@@ -139,6 +139,9 @@ const (
 	OutboxWriteFailed                         = "outbox_write_failed"
 	P0StorageExhausted                        = "p0_storage_exhausted"
 	PageTokenInvalid                          = "page_token_invalid"
+	// PageTokenFilterMismatch: a List call's page_token was issued for a
+	// call with other filters (AIP-158: a token is bound to its request).
+	PageTokenFilterMismatch = "page_token_filter_mismatch"
 	// CallerNotAuthorized: the authenticated principal holds no role that
 	// allows the call for the company it names (SPEC T2).
 	CallerNotAuthorized = "caller_not_authorized"
@@ -434,6 +437,7 @@ var registry = map[Reason]Info{
 	OutboxWriteFailed:                             {codes.Internal, Permanent},
 	P0StorageExhausted:                            {codes.ResourceExhausted, Transient},
 	PageTokenInvalid:                              {codes.InvalidArgument, Permanent},
+	PageTokenFilterMismatch:                       {codes.InvalidArgument, Permanent},
 	PeerNotAuthorized:                             {codes.PermissionDenied, Permanent},
 	CallerNotAuthorized:                           {codes.PermissionDenied, Permanent},
 	CallerUnauthenticated:                         {codes.Unauthenticated, Permanent},

@@ -29,7 +29,7 @@ func TestCodedErrorGivesValidationFailuresAStableCode(t *testing.T) {
 	require.Equal(t, codes.InvalidArgument, out.Code())
 	require.Equal(t, "invalid_request: input.task.prompt: value is required", out.Message())
 	require.EqualValues(t, failure.InvalidRequest, failure.CodeOf(out.Err()))
-	require.Len(t, out.Details(), 2, "ErrorInfo plus the original violations")
+	require.Len(t, out.Details(), 3, "ErrorInfo, the original violations and their BadRequest")
 
 	own := failure.New(codes.InvalidArgument, "provider_not_admitted", "x")
 	require.Equal(t, own.Error(), status.Convert(codedError(status.Convert(own).Err())).Message())

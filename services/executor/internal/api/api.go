@@ -194,7 +194,8 @@ func (s *Server) GetRun(ctx context.Context, req *executorv1.GetRunRequest) (*ex
 // ListRuns pages through runs.
 func (s *Server) ListRuns(ctx context.Context, req *executorv1.ListRunsRequest) (*executorv1.ListRunsResponse, error) {
 	runs, next, err := s.Store.ListRuns(ctx, store.ListFilter{
-		NormalizedSessionID: req.GetNormalizedSessionId(), State: req.GetState(), Companies: authz.Companies(ctx),
+		NormalizedSessionID: req.GetNormalizedSessionId(), State: req.GetState(),
+		Companies: store.ScopeCompanies(authz.Companies(ctx), req.GetCompanyId()),
 	}, int(req.GetPageSize()), req.GetPageToken())
 	if err != nil {
 		return nil, err

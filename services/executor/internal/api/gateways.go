@@ -79,12 +79,12 @@ func authenticateRegistration(ctx context.Context, secret []byte) error {
 }
 
 // ListGateways lists the registry.
-func (r *Registry) ListGateways(ctx context.Context, _ *executorv1.ListGatewaysRequest) (*executorv1.ListGatewaysResponse, error) {
-	gs, err := r.Store.ListGateways(ctx, r.ttl())
+func (r *Registry) ListGateways(ctx context.Context, req *executorv1.ListGatewaysRequest) (*executorv1.ListGatewaysResponse, error) {
+	gs, next, err := r.Store.ListGatewaysPage(ctx, r.ttl(), int(req.GetPageSize()), req.GetPageToken())
 	if err != nil {
 		return nil, err
 	}
-	return &executorv1.ListGatewaysResponse{Gateways: gs}, nil
+	return &executorv1.ListGatewaysResponse{Gateways: gs, NextPageToken: next}, nil
 }
 
 // DrainGateway starts (or repeats) an operator's drain of a gateway (SPEC

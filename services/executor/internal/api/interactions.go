@@ -11,12 +11,12 @@ import (
 
 // ListInteractions lists durable interactions, newest first.
 func (s *Server) ListInteractions(ctx context.Context, req *executorv1.ListInteractionsRequest) (*executorv1.ListInteractionsResponse, error) {
-	list, err := s.Store.ListInteractions(ctx, store.InteractionFilter{RunID: req.GetRunId(), Status: req.GetStatus(), Limit: int(req.GetPageSize()),
-		Companies: authz.Companies(ctx)})
+	list, next, err := s.Store.ListInteractions(ctx, store.InteractionFilter{RunID: req.GetRunId(), Status: req.GetStatus(), Limit: int(req.GetPageSize()),
+		Companies: store.ScopeCompanies(authz.Companies(ctx), req.GetCompanyId())}, req.GetPageToken())
 	if err != nil {
 		return nil, err
 	}
-	return &executorv1.ListInteractionsResponse{Interactions: list}, nil
+	return &executorv1.ListInteractionsResponse{Interactions: list, NextPageToken: next}, nil
 }
 
 // GetInteraction returns one interaction.

@@ -140,6 +140,42 @@ func (s *Store) ListGateways(ctx context.Context, ttl time.Duration) ([]*executo
 	return out, rows.Err()
 }
 
+// ListGatewaysPage is ListGateways a page at a time, by gateway id; the
+// token of the next page is "" on the last one.
+func (s *Store) ListGatewaysPage(ctx context.Context, ttl time.Duration, pageSize int, pageToken string) ([]*executorv1.Gateway, string, error) {
+	if pageSize <= 0 {
+		pageSize = 100
+	}
+	filter := filterDigest("gateways", nil)
+	cur, _, err := decodePageToken(pageToken, filter)
+	if err != nil {
+		return nil, "", err
+	}
+	rows, err := s.pool.Query(ctx, `SELECT `+gatewayColumns("$1")+` FROM executor.gateways g WHERE g.gateway_id > $2 ORDER BY gateway_id LIMIT $3`,
+		ttl.Microseconds(), cur.ID, pageSize+1)
+	if err != nil {
+		return nil, "", err
+	}
+	defer rows.Close()
+	var out []*executorv1.Gateway
+	for rows.Next() {
+		g, err := scanGateway(rows)
+		if err != nil {
+			return nil, "", err
+		}
+		out = append(out, g)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, "", err
+	}
+	next := ""
+	if len(out) > pageSize {
+		out = out[:pageSize]
+		next = encodePageToken(filter, pageCursor{ID: out[pageSize-1].GetGatewayId()})
+	}
+	return out, next, nil
+}
+
 // DrainGateway records an operator's drain of a gateway (SPEC F4): no new
 // placements there from now on, and its scopes are moved off (fleet
 // drainer). Repeating it changes nothing (the first request's time and

@@ -255,30 +255,50 @@ type InteractionFilter struct {
 	Companies []string
 }
 
-// ListInteractions lists interactions, newest first.
-func (s *Store) ListInteractions(ctx context.Context, f InteractionFilter) ([]*executorv1.Interaction, error) {
+// ListInteractions lists interactions, newest first, a page at a time: the
+// token (bound to the filter) of the next page is "" on the last one.
+func (s *Store) ListInteractions(ctx context.Context, f InteractionFilter, pageToken string) ([]*executorv1.Interaction, string, error) {
 	if f.Limit <= 0 {
 		f.Limit = 50
+	}
+	filter := filterDigest("interactions", f.Companies, f.RunID, f.Status)
+	cur, ok, err := decodePageToken(pageToken, filter)
+	if err != nil {
+		return nil, "", err
+	}
+	var after any // (created_at, interaction_id) of the previous page's last row
+	if ok {
+		after = time.UnixMicro(cur.At)
 	}
 	rows, err := s.pool.Query(ctx, `SELECT `+interactionColumns+` FROM executor.interactions
  WHERE ($1 = '' OR source_run_id IN (SELECT r.run_id FROM executor.runs r WHERE r.client_run_id = $1
                                        AND ($4::text[] IS NULL OR r.company_id = ANY($4))))
    AND ($2 = '' OR status = $2)
    AND ($4::text[] IS NULL OR company_id = ANY($4))
- ORDER BY created_at DESC, interaction_id DESC LIMIT $3`, f.RunID, f.Status, f.Limit, companiesArg(f.Companies))
+   AND ($5::timestamptz IS NULL OR (created_at, interaction_id) < ($5, $6))
+ ORDER BY created_at DESC, interaction_id DESC LIMIT $3`, f.RunID, f.Status, f.Limit+1, companiesArg(f.Companies), after, cur.ID)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	defer rows.Close()
 	var out []*executorv1.Interaction
 	for rows.Next() {
 		r, err := scanInteraction(rows)
 		if err != nil {
-			return nil, err
+			return nil, "", err
 		}
 		out = append(out, r.pb)
 	}
-	return out, rows.Err()
+	if err := rows.Err(); err != nil {
+		return nil, "", err
+	}
+	next := ""
+	if len(out) > f.Limit {
+		out = out[:f.Limit]
+		last := out[f.Limit-1]
+		next = encodePageToken(filter, pageCursor{At: last.GetCreatedAt().AsTime().UnixMicro(), ID: last.GetInteractionId()})
+	}
+	return out, next, nil
 }
 
 // AnswerOutcome is what AnswerInteraction did.

@@ -2,6 +2,7 @@ package store_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -35,7 +36,7 @@ func TestE4_AReplayedToolCallOpensOneInteraction(t *testing.T) {
 	again := event("r", "runner-1", 2, "semantic_tool.input", call.GetPayload().AsMap())
 	_, err := s.AppendEvents(ctx, c.Fence, []*prpv1.Event{again})
 	require.NoError(t, err)
-	list, err := s.ListInteractions(ctx, store.InteractionFilter{RunID: "r"})
+	list, _, err := s.ListInteractions(ctx, store.InteractionFilter{RunID: "r"}, "")
 	require.NoError(t, err)
 	require.Len(t, list, 1)
 	require.Equal(t, runtimeq.ToolCallKey("r", "call-1"), list[0].GetIdempotencyKey())
@@ -62,7 +63,7 @@ func TestE4_PartialItemVerdictsKeepTheWaitUntilComplete(t *testing.T) {
 		"kind": "request_item_verdicts", "title": "Review the items",
 		"items": []any{map[string]any{"id": "i1", "label": "first"}, map[string]any{"id": "i2", "label": "second"}}}))})
 	require.NoError(t, err)
-	list, err := s.ListInteractions(ctx, store.InteractionFilter{RunID: "r"})
+	list, _, err := s.ListInteractions(ctx, store.InteractionFilter{RunID: "r"}, "")
 	require.NoError(t, err)
 	require.Len(t, list, 1)
 	id := list[0].GetInteractionId()
@@ -88,4 +89,48 @@ func TestE4_PartialItemVerdictsKeepTheWaitUntilComplete(t *testing.T) {
 	require.True(t, resp[0].GetComplete())
 	require.Len(t, resp[0].GetAnswers(), 2, "both verdicts")
 	require.Equal(t, wake.GetInput().GetSession().GetNormalizedSessionId(), "s-r", "the source run's session")
+}
+
+// SPEC U1: ListInteractions pages newest first with a token bound to its
+// filters (page_token_filter_mismatch with others).
+func TestU1_ListInteractionsPagesWithFilterBoundTokens(t *testing.T) {
+	t.Parallel()
+	s := newStore(t)
+	ctx := context.Background()
+	c := claimed(t, s, "r", "o")
+	for i := range 5 {
+		call := event("r", "runner-1", uint64(i+1), "semantic_tool.input", askUserCall(fmt.Sprintf("call-%d", i), map[string]any{
+			"title": "Pick one", "questions": []any{map[string]any{"id": "q", "prompt": "Which?",
+				"options": []any{map[string]any{"id": "a", "label": "A"}}}}}))
+		_, err := s.AppendEvents(ctx, c.Fence, []*prpv1.Event{call})
+		require.NoError(t, err)
+	}
+	all, next, err := s.ListInteractions(ctx, store.InteractionFilter{RunID: "r"}, "")
+	require.NoError(t, err)
+	require.Len(t, all, 5)
+	require.Empty(t, next)
+
+	var got []string
+	token := ""
+	for {
+		page, next, err := s.ListInteractions(ctx, store.InteractionFilter{RunID: "r", Limit: 2}, token)
+		require.NoError(t, err)
+		for _, in := range page {
+			got = append(got, in.GetInteractionId())
+		}
+		if next == "" {
+			break
+		}
+		token = next
+		// The same token with another filter is refused.
+		_, _, err = s.ListInteractions(ctx, store.InteractionFilter{RunID: "r", Status: "pending", Limit: 2}, token)
+		require.EqualValues(t, failure.PageTokenFilterMismatch, failure.CodeOf(err))
+		_, _, err = s.ListInteractions(ctx, store.InteractionFilter{RunID: "r", Limit: 2, Companies: []string{"globex"}}, token)
+		require.EqualValues(t, failure.PageTokenFilterMismatch, failure.CodeOf(err))
+	}
+	want := make([]string, 0, len(all))
+	for _, in := range all {
+		want = append(want, in.GetInteractionId())
+	}
+	require.Equal(t, want, got, "the pages are the full list, in order, once")
 }

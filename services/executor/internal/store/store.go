@@ -8,11 +8,9 @@ import (
 	"crypto/sha256"
 	"database/sql"
 	"embed"
-	"encoding/base64"
 	"errors"
 	"fmt"
 	"runtime"
-	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -404,23 +402,25 @@ type ListFilter struct {
 	NormalizedSessionID string
 	State               executorv1.RunState
 	// Companies, when not nil, keeps only runs of these companies (the
-	// caller's, SPEC T2); nil lists every company's.
+	// caller's, SPEC T2, narrowed by the request's company filter with
+	// ScopeCompanies); nil lists every company's.
 	Companies []string
 }
 
-// ListRuns pages through runs, newest first. The page token is opaque.
+// ListRuns pages through runs, newest first. The page token is opaque and
+// bound to the filter (page_token_filter_mismatch otherwise).
 func (s *Store) ListRuns(ctx context.Context, f ListFilter, pageSize int, pageToken string) ([]*executorv1.Run, string, error) {
 	if pageSize <= 0 {
 		pageSize = 50
 	}
+	filter := filterDigest("runs", f.Companies, f.NormalizedSessionID, f.State.String())
+	cur, ok, err := decodePageToken(pageToken, filter)
+	if err != nil {
+		return nil, "", err
+	}
 	before := int64(1<<63 - 1)
-	if pageToken != "" {
-		raw, err := base64.RawURLEncoding.DecodeString(pageToken)
-		n, perr := strconv.ParseInt(string(raw), 10, 64)
-		if err != nil || perr != nil || n <= 0 {
-			return nil, "", failure.New(codes.InvalidArgument, failure.PageTokenInvalid, "page_token is not one this service issued")
-		}
-		before = n
+	if ok {
+		before = cur.Seq
 	}
 	rows, err := s.pool.Query(ctx, `SELECT `+runColumns+`
 FROM executor.runs r JOIN executor.coordinators c ON c.run_id = r.run_id
@@ -449,7 +449,7 @@ ORDER BY r.submit_seq DESC LIMIT $4`, before, f.NormalizedSessionID, stateFromPr
 	next := ""
 	if len(runs) > pageSize {
 		runs = runs[:pageSize]
-		next = base64.RawURLEncoding.EncodeToString([]byte(strconv.FormatInt(seqs[pageSize-1], 10)))
+		next = encodePageToken(filter, pageCursor{Seq: seqs[pageSize-1]})
 	}
 	return runs, next, nil
 }

@@ -372,7 +372,7 @@ func TestP4_ATerminalBatchThatOpensAnInteractionWaitsOnIt(t *testing.T) {
 	require.True(t, res.Terminal)
 	pgxTrips, _, sql := r.count()
 	require.Equal(t, 5, pgxTrips, "BEGIN+reads, the insert and the interaction, the wait read, the finish, COMMIT: %q", sql)
-	list, err := s.ListInteractions(ctx, store.InteractionFilter{RunID: "r"})
+	list, _, err := s.ListInteractions(ctx, store.InteractionFilter{RunID: "r"}, "")
 	require.NoError(t, err)
 	require.Len(t, list, 1)
 	run, err := s.GetRun(ctx, "r")

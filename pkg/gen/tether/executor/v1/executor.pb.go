@@ -1525,7 +1525,10 @@ type ListRunsRequest struct {
 	// Only runs of this normalized session id.
 	NormalizedSessionId string `protobuf:"bytes,3,opt,name=normalized_session_id,json=normalizedSessionId,proto3" json:"normalized_session_id,omitempty"`
 	// Only runs in this state.
-	State         RunState `protobuf:"varint,4,opt,name=state,proto3,enum=tether.executor.v1.RunState" json:"state,omitempty"`
+	State RunState `protobuf:"varint,4,opt,name=state,proto3,enum=tether.executor.v1.RunState" json:"state,omitempty"`
+	// Only runs of this company (of those the caller can read; another
+	// company's runs are never listed).
+	CompanyId     string `protobuf:"bytes,5,opt,name=company_id,json=companyId,proto3" json:"company_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1588,11 +1591,21 @@ func (x *ListRunsRequest) GetState() RunState {
 	return RunState_RUN_STATE_UNSPECIFIED
 }
 
+func (x *ListRunsRequest) GetCompanyId() string {
+	if x != nil {
+		return x.CompanyId
+	}
+	return ""
+}
+
 // ListRunsResponse is one page.
 type ListRunsResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Runs          []*Run                 `protobuf:"bytes,1,rep,name=runs,proto3" json:"runs,omitempty"`
-	NextPageToken string                 `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Runs  []*Run                 `protobuf:"bytes,1,rep,name=runs,proto3" json:"runs,omitempty"`
+	// The next page's token; empty on the last page. A token is bound to the
+	// filters of the request that got it: sent with other filters it is
+	// InvalidArgument page_token_filter_mismatch.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3384,7 +3397,11 @@ type ListInteractionsRequest struct {
 	// Only interactions in this status (pending | answered).
 	Status string `protobuf:"bytes,2,opt,name=status,proto3" json:"status,omitempty"`
 	// 1..500, default 50.
-	PageSize      int32 `protobuf:"varint,3,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	PageSize int32 `protobuf:"varint,3,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// A next_page_token of an earlier call with the same filters.
+	PageToken string `protobuf:"bytes,4,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	// Only interactions of this company (of those the caller can read).
+	CompanyId     string `protobuf:"bytes,5,opt,name=company_id,json=companyId,proto3" json:"company_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3440,10 +3457,27 @@ func (x *ListInteractionsRequest) GetPageSize() int32 {
 	return 0
 }
 
-// ListInteractionsResponse lists interactions.
+func (x *ListInteractionsRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+func (x *ListInteractionsRequest) GetCompanyId() string {
+	if x != nil {
+		return x.CompanyId
+	}
+	return ""
+}
+
+// ListInteractionsResponse is one page of interactions.
 type ListInteractionsResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Interactions  []*Interaction         `protobuf:"bytes,1,rep,name=interactions,proto3" json:"interactions,omitempty"`
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	Interactions []*Interaction         `protobuf:"bytes,1,rep,name=interactions,proto3" json:"interactions,omitempty"`
+	// The next page's token; empty on the last page. Bound to the request's
+	// filters (page_token_filter_mismatch with others).
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3483,6 +3517,13 @@ func (x *ListInteractionsResponse) GetInteractions() []*Interaction {
 		return x.Interactions
 	}
 	return nil
+}
+
+func (x *ListInteractionsResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
 }
 
 // GetInteractionRequest names an interaction.
@@ -4195,14 +4236,16 @@ const file_tether_executor_v1_executor_proto_rawDesc = "" +
 	"\n" +
 	"company_id\x18\x02 \x01(\tB\b\xbaH\x05r\x03\x18\xa0\x01R\tcompanyId\";\n" +
 	"\x0eGetRunResponse\x12)\n" +
-	"\x03run\x18\x01 \x01(\v2\x17.tether.executor.v1.RunR\x03run\"\xdf\x01\n" +
+	"\x03run\x18\x01 \x01(\v2\x17.tether.executor.v1.RunR\x03run\"\x88\x02\n" +
 	"\x0fListRunsRequest\x12'\n" +
 	"\tpage_size\x18\x01 \x01(\x05B\n" +
 	"\xbaH\a\x1a\x05\x18\xf4\x03(\x00R\bpageSize\x12'\n" +
 	"\n" +
 	"page_token\x18\x02 \x01(\tB\b\xbaH\x05r\x03\x18\x80\x04R\tpageToken\x12<\n" +
 	"\x15normalized_session_id\x18\x03 \x01(\tB\b\xbaH\x05r\x03\x18\xa0\x01R\x13normalizedSessionId\x12<\n" +
-	"\x05state\x18\x04 \x01(\x0e2\x1c.tether.executor.v1.RunStateB\b\xbaH\x05\x82\x01\x02\x10\x01R\x05state\"g\n" +
+	"\x05state\x18\x04 \x01(\x0e2\x1c.tether.executor.v1.RunStateB\b\xbaH\x05\x82\x01\x02\x10\x01R\x05state\x12'\n" +
+	"\n" +
+	"company_id\x18\x05 \x01(\tB\b\xbaH\x05r\x03\x18\xa0\x01R\tcompanyId\"g\n" +
 	"\x10ListRunsResponse\x12+\n" +
 	"\x04runs\x18\x01 \x03(\v2\x17.tether.executor.v1.RunR\x04runs\x12&\n" +
 	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"z\n" +
@@ -4377,14 +4420,19 @@ const file_tether_executor_v1_executor_proto_rawDesc = "" +
 	"questionId\x120\n" +
 	"\n" +
 	"option_ids\x18\x02 \x03(\tB\x11\xbaH\x0e\x92\x01\v\b\x01\x102\"\x05r\x03\x18\xa0\x01R\toptionIds\x12\x1d\n" +
-	"\x04text\x18\x03 \x01(\tB\t\xbaH\x06r\x04(\x80\x80\x01R\x04text\"\x97\x01\n" +
+	"\x04text\x18\x03 \x01(\tB\t\xbaH\x06r\x04(\x80\x80\x01R\x04text\"\xe9\x01\n" +
 	"\x17ListInteractionsRequest\x12\x1f\n" +
 	"\x06run_id\x18\x01 \x01(\tB\b\xbaH\x05r\x03\x18\xa0\x01R\x05runId\x122\n" +
 	"\x06status\x18\x02 \x01(\tB\x1a\xbaH\x17r\x15R\x00R\apendingR\bansweredR\x06status\x12'\n" +
 	"\tpage_size\x18\x03 \x01(\x05B\n" +
-	"\xbaH\a\x1a\x05\x18\xf4\x03(\x00R\bpageSize\"_\n" +
+	"\xbaH\a\x1a\x05\x18\xf4\x03(\x00R\bpageSize\x12'\n" +
+	"\n" +
+	"page_token\x18\x04 \x01(\tB\b\xbaH\x05r\x03\x18\x80\x04R\tpageToken\x12'\n" +
+	"\n" +
+	"company_id\x18\x05 \x01(\tB\b\xbaH\x05r\x03\x18\xa0\x01R\tcompanyId\"\x87\x01\n" +
 	"\x18ListInteractionsResponse\x12C\n" +
-	"\finteractions\x18\x01 \x03(\v2\x1f.tether.executor.v1.InteractionR\finteractions\"J\n" +
+	"\finteractions\x18\x01 \x03(\v2\x1f.tether.executor.v1.InteractionR\finteractions\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"J\n" +
 	"\x15GetInteractionRequest\x121\n" +
 	"\x0einteraction_id\x18\x01 \x01(\tB\n" +
 	"\xbaH\ar\x05\x10\x01\x18\xa0\x01R\rinteractionId\"[\n" +

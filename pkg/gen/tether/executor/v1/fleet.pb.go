@@ -545,8 +545,13 @@ func (x *RegisterGatewayResponse) GetTtl() *durationpb.Duration {
 	return nil
 }
 
+// ListGatewaysRequest pages through the registry, by gateway id.
 type ListGatewaysRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// 1..500, default 100.
+	PageSize int32 `protobuf:"varint,1,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// A next_page_token of an earlier call.
+	PageToken     string `protobuf:"bytes,2,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -581,9 +586,26 @@ func (*ListGatewaysRequest) Descriptor() ([]byte, []int) {
 	return file_tether_executor_v1_fleet_proto_rawDescGZIP(), []int{6}
 }
 
+func (x *ListGatewaysRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListGatewaysRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+// ListGatewaysResponse is one page of gateways.
 type ListGatewaysResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Gateways      []*Gateway             `protobuf:"bytes,1,rep,name=gateways,proto3" json:"gateways,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Gateways []*Gateway             `protobuf:"bytes,1,rep,name=gateways,proto3" json:"gateways,omitempty"`
+	// The next page's token; empty on the last page.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -623,6 +645,13 @@ func (x *ListGatewaysResponse) GetGateways() []*Gateway {
 		return x.Gateways
 	}
 	return nil
+}
+
+func (x *ListGatewaysResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
 }
 
 var File_tether_executor_v1_fleet_proto protoreflect.FileDescriptor
@@ -678,10 +707,15 @@ const file_tether_executor_v1_fleet_proto_rawDesc = "" +
 	"\x17RegisterGatewayResponse\x125\n" +
 	"\agateway\x18\x01 \x01(\v2\x1b.tether.executor.v1.GatewayR\agateway\x12H\n" +
 	"\x12heartbeat_interval\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x11heartbeatInterval\x12+\n" +
-	"\x03ttl\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\"\x15\n" +
-	"\x13ListGatewaysRequest\"O\n" +
+	"\x03ttl\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\"g\n" +
+	"\x13ListGatewaysRequest\x12'\n" +
+	"\tpage_size\x18\x01 \x01(\x05B\n" +
+	"\xbaH\a\x1a\x05\x18\xf4\x03(\x00R\bpageSize\x12'\n" +
+	"\n" +
+	"page_token\x18\x02 \x01(\tB\b\xbaH\x05r\x03\x18\x80\x04R\tpageToken\"w\n" +
 	"\x14ListGatewaysResponse\x127\n" +
-	"\bgateways\x18\x01 \x03(\v2\x1b.tether.executor.v1.GatewayR\bgateways*{\n" +
+	"\bgateways\x18\x01 \x03(\v2\x1b.tether.executor.v1.GatewayR\bgateways\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken*{\n" +
 	"\fGatewayState\x12\x1d\n" +
 	"\x19GATEWAY_STATE_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14GATEWAY_STATE_ACTIVE\x10\x01\x12\x1a\n" +
