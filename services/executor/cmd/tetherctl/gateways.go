@@ -10,72 +10,80 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"google.golang.org/grpc"
-
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
 	"github.com/tether-run/tether/pkg/placement"
 )
 
-// gatewaysCmd is `tetherctl gateways [list] [-json]` (the gateway registry,
+// gatewaysListCmd is `tetherctl gateways [list]` (the gateway registry,
 // SPEC F1: each gateway's state, load, capacity, placed scopes, last
-// heartbeat and drain progress) and `tetherctl gateways drain ID [-wait]`
-// (SPEC F4).
-func gatewaysCmd(ctx context.Context, conn grpc.ClientConnInterface, args []string, w io.Writer) error {
-	if len(args) > 0 && args[0] == "drain" {
-		return drainCmd(ctx, conn, args[1:], w)
-	}
-	if len(args) > 0 && args[0] == "list" {
-		args = args[1:]
-	}
-	fs := flag.NewFlagSet("gateways", flag.ContinueOnError)
-	asJSON := fs.Bool("json", false, "print raw JSON")
+// heartbeat and drain progress); the table shows every page.
+func gatewaysListCmd(ctx context.Context, c *ctl, args []string) error {
+	fs := newFlagSet("gateways list")
+	page := pagingFlags(fs, 100)
+	out := outputFlag(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
-		return errors.New("usage: tetherctl gateways [list] [-json] | gateways drain ID [-reason R] [-wait] [-timeout D]")
+		return errors.New("usage: tetherctl gateways [list] [-o json] [-page-size N] [-page-token T | -all] | gateways drain ID [-reason R] [-wait] [-timeout D]")
 	}
-	resp, err := executorv1.NewGatewayRegistryClient(conn).ListGateways(ctx, &executorv1.ListGatewaysRequest{})
+	req := &executorv1.ListGatewaysRequest{PageSize: int32(*page.size), PageToken: *page.token}
+	resp, err := listGateways(ctx, c.fleet, req, *page.all)
 	if err != nil {
 		return err
 	}
-	if *asJSON {
-		printJSON(resp)
+	return emit(c.out, out, resp, func() error {
+		renderGateways(c.out, resp.GetGateways(), time.Now())
+		moreHint(resp.GetNextPageToken())
 		return nil
+	})
+}
+
+// listGateways lists a page, or with all every page from req's.
+func listGateways(ctx context.Context, reg executorv1.GatewayRegistryClient, req *executorv1.ListGatewaysRequest, all bool) (*executorv1.ListGatewaysResponse, error) {
+	out := &executorv1.ListGatewaysResponse{}
+	for {
+		resp, err := reg.ListGateways(ctx, req)
+		if err != nil {
+			return nil, err
+		}
+		out.Gateways = append(out.Gateways, resp.GetGateways()...)
+		out.NextPageToken = resp.GetNextPageToken()
+		if !all || out.NextPageToken == "" {
+			return out, nil
+		}
+		req.PageToken = out.NextPageToken
 	}
-	renderGateways(w, resp.GetGateways(), time.Now())
-	return nil
 }
 
 // drainPoll is how often `gateways drain -wait` reads the progress.
 const drainPoll = 500 * time.Millisecond
 
-// drainCmd starts a drain and, with -wait, prints its progress on every
-// change until no scope is left on the gateway.
-func drainCmd(ctx context.Context, conn grpc.ClientConnInterface, args []string, w io.Writer) error {
-	fs := flag.NewFlagSet("gateways drain", flag.ContinueOnError)
+// gatewaysDrainCmd starts a drain (SPEC F4) and, with -wait, prints its
+// progress on every change until no scope is left on the gateway.
+func gatewaysDrainCmd(ctx context.Context, c *ctl, args []string) error {
+	fs := newFlagSet("gateways drain")
 	reason := fs.String("reason", "", "why (kept with the drain)")
 	wait := fs.Bool("wait", false, "wait until every scope moved off, printing the progress")
 	timeout := fs.Duration("timeout", 0, "with -wait: give up after this long (0: no limit)")
-	id := ""
-	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
-		id, args = args[0], args[1:]
+	out := outputFlag(fs)
+	if err := parseWithID(fs, args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return fmt.Errorf("%w (usage: tetherctl gateways drain ID [-reason R] [-wait] [-timeout D])", err)
 	}
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	if id == "" && fs.NArg() == 1 {
-		id = fs.Arg(0)
-	} else if id == "" || fs.NArg() > 0 {
-		return errors.New("usage: tetherctl gateways drain ID [-reason R] [-wait] [-timeout D]")
-	}
-	reg := executorv1.NewGatewayRegistryClient(conn)
-	resp, err := reg.DrainGateway(ctx, &executorv1.DrainGatewayRequest{GatewayId: id, Reason: *reason})
+	id := fs.Arg(0)
+	resp, err := c.fleet.DrainGateway(ctx, &executorv1.DrainGatewayRequest{GatewayId: id, Reason: *reason})
 	if err != nil {
 		return err
 	}
+	if *out == outJSON && !*wait {
+		writeJSON(c.out, resp)
+		return nil
+	}
 	last := drainLine(resp.GetGateway())
-	fmt.Fprintln(w, last)
+	fmt.Fprintln(c.out, last)
 	if !*wait {
 		return nil
 	}
@@ -90,7 +98,7 @@ func drainCmd(ctx context.Context, conn grpc.ClientConnInterface, args []string,
 			return fmt.Errorf("gateway %s is not drained yet: %w", id, ctx.Err())
 		case <-time.After(drainPoll):
 		}
-		list, err := reg.ListGateways(ctx, &executorv1.ListGatewaysRequest{})
+		list, err := listGateways(ctx, c.fleet, &executorv1.ListGatewaysRequest{PageSize: 500}, true)
 		if err != nil {
 			return err
 		}
@@ -100,9 +108,12 @@ func drainCmd(ctx context.Context, conn grpc.ClientConnInterface, args []string,
 			}
 		}
 		if line := drainLine(resp.GetGateway()); line != last {
-			fmt.Fprintln(w, line)
+			fmt.Fprintln(c.out, line)
 			last = line
 		}
+	}
+	if *out == outJSON {
+		writeJSON(c.out, resp)
 	}
 	return nil
 }

@@ -2,11 +2,9 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"time"
 
-	"google.golang.org/grpc"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 )
 
@@ -14,8 +12,9 @@ import (
 // it) and fails unless it is SERVING. Container probes and compose
 // healthchecks use it: it speaks the service's mTLS, which the kubelet's
 // own gRPC probe cannot.
-func health(ctx context.Context, conn grpc.ClientConnInterface, args []string) error {
-	fs := flag.NewFlagSet("health", flag.ContinueOnError)
+func healthCmd(ctx context.Context, c *ctl, args []string) error {
+	conn := c.conn
+	fs := newFlagSet("health")
 	service := fs.String("service", "", "service name to check (empty: the server as a whole)")
 	timeout := fs.Duration("timeout", 3*time.Second, "how long to wait for the answer")
 	if err := fs.Parse(args); err != nil {
@@ -27,7 +26,7 @@ func health(ctx context.Context, conn grpc.ClientConnInterface, args []string) e
 	if err != nil {
 		return err
 	}
-	fmt.Println(resp.GetStatus())
+	fmt.Fprintln(c.out, resp.GetStatus())
 	if resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
 		return fmt.Errorf("health: %s", resp.GetStatus())
 	}

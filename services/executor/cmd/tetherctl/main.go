@@ -1,20 +1,19 @@
-// Command tetherctl talks to the executor: submit runs, watch them live, get
-// and list them.
+// Command tetherctl is the command line of tether's public API: every RPC
+// of ExecutorService and of the gateway registry (but the gateways' own
+// RegisterGateway) has a command (commands.go maps each command to the
+// methods it calls; a test checks the map against the service
+// descriptors). Every command prints a table, or with -o json the
+// response as protojson; list commands page (-page-size, -page-token,
+// -all). Connection settings come from flags, environment variables or a
+// named profile (profile.go); a command that acts for a company takes it
+// from -company, TETHER_COMPANY or the profile, and never guesses one.
 //
-//	tetherctl submit -prompt "hello" -session demo [-watch]
-//	tetherctl watch RUN_ID [-json] [-after N]
-//	tetherctl get RUN_ID
-//	tetherctl list [-session S] [-state succeeded]
-//	tetherctl audit -database-url URL [-since 1h|RFC3339] [-run RUN_ID] [-json]
-//	tetherctl interactions list|show|answer (see interactions.go)
-//	tetherctl replace-session -session S -reason WHY [-by NAME]
-//	tetherctl -addr HOST:PORT health (probes: exit 1 unless SERVING)
+//	tetherctl [-profile P] [-addr HOST:PORT] [-company C] <command> [flags]
+//	tetherctl help            lists the commands
 package main
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -22,22 +21,17 @@ import (
 	"io"
 	"os"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/encoding/protojson"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/tether-run/tether/pkg/buildinfo"
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
-	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/grpcx"
 	"github.com/tether-run/tether/pkg/telemetry"
 	"github.com/tether-run/tether/pkg/tenancy"
 	"github.com/tether-run/tether/services/executor/internal/audit"
-	"github.com/tether-run/tether/services/executor/internal/cli"
 	"github.com/tether-run/tether/services/executor/internal/store"
 )
 
@@ -62,41 +56,88 @@ func exitCode(err error, w io.Writer) int {
 	return 1
 }
 
-const usage = `usage: tetherctl [-addr HOST:PORT] <command> [flags]
-commands:
-  submit   submit a run (-prompt, -session, -company, -agent, -lifecycle, -cwd, -labels, -secret ENV=NAME, -run-id, -watch)
-  watch    stream a run's events live (RUN_ID [-json] [-after N])
-  get      print a run as JSON (RUN_ID)
-  list     list runs (-session, -state, -limit)
-  version  print the build (version, commit, Go); also -version
-  cancel   cancel a run (RUN_ID [-reason R] [-scope run|turn|issue])
-  certs    certs init DIR [-host H]...: a development CA, service certificates and the grant key pair
-           certs issue DIR -name N -role acme:writer [-role ...]: a client certificate naming a principal (SPEC T1)
-  tokens   tokens init DIR: a token signing key and the executor's JWKS (-auth-jwks)
-           tokens mint -key DIR/token-signing.key -subject N -role acme:writer|acme:reader|operator [-ttl 24h]: a development token
-  grant    print a gateway grant for ListRunners/GetRunner (-key-file, -gateway-id, -method)
-  audit    check the exactly-once promises in the executor's database; exit 1 on any violation
-           (-database-url or TETHER_DATABASE_URL, [-since 1h|RFC3339] [-run RUN_ID] [-json])
-  interactions  list [-run R] [-status S] | show ID | answer ID -answer Q=OPT[,OPT] [-text Q=TEXT] [-watch]
-  gateways list the runner gateway registry: state (active|draining|lost), load, sessions/capacity, placed scopes, last heartbeat, drain ([-json])
-           gateways drain ID [-reason R] [-wait] [-timeout D]: no new placements there; its scopes move to other gateways
-  replace-session  give a session's provider thread up after its state was lost (SPEC F3; audited):
-           -session S -reason WHY [-company C] [-agent A] [-by NAME]; the next run starts a fresh provider session
-  secrets  a company's secrets (SPEC T3; values never printed): put -name N [-company C] [-value-file F, default stdin] |
-           list [-company C] | delete -name N [-company C]; runs name them with submit -secret ENV=NAME
-  health   gRPC health of the service at -addr (any tether service); exit 1 unless SERVING ([-service S] [-timeout 3s])
-identity: -token (TETHER_TOKEN) sends a bearer token; -cert/-key present a client certificate
-environment: TETHER_EXECUTOR_ADDR (default 127.0.0.1:7400), TETHER_EXECUTOR_CA, TETHER_CLIENT_CERT, TETHER_CLIENT_KEY, TETHER_TOKEN`
+// DefaultAgent is the agent id submit uses unless -agent names another.
+const DefaultAgent = "agent-1"
 
-func run(args []string) error {
+// DefaultAddr is the executor address when no flag, environment variable
+// or profile names one.
+const DefaultAddr = "127.0.0.1:7400"
+
+// globals are the connection settings every API command shares.
+type globals struct {
+	addr, ca, cert, key, token, company string
+	profile, config                     string
+}
+
+func (g *globals) register(fs *flag.FlagSet) {
+	fs.StringVar(&g.profile, "profile", "", "profile of the profiles file to use (env TETHER_PROFILE; default: the file's default_profile)")
+	fs.StringVar(&g.config, "config", "", "profiles file (env TETHER_CONFIG; default $XDG_CONFIG_HOME/tether/config.json)")
+	fs.StringVar(&g.addr, "addr", "", "executor address; several, comma separated, are replicas a watch resumes on when one drains (env TETHER_EXECUTOR_ADDR; default "+DefaultAddr+")")
+	fs.StringVar(&g.ca, "ca", "", "CA bundle for the executor's TLS certificate (env TETHER_EXECUTOR_CA)")
+	fs.StringVar(&g.cert, "cert", "", "client certificate for mTLS to the executor, with -ca and -key (env TETHER_CLIENT_CERT)")
+	fs.StringVar(&g.key, "key", "", "client private key for -cert (env TETHER_CLIENT_KEY)")
+	fs.StringVar(&g.token, "token", "", "bearer token (a JWT, SPEC T1) sent with every call (env TETHER_TOKEN); `tetherctl tokens mint` makes development ones")
+	fs.StringVar(&g.company, "company", "", "the company commands act for, unless a command's own -company names another (env TETHER_COMPANY)")
+}
+
+// resolve fills every setting not given as a flag from its environment
+// variable, then from the profile, then from the built-in default.
+func (g *globals) resolve(fs *flag.FlagSet) (cfg *Config, cfgPath, profileName string, err error) {
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	fromEnv := func(p *string, name, env string) {
+		if !set[name] {
+			*p = os.Getenv(env)
+		}
+	}
+	fromEnv(&g.profile, "profile", "TETHER_PROFILE")
+	fromEnv(&g.config, "config", "TETHER_CONFIG")
+	fromEnv(&g.addr, "addr", "TETHER_EXECUTOR_ADDR")
+	fromEnv(&g.ca, "ca", "TETHER_EXECUTOR_CA")
+	fromEnv(&g.cert, "cert", "TETHER_CLIENT_CERT")
+	fromEnv(&g.key, "key", "TETHER_CLIENT_KEY")
+	fromEnv(&g.token, "token", "TETHER_TOKEN")
+	fromEnv(&g.company, "company", "TETHER_COMPANY")
+	cfgPath = g.config
+	if cfgPath == "" {
+		cfgPath = defaultConfigPath()
+	}
+	if cfg, err = loadConfig(cfgPath, g.config != ""); err != nil {
+		return nil, "", "", err
+	}
+	profileName, p, err := cfg.selectProfile(g.profile, cfgPath)
+	if err != nil {
+		return nil, "", "", err
+	}
+	orProfile := func(v *string, pv string) {
+		if *v == "" {
+			*v = pv
+		}
+	}
+	orProfile(&g.addr, p.Address)
+	orProfile(&g.ca, p.CA)
+	orProfile(&g.cert, p.Cert)
+	orProfile(&g.key, p.Key)
+	orProfile(&g.company, p.Company)
+	if g.token == "" {
+		if g.token, err = p.token(); err != nil {
+			return nil, "", "", err
+		}
+	}
+	orProfile(&g.addr, DefaultAddr)
+	return cfg, cfgPath, profileName, nil
+}
+
+func run(args []string) error { return runIO(args, os.Stdin, os.Stdout) }
+
+// runIO runs a command line with the API commands' input and output on
+// stdin and stdout.
+func runIO(args []string, stdin io.Reader, stdout io.Writer) error {
 	global := flag.NewFlagSet("tetherctl", flag.ContinueOnError)
-	addr := grpcx.StringFlag(global, "addr", "TETHER_EXECUTOR_ADDR", "127.0.0.1:7400", "executor address; several, comma separated, are replicas a watch resumes on when one drains")
-	ca := grpcx.StringFlag(global, "ca", "TETHER_EXECUTOR_CA", "", "CA bundle for the executor's TLS certificate")
-	cert := grpcx.StringFlag(global, "cert", "TETHER_CLIENT_CERT", "", "client certificate for mTLS to the executor (with -ca and -key)")
-	key := grpcx.StringFlag(global, "key", "TETHER_CLIENT_KEY", "", "client private key for -cert")
-	token := grpcx.StringFlag(global, "token", "TETHER_TOKEN", "", "bearer token (a JWT, SPEC T1) sent with every call; `tetherctl tokens mint` makes development ones")
+	var g globals
+	g.register(global)
 	showVersion := global.Bool("version", false, "print the build (version, commit, Go) and exit")
-	global.Usage = func() { fmt.Fprintln(os.Stderr, usage) }
+	global.Usage = func() { printUsage(os.Stderr, global) }
 	if err := global.Parse(args); err != nil {
 		return err
 	}
@@ -109,6 +150,9 @@ func run(args []string) error {
 		return errors.New("missing command")
 	}
 	switch global.Arg(0) {
+	case "help":
+		printUsage(stdout, global)
+		return nil
 	case "certs":
 		return certs(global.Args()[1:])
 	case "grant":
@@ -118,13 +162,25 @@ func run(args []string) error {
 	case "tokens":
 		return tokensCmd(global.Args()[1:], os.Stdout)
 	}
+	cfg, cfgPath, profileName, err := g.resolve(global)
+	if err != nil {
+		return err
+	}
+	if global.Arg(0) == "profiles" {
+		return profilesCmd(cfg, cfgPath, profileName, global.Args()[1:], stdout)
+	}
+	cmd, rest := findCommand(global.Args())
+	if cmd == nil {
+		global.Usage()
+		return fmt.Errorf("unknown command %q", strings.Join(global.Args()[:min(2, global.NArg())], " "))
+	}
 	var dialOpts []grpc.DialOption
-	if *token != "" {
-		dialOpts = append(dialOpts, grpc.WithPerRPCCredentials(tenancy.Bearer(strings.TrimSpace(*token))))
+	if g.token != "" {
+		dialOpts = append(dialOpts, grpc.WithPerRPCCredentials(tenancy.Bearer(strings.TrimSpace(g.token))))
 	}
 	client := &replicaSet{}
-	for _, a := range strings.Split(*addr, ",") {
-		conn, err := (&grpcx.Config{TLSCertFile: *cert, TLSKeyFile: *key}).DialPeer(strings.TrimSpace(a), *ca, dialOpts...)
+	for _, a := range strings.Split(g.addr, ",") {
+		conn, err := (&grpcx.Config{TLSCertFile: g.cert, TLSKeyFile: g.key}).DialPeer(strings.TrimSpace(a), g.ca, dialOpts...)
 		if err != nil {
 			return err
 		}
@@ -135,53 +191,23 @@ func run(args []string) error {
 		client.all = append(client.all, executorv1.NewExecutorServiceClient(conn))
 	}
 	client.ExecutorServiceClient = client.all[0]
-	cmd, rest := global.Arg(0), global.Args()[1:]
 	// With OTEL_EXPORTER_OTLP_ENDPOINT set, a command's calls are one
 	// trace that starts here.
 	stopTracing, err := telemetry.Setup(context.Background(), "tetherctl", "", nil)
 	if err != nil {
 		return err
 	}
-	ctx, span := telemetry.Tracer().Start(context.Background(), "tetherctl "+cmd)
+	ctx, span := telemetry.Tracer().Start(context.Background(), "tetherctl "+cmd.name)
 	defer func() {
 		span.End()
 		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		_ = stopTracing(sctx)
 	}()
-	switch cmd {
-	case "submit":
-		return submit(ctx, client, rest)
-	case "watch":
-		return watch(ctx, client, rest)
-	case "get":
-		return get(ctx, client, rest)
-	case "list":
-		return list(ctx, client, rest)
-	case "cancel":
-		return cancelRun(ctx, client, rest)
-	case "interactions":
-		return interactions(ctx, client, rest)
-	case "health":
-		return health(ctx, client.conn, rest)
-	case "gateways":
-		return gatewaysCmd(ctx, client.conn, rest, os.Stdout)
-	case "replace-session":
-		return replaceSessionCmd(ctx, client, rest, os.Stdout)
-	case "secrets":
-		return secretsCmd(ctx, client, rest, os.Stdin, os.Stdout)
-	}
-	global.Usage()
-	return fmt.Errorf("unknown command %q", cmd)
+	c := &ctl{exec: client, fleet: executorv1.NewGatewayRegistryClient(client.conn), conn: client.conn,
+		company: g.company, out: stdout, in: stdin}
+	return cmd.run(ctx, c, rest)
 }
-
-// The binding tetherctl submits under unless told otherwise: the one the
-// documentation's grpcurl examples use, so GetSession/CloseSession with
-// company_id "acme" find tetherctl's sessions.
-const (
-	DefaultCompany = "acme"
-	DefaultAgent   = "agent-1"
-)
 
 // replicaSet is the executor replicas -addr names: calls go to the first; a
 // watch resumes on the next one when a replica drains.
@@ -191,182 +217,18 @@ type replicaSet struct {
 	conn grpc.ClientConnInterface // the first replica's connection
 }
 
-func submit(ctx context.Context, c *replicaSet, args []string) error {
-	fs := flag.NewFlagSet("submit", flag.ContinueOnError)
-	var spec cli.InputSpec
-	runID := fs.String("run-id", "", "run id (default: generated)")
-	fs.StringVar(&spec.Prompt, "prompt", "", "the task for this turn (required)")
-	fs.StringVar(&spec.Session, "session", "", "normalized session id (required)")
-	fs.StringVar(&spec.Company, "company", DefaultCompany, "company id")
-	fs.StringVar(&spec.Agent, "agent", DefaultAgent, "agent id")
-	fs.StringVar(&spec.Issue, "issue", "", "issue id")
-	fs.StringVar(&spec.Lifecycle, "lifecycle", "warm", "warm or per_turn")
-	fs.StringVar(&spec.Cwd, "cwd", "", "workspace directory on the runner host, inside <workspace-root>/<company> (default: assigned)")
-	fs.StringVar(&spec.Model, "model", "", "provider model")
-	fs.StringVar(&spec.Labels, "labels", "", "placement labels the session's gateway must carry, e.g. zone=a,gpu=false (SPEC F2)")
-	doWatch := fs.Bool("watch", false, "watch the run after submitting")
-	asJSON := fs.Bool("json", false, "print raw JSON")
-	refs := secretRefs{}
-	fs.Var(refs, "secret", "ENV=NAME: the provider's variable ENV gets the company secret NAME (repeatable; tetherctl secrets put)")
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	if *runID == "" {
-		b := make([]byte, 8)
-		_, _ = rand.Read(b)
-		*runID = "run-" + hex.EncodeToString(b)
-	}
-	in, err := spec.Input()
-	if err != nil {
-		return err
-	}
-	if len(refs) > 0 {
-		in.Environment = &prpv1.ProviderEnvironment{SecretRefs: refs}
-	}
-	resp, err := c.SubmitRun(ctx, &executorv1.SubmitRunRequest{RunId: *runID, Input: in})
-	if err != nil {
-		return err
-	}
-	if *asJSON {
-		printJSON(resp)
-	} else {
-		verb := "submitted"
-		if !resp.GetCreated() {
-			verb = "already submitted"
-		}
-		fmt.Printf("%s %s (%s)\n", verb, resp.GetRun().GetRunId(), strings.ToLower(strings.TrimPrefix(resp.GetRun().GetState().String(), "RUN_STATE_")))
-	}
-	if *doWatch {
-		return watchRun(ctx, c, *runID, 0, *asJSON, os.Stdout)
-	}
-	return nil
-}
-
-func watch(ctx context.Context, c *replicaSet, args []string) error {
-	fs := flag.NewFlagSet("watch", flag.ContinueOnError)
-	asJSON := fs.Bool("json", false, "print raw events as JSON lines")
-	after := fs.Uint64("after", 0, "start after this event cursor")
-	if err := parseWithID(fs, args); err != nil {
-		return err
-	}
-	return watchRun(ctx, c, fs.Arg(0), *after, *asJSON, os.Stdout)
-}
-
-// parseWithID accepts the run id before or after the flags.
-func parseWithID(fs *flag.FlagSet, args []string) error {
-	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
-		if err := fs.Parse(args[1:]); err != nil {
-			return err
-		}
-		return fs.Parse(append([]string{args[0]}, fs.Args()...))
-	}
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	if fs.NArg() != 1 {
-		return errors.New("exactly one RUN_ID is required")
-	}
-	return nil
-}
-
-func watchRun(ctx context.Context, c *replicaSet, runID string, after uint64, asJSON bool, w io.Writer) error {
-	r := &cli.Renderer{W: w, JSON: asJSON}
-	defer r.Flush()
-	return cli.Watch(ctx, c.all, runID, after, r.Event)
-}
-
-func get(ctx context.Context, c executorv1.ExecutorServiceClient, args []string) error {
-	fs := flag.NewFlagSet("get", flag.ContinueOnError)
-	company := fs.String("company", "", "the run's company, when more than one company you can read has a run of this id")
-	if err := parseWithID(fs, args); err != nil {
-		return err
-	}
-	resp, err := c.GetRun(ctx, &executorv1.GetRunRequest{RunId: fs.Arg(0), CompanyId: *company})
-	if err != nil {
-		return err
-	}
-	printJSON(resp.GetRun())
-	return nil
-}
-
-func list(ctx context.Context, c executorv1.ExecutorServiceClient, args []string) error {
-	fs := flag.NewFlagSet("list", flag.ContinueOnError)
-	session := fs.String("session", "", "only this session")
-	state := fs.String("state", "", "only this state: queued|running|succeeded|failed|cancelled")
-	limit := fs.Int("limit", 50, "rows")
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	req := &executorv1.ListRunsRequest{PageSize: int32(*limit), NormalizedSessionId: *session}
-	if *state != "" {
-		v, ok := executorv1.RunState_value["RUN_STATE_"+strings.ToUpper(*state)]
-		if !ok {
-			return fmt.Errorf("unknown state %q", *state)
-		}
-		req.State = executorv1.RunState(v)
-	}
-	resp, err := c.ListRuns(ctx, req, grpc.WaitForReady(false))
-	if err != nil {
-		return err
-	}
-	return printRuns(os.Stdout, resp.GetRuns())
-}
-
-// printRuns prints runs as list's table.
-func printRuns(w io.Writer, runs []*executorv1.Run) error {
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "RUN\tSTATE\tCOMPANY\tSESSION\tATTEMPT\tEVENTS\tCREATED\tFAILURE")
-	for _, r := range runs {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\n", r.GetRunId(),
-			strings.ToLower(strings.TrimPrefix(r.GetState().String(), "RUN_STATE_")),
-			r.GetInput().GetBinding().GetCompanyId(), r.GetInput().GetSession().GetNormalizedSessionId(),
-			r.GetAttempt(), r.GetEventCount(), r.GetCreatedAt().AsTime().Local().Format(time.DateTime), r.GetFailure().GetCode())
-	}
-	return tw.Flush()
-}
-
-func printJSON(m proto.Message) {
-	b, _ := protojson.MarshalOptions{Multiline: true, Indent: "  "}.Marshal(m)
-	fmt.Println(string(b))
-}
-
-func cancelRun(ctx context.Context, c executorv1.ExecutorServiceClient, args []string) error {
-	fs := flag.NewFlagSet("cancel", flag.ContinueOnError)
-	reason := fs.String("reason", "cancelled by tetherctl", "reason, kept in the audit trail")
-	scope := fs.String("scope", "run", "run, turn or issue")
-	company := fs.String("company", "", "the run's company, when more than one company you can read has a run of this id")
-	if err := parseWithID(fs, args); err != nil {
-		return err
-	}
-	v, ok := executorv1.CancellationScope_value["CANCELLATION_SCOPE_"+strings.ToUpper(*scope)]
-	if !ok || v == 0 {
-		return fmt.Errorf("unknown scope %q", *scope)
-	}
-	resp, err := c.CancelRun(ctx, &executorv1.CancelRunRequest{RunId: fs.Arg(0), CompanyId: *company, Scope: executorv1.CancellationScope(v), Reason: *reason})
-	if err != nil {
-		return err
-	}
-	if !resp.GetActive() {
-		fmt.Printf("%s had already ended: nothing to cancel\n", fs.Arg(0))
-		return nil
-	}
-	rec := resp.GetCancellation()
-	fmt.Printf("%s: cancellation %s (provider told to stop: %t; intent audit %s)\n",
-		fs.Arg(0), rec.GetDispatchState(), rec.GetDispatched(), rec.GetIntentAuditId())
-	return nil
-}
-
 // errViolations: the audit found broken promises (exit status 1).
 var errViolations = errors.New("audit found violations")
 
 // auditCmd reads the executor's database (a database URL only, SPEC X1)
-// and prints the audit report, as text or JSON.
+// and prints the audit report, as text or JSON. The audit has no RPC: it
+// reads the database, so it needs no executor.
 func auditCmd(ctx context.Context, args []string, w io.Writer) error {
-	fs := flag.NewFlagSet("audit", flag.ContinueOnError)
+	fs := newFlagSet("audit")
 	dsn := grpcx.StringFlag(fs, "database-url", "TETHER_DATABASE_URL", "", "the executor's PostgreSQL URL (required)")
 	runID := fs.String("run", "", "audit this run only")
 	since := fs.String("since", "", "audit the runs submitted since a time (RFC 3339) or within a duration (e.g. 1h)")
-	asJSON := fs.Bool("json", false, "print the report as JSON")
+	out := outputFlag(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -393,7 +255,7 @@ func auditCmd(ctx context.Context, args []string, w io.Writer) error {
 		return err
 	}
 	rep := audit.Check(hist)
-	if *asJSON {
+	if *out == outJSON {
 		enc := json.NewEncoder(w)
 		enc.SetIndent("", "  ")
 		if err := enc.Encode(rep); err != nil {

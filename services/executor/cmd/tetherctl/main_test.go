@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"os"
 	"strings"
 	"testing"
 
@@ -21,16 +20,6 @@ func TestD3_HelpExitsZero(t *testing.T) {
 	}
 	require.Equal(t, 1, exitCode(run([]string{"no-such-command"}), &w))
 	require.Contains(t, w.String(), `unknown command "no-such-command"`)
-}
-
-// tetherctl submits under the company the documentation's examples use,
-// so GetSession/CloseSession calls from the docs find its sessions.
-func TestD3_DefaultCompanyMatchesTheDocs(t *testing.T) {
-	api, err := os.ReadFile("../../../../docs/api.md")
-	require.NoError(t, err)
-	require.Contains(t, string(api), `"company_id":"`+DefaultCompany+`"`)
-	require.Contains(t, string(api), `"agent_id":"`+DefaultAgent+`"`)
-	require.Contains(t, string(api), "`-company` ("+DefaultCompany+")", "the docs name tetherctl's default")
 }
 
 // list shows each run's company: equal session ids of two companies are

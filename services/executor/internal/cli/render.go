@@ -15,19 +15,25 @@ import (
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/placement"
 	"github.com/tether-run/tether/pkg/provenv"
+	"github.com/tether-run/tether/pkg/scope"
 	"github.com/tether-run/tether/services/executor/internal/plan"
 )
 
 // InputSpec is the flag-level description of a run.
 type InputSpec struct {
 	Prompt, Company, Agent, Issue, Session, Lifecycle, Cwd, Model, Approval, Sandbox string
+	// Provider is the provider kind (codex when empty: codex, opencode or
+	// acpx); ProviderAgent is acpx's agent and PermissionMode the
+	// provider's permission mode (opencode, acpx).
+	Provider, ProviderAgent, PermissionMode string
 	IdleTimeoutSeconds                                                               int64
 	// Labels are the run's placement labels ("zone=a,gpu=false"): its
 	// session scope is placed on a gateway carrying them (SPEC F2).
 	Labels string
 }
 
-// Input builds an ExecutionInput for the codex provider.
+// Input builds an ExecutionInput (for the codex provider unless Provider
+// names another).
 func (s InputSpec) Input() (*prpv1.ExecutionInput, error) {
 	mode := prpv1.LifecycleMode_LIFECYCLE_MODE_WARM
 	switch s.Lifecycle {
@@ -49,13 +55,18 @@ func (s InputSpec) Input() (*prpv1.ExecutionInput, error) {
 		}
 		runner = &prpv1.RunnerPlacement{Labels: labels}
 	}
+	kind := s.Provider
+	if kind == "" {
+		kind = provenv.KindCodex
+	}
 	return &prpv1.ExecutionInput{
-		Runner:    runner,
-		Provider:  &prpv1.Provider{Kind: "codex", Model: s.Model, ApprovalPolicy: s.Approval, Sandbox: s.Sandbox},
+		Runner: runner,
+		Provider: &prpv1.Provider{Kind: kind, Model: s.Model, ApprovalPolicy: s.Approval, Sandbox: s.Sandbox,
+			PermissionMode: s.PermissionMode, Agent: s.ProviderAgent},
 		Binding:   &prpv1.Binding{CompanyId: s.Company, AgentId: s.Agent, IssueId: s.Issue},
 		Task:      &prpv1.Task{Prompt: s.Prompt},
 		Workspace: &prpv1.Workspace{Cwd: s.Cwd},
-		Session:   &prpv1.Session{NormalizedSessionId: s.Session, DriverKind: provenv.DriverCodexAppServer, Lifecycle: lc},
+		Session:   &prpv1.Session{NormalizedSessionId: s.Session, DriverKind: scope.DefaultDriverKind(kind), Lifecycle: lc},
 	}, nil
 }
 

@@ -19,8 +19,9 @@ const maxWatchResumes = 10
 // (executor_draining), the watch resumes from the last event seen on the
 // next of replicas (round robin: with one address behind a load balancer,
 // that address again reaches another replica), so nothing is missed or
-// shown twice.
-func Watch(ctx context.Context, replicas []executorv1.ExecutorServiceClient, runID string, after uint64, each func(*executorv1.WatchRunResponse)) error {
+// shown twice. company names the run's company when the caller can read
+// more than one ("": the only run of the id the caller can read).
+func Watch(ctx context.Context, replicas []executorv1.ExecutorServiceClient, runID, company string, after uint64, each func(*executorv1.WatchRunResponse)) error {
 	if len(replicas) == 0 {
 		return errors.New("no executor address")
 	}
@@ -29,7 +30,7 @@ func Watch(ctx context.Context, replicas []executorv1.ExecutorServiceClient, run
 	// them over the others.
 	retry := backoff.Backoff{Min: 100 * time.Millisecond, Max: time.Second, Jitter: true}
 	for i, resumes := 0, 0; ; {
-		err := watchOnce(ctx, replicas[i%len(replicas)], runID, &cursor, each)
+		err := watchOnce(ctx, replicas[i%len(replicas)], &executorv1.WatchRunRequest{RunId: runID, CompanyId: company}, &cursor, each)
 		// executor_draining: the replica ends the watch because it is
 		// shutting down; another continues it from the last cursor.
 		if err == nil || failure.CodeOf(err) != failure.ExecutorDraining || resumes >= maxWatchResumes {
@@ -43,10 +44,10 @@ func Watch(ctx context.Context, replicas []executorv1.ExecutorServiceClient, run
 	}
 }
 
-func watchOnce(ctx context.Context, c executorv1.ExecutorServiceClient, runID string, cursor *uint64, each func(*executorv1.WatchRunResponse)) error {
+func watchOnce(ctx context.Context, c executorv1.ExecutorServiceClient, req *executorv1.WatchRunRequest, cursor *uint64, each func(*executorv1.WatchRunResponse)) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	stream, err := c.WatchRun(ctx, &executorv1.WatchRunRequest{RunId: runID, AfterSeq: *cursor})
+	stream, err := c.WatchRun(ctx, &executorv1.WatchRunRequest{RunId: req.GetRunId(), CompanyId: req.GetCompanyId(), AfterSeq: *cursor})
 	if err != nil {
 		return err
 	}

@@ -92,7 +92,7 @@ func TestD3_WatchResumesOnAnotherReplicaWhenOneDrains(t *testing.T) {
 	a := &fakeReplica{events: all[:2], end: draining}
 	b := &fakeReplica{events: all}
 	var seen []uint64
-	err := Watch(context.Background(), []executorv1.ExecutorServiceClient{a, b}, "r1", 0, func(m *executorv1.WatchRunResponse) {
+	err := Watch(context.Background(), []executorv1.ExecutorServiceClient{a, b}, "r1", "", 0, func(m *executorv1.WatchRunResponse) {
 		seen = append(seen, m.GetSeq())
 	})
 	require.NoError(t, err)
@@ -101,7 +101,7 @@ func TestD3_WatchResumesOnAnotherReplicaWhenOneDrains(t *testing.T) {
 	require.Equal(t, []uint64{2}, b.cursors, "resumed after the last event shown")
 
 	other := &fakeReplica{events: all[:1], end: failure.ToStatus(failure.Newf(failure.RunNotFound, "no run"))}
-	err = Watch(context.Background(), []executorv1.ExecutorServiceClient{other, b}, "r1", 0, func(*executorv1.WatchRunResponse) {})
+	err = Watch(context.Background(), []executorv1.ExecutorServiceClient{other, b}, "r1", "", 0, func(*executorv1.WatchRunResponse) {})
 	require.EqualValues(t, failure.RunNotFound, failure.CodeOf(err))
 	require.Len(t, b.cursors, 1, "not resumed")
 }

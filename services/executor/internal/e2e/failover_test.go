@@ -64,7 +64,7 @@ func TestF3_Stack_ALostRootWithoutACheckpointFailsClosedUntilAnOperatorReplacesT
 	require.Equal(t, 1, countLines(t, h.st.CallLog(), "thread/start"))
 
 	out, err := exec.CommandContext(ctx, filepath.Join(binDir, "tetherctl"), "-addr", h.st.Addr("executor"),
-		"replace-session", "-session", "lost", "-by", "alice", "-reason", "host disk lost, no checkpoint").CombinedOutput()
+		"replace-session", "-company", "acme", "-session", "lost", "-by", "alice", "-reason", "host disk lost, no checkpoint").CombinedOutput()
 	require.NoError(t, err, "%s", out)
 	require.Contains(t, string(out), "the next run starts a fresh provider session")
 

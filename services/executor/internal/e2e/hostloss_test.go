@@ -331,7 +331,7 @@ func failBackOntoAnAbandonedRoot(t *testing.T, turnsElsewhere int) {
 	h.submitWith(ctx, "fb-1", "fb", "Remember the word tether.", zoneA, 0)
 	h.waitState(ctx, h.client, "fb-1", executorv1.RunState_RUN_STATE_SUCCEEDED)
 	h.loseHost(ctx, "runnergw")
-	h.tetherctl(ctx, "replace-session", "-session", "fb", "-by", "alice", "-reason", "host a is down")
+	h.tetherctl(ctx, "replace-session", "-company", "acme", "-session", "fb", "-by", "alice", "-reason", "host a is down")
 	var moved *executorv1.Run
 	for i := range turnsElsewhere {
 		id := fmt.Sprintf("fb-b%d", i)
@@ -419,7 +419,7 @@ func TestF7_OnALostHostACheckpointedSessionMovesAtOnceAndOneWithoutWaitsUntilAnO
 	h.waitQueuedReason(ctx, "raw-2", failure.WaitingForGateway)
 	require.Equal(t, stack.GatewayIDOf("runnergw"), h.session(ctx, "raw").GetGatewayId(), "it stays with its thread")
 
-	h.tetherctl(ctx, "replace-session", "-session", "raw", "-by", "alice", "-reason", "host a is gone for good")
+	h.tetherctl(ctx, "replace-session", "-company", "acme", "-session", "raw", "-by", "alice", "-reason", "host a is gone for good")
 	fresh := h.waitState(ctx, h.client, "raw-2", executorv1.RunState_RUN_STATE_SUCCEEDED)
 	require.EqualValues(t, 1, fresh.GetAttempt(), "waiting spent no attempt")
 	require.Equal(t, stack.GatewayIDOf("runnergw-2"), h.session(ctx, "raw").GetGatewayId())
@@ -644,7 +644,7 @@ func TestR13_AReplacedRootsSurvivingProviderIsStoppedBeforeTheFreshSessionStarts
 	killRunnerd(t, h, "rp-1")
 	require.True(t, procid.Exists(int(provider)), "the provider host outlives its runnerd")
 
-	h.tetherctl(ctx, "replace-session", "-session", "rp", "-by", "alice", "-reason", "start over")
+	h.tetherctl(ctx, "replace-session", "-company", "acme", "-session", "rp", "-by", "alice", "-reason", "start over")
 	h.submit("rp-2", "rp", "Which word?")
 	fresh := h.waitState(ctx, h.client, "rp-2", executorv1.RunState_RUN_STATE_SUCCEEDED)
 	requireNoOrphanProvider(t, provider, fresh.GetProviderProcess().GetPid())
