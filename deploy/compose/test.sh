@@ -133,7 +133,7 @@ ctl() { "$ctx/prebuilt/tetherctl" -addr "$executor" -ca "$tmp/pki/ca.pem" -cert 
 log "stack is up: executor $executor (mTLS), metrics http://$metrics/metrics"
 m=$(curl -fsS "http://$metrics/metrics") && grep -q '^grpc_server_handled_total' <<<"$m" || die "no gRPC metrics on $metrics"
 
-state() { ctl get "$1" | sed -n 's/.*"state": *"\([A-Z_]*\)".*/\1/p' | head -1; }
+state() { ctl get "$1" -o json | sed -n 's/.*"state": *"\([A-Z_]*\)".*/\1/p' | head -1; }
 
 # --- the fleet: both gateways registered --------------------------------------
 for _ in $(seq 1 60); do
