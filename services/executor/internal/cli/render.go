@@ -26,7 +26,7 @@ type InputSpec struct {
 	// acpx); ProviderAgent is acpx's agent and PermissionMode the
 	// provider's permission mode (opencode, acpx).
 	Provider, ProviderAgent, PermissionMode string
-	IdleTimeoutSeconds                                                               int64
+	IdleTimeoutSeconds                      int64
 	// Labels are the run's placement labels ("zone=a,gpu=false"): its
 	// session scope is placed on a gateway carrying them (SPEC F2).
 	Labels string
