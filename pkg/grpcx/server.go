@@ -64,6 +64,7 @@ type Server struct {
 	reg      *prometheus.Registry
 	metrics  *grpcprom.ServerMetrics
 	secure   bool
+	tls      *tls.Config
 	draining chan struct{}
 	drainMu  sync.Once
 	serving  atomic.Bool
@@ -73,6 +74,7 @@ type Server struct {
 	lis        net.Listener
 	metricsLis net.Listener
 	served     bool
+	http       *httpAPI // AddHTTP
 }
 
 // New builds a Server from cfg. extra options are appended to the built-in
@@ -144,6 +146,7 @@ func New(cfg Config, extra ...grpc.ServerOption) (*Server, error) {
 		reg:      reg,
 		metrics:  metrics,
 		secure:   tlsCfg != nil,
+		tls:      tlsCfg,
 		draining: make(chan struct{}),
 	}
 	s.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
@@ -298,7 +301,10 @@ func (s *Server) Listen() error {
 		}
 		s.lis = lis
 	}
-	return s.listenMetricsLocked()
+	if err := s.listenMetricsLocked(); err != nil {
+		return err
+	}
+	return s.listenHTTPLocked()
 }
 
 func (s *Server) listenMetricsLocked() error {
@@ -358,6 +364,9 @@ func (s *Server) ServeListener(ctx context.Context, lis net.Listener) error {
 	s.served = true
 	s.lis = lis
 	err := s.listenMetricsLocked()
+	if err == nil {
+		err = s.listenHTTPLocked()
+	}
 	metricsLis := s.metricsLis
 	s.mu.Unlock()
 	if err == nil && !s.secure && !s.cfg.AllowPlaintext && !IsLoopbackAddr(lis.Addr().String()) {
@@ -368,6 +377,9 @@ func (s *Server) ServeListener(ctx context.Context, lis net.Listener) error {
 		if metricsLis != nil {
 			metricsLis.Close()
 		}
+		s.mu.Lock()
+		s.closeHTTPListenerLocked()
+		s.mu.Unlock()
 		return err
 	}
 
@@ -407,8 +419,13 @@ func (s *Server) ServeListener(ctx context.Context, lis net.Listener) error {
 			}
 		}()
 	}
+	httpErr := make(chan error, 1)
+	wg.Add(1)
+	if !s.startHTTP(httpErr, wg.Done) {
+		wg.Done()
+	}
 	b := buildinfo.Read()
-	s.log.Info("serving", "grpc_addr", lis.Addr().String(), "metrics_addr", addrString(metricsLis), "tls", s.secure,
+	s.log.Info("serving", "grpc_addr", lis.Addr().String(), "metrics_addr", addrString(metricsLis), "http_addr", addrString(s.httpListener()), "tls", s.secure,
 		"version", b.Version, "commit", b.Commit, "go_version", b.Go)
 
 	var runErr error
@@ -418,6 +435,8 @@ func (s *Server) ServeListener(ctx context.Context, lis net.Listener) error {
 		runErr = fmt.Errorf("grpcx: serve: %w", err)
 	case err := <-metricsErr:
 		runErr = fmt.Errorf("grpcx: metrics server: %w", err)
+	case err := <-httpErr:
+		runErr = fmt.Errorf("grpcx: http server: %w", err)
 	}
 	if err := s.shutdown(hs); err != nil && runErr == nil {
 		runErr = err
@@ -437,12 +456,17 @@ func (s *Server) shutdown(hs *http.Server) (stuckErr error) {
 	if s.cfg.DrainDelay > 0 {
 		time.Sleep(s.cfg.DrainDelay)
 	}
+	// The HTTP listener's calls run on the gRPC server (ServeHTTP), whose
+	// graceful stop would cut them: it is shut down first, within the same
+	// bound.
+	stopBy := time.Now().Add(s.cfg.ShutdownTimeout)
+	s.stopHTTP(stopBy)
 	done := make(chan struct{})
 	go func() {
 		s.gs.GracefulStop()
 		close(done)
 	}()
-	t := time.NewTimer(s.cfg.ShutdownTimeout)
+	t := time.NewTimer(max(time.Until(stopBy), 0))
 	select {
 	case <-done:
 		t.Stop()
@@ -500,6 +524,15 @@ func (s *Server) metricsHandler() http.Handler {
 		w.Write([]byte("ok\n")) //nolint:errcheck
 	})
 	return mux
+}
+
+func (s *Server) httpListener() net.Listener {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.http == nil {
+		return nil
+	}
+	return s.http.lis
 }
 
 func addrString(l net.Listener) string {

@@ -29,6 +29,7 @@ import (
 	"github.com/tether-run/tether/services/executor/internal/store"
 	"github.com/tether-run/tether/services/executor/internal/suspend"
 	"github.com/tether-run/tether/services/executor/internal/watch"
+	"github.com/tether-run/tether/services/executor/internal/web"
 )
 
 func main() {
@@ -70,6 +71,7 @@ func run() error {
 	checkpointAfter := grpcx.DurationFlag(fs, "checkpoint-after", "", suspend.DefaultCheckpointAfter, "a warm session idle this long after a settled run gets a verified checkpoint (a suspension; its next run resumes the thread), so a lost gateway host loses no turn settled longer ago (SPEC F3); 0: only at the idle timeout")
 	drainSweep := grpcx.DurationFlag(fs, "drain-sweep-interval", "", time.Second, "how often the idle session scopes of drained gateways are looked for and moved (SPEC F4; 0 turns it off)")
 	var auth authz.Settings
+	grpcx.StringVar(fs, &auth.HTTPAddr, "http-addr", "", "", "serve the public API (ExecutorService, GatewayRegistry) to browsers and HTTP clients on this address too — Connect (JSON or binary), gRPC-web and gRPC, through the same handlers, authentication and authorization as the gRPC port (SPEC U3; docs/api.md) — and the operator console at /console/ (SPEC U4); empty: off. TLS as the gRPC port (-tls-cert; a client certificate is verified when presented, not required); plaintext off loopback only with -insecure-allow-plaintext")
 	grpcx.StringVar(fs, &auth.JWKSFile, "auth-jwks", "", "", "JWKS file of the public keys bearer tokens are verified against (SPEC T1; `tetherctl tokens init DIR` writes one); with -tls-client-ca, client certificates naming principals are accepted too. Off loopback one of them is required; on loopback without either every caller is admitted (development mode)")
 	grpcx.StringVar(fs, &auth.Issuer, "auth-issuer", "", tenancy.DefaultIssuer, "the issuer (iss) bearer tokens must carry")
 	grpcx.StringVar(fs, &auth.Audience, "auth-audience", "", tenancy.DefaultAudience, "the audience (aud) bearer tokens must carry")
@@ -193,6 +195,15 @@ func run() error {
 		}
 	}
 	executorv1.RegisterGatewayRegistryServer(srv.GRPC(), registry)
+	if auth.HTTPAddr != "" {
+		h, err := web.Handler(srv.GRPC(), nil)
+		if err != nil {
+			return err
+		}
+		if err := srv.AddHTTP(auth.HTTPAddr, h); err != nil {
+			return err
+		}
+	}
 	srv.Registry().MustRegister(registry)
 	defer apiSrv.Close()
 	bg, cancelBG := context.WithCancel(context.Background())

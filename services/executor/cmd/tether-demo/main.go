@@ -39,7 +39,7 @@ func run() error {
 	self, _ := os.Executable()
 	binDir := flag.String("bin-dir", filepath.Dir(self), "directory with the tether binaries")
 	up := flag.Bool("up", false, "keep the stack running on fixed ports (-base-port) until interrupted")
-	base := flag.Int("base-port", 7400, "with -up: executor, runnergw and backup-verifier gRPC on base+0..2, the runner WebSocket on base+11, metrics on base+2000..2002")
+	base := flag.Int("base-port", 7400, "with -up: executor, runnergw and backup-verifier gRPC on base+0..2, the runner WebSocket on base+11, the executor's HTTP port (Connect, gRPC-web, the console) on base+80, metrics on base+2000..2002")
 	keep := flag.Bool("keep", false, "keep the temporary directory (logs, state)")
 	auth := flag.Bool("auth", false, "enforce tenancy (SPEC T1, T2): the executor verifies bearer tokens, and development tokens for companies acme and globex and an operator are written into a printed directory")
 	providerName := flag.String("provider", "codex", "provider of the demo's runs: codex (the fake codex), opencode (the real OpenCode 1.18.17) or acpx-codex|acpx-claude (the real ACP agent), the real ones from make test-providers, offline against bin/mock-model")
@@ -86,6 +86,7 @@ func run() error {
 	if *up {
 		opts.ExecutorPort, opts.GatewayPort, opts.RunnerPort, opts.BackupPort =
 			ports["executor gRPC"], ports["runnergw gRPC"], ports["runner WebSocket"], ports["backup-verifier gRPC"]
+		opts.HTTP, opts.HTTPPort = true, ports["executor HTTP"]
 		opts.MetricsPorts = map[string]int{"executor": ports["executor metrics"],
 			"runnergw": ports["runnergw metrics"], "backup-verifier": ports["backup-verifier metrics"]}
 	}
@@ -113,6 +114,7 @@ func run() error {
 		}
 		fmt.Printf("demo: metrics on http://127.0.0.1:%d/metrics (executor), :%d (runnergw), :%d (backup-verifier)\n",
 			ports["executor metrics"], ports["runnergw metrics"], ports["backup-verifier metrics"])
+		fmt.Printf("demo: the API over HTTP (Connect JSON, gRPC-web; docs/api.md) on http://%s, the operator console on http://%[1]s/console/\n", st.HTTPAddr())
 		fmt.Printf("demo: stack is up; try `grpcurl -plaintext %s list` — Ctrl-C stops it\n", st.Addr("executor"))
 		if *auth {
 			if err := writeCredentials(st, filepath.Join(dir, "credentials"), os.Stdout); err != nil {
@@ -226,6 +228,7 @@ func turns(ctx context.Context, st *stack.Stack, prov *demoProvider, auth bool) 
 func upPorts(base int) map[string]int {
 	return map[string]int{
 		"executor gRPC": base, "runnergw gRPC": base + 1, "backup-verifier gRPC": base + 2, "runner WebSocket": base + 11,
+		"executor HTTP":    base + 80,
 		"executor metrics": base + 2000, "runnergw metrics": base + 2001, "backup-verifier metrics": base + 2002,
 	}
 }

@@ -47,6 +47,6 @@ func TestD1_UpPortsServeMetricsOnTheDocumentedPorts(t *testing.T) {
 	p := upPorts(7400)
 	require.Equal(t, map[string]int{
 		"executor gRPC": 7400, "runnergw gRPC": 7401, "backup-verifier gRPC": 7402, "runner WebSocket": 7411,
-		"executor metrics": 9400, "runnergw metrics": 9401, "backup-verifier metrics": 9402,
+		"executor HTTP": 7480, "executor metrics": 9400, "runnergw metrics": 9401, "backup-verifier metrics": 9402,
 	}, p)
 }

@@ -360,6 +360,11 @@ type Settings struct {
 	// Issuer and Audience a token must carry (pkg/tenancy defaults when
 	// empty).
 	Issuer, Audience string
+	// HTTPAddr is the address of the executor's HTTP port (-http-addr,
+	// SPEC U3), "" when it serves none: its calls reach the same
+	// interceptors, so off loopback it requires identities as the gRPC
+	// port does.
+	HTTPAddr string
 }
 
 // New builds the Authorizer of a server listening at grpcAddr with TLS
@@ -372,11 +377,18 @@ type Settings struct {
 func New(grpcAddr, tlsCert, tlsClientCA string, s Settings, lookup Lookup) (*Authorizer, error) {
 	certs := tlsClientCA != ""
 	tokens := s.JWKSFile != ""
-	required := certs || tokens || !grpcx.IsLoopbackAddr(grpcAddr)
+	offLoopback := ""
+	switch {
+	case !grpcx.IsLoopbackAddr(grpcAddr):
+		offLoopback = grpcAddr
+	case s.HTTPAddr != "" && !grpcx.IsLoopbackAddr(s.HTTPAddr):
+		offLoopback = s.HTTPAddr + ", -http-addr"
+	}
+	required := certs || tokens || offLoopback != ""
 	switch {
 	case required && !certs && !tokens:
 		return nil, fmt.Errorf("authz: the executor listens off loopback (%s) and so requires caller identities: "+
-			"set -auth-jwks (bearer tokens) and/or -tls-client-ca (client certificates naming principals); see docs/security.md#tenancy", grpcAddr)
+			"set -auth-jwks (bearer tokens) and/or -tls-client-ca (client certificates naming principals); see docs/security.md#tenancy", offLoopback)
 	case required && tlsCert != "" && !certs:
 		return nil, errors.New("authz: identities are required and TLS is on: set -tls-client-ca so that client certificates (gateways, executor replicas, principals) are verified")
 	}

@@ -129,6 +129,7 @@ func TestT1_OffLoopbackTheExecutorRefusesToStartWithoutAuthentication(t *testing
 	require.NoError(t, tenancy.WriteSigningKey(filepath.Join(dir, tenancy.SigningKeyFile), jwks))
 	cases := []struct {
 		name, addr, cert, clientCA, jwks string
+		http                             string // -http-addr (SPEC U3)
 		err                              string
 		required                         bool
 	}{
@@ -140,10 +141,13 @@ func TestT1_OffLoopbackTheExecutorRefusesToStartWithoutAuthentication(t *testing
 		{name: "off loopback, tokens over TLS without client CA", addr: ":7400", cert: "c", jwks: jwks, err: "-tls-client-ca"},
 		{name: "off loopback, tokens and mTLS", addr: ":7400", cert: "c", clientCA: "ca", jwks: jwks, required: true},
 		{name: "off loopback, mTLS", addr: "10.0.0.1:7400", cert: "c", clientCA: "ca", required: true},
+		{name: "loopback, HTTP port on loopback", addr: "127.0.0.1:7400", http: "127.0.0.1:7480"},
+		{name: "loopback, HTTP port off loopback, nothing", addr: "127.0.0.1:7400", http: "0.0.0.0:7480", err: "requires caller identities"},
+		{name: "loopback, HTTP port off loopback, tokens", addr: "127.0.0.1:7400", http: ":7480", jwks: jwks, required: true},
 		{name: "unreadable JWKS", addr: "127.0.0.1:7400", jwks: filepath.Join(dir, "missing.json"), err: "missing.json"},
 	}
 	for _, c := range cases {
-		a, err := authz.New(c.addr, c.cert, c.clientCA, authz.Settings{JWKSFile: c.jwks}, nil)
+		a, err := authz.New(c.addr, c.cert, c.clientCA, authz.Settings{JWKSFile: c.jwks, HTTPAddr: c.http}, nil)
 		if c.err != "" {
 			require.ErrorContains(t, err, c.err, c.name)
 			continue

@@ -46,6 +46,11 @@ type Options struct {
 	DatabaseURL string
 	// Ports; zero picks a free loopback port.
 	ExecutorPort, GatewayPort, RunnerPort, BackupPort int
+	// HTTP: the executor also serves its HTTP port (-http-addr: Connect,
+	// gRPC-web and the console, SPEC U3/U4) on HTTPPort (zero: a free
+	// loopback port); HTTPAddr names it.
+	HTTP     bool
+	HTTPPort int
 	// MetricsPorts: a service named here serves /metrics and /healthz on
 	// 127.0.0.1:<port>; the others serve none.
 	MetricsPorts map[string]int
@@ -207,7 +212,11 @@ func New(opts Options) (*Stack, error) {
 	if opts.LeaseTTL == 0 {
 		opts.LeaseTTL = 10 * time.Second
 	}
-	for _, p := range []*int{&opts.ExecutorPort, &opts.GatewayPort, &opts.RunnerPort, &opts.BackupPort} {
+	ports := []*int{&opts.ExecutorPort, &opts.GatewayPort, &opts.RunnerPort, &opts.BackupPort}
+	if opts.HTTP {
+		ports = append(ports, &opts.HTTPPort)
+	}
+	for _, p := range ports {
 		if *p == 0 {
 			port, err := FreePort()
 			if err != nil {
@@ -338,6 +347,15 @@ func (s *Stack) Addr(name string) string {
 		s.mu.Unlock()
 	}
 	return "127.0.0.1:" + strconv.Itoa(port)
+}
+
+// HTTPAddr is the executor's HTTP address (host:port) in a stack with
+// Options.HTTP; "" without.
+func (s *Stack) HTTPAddr() string {
+	if !s.opts.HTTP {
+		return ""
+	}
+	return "127.0.0.1:" + strconv.Itoa(s.opts.HTTPPort)
 }
 
 // AddExecutor registers another executor replica (its own port, owner id
@@ -486,6 +504,9 @@ func (s *Stack) args(name string) []string {
 			"-registration-secret-file", s.RegistrationSecretFile(), "-secrets-key-file", s.SecretsKeyFile()), migrate...)
 		if s.opts.Auth {
 			a = append(a, "-auth-jwks", s.JWKSFile())
+		}
+		if s.opts.HTTP && name == "executor" {
+			a = append(a, "-http-addr", s.HTTPAddr())
 		}
 		a = append(a, s.opts.ExecutorArgs...)
 		a = append(a, s.tlsArgs(identity.Executor, "-gateway-ca")...)
