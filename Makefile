@@ -196,6 +196,12 @@ fuzz: ## run every fuzz target of the repository for FUZZTIME each (default 1m; 
 test-continuity: ## opt-in SPEC C: the remote continuity regression in a disposable process tree (KEEP=1 keeps a failed case's processes and files)
 	TETHER_CONTINUITY=1 $(GO) test -race -count=1 -timeout 15m -v -run '^TestC[0-9]' ./services/executor/internal/e2e/
 
+.PHONY: test-clients
+test-clients: build ## opt-in SPEC U2: the TypeScript client (clients/typescript): npm ci (pinned by package-lock.json; the npm registry once), generated code current, its Node suite against bin/tether-demo -up -auth (offline)
+	@command -v node >/dev/null && command -v npm >/dev/null || { echo "test-clients needs node (>= 20) and npm"; exit 1; }
+	cd clients/typescript && npm ci --no-audit --no-fund
+	TETHER_CLIENTS=1 TETHER_TEST_BIN=$(CURDIR)/bin $(GO) test -count=1 -timeout 10m -v -run '^TestU2_' ./services/executor/cmd/tether-demo/ ./pkg/failure/
+
 .PHONY: test-chaos
 test-chaos: ## SPEC X2: the fault matrix over real processes (>= 204 runs, 6 warm sessions, two gateways, >= 10 faults of each kind incl. host kill, fail-back, runnerd kill after a checkpoint), then tetherctl audit (wedged sessions too) and an orphan-provider scan; SEED=n reproduces a plan
 	TETHER_CHAOS=1 SEED=$(SEED) $(GO) test -count=1 -timeout 25m -v -run '^TestX2_' ./services/executor/internal/e2e/
