@@ -193,9 +193,19 @@ describe("U2 TypeScript client", () => {
     assert.ok(gws.gateways.length <= 1);
   });
 
-  test("U2 the Connect transport reaches the executor's HTTP port", { skip: !process.env.TETHER_TEST_CONNECT_URL && "TETHER_TEST_CONNECT_URL not set (the executor's HTTP port, SPEC U3)" }, async () => {
-    const c = createTetherClient({ connectBaseUrl: process.env.TETHER_TEST_CONNECT_URL!, token: stack.token("acme-reader") });
-    const page = await c.executor.listRuns({ pageSize: 1 });
-    assert.ok(Array.isArray(page.runs));
+  test("U2 the Connect transport reaches the executor's HTTP port with the same tenancy", async (t) => {
+    if (!stack.connectUrl) {
+      t.skip("the executor serves no HTTP port (SPEC U3) in this stack");
+      return;
+    }
+    const acme = createTetherClient({ connectBaseUrl: stack.connectUrl, token: stack.token("acme-writer") });
+    const runId = id("ts-connect");
+    const events: WatchRunResponse[] = [];
+    const out = await submitAndWatch(acme, { runId, input: input("acme", id("s"), "over HTTP") }, { onEvent: (m) => events.push(m) });
+    assertContiguous(events);
+    assert.match(out.result?.finalMessage ?? "", /over HTTP/);
+    const globex = createTetherClient({ connectBaseUrl: stack.connectUrl, token: stack.token("globex-reader") });
+    const notFound = await globex.executor.getRun({ runId }).catch((e) => e);
+    assert.ok(isTetherError(notFound, "run_not_found"), String(notFound));
   });
 });

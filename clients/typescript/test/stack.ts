@@ -11,6 +11,8 @@ import { fileURLToPath } from "node:url";
 export interface Stack {
   /** The executor's gRPC address. */
   executor: string;
+  /** The executor's HTTP base URL (Connect, SPEC U3), when it serves one. */
+  connectUrl?: string;
   /** A development token: acme-writer, acme-reader, globex-writer, globex-reader, operator. */
   token(principal: string): string;
   stop(): Promise<void>;
@@ -25,6 +27,7 @@ export async function startStack(): Promise<Stack> {
     const creds = process.env.TETHER_TEST_CREDENTIALS ?? "";
     return {
       executor: process.env.TETHER_TEST_EXECUTOR_ADDR,
+      connectUrl: process.env.TETHER_TEST_CONNECT_URL,
       token: (p) => readFileSync(path.join(creds, `${p}.token`), "utf8").trim(),
       stop: async () => {},
     };
@@ -69,6 +72,9 @@ function startDemo(base: number): Promise<Stack> {
         child.stderr?.resume();
         resolve({
           executor: addr,
+          // Printed before the tokens by a tether-demo whose executor
+          // serves the API over HTTP.
+          connectUrl: /API over HTTP .*? on (http:\/\/[^\s,]+)/.exec(out)?.[1],
           token: (p) => readFileSync(path.join(creds, `${p}.token`), "utf8").trim(),
           stop: () =>
             new Promise<void>((done) => {

@@ -4,6 +4,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -73,9 +74,10 @@ func TestU2_TypeScriptClientAgainstARealStack(t *testing.T) {
 	if err != nil {
 		t.Fatalf("npm test: %v", err)
 	}
-	for _, want := range []string{"# fail 0", "# pass 4"} {
-		if !strings.Contains(string(out), want) {
-			t.Fatalf("npm test did not report %q", want)
-		}
+	// Four cases over gRPC, and the Connect transport's once the
+	// executor serves its HTTP port (SPEC U3; skipped before).
+	pass := regexp.MustCompile(`(?m)^# pass (\d+)$`).FindStringSubmatch(string(out))
+	if !strings.Contains(string(out), "# fail 0") || pass == nil || pass[1] < "4" {
+		t.Fatalf("npm test did not report 0 failures and at least 4 passes")
 	}
 }
