@@ -46,7 +46,7 @@ func Dial(target string, tlsCAFile string, opts ...grpc.DialOption) (*grpc.Clien
 			Timeout:             KeepaliveClientTimeout,
 			PermitWithoutStream: true,
 		}),
-		grpc.WithStatsHandler(otelgrpc.NewClientHandler()),
+		grpc.WithStatsHandler(otelgrpc.NewClientHandler(otelgrpc.WithFilter(Traced))),
 		// No service config from the resolver: the dns resolver would ask
 		// for the TXT record _grpc_config.<host> before the first
 		// connection, and where nothing answers it (Docker's embedded DNS

@@ -13,6 +13,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
+
+	"github.com/tether-run/tether/pkg/telemetry"
 )
 
 // ParseLevel parses debug|info|warn|warning|error (case-insensitive; "" is info).
@@ -45,10 +47,12 @@ func checkFormat(format string) error {
 func NewLogger(level, format string, w io.Writer) *slog.Logger {
 	lvl, _ := ParseLevel(level)
 	opts := &slog.HandlerOptions{Level: lvl, ReplaceAttr: capAttr}
+	var h slog.Handler = slog.NewJSONHandler(w, opts)
 	if strings.EqualFold(strings.TrimSpace(format), "text") {
-		return slog.New(slog.NewTextHandler(w, opts))
+		h = slog.NewTextHandler(w, opts)
 	}
-	return slog.New(slog.NewJSONHandler(w, opts))
+	// A line logged in a traced call names its trace (SPEC D6).
+	return slog.New(telemetry.LogHandler(h))
 }
 
 // MaxLogValueBytes caps one logged value; MaxLogIDBytes the request ids every

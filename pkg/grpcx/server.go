@@ -27,7 +27,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
-	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc/filters"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
@@ -188,7 +187,7 @@ func New(cfg Config, extra ...grpc.ServerOption) (*Server, error) {
 		// Undecodable requests reach the interceptors marked (decode.go)
 		// instead of failing as a bare Internal inside grpc-go.
 		grpc.ForceServerCodecV2(Codec()),
-		grpc.StatsHandler(payloadless{otelgrpc.NewServerHandler(otelgrpc.WithFilter(filters.Not(filters.HealthCheck())))}),
+		grpc.StatsHandler(payloadless{otelgrpc.NewServerHandler(otelgrpc.WithFilter(Traced))}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{
 			MinTime:             KeepaliveMinTime,
 			PermitWithoutStream: true,

@@ -13,8 +13,8 @@ import (
 	"io/fs"
 	"strings"
 
+	"github.com/exaring/otelpgx"
 	"github.com/jackc/pgx/v5/pgconn"
-
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
@@ -44,6 +44,11 @@ func Open(ctx context.Context, dsn string, opts ...Option) (*pgxpool.Pool, error
 	if err != nil {
 		return nil, err
 	}
+	// Statements get spans as children of the caller's span (the hot path:
+	// a driven run's appends and claims under its `executor drive` span);
+	// a background loop without a recording span records nothing, and no
+	// query parameter is ever put in a span (SPEC D6).
+	cfg.ConnConfig.Tracer = otelpgx.NewTracer(otelpgx.WithDisableAcquireTracer(), otelpgx.WithDisableConnectionDetailsInAttributes())
 	for _, o := range opts {
 		o(cfg)
 	}

@@ -16,6 +16,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"gocloud.dev/blob"
 	_ "gocloud.dev/blob/fileblob"
 	_ "gocloud.dev/blob/gcsblob"
@@ -27,6 +28,7 @@ import (
 	"github.com/tether-run/tether/pkg/grpcx"
 	"github.com/tether-run/tether/pkg/identity"
 	"github.com/tether-run/tether/pkg/keyfile"
+	"github.com/tether-run/tether/pkg/pgstore"
 	"github.com/tether-run/tether/pkg/pgstore/migratecli"
 	"github.com/tether-run/tether/services/backup/internal/api"
 	"github.com/tether-run/tether/services/backup/internal/checkpoint"
@@ -116,6 +118,7 @@ func run() error {
 		svc.Store, svc.Bucket = st, bucket
 		// Ready only while the metadata database answers (SPEC D5).
 		srv.AddReadinessCheck("database", st.Ping)
+		srv.Registry().MustRegister(pgstore.PoolCollector(map[string]*pgxpool.Pool{"main": st.Pool()}))
 		log.Info("checkpoints enabled", "blob_url", redact(*blobURL))
 	}
 	var roots []string

@@ -43,6 +43,9 @@ type Store struct{ pool *pgxpool.Pool }
 // Ping checks that the database answers (the verifier's readiness, SPEC D5).
 func (s *Store) Ping(ctx context.Context) error { return s.pool.Ping(ctx) }
 
+// Pool exposes the pool (for its metrics).
+func (s *Store) Pool() *pgxpool.Pool { return s.pool }
+
 // Open connects a pool to dsn.
 func Open(ctx context.Context, dsn string) (*Store, error) {
 	pool, err := pgstore.Open(ctx, dsn)

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"google.golang.org/grpc"
 
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
@@ -154,6 +155,7 @@ func run() error {
 	}
 	// Ready only while the database answers (SPEC D5).
 	srv.AddReadinessCheck("database", func(ctx context.Context) error { return st.Pool().Ping(ctx) })
+	srv.Registry().MustRegister(pgstore.PoolCollector(map[string]*pgxpool.Pool{"main": st.Pool(), "watch": watchStore.Pool()}))
 	log := srv.Logger()
 	log.Info("authorization", "mode", az.Mode())
 	router.Logger = log

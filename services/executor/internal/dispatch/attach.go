@@ -60,6 +60,9 @@ type attachment struct {
 	acking        sync.WaitGroup                 // acknowledgements being written
 	acks          *ackTracker
 	terminalSeen  <-chan time.Time
+	// turnStartedAt is when this attachment persisted its run's
+	// turn.started (zero: not yet, or the turn started under another).
+	turnStartedAt time.Time
 }
 
 // attachOnce runs one Attach stream; facts waits for the attach's facts,
@@ -516,6 +519,7 @@ func (a *attachment) onEvents(evs []*prpv1.Event) (stop, done bool, err error) {
 		d.recordFailure(a.ctx, c, lost, a.log)
 		return true, true, lost
 	}
+	a.observeLatency(res)
 	if res.Terminal {
 		a.log.Info("run terminal persisted", "events", res.Inserted)
 		// The run ended: its lease is no longer renewed (a renewal would
@@ -534,6 +538,28 @@ func (a *attachment) onEvents(evs []*prpv1.Event) (stop, done bool, err error) {
 		a.terminalSeen = time.After(5 * time.Second)
 	}
 	return false, false, nil
+}
+
+// observeLatency feeds the outcome and latency metrics from what one append
+// filed: the first attempt's turn.started ends the run's submit → turn
+// latency, its run.terminal ends the turn this attachment saw start.
+func (a *attachment) observeLatency(res store.AppendResult) {
+	m, now := a.d.metrics, a.d.cfg.Clock()
+	if res.TurnStarted {
+		if a.c.Attempt == 1 && !a.c.SubmittedAt.IsZero() {
+			m.submitToTurn.Observe(max(now.Sub(a.c.SubmittedAt), 0).Seconds())
+		}
+		if a.turnStartedAt.IsZero() {
+			a.turnStartedAt = now
+		}
+	}
+	if !res.Terminal {
+		return
+	}
+	m.outcomes.WithLabelValues(res.Outcome.State, outcomeCode(res.Outcome.Code)).Inc()
+	if !a.turnStartedAt.IsZero() {
+		m.turnSeconds.WithLabelValues(res.Outcome.State).Observe(now.Sub(a.turnStartedAt).Seconds())
+	}
 }
 
 // acknowledged takes the cancellation intents acknowledged with the run's

@@ -605,7 +605,7 @@ func (d *Dispatcher) drive(ctx context.Context, c *store.Claim, cancelCh <-chan 
 	ctx, span := telemetry.Tracer().Start(telemetry.WithTraceParent(ctx, c.TraceParent), "executor drive",
 		trace.WithAttributes(telemetry.AttrRunID.String(c.RunID), telemetry.AttrAttempt.Int64(int64(c.Attempt))))
 	defer span.End()
-	log := d.log.With("run_id", c.RunID, "attempt", c.Attempt)
+	log := d.log.With(append([]any{"run_id", c.RunID, "attempt", c.Attempt}, telemetry.LogArgs(span)...)...)
 	log.Info("run claimed", "turn_generation", c.TurnGeneration)
 	retry := backoff.Backoff{Min: 100 * time.Millisecond, Max: 2 * time.Second}
 	var first gatewayv1.RunnerGatewayClient // the gateway this attempt went to
@@ -770,6 +770,8 @@ func (d *Dispatcher) recordFailure(ctx context.Context, c *store.Claim, err erro
 	}
 	if ferr := d.store.RecordFailure(context.WithoutCancel(ctx), c.Fence, fd); ferr != nil {
 		log.Error("recording failure", "err", ferr)
+	} else if !fd.Retry {
+		d.metrics.outcomes.WithLabelValues(store.StateFailed, outcomeCode(fd.Code)).Inc()
 	}
 }
 

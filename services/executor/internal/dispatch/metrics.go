@@ -6,6 +6,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/tether-run/tether/pkg/failure"
 	"github.com/tether-run/tether/services/executor/internal/store"
 )
 
@@ -27,6 +28,31 @@ type metrics struct {
 	// runtimeQuestions counts runtime input request lifecycle steps (SPEC
 	// E5) by outcome and adapter; no request content.
 	runtimeQuestions *prometheus.CounterVec
+	// outcomes counts the runs this replica ended, by state and failure
+	// code; submitToTurn and turnSeconds are the latencies a caller sees
+	// (SPEC D6).
+	outcomes     *prometheus.CounterVec
+	submitToTurn prometheus.Histogram
+	turnSeconds  *prometheus.HistogramVec
+}
+
+// latencyBuckets span a warm turn's start (milliseconds) to a long agent
+// turn (an hour).
+var latencyBuckets = []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600}
+
+// outcomeCode is the code label of a run outcome: a registered failure
+// reason (its base), "none" for a run without one, "other" for a code the
+// registry does not know (a provider's own), so the label's values stay a
+// fixed set.
+func outcomeCode(code string) string {
+	if code == "" {
+		return "none"
+	}
+	r := failure.Reason(code).Base()
+	if _, ok := failure.Lookup(r); ok {
+		return string(r)
+	}
+	return "other"
 }
 
 // Label values of the domain metrics.
@@ -88,6 +114,20 @@ func newMetrics(reg prometheus.Registerer, st *store.Store) *metrics {
 			Name: "tether_executor_runtime_questions_total",
 			Help: "Runtime input requests by lifecycle outcome (normalized, rejected, resolved, durable_handoff, provider_loss_handoff, expired, cancelled) and adapter; no request content.",
 		}, []string{"outcome", "adapter"}),
+		outcomes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tether_executor_run_outcomes_total",
+			Help: "Runs this replica ended, by outcome (succeeded, failed, cancelled) and code (a registered failure reason, none, or other).",
+		}, []string{"outcome", "code"}),
+		submitToTurn: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "tether_executor_submit_to_turn_started_seconds",
+			Help:    "From a run's submission (its row's creation, the database's clock) to its first attempt's turn.started being persisted by this replica.",
+			Buckets: latencyBuckets,
+		}),
+		turnSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "tether_executor_turn_seconds",
+			Help:    "From a run's turn.started to its run.terminal, both persisted by this replica's driver, by outcome.",
+			Buckets: latencyBuckets,
+		}, []string{"outcome"}),
 	}
 	for _, r := range []string{takeoverLeaseExpired, takeoverControllerDead} {
 		m.takeovers.WithLabelValues(r)
@@ -100,7 +140,7 @@ func newMetrics(reg prometheus.Registerer, st *store.Store) *metrics {
 	}
 	if reg != nil {
 		for _, c := range []prometheus.Collector{m.claims, m.takeovers, m.handBacks, m.placementDeferrals, m.renewals, m.renewalSeconds, m.active,
-			m.cancellations, m.retries, m.failures, m.runtimeQuestions, &queueDepth{store: st}} {
+			m.cancellations, m.retries, m.failures, m.runtimeQuestions, m.outcomes, m.submitToTurn, m.turnSeconds, &queueDepth{store: st}} {
 			_ = reg.Register(c)
 		}
 	}

@@ -104,9 +104,12 @@ func (s *Store) ClaimRun(ctx context.Context, runID, owner string, ttl time.Dura
 			ctlTicks        *int64
 			ctlNS           *string
 		)
-		var traceParent string
-		err := tx.QueryRow(ctx, `SELECT input, state, `+cancellationHeld("r")+`, coalesce(trace_parent, '') FROM executor.runs r WHERE run_id = $1 FOR UPDATE`, runID).
-			Scan(&raw, &state, &held, &traceParent)
+		var (
+			traceParent string
+			submittedAt time.Time
+		)
+		err := tx.QueryRow(ctx, `SELECT input, state, `+cancellationHeld("r")+`, coalesce(trace_parent, ''), created_at FROM executor.runs r WHERE run_id = $1 FOR UPDATE`, runID).
+			Scan(&raw, &state, &held, &traceParent, &submittedAt)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return ErrRunNotFound(runID)
 		}
@@ -170,7 +173,7 @@ RETURNING attempt, lease_expires_at, turn_generation, session_scope`, runID, own
 		if err != nil {
 			return err
 		}
-		c = &Claim{Fence: Fence{RunID: runID, Owner: owner, Attempt: attempt}, Input: in, SessionScope: sc, LeaseExpiresAt: exp, TurnGeneration: gen, TraceParent: traceParent}
+		c = &Claim{Fence: Fence{RunID: runID, Owner: owner, Attempt: attempt}, Input: in, SessionScope: sc, LeaseExpiresAt: exp, TurnGeneration: gen, TraceParent: traceParent, SubmittedAt: submittedAt}
 		return nil
 	})
 	return c, err

@@ -17,6 +17,7 @@ import (
 	"github.com/tether-run/tether/pkg/failure"
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
+	"github.com/tether-run/tether/pkg/prp"
 	"github.com/tether-run/tether/pkg/synctrace"
 	"github.com/tether-run/tether/services/executor/internal/plan"
 	"github.com/tether-run/tether/services/executor/internal/recovery"
@@ -71,6 +72,13 @@ type AppendResult struct {
 	// Acknowledged are the cancellation intents AppendEventsAcking
 	// acknowledged with the run's terminal.
 	Acknowledged []string
+	// TurnStarted is true when this call filed a turn.started of the
+	// fenced run for the first time (a replayed one is a duplicate): the
+	// end of the run's submit → turn.started latency (SPEC D6).
+	TurnStarted bool
+	// Outcome is the run.terminal this call filed (Terminal true): its
+	// state and failure code.
+	Outcome Terminal
 }
 
 type encodedEvent struct {
@@ -388,6 +396,8 @@ func fileFenced(ctx context.Context, tx pgx.Tx, f Fence, count int64, fresh []en
 		switch e.ev.GetEventType() {
 		case EventTerminal:
 			terminal = e.ev
+		case prp.EventTurnStarted:
+			res.TurnStarted = res.TurnStarted || e.ev.GetRunId() == f.RunID
 		case EventHarnessReady:
 			if err := recordProviderProcess(ctx, q, f.RunID, e.ev); err != nil {
 				return err
@@ -409,6 +419,7 @@ func fileFenced(ctx context.Context, tx pgx.Tx, f Fence, count int64, fresh []en
 	lost := false // the run's finish found the fence gone
 	if terminal != nil {
 		t := TerminalFromEvent(terminal)
+		res.Outcome = Terminal{State: t.State, Code: t.Code}
 		if t.Result != nil && t.State == StateSucceeded {
 			if pre == nil || opensInteractions(fresh) {
 				if err := tx.SendBatch(ctx, b).Close(); err != nil {
@@ -1084,7 +1095,11 @@ func (s *Store) appendFast(ctx context.Context, f Fence, evs []encodedEvent) (Ap
 		s.committed(f.RunID, stored)
 	}
 	s.notifyCommitted(ctx, EventsChannel, f.RunID)
-	return AppendResult{Inserted: n}, true, nil
+	res := AppendResult{Inserted: n}
+	for _, e := range evs {
+		res.TurnStarted = res.TurnStarted || e.ev.GetEventType() == prp.EventTurnStarted && e.ev.GetRunId() == f.RunID
+	}
+	return res, true, nil
 }
 
 // acking is what a run's terminal commit needs to acknowledge the

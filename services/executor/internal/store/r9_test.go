@@ -146,7 +146,7 @@ func TestR9_SessionEventsAfterARunEndedAreFiledUnderTheNextRunUnderItsFence(t *t
 	}
 	res, err := s.AppendEvents(ctx, cb.Fence, batch)
 	require.NoError(t, err)
-	require.Equal(t, store.AppendResult{Inserted: 3, Dropped: 1}, res)
+	require.Equal(t, store.AppendResult{Inserted: 3, Dropped: 1, TurnStarted: true}, res)
 
 	require.Equal(t, []string{"run.attached", "turn.started", "run.terminal"}, types(rowsOf(t, s, "a")), "nothing after a's run.terminal")
 	b := rowsOf(t, s, "b")
@@ -257,7 +257,7 @@ func TestR9_EventsAfterTheRunsOwnTerminalInOneBatchGoToTheScopesNextRun(t *testi
 		event("a", "runner-1", 4, "runner.reconciled", nil),
 	})
 	require.NoError(t, err)
-	require.Equal(t, store.AppendResult{Inserted: 2, Parked: 2, Terminal: true}, res)
+	require.Equal(t, store.AppendResult{Inserted: 2, Parked: 2, Terminal: true, Outcome: store.Terminal{State: store.StateSucceeded}}, res)
 	require.Equal(t, []string{"turn.completed", "run.terminal"}, types(rowsOf(t, s, "a")))
 
 	cb, err := s.ClaimNext(ctx, "o", time.Minute, store.Controller{})
@@ -295,7 +295,7 @@ func TestR9_EventsAfterTheRunsTerminalNamingAnEarlierRunGoToTheScopesNextRunToo(
 			event("a", "runner-2", 2, store.EventTerminal, map[string]any{"runTerminalState": "succeeded"}),
 			event("p", "runner-2", 3, "turn.completed", nil),
 		},
-		res:    store.AppendResult{Inserted: 2, Parked: 1, Terminal: true},
+		res:    store.AppendResult{Inserted: 2, Parked: 1, Terminal: true, Outcome: store.Terminal{State: store.StateSucceeded}},
 		rows:   []string{"item.completed", "run.terminal"},
 		nextRs: []string{"turn.completed", "session.authority_rotated"},
 	}, {
@@ -304,7 +304,7 @@ func TestR9_EventsAfterTheRunsTerminalNamingAnEarlierRunGoToTheScopesNextRunToo(
 			event("a", "runner-2", 2, store.EventTerminal, map[string]any{"runTerminalState": "succeeded"}),
 			event("a", "runner-3", 1, "runner.reconciled", nil),
 		},
-		res:    store.AppendResult{Inserted: 2, Terminal: true},
+		res:    store.AppendResult{Inserted: 2, Terminal: true, Outcome: store.Terminal{State: store.StateSucceeded}},
 		rows:   []string{"runner.reconciled", "run.terminal"},
 		nextRs: []string{"session.authority_rotated"},
 	}} {

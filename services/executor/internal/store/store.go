@@ -467,6 +467,9 @@ type Claim struct {
 	// TraceParent is the trace context the run was submitted in ("" when
 	// none), which its driver continues.
 	TraceParent string
+	// SubmittedAt is when the run was submitted (runs.created_at), the
+	// start of its submit → turn.started latency (SPEC D6).
+	SubmittedAt time.Time
 	// Expired: the claim took over a lease that had expired (its
 	// controller stopped renewing it).
 	Expired bool
@@ -536,7 +539,7 @@ WITH claimed AS (
       FOR UPDATE SKIP LOCKED)
   RETURNING c.run_id, c.attempt, c.lease_expires_at, c.turn_generation
 )
-SELECT claimed.run_id, claimed.attempt, claimed.lease_expires_at, claimed.turn_generation, r.input, r.session_scope, coalesce(r.trace_parent, '')
+SELECT claimed.run_id, claimed.attempt, claimed.lease_expires_at, claimed.turn_generation, r.input, r.session_scope, coalesce(r.trace_parent, ''), r.created_at
   FROM claimed JOIN executor.runs r ON r.run_id = claimed.run_id`
 
 // claimExpiredSQL takes over the oldest observed run whose lease expired.
@@ -552,7 +555,7 @@ WITH claimed AS (
       FOR UPDATE SKIP LOCKED)
   RETURNING c.run_id, c.attempt, c.lease_expires_at, c.turn_generation
 )
-SELECT claimed.run_id, claimed.attempt, claimed.lease_expires_at, claimed.turn_generation, r.input, r.session_scope, coalesce(r.trace_parent, '')
+SELECT claimed.run_id, claimed.attempt, claimed.lease_expires_at, claimed.turn_generation, r.input, r.session_scope, coalesce(r.trace_parent, ''), r.created_at
   FROM claimed JOIN executor.runs r ON r.run_id = claimed.run_id`
 
 func (s *Store) claimNext(ctx context.Context, query, owner string, ttl time.Duration, ctl Controller) (*Claim, error) {
@@ -579,7 +582,7 @@ func scanClaim(row pgx.Row, owner string) (*Claim, error) {
 		c   Claim
 		raw []byte
 	)
-	err := row.Scan(&c.RunID, &c.Attempt, &c.LeaseExpiresAt, &c.TurnGeneration, &raw, &c.SessionScope, &c.TraceParent)
+	err := row.Scan(&c.RunID, &c.Attempt, &c.LeaseExpiresAt, &c.TurnGeneration, &raw, &c.SessionScope, &c.TraceParent, &c.SubmittedAt)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil
 	}

@@ -77,7 +77,7 @@ WITH claimed AS (
      AND c.result_id IS NULL AND c.cancel_state IS NULL
   RETURNING c.run_id, c.attempt, c.lease_expires_at, c.turn_generation
 )
-SELECT claimed.run_id, claimed.attempt, claimed.lease_expires_at, claimed.turn_generation, r.input, r.session_scope, coalesce(r.trace_parent, '')
+SELECT claimed.run_id, claimed.attempt, claimed.lease_expires_at, claimed.turn_generation, r.input, r.session_scope, coalesce(r.trace_parent, ''), r.created_at
   FROM claimed JOIN executor.runs r ON r.run_id = claimed.run_id`
 
 // AttachReads asks SubmitClaim to read, in its round trip, what the first

@@ -155,7 +155,7 @@ func TestP4_TheTerminalBatchCommitsInThreeRoundTrips(t *testing.T) {
 	require.Equal(t, 3, pgxTrips, "statements and batches sent: %q", sql)
 	require.Equal(t, 3, wire, "round trips on the wire: %q", sql)
 
-	require.Equal(t, store.AppendResult{Inserted: 2, Terminal: true}, res)
+	require.Equal(t, store.AppendResult{Inserted: 2, Terminal: true, Outcome: store.Terminal{State: store.StateSucceeded}}, res)
 	run, err := s.GetRun(ctx, "r")
 	require.NoError(t, err)
 	require.Equal(t, executorv1.RunState_RUN_STATE_SUCCEEDED, run.GetState())
@@ -192,7 +192,7 @@ func TestP4_AReplayedTerminalBatchIsDeduplicated(t *testing.T) {
 	r.reset()
 	res, err := s.AppendEvents(ctx, c.Fence, batch)
 	require.NoError(t, err)
-	require.Equal(t, store.AppendResult{Inserted: 1, Duplicates: 1, Terminal: true}, res)
+	require.Equal(t, store.AppendResult{Inserted: 1, Duplicates: 1, Terminal: true, Outcome: store.Terminal{State: store.StateSucceeded}}, res)
 	pgxTrips, wire, sql := r.count()
 	require.Equal(t, 3, pgxTrips, "%q", sql)
 	require.Equal(t, 3, wire, "%q", sql)

@@ -146,7 +146,7 @@ func run(args []string, ticket string, hadTicket bool, stdout, stderr io.Writer)
 		fmt.Fprintf(stderr, "runnerd: --log-format must be json or text\n")
 		return runner.ExitError
 	}
-	log := slog.New(h).With("runner_id", cfg.RunnerID, "session_id", cfg.SessionID)
+	log := slog.New(telemetry.LogHandler(h)).With("runner_id", cfg.RunnerID, "session_id", cfg.SessionID)
 	if ticketFD >= 0 {
 		t, err := readTicket(ticketFD)
 		if err != nil {

@@ -186,8 +186,12 @@ func New(cfg Config) *Gateway {
 		cfg.PingTimeout = 3 * cfg.PingInterval
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Gateway{cfg: cfg, log: cfg.Logger, runners: map[string]*runner{}, highest: map[string]uint64{}, ctx: ctx, cancel: cancel,
+	g := &Gateway{cfg: cfg, log: cfg.Logger, runners: map[string]*runner{}, highest: map[string]uint64{}, ctx: ctx, cancel: cancel,
 		metrics: newMetrics(cfg.Metrics), ended: map[string]bool{}, spent: grant.NewLedger(nil)}
+	if cfg.Metrics != nil {
+		_ = cfg.Metrics.Register(sessionGauges{g})
+	}
+	return g
 }
 
 // runner is one runnerd (one session scope).

@@ -73,3 +73,37 @@ func (m *metrics) refused(err error) {
 	}
 	m.refusals.WithLabelValues(string(failure.CodeOf(err)), q).Inc()
 }
+
+// sessionGauges reads the gateway's session scopes at scrape time (SPEC
+// D6): how many it holds a runner for, and of those how many have a live
+// runner connection and an executor attached.
+type sessionGauges struct{ g *Gateway }
+
+var sessionScopesDesc = prometheus.NewDesc("tether_runnergw_session_scopes",
+	"Session scopes this gateway holds a runner for, by state: known (every one), connected (its runnerd is connected), attached (an executor drives a run on it now).",
+	[]string{"state"}, nil)
+
+func (c sessionGauges) Describe(ch chan<- *prometheus.Desc) { ch <- sessionScopesDesc }
+
+func (c sessionGauges) Collect(ch chan<- prometheus.Metric) {
+	c.g.mu.Lock()
+	runners := make([]*runner, 0, len(c.g.runners))
+	for _, r := range c.g.runners {
+		runners = append(runners, r)
+	}
+	c.g.mu.Unlock()
+	var connected, attached int
+	for _, r := range runners {
+		r.mu.Lock()
+		if r.conn != nil {
+			connected++
+		}
+		if r.att != nil {
+			attached++
+		}
+		r.mu.Unlock()
+	}
+	for state, n := range map[string]int{"known": len(runners), "connected": connected, "attached": attached} {
+		ch <- prometheus.MustNewConstMetric(sessionScopesDesc, prometheus.GaugeValue, float64(n), state)
+	}
+}
