@@ -329,14 +329,18 @@ func TestD2_ManifestsDecodeStrictlyAndNameRealFlags(t *testing.T) {
 	}
 }
 
+// pkiSecret is the Secret of a workload's certificates and keys: one per
+// service (SPEC D4).
+func pkiSecret(workload string) string { return "tether-" + workload + "-pki" }
+
 // checkTLS: the service serves mTLS with files of the volume its init
-// container fills from the tether-pki Secret, and each file it names is an
+// container fills from its own PKI Secret, and each file it names is an
 // item of that Secret.
 func checkTLS(t *testing.T, w workload, c corev1.Container) {
 	t.Helper()
 	items := map[string]bool{}
 	for _, v := range w.spec.Spec.Volumes {
-		if v.Secret != nil && v.Secret.SecretName == "tether-pki" {
+		if v.Secret != nil && v.Secret.SecretName == pkiSecret(w.name) {
 			for _, it := range v.Secret.Items {
 				items["/pki/"+it.Path] = true
 			}
@@ -344,7 +348,7 @@ func checkTLS(t *testing.T, w workload, c corev1.Container) {
 	}
 	for _, e := range c.Env {
 		if strings.HasPrefix(e.Value, "/pki/") && !items[e.Value] {
-			t.Errorf("%s/%s: %s=%s is not an item of the tether-pki Secret", w.name, c.Name, e.Name, e.Value)
+			t.Errorf("%s/%s: %s=%s is not an item of the %s Secret", w.name, c.Name, e.Name, e.Value, pkiSecret(w.name))
 		}
 	}
 	for _, name := range []string{"TETHER_TLS_CERT", "TETHER_TLS_KEY", "TETHER_TLS_CLIENT_CA"} {
@@ -487,6 +491,15 @@ func TestD2_TopologyExecutorReplicasGatewayVolumesPoliciesServices(t *testing.T)
 				t.Errorf("%s: %s=%q: %v", w.name, e.Name, e.Value, err)
 				continue
 			}
+			// <pod>.<service>: one pod of a StatefulSet behind its headless
+			// Service.
+			if pod, service, ok := strings.Cut(host, "."); ok {
+				if !statefulPod(o, pod, service) {
+					t.Errorf("%s: %s=%s names no pod of a StatefulSet behind a headless Service", w.name, e.Name, e.Value)
+					continue
+				}
+				host = service
+			}
 			target, ok := svc[host]
 			if !ok || !slices.ContainsFunc(target.Spec.Ports, func(sp corev1.ServicePort) bool { return strconv.Itoa(int(sp.Port)) == p }) {
 				t.Errorf("%s: %s=%s names no Service port", w.name, e.Name, e.Value)
@@ -514,6 +527,25 @@ func TestD2_TopologyExecutorReplicasGatewayVolumesPoliciesServices(t *testing.T)
 			}
 		}
 	}
+}
+
+// statefulPod reports whether pod is the name of a pod of a StatefulSet
+// whose serviceName is service, a headless Service.
+func statefulPod(o *objects, pod, service string) bool {
+	headless := slices.ContainsFunc(o.services, func(s *corev1.Service) bool {
+		return s.Name == service && s.Spec.ClusterIP == corev1.ClusterIPNone
+	})
+	for _, ss := range o.statefulSets {
+		i := strings.LastIndexByte(pod, '-')
+		if ss.Spec.ServiceName != service || i < 0 {
+			continue
+		}
+		prefix, ord := pod[:i], pod[i+1:]
+		if n, err := strconv.Atoi(ord); err == nil && prefix == ss.Name && n < int(ptrOr(ss.Spec.Replicas, 1)) {
+			return headless
+		}
+	}
+	return false
 }
 
 // checkPolicyAdmits: some NetworkPolicy selecting the target's pods admits

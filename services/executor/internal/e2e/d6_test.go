@@ -7,7 +7,6 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -80,9 +79,7 @@ func TestD6_RunOutcomesLatenciesAndPoolsAreOnTheExecutorsMetrics(t *testing.T) {
 // empty).
 func requireDashboardMetricsExported(t *testing.T, scraped ...map[string]float64) {
 	t.Helper()
-	_, self, _, ok := runtime.Caller(0)
-	require.True(t, ok)
-	raw, err := os.ReadFile(filepath.Join(filepath.Dir(self), "..", "..", "..", "..", "deploy", "grafana", "tether-dashboard.json"))
+	raw, err := os.ReadFile(filepath.Join(repoRoot, "deploy", "grafana", "tether-dashboard.json"))
 	require.NoError(t, err)
 	var dash struct {
 		Panels []struct {
@@ -94,7 +91,7 @@ func requireDashboardMetricsExported(t *testing.T, scraped ...map[string]float64
 	// A vector with no series yet (no retry happened) is not on a page:
 	// the names the services' sources declare count too.
 	exported := map[string]bool{}
-	root := filepath.Join(filepath.Dir(self), "..", "..", "..", "..")
+	root := repoRoot
 	declared := regexp.MustCompile(`"(tether_[a-z_]+)"`)
 	for _, dir := range []string{"pkg", "services"} {
 		require.NoError(t, filepath.WalkDir(filepath.Join(root, dir), func(path string, d os.DirEntry, err error) error {

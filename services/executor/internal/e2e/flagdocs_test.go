@@ -22,9 +22,7 @@ import (
 // lacks fails the test, so a new knob cannot ship undocumented.
 func TestD5_EveryFlagOfEveryServiceBinaryIsInTheConfigurationReference(t *testing.T) {
 	t.Parallel()
-	// Relative to the package directory (go test's working directory):
-	// runtime.Caller names files by import path under make test's -trimpath.
-	doc, err := os.ReadFile(filepath.Join("..", "..", "..", "..", "docs", "configuration.md"))
+	doc, err := os.ReadFile(filepath.Join(repoRoot, "docs", "configuration.md"))
 	require.NoError(t, err)
 	documented := documentedFlags(string(doc))
 	flagLine := regexp.MustCompile(`(?m)^  -([a-z0-9][a-z0-9-]*)`)
@@ -49,6 +47,10 @@ func TestD5_EveryFlagOfEveryServiceBinaryIsInTheConfigurationReference(t *testin
 		require.Empty(t, missing, "%s flags missing from docs/configuration.md", path.Base(pkg))
 	}
 }
+
+// repoRoot is the repository's root, from this package's directory (the
+// working directory of its tests).
+const repoRoot = "../../../.."
 
 // documentedFlags is every name written as `-name`, `--name` or `-name
 // VALUE` inside backquotes in a markdown text.

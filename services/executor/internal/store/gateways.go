@@ -111,8 +111,17 @@ ON CONFLICT (gateway_id) DO UPDATE SET address = excluded.address, labels = excl
        sessions = excluded.sessions, draining = excluded.draining, heartbeat_at = now(),
        -- An operator's drain lasts until the gateway restarts: it
        -- announced its shutdown (draining) or was lost, and is back.
+       -- A gateway that goes on heartbeating after it announced its
+       -- shutdown (-drain-wait) waits for its scopes to be moved: that
+       -- is a drain it requested itself (SPEC D4).
        drain_requested_at = CASE WHEN NOT excluded.draining AND (g.draining OR g.heartbeat_at <= now() - $7 * interval '1 microsecond')
-                                 THEN NULL ELSE g.drain_requested_at END,
+                                 THEN NULL
+                                 WHEN excluded.draining AND g.draining THEN coalesce(g.drain_requested_at, now())
+                                 ELSE g.drain_requested_at END,
+       drain_reason = CASE WHEN excluded.draining AND g.draining AND g.drain_requested_at IS NULL THEN 'gateway stopping'
+                           ELSE g.drain_reason END,
+       drain_requested_by = CASE WHEN excluded.draining AND g.draining AND g.drain_requested_at IS NULL THEN 'gateway ' || excluded.gateway_id
+                                 ELSE g.drain_requested_by END,
        drain_moved = CASE WHEN NOT excluded.draining AND (g.draining OR g.heartbeat_at <= now() - $7 * interval '1 microsecond')
                           THEN 0 ELSE g.drain_moved END,
        registered_at = CASE WHEN g.address = excluded.address THEN g.registered_at ELSE now() END

@@ -107,6 +107,7 @@ func run() error {
 	bwrapPath := grpcx.StringFlag(fs, "bwrap-path", "", "", "bubblewrap binary (default: bwrap on PATH)")
 	var sandboxRO listFlag
 	fs.Var(&sandboxRO, "runner-sandbox-ro-bind", "a path bound read-only into every provider sandbox besides the system directories, the provider binary, the scope root and the workspace (repeatable)")
+	drainWait := grpcx.DurationFlag(fs, "drain-wait", "", 0, "with a registry: at SIGTERM announce this gateway draining and keep serving until the executors have moved every session scope it holds (idle ones at once, busy ones when their run ends) or this long has passed, then stop (SPEC D4; Kubernetes: below terminationGracePeriodSeconds); 0: stop at once, announcing draining once")
 	regSecretFile := grpcx.StringFlag(fs, "registration-secret-file", "", identity.DefaultRegistrationSecretFile(), "the registration secret (SPEC T5) this gateway proves to the registry when it presents no client certificate (a 0600 key file, created when missing; the executors' -registration-secret-file)")
 	if err := grpcx.ParseFlags(fs, os.Args[1:]); err != nil {
 		return err
@@ -270,8 +271,9 @@ func run() error {
 			defer conn.Close()
 			registries = append(registries, executorv1.NewGatewayRegistryClient(conn))
 		}
+		draining := make(chan struct{})
 		an := announce.New(announce.Config{Registries: registries, ID: *gatewayID, Address: *advertise, Labels: labels,
-			Capacity: *capacity, Sessions: gw.Sessions, Logger: log, Secret: regSecret})
+			Capacity: *capacity, Sessions: gw.Sessions, Logger: log, Secret: regSecret, Draining: draining})
 		// A refused first announcement (bad capacity, an id another live
 		// gateway holds) stops the gateway; an unreachable registry does not.
 		if _, err := an.Announce(ctx, false); announce.Refused(err) {
@@ -283,7 +285,23 @@ func run() error {
 		announced := make(chan struct{})
 		go func() { defer close(announced); an.Run(actx) }()
 		defer func() { stopAnnouncing(); <-announced }()
-		go func() { <-ctx.Done(); stopAnnouncing() }()
+		if *drainWait > 0 {
+			// Serve on through the drain: the executors suspend this
+			// gateway's idle scopes through it and move them.
+			signalled := ctx
+			serveCtx, stopServing := context.WithCancel(context.Background())
+			defer stopServing()
+			go func() {
+				<-signalled.Done()
+				close(draining)
+				waitDrained(serveCtx, gw.Sessions, *drainWait, log)
+				stopAnnouncing()
+				stopServing()
+			}()
+			ctx = serveCtx
+		} else {
+			go func() { <-ctx.Done(); stopAnnouncing() }()
+		}
 	}
 	var servers []*http.Server
 	for _, l := range []net.Listener{lis, tlsLis} {
@@ -313,6 +331,32 @@ func run() error {
 	}
 	gw.Close()
 	return err
+}
+
+// waitDrained waits until sessions reports none left (the executors moved
+// every scope away), wait has passed or ctx ends.
+func waitDrained(ctx context.Context, sessions func() int, wait time.Duration, log *slog.Logger) {
+	start := time.Now()
+	log.Info("draining: waiting for the executors to move this gateway's session scopes", "sessions", sessions(), "drain_wait", wait)
+	deadline := time.NewTimer(wait)
+	defer deadline.Stop()
+	tick := time.NewTicker(200 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		n := sessions()
+		if n == 0 {
+			log.Info("drained: no session scope left", "took", time.Since(start).Round(time.Millisecond))
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-deadline.C:
+			log.Warn("drain wait over with session scopes left; stopping (their runs recover elsewhere)", "sessions", n)
+			return
+		case <-tick.C:
+		}
+	}
 }
 
 // loadPool reads a PEM CA bundle.

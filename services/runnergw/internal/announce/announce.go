@@ -34,6 +34,10 @@ type Config struct {
 	// carries (SPEC T5; identity.WithRegistrationProof), for registries
 	// that cannot see a runnergw certificate. Empty: none is sent.
 	Secret []byte
+	// Draining, once closed, makes every later heartbeat announce the
+	// gateway draining (it is stopping and waits for its scopes to be
+	// moved); nil: only the last announcement does.
+	Draining <-chan struct{}
 }
 
 // callTimeout bounds one announcement.
@@ -94,18 +98,36 @@ func (a *Announcer) Announce(ctx context.Context, draining bool) (*executorv1.Re
 // (a stopping gateway takes no new placements).
 func (a *Announcer) Run(ctx context.Context) {
 	interval := a.cfg.Interval
+	drainingSent := 0
 	for {
-		resp, err := a.Announce(ctx, false)
+		draining := closed(a.cfg.Draining)
+		resp, err := a.Announce(ctx, draining)
 		switch {
 		case err == nil:
 			if d := resp.GetHeartbeatInterval().AsDuration(); d > 0 {
 				interval = d
 			}
+			if draining {
+				drainingSent++
+			}
 		case ctx.Err() == nil:
 			a.cfg.Logger.Warn("announcing the gateway to the registry failed", "gateway_id", a.cfg.ID, "err", err)
 		}
+		if drainingSent == 1 {
+			// A gateway that heartbeats on after announcing its
+			// shutdown asks for its scopes to be moved: say so at once.
+			continue
+		}
 		t := time.NewTimer(interval)
+		drainCh := a.cfg.Draining
+		if draining {
+			drainCh = nil // announced already: wait for the next beat
+		}
 		select {
+		case <-drainCh:
+			// Tell the registry at once, not at the next beat.
+			t.Stop()
+			continue
 		case <-ctx.Done():
 			t.Stop()
 			fctx, cancel := context.WithTimeout(context.Background(), callTimeout)
@@ -116,5 +138,18 @@ func (a *Announcer) Run(ctx context.Context) {
 			return
 		case <-t.C:
 		}
+	}
+}
+
+// closed reports whether ch is closed (a nil channel never is).
+func closed(ch <-chan struct{}) bool {
+	if ch == nil {
+		return false
+	}
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
 	}
 }
