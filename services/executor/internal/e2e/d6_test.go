@@ -26,8 +26,9 @@ import (
 // (code none), observes each run's submit → turn.started and turn latency
 // once, and shows both database pools (main, watch) with their bound and
 // their acquisitions; the gateway's /metrics shows the two warm session
-// scopes, their runners connected, none attached; and every metric the
-// Grafana dashboard in deploy/grafana queries is among those exported.
+// scopes, their runners connected, none attached; every metric the
+// Grafana dashboard in deploy/grafana queries is among those exported; and
+// runnerd's log lines are on the gateway's log.
 func TestD6_RunOutcomesLatenciesAndPoolsAreOnTheExecutorsMetrics(t *testing.T) {
 	t.Parallel()
 	port, err := stack.FreePort()
@@ -71,6 +72,11 @@ func TestD6_RunOutcomesLatenciesAndPoolsAreOnTheExecutorsMetrics(t *testing.T) {
 		}
 	}
 	requireDashboardMetricsExported(t, m, gw)
+	// runnerd's own log lines reach the gateway's log.
+	require.Eventually(t, func() bool {
+		b, err := os.ReadFile(h.st.LogPath("runnergw"))
+		return err == nil && strings.Contains(string(b), `"msg":"runnerd: runnerd starting"`) && strings.Contains(string(b), `"source":"runnerd"`)
+	}, 30*time.Second, 100*time.Millisecond, "runnerd's lines are not on the gateway's log")
 }
 
 // requireDashboardMetricsExported fails when deploy/grafana's dashboard
@@ -127,7 +133,8 @@ func requireDashboardMetricsExported(t *testing.T, scraped ...map[string]float64
 // TestD6_ARunsTraceHoldsItsDatabaseStatementsAndNoProbeOrHeartbeatIsTraced:
 // with tracing on, the statements the executor runs while it drives a run
 // (its event appends) are spans inside that run's trace, under its
-// `executor drive` span; meanwhile the gateway heartbeats every second
+// `executor drive` span, and so are the provider calls that started the
+// provider for it (initialize, thread/start); meanwhile the gateway heartbeats every second
 // and the executor is probed, and neither leaves a single span.
 func TestD6_ARunsTraceHoldsItsDatabaseStatementsAndNoProbeOrHeartbeatIsTraced(t *testing.T) {
 	t.Parallel()
@@ -181,6 +188,15 @@ func TestD6_ARunsTraceHoldsItsDatabaseStatementsAndNoProbeOrHeartbeatIsTraced(t 
 		return len(statements) > 0
 	}, time.Minute, 50*time.Millisecond, "no database span under the run's executor drive span: %+v", rec.trace(traceID))
 	t.Logf("database spans under the run's drive: %v", statements)
+	// The provider's start for the run — initialize, thread/start — is in
+	// the run's trace too, not a trace of its own.
+	require.Eventually(t, func() bool {
+		names := map[string]bool{}
+		for _, s := range rec.trace(traceID) {
+			names[s.service+": "+s.name] = true
+		}
+		return names["runnerd: provider initialize"] && names["runnerd: provider thread/start"]
+	}, time.Minute, 50*time.Millisecond, "the provider's start is not in the run's trace: %+v", rec.trace(traceID))
 
 	rec.mu.Lock()
 	defer rec.mu.Unlock()

@@ -655,7 +655,7 @@ func (r *Runner) cmdTurnStart(ctx context.Context, c *prpv1.Command) (map[string
 	// loop took this command first), is replaced now: the turn starts on a
 	// live one (SPEC R7).
 	r.takeProviderExit()
-	if e := r.ensureProvider(); e != nil {
+	if e := r.ensureProvider(ctx); e != nil {
 		return nil, e
 	}
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.RequestTimeout)
@@ -667,7 +667,7 @@ func (r *Runner) cmdTurnStart(ctx context.Context, c *prpv1.Command) (map[string
 		// before: nothing was sent. Once on a restarted one.
 		r.log.Warn("the provider exited just before the turn started; restarting it for the turn", "run_id", c.GetRunId(), "err", err)
 		r.takeProviderExit()
-		if e := r.ensureProvider(); e != nil {
+		if e := r.ensureProvider(ctx); e != nil {
 			endStart()
 			return nil, e
 		}
@@ -749,12 +749,13 @@ func (r *Runner) providerEnv(in *prpv1.ExecutionInput, codexHome string) []strin
 	return env.List()
 }
 
-// ensureProvider starts the provider and opens (or resumes) the thread.
-func (r *Runner) ensureProvider() *cmdError {
+// ensureProvider starts the provider and opens (or resumes) the thread;
+// ctx carries the trace of the command it is started for.
+func (r *Runner) ensureProvider(ctx context.Context) *cmdError {
 	if r.sup.prov != nil {
 		return nil
 	}
-	return r.startProvider(false)
+	return r.startProvider(ctx, false)
 }
 
 // recoverProvider re-attaches to the provider a crashed runnerd left under
@@ -767,7 +768,7 @@ func (r *Runner) recoverProvider() {
 	// host answers them with an error (the replayed ones, after the
 	// journaled cursor, are announced afresh by the new driver).
 	stale := r.openRequestKeys()
-	e := r.startProvider(true)
+	e := r.startProvider(context.Background(), true)
 	if e == nil {
 		r.log.Info("re-attached to the provider that survived the runnerd restart",
 			"pid", r.st.ProviderProcess.PID, "provider_cursor", r.st.ProviderCursor, "active_turn", turn != nil)
@@ -808,8 +809,11 @@ func (r *Runner) recoverProvider() {
 }
 
 // startProvider starts the provider (or, with reattach, re-attaches to the
-// hosted one) and opens or resumes the thread.
-func (r *Runner) startProvider(reattach bool) *cmdError {
+// hosted one) and opens or resumes the thread. Its provider calls
+// (initialize, thread/start or thread/resume) are spans of trace's trace
+// — the command that needed the provider, so one trace per run covers them
+// (SPEC D6) — bounded by their own timeout, not by trace's deadline.
+func (r *Runner) startProvider(trace context.Context, reattach bool) *cmdError {
 	in := r.sessionInput()
 	if kind := providerlaunch.Name(in.GetProvider()); kind != r.cfg.Provider && (kind != "" || r.cfg.Provider != providerlaunch.Codex) {
 		return failed(failure.ProviderConfigInvalid, "this runner drives provider %q, the run names %q", r.cfg.Provider, kind)
@@ -840,7 +844,7 @@ func (r *Runner) startProvider(reattach bool) *cmdError {
 		DetachTimeout:  r.cfg.ProviderDetachTimeout,
 		CloseGrace:     r.cfg.ProviderCloseGrace,
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*r.cfg.RequestTimeout)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(trace), 2*r.cfg.RequestTimeout)
 	defer cancel()
 	p, err := r.sup.launch(ctx, cfg)
 	if err != nil {

@@ -37,7 +37,7 @@ func (r *Runner) recoverTurn(t *runnerstate.Turn, code, cause string) {
 	r.emit(P1, "provider.restarting", "", "", map[string]any{
 		"reason": "provider_lost", "runId": t.RunID, "turnId": t.TurnID, "providerThreadId": r.st.ProviderThreadID,
 	})
-	if e := r.startProvider(false); e != nil {
+	if e := r.startProvider(context.Background(), false); e != nil {
 		r.loseTurn(t, code, fmt.Sprintf("%s; the provider could not be restarted: %s", cause, e.msg), "restart_failed")
 		return
 	}
@@ -205,7 +205,7 @@ func (r *Runner) reconcileCutTurnStart(rec *runnerstate.CommandRecord) {
 			r.mustSave()
 			return
 		}
-		if e := r.ensureProvider(); e != nil {
+		if e := r.ensureProvider(context.Background()); e != nil {
 			log.Warn("a turn.start cut short by the runnerd restart stays indeterminate: no provider", "err", e.msg)
 			return
 		}
@@ -219,7 +219,7 @@ func (r *Runner) reconcileCutTurnStart(rec *runnerstate.CommandRecord) {
 		r.mustSave()
 		return
 	}
-	if e := r.ensureProvider(); e != nil {
+	if e := r.ensureProvider(context.Background()); e != nil {
 		log.Warn("a turn.start cut short by the runnerd restart stays indeterminate: no provider", "err", e.msg)
 		return
 	}

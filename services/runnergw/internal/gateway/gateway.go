@@ -130,6 +130,9 @@ type Config struct {
 	// Draining, when closed, ends Attach streams with Unavailable so a
 	// graceful shutdown is not held up; executors re-attach elsewhere.
 	Draining <-chan struct{}
+	// RunnerLogMaxBytes bounds a scope's runnerd.log before it is rotated
+	// (runnerlogs.go); 0: 8 MiB.
+	RunnerLogMaxBytes int64
 }
 
 // Gateway is the relay.
@@ -154,6 +157,9 @@ type Gateway struct {
 	closed     bool
 	// markers numbers the Replay markers (prpv1.Replay.marker).
 	markers atomic.Uint64
+	// logStarts are where the runnerd logs of the scopes launched since
+	// the last poll began (runnerlogs.go); under mu.
+	logStarts map[string]int64
 
 	// ctx ends at Close: it bounds the connections the gateway dials
 	// (listen_ws) and their dial loops.
@@ -179,6 +185,9 @@ func New(cfg Config) *Gateway {
 	if cfg.IngressHost == "" {
 		cfg.IngressHost = "127.0.0.1"
 	}
+	if cfg.RunnerLogMaxBytes <= 0 {
+		cfg.RunnerLogMaxBytes = maxRunnerLogBytes
+	}
 	if cfg.PingInterval == 0 {
 		cfg.PingInterval = 10 * time.Second
 	}
@@ -191,6 +200,11 @@ func New(cfg Config) *Gateway {
 	if cfg.Metrics != nil {
 		_ = cfg.Metrics.Register(sessionGauges{g})
 	}
+	g.wg.Add(1)
+	go func() {
+		defer g.wg.Done()
+		g.followRunnerLogs(ctx)
+	}()
 	return g
 }
 

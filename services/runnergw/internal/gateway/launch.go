@@ -282,6 +282,7 @@ func (g *Gateway) launch(spec *launchSpec) (*launched, error) {
 	if err != nil {
 		return nil, scopeWriteError(err, "opening runnerd's log")
 	}
+	g.noteLaunch(filepath.Base(spec.stateDir), logf)
 	// Last, once every file of the launch is written: the runner's
 	// subtrees and workspace become the company's uid's, the scope root
 	// and the rest stay the gateway's (SPEC T7).
