@@ -209,6 +209,10 @@ test-chaos: ## SPEC X2: the fault matrix over real processes (>= 204 runs, 6 war
 CODEX_VERSION := 0.169.0
 CODEX_CACHE := .cache/codex
 CODEX_BIN := $(CODEX_CACHE)/node_modules/@openai/codex-linux-x64/vendor/x86_64-unknown-linux-musl/bin/codex
+.PHONY: test-k8s
+test-k8s: build ## opt-in SPEC D4: deploy/k8s against a real kube-apiserver over etcd (built once from their Go modules into .cache/k8s), offline: every object server-side applied (dry run, then for real) and read back, then the manifest checks; no kubelet runs
+	TETHER_TEST_BIN=$(CURDIR)/bin bash deploy/k8s/test.sh
+
 .PHONY: test-compose
 test-compose: ## opt-in SPEC D1 (root): deploy/docker-compose.yml on a real Docker engine, offline (private dockerd, compose CLI and images cached in .cache/compose); 3 warm turns, docker kill of the executor mid-turn, audit, down -v
 	bash deploy/compose/test.sh
