@@ -191,9 +191,20 @@ const (
 	// RunIDAmbiguous: a caller that can read several companies (an
 	// operator) named a run id more than one of them uses, without
 	// company_id (SPEC T2).
-	RunIDAmbiguous                     = "run_id_ambiguous"
-	RunNotAttached                     = "run_not_attached"
-	RunNotFound                        = "run_not_found"
+	RunIDAmbiguous = "run_id_ambiguous"
+	RunNotAttached = "run_not_attached"
+	RunNotFound    = "run_not_found"
+	// RunNotEnded: DeleteRun or PurgeCompany named a run that is queued or
+	// running (SPEC L1); cancel it and wait for its end first.
+	RunNotEnded = "run_not_ended"
+	// RunHoldsCurrentCheckpoint: DeleteRun named the run its session's
+	// current checkpoint was taken after (SPEC L1): the session's next run
+	// restores from that checkpoint.
+	RunHoldsCurrentCheckpoint = "run_holds_current_checkpoint"
+	// CheckpointDeletionUnavailable: checkpoints had to be deleted and the
+	// executor has no backup verifier to delete their archives with
+	// (-backup-addr), or the verifier failed.
+	CheckpointDeletionUnavailable      = "checkpoint_deletion_unavailable"
 	RunnerArtifactUnavailable          = "runner_artifact_unavailable"
 	RunnerAttachFailed                 = "runner_attach_failed"
 	RunnerAttachmentSuperseded         = "runner_attachment_superseded"
@@ -479,6 +490,9 @@ var registry = map[Reason]Info{
 	RunIDAmbiguous:                                {codes.FailedPrecondition, Permanent},
 	RunNotAttached:                                {codes.FailedPrecondition, Permanent},
 	RunNotFound:                                   {codes.NotFound, Permanent},
+	RunNotEnded:                                   {codes.FailedPrecondition, Permanent},
+	RunHoldsCurrentCheckpoint:                     {codes.FailedPrecondition, Permanent},
+	CheckpointDeletionUnavailable:                 {codes.Unavailable, Transient},
 	RunnerArtifactUnavailable:                     {codes.FailedPrecondition, Permanent},
 	RunnerAttachFailed:                            {codes.Unavailable, Transient},
 	RunnerAttachmentSuperseded:                    {codes.Aborted, Transient},

@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -19,6 +20,8 @@ import (
 
 	"github.com/tether-run/tether/pkg/chunkio"
 	"github.com/tether-run/tether/pkg/failure"
+	"github.com/tether-run/tether/pkg/grpcx"
+	"github.com/tether-run/tether/pkg/identity"
 	backupv1 "github.com/tether-run/tether/pkg/gen/tether/backup/v1"
 	"github.com/tether-run/tether/services/backup/internal/checkpoint"
 	"github.com/tether-run/tether/services/backup/internal/harness"
@@ -264,4 +267,18 @@ func CheckpointToProto(c *store.Checkpoint, m *harness.Manifest) *backupv1.Check
 	}
 	out.Manifest = pm
 	return out
+}
+
+// DeleteCheckpoints deletes stored checkpoints and their archives (SPEC L1).
+// Over mTLS only executors may: a gateway uploads and restores, it never
+// decides what is deleted.
+func (s *Server) DeleteCheckpoints(ctx context.Context, req *backupv1.DeleteCheckpointsRequest) (*backupv1.DeleteCheckpointsResponse, error) {
+	if roles := grpcx.PeerRoles(ctx); len(roles) > 0 && !slices.Contains(roles, identity.Executor) {
+		return nil, failure.New(codes.PermissionDenied, failure.CallerNotAuthorized, "only executors delete checkpoints")
+	}
+	n, bytes, err := s.Svc.Delete(ctx, req.GetCheckpointIds(), req.GetSessionScopes())
+	if err != nil {
+		return nil, err
+	}
+	return &backupv1.DeleteCheckpointsResponse{Deleted: n, ArchiveBytes: bytes}, nil
 }

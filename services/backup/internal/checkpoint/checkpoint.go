@@ -585,3 +585,36 @@ func (s *Service) VerifyStamp(ctx context.Context, st *backupv1.Stamp, leaseID s
 	}
 	return ok, reason, nil
 }
+
+// Delete deletes the checkpoints named by id and every checkpoint of the
+// named session scopes (SPEC L1): each archive first, then its record, so a
+// deletion cut short leaves a record whose archive is gone (verification
+// says backup_archive_missing) and asking again finishes it; never an
+// archive without a record, which nothing would delete. It returns how
+// many records and archive bytes went.
+func (s *Service) Delete(ctx context.Context, ids, scopes []string) (deleted, archiveBytes int64, err error) {
+	if err := s.enabled(); err != nil {
+		return 0, 0, err
+	}
+	doomed, err := s.Store.Doomed(ctx, ids, scopes)
+	if err != nil {
+		return 0, 0, failure.Wrap(err, codes.Unavailable, failure.BackupStoreFailed, "listing checkpoints to delete")
+	}
+	for _, d := range doomed {
+		if err := s.Bucket.Delete(ctx, d.BlobKey); err != nil && gcerrors.Code(err) != gcerrors.NotFound {
+			return deleted, archiveBytes, failure.Wrap(err, codes.Unavailable, failure.BackupStoreFailed, "deleting the archive of checkpoint %s", d.ID)
+		}
+		gone, err := s.Store.Delete(ctx, d.ID)
+		if err != nil {
+			return deleted, archiveBytes, failure.Wrap(err, codes.Unavailable, failure.BackupStoreFailed, "deleting checkpoint %s", d.ID)
+		}
+		if gone {
+			deleted++
+			archiveBytes += d.ArchiveBytes
+		}
+	}
+	if deleted > 0 {
+		s.log().Info("checkpoints deleted", "checkpoints", deleted, "archive_bytes", archiveBytes)
+	}
+	return deleted, archiveBytes, nil
+}

@@ -163,3 +163,29 @@ func (s *Store) RecordDigestRules(ctx context.Context, id string, rules int) err
 	_, err := s.pool.Exec(ctx, `UPDATE backup.checkpoints SET digest_rules = $2 WHERE checkpoint_id = $1 AND digest_rules IS NULL`, id, rules)
 	return err
 }
+
+// Doomed is a checkpoint about to be deleted: its id and archive.
+type Doomed struct {
+	ID, BlobKey  string
+	ArchiveBytes int64
+}
+
+// Doomed lists the checkpoints named by id or by session scope (SPEC L1).
+func (s *Store) Doomed(ctx context.Context, ids, scopes []string) ([]Doomed, error) {
+	rows, err := s.pool.Query(ctx, `SELECT checkpoint_id, blob_key, archive_bytes FROM backup.checkpoints
+ WHERE checkpoint_id = ANY($1) OR session_scope = ANY($2) ORDER BY checkpoint_id`, ids, scopes)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Doomed, error) {
+		var d Doomed
+		return d, r.Scan(&d.ID, &d.BlobKey, &d.ArchiveBytes)
+	})
+}
+
+// Delete deletes a checkpoint's record and its stamps (the caller deleted
+// its archive first); false when it was already gone.
+func (s *Store) Delete(ctx context.Context, id string) (bool, error) {
+	tag, err := s.pool.Exec(ctx, `DELETE FROM backup.checkpoints WHERE checkpoint_id = $1`, id)
+	return tag.RowsAffected() == 1, err
+}

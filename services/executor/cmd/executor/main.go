@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"google.golang.org/grpc"
 
+	backupv1 "github.com/tether-run/tether/pkg/gen/tether/backup/v1"
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
 	"github.com/tether-run/tether/pkg/grant"
 	"github.com/tether-run/tether/pkg/grpcx"
@@ -26,6 +27,7 @@ import (
 	"github.com/tether-run/tether/services/executor/internal/authz"
 	"github.com/tether-run/tether/services/executor/internal/dispatch"
 	"github.com/tether-run/tether/services/executor/internal/fleet"
+	"github.com/tether-run/tether/services/executor/internal/retention"
 	"github.com/tether-run/tether/services/executor/internal/secrets"
 	"github.com/tether-run/tether/services/executor/internal/store"
 	"github.com/tether-run/tether/services/executor/internal/suspend"
@@ -43,6 +45,9 @@ func main() {
 func run() error {
 	if len(os.Args) > 1 && os.Args[1] == "migrate" {
 		return migratecli.Run("executor", os.Args[2:], store.Schema)
+	}
+	if len(os.Args) > 1 && os.Args[1] == "retention" {
+		return retentionCommand(os.Args[2:])
 	}
 	fs := flag.NewFlagSet("executor", flag.ExitOnError)
 	cfg := grpcx.RegisterFlags(fs, "executor", "127.0.0.1:7400", "127.0.0.1:9400")
@@ -64,6 +69,9 @@ func run() error {
 	grantKey := grpcx.StringFlag(fs, "grant-key-file", "", "", "the executor fleet's Ed25519 private key (PEM, mode 0600) that signs a grant for every gateway call (required; `tetherctl certs init DIR` writes grant.key)")
 	gatewayID := grpcx.StringFlag(fs, "gateway-id", "", "runnergw", "the id of the -gateway-addr gateway (its -gateway-id), the audience of the grants signed for it; every scope is placed on it while no gateway is registered")
 	grantTTL := grpcx.DurationFlag(fs, "grant-ttl", "", grant.DefaultTTL, "how long a signed gateway grant is valid (checked when the call starts)")
+	backupAddr := grpcx.StringFlag(fs, "backup-addr", "", "", "the backup verifier that deletes checkpoint archives for retention, DeleteRun and PurgeCompany (SPEC L1); empty: checkpoints are not pruned and a deletion that has checkpoints to delete is refused")
+	backupTLS := grpcx.RegisterClientTLSFlags(fs, "backup", "the backup verifier")
+	purgeEvery := grpcx.DurationFlag(fs, "retention-interval", "", retention.DefaultInterval, "how often the retention purge runs (on one replica at a time; policies: `executor retention`); 0 turns it off on this replica")
 	maxConns := grpcx.IntFlag(fs, "database-max-conns", "", store.DefaultMaxConns(), "connections of the main database pool (leases, event appends, claims, unary calls); default 4 per core, at least 8")
 	watchConns := grpcx.IntFlag(fs, "database-watch-conns", "", 2, "connections of the separate pool WatchRun reads events with (one read per notification per watched run), so watches never take the main pool's connections")
 	gatewayTTL := grpcx.DurationFlag(fs, "gateway-ttl", "", api.DefaultGatewayTTL, "a registered gateway without a heartbeat for this long is lost (SPEC F1); gateways heartbeat every third of it")
@@ -174,6 +182,17 @@ func run() error {
 	// watchers still learn of it by notification).
 	st.OnEventsCommitted(hub.Offer)
 	vault := &secrets.Vault{Keys: keys, Store: st}
+	var checkpoints retention.CheckpointDeleter
+	if *backupAddr != "" {
+		conn, err := backupTLS.WithDefaults(cfg, "").Dial(*backupAddr)
+		if err != nil {
+			return fmt.Errorf("-backup-addr: %w", err)
+		}
+		defer conn.Close()
+		checkpoints = retention.Verifier{Client: backupv1.NewBackupVerifierClient(conn)}
+	}
+	purger := &retention.Purger{Store: st, Checkpoints: checkpoints, Owner: *owner, Interval: *purgeEvery,
+		Logger: log, Deleted: retention.NewMetrics(srv.Registry())}
 	d := dispatch.New(st, dispatch.Config{
 		Owner: *owner, LeaseTTL: *ttl, PollInterval: *poll, MaxActive: *maxActive, RetryDelay: *retryDelay,
 		NoSameHostTakeover: !*sameHost, AdvertiseAddr: *advertise, Metrics: srv.Registry(),
@@ -184,7 +203,7 @@ func run() error {
 	drainer := &fleet.Drainer{Store: st, Suspender: sus, Router: router, Interval: *drainSweep, Logger: log}
 	apiSrv = &api.Server{Store: st, Hub: hub, Submit: d.SubmitAndClaim, KickRun: d.KickRun,
 		DispatchCancellation: d.DispatchCancellation, AwaitCancellationAck: d.AwaitCancellationAck, Draining: srv.Draining(), Controls: d.Controls(), SelfAddr: *advertise,
-		Gateways: router, GatewayTTL: *gatewayTTL, Suspender: sus, WorkspaceRoot: *workspaceRoot, Vault: vault,
+		Gateways: router, GatewayTTL: *gatewayTTL, Suspender: sus, WorkspaceRoot: *workspaceRoot, Vault: vault, Checkpoints: checkpoints,
 		DialPeer: func(addr string) (*grpc.ClientConn, error) {
 			return peerTLS.WithDefaults(cfg, cfg.TLSClientCAFile).Dial(addr)
 		}}
@@ -225,6 +244,13 @@ func run() error {
 			drainer.Run(bg)
 		}
 	}()
+	purged := make(chan struct{})
+	go func() {
+		defer close(purged)
+		if *purgeEvery > 0 {
+			purger.Run(bg)
+		}
+	}()
 	// SIGTERM (ctx) stops the dispatcher at once, while the API drains:
 	// it claims no more and hands every lease back under its fence, so
 	// another replica resumes the runs now, not at their lease expiry
@@ -242,5 +268,6 @@ func run() error {
 	cancelBG()
 	<-swept
 	<-drained
+	<-purged
 	return err
 }

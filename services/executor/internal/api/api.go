@@ -24,6 +24,7 @@ import (
 	"github.com/tether-run/tether/services/executor/internal/admission"
 	"github.com/tether-run/tether/services/executor/internal/authz"
 	"github.com/tether-run/tether/services/executor/internal/control"
+	"github.com/tether-run/tether/services/executor/internal/retention"
 	"github.com/tether-run/tether/services/executor/internal/secrets"
 	"github.com/tether-run/tether/services/executor/internal/store"
 	"github.com/tether-run/tether/services/executor/internal/suspend"
@@ -86,6 +87,11 @@ type Server struct {
 	// submitted plain environment.configured value is stored as one and
 	// named by reference. Nil: secrets are refused.
 	Vault *secrets.Vault
+
+	// Checkpoints deletes checkpoint archives through the backup verifier
+	// (DeleteRun, PurgeCompany; SPEC L1); nil: a deletion that has
+	// checkpoints to delete is refused.
+	Checkpoints retention.CheckpointDeleter
 
 	// Draining, when closed, ends open watches with Unavailable so a
 	// graceful shutdown is not held up by them (clients resume from their

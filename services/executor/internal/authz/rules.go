@@ -87,6 +87,8 @@ var Rules = map[string]Rule{
 	executorv1.ExecutorService_PutSecret_FullMethodName:             {Need: tenancy.Writer, Scope: ScopeRequest, Company: companyField},
 	executorv1.ExecutorService_ListSecrets_FullMethodName:           {Need: tenancy.Reader, Scope: ScopeRequest, Company: companyField},
 	executorv1.ExecutorService_DeleteSecret_FullMethodName:          {Need: tenancy.Writer, Scope: ScopeRequest, Company: companyField},
+	executorv1.ExecutorService_DeleteRun_FullMethodName:             {Need: tenancy.Operator, Scope: ScopeRun},
+	executorv1.ExecutorService_PurgeCompany_FullMethodName:          {Need: tenancy.Operator, Scope: ScopeFleet},
 	executorv1.GatewayRegistry_RegisterGateway_FullMethodName:       {Need: tenancy.Operator, Scope: ScopeGateway},
 	executorv1.GatewayRegistry_ListGateways_FullMethodName:          {Need: tenancy.Operator, Scope: ScopeFleet},
 	executorv1.GatewayRegistry_DrainGateway_FullMethodName:          {Need: tenancy.Operator, Scope: ScopeFleet},

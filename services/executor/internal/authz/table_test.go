@@ -90,6 +90,12 @@ var acmeRequests = map[string]func(caller string, ia map[string]string) proto.Me
 	executorv1.GatewayRegistry_ListGateways_FullMethodName: func(string, map[string]string) proto.Message {
 		return &executorv1.ListGatewaysRequest{}
 	},
+	executorv1.ExecutorService_DeleteRun_FullMethodName: func(string, map[string]string) proto.Message {
+		return &executorv1.DeleteRunRequest{RunId: "acme-run", Reason: "table"}
+	},
+	executorv1.ExecutorService_PurgeCompany_FullMethodName: func(string, map[string]string) proto.Message {
+		return &executorv1.PurgeCompanyRequest{CompanyId: "acme", Reason: "table"}
+	},
 	executorv1.GatewayRegistry_DrainGateway_FullMethodName: func(string, map[string]string) proto.Message {
 		return &executorv1.DrainGatewayRequest{GatewayId: "gw-operator"}
 	},

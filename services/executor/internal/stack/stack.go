@@ -501,7 +501,8 @@ func (s *Stack) args(name string) []string {
 			"-gateway-addr", s.Addr("runnergw"), "-lease-ttl", s.opts.LeaseTTL.String(), "-poll-interval", "250ms",
 			"-owner-id", name, "-grant-key-file", s.GrantKeyFile(), "-gateway-id", GatewayID,
 			"-checkpoint-after", s.opts.CheckpointAfter.String(), "-workspace-root", s.WorkspaceRoot(),
-			"-registration-secret-file", s.RegistrationSecretFile(), "-secrets-key-file", s.SecretsKeyFile()), migrate...)
+			"-registration-secret-file", s.RegistrationSecretFile(), "-secrets-key-file", s.SecretsKeyFile(),
+			"-backup-addr", s.Addr("backup-verifier")), migrate...)
 		if s.opts.Auth {
 			a = append(a, "-auth-jwks", s.JWKSFile())
 		}
@@ -509,7 +510,7 @@ func (s *Stack) args(name string) []string {
 			a = append(a, "-http-addr", s.HTTPAddr())
 		}
 		a = append(a, s.opts.ExecutorArgs...)
-		a = append(a, s.tlsArgs(identity.Executor, "-gateway-ca")...)
+		a = append(a, s.tlsArgs(identity.Executor, "-gateway-ca", "-backup-ca")...)
 		return append(a, extra...)
 	case name == "runnergw" || strings.HasPrefix(name, "runnergw-"):
 		runnerPort := s.opts.RunnerPort

@@ -1772,6 +1772,114 @@ func (x *VerifyProviderPackResponse) GetPins() map[string]string {
 	return nil
 }
 
+// DeleteCheckpointsRequest names checkpoints by id, and session scopes all
+// of whose checkpoints go (a company's purge).
+type DeleteCheckpointsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	CheckpointIds []string               `protobuf:"bytes,1,rep,name=checkpoint_ids,json=checkpointIds,proto3" json:"checkpoint_ids,omitempty"`
+	SessionScopes []string               `protobuf:"bytes,2,rep,name=session_scopes,json=sessionScopes,proto3" json:"session_scopes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteCheckpointsRequest) Reset() {
+	*x = DeleteCheckpointsRequest{}
+	mi := &file_tether_backup_v1_backup_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteCheckpointsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteCheckpointsRequest) ProtoMessage() {}
+
+func (x *DeleteCheckpointsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_backup_v1_backup_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteCheckpointsRequest.ProtoReflect.Descriptor instead.
+func (*DeleteCheckpointsRequest) Descriptor() ([]byte, []int) {
+	return file_tether_backup_v1_backup_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *DeleteCheckpointsRequest) GetCheckpointIds() []string {
+	if x != nil {
+		return x.CheckpointIds
+	}
+	return nil
+}
+
+func (x *DeleteCheckpointsRequest) GetSessionScopes() []string {
+	if x != nil {
+		return x.SessionScopes
+	}
+	return nil
+}
+
+// DeleteCheckpointsResponse counts what was deleted.
+type DeleteCheckpointsResponse struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Deleted int64                  `protobuf:"varint,1,opt,name=deleted,proto3" json:"deleted,omitempty"`
+	// Bytes of archives removed.
+	ArchiveBytes  int64 `protobuf:"varint,2,opt,name=archive_bytes,json=archiveBytes,proto3" json:"archive_bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteCheckpointsResponse) Reset() {
+	*x = DeleteCheckpointsResponse{}
+	mi := &file_tether_backup_v1_backup_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteCheckpointsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteCheckpointsResponse) ProtoMessage() {}
+
+func (x *DeleteCheckpointsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_backup_v1_backup_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteCheckpointsResponse.ProtoReflect.Descriptor instead.
+func (*DeleteCheckpointsResponse) Descriptor() ([]byte, []int) {
+	return file_tether_backup_v1_backup_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *DeleteCheckpointsResponse) GetDeleted() int64 {
+	if x != nil {
+		return x.Deleted
+	}
+	return 0
+}
+
+func (x *DeleteCheckpointsResponse) GetArchiveBytes() int64 {
+	if x != nil {
+		return x.ArchiveBytes
+	}
+	return 0
+}
+
 var File_tether_backup_v1_backup_proto protoreflect.FileDescriptor
 
 const file_tether_backup_v1_backup_proto_rawDesc = "" +
@@ -1926,18 +2034,25 @@ const file_tether_backup_v1_backup_proto_rawDesc = "" +
 	"\x04pins\x18\t \x03(\v26.tether.backup.v1.VerifyProviderPackResponse.PinsEntryR\x04pins\x1a7\n" +
 	"\tPinsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01*V\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x90\x01\n" +
+	"\x18DeleteCheckpointsRequest\x129\n" +
+	"\x0echeckpoint_ids\x18\x01 \x03(\tB\x12\xbaH\x0f\x92\x01\f\x10\xe8\a\"\ar\x05\x10\x01\x18\x80\x02R\rcheckpointIds\x129\n" +
+	"\x0esession_scopes\x18\x02 \x03(\tB\x12\xbaH\x0f\x92\x01\f\x10\xe8\a\"\ar\x05\x10\x01\x18\x80\x01R\rsessionScopes\"Z\n" +
+	"\x19DeleteCheckpointsResponse\x12\x18\n" +
+	"\adeleted\x18\x01 \x01(\x03R\adeleted\x12#\n" +
+	"\rarchive_bytes\x18\x02 \x01(\x03R\farchiveBytes*V\n" +
 	"\n" +
 	"VerifyMode\x12\x1b\n" +
 	"\x17VERIFY_MODE_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11VERIFY_MODE_QUICK\x10\x01\x12\x14\n" +
-	"\x10VERIFY_MODE_DEEP\x10\x022\x9c\x04\n" +
+	"\x10VERIFY_MODE_DEEP\x10\x022\x8a\x05\n" +
 	"\x0eBackupVerifier\x12k\n" +
 	"\x10UploadCheckpoint\x12).tether.backup.v1.UploadCheckpointRequest\x1a*.tether.backup.v1.UploadCheckpointResponse(\x01\x12q\n" +
 	"\x12DownloadCheckpoint\x12+.tether.backup.v1.DownloadCheckpointRequest\x1a,.tether.backup.v1.DownloadCheckpointResponse0\x01\x12]\n" +
 	"\fVerifyBackup\x12%.tether.backup.v1.VerifyBackupRequest\x1a&.tether.backup.v1.VerifyBackupResponse\x12Z\n" +
 	"\vVerifyStamp\x12$.tether.backup.v1.VerifyStampRequest\x1a%.tether.backup.v1.VerifyStampResponse\x12o\n" +
-	"\x12VerifyProviderPack\x12+.tether.backup.v1.VerifyProviderPackRequest\x1a,.tether.backup.v1.VerifyProviderPackResponseB\xc5\x01\n" +
+	"\x12VerifyProviderPack\x12+.tether.backup.v1.VerifyProviderPackRequest\x1a,.tether.backup.v1.VerifyProviderPackResponse\x12l\n" +
+	"\x11DeleteCheckpoints\x12*.tether.backup.v1.DeleteCheckpointsRequest\x1a+.tether.backup.v1.DeleteCheckpointsResponseB\xc5\x01\n" +
 	"\x14com.tether.backup.v1B\vBackupProtoP\x01Z>github.com/tether-run/tether/pkg/gen/tether/backup/v1;backupv1\xa2\x02\x03TBX\xaa\x02\x10Tether.Backup.V1\xca\x02\x10Tether\\Backup\\V1\xe2\x02\x1cTether\\Backup\\V1\\GPBMetadata\xea\x02\x12Tether::Backup::V1b\x06proto3"
 
 var (
@@ -1953,7 +2068,7 @@ func file_tether_backup_v1_backup_proto_rawDescGZIP() []byte {
 }
 
 var file_tether_backup_v1_backup_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_tether_backup_v1_backup_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
+var file_tether_backup_v1_backup_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
 var file_tether_backup_v1_backup_proto_goTypes = []any{
 	(VerifyMode)(0),                    // 0: tether.backup.v1.VerifyMode
 	(*Stamp)(nil),                      // 1: tether.backup.v1.Stamp
@@ -1976,26 +2091,28 @@ var file_tether_backup_v1_backup_proto_goTypes = []any{
 	(*VerifyStampResponse)(nil),        // 18: tether.backup.v1.VerifyStampResponse
 	(*VerifyProviderPackRequest)(nil),  // 19: tether.backup.v1.VerifyProviderPackRequest
 	(*VerifyProviderPackResponse)(nil), // 20: tether.backup.v1.VerifyProviderPackResponse
-	nil,                                // 21: tether.backup.v1.VerifyProviderPackResponse.PinsEntry
-	(*timestamppb.Timestamp)(nil),      // 22: google.protobuf.Timestamp
-	(*structpb.Struct)(nil),            // 23: google.protobuf.Struct
+	(*DeleteCheckpointsRequest)(nil),   // 21: tether.backup.v1.DeleteCheckpointsRequest
+	(*DeleteCheckpointsResponse)(nil),  // 22: tether.backup.v1.DeleteCheckpointsResponse
+	nil,                                // 23: tether.backup.v1.VerifyProviderPackResponse.PinsEntry
+	(*timestamppb.Timestamp)(nil),      // 24: google.protobuf.Timestamp
+	(*structpb.Struct)(nil),            // 25: google.protobuf.Struct
 }
 var file_tether_backup_v1_backup_proto_depIdxs = []int32{
-	22, // 0: tether.backup.v1.Stamp.completed_at:type_name -> google.protobuf.Timestamp
+	24, // 0: tether.backup.v1.Stamp.completed_at:type_name -> google.protobuf.Timestamp
 	2,  // 1: tether.backup.v1.ExecutionIdentity.workspace:type_name -> tether.backup.v1.Workspace
-	23, // 2: tether.backup.v1.ExecutionIdentity.provider:type_name -> google.protobuf.Struct
-	23, // 3: tether.backup.v1.ProviderSessionIdentity.provider_session_identity:type_name -> google.protobuf.Struct
+	25, // 2: tether.backup.v1.ExecutionIdentity.provider:type_name -> google.protobuf.Struct
+	25, // 3: tether.backup.v1.ProviderSessionIdentity.provider_session_identity:type_name -> google.protobuf.Struct
 	3,  // 4: tether.backup.v1.CheckpointHeader.execution:type_name -> tether.backup.v1.ExecutionIdentity
 	4,  // 5: tether.backup.v1.CheckpointHeader.provider_session_identity:type_name -> tether.backup.v1.ProviderSessionIdentity
-	22, // 6: tether.backup.v1.CheckpointHeader.completed_at:type_name -> google.protobuf.Timestamp
+	24, // 6: tether.backup.v1.CheckpointHeader.completed_at:type_name -> google.protobuf.Timestamp
 	5,  // 7: tether.backup.v1.UploadCheckpointRequest.header:type_name -> tether.backup.v1.CheckpointHeader
 	4,  // 8: tether.backup.v1.Manifest.provider_session_identity:type_name -> tether.backup.v1.ProviderSessionIdentity
 	7,  // 9: tether.backup.v1.Manifest.directories:type_name -> tether.backup.v1.DirectoryDigest
 	8,  // 10: tether.backup.v1.Manifest.archive:type_name -> tether.backup.v1.ArchiveInfo
-	22, // 11: tether.backup.v1.Manifest.completed_at:type_name -> google.protobuf.Timestamp
+	24, // 11: tether.backup.v1.Manifest.completed_at:type_name -> google.protobuf.Timestamp
 	3,  // 12: tether.backup.v1.Manifest.execution:type_name -> tether.backup.v1.ExecutionIdentity
 	9,  // 13: tether.backup.v1.Checkpoint.manifest:type_name -> tether.backup.v1.Manifest
-	22, // 14: tether.backup.v1.Checkpoint.created_at:type_name -> google.protobuf.Timestamp
+	24, // 14: tether.backup.v1.Checkpoint.created_at:type_name -> google.protobuf.Timestamp
 	10, // 15: tether.backup.v1.UploadCheckpointResponse.checkpoint:type_name -> tether.backup.v1.Checkpoint
 	1,  // 16: tether.backup.v1.UploadCheckpointResponse.stamp:type_name -> tether.backup.v1.Stamp
 	10, // 17: tether.backup.v1.DownloadCheckpointResponse.checkpoint:type_name -> tether.backup.v1.Checkpoint
@@ -2005,19 +2122,21 @@ var file_tether_backup_v1_backup_proto_depIdxs = []int32{
 	0,  // 21: tether.backup.v1.VerifyBackupResponse.mode:type_name -> tether.backup.v1.VerifyMode
 	15, // 22: tether.backup.v1.VerifyBackupResponse.directories:type_name -> tether.backup.v1.DirectoryCheck
 	1,  // 23: tether.backup.v1.VerifyStampRequest.stamp:type_name -> tether.backup.v1.Stamp
-	21, // 24: tether.backup.v1.VerifyProviderPackResponse.pins:type_name -> tether.backup.v1.VerifyProviderPackResponse.PinsEntry
+	23, // 24: tether.backup.v1.VerifyProviderPackResponse.pins:type_name -> tether.backup.v1.VerifyProviderPackResponse.PinsEntry
 	6,  // 25: tether.backup.v1.BackupVerifier.UploadCheckpoint:input_type -> tether.backup.v1.UploadCheckpointRequest
 	12, // 26: tether.backup.v1.BackupVerifier.DownloadCheckpoint:input_type -> tether.backup.v1.DownloadCheckpointRequest
 	14, // 27: tether.backup.v1.BackupVerifier.VerifyBackup:input_type -> tether.backup.v1.VerifyBackupRequest
 	17, // 28: tether.backup.v1.BackupVerifier.VerifyStamp:input_type -> tether.backup.v1.VerifyStampRequest
 	19, // 29: tether.backup.v1.BackupVerifier.VerifyProviderPack:input_type -> tether.backup.v1.VerifyProviderPackRequest
-	11, // 30: tether.backup.v1.BackupVerifier.UploadCheckpoint:output_type -> tether.backup.v1.UploadCheckpointResponse
-	13, // 31: tether.backup.v1.BackupVerifier.DownloadCheckpoint:output_type -> tether.backup.v1.DownloadCheckpointResponse
-	16, // 32: tether.backup.v1.BackupVerifier.VerifyBackup:output_type -> tether.backup.v1.VerifyBackupResponse
-	18, // 33: tether.backup.v1.BackupVerifier.VerifyStamp:output_type -> tether.backup.v1.VerifyStampResponse
-	20, // 34: tether.backup.v1.BackupVerifier.VerifyProviderPack:output_type -> tether.backup.v1.VerifyProviderPackResponse
-	30, // [30:35] is the sub-list for method output_type
-	25, // [25:30] is the sub-list for method input_type
+	21, // 30: tether.backup.v1.BackupVerifier.DeleteCheckpoints:input_type -> tether.backup.v1.DeleteCheckpointsRequest
+	11, // 31: tether.backup.v1.BackupVerifier.UploadCheckpoint:output_type -> tether.backup.v1.UploadCheckpointResponse
+	13, // 32: tether.backup.v1.BackupVerifier.DownloadCheckpoint:output_type -> tether.backup.v1.DownloadCheckpointResponse
+	16, // 33: tether.backup.v1.BackupVerifier.VerifyBackup:output_type -> tether.backup.v1.VerifyBackupResponse
+	18, // 34: tether.backup.v1.BackupVerifier.VerifyStamp:output_type -> tether.backup.v1.VerifyStampResponse
+	20, // 35: tether.backup.v1.BackupVerifier.VerifyProviderPack:output_type -> tether.backup.v1.VerifyProviderPackResponse
+	22, // 36: tether.backup.v1.BackupVerifier.DeleteCheckpoints:output_type -> tether.backup.v1.DeleteCheckpointsResponse
+	31, // [31:37] is the sub-list for method output_type
+	25, // [25:31] is the sub-list for method input_type
 	25, // [25:25] is the sub-list for extension type_name
 	25, // [25:25] is the sub-list for extension extendee
 	0,  // [0:25] is the sub-list for field type_name
@@ -2050,7 +2169,7 @@ func file_tether_backup_v1_backup_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_tether_backup_v1_backup_proto_rawDesc), len(file_tether_backup_v1_backup_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   21,
+			NumMessages:   23,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -24,6 +24,7 @@ const (
 	BackupVerifier_VerifyBackup_FullMethodName       = "/tether.backup.v1.BackupVerifier/VerifyBackup"
 	BackupVerifier_VerifyStamp_FullMethodName        = "/tether.backup.v1.BackupVerifier/VerifyStamp"
 	BackupVerifier_VerifyProviderPack_FullMethodName = "/tether.backup.v1.BackupVerifier/VerifyProviderPack"
+	BackupVerifier_DeleteCheckpoints_FullMethodName  = "/tether.backup.v1.BackupVerifier/DeleteCheckpoints"
 )
 
 // BackupVerifierClient is the client API for BackupVerifier service.
@@ -57,6 +58,11 @@ type BackupVerifierClient interface {
 	// VerifyProviderPack verifies a provider pack directory on the verifier's
 	// host (provider-pack.json, artifact digests, dist tree digest, bridge).
 	VerifyProviderPack(ctx context.Context, in *VerifyProviderPackRequest, opts ...grpc.CallOption) (*VerifyProviderPackResponse, error)
+	// DeleteCheckpoints deletes stored checkpoints, each archive before its
+	// record, so a deletion cut short is finished by asking again (SPEC L1:
+	// the executor's retention and purge decide, the verifier deletes what it
+	// stores). Named checkpoints that do not exist are skipped.
+	DeleteCheckpoints(ctx context.Context, in *DeleteCheckpointsRequest, opts ...grpc.CallOption) (*DeleteCheckpointsResponse, error)
 }
 
 type backupVerifierClient struct {
@@ -129,6 +135,16 @@ func (c *backupVerifierClient) VerifyProviderPack(ctx context.Context, in *Verif
 	return out, nil
 }
 
+func (c *backupVerifierClient) DeleteCheckpoints(ctx context.Context, in *DeleteCheckpointsRequest, opts ...grpc.CallOption) (*DeleteCheckpointsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DeleteCheckpointsResponse)
+	err := c.cc.Invoke(ctx, BackupVerifier_DeleteCheckpoints_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // BackupVerifierServer is the server API for BackupVerifier service.
 // All implementations must embed UnimplementedBackupVerifierServer
 // for forward compatibility.
@@ -160,6 +176,11 @@ type BackupVerifierServer interface {
 	// VerifyProviderPack verifies a provider pack directory on the verifier's
 	// host (provider-pack.json, artifact digests, dist tree digest, bridge).
 	VerifyProviderPack(context.Context, *VerifyProviderPackRequest) (*VerifyProviderPackResponse, error)
+	// DeleteCheckpoints deletes stored checkpoints, each archive before its
+	// record, so a deletion cut short is finished by asking again (SPEC L1:
+	// the executor's retention and purge decide, the verifier deletes what it
+	// stores). Named checkpoints that do not exist are skipped.
+	DeleteCheckpoints(context.Context, *DeleteCheckpointsRequest) (*DeleteCheckpointsResponse, error)
 	mustEmbedUnimplementedBackupVerifierServer()
 }
 
@@ -184,6 +205,9 @@ func (UnimplementedBackupVerifierServer) VerifyStamp(context.Context, *VerifySta
 }
 func (UnimplementedBackupVerifierServer) VerifyProviderPack(context.Context, *VerifyProviderPackRequest) (*VerifyProviderPackResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method VerifyProviderPack not implemented")
+}
+func (UnimplementedBackupVerifierServer) DeleteCheckpoints(context.Context, *DeleteCheckpointsRequest) (*DeleteCheckpointsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method DeleteCheckpoints not implemented")
 }
 func (UnimplementedBackupVerifierServer) mustEmbedUnimplementedBackupVerifierServer() {}
 func (UnimplementedBackupVerifierServer) testEmbeddedByValue()                        {}
@@ -278,6 +302,24 @@ func _BackupVerifier_VerifyProviderPack_Handler(srv interface{}, ctx context.Con
 	return interceptor(ctx, in, info, handler)
 }
 
+func _BackupVerifier_DeleteCheckpoints_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DeleteCheckpointsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(BackupVerifierServer).DeleteCheckpoints(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: BackupVerifier_DeleteCheckpoints_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(BackupVerifierServer).DeleteCheckpoints(ctx, req.(*DeleteCheckpointsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // BackupVerifier_ServiceDesc is the grpc.ServiceDesc for BackupVerifier service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -296,6 +338,10 @@ var BackupVerifier_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "VerifyProviderPack",
 			Handler:    _BackupVerifier_VerifyProviderPack_Handler,
+		},
+		{
+			MethodName: "DeleteCheckpoints",
+			Handler:    _BackupVerifier_DeleteCheckpoints_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

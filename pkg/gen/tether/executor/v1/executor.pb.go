@@ -4105,6 +4105,323 @@ func (x *DeleteSecretResponse) GetSecret() *Secret {
 	return nil
 }
 
+// DeleteRunRequest names one ended run.
+type DeleteRunRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	RunId string                 `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	// The run's company, when the caller can read more than one (see
+	// GetRunRequest.company_id).
+	CompanyId string `protobuf:"bytes,2,opt,name=company_id,json=companyId,proto3" json:"company_id,omitempty"`
+	// Why, kept in the operator audit.
+	Reason        string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteRunRequest) Reset() {
+	*x = DeleteRunRequest{}
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[54]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteRunRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteRunRequest) ProtoMessage() {}
+
+func (x *DeleteRunRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[54]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteRunRequest.ProtoReflect.Descriptor instead.
+func (*DeleteRunRequest) Descriptor() ([]byte, []int) {
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{54}
+}
+
+func (x *DeleteRunRequest) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+func (x *DeleteRunRequest) GetCompanyId() string {
+	if x != nil {
+		return x.CompanyId
+	}
+	return ""
+}
+
+func (x *DeleteRunRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+// DeleteRunResponse says what was deleted.
+type DeleteRunResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	RunId         string                 `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	CompanyId     string                 `protobuf:"bytes,2,opt,name=company_id,json=companyId,proto3" json:"company_id,omitempty"`
+	Deleted       *PurgeCounts           `protobuf:"bytes,3,opt,name=deleted,proto3" json:"deleted,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteRunResponse) Reset() {
+	*x = DeleteRunResponse{}
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[55]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteRunResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteRunResponse) ProtoMessage() {}
+
+func (x *DeleteRunResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[55]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteRunResponse.ProtoReflect.Descriptor instead.
+func (*DeleteRunResponse) Descriptor() ([]byte, []int) {
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{55}
+}
+
+func (x *DeleteRunResponse) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+func (x *DeleteRunResponse) GetCompanyId() string {
+	if x != nil {
+		return x.CompanyId
+	}
+	return ""
+}
+
+func (x *DeleteRunResponse) GetDeleted() *PurgeCounts {
+	if x != nil {
+		return x.Deleted
+	}
+	return nil
+}
+
+// PurgeCompanyRequest names the company whose data goes.
+type PurgeCompanyRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	CompanyId string                 `protobuf:"bytes,1,opt,name=company_id,json=companyId,proto3" json:"company_id,omitempty"`
+	// Why, kept in the operator audit.
+	Reason        string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PurgeCompanyRequest) Reset() {
+	*x = PurgeCompanyRequest{}
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[56]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PurgeCompanyRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PurgeCompanyRequest) ProtoMessage() {}
+
+func (x *PurgeCompanyRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[56]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PurgeCompanyRequest.ProtoReflect.Descriptor instead.
+func (*PurgeCompanyRequest) Descriptor() ([]byte, []int) {
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{56}
+}
+
+func (x *PurgeCompanyRequest) GetCompanyId() string {
+	if x != nil {
+		return x.CompanyId
+	}
+	return ""
+}
+
+func (x *PurgeCompanyRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+// PurgeCompanyResponse says what was deleted.
+type PurgeCompanyResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	CompanyId     string                 `protobuf:"bytes,1,opt,name=company_id,json=companyId,proto3" json:"company_id,omitempty"`
+	Deleted       *PurgeCounts           `protobuf:"bytes,2,opt,name=deleted,proto3" json:"deleted,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PurgeCompanyResponse) Reset() {
+	*x = PurgeCompanyResponse{}
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[57]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PurgeCompanyResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PurgeCompanyResponse) ProtoMessage() {}
+
+func (x *PurgeCompanyResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[57]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PurgeCompanyResponse.ProtoReflect.Descriptor instead.
+func (*PurgeCompanyResponse) Descriptor() ([]byte, []int) {
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{57}
+}
+
+func (x *PurgeCompanyResponse) GetCompanyId() string {
+	if x != nil {
+		return x.CompanyId
+	}
+	return ""
+}
+
+func (x *PurgeCompanyResponse) GetDeleted() *PurgeCounts {
+	if x != nil {
+		return x.Deleted
+	}
+	return nil
+}
+
+// PurgeCounts counts the rows (and checkpoint archives) a deletion removed.
+type PurgeCounts struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Runs          int64                  `protobuf:"varint,1,opt,name=runs,proto3" json:"runs,omitempty"`
+	Events        int64                  `protobuf:"varint,2,opt,name=events,proto3" json:"events,omitempty"`
+	Activities    int64                  `protobuf:"varint,3,opt,name=activities,proto3" json:"activities,omitempty"`
+	Interactions  int64                  `protobuf:"varint,4,opt,name=interactions,proto3" json:"interactions,omitempty"`
+	Checkpoints   int64                  `protobuf:"varint,5,opt,name=checkpoints,proto3" json:"checkpoints,omitempty"`
+	Secrets       int64                  `protobuf:"varint,6,opt,name=secrets,proto3" json:"secrets,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PurgeCounts) Reset() {
+	*x = PurgeCounts{}
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[58]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PurgeCounts) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PurgeCounts) ProtoMessage() {}
+
+func (x *PurgeCounts) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_executor_v1_executor_proto_msgTypes[58]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PurgeCounts.ProtoReflect.Descriptor instead.
+func (*PurgeCounts) Descriptor() ([]byte, []int) {
+	return file_tether_executor_v1_executor_proto_rawDescGZIP(), []int{58}
+}
+
+func (x *PurgeCounts) GetRuns() int64 {
+	if x != nil {
+		return x.Runs
+	}
+	return 0
+}
+
+func (x *PurgeCounts) GetEvents() int64 {
+	if x != nil {
+		return x.Events
+	}
+	return 0
+}
+
+func (x *PurgeCounts) GetActivities() int64 {
+	if x != nil {
+		return x.Activities
+	}
+	return 0
+}
+
+func (x *PurgeCounts) GetInteractions() int64 {
+	if x != nil {
+		return x.Interactions
+	}
+	return 0
+}
+
+func (x *PurgeCounts) GetCheckpoints() int64 {
+	if x != nil {
+		return x.Checkpoints
+	}
+	return 0
+}
+
+func (x *PurgeCounts) GetSecrets() int64 {
+	if x != nil {
+		return x.Secrets
+	}
+	return 0
+}
+
 var File_tether_executor_v1_executor_proto protoreflect.FileDescriptor
 
 const file_tether_executor_v1_executor_proto_rawDesc = "" +
@@ -4477,7 +4794,36 @@ const file_tether_executor_v1_executor_proto_rawDesc = "" +
 	"\x04name\x18\x02 \x01(\tB\n" +
 	"\xbaH\ar\x05\x10\x01\x18\xa0\x01R\x04name\"J\n" +
 	"\x14DeleteSecretResponse\x122\n" +
-	"\x06secret\x18\x01 \x01(\v2\x1a.tether.executor.v1.SecretR\x06secret*\x9a\x01\n" +
+	"\x06secret\x18\x01 \x01(\v2\x1a.tether.executor.v1.SecretR\x06secret\"\x80\x01\n" +
+	"\x10DeleteRunRequest\x12!\n" +
+	"\x06run_id\x18\x01 \x01(\tB\n" +
+	"\xbaH\ar\x05\x10\x01\x18\xa0\x01R\x05runId\x12'\n" +
+	"\n" +
+	"company_id\x18\x02 \x01(\tB\b\xbaH\x05r\x03\x18\xa0\x01R\tcompanyId\x12 \n" +
+	"\x06reason\x18\x03 \x01(\tB\b\xbaH\x05r\x03\x18\xd0\x0fR\x06reason\"\x84\x01\n" +
+	"\x11DeleteRunResponse\x12\x15\n" +
+	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x1d\n" +
+	"\n" +
+	"company_id\x18\x02 \x01(\tR\tcompanyId\x129\n" +
+	"\adeleted\x18\x03 \x01(\v2\x1f.tether.executor.v1.PurgeCountsR\adeleted\"b\n" +
+	"\x13PurgeCompanyRequest\x12)\n" +
+	"\n" +
+	"company_id\x18\x01 \x01(\tB\n" +
+	"\xbaH\ar\x05\x10\x01\x18\xa0\x01R\tcompanyId\x12 \n" +
+	"\x06reason\x18\x02 \x01(\tB\b\xbaH\x05r\x03\x18\xd0\x0fR\x06reason\"p\n" +
+	"\x14PurgeCompanyResponse\x12\x1d\n" +
+	"\n" +
+	"company_id\x18\x01 \x01(\tR\tcompanyId\x129\n" +
+	"\adeleted\x18\x02 \x01(\v2\x1f.tether.executor.v1.PurgeCountsR\adeleted\"\xb9\x01\n" +
+	"\vPurgeCounts\x12\x12\n" +
+	"\x04runs\x18\x01 \x01(\x03R\x04runs\x12\x16\n" +
+	"\x06events\x18\x02 \x01(\x03R\x06events\x12\x1e\n" +
+	"\n" +
+	"activities\x18\x03 \x01(\x03R\n" +
+	"activities\x12\"\n" +
+	"\finteractions\x18\x04 \x01(\x03R\finteractions\x12 \n" +
+	"\vcheckpoints\x18\x05 \x01(\x03R\vcheckpoints\x12\x18\n" +
+	"\asecrets\x18\x06 \x01(\x03R\asecrets*\x9a\x01\n" +
 	"\bRunState\x12\x19\n" +
 	"\x15RUN_STATE_UNSPECIFIED\x10\x00\x12\x14\n" +
 	"\x10RUN_STATE_QUEUED\x10\x01\x12\x15\n" +
@@ -4489,7 +4835,7 @@ const file_tether_executor_v1_executor_proto_rawDesc = "" +
 	"\x1eCANCELLATION_SCOPE_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16CANCELLATION_SCOPE_RUN\x10\x01\x12\x1b\n" +
 	"\x17CANCELLATION_SCOPE_TURN\x10\x02\x12\x1c\n" +
-	"\x18CANCELLATION_SCOPE_ISSUE\x10\x032\x89\x0e\n" +
+	"\x18CANCELLATION_SCOPE_ISSUE\x10\x032\xc6\x0f\n" +
 	"\x0fExecutorService\x12X\n" +
 	"\tSubmitRun\x12$.tether.executor.v1.SubmitRunRequest\x1a%.tether.executor.v1.SubmitRunResponse\x12O\n" +
 	"\x06GetRun\x12!.tether.executor.v1.GetRunRequest\x1a\".tether.executor.v1.GetRunResponse\x12U\n" +
@@ -4509,7 +4855,9 @@ const file_tether_executor_v1_executor_proto_rawDesc = "" +
 	"\x11AnswerInteraction\x12,.tether.executor.v1.AnswerInteractionRequest\x1a-.tether.executor.v1.AnswerInteractionResponse\x12X\n" +
 	"\tPutSecret\x12$.tether.executor.v1.PutSecretRequest\x1a%.tether.executor.v1.PutSecretResponse\x12^\n" +
 	"\vListSecrets\x12&.tether.executor.v1.ListSecretsRequest\x1a'.tether.executor.v1.ListSecretsResponse\x12a\n" +
-	"\fDeleteSecret\x12'.tether.executor.v1.DeleteSecretRequest\x1a(.tether.executor.v1.DeleteSecretResponseB\xd5\x01\n" +
+	"\fDeleteSecret\x12'.tether.executor.v1.DeleteSecretRequest\x1a(.tether.executor.v1.DeleteSecretResponse\x12X\n" +
+	"\tDeleteRun\x12$.tether.executor.v1.DeleteRunRequest\x1a%.tether.executor.v1.DeleteRunResponse\x12a\n" +
+	"\fPurgeCompany\x12'.tether.executor.v1.PurgeCompanyRequest\x1a(.tether.executor.v1.PurgeCompanyResponseB\xd5\x01\n" +
 	"\x16com.tether.executor.v1B\rExecutorProtoP\x01ZBgithub.com/tether-run/tether/pkg/gen/tether/executor/v1;executorv1\xa2\x02\x03TEX\xaa\x02\x12Tether.Executor.V1\xca\x02\x12Tether\\Executor\\V1\xe2\x02\x1eTether\\Executor\\V1\\GPBMetadata\xea\x02\x14Tether::Executor::V1b\x06proto3"
 
 var (
@@ -4525,7 +4873,7 @@ func file_tether_executor_v1_executor_proto_rawDescGZIP() []byte {
 }
 
 var file_tether_executor_v1_executor_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_tether_executor_v1_executor_proto_msgTypes = make([]protoimpl.MessageInfo, 54)
+var file_tether_executor_v1_executor_proto_msgTypes = make([]protoimpl.MessageInfo, 59)
 var file_tether_executor_v1_executor_proto_goTypes = []any{
 	(RunState)(0),                         // 0: tether.executor.v1.RunState
 	(CancellationScope)(0),                // 1: tether.executor.v1.CancellationScope
@@ -4583,16 +4931,21 @@ var file_tether_executor_v1_executor_proto_goTypes = []any{
 	(*ListSecretsResponse)(nil),           // 53: tether.executor.v1.ListSecretsResponse
 	(*DeleteSecretRequest)(nil),           // 54: tether.executor.v1.DeleteSecretRequest
 	(*DeleteSecretResponse)(nil),          // 55: tether.executor.v1.DeleteSecretResponse
-	(*v1.ExecutionInput)(nil),             // 56: tether.prp.v1.ExecutionInput
-	(*timestamppb.Timestamp)(nil),         // 57: google.protobuf.Timestamp
-	(*v1.ProcessInfo)(nil),                // 58: tether.prp.v1.ProcessInfo
-	(*durationpb.Duration)(nil),           // 59: google.protobuf.Duration
-	(*v1.Event)(nil),                      // 60: tether.prp.v1.Event
-	(*structpb.Struct)(nil),               // 61: google.protobuf.Struct
-	(*v11.Stamp)(nil),                     // 62: tether.backup.v1.Stamp
+	(*DeleteRunRequest)(nil),              // 56: tether.executor.v1.DeleteRunRequest
+	(*DeleteRunResponse)(nil),             // 57: tether.executor.v1.DeleteRunResponse
+	(*PurgeCompanyRequest)(nil),           // 58: tether.executor.v1.PurgeCompanyRequest
+	(*PurgeCompanyResponse)(nil),          // 59: tether.executor.v1.PurgeCompanyResponse
+	(*PurgeCounts)(nil),                   // 60: tether.executor.v1.PurgeCounts
+	(*v1.ExecutionInput)(nil),             // 61: tether.prp.v1.ExecutionInput
+	(*timestamppb.Timestamp)(nil),         // 62: google.protobuf.Timestamp
+	(*v1.ProcessInfo)(nil),                // 63: tether.prp.v1.ProcessInfo
+	(*durationpb.Duration)(nil),           // 64: google.protobuf.Duration
+	(*v1.Event)(nil),                      // 65: tether.prp.v1.Event
+	(*structpb.Struct)(nil),               // 66: google.protobuf.Struct
+	(*v11.Stamp)(nil),                     // 67: tether.backup.v1.Stamp
 }
 var file_tether_executor_v1_executor_proto_depIdxs = []int32{
-	56, // 0: tether.executor.v1.SubmitRunRequest.input:type_name -> tether.prp.v1.ExecutionInput
+	61, // 0: tether.executor.v1.SubmitRunRequest.input:type_name -> tether.prp.v1.ExecutionInput
 	11, // 1: tether.executor.v1.SubmitRunResponse.run:type_name -> tether.executor.v1.Run
 	4,  // 2: tether.executor.v1.RunResult.usage:type_name -> tether.executor.v1.Usage
 	4,  // 3: tether.executor.v1.RunResult.session_usage:type_name -> tether.executor.v1.Usage
@@ -4601,97 +4954,103 @@ var file_tether_executor_v1_executor_proto_depIdxs = []int32{
 	9,  // 6: tether.executor.v1.RunResult.continuation:type_name -> tether.executor.v1.Continuation
 	8,  // 7: tether.executor.v1.CompletionClaim.criteria:type_name -> tether.executor.v1.CriterionClaim
 	0,  // 8: tether.executor.v1.Run.state:type_name -> tether.executor.v1.RunState
-	57, // 9: tether.executor.v1.Run.lease_expires_at:type_name -> google.protobuf.Timestamp
-	56, // 10: tether.executor.v1.Run.input:type_name -> tether.prp.v1.ExecutionInput
+	62, // 9: tether.executor.v1.Run.lease_expires_at:type_name -> google.protobuf.Timestamp
+	61, // 10: tether.executor.v1.Run.input:type_name -> tether.prp.v1.ExecutionInput
 	5,  // 11: tether.executor.v1.Run.result:type_name -> tether.executor.v1.RunResult
 	10, // 12: tether.executor.v1.Run.failure:type_name -> tether.executor.v1.Failure
-	58, // 13: tether.executor.v1.Run.runner_process:type_name -> tether.prp.v1.ProcessInfo
-	58, // 14: tether.executor.v1.Run.provider_process:type_name -> tether.prp.v1.ProcessInfo
-	57, // 15: tether.executor.v1.Run.created_at:type_name -> google.protobuf.Timestamp
-	57, // 16: tether.executor.v1.Run.updated_at:type_name -> google.protobuf.Timestamp
-	57, // 17: tether.executor.v1.Run.started_at:type_name -> google.protobuf.Timestamp
-	57, // 18: tether.executor.v1.Run.ended_at:type_name -> google.protobuf.Timestamp
+	63, // 13: tether.executor.v1.Run.runner_process:type_name -> tether.prp.v1.ProcessInfo
+	63, // 14: tether.executor.v1.Run.provider_process:type_name -> tether.prp.v1.ProcessInfo
+	62, // 15: tether.executor.v1.Run.created_at:type_name -> google.protobuf.Timestamp
+	62, // 16: tether.executor.v1.Run.updated_at:type_name -> google.protobuf.Timestamp
+	62, // 17: tether.executor.v1.Run.started_at:type_name -> google.protobuf.Timestamp
+	62, // 18: tether.executor.v1.Run.ended_at:type_name -> google.protobuf.Timestamp
 	12, // 19: tether.executor.v1.Run.cancellation:type_name -> tether.executor.v1.Cancellation
 	13, // 20: tether.executor.v1.Run.recovery:type_name -> tether.executor.v1.Recovery
 	10, // 21: tether.executor.v1.Run.queued_reason:type_name -> tether.executor.v1.Failure
-	57, // 22: tether.executor.v1.Recovery.next_attempt_at:type_name -> google.protobuf.Timestamp
+	62, // 22: tether.executor.v1.Recovery.next_attempt_at:type_name -> google.protobuf.Timestamp
 	1,  // 23: tether.executor.v1.CancelRunRequest.scope:type_name -> tether.executor.v1.CancellationScope
-	59, // 24: tether.executor.v1.CancelRunRequest.wait_timeout:type_name -> google.protobuf.Duration
+	64, // 24: tether.executor.v1.CancelRunRequest.wait_timeout:type_name -> google.protobuf.Duration
 	12, // 25: tether.executor.v1.CancelRunResponse.cancellation:type_name -> tether.executor.v1.Cancellation
 	11, // 26: tether.executor.v1.GetRunResponse.run:type_name -> tether.executor.v1.Run
 	0,  // 27: tether.executor.v1.ListRunsRequest.state:type_name -> tether.executor.v1.RunState
 	11, // 28: tether.executor.v1.ListRunsResponse.runs:type_name -> tether.executor.v1.Run
-	60, // 29: tether.executor.v1.WatchRunResponse.event:type_name -> tether.prp.v1.Event
+	65, // 29: tether.executor.v1.WatchRunResponse.event:type_name -> tether.prp.v1.Event
 	5,  // 30: tether.executor.v1.WatchRunResponse.result:type_name -> tether.executor.v1.RunResult
-	59, // 31: tether.executor.v1.SteerRunRequest.timeout:type_name -> google.protobuf.Duration
-	61, // 32: tether.executor.v1.ResolveRuntimeRequestRequest.resolution:type_name -> google.protobuf.Struct
+	64, // 31: tether.executor.v1.SteerRunRequest.timeout:type_name -> google.protobuf.Duration
+	66, // 32: tether.executor.v1.ResolveRuntimeRequestRequest.resolution:type_name -> google.protobuf.Struct
 	0,  // 33: tether.executor.v1.Session.last_run_state:type_name -> tether.executor.v1.RunState
-	58, // 34: tether.executor.v1.Session.runner_process:type_name -> tether.prp.v1.ProcessInfo
-	58, // 35: tether.executor.v1.Session.provider_process:type_name -> tether.prp.v1.ProcessInfo
+	63, // 34: tether.executor.v1.Session.runner_process:type_name -> tether.prp.v1.ProcessInfo
+	63, // 35: tether.executor.v1.Session.provider_process:type_name -> tether.prp.v1.ProcessInfo
 	38, // 36: tether.executor.v1.Session.checkpoint:type_name -> tether.executor.v1.SessionCheckpoint
 	34, // 37: tether.executor.v1.Session.replacements:type_name -> tether.executor.v1.SessionReplacement
 	34, // 38: tether.executor.v1.ReplaceSessionResponse.replacements:type_name -> tether.executor.v1.SessionReplacement
-	57, // 39: tether.executor.v1.SessionReplacement.requested_at:type_name -> google.protobuf.Timestamp
-	57, // 40: tether.executor.v1.SessionReplacement.applied_at:type_name -> google.protobuf.Timestamp
+	62, // 39: tether.executor.v1.SessionReplacement.requested_at:type_name -> google.protobuf.Timestamp
+	62, // 40: tether.executor.v1.SessionReplacement.applied_at:type_name -> google.protobuf.Timestamp
 	31, // 41: tether.executor.v1.GetSessionResponse.sessions:type_name -> tether.executor.v1.Session
 	38, // 42: tether.executor.v1.CloseSessionResponse.checkpoints:type_name -> tether.executor.v1.SessionCheckpoint
-	62, // 43: tether.executor.v1.SessionCheckpoint.stamp:type_name -> tether.backup.v1.Stamp
-	57, // 44: tether.executor.v1.SessionCheckpoint.created_at:type_name -> google.protobuf.Timestamp
+	67, // 43: tether.executor.v1.SessionCheckpoint.stamp:type_name -> tether.backup.v1.Stamp
+	62, // 44: tether.executor.v1.SessionCheckpoint.created_at:type_name -> google.protobuf.Timestamp
 	40, // 45: tether.executor.v1.Interaction.questions:type_name -> tether.executor.v1.InteractionQuestion
 	42, // 46: tether.executor.v1.Interaction.answers:type_name -> tether.executor.v1.InteractionAnswer
-	57, // 47: tether.executor.v1.Interaction.created_at:type_name -> google.protobuf.Timestamp
-	57, // 48: tether.executor.v1.Interaction.answered_at:type_name -> google.protobuf.Timestamp
+	62, // 47: tether.executor.v1.Interaction.created_at:type_name -> google.protobuf.Timestamp
+	62, // 48: tether.executor.v1.Interaction.answered_at:type_name -> google.protobuf.Timestamp
 	41, // 49: tether.executor.v1.InteractionQuestion.options:type_name -> tether.executor.v1.InteractionOption
 	39, // 50: tether.executor.v1.ListInteractionsResponse.interactions:type_name -> tether.executor.v1.Interaction
 	39, // 51: tether.executor.v1.GetInteractionResponse.interaction:type_name -> tether.executor.v1.Interaction
 	42, // 52: tether.executor.v1.AnswerInteractionRequest.answers:type_name -> tether.executor.v1.InteractionAnswer
 	39, // 53: tether.executor.v1.AnswerInteractionResponse.interaction:type_name -> tether.executor.v1.Interaction
 	11, // 54: tether.executor.v1.AnswerInteractionResponse.continuation_run:type_name -> tether.executor.v1.Run
-	57, // 55: tether.executor.v1.Secret.updated_at:type_name -> google.protobuf.Timestamp
+	62, // 55: tether.executor.v1.Secret.updated_at:type_name -> google.protobuf.Timestamp
 	49, // 56: tether.executor.v1.PutSecretResponse.secret:type_name -> tether.executor.v1.Secret
 	49, // 57: tether.executor.v1.ListSecretsResponse.secrets:type_name -> tether.executor.v1.Secret
 	49, // 58: tether.executor.v1.DeleteSecretResponse.secret:type_name -> tether.executor.v1.Secret
-	2,  // 59: tether.executor.v1.ExecutorService.SubmitRun:input_type -> tether.executor.v1.SubmitRunRequest
-	16, // 60: tether.executor.v1.ExecutorService.GetRun:input_type -> tether.executor.v1.GetRunRequest
-	18, // 61: tether.executor.v1.ExecutorService.ListRuns:input_type -> tether.executor.v1.ListRunsRequest
-	20, // 62: tether.executor.v1.ExecutorService.WatchRun:input_type -> tether.executor.v1.WatchRunRequest
-	14, // 63: tether.executor.v1.ExecutorService.CancelRun:input_type -> tether.executor.v1.CancelRunRequest
-	22, // 64: tether.executor.v1.ExecutorService.GetSteeringState:input_type -> tether.executor.v1.GetSteeringStateRequest
-	24, // 65: tether.executor.v1.ExecutorService.SteerRun:input_type -> tether.executor.v1.SteerRunRequest
-	26, // 66: tether.executor.v1.ExecutorService.ResolveRuntimeRequest:input_type -> tether.executor.v1.ResolveRuntimeRequestRequest
-	28, // 67: tether.executor.v1.ExecutorService.CompleteToolCall:input_type -> tether.executor.v1.CompleteToolCallRequest
-	30, // 68: tether.executor.v1.ExecutorService.GetSession:input_type -> tether.executor.v1.GetSessionRequest
-	36, // 69: tether.executor.v1.ExecutorService.CloseSession:input_type -> tether.executor.v1.CloseSessionRequest
-	32, // 70: tether.executor.v1.ExecutorService.ReplaceSession:input_type -> tether.executor.v1.ReplaceSessionRequest
-	43, // 71: tether.executor.v1.ExecutorService.ListInteractions:input_type -> tether.executor.v1.ListInteractionsRequest
-	45, // 72: tether.executor.v1.ExecutorService.GetInteraction:input_type -> tether.executor.v1.GetInteractionRequest
-	47, // 73: tether.executor.v1.ExecutorService.AnswerInteraction:input_type -> tether.executor.v1.AnswerInteractionRequest
-	50, // 74: tether.executor.v1.ExecutorService.PutSecret:input_type -> tether.executor.v1.PutSecretRequest
-	52, // 75: tether.executor.v1.ExecutorService.ListSecrets:input_type -> tether.executor.v1.ListSecretsRequest
-	54, // 76: tether.executor.v1.ExecutorService.DeleteSecret:input_type -> tether.executor.v1.DeleteSecretRequest
-	3,  // 77: tether.executor.v1.ExecutorService.SubmitRun:output_type -> tether.executor.v1.SubmitRunResponse
-	17, // 78: tether.executor.v1.ExecutorService.GetRun:output_type -> tether.executor.v1.GetRunResponse
-	19, // 79: tether.executor.v1.ExecutorService.ListRuns:output_type -> tether.executor.v1.ListRunsResponse
-	21, // 80: tether.executor.v1.ExecutorService.WatchRun:output_type -> tether.executor.v1.WatchRunResponse
-	15, // 81: tether.executor.v1.ExecutorService.CancelRun:output_type -> tether.executor.v1.CancelRunResponse
-	23, // 82: tether.executor.v1.ExecutorService.GetSteeringState:output_type -> tether.executor.v1.GetSteeringStateResponse
-	25, // 83: tether.executor.v1.ExecutorService.SteerRun:output_type -> tether.executor.v1.SteerRunResponse
-	27, // 84: tether.executor.v1.ExecutorService.ResolveRuntimeRequest:output_type -> tether.executor.v1.ResolveRuntimeRequestResponse
-	29, // 85: tether.executor.v1.ExecutorService.CompleteToolCall:output_type -> tether.executor.v1.CompleteToolCallResponse
-	35, // 86: tether.executor.v1.ExecutorService.GetSession:output_type -> tether.executor.v1.GetSessionResponse
-	37, // 87: tether.executor.v1.ExecutorService.CloseSession:output_type -> tether.executor.v1.CloseSessionResponse
-	33, // 88: tether.executor.v1.ExecutorService.ReplaceSession:output_type -> tether.executor.v1.ReplaceSessionResponse
-	44, // 89: tether.executor.v1.ExecutorService.ListInteractions:output_type -> tether.executor.v1.ListInteractionsResponse
-	46, // 90: tether.executor.v1.ExecutorService.GetInteraction:output_type -> tether.executor.v1.GetInteractionResponse
-	48, // 91: tether.executor.v1.ExecutorService.AnswerInteraction:output_type -> tether.executor.v1.AnswerInteractionResponse
-	51, // 92: tether.executor.v1.ExecutorService.PutSecret:output_type -> tether.executor.v1.PutSecretResponse
-	53, // 93: tether.executor.v1.ExecutorService.ListSecrets:output_type -> tether.executor.v1.ListSecretsResponse
-	55, // 94: tether.executor.v1.ExecutorService.DeleteSecret:output_type -> tether.executor.v1.DeleteSecretResponse
-	77, // [77:95] is the sub-list for method output_type
-	59, // [59:77] is the sub-list for method input_type
-	59, // [59:59] is the sub-list for extension type_name
-	59, // [59:59] is the sub-list for extension extendee
-	0,  // [0:59] is the sub-list for field type_name
+	60, // 59: tether.executor.v1.DeleteRunResponse.deleted:type_name -> tether.executor.v1.PurgeCounts
+	60, // 60: tether.executor.v1.PurgeCompanyResponse.deleted:type_name -> tether.executor.v1.PurgeCounts
+	2,  // 61: tether.executor.v1.ExecutorService.SubmitRun:input_type -> tether.executor.v1.SubmitRunRequest
+	16, // 62: tether.executor.v1.ExecutorService.GetRun:input_type -> tether.executor.v1.GetRunRequest
+	18, // 63: tether.executor.v1.ExecutorService.ListRuns:input_type -> tether.executor.v1.ListRunsRequest
+	20, // 64: tether.executor.v1.ExecutorService.WatchRun:input_type -> tether.executor.v1.WatchRunRequest
+	14, // 65: tether.executor.v1.ExecutorService.CancelRun:input_type -> tether.executor.v1.CancelRunRequest
+	22, // 66: tether.executor.v1.ExecutorService.GetSteeringState:input_type -> tether.executor.v1.GetSteeringStateRequest
+	24, // 67: tether.executor.v1.ExecutorService.SteerRun:input_type -> tether.executor.v1.SteerRunRequest
+	26, // 68: tether.executor.v1.ExecutorService.ResolveRuntimeRequest:input_type -> tether.executor.v1.ResolveRuntimeRequestRequest
+	28, // 69: tether.executor.v1.ExecutorService.CompleteToolCall:input_type -> tether.executor.v1.CompleteToolCallRequest
+	30, // 70: tether.executor.v1.ExecutorService.GetSession:input_type -> tether.executor.v1.GetSessionRequest
+	36, // 71: tether.executor.v1.ExecutorService.CloseSession:input_type -> tether.executor.v1.CloseSessionRequest
+	32, // 72: tether.executor.v1.ExecutorService.ReplaceSession:input_type -> tether.executor.v1.ReplaceSessionRequest
+	43, // 73: tether.executor.v1.ExecutorService.ListInteractions:input_type -> tether.executor.v1.ListInteractionsRequest
+	45, // 74: tether.executor.v1.ExecutorService.GetInteraction:input_type -> tether.executor.v1.GetInteractionRequest
+	47, // 75: tether.executor.v1.ExecutorService.AnswerInteraction:input_type -> tether.executor.v1.AnswerInteractionRequest
+	50, // 76: tether.executor.v1.ExecutorService.PutSecret:input_type -> tether.executor.v1.PutSecretRequest
+	52, // 77: tether.executor.v1.ExecutorService.ListSecrets:input_type -> tether.executor.v1.ListSecretsRequest
+	54, // 78: tether.executor.v1.ExecutorService.DeleteSecret:input_type -> tether.executor.v1.DeleteSecretRequest
+	56, // 79: tether.executor.v1.ExecutorService.DeleteRun:input_type -> tether.executor.v1.DeleteRunRequest
+	58, // 80: tether.executor.v1.ExecutorService.PurgeCompany:input_type -> tether.executor.v1.PurgeCompanyRequest
+	3,  // 81: tether.executor.v1.ExecutorService.SubmitRun:output_type -> tether.executor.v1.SubmitRunResponse
+	17, // 82: tether.executor.v1.ExecutorService.GetRun:output_type -> tether.executor.v1.GetRunResponse
+	19, // 83: tether.executor.v1.ExecutorService.ListRuns:output_type -> tether.executor.v1.ListRunsResponse
+	21, // 84: tether.executor.v1.ExecutorService.WatchRun:output_type -> tether.executor.v1.WatchRunResponse
+	15, // 85: tether.executor.v1.ExecutorService.CancelRun:output_type -> tether.executor.v1.CancelRunResponse
+	23, // 86: tether.executor.v1.ExecutorService.GetSteeringState:output_type -> tether.executor.v1.GetSteeringStateResponse
+	25, // 87: tether.executor.v1.ExecutorService.SteerRun:output_type -> tether.executor.v1.SteerRunResponse
+	27, // 88: tether.executor.v1.ExecutorService.ResolveRuntimeRequest:output_type -> tether.executor.v1.ResolveRuntimeRequestResponse
+	29, // 89: tether.executor.v1.ExecutorService.CompleteToolCall:output_type -> tether.executor.v1.CompleteToolCallResponse
+	35, // 90: tether.executor.v1.ExecutorService.GetSession:output_type -> tether.executor.v1.GetSessionResponse
+	37, // 91: tether.executor.v1.ExecutorService.CloseSession:output_type -> tether.executor.v1.CloseSessionResponse
+	33, // 92: tether.executor.v1.ExecutorService.ReplaceSession:output_type -> tether.executor.v1.ReplaceSessionResponse
+	44, // 93: tether.executor.v1.ExecutorService.ListInteractions:output_type -> tether.executor.v1.ListInteractionsResponse
+	46, // 94: tether.executor.v1.ExecutorService.GetInteraction:output_type -> tether.executor.v1.GetInteractionResponse
+	48, // 95: tether.executor.v1.ExecutorService.AnswerInteraction:output_type -> tether.executor.v1.AnswerInteractionResponse
+	51, // 96: tether.executor.v1.ExecutorService.PutSecret:output_type -> tether.executor.v1.PutSecretResponse
+	53, // 97: tether.executor.v1.ExecutorService.ListSecrets:output_type -> tether.executor.v1.ListSecretsResponse
+	55, // 98: tether.executor.v1.ExecutorService.DeleteSecret:output_type -> tether.executor.v1.DeleteSecretResponse
+	57, // 99: tether.executor.v1.ExecutorService.DeleteRun:output_type -> tether.executor.v1.DeleteRunResponse
+	59, // 100: tether.executor.v1.ExecutorService.PurgeCompany:output_type -> tether.executor.v1.PurgeCompanyResponse
+	81, // [81:101] is the sub-list for method output_type
+	61, // [61:81] is the sub-list for method input_type
+	61, // [61:61] is the sub-list for extension type_name
+	61, // [61:61] is the sub-list for extension extendee
+	0,  // [0:61] is the sub-list for field type_name
 }
 
 func init() { file_tether_executor_v1_executor_proto_init() }
@@ -4706,7 +5065,7 @@ func file_tether_executor_v1_executor_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_tether_executor_v1_executor_proto_rawDesc), len(file_tether_executor_v1_executor_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   54,
+			NumMessages:   59,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -37,6 +37,8 @@ const (
 	ExecutorService_PutSecret_FullMethodName             = "/tether.executor.v1.ExecutorService/PutSecret"
 	ExecutorService_ListSecrets_FullMethodName           = "/tether.executor.v1.ExecutorService/ListSecrets"
 	ExecutorService_DeleteSecret_FullMethodName          = "/tether.executor.v1.ExecutorService/DeleteSecret"
+	ExecutorService_DeleteRun_FullMethodName             = "/tether.executor.v1.ExecutorService/DeleteRun"
+	ExecutorService_PurgeCompany_FullMethodName          = "/tether.executor.v1.ExecutorService/PurgeCompany"
 )
 
 // ExecutorServiceClient is the client API for ExecutorService service.
@@ -117,6 +119,22 @@ type ExecutorServiceClient interface {
 	// DeleteSecret deletes a company's secret (secret_not_found when there
 	// is none); a run naming it fails its next attempt with secret_not_found.
 	DeleteSecret(ctx context.Context, in *DeleteSecretRequest, opts ...grpc.CallOption) (*DeleteSecretResponse, error)
+	// DeleteRun deletes one ended run with everything that hangs off it
+	// (SPEC L1): its events, activities, interactions, lease row, applied
+	// session replacements and the superseded checkpoints that name it (their
+	// archives too, through the backup verifier). A run queued or running is
+	// refused (FAILED_PRECONDITION run_not_ended); so is the run the session's
+	// current checkpoint names (run_holds_current_checkpoint): its session
+	// still restores from it. An operator of the run's company may call it;
+	// the deletion is recorded in the operator audit (who, when, why, counts).
+	DeleteRun(ctx context.Context, in *DeleteRunRequest, opts ...grpc.CallOption) (*DeleteRunResponse, error)
+	// PurgeCompany deletes everything the executor keeps of a company (SPEC
+	// L1): runs in every state but running ones (refused with run_not_ended
+	// while any is queued or in flight: cancel them first), events,
+	// activities, interactions, checkpoints and their archives, session
+	// placements and suspensions, secrets and retention settings. Fleet
+	// operators only; recorded in the operator audit.
+	PurgeCompany(ctx context.Context, in *PurgeCompanyRequest, opts ...grpc.CallOption) (*PurgeCompanyResponse, error)
 }
 
 type executorServiceClient struct {
@@ -316,6 +334,26 @@ func (c *executorServiceClient) DeleteSecret(ctx context.Context, in *DeleteSecr
 	return out, nil
 }
 
+func (c *executorServiceClient) DeleteRun(ctx context.Context, in *DeleteRunRequest, opts ...grpc.CallOption) (*DeleteRunResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DeleteRunResponse)
+	err := c.cc.Invoke(ctx, ExecutorService_DeleteRun_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *executorServiceClient) PurgeCompany(ctx context.Context, in *PurgeCompanyRequest, opts ...grpc.CallOption) (*PurgeCompanyResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PurgeCompanyResponse)
+	err := c.cc.Invoke(ctx, ExecutorService_PurgeCompany_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // ExecutorServiceServer is the server API for ExecutorService service.
 // All implementations must embed UnimplementedExecutorServiceServer
 // for forward compatibility.
@@ -394,6 +432,22 @@ type ExecutorServiceServer interface {
 	// DeleteSecret deletes a company's secret (secret_not_found when there
 	// is none); a run naming it fails its next attempt with secret_not_found.
 	DeleteSecret(context.Context, *DeleteSecretRequest) (*DeleteSecretResponse, error)
+	// DeleteRun deletes one ended run with everything that hangs off it
+	// (SPEC L1): its events, activities, interactions, lease row, applied
+	// session replacements and the superseded checkpoints that name it (their
+	// archives too, through the backup verifier). A run queued or running is
+	// refused (FAILED_PRECONDITION run_not_ended); so is the run the session's
+	// current checkpoint names (run_holds_current_checkpoint): its session
+	// still restores from it. An operator of the run's company may call it;
+	// the deletion is recorded in the operator audit (who, when, why, counts).
+	DeleteRun(context.Context, *DeleteRunRequest) (*DeleteRunResponse, error)
+	// PurgeCompany deletes everything the executor keeps of a company (SPEC
+	// L1): runs in every state but running ones (refused with run_not_ended
+	// while any is queued or in flight: cancel them first), events,
+	// activities, interactions, checkpoints and their archives, session
+	// placements and suspensions, secrets and retention settings. Fleet
+	// operators only; recorded in the operator audit.
+	PurgeCompany(context.Context, *PurgeCompanyRequest) (*PurgeCompanyResponse, error)
 	mustEmbedUnimplementedExecutorServiceServer()
 }
 
@@ -457,6 +511,12 @@ func (UnimplementedExecutorServiceServer) ListSecrets(context.Context, *ListSecr
 }
 func (UnimplementedExecutorServiceServer) DeleteSecret(context.Context, *DeleteSecretRequest) (*DeleteSecretResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method DeleteSecret not implemented")
+}
+func (UnimplementedExecutorServiceServer) DeleteRun(context.Context, *DeleteRunRequest) (*DeleteRunResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method DeleteRun not implemented")
+}
+func (UnimplementedExecutorServiceServer) PurgeCompany(context.Context, *PurgeCompanyRequest) (*PurgeCompanyResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method PurgeCompany not implemented")
 }
 func (UnimplementedExecutorServiceServer) mustEmbedUnimplementedExecutorServiceServer() {}
 func (UnimplementedExecutorServiceServer) testEmbeddedByValue()                         {}
@@ -796,6 +856,42 @@ func _ExecutorService_DeleteSecret_Handler(srv interface{}, ctx context.Context,
 	return interceptor(ctx, in, info, handler)
 }
 
+func _ExecutorService_DeleteRun_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DeleteRunRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ExecutorServiceServer).DeleteRun(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ExecutorService_DeleteRun_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ExecutorServiceServer).DeleteRun(ctx, req.(*DeleteRunRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _ExecutorService_PurgeCompany_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PurgeCompanyRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ExecutorServiceServer).PurgeCompany(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ExecutorService_PurgeCompany_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ExecutorServiceServer).PurgeCompany(ctx, req.(*PurgeCompanyRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // ExecutorService_ServiceDesc is the grpc.ServiceDesc for ExecutorService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -870,6 +966,14 @@ var ExecutorService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "DeleteSecret",
 			Handler:    _ExecutorService_DeleteSecret_Handler,
+		},
+		{
+			MethodName: "DeleteRun",
+			Handler:    _ExecutorService_DeleteRun_Handler,
+		},
+		{
+			MethodName: "PurgeCompany",
+			Handler:    _ExecutorService_PurgeCompany_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{
