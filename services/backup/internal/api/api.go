@@ -20,9 +20,9 @@ import (
 
 	"github.com/tether-run/tether/pkg/chunkio"
 	"github.com/tether-run/tether/pkg/failure"
+	backupv1 "github.com/tether-run/tether/pkg/gen/tether/backup/v1"
 	"github.com/tether-run/tether/pkg/grpcx"
 	"github.com/tether-run/tether/pkg/identity"
-	backupv1 "github.com/tether-run/tether/pkg/gen/tether/backup/v1"
 	"github.com/tether-run/tether/services/backup/internal/checkpoint"
 	"github.com/tether-run/tether/services/backup/internal/harness"
 	"github.com/tether-run/tether/services/backup/internal/providerpack"
