@@ -202,6 +202,10 @@ test-clients: build ## opt-in SPEC U2: the TypeScript client (clients/typescript
 	cd clients/typescript && npm ci --no-audit --no-fund
 	TETHER_CLIENTS=1 TETHER_TEST_BIN=$(CURDIR)/bin $(GO) test -count=1 -timeout 10m -v -run '^TestU2_' ./services/executor/cmd/tether-demo/ ./pkg/failure/
 
+.PHONY: test-upgrade
+test-upgrade: build ## opt-in SPEC L3: executors of the previous release (v0.1.0, built from its commit into .cache/upgrade/) and of main on one database during a rolling upgrade with runs in flight; audit clean
+	TETHER_UPGRADE=1 TETHER_TEST_BIN=$(CURDIR)/bin $(GO) test -count=1 -timeout 10m -v -run '^TestL3_ExecutorsOfThePreviousRelease' ./services/executor/internal/e2e/
+
 .PHONY: test-chaos
 test-chaos: ## SPEC X2: the fault matrix over real processes (>= 204 runs, 6 warm sessions, two gateways, >= 10 faults of each kind incl. host kill, fail-back, runnerd kill after a checkpoint), then tetherctl audit (wedged sessions too) and an orphan-provider scan; SEED=n reproduces a plan
 	TETHER_CHAOS=1 SEED=$(SEED) $(GO) test -count=1 -timeout 25m -v -run '^TestX2_' ./services/executor/internal/e2e/

@@ -148,8 +148,8 @@ func main() {
 	flag.IntVar(&cfg.unaryCallers, "unary-callers", 32, "unary_getrun, unary_submit: concurrent callers per side")
 	flag.StringVar(&cfg.cpuProfile, "cpuprofile", "", "write a CPU profile of this process (the measured figures, both sides; or the curves) to this file")
 	flag.BoolVar(&cfg.curves, "curves", false, "measure the scale curves instead of the figures (see curves.go)")
-	curveList := flag.String("curve", "claim_attempt,lease_renewal,event_append,watch_delivery", "-curves: which curves, comma-separated")
-	cfg.backlogs, cfg.leaseSizes, cfg.watchers, cfg.appendRows = []int{1000, 10000, 100000}, []int{100, 1000, 10000}, []int{1, 100, 1000}, []int{0, 1000000}
+	curveList := flag.String("curve", "claim_attempt,lease_renewal,event_append,watch_delivery,purge_impact", "-curves: which curves, comma-separated")
+	cfg.backlogs, cfg.leaseSizes, cfg.watchers, cfg.appendRows = []int{1000, 10000, 100000}, []int{100, 1000, 10000}, []int{1, 100, 1000}, []int{0, 1000000, 10000000}
 	flag.Var(intList{&cfg.backlogs}, "backlogs", "claim_attempt: runs blocked behind 10 busy sessions")
 	flag.IntVar(&cfg.attempts, "attempts", 300, "claim_attempt: measured attempts per size")
 	flag.Var(intList{&cfg.leaseSizes}, "lease-sizes", "lease_renewal: leases renewed per tick")

@@ -97,6 +97,8 @@ type Stack struct {
 	procs map[string]*Proc
 	ports map[string]int // extra executors: "executor-2", ...
 	extra map[string][]string
+	// binaries: processes that run another binary than BinDir's.
+	binaries map[string]string
 	// pidNS: services started in a PID namespace of their own.
 	pidNS map[string]bool
 }
@@ -409,6 +411,55 @@ func (s *Stack) RegistryArgs(executors ...string) []string {
 	return a
 }
 
+// SetBinary has the named process run the binary at path from its next
+// Start on, instead of BinDir's (e.g. an executor of the previous release in
+// the rolling-upgrade test, SPEC L3); "" goes back to BinDir's. Flags the
+// binary does not list in its -h are left out of its arguments (a newer
+// flag an older binary would refuse).
+func (s *Stack) SetBinary(name, path string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.binaries == nil {
+		s.binaries = map[string]string{}
+	}
+	if path == "" {
+		delete(s.binaries, name)
+		return
+	}
+	s.binaries[name] = path
+}
+
+// knownFlags keeps of args the flags bin lists in its -h output (with
+// their values).
+func knownFlags(bin string, args []string) ([]string, error) {
+	out, _ := exec.Command(bin, "-h").CombinedOutput()
+	known := map[string]bool{}
+	for _, l := range strings.Split(string(out), "\n") {
+		if f := strings.Fields(l); len(f) > 0 && strings.HasPrefix(f[0], "-") {
+			known[strings.TrimPrefix(f[0], "-")] = true
+		}
+	}
+	if len(known) == 0 {
+		return nil, fmt.Errorf("%s -h lists no flags: %s", bin, out)
+	}
+	var kept []string
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		name, _, inline := strings.Cut(strings.TrimPrefix(a, "-"), "=")
+		hasValue := !inline && i+1 < len(args) && !strings.HasPrefix(args[i+1], "-")
+		if known[name] {
+			kept = append(kept, a)
+			if hasValue {
+				kept = append(kept, args[i+1])
+			}
+		}
+		if hasValue {
+			i++
+		}
+	}
+	return kept, nil
+}
+
 // SetExtraArgs sets extra flags for a service's next Start.
 func (s *Stack) SetExtraArgs(name string, args ...string) {
 	s.mu.Lock()
@@ -569,7 +620,18 @@ func (s *Stack) Start(ctx context.Context, name string) (*Proc, error) {
 	case strings.HasPrefix(name, "runnergw-"):
 		bin = "runnergw"
 	}
-	cmd := exec.Command(filepath.Join(s.opts.BinDir, bin), s.args(name)...)
+	path, args := filepath.Join(s.opts.BinDir, bin), s.args(name)
+	s.mu.Lock()
+	other, ok := s.binaries[name]
+	s.mu.Unlock()
+	if ok {
+		path = other
+		if args, err = knownFlags(path, args); err != nil {
+			logf.Close()
+			return nil, err
+		}
+	}
+	cmd := exec.Command(path, args...)
 	cmd.Env = append(append(os.Environ(), "TETHER_DATABASE_URL="), s.opts.Env...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	// Own process group, and die with us if we die.

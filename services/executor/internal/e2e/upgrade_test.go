@@ -1,0 +1,146 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
+	"github.com/tether-run/tether/services/executor/internal/stack"
+)
+
+// previousRelease is the commit tagged v0.1.0, the release before main
+// (the tag is local to the repository it was made in: a fresh clone has the
+// commit, not the tag).
+const previousRelease = "dd9bcc3"
+
+// previousExecutor builds the executor of previousRelease from its tree
+// (git archive) into <checkout>/.cache/upgrade/<commit>/ once, and returns
+// the binary.
+func previousExecutor(t *testing.T) string {
+	t.Helper()
+	git := func(args ...string) string {
+		out, err := exec.Command("git", args...).Output()
+		require.NoError(t, err, "git %v", args)
+		return strings.TrimSpace(string(out))
+	}
+	root := git("rev-parse", "--show-toplevel")
+	commit := git("-C", root, "rev-parse", previousRelease+"^{commit}")
+	dir := filepath.Join(root, ".cache", "upgrade", commit)
+	bin := filepath.Join(dir, "bin", "executor")
+	if _, err := os.Stat(bin); err == nil {
+		return bin
+	}
+	src := filepath.Join(dir, "src")
+	require.NoError(t, os.RemoveAll(src))
+	require.NoError(t, os.MkdirAll(src, 0o755))
+	archive := exec.Command("sh", "-c", `git -C "$1" archive "$2" | tar -x -C "$3"`, "sh", root, commit, src)
+	out, err := archive.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	build := exec.Command("go", "build", "-trimpath", "-ldflags", "-X github.com/tether-run/tether/pkg/buildinfo.version=v0.1.0",
+		"-o", filepath.Join(dir, "bin")+"/", "./services/executor/cmd/executor")
+	build.Dir = src
+	out, err = build.CombinedOutput()
+	require.NoError(t, err, "building the executor of %s: %s", commit, out)
+	require.NoError(t, os.RemoveAll(src))
+	return bin
+}
+
+// TestL3_ExecutorsOfThePreviousReleaseAndOfMainShareTheDatabaseDuringARollingUpgrade
+// (opt-in: make test-upgrade): two executors of the previous release
+// (v0.1.0) drive warm runs of six sessions on a database migrated by main;
+// while runs keep being submitted and are in flight, each executor in turn
+// is stopped (SIGTERM: its leases are handed back) and started again as
+// main's, so that for a while one of each version runs. Every run ends
+// succeeded, exactly once, each session's turns in order, and the audit is
+// clean.
+func TestL3_ExecutorsOfThePreviousReleaseAndOfMainShareTheDatabaseDuringARollingUpgrade(t *testing.T) {
+	if os.Getenv("TETHER_UPGRADE") == "" {
+		t.Skip("opt-in: make test-upgrade (TETHER_UPGRADE=1) builds the previous release and rolls executors over to main")
+	}
+	old := previousExecutor(t)
+	h := newHarnessWith(t, stack.Options{FakeArgs: []string{"--delta-delay-ms", "15"}}, "backup-verifier", "runnergw")
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	require.NoError(t, h.st.AddExecutor("executor-2"))
+	for _, e := range []string{"executor", "executor-2"} {
+		h.st.SetBinary(e, old)
+		_, err := h.st.Start(ctx, e)
+		require.NoError(t, err)
+	}
+	clients := []executorv1.ExecutorServiceClient{h.clientFor("executor"), h.clientFor("executor-2")}
+
+	// The submitter: a run every 150 ms, round robin over six sessions,
+	// through whichever executor answers.
+	const sessions, total = 6, 48
+	var (
+		mu        sync.Mutex
+		submitted []string
+	)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := range total {
+			id := fmt.Sprintf("up-%02d", i)
+			in := h.submitInput(fmt.Sprintf("up-s%d", i%sessions), slowTurn)
+			for try := 0; ; try++ {
+				_, err := clients[(i+try)%2].SubmitRun(ctx, &executorv1.SubmitRunRequest{RunId: id, Input: in})
+				if err == nil {
+					break
+				}
+				if ctx.Err() != nil || status.Code(err) != codes.Unavailable {
+					t.Errorf("submitting %s: %v", id, err)
+					return
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+			mu.Lock()
+			submitted = append(submitted, id)
+			mu.Unlock()
+			time.Sleep(150 * time.Millisecond)
+		}
+	}()
+	inFlight := func() int {
+		return h.count(`SELECT count(*) FROM executor.coordinators WHERE phase = 'observed'`)
+	}
+	// Roll: executor-2 first, then executor, each once runs are in flight.
+	for _, e := range []string{"executor-2", "executor"} {
+		require.Eventually(t, func() bool { return inFlight() > 0 }, time.Minute, 20*time.Millisecond, "runs in flight before %s is upgraded", e)
+		h.st.Proc(e).Stop(15 * time.Second)
+		h.st.SetBinary(e, "")
+		_, err := h.st.Start(ctx, e)
+		require.NoError(t, err, "starting main's %s", e)
+		time.Sleep(time.Second) // both versions drive runs for a while
+	}
+	<-done
+	mu.Lock()
+	ids := append([]string(nil), submitted...)
+	mu.Unlock()
+	require.Len(t, ids, total)
+	for _, id := range ids {
+		run := h.waitState(ctx, clients[0], id, executorv1.RunState_RUN_STATE_SUCCEEDED)
+		require.Contains(t, run.GetResult().GetFinalMessage(), "ECHO:", id)
+	}
+	// Each session's turns in order: turn n of a session saw 2(n-1)
+	// earlier messages.
+	for s := range sessions {
+		n := 0
+		for i := s; i < total; i += sessions {
+			run, err := clients[0].GetRun(ctx, &executorv1.GetRunRequest{RunId: fmt.Sprintf("up-%02d", i)})
+			require.NoError(t, err)
+			require.Contains(t, run.GetRun().GetResult().GetFinalMessage(), fmt.Sprintf("%d earlier messages", 2*n), "run up-%02d", i)
+			n++
+		}
+	}
+	h.requireAuditClean()
+}
