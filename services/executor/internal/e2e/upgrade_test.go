@@ -75,9 +75,43 @@ func TestL3_ExecutorsOfThePreviousReleaseAndOfMainShareTheDatabaseDuringARolling
 	require.NoError(t, h.st.AddExecutor("executor-2"))
 	for _, e := range []string{"executor", "executor-2"} {
 		h.st.SetBinary(e, old)
+		h.st.SetExtraArgs(e, "-owner-id", e+"@v0.1.0") // the lease owner names the version
 		_, err := h.st.Start(ctx, e)
 		require.NoError(t, err)
 	}
+	// Which versions hold leases, sampled: both at once must be seen.
+	var (
+		seenMu sync.Mutex
+		seen   = map[string]bool{}
+		mixed  bool
+	)
+	sampled := make(chan struct{})
+	sctx, stopSampling := context.WithCancel(ctx)
+	go func() {
+		defer close(sampled)
+		for sctx.Err() == nil {
+			rows, err := h.store().Pool().Query(sctx, `SELECT DISTINCT lease_owner FROM executor.coordinators WHERE phase = 'observed'`)
+			if err == nil {
+				old, cur := false, false
+				for rows.Next() {
+					var o string
+					if rows.Scan(&o) == nil {
+						seenMu.Lock()
+						seen[o] = true
+						seenMu.Unlock()
+						old, cur = old || strings.HasSuffix(o, "@v0.1.0"), cur || !strings.HasSuffix(o, "@v0.1.0")
+					}
+				}
+				rows.Close()
+				if old && cur {
+					seenMu.Lock()
+					mixed = true
+					seenMu.Unlock()
+				}
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}()
 	clients := []executorv1.ExecutorServiceClient{h.clientFor("executor"), h.clientFor("executor-2")}
 
 	// The submitter: a run every 150 ms, round robin over six sessions,
@@ -110,14 +144,15 @@ func TestL3_ExecutorsOfThePreviousReleaseAndOfMainShareTheDatabaseDuringARolling
 			time.Sleep(150 * time.Millisecond)
 		}
 	}()
-	inFlight := func() int {
-		return h.count(`SELECT count(*) FROM executor.coordinators WHERE phase = 'observed'`)
+	holding := func(owner string) int {
+		return h.count(`SELECT count(*) FROM executor.coordinators WHERE phase = 'observed' AND lease_owner = $1`, owner)
 	}
-	// Roll: executor-2 first, then executor, each once runs are in flight.
+	// Roll: executor-2 first, then executor, each while it drives runs.
 	for _, e := range []string{"executor-2", "executor"} {
-		require.Eventually(t, func() bool { return inFlight() > 0 }, time.Minute, 20*time.Millisecond, "runs in flight before %s is upgraded", e)
+		require.Eventually(t, func() bool { return holding(e+"@v0.1.0") > 0 }, time.Minute, 10*time.Millisecond, "%s drives runs before it is upgraded", e)
 		h.st.Proc(e).Stop(15 * time.Second)
 		h.st.SetBinary(e, "")
+		h.st.SetExtraArgs(e)
 		_, err := h.st.Start(ctx, e)
 		require.NoError(t, err, "starting main's %s", e)
 		time.Sleep(time.Second) // both versions drive runs for a while
@@ -142,5 +177,12 @@ func TestL3_ExecutorsOfThePreviousReleaseAndOfMainShareTheDatabaseDuringARolling
 			n++
 		}
 	}
+	stopSampling()
+	<-sampled
+	seenMu.Lock()
+	defer seenMu.Unlock()
+	require.True(t, seen["executor@v0.1.0"] && seen["executor-2@v0.1.0"] && seen["executor"] && seen["executor-2"],
+		"each executor drove runs as v0.1.0 and as main: %v", seen)
+	require.True(t, mixed, "runs were driven by both versions at once")
 	h.requireAuditClean()
 }
