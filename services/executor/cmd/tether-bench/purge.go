@@ -39,7 +39,7 @@ SELECT 'old-' || (g / $2 + 1), g % $2 + 1, 'seed', g % $2 + 1, 'seed-' || g, 'it
 // expired runs beside it (SPEC L1: at most 10 % slower), in alternating
 // slices, and prints the ratios.
 func (b *bench) purgeImpact(ctx context.Context) ([]curve, error) {
-	const expiredRuns, eventsPerRun = 4000, 500
+	const expiredRuns, eventsPerRun = 1000, 500
 	payload := payloadOf(b.cfg.payload)
 	sample, err := proto.Marshal(&prpv1.Event{EventType: "item.delta", Payload: payload})
 	if err != nil {
@@ -127,21 +127,29 @@ func (b *bench) purgeImpact(ctx context.Context) ([]curve, error) {
 		}
 		return m, err
 	}
-	slice := b.cfg.duration / time.Duration(b.cfg.slices)
+	// Per figure: half a duration without, a whole duration with one purge
+	// pass running (long enough for its duty cycle: a batch, then a sleep
+	// nine times as long), half a duration without again.
+	half := b.cfg.duration / 2
 	var app, appP, clm, clmP measurement
 	measure := func(op func(context.Context) (int, error), acc, accP *measurement) error {
-		_, _, err := alternate(b.cfg.slices,
-			func(int) (measurement, error) {
-				m, err := timed(ctx, slice, op)
-				acc.add(m)
-				return m, err
-			},
-			func(int) (measurement, error) {
-				m, err := withPurge(func() (measurement, error) { return timed(ctx, slice, op) })
+		for _, with := range []bool{false, true, false} {
+			var (
+				m   measurement
+				err error
+			)
+			if with {
+				m, err = withPurge(func() (measurement, error) { return timed(ctx, 2*half, op) })
 				accP.add(m)
-				return m, err
-			})
-		return err
+			} else {
+				m, err = timed(ctx, half, op)
+				acc.add(m)
+			}
+			if err != nil {
+				return err
+			}
+		}
+		return nil
 	}
 	if err := measure(appendOp, &app, &appP); err != nil {
 		return nil, fmt.Errorf("purge_impact append: %w", err)
