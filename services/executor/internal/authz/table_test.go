@@ -94,7 +94,8 @@ var acmeRequests = map[string]func(caller string, ia map[string]string) proto.Me
 		return &executorv1.DeleteRunRequest{RunId: "acme-run", Reason: "table"}
 	},
 	executorv1.ExecutorService_PurgeCompany_FullMethodName: func(string, map[string]string) proto.Message {
-		return &executorv1.PurgeCompanyRequest{CompanyId: "acme", Reason: "table"}
+		// A company without data: the table's later calls need acme's.
+		return &executorv1.PurgeCompanyRequest{CompanyId: "acme-purged", Reason: "table"}
 	},
 	executorv1.GatewayRegistry_DrainGateway_FullMethodName: func(string, map[string]string) proto.Message {
 		return &executorv1.DrainGatewayRequest{GatewayId: "gw-operator"}
