@@ -202,6 +202,13 @@ test-clients: build ## opt-in SPEC U2: the TypeScript client (clients/typescript
 	cd clients/typescript && npm ci --no-audit --no-fund
 	TETHER_CLIENTS=1 TETHER_TEST_BIN=$(CURDIR)/bin $(GO) test -count=1 -timeout 10m -v -run '^TestU2_' ./services/executor/cmd/tether-demo/ ./pkg/failure/
 
+.PHONY: image image-check
+image: ## SPEC L4: the service image as a docker-archive (bin/tether-image.tar; LOAD=1 loads it), reproducible from the static binaries and a cached Debian rootfs (debootstrap once, no Docker Hub), labelled with VERSION and the commit
+	VERSION=$(VERSION) bash scripts/image.sh
+
+image-check: ## SPEC L4: two image builds of the same tree give the same image id (TestL4_MakeImageIsReproducible…)
+	TETHER_IMAGE_TEST=1 $(GO) test -count=1 -run '^TestL4_MakeImageIsReproducible' ./pkg/buildinfo/
+
 .PHONY: test-upgrade
 test-upgrade: build ## opt-in SPEC L3: executors of the previous release (v0.1.0, built from its commit into .cache/upgrade/) and of main on one database during a rolling upgrade with runs in flight; audit clean
 	TETHER_UPGRADE=1 TETHER_TEST_BIN=$(CURDIR)/bin $(GO) test -count=1 -timeout 10m -v -run '^TestL3_ExecutorsOfThePreviousRelease' ./services/executor/internal/e2e/
