@@ -25,6 +25,7 @@ export type Reason =
   | "caller_not_authorized"
   | "caller_unauthenticated"
   | "canceled"
+  | "checkpoint_deletion_unavailable"
   | "command_id_reused"
   | "command_invalid"
   | "command_unsupported"
@@ -111,9 +112,11 @@ export type Reason =
   | "provider_turn_missing"
   | "provider_turn_start_failed"
   | "provider_unknown_turn"
+  | "run_holds_current_checkpoint"
   | "run_id_ambiguous"
   | "run_id_conflict"
   | "run_not_attached"
+  | "run_not_ended"
   | "run_not_found"
   | "runner_artifact_unavailable"
   | "runner_attach_failed"
@@ -238,6 +241,7 @@ export const REASONS: Readonly<Record<Reason, { code: number; retry: RetryClass 
   "caller_not_authorized": { code: 7, retry: "permanent" },
   "caller_unauthenticated": { code: 16, retry: "permanent" },
   "canceled": { code: 1, retry: "permanent" },
+  "checkpoint_deletion_unavailable": { code: 14, retry: "transient" },
   "command_id_reused": { code: 9, retry: "permanent" },
   "command_invalid": { code: 3, retry: "permanent" },
   "command_unsupported": { code: 12, retry: "permanent" },
@@ -324,9 +328,11 @@ export const REASONS: Readonly<Record<Reason, { code: number; retry: RetryClass 
   "provider_turn_missing": { code: 9, retry: "permanent" },
   "provider_turn_start_failed": { code: 9, retry: "permanent" },
   "provider_unknown_turn": { code: 9, retry: "permanent" },
+  "run_holds_current_checkpoint": { code: 9, retry: "permanent" },
   "run_id_ambiguous": { code: 9, retry: "permanent" },
   "run_id_conflict": { code: 6, retry: "permanent" },
   "run_not_attached": { code: 9, retry: "permanent" },
+  "run_not_ended": { code: 9, retry: "permanent" },
   "run_not_found": { code: 5, retry: "permanent" },
   "runner_artifact_unavailable": { code: 9, retry: "permanent" },
   "runner_attach_failed": { code: 14, retry: "transient" },
