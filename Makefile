@@ -115,6 +115,10 @@ TEST_P ?= 4
 TEST_FIRST := ./services/runnergw/internal/gateway ./services/executor/internal/store ./pkg/pgtest \
               ./services/executor/internal/dispatch ./services/executor/internal/api ./services/runnerd/internal/codex \
               ./services/runnerd/internal/runner ./pkg/grpcx ./pkg/archive ./pkg/prp ./pkg/digest ./services/runnerd/cmd/runnerd
+# The console's browser tests (SPEC U4, TestU4_ in the end-to-end package)
+# run in make test: TETHER_REQUIRE_BROWSER makes a missing Chromium a
+# failure instead of a skip (.ci/run installs Debian's chromium), and their
+# screenshots are kept in artifacts/console/<test>/.
 # Everything make test writes to a temporary directory — each test's
 # directories, the PostgreSQL clusters, runnerd state roots, go test's build
 # directories and the test binaries it links — goes to a fresh directory
@@ -130,7 +134,7 @@ TEST_TMPDIR ?= $(shell test "$$(stat -f -c %T /dev/shm 2>/dev/null)" = tmpfs && 
 test: check-generate build ## lint, check generated code, and run every test with -race
 	@base='$(TEST_TMPDIR)'; tmp=$$(mktemp -d "$${base:-$${TMPDIR:-/tmp}}/tether-test.XXXXXX") && chmod 1777 "$$tmp" || exit 1; \
 	  trap 'rm -rf "$$tmp"' EXIT; export TMPDIR=$$tmp; echo "temporary files: $$tmp"; \
-	  export TETHER_TEST_BIN=$(CURDIR)/bin; out=$$(mktemp -d); \
+	  export TETHER_TEST_BIN=$(CURDIR)/bin TETHER_REQUIRE_BROWSER=1 TETHER_TEST_ARTIFACTS=$(CURDIR)/artifacts/console; out=$$(mktemp -d); \
 	  echo "$(GO) test $(TRIMPATH) -race -count=1 -timeout 40m -parallel $(E2E_PARALLEL) $(E2E) (in the background)"; \
 	  $(GO) test $(TRIMPATH) -race -count=1 -timeout 40m -parallel $(E2E_PARALLEL) $(E2E) >$$out/e2e 2>&1 & e2e=$$!; \
 	  echo "make lint (in the background)"; \

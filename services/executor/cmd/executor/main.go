@@ -217,7 +217,7 @@ func run() error {
 	}
 	executorv1.RegisterGatewayRegistryServer(srv.GRPC(), registry)
 	if auth.HTTPAddr != "" {
-		h, err := web.Handler(srv.GRPC(), nil)
+		h, err := web.Handler(srv.GRPC())
 		if err != nil {
 			return err
 		}

@@ -31,8 +31,8 @@ import (
 var Services = []string{executorv1.ExecutorService_ServiceDesc.ServiceName, executorv1.GatewayRegistry_ServiceDesc.ServiceName}
 
 // Handler serves Services of gs at /<service>/<method> (Connect, gRPC-web
-// and gRPC), and everything else with other (nil: 404).
-func Handler(gs *grpc.Server, other http.Handler) (http.Handler, error) {
+// and gRPC), and the operator console (Console) at /console/.
+func Handler(gs *grpc.Server) (http.Handler, error) {
 	info := gs.GetServiceInfo()
 	services := make([]*vanguard.Service, 0, len(Services))
 	for _, name := range Services {
@@ -40,9 +40,6 @@ func Handler(gs *grpc.Server, other http.Handler) (http.Handler, error) {
 			return nil, fmt.Errorf("web: service %s is not registered on the gRPC server", name)
 		}
 		services = append(services, vanguard.NewService(name, gs))
-	}
-	if other == nil {
-		other = http.NotFoundHandler()
 	}
 	t, err := vanguard.NewTranscoder(services,
 		vanguard.WithDefaultServiceOptions(
@@ -53,7 +50,7 @@ func Handler(gs *grpc.Server, other http.Handler) (http.Handler, error) {
 			// The same bound on a request as on the gRPC port.
 			vanguard.WithMaxMessageBufferBytes(grpcx.MaxRecvMsgBytes),
 		),
-		vanguard.WithUnknownHandler(other),
+		vanguard.WithUnknownHandler(Console()),
 	)
 	if err != nil {
 		return nil, err

@@ -33,7 +33,7 @@ func TestU3_HandlerServesOnlyThePublicServices(t *testing.T) {
 	executorv1.RegisterExecutorServiceServer(gs, stubExecutor{})
 	executorv1.RegisterGatewayRegistryServer(gs, stubRegistry{})
 	healthgrpc.RegisterHealthServer(gs, health.NewServer())
-	h, err := web.Handler(gs, nil)
+	h, err := web.Handler(gs)
 	require.NoError(t, err)
 	srv := httptest.NewServer(h)
 	defer srv.Close()
@@ -49,4 +49,37 @@ func TestU3_HandlerServesOnlyThePublicServices(t *testing.T) {
 	require.NoError(t, err)
 	resp.Body.Close()
 	require.Equal(t, http.StatusNotFound, resp.StatusCode)
+}
+
+// TestU4_TheConsoleIsEmbeddedAndLoadsNothingFromElsewhere: the console's
+// files are served from the binary under a policy that allows only its
+// own origin, / leads to it, and no file names another origin (no CDN,
+// no external font).
+func TestU4_TheConsoleIsEmbeddedAndLoadsNothingFromElsewhere(t *testing.T) {
+	t.Parallel()
+	gs := grpc.NewServer()
+	executorv1.RegisterExecutorServiceServer(gs, stubExecutor{})
+	executorv1.RegisterGatewayRegistryServer(gs, stubRegistry{})
+	h, err := web.Handler(gs)
+	require.NoError(t, err)
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	noRedirect := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	resp, err := noRedirect.Get(srv.URL + "/")
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusFound, resp.StatusCode)
+	require.Equal(t, "/console/", resp.Header.Get("Location"))
+	for _, f := range []string{"", "app.js", "style.css"} {
+		resp, err := http.Get(srv.URL + "/console/" + f)
+		require.NoError(t, err)
+		b, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		require.NoError(t, err)
+		require.Equal(t, http.StatusOK, resp.StatusCode, f)
+		require.Contains(t, resp.Header.Get("Content-Security-Policy"), "default-src 'none'", f)
+		require.Contains(t, resp.Header.Get("Content-Security-Policy"), "connect-src 'self'", f)
+		require.Equal(t, "nosniff", resp.Header.Get("X-Content-Type-Options"), f)
+		require.NotRegexp(t, `(?i)(https?:)?//[a-z0-9.-]+\.[a-z]{2,}/`, string(b), "%s names another origin", f)
+	}
 }
