@@ -52,6 +52,9 @@ func TestD4_EachGatewayPodRegistersUnderItsOwnIDAndAddressBehindAHeadlessService
 	if svc.Spec.ClusterIP != corev1.ClusterIPNone {
 		t.Errorf("Service %s must be headless (clusterIP: None), not %q", svc.Name, svc.Spec.ClusterIP)
 	}
+	if !svc.Spec.PublishNotReadyAddresses {
+		t.Errorf("Service %s must publish not-ready addresses: a terminating (draining) gateway pod must stay reachable", svc.Name)
+	}
 	if !covered(o.pdbs, ss.Spec.Template.Labels, func(p *policyv1.PodDisruptionBudget) (*metav1.LabelSelector, bool) {
 		return p.Spec.Selector, p.Spec.MinAvailable != nil && p.Spec.MinAvailable.IntValue() >= 1
 	}) {
