@@ -198,7 +198,7 @@ ctl submit -company acme -session "$session" -run-id "$run" -prompt "[slow] Coun
 # match; the watch ends at its next write).
 { ctl watch "$run" -json 2>/dev/null || true; } | grep -m1 -q 'turn\.started' || die "$run never started"
 [ "$(state "$run")" = RUN_STATE_RUNNING ] || die "$run ended before the kill ($(state "$run")); nothing to recover"
-owner=$(ctl get "$run" | sed -n 's/.*"leaseOwner": *"\([^"]*\)".*/\1/p' | head -1)
+owner=$(ctl get "$run" -o json | sed -n 's/.*"leaseOwner": *"\([^"]*\)".*/\1/p' | head -1)
 case $owner in
 executor-1) other=executor-2 ;;
 executor-2) other=executor-1 ;;
@@ -210,7 +210,7 @@ executor=$(dc port "$other" 7400)
 ctl watch "$run" | sed 's/^/  /'
 final=$(state "$run")
 [ "$final" = RUN_STATE_SUCCEEDED ] || die "$run after the kill: $final: $(ctl get "$run")"
-attempt=$(ctl get "$run" | sed -n 's/.*"attempt": *"\{0,1\}\([0-9]*\)"\{0,1\}.*/\1/p' | head -1)
+attempt=$(ctl get "$run" -o json | sed -n 's/.*"attempt": *"\{0,1\}\([0-9]*\)"\{0,1\}.*/\1/p' | head -1)
 log "turn 4 recovered by $other: $final (attempt ${attempt:-?}); starting $owner again"
 dc up -d --wait --no-build "$owner" 2>&1 | sed 's/^/  /'
 
@@ -234,7 +234,7 @@ ctl watch "$run" | sed 's/^/  /'
 took=$(elapsed "$killed" "$(seconds)")
 final=$(state "$run")
 [ "$final" = RUN_STATE_SUCCEEDED ] || die "$run after the kill of $gw: $final: $(ctl get "$run")"
-attempt=$(ctl get "$run" | sed -n 's/.*"attempt": *"\{0,1\}\([0-9]*\)"\{0,1\}.*/\1/p' | head -1)
+attempt=$(ctl get "$run" -o json | sed -n 's/.*"attempt": *"\{0,1\}\([0-9]*\)"\{0,1\}.*/\1/p' | head -1)
 [ "$attempt" = 2 ] || die "$run finished as attempt '${attempt}', want 2 (the attempt on the killed gateway failed, the retry ran elsewhere)"
 [ "$(gateway_of "$gsession")" = "$othergw" ] || die "$gsession is not on $othergw after the kill"
 bound=$((${TETHER_GATEWAY_TTL%s} + ${TETHER_RETRY_DELAY%s} + 10))
