@@ -216,7 +216,7 @@ dc up -d --wait --no-build "$owner" 2>&1 | sed 's/^/  /'
 
 # --- kill the gateway hosting a turn, mid-turn ------------------------------------
 gsession=$session-spread-1
-gateway_of() { ctl sessions get -company acme "$1" -o json | sed -n 's/.*"gatewayId": *"\([^"]*\)".*/\1/p' | head -1; }
+gateway_of() { ctl sessions get -company acme -o json -session "$1" | sed -n 's/.*"gatewayId": *"\([^"]*\)".*/\1/p' | head -1; }
 gw=$(gateway_of "$gsession")
 case $gw in
 runnergw-a) othergw=runnergw-b ;;
