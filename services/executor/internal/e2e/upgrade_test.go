@@ -115,16 +115,24 @@ func TestL3_ExecutorsOfThePreviousReleaseAndOfMainShareTheDatabaseDuringARolling
 	clients := []executorv1.ExecutorServiceClient{h.clientFor("executor"), h.clientFor("executor-2")}
 
 	// The submitter: a run every 150 ms, round robin over six sessions,
-	// through whichever executor answers.
-	const sessions, total = 6, 48
+	// through whichever executor answers, at least minRuns and on until
+	// the roll is over.
+	const sessions, minRuns, maxRuns = 6, 48, 600
 	var (
 		mu        sync.Mutex
 		submitted []string
 	)
-	done := make(chan struct{})
+	done, rolled := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(done)
-		for i := range total {
+		for i := 0; i < maxRuns; i++ {
+			if i >= minRuns {
+				select {
+				case <-rolled:
+					return
+				default:
+				}
+			}
 			id := fmt.Sprintf("up-%02d", i)
 			in := h.submitInput(fmt.Sprintf("up-s%d", i%sessions), slowTurn)
 			for try := 0; ; try++ {
@@ -147,7 +155,15 @@ func TestL3_ExecutorsOfThePreviousReleaseAndOfMainShareTheDatabaseDuringARolling
 	holding := func(owner string) int {
 		return h.count(`SELECT count(*) FROM executor.coordinators WHERE phase = 'observed' AND lease_owner = $1`, owner)
 	}
-	// Roll: executor-2 first, then executor, each while it drives runs.
+	seenNow := func(cond func() bool) func() bool {
+		return func() bool {
+			seenMu.Lock()
+			defer seenMu.Unlock()
+			return cond()
+		}
+	}
+	// Roll: executor-2 first, then executor, each while it drives runs;
+	// between the two, both versions drive runs at once.
 	for _, e := range []string{"executor-2", "executor"} {
 		require.Eventually(t, func() bool { return holding(e+"@v0.1.0") > 0 }, time.Minute, 10*time.Millisecond, "%s drives runs before it is upgraded", e)
 		h.st.Proc(e).Stop(15 * time.Second)
@@ -155,13 +171,18 @@ func TestL3_ExecutorsOfThePreviousReleaseAndOfMainShareTheDatabaseDuringARolling
 		h.st.SetExtraArgs(e)
 		_, err := h.st.Start(ctx, e)
 		require.NoError(t, err, "starting main's %s", e)
-		time.Sleep(time.Second) // both versions drive runs for a while
+		require.Eventually(t, seenNow(func() bool { return seen[e] }), time.Minute, 10*time.Millisecond, "main's %s drives runs", e)
+		if e == "executor-2" {
+			require.Eventually(t, seenNow(func() bool { return mixed }), time.Minute, 10*time.Millisecond, "runs driven by both versions at once")
+		}
 	}
+	close(rolled)
 	<-done
 	mu.Lock()
 	ids := append([]string(nil), submitted...)
 	mu.Unlock()
-	require.Len(t, ids, total)
+	total := len(ids)
+	require.GreaterOrEqual(t, total, minRuns)
 	for _, id := range ids {
 		run := h.waitState(ctx, clients[0], id, executorv1.RunState_RUN_STATE_SUCCEEDED)
 		require.Contains(t, run.GetResult().GetFinalMessage(), "ECHO:", id)
