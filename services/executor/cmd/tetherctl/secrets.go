@@ -54,6 +54,7 @@ func secretsPutCmd(ctx context.Context, c *ctl, args []string) error {
 func secretsListCmd(ctx context.Context, c *ctl, args []string) error {
 	fs := newFlagSet("secrets list")
 	company := companyFlag(fs, "the company (required)")
+	page := pagingFlags(fs, 100)
 	out := outputFlag(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -62,11 +63,22 @@ func secretsListCmd(ctx context.Context, c *ctl, args []string) error {
 	if err != nil {
 		return err
 	}
-	resp, err := c.exec.ListSecrets(ctx, &executorv1.ListSecretsRequest{CompanyId: comp})
-	if err != nil {
-		return err
+	req := &executorv1.ListSecretsRequest{CompanyId: comp, PageSize: int32(*page.size), PageToken: *page.token}
+	resp := &executorv1.ListSecretsResponse{}
+	for {
+		p, err := c.exec.ListSecrets(ctx, req)
+		if err != nil {
+			return err
+		}
+		resp.Secrets = append(resp.Secrets, p.GetSecrets()...)
+		resp.NextPageToken = p.GetNextPageToken()
+		if !*page.all || resp.NextPageToken == "" {
+			break
+		}
+		req.PageToken = resp.NextPageToken
 	}
 	return emit(c.out, out, resp, func() error {
+		defer moreHint(resp.GetNextPageToken())
 		tw := tabwriter.NewWriter(c.out, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, "NAME\tVERSION\tUPDATED\tBY")
 		for _, s := range resp.GetSecrets() {

@@ -188,3 +188,31 @@ func TestU1_ErrorsCarryBadRequestFieldViolationsAndRetryInfo(t *testing.T) {
 	require.Nil(t, retry)
 	require.Nil(t, bad)
 }
+
+// SPEC U1: ListSecrets pages by name with a token bound to the company.
+func TestU1_ListSecretsPagesWithCompanyBoundTokens(t *testing.T) {
+	t.Parallel()
+	e := start(t)
+	ctx := context.Background()
+	for _, s := range []struct{ company, name string }{{"acme", "c"}, {"acme", "a"}, {"acme", "b"}, {"globex", "a"}} {
+		_, err := e.client.PutSecret(ctx, &executorv1.PutSecretRequest{CompanyId: s.company, Name: s.name, Value: []byte("v")})
+		require.NoError(t, err)
+	}
+	first, err := e.client.ListSecrets(ctx, &executorv1.ListSecretsRequest{CompanyId: "acme", PageSize: 2})
+	require.NoError(t, err)
+	require.Len(t, first.GetSecrets(), 2)
+	require.NotEmpty(t, first.GetNextPageToken())
+	second, err := e.client.ListSecrets(ctx, &executorv1.ListSecretsRequest{CompanyId: "acme", PageSize: 2, PageToken: first.GetNextPageToken()})
+	require.NoError(t, err)
+	require.Empty(t, second.GetNextPageToken())
+	var names []string
+	for _, s := range append(first.GetSecrets(), second.GetSecrets()...) {
+		names = append(names, s.GetName())
+	}
+	require.Equal(t, []string{"a", "b", "c"}, names)
+
+	_, err = e.client.ListSecrets(ctx, &executorv1.ListSecretsRequest{CompanyId: "globex", PageToken: first.GetNextPageToken()})
+	require.EqualValues(t, failure.PageTokenFilterMismatch, failure.CodeOf(err))
+	_, _, bad := details(err)
+	require.Equal(t, []string{"page_token"}, violationFields(bad))
+}

@@ -31,11 +31,11 @@ func (s *Server) PutSecret(ctx context.Context, req *executorv1.PutSecretRequest
 
 // ListSecrets lists a company's secrets: names and versions.
 func (s *Server) ListSecrets(ctx context.Context, req *executorv1.ListSecretsRequest) (*executorv1.ListSecretsResponse, error) {
-	list, err := s.Store.ListSecrets(ctx, req.GetCompanyId())
+	list, next, err := s.Store.ListSecrets(ctx, req.GetCompanyId(), int(req.GetPageSize()), req.GetPageToken())
 	if err != nil {
 		return nil, err
 	}
-	return &executorv1.ListSecretsResponse{Secrets: list}, nil
+	return &executorv1.ListSecretsResponse{Secrets: list, NextPageToken: next}, nil
 }
 
 // DeleteSecret deletes a company's secret.

@@ -49,11 +49,22 @@ VALUES ($1, $2, 1, $3, $4, $5, $6) ON CONFLICT (company_id, name) DO NOTHING`, c
 	return err
 }
 
-// ListSecrets lists company's secrets by name: names and versions only.
-func (s *Store) ListSecrets(ctx context.Context, company string) ([]*executorv1.Secret, error) {
-	rows, err := s.pool.Query(ctx, `SELECT name, version, updated_at, updated_by FROM executor.secrets WHERE company_id = $1 ORDER BY name`, company)
+// ListSecrets lists company's secrets by name, a page at a time (the next
+// page's token, bound to the company, is "" on the last): names and versions
+// only.
+func (s *Store) ListSecrets(ctx context.Context, company string, pageSize int, pageToken string) ([]*executorv1.Secret, string, error) {
+	if pageSize <= 0 {
+		pageSize = 100
+	}
+	filter := filterDigest("secrets", nil, company)
+	cur, _, err := decodePageToken(pageToken, filter)
 	if err != nil {
-		return nil, err
+		return nil, "", err
+	}
+	rows, err := s.pool.Query(ctx, `SELECT name, version, updated_at, updated_by FROM executor.secrets
+ WHERE company_id = $1 AND name > $2 ORDER BY name LIMIT $3`, company, cur.ID, pageSize+1)
+	if err != nil {
+		return nil, "", err
 	}
 	defer rows.Close()
 	var out []*executorv1.Secret
@@ -61,12 +72,20 @@ func (s *Store) ListSecrets(ctx context.Context, company string) ([]*executorv1.
 		sec := &executorv1.Secret{CompanyId: company}
 		var at time.Time
 		if err := rows.Scan(&sec.Name, &sec.Version, &at, &sec.UpdatedBy); err != nil {
-			return nil, err
+			return nil, "", err
 		}
 		sec.UpdatedAt = timestamppb.New(at)
 		out = append(out, sec)
 	}
-	return out, rows.Err()
+	if err := rows.Err(); err != nil {
+		return nil, "", err
+	}
+	next := ""
+	if len(out) > pageSize {
+		out = out[:pageSize]
+		next = encodePageToken(filter, pageCursor{ID: out[pageSize-1].GetName()})
+	}
+	return out, next, nil
 }
 
 // DeleteSecret deletes company's secret name.

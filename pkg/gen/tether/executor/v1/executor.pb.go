@@ -3919,8 +3919,12 @@ func (x *PutSecretResponse) GetSecret() *Secret {
 
 // ListSecretsRequest names the company.
 type ListSecretsRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	CompanyId     string                 `protobuf:"bytes,1,opt,name=company_id,json=companyId,proto3" json:"company_id,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	CompanyId string                 `protobuf:"bytes,1,opt,name=company_id,json=companyId,proto3" json:"company_id,omitempty"`
+	// 1..500, default 100.
+	PageSize int32 `protobuf:"varint,2,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// A next_page_token of an earlier call for the same company.
+	PageToken     string `protobuf:"bytes,3,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3962,10 +3966,27 @@ func (x *ListSecretsRequest) GetCompanyId() string {
 	return ""
 }
 
-// ListSecretsResponse lists secrets by name.
+func (x *ListSecretsRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListSecretsRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+// ListSecretsResponse is one page of secrets, by name.
 type ListSecretsResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Secrets       []*Secret              `protobuf:"bytes,1,rep,name=secrets,proto3" json:"secrets,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Secrets []*Secret              `protobuf:"bytes,1,rep,name=secrets,proto3" json:"secrets,omitempty"`
+	// The next page's token; empty on the last page. Bound to the company
+	// (page_token_filter_mismatch with another).
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4005,6 +4026,13 @@ func (x *ListSecretsResponse) GetSecrets() []*Secret {
 		return x.Secrets
 	}
 	return nil
+}
+
+func (x *ListSecretsResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
 }
 
 // DeleteSecretRequest names the secret.
@@ -4780,13 +4808,18 @@ const file_tether_executor_v1_executor_proto_rawDesc = "" +
 	"\x04name\x18\x02 \x01(\tB)\xbaH&r$\x10\x01\x18\xa0\x012\x1d^[A-Za-z0-9][A-Za-z0-9._:-]*$R\x04name\x12!\n" +
 	"\x05value\x18\x03 \x01(\fB\v\xbaH\bz\x06\x10\x01\x18\x80\x80\x02R\x05value\"G\n" +
 	"\x11PutSecretResponse\x122\n" +
-	"\x06secret\x18\x01 \x01(\v2\x1a.tether.executor.v1.SecretR\x06secret\"?\n" +
+	"\x06secret\x18\x01 \x01(\v2\x1a.tether.executor.v1.SecretR\x06secret\"\x91\x01\n" +
 	"\x12ListSecretsRequest\x12)\n" +
 	"\n" +
 	"company_id\x18\x01 \x01(\tB\n" +
-	"\xbaH\ar\x05\x10\x01\x18\xa0\x01R\tcompanyId\"K\n" +
+	"\xbaH\ar\x05\x10\x01\x18\xa0\x01R\tcompanyId\x12'\n" +
+	"\tpage_size\x18\x02 \x01(\x05B\n" +
+	"\xbaH\a\x1a\x05\x18\xf4\x03(\x00R\bpageSize\x12'\n" +
+	"\n" +
+	"page_token\x18\x03 \x01(\tB\b\xbaH\x05r\x03\x18\x80\x04R\tpageToken\"s\n" +
 	"\x13ListSecretsResponse\x124\n" +
-	"\asecrets\x18\x01 \x03(\v2\x1a.tether.executor.v1.SecretR\asecrets\"`\n" +
+	"\asecrets\x18\x01 \x03(\v2\x1a.tether.executor.v1.SecretR\asecrets\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"`\n" +
 	"\x13DeleteSecretRequest\x12)\n" +
 	"\n" +
 	"company_id\x18\x01 \x01(\tB\n" +
