@@ -258,6 +258,7 @@ func TestU1_TetherctlDrivesARealExecutor(t *testing.T) {
 	require.NoError(t, protojson.Unmarshal([]byte(out), &cr))
 
 	out = must("-company", "acme", "sessions", "get", "s1", "-o", "json")
+	must("sessions", "get", "-company", "acme", "-o", "json", "s1") // the id after the flags too
 	var sess executorv1.GetSessionResponse
 	require.NoError(t, protojson.Unmarshal([]byte(out), &sess))
 

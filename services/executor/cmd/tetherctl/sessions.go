@@ -108,7 +108,7 @@ func sessionsReplaceCmd(ctx context.Context, c *ctl, args []string) error {
 }
 
 // parseSession parses a sessions command: the session id is -session or
-// the one argument.
+// the one argument, before or after the flags.
 func parseSession(fs interface {
 	Parse([]string) error
 	NArg() int
@@ -121,7 +121,9 @@ func parseSession(fs interface {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	if fs.NArg() > 0 {
+	if *session == "" && fs.NArg() == 1 { // the id after the flags
+		*session = fs.Arg(0)
+	} else if fs.NArg() > 0 {
 		return fmt.Errorf("%s: unexpected arguments", fs.Name())
 	}
 	if *session == "" {
