@@ -43,8 +43,15 @@ tmp=$(mktemp -d)
 pids=()
 cleanup() {
 	local rc=$?
-	for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-	wait 2>/dev/null || true
+	# The API server first (it would wait for etcd while shutting down),
+	# each given 10 s, then killed.
+	local i p
+	for ((i = ${#pids[@]} - 1; i >= 0; i--)); do
+		p=${pids[$i]}
+		kill "$p" 2>/dev/null || continue
+		for _ in $(seq 1 100); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+		kill -9 "$p" 2>/dev/null || true
+	done
 	if [ $rc != 0 ]; then
 		for f in "$tmp"/*.log; do [ -f "$f" ] && { log "tail of $(basename "$f"):"; tail -20 "$f" >&2; }; done
 	fi
