@@ -204,36 +204,28 @@ func inBlock(t *testing.T, ip string, b *networkingv1.IPBlock) bool {
 }
 
 func (o *objects) statefulSet(t *testing.T, name string) *appsv1.StatefulSet {
-	t.Helper()
-	for _, s := range o.statefulSets {
-		if s.Name == name {
-			return s
-		}
-	}
-	t.Fatalf("no StatefulSet %s", name)
-	return nil
+	return named(t, o.statefulSets, "StatefulSet", name)
 }
 
 func (o *objects) deployment(t *testing.T, name string) *appsv1.Deployment {
-	t.Helper()
-	for _, d := range o.deployments {
-		if d.Name == name {
-			return d
-		}
-	}
-	t.Fatalf("no Deployment %s", name)
-	return nil
+	return named(t, o.deployments, "Deployment", name)
 }
 
 func (o *objects) service(t *testing.T, name string) *corev1.Service {
+	return named(t, o.services, "Service", name)
+}
+
+// named returns the object of kind called name among objs.
+func named[T interface{ GetName() string }](t *testing.T, objs []T, kind, name string) T {
 	t.Helper()
-	for _, s := range o.services {
-		if s.Name == name {
-			return s
+	for _, x := range objs {
+		if x.GetName() == name {
+			return x
 		}
 	}
-	t.Fatalf("no Service %s", name)
-	return nil
+	t.Fatalf("no %s %s", kind, name)
+	var zero T
+	return zero
 }
 
 func parseDuration(t *testing.T, s string) time.Duration {
