@@ -142,7 +142,7 @@ func run() error {
 	// registered.
 	gwDial := gwTLS.WithDefaults(cfg, "")
 	router := fleet.NewRouter(st, grant.NewSigner(signingKey, *grantTTL, nil), func(addr string) (*grpc.ClientConn, error) {
-		return gwDial.Dial(addr)
+		return gwDial.Dial(addr, grpcx.PeerConnectParams())
 	}, fleet.Static{ID: *gatewayID, Addr: *gwAddr}, *gatewayTTL)
 	defer router.Close()
 	if _, err := router.Client(*gatewayID, *gwAddr); err != nil {
