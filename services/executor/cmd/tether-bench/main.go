@@ -127,9 +127,9 @@ func (l intList) Set(v string) error {
 }
 
 func main() {
-	if os.Getenv(emptyServerEnv) != "" {
-		if err := serveEmpty(); err != nil {
-			fmt.Fprintln(os.Stderr, "tether-bench (empty unary server):", err)
+	if dsn := os.Getenv(rawServerEnv); dsn != "" {
+		if err := serveRaw(dsn); err != nil {
+			fmt.Fprintln(os.Stderr, "tether-bench (raw unary server):", err)
 			os.Exit(1)
 		}
 		return

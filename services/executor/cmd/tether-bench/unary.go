@@ -4,14 +4,17 @@ package main
 // callers over one loopback gRPC connection, each against the baseline that
 // bounds it, both sides in alternating slices.
 //
-//   - unary_getrun: GetRun of a stored run (one indexed read) against an
-//     empty grpc-go unary handler in a process of its own (this binary,
-//     re-executed), called the same way. Target ≥ 70 % of its QPS, p99 ≤ 2×.
+// The baseline of both is a bare grpc-go server in a process of its own (this
+// binary, re-executed) whose handlers do the same SQL work with pgx and
+// nothing else (rawExecutor), called the same way:
+//
+//   - unary_getrun: GetRun of a stored run (one indexed read of the run and
+//     its coordinator) against the raw handler's read of the same row.
+//     Target ≥ 70 % of its QPS, p99 ≤ 2×.
 //   - unary_submit: SubmitRun of new runs in one warm session (a durable
-//     commit of the run and its coordinator, then the read back) against raw
-//     pgx inserts of the same rows (same input bytes) into copies of the
-//     tables by as many clients, one autocommitted statement each. Target
-//     ≥ 70 % of its rate, p99 ≤ 2×.
+//     commit of the run and its coordinator, then the read back) against the
+//     raw handler inserting the same rows (same input bytes) into copies of
+//     the tables in one transaction. Target ≥ 70 % of its rate, p99 ≤ 2×.
 
 import (
 	"bufio"
@@ -25,8 +28,11 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
@@ -34,27 +40,108 @@ import (
 	"github.com/tether-run/tether/services/executor/internal/store"
 )
 
-// emptyServerEnv makes this binary serve the empty unary baseline instead of
-// measuring: it prints its address and serves until stdin closes.
-const emptyServerEnv = "TETHER_BENCH_EMPTY_UNARY_SERVER"
+// rawServerEnv makes this binary serve the raw unary baseline instead of
+// measuring: it connects to the database named by the variable's value,
+// prints its address and serves until stdin closes.
+const rawServerEnv = "TETHER_BENCH_RAW_UNARY_SERVER"
 
-// emptyExecutor answers GetRun with an empty response and nothing else.
-type emptyExecutor struct {
+// rawExecutor is the fair baseline of the executor's unary API (SPEC P1):
+// a bare grpc-go server (no interceptors) whose handlers do the same SQL
+// work as the executor's, written directly with pgx. GetRun reads the same
+// single row (the run joined with its coordinator, the same columns, the
+// input decoded); SubmitRun inserts the same two rows (run and coordinator)
+// into the baseline copies of the tables in one transaction.
+type rawExecutor struct {
 	executorv1.UnimplementedExecutorServiceServer
+	pool *pgxpool.Pool
 }
 
-func (emptyExecutor) GetRun(context.Context, *executorv1.GetRunRequest) (*executorv1.GetRunResponse, error) {
-	return &executorv1.GetRunResponse{}, nil
+// rawGetRunSQL is the executor's run read (the run by the id its company
+// chose, joined with its coordinator), column for column.
+const rawGetRunSQL = `SELECT r.client_run_id, r.state, c.phase, c.attempt, coalesce(c.lease_owner, ''), c.lease_expires_at,
+	r.input, r.result, coalesce(r.failure_code, ''), coalesce(r.failure_message, ''), r.event_count,
+	coalesce(r.runner_instance_id, ''), r.runner_process, r.provider_process,
+	r.created_at, r.updated_at, c.started_at, r.ended_at, r.submit_seq,
+	r.result_metadata -> 'nativeCancellation', r.recovery, coalesce(r.plan, ''),
+	r.usage_input_tokens, r.usage_cached_input_tokens, r.usage_output_tokens, r.cost_usd::float8,
+	coalesce(r.queued_reason, ''), coalesce(r.queued_message, ''), coalesce(r.submitted_by, ''), r.run_id, r.company_id
+FROM executor.runs r JOIN executor.coordinators c ON c.run_id = r.run_id
+WHERE r.client_run_id = $1`
+
+func (x rawExecutor) GetRun(ctx context.Context, req *executorv1.GetRunRequest) (*executorv1.GetRunResponse, error) {
+	var (
+		run                                    executorv1.Run
+		state, failCode, failMsg, key, company string
+		leaseExp, startedAt, endedAt           *time.Time
+		createdAt, updatedAt                   time.Time
+		input, result, runnerProc, providerPrc []byte
+		seq                                    int64
+		cancel, recovery                       []byte
+		usageIn, usageCached, usageOut         *int64
+		costUSD                                *float64
+		queuedReason, queuedMsg                string
+	)
+	err := x.pool.QueryRow(ctx, rawGetRunSQL, req.GetRunId()).Scan(&run.RunId, &state, &run.Phase, &run.Attempt, &run.LeaseOwner, &leaseExp,
+		&input, &result, &failCode, &failMsg, &run.EventCount, &run.RunnerInstanceId, &runnerProc, &providerPrc,
+		&createdAt, &updatedAt, &startedAt, &endedAt, &seq, &cancel, &recovery, &run.Plan,
+		&usageIn, &usageCached, &usageOut, &costUSD, &queuedReason, &queuedMsg, &run.SubmittedBy, &key, &company)
+	if err != nil {
+		return nil, err
+	}
+	run.Input = &prpv1.ExecutionInput{}
+	if err := proto.Unmarshal(input, run.Input); err != nil {
+		return nil, err
+	}
+	run.CreatedAt, run.UpdatedAt = timestamppb.New(createdAt), timestamppb.New(updatedAt)
+	return &executorv1.GetRunResponse{Run: &run}, nil
 }
 
-// serveEmpty is the baseline process's main.
-func serveEmpty() error {
+// rawSubmitSQL inserts the rows SubmitRun inserts (run and coordinator) into
+// the baseline tables in one statement, one transaction.
+const rawSubmitSQL = `
+WITH ins AS (
+  INSERT INTO tether_bench.runs (run_id, company_id, normalized_session_id, session_scope, lifecycle, input, input_digest, issue_id, agent_id, client_run_id)
+  VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $1)
+  RETURNING run_id, session_scope, submit_seq, created_at)
+INSERT INTO tether_bench.coordinators (run_id, binding_digest, session_scope, submit_seq)
+SELECT run_id, $10, session_scope, submit_seq FROM ins
+RETURNING (SELECT created_at FROM ins)`
+
+func (x rawExecutor) SubmitRun(ctx context.Context, req *executorv1.SubmitRunRequest) (*executorv1.SubmitRunResponse, error) {
+	in := req.GetInput()
+	digest, raw, err := store.InputDigest(in)
+	if err != nil {
+		return nil, err
+	}
+	var created time.Time
+	if err := x.pool.QueryRow(ctx, rawSubmitSQL, req.GetRunId(), in.GetBinding().GetCompanyId(), in.GetSession().GetNormalizedSessionId(),
+		scope.OfRun(req.GetRunId(), in), in.GetSession().GetLifecycle().GetMode().String(), raw, digest,
+		in.GetBinding().GetIssueId(), in.GetBinding().GetAgentId(), store.BindingDigest(in)).Scan(&created); err != nil {
+		return nil, err
+	}
+	return &executorv1.SubmitRunResponse{Created: true, Run: &executorv1.Run{
+		RunId: req.GetRunId(), Input: in, State: executorv1.RunState_RUN_STATE_QUEUED, CreatedAt: timestamppb.New(created),
+	}}, nil
+}
+
+// serveRaw is the baseline process's main.
+func serveRaw(dsn string) error {
+	ctx := context.Background()
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return err
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return err
 	}
 	s := grpc.NewServer()
-	executorv1.RegisterExecutorServiceServer(s, emptyExecutor{})
+	executorv1.RegisterExecutorServiceServer(s, rawExecutor{pool: pool})
 	fmt.Println(l.Addr().String())
 	go func() {
 		_, _ = bufio.NewReader(os.Stdin).ReadString('\n') // EOF when the bench ends
@@ -63,14 +150,14 @@ func serveEmpty() error {
 	return s.Serve(l)
 }
 
-// startEmpty starts the baseline process and returns its address and stop.
-func startEmpty() (string, func(), error) {
+// startRaw starts the baseline process and returns its address and stop.
+func (b *bench) startRaw() (string, func(), error) {
 	self, err := os.Executable()
 	if err != nil {
 		return "", nil, err
 	}
 	cmd := exec.Command(self)
-	cmd.Env = append(os.Environ(), emptyServerEnv+"=1")
+	cmd.Env = append(os.Environ(), rawServerEnv+"="+b.dsn)
 	cmd.Stderr = os.Stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
 	stdin, err := cmd.StdinPipe()
@@ -88,7 +175,7 @@ func startEmpty() (string, func(), error) {
 	addr, err := bufio.NewReader(stdout).ReadString('\n')
 	if err != nil {
 		stop()
-		return "", nil, fmt.Errorf("the empty unary server: %w", err)
+		return "", nil, fmt.Errorf("the raw unary server: %w", err)
 	}
 	return addr[:len(addr)-1], stop, nil
 }
@@ -202,7 +289,7 @@ func (b *bench) unaryGetRun(ctx context.Context) (result, error) {
 	if _, err := b.st.Submit(ctx, "p1-getrun", benchInput("p1-getrun")); err != nil {
 		return result{}, err
 	}
-	addr, stop, err := startEmpty()
+	addr, stop, err := b.startRaw()
 	if err != nil {
 		return result{}, err
 	}
@@ -224,57 +311,41 @@ func (b *bench) unaryGetRun(ctx context.Context) (result, error) {
 		func(ctx context.Context, _, _, _ int) error { _, err := raw.GetRun(ctx, req); return err })
 }
 
-// rawSubmitSQL inserts the rows SubmitRun inserts (run and coordinator) into
-// the baseline tables in one autocommitted statement.
-const rawSubmitSQL = `
-WITH ins AS (
-  INSERT INTO tether_bench.runs (run_id, company_id, normalized_session_id, session_scope, lifecycle, input, input_digest, issue_id, agent_id)
-  VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
-  RETURNING run_id, session_scope, submit_seq)
-INSERT INTO tether_bench.coordinators (run_id, binding_digest, session_scope, submit_seq)
-SELECT run_id, $10, session_scope, submit_seq FROM ins`
-
 // unarySubmit is P1's SubmitRun figure. Each caller submits to a warm
 // session of its own: the first run of each is claimed (and its attempt fails
 // fast at the absent gateway, to retry later); the rest queue behind it, so
-// the figure is the submission path, not dispatch.
+// the figure is the submission path, not dispatch. The baseline is the raw
+// server's SubmitRun: the same rows inserted in one transaction.
 func (b *bench) unarySubmit(ctx context.Context) (result, error) {
 	exe, err := b.executorProcess(ctx)
 	if err != nil {
 		return result{}, err
 	}
+	addr, stop, err := b.startRaw()
+	if err != nil {
+		return result{}, err
+	}
+	defer stop()
 	tc, err := dialLoopback(exe.addr)
 	if err != nil {
 		return result{}, err
 	}
 	defer tc.Close()
-	tether := executorv1.NewExecutorServiceClient(tc)
-	type caller struct {
-		in          *prpv1.ExecutionInput
-		digest, raw any
+	rc, err := dialLoopback(addr)
+	if err != nil {
+		return result{}, err
 	}
-	callers := make([]caller, b.cfg.unaryCallers)
-	for c := range callers {
-		in := benchInput(fmt.Sprintf("p1-submit-%d", c))
-		digest, raw, err := store.InputDigest(in)
-		if err != nil {
-			return result{}, err
+	defer rc.Close()
+	tether, raw := executorv1.NewExecutorServiceClient(tc), executorv1.NewExecutorServiceClient(rc)
+	inputs := make([]*prpv1.ExecutionInput, b.cfg.unaryCallers)
+	for c := range inputs {
+		inputs[c] = benchInput(fmt.Sprintf("p1-submit-%d", c))
+	}
+	submit := func(client executorv1.ExecutorServiceClient, side string) func(ctx context.Context, s, c, i int) error {
+		return func(ctx context.Context, s, c, i int) error {
+			_, err := client.SubmitRun(ctx, &executorv1.SubmitRunRequest{RunId: fmt.Sprintf("p1-%s-%d-%d-%d", side, s, c, i), Input: inputs[c]})
+			return err
 		}
-		callers[c] = caller{in: in, digest: digest, raw: raw}
 	}
-	id := func(side string, slice, caller, i int) string {
-		return fmt.Sprintf("p1-%s-%d-%d-%d", side, slice, caller, i)
-	}
-	return b.unaryFigure(ctx, "unary_submit", "runs/s",
-		func(ctx context.Context, s, c, i int) error {
-			_, err := tether.SubmitRun(ctx, &executorv1.SubmitRunRequest{RunId: id("t", s, c, i), Input: callers[c].in})
-			return err
-		},
-		func(ctx context.Context, s, c, i int) error {
-			runID, in := id("r", s, c, i), callers[c].in
-			_, err := b.raw.Exec(ctx, rawSubmitSQL, runID, in.GetBinding().GetCompanyId(), in.GetSession().GetNormalizedSessionId(),
-				scope.OfRun(runID, in), in.GetSession().GetLifecycle().GetMode().String(), callers[c].raw, callers[c].digest,
-				in.GetBinding().GetIssueId(), in.GetBinding().GetAgentId(), store.BindingDigest(in))
-			return err
-		})
+	return b.unaryFigure(ctx, "unary_submit", "runs/s", submit(tether, "t"), submit(raw, "r"))
 }

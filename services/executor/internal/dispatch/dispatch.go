@@ -373,8 +373,8 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 // fence; a replica that dies holding it leaves it to lapse or to a
 // same-host successor, as any claim. Otherwise the run waits for a claim as
 // usual and the local claim loop is woken. run is the claimed run as its
-// claim committed (read in the same round trip), nil when it was not
-// claimed here.
+// claim committed, or as stored when it was not claimed here (read in the
+// same round trip); nil when it existed already.
 func (d *Dispatcher) SubmitAndClaim(ctx context.Context, runID string, in *prpv1.ExecutionInput) (created bool, run *executorv1.Run, err error) {
 	if sem := d.freeSlot(ctx); sem != nil {
 		var c *store.Claim
@@ -389,19 +389,23 @@ func (d *Dispatcher) SubmitAndClaim(ctx context.Context, runID string, in *prpv1
 		// Not cancelled midway by the caller going away: the run is
 		// durable either way, and a claim that committed must be driven.
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), claimTimeout)
-		created, c, err = d.store.SubmitClaim(sctx, runID, in, d.cfg.Owner, d.cfg.LeaseTTL, d.self, reads)
+		created, c, run, err = d.store.SubmitClaim(sctx, runID, in, d.cfg.Owner, d.cfg.LeaseTTL, d.self, reads)
 		cancel()
 		if c != nil {
 			if cancelCh == nil {
 				c.Preread = nil // read once the driver takes its cancellations
 			}
 			d.metrics.claims.Inc()
-			run = c.Run
 			d.startClaimed(c, sem, cancelCh)
 			return created, run, nil
 		}
 		d.releaseCancels(runID, cancelCh)
 		<-sem
+		if err == nil && created && run != nil {
+			// Stored, not claimable at once (queued behind its scope, or
+			// not due): the store announced it if anyone can claim it.
+			return created, run, nil
+		}
 	} else {
 		created, err = d.store.Submit(ctx, runID, in)
 	}

@@ -243,7 +243,7 @@ func TestP4_SubmitClaimReadsTheFirstAttachsFactsAndPlacementInItsRoundTrip(t *te
 	reads := &store.AttachReads{PriorRuns: 16, GatewayTTL: gatewayTTL}
 
 	// The scope's first run: no placement yet, nothing before it.
-	created, c, err := s.SubmitClaim(ctx, "w1", in("w1"), "o", time.Minute, ctl, reads)
+	created, c, _, err := s.SubmitClaim(ctx, "w1", in("w1"), "o", time.Minute, ctl, reads)
 	require.NoError(t, err)
 	require.True(t, created)
 	require.NotNil(t, c.Preread)
@@ -261,7 +261,7 @@ func TestP4_SubmitClaimReadsTheFirstAttachsFactsAndPlacementInItsRoundTrip(t *te
 	require.NoError(t, err)
 
 	// The next run: what it read is what the separate reads see after the commit.
-	created, c, err = s.SubmitClaim(ctx, "w2", in("w2"), "o", time.Minute, ctl, reads)
+	created, c, _, err = s.SubmitClaim(ctx, "w2", in("w2"), "o", time.Minute, ctl, reads)
 	require.NoError(t, err)
 	require.True(t, created)
 	require.NotNil(t, c)
@@ -285,11 +285,11 @@ func TestP4_SubmitClaimReadsTheFirstAttachsFactsAndPlacementInItsRoundTrip(t *te
 
 	// Without a gateway TTL the placement is not read; a run that is not
 	// claimed (it waits behind w2) has nothing read for it.
-	created, c, err = s.SubmitClaim(ctx, "w3", in("w3"), "o", time.Minute, ctl, &store.AttachReads{PriorRuns: 16})
+	created, c, _, err = s.SubmitClaim(ctx, "w3", in("w3"), "o", time.Minute, ctl, &store.AttachReads{PriorRuns: 16})
 	require.NoError(t, err)
 	require.True(t, created)
 	require.Nil(t, c)
-	created, c, err = s.SubmitClaim(ctx, "cold1", input("cold", "x"), "o", time.Minute, ctl, &store.AttachReads{PriorRuns: 16})
+	created, c, _, err = s.SubmitClaim(ctx, "cold1", input("cold", "x"), "o", time.Minute, ctl, &store.AttachReads{PriorRuns: 16})
 	require.NoError(t, err)
 	require.True(t, created)
 	require.NotNil(t, c.Preread)
@@ -315,7 +315,7 @@ func TestP4_SubmitClaimReadsTheFirstAttachsFactsAndPlacementInItsRoundTrip(t *te
 	require.NoError(t, err)
 	got := make(chan *store.Claim, 1)
 	go func() {
-		_, c, err := s.SubmitClaim(ctx, "m1", input("moving", "m1"), "o", time.Minute, ctl, reads)
+		_, c, _, err := s.SubmitClaim(ctx, "m1", input("moving", "m1"), "o", time.Minute, ctl, reads)
 		if err != nil {
 			t.Error(err)
 		}

@@ -366,7 +366,7 @@ func (s *Store) AnswerInteraction(ctx context.Context, id string, answers []runt
 			if err != nil {
 				return err
 			}
-			created, err := submit(ctx, tx, runID, in)
+			created, _, err := submit(ctx, tx, runID, in)
 			if err != nil {
 				return err
 			}

@@ -346,13 +346,16 @@ func TestE1_TerminalRecordsTheRunsUsageAndUSDCost(t *testing.T) {
 
 // SubmitClaim claims a run in its submitting commit only when it can start
 // at once: it heads its idle session scope (SPEC P4, one synced write for
-// submit and claim). A run behind a busy scope is queued and announced.
+// submit and claim). A run behind a busy scope is queued, answered as
+// stored, and not announced (nobody can claim it yet; SPEC P1: a
+// notification is a commit of its own, serialised on PostgreSQL's
+// notification queue lock).
 func TestP4_SubmitClaimClaimsOnlyARunThatHeadsAnIdleScope(t *testing.T) {
 	t.Parallel()
 	s := newStore(t)
 	ctx := context.Background()
 	ctl := store.Controller{Addr: "127.0.0.1:1"}
-	created, c, err := s.SubmitClaim(ctx, "sc1", input("sc", "one"), "o", time.Minute, ctl, nil)
+	created, c, _, err := s.SubmitClaim(ctx, "sc1", input("sc", "one"), "o", time.Minute, ctl, nil)
 	require.NoError(t, err)
 	require.True(t, created)
 	require.NotNil(t, c)
@@ -365,31 +368,44 @@ func TestP4_SubmitClaimClaimsOnlyARunThatHeadsAnIdleScope(t *testing.T) {
 	require.Equal(t, "o", run.GetLeaseOwner())
 
 	// The same submission again: not created, not claimed again.
-	created, c, err = s.SubmitClaim(ctx, "sc1", input("sc", "one"), "o2", time.Minute, ctl, nil)
+	created, c, _, err = s.SubmitClaim(ctx, "sc1", input("sc", "one"), "o2", time.Minute, ctl, nil)
 	require.NoError(t, err)
 	require.False(t, created)
 	require.Nil(t, c)
 
-	// The next run of the busy scope waits, and is announced.
+	// The next run of the busy scope waits, unannounced: no dispatcher can
+	// claim it before sc1 ends. SubmitClaim answers with it as stored.
 	conn, err := s.Pool().Acquire(ctx)
 	require.NoError(t, err)
 	defer conn.Release()
 	_, err = conn.Exec(ctx, "LISTEN "+store.RunsChannel)
 	require.NoError(t, err)
-	created, c, err = s.SubmitClaim(ctx, "sc2", input("sc", "two"), "o", time.Minute, ctl, nil)
+	created, c, queued, err := s.SubmitClaim(ctx, "sc2", input("sc", "two"), "o", time.Minute, ctl, nil)
 	require.NoError(t, err)
 	require.True(t, created)
 	require.Nil(t, c)
-	requireNotified(t, conn, "sc2")
-	run, err = s.GetRun(ctx, "sc2")
-	require.NoError(t, err)
-	require.Equal(t, executorv1.RunState_RUN_STATE_QUEUED, run.GetState())
+	require.Equal(t, "sc2", queued.GetRunId())
+	require.Equal(t, executorv1.RunState_RUN_STATE_QUEUED, queued.GetState())
 	next, err := s.ClaimNext(ctx, "o", time.Minute, ctl)
 	require.NoError(t, err)
 	require.Nil(t, next, "sc2 waits behind sc1")
+	// A run that heads its idle scope and is not claimed (Submit) is
+	// announced, and is the first announcement the listener gets.
+	created, err = s.Submit(ctx, "idle1", input("idle", "one"))
+	require.NoError(t, err)
+	require.True(t, created)
+	requireNotified(t, conn, "idle1")
+	// Submit does not announce a run behind a busy scope either.
+	created, err = s.Submit(ctx, "idle2", input("idle", "two"))
+	require.NoError(t, err)
+	require.True(t, created)
+	created, err = s.Submit(ctx, "idle3", input("idle3", "one"))
+	require.NoError(t, err)
+	require.True(t, created)
+	requireNotified(t, conn, "idle3")
 
 	// Another scope is idle: claimed at once.
-	created, c, err = s.SubmitClaim(ctx, "other1", input("other", "x"), "o", time.Minute, ctl, nil)
+	created, c, _, err = s.SubmitClaim(ctx, "other1", input("other", "x"), "o", time.Minute, ctl, nil)
 	require.NoError(t, err)
 	require.True(t, created)
 	require.NotNil(t, c)
@@ -410,11 +426,11 @@ func TestP4_SubmitClaimNeverClaimsARunItDidNotInsert(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, created)
 
-	created, c, err := s.SubmitClaim(ctx, "q1", input("q", "one"), "o", time.Minute, ctl, nil)
+	created, c, _, err := s.SubmitClaim(ctx, "q1", input("q", "one"), "o", time.Minute, ctl, nil)
 	require.NoError(t, err)
 	require.False(t, created)
 	require.Nil(t, c)
-	_, c, err = s.SubmitClaim(ctx, "q1", input("q", "another"), "o", time.Minute, ctl, nil)
+	_, c, _, err = s.SubmitClaim(ctx, "q1", input("q", "another"), "o", time.Minute, ctl, nil)
 	require.EqualValues(t, failure.RunIDConflict, failure.CodeOf(err))
 	require.Nil(t, c)
 	run, err := s.GetRun(ctx, "q1")

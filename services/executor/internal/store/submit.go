@@ -33,10 +33,10 @@ WITH ins AS (
 co AS (
   INSERT INTO executor.coordinators (run_id, binding_digest, session_scope, submit_seq)
   SELECT run_id, $10, session_scope, submit_seq FROM ins
-  RETURNING run_id),
+  RETURNING run_id, scope_head),
 mine AS (
   SELECT input_digest FROM executor.runs WHERE client_run_id = $13 AND company_id = $2 AND NOT EXISTS (SELECT 1 FROM ins))
-SELECT (SELECT count(*) FROM co) > 0, coalesce((SELECT input_digest FROM mine), '')`
+SELECT (SELECT count(*) FROM co) > 0, coalesce((SELECT input_digest FROM mine), ''), coalesce((SELECT scope_head FROM co), false)`
 
 // ErrRunKeyTaken reports a submission whose key is another run's (of
 // another company, or under another client id): nothing was stored; submit
@@ -44,7 +44,10 @@ SELECT (SELECT count(*) FROM co) > 0, coalesce((SELECT input_digest FROM mine), 
 var ErrRunKeyTaken = errors.New("store: the run key is another run's")
 
 // Submit stores a queued run and its coordinator, atomically, and notifies
-// dispatchers on commit (SPEC: SubmitRun). It is idempotent by run id: the
+// dispatchers on commit when the run heads its session scope (SPEC:
+// SubmitRun; a run queued behind another is claimable only once the runs
+// before it end, and whoever ends them is not told by this notification
+// anyway). It is idempotent by run id: the
 // same input again is created false; another input under the same id is
 // run_id_conflict. Run ids are unique per company (SPEC T2): runID is the
 // run's key, its client id is WithClientRunID's (runID without), and a key
@@ -54,9 +57,9 @@ var ErrRunKeyTaken = errors.New("store: the run key is another run's")
 // that read.
 func (s *Store) Submit(ctx context.Context, runID string, in *prpv1.ExecutionInput) (created bool, err error) {
 	end := synctrace.Begin("executor.submit", runID)
-	created, err = submit(ctx, s.pool, runID, in)
+	created, head, err := submit(ctx, s.pool, runID, in)
 	end()
-	if created {
+	if created && head {
 		s.notifyCommitted(ctx, RunsChannel, runID)
 	}
 	return created, err
@@ -107,8 +110,10 @@ type Preread struct {
 // of two, SPEC P4), the claim of the new run by owner when it can start at
 // once: it heads its session scope (no earlier run of the scope is
 // unfinished) and is due. c is nil when the run existed already or waits
-// behind its scope; dispatchers are then notified as by Submit. A claimed
-// run is announced to nobody: its owner drives it.
+// behind its scope; dispatchers are then notified as by Submit (when it
+// heads its scope). A claimed run is announced to nobody: its owner drives
+// it. run is the new run as this transaction left it (claimed or not), nil
+// when it existed already or the read failed.
 //
 // The submission and the claim go in one round trip: a pipelined batch,
 // which PostgreSQL runs as one implicit transaction (the batch's single
@@ -126,24 +131,27 @@ type Preread struct {
 // read whether or not the run is claimed (a round trip costs more than
 // the reads); a result that cannot be decoded leaves Preread nil, and the
 // driver reads again.
-func (s *Store) SubmitClaim(ctx context.Context, runID string, in *prpv1.ExecutionInput, owner string, ttl time.Duration, ctl Controller, reads *AttachReads) (created bool, c *Claim, err error) {
+func (s *Store) SubmitClaim(ctx context.Context, runID string, in *prpv1.ExecutionInput, owner string, ttl time.Duration, ctl Controller, reads *AttachReads) (created bool, c *Claim, run *executorv1.Run, err error) {
 	end := synctrace.Begin("executor.submit+claim", runID)
 	args, digest, err := submitArgs(ctx, runID, in)
 	if err != nil {
 		end()
-		return false, nil, err
+		return false, nil, nil, err
 	}
-	var existing string
+	var (
+		existing string
+		head     bool
+	)
 	b := &pgx.Batch{}
-	b.Queue(submitSQL, args...).QueryRow(func(row pgx.Row) error { return row.Scan(&created, &existing) })
+	b.Queue(submitSQL, args...).QueryRow(func(row pgx.Row) error { return row.Scan(&created, &existing, &head) })
 	b.Queue(claimSubmittedSQL, append(claimArgs(owner, ttl, ctl), runID)...).QueryRow(func(row pgx.Row) (err error) {
 		c, err = scanClaim(row, owner)
 		return err
 	})
-	// The run as the claim left it, for SubmitRun's answer (a round trip
-	// less than reading it after the commit). A read that fails to scan
-	// leaves it nil: the caller reads the run itself.
-	var run *executorv1.Run
+	// The run as the claim left it (or as stored, unclaimed), for
+	// SubmitRun's answer (a round trip less than reading it after the
+	// commit). A read that fails to scan leaves it nil: the caller reads
+	// the run itself.
 	b.Queue(getRunSQL, runID).QueryRow(func(row pgx.Row) error {
 		if r, _, err := scanRun(row); err == nil {
 			run = r
@@ -171,20 +179,22 @@ func (s *Store) SubmitClaim(ctx context.Context, runID string, in *prpv1.Executi
 	err = s.pool.SendBatch(ctx, b).Close()
 	end()
 	if err != nil {
-		return false, nil, err
+		return false, nil, nil, err
 	}
 	if !created {
-		return false, nil, checkResubmitted(ctx, s.pool, runID, in, digest, existing)
+		return false, nil, nil, checkResubmitted(ctx, s.pool, runID, in, digest, existing)
 	}
 	if c == nil {
-		s.notifyCommitted(ctx, RunsChannel, runID)
-		return true, nil, nil
+		if head {
+			s.notifyCommitted(ctx, RunsChannel, runID)
+		}
+		return true, nil, run, nil
 	}
 	if pre != nil && *decodeErr == nil && placeErr == nil && (placedRead || reads.GatewayTTL <= 0) {
 		c.Preread = pre
 	}
 	c.Run = run
-	return true, c, nil
+	return true, c, run, nil
 }
 
 // rowQuerier is a pool or a transaction.
@@ -192,19 +202,19 @@ type rowQuerier interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
-func submit(ctx context.Context, q rowQuerier, runID string, in *prpv1.ExecutionInput) (created bool, err error) {
+func submit(ctx context.Context, q rowQuerier, runID string, in *prpv1.ExecutionInput) (created, head bool, err error) {
 	args, digest, err := submitArgs(ctx, runID, in)
 	if err != nil {
-		return false, err
+		return false, false, err
 	}
 	var existing string
-	if err := q.QueryRow(ctx, submitSQL, args...).Scan(&created, &existing); err != nil {
-		return false, err
+	if err := q.QueryRow(ctx, submitSQL, args...).Scan(&created, &existing, &head); err != nil {
+		return false, false, err
 	}
 	if created {
-		return true, nil
+		return true, head, nil
 	}
-	return false, checkResubmitted(ctx, q, runID, in, digest, existing)
+	return false, false, checkResubmitted(ctx, q, runID, in, digest, existing)
 }
 
 // submitArgs are submitSQL's parameters for the run, and its input digest.
