@@ -67,6 +67,7 @@ func run() error {
 	throughput := flag.Int("throughput", 0, "instead of the warm turn: this many short warm runs over -p5-sessions sessions, runs/s and CPU per run of each process kind (SPEC P5)")
 	gateways := flag.Int("gateways", 1, "-throughput: runner gateways (as on separate hosts, registered with the executor)")
 	p5Sessions := flag.Int("p5-sessions", 12, "-throughput: warm sessions the runs are spread over")
+	anchorN := flag.Int("anchors", 100, "warm turn: samples of each raw anchor (fdatasync, atomic replace, commit, gRPC ping-pong) before and after the turns")
 	flag.Parse()
 	if *gateways < 1 {
 		return fmt.Errorf("-gateways: want ≥ 1, got %d", *gateways)
@@ -171,19 +172,29 @@ func run() error {
 	if *throughput > 0 {
 		return fleetThroughput(ctx, st, client, cluster.Dir(), *gateways, *p5Sessions, *throughput)
 	}
-	var direct, e2e, started []time.Duration
+	ops, err := openAnchors(ctx, filepath.Join(dir, "anchors"), cluster.DSN("tether"))
+	if err != nil {
+		return fmt.Errorf("anchors: %w", err)
+	}
+	defer ops.close()
+	var raw anchors
+	if err := ops.measure(ctx, &raw, *anchorN); err != nil {
+		return fmt.Errorf("anchors: %w", err)
+	}
+	var direct, directStarted, e2e, started []time.Duration
 	var windows []turnWindow
 	var lastT0 time.Time
 	var lastID string
 	for i := 0; i < *warm+*turns; i++ {
 		prompt := fmt.Sprintf("turn %d", i)
 		time.Sleep(*settle)
-		d, err := ds.turn(prompt)
+		ds0, d, err := ds.turn(prompt)
 		if err != nil {
 			return fmt.Errorf("direct: %w", err)
 		}
 		if i >= *warm {
 			direct = append(direct, d)
+			directStarted = append(directStarted, ds0)
 		}
 		in, err := cli.InputSpec{Prompt: prompt, Company: "bench", Agent: "bench", Session: "bench", Lifecycle: "warm"}.Input()
 		if err != nil {
@@ -225,6 +236,9 @@ func run() error {
 			windows = append(windows, turnWindow{t0: t0, started: t0.Add(tStarted), end: t0.Add(tEnd)})
 		}
 	}
+	if err := ops.measure(ctx, &raw, *anchorN); err != nil {
+		return fmt.Errorf("anchors: %w", err)
+	}
 	if *trace {
 		pool, err := pgxpool.New(ctx, cluster.DSN("tether"))
 		if err != nil {
@@ -260,7 +274,13 @@ func run() error {
 	fmt.Printf("BENCH warm_turn tether_p50_ms=%.3f tether_p99_ms=%.3f direct_p50_ms=%.3f direct_p99_ms=%.3f ratio=%.3f target=2.00 met=%t\n",
 		ms(sp50), ms(sp99), ms(dp50), ms(dp99), ratio, ratio <= 2)
 	fmt.Printf("BENCH submit_to_turn_started p50_ms=%.3f p99_ms=%.3f target_ms=8 met=%t\n", ms(tp50), ms(pct(started, 99)), tp50 <= 8*time.Millisecond)
-	return reportSynced(traceDir, windows)
+	raw.print()
+	writes, err := reportSynced(traceDir, windows, raw)
+	if err != nil {
+		return err
+	}
+	floor{direct: pct(directStarted, 50), writes: writes, commit: pct(raw.commit, 50), hops: pathHops, pingPong: pct(raw.pingPong, 50)}.print(tp50)
+	return nil
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
@@ -283,6 +303,8 @@ type directSession struct {
 	r      *bufio.Reader
 	id     int
 	thread string
+	// onStarted, during a turn, takes the time of its turn/started.
+	onStarted func()
 }
 
 // startDirect starts the fake with the flags the stack's gateway gives it
@@ -337,6 +359,9 @@ func (d *directSession) call(method string, params any) (map[string]any, error) 
 		if json.Unmarshal(line, &m) != nil {
 			continue
 		}
+		if m["method"] == "turn/started" && d.onStarted != nil {
+			d.onStarted()
+		}
 		if v, ok := m["id"].(float64); ok && int(v) == d.id && m["method"] == nil {
 			if e, ok := m["error"]; ok {
 				return nil, fmt.Errorf("%s: %v", method, e)
@@ -347,20 +372,29 @@ func (d *directSession) call(method string, params any) (map[string]any, error) 
 	}
 }
 
-// turn runs one turn: turn/start sent → turn/completed read.
-func (d *directSession) turn(prompt string) (time.Duration, error) {
+// turn runs one turn: turn/start sent → turn/started and turn/completed
+// read (turn/started may come before turn/start's answer).
+func (d *directSession) turn(prompt string) (started, completed time.Duration, err error) {
 	t0 := time.Now()
+	d.onStarted = func() { started = time.Since(t0) }
+	defer func() { d.onStarted = nil }()
 	if _, err := d.call("turn/start", map[string]any{"threadId": d.thread, "input": []any{map[string]any{"type": "text", "text": prompt}}}); err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	for {
 		line, err := d.r.ReadBytes('\n')
 		if err != nil {
-			return 0, err
+			return 0, 0, err
 		}
 		var m map[string]any
-		if json.Unmarshal(line, &m) == nil && m["method"] == "turn/completed" {
-			return time.Since(t0), nil
+		if json.Unmarshal(line, &m) != nil {
+			continue
+		}
+		switch m["method"] {
+		case "turn/started":
+			d.onStarted()
+		case "turn/completed":
+			return started, time.Since(t0), nil
 		}
 	}
 }
