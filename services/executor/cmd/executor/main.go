@@ -44,7 +44,7 @@ func main() {
 
 func run() error {
 	if len(os.Args) > 1 && os.Args[1] == "migrate" {
-		return migratecli.Run("executor", os.Args[2:], store.Schema)
+		return migratecli.Run("executor", os.Args[2:], store.Schema, partitionEventsStep)
 	}
 	if len(os.Args) > 1 && os.Args[1] == "retention" {
 		return retentionCommand(os.Args[2:])
@@ -165,6 +165,12 @@ func run() error {
 	srv.AddReadinessCheck("database", func(ctx context.Context) error { return st.Pool().Ping(ctx) })
 	srv.Registry().MustRegister(pgstore.PoolCollector(map[string]*pgxpool.Pool{"main": st.Pool(), "watch": watchStore.Pool()}))
 	log := srv.Logger()
+	// SPEC L2: on a partitioned events table, partitions exist ahead of
+	// time even when this replica's purge is off (the purge job creates
+	// them too).
+	if err := st.EnsureEventPartitions(ctx, time.Now().Add(store.PartitionsAhead)); err != nil {
+		log.Warn("creating events partitions ahead", "err", err)
+	}
 	log.Info("authorization", "mode", az.Mode())
 	router.Logger = log
 	router.LostWait = *lostWait

@@ -145,9 +145,9 @@ func (p *Purger) Run(ctx context.Context) {
 		} else if held {
 			if c, err := p.Pass(ctx); err != nil && ctx.Err() == nil {
 				p.log().Warn("retention purge failed", "err", err)
-			} else if c.Runs > 0 || c.Checkpoints > 0 {
+			} else if c.Runs > 0 || c.Checkpoints > 0 || c.Partitions > 0 {
 				p.log().Info("retention purge", "runs", c.Runs, "events", c.Events, "activities", c.Activities,
-					"interactions", c.Interactions, "checkpoints", c.Checkpoints)
+					"interactions", c.Interactions, "checkpoints", c.Checkpoints, "event_partitions", c.Partitions)
 			}
 		}
 		select {
@@ -197,6 +197,23 @@ func (p *Purger) Pass(ctx context.Context) (store.PurgeCounts, error) {
 			err = fmt.Errorf("the purge's lease was taken over")
 		}
 		return err == nil, err
+	}
+	// SPEC L2: partitions ahead, then whole expired partitions, before
+	// the row-wise batches.
+	if err := p.Store.EnsureEventPartitions(ctx, time.Now().Add(store.PartitionsAhead)); err != nil {
+		return total, fmt.Errorf("creating events partitions: %w", err)
+	}
+	dropped, err := p.Store.DropExpiredEventPartitions(ctx)
+	if len(dropped) > 0 {
+		c := store.PurgeCounts{Partitions: int64(len(dropped))}
+		total.Add(c)
+		p.count(c)
+		for _, d := range dropped {
+			p.log().Info("retention purge: dropped an expired events partition", "partition", d.Name, "runs_created_before", d.To)
+		}
+	}
+	if err != nil {
+		return total, err
 	}
 	if p.Checkpoints != nil {
 		for {
@@ -248,7 +265,7 @@ func (p *Purger) count(c store.PurgeCounts) {
 		return
 	}
 	for kind, n := range map[string]int64{"runs": c.Runs, "events": c.Events, "activities": c.Activities,
-		"interactions": c.Interactions, "checkpoints": c.Checkpoints} {
+		"interactions": c.Interactions, "checkpoints": c.Checkpoints, "event_partitions": c.Partitions} {
 		if n > 0 {
 			p.Deleted.WithLabelValues(kind).Add(float64(n))
 		}

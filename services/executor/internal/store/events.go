@@ -167,7 +167,7 @@ func (s *Store) AppendEventsAcking(ctx context.Context, f Fence, events []*prpv1
 // of those that keep a run's run.terminal its last row, else "".
 func refusedAfterTerminal(err error) string {
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && (pgErr.ConstraintName == ConstraintAfterTerminal || pgErr.ConstraintName == ConstraintOneTerminal) {
+	if errors.As(err, &pgErr) && (pgErr.ConstraintName == ConstraintAfterTerminal || IsOneTerminal(pgErr.ConstraintName)) {
 		return pgErr.ConstraintName
 	}
 	return ""
@@ -470,8 +470,7 @@ func fenceViolation(f Fence, err error) error {
 	if !errors.As(err, &pgErr) {
 		return err
 	}
-	switch pgErr.ConstraintName {
-	case ConstraintWriterFence, ConstraintAfterTerminal, ConstraintOneTerminal:
+	if c := pgErr.ConstraintName; c == ConstraintWriterFence || c == ConstraintAfterTerminal || IsOneTerminal(c) {
 		return failure.Wrap(err, codes.Aborted, failure.NativeSessionLeaseLost,
 			"run %s attempt %d by %s: the database refused the row (%s): %s", f.RunID, f.Attempt, f.Owner, pgErr.ConstraintName, pgErr.Message)
 	}
@@ -730,8 +729,8 @@ func insertEvents(ctx context.Context, tx execer, runID string, count int64, wri
 	}
 	c := columnsOf(evs)
 	_, err := tx.Exec(ctx, `
-INSERT INTO executor.events (run_id, writer_attempt, seq, source_instance_id, source_seq, source_event_id, event_type, payload_sha256, event)
-SELECT $1, $9, * FROM unnest($2::bigint[], $3::text[], $4::bigint[], $5::text[], $6::text[], $7::bytea[], $8::bytea[])`,
+INSERT INTO executor.events (run_id, run_created_at, writer_attempt, seq, source_instance_id, source_seq, source_event_id, event_type, payload_sha256, event)
+SELECT $1, (SELECT created_at FROM executor.runs WHERE run_id = $1), $9, * FROM unnest($2::bigint[], $3::text[], $4::bigint[], $5::text[], $6::text[], $7::bytea[], $8::bytea[])`,
 		runID, seqs, c.insts, c.srcSeqs, c.ids, c.types, c.hashes, c.raws, int64(writer))
 	return err
 }
@@ -1056,18 +1055,31 @@ WITH fence AS (
   UPDATE executor.runs r SET event_count = r.event_count + $10, updated_at = now()
     FROM executor.coordinators c
    WHERE r.run_id = $1 AND c.run_id = r.run_id AND c.lease_owner = $2 AND c.attempt = $3 AND c.phase = 'observed'
-  RETURNING r.event_count - $10 AS base),
+  RETURNING r.event_count - $10 AS base, r.created_at),
 ins AS (
-  INSERT INTO executor.events (run_id, writer_attempt, seq, source_instance_id, source_seq, source_event_id, event_type, payload_sha256, event)
-  SELECT $1, $3, fence.base + k.ord, k.source_instance_id, k.source_seq, k.source_event_id, k.event_type, k.payload_sha256, k.event
+  INSERT INTO executor.events (run_id, run_created_at, writer_attempt, seq, source_instance_id, source_seq, source_event_id, event_type, payload_sha256, event)
+  SELECT $1, fence.created_at, $3, fence.base + k.ord, k.source_instance_id, k.source_seq, k.source_event_id, k.event_type, k.payload_sha256, k.event
     FROM fence, unnest($4::text[], $5::bigint[], $6::text[], $7::text[], $8::bytea[], $9::bytea[]) WITH ORDINALITY
          AS k(source_instance_id, source_seq, source_event_id, event_type, payload_sha256, event, ord)
   RETURNING 1)
 SELECT (SELECT count(*) FROM fence), (SELECT count(*) FROM ins), coalesce((SELECT base FROM fence), 0)`
 
 // eventsSourceKey is the events unique key on (run, source instance,
-// source seq): a violation means the batch replays stored events.
+// source seq): a violation means the batch replays stored events. Each
+// partition of a partitioned events table has its own (partitionIndex).
 const eventsSourceKey = "events_run_id_source_instance_id_source_seq_key"
+
+// IsEventsSourceKey reports whether constraint is the events' unique key
+// on (run, source instance, source seq), of the table or of a partition.
+func IsEventsSourceKey(constraint string) bool {
+	return constraint == eventsSourceKey || isPartitionIndex(constraint, partitionSourceKey)
+}
+
+// IsOneTerminal reports whether constraint is the unique index that keeps
+// one run.terminal per run, of the table or of a partition.
+func IsOneTerminal(constraint string) bool {
+	return constraint == ConstraintOneTerminal || isPartitionIndex(constraint, partitionOneTerminal)
+}
 
 func (s *Store) appendFast(ctx context.Context, f Fence, evs []encodedEvent) (AppendResult, bool, error) {
 	n := len(evs)
@@ -1075,7 +1087,7 @@ func (s *Store) appendFast(ctx context.Context, f Fence, evs []encodedEvent) (Ap
 	var fence, ins, base int64
 	err := s.pool.QueryRow(ctx, appendFastSQL, f.RunID, f.Owner, int64(f.Attempt),
 		c.insts, c.srcSeqs, c.ids, c.types, c.hashes, c.raws, int64(n)).Scan(&fence, &ins, &base)
-	if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == "23505" && pgErr.ConstraintName == eventsSourceKey {
+	if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == "23505" && IsEventsSourceKey(pgErr.ConstraintName) {
 		return AppendResult{}, false, nil
 	}
 	if err != nil {

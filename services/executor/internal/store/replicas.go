@@ -13,14 +13,14 @@ type Fleet struct {
 }
 
 // HeartbeatReplica records that owner lives, serves at addr and drives up
-// to capacity runs at once, drops replicas silent for an hour, and returns
+// to capacity runs at once (and writes events.run_created_at: SPEC L2), drops replicas silent for an hour, and returns
 // the replicas whose last heartbeat is younger than live.
 func (s *Store) HeartbeatReplica(ctx context.Context, owner, addr string, capacity int, live time.Duration) (Fleet, error) {
 	var f Fleet
 	err := s.pool.QueryRow(ctx, `
 WITH beat AS (
-  INSERT INTO executor.replicas (owner, capacity, addr) VALUES ($1, $2, nullif($3, ''))
-  ON CONFLICT (owner) DO UPDATE SET capacity = excluded.capacity, addr = excluded.addr, heartbeat_at = now()
+  INSERT INTO executor.replicas (owner, capacity, addr, writes_run_created_at) VALUES ($1, $2, nullif($3, ''), true)
+  ON CONFLICT (owner) DO UPDATE SET capacity = excluded.capacity, addr = excluded.addr, heartbeat_at = now(), writes_run_created_at = true
 ), gone AS (
   DELETE FROM executor.replicas WHERE heartbeat_at < now() - interval '1 hour'
 )

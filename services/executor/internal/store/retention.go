@@ -191,10 +191,22 @@ func (s *Store) ReleaseJobLease(ctx context.Context, job, owner string) error {
 // ExpiredRuns lists ended runs past their company's retention that the
 // purge may delete, oldest first: at most limit runs holding at most
 // maxEvents events together (a run with more alone). Kept whatever their
-// age: a scope's newest run and the runs a stored checkpoint names.
+// age: a scope's newest run and the runs a stored checkpoint names. On a
+// partitioned events table (SPEC L2) the runs of a weekly partition are
+// left to DropExpiredEventPartitions until the partition is a day past
+// the longest run retention; after that the partition is pinned by a run
+// the purge keeps and its expired runs go row by row. The legacy partition
+// is always purged row by row.
 func (s *Store) ExpiredRuns(ctx context.Context, limit int, maxEvents int64) ([]string, error) {
 	rows, err := s.pool.Query(ctx, `
 WITH horizon AS (SELECT min(runs_retention_secs) AS secs FROM executor.retention_settings),
+rowwise AS (
+  SELECT CASE WHEN NOT EXISTS (SELECT 1 FROM executor.event_partitions) THEN 'infinity'::timestamptz
+         ELSE coalesce((SELECT max(p.to_at) FROM executor.event_partitions p
+                         WHERE p.from_at IS NULL
+                            OR p.to_at <= now() - interval '1 day'
+                               - make_interval(secs => coalesce((SELECT max(runs_retention_secs) FROM executor.retention_settings), 0))),
+                       '-infinity') END AS before),
 candidates AS (
   SELECT r.run_id, r.event_count, r.ended_at
     FROM executor.runs r
@@ -203,6 +215,7 @@ candidates AS (
     JOIN executor.retention_settings d ON d.company_id = '*'
     LEFT JOIN executor.retention_settings own ON own.company_id = r.company_id
    WHERE r.ended_at < now() - make_interval(secs => h.secs)
+     AND r.created_at < (SELECT before FROM rowwise)
      AND r.ended_at < now() - make_interval(secs => CASE WHEN own.company_id IS NULL THEN d.runs_retention_secs ELSE own.runs_retention_secs END)
      AND co.phase IN ('completed', 'terminal_failure')
      AND EXISTS (SELECT 1 FROM executor.runs n WHERE n.session_scope = r.session_scope AND n.submit_seq > r.submit_seq)
@@ -258,6 +271,9 @@ func (s *Store) ForgetCheckpoints(ctx context.Context, ids []string) (int64, err
 // PurgeCounts counts what a deletion removed.
 type PurgeCounts struct {
 	Runs, Events, Activities, Interactions, Checkpoints, Secrets int64
+	// Partitions counts the events partitions dropped whole (their events
+	// are not in Events).
+	Partitions int64
 }
 
 // Add adds o to c.
@@ -268,6 +284,7 @@ func (c *PurgeCounts) Add(o PurgeCounts) {
 	c.Interactions += o.Interactions
 	c.Checkpoints += o.Checkpoints
 	c.Secrets += o.Secrets
+	c.Partitions += o.Partitions
 }
 
 // Proto is the API's form.
