@@ -32,6 +32,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -305,16 +306,43 @@ const seedEventsSQL = `
 INSERT INTO executor.events (run_id, seq, source_instance_id, source_seq, source_event_id, event_type, payload_sha256, event, writer_attempt)
 SELECT $1, g, 'seed', g, 'seed-' || g, 'item.delta', '\x00'::bytea, $2, 1 FROM generate_series(1, $3::int) g`
 
+// seedPriorRunsSQL makes runs prior-<from>…prior-<to>, each its own
+// session (so each is its session's newest: retention keeps it), observed
+// under nobody (never claimable), created $3 minus 1…10 weeks (by run
+// number): history spread over ten weekly partitions (SPEC L2).
+const seedPriorRunsSQL = `
+WITH r AS (
+  INSERT INTO executor.runs (run_id, company_id, normalized_session_id, session_scope, lifecycle, input, input_digest, created_at)
+  SELECT 'prior-' || g, 'bench', 'bench', 'prior-' || g, 'LIFECYCLE_MODE_WARM', '\x'::bytea, 'bench', $3::timestamptz - (g % 10 + 1) * interval '1 week'
+    FROM generate_series($1::int, $2::int) g
+  RETURNING run_id, session_scope, submit_seq)
+INSERT INTO executor.coordinators (run_id, binding_digest, session_scope, submit_seq, phase, attempt, lease_owner, lease_expires_at)
+SELECT run_id, '', session_scope, submit_seq, 'observed', 1, 'bench-nobody', now() + interval '1 hour' FROM r`
+
 // seedPriorEventsSQL stores events $1…$2-1 of the prior runs, event g
-// being event g%10000+1 of run prior-<g/10000>, in one statement.
+// being event g%10000+1 of run prior-<g/10000>, in one statement, each
+// with its run's creation time (seedPriorRunsSQL's rule, same $4).
 const seedPriorEventsSQL = `
-INSERT INTO executor.events (run_id, seq, source_instance_id, source_seq, source_event_id, event_type, payload_sha256, event, writer_attempt)
-SELECT 'prior-' || (g / 10000), g % 10000 + 1, 'seed', g % 10000 + 1, 'seed-' || g, 'item.delta', '\x00'::bytea, $3, 1
+INSERT INTO executor.events (run_id, run_created_at, seq, source_instance_id, source_seq, source_event_id, event_type, payload_sha256, event, writer_attempt)
+SELECT 'prior-' || (g / 10000), $4::timestamptz - ((g / 10000) % 10 + 1) * interval '1 week',
+       g % 10000 + 1, 'seed', g % 10000 + 1, 'seed-' || g, 'item.delta', '\x00'::bytea, $3, 1
   FROM generate_series($1::bigint, $2::bigint - 1) g`
 
-// appendCurve: AppendEvents throughput with prior rows in the table.
+// appendCurve: AppendEvents throughput with prior rows in the table, each
+// size measured without and with a retention purge running beside it
+// (SPEC L2). The events table is partitioned by run creation week (what
+// `executor migrate -partition-events` makes): the prior rows are ten
+// weeks of history, the measured run is this week's. Each size also
+// reports what the appending backends waited on and what else the server
+// did meanwhile (autovacuum, checkpoints), sampled every 10 ms.
 func (b *bench) appendCurve(ctx context.Context) ([]curve, error) {
 	c := curve{name: "event_append", unit: "events/s", x: "prior_rows"}
+	cp := curve{name: "event_append_with_purge", unit: "events/s", x: "prior_rows"}
+	if !b.cfg.appendTable {
+		if err := b.partitionEvents(ctx); err != nil {
+			return nil, err
+		}
+	}
 	in := benchInput("append-curve")
 	if _, err := b.st.Submit(ctx, "append-curve", in); err != nil {
 		return nil, err
@@ -328,27 +356,41 @@ func (b *bench) appendCurve(ctx context.Context) ([]curve, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := b.st.SetRetention(ctx, store.RetentionPolicy{Company: store.DefaultCompany, RunRetention: time.Hour}, "bench"); err != nil {
+		return nil, err
+	}
+	// Every prior run exists from the start (their events come size by
+	// size): a week of history without runs would be an expired partition,
+	// which the purge drops.
+	history := time.Now()
+	if top := slices.Max(b.cfg.appendRows); top > 0 {
+		if _, err := b.raw.Exec(ctx, seedPriorRunsSQL, 0, (top-1)/10000, history); err != nil {
+			return nil, err
+		}
+	}
 	var seq uint64
 	var prior int64
-	for _, rows := range b.cfg.appendRows {
+	for i, rows := range b.cfg.appendRows {
 		if add := int64(rows) - prior; add > 0 {
 			// The prior events belong to other runs, 10,000 each, held
-			// by nobody (observed runs: never claimable), stored by one
-			// INSERT … SELECT generate_series (the statement triggers
-			// check them once).
+			// by nobody (observed runs: never claimable, never purged),
+			// stored by one INSERT … SELECT generate_series (the
+			// statement triggers check them once).
 			logf("event_append: seeding %d prior events", add)
 			start := time.Now()
-			first, last := int((prior+9999)/10000), int((int64(rows)-1)/10000)
-			if _, err := b.raw.Exec(ctx, seedLeasesSQL, "prior-", first, last, "bench-nobody"); err != nil {
-				return nil, err
-			}
-			if _, err := b.raw.Exec(ctx, seedPriorEventsSQL, prior, int64(rows), sample); err != nil {
+			if _, err := b.raw.Exec(ctx, seedPriorEventsSQL, prior, int64(rows), sample, history); err != nil {
 				return nil, err
 			}
 			logf("event_append: seeded %d prior events in %s", add, time.Since(start).Round(time.Millisecond))
 			b.absolute = append(b.absolute, fmt.Sprintf("BENCH event_append_seed rows=%d seconds=%.1f", add, time.Since(start).Seconds()))
 		}
 		prior = max(prior, int64(rows))
+		// Work for the purge: 200 expired runs of 500 events, three weeks
+		// old, in a partition pinned by prior runs (row-wise deletes, the
+		// purge's costly path).
+		if err := b.seedExpired(ctx, fmt.Sprintf("exp%d-", i), 200, 500, history.Add(-3*store.PartitionWeek), sample); err != nil {
+			return nil, err
+		}
 		b.settle(ctx)
 		op := func(ctx context.Context) (int, error) {
 			evs := make([]*prpv1.Event, b.cfg.batch)
@@ -367,14 +409,33 @@ func (b *bench) appendCurve(ctx context.Context) ([]curve, error) {
 		if _, err := timed(ctx, b.cfg.warmup, op); err != nil {
 			return nil, err
 		}
-		m, err := timed(ctx, b.cfg.duration/2, op)
-		if err != nil {
-			return nil, err
+		w := b.sampleWaits(ctx)
+		var without, with measurement
+		var purged store.PurgeCounts
+		for _, purge := range []bool{false, true, false} {
+			if !purge {
+				m, err := timed(ctx, b.cfg.duration/4, op)
+				if err != nil {
+					return nil, err
+				}
+				without.add(m)
+				continue
+			}
+			m, pc, err := b.withPurge(ctx, func() (measurement, error) { return timed(ctx, b.cfg.duration/2, op) })
+			if err != nil {
+				return nil, err
+			}
+			with.add(m)
+			purged.Add(pc)
 		}
-		logf("event_append: %d prior rows: %.0f events/s", rows, m.rate())
-		c.xs, c.values = append(c.xs, rows), append(c.values, m.rate())
+		waits := w.stop()
+		logf("event_append: %d prior rows: %.0f events/s without a purge, %.0f with one running (it deleted %d runs, %d events); %s",
+			rows, without.rate(), with.rate(), purged.Runs, purged.Events, waits)
+		b.absolute = append(b.absolute, fmt.Sprintf("BENCH event_append_waits prior_rows=%d %s", rows, waits))
+		c.xs, c.values = append(c.xs, rows), append(c.values, without.rate())
+		cp.xs, cp.values = append(cp.xs, rows), append(cp.values, with.rate())
 	}
-	return []curve{c}, nil
+	return []curve{c, cp}, nil
 }
 
 // watchCurve: WatchRun fan-out from a real executor process.

@@ -90,6 +90,7 @@ type config struct {
 	curveSet                       map[string]bool
 	backlogs, leaseSizes, watchers []int
 	appendRows                     []int
+	appendTable                    bool
 	attempts, ticks, watchEvents   int
 	watchPace, idle, idleSettle    time.Duration
 	executor                       string
@@ -155,6 +156,7 @@ func main() {
 	flag.Var(intList{&cfg.leaseSizes}, "lease-sizes", "lease_renewal: leases renewed per tick")
 	flag.IntVar(&cfg.ticks, "ticks", 50, "lease_renewal: measured ticks per size")
 	flag.Var(intList{&cfg.appendRows}, "append-rows", "event_append: rows already in executor.events")
+	flag.BoolVar(&cfg.appendTable, "append-unpartitioned", false, "event_append: keep executor.events one table (the layout before `executor migrate -partition-events`) instead of partitioning it by run creation week")
 	flag.Var(intList{&cfg.watchers}, "watchers", "watch_delivery: WatchRun streams of one run")
 	flag.IntVar(&cfg.watchEvents, "watch-events", 60, "watch_delivery: events delivered per size")
 	flag.DurationVar(&cfg.watchPace, "watch-pace", 50*time.Millisecond, "watch_delivery: one event per this interval")

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -14,25 +16,152 @@ import (
 	"github.com/tether-run/tether/services/executor/internal/store"
 )
 
-// seedExpiredSQL stores $1 runs old-1…old-$1 of company bench that ended
-// two days ago, in 10 session scopes (each scope's newest stays: the purge
-// keeps it), with their coordinators (completed, attempt 1).
+// seedExpiredSQL stores $1 runs <prefix>1…<prefix>$1 of company bench,
+// created at $4 and ended two days ago, in 10 session scopes (each scope's
+// newest stays: the purge keeps it, and so the partition of $4 is pinned
+// and these runs go row by row), with their coordinators (completed,
+// attempt 1), and $2 events each.
 const seedExpiredSQL = `
 WITH r AS (
-  INSERT INTO executor.runs (run_id, company_id, normalized_session_id, session_scope, lifecycle, input, input_digest, state, ended_at, event_count)
-  SELECT 'old-' || g, 'bench', 'old', 'old-scope-' || (g % 10), 'LIFECYCLE_MODE_WARM', '\x'::bytea, 'bench', 'succeeded',
-         now() - interval '2 days', $2
+  INSERT INTO executor.runs (run_id, company_id, normalized_session_id, session_scope, lifecycle, input, input_digest, state, created_at, ended_at, event_count)
+  SELECT $3 || g, 'bench', 'old', $3 || 'scope-' || (g % 10), 'LIFECYCLE_MODE_WARM', '\x'::bytea, 'bench', 'succeeded',
+         $4, now() - interval '2 days', $2
     FROM generate_series(1, $1::int) g
   RETURNING run_id, session_scope, submit_seq)
 INSERT INTO executor.coordinators (run_id, binding_digest, session_scope, submit_seq, phase, attempt)
 SELECT run_id, '', session_scope, submit_seq, 'completed', 1 FROM r`
 
-// seedExpiredEventsSQL stores $2 events of each of runs old-1…old-$1 in
+// seedExpiredEventsSQL stores $2 events of each of runs <prefix>1…$1 in
 // one statement.
 const seedExpiredEventsSQL = `
-INSERT INTO executor.events (run_id, seq, source_instance_id, source_seq, source_event_id, event_type, payload_sha256, event, writer_attempt)
-SELECT 'old-' || (g / $2 + 1), g % $2 + 1, 'seed', g % $2 + 1, 'seed-' || g, 'item.delta', '\x00'::bytea, $3, 1
+INSERT INTO executor.events (run_id, run_created_at, seq, source_instance_id, source_seq, source_event_id, event_type, payload_sha256, event, writer_attempt)
+SELECT $4 || (g / $2 + 1), $5, g % $2 + 1, 'seed', g % $2 + 1, 'seed-' || g, 'item.delta', '\x00'::bytea, $3, 1
   FROM generate_series(0, $1::int * $2::int - 1) g`
+
+// seedExpired stores n expired runs of perRun events each, created at
+// created, named prefix<i>.
+func (b *bench) seedExpired(ctx context.Context, prefix string, n, perRun int, created time.Time, sample []byte) error {
+	if _, err := b.raw.Exec(ctx, seedExpiredSQL, n, perRun, prefix, created); err != nil {
+		return fmt.Errorf("seeding expired runs: %w", err)
+	}
+	if _, err := b.raw.Exec(ctx, seedExpiredEventsSQL, n, perRun, sample, prefix, created); err != nil {
+		return fmt.Errorf("seeding expired events: %w", err)
+	}
+	return nil
+}
+
+// partitionEvents partitions the bench's events table as `executor
+// migrate -partition-events` does (SPEC L2), its first weekly partition
+// twelve weeks back when no event is stored yet (else the step's default:
+// what is stored stays in the legacy partition).
+func (b *bench) partitionEvents(ctx context.Context) error {
+	var stored bool
+	if err := b.raw.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM executor.events)`).Scan(&stored); err != nil {
+		return err
+	}
+	o := store.PartitionOptions{Logf: func(f string, args ...any) { logf("partition-events: "+f, args...) }}
+	if !stored {
+		o.Cutoff = time.Now().Add(-12 * store.PartitionWeek)
+	}
+	return b.st.PartitionEvents(ctx, o)
+}
+
+// withPurge runs fn while one retention purge pass (the executor's, at its
+// default pace) runs beside it, and returns what the pass deleted.
+func (b *bench) withPurge(ctx context.Context, fn func() (measurement, error)) (measurement, store.PurgeCounts, error) {
+	p := &retention.Purger{Store: b.st, Owner: "bench-purger"}
+	if _, err := b.st.TakeJobLease(ctx, retention.Job, p.Owner, time.Hour); err != nil {
+		return measurement{}, store.PurgeCounts{}, err
+	}
+	pctx, stop := context.WithCancel(ctx)
+	type result struct {
+		c   store.PurgeCounts
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		c, err := p.Pass(pctx)
+		done <- result{c, err}
+	}()
+	m, err := fn()
+	stop()
+	r := <-done
+	if r.err != nil && pctx.Err() == nil && err == nil {
+		err = fmt.Errorf("purge: %w", r.err)
+	}
+	return m, r.c, err
+}
+
+// waitSampler samples, every 10 ms, what the appending backends (the fast
+// append statement) wait on, whether an autovacuum worker runs and on
+// what, and counts the checkpoints meanwhile.
+type waitSampler struct {
+	stopped chan struct{}
+	done    chan string
+}
+
+func (b *bench) sampleWaits(ctx context.Context) *waitSampler {
+	w := &waitSampler{stopped: make(chan struct{}), done: make(chan string, 1)}
+	var cp0, buf0 int64
+	_ = b.raw.QueryRow(ctx, `SELECT checkpoints_timed + checkpoints_req, buffers_checkpoint FROM pg_stat_bgwriter`).Scan(&cp0, &buf0)
+	go func() {
+		waits := map[string]int{}
+		vacuums := map[string]int{}
+		samples, appending := 0, 0
+		t := time.NewTicker(10 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-w.stopped:
+				var cp1, buf1 int64
+				_ = b.raw.QueryRow(ctx, `SELECT checkpoints_timed + checkpoints_req, buffers_checkpoint FROM pg_stat_bgwriter`).Scan(&cp1, &buf1)
+				var parts []string
+				for k, n := range waits {
+					parts = append(parts, fmt.Sprintf("%s=%.0f%%", k, 100*float64(n)/float64(max(appending, 1))))
+				}
+				sort.Strings(parts)
+				var vac []string
+				for k, n := range vacuums {
+					vac = append(vac, fmt.Sprintf("%s=%.0f%%", k, 100*float64(n)/float64(max(samples, 1))))
+				}
+				sort.Strings(vac)
+				w.done <- fmt.Sprintf("append_waits=%s autovacuum=%s checkpoints=%d checkpoint_buffers=%d samples=%d",
+					strings.Join(parts, ","), strings.Join(append(vac, "none"), ","), cp1-cp0, buf1-buf0, samples)
+				return
+			case <-t.C:
+			}
+			rows, err := b.raw.Query(ctx, `
+SELECT CASE WHEN a.backend_type = 'autovacuum worker' THEN 'vacuum' ELSE 'append' END,
+       CASE WHEN a.backend_type = 'autovacuum worker' THEN coalesce(v.relid::regclass::text, 'analyze')
+            ELSE coalesce(a.wait_event_type || ':' || a.wait_event, 'CPU') END
+  FROM pg_stat_activity a LEFT JOIN pg_stat_progress_vacuum v ON v.pid = a.pid
+ WHERE a.pid <> pg_backend_pid() AND a.state IS DISTINCT FROM 'idle'
+   AND (a.backend_type = 'autovacuum worker' OR (a.state = 'active' AND a.query LIKE '%WITH fence AS%'))`)
+			if err != nil {
+				continue
+			}
+			samples++
+			for rows.Next() {
+				var kind, what string
+				if rows.Scan(&kind, &what) == nil {
+					if kind == "vacuum" {
+						vacuums[what]++
+					} else {
+						waits[what]++
+						appending++
+					}
+				}
+			}
+			rows.Close()
+		}
+	}()
+	return w
+}
+
+func (w *waitSampler) stop() string {
+	close(w.stopped)
+	return <-w.done
+}
 
 // purgeImpact measures the hot path — event appends of a held run and
 // claims of queued runs — with and without the retention purge deleting
@@ -45,12 +174,15 @@ func (b *bench) purgeImpact(ctx context.Context) ([]curve, error) {
 	if err != nil {
 		return nil, err
 	}
-	start := time.Now()
-	if _, err := b.raw.Exec(ctx, seedExpiredSQL, expiredRuns, eventsPerRun); err != nil {
-		return nil, fmt.Errorf("seeding expired runs: %w", err)
+	if err := b.partitionEvents(ctx); err != nil {
+		return nil, err
 	}
-	if _, err := b.raw.Exec(ctx, seedExpiredEventsSQL, expiredRuns, eventsPerRun, sample); err != nil {
-		return nil, fmt.Errorf("seeding expired events: %w", err)
+	start := time.Now()
+	// Three weeks old: in a partition their scopes' newest runs pin, so
+	// they go row by row (dropping a whole partition costs next to
+	// nothing to measure).
+	if err := b.seedExpired(ctx, "old-", expiredRuns, eventsPerRun, time.Now().Add(-3*store.PartitionWeek), sample); err != nil {
+		return nil, err
 	}
 	logf("purge_impact: seeded %d expired runs with %d events in %s", expiredRuns, expiredRuns*eventsPerRun, time.Since(start).Round(time.Millisecond))
 	if err := b.st.SetRetention(ctx, store.RetentionPolicy{Company: store.DefaultCompany, RunRetention: time.Hour}, "bench"); err != nil {
