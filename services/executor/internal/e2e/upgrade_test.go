@@ -174,8 +174,32 @@ func TestL3_ExecutorsOfThePreviousReleaseAndOfMainShareTheDatabaseDuringARolling
 		require.Eventually(t, seenNow(func() bool { return seen[e] }), time.Minute, 10*time.Millisecond, "main's %s drives runs", e)
 		if e == "executor-2" {
 			require.Eventually(t, seenNow(func() bool { return mixed }), time.Minute, 10*time.Millisecond, "runs driven by both versions at once")
+			// SPEC L2: partitioning the events table waits for the
+			// previous release (its inserts name no run_created_at).
+			out, err := exec.Command(filepath.Join(binDir, "executor"), "migrate", "-partition-events", "-database-url", h.dsn).CombinedOutput()
+			require.Error(t, err, "%s", out)
+			require.Contains(t, string(out), "executor@v0.1.0", "the refusal names the older executor")
 		}
 	}
+	// Every executor runs main: partition while runs are in flight; the
+	// submitter goes on for a few more runs on the partitioned table.
+	// (An older executor's heartbeat and leases count for a minute after
+	// it stopped: the step is retried as an operator would.)
+	var out []byte
+	require.Eventually(t, func() bool {
+		var err error
+		out, err = exec.Command(filepath.Join(binDir, "executor"), "migrate", "-partition-events", "-database-url", h.dsn).CombinedOutput()
+		return err == nil
+	}, 3*time.Minute, 2*time.Second, "executor migrate -partition-events once the previous release is gone")
+	require.Contains(t, string(out), "executor.events is partitioned")
+	mu.Lock()
+	partitionedAt := len(submitted)
+	mu.Unlock()
+	require.Eventually(t, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(submitted) >= partitionedAt+6
+	}, time.Minute, 50*time.Millisecond, "runs submitted after the partitioning")
 	close(rolled)
 	<-done
 	mu.Lock()
@@ -205,5 +229,10 @@ func TestL3_ExecutorsOfThePreviousReleaseAndOfMainShareTheDatabaseDuringARolling
 	require.True(t, seen["executor@v0.1.0"] && seen["executor-2@v0.1.0"] && seen["executor"] && seen["executor-2"],
 		"each executor drove runs as v0.1.0 and as main: %v", seen)
 	require.True(t, mixed, "runs were driven by both versions at once")
+	require.Equal(t, "p", func() string {
+		var kind string
+		require.NoError(t, h.store().Pool().QueryRow(ctx, `SELECT relkind::text FROM pg_class WHERE oid = 'executor.events'::regclass`).Scan(&kind))
+		return kind
+	}(), "executor.events is partitioned")
 	h.requireAuditClean()
 }
