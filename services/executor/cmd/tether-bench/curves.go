@@ -405,7 +405,11 @@ func (b *bench) appendCurve(ctx context.Context) ([]curve, error) {
 		// Work for the purge: 200 expired runs of 500 events, three weeks
 		// old, in a partition pinned by prior runs (row-wise deletes, the
 		// purge's costly path).
-		if err := b.seedExpired(ctx, fmt.Sprintf("exp%d-", i), 200, 500, history.Add(-3*store.PartitionWeek), sample); err != nil {
+		expired := b.cfg.appendExpiredRuns
+		if expired <= 0 {
+			expired = 200
+		}
+		if err := b.seedExpired(ctx, fmt.Sprintf("exp%d-", i), expired, 500, history.Add(-3*store.PartitionWeek), sample); err != nil {
 			return nil, err
 		}
 		b.settle(ctx)

@@ -91,6 +91,7 @@ type config struct {
 	backlogs, leaseSizes, watchers []int
 	appendRows                     []int
 	appendTable                    bool
+	appendExpiredRuns              int // event_append: expired runs (500 events each) seeded per size for the purge; 0: 200
 	attempts, ticks, watchEvents   int
 	watchPace, idle, idleSettle    time.Duration
 	executor                       string

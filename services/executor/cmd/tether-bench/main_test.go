@@ -42,3 +42,20 @@ func TestP1_EveryBenchFigureRunsOnTheCurrentSchema(t *testing.T) {
 		unaryCallers: 2, executor: exe,
 	}))
 }
+
+// TestL2_TheAppendCurveRunsOnThePartitionedTableWithAPurgeBeside: the
+// append curve of `make bench` (partitioning the events table, seeding
+// prior and expired runs with their partition key, measuring without and
+// with a purge running) runs end to end on the current schema, in
+// miniature, on both layouts.
+func TestL2_TheAppendCurveRunsOnThePartitionedTableWithAPurgeBeside(t *testing.T) {
+	for _, unpartitioned := range []bool{false, true} {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		require.NoError(t, run(ctx, config{
+			batch: 8, payload: 64, duration: 400 * time.Millisecond, warmup: 50 * time.Millisecond, slices: 2,
+			curves: true, curveSet: map[string]bool{"event_append": true}, appendRows: []int{0, 20000},
+			appendTable: unpartitioned, appendExpiredRuns: 12,
+		}), "unpartitioned=%t", unpartitioned)
+		cancel()
+	}
+}
