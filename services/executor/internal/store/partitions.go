@@ -332,15 +332,18 @@ const expiredRunSQL = `(r.ended_at IS NOT NULL
      AND EXISTS (SELECT 1 FROM executor.runs n WHERE n.session_scope = r.session_scope AND n.submit_seq > r.submit_seq)
      AND NOT EXISTS (SELECT 1 FROM executor.session_checkpoints k WHERE k.last_run_id = r.run_id))`
 
-// partitionExpiredSQL is true when every run created in [$1, $2) ($1 NULL:
-// before $2) may be deleted.
+// partitionExpiredSQL is true when every run created in [$1, $2) may be
+// deleted. $1 NULL (the legacy partition, which the row-wise purge
+// empties of expired runs): when no run created before $2 is left, a
+// check that stays one index probe however much history the table had.
 const partitionExpiredSQL = `
-SELECT NOT EXISTS (
+SELECT CASE WHEN $1::timestamptz IS NULL THEN NOT EXISTS (SELECT 1 FROM executor.runs WHERE created_at < $2)
+  ELSE NOT EXISTS (
   SELECT 1 FROM executor.runs r
     JOIN executor.retention_settings d ON d.company_id = '*'
     LEFT JOIN executor.retention_settings own ON own.company_id = r.company_id
-   WHERE ($1::timestamptz IS NULL OR r.created_at >= $1) AND r.created_at < $2
-     AND NOT coalesce(` + expiredRunSQL + `, false))`
+   WHERE r.created_at >= $1 AND r.created_at < $2
+     AND NOT coalesce(` + expiredRunSQL + `, false)) END`
 
 // DropExpiredEventPartitions drops the partitions whose runs have all
 // expired (ExpiredRuns' rules), oldest first, each at least an hour past
