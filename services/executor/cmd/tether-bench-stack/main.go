@@ -68,6 +68,9 @@ func run() error {
 	gateways := flag.Int("gateways", 1, "-throughput: runner gateways (as on separate hosts, registered with the executor)")
 	p5Sessions := flag.Int("p5-sessions", 12, "-throughput: warm sessions the runs are spread over")
 	anchorN := flag.Int("anchors", 100, "warm turn: samples of each raw anchor (fdatasync, atomic replace, commit, gRPC ping-pong) before and after the turns")
+	idleTurns := flag.Int("idle-turns", 5, "after the warm turn: turns each after 2 × -idle-checkpoint-after idle with the backup verifier on, each idle period checkpointed online (SPEC P6); 0: none")
+	idleCheckpointAfter := flag.Duration("idle-checkpoint-after", time.Second, "the executor's -checkpoint-after in the warm-turn run (no measured warm turn idles that long)")
+	idleControl := flag.Bool("idle-control", false, "-idle-turns without checkpoints (-checkpoint-after 0): the same idle periods, to tell idleness from checkpointing")
 	flag.Parse()
 	if *gateways < 1 {
 		return fmt.Errorf("-gateways: want ≥ 1, got %d", *gateways)
@@ -122,6 +125,14 @@ func run() error {
 		}
 		opts.Env = append(opts.Env, synctrace.EnvVar+"="+traceDir)
 		opts.FakeArgs = append(append([]string(nil), fakeArgs...), "--sync-trace", traceDir)
+		if *idleTurns > 0 {
+			// Production's checkpoint policy (a verifier and
+			// -checkpoint-after), for the turns after idle periods.
+			if !*idleControl {
+				opts.CheckpointAfter = *idleCheckpointAfter
+			}
+			opts.ExecutorArgs = append(opts.ExecutorArgs, "-idle-sweep-interval", "100ms")
+		}
 	}
 	if *takeovers > 0 {
 		opts.LeaseTTL = *ttl
@@ -280,6 +291,9 @@ func run() error {
 		return err
 	}
 	floor{direct: pct(directStarted, 50), writes: writes, commit: pct(raw.commit, 50), hops: pathHops, pingPong: pct(raw.pingPong, 50)}.print(tp50)
+	if *idleTurns > 0 {
+		return turnsAfterIdle(ctx, client, *idleTurns, *idleCheckpointAfter, sp50, traceDir, raw, !*idleControl)
+	}
 	return nil
 }
 

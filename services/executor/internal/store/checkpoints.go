@@ -21,6 +21,10 @@ const (
 	SuspensionFailed    = "failed"
 	// SuspensionSkipped: nothing to suspend (no runner state).
 	SuspensionSkipped = "skipped"
+	// SuspensionCheckpointed: the idle period has an online checkpoint
+	// (SPEC P6): verified and recorded, the runner and its provider still
+	// running. Its suspension at the idle timeout is still to come.
+	SuspensionCheckpointed = "checkpointed"
 )
 
 // Suspension retry policy: a failed suspension of an idle period is tried
@@ -42,15 +46,21 @@ type IdleSession struct {
 	Input     *prpv1.ExecutionInput
 	// IdleFor is how long ago the run ended (database clock).
 	IdleFor time.Duration
+	// Checkpointed: the idle period has an online checkpoint; only its
+	// suspension at the idle timeout is left.
+	Checkpointed bool
 }
 
 // IdleWarmSessions lists up to limit scopes whose newest run is a warm run
 // that ended (in the last two days) and whose idle period is not suspended,
-// being suspended, or given up on; the oldest first. The caller applies each
-// run's idle timeout.
+// being suspended, or given up on; the oldest first (an idle period with an
+// online checkpoint is listed, Checkpointed). The caller applies each run's
+// idle timeout.
 func (s *Store) IdleWarmSessions(ctx context.Context, limit int) ([]IdleSession, error) {
 	rows, err := s.pool.Query(ctx, `
-SELECT r.run_id, r.session_scope, r.input, EXTRACT(EPOCH FROM (now() - r.ended_at))::float8
+SELECT r.run_id, r.session_scope, r.input, EXTRACT(EPOCH FROM (now() - r.ended_at))::float8,
+       EXISTS (SELECT 1 FROM executor.session_suspensions s
+                WHERE s.session_scope = r.session_scope AND s.last_run_id = r.run_id AND s.state = 'checkpointed')
   FROM executor.runs r
   JOIN executor.coordinators c ON c.run_id = r.run_id
  WHERE r.lifecycle = 'LIFECYCLE_MODE_WARM' AND r.ended_at > now() - make_interval(secs => $1)
@@ -73,7 +83,7 @@ SELECT r.run_id, r.session_scope, r.input, EXTRACT(EPOCH FROM (now() - r.ended_a
 			raw  []byte
 			secs float64
 		)
-		if err := rows.Scan(&is.LastRunID, &is.Scope, &raw, &secs); err != nil {
+		if err := rows.Scan(&is.LastRunID, &is.Scope, &raw, &secs, &is.Checkpointed); err != nil {
 			return nil, err
 		}
 		is.Input = &prpv1.ExecutionInput{}
@@ -93,6 +103,13 @@ SELECT r.run_id, r.session_scope, r.input, EXTRACT(EPOCH FROM (now() - r.ended_a
 // suspended, skipped or failed too often is not claimed again unless force
 // (an explicit CloseSession). ok is false when nothing was claimed.
 func (s *Store) ClaimSuspension(ctx context.Context, scope, lastRunID, owner string, ttl time.Duration, force bool) (ok bool, err error) {
+	return s.ClaimIdlePeriod(ctx, scope, lastRunID, owner, ttl, force, false)
+}
+
+// ClaimIdlePeriod is ClaimSuspension; afterCheckpoint also claims an idle
+// period that has an online checkpoint (for its suspension at the idle
+// timeout, attempts counted afresh).
+func (s *Store) ClaimIdlePeriod(ctx context.Context, scope, lastRunID, owner string, ttl time.Duration, force, afterCheckpoint bool) (ok bool, err error) {
 	var attempts int
 	err = s.pool.QueryRow(ctx, `
 INSERT INTO executor.session_suspensions AS s (session_scope, last_run_id, state, owner, claimed_until)
@@ -103,15 +120,16 @@ SELECT $1, $2, 'claimed', $3, now() + make_interval(secs => $4)
 ON CONFLICT (session_scope) DO UPDATE
    SET last_run_id = EXCLUDED.last_run_id, state = 'claimed', owner = EXCLUDED.owner,
        claimed_until = EXCLUDED.claimed_until, last_error = NULL, checkpoint_id = NULL, updated_at = now(),
-       attempts = CASE WHEN s.last_run_id = EXCLUDED.last_run_id THEN s.attempts + 1 ELSE 1 END
+       attempts = CASE WHEN s.last_run_id = EXCLUDED.last_run_id AND s.state <> 'checkpointed' THEN s.attempts + 1 ELSE 1 END
  WHERE CASE
          WHEN s.state = 'claimed' THEN s.claimed_until <= now()
          WHEN s.last_run_id <> EXCLUDED.last_run_id THEN true
          WHEN $5 THEN true
+         WHEN s.state = 'checkpointed' THEN $8
          WHEN s.state = 'failed' THEN s.attempts < $6 AND s.updated_at <= now() - make_interval(secs => $7)
          ELSE false
        END
-RETURNING s.attempts`, scope, lastRunID, owner, ttl.Seconds(), force, MaxSuspensionAttempts, SuspensionRetryDelay.Seconds()).Scan(&attempts)
+RETURNING s.attempts`, scope, lastRunID, owner, ttl.Seconds(), force, MaxSuspensionAttempts, SuspensionRetryDelay.Seconds(), afterCheckpoint).Scan(&attempts)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return false, nil
 	}

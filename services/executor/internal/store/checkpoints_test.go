@@ -138,3 +138,46 @@ func TestR5_CheckpointsAreCurrentUntilARunAttachesAgain(t *testing.T) {
 	require.NoError(t, err)
 	require.Nil(t, cur)
 }
+
+// TestP6_AnIdlePeriodCheckpointedOnlineIsOfferedAgainForItsSuspensionOnly:
+// an idle period whose online checkpoint is recorded (checkpointed) is
+// listed again, marked Checkpointed, and claimed only for its suspension
+// at the idle timeout (afterCheckpoint), with its attempts counted afresh;
+// a plain claim (another online checkpoint) does not take it.
+func TestP6_AnIdlePeriodCheckpointedOnlineIsOfferedAgainForItsSuspensionOnly(t *testing.T) {
+	t.Parallel()
+	s := newStore(t)
+	ctx := context.Background()
+	in := input("online", "x")
+	sc := scope.OfRun("o1", in)
+	_, _, err := s.SubmitRun(ctx, "o1", in)
+	require.NoError(t, err)
+	finish(t, s, "o1")
+
+	ok, err := s.ClaimSuspension(ctx, sc, "o1", "replica-a", time.Minute, false)
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.NoError(t, s.FinishSuspension(ctx, sc, "o1", "replica-a", store.SuspensionCheckpointed, "", "cp-online"))
+
+	idle, err := s.IdleWarmSessions(ctx, 10)
+	require.NoError(t, err)
+	require.Len(t, idle, 1, "the checkpointed period still waits for its suspension")
+	require.True(t, idle[0].Checkpointed)
+
+	ok, err = s.ClaimIdlePeriod(ctx, sc, "o1", "replica-b", time.Minute, false, false)
+	require.NoError(t, err)
+	require.False(t, ok, "not checkpointed twice")
+	ok, err = s.ClaimIdlePeriod(ctx, sc, "o1", "replica-b", time.Minute, false, true)
+	require.NoError(t, err)
+	require.True(t, ok, "claimed for its suspension")
+	var attempts int
+	require.NoError(t, s.Pool().QueryRow(ctx, `SELECT attempts FROM executor.session_suspensions WHERE session_scope = $1`, sc).Scan(&attempts))
+	require.Equal(t, 1, attempts)
+	idle, err = s.IdleWarmSessions(ctx, 10)
+	require.NoError(t, err)
+	require.Empty(t, idle, "being suspended")
+	require.NoError(t, s.FinishSuspension(ctx, sc, "o1", "replica-b", store.SuspensionSuspended, "", "cp-idle"))
+	idle, err = s.IdleWarmSessions(ctx, 10)
+	require.NoError(t, err)
+	require.Empty(t, idle, "suspended")
+}

@@ -35,11 +35,12 @@ type Suspender struct {
 	// Interval is how often idle sessions are looked for (default 1s).
 	Interval time.Duration
 	// CheckpointAfter, when positive and shorter than a session's idle
-	// timeout, suspends a warm session (a verified checkpoint) once it has
+	// timeout, takes a verified checkpoint of a warm session once it has
 	// been idle this long after a settled run (SPEC F3: a lost gateway
-	// host loses no turn settled longer ago). Runs that follow each other
-	// within it share one warm provider; the next run after a checkpoint
-	// resumes the thread in a new runner and provider.
+	// host loses no turn settled longer ago). The checkpoint is online
+	// (SPEC P6): the runner and its provider keep running, so the next run
+	// is as warm as one that follows at once; only the idle timeout
+	// suspends. A scope whose runner is not running is suspended instead.
 	CheckpointAfter time.Duration
 	// ClaimTTL bounds a claim; a replica that dies mid-suspension loses it
 	// after this and another takes the scope over (default 3m, longer than
@@ -113,7 +114,15 @@ func (s *Suspender) Sweep(ctx context.Context) (int, error) {
 		if is.IdleFor < after {
 			continue
 		}
-		cp, err := s.Suspend(ctx, is.Scope, is.LastRunID, is.Input, reason, false)
+		var (
+			cp  *executorv1.SessionCheckpoint
+			err error
+		)
+		if reason == session.ReasonCheckpoint {
+			cp, err = s.Checkpoint(ctx, is.Scope, is.LastRunID, is.Input)
+		} else {
+			cp, err = s.suspend(ctx, nil, is.Scope, is.LastRunID, is.Input, reason, false, is.Checkpointed)
+		}
 		if err != nil {
 			if ctx.Err() != nil {
 				return n, ctx.Err()
@@ -130,15 +139,30 @@ func (s *Suspender) Sweep(ctx context.Context) (int, error) {
 // DefaultCheckpointAfter is the executor's -checkpoint-after default.
 const DefaultCheckpointAfter = 5 * time.Second
 
-// suspendAfter is how long the idle session waits for its suspension,
-// and the suspension's reason: its idle timeout, or CheckpointAfter when
-// shorter.
+// suspendAfter is how long the idle session waits for what is next in
+// its idle period, and what that is: an online checkpoint after
+// CheckpointAfter when shorter than its idle timeout
+// (session.ReasonCheckpoint), its suspension at the idle timeout
+// otherwise, and always once the period has its checkpoint.
 func (s *Suspender) suspendAfter(is store.IdleSession) (time.Duration, string) {
 	timeout := scope.ParamsOf(is.LastRunID, is.Input).Lifecycle.EffectiveIdleTimeout()
-	if s.CheckpointAfter > 0 && s.CheckpointAfter < timeout {
+	if s.CheckpointAfter > 0 && s.CheckpointAfter < timeout && !is.Checkpointed && is.IdleFor < timeout {
 		return s.CheckpointAfter, session.ReasonCheckpoint
 	}
 	return timeout, session.ReasonIdleTimeout
+}
+
+// Checkpoint takes an online checkpoint (SPEC P6) of scope's idle period
+// that began when lastRunID ended, under a claim: the gateway has the live
+// runner stage a copy of its state, stores and stamps it, and the runner
+// and its provider keep running; the idle period is then checkpointed, and
+// suspended only at its idle timeout. A scope whose runner is not running
+// is suspended instead (the period is then suspended). It returns the
+// recorded checkpoint; nil with a nil error when another replica holds the
+// claim or there was nothing to claim.
+func (s *Suspender) Checkpoint(ctx context.Context, sc, lastRunID string, in *prpv1.ExecutionInput) (*executorv1.SessionCheckpoint, error) {
+	s.defaults()
+	return s.claimed(ctx, nil, sc, lastRunID, in, session.ReasonCheckpoint, false, false, true)
 }
 
 // Suspend performs one verified suspension of scope's idle period that
@@ -147,7 +171,7 @@ func (s *Suspender) suspendAfter(is store.IdleSession) (time.Duration, string) {
 // nil with a nil error when another replica holds the claim or there was
 // nothing to claim (not forced).
 func (s *Suspender) Suspend(ctx context.Context, sc, lastRunID string, in *prpv1.ExecutionInput, reason string, force bool) (*executorv1.SessionCheckpoint, error) {
-	return s.suspend(ctx, nil, sc, lastRunID, in, reason, force)
+	return s.suspend(ctx, nil, sc, lastRunID, in, reason, force, false)
 }
 
 // SuspendToMove is Suspend (forced) on gateway gw for moving the scope off
@@ -155,15 +179,21 @@ func (s *Suspender) Suspend(ctx context.Context, sc, lastRunID string, in *prpv1
 // scope's runner state aside, so nothing stale is resumed there should the
 // scope ever come back.
 func (s *Suspender) SuspendToMove(ctx context.Context, gw gatewayv1.RunnerGatewayClient, sc, lastRunID string, in *prpv1.ExecutionInput, reason string) (*executorv1.SessionCheckpoint, error) {
-	return s.suspend(ctx, gw, sc, lastRunID, in, reason, true)
+	return s.suspend(ctx, gw, sc, lastRunID, in, reason, true, false)
 }
 
 // suspend suspends on gw (nil: the scope's gateway), with archive when gw
-// is given.
-func (s *Suspender) suspend(ctx context.Context, gw gatewayv1.RunnerGatewayClient, sc, lastRunID string, in *prpv1.ExecutionInput, reason string, force bool) (*executorv1.SessionCheckpoint, error) {
+// is given; afterCheckpoint: the idle period has an online checkpoint.
+func (s *Suspender) suspend(ctx context.Context, gw gatewayv1.RunnerGatewayClient, sc, lastRunID string, in *prpv1.ExecutionInput, reason string, force, afterCheckpoint bool) (*executorv1.SessionCheckpoint, error) {
 	s.defaults()
+	return s.claimed(ctx, gw, sc, lastRunID, in, reason, force, afterCheckpoint, false)
+}
+
+// claimed claims the idle period and suspends it (online: checkpoints it
+// online, SPEC P6).
+func (s *Suspender) claimed(ctx context.Context, gw gatewayv1.RunnerGatewayClient, sc, lastRunID string, in *prpv1.ExecutionInput, reason string, force, afterCheckpoint, online bool) (*executorv1.SessionCheckpoint, error) {
 	log := s.Logger.With("session_scope", sc, "last_run_id", lastRunID)
-	ok, err := s.Store.ClaimSuspension(ctx, sc, lastRunID, s.Owner, s.ClaimTTL, force)
+	ok, err := s.Store.ClaimIdlePeriod(ctx, sc, lastRunID, s.Owner, s.ClaimTTL, force, afterCheckpoint)
 	if err != nil {
 		return nil, err
 	}
@@ -187,7 +217,7 @@ func (s *Suspender) suspend(ctx context.Context, gw gatewayv1.RunnerGatewayClien
 	}
 	var resp *gatewayv1.SuspendRunnerResponse
 	if err == nil {
-		resp, err = gw.SuspendRunner(cctx, &gatewayv1.SuspendRunnerRequest{Input: in, RunId: lastRunID, Reason: reason, ArchiveState: archive})
+		resp, err = gw.SuspendRunner(cctx, &gatewayv1.SuspendRunnerRequest{Input: in, RunId: lastRunID, Reason: reason, ArchiveState: archive, KeepRunning: online})
 	}
 	if err != nil {
 		state := store.SuspensionFailed
@@ -203,6 +233,12 @@ func (s *Suspender) suspend(ctx context.Context, gw gatewayv1.RunnerGatewayClien
 		log.Error("recording the checkpoint", "checkpoint_id", resp.GetCheckpoint().GetCheckpointId(), "err", err)
 		finish(store.SuspensionFailed, err.Error(), "")
 		return nil, err
+	}
+	if resp.GetOnline() {
+		finish(store.SuspensionCheckpointed, "", cp.GetCheckpointId())
+		log.Info("session checkpointed online; its runner keeps running", "checkpoint_id", cp.GetCheckpointId(),
+			"manifest_digest", cp.GetManifestDigest(), "runner_instance_id", cp.GetRunnerInstanceId(), "lease_id", cp.GetLeaseId(), "reason", reason)
+		return cp, nil
 	}
 	finish(store.SuspensionSuspended, "", cp.GetCheckpointId())
 	log.Info("session suspended", "checkpoint_id", cp.GetCheckpointId(), "manifest_digest", cp.GetManifestDigest(),

@@ -503,6 +503,8 @@ func (r *Runner) execute(ctx context.Context, c *prpv1.Command) (map[string]any,
 		return r.cmdSessionClose(c)
 	case CmdRunnerSuspend:
 		return r.cmdRunnerSuspend(c)
+	case CmdRunnerCheckpoint:
+		return r.cmdRunnerCheckpoint(c)
 	case CmdRequestResolve:
 		return r.cmdRequestResolve(c)
 	case CmdToolResult:

@@ -377,6 +377,10 @@ func (r *Runner) open(ctx context.Context) (int, bool, error) {
 	if err := r.j.intents.Reset(); err != nil { // the saved state holds them
 		return ExitError, true, fmt.Errorf("intent log: %w", err)
 	}
+	// A stage an online checkpoint left behind (runnerd or its gateway
+	// died during it) is never uploaded now: the next checkpoint stages
+	// afresh.
+	_ = os.RemoveAll(filepath.Join(store.Dir, CheckpointStageDir))
 	if recovered {
 		r.announceRecovery(lostProvider)
 	}

@@ -37,7 +37,9 @@ var (
 	codexHomeCredentials = []string{"auth.json"}
 	// runnerExclusions: the provider host's socket (gone once the host has
 	// exited cleanly; a socket is never archived).
-	runnerExclusions = []string{"provider.sock"}
+	// The stage of an online checkpoint (runner.checkpoint) is never part
+	// of one.
+	runnerExclusions = []string{"provider.sock", checkpointStageDir}
 )
 
 // uploadChunk is the size of one UploadCheckpoint chunk (the verifier's
@@ -124,8 +126,11 @@ func (g *Gateway) SuspendRunner(ctx context.Context, req *gatewayv1.SuspendRunne
 	}
 
 	r.mu.Lock()
-	live := r.conn != nil || r.child != nil
+	live, connected := r.conn != nil || r.child != nil, r.conn != nil
 	r.mu.Unlock()
+	if req.GetKeepRunning() && !req.GetArchiveState() && connected {
+		return g.checkpointOnline(ctx, r, dir, sc, lease, in, prof, reason)
+	}
 	var events []*prpv1.Event
 	if live || processAlive(runnerProcess(st)) || st.Lifecycle != runnerstate.LifecycleSuspended {
 		// A live runner suspends itself; a runner that is not running (it
@@ -196,22 +201,38 @@ func launchMode(dir string) string {
 // and waits for the runner process to be gone. It returns the events the
 // runner emitted meanwhile.
 func (g *Gateway) controlCommand(ctx context.Context, r *runner, sc, typ, reason string) ([]*prpv1.Event, error) {
+	events, _, err := g.command(ctx, r, sc, typ, map[string]any{"reason": reason}, true)
+	return events, err
+}
+
+// command sends the connected runner of sc the control command typ with
+// payload under a control attachment and acknowledges every event it
+// emits meanwhile. untilExit: the command ends with the runner exiting
+// (see controlCommand), and command returns once the process is gone;
+// otherwise it returns with the command's result once it is answered
+// completed. It returns the events the runner emitted meanwhile.
+func (g *Gateway) command(ctx context.Context, r *runner, sc, typ string, payloadMap map[string]any, untilExit bool) ([]*prpv1.Event, *structpb.Struct, error) {
 	cmdID := randomID(strings.ReplaceAll(typ, ".", "-") + "-")
 	att := &attachment{runID: cmdID, out: make(chan *gatewayv1.AttachResponse, 64), done: make(chan struct{})}
 	r.mu.Lock()
 	if old := r.att; old != nil {
 		r.mu.Unlock()
-		return nil, failure.New(codes.Aborted, failure.NativeSessionSupervisorBusy, "session scope %s is serving run %s", sc, old.runID)
+		return nil, nil, failure.New(codes.Aborted, failure.NativeSessionSupervisorBusy, "session scope %s is serving run %s", sc, old.runID)
 	}
 	if r.conn == nil {
 		r.mu.Unlock()
-		return nil, failure.New(codes.Unavailable, failure.RunnerDisconnected, "the runner of scope %s is reconnecting", sc)
+		return nil, nil, failure.New(codes.Unavailable, failure.RunnerDisconnected, "the runner of scope %s is reconnecting", sc)
 	}
 	r.att = att
 	conn, after := r.conn, r.ackedSeq
 	child := r.child
 	proc := r.hello.GetRunnerProcess()
-	payload, _ := structpb.NewStruct(map[string]any{"reason": reason})
+	payload, perr := structpb.NewStruct(payloadMap)
+	if perr != nil {
+		r.att = nil
+		r.mu.Unlock()
+		return nil, nil, failure.Wrap(perr, codes.Internal, failure.CommandInvalid, "%s payload: %v", typ, perr)
+	}
 	cmd := &prpv1.Command{Schema: "tether.prp.command.v1", CommandId: cmdID, ControllerSeq: r.lastCmdSeq + 1,
 		Type: typ, IssuedAt: timestamppb.Now(), Payload: payload}
 	err := writeRunner(conn, &prpv1.Frame{Kind: &prpv1.Frame_Replay{Replay: &prpv1.Replay{AfterSourceSeq: after}}})
@@ -232,7 +253,7 @@ func (g *Gateway) controlCommand(ctx context.Context, r *runner, sc, typ, reason
 		r.mu.Unlock()
 	}()
 	if err != nil {
-		return nil, failure.Wrap(err, codes.Unavailable, failure.RunnerDisconnected, "sending %s: %v", typ, err)
+		return nil, nil, failure.Wrap(err, codes.Unavailable, failure.RunnerDisconnected, "sending %s: %v", typ, err)
 	}
 
 	var events []*prpv1.Event
@@ -270,19 +291,29 @@ func (g *Gateway) controlCommand(ctx context.Context, r *runner, sc, typ, reason
 				answered = true
 				if res.GetStatus() != "completed" {
 					if res.GetCode() == failure.TurnAlreadyActive {
-						return events, failure.New(codes.Aborted, failure.NativeSessionSupervisorBusy, "%s: %s", typ, res.GetMessage())
+						return events, nil, failure.New(codes.Aborted, failure.NativeSessionSupervisorBusy, "%s: %s", typ, res.GetMessage())
 					}
 					if typ != "runner.suspend" {
-						return events, failure.New(codes.FailedPrecondition, failure.Reason(res.GetCode()), "%s: %s", typ, res.GetMessage())
+						return events, nil, failure.New(codes.FailedPrecondition, failure.Reason(res.GetCode()), "%s: %s", typ, res.GetMessage())
 					}
-					return events, failure.New(codes.FailedPrecondition, failure.NativeSessionCloseUnrecoverable,
+					return events, nil, failure.New(codes.FailedPrecondition, failure.NativeSessionCloseUnrecoverable,
 						"%s: runner did not durably suspend before checkpoint (%s: %s)", failure.ProviderTransportFailed, res.GetCode(), res.GetMessage())
+				}
+				if !untilExit {
+					return events, res.GetResult(), nil
 				}
 			}
 		case <-att.done:
+			if !untilExit {
+				return events, nil, failure.New(codes.Unavailable, failure.RunnerDisconnected,
+					"the runner of scope %s went away before it answered %s", sc, typ)
+			}
 			gone = true // the runner's connection ended
 		case <-ctx.Done():
-			return events, failure.New(codes.DeadlineExceeded, failure.NativeSessionCloseUnrecoverable,
+			if !untilExit {
+				return events, nil, failure.New(codes.DeadlineExceeded, failure.RunnerDisconnected, "%s: no answer within %s", typ, suspendTimeout)
+			}
+			return events, nil, failure.New(codes.DeadlineExceeded, failure.NativeSessionCloseUnrecoverable,
 				"provider_transport_failed: runner did not durably suspend before checkpoint (no exit within %s)", suspendTimeout)
 		}
 	}
@@ -299,10 +330,10 @@ func (g *Gateway) controlCommand(ctx context.Context, r *runner, sc, typ, reason
 	select {
 	case <-exited:
 	case <-ctx.Done():
-		return events, failure.New(codes.DeadlineExceeded, failure.NativeSessionCloseUnrecoverable,
+		return events, nil, failure.New(codes.DeadlineExceeded, failure.NativeSessionCloseUnrecoverable,
 			"provider_transport_failed: runner did not durably suspend before checkpoint (the runner process did not exit)")
 	}
-	return events, nil
+	return events, nil, nil
 }
 
 // decodeBatch returns a relayed batch's events: the relay carries them as

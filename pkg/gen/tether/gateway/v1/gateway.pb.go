@@ -1492,7 +1492,13 @@ type SuspendRunnerRequest struct {
 	// The run whose input this is (the scope's last run). It names the scope
 	// the way Attach does: a projectless run's workspace is transient and a
 	// missing session id is session-<run id>. Empty: the input alone.
-	RunId         string `protobuf:"bytes,5,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	RunId string `protobuf:"bytes,5,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	// An online checkpoint (SPEC P6): the live runner of an idle session is
+	// quiesced while it stages a consistent copy of its profile directories,
+	// the copy is stored and stamped, and the same runner and provider
+	// processes keep serving; nothing is suspended. A scope whose runner is
+	// not running is suspended as without it. Not with archive_state.
+	KeepRunning   bool `protobuf:"varint,6,opt,name=keep_running,json=keepRunning,proto3" json:"keep_running,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1562,6 +1568,13 @@ func (x *SuspendRunnerRequest) GetRunId() string {
 	return ""
 }
 
+func (x *SuspendRunnerRequest) GetKeepRunning() bool {
+	if x != nil {
+		return x.KeepRunning
+	}
+	return false
+}
+
 // SuspendRunnerResponse is the receipt of a verified suspension.
 type SuspendRunnerResponse struct {
 	state            protoimpl.MessageState `protogen:"open.v1"`
@@ -1574,7 +1587,10 @@ type SuspendRunnerResponse struct {
 	// Events the runner emitted while suspending (and any tail not yet
 	// acknowledged): the gateway acknowledged them so the runner could exit;
 	// the caller files them under their runs.
-	Events        []*v1.Event `protobuf:"bytes,7,rep,name=events,proto3" json:"events,omitempty"`
+	Events []*v1.Event `protobuf:"bytes,7,rep,name=events,proto3" json:"events,omitempty"`
+	// The checkpoint was taken online: the runner and its provider still
+	// run (keep_running with a live runner).
+	Online        bool `protobuf:"varint,8,opt,name=online,proto3" json:"online,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1656,6 +1672,13 @@ func (x *SuspendRunnerResponse) GetEvents() []*v1.Event {
 		return x.Events
 	}
 	return nil
+}
+
+func (x *SuspendRunnerResponse) GetOnline() bool {
+	if x != nil {
+		return x.Online
+	}
+	return false
 }
 
 var File_tether_gateway_v1_gateway_proto protoreflect.FileDescriptor
@@ -1765,13 +1788,14 @@ const file_tether_gateway_v1_gateway_proto_rawDesc = "" +
 	"\x12runner_instance_id\x18\x01 \x01(\tB\n" +
 	"\xbaH\ar\x05\x10\x01\x18\x80\x02R\x10runnerInstanceId\"F\n" +
 	"\x11GetRunnerResponse\x121\n" +
-	"\x06runner\x18\x01 \x01(\v2\x19.tether.gateway.v1.RunnerR\x06runner\"\xe0\x01\n" +
+	"\x06runner\x18\x01 \x01(\v2\x19.tether.gateway.v1.RunnerR\x06runner\"\x83\x02\n" +
 	"\x14SuspendRunnerRequest\x12;\n" +
 	"\x05input\x18\x01 \x01(\v2\x1d.tether.prp.v1.ExecutionInputB\x06\xbaH\x03\xc8\x01\x01R\x05input\x12#\n" +
 	"\blease_id\x18\x02 \x01(\tB\b\xbaH\x05r\x03\x18\x80\x02R\aleaseId\x12 \n" +
 	"\x06reason\x18\x03 \x01(\tB\b\xbaH\x05r\x03\x18\xd0\x0fR\x06reason\x12#\n" +
 	"\rarchive_state\x18\x04 \x01(\bR\farchiveState\x12\x1f\n" +
-	"\x06run_id\x18\x05 \x01(\tB\b\xbaH\x05r\x03\x18\x80\x02R\x05runId\"\xce\x02\n" +
+	"\x06run_id\x18\x05 \x01(\tB\b\xbaH\x05r\x03\x18\x80\x02R\x05runId\x12!\n" +
+	"\fkeep_running\x18\x06 \x01(\bR\vkeepRunning\"\xe6\x02\n" +
 	"\x15SuspendRunnerResponse\x12#\n" +
 	"\rsession_scope\x18\x01 \x01(\tR\fsessionScope\x12,\n" +
 	"\x12runner_instance_id\x18\x02 \x01(\tR\x10runnerInstanceId\x12\x19\n" +
@@ -1781,7 +1805,8 @@ const file_tether_gateway_v1_gateway_proto_rawDesc = "" +
 	"checkpoint\x18\x05 \x01(\v2\x1c.tether.backup.v1.CheckpointR\n" +
 	"checkpoint\x12-\n" +
 	"\x05stamp\x18\x06 \x01(\v2\x17.tether.backup.v1.StampR\x05stamp\x12,\n" +
-	"\x06events\x18\a \x03(\v2\x14.tether.prp.v1.EventR\x06events*\x8f\x01\n" +
+	"\x06events\x18\a \x03(\v2\x14.tether.prp.v1.EventR\x06events\x12\x16\n" +
+	"\x06online\x18\b \x01(\bR\x06online*\x8f\x01\n" +
 	"\rTransportMode\x12\x1e\n" +
 	"\x1aTRANSPORT_MODE_UNSPECIFIED\x10\x00\x12#\n" +
 	"\x1fTRANSPORT_MODE_DIAL_WS_LOOPBACK\x10\x01\x12\x1b\n" +
