@@ -12,6 +12,7 @@ import (
 	"io"
 	"io/fs"
 	"strings"
+	"time"
 
 	"github.com/exaring/otelpgx"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -38,12 +39,20 @@ func MaxConns(n int) Option {
 	}
 }
 
+// PingAfterIdle: a pooled connection idle longer than this is pinged
+// before it is handed out. pgx's default (1 s) put a round trip before
+// every statement of a turn a person types (SPEC P6: a turn after idle
+// costs what a warm turn costs); the pool's health check (every minute)
+// still closes connections that died while idle.
+const PingAfterIdle = 30 * time.Second
+
 // Open connects a pool to dsn and pings it.
 func Open(ctx context.Context, dsn string, opts ...Option) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
 		return nil, err
 	}
+	cfg.ShouldPing = func(_ context.Context, p pgxpool.ShouldPingParams) bool { return p.IdleDuration > PingAfterIdle }
 	// Statements get spans as children of the caller's span (the hot path:
 	// a driven run's appends and claims under its `executor drive` span);
 	// a background loop without a recording span records nothing, and no
