@@ -449,6 +449,63 @@ func realScenarios(t *testing.T, rp realProvider) {
 		cp.GetCheckpointId(), restored.GetResult().GetProviderThreadId())
 
 	step("session usage total %v, monotonic across the kills and the restore", total)
+
+	// SPEC P6: with the verifier on and -checkpoint-after, a turn after
+	// an idle period of twice it (checkpointed online meanwhile) costs
+	// what a warm turn costs: the same runner and provider serve it.
+	const checkpointAfter = time.Second
+	h.st.Proc("executor").Stop(10 * time.Second)
+	h.st.SetExtraArgs("executor", "-checkpoint-after", checkpointAfter.String(), "-idle-sweep-interval", "100ms")
+	_, err = h.st.Start(ctx, "executor")
+	require.NoError(t, err)
+	timed := func(prompt string) (time.Duration, *executorv1.Run) {
+		t.Helper()
+		t0 := time.Now()
+		_, run := runOne(prompt, nil)
+		took := time.Since(t0)
+		requireSucceeded(t, run, prompt)
+		require.Equal(t, "ECHO: "+prompt, run.GetResult().GetFinalMessage())
+		usage(run)
+		return took, run
+	}
+	var warmTook, idleTook []time.Duration
+	var warmRun *executorv1.Run
+	for _, p := range []string{"warm one", "warm two", "warm three"} {
+		d, r := timed(p)
+		warmTook, warmRun = append(warmTook, d), r
+	}
+	warmTook = warmTook[1:] // the first follows the executor's restart
+	lastCP := cp.GetCheckpointId()
+	for _, p := range []string{"after idle one", "after idle two"} {
+		idleSince := time.Now()
+		require.Eventually(t, func() bool {
+			r, err := h.client.GetSession(ctx, &executorv1.GetSessionRequest{CompanyId: "acme", NormalizedSessionId: session})
+			if err != nil || r.GetSessions()[0].GetCheckpoint().GetCheckpointId() == lastCP {
+				return false
+			}
+			lastCP = r.GetSessions()[0].GetCheckpoint().GetCheckpointId()
+			return true
+		}, time.Minute, 20*time.Millisecond, "the idle period was checkpointed")
+		time.Sleep(time.Until(idleSince.Add(2 * checkpointAfter)))
+		d, r := timed(p)
+		idleTook = append(idleTook, d)
+		require.Equal(t, warmRun.GetRunnerProcess().GetPid(), r.GetRunnerProcess().GetPid(), "the same runner after idle")
+		require.Equal(t, warmRun.GetProviderProcess().GetPid(), r.GetProviderProcess().GetPid(), "the same provider after idle")
+	}
+	mean := func(ds []time.Duration) time.Duration {
+		var sum time.Duration
+		for _, d := range ds {
+			sum += d
+		}
+		return sum / time.Duration(len(ds))
+	}
+	warmMean, idleMean := mean(warmTook), mean(idleTook)
+	ratio := float64(idleMean) / float64(warmMean)
+	step("warm_turn_after_idle_with_backups: a turn after %s idle (checkpointed online, backups on) took %s (%v), a warm turn %s (%v): %.2fx (target ≤ 1.2x), same runner and provider",
+		2*checkpointAfter, idleMean.Round(time.Millisecond), idleTook, warmMean.Round(time.Millisecond), warmTook, ratio)
+	t.Logf("test-providers: BENCH %s warm_turn_after_idle_with_backups after_idle_ms=%.1f warm_ms=%.1f ratio=%.3f idle_ms=%d target=1.20 met=%t",
+		rp.name, float64(idleMean)/float64(time.Millisecond), float64(warmMean)/float64(time.Millisecond), ratio, (2 * checkpointAfter).Milliseconds(), ratio <= 1.2)
+
 	rep, code := auditStack(t, h.dsn)
 	require.Zero(t, code, "%+v", rep.Violations)
 	step("tetherctl audit clean")
