@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -470,13 +471,13 @@ func realScenarios(t *testing.T, rp realProvider) {
 	}
 	var warmTook, idleTook []time.Duration
 	var warmRun *executorv1.Run
-	for _, p := range []string{"warm one", "warm two", "warm three"} {
+	for _, p := range []string{"warm one", "warm two", "warm three", "warm four", "warm five"} {
 		d, r := timed(p)
 		warmTook, warmRun = append(warmTook, d), r
 	}
 	warmTook = warmTook[1:] // the first follows the executor's restart
 	lastCP := cp.GetCheckpointId()
-	for _, p := range []string{"after idle one", "after idle two"} {
+	for _, p := range []string{"after idle one", "after idle two", "after idle three", "after idle four"} {
 		idleSince := time.Now()
 		require.Eventually(t, func() bool {
 			r, err := h.client.GetSession(ctx, &executorv1.GetSessionRequest{CompanyId: "acme", NormalizedSessionId: session})
@@ -492,16 +493,14 @@ func realScenarios(t *testing.T, rp realProvider) {
 		require.Equal(t, warmRun.GetRunnerProcess().GetPid(), r.GetRunnerProcess().GetPid(), "the same runner after idle")
 		require.Equal(t, warmRun.GetProviderProcess().GetPid(), r.GetProviderProcess().GetPid(), "the same provider after idle")
 	}
-	mean := func(ds []time.Duration) time.Duration {
-		var sum time.Duration
-		for _, d := range ds {
-			sum += d
-		}
-		return sum / time.Duration(len(ds))
+	median := func(ds []time.Duration) time.Duration {
+		s := slices.Clone(ds)
+		slices.Sort(s)
+		return (s[(len(s)-1)/2] + s[len(s)/2]) / 2
 	}
-	warmMean, idleMean := mean(warmTook), mean(idleTook)
+	warmMean, idleMean := median(warmTook), median(idleTook)
 	ratio := float64(idleMean) / float64(warmMean)
-	step("warm_turn_after_idle_with_backups: a turn after %s idle (checkpointed online, backups on) took %s (%v), a warm turn %s (%v): %.2fx (target ≤ 1.2x), same runner and provider",
+	step("warm_turn_after_idle_with_backups: a turn after %s idle (checkpointed online, backups on) took %s (median; %v), a warm turn %s (%v): %.2fx (target ≤ 1.2x), same runner and provider",
 		2*checkpointAfter, idleMean.Round(time.Millisecond), idleTook, warmMean.Round(time.Millisecond), warmTook, ratio)
 	t.Logf("test-providers: BENCH %s warm_turn_after_idle_with_backups after_idle_ms=%.1f warm_ms=%.1f ratio=%.3f idle_ms=%d target=1.20 met=%t",
 		rp.name, float64(idleMean)/float64(time.Millisecond), float64(warmMean)/float64(time.Millisecond), ratio, (2 * checkpointAfter).Milliseconds(), ratio <= 1.2)
