@@ -725,7 +725,12 @@ func (r *Runner) reportExecution(c *prpv1.Command, turnID string, err error) {
 		p["turnId"] = turnID
 	}
 	if err != nil {
-		p["failed"] = true // the provider's answer is in the command's result
+		// The provider's answer is in the command's result; its code and
+		// message too, so that a runnerd restarted before it saved that
+		// result settles the command as this one would have: a provider
+		// lost during the start (a retryable code) is not a refusal.
+		fe := providerFailure(failure.ProviderTurnStartFailed, err)
+		p["failed"], p["code"], p["message"] = true, fe.code, fe.msg
 	}
 	r.emit(P0, EventCommandExecuted, turnID, "", p)
 }

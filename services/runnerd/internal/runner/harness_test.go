@@ -527,6 +527,9 @@ type fakeStarter struct {
 	freshThread string
 	// beforeStartTurn, when set, runs as StartTurn is called.
 	beforeStartTurn func()
+	// startTurnErr, when set, is what StartTurn answers (the turn does not
+	// start): the transport to the provider broke during the start.
+	startTurnErr error
 }
 
 func newFakeStarter() *fakeStarter { return &fakeStarter{started: make(chan *fakeProvider, 16)} }
@@ -604,10 +607,13 @@ func (p *fakeProvider) OpenThread(ctx context.Context, threadID string) (string,
 
 func (p *fakeProvider) StartTurn(ctx context.Context, text string) (string, error) {
 	p.starter.mu.Lock()
-	hook := p.starter.beforeStartTurn
+	hook, startErr := p.starter.beforeStartTurn, p.starter.startTurnErr
 	p.starter.mu.Unlock()
 	if hook != nil {
 		hook()
+	}
+	if startErr != nil {
+		return "", startErr
 	}
 	p.mu.Lock()
 	if err := p.exitErr; err != nil {

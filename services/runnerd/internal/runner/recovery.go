@@ -200,8 +200,17 @@ func (r *Runner) reconcileCutTurnStart(rec *runnerstate.CommandRecord) {
 		// the command's outcome, whatever the thread reads back now — an
 		// id is executed once (SPEC X1).
 		if ex.turnID == "" {
-			log.Info("a turn.start cut short by the runnerd restart had been refused by the provider; it stays failed")
-			rec.Reopen(runnerstate.StatusFailed, failure.ProviderTurnStartFailed, "the provider refused the turn before runnerd restarted", nil)
+			// The start failed: the command keeps the outcome it had
+			// before runnerd died — a refusal by the provider stays
+			// permanent, a provider lost during the start (its host died
+			// with runnerd's) stays retryable: the controller retries
+			// the turn under a new command id (SPEC R7, R13).
+			code, msg := ex.code, ex.msg
+			if code == "" {
+				code, msg = failure.ProviderTurnStartFailed, "the provider refused the turn before runnerd restarted"
+			}
+			log.Info("a turn.start cut short by the runnerd restart had failed at the provider; it stays failed", "code", code)
+			rec.Reopen(runnerstate.StatusFailed, code, msg, nil)
 			r.mustSave()
 			return
 		}
@@ -270,7 +279,10 @@ func (r *Runner) adoptCutTurn(rec *runnerstate.CommandRecord, last string) {
 
 // execution is what a journaled command.executed reports.
 type execution struct {
-	turnID string // the turn the command started; empty when the provider refused it
+	turnID string // the turn the command started; empty when the start failed
+	// code and msg are the failed start's outcome ("" in a journal written
+	// before runnerd reported them: a refusal).
+	code, msg string
 }
 
 // journaledExecution returns the execution of command commandID the outbox
@@ -285,13 +297,15 @@ func (r *Runner) journaledExecution(commandID string) (execution, bool) {
 				CommandID string `json:"commandId"`
 				TurnID    string `json:"turnId"`
 				Failed    bool   `json:"failed"`
+				Code      string `json:"code"`
+				Message   string `json:"message"`
 			} `json:"payload"`
 		}
 		if json.Unmarshal(rec.Envelope, &env) != nil || env.Payload.CommandID != commandID {
 			continue
 		}
 		if env.Payload.Failed {
-			return execution{}, true
+			return execution{code: env.Payload.Code, msg: env.Payload.Message}, true
 		}
 		return execution{turnID: env.Payload.TurnID}, true
 	}

@@ -504,6 +504,54 @@ func TestR8_ACutTurnStartWhoseExecutionIsJournaledIsNeverRunAgain(t *testing.T) 
 	})
 }
 
+// SPEC R13, R7 (make test-chaos SEED=2, chaos-5-345): a host kill took
+// the provider during a turn.start — runnerd journaled the failed execution
+// (command.executed failed) — and runnerd with it before it saved the
+// command's outcome. The relaunched runnerd settles the resent command as
+// the live one answered it: failed with the provider's loss (retryable, the
+// controller retries the turn under a new command id), not as a refusal
+// (provider_turn_start_failed, permanent: the run failed for good after a
+// single fault). The command still executed once.
+func TestR13_ATurnStartWhoseProviderWasLostWithRunnerdStaysRetryable(t *testing.T) {
+	t.Parallel()
+	e := newTestEnv(t)
+	p := e.start(nil)
+	cs := &cmdSeq{t: t, runID: "run-1", attempt: 1}
+	require.Equal(t, runnerstate.StatusCompleted, e.gw.command(cs.attach("c1")).GetStatus())
+	e.prov.mu.Lock()
+	e.prov.startTurnErr = &ProviderError{Code: failure.ProviderStdoutClosed, Message: "harness closed its stdout while still running"}
+	e.prov.mu.Unlock()
+	turn := cs.next("c2", CmdTurnStart, map[string]any{"text": "hi"})
+	live := e.gw.command(turn)
+	require.Equal(t, runnerstate.StatusFailed, live.GetStatus())
+	require.Equal(t, failure.ProviderStdoutClosed, live.GetCode(), "the live answer: the provider's loss")
+	e.gw.waitEvent(EventCommandExecuted, 1)
+	require.Equal(t, ExitOK, p.stop(t))
+
+	// Killed before the outcome was saved: the command is pending again.
+	store := &durable.Store{Dir: filepath.Join(e.stateDir, "runner")}
+	st, err := store.Load()
+	require.NoError(t, err)
+	rec := st.ProcessedCommands["c2"]
+	require.NotNil(t, rec)
+	rec.Reopen(runnerstate.StatusPending, failure.ExecutionIndeterminate, "", nil)
+	require.NoError(t, store.Save(st))
+
+	e.prov.mu.Lock()
+	e.prov.startTurnErr = nil
+	e.prov.mu.Unlock()
+	res := resendAfterRestart(e, turn, "turn-1", nil)
+	assert.Equal(t, runnerstate.StatusFailed, res.GetStatus(), res.GetMessage())
+	assert.Equal(t, failure.ProviderStdoutClosed, res.GetCode(), "%s", res.GetMessage())
+	assert.NotEqual(t, failure.Permanent, failure.Reason(res.GetCode()).Retry(), "the controller retries the run")
+	assert.Zero(t, e.prov.last().turns, "no turn/start after the restart")
+	reported := map[uint64]bool{} // the outbox replays the report after the reconnect
+	for _, ev := range e.gw.eventsOf(EventCommandExecuted) {
+		reported[ev.GetSourceSeq()] = true
+	}
+	assert.Len(t, reported, 1, "one execution reported")
+}
+
 func TestR4_RestartFromSameStateDirReconcilesAndContinuesSeqs(t *testing.T) {
 	t.Parallel()
 	e := newTestEnv(t)
