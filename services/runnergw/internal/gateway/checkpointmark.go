@@ -70,8 +70,27 @@ func (g *Gateway) olderStateOf(sc string, spec *gatewayv1.RestoreSpec, prior []*
 	return StaleRoot(LocalRoot{ServedBefore: servedBefore,
 		RunnerInstanceID: st.Identity.RunnerInstanceID, SessionScope: st.Identity.SessionScope,
 		NormalizedSessionID: st.Identity.NormalizedSessionID, Produced: produced,
-		MarkedCheckpoint: m.CheckpointID,
+		MarkedCheckpoint: m.CheckpointID, RunServedElsewhere: runServedElsewhere(dir, st.Identity.RunnerInstanceID, prior),
 	}, sc, spec)
+}
+
+// runServedElsewhere reports whether the run the scope root's control plane
+// names (under the root's runner inst) is, by the executor's records (the
+// Open's prior runs), terminal and served by another runner instance: the
+// root's runner was cut off in that run before the executor recorded it
+// (its host died right after the launch), and a later attempt ran the run
+// on another runner, which the scope went on with.
+func runServedElsewhere(dir, inst string, prior []*gatewayv1.PriorRun) bool {
+	id, _, err := durable.ReadControlPlaneIdentity(dir)
+	if err != nil || id == nil || id.RunID == "" || inst == "" || id.RunnerInstanceID != inst {
+		return false
+	}
+	for _, p := range prior {
+		if p.GetRunId() == id.RunID {
+			return p.GetTerminal() && p.GetRunnerInstanceId() != "" && p.GetRunnerInstanceId() != inst
+		}
+	}
+	return false
 }
 
 // servedScope reports whether runner instance id served runs of the scope
@@ -101,6 +120,10 @@ type LocalRoot struct {
 	// (the Open's RestoreSpec.served_runner_ids or prior runs) name the
 	// root's runner as one that served them.
 	ServedBefore bool
+	// RunServedElsewhere: the run the root's control plane names is, by
+	// the executor's records, terminal and served by another runner (the
+	// root's runner was cut off in it before it was recorded).
+	RunServedElsewhere bool
 }
 
 // StaleRoot decides whether local, the root of scope sc, is provably older
@@ -122,9 +145,17 @@ type LocalRoot struct {
 //     runner elsewhere took the scope over, e.g. after ReplaceSession); the
 //     checkpoint names the scope's current runner, so the root is set aside
 //     and the checkpoint restored.
-//   - A root of a runner the records do not name, or of another scope or
-//     session, is not judged here: the durable-state rules refuse it
-//     (quarantined, nothing starts; SPEC C3).
+//   - Another runner instance the records do not name, whose root's
+//     control plane names a run the records hold as ended and served by
+//     another runner: the root's runner was launched for that run and cut
+//     off (its host died) before the executor recorded it, and a later
+//     attempt ran the run elsewhere; the scope went on from there. The
+//     root is a branch nothing continues: set aside, the checkpoint
+//     restored (not quarantined by the durable-state rules as a prior run
+//     ended with its runner not suspended, which failed the run).
+//   - A root of a runner the records do not name otherwise, or of another
+//     scope or session, is not judged here: the durable-state rules refuse
+//     it (quarantined, nothing starts; SPEC C3).
 func StaleRoot(local LocalRoot, sc string, spec *gatewayv1.RestoreSpec) bool {
 	stamp := spec.GetStamp()
 	if local.SessionScope != "" && local.SessionScope != sc {
@@ -134,7 +165,7 @@ func StaleRoot(local LocalRoot, sc string, spec *gatewayv1.RestoreSpec) bool {
 		return false
 	}
 	if local.RunnerInstanceID != stamp.GetRunnerInstanceId() {
-		return local.RunnerInstanceID != "" && local.ServedBefore
+		return local.RunnerInstanceID != "" && (local.ServedBefore || local.RunServedElsewhere)
 	}
 	// A root still exactly at the checkpoint is the checkpoint only while
 	// the executor holds nothing newer from its runner: when it holds more

@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
 	"time"
 
@@ -203,4 +204,85 @@ func TestC3_AForeignRootIsRefusedEvenWithACheckpointToRestore(t *testing.T) {
 	fv.mu.Lock()
 	defer fv.mu.Unlock()
 	require.Zero(t, fv.downloads, "nothing restored over it")
+}
+
+// SPEC F9, F8 (make test-chaos SEED=1: chaos-3-003, chaos-4-003 after a
+// fail-back): gateway A launched a runner for run-1 and its host died
+// before the executor recorded that runner; run-1's next attempt ran on B
+// with a fresh runner, which the scope went on with (run-2, a checkpoint).
+// When the scope fails back onto A, A's root — its control plane names
+// run-1 under a runner no record names, crashed, not suspended — is a
+// branch the scope left: it is set aside and the checkpoint restored.
+// Before, the durable-state rules judged it (prior run run-1 ended, its
+// runner not suspended): quarantined, and the run failed.
+func TestF9_ARootCutOffInARunThatAnotherRunnerFinishedIsSetAsideForTheCheckpoint(t *testing.T) {
+	t.Parallel()
+	fv, client := startFakeVerifier(t)
+	withBackup := func(c *Config) { c.Backup = client }
+	a, b := newRelay(t, withBackup), newRelay(t, withBackup)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	in := testInput("cutoff", "acme", "first")
+	sc := scope.Of(in)
+	prompt := func(p string) *prpv1.ExecutionInput {
+		c := proto.Clone(in).(*prpv1.ExecutionInput)
+		c.Task.Prompt = p
+		return c
+	}
+
+	// On A: run-1's runner, then A's host dies (runnerd and its provider
+	// killed -9; the root keeps a crashed, unsuspended runner state).
+	_, evs := a.turn(ctx, "run-1", nil, in, nil)
+	requireSucceeded(t, evs)
+	a.waitDetached(sc)
+	cut := a.runner(sc)
+	require.NotNil(t, cut)
+	for _, p := range []*prpv1.ProcessInfo{cut.GetProviderProcess(), cut.GetRunnerProcess()} {
+		if pg := p.GetPgid(); pg > 0 {
+			_ = syscall.Kill(-int(pg), syscall.SIGKILL)
+		}
+		if pid := p.GetPid(); pid > 0 {
+			_ = syscall.Kill(int(pid), syscall.SIGKILL)
+		}
+	}
+	require.Eventually(t, func() bool {
+		live, _ := a.g.localState(a.g.runnerFor(sc), sc)
+		return !live
+	}, 30*time.Second, 20*time.Millisecond, "A saw its runner die")
+
+	// On B: run-1 again (its next attempt: a fresh runner), run-2, and a
+	// verified suspension (the scope's checkpoint).
+	_, evs = b.turn(ctx, "run-1", nil, in, nil)
+	requireSucceeded(t, evs)
+	b.waitDetached(sc)
+	served := b.runner(sc).GetRunnerInstanceId()
+	require.NotEqual(t, cut.GetRunnerInstanceId(), served)
+	b.prior = []*gatewayv1.PriorRun{terminalRun("run-1", in)}
+	_, evs = b.turn(ctx, "run-2", nil, prompt("second"), nil)
+	require.Equal(t, "succeeded", evs[len(evs)-1].GetPayload().AsMap()["runTerminalState"])
+	b.waitDetached(sc)
+	cp, err := b.client.SuspendRunner(ctx, &gatewayv1.SuspendRunnerRequest{Input: in, Reason: "idle"})
+	require.NoError(t, err)
+
+	// Fail-back onto A: the executor's records name B's runner for both
+	// runs; A's runner is named nowhere.
+	spec := &gatewayv1.RestoreSpec{CheckpointId: cp.GetCheckpoint().GetCheckpointId(), Stamp: cp.GetStamp(), LeaseId: cp.GetLeaseId(),
+		ServedRunnerIds: []string{served}}
+	prior := []*gatewayv1.PriorRun{
+		{RunId: "run-2", Status: "succeeded", Terminal: true, Input: prompt("second"), RunnerInstanceId: served},
+		{RunId: "run-1", Status: "succeeded", Terminal: true, Input: in, RunnerInstanceId: served},
+	}
+	opened, err := a.openWith(ctx, "run-3", prompt("third"), spec, prior...)
+	require.NoError(t, err)
+	require.NotNil(t, opened)
+	require.Equal(t, served, opened.GetRunnerInstanceId(), "the checkpoint's runner")
+	fv.mu.Lock()
+	downloads := fv.downloads
+	fv.mu.Unlock()
+	require.Equal(t, 1, downloads, "the checkpoint was restored")
+	breaks, err := os.ReadDir(filepath.Join(a.cfg.StateRoot, sc, ContinuityBreaksDir))
+	require.NoError(t, err)
+	require.Len(t, breaks, 1, "the cut-off root was set aside, not deleted")
+	_, err = os.Stat(filepath.Join(a.cfg.StateRoot, "quarantine"))
+	require.True(t, os.IsNotExist(err), "nothing quarantined")
 }

@@ -43,6 +43,8 @@ func TestF9_AStaleRootIsDecidedByRecordedOrderNotByDifference(t *testing.T) {
 		{"fail-back: a root of another runner id that served the scope before, left by a move: set aside",
 			func() LocalRoot { r := root("runner-0", "cp-0", 50); r.ServedBefore = true; return r }(), spec("cp-1", 12), true},
 		{"C3: a root of a runner no record names is not judged here", root("runner-sandbox", "cp-0", 50), spec("cp-1", 12), false},
+		{"a root of a runner cut off in a run the records say another runner finished: set aside",
+			func() LocalRoot { r := root("runner-cut", "", 20); r.RunServedElsewhere = true; return r }(), spec("cp-1", 12), true},
 		{"a root of another scope is not judged here", LocalRoot{RunnerInstanceID: "runner-9", SessionScope: "scope-2", NormalizedSessionID: "s"},
 			spec("cp-1", 12), false},
 		{"a root of another session is not judged here", LocalRoot{RunnerInstanceID: "runner-9", SessionScope: sc, NormalizedSessionID: "other"},
