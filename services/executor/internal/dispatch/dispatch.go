@@ -96,6 +96,12 @@ type PlacedRouter interface {
 	RoutePlaced(ctx context.Context, runID, scope string, in *prpv1.ExecutionInput, p *store.Placement) (gatewayv1.RunnerGatewayClient, error)
 }
 
+// MoveTaker is a Router that tells whether routing a run moved its session
+// scope off its lost gateway (fleet.Router.TakeMove).
+type MoveTaker interface {
+	TakeMove(runID string) (from string, ok bool)
+}
+
 // DefaultOwner names this process: host:pid.
 func DefaultOwner() string {
 	h, _ := os.Hostname()
@@ -633,6 +639,9 @@ func (d *Dispatcher) drive(ctx context.Context, c *store.Claim, cancelCh <-chan 
 		gw, err := d.routeFrom(ctx, c, pre)
 		endRoute()
 		pre = nil
+		if err == nil && first == nil {
+			err = d.renewMovedTurn(ctx, c, log)
+		}
 		if err != nil || (first != nil && gw != first) {
 			_, _ = facts()
 		}
@@ -685,6 +694,36 @@ func (d *Dispatcher) drive(ctx context.Context, c *store.Claim, cancelCh <-chan 
 			return
 		}
 	}
+}
+
+// renewMovedTurn gives the claimed run c a new turn generation when its
+// routing moved the session scope off its lost gateway and an earlier
+// attempt of the run was served there (SPEC F3, R13): that attempt's runner
+// may have journaled and started this generation's turn.start on the lost
+// gateway's root, which the move leaves behind — the new gateway restores
+// the checkpoint the attempt started from, whose journal lacks it, so the
+// same command id would start the turn a second time (make test-chaos
+// SEED=1: chaos-0-077's g0 turn.start executed on both gateways after its
+// executor's lease lapsed while its gateway was judged lost). The attempt's
+// own move (first attach) is the one case: a move during the attempt ends
+// it retryably, which renews the generation too.
+func (d *Dispatcher) renewMovedTurn(ctx context.Context, c *store.Claim, log *slog.Logger) error {
+	mt, ok := d.cfg.Router.(MoveTaker)
+	if !ok {
+		return nil
+	}
+	from, moved := mt.TakeMove(c.RunID)
+	if !moved {
+		return nil
+	}
+	gen, renewed, err := d.store.RenewServedTurnGeneration(ctx, c.Fence)
+	if err != nil || !renewed {
+		return err
+	}
+	log.Warn("the run moved off its lost gateway, where an earlier attempt was served: its turn starts under a new turn generation",
+		"lost_gateway_id", from, "turn_generation", gen, "previous_turn_generation", c.TurnGeneration)
+	c.TurnGeneration = gen
+	return nil
 }
 
 // readFacts starts reading the facts of an attach of c (store.AttachFacts)

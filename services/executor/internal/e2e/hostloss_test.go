@@ -655,3 +655,52 @@ func TestR13_AReplacedRootsSurvivingProviderIsStoppedBeforeTheFreshSessionStarts
 	require.Equal(t, 1, h.continuityBreaks("runnergw", h.session(ctx, "rp").GetSessionScope()))
 	h.requireAuditClean()
 }
+
+// TestR13_ATurnInFlightOnAHostThatDiesWithItsExecutorStartsOnceUnderANewGenerationWhereItMoves:
+// a checkpointed session's run starts its turn on gw-a (turn.start
+// executed and reported), then its executor and gw-a's host die together.
+// The restarted executor takes the run over once gw-a is lost: the scope
+// moves to gw-b, which restores the checkpoint the attempt started from —
+// a journal without that turn.start. Before, the takeover kept the turn
+// generation (a takeover resumes the same turn) and gw-b's runner started
+// the same turn command a second time (make test-chaos SEED=1: chaos-0-077
+// g0/turn.start executed twice, the audit's exactly-once violation). Now a
+// run served on the gateway it moves off gets a new turn generation: the
+// turn starts once under each command id, the run succeeds on gw-b, the
+// audit is clean.
+func TestR13_ATurnInFlightOnAHostThatDiesWithItsExecutorStartsOnceUnderANewGenerationWhereItMoves(t *testing.T) {
+	t.Parallel()
+	h := hostLossFleet(t, stack.Options{FakeArgs: []string{"--die-once-dir", t.TempDir()}})
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	h.submitWith(ctx, "fg-1", "fg", "Remember the word tether.", zoneA, 0)
+	h.waitState(ctx, h.client, "fg-1", executorv1.RunState_RUN_STATE_SUCCEEDED)
+	h.checkpoint(ctx, "fg")
+	h.submitWith(ctx, "fg-2", "fg", stalledTurn, nil, 0)
+	h.waitForDelta(ctx, h.client, "fg-2") // its turn.start executed on gw-a, reported and stored
+	require.Equal(t, stack.GatewayIDOf("runnergw"), h.session(ctx, "fg").GetGatewayId())
+
+	h.st.Proc("executor").Kill()
+	<-h.st.Proc("executor").Done()
+	h.killHost("runnergw")
+	for {
+		var lost bool
+		require.NoError(t, h.store().Pool().QueryRow(ctx, `SELECT heartbeat_at < now() - interval '3 seconds' FROM executor.gateways WHERE gateway_id = $1`,
+			stack.GatewayIDOf("runnergw")).Scan(&lost))
+		if lost {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatal("gw-a is not lost")
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	_, err := h.st.Start(ctx, "executor")
+	require.NoError(t, err)
+	client := h.clientFor("executor")
+	moved := h.waitState(ctx, client, "fg-2", executorv1.RunState_RUN_STATE_SUCCEEDED)
+	require.Equal(t, stack.GatewayIDOf("runnergw-2"), h.session(ctx, "fg").GetGatewayId(), "moved with its checkpoint")
+	require.Contains(t, moved.GetResult().GetFinalMessage(), "2 earlier messages", "the checkpoint's thread continued")
+	h.requireAuditClean()
+}

@@ -55,6 +55,9 @@ type Router struct {
 
 	mu    sync.Mutex
 	conns map[string]*gatewayConn // by gateway id
+	// moved are the runs whose routing moved their scope off its lost
+	// gateway (failOver), until the driver takes the fact (TakeMove).
+	moved map[string]string // run id -> the lost gateway's id
 }
 
 type gatewayConn struct {
@@ -69,7 +72,26 @@ type gatewayConn struct {
 // gateway's id.
 func NewRouter(st *store.Store, signer *grant.Signer, dial func(addr string) (*grpc.ClientConn, error), static Static, ttl time.Duration) *Router {
 	return &Router{store: st, signer: signer, dial: dial, static: static, ttl: ttl, LostWait: DefaultLostWait,
-		conns: map[string]*gatewayConn{}}
+		conns: map[string]*gatewayConn{}, moved: map[string]string{}}
+}
+
+// TakeMove reports whether routing run runID moved its session scope off
+// its lost gateway (from), and forgets it. The run's driver asks after each
+// routing: a run an earlier attempt drove on that gateway may have started
+// its turn there, under the turn generation the move leaves behind (SPEC
+// F3, R13).
+func (r *Router) TakeMove(runID string) (from string, ok bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	from, ok = r.moved[runID]
+	delete(r.moved, runID)
+	return from, ok
+}
+
+func (r *Router) noteMove(runID, from string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.moved[runID] = from
 }
 
 // TTL is the gateway TTL placements are decided with.
@@ -178,11 +200,14 @@ func (r *Router) failOver(ctx context.Context, runID, scope string, in *prpv1.Ex
 	p, err := r.store.RePlace(ctx, store.PlaceRequest{Scope: scope, RunID: runID, Labels: in.GetRunner().GetLabels(), TTL: r.ttl},
 		store.Move{From: from.GatewayID})
 	if errors.Is(err, store.ErrMoveRefused) {
+		// Followed: moved off the lost gateway all the same.
+		r.noteMove(runID, from.GatewayID)
 		return r.store.ScopePlacement(ctx, scope, r.ttl)
 	}
 	if err != nil {
 		return nil, err
 	}
+	r.noteMove(runID, from.GatewayID)
 	r.log().Warn("session scope failed over: its gateway is lost", "session_scope", scope, "run_id", runID,
 		"lost_gateway_id", from.GatewayID, "gateway_id", p.GatewayID)
 	return p, nil

@@ -135,6 +135,24 @@ func (s *Store) RunServed(ctx context.Context, runID string) (bool, error) {
 	return served, err
 }
 
+// RenewServedTurnGeneration bumps the turn generation of the run fenced by
+// f when a runner served it (an earlier attempt attached): its next turn
+// command ids are new. It returns the generation and whether it was
+// renewed; a lost lease renews nothing.
+func (s *Store) RenewServedTurnGeneration(ctx context.Context, f Fence) (gen uint64, renewed bool, err error) {
+	var g int64
+	err = s.pool.QueryRow(ctx, `
+UPDATE executor.coordinators c SET turn_generation = c.turn_generation + 1
+  FROM executor.runs r
+ WHERE c.run_id = $1 AND c.lease_owner = $2 AND c.attempt = $3 AND c.phase = 'observed'
+   AND r.run_id = c.run_id AND r.runner_instance_id IS NOT NULL
+RETURNING c.turn_generation`, f.RunID, f.Owner, int64(f.Attempt)).Scan(&g)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, false, nil
+	}
+	return uint64(g), err == nil, err
+}
+
 // CanFailOver reports whether session scope scope can follow run runID off
 // its lost gateway (SPEC F3): it has a verified checkpoint to restore (the
 // current one, or the one a run in flight there started from), a pending
