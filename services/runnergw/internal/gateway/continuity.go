@@ -40,7 +40,15 @@ func (g *Gateway) prepareContinuity(ctx context.Context, r *runner, sc string, o
 	spec := open.GetRestore()
 	live, hasState := g.localState(r, sc)
 	if live {
-		return nil
+		if spec == nil || !g.supersededLive(r, sc, spec, open.GetPriorRuns()) {
+			return nil
+		}
+		log.Warn("the scope's live runner is not its current state: a checkpoint taken elsewhere while it ran here supersedes it; stopping it",
+			"checkpoint_id", spec.GetCheckpointId(), "runner_instance_id", spec.GetStamp().GetRunnerInstanceId())
+		if err := g.stopLiveRunner(ctx, r, sc); err != nil {
+			return err
+		}
+		hasState = true
 	}
 	stale := hasState && spec != nil && g.olderStateOf(sc, spec, open.GetPriorRuns())
 	if hasState && !stale {
@@ -129,4 +137,57 @@ func (g *Gateway) replaceSession(ctx context.Context, r *runner, sc, runID, id s
 	r.mu.Unlock()
 	log.Info("session replaced: the durable root was moved aside; a fresh provider session starts", "replacement_id", id, "archive", dest)
 	return nil
+}
+
+// supersededLive reports whether the scope's live runner is a stale copy of
+// the scope (SPEC F9, R13): its root is older than the Open's checkpoint by
+// recorded order (olderStateOf) and that checkpoint was completed after the
+// runner process started here — while it ran, the scope ran on from the
+// same checkpoint line elsewhere (this gateway was judged lost under load
+// and its run moved, make test-chaos SEED=1: chaos-0), so a checkpoint this
+// gateway never took names the scope's state. Resuming the live runner
+// would relay its journal, whose source seqs the moved runner reused, and
+// every later run of the scope failed with native_event_replay_conflict.
+func (g *Gateway) supersededLive(r *runner, sc string, spec *gatewayv1.RestoreSpec, prior []*gatewayv1.PriorRun) bool {
+	r.mu.Lock()
+	started := r.hello.GetRunnerProcess().GetStartedAt().AsTime()
+	if r.hello.GetRunnerProcess().GetStartedAt() == nil {
+		started = r.connectedAt
+	}
+	r.mu.Unlock()
+	done := spec.GetStamp().GetCompletedAt()
+	if done == nil || started.IsZero() || !done.AsTime().After(started) {
+		return false
+	}
+	return g.olderStateOf(sc, spec, prior)
+}
+
+// stopLiveRunner stops the scope's live runner (its runnerd process group
+// and its provider host) and waits until the gateway sees it gone, so that
+// its root can be set aside.
+func (g *Gateway) stopLiveRunner(ctx context.Context, r *runner, sc string) error {
+	r.mu.Lock()
+	child, hello := r.child, r.hello
+	r.mu.Unlock()
+	if child != nil {
+		stopGroup(child.cmd.Process.Pid, child.done, time.Second)
+	} else if p := hello.GetRunnerProcess(); processAlive(p) {
+		stopGroup(int(p.GetPid()), pollExit(p), time.Second)
+	}
+	stopOrphanProviderHost(g.stateDir(sc))
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if live, _ := g.localState(r, sc); !live {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return failure.New(codes.Unavailable, failure.NativeSessionSupervisorBusy,
+				"the superseded live runner of scope %s did not stop", sc)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
 }

@@ -286,3 +286,86 @@ func TestF9_ARootCutOffInARunThatAnotherRunnerFinishedIsSetAsideForTheCheckpoint
 	_, err = os.Stat(filepath.Join(a.cfg.StateRoot, "quarantine"))
 	require.True(t, os.IsNotExist(err), "nothing quarantined")
 }
+
+// SPEC F9, R13 (make test-chaos SEED=1, chaos-0 after chaos-0-077: every
+// later run failed with native_event_replay_conflict, the session wedged):
+// gateway A's runner of a scope still runs while A is judged lost (its
+// heartbeat lapsed under load); the scope moves to B from the checkpoint
+// and goes on there under the same runner identity, and B checkpoints it.
+// When the scope comes back to A, A's live runner is a stale copy whose
+// journal reuses source seqs B's copy used: it is stopped, its root set
+// aside and B's checkpoint restored. Before, A resumed the live runner.
+func TestF9_ALiveRunnerSupersededByACheckpointTakenElsewhereIsStoppedAndTheCheckpointRestored(t *testing.T) {
+	t.Parallel()
+	fv, client := startFakeVerifier(t)
+	withBackup := func(c *Config) { c.Backup = client }
+	a, b := newRelay(t, withBackup), newRelay(t, withBackup)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	in := testInput("zombie", "acme", "first")
+	sc := scope.Of(in)
+	prompt := func(p string) *prpv1.ExecutionInput {
+		c := proto.Clone(in).(*prpv1.ExecutionInput)
+		c.Task.Prompt = p
+		return c
+	}
+	specOf := func(r *gatewayv1.SuspendRunnerResponse) *gatewayv1.RestoreSpec {
+		return &gatewayv1.RestoreSpec{CheckpointId: r.GetCheckpoint().GetCheckpointId(), Stamp: r.GetStamp(), LeaseId: r.GetLeaseId()}
+	}
+	downloads := func() int {
+		fv.mu.Lock()
+		defer fv.mu.Unlock()
+		return fv.downloads
+	}
+	var ids []string
+	ended := func(id string) {
+		ids = append(ids, id)
+		var prior []*gatewayv1.PriorRun
+		for i := len(ids) - 1; i >= 0; i-- {
+			prior = append(prior, &gatewayv1.PriorRun{RunId: ids[i], Status: "succeeded", Terminal: true, Input: prompt(ids[i])})
+		}
+		a.prior, b.prior = prior, prior
+	}
+	turn := func(rl *relay, runID string) string {
+		_, evs := rl.turn(ctx, runID, nil, prompt(runID), nil)
+		term := evs[len(evs)-1].GetPayload().AsMap()
+		require.Equal(t, "succeeded", term["runTerminalState"], "%v", term)
+		rl.waitDetached(sc)
+		ended(runID)
+		return term["finalMessage"].(string)
+	}
+
+	// On A: a turn, a verified suspension (checkpoint 1), and the next run
+	// on the resumed runner, which stays live.
+	turn(a, "run-1")
+	cp1, err := a.client.SuspendRunner(ctx, &gatewayv1.SuspendRunnerRequest{Input: prompt("run-1"), Reason: "idle"})
+	require.NoError(t, err)
+	turn(a, "run-2")
+	require.True(t, a.runner(sc).GetConnected(), "A's runner is live")
+
+	// A is judged lost: the scope moves to B from checkpoint 1, runs two
+	// turns there and is checkpointed again (checkpoint 2, B's).
+	_, err = b.openWith(ctx, "run-3", prompt("run-3"), specOf(cp1), b.prior...)
+	require.NoError(t, err)
+	b.waitDetached(sc)
+	ended("run-3")
+	turn(b, "run-4")
+	require.Contains(t, turn(b, "run-5"), "4 earlier messages", "checkpoint 1's thread")
+	cp2, err := b.client.SuspendRunner(ctx, &gatewayv1.SuspendRunnerRequest{Input: prompt("run-5"), Reason: "idle"})
+	require.NoError(t, err)
+	require.Equal(t, 1, downloads())
+
+	// Back on A, whose runner still runs: it is superseded.
+	require.True(t, a.runner(sc).GetConnected(), "A's runner still runs")
+	opened, err := a.openWith(ctx, "run-6", prompt("run-6"), specOf(cp2), a.prior...)
+	require.NoError(t, err)
+	require.NotNil(t, opened)
+	require.False(t, opened.GetReused(), "not the live runner")
+	require.Equal(t, 2, downloads(), "checkpoint 2 restored on A")
+	a.waitDetached(sc)
+	ended("run-6")
+	require.Contains(t, turn(a, "run-7"), "6 earlier messages", "B's thread continued on A")
+	breaks, err := os.ReadDir(filepath.Join(a.cfg.StateRoot, sc, ContinuityBreaksDir))
+	require.NoError(t, err)
+	require.Len(t, breaks, 1, "the live runner's root was set aside, not deleted")
+}

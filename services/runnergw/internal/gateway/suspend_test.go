@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/tether-run/tether/pkg/failure"
 	backupv1 "github.com/tether-run/tether/pkg/gen/tether/backup/v1"
@@ -77,7 +78,8 @@ func (f *fakeVerifier) UploadCheckpoint(stream grpc.ClientStreamingServer[backup
 	f.headers = append(f.headers, h)
 	f.archives[id], f.digests[id], f.cps[id] = buf.Bytes(), sum(buf.Bytes()), cp
 	st := &backupv1.Stamp{ManifestDigest: cp.GetManifestDigest(), SessionScope: h.GetSessionScope(), RunnerInstanceId: inst,
-		LeaseId: h.GetLeaseId(), CheckpointId: id, Signature: "fake-signature", Schema: "tether.backup-stamp.v2"}
+		LeaseId: h.GetLeaseId(), CheckpointId: id, Signature: "fake-signature", Schema: "tether.backup-stamp.v2",
+		CompletedAt: timestamppb.Now()} // the upload's time, as the verifier stamps it
 	return stream.SendAndClose(&backupv1.UploadCheckpointResponse{Checkpoint: cp, Stamp: st})
 }
 
