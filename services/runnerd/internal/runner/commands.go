@@ -653,6 +653,18 @@ func (r *Runner) cmdTurnStart(ctx context.Context, c *prpv1.Command) (map[string
 	if r.st.Backpressure {
 		return nil, rejected(failure.RunnerBackpressure, "the outbox holds %d unacknowledged bytes; no new turn until it drains", r.j.outbox.Bytes())
 	}
+	if end, ok := r.journaledRunEnd(c.GetRunId()); ok && c.GetAttempt() > r.turnStartAttempt(c.GetRunId(), end.TurnID) {
+		// The run ended here (its run.terminal is journaled, not yet
+		// acknowledged) and a later attempt of it asks for a turn: the
+		// controller retried the run under a new turn generation before
+		// it persisted the end. No second turn: its events, labelled with
+		// a run already ended, would be filed under the scope's next run
+		// (SPEC R9). The answer names the ended turn; the replayed
+		// run.terminal ends the run.
+		r.log.Warn("turn.start of a run whose run.terminal is journaled; answering with its ended turn",
+			"run_id", c.GetRunId(), "command_id", c.GetCommandId(), "turn_id", end.TurnID)
+		return map[string]any{"turnId": end.TurnID, "providerThreadId": r.st.ProviderThreadID, "runEnded": true}, nil
+	}
 	// A provider that exited between turns, its exit not handled yet (the
 	// loop took this command first), is replaced now: the turn starts on a
 	// live one (SPEC R7).

@@ -346,6 +346,45 @@ func (r *Runner) journaledTurnEnd(turnID string) (turnEnd, bool) {
 	return found, ok
 }
 
+// journaledRunEnd returns the run.terminal of run runID the outbox holds
+// (journaled, not yet acknowledged), if any.
+func (r *Runner) journaledRunEnd(runID string) (turnEnd, bool) {
+	if runID == "" {
+		return turnEnd{}, false
+	}
+	for _, rec := range r.j.outbox.After(0) {
+		if rec.EventType != "run.terminal" {
+			continue
+		}
+		var env turnEnd
+		if json.Unmarshal(rec.Envelope, &env) == nil && env.RunID == runID {
+			env.EventType = rec.EventType
+			return env, true
+		}
+	}
+	return turnEnd{}, false
+}
+
+// turnStartAttempt is the attempt of run runID whose turn.start started
+// turn turnID (the command journal's record), or the highest attempt when
+// no record names it (nothing is later).
+func (r *Runner) turnStartAttempt(runID, turnID string) uint64 {
+	var at uint64
+	found := false
+	for _, rec := range r.st.ProcessedCommands {
+		if rec.CommandType != CmdTurnStart || rec.RunID != runID || rec.Status != runnerstate.StatusCompleted {
+			continue
+		}
+		if id, _ := rec.Result["turnId"].(string); id == turnID {
+			at, found = max(at, rec.Attempt), true
+		}
+	}
+	if !found {
+		return ^uint64(0)
+	}
+	return at
+}
+
 // turnEnd is the part of a journaled turn end runnerd reads back.
 type turnEnd struct {
 	EventType string         `json:"-"`

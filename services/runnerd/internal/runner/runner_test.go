@@ -552,6 +552,45 @@ func TestR13_ATurnStartWhoseProviderWasLostWithRunnerdStaysRetryable(t *testing.
 	assert.Len(t, reported, 1, "one execution reported")
 }
 
+// SPEC R9, X1 (make test-chaos SEED=1: chaos-5-176's turn.started stored
+// under chaos-5-177 after 176's own run.terminal): a run's turn ended and
+// runnerd journaled its run.terminal, but the controller had not persisted
+// it when it retried the run under a new turn generation (its attempt
+// ended first: the gateway's stream broke, its host was judged lost). The
+// retry's turn.start reaches the runner that ended the run: it answers with
+// the run's ended turn — the replayed run.terminal ends the run — and
+// starts no second turn, whose events, labelled with a run already ended,
+// would be filed under the scope's next run.
+func TestR9_ATurnStartOfARunWhoseTerminalIsJournaledStartsNoSecondTurn(t *testing.T) {
+	t.Parallel()
+	e := newTestEnv(t)
+	e.start(nil)
+	cs := &cmdSeq{t: t, runID: "run-1", attempt: 1}
+	prov := attachAndTurn(t, e, cs)
+	prov.finish(TurnResult{TurnID: "turn-1", Status: "completed", FinalMessage: "done"})
+	e.gw.waitEvent("run.terminal", 1) // journaled and sent, never acknowledged
+
+	retry := &cmdSeq{t: t, seq: cs.seq, runID: "run-1", attempt: 2}
+	res := e.gw.command(retry.next("c-attach-g1", CmdRunAttach, map[string]any{"input": testInput(t)}))
+	require.Equal(t, runnerstate.StatusCompleted, res.GetStatus(), res.GetMessage())
+	res = e.gw.command(retry.next("c-turn-g1", CmdTurnStart, map[string]any{"text": "hello"}))
+	require.Equal(t, runnerstate.StatusCompleted, res.GetStatus(), "%s: %s", res.GetCode(), res.GetMessage())
+	assert.Equal(t, "turn-1", res.GetResult().GetFields()["turnId"].GetStringValue(), "the run's ended turn")
+	prov.mu.Lock()
+	assert.Equal(t, 1, prov.turns, "no second turn/start")
+	prov.mu.Unlock()
+	executed := map[uint64]bool{}
+	for _, ev := range e.gw.eventsOf(EventCommandExecuted) {
+		executed[ev.GetSourceSeq()] = true
+	}
+	assert.Len(t, executed, 1, "one execution reported")
+	started := map[uint64]bool{}
+	for _, ev := range e.gw.eventsOf("turn.started") {
+		started[ev.GetSourceSeq()] = true
+	}
+	assert.Len(t, started, 1, "one turn started")
+}
+
 func TestR4_RestartFromSameStateDirReconcilesAndContinuesSeqs(t *testing.T) {
 	t.Parallel()
 	e := newTestEnv(t)
