@@ -5,6 +5,7 @@ GOBIN := $(shell $(GO) env GOPATH)/bin
 export PATH := $(GOBIN):$(PATH)
 
 BUF_VERSION := v1.75.0
+GOLANGCI_LINT_VERSION := v2.15.0
 PROTOC_GEN_GO_VERSION := v1.36.12
 PROTOC_GEN_GO_GRPC_VERSION := v1.6.0
 PROTOVALIDATE_VERSION := v1.2.2
@@ -21,7 +22,8 @@ PROTODEPS := third_party/protovalidate/buf/validate/validate.proto
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
 
-tools: ## install pinned code generators (buf, protoc-gen-go, protoc-gen-go-grpc)
+tools: ## install pinned code generators and linters (buf, protoc-gen-go, protoc-gen-go-grpc, golangci-lint)
+	@$(GOBIN)/golangci-lint version 2>/dev/null | grep -q 'version $(GOLANGCI_LINT_VERSION:v%=%) ' || $(GO) install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION)
 	@test -x $(GOBIN)/buf && $(GOBIN)/buf --version | grep -qx '$(BUF_VERSION:v%=%)' || $(GO) install github.com/bufbuild/buf/cmd/buf@$(BUF_VERSION)
 	@$(GOBIN)/protoc-gen-go --version 2>/dev/null | grep -q '$(PROTOC_GEN_GO_VERSION)' || $(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOC_GEN_GO_VERSION)
 	@$(GOBIN)/protoc-gen-go-grpc --version 2>/dev/null | grep -q '$(PROTOC_GEN_GO_GRPC_VERSION:v%=%)' || $(GO) install google.golang.org/grpc/cmd/protoc-gen-go-grpc@$(PROTOC_GEN_GO_GRPC_VERSION)
@@ -60,9 +62,10 @@ TRIMPATH := -trimpath
 # image, commit it and point RELEASE_API at it.
 RELEASE_API := proto/releases/v0.1.0.binpb
 
-lint: tools ## gofmt, go vet, buf lint and buf breaking against the newest release's API
+lint: tools ## gofmt, go vet, golangci-lint (.golangci.yml), buf lint and buf breaking against the newest release's API
 	@out=$$(gofmt -l $(GOFILES)); test -z "$$out" || { echo "gofmt would change:"; echo "$$out"; exit 1; }
 	$(GO) vet $(TRIMPATH) $(MODULES)
+	$(GOBIN)/golangci-lint run $(MODULES)
 	@for m in $(OWN_MODULES); do (cd $$m && GOWORK=off $(GO) vet $(TRIMPATH) ./...) || exit 1; done
 	buf lint
 	buf breaking proto --against $(RELEASE_API)

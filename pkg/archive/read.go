@@ -8,8 +8,9 @@ import (
 	"io"
 	"strings"
 
-	"github.com/tether-run/tether/pkg/failure"
 	"google.golang.org/grpc/codes"
+
+	"github.com/tether-run/tether/pkg/failure"
 )
 
 // entryReader reads a tar stream and checks every entry (see the package

@@ -7,7 +7,6 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/health"
-	healthgrpc "google.golang.org/grpc/health/grpc_health_v1"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 )
@@ -20,7 +19,7 @@ type drainingHealth struct {
 	draining <-chan struct{}
 }
 
-func (h *drainingHealth) Watch(req *healthpb.HealthCheckRequest, stream healthgrpc.Health_WatchServer) error {
+func (h *drainingHealth) Watch(req *healthpb.HealthCheckRequest, stream healthpb.Health_WatchServer) error {
 	ctx, cancel := context.WithCancel(stream.Context())
 	defer cancel()
 	notServingSent := make(chan struct{}, 1)
@@ -52,7 +51,7 @@ func (h *drainingHealth) Watch(req *healthpb.HealthCheckRequest, stream healthgr
 }
 
 type watchStream struct {
-	healthgrpc.Health_WatchServer
+	healthpb.Health_WatchServer
 	ctx            context.Context
 	draining       <-chan struct{}
 	notServingSent chan struct{}

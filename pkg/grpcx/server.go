@@ -31,7 +31,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
-	healthgrpc "google.golang.org/grpc/health/grpc_health_v1"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
@@ -206,7 +205,7 @@ func New(cfg Config, extra ...grpc.ServerOption) (*Server, error) {
 	// ResourceExhausted at grpc-go's 4 MiB default.
 	opts = append(opts, grpc.MaxRecvMsgSize(MaxRecvMsgBytes))
 	s.gs = grpc.NewServer(append(opts, extra...)...)
-	healthgrpc.RegisterHealthServer(s.gs, &drainingHealth{Server: s.health, draining: s.draining})
+	healthpb.RegisterHealthServer(s.gs, &drainingHealth{Server: s.health, draining: s.draining})
 	reflection.Register(s.gs)
 	return s, nil
 }
@@ -227,7 +226,7 @@ func isInfraCall(fields []any) bool {
 	for i := 0; i+1 < len(fields); i += 2 {
 		if k, _ := fields[i].(string); k == logging.ServiceFieldKey {
 			switch fields[i+1] {
-			case healthgrpc.Health_ServiceDesc.ServiceName,
+			case healthpb.Health_ServiceDesc.ServiceName,
 				"grpc.reflection.v1.ServerReflection",
 				"grpc.reflection.v1alpha.ServerReflection":
 				return true

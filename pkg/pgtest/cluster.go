@@ -129,7 +129,7 @@ func Start(ctx context.Context, opts ...Option) (_ *Cluster, err error) {
 	}
 	defer func() {
 		if err != nil {
-			c.stop()
+			_ = c.stop() // best effort: the start failed already
 			c.dismissWatchdog()
 			_ = os.RemoveAll(dir)
 		}
@@ -328,8 +328,10 @@ func (c *Cluster) start(ctx context.Context, o options) error {
 			!bytes.Contains(logTail, []byte("could not create any TCP/IP sockets")) {
 			return lastErr
 		}
-		// Port race: make sure nothing half-started remains, then retry.
-		c.stop()
+		// Port race: make sure nothing half-started remains, then retry
+		// (a stop that fails leaves a server the next start's port check
+		// or the watchdog deals with).
+		_ = c.stop()
 	}
 	return lastErr
 }

@@ -603,8 +603,10 @@ func transcodeEventBatchInto(dst, b []byte) ([]byte, bool) {
 			break
 		}
 	}
-	if !s.eat('}') || !s.eat('}') {
-		return nil, false
+	for range 2 { // the events object's closing brace, then the frame's
+		if !s.eat('}') {
+			return nil, false
+		}
 	}
 	s.ws()
 	if s.i != len(s.b) {

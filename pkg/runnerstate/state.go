@@ -256,19 +256,19 @@ type LostTurn struct {
 }
 
 // NoteLostTurn records a lost turn, dropping the oldest beyond MaxLostTurns.
-func (s *State) NoteLostTurn(turnID string, lt *LostTurn) {
-	if s.LostTurns == nil {
-		s.LostTurns = map[string]*LostTurn{}
+func (st *State) NoteLostTurn(turnID string, lt *LostTurn) {
+	if st.LostTurns == nil {
+		st.LostTurns = map[string]*LostTurn{}
 	}
-	s.LostTurns[turnID] = lt
-	for len(s.LostTurns) > MaxLostTurns {
+	st.LostTurns[turnID] = lt
+	for len(st.LostTurns) > MaxLostTurns {
 		oldest := ""
-		for id, t := range s.LostTurns {
-			if oldest == "" || t.LostAt.Before(s.LostTurns[oldest].LostAt) {
+		for id, t := range st.LostTurns {
+			if oldest == "" || t.LostAt.Before(st.LostTurns[oldest].LostAt) {
 				oldest = id
 			}
 		}
-		delete(s.LostTurns, oldest)
+		delete(st.LostTurns, oldest)
 	}
 }
 

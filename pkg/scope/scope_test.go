@@ -7,9 +7,10 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
-	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
+
+	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 )
 
 func input(company, session string) *prpv1.ExecutionInput {

@@ -193,7 +193,7 @@ func WriteSigningKey(privPath, jwksPath string) error {
 	if err != nil {
 		return err
 	}
-	return os.WriteFile(jwksPath, append(b, '\n'), 0o644)
+	return os.WriteFile(jwksPath, append(b, '\n'), 0o644) //nolint:gosec // a public key set: readable by whoever verifies tokens
 }
 
 func keyID(k jose.JSONWebKey) (string, error) {

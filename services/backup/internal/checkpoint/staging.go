@@ -104,13 +104,21 @@ func (s *Service) removeStaging(dir string) {
 
 // openUp adds owner rwx to every directory of the tree at dir that this
 // user owns, each before it is read, without following symlinks.
+//
+// The walk and the changes go through an os.Root at dir, so a directory
+// swapped for a symlink mid-walk cannot make a change land outside the tree.
 func openUp(dir string) {
-	_ = filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		return
+	}
+	defer root.Close()
+	_ = fs.WalkDir(root.FS(), ".", func(p string, d fs.DirEntry, err error) error {
 		if err != nil || !d.IsDir() {
 			return nil
 		}
 		if info, ierr := d.Info(); ierr == nil && info.Mode().Perm()&0o700 != 0o700 {
-			_ = os.Chmod(p, info.Mode().Perm()|0o700)
+			_ = root.Chmod(p, info.Mode().Perm()|0o700)
 		}
 		return nil
 	})

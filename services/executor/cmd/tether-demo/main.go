@@ -216,8 +216,7 @@ func turns(ctx context.Context, st *stack.Stack, prov *demoProvider, auth bool) 
 	st.Stop()
 	for id := range runners {
 		var pid int
-		fmt.Sscanf(id, "%d/", &pid)
-		if pid > 0 && syscall.Kill(pid, 0) == nil {
+		if _, err := fmt.Sscanf(id, "%d/", &pid); err == nil && pid > 0 && syscall.Kill(pid, 0) == nil {
 			return fmt.Errorf("runner process %d is still running after shutdown", pid)
 		}
 	}

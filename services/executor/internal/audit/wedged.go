@@ -8,7 +8,7 @@ import (
 	"github.com/tether-run/tether/pkg/scope/durable"
 )
 
-// ClassSessionWedged: a session scope whose runs all fail after its last
+// ClassSessionWedged is the class of a session scope whose runs all fail after its last
 // succeeded run (at least MinWedgedRuns of them, none still open) while a
 // current copy of its thread is known to exist — a checkpoint recorded
 // after that run, a root a failed run reports it set aside (quarantine),

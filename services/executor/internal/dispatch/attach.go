@@ -73,7 +73,10 @@ func (d *Dispatcher) attachOnce(ctx context.Context, c *store.Claim, gw gatewayv
 	a := &attachment{d: d, c: c, gw: gw, log: log, cancelCh: cancelCh, ctx: ctx}
 	a.sctx, a.cancel = context.WithCancel(ctx)
 	defer a.cancel()
-	defer a.awaitBookkeeping() // nothing of this attach is written after it ends
+	// Nothing of this attach is written after it ends. Its outcome matters
+	// to the events it precedes (onEvents); once the attach ended, a
+	// failure (a lost fence) surfaces at the run's next fenced write.
+	defer func() { _ = a.awaitBookkeeping() }()
 	defer a.acking.Wait()
 	if done, err := a.open(facts); done || err != nil {
 		return done, err

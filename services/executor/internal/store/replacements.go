@@ -167,7 +167,7 @@ func (s *Store) CanFailOver(ctx context.Context, scope, runID string) (bool, err
 	b.Queue(replacementForRunSQL, scope, runID)
 	b.Queue(continuityRequiredSQL, runID)
 	res := s.pool.SendBatch(ctx, b)
-	defer res.Close()
+	defer func() { _ = res.Close() }() // on the early returns; the others close it themselves
 	_, _, err := scanCheckpoint(res.QueryRow())
 	switch {
 	case err == nil:

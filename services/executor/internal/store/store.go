@@ -113,8 +113,8 @@ func (s *Store) eventsCommitted(runID string, evs []StoredEvent) {
 // GooseTable is the goose version table of the executor schema.
 const GooseTable = "executor_goose_version"
 
-// migrations are the executor schema's embedded migrations.
-// Schema is the executor's migrations (`executor migrate`, SPEC L3).
+// Schema is the executor schema's embedded migrations (`executor migrate`,
+// SPEC L3).
 var Schema = pgstore.Migrations{FS: Migrations, Dir: "migrations", Table: GooseTable}
 
 // Migrate applies the embedded migrations to the database at dsn.

@@ -3,8 +3,9 @@ package store
 import (
 	"context"
 	"errors"
-	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
 	"time"
+
+	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
 
 	"github.com/jackc/pgx/v5"
 

@@ -608,8 +608,7 @@ func (h *Hub) sendAll(ws []*Watch, evs []Event) {
 	n := min(h.senders, len(ws))
 	j.started.Store(int64(n))
 	j.seen.Store(int64(len(ws)))
-	var stall func()
-	stall = func() {
+	stall := func() {
 		left, next := j.left.Load(), j.next.Load()
 		if left == 0 || next >= int64(len(ws)) {
 			return

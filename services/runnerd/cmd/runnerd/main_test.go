@@ -179,9 +179,7 @@ func TestG4_BinaryRunsATurnAgainstAFakeGateway(t *testing.T) {
 		for {
 			select {
 			case f := <-g.frames:
-				for _, ev := range f.GetEvents().GetEvents() {
-					events = append(events, ev)
-				}
+				events = append(events, f.GetEvents().GetEvents()...)
 				if match(f) {
 					return f
 				}

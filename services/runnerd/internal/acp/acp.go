@@ -233,7 +233,7 @@ func (s *Session) supervise(readerDone chan error) {
 	case werr := <-waitDone:
 		// Read what the agent wrote before it died, for a short while.
 		select {
-		case <-readerDone:
+		case <-readerDone: //nolint:errcheck // the reader's error says less than the exit's
 		case <-time.After(exitDrain):
 		}
 		cause = &Error{Code: failure.ProviderProcessExited, Message: fmt.Sprintf("agent process %d %s", s.info.PID, describeExit(werr, s.cmd.ProcessState))}

@@ -10,8 +10,9 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"github.com/tether-run/tether/pkg/runnerstate"
 	"go.uber.org/goleak"
+
+	"github.com/tether-run/tether/pkg/runnerstate"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

@@ -105,7 +105,6 @@ type Server struct {
 	replayUsage map[string]bool // resumed threads whose totals are replayed at the next turn/start
 	active      map[string]*activeTurn
 	procTurn    int
-	agentSeq    int
 	nextReqID   int                 // server request ids, from 0 per process
 	pending     map[int]*pendingReq // server requests awaiting an answer
 

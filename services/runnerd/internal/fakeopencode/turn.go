@@ -16,7 +16,6 @@ type turnRun struct {
 	asst      *message
 	prompt    string // the user's text
 	text      string // the assistant's text so far
-	textPart  map[string]any
 	tokensIn  int
 	tokensOut int
 }

@@ -40,7 +40,7 @@ import (
 // ShellCommand is what a [shell] prompt asks codex to run.
 const ShellCommand = "mkdir -p approved-dir && echo hello-from-mock-shell"
 
-// What a [plan] prompt has the model put in its update_plan call.
+// PlanSteps is what a [plan] prompt has the model put in its update_plan call.
 var PlanSteps = []string{"Read the code", "Make the change", "Run the tests"}
 
 // PlanExplanation is the explanation of a [plan] update_plan call.

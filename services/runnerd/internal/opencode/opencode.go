@@ -66,7 +66,7 @@ import (
 // HomeDir is the profile directory under the scope root (SPEC B2).
 const HomeDir = durable.OpenCodeHomeDir
 
-// Directories of the home that never travel in a backup (credentials,
+// BackupExclusions are the directories of the home that never travel in a backup (credentials,
 // scratch, the live server's password); see the package comment.
 var BackupExclusions = durable.LaunchOnlyOpenCodeEntries
 

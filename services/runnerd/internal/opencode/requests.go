@@ -206,7 +206,7 @@ func (s *Session) ResolveRequest(ctx context.Context, requestID string, resoluti
 	return out, nil
 }
 
-// AnswerToolCall: the OpenCode driver offers no dynamic tools.
+// AnswerToolCall refuses: the OpenCode driver offers no dynamic tools.
 func (s *Session) AnswerToolCall(_ context.Context, callID, _ string, _ bool, _ []map[string]any) (map[string]any, error) {
 	return nil, perr(failure.ToolCallNotPending, "tool call %s is not pending (the OpenCode driver has no dynamic tools)", callID)
 }

@@ -670,7 +670,7 @@ func (s *Session) LastTurn(ctx context.Context) (string, error) {
 	return last, nil
 }
 
-// ReconcileOnReattach: the event stream does not replay what happened
+// ReconcileOnReattach reports true: the event stream does not replay what happened
 // while runnerd was down, so runnerd reconciles the active turn after a
 // re-attach (runner.ReattachReconciler).
 func (s *Session) ReconcileOnReattach() bool { return true }

@@ -69,11 +69,13 @@ func New(cfg Config) (*Confiner, error) {
 	if cfg.UIDBase <= 0 || cfg.UIDCount <= 0 || cfg.UIDBase+cfg.UIDCount > 1<<31-1 {
 		return nil, fmt.Errorf("-runner-uid-base %d / -runner-uid-count %d: want a positive range of uids", cfg.UIDBase, cfg.UIDCount)
 	}
+	// The roots are searchable (x), not readable, by the per-company uids:
+	// each reaches its own scope below by name, and lists nothing.
 	for _, d := range []string{cfg.StateRoot, cfg.WorkspaceRoot} {
-		if err := os.MkdirAll(d, 0o711); err != nil {
+		if err := os.MkdirAll(d, 0o711); err != nil { //nolint:gosec // 0o711 on purpose, see above
 			return nil, err
 		}
-		if err := os.Chmod(d, 0o711); err != nil {
+		if err := os.Chmod(d, 0o711); err != nil { //nolint:gosec // 0o711 on purpose, see above
 			return nil, err
 		}
 		if err := searchable(d); err != nil {

@@ -27,16 +27,6 @@ import (
 // root quarantined or left untouched, per durable.Prepare) before a process
 // starts.
 
-// authorised is how an Attach's run came to hold the scope.
-type authorised struct {
-	// source is durable.Source of a launch on the root; empty when a live
-	// runner was reused.
-	source string
-	// previousRun is the run the root was bound to before this one.
-	previousRun string
-	epoch       uint64
-}
-
 // priorRuns is the E13 lookup over the executor's records of the Open
 // (newest first), with the scope's previous run marked (SPEC R8).
 func priorRuns(want scope.Key, recs []*gatewayv1.PriorRun) durable.PriorRunLookup {
