@@ -1,4 +1,4 @@
-package behaviours
+package conformance
 
 import (
 	"bufio"
@@ -64,7 +64,7 @@ func cited(t *testing.T) map[string]string {
 			return err
 		}
 		if d.IsDir() {
-			if path == filepath.Join(repoRoot, "pkg", "behaviours") {
+			if path == filepath.Join(repoRoot, "pkg", "conformance") {
 				return filepath.SkipDir // this test's own examples
 			}
 			switch d.Name() {

@@ -1,0 +1,8 @@
+// Package conformance checks that the repository keeps its own rules. It
+// has no code of its own; its tests walk the repository:
+//
+//   - docs/behaviours.md, the catalogue of behaviour IDs (E7, R13, …),
+//     explains every ID a test name or a "SPEC" citation uses;
+//   - the service binaries (executor, runnergw, runnerd, backup-verifier)
+//     link no test double, mock model, harness or bench.
+package conformance
