@@ -301,12 +301,6 @@ func (b *bench) renewalCurve(ctx context.Context) ([]curve, error) {
 	return []curve{c}, nil
 }
 
-// seedEventsSQL stores events 1…$3 of run $1, whose run row exists and is
-// held by attempt 1 (the writer fence of migration 00010).
-const seedEventsSQL = `
-INSERT INTO executor.events (run_id, seq, source_instance_id, source_seq, source_event_id, event_type, payload_sha256, event, writer_attempt)
-SELECT $1, g, 'seed', g, 'seed-' || g, 'item.delta', '\x00'::bytea, $2, 1 FROM generate_series(1, $3::int) g`
-
 // seedPriorRunsSQL makes runs prior-<from>…prior-<to>, each its own
 // session (so each is its session's newest: retention keeps it), observed
 // under nobody (never claimable), created $3 minus 1…10 weeks (by run
