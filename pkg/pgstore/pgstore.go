@@ -39,7 +39,7 @@ func MaxConns(n int) Option {
 	}
 }
 
-// PingAfterIdle: a pooled connection idle longer than this is pinged
+// PingAfterIdle is the idle time after which a pooled connection is pinged
 // before it is handed out. pgx's default (1 s) put a round trip before
 // every statement of a turn a person types (SPEC P6: a turn after idle
 // costs what a warm turn costs); the pool's health check (every minute)

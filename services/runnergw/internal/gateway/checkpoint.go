@@ -104,17 +104,18 @@ func (g *Gateway) checkpointOnline(ctx context.Context, r *runner, dir, sc, leas
 // holding the scope's op lock as it does.
 const CheckpointHoldEnv = "TETHER_RUNNERGW_TEST_CHECKPOINT_HOLD_DIR"
 
+// The paths are under the test hook's directory (gosec G703 below).
 func checkpointHold(phase string) {
 	dir := os.Getenv(CheckpointHoldEnv)
 	if dir == "" {
 		return
 	}
-	if _, err := os.Stat(filepath.Join(dir, "hold-"+phase)); err != nil {
+	if _, err := os.Stat(filepath.Join(dir, "hold-"+phase)); err != nil { //nolint:gosec // test hook
 		return
 	}
-	_ = os.WriteFile(filepath.Join(dir, "at-"+phase), nil, 0o600)
+	_ = os.WriteFile(filepath.Join(dir, "at-"+phase), nil, 0o600) //nolint:gosec // test hook
 	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-		if _, err := os.Stat(filepath.Join(dir, "release-"+phase)); err == nil {
+		if _, err := os.Stat(filepath.Join(dir, "release-"+phase)); err == nil { //nolint:gosec // test hook
 			return
 		}
 	}
