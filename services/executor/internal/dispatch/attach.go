@@ -186,9 +186,17 @@ func (a *attachment) open(facts func() (*store.AttachFacts, error)) (done bool, 
 		// checkpoint and is resumed, R13). The runners that ever served
 		// the scope let it tell a root left behind by a move, however
 		// many runs ago, from a foreign one.
-		order, err := d.store.RestoreOrderOf(a.ctx, runScope, cp.GetRunnerInstanceId())
-		if err != nil {
-			return false, err
+		// Read with the attach facts when cp is the current checkpoint (a
+		// turn after an online checkpoint, SPEC P6: no round trip of its
+		// own before the Open).
+		var order store.RestoreOrder
+		if co := a.facts.CheckpointOrder; co != nil && cp == a.facts.Checkpoint && co.RunnerInstanceID == cp.GetRunnerInstanceId() {
+			order = co.RestoreOrder
+		} else {
+			var err error
+			if order, err = d.store.RestoreOrderOf(a.ctx, runScope, cp.GetRunnerInstanceId()); err != nil {
+				return false, err
+			}
 		}
 		open.Restore.MinSourceSeq, open.Restore.ServedRunnerIds = order.MinSourceSeq, order.ServedRunnerIDs
 	}

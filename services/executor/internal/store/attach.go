@@ -19,6 +19,11 @@ type AttachFacts struct {
 	// Checkpoint is the scope's current checkpoint (CurrentCheckpoint), or
 	// nil.
 	Checkpoint *executorv1.SessionCheckpoint
+	// CheckpointOrder is RestoreOrderOf(scope, the current checkpoint's
+	// runner), read with the facts (SPEC P6: the Open of a turn after an
+	// online checkpoint carries it without a round trip of its own); nil
+	// without a current checkpoint.
+	CheckpointOrder *CheckpointOrder
 	// PriorRuns are the run's prior-run records (PriorRuns).
 	PriorRuns []PriorRunRecord
 	// PreviousRunID and PreviousInput are the run submitted just before it
@@ -88,6 +93,23 @@ func queueAttachFacts(b *pgx.Batch, runID, scope string, in *prpv1.ExecutionInpu
 	}
 	b.Queue(`SELECT `+checkpointColumns+` FROM executor.session_checkpoints
  WHERE session_scope = $1 AND superseded_at IS NULL ORDER BY created_at DESC LIMIT 1`, scope).QueryRow(checkpoint(&f.Checkpoint))
+	b.Queue(checkpointOrderSQL, scope, MaxServedRunners).Query(func(rows pgx.Rows) error {
+		for rows.Next() {
+			var (
+				o CheckpointOrder
+				n int64
+			)
+			if err := rows.Scan(&o.RunnerInstanceID, &n, &o.ServedRunnerIDs); err != nil {
+				return keep(err)
+			}
+			o.MinSourceSeq = uint64(n)
+			f.CheckpointOrder = &o
+		}
+		if err := rows.Err(); err != nil {
+			return keep(err)
+		}
+		return nil
+	})
 	b.Queue(priorRunsSQL, priorRunsArgs(runID, in.GetBinding().GetCompanyId(), in.GetBinding().GetAgentId(),
 		in.GetSession().GetNormalizedSessionId(), limit)...).Query(func(rows pgx.Rows) error {
 		var err error
@@ -141,6 +163,24 @@ func queueAttachFacts(b *pgx.Batch, runID, scope string, in *prpv1.ExecutionInpu
 	b.Queue(restorableCheckpointSQL, scope).QueryRow(checkpoint(&f.Restorable))
 	return f, decodeErr
 }
+
+// CheckpointOrder is the RestoreOrder of the scope's current checkpoint,
+// whose runner is RunnerInstanceID.
+type CheckpointOrder struct {
+	RunnerInstanceID string
+	RestoreOrder
+}
+
+// checkpointOrderSQL reads scope $1's CheckpointOrder (no row without a
+// current checkpoint) as RestoreOrderOf reads a RestoreOrder, at most $2
+// served runners.
+const checkpointOrderSQL = `SELECT k.runner_instance_id,
+       coalesce((SELECT max(e.source_seq) FROM executor.events e JOIN executor.runs r ON r.run_id = e.run_id
+                  WHERE r.session_scope = $1 AND e.source_instance_id = k.runner_instance_id), 0),
+       ARRAY(SELECT s.runner_instance_id FROM executor.scope_runners s
+              WHERE s.session_scope = $1 ORDER BY s.last_submit_seq DESC LIMIT $2)
+  FROM (SELECT runner_instance_id FROM executor.session_checkpoints
+         WHERE session_scope = $1 AND superseded_at IS NULL ORDER BY created_at DESC LIMIT 1) k`
 
 // restorableCheckpointSQL reads scope $1's newest checkpoint after which
 // no run of the scope that a runner served has succeeded

@@ -181,3 +181,38 @@ func TestP6_AnIdlePeriodCheckpointedOnlineIsOfferedAgainForItsSuspensionOnly(t *
 	require.NoError(t, err)
 	require.Empty(t, idle, "suspended")
 }
+
+// TestP6_TheAttachFactsCarryTheCurrentCheckpointsRestoreOrder: the facts a
+// run's attach reads in one round trip include RestoreOrderOf for the
+// current checkpoint's runner (the Open of a turn after an online
+// checkpoint needs no read of its own); none without a current checkpoint.
+func TestP6_TheAttachFactsCarryTheCurrentCheckpointsRestoreOrder(t *testing.T) {
+	t.Parallel()
+	s := newStore(t)
+	ctx := context.Background()
+	in := input("order", "x")
+	sc := scope.OfRun("o1", in)
+	_, _, err := s.SubmitRun(ctx, "o1", in)
+	require.NoError(t, err)
+	finish(t, s, "o1")
+	_, _, err = s.SubmitRun(ctx, "o2", input("order", "y"))
+	require.NoError(t, err)
+	f, err := s.AttachFacts(ctx, "o2", sc, input("order", "y"), 16)
+	require.NoError(t, err)
+	require.Nil(t, f.CheckpointOrder, "no current checkpoint")
+
+	stamp := &backupv1.Stamp{CheckpointId: "cp-o", LeaseId: "local-x", SessionScope: scope.Of(in), Signature: "ab"}
+	_, err = s.RecordCheckpoint(ctx, store.CheckpointRecord{Scope: sc, CompanyID: "acme", SessionID: "order", LastRunID: "o1",
+		GatewayScope: scope.Of(in), Stamp: stamp, CheckpointID: "cp-o", ManifestDigest: "sha256:00", LeaseID: "local-x",
+		RunnerInstanceID: "runner-1", ProviderThreadID: "thread-1", Reason: "checkpoint"})
+	require.NoError(t, err)
+	f, err = s.AttachFacts(ctx, "o2", sc, input("order", "y"), 16)
+	require.NoError(t, err)
+	require.NotNil(t, f.CheckpointOrder)
+	want, err := s.RestoreOrderOf(ctx, sc, "runner-1")
+	require.NoError(t, err)
+	require.Equal(t, "runner-1", f.CheckpointOrder.RunnerInstanceID)
+	require.EqualValues(t, 1, want.MinSourceSeq)
+	require.Equal(t, want.MinSourceSeq, f.CheckpointOrder.MinSourceSeq)
+	require.ElementsMatch(t, want.ServedRunnerIDs, f.CheckpointOrder.ServedRunnerIDs)
+}
