@@ -84,6 +84,7 @@ type config struct {
 	figures             string
 	cpuProfile          string
 	unaryCallers        int
+	purgeCycles         int
 
 	// -curves
 	curves                         bool
@@ -148,6 +149,7 @@ func main() {
 	flag.IntVar(&cfg.slices, "slices", 8, "alternating tether/raw slices per figure")
 	flag.StringVar(&cfg.figures, "figures", "lease_claim,lease_renewal,event_persistence,unary_getrun,unary_submit", "comma-separated figures to run, in this order")
 	flag.IntVar(&cfg.unaryCallers, "unary-callers", 32, "unary_getrun, unary_submit: concurrent callers per side")
+	flag.IntVar(&cfg.purgeCycles, "purge-cycles", 4, "-curves purge_impact: alternations of half a -duration without and half with a purge running, per figure")
 	flag.StringVar(&cfg.cpuProfile, "cpuprofile", "", "write a CPU profile of this process (the measured figures, both sides; or the curves) to this file")
 	flag.BoolVar(&cfg.curves, "curves", false, "measure the scale curves instead of the figures (see curves.go)")
 	curveList := flag.String("curve", "claim_attempt,lease_renewal,event_append,watch_delivery,purge_impact", "-curves: which curves, comma-separated")

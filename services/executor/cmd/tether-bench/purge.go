@@ -224,6 +224,11 @@ func (b *bench) purgeImpact(ctx context.Context) ([]curve, error) {
 		}
 		return 1, err
 	}
+	// The seeds' own aftermath (autovacuum of half a million fresh rows)
+	// would otherwise land on whichever side is measured first.
+	if _, err := b.raw.Exec(ctx, `VACUUM (ANALYZE) executor.runs, executor.coordinators, executor.events`); err != nil {
+		return nil, err
+	}
 	b.settle(ctx)
 	if _, err := timed(ctx, b.cfg.warmup, appendOp); err != nil {
 		return nil, err
@@ -259,19 +264,25 @@ func (b *bench) purgeImpact(ctx context.Context) ([]curve, error) {
 		}
 		return m, err
 	}
-	// Per figure: half a duration without, a whole duration with one purge
-	// pass running (long enough for its duty cycle: a batch, then a sleep
-	// nine times as long), half a duration without again.
+	// Per figure: -purge-cycles cycles of half a duration without and half
+	// a duration with one purge pass running (long enough for several of
+	// its duty cycles: a batch, then a sleep nine times as long), the
+	// order swapped every cycle, so that the drift of a shared machine
+	// falls on both sides alike.
 	half := b.cfg.duration / 2
+	var order []bool
+	for c := range max(b.cfg.purgeCycles, 1) {
+		order = append(order, c%2 == 1, c%2 == 0)
+	}
 	var app, appP, clm, clmP measurement
 	measure := func(op func(context.Context) (int, error), acc, accP *measurement) error {
-		for _, with := range []bool{false, true, false} {
+		for _, with := range order {
 			var (
 				m   measurement
 				err error
 			)
 			if with {
-				m, err = withPurge(func() (measurement, error) { return timed(ctx, 2*half, op) })
+				m, err = withPurge(func() (measurement, error) { return timed(ctx, half, op) })
 				accP.add(m)
 			} else {
 				m, err = timed(ctx, half, op)
