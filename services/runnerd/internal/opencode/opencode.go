@@ -45,6 +45,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	mrand "math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -239,7 +240,30 @@ func (s *Session) env(configPath string) []string {
 	return out
 }
 
+// Ports the server is offered: below Linux's default ephemeral range
+// (32768–60999), from which the kernel picks the port of every outgoing
+// connection and of every listener on port 0.
+const (
+	serverPortMin = 10000
+	serverPortMax = 32767
+)
+
+// freePort returns a loopback port that was free a moment ago, for the
+// server to listen on. Between this check and the server's bind another
+// process may take it; a port outside the ephemeral range is one only
+// another explicit choice can take (under load, a port the kernel handed
+// out as ephemeral was taken by the next outgoing connection often enough
+// to fail a start: "opencode serve exited before it was ready"). Falls back
+// to the kernel's choice when no port in the range is free.
 func freePort() (int, error) {
+	for range 32 {
+		p := serverPortMin + mrand.IntN(serverPortMax-serverPortMin+1)
+		l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p)))
+		if err == nil {
+			l.Close()
+			return p, nil
+		}
+	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return 0, err
