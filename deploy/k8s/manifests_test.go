@@ -215,7 +215,7 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// envName is grpcx.EnvName: "grpc-addr" → "TETHER_GRPC_ADDR".
+// envName is envflag.EnvName: "grpc-addr" → "TETHER_GRPC_ADDR".
 func envName(flag string) string {
 	return "TETHER_" + strings.ToUpper(strings.ReplaceAll(flag, "-", "_"))
 }

@@ -4,6 +4,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
@@ -45,4 +46,46 @@ func TestConformance_ServiceBinariesLinkNoTestDoubles(t *testing.T) {
 			require.Empty(t, bad, "%s links test-only packages", s.main)
 		})
 	}
+}
+
+// grpcxAllowed are the tether packages the gRPC bootstrap may link: the
+// build line, the flag helpers, the failure registry, the role names (not
+// the dev PKI, which links the grant signer), the key files and the
+// telemetry it wires. A new dependency is a decision: add it here with
+// its reason, or keep the bootstrap small.
+var grpcxAllowed = []string{
+	"pkg/grpcx",
+	"pkg/buildinfo",
+	"pkg/envflag",
+	"pkg/failure",
+	"pkg/identity",
+	"pkg/keyfile",
+	"pkg/atomicfile",        // keyfile's atomic writes
+	"pkg/synctrace",         // atomicfile's fsync tracing
+	"pkg/telemetry",         // tracing and the log handler
+	"pkg/gen/tether/prp/v1", // telemetry's trace attributes of PRP events
+}
+
+// The gRPC bootstrap (pkg/grpcx) stays a bootstrap: `go list -deps` of it
+// names only the tether packages in grpcxAllowed — no grant, scope,
+// runner state, PRP or digest package (SPEC issue #34: identity without
+// devpki).
+func TestConformance_GRPCBootstrapLinksFewTetherPackages(t *testing.T) {
+	t.Parallel()
+	if _, err := exec.LookPath("go"); err != nil {
+		t.Skip("no go command")
+	}
+	cmd := exec.Command("go", "list", "-deps", "./grpcx")
+	cmd.Dir = filepath.Join(repoRoot, "pkg")
+	out, err := cmd.Output()
+	require.NoError(t, err, "go list -deps ./grpcx")
+	const prefix = "github.com/tether-run/tether/"
+	var extra []string
+	for _, p := range strings.Fields(string(out)) {
+		rel, ok := strings.CutPrefix(p, prefix)
+		if ok && !slices.Contains(grpcxAllowed, rel) {
+			extra = append(extra, rel)
+		}
+	}
+	require.Empty(t, extra, "pkg/grpcx links tether packages outside its allowed set")
 }

@@ -4,5 +4,7 @@
 //   - docs/behaviours.md, the catalogue of behaviour IDs (E7, R13, …),
 //     explains every ID a test name or a "SPEC" citation uses;
 //   - the service binaries (executor, runnergw, runnerd, backup-verifier)
-//     link no test double, mock model, harness or bench.
+//     link no test double, mock model, harness or bench;
+//   - the gRPC bootstrap (pkg/grpcx) links only the few tether packages
+//     it needs.
 package conformance

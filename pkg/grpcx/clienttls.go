@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/tether-run/tether/pkg/envflag"
 	"github.com/tether-run/tether/pkg/keyfile"
 )
 
@@ -37,11 +38,11 @@ type ClientTLS struct {
 // dialing what (e.g. "the runner gateways").
 func RegisterClientTLSFlags(fs *flag.FlagSet, prefix, what string) *ClientTLS {
 	c := &ClientTLS{}
-	StringVar(fs, &c.CAFile, prefix+"-ca", "", "", "CA bundle verifying the TLS certificates of "+what+" (system roots when empty; TLS is used off loopback)")
-	StringVar(fs, &c.CertFile, prefix+"-client-cert", "", "", "client certificate presented to "+what+" (mTLS; default: -tls-cert)")
-	StringVar(fs, &c.KeyFile, prefix+"-client-key", "", "", "key of -"+prefix+"-client-cert (default: -tls-key)")
-	StringVar(fs, &c.ServerName, prefix+"-server-name", "", "", "TLS server name the certificates of "+what+" are verified against (default: the host of their address)")
-	BoolVar(fs, &c.InsecurePlaintext, prefix+"-insecure-plaintext", "", false, "dial "+what+" in plaintext also off loopback (never needed on loopback; only for networks you trust)")
+	envflag.StringVar(fs, &c.CAFile, prefix+"-ca", "", "", "CA bundle verifying the TLS certificates of "+what+" (system roots when empty; TLS is used off loopback)")
+	envflag.StringVar(fs, &c.CertFile, prefix+"-client-cert", "", "", "client certificate presented to "+what+" (mTLS; default: -tls-cert)")
+	envflag.StringVar(fs, &c.KeyFile, prefix+"-client-key", "", "", "key of -"+prefix+"-client-cert (default: -tls-key)")
+	envflag.StringVar(fs, &c.ServerName, prefix+"-server-name", "", "", "TLS server name the certificates of "+what+" are verified against (default: the host of their address)")
+	envflag.BoolVar(fs, &c.InsecurePlaintext, prefix+"-insecure-plaintext", "", false, "dial "+what+" in plaintext also off loopback (never needed on loopback; only for networks you trust)")
 	return c
 }
 

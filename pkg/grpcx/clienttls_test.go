@@ -10,6 +10,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/tether-run/tether/pkg/devpki"
+	"github.com/tether-run/tether/pkg/envflag"
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
 	"github.com/tether-run/tether/pkg/identity"
 )
@@ -45,10 +47,10 @@ func getRunWith(t *testing.T, c ClientTLS, target string) error {
 
 func TestF6_ClientTLSPresentsItsCertificateAndVerifiesTheServerName(t *testing.T) {
 	dir := devPKI(t)
-	ca := filepath.Join(dir, identity.CAFile)
+	ca := filepath.Join(dir, devpki.CAFile)
 	target, _ := startAs(t, dir, identity.Executor)
 	call := func(c ClientTLS) error { return getRunWith(t, c, target) }
-	me := ClientTLS{CAFile: ca, CertFile: identity.CertFile(dir, identity.Executor), KeyFile: identity.KeyFile(dir, identity.Executor)}
+	me := ClientTLS{CAFile: ca, CertFile: devpki.CertFile(dir, identity.Executor), KeyFile: devpki.KeyFile(dir, identity.Executor)}
 	require.NoError(t, call(me))
 	named := me
 	named.ServerName = identity.Executor // a pod IP advertised, the role name verified
@@ -64,7 +66,7 @@ func TestF6_ClientTLSPresentsItsCertificateAndVerifiesTheServerName(t *testing.T
 	fs := flag.NewFlagSet("executor", flag.ContinueOnError)
 	cfg := RegisterFlags(fs, "executor", "127.0.0.1:0", "")
 	gw := RegisterClientTLSFlags(fs, "gateway", "the runner gateways")
-	require.NoError(t, ParseFlags(fs, []string{"-tls-cert", me.CertFile, "-tls-key", me.KeyFile, "-gateway-ca", ca,
+	require.NoError(t, envflag.Parse(fs, []string{"-tls-cert", me.CertFile, "-tls-key", me.KeyFile, "-gateway-ca", ca,
 		"-gateway-server-name", identity.Executor}))
 	require.NoError(t, call(gw.WithDefaults(cfg, "")))
 }

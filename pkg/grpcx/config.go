@@ -1,22 +1,17 @@
-// Package grpcx bootstraps tether's gRPC servers and clients: flags with
-// TETHER_* environment fallbacks, TLS (default-on off loopback), recovery,
+// Package grpcx bootstraps tether's gRPC servers and clients: the common
+// server flags (through pkg/envflag), TLS (default-on off loopback), recovery,
 // protovalidate, slog logging, Prometheus metrics, health, reflection,
 // keepalive and graceful shutdown.
 package grpcx
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
-	"os"
-	"strconv"
-	"strings"
-	"sync"
 	"time"
 
-	"github.com/tether-run/tether/pkg/buildinfo"
+	"github.com/tether-run/tether/pkg/envflag"
 	"github.com/tether-run/tether/pkg/telemetry"
 )
 
@@ -65,16 +60,10 @@ type Config struct {
 	// address (off by default: profiles reveal internals).
 	Pprof bool
 
-	// Version: print the build (pkg/buildinfo) and exit; ParseFlags does.
+	// Version: print the build (pkg/buildinfo) and exit; envflag.Parse does.
 	Version bool
 
 	flagErrs func() error // env fallback errors of RegisterFlags
-}
-
-// EnvName is the environment variable backing a flag: "grpc-addr" →
-// "TETHER_GRPC_ADDR".
-func EnvName(flagName string) string {
-	return "TETHER_" + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
 }
 
 // RegisterFlags registers the common server flags on fs, each defaulting to
@@ -84,141 +73,25 @@ func EnvName(flagName string) string {
 //	-insecure-allow-plaintext, -shutdown-timeout, -drain-delay,
 //	-log-level, -log-format, -otlp-endpoint, -pprof
 //
-// The returned Config is filled in by fs.Parse. Use ParseFlags (or let New
-// report them) to surface invalid environment values.
+// The returned Config is filled in by fs.Parse. Use envflag.Parse (or let
+// New report them) to surface invalid environment values.
 func RegisterFlags(fs *flag.FlagSet, name, defaultGRPC, defaultMetrics string) *Config {
 	c := &Config{Name: name}
-	StringVar(fs, &c.GRPCAddr, "grpc-addr", "", defaultGRPC, "gRPC listen address")
-	StringVar(fs, &c.MetricsAddr, "metrics-addr", "", defaultMetrics, "HTTP address for /metrics, /healthz and /readyz (empty: disabled)")
-	StringVar(fs, &c.TLSCertFile, "tls-cert", "", "", "TLS certificate file (PEM)")
-	StringVar(fs, &c.TLSKeyFile, "tls-key", "", "", "TLS private key file (PEM)")
-	StringVar(fs, &c.TLSClientCAFile, "tls-client-ca", "", "", "CA bundle for verifying client certificates (enables mTLS)")
-	BoolVar(fs, &c.AllowPlaintext, "insecure-allow-plaintext", "", false, "allow serving plaintext gRPC on a non-loopback address")
-	DurationVar(fs, &c.ShutdownTimeout, "shutdown-timeout", "", DefaultShutdownTimeout, "graceful shutdown bound before RPCs are cancelled")
-	DurationVar(fs, &c.DrainDelay, "drain-delay", "", 0, "time to report NOT_SERVING before refusing new RPCs at shutdown")
-	StringVar(fs, &c.LogLevel, "log-level", "", "info", "log level: debug|info|warn|error")
-	StringVar(fs, &c.LogFormat, "log-format", "", "json", "log format: json|text")
-	StringVar(fs, &c.OTLPEndpoint, "otlp-endpoint", "", "", "export OpenTelemetry traces over OTLP/gRPC to this endpoint (http://host:4317 plaintext, https:// TLS; empty: "+telemetry.EnvEndpoint+" or off)")
-	BoolVar(fs, &c.Pprof, "pprof", "", false, "serve Go profiles under /debug/pprof/ on -metrics-addr (for profiling; keep that address private)")
+	envflag.StringVar(fs, &c.GRPCAddr, "grpc-addr", "", defaultGRPC, "gRPC listen address")
+	envflag.StringVar(fs, &c.MetricsAddr, "metrics-addr", "", defaultMetrics, "HTTP address for /metrics, /healthz and /readyz (empty: disabled)")
+	envflag.StringVar(fs, &c.TLSCertFile, "tls-cert", "", "", "TLS certificate file (PEM)")
+	envflag.StringVar(fs, &c.TLSKeyFile, "tls-key", "", "", "TLS private key file (PEM)")
+	envflag.StringVar(fs, &c.TLSClientCAFile, "tls-client-ca", "", "", "CA bundle for verifying client certificates (enables mTLS)")
+	envflag.BoolVar(fs, &c.AllowPlaintext, "insecure-allow-plaintext", "", false, "allow serving plaintext gRPC on a non-loopback address")
+	envflag.DurationVar(fs, &c.ShutdownTimeout, "shutdown-timeout", "", DefaultShutdownTimeout, "graceful shutdown bound before RPCs are cancelled")
+	envflag.DurationVar(fs, &c.DrainDelay, "drain-delay", "", 0, "time to report NOT_SERVING before refusing new RPCs at shutdown")
+	envflag.StringVar(fs, &c.LogLevel, "log-level", "", "info", "log level: debug|info|warn|error")
+	envflag.StringVar(fs, &c.LogFormat, "log-format", "", "json", "log format: json|text")
+	envflag.StringVar(fs, &c.OTLPEndpoint, "otlp-endpoint", "", "", "export OpenTelemetry traces over OTLP/gRPC to this endpoint (http://host:4317 plaintext, https:// TLS; empty: "+telemetry.EnvEndpoint+" or off)")
+	envflag.BoolVar(fs, &c.Pprof, "pprof", "", false, "serve Go profiles under /debug/pprof/ on -metrics-addr (for profiling; keep that address private)")
 	fs.BoolVar(&c.Version, "version", false, "print the build (version, commit, commit time, Go) and exit")
-	c.flagErrs = func() error { return envErrors(fs) }
+	c.flagErrs = func() error { return envflag.Errors(fs) }
 	return c
-}
-
-// envErrs records unparsable environment values per flag set.
-var (
-	envErrsMu sync.Mutex
-	envErrs   = map[*flag.FlagSet][]error{}
-)
-
-func recordEnvErr(fs *flag.FlagSet, err error) {
-	envErrsMu.Lock()
-	defer envErrsMu.Unlock()
-	envErrs[fs] = append(envErrs[fs], err)
-}
-
-func envErrors(fs *flag.FlagSet) error {
-	envErrsMu.Lock()
-	defer envErrsMu.Unlock()
-	return errors.Join(envErrs[fs]...)
-}
-
-// ParseFlags parses args into fs and reports invalid environment fallback
-// values of flags registered with this package's helpers.
-//
-// A set with -version (RegisterFlags registers it) given -version prints
-// the build on standard output and exits 0, as -h prints the usage.
-func ParseFlags(fs *flag.FlagSet, args []string) error {
-	if err := envErrors(fs); err != nil {
-		return err
-	}
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	if v := fs.Lookup("version"); v != nil && v.Value.String() == "true" {
-		fmt.Println(buildinfo.Read().Line(fs.Name()))
-		os.Exit(0)
-	}
-	return nil
-}
-
-// lookupEnv returns the env value for a flag; env "" means EnvName(name).
-func lookupEnv(name, env string) (string, string, bool) {
-	if env == "" {
-		env = EnvName(name)
-	}
-	v, ok := os.LookupEnv(env)
-	return env, v, ok
-}
-
-func envDefault[T any](fs *flag.FlagSet, name, env string, def T, parse func(string) (T, error)) T {
-	env, v, ok := lookupEnv(name, env)
-	if !ok {
-		return def
-	}
-	x, err := parse(v)
-	if err != nil {
-		recordEnvErr(fs, fmt.Errorf("invalid %s=%q for -%s: %w", env, v, name, err))
-		return def
-	}
-	return x
-}
-
-// StringVar registers a string flag whose default comes from env (or
-// EnvName(name) when env is "") when set.
-func StringVar(fs *flag.FlagSet, p *string, name, env, def, usage string) {
-	fs.StringVar(p, name, envDefault(fs, name, env, def, func(s string) (string, error) { return s, nil }), withEnv(usage, name, env))
-}
-
-// StringFlag is StringVar returning the pointer.
-func StringFlag(fs *flag.FlagSet, name, env, def, usage string) *string {
-	p := new(string)
-	StringVar(fs, p, name, env, def, usage)
-	return p
-}
-
-// DurationVar registers a time.Duration flag with an env fallback.
-func DurationVar(fs *flag.FlagSet, p *time.Duration, name, env string, def time.Duration, usage string) {
-	fs.DurationVar(p, name, envDefault(fs, name, env, def, time.ParseDuration), withEnv(usage, name, env))
-}
-
-// DurationFlag is DurationVar returning the pointer.
-func DurationFlag(fs *flag.FlagSet, name, env string, def time.Duration, usage string) *time.Duration {
-	p := new(time.Duration)
-	DurationVar(fs, p, name, env, def, usage)
-	return p
-}
-
-// IntVar registers an int flag with an env fallback.
-func IntVar(fs *flag.FlagSet, p *int, name, env string, def int, usage string) {
-	fs.IntVar(p, name, envDefault(fs, name, env, def, strconv.Atoi), withEnv(usage, name, env))
-}
-
-// IntFlag is IntVar returning the pointer.
-func IntFlag(fs *flag.FlagSet, name, env string, def int, usage string) *int {
-	p := new(int)
-	IntVar(fs, p, name, env, def, usage)
-	return p
-}
-
-// BoolVar registers a bool flag with an env fallback (strconv.ParseBool
-// syntax: 1, true, 0, false, ...).
-func BoolVar(fs *flag.FlagSet, p *bool, name, env string, def bool, usage string) {
-	fs.BoolVar(p, name, envDefault(fs, name, env, def, strconv.ParseBool), withEnv(usage, name, env))
-}
-
-// BoolFlag is BoolVar returning the pointer.
-func BoolFlag(fs *flag.FlagSet, name, env string, def bool, usage string) *bool {
-	p := new(bool)
-	BoolVar(fs, p, name, env, def, usage)
-	return p
-}
-
-func withEnv(usage, name, env string) string {
-	if env == "" {
-		env = EnvName(name)
-	}
-	return usage + " (env " + env + ")"
 }
 
 // StartTracing installs the process's OpenTelemetry tracer provider when an

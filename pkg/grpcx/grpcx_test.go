@@ -35,6 +35,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/tether-run/tether/pkg/buildinfo"
+	"github.com/tether-run/tether/pkg/envflag"
 	backupv1 "github.com/tether-run/tether/pkg/gen/tether/backup/v1"
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
 	gatewayv1 "github.com/tether-run/tether/pkg/gen/tether/gateway/v1"
@@ -578,7 +579,7 @@ func TestPlaintextRefusedOffLoopback(t *testing.T) {
 	t.Setenv("TETHER_INSECURE_ALLOW_PLAINTEXT", "true")
 	fs := flag.NewFlagSet("x", flag.ContinueOnError)
 	cfg := RegisterFlags(fs, "x", "0.0.0.0:0", "")
-	if err := ParseFlags(fs, nil); err != nil {
+	if err := envflag.Parse(fs, nil); err != nil {
 		t.Fatal(err)
 	}
 	if !cfg.AllowPlaintext {
@@ -596,11 +597,11 @@ func TestFlagsWithEnvFallback(t *testing.T) {
 	t.Setenv("TETHER_WIDGETS", "12")
 	fs := flag.NewFlagSet("svc", flag.ContinueOnError)
 	cfg := RegisterFlags(fs, "svc", "127.0.0.1:7000", "127.0.0.1:7001")
-	widgets := IntFlag(fs, "widgets", "", 1, "how many")
-	name := StringFlag(fs, "name", "TETHER_CUSTOM_NAME", "def", "a name")
-	on := BoolFlag(fs, "on", "", false, "switch")
-	wait := DurationFlag(fs, "wait", "", time.Second, "wait")
-	if err := ParseFlags(fs, []string{"-metrics-addr", "127.0.0.1:1234", "-on"}); err != nil {
+	widgets := envflag.Int(fs, "widgets", "", 1, "how many")
+	name := envflag.String(fs, "name", "TETHER_CUSTOM_NAME", "def", "a name")
+	on := envflag.Bool(fs, "on", "", false, "switch")
+	wait := envflag.Duration(fs, "wait", "", time.Second, "wait")
+	if err := envflag.Parse(fs, []string{"-metrics-addr", "127.0.0.1:1234", "-on"}); err != nil {
 		t.Fatal(err)
 	}
 	if cfg.GRPCAddr != "127.0.0.1:9999" || cfg.MetricsAddr != "127.0.0.1:1234" ||
@@ -617,7 +618,7 @@ func TestFlagsWithEnvFallback(t *testing.T) {
 	// Flags beat env.
 	fs2 := flag.NewFlagSet("svc", flag.ContinueOnError)
 	cfg2 := RegisterFlags(fs2, "svc", "", "")
-	if err := ParseFlags(fs2, []string{"-grpc-addr", "127.0.0.1:1"}); err != nil || cfg2.GRPCAddr != "127.0.0.1:1" {
+	if err := envflag.Parse(fs2, []string{"-grpc-addr", "127.0.0.1:1"}); err != nil || cfg2.GRPCAddr != "127.0.0.1:1" {
 		t.Fatalf("flag override: %v %q", err, cfg2.GRPCAddr)
 	}
 
@@ -625,7 +626,7 @@ func TestFlagsWithEnvFallback(t *testing.T) {
 	t.Setenv("TETHER_SHUTDOWN_TIMEOUT", "soon")
 	fs3 := flag.NewFlagSet("svc", flag.ContinueOnError)
 	cfg3 := RegisterFlags(fs3, "svc", "127.0.0.1:0", "")
-	if err := ParseFlags(fs3, nil); err == nil || !strings.Contains(err.Error(), "TETHER_SHUTDOWN_TIMEOUT") {
+	if err := envflag.Parse(fs3, nil); err == nil || !strings.Contains(err.Error(), "TETHER_SHUTDOWN_TIMEOUT") {
 		t.Fatalf("ParseFlags = %v", err)
 	}
 	if _, err := New(*cfg3); err == nil || !strings.Contains(err.Error(), "TETHER_SHUTDOWN_TIMEOUT") {

@@ -8,6 +8,8 @@ import (
 	"net"
 	"net/http"
 	"time"
+
+	"github.com/tether-run/tether/pkg/envflag"
 )
 
 // httpAPI is the optional HTTP listener a service serves beside gRPC
@@ -32,7 +34,7 @@ func (s *Server) AddHTTP(addr string, h http.Handler) error {
 		return errors.New("grpcx: AddHTTP: no address")
 	}
 	if !s.secure && !s.cfg.AllowPlaintext && !IsLoopbackAddr(addr) {
-		return fmt.Errorf("grpcx: refusing to serve plaintext HTTP on non-loopback address %q: configure -tls-cert and -tls-key, or set -insecure-allow-plaintext (%s=true)", addr, EnvName("insecure-allow-plaintext"))
+		return fmt.Errorf("grpcx: refusing to serve plaintext HTTP on non-loopback address %q: configure -tls-cert and -tls-key, or set -insecure-allow-plaintext (%s=true)", addr, envflag.EnvName("insecure-allow-plaintext"))
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -13,6 +13,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
+	"github.com/tether-run/tether/pkg/devpki"
 	"github.com/tether-run/tether/pkg/failure"
 	backupv1 "github.com/tether-run/tether/pkg/gen/tether/backup/v1"
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
@@ -24,7 +25,7 @@ import (
 func devPKI(t *testing.T) string {
 	t.Helper()
 	dir := filepath.Join(t.TempDir(), "pki")
-	require.NoError(t, identity.InitDev(dir, []string{"tether.example", "10.0.0.7"}, 0))
+	require.NoError(t, devpki.InitDev(dir, []string{"tether.example", "10.0.0.7"}, 0))
 	return dir
 }
 
@@ -34,13 +35,13 @@ func startAs(t *testing.T, dir, role string, allowed ...string) (string, func(ca
 	t.Helper()
 	h := startServer(t, func(c *Config) {
 		c.GRPCAddr = "0.0.0.0:0"
-		c.TLSCertFile, c.TLSKeyFile = identity.CertFile(dir, role), identity.KeyFile(dir, role)
-		c.TLSClientCAFile = filepath.Join(dir, identity.CAFile)
+		c.TLSCertFile, c.TLSKeyFile = devpki.CertFile(dir, role), devpki.KeyFile(dir, role)
+		c.TLSClientCAFile = filepath.Join(dir, devpki.CAFile)
 		c.AllowedPeers = allowed
 	})
 	_, port, _ := net.SplitHostPort(h.srv.Addr().String())
 	return net.JoinHostPort("127.0.0.1", port), func(caller string) *Config {
-		return &Config{Name: caller, TLSCertFile: identity.CertFile(dir, caller), TLSKeyFile: identity.KeyFile(dir, caller)}
+		return &Config{Name: caller, TLSCertFile: devpki.CertFile(dir, caller), TLSKeyFile: devpki.KeyFile(dir, caller)}
 	}
 }
 
@@ -59,11 +60,11 @@ func TestS2_CertsInitWritesAPrivateCAServiceIdentitiesAndTheGrantKeyPair(t *test
 		require.Equal(t, os.FileMode(0o600), fi.Mode().Perm(), e.Name())
 	}
 	caPool := x509.NewCertPool()
-	b, err := os.ReadFile(filepath.Join(dir, identity.CAFile))
+	b, err := os.ReadFile(filepath.Join(dir, devpki.CAFile))
 	require.NoError(t, err)
 	require.True(t, caPool.AppendCertsFromPEM(b))
 	for _, role := range identity.Roles {
-		b, err := os.ReadFile(identity.CertFile(dir, role))
+		b, err := os.ReadFile(devpki.CertFile(dir, role))
 		require.NoError(t, err)
 		blk, _ := pem.Decode(b)
 		cert, err := x509.ParseCertificate(blk.Bytes)
@@ -77,12 +78,12 @@ func TestS2_CertsInitWritesAPrivateCAServiceIdentitiesAndTheGrantKeyPair(t *test
 		require.NoError(t, cert.VerifyHostname("10.0.0.7"))
 		require.NoError(t, cert.VerifyHostname(role))
 	}
-	key, err := grant.LoadSigningKey(filepath.Join(dir, identity.GrantKeyFile))
+	key, err := grant.LoadSigningKey(filepath.Join(dir, devpki.GrantKeyFile))
 	require.NoError(t, err)
-	pubs, err := grant.LoadPublicKeys(filepath.Join(dir, identity.GrantPublicKey))
+	pubs, err := grant.LoadPublicKeys(filepath.Join(dir, devpki.GrantPublicKey))
 	require.NoError(t, err)
 	require.Equal(t, key.Public(), pubs[0])
-	require.ErrorContains(t, identity.InitDev(dir, nil, 0), "already holds a CA", "an existing PKI is never overwritten")
+	require.ErrorContains(t, devpki.InitDev(dir, nil, 0), "already holds a CA", "an existing PKI is never overwritten")
 }
 
 // TestS2_OnlyExecutorsMayCallAGateway: a gateway (allowed peers: executor)
@@ -93,7 +94,7 @@ func TestS2_CertsInitWritesAPrivateCAServiceIdentitiesAndTheGrantKeyPair(t *test
 func TestS2_OnlyExecutorsMayCallAGateway(t *testing.T) {
 	dir := devPKI(t)
 	target, as := startAs(t, dir, identity.Gateway, identity.Executor)
-	ca := filepath.Join(dir, identity.CAFile)
+	ca := filepath.Join(dir, devpki.CAFile)
 	call := func(caller string) error {
 		conn, err := as(caller).DialPeer(target, ca)
 		require.NoError(t, err)
@@ -128,7 +129,7 @@ func TestS2_OnlyExecutorsMayCallAGateway(t *testing.T) {
 // TestS2_TheBackupVerifierAdmitsGatewaysAndExecutorsAndTheExecutorAnyClient.
 func TestS2_TheBackupVerifierAdmitsGatewaysAndExecutorsAndTheExecutorAnyClient(t *testing.T) {
 	dir := devPKI(t)
-	ca := filepath.Join(dir, identity.CAFile)
+	ca := filepath.Join(dir, devpki.CAFile)
 	backup, as := startAs(t, dir, identity.BackupVerifier, identity.Executor, identity.Gateway)
 	for caller, want := range map[string]codes.Code{identity.Executor: codes.OK, identity.Gateway: codes.OK,
 		identity.Client: codes.PermissionDenied, identity.BackupVerifier: codes.PermissionDenied} {
@@ -154,7 +155,7 @@ func TestS2_TheBackupVerifierAdmitsGatewaysAndExecutorsAndTheExecutorAnyClient(t
 func TestS2_AServiceThatAdmitsOnlySomePeersNeedsClientCertificates(t *testing.T) {
 	dir := devPKI(t)
 	_, err := New(Config{Name: "runnergw", GRPCAddr: "127.0.0.1:0", AllowedPeers: []string{identity.Executor},
-		TLSCertFile: identity.CertFile(dir, identity.Gateway), TLSKeyFile: identity.KeyFile(dir, identity.Gateway)})
+		TLSCertFile: devpki.CertFile(dir, identity.Gateway), TLSKeyFile: devpki.KeyFile(dir, identity.Gateway)})
 	require.ErrorContains(t, err, "-tls-client-ca")
 	h := startServer(t, func(c *Config) { c.AllowedPeers = []string{identity.Executor} })
 	_, err = executorv1.NewExecutorServiceClient(h.conn).GetRun(ctxT(t), &executorv1.GetRunRequest{RunId: "r"})

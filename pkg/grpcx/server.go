@@ -37,6 +37,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/tether-run/tether/pkg/buildinfo"
+	"github.com/tether-run/tether/pkg/envflag"
 )
 
 // Keepalive settings shared by servers and clients. Client pings (Dial) are
@@ -541,7 +542,7 @@ func addrString(l net.Listener) string {
 }
 
 func plaintextError(addr string) error {
-	return fmt.Errorf("grpcx: refusing to serve plaintext gRPC on non-loopback address %q: configure -tls-cert and -tls-key, or set -insecure-allow-plaintext (%s=true)", addr, EnvName("insecure-allow-plaintext"))
+	return fmt.Errorf("grpcx: refusing to serve plaintext gRPC on non-loopback address %q: configure -tls-cert and -tls-key, or set -insecure-allow-plaintext (%s=true)", addr, envflag.EnvName("insecure-allow-plaintext"))
 }
 
 func serverTLS(cfg Config) (*tls.Config, error) {

@@ -7,7 +7,7 @@
 //	backup-verifier  calls nobody
 //	client           (tetherctl, grpcurl, your service) may call executors only
 //
-// InitDev writes a development CA and one certificate per role.
+// pkg/devpki writes a development CA and one certificate per role.
 package identity
 
 import (
@@ -27,7 +27,7 @@ const (
 	Client         = "client"
 )
 
-// Roles lists every role, in the order InitDev writes them.
+// Roles lists every role, in the order devpki.InitDev writes them.
 var Roles = []string{Executor, Gateway, BackupVerifier, Client}
 
 // URI is the identity URI of role.

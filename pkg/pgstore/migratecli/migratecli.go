@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 
+	"github.com/tether-run/tether/pkg/envflag"
 	"github.com/tether-run/tether/pkg/grpcx"
 	"github.com/tether-run/tether/pkg/pgstore"
 )
@@ -26,14 +27,14 @@ type Step struct {
 // "migrate", plus a flag per step.
 func Run(service string, args []string, m pgstore.Migrations, steps ...Step) error {
 	fs := flag.NewFlagSet(service+" migrate", flag.ExitOnError)
-	dsn := grpcx.StringFlag(fs, "database-url", "", "", "PostgreSQL URL (required)")
+	dsn := envflag.String(fs, "database-url", "", "", "PostgreSQL URL (required)")
 	check := fs.Bool("check", false, "apply nothing: exit 0 when the schema has every migration this binary needs, else 1 with schema_outdated (e.g. an init container waiting for the migration job)")
 	fs.Bool("version", false, "print the version and exit")
 	chosen := make([]*bool, len(steps))
 	for i, st := range steps {
 		chosen[i] = fs.Bool(st.Flag, false, st.Usage)
 	}
-	if err := grpcx.ParseFlags(fs, args); err != nil {
+	if err := envflag.Parse(fs, args); err != nil {
 		return err
 	}
 	if *dsn == "" {

@@ -23,6 +23,7 @@ import (
 	_ "gocloud.dev/blob/s3blob"
 
 	"github.com/tether-run/tether/pkg/archive"
+	"github.com/tether-run/tether/pkg/envflag"
 	"github.com/tether-run/tether/pkg/failure"
 	backupv1 "github.com/tether-run/tether/pkg/gen/tether/backup/v1"
 	"github.com/tether-run/tether/pkg/grpcx"
@@ -52,22 +53,22 @@ func run() error {
 	cfg.AllowedPeers = []string{identity.Executor, identity.Gateway}
 	home, _ := os.UserHomeDir()
 	state := filepath.Join(home, ".local", "state", "tether", "backup")
-	keyFile := grpcx.StringFlag(fs, "stamp-key-file", "", filepath.Join(state, "stamp.key"),
+	keyFile := envflag.String(fs, "stamp-key-file", "", filepath.Join(state, "stamp.key"),
 		"HMAC key signing backup stamps (created 0600 when missing)")
-	dsn := grpcx.StringFlag(fs, "database-url", "", "",
+	dsn := envflag.String(fs, "database-url", "", "",
 		"PostgreSQL URL for checkpoint metadata (schema backup); empty: checkpoints disabled")
-	migrate := grpcx.BoolFlag(fs, "migrate", "", true, "apply database migrations at start (under a lock); false: only check that the schema has every migration this verifier needs and refuse to start otherwise (run `backup-verifier migrate` first)")
-	blobURL := grpcx.StringFlag(fs, "blob-url", "", "file://"+filepath.Join(state, "blobs")+"?create_dir=true",
+	migrate := envflag.Bool(fs, "migrate", "", true, "apply database migrations at start (under a lock); false: only check that the schema has every migration this verifier needs and refuse to start otherwise (run `backup-verifier migrate` first)")
+	blobURL := envflag.String(fs, "blob-url", "", "file://"+filepath.Join(state, "blobs")+"?create_dir=true",
 		"blob store for checkpoint archives (gocloud.dev/blob URL: file:///dir, s3://bucket, gs://bucket)")
-	staging := grpcx.StringFlag(fs, "staging-dir", "", filepath.Join(state, "staging"),
+	staging := envflag.String(fs, "staging-dir", "", filepath.Join(state, "staging"),
 		"private directory where uploads are checked and staged (created 0700; refused when a symlink, another user's or writable by others)")
-	maxArchive := grpcx.IntFlag(fs, "max-archive-bytes", "", archive.DefaultMaxArchiveBytes, "largest archive accepted, as transferred")
-	maxExpanded := grpcx.IntFlag(fs, "max-expanded-bytes", "", archive.DefaultMaxExpandedBytes, "largest total of file sizes an archive may expand to")
-	maxEntries := grpcx.IntFlag(fs, "max-entries", "", archive.DefaultMaxEntries, "most entries an archive may hold")
-	packRoots := grpcx.StringFlag(fs, "provider-pack-root", "",
+	maxArchive := envflag.Int(fs, "max-archive-bytes", "", archive.DefaultMaxArchiveBytes, "largest archive accepted, as transferred")
+	maxExpanded := envflag.Int(fs, "max-expanded-bytes", "", archive.DefaultMaxExpandedBytes, "largest total of file sizes an archive may expand to")
+	maxEntries := envflag.Int(fs, "max-entries", "", archive.DefaultMaxEntries, "most entries an archive may hold")
+	packRoots := envflag.String(fs, "provider-pack-root", "",
 		"/opt/tether/provider-pack,"+filepath.Join(home, ".local", "share", "tether", "provider-pack"),
 		"comma-separated directories VerifyProviderPack may read (a pack root must be one of them or below one)")
-	if err := grpcx.ParseFlags(fs, os.Args[1:]); err != nil {
+	if err := envflag.Parse(fs, os.Args[1:]); err != nil {
 		return err
 	}
 	key, err := keyfile.LoadOrCreate(*keyFile)

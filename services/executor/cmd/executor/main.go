@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"google.golang.org/grpc"
 
+	"github.com/tether-run/tether/pkg/envflag"
 	backupv1 "github.com/tether-run/tether/pkg/gen/tether/backup/v1"
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
 	"github.com/tether-run/tether/pkg/grant"
@@ -51,43 +52,43 @@ func run() error {
 	}
 	fs := flag.NewFlagSet("executor", flag.ExitOnError)
 	cfg := grpcx.RegisterFlags(fs, "executor", "127.0.0.1:7400", "127.0.0.1:9400")
-	dsn := grpcx.StringFlag(fs, "database-url", "", "", "PostgreSQL URL (required)")
-	gwAddr := grpcx.StringFlag(fs, "gateway-addr", "", "127.0.0.1:7401", "the static runner gateway's gRPC address: scopes are placed on it while no gateway is registered (SPEC F2), and it serves the scopes placed on -gateway-id when that gateway is not registered")
+	dsn := envflag.String(fs, "database-url", "", "", "PostgreSQL URL (required)")
+	gwAddr := envflag.String(fs, "gateway-addr", "", "127.0.0.1:7401", "the static runner gateway's gRPC address: scopes are placed on it while no gateway is registered (SPEC F2), and it serves the scopes placed on -gateway-id when that gateway is not registered")
 	gwTLS := grpcx.RegisterClientTLSFlags(fs, "gateway", "the runner gateways")
-	owner := grpcx.StringFlag(fs, "owner-id", "", dispatch.DefaultOwner(), "this replica's lease owner id")
-	ttl := grpcx.DurationFlag(fs, "lease-ttl", "", store.DefaultLeaseTTL, "lease TTL (1s..20m); renewed every TTL/3")
-	retryDelay := grpcx.DurationFlag(fs, "retry-delay", "", 30*time.Second, "delay before retrying a failed attempt (attempts 1 and 2; the third is terminal)")
-	poll := grpcx.DurationFlag(fs, "poll-interval", "", time.Second, "claim poll interval when no notification arrives")
-	maxActive := grpcx.IntFlag(fs, "max-active-runs", "", 64, "runs this replica drives at once")
-	advertise := grpcx.StringFlag(fs, "advertise-addr", "", "", "address other replicas use to reach this one (default: -grpc-addr)")
+	owner := envflag.String(fs, "owner-id", "", dispatch.DefaultOwner(), "this replica's lease owner id")
+	ttl := envflag.Duration(fs, "lease-ttl", "", store.DefaultLeaseTTL, "lease TTL (1s..20m); renewed every TTL/3")
+	retryDelay := envflag.Duration(fs, "retry-delay", "", 30*time.Second, "delay before retrying a failed attempt (attempts 1 and 2; the third is terminal)")
+	poll := envflag.Duration(fs, "poll-interval", "", time.Second, "claim poll interval when no notification arrives")
+	maxActive := envflag.Int(fs, "max-active-runs", "", 64, "runs this replica drives at once")
+	advertise := envflag.String(fs, "advertise-addr", "", "", "address other replicas use to reach this one (default: -grpc-addr)")
 	// Forwarding to the replica that drives a run (e.g. -peer-server-name
 	// executor when replicas advertise pod IPs); -peer-ca defaults to
 	// -tls-client-ca, the CA that verifies clients.
 	peerTLS := grpcx.RegisterClientTLSFlags(fs, "peer", "other executor replicas (calls forwarded to the one driving a run)")
-	sameHost := grpcx.BoolFlag(fs, "same-host-takeover", "", true, "take over at once a run whose controller on this host is provably dead (else wait for lease expiry)")
-	migrate := grpcx.BoolFlag(fs, "migrate", "", true, "apply database migrations at start (under a lock; replicas wait for each other); false: only check that the schema has every migration this executor needs and refuse to start otherwise (run `executor migrate` first, e.g. as a Kubernetes Job)")
-	grantKey := grpcx.StringFlag(fs, "grant-key-file", "", "", "the executor fleet's Ed25519 private key (PEM, mode 0600) that signs a grant for every gateway call (required; `tetherctl certs init DIR` writes grant.key)")
-	gatewayID := grpcx.StringFlag(fs, "gateway-id", "", "runnergw", "the id of the -gateway-addr gateway (its -gateway-id), the audience of the grants signed for it; every scope is placed on it while no gateway is registered")
-	grantTTL := grpcx.DurationFlag(fs, "grant-ttl", "", grant.DefaultTTL, "how long a signed gateway grant is valid (checked when the call starts)")
-	backupAddr := grpcx.StringFlag(fs, "backup-addr", "", "", "the backup verifier that deletes checkpoint archives for retention, DeleteRun and PurgeCompany (SPEC L1); empty: checkpoints are not pruned and a deletion that has checkpoints to delete is refused")
+	sameHost := envflag.Bool(fs, "same-host-takeover", "", true, "take over at once a run whose controller on this host is provably dead (else wait for lease expiry)")
+	migrate := envflag.Bool(fs, "migrate", "", true, "apply database migrations at start (under a lock; replicas wait for each other); false: only check that the schema has every migration this executor needs and refuse to start otherwise (run `executor migrate` first, e.g. as a Kubernetes Job)")
+	grantKey := envflag.String(fs, "grant-key-file", "", "", "the executor fleet's Ed25519 private key (PEM, mode 0600) that signs a grant for every gateway call (required; `tetherctl certs init DIR` writes grant.key)")
+	gatewayID := envflag.String(fs, "gateway-id", "", "runnergw", "the id of the -gateway-addr gateway (its -gateway-id), the audience of the grants signed for it; every scope is placed on it while no gateway is registered")
+	grantTTL := envflag.Duration(fs, "grant-ttl", "", grant.DefaultTTL, "how long a signed gateway grant is valid (checked when the call starts)")
+	backupAddr := envflag.String(fs, "backup-addr", "", "", "the backup verifier that deletes checkpoint archives for retention, DeleteRun and PurgeCompany (SPEC L1); empty: checkpoints are not pruned and a deletion that has checkpoints to delete is refused")
 	backupTLS := grpcx.RegisterClientTLSFlags(fs, "backup", "the backup verifier")
-	purgeEvery := grpcx.DurationFlag(fs, "retention-interval", "", retention.DefaultInterval, "how often the retention purge runs (on one replica at a time; policies: `executor retention`); 0 turns it off on this replica")
-	maxConns := grpcx.IntFlag(fs, "database-max-conns", "", store.DefaultMaxConns(), "connections of the main database pool (leases, event appends, claims, unary calls); default 4 per core, at least 8")
-	watchConns := grpcx.IntFlag(fs, "database-watch-conns", "", 2, "connections of the separate pool WatchRun reads events with (one read per notification per watched run), so watches never take the main pool's connections")
-	gatewayTTL := grpcx.DurationFlag(fs, "gateway-ttl", "", api.DefaultGatewayTTL, "a registered gateway without a heartbeat for this long is lost (SPEC F1); gateways heartbeat every third of it")
-	lostWait := grpcx.DurationFlag(fs, "gateway-lost-wait", "", fleet.DefaultLostWait, "how long a run waits (queued, waiting_for_gateway) for the lost gateway its session is placed on when no verified checkpoint covers the session's newest turn; past it the run fails with gateway_lost_wait_exceeded (SPEC F7); 0: no bound")
-	idleSweep := grpcx.DurationFlag(fs, "idle-sweep-interval", "", time.Second, "how often idle warm sessions are looked for (verified suspension after their idle timeout; 0 turns it off)")
-	checkpointAfter := grpcx.DurationFlag(fs, "checkpoint-after", "", suspend.DefaultCheckpointAfter, "a warm session idle this long after a settled run gets a verified checkpoint, online: its runnerd and provider keep running (SPEC P6), so a lost gateway host loses no turn settled longer ago (SPEC F3); 0: only at the idle timeout (its suspension)")
-	drainSweep := grpcx.DurationFlag(fs, "drain-sweep-interval", "", time.Second, "how often the idle session scopes of drained gateways are looked for and moved (SPEC F4; 0 turns it off)")
+	purgeEvery := envflag.Duration(fs, "retention-interval", "", retention.DefaultInterval, "how often the retention purge runs (on one replica at a time; policies: `executor retention`); 0 turns it off on this replica")
+	maxConns := envflag.Int(fs, "database-max-conns", "", store.DefaultMaxConns(), "connections of the main database pool (leases, event appends, claims, unary calls); default 4 per core, at least 8")
+	watchConns := envflag.Int(fs, "database-watch-conns", "", 2, "connections of the separate pool WatchRun reads events with (one read per notification per watched run), so watches never take the main pool's connections")
+	gatewayTTL := envflag.Duration(fs, "gateway-ttl", "", api.DefaultGatewayTTL, "a registered gateway without a heartbeat for this long is lost (SPEC F1); gateways heartbeat every third of it")
+	lostWait := envflag.Duration(fs, "gateway-lost-wait", "", fleet.DefaultLostWait, "how long a run waits (queued, waiting_for_gateway) for the lost gateway its session is placed on when no verified checkpoint covers the session's newest turn; past it the run fails with gateway_lost_wait_exceeded (SPEC F7); 0: no bound")
+	idleSweep := envflag.Duration(fs, "idle-sweep-interval", "", time.Second, "how often idle warm sessions are looked for (verified suspension after their idle timeout; 0 turns it off)")
+	checkpointAfter := envflag.Duration(fs, "checkpoint-after", "", suspend.DefaultCheckpointAfter, "a warm session idle this long after a settled run gets a verified checkpoint, online: its runnerd and provider keep running (SPEC P6), so a lost gateway host loses no turn settled longer ago (SPEC F3); 0: only at the idle timeout (its suspension)")
+	drainSweep := envflag.Duration(fs, "drain-sweep-interval", "", time.Second, "how often the idle session scopes of drained gateways are looked for and moved (SPEC F4; 0 turns it off)")
 	var auth authz.Settings
-	grpcx.StringVar(fs, &auth.HTTPAddr, "http-addr", "", "", "serve the public API (ExecutorService, GatewayRegistry) to browsers and HTTP clients on this address too — Connect (JSON or binary), gRPC-web and gRPC, through the same handlers, authentication and authorization as the gRPC port (SPEC U3; docs/api.md) — and the operator console at /console/ (SPEC U4); empty: off. TLS as the gRPC port (-tls-cert; a client certificate is verified when presented, not required); plaintext off loopback only with -insecure-allow-plaintext")
-	grpcx.StringVar(fs, &auth.JWKSFile, "auth-jwks", "", "", "JWKS file of the public keys bearer tokens are verified against (SPEC T1; `tetherctl tokens init DIR` writes one); with -tls-client-ca, client certificates naming principals are accepted too. Off loopback one of them is required; on loopback without either every caller is admitted (development mode)")
-	grpcx.StringVar(fs, &auth.Issuer, "auth-issuer", "", tenancy.DefaultIssuer, "the issuer (iss) bearer tokens must carry")
-	grpcx.StringVar(fs, &auth.Audience, "auth-audience", "", tenancy.DefaultAudience, "the audience (aud) bearer tokens must carry")
-	workspaceRoot := grpcx.StringFlag(fs, "workspace-root", "", workspace.DefaultRoot, "a run's workspace.cwd must lie in <this>/<company_id> (SPEC T6; the same as the gateways' -workspace-root), or the run is refused at submit with workspace_outside_root")
-	regSecretFile := grpcx.StringFlag(fs, "registration-secret-file", "", identity.DefaultRegistrationSecretFile(), "the registration secret gateways without a runnergw certificate prove when they call RegisterGateway (SPEC T5; a 0600 key file, created when missing, read only without -tls-client-ca); give the gateways the same file")
-	secretsKey := grpcx.StringFlag(fs, "secrets-key-file", "", filepath.Join(filepath.Dir(identity.DefaultRegistrationSecretFile()), "secrets.key"), "the key (a 0600 key file, created when missing) that seals company secrets in the database (SPEC T3: envelope encryption, a data key per secret version sealed with this key); every executor replica of a fleet needs the same file")
-	if err := grpcx.ParseFlags(fs, os.Args[1:]); err != nil {
+	envflag.StringVar(fs, &auth.HTTPAddr, "http-addr", "", "", "serve the public API (ExecutorService, GatewayRegistry) to browsers and HTTP clients on this address too — Connect (JSON or binary), gRPC-web and gRPC, through the same handlers, authentication and authorization as the gRPC port (SPEC U3; docs/api.md) — and the operator console at /console/ (SPEC U4); empty: off. TLS as the gRPC port (-tls-cert; a client certificate is verified when presented, not required); plaintext off loopback only with -insecure-allow-plaintext")
+	envflag.StringVar(fs, &auth.JWKSFile, "auth-jwks", "", "", "JWKS file of the public keys bearer tokens are verified against (SPEC T1; `tetherctl tokens init DIR` writes one); with -tls-client-ca, client certificates naming principals are accepted too. Off loopback one of them is required; on loopback without either every caller is admitted (development mode)")
+	envflag.StringVar(fs, &auth.Issuer, "auth-issuer", "", tenancy.DefaultIssuer, "the issuer (iss) bearer tokens must carry")
+	envflag.StringVar(fs, &auth.Audience, "auth-audience", "", tenancy.DefaultAudience, "the audience (aud) bearer tokens must carry")
+	workspaceRoot := envflag.String(fs, "workspace-root", "", workspace.DefaultRoot, "a run's workspace.cwd must lie in <this>/<company_id> (SPEC T6; the same as the gateways' -workspace-root), or the run is refused at submit with workspace_outside_root")
+	regSecretFile := envflag.String(fs, "registration-secret-file", "", identity.DefaultRegistrationSecretFile(), "the registration secret gateways without a runnergw certificate prove when they call RegisterGateway (SPEC T5; a 0600 key file, created when missing, read only without -tls-client-ca); give the gateways the same file")
+	secretsKey := envflag.String(fs, "secrets-key-file", "", filepath.Join(filepath.Dir(identity.DefaultRegistrationSecretFile()), "secrets.key"), "the key (a 0600 key file, created when missing) that seals company secrets in the database (SPEC T3: envelope encryption, a data key per secret version sealed with this key); every executor replica of a fleet needs the same file")
+	if err := envflag.Parse(fs, os.Args[1:]); err != nil {
 		return err
 	}
 	if *dsn == "" {

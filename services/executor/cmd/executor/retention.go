@@ -9,6 +9,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/tether-run/tether/pkg/envflag"
 	"github.com/tether-run/tether/pkg/grpcx"
 	"github.com/tether-run/tether/services/executor/internal/store"
 )
@@ -25,12 +26,12 @@ func retentionCommand(args []string) error {
 -checkpoints: how many checkpoints of each session are kept (0: all; the one a session restores from always is).`)
 		fs.PrintDefaults()
 	}
-	dsn := grpcx.StringFlag(fs, "database-url", "", "", "PostgreSQL URL (required)")
+	dsn := envflag.String(fs, "database-url", "", "", "PostgreSQL URL (required)")
 	company := fs.String("company", "", `the company whose policy is set, or "*" for every company without its own`)
 	runs := fs.Duration("runs", 0, "keep ended runs this long (0: for good)")
 	cps := fs.Int("checkpoints", 0, "keep this many checkpoints per session (0: all)")
 	reset := fs.Bool("reset", false, "remove the company's own policy")
-	if err := grpcx.ParseFlags(fs, args); err != nil {
+	if err := envflag.Parse(fs, args); err != nil {
 		return err
 	}
 	if *dsn == "" {

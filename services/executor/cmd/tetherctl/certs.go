@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/tether-run/tether/pkg/devpki"
 	"github.com/tether-run/tether/pkg/grant"
 	"github.com/tether-run/tether/pkg/identity"
 	"github.com/tether-run/tether/pkg/tenancy"
@@ -44,24 +45,24 @@ func certs(args []string) error {
 	if dir == "" {
 		return errors.New("certs init: a directory is required")
 	}
-	if err := identity.InitDev(dir, hosts, *validity); err != nil {
+	if err := devpki.InitDev(dir, hosts, *validity); err != nil {
 		return err
 	}
 	// The development operator (SPEC T1): the client certificate names no
 	// principal and is refused where the executor requires identities.
-	if err := identity.IssueDev(dir, tenancy.OperatorName, []*url.URL{tenancy.OperatorURI(tenancy.OperatorName)}, *validity); err != nil {
+	if err := devpki.IssueDev(dir, tenancy.OperatorName, []*url.URL{tenancy.OperatorURI(tenancy.OperatorName)}, *validity); err != nil {
 		return err
 	}
 	fmt.Printf("wrote a development CA, certificates for %s and the grant key pair to %s (mode 0600)\n",
 		strings.Join(identity.Roles, ", "), dir)
 	fmt.Printf("  executor:        -tls-cert %s -tls-key %s -tls-client-ca %s -gateway-ca %[3]s -grant-key-file %s\n",
-		identity.CertFile(dir, identity.Executor), identity.KeyFile(dir, identity.Executor), filepath.Join(dir, identity.CAFile), filepath.Join(dir, identity.GrantKeyFile))
+		devpki.CertFile(dir, identity.Executor), devpki.KeyFile(dir, identity.Executor), filepath.Join(dir, devpki.CAFile), filepath.Join(dir, devpki.GrantKeyFile))
 	fmt.Printf("  runnergw:        -tls-cert %s -tls-key %s -tls-client-ca %s -backup-ca %[3]s -grant-public-keys %s\n",
-		identity.CertFile(dir, identity.Gateway), identity.KeyFile(dir, identity.Gateway), filepath.Join(dir, identity.CAFile), filepath.Join(dir, identity.GrantPublicKey))
+		devpki.CertFile(dir, identity.Gateway), devpki.KeyFile(dir, identity.Gateway), filepath.Join(dir, devpki.CAFile), filepath.Join(dir, devpki.GrantPublicKey))
 	fmt.Printf("  backup-verifier: -tls-cert %s -tls-key %s -tls-client-ca %s\n",
-		identity.CertFile(dir, identity.BackupVerifier), identity.KeyFile(dir, identity.BackupVerifier), filepath.Join(dir, identity.CAFile))
+		devpki.CertFile(dir, identity.BackupVerifier), devpki.KeyFile(dir, identity.BackupVerifier), filepath.Join(dir, devpki.CAFile))
 	fmt.Printf("  tetherctl:       -ca %s -cert %s -key %s (an operator; tetherctl certs issue %s -name N -role acme:writer for a company's principal)\n",
-		filepath.Join(dir, identity.CAFile), identity.CertFile(dir, tenancy.OperatorName), identity.KeyFile(dir, tenancy.OperatorName), dir)
+		filepath.Join(dir, devpki.CAFile), devpki.CertFile(dir, tenancy.OperatorName), devpki.KeyFile(dir, tenancy.OperatorName), dir)
 	return nil
 }
 

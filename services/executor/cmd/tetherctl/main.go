@@ -27,6 +27,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/tether-run/tether/pkg/buildinfo"
+	"github.com/tether-run/tether/pkg/envflag"
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
 	"github.com/tether-run/tether/pkg/grpcx"
 	"github.com/tether-run/tether/pkg/telemetry"
@@ -225,7 +226,7 @@ var errViolations = errors.New("audit found violations")
 // reads the database, so it needs no executor.
 func auditCmd(ctx context.Context, args []string, w io.Writer) error {
 	fs := newFlagSet("audit")
-	dsn := grpcx.StringFlag(fs, "database-url", "TETHER_DATABASE_URL", "", "the executor's PostgreSQL URL (required)")
+	dsn := envflag.String(fs, "database-url", "TETHER_DATABASE_URL", "", "the executor's PostgreSQL URL (required)")
 	runID := fs.String("run", "", "audit this run only")
 	since := fs.String("since", "", "audit the runs submitted since a time (RFC 3339) or within a duration (e.g. 1h)")
 	out := outputFlag(fs)

@@ -9,7 +9,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/tether-run/tether/pkg/identity"
+	"github.com/tether-run/tether/pkg/devpki"
 	"github.com/tether-run/tether/pkg/tenancy"
 )
 
@@ -83,10 +83,10 @@ func certsIssue(args []string) error {
 	if err != nil {
 		return err
 	}
-	if err := identity.IssueDev(dir, *name, uris, *validity); err != nil {
+	if err := devpki.IssueDev(dir, *name, uris, *validity); err != nil {
 		return err
 	}
 	fmt.Printf("wrote %s and %s\n  tetherctl: -ca %s -cert %[1]s -key %[2]s\n",
-		identity.CertFile(dir, *name), identity.KeyFile(dir, *name), filepath.Join(dir, identity.CAFile))
+		devpki.CertFile(dir, *name), devpki.KeyFile(dir, *name), filepath.Join(dir, devpki.CAFile))
 	return nil
 }

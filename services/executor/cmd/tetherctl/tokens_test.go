@@ -11,7 +11,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/tether-run/tether/pkg/identity"
+	"github.com/tether-run/tether/pkg/devpki"
 	"github.com/tether-run/tether/pkg/tenancy"
 )
 
@@ -40,7 +40,7 @@ func TestT1_TetherctlMakesDevelopmentTokensAndCertificates(t *testing.T) {
 	require.NoError(t, certs([]string{"init", pki}))
 	require.NoError(t, certs([]string{"issue", pki, "-name", "bob", "-role", "acme:reader"}))
 	for name, want := range map[string]string{"bob": "cert:bob", tenancy.OperatorName: "cert:" + tenancy.OperatorName} {
-		b, err := os.ReadFile(identity.CertFile(pki, name))
+		b, err := os.ReadFile(devpki.CertFile(pki, name))
 		require.NoError(t, err)
 		block, _ := pem.Decode(b)
 		cert, err := x509.ParseCertificate(block.Bytes)

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 
+	"github.com/tether-run/tether/pkg/devpki"
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/grpcx"
@@ -83,9 +84,9 @@ func newEnv(t testing.TB, o envOpts) *env {
 	cfg := grpcx.Config{Name: "executor", GRPCAddr: "127.0.0.1:0", Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	if o.mtls {
 		e.pki = filepath.Join(dir, "pki")
-		require.NoError(t, identity.InitDev(e.pki, nil, 0))
-		cfg.TLSCertFile, cfg.TLSKeyFile = identity.CertFile(e.pki, identity.Executor), identity.KeyFile(e.pki, identity.Executor)
-		cfg.TLSClientCAFile = filepath.Join(e.pki, identity.CAFile)
+		require.NoError(t, devpki.InitDev(e.pki, nil, 0))
+		cfg.TLSCertFile, cfg.TLSKeyFile = devpki.CertFile(e.pki, identity.Executor), devpki.KeyFile(e.pki, identity.Executor)
+		cfg.TLSClientCAFile = filepath.Join(e.pki, devpki.CAFile)
 	}
 	az, err := authz.New(cfg.GRPCAddr, cfg.TLSCertFile, cfg.TLSClientCAFile, settings, st)
 	require.NoError(t, err)
@@ -181,9 +182,9 @@ func (e *env) asCert(name string, grants ...string) *grpc.ClientConn {
 	if len(grants) > 0 {
 		uris, err := tenancy.GrantURIs(name, grants)
 		require.NoError(e.t, err)
-		require.NoError(e.t, identity.IssueDev(e.pki, name, uris, 0))
+		require.NoError(e.t, devpki.IssueDev(e.pki, name, uris, 0))
 	}
-	tc, err := grpcx.ClientTLSConfig(filepath.Join(e.pki, identity.CAFile), identity.CertFile(e.pki, name), identity.KeyFile(e.pki, name))
+	tc, err := grpcx.ClientTLSConfig(filepath.Join(e.pki, devpki.CAFile), devpki.CertFile(e.pki, name), devpki.KeyFile(e.pki, name))
 	require.NoError(e.t, err)
 	tc.MinVersion = tls.VersionTLS12
 	return e.dial(grpc.WithTransportCredentials(credentials.NewTLS(tc)))

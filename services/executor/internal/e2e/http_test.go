@@ -23,6 +23,7 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/tether-run/tether/pkg/devpki"
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
 	"github.com/tether-run/tether/pkg/identity"
 	"github.com/tether-run/tether/services/executor/internal/stack"
@@ -374,14 +375,14 @@ func TestU3_OverHTTPSAClientCertificateAuthenticatesAsOnTheGRPCPort(t *testing.T
 	h := newHarness(t, stack.Options{MTLS: true, HTTP: true})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	caPEM, err := os.ReadFile(filepath.Join(h.st.PKIDir(), identity.CAFile))
+	caPEM, err := os.ReadFile(filepath.Join(h.st.PKIDir(), devpki.CAFile))
 	require.NoError(t, err)
 	pool := x509.NewCertPool()
 	require.True(t, pool.AppendCertsFromPEM(caPEM))
 	client := func(withCert bool) *connectClient {
 		tc := &tls.Config{RootCAs: pool, ServerName: identity.Executor, MinVersion: tls.VersionTLS12}
 		if withCert {
-			cert, err := tls.LoadX509KeyPair(identity.CertFile(h.st.PKIDir(), stack.Operator), identity.KeyFile(h.st.PKIDir(), stack.Operator))
+			cert, err := tls.LoadX509KeyPair(devpki.CertFile(h.st.PKIDir(), stack.Operator), devpki.KeyFile(h.st.PKIDir(), stack.Operator))
 			require.NoError(t, err)
 			tc.Certificates = []tls.Certificate{cert}
 		}

@@ -26,6 +26,7 @@ import (
 	"google.golang.org/grpc/backoff"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/tether-run/tether/pkg/devpki"
 	gatewayv1 "github.com/tether-run/tether/pkg/gen/tether/gateway/v1"
 	"github.com/tether-run/tether/pkg/grant"
 	"github.com/tether-run/tether/pkg/grpcx"
@@ -245,11 +246,11 @@ func New(opts Options) (*Stack, error) {
 			return nil, err
 		}
 	}
-	if _, err := os.Stat(filepath.Join(st.PKIDir(), identity.CAFile)); opts.MTLS && os.IsNotExist(err) {
-		if err := identity.InitDev(st.PKIDir(), nil, 0); err != nil {
+	if _, err := os.Stat(filepath.Join(st.PKIDir(), devpki.CAFile)); opts.MTLS && os.IsNotExist(err) {
+		if err := devpki.InitDev(st.PKIDir(), nil, 0); err != nil {
 			return nil, err
 		}
-		if err := identity.IssueDev(st.PKIDir(), Operator, []*url.URL{tenancy.OperatorURI(Operator)}, 0); err != nil {
+		if err := devpki.IssueDev(st.PKIDir(), Operator, []*url.URL{tenancy.OperatorURI(Operator)}, 0); err != nil {
 			return nil, err
 		}
 	}
@@ -300,8 +301,8 @@ func (s *Stack) DialAs(addr, role string, opts ...grpc.DialOption) (*grpc.Client
 	if !s.opts.MTLS {
 		return grpcx.Dial(addr, "", opts...)
 	}
-	c := grpcx.Config{TLSCertFile: identity.CertFile(s.PKIDir(), role), TLSKeyFile: identity.KeyFile(s.PKIDir(), role)}
-	return c.DialPeer(addr, filepath.Join(s.PKIDir(), identity.CAFile), opts...)
+	c := grpcx.Config{TLSCertFile: devpki.CertFile(s.PKIDir(), role), TLSKeyFile: devpki.KeyFile(s.PKIDir(), role)}
+	return c.DialPeer(addr, filepath.Join(s.PKIDir(), devpki.CAFile), opts...)
 }
 
 // tlsArgs are a service's mTLS flags in an MTLS stack.
@@ -309,8 +310,8 @@ func (s *Stack) tlsArgs(role string, peerCAFlags ...string) []string {
 	if !s.opts.MTLS {
 		return nil
 	}
-	ca := filepath.Join(s.PKIDir(), identity.CAFile)
-	a := []string{"-tls-cert", identity.CertFile(s.PKIDir(), role), "-tls-key", identity.KeyFile(s.PKIDir(), role), "-tls-client-ca", ca}
+	ca := filepath.Join(s.PKIDir(), devpki.CAFile)
+	a := []string{"-tls-cert", devpki.CertFile(s.PKIDir(), role), "-tls-key", devpki.KeyFile(s.PKIDir(), role), "-tls-client-ca", ca}
 	for _, f := range peerCAFlags {
 		a = append(a, f, ca)
 	}
@@ -406,7 +407,7 @@ func (s *Stack) RegistryArgs(executors ...string) []string {
 	}
 	a := []string{"-registry-addr", strings.Join(addrs, ",")}
 	if s.opts.MTLS {
-		a = append(a, "-registry-ca", filepath.Join(s.PKIDir(), identity.CAFile))
+		a = append(a, "-registry-ca", filepath.Join(s.PKIDir(), devpki.CAFile))
 	}
 	return a
 }

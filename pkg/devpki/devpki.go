@@ -1,4 +1,11 @@
-package identity
+// Package devpki writes a development PKI for tether's internal plane
+// (SPEC S2): a CA, one certificate per identity role (pkg/identity) naming
+// its identity URI, the executor fleet's grant key pair and its secrets key.
+// It is for development and tests (tetherctl certs init, make up, the e2e
+// harness); production issues certificates from its own CA with the same
+// URI SANs. It lives apart from pkg/identity so that what only names roles
+// (the gRPC bootstrap, authorization) does not link the grant signer.
+package devpki
 
 import (
 	"crypto/ecdsa"
@@ -16,6 +23,7 @@ import (
 	"time"
 
 	"github.com/tether-run/tether/pkg/grant"
+	"github.com/tether-run/tether/pkg/identity"
 	"github.com/tether-run/tether/pkg/keyfile"
 )
 
@@ -74,7 +82,7 @@ func InitDev(dir string, hosts []string, validity time.Duration) error {
 	if err := writePair(filepath.Join(dir, CAFile), filepath.Join(dir, CAKeyFile), caDER, caKey); err != nil {
 		return err
 	}
-	for _, role := range Roles {
+	for _, role := range identity.Roles {
 		key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 		if err != nil {
 			return err
@@ -84,7 +92,7 @@ func InitDev(dir string, hosts []string, validity time.Duration) error {
 			NotBefore: now.Add(-time.Hour), NotAfter: now.Add(validity),
 			KeyUsage:    x509.KeyUsageDigitalSignature,
 			ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
-			URIs:        []*url.URL{URI(role)},
+			URIs:        []*url.URL{identity.URI(role)},
 			DNSNames:    []string{role, "localhost"},
 			IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback},
 		}
@@ -151,7 +159,7 @@ func IssueDev(dir, name string, uris []*url.URL, validity time.Duration) error {
 		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(validity),
 		KeyUsage:    x509.KeyUsageDigitalSignature,
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
-		URIs:        append([]*url.URL{URI(Client)}, uris...),
+		URIs:        append([]*url.URL{identity.URI(identity.Client)}, uris...),
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
 	if err != nil {
