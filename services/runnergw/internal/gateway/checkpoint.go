@@ -40,6 +40,9 @@ const cmdRunnerCheckpoint = "runner.checkpoint"
 func (g *Gateway) checkpointOnline(ctx context.Context, r *runner, dir, sc, lease string, in *prpv1.ExecutionInput, prof persistence, reason string) (*gatewayv1.SuspendRunnerResponse, error) {
 	log := g.log.With("session_scope", sc)
 	start := time.Now()
+	r.mu.Lock()
+	gen := r.gen
+	r.mu.Unlock()
 	payload := map[string]any{
 		"reason": reason, "dirs": anyList(prof.dirs), "home": prof.home,
 		"exclude": anyList(prof.exclude), "anywhere": anyList(prof.anywhere), "skip": anyList(runnerExclusions),
@@ -85,6 +88,12 @@ func (g *Gateway) checkpointOnline(ctx context.Context, r *runner, dir, sc, leas
 		// The live root descends from the checkpoint either way; without
 		// the mark a later Open with it restores it instead (F9 order).
 		log.Warn("marking the checkpoint", "checkpoint_id", id, "err", err)
+	} else {
+		r.mu.Lock()
+		if r.gen == gen && r.conn != nil {
+			r.online = onlineCheckpoint{id: id, gen: gen, instanceID: st.Identity.RunnerInstanceID}
+		}
+		r.mu.Unlock()
 	}
 	log.Info("online checkpoint stored; the runner keeps running", "runner_instance_id", st.Identity.RunnerInstanceID,
 		"checkpoint_id", id, "manifest_digest", receipt.GetCheckpoint().GetManifestDigest(), "lease_id", lease,

@@ -154,12 +154,39 @@ func (g *Gateway) supersededLive(r *runner, sc string, spec *gatewayv1.RestoreSp
 	if r.hello.GetRunnerProcess().GetStartedAt() == nil {
 		started = r.connectedAt
 	}
+	own := r.online.covers(r, spec)
 	r.mu.Unlock()
 	done := spec.GetStamp().GetCompletedAt()
-	if done == nil || started.IsZero() || !done.AsTime().After(started) {
+	if done == nil || started.IsZero() || !done.AsTime().After(started) || own {
 		return false
 	}
+	r.mu.Lock()
+	r.rootScans++
+	r.mu.Unlock()
 	return g.olderStateOf(sc, spec, prior)
+}
+
+// onlineCheckpoint is a checkpoint this gateway took online from a live
+// runner and marked in its root (SPEC P6).
+type onlineCheckpoint struct {
+	id         string
+	gen        uint64
+	instanceID string
+}
+
+// covers reports, with r.mu held, whether spec names the checkpoint this
+// gateway took online from r's current connection, and the executor holds
+// nothing from the runner beyond what it acknowledged through this gateway:
+// the live runner then is the checkpoint or descends from it and produced
+// at least spec.MinSourceSeq, which is what olderStateOf would find in the
+// root (StaleRoot: same instance, marked checkpoint, Produced ≥
+// MinSourceSeq), without reading the root's outbox. A connection since
+// (another generation), another instance, another checkpoint or a higher
+// MinSourceSeq (the scope ran on elsewhere) takes the full check.
+func (o onlineCheckpoint) covers(r *runner, spec *gatewayv1.RestoreSpec) bool {
+	return o.id != "" && r.conn != nil && o.gen == r.gen && o.id == spec.GetCheckpointId() &&
+		o.instanceID != "" && o.instanceID == spec.GetStamp().GetRunnerInstanceId() &&
+		spec.GetMinSourceSeq() <= r.ackedSeq
 }
 
 // stopLiveRunner stops the scope's live runner (its runnerd process group

@@ -369,3 +369,60 @@ func TestF9_ALiveRunnerSupersededByACheckpointTakenElsewhereIsStoppedAndTheCheck
 	require.NoError(t, err)
 	require.Len(t, breaks, 1, "the live runner's root was set aside, not deleted")
 }
+
+// A turn after an idle period checkpointed online (SPEC P6) opens with the
+// checkpoint the gateway took from the live runner itself: the gateway
+// knows the runner descends from it and needs no read of the root to tell
+// (the read of the root's outbox was most of a turn-after-idle's extra
+// time). A checkpoint the executor holds more events for than the runner
+// produced through this gateway still gets the full check (SPEC F9), and
+// the live runner, superseded, is replaced by the checkpoint.
+func TestP6_AnOpenWithTheOnlineCheckpointTakenFromTheLiveRunnerReusesItWithoutReadingItsRoot(t *testing.T) {
+	t.Parallel()
+	fv, client := startFakeVerifier(t)
+	rl := newRelay(t, func(c *Config) { c.Backup = client })
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	in := testInput("online-own", "acme", "first")
+	sc := scope.Of(in)
+	r := rl.g.runnerFor(sc)
+	scans := func() int {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		return r.rootScans
+	}
+	downloads := func() int {
+		fv.mu.Lock()
+		defer fv.mu.Unlock()
+		return fv.downloads
+	}
+	_, evs := rl.turn(ctx, "run-1", nil, in, nil)
+	requireSucceeded(t, evs)
+	rl.waitDetached(sc)
+	rl.prior = []*gatewayv1.PriorRun{{RunId: "run-1", Status: "succeeded", Terminal: true, Input: in}}
+	cp, err := rl.client.SuspendRunner(ctx, &gatewayv1.SuspendRunnerRequest{Input: in, RunId: "run-1", Reason: "idle", KeepRunning: true})
+	require.NoError(t, err)
+	require.True(t, cp.GetOnline())
+	held := evs[len(evs)-1].GetSourceSeq()
+	for _, ev := range cp.GetEvents() {
+		held = max(held, ev.GetSourceSeq())
+	}
+	spec := &gatewayv1.RestoreSpec{CheckpointId: cp.GetCheckpoint().GetCheckpointId(), Stamp: cp.GetStamp(), LeaseId: cp.GetLeaseId(), MinSourceSeq: held}
+
+	before := scans()
+	opened, err := rl.openWith(ctx, "run-2", in, spec, rl.prior...)
+	require.NoError(t, err)
+	require.True(t, opened.GetReused(), "the live runner serves on")
+	require.Equal(t, before, scans(), "the root was not read: the gateway took the checkpoint from this runner")
+	rl.waitDetached(sc)
+
+	// The executor holds more from the runner than this gateway relayed:
+	// the scope ran on from the checkpoint elsewhere. Full check, and the
+	// live runner is superseded by the checkpoint.
+	spec.MinSourceSeq = held + 100
+	opened, err = rl.openWith(ctx, "run-3", in, spec, rl.prior...)
+	require.NoError(t, err)
+	require.False(t, opened.GetReused(), "not the live runner")
+	require.Equal(t, before+1, scans())
+	require.Equal(t, 1, downloads(), "the checkpoint was restored")
+}

@@ -235,9 +235,15 @@ type runner struct {
 	bound      *boundRun
 	attachSent uint64
 	diskBinds  int // bindings read from disk (tests)
-	att        *attachment
-	child      *launched
-	lifecycle  string
+	// online is the checkpoint this gateway last took online from the
+	// live runner of connection generation online.gen (SPEC P6); see
+	// supersededLive. rootScans counts its reads of the root's produced
+	// state (tests).
+	online    onlineCheckpoint
+	rootScans int
+	att       *attachment
+	child     *launched
+	lifecycle string
 	// dialURL is the listener a listen_ws dial loop is dialling (empty:
 	// none); dialGen identifies the current loop.
 	dialURL string
