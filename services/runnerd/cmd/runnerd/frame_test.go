@@ -78,8 +78,8 @@ func TestG4_ProviderLineOver4MiBFailsTheTurnWithProviderFrameTooLarge(t *testing
 	require.NoError(t, os.MkdirAll(ws, 0o755))
 	self, err := os.Executable()
 	require.NoError(t, err)
-	proc := startRunnerd(t, runnerd, g, url, "--state-dir", filepath.Join(base, "state"), "--workspace", ws, "--codex-command", self,
-		"--codex-arg", "-test.run=^TestHelperHugeLineProvider$", "--codex-arg", "huge-line-provider")
+	proc := startRunnerd(t, runnerd, g, url, "--state-dir", filepath.Join(base, "state"), "--workspace", ws, "--provider-command", self,
+		"--provider-arg", "-test.run=^TestHelperHugeLineProvider$", "--provider-arg", "huge-line-provider")
 	require.Eventually(t, func() bool { g.mu.Lock(); defer g.mu.Unlock(); return g.conn != nil }, 10*time.Second, 10*time.Millisecond)
 
 	var events []*prpv1.Event

@@ -21,8 +21,8 @@ import (
 func TestP4_RunnerdDrivesItsHostedProviderOverTheHostsSocketWithoutAShim(t *testing.T) {
 	t.Parallel()
 	runnerd, fake, g, url, stateDir, ws, callLog := newBinRunnerd(t, "fake-codex-app-server")
-	proc := startRunnerd(t, runnerd, g, url, "--state-dir", stateDir, "--workspace", ws, "--codex-command", fake,
-		"--codex-arg", "app-server", "--codex-arg", "--delta-delay-ms=25", "--codex-arg", "--call-log="+callLog)
+	proc := startRunnerd(t, runnerd, g, url, "--state-dir", stateDir, "--workspace", ws, "--provider-command", fake,
+		"--provider-arg", "app-server", "--provider-arg", "--delta-delay-ms=25", "--provider-arg", "--call-log="+callLog)
 	c := newFrameCollector(t, g)
 	c.send("c1", "run.attach", map[string]any{"input": inputMap(t, &prpv1.Provider{Kind: "codex", Model: "gpt-fake"})})
 	c.send("c2", "turn.start", map[string]any{"text": "tell me a long story with many many words so that the reply streams for a while"})

@@ -6,7 +6,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -17,9 +16,9 @@ import (
 	"time"
 
 	"github.com/tether-run/tether/pkg/buildinfo"
-	"github.com/tether-run/tether/pkg/providerlaunch"
 	"github.com/tether-run/tether/pkg/prp"
 	"github.com/tether-run/tether/pkg/telemetry"
+	"github.com/tether-run/tether/services/runnerd/internal/config"
 	"github.com/tether-run/tether/services/runnerd/internal/runner"
 )
 
@@ -52,11 +51,6 @@ func buildMetadata() BuildMetadata {
 	}
 }
 
-type stringList []string
-
-func (s *stringList) String() string     { return strings.Join(*s, " ") }
-func (s *stringList) Set(v string) error { *s = append(*s, v); return nil }
-
 func main() {
 	if len(os.Args) > 1 {
 		switch os.Args[1] {
@@ -74,84 +68,68 @@ func main() {
 	os.Exit(run(os.Args[1:], ticket, hadTicket, os.Stdout, os.Stderr))
 }
 
+// run is flags → config → logger and ticket → runner; it returns the
+// process's exit code.
 func run(args []string, ticket string, hadTicket bool, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("runnerd", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	var (
-		cfg       runner.Config
-		codexArgs stringList
-		logFormat string
-		meta      bool
-		ticketFD  int
-		otlp      string
-	)
-	fs.BoolVar(&meta, "build-metadata", false, "print build metadata as JSON and exit")
-	fs.IntVar(&ticketFD, "bootstrap-ticket-fd", -1, "read the one-use bootstrap ticket from this inherited descriptor (a pipe, or a private file the launcher removes) until EOF, then close it; "+
-		"without it the ticket is taken from "+prp.EnvBootstrapTicket+", which stays readable in /proc/<pid>/environ")
-	fs.StringVar(&cfg.ConnectURL, "connect-url", "", "gateway runner endpoint to dial: ws:// to a loopback address (dial_ws_loopback) or wss:// (dial_wss)")
-	fs.StringVar(&cfg.CABundlePath, "ca-bundle-path", "", "dial_wss: private PEM file of extra CA certificates (<= 4 MiB; added to the system roots)")
-	fs.StringVar(&cfg.ListenAddress, "listen-address", "", "listen_ws: IP address to listen on (the gateway dials in)")
-	fs.IntVar(&cfg.ListenPort, "listen-port", 0, "listen_ws: TCP port to listen on")
-	fs.StringVar(&cfg.ListenPath, "listen-path", "", "listen_ws: the only path served; must be /v1/runners/connect/<runner-id>")
-	fs.StringVar(&cfg.ListenTLSCert, "listen-tls-cert", "", "listen_ws: serve TLS with this PEM certificate (chain)")
-	fs.StringVar(&cfg.ListenTLSKey, "listen-tls-key", "", "listen_ws: private PEM key for --listen-tls-cert")
-	fs.StringVar(&cfg.StateDir, "state-dir", "", "durable state directory (absolute)")
-	fs.StringVar(&cfg.RunnerID, "runner-id", "", "runner instance id")
-	fs.StringVar(&cfg.EnvironmentLeaseID, "environment-lease-id", "", "environment lease id")
-	fs.StringVar(&cfg.SessionID, "session-id", "", "normalized session id")
-	fs.StringVar(&cfg.SessionScope, "session-scope", "", "session scope digest (hex)")
-	fs.StringVar(&cfg.Workspace, "workspace", "", "provider working directory (absolute)")
-	fs.StringVar(&cfg.Provider, "provider", providerlaunch.Codex, "launch profile of the provider: "+strings.Join(registeredProviders(), "|"))
-	fs.StringVar(&cfg.CodexCommand, "codex-command", "", "provider executable (alias of --provider-command)")
-	fs.StringVar(&cfg.CodexCommand, "provider-command", "", "provider executable")
-	fs.Var(&codexArgs, "codex-arg", "provider argument (repeatable; alias of --provider-arg)")
-	fs.Var(&codexArgs, "provider-arg", "provider argument (repeatable)")
-	fs.StringVar(&cfg.ProviderHomeTemplate, "provider-home-template", "", "directory of launch-only provider files the driver copies into the provider's home (opencode: opencode.json)")
-	fs.DurationVar(&cfg.IdleTimeout, "idle-timeout", 10*time.Minute, "stop after this long without activity")
-	fs.DurationVar(&cfg.ReconnectGrace, "reconnect-grace", 2*time.Minute, "exit 3 after this long without a gateway connection")
-	fs.Uint64Var(&cfg.MaxOutboxBytes, "max-outbox-bytes", runner.DefaultMaxOutboxBytes, "unacknowledged event bytes the durable outbox may hold (16 KiB..512 MiB)")
-	fs.Uint64Var(&cfg.P0ReserveBytes, "p0-reserve-bytes", runner.DefaultP0ReserveBytes, "part of --max-outbox-bytes only P0 events may use (less than half)")
-	fs.BoolVar(&cfg.ProviderHost, "provider-host", true, "run the provider under a provider host so it survives a runnerd crash and a restarted runnerd re-attaches to it")
-	fs.DurationVar(&cfg.ProviderDetachTimeout, "provider-detach-timeout", 2*time.Minute, "how long a provider host keeps a provider without runnerd")
-	fs.DurationVar(&cfg.SemanticToolTimeout, "semantic-tool-timeout", runner.DefaultSemanticToolTimeout, "answer a dynamic tool call failed (semantic_tool_timeout) when no tool.result arrived within this long")
-	fs.DurationVar(&cfg.SilenceTimeout, "gateway-silence-timeout", 60*time.Second, "drop and re-establish a gateway connection on which nothing arrived for this long (the gateway pings)")
-	fs.StringVar(&logFormat, "log-format", "json", "log format: json|text")
-	fs.StringVar(&otlp, "otlp-endpoint", "", "export OpenTelemetry traces over OTLP/gRPC to this endpoint (empty: "+telemetry.EnvEndpoint+" or off)")
-	showVersion := fs.Bool("version", false, "print the build (version, commit, Go) and exit")
-	if err := fs.Parse(args); err != nil {
+	cfg, err := config.Parse(args, stderr, registeredProviders())
+	if err != nil {
 		return runner.ExitError
 	}
-	if *showVersion {
+	if cfg.Version {
 		fmt.Fprintln(stdout, buildinfo.Read().Line("runnerd"))
 		return 0
 	}
-	if meta {
-		enc := json.NewEncoder(stdout)
-		if err := enc.Encode(buildMetadata()); err != nil {
+	if cfg.BuildMetadata {
+		if err := json.NewEncoder(stdout).Encode(buildMetadata()); err != nil {
 			return runner.ExitError
 		}
 		return runner.ExitOK
 	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "runnerd: unexpected arguments %q\n", fs.Args())
+	if err := cfg.Validate(); err != nil {
+		fmt.Fprintf(stderr, "runnerd: %v\n", err)
 		return runner.ExitError
 	}
-	var h slog.Handler
-	switch logFormat {
-	case "json":
-		h = slog.NewJSONHandler(stderr, nil)
-	case "text":
+	log := newLogger(cfg, stderr)
+	for _, w := range cfg.Deprecated {
+		log.Warn(w)
+	}
+	cred, ok := bootstrapTicket(cfg.TicketFD, ticket, hadTicket, log)
+	if !ok {
+		return runner.ExitError
+	}
+	if err := cfg.CheckProvider(registeredProviders()); err != nil {
+		fmt.Fprintf(stderr, "runnerd: %v\n", err)
+		return runner.ExitError
+	}
+	rc := cfg.Runner
+	rc.Ticket, rc.Logger, rc.RunnerVersion = cred, log, version
+	rc.StartProvider = providerStarters[rc.Provider]
+	rc.PathEnv = os.Getenv("PATH")
+	if rc.PathEnv == "" {
+		rc.PathEnv = "/usr/local/bin:/usr/bin:/bin"
+	}
+	return serve(rc, cfg.OTLPEndpoint, log)
+}
+
+// newLogger is runnerd's logger (--log-format, already validated), with
+// the runner's and the session's ids on every line.
+func newLogger(cfg *config.Config, stderr io.Writer) *slog.Logger {
+	var h slog.Handler = slog.NewJSONHandler(stderr, nil)
+	if cfg.LogFormat == "text" {
 		h = slog.NewTextHandler(stderr, nil)
-	default:
-		fmt.Fprintf(stderr, "runnerd: --log-format must be json or text\n")
-		return runner.ExitError
 	}
-	log := slog.New(telemetry.LogHandler(h)).With("runner_id", cfg.RunnerID, "session_id", cfg.SessionID)
-	if ticketFD >= 0 {
-		t, err := readTicket(ticketFD)
+	return slog.New(telemetry.LogHandler(h)).With("runner_id", cfg.Runner.RunnerID, "session_id", cfg.Runner.SessionID)
+}
+
+// bootstrapTicket reads the one-use bootstrap ticket: from the inherited
+// descriptor fd when there is one, else the one taken from the
+// environment (ticket, hadTicket). It logs why it has none.
+func bootstrapTicket(fd int, ticket string, hadTicket bool, log *slog.Logger) (prp.Credential, bool) {
+	if fd >= 0 {
+		t, err := readTicket(fd)
 		if err != nil {
-			log.Error("reading the bootstrap ticket", "fd", ticketFD, "err", err)
-			return runner.ExitError
+			log.Error("reading the bootstrap ticket", "fd", fd, "err", err)
+			return prp.Credential{}, false
 		}
 		ticket, hadTicket = t, true
 	} else if hadTicket {
@@ -159,29 +137,19 @@ func run(args []string, ticket string, hadTicket bool, stdout, stderr io.Writer)
 	}
 	if !hadTicket || ticket == "" {
 		log.Error("no bootstrap ticket", "flag", "--bootstrap-ticket-fd", "env", prp.EnvBootstrapTicket)
-		return runner.ExitError
+		return prp.Credential{}, false
 	}
 	cred, err := prp.ParseCredential(ticket)
 	if err != nil {
 		log.Error("bootstrap ticket is malformed", "code", prp.CodeOf(err))
-		return runner.ExitError
+		return prp.Credential{}, false
 	}
-	cfg.Ticket = cred
-	cfg.CodexArgs = codexArgs
-	cfg.Logger = log
-	cfg.RunnerVersion = version
-	start, ok := providerStarters[cfg.Provider]
-	if !ok {
-		fmt.Fprintf(stderr, "runnerd: --provider %q: this build drives %s\n", cfg.Provider, strings.Join(registeredProviders(), ", "))
-		return runner.ExitError
-	}
-	cfg.StartProvider = start
-	cfg.PathEnv = os.Getenv("PATH")
-	if cfg.PathEnv == "" {
-		cfg.PathEnv = "/usr/local/bin:/usr/bin:/bin"
-	}
+	return cred, true
+}
 
-	// The gateway may die; runnerd lives on in its own process group.
+// serve runs the runner until it exits or a signal stops it. The gateway
+// may die; runnerd lives on in its own process group.
+func serve(cfg runner.Config, otlp string, log *slog.Logger) int {
 	signal.Ignore(syscall.SIGHUP, syscall.SIGPIPE)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()

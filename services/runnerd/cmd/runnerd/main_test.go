@@ -55,7 +55,7 @@ func TestRunRejectsMissingTicketAndNonLoopback(t *testing.T) {
 	var out, errb bytes.Buffer
 	dir := t.TempDir()
 	args := []string{"--connect-url", "ws://127.0.0.1:1/v1/runners/connect", "--state-dir", dir, "--runner-id", "r",
-		"--environment-lease-id", "e", "--session-id", "s", "--session-scope", "abc", "--workspace", dir, "--codex-command", "/bin/true"}
+		"--environment-lease-id", "e", "--session-id", "s", "--session-scope", "abc", "--workspace", dir, "--provider-command", "/bin/true"}
 	assert.Equal(t, 1, run(args, "", false, &out, &errb))
 	assert.Contains(t, errb.String(), "no bootstrap ticket")
 
@@ -152,6 +152,8 @@ func TestG4_BinaryRunsATurnAgainstAFakeGateway(t *testing.T) {
 		"--connect-url", "ws"+strings.TrimPrefix(srv.URL, "http")+"/v1/runners/connect",
 		"--state-dir", stateDir, "--runner-id", "runner-bin", "--environment-lease-id", "env-1",
 		"--session-id", "sess-bin", "--session-scope", scope, "--workspace", ws,
+		// The deprecated aliases of --provider-command/--provider-arg,
+		// on purpose: a gateway of the previous release still passes them.
 		"--codex-command", fake, "--codex-arg", "app-server", "--codex-arg", "--delta-delay-ms=0",
 		"--idle-timeout", "1m", "--reconnect-grace", "10s", "--log-format", "text")
 	cmd.Env = append(os.Environ(), prp.EnvBootstrapTicket+"="+ticket.Encode())
@@ -320,4 +322,19 @@ func TestR10_RunnerdRefusesAProviderItHasNoDriverFor(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, 1, run(args, ticket.Encode(), true, &out, &errb))
 	assert.Contains(t, errb.String(), `--provider "acpx-pi"`)
+}
+
+// runnerd logs a warning for each deprecated alias it was given (the
+// gateway of the previous release passes --codex-command/--codex-arg).
+func TestR10_RunnerdWarnsOfTheDeprecatedCodexFlags(t *testing.T) {
+	t.Parallel()
+	var out, errb bytes.Buffer
+	dir := t.TempDir()
+	args := []string{"--connect-url", "ws://127.0.0.1:1/v1/runners/connect", "--state-dir", dir, "--runner-id", "r",
+		"--environment-lease-id", "e", "--session-id", "s", "--session-scope", "abc", "--workspace", dir,
+		"--codex-command", "/bin/true", "--codex-arg", "x"}
+	assert.Equal(t, 1, run(args, "", false, &out, &errb))
+	assert.Contains(t, errb.String(), "-codex-command is deprecated and will be removed in the next release; use -provider-command")
+	assert.Contains(t, errb.String(), "-codex-arg is deprecated")
+	assert.Contains(t, errb.String(), "no bootstrap ticket")
 }

@@ -26,9 +26,9 @@ import (
 func TestR8_RunnerdKilledAfterAnsweringATurnStartFromItsOutcomeRecordNeverStartsItAgain(t *testing.T) {
 	t.Parallel()
 	runnerd, fake, g, url, stateDir, ws, callLog := newBinRunnerd(t, "fake-codex-app-server")
-	args := []string{"--state-dir", stateDir, "--workspace", ws, "--codex-command", fake,
-		"--codex-arg", "app-server", "--codex-arg", "--delta-delay-ms=25", "--codex-arg", "--state-file-in-codex-home",
-		"--codex-arg", "--durable-turn-ids", "--codex-arg", "--call-log=" + callLog}
+	args := []string{"--state-dir", stateDir, "--workspace", ws, "--provider-command", fake,
+		"--provider-arg", "app-server", "--provider-arg", "--delta-delay-ms=25", "--provider-arg", "--state-file-in-codex-home",
+		"--provider-arg", "--durable-turn-ids", "--provider-arg", "--call-log=" + callLog}
 
 	first := startRunnerd(t, runnerd, g, url, args...)
 	c := newFrameCollector(t, g)

@@ -92,8 +92,8 @@ func TestR7_RunnerdKilledBetweenTheTurnEventAndRunTerminalJournalsTheTurnEventOn
 		{
 			name: "codex", fake: "fake-codex-app-server",
 			args: func(fake, callLog string) []string {
-				return []string{"--provider-host=false", "--codex-command", fake, "--codex-arg", "app-server", "--codex-arg", "--state-file-in-codex-home",
-					"--codex-arg", "--durable-turn-ids", "--codex-arg", "--call-log=" + callLog}
+				return []string{"--provider-host=false", "--provider-command", fake, "--provider-arg", "app-server", "--provider-arg", "--state-file-in-codex-home",
+					"--provider-arg", "--durable-turn-ids", "--provider-arg", "--call-log=" + callLog}
 			},
 			provider: &prpv1.Provider{Kind: "codex", Model: "gpt-fake"},
 		},
@@ -102,8 +102,8 @@ func TestR7_RunnerdKilledBetweenTheTurnEventAndRunTerminalJournalsTheTurnEventOn
 			// the host replays nothing of the turn (its end is journaled).
 			name: "codex hosted", fake: "fake-codex-app-server",
 			args: func(fake, callLog string) []string {
-				return []string{"--codex-command", fake, "--codex-arg", "app-server", "--codex-arg", "--state-file-in-codex-home",
-					"--codex-arg", "--durable-turn-ids", "--codex-arg", "--call-log=" + callLog}
+				return []string{"--provider-command", fake, "--provider-arg", "app-server", "--provider-arg", "--state-file-in-codex-home",
+					"--provider-arg", "--durable-turn-ids", "--provider-arg", "--call-log=" + callLog}
 			},
 			provider: &prpv1.Provider{Kind: "codex", Model: "gpt-fake"},
 		},

@@ -452,7 +452,7 @@ func (e *testEnv) config(mod func(*Config)) Config {
 	require.NoError(e.t, err)
 	cfg := Config{
 		ConnectURL: e.gw.url(), StateDir: e.stateDir, RunnerID: tRunner, EnvironmentLeaseID: "envlease-1",
-		SessionID: tSess, SessionScope: tScope, Workspace: e.ws, CodexCommand: "/bin/false",
+		SessionID: tSess, SessionScope: tScope, Workspace: e.ws, ProviderCommand: "/bin/false",
 		IdleTimeout: time.Hour, ReconnectGrace: time.Minute, Ticket: cred, StartProvider: e.prov.start,
 		Logger: slog.New(slog.NewTextHandler(testWriter{e.t}, &slog.HandlerOptions{Level: slog.LevelDebug})), PathEnv: "/usr/bin:/bin",
 		BackoffMin: 20 * time.Millisecond, BackoffMax: 100 * time.Millisecond, Tick: 10 * time.Millisecond,

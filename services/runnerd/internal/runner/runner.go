@@ -68,11 +68,12 @@ type Config struct {
 	Workspace          string
 	// Provider is the launch profile name (package providerlaunch) this
 	// runner drives: "" or "codex", "opencode", "acpx-codex", ... A run
-	// whose input names another provider is refused. CodexCommand and
-	// CodexArgs launch it (whatever its kind; --provider-command).
-	Provider     string
-	CodexCommand string
-	CodexArgs    []string
+	// whose input names another provider is refused. ProviderCommand and
+	// ProviderArgs launch it, whatever its kind (--provider-command,
+	// --provider-arg).
+	Provider        string
+	ProviderCommand string
+	ProviderArgs    []string
 	// ProviderHomeTemplate is handed to the driver (ProviderConfig.HomeTemplate).
 	ProviderHomeTemplate string
 	IdleTimeout          time.Duration
@@ -192,7 +193,7 @@ func (c *Config) validate() error {
 	for name, v := range map[string]string{
 		"--state-dir": c.StateDir, "--runner-id": c.RunnerID,
 		"--environment-lease-id": c.EnvironmentLeaseID, "--session-id": c.SessionID,
-		"--session-scope": c.SessionScope, "--workspace": c.Workspace, "--provider-command": c.CodexCommand,
+		"--session-scope": c.SessionScope, "--workspace": c.Workspace, "--provider-command": c.ProviderCommand,
 	} {
 		if v == "" {
 			return fmt.Errorf("%s is required", name)

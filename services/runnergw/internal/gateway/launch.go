@@ -163,8 +163,9 @@ func (g *Gateway) launchProfile(in *prpv1.ExecutionInput) (*providerlaunch.Profi
 	return &p, nil
 }
 
-// providerArgs are runnerd's provider flags: codex's historical
-// --codex-command/--codex-arg, or --provider NAME with the profile's
+// providerArgs are runnerd's provider flags: codex's command and
+// arguments (the gateway's -codex-command/-codex-arg) as
+// --provider-command/--provider-arg, or --provider NAME with the profile's
 // command and arguments. Where providers are sandboxed (SPEC T7) the
 // command runnerd starts is the sandbox, the provider command inside it.
 func (g *Gateway) providerArgs(spec *launchSpec) ([]string, error) {
@@ -174,9 +175,9 @@ func (g *Gateway) providerArgs(spec *launchSpec) ([]string, error) {
 		if err != nil {
 			return nil, failure.Wrap(err, codes.FailedPrecondition, failure.RunnerLocalConnectFailed, "confining the provider: %v", err)
 		}
-		args := []string{"--codex-command", cmd}
+		args := []string{"--provider-command", cmd}
 		for _, a := range cargs {
-			args = append(args, "--codex-arg", a)
+			args = append(args, "--provider-arg", a)
 		}
 		return args, nil
 	}
