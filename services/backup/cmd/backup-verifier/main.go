@@ -10,10 +10,8 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -22,17 +20,15 @@ import (
 	_ "gocloud.dev/blob/gcsblob"
 	_ "gocloud.dev/blob/s3blob"
 
-	"github.com/tether-run/tether/pkg/archive"
-	"github.com/tether-run/tether/pkg/envflag"
 	"github.com/tether-run/tether/pkg/failure"
 	backupv1 "github.com/tether-run/tether/pkg/gen/tether/backup/v1"
 	"github.com/tether-run/tether/pkg/grpcx"
-	"github.com/tether-run/tether/pkg/identity"
 	"github.com/tether-run/tether/pkg/keyfile"
 	"github.com/tether-run/tether/pkg/pgstore"
 	"github.com/tether-run/tether/pkg/pgstore/migratecli"
 	"github.com/tether-run/tether/services/backup/internal/api"
 	"github.com/tether-run/tether/services/backup/internal/checkpoint"
+	"github.com/tether-run/tether/services/backup/internal/config"
 	"github.com/tether-run/tether/services/backup/internal/store"
 )
 
@@ -43,93 +39,78 @@ func main() {
 	}
 }
 
+// run is flags → config → wiring → serving.
 func run() error {
 	if len(os.Args) > 1 && os.Args[1] == "migrate" {
 		return migratecli.Run("backup-verifier", os.Args[2:], store.Schema)
 	}
-	fs := flag.NewFlagSet("backup-verifier", flag.ExitOnError)
-	cfg := grpcx.RegisterFlags(fs, "backup-verifier", "127.0.0.1:7402", "127.0.0.1:9402")
-	// SPEC S2: over mTLS only gateways and executors may call the verifier.
-	cfg.AllowedPeers = []string{identity.Executor, identity.Gateway}
-	home, _ := os.UserHomeDir()
-	state := filepath.Join(home, ".local", "state", "tether", "backup")
-	keyFile := envflag.String(fs, "stamp-key-file", "", filepath.Join(state, "stamp.key"),
-		"HMAC key signing backup stamps (created 0600 when missing)")
-	dsn := envflag.String(fs, "database-url", "", "",
-		"PostgreSQL URL for checkpoint metadata (schema backup); empty: checkpoints disabled")
-	migrate := envflag.Bool(fs, "migrate", "", true, "apply database migrations at start (under a lock); false: only check that the schema has every migration this verifier needs and refuse to start otherwise (run `backup-verifier migrate` first)")
-	blobURL := envflag.String(fs, "blob-url", "", "file://"+filepath.Join(state, "blobs")+"?create_dir=true",
-		"blob store for checkpoint archives (gocloud.dev/blob URL: file:///dir, s3://bucket, gs://bucket)")
-	staging := envflag.String(fs, "staging-dir", "", filepath.Join(state, "staging"),
-		"private directory where uploads are checked and staged (created 0700; refused when a symlink, another user's or writable by others)")
-	maxArchive := envflag.Int(fs, "max-archive-bytes", "", archive.DefaultMaxArchiveBytes, "largest archive accepted, as transferred")
-	maxExpanded := envflag.Int(fs, "max-expanded-bytes", "", archive.DefaultMaxExpandedBytes, "largest total of file sizes an archive may expand to")
-	maxEntries := envflag.Int(fs, "max-entries", "", archive.DefaultMaxEntries, "most entries an archive may hold")
-	packRoots := envflag.String(fs, "provider-pack-root", "",
-		"/opt/tether/provider-pack,"+filepath.Join(home, ".local", "share", "tether", "provider-pack"),
-		"comma-separated directories VerifyProviderPack may read (a pack root must be one of them or below one)")
-	if err := envflag.Parse(fs, os.Args[1:]); err != nil {
-		return err
-	}
-	key, err := keyfile.LoadOrCreate(*keyFile)
+	cfg, err := config.Load(os.Args[1:])
 	if err != nil {
 		return err
 	}
-	srv, err := grpcx.New(*cfg)
+	key, err := keyfile.LoadOrCreate(cfg.StampKeyFile)
+	if err != nil {
+		return err
+	}
+	srv, err := grpcx.New(*cfg.Server)
 	if err != nil {
 		return err
 	}
 	log := srv.Logger()
 	ctx, stop := grpcx.SignalContext(context.Background())
 	defer stop()
-	stopTracing, err := cfg.StartTracing(ctx, log)
+	stopTracing, err := cfg.Server.StartTracing(ctx, log)
 	if err != nil {
 		return err
 	}
 	defer stopTracing()
-
 	svc := &checkpoint.Service{
-		Key: key, StagingDir: *staging, Log: log, Metrics: checkpoint.NewMetrics(srv.Registry()),
-		Limits: archive.Limits{MaxArchiveBytes: int64(*maxArchive), MaxExpandedBytes: int64(*maxExpanded), MaxEntries: *maxEntries},
+		Key: key, StagingDir: cfg.StagingDir, Log: log, Metrics: checkpoint.NewMetrics(srv.Registry()), Limits: cfg.Limits,
 	}
-	if err := svc.PrepareStaging(*staging); err != nil {
+	if err := svc.PrepareStaging(cfg.StagingDir); err != nil {
 		return err
 	}
-	if *dsn == "" {
+	closeStores, err := openStores(ctx, cfg, svc, srv)
+	if err != nil {
+		return err
+	}
+	defer closeStores()
+	backupv1.RegisterBackupVerifierServer(srv.GRPC(), &api.Server{Svc: svc, PackRoots: cfg.PackRoots})
+	return srv.Serve(ctx)
+}
+
+// openStores opens the metadata database and the blob store into svc when
+// a database is configured (else checkpoints are disabled, and said so).
+// The returned function closes them.
+func openStores(ctx context.Context, cfg *config.Config, svc *checkpoint.Service, srv *grpcx.Server) (func(), error) {
+	log := srv.Logger()
+	if cfg.DatabaseURL == "" {
 		log.Warn("no -database-url (TETHER_DATABASE_URL): checkpoint metadata disabled; UploadCheckpoint, DownloadCheckpoint " +
 			"and VerifyBackup answer " + failure.BackupMetadataDisabled + ", VerifyStamp answers valid=false; VerifyProviderPack works")
-	} else {
-		if *migrate {
-			if err := store.Migrate(ctx, *dsn); err != nil {
-				return fmt.Errorf("migrating: %w", err)
-			}
-		} else if err := store.CheckSchema(ctx, *dsn); err != nil {
-			return err
-		}
-		st, err := store.Open(ctx, *dsn)
-		if err != nil {
-			return err
-		}
-		defer st.Close()
-		bucket, err := blob.OpenBucket(ctx, checkpoint.BucketURL(*blobURL))
-		if err != nil {
-			return fmt.Errorf("opening blob store %s: %w", *blobURL, err)
-		}
-		defer bucket.Close()
-		svc.Store, svc.Bucket = st, bucket
-		// Ready only while the metadata database answers (SPEC D5).
-		srv.AddReadinessCheck("database", st.Ping)
-		srv.Registry().MustRegister(pgstore.PoolCollector(map[string]*pgxpool.Pool{"main": st.Pool()}))
-		log.Info("checkpoints enabled", "blob_url", redact(*blobURL))
+		return func() {}, nil
 	}
-	var roots []string
-	for r := range strings.SplitSeq(*packRoots, ",") {
-		if r = strings.TrimSpace(r); r != "" {
-			roots = append(roots, filepath.Clean(r))
+	if cfg.Migrate {
+		if err := store.Migrate(ctx, cfg.DatabaseURL); err != nil {
+			return nil, fmt.Errorf("migrating: %w", err)
 		}
+	} else if err := store.CheckSchema(ctx, cfg.DatabaseURL); err != nil {
+		return nil, err
 	}
-	backupv1.RegisterBackupVerifierServer(srv.GRPC(), &api.Server{Svc: svc, PackRoots: roots})
-	return srv.Serve(ctx)
+	st, err := store.Open(ctx, cfg.DatabaseURL)
+	if err != nil {
+		return nil, err
+	}
+	bucket, err := blob.OpenBucket(ctx, checkpoint.BucketURL(cfg.BlobURL))
+	if err != nil {
+		st.Close()
+		return nil, fmt.Errorf("opening blob store %s: %w", cfg.BlobURL, err)
+	}
+	svc.Store, svc.Bucket = st, bucket
+	// Ready only while the metadata database answers (SPEC D5).
+	srv.AddReadinessCheck("database", st.Ping)
+	srv.Registry().MustRegister(pgstore.PoolCollector(map[string]*pgxpool.Pool{"main": st.Pool()}))
+	log.Info("checkpoints enabled", "blob_url", redact(cfg.BlobURL))
+	return func() { _ = bucket.Close(); st.Close() }, nil
 }
 
 // redact drops a URL's query (it may carry credentials).
