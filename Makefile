@@ -44,11 +44,11 @@ check-generate: tools ## fail when committed generated code is stale
 	  diff -r "$$tmp/pkg/gen" pkg/gen && test -z "$$(git status --porcelain -- pkg/gen)" || { echo "pkg/gen is stale: run make generate and commit"; exit 1; }
 
 GOFILES = $(shell git ls-files '*.go' | grep -v '^pkg/gen/')
-CMDS := ./services/executor/cmd/executor ./services/executor/cmd/tetherctl ./services/executor/cmd/tether-demo \
-        ./services/executor/cmd/tether-bench-stack \
+CMDS := ./services/executor/cmd/executor ./services/executor/cmd/tetherctl ./services/executor/tools/tether-demo \
+        ./services/executor/tools/tether-bench-stack \
         ./services/runnergw/cmd/runnergw ./services/backup/cmd/backup-verifier \
-        ./services/runnerd/cmd/runnerd ./services/runnerd/cmd/fake-codex-app-server ./services/runnerd/cmd/fake-acp-agent ./services/runnerd/cmd/fake-opencode \
-        ./services/runnerd/cmd/mock-model
+        ./services/runnerd/cmd/runnerd ./services/runnerd/tools/fake-codex-app-server ./services/runnerd/tools/fake-acp-agent ./services/runnerd/tools/fake-opencode \
+        ./services/runnerd/tools/mock-model
 
 # -trimpath: compiled packages are cached by content, not by the clone's
 # directory, so a clone at another path (a fresh clone, a worktree) reuses
@@ -92,7 +92,7 @@ build: ## build every binary into bin/ (BUILD_LDFLAGS= keeps debug information; 
 	$(GO) build $(TRIMPATH) -buildvcs=$(BUILDVCS) -ldflags='$(BUILD_LDFLAGS) $(VERSION_LDFLAGS)' -o bin/ $(CMDS)
 
 # The binaries are built once (bin/) for every package whose tests run real
-# processes (TETHER_TEST_BIN, see pkg/testbin) instead of once per package.
+# processes (TETHER_TEST_BIN, see pkg/testing/testbin) instead of once per package.
 # The end-to-end package is the long pole: it starts at once, beside the
 # other packages, instead of after most of them. Its tests mostly wait on
 # real processes (a test's stack uses a fraction of a core), so it runs
@@ -115,7 +115,7 @@ TEST_P ?= 4
 # The ones of 9-20 s (runner, grpcx, archive, prp, digest, runnerd's main)
 # follow: taken in name order they ran one after another at the end, beside
 # two idle slots (2026-12-02: runner's 13 s alone in the last 15 s).
-TEST_FIRST := ./services/runnergw/internal/gateway ./services/executor/internal/store ./pkg/pgtest \
+TEST_FIRST := ./services/runnergw/internal/gateway ./services/executor/internal/store ./pkg/testing/pgtest \
               ./services/executor/internal/dispatch ./services/executor/internal/api ./services/runnerd/internal/codex \
               ./services/runnerd/internal/runner ./pkg/grpcx ./pkg/archive ./pkg/prp ./pkg/digest ./services/runnerd/cmd/runnerd
 # The console's browser tests (SPEC U4, TestU4_ in the end-to-end package)
@@ -164,7 +164,7 @@ up-auth: build ## as up, with tenancy enforced: development tokens for acme, glo
 bench: ## measure tether against raw baselines in one run (ephemeral durable PostgreSQL, or TETHER_DATABASE_URL); BENCHFLAGS=-h lists knobs
 	@mkdir -p bin
 	$(MAKE) --no-print-directory build
-	$(GO) build -o bin/ ./services/executor/cmd/tether-bench
+	$(GO) build -o bin/ ./services/executor/tools/tether-bench
 	bin/tether-bench $(BENCHFLAGS)
 	bin/tether-bench -curves $(CURVEFLAGS)
 	bin/tether-bench-stack
@@ -175,10 +175,10 @@ bench: ## measure tether against raw baselines in one run (ephemeral durable Pos
 	bin/tether-bench-stack -takeovers 10 -same-host-takeover=false -sigterm -lease-ttl 60s
 	bin/tether-bench-stack -throughput 300 -gateways 1
 	bin/tether-bench-stack -throughput 300 -gateways 3
-	$(GO) build -o bin/ ./services/runnerd/cmd/warm-turn-bench
+	$(GO) build -o bin/ ./services/runnerd/tools/warm-turn-bench
 	bin/warm-turn-bench -fake bin/fake-codex-app-server
 	$(MAKE) --no-print-directory bench-backup
-	$(GO) build -o bin/ ./services/runnergw/cmd/relay-bench
+	$(GO) build -o bin/ ./services/runnergw/tools/relay-bench
 	bin/relay-bench
 
 FUZZTIME ?= 1m
@@ -207,7 +207,7 @@ test-continuity: ## opt-in SPEC C: the remote continuity regression in a disposa
 test-clients: build ## opt-in SPEC U2: the TypeScript client (clients/typescript): npm ci (pinned by package-lock.json; the npm registry once), generated code current, its Node suite against bin/tether-demo -up -auth (offline)
 	@command -v node >/dev/null && command -v npm >/dev/null || { echo "test-clients needs node (>= 20) and npm"; exit 1; }
 	cd clients/typescript && npm ci --no-audit --no-fund
-	TETHER_CLIENTS=1 TETHER_TEST_BIN=$(CURDIR)/bin $(GO) test -count=1 -timeout 10m -v -run '^TestU2_' ./services/executor/cmd/tether-demo/ ./pkg/failure/
+	TETHER_CLIENTS=1 TETHER_TEST_BIN=$(CURDIR)/bin $(GO) test -count=1 -timeout 10m -v -run '^TestU2_' ./services/executor/tools/tether-demo/ ./pkg/failure/
 
 .PHONY: image image-check
 image: ## SPEC L4: the service image as a docker-archive (bin/tether-image.tar; LOAD=1 loads it), reproducible from the static binaries and a cached Debian rootfs (debootstrap once, no Docker Hub), labelled with VERSION and the commit
@@ -245,7 +245,7 @@ test-codex: ## opt-in: provider scenario suite against the real codex app-server
 	@# codex refuses to create its sandbox helper when CODEX_HOME is under /tmp
 	@# (an accepted approval then fails: bwrap: execvp codex-linux-sandbox), so
 	@# the suite's temporary homes live under .cache/codex/tmp.
-	@set -o pipefail; TMPDIR=$(abspath $(CODEX_CACHE))/tmp TETHER_CODEX_BIN=$(abspath $(CODEX_BIN)) $(GO) test -count=1 -timeout 10m -v -run '^TestR2_ScenarioSuiteAgainstRealCodex$$' ./services/runnerd/internal/scenario/ 2>&1 \
+	@set -o pipefail; TMPDIR=$(abspath $(CODEX_CACHE))/tmp TETHER_CODEX_BIN=$(abspath $(CODEX_BIN)) $(GO) test -count=1 -timeout 10m -v -run '^TestR2_ScenarioSuiteAgainstRealCodex$$' ./services/runnerd/internal/testing/scenario/ 2>&1 \
 	  | tee $(CODEX_CACHE)/test-codex.log | grep -E '^(test-codex:|--- |ok |FAIL|panic)' \
 	  || { echo "test-codex failed; full log: $(CODEX_CACHE)/test-codex.log"; tail -40 $(CODEX_CACHE)/test-codex.log; exit 1; }
 
@@ -255,7 +255,7 @@ test-providers: ## opt-in SPEC R7/R10/R11/R12: pinned real providers (npm into .
 
 .PHONY: bench-curves
 bench-curves: build ## scale curves only (claim vs blocked backlog, renewal vs leases, append vs table size, WatchRun vs watchers, memory per idle warm session); CURVEFLAGS=-h lists knobs
-	$(GO) build -o bin/ ./services/executor/cmd/tether-bench
+	$(GO) build -o bin/ ./services/executor/tools/tether-bench
 	bin/tether-bench -curves $(CURVEFLAGS)
 	bin/tether-bench-stack -sessions 10,50
 	bin/tether-bench-stack -cancels 200
@@ -266,5 +266,5 @@ bench-curves: build ## scale curves only (claim vs blocked backlog, renewal vs l
 .PHONY: bench-backup
 bench-backup: ## deep-verify digest throughput vs raw sha256 baselines (1 GiB in 10 files, 100 MiB in 10,000 files); BACKUPBENCHFLAGS=-h lists knobs
 	@mkdir -p bin
-	$(GO) build -o bin/ ./services/backup/cmd/tether-bench-backup
+	$(GO) build -o bin/ ./services/backup/tools/tether-bench-backup
 	bin/tether-bench-backup $(BACKUPBENCHFLAGS)

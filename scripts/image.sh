@@ -32,7 +32,7 @@ SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct 2>/dev/null || 
 export SOURCE_DATE_EPOCH
 OUT=${OUT:-$repo/bin/tether-image.tar}
 IMAGE_TAG=${IMAGE_TAG:-tether:${VERSION}}
-IMAGE_CMDS=${IMAGE_CMDS:-./services/executor/cmd/executor ./services/executor/cmd/tetherctl ./services/runnergw/cmd/runnergw ./services/backup/cmd/backup-verifier ./services/runnerd/cmd/runnerd ./services/runnerd/cmd/fake-codex-app-server}
+IMAGE_CMDS=${IMAGE_CMDS:-./services/executor/cmd/executor ./services/executor/cmd/tetherctl ./services/runnergw/cmd/runnergw ./services/backup/cmd/backup-verifier ./services/runnerd/cmd/runnerd ./services/runnerd/tools/fake-codex-app-server}
 BASE_ROOTFS=${BASE_ROOTFS:-$repo/.cache/image/base-rootfs.tar}
 
 if [ ! -f "$BASE_ROOTFS" ]; then

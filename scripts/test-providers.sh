@@ -104,7 +104,7 @@ section_codex() {
   install_codex || return 1
   mkdir -p "$CODEX_TMP"
   TMPDIR=$CODEX_TMP TETHER_CODEX_BIN=$CODEX_BIN run_go "$LOG_DIR/codex.log" "$DRIVER_LINES" \
-    -run '^TestR2_ScenarioSuiteAgainstRealCodex$' ./services/runnerd/internal/scenario/
+    -run '^TestR2_ScenarioSuiteAgainstRealCodex$' ./services/runnerd/internal/testing/scenario/
 }
 section_codex-stack() {
   install_codex && need_build || return 1
@@ -127,7 +127,7 @@ acp_section() {
   fi
   echo "test-providers: $pkg $version (node $(node --version)) sha256 $(sha256sum "$dir/dist/index.js" | cut -d' ' -f1) dist/index.js"
   TETHER_ACP_MODULES=$ACP_CACHE/node_modules run_go "$LOG_DIR/acpx-$agent.log" "$DRIVER_LINES" \
-    -run "^TestR11_ScenarioSuiteAgainstRealACPAgents\$/^$agent\$" ./services/runnerd/internal/scenario/
+    -run "^TestR11_ScenarioSuiteAgainstRealACPAgents\$/^$agent\$" ./services/runnerd/internal/testing/scenario/
 }
 section_acpx-codex() { acp_section codex @agentclientprotocol/codex-acp "$ACP_CODEX_VERSION"; }
 section_acpx-claude() { acp_section claude @agentclientprotocol/claude-agent-acp "$ACP_CLAUDE_VERSION"; }

@@ -115,7 +115,7 @@ rm -rf "$ctx" && mkdir -p "$ctx/prebuilt"
 CGO_ENABLED=0 go build -trimpath -o "$ctx/prebuilt/" \
 	./services/executor/cmd/executor ./services/executor/cmd/tetherctl \
 	./services/runnergw/cmd/runnergw ./services/backup/cmd/backup-verifier \
-	./services/runnerd/cmd/runnerd ./services/runnerd/cmd/fake-codex-app-server
+	./services/runnerd/cmd/runnerd ./services/runnerd/tools/fake-codex-app-server
 build -t "$img" --build-arg GO_IMAGE="$base" --build-arg BASE_IMAGE="$base" -f deploy/Dockerfile "$ctx"
 log "images: $base, $pg, $img"
 

@@ -150,7 +150,7 @@ var (
 )
 
 // prebuilt is the directory of binaries `make test` built once for every
-// package's tests ($TETHER_TEST_BIN, see pkg/testbin), when it holds ours.
+// package's tests ($TETHER_TEST_BIN, see pkg/testing/testbin), when it holds ours.
 func prebuilt() string {
 	dir := os.Getenv("TETHER_TEST_BIN")
 	if dir == "" {

@@ -10,7 +10,7 @@ import (
 
 	"github.com/tether-run/tether/pkg/failure"
 	"github.com/tether-run/tether/pkg/pgstore"
-	"github.com/tether-run/tether/pkg/pgtest"
+	"github.com/tether-run/tether/pkg/testing/pgtest"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }

@@ -33,7 +33,7 @@ import (
 	"github.com/tether-run/tether/pkg/failure"
 	backupv1 "github.com/tether-run/tether/pkg/gen/tether/backup/v1"
 	"github.com/tether-run/tether/pkg/grpcx"
-	"github.com/tether-run/tether/pkg/pgtest"
+	"github.com/tether-run/tether/pkg/testing/pgtest"
 	"github.com/tether-run/tether/services/backup/internal/api"
 	"github.com/tether-run/tether/services/backup/internal/checkpoint"
 	"github.com/tether-run/tether/services/backup/internal/store"

@@ -20,7 +20,7 @@ import (
 
 	"github.com/tether-run/tether/pkg/archive"
 	"github.com/tether-run/tether/pkg/failure"
-	"github.com/tether-run/tether/pkg/pgtest"
+	"github.com/tether-run/tether/pkg/testing/pgtest"
 	"github.com/tether-run/tether/services/backup/internal/checkpoint"
 	"github.com/tether-run/tether/services/backup/internal/store"
 )

@@ -14,7 +14,7 @@ import (
 
 	"github.com/tether-run/tether/pkg/failure"
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
-	"github.com/tether-run/tether/pkg/pgtest"
+	"github.com/tether-run/tether/pkg/testing/pgtest"
 	"github.com/tether-run/tether/services/executor/internal/authz"
 )
 

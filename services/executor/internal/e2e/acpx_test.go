@@ -16,7 +16,7 @@ import (
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/provenv"
 	"github.com/tether-run/tether/pkg/providerlaunch"
-	"github.com/tether-run/tether/services/executor/internal/stack"
+	"github.com/tether-run/tether/services/executor/internal/testing/stack"
 )
 
 // acpxStack is a stack whose gateway launches the fake ACP agent, pinned,

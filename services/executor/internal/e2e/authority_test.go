@@ -17,8 +17,8 @@ import (
 	"github.com/tether-run/tether/pkg/grpcx"
 	"github.com/tether-run/tether/services/executor/internal/api"
 	"github.com/tether-run/tether/services/executor/internal/dispatch"
-	"github.com/tether-run/tether/services/executor/internal/stack"
 	"github.com/tether-run/tether/services/executor/internal/store"
+	"github.com/tether-run/tether/services/executor/internal/testing/stack"
 	"github.com/tether-run/tether/services/executor/internal/watch"
 )
 

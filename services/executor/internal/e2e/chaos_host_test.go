@@ -11,7 +11,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/tether-run/tether/services/executor/internal/stack"
+	"github.com/tether-run/tether/services/executor/internal/testing/stack"
 )
 
 // Host-loss faults of the chaos matrix (issue #30): a whole host dies, a

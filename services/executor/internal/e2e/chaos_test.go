@@ -22,8 +22,8 @@ import (
 	"github.com/tether-run/tether/pkg/procid"
 	"github.com/tether-run/tether/pkg/scope/durable"
 	"github.com/tether-run/tether/services/executor/internal/audit"
-	"github.com/tether-run/tether/services/executor/internal/stack"
 	"github.com/tether-run/tether/services/executor/internal/store"
+	"github.com/tether-run/tether/services/executor/internal/testing/stack"
 )
 
 // SPEC X2: a bounded fault matrix over real processes. Two executor

@@ -24,11 +24,11 @@ import (
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
 	gatewayv1 "github.com/tether-run/tether/pkg/gen/tether/gateway/v1"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
-	"github.com/tether-run/tether/pkg/prp/prptest"
-	"github.com/tether-run/tether/pkg/runnerstate/runnerstatetest"
 	"github.com/tether-run/tether/pkg/scope"
+	"github.com/tether-run/tether/pkg/testing/prptest"
+	"github.com/tether-run/tether/pkg/testing/runnerstatetest"
 	"github.com/tether-run/tether/services/executor/internal/cli"
-	"github.com/tether-run/tether/services/executor/internal/stack"
+	"github.com/tether-run/tether/services/executor/internal/testing/stack"
 )
 
 // credentialCanary is put in the environment of every process of the tree;

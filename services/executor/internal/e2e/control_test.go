@@ -18,7 +18,7 @@ import (
 	gatewayv1 "github.com/tether-run/tether/pkg/gen/tether/gateway/v1"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/scope"
-	"github.com/tether-run/tether/services/executor/internal/stack"
+	"github.com/tether-run/tether/services/executor/internal/testing/stack"
 )
 
 func TestE9_SteeringThroughAnotherReplicaReachesTheActiveTurnOnce(t *testing.T) {

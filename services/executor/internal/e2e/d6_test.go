@@ -18,7 +18,7 @@ import (
 	healthgrpc "google.golang.org/grpc/health/grpc_health_v1"
 
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
-	"github.com/tether-run/tether/services/executor/internal/stack"
+	"github.com/tether-run/tether/services/executor/internal/testing/stack"
 )
 
 // TestD6_RunOutcomesLatenciesAndPoolsAreOnTheExecutorsMetrics: after two

@@ -28,11 +28,11 @@ import (
 	gatewayv1 "github.com/tether-run/tether/pkg/gen/tether/gateway/v1"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/grpcx"
-	"github.com/tether-run/tether/pkg/pgtest"
-	"github.com/tether-run/tether/pkg/testbin"
+	"github.com/tether-run/tether/pkg/testing/pgtest"
+	"github.com/tether-run/tether/pkg/testing/testbin"
 	"github.com/tether-run/tether/services/executor/internal/cli"
-	"github.com/tether-run/tether/services/executor/internal/stack"
 	"github.com/tether-run/tether/services/executor/internal/store"
+	"github.com/tether-run/tether/services/executor/internal/testing/stack"
 )
 
 var binDir string
@@ -44,10 +44,10 @@ func TestMain(m *testing.M) {
 		"github.com/tether-run/tether/services/runnergw/cmd/runnergw",
 		"github.com/tether-run/tether/services/backup/cmd/backup-verifier",
 		"github.com/tether-run/tether/services/runnerd/cmd/runnerd",
-		"github.com/tether-run/tether/services/runnerd/cmd/fake-codex-app-server",
-		"github.com/tether-run/tether/services/runnerd/cmd/fake-acp-agent",
-		"github.com/tether-run/tether/services/runnerd/cmd/fake-opencode",
-		"github.com/tether-run/tether/services/runnerd/cmd/mock-model",
+		"github.com/tether-run/tether/services/runnerd/tools/fake-codex-app-server",
+		"github.com/tether-run/tether/services/runnerd/tools/fake-acp-agent",
+		"github.com/tether-run/tether/services/runnerd/tools/fake-opencode",
+		"github.com/tether-run/tether/services/runnerd/tools/mock-model",
 	)
 	code := pgtest.Run(m)
 	testbin.Cleanup()

@@ -12,7 +12,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/tether-run/tether/pkg/testbin"
+	"github.com/tether-run/tether/pkg/testing/testbin"
 )
 
 // TestD5_EveryFlagOfEveryServiceBinaryIsInTheConfigurationReference: an

@@ -15,7 +15,7 @@ import (
 	"github.com/tether-run/tether/pkg/failure"
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
 	"github.com/tether-run/tether/pkg/procid"
-	"github.com/tether-run/tether/services/executor/internal/stack"
+	"github.com/tether-run/tether/services/executor/internal/testing/stack"
 )
 
 // Host loss (SPEC F7–F9, R13, issue #30): a gateway's host dies (kill -9

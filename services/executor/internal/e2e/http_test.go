@@ -26,7 +26,7 @@ import (
 	"github.com/tether-run/tether/pkg/devpki"
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
 	"github.com/tether-run/tether/pkg/identity"
-	"github.com/tether-run/tether/services/executor/internal/stack"
+	"github.com/tether-run/tether/services/executor/internal/testing/stack"
 )
 
 // connectClient calls the executor's HTTP port (SPEC U3) the way a

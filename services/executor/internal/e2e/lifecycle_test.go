@@ -16,8 +16,8 @@ import (
 	"github.com/tether-run/tether/pkg/failure"
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
 	"github.com/tether-run/tether/services/executor/internal/cli"
-	"github.com/tether-run/tether/services/executor/internal/stack"
 	"github.com/tether-run/tether/services/executor/internal/store"
+	"github.com/tether-run/tether/services/executor/internal/testing/stack"
 )
 
 // archives counts the checkpoint archives in the verifier's file:// bucket

@@ -20,7 +20,7 @@ import (
 	"google.golang.org/grpc"
 
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
-	"github.com/tether-run/tether/services/executor/internal/stack"
+	"github.com/tether-run/tether/services/executor/internal/testing/stack"
 )
 
 // recordedSpan is one span an OTLP exporter sent to spanRecorder.

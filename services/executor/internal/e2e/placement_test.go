@@ -16,7 +16,7 @@ import (
 	"github.com/tether-run/tether/pkg/failure"
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
-	"github.com/tether-run/tether/services/executor/internal/stack"
+	"github.com/tether-run/tether/services/executor/internal/testing/stack"
 )
 
 // newFleet starts the backup verifier, the named executors and the named

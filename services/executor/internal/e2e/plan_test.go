@@ -15,7 +15,7 @@ import (
 	"github.com/tether-run/tether/pkg/prp"
 	"github.com/tether-run/tether/services/executor/internal/cli"
 	"github.com/tether-run/tether/services/executor/internal/plan"
-	"github.com/tether-run/tether/services/executor/internal/stack"
+	"github.com/tether-run/tether/services/executor/internal/testing/stack"
 )
 
 // eventsOf returns the payloads of the watched events of one type.

@@ -22,7 +22,7 @@ import (
 	"github.com/tether-run/tether/pkg/procid"
 	"github.com/tether-run/tether/pkg/provenv"
 	"github.com/tether-run/tether/pkg/providerlaunch"
-	"github.com/tether-run/tether/services/executor/internal/stack"
+	"github.com/tether-run/tether/services/executor/internal/testing/stack"
 )
 
 // The real providers through the whole stack (make test-providers, opt-in):

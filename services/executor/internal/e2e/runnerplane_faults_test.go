@@ -15,7 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
-	"github.com/tether-run/tether/services/executor/internal/stack"
+	"github.com/tether-run/tether/services/executor/internal/testing/stack"
 )
 
 // Runner-plane faults with real processes: the runnerd process or its

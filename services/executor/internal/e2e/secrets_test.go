@@ -17,9 +17,9 @@ import (
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/grpcx"
-	"github.com/tether-run/tether/pkg/pgtest"
 	"github.com/tether-run/tether/pkg/tenancy"
-	"github.com/tether-run/tether/services/executor/internal/stack"
+	"github.com/tether-run/tether/pkg/testing/pgtest"
+	"github.com/tether-run/tether/services/executor/internal/testing/stack"
 )
 
 // TestT3_Stack_ASecretReachesOnlyItsProviderAndIsWrittenNowhere runs the

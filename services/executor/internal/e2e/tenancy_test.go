@@ -19,7 +19,7 @@ import (
 	"github.com/tether-run/tether/pkg/grpcx"
 	"github.com/tether-run/tether/pkg/tenancy"
 	"github.com/tether-run/tether/services/executor/internal/cli"
-	"github.com/tether-run/tether/services/executor/internal/stack"
+	"github.com/tether-run/tether/services/executor/internal/testing/stack"
 )
 
 // TestT2_OnAStackWithTokensAnotherCompanyCannotTouchALiveRun re-runs the

@@ -16,7 +16,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
-	"github.com/tether-run/tether/services/executor/internal/stack"
+	"github.com/tether-run/tether/services/executor/internal/testing/stack"
 )
 
 // previousRelease is the commit tagged v0.1.0, the release before main

@@ -13,7 +13,7 @@ import (
 
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
 	"github.com/tether-run/tether/services/executor/internal/cli"
-	"github.com/tether-run/tether/services/executor/internal/stack"
+	"github.com/tether-run/tether/services/executor/internal/testing/stack"
 )
 
 // TestE1_Stack_RunUsageIsTheTurnsDeltaNotTheSessionTotal: two warm turns of

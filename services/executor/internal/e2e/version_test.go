@@ -9,7 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/tether-run/tether/pkg/testbin"
+	"github.com/tether-run/tether/pkg/testing/testbin"
 )
 
 // TestL4_EveryBinaryAnswersVersionWithTheSameBuild: each shipped binary

@@ -16,7 +16,7 @@ import (
 	"github.com/tether-run/tether/pkg/failure"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/grant"
-	"github.com/tether-run/tether/pkg/pgtest"
+	"github.com/tether-run/tether/pkg/testing/pgtest"
 	"github.com/tether-run/tether/services/executor/internal/fleet"
 	"github.com/tether-run/tether/services/executor/internal/store"
 )

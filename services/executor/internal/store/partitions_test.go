@@ -17,7 +17,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
-	"github.com/tether-run/tether/pkg/pgtest"
+	"github.com/tether-run/tether/pkg/testing/pgtest"
 	"github.com/tether-run/tether/services/executor/internal/audit"
 	"github.com/tether-run/tether/services/executor/internal/retention"
 	"github.com/tether-run/tether/services/executor/internal/store"

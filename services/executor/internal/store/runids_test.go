@@ -11,8 +11,8 @@ import (
 
 	"github.com/tether-run/tether/pkg/failure"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
-	"github.com/tether-run/tether/pkg/pgtest"
 	"github.com/tether-run/tether/pkg/scope"
+	"github.com/tether-run/tether/pkg/testing/pgtest"
 	"github.com/tether-run/tether/services/executor/internal/store"
 )
 

@@ -26,7 +26,7 @@ import (
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/prp"
 	"github.com/tether-run/tether/pkg/runnerstate"
-	"github.com/tether-run/tether/pkg/testbin"
+	"github.com/tether-run/tether/pkg/testing/testbin"
 	"github.com/tether-run/tether/services/runnerd/internal/durable"
 	"github.com/tether-run/tether/services/runnerd/internal/runner"
 )
@@ -135,7 +135,7 @@ func TestG4_BinaryRunsATurnAgainstAFakeGateway(t *testing.T) {
 		t.Skip("builds binaries")
 	}
 	runnerd := goBuild(t, "github.com/tether-run/tether/services/runnerd/cmd/runnerd", "runnerd")
-	fake := goBuild(t, "github.com/tether-run/tether/services/runnerd/cmd/fake-codex-app-server", "fake-codex-app-server")
+	fake := goBuild(t, "github.com/tether-run/tether/services/runnerd/tools/fake-codex-app-server", "fake-codex-app-server")
 
 	g := &binGateway{t: t, auth: prp.NewAuthority([]byte("bin-key"), nil), frames: make(chan *prpv1.Frame, 1024)}
 	srv := httptest.NewServer(http.HandlerFunc(g.handle))

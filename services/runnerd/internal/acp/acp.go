@@ -1,5 +1,5 @@
 // Package acp drives an ACP agent (SPEC R11: @agentclientprotocol/codex-acp
-// or claude-agent-acp, or the fake of internal/fakeacp) over the Agent
+// or claude-agent-acp, or the fake of internal/testing/fakeacp) over the Agent
 // Client Protocol on its stdio: newline-delimited JSON-RPC 2.0 (initialize,
 // session/new, session/load, session/set_mode, session/set_model,
 // session/prompt with session/update notifications, session/cancel, and the

@@ -15,8 +15,8 @@ import (
 
 	"github.com/tether-run/tether/pkg/failure"
 	"github.com/tether-run/tether/pkg/procid"
-	"github.com/tether-run/tether/services/runnerd/internal/fakeacp"
 	"github.com/tether-run/tether/services/runnerd/internal/provider"
+	"github.com/tether-run/tether/services/runnerd/internal/testing/fakeacp"
 )
 
 func errCode(err error) string {

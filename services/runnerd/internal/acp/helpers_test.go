@@ -11,17 +11,17 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/tether-run/tether/pkg/testbin"
+	"github.com/tether-run/tether/pkg/testing/testbin"
 )
 
-// fakeAgent returns cmd/fake-acp-agent (built once per test binary unless
+// fakeAgent returns tools/fake-acp-agent (built once per test binary unless
 // make test prebuilt it).
 func fakeAgent(t *testing.T) string {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("builds the fake ACP agent")
 	}
-	bin, err := testbin.Path("github.com/tether-run/tether/services/runnerd/cmd/fake-acp-agent")
+	bin, err := testbin.Path("github.com/tether-run/tether/services/runnerd/tools/fake-acp-agent")
 	require.NoError(t, err)
 	return bin
 }

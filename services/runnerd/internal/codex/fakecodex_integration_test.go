@@ -11,11 +11,11 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tether-run/tether/pkg/failure"
-	"github.com/tether-run/tether/pkg/testbin"
-	"github.com/tether-run/tether/services/runnerd/internal/fakecodex"
+	"github.com/tether-run/tether/pkg/testing/testbin"
+	"github.com/tether-run/tether/services/runnerd/internal/testing/fakecodex"
 )
 
-// fakeCodexBinary is cmd/fake-codex-app-server: make test's prebuilt one
+// fakeCodexBinary is tools/fake-codex-app-server: make test's prebuilt one
 // ($TETHER_TEST_BIN), or one built once per test process (TestMain removes
 // it).
 func fakeCodexBinary(t *testing.T) string {
@@ -23,7 +23,7 @@ func fakeCodexBinary(t *testing.T) string {
 	if testing.Short() {
 		t.Skip("runs the fake codex app-server")
 	}
-	bin, err := testbin.Path("github.com/tether-run/tether/services/runnerd/cmd/fake-codex-app-server")
+	bin, err := testbin.Path("github.com/tether-run/tether/services/runnerd/tools/fake-codex-app-server")
 	require.NoError(t, err)
 	return bin
 }

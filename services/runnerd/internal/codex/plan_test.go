@@ -8,7 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tether-run/tether/pkg/prp"
-	"github.com/tether-run/tether/services/runnerd/internal/fakecodex"
+	"github.com/tether-run/tether/services/runnerd/internal/testing/fakecodex"
 )
 
 // E3: turn/plan/updated and completed plan items become run.plan_updated

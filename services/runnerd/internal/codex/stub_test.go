@@ -19,7 +19,7 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/tether-run/tether/pkg/testbin"
+	"github.com/tether-run/tether/pkg/testing/testbin"
 )
 
 const (

@@ -15,14 +15,14 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tether-run/tether/pkg/failure"
-	"github.com/tether-run/tether/pkg/testbin"
+	"github.com/tether-run/tether/pkg/testing/testbin"
 	"github.com/tether-run/tether/services/runnerd/internal/runner"
 )
 
 var fakeBin string
 
 func TestMain(m *testing.M) {
-	fakeBin = filepath.Join(testbin.MustDir("github.com/tether-run/tether/services/runnerd/cmd/fake-opencode"), "fake-opencode")
+	fakeBin = filepath.Join(testbin.MustDir("github.com/tether-run/tether/services/runnerd/tools/fake-opencode"), "fake-opencode")
 	testbin.Main(m)
 }
 

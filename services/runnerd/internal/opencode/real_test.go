@@ -13,8 +13,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/tether-run/tether/services/runnerd/internal/mockmodel"
 	"github.com/tether-run/tether/services/runnerd/internal/runner"
+	"github.com/tether-run/tether/services/runnerd/internal/testing/mockmodel"
 )
 
 // Environment of the opt-in suite (make test-providers).

@@ -18,7 +18,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/tether-run/tether/pkg/testbin"
+	"github.com/tether-run/tether/pkg/testing/testbin"
 )
 
 var runnerdBin, fakeBin string
@@ -26,7 +26,7 @@ var runnerdBin, fakeBin string
 func TestMain(m *testing.M) {
 	dir := testbin.MustDir(
 		"github.com/tether-run/tether/services/runnerd/cmd/runnerd",
-		"github.com/tether-run/tether/services/runnerd/cmd/fake-codex-app-server")
+		"github.com/tether-run/tether/services/runnerd/tools/fake-codex-app-server")
 	runnerdBin, fakeBin = filepath.Join(dir, "runnerd"), filepath.Join(dir, "fake-codex-app-server")
 	testbin.Main(m)
 }

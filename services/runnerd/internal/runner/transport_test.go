@@ -20,8 +20,8 @@ import (
 	"github.com/tether-run/tether/pkg/failure"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/prp"
-	"github.com/tether-run/tether/pkg/prp/prptest"
 	"github.com/tether-run/tether/pkg/runnerstate"
+	"github.com/tether-run/tether/pkg/testing/prptest"
 )
 
 // runOneTurn drives run-1 through one turn over the gateway's connection.

@@ -14,8 +14,8 @@ import (
 	"github.com/tether-run/tether/pkg/failure"
 	gatewayv1 "github.com/tether-run/tether/pkg/gen/tether/gateway/v1"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
-	"github.com/tether-run/tether/pkg/runnerstate/runnerstatetest"
 	"github.com/tether-run/tether/pkg/scope"
+	"github.com/tether-run/tether/pkg/testing/runnerstatetest"
 )
 
 // openRaw sends open as the stream's Open; the answer is Opened or the

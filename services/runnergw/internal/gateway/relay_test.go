@@ -31,9 +31,9 @@ import (
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/grant"
 	"github.com/tether-run/tether/pkg/prp"
-	"github.com/tether-run/tether/pkg/prp/prptest"
 	"github.com/tether-run/tether/pkg/scope"
-	"github.com/tether-run/tether/pkg/testbin"
+	"github.com/tether-run/tether/pkg/testing/prptest"
+	"github.com/tether-run/tether/pkg/testing/testbin"
 )
 
 var binDir string
@@ -41,9 +41,9 @@ var binDir string
 func TestMain(m *testing.M) {
 	binDir = testbin.MustDir(
 		"github.com/tether-run/tether/services/runnerd/cmd/runnerd",
-		"github.com/tether-run/tether/services/runnerd/cmd/fake-codex-app-server",
-		"github.com/tether-run/tether/services/runnerd/cmd/fake-opencode",
-		"github.com/tether-run/tether/services/runnerd/cmd/fake-acp-agent")
+		"github.com/tether-run/tether/services/runnerd/tools/fake-codex-app-server",
+		"github.com/tether-run/tether/services/runnerd/tools/fake-opencode",
+		"github.com/tether-run/tether/services/runnerd/tools/fake-acp-agent")
 	testbin.Parallel(4)
 	testbin.Main(m)
 }

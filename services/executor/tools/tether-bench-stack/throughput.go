@@ -1,0 +1,203 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
+	"github.com/tether-run/tether/services/executor/internal/testing/stack"
+)
+
+// fleetThroughput (-throughput N) is SPEC P5: short warm runs per second
+// through the whole stack with the given number of gateways, and the CPU
+// each kind of process spent per run. Every session first runs one turn
+// (opening its runner); then N runs are submitted, each session running
+// its runs one after another (a session's runs are serialised by design),
+// all sessions at once. CPU is read from /proc (utime+stime of every
+// process of each kind, including exited children reaped by its parent)
+// before and after the measured runs.
+func fleetThroughput(ctx context.Context, st *stack.Stack, client executorv1.ExecutorServiceClient, pgDir string, gateways, sessions, runs int) error {
+	for i := 1; i <= sessions; i++ {
+		if err := oneTurnIn(ctx, client, fmt.Sprintf("p5-warm-%d", i), fmt.Sprintf("p5-%d", i)); err != nil {
+			return fmt.Errorf("opening session %d: %w", i, err)
+		}
+	}
+	roots := map[string]int{"executor": st.Proc("executor").Pid()}
+	for g := 1; g <= gateways; g++ {
+		roots[gatewayName(g)] = st.Proc(gatewayName(g)).Pid()
+	}
+	if pid, err := postmasterPID(pgDir); err == nil {
+		roots["postgres"] = pid
+	}
+	before := cpuByKind(roots)
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, sessions)
+	t0 := time.Now()
+	for s := 1; s <= sessions; s++ {
+		wg.Go(func() {
+			for {
+				n := next.Add(1)
+				if n > int64(runs) {
+					return
+				}
+				if err := oneTurnIn(ctx, client, fmt.Sprintf("p5-run-%d", n), fmt.Sprintf("p5-%d", s)); err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(t0)
+	select {
+	case err := <-errs:
+		return err
+	default:
+	}
+	after := cpuByKind(roots)
+	rate := float64(runs) / elapsed.Seconds()
+	fmt.Printf("P5 fleet throughput: %d gateway(s), %d warm sessions, %d short runs in %s: %.1f runs/s\n",
+		gateways, sessions, runs, elapsed.Round(time.Millisecond), rate)
+	tree := procTree()
+	var spread []string
+	for g := 1; g <= gateways; g++ {
+		n := 0
+		for _, c := range tree.children[roots[gatewayName(g)]] {
+			if tree.comm[c] == "runnerd" {
+				n++
+			}
+		}
+		spread = append(spread, fmt.Sprintf("%s=%d", gatewayName(g), n))
+	}
+	fmt.Printf("  runners per gateway: %s\n", strings.Join(spread, " "))
+	kinds := make([]string, 0, len(after))
+	for k := range after {
+		kinds = append(kinds, k)
+	}
+	sort.Strings(kinds)
+	var parts []string
+	total := 0.0
+	for _, k := range kinds {
+		ms := float64(after[k]-before[k]) * 1000 / float64(clockTicks) / float64(runs)
+		total += ms
+		fmt.Printf("  CPU per run  %-9s %7.2f ms\n", k, ms)
+		parts = append(parts, fmt.Sprintf("cpu_ms_per_run_%s=%.3f", k, ms))
+	}
+	fmt.Printf("  CPU per run  %-9s %7.2f ms (%.0f %% of the box's 2 cores at this rate)\n", "total", total, 100*total*rate/1000/2)
+	fmt.Printf("BENCH fleet_throughput_%dgw runs_per_s=%.2f sessions=%d runs=%d %s cpu_ms_per_run_total=%.3f target=0.00 met=true unit=runs/s\n",
+		gateways, rate, sessions, runs, strings.Join(parts, " "), total)
+	return nil
+}
+
+// gatewayName is the stack name of gateway g (1-based).
+func gatewayName(g int) string {
+	if g == 1 {
+		return "runnergw"
+	}
+	return fmt.Sprintf("runnergw-%d", g)
+}
+
+// clockTicks is USER_HZ, the unit of /proc/pid/stat's times (100 on Linux).
+const clockTicks = 100
+
+// cpuByKind sums utime+stime+cutime+cstime (ticks) of every process below
+// each root, by kind: the roots' own names ("runnergw-2" counts as
+// "runnergw"), and below a gateway "runnerd" and "provider" (everything
+// runnerd starts: the provider host, the shim and the fake provider).
+func cpuByKind(roots map[string]int) map[string]int64 {
+	tree := procTree()
+	out := map[string]int64{}
+	for name, root := range roots {
+		kind := name
+		if strings.HasPrefix(name, "runnergw") {
+			kind = "runnergw"
+		}
+		out[kind] += tree.cpu[root]
+		var walk func(pid int, kind string)
+		walk = func(pid int, kind string) {
+			for _, c := range tree.children[pid] {
+				k := kind
+				switch {
+				case kind == "runnergw" && tree.comm[c] == "runnerd":
+					k = "runnerd"
+				case kind == "runnerd":
+					k = "provider"
+				}
+				out[k] += tree.cpu[c]
+				walk(c, k)
+			}
+		}
+		walk(root, kind)
+	}
+	return out
+}
+
+type procs struct {
+	children map[int][]int
+	comm     map[int]string
+	cpu      map[int]int64
+}
+
+func procTree() procs {
+	p := procs{children: map[int][]int{}, comm: map[int]string{}, cpu: map[int]int64{}}
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		raw, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		s := string(raw)
+		open, closing := strings.IndexByte(s, '('), strings.LastIndexByte(s, ')')
+		if open < 0 || closing < open {
+			continue
+		}
+		f := strings.Fields(s[closing+2:])
+		if len(f) < 15 {
+			continue
+		}
+		ppid, _ := strconv.Atoi(f[1])
+		var ticks int64
+		for _, i := range []int{11, 12, 13, 14} { // utime stime cutime cstime
+			v, _ := strconv.ParseInt(f[i], 10, 64)
+			ticks += v
+		}
+		p.children[ppid] = append(p.children[ppid], pid)
+		p.comm[pid] = s[open+1 : closing]
+		p.cpu[pid] = ticks
+	}
+	return p
+}
+
+// postmasterPID reads the cluster's postmaster.pid under dir.
+func postmasterPID(dir string) (int, error) {
+	var found string
+	_ = filepath.WalkDir(dir, func(path string, d os.DirEntry, err error) error {
+		if err == nil && !d.IsDir() && d.Name() == "postmaster.pid" {
+			found = path
+			return filepath.SkipAll
+		}
+		return nil
+	})
+	if found == "" {
+		return 0, fmt.Errorf("no postmaster.pid under %s", dir)
+	}
+	raw, err := os.ReadFile(found)
+	if err != nil {
+		return 0, err
+	}
+	line, _, _ := strings.Cut(string(raw), "\n")
+	return strconv.Atoi(strings.TrimSpace(line))
+}
