@@ -24,7 +24,7 @@ import (
 	"github.com/tether-run/tether/pkg/grpcx"
 	"github.com/tether-run/tether/pkg/identity"
 	"github.com/tether-run/tether/services/backup/internal/checkpoint"
-	"github.com/tether-run/tether/services/backup/internal/harness"
+	"github.com/tether-run/tether/services/backup/internal/manifest"
 	"github.com/tether-run/tether/services/backup/internal/providerpack"
 	"github.com/tether-run/tether/services/backup/internal/store"
 )
@@ -104,7 +104,7 @@ func (s *Server) DownloadCheckpoint(req *backupv1.DownloadCheckpointRequest, str
 	if err != nil {
 		return err
 	}
-	m, _ := harness.ParseManifest(c.Manifest)
+	m, _ := manifest.ParseManifest(c.Manifest)
 	if err := stream.Send(&backupv1.DownloadCheckpointResponse{Part: &backupv1.DownloadCheckpointResponse_Checkpoint{
 		Checkpoint: CheckpointToProto(c, m)}}); err != nil {
 		return err
@@ -124,9 +124,9 @@ func (s *Server) VerifyBackup(ctx context.Context, req *backupv1.VerifyBackupReq
 	if req.GetMode() == backupv1.VerifyMode_VERIFY_MODE_DEEP {
 		mode = checkpoint.Deep
 	}
-	var exp *harness.Expectation
+	var exp *manifest.Expectation
 	if req.GetExpectedExecution() != nil || req.GetExpectedRunnerInstanceId() != "" {
-		exp = &harness.Expectation{Execution: ExecutionFromProto(req.GetExpectedExecution()), RunnerInstanceID: req.GetExpectedRunnerInstanceId()}
+		exp = &manifest.Expectation{Execution: ExecutionFromProto(req.GetExpectedExecution()), RunnerInstanceID: req.GetExpectedRunnerInstanceId()}
 	}
 	res, err := s.Svc.Verify(ctx, c, mode, exp)
 	if err != nil {
@@ -197,19 +197,19 @@ func (s *Server) packRoot(req string) (string, error) {
 }
 
 // ExecutionFromProto converts an execution identity.
-func ExecutionFromProto(e *backupv1.ExecutionIdentity) harness.Execution {
-	return harness.Execution{
+func ExecutionFromProto(e *backupv1.ExecutionIdentity) manifest.Execution {
+	return manifest.Execution{
 		CompanyID: e.GetCompanyId(), AgentID: e.GetAgentId(), IssueID: e.GetIssueId(),
 		NormalizedSessionID: e.GetNormalizedSessionId(), DriverKind: e.GetDriverKind(),
-		Workspace: harness.Workspace{Cwd: e.GetWorkspace().GetCwd(), RepoURL: e.GetWorkspace().GetRepoUrl(),
+		Workspace: manifest.Workspace{Cwd: e.GetWorkspace().GetCwd(), RepoURL: e.GetWorkspace().GetRepoUrl(),
 			RepoRef: e.GetWorkspace().GetRepoRef(), BranchName: e.GetWorkspace().GetBranchName()},
 		Provider: e.GetProvider().AsMap(),
 	}
 }
 
 // SessionIdentityFromProto converts a provider session identity.
-func SessionIdentityFromProto(p *backupv1.ProviderSessionIdentity) harness.SessionIdentity {
-	out := harness.SessionIdentity{ProviderSessionID: p.GetProviderSessionId(), ProviderBackendSessionID: p.GetProviderBackendSessionId()}
+func SessionIdentityFromProto(p *backupv1.ProviderSessionIdentity) manifest.SessionIdentity {
+	out := manifest.SessionIdentity{ProviderSessionID: p.GetProviderSessionId(), ProviderBackendSessionID: p.GetProviderBackendSessionId()}
 	if p.GetProviderSessionIdentity() != nil {
 		out.ProviderSessionIdentity = p.GetProviderSessionIdentity().AsMap()
 	}
@@ -229,7 +229,7 @@ func structOf(m map[string]any) *structpb.Struct {
 
 // CheckpointToProto renders a stored checkpoint (m may be nil when the
 // stored manifest no longer parses).
-func CheckpointToProto(c *store.Checkpoint, m *harness.Manifest) *backupv1.Checkpoint {
+func CheckpointToProto(c *store.Checkpoint, m *manifest.Manifest) *backupv1.Checkpoint {
 	out := &backupv1.Checkpoint{
 		CheckpointId: c.ID, ManifestDigest: c.ManifestDigest, ManifestJson: c.Manifest,
 		CreatedAt: timestamppb.New(c.CreatedAt),

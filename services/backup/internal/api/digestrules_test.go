@@ -18,7 +18,7 @@ import (
 	"github.com/tether-run/tether/pkg/digest"
 	"github.com/tether-run/tether/pkg/failure"
 	backupv1 "github.com/tether-run/tether/pkg/gen/tether/backup/v1"
-	"github.com/tether-run/tether/services/backup/internal/harness"
+	"github.com/tether-run/tether/services/backup/internal/manifest"
 )
 
 // makeLegacy turns the one stored checkpoint of e into what a verifier
@@ -60,9 +60,9 @@ func makeLegacy(t *testing.T, e *env, id string, rules *int) {
 	conn, err := pgx.Connect(ctx, e.dsn)
 	require.NoError(t, err)
 	defer conn.Close(ctx)
-	var manifest []byte
-	require.NoError(t, conn.QueryRow(ctx, `SELECT manifest FROM backup.checkpoints WHERE checkpoint_id = $1`, id).Scan(&manifest))
-	m, err := harness.ParseManifest(manifest)
+	var stored []byte
+	require.NoError(t, conn.QueryRow(ctx, `SELECT manifest FROM backup.checkpoints WHERE checkpoint_id = $1`, id).Scan(&stored))
+	m, err := manifest.ParseManifest(stored)
 	require.NoError(t, err)
 	for i := range m.Directories {
 		r := raw[m.Directories[i].Name]

@@ -29,7 +29,7 @@ import (
 	"github.com/tether-run/tether/pkg/digest"
 	"github.com/tether-run/tether/pkg/failure"
 	backupv1 "github.com/tether-run/tether/pkg/gen/tether/backup/v1"
-	"github.com/tether-run/tether/services/backup/internal/harness"
+	"github.com/tether-run/tether/services/backup/internal/manifest"
 	"github.com/tether-run/tether/services/backup/internal/stamp"
 	"github.com/tether-run/tether/services/backup/internal/store"
 )
@@ -84,8 +84,8 @@ type Header struct {
 	SessionScope            string
 	RunnerInstanceID        string
 	LeaseID                 string
-	Execution               harness.Execution
-	ProviderSessionIdentity harness.SessionIdentity
+	Execution               manifest.Execution
+	ProviderSessionIdentity manifest.SessionIdentity
 	Directories             []string
 	// CompletedAt defaults to the time the upload is received.
 	CompletedAt time.Time
@@ -94,7 +94,7 @@ type Header struct {
 // Receipt is the result of an upload.
 type Receipt struct {
 	Checkpoint *store.Checkpoint
-	Manifest   *harness.Manifest
+	Manifest   *manifest.Manifest
 	Stamp      *backupv1.Stamp
 }
 
@@ -102,14 +102,14 @@ var scopeRE = regexp.MustCompile(`^[0-9a-f]{64}$`)
 
 // CheckHeader validates an upload header against the provider's persistence
 // profile before any byte of the archive is read.
-func CheckHeader(h Header) (harness.Profile, error) {
+func CheckHeader(h Header) (manifest.Profile, error) {
 	if !scopeRE.MatchString(h.SessionScope) {
-		return harness.Profile{}, failure.New(codes.InvalidArgument, failure.RunnerHarnessBackupScopeInvalid, "session scope %q is not a scope digest", h.SessionScope)
+		return manifest.Profile{}, failure.New(codes.InvalidArgument, failure.RunnerHarnessBackupScopeInvalid, "session scope %q is not a scope digest", h.SessionScope)
 	}
 	if h.LeaseID == "" {
-		return harness.Profile{}, failure.New(codes.InvalidArgument, failure.RunnerHarnessBackupLeaseMissing, "a checkpoint needs the lease it was taken under")
+		return manifest.Profile{}, failure.New(codes.InvalidArgument, failure.RunnerHarnessBackupLeaseMissing, "a checkpoint needs the lease it was taken under")
 	}
-	prof, err := harness.ResolveProfile(h.Execution.ProviderKind())
+	prof, err := manifest.ResolveProfile(h.Execution.ProviderKind())
 	if err != nil {
 		return prof, err
 	}
@@ -178,11 +178,11 @@ func (s *Service) Upload(ctx context.Context, h Header, body io.Reader) (*Receip
 	}
 	// Build the manifest once without the archive record to fail fast on
 	// identity problems before anything is stored.
-	in := harness.BuildInput{
+	in := manifest.BuildInput{
 		Execution: h.Execution, RunnerInstanceID: h.RunnerInstanceID, ProviderSessionIdentity: h.ProviderSessionIdentity,
 		SourceLeaseID: h.LeaseID, SessionScope: h.SessionScope, CheckpointID: id, CompletedAt: at,
 	}
-	if _, err := harness.Build(in, digests.get); err != nil {
+	if _, err := manifest.Build(in, digests.get); err != nil {
 		return nil, err
 	}
 
@@ -200,7 +200,7 @@ func (s *Service) Upload(ctx context.Context, h Header, body io.Reader) (*Receip
 		}
 	}()
 	in.Archive = info
-	m, err := harness.Build(in, digests.get)
+	m, err := manifest.Build(in, digests.get)
 	if err != nil {
 		return nil, err
 	}
@@ -266,7 +266,7 @@ func digestAll(tree string, names []string) (digestSet, error) {
 	return out, firstErr
 }
 
-func (s *Service) writeArchive(ctx context.Context, key, tree string) (*harness.ArchiveInfo, error) {
+func (s *Service) writeArchive(ctx context.Context, key, tree string) (*manifest.ArchiveInfo, error) {
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	w, err := s.Bucket.NewWriter(wctx, key, &blob.WriterOptions{ContentType: "application/x-tar"})
@@ -283,7 +283,7 @@ func (s *Service) writeArchive(ctx context.Context, key, tree string) (*harness.
 	if err := w.Close(); err != nil {
 		return nil, failure.Wrap(err, codes.Unavailable, failure.BackupStoreFailed, "storing archive: %v", err)
 	}
-	return &harness.ArchiveInfo{
+	return &manifest.ArchiveInfo{
 		SHA256: digest.Prefix + hex.EncodeToString(h.Sum(nil)), Bytes: st.ArchiveBytes,
 		ExpandedBytes: st.Bytes, Entries: st.Entries,
 	}, nil
@@ -380,7 +380,7 @@ type Result struct {
 	Reason      string
 	Detail      string
 	Checkpoint  *store.Checkpoint
-	Manifest    *harness.Manifest
+	Manifest    *manifest.Manifest
 	Bytes       int64
 	Directories []DirectoryCheck
 }
@@ -397,12 +397,12 @@ func invalid(r *Result, reason, format string, args ...any) *Result {
 // every byte of the archive is read again: its digest and every directory's
 // tree digest must equal the record. Any difference is an invalid Result,
 // not an error.
-func (s *Service) Verify(ctx context.Context, c *store.Checkpoint, mode Mode, exp *harness.Expectation) (*Result, error) {
+func (s *Service) Verify(ctx context.Context, c *store.Checkpoint, mode Mode, exp *manifest.Expectation) (*Result, error) {
 	res := &Result{Checkpoint: c}
 	if digest.Bytes(c.Manifest) != c.ManifestDigest {
 		return invalid(res, failure.BackupManifestMismatch, "the stored manifest does not hash to its digest"), nil
 	}
-	m, err := harness.ParseManifest(c.Manifest)
+	m, err := manifest.ParseManifest(c.Manifest)
 	if err != nil {
 		return invalid(res, failure.BackupManifestMismatch, "%v", err), nil
 	}
@@ -410,7 +410,7 @@ func (s *Service) Verify(ctx context.Context, c *store.Checkpoint, mode Mode, ex
 	if d, err := m.Digest(); err != nil || d != c.ManifestDigest {
 		return invalid(res, failure.BackupManifestMismatch, "the stored manifest is not canonical"), nil
 	}
-	prof, err := harness.ResolveProfile(m.ProviderKind)
+	prof, err := manifest.ResolveProfile(m.ProviderKind)
 	names := make([]string, len(m.Directories))
 	for i, d := range m.Directories {
 		names[i] = d.Name
@@ -483,7 +483,7 @@ func (h *hashingReader) Read(p []byte) (int, error) {
 // rehashed under the current rules and, when its directories do not match
 // m under them, once more under the older rules; rules that match are
 // recorded for the next verification.
-func (s *Service) rehashUnderItsRules(ctx context.Context, c *store.Checkpoint, m *harness.Manifest) (got map[string]digest.Result, n int64, reason, detail string, err error) {
+func (s *Service) rehashUnderItsRules(ctx context.Context, c *store.Checkpoint, m *manifest.Manifest) (got map[string]digest.Result, n int64, reason, detail string, err error) {
 	rules := archive.DigestRules(c.DigestRules)
 	if c.DigestRules == 0 {
 		rules = archive.CurrentDigestRules
@@ -505,7 +505,7 @@ func (s *Service) rehashUnderItsRules(ctx context.Context, c *store.Checkpoint, 
 }
 
 // matchesManifest: every directory m records has its digest and size in got.
-func matchesManifest(m *harness.Manifest, got map[string]digest.Result) bool {
+func matchesManifest(m *manifest.Manifest, got map[string]digest.Result) bool {
 	if m == nil || len(got) != len(m.Directories) {
 		return false
 	}
@@ -566,7 +566,7 @@ func (s *Service) VerifyStamp(ctx context.Context, st *backupv1.Stamp, leaseID s
 	if err != nil {
 		return false, "", err
 	}
-	m, err := harness.ParseManifest(c.Manifest)
+	m, err := manifest.ParseManifest(c.Manifest)
 	if err != nil || digest.Bytes(c.Manifest) != c.ManifestDigest {
 		return false, failure.BackupStampManifestMismatch, nil
 	}

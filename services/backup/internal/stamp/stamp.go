@@ -20,7 +20,7 @@ import (
 
 	"github.com/tether-run/tether/pkg/failure"
 	backupv1 "github.com/tether-run/tether/pkg/gen/tether/backup/v1"
-	"github.com/tether-run/tether/services/backup/internal/harness"
+	"github.com/tether-run/tether/services/backup/internal/manifest"
 )
 
 // Schema names the stamp layout.
@@ -55,7 +55,7 @@ func Sign(key []byte, s *backupv1.Stamp) {
 // Issue signs a stamp for the manifest, authorised for authorizedLease
 // (failure.RunnerHarnessBackupLeaseMissing when empty). The manifest must carry a session scope
 // (failure.RunnerHarnessBackupScopeInvalid otherwise).
-func Issue(key []byte, m *harness.Manifest, authorizedLease string) (*backupv1.Stamp, error) {
+func Issue(key []byte, m *manifest.Manifest, authorizedLease string) (*backupv1.Stamp, error) {
 	if authorizedLease == "" {
 		return nil, failure.New(codes.InvalidArgument, failure.RunnerHarnessBackupLeaseMissing, "a backup stamp needs the lease it is authorised for")
 	}
@@ -103,7 +103,7 @@ func Verify(key []byte, s *backupv1.Stamp, leaseID string) (ok bool, reason stri
 // The manifest must hash to the stamp's digest and carry the stamp's scope,
 // session, runner, checkpoint, source lease and completion time, and every
 // directory must still have its recorded digest and size.
-func VerifyBackup(key []byte, s *backupv1.Stamp, leaseID string, m *harness.Manifest, current harness.DigestFunc) (bool, string) {
+func VerifyBackup(key []byte, s *backupv1.Stamp, leaseID string, m *manifest.Manifest, current manifest.DigestFunc) (bool, string) {
 	if ok, reason := Verify(key, s, leaseID); !ok {
 		return false, reason
 	}

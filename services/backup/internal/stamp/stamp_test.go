@@ -14,7 +14,7 @@ import (
 	"github.com/tether-run/tether/pkg/failure"
 	backupv1 "github.com/tether-run/tether/pkg/gen/tether/backup/v1"
 	"github.com/tether-run/tether/pkg/provenv"
-	"github.com/tether-run/tether/services/backup/internal/harness"
+	"github.com/tether-run/tether/services/backup/internal/manifest"
 )
 
 var key = []byte("0123456789abcdef0123456789abcdef")
@@ -27,10 +27,10 @@ func put(t *testing.T, path, data string) {
 	require.NoError(t, os.WriteFile(path, []byte(data), 0o600))
 }
 
-func execution() harness.Execution {
-	return harness.Execution{
+func execution() manifest.Execution {
+	return manifest.Execution{
 		CompanyID: "company", RunID: "run", IssueID: "issue", AgentID: "agent", NormalizedSessionID: "native-session",
-		DriverKind: provenv.DriverCodexAppServer, Workspace: harness.Workspace{Cwd: "/workspace"},
+		DriverKind: provenv.DriverCodexAppServer, Workspace: manifest.Workspace{Cwd: "/workspace"},
 		Provider: map[string]any{"kind": "codex", "model": "gpt-5.6-sol", "approvalPolicy": "never"},
 	}
 }
@@ -39,15 +39,15 @@ func TestB3_StampVerifiesOnlyForItsLeaseWhileDigestsMatch(t *testing.T) {
 	current := filepath.Join(t.TempDir(), scope, "failover-backups", "current")
 	put(t, filepath.Join(current, "runner", "runner-state.json"), "runner-state")
 	put(t, filepath.Join(current, "codex-home", "sessions", "thread.jsonl"), "thread-state")
-	m, err := harness.BuildFromRoot(current, harness.BuildInput{
+	m, err := manifest.BuildFromRoot(current, manifest.BuildInput{
 		Execution: execution(), RunnerInstanceID: "runner-1", SessionScope: scope, CheckpointID: "cp-1",
-		ProviderSessionIdentity: harness.SessionIdentity{ProviderSessionID: "thread-1", ProviderBackendSessionID: "session-1"},
+		ProviderSessionIdentity: manifest.SessionIdentity{ProviderSessionID: "thread-1", ProviderBackendSessionID: "session-1"},
 		SourceLeaseID:           "sandbox-1",
 	})
 	require.NoError(t, err)
 	s, err := Issue(key, m, "sandbox-1")
 	require.NoError(t, err)
-	digests := harness.RootDigests(current)
+	digests := manifest.RootDigests(current)
 
 	ok, reason := VerifyBackup(key, s, "sandbox-1", m, digests)
 	require.True(t, ok, reason)

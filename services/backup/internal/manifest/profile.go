@@ -1,10 +1,10 @@
-// Package harness is the backup domain of a session's harness state: which
+// Package manifest is the backup domain of a session's harness state: which
 // directories a provider's state lives in (persistence profiles, SPEC B2),
 // the backup manifest that records their digests and the execution identity
 // they belong to, its verification, the ACPX identity-rotation rule and the
 // restore decision (SPEC B3). It is pure except for the functions that take
 // a directory.
-package harness
+package manifest
 
 import (
 	"slices"

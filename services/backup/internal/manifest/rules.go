@@ -1,4 +1,4 @@
-package harness
+package manifest
 
 import (
 	"bytes"
