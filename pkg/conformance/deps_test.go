@@ -15,13 +15,16 @@ import (
 // and the package of their main.
 var services = []struct{ module, main string }{
 	{"services/executor", "./cmd/executor"},
+	{"services/executor", "./cmd/tetherctl"},
 	{"services/runnergw", "./cmd/runnergw"},
 	{"services/runnerd", "./cmd/runnerd"},
 	{"services/backup", "./cmd/backup-verifier"},
 }
 
-// testOnly matches the import paths of test doubles, harnesses and benches:
-// a service binary must not link any.
+// testOnly matches the import paths of test doubles, harnesses and benches
+// (tether's own packages only: a dependency's internal package may be
+// named so, as puddle's internal/genstack is): a service binary must not
+// link any.
 var testOnly = regexp.MustCompile(`^github\.com/tether-run/tether/.*(fake|mock|testing|stack|pgtest|testbin|bench)`)
 
 // No service binary links a fake provider, a mock model, the test harness

@@ -3,8 +3,11 @@
 //
 //   - docs/behaviours.md, the catalogue of behaviour IDs (E7, R13, …),
 //     explains every ID a test name or a "SPEC" citation uses;
-//   - the service binaries (executor, runnergw, runnerd, backup-verifier)
-//     link no test double, mock model, harness or bench;
+//   - the service binaries (executor, tetherctl, runnergw, runnerd,
+//     backup-verifier) link no test double, mock model, harness or bench;
+//   - test doubles, test helpers, the harness, the benches and the demo live
+//     in pkg/testing, a service's internal/testing or its tools/, and a
+//     service's cmd/ holds only the binaries tether ships;
 //   - the gRPC bootstrap (pkg/grpcx) links only the few tether packages
 //     it needs.
 package conformance
