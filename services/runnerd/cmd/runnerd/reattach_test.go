@@ -235,7 +235,7 @@ func newBinRunnerd(t *testing.T, fakeName string) (runnerd, fake string, g *binG
 		t.Skip("builds binaries")
 	}
 	runnerd = goBuild(t, "github.com/tether-run/tether/services/runnerd/cmd/runnerd", "runnerd")
-	fake = goBuild(t, "github.com/tether-run/tether/services/runnerd/cmd/"+fakeName, fakeName)
+	fake = goBuild(t, "github.com/tether-run/tether/services/runnerd/tools/"+fakeName, fakeName)
 	g = &binGateway{t: t, auth: prp.NewAuthority([]byte("bin-key"), nil), frames: make(chan *prpv1.Frame, 4096)}
 	srv := httptest.NewServer(http.HandlerFunc(g.handle))
 	t.Cleanup(func() { srv.Close(); g.wg.Wait() })
