@@ -83,29 +83,10 @@ type Server struct {
 // protovalidate), and the OpenTelemetry stats handler traces every call
 // but health checks (see pkg/telemetry).
 func New(cfg Config, extra ...grpc.ServerOption) (*Server, error) {
-	if cfg.flagErrs != nil {
-		if err := cfg.flagErrs(); err != nil {
-			return nil, fmt.Errorf("grpcx: %w", err)
-		}
-	}
-	if cfg.ShutdownTimeout <= 0 {
-		cfg.ShutdownTimeout = DefaultShutdownTimeout
-	}
-	if cfg.Name == "" {
-		cfg.Name = "grpc"
-	}
-	if _, err := ParseLevel(cfg.LogLevel); err != nil && cfg.Logger == nil {
+	cfg, log, err := checkConfig(cfg)
+	if err != nil {
 		return nil, err
 	}
-	if err := checkFormat(cfg.LogFormat); err != nil && cfg.Logger == nil {
-		return nil, err
-	}
-	log := cfg.Logger
-	if log == nil {
-		log = NewLogger(cfg.LogLevel, cfg.LogFormat, os.Stderr)
-	}
-	log = log.With("service", cfg.Name)
-
 	tlsCfg, err := serverTLS(cfg)
 	if err != nil {
 		return nil, err
@@ -113,31 +94,17 @@ func New(cfg Config, extra ...grpc.ServerOption) (*Server, error) {
 	if err := checkPeersConfig(cfg); err != nil {
 		return nil, err
 	}
-	peers := peerCheck{allowed: cfg.AllowedPeers, secure: tlsCfg != nil}
 	if tlsCfg == nil && !cfg.AllowPlaintext && cfg.GRPCAddr != "" && !IsLoopbackAddr(cfg.GRPCAddr) {
 		return nil, plaintextError(cfg.GRPCAddr)
 	}
-
 	validator, err := protovalidate.New()
 	if err != nil {
 		return nil, fmt.Errorf("grpcx: protovalidate: %w", err)
 	}
-	reg := prometheus.NewRegistry()
-	build := buildinfo.Read()
-	reg.MustRegister(
-		collectors.NewGoCollector(),
-		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		buildInfoGauge(cfg.Name, build),
-	)
-	// go-grpc-middleware's Prometheus provider: grpc_server_started_total,
-	// grpc_server_handled_total, grpc_server_msg_received_total,
-	// grpc_server_msg_sent_total and grpc_server_handling_seconds, labelled
-	// grpc_type, grpc_service, grpc_method (and grpc_code).
-	metrics := grpcprom.NewServerMetrics(grpcprom.WithServerHandlingTimeHistogram())
-	if err := reg.Register(metrics); err != nil {
+	reg, metrics, err := newRegistry(cfg.Name)
+	if err != nil {
 		return nil, err
 	}
-
 	s := &Server{
 		cfg:      cfg,
 		log:      log,
@@ -149,7 +116,65 @@ func New(cfg Config, extra ...grpc.ServerOption) (*Server, error) {
 		draining: make(chan struct{}),
 	}
 	s.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
+	opts := s.serverOptions(peerCheck{allowed: cfg.AllowedPeers, secure: tlsCfg != nil}, validator)
+	s.gs = grpc.NewServer(append(opts, extra...)...)
+	healthpb.RegisterHealthServer(s.gs, &drainingHealth{Server: s.health, draining: s.draining})
+	reflection.Register(s.gs)
+	return s, nil
+}
 
+// checkConfig reports the flags' invalid environment values and bad log
+// settings, fills the defaults and returns cfg with the logger to use.
+func checkConfig(cfg Config) (Config, *slog.Logger, error) {
+	if cfg.flagErrs != nil {
+		if err := cfg.flagErrs(); err != nil {
+			return cfg, nil, fmt.Errorf("grpcx: %w", err)
+		}
+	}
+	if cfg.ShutdownTimeout <= 0 {
+		cfg.ShutdownTimeout = DefaultShutdownTimeout
+	}
+	if cfg.Name == "" {
+		cfg.Name = "grpc"
+	}
+	if _, err := ParseLevel(cfg.LogLevel); err != nil && cfg.Logger == nil {
+		return cfg, nil, err
+	}
+	if err := checkFormat(cfg.LogFormat); err != nil && cfg.Logger == nil {
+		return cfg, nil, err
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = NewLogger(cfg.LogLevel, cfg.LogFormat, os.Stderr)
+	}
+	return cfg, log.With("service", cfg.Name), nil
+}
+
+// newRegistry is the server's Prometheus registry: Go and process
+// collectors, the build gauge and go-grpc-middleware's server metrics
+// (grpc_server_started_total, grpc_server_handled_total,
+// grpc_server_msg_received_total, grpc_server_msg_sent_total and
+// grpc_server_handling_seconds, labelled grpc_type, grpc_service,
+// grpc_method and grpc_code).
+func newRegistry(name string) (*prometheus.Registry, *grpcprom.ServerMetrics, error) {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		buildInfoGauge(name, buildinfo.Read()),
+	)
+	metrics := grpcprom.NewServerMetrics(grpcprom.WithServerHandlingTimeHistogram())
+	if err := reg.Register(metrics); err != nil {
+		return nil, nil, err
+	}
+	return reg, metrics, nil
+}
+
+// serverOptions are the built-in interceptor chains (fields, metrics,
+// logging, coded errors, recovery, peer identities, undecodable requests,
+// protovalidate), the codec, tracing, keepalive, TLS and message size.
+func (s *Server) serverOptions(peers peerCheck, validator protovalidate.Validator) []grpc.ServerOption {
+	log := s.log
 	logOpts := []logging.Option{
 		logging.WithLogOnEvents(logging.FinishCall),
 		logging.WithFieldsFromContext(func(ctx context.Context) logging.Fields {
@@ -166,7 +191,7 @@ func New(cfg Config, extra ...grpc.ServerOption) (*Server, error) {
 	opts := []grpc.ServerOption{
 		grpc.ChainUnaryInterceptor(
 			unaryFieldsInterceptor,
-			metrics.UnaryServerInterceptor(),
+			s.metrics.UnaryServerInterceptor(),
 			logging.UnaryServerInterceptor(slogAdapter(log), logOpts...),
 			unaryCodedErrors,
 			recovery.UnaryServerInterceptor(rec),
@@ -176,7 +201,7 @@ func New(cfg Config, extra ...grpc.ServerOption) (*Server, error) {
 		),
 		grpc.ChainStreamInterceptor(
 			streamFieldsInterceptor,
-			metrics.StreamServerInterceptor(),
+			s.metrics.StreamServerInterceptor(),
 			logging.StreamServerInterceptor(slogAdapter(log), logOpts...),
 			streamCodedErrors,
 			recovery.StreamServerInterceptor(rec),
@@ -197,18 +222,14 @@ func New(cfg Config, extra ...grpc.ServerOption) (*Server, error) {
 			Timeout: KeepaliveServerTimeout,
 		}),
 	}
-	if tlsCfg != nil {
-		opts = append(opts, grpc.Creds(credentials.NewTLS(tlsCfg)))
+	if s.tls != nil {
+		opts = append(opts, grpc.Creds(credentials.NewTLS(s.tls)))
 	}
 	// Requests up to MaxRecvMsgBytes are read, so that one whose field is
 	// too long (a 5 MB prompt) is refused by its validation rule with the
 	// field named (invalid_request), not by the transport's bare
 	// ResourceExhausted at grpc-go's 4 MiB default.
-	opts = append(opts, grpc.MaxRecvMsgSize(MaxRecvMsgBytes))
-	s.gs = grpc.NewServer(append(opts, extra...)...)
-	healthpb.RegisterHealthServer(s.gs, &drainingHealth{Server: s.health, draining: s.draining})
-	reflection.Register(s.gs)
-	return s, nil
+	return append(opts, grpc.MaxRecvMsgSize(MaxRecvMsgBytes))
 }
 
 // slogAdapter logs through l; successful health and reflection calls (probes,

@@ -192,7 +192,23 @@ func (s *Store) PartitionEvents(ctx context.Context, o PartitionOptions) error {
 	if batch <= 0 {
 		batch = 1000
 	}
-	// Backfill, run by run through the primary key (run_id, seq).
+	if err := s.backfillRunCreatedAt(ctx, batch, logf); err != nil {
+		return err
+	}
+	if err := s.boundLegacyEvents(ctx, cutoff, logf); err != nil {
+		return err
+	}
+	if err := s.swapInPartitionedEvents(ctx, cutoff, logf); err != nil {
+		return err
+	}
+	logf("executor.events is partitioned: %s holds the runs created before %s", LegacyPartition, cutoff.Format(time.RFC3339))
+	return s.EnsureEventPartitions(ctx, time.Now().Add(PartitionsAhead))
+}
+
+// backfillRunCreatedAt fills run_created_at of the event rows stored
+// before migration 00028, run by run through the primary key (run_id,
+// seq), batch runs per transaction.
+func (s *Store) backfillRunCreatedAt(ctx context.Context, batch int, logf func(string, ...any)) error {
 	var last, filled int64
 	for {
 		var upto, n int64
@@ -210,7 +226,13 @@ SELECT coalesce((SELECT max(submit_seq) FROM b), 0), (SELECT count(*) FROM u)`, 
 		last, filled = upto, filled+n
 	}
 	logf("backfilled run_created_at of %d event rows", filled)
-	// The bound, validated without blocking writers.
+	return nil
+}
+
+// boundLegacyEvents adds and validates, without blocking writers, the
+// CHECK that every stored event belongs to a run created before cutoff
+// (and has run_created_at).
+func (s *Store) boundLegacyEvents(ctx context.Context, cutoff time.Time, logf func(string, ...any)) error {
 	check := fmt.Sprintf(`ALTER TABLE executor.events ADD CONSTRAINT events_legacy_bound CHECK (run_created_at IS NOT NULL AND run_created_at < %s) NOT VALID`, tsLiteral(cutoff))
 	if _, err := s.pool.Exec(ctx, `ALTER TABLE executor.events DROP CONSTRAINT IF EXISTS events_legacy_bound`); err != nil {
 		return err
@@ -223,9 +245,13 @@ SELECT coalesce((SELECT max(submit_seq) FROM b), 0), (SELECT count(*) FROM u)`, 
 		return fmt.Errorf("events of runs created at or after the cutoff %s are stored (or rows lack run_created_at): %w", cutoff.Format(time.RFC3339), err)
 	}
 	logf("validated: every stored event belongs to a run created before %s", cutoff.Format(time.RFC3339))
-	// The swap: short, under the table's lock; retried when the lock is
-	// not granted within lock_timeout (writers queue behind a waiting
-	// ACCESS EXCLUSIVE request).
+	return nil
+}
+
+// swapInPartitionedEvents is the swap: short, under the table's lock;
+// retried when the lock is not granted within lock_timeout (writers queue
+// behind a waiting ACCESS EXCLUSIVE request).
+func (s *Store) swapInPartitionedEvents(ctx context.Context, cutoff time.Time, logf func(string, ...any)) error {
 	for attempt := 1; ; attempt++ {
 		err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 			if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = '2s'`); err != nil {
@@ -271,8 +297,7 @@ SELECT coalesce((SELECT max(submit_seq) FROM b), 0), (SELECT count(*) FROM u)`, 
 		}
 		break
 	}
-	logf("executor.events is partitioned: %s holds the runs created before %s", LegacyPartition, cutoff.Format(time.RFC3339))
-	return s.EnsureEventPartitions(ctx, time.Now().Add(PartitionsAhead))
+	return nil
 }
 
 // EnsureEventPartitions creates weekly partitions after the last one until

@@ -139,21 +139,11 @@ func (h *host) run() (int, error) {
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
 	defer signal.Stop(sigs)
 
-	// A relative socket name keeps the path short whatever the state dir.
-	if err := os.Chdir(h.cfg.Dir); err != nil {
+	ln, err := h.listen()
+	if err != nil {
 		return 1, err
 	}
-	if fi, err := os.Lstat(SocketName); err == nil && fi.Mode()&os.ModeSocket != 0 {
-		_ = os.Remove(SocketName)
-	}
-	ln, err := net.Listen("unix", SocketName)
-	if err != nil {
-		return 1, fmt.Errorf("listen: %w", err)
-	}
 	defer os.Remove(SocketName)
-	_ = os.Chmod(SocketName, 0o600)
-	ul := ln.(*net.UnixListener)
-	ul.SetUnlinkOnClose(false)
 
 	_ = os.Remove(ExitName) // a previous provider's
 	stdout, err := h.spawn()
@@ -162,47 +152,85 @@ func (h *host) run() (int, error) {
 		return 1, err
 	}
 	pid := h.cmd.Process.Pid
-	info := &Info{Schema: InfoSchema, HostPID: os.Getpid(), ProviderPID: pid, ProviderPGID: pid, ProviderStartedAt: time.Now().UTC(),
-		SeqBase: h.cfg.SeqBase, BootID: bootID()}
-	info.HostStartTicks, _ = StartTicks(os.Getpid())
-	info.ProviderStartTicks, _ = StartTicks(pid)
-	if err := writeInfo(h.cfg.Dir, info); err != nil {
+	if err := h.announceStart(pid); err != nil {
 		h.kill()
 		ln.Close()
 		return 1, err
-	}
-	if h.cfg.Ready != nil {
-		_, _ = h.cfg.Ready.Write([]byte("ready\n"))
-		_ = h.cfg.Ready.Close()
 	}
 	h.log.Info("provider host serving", "provider_pid", pid, "seq_base", h.cfg.SeqBase)
 
 	go h.readProvider(stdout)
 	waited := make(chan struct{})
-	go func() {
-		err := h.cmd.Wait()
-		// The provider's own end, for the restarted driver's message: the
-		// shim only sees its connection close (SPEC R7).
-		if werr := writeExit(h.cfg.Dir, Exit{Schema: ExitSchema, ProviderPID: pid,
-			Description: procid.DescribeExit(h.cmd.ProcessState), At: time.Now().UTC()}); werr != nil {
-			h.log.Warn("cannot record the provider's exit", "err", werr)
-		}
-		code := 0
-		if err != nil {
-			code = 1
-			var ee *exec.ExitError
-			if errors.As(err, &ee) && ee.ExitCode() >= 0 {
-				code = ee.ExitCode()
-			}
-		}
-		h.mu.Lock()
-		h.exited, h.exitCode = true, code
-		h.cond.Broadcast()
-		h.mu.Unlock()
-		close(waited)
-	}()
+	go h.waitProvider(pid, waited)
 	go h.accept(ln)
+	return h.supervise(ln, sigs, waited), nil
+}
 
+// listen listens on the host's socket in the state directory (a relative
+// name keeps the path short whatever the directory), replacing a stale
+// one; the socket outlives the listener's Close (run removes it).
+func (h *host) listen() (net.Listener, error) {
+	if err := os.Chdir(h.cfg.Dir); err != nil {
+		return nil, err
+	}
+	if fi, err := os.Lstat(SocketName); err == nil && fi.Mode()&os.ModeSocket != 0 {
+		_ = os.Remove(SocketName)
+	}
+	ln, err := net.Listen("unix", SocketName)
+	if err != nil {
+		return nil, fmt.Errorf("listen: %w", err)
+	}
+	_ = os.Chmod(SocketName, 0o600)
+	ln.(*net.UnixListener).SetUnlinkOnClose(false)
+	return ln, nil
+}
+
+// announceStart records the host's and the provider's identity (Info) and
+// tells the launcher the host is ready.
+func (h *host) announceStart(pid int) error {
+	info := &Info{Schema: InfoSchema, HostPID: os.Getpid(), ProviderPID: pid, ProviderPGID: pid, ProviderStartedAt: time.Now().UTC(),
+		SeqBase: h.cfg.SeqBase, BootID: bootID()}
+	info.HostStartTicks, _ = StartTicks(os.Getpid())
+	info.ProviderStartTicks, _ = StartTicks(pid)
+	if err := writeInfo(h.cfg.Dir, info); err != nil {
+		return err
+	}
+	if h.cfg.Ready != nil {
+		_, _ = h.cfg.Ready.Write([]byte("ready\n"))
+		_ = h.cfg.Ready.Close()
+	}
+	return nil
+}
+
+// waitProvider waits for the provider to exit, records its end and closes
+// waited.
+func (h *host) waitProvider(pid int, waited chan struct{}) {
+	err := h.cmd.Wait()
+	// The provider's own end, for the restarted driver's message: the
+	// shim only sees its connection close (SPEC R7).
+	if werr := writeExit(h.cfg.Dir, Exit{Schema: ExitSchema, ProviderPID: pid,
+		Description: procid.DescribeExit(h.cmd.ProcessState), At: time.Now().UTC()}); werr != nil {
+		h.log.Warn("cannot record the provider's exit", "err", werr)
+	}
+	code := 0
+	if err != nil {
+		code = 1
+		var ee *exec.ExitError
+		if errors.As(err, &ee) && ee.ExitCode() >= 0 {
+			code = ee.ExitCode()
+		}
+	}
+	h.mu.Lock()
+	h.exited, h.exitCode = true, code
+	h.cond.Broadcast()
+	h.mu.Unlock()
+	close(waited)
+}
+
+// supervise stops the provider on a signal or when no client re-attached
+// within the detach timeout, and returns the provider's exit code once it
+// is gone and its output was delivered (or nobody came for it).
+func (h *host) supervise(ln net.Listener, sigs <-chan os.Signal, waited chan struct{}) int {
 	tick := time.NewTicker(200 * time.Millisecond)
 	defer tick.Stop()
 	for {
@@ -232,7 +260,7 @@ func (h *host) run() (int, error) {
 			}
 			h.mu.Unlock()
 			h.log.Info("provider host exiting", "provider_exit_code", code)
-			return code, nil
+			return code
 		}
 	}
 }
