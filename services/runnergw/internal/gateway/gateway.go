@@ -362,65 +362,10 @@ func (g *Gateway) ensureRunner(ctx context.Context, sc string, in *prpv1.Executi
 		dir := g.stateDir(sc)
 		inst, proc := persistedIdentity(dir)
 		if !processAlive(proc) {
-			prof, err := g.launchProfile(in)
-			if err == nil {
-				err = g.confineWorkspace(in)
-			}
-			if err != nil {
+			var err error
+			if prep, err = g.launchRunner(ctx, r, sc, dir, inst, in, mode, runID, prior); err != nil {
 				r.mu.Unlock()
 				return nil, false, nil, err
-			}
-			spec := launchSpec{stateDir: dir, instanceID: inst, mode: mode, leaseID: LeaseFor(sc),
-				sessionID: in.GetSession().GetNormalizedSessionId(), scope: sc, workspace: in.GetWorkspace().GetCwd(),
-				provider: prof, company: in.GetBinding().GetCompanyId(), kind: in.GetProvider().GetKind()}
-			if runID != "" {
-				plan, p, err := g.launchAuthority(ctx, sc, runID, in, prior)
-				if err != nil {
-					r.mu.Unlock()
-					return nil, false, nil, err
-				}
-				prep = p
-				spec.instanceID, spec.leaseID = plan.Identity.RunnerInstanceID, plan.Identity.EnvironmentLeaseID
-				spec.sessionID, spec.workspace = plan.Identity.NormalizedSessionID, plan.WorkspaceCwd
-			}
-			if spec.instanceID == "" {
-				spec.instanceID = randomID("runner-")
-			}
-			if spec.workspace == "" {
-				spec.workspace = filepath.Join(dir, "workspace")
-			}
-			ticket, err := g.cfg.Authority.MintTicket(spec.instanceID, sc, g.cfg.ConnectTimeout+time.Minute)
-			if err != nil {
-				r.mu.Unlock()
-				return nil, false, nil, err
-			}
-			spec.ticket = ticket
-			child, err := g.launch(&spec)
-			if err != nil {
-				r.mu.Unlock()
-				return nil, false, nil, err
-			}
-			inst = spec.instanceID
-			r.child = child
-			r.instanceID = inst
-			go func() {
-				<-child.done
-				r.mu.Lock()
-				if r.child == child {
-					r.child = nil
-				}
-				r.mu.Unlock()
-			}()
-			g.log.Info("runner launched", "runner_instance_id", inst, "pid", child.cmd.Process.Pid, "session_scope", sc, "mode", mode)
-			if mode == prp.ModeListenWS {
-				g.startDialLoop(r, spec.listenURL, true, func() bool {
-					select {
-					case <-child.done:
-						return false
-					default:
-						return true
-					}
-				})
 			}
 		} else {
 			g.log.Info("waiting for a live runner to reconnect", "runner_instance_id", inst, "pid", proc.GetPid())
@@ -445,6 +390,70 @@ func (g *Gateway) ensureRunner(ctx context.Context, sc string, in *prpv1.Executi
 	}
 }
 
+// launchRunner launches the scope's runner (r.mu held) when no live one
+// is there: its launch profile and workspace are checked, a launch for a
+// run goes through the E13 authority (prep is its answer), and a listening
+// runner gets the gateway's dial loop.
+func (g *Gateway) launchRunner(ctx context.Context, r *runner, sc, dir, inst string, in *prpv1.ExecutionInput, mode, runID string, prior []*gatewayv1.PriorRun) (prep *durable.Prepared, _ error) {
+	prof, err := g.launchProfile(in)
+	if err == nil {
+		err = g.confineWorkspace(in)
+	}
+	if err != nil {
+		return nil, err
+	}
+	spec := launchSpec{stateDir: dir, instanceID: inst, mode: mode, leaseID: LeaseFor(sc),
+		sessionID: in.GetSession().GetNormalizedSessionId(), scope: sc, workspace: in.GetWorkspace().GetCwd(),
+		provider: prof, company: in.GetBinding().GetCompanyId(), kind: in.GetProvider().GetKind()}
+	if runID != "" {
+		plan, p, err := g.launchAuthority(ctx, sc, runID, in, prior)
+		if err != nil {
+			return nil, err
+		}
+		prep = p
+		spec.instanceID, spec.leaseID = plan.Identity.RunnerInstanceID, plan.Identity.EnvironmentLeaseID
+		spec.sessionID, spec.workspace = plan.Identity.NormalizedSessionID, plan.WorkspaceCwd
+	}
+	if spec.instanceID == "" {
+		spec.instanceID = randomID("runner-")
+	}
+	if spec.workspace == "" {
+		spec.workspace = filepath.Join(dir, "workspace")
+	}
+	ticket, err := g.cfg.Authority.MintTicket(spec.instanceID, sc, g.cfg.ConnectTimeout+time.Minute)
+	if err != nil {
+		return nil, err
+	}
+	spec.ticket = ticket
+	child, err := g.launch(&spec)
+	if err != nil {
+		return nil, err
+	}
+	inst = spec.instanceID
+	r.child = child
+	r.instanceID = inst
+	go func() {
+		<-child.done
+		r.mu.Lock()
+		if r.child == child {
+			r.child = nil
+		}
+		r.mu.Unlock()
+	}()
+	g.log.Info("runner launched", "runner_instance_id", inst, "pid", child.cmd.Process.Pid, "session_scope", sc, "mode", mode)
+	if mode == prp.ModeListenWS {
+		g.startDialLoop(r, spec.listenURL, true, func() bool {
+			select {
+			case <-child.done:
+				return false
+			default:
+				return true
+			}
+		})
+	}
+	return prep, nil
+}
+
 // endedRun reports whether the executor's prior-run records (read from the
 // database when the Open was made) show runID terminal.
 func endedRun(prior []*gatewayv1.PriorRun, runID string) bool {
@@ -456,62 +465,115 @@ func endedRun(prior []*gatewayv1.PriorRun, runID string) bool {
 	return false
 }
 
-// Attach serves one executor stream.
+// Attach serves one executor stream: the Open is authenticated and
+// admitted, the scope's runner started or reused, the attachment bound to
+// it, Opened sent, and then events and commands relayed.
 func (g *Gateway) Attach(stream gatewayv1.RunnerGateway_AttachServer) error {
 	ctx := stream.Context()
-	// The grant is checked before the Open is even read, and matched
-	// against it before the attempt is fenced or anything is looked at: an
-	// unproven caller leaves no trace (SPEC S1).
-	endAuth := synctrace.Step("runnergw.authenticate", "")
-	claims, err := g.authenticate(ctx, grant.MethodAttach)
-	endAuth()
-	if err != nil {
-		return err
-	}
-	first, err := stream.Recv()
+	claims, first, err := g.receiveOpen(ctx, stream)
 	if err != nil {
 		return err
 	}
 	endOpen := synctrace.Step("runnergw.open", first.GetOpen().GetRunId())
 	defer func() { endOpen() }()
 	open := first.GetOpen()
+	mode, err := g.admitOpen(claims, open)
+	if err != nil {
+		return err
+	}
+	runID, attempt := open.GetRunId(), open.GetFence().GetAttempt()
+	sc := scope.OfRun(runID, open.GetInput())
+	log := g.log.With("run_id", runID, "attempt", attempt, "session_scope", sc)
+	r, reused, prep, err := g.startRunner(ctx, sc, open, mode, log)
+	if err != nil {
+		return err
+	}
+	att := &attachment{runID: runID, attempt: attempt, turn: open.GetTurn(), out: make(chan *gatewayv1.AttachResponse, 64), done: make(chan struct{})}
+	defer att.close()
+	b, err := g.bindAttachment(r, att, sc, open, reused, prep, log)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		r.mu.Lock()
+		if r.att == att {
+			r.att = nil
+		}
+		r.mu.Unlock()
+	}()
+	if err := stream.Send(&gatewayv1.AttachResponse{Kind: &gatewayv1.AttachResponse_Opened{Opened: b.opened}}); err != nil {
+		return err
+	}
+	endOpen()
+	endOpen = func() {}
+	if b.conn != nil {
+		// Unacknowledged events may have been sent to an earlier attachment.
+		_ = writeRunner(b.conn, &prpv1.Frame{Kind: &prpv1.Frame_Replay{Replay: &prpv1.Replay{AfterSourceSeq: b.after, Marker: b.marker}}})
+	}
+	log.Info("attached", "runner_instance_id", b.opened.GetRunnerInstanceId(), "reused", reused, "mode", mode)
+	return g.relay(ctx, stream, r, att)
+}
+
+// receiveOpen checks the caller's grant before the Open is even read (an
+// unproven caller leaves no trace, SPEC S1) and reads the first request.
+func (g *Gateway) receiveOpen(ctx context.Context, stream gatewayv1.RunnerGateway_AttachServer) (*grant.Claims, *gatewayv1.AttachRequest, error) {
+	endAuth := synctrace.Step("runnergw.authenticate", "")
+	claims, err := g.authenticate(ctx, grant.MethodAttach)
+	endAuth()
+	if err != nil {
+		return nil, nil, err
+	}
+	first, err := stream.Recv()
+	if err != nil {
+		return nil, nil, err
+	}
+	return claims, first, nil
+}
+
+// admitOpen matches the Open against the grant before the attempt is
+// fenced or anything is looked at, refuses an ended run, ends the runs the
+// executor reports ended, selects the transport, refuses a provider
+// without a verified launch profile (before the attempt is fenced or any
+// process starts) and fences the attempt. It returns the transport mode.
+func (g *Gateway) admitOpen(claims *grant.Claims, open *gatewayv1.Open) (string, error) {
 	if open == nil {
-		return failure.New(codes.InvalidArgument, failure.AttachOpenRequired, "the first Attach request must be Open")
+		return "", failure.New(codes.InvalidArgument, failure.AttachOpenRequired, "the first Attach request must be Open")
 	}
 	if err := g.match(claims, wantOpen(open)); err != nil {
-		return err
+		return "", err
 	}
 	if err := g.refuseEnded(open.GetRunId()); err != nil {
-		return err
+		return "", err
 	}
 	g.endRuns(open.GetPriorRuns(), open.GetRunId())
 	mode, err := g.selectTransport(open)
 	if err != nil {
-		return err
+		return "", err
 	}
-	// A provider without a verified launch profile is refused before the
-	// attempt is fenced or any process starts.
 	if _, err := g.launchProfile(open.GetInput()); err != nil {
-		return err
+		return "", err
 	}
-	runID, attempt := open.GetRunId(), open.GetFence().GetAttempt()
-	if err := g.fence(runID, attempt); err != nil {
-		return err
+	if err := g.fence(open.GetRunId(), open.GetFence().GetAttempt()); err != nil {
+		return "", err
 	}
-	sc := scope.OfRun(runID, open.GetInput())
-	log := g.log.With("run_id", runID, "attempt", attempt, "session_scope", sc)
-	// A suspension of the scope in progress finishes first; the runner then
-	// comes back on its suspended state.
+	return mode, nil
+}
+
+// startRunner prepares the scope's continuity and starts (or reuses) its
+// runner. A suspension of the scope in progress finishes first; the runner
+// then comes back on its suspended state.
+func (g *Gateway) startRunner(ctx context.Context, sc string, open *gatewayv1.Open, mode string, log *slog.Logger) (*runner, bool, *durable.Prepared, error) {
+	runID := open.GetRunId()
 	release, err := g.runnerFor(sc).acquireOp(ctx)
 	if err != nil {
-		return err
+		return nil, false, nil, err
 	}
 	endCont := synctrace.Step("runnergw.continuity", runID)
 	err = g.prepareContinuity(ctx, g.runnerFor(sc), sc, open, log)
 	endCont()
 	if err != nil {
 		release()
-		return err
+		return nil, false, nil, err
 	}
 	endEnsure := synctrace.Step("runnergw.ensure_runner", runID)
 	r, reused, prep, err := g.ensureRunner(ctx, sc, open.GetInput(), mode, runID, open.GetPriorRuns())
@@ -519,15 +581,31 @@ func (g *Gateway) Attach(stream gatewayv1.RunnerGateway_AttachServer) error {
 	release()
 	if err != nil {
 		log.Warn("runner not started", "code", failure.CodeOf(err), "err", err)
-		return err
+		return nil, false, nil, err
 	}
-	att := &attachment{runID: runID, attempt: attempt, turn: open.GetTurn(), out: make(chan *gatewayv1.AttachResponse, 64), done: make(chan struct{})}
-	defer att.close()
+	return r, reused, prep, nil
+}
+
+// boundAttachment is what bindAttachment hands back to Attach: the Opened
+// to send, and the replay to ask the runner for (after, marker) on conn.
+type boundAttachment struct {
+	opened *gatewayv1.Opened
+	conn   *prp.Conn
+	after  uint64
+	marker uint64
+}
+
+// bindAttachment makes att the runner's attachment, under the runner's
+// lock: it refuses a scope serving another live run, supersedes a
+// re-attach (or a stale attachment of an ended run), binds the run's
+// authority and begins a new tool authority epoch.
+func (g *Gateway) bindAttachment(r *runner, att *attachment, sc string, open *gatewayv1.Open, reused bool, prep *durable.Prepared, log *slog.Logger) (*boundAttachment, error) {
+	runID := open.GetRunId()
 	r.mu.Lock()
+	defer r.mu.Unlock()
 	if old := r.att; old != nil {
 		if old.runID != runID && !endedRun(open.GetPriorRuns(), old.runID) {
-			r.mu.Unlock()
-			return failure.New(codes.Aborted, failure.NativeSessionSupervisorBusy,
+			return nil, failure.New(codes.Aborted, failure.NativeSessionSupervisorBusy,
 				"session scope %s is serving run %s", sc, old.runID)
 		}
 		// A re-attach (or a newer attempt) of the same run supersedes; so
@@ -551,8 +629,7 @@ func (g *Gateway) Attach(stream gatewayv1.RunnerGateway_AttachServer) error {
 	endBind()
 	if err != nil {
 		r.att = nil
-		r.mu.Unlock()
-		return err
+		return nil, err
 	}
 	if prep != nil {
 		opened.DurableSource = string(prep.Source)
@@ -575,34 +652,14 @@ func (g *Gateway) Attach(stream gatewayv1.RunnerGateway_AttachServer) error {
 		opened.RunnerProcess = r.hello.GetRunnerProcess()
 		opened.ProviderProcess = r.provider
 	}
-	conn := r.conn
-	after := r.ackedSeq
-	var marker uint64
-	if conn != nil && prp.HasFeature(r.hello, prp.FeatureReplayMarker) {
+	b := &boundAttachment{opened: opened, conn: r.conn, after: r.ackedSeq}
+	if b.conn != nil && prp.HasFeature(r.hello, prp.FeatureReplayMarker) {
 		// Set before the attachment is visible to the connection's reader
 		// without the lock.
-		marker = 1<<63 | g.markers.Add(1)
-		att.gate.Store(marker)
+		b.marker = 1<<63 | g.markers.Add(1)
+		att.gate.Store(b.marker)
 	}
-	r.mu.Unlock()
-	defer func() {
-		r.mu.Lock()
-		if r.att == att {
-			r.att = nil
-		}
-		r.mu.Unlock()
-	}()
-	if err := stream.Send(&gatewayv1.AttachResponse{Kind: &gatewayv1.AttachResponse_Opened{Opened: opened}}); err != nil {
-		return err
-	}
-	endOpen()
-	endOpen = func() {}
-	if conn != nil {
-		// Unacknowledged events may have been sent to an earlier attachment.
-		_ = writeRunner(conn, &prpv1.Frame{Kind: &prpv1.Frame_Replay{Replay: &prpv1.Replay{AfterSourceSeq: after, Marker: marker}}})
-	}
-	log.Info("attached", "runner_instance_id", opened.GetRunnerInstanceId(), "reused", reused, "mode", mode)
-	return g.relay(ctx, stream, r, att)
+	return b, nil
 }
 
 func (g *Gateway) fromExecutor(ctx context.Context, r *runner, att *attachment, req *gatewayv1.AttachRequest) error {

@@ -52,47 +52,16 @@ func (g *Gateway) restore(ctx context.Context, r *runner, sc, runID, kind string
 	if g.cfg.Backup == nil {
 		return failure.New(codes.FailedPrecondition, failure.RunnerHarnessBackupUnavailable, "a restore needs a backup verifier (-backup-addr)")
 	}
-	st := spec.GetStamp()
 	lease := LeaseFor(sc)
-	switch {
-	case spec.GetLeaseId() != lease:
-		return unverified(failure.BackupStampLeaseMismatch, "the replacement runner of scope %s runs under lease %s, not %s", sc, lease, spec.GetLeaseId())
-	case st.GetSessionScope() != sc:
-		return unverified(failure.BackupIdentityMismatch, "the stamp belongs to scope %s, not %s", st.GetSessionScope(), sc)
-	case st.GetCheckpointId() != spec.GetCheckpointId():
-		return unverified(failure.BackupIdentityMismatch, "the stamp names checkpoint %s, not %s", st.GetCheckpointId(), spec.GetCheckpointId())
+	if err := g.verifyRestoreStamp(ctx, sc, lease, spec); err != nil {
+		return err
 	}
-	vr, err := g.cfg.Backup.VerifyStamp(ctx, &backupv1.VerifyStampRequest{Stamp: st, LeaseId: lease})
-	if err != nil {
-		return failure.Wrap(err, codes.Unavailable, failure.RunnerHarnessBackupUnavailable, "verifying the backup stamp: %v", err)
-	}
-	if !vr.GetValid() {
-		return unverified(failure.Reason(vr.GetReason()), "the stamp of checkpoint %s does not verify for lease %s", spec.GetCheckpointId(), lease)
-	}
-
 	dctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	stream, err := g.cfg.Backup.DownloadCheckpoint(dctx, &backupv1.DownloadCheckpointRequest{
-		Selector: &backupv1.DownloadCheckpointRequest_CheckpointId{CheckpointId: spec.GetCheckpointId()}})
+	stream, m, err := g.downloadCheckpoint(dctx, sc, spec)
 	if err != nil {
-		return failure.Wrap(err, codes.Unavailable, failure.RunnerHarnessBackupUnavailable, "downloading checkpoint: %v", err)
+		return err
 	}
-	first, err := stream.Recv()
-	if err != nil {
-		return failure.Wrap(err, codes.Unavailable, failure.RunnerHarnessBackupUnavailable, "downloading checkpoint %s: %v", spec.GetCheckpointId(), err)
-	}
-	cp := first.GetCheckpoint()
-	m := cp.GetManifest()
-	switch {
-	case cp == nil || m == nil:
-		return unverified(failure.BackupManifestMismatch, "the download did not start with the checkpoint record")
-	case cp.GetManifestDigest() != st.GetManifestDigest():
-		return unverified(failure.BackupStampManifestMismatch, "checkpoint %s has manifest %s, the stamp names %s",
-			cp.GetCheckpointId(), cp.GetManifestDigest(), st.GetManifestDigest())
-	case m.GetSessionScope() != sc || m.GetRunnerInstanceId() != st.GetRunnerInstanceId():
-		return unverified(failure.BackupIdentityMismatch, "the manifest belongs to scope %s runner %s", m.GetSessionScope(), m.GetRunnerInstanceId())
-	}
-
 	prof, ok := persistenceOf(kind)
 	if !ok {
 		return failure.New(codes.FailedPrecondition, failure.RunnerRemoteProviderArtifactIncompatible,
@@ -117,6 +86,81 @@ func (g *Gateway) restore(ctx context.Context, r *runner, sc, runID, kind string
 	if err := os.Mkdir(payload, 0o700); err != nil {
 		return failure.Wrap(err, codes.Internal, failure.RunnerRemoteCheckpointRestoreFailed, "%v", err)
 	}
+	err = extractCheckpoint(stream, payload, prof)
+	cancel()
+	if err != nil {
+		return extractError(err, spec)
+	}
+	for _, d := range prof.dirs {
+		if err := os.MkdirAll(filepath.Join(payload, d), 0o700); err != nil {
+			return failure.Wrap(err, codes.Internal, failure.RunnerRemoteCheckpointRestoreFailed, "%v", err)
+		}
+	}
+	rs, err := restoredIdentity(payload, m)
+	if err != nil {
+		return err
+	}
+	if err := continueAbove(payload, rs, spec.GetMinSourceSeq()); err != nil {
+		return err
+	}
+	return g.installRestored(r, sc, runID, lease, spec, replaceLocal, stage, payload, prof, rs)
+}
+
+// verifyRestoreStamp checks that the stamp of spec is for this scope, its
+// lease and its checkpoint, and has the verifier verify it for the lease.
+func (g *Gateway) verifyRestoreStamp(ctx context.Context, sc, lease string, spec *gatewayv1.RestoreSpec) error {
+	st := spec.GetStamp()
+	switch {
+	case spec.GetLeaseId() != lease:
+		return unverified(failure.BackupStampLeaseMismatch, "the replacement runner of scope %s runs under lease %s, not %s", sc, lease, spec.GetLeaseId())
+	case st.GetSessionScope() != sc:
+		return unverified(failure.BackupIdentityMismatch, "the stamp belongs to scope %s, not %s", st.GetSessionScope(), sc)
+	case st.GetCheckpointId() != spec.GetCheckpointId():
+		return unverified(failure.BackupIdentityMismatch, "the stamp names checkpoint %s, not %s", st.GetCheckpointId(), spec.GetCheckpointId())
+	}
+	vr, err := g.cfg.Backup.VerifyStamp(ctx, &backupv1.VerifyStampRequest{Stamp: st, LeaseId: lease})
+	if err != nil {
+		return failure.Wrap(err, codes.Unavailable, failure.RunnerHarnessBackupUnavailable, "verifying the backup stamp: %v", err)
+	}
+	if !vr.GetValid() {
+		return unverified(failure.Reason(vr.GetReason()), "the stamp of checkpoint %s does not verify for lease %s", spec.GetCheckpointId(), lease)
+	}
+	return nil
+}
+
+// downloadCheckpoint starts the download of spec's checkpoint and checks
+// its first message, the checkpoint record: its manifest must be the
+// stamp's and name this scope and the stamp's runner.
+func (g *Gateway) downloadCheckpoint(ctx context.Context, sc string, spec *gatewayv1.RestoreSpec) (backupv1.BackupVerifier_DownloadCheckpointClient, *backupv1.Manifest, error) {
+	st := spec.GetStamp()
+	stream, err := g.cfg.Backup.DownloadCheckpoint(ctx, &backupv1.DownloadCheckpointRequest{
+		Selector: &backupv1.DownloadCheckpointRequest_CheckpointId{CheckpointId: spec.GetCheckpointId()}})
+	if err != nil {
+		return nil, nil, failure.Wrap(err, codes.Unavailable, failure.RunnerHarnessBackupUnavailable, "downloading checkpoint: %v", err)
+	}
+	first, err := stream.Recv()
+	if err != nil {
+		return nil, nil, failure.Wrap(err, codes.Unavailable, failure.RunnerHarnessBackupUnavailable, "downloading checkpoint %s: %v", spec.GetCheckpointId(), err)
+	}
+	cp := first.GetCheckpoint()
+	m := cp.GetManifest()
+	switch {
+	case cp == nil || m == nil:
+		return nil, nil, unverified(failure.BackupManifestMismatch, "the download did not start with the checkpoint record")
+	case cp.GetManifestDigest() != st.GetManifestDigest():
+		return nil, nil, unverified(failure.BackupStampManifestMismatch, "checkpoint %s has manifest %s, the stamp names %s",
+			cp.GetCheckpointId(), cp.GetManifestDigest(), st.GetManifestDigest())
+	case m.GetSessionScope() != sc || m.GetRunnerInstanceId() != st.GetRunnerInstanceId():
+		return nil, nil, unverified(failure.BackupIdentityMismatch, "the manifest belongs to scope %s runner %s", m.GetSessionScope(), m.GetRunnerInstanceId())
+	}
+	return stream, m, nil
+}
+
+// extractCheckpoint extracts the downloaded archive into payload, entry by
+// entry (the profile's directories, its exclusions left out), and reads
+// the stream to its end: the download's digest check ends it, and the
+// archive is accepted only when it ended cleanly.
+func extractCheckpoint(stream backupv1.BackupVerifier_DownloadCheckpointClient, payload string, prof persistence) error {
 	src := chunkio.NewReader(func() ([]byte, error) {
 		msg, err := stream.Recv()
 		return msg.GetChunk(), err
@@ -128,36 +172,31 @@ func (g *Gateway) restore(ctx context.Context, r *runner, sc, runID, kind string
 	for _, e := range prof.anywhere {
 		anywhere = append(anywhere, prof.home+"/"+e)
 	}
-	_, err = archive.Extract(src, payload, archive.ExtractOptions{Top: prof.dirs, Exclude: excl, ExcludeAnywhere: anywhere})
+	_, err := archive.Extract(src, payload, archive.ExtractOptions{Top: prof.dirs, Exclude: excl, ExcludeAnywhere: anywhere})
 	if err == nil {
-		// The download's digest check ends the stream: read to its end
-		// and accept the archive only when the stream ended cleanly.
 		_, err = io.Copy(io.Discard, src)
 	}
-	cancel()
-	if err != nil {
-		switch code := failure.CodeOf(err); {
-		case strings.HasPrefix(string(code), "runner_remote_checkpoint_"):
-			return err // an unsafe or malformed archive
-		case strings.HasPrefix(string(code), "backup_"):
-			return unverified(code, "checkpoint %s: %v", spec.GetCheckpointId(), err)
-		}
-		return failure.Wrap(err, codes.Unavailable, failure.RunnerHarnessBackupUnavailable, "restoring checkpoint %s: %v", spec.GetCheckpointId(), err)
-	}
-	for _, d := range prof.dirs {
-		if err := os.MkdirAll(filepath.Join(payload, d), 0o700); err != nil {
-			return failure.Wrap(err, codes.Internal, failure.RunnerRemoteCheckpointRestoreFailed, "%v", err)
-		}
-	}
+	return err
+}
 
-	rs, err := restoredIdentity(payload, m)
-	if err != nil {
-		return err
+// extractError is the restore's error for a failed extraction: an unsafe
+// or malformed archive as is, a backup verification failure unverified,
+// anything else the verifier being unavailable.
+func extractError(err error, spec *gatewayv1.RestoreSpec) error {
+	switch code := failure.CodeOf(err); {
+	case strings.HasPrefix(string(code), "runner_remote_checkpoint_"):
+		return err // an unsafe or malformed archive
+	case strings.HasPrefix(string(code), "backup_"):
+		return unverified(code, "checkpoint %s: %v", spec.GetCheckpointId(), err)
 	}
-	if err := continueAbove(payload, rs, spec.GetMinSourceSeq()); err != nil {
-		return err
-	}
+	return failure.Wrap(err, codes.Unavailable, failure.RunnerHarnessBackupUnavailable, "restoring checkpoint %s: %v", spec.GetCheckpointId(), err)
+}
 
+// installRestored renames the verified staged tree into the scope (stale
+// local state, when replaceLocal, moved aside first), binds the run to the
+// restored runner and lease and resets the runner's cursors.
+func (g *Gateway) installRestored(r *runner, sc, runID, lease string, spec *gatewayv1.RestoreSpec, replaceLocal bool, stage, payload string, prof persistence, rs *runnerstate.State) error {
+	scopeDir := g.stateDir(sc)
 	if err := os.MkdirAll(scopeDir, 0o700); err != nil {
 		return failure.Wrap(err, codes.Internal, failure.RunnerRemoteCheckpointRestoreFailed, "%v", err)
 	}

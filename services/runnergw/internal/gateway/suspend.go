@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"log/slog"
 	"path/filepath"
 	"strings"
 	"time"
@@ -131,30 +132,9 @@ func (g *Gateway) SuspendRunner(ctx context.Context, req *gatewayv1.SuspendRunne
 	if req.GetKeepRunning() && !req.GetArchiveState() && connected {
 		return g.checkpointOnline(ctx, r, dir, sc, lease, in, prof, reason)
 	}
-	var events []*prpv1.Event
-	if live || processAlive(runnerProcess(st)) || st.Lifecycle != runnerstate.LifecycleSuspended {
-		// A live runner suspends itself; a runner that is not running (it
-		// stopped on its own idle timeout, or crashed) is launched on its
-		// state first: it starts no provider until a turn asks for one.
-		if _, _, _, err := g.ensureRunner(ctx, sc, in, launchMode(g.stateDir(sc)), "", nil); err != nil {
-			return nil, err
-		}
-		events, err = g.controlCommand(ctx, r, sc, "runner.suspend", reason)
-		if err != nil {
-			return nil, err
-		}
-		if st, err = readRunnerState(dir); err != nil || st == nil {
-			return nil, failure.New(codes.FailedPrecondition, failure.NativeSessionCloseUnrecoverable,
-				"provider_transport_failed: runner did not durably suspend before checkpoint (state unreadable: %v)", err)
-		}
-	}
-	if st.Lifecycle != runnerstate.LifecycleSuspended || processAlive(runnerProcess(st)) {
-		return nil, failure.New(codes.FailedPrecondition, failure.NativeSessionCloseUnrecoverable,
-			"provider_transport_failed: runner did not durably suspend before checkpoint (lifecycle %q)", st.Lifecycle)
-	}
-	if st.Identity.SessionScope != sc {
-		return nil, failure.New(codes.FailedPrecondition, failure.RunnerHarnessIdentityMismatch,
-			"the runner state of scope %s names scope %s", sc, st.Identity.SessionScope)
+	st, events, err := g.suspendRunnerState(ctx, r, dir, sc, in, reason, live, st)
+	if err != nil {
+		return nil, err
 	}
 	// A provider host whose runnerd went away would hold the provider's
 	// files open: make sure nothing runs in the state dir.
@@ -164,18 +144,8 @@ func (g *Gateway) SuspendRunner(ctx context.Context, req *gatewayv1.SuspendRunne
 	if err != nil {
 		return nil, err
 	}
-	if req.GetArchiveState() {
-		// The next run continues from the stamped checkpoint, not from the
-		// local state (a configuration change goes through the backup).
-		dest, err := archiveState(dir)
-		if err != nil {
-			return nil, failure.Wrap(err, codes.Internal, failure.RunnerContinuityBreakArchiveFailed,
-				"moving the runner state of scope %s aside after checkpoint %s: %v", sc, receipt.GetCheckpoint().GetCheckpointId(), err)
-		}
-		log.Info("runner state archived; the next run restores the checkpoint", "archive", dest)
-	} else if err := markCheckpoint(dir, receipt.GetCheckpoint().GetCheckpointId()); err != nil {
-		// Only costs a download: the next Open restores the checkpoint.
-		log.Warn("marking the checkpoint", "checkpoint_id", receipt.GetCheckpoint().GetCheckpointId(), "err", err)
+	if err := settleCheckpointedState(dir, sc, receipt.GetCheckpoint().GetCheckpointId(), req.GetArchiveState(), log); err != nil {
+		return nil, err
 	}
 	log.Info("runner suspended and checkpointed", "runner_instance_id", st.Identity.RunnerInstanceID,
 		"checkpoint_id", receipt.GetCheckpoint().GetCheckpointId(), "manifest_digest", receipt.GetCheckpoint().GetManifestDigest(),
@@ -185,6 +155,61 @@ func (g *Gateway) SuspendRunner(ctx context.Context, req *gatewayv1.SuspendRunne
 		ProviderThreadId: st.ProviderThreadID, Checkpoint: receipt.GetCheckpoint(), Stamp: receipt.GetStamp(),
 		Events: events,
 	}, nil
+}
+
+// suspendRunnerState has the scope's runner suspend itself: a live runner
+// is sent runner.suspend; a runner that is not running (it stopped on its
+// own idle timeout, or crashed) is launched on its state first (it starts
+// no provider until a turn asks for one). It returns the runner state,
+// which must be durably suspended and the scope's, and the events the
+// runner emitted meanwhile.
+func (g *Gateway) suspendRunnerState(ctx context.Context, r *runner, dir, sc string, in *prpv1.ExecutionInput, reason string, live bool, st *runnerstate.State) (*runnerstate.State, []*prpv1.Event, error) {
+	var events []*prpv1.Event
+	var err error
+	if live || processAlive(runnerProcess(st)) || st.Lifecycle != runnerstate.LifecycleSuspended {
+		// A live runner suspends itself; a runner that is not running (it
+		// stopped on its own idle timeout, or crashed) is launched on its
+		// state first: it starts no provider until a turn asks for one.
+		if _, _, _, err := g.ensureRunner(ctx, sc, in, launchMode(g.stateDir(sc)), "", nil); err != nil {
+			return nil, nil, err
+		}
+		events, err = g.controlCommand(ctx, r, sc, "runner.suspend", reason)
+		if err != nil {
+			return nil, nil, err
+		}
+		if st, err = readRunnerState(dir); err != nil || st == nil {
+			return nil, nil, failure.New(codes.FailedPrecondition, failure.NativeSessionCloseUnrecoverable,
+				"provider_transport_failed: runner did not durably suspend before checkpoint (state unreadable: %v)", err)
+		}
+	}
+	if st.Lifecycle != runnerstate.LifecycleSuspended || processAlive(runnerProcess(st)) {
+		return nil, nil, failure.New(codes.FailedPrecondition, failure.NativeSessionCloseUnrecoverable,
+			"provider_transport_failed: runner did not durably suspend before checkpoint (lifecycle %q)", st.Lifecycle)
+	}
+	if st.Identity.SessionScope != sc {
+		return nil, nil, failure.New(codes.FailedPrecondition, failure.RunnerHarnessIdentityMismatch,
+			"the runner state of scope %s names scope %s", sc, st.Identity.SessionScope)
+	}
+	return st, events, nil
+}
+
+// settleCheckpointedState moves the scope's local state aside after
+// checkpoint id when archive is set (the next run continues from the
+// stamped checkpoint, not from the local state: a configuration change
+// goes through the backup), else marks the state as that checkpoint's.
+func settleCheckpointedState(dir, sc, id string, archive bool, log *slog.Logger) error {
+	if archive {
+		dest, err := archiveState(dir)
+		if err != nil {
+			return failure.Wrap(err, codes.Internal, failure.RunnerContinuityBreakArchiveFailed,
+				"moving the runner state of scope %s aside after checkpoint %s: %v", sc, id, err)
+		}
+		log.Info("runner state archived; the next run restores the checkpoint", "archive", dest)
+	} else if err := markCheckpoint(dir, id); err != nil {
+		// Only costs a download: the next Open restores the checkpoint.
+		log.Warn("marking the checkpoint", "checkpoint_id", id, "err", err)
+	}
+	return nil
 }
 
 // launchMode is the transport a scope's runner was last launched with.
@@ -214,36 +239,10 @@ func (g *Gateway) controlCommand(ctx context.Context, r *runner, sc, typ, reason
 func (g *Gateway) command(ctx context.Context, r *runner, sc, typ string, payloadMap map[string]any, untilExit bool) ([]*prpv1.Event, *structpb.Struct, error) {
 	cmdID := randomID(strings.ReplaceAll(typ, ".", "-") + "-")
 	att := &attachment{runID: cmdID, out: make(chan *gatewayv1.AttachResponse, 64), done: make(chan struct{})}
-	r.mu.Lock()
-	if old := r.att; old != nil {
-		r.mu.Unlock()
-		return nil, nil, failure.New(codes.Aborted, failure.NativeSessionSupervisorBusy, "session scope %s is serving run %s", sc, old.runID)
+	sent, err := g.sendControl(r, sc, typ, cmdID, payloadMap, att)
+	if sent == nil {
+		return nil, nil, err
 	}
-	if r.conn == nil {
-		r.mu.Unlock()
-		return nil, nil, failure.New(codes.Unavailable, failure.RunnerDisconnected, "the runner of scope %s is reconnecting", sc)
-	}
-	r.att = att
-	conn, after := r.conn, r.ackedSeq
-	child := r.child
-	proc := r.hello.GetRunnerProcess()
-	payload, perr := structpb.NewStruct(payloadMap)
-	if perr != nil {
-		r.att = nil
-		r.mu.Unlock()
-		return nil, nil, failure.Wrap(perr, codes.Internal, failure.CommandInvalid, "%s payload: %v", typ, perr)
-	}
-	cmd := &prpv1.Command{Schema: "tether.prp.command.v1", CommandId: cmdID, ControllerSeq: r.lastCmdSeq + 1,
-		Type: typ, IssuedAt: timestamppb.Now(), Payload: payload}
-	err := writeRunner(conn, &prpv1.Frame{Kind: &prpv1.Frame_Replay{Replay: &prpv1.Replay{AfterSourceSeq: after}}})
-	if err == nil {
-		err = writeRunner(conn, &prpv1.Frame{Kind: &prpv1.Frame_Command{Command: cmd}})
-		r.sentAttach(cmd)
-	}
-	if err == nil {
-		r.lastCmdSeq = cmd.ControllerSeq
-	}
-	r.mu.Unlock()
 	defer func() {
 		att.close()
 		r.mu.Lock()
@@ -256,71 +255,138 @@ func (g *Gateway) command(ctx context.Context, r *runner, sc, typ string, payloa
 		return nil, nil, failure.Wrap(err, codes.Unavailable, failure.RunnerDisconnected, "sending %s: %v", typ, err)
 	}
 
-	var events []*prpv1.Event
-	seen := map[uint64]bool{}
-	acked := after
+	w := &controlEvents{seen: map[uint64]bool{}, acked: sent.after}
 	answered := false
 	for gone := false; !gone; {
 		select {
 		case m := <-att.out:
 			if b := m.GetEvents(); b != nil {
-				for _, ev := range decodeBatch(b) {
-					if ev.GetSourceSeq() > acked && !seen[ev.GetSourceSeq()] {
-						seen[ev.GetSourceSeq()] = true
-						events = append(events, ev)
-					}
-				}
-				n := acked
-				for seen[n+1] {
-					n++
-				}
-				if n > acked {
-					acked = n
-					r.mu.Lock()
-					if n > r.ackedSeq {
-						r.ackedSeq = n
-					}
-					c := r.conn
-					r.mu.Unlock()
-					if c != nil {
-						_ = writeRunner(c, &prpv1.Frame{Kind: &prpv1.Frame_Ack{Ack: &prpv1.Ack{AckedSourceSeq: n}}})
-					}
-				}
+				w.take(r, b)
 			}
 			if res := m.GetCommandResult(); res != nil && res.GetCommandId() == cmdID {
 				answered = true
 				if res.GetStatus() != "completed" {
-					if res.GetCode() == failure.TurnAlreadyActive {
-						return events, nil, failure.New(codes.Aborted, failure.NativeSessionSupervisorBusy, "%s: %s", typ, res.GetMessage())
-					}
-					if typ != "runner.suspend" {
-						return events, nil, failure.New(codes.FailedPrecondition, failure.Reason(res.GetCode()), "%s: %s", typ, res.GetMessage())
-					}
-					return events, nil, failure.New(codes.FailedPrecondition, failure.NativeSessionCloseUnrecoverable,
-						"%s: runner did not durably suspend before checkpoint (%s: %s)", failure.ProviderTransportFailed, res.GetCode(), res.GetMessage())
+					return w.events, nil, commandFailed(typ, res)
 				}
 				if !untilExit {
-					return events, res.GetResult(), nil
+					return w.events, res.GetResult(), nil
 				}
 			}
 		case <-att.done:
 			if !untilExit {
-				return events, nil, failure.New(codes.Unavailable, failure.RunnerDisconnected,
+				return w.events, nil, failure.New(codes.Unavailable, failure.RunnerDisconnected,
 					"the runner of scope %s went away before it answered %s", sc, typ)
 			}
 			gone = true // the runner's connection ended
 		case <-ctx.Done():
 			if !untilExit {
-				return events, nil, failure.New(codes.DeadlineExceeded, failure.RunnerDisconnected, "%s: no answer within %s", typ, suspendTimeout)
+				return w.events, nil, failure.New(codes.DeadlineExceeded, failure.RunnerDisconnected, "%s: no answer within %s", typ, suspendTimeout)
 			}
-			return events, nil, failure.New(codes.DeadlineExceeded, failure.NativeSessionCloseUnrecoverable,
+			return w.events, nil, failure.New(codes.DeadlineExceeded, failure.NativeSessionCloseUnrecoverable,
 				"provider_transport_failed: runner did not durably suspend before checkpoint (no exit within %s)", suspendTimeout)
 		}
 	}
 	if !answered {
 		g.log.Warn("runner went away before answering", "command", typ, "session_scope", sc)
 	}
-	// Wait for the process itself to be gone.
+	return w.events, nil, awaitRunnerExit(ctx, sent.child, sent.proc)
+}
+
+// sentControl is what sendControl hands back: the acknowledged sequence
+// the replay started after, and the runner process (launched child or
+// the process its hello named) to wait for.
+type sentControl struct {
+	after uint64
+	child *launched
+	proc  *prpv1.ProcessInfo
+}
+
+// sendControl makes att the runner's (control) attachment and sends a
+// replay and the command typ, under the runner's lock. A nil result means
+// nothing was attached (err says why); with a result, err is the write's
+// failure and the caller detaches att.
+func (g *Gateway) sendControl(r *runner, sc, typ, cmdID string, payloadMap map[string]any, att *attachment) (*sentControl, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if old := r.att; old != nil {
+		return nil, failure.New(codes.Aborted, failure.NativeSessionSupervisorBusy, "session scope %s is serving run %s", sc, old.runID)
+	}
+	if r.conn == nil {
+		return nil, failure.New(codes.Unavailable, failure.RunnerDisconnected, "the runner of scope %s is reconnecting", sc)
+	}
+	r.att = att
+	conn := r.conn
+	sent := &sentControl{after: r.ackedSeq, child: r.child, proc: r.hello.GetRunnerProcess()}
+	payload, perr := structpb.NewStruct(payloadMap)
+	if perr != nil {
+		r.att = nil
+		return nil, failure.Wrap(perr, codes.Internal, failure.CommandInvalid, "%s payload: %v", typ, perr)
+	}
+	cmd := &prpv1.Command{Schema: "tether.prp.command.v1", CommandId: cmdID, ControllerSeq: r.lastCmdSeq + 1,
+		Type: typ, IssuedAt: timestamppb.Now(), Payload: payload}
+	err := writeRunner(conn, &prpv1.Frame{Kind: &prpv1.Frame_Replay{Replay: &prpv1.Replay{AfterSourceSeq: sent.after}}})
+	if err == nil {
+		err = writeRunner(conn, &prpv1.Frame{Kind: &prpv1.Frame_Command{Command: cmd}})
+		r.sentAttach(cmd)
+	}
+	if err == nil {
+		r.lastCmdSeq = cmd.ControllerSeq
+	}
+	return sent, err
+}
+
+// controlEvents collects the events a runner emits under a control
+// attachment and acknowledges them as they become contiguous.
+type controlEvents struct {
+	events []*prpv1.Event
+	seen   map[uint64]bool
+	acked  uint64
+}
+
+// take records the new events of batch b and acknowledges the contiguous
+// ones to the runner.
+func (w *controlEvents) take(r *runner, b *prpv1.EventBatch) {
+	for _, ev := range decodeBatch(b) {
+		if ev.GetSourceSeq() > w.acked && !w.seen[ev.GetSourceSeq()] {
+			w.seen[ev.GetSourceSeq()] = true
+			w.events = append(w.events, ev)
+		}
+	}
+	n := w.acked
+	for w.seen[n+1] {
+		n++
+	}
+	if n <= w.acked {
+		return
+	}
+	w.acked = n
+	r.mu.Lock()
+	if n > r.ackedSeq {
+		r.ackedSeq = n
+	}
+	c := r.conn
+	r.mu.Unlock()
+	if c != nil {
+		_ = writeRunner(c, &prpv1.Frame{Kind: &prpv1.Frame_Ack{Ack: &prpv1.Ack{AckedSourceSeq: n}}})
+	}
+}
+
+// commandFailed is the error of a control command answered other than
+// completed.
+func commandFailed(typ string, res *prpv1.CommandResult) error {
+	if res.GetCode() == failure.TurnAlreadyActive {
+		return failure.New(codes.Aborted, failure.NativeSessionSupervisorBusy, "%s: %s", typ, res.GetMessage())
+	}
+	if typ != "runner.suspend" {
+		return failure.New(codes.FailedPrecondition, failure.Reason(res.GetCode()), "%s: %s", typ, res.GetMessage())
+	}
+	return failure.New(codes.FailedPrecondition, failure.NativeSessionCloseUnrecoverable,
+		"%s: runner did not durably suspend before checkpoint (%s: %s)", failure.ProviderTransportFailed, res.GetCode(), res.GetMessage())
+}
+
+// awaitRunnerExit waits for the runner process itself to be gone: the
+// launched child, else the process its hello named.
+func awaitRunnerExit(ctx context.Context, child *launched, proc *prpv1.ProcessInfo) error {
 	var exited <-chan struct{}
 	if child != nil {
 		exited = child.done
@@ -330,10 +396,10 @@ func (g *Gateway) command(ctx context.Context, r *runner, sc, typ string, payloa
 	select {
 	case <-exited:
 	case <-ctx.Done():
-		return events, nil, failure.New(codes.DeadlineExceeded, failure.NativeSessionCloseUnrecoverable,
+		return failure.New(codes.DeadlineExceeded, failure.NativeSessionCloseUnrecoverable,
 			"provider_transport_failed: runner did not durably suspend before checkpoint (the runner process did not exit)")
 	}
-	return events, nil, nil
+	return nil
 }
 
 // decodeBatch returns a relayed batch's events: the relay carries them as
