@@ -189,132 +189,162 @@ type commandSlot struct {
 func (r *Runner) onCommands(connID int, cmds []*prpv1.Command) {
 	defer r.pongIfDue()
 	defer synctrace.Step("runnerd.commands", cmds[0].GetRunId())()
-	var (
-		slots   []*commandSlot
-		next    int              // first slot not yet run (or passed, when it needs no run)
-		answerd int              // slots answered so far
-		changed bool             // the state changed (beyond fresh intents) since the last save
-		fresh   []durable.Intent // intents not yet durable
-		// byOutcome: every change is a command's run whose outcome an
-		// outcome record can carry (see outcomeRecordable).
-		byOutcome = r.j.intents != nil
-		attached  bool // a run.attach ran (its input goes on the record)
-	)
-	admit := func(cs []*prpv1.Command) {
-		for _, c := range cs {
-			s, ch := r.admitCommand(c)
-			slots = append(slots, s)
-			if s.run {
-				fresh = append(fresh, durable.IntentOf(s.rec))
-				if !outcomeRecordable(c.GetType()) {
-					byOutcome = false
-				}
-				attached = attached || c.GetType() == CmdRunAttach
-			} else if ch {
-				changed = true
-				byOutcome = false
-			}
-		}
-	}
+	b := &commandBatch{r: r, byOutcome: r.j.intents != nil}
 	// Answers still waiting for a snapshot go first (in order).
 	if r.j.settleSaves() != nil {
 		return
 	}
-	admit(cmds)
+	b.admit(cmds)
 	wait := time.Duration(0)
-	if last := slots[len(slots)-1]; last.run && last.c.GetType() == CmdRunAttach {
+	if last := b.slots[len(b.slots)-1]; last.run && last.c.GetType() == CmdRunAttach {
 		// The executor sends a run's turn.start right behind its
 		// run.attach: a short wait lets both intents share one sync.
 		wait = r.cfg.AttachFollowWindow
 	}
 	for {
-		admit(r.drainCommands(connID, maxCommandBatch-len(slots), wait))
+		b.admit(r.drainCommands(connID, maxCommandBatch-len(b.slots), wait))
 		wait = 0
-		if next == len(slots) {
+		if b.next == len(b.slots) {
 			// Nothing left to run: persist and answer.
-			if !changed && len(fresh) == 0 {
-				for ; answerd < len(slots); answerd++ {
-					r.sendResult(slots[answerd].rec)
-				}
-				return
-			}
-			if byOutcome && len(fresh) == 0 {
-				// The outcomes go to the intent log (one fdatasync) and
-				// are answered from there; the state document catches up
-				// later (its snapshot is off the turn's path).
-				var ran []*runnerstate.CommandRecord
-				for _, sl := range slots {
-					if sl.run {
-						ran = append(ran, sl.rec)
-					}
-				}
-				if r.j.journalOutcomes(ran, attached) != nil {
-					return // nothing whose outcome is not durable is answered
-				}
-				if r.requestsDirty {
-					// A request the turn opened: the state follows soon
-					// (as the provider's events have it, emit.go).
-					r.requestsDirty = false
-					r.saveSoon()
-				}
-				for ; answerd < len(slots); answerd++ {
-					r.sendResult(slots[answerd].rec)
-				}
-				return
-			}
-			gen, err := r.j.saveAsync()
-			if err != nil {
-				r.log.Error("cannot persist runner state", "err", err)
-				r.setExit(ExitError, failure.RunnerStateWriteFailed, true)
-				return
-			}
-			recs := make([]*runnerstate.CommandRecord, 0, len(slots)-answerd)
-			for _, sl := range slots[answerd:] {
-				recs = append(recs, sl.rec)
-			}
-			r.j.answerWhenSaved(gen, recs)
+			b.persistAndAnswer()
 			return
 		}
-		// Intents before effects.
-		if len(fresh) > 0 {
-			if r.j.intents == nil {
-				changed = false // the save holds everything
-				// (and what is final so far may be answered after it)
-			}
-			if r.j.journalIntents(fresh) != nil {
-				return // nothing unjournaled runs, nothing unsaved is answered
-			}
-			fresh = nil
-			if r.j.intents == nil {
-				for answerd < len(slots) && slots[answerd].done {
-					r.sendResult(slots[answerd].rec)
-					answerd++
-				}
-			}
-		}
-		// Every slot up to len(slots) is journaled durably now: run them.
-		// The events they emit are held and journaled with the provider
-		// events of a turn one of them starts (one fsync for run.attached
-		// and turn.started), before any state save, and at the latest when
-		// they have run.
-		r.j.hold = true
-		for ; next < len(slots); next++ {
-			sl := slots[next]
-			if !sl.run {
-				continue
-			}
-			r.runCommand(sl)
-			changed = true
-			if r.exit != nil && r.exit.immediate {
-				break
-			}
-		}
-		r.j.hold = false
-		r.flushHeld()
-		if r.exit != nil && r.exit.immediate {
+		if !b.journalFresh() || !b.runJournaled() {
 			return
 		}
 	}
+}
+
+// commandBatch is one onCommands call's batch of commands, admitted in
+// order into slots, journaled, run and answered.
+type commandBatch struct {
+	r       *Runner
+	slots   []*commandSlot
+	next    int              // first slot not yet run (or passed, when it needs no run)
+	answerd int              // slots answered so far
+	changed bool             // the state changed (beyond fresh intents) since the last save
+	fresh   []durable.Intent // intents not yet durable
+	// byOutcome: every change is a command's run whose outcome an
+	// outcome record can carry (see outcomeRecordable).
+	byOutcome bool
+	attached  bool // a run.attach ran (its input goes on the record)
+}
+
+// admit admits cs into the batch's slots.
+func (b *commandBatch) admit(cs []*prpv1.Command) {
+	for _, c := range cs {
+		s, ch := b.r.admitCommand(c)
+		b.slots = append(b.slots, s)
+		if s.run {
+			b.fresh = append(b.fresh, durable.IntentOf(s.rec))
+			if !outcomeRecordable(c.GetType()) {
+				b.byOutcome = false
+			}
+			b.attached = b.attached || c.GetType() == CmdRunAttach
+		} else if ch {
+			b.changed = true
+			b.byOutcome = false
+		}
+	}
+}
+
+// answerUpTo answers the slots from answerd up to n.
+func (b *commandBatch) answerUpTo(n int) {
+	for ; b.answerd < n; b.answerd++ {
+		b.r.sendResult(b.slots[b.answerd].rec)
+	}
+}
+
+// persistAndAnswer makes the batch's outcomes durable and answers them,
+// once nothing is left to run: at once when nothing changed; from one
+// outcome record in the intent log when every change is a recordable
+// command's outcome (the state document catches up later, its snapshot is
+// off the turn's path); else once a save of the state holds them.
+func (b *commandBatch) persistAndAnswer() {
+	r := b.r
+	if !b.changed && len(b.fresh) == 0 {
+		b.answerUpTo(len(b.slots))
+		return
+	}
+	if b.byOutcome && len(b.fresh) == 0 {
+		var ran []*runnerstate.CommandRecord
+		for _, sl := range b.slots {
+			if sl.run {
+				ran = append(ran, sl.rec)
+			}
+		}
+		if r.j.journalOutcomes(ran, b.attached) != nil {
+			return // nothing whose outcome is not durable is answered
+		}
+		if r.requestsDirty {
+			// A request the turn opened: the state follows soon
+			// (as the provider's events have it, emit.go).
+			r.requestsDirty = false
+			r.saveSoon()
+		}
+		b.answerUpTo(len(b.slots))
+		return
+	}
+	gen, err := r.j.saveAsync()
+	if err != nil {
+		r.log.Error("cannot persist runner state", "err", err)
+		r.setExit(ExitError, failure.RunnerStateWriteFailed, true)
+		return
+	}
+	recs := make([]*runnerstate.CommandRecord, 0, len(b.slots)-b.answerd)
+	for _, sl := range b.slots[b.answerd:] {
+		recs = append(recs, sl.rec)
+	}
+	r.j.answerWhenSaved(gen, recs)
+}
+
+// journalFresh journals the fresh intents (intents before effects); false
+// when that failed: nothing unjournaled runs, nothing unsaved is
+// answered.
+func (b *commandBatch) journalFresh() bool {
+	r := b.r
+	if len(b.fresh) == 0 {
+		return true
+	}
+	if r.j.intents == nil {
+		b.changed = false // the save holds everything
+		// (and what is final so far may be answered after it)
+	}
+	if r.j.journalIntents(b.fresh) != nil {
+		return false
+	}
+	b.fresh = nil
+	if r.j.intents == nil {
+		for b.answerd < len(b.slots) && b.slots[b.answerd].done {
+			r.sendResult(b.slots[b.answerd].rec)
+			b.answerd++
+		}
+	}
+	return true
+}
+
+// runJournaled runs every slot up to len(slots), all journaled durably
+// now. The events they emit are held and journaled with the provider
+// events of a turn one of them starts (one fsync for run.attached and
+// turn.started), before any state save, and at the latest when they have
+// run. False when the runner is exiting at once.
+func (b *commandBatch) runJournaled() bool {
+	r := b.r
+	r.j.hold = true
+	for ; b.next < len(b.slots); b.next++ {
+		sl := b.slots[b.next]
+		if !sl.run {
+			continue
+		}
+		r.runCommand(sl)
+		b.changed = true
+		if r.exit != nil && r.exit.immediate {
+			break
+		}
+	}
+	r.j.hold = false
+	r.flushHeld()
+	return r.exit == nil || !r.exit.immediate
 }
 
 // outcomeRecordable reports whether a command of type typ changes nothing
