@@ -155,6 +155,60 @@ func (a *attachment) open(facts func() (*store.AttachFacts, error)) (done bool, 
 	if err != nil {
 		return false, err
 	}
+	open, err := a.buildOpen(runScope)
+	if err != nil {
+		return false, err
+	}
+	if err := a.send(&gatewayv1.AttachRequest{Kind: &gatewayv1.AttachRequest_Open{Open: open}}); err != nil {
+		return false, err
+	}
+	d.mu.Lock()
+	a.replaced, a.local = d.replaced[c.RunID], d.localReplace[c.RunID]
+	d.mu.Unlock()
+	// The turn's commands go as early as fencing allows: the claim is
+	// committed, the Open carries its fencing token, and the gateway reads
+	// what follows the Open only once it opened the runner under that token
+	// (the scope's control plane bound to this run) — it and the runner
+	// refuse a lower attempt; the commands' ids carry no attempt, so a
+	// takeover gets the runner's stored results, not a second turn. So they
+	// are pipelined behind the Open unless the Opened answer may call for
+	// closing the live session first (E10): a configuration other than the
+	// previous run's, or a replacement on local state pending.
+	a.early = a.replaced || (!configChanged(c, a.facts) && !a.local)
+	if a.early {
+		if err := a.sendTurn(); err != nil {
+			return false, err
+		}
+	}
+	return false, a.awaitOpened()
+}
+
+// awaitOpened reads the gateway's answer to the Open: Opened, or Closed
+// with the reason the gateway refused it.
+func (a *attachment) awaitOpened() error {
+	endOpened := synctrace.Step("executor.await_opened", a.c.RunID)
+	first, err := a.stream.Recv()
+	endOpened()
+	if err != nil {
+		return err
+	}
+	if a.opened = first.GetOpened(); a.opened == nil {
+		if cl := first.GetClosed(); cl != nil {
+			return &closedError{cl.GetCode(), cl.GetMessage()}
+		}
+		return failure.New(codes.Internal, failure.RunnerProtocolError, "gateway answered Open with %T", first.GetKind())
+	}
+	a.log = a.log.With("runner_instance_id", a.opened.GetRunnerInstanceId())
+	a.log.Info("attached", "reused", a.opened.GetReused(), "runner_acked_seq", a.opened.GetRunnerAckedSeq())
+	return nil
+}
+
+// buildOpen is the run's Open: its identity, fencing token, target and
+// input, the prior runs and continuity the attach facts hold, the one turn
+// the attach may start and, when the scope has a stamped checkpoint, the
+// restore it allows (or the operator's replacement).
+func (a *attachment) buildOpen(runScope string) (*gatewayv1.Open, error) {
+	c, d := a.c, a.d
 	// F3: a scope a runner served before must find its state (on the
 	// gateway's disk, or restored from the checkpoint) unless an operator
 	// replaced the session, whose next run starts a fresh provider session.
@@ -195,47 +249,12 @@ func (a *attachment) open(facts func() (*store.AttachFacts, error)) (done bool, 
 		} else {
 			var err error
 			if order, err = d.store.RestoreOrderOf(a.ctx, runScope, cp.GetRunnerInstanceId()); err != nil {
-				return false, err
+				return nil, err
 			}
 		}
 		open.Restore.MinSourceSeq, open.Restore.ServedRunnerIds = order.MinSourceSeq, order.ServedRunnerIDs
 	}
-	if err := a.send(&gatewayv1.AttachRequest{Kind: &gatewayv1.AttachRequest_Open{Open: open}}); err != nil {
-		return false, err
-	}
-	d.mu.Lock()
-	a.replaced, a.local = d.replaced[c.RunID], d.localReplace[c.RunID]
-	d.mu.Unlock()
-	// The turn's commands go as early as fencing allows: the claim is
-	// committed, the Open carries its fencing token, and the gateway reads
-	// what follows the Open only once it opened the runner under that token
-	// (the scope's control plane bound to this run) — it and the runner
-	// refuse a lower attempt; the commands' ids carry no attempt, so a
-	// takeover gets the runner's stored results, not a second turn. So they
-	// are pipelined behind the Open unless the Opened answer may call for
-	// closing the live session first (E10): a configuration other than the
-	// previous run's, or a replacement on local state pending.
-	a.early = a.replaced || (!configChanged(c, a.facts) && !a.local)
-	if a.early {
-		if err := a.sendTurn(); err != nil {
-			return false, err
-		}
-	}
-	endOpened := synctrace.Step("executor.await_opened", c.RunID)
-	first, err := a.stream.Recv()
-	endOpened()
-	if err != nil {
-		return false, err
-	}
-	if a.opened = first.GetOpened(); a.opened == nil {
-		if cl := first.GetClosed(); cl != nil {
-			return false, &closedError{cl.GetCode(), cl.GetMessage()}
-		}
-		return false, failure.New(codes.Internal, failure.RunnerProtocolError, "gateway answered Open with %T", first.GetKind())
-	}
-	a.log = a.log.With("runner_instance_id", a.opened.GetRunnerInstanceId())
-	a.log.Info("attached", "reused", a.opened.GetReused(), "runner_acked_seq", a.opened.GetRunnerAckedSeq())
-	return false, nil
+	return open, nil
 }
 
 // localReplaced: the suspension for a configuration change stopped the
