@@ -23,7 +23,7 @@ import (
 	"github.com/tether-run/tether/pkg/grpcx"
 	"github.com/tether-run/tether/services/executor/internal/admission"
 	"github.com/tether-run/tether/services/executor/internal/authz"
-	"github.com/tether-run/tether/services/executor/internal/control"
+	"github.com/tether-run/tether/services/executor/internal/livesession"
 	"github.com/tether-run/tether/services/executor/internal/retention"
 	"github.com/tether-run/tether/services/executor/internal/secrets"
 	"github.com/tether-run/tether/services/executor/internal/store"
@@ -58,7 +58,7 @@ type Server struct {
 	// Controls holds this replica's live provider sessions (steering and
 	// runtime-request resolution); ForwardToOwner sends calls for runs
 	// driven elsewhere to the replica recorded with the lease.
-	Controls *control.Registry
+	Controls *livesession.Registry
 	// SelfAddr is this replica's advertised address (no self-forwarding).
 	SelfAddr string
 	// DialPeer connects to another replica for forwarding (nil:
@@ -328,7 +328,7 @@ func (s *Server) ResolveRuntimeRequest(ctx context.Context, req *executorv1.Reso
 	if err != nil {
 		return nil, err
 	}
-	id, err := s.controls().ResolveRuntimeRequest(ctx, control.ResolveInput{
+	id, err := s.controls().ResolveRuntimeRequest(ctx, livesession.ResolveInput{
 		RunID: run.Key, RequestID: req.GetRequestId(), TurnID: req.GetTurnId(),
 		Resolution: req.GetResolution().AsMap(),
 		Authorize: func(ctx context.Context) error {
@@ -364,9 +364,9 @@ func (s *Server) CompleteToolCall(ctx context.Context, req *executorv1.CompleteT
 	return &executorv1.CompleteToolCallResponse{CommandId: id}, nil
 }
 
-func (s *Server) controls() *control.Registry {
+func (s *Server) controls() *livesession.Registry {
 	if s.Controls == nil {
-		return control.NewRegistry(func() string { return "" })
+		return livesession.NewRegistry(func() string { return "" })
 	}
 	return s.Controls
 }

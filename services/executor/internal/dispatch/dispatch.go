@@ -33,7 +33,7 @@ import (
 	"github.com/tether-run/tether/pkg/scope"
 	"github.com/tether-run/tether/pkg/synctrace"
 	"github.com/tether-run/tether/pkg/telemetry"
-	"github.com/tether-run/tether/services/executor/internal/control"
+	"github.com/tether-run/tether/services/executor/internal/livesession"
 	"github.com/tether-run/tether/services/executor/internal/recovery"
 	"github.com/tether-run/tether/services/executor/internal/secrets"
 	"github.com/tether-run/tether/services/executor/internal/session"
@@ -124,7 +124,7 @@ type Dispatcher struct {
 	// localReplace: runs whose gateway cannot checkpoint (no backup
 	// verifier); their warm session is replaced on its local state.
 	localReplace map[string]bool
-	controls     *control.Registry
+	controls     *livesession.Registry
 	metrics      *metrics
 	// kicked: runs submitted to this replica whose claim loop was already
 	// woken (KickRun); their database notification is redundant here.
@@ -145,7 +145,7 @@ type Dispatcher struct {
 
 // Controls is the registry of this replica's live provider sessions, for
 // steering and runtime-request resolution.
-func (d *Dispatcher) Controls() *control.Registry { return d.controls }
+func (d *Dispatcher) Controls() *livesession.Registry { return d.controls }
 
 // New returns a Dispatcher.
 func New(s *store.Store, cfg Config) *Dispatcher {
@@ -183,7 +183,7 @@ func New(s *store.Store, cfg Config) *Dispatcher {
 		kick:     make(chan struct{}, 1),
 		cancels:  map[string]chan *executorv1.Cancellation{},
 		replaced: map[string]bool{}, localReplace: map[string]bool{}, kicked: map[string]struct{}{},
-		controls: control.NewRegistry(func() string { return store.NewID("") }),
+		controls: livesession.NewRegistry(func() string { return store.NewID("") }),
 	}
 }
 

@@ -11,11 +11,11 @@ import (
 	"github.com/tether-run/tether/pkg/failure"
 	gatewayv1 "github.com/tether-run/tether/pkg/gen/tether/gateway/v1"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
-	"github.com/tether-run/tether/services/executor/internal/control"
+	"github.com/tether-run/tether/services/executor/internal/livesession"
 	"github.com/tether-run/tether/services/executor/internal/store"
 )
 
-// liveSession is the control.Session of one Attach stream: it knows the
+// liveSession is the livesession.Session of one Attach stream: it knows the
 // provider's active turn from the relayed events and sends steering and
 // runtime-request resolutions as runner commands, waiting for their results.
 type liveSession struct {
@@ -52,7 +52,7 @@ func (l *liveSession) withToolEpoch(cmd *prpv1.Command) *prpv1.Command {
 	return cmd
 }
 
-var _ control.Session = (*liveSession)(nil)
+var _ livesession.Session = (*liveSession)(nil)
 
 // observe tracks the provider's active turn from relayed events.
 func (l *liveSession) observe(ev *prpv1.Event) {
@@ -119,13 +119,13 @@ func (l *liveSession) result(r *prpv1.CommandResult) bool {
 // providerCapabilities is what each provider's driver offers: the codex
 // app-server steering and runtime-request resolution; OpenCode runtime
 // requests (its permission requests) but no steering (SPEC R10).
-var providerCapabilities = map[string]control.Capabilities{
+var providerCapabilities = map[string]livesession.Capabilities{
 	"codex":    {Steering: true, RuntimeRequestResolution: true},
 	"opencode": {RuntimeRequestResolution: true},
 }
 
 // Capabilities reports the run's provider's capabilities.
-func (l *liveSession) Capabilities(context.Context) (control.Capabilities, error) {
+func (l *liveSession) Capabilities(context.Context) (livesession.Capabilities, error) {
 	return providerCapabilities[l.claim.Input.GetProvider().GetKind()], nil
 }
 
@@ -158,7 +158,7 @@ func (l *liveSession) call(ctx context.Context, cmd *prpv1.Command) (*prpv1.Comm
 }
 
 // Steer sends turn.steer and waits for the runner's result.
-func (l *liveSession) Steer(ctx context.Context, in control.SteerInput) error {
+func (l *liveSession) Steer(ctx context.Context, in livesession.SteerInput) error {
 	id := in.CorrelationID
 	if id == "" {
 		id = store.NewID("steer-")

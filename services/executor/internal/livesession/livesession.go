@@ -1,8 +1,8 @@
-// Package control routes same-turn steering (E9) and runtime-request
+// Package livesession routes same-turn steering (E9) and runtime-request
 // resolutions (E8) to the live provider session of a run, with the
 // reference's stable codes, bounded acknowledgement waits, joined duplicate
 // resolutions and per-session reservations.
-package control
+package livesession
 
 import (
 	"context"
