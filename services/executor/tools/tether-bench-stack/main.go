@@ -36,6 +36,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
+	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/synctrace"
 
 	"github.com/tether-run/tether/pkg/grpcx"
@@ -51,40 +52,60 @@ func main() {
 	}
 }
 
-func run() error {
+// benchFlags are tether-bench-stack's flags.
+type benchFlags struct {
+	binDir, sessions                            string
+	turns, warm, takeovers, cancels, throughput int
+	gateways, p5Sessions, anchorN, idleTurns    int
+	keep, trace, sameHost, sigterm, idleControl bool
+	settle, ttl, idleCheckpointAfter            time.Duration
+	sizes                                       []int // parsed -sessions
+}
+
+func parseFlags() (*benchFlags, error) {
+	f := &benchFlags{}
 	self, _ := os.Executable()
-	binDir := flag.String("bin-dir", filepath.Dir(self), "directory with the tether binaries")
-	turns := flag.Int("turns", 100, "measured turns per side")
-	warm := flag.Int("warmup", 5, "warm-up turns per side")
-	keep := flag.Bool("keep", false, "keep the temporary directory (logs)")
-	trace := flag.Bool("trace", false, "print the timeline of the last turn")
-	settle := flag.Duration("settle", 10*time.Millisecond, "pause before each turn of either side")
-	sessions := flag.String("sessions", "", "instead of the warm turn: RSS/PSS per idle warm session at these session counts (e.g. 10,50)")
-	takeovers := flag.Int("takeovers", 0, "instead of the warm turn: kill -9 of the driving executor → the run's next event from the other replica, this many times (SPEC P3)")
-	sameHost := flag.Bool("same-host-takeover", true, "-takeovers: the executors take over on proof of death on this host (else after lease expiry)")
-	ttl := flag.Duration("lease-ttl", 3*time.Second, "-takeovers: the executors' lease TTL")
-	sigterm := flag.Bool("sigterm", false, "-takeovers: SIGTERM the driving executor instead of kill -9 (it hands its lease back; target ≤ 1 s)")
-	cancels := flag.Int("cancels", 0, "instead of the warm turn: CancelRun → provider interrupt acknowledged over this many live turns (SPEC P2)")
-	throughput := flag.Int("throughput", 0, "instead of the warm turn: this many short warm runs over -p5-sessions sessions, runs/s and CPU per run of each process kind (SPEC P5)")
-	gateways := flag.Int("gateways", 1, "-throughput: runner gateways (as on separate hosts, registered with the executor)")
-	p5Sessions := flag.Int("p5-sessions", 12, "-throughput: warm sessions the runs are spread over")
-	anchorN := flag.Int("anchors", 100, "warm turn: samples of each raw anchor (fdatasync, atomic replace, commit, gRPC ping-pong) before and after the turns")
-	idleTurns := flag.Int("idle-turns", 5, "after the warm turn: turns each after 2 × -idle-checkpoint-after idle with the backup verifier on, each idle period checkpointed online (SPEC P6); 0: none")
-	idleCheckpointAfter := flag.Duration("idle-checkpoint-after", time.Second, "the executor's -checkpoint-after in the warm-turn run (no measured warm turn idles that long)")
-	idleControl := flag.Bool("idle-control", false, "-idle-turns without checkpoints (-checkpoint-after 0): the same idle periods, to tell idleness from checkpointing")
+	flag.StringVar(&f.binDir, "bin-dir", filepath.Dir(self), "directory with the tether binaries")
+	flag.IntVar(&f.turns, "turns", 100, "measured turns per side")
+	flag.IntVar(&f.warm, "warmup", 5, "warm-up turns per side")
+	flag.BoolVar(&f.keep, "keep", false, "keep the temporary directory (logs)")
+	flag.BoolVar(&f.trace, "trace", false, "print the timeline of the last turn")
+	flag.DurationVar(&f.settle, "settle", 10*time.Millisecond, "pause before each turn of either side")
+	flag.StringVar(&f.sessions, "sessions", "", "instead of the warm turn: RSS/PSS per idle warm session at these session counts (e.g. 10,50)")
+	flag.IntVar(&f.takeovers, "takeovers", 0, "instead of the warm turn: kill -9 of the driving executor → the run's next event from the other replica, this many times (SPEC P3)")
+	flag.BoolVar(&f.sameHost, "same-host-takeover", true, "-takeovers: the executors take over on proof of death on this host (else after lease expiry)")
+	flag.DurationVar(&f.ttl, "lease-ttl", 3*time.Second, "-takeovers: the executors' lease TTL")
+	flag.BoolVar(&f.sigterm, "sigterm", false, "-takeovers: SIGTERM the driving executor instead of kill -9 (it hands its lease back; target ≤ 1 s)")
+	flag.IntVar(&f.cancels, "cancels", 0, "instead of the warm turn: CancelRun → provider interrupt acknowledged over this many live turns (SPEC P2)")
+	flag.IntVar(&f.throughput, "throughput", 0, "instead of the warm turn: this many short warm runs over -p5-sessions sessions, runs/s and CPU per run of each process kind (SPEC P5)")
+	flag.IntVar(&f.gateways, "gateways", 1, "-throughput: runner gateways (as on separate hosts, registered with the executor)")
+	flag.IntVar(&f.p5Sessions, "p5-sessions", 12, "-throughput: warm sessions the runs are spread over")
+	flag.IntVar(&f.anchorN, "anchors", 100, "warm turn: samples of each raw anchor (fdatasync, atomic replace, commit, gRPC ping-pong) before and after the turns")
+	flag.IntVar(&f.idleTurns, "idle-turns", 5, "after the warm turn: turns each after 2 × -idle-checkpoint-after idle with the backup verifier on, each idle period checkpointed online (SPEC P6); 0: none")
+	flag.DurationVar(&f.idleCheckpointAfter, "idle-checkpoint-after", time.Second, "the executor's -checkpoint-after in the warm-turn run (no measured warm turn idles that long)")
+	flag.BoolVar(&f.idleControl, "idle-control", false, "-idle-turns without checkpoints (-checkpoint-after 0): the same idle periods, to tell idleness from checkpointing")
 	flag.Parse()
-	if *gateways < 1 {
-		return fmt.Errorf("-gateways: want ≥ 1, got %d", *gateways)
+	if f.gateways < 1 {
+		return nil, fmt.Errorf("-gateways: want ≥ 1, got %d", f.gateways)
 	}
-	var sizes []int
-	if *sessions != "" {
-		for f := range strings.SplitSeq(*sessions, ",") {
-			n, err := strconv.Atoi(strings.TrimSpace(f))
-			if err != nil || n < 1 || (len(sizes) > 0 && n <= sizes[len(sizes)-1]) {
-				return fmt.Errorf("-sessions: want increasing counts ≥ 1, got %q", *sessions)
+	if f.sessions != "" {
+		for s := range strings.SplitSeq(f.sessions, ",") {
+			n, err := strconv.Atoi(strings.TrimSpace(s))
+			if err != nil || n < 1 || (len(f.sizes) > 0 && n <= f.sizes[len(f.sizes)-1]) {
+				return nil, fmt.Errorf("-sessions: want increasing counts ≥ 1, got %q", f.sessions)
 			}
-			sizes = append(sizes, n)
+			f.sizes = append(f.sizes, n)
 		}
+	}
+	return f, nil
+}
+
+// run is flags → the direct fake and the stack → the measurement -flags
+// chose (the warm turn by default).
+func run() error {
+	f, err := parseFlags()
+	if err != nil {
+		return err
 	}
 	ctx := context.Background()
 	dir, err := os.MkdirTemp("", "tether-bench-stack-")
@@ -92,20 +113,18 @@ func run() error {
 		return err
 	}
 	defer func() {
-		if *keep {
+		if f.keep {
 			fmt.Println("kept", dir)
 			return
 		}
 		os.RemoveAll(dir)
 	}()
 	fakeArgs := []string{"--delta-delay-ms", "0"}
-
-	ds, err := startDirect(filepath.Join(*binDir, "fake-codex-app-server"), filepath.Join(dir, "direct"), fakeArgs)
+	ds, err := startDirect(filepath.Join(f.binDir, "fake-codex-app-server"), filepath.Join(dir, "direct"), fakeArgs)
 	if err != nil {
 		return fmt.Errorf("direct: %w", err)
 	}
 	defer ds.close()
-
 	cluster, err := pgtest.Start(ctx, pgtest.WithDurable())
 	if err != nil {
 		return err
@@ -114,39 +133,61 @@ func run() error {
 	if err := cluster.CreateDatabase(ctx, "tether"); err != nil {
 		return err
 	}
-	opts := stack.Options{BinDir: *binDir, Dir: filepath.Join(dir, "stack"), DatabaseURL: cluster.DSN("tether"), FakeArgs: fakeArgs}
-	// The warm turn traces every synced write of the stack's processes
-	// (pkg/synctrace): the executor and the gateway inherit the variable,
-	// runnerd gets it from the gateway, the provider by its flag.
-	traceDir := ""
-	if len(sizes) == 0 && *takeovers == 0 && *throughput == 0 {
-		traceDir = filepath.Join(dir, "synctrace")
-		if err := os.MkdirAll(traceDir, 0o700); err != nil {
-			return err
-		}
-		opts.Env = append(opts.Env, synctrace.EnvVar+"="+traceDir)
-		opts.FakeArgs = append(append([]string(nil), fakeArgs...), "--sync-trace", traceDir)
-		if *idleTurns > 0 {
-			// Production's checkpoint policy (a verifier and
-			// -checkpoint-after), for the turns after idle periods.
-			if !*idleControl {
-				opts.CheckpointAfter = *idleCheckpointAfter
-			}
-			opts.ExecutorArgs = append(opts.ExecutorArgs, "-idle-sweep-interval", "100ms")
-		}
-	}
-	if *takeovers > 0 {
-		opts.LeaseTTL = *ttl
-		opts.ExecutorArgs = []string{"-same-host-takeover=" + strconv.FormatBool(*sameHost)}
-	}
-	st, err := stack.New(opts)
+	st, traceDir, err := startStack(ctx, f, dir, cluster.DSN("tether"), fakeArgs)
 	if err != nil {
 		return err
 	}
 	defer st.Stop()
-	if *throughput > 0 && *gateways > 1 {
+	if f.takeovers > 0 {
+		return takeovers(ctx, f, st, cluster.DSN("tether"))
+	}
+	return measure(ctx, f, st, ds, cluster, dir, traceDir)
+}
+
+// startStack starts the stack the measurement needs: with synced writes
+// traced for the warm turn (the executor and the gateway inherit the
+// variable, runnerd gets it from the gateway, the provider by its flag),
+// more gateways for -throughput, the takeover lease for -takeovers.
+func startStack(ctx context.Context, f *benchFlags, dir, dsn string, fakeArgs []string) (*stack.Stack, string, error) {
+	opts := stack.Options{BinDir: f.binDir, Dir: filepath.Join(dir, "stack"), DatabaseURL: dsn, FakeArgs: fakeArgs}
+	traceDir := ""
+	if len(f.sizes) == 0 && f.takeovers == 0 && f.throughput == 0 {
+		traceDir = filepath.Join(dir, "synctrace")
+		if err := os.MkdirAll(traceDir, 0o700); err != nil {
+			return nil, "", err
+		}
+		opts.Env = append(opts.Env, synctrace.EnvVar+"="+traceDir)
+		opts.FakeArgs = append(append([]string(nil), fakeArgs...), "--sync-trace", traceDir)
+		if f.idleTurns > 0 {
+			// Production's checkpoint policy (a verifier and
+			// -checkpoint-after), for the turns after idle periods.
+			if !f.idleControl {
+				opts.CheckpointAfter = f.idleCheckpointAfter
+			}
+			opts.ExecutorArgs = append(opts.ExecutorArgs, "-idle-sweep-interval", "100ms")
+		}
+	}
+	if f.takeovers > 0 {
+		opts.LeaseTTL = f.ttl
+		opts.ExecutorArgs = []string{"-same-host-takeover=" + strconv.FormatBool(f.sameHost)}
+	}
+	st, err := stack.New(opts)
+	if err != nil {
+		return nil, "", err
+	}
+	if err := startGateways(ctx, f, st); err != nil {
+		st.Stop()
+		return nil, "", err
+	}
+	return st, traceDir, nil
+}
+
+// startGateways starts the stack, with -gateways registered gateways for
+// -throughput.
+func startGateways(ctx context.Context, f *benchFlags, st *stack.Stack) error {
+	if f.throughput > 0 && f.gateways > 1 {
 		st.SetExtraArgs("runnergw", st.RegistryArgs("executor")...)
-		for g := 2; g <= *gateways; g++ {
+		for g := 2; g <= f.gateways; g++ {
 			if err := st.AddGateway(gatewayName(g), st.RegistryArgs("executor")...); err != nil {
 				return err
 			}
@@ -155,34 +196,41 @@ func run() error {
 	if err := st.StartAll(ctx); err != nil {
 		return err
 	}
-	for g := 2; *throughput > 0 && g <= *gateways; g++ {
+	for g := 2; f.throughput > 0 && g <= f.gateways; g++ {
 		if _, err := st.Start(ctx, gatewayName(g)); err != nil {
 			return err
 		}
 	}
-	if *takeovers > 0 {
-		if err := st.AddExecutor("executor-2"); err != nil {
-			return err
-		}
-		if _, err := st.Start(ctx, "executor-2"); err != nil {
-			return err
-		}
-		return takeoverTime(ctx, st, cluster.DSN("tether"), *ttl, *sameHost, *sigterm, *takeovers)
+	return nil
+}
+
+// takeovers measures SPEC P3 with a second executor.
+func takeovers(ctx context.Context, f *benchFlags, st *stack.Stack, dsn string) error {
+	if err := st.AddExecutor("executor-2"); err != nil {
+		return err
 	}
+	if _, err := st.Start(ctx, "executor-2"); err != nil {
+		return err
+	}
+	return takeoverTime(ctx, st, dsn, f.ttl, f.sameHost, f.sigterm, f.takeovers)
+}
+
+// measure runs the measurement -flags chose on the started stack.
+func measure(ctx context.Context, f *benchFlags, st *stack.Stack, ds *directSession, cluster *pgtest.Cluster, dir, traceDir string) error {
 	conn, err := grpcx.Dial(st.Addr("executor"), "")
 	if err != nil {
 		return err
 	}
 	defer conn.Close()
 	client := executorv1.NewExecutorServiceClient(conn)
-	if len(sizes) > 0 {
-		return sessionsCurve(ctx, client, st.Proc("runnergw").Pid(), sizes)
+	if len(f.sizes) > 0 {
+		return sessionsCurve(ctx, client, st.Proc("runnergw").Pid(), f.sizes)
 	}
-	if *cancels > 0 {
-		return cancelLatency(ctx, client, *warm, *cancels, traceDir)
+	if f.cancels > 0 {
+		return cancelLatency(ctx, client, f.warm, f.cancels, traceDir)
 	}
-	if *throughput > 0 {
-		return fleetThroughput(ctx, st, client, cluster.Dir(), *gateways, *p5Sessions, *throughput)
+	if f.throughput > 0 {
+		return fleetThroughput(ctx, st, client, cluster.Dir(), f.gateways, f.p5Sessions, f.throughput)
 	}
 	ops, err := openAnchors(ctx, filepath.Join(dir, "anchors"), cluster.DSN("tether"))
 	if err != nil {
@@ -190,112 +238,155 @@ func run() error {
 	}
 	defer ops.close()
 	var raw anchors
-	if err := ops.measure(ctx, &raw, *anchorN); err != nil {
+	if err := ops.measure(ctx, &raw, f.anchorN); err != nil {
 		return fmt.Errorf("anchors: %w", err)
 	}
-	var direct, directStarted, e2e, started []time.Duration
-	var windows []turnWindow
-	var lastT0 time.Time
-	var lastID string
-	for i := 0; i < *warm+*turns; i++ {
-		prompt := fmt.Sprintf("turn %d", i)
-		time.Sleep(*settle)
-		ds0, d, err := ds.turn(prompt)
-		if err != nil {
-			return fmt.Errorf("direct: %w", err)
-		}
-		if i >= *warm {
-			direct = append(direct, d)
-			directStarted = append(directStarted, ds0)
-		}
-		in, err := cli.InputSpec{Prompt: prompt, Company: "bench", Agent: "bench", Session: "bench", Lifecycle: "warm"}.Input()
-		if err != nil {
-			return err
-		}
-		id := fmt.Sprintf("bench-%d", i)
-		time.Sleep(*settle)
-		t0 := time.Now()
-		lastT0, lastID = t0, id
-		if _, err := client.SubmitRun(ctx, &executorv1.SubmitRunRequest{RunId: id, Input: in}); err != nil {
-			return err
-		}
-		stream, err := client.WatchRun(ctx, &executorv1.WatchRunRequest{RunId: id})
-		if err != nil {
-			return err
-		}
-		var tStarted, tEnd time.Duration
-		for {
-			m, err := stream.Recv()
-			if errors.Is(err, io.EOF) {
-				break
-			}
-			if err != nil {
-				return err
-			}
-			switch m.GetEvent().GetEventType() {
-			case "turn.started":
-				tStarted = time.Since(t0)
-			case "run.terminal":
-				tEnd = time.Since(t0)
-				if s := m.GetEvent().GetPayload().AsMap()["runTerminalState"]; s != "succeeded" {
-					return fmt.Errorf("run %s ended %v", id, s)
-				}
-			}
-		}
-		if i >= *warm {
-			e2e = append(e2e, tEnd)
-			started = append(started, tStarted)
-			windows = append(windows, turnWindow{t0: t0, started: t0.Add(tStarted), end: t0.Add(tEnd)})
-		}
-	}
-	if err := ops.measure(ctx, &raw, *anchorN); err != nil {
-		return fmt.Errorf("anchors: %w", err)
-	}
-	if *trace {
-		pool, err := pgxpool.New(ctx, cluster.DSN("tether"))
-		if err != nil {
-			return err
-		}
-		rows, err := pool.Query(ctx, `SELECT seq, event_type, created_at FROM executor.events WHERE run_id = $1 ORDER BY seq`, lastID)
-		if err != nil {
-			return err
-		}
-		var claimed, startedAt time.Time
-		_ = pool.QueryRow(ctx, `SELECT started_at FROM executor.coordinators WHERE run_id = $1`, lastID).Scan(&startedAt)
-		claimed = startedAt
-		fmt.Printf("trace %s: claimed at +%s\n", lastID, claimed.Sub(lastT0))
-		for rows.Next() {
-			var seq int64
-			var typ string
-			var at time.Time
-			if err := rows.Scan(&seq, &typ, &at); err != nil {
-				return err
-			}
-			fmt.Printf("  %3d %-24s persisted at +%s\n", seq, typ, at.Sub(lastT0))
-		}
-		rows.Close()
-		pool.Close()
-	}
-	dp50, dp99 := pct(direct, 50), pct(direct, 99)
-	sp50, sp99 := pct(e2e, 50), pct(e2e, 99)
-	tp50 := pct(started, 50)
-	ratio := float64(sp50) / float64(dp50)
-	fmt.Printf("\n%-28s %12s %12s %12s %10s %6s\n", "figure", "tether p50", "tether p99", "direct p50", "ratio", "target")
-	fmt.Printf("%-28s %12s %12s %12s %9.2fx %6s %s\n", "warm turn end to end", sp50, sp99, dp50, ratio, "≤2x", markOf(ratio <= 2))
-	fmt.Printf("%-28s %12s %12s %12s %10s %6s %s\n", "SubmitRun → turn.started", tp50, pct(started, 99), "-", "-", "≤8ms", markOf(tp50 <= 8*time.Millisecond))
-	fmt.Printf("BENCH warm_turn tether_p50_ms=%.3f tether_p99_ms=%.3f direct_p50_ms=%.3f direct_p99_ms=%.3f ratio=%.3f target=2.00 met=%t\n",
-		ms(sp50), ms(sp99), ms(dp50), ms(dp99), ratio, ratio <= 2)
-	fmt.Printf("BENCH submit_to_turn_started p50_ms=%.3f p99_ms=%.3f target_ms=8 met=%t\n", ms(tp50), ms(pct(started, 99)), tp50 <= 8*time.Millisecond)
-	raw.print()
-	writes, err := reportSynced(traceDir, windows, raw)
+	w, err := warmTurns(ctx, f, ds, client)
 	if err != nil {
 		return err
 	}
-	floor{direct: pct(directStarted, 50), writes: writes, commit: pct(raw.commit, 50), hops: pathHops, pingPong: pct(raw.pingPong, 50)}.print(tp50)
-	if *idleTurns > 0 {
-		return turnsAfterIdle(ctx, client, *idleTurns, *idleCheckpointAfter, sp50, traceDir, raw, !*idleControl)
+	if err := ops.measure(ctx, &raw, f.anchorN); err != nil {
+		return fmt.Errorf("anchors: %w", err)
+	}
+	if f.trace {
+		if err := printTrace(ctx, cluster.DSN("tether"), w.lastID, w.lastT0); err != nil {
+			return err
+		}
+	}
+	sp50, err := w.report(raw, traceDir)
+	if err != nil {
+		return err
+	}
+	if f.idleTurns > 0 {
+		return turnsAfterIdle(ctx, client, f.idleTurns, f.idleCheckpointAfter, sp50, traceDir, raw, !f.idleControl)
 	}
 	return nil
+}
+
+// warmResults are the warm turns' measurements, each side's after the
+// warm-up.
+type warmResults struct {
+	direct, directStarted, e2e, started []time.Duration
+	windows                             []turnWindow
+	lastT0                              time.Time
+	lastID                              string
+}
+
+// warmTurns drives the warm turns, alternating: the direct fake's turn,
+// then the stack's.
+func warmTurns(ctx context.Context, f *benchFlags, ds *directSession, client executorv1.ExecutorServiceClient) (*warmResults, error) {
+	w := &warmResults{}
+	for i := 0; i < f.warm+f.turns; i++ {
+		prompt := fmt.Sprintf("turn %d", i)
+		time.Sleep(f.settle)
+		ds0, d, err := ds.turn(prompt)
+		if err != nil {
+			return nil, fmt.Errorf("direct: %w", err)
+		}
+		if i >= f.warm {
+			w.direct = append(w.direct, d)
+			w.directStarted = append(w.directStarted, ds0)
+		}
+		in, err := cli.InputSpec{Prompt: prompt, Company: "bench", Agent: "bench", Session: "bench", Lifecycle: "warm"}.Input()
+		if err != nil {
+			return nil, err
+		}
+		id := fmt.Sprintf("bench-%d", i)
+		time.Sleep(f.settle)
+		t0 := time.Now()
+		w.lastT0, w.lastID = t0, id
+		tStarted, tEnd, err := stackTurn(ctx, client, t0, id, in)
+		if err != nil {
+			return nil, err
+		}
+		if i >= f.warm {
+			w.e2e = append(w.e2e, tEnd)
+			w.started = append(w.started, tStarted)
+			w.windows = append(w.windows, turnWindow{t0: t0, started: t0.Add(tStarted), end: t0.Add(tEnd)})
+		}
+	}
+	return w, nil
+}
+
+// stackTurn submits run id (at t0) on the warm session and watches it to
+// its end; it returns the times from t0 to turn.started and to
+// run.terminal.
+func stackTurn(ctx context.Context, client executorv1.ExecutorServiceClient, t0 time.Time, id string, in *prpv1.ExecutionInput) (tStarted, tEnd time.Duration, _ error) {
+	if _, err := client.SubmitRun(ctx, &executorv1.SubmitRunRequest{RunId: id, Input: in}); err != nil {
+		return 0, 0, err
+	}
+	stream, err := client.WatchRun(ctx, &executorv1.WatchRunRequest{RunId: id})
+	if err != nil {
+		return 0, 0, err
+	}
+	for {
+		m, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			return tStarted, tEnd, nil
+		}
+		if err != nil {
+			return 0, 0, err
+		}
+		switch m.GetEvent().GetEventType() {
+		case "turn.started":
+			tStarted = time.Since(t0)
+		case "run.terminal":
+			tEnd = time.Since(t0)
+			if s := m.GetEvent().GetPayload().AsMap()["runTerminalState"]; s != "succeeded" {
+				return 0, 0, fmt.Errorf("run %s ended %v", id, s)
+			}
+		}
+	}
+}
+
+// printTrace prints the timeline of run id (its claim and its persisted
+// events) relative to t0, its submission.
+func printTrace(ctx context.Context, dsn, id string, t0 time.Time) error {
+	pool, err := pgxpool.New(ctx, dsn)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	rows, err := pool.Query(ctx, `SELECT seq, event_type, created_at FROM executor.events WHERE run_id = $1 ORDER BY seq`, id)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	var claimed time.Time
+	_ = pool.QueryRow(ctx, `SELECT started_at FROM executor.coordinators WHERE run_id = $1`, id).Scan(&claimed)
+	fmt.Printf("trace %s: claimed at +%s\n", id, claimed.Sub(t0))
+	for rows.Next() {
+		var seq int64
+		var typ string
+		var at time.Time
+		if err := rows.Scan(&seq, &typ, &at); err != nil {
+			return err
+		}
+		fmt.Printf("  %3d %-24s persisted at +%s\n", seq, typ, at.Sub(t0))
+	}
+	return nil
+}
+
+// report prints the warm-turn figures, the raw anchors, the synced writes
+// and the floor; it returns the stack's p50.
+func (w *warmResults) report(raw anchors, traceDir string) (time.Duration, error) {
+	dp50, dp99 := pct(w.direct, 50), pct(w.direct, 99)
+	sp50, sp99 := pct(w.e2e, 50), pct(w.e2e, 99)
+	tp50 := pct(w.started, 50)
+	ratio := float64(sp50) / float64(dp50)
+	fmt.Printf("\n%-28s %12s %12s %12s %10s %6s\n", "figure", "tether p50", "tether p99", "direct p50", "ratio", "target")
+	fmt.Printf("%-28s %12s %12s %12s %9.2fx %6s %s\n", "warm turn end to end", sp50, sp99, dp50, ratio, "≤2x", markOf(ratio <= 2))
+	fmt.Printf("%-28s %12s %12s %12s %10s %6s %s\n", "SubmitRun → turn.started", tp50, pct(w.started, 99), "-", "-", "≤8ms", markOf(tp50 <= 8*time.Millisecond))
+	fmt.Printf("BENCH warm_turn tether_p50_ms=%.3f tether_p99_ms=%.3f direct_p50_ms=%.3f direct_p99_ms=%.3f ratio=%.3f target=2.00 met=%t\n",
+		ms(sp50), ms(sp99), ms(dp50), ms(dp99), ratio, ratio <= 2)
+	fmt.Printf("BENCH submit_to_turn_started p50_ms=%.3f p99_ms=%.3f target_ms=8 met=%t\n", ms(tp50), ms(pct(w.started, 99)), tp50 <= 8*time.Millisecond)
+	raw.print()
+	writes, err := reportSynced(traceDir, w.windows, raw)
+	if err != nil {
+		return 0, err
+	}
+	floor{direct: pct(w.directStarted, 50), writes: writes, commit: pct(raw.commit, 50), hops: pathHops, pingPong: pct(raw.pingPong, 50)}.print(tp50)
+	return sp50, nil
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

@@ -38,74 +38,100 @@ func takeoverTime(ctx context.Context, st *stack.Stack, dsn string, ttl time.Dur
 	}
 	var lat []time.Duration
 	for i := range n {
-		id := fmt.Sprintf("takeover-%d", i)
-		in, err := cli.InputSpec{Prompt: fmt.Sprintf("[slow] takeover %d", i), Company: "bench", Agent: "bench",
-			Session: "takeover-bench", Lifecycle: "warm"}.Input()
+		d, err := takeoverOnce(ctx, st, pool, names, clients, i, sigterm)
 		if err != nil {
 			return err
 		}
-		if _, err := clients["executor"].SubmitRun(ctx, &executorv1.SubmitRunRequest{RunId: id, Input: in}); err != nil {
-			return err
-		}
-		// Live: the turn streams, driven by one of the two.
-		stream, err := clients["executor"].WatchRun(ctx, &executorv1.WatchRunRequest{RunId: id})
+		lat = append(lat, d)
+	}
+	printTakeovers(lat, ttl, sameHost, sigterm)
+	return nil
+}
+
+// takeoverOnce submits run i, waits for its turn to stream, stops the
+// executor driving it and returns the time until the survivor delivers the
+// run's next event; it restarts the stopped executor once the run ended.
+func takeoverOnce(ctx context.Context, st *stack.Stack, pool *pgxpool.Pool, names []string, clients map[string]executorv1.ExecutorServiceClient, i int, sigterm bool) (time.Duration, error) {
+	id := fmt.Sprintf("takeover-%d", i)
+	if err := submitLive(ctx, clients["executor"], id, i); err != nil {
+		return 0, err
+	}
+	var owner string
+	if err := pool.QueryRow(ctx, `SELECT lease_owner FROM executor.coordinators WHERE run_id = $1`, id).Scan(&owner); err != nil {
+		return 0, err
+	}
+	survivor := names[0]
+	if owner == names[0] {
+		survivor = names[1]
+	} else if owner != names[1] {
+		return 0, fmt.Errorf("run %s is driven by %q", id, owner)
+	}
+	t0 := time.Now()
+	proc := st.Proc(owner)
+	if sigterm {
+		go proc.Stop(30 * time.Second)
+	} else {
+		proc.Kill()
+	}
+	// Everything persisted is in; the next event comes from the survivor.
+	var count uint64
+	if err := pool.QueryRow(ctx, `SELECT event_count FROM executor.runs WHERE run_id = $1`, id).Scan(&count); err != nil {
+		return 0, err
+	}
+	next, err := clients[survivor].WatchRun(ctx, &executorv1.WatchRunRequest{RunId: id, AfterSeq: count})
+	if err != nil {
+		return 0, err
+	}
+	if _, err := next.Recv(); err != nil {
+		return 0, fmt.Errorf("run %s after the kill of %s: %w", id, owner, err)
+	}
+	d := time.Since(t0)
+	for {
+		m, err := next.Recv()
 		if err != nil {
-			return err
+			return 0, fmt.Errorf("run %s after the takeover: %w", id, err)
 		}
-		for live := false; !live; {
-			m, err := stream.Recv()
-			if err != nil {
-				return fmt.Errorf("run %s: no live turn: %w", id, err)
+		if m.GetEvent().GetEventType() == "run.terminal" {
+			if s := m.GetEvent().GetPayload().AsMap()["runTerminalState"]; s != "succeeded" {
+				return 0, fmt.Errorf("run %s ended %v after the takeover", id, s)
 			}
-			live = m.GetEvent().GetEventType() == "item.delta"
-		}
-		var owner string
-		if err := pool.QueryRow(ctx, `SELECT lease_owner FROM executor.coordinators WHERE run_id = $1`, id).Scan(&owner); err != nil {
-			return err
-		}
-		survivor := names[0]
-		if owner == names[0] {
-			survivor = names[1]
-		} else if owner != names[1] {
-			return fmt.Errorf("run %s is driven by %q", id, owner)
-		}
-		t0 := time.Now()
-		proc := st.Proc(owner)
-		if sigterm {
-			go proc.Stop(30 * time.Second)
-		} else {
-			proc.Kill()
-		}
-		// Everything persisted is in; the next event comes from the survivor.
-		var count uint64
-		if err := pool.QueryRow(ctx, `SELECT event_count FROM executor.runs WHERE run_id = $1`, id).Scan(&count); err != nil {
-			return err
-		}
-		next, err := clients[survivor].WatchRun(ctx, &executorv1.WatchRunRequest{RunId: id, AfterSeq: count})
-		if err != nil {
-			return err
-		}
-		if _, err := next.Recv(); err != nil {
-			return fmt.Errorf("run %s after the kill of %s: %w", id, owner, err)
-		}
-		lat = append(lat, time.Since(t0))
-		for {
-			m, err := next.Recv()
-			if err != nil {
-				return fmt.Errorf("run %s after the takeover: %w", id, err)
-			}
-			if m.GetEvent().GetEventType() == "run.terminal" {
-				if s := m.GetEvent().GetPayload().AsMap()["runTerminalState"]; s != "succeeded" {
-					return fmt.Errorf("run %s ended %v after the takeover", id, s)
-				}
-				break
-			}
-		}
-		<-proc.Done()
-		if _, err := st.Start(ctx, owner); err != nil {
-			return err
+			break
 		}
 	}
+	<-proc.Done()
+	if _, err := st.Start(ctx, owner); err != nil {
+		return 0, err
+	}
+	return d, nil
+}
+
+// submitLive submits takeover run id (the i-th) and waits until its turn
+// streams, driven by one of the two executors.
+func submitLive(ctx context.Context, client executorv1.ExecutorServiceClient, id string, i int) error {
+	in, err := cli.InputSpec{Prompt: fmt.Sprintf("[slow] takeover %d", i), Company: "bench", Agent: "bench",
+		Session: "takeover-bench", Lifecycle: "warm"}.Input()
+	if err != nil {
+		return err
+	}
+	if _, err := client.SubmitRun(ctx, &executorv1.SubmitRunRequest{RunId: id, Input: in}); err != nil {
+		return err
+	}
+	stream, err := client.WatchRun(ctx, &executorv1.WatchRunRequest{RunId: id})
+	if err != nil {
+		return err
+	}
+	for live := false; !live; {
+		m, err := stream.Recv()
+		if err != nil {
+			return fmt.Errorf("run %s: no live turn: %w", id, err)
+		}
+		live = m.GetEvent().GetEventType() == "item.delta"
+	}
+	return nil
+}
+
+// printTakeovers prints the takeover latencies against their target.
+func printTakeovers(lat []time.Duration, ttl time.Duration, sameHost, sigterm bool) {
 	p50, p99 := pct(lat, 50), pct(lat, 99)
 	limit, mode := 2*time.Second, "same_host"
 	what := "kill -9"
@@ -121,5 +147,4 @@ func takeoverTime(ctx context.Context, st *stack.Stack, dsn string, ttl time.Dur
 		p50.Round(time.Millisecond), p99.Round(time.Millisecond), "≤"+limit.String(), markOf(ok))
 	fmt.Printf("BENCH takeover_%s kills=%d ttl_s=%.0f p50_ms=%.1f p99_ms=%.1f target_ms=%.0f met=%t\n",
 		mode, len(lat), ttl.Seconds(), ms(p50), ms(p99), ms(limit), ok)
-	return nil
 }

@@ -367,33 +367,9 @@ func (b *bench) appendCurve(ctx context.Context) ([]curve, error) {
 	var prior int64
 	for i, rows := range b.cfg.appendRows {
 		if add := int64(rows) - prior; add > 0 {
-			// The prior events belong to other runs, 10,000 each, held
-			// by nobody (observed runs: never claimable, never purged),
-			// stored by one INSERT … SELECT generate_series (the
-			// statement triggers check them once).
-			logf("event_append: seeding %d prior events", add)
-			start := time.Now()
-			if _, err := b.raw.Exec(ctx, seedPriorEventsSQL, prior, int64(rows), sample, history); err != nil {
+			if err := b.seedPriorEvents(ctx, prior, rows, sample, history, b.appendOpOf(&seq, claim.Fence, payload)); err != nil {
 				return nil, err
 			}
-			logf("event_append: seeded %d prior events in %s", add, time.Since(start).Round(time.Millisecond))
-			b.absolute = append(b.absolute, fmt.Sprintf("BENCH event_append_seed rows=%d seconds=%.1f", add, time.Since(start).Seconds()))
-			// Right after the seed, then after vacuuming it. Rows that
-			// arrive one statement of millions at a time are vacuumed
-			// after it, not as they come: until then appends share the
-			// disk with autovacuum reading and rewriting every page of
-			// the seed (hint bits, visibility map, full-page images after
-			// a checkpoint), which the first figure shows; the curve's
-			// figure is the second.
-			if err := b.freshAppend(ctx, rows, b.appendOpOf(&seq, claim.Fence, payload)); err != nil {
-				return nil, err
-			}
-			start = time.Now()
-			if _, err := b.raw.Exec(ctx, `VACUUM (ANALYZE) executor.events`); err != nil {
-				return nil, err
-			}
-			logf("event_append: vacuumed the seeded rows in %s", time.Since(start).Round(time.Millisecond))
-			b.absolute = append(b.absolute, fmt.Sprintf("BENCH event_append_seed_vacuum rows=%d seconds=%.1f", add, time.Since(start).Seconds()))
 		}
 		prior = max(prior, int64(rows))
 		// Work for the purge: 200 expired runs of 500 events, three weeks
@@ -412,23 +388,9 @@ func (b *bench) appendCurve(ctx context.Context) ([]curve, error) {
 			return nil, err
 		}
 		w := b.sampleWaits(ctx)
-		var without, with measurement
-		var purged store.PurgeCounts
-		for _, purge := range []bool{false, true, false} {
-			if !purge {
-				m, err := timed(ctx, b.cfg.duration/4, op)
-				if err != nil {
-					return nil, err
-				}
-				without.add(m)
-				continue
-			}
-			m, pc, err := b.withPurge(ctx, func() (measurement, error) { return timed(ctx, b.cfg.duration/2, op) })
-			if err != nil {
-				return nil, err
-			}
-			with.add(m)
-			purged.Add(pc)
+		without, with, purged, err := b.appendWithoutAndWithPurge(ctx, op)
+		if err != nil {
+			return nil, err
 		}
 		waits := w.stop()
 		logf("event_append: %d prior rows: %.0f events/s without a purge, %.0f with one running (it deleted %d runs, %d events); %s",
@@ -438,6 +400,60 @@ func (b *bench) appendCurve(ctx context.Context) ([]curve, error) {
 		cp.xs, cp.values = append(cp.xs, rows), append(cp.values, with.rate())
 	}
 	return []curve{c, cp}, nil
+}
+
+// seedPriorEvents adds the prior events up to rows (from prior): they
+// belong to other runs, 10,000 each, held by nobody (observed runs: never
+// claimable, never purged), stored by one INSERT … SELECT generate_series
+// (the statement triggers check them once). op is the curve's append.
+func (b *bench) seedPriorEvents(ctx context.Context, prior int64, rows int, sample []byte, history time.Time, op func(context.Context) (int, error)) error {
+	add := int64(rows) - prior
+	logf("event_append: seeding %d prior events", add)
+	start := time.Now()
+	if _, err := b.raw.Exec(ctx, seedPriorEventsSQL, prior, int64(rows), sample, history); err != nil {
+		return err
+	}
+	logf("event_append: seeded %d prior events in %s", add, time.Since(start).Round(time.Millisecond))
+	b.absolute = append(b.absolute, fmt.Sprintf("BENCH event_append_seed rows=%d seconds=%.1f", add, time.Since(start).Seconds()))
+	// Right after the seed, then after vacuuming it. Rows that
+	// arrive one statement of millions at a time are vacuumed
+	// after it, not as they come: until then appends share the
+	// disk with autovacuum reading and rewriting every page of
+	// the seed (hint bits, visibility map, full-page images after
+	// a checkpoint), which the first figure shows; the curve's
+	// figure is the second.
+	if err := b.freshAppend(ctx, rows, op); err != nil {
+		return err
+	}
+	start = time.Now()
+	if _, err := b.raw.Exec(ctx, `VACUUM (ANALYZE) executor.events`); err != nil {
+		return err
+	}
+	logf("event_append: vacuumed the seeded rows in %s", time.Since(start).Round(time.Millisecond))
+	b.absolute = append(b.absolute, fmt.Sprintf("BENCH event_append_seed_vacuum rows=%d seconds=%.1f", add, time.Since(start).Seconds()))
+	return nil
+}
+
+// appendWithoutAndWithPurge measures op a quarter of -duration without a
+// purge, half with one running beside it, and a quarter without again.
+func (b *bench) appendWithoutAndWithPurge(ctx context.Context, op func(context.Context) (int, error)) (without, with measurement, purged store.PurgeCounts, _ error) {
+	for _, purge := range []bool{false, true, false} {
+		if !purge {
+			m, err := timed(ctx, b.cfg.duration/4, op)
+			if err != nil {
+				return without, with, purged, err
+			}
+			without.add(m)
+			continue
+		}
+		m, pc, err := b.withPurge(ctx, func() (measurement, error) { return timed(ctx, b.cfg.duration/2, op) })
+		if err != nil {
+			return without, with, purged, err
+		}
+		with.add(m)
+		purged.Add(pc)
+	}
+	return without, with, purged, nil
 }
 
 // appendOp is one AppendEvents of -batch events of the append curve's run.
@@ -497,108 +513,30 @@ func (b *bench) watchCurve(ctx context.Context) ([]curve, error) {
 	}()
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	// Each stream's reader writes the arrival of seq s (time since base)
-	// into its own slot, then counts it in got[s]: no lock among readers.
 	maxSeq := len(b.cfg.watchers)*(b.cfg.watchEvents+1) + 1
-	var (
-		base     = time.Now()
-		got      = make([]atomic.Int32, maxSeq+1)
-		arrivals [][]time.Duration // per stream, by seq
-		streams  int
-		seq      uint64
-	)
-	var commit []time.Duration // AppendEvents' own time, per live event
-	appendOne := func() (time.Time, uint64, error) {
-		seq++
-		t0 := time.Now()
-		defer func() { commit = append(commit, time.Since(t0)) }()
-		_, err := b.st.AppendEvents(ctx, claim.Fence, []*prpv1.Event{{Schema: "tether.prp.event.v1",
-			SourceInstanceId: "bench-watch", SourceSeq: seq, SourceEventId: fmt.Sprintf("watch_%016d", seq),
-			SourceKind: "runner", RunId: "watch-curve", EventType: "item.delta", SchemaVersion: 1, Priority: 1,
-			Payload: payloadOf(b.cfg.payload)}})
-		return t0, seq, err
-	}
-	// waitAll waits until every stream has s.
-	waitAll := func(s uint64) error {
-		deadline := time.Now().Add(time.Minute)
-		n := 0
-		for time.Now().Before(deadline) {
-			if n = int(got[s].Load()); n >= streams {
-				return nil
-			}
-			time.Sleep(200 * time.Microsecond)
-		}
-		return fmt.Errorf("event %d reached %d of %d watchers in a minute", s, n, streams)
-	}
+	rig := &watchRig{b: b, fence: claim.Fence, exe: exe, maxSeq: maxSeq, base: time.Now(), got: make([]atomic.Int32, maxSeq+1)}
 	for _, n := range b.cfg.watchers {
-		for ; streams < n; streams++ {
-			at := make([]time.Duration, maxSeq+1)
-			arrivals = append(arrivals, at)
-			onSeq := func(s uint64) {
-				if s <= uint64(maxSeq) {
-					at[s] = time.Since(base)
-					got[s].Add(1)
-				}
-			}
-			if err := b.openWatch(wctx, conns, streams/100, exe.addr, seq, onSeq); err != nil { // 100 streams per connection
-				return nil, err
-			}
+		if err := rig.addStreams(wctx, conns, n); err != nil {
+			return nil, err
 		}
 		// Every stream is live once it has an event appended now.
-		if _, s, err := appendOne(); err != nil {
+		if _, s, err := rig.appendOne(ctx); err != nil {
 			return nil, err
-		} else if err := waitAll(s); err != nil {
+		} else if err := rig.waitAll(s); err != nil {
 			return nil, err
 		}
-		// Idle: the executor's CPU and the database's transactions. A
-		// backend reports its transactions to pg_stat_database up to 10 s
-		// after them when it goes idle: wait that out first, so the
-		// watches' start (GetRun, replay) is not counted as idle.
-		time.Sleep(b.cfg.idleSettle)
-		x0, err := xacts(ctx, b.raw)
+		xps, idleCPU, err := rig.idle(ctx)
 		if err != nil {
 			return nil, err
 		}
-		c0 := exe.cpu()
-		t0 := time.Now()
-		time.Sleep(b.cfg.idle)
-		x1, err := xacts(ctx, b.raw)
+		l, err := rig.live(ctx)
 		if err != nil {
 			return nil, err
 		}
-		idleCPU := exe.cpu() - c0
-		idleSecs := time.Since(t0).Seconds()
-		// Live: one event at a time, -watch-events of them, paced.
-		var lat, after, slowest []time.Duration // every arrival, since AppendEvents started and since it returned; each event's last
-		commit = commit[:0]
-		c1, r1, w1 := exe.cpu(), procCPU(os.Getpid()), time.Now()
-		for i := range b.cfg.watchEvents {
-			if wait := time.Until(w1.Add(time.Duration(i) * b.cfg.watchPace)); wait > 0 {
-				time.Sleep(wait)
-			}
-			t0, s, err := appendOne()
-			if err != nil {
-				return nil, err
-			}
-			if err := waitAll(s); err != nil {
-				return nil, err
-			}
-			var last time.Duration
-			committed := commit[len(commit)-1]
-			for _, at := range arrivals[:streams] {
-				d := at[s] - t0.Sub(base)
-				lat, last = append(lat, d), max(last, d)
-				after = append(after, d-committed)
-			}
-			slowest = append(slowest, last)
-		}
-		live := 100 * float64(exe.cpu()-c1) / float64(time.Since(w1))
-		recv := 100 * float64(procCPU(os.Getpid())-r1) / float64(time.Since(w1))
-		xps := float64(x1-x0) / idleSecs
 		logf("watch_delivery: %d watchers: p50 %.3f ms, p99 %.3f ms (AppendEvents itself: p50 %.3f ms, p99 %.3f ms; an event's last watcher: p50 %.3f ms; since AppendEvents returned: p50 %.3f ms, p99 %.3f ms); executor CPU %.1f %% of a core at one event per %s (the bench, with its %s receivers: %.1f %%); idle: %.1f xact/s, executor CPU %.1f %%",
-			n, ms(percentile(lat, 50)), ms(percentile(lat, 99)), ms(percentile(commit, 50)), ms(percentile(commit, 99)), ms(percentile(slowest, 50)), ms(percentile(after, 50)), ms(percentile(after, 99)), live, b.cfg.watchPace, b.cfg.watchClient, recv, xps, 100*idleCPU.Seconds()/idleSecs)
-		p99.xs, p99.values = append(p99.xs, n), append(p99.values, ms(percentile(lat, 99)))
-		cpu.xs, cpu.values = append(cpu.xs, n), append(cpu.values, live)
+			n, ms(percentile(l.lat, 50)), ms(percentile(l.lat, 99)), ms(percentile(rig.commit, 50)), ms(percentile(rig.commit, 99)), ms(percentile(l.slowest, 50)), ms(percentile(l.after, 50)), ms(percentile(l.after, 99)), l.cpu, b.cfg.watchPace, b.cfg.watchClient, l.recv, xps, idleCPU)
+		p99.xs, p99.values = append(p99.xs, n), append(p99.values, ms(percentile(l.lat, 99)))
+		cpu.xs, cpu.values = append(cpu.xs, n), append(cpu.values, l.cpu)
 		idle.xs, idle.values = append(idle.xs, n), append(idle.values, xps)
 	}
 	last := p99.values[len(p99.values)-1]
@@ -606,6 +544,131 @@ func (b *bench) watchCurve(ctx context.Context) ([]curve, error) {
 	b.absolute = append(b.absolute, fmt.Sprintf("BENCH watch_delivery_p99_at_max watchers=%d p99_ms=%.3f target_ms=15 met=%t",
 		p99.xs[len(p99.xs)-1], last, last <= 15))
 	return []curve{p99, cpu, idle}, nil
+}
+
+// watchRig is the watch curve's run and its streams. Each stream's reader
+// writes the arrival of seq s (time since base) into its own slot, then
+// counts it in got[s]: no lock among readers.
+type watchRig struct {
+	b        *bench
+	fence    store.Fence
+	exe      *executorProc
+	maxSeq   int
+	base     time.Time
+	got      []atomic.Int32
+	arrivals [][]time.Duration // per stream, by seq
+	streams  int
+	seq      uint64
+	commit   []time.Duration // AppendEvents' own time, per live event
+}
+
+// appendOne appends the run's next event; it returns when AppendEvents
+// started and the event's seq.
+func (w *watchRig) appendOne(ctx context.Context) (time.Time, uint64, error) {
+	w.seq++
+	t0 := time.Now()
+	defer func() { w.commit = append(w.commit, time.Since(t0)) }()
+	_, err := w.b.st.AppendEvents(ctx, w.fence, []*prpv1.Event{{Schema: "tether.prp.event.v1",
+		SourceInstanceId: "bench-watch", SourceSeq: w.seq, SourceEventId: fmt.Sprintf("watch_%016d", w.seq),
+		SourceKind: "runner", RunId: "watch-curve", EventType: "item.delta", SchemaVersion: 1, Priority: 1,
+		Payload: payloadOf(w.b.cfg.payload)}})
+	return t0, w.seq, err
+}
+
+// waitAll waits until every stream has s.
+func (w *watchRig) waitAll(s uint64) error {
+	deadline := time.Now().Add(time.Minute)
+	n := 0
+	for time.Now().Before(deadline) {
+		if n = int(w.got[s].Load()); n >= w.streams {
+			return nil
+		}
+		time.Sleep(200 * time.Microsecond)
+	}
+	return fmt.Errorf("event %d reached %d of %d watchers in a minute", s, n, w.streams)
+}
+
+// addStreams opens watches until there are n (100 streams per
+// connection).
+func (w *watchRig) addStreams(ctx context.Context, conns map[int]io.Closer, n int) error {
+	for ; w.streams < n; w.streams++ {
+		at := make([]time.Duration, w.maxSeq+1)
+		w.arrivals = append(w.arrivals, at)
+		onSeq := func(s uint64) {
+			if s <= uint64(w.maxSeq) {
+				at[s] = time.Since(w.base)
+				w.got[s].Add(1)
+			}
+		}
+		if err := w.b.openWatch(ctx, conns, w.streams/100, w.exe.addr, w.seq, onSeq); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// idle measures the database's transactions per second and the
+// executor's CPU (percent of a core) while the watches idle. A backend
+// reports its transactions to pg_stat_database up to 10 s after them when
+// it goes idle: that is waited out first, so the watches' start (GetRun,
+// replay) is not counted as idle.
+func (w *watchRig) idle(ctx context.Context) (xps, cpuPct float64, _ error) {
+	b := w.b
+	time.Sleep(b.cfg.idleSettle)
+	x0, err := xacts(ctx, b.raw)
+	if err != nil {
+		return 0, 0, err
+	}
+	c0 := w.exe.cpu()
+	t0 := time.Now()
+	time.Sleep(b.cfg.idle)
+	x1, err := xacts(ctx, b.raw)
+	if err != nil {
+		return 0, 0, err
+	}
+	idleCPU := w.exe.cpu() - c0
+	idleSecs := time.Since(t0).Seconds()
+	return float64(x1-x0) / idleSecs, 100 * idleCPU.Seconds() / idleSecs, nil
+}
+
+// liveWatch is one size's live measurement: every arrival since
+// AppendEvents started (lat) and since it returned (after), each event's
+// last arrival (slowest), and the executor's and this process's CPU.
+type liveWatch struct {
+	lat, after, slowest []time.Duration
+	cpu, recv           float64
+}
+
+// live appends -watch-events events, one at a time, paced, and measures
+// their delivery to every stream.
+func (w *watchRig) live(ctx context.Context) (*liveWatch, error) {
+	b := w.b
+	l := &liveWatch{}
+	w.commit = w.commit[:0]
+	c1, r1, w1 := w.exe.cpu(), procCPU(os.Getpid()), time.Now()
+	for i := range b.cfg.watchEvents {
+		if wait := time.Until(w1.Add(time.Duration(i) * b.cfg.watchPace)); wait > 0 {
+			time.Sleep(wait)
+		}
+		t0, s, err := w.appendOne(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if err := w.waitAll(s); err != nil {
+			return nil, err
+		}
+		var last time.Duration
+		committed := w.commit[len(w.commit)-1]
+		for _, at := range w.arrivals[:w.streams] {
+			d := at[s] - t0.Sub(w.base)
+			l.lat, last = append(l.lat, d), max(last, d)
+			l.after = append(l.after, d-committed)
+		}
+		l.slowest = append(l.slowest, last)
+	}
+	l.cpu = 100 * float64(w.exe.cpu()-c1) / float64(time.Since(w1))
+	l.recv = 100 * float64(procCPU(os.Getpid())-r1) / float64(time.Since(w1))
+	return l, nil
 }
 
 // openWatch opens one WatchRun stream of the watch curve's run after seq on

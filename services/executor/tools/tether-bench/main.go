@@ -202,14 +202,8 @@ func run(ctx context.Context, cfg config) (err error) {
 	}()
 	// Enough connections that neither side queues on the pool.
 	poolCfg.MaxConns = int32(max(2*cfg.workers, cfg.unaryCallers, 4))
-
-	db := stdlib.OpenDB(*poolCfg.ConnConfig.Copy())
-	err = store.MigrateDB(ctx, db)
-	if cerr := db.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return fmt.Errorf("migrating: %w", err)
+	if err := migrate(ctx, poolCfg); err != nil {
+		return err
 	}
 	tetherPool, err := pgxpool.NewWithConfig(ctx, poolCfg.Copy())
 	if err != nil {
@@ -222,11 +216,6 @@ func run(ctx context.Context, cfg config) (err error) {
 	}
 	defer rawPool.Close()
 	st := store.New(tetherPool)
-	dsn := poolCfg.ConnString()
-	if u, err := url.Parse(dsn); err == nil && u.Scheme != "" {
-		u.Path = "/" + poolCfg.ConnConfig.Database // the scratch database
-		dsn = u.String()
-	}
 	if err := printServer(ctx, rawPool, cfg); err != nil {
 		return err
 	}
@@ -234,7 +223,7 @@ func run(ctx context.Context, cfg config) (err error) {
 		return fmt.Errorf("creating the raw baseline tables: %w", err)
 	}
 
-	b := &bench{cfg: cfg, st: st, claim: claimFunc(st), raw: rawPool, dsn: dsn}
+	b := &bench{cfg: cfg, st: st, claim: claimFunc(st), raw: rawPool, dsn: scratchDSN(poolCfg)}
 	defer func() {
 		if b.exe != nil {
 			b.exe.stop()
@@ -254,6 +243,35 @@ func run(ctx context.Context, cfg config) (err error) {
 	if cfg.curves {
 		return b.curves(ctx)
 	}
+	return b.figures(ctx)
+}
+
+// migrate applies the executor's migrations to the scratch database.
+func migrate(ctx context.Context, poolCfg *pgxpool.Config) error {
+	db := stdlib.OpenDB(*poolCfg.ConnConfig.Copy())
+	err := store.MigrateDB(ctx, db)
+	if cerr := db.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("migrating: %w", err)
+	}
+	return nil
+}
+
+// scratchDSN is the URL of the scratch database poolCfg connects to.
+func scratchDSN(poolCfg *pgxpool.Config) string {
+	dsn := poolCfg.ConnString()
+	if u, err := url.Parse(dsn); err == nil && u.Scheme != "" {
+		u.Path = "/" + poolCfg.ConnConfig.Database // the scratch database
+		dsn = u.String()
+	}
+	return dsn
+}
+
+// figures measures the figures of -figures, in order, and reports them.
+func (b *bench) figures(ctx context.Context) error {
+	cfg := b.cfg
 	figures := map[string]func(context.Context) (result, error){
 		"lease_claim": b.leaseClaim, "lease_renewal": b.leaseRenewal, "event_persistence": b.eventPersistence,
 		"unary_getrun": b.unaryGetRun, "unary_submit": b.unarySubmit,

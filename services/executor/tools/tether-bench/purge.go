@@ -168,61 +168,9 @@ func (w *waitSampler) stop() string {
 // expired runs beside it (SPEC L1: at most 10 % slower), in alternating
 // slices, and prints the ratios.
 func (b *bench) purgeImpact(ctx context.Context) ([]curve, error) {
-	const expiredRuns, eventsPerRun = 1000, 500
-	payload := payloadOf(b.cfg.payload)
-	sample, err := proto.Marshal(&prpv1.Event{EventType: "item.delta", Payload: payload})
+	appendOp, claimOp, err := b.purgeImpactOps(ctx)
 	if err != nil {
 		return nil, err
-	}
-	if err := b.partitionEvents(ctx); err != nil {
-		return nil, err
-	}
-	start := time.Now()
-	// Three weeks old: in a partition their scopes' newest runs pin, so
-	// they go row by row (dropping a whole partition costs next to
-	// nothing to measure).
-	if err := b.seedExpired(ctx, "old-", expiredRuns, eventsPerRun, time.Now().Add(-3*store.PartitionWeek), sample); err != nil {
-		return nil, err
-	}
-	logf("purge_impact: seeded %d expired runs with %d events in %s", expiredRuns, expiredRuns*eventsPerRun, time.Since(start).Round(time.Millisecond))
-	if err := b.st.SetRetention(ctx, store.RetentionPolicy{Company: store.DefaultCompany, RunRetention: time.Hour}, "bench"); err != nil {
-		return nil, err
-	}
-	// The appender: one held run, batches of -batch events.
-	if _, err := b.st.Submit(ctx, "purge-append", benchInput("purge-append")); err != nil {
-		return nil, err
-	}
-	claim, err := b.claim(ctx, "bench-purge-append", leaseTTL)
-	if err != nil || claim == nil || claim.RunID != "purge-append" {
-		return nil, fmt.Errorf("claiming purge-append: %v %v", claim, err)
-	}
-	var seq uint64
-	appendOp := func(ctx context.Context) (int, error) {
-		evs := make([]*prpv1.Event, b.cfg.batch)
-		for i := range evs {
-			seq++
-			evs[i] = &prpv1.Event{Schema: "tether.prp.event.v1", SourceInstanceId: "bench-purge", SourceSeq: seq,
-				SourceEventId: fmt.Sprintf("purge_%016d", seq), SourceKind: "runner", RunId: "purge-append",
-				EventType: "item.delta", SchemaVersion: 1, Priority: 1, Payload: payload}
-		}
-		r, err := b.st.AppendEvents(ctx, claim.Fence, evs)
-		return r.Inserted, err
-	}
-	// The claimers: queued runs, each the head of its own scope.
-	const queued = 100000
-	scopes := make([]string, queued)
-	for i := range scopes {
-		scopes[i] = fmt.Sprintf("purge-claim-scope-%d", i)
-	}
-	if err := b.seedRuns(ctx, "purge-claim-", 1, queued, scopes); err != nil {
-		return nil, err
-	}
-	claimOp := func(ctx context.Context) (int, error) {
-		c, err := b.claim(ctx, "bench-purge-claimer", leaseTTL)
-		if err == nil && c == nil {
-			err = errDry
-		}
-		return 1, err
 	}
 	// The seeds' own aftermath (autovacuum of half a million fresh rows)
 	// would otherwise land on whichever side is measured first.
@@ -236,74 +184,33 @@ func (b *bench) purgeImpact(ctx context.Context) ([]curve, error) {
 	if _, err := timed(ctx, b.cfg.warmup, claimOp); err != nil {
 		return nil, err
 	}
-
-	var (
-		mu     sync.Mutex
-		purged store.PurgeCounts
-	)
-	p := &retention.Purger{Store: b.st, Owner: "bench-purger", Batched: func(c store.PurgeCounts) {
-		mu.Lock()
-		purged.Add(c)
-		mu.Unlock()
-	}}
-	if _, err := b.st.TakeJobLease(ctx, retention.Job, p.Owner, time.Hour); err != nil {
+	pr := &purgeBeside{p: &retention.Purger{Store: b.st, Owner: "bench-purger"}}
+	pr.p.Batched = pr.add
+	if _, err := b.st.TakeJobLease(ctx, retention.Job, pr.p.Owner, time.Hour); err != nil {
 		return nil, err
-	}
-	// withPurge runs fn while a purge pass runs beside it.
-	withPurge := func(fn func() (measurement, error)) (measurement, error) {
-		pctx, stop := context.WithCancel(ctx)
-		done := make(chan error, 1)
-		go func() {
-			_, err := p.Pass(pctx)
-			done <- err
-		}()
-		m, err := fn()
-		stop()
-		if perr := <-done; perr != nil && pctx.Err() == nil {
-			return m, fmt.Errorf("purge: %w", perr)
-		}
-		return m, err
 	}
 	// Per figure: -purge-cycles cycles of half a duration without and half
 	// a duration with one purge pass running (long enough for several of
 	// its duty cycles: a batch, then a sleep nine times as long), the
 	// order swapped every cycle, so that the drift of a shared machine
 	// falls on both sides alike.
-	half := b.cfg.duration / 2
 	var order []bool
 	for c := range max(b.cfg.purgeCycles, 1) {
 		order = append(order, c%2 == 1, c%2 == 0)
 	}
-	var app, appP, clm, clmP measurement
-	measure := func(op func(context.Context) (int, error), acc, accP *measurement) error {
-		for _, with := range order {
-			var (
-				m   measurement
-				err error
-			)
-			if with {
-				m, err = withPurge(func() (measurement, error) { return timed(ctx, half, op) })
-				accP.add(m)
-			} else {
-				m, err = timed(ctx, half, op)
-				acc.add(m)
-			}
-			if err != nil {
-				return err
-			}
-		}
-		return nil
-	}
-	if err := measure(appendOp, &app, &appP); err != nil {
+	app, appP, err := pr.alternate(ctx, order, b.cfg.duration/2, appendOp)
+	if err != nil {
 		return nil, fmt.Errorf("purge_impact append: %w", err)
 	}
-	if err := measure(claimOp, &clm, &clmP); err != nil {
+	clm, clmP, err := pr.alternate(ctx, order, b.cfg.duration/2, claimOp)
+	if err != nil {
 		return nil, fmt.Errorf("purge_impact claim: %w", err)
 	}
 	left := 0
 	if err := b.raw.QueryRow(ctx, `SELECT count(*) FROM executor.runs WHERE run_id LIKE 'old-%'`).Scan(&left); err != nil {
 		return nil, err
 	}
+	purged := pr.counts()
 	logf("purge_impact: the purge deleted %d runs and %d events while measured (%d expired runs left)", purged.Runs, purged.Events, left-10)
 	for _, f := range []struct {
 		name          string
@@ -322,4 +229,123 @@ func (b *bench) purgeImpact(ctx context.Context) ([]curve, error) {
 			f.name, f.without.rate(), f.with.rate(), ratio, ratio >= 0.9, purged.Runs, purged.Events, f.unit))
 	}
 	return nil, nil
+}
+
+// purgeImpactOps seeds the purge's work (expired runs three weeks old: in
+// a partition their scopes' newest runs pin, so they go row by row;
+// dropping a whole partition costs next to nothing to measure) and
+// returns the two measured operations: the appender (one held run,
+// batches of -batch events) and the claimers (queued runs, each the head
+// of its own scope).
+func (b *bench) purgeImpactOps(ctx context.Context) (appendOp, claimOp func(context.Context) (int, error), _ error) {
+	const expiredRuns, eventsPerRun = 1000, 500
+	payload := payloadOf(b.cfg.payload)
+	sample, err := proto.Marshal(&prpv1.Event{EventType: "item.delta", Payload: payload})
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := b.partitionEvents(ctx); err != nil {
+		return nil, nil, err
+	}
+	start := time.Now()
+	if err := b.seedExpired(ctx, "old-", expiredRuns, eventsPerRun, time.Now().Add(-3*store.PartitionWeek), sample); err != nil {
+		return nil, nil, err
+	}
+	logf("purge_impact: seeded %d expired runs with %d events in %s", expiredRuns, expiredRuns*eventsPerRun, time.Since(start).Round(time.Millisecond))
+	if err := b.st.SetRetention(ctx, store.RetentionPolicy{Company: store.DefaultCompany, RunRetention: time.Hour}, "bench"); err != nil {
+		return nil, nil, err
+	}
+	if _, err := b.st.Submit(ctx, "purge-append", benchInput("purge-append")); err != nil {
+		return nil, nil, err
+	}
+	claim, err := b.claim(ctx, "bench-purge-append", leaseTTL)
+	if err != nil || claim == nil || claim.RunID != "purge-append" {
+		return nil, nil, fmt.Errorf("claiming purge-append: %v %v", claim, err)
+	}
+	var seq uint64
+	appendOp = func(ctx context.Context) (int, error) {
+		evs := make([]*prpv1.Event, b.cfg.batch)
+		for i := range evs {
+			seq++
+			evs[i] = &prpv1.Event{Schema: "tether.prp.event.v1", SourceInstanceId: "bench-purge", SourceSeq: seq,
+				SourceEventId: fmt.Sprintf("purge_%016d", seq), SourceKind: "runner", RunId: "purge-append",
+				EventType: "item.delta", SchemaVersion: 1, Priority: 1, Payload: payload}
+		}
+		r, err := b.st.AppendEvents(ctx, claim.Fence, evs)
+		return r.Inserted, err
+	}
+	const queued = 100000
+	scopes := make([]string, queued)
+	for i := range scopes {
+		scopes[i] = fmt.Sprintf("purge-claim-scope-%d", i)
+	}
+	if err := b.seedRuns(ctx, "purge-claim-", 1, queued, scopes); err != nil {
+		return nil, nil, err
+	}
+	claimOp = func(ctx context.Context) (int, error) {
+		c, err := b.claim(ctx, "bench-purge-claimer", leaseTTL)
+		if err == nil && c == nil {
+			err = errDry
+		}
+		return 1, err
+	}
+	return appendOp, claimOp, nil
+}
+
+// purgeBeside runs purge passes beside a measurement and counts what they
+// deleted.
+type purgeBeside struct {
+	p      *retention.Purger
+	mu     sync.Mutex
+	purged store.PurgeCounts
+}
+
+func (pr *purgeBeside) add(c store.PurgeCounts) {
+	pr.mu.Lock()
+	pr.purged.Add(c)
+	pr.mu.Unlock()
+}
+
+func (pr *purgeBeside) counts() store.PurgeCounts {
+	pr.mu.Lock()
+	defer pr.mu.Unlock()
+	return pr.purged
+}
+
+// with runs fn while a purge pass runs beside it.
+func (pr *purgeBeside) with(ctx context.Context, fn func() (measurement, error)) (measurement, error) {
+	pctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		_, err := pr.p.Pass(pctx)
+		done <- err
+	}()
+	m, err := fn()
+	stop()
+	if perr := <-done; perr != nil && pctx.Err() == nil {
+		return m, fmt.Errorf("purge: %w", perr)
+	}
+	return m, err
+}
+
+// alternate measures op for half a duration per entry of order, with a
+// purge pass beside it where order says so.
+func (pr *purgeBeside) alternate(ctx context.Context, order []bool, half time.Duration, op func(context.Context) (int, error)) (without, with measurement, _ error) {
+	for _, w := range order {
+		var (
+			m   measurement
+			err error
+		)
+		if w {
+			m, err = pr.with(ctx, func() (measurement, error) { return timed(ctx, half, op) })
+			with.add(m)
+		} else {
+			m, err = timed(ctx, half, op)
+			without.add(m)
+		}
+		if err != nil {
+			return without, with, err
+		}
+	}
+	return without, with, nil
 }

@@ -69,27 +69,12 @@ func run() error {
 		_ = os.RemoveAll(dir)
 	}()
 
-	dsn := os.Getenv("TETHER_DATABASE_URL")
-	if dsn == "" {
-		cluster, err := pgtest.Start(ctx, pgtest.WithDurable())
-		if err != nil {
-			return fmt.Errorf("starting PostgreSQL: %w", err)
-		}
-		defer cluster.Close()
-		if err := cluster.CreateDatabase(ctx, "tether"); err != nil {
-			return err
-		}
-		dsn = cluster.DSN("tether")
-		fmt.Printf("demo: PostgreSQL on 127.0.0.1:%d (ephemeral)\n", cluster.Port())
+	dsn, closeDB, err := demoDatabase(ctx)
+	if err != nil {
+		return err
 	}
-	opts := stack.Options{BinDir: *binDir, Dir: dir, DatabaseURL: dsn, Auth: *auth}
-	if *up {
-		opts.ExecutorPort, opts.GatewayPort, opts.RunnerPort, opts.BackupPort =
-			ports["executor gRPC"], ports["runnergw gRPC"], ports["runner WebSocket"], ports["backup-verifier gRPC"]
-		opts.HTTP, opts.HTTPPort = true, ports["executor HTTP"]
-		opts.MetricsPorts = map[string]int{"executor": ports["executor metrics"],
-			"runnergw": ports["runnergw metrics"], "backup-verifier": ports["backup-verifier metrics"]}
-	}
+	defer closeDB()
+	opts := stackOptions(*binDir, dir, dsn, *auth, *up, ports)
 	prov, err := setupProvider(ctx, *providerName, *openCode, *acpModules, *binDir, dir, &opts)
 	if err != nil {
 		return err
@@ -105,30 +90,67 @@ func run() error {
 	}
 	fmt.Printf("demo: executor %s, runnergw %s, backup-verifier %s\n", st.Addr("executor"), st.Addr("runnergw"), st.Addr("backup-verifier"))
 	if *up {
-		for _, n := range []string{"backup-verifier", "runnergw", "executor"} {
-			select {
-			case <-st.Proc(n).Done():
-				return fmt.Errorf("%s exited during start (log: %s)", n, st.LogPath(n))
-			default:
-			}
-		}
-		fmt.Printf("demo: metrics on http://127.0.0.1:%d/metrics (executor), :%d (runnergw), :%d (backup-verifier)\n",
-			ports["executor metrics"], ports["runnergw metrics"], ports["backup-verifier metrics"])
-		fmt.Printf("demo: the API over HTTP (Connect JSON, gRPC-web; docs/api.md) on http://%s, the operator console on http://%[1]s/console/\n", st.HTTPAddr())
-		fmt.Printf("demo: stack is up; try `grpcurl -plaintext %s list` — Ctrl-C stops it\n", st.Addr("executor"))
-		if *auth {
-			if err := writeCredentials(st, filepath.Join(dir, "credentials"), os.Stdout); err != nil {
-				return err
-			}
-		}
-		fmt.Printf("demo: audit the runs with  bin/tetherctl audit -database-url '%s'\n", dsn)
-		fmt.Printf("demo: the gateway serves only grant-signed calls (executor key %s, gateway public key %s), e.g.\n"+
-			"  grpcurl -plaintext -H \"tether-grant: $(bin/tetherctl grant -key-file %[1]s)\" %[3]s tether.gateway.v1.RunnerGateway/ListRunners\n",
-			st.GrantKeyFile(), st.GrantPublicKeyFile(), st.Addr("runnergw"))
-		<-ctx.Done()
-		return nil
+		return stayUp(ctx, st, ports, dir, dsn, *auth)
 	}
 	return turns(ctx, st, prov, *auth)
+}
+
+// demoDatabase is TETHER_DATABASE_URL, else an ephemeral durable
+// PostgreSQL with a tether database (closeDB stops it).
+func demoDatabase(ctx context.Context) (dsn string, closeDB func(), _ error) {
+	if dsn := os.Getenv("TETHER_DATABASE_URL"); dsn != "" {
+		return dsn, func() {}, nil
+	}
+	cluster, err := pgtest.Start(ctx, pgtest.WithDurable())
+	if err != nil {
+		return "", nil, fmt.Errorf("starting PostgreSQL: %w", err)
+	}
+	if err := cluster.CreateDatabase(ctx, "tether"); err != nil {
+		cluster.Close()
+		return "", nil, err
+	}
+	fmt.Printf("demo: PostgreSQL on 127.0.0.1:%d (ephemeral)\n", cluster.Port())
+	return cluster.DSN("tether"), func() { cluster.Close() }, nil
+}
+
+// stackOptions are the demo stack's options: with up, on the fixed ports.
+func stackOptions(binDir, dir, dsn string, auth, up bool, ports map[string]int) stack.Options {
+	opts := stack.Options{BinDir: binDir, Dir: dir, DatabaseURL: dsn, Auth: auth}
+	if up {
+		opts.ExecutorPort, opts.GatewayPort, opts.RunnerPort, opts.BackupPort =
+			ports["executor gRPC"], ports["runnergw gRPC"], ports["runner WebSocket"], ports["backup-verifier gRPC"]
+		opts.HTTP, opts.HTTPPort = true, ports["executor HTTP"]
+		opts.MetricsPorts = map[string]int{"executor": ports["executor metrics"],
+			"runnergw": ports["runnergw metrics"], "backup-verifier": ports["backup-verifier metrics"]}
+	}
+	return opts
+}
+
+// stayUp (-up) checks that every service stayed up, prints how to reach
+// the stack and keeps it running until ctx ends.
+func stayUp(ctx context.Context, st *stack.Stack, ports map[string]int, dir, dsn string, auth bool) error {
+	for _, n := range []string{"backup-verifier", "runnergw", "executor"} {
+		select {
+		case <-st.Proc(n).Done():
+			return fmt.Errorf("%s exited during start (log: %s)", n, st.LogPath(n))
+		default:
+		}
+	}
+	fmt.Printf("demo: metrics on http://127.0.0.1:%d/metrics (executor), :%d (runnergw), :%d (backup-verifier)\n",
+		ports["executor metrics"], ports["runnergw metrics"], ports["backup-verifier metrics"])
+	fmt.Printf("demo: the API over HTTP (Connect JSON, gRPC-web; docs/api.md) on http://%s, the operator console on http://%[1]s/console/\n", st.HTTPAddr())
+	fmt.Printf("demo: stack is up; try `grpcurl -plaintext %s list` — Ctrl-C stops it\n", st.Addr("executor"))
+	if auth {
+		if err := writeCredentials(st, filepath.Join(dir, "credentials"), os.Stdout); err != nil {
+			return err
+		}
+	}
+	fmt.Printf("demo: audit the runs with  bin/tetherctl audit -database-url '%s'\n", dsn)
+	fmt.Printf("demo: the gateway serves only grant-signed calls (executor key %s, gateway public key %s), e.g.\n"+
+		"  grpcurl -plaintext -H \"tether-grant: $(bin/tetherctl grant -key-file %[1]s)\" %[3]s tether.gateway.v1.RunnerGateway/ListRunners\n",
+		st.GrantKeyFile(), st.GrantPublicKeyFile(), st.Addr("runnergw"))
+	<-ctx.Done()
+	return nil
 }
 
 func turns(ctx context.Context, st *stack.Stack, prov *demoProvider, auth bool) error {

@@ -46,19 +46,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		overrides   ignoredValues
 		envLog      = fs.String("env-log", "", "write the environment the process received to this file at startup (sorted KEY=VALUE lines, 0600)")
 	)
-	fs.StringVar(&opts.StateFile, "state-file", "", "persist thread history in this JSON file")
-	fs.BoolVar(&opts.StateFileInCodexHome, "state-file-in-codex-home", false, "persist thread history in $CODEX_HOME/"+fakecodex.StateFileName)
-	fs.BoolVar(&opts.DurableTurnIDs, "durable-turn-ids", false, "turn ids provider-turn-<n> from a counter persisted in the state file")
-	fs.BoolVar(&opts.RequireExistingResumeState, "require-existing-resume-state", false, "thread/resume of an unknown thread fails with \"no rollout found for thread id <id>\"")
-	fs.StringVar(&opts.CallLog, "call-log", "", "append one line per received method to this file")
-	fs.BoolVar(&opts.RecordProcessStart, "record-process-start", false, "append process-start to the call log at startup")
-	fs.BoolVar(&opts.HoldTurn, "hold-turn", false, "after the last delta keep the turn open until it is interrupted or steered")
-	fs.BoolVar(&opts.ExitAfterTurnStart, "exit-after-turn-start", false, "exit 1 right after the turn/start response")
-	fs.BoolVar(&opts.EmitCommandApproval, "emit-command-approval", false, "every turn asks item/commandExecution/requestApproval before its reply ([shell] in a prompt: that turn only)")
-	fs.BoolVar(&opts.EmitUserInput, "emit-user-input", false, "every turn asks item/tool/requestUserInput before its reply ([ask] in a prompt: that turn only)")
-	fs.BoolVar(&opts.EmitToolCall, "emit-tool-call", false, "every turn calls a dynamic tool (item/tool/call) before its reply ([dyn] in a prompt: that turn only)")
-	fs.BoolVar(&opts.EmitToolCallOnResume, "emit-tool-call-on-resume", false, "after each thread/resume send an item/tool/call naming the thread's last stored (inactive) turn")
-	fs.StringVar(&opts.DieOnceDir, "die-once-dir", "", "tests only: a prompt containing [die:turn-start|mid-stream|completed] makes the fake SIGKILL itself at that phase, once per phase and prompt (sentinels in this directory)")
+	registerOptions(fs, &opts)
 	fs.Var(&overrides, "c", "config override key=value (accepted and ignored)")
 	syncTrace := fs.String("sync-trace", "", "benchmarks: record each state save in this directory (pkg/synctrace; the provider's environment is allow-listed, so not by "+synctrace.EnvVar+")")
 	if err := fs.Parse(args); err != nil {
@@ -97,6 +85,29 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		}
 	}
 
+	return serve(opts, stdin, stdout, stderr)
+}
+
+// registerOptions registers the fake's behaviour flags into opts.
+func registerOptions(fs *flag.FlagSet, opts *fakecodex.Options) {
+	fs.StringVar(&opts.StateFile, "state-file", "", "persist thread history in this JSON file")
+	fs.BoolVar(&opts.StateFileInCodexHome, "state-file-in-codex-home", false, "persist thread history in $CODEX_HOME/"+fakecodex.StateFileName)
+	fs.BoolVar(&opts.DurableTurnIDs, "durable-turn-ids", false, "turn ids provider-turn-<n> from a counter persisted in the state file")
+	fs.BoolVar(&opts.RequireExistingResumeState, "require-existing-resume-state", false, "thread/resume of an unknown thread fails with \"no rollout found for thread id <id>\"")
+	fs.StringVar(&opts.CallLog, "call-log", "", "append one line per received method to this file")
+	fs.BoolVar(&opts.RecordProcessStart, "record-process-start", false, "append process-start to the call log at startup")
+	fs.BoolVar(&opts.HoldTurn, "hold-turn", false, "after the last delta keep the turn open until it is interrupted or steered")
+	fs.BoolVar(&opts.ExitAfterTurnStart, "exit-after-turn-start", false, "exit 1 right after the turn/start response")
+	fs.BoolVar(&opts.EmitCommandApproval, "emit-command-approval", false, "every turn asks item/commandExecution/requestApproval before its reply ([shell] in a prompt: that turn only)")
+	fs.BoolVar(&opts.EmitUserInput, "emit-user-input", false, "every turn asks item/tool/requestUserInput before its reply ([ask] in a prompt: that turn only)")
+	fs.BoolVar(&opts.EmitToolCall, "emit-tool-call", false, "every turn calls a dynamic tool (item/tool/call) before its reply ([dyn] in a prompt: that turn only)")
+	fs.BoolVar(&opts.EmitToolCallOnResume, "emit-tool-call-on-resume", false, "after each thread/resume send an item/tool/call naming the thread's last stored (inactive) turn")
+	fs.StringVar(&opts.DieOnceDir, "die-once-dir", "", "tests only: a prompt containing [die:turn-start|mid-stream|completed] makes the fake SIGKILL itself at that phase, once per phase and prompt (sentinels in this directory)")
+}
+
+// serve runs the fake on stdin/stdout until its client goes away; it
+// returns the exit code.
+func serve(opts fakecodex.Options, stdin io.Reader, stdout, stderr io.Writer) int {
 	srv, err := fakecodex.New(opts)
 	if err != nil {
 		fmt.Fprintf(stderr, "fake-codex-app-server: %v\n", err)

@@ -67,18 +67,43 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if err := sfs.Parse(rest[1:]); err != nil {
 		return 2
 	}
-	if *envLog != "" {
-		env := os.Environ()
-		slices.Sort(env)
-		if err := os.WriteFile(*envLog, []byte(strings.Join(env, "\n")+"\n"), 0o600); err != nil {
-			fmt.Fprintln(stderr, "fake-opencode:", err)
-			return 1
-		}
+	if err := writeEnvLog(*envLog); err != nil {
+		fmt.Fprintln(stderr, "fake-opencode:", err)
+		return 1
 	}
 	opts := fakeopencode.Options{StateFile: *state, CallLog: *callLog,
 		Username: os.Getenv("OPENCODE_SERVER_USERNAME"), Password: os.Getenv("OPENCODE_SERVER_PASSWORD"),
 		DeltaDelay: time.Duration(*deltaMs) * time.Millisecond, SlowDelay: time.Duration(*slowMs) * time.Millisecond,
 		DieOnceDir: *dieOnce}
+	if err := completeOptions(&opts); err != nil {
+		fmt.Fprintln(stderr, "fake-opencode:", err)
+		return 1
+	}
+	opts.Directory, _ = os.Getwd()
+	srv, err := fakeopencode.New(opts)
+	if err != nil {
+		fmt.Fprintln(stderr, "fake-opencode:", err)
+		return 1
+	}
+	srv.CallLog("process-start pid=" + strconv.Itoa(os.Getpid()))
+	return serve(srv, hostname, port, stdout, stderr)
+}
+
+// writeEnvLog writes the environment the process received to path
+// (sorted KEY=VALUE lines, 0600); nothing when path is empty.
+func writeEnvLog(path string) error {
+	if path == "" {
+		return nil
+	}
+	env := os.Environ()
+	slices.Sort(env)
+	return os.WriteFile(path, []byte(strings.Join(env, "\n")+"\n"), 0o600)
+}
+
+// completeOptions fills what the environment gives: the default state
+// file ($XDG_DATA_HOME/opencode/fake-opencode.json) and, from the
+// OPENCODE_CONFIG file, the model and the bash permission.
+func completeOptions(opts *fakeopencode.Options) error {
 	if opts.StateFile == "" {
 		data := os.Getenv("XDG_DATA_HOME")
 		if data == "" {
@@ -86,8 +111,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 		dir := filepath.Join(data, "opencode")
 		if err := os.MkdirAll(dir, 0o700); err != nil {
-			fmt.Fprintln(stderr, "fake-opencode:", err)
-			return 1
+			return err
 		}
 		opts.StateFile = filepath.Join(dir, "fake-opencode.json")
 	}
@@ -101,19 +125,16 @@ func run(args []string, stdout, stderr io.Writer) int {
 			err = json.Unmarshal(b, &c)
 		}
 		if err != nil {
-			fmt.Fprintln(stderr, "fake-opencode: OPENCODE_CONFIG:", err)
-			return 1
+			return fmt.Errorf("OPENCODE_CONFIG: %w", err)
 		}
 		opts.Model = c.Model
 		opts.Permission, _ = c.Permission["bash"].(string)
 	}
-	opts.Directory, _ = os.Getwd()
-	srv, err := fakeopencode.New(opts)
-	if err != nil {
-		fmt.Fprintln(stderr, "fake-opencode:", err)
-		return 1
-	}
-	srv.CallLog("process-start pid=" + strconv.Itoa(os.Getpid()))
+	return nil
+}
+
+// serve serves srv on hostname:port until SIGTERM or SIGINT.
+func serve(srv *fakeopencode.Server, hostname string, port int, stdout, stderr io.Writer) int {
 	ln, err := net.Listen("tcp", net.JoinHostPort(hostname, strconv.Itoa(port)))
 	if err != nil {
 		fmt.Fprintln(stderr, "fake-opencode:", err)

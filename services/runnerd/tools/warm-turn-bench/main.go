@@ -75,27 +75,43 @@ func run() error {
 	if _, _, err := s.OpenThread(ctx, ""); err != nil {
 		return err
 	}
-	lat := make([]time.Duration, 0, *turns)
-	for i := 0; i < *warm+*turns; i++ {
+	lat, err := turnLatencies(ctx, s, *warm, *turns)
+	if err != nil {
+		return err
+	}
+	printLatencies(lat)
+	return nil
+}
+
+// turnLatencies drives warm+turns turns on the session's thread and
+// returns the measured ones' times from turn/start to turn/completed.
+func turnLatencies(ctx context.Context, s *codex.Session, warm, turns int) ([]time.Duration, error) {
+	lat := make([]time.Duration, 0, turns)
+	for i := 0; i < warm+turns; i++ {
 		t0 := time.Now()
 		id, err := s.StartTurn(ctx, fmt.Sprintf("warm turn %d", i+1))
 		if err != nil {
-			return err
+			return nil, err
 		}
 		select {
 		case r := <-s.TurnDone():
 			if r.TurnID != id || r.Status != codex.TurnCompleted {
-				return fmt.Errorf("turn %s ended %s (%s)", r.TurnID, r.Status, r.ErrorMessage)
+				return nil, fmt.Errorf("turn %s ended %s (%s)", r.TurnID, r.Status, r.ErrorMessage)
 			}
 		case <-s.Exited():
-			return s.ExitErr()
+			return nil, s.ExitErr()
 		case <-time.After(30 * time.Second):
-			return fmt.Errorf("turn %s did not complete", id)
+			return nil, fmt.Errorf("turn %s did not complete", id)
 		}
-		if i >= *warm {
+		if i >= warm {
 			lat = append(lat, time.Since(t0))
 		}
 	}
+	return lat, nil
+}
+
+// printLatencies prints the BENCH line of the sorted latencies.
+func printLatencies(lat []time.Duration) {
 	slices.Sort(lat)
 	pct := func(p float64) time.Duration {
 		i := int(float64(len(lat))*p+0.999999) - 1
@@ -108,5 +124,4 @@ func run() error {
 	ms := func(d time.Duration) string { return fmt.Sprintf("%.2fms", float64(d.Microseconds())/1000) }
 	fmt.Printf("BENCH warm_turn_direct turns=%d p50=%s p90=%s p99=%s max=%s mean=%s (driver → fake-codex-app-server, turn/start → turn/completed, one process, one thread)\n",
 		len(lat), ms(pct(0.50)), ms(pct(0.90)), ms(pct(0.99)), ms(lat[len(lat)-1]), ms(sum/time.Duration(len(lat))))
-	return nil
 }

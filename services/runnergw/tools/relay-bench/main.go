@@ -85,6 +85,25 @@ func main() {
 	os.Exit(parent())
 }
 
+// relayRow is one figure's best round: events/s through the gateway,
+// over a raw stream of Event messages and of opaque bytes, and the
+// serving process's CPU per message.
+type relayRow struct {
+	name              string
+	tether, raw       float64
+	rawBytes          float64
+	tetherCPU, rawCPU float64 // µs per message in this process
+	target            float64
+}
+
+// relayRig is the in-process gateway the bench relays through, its runner
+// WebSocket listener and its gRPC listener.
+type relayRig struct {
+	auth   *prp.Authority
+	signer *grant.Signer
+	wl, gl net.Listener
+}
+
 func parent() int {
 	fs := flag.NewFlagSet("relay-bench", flag.ExitOnError)
 	n256 := fs.Int("events-256", 400000, "events per 256 B run")
@@ -106,12 +125,37 @@ func parent() int {
 		}
 		defer pprof.StopCPUProfile()
 	}
+	rig, stop, err := startRelayRig()
+	if err != nil {
+		return fail(err)
+	}
+	defer stop()
+	fmt.Printf("relay-bench: runner WebSocket (PRP batches as runnerd sends them) → runnergw → Attach stream (acked, events decoded);\n"+
+		"  best of %d rounds each, %d CPUs\n", *rounds, numCPU())
+	rows, err := rig.figures(*rounds, *n256, *n4k, *target, *target4k)
+	if err != nil {
+		return fail(err)
+	}
+	printRelayRows(rows)
+	return 0
+}
 
+// startRelayRig starts an in-process gateway (no runnerd: the load
+// process plays the runner) with its runner and gRPC listeners; stop
+// stops them.
+func startRelayRig() (_ *relayRig, stop func(), _ error) {
+	var stops []func()
+	stop = func() {
+		for i := len(stops) - 1; i >= 0; i-- {
+			stops[i]()
+		}
+	}
+	fail := func(err error) (*relayRig, func(), error) { stop(); return nil, func() {}, err }
 	dir, err := os.MkdirTemp("", "relay-bench-")
 	if err != nil {
 		return fail(err)
 	}
-	defer os.RemoveAll(dir)
+	stops = append(stops, func() { os.RemoveAll(dir) })
 	auth := prp.NewAuthority([]byte("relay-bench-key"), nil)
 	grantPub, grantKey, err := ed25519.GenerateKey(nil)
 	if err != nil {
@@ -126,14 +170,14 @@ func parent() int {
 		StateRoot: filepath.Join(dir, "state"), RunnerdPath: "/nonexistent", Authority: auth, Grants: grants,
 		Logger: slog.New(slog.DiscardHandler), PingInterval: time.Hour, IdleTimeout: time.Hour,
 	})
-	defer gw.Close()
+	stops = append(stops, gw.Close)
 	wl, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return fail(err)
 	}
 	hs := &http.Server{Handler: gw, ReadHeaderTimeout: 5 * time.Second}
 	go func() { _ = hs.Serve(wl) }()
-	defer hs.Close()
+	stops = append(stops, func() { _ = hs.Close() })
 	gs := grpc.NewServer()
 	gatewayv1.RegisterRunnerGatewayServer(gs, relayServer{g: gw})
 	gs.RegisterService(&rawDesc, rawServer{})
@@ -142,62 +186,63 @@ func parent() int {
 		return fail(err)
 	}
 	go func() { _ = gs.Serve(gl) }()
-	defer gs.Stop()
+	stops = append(stops, gs.Stop)
+	return &relayRig{auth: auth, signer: signer, wl: wl, gl: gl}, stop, nil
+}
 
-	fmt.Printf("relay-bench: runner WebSocket (PRP batches as runnerd sends them) → runnergw → Attach stream (acked, events decoded);\n"+
-		"  best of %d rounds each, %d CPUs\n", *rounds, numCPU())
-	type row struct {
-		name              string
-		tether, raw       float64
-		rawBytes          float64
-		tetherCPU, rawCPU float64 // µs per message in this process
-		target            float64
-	}
-	var rows []row
+// figures measures each message size, rounds times, keeping each side's
+// best round.
+func (g *relayRig) figures(rounds, n256, n4k int, target, target4k float64) ([]relayRow, error) {
+	var rows []relayRow
 	seq := 0
 	for _, sz := range []struct {
 		name   string
 		size   int
 		events int
 		target float64
-	}{{"event relay 256 B", 256, *n256, *target}, {"event relay 4 KiB", 4096, *n4k, *target4k}} {
-		r := row{name: sz.name, target: sz.target}
-		for round := 0; round < *rounds; round++ {
+	}{{"event relay 256 B", 256, n256, target}, {"event relay 4 KiB", 4096, n4k, target4k}} {
+		r := relayRow{name: sz.name, target: sz.target}
+		for round := 0; round < rounds; round++ {
 			seq++
 			sess := fmt.Sprintf("bench-%d", seq)
 			inst := fmt.Sprintf("runner-bench-%d", seq)
-			ticket, err := auth.MintTicket(inst, scope.Of(benchInput(sess)), time.Hour)
+			ticket, err := g.auth.MintTicket(inst, scope.Of(benchInput(sess)), time.Hour)
 			if err != nil {
-				return fail(err)
+				return nil, err
 			}
 			sc := scenario{Name: sz.name, Size: sz.size, Events: sz.events, Ticket: ticket.Encode(), Runner: inst, Session: sess}
 			claims := grant.ClaimsForOpen(benchOpen(sc))
 			claims.Audience = "relay-bench"
-			if sc.Grant, err = signer.Sign(claims); err != nil {
-				return fail(err)
+			if sc.Grant, err = g.signer.Sign(claims); err != nil {
+				return nil, err
 			}
-			rate, cpu, err := measure(job{Mode: "relay", WSURL: "ws://" + wl.Addr().String() + gateway.ConnectPath, GRPCAddr: gl.Addr().String(), Scenarios: sc})
+			rate, cpu, err := measure(job{Mode: "relay", WSURL: "ws://" + g.wl.Addr().String() + gateway.ConnectPath, GRPCAddr: g.gl.Addr().String(), Scenarios: sc})
 			if err != nil {
-				return fail(fmt.Errorf("%s relay: %w", sz.name, err))
+				return nil, fmt.Errorf("%s relay: %w", sz.name, err)
 			}
 			if rate > r.tether {
 				r.tether, r.tetherCPU = rate, cpu
 			}
-			rate, cpu, err = measure(job{Mode: "raw", GRPCAddr: gl.Addr().String(), Scenarios: sc})
+			rate, cpu, err = measure(job{Mode: "raw", GRPCAddr: g.gl.Addr().String(), Scenarios: sc})
 			if err != nil {
-				return fail(fmt.Errorf("%s raw: %w", sz.name, err))
+				return nil, fmt.Errorf("%s raw: %w", sz.name, err)
 			}
 			if rate > r.raw {
 				r.raw, r.rawCPU = rate, cpu
 			}
-			rate, _, err = measure(job{Mode: "raw-bytes", GRPCAddr: gl.Addr().String(), Scenarios: sc})
+			rate, _, err = measure(job{Mode: "raw-bytes", GRPCAddr: g.gl.Addr().String(), Scenarios: sc})
 			if err != nil {
-				return fail(fmt.Errorf("%s raw bytes: %w", sz.name, err))
+				return nil, fmt.Errorf("%s raw bytes: %w", sz.name, err)
 			}
 			r.rawBytes = max(r.rawBytes, rate)
 		}
 		rows = append(rows, r)
 	}
+	return rows, nil
+}
+
+// printRelayRows prints the figures' table and their BENCH lines.
+func printRelayRows(rows []relayRow) {
 	fmt.Println()
 	fmt.Printf("%-18s  %12s  %12s  %7s  %7s  %3s  %14s  %9s  %14s  %14s\n", "figure (events/s)", "tether", "raw", "ratio", "target", "met",
 		"raw Event msgs", "ratio", "gateway CPU/ev", "raw srv CPU/msg")
@@ -223,7 +268,6 @@ func parent() int {
 			strings.ReplaceAll(r.name, " ", "_"), r.tether, r.rawBytes, r.tether/r.rawBytes, r.target, r.target == 0 || r.tether/r.rawBytes >= r.target,
 			r.raw, r.tether/r.raw, r.tetherCPU, r.rawCPU)
 	}
-	return 0
 }
 
 func numCPU() int {

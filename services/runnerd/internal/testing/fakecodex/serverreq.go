@@ -207,8 +207,44 @@ func (s *Server) handleClientResponse(m *inbound) error {
 	}
 	delete(s.pending, id)
 	failed := len(m.Error) > 0 && string(m.Error) != "null"
-	var outcome string
-	var entry string
+	entry, outcome := responseOutcome(pr, m, failed)
+	s.logCall(entry)
+	at := pr.at
+	if at == nil || !at.waiting || at.waitingID != id || s.active[pr.threadID] != at {
+		return nil // stale call, or the turn moved on (steer, interrupt)
+	}
+	at.waiting = false
+	if err := s.notify("serverRequest/resolved", map[string]any{"threadId": pr.threadID, "requestId": id}); err != nil {
+		return err
+	}
+	at.outcomes = append(at.outcomes, outcome)
+	th, t := at.thread, at.turn
+	switch pr.kind {
+	case reqApproval:
+		if done, err := s.applyApproval(at, pr, strings.TrimPrefix(outcome, "approval: ")); done || err != nil {
+			return err
+		}
+	case reqToolCall:
+		var r struct {
+			Success      *bool `json:"success"`
+			ContentItems []any `json:"contentItems"`
+		}
+		_ = json.Unmarshal(m.Result, &r)
+		ok := !failed && r.Success != nil && *r.Success
+		status := "completed"
+		if !ok {
+			status = "failed"
+		}
+		if err := s.notify("item/completed", map[string]any{"threadId": th.ID, "turnId": t.ID, "item": dynamicToolItem(pr.itemID, pr.tool, status, ok, r.ContentItems)}); err != nil {
+			return err
+		}
+	}
+	return s.continueTurn(at)
+}
+
+// responseOutcome is the call-log entry and the turn's outcome line of
+// the client's answer m to server request pr.
+func responseOutcome(pr *pendingReq, m *inbound, failed bool) (entry, outcome string) {
 	switch pr.kind {
 	case reqApproval:
 		decision := "failure"
@@ -256,58 +292,37 @@ func (s *Server) handleClientResponse(m *inbound) error {
 		entry = toolResponseEntry(m)
 		outcome = "tool: " + strings.TrimPrefix(entry, "tool-response:")
 	}
-	s.logCall(entry)
-	at := pr.at
-	if at == nil || !at.waiting || at.waitingID != id || s.active[pr.threadID] != at {
-		return nil // stale call, or the turn moved on (steer, interrupt)
-	}
-	at.waiting = false
-	if err := s.notify("serverRequest/resolved", map[string]any{"threadId": pr.threadID, "requestId": id}); err != nil {
-		return err
-	}
-	at.outcomes = append(at.outcomes, outcome)
+	return entry, outcome
+}
+
+// applyApproval notifies what the client's decision on a command approval
+// does to the command item; done: the turn was interrupted (cancel) and
+// does not continue.
+func (s *Server) applyApproval(at *activeTurn, pr *pendingReq, decision string) (done bool, _ error) {
 	th, t := at.thread, at.turn
-	switch pr.kind {
-	case reqApproval:
-		decision := strings.TrimPrefix(outcome, "approval: ")
-		if err := s.notify("thread/status/changed", map[string]any{"threadId": th.ID, "status": map[string]any{"type": "active", "activeFlags": []string{}}}); err != nil {
-			return err
+	if err := s.notify("thread/status/changed", map[string]any{"threadId": th.ID, "status": map[string]any{"type": "active", "activeFlags": []string{}}}); err != nil {
+		return false, err
+	}
+	switch decision {
+	case "accept", "acceptForSession", "acceptWithExecpolicyAmendment":
+		if err := s.notify("item/commandExecution/outputDelta", map[string]any{"threadId": th.ID, "turnId": t.ID, "itemId": pr.itemID, "delta": FakeShellOutput}); err != nil {
+			return false, err
 		}
-		switch decision {
-		case "accept", "acceptForSession", "acceptWithExecpolicyAmendment":
-			if err := s.notify("item/commandExecution/outputDelta", map[string]any{"threadId": th.ID, "turnId": t.ID, "itemId": pr.itemID, "delta": FakeShellOutput}); err != nil {
-				return err
-			}
-			if err := s.notify("item/completed", map[string]any{"threadId": th.ID, "turnId": t.ID, "item": commandItem(pr.itemID, th.Cwd, "completed", 0, FakeShellOutput)}); err != nil {
-				return err
-			}
-		case "cancel":
-			if err := s.notify("item/completed", map[string]any{"threadId": th.ID, "turnId": t.ID, "item": commandItem(pr.itemID, th.Cwd, "declined", nil, "")}); err != nil {
-				return err
-			}
-			// cancel also interrupts the turn.
-			return s.interruptTurn(at)
-		default:
-			if err := s.notify("item/completed", map[string]any{"threadId": th.ID, "turnId": t.ID, "item": commandItem(pr.itemID, th.Cwd, "declined", nil, "")}); err != nil {
-				return err
-			}
+		if err := s.notify("item/completed", map[string]any{"threadId": th.ID, "turnId": t.ID, "item": commandItem(pr.itemID, th.Cwd, "completed", 0, FakeShellOutput)}); err != nil {
+			return false, err
 		}
-	case reqToolCall:
-		var r struct {
-			Success      *bool `json:"success"`
-			ContentItems []any `json:"contentItems"`
+	case "cancel":
+		if err := s.notify("item/completed", map[string]any{"threadId": th.ID, "turnId": t.ID, "item": commandItem(pr.itemID, th.Cwd, "declined", nil, "")}); err != nil {
+			return false, err
 		}
-		_ = json.Unmarshal(m.Result, &r)
-		ok := !failed && r.Success != nil && *r.Success
-		status := "completed"
-		if !ok {
-			status = "failed"
-		}
-		if err := s.notify("item/completed", map[string]any{"threadId": th.ID, "turnId": t.ID, "item": dynamicToolItem(pr.itemID, pr.tool, status, ok, r.ContentItems)}); err != nil {
-			return err
+		// cancel also interrupts the turn.
+		return true, s.interruptTurn(at)
+	default:
+		if err := s.notify("item/completed", map[string]any{"threadId": th.ID, "turnId": t.ID, "item": commandItem(pr.itemID, th.Cwd, "declined", nil, "")}); err != nil {
+			return false, err
 		}
 	}
-	return s.continueTurn(at)
+	return false, nil
 }
 
 // serverRequestMsg is a server -> client request (no "jsonrpc", like the

@@ -207,7 +207,25 @@ func (s *Server) serveMessages(w http.ResponseWriter, r *http.Request, raw []byt
 		setReply(replyLabel(text, tool), false)
 		return
 	}
+	s.streamMessage(w, r, anthropicReply{msgID: msgID, model: model, usage: usage, text: text, chunks: chunks, delay: delay, tool: tool, input: input}, setReply)
+}
 
+// anthropicReply is what serveMessages answers: the message's id, model
+// and usage, and either text (streamed in chunks, delay apart) or a call
+// of tool with input.
+type anthropicReply struct {
+	msgID, model string
+	usage        map[string]any
+	text         string
+	chunks       []string
+	delay        time.Duration
+	tool         string
+	input        map[string]any
+}
+
+// streamMessage streams reply as Messages server-sent events.
+func (s *Server) streamMessage(w http.ResponseWriter, r *http.Request, reply anthropicReply, setReply func(reply string, aborted bool)) {
+	msgID, model, usage, text, chunks, delay, tool, input := reply.msgID, reply.model, reply.usage, reply.text, reply.chunks, reply.delay, reply.tool, reply.input
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.Header().Set("Cache-Control", "no-cache")
 	w.WriteHeader(http.StatusOK)
