@@ -9,5 +9,8 @@
 //     in pkg/testing, a service's internal/testing or its tools/, and a
 //     service's cmd/ holds only the binaries tether ships;
 //   - the gRPC bootstrap (pkg/grpcx) links only the few tether packages
-//     it needs.
+//     it needs;
+//   - no function of non-test, non-generated Go code is over 100 lines,
+//     and no main package's run over 60 (flags → config → wiring →
+//     serving).
 package conformance
