@@ -92,3 +92,36 @@ func TestConformance_GRPCBootstrapLinksFewTetherPackages(t *testing.T) {
 	}
 	require.Empty(t, extra, "pkg/grpcx links tether packages outside its allowed set")
 }
+
+// No two tether packages a service binary links share a name: inside one
+// service a package name says which package it is (issue #34: runnerd
+// linked its own durable and pkg/scope/durable).
+func TestConformance_NoServiceLinksTwoPackagesOfOneName(t *testing.T) {
+	if _, err := exec.LookPath("go"); err != nil {
+		t.Skip("no go command")
+	}
+	for _, s := range services {
+		t.Run(filepath.Base(s.main), func(t *testing.T) {
+			t.Parallel()
+			cmd := exec.Command("go", "list", "-deps", "-f", "{{.Name}} {{.ImportPath}}", s.main)
+			cmd.Dir = filepath.Join(repoRoot, s.module)
+			out, err := cmd.Output()
+			require.NoError(t, err, "go list -deps %s in %s", s.main, s.module)
+			byName := map[string][]string{}
+			for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+				name, path, _ := strings.Cut(line, " ")
+				if strings.HasPrefix(path, "github.com/tether-run/tether/") && name != "main" {
+					byName[name] = append(byName[name], path)
+				}
+			}
+			var dups []string
+			for name, paths := range byName {
+				if len(paths) > 1 {
+					dups = append(dups, name+": "+strings.Join(paths, ", "))
+				}
+			}
+			slices.Sort(dups)
+			require.Empty(t, dups, "%s links packages of one name", s.main)
+		})
+	}
+}

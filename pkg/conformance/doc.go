@@ -8,6 +8,7 @@
 //   - test doubles, test helpers, the harness, the benches and the demo live
 //     in pkg/testing, a service's internal/testing or its tools/, and a
 //     service's cmd/ holds only the binaries tether ships;
+//   - no service binary links two tether packages of one name;
 //   - the gRPC bootstrap (pkg/grpcx) links only the few tether packages
 //     it needs;
 //   - no function of non-test, non-generated Go code is over 100 lines,

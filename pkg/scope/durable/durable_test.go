@@ -63,7 +63,7 @@ func controlPlane(id Identity) map[string]any {
 }
 
 // runnerState is runner-state.json in runnerd's own layout (nested identity,
-// see services/runnerd/internal/durable/state.go).
+// see services/runnerd/internal/statedir/state.go).
 func runnerState(id Identity, lifecycle string) map[string]any {
 	return map[string]any{
 		"schema": RunnerStateSchema,

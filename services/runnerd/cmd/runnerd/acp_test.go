@@ -13,7 +13,7 @@ import (
 
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/procid"
-	"github.com/tether-run/tether/services/runnerd/internal/durable"
+	"github.com/tether-run/tether/services/runnerd/internal/statedir"
 )
 
 // TestR11_RunnerdKillMidTurnLoadsTheACPSessionAndRetriesTheTurn: runnerd
@@ -43,7 +43,7 @@ func TestR11_RunnerdKillMidTurnLoadsTheACPSessionAndRetriesTheTurn(t *testing.T)
 		return false
 	}, "a delta of the held turn")
 
-	st, err := (&durable.Store{Dir: filepath.Join(stateDir, "runner")}).Load()
+	st, err := (&statedir.Store{Dir: filepath.Join(stateDir, "runner")}).Load()
 	require.NoError(t, err)
 	agent := st.ProviderProcess
 	require.NotNil(t, agent)

@@ -27,8 +27,8 @@ import (
 	"github.com/tether-run/tether/pkg/prp"
 	"github.com/tether-run/tether/pkg/runnerstate"
 	"github.com/tether-run/tether/pkg/testing/testbin"
-	"github.com/tether-run/tether/services/runnerd/internal/durable"
 	"github.com/tether-run/tether/services/runnerd/internal/runner"
+	"github.com/tether-run/tether/services/runnerd/internal/statedir"
 )
 
 func TestMain(m *testing.M) {
@@ -277,7 +277,7 @@ func TestG4_BinaryRunsATurnAgainstAFakeGateway(t *testing.T) {
 	exited <- nil
 	assert.ErrorIs(t, syscall.Kill(-pgid, 0), syscall.ESRCH, "provider group is gone")
 
-	st, err := (&durable.Store{Dir: filepath.Join(stateDir, "runner")}).Load()
+	st, err := (&statedir.Store{Dir: filepath.Join(stateDir, "runner")}).Load()
 	require.NoError(t, err)
 	assert.Equal(t, runnerstate.LifecycleSuspended, st.Lifecycle, "a closed session is a durable suspension")
 	assert.Equal(t, "session_closed", st.LifecycleReason)

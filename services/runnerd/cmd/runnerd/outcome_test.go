@@ -13,7 +13,7 @@ import (
 
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/runnerstate"
-	"github.com/tether-run/tether/services/runnerd/internal/durable"
+	"github.com/tether-run/tether/services/runnerd/internal/statedir"
 )
 
 // TestR8_RunnerdKilledAfterAnsweringATurnStartFromItsOutcomeRecordNeverStartsItAgain:
@@ -53,14 +53,14 @@ func TestR8_RunnerdKilledAfterAnsweringATurnStartFromItsOutcomeRecordNeverStarts
 	require.NotEmpty(t, turnID)
 
 	dir := filepath.Join(stateDir, "runner")
-	ins, err := durable.ReadIntentLog(dir)
+	ins, err := statedir.ReadIntentLog(dir)
 	require.NoError(t, err)
-	doc, err := (&durable.Store{Dir: dir}).Load()
+	doc, err := (&statedir.Store{Dir: dir}).Load()
 	require.NoError(t, err)
 	if rec := doc.ProcessedCommands["c2"]; rec != nil {
 		assert.NotEqual(t, runnerstate.StatusCompleted, rec.Status, "answered before the state document held it")
 	}
-	durable.ReplayIntents(doc, ins)
+	statedir.ReplayIntents(doc, ins)
 	require.NotNil(t, doc.ProcessedCommands["c2"])
 	assert.Equal(t, runnerstate.StatusCompleted, doc.ProcessedCommands["c2"].Status, "the intent log holds the outcome")
 	require.NotNil(t, doc.ActiveTurn)

@@ -22,8 +22,8 @@ import (
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/prp"
 	"github.com/tether-run/tether/pkg/runnerstate"
-	"github.com/tether-run/tether/services/runnerd/internal/durable"
 	"github.com/tether-run/tether/services/runnerd/internal/provhost"
+	"github.com/tether-run/tether/services/runnerd/internal/statedir"
 )
 
 // runnerdProc is one runnerd process of the test.
@@ -138,7 +138,7 @@ func TestR1_ProviderSurvivesARunnerdKillAndTheRestartedRunnerdReattaches(t *test
 
 	var st *runnerstate.State
 	require.Eventually(t, func() bool {
-		st, err = (&durable.Store{Dir: filepath.Join(stateDir, "runner")}).Load()
+		st, err = (&statedir.Store{Dir: filepath.Join(stateDir, "runner")}).Load()
 		return err == nil && st.ActiveTurn == nil
 	}, 5*time.Second, 10*time.Millisecond, "the turn ended in the durable state")
 	require.NotNil(t, st.ProviderProcess)

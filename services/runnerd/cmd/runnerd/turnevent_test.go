@@ -12,7 +12,7 @@ import (
 
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/runnerstate"
-	"github.com/tether-run/tether/services/runnerd/internal/durable"
+	"github.com/tether-run/tether/services/runnerd/internal/statedir"
 )
 
 // cutAfterTurnEvent puts runnerd's state dir back as a kill -9 right after
@@ -25,15 +25,15 @@ import (
 func cutAfterTurnEvent(t *testing.T, stateDir, turnID string) uint64 {
 	t.Helper()
 	dir := filepath.Join(stateDir, "runner")
-	store := &durable.Store{Dir: dir}
+	store := &statedir.Store{Dir: dir}
 	st, err := store.Load()
 	require.NoError(t, err)
 	// The state as runnerd left it: the document, and the outcomes of its
 	// commands it journaled in the intent log before answering them.
-	ins, err := durable.ReadIntentLog(dir)
+	ins, err := statedir.ReadIntentLog(dir)
 	require.NoError(t, err)
-	durable.ReplayIntents(st, ins)
-	ob, _, err := durable.OpenOutbox(dir, 0)
+	statedir.ReplayIntents(st, ins)
+	ob, _, err := statedir.OpenOutbox(dir, 0)
 	require.NoError(t, err)
 	recs := ob.After(0)
 	require.NoError(t, ob.Close())
@@ -52,8 +52,8 @@ func cutAfterTurnEvent(t *testing.T, stateDir, turnID string) uint64 {
 	// Every provider line through the turn's end was journaled (a hosted
 	// provider's host replays none of them to the relaunched runnerd).
 	kept[cut].ProviderCursor = max(kept[cut].ProviderCursor, ob.ProviderCursor())
-	require.NoError(t, os.Remove(filepath.Join(dir, durable.OutboxFile)))
-	ob, _, err = durable.OpenOutbox(dir, 0)
+	require.NoError(t, os.Remove(filepath.Join(dir, statedir.OutboxFile)))
+	ob, _, err = statedir.OpenOutbox(dir, 0)
 	require.NoError(t, err)
 	require.NoError(t, ob.Append(kept...))
 	require.NoError(t, ob.Close())

@@ -24,7 +24,7 @@ import (
 	"github.com/tether-run/tether/pkg/runnerstate"
 	"github.com/tether-run/tether/pkg/synctrace"
 	"github.com/tether-run/tether/pkg/telemetry"
-	"github.com/tether-run/tether/services/runnerd/internal/durable"
+	"github.com/tether-run/tether/services/runnerd/internal/statedir"
 )
 
 // Command types.
@@ -220,10 +220,10 @@ func (r *Runner) onCommands(connID int, cmds []*prpv1.Command) {
 type commandBatch struct {
 	r       *Runner
 	slots   []*commandSlot
-	next    int              // first slot not yet run (or passed, when it needs no run)
-	answerd int              // slots answered so far
-	changed bool             // the state changed (beyond fresh intents) since the last save
-	fresh   []durable.Intent // intents not yet durable
+	next    int               // first slot not yet run (or passed, when it needs no run)
+	answerd int               // slots answered so far
+	changed bool              // the state changed (beyond fresh intents) since the last save
+	fresh   []statedir.Intent // intents not yet durable
 	// byOutcome: every change is a command's run whose outcome an
 	// outcome record can carry (see outcomeRecordable).
 	byOutcome bool
@@ -236,7 +236,7 @@ func (b *commandBatch) admit(cs []*prpv1.Command) {
 		s, ch := b.r.admitCommand(c)
 		b.slots = append(b.slots, s)
 		if s.run {
-			b.fresh = append(b.fresh, durable.IntentOf(s.rec))
+			b.fresh = append(b.fresh, statedir.IntentOf(s.rec))
 			if !outcomeRecordable(c.GetType()) {
 				b.byOutcome = false
 			}

@@ -11,7 +11,7 @@ import (
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/prp"
 	"github.com/tether-run/tether/pkg/runnerstate"
-	"github.com/tether-run/tether/services/runnerd/internal/durable"
+	"github.com/tether-run/tether/services/runnerd/internal/statedir"
 )
 
 // What a connection means for the runner: the handshake's Hello carries
@@ -144,7 +144,7 @@ func (r *Runner) write(f *prpv1.Frame) {
 
 // sendRecords sends journaled events (as EventBatch frames, byte for
 // byte); a failed write drops the connection.
-func (r *Runner) sendRecords(recs []durable.Record) {
+func (r *Runner) sendRecords(recs []statedir.Record) {
 	if err := r.link.writeRaw(batchFrames(recs)); err != nil {
 		r.dropConn("write failed", err)
 	}

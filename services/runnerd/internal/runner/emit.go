@@ -7,7 +7,7 @@ import (
 	"github.com/tether-run/tether/pkg/failure"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/runnerstate"
-	"github.com/tether-run/tether/services/runnerd/internal/durable"
+	"github.com/tether-run/tether/services/runnerd/internal/statedir"
 )
 
 // Emitting events: each takes the next source seq, is journaled (one
@@ -16,7 +16,7 @@ import (
 
 // newEvent assigns the next source seq and builds the journaled envelope.
 // The event is labelled with runID, or else with the attached run.
-func (r *Runner) newEvent(prio uint32, typ, turnID, itemID, runID string, payload map[string]any) (durable.Record, error) {
+func (r *Runner) newEvent(prio uint32, typ, turnID, itemID, runID string, payload map[string]any) (statedir.Record, error) {
 	if prio > P2 {
 		prio = P1
 	}
@@ -38,12 +38,12 @@ func (r *Runner) newEvent(prio uint32, typ, turnID, itemID, runID string, payloa
 	ev.RunId = eventRun(runID, turnID, r.st.ActiveTurn, r.st.CurrentRun)
 	s, err := toStruct(payload)
 	if err != nil {
-		return durable.Record{}, err
+		return statedir.Record{}, err
 	}
 	ev.Payload = s
 	env, err := encodeEnvelope(ev)
 	if err != nil {
-		return durable.Record{}, err
+		return statedir.Record{}, err
 	}
 	if len(env) > maxEnvelopeBytes {
 		s, _ := toStruct(map[string]any{
@@ -53,11 +53,11 @@ func (r *Runner) newEvent(prio uint32, typ, turnID, itemID, runID string, payloa
 		})
 		ev.EventType, ev.Payload, ev.Priority = "harness.diagnostic", s, P1
 		if env, err = encodeEnvelope(ev); err != nil {
-			return durable.Record{}, err
+			return statedir.Record{}, err
 		}
 	}
 	r.st.NextSourceSeq++
-	return durable.Record{SourceSeq: seq, Priority: ev.Priority, EventType: ev.EventType, Envelope: env}, nil
+	return statedir.Record{SourceSeq: seq, Priority: ev.Priority, EventType: ev.EventType, Envelope: env}, nil
 }
 
 // eventRun is the run an event is labelled with: the one it names, else
@@ -100,7 +100,7 @@ func (r *Runner) emitAll(evs []pendingEvent) {
 		evs = append(r.j.held, evs...)
 		r.j.held = nil
 	}
-	recs := make([]durable.Record, 0, len(evs))
+	recs := make([]statedir.Record, 0, len(evs))
 	opened := false // a runtime request or tool call is announced
 	held := r.j.outbox.Bytes()
 	soft := r.cfg.MaxOutboxBytes - r.cfg.P0ReserveBytes
@@ -179,7 +179,7 @@ func (r *Runner) emitAll(evs []pendingEvent) {
 }
 
 // journal appends recs to the outbox (one fsync) and sends them.
-func (r *Runner) journal(recs []durable.Record) {
+func (r *Runner) journal(recs []statedir.Record) {
 	if len(recs) == 0 {
 		return
 	}

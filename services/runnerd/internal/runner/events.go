@@ -12,7 +12,7 @@ import (
 
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/prp"
-	"github.com/tether-run/tether/services/runnerd/internal/durable"
+	"github.com/tether-run/tether/services/runnerd/internal/statedir"
 )
 
 // Event constants.
@@ -75,7 +75,7 @@ func encodeEnvelope(ev *prpv1.Event) ([]byte, error) {
 }
 
 // batchFrames packs journaled envelopes into EventBatch frames, byte for byte.
-func batchFrames(recs []durable.Record) [][]byte {
+func batchFrames(recs []statedir.Record) [][]byte {
 	var frames [][]byte
 	for len(recs) > 0 {
 		var buf bytes.Buffer

@@ -26,7 +26,7 @@ import (
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/prp"
 	"github.com/tether-run/tether/pkg/runnerstate"
-	"github.com/tether-run/tether/services/runnerd/internal/durable"
+	"github.com/tether-run/tether/services/runnerd/internal/statedir"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -485,17 +485,17 @@ func (e *testEnv) start(mod func(*Config)) *runnerProc {
 // only once a saved document covers it.
 func (e *testEnv) state() *runnerstate.State {
 	e.t.Helper()
-	ins, err := durable.ReadIntentLog(filepath.Join(e.stateDir, "runner"))
+	ins, err := statedir.ReadIntentLog(filepath.Join(e.stateDir, "runner"))
 	require.NoError(e.t, err)
 	st := e.document()
-	durable.ReplayIntents(st, ins)
+	statedir.ReplayIntents(st, ins)
 	return st
 }
 
 // document is the state document as saved.
 func (e *testEnv) document() *runnerstate.State {
 	e.t.Helper()
-	st, err := (&durable.Store{Dir: filepath.Join(e.stateDir, "runner")}).Load()
+	st, err := (&statedir.Store{Dir: filepath.Join(e.stateDir, "runner")}).Load()
 	require.NoError(e.t, err)
 	require.NotNil(e.t, st)
 	return st

@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/tether-run/tether/pkg/runnerstate"
-	"github.com/tether-run/tether/services/runnerd/internal/durable"
+	"github.com/tether-run/tether/services/runnerd/internal/statedir"
 )
 
 // journal is runnerd's durable memory of one state dir: the outbox of
@@ -27,10 +27,10 @@ type journal struct {
 	// live state (which may have moved on by the time the write is done).
 	savedSnaps map[uint64]*runnerstate.State
 
-	store   *durable.Store
-	outbox  *durable.Outbox
-	intents *durable.IntentLog // nil: intents are made durable by saving the state
-	saver   *stateSaver        // nil: snapshots are written synchronously
+	store   *statedir.Store
+	outbox  *statedir.Outbox
+	intents *statedir.IntentLog // nil: intents are made durable by saving the state
+	saver   *stateSaver         // nil: snapshots are written synchronously
 
 	// Snapshots: saveGen is the newest asked for, savedGen the newest
 	// durable; saveErr is a failed write (fatal).
@@ -81,17 +81,17 @@ type journalHost interface {
 // the state loaded from it: commands journaled in the intent log after the
 // last save are replayed into st, a torn outbox tail is truncated, and st's
 // cursors move past what the outbox holds.
-func openJournal(store *durable.Store, st *runnerstate.State, cfg *Config, host journalHost) (*journal, error) {
+func openJournal(store *statedir.Store, st *runnerstate.State, cfg *Config, host journalHost) (*journal, error) {
 	j := &journal{log: cfg.Logger, host: host, st: st, saved: cfg.StateSaved, store: store}
-	il, intents, err := durable.OpenIntentLog(store.Dir)
+	il, intents, err := statedir.OpenIntentLog(store.Dir)
 	if err != nil {
 		return nil, fmt.Errorf("intent log: %w", err)
 	}
 	j.intents = il
-	if n := durable.ReplayIntents(st, intents); n > 0 {
+	if n := statedir.ReplayIntents(st, intents); n > 0 {
 		j.log.Info("commands journaled in the intent log after the last state save", "commands", n)
 	}
-	ob, dropped, err := durable.OpenOutbox(store.Dir, st.AckedSourceSeq)
+	ob, dropped, err := statedir.OpenOutbox(store.Dir, st.AckedSourceSeq)
 	if err != nil {
 		_ = il.Close()
 		return nil, fmt.Errorf("outbox: %w", err)
@@ -143,7 +143,7 @@ func (j *journal) save() error {
 
 // append journals recs (one fsync); the provider host cursor of the batch
 // goes on its last record.
-func (j *journal) append(recs []durable.Record) error {
+func (j *journal) append(recs []statedir.Record) error {
 	if j.cursor > 0 {
 		recs[len(recs)-1].ProviderCursor = j.cursor
 	}

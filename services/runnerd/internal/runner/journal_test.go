@@ -14,7 +14,7 @@ import (
 	"github.com/tether-run/tether/pkg/failure"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/runnerstate"
-	"github.com/tether-run/tether/services/runnerd/internal/durable"
+	"github.com/tether-run/tether/services/runnerd/internal/statedir"
 )
 
 // diskCheckingProvider runs check before starting a turn (the turn's
@@ -37,7 +37,7 @@ func (p *diskCheckingProvider) StartTurn(ctx context.Context, text string) (stri
 func TestR4_CommandsReceivedTogetherShareSavesWithinTheJournalContract(t *testing.T) {
 	t.Parallel()
 	e := newTestEnv(t)
-	store := &durable.Store{Dir: filepath.Join(e.stateDir, "runner")}
+	store := &statedir.Store{Dir: filepath.Join(e.stateDir, "runner")}
 	var (
 		mu       sync.Mutex
 		saves    int
@@ -52,11 +52,11 @@ func TestR4_CommandsReceivedTogetherShareSavesWithinTheJournalContract(t *testin
 		if err != nil || st == nil {
 			return fmt.Sprintf("unreadable (%v)", err)
 		}
-		ins, err := durable.ReadIntentLog(store.Dir)
+		ins, err := statedir.ReadIntentLog(store.Dir)
 		if err != nil {
 			return fmt.Sprintf("unreadable (%v)", err)
 		}
-		durable.ReplayIntents(st, ins)
+		statedir.ReplayIntents(st, ins)
 		if rec := st.ProcessedCommands[id]; rec != nil {
 			return rec.Status
 		}
@@ -152,7 +152,7 @@ func TestR4_TurnEndJournalsItsLastEventsAndTheTerminalInOneFsync(t *testing.T) {
 	// outlast a loaded machine here.
 	r.cfg.TurnStartedWait = time.Minute
 	var appends [][]string
-	r.j.outbox.AfterSync = func(recs []durable.Record) {
+	r.j.outbox.AfterSync = func(recs []statedir.Record) {
 		var types []string
 		for _, rec := range recs {
 			types = append(types, rec.EventType)
@@ -274,7 +274,7 @@ func TestR4_RunAttachedAndTheTurnsFirstEventsShareOneFsync(t *testing.T) {
 	// outlast a loaded machine here.
 	r.cfg.TurnStartedWait = time.Minute
 	var appends [][]string
-	r.j.outbox.AfterSync = func(recs []durable.Record) {
+	r.j.outbox.AfterSync = func(recs []statedir.Record) {
 		var types []string
 		for _, rec := range recs {
 			types = append(types, rec.EventType)
@@ -321,9 +321,9 @@ func TestR8_ATurnStartCutShortBeforeTheThreadOpenedRunsWhenResent(t *testing.T) 
 	fp, err := Fingerprint(turn)
 	require.NoError(t, err)
 	dir := filepath.Join(e.stateDir, "runner")
-	l, _, err := durable.OpenIntentLog(dir)
+	l, _, err := statedir.OpenIntentLog(dir)
 	require.NoError(t, err)
-	require.NoError(t, l.Append(durable.Intent{CommandID: "c-turn", ControllerSeq: turn.GetControllerSeq(), CommandType: CmdTurnStart,
+	require.NoError(t, l.Append(statedir.Intent{CommandID: "c-turn", ControllerSeq: turn.GetControllerSeq(), CommandType: CmdTurnStart,
 		RunID: "run-1", Attempt: 1, Fingerprint: fp, ReceivedAt: time.Now().UTC()}))
 	require.NoError(t, l.Close())
 
@@ -354,9 +354,9 @@ func TestR4_AnInterruptCutShortByACrashIsIndeterminateAfterTheRestart(t *testing
 	fp, err := Fingerprint(intr)
 	require.NoError(t, err)
 	dir := filepath.Join(e.stateDir, "runner")
-	l, _, err := durable.OpenIntentLog(dir)
+	l, _, err := statedir.OpenIntentLog(dir)
 	require.NoError(t, err)
-	require.NoError(t, l.Append(durable.Intent{CommandID: "c-intr", ControllerSeq: intr.GetControllerSeq(), CommandType: "turn.interrupt",
+	require.NoError(t, l.Append(statedir.Intent{CommandID: "c-intr", ControllerSeq: intr.GetControllerSeq(), CommandType: "turn.interrupt",
 		RunID: "run-1", Attempt: 1, Fingerprint: fp, ReceivedAt: time.Now().UTC()}))
 	require.NoError(t, l.Close())
 
@@ -365,7 +365,7 @@ func TestR4_AnInterruptCutShortByACrashIsIndeterminateAfterTheRestart(t *testing
 	res = e.gw.command(intr)
 	assert.Equal(t, runnerstate.StatusIndeterminate, res.GetStatus())
 	assert.Equal(t, failure.ExecutionIndeterminate, res.GetCode())
-	ins, err := durable.ReadIntentLog(dir)
+	ins, err := statedir.ReadIntentLog(dir)
 	require.NoError(t, err)
 	assert.Empty(t, ins, "the state holds the command now")
 	assert.Equal(t, runnerstate.StatusIndeterminate, e.state().ProcessedCommands["c-intr"].Status)
@@ -395,7 +395,7 @@ func TestR4_TurnStartedThatFollowsTheAnswerSharesTheFsyncOfRunAttached(t *testin
 	// outlast a loaded machine here.
 	r.cfg.TurnStartedWait = time.Minute
 	var appends [][]string
-	r.j.outbox.AfterSync = func(recs []durable.Record) {
+	r.j.outbox.AfterSync = func(recs []statedir.Record) {
 		var types []string
 		for _, rec := range recs {
 			types = append(types, rec.EventType)

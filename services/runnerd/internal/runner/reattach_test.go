@@ -14,20 +14,20 @@ import (
 
 	"github.com/tether-run/tether/pkg/failure"
 	"github.com/tether-run/tether/pkg/runnerstate"
-	"github.com/tether-run/tether/services/runnerd/internal/durable"
+	"github.com/tether-run/tether/services/runnerd/internal/statedir"
 )
 
 // outboxRecords reads the outbox log as written (crc prefix stripped).
-func outboxRecords(t *testing.T, stateDir string) []durable.Record {
-	f, err := os.Open(filepath.Join(stateDir, "runner", durable.OutboxFile))
+func outboxRecords(t *testing.T, stateDir string) []statedir.Record {
+	f, err := os.Open(filepath.Join(stateDir, "runner", statedir.OutboxFile))
 	require.NoError(t, err)
 	defer f.Close()
-	var out []durable.Record
+	var out []statedir.Record
 	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 1<<20), 8<<20)
 	for sc.Scan() {
 		line := sc.Text()
-		var r durable.Record
+		var r statedir.Record
 		require.NoError(t, json.Unmarshal([]byte(line[strings.IndexByte(line, ' ')+1:]), &r))
 		out = append(out, r)
 	}
@@ -37,7 +37,7 @@ func outboxRecords(t *testing.T, stateDir string) []durable.Record {
 // crashState makes the state look like a runnerd killed during turn-7 of
 // run-1 with a live provider.
 func crashState(t *testing.T, e *testEnv) {
-	store := &durable.Store{Dir: filepath.Join(e.stateDir, "runner")}
+	store := &statedir.Store{Dir: filepath.Join(e.stateDir, "runner")}
 	st, err := store.Load()
 	require.NoError(t, err)
 	st.ProviderProcess = &runnerstate.Process{PID: 1 << 22, PGID: 1 << 22, StartTicks: 1}

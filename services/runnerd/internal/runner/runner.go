@@ -18,7 +18,7 @@ import (
 	"github.com/tether-run/tether/pkg/providerlaunch"
 	"github.com/tether-run/tether/pkg/prp"
 	"github.com/tether-run/tether/pkg/runnerstate"
-	"github.com/tether-run/tether/services/runnerd/internal/durable"
+	"github.com/tether-run/tether/services/runnerd/internal/statedir"
 )
 
 // Outbox limit defaults and bounds.
@@ -122,7 +122,7 @@ type Config struct {
 	AttachFollowWindow time.Duration
 
 	// OutboxSynced, when set, is called after each outbox fsync (tests).
-	OutboxSynced func([]durable.Record)
+	OutboxSynced func([]statedir.Record)
 	// StateSaved, when set, is called after each save of the state
 	// document, with the state as that save wrote it (tests).
 	StateSaved func(*runnerstate.State)
@@ -329,11 +329,11 @@ func Run(ctx context.Context, cfg Config) (int, error) {
 // stop means exit at once.
 func (r *Runner) open(ctx context.Context) (int, bool, error) {
 	cfg := r.cfg
-	store, err := durable.OpenStore(cfg.StateDir)
+	store, err := statedir.OpenStore(cfg.StateDir)
 	if err != nil {
 		return ExitError, true, fmt.Errorf("state dir: %w", err)
 	}
-	if err := durable.EnsurePrivateDir(filepath.Join(cfg.StateDir, "codex-home")); err != nil {
+	if err := statedir.EnsurePrivateDir(filepath.Join(cfg.StateDir, "codex-home")); err != nil {
 		return ExitError, true, fmt.Errorf("codex home: %w", err)
 	}
 	st, err := store.Load()

@@ -19,7 +19,7 @@ import (
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/prp"
 	"github.com/tether-run/tether/pkg/runnerstate"
-	"github.com/tether-run/tether/services/runnerd/internal/durable"
+	"github.com/tether-run/tether/services/runnerd/internal/statedir"
 )
 
 // attachAndTurn attaches run-1 and starts one turn; returns the provider.
@@ -188,7 +188,7 @@ func TestR4_OutboxFsyncBeforeSend(t *testing.T) {
 	}
 	e.gw.mu.Unlock()
 	e.start(func(c *Config) {
-		c.OutboxSynced = func(recs []durable.Record) {
+		c.OutboxSynced = func(recs []statedir.Record) {
 			mu.Lock()
 			defer mu.Unlock()
 			for _, r := range recs {
@@ -209,7 +209,7 @@ func TestR4_OutboxFsyncBeforeSend(t *testing.T) {
 	assert.GreaterOrEqual(t, len(synced), 200)
 
 	// Every received event is in the outbox file with the same bytes.
-	ob, _, err := durable.OpenOutbox(filepath.Join(e.stateDir, "runner"), 0)
+	ob, _, err := statedir.OpenOutbox(filepath.Join(e.stateDir, "runner"), 0)
 	require.NoError(t, err)
 	defer ob.Close()
 	recs := ob.After(0)
@@ -318,7 +318,7 @@ func TestR4_AckTrimsAndRefusesOutOfRange(t *testing.T) {
 	e.gw.ack(produced + 1) // beyond what was produced
 	assert.Equal(t, uint64(4), e.gw.ping(3).GetAckedSourceSeq())
 
-	ob, _, err := durable.OpenOutbox(filepath.Join(e.stateDir, "runner"), e.state().AckedSourceSeq)
+	ob, _, err := statedir.OpenOutbox(filepath.Join(e.stateDir, "runner"), e.state().AckedSourceSeq)
 	require.NoError(t, err)
 	assert.Equal(t, int(produced-4), ob.Len())
 	require.NoError(t, ob.Close())
@@ -396,7 +396,7 @@ func cutTurnStart(t *testing.T, e *testEnv) *prpv1.Command {
 	turn := cs.next("c2", CmdTurnStart, map[string]any{"text": "hi"})
 	fp, err := Fingerprint(turn)
 	require.NoError(t, err)
-	store := &durable.Store{Dir: filepath.Join(e.stateDir, "runner")}
+	store := &statedir.Store{Dir: filepath.Join(e.stateDir, "runner")}
 	st, err := store.Load()
 	require.NoError(t, err)
 	st.ProcessedCommands["c2"] = &runnerstate.CommandRecord{CommandID: "c2", ControllerSeq: 2, CommandType: CmdTurnStart,
@@ -452,10 +452,10 @@ func TestR8_ACutTurnStartWhoseTurnTheProviderRecordedIsAdoptedNotStartedAgain(t 
 // after it journaled the execution of commandID left in the outbox.
 func journalExecution(t *testing.T, e *testEnv, commandID string, payload map[string]any) {
 	t.Helper()
-	store := &durable.Store{Dir: filepath.Join(e.stateDir, "runner")}
+	store := &statedir.Store{Dir: filepath.Join(e.stateDir, "runner")}
 	st, err := store.Load()
 	require.NoError(t, err)
-	ob, _, err := durable.OpenOutbox(store.Dir, st.AckedSourceSeq)
+	ob, _, err := statedir.OpenOutbox(store.Dir, st.AckedSourceSeq)
 	require.NoError(t, err)
 	defer ob.Close()
 	seq := max(st.NextSourceSeq, ob.LastSeq()+1)
@@ -466,7 +466,7 @@ func journalExecution(t *testing.T, e *testEnv, commandID string, payload map[st
 		SourceEventId: SourceEventID(st.Identity.RunnerInstanceID, seq), SourceSeq: seq, SourceKind: SourceKindRunner,
 		RunId: "run-1", EventType: EventCommandExecuted, SchemaVersion: EventSchemaVersion, Payload: p})
 	require.NoError(t, err)
-	require.NoError(t, ob.Append(durable.Record{SourceSeq: seq, EventType: EventCommandExecuted, Envelope: env}))
+	require.NoError(t, ob.Append(statedir.Record{SourceSeq: seq, EventType: EventCommandExecuted, Envelope: env}))
 }
 
 // SPEC R8, X1: runnerd reports each execution of a turn.start
@@ -529,7 +529,7 @@ func TestR13_ATurnStartWhoseProviderWasLostWithRunnerdStaysRetryable(t *testing.
 	require.Equal(t, ExitOK, p.stop(t))
 
 	// Killed before the outcome was saved: the command is pending again.
-	store := &durable.Store{Dir: filepath.Join(e.stateDir, "runner")}
+	store := &statedir.Store{Dir: filepath.Join(e.stateDir, "runner")}
 	st, err := store.Load()
 	require.NoError(t, err)
 	rec := st.ProcessedCommands["c2"]
@@ -607,7 +607,7 @@ func TestR4_RestartFromSameStateDirReconcilesAndContinuesSeqs(t *testing.T) {
 
 	// Simulate a crash during a turn: the state still records a provider
 	// (long gone) and an active turn.
-	store := &durable.Store{Dir: filepath.Join(e.stateDir, "runner")}
+	store := &statedir.Store{Dir: filepath.Join(e.stateDir, "runner")}
 	st0, err := store.Load()
 	require.NoError(t, err)
 	st0.ProviderProcess = &runnerstate.Process{PID: 1 << 22, PGID: 1 << 22, StartTicks: 1}
@@ -617,7 +617,7 @@ func TestR4_RestartFromSameStateDirReconcilesAndContinuesSeqs(t *testing.T) {
 
 	var f *os.File
 	// Make the outbox tail torn, as after a crash mid-append.
-	f, err = os.OpenFile(filepath.Join(e.stateDir, "runner", durable.OutboxFile), os.O_APPEND|os.O_WRONLY, 0)
+	f, err = os.OpenFile(filepath.Join(e.stateDir, "runner", statedir.OutboxFile), os.O_APPEND|os.O_WRONLY, 0)
 	require.NoError(t, err)
 	_, err = f.WriteString(`0badc0de {"sourceSeq":999,"envel`)
 	require.NoError(t, err)
@@ -878,7 +878,7 @@ func TestR4_StateFilesArePrivateAndStateIsWellFormed(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, os.FileMode(0o700), fi.Mode().Perm(), path)
 	}
-	for _, name := range []string{runnerstate.StateFile, durable.OutboxFile} {
+	for _, name := range []string{runnerstate.StateFile, statedir.OutboxFile} {
 		fi, err := os.Stat(filepath.Join(e.stateDir, "runner", name))
 		require.NoError(t, err)
 		assert.Equal(t, os.FileMode(0o600), fi.Mode().Perm(), name)

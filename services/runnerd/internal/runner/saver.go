@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/tether-run/tether/pkg/runnerstate"
-	"github.com/tether-run/tether/services/runnerd/internal/durable"
+	"github.com/tether-run/tether/services/runnerd/internal/statedir"
 )
 
 // The state document is rewritten atomically (a temporary file, fsync,
@@ -26,7 +26,7 @@ type saveResult struct {
 }
 
 type stateSaver struct {
-	store *durable.Store
+	store *statedir.Store
 	wake  chan struct{}
 	done  chan saveResult
 	quit  chan struct{}
@@ -37,7 +37,7 @@ type stateSaver struct {
 	gen  uint64 // its number
 }
 
-func startSaver(store *durable.Store) *stateSaver {
+func startSaver(store *statedir.Store) *stateSaver {
 	s := &stateSaver{store: store, wake: make(chan struct{}, 1), done: make(chan saveResult, 64),
 		quit: make(chan struct{}), exit: make(chan struct{})}
 	go s.run()
@@ -195,7 +195,7 @@ func (j *journal) journalOutcomes(recs []*runnerstate.CommandRecord, withInput b
 	if withInput {
 		b.SessionInput = st.SessionInput
 	}
-	in := durable.IntentOf(recs[len(recs)-1])
+	in := statedir.IntentOf(recs[len(recs)-1])
 	in.Outcomes = b
 	if err := j.appendLog("command outcomes", in); err != nil {
 		return err
@@ -210,7 +210,7 @@ func (j *journal) journalOutcomes(recs []*runnerstate.CommandRecord, withInput b
 
 // appendLog appends ins to the intent log (one fdatasync). A failed append
 // fails the journal as a failed snapshot does: nothing waiting is answered.
-func (j *journal) appendLog(what string, ins ...durable.Intent) error {
+func (j *journal) appendLog(what string, ins ...statedir.Intent) error {
 	if err := j.intents.Append(ins...); err != nil {
 		err = fmt.Errorf("runner_state_write_failed: intent log: %w", err)
 		j.saveErr = err
@@ -225,7 +225,7 @@ func (j *journal) appendLog(what string, ins ...durable.Intent) error {
 // journalIntents makes the intents of commands about to run durable before
 // their effects: appended to the intent log (one fdatasync), or without a
 // log by saving the state.
-func (j *journal) journalIntents(ins []durable.Intent) error {
+func (j *journal) journalIntents(ins []statedir.Intent) error {
 	if j.intents == nil {
 		return j.save()
 	}

@@ -11,7 +11,7 @@ import (
 	"github.com/tether-run/tether/pkg/failure"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/runnerstate"
-	"github.com/tether-run/tether/services/runnerd/internal/durable"
+	"github.com/tether-run/tether/services/runnerd/internal/statedir"
 )
 
 func TestR5_RunnerSuspendStopsTheProviderKeepsTheThreadAndResumes(t *testing.T) {
@@ -120,9 +120,9 @@ func bareRunner(t *testing.T) *Runner {
 	t.Helper()
 	cfg := Config{IdleTimeout: time.Millisecond}
 	cfg.defaults()
-	store, err := durable.OpenStore(t.TempDir())
+	store, err := statedir.OpenStore(t.TempDir())
 	require.NoError(t, err)
-	ob, _, err := durable.OpenOutbox(store.Dir, 0)
+	ob, _, err := statedir.OpenOutbox(store.Dir, 0)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = ob.Close() })
 	r := &Runner{
@@ -167,7 +167,7 @@ func TestR5_IdleTimeoutOfARevokedOrUnrecoverableRunnerStops(t *testing.T) {
 func TestR5_IdleSuspensionThatCannotBePersistedExitsWithError(t *testing.T) {
 	t.Parallel()
 	r := bareRunner(t)
-	r.j.store = &durable.Store{Dir: filepath.Join(r.j.store.Dir, durable.OutboxFile, "not-a-dir")}
+	r.j.store = &statedir.Store{Dir: filepath.Join(r.j.store.Dir, statedir.OutboxFile, "not-a-dir")}
 	_, done := r.checkTimers(time.Now().Add(time.Second))
 	require.False(t, done)
 	require.NotNil(t, r.exit)
@@ -287,7 +287,7 @@ func TestR4_SessionCloseOfARevokedOrUnrecoverableRunnerStops(t *testing.T) {
 func TestR4_SessionCloseWhoseSuspensionCannotBePersistedFails(t *testing.T) {
 	t.Parallel()
 	r := bareRunner(t)
-	r.j.store = &durable.Store{Dir: filepath.Join(r.j.store.Dir, durable.OutboxFile, "not-a-dir")}
+	r.j.store = &statedir.Store{Dir: filepath.Join(r.j.store.Dir, statedir.OutboxFile, "not-a-dir")}
 	out, cerr := r.cmdSessionClose(&prpv1.Command{CommandId: "c-close", Type: CmdSessionClose})
 	assert.Nil(t, out)
 	require.NotNil(t, cerr)

@@ -14,7 +14,7 @@ import (
 	"github.com/tether-run/tether/pkg/failure"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/runnerstate"
-	"github.com/tether-run/tether/services/runnerd/internal/durable"
+	"github.com/tether-run/tether/services/runnerd/internal/statedir"
 )
 
 // endLive emits the closing events of a turn the provider finished —
@@ -302,7 +302,7 @@ func TestR8_ACutTurnStartOnAFreshThreadWhoseTurnReusesAnEarlierThreadsIDIsAdopte
 	t.Parallel()
 	e := newTestEnv(t)
 	turn := cutTurnStart(t, e)
-	store := &durable.Store{Dir: filepath.Join(e.stateDir, "runner")}
+	store := &statedir.Store{Dir: filepath.Join(e.stateDir, "runner")}
 	st, err := store.Load()
 	require.NoError(t, err)
 	// The earlier thread's turn.start, answered with its turn-1.

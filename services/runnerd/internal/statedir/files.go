@@ -1,6 +1,6 @@
-// Package durable holds runnerd's durable truth in its state directory: the
+// Package statedir holds runnerd's durable truth in its state directory: the
 // runner state document (atomic rewrites) and the append-only event outbox.
-package durable
+package statedir
 
 import (
 	"github.com/tether-run/tether/pkg/atomicfile"

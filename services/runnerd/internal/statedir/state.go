@@ -1,4 +1,4 @@
-package durable
+package statedir
 
 import (
 	"errors"
