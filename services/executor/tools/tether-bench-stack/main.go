@@ -435,24 +435,68 @@ func startDirect(bin, home string, extra []string) (*directSession, error) {
 		return nil, err
 	}
 	d := &directSession{cmd: cmd, stdin: stdin, r: bufio.NewReaderSize(stdout, 1<<20)}
-	if _, err := d.call("initialize", map[string]any{"clientInfo": map[string]any{"name": "bench", "version": "1"}}); err != nil {
+	if _, err := d.call("initialize", initializeParams{ClientInfo: clientInfo{Name: "bench", Version: "1"}}); err != nil {
 		d.close()
 		return nil, err
 	}
-	res, err := d.call("thread/start", map[string]any{"cwd": home})
+	res, err := d.call("thread/start", threadStartParams{Cwd: home})
 	if err != nil {
 		d.close()
 		return nil, err
 	}
-	d.thread, _ = res["thread"].(map[string]any)["id"].(string)
+	var started threadStartResult
+	_ = json.Unmarshal(res, &started)
+	d.thread = started.Thread.ID
 	return d, nil
 }
 
+// The codex app-server messages the direct session exchanges (the codex
+// driver's codexwire package is internal to runnerd).
+type (
+	rpcRequest struct {
+		JSONRPC string `json:"jsonrpc"`
+		ID      int    `json:"id"`
+		Method  string `json:"method"`
+		Params  any    `json:"params"`
+	}
+	// rpcInbound is a response (id, result or error) or a notification
+	// (method).
+	rpcInbound struct {
+		ID     *int            `json:"id"`
+		Method string          `json:"method"`
+		Result json.RawMessage `json:"result"`
+		Error  json.RawMessage `json:"error"`
+	}
+	clientInfo struct {
+		Name    string `json:"name"`
+		Version string `json:"version"`
+	}
+	initializeParams struct {
+		ClientInfo clientInfo `json:"clientInfo"`
+	}
+	threadStartParams struct {
+		Cwd string `json:"cwd"`
+	}
+	threadStartResult struct {
+		Thread struct {
+			ID string `json:"id"`
+		} `json:"thread"`
+	}
+	textInput struct {
+		Type string `json:"type"`
+		Text string `json:"text"`
+	}
+	turnStartParams struct {
+		ThreadID string      `json:"threadId"`
+		Input    []textInput `json:"input"`
+	}
+)
+
 func (d *directSession) close() { _ = d.stdin.Close(); _ = d.cmd.Wait() }
 
-func (d *directSession) call(method string, params any) (map[string]any, error) {
+func (d *directSession) call(method string, params any) (json.RawMessage, error) {
 	d.id++
-	b, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": d.id, "method": method, "params": params})
+	b, _ := json.Marshal(rpcRequest{JSONRPC: "2.0", ID: d.id, Method: method, Params: params})
 	if _, err := d.stdin.Write(append(b, '\n')); err != nil {
 		return nil, err
 	}
@@ -461,19 +505,18 @@ func (d *directSession) call(method string, params any) (map[string]any, error) 
 		if err != nil {
 			return nil, err
 		}
-		var m map[string]any
+		var m rpcInbound
 		if json.Unmarshal(line, &m) != nil {
 			continue
 		}
-		if m["method"] == "turn/started" && d.onStarted != nil {
+		if m.Method == "turn/started" && d.onStarted != nil {
 			d.onStarted()
 		}
-		if v, ok := m["id"].(float64); ok && int(v) == d.id && m["method"] == nil {
-			if e, ok := m["error"]; ok {
-				return nil, fmt.Errorf("%s: %v", method, e)
+		if m.ID != nil && *m.ID == d.id && m.Method == "" {
+			if len(m.Error) > 0 {
+				return nil, fmt.Errorf("%s: %s", method, m.Error)
 			}
-			res, _ := m["result"].(map[string]any)
-			return res, nil
+			return m.Result, nil
 		}
 	}
 }
@@ -484,7 +527,7 @@ func (d *directSession) turn(prompt string) (started, completed time.Duration, e
 	t0 := time.Now()
 	d.onStarted = func() { started = time.Since(t0) }
 	defer func() { d.onStarted = nil }()
-	if _, err := d.call("turn/start", map[string]any{"threadId": d.thread, "input": []any{map[string]any{"type": "text", "text": prompt}}}); err != nil {
+	if _, err := d.call("turn/start", turnStartParams{ThreadID: d.thread, Input: []textInput{{Type: "text", Text: prompt}}}); err != nil {
 		return 0, 0, err
 	}
 	for {
@@ -492,11 +535,11 @@ func (d *directSession) turn(prompt string) (started, completed time.Duration, e
 		if err != nil {
 			return 0, 0, err
 		}
-		var m map[string]any
+		var m rpcInbound
 		if json.Unmarshal(line, &m) != nil {
 			continue
 		}
-		switch m["method"] {
+		switch m.Method {
 		case "turn/started":
 			d.onStarted()
 		case "turn/completed":

@@ -45,6 +45,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/tether-run/tether/services/runnerd/internal/acp/acpwire"
 )
 
 // ToolOutput is what an allowed tool call prints.
@@ -166,11 +168,9 @@ func (a *Agent) dispatch(m message) {
 		if ch != nil {
 			ch <- m.Result
 		}
-	case m.Method == "session/cancel":
+	case m.Method == acpwire.MethodSessionCancel:
 		a.log(m.Method)
-		var p struct {
-			SessionID string `json:"sessionId"`
-		}
+		var p acpwire.SessionRef
 		_ = json.Unmarshal(m.Params, &p)
 		a.mu.Lock()
 		if s := a.sessions[p.SessionID]; s != nil && s.busy && s.cancel != nil {
@@ -183,7 +183,7 @@ func (a *Agent) dispatch(m message) {
 		a.mu.Unlock()
 	case len(m.ID) > 0:
 		a.log(m.Method)
-		if m.Method == "session/prompt" {
+		if m.Method == acpwire.MethodSessionPrompt {
 			go a.prompt(m.ID, m.Params)
 			return
 		}
@@ -208,24 +208,22 @@ type rpcError struct {
 func (e *rpcError) Error() string { return e.Message }
 
 func (a *Agent) handle(method string, raw json.RawMessage) (any, *rpcError) {
-	var p map[string]any
-	_ = json.Unmarshal(raw, &p)
-	str := func(k string) string { s, _ := p[k].(string); return s }
 	switch method {
-	case "initialize":
-		return map[string]any{
-			"protocolVersion": 1,
-			"agentInfo":       map[string]any{"name": "fake-acp-" + a.opts.Flavor, "title": "fake ACP agent", "version": "0.0.1"},
-			"agentCapabilities": map[string]any{
-				"loadSession":        !a.opts.NoLoad,
-				"promptCapabilities": map[string]any{"image": false, "embeddedContext": true},
-				"mcpCapabilities":    map[string]any{"http": false, "sse": false},
+	case acpwire.MethodInitialize:
+		return acpwire.InitializeResponse{
+			ProtocolVersion: acpwire.ProtocolVersion,
+			AgentInfo:       &acpwire.Implementation{Name: "fake-acp-" + a.opts.Flavor, Title: "fake ACP agent", Version: "0.0.1"},
+			AgentCapabilities: acpwire.AgentCapabilities{
+				LoadSession:        !a.opts.NoLoad,
+				PromptCapabilities: acpwire.PromptCapabilities{EmbeddedContext: true},
 			},
-			"authMethods": []any{},
-			"_meta":       map[string]any{"steering": map[string]any{"supported": false}},
+			AuthMethods: []json.RawMessage{},
+			Meta:        &acpwire.AgentMeta{Steering: &acpwire.Supported{}},
 		}, nil
-	case "session/new":
-		s := &session{ID: a.newSessionID(), Cwd: str("cwd"), Mode: a.defaultMode(), Model: "fake-model"}
+	case acpwire.MethodSessionNew:
+		var p acpwire.NewSessionParams
+		_ = json.Unmarshal(raw, &p)
+		s := &session{ID: a.newSessionID(), Cwd: p.Cwd, Mode: a.defaultMode(), Model: "fake-model"}
 		a.mu.Lock()
 		a.sessions[s.ID] = s
 		a.mu.Unlock()
@@ -233,72 +231,77 @@ func (a *Agent) handle(method string, raw json.RawMessage) (any, *rpcError) {
 			return nil, &rpcError{-32603, err.Error()}
 		}
 		return a.sessionAnswer(s), nil
-	case "session/load":
-		id := str("sessionId")
-		s, err := a.load(id)
-		if err != nil {
-			return nil, &rpcError{-32002, "Resource not found: session " + id}
+	case acpwire.MethodSessionLoad:
+		var p acpwire.LoadSessionParams
+		_ = json.Unmarshal(raw, &p)
+		return a.loadSession(p.SessionID)
+	case acpwire.MethodSessionSetMode:
+		var p acpwire.SetModeParams
+		_ = json.Unmarshal(raw, &p)
+		if !contains(a.modes(), p.ModeID) && a.session(p.SessionID) != nil {
+			return nil, &rpcError{-32602, "unknown mode " + p.ModeID}
 		}
-		a.mu.Lock()
-		a.sessions[id] = s
-		a.mu.Unlock()
-		for _, h := range s.History {
-			kind := "agent_message_chunk"
-			if h.Role == "user" {
-				kind = "user_message_chunk"
-			}
-			a.notify("session/update", map[string]any{"sessionId": id, "update": map[string]any{
-				"sessionUpdate": kind, "messageId": h.MessageID, "content": map[string]any{"type": "text", "text": h.Text}}})
-		}
-		return a.sessionAnswer(s), nil
-	case "session/set_mode":
-		s := a.session(str("sessionId"))
-		if s == nil {
-			return nil, &rpcError{-32002, "Resource not found: session " + str("sessionId")}
-		}
-		mode := str("modeId")
-		if !contains(a.modes(), mode) {
-			return nil, &rpcError{-32602, "unknown mode " + mode}
-		}
-		a.mu.Lock()
-		s.Mode = mode
-		a.mu.Unlock()
-		_ = a.save(s)
-		return map[string]any{}, nil
-	case "session/set_model":
-		s := a.session(str("sessionId"))
-		if s == nil {
-			return nil, &rpcError{-32002, "Resource not found: session " + str("sessionId")}
-		}
-		a.mu.Lock()
-		s.Model = str("modelId")
-		a.mu.Unlock()
-		_ = a.save(s)
-		return map[string]any{}, nil
+		return a.setSession(p.SessionID, func(s *session) { s.Mode = p.ModeID })
+	case acpwire.MethodSessionSetModel:
+		var p acpwire.SetModelParams
+		_ = json.Unmarshal(raw, &p)
+		return a.setSession(p.SessionID, func(s *session) { s.Model = p.ModelID })
 	}
 	return nil, &rpcError{-32601, "Method not found: " + method}
+}
+
+// loadSession answers session/load after replaying the session's history.
+func (a *Agent) loadSession(id string) (any, *rpcError) {
+	s, err := a.load(id)
+	if err != nil {
+		return nil, &rpcError{-32002, "Resource not found: session " + id}
+	}
+	a.mu.Lock()
+	a.sessions[id] = s
+	a.mu.Unlock()
+	for _, h := range s.History {
+		kind := acpwire.UpdateAgentMessageChunk
+		if h.Role == "user" {
+			kind = acpwire.UpdateUserMessageChunk
+		}
+		a.notify(acpwire.MethodSessionUpdate, acpwire.SessionNotification{SessionID: id, Update: acpwire.MessageChunk(kind, h.MessageID, h.Text)})
+	}
+	return a.sessionAnswer(s), nil
+}
+
+// setSession changes a known session with set and saves it.
+func (a *Agent) setSession(id string, set func(*session)) (any, *rpcError) {
+	s := a.session(id)
+	if s == nil {
+		return nil, &rpcError{-32002, "Resource not found: session " + id}
+	}
+	a.mu.Lock()
+	set(s)
+	a.mu.Unlock()
+	_ = a.save(s)
+	return struct{}{}, nil
 }
 
 // after sends the notifications the real agents send after an answer.
 func (a *Agent) after(method string, res any) {
 	switch method {
-	case "session/new":
-		id := res.(map[string]any)["sessionId"]
-		a.notify("session/update", map[string]any{"sessionId": id, "update": map[string]any{
-			"sessionUpdate": "available_commands_update", "availableCommands": []any{}}})
+	case acpwire.MethodSessionNew:
+		id := res.(acpwire.SessionResponse).SessionID
+		a.notify(acpwire.MethodSessionUpdate, acpwire.SessionNotification{SessionID: id, Update: acpwire.SessionUpdate{
+			SessionUpdate: acpwire.UpdateAvailableCommands, AvailableCommands: []json.RawMessage{}}})
 	}
 }
 
-func (a *Agent) sessionAnswer(s *session) map[string]any {
-	var modes []any
+func (a *Agent) sessionAnswer(s *session) acpwire.SessionResponse {
+	var modes []acpwire.SessionMode
 	for _, m := range a.modes() {
-		modes = append(modes, map[string]any{"id": m, "name": m})
+		modes = append(modes, acpwire.SessionMode{ID: m, Name: m})
 	}
-	return map[string]any{
-		"sessionId": s.ID,
-		"modes":     map[string]any{"currentModeId": s.Mode, "availableModes": modes},
-		"models": map[string]any{"currentModelId": s.Model, "availableModels": []any{
-			map[string]any{"modelId": "fake-model", "name": "Fake"}, map[string]any{"modelId": "fake-model-large", "name": "Fake large"}}},
+	return acpwire.SessionResponse{
+		SessionID: s.ID,
+		Modes:     &acpwire.SessionModeState{CurrentModeID: s.Mode, AvailableModes: modes},
+		Models: &acpwire.SessionModelState{CurrentModelID: s.Model, AvailableModels: []acpwire.ModelInfo{
+			{ModelID: "fake-model", Name: "Fake"}, {ModelID: "fake-model-large", Name: "Fake large"}}},
 	}
 }
 
@@ -335,13 +338,7 @@ func (a *Agent) session(id string) *session {
 // prompt runs one session/prompt (on its own goroutine, so that cancel and
 // permission answers are read meanwhile).
 func (a *Agent) prompt(id, raw json.RawMessage) {
-	var p struct {
-		SessionID string `json:"sessionId"`
-		Prompt    []struct {
-			Type string `json:"type"`
-			Text string `json:"text"`
-		} `json:"prompt"`
-	}
+	var p acpwire.PromptParams
 	if err := json.Unmarshal(raw, &p); err != nil {
 		a.respondError(id, &rpcError{-32602, "invalid params"})
 		return
@@ -444,16 +441,36 @@ func (a *Agent) write(v any) {
 	_, _ = a.out.Write(append(b, '\n'))
 }
 
+// Outgoing JSON-RPC 2.0 frames.
+type (
+	resultFrame struct {
+		JSONRPC string          `json:"jsonrpc"`
+		ID      json.RawMessage `json:"id"`
+		Result  any             `json:"result"`
+	}
+	errorFrame struct {
+		JSONRPC string          `json:"jsonrpc"`
+		ID      json.RawMessage `json:"id"`
+		Error   *rpcError       `json:"error"`
+	}
+	requestFrame struct {
+		JSONRPC string `json:"jsonrpc"`
+		ID      int    `json:"id,omitempty"` // none for a notification
+		Method  string `json:"method"`
+		Params  any    `json:"params"`
+	}
+)
+
 func (a *Agent) respond(id json.RawMessage, res any) {
-	a.write(map[string]any{"jsonrpc": "2.0", "id": id, "result": res})
+	a.write(resultFrame{JSONRPC: "2.0", ID: id, Result: res})
 }
 
 func (a *Agent) respondError(id json.RawMessage, e *rpcError) {
-	a.write(map[string]any{"jsonrpc": "2.0", "id": id, "error": e})
+	a.write(errorFrame{JSONRPC: "2.0", ID: id, Error: e})
 }
 
 func (a *Agent) notify(method string, params any) {
-	a.write(map[string]any{"jsonrpc": "2.0", "method": method, "params": params})
+	a.write(requestFrame{JSONRPC: "2.0", Method: method, Params: params})
 }
 
 // request sends a request to the client and returns the channel its result
@@ -465,7 +482,7 @@ func (a *Agent) request(method string, params any) chan json.RawMessage {
 	ch := make(chan json.RawMessage, 1)
 	a.waiting[fmt.Sprint(id)] = ch
 	a.mu.Unlock()
-	a.write(map[string]any{"jsonrpc": "2.0", "id": id, "method": method, "params": params})
+	a.write(requestFrame{JSONRPC: "2.0", ID: id, Method: method, Params: params})
 	return ch
 }
 

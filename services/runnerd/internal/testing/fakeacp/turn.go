@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/tether-run/tether/services/runnerd/internal/acp/acpwire"
 	"github.com/tether-run/tether/services/runnerd/internal/testing/mockmodel"
 )
 
@@ -17,17 +18,13 @@ type turn struct {
 	out  []string // reply words sent, for usage
 }
 
-func (t *turn) update(u map[string]any) {
-	t.a.notify("session/update", map[string]any{"sessionId": t.s.ID, "update": u})
+func (t *turn) update(u acpwire.SessionUpdate) {
+	t.a.notify(acpwire.MethodSessionUpdate, acpwire.SessionNotification{SessionID: t.s.ID, Update: u})
 }
 
 // chunk sends one agent_message_chunk ("" messageId: a warning).
 func (t *turn) chunk(messageID, text string) {
-	u := map[string]any{"sessionUpdate": "agent_message_chunk", "content": map[string]any{"type": "text", "text": text}}
-	if messageID != "" {
-		u["messageId"] = messageID
-	}
-	t.update(u)
+	t.update(acpwire.MessageChunk(acpwire.UpdateAgentMessageChunk, messageID, text))
 }
 
 func (t *turn) cancelled() bool {
@@ -80,7 +77,7 @@ func (t *turn) reply(text string, chunks []string, delay time.Duration) bool {
 	return true
 }
 
-func (t *turn) run(first bool, earlier []string) (map[string]any, *rpcError) {
+func (t *turn) run(first bool, earlier []string) (acpwire.PromptResponse, *rpcError) {
 	text := t.text
 	if first {
 		t.chunk("", WarningText)
@@ -91,7 +88,7 @@ func (t *turn) run(first bool, earlier []string) (map[string]any, *rpcError) {
 	case strings.Contains(text, "[die]"):
 		die()
 	case strings.Contains(text, "[fail]"):
-		return nil, &rpcError{-32603, "Internal error: fake model failure requested"}
+		return acpwire.PromptResponse{}, &rpcError{-32603, "Internal error: fake model failure requested"}
 	case strings.Contains(text, "[history]"):
 		ok = t.reply("HISTORY: "+strings.Join(earlier, " | "), nil, t.a.opts.DeltaDelay)
 	case strings.Contains(text, "[hold]"):
@@ -103,10 +100,10 @@ func (t *turn) run(first bool, earlier []string) (map[string]any, *rpcError) {
 		stop, ok = t.tool(text)
 	default:
 		if strings.Contains(text, "[plan]") {
-			t.update(map[string]any{"sessionUpdate": "plan", "entries": []any{
-				map[string]any{"content": "Read the code", "priority": "high", "status": "in_progress"},
-				map[string]any{"content": "Make the change", "priority": "medium", "status": "pending"},
-				map[string]any{"content": "Run the tests", "priority": "low", "status": "pending"},
+			t.update(acpwire.SessionUpdate{SessionUpdate: acpwire.UpdatePlan, Entries: []acpwire.PlanEntry{
+				{Content: "Read the code", Priority: "high", Status: "in_progress"},
+				{Content: "Make the change", Priority: "medium", Status: "pending"},
+				{Content: "Run the tests", Priority: "low", Status: "pending"},
 			}})
 		}
 		ok = t.reply("ECHO: "+text, nil, t.a.opts.DeltaDelay)
@@ -120,7 +117,7 @@ func (t *turn) run(first bool, earlier []string) (map[string]any, *rpcError) {
 // result is the prompt answer: ACP usage of this turn; the claude flavour
 // also reports a usage_update with the session's cumulative cost (USD, a
 // token costs 1e-6), like claude-agent-acp.
-func (t *turn) result(stop string) map[string]any {
+func (t *turn) result(stop string) acpwire.PromptResponse {
 	in, out := int64(len(strings.Fields(t.text))*10), int64(len(t.out))
 	if stop == "cancelled" && t.a.opts.Flavor == "claude" {
 		in, out = 0, 0
@@ -130,14 +127,17 @@ func (t *turn) result(stop string) map[string]any {
 		t.s.Cost += float64(in+out) / 1e6
 		cost := t.s.Cost
 		t.a.mu.Unlock()
-		t.update(map[string]any{"sessionUpdate": "usage_update", "used": in + out, "size": 1000000,
-			"cost": map[string]any{"amount": cost, "currency": "USD"}})
+		t.update(usageUpdate(in+out, 1000000, &acpwire.Cost{Amount: cost, Currency: "USD"}))
 	} else {
-		t.update(map[string]any{"sessionUpdate": "usage_update", "used": in + out, "size": 200000})
+		t.update(usageUpdate(in+out, 200000, nil))
 	}
-	return map[string]any{"stopReason": stop, "usage": map[string]any{
-		"inputTokens": in, "outputTokens": out, "totalTokens": in + out, "cachedReadTokens": int64(2),
+	return acpwire.PromptResponse{StopReason: stop, Usage: &acpwire.PromptUsage{
+		InputTokens: in, OutputTokens: out, TotalTokens: in + out, CachedReadTokens: 2,
 	}}
+}
+
+func usageUpdate(used, size int64, cost *acpwire.Cost) acpwire.SessionUpdate {
+	return acpwire.SessionUpdate{SessionUpdate: acpwire.UpdateUsage, Used: &used, Size: &size, Cost: cost}
 }
 
 // tool runs a [shell] or [read] tool call with the mode's permission rule.
@@ -151,8 +151,11 @@ func (t *turn) tool(text string) (stop string, ok bool) {
 	callID := fmt.Sprintf("call-%s-%d", t.s.ID, t.s.Seq)
 	mode := t.s.Mode
 	t.a.mu.Unlock()
-	t.update(map[string]any{"sessionUpdate": "tool_call", "toolCallId": callID, "title": title, "kind": kind,
-		"status": "pending", "rawInput": map[string]any{"command": title}})
+	input, _ := json.Marshal(struct {
+		Command string `json:"command"`
+	}{title})
+	t.update(acpwire.SessionUpdate{SessionUpdate: acpwire.UpdateToolCall, ToolCallID: callID, Title: title, Kind: kind,
+		Status: "pending", RawInput: input})
 
 	allowed := true
 	switch {
@@ -169,37 +172,41 @@ func (t *turn) tool(text string) (stop string, ok bool) {
 		}
 	}
 	if !allowed {
-		t.update(map[string]any{"sessionUpdate": "tool_call_update", "toolCallId": callID, "status": "failed",
-			"rawOutput": map[string]any{"error": "rejected"}})
+		t.update(acpwire.SessionUpdate{SessionUpdate: acpwire.UpdateToolCallUpdate, ToolCallID: callID, Status: "failed",
+			RawOutput: json.RawMessage(`{"error":"rejected"}`)})
 		if t.a.opts.Flavor == "codex" {
 			return "cancelled", true
 		}
 		return "end_turn", t.reply("TOOL REJECTED", nil, t.a.opts.DeltaDelay)
 	}
-	t.update(map[string]any{"sessionUpdate": "tool_call_update", "toolCallId": callID, "status": "in_progress"})
-	t.update(map[string]any{"sessionUpdate": "tool_call_update", "toolCallId": callID, "status": "completed",
-		"rawOutput": map[string]any{"stdout": ToolOutput, "exitCode": 0}})
+	output, _ := json.Marshal(struct {
+		Stdout   string `json:"stdout"`
+		ExitCode int    `json:"exitCode"`
+	}{ToolOutput, 0})
+	t.update(acpwire.SessionUpdate{SessionUpdate: acpwire.UpdateToolCallUpdate, ToolCallID: callID, Status: "in_progress"})
+	t.update(acpwire.SessionUpdate{SessionUpdate: acpwire.UpdateToolCallUpdate, ToolCallID: callID, Status: "completed",
+		RawOutput: output})
 	return "end_turn", t.reply("TOOL RESULT: "+ToolOutput, nil, t.a.opts.DeltaDelay)
 }
 
 // askPermission sends session/request_permission with the flavour's
 // options; answered is false when the turn was cancelled meanwhile.
 func (t *turn) askPermission(callID, title, kind string) (allowed, answered bool) {
-	opts := []any{
-		map[string]any{"optionId": "allow_once", "name": "Yes", "kind": "allow_once"},
-		map[string]any{"optionId": "accept_execpolicy_amendment", "name": "Yes, and don't ask again", "kind": "allow_always"},
-		map[string]any{"optionId": "cancel", "name": "No", "kind": "reject_once"},
+	opts := []acpwire.PermissionOption{
+		{OptionID: "allow_once", Name: "Yes", Kind: "allow_once"},
+		{OptionID: "accept_execpolicy_amendment", Name: "Yes, and don't ask again", Kind: "allow_always"},
+		{OptionID: "cancel", Name: "No", Kind: "reject_once"},
 	}
 	if t.a.opts.Flavor == "claude" {
-		opts = []any{
-			map[string]any{"optionId": "allow-once", "name": "Allow", "kind": "allow_once"},
-			map[string]any{"optionId": "reject", "name": "Reject", "kind": "reject_once"},
+		opts = []acpwire.PermissionOption{
+			{OptionID: "allow-once", Name: "Allow", Kind: "allow_once"},
+			{OptionID: "reject", Name: "Reject", Kind: "reject_once"},
 		}
 	}
-	ch := t.a.request("session/request_permission", map[string]any{
-		"sessionId": t.s.ID,
-		"toolCall":  map[string]any{"toolCallId": callID, "title": title, "kind": kind, "status": "pending"},
-		"options":   opts,
+	ch := t.a.request(acpwire.MethodRequestPermission, acpwire.RequestPermissionParams{
+		SessionID: t.s.ID,
+		ToolCall:  acpwire.ToolCallRef{ToolCallID: callID, Title: title, Kind: kind, Status: "pending"},
+		Options:   opts,
 	})
 	var raw json.RawMessage
 	select {
@@ -207,21 +214,15 @@ func (t *turn) askPermission(callID, title, kind string) (allowed, answered bool
 	case <-t.s.cancel:
 		return false, false
 	}
-	var res struct {
-		Outcome struct {
-			Outcome  string `json:"outcome"`
-			OptionID string `json:"optionId"`
-		} `json:"outcome"`
-	}
+	var res acpwire.RequestPermissionResponse
 	_ = json.Unmarshal(raw, &res)
 	t.a.log("permission " + res.Outcome.Outcome + " " + res.Outcome.OptionID)
 	if res.Outcome.Outcome != "selected" {
 		return false, true
 	}
 	for _, o := range opts {
-		m := o.(map[string]any)
-		if m["optionId"] == res.Outcome.OptionID {
-			return strings.HasPrefix(m["kind"].(string), "allow"), true
+		if o.OptionID == res.Outcome.OptionID {
+			return strings.HasPrefix(o.Kind, "allow"), true
 		}
 	}
 	return false, true

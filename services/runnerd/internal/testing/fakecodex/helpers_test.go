@@ -14,6 +14,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/tether-run/tether/pkg/testing/testbin"
+	"github.com/tether-run/tether/services/runnerd/internal/codex/codexwire"
 )
 
 func TestMain(m *testing.M) {
@@ -300,9 +301,9 @@ type usageParams struct {
 	ThreadID   string `json:"threadId"`
 	TurnID     string `json:"turnId"`
 	TokenUsage struct {
-		Total              tokenCounts `json:"total"`
-		Last               tokenCounts `json:"last"`
-		ModelContextWindow int         `json:"modelContextWindow"`
+		Total              codexwire.TokenCounts `json:"total"`
+		Last               codexwire.TokenCounts `json:"last"`
+		ModelContextWindow int                   `json:"modelContextWindow"`
 	} `json:"tokenUsage"`
 }
 

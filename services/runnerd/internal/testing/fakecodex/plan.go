@@ -3,6 +3,8 @@ package fakecodex
 import (
 	"strconv"
 	"strings"
+
+	"github.com/tether-run/tether/services/runnerd/internal/codex/codexwire"
 )
 
 // Provider plans, driven by markers in the turn's last user message:
@@ -33,12 +35,13 @@ func lastUserText(at *activeTurn) string {
 }
 
 func (s *Server) notifyPlan(at *activeTurn, statuses ...string) error {
-	steps := make([]any, len(PlanSteps))
+	steps := make([]codexwire.PlanStep, len(PlanSteps))
 	for i, st := range PlanSteps {
-		steps[i] = map[string]any{"step": st, "status": statuses[i]}
+		steps[i] = codexwire.PlanStep{Step: st, Status: statuses[i]}
 	}
-	return s.notify("turn/plan/updated", map[string]any{
-		"threadId": at.thread.ID, "turnId": at.turn.ID, "explanation": PlanExplanation, "plan": steps,
+	explanation := PlanExplanation
+	return s.notify(codexwire.NotifyPlanUpdated, codexwire.PlanUpdated{
+		ThreadID: at.thread.ID, TurnID: at.turn.ID, Explanation: &explanation, Plan: steps,
 	})
 }
 
@@ -63,12 +66,13 @@ func (s *Server) planAtEnd(at *activeTurn) error {
 	if !ok {
 		return nil
 	}
-	item := map[string]any{"type": "plan", "id": "plan-" + at.turn.ID, "text": ""}
-	if err := s.notify("item/started", map[string]any{"item": item, "threadId": at.thread.ID, "turnId": at.turn.ID}); err != nil {
+	nowMs := s.nowMs()
+	item := codexwire.PlanItem{Type: codexwire.ItemPlan, ID: "plan-" + at.turn.ID}
+	if err := s.notify(codexwire.NotifyItemStarted, codexwire.ItemStarted{Item: rawItem(item), ThreadID: at.thread.ID, TurnID: at.turn.ID, StartedAtMs: nowMs}); err != nil {
 		return err
 	}
-	item = map[string]any{"type": "plan", "id": "plan-" + at.turn.ID, "text": text}
-	return s.notify("item/completed", map[string]any{"item": item, "threadId": at.thread.ID, "turnId": at.turn.ID})
+	item.Text = text
+	return s.notify(codexwire.NotifyItemCompleted, codexwire.ItemCompleted{Item: rawItem(item), ThreadID: at.thread.ID, TurnID: at.turn.ID, CompletedAtMs: nowMs})
 }
 
 func planItemText(prompt string) (string, bool) {

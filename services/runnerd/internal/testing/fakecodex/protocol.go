@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
+
+	"github.com/tether-run/tether/services/runnerd/internal/codex/codexwire"
 )
 
 // Wire shapes of codex app-server 0.169.0 as far as the fake produces them.
@@ -15,26 +17,26 @@ const (
 	modelContextWindow = 258400
 	errCodeInvalidReq  = -32600
 
-	statusInProgress  = "inProgress"
-	statusCompleted   = "completed"
-	statusInterrupted = "interrupted"
-	statusFailed      = "failed"
+	statusInProgress  = codexwire.TurnInProgress
+	statusCompleted   = codexwire.TurnCompleted
+	statusInterrupted = codexwire.TurnInterrupted
+	statusFailed      = codexwire.TurnFailed
 
-	itemUserMessage  = "userMessage"
-	itemAgentMessage = "agentMessage"
+	itemUserMessage  = codexwire.ItemUserMessage
+	itemAgentMessage = codexwire.ItemAgentMessage
 )
 
 // supportedMethods lists the client requests the fake understands, in the
 // order used for the "unknown variant" error text.
 var supportedMethods = []string{
-	"initialize",
-	"thread/start",
-	"thread/resume",
-	"thread/read",
-	"thread/revert",
-	"turn/start",
-	"turn/steer",
-	"turn/interrupt",
+	codexwire.MethodInitialize,
+	codexwire.MethodThreadStart,
+	codexwire.MethodThreadResume,
+	codexwire.MethodThreadRead,
+	codexwire.MethodThreadRevert,
+	codexwire.MethodTurnStart,
+	codexwire.MethodTurnSteer,
+	codexwire.MethodTurnInterrupt,
 }
 
 // inbound is any line a client may send: a request (method+id), a
@@ -169,97 +171,71 @@ func (p params) inputTexts() ([]string, *rpcError) {
 
 // ---- outbound object builders ----
 
-func threadStatus(active bool) map[string]any {
+func threadStatus(active bool) codexwire.ThreadStatus {
 	if active {
-		return map[string]any{"type": "active", "activeFlags": []string{}}
+		return codexwire.ActiveStatus()
 	}
-	return map[string]any{"type": "idle"}
+	return codexwire.IdleStatus()
 }
 
-func sandboxObject(mode string) map[string]any {
+func sandboxObject(mode string) codexwire.SandboxPolicy {
+	no := new(bool)
 	switch mode {
 	case "workspace-write":
-		return map[string]any{
-			"type":                "workspaceWrite",
-			"writableRoots":       []string{},
-			"networkAccess":       false,
-			"excludeTmpdirEnvVar": false,
-			"excludeSlashTmp":     false,
-		}
+		return codexwire.SandboxPolicy{Type: "workspaceWrite", WritableRoots: []string{},
+			NetworkAccess: no, ExcludeTmpdirEnvVar: no, ExcludeSlashTmp: no}
 	case "danger-full-access":
-		return map[string]any{"type": "dangerFullAccess"}
+		return codexwire.SandboxPolicy{Type: "dangerFullAccess"}
 	default:
-		return map[string]any{"type": "readOnly", "networkAccess": false}
+		return codexwire.SandboxPolicy{Type: "readOnly", NetworkAccess: no}
 	}
-}
-
-type turnObject struct {
-	ID          string `json:"id"`
-	RootTurnID  string `json:"rootTurnId"`
-	Items       []any  `json:"items"`
-	ItemsView   string `json:"itemsView"`
-	Status      string `json:"status"`
-	Error       any    `json:"error"`
-	StartedAt   *int64 `json:"startedAt"`
-	CompletedAt *int64 `json:"completedAt"`
-	DurationMs  *int64 `json:"durationMs"`
 }
 
 func int64p(v int64) *int64 { return &v }
 
-func userMessageObject(it *itemState, completed bool) map[string]any {
-	content := make([]any, 0, len(it.Texts))
+// rawItem encodes an item for a turn's item list.
+func rawItem(item any) json.RawMessage {
+	b, err := json.Marshal(item)
+	if err != nil {
+		panic(err) // the item types always encode
+	}
+	return b
+}
+
+func userMessageObject(it *itemState, completed bool) codexwire.UserMessageItem {
+	content := make([]codexwire.UserInput, 0, len(it.Texts))
 	for _, t := range it.Texts {
-		content = append(content, map[string]any{"type": "text", "text": t, "text_elements": []any{}})
+		content = append(content, codexwire.UserInput{Type: "text", Text: t, TextElements: []json.RawMessage{}})
 	}
-	var completedAt any
+	obj := codexwire.UserMessageItem{Type: codexwire.ItemUserMessage, ID: it.ID, Content: content, StartedAtMs: it.StartedAtMs}
 	if completed {
-		completedAt = it.CompletedAtMs
+		obj.CompletedAtMs = int64p(it.CompletedAtMs)
 	}
-	return map[string]any{
-		"type":          itemUserMessage,
-		"id":            it.ID,
-		"clientId":      nil,
-		"content":       content,
-		"startedAtMs":   it.StartedAtMs,
-		"completedAtMs": completedAt,
-	}
+	return obj
 }
 
-func agentMessageObject(it *itemState, completed bool) map[string]any {
-	var completedAt any
-	text := ""
+func agentMessageObject(it *itemState, completed bool) codexwire.AgentMessageItem {
+	obj := codexwire.AgentMessageItem{Type: codexwire.ItemAgentMessage, ID: it.ID, StartedAtMs: it.StartedAtMs}
 	if completed {
-		completedAt = it.CompletedAtMs
-		text = it.Text
+		obj.CompletedAtMs = int64p(it.CompletedAtMs)
+		obj.Text = it.Text
 	}
-	return map[string]any{
-		"type":           itemAgentMessage,
-		"moderation":     nil,
-		"id":             it.ID,
-		"text":           text,
-		"phase":          nil,
-		"memoryCitation": nil,
-		"delivery":       nil,
-		"questions":      nil,
-		"startedAtMs":    it.StartedAtMs,
-		"completedAtMs":  completedAt,
-	}
+	return obj
 }
 
-func itemObject(it *itemState) any {
+func itemObject(it *itemState) json.RawMessage {
 	if it.Type == itemAgentMessage {
-		return agentMessageObject(it, true)
+		return rawItem(agentMessageObject(it, true))
 	}
-	return userMessageObject(it, true)
+	return rawItem(userMessageObject(it, true))
 }
 
 // historyTurn renders a stored turn for thread/resume and thread/read.
-func historyTurn(t *turnState, withItems bool) turnObject {
-	obj := turnObject{
+func historyTurn(t *turnState, withItems bool) codexwire.Turn {
+	obj := codexwire.Turn{
 		ID:         t.ID,
 		RootTurnID: t.ID,
-		Items:      []any{},
+		Items:      []json.RawMessage{},
 		ItemsView:  "notLoaded",
 		Status:     t.Status,
 		StartedAt:  int64p(t.StartedAtMs / 1000),
@@ -277,14 +253,7 @@ func historyTurn(t *turnState, withItems bool) turnObject {
 	return obj
 }
 
-func tokenUsageParams(threadID, turnID string, u usageState) map[string]any {
-	return map[string]any{
-		"threadId": threadID,
-		"turnId":   turnID,
-		"tokenUsage": map[string]any{
-			"total":              u.Total,
-			"last":               u.Last,
-			"modelContextWindow": modelContextWindow,
-		},
-	}
+func tokenUsageParams(threadID, turnID string, u usageState) codexwire.TokenUsageUpdated {
+	return codexwire.TokenUsageUpdated{ThreadID: threadID, TurnID: turnID,
+		TokenUsage: codexwire.TokenUsage{Total: u.Total, Last: u.Last, ModelContextWindow: modelContextWindow}}
 }

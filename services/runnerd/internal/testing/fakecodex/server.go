@@ -17,6 +17,8 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/tether-run/tether/services/runnerd/internal/codex/codexwire"
 )
 
 // StateFileName is the state file name used with Options.StateFileInCodexHome.
@@ -456,23 +458,23 @@ func (s *Server) handleInitialize(id json.RawMessage, p params) error {
 	}
 	s.initialized = true
 	s.clientName, s.clientVer = ci.Name, ci.Version
-	return s.respond(id, map[string]any{
-		"userAgent":      fmt.Sprintf("%s/%s (fake-codex; linux) (%s; %s)", ci.Name, cliVersion, ci.Name, ci.Version),
-		"codexHome":      s.opts.CodexHome,
-		"platformFamily": "unix",
-		"platformOs":     "linux",
+	return s.respond(id, codexwire.InitializeResponse{
+		UserAgent:      fmt.Sprintf("%s/%s (fake-codex; linux) (%s; %s)", ci.Name, cliVersion, ci.Name, ci.Version),
+		CodexHome:      s.opts.CodexHome,
+		PlatformFamily: "unix",
+		PlatformOs:     "linux",
 	})
 }
 
 // ---- threads ----
 
-func (s *Server) threadObject(th *threadState, turns []turnObject) map[string]any {
+func (s *Server) threadObject(th *threadState, turns []codexwire.Turn) codexwire.Thread {
 	if turns == nil {
-		turns = []turnObject{}
+		turns = []codexwire.Turn{}
 	}
-	var path any
+	var path *string
 	if s.statePath != "" && !th.Ephemeral {
-		path = s.statePath
+		path = &s.statePath
 	}
 	preview := ""
 	for _, t := range th.Turns {
@@ -483,41 +485,37 @@ func (s *Server) threadObject(th *threadState, turns []turnObject) map[string]an
 		}
 	}
 	_, active := s.active[th.ID]
-	return map[string]any{
-		"id":            th.ID,
-		"sessionId":     th.ID,
-		"forkedFromId":  nil,
-		"preview":       preview,
-		"ephemeral":     th.Ephemeral,
-		"historyMode":   "paginated",
-		"modelProvider": "fake",
-		"model":         th.Model,
-		"createdAt":     th.CreatedAt,
-		"updatedAt":     th.UpdatedAt,
-		"status":        threadStatus(active),
-		"path":          path,
-		"cwd":           th.Cwd,
-		"cliVersion":    cliVersion,
-		"originator":    th.Originator,
-		"source":        "vscode",
-		"name":          nil,
-		"turns":         turns,
+	return codexwire.Thread{
+		ID:            th.ID,
+		SessionID:     th.ID,
+		Preview:       preview,
+		Ephemeral:     th.Ephemeral,
+		HistoryMode:   "paginated",
+		ModelProvider: "fake",
+		Model:         th.Model,
+		CreatedAt:     th.CreatedAt,
+		UpdatedAt:     th.UpdatedAt,
+		Status:        threadStatus(active),
+		Path:          path,
+		Cwd:           th.Cwd,
+		CliVersion:    cliVersion,
+		Originator:    th.Originator,
+		Source:        "vscode",
+		Turns:         turns,
 	}
 }
 
-func (s *Server) threadResponse(th *threadState, turns []turnObject) map[string]any {
-	return map[string]any{
-		"thread":             s.threadObject(th, turns),
-		"model":              th.Model,
-		"modelProvider":      "fake",
-		"serviceTier":        nil,
-		"cwd":                th.Cwd,
-		"approvalPolicy":     th.ApprovalPolicy,
-		"approvalsReviewer":  "user",
-		"sandbox":            sandboxObject(th.Sandbox),
-		"reasoningEffort":    nil,
-		"multiAgentMode":     "explicitRequestOnly",
-		"instructionSources": []any{},
+func (s *Server) threadResponse(th *threadState, turns []codexwire.Turn) codexwire.ThreadResponse {
+	return codexwire.ThreadResponse{
+		Thread:             s.threadObject(th, turns),
+		Model:              th.Model,
+		ModelProvider:      "fake",
+		Cwd:                th.Cwd,
+		ApprovalPolicy:     th.ApprovalPolicy,
+		ApprovalsReviewer:  "user",
+		Sandbox:            sandboxObject(th.Sandbox),
+		MultiAgentMode:     "explicitRequestOnly",
+		InstructionSources: []json.RawMessage{},
 	}
 }
 
@@ -582,7 +580,7 @@ func (s *Server) handleThreadStart(id json.RawMessage, p params) error {
 		return err
 	}
 	// The real server announces the thread after the response.
-	return s.notify("thread/started", map[string]any{"thread": s.threadObject(th, nil)})
+	return s.notify(codexwire.NotifyThreadStarted, codexwire.ThreadStarted{Thread: s.threadObject(th, nil)})
 }
 
 func (s *Server) handleThreadResume(id json.RawMessage, p params) error {
@@ -624,11 +622,10 @@ func (s *Server) handleThreadResume(id json.RawMessage, p params) error {
 	if err := s.save(); err != nil {
 		return err
 	}
-	var turns []turnObject
+	var turns []codexwire.Turn
 	if !excludeTurns {
-		if err := s.notify("deprecationNotice", map[string]any{
-			"summary": "Full-history hydration is deprecated for paginated threads; use `excludeTurns: true`, then page with `thread/turns/list` and `thread/items/list`.",
-			"details": nil,
+		if err := s.notify(codexwire.NotifyDeprecationNotice, codexwire.DeprecationNotice{
+			Summary: "Full-history hydration is deprecated for paginated threads; use `excludeTurns: true`, then page with `thread/turns/list` and `thread/items/list`.",
 		}); err != nil {
 			return err
 		}
@@ -637,7 +634,7 @@ func (s *Server) handleThreadResume(id json.RawMessage, p params) error {
 		}
 	}
 	_, active := s.active[threadID]
-	if err := s.notify("thread/status/changed", map[string]any{"threadId": threadID, "status": threadStatus(active)}); err != nil {
+	if err := s.notify(codexwire.NotifyThreadStatusChanged, codexwire.ThreadStatusChanged{ThreadID: threadID, Status: threadStatus(active)}); err != nil {
 		return err
 	}
 	if err := s.respond(id, s.threadResponse(th, turns)); err != nil {
@@ -667,11 +664,11 @@ func (s *Server) handleThreadRead(id json.RawMessage, p params) error {
 	}
 	// Turn summaries (id, status) are always listed so a client can
 	// reconcile an active turn cheaply; items only with includeTurns.
-	turns := make([]turnObject, 0, len(th.Turns))
+	turns := make([]codexwire.Turn, 0, len(th.Turns))
 	for _, t := range th.Turns {
 		turns = append(turns, historyTurn(t, includeTurns))
 	}
-	return s.respond(id, map[string]any{"thread": s.threadObject(th, turns)})
+	return s.respond(id, codexwire.ThreadReadResponse{Thread: s.threadObject(th, turns)})
 }
 
 // handleThreadRevert replaces a loaded thread's durable history with the
@@ -702,10 +699,10 @@ func (s *Server) handleThreadRevert(id json.RawMessage, p params) error {
 	if err := s.save(); err != nil {
 		return err
 	}
-	if err := s.respond(id, map[string]any{"thread": s.threadObject(th, nil), "itemsBackwardsCursor": nil, "turnsBackwardsCursor": nil}); err != nil {
+	if err := s.respond(id, codexwire.ThreadRevertResponse{Thread: s.threadObject(th, nil)}); err != nil {
 		return err
 	}
-	return s.notify("thread/reverted", map[string]any{"threadId": th.ID})
+	return s.notify(codexwire.NotifyThreadReverted, codexwire.ThreadRef{ThreadID: th.ID})
 }
 
 // loadedThread resolves a thread id for turn methods, which only work on

@@ -10,6 +10,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/tether-run/tether/services/runnerd/internal/codex/codexwire"
 )
 
 // The notification sequence of a plain turn after the turn/start response,
@@ -90,7 +92,7 @@ func TestR3_ThreeTurnsOnOneThreadGrowHistoryAndUsage(t *testing.T) {
 	require.Equal(t, threadID, decode[threadResp](t, started.Params).Thread.ID)
 
 	prompts := []string{"hello mock, turn one", "second turn, do you remember?", "third turn"}
-	var total tokenCounts
+	var total codexwire.TokenCounts
 	historyChars := 0
 	var prevInput int64
 	for i, prompt := range prompts {
@@ -126,10 +128,10 @@ func TestR3_ThreeTurnsOnOneThreadGrowHistoryAndUsage(t *testing.T) {
 		require.Equal(t, modelContextWindow, usage.TokenUsage.ModelContextWindow)
 		cached := int64(historyChars / 4)
 		historyChars += utf8.RuneCountInString(prompt)
-		wantLast := tokenCounts{InputTokens: int64(historyChars/4 + 1), CachedInputTokens: cached, OutputTokens: int64(len(want)/4 + 1)}
+		wantLast := codexwire.TokenCounts{InputTokens: int64(historyChars/4 + 1), CachedInputTokens: cached, OutputTokens: int64(len(want)/4 + 1)}
 		wantLast.TotalTokens = wantLast.InputTokens + wantLast.OutputTokens
 		require.Equal(t, wantLast, usage.TokenUsage.Last)
-		total.add(wantLast)
+		total.Add(wantLast)
 		require.Equal(t, total, usage.TokenUsage.Total, "total is cumulative per thread")
 		require.Greater(t, usage.TokenUsage.Last.InputTokens, prevInput, "input grows with history")
 		prevInput = usage.TokenUsage.Last.InputTokens
@@ -232,7 +234,7 @@ func TestR3_ResumeFromStateFileContinuesHistory(t *testing.T) {
 	threadID := a.startThread()
 	prompts := []string{"turn one", "turn two"}
 	var lastTurn string
-	var totalA tokenCounts
+	var totalA codexwire.TokenCounts
 	for _, p := range prompts {
 		lastTurn = a.startTurn(threadID, p)
 		_, msgs := a.untilTurnCompleted(lastTurn)
@@ -281,7 +283,7 @@ func TestR3_ResumeFromStateFileContinuesHistory(t *testing.T) {
 	require.Equal(t, ReplyText("turn three", 3, 4), tc.Turn.Items[0].Text)
 	usage := decode[usageParams](t, findMethod(t, msgs, "thread/tokenUsage/updated", 0).Params)
 	want := totalA
-	want.add(usage.TokenUsage.Last)
+	want.Add(usage.TokenUsage.Last)
 	require.Equal(t, want, usage.TokenUsage.Total, "totals continue across processes")
 	for _, m := range b.all {
 		require.NotEqual(t, "thread/started", m.Method, "no thread/started on resume")

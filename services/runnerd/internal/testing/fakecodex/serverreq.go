@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/tether-run/tether/pkg/askuser"
+	"github.com/tether-run/tether/services/runnerd/internal/codex/codexwire"
 )
 
 // Server requests (server -> client) the fake can make, each answered by the
@@ -92,44 +93,51 @@ func (s *Server) continueTurn(at *activeTurn) error {
 	at.waitingID, at.waiting = id, true
 	switch kind {
 	case reqApproval:
-		if err := s.notify("thread/status/changed", map[string]any{"threadId": th.ID, "status": map[string]any{"type": "active", "activeFlags": []string{"waitingOnApproval"}}}); err != nil {
+		if err := s.notify(codexwire.NotifyThreadStatusChanged, codexwire.ThreadStatusChanged{ThreadID: th.ID, Status: codexwire.ActiveStatus("waitingOnApproval")}); err != nil {
 			return err
 		}
-		if err := s.notify("item/started", map[string]any{"threadId": th.ID, "turnId": t.ID, "item": commandItem(itemID, th.Cwd, "inProgress", nil, "")}); err != nil {
+		if err := s.notify(codexwire.NotifyItemStarted, codexwire.ItemStarted{ThreadID: th.ID, TurnID: t.ID, StartedAtMs: s.nowMs(), Item: rawItem(commandItem(itemID, th.Cwd, "inProgress", nil, ""))}); err != nil {
 			return err
 		}
-		return s.write(serverRequestMsg{ID: id, Method: "item/commandExecution/requestApproval", Params: map[string]any{
-			"kind": "command", "threadId": th.ID, "turnId": t.ID, "itemId": itemID, "environmentId": "local",
-			"command": FakeShellCommand, "cwd": th.Cwd,
-			"commandActions":              []any{map[string]any{"type": "unknown", "command": "mkdir -p approved-dir"}},
-			"proposedExecpolicyAmendment": []string{"mkdir", "-p", "approved-dir"},
-			"availableDecisions": []any{"accept", map[string]any{"acceptWithExecpolicyAmendment": map[string]any{
-				"execpolicy_amendment": []string{"mkdir", "-p", "approved-dir"}}}, "cancel"},
-		}})
+		return s.write(serverRequestMsg{ID: id, Method: codexwire.RequestCommandApproval, Params: commandApprovalParams(th, t.ID, itemID)})
 	case reqUserInput:
-		return s.write(serverRequestMsg{ID: id, Method: "item/tool/requestUserInput", Params: map[string]any{
-			"threadId": th.ID, "turnId": t.ID, "itemId": itemID, "isBlocking": true,
-			"questions": []any{map[string]any{
-				"id": "color", "header": "Color", "question": "Which color should the fake use?", "isOther": false, "isSecret": false,
-				"options": []any{
-					map[string]any{"label": "red", "description": "a warm color"},
-					map[string]any{"label": "blue", "description": "a cold color"},
-				},
+		return s.write(serverRequestMsg{ID: id, Method: codexwire.RequestUserInput, Params: codexwire.UserInputParams{
+			ThreadID: th.ID, TurnID: t.ID, ItemID: itemID, IsBlocking: true,
+			Questions: []codexwire.InputQuestion{{
+				ID: "color", Header: "Color", Question: "Which color should the fake use?",
+				Options: []codexwire.InputOption{{Label: "red", Description: "a warm color"}, {Label: "blue", Description: "a cold color"}},
 			}},
 		}})
 	default:
-		args := map[string]any{"key": "alpha"}
+		args := lookupArguments
 		pr.tool = dynamicToolName(th)
 		if kind == reqAskUser {
 			pr.kind, pr.tool, args = reqToolCall, askuser.ToolName, askUserArguments()
 		}
-		if err := s.notify("item/started", map[string]any{"threadId": th.ID, "turnId": t.ID, "item": dynamicToolItem(itemID, pr.tool, "inProgress", nil, nil)}); err != nil {
+		if err := s.notify(codexwire.NotifyItemStarted, codexwire.ItemStarted{ThreadID: th.ID, TurnID: t.ID, StartedAtMs: s.nowMs(), Item: rawItem(dynamicToolItem(itemID, pr.tool, "inProgress", nil, nil))}); err != nil {
 			return err
 		}
-		return s.write(serverRequestMsg{ID: id, Method: "item/tool/call", Params: map[string]any{
-			"threadId": th.ID, "turnId": t.ID, "callId": itemID, "namespace": nil, "tool": pr.tool,
-			"arguments": args,
+		return s.write(serverRequestMsg{ID: id, Method: codexwire.RequestToolCall, Params: codexwire.ToolCallParams{
+			ThreadID: th.ID, TurnID: t.ID, CallID: itemID, Tool: pr.tool, Arguments: args,
 		}})
+	}
+}
+
+// lookupArguments are the arguments of the fake's dynamic tool calls.
+var lookupArguments = json.RawMessage(`{"key":"alpha"}`)
+
+// fakeShellActions is what the fake says FakeShellCommand does.
+var fakeShellActions = []codexwire.CommandAction{{Type: "unknown", Command: "mkdir -p approved-dir"}}
+
+func commandApprovalParams(th *threadState, turnID, itemID string) codexwire.CommandApprovalParams {
+	amendment := []string{"mkdir", "-p", "approved-dir"}
+	withAmendment, _ := json.Marshal(codexwire.AcceptWithExecpolicyAmendment{
+		AcceptWithExecpolicyAmendment: codexwire.ExecpolicyAmendment{ExecpolicyAmendment: amendment}})
+	return codexwire.CommandApprovalParams{
+		Kind: "command", ThreadID: th.ID, TurnID: turnID, ItemID: itemID, EnvironmentID: "local",
+		Command: FakeShellCommand, Cwd: th.Cwd, CommandActions: fakeShellActions,
+		ProposedExecpolicyAmendment: amendment,
+		AvailableDecisions:          []json.RawMessage{json.RawMessage(`"accept"`), withAmendment, json.RawMessage(`"cancel"`)},
 	}
 }
 
@@ -145,20 +153,28 @@ func (s *Server) emitStaleToolCall(th *threadState) error {
 	callID := fmt.Sprintf("call-resume-%d", id)
 	tool := dynamicToolName(th)
 	s.pending[id] = &pendingReq{kind: reqToolCall, threadID: th.ID, turnID: turnID, itemID: callID, tool: tool}
-	return s.write(serverRequestMsg{ID: id, Method: "item/tool/call", Params: map[string]any{
-		"threadId": th.ID, "turnId": turnID, "callId": callID, "namespace": nil, "tool": tool,
-		"arguments": map[string]any{"key": "alpha"},
+	return s.write(serverRequestMsg{ID: id, Method: codexwire.RequestToolCall, Params: codexwire.ToolCallParams{
+		ThreadID: th.ID, TurnID: turnID, CallID: callID, Tool: tool, Arguments: lookupArguments,
 	}})
 }
 
-func askUserArguments() map[string]any {
-	return map[string]any{
-		"title": AskUserTitle,
-		"questions": []any{map[string]any{
-			"id": "color", "prompt": "Which color should the fake use?",
-			"options": []any{map[string]any{"id": "red", "label": "red"}, map[string]any{"id": "blue", "label": "blue"}},
-		}},
+// askUserArguments are the arguments of the fake's tether_ask_user call.
+func askUserArguments() json.RawMessage {
+	type option struct {
+		ID    string `json:"id"`
+		Label string `json:"label"`
 	}
+	type question struct {
+		ID      string   `json:"id"`
+		Prompt  string   `json:"prompt"`
+		Options []option `json:"options"`
+	}
+	b, _ := json.Marshal(struct {
+		Title     string     `json:"title"`
+		Questions []question `json:"questions"`
+	}{AskUserTitle, []question{{ID: "color", Prompt: "Which color should the fake use?",
+		Options: []option{{ID: "red", Label: "red"}, {ID: "blue", Label: "blue"}}}}})
+	return b
 }
 
 // dynamicToolName is the first of the thread's tools other than the
@@ -177,23 +193,27 @@ func dynamicToolName(th *threadState) string {
 	return "mock_lookup"
 }
 
-func commandItem(id, cwd, status string, exitCode any, output string) map[string]any {
-	var agg any
-	if output != "" {
-		agg = output
+func commandItem(id, cwd, status string, exitCode *int, output string) codexwire.CommandExecutionItem {
+	item := codexwire.CommandExecutionItem{
+		Type: codexwire.ItemCommandExecution, ID: id, Command: FakeShellCommand, Cwd: cwd, Status: status,
+		Source: "agent", ExitCode: exitCode, CommandActions: fakeShellActions,
 	}
-	return map[string]any{
-		"type": "commandExecution", "id": id, "command": FakeShellCommand, "cwd": cwd, "status": status,
-		"source": "agent", "exitCode": exitCode, "aggregatedOutput": agg,
-		"commandActions": []any{map[string]any{"type": "unknown", "command": "mkdir -p approved-dir"}},
+	if output != "" {
+		item.AggregatedOutput = &output
+	}
+	return item
+}
+
+func dynamicToolItem(id, tool, status string, success *bool, content []codexwire.ContentItem) codexwire.DynamicToolCallItem {
+	return codexwire.DynamicToolCallItem{
+		Type: codexwire.ItemDynamicToolCall, ID: id, Tool: tool, Arguments: lookupArguments,
+		Status: status, Success: success, ContentItems: content,
 	}
 }
 
-func dynamicToolItem(id, tool, status string, success any, content any) map[string]any {
-	return map[string]any{
-		"type": "dynamicToolCall", "id": id, "namespace": nil, "tool": tool, "arguments": map[string]any{"key": "alpha"},
-		"status": status, "success": success, "contentItems": content,
-	}
+// requestResolved is the params of serverRequest/resolved for request id.
+func requestResolved(threadID string, id int) codexwire.ServerRequestResolved {
+	return codexwire.ServerRequestResolved{ThreadID: threadID, RequestID: json.RawMessage(strconv.Itoa(id))}
 }
 
 // handleClientResponse handles the client's answer to a server request.
@@ -214,7 +234,7 @@ func (s *Server) handleClientResponse(m *inbound) error {
 		return nil // stale call, or the turn moved on (steer, interrupt)
 	}
 	at.waiting = false
-	if err := s.notify("serverRequest/resolved", map[string]any{"threadId": pr.threadID, "requestId": id}); err != nil {
+	if err := s.notify(codexwire.NotifyServerRequestResolved, requestResolved(pr.threadID, id)); err != nil {
 		return err
 	}
 	at.outcomes = append(at.outcomes, outcome)
@@ -226,8 +246,8 @@ func (s *Server) handleClientResponse(m *inbound) error {
 		}
 	case reqToolCall:
 		var r struct {
-			Success      *bool `json:"success"`
-			ContentItems []any `json:"contentItems"`
+			Success      *bool                   `json:"success"`
+			ContentItems []codexwire.ContentItem `json:"contentItems"`
 		}
 		_ = json.Unmarshal(m.Result, &r)
 		ok := !failed && r.Success != nil && *r.Success
@@ -235,7 +255,7 @@ func (s *Server) handleClientResponse(m *inbound) error {
 		if !ok {
 			status = "failed"
 		}
-		if err := s.notify("item/completed", map[string]any{"threadId": th.ID, "turnId": t.ID, "item": dynamicToolItem(pr.itemID, pr.tool, status, ok, r.ContentItems)}); err != nil {
+		if err := s.notify(codexwire.NotifyItemCompleted, codexwire.ItemCompleted{ThreadID: th.ID, TurnID: t.ID, CompletedAtMs: s.nowMs(), Item: rawItem(dynamicToolItem(pr.itemID, pr.tool, status, &ok, r.ContentItems))}); err != nil {
 			return err
 		}
 	}
@@ -269,11 +289,7 @@ func responseOutcome(pr *pendingReq, m *inbound, failed bool) (entry, outcome st
 	case reqUserInput:
 		summary := "failure"
 		if !failed {
-			var r struct {
-				Answers map[string]struct {
-					Answers []string `json:"answers"`
-				} `json:"answers"`
-			}
+			var r codexwire.UserInputResponse
 			if json.Unmarshal(m.Result, &r) == nil {
 				ids := make([]string, 0, len(r.Answers))
 				for qid := range r.Answers {
@@ -300,29 +316,35 @@ func responseOutcome(pr *pendingReq, m *inbound, failed bool) (entry, outcome st
 // does not continue.
 func (s *Server) applyApproval(at *activeTurn, pr *pendingReq, decision string) (done bool, _ error) {
 	th, t := at.thread, at.turn
-	if err := s.notify("thread/status/changed", map[string]any{"threadId": th.ID, "status": map[string]any{"type": "active", "activeFlags": []string{}}}); err != nil {
+	if err := s.notify(codexwire.NotifyThreadStatusChanged, codexwire.ThreadStatusChanged{ThreadID: th.ID, Status: codexwire.ActiveStatus()}); err != nil {
 		return false, err
 	}
 	switch decision {
 	case "accept", "acceptForSession", "acceptWithExecpolicyAmendment":
-		if err := s.notify("item/commandExecution/outputDelta", map[string]any{"threadId": th.ID, "turnId": t.ID, "itemId": pr.itemID, "delta": FakeShellOutput}); err != nil {
+		if err := s.notify(codexwire.NotifyCommandOutputDelta, codexwire.Delta{ThreadID: th.ID, TurnID: t.ID, ItemID: pr.itemID, Delta: FakeShellOutput}); err != nil {
 			return false, err
 		}
-		if err := s.notify("item/completed", map[string]any{"threadId": th.ID, "turnId": t.ID, "item": commandItem(pr.itemID, th.Cwd, "completed", 0, FakeShellOutput)}); err != nil {
+		exit := 0
+		if err := s.notify(codexwire.NotifyItemCompleted, commandCompleted(s, th, t, commandItem(pr.itemID, th.Cwd, "completed", &exit, FakeShellOutput))); err != nil {
 			return false, err
 		}
 	case "cancel":
-		if err := s.notify("item/completed", map[string]any{"threadId": th.ID, "turnId": t.ID, "item": commandItem(pr.itemID, th.Cwd, "declined", nil, "")}); err != nil {
+		if err := s.notify(codexwire.NotifyItemCompleted, commandCompleted(s, th, t, commandItem(pr.itemID, th.Cwd, "declined", nil, ""))); err != nil {
 			return false, err
 		}
 		// cancel also interrupts the turn.
 		return true, s.interruptTurn(at)
 	default:
-		if err := s.notify("item/completed", map[string]any{"threadId": th.ID, "turnId": t.ID, "item": commandItem(pr.itemID, th.Cwd, "declined", nil, "")}); err != nil {
+		if err := s.notify(codexwire.NotifyItemCompleted, commandCompleted(s, th, t, commandItem(pr.itemID, th.Cwd, "declined", nil, ""))); err != nil {
 			return false, err
 		}
 	}
 	return false, nil
+}
+
+// commandCompleted is the item/completed of a command item.
+func commandCompleted(s *Server, th *threadState, t *turnState, item codexwire.CommandExecutionItem) codexwire.ItemCompleted {
+	return codexwire.ItemCompleted{ThreadID: th.ID, TurnID: t.ID, CompletedAtMs: s.nowMs(), Item: rawItem(item)}
 }
 
 // serverRequestMsg is a server -> client request (no "jsonrpc", like the

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 
 	"github.com/tether-run/tether/pkg/synctrace"
+	"github.com/tether-run/tether/services/runnerd/internal/codex/codexwire"
 )
 
 // stateVersion identifies the on-disk layout of the fake's state file.
@@ -57,27 +58,9 @@ type itemState struct {
 	CompletedAtMs int64    `json:"completedAtMs"`
 }
 
-type tokenCounts struct {
-	TotalTokens           int64 `json:"totalTokens"`
-	InputTokens           int64 `json:"inputTokens"`
-	CachedInputTokens     int64 `json:"cachedInputTokens"`
-	CacheWriteInputTokens int64 `json:"cacheWriteInputTokens"`
-	OutputTokens          int64 `json:"outputTokens"`
-	ReasoningOutputTokens int64 `json:"reasoningOutputTokens"`
-}
-
-func (c *tokenCounts) add(o tokenCounts) {
-	c.TotalTokens += o.TotalTokens
-	c.InputTokens += o.InputTokens
-	c.CachedInputTokens += o.CachedInputTokens
-	c.CacheWriteInputTokens += o.CacheWriteInputTokens
-	c.OutputTokens += o.OutputTokens
-	c.ReasoningOutputTokens += o.ReasoningOutputTokens
-}
-
 type usageState struct {
-	Total tokenCounts `json:"total"`
-	Last  tokenCounts `json:"last"`
+	Total codexwire.TokenCounts `json:"total"`
+	Last  codexwire.TokenCounts `json:"last"`
 }
 
 func newPersisted() *persisted {

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"time"
 	"unicode/utf8"
+
+	"github.com/tether-run/tether/services/runnerd/internal/codex/codexwire"
 )
 
 // activeTurn is the in-memory progress of the one running turn of a thread.
@@ -92,11 +94,11 @@ func (s *Server) newTurnID() string {
 	return fmt.Sprintf("codex-turn-%d", s.procTurn)
 }
 
-func turnStartObject(turnID string, startedAt *int64) turnObject {
-	return turnObject{
+func turnStartObject(turnID string, startedAt *int64) codexwire.Turn {
+	return codexwire.Turn{
 		ID:         turnID,
 		RootTurnID: turnID,
-		Items:      []any{},
+		Items:      []json.RawMessage{},
 		ItemsView:  "notLoaded",
 		Status:     statusInProgress,
 		StartedAt:  startedAt,
@@ -116,7 +118,7 @@ func (s *Server) handleTurnStart(id json.RawMessage, p params) error {
 	if at, ok := s.active[th.ID]; ok {
 		// Like the real server: no second turn; the input joins the active
 		// one, which then behaves as if steered.
-		if err := s.respond(id, map[string]any{"turn": turnStartObject(at.turn.ID, nil)}); err != nil {
+		if err := s.respond(id, codexwire.TurnStartResponse{Turn: turnStartObject(at.turn.ID, nil)}); err != nil {
 			return err
 		}
 		return s.restart(at, texts)
@@ -128,7 +130,7 @@ func (s *Server) handleTurnStart(id json.RawMessage, p params) error {
 		// tagged with the last stored turn, before answering turn/start.
 		if th.Usage.Total.TotalTokens > 0 && len(th.Turns) > 0 {
 			last := th.Turns[len(th.Turns)-1].ID
-			if err := s.notify("thread/tokenUsage/updated", tokenUsageParams(th.ID, last, th.Usage)); err != nil {
+			if err := s.notify(codexwire.NotifyTokenUsageUpdated, tokenUsageParams(th.ID, last, th.Usage)); err != nil {
 				return err
 			}
 		}
@@ -153,18 +155,18 @@ func (s *Server) handleTurnStart(id json.RawMessage, p params) error {
 		return err
 	}
 	s.stallAt(StallTurnRecorded, at.prompt)
-	if err := s.respond(id, map[string]any{"turn": turnStartObject(t.ID, nil)}); err != nil {
+	if err := s.respond(id, codexwire.TurnStartResponse{Turn: turnStartObject(t.ID, nil)}); err != nil {
 		return err
 	}
 	if s.opts.ExitAfterTurnStart {
 		return ErrExitAfterTurnStart
 	}
-	if err := s.notify("thread/status/changed", map[string]any{"threadId": th.ID, "status": threadStatus(true)}); err != nil {
+	if err := s.notify(codexwire.NotifyThreadStatusChanged, codexwire.ThreadStatusChanged{ThreadID: th.ID, Status: threadStatus(true)}); err != nil {
 		return err
 	}
-	if err := s.notify("turn/started", map[string]any{
-		"threadId": th.ID,
-		"turn":     turnStartObject(t.ID, int64p(t.StartedAtMs/1000)),
+	if err := s.notify(codexwire.NotifyTurnStarted, codexwire.TurnNotification{
+		ThreadID: th.ID,
+		Turn:     turnStartObject(t.ID, int64p(t.StartedAtMs/1000)),
 	}); err != nil {
 		return err
 	}
@@ -195,7 +197,7 @@ func (s *Server) handleTurnSteer(id json.RawMessage, p params) error {
 	if at.turn.ID != expected {
 		return s.respondError(id, invalidRequest("expected active turn id `%s` but found `%s`", expected, at.turn.ID))
 	}
-	if err := s.respond(id, map[string]any{"turnId": at.turn.ID}); err != nil {
+	if err := s.respond(id, codexwire.TurnSteerResponse{TurnID: at.turn.ID}); err != nil {
 		return err
 	}
 	return s.restart(at, texts)
@@ -213,7 +215,7 @@ func (s *Server) handleTurnInterrupt(id json.RawMessage, p params) error {
 	at, ok := s.active[th.ID]
 	if !ok {
 		// Nothing to interrupt: acknowledge, emit nothing.
-		return s.respond(id, map[string]any{})
+		return s.respond(id, struct{}{})
 	}
 	if at.turn.ID != turnID {
 		return s.respondError(id, invalidRequest("expected active turn id `%s` but found `%s`", turnID, at.turn.ID))
@@ -224,11 +226,11 @@ func (s *Server) handleTurnInterrupt(id json.RawMessage, p params) error {
 	// An aborted model stream adds no usage, but the real server re-emits
 	// the unchanged totals before acknowledging.
 	if th.Usage.Total.TotalTokens > 0 {
-		if err := s.notify("thread/tokenUsage/updated", tokenUsageParams(th.ID, at.turn.ID, th.Usage)); err != nil {
+		if err := s.notify(codexwire.NotifyTokenUsageUpdated, tokenUsageParams(th.ID, at.turn.ID, th.Usage)); err != nil {
 			return err
 		}
 	}
-	if err := s.respond(id, map[string]any{}); err != nil {
+	if err := s.respond(id, struct{}{}); err != nil {
 		return err
 	}
 	return s.finishInterrupted(at)
@@ -253,15 +255,15 @@ func (s *Server) finishInterrupted(at *activeTurn) error {
 	if at.waiting {
 		at.waiting = false
 		delete(s.pending, at.waitingID)
-		if err := s.notify("serverRequest/resolved", map[string]any{"threadId": th.ID, "requestId": at.waitingID}); err != nil {
+		if err := s.notify(codexwire.NotifyServerRequestResolved, requestResolved(th.ID, at.waitingID)); err != nil {
 			return err
 		}
 	}
-	if err := s.notify("thread/status/changed", map[string]any{"threadId": th.ID, "status": threadStatus(false)}); err != nil {
+	if err := s.notify(codexwire.NotifyThreadStatusChanged, codexwire.ThreadStatusChanged{ThreadID: th.ID, Status: threadStatus(false)}); err != nil {
 		return err
 	}
 	obj := historyTurn(at.turn, false)
-	return s.notify("turn/completed", map[string]any{"threadId": th.ID, "turn": obj})
+	return s.notify(codexwire.NotifyTurnCompleted, codexwire.TurnNotification{ThreadID: th.ID, Turn: obj})
 }
 
 // interruptTurn ends the turn on the server's own account (a cancel
@@ -294,20 +296,19 @@ func (s *Server) recordUserMessage(at *activeTurn, texts []string) *itemState {
 }
 
 func (s *Server) emitUserMessage(at *activeTurn, it *itemState) error {
-	if err := s.notify("item/started", map[string]any{
-		"item":        userMessageObject(it, false),
-		"threadId":    at.thread.ID,
-		"turnId":      at.turn.ID,
-		"startedAtMs": it.StartedAtMs,
+	if err := s.notify(codexwire.NotifyItemStarted, codexwire.ItemStarted{
+		Item:        rawItem(userMessageObject(it, false)),
+		ThreadID:    at.thread.ID,
+		TurnID:      at.turn.ID,
+		StartedAtMs: it.StartedAtMs,
 	}); err != nil {
 		return err
 	}
-	return s.notify("item/completed", map[string]any{
-		"item":              userMessageObject(it, true),
-		"threadId":          at.thread.ID,
-		"turnId":            at.turn.ID,
-		"contentTokenCount": nil,
-		"completedAtMs":     it.CompletedAtMs,
+	return s.notify(codexwire.NotifyItemCompleted, codexwire.ItemCompleted{
+		Item:          rawItem(userMessageObject(it, true)),
+		ThreadID:      at.thread.ID,
+		TurnID:        at.turn.ID,
+		CompletedAtMs: it.CompletedAtMs,
 	})
 }
 
@@ -330,7 +331,7 @@ func (s *Server) restart(at *activeTurn, texts []string) error {
 		return err
 	}
 	if th.Usage.Total.TotalTokens > 0 {
-		if err := s.notify("thread/tokenUsage/updated", tokenUsageParams(th.ID, at.turn.ID, th.Usage)); err != nil {
+		if err := s.notify(codexwire.NotifyTokenUsageUpdated, tokenUsageParams(th.ID, at.turn.ID, th.Usage)); err != nil {
 			return err
 		}
 	}
@@ -383,11 +384,11 @@ func (s *Server) beginReply(at *activeTurn) error {
 	if err := s.planAtStart(at); err != nil {
 		return err
 	}
-	return s.notify("item/started", map[string]any{
-		"item":        agentMessageObject(at.agent, false),
-		"threadId":    th.ID,
-		"turnId":      at.turn.ID,
-		"startedAtMs": nowMs,
+	return s.notify(codexwire.NotifyItemStarted, codexwire.ItemStarted{
+		Item:        rawItem(agentMessageObject(at.agent, false)),
+		ThreadID:    th.ID,
+		TurnID:      at.turn.ID,
+		StartedAtMs: nowMs,
 	})
 }
 
@@ -433,11 +434,11 @@ func (s *Server) step(at *activeTurn) error {
 	}
 	delta := at.chunks[at.next]
 	at.next++
-	if err := s.notify("item/agentMessage/delta", map[string]any{
-		"threadId": at.thread.ID,
-		"turnId":   at.turn.ID,
-		"itemId":   at.agent.ID,
-		"delta":    delta,
+	if err := s.notify(codexwire.NotifyAgentMessageDelta, codexwire.Delta{
+		ThreadID: at.thread.ID,
+		TurnID:   at.turn.ID,
+		ItemID:   at.agent.ID,
+		Delta:    delta,
 	}); err != nil {
 		return err
 	}
@@ -478,8 +479,8 @@ func (s *Server) completeTurn(at *activeTurn) error {
 	}
 	input := int64(chars/4 + 1)
 	output := int64(utf8.RuneCountInString(at.reply)/4 + 1)
-	last := tokenCounts{TotalTokens: input + output, InputTokens: input, CachedInputTokens: cached, OutputTokens: output}
-	th.Usage.Total.add(last)
+	last := codexwire.TokenCounts{TotalTokens: input + output, InputTokens: input, CachedInputTokens: cached, OutputTokens: output}
+	th.Usage.Total.Add(last)
 	th.Usage.Last = last
 
 	t.Items = append(t.Items, agent)
@@ -496,23 +497,22 @@ func (s *Server) completeTurn(at *activeTurn) error {
 	if err := s.planAtEnd(at); err != nil {
 		return err
 	}
-	if err := s.notify("item/completed", map[string]any{
-		"item":              agentMessageObject(agent, true),
-		"threadId":          th.ID,
-		"turnId":            t.ID,
-		"contentTokenCount": nil,
-		"completedAtMs":     nowMs,
+	if err := s.notify(codexwire.NotifyItemCompleted, codexwire.ItemCompleted{
+		Item:          rawItem(agentMessageObject(agent, true)),
+		ThreadID:      th.ID,
+		TurnID:        t.ID,
+		CompletedAtMs: nowMs,
 	}); err != nil {
 		return err
 	}
-	if err := s.notify("thread/tokenUsage/updated", tokenUsageParams(th.ID, t.ID, th.Usage)); err != nil {
+	if err := s.notify(codexwire.NotifyTokenUsageUpdated, tokenUsageParams(th.ID, t.ID, th.Usage)); err != nil {
 		return err
 	}
-	if err := s.notify("thread/status/changed", map[string]any{"threadId": th.ID, "status": threadStatus(false)}); err != nil {
+	if err := s.notify(codexwire.NotifyThreadStatusChanged, codexwire.ThreadStatusChanged{ThreadID: th.ID, Status: threadStatus(false)}); err != nil {
 		return err
 	}
 	obj := historyTurn(t, false)
-	obj.Items = []any{agentMessageObject(agent, true)}
+	obj.Items = []json.RawMessage{rawItem(agentMessageObject(agent, true))}
 	obj.ItemsView = "summary"
-	return s.notify("turn/completed", map[string]any{"threadId": th.ID, "turn": obj})
+	return s.notify(codexwire.NotifyTurnCompleted, codexwire.TurnNotification{ThreadID: th.ID, Turn: obj})
 }

@@ -57,6 +57,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/tether-run/tether/services/runnerd/internal/opencode/opencodewire"
 )
 
 // Version is the OpenCode version the fake answers to --version.
@@ -106,13 +108,15 @@ type persisted struct {
 }
 
 type session struct {
-	Info     map[string]any `json:"info"`
-	Messages []*message     `json:"messages"`
+	Info     opencodewire.Session `json:"info"`
+	Messages []*message           `json:"messages"`
 }
 
+// message is a stored message (opencodewire.Message's shape); its parts are
+// pointers so that a running turn updates them in place (mu held).
 type message struct {
-	Info  map[string]any   `json:"info"`
-	Parts []map[string]any `json:"parts"`
+	Info  opencodewire.MessageInfo `json:"info"`
+	Parts []*opencodewire.Part     `json:"parts"`
 }
 
 type turn struct {
@@ -121,7 +125,7 @@ type turn struct {
 }
 
 type permission struct {
-	req   map[string]any
+	req   opencodewire.PermissionRequest
 	reply chan [2]string // reply, message
 }
 
@@ -194,11 +198,21 @@ func (s *Server) id(prefix string) string {
 	return fmt.Sprintf("%s_fake%08d", prefix, s.st.Seq)
 }
 
+// event encodes one event.
+func event(id, typ string, props any) []byte {
+	raw, err := json.Marshal(props)
+	if err != nil {
+		panic(err) // the property types always encode
+	}
+	b, _ := json.Marshal(opencodewire.Event{ID: id, Type: typ, Properties: raw})
+	return b
+}
+
 // publish sends one event to every subscriber.
-func (s *Server) publish(typ string, props map[string]any) {
+func (s *Server) publish(typ string, props any) {
 	s.mu.Lock()
 	s.evSeq++
-	b, _ := json.Marshal(map[string]any{"id": fmt.Sprintf("evt_fake%08d", s.evSeq), "type": typ, "properties": props})
+	b := event(fmt.Sprintf("evt_fake%08d", s.evSeq), typ, props)
 	for ch := range s.subs {
 		select {
 		case ch <- b:
@@ -217,7 +231,7 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 }
 
 func notFound(w http.ResponseWriter, what string) {
-	writeJSON(w, http.StatusNotFound, map[string]any{"name": "NotFoundError", "data": map[string]any{"message": what + " not found"}})
+	writeJSON(w, http.StatusNotFound, opencodewire.NewError(opencodewire.ErrNotFound, what+" not found"))
 }
 
 func (s *Server) authorized(r *http.Request) bool {
@@ -283,8 +297,7 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 		fl.Flush()
 		return true
 	}
-	hello, _ := json.Marshal(map[string]any{"id": "evt_connected", "type": "server.connected", "properties": map[string]any{}})
-	if !write(hello) {
+	if !write(event("evt_connected", opencodewire.EventServerConnected, struct{}{})) {
 		return
 	}
 	hb := time.NewTicker(s.opts.Heartbeat)
@@ -296,8 +309,7 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 				return
 			}
 		case <-hb.C:
-			b, _ := json.Marshal(map[string]any{"id": "evt_heartbeat", "type": "server.heartbeat", "properties": map[string]any{}})
-			if !write(b) {
+			if !write(event("evt_heartbeat", opencodewire.EventServerHeartbeat, struct{}{})) {
 				return
 			}
 		case <-r.Context().Done():
@@ -309,9 +321,7 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) createSession(w http.ResponseWriter, r *http.Request) {
-	var body struct {
-		Title string `json:"title"`
-	}
+	var body opencodewire.CreateSessionRequest
 	_ = json.NewDecoder(r.Body).Decode(&body)
 	s.mu.Lock()
 	id := s.id("ses")
@@ -320,26 +330,26 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request) {
 	if title == "" {
 		title = "New session"
 	}
-	info := map[string]any{"id": id, "slug": strings.ToLower(id), "projectID": "global", "directory": s.opts.Directory,
-		"title": title, "version": Version, "time": map[string]any{"created": now, "updated": now}}
+	info := opencodewire.Session{ID: id, Slug: strings.ToLower(id), ProjectID: "global", Directory: s.opts.Directory,
+		Title: title, Version: Version, Time: opencodewire.SessionTime{Created: now, Updated: now}}
 	s.st.Sessions[id] = &session{Info: info}
 	s.save()
 	s.mu.Unlock()
 	s.CallLog("session.create " + id)
-	s.publish("session.created", map[string]any{"sessionID": id, "info": info})
+	s.publish(opencodewire.EventSessionCreated, opencodewire.SessionCreated{SessionID: id, Info: info})
 	writeJSON(w, http.StatusOK, info)
 }
 
 func (s *Server) getSession(w http.ResponseWriter, r *http.Request) {
 	s.mu.Lock()
 	ses := s.st.Sessions[r.PathValue("id")]
-	var info map[string]any
+	var info opencodewire.Session
 	if ses != nil {
 		info = ses.Info
 	}
 	s.mu.Unlock()
 	s.CallLog("session.get " + r.PathValue("id"))
-	if info == nil {
+	if ses == nil {
 		notFound(w, "session "+r.PathValue("id"))
 		return
 	}
@@ -347,10 +357,10 @@ func (s *Server) getSession(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) status(w http.ResponseWriter, _ *http.Request) {
-	out := map[string]any{}
+	out := map[string]opencodewire.Status{}
 	s.mu.Lock()
 	for id := range s.running {
-		out[id] = map[string]any{"type": "busy"}
+		out[id] = opencodewire.Status{Type: "busy"}
 	}
 	s.mu.Unlock()
 	writeJSON(w, http.StatusOK, out)
@@ -383,7 +393,7 @@ func (s *Server) deleteMessage(w http.ResponseWriter, r *http.Request) {
 	found := false
 	if ses != nil {
 		for i, m := range ses.Messages {
-			if m.Info["id"] == mid {
+			if m.Info.ID == mid {
 				ses.Messages = append(ses.Messages[:i:i], ses.Messages[i+1:]...)
 				found = true
 				break
@@ -414,7 +424,7 @@ func (s *Server) abort(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) listPermissions(w http.ResponseWriter, _ *http.Request) {
-	out := []any{}
+	out := []opencodewire.PermissionRequest{}
 	s.mu.Lock()
 	for _, p := range s.perms {
 		out = append(out, p.req)
@@ -424,12 +434,9 @@ func (s *Server) listPermissions(w http.ResponseWriter, _ *http.Request) {
 }
 
 func (s *Server) replyPermission(w http.ResponseWriter, r *http.Request) {
-	var body struct {
-		Reply   string `json:"reply"`
-		Message string `json:"message"`
-	}
+	var body opencodewire.PermissionReply
 	if err := json.NewDecoder(r.Body).Decode(&body); err != nil || (body.Reply != "once" && body.Reply != "always" && body.Reply != "reject") {
-		writeJSON(w, http.StatusBadRequest, map[string]any{"name": "BadRequest", "data": map[string]any{"message": "reply must be once, always or reject"}})
+		writeJSON(w, http.StatusBadRequest, opencodewire.NewError(opencodewire.ErrBadRequest, "reply must be once, always or reject"))
 		return
 	}
 	id := r.PathValue("id")
@@ -447,19 +454,9 @@ func (s *Server) replyPermission(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) promptAsync(w http.ResponseWriter, r *http.Request) {
-	var body struct {
-		Parts []struct {
-			Type string `json:"type"`
-			Text string `json:"text"`
-		} `json:"parts"`
-		MessageID string `json:"messageID"`
-		Model     *struct {
-			ProviderID string `json:"providerID"`
-			ModelID    string `json:"modelID"`
-		} `json:"model"`
-	}
+	var body opencodewire.PromptRequest
 	if err := json.NewDecoder(r.Body).Decode(&body); err != nil {
-		writeJSON(w, http.StatusBadRequest, map[string]any{"name": "BadRequest", "data": map[string]any{"message": err.Error()}})
+		writeJSON(w, http.StatusBadRequest, opencodewire.NewError(opencodewire.ErrBadRequest, err.Error()))
 		return
 	}
 	var text []string
@@ -488,7 +485,7 @@ func (s *Server) promptAsync(w http.ResponseWriter, r *http.Request) {
 		notFound(w, "session "+sid)
 		return
 	case busy:
-		writeJSON(w, http.StatusConflict, map[string]any{"name": "BusyError", "data": map[string]any{"message": "session " + sid + " is busy"}})
+		writeJSON(w, http.StatusConflict, opencodewire.NewError(opencodewire.ErrBusy, "session "+sid+" is busy"))
 		return
 	}
 	prompt := strings.Join(text, "\n")

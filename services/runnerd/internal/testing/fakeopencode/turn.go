@@ -1,8 +1,11 @@
 package fakeopencode
 
 import (
+	"encoding/json"
 	"strings"
 	"time"
+
+	"github.com/tether-run/tether/services/runnerd/internal/opencode/opencodewire"
 
 	"github.com/tether-run/tether/services/runnerd/internal/testing/mockmodel"
 )
@@ -20,6 +23,17 @@ type turnRun struct {
 	tokensOut int
 }
 
+// userMessage is a prompt's user message with its one text part (mu
+// held: the part id is new).
+func (s *Server) userMessage(sid, id, text, provider, model string) *message {
+	now := time.Now().UnixMilli()
+	return &message{
+		Info: opencodewire.MessageInfo{ID: id, SessionID: sid, Role: "user", Time: opencodewire.MessageTime{Created: now},
+			Model: &opencodewire.ModelRef{ProviderID: provider, ModelID: model}},
+		Parts: []*opencodewire.Part{{ID: s.id("prt"), SessionID: sid, MessageID: id, Type: opencodewire.PartText, Text: &text}},
+	}
+}
+
 // recordUser records (and saves) the user message of a prompt without
 // answering it ([die:prompt-recorded]).
 func (s *Server) recordUser(sid, userID, text, provider, model string) {
@@ -29,10 +43,7 @@ func (s *Server) recordUser(sid, userID, text, provider, model string) {
 	if ses == nil || userID == "" {
 		return
 	}
-	m := &message{Info: map[string]any{"id": userID, "sessionID": sid, "role": "user", "time": map[string]any{"created": time.Now().UnixMilli()},
-		"model": map[string]any{"providerID": provider, "modelID": model}}}
-	m.Parts = []map[string]any{{"id": s.id("prt"), "sessionID": sid, "messageID": userID, "type": "text", "text": text}}
-	ses.Messages = append(ses.Messages, m)
+	ses.Messages = append(ses.Messages, s.userMessage(sid, userID, text, provider, model))
 	s.save()
 }
 
@@ -44,40 +55,38 @@ func (s *Server) runTurn(t *turn, sid, userID, text, provider, model string) {
 	histChars := 0
 	for _, m := range ses.Messages {
 		for _, p := range m.Parts {
-			if p["type"] == "text" {
-				if m.Info["role"] == "user" {
-					history = append(history, p["text"].(string))
+			if p.Type == opencodewire.PartText && p.Text != nil {
+				if m.Info.Role == "user" {
+					history = append(history, *p.Text)
 				}
-				histChars += len(p["text"].(string))
+				histChars += len(*p.Text)
 			}
 		}
 	}
-	now := time.Now().UnixMilli()
 	uid := userID
 	if uid == "" {
 		uid = s.id("msg")
 	}
-	tr.user = &message{Info: map[string]any{"id": uid, "sessionID": sid, "role": "user", "time": map[string]any{"created": now},
-		"model": map[string]any{"providerID": provider, "modelID": model}}}
-	tr.user.Parts = []map[string]any{{"id": s.id("prt"), "sessionID": sid, "messageID": uid, "type": "text", "text": text}}
-	aid := s.id("msg")
-	tr.asst = &message{Info: map[string]any{"id": aid, "sessionID": sid, "role": "assistant", "parentID": uid,
-		"modelID": model, "providerID": provider, "mode": "build", "time": map[string]any{"created": now}}}
+	tr.user = s.userMessage(sid, uid, text, provider, model)
+	tr.asst = &message{Info: opencodewire.MessageInfo{ID: s.id("msg"), SessionID: sid, Role: "assistant", ParentID: uid,
+		ModelID: model, ProviderID: provider, Mode: "build", Time: opencodewire.MessageTime{Created: tr.user.Info.Time.Created}}}
 	ses.Messages = append(ses.Messages, tr.user, tr.asst)
 	s.save()
+	userInfo, userPart, asstInfo := tr.user.Info, *tr.user.Parts[0], tr.asst.Info
 	s.mu.Unlock()
 	tr.tokensIn = (histChars + len(text)) / 4
 
-	s.publish("message.updated", map[string]any{"sessionID": sid, "info": tr.user.Info})
-	s.publish("message.part.updated", map[string]any{"sessionID": sid, "part": tr.user.Parts[0]})
-	s.publish("session.status", map[string]any{"sessionID": sid, "status": map[string]any{"type": "busy"}})
-	s.publish("message.updated", map[string]any{"sessionID": sid, "info": tr.asst.Info})
-	tr.addPart(map[string]any{"type": "step-start"})
+	s.publish(opencodewire.EventMessageUpdated, opencodewire.MessageUpdated{SessionID: sid, Info: userInfo})
+	s.publish(opencodewire.EventPartUpdated, opencodewire.PartUpdated{SessionID: sid, Part: userPart})
+	s.publish(opencodewire.EventSessionStatus, opencodewire.SessionStatus{SessionID: sid, Status: opencodewire.Status{Type: "busy"}})
+	s.publish(opencodewire.EventMessageUpdated, opencodewire.MessageUpdated{SessionID: sid, Info: asstInfo})
+	tr.addPart(&opencodewire.Part{Type: opencodewire.PartStepStart})
 
-	var errInfo map[string]any
+	var errInfo *opencodewire.ErrorInfo
 	switch {
 	case strings.Contains(text, "[fail]"):
-		errInfo = map[string]any{"name": "APIError", "data": map[string]any{"message": "mock failure requested", "isRetryable": false}}
+		retryable := false
+		errInfo = &opencodewire.ErrorInfo{Name: opencodewire.ErrAPI, Data: opencodewire.ErrorData{Message: "mock failure requested", IsRetryable: &retryable}}
 	case strings.Contains(text, "[bash]"), strings.Contains(text, "[shell]"):
 		command := ShellCommand
 		if _, c, ok := strings.Cut(text, "[bash]"); ok {
@@ -99,44 +108,36 @@ func (s *Server) runTurn(t *turn, sid, userID, text, provider, model string) {
 		tr.stream("ECHO: "+text, nil, s.opts.DeltaDelay)
 	}
 	if t.ctx.Err() != nil {
-		errInfo = map[string]any{"name": "MessageAbortedError", "data": map[string]any{"message": "Aborted"}}
+		aborted := opencodewire.NewError(opencodewire.ErrMessageAborted, "Aborted")
+		errInfo = &aborted
 	}
 	tr.finish(errInfo)
 }
 
 // addPart adds a part to the assistant message and publishes it.
-func (tr *turnRun) addPart(p map[string]any) map[string]any {
+func (tr *turnRun) addPart(p *opencodewire.Part) *opencodewire.Part {
 	s := tr.s
 	s.mu.Lock()
-	p["id"] = s.id("prt")
-	p["sessionID"] = tr.sid
-	p["messageID"] = tr.asst.Info["id"]
+	p.ID = s.id("prt")
+	p.SessionID = tr.sid
+	p.MessageID = tr.asst.Info.ID
 	tr.asst.Parts = append(tr.asst.Parts, p)
-	cp := clone(p)
+	cp := *p
 	s.mu.Unlock()
-	s.publish("message.part.updated", map[string]any{"sessionID": tr.sid, "part": cp})
+	s.publish(opencodewire.EventPartUpdated, opencodewire.PartUpdated{SessionID: tr.sid, Part: cp})
 	return p
 }
 
-// updatePart republishes a part after changing it under the lock.
-func (tr *turnRun) updatePart(p map[string]any, change func()) {
+// updatePart republishes a part after changing it under the lock (change
+// replaces the part's pointer fields rather than writing through them, so
+// that the published copy stays as it was).
+func (tr *turnRun) updatePart(p *opencodewire.Part, change func()) {
 	s := tr.s
 	s.mu.Lock()
 	change()
-	cp := clone(p)
+	cp := *p
 	s.mu.Unlock()
-	s.publish("message.part.updated", map[string]any{"sessionID": tr.sid, "part": cp})
-}
-
-func clone(m map[string]any) map[string]any {
-	out := make(map[string]any, len(m))
-	for k, v := range m {
-		if sub, ok := v.(map[string]any); ok {
-			v = clone(sub)
-		}
-		out[k] = v
-	}
-	return out
+	s.publish(opencodewire.EventPartUpdated, opencodewire.PartUpdated{SessionID: tr.sid, Part: cp})
 }
 
 // stream streams reply as one text part (chunks, delay apart), stopping
@@ -146,7 +147,8 @@ func (tr *turnRun) stream(reply string, chunks []string, delay time.Duration) {
 		chunks = strings.SplitAfter(reply, " ")
 	}
 	now := time.Now().UnixMilli()
-	p := tr.addPart(map[string]any{"type": "text", "text": "", "time": map[string]any{"start": now}})
+	empty := ""
+	p := tr.addPart(&opencodewire.Part{Type: opencodewire.PartText, Text: &empty, Time: &opencodewire.PartTime{Start: now}})
 	sent := ""
 	for i, c := range chunks {
 		if i > 0 && delay > 0 {
@@ -159,57 +161,48 @@ func (tr *turnRun) stream(reply string, chunks []string, delay time.Duration) {
 			break
 		}
 		sent += c
-		tr.s.publish("message.part.delta", map[string]any{"sessionID": tr.sid, "messageID": tr.asst.Info["id"],
-			"partID": p["id"], "field": "text", "delta": c})
+		tr.s.publish(opencodewire.EventPartDelta, opencodewire.PartDelta{SessionID: tr.sid, MessageID: p.MessageID,
+			PartID: p.ID, Field: "text", Delta: c})
 		if i == 0 {
 			tr.s.dieAt(DieMidStream, tr.prompt)
 		}
 	}
 	tr.updatePart(p, func() {
-		p["text"] = sent
-		p["time"] = map[string]any{"start": now, "end": time.Now().UnixMilli()}
+		p.Text = &sent
+		p.Time = &opencodewire.PartTime{Start: now, End: time.Now().UnixMilli()}
 	})
 	tr.text += sent
 	tr.tokensOut += len(strings.Fields(sent))
+}
+
+// bashInput is the input of a bash tool call.
+type bashInput struct {
+	Command     string `json:"command"`
+	Description string `json:"description"`
 }
 
 // tool runs one bash tool call under the permission rule and returns what
 // the model would get back.
 func (tr *turnRun) tool(command string) string {
 	s := tr.s
-	callID := "call_" + strings.TrimPrefix(tr.asst.Info["id"].(string), "msg_")
-	input := map[string]any{"command": command, "description": "Run the mock command"}
-	p := tr.addPart(map[string]any{"type": "tool", "tool": "bash", "callID": callID, "state": map[string]any{"status": "pending", "input": map[string]any{}}})
+	callID := "call_" + strings.TrimPrefix(tr.asst.Info.ID, "msg_")
+	input, _ := json.Marshal(bashInput{Command: command, Description: "Run the mock command"})
+	p := tr.addPart(&opencodewire.Part{Type: opencodewire.PartTool, Tool: "bash", CallID: callID, State: &opencodewire.ToolState{Status: "pending", Input: json.RawMessage("{}")}})
 	tr.updatePart(p, func() {
-		p["state"] = map[string]any{"status": "running", "input": input, "time": map[string]any{"start": time.Now().UnixMilli()}}
+		p.State = &opencodewire.ToolState{Status: "running", Input: input, Time: &opencodewire.PartTime{Start: time.Now().UnixMilli()}}
 	})
 	fail := func(msg string) string {
-		tr.updatePart(p, func() { p["state"] = map[string]any{"status": "error", "input": input, "error": msg} })
+		tr.updatePart(p, func() { p.State = &opencodewire.ToolState{Status: "error", Input: input, Error: msg} })
 		return msg
 	}
 	switch s.opts.Permission {
 	case "deny":
 		return fail("The user has specified a rule which prevents you from using this specific tool call.")
 	case "ask":
-		s.mu.Lock()
-		pid := s.id("per")
-		req := map[string]any{"id": pid, "sessionID": tr.sid, "permission": "bash", "patterns": []any{command},
-			"metadata": map[string]any{"command": command}, "always": []any{strings.Fields(command)[0] + " *"},
-			"tool": map[string]any{"messageID": tr.asst.Info["id"], "callID": callID}}
-		perm := &permission{req: req, reply: make(chan [2]string, 1)}
-		s.perms[pid] = perm
-		s.mu.Unlock()
-		s.publish("permission.asked", req)
 		var reply [2]string
-		select {
-		case reply = <-perm.reply:
-		case <-tr.t.ctx.Done():
-			s.mu.Lock()
-			delete(s.perms, pid)
-			s.mu.Unlock()
+		if !tr.askPermission(command, callID, &reply) {
 			return fail("Aborted")
 		}
-		s.publish("permission.replied", map[string]any{"sessionID": tr.sid, "requestID": pid, "reply": reply[0]})
 		if reply[0] == "reject" {
 			msg := "The user rejected permission to use this specific tool call."
 			if reply[1] != "" {
@@ -219,11 +212,39 @@ func (tr *turnRun) tool(command string) string {
 		}
 	}
 	out, code := s.runShell(tr.t.ctx, command)
+	meta, _ := json.Marshal(opencodewire.BashMetadata{Output: out, Exit: code})
 	tr.updatePart(p, func() {
-		p["state"] = map[string]any{"status": "completed", "input": input, "output": out,
-			"metadata": map[string]any{"output": out, "exit": code}, "title": command}
+		p.State = &opencodewire.ToolState{Status: "completed", Input: input, Output: out, Metadata: meta, Title: command}
 	})
 	return out
+}
+
+// askPermission asks permission for a bash command and waits for the
+// reply (reply, message); false when the turn was aborted first.
+func (tr *turnRun) askPermission(command, callID string, reply *[2]string) bool {
+	s := tr.s
+	meta, _ := json.Marshal(struct {
+		Command string `json:"command"`
+	}{command})
+	s.mu.Lock()
+	pid := s.id("per")
+	req := opencodewire.PermissionRequest{ID: pid, SessionID: tr.sid, Permission: "bash", Patterns: []string{command},
+		Metadata: meta, Always: []string{strings.Fields(command)[0] + " *"},
+		Tool: &opencodewire.PermissionTool{MessageID: tr.asst.Info.ID, CallID: callID}}
+	perm := &permission{req: req, reply: make(chan [2]string, 1)}
+	s.perms[pid] = perm
+	s.mu.Unlock()
+	s.publish(opencodewire.EventPermissionAsked, req)
+	select {
+	case *reply = <-perm.reply:
+	case <-tr.t.ctx.Done():
+		s.mu.Lock()
+		delete(s.perms, pid)
+		s.mu.Unlock()
+		return false
+	}
+	s.publish(opencodewire.EventPermissionReplied, opencodewire.PermissionReplied{SessionID: tr.sid, RequestID: pid, Reply: reply[0]})
+	return true
 }
 
 // AbortTailLimit bounds how long an aborted turn's last events wait for
@@ -231,45 +252,49 @@ func (tr *turnRun) tool(command string) string {
 const AbortTailLimit = 2 * time.Second
 
 // finish records the step and message end, then reports the session idle.
-func (tr *turnRun) finish(errInfo map[string]any) {
+func (tr *turnRun) finish(errInfo *opencodewire.ErrorInfo) {
 	s := tr.s
-	tokens := map[string]any{"input": tr.tokensIn, "output": tr.tokensOut, "reasoning": 0,
-		"cache": map[string]any{"read": tr.tokensIn / 2, "write": 0}}
+	tokens := opencodewire.Tokens{Input: int64(tr.tokensIn), Output: int64(tr.tokensOut),
+		Cache: opencodewire.CacheTokens{Read: int64(tr.tokensIn / 2)}}
 	cost := float64(tr.tokensIn+tr.tokensOut) * 0.000001
 	reason := "stop"
 	if errInfo != nil {
 		reason = "error"
 	}
-	tr.addPart(map[string]any{"type": "step-finish", "reason": reason, "tokens": tokens, "cost": cost})
+	stepTokens := tokens
+	tr.addPart(&opencodewire.Part{Type: opencodewire.PartStepFinish, Reason: reason, Tokens: &stepTokens, Cost: &cost})
 	s.mu.Lock()
-	info := tr.asst.Info
-	info["tokens"], info["cost"] = tokens, cost
-	info["time"] = map[string]any{"created": info["time"].(map[string]any)["created"], "completed": time.Now().UnixMilli()}
+	info := &tr.asst.Info
+	info.Tokens, info.Cost = &tokens, &cost
+	info.Time.Completed = time.Now().UnixMilli()
 	if errInfo != nil {
-		info["error"] = errInfo
+		info.Error = errInfo
 	} else {
-		info["finish"] = "stop"
+		info.Finish = "stop"
 	}
-	ci := clone(info)
+	ci := *info
 	s.save()
 	delete(s.running, tr.sid)
 	var next chan struct{}
-	if aborted := errInfo != nil && errInfo["name"] == "MessageAbortedError"; aborted {
+	if aborted := errInfo != nil && errInfo.Name == opencodewire.ErrMessageAborted; aborted {
 		next = make(chan struct{})
 		s.nextPrompt[tr.sid] = next
 	}
 	s.mu.Unlock()
 	tr.t.cancel()
 	if errInfo != nil {
-		s.publish("session.error", map[string]any{"sessionID": tr.sid, "error": errInfo})
+		s.publish(opencodewire.EventSessionError, opencodewire.SessionError{SessionID: tr.sid, Error: *errInfo})
+	}
+	idle := func() {
+		s.publish(opencodewire.EventSessionStatus, opencodewire.SessionStatus{SessionID: tr.sid, Status: opencodewire.Status{Type: "idle"}})
+		s.publish(opencodewire.EventSessionIdle, opencodewire.SessionRef{SessionID: tr.sid})
 	}
 	if next != nil {
 		// As OpenCode 1.18.17 does on an abort: the session is reported
 		// idle at once, and again after the aborted message was written
 		// (its late idle can follow the next prompt: held until one comes,
 		// at most AbortTailLimit).
-		s.publish("session.status", map[string]any{"sessionID": tr.sid, "status": map[string]any{"type": "idle"}})
-		s.publish("session.idle", map[string]any{"sessionID": tr.sid})
+		idle()
 		select {
 		case <-next:
 		case <-time.After(AbortTailLimit):
@@ -280,7 +305,6 @@ func (tr *turnRun) finish(errInfo map[string]any) {
 		}
 		s.mu.Unlock()
 	}
-	s.publish("message.updated", map[string]any{"sessionID": tr.sid, "info": ci})
-	s.publish("session.status", map[string]any{"sessionID": tr.sid, "status": map[string]any{"type": "idle"}})
-	s.publish("session.idle", map[string]any{"sessionID": tr.sid})
+	s.publish(opencodewire.EventMessageUpdated, opencodewire.MessageUpdated{SessionID: tr.sid, Info: ci})
+	idle()
 }

@@ -40,8 +40,8 @@ func init() {
 	apis = append(apis, api{"/messages", (*Server).serveMessages}, api{"/messages/count_tokens", (*Server).serveCountTokens})
 }
 
-func (s *Server) serveCountTokens(w http.ResponseWriter, _ *http.Request, raw []byte, _ map[string]any) {
-	writeJSON(w, http.StatusOK, map[string]any{"input_tokens": len(raw) / 4})
+func (s *Server) serveCountTokens(w http.ResponseWriter, _ *http.Request, raw []byte) {
+	writeJSON(w, http.StatusOK, countTokensResponse{InputTokens: len(raw) / 4})
 }
 
 func writeJSON(w http.ResponseWriter, code int, v any) {
@@ -62,6 +62,88 @@ type messagesRequest struct {
 		Name string `json:"name"`
 	} `json:"tools"`
 }
+
+// Answered objects and streamed events.
+type (
+	countTokensResponse struct {
+		InputTokens int `json:"input_tokens"`
+	}
+	anthropicErrorBody struct {
+		Type  string         `json:"type"` // error
+		Error anthropicError `json:"error"`
+	}
+	anthropicError struct {
+		Type    string `json:"type"`
+		Message string `json:"message"`
+	}
+	anthropicUsage struct {
+		InputTokens              int `json:"input_tokens"`
+		OutputTokens             int `json:"output_tokens"`
+		CacheReadInputTokens     int `json:"cache_read_input_tokens"`
+		CacheCreationInputTokens int `json:"cache_creation_input_tokens"`
+	}
+	// message is a Messages response, and the message of message_start.
+	message struct {
+		ID           string         `json:"id"`
+		Type         string         `json:"type"` // message
+		Role         string         `json:"role"`
+		Model        string         `json:"model"`
+		Content      []outputBlock  `json:"content"`
+		StopReason   *string        `json:"stop_reason"`
+		StopSequence *string        `json:"stop_sequence"`
+		Usage        anthropicUsage `json:"usage"`
+	}
+	// outputBlock is a text block (Text) or a tool_use block (ID, Name,
+	// Input: the tool's own arguments).
+	outputBlock struct {
+		Type  string          `json:"type"`
+		Text  *string         `json:"text,omitempty"`
+		ID    string          `json:"id,omitempty"`
+		Name  string          `json:"name,omitempty"`
+		Input json.RawMessage `json:"input,omitempty"`
+	}
+	messageStartEvent struct {
+		Type    string  `json:"type"`
+		Message message `json:"message"`
+	}
+	blockStartEvent struct {
+		Type         string      `json:"type"` // content_block_start
+		Index        int         `json:"index"`
+		ContentBlock outputBlock `json:"content_block"`
+	}
+	blockDeltaEvent[D textDelta | inputJSONDelta] struct {
+		Type  string `json:"type"` // content_block_delta
+		Index int    `json:"index"`
+		Delta D      `json:"delta"`
+	}
+	textDelta struct {
+		Type string `json:"type"` // text_delta
+		Text string `json:"text"`
+	}
+	inputJSONDelta struct {
+		Type        string `json:"type"` // input_json_delta
+		PartialJSON string `json:"partial_json"`
+	}
+	blockStopEvent struct {
+		Type  string `json:"type"`
+		Index int    `json:"index"`
+	}
+	messageDeltaEvent struct {
+		Type  string            `json:"type"`
+		Delta messageDelta      `json:"delta"`
+		Usage outputTokensUsage `json:"usage"`
+	}
+	messageDelta struct {
+		StopReason   string  `json:"stop_reason"`
+		StopSequence *string `json:"stop_sequence"`
+	}
+	outputTokensUsage struct {
+		OutputTokens int `json:"output_tokens"`
+	}
+	typeOnly struct {
+		Type string `json:"type"`
+	}
+)
 
 type contentBlock struct {
 	Type    string          `json:"type"`
@@ -134,14 +216,15 @@ func userBlocks(req messagesRequest) []string {
 	return out
 }
 
-func (s *Server) serveMessages(w http.ResponseWriter, r *http.Request, raw []byte, body map[string]any) {
+func (s *Server) serveMessages(w http.ResponseWriter, r *http.Request, raw []byte) {
 	var req messagesRequest
 	if json.Unmarshal(raw, &req) != nil {
-		writeJSON(w, http.StatusBadRequest, map[string]any{"type": "error", "error": map[string]any{"type": "invalid_request_error", "message": "body is not a Messages request"}})
+		writeJSON(w, http.StatusBadRequest, anthropicErrorBody{Type: "error", Error: anthropicError{Type: "invalid_request_error", Message: "body is not a Messages request"}})
 		return
 	}
 	lastUser, toolOutput, isToolOutput, texts := inspectMessages(req)
-	rec := Request{Method: r.Method, Path: r.URL.Path, Header: r.Header.Clone(), Body: body, InputTexts: texts}
+	rec := newRequest(r, raw)
+	rec.InputTexts = texts
 	if !isToolOutput {
 		rec.LastUserText = lastUser
 	}
@@ -151,113 +234,102 @@ func (s *Server) serveMessages(w http.ResponseWriter, r *http.Request, raw []byt
 	if len(texts) > 0 {
 		first = strings.TrimPrefix(texts[0], "user: ")
 	}
-	var (
-		text   string
-		chunks []string
-		delay  time.Duration
-		tool   string
-		input  map[string]any
-	)
+	reply := anthropicReply{}
 	switch {
 	case len(req.Tools) == 0 && len(req.Messages) == 1 && strings.HasPrefix(strings.TrimSpace(first), "<session>"):
-		text = ClaudeTitleReply
+		reply.text = ClaudeTitleReply
 	case strings.Contains(lastUser, "SUGGESTION MODE") && !isToolOutput:
-		text = SuggestionReply
+		reply.text = SuggestionReply
 	case isToolOutput:
-		text = "TOOL RESULT: " + toolOutput
+		reply.text = "TOOL RESULT: " + toolOutput
 	case strings.Contains(lastUser, "[fail]"):
 		setReply("failed", false)
-		writeJSON(w, http.StatusInternalServerError, map[string]any{"type": "error", "error": map[string]any{"type": "api_error", "message": "mock failure requested"}})
+		writeJSON(w, http.StatusInternalServerError, anthropicErrorBody{Type: "error", Error: anthropicError{Type: "api_error", Message: "mock failure requested"}})
 		return
 	case strings.Contains(lastUser, "[shell]") || strings.Contains(lastUser, "[bash]"):
 		cmd := ShellCommand
 		if _, after, ok := strings.Cut(lastUser, "[bash]"); ok && strings.TrimSpace(after) != "" {
 			cmd = strings.TrimSpace(after)
 		}
-		tool, input = "Bash", map[string]any{"command": cmd, "description": "Run the mock command"}
+		reply.tool = "Bash"
+		reply.input, _ = json.Marshal(bashArgs{Command: cmd, Description: "Run the mock command"})
 		for _, t := range req.Tools {
 			if strings.EqualFold(t.Name, "bash") {
-				tool = t.Name
+				reply.tool = t.Name
 			}
 		}
 	case strings.Contains(lastUser, "[slow]"):
-		text = "ECHO: " + lastUser
-		chunks, delay = SplitEven(text, SlowChunks), s.SlowChunkDelay
+		reply.text = "ECHO: " + lastUser
+		reply.chunks, reply.delay = SplitEven(reply.text, SlowChunks), s.SlowChunkDelay
 	case strings.Contains(lastUser, "[history]"):
-		text = HistoryReply(userBlocks(req))
+		reply.text = HistoryReply(userBlocks(req))
 	default:
-		text = "ECHO: " + lastUser
+		reply.text = "ECHO: " + lastUser
 	}
-	model := req.Model
-	if model == "" {
-		model = "mock-model"
+	reply.model = req.Model
+	if reply.model == "" {
+		reply.model = "mock-model"
 	}
-	msgID := s.nextID("msg")
-	usage := map[string]any{"input_tokens": len(raw) / 4, "output_tokens": len(strings.Fields(text)),
-		"cache_read_input_tokens": 0, "cache_creation_input_tokens": 0}
+	reply.msgID = s.nextID("msg")
+	reply.usage = anthropicUsage{InputTokens: len(raw) / 4, OutputTokens: len(strings.Fields(reply.text))}
 	if !req.Stream {
-		content := []any{map[string]any{"type": "text", "text": text}}
-		stop := "end_turn"
-		if tool != "" {
-			content = []any{map[string]any{"type": "tool_use", "id": s.nextID("toolu"), "name": tool, "input": input}}
-			stop = "tool_use"
+		msg := message{ID: reply.msgID, Type: "message", Role: "assistant", Model: reply.model,
+			Content: []outputBlock{{Type: "text", Text: &reply.text}}, StopReason: ptr("end_turn"), Usage: reply.usage}
+		if reply.tool != "" {
+			msg.Content = []outputBlock{{Type: "tool_use", ID: s.nextID("toolu"), Name: reply.tool, Input: reply.input}}
+			msg.StopReason = ptr("tool_use")
 		}
-		writeJSON(w, http.StatusOK, map[string]any{"id": msgID, "type": "message", "role": "assistant", "model": model,
-			"content": content, "stop_reason": stop, "stop_sequence": nil, "usage": usage})
-		setReply(replyLabel(text, tool), false)
+		writeJSON(w, http.StatusOK, msg)
+		setReply(replyLabel(reply.text, reply.tool), false)
 		return
 	}
-	s.streamMessage(w, r, anthropicReply{msgID: msgID, model: model, usage: usage, text: text, chunks: chunks, delay: delay, tool: tool, input: input}, setReply)
+	s.streamMessage(w, r, reply, setReply)
 }
+
+func ptr[T any](v T) *T { return &v }
 
 // anthropicReply is what serveMessages answers: the message's id, model
 // and usage, and either text (streamed in chunks, delay apart) or a call
 // of tool with input.
 type anthropicReply struct {
 	msgID, model string
-	usage        map[string]any
+	usage        anthropicUsage
 	text         string
 	chunks       []string
 	delay        time.Duration
 	tool         string
-	input        map[string]any
+	input        json.RawMessage
 }
 
 // streamMessage streams reply as Messages server-sent events.
 func (s *Server) streamMessage(w http.ResponseWriter, r *http.Request, reply anthropicReply, setReply func(reply string, aborted bool)) {
-	msgID, model, usage, text, chunks, delay, tool, input := reply.msgID, reply.model, reply.usage, reply.text, reply.chunks, reply.delay, reply.tool, reply.input
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.Header().Set("Cache-Control", "no-cache")
 	w.WriteHeader(http.StatusOK)
 	sse := &sseWriter{w: w, ctx: r.Context()}
-	start := map[string]any{"id": msgID, "type": "message", "role": "assistant", "model": model, "content": []any{},
-		"stop_reason": nil, "stop_sequence": nil, "usage": map[string]any{"input_tokens": usage["input_tokens"], "output_tokens": 1,
-			"cache_read_input_tokens": 0, "cache_creation_input_tokens": 0}}
-	sse.event("message_start", map[string]any{"type": "message_start", "message": start})
+	sse.event("message_start", messageStartEvent{Type: "message_start", Message: message{ID: reply.msgID, Type: "message",
+		Role: "assistant", Model: reply.model, Content: []outputBlock{}, Usage: anthropicUsage{InputTokens: reply.usage.InputTokens, OutputTokens: 1}}})
 	stop := "end_turn"
-	if tool != "" {
-		b, _ := json.Marshal(input)
-		sse.event("content_block_start", map[string]any{"type": "content_block_start", "index": 0,
-			"content_block": map[string]any{"type": "tool_use", "id": s.nextID("toolu"), "name": tool, "input": map[string]any{}}})
-		sse.event("content_block_delta", map[string]any{"type": "content_block_delta", "index": 0,
-			"delta": map[string]any{"type": "input_json_delta", "partial_json": string(b)}})
+	if reply.tool != "" {
+		sse.event("content_block_start", blockStartEvent{Type: "content_block_start",
+			ContentBlock: outputBlock{Type: "tool_use", ID: s.nextID("toolu"), Name: reply.tool, Input: json.RawMessage("{}")}})
+		sse.event("content_block_delta", blockDeltaEvent[inputJSONDelta]{Type: "content_block_delta",
+			Delta: inputJSONDelta{Type: "input_json_delta", PartialJSON: string(reply.input)}})
 		stop = "tool_use"
 	} else {
-		sse.event("content_block_start", map[string]any{"type": "content_block_start", "index": 0,
-			"content_block": map[string]any{"type": "text", "text": ""}})
-		if !sse.stream(text, chunks, delay, func(c string) {
-			sse.event("content_block_delta", map[string]any{"type": "content_block_delta", "index": 0,
-				"delta": map[string]any{"type": "text_delta", "text": c}})
+		sse.event("content_block_start", blockStartEvent{Type: "content_block_start", ContentBlock: outputBlock{Type: "text", Text: ptr("")}})
+		if !sse.stream(reply.text, reply.chunks, reply.delay, func(c string) {
+			sse.event("content_block_delta", blockDeltaEvent[textDelta]{Type: "content_block_delta", Delta: textDelta{Type: "text_delta", Text: c}})
 		}) {
-			setReply(replyLabel(text, tool), true)
+			setReply(replyLabel(reply.text, reply.tool), true)
 			return
 		}
 	}
-	sse.event("content_block_stop", map[string]any{"type": "content_block_stop", "index": 0})
-	sse.event("message_delta", map[string]any{"type": "message_delta", "delta": map[string]any{"stop_reason": stop, "stop_sequence": nil},
-		"usage": map[string]any{"output_tokens": usage["output_tokens"]}})
-	sse.event("message_stop", map[string]any{"type": "message_stop"})
-	setReply(replyLabel(text, tool), sse.err != nil)
+	sse.event("content_block_stop", blockStopEvent{Type: "content_block_stop"})
+	sse.event("message_delta", messageDeltaEvent{Type: "message_delta", Delta: messageDelta{StopReason: stop},
+		Usage: outputTokensUsage{OutputTokens: reply.usage.OutputTokens}})
+	sse.event("message_stop", typeOnly{Type: "message_stop"})
+	setReply(replyLabel(reply.text, reply.tool), sse.err != nil)
 }
 
 func replyLabel(text, tool string) string {

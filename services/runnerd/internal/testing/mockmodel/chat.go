@@ -33,42 +33,96 @@ const ChatToolName = "bash"
 
 func init() { apis = append(apis, api{"/chat/completions", (*Server).serveChat}) }
 
-func (s *Server) serveChat(w http.ResponseWriter, r *http.Request, raw []byte, body map[string]any) {
-	msgs, _ := body["messages"].([]any)
-	rec := Request{Method: r.Method, Path: r.URL.Path, Header: r.Header.Clone(), Body: body}
+// chatRequest is the part of a Chat Completions request the mock reads.
+type chatRequest struct {
+	Model    string `json:"model"`
+	Messages []struct {
+		Role    string          `json:"role"`
+		Content json.RawMessage `json:"content"` // a string, a list of parts or null
+	} `json:"messages"`
+	Tools []json.RawMessage `json:"tools"` // only counted
+}
+
+// Streamed chunks and the error body.
+type (
+	chatChunk struct {
+		ID      string       `json:"id"`
+		Object  string       `json:"object"` // chat.completion.chunk
+		Created int64        `json:"created"`
+		Model   string       `json:"model"`
+		Choices []chatChoice `json:"choices"`
+		Usage   *chatUsage   `json:"usage,omitempty"` // the last chunk only
+	}
+	chatChoice struct {
+		Index        int       `json:"index"`
+		Delta        chatDelta `json:"delta"`
+		FinishReason *string   `json:"finish_reason"`
+	}
+	chatDelta struct {
+		Role      string         `json:"role,omitempty"`
+		Content   *string        `json:"content,omitempty"`
+		ToolCalls []chatToolCall `json:"tool_calls,omitempty"`
+	}
+	chatToolCall struct {
+		Index    int          `json:"index"`
+		ID       string       `json:"id"`
+		Type     string       `json:"type"` // function
+		Function chatFunction `json:"function"`
+	}
+	chatFunction struct {
+		Name      string `json:"name"`
+		Arguments string `json:"arguments"` // JSON text
+	}
+	chatUsage struct {
+		PromptTokens     int `json:"prompt_tokens"`
+		CompletionTokens int `json:"completion_tokens"`
+		TotalTokens      int `json:"total_tokens"`
+	}
+	chatErrorBody struct {
+		Error chatError `json:"error"`
+	}
+	chatError struct {
+		Message string `json:"message"`
+		Type    string `json:"type"`
+		Code    string `json:"code"`
+	}
+	// bashArgs are the arguments of a call of OpenCode's (and Claude
+	// Code's) shell tool.
+	bashArgs struct {
+		Command     string `json:"command"`
+		Description string `json:"description"`
+	}
+)
+
+func (s *Server) serveChat(w http.ResponseWriter, r *http.Request, raw []byte) {
+	var req chatRequest
+	_ = json.Unmarshal(raw, &req) // what does not decode stays empty
+	rec := newRequest(r, raw)
 	var lastRole, lastUser, toolContent string
-	for _, it := range msgs {
-		m, _ := it.(map[string]any)
-		role, _ := m["role"].(string)
-		text := messageText(m)
-		lastRole = role
-		switch role {
+	for _, m := range req.Messages {
+		text, _ := partsText(m.Content)
+		lastRole = m.Role
+		switch m.Role {
 		case "user":
 			lastUser = text
 		case "tool":
 			toolContent = text
 		}
-		if role != "system" {
-			rec.InputTexts = append(rec.InputTexts, role+": "+text)
+		if m.Role != "system" {
+			rec.InputTexts = append(rec.InputTexts, m.Role+": "+text)
 		}
 	}
-	tools, _ := body["tools"].([]any)
-	sideCall := len(tools) == 0
+	sideCall := len(req.Tools) == 0
 	if lastRole != "tool" && !sideCall {
 		rec.LastUserText = lastUser
 	}
 	setReply := s.record(rec)
-	model, _ := body["model"].(string)
 	id := s.nextID("chatcmpl")
-	usage := func(out string) map[string]any {
-		p, c := len(raw)/4, len(strings.Fields(out))
-		return map[string]any{"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
-	}
 	if !sideCall && lastRole != "tool" && strings.Contains(lastUser, "[fail]") {
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusBadRequest)
-		_ = json.NewEncoder(w).Encode(map[string]any{"error": map[string]any{
-			"message": "mock failure requested", "type": "invalid_request_error", "code": "mock_failure"}})
+		_ = json.NewEncoder(w).Encode(chatErrorBody{Error: chatError{
+			Message: "mock failure requested", Type: "invalid_request_error", Code: "mock_failure"}})
 		setReply("failed", false)
 		return
 	}
@@ -76,19 +130,21 @@ func (s *Server) serveChat(w http.ResponseWriter, r *http.Request, raw []byte, b
 	w.Header().Set("Cache-Control", "no-cache")
 	w.WriteHeader(http.StatusOK)
 	sse := &sseWriter{w: w, ctx: r.Context()}
-	chunk := func(delta map[string]any, finish any) {
-		sse.data(map[string]any{"id": id, "object": "chat.completion.chunk", "created": 1700000000, "model": model,
-			"choices": []any{map[string]any{"index": 0, "delta": delta, "finish_reason": finish}}})
+	chunk := func(delta chatDelta, finish *string) {
+		sse.data(chatChunk{ID: id, Object: "chat.completion.chunk", Created: 1700000000, Model: req.Model,
+			Choices: []chatChoice{{Delta: delta, FinishReason: finish}}})
 	}
 	finish := func(reason, out string) {
-		chunk(map[string]any{}, reason)
-		sse.data(map[string]any{"id": id, "object": "chat.completion.chunk", "created": 1700000000, "model": model,
-			"choices": []any{}, "usage": usage(out)})
+		chunk(chatDelta{}, &reason)
+		p, c := len(raw)/4, len(strings.Fields(out))
+		sse.data(chatChunk{ID: id, Object: "chat.completion.chunk", Created: 1700000000, Model: req.Model,
+			Choices: []chatChoice{}, Usage: &chatUsage{PromptTokens: p, CompletionTokens: c, TotalTokens: p + c}})
 		sse.done()
 	}
 	text := func(reply string, chunks []string, delay time.Duration) {
-		chunk(map[string]any{"role": "assistant", "content": ""}, nil)
-		if !sse.stream(reply, chunks, delay, func(c string) { chunk(map[string]any{"content": c}, nil) }) {
+		empty := ""
+		chunk(chatDelta{Role: "assistant", Content: &empty}, nil)
+		if !sse.stream(reply, chunks, delay, func(c string) { chunk(chatDelta{Content: &c}, nil) }) {
 			setReply("text:"+reply, true)
 			return
 		}
@@ -96,10 +152,9 @@ func (s *Server) serveChat(w http.ResponseWriter, r *http.Request, raw []byte, b
 		setReply("text:"+reply, sse.err != nil)
 	}
 	call := func(command string) {
-		args, _ := json.Marshal(map[string]any{"command": command, "description": "Run the mock command"})
-		chunk(map[string]any{"role": "assistant", "content": nil, "tool_calls": []any{map[string]any{
-			"index": 0, "id": s.nextID("call"), "type": "function",
-			"function": map[string]any{"name": ChatToolName, "arguments": string(args)}}}}, nil)
+		args, _ := json.Marshal(bashArgs{Command: command, Description: "Run the mock command"})
+		chunk(chatDelta{Role: "assistant", ToolCalls: []chatToolCall{{ID: s.nextID("call"), Type: "function",
+			Function: chatFunction{Name: ChatToolName, Arguments: string(args)}}}}, nil)
 		finish("tool_calls", "")
 		setReply("call:"+ChatToolName, sse.err != nil)
 	}

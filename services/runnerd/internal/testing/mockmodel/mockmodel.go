@@ -54,7 +54,7 @@ const SlowChunks = 12
 type Request struct {
 	Method, Path string
 	Header       http.Header
-	Body         map[string]any
+	Body         json.RawMessage // the request body as received
 	// LastUserText is the text the reply was keyed on ("" after a tool
 	// output); InputTexts lists every message text of the input in order,
 	// prefixed with the role ("user: …", "assistant: …").
@@ -146,11 +146,12 @@ func (s *Server) nextID(prefix string) string {
 }
 
 // api is one model API the mock serves: POST requests whose path ends in
-// suffix go to serve, with the raw and decoded JSON body. Each API lives
-// in its own file and adds its entry to apis.
+// suffix go to serve, with the raw JSON body (each API decodes the request
+// type it defines). Each API lives in its own file and adds its entry to
+// apis.
 type api struct {
 	suffix string
-	serve  func(s *Server, w http.ResponseWriter, r *http.Request, raw []byte, body map[string]any)
+	serve  func(s *Server, w http.ResponseWriter, r *http.Request, raw []byte)
 }
 
 var apis = []api{{"/responses", (*Server).serveResponses}}
@@ -176,12 +177,17 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
 	}
-	var body map[string]any
-	if err := json.Unmarshal(raw, &body); err != nil {
+	var object map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &object); err != nil {
 		http.Error(w, "body is not JSON", http.StatusBadRequest)
 		return
 	}
-	route.serve(s, w, r, raw, body)
+	route.serve(s, w, r, raw)
+}
+
+// newRequest starts the record of a request with its raw body.
+func newRequest(r *http.Request, raw []byte) Request {
+	return Request{Method: r.Method, Path: r.URL.Path, Header: r.Header.Clone(), Body: json.RawMessage(raw)}
 }
 
 // record appends a request and returns the function that sets its reply.
@@ -196,101 +202,6 @@ func (s *Server) record(rec Request) (setReply func(reply string, aborted bool))
 		s.reqs[idx].Aborted = aborted
 		s.mu.Unlock()
 	}
-}
-
-// serveResponses implements the Responses endpoint.
-func (s *Server) serveResponses(w http.ResponseWriter, r *http.Request, raw []byte, body map[string]any) {
-	rec := Request{Method: r.Method, Path: r.URL.Path, Header: r.Header.Clone(), Body: body}
-	lastUser, toolOutput, isToolOutput, texts := inspectInput(body)
-	rec.InputTexts = texts
-	if !isToolOutput {
-		rec.LastUserText = lastUser
-	}
-	setReply := s.record(rec)
-
-	w.Header().Set("Content-Type", "text/event-stream")
-	w.Header().Set("Cache-Control", "no-cache")
-	w.WriteHeader(http.StatusOK)
-	sse := &sseWriter{w: w, ctx: r.Context()}
-	respID := s.nextID("resp")
-	sse.event("response.created", map[string]any{"type": "response.created", "response": map[string]any{"id": respID}})
-	usage := func(out string) map[string]any {
-		return map[string]any{
-			"input_tokens": len(raw) / 4, "input_tokens_details": map[string]any{"cached_tokens": 0},
-			"output_tokens": len(strings.Fields(out)), "output_tokens_details": map[string]any{"reasoning_tokens": 0},
-			"total_tokens": len(raw)/4 + len(strings.Fields(out)),
-		}
-	}
-	completed := func(out string) {
-		sse.event("response.completed", map[string]any{"type": "response.completed", "response": map[string]any{"id": respID, "usage": usage(out)}})
-	}
-	call := func(name string, args any) {
-		b, _ := json.Marshal(args)
-		item := map[string]any{"type": "function_call", "id": s.nextID("fc"), "call_id": s.nextID("call"), "name": name, "arguments": string(b)}
-		sse.event("response.output_item.added", map[string]any{"type": "response.output_item.added", "output_index": 0, "item": item})
-		sse.event("response.output_item.done", map[string]any{"type": "response.output_item.done", "output_index": 0, "item": item})
-		completed("")
-		setReply("call:"+name, sse.err != nil)
-	}
-
-	switch {
-	case isToolOutput:
-		s.streamText(sse, "TOOL RESULT: "+toolOutput, nil, 0, completed, setReply)
-	case strings.Contains(lastUser, "[fail]"):
-		sse.event("response.failed", map[string]any{"type": "response.failed", "response": map[string]any{
-			"id": respID, "error": map[string]any{"code": "server_error", "message": "mock failure requested"}}})
-		setReply("failed", sse.err != nil)
-	case strings.Contains(lastUser, "[escalate]"):
-		call("exec_command", map[string]any{"cmd": ShellCommand, "yield_time_ms": 5000,
-			"sandbox_permissions": "require_escalated", "justification": "the mock asks to run outside the sandbox"})
-	case strings.Contains(lastUser, "[shell]"):
-		call("exec_command", map[string]any{"cmd": ShellCommand, "yield_time_ms": 5000})
-	case strings.Contains(lastUser, "[dyn]"):
-		call("mock_lookup", map[string]any{"key": "alpha"})
-	case strings.Contains(lastUser, "[ask]"):
-		call("request_user_input", map[string]any{"questions": []any{map[string]any{
-			"id": "color", "header": "Color", "question": "Which color should I use?",
-			"options": []any{
-				map[string]any{"label": "red", "description": "a warm color"},
-				map[string]any{"label": "blue", "description": "a cold color"},
-			},
-		}}})
-	case strings.Contains(lastUser, "[plan]"):
-		steps := make([]any, len(PlanSteps))
-		for i, st := range PlanSteps {
-			status := "pending"
-			if i == 0 {
-				status = "in_progress"
-			}
-			steps[i] = map[string]any{"step": st, "status": status}
-		}
-		call("update_plan", map[string]any{"explanation": PlanExplanation, "plan": steps})
-	case strings.Contains(lastUser, "[slow]"):
-		text := "ECHO: " + lastUser
-		s.streamText(sse, text, SplitEven(text, SlowChunks), s.SlowChunkDelay, completed, setReply)
-	case strings.Contains(lastUser, "[history]"):
-		s.streamText(sse, HistoryReply(texts), nil, 0, completed, setReply)
-	default:
-		s.streamText(sse, "ECHO: "+lastUser, nil, 0, completed, setReply)
-	}
-}
-
-func (s *Server) streamText(sse *sseWriter, text string, chunks []string, delay time.Duration, completed func(string), setReply func(string, bool)) {
-	msgID := s.nextID("msg")
-	sse.event("response.output_item.added", map[string]any{"type": "response.output_item.added", "output_index": 0,
-		"item": map[string]any{"type": "message", "role": "assistant", "id": msgID, "content": []any{}}})
-	if !sse.stream(text, chunks, delay, func(c string) {
-		sse.event("response.output_text.delta", map[string]any{"type": "response.output_text.delta", "item_id": msgID,
-			"output_index": 0, "content_index": 0, "delta": c})
-	}) {
-		setReply("text:"+text, true)
-		return
-	}
-	sse.event("response.output_item.done", map[string]any{"type": "response.output_item.done", "output_index": 0,
-		"item": map[string]any{"type": "message", "role": "assistant", "id": msgID,
-			"content": []any{map[string]any{"type": "output_text", "text": text}}}})
-	completed(text)
-	setReply("text:"+text, sse.err != nil)
 }
 
 type sseWriter struct {
@@ -349,77 +260,6 @@ func (e *sseWriter) write(frame []byte) {
 	if e.ctx.Err() != nil {
 		e.err = e.ctx.Err()
 	}
-}
-
-// inspectInput finds the last user text (skipping "<…>" context messages),
-// whether the input ends with a tool output (and its text), and every
-// message text in order.
-func inspectInput(body map[string]any) (lastUser, toolOutput string, isToolOutput bool, texts []string) {
-	items, _ := body["input"].([]any)
-	for i, it := range items {
-		m, _ := it.(map[string]any)
-		typ, _ := m["type"].(string)
-		if strings.HasSuffix(typ, "_call_output") {
-			if i == len(items)-1 {
-				isToolOutput = true
-				toolOutput = outputText(m["output"])
-			}
-			continue
-		}
-		role, _ := m["role"].(string)
-		if typ != "message" && typ != "" {
-			continue
-		}
-		text := messageText(m)
-		texts = append(texts, role+": "+text)
-		if role == "user" && !strings.HasPrefix(strings.TrimSpace(text), "<") {
-			lastUser = text
-		}
-	}
-	return lastUser, toolOutput, isToolOutput, texts
-}
-
-func messageText(m map[string]any) string {
-	switch c := m["content"].(type) {
-	case string:
-		return c
-	case []any:
-		var parts []string
-		for _, p := range c {
-			pm, _ := p.(map[string]any)
-			if t, ok := pm["text"].(string); ok {
-				parts = append(parts, t)
-			}
-		}
-		return strings.Join(parts, "\n")
-	}
-	return ""
-}
-
-// outputText is the text a tool output carries: for exec_command the part
-// after "Output:\n".
-func outputText(v any) string {
-	var s string
-	switch x := v.(type) {
-	case string:
-		s = x
-	case []any:
-		var parts []string
-		for _, p := range x {
-			pm, _ := p.(map[string]any)
-			if t, ok := pm["text"].(string); ok {
-				parts = append(parts, t)
-			}
-		}
-		s = strings.Join(parts, "\n")
-	default:
-		b, _ := json.Marshal(x)
-		s = string(b)
-	}
-	if i := strings.Index(s, "Output:\n"); i >= 0 {
-		s = s[i+len("Output:\n"):]
-	}
-	return strings.TrimSpace(s)
 }
 
 // HistoryReply is the reply to a [history] prompt: "HISTORY: " and the
