@@ -25,7 +25,45 @@ const (
 	EventTurnStarted = "turn.started"
 	// EventHarnessDiagnostic reports a provider's diagnostic.
 	EventHarnessDiagnostic = "harness.diagnostic"
+	// EventHarnessReady reports the provider process a runner spawned
+	// (pid, pgid, start ticks).
+	EventHarnessReady = "harness.ready"
+	// EventTurnCompleted, EventTurnFailed, EventTurnInterrupted and
+	// EventTurnCancelled end a provider turn (TurnEndTypes).
+	EventTurnCompleted   = "turn.completed"
+	EventTurnFailed      = "turn.failed"
+	EventTurnInterrupted = "turn.interrupted"
+	EventTurnCancelled   = "turn.cancelled"
+	// EventSessionContinuityBreak is the control event of the run that
+	// applied an operator's ReplaceSession (a fresh provider session, SPEC
+	// F3).
+	EventSessionContinuityBreak = "session.continuity_break"
+	// EventToolInput is a dynamic tool call's input (tether_ask_user opens
+	// an interaction with it, SPEC E4).
+	EventToolInput = "semantic_tool.input"
+	// The lifecycle of a provider's runtime request (a question the agent
+	// asked mid-turn, SPEC E5); every one starts with
+	// RuntimeRequestEventPrefix.
+	EventRuntimeRequestCreated   = "runtime_request.created"
+	EventRuntimeRequestResolved  = "runtime_request.resolved"
+	EventRuntimeRequestExpired   = "runtime_request.expired"
+	EventRuntimeRequestCancelled = "runtime_request.cancelled"
+	RuntimeRequestEventPrefix    = "runtime_request."
 )
+
+// TurnEndTypes are the event types that end a provider turn.
+func TurnEndTypes() []string {
+	return []string{EventTurnCompleted, EventTurnFailed, EventTurnInterrupted, EventTurnCancelled}
+}
+
+// IsTurnEnd reports whether typ ends a provider turn (TurnEndTypes).
+func IsTurnEnd(typ string) bool {
+	switch typ {
+	case EventTurnCompleted, EventTurnFailed, EventTurnInterrupted, EventTurnCancelled:
+		return true
+	}
+	return false
+}
 
 // ClientName is the name runnerd gives itself to a provider (codex's
 // clientInfo, ACP's clientInfo).

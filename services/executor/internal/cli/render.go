@@ -15,6 +15,7 @@ import (
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/placement"
 	"github.com/tether-run/tether/pkg/provenv"
+	"github.com/tether-run/tether/pkg/prp"
 	"github.com/tether-run/tether/pkg/scope"
 	"github.com/tether-run/tether/services/executor/internal/plan"
 )
@@ -111,7 +112,7 @@ func (r *Renderer) Event(m *executorv1.WatchRunResponse) {
 			verb = "resumed"
 		}
 		r.line("· provider session %s (thread %s)", verb, str("threadId"))
-	case "turn.started":
+	case prp.EventTurnStarted:
 		r.line("▶ turn %s started", firstNonEmpty(str("providerTurnId"), ev.GetTurnId()))
 	case "item.delta":
 		if str("kind") == "agentMessage" || str("kind") == "" {
@@ -133,9 +134,9 @@ func (r *Renderer) Event(m *executorv1.WatchRunResponse) {
 				r.line("    %s", l)
 			}
 		}
-	case "turn.completed", "turn.failed", "turn.interrupted":
+	case prp.EventTurnCompleted, prp.EventTurnFailed, prp.EventTurnInterrupted:
 		r.line("■ %s", strings.ReplaceAll(ev.GetEventType(), ".", " "))
-	case "run.terminal":
+	case prp.EventRunTerminal:
 		msg := str("runTerminalState")
 		if c := str("code"); c != "" {
 			msg += " (" + c + ": " + str("message") + ")"

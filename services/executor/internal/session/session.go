@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/tether-run/tether/pkg/failure"
+	"github.com/tether-run/tether/pkg/prp"
 	"github.com/tether-run/tether/pkg/scope"
 )
 
@@ -40,7 +41,7 @@ const (
 // EventContinuityBreak is the control event of the run that applied a
 // ReplaceSession decision: a legitimate break of the scope's provider
 // thread, not a violation (tetherctl audit lists it as such).
-const EventContinuityBreak = "session.continuity_break"
+const EventContinuityBreak = prp.EventSessionContinuityBreak
 
 // Entry is the registry's record of a scope's warm session.
 type Entry struct {

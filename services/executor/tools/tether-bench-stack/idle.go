@@ -8,6 +8,7 @@ import (
 	"time"
 
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
+	"github.com/tether-run/tether/pkg/prp"
 	"github.com/tether-run/tether/pkg/synctrace"
 	"github.com/tether-run/tether/services/executor/internal/cli"
 )
@@ -63,7 +64,7 @@ func turnsAfterIdle(ctx context.Context, client executorv1.ExecutorServiceClient
 			if err != nil {
 				return err
 			}
-			if m.GetEvent().GetEventType() == "turn.started" {
+			if m.GetEvent().GetEventType() == prp.EventTurnStarted {
 				started = time.Since(t0)
 			}
 			if m.GetEvent().GetEventType() == "run.terminal" {

@@ -37,6 +37,7 @@ import (
 
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
+	"github.com/tether-run/tether/pkg/prp"
 	"github.com/tether-run/tether/pkg/synctrace"
 
 	"github.com/tether-run/tether/pkg/grpcx"
@@ -328,7 +329,7 @@ func stackTurn(ctx context.Context, client executorv1.ExecutorServiceClient, t0 
 			return 0, 0, err
 		}
 		switch m.GetEvent().GetEventType() {
-		case "turn.started":
+		case prp.EventTurnStarted:
 			tStarted = time.Since(t0)
 		case "run.terminal":
 			tEnd = time.Since(t0)

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/tether-run/tether/pkg/prp"
 	"github.com/tether-run/tether/pkg/synctrace"
 )
 
@@ -117,7 +118,7 @@ func reportSynced(dir string, turns []turnWindow, raw anchors) (int, error) {
 	for _, w := range turns {
 		ws := turnWrites(recs, w)
 		toEnd = append(toEnd, chainTo(ws, "run.terminal", w.end.Sub(w.t0)))
-		toStarted = append(toStarted, chainTo(ws, "turn.started", w.started.Sub(w.t0)))
+		toStarted = append(toStarted, chainTo(ws, prp.EventTurnStarted, w.started.Sub(w.t0)))
 		p, own := 0, 0
 		for _, x := range ws {
 			switch {
