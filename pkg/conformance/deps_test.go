@@ -125,3 +125,26 @@ func TestConformance_NoServiceLinksTwoPackagesOfOneName(t *testing.T) {
 		})
 	}
 }
+
+// The executor's store is persistence only (issue #34): it writes what the
+// run's rules (package runrules, through the store.Rules interface)
+// decide, and links no executor domain package — `go list -deps` of it
+// names no services/executor/internal package but itself.
+func TestConformance_TheExecutorStoreImportsNoDomainPackage(t *testing.T) {
+	t.Parallel()
+	if _, err := exec.LookPath("go"); err != nil {
+		t.Skip("no go command")
+	}
+	const store = "github.com/tether-run/tether/services/executor/internal/store"
+	cmd := exec.Command("go", "list", "-deps", "./internal/store")
+	cmd.Dir = filepath.Join(repoRoot, "services/executor")
+	out, err := cmd.Output()
+	require.NoError(t, err, "go list -deps ./internal/store")
+	var domain []string
+	for _, p := range strings.Fields(string(out)) {
+		if strings.HasPrefix(p, "github.com/tether-run/tether/services/executor/internal/") && p != store {
+			domain = append(domain, p)
+		}
+	}
+	require.Empty(t, domain, "the executor's store links executor domain packages")
+}

@@ -16,7 +16,7 @@ var partitionEventsStep = migratecli.Step{
 	Flag:  "partition-events",
 	Usage: "after migrating, partition executor.events by run creation time (SPEC L2, once; then only creates partitions ahead): refused while an executor of an older release is alive (run it after every executor was upgraded)",
 	Run: func(ctx context.Context, dsn string, w io.Writer) error {
-		st, err := store.Open(ctx, dsn)
+		st, err := store.Open(ctx, dsn, nil)
 		if err != nil {
 			return err
 		}

@@ -44,7 +44,7 @@ func retentionCommand(args []string) error {
 	if err := store.CheckSchema(ctx, *dsn); err != nil {
 		return err
 	}
-	st, err := store.Open(ctx, *dsn)
+	st, err := store.Open(ctx, *dsn, nil)
 	if err != nil {
 		return err
 	}

@@ -22,6 +22,7 @@ import (
 	"github.com/tether-run/tether/services/executor/internal/dispatch"
 	"github.com/tether-run/tether/services/executor/internal/fleet"
 	"github.com/tether-run/tether/services/executor/internal/retention"
+	"github.com/tether-run/tether/services/executor/internal/runrules"
 	"github.com/tether-run/tether/services/executor/internal/secrets"
 	"github.com/tether-run/tether/services/executor/internal/store"
 	"github.com/tether-run/tether/services/executor/internal/suspend"
@@ -92,13 +93,13 @@ func (e *executor) openStores(ctx context.Context) error {
 	} else if err := store.CheckSchema(ctx, dsn); err != nil {
 		return err
 	}
-	st, err := store.Open(ctx, dsn, pgstore.MaxConns(e.cfg.DatabaseMaxConns))
+	st, err := store.Open(ctx, dsn, runrules.New(), pgstore.MaxConns(e.cfg.DatabaseMaxConns))
 	if err != nil {
 		return err
 	}
 	e.st = st
 	e.onClose(st.Close)
-	watchStore, err := store.Open(ctx, dsn, pgstore.MaxConns(e.cfg.DatabaseWatchConns))
+	watchStore, err := store.Open(ctx, dsn, runrules.New(), pgstore.MaxConns(e.cfg.DatabaseWatchConns))
 	if err != nil {
 		return err
 	}

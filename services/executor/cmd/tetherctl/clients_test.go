@@ -20,6 +20,7 @@ import (
 	"github.com/tether-run/tether/pkg/grpcx"
 	"github.com/tether-run/tether/pkg/testing/pgtest"
 	"github.com/tether-run/tether/services/executor/internal/api"
+	"github.com/tether-run/tether/services/executor/internal/runrules"
 	"github.com/tether-run/tether/services/executor/internal/secrets"
 	"github.com/tether-run/tether/services/executor/internal/store"
 	"github.com/tether-run/tether/services/executor/internal/watch"
@@ -152,7 +153,7 @@ func executor(t *testing.T) (string, *store.Store) {
 	t.Helper()
 	dsn := pgtest.NewDB(t, pgtest.GooseMigrator(store.Migrations, "migrations", goose.WithTableName("executor_goose_version")))
 	ctx, cancel := context.WithCancel(context.Background())
-	st, err := store.Open(ctx, dsn)
+	st, err := store.Open(ctx, dsn, runrules.New())
 	require.NoError(t, err)
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	hub := watch.NewHub(st, watch.WithEncoder(api.EncodeWatchEvent))

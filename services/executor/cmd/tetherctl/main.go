@@ -246,7 +246,7 @@ func auditCmd(ctx context.Context, args []string, w io.Writer) error {
 			return fmt.Errorf("audit: -since %q is neither a duration nor an RFC 3339 time", *since)
 		}
 	}
-	st, err := store.Open(ctx, *dsn)
+	st, err := store.Open(ctx, *dsn, nil)
 	if err != nil {
 		return err
 	}

@@ -11,11 +11,11 @@ package audit
 import (
 	"fmt"
 	"io"
-	"slices"
 	"sort"
 
 	"github.com/tether-run/tether/pkg/prp"
 	"github.com/tether-run/tether/services/executor/internal/session"
+	"github.com/tether-run/tether/services/executor/internal/store"
 )
 
 // Event types and audit actions the checks read.
@@ -28,8 +28,8 @@ const (
 	// violation (SPEC F3).
 	EventContinuityBreak = session.EventContinuityBreak
 
-	ActionCancellationIntent = "native.cancellation_intent_recorded"
-	ActionCancellationAck    = "native.cancellation_acknowledged"
+	ActionCancellationIntent = store.ActionCancellationIntent
+	ActionCancellationAck    = store.ActionCancellationAck
 )
 
 // Violation classes.
@@ -78,7 +78,7 @@ var Classes = []string{ClassTerminal, ClassSeqGap, ClassAfterTerminal, ClassWrit
 
 // TurnEndTypes are the event types of a provider turn's end (the audit
 // reads their turn id).
-var TurnEndTypes = []string{"turn.completed", "turn.failed", "turn.interrupted", "turn.cancelled"}
+var TurnEndTypes = prp.TurnEndTypes()
 
 // EventTurnStarted begins a provider turn; the audit reads its turn id too.
 const EventTurnStarted = prp.EventTurnStarted
@@ -88,53 +88,13 @@ const EventTurnStarted = prp.EventTurnStarted
 var TurnEventTypes = append([]string{EventTurnStarted}, TurnEndTypes...)
 
 // IsTurnEnd reports whether typ is one of TurnEndTypes.
-func IsTurnEnd(typ string) bool { return slices.Contains(TurnEndTypes, typ) }
+func IsTurnEnd(typ string) bool { return prp.IsTurnEnd(typ) }
 
 // Run is one run as stored.
-type Run struct {
-	ID string
-	// State is queued, running, succeeded, failed or cancelled.
-	State string
-	// Attempt is the coordinator's attempt: the run's final one once it
-	// ended.
-	Attempt uint64
-	// EventCount is the run's stored event count.
-	EventCount uint64
-	// Scope is the run's session scope and Seq its submission order; the
-	// wedged-session rule reads them with the failure of a failed run.
-	Scope                       string
-	Seq                         uint64
-	FailureCode, FailureMessage string
-	// RunnerInstanceID is the runner that served the run ("" if none did).
-	RunnerInstanceID string
-}
-
-// Ended reports whether the run has its outcome.
-func (r Run) Ended() bool {
-	return r.State == "succeeded" || r.State == "failed" || r.State == "cancelled"
-}
+type Run = store.AuditRun
 
 // Event is one event row.
-type Event struct {
-	RunID  string
-	Seq    uint64
-	Type   string
-	Writer uint64
-	// CommandID and CommandType are set for command.executed.
-	CommandID, CommandType string
-	// TurnID is the provider turn of a turn end event (IsTurnEnd).
-	TurnID string
-	// Detail is set for session.continuity_break: who replaced the
-	// session, and why.
-	Detail string
-	// Source and SourceSeq are the event's source instance and its seq
-	// there (empty: not known).
-	Source    string
-	SourceSeq uint64
-	// EventRunID is the run the event itself names, read for turn.started
-	// and command.executed ("" when not read).
-	EventRunID string
-}
+type Event = store.AuditEvent
 
 // ContinuityBreak is a legitimate break of a scope's provider thread: the
 // run that applied an operator's ReplaceSession.
@@ -145,9 +105,7 @@ type ContinuityBreak struct {
 }
 
 // Activity is one audit entry of a run.
-type Activity struct {
-	RunID, Action string
-}
+type Activity = store.AuditActivity
 
 // Violation is one broken promise.
 type Violation struct {
@@ -176,12 +134,7 @@ func (r Report) Clean() bool { return len(r.Violations) == 0 }
 
 // History is what the audit reads: runs, their events (any order), their
 // activities, and the session checkpoints recorded.
-type History struct {
-	Runs        []Run
-	Events      []Event
-	Activities  []Activity
-	Checkpoints []Checkpoint
-}
+type History = store.AuditHistory
 
 // Check audits a history.
 func Check(h History) Report {

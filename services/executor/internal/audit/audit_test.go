@@ -37,7 +37,7 @@ func healthy() *history {
 		ev("r2", 5, 2, EventTerminal),
 		ev("r3", 2, 1, "turn.started"), exec("r3", 1, 1, "r3/turn/0"), // any order
 	}
-	h.acts = []Activity{{"r2", ActionCancellationIntent}, {"r2", ActionCancellationAck}, {"r2", "other.action"}}
+	h.acts = []Activity{{RunID: "r2", Action: ActionCancellationIntent}, {RunID: "r2", Action: ActionCancellationAck}, {RunID: "r2", Action: "other.action"}}
 	return h
 }
 
@@ -209,7 +209,7 @@ func TestX1_AProviderTurnEndsWithOneTurnEventPerRun(t *testing.T) {
 func TestX1_ACancellationIsRecordedAndAcknowledgedAtMostOnce(t *testing.T) {
 	for _, action := range []string{ActionCancellationIntent, ActionCancellationAck} {
 		h := healthy()
-		h.acts = append(h.acts, Activity{"r2", action})
+		h.acts = append(h.acts, Activity{RunID: "r2", Action: action})
 		rep := h.check()
 		requireOnly(t, rep, ClassCancellationTwice, "r2")
 		require.Contains(t, rep.Violations[0].Detail, action)

@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/tether-run/tether/pkg/scope/durable"
+	"github.com/tether-run/tether/services/executor/internal/store"
 )
 
 // ClassSessionWedged is the class of a session scope whose runs all fail after its last
@@ -23,13 +24,7 @@ const ClassSessionWedged = "session_wedged"
 const MinWedgedRuns = 2
 
 // Checkpoint is one recorded session checkpoint (executor.session_checkpoints).
-type Checkpoint struct {
-	ID    string
-	Scope string
-	// LastRunID is the run whose idle period the checkpoint ended: the
-	// checkpoint holds the thread up to that run's turn.
-	LastRunID string
-}
+type Checkpoint = store.AuditCheckpoint
 
 // Wedge is one wedged session scope.
 type Wedge struct {

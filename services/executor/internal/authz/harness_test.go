@@ -24,6 +24,7 @@ import (
 	"github.com/tether-run/tether/pkg/testing/pgtest"
 	"github.com/tether-run/tether/services/executor/internal/api"
 	"github.com/tether-run/tether/services/executor/internal/authz"
+	"github.com/tether-run/tether/services/executor/internal/runrules"
 	"github.com/tether-run/tether/services/executor/internal/secrets"
 	"github.com/tether-run/tether/services/executor/internal/store"
 	"github.com/tether-run/tether/services/executor/internal/watch"
@@ -69,7 +70,7 @@ func newEnv(t testing.TB, o envOpts) *env {
 	t.Helper()
 	dsn := pgtest.NewDB(t, pgtest.GooseMigrator(store.Migrations, "migrations", goose.WithTableName("executor_goose_version")))
 	ctx, cancel := context.WithCancel(context.Background())
-	st, err := store.Open(ctx, dsn)
+	st, err := store.Open(ctx, dsn, runrules.New())
 	require.NoError(t, err)
 	dir := t.TempDir()
 	e := &env{t: t, store: st, reached: map[string]int{}, mtls: o.mtls}

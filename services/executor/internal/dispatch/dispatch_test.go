@@ -20,6 +20,7 @@ import (
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/scope"
 	"github.com/tether-run/tether/pkg/testing/pgtest"
+	"github.com/tether-run/tether/services/executor/internal/runrules"
 	"github.com/tether-run/tether/services/executor/internal/store"
 )
 
@@ -28,7 +29,7 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 func newStore(t *testing.T) *store.Store {
 	t.Helper()
 	dsn := pgtest.NewDB(t, pgtest.GooseMigrator(store.Migrations, "migrations", goose.WithTableName("executor_goose_version")))
-	s, err := store.Open(context.Background(), dsn)
+	s, err := store.Open(context.Background(), dsn, runrules.New())
 	require.NoError(t, err)
 	t.Cleanup(s.Close)
 	return s

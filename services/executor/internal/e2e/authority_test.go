@@ -17,6 +17,7 @@ import (
 	"github.com/tether-run/tether/pkg/grpcx"
 	"github.com/tether-run/tether/services/executor/internal/api"
 	"github.com/tether-run/tether/services/executor/internal/dispatch"
+	"github.com/tether-run/tether/services/executor/internal/runrules"
 	"github.com/tether-run/tether/services/executor/internal/store"
 	"github.com/tether-run/tether/services/executor/internal/testing/stack"
 	"github.com/tether-run/tether/services/executor/internal/watch"
@@ -39,7 +40,7 @@ func (h *harness) store() *store.Store {
 // that must not apply to the test's other queries.
 func (h *harness) openStore() *store.Store {
 	h.t.Helper()
-	s, err := store.Open(context.Background(), h.dsn)
+	s, err := store.Open(context.Background(), h.dsn, runrules.New())
 	require.NoError(h.t, err)
 	h.t.Cleanup(s.Close)
 	return s

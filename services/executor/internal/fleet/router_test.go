@@ -18,6 +18,7 @@ import (
 	"github.com/tether-run/tether/pkg/grant"
 	"github.com/tether-run/tether/pkg/testing/pgtest"
 	"github.com/tether-run/tether/services/executor/internal/fleet"
+	"github.com/tether-run/tether/services/executor/internal/runrules"
 	"github.com/tether-run/tether/services/executor/internal/store"
 )
 
@@ -41,7 +42,7 @@ func (d *dialer) dial(addr string) (*grpc.ClientConn, error) {
 
 func newRouter(t *testing.T) (*fleet.Router, *store.Store, *dialer) {
 	t.Helper()
-	st, err := store.Open(context.Background(), pgtest.NewDB(t, migrator))
+	st, err := store.Open(context.Background(), pgtest.NewDB(t, migrator), runrules.New())
 	require.NoError(t, err)
 	t.Cleanup(st.Close)
 	_, key, err := ed25519.GenerateKey(rand.Reader)

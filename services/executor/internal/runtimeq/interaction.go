@@ -7,6 +7,8 @@ import (
 
 	"github.com/tether-run/tether/pkg/askuser"
 	"github.com/tether-run/tether/pkg/failure"
+	"github.com/tether-run/tether/pkg/prp"
+	"github.com/tether-run/tether/services/executor/internal/store"
 )
 
 // Interaction sources and policies besides the runtime question fallback.
@@ -15,7 +17,7 @@ const (
 	// interaction is answered (SPEC E4).
 	ContinuationResponseWake = "response_wake"
 	// EventToolInput is the event of a dynamic tool call.
-	EventToolInput = "semantic_tool.input"
+	EventToolInput = prp.EventToolInput
 )
 
 // ToolCallKey is the idempotency key of the interaction a tether_ask_user
@@ -85,18 +87,10 @@ func FromToolCall(ev Event) (Interaction, bool) {
 
 // Answer answers one question: option ids, and the text of a free-text
 // option.
-type Answer struct {
-	QuestionID string   `json:"questionId"`
-	OptionIDs  []string `json:"optionIds"`
-	Text       string   `json:"text,omitempty"`
-}
+type Answer = store.Answer
 
 // AnswerError is an answer that does not fit the interaction's questions.
-type AnswerError struct{ Reason string }
-
-func (e *AnswerError) Error() string {
-	return failure.Message(failure.InteractionAnswerInvalid, e.Reason)
-}
+type AnswerError = store.AnswerError
 
 // MergeAnswers checks answers against the questions and merges them over
 // the answers recorded so far (a later answer to a question replaces the
@@ -116,16 +110,16 @@ func MergeAnswers(kind string, questions []Question, prior, answers []Answer) (m
 	for _, a := range answers {
 		q, ok := byID[a.QuestionID]
 		if !ok {
-			return nil, false, &AnswerError{fmt.Sprintf("question %q is not one of the interaction's", a.QuestionID)}
+			return nil, false, &AnswerError{Reason: fmt.Sprintf("question %q is not one of the interaction's", a.QuestionID)}
 		}
 		if seen[a.QuestionID] {
-			return nil, false, &AnswerError{fmt.Sprintf("question %q is answered twice", a.QuestionID)}
+			return nil, false, &AnswerError{Reason: fmt.Sprintf("question %q is answered twice", a.QuestionID)}
 		}
 		seen[a.QuestionID] = true
 		if err := checkAnswer(q, a); err != nil {
 			return nil, false, err
 		}
-		if !q.hasFreeText() {
+		if !hasFreeText(q) {
 			a.Text = ""
 		}
 		got[a.QuestionID] = a
@@ -139,12 +133,12 @@ func MergeAnswers(kind string, questions []Question, prior, answers []Answer) (m
 		}
 	}
 	if !complete && kind != askuser.KindRequestItemVerdicts {
-		return nil, false, &AnswerError{"every required question needs an answer"}
+		return nil, false, &AnswerError{Reason: "every required question needs an answer"}
 	}
 	return merged, complete, nil
 }
 
-func (q Question) hasFreeText() bool {
+func hasFreeText(q Question) bool {
 	for _, o := range q.Options {
 		if o.FreeText {
 			return true
@@ -155,10 +149,10 @@ func (q Question) hasFreeText() bool {
 
 func checkAnswer(q Question, a Answer) error {
 	if len(a.OptionIDs) == 0 {
-		return &AnswerError{fmt.Sprintf("question %q needs an option id", q.ID)}
+		return &AnswerError{Reason: fmt.Sprintf("question %q needs an option id", q.ID)}
 	}
 	if q.SelectionMode != SelectionMulti && len(a.OptionIDs) > 1 {
-		return &AnswerError{fmt.Sprintf("question %q takes one option", q.ID)}
+		return &AnswerError{Reason: fmt.Sprintf("question %q takes one option", q.ID)}
 	}
 	picked := map[string]bool{}
 	for _, id := range a.OptionIDs {
@@ -169,14 +163,14 @@ func checkAnswer(q Question, a Answer) error {
 			}
 		}
 		if opt == nil {
-			return &AnswerError{fmt.Sprintf("option %q is not an option of question %q", id, q.ID)}
+			return &AnswerError{Reason: fmt.Sprintf("option %q is not an option of question %q", id, q.ID)}
 		}
 		if picked[id] {
-			return &AnswerError{fmt.Sprintf("option %q is picked twice", id)}
+			return &AnswerError{Reason: fmt.Sprintf("option %q is picked twice", id)}
 		}
 		picked[id] = true
 		if opt.FreeText && strings.TrimSpace(a.Text) == "" {
-			return &AnswerError{fmt.Sprintf("the free-text option of question %q needs text", q.ID)}
+			return &AnswerError{Reason: fmt.Sprintf("the free-text option of question %q needs text", q.ID)}
 		}
 	}
 	return nil

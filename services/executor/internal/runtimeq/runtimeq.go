@@ -25,14 +25,15 @@ import (
 	"github.com/tether-run/tether/pkg/askuser"
 	"github.com/tether-run/tether/pkg/failure"
 	"github.com/tether-run/tether/pkg/prp"
+	"github.com/tether-run/tether/services/executor/internal/store"
 )
 
 // Event types.
 const (
-	EventCreated           = "runtime_request.created"
-	EventResolved          = "runtime_request.resolved"
-	EventExpired           = "runtime_request.expired"
-	EventCancelled         = "runtime_request.cancelled"
+	EventCreated           = prp.EventRuntimeRequestCreated
+	EventResolved          = prp.EventRuntimeRequestResolved
+	EventExpired           = prp.EventRuntimeRequestExpired
+	EventCancelled         = prp.EventRuntimeRequestCancelled
 	EventHarnessDiagnostic = prp.EventHarnessDiagnostic
 )
 
@@ -77,44 +78,16 @@ type Event struct {
 }
 
 // Interaction is a durable interaction to create (idempotently, by key).
-type Interaction struct {
-	Kind               string           `json:"kind"`
-	IdempotencyKey     string           `json:"idempotencyKey"`
-	SourceRunID        string           `json:"sourceRunId"`
-	Title              string           `json:"title"`
-	Summary            string           `json:"summary"`
-	ContinuationPolicy string           `json:"continuationPolicy"`
-	Payload            QuestionsPayload `json:"payload"`
-}
+type Interaction = store.InteractionSpec
 
 // QuestionsPayload is an ask_user_questions interaction's payload.
-type QuestionsPayload struct {
-	Version                int    `json:"version"`
-	Title                  string `json:"title,omitempty"`
-	SubmitLabel            string `json:"submitLabel,omitempty"`
-	SupersedeOnUserComment bool   `json:"supersedeOnUserComment"`
-	RuntimeRequestID       string `json:"runtimeRequestId"`
-	// QuestionSet is the provider's question set, unchanged (a copy).
-	QuestionSet map[string]any `json:"questionSet"`
-	Questions   []Question     `json:"questions"`
-}
+type QuestionsPayload = store.QuestionsPayload
 
 // Question is one question of the interaction.
-type Question struct {
-	ID            string   `json:"id"`
-	Prompt        string   `json:"prompt"`
-	Required      bool     `json:"required"`
-	SelectionMode string   `json:"selectionMode"`
-	Options       []Option `json:"options"`
-}
+type Question = store.Question
 
 // Option is one answer option.
-type Option struct {
-	ID          string `json:"id"`
-	Label       string `json:"label"`
-	Description string `json:"description,omitempty"`
-	FreeText    bool   `json:"freeText,omitempty"`
-}
+type Option = store.Option
 
 // IdempotencyKey is the key of the durable interaction for a request:
 // "runtime-input-durable:v1:<runId>:<requestId>".
@@ -281,11 +254,7 @@ const (
 // Metric is one runtime input lifecycle observation. Its dimensions carry
 // no request content: an outcome from a fixed set, and identifiers that
 // pass a strict pattern (anything else becomes "unknown").
-type Metric struct {
-	Outcome   string `json:"outcome"`
-	Adapter   string `json:"adapter"`
-	RequestID string `json:"requestId"`
-}
+type Metric = store.RuntimeInputMetric
 
 // LifecycleMetric maps an input request's event to its metric, or ok=false
 // for events that are not input request lifecycle steps:

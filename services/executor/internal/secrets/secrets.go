@@ -28,6 +28,7 @@ import (
 	"github.com/tether-run/tether/pkg/failure"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/keyfile"
+	"github.com/tether-run/tether/services/executor/internal/store"
 )
 
 const (
@@ -67,15 +68,7 @@ func New(key []byte) (*Keyring, error) {
 func (k *Keyring) KeyID() string { return k.id }
 
 // Sealed is one stored secret version.
-type Sealed struct {
-	// KeyID is the key that wrapped DataKey.
-	KeyID string
-	// DataKey is the version's data key, sealed with the key-encryption
-	// key.
-	DataKey []byte
-	// Value is the value, sealed with the data key.
-	Value []byte
-}
+type Sealed = store.SealedSecret
 
 func seal(key *[keySize]byte, msg []byte) ([]byte, error) {
 	var nonce [nonceSize]byte

@@ -234,7 +234,7 @@ func (s *Store) RecordControl(ctx context.Context, f Fence, supersedeScope strin
 	})()
 	var appended bool
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) (err error) {
-		appended, err = recordControl(ctx, tx, f, supersedeScope, events)
+		appended, err = recordControl(ctx, tx, s.rules, f, supersedeScope, events)
 		return err
 	})
 	if err == nil && appended {
@@ -252,7 +252,7 @@ func (s *Store) RecordAttach(ctx context.Context, f Fence, supersedeScope string
 	})()
 	var appended bool
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) (err error) {
-		if appended, err = recordControl(ctx, tx, f, supersedeScope, events); err != nil {
+		if appended, err = recordControl(ctx, tx, s.rules, f, supersedeScope, events); err != nil {
 			return err
 		}
 		return recordRunner(ctx, tx, f, runner)
@@ -270,7 +270,7 @@ func (s *Store) RecordAttach(ctx context.Context, f Fence, supersedeScope string
 // notification queue's lock through its WAL flush, so every notifying
 // commit meanwhile, e.g. the first events of this and other runs, waited
 // for it).
-func recordControl(ctx context.Context, tx pgx.Tx, f Fence, supersedeScope string, events []ControlEvent) (appended bool, err error) {
+func recordControl(ctx context.Context, tx pgx.Tx, rules Rules, f Fence, supersedeScope string, events []ControlEvent) (appended bool, err error) {
 	if supersedeScope == "" && len(events) == 0 {
 		return false, nil
 	}
@@ -284,7 +284,7 @@ func recordControl(ctx context.Context, tx pgx.Tx, f Fence, supersedeScope strin
 			return false, err
 		}
 	}
-	if count, err = adoptParked(ctx, tx, f, count); err != nil {
+	if count, err = adoptParked(ctx, tx, rules, f, count); err != nil {
 		return false, err
 	}
 	n := 0

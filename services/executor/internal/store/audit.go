@@ -9,7 +9,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
-	"github.com/tether-run/tether/services/executor/internal/audit"
+	"github.com/tether-run/tether/pkg/prp"
 )
 
 // AuditFilter selects the runs an audit reads: one run, the runs submitted
@@ -26,10 +26,10 @@ type AuditFilter struct {
 // reports; a turn end event with its provider turn); and its
 // cancellation audit entries; and the checkpoints of the selected runs'
 // session scopes (the wedged-session rule).
-func (s *Store) AuditRows(ctx context.Context, f AuditFilter) (audit.History, error) {
-	var h audit.History
+func (s *Store) AuditRows(ctx context.Context, f AuditFilter) (AuditHistory, error) {
+	var h AuditHistory
 	err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
-		h = audit.History{}
+		h = AuditHistory{}
 		since := sinceArg(f.Since)
 		var err error
 		if h.Runs, err = auditRuns(ctx, tx, f.RunID, since); err != nil {
@@ -41,14 +41,14 @@ func (s *Store) AuditRows(ctx context.Context, f AuditFilter) (audit.History, er
 		rows, err := tx.Query(ctx, `WITH `+auditRunsSQL+`
 SELECT e.run_id, e.seq, e.event_type, e.writer_attempt, CASE WHEN e.event_type IN ($3, $4) OR e.event_type = ANY($5) THEN e.event END,
        e.source_instance_id, e.source_seq
-  FROM executor.events e JOIN audit_runs a ON a.run_id = e.run_id`, f.RunID, since, audit.EventCommandExecuted, audit.EventContinuityBreak,
-			audit.TurnEventTypes)
+  FROM executor.events e JOIN audit_runs a ON a.run_id = e.run_id`, f.RunID, since, prp.EventCommandExecuted, prp.EventSessionContinuityBreak,
+			append([]string{prp.EventTurnStarted}, prp.TurnEndTypes()...))
 		if err != nil {
 			return err
 		}
 		for rows.Next() {
 			var (
-				e           audit.Event
+				e           AuditEvent
 				seq, writer int64
 				raw         []byte
 				sourceSeq   int64
@@ -65,17 +65,17 @@ SELECT e.run_id, e.seq, e.event_type, e.writer_attempt, CASE WHEN e.event_type I
 					return err
 				}
 				p := ev.GetPayload().GetFields()
-				if audit.IsTurnEnd(e.Type) || e.Type == audit.EventTurnStarted {
+				if prp.IsTurnEnd(e.Type) || e.Type == prp.EventTurnStarted {
 					e.TurnID = ev.GetTurnId()
 					if e.TurnID == "" {
 						e.TurnID = p["providerTurnId"].GetStringValue()
 					}
 				}
 				e.CommandID, e.CommandType = p["commandId"].GetStringValue(), p["commandType"].GetStringValue()
-				if e.Type == audit.EventTurnStarted || e.Type == audit.EventCommandExecuted {
+				if e.Type == prp.EventTurnStarted || e.Type == prp.EventCommandExecuted {
 					e.EventRunID = ev.GetRunId()
 				}
-				if e.Type == audit.EventContinuityBreak {
+				if e.Type == prp.EventSessionContinuityBreak {
 					e.Detail = fmt.Sprintf("session replaced by %s (%s) at %s: %s", p["requestedBy"].GetStringValue(),
 						p["caller"].GetStringValue(), p["requestedAt"].GetStringValue(), p["why"].GetStringValue())
 				}
@@ -88,12 +88,12 @@ SELECT e.run_id, e.seq, e.event_type, e.writer_attempt, CASE WHEN e.event_type I
 		}
 		rows, err = tx.Query(ctx, `WITH `+auditRunsSQL+`
 SELECT t.run_id, t.action FROM executor.activities t JOIN audit_runs a ON a.run_id = t.run_id
- WHERE t.action IN ($3, $4)`, f.RunID, since, audit.ActionCancellationIntent, audit.ActionCancellationAck)
+ WHERE t.action IN ($3, $4)`, f.RunID, since, ActionCancellationIntent, ActionCancellationAck)
 		if err != nil {
 			return err
 		}
 		for rows.Next() {
-			var a audit.Activity
+			var a AuditActivity
 			if err := rows.Scan(&a.RunID, &a.Action); err != nil {
 				rows.Close()
 				return err
@@ -108,7 +108,7 @@ SELECT t.run_id, t.action FROM executor.activities t JOIN audit_runs a ON a.run_
 
 // auditRuns reads the selected runs: state, final attempt, event count,
 // session scope, submission order and failure.
-func auditRuns(ctx context.Context, tx pgx.Tx, runID string, since *time.Time) ([]audit.Run, error) {
+func auditRuns(ctx context.Context, tx pgx.Tx, runID string, since *time.Time) ([]AuditRun, error) {
 	rows, err := tx.Query(ctx, `WITH `+auditRunsSQL+`
 SELECT run_id, state, attempt, event_count, session_scope, submit_seq, failure_code, failure_message, runner_instance_id
   FROM audit_runs ORDER BY run_id`, runID, since)
@@ -116,10 +116,10 @@ SELECT run_id, state, attempt, event_count, session_scope, submit_seq, failure_c
 		return nil, err
 	}
 	defer rows.Close()
-	var runs []audit.Run
+	var runs []AuditRun
 	for rows.Next() {
 		var (
-			r             audit.Run
+			r             AuditRun
 			att, cnt, seq int64
 			code, msg, rn *string
 		)
@@ -143,7 +143,7 @@ SELECT run_id, state, attempt, event_count, session_scope, submit_seq, failure_c
 
 // auditCheckpoints reads the checkpoints recorded for the selected runs'
 // session scopes.
-func auditCheckpoints(ctx context.Context, tx pgx.Tx, runID string, since *time.Time) ([]audit.Checkpoint, error) {
+func auditCheckpoints(ctx context.Context, tx pgx.Tx, runID string, since *time.Time) ([]AuditCheckpoint, error) {
 	rows, err := tx.Query(ctx, `WITH `+auditRunsSQL+`
 SELECT k.checkpoint_id, k.session_scope, k.last_run_id FROM executor.session_checkpoints k
  WHERE k.session_scope IN (SELECT session_scope FROM audit_runs) ORDER BY k.created_at`, runID, since)
@@ -151,9 +151,9 @@ SELECT k.checkpoint_id, k.session_scope, k.last_run_id FROM executor.session_che
 		return nil, err
 	}
 	defer rows.Close()
-	var out []audit.Checkpoint
+	var out []AuditCheckpoint
 	for rows.Next() {
-		var c audit.Checkpoint
+		var c AuditCheckpoint
 		if err := rows.Scan(&c.ID, &c.Scope, &c.LastRunID); err != nil {
 			return nil, err
 		}

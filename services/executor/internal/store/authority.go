@@ -22,8 +22,6 @@ import (
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/procid"
 	"github.com/tether-run/tether/pkg/synctrace"
-	"github.com/tether-run/tether/services/executor/internal/audit"
-	"github.com/tether-run/tether/services/executor/internal/recovery"
 )
 
 // ControlInstance is the source instance of events the executor itself
@@ -49,8 +47,8 @@ func newID(prefix string) string {
 
 // Claim refusal codes (E7).
 const (
-	actionCancellationIntentRecorded = audit.ActionCancellationIntent
-	actionCancellationAcknowledged   = audit.ActionCancellationAck
+	actionCancellationIntentRecorded = ActionCancellationIntent
+	actionCancellationAcknowledged   = ActionCancellationAck
 )
 
 // Lease TTL bounds.
@@ -134,7 +132,7 @@ SELECT phase, binding_digest, result_id, lease_owner, attempt, coalesce(lease_ex
 		case held:
 			return failure.New(codes.FailedPrecondition, failure.NativeCancellationPendingRecovery,
 				"run %s holds a durable cancellation; it is never driven again", runID)
-		case phase == PhaseCompleted || phase == recovery.PhaseTerminalFailure:
+		case phase == PhaseCompleted || phase == PhaseTerminalFailure:
 			return failure.New(codes.FailedPrecondition, failure.NativeRunAlreadyTerminal, "run %s already ended (%s)", runID, phase)
 		}
 		in := &prpv1.ExecutionInput{}

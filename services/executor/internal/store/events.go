@@ -19,14 +19,10 @@ import (
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/prp"
 	"github.com/tether-run/tether/pkg/synctrace"
-	"github.com/tether-run/tether/services/executor/internal/plan"
-	"github.com/tether-run/tether/services/executor/internal/recovery"
-	"github.com/tether-run/tether/services/executor/internal/runtimeq"
-	"github.com/tether-run/tether/services/executor/internal/usage"
 )
 
 // EventHarnessReady reports the provider process (pid, pgid, start ticks).
-const EventHarnessReady = "harness.ready"
+const EventHarnessReady = prp.EventHarnessReady
 
 // recordProviderProcess persists the provider process identity a runner
 // reported when it spawned the provider (E12).
@@ -68,7 +64,7 @@ type AppendResult struct {
 	Terminal bool
 	// RuntimeInputs are the lifecycle metrics of the fresh runtime input
 	// request events (SPEC E5), each counted once.
-	RuntimeInputs []runtimeq.Metric
+	RuntimeInputs []RuntimeInputMetric
 	// Acknowledged are the cancellation intents AppendEventsAcking
 	// acknowledged with the run's terminal.
 	Acknowledged []string
@@ -120,15 +116,19 @@ func (s *Store) AppendEventsAcking(ctx context.Context, f Fence, events []*prpv1
 	defer synctrace.BeginNote("executor.events", f.RunID, func() string {
 		return synctrace.Types(len(events), func(i int) string { return events[i].GetEventType() })
 	})()
+	rules, err := s.decider()
+	if err != nil {
+		return AppendResult{}, err
+	}
 	// Plan updates are stored rendered, oversized plans refused (SPEC E3).
-	events = plan.StoredEvents(events)
+	events = rules.Stored(events)
 	// Each event is encoded (deterministically) and hashed once, for
 	// whichever path writes it.
 	encoded, err := encodeEvents(events)
 	if err != nil {
 		return AppendResult{}, err
 	}
-	if fastEligible(f, encoded) {
+	if fastEligible(f, encoded, rules) {
 		res, conflictFree, err := s.appendFast(ctx, f, encoded)
 		if err != nil || conflictFree {
 			return res, fenceViolation(f, err)
@@ -143,7 +143,7 @@ func (s *Store) AppendEventsAcking(ctx context.Context, f Fence, events []*prpv1
 		})
 		return res, fenceViolation(f, err)
 	}
-	res, locked, err := s.appendCareful(ctx, f, encoded, intents)
+	res, locked, err := s.appendCareful(ctx, rules, f, encoded, intents)
 	if err == nil && res.Inserted > 0 {
 		s.eventsCommitted(f.RunID, nil)
 	}
@@ -192,7 +192,7 @@ func refusedAfterTerminal(err error) string {
 //
 // A replay with nothing fresh commits after the first. locked reports
 // that the fence held (the lock's row was read).
-func (s *Store) appendCareful(ctx context.Context, f Fence, encoded []encodedEvent, intents []string) (res AppendResult, locked bool, err error) {
+func (s *Store) appendCareful(ctx context.Context, rules Rules, f Fence, encoded []encodedEvent, intents []string) (res AppendResult, locked bool, err error) {
 	var own, foreign []encodedEvent
 	for _, e := range encoded {
 		switch {
@@ -251,7 +251,7 @@ func (s *Store) appendCareful(ctx context.Context, f Fence, encoded []encodedEve
 			return nil
 		})
 	}
-	if term != nil && !opensInteractions(encoded) {
+	if term != nil && !opensInteractions(rules, encoded) {
 		b.Queue(governedWaitSQL, f.RunID).QueryRow(func(row pgx.Row) error { return noRowsOK(gov.scan(row)) })
 	}
 	if term != nil && len(intents) > 0 {
@@ -283,7 +283,7 @@ func (s *Store) appendCareful(ctx context.Context, f Fence, encoded []encodedEve
 	if gov.ok {
 		pre = &gov
 	}
-	if err = fileFenced(ctx, tx, f, count, terminalLast(sourceOrdered(append(ffresh, fresh...))), &res, pre, ack); err != nil {
+	if err = fileFenced(ctx, tx, rules, f, count, terminalLast(sourceOrdered(append(ffresh, fresh...))), &res, pre, ack); err != nil {
 		return res, locked, err
 	}
 	return res, locked, tx.Commit(ctx)
@@ -309,10 +309,10 @@ func filterWith(filter func([]encodedEvent) ([]encodedEvent, int, error), evs []
 }
 
 // opensInteractions reports whether a batch carries an event whose
-// filing may open an interaction (recordInteractions).
-func opensInteractions(evs []encodedEvent) bool {
+// filing may open an interaction (Rules.Decides).
+func opensInteractions(rules Rules, evs []encodedEvent) bool {
 	for _, e := range evs {
-		if interactionEvent(e.ev.GetEventType()) {
+		if rules.Decides(e.ev.GetEventType()) {
 			return true
 		}
 	}
@@ -378,39 +378,44 @@ func terminalLast(evs []encodedEvent) []encodedEvent {
 // statements go in one batch (one round trip); in two, around the
 // governed wait read, when a succeeded terminal's read was not made ahead
 // (pre) or the events may open interactions (the read must see them).
-func fileFenced(ctx context.Context, tx pgx.Tx, f Fence, count int64, fresh []encodedEvent, res *AppendResult, pre *governedRead, ack *acking) error {
+func fileFenced(ctx context.Context, tx pgx.Tx, rules Rules, f Fence, count int64, fresh []encodedEvent, res *AppendResult, pre *governedRead, ack *acking) error {
 	if len(fresh) == 0 {
 		return nil
+	}
+	if rules == nil {
+		return errNoRules
+	}
+	evs := make([]*prpv1.Event, len(fresh))
+	for i, e := range fresh {
+		evs[i] = e.ev
+	}
+	d, err := rules.Batch(f.RunID, evs)
+	if err != nil {
+		return err
 	}
 	b := &pgx.Batch{}
 	q := queued{b}
 	if err := insertEvents(ctx, q, f.RunID, count, f.Attempt, fresh); err != nil {
 		return err
 	}
-	metrics, err := recordInteractions(ctx, q, f.RunID, fresh)
-	if err != nil {
+	if err := recordInteractions(ctx, q, f.RunID, d.Interactions); err != nil {
 		return err
 	}
-	var terminal *prpv1.Event
 	for _, e := range fresh {
 		switch e.ev.GetEventType() {
-		case EventTerminal:
-			terminal = e.ev
 		case prp.EventTurnStarted:
 			res.TurnStarted = res.TurnStarted || e.ev.GetRunId() == f.RunID
 		case EventHarnessReady:
 			if err := recordProviderProcess(ctx, q, f.RunID, e.ev); err != nil {
 				return err
 			}
-		case plan.EventPlanUpdated:
-			if e.ev.GetRunId() != f.RunID {
-				break // another run's turn planned it: not this run's plan
-			}
-			if err := recordPlan(ctx, q, f.RunID, e.ev); err != nil {
-				return err
-			}
 		}
 	}
+	if d.Plan != "" {
+		// The run's latest plan (SPEC E3).
+		b.Queue(`UPDATE executor.runs SET plan = $2 WHERE run_id = $1`, f.RunID, d.Plan)
+	}
+	terminal := d.Terminal
 	if terminal == nil {
 		b.Queue(`UPDATE executor.runs SET event_count = event_count + $2, updated_at = now() WHERE run_id = $1`,
 			f.RunID, len(fresh))
@@ -418,18 +423,18 @@ func fileFenced(ctx context.Context, tx pgx.Tx, f Fence, count int64, fresh []en
 	acked := &ackWrite{}
 	lost := false // the run's finish found the fence gone
 	if terminal != nil {
-		t := TerminalFromEvent(terminal)
+		t := *terminal
 		res.Outcome = Terminal{State: t.State, Code: t.Code}
 		if t.Result != nil && t.State == StateSucceeded {
-			if pre == nil || opensInteractions(fresh) {
+			if pre == nil || opensInteractions(rules, fresh) {
 				if err := tx.SendBatch(ctx, b).Close(); err != nil {
 					return err
 				}
 				b = &pgx.Batch{}
-				if err := governedWait(ctx, tx, f.RunID, t.Result); err != nil {
+				if err := governedWait(ctx, tx, rules, f.RunID, t.Result); err != nil {
 					return err
 				}
-			} else if err := pre.apply(ctx, tx, f.RunID, t.Result); err != nil {
+			} else if err := pre.apply(ctx, tx, rules, f.RunID, t.Result); err != nil {
 				return err
 			}
 		}
@@ -456,7 +461,7 @@ func fileFenced(ctx context.Context, tx pgx.Tx, f Fence, count int64, fresh []en
 		res.Acknowledged = slices.DeleteFunc(res.Acknowledged, func(id string) bool { return id == acked.intent })
 	}
 	res.Inserted += len(fresh)
-	res.RuntimeInputs = append(res.RuntimeInputs, metrics...)
+	res.RuntimeInputs = append(res.RuntimeInputs, d.RuntimeInputs...)
 	res.Terminal = terminal != nil
 	return nil
 }
@@ -654,7 +659,7 @@ SELECT (SELECT count(*) FROM ins), (SELECT count(*) FROM k)`, runs, insts, seqs,
 // adoptParked files the events parked for the fenced run's scope (see
 // parkEvents) under the fence, whose run holds count rows, and returns the
 // run's new row count.
-func adoptParked(ctx context.Context, tx pgx.Tx, f Fence, count int64) (int64, error) {
+func adoptParked(ctx context.Context, tx pgx.Tx, rules Rules, f Fence, count int64) (int64, error) {
 	rows, err := tx.Query(ctx, `
 DELETE FROM executor.parked_events WHERE session_scope = (SELECT session_scope FROM executor.runs WHERE run_id = $1)
 RETURNING payload_sha256, event`, f.RunID)
@@ -691,7 +696,7 @@ RETURNING payload_sha256, event`, f.RunID)
 		return count, err
 	}
 	var res AppendResult
-	if err := fileFenced(ctx, tx, f, count, fresh, &res, nil, nil); err != nil {
+	if err := fileFenced(ctx, tx, rules, f, count, fresh, &res, nil, nil); err != nil {
 		return count, err
 	}
 	return count + int64(res.Inserted), nil
@@ -743,72 +748,9 @@ type Terminal struct {
 	Message string
 }
 
-// TerminalFromEvent reads a run.terminal payload.
-func TerminalFromEvent(ev *prpv1.Event) Terminal {
-	p := ev.GetPayload().GetFields()
-	str := func(k string) string { return p[k].GetStringValue() }
-	t := Terminal{
-		State: str("runTerminalState"),
-		Result: &executorv1.RunResult{
-			TurnTerminalState: str("turnTerminalState"),
-			RunTerminalState:  str("runTerminalState"),
-			FinalMessage:      str("finalMessage"),
-			ProviderTurnId:    str("providerTurnId"),
-			ProviderThreadId:  str("providerThreadId"),
-		},
-		Code:    str("code"),
-		Message: str("message"),
-	}
-	arts, md := plan.TerminalResult(ev)
-	for _, a := range arts {
-		t.Result.Artifacts = append(t.Result.Artifacts, &executorv1.ResultArtifact{Kind: a.Kind, Ref: a.Ref, Code: a.Code})
-	}
-	t.Result.Plan = md
-	if u := p["usage"].GetStructValue(); u != nil {
-		readUsage(t.Result, u.AsMap())
-	}
-	switch t.State {
-	case StateSucceeded, StateFailed, StateCancelled:
-	default:
-		t.State = StateFailed
-		if t.Code == "" {
-			t.Code = failure.NativeRunTerminalInvalid
-			t.Message = fmt.Sprintf("run.terminal reported runTerminalState %q", str("runTerminalState"))
-		}
-	}
-	if t.State == StateFailed && t.Code == "" {
-		t.Code = failure.NativeRunFailed
-		t.Message = "the provider turn ended in state " + t.Result.TurnTerminalState
-	}
-	return t
-}
-
-// readUsage normalises the usage a run.terminal event reports (SPEC E1):
-// the run's own usage (runDelta over total), its dollar cost, and the
-// provider session's cumulative total when reported beside a delta.
-func readUsage(res *executorv1.RunResult, raw map[string]any) {
-	if u, ok := usage.Normalize(raw); ok {
-		res.Usage = usageProto(u)
-	}
-	if c, ok := usage.CostUSD(raw); ok {
-		res.CostUsd = &c
-	}
-	if total, ok := raw["total"].(map[string]any); ok {
-		if u, ok := usage.Normalize(total); ok {
-			res.SessionUsage = usageProto(u)
-		}
-	}
-}
-
-func usageProto(u usage.Usage) *executorv1.Usage {
-	return &executorv1.Usage{
-		InputTokens: uint64(u.InputTokens), CachedInputTokens: uint64(u.CachedInputTokens), OutputTokens: uint64(u.OutputTokens),
-	}
-}
-
-func finishRun(ctx context.Context, tx pgx.Tx, f Fence, t Terminal) error {
+func finishRun(ctx context.Context, tx pgx.Tx, rules Rules, f Fence, t Terminal) error {
 	if t.Result != nil && t.State == StateSucceeded {
-		if err := governedWait(ctx, tx, f.RunID, t.Result); err != nil {
+		if err := governedWait(ctx, tx, rules, f.RunID, t.Result); err != nil {
 			return err
 		}
 	}
@@ -851,7 +793,7 @@ func queueFinish(b *pgx.Batch, f Fence, t Terminal, rows int, lost *bool) error 
 	}
 	phase := PhaseCompleted
 	if t.State == StateFailed {
-		phase = recovery.PhaseTerminalFailure
+		phase = PhaseTerminalFailure
 	}
 	b.Queue(`
 UPDATE executor.coordinators SET phase = $4, lease_expires_at = now()
@@ -867,17 +809,6 @@ UPDATE executor.runs SET state = $2, result = $3, failure_code = nullif($4, ''),
        event_count = event_count + $11, ended_at = now(), updated_at = now()
  WHERE run_id = $1`, f.RunID, t.State, result, t.Code, t.Message, t.Result.GetPlan(), usageIn, usageCached, usOut, costUSD, rows)
 	return nil
-}
-
-// recordPlan keeps a stored run.plan_updated's Markdown as the run's latest
-// plan (SPEC E3).
-func recordPlan(ctx context.Context, tx execer, runID string, ev *prpv1.Event) error {
-	md, ok := plan.UpdateMarkdown(ev)
-	if !ok {
-		return nil
-	}
-	_, err := tx.Exec(ctx, `UPDATE executor.runs SET plan = $2 WHERE run_id = $1`, runID, md)
-	return err
 }
 
 // FailRun ends a run the executor itself must fail (the runner could not
@@ -907,7 +838,7 @@ func (s *Store) failRun(ctx context.Context, f Fence, code, message string, reco
 		}
 		t := Terminal{State: StateFailed, Code: code, Message: message,
 			Result: &executorv1.RunResult{TurnTerminalState: "failed", RunTerminalState: StateFailed}}
-		if err := finishRun(ctx, tx, f, t); err != nil {
+		if err := finishRun(ctx, tx, s.rules, f, t); err != nil {
 			return err
 		}
 		if recovery != nil {
@@ -1008,7 +939,7 @@ func encodeEvents(events []*prpv1.Event) ([]encodedEvent, error) {
 // fastEligible reports whether a batch can take the one-statement path: all
 // events of the fenced run, in strictly increasing source order per
 // instance, none that changes the run's outcome or process facts.
-func fastEligible(f Fence, evs []encodedEvent) bool {
+func fastEligible(f Fence, evs []encodedEvent, rules Rules) bool {
 	if len(evs) == 0 {
 		return false
 	}
@@ -1022,7 +953,7 @@ next:
 	for _, e := range evs {
 		ev := e.ev
 		if ev.GetRunId() != f.RunID || ev.GetEventType() == EventTerminal || ev.GetEventType() == EventHarnessReady ||
-			ev.GetEventType() == plan.EventPlanUpdated || interactionEvent(ev.GetEventType()) {
+			ev.GetEventType() == prp.EventRunPlanUpdated || rules.Decides(ev.GetEventType()) {
 			return false
 		}
 		inst, seq := ev.GetSourceInstanceId(), ev.GetSourceSeq()

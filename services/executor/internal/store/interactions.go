@@ -17,8 +17,6 @@ import (
 	"github.com/tether-run/tether/pkg/failure"
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
-	"github.com/tether-run/tether/services/executor/internal/governed"
-	"github.com/tether-run/tether/services/executor/internal/runtimeq"
 )
 
 // Interaction statuses and codes (SPEC E4, E5).
@@ -27,51 +25,26 @@ const (
 	InteractionAnswered = "answered"
 )
 
-// interactionEvent reports event types whose handling may open an
-// interaction or count a runtime input lifecycle step: they take the
-// careful append path, which handles each fresh event exactly once.
-func interactionEvent(typ string) bool {
-	return typ == runtimeq.EventToolInput || typ == runtimeq.EventHarnessDiagnostic || strings.HasPrefix(typ, "runtime_request.")
-}
-
-// recordInteractions opens the interactions the fresh (never stored
-// before) events filed under runID call for, once per idempotency key, and returns
-// their runtime input lifecycle metrics.
-func recordInteractions(ctx context.Context, tx execer, runID string, fresh []encodedEvent) ([]runtimeq.Metric, error) {
-	var metrics []runtimeq.Metric
-	for _, e := range fresh {
-		if !interactionEvent(e.ev.GetEventType()) {
-			continue
-		}
-		// The event names the run whose turn it belongs to (its idempotency
-		// key says so); the interaction is the fenced run's, which files it.
-		evRun := e.ev.GetRunId()
-		if evRun == "" {
-			evRun = runID
-		}
-		ev := runtimeq.Event{EventType: e.ev.GetEventType(), RunID: evRun, Payload: e.ev.GetPayload().AsMap()}
-		if m, ok := runtimeq.LifecycleMetric(ev); ok {
-			metrics = append(metrics, m)
-		}
-		in, lost, ok := runtimeq.FromEvent(ev)
-		if !ok {
-			continue
-		}
+// recordInteractions opens the interactions a batch's fresh (never stored
+// before) events filed under runID open (Decisions.Interactions), once
+// per idempotency key.
+func recordInteractions(ctx context.Context, tx execer, runID string, open []OpenInteraction) error {
+	for _, in := range open {
 		payload, err := json.Marshal(in.Payload)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		if _, err := tx.Exec(ctx, `
 INSERT INTO executor.interactions (interaction_id, idempotency_key, kind, source_run_id, company_id, title, summary,
        continuation_policy, provider_lost, runtime_request_id, payload)
 SELECT $1, $2, $3, $4, r.company_id, $5, $6, $7, $8, $9, $10 FROM executor.runs r WHERE r.run_id = $4
 ON CONFLICT (idempotency_key) DO NOTHING`,
-			newID("ia-"), in.IdempotencyKey, in.Kind, runID, in.Title, in.Summary, in.ContinuationPolicy, lost,
+			newID("ia-"), in.IdempotencyKey, in.Kind, runID, in.Title, in.Summary, in.ContinuationPolicy, in.ProviderLost,
 			in.Payload.RuntimeRequestID, payload); err != nil {
-			return nil, err
+			return err
 		}
 	}
-	return metrics, nil
+	return nil
 }
 
 // governedWait makes a succeeded run's result a governed wait (SPEC E4)
@@ -79,12 +52,15 @@ ON CONFLICT (idempotency_key) DO NOTHING`,
 // interaction the run opened (not one whose provider was lost: its
 // fallback wakes the assignee instead), or one of its input's partial
 // item-verdict responses.
-func governedWait(ctx context.Context, tx pgx.Tx, runID string, res *executorv1.RunResult) error {
+func governedWait(ctx context.Context, tx pgx.Tx, rules Rules, runID string, res *executorv1.RunResult) error {
+	if rules == nil {
+		return errNoRules
+	}
 	var g governedRead
 	if err := g.scan(tx.QueryRow(ctx, governedWaitSQL, runID)); err != nil {
 		return err
 	}
-	return g.apply(ctx, tx, runID, res)
+	return g.apply(ctx, tx, rules, runID, res)
 }
 
 // governedWaitSQL reads, in one round trip in the common case, the run's
@@ -102,7 +78,7 @@ SELECT r.input, coalesce(i.interaction_id, ''), coalesce(i.title, ''), coalesce(
 // interaction (nothing it writes before the run's finish changes it).
 type governedRead struct {
 	raw  []byte
-	wait governed.Interaction
+	wait PendingInteraction
 	ok   bool // read
 }
 
@@ -117,20 +93,13 @@ func (g *governedRead) scan(row pgx.Row) error {
 // apply makes res a governed wait when the read says the run waits: one
 // more round trip only when the run's input continues pending
 // interactions (partial item-verdict responses).
-func (g *governedRead) apply(ctx context.Context, tx pgx.Tx, runID string, res *executorv1.RunResult) error {
+func (g *governedRead) apply(ctx context.Context, tx pgx.Tx, rules Rules, runID string, res *executorv1.RunResult) error {
 	raw, wait := g.raw, g.wait
 	in := &prpv1.ExecutionInput{}
 	if err := proto.Unmarshal(raw, in); err != nil {
 		return err
 	}
-	var responses []governed.InteractionResponse
-	for _, r := range in.GetInteractionResponses() {
-		responses = append(responses, governed.InteractionResponse{
-			InteractionID: r.GetInteractionId(), Kind: r.GetKind(),
-			Response: governed.Response{Status: r.GetStatus(), Result: &governed.ItemVerdictResult{Complete: r.GetComplete()}},
-		})
-	}
-	if continuing := governed.ContinuingPendingInteractionIDs(responses); len(continuing) > 0 {
+	if continuing := rules.ContinuingInteractions(in); len(continuing) > 0 {
 		err := tx.QueryRow(ctx, `
 SELECT interaction_id, title, summary FROM executor.interactions
  WHERE status = 'pending' AND ((source_run_id = $1 AND NOT provider_lost) OR interaction_id = ANY($2))
@@ -142,29 +111,7 @@ SELECT interaction_id, title, summary FROM executor.interactions
 	if wait.ID == "" {
 		return nil
 	}
-	contract := governed.CompletionContract{Revision: in.GetCompletionContract().GetRevision(), Objective: in.GetCompletionContract().GetObjective()}
-	for _, c := range in.GetCompletionContract().GetCriteria() {
-		contract.Criteria = append(contract.Criteria, governed.Criterion{ID: c.GetId(), Requirement: c.GetRequirement()})
-	}
-	w, err := governed.WaitResult(wait, contract)
-	if err != nil {
-		return err
-	}
-	res.ReportedWorkDisposition = w.ReportedWorkDisposition
-	res.Summary = w.Summary
-	claim := &executorv1.CompletionClaim{ContractRevision: w.CompletionClaim.ContractRevision, ObjectiveSatisfied: w.CompletionClaim.ObjectiveSatisfied}
-	for _, c := range w.CompletionClaim.Criteria {
-		claim.Criteria = append(claim.Criteria, &executorv1.CriterionClaim{CriterionId: c.CriterionID, Status: c.Status, EvidenceRefs: c.EvidenceRefs})
-	}
-	res.CompletionClaim = claim
-	res.Continuation = &executorv1.Continuation{Kind: w.Continuation.Kind, Summary: w.Continuation.Summary, IdempotencyKey: w.Continuation.IdempotencyKey}
-	for _, e := range w.Evidence {
-		res.EvidenceRefs = append(res.EvidenceRefs, e.Ref)
-	}
-	for _, a := range w.Artifacts {
-		res.Artifacts = append(res.Artifacts, &executorv1.ResultArtifact{Kind: a.Kind, Ref: a.Ref})
-	}
-	return nil
+	return rules.GovernedWait(in, wait, res)
 }
 
 const interactionColumns = `interaction_id, idempotency_key, kind, status, source_run_id, company_id, title, summary,
@@ -178,8 +125,8 @@ type interactionRow struct {
 	// sourceKey is the source run's internal key (pb.SourceRunId is the
 	// id its company chose, SPEC T2).
 	sourceKey string
-	questions []runtimeq.Question
-	answers   []runtimeq.Answer
+	questions []Question
+	answers   []Answer
 	digest    string
 }
 
@@ -201,7 +148,7 @@ func scanInteraction(row pgx.Row) (*interactionRow, error) {
 		// The key names the run by its internal key (SPEC T2).
 		p.IdempotencyKey = strings.ReplaceAll(p.IdempotencyKey, ":"+r.sourceKey+":", ":"+p.SourceRunId+":")
 	}
-	var qp runtimeq.QuestionsPayload
+	var qp QuestionsPayload
 	if err := json.Unmarshal(payload, &qp); err != nil {
 		return nil, err
 	}
@@ -321,9 +268,13 @@ func ContinuationRunID(interactionID string) string { return "wake-" + interacti
 // interaction_already_answered; an answer that does not fit the questions
 // is interaction_answer_invalid; nothing is written for either. A partial
 // item-verdict answer is recorded and the interaction stays pending.
-func (s *Store) AnswerInteraction(ctx context.Context, id string, answers []runtimeq.Answer) (AnswerOutcome, error) {
+func (s *Store) AnswerInteraction(ctx context.Context, id string, answers []Answer) (AnswerOutcome, error) {
 	var out AnswerOutcome
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+	rules, err := s.decider()
+	if err != nil {
+		return out, err
+	}
+	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		out = AnswerOutcome{}
 		r, err := scanInteraction(tx.QueryRow(ctx, `SELECT `+interactionColumns+` FROM executor.interactions WHERE interaction_id = $1 FOR UPDATE`, id))
 		if errors.Is(err, pgx.ErrNoRows) {
@@ -334,7 +285,7 @@ func (s *Store) AnswerInteraction(ctx context.Context, id string, answers []runt
 		}
 		p := r.pb
 		if p.GetStatus() == InteractionAnswered {
-			merged, _, err := runtimeq.MergeAnswers(p.GetKind(), r.questions, nil, answers)
+			merged, _, err := rules.MergeAnswers(p.GetKind(), r.questions, nil, answers)
 			if err == nil && answerDigest(merged) == r.digest {
 				out.Interaction, out.ContinuationRunID = p, p.GetContinuationRunId()
 				return nil
@@ -342,8 +293,8 @@ func (s *Store) AnswerInteraction(ctx context.Context, id string, answers []runt
 			return failure.New(codes.FailedPrecondition, failure.InteractionAlreadyAnswered,
 				"interaction %q was already answered otherwise (continuation run %q)", id, p.GetContinuationRunId())
 		}
-		merged, complete, err := runtimeq.MergeAnswers(p.GetKind(), r.questions, r.answers, answers)
-		var ae *runtimeq.AnswerError
+		merged, complete, err := rules.MergeAnswers(p.GetKind(), r.questions, r.answers, answers)
+		var ae *AnswerError
 		if errors.As(err, &ae) {
 			return failure.New(codes.InvalidArgument, failure.InteractionAnswerInvalid, "%s", ae.Reason)
 		}
@@ -362,7 +313,7 @@ func (s *Store) AnswerInteraction(ctx context.Context, id string, answers []runt
 		status, runID := InteractionPending, ""
 		if complete {
 			status, runID = InteractionAnswered, ContinuationRunID(id)
-			in, err := continuationInput(ctx, tx, r, merged)
+			in, err := continuationInput(ctx, tx, rules, r, merged)
 			if err != nil {
 				return err
 			}
@@ -396,7 +347,7 @@ UPDATE executor.interactions SET answers = $2, answer_digest = $3, status = $4, 
 // continuationInput is the source run's input continued with the answer:
 // the same session (its warm provider, when live), the answer in words as
 // the prompt, and the interaction's response.
-func continuationInput(ctx context.Context, tx pgx.Tx, r *interactionRow, answers []runtimeq.Answer) (*prpv1.ExecutionInput, error) {
+func continuationInput(ctx context.Context, tx pgx.Tx, rules Rules, r *interactionRow, answers []Answer) (*prpv1.ExecutionInput, error) {
 	var raw []byte
 	if err := tx.QueryRow(ctx, `SELECT input FROM executor.runs WHERE run_id = $1`, r.sourceKey).Scan(&raw); err != nil {
 		return nil, fmt.Errorf("reading the source run of interaction %s: %w", r.pb.GetInteractionId(), err)
@@ -405,7 +356,7 @@ func continuationInput(ctx context.Context, tx pgx.Tx, r *interactionRow, answer
 	if err := proto.Unmarshal(raw, in); err != nil {
 		return nil, err
 	}
-	in.Task = &prpv1.Task{Prompt: runtimeq.AnswerPrompt(r.pb.GetTitle(), r.questions, answers)}
+	in.Task = &prpv1.Task{Prompt: rules.AnswerPrompt(r.pb.GetTitle(), r.questions, answers)}
 	resp := &prpv1.InteractionResponse{InteractionId: r.pb.GetInteractionId(), Kind: r.pb.GetKind(), Status: InteractionAnswered, Complete: true}
 	for _, a := range answers {
 		resp.Answers = append(resp.Answers, &prpv1.InteractionResponseAnswer{QuestionId: a.QuestionID, OptionIds: a.OptionIDs, Text: a.Text})
@@ -414,7 +365,7 @@ func continuationInput(ctx context.Context, tx pgx.Tx, r *interactionRow, answer
 	return in, nil
 }
 
-func answerDigest(answers []runtimeq.Answer) string {
+func answerDigest(answers []Answer) string {
 	if len(answers) == 0 {
 		return ""
 	}

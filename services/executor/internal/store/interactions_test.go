@@ -8,7 +8,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tether-run/tether/pkg/failure"
+	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
+	"github.com/tether-run/tether/pkg/testing/pgtest"
+	"github.com/tether-run/tether/services/executor/internal/runrules"
 	"github.com/tether-run/tether/services/executor/internal/runtimeq"
 	"github.com/tether-run/tether/services/executor/internal/store"
 )
@@ -133,4 +136,31 @@ func TestU1_ListInteractionsPagesWithFilterBoundTokens(t *testing.T) {
 		want = append(want, in.GetInteractionId())
 	}
 	require.Equal(t, want, got, "the pages are the full list, in order, once")
+}
+
+// A store opened without the run's rules (a read-only use: tetherctl
+// audit, the partition and retention commands) reads, and refuses every
+// write that would decide through the rules, writing nothing.
+func TestStoreWithoutRulesRefusesADecidingWrite(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dsn := pgtest.NewDB(t, Migrator)
+	s, err := store.Open(ctx, dsn, runrules.New())
+	require.NoError(t, err)
+	t.Cleanup(s.Close)
+	c := claimed(t, s, "r", "o")
+	reader, err := store.Open(ctx, dsn, nil)
+	require.NoError(t, err)
+	t.Cleanup(reader.Close)
+
+	_, err = reader.AppendEvents(ctx, c.Fence, []*prpv1.Event{event("r", "runner-1", 1, "item.completed", nil)})
+	require.ErrorContains(t, err, "without the run's rules")
+	_, err = reader.AnswerInteraction(ctx, "ia-none", nil)
+	require.ErrorContains(t, err, "without the run's rules")
+	run, err := reader.GetRun(ctx, "r")
+	require.NoError(t, err)
+	require.Equal(t, executorv1.RunState_RUN_STATE_RUNNING, run.GetState())
+	evs, err := reader.EventsAfter(ctx, "r", 0, 10)
+	require.NoError(t, err)
+	require.Empty(t, evs)
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tether-run/tether/pkg/testing/pgtest"
+	"github.com/tether-run/tether/services/executor/internal/runrules"
 	"github.com/tether-run/tether/services/executor/internal/store"
 )
 
@@ -43,7 +44,7 @@ func TestL3_ExecutorsStartingTogetherOnAFreshDatabaseMigrateItOnce(t *testing.T)
 	for i, err := range errs {
 		require.NoError(t, err, "replica %d", i)
 	}
-	s, err := store.Open(ctx, dsn)
+	s, err := store.Open(ctx, dsn, runrules.New())
 	require.NoError(t, err)
 	defer s.Close()
 	var applied, distinct int

@@ -20,6 +20,7 @@ import (
 	"github.com/tether-run/tether/pkg/testing/pgtest"
 	"github.com/tether-run/tether/services/executor/internal/audit"
 	"github.com/tether-run/tether/services/executor/internal/retention"
+	"github.com/tether-run/tether/services/executor/internal/runrules"
 	"github.com/tether-run/tether/services/executor/internal/store"
 )
 
@@ -252,7 +253,7 @@ func TestL2_AnExecutorOfThePreviousReleaseKeepsAppendingThroughTheMigrationAndTh
 		return err
 	}
 	dsn := pgtest.NewDB(t, pgtest.MigratorFunc("executor-upto-00027", upTo27))
-	s, err := store.Open(ctx, dsn)
+	s, err := store.Open(ctx, dsn, runrules.New())
 	require.NoError(t, err)
 	defer s.Close()
 

@@ -22,6 +22,7 @@ import (
 	"github.com/tether-run/tether/pkg/scope"
 	"github.com/tether-run/tether/pkg/scope/durable"
 	"github.com/tether-run/tether/pkg/testing/pgtest"
+	"github.com/tether-run/tether/services/executor/internal/runrules"
 	"github.com/tether-run/tether/services/executor/internal/store"
 )
 
@@ -465,7 +466,7 @@ func TestE13_DatabaseUnavailableLeavesEveryRootUntouched(t *testing.T) {
 	t.Parallel()
 	dsn := pgtest.NewDB(t, Migrator)
 	ctx := context.Background()
-	s, err := store.Open(ctx, dsn)
+	s, err := store.Open(ctx, dsn, runrules.New())
 	require.NoError(t, err)
 	t.Cleanup(s.Close)
 	in := e13Input(e13Company, e13Agent, "ws-down", "session-down")
@@ -474,7 +475,7 @@ func TestE13_DatabaseUnavailableLeavesEveryRootUntouched(t *testing.T) {
 	e13Run(t, s, prior, in, store.StateSucceeded)
 	e13Run(t, s, cur, in, store.StateRunning)
 
-	closed, err := store.Open(ctx, dsn)
+	closed, err := store.Open(ctx, dsn, runrules.New())
 	require.NoError(t, err)
 	closed.Close()
 	cancelled, cancel := context.WithCancel(ctx)

@@ -13,6 +13,7 @@ import (
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/scope"
 	"github.com/tether-run/tether/pkg/testing/pgtest"
+	"github.com/tether-run/tether/services/executor/internal/runrules"
 	"github.com/tether-run/tether/services/executor/internal/store"
 )
 
@@ -56,7 +57,7 @@ SELECT run_id, session_scope, submit_seq, $1 FROM executor.runs WHERE run_id = '
 	require.NoError(t, err)
 	require.NoError(t, store.MigrateDB(ctx, db))
 
-	s, err := store.Open(ctx, dsn)
+	s, err := store.Open(ctx, dsn, runrules.New())
 	require.NoError(t, err)
 	defer s.Close()
 	for _, ref := range []store.RunRef{{ID: "old-1", Companies: []string{"acme"}}, {ID: "old-1"}, {ID: "old-1", Company: "acme"}} {

@@ -11,7 +11,6 @@ import (
 
 	"github.com/tether-run/tether/pkg/failure"
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
-	"github.com/tether-run/tether/services/executor/internal/secrets"
 )
 
 // ErrSecretNotFound is the secret_not_found error of company's name.
@@ -28,7 +27,7 @@ ON CONFLICT (company_id, name) DO UPDATE
 RETURNING version, updated_at`
 
 // PutSecret stores a new version of company's secret name (SPEC T3).
-func (s *Store) PutSecret(ctx context.Context, company, name, by string, v *secrets.Sealed) (*executorv1.Secret, error) {
+func (s *Store) PutSecret(ctx context.Context, company, name, by string, v *SealedSecret) (*executorv1.Secret, error) {
 	var (
 		version uint64
 		at      time.Time
@@ -42,7 +41,7 @@ func (s *Store) PutSecret(ctx context.Context, company, name, by string, v *secr
 // EnsureSecret stores company's secret name unless it exists already (a
 // plain configured value stored by reference: its name is a keyed digest
 // of its value, so an existing one holds the same value).
-func (s *Store) EnsureSecret(ctx context.Context, company, name, by string, v *secrets.Sealed) error {
+func (s *Store) EnsureSecret(ctx context.Context, company, name, by string, v *SealedSecret) error {
 	_, err := s.pool.Exec(ctx, `
 INSERT INTO executor.secrets (company_id, name, version, key_id, data_key, sealed_value, updated_by)
 VALUES ($1, $2, 1, $3, $4, $5, $6) ON CONFLICT (company_id, name) DO NOTHING`, company, name, v.KeyID, v.DataKey, v.Value, by)
@@ -106,17 +105,17 @@ func (s *Store) DeleteSecret(ctx context.Context, company, name string) (*execut
 
 // SealedSecrets reads company's secrets of names, sealed; a missing one is
 // secret_not_found.
-func (s *Store) SealedSecrets(ctx context.Context, company string, names []string) (map[string]*secrets.Sealed, error) {
+func (s *Store) SealedSecrets(ctx context.Context, company string, names []string) (map[string]*SealedSecret, error) {
 	rows, err := s.pool.Query(ctx, `SELECT name, key_id, data_key, sealed_value FROM executor.secrets WHERE company_id = $1 AND name = ANY($2)`, company, names)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	out := map[string]*secrets.Sealed{}
+	out := map[string]*SealedSecret{}
 	for rows.Next() {
 		var (
 			name string
-			v    secrets.Sealed
+			v    SealedSecret
 		)
 		if err := rows.Scan(&name, &v.KeyID, &v.DataKey, &v.Value); err != nil {
 			return nil, err

@@ -28,7 +28,6 @@ import (
 	"github.com/tether-run/tether/pkg/prp"
 	"github.com/tether-run/tether/pkg/scope"
 	"github.com/tether-run/tether/pkg/synctrace"
-	"github.com/tether-run/tether/services/executor/internal/recovery"
 )
 
 // Migrations holds the embedded, numbered goose migrations.
@@ -89,6 +88,9 @@ var marshalDet = proto.MarshalOptions{Deterministic: true}
 type Store struct {
 	pool  *pgxpool.Pool
 	hooks Hooks
+	// rules decide what the events a runner reports, and an interaction's
+	// answer, write beside their rows (nil: errNoRules on such a write).
+	rules Rules
 	// committed, when set, learns of each commit that appended events to
 	// a run (OnEventsCommitted).
 	committed func(runID string, evs []StoredEvent)
@@ -136,17 +138,20 @@ func MigrateDB(ctx context.Context, db *sql.DB) error { return pgstore.MigrateDB
 // at least 8 (pgx's own default is 4 on a 2-core host).
 func DefaultMaxConns() int { return max(8, 4*runtime.NumCPU()) }
 
-// Open connects a pool to dsn.
-func Open(ctx context.Context, dsn string, opts ...pgstore.Option) (*Store, error) {
+// Open connects a pool to dsn. rules decide what the events a runner
+// reports, and an interaction's answer, write beside their rows; a store
+// that only reads (tools, tetherctl audit) may pass nil, and a write that
+// decides through them then fails.
+func Open(ctx context.Context, dsn string, rules Rules, opts ...pgstore.Option) (*Store, error) {
 	pool, err := pgstore.Open(ctx, dsn, opts...)
 	if err != nil {
 		return nil, err
 	}
-	return &Store{pool: pool}, nil
+	return &Store{pool: pool, rules: rules}, nil
 }
 
-// New wraps an existing pool.
-func New(pool *pgxpool.Pool) *Store { return &Store{pool: pool} }
+// New wraps an existing pool (rules as in Open).
+func New(pool *pgxpool.Pool, rules Rules) *Store { return &Store{pool: pool, rules: rules} }
 
 // Pool exposes the pool (for LISTEN connections and benchmarks).
 func (s *Store) Pool() *pgxpool.Pool { return s.pool }
@@ -607,7 +612,7 @@ SELECT phase, count(*) FROM executor.coordinators
 		return nil, err
 	}
 	defer rows.Close()
-	out := map[string]int64{PhaseQueued: 0, recovery.PhaseRetryableFailure: 0}
+	out := map[string]int64{PhaseQueued: 0, PhaseRetryableFailure: 0}
 	for rows.Next() {
 		var (
 			phase string

@@ -19,6 +19,7 @@ import (
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/testing/pgtest"
+	"github.com/tether-run/tether/services/executor/internal/runrules"
 	"github.com/tether-run/tether/services/executor/internal/store"
 )
 
@@ -29,7 +30,7 @@ var Migrator = pgtest.GooseMigrator(store.Migrations, "migrations", goose.WithTa
 
 func newStore(t *testing.T) *store.Store {
 	t.Helper()
-	s, err := store.Open(context.Background(), pgtest.NewDB(t, Migrator))
+	s, err := store.Open(context.Background(), pgtest.NewDB(t, Migrator), runrules.New())
 	require.NoError(t, err)
 	t.Cleanup(s.Close)
 	return s

@@ -20,6 +20,7 @@ import (
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/pgstore"
 	"github.com/tether-run/tether/pkg/testing/pgtest"
+	"github.com/tether-run/tether/services/executor/internal/runrules"
 	"github.com/tether-run/tether/services/executor/internal/store"
 )
 
@@ -99,7 +100,7 @@ func (c countingConn) Read(p []byte) (int, error) {
 func countedStore(t *testing.T) (*store.Store, *roundTrips) {
 	t.Helper()
 	r := &roundTrips{}
-	s, err := store.Open(context.Background(), pgtest.NewDB(t, Migrator), pgstore.MaxConns(1), func(c *pgxpool.Config) {
+	s, err := store.Open(context.Background(), pgtest.NewDB(t, Migrator), runrules.New(), pgstore.MaxConns(1), func(c *pgxpool.Config) {
 		c.ConnConfig.Tracer = r
 		c.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
 			conn, err := (&net.Dialer{}).DialContext(ctx, network, addr)
@@ -410,7 +411,7 @@ func benchTerminalCommit(b *testing.B, opts ...pgtest.Option) {
 	if err := store.Migrate(ctx, dsn); err != nil {
 		b.Fatal(err)
 	}
-	s, err := store.Open(ctx, dsn)
+	s, err := store.Open(ctx, dsn, runrules.New())
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -71,6 +71,7 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/tether-run/tether/pkg/testing/pgtest"
+	"github.com/tether-run/tether/services/executor/internal/runrules"
 	"github.com/tether-run/tether/services/executor/internal/store"
 )
 
@@ -215,7 +216,7 @@ func run(ctx context.Context, cfg config) (err error) {
 		return err
 	}
 	defer rawPool.Close()
-	st := store.New(tetherPool)
+	st := store.New(tetherPool, runrules.New())
 	if err := printServer(ctx, rawPool, cfg); err != nil {
 		return err
 	}
