@@ -23,6 +23,8 @@ var structuredFields = []string{
 	"tether.prp.v1.DynamicTool.input_schema",                     // admission.CheckStructure at submit
 	"tether.executor.v1.ResolveRuntimeRequestRequest.resolution", // api: structure checked before dispatch
 	"tether.prp.v1.Command.payload",                              // executor-built commands (grant-authorised)
+	"tether.prp.v1.RequestResolve.resolution",                    // api: structure checked before dispatch
+	"tether.prp.v1.ToolResult.content_items",                     // executor-built commands (grant-authorised)
 	// Built by the executor and the gateway (mTLS peers), bounded by the
 	// message size; never taken from a client request.
 	"tether.backup.v1.ExecutionIdentity.provider",

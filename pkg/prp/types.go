@@ -4,12 +4,24 @@ package prp
 // defined here once (packages that name them keep their own identifiers as
 // aliases of these).
 
+// CommandSchema is the schema every command names.
+const CommandSchema = "tether.prp.command.v1"
+
 // Command types: the controller's commands to a runner.
 const (
-	CommandRunAttach      = "run.attach"
-	CommandTurnStart      = "turn.start"
-	CommandRequestResolve = "request.resolve"
-	CommandToolResult     = "tool.result"
+	CommandRunAttach     = "run.attach"
+	CommandTurnStart     = "turn.start"
+	CommandTurnSteer     = "turn.steer"
+	CommandTurnInterrupt = "turn.interrupt"
+	// CommandSessionClose closes the session; the runner exits.
+	CommandSessionClose = "session.close"
+	// CommandRunnerSuspend stops the provider cleanly, keeps its thread
+	// and exits once the outbox is acknowledged (SPEC R5).
+	CommandRunnerSuspend = "runner.suspend"
+	// CommandRunnerCheckpoint stages an online checkpoint.
+	CommandRunnerCheckpoint = "runner.checkpoint"
+	CommandRequestResolve   = "request.resolve"
+	CommandToolResult       = "tool.result"
 )
 
 // Event types.

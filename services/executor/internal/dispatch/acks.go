@@ -1,12 +1,8 @@
 package dispatch
 
 import (
-	"encoding/json"
-
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 )
-
-func jsonUnmarshal(b []byte, v any) error { return json.Unmarshal(b, v) }
 
 // ackTracker computes, per source instance, the highest source seq below
 // which every event is persisted. It starts from the runner's own durable

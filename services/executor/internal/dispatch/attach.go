@@ -399,10 +399,7 @@ func (a *attachment) dispatchCancel(rec *executorv1.Cancellation) error {
 	if rec == nil || rec.GetDispatchState() != "pending" {
 		return nil
 	}
-	cmd, err := newCommand(a.c, "turn.interrupt", map[string]any{"reason": rec.GetReason()})
-	if err != nil {
-		return err
-	}
+	cmd := newCommand(a.c, &prpv1.TurnInterrupt{Reason: rec.GetReason()})
 	cmd.CommandId = fmt.Sprintf("%s/cancel/%s", a.c.RunID, rec.GetIntentId())
 	if _, sent := a.cancelIntents[cmd.CommandId]; sent {
 		return nil // a second kick (the local one and the notification): sent on this stream already
@@ -669,9 +666,7 @@ func (a *attachment) onResult(r *prpv1.CommandResult) (stop, done bool, err erro
 // closed, and the stream is closed for sending.
 func (a *attachment) finish() (bool, error) {
 	if a.c.Input.GetSession().GetLifecycle().GetMode() != prpv1.LifecycleMode_LIFECYCLE_MODE_WARM {
-		if closeCmd, err := newCommand(a.c, "session.close", map[string]any{"reason": "per_turn run ended"}); err == nil {
-			_ = a.sendCmd(closeCmd)
-		}
+		_ = a.sendCmd(newCommand(a.c, &prpv1.SessionClose{Reason: "per_turn run ended"}))
 	}
 	_ = a.stream.CloseSend()
 	return true, nil

@@ -18,9 +18,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/tether-run/tether/pkg/backoff"
@@ -878,15 +876,12 @@ func commandID(c *store.Claim, typ string) string {
 	return fmt.Sprintf("%s/g%d/%s", c.RunID, c.TurnGeneration, typ)
 }
 
-func newCommand(c *store.Claim, typ string, payload map[string]any) (*prpv1.Command, error) {
-	p, err := structpb.NewStruct(payload)
-	if err != nil {
-		return nil, err
-	}
-	return &prpv1.Command{
-		Schema: "tether.prp.command.v1", CommandId: commandID(c, typ), Type: typ,
-		IssuedAt: timestamppb.Now(), Payload: p, RunId: c.RunID, Attempt: c.Attempt,
-	}, nil
+// newCommand is the claim's command of body (its type named by the body).
+func newCommand(c *store.Claim, body proto.Message) *prpv1.Command {
+	cmd := prp.NewCommand(body)
+	cmd.Schema, cmd.CommandId, cmd.IssuedAt = prp.CommandSchema, commandID(c, cmd.GetType()), timestamppb.Now()
+	cmd.RunId, cmd.Attempt = c.RunID, c.Attempt
+	return cmd
 }
 
 // acknowledgeCancellation records the acknowledgement, retrying a failed
@@ -973,22 +968,8 @@ func turnCommands(c *store.Claim, resolved map[string]string) ([]*prpv1.Command,
 		in.Environment.Configured = conf
 	}
 	in.Environment = provenv.Policy(in)
-	inputJSON, err := protojson.Marshal(in)
-	if err != nil {
-		return nil, err
-	}
-	var inputMap map[string]any
-	if err := jsonUnmarshal(inputJSON, &inputMap); err != nil {
-		return nil, err
-	}
-	attach, err := newCommand(c, "run.attach", map[string]any{"input": inputMap})
-	if err != nil {
-		return nil, err
-	}
-	turn, err := newCommand(c, "turn.start", map[string]any{"text": c.Input.GetTask().GetPrompt()})
-	if err != nil {
-		return nil, err
-	}
+	attach := newCommand(c, &prpv1.RunAttach{Input: in})
+	turn := newCommand(c, &prpv1.TurnStart{Text: c.Input.GetTask().GetPrompt()})
 	return []*prpv1.Command{attach, turn}, nil
 }
 
@@ -1089,10 +1070,7 @@ func (d *Dispatcher) closeFailed(ctx context.Context, c *store.Claim, prevID str
 // provider thread resumes with its history.
 func (d *Dispatcher) closeForReplacement(ctx context.Context, c *store.Claim, send func(*gatewayv1.AttachRequest) error,
 	recv func() (*gatewayv1.AttachResponse, error), floor uint64, log *slog.Logger) error {
-	cmd, err := newCommand(c, "session.close", map[string]any{"reason": CloseReasonConfigChanged})
-	if err != nil {
-		return err
-	}
+	cmd := newCommand(c, &prpv1.SessionClose{Reason: CloseReasonConfigChanged})
 	log.Info("closing the warm session for a configuration change")
 	if err := send(&gatewayv1.AttachRequest{Kind: &gatewayv1.AttachRequest_Command{Command: cmd}}); err != nil {
 		return err

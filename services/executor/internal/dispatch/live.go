@@ -7,6 +7,8 @@ import (
 	"sync"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/tether-run/tether/pkg/failure"
 	gatewayv1 "github.com/tether-run/tether/pkg/gen/tether/gateway/v1"
@@ -163,12 +165,7 @@ func (l *liveSession) Steer(ctx context.Context, in livesession.SteerInput) erro
 	if id == "" {
 		id = store.NewID("steer-")
 	}
-	cmd, err := newCommand(l.claim, "turn.steer", map[string]any{
-		"text": in.Message.Text, "expectedTurnId": in.TurnID, "correlationId": in.CorrelationID,
-	})
-	if err != nil {
-		return err
-	}
+	cmd := newCommand(l.claim, &prpv1.TurnSteer{Text: in.Message.Text, ExpectedTurnId: in.TurnID, CorrelationId: in.CorrelationID})
 	cmd.CommandId = fmt.Sprintf("%s/steer/%s", l.claim.RunID, id)
 	r, err := l.call(ctx, cmd)
 	if err != nil {
@@ -188,12 +185,11 @@ func (l *liveSession) Steer(ctx context.Context, in livesession.SteerInput) erro
 // ResolveRuntimeRequest sends request.resolve with the reservation's
 // command id and waits for the runner's result.
 func (l *liveSession) ResolveRuntimeRequest(ctx context.Context, commandID, requestID, turnID string, resolution map[string]any) error {
-	cmd, err := newCommand(l.claim, "request.resolve", map[string]any{
-		"requestId": requestID, "turnId": turnID, "resolution": resolution,
-	})
+	res, err := structpb.NewStruct(resolution)
 	if err != nil {
 		return err
 	}
+	cmd := newCommand(l.claim, &prpv1.RequestResolve{RequestId: requestID, TurnId: turnID, Resolution: res})
 	cmd.CommandId = commandID
 	defer l.answer("request:"+requestID, commandID)()
 	r, err := l.call(ctx, l.withToolEpoch(cmd))
@@ -222,10 +218,7 @@ func (l *liveSession) ResolveRuntimeRequest(ctx context.Context, commandID, requ
 // the runner's result (the runner refuses a call of another turn with
 // native_tool_authority_epoch_revoked).
 func (l *liveSession) CompleteToolCall(ctx context.Context, callID string, success bool, text string) (string, error) {
-	cmd, err := newCommand(l.claim, "tool.result", map[string]any{"callId": callID, "success": success, "text": text})
-	if err != nil {
-		return "", err
-	}
+	cmd := newCommand(l.claim, &prpv1.ToolResult{CallId: callID, Success: proto.Bool(success), Text: proto.String(text)})
 	cmd.CommandId = fmt.Sprintf("%s/tool/%s", l.claim.RunID, callID)
 	defer l.answer("tool:"+callID, cmd.GetCommandId())()
 	r, err := l.call(ctx, l.withToolEpoch(cmd))

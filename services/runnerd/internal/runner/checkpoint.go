@@ -14,6 +14,7 @@ import (
 
 	"github.com/tether-run/tether/pkg/archive"
 	"github.com/tether-run/tether/pkg/failure"
+	"github.com/tether-run/tether/pkg/prp"
 	"github.com/tether-run/tether/pkg/runnerstate"
 	"github.com/tether-run/tether/services/runnerd/internal/provhost"
 )
@@ -33,7 +34,7 @@ import (
 // snapshot.
 
 // CmdRunnerCheckpoint stages an online checkpoint (see above).
-const CmdRunnerCheckpoint = "runner.checkpoint"
+const CmdRunnerCheckpoint = prp.CommandRunnerCheckpoint
 
 // CheckpointStageDir is where runner.checkpoint stages its copy, in the
 // runner directory (the gateway excludes it from every archive).
@@ -101,16 +102,11 @@ type checkpointSpec struct {
 }
 
 func checkpointSpecOf(c *prpv1.Command) (checkpointSpec, error) {
-	f := c.GetPayload().GetFields()
-	list := func(key string) []string {
-		var out []string
-		for _, v := range f[key].GetListValue().GetValues() {
-			out = append(out, v.GetStringValue())
-		}
-		return out
+	b, err := prp.RunnerCheckpointOf(c)
+	if err != nil {
+		return checkpointSpec{}, err
 	}
-	s := checkpointSpec{dirs: list("dirs"), exclude: list("exclude"), anywhere: list("anywhere"), skip: list("skip"),
-		home: payloadString(c, "home")}
+	s := checkpointSpec{dirs: b.GetDirs(), exclude: b.GetExclude(), anywhere: b.GetAnywhere(), skip: b.GetSkip(), home: b.GetHome()}
 	if len(s.dirs) == 0 || s.dirs[0] != "runner" || !slices.Contains(s.dirs, s.home) {
 		return s, fmt.Errorf("runner.checkpoint needs payload.dirs (runner first) holding payload.home")
 	}

@@ -31,14 +31,14 @@ import (
 const (
 	CmdRunAttach     = prp.CommandRunAttach
 	CmdTurnStart     = prp.CommandTurnStart
-	CmdTurnInterrupt = "turn.interrupt"
-	CmdTurnSteer     = "turn.steer"
-	CmdSessionClose  = "session.close"
+	CmdTurnInterrupt = prp.CommandTurnInterrupt
+	CmdTurnSteer     = prp.CommandTurnSteer
+	CmdSessionClose  = prp.CommandSessionClose
 	// CmdRunnerSuspend stops the provider cleanly, keeps the provider
 	// thread, records lifecycle suspended and exits once the outbox is
 	// acknowledged (SPEC R5): the state dir is then a checkpointable,
 	// resumable session.
-	CmdRunnerSuspend = "runner.suspend"
+	CmdRunnerSuspend = prp.CommandRunnerSuspend
 )
 
 // cmdError is a command outcome other than success.
@@ -78,7 +78,10 @@ func ProviderErrorCode(err error) string {
 	return ""
 }
 
-// Fingerprint is sha256 of the canonical {type, payload, runId}. The attempt
+// Fingerprint is sha256 of the canonical {type, payload, runId}, payload
+// being the command's body in its Struct form (prp.LegacyPayload): a typed
+// command and an older peer's Struct payload of the same fields have one
+// fingerprint. The attempt
 // is deliberately left out: a newer attempt of the same run (an executor that
 // took the run over) that resends a command id gets the stored result instead
 // of a second effect, so a provider turn starts at most once per command id.
@@ -90,14 +93,22 @@ func ProviderErrorCode(err error) string {
 // two attempts of a run is the same command, and no digest of a credential
 // is journaled.
 func Fingerprint(c *prpv1.Command) (string, error) {
-	return fingerprint(c, withoutEnvironmentValues(c.GetPayload()))
+	p, err := prp.LegacyPayload(c)
+	if err != nil {
+		return "", err
+	}
+	return fingerprint(c, withoutEnvironmentValues(p))
 }
 
 // legacyFingerprint is the fingerprint of a runnerd that hashed the
 // configured values too: a command journaled by it, resent to this one
 // (an upgrade during a takeover), is still recognized.
 func legacyFingerprint(c *prpv1.Command) (string, error) {
-	return fingerprint(c, c.GetPayload())
+	p, err := prp.LegacyPayload(c)
+	if err != nil {
+		return "", err
+	}
+	return fingerprint(c, p)
 }
 
 // withoutEnvironmentValues is payload with input.environment.configured's
@@ -543,11 +554,9 @@ func (r *Runner) execute(ctx context.Context, c *prpv1.Command) (map[string]any,
 	return nil, rejected(failure.CommandUnsupported, "command type %q is not supported", c.GetType())
 }
 
-func payloadString(c *prpv1.Command, key string) string {
-	if v, ok := c.GetPayload().GetFields()[key]; ok {
-		return v.GetStringValue()
-	}
-	return ""
+// bodyInvalid is the refusal of a command whose body does not read.
+func bodyInvalid(err error) *cmdError {
+	return rejected(failure.CommandInvalid, "%v", err)
 }
 
 func (r *Runner) stoppedErr() *cmdError {
@@ -583,17 +592,13 @@ func (r *Runner) cmdRunAttach(c *prpv1.Command) (map[string]any, *cmdError) {
 	if c.GetRunId() == "" {
 		return nil, rejected(failure.CommandInvalid, "run.attach needs a run id")
 	}
-	inV, ok := c.GetPayload().GetFields()["input"]
-	if !ok || inV.GetStructValue() == nil {
-		return nil, rejected(failure.CommandInvalid, "run.attach needs payload.input (ExecutionInput)")
-	}
-	raw, err := protojson.Marshal(inV.GetStructValue())
+	body, err := prp.RunAttachOf(c)
 	if err != nil {
-		return nil, rejected(failure.CommandInvalid, "payload.input: %v", err)
-	}
-	in := &prpv1.ExecutionInput{}
-	if err := (protojson.UnmarshalOptions{DiscardUnknown: true}).Unmarshal(raw, in); err != nil {
 		return nil, rejected(failure.CommandInvalid, "payload.input is not an ExecutionInput: %v", err)
+	}
+	in := body.GetInput()
+	if in == nil {
+		return nil, rejected(failure.CommandInvalid, "run.attach needs payload.input (ExecutionInput)")
 	}
 	if sid := in.GetSession().GetNormalizedSessionId(); sid != "" && sid != r.st.Identity.NormalizedSessionID {
 		return nil, rejected(failure.CommandInvalid, "input session %q does not match the runner's session %q", sid, r.st.Identity.NormalizedSessionID)
@@ -673,7 +678,11 @@ func (r *Runner) cmdTurnStart(ctx context.Context, c *prpv1.Command) (map[string
 	if e := r.requireRun(c); e != nil {
 		return nil, e
 	}
-	text := payloadString(c, "text")
+	body, err := prp.TurnStartOf(c)
+	if err != nil {
+		return nil, bodyInvalid(err)
+	}
+	text := body.GetText()
 	if text == "" || len(text) > 1<<20 {
 		return nil, rejected(failure.CommandInvalid, "turn.start needs payload.text (1 byte..1 MiB)")
 	}
@@ -935,7 +944,11 @@ func (r *Runner) cmdTurnInterrupt(ctx context.Context, c *prpv1.Command) (map[st
 	if t == nil || r.sup.prov == nil {
 		return nil, rejected(failure.NoActiveTurn, "no turn is active")
 	}
-	if want := payloadString(c, "turnId"); want != "" && want != t.TurnID {
+	body, err := prp.TurnInterruptOf(c)
+	if err != nil {
+		return nil, bodyInvalid(err)
+	}
+	if want := body.GetTurnId(); want != "" && want != t.TurnID {
 		return nil, staleTurn(failure.TurnMismatch, want, t.TurnID)
 	}
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.RequestTimeout)
@@ -955,11 +968,15 @@ func (r *Runner) cmdTurnSteer(ctx context.Context, c *prpv1.Command) (map[string
 	if t == nil || r.sup.prov == nil {
 		return nil, rejected(failure.NoActiveTurn, "no turn is active")
 	}
-	text := payloadString(c, "text")
+	body, err := prp.TurnSteerOf(c)
+	if err != nil {
+		return nil, bodyInvalid(err)
+	}
+	text := body.GetText()
 	if text == "" {
 		return nil, rejected(failure.CommandInvalid, "turn.steer needs payload.text")
 	}
-	if want := payloadString(c, "expectedTurnId"); want != "" && want != t.TurnID {
+	if want := body.GetExpectedTurnId(); want != "" && want != t.TurnID {
 		return nil, staleTurn(failure.TurnMismatch, want, t.TurnID)
 	}
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.RequestTimeout)
@@ -995,7 +1012,11 @@ func (r *Runner) cmdRunnerSuspend(c *prpv1.Command) (map[string]any, *cmdError) 
 	if e := r.suspendRefusal(); e != nil {
 		return nil, e
 	}
-	reason := payloadString(c, "reason")
+	body, err := prp.RunnerSuspendOf(c)
+	if err != nil {
+		return nil, bodyInvalid(err)
+	}
+	reason := body.GetReason()
 	if reason == "" {
 		reason = "suspended"
 	}

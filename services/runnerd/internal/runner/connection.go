@@ -39,7 +39,7 @@ func (r *Runner) buildHello() *prpv1.Hello {
 		RunnerProcess:   processProto(st.RunnerProcess),
 		ProviderProcess: processProto(st.ProviderProcess),
 		Lifecycle:       st.Lifecycle,
-		Features:        []string{prp.FeatureReplayMarker},
+		Features:        []string{prp.FeatureReplayMarker, prp.FeatureTypedCommands},
 	}
 	if len(st.SessionInput) > 0 {
 		in := &prpv1.ExecutionInput{}

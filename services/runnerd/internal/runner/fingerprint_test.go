@@ -1,12 +1,16 @@
 package runner
 
 import (
+	"encoding/json"
 	"testing"
 
 	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
+	"github.com/tether-run/tether/pkg/prp"
 )
 
 // TestT3_ARunAttachWithARotatedSecretIsTheSameCommand: the executor
@@ -40,4 +44,49 @@ func TestT3_ARunAttachWithARotatedSecretIsTheSameCommand(t *testing.T) {
 	legacy, err := legacyFingerprint(v1)
 	require.NoError(t, err)
 	require.NotEqual(t, fp1, legacy)
+}
+
+// TestATypedCommandAndItsStructFormAreOneCommand: an executor of the
+// previous release sends run.attach and turn.start with a Struct payload
+// (the input as protojson, read into a map); this release sends typed
+// bodies. A takeover across the upgrade resends the same command ids in
+// the other form: both forms have one fingerprint (the stored result is
+// resent, no second turn), and the runner reads the same input from both.
+func TestATypedCommandAndItsStructFormAreOneCommand(t *testing.T) {
+	t.Parallel()
+	in := &prpv1.ExecutionInput{
+		Task:        &prpv1.Task{Prompt: "hi"},
+		Environment: &prpv1.ProviderEnvironment{Configured: map[string]string{"OPENAI_API_KEY": "sk"}, Inherit: []string{"PATH"}},
+		Session:     &prpv1.Session{NormalizedSessionId: "s-1"},
+	}
+	// The previous release's executor: protojson, a map, a Struct.
+	raw, err := protojson.Marshal(in)
+	require.NoError(t, err)
+	var m map[string]any
+	require.NoError(t, json.Unmarshal(raw, &m))
+	p, err := structpb.NewStruct(map[string]any{"input": m})
+	require.NoError(t, err)
+	legacy := &prpv1.Command{CommandId: "run-1/g1/run.attach", Type: CmdRunAttach, RunId: "run-1", Payload: p}
+	typed := prp.NewCommand(&prpv1.RunAttach{Input: in})
+	typed.CommandId, typed.RunId = legacy.CommandId, legacy.RunId
+	fpLegacy, err := Fingerprint(legacy)
+	require.NoError(t, err)
+	fpTyped, err := Fingerprint(typed)
+	require.NoError(t, err)
+	require.Equal(t, fpLegacy, fpTyped)
+	for _, c := range []*prpv1.Command{legacy, typed} {
+		b, err := prp.RunAttachOf(c)
+		require.NoError(t, err)
+		require.True(t, proto.Equal(in, b.GetInput()), "%v", b.GetInput())
+	}
+
+	ts, err := structpb.NewStruct(map[string]any{"text": "hi"})
+	require.NoError(t, err)
+	fpLegacy, err = Fingerprint(&prpv1.Command{CommandId: "t", Type: CmdTurnStart, RunId: "run-1", Payload: ts})
+	require.NoError(t, err)
+	turn := prp.NewCommand(&prpv1.TurnStart{Text: "hi"})
+	turn.CommandId, turn.RunId = "t", "run-1"
+	fpTyped, err = Fingerprint(turn)
+	require.NoError(t, err)
+	require.Equal(t, fpLegacy, fpTyped)
 }

@@ -30,9 +30,6 @@ package runner
 
 import (
 	"context"
-	"strconv"
-
-	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/tether-run/tether/pkg/failure"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
@@ -80,18 +77,15 @@ func (r *Runner) cmdRequestResolve(c *prpv1.Command) (map[string]any, *cmdError)
 	if e := r.requireRun(c); e != nil {
 		return nil, e
 	}
-	fields := c.GetPayload().GetFields()
-	requestID := ""
-	switch v := fields["requestId"].GetKind().(type) {
-	case *structpb.Value_StringValue:
-		requestID = v.StringValue
-	case *structpb.Value_NumberValue:
-		requestID = strconv.FormatFloat(v.NumberValue, 'f', -1, 64)
+	body, err := prp.RequestResolveOf(c)
+	if err != nil {
+		return nil, bodyInvalid(err)
 	}
+	requestID := body.GetRequestId()
 	if requestID == "" || len(requestID) > 160 {
 		return nil, rejected(failure.CommandInvalid, "request.resolve needs payload.requestId (1..160)")
 	}
-	resolution := fields["resolution"].GetStructValue()
+	resolution := body.GetResolution()
 	if resolution == nil {
 		return nil, rejected(failure.CommandInvalid, "request.resolve needs payload.resolution (an object)")
 	}
@@ -100,7 +94,7 @@ func (r *Runner) cmdRequestResolve(c *prpv1.Command) (map[string]any, *cmdError)
 		return nil, e
 	}
 	t := r.st.ActiveTurn
-	if want := payloadString(c, "turnId"); want != "" && want != t.TurnID {
+	if want := body.GetTurnId(); want != "" && want != t.TurnID {
 		return nil, staleTurn(failure.RuntimeRequestStaleTurn, want, t.TurnID)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.RequestTimeout)
@@ -122,30 +116,22 @@ func (r *Runner) cmdToolResult(c *prpv1.Command) (map[string]any, *cmdError) {
 	if e := r.requireRun(c); e != nil {
 		return nil, e
 	}
-	fields := c.GetPayload().GetFields()
-	callID := payloadString(c, "callId")
+	body, err := prp.ToolResultOf(c)
+	if err != nil {
+		return nil, rejected(failure.CommandInvalid, "tool.result payload: %v", err)
+	}
+	callID := body.GetCallId()
 	if callID == "" || len(callID) > 160 {
 		return nil, rejected(failure.CommandInvalid, "tool.result needs payload.callId (1..160)")
 	}
-	success := true
-	if v, ok := fields["success"]; ok {
-		b, isBool := v.GetKind().(*structpb.Value_BoolValue)
-		if !isBool {
-			return nil, rejected(failure.CommandInvalid, "tool.result payload.success must be a boolean")
-		}
-		success = b.BoolValue
-	}
+	success := body.Success == nil || body.GetSuccess()
 	var items []map[string]any
-	if l := fields["contentItems"].GetListValue(); l != nil {
-		for _, v := range l.GetValues() {
-			m := v.GetStructValue()
-			if m == nil {
-				return nil, rejected(failure.ToolResultInvalid, "tool.result contentItems must be objects")
-			}
+	if l := body.GetContentItems(); len(l) > 0 {
+		for _, m := range l {
 			items = append(items, m.AsMap())
 		}
-	} else if text, ok := fields["text"]; ok {
-		items = []map[string]any{{"type": "inputText", "text": text.GetStringValue()}}
+	} else if body.Text != nil {
+		items = []map[string]any{{"type": "inputText", "text": body.GetText()}}
 	}
 	if items == nil {
 		items = []map[string]any{}

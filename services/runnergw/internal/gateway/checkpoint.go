@@ -32,9 +32,6 @@ import (
 // the runner directory (runner.CheckpointStageDir).
 const checkpointStageDir = "checkpoint-stage"
 
-// cmdRunnerCheckpoint is runnerd's online checkpoint command.
-const cmdRunnerCheckpoint = "runner.checkpoint"
-
 // checkpointOnline takes an online checkpoint of scope sc (root dir),
 // whose runner r is connected, bound to lease.
 func (g *Gateway) checkpointOnline(ctx context.Context, r *runner, dir, sc, lease string, in *prpv1.ExecutionInput, prof persistence, reason string) (*gatewayv1.SuspendRunnerResponse, error) {
@@ -43,12 +40,12 @@ func (g *Gateway) checkpointOnline(ctx context.Context, r *runner, dir, sc, leas
 	r.mu.Lock()
 	gen := r.gen
 	r.mu.Unlock()
-	payload := map[string]any{
-		"reason": reason, "dirs": anyList(prof.dirs), "home": prof.home,
-		"exclude": anyList(prof.exclude), "anywhere": anyList(prof.anywhere), "skip": anyList(runnerExclusions),
+	body := &prpv1.RunnerCheckpoint{
+		Reason: reason, Dirs: prof.dirs, Home: prof.home,
+		Exclude: prof.exclude, Anywhere: prof.anywhere, Skip: runnerExclusions,
 	}
 	stageRoot := filepath.Join(dir, durable.RunnerDir, checkpointStageDir)
-	events, res, err := g.command(ctx, r, sc, cmdRunnerCheckpoint, payload, false)
+	events, res, err := g.command(ctx, r, sc, body, false)
 	if err != nil {
 		_ = os.RemoveAll(stageRoot)
 		log.Warn("online checkpoint abandoned", "code", failure.CodeOf(err), "err", err)
@@ -128,12 +125,4 @@ func checkpointHold(phase string) {
 			return
 		}
 	}
-}
-
-func anyList(ss []string) []any {
-	out := make([]any, len(ss))
-	for i, s := range ss {
-		out[i] = s
-	}
-	return out
 }

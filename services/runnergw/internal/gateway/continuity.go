@@ -12,6 +12,7 @@ import (
 
 	"github.com/tether-run/tether/pkg/failure"
 	gatewayv1 "github.com/tether-run/tether/pkg/gen/tether/gateway/v1"
+	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/scope"
 	"github.com/tether-run/tether/pkg/scope/durable"
 )
@@ -107,7 +108,7 @@ func (g *Gateway) replaceSession(ctx context.Context, r *runner, sc, runID, id s
 	live := r.conn != nil
 	r.mu.Unlock()
 	if live {
-		evs, err := g.controlCommand(ctx, r, sc, "session.close", "warm native session replaced by operator")
+		evs, err := g.controlCommand(ctx, r, sc, &prpv1.SessionClose{Reason: "warm native session replaced by operator"})
 		if err != nil {
 			return err
 		}

@@ -693,7 +693,7 @@ func (g *Gateway) fromExecutor(ctx context.Context, r *runner, att *attachment, 
 			return failure.New(codes.Unavailable, failure.RunnerDisconnected, "the runner is reconnecting")
 		}
 		cmd.ControllerSeq = r.lastCmdSeq + 1
-		if err := writeRunner(r.conn, &prpv1.Frame{Kind: &prpv1.Frame_Command{Command: cmd}}); err != nil {
+		if err := r.writeCommand(r.conn, cmd); err != nil {
 			r.sentAttach(cmd) // it may have reached the runner
 			return failure.Wrap(err, codes.Unavailable, failure.RunnerDisconnected, "sending %s: %v", cmd.GetType(), err)
 		}
@@ -729,6 +729,20 @@ func writeRunner(c *prp.Conn, f *prpv1.Frame) error {
 	ctx, cancel := context.WithTimeout(context.Background(), runnerWriteTimeout)
 	defer cancel()
 	return c.Write(ctx, f)
+}
+
+// writeCommand writes cmd to the runner's connection c (r.mu held), in
+// the Struct payload form when the runner's build predates typed command
+// bodies (its Hello lacks prp.FeatureTypedCommands).
+func (r *runner) writeCommand(c *prp.Conn, cmd *prpv1.Command) error {
+	if !prp.HasFeature(r.hello, prp.FeatureTypedCommands) {
+		legacy, err := prp.Downgrade(cmd)
+		if err != nil {
+			return err
+		}
+		cmd = legacy
+	}
+	return writeRunner(c, &prpv1.Frame{Kind: &prpv1.Frame_Command{Command: cmd}})
 }
 
 // ServeHTTP accepts runner WebSocket connections at ConnectPath: over the

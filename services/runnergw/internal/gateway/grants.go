@@ -141,8 +141,8 @@ func unauthorizedTurn(cmd *prpv1.Command, turn string) error {
 	if cmd.GetType() != prp.CommandTurnStart {
 		return nil
 	}
-	text := cmd.GetPayload().GetFields()["text"].GetStringValue()
-	if turn == "" || grant.TurnDigest(cmd.GetCommandId(), text) != turn {
+	body, err := prp.TurnStartOf(cmd)
+	if err != nil || turn == "" || grant.TurnDigest(cmd.GetCommandId(), body.GetText()) != turn {
 		return failure.New(codes.PermissionDenied, failure.GatewayGrantInvalid,
 			"turn.start %s is not the turn this attach's grant authorizes", cmd.GetCommandId())
 	}

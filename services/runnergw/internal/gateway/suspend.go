@@ -173,7 +173,7 @@ func (g *Gateway) suspendRunnerState(ctx context.Context, r *runner, dir, sc str
 		if _, _, _, err := g.ensureRunner(ctx, sc, in, launchMode(g.stateDir(sc)), "", nil); err != nil {
 			return nil, nil, err
 		}
-		events, err = g.controlCommand(ctx, r, sc, "runner.suspend", reason)
+		events, err = g.controlCommand(ctx, r, sc, &prpv1.RunnerSuspend{Reason: reason})
 		if err != nil {
 			return nil, nil, err
 		}
@@ -225,21 +225,24 @@ func launchMode(dir string) string {
 // exiting) under a control attachment, acknowledges every event it emits,
 // and waits for the runner process to be gone. It returns the events the
 // runner emitted meanwhile.
-func (g *Gateway) controlCommand(ctx context.Context, r *runner, sc, typ, reason string) ([]*prpv1.Event, error) {
-	events, _, err := g.command(ctx, r, sc, typ, map[string]any{"reason": reason}, true)
+func (g *Gateway) controlCommand(ctx context.Context, r *runner, sc string, body proto.Message) ([]*prpv1.Event, error) {
+	events, _, err := g.command(ctx, r, sc, body, true)
 	return events, err
 }
 
-// command sends the connected runner of sc the control command typ with
-// payload under a control attachment and acknowledges every event it
+// command sends the connected runner of sc the control command of body
+// under a control attachment and acknowledges every event it
 // emits meanwhile. untilExit: the command ends with the runner exiting
 // (see controlCommand), and command returns once the process is gone;
 // otherwise it returns with the command's result once it is answered
 // completed. It returns the events the runner emitted meanwhile.
-func (g *Gateway) command(ctx context.Context, r *runner, sc, typ string, payloadMap map[string]any, untilExit bool) ([]*prpv1.Event, *structpb.Struct, error) {
+func (g *Gateway) command(ctx context.Context, r *runner, sc string, body proto.Message, untilExit bool) ([]*prpv1.Event, *structpb.Struct, error) {
+	cmd := prp.NewCommand(body)
+	typ := cmd.GetType()
 	cmdID := randomID(strings.ReplaceAll(typ, ".", "-") + "-")
+	cmd.CommandId = cmdID
 	att := &attachment{runID: cmdID, out: make(chan *gatewayv1.AttachResponse, 64), done: make(chan struct{})}
-	sent, err := g.sendControl(r, sc, typ, cmdID, payloadMap, att)
+	sent, err := g.sendControl(r, sc, cmd, att)
 	if sent == nil {
 		return nil, nil, err
 	}
@@ -302,10 +305,10 @@ type sentControl struct {
 }
 
 // sendControl makes att the runner's (control) attachment and sends a
-// replay and the command typ, under the runner's lock. A nil result means
+// replay and the command cmd, under the runner's lock. A nil result means
 // nothing was attached (err says why); with a result, err is the write's
 // failure and the caller detaches att.
-func (g *Gateway) sendControl(r *runner, sc, typ, cmdID string, payloadMap map[string]any, att *attachment) (*sentControl, error) {
+func (g *Gateway) sendControl(r *runner, sc string, cmd *prpv1.Command, att *attachment) (*sentControl, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if old := r.att; old != nil {
@@ -317,16 +320,10 @@ func (g *Gateway) sendControl(r *runner, sc, typ, cmdID string, payloadMap map[s
 	r.att = att
 	conn := r.conn
 	sent := &sentControl{after: r.ackedSeq, child: r.child, proc: r.hello.GetRunnerProcess()}
-	payload, perr := structpb.NewStruct(payloadMap)
-	if perr != nil {
-		r.att = nil
-		return nil, failure.Wrap(perr, codes.Internal, failure.CommandInvalid, "%s payload: %v", typ, perr)
-	}
-	cmd := &prpv1.Command{Schema: "tether.prp.command.v1", CommandId: cmdID, ControllerSeq: r.lastCmdSeq + 1,
-		Type: typ, IssuedAt: timestamppb.Now(), Payload: payload}
+	cmd.Schema, cmd.ControllerSeq, cmd.IssuedAt = prp.CommandSchema, r.lastCmdSeq+1, timestamppb.Now()
 	err := writeRunner(conn, &prpv1.Frame{Kind: &prpv1.Frame_Replay{Replay: &prpv1.Replay{AfterSourceSeq: sent.after}}})
 	if err == nil {
-		err = writeRunner(conn, &prpv1.Frame{Kind: &prpv1.Frame_Command{Command: cmd}})
+		err = r.writeCommand(conn, cmd)
 		r.sentAttach(cmd)
 	}
 	if err == nil {
@@ -377,7 +374,7 @@ func commandFailed(typ string, res *prpv1.CommandResult) error {
 	if res.GetCode() == failure.TurnAlreadyActive {
 		return failure.New(codes.Aborted, failure.NativeSessionSupervisorBusy, "%s: %s", typ, res.GetMessage())
 	}
-	if typ != "runner.suspend" {
+	if typ != prp.CommandRunnerSuspend {
 		return failure.New(codes.FailedPrecondition, failure.Reason(res.GetCode()), "%s: %s", typ, res.GetMessage())
 	}
 	return failure.New(codes.FailedPrecondition, failure.NativeSessionCloseUnrecoverable,
@@ -562,7 +559,7 @@ func (g *Gateway) CloseRunner(ctx context.Context, req *gatewayv1.CloseRunnerReq
 	if reason == "" {
 		reason = "session closed by request"
 	}
-	events, err := g.controlCommand(ctx, r, sc, "session.close", reason)
+	events, err := g.controlCommand(ctx, r, sc, &prpv1.SessionClose{Reason: reason})
 	out.Events = events
 	if err != nil {
 		return nil, err

@@ -272,7 +272,27 @@ type Command struct {
 	// W3C trace context (traceparent, tracestate) of the span that relayed
 	// the command, so runnerd's spans join the caller's trace. Carries no
 	// authority and is not part of the command's identity.
-	TraceContext  map[string]string `protobuf:"bytes,12,rep,name=trace_context,json=traceContext,proto3" json:"trace_context,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	TraceContext map[string]string `protobuf:"bytes,12,rep,name=trace_context,json=traceContext,proto3" json:"trace_context,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// The command's typed body; its case matches type. A peer of an older
+	// release (v0.1.0) sends no body and carries the same fields as the
+	// body's protojson form in payload instead: pkg/prp reads both forms,
+	// and a gateway relaying to a runner whose Hello lacks the
+	// "typed_commands" feature moves the body into payload. A command of
+	// either form has one fingerprint (the body's protojson form as a
+	// Struct). Commands of other types use payload.
+	//
+	// Types that are valid to be assigned to Body:
+	//
+	//	*Command_RunAttach
+	//	*Command_TurnStart
+	//	*Command_TurnSteer
+	//	*Command_TurnInterrupt
+	//	*Command_SessionClose
+	//	*Command_RunnerSuspend
+	//	*Command_RunnerCheckpoint
+	//	*Command_RequestResolve
+	//	*Command_ToolResult
+	Body          isCommand_Body `protobuf_oneof:"body"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -391,6 +411,675 @@ func (x *Command) GetTraceContext() map[string]string {
 	return nil
 }
 
+func (x *Command) GetBody() isCommand_Body {
+	if x != nil {
+		return x.Body
+	}
+	return nil
+}
+
+func (x *Command) GetRunAttach() *RunAttach {
+	if x != nil {
+		if x, ok := x.Body.(*Command_RunAttach); ok {
+			return x.RunAttach
+		}
+	}
+	return nil
+}
+
+func (x *Command) GetTurnStart() *TurnStart {
+	if x != nil {
+		if x, ok := x.Body.(*Command_TurnStart); ok {
+			return x.TurnStart
+		}
+	}
+	return nil
+}
+
+func (x *Command) GetTurnSteer() *TurnSteer {
+	if x != nil {
+		if x, ok := x.Body.(*Command_TurnSteer); ok {
+			return x.TurnSteer
+		}
+	}
+	return nil
+}
+
+func (x *Command) GetTurnInterrupt() *TurnInterrupt {
+	if x != nil {
+		if x, ok := x.Body.(*Command_TurnInterrupt); ok {
+			return x.TurnInterrupt
+		}
+	}
+	return nil
+}
+
+func (x *Command) GetSessionClose() *SessionClose {
+	if x != nil {
+		if x, ok := x.Body.(*Command_SessionClose); ok {
+			return x.SessionClose
+		}
+	}
+	return nil
+}
+
+func (x *Command) GetRunnerSuspend() *RunnerSuspend {
+	if x != nil {
+		if x, ok := x.Body.(*Command_RunnerSuspend); ok {
+			return x.RunnerSuspend
+		}
+	}
+	return nil
+}
+
+func (x *Command) GetRunnerCheckpoint() *RunnerCheckpoint {
+	if x != nil {
+		if x, ok := x.Body.(*Command_RunnerCheckpoint); ok {
+			return x.RunnerCheckpoint
+		}
+	}
+	return nil
+}
+
+func (x *Command) GetRequestResolve() *RequestResolve {
+	if x != nil {
+		if x, ok := x.Body.(*Command_RequestResolve); ok {
+			return x.RequestResolve
+		}
+	}
+	return nil
+}
+
+func (x *Command) GetToolResult() *ToolResult {
+	if x != nil {
+		if x, ok := x.Body.(*Command_ToolResult); ok {
+			return x.ToolResult
+		}
+	}
+	return nil
+}
+
+type isCommand_Body interface {
+	isCommand_Body()
+}
+
+type Command_RunAttach struct {
+	RunAttach *RunAttach `protobuf:"bytes,13,opt,name=run_attach,json=runAttach,proto3,oneof"`
+}
+
+type Command_TurnStart struct {
+	TurnStart *TurnStart `protobuf:"bytes,14,opt,name=turn_start,json=turnStart,proto3,oneof"`
+}
+
+type Command_TurnSteer struct {
+	TurnSteer *TurnSteer `protobuf:"bytes,15,opt,name=turn_steer,json=turnSteer,proto3,oneof"`
+}
+
+type Command_TurnInterrupt struct {
+	TurnInterrupt *TurnInterrupt `protobuf:"bytes,16,opt,name=turn_interrupt,json=turnInterrupt,proto3,oneof"`
+}
+
+type Command_SessionClose struct {
+	SessionClose *SessionClose `protobuf:"bytes,17,opt,name=session_close,json=sessionClose,proto3,oneof"`
+}
+
+type Command_RunnerSuspend struct {
+	RunnerSuspend *RunnerSuspend `protobuf:"bytes,18,opt,name=runner_suspend,json=runnerSuspend,proto3,oneof"`
+}
+
+type Command_RunnerCheckpoint struct {
+	RunnerCheckpoint *RunnerCheckpoint `protobuf:"bytes,19,opt,name=runner_checkpoint,json=runnerCheckpoint,proto3,oneof"`
+}
+
+type Command_RequestResolve struct {
+	RequestResolve *RequestResolve `protobuf:"bytes,20,opt,name=request_resolve,json=requestResolve,proto3,oneof"`
+}
+
+type Command_ToolResult struct {
+	ToolResult *ToolResult `protobuf:"bytes,21,opt,name=tool_result,json=toolResult,proto3,oneof"`
+}
+
+func (*Command_RunAttach) isCommand_Body() {}
+
+func (*Command_TurnStart) isCommand_Body() {}
+
+func (*Command_TurnSteer) isCommand_Body() {}
+
+func (*Command_TurnInterrupt) isCommand_Body() {}
+
+func (*Command_SessionClose) isCommand_Body() {}
+
+func (*Command_RunnerSuspend) isCommand_Body() {}
+
+func (*Command_RunnerCheckpoint) isCommand_Body() {}
+
+func (*Command_RequestResolve) isCommand_Body() {}
+
+func (*Command_ToolResult) isCommand_Body() {}
+
+// RunAttach (run.attach) attaches a run to the runner's session. Its
+// input is the run's execution input as the executor sends it: the
+// provider environment policy applied and secret references resolved
+// (SPEC E2, T3). runnerd keeps the configured values in memory only.
+type RunAttach struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Input         *ExecutionInput        `protobuf:"bytes,1,opt,name=input,proto3" json:"input,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RunAttach) Reset() {
+	*x = RunAttach{}
+	mi := &file_tether_prp_v1_event_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RunAttach) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RunAttach) ProtoMessage() {}
+
+func (x *RunAttach) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_prp_v1_event_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RunAttach.ProtoReflect.Descriptor instead.
+func (*RunAttach) Descriptor() ([]byte, []int) {
+	return file_tether_prp_v1_event_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *RunAttach) GetInput() *ExecutionInput {
+	if x != nil {
+		return x.Input
+	}
+	return nil
+}
+
+// TurnStart (turn.start) starts a provider turn of the attached run.
+type TurnStart struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Text          string                 `protobuf:"bytes,1,opt,name=text,proto3" json:"text,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TurnStart) Reset() {
+	*x = TurnStart{}
+	mi := &file_tether_prp_v1_event_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TurnStart) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TurnStart) ProtoMessage() {}
+
+func (x *TurnStart) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_prp_v1_event_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TurnStart.ProtoReflect.Descriptor instead.
+func (*TurnStart) Descriptor() ([]byte, []int) {
+	return file_tether_prp_v1_event_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *TurnStart) GetText() string {
+	if x != nil {
+		return x.Text
+	}
+	return ""
+}
+
+// TurnSteer (turn.steer) adds input to the active turn.
+type TurnSteer struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Text  string                 `protobuf:"bytes,1,opt,name=text,proto3" json:"text,omitempty"`
+	// Refused as stale when the active turn is another one.
+	ExpectedTurnId string `protobuf:"bytes,2,opt,name=expected_turn_id,json=expectedTurnId,proto3" json:"expected_turn_id,omitempty"`
+	CorrelationId  string `protobuf:"bytes,3,opt,name=correlation_id,json=correlationId,proto3" json:"correlation_id,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *TurnSteer) Reset() {
+	*x = TurnSteer{}
+	mi := &file_tether_prp_v1_event_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TurnSteer) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TurnSteer) ProtoMessage() {}
+
+func (x *TurnSteer) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_prp_v1_event_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TurnSteer.ProtoReflect.Descriptor instead.
+func (*TurnSteer) Descriptor() ([]byte, []int) {
+	return file_tether_prp_v1_event_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *TurnSteer) GetText() string {
+	if x != nil {
+		return x.Text
+	}
+	return ""
+}
+
+func (x *TurnSteer) GetExpectedTurnId() string {
+	if x != nil {
+		return x.ExpectedTurnId
+	}
+	return ""
+}
+
+func (x *TurnSteer) GetCorrelationId() string {
+	if x != nil {
+		return x.CorrelationId
+	}
+	return ""
+}
+
+// TurnInterrupt (turn.interrupt) interrupts the active turn.
+type TurnInterrupt struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Reason string                 `protobuf:"bytes,1,opt,name=reason,proto3" json:"reason,omitempty"`
+	// Refused as stale when the active turn is another one.
+	TurnId        string `protobuf:"bytes,2,opt,name=turn_id,json=turnId,proto3" json:"turn_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TurnInterrupt) Reset() {
+	*x = TurnInterrupt{}
+	mi := &file_tether_prp_v1_event_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TurnInterrupt) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TurnInterrupt) ProtoMessage() {}
+
+func (x *TurnInterrupt) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_prp_v1_event_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TurnInterrupt.ProtoReflect.Descriptor instead.
+func (*TurnInterrupt) Descriptor() ([]byte, []int) {
+	return file_tether_prp_v1_event_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *TurnInterrupt) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *TurnInterrupt) GetTurnId() string {
+	if x != nil {
+		return x.TurnId
+	}
+	return ""
+}
+
+// SessionClose (session.close) closes the session: the runner suspends
+// (or stops) and exits.
+type SessionClose struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Reason        string                 `protobuf:"bytes,1,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SessionClose) Reset() {
+	*x = SessionClose{}
+	mi := &file_tether_prp_v1_event_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SessionClose) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SessionClose) ProtoMessage() {}
+
+func (x *SessionClose) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_prp_v1_event_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SessionClose.ProtoReflect.Descriptor instead.
+func (*SessionClose) Descriptor() ([]byte, []int) {
+	return file_tether_prp_v1_event_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *SessionClose) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+// RunnerSuspend (runner.suspend) suspends an idle runner (SPEC R5).
+type RunnerSuspend struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Reason        string                 `protobuf:"bytes,1,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RunnerSuspend) Reset() {
+	*x = RunnerSuspend{}
+	mi := &file_tether_prp_v1_event_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RunnerSuspend) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RunnerSuspend) ProtoMessage() {}
+
+func (x *RunnerSuspend) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_prp_v1_event_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RunnerSuspend.ProtoReflect.Descriptor instead.
+func (*RunnerSuspend) Descriptor() ([]byte, []int) {
+	return file_tether_prp_v1_event_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *RunnerSuspend) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+// RunnerCheckpoint (runner.checkpoint) stages a consistent copy of the
+// runner's profile directories for an online checkpoint.
+type RunnerCheckpoint struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Reason string                 `protobuf:"bytes,1,opt,name=reason,proto3" json:"reason,omitempty"`
+	// The directories copied, "runner" first; home is one of them.
+	Dirs          []string `protobuf:"bytes,2,rep,name=dirs,proto3" json:"dirs,omitempty"`
+	Home          string   `protobuf:"bytes,3,opt,name=home,proto3" json:"home,omitempty"`
+	Exclude       []string `protobuf:"bytes,4,rep,name=exclude,proto3" json:"exclude,omitempty"`
+	Anywhere      []string `protobuf:"bytes,5,rep,name=anywhere,proto3" json:"anywhere,omitempty"`
+	Skip          []string `protobuf:"bytes,6,rep,name=skip,proto3" json:"skip,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RunnerCheckpoint) Reset() {
+	*x = RunnerCheckpoint{}
+	mi := &file_tether_prp_v1_event_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RunnerCheckpoint) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RunnerCheckpoint) ProtoMessage() {}
+
+func (x *RunnerCheckpoint) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_prp_v1_event_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RunnerCheckpoint.ProtoReflect.Descriptor instead.
+func (*RunnerCheckpoint) Descriptor() ([]byte, []int) {
+	return file_tether_prp_v1_event_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *RunnerCheckpoint) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *RunnerCheckpoint) GetDirs() []string {
+	if x != nil {
+		return x.Dirs
+	}
+	return nil
+}
+
+func (x *RunnerCheckpoint) GetHome() string {
+	if x != nil {
+		return x.Home
+	}
+	return ""
+}
+
+func (x *RunnerCheckpoint) GetExclude() []string {
+	if x != nil {
+		return x.Exclude
+	}
+	return nil
+}
+
+func (x *RunnerCheckpoint) GetAnywhere() []string {
+	if x != nil {
+		return x.Anywhere
+	}
+	return nil
+}
+
+func (x *RunnerCheckpoint) GetSkip() []string {
+	if x != nil {
+		return x.Skip
+	}
+	return nil
+}
+
+// RequestResolve (request.resolve) answers a provider's runtime request.
+type RequestResolve struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	RequestId string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// Refused as stale when the active turn is another one.
+	TurnId string `protobuf:"bytes,2,opt,name=turn_id,json=turnId,proto3" json:"turn_id,omitempty"`
+	// The answer in the request's own shape (tether.runtime_request.v2):
+	// opaque to the protocol, interpreted by the provider driver.
+	Resolution    *structpb.Struct `protobuf:"bytes,3,opt,name=resolution,proto3" json:"resolution,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RequestResolve) Reset() {
+	*x = RequestResolve{}
+	mi := &file_tether_prp_v1_event_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RequestResolve) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RequestResolve) ProtoMessage() {}
+
+func (x *RequestResolve) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_prp_v1_event_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RequestResolve.ProtoReflect.Descriptor instead.
+func (*RequestResolve) Descriptor() ([]byte, []int) {
+	return file_tether_prp_v1_event_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *RequestResolve) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+func (x *RequestResolve) GetTurnId() string {
+	if x != nil {
+		return x.TurnId
+	}
+	return ""
+}
+
+func (x *RequestResolve) GetResolution() *structpb.Struct {
+	if x != nil {
+		return x.Resolution
+	}
+	return nil
+}
+
+// ToolResult (tool.result) answers a dynamic tool call of the active turn.
+type ToolResult struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	CallId string                 `protobuf:"bytes,1,opt,name=call_id,json=callId,proto3" json:"call_id,omitempty"`
+	// Absent means true.
+	Success *bool `protobuf:"varint,2,opt,name=success,proto3,oneof" json:"success,omitempty"`
+	// The answer as one text item, unless content_items is set.
+	Text *string `protobuf:"bytes,3,opt,name=text,proto3,oneof" json:"text,omitempty"`
+	// The answer's items in the provider's item shape (opaque).
+	ContentItems  []*structpb.Struct `protobuf:"bytes,4,rep,name=content_items,json=contentItems,proto3" json:"content_items,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ToolResult) Reset() {
+	*x = ToolResult{}
+	mi := &file_tether_prp_v1_event_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ToolResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ToolResult) ProtoMessage() {}
+
+func (x *ToolResult) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_prp_v1_event_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ToolResult.ProtoReflect.Descriptor instead.
+func (*ToolResult) Descriptor() ([]byte, []int) {
+	return file_tether_prp_v1_event_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *ToolResult) GetCallId() string {
+	if x != nil {
+		return x.CallId
+	}
+	return ""
+}
+
+func (x *ToolResult) GetSuccess() bool {
+	if x != nil && x.Success != nil {
+		return *x.Success
+	}
+	return false
+}
+
+func (x *ToolResult) GetText() string {
+	if x != nil && x.Text != nil {
+		return *x.Text
+	}
+	return ""
+}
+
+func (x *ToolResult) GetContentItems() []*structpb.Struct {
+	if x != nil {
+		return x.ContentItems
+	}
+	return nil
+}
+
 // CommandResult is the stored outcome of a command.
 type CommandResult struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -410,7 +1099,7 @@ type CommandResult struct {
 
 func (x *CommandResult) Reset() {
 	*x = CommandResult{}
-	mi := &file_tether_prp_v1_event_proto_msgTypes[3]
+	mi := &file_tether_prp_v1_event_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -422,7 +1111,7 @@ func (x *CommandResult) String() string {
 func (*CommandResult) ProtoMessage() {}
 
 func (x *CommandResult) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_prp_v1_event_proto_msgTypes[3]
+	mi := &file_tether_prp_v1_event_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -435,7 +1124,7 @@ func (x *CommandResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommandResult.ProtoReflect.Descriptor instead.
 func (*CommandResult) Descriptor() ([]byte, []int) {
-	return file_tether_prp_v1_event_proto_rawDescGZIP(), []int{3}
+	return file_tether_prp_v1_event_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *CommandResult) GetCommandId() string {
@@ -504,7 +1193,7 @@ type EventBatch struct {
 
 func (x *EventBatch) Reset() {
 	*x = EventBatch{}
-	mi := &file_tether_prp_v1_event_proto_msgTypes[4]
+	mi := &file_tether_prp_v1_event_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -516,7 +1205,7 @@ func (x *EventBatch) String() string {
 func (*EventBatch) ProtoMessage() {}
 
 func (x *EventBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_prp_v1_event_proto_msgTypes[4]
+	mi := &file_tether_prp_v1_event_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -529,7 +1218,7 @@ func (x *EventBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventBatch.ProtoReflect.Descriptor instead.
 func (*EventBatch) Descriptor() ([]byte, []int) {
-	return file_tether_prp_v1_event_proto_rawDescGZIP(), []int{4}
+	return file_tether_prp_v1_event_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *EventBatch) GetEvents() []*Event {
@@ -555,7 +1244,7 @@ type ProcessInfo struct {
 
 func (x *ProcessInfo) Reset() {
 	*x = ProcessInfo{}
-	mi := &file_tether_prp_v1_event_proto_msgTypes[5]
+	mi := &file_tether_prp_v1_event_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -567,7 +1256,7 @@ func (x *ProcessInfo) String() string {
 func (*ProcessInfo) ProtoMessage() {}
 
 func (x *ProcessInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_prp_v1_event_proto_msgTypes[5]
+	mi := &file_tether_prp_v1_event_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -580,7 +1269,7 @@ func (x *ProcessInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProcessInfo.ProtoReflect.Descriptor instead.
 func (*ProcessInfo) Descriptor() ([]byte, []int) {
-	return file_tether_prp_v1_event_proto_rawDescGZIP(), []int{5}
+	return file_tether_prp_v1_event_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ProcessInfo) GetPid() int32 {
@@ -622,7 +1311,7 @@ var File_tether_prp_v1_event_proto protoreflect.FileDescriptor
 
 const file_tether_prp_v1_event_proto_rawDesc = "" +
 	"\n" +
-	"\x19tether/prp/v1/event.proto\x12\rtether.prp.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xbe\x04\n" +
+	"\x19tether/prp/v1/event.proto\x12\rtether.prp.v1\x1a\x1bbuf/validate/validate.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1dtether/prp/v1/execution.proto\"\xbe\x04\n" +
 	"\x05Event\x12\x16\n" +
 	"\x06schema\x18\x01 \x01(\tR\x06schema\x128\n" +
 	"\x12source_instance_id\x18\x02 \x01(\tB\n" +
@@ -649,7 +1338,8 @@ const file_tether_prp_v1_event_proto_rawDesc = "" +
 	"\frunner_state\x18\x01 \x03(\tB\x0e\xbaH\v\x92\x01\b\x10\x10\"\x04r\x02\x18@R\vrunnerState\x12+\n" +
 	"\trun_state\x18\x02 \x03(\tB\x0e\xbaH\v\x92\x01\b\x10\x10\"\x04r\x02\x18@R\brunState\x123\n" +
 	"\rsession_state\x18\x03 \x03(\tB\x0e\xbaH\v\x92\x01\b\x10\x10\"\x04r\x02\x18@R\fsessionState\x12.\n" +
-	"\x0eactive_turn_id\x18\x04 \x01(\tB\b\xbaH\x05r\x03\x18\x80\x02R\factiveTurnId\"\x9e\x05\n" +
+	"\x0eactive_turn_id\x18\x04 \x01(\tB\b\xbaH\x05r\x03\x18\x80\x02R\factiveTurnId\"\x81\n" +
+	"\n" +
 	"\aCommand\x12 \n" +
 	"\x06schema\x18\x01 \x01(\tB\b\xbaH\x05r\x03\x18\x80\x01R\x06schema\x12)\n" +
 	"\n" +
@@ -667,10 +1357,69 @@ const file_tether_prp_v1_event_proto_rawDesc = "" +
 	"\x06run_id\x18\n" +
 	" \x01(\tB\b\xbaH\x05r\x03\x18\xa0\x01R\x05runId\x12\x18\n" +
 	"\aattempt\x18\v \x01(\x04R\aattempt\x12d\n" +
-	"\rtrace_context\x18\f \x03(\v2(.tether.prp.v1.Command.TraceContextEntryB\x15\xbaH\x12\x9a\x01\x0f\x10\x10\"\x04r\x02\x18@*\x05r\x03\x18\x80\bR\ftraceContext\x1a?\n" +
+	"\rtrace_context\x18\f \x03(\v2(.tether.prp.v1.Command.TraceContextEntryB\x15\xbaH\x12\x9a\x01\x0f\x10\x10\"\x04r\x02\x18@*\x05r\x03\x18\x80\bR\ftraceContext\x129\n" +
+	"\n" +
+	"run_attach\x18\r \x01(\v2\x18.tether.prp.v1.RunAttachH\x00R\trunAttach\x129\n" +
+	"\n" +
+	"turn_start\x18\x0e \x01(\v2\x18.tether.prp.v1.TurnStartH\x00R\tturnStart\x129\n" +
+	"\n" +
+	"turn_steer\x18\x0f \x01(\v2\x18.tether.prp.v1.TurnSteerH\x00R\tturnSteer\x12E\n" +
+	"\x0eturn_interrupt\x18\x10 \x01(\v2\x1c.tether.prp.v1.TurnInterruptH\x00R\rturnInterrupt\x12B\n" +
+	"\rsession_close\x18\x11 \x01(\v2\x1b.tether.prp.v1.SessionCloseH\x00R\fsessionClose\x12E\n" +
+	"\x0erunner_suspend\x18\x12 \x01(\v2\x1c.tether.prp.v1.RunnerSuspendH\x00R\rrunnerSuspend\x12N\n" +
+	"\x11runner_checkpoint\x18\x13 \x01(\v2\x1f.tether.prp.v1.RunnerCheckpointH\x00R\x10runnerCheckpoint\x12H\n" +
+	"\x0frequest_resolve\x18\x14 \x01(\v2\x1d.tether.prp.v1.RequestResolveH\x00R\x0erequestResolve\x12<\n" +
+	"\vtool_result\x18\x15 \x01(\v2\x19.tether.prp.v1.ToolResultH\x00R\n" +
+	"toolResult\x1a?\n" +
 	"\x11TraceContextEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x86\x02\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\x06\n" +
+	"\x04body\"@\n" +
+	"\tRunAttach\x123\n" +
+	"\x05input\x18\x01 \x01(\v2\x1d.tether.prp.v1.ExecutionInputR\x05input\"+\n" +
+	"\tTurnStart\x12\x1e\n" +
+	"\x04text\x18\x01 \x01(\tB\n" +
+	"\xbaH\ar\x05(\x80\x80\x80\x02R\x04text\"\x90\x01\n" +
+	"\tTurnSteer\x12\x1e\n" +
+	"\x04text\x18\x01 \x01(\tB\n" +
+	"\xbaH\ar\x05(\x80\x80\x80\x02R\x04text\x122\n" +
+	"\x10expected_turn_id\x18\x02 \x01(\tB\b\xbaH\x05r\x03\x18\x80\bR\x0eexpectedTurnId\x12/\n" +
+	"\x0ecorrelation_id\x18\x03 \x01(\tB\b\xbaH\x05r\x03\x18\x80\bR\rcorrelationId\"T\n" +
+	"\rTurnInterrupt\x12 \n" +
+	"\x06reason\x18\x01 \x01(\tB\b\xbaH\x05r\x03\x18\x80 R\x06reason\x12!\n" +
+	"\aturn_id\x18\x02 \x01(\tB\b\xbaH\x05r\x03\x18\x80\bR\x06turnId\"0\n" +
+	"\fSessionClose\x12 \n" +
+	"\x06reason\x18\x01 \x01(\tB\b\xbaH\x05r\x03\x18\x80 R\x06reason\"1\n" +
+	"\rRunnerSuspend\x12 \n" +
+	"\x06reason\x18\x01 \x01(\tB\b\xbaH\x05r\x03\x18\x80 R\x06reason\"\xf8\x01\n" +
+	"\x10RunnerCheckpoint\x12 \n" +
+	"\x06reason\x18\x01 \x01(\tB\b\xbaH\x05r\x03\x18\x80 R\x06reason\x12$\n" +
+	"\x04dirs\x18\x02 \x03(\tB\x10\xbaH\r\x92\x01\n" +
+	"\x10\x80\x02\"\x05r\x03\x18\x80 R\x04dirs\x12\x1c\n" +
+	"\x04home\x18\x03 \x01(\tB\b\xbaH\x05r\x03\x18\x80 R\x04home\x12*\n" +
+	"\aexclude\x18\x04 \x03(\tB\x10\xbaH\r\x92\x01\n" +
+	"\x10\x80\x02\"\x05r\x03\x18\x80 R\aexclude\x12,\n" +
+	"\banywhere\x18\x05 \x03(\tB\x10\xbaH\r\x92\x01\n" +
+	"\x10\x80\x02\"\x05r\x03\x18\x80 R\banywhere\x12$\n" +
+	"\x04skip\x18\x06 \x03(\tB\x10\xbaH\r\x92\x01\n" +
+	"\x10\x80\x02\"\x05r\x03\x18\x80 R\x04skip\"\x95\x01\n" +
+	"\x0eRequestResolve\x12'\n" +
+	"\n" +
+	"request_id\x18\x01 \x01(\tB\b\xbaH\x05r\x03\x18\x80\bR\trequestId\x12!\n" +
+	"\aturn_id\x18\x02 \x01(\tB\b\xbaH\x05r\x03\x18\x80\bR\x06turnId\x127\n" +
+	"\n" +
+	"resolution\x18\x03 \x01(\v2\x17.google.protobuf.StructR\n" +
+	"resolution\"\xd1\x01\n" +
+	"\n" +
+	"ToolResult\x12!\n" +
+	"\acall_id\x18\x01 \x01(\tB\b\xbaH\x05r\x03\x18\x80\bR\x06callId\x12\x1d\n" +
+	"\asuccess\x18\x02 \x01(\bH\x00R\asuccess\x88\x01\x01\x12#\n" +
+	"\x04text\x18\x03 \x01(\tB\n" +
+	"\xbaH\ar\x05(\x80\x80\x80\x02H\x01R\x04text\x88\x01\x01\x12G\n" +
+	"\rcontent_items\x18\x04 \x03(\v2\x17.google.protobuf.StructB\t\xbaH\x06\x92\x01\x03\x10\x80\bR\fcontentItemsB\n" +
+	"\n" +
+	"\b_successB\a\n" +
+	"\x05_text\"\x86\x02\n" +
 	"\rCommandResult\x12\x1d\n" +
 	"\n" +
 	"command_id\x18\x01 \x01(\tR\tcommandId\x12%\n" +
@@ -707,34 +1456,56 @@ func file_tether_prp_v1_event_proto_rawDescGZIP() []byte {
 	return file_tether_prp_v1_event_proto_rawDescData
 }
 
-var file_tether_prp_v1_event_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
+var file_tether_prp_v1_event_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
 var file_tether_prp_v1_event_proto_goTypes = []any{
 	(*Event)(nil),                 // 0: tether.prp.v1.Event
 	(*Precondition)(nil),          // 1: tether.prp.v1.Precondition
 	(*Command)(nil),               // 2: tether.prp.v1.Command
-	(*CommandResult)(nil),         // 3: tether.prp.v1.CommandResult
-	(*EventBatch)(nil),            // 4: tether.prp.v1.EventBatch
-	(*ProcessInfo)(nil),           // 5: tether.prp.v1.ProcessInfo
-	nil,                           // 6: tether.prp.v1.Command.TraceContextEntry
-	(*timestamppb.Timestamp)(nil), // 7: google.protobuf.Timestamp
-	(*structpb.Struct)(nil),       // 8: google.protobuf.Struct
+	(*RunAttach)(nil),             // 3: tether.prp.v1.RunAttach
+	(*TurnStart)(nil),             // 4: tether.prp.v1.TurnStart
+	(*TurnSteer)(nil),             // 5: tether.prp.v1.TurnSteer
+	(*TurnInterrupt)(nil),         // 6: tether.prp.v1.TurnInterrupt
+	(*SessionClose)(nil),          // 7: tether.prp.v1.SessionClose
+	(*RunnerSuspend)(nil),         // 8: tether.prp.v1.RunnerSuspend
+	(*RunnerCheckpoint)(nil),      // 9: tether.prp.v1.RunnerCheckpoint
+	(*RequestResolve)(nil),        // 10: tether.prp.v1.RequestResolve
+	(*ToolResult)(nil),            // 11: tether.prp.v1.ToolResult
+	(*CommandResult)(nil),         // 12: tether.prp.v1.CommandResult
+	(*EventBatch)(nil),            // 13: tether.prp.v1.EventBatch
+	(*ProcessInfo)(nil),           // 14: tether.prp.v1.ProcessInfo
+	nil,                           // 15: tether.prp.v1.Command.TraceContextEntry
+	(*timestamppb.Timestamp)(nil), // 16: google.protobuf.Timestamp
+	(*structpb.Struct)(nil),       // 17: google.protobuf.Struct
+	(*ExecutionInput)(nil),        // 18: tether.prp.v1.ExecutionInput
 }
 var file_tether_prp_v1_event_proto_depIdxs = []int32{
-	7,  // 0: tether.prp.v1.Event.emitted_at:type_name -> google.protobuf.Timestamp
-	8,  // 1: tether.prp.v1.Event.payload:type_name -> google.protobuf.Struct
-	7,  // 2: tether.prp.v1.Command.issued_at:type_name -> google.protobuf.Timestamp
-	7,  // 3: tether.prp.v1.Command.deadline_at:type_name -> google.protobuf.Timestamp
+	16, // 0: tether.prp.v1.Event.emitted_at:type_name -> google.protobuf.Timestamp
+	17, // 1: tether.prp.v1.Event.payload:type_name -> google.protobuf.Struct
+	16, // 2: tether.prp.v1.Command.issued_at:type_name -> google.protobuf.Timestamp
+	16, // 3: tether.prp.v1.Command.deadline_at:type_name -> google.protobuf.Timestamp
 	1,  // 4: tether.prp.v1.Command.precondition:type_name -> tether.prp.v1.Precondition
-	8,  // 5: tether.prp.v1.Command.payload:type_name -> google.protobuf.Struct
-	6,  // 6: tether.prp.v1.Command.trace_context:type_name -> tether.prp.v1.Command.TraceContextEntry
-	8,  // 7: tether.prp.v1.CommandResult.result:type_name -> google.protobuf.Struct
-	0,  // 8: tether.prp.v1.EventBatch.events:type_name -> tether.prp.v1.Event
-	7,  // 9: tether.prp.v1.ProcessInfo.started_at:type_name -> google.protobuf.Timestamp
-	10, // [10:10] is the sub-list for method output_type
-	10, // [10:10] is the sub-list for method input_type
-	10, // [10:10] is the sub-list for extension type_name
-	10, // [10:10] is the sub-list for extension extendee
-	0,  // [0:10] is the sub-list for field type_name
+	17, // 5: tether.prp.v1.Command.payload:type_name -> google.protobuf.Struct
+	15, // 6: tether.prp.v1.Command.trace_context:type_name -> tether.prp.v1.Command.TraceContextEntry
+	3,  // 7: tether.prp.v1.Command.run_attach:type_name -> tether.prp.v1.RunAttach
+	4,  // 8: tether.prp.v1.Command.turn_start:type_name -> tether.prp.v1.TurnStart
+	5,  // 9: tether.prp.v1.Command.turn_steer:type_name -> tether.prp.v1.TurnSteer
+	6,  // 10: tether.prp.v1.Command.turn_interrupt:type_name -> tether.prp.v1.TurnInterrupt
+	7,  // 11: tether.prp.v1.Command.session_close:type_name -> tether.prp.v1.SessionClose
+	8,  // 12: tether.prp.v1.Command.runner_suspend:type_name -> tether.prp.v1.RunnerSuspend
+	9,  // 13: tether.prp.v1.Command.runner_checkpoint:type_name -> tether.prp.v1.RunnerCheckpoint
+	10, // 14: tether.prp.v1.Command.request_resolve:type_name -> tether.prp.v1.RequestResolve
+	11, // 15: tether.prp.v1.Command.tool_result:type_name -> tether.prp.v1.ToolResult
+	18, // 16: tether.prp.v1.RunAttach.input:type_name -> tether.prp.v1.ExecutionInput
+	17, // 17: tether.prp.v1.RequestResolve.resolution:type_name -> google.protobuf.Struct
+	17, // 18: tether.prp.v1.ToolResult.content_items:type_name -> google.protobuf.Struct
+	17, // 19: tether.prp.v1.CommandResult.result:type_name -> google.protobuf.Struct
+	0,  // 20: tether.prp.v1.EventBatch.events:type_name -> tether.prp.v1.Event
+	16, // 21: tether.prp.v1.ProcessInfo.started_at:type_name -> google.protobuf.Timestamp
+	22, // [22:22] is the sub-list for method output_type
+	22, // [22:22] is the sub-list for method input_type
+	22, // [22:22] is the sub-list for extension type_name
+	22, // [22:22] is the sub-list for extension extendee
+	0,  // [0:22] is the sub-list for field type_name
 }
 
 func init() { file_tether_prp_v1_event_proto_init() }
@@ -742,13 +1513,26 @@ func file_tether_prp_v1_event_proto_init() {
 	if File_tether_prp_v1_event_proto != nil {
 		return
 	}
+	file_tether_prp_v1_execution_proto_init()
+	file_tether_prp_v1_event_proto_msgTypes[2].OneofWrappers = []any{
+		(*Command_RunAttach)(nil),
+		(*Command_TurnStart)(nil),
+		(*Command_TurnSteer)(nil),
+		(*Command_TurnInterrupt)(nil),
+		(*Command_SessionClose)(nil),
+		(*Command_RunnerSuspend)(nil),
+		(*Command_RunnerCheckpoint)(nil),
+		(*Command_RequestResolve)(nil),
+		(*Command_ToolResult)(nil),
+	}
+	file_tether_prp_v1_event_proto_msgTypes[11].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_tether_prp_v1_event_proto_rawDesc), len(file_tether_prp_v1_event_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   7,
+			NumMessages:   16,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
