@@ -63,6 +63,33 @@ const (
 	RuntimeRequestEventPrefix    = "runtime_request."
 )
 
+// Events runnerd itself emits, each with its typed payload
+// (tether/prp/v1/payloads.proto).
+const (
+	// EventTurnLost reports a turn lost with its provider (TurnLost).
+	EventTurnLost = "turn.lost"
+	// EventRunAttached reports an attached run (RunAttached).
+	EventRunAttached = "run.attached"
+	// EventHarnessExited reports the provider process gone (HarnessExited).
+	EventHarnessExited = "harness.exited"
+	// EventProviderRestarting reports a provider restart
+	// (ProviderRestarting).
+	EventProviderRestarting = "provider.restarting"
+	// EventRunnerSuspended and EventRunnerStopped report the runner's
+	// lifecycle (RunnerLifecycle).
+	EventRunnerSuspended = "runner.suspended"
+	EventRunnerStopped   = "runner.stopped"
+	// EventRunnerReconciled reports a recovered runnerd (RunnerReconciled).
+	EventRunnerReconciled = "runner.reconciled"
+	// EventRunnerBackpressure reports the outbox's backpressure
+	// (RunnerBackpressure).
+	EventRunnerBackpressure = "runner.backpressure"
+	// A dynamic tool call's answer and its execution's end (the provider
+	// driver's payloads).
+	EventToolResult             = "semantic_tool.result"
+	EventToolExecutionCompleted = "tool.execution.completed"
+)
+
 // TurnEndTypes are the event types that end a provider turn.
 func TurnEndTypes() []string {
 	return []string{EventTurnCompleted, EventTurnFailed, EventTurnInterrupted, EventTurnCancelled}

@@ -851,18 +851,21 @@ const maxReadAhead = 64
 // retried and must not end the attempt that runs its successor.
 func lostTurn(evs []*prpv1.Event, runID, turnCmd string) error {
 	for _, ev := range evs {
-		if ev.GetEventType() != "turn.lost" || ev.GetRunId() != runID {
+		if ev.GetEventType() != prp.EventTurnLost || ev.GetRunId() != runID {
 			continue
 		}
-		p := ev.GetPayload().GetFields()
-		if cmd := p["commandId"].GetStringValue(); cmd != "" && cmd != turnCmd {
+		var p prpv1.TurnLost
+		if err := prp.DecodePayload(ev, &p); err != nil {
+			return failure.New(codes.Unavailable, failure.ProviderProcessExited, "turn.lost: %v", err)
+		}
+		if cmd := p.GetCommandId(); cmd != "" && cmd != turnCmd {
 			continue
 		}
-		code := failure.Reason(p["code"].GetStringValue())
+		code := failure.Reason(p.GetCode())
 		if code == "" {
 			code = failure.ProviderProcessExited
 		}
-		return failure.New(codes.Unavailable, code, "%s", p["message"].GetStringValue())
+		return failure.New(codes.Unavailable, code, "%s", p.GetMessage())
 	}
 	return nil
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/tether-run/tether/pkg/failure"
 	gatewayv1 "github.com/tether-run/tether/pkg/gen/tether/gateway/v1"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
+	"github.com/tether-run/tether/pkg/prp"
 	"github.com/tether-run/tether/services/executor/internal/livesession"
 	"github.com/tether-run/tether/services/executor/internal/store"
 )
@@ -61,17 +62,18 @@ func (l *liveSession) observe(ev *prpv1.Event) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	switch ev.GetEventType() {
-	case "turn.started":
-		if id := ev.GetPayload().GetFields()["providerTurnId"].GetStringValue(); id != "" {
-			l.turn = id
+	case prp.EventTurnStarted:
+		var p prpv1.TurnStarted
+		if prp.DecodePayload(ev, &p) == nil && p.GetProviderTurnId() != "" {
+			l.turn = p.GetProviderTurnId()
 		} else {
 			l.turn = ev.GetTurnId()
 		}
-	case "turn.completed", "turn.failed", "turn.interrupted", "turn.cancelled", "run.terminal":
+	case prp.EventTurnCompleted, prp.EventTurnFailed, prp.EventTurnInterrupted, prp.EventTurnCancelled, prp.EventRunTerminal:
 		l.turn = ""
-	case "runtime_request.resolved":
+	case prp.EventRuntimeRequestResolved:
 		l.answered("request:" + ev.GetPayload().GetFields()["requestId"].GetStringValue())
-	case "semantic_tool.result":
+	case prp.EventToolResult:
 		if f := ev.GetPayload().GetFields(); f["source"].GetStringValue() == "controller" {
 			l.answered("tool:" + f["callId"].GetStringValue())
 		}

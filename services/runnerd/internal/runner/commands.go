@@ -627,26 +627,21 @@ func (r *Runner) cmdRunAttach(c *prpv1.Command) (map[string]any, *cmdError) {
 	if r.sup.prov != nil && r.st.ActiveTurn == nil && toolContract(in) != r.sup.tools {
 		r.log.Info("the run's tool contract differs from the live provider's; restarting the provider", "run_id", c.GetRunId())
 		r.closeProvider()
-		r.emit(P1, "provider.restarting", "", "", map[string]any{
-			"reason": "tool_contract_changed", "runId": c.GetRunId(), "providerThreadId": r.st.ProviderThreadID,
+		r.emitBody(P1, prp.EventProviderRestarting, "", &prpv1.ProviderRestarting{
+			Reason: "tool_contract_changed", RunId: c.GetRunId(), ProviderThreadId: r.st.ProviderThreadID,
 		})
 	}
 	// The attached run is persisted with the command's outcome, before the
 	// answer; run.attached is journaled (fsync) before it is sent.
 	reused := r.sup.prov != nil
-	payload := map[string]any{
-		"runId":            c.GetRunId(),
-		"attempt":          float64(c.GetAttempt()),
-		"runnerInstanceId": r.st.Identity.RunnerInstanceID,
-		"providerRunning":  reused,
-	}
-	if r.st.ProviderThreadID != "" {
-		payload["providerThreadId"] = r.st.ProviderThreadID
+	attached := &prpv1.RunAttached{
+		RunId: c.GetRunId(), Attempt: uint32(c.GetAttempt()), RunnerInstanceId: r.st.Identity.RunnerInstanceID,
+		ProviderRunning: proto.Bool(reused), ProviderThreadId: r.st.ProviderThreadID,
 	}
 	if prev != nil {
-		payload["previousRunId"] = prev.RunID
+		attached.PreviousRunId = prev.RunID
 	}
-	r.emit(P0, "run.attached", "", "", payload)
+	r.emitBody(P0, prp.EventRunAttached, "", attached)
 	return map[string]any{
 		"runId":            c.GetRunId(),
 		"attempt":          float64(c.GetAttempt()),
@@ -771,19 +766,16 @@ const EventCommandExecuted = prp.EventCommandExecuted
 // reportExecution emits command.executed for c, whose effect was just
 // tried: the provider turn it started, or that the provider refused it.
 func (r *Runner) reportExecution(c *prpv1.Command, turnID string, err error) {
-	p := map[string]any{"commandId": c.GetCommandId(), "commandType": c.GetType(), "attempt": float64(c.GetAttempt())}
-	if turnID != "" {
-		p["turnId"] = turnID
-	}
+	p := &prpv1.CommandExecuted{CommandId: c.GetCommandId(), CommandType: c.GetType(), Attempt: uint32(c.GetAttempt()), TurnId: turnID}
 	if err != nil {
 		// The provider's answer is in the command's result; its code and
 		// message too, so that a runnerd restarted before it saved that
 		// result settles the command as this one would have: a provider
 		// lost during the start (a retryable code) is not a refusal.
 		fe := providerFailure(failure.ProviderTurnStartFailed, err)
-		p["failed"], p["code"], p["message"] = true, fe.code, fe.msg
+		p.Failed, p.Code, p.Message = true, fe.code, fe.msg
 	}
-	r.emit(P0, EventCommandExecuted, turnID, "", p)
+	r.emitBody(P0, EventCommandExecuted, turnID, p)
 }
 
 // providerEnv is the provider process's environment (SPEC E2), built by
@@ -856,9 +848,8 @@ func (r *Runner) recoverProvider() {
 	r.mustSave()
 	msg := "provider process did not survive the runnerd restart: " + e.msg
 	if lost != nil {
-		r.emit(P0, "harness.exited", "", "", map[string]any{
-			"code": failure.ProviderProcessLost, "message": msg,
-			"pid": float64(lost.PID), "pgid": float64(lost.PGID),
+		r.emitBody(P0, prp.EventHarnessExited, "", &prpv1.HarnessExited{
+			Code: failure.ProviderProcessLost, Message: msg, Pid: int32(lost.PID), Pgid: int32(lost.PGID),
 		})
 	}
 	if turn != nil {
@@ -914,8 +905,8 @@ func (r *Runner) startProvider(trace context.Context, reattach bool) *cmdError {
 	r.mustSave()
 	r.pongDue = true // once the command's events are out (onCommands)
 	r.pumpProviderEvents()
-	r.emit(P1, "harness.ready", "", "", map[string]any{
-		"pid": float64(pi.PID), "pgid": float64(pi.PGID), "startTicks": float64(pi.StartTicks), "reattached": reattach,
+	r.emitBody(P1, prp.EventHarnessReady, "", &prpv1.HarnessReady{
+		Pid: int32(pi.PID), Pgid: int32(pi.PGID), StartTicks: float64(pi.StartTicks), Reattached: proto.Bool(reattach),
 	})
 	tid, resumed, err := p.OpenThread(ctx, r.st.ProviderThreadID)
 	r.pumpProviderEvents()
@@ -1057,7 +1048,7 @@ func (r *Runner) suspend(reason string) error {
 		return err
 	}
 	r.log.Info("runner suspended", "reason", reason, "provider_thread_id", r.st.ProviderThreadID)
-	r.emit(P0, "runner.suspended", "", "", map[string]any{"reason": reason, "providerThreadId": r.st.ProviderThreadID})
+	r.emitBody(P0, prp.EventRunnerSuspended, "", &prpv1.RunnerLifecycle{Reason: reason, ProviderThreadId: r.st.ProviderThreadID})
 	return nil
 }
 
@@ -1112,7 +1103,7 @@ func (r *Runner) stopSession(reason string) {
 	r.closeProvider()
 	r.st.Lifecycle, r.st.LifecycleReason = runnerstate.LifecycleStopped, reason
 	r.mustSave()
-	r.emit(P0, "runner.stopped", "", "", map[string]any{"reason": reason})
+	r.emitBody(P0, prp.EventRunnerStopped, "", &prpv1.RunnerLifecycle{Reason: reason})
 }
 
 // onTurnDone ends the active turn: the provider events still queued and
@@ -1172,9 +1163,7 @@ func (r *Runner) onProviderExit() {
 	pi := p.Process()
 	r.log.Warn("provider exited unexpectedly", "code", code, "err", err, "pid", pi.PID)
 	r.closeProvider()
-	r.emit(P0, "harness.exited", "", "", map[string]any{
-		"code": code, "message": msg, "pid": float64(pi.PID), "pgid": float64(pi.PGID),
-	})
+	r.emitBody(P0, prp.EventHarnessExited, "", &prpv1.HarnessExited{Code: code, Message: msg, Pid: int32(pi.PID), Pgid: int32(pi.PGID)})
 	if t := r.st.ActiveTurn; t != nil {
 		r.recoverTurn(t, code, msg)
 	}
@@ -1203,54 +1192,46 @@ func (r *Runner) terminalEvent(t *runnerstate.Turn, res TurnResult) pendingEvent
 	default:
 		turnState = "failed"
 	}
-	payload := map[string]any{
-		"turnTerminalState": turnState,
-		"runTerminalState":  runState,
-		"finalMessage":      res.FinalMessage,
-		"usage":             usagePayload(res),
-		"providerTurnId":    t.TurnID,
-		"providerThreadId":  r.st.ProviderThreadID,
-	}
-	if res.ErrorCode != "" {
-		payload["code"] = res.ErrorCode
-	}
-	if res.ErrorMessage != "" {
-		payload["message"] = res.ErrorMessage
+	body := &prpv1.RunTerminal{
+		TurnTerminalState: turnState,
+		RunTerminalState:  runState,
+		FinalMessage:      res.FinalMessage,
+		Usage:             usageReport(res),
+		ProviderTurnId:    t.TurnID,
+		ProviderThreadId:  r.st.ProviderThreadID,
+		Code:              res.ErrorCode,
+		Message:           res.ErrorMessage,
 	}
 	if res.Status == "interrupted" {
-		payload["finalMessage"] = r.streamed.partialOutput(t.TurnID, res.FinalMessage)
-		payload["partial"] = true
+		body.FinalMessage = r.streamed.partialOutput(t.TurnID, res.FinalMessage)
+		body.Partial = true
 	}
-	if len(res.Artifacts) > 0 {
-		arts := make([]any, len(res.Artifacts))
-		for i, a := range res.Artifacts {
-			arts[i] = map[string]any{"kind": a.Kind, "ref": a.Ref}
-		}
-		payload["artifacts"] = arts
+	for _, a := range res.Artifacts {
+		body.Artifacts = append(body.Artifacts, &prpv1.ResultArtifact{Kind: a.Kind, Ref: a.Ref})
 	}
 	// The run the turn belongs to labels the event.
-	return pendingEvent{prio: P0, typ: "run.terminal", turnID: t.TurnID, payload: payload, runID: t.RunID}
+	return pendingEvent{prio: P0, typ: prp.EventRunTerminal, turnID: t.TurnID, body: body, runID: t.RunID}
 }
 
-// usagePayload is the runner's usage report of a finished turn (SPEC E1):
+// usageReport is the runner's usage report of a finished turn (SPEC E1):
 // {runDelta, total[, cost]}, runDelta the turn's own usage, total the
 // provider session's cumulative usage (omitted when the provider reported
 // none) and cost the turn's cost {amount, currency} when it reported one.
-func usagePayload(res TurnResult) map[string]any {
-	counters := func(u Usage) map[string]any {
-		return map[string]any{
-			"inputTokens":       float64(u.InputTokens),
-			"cachedInputTokens": float64(u.CachedInputTokens),
-			"outputTokens":      float64(u.OutputTokens),
+func usageReport(res TurnResult) *prpv1.TurnUsage {
+	counters := func(u Usage) *prpv1.UsageCounters {
+		return &prpv1.UsageCounters{
+			InputTokens:       proto.Float64(float64(u.InputTokens)),
+			CachedInputTokens: proto.Float64(float64(u.CachedInputTokens)),
+			OutputTokens:      proto.Float64(float64(u.OutputTokens)),
 		}
 	}
-	out := map[string]any{"runDelta": counters(res.Usage)}
+	out := &prpv1.TurnUsage{RunDelta: counters(res.Usage)}
 	if res.Total != nil {
-		out["total"] = counters(*res.Total)
+		out.Total = counters(*res.Total)
 	}
 	if res.Cost != nil {
 		// The ACPX cost shape {amount, currency} (SPEC E1).
-		out["cost"] = map[string]any{"amount": res.Cost.Amount, "currency": res.Cost.Currency}
+		out.Cost = &prpv1.Cost{Amount: res.Cost.Amount, Currency: res.Cost.Currency}
 	}
 	return out
 }

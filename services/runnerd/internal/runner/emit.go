@@ -4,8 +4,12 @@ import (
 	"fmt"
 	"time"
 
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/structpb"
+
 	"github.com/tether-run/tether/pkg/failure"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
+	"github.com/tether-run/tether/pkg/prp"
 	"github.com/tether-run/tether/pkg/runnerstate"
 	"github.com/tether-run/tether/services/runnerd/internal/statedir"
 )
@@ -14,9 +18,11 @@ import (
 // fsync per batch) before it is sent, and stays within the outbox limits
 // (backpressure).
 
-// newEvent assigns the next source seq and builds the journaled envelope.
-// The event is labelled with runID, or else with the attached run.
-func (r *Runner) newEvent(prio uint32, typ, turnID, itemID, runID string, payload map[string]any) (statedir.Record, error) {
+// newEvent assigns the next source seq and builds the journaled envelope
+// of e (its typed body, else its provider payload). The event is labelled
+// with e.runID, or else with the attached run.
+func (r *Runner) newEvent(e pendingEvent) (statedir.Record, error) {
+	prio, typ, turnID, itemID := e.prio, e.typ, e.turnID, e.itemID
 	if prio > P2 {
 		prio = P1
 	}
@@ -35,8 +41,14 @@ func (r *Runner) newEvent(prio uint32, typ, turnID, itemID, runID string, payloa
 		Priority:            prio,
 		EmittedAt:           nowTS(time.Now()),
 	}
-	ev.RunId = eventRun(runID, turnID, r.st.ActiveTurn, r.st.CurrentRun)
-	s, err := toStruct(payload)
+	ev.RunId = eventRun(e.runID, turnID, r.st.ActiveTurn, r.st.CurrentRun)
+	var s *structpb.Struct
+	var err error
+	if e.body != nil {
+		s, err = prp.Payload(e.body)
+	} else {
+		s, err = toStruct(e.payload)
+	}
 	if err != nil {
 		return statedir.Record{}, err
 	}
@@ -46,12 +58,12 @@ func (r *Runner) newEvent(prio uint32, typ, turnID, itemID, runID string, payloa
 		return statedir.Record{}, err
 	}
 	if len(env) > maxEnvelopeBytes {
-		s, _ := toStruct(map[string]any{
-			"code":              failure.ProviderFrameTooLarge,
-			"message":           fmt.Sprintf("%s event of %d bytes exceeds the frame limit", typ, len(env)),
-			"originalEventType": typ,
+		s, _ := prp.Payload(&prpv1.HarnessDiagnostic{
+			Code:              failure.ProviderFrameTooLarge,
+			Message:           fmt.Sprintf("%s event of %d bytes exceeds the frame limit", typ, len(env)),
+			OriginalEventType: typ,
 		})
-		ev.EventType, ev.Payload, ev.Priority = "harness.diagnostic", s, P1
+		ev.EventType, ev.Payload, ev.Priority = prp.EventHarnessDiagnostic, s, P1
 		if env, err = encodeEnvelope(ev); err != nil {
 			return statedir.Record{}, err
 		}
@@ -80,7 +92,10 @@ func eventRun(runID, turnID string, active *runnerstate.Turn, current *runnersta
 type pendingEvent struct {
 	prio                uint32
 	typ, turnID, itemID string
-	payload             map[string]any
+	// body is the typed payload of an event runnerd itself emits; payload
+	// that of a provider's event (opaque).
+	body    proto.Message
+	payload map[string]any
 	// runID labels the event (default: the attached run).
 	runID string
 }
@@ -115,7 +130,7 @@ func (r *Runner) emitAll(evs []pendingEvent) {
 				"turn_id", e.turnID, "event_type", e.typ, "journaled", te.EventType, "journaled_seq", te.SourceSeq)
 			return true
 		}
-		rec, err := r.newEvent(e.prio, e.typ, e.turnID, e.itemID, e.runID, e.payload)
+		rec, err := r.newEvent(e)
 		if err != nil {
 			r.log.Error("dropping unencodable event", "event_type", e.typ, "err", err)
 			return true
@@ -135,9 +150,9 @@ func (r *Runner) emitAll(evs []pendingEvent) {
 				r.st.Lifecycle, r.st.LifecycleReason = runnerstate.LifecycleBackpressure, failure.OutboxSoftLimit
 				r.log.Warn("outbox soft limit reached: backpressure; non-P0 events are rejected until acknowledged",
 					"outbox_bytes", held, "soft_limit", soft)
-				return add(pendingEvent{prio: P0, typ: "runner.backpressure", payload: map[string]any{
-					"active": true, "outboxBytes": float64(held), "softLimitBytes": float64(soft),
-					"maxOutboxBytes": float64(r.cfg.MaxOutboxBytes), "rejectedEventType": rec.EventType,
+				return add(pendingEvent{prio: P0, typ: prp.EventRunnerBackpressure, body: &prpv1.RunnerBackpressure{
+					Active: proto.Bool(true), OutboxBytes: float64(held), SoftLimitBytes: float64(soft),
+					MaxOutboxBytes: float64(r.cfg.MaxOutboxBytes), RejectedEventType: rec.EventType,
 				}})
 			}
 			return true
@@ -152,7 +167,7 @@ func (r *Runner) emitAll(evs []pendingEvent) {
 		}
 		if r.trackRequest(e, label) {
 			r.requestsDirty = true
-			opened = opened || e.typ == "runtime_request.created" || e.typ == "semantic_tool.input"
+			opened = opened || e.typ == prp.EventRuntimeRequestCreated || e.typ == prp.EventToolInput
 		}
 		return true
 	}
@@ -213,8 +228,8 @@ func (r *Runner) relieveBackpressure() {
 		}
 	}
 	r.log.Info("backpressure relieved", "outbox_bytes", r.j.outbox.Bytes(), "rejected_events", dropped)
-	r.emit(P0, "runner.backpressure", "", "", map[string]any{
-		"active": false, "outboxBytes": float64(r.j.outbox.Bytes()), "rejectedEvents": float64(dropped),
+	r.emitBody(P0, prp.EventRunnerBackpressure, "", &prpv1.RunnerBackpressure{
+		Active: proto.Bool(false), OutboxBytes: float64(r.j.outbox.Bytes()), RejectedEvents: float64(dropped),
 	})
 	r.mustSave()
 }
@@ -230,8 +245,9 @@ func (r *Runner) flushHeld() {
 	r.j.hold = hold
 }
 
-func (r *Runner) emit(prio uint32, typ, turnID, itemID string, payload map[string]any) {
-	r.emitAll([]pendingEvent{{prio: prio, typ: typ, turnID: turnID, itemID: itemID, payload: payload}})
+// emitBody emits runnerd's own event typ with its typed payload body.
+func (r *Runner) emitBody(prio uint32, typ, turnID string, body proto.Message) {
+	r.emitAll([]pendingEvent{{prio: prio, typ: typ, turnID: turnID, body: body}})
 }
 
 // pumpProviderEvents journals (one fsync) and sends every provider event

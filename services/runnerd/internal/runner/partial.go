@@ -1,5 +1,7 @@
 package runner
 
+import "github.com/tether-run/tether/pkg/prp"
+
 // Partial output of a cancelled turn (SPEC R12): every provider reports
 // it the same way. A turn that ends interrupted (a cancel, a turn.interrupt)
 // has as its finalMessage the text of its newest agent message as it was
@@ -18,7 +20,7 @@ type streamedText struct {
 
 // note takes one journaled event.
 func (p *streamedText) note(typ, turnID string, payload map[string]any) {
-	if typ == "turn.started" {
+	if typ == prp.EventTurnStarted {
 		*p = streamedText{turnID: turnID}
 		return
 	}

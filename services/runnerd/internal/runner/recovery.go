@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/tether-run/tether/pkg/failure"
+	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
+	"github.com/tether-run/tether/pkg/prp"
 	"github.com/tether-run/tether/pkg/runnerstate"
 )
 
@@ -28,14 +30,14 @@ import (
 //     command id on the resumed thread.
 
 // EventTurnLost is the P0 event of a turn lost with its provider.
-const EventTurnLost = "turn.lost"
+const EventTurnLost = prp.EventTurnLost
 
 // recoverTurn reconciles t after its provider was lost; cause is the loss
 // (code and message: the provider's own signal or exit status).
 func (r *Runner) recoverTurn(t *runnerstate.Turn, code, cause string) {
 	r.log.Warn("provider lost during a turn; restarting it to reconcile the turn", "turn_id", t.TurnID, "run_id", t.RunID, "cause", cause)
-	r.emit(P1, "provider.restarting", "", "", map[string]any{
-		"reason": "provider_lost", "runId": t.RunID, "turnId": t.TurnID, "providerThreadId": r.st.ProviderThreadID,
+	r.emitBody(P1, prp.EventProviderRestarting, "", &prpv1.ProviderRestarting{
+		Reason: "provider_lost", RunId: t.RunID, TurnId: t.TurnID, ProviderThreadId: r.st.ProviderThreadID,
 	})
 	if e := r.startProvider(context.Background(), false); e != nil {
 		r.loseTurn(t, code, fmt.Sprintf("%s; the provider could not be restarted: %s", cause, e.msg), "restart_failed")
@@ -159,17 +161,18 @@ func (r *Runner) dropTurn(ctx context.Context, turnID string) (history, why stri
 func (r *Runner) loseTurnWith(t *runnerstate.Turn, code, msg, reconciliation, history string) {
 	r.log.Warn("turn lost with its provider; the controller retries it", "turn_id", t.TurnID, "run_id", t.RunID,
 		"reconciliation", reconciliation, "cause", msg)
-	payload := map[string]any{
-		"code": code, "message": msg, "providerTurnId": t.TurnID, "providerThreadId": r.st.ProviderThreadID,
-		"reconciliation": reconciliation, "retryable": true, "attempt": float64(t.Attempt),
+	body := &prpv1.TurnLost{
+		Code: code, Message: msg, ProviderTurnId: t.TurnID, ProviderThreadId: r.st.ProviderThreadID,
+		Reconciliation: reconciliation, Retryable: true, Attempt: uint32(t.Attempt), CommandId: t.CommandID,
+		ProviderHistory: history,
 	}
-	if t.CommandID != "" {
-		payload["commandId"] = t.CommandID
+	r.emitAll([]pendingEvent{{prio: P0, typ: EventTurnLost, turnID: t.TurnID, runID: t.RunID, body: body}})
+	// The state keeps the payload to announce the loss again (its JSON
+	// form, as the event carries it).
+	var payload map[string]any
+	if s, err := prp.Payload(body); err == nil {
+		payload = s.AsMap()
 	}
-	if history != "" {
-		payload["providerHistory"] = history
-	}
-	r.emitAll([]pendingEvent{{prio: P0, typ: EventTurnLost, turnID: t.TurnID, runID: t.RunID, payload: payload}})
 	r.st.NoteLostTurn(t.TurnID, &runnerstate.LostTurn{RunID: t.RunID, Payload: payload, LostAt: time.Now().UTC()})
 	if r.st.ActiveTurn == t {
 		r.st.ActiveTurn = nil
@@ -329,14 +332,14 @@ func (r *Runner) journaledTurnEnd(turnID string) (turnEnd, bool) {
 	var found turnEnd
 	ok := false
 	for _, rec := range r.j.outbox.After(0) {
-		if rec.EventType != "run.terminal" && rec.EventType != EventTurnLost && rec.EventType != "turn.started" {
+		if rec.EventType != prp.EventRunTerminal && rec.EventType != EventTurnLost && rec.EventType != "turn.started" {
 			continue
 		}
 		var env turnEnd
 		if json.Unmarshal(rec.Envelope, &env) != nil || env.TurnID != turnID {
 			continue
 		}
-		if rec.EventType == "turn.started" {
+		if rec.EventType == prp.EventTurnStarted {
 			found, ok = turnEnd{}, false
 			continue
 		}
@@ -419,7 +422,8 @@ func (r *Runner) settleEndedTurn() {
 // isTurnEvent reports whether typ is the event a provider driver emits
 // when a turn ends (live, or reconciled after a loss): turn.<status>.
 func isTurnEvent(typ string) bool {
-	return typ == "turn.completed" || typ == "turn.failed" || typ == "turn.interrupted"
+	// (turn.cancelled, an older runner's, is no turn event of this one)
+	return typ == prp.EventTurnCompleted || typ == prp.EventTurnFailed || typ == prp.EventTurnInterrupted
 }
 
 // turnEventJournaled reports whether turn turnID's turn.<status> event is
@@ -441,7 +445,7 @@ func (r *Runner) recallTurnEvent() {
 		if te := r.st.LastTurnEvent; te != nil && te.SourceSeq >= rec.SourceSeq {
 			continue
 		}
-		if rec.EventType != "turn.started" && !isTurnEvent(rec.EventType) {
+		if rec.EventType != prp.EventTurnStarted && !isTurnEvent(rec.EventType) {
 			continue
 		}
 		var env struct {
@@ -462,7 +466,7 @@ func (r *Runner) recallTurnEvent() {
 func (r *Runner) noteTurnEvent(typ, turnID string, seq uint64, payload map[string]any) {
 	r.streamed.note(typ, turnID, payload)
 	switch {
-	case typ == "turn.started":
+	case typ == prp.EventTurnStarted:
 		r.st.LastTurnEvent = nil
 	case turnID != "" && isTurnEvent(typ):
 		r.st.LastTurnEvent = &runnerstate.TurnEvent{TurnID: turnID, EventType: typ, SourceSeq: seq, Usage: turnUsageOf(payload)}

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/tether-run/tether/pkg/failure"
+	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/providerlaunch"
 	"github.com/tether-run/tether/pkg/prp"
 	"github.com/tether-run/tether/pkg/runnerstate"
@@ -471,15 +472,13 @@ func (r *Runner) announceRecovery(lostProvider *runnerstate.Process) {
 	st := r.st
 	r.log.Info("recovered durable state", "next_source_seq", st.NextSourceSeq, "acked_source_seq", st.AckedSourceSeq,
 		"outbox", r.j.outbox.Len(), "reconnect_count", st.ReconnectCount)
-	r.emit(P0, "runner.reconciled", "", "", map[string]any{
-		"outcome":        "same_durable_session_resumed",
-		"reconnectCount": st.ReconnectCount,
+	r.emitBody(P0, prp.EventRunnerReconciled, "", &prpv1.RunnerReconciled{
+		Outcome: "same_durable_session_resumed", ReconnectCount: uint32(st.ReconnectCount),
 	})
 	const lostMsg = "provider process did not survive the runnerd restart"
 	if lostProvider != nil {
-		r.emit(P0, "harness.exited", "", "", map[string]any{
-			"code": failure.ProviderProcessLost, "message": lostMsg,
-			"pid": lostProvider.PID, "pgid": lostProvider.PGID,
+		r.emitBody(P0, prp.EventHarnessExited, "", &prpv1.HarnessExited{
+			Code: failure.ProviderProcessLost, Message: lostMsg, Pid: int32(lostProvider.PID), Pgid: int32(lostProvider.PGID),
 		})
 	}
 	// The turn is reconciled on a restarted provider once the loop's

@@ -3,6 +3,8 @@ package runner
 import (
 	"context"
 	"time"
+
+	"github.com/tether-run/tether/pkg/prp"
 )
 
 // supervisor is runnerd's provider supervision: the one live provider
@@ -85,7 +87,7 @@ func (s *supervisor) collect(items []queued) (evs []pendingEvent, cursor uint64,
 func (s *supervisor) awaitTurnStarted(max time.Duration) {
 	// The wake-ups this takes are the loop's: leave it one.
 	defer s.queue.poke()
-	isStarted := func(ev ProviderEvent) bool { return ev.Type == "turn.started" }
+	isStarted := func(ev ProviderEvent) bool { return ev.Type == prp.EventTurnStarted }
 	if s.queue.has(isStarted) {
 		return
 	}
