@@ -17,6 +17,8 @@ import (
 	"github.com/tether-run/tether/pkg/prp"
 	"github.com/tether-run/tether/pkg/runnerstate"
 	"github.com/tether-run/tether/services/runnerd/internal/provhost"
+
+	"google.golang.org/protobuf/proto"
 )
 
 // Online checkpoints (SPEC P6). runner.checkpoint stages, inside the
@@ -51,7 +53,7 @@ var checkpointSkipped = []string{CheckpointStageDir, provhost.SocketName, provho
 // travel from any depth of it; skip, top-level entries of the runner
 // directory that are not archived). It answers the stage, relative to the
 // state dir, and the identity the checkpoint records.
-func (r *Runner) cmdRunnerCheckpoint(c *prpv1.Command) (map[string]any, *cmdError) {
+func (r *Runner) cmdRunnerCheckpoint(c *prpv1.Command) (proto.Message, *cmdError) {
 	if e := r.suspendRefusal(); e != nil {
 		return nil, e
 	}
@@ -89,9 +91,9 @@ func (r *Runner) cmdRunnerCheckpoint(c *prpv1.Command) (map[string]any, *cmdErro
 	}
 	r.log.Info("online checkpoint staged", "stage", stageRel, "took", time.Since(start).Round(time.Microsecond),
 		"provider_thread_id", r.st.ProviderThreadID)
-	return map[string]any{
-		"stage": stageRel, "providerThreadId": r.st.ProviderThreadID,
-		"runnerInstanceId": r.st.Identity.RunnerInstanceID, "lifecycle": r.st.Lifecycle,
+	return &prpv1.CommandOutcome{
+		Stage: stageRel, ProviderThreadId: proto.String(r.st.ProviderThreadID),
+		RunnerInstanceId: r.st.Identity.RunnerInstanceID, Lifecycle: r.st.Lifecycle,
 	}, nil
 }
 
@@ -132,7 +134,7 @@ func (r *Runner) checkpointState(c *prpv1.Command) ([]byte, error) {
 	st.RunnerProcess, st.ProviderProcess = nil, nil
 	if rec := st.ProcessedCommands[c.GetCommandId()]; rec != nil {
 		rec.Status, rec.Code, rec.Message = runnerstate.StatusCompleted, "", ""
-		rec.Result = map[string]any{"lifecycle": runnerstate.LifecycleSuspended, "providerThreadId": st.ProviderThreadID}
+		rec.Result = outcomeMap(&prpv1.CommandOutcome{Lifecycle: runnerstate.LifecycleSuspended, ProviderThreadId: proto.String(st.ProviderThreadID)})
 	}
 	return runnerstate.Encode(st)
 }

@@ -519,7 +519,7 @@ func (r *Runner) runCommand(sl *commandSlot) {
 	if cerr != nil {
 		rec.Status, rec.Code, rec.Message = cerr.status, cerr.code, cerr.msg
 	} else {
-		rec.Status, rec.Code, rec.Message, rec.Result = runnerstate.StatusCompleted, "", "", result
+		rec.Status, rec.Code, rec.Message, rec.Result = runnerstate.StatusCompleted, "", "", outcomeMap(result)
 	}
 	sl.done = true
 	if c.GetType() == CmdSessionClose && cerr == nil {
@@ -530,7 +530,34 @@ func (r *Runner) runCommand(sl *commandSlot) {
 	}
 }
 
-func (r *Runner) execute(ctx context.Context, c *prpv1.Command) (map[string]any, *cmdError) {
+// outcomeMap is a command's result as its record keeps it (the JSON
+// object CommandResult.result carries); nil for none.
+func outcomeMap(result proto.Message) map[string]any {
+	if result == nil {
+		return nil
+	}
+	s, err := prp.Payload(result)
+	if err != nil {
+		return nil
+	}
+	return s.AsMap()
+}
+
+// providerResult is a provider's own result of a command (request.resolve,
+// tool.result), passed on as it is; nil when it has none or it does not
+// encode.
+func providerResult(res map[string]any) proto.Message {
+	if res == nil {
+		return nil
+	}
+	s, err := toStruct(res)
+	if err != nil {
+		return nil
+	}
+	return s
+}
+
+func (r *Runner) execute(ctx context.Context, c *prpv1.Command) (proto.Message, *cmdError) {
 	switch c.GetType() {
 	case CmdRunAttach:
 		return r.cmdRunAttach(c)
@@ -585,7 +612,7 @@ func (r *Runner) requireRun(c *prpv1.Command) *cmdError {
 	return nil
 }
 
-func (r *Runner) cmdRunAttach(c *prpv1.Command) (map[string]any, *cmdError) {
+func (r *Runner) cmdRunAttach(c *prpv1.Command) (proto.Message, *cmdError) {
 	if e := r.stoppedErr(); e != nil {
 		return nil, e
 	}
@@ -642,11 +669,9 @@ func (r *Runner) cmdRunAttach(c *prpv1.Command) (map[string]any, *cmdError) {
 		attached.PreviousRunId = prev.RunID
 	}
 	r.emitBody(P0, prp.EventRunAttached, "", attached)
-	return map[string]any{
-		"runId":            c.GetRunId(),
-		"attempt":          float64(c.GetAttempt()),
-		"providerRunning":  reused,
-		"providerThreadId": r.st.ProviderThreadID,
+	return &prpv1.CommandOutcome{
+		RunId: c.GetRunId(), Attempt: proto.Uint32(uint32(c.GetAttempt())), ProviderRunning: proto.Bool(reused),
+		ProviderThreadId: proto.String(r.st.ProviderThreadID),
 	}, nil
 }
 
@@ -666,7 +691,7 @@ func (r *Runner) sessionInput() *prpv1.ExecutionInput {
 	return in
 }
 
-func (r *Runner) cmdTurnStart(ctx context.Context, c *prpv1.Command) (map[string]any, *cmdError) {
+func (r *Runner) cmdTurnStart(ctx context.Context, c *prpv1.Command) (proto.Message, *cmdError) {
 	if e := r.stoppedErr(); e != nil {
 		return nil, e
 	}
@@ -697,7 +722,7 @@ func (r *Runner) cmdTurnStart(ctx context.Context, c *prpv1.Command) (map[string
 		// run.terminal ends the run.
 		r.log.Warn("turn.start of a run whose run.terminal is journaled; answering with its ended turn",
 			"run_id", c.GetRunId(), "command_id", c.GetCommandId(), "turn_id", end.TurnID)
-		return map[string]any{"turnId": end.TurnID, "providerThreadId": r.st.ProviderThreadID, "runEnded": true}, nil
+		return &prpv1.CommandOutcome{TurnId: end.TurnID, ProviderThreadId: proto.String(r.st.ProviderThreadID), RunEnded: true}, nil
 	}
 	// A provider that exited between turns, its exit not handled yet (the
 	// loop took this command first), is replaced now: the turn starts on a
@@ -747,7 +772,7 @@ func (r *Runner) cmdTurnStart(ctx context.Context, c *prpv1.Command) (map[string
 	// An interrupt asked of an earlier turn is not this one's, whatever its
 	// id (a restarted provider may number its turns anew).
 	r.interruptAsked = ""
-	return map[string]any{"turnId": turnID, "providerThreadId": r.st.ProviderThreadID}, nil
+	return &prpv1.CommandOutcome{TurnId: turnID, ProviderThreadId: proto.String(r.st.ProviderThreadID)}, nil
 }
 
 // staleTurn refuses a command that names turn given while active is the
@@ -927,7 +952,7 @@ func (r *Runner) startProvider(trace context.Context, reattach bool) *cmdError {
 	return nil
 }
 
-func (r *Runner) cmdTurnInterrupt(ctx context.Context, c *prpv1.Command) (map[string]any, *cmdError) {
+func (r *Runner) cmdTurnInterrupt(ctx context.Context, c *prpv1.Command) (proto.Message, *cmdError) {
 	if e := r.requireRun(c); e != nil {
 		return nil, e
 	}
@@ -948,10 +973,10 @@ func (r *Runner) cmdTurnInterrupt(ctx context.Context, c *prpv1.Command) (map[st
 		return nil, providerFailure(failure.ProviderInterruptFailed, err)
 	}
 	r.interruptAsked = t.TurnID
-	return map[string]any{"turnId": t.TurnID}, nil
+	return &prpv1.CommandOutcome{TurnId: t.TurnID}, nil
 }
 
-func (r *Runner) cmdTurnSteer(ctx context.Context, c *prpv1.Command) (map[string]any, *cmdError) {
+func (r *Runner) cmdTurnSteer(ctx context.Context, c *prpv1.Command) (proto.Message, *cmdError) {
 	if e := r.requireRun(c); e != nil {
 		return nil, e
 	}
@@ -975,7 +1000,7 @@ func (r *Runner) cmdTurnSteer(ctx context.Context, c *prpv1.Command) (map[string
 	if err := r.sup.prov.Steer(ctx, t.TurnID, text); err != nil {
 		return nil, providerFailure(failure.ProviderSteerFailed, err)
 	}
-	return map[string]any{"turnId": t.TurnID}, nil
+	return &prpv1.CommandOutcome{TurnId: t.TurnID}, nil
 }
 
 // cmdSessionClose closes the session: a turn in progress is interrupted
@@ -985,7 +1010,7 @@ func (r *Runner) cmdTurnSteer(ctx context.Context, c *prpv1.Command) (map[string
 // state a later run may continue (SPEC E13); a revoked or unrecoverable
 // runner stops instead. A suspension that cannot be persisted fails the
 // command. The runner exits after answering.
-func (r *Runner) cmdSessionClose(c *prpv1.Command) (map[string]any, *cmdError) {
+func (r *Runner) cmdSessionClose(c *prpv1.Command) (proto.Message, *cmdError) {
 	const reason = failure.SessionClosed
 	r.interruptActiveTurn(reason)
 	if r.suspendRefusal() != nil {
@@ -993,13 +1018,13 @@ func (r *Runner) cmdSessionClose(c *prpv1.Command) (map[string]any, *cmdError) {
 	} else if err := r.suspend(reason); err != nil {
 		return nil, failed(failure.RunnerStateWriteFailed, "%v", err)
 	}
-	return map[string]any{"lifecycle": r.st.Lifecycle, "providerThreadId": r.st.ProviderThreadID}, nil
+	return &prpv1.CommandOutcome{Lifecycle: r.st.Lifecycle, ProviderThreadId: proto.String(r.st.ProviderThreadID)}, nil
 }
 
 // cmdRunnerSuspend suspends the runner (see suspend) before answering, so
 // whoever sees the answer (and the runner's exit) may checkpoint the state
 // dir. A turn in progress refuses: suspension is for an idle session.
-func (r *Runner) cmdRunnerSuspend(c *prpv1.Command) (map[string]any, *cmdError) {
+func (r *Runner) cmdRunnerSuspend(c *prpv1.Command) (proto.Message, *cmdError) {
 	if e := r.suspendRefusal(); e != nil {
 		return nil, e
 	}
@@ -1014,9 +1039,9 @@ func (r *Runner) cmdRunnerSuspend(c *prpv1.Command) (map[string]any, *cmdError) 
 	if err := r.suspend(reason); err != nil {
 		return nil, failed(failure.RunnerStateWriteFailed, "%v", err)
 	}
-	return map[string]any{
-		"lifecycle": r.st.Lifecycle, "providerThreadId": r.st.ProviderThreadID,
-		"runnerInstanceId": r.st.Identity.RunnerInstanceID,
+	return &prpv1.CommandOutcome{
+		Lifecycle: r.st.Lifecycle, ProviderThreadId: proto.String(r.st.ProviderThreadID),
+		RunnerInstanceId: r.st.Identity.RunnerInstanceID,
 	}, nil
 }
 

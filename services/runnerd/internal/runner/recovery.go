@@ -10,6 +10,8 @@ import (
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/prp"
 	"github.com/tether-run/tether/pkg/runnerstate"
+
+	"google.golang.org/protobuf/proto"
 )
 
 // Provider loss mid-turn (SPEC R7). When the provider of an active turn is
@@ -264,7 +266,7 @@ func (r *Runner) reconcileCutTurnStart(rec *runnerstate.CommandRecord) {
 // the command's result, and reconciles it unless its end is journaled.
 func (r *Runner) adoptCutTurn(rec *runnerstate.CommandRecord, last string) {
 	log := r.log.With("command_id", rec.CommandID, "run_id", rec.RunID)
-	rec.Reopen(runnerstate.StatusCompleted, "", "", map[string]any{"turnId": last, "providerThreadId": r.st.ProviderThreadID})
+	rec.Reopen(runnerstate.StatusCompleted, "", "", outcomeMap(&prpv1.CommandOutcome{TurnId: last, ProviderThreadId: proto.String(r.st.ProviderThreadID)}))
 	r.st.LastTurnID = last
 	if r.turnEndJournaled(last) {
 		// The turn ran to its end (or its loss) before runnerd died; only

@@ -35,6 +35,8 @@ import (
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/prp"
 	"github.com/tether-run/tether/pkg/runnerstate"
+
+	"google.golang.org/protobuf/proto"
 )
 
 // Command types of runtime request resolution and tool results.
@@ -73,7 +75,7 @@ func (r *Runner) activeRuntimeProvider() (RuntimeRequestProvider, *cmdError) {
 	return rp, nil
 }
 
-func (r *Runner) cmdRequestResolve(c *prpv1.Command) (map[string]any, *cmdError) {
+func (r *Runner) cmdRequestResolve(c *prpv1.Command) (proto.Message, *cmdError) {
 	if e := r.requireRun(c); e != nil {
 		return nil, e
 	}
@@ -104,10 +106,10 @@ func (r *Runner) cmdRequestResolve(c *prpv1.Command) (map[string]any, *cmdError)
 	if err != nil {
 		return nil, providerRejection("provider_request_resolve_failed", err)
 	}
-	return res, nil
+	return providerResult(res), nil
 }
 
-func (r *Runner) cmdToolResult(c *prpv1.Command) (map[string]any, *cmdError) {
+func (r *Runner) cmdToolResult(c *prpv1.Command) (proto.Message, *cmdError) {
 	// The answering run must be the run whose turn made the call: an old
 	// run's answer after a continuation is refused as revoked.
 	if cur := r.st.CurrentRun; cur != nil && c.GetRunId() != "" && c.GetRunId() != cur.RunID {
@@ -151,5 +153,5 @@ func (r *Runner) cmdToolResult(c *prpv1.Command) (map[string]any, *cmdError) {
 	if err != nil {
 		return nil, providerRejection("provider_tool_result_failed", err)
 	}
-	return res, nil
+	return providerResult(res), nil
 }

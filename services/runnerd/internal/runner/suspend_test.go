@@ -274,7 +274,7 @@ func TestR4_SessionCloseOfARevokedOrUnrecoverableRunnerStops(t *testing.T) {
 			r.st.Lifecycle = lc
 			out, cerr := r.cmdSessionClose(&prpv1.Command{CommandId: "c-close", Type: CmdSessionClose})
 			require.Nil(t, cerr)
-			assert.Equal(t, map[string]any{"lifecycle": runnerstate.LifecycleStopped, "providerThreadId": "thread-1"}, out)
+			assert.Equal(t, map[string]any{"lifecycle": runnerstate.LifecycleStopped, "providerThreadId": "thread-1"}, outcomeMap(out))
 			assert.Equal(t, []string{"runner.stopped"}, outboxTypes(r))
 			st, err := r.j.store.Load()
 			require.NoError(t, err)

@@ -1179,6 +1179,124 @@ func (x *TurnStarted) GetProviderTurnId() string {
 	return ""
 }
 
+// CommandOutcome is the result (CommandResult.result) of a command runnerd
+// executes itself; request.resolve and tool.result answer with the
+// provider's own result instead. Fields the previous release always wrote
+// for a command type are always set.
+type CommandOutcome struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// run.attach
+	RunId           string  `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	Attempt         *uint32 `protobuf:"varint,2,opt,name=attempt,proto3,oneof" json:"attempt,omitempty"`
+	ProviderRunning *bool   `protobuf:"varint,3,opt,name=provider_running,json=providerRunning,proto3,oneof" json:"provider_running,omitempty"`
+	// run.attach, turn.start, session.close, runner.suspend, runner.checkpoint
+	ProviderThreadId *string `protobuf:"bytes,4,opt,name=provider_thread_id,json=providerThreadId,proto3,oneof" json:"provider_thread_id,omitempty"`
+	// turn.start, turn.steer, turn.interrupt
+	TurnId string `protobuf:"bytes,5,opt,name=turn_id,json=turnId,proto3" json:"turn_id,omitempty"`
+	// turn.start of a run whose run.terminal is journaled: the ended turn.
+	RunEnded bool `protobuf:"varint,6,opt,name=run_ended,json=runEnded,proto3" json:"run_ended,omitempty"`
+	// session.close, runner.suspend, runner.checkpoint
+	Lifecycle        string `protobuf:"bytes,7,opt,name=lifecycle,proto3" json:"lifecycle,omitempty"`
+	RunnerInstanceId string `protobuf:"bytes,8,opt,name=runner_instance_id,json=runnerInstanceId,proto3" json:"runner_instance_id,omitempty"`
+	// runner.checkpoint: the staged copy, relative to the state root.
+	Stage         string `protobuf:"bytes,9,opt,name=stage,proto3" json:"stage,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CommandOutcome) Reset() {
+	*x = CommandOutcome{}
+	mi := &file_tether_prp_v1_payloads_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CommandOutcome) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CommandOutcome) ProtoMessage() {}
+
+func (x *CommandOutcome) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_prp_v1_payloads_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CommandOutcome.ProtoReflect.Descriptor instead.
+func (*CommandOutcome) Descriptor() ([]byte, []int) {
+	return file_tether_prp_v1_payloads_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *CommandOutcome) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+func (x *CommandOutcome) GetAttempt() uint32 {
+	if x != nil && x.Attempt != nil {
+		return *x.Attempt
+	}
+	return 0
+}
+
+func (x *CommandOutcome) GetProviderRunning() bool {
+	if x != nil && x.ProviderRunning != nil {
+		return *x.ProviderRunning
+	}
+	return false
+}
+
+func (x *CommandOutcome) GetProviderThreadId() string {
+	if x != nil && x.ProviderThreadId != nil {
+		return *x.ProviderThreadId
+	}
+	return ""
+}
+
+func (x *CommandOutcome) GetTurnId() string {
+	if x != nil {
+		return x.TurnId
+	}
+	return ""
+}
+
+func (x *CommandOutcome) GetRunEnded() bool {
+	if x != nil {
+		return x.RunEnded
+	}
+	return false
+}
+
+func (x *CommandOutcome) GetLifecycle() string {
+	if x != nil {
+		return x.Lifecycle
+	}
+	return ""
+}
+
+func (x *CommandOutcome) GetRunnerInstanceId() string {
+	if x != nil {
+		return x.RunnerInstanceId
+	}
+	return ""
+}
+
+func (x *CommandOutcome) GetStage() string {
+	if x != nil {
+		return x.Stage
+	}
+	return ""
+}
+
 var File_tether_prp_v1_payloads_proto protoreflect.FileDescriptor
 
 const file_tether_prp_v1_payloads_proto_rawDesc = "" +
@@ -1279,7 +1397,21 @@ const file_tether_prp_v1_payloads_proto_rawDesc = "" +
 	"\amessage\x18\x02 \x01(\tR\amessage\x12.\n" +
 	"\x13original_event_type\x18\x03 \x01(\tR\x11originalEventType\"7\n" +
 	"\vTurnStarted\x12(\n" +
-	"\x10provider_turn_id\x18\x01 \x01(\tR\x0eproviderTurnIdB\xb2\x01\n" +
+	"\x10provider_turn_id\x18\x01 \x01(\tR\x0eproviderTurnId\"\xf9\x02\n" +
+	"\x0eCommandOutcome\x12\x15\n" +
+	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x1d\n" +
+	"\aattempt\x18\x02 \x01(\rH\x00R\aattempt\x88\x01\x01\x12.\n" +
+	"\x10provider_running\x18\x03 \x01(\bH\x01R\x0fproviderRunning\x88\x01\x01\x121\n" +
+	"\x12provider_thread_id\x18\x04 \x01(\tH\x02R\x10providerThreadId\x88\x01\x01\x12\x17\n" +
+	"\aturn_id\x18\x05 \x01(\tR\x06turnId\x12\x1b\n" +
+	"\trun_ended\x18\x06 \x01(\bR\brunEnded\x12\x1c\n" +
+	"\tlifecycle\x18\a \x01(\tR\tlifecycle\x12,\n" +
+	"\x12runner_instance_id\x18\b \x01(\tR\x10runnerInstanceId\x12\x14\n" +
+	"\x05stage\x18\t \x01(\tR\x05stageB\n" +
+	"\n" +
+	"\b_attemptB\x13\n" +
+	"\x11_provider_runningB\x15\n" +
+	"\x13_provider_thread_idB\xb2\x01\n" +
 	"\x11com.tether.prp.v1B\rPayloadsProtoP\x01Z8github.com/tether-run/tether/pkg/gen/tether/prp/v1;prpv1\xa2\x02\x03TPX\xaa\x02\rTether.Prp.V1\xca\x02\rTether\\Prp\\V1\xe2\x02\x19Tether\\Prp\\V1\\GPBMetadata\xea\x02\x0fTether::Prp::V1b\x06proto3"
 
 var (
@@ -1294,7 +1426,7 @@ func file_tether_prp_v1_payloads_proto_rawDescGZIP() []byte {
 	return file_tether_prp_v1_payloads_proto_rawDescData
 }
 
-var file_tether_prp_v1_payloads_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
+var file_tether_prp_v1_payloads_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
 var file_tether_prp_v1_payloads_proto_goTypes = []any{
 	(*RunAttached)(nil),        // 0: tether.prp.v1.RunAttached
 	(*CommandExecuted)(nil),    // 1: tether.prp.v1.CommandExecuted
@@ -1312,6 +1444,7 @@ var file_tether_prp_v1_payloads_proto_goTypes = []any{
 	(*TurnLost)(nil),           // 13: tether.prp.v1.TurnLost
 	(*HarnessDiagnostic)(nil),  // 14: tether.prp.v1.HarnessDiagnostic
 	(*TurnStarted)(nil),        // 15: tether.prp.v1.TurnStarted
+	(*CommandOutcome)(nil),     // 16: tether.prp.v1.CommandOutcome
 }
 var file_tether_prp_v1_payloads_proto_depIdxs = []int32{
 	2, // 0: tether.prp.v1.TurnUsage.run_delta:type_name -> tether.prp.v1.UsageCounters
@@ -1335,13 +1468,14 @@ func file_tether_prp_v1_payloads_proto_init() {
 	file_tether_prp_v1_payloads_proto_msgTypes[2].OneofWrappers = []any{}
 	file_tether_prp_v1_payloads_proto_msgTypes[7].OneofWrappers = []any{}
 	file_tether_prp_v1_payloads_proto_msgTypes[12].OneofWrappers = []any{}
+	file_tether_prp_v1_payloads_proto_msgTypes[16].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_tether_prp_v1_payloads_proto_rawDesc), len(file_tether_prp_v1_payloads_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   16,
+			NumMessages:   17,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
