@@ -52,6 +52,7 @@ import (
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/grant"
+	"github.com/tether-run/tether/pkg/procgroup"
 	"github.com/tether-run/tether/pkg/scope"
 	"github.com/tether-run/tether/services/executor/internal/store"
 )
@@ -788,8 +789,8 @@ func startExecutor(ctx context.Context, bin, dsn string) (*executorProc, error) 
 		return nil, err
 	}
 	cmd.Stdout = io.Discard
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
-	if err := cmd.Start(); err != nil {
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
+	if err := procgroup.Start(cmd); err != nil {
 		return nil, err
 	}
 	p := &executorProc{cmd: cmd, addr: addr, done: make(chan struct{})}
@@ -857,7 +858,7 @@ func (p *executorProc) stop() {
 	select {
 	case <-p.done:
 	case <-time.After(10 * time.Second):
-		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+		procgroup.Kill(p.cmd.Process.Pid)
 		<-p.done
 	}
 }

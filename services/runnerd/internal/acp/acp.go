@@ -35,8 +35,10 @@ import (
 	"time"
 
 	"github.com/tether-run/tether/pkg/failure"
+	"github.com/tether-run/tether/pkg/procgroup"
 	"github.com/tether-run/tether/pkg/procid"
 	"github.com/tether-run/tether/pkg/prp"
+	"github.com/tether-run/tether/services/runnerd/internal/jsonrpc"
 	"github.com/tether-run/tether/services/runnerd/internal/provider"
 )
 
@@ -108,10 +110,11 @@ type Config struct {
 
 // Session is one agent process and its ACP session.
 type Session struct {
-	cfg  Config
-	log  *slog.Logger
-	emit func(Event)
-	conn *conn
+	cfg   Config
+	log   *slog.Logger
+	emit  func(Event)
+	conn  *jsonrpc.Conn
+	stdin *os.File // the agent's stdin
 
 	cmd      *exec.Cmd
 	info     ProcessInfo
@@ -202,8 +205,7 @@ func (s *Session) spawn() error {
 	}
 	cmd.Dir = s.cfg.Dir
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = inR, outW, errW
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
+	if err := procgroup.Start(cmd); err != nil {
 		closeAll(inR, inW, outR, outW, errR, errW)
 		return &Error{Code: failure.ProviderSpawnFailed, Message: fmt.Sprintf("start %s: %v", s.cfg.Command, err)}
 	}
@@ -212,10 +214,19 @@ func (s *Session) spawn() error {
 	pid := cmd.Process.Pid
 	ticks, _ := procid.StartTicks(pid)
 	s.info = ProcessInfo{PID: pid, PGID: pid, StartTicks: ticks, StartedAt: time.Now().UTC()}
-	s.conn = &conn{in: inW, out: outR, requestTimeout: s.cfg.RequestTimeout, calls: map[int64]*pending{},
-		onNotify: s.onNotify, onRequest: s.onRequest}
+	s.stdin = inW
+	s.conn = jsonrpc.New(jsonrpc.Config{
+		Name: "acp", Peer: "agent", In: inW, WriteTimeout: s.cfg.RequestTimeout, Logger: s.log,
+		NewError:       func(code, msg string) error { return &Error{Code: code, Message: msg} },
+		OnNotification: s.onNotify,
+		OnRequest:      func(m jsonrpc.Message) { s.onRequest(m.ID, m.Method, m.Params) },
+	})
 	readerDone := make(chan error, 1)
-	go func() { readerDone <- s.conn.readLoop() }()
+	go func() {
+		// A read error is no failure of its own: the supervisor decides.
+		fatal, _ := s.conn.Serve(outR)
+		readerDone <- fatal
+	}()
 	go s.stderr.consume(errR, s.log)
 	go s.supervise(readerDone)
 	s.log.Info("acp: agent started", "pid", pid, "agent", s.cfg.Agent)
@@ -260,8 +271,8 @@ func (s *Session) supervise(readerDone chan error) {
 	if tail := s.stderr.lines(); len(tail) > 0 && !closing {
 		s.log.Warn("acp: agent ended", "code", cause.Code, "err", cause.Message, "stderr_tail", tail)
 	}
-	s.conn.fail(cause)
-	signalGroup(s.info.PGID, syscall.SIGKILL)
+	s.conn.Fail(cause)
+	procgroup.Kill(s.info.PGID)
 	close(s.exited)
 }
 
@@ -293,11 +304,11 @@ func signalName(sig syscall.Signal) string {
 }
 
 func (s *Session) initialize(ctx context.Context) error {
-	res, rpcErr, err := s.conn.call(ctx, "initialize", map[string]any{
+	res, rpcErr, err := s.conn.Call(ctx, "initialize", map[string]any{
 		"protocolVersion":    ProtocolVersion,
 		"clientCapabilities": map[string]any{"fs": map[string]any{"readTextFile": false, "writeTextFile": false}, "terminal": false},
 		"clientInfo":         map[string]any{"name": ClientName, "title": "tether runnerd", "version": "0.1.0"},
-	}, s.cfg.StartupTimeout)
+	}, s.cfg.StartupTimeout, nil)
 	if err != nil {
 		var e *Error
 		if errors.As(err, &e) && e.Code == failure.ProviderRequestTimeout {
@@ -378,20 +389,10 @@ func (s *Session) Close(ctx context.Context, grace time.Duration) error {
 // kill ends the process group: TERM, then KILL after grace (at once when the
 // leader is gone), then waits for the supervisor.
 func (s *Session) kill(grace time.Duration) {
-	_ = s.conn.in.Close()
-	signalGroup(s.info.PGID, syscall.SIGTERM)
-	select {
-	case <-s.procDone:
-	case <-time.After(grace):
-	}
-	signalGroup(s.info.PGID, syscall.SIGKILL)
+	_ = s.stdin.Close()
+	procgroup.Stop(context.Background(), s.info.PGID, s.procDone, grace)
+	procgroup.Kill(s.info.PGID) // what outlived a TERM the agent obeyed
 	<-s.exited
-}
-
-func signalGroup(pgid int, sig syscall.Signal) {
-	if pgid > 1 {
-		_ = syscall.Kill(-pgid, sig)
-	}
 }
 
 func closeAll(fs ...*os.File) {

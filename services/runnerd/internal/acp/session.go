@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/tether-run/tether/pkg/failure"
+	"github.com/tether-run/tether/services/runnerd/internal/jsonrpc"
 	"github.com/tether-run/tether/services/runnerd/internal/provider"
 )
 
@@ -54,7 +55,7 @@ func (s *Session) OpenThread(ctx context.Context, threadID string) (string, bool
 }
 
 func (s *Session) newSession(ctx context.Context, want Identity) (string, bool, error) {
-	res, rpcErr, err := s.conn.call(ctx, "session/new", map[string]any{"cwd": s.cfg.Dir, "mcpServers": []any{}}, s.cfg.RequestTimeout)
+	res, rpcErr, err := s.conn.Call(ctx, "session/new", map[string]any{"cwd": s.cfg.Dir, "mcpServers": []any{}}, s.cfg.RequestTimeout, nil)
 	if err != nil {
 		return "", false, err
 	}
@@ -96,15 +97,15 @@ func (s *Session) loadSession(ctx context.Context, want Identity) (string, bool,
 	s.mu.Lock()
 	s.loading = true
 	s.mu.Unlock()
-	endLoad := func(reply) {
+	endLoad := func(*jsonrpc.Reply) {
 		s.mu.Lock()
 		s.loading = false
 		s.mu.Unlock()
 	}
-	res, rpcErr, err := s.conn.await(ctx, "session/load",
+	res, rpcErr, err := s.conn.Call(ctx, "session/load",
 		map[string]any{"sessionId": st.Identity.AgentSessionID, "cwd": s.cfg.Dir, "mcpServers": []any{}}, s.cfg.RequestTimeout, endLoad)
 	if err != nil {
-		endLoad(reply{})
+		endLoad(nil)
 		return "", false, err
 	}
 	if rpcErr != nil {
@@ -173,7 +174,7 @@ func (s *Session) configure(ctx context.Context, st *State, ans sessionAnswer) e
 }
 
 func (s *Session) set(ctx context.Context, method string, params map[string]any) error {
-	_, rpcErr, err := s.conn.call(ctx, method, params, s.cfg.RequestTimeout)
+	_, rpcErr, err := s.conn.Call(ctx, method, params, s.cfg.RequestTimeout, nil)
 	if err != nil {
 		return err
 	}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/tether-run/tether/pkg/failure"
+	"github.com/tether-run/tether/services/runnerd/internal/jsonrpc"
 	"github.com/tether-run/tether/services/runnerd/internal/provider"
 )
 
@@ -83,8 +84,8 @@ func (s *Session) StartTurn(ctx context.Context, text string) (string, error) {
 	// turn.started goes out before any update of the prompt: the reader
 	// emits under the same lock.
 	s.emitMu.Lock()
-	_, err := s.conn.send("session/prompt", map[string]any{"sessionId": sid, "prompt": []any{map[string]any{"type": "text", "text": text}}},
-		func(r reply) { s.finishTurn(t, r) })
+	_, err := s.conn.Send("session/prompt", map[string]any{"sessionId": sid, "prompt": []any{map[string]any{"type": "text", "text": text}}},
+		func(r *jsonrpc.Reply) { s.finishTurn(t, r) })
 	if err == nil {
 		s.emit(Event{Type: "turn.started", TurnID: t.id, Priority: P0, Payload: map[string]any{"providerTurnId": t.id}})
 	}
@@ -110,14 +111,14 @@ func (s *Session) Interrupt(_ context.Context, turnID string) error {
 	t.interrupted = true
 	sid := s.st.Identity.AgentSessionID
 	s.mu.Unlock()
-	return s.conn.notify("session/cancel", map[string]any{"sessionId": sid})
+	return s.conn.Notify("session/cancel", map[string]any{"sessionId": sid})
 }
 
 // finishTurn settles the prompt's answer (on the reader goroutine, after
 // every update that preceded it). A prompt that failed with the connection
 // (the agent process is gone) gets no result: the runner reconciles it.
-func (s *Session) finishTurn(t *turn, r reply) {
-	if r.err != nil {
+func (s *Session) finishTurn(t *turn, r *jsonrpc.Reply) {
+	if r.Err != nil {
 		return
 	}
 	s.closeMessage(t)
@@ -127,9 +128,9 @@ func (s *Session) finishTurn(t *turn, r reply) {
 		Usage      map[string]any `json:"usage"`
 	}
 	switch {
-	case r.rpcErr != nil:
-		res.Status, res.ErrorCode, res.ErrorMessage = provider.TurnFailed, failure.ProviderTurnFailed, "session/prompt: "+r.rpcErr.String()
-	case json.Unmarshal(r.result, &ans) != nil:
+	case r.RPCErr != nil:
+		res.Status, res.ErrorCode, res.ErrorMessage = provider.TurnFailed, failure.ProviderTurnFailed, "session/prompt: "+r.RPCErr.String()
+	case json.Unmarshal(r.Result, &ans) != nil:
 		res.Status, res.ErrorCode, res.ErrorMessage = provider.TurnFailed, failure.ProviderProtocolError, "session/prompt answered with no stopReason"
 	}
 	switch ans.StopReason {
@@ -382,7 +383,7 @@ func contentText(c any) string {
 func (s *Session) onRequest(id json.RawMessage, method string, raw json.RawMessage) {
 	if method != "session/request_permission" {
 		s.diagnostic(failure.ProviderServerRequestUnsupported, method, "the agent asked for "+method+", which tether does not offer")
-		_ = s.conn.respondError(id, -32601, "method not supported by this client: "+method)
+		_ = s.conn.RespondError(id, -32601, "method not supported by this client: "+method)
 		return
 	}
 	var p struct {
@@ -435,7 +436,7 @@ func (s *Session) onRequest(id json.RawMessage, method string, raw json.RawMessa
 		"requestId": string(id), "toolCallId": p.ToolCall.ToolCallID, "toolKind": kind, "title": title,
 		"permissionMode": s.cfg.PermissionMode, "decision": decision, "optionId": d.OptionID, "optionKind": d.OptionKind,
 	}})
-	_ = s.conn.respond(id, map[string]any{"outcome": outcome})
+	_ = s.conn.Respond(id, map[string]any{"outcome": outcome})
 }
 
 func (s *Session) diagnostic(code, method, msg string) {

@@ -19,11 +19,12 @@ import (
 	"os/exec"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/tether-run/tether/pkg/failure"
+	"github.com/tether-run/tether/pkg/procgroup"
 	"github.com/tether-run/tether/pkg/prp"
+	"github.com/tether-run/tether/services/runnerd/internal/jsonrpc"
 	"github.com/tether-run/tether/services/runnerd/internal/provider"
 )
 
@@ -181,7 +182,7 @@ type Session struct {
 	stdout io.ReadCloser
 	stderr io.ReadCloser // nil with a Transport
 
-	writeMu     sync.Mutex
+	conn        *jsonrpc.Conn
 	stdinClosed atomic.Bool
 	stdinOnce   sync.Once
 
@@ -189,8 +190,6 @@ type Session struct {
 	readerFrames atomic.Int64 // frames handled so far
 
 	mu            sync.Mutex
-	nextID        int64
-	pending       map[int64]*pendingCall
 	threadID      string
 	opening       bool
 	starting      bool
@@ -246,7 +245,6 @@ func Start(ctx context.Context, cfg Config, emit func(Event)) (*Session, error) 
 		cfg:         cfg,
 		log:         cfg.Logger,
 		emitFn:      emit,
-		pending:     make(map[int64]*pendingCall),
 		reported:    make(map[string]bool),
 		serverReqs:  make(map[string]*serverRequest),
 		toolCalls:   make(map[string]*pendingTool),
@@ -264,6 +262,7 @@ func Start(ctx context.Context, cfg Config, emit func(Event)) (*Session, error) 
 	if err := s.spawn(); err != nil {
 		return nil, err
 	}
+	s.conn = s.newConn()
 	go s.waitLoop()
 	go s.readLoop()
 	go s.stderrLoop()
@@ -301,8 +300,7 @@ func (s *Session) spawn() error {
 	// A non-nil (possibly empty) Env: exec inherits os.Environ() only for nil.
 	cmd.Env = append(make([]string, 0, len(s.cfg.Env)), s.cfg.Env...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = inR, outW, errW
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
+	if err := procgroup.Start(cmd); err != nil {
 		closeAll(inR, inW, outR, outW, errR, errW)
 		return errorf(failure.ProviderSpawnFailed, "start %s: %s", s.cfg.Command, err.Error())
 	}
@@ -310,8 +308,7 @@ func (s *Session) spawn() error {
 	closeAll(inR, outW, errW)
 	s.cmd, s.stdin, s.stdout, s.stderr = cmd, inW, outR, errR
 	pid := cmd.Process.Pid
-	// Setpgid with Pgid 0 makes the child the leader of a new group whose id
-	// is its pid (done before exec, or Start fails).
+	// The child leads a new group whose id is its pid (package procgroup).
 	s.info = ProcessInfo{PID: pid, PGID: pid, StartedAt: startedAt}
 	// The child is not reaped before waitLoop runs, so /proc/<pid> exists.
 	if st, err := readProcStat(pid); err == nil {
@@ -361,7 +358,7 @@ func (s *Session) initialize(ctx context.Context, timeout time.Duration) error {
 	case err != nil:
 		return err
 	case rpcErr != nil:
-		return errorf(failure.ProviderInitializeProtocolError, "initialize rejected: %s", rpcErr.describe())
+		return errorf(failure.ProviderInitializeProtocolError, "initialize rejected: %s", rpcErr.Describe())
 	}
 	var obj map[string]json.RawMessage
 	if err := json.Unmarshal(res, &obj); err != nil || obj == nil {
@@ -371,10 +368,6 @@ func (s *Session) initialize(ctx context.Context, timeout time.Duration) error {
 		return err
 	}
 	return nil
-}
-
-func (e *wireError) describe() string {
-	return truncate(e.Message, 1024) + " (code " + itoa(e.Code) + ")"
 }
 
 // Process returns the identity of the provider process.
@@ -495,7 +488,7 @@ func (s *Session) OpenThread(ctx context.Context, threadID string) (string, bool
 		return "", false, err
 	}
 	if rpcErr != nil {
-		return "", false, errorf(failCode, "%s: %s", method, rpcErr.describe())
+		return "", false, errorf(failCode, "%s: %s", method, rpcErr.Describe())
 	}
 	return opened, resumed, nil
 }
@@ -584,7 +577,7 @@ func (s *Session) StartTurnWith(ctx context.Context, text string, opts TurnOptio
 		return "", err
 	}
 	if rpcErr != nil {
-		return "", errorf(failure.ProviderTurnStartFailed, "turn/start: %s", rpcErr.describe())
+		return "", errorf(failure.ProviderTurnStartFailed, "turn/start: %s", rpcErr.Describe())
 	}
 	return turnID, nil
 }
@@ -605,7 +598,7 @@ func (s *Session) Steer(ctx context.Context, turnID, text string) error {
 		return err
 	}
 	if rpcErr != nil {
-		return errorf(failure.ProviderSteerFailed, "turn/steer: %s", rpcErr.describe())
+		return errorf(failure.ProviderSteerFailed, "turn/steer: %s", rpcErr.Describe())
 	}
 	return nil
 }
@@ -623,7 +616,7 @@ func (s *Session) Interrupt(ctx context.Context, turnID string) error {
 		return err
 	}
 	if rpcErr != nil {
-		return errorf(failure.ProviderInterruptFailed, "turn/interrupt: %s", rpcErr.describe())
+		return errorf(failure.ProviderInterruptFailed, "turn/interrupt: %s", rpcErr.Describe())
 	}
 	return nil
 }

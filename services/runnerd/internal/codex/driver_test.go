@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tether-run/tether/pkg/failure"
+	"github.com/tether-run/tether/pkg/procgroup"
 )
 
 // R2: the codex app-server JSON-RPC driver.
@@ -43,7 +44,7 @@ func TestR2_InitializeTimeout(t *testing.T) {
 		var pid int
 		require.NoError(t, json.Unmarshal(b, &pid))
 		assert.False(t, alive(pid), "nothing is left running after a failed Start")
-		assert.False(t, groupAlive(pid))
+		assert.False(t, procgroup.Alive(pid))
 		return
 	}
 }
@@ -303,26 +304,6 @@ func TestR2_OversizeFrameFailsSession(t *testing.T) {
 	assert.Equal(t, "provider_frame_too_large: harness stdout frame exceeded 4194304 bytes", s.ExitErr().Error())
 }
 
-func TestR2_FrameLimitBoundary(t *testing.T) {
-	t.Parallel()
-	exact := strings.Repeat("a", MaxFrameBytes)
-	br := bufio.NewReaderSize(strings.NewReader(exact+"\r\n"+exact+"a\n"), 64<<10)
-	var buf []byte
-	line, err := readFrame(br, &buf)
-	require.NoError(t, err)
-	assert.Len(t, line, MaxFrameBytes)
-	_, err = readFrame(br, &buf)
-	assert.ErrorIs(t, err, errFrameTooLarge)
-
-	br = bufio.NewReaderSize(strings.NewReader("{}\nlast"), 16)
-	line, err = readFrame(br, &buf)
-	require.NoError(t, err)
-	assert.Equal(t, "{}", string(line))
-	line, err = readFrame(br, &buf)
-	assert.Equal(t, "last", string(line))
-	assert.Error(t, err) // io.EOF with the final unterminated line
-}
-
 func TestR2_MalformedFrameFailsSession(t *testing.T) {
 	t.Parallel()
 	s, _ := startSession(t, stubConfig(t, "malformed"))
@@ -484,7 +465,7 @@ func TestR2_ResumeErrors(t *testing.T) {
 
 func TestR2_UsageGrowthAccounting(t *testing.T) {
 	t.Parallel()
-	s := &Session{pending: map[int64]*pendingCall{}, reported: map[string]bool{}, emitFn: func(Event) {}, log: quietLogger()}
+	s := &Session{reported: map[string]bool{}, emitFn: func(Event) {}, log: quietLogger()}
 	s.threadID = "T"
 	upd := func(turn string, total, last [3]int64) {
 		mk := func(v [3]int64) map[string]any {

@@ -11,7 +11,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 )
 
 // procStat is the part of /proc/<pid>/stat this package uses.
@@ -70,50 +69,6 @@ func ProcStartTicks(pid int) (uint64, error) {
 		return 0, err
 	}
 	return st.StartTicks, nil
-}
-
-// groupAlive reports whether process group pgid still has a member that is not
-// a zombie. Zombies are ignored: an orphaned member that died but was not yet
-// reaped by its new parent can no longer do anything.
-func groupAlive(pgid int) bool {
-	if pgid <= 1 {
-		return false
-	}
-	if err := syscall.Kill(-pgid, 0); errors.Is(err, syscall.ESRCH) {
-		return false
-	}
-	dir, err := os.Open("/proc")
-	if err != nil {
-		return true
-	}
-	defer dir.Close()
-	names, err := dir.Readdirnames(-1)
-	if err != nil {
-		return true
-	}
-	for _, name := range names {
-		pid, err := strconv.Atoi(name)
-		if err != nil || pid <= 0 {
-			continue
-		}
-		st, err := readProcStat(pid)
-		if err != nil || st.PGRP != pgid {
-			continue
-		}
-		if st.State != 'Z' && st.State != 'X' {
-			return true
-		}
-	}
-	return false
-}
-
-// signalGroup sends sig to the whole process group; a group that is already
-// gone is not an error.
-func signalGroup(pgid int, sig syscall.Signal) {
-	if pgid <= 1 {
-		return
-	}
-	_ = syscall.Kill(-pgid, sig)
 }
 
 // ---- stderr capture ----

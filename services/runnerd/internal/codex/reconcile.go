@@ -117,7 +117,7 @@ func (s *Session) readTurns(ctx context.Context) (string, []any, error) {
 		return thread, nil, err
 	}
 	if rpcErr != nil {
-		return thread, nil, errorf(failure.ProviderReconcileFailed, "thread/read: %s", rpcErr.describe())
+		return thread, nil, errorf(failure.ProviderReconcileFailed, "thread/read: %s", rpcErr.Describe())
 	}
 	res, err := decodeObject(raw)
 	if err != nil {
@@ -154,7 +154,7 @@ func (s *Session) DropTurn(ctx context.Context, turnID string) error {
 		return err
 	}
 	if rpcErr != nil {
-		return errorf(failure.ProviderError, "thread/revert: %s", rpcErr.describe())
+		return errorf(failure.ProviderError, "thread/revert: %s", rpcErr.Describe())
 	}
 	return nil
 }

@@ -185,20 +185,19 @@ func (s *Session) answerUnsupported(msg wireMessage, p map[string]any) {
 	if itemID == "" {
 		itemID = str(p, "callId")
 	}
-	resp := outResponse{JSONRPC: "2.0", ID: msg.ID}
+	var result any
 	var answer string
 	switch msg.Method {
 	case "item/permissions/requestApproval", "execCommandApproval", "applyPatchApproval":
-		resp.Result = map[string]any{"decision": "decline"}
+		result = map[string]any{"decision": "decline"}
 		if msg.Method != "item/permissions/requestApproval" {
-			resp.Result = map[string]any{"decision": "denied"}
+			result = map[string]any{"decision": "denied"}
 		}
 		answer = "declined"
 	case "mcpServer/elicitation/request":
-		resp.Result = map[string]any{"action": "decline"}
+		result = map[string]any{"action": "decline"}
 		answer = "declined"
 	default:
-		resp.Error = &wireError{Code: -32601, Message: "tether-runnerd does not support " + msg.Method}
 		answer = "rpc_error"
 	}
 	s.emitFromReader(Event{Type: "harness.diagnostic", TurnID: turnID, ItemID: itemID, Priority: PriorityP1, Payload: map[string]any{
@@ -208,7 +207,11 @@ func (s *Session) answerUnsupported(msg wireMessage, p map[string]any) {
 		"answer":    answer,
 		"message":   "server request " + msg.Method + " is not supported; answered conservatively (" + answer + ")",
 	}})
-	if err := s.writeMessage(resp); err != nil {
+	respond := func() error { return s.respond(msg.ID, result) }
+	if result == nil {
+		respond = func() error { return s.respondError(msg.ID, -32601, "tether-runnerd does not support "+msg.Method) }
+	}
+	if err := respond(); err != nil {
 		s.log.Warn("codex: cannot answer server request", "method", msg.Method, "err", err)
 	}
 }
@@ -277,7 +280,7 @@ func (s *Session) onRuntimeRequest(msg wireMessage, p map[string]any) {
 		// Two open requests under one id cannot be told apart: refuse the
 		// second one.
 		s.diagnostic(failure.ProviderProtocolError, msg.Method, r.turnID, r.itemID, "server request id "+r.requestID+" is already pending; the second request is refused")
-		_ = s.writeMessage(outResponse{JSONRPC: "2.0", ID: msg.ID, Error: &wireError{Code: -32600, Message: "duplicate request id " + r.requestID}})
+		_ = s.respondError(msg.ID, -32600, "duplicate request id "+r.requestID)
 		return
 	}
 	s.emitFromReader(Event{Type: "runtime_request.created", TurnID: r.turnID, ItemID: r.itemID, Priority: PriorityP0, Payload: payload})
@@ -418,7 +421,7 @@ func (s *Session) ResolveRequest(ctx context.Context, requestID string, resoluti
 	}
 	delete(s.serverReqs, requestID)
 	s.mu.Unlock()
-	if err := s.writeMessage(outResponse{JSONRPC: "2.0", ID: r.rawID, Result: result}); err != nil {
+	if err := s.respond(r.rawID, result); err != nil {
 		// The transport is broken and the session is failing; put the
 		// request back so the failure expires it.
 		s.mu.Lock()
@@ -679,7 +682,7 @@ func (s *Session) timeoutTool(pt *pendingTool, d time.Duration) {
 // finishTool writes the answer of a tool call and emits its result events
 // (via emitFromReader: it takes emitMu).
 func (s *Session) finishTool(pt *pendingTool, out ToolOutput, source, code string) {
-	if err := s.writeMessage(outResponse{JSONRPC: "2.0", ID: pt.rawID, Result: toolResult(out)}); err != nil {
+	if err := s.respond(pt.rawID, toolResult(out)); err != nil {
 		s.log.Warn("codex: cannot answer tool call", "call", pt.call.CallID, "err", err)
 		return
 	}
@@ -768,7 +771,7 @@ func (s *Session) AnswerToolCall(ctx context.Context, callID, turnID string, out
 	}
 	delete(s.toolCalls, callID)
 	s.mu.Unlock()
-	if err := s.writeMessage(outResponse{JSONRPC: "2.0", ID: pt.rawID, Result: toolResult(out)}); err != nil {
+	if err := s.respond(pt.rawID, toolResult(out)); err != nil {
 		s.mu.Lock()
 		if s.failErr == nil {
 			s.toolCalls[callID] = pt

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/tether-run/tether/pkg/failure"
+	"github.com/tether-run/tether/pkg/procgroup"
 	"github.com/tether-run/tether/pkg/procid"
 )
 
@@ -184,16 +185,12 @@ func (s *Session) fail(cause *Error) {
 		return
 	}
 	s.failErr = cause
-	pend := s.pending
-	s.pending = make(map[int64]*pendingCall)
 	t := s.turn
 	s.turn = nil
 	s.mu.Unlock()
 
 	s.log.Warn("codex: provider session failed", "pid", s.info.PID, "code", cause.Code, "message", cause.Message)
-	for _, p := range pend {
-		p.ch <- rpcReply{err: cause}
-	}
+	s.conn.Fail(cause)
 	// Open runtime requests and tool calls die with the provider; the
 	// provider does not re-issue them after a resume (replayAllowed false).
 	reason := failure.ProviderProcessLost
@@ -222,7 +219,7 @@ func (s *Session) fail(cause *Error) {
 func (s *Session) closeStdin() {
 	s.stdinOnce.Do(func() {
 		s.stdinClosed.Store(true)
-		// Not under writeMu: closing unblocks a write stuck on a full pipe.
+		// Not under the write lock: closing unblocks a write stuck on a full pipe.
 		_ = s.stdin.Close()
 	})
 }
@@ -238,7 +235,7 @@ func (s *Session) terminate(grace time.Duration) {
 	defer close(s.termDone)
 	s.closeStdin()
 	s.waitUntil(grace, true, func() bool { return isClosed(s.procDone) })
-	if isClosed(s.procDone) && !groupAlive(s.info.PGID) {
+	if isClosed(s.procDone) && !procgroup.Alive(s.info.PGID) {
 		return
 	}
 	s.signal(syscall.SIGTERM)
@@ -252,7 +249,7 @@ func (s *Session) terminate(grace time.Duration) {
 }
 
 func (s *Session) groupGone() bool {
-	return isClosed(s.procDone) && !groupAlive(s.info.PGID)
+	return isClosed(s.procDone) && !procgroup.Alive(s.info.PGID)
 }
 
 func (s *Session) signal(sig syscall.Signal) {
@@ -265,7 +262,7 @@ func (s *Session) signal(sig syscall.Signal) {
 	if err := s.cmd.Process.Signal(sig); err != nil && !errors.Is(err, os.ErrProcessDone) {
 		s.log.Debug("codex: signal provider", "signal", sig.String(), "err", err)
 	}
-	signalGroup(s.info.PGID, sig)
+	procgroup.Signal(s.info.PGID, sig)
 }
 
 // waitUntil polls cond until it holds (true) or d elapsed (false). With

@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tether-run/tether/pkg/failure"
+	"github.com/tether-run/tether/pkg/procgroup"
 )
 
 // R1: one provider process per session, own process group, identity,
@@ -137,7 +138,7 @@ func TestR1_CloseKillsProcessGroupIncludingGrandchild(t *testing.T) {
 	require.NoError(t, s.Close(context.Background(), 150*time.Millisecond))
 	assert.Less(t, time.Since(start), 8*time.Second)
 
-	assert.False(t, groupAlive(info.PGID), "process group is gone")
+	assert.False(t, procgroup.Alive(info.PGID), "process group is gone")
 	assert.False(t, alive(child), "grandchild is gone")
 	assert.False(t, alive(info.PID), "leader is gone")
 	ps := s.ProcessState()
@@ -180,7 +181,7 @@ func TestR1_CloseContextCancelledKillsAtOnce(t *testing.T) {
 	err := s.Close(ctx, time.Hour)
 	assert.ErrorIs(t, err, context.DeadlineExceeded)
 	assert.Less(t, time.Since(start), 8*time.Second)
-	assert.False(t, groupAlive(s.Process().PGID))
+	assert.False(t, procgroup.Alive(s.Process().PGID))
 }
 
 func TestR1_ProcessExitMidTurnFailsTurn(t *testing.T) {

@@ -54,11 +54,11 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/tether-run/tether/pkg/atomicfile"
 	"github.com/tether-run/tether/pkg/failure"
+	"github.com/tether-run/tether/pkg/procgroup"
 	"github.com/tether-run/tether/pkg/procid"
 	"github.com/tether-run/tether/pkg/scope/durable"
 	"github.com/tether-run/tether/services/runnerd/internal/runner"
@@ -281,7 +281,7 @@ func randomPassword() string {
 // spawn starts a new server (stopping one a previous runnerd left).
 func (s *Session) spawn(ctx context.Context) error {
 	if old, err := readServerFile(s.home); err == nil && procid.Alive(old.PID, old.StartTicks, "") {
-		_ = syscall.Kill(-old.PID, syscall.SIGKILL)
+		procgroup.Kill(old.PID)
 	}
 	configPath, err := s.prepareHome()
 	if err != nil {
@@ -299,8 +299,7 @@ func (s *Session) spawn(ctx context.Context) error {
 	}
 	cmd := exec.Command(s.cfg.Command, args...)
 	cmd.Dir, cmd.Env, cmd.Stdout, cmd.Stderr = s.cfg.Dir, s.env(configPath), logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
+	if err := procgroup.Start(cmd); err != nil {
 		logf.Close()
 		return perr(failure.ProviderSpawnFailed, "starting %s: %v", s.cfg.Command, err)
 	}
@@ -585,9 +584,7 @@ func (s *Session) emitEv(typ, turnID, itemID string, prio uint32, payload map[st
 
 // kill stops the server's process group at once.
 func (s *Session) kill() {
-	if s.proc.PGID > 0 {
-		_ = syscall.Kill(-s.proc.PGID, syscall.SIGKILL)
-	}
+	procgroup.Kill(s.proc.PGID)
 	if s.evCancel != nil {
 		s.evCancel()
 	}
@@ -615,16 +612,7 @@ func (s *Session) Close(ctx context.Context, grace time.Duration) error {
 	s.closed = true
 	s.mu.Unlock()
 	if s.proc.PGID > 0 && procid.Alive(s.proc.PID, s.proc.StartTicks, "") {
-		_ = syscall.Kill(-s.proc.PGID, syscall.SIGTERM)
-		t := time.NewTimer(grace)
-		select {
-		case <-s.watchDone:
-		case <-t.C:
-			_ = syscall.Kill(-s.proc.PGID, syscall.SIGKILL)
-		case <-ctx.Done():
-			_ = syscall.Kill(-s.proc.PGID, syscall.SIGKILL)
-		}
-		t.Stop()
+		procgroup.Stop(ctx, s.proc.PGID, s.watchDone, grace)
 	}
 	if s.evCancel != nil {
 		s.evCancel()

@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"syscall"
 	"time"
+
+	"github.com/tether-run/tether/pkg/procgroup"
 )
 
 // SpawnConfig starts a host.
@@ -122,7 +124,7 @@ func Stop(in *Info, grace time.Duration) error {
 		time.Sleep(10 * time.Millisecond)
 	}
 	if in.ProviderAlive() {
-		_ = syscall.Kill(-in.ProviderPGID, syscall.SIGKILL)
+		procgroup.Kill(in.ProviderPGID)
 	}
 	if in.HostAlive() {
 		_ = syscall.Kill(in.HostPID, syscall.SIGKILL)

@@ -3,6 +3,7 @@ package provhost
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -18,7 +19,9 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/tether-run/tether/pkg/procgroup"
 	"github.com/tether-run/tether/pkg/procid"
+	"github.com/tether-run/tether/services/runnerd/internal/jsonrpc"
 )
 
 // HostConfig configures RunHost.
@@ -269,7 +272,6 @@ func (h *host) spawn() (io.ReadCloser, error) {
 	cmd := exec.Command(h.cfg.Command, h.cfg.Args...)
 	cmd.Dir = h.cfg.WorkDir
 	cmd.Env = os.Environ()
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		return nil, err
@@ -279,7 +281,7 @@ func (h *host) spawn() (io.ReadCloser, error) {
 		return nil, err
 	}
 	cmd.Stderr = &boundedWriter{w: os.Stderr, left: maxStderrLogBytes}
-	if err := cmd.Start(); err != nil {
+	if err := procgroup.Start(cmd); err != nil {
 		return nil, fmt.Errorf("start %s: %w", h.cfg.Command, err)
 	}
 	h.cmd, h.stdin, h.pgid = cmd, stdin, cmd.Process.Pid
@@ -308,18 +310,12 @@ func (h *host) stop(waited <-chan struct{}) {
 			return
 		case <-time.After(h.cfg.Grace):
 		}
-		_ = syscall.Kill(-h.pgid, syscall.SIGTERM)
-		select {
-		case <-waited:
-			return
-		case <-time.After(h.cfg.Grace):
-		}
-		_ = syscall.Kill(-h.pgid, syscall.SIGKILL)
+		procgroup.Stop(context.Background(), h.pgid, waited, h.cfg.Grace)
 	}()
 }
 
 func (h *host) kill() {
-	_ = syscall.Kill(-h.pgid, syscall.SIGKILL)
+	procgroup.Kill(h.pgid)
 	_ = h.cmd.Wait()
 }
 
@@ -365,17 +361,10 @@ func readLine(br *bufio.Reader, max int) ([]byte, error) {
 	}
 }
 
-type wire struct {
-	ID     json.RawMessage `json:"id"`
-	Method string          `json:"method"`
-	Params json.RawMessage `json:"params"`
-	Result json.RawMessage `json:"result"`
-}
+// wire is a message the host routes (package jsonrpc's framing).
+type wire = jsonrpc.Message
 
-func hasID(id json.RawMessage) bool {
-	t := bytes.TrimSpace(id)
-	return len(t) > 0 && !bytes.Equal(t, []byte("null"))
-}
+func hasID(id json.RawMessage) bool { return jsonrpc.Present(id) }
 
 func (h *host) readProvider(stdout io.Reader) {
 	br := bufio.NewReaderSize(stdout, 64<<10)
@@ -635,9 +624,7 @@ func (h *host) serveClient(conn net.Conn) {
 		// Requests the dead client never answered can no longer be.
 		for id, seq := range h.serverReqs {
 			if seq <= hs.ResumeAfter {
-				b, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": json.RawMessage(id),
-					"error": map[string]any{"code": -32000, "message": "the runner restarted; request expired"}})
-				answers = append(answers, b)
+				answers = append(answers, jsonrpc.EncodeError(json.RawMessage(id), -32000, "the runner restarted; request expired"))
 				delete(h.serverReqs, id)
 			}
 		}
@@ -679,8 +666,7 @@ func (h *host) fromClient(c *client, line []byte) {
 			return
 		}
 		if c.reattach && m.Method == "initialize" {
-			b, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": m.ID, "result": h.initResult})
-			c.direct = append(c.direct, b)
+			c.direct = append(c.direct, jsonrpc.EncodeResponse(m.ID, h.initResult))
 			h.cond.Broadcast()
 			h.mu.Unlock()
 			return

@@ -37,8 +37,6 @@
 package provhost
 
 import (
-	"github.com/tether-run/tether/pkg/procid"
-
 	"encoding/json"
 	"fmt"
 	"os"
@@ -46,6 +44,9 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/tether-run/tether/pkg/procid"
+	"github.com/tether-run/tether/services/runnerd/internal/jsonrpc"
 )
 
 // Files in runnerd's runner directory.
@@ -212,8 +213,7 @@ type handshakeReply struct {
 
 // noticeLine is a codex `warning` notification carrying msg.
 func noticeLine(msg string) []byte {
-	b, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "method": "warning", "params": map[string]any{"message": msg}})
-	return b
+	return jsonrpc.EncodeNotification("warning", map[string]any{"message": msg})
 }
 
 // ParseMark reads a host mark from a provider.notice.recorded message:

@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
-	"syscall"
 	"time"
 
 	"google.golang.org/protobuf/encoding/protojson"
@@ -18,6 +17,7 @@ import (
 	"github.com/tether-run/tether/pkg/askuser"
 	"github.com/tether-run/tether/pkg/failure"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
+	"github.com/tether-run/tether/pkg/procgroup"
 	"github.com/tether-run/tether/pkg/provenv"
 	"github.com/tether-run/tether/pkg/providerlaunch"
 	"github.com/tether-run/tether/pkg/prp"
@@ -867,7 +867,7 @@ func (r *Runner) recoverProvider() {
 	r.expireRequests(stale, failure.ProviderProcessLost)
 	r.log.Warn("the provider did not survive the runnerd restart", "code", e.code, "err", e.msg)
 	if lost != nil && sameProcessAlive(lost.PID, lost.StartTicks, lost.BootID) && lost.PGID > 0 {
-		_ = syscall.Kill(-lost.PGID, syscall.SIGKILL)
+		procgroup.Kill(lost.PGID)
 	}
 	r.st.ProviderProcess = nil
 	r.mustSave()

@@ -16,6 +16,7 @@ import (
 
 	"github.com/tether-run/tether/pkg/failure"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
+	"github.com/tether-run/tether/pkg/procgroup"
 	"github.com/tether-run/tether/pkg/providerlaunch"
 	"github.com/tether-run/tether/pkg/prp"
 	"github.com/tether-run/tether/pkg/runnerstate"
@@ -457,7 +458,7 @@ func (r *Runner) takeOverProvider() *runnerstate.Process {
 	if p != nil {
 		if sameProcessAlive(p.PID, p.StartTicks, p.BootID) && p.PGID > 0 {
 			r.log.Warn("killing the provider process group left by the previous runnerd", "pid", p.PID, "pgid", p.PGID)
-			_ = syscall.Kill(-p.PGID, syscall.SIGKILL)
+			procgroup.Kill(p.PGID)
 		}
 		st.ProviderProcess = nil
 	}

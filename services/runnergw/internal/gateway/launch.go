@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"github.com/tether-run/tether/pkg/keyfile"
+	"github.com/tether-run/tether/pkg/procgroup"
 	"github.com/tether-run/tether/pkg/procid"
 	"github.com/tether-run/tether/pkg/scope/durable"
 	"github.com/tether-run/tether/pkg/synctrace"
@@ -309,8 +310,8 @@ func (g *Gateway) launch(spec *launchSpec) (*launched, error) {
 	cmd.Stdout, cmd.Stderr = logf, logf
 	// Its own process group: runnerd outlives a crashed gateway and is
 	// adopted when the gateway comes back.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Credential: cred}
-	if err := cmd.Start(); err != nil {
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
+	if err := procgroup.Start(cmd); err != nil {
 		logf.Close()
 		return nil, failure.Wrap(err, codes.Unavailable, failure.RunnerLocalConnectFailed, "starting runnerd: %v", err)
 	}
@@ -370,11 +371,7 @@ func stopGroup(pid int, done <-chan struct{}, grace time.Duration) {
 		return
 	default:
 	}
-	_ = syscall.Kill(-pid, syscall.SIGTERM)
-	select {
-	case <-done:
-	case <-time.After(grace):
-		_ = syscall.Kill(-pid, syscall.SIGKILL)
+	if procgroup.Stop(context.Background(), pid, done, grace) {
 		select {
 		case <-done:
 		case <-time.After(grace):

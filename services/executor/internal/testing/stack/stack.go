@@ -31,6 +31,7 @@ import (
 	"github.com/tether-run/tether/pkg/grant"
 	"github.com/tether-run/tether/pkg/grpcx"
 	"github.com/tether-run/tether/pkg/identity"
+	"github.com/tether-run/tether/pkg/procgroup"
 	"github.com/tether-run/tether/pkg/tenancy"
 )
 
@@ -132,7 +133,7 @@ func (p *Proc) Stop(grace time.Duration) {
 	select {
 	case <-p.done:
 	case <-time.After(grace):
-		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+		procgroup.Kill(p.cmd.Process.Pid)
 		<-p.done
 	}
 }
@@ -635,8 +636,8 @@ func (s *Stack) Start(ctx context.Context, name string) (*Proc, error) {
 	cmd := exec.Command(path, args...)
 	cmd.Env = append(append(os.Environ(), "TETHER_DATABASE_URL="), s.opts.Env...)
 	cmd.Stdout, cmd.Stderr = logf, logf
-	// Own process group, and die with us if we die.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
+	// Own process group (procgroup.Start), and die with us if we die.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
 	s.mu.Lock()
 	ownNS := s.pidNS[name]
 	s.mu.Unlock()
@@ -648,7 +649,7 @@ func (s *Stack) Start(ctx context.Context, name string) (*Proc, error) {
 			cmd.SysProcAttr.GidMappings = []syscall.SysProcIDMap{{ContainerID: 0, HostID: gid, Size: 1}}
 		}
 	}
-	if err := cmd.Start(); err != nil {
+	if err := procgroup.Start(cmd); err != nil {
 		logf.Close()
 		return nil, err
 	}
