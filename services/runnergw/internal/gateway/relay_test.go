@@ -98,7 +98,7 @@ func newRelay(t *testing.T, mod func(*Config)) *relay {
 		CodexArgs:   []string{"--delta-delay-ms", "5", "--state-file-in-codex-home", "--durable-turn-ids", "--record-process-start", "--call-log", rl.callLog},
 		IdleTimeout: time.Minute, ReconnectGrace: 30 * time.Second, ConnectTimeout: 20 * time.Second,
 		Build: build, Authority: prp.NewAuthority([]byte("relay-test-key"), nil), Grants: testGrants.verifier,
-		Logger: slog.New(slog.NewTextHandler(testWriter{t}, nil)),
+		Logger: slog.New(slog.NewTextHandler(newTestWriter(t), nil)),
 	}
 	if mod != nil {
 		mod(&rl.cfg)
@@ -134,10 +134,32 @@ func newRelay(t *testing.T, mod func(*Config)) *relay {
 	return rl
 }
 
-type testWriter struct{ t *testing.T }
+// testWriter logs the gateway's lines to its test until the test's
+// cleanup ends: a goroutine of the gateway's HTTP server that logs after
+// that (a runner's connection ending late) would race with the test's end
+// (the race detector then failed every test running at the time).
+type testWriter struct {
+	t     *testing.T
+	mu    sync.Mutex
+	ended bool
+}
 
-func (w testWriter) Write(p []byte) (int, error) {
-	w.t.Log(strings.TrimRight(string(p), "\n"))
+func newTestWriter(t *testing.T) *testWriter {
+	w := &testWriter{t: t}
+	t.Cleanup(func() { // registered first: runs after the rig's cleanup
+		w.mu.Lock()
+		w.ended = true
+		w.mu.Unlock()
+	})
+	return w
+}
+
+func (w *testWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.ended {
+		w.t.Log(strings.TrimRight(string(p), "\n"))
+	}
 	return len(p), nil
 }
 
