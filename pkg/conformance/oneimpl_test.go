@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -145,4 +146,36 @@ func TestConformance_OneJSONRPCFraming(t *testing.T) {
 	})
 	require.Positive(t, inside, "internal/jsonrpc holds the envelope (the rule sees it)")
 	require.Empty(t, outside, "runnerd frames JSON-RPC in internal/jsonrpc only")
+}
+
+// One provider contract in runnerd (issue #34): the drivers implement
+// package provider's interface themselves and import neither the runner
+// (their consumer) nor each other; runnerd's main only names them in its
+// registry (providers.go), with no adapter of its own.
+func TestConformance_OneProviderContract(t *testing.T) {
+	t.Parallel()
+	const internal = "github.com/tether-run/tether/services/runnerd/internal/"
+	drivers := []string{"codex", "acp", "opencode"}
+	runnerd := filepath.Join("services", "runnerd")
+	var wrong []string
+	walkProduction(t, runnerd, func(rel string, _ *token.FileSet, f *ast.File) {
+		dir := filepath.ToSlash(filepath.Dir(rel))
+		for _, imp := range f.Imports {
+			path, _ := strconv.Unquote(imp.Path.Value)
+			target, ok := strings.CutPrefix(path, internal)
+			if !ok {
+				continue
+			}
+			for _, d := range drivers {
+				from := "services/runnerd/internal/" + d
+				switch {
+				case dir == from && (target == "runner" || (target != d && slices.Contains(drivers, target))):
+					wrong = append(wrong, rel+" imports "+target)
+				case dir == "services/runnerd/cmd/runnerd" && target == d && filepath.Base(rel) != "providers.go":
+					wrong = append(wrong, rel+" imports driver "+d+" (only the registry, providers.go, names drivers)")
+				}
+			}
+		}
+	})
+	require.Empty(t, wrong)
 }

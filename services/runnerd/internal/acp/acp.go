@@ -3,8 +3,8 @@
 // Client Protocol on its stdio: newline-delimited JSON-RPC 2.0 (initialize,
 // session/new, session/load, session/set_mode, session/set_model,
 // session/prompt with session/update notifications, session/cancel, and the
-// agent's session/request_permission). A Session satisfies the runner's
-// Provider interface directly.
+// agent's session/request_permission). A Session satisfies the
+// provider contract (package provider) directly.
 //
 // runnerd speaks ACP to the agent itself; the acpx CLI does not sit in
 // between (docs/providers.md says why: acpx keeps its own detached queue
@@ -70,19 +70,14 @@ const (
 
 // Event priorities (PRP).
 const (
-	P0 uint32 = 0
-	P1 uint32 = 1
-	P2 uint32 = 2
+	P0 = provider.P0
+	P1 = provider.P1
+	P2 = provider.P2
 )
 
-// Event is one agent observation mapped to a PRP event type.
-type Event struct {
-	Type     string
-	TurnID   string
-	ItemID   string
-	Priority uint32
-	Payload  map[string]any
-}
+// Event is one agent observation mapped to a PRP event type: the
+// provider contract's, handed to the runner as it is.
+type Event = provider.Event
 
 // Config describes the agent and the session.
 type Config struct {

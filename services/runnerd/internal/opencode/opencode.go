@@ -61,7 +61,7 @@ import (
 	"github.com/tether-run/tether/pkg/procgroup"
 	"github.com/tether-run/tether/pkg/procid"
 	"github.com/tether-run/tether/pkg/scope/durable"
-	"github.com/tether-run/tether/services/runnerd/internal/runner"
+	"github.com/tether-run/tether/services/runnerd/internal/provider"
 )
 
 // HomeDir is the profile directory under the scope root (SPEC B2).
@@ -83,16 +83,16 @@ type serverFile struct {
 	StartedAt  time.Time
 }
 
-// Session is one driven OpenCode server and session (runner.Provider).
+// Session is one driven OpenCode server and session (provider.Provider).
 type Session struct {
-	cfg  runner.ProviderConfig
+	cfg  provider.Config
 	log  *slog.Logger
-	emit func(runner.ProviderEvent)
+	emit func(provider.Event)
 	home string
 	base string
 	pass string
 	hc   *http.Client
-	proc runner.ProcessInfo
+	proc provider.ProcessInfo
 	cmd  *exec.Cmd // nil when re-attached
 
 	evCancel context.CancelFunc
@@ -105,12 +105,12 @@ type Session struct {
 	mu     sync.Mutex
 	sesID  string
 	turn   *turnState
-	total  runner.Usage
+	total  provider.Usage
 	seen   map[string]bool // assistant messages counted in total
 	perms  map[string]*permRequest
 	closed bool
 
-	done      chan runner.TurnResult
+	done      chan provider.TurnResult
 	exited    chan struct{}
 	exitOnce  sync.Once
 	exitErr   error
@@ -119,9 +119,9 @@ type Session struct {
 
 // Start starts (or, with cfg.Reattach, re-attaches to) the scope's
 // OpenCode server. It is runnerd's StartFunc for the "opencode" profile.
-func Start(ctx context.Context, cfg runner.ProviderConfig, emit func(runner.ProviderEvent)) (runner.Provider, error) {
+func Start(ctx context.Context, cfg provider.Config, emit func(provider.Event)) (provider.Provider, error) {
 	s := &Session{cfg: cfg, emit: emit, home: filepath.Join(cfg.StateDir, HomeDir), perms: map[string]*permRequest{}, seen: map[string]bool{},
-		done: make(chan runner.TurnResult, 16), exited: make(chan struct{}), watchDone: make(chan struct{}),
+		done: make(chan provider.TurnResult, 16), exited: make(chan struct{}), watchDone: make(chan struct{}),
 		hc: &http.Client{Transport: &http.Transport{Proxy: nil, DisableCompression: true}}}
 	s.instance = randomPassword()[:8]
 	s.log = cfg.Logger
@@ -151,7 +151,7 @@ func Start(ctx context.Context, cfg runner.ProviderConfig, emit func(runner.Prov
 }
 
 func perr(code, format string, args ...any) error {
-	return &runner.ProviderError{Code: code, Message: fmt.Sprintf(format, args...)}
+	return &provider.Error{Code: code, Message: fmt.Sprintf(format, args...)}
 }
 
 // prepareHome creates the home, seeds the config directory so OpenCode's
@@ -307,7 +307,7 @@ func (s *Session) spawn(ctx context.Context) error {
 	s.cmd = cmd
 	pid := cmd.Process.Pid
 	ticks, _ := procid.StartTicks(pid)
-	s.proc = runner.ProcessInfo{PID: pid, PGID: pid, StartTicks: ticks, StartedAt: time.Now()}
+	s.proc = provider.ProcessInfo{PID: pid, PGID: pid, StartTicks: ticks, StartedAt: time.Now()}
 	s.base = "http://127.0.0.1:" + strconv.Itoa(port)
 	waited := make(chan struct{})
 	go func() {
@@ -376,7 +376,7 @@ func (s *Session) reattach() error {
 		return perr(failure.ProviderProcessLost, "the OpenCode server of the previous runnerd is gone")
 	}
 	s.pass, s.base = sf.Password, "http://127.0.0.1:"+strconv.Itoa(sf.Port)
-	s.proc = runner.ProcessInfo{PID: sf.PID, PGID: sf.PID, StartTicks: sf.StartTicks, StartedAt: sf.StartedAt}
+	s.proc = provider.ProcessInfo{PID: sf.PID, PGID: sf.PID, StartTicks: sf.StartTicks, StartedAt: sf.StartedAt}
 	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.RequestTimeout)
 	defer cancel()
 	var st map[string]any
@@ -550,10 +550,10 @@ func (s *Session) fail(err error) {
 			s.expireRequests(failure.ProviderProcessLost)
 		}
 		if t != nil && !lostServer(err) {
-			s.emitEv("turn.failed", t.id, "", runner.P0, map[string]any{"status": "failed", "finalMessage": t.final,
-				"error": map[string]any{"code": runner.ProviderErrorCode(err), "message": err.Error()}})
-			s.deliver(runner.TurnResult{TurnID: t.id, Status: "failed", FinalMessage: t.final, Usage: t.usage,
-				ErrorCode: runner.ProviderErrorCode(err), ErrorMessage: err.Error()})
+			s.emitEv("turn.failed", t.id, "", provider.P0, map[string]any{"status": "failed", "finalMessage": t.final,
+				"error": map[string]any{"code": provider.ErrorCode(err), "message": err.Error()}})
+			s.deliver(provider.TurnResult{TurnID: t.id, Status: "failed", FinalMessage: t.final, Usage: t.usage,
+				ErrorCode: provider.ErrorCode(err), ErrorMessage: err.Error()})
 		}
 		s.emitMu.Unlock()
 		close(s.exited)
@@ -563,14 +563,14 @@ func (s *Session) fail(err error) {
 // lostServer reports whether err is the loss of the server (not a close):
 // its turn is reconciled by runnerd on a restarted server.
 func lostServer(err error) bool {
-	switch runner.ProviderErrorCode(err) {
+	switch provider.ErrorCode(err) {
 	case failure.ProviderProcessExited, failure.ProviderTransportFailed:
 		return true
 	}
 	return false
 }
 
-func (s *Session) deliver(r runner.TurnResult) {
+func (s *Session) deliver(r provider.TurnResult) {
 	select {
 	case s.done <- r:
 	default:
@@ -579,7 +579,7 @@ func (s *Session) deliver(r runner.TurnResult) {
 }
 
 func (s *Session) emitEv(typ, turnID, itemID string, prio uint32, payload map[string]any) {
-	s.emit(runner.ProviderEvent{Type: typ, TurnID: turnID, ItemID: itemID, Priority: prio, Payload: payload})
+	s.emit(provider.Event{Type: typ, TurnID: turnID, ItemID: itemID, Priority: prio, Payload: payload})
 }
 
 // kill stops the server's process group at once.
@@ -591,7 +591,7 @@ func (s *Session) kill() {
 }
 
 // Process reports the server process.
-func (s *Session) Process() runner.ProcessInfo { return s.proc }
+func (s *Session) Process() provider.ProcessInfo { return s.proc }
 
 // Exited is closed when the server is gone.
 func (s *Session) Exited() <-chan struct{} { return s.exited }
@@ -604,7 +604,7 @@ func (s *Session) ExitErr() error {
 }
 
 // TurnDone delivers finished turns.
-func (s *Session) TurnDone() <-chan runner.TurnResult { return s.done }
+func (s *Session) TurnDone() <-chan provider.TurnResult { return s.done }
 
 // Close stops the server: SIGTERM to its group, SIGKILL after grace.
 func (s *Session) Close(ctx context.Context, grace time.Duration) error {

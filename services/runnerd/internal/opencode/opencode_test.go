@@ -16,7 +16,7 @@ import (
 
 	"github.com/tether-run/tether/pkg/failure"
 	"github.com/tether-run/tether/pkg/testing/testbin"
-	"github.com/tether-run/tether/services/runnerd/internal/runner"
+	"github.com/tether-run/tether/services/runnerd/internal/provider"
 )
 
 var fakeBin string
@@ -29,13 +29,13 @@ func TestMain(m *testing.M) {
 // recorder collects a session's events and lets a test wait for one.
 type recorder struct {
 	mu     sync.Mutex
-	events []runner.ProviderEvent
+	events []provider.Event
 	signal chan struct{}
 }
 
 func newRecorder() *recorder { return &recorder{signal: make(chan struct{}, 1)} }
 
-func (r *recorder) emit(ev runner.ProviderEvent) {
+func (r *recorder) emit(ev provider.Event) {
 	r.mu.Lock()
 	r.events = append(r.events, ev)
 	r.mu.Unlock()
@@ -45,10 +45,10 @@ func (r *recorder) emit(ev runner.ProviderEvent) {
 	}
 }
 
-func (r *recorder) of(typ string) []runner.ProviderEvent {
+func (r *recorder) of(typ string) []provider.Event {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	var out []runner.ProviderEvent
+	var out []provider.Event
 	for _, e := range r.events {
 		if e.Type == typ {
 			out = append(out, e)
@@ -58,7 +58,7 @@ func (r *recorder) of(typ string) []runner.ProviderEvent {
 }
 
 // await waits until an event of typ matching ok has been emitted.
-func (r *recorder) await(t *testing.T, typ string, ok func(runner.ProviderEvent) bool) runner.ProviderEvent {
+func (r *recorder) await(t *testing.T, typ string, ok func(provider.Event) bool) provider.Event {
 	t.Helper()
 	deadline := time.After(30 * time.Second)
 	for {
@@ -89,8 +89,8 @@ func setup(t *testing.T) *bundle {
 	return b
 }
 
-func (b *bundle) config(mode string) runner.ProviderConfig {
-	return runner.ProviderConfig{
+func (b *bundle) config(mode string) provider.Config {
+	return provider.Config{
 		Kind: "opencode", Command: fakeBin, Args: []string{"--call-log", b.callLog, "--env-log", b.envLog},
 		Env: []string{"PATH=" + os.Getenv("PATH"), "HOME=" + b.stateDir, "TETHER_WORKSPACE_CWD=" + b.workspace,
 			"OPENAI_API_KEY=sk-run", "OPENCODE_CONFIG_CONTENT={\"permission\":\"allow\"}"},
@@ -99,7 +99,7 @@ func (b *bundle) config(mode string) runner.ProviderConfig {
 	}
 }
 
-func start(t *testing.T, cfg runner.ProviderConfig) (*Session, *recorder) {
+func start(t *testing.T, cfg provider.Config) (*Session, *recorder) {
 	t.Helper()
 	rec := newRecorder()
 	p, err := Start(context.Background(), cfg, rec.emit)
@@ -109,7 +109,7 @@ func start(t *testing.T, cfg runner.ProviderConfig) (*Session, *recorder) {
 	return s, rec
 }
 
-func turnResult(t *testing.T, s *Session) runner.TurnResult {
+func turnResult(t *testing.T, s *Session) provider.TurnResult {
 	t.Helper()
 	select {
 	case r := <-s.TurnDone():
@@ -117,7 +117,7 @@ func turnResult(t *testing.T, s *Session) runner.TurnResult {
 	case <-time.After(30 * time.Second):
 		t.Fatal("no turn result")
 	}
-	return runner.TurnResult{}
+	return provider.TurnResult{}
 }
 
 func (b *bundle) processStarts(t *testing.T) int {
@@ -174,7 +174,7 @@ func TestR10_InterruptAbortsTheTurnAndTheSessionGoesOn(t *testing.T) {
 	ctx := context.Background()
 	id, err := s.StartTurn(ctx, "[hold] wait for me")
 	require.NoError(t, err)
-	rec.await(t, "item.delta", func(e runner.ProviderEvent) bool { return e.TurnID == id })
+	rec.await(t, "item.delta", func(e provider.Event) bool { return e.TurnID == id })
 	require.NoError(t, s.Interrupt(ctx, id))
 	res := turnResult(t, s)
 	assert.Equal(t, "interrupted", res.Status)
@@ -185,7 +185,7 @@ func TestR10_InterruptAbortsTheTurnAndTheSessionGoesOn(t *testing.T) {
 	assert.Equal(t, "completed", res.Status)
 	assert.Equal(t, "ECHO: after", res.FinalMessage)
 	// Steering is not offered.
-	require.EqualValues(t, failure.SteeringUnsupported, runner.ProviderErrorCode(s.Steer(ctx, id, "x")))
+	require.EqualValues(t, failure.SteeringUnsupported, provider.ErrorCode(s.Steer(ctx, id, "x")))
 }
 
 func TestR10_PermissionAskedIsARuntimeRequestAcceptedOrDeclined(t *testing.T) {
@@ -198,13 +198,13 @@ func TestR10_PermissionAskedIsARuntimeRequestAcceptedOrDeclined(t *testing.T) {
 
 	id, err := s.StartTurn(ctx, "[shell] write the file")
 	require.NoError(t, err)
-	created := rec.await(t, "runtime_request.created", func(e runner.ProviderEvent) bool { return e.TurnID == id })
+	created := rec.await(t, "runtime_request.created", func(e provider.Event) bool { return e.TurnID == id })
 	assert.Equal(t, "command_approval", created.Payload["kind"])
 	assert.Equal(t, "approval", created.Payload["requestType"])
 	assert.Contains(t, created.Payload["command"], "echo permitted > perm.txt")
 	reqID := created.Payload["requestId"].(string)
 	_, err = s.ResolveRequest(ctx, reqID, map[string]any{"decision": "bogus"})
-	require.EqualValues(t, failure.RuntimeRequestResolutionInvalid, runner.ProviderErrorCode(err))
+	require.EqualValues(t, failure.RuntimeRequestResolutionInvalid, provider.ErrorCode(err))
 	out, err := s.ResolveRequest(ctx, reqID, map[string]any{"decision": "accept"})
 	require.NoError(t, err)
 	assert.Equal(t, map[string]any{"decision": "accept"}, out["resolution"])
@@ -215,8 +215,8 @@ func TestR10_PermissionAskedIsARuntimeRequestAcceptedOrDeclined(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "permitted\n", string(got))
 	_, err = s.ResolveRequest(ctx, reqID, map[string]any{"decision": "accept"})
-	require.EqualValues(t, failure.RuntimeRequestNotPending, runner.ProviderErrorCode(err))
-	done := rec.await(t, "item.completed", func(e runner.ProviderEvent) bool {
+	require.EqualValues(t, failure.RuntimeRequestNotPending, provider.ErrorCode(err))
+	done := rec.await(t, "item.completed", func(e provider.Event) bool {
 		return e.TurnID == id && e.Payload["kind"] == "commandExecution"
 	})
 	assert.Equal(t, "completed", done.Payload["status"])
@@ -225,7 +225,7 @@ func TestR10_PermissionAskedIsARuntimeRequestAcceptedOrDeclined(t *testing.T) {
 	// Declined: the tool call fails, the model is told and the turn goes on.
 	id, err = s.StartTurn(ctx, "[bash] echo declined > no.txt")
 	require.NoError(t, err)
-	created = rec.await(t, "runtime_request.created", func(e runner.ProviderEvent) bool { return e.TurnID == id })
+	created = rec.await(t, "runtime_request.created", func(e provider.Event) bool { return e.TurnID == id })
 	_, err = s.ResolveRequest(ctx, created.Payload["requestId"].(string), map[string]any{"decision": "decline"})
 	require.NoError(t, err)
 	res = turnResult(t, s)
@@ -251,11 +251,11 @@ func TestR10_ResumeTheSameSessionAfterTheServerWasKilled(t *testing.T) {
 	// turn.failed, no result.
 	id, err := s.StartTurn(ctx, "[hold] cut me off")
 	require.NoError(t, err)
-	rec.await(t, "item.delta", func(e runner.ProviderEvent) bool { return e.TurnID == id })
+	rec.await(t, "item.delta", func(e provider.Event) bool { return e.TurnID == id })
 	require.NoError(t, syscall.Kill(-s.Process().PGID, syscall.SIGKILL))
 	<-s.Exited()
 	assert.Contains(t, s.ExitErr().Error(), "killed by signal SIGKILL")
-	assert.EqualValues(t, failure.ProviderProcessExited, runner.ProviderErrorCode(s.ExitErr()))
+	assert.EqualValues(t, failure.ProviderProcessExited, provider.ErrorCode(s.ExitErr()))
 	assert.Empty(t, rec.of("turn.failed"))
 	select {
 	case r := <-s.TurnDone():
@@ -272,14 +272,14 @@ func TestR10_ResumeTheSameSessionAfterTheServerWasKilled(t *testing.T) {
 	require.Equal(t, sid, got)
 	outcome, status, err := s2.ReconcileTurn(ctx, id)
 	require.NoError(t, err)
-	assert.Equal(t, runner.ReconcileTerminalized, outcome)
+	assert.Equal(t, provider.ReconcileTerminalized, outcome)
 	assert.Equal(t, "interrupted", status)
 	res := turnResult(t, s2)
 	assert.Equal(t, "interrupted", res.Status)
 	assert.Equal(t, true, rec2.await(t, "turn.interrupted", nil).Payload["reconciled"])
 	outcome, _, err = s2.ReconcileTurn(ctx, "msg_unknown")
-	assert.Equal(t, runner.ReconcileMissing, outcome)
-	assert.EqualValues(t, failure.ProviderTurnMissing, runner.ProviderErrorCode(err))
+	assert.Equal(t, provider.ReconcileMissing, outcome)
+	assert.EqualValues(t, failure.ProviderTurnMissing, provider.ErrorCode(err))
 	last, err := s2.LastTurn(ctx)
 	require.NoError(t, err)
 	assert.Equal(t, id, last)
@@ -291,7 +291,7 @@ func TestR10_ResumeTheSameSessionAfterTheServerWasKilled(t *testing.T) {
 
 	// A session the server does not know cannot be resumed.
 	_, _, err = s2.OpenThread(ctx, "ses_gone")
-	assert.EqualValues(t, failure.ProviderThreadResumeFailed, runner.ProviderErrorCode(err))
+	assert.EqualValues(t, failure.ProviderThreadResumeFailed, provider.ErrorCode(err))
 }
 
 // A runnerd that dies leaves the server running; the next runnerd
@@ -318,7 +318,7 @@ func TestR10_ARestartedRunnerdReattachesToTheServerAndKeepsTheTurn(t *testing.T)
 	require.True(t, resumed)
 	outcome, _, err := s.ReconcileTurn(ctx, id)
 	require.NoError(t, err)
-	require.Equal(t, runner.ReconcileRetained, outcome)
+	require.Equal(t, provider.ReconcileRetained, outcome)
 	// The open permission (expired by the new runnerd) is announced afresh
 	// under a new request id.
 	first := rec.await(t, "runtime_request.created", nil)
@@ -400,7 +400,7 @@ func TestR10_ALateIdleOfAnAbortedTurnDoesNotEndTheNextTurn(t *testing.T) {
 	for i := range 2 {
 		id, err := s.StartTurn(ctx, "[hold] wait for me")
 		require.NoError(t, err)
-		rec.await(t, "item.delta", func(e runner.ProviderEvent) bool { return e.TurnID == id })
+		rec.await(t, "item.delta", func(e provider.Event) bool { return e.TurnID == id })
 		require.NoError(t, s.Interrupt(ctx, id))
 		res := turnResult(t, s)
 		require.Equal(t, "interrupted", res.Status, "round %d", i)
@@ -427,7 +427,7 @@ func TestR12_OpenCodeSessionUsageSurvivesServerRestartsAndARestoredHome(t *testi
 	ctx := context.Background()
 	sid, _, err := s.OpenThread(ctx, "")
 	require.NoError(t, err)
-	var sum runner.Usage
+	var sum provider.Usage
 	turn := func(s *Session, text string) {
 		t.Helper()
 		_, err := s.StartTurn(ctx, text)

@@ -13,7 +13,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/tether-run/tether/services/runnerd/internal/runner"
+	"github.com/tether-run/tether/services/runnerd/internal/provider"
 	"github.com/tether-run/tether/services/runnerd/internal/testing/mockmodel"
 )
 
@@ -67,7 +67,7 @@ func TestR10_ScenarioSuiteAgainstRealOpenCode(t *testing.T) {
 		traces = append(traces, trace)
 		command, args = p, []string{"-f", "-qq", "-ff", "-e", "trace=connect", "-o", trace, "--", bin}
 	}
-	cfg := runner.ProviderConfig{
+	cfg := provider.Config{
 		Kind: "opencode", Command: command, Args: args,
 		Env: []string{"PATH=" + os.Getenv("PATH"), "HOME=" + b.stateDir, "MOCK_API_KEY=mock-key", "TETHER_WORKSPACE_CWD=" + b.workspace},
 		Dir: b.workspace, StateDir: b.stateDir, HomeTemplate: tmpl, Model: "mock/mock-model", PermissionMode: "ask",
@@ -75,7 +75,7 @@ func TestR10_ScenarioSuiteAgainstRealOpenCode(t *testing.T) {
 	}
 	ctx := context.Background()
 	step := func(name string) { t.Logf("test-providers: opencode: %s", name) }
-	turn := func(s *Session, text string) runner.TurnResult {
+	turn := func(s *Session, text string) provider.TurnResult {
 		t.Helper()
 		_, err := s.StartTurn(ctx, text)
 		require.NoError(t, err)
@@ -85,7 +85,7 @@ func TestR10_ScenarioSuiteAgainstRealOpenCode(t *testing.T) {
 		case <-time.After(3 * time.Minute):
 			t.Fatalf("no result for %q", text)
 		}
-		return runner.TurnResult{}
+		return provider.TurnResult{}
 	}
 	dumpLog := func() {
 		if t.Failed() {
@@ -115,7 +115,7 @@ func TestR10_ScenarioSuiteAgainstRealOpenCode(t *testing.T) {
 	step("interrupt")
 	id, err := s.StartTurn(ctx, "[slow] a long answer")
 	require.NoError(t, err)
-	rec.await(t, "item.delta", func(e runner.ProviderEvent) bool { return e.TurnID == id })
+	rec.await(t, "item.delta", func(e provider.Event) bool { return e.TurnID == id })
 	require.NoError(t, s.Interrupt(ctx, id))
 	res := <-s.TurnDone()
 	require.Equal(t, "interrupted", res.Status, res.ErrorMessage)
@@ -125,7 +125,7 @@ func TestR10_ScenarioSuiteAgainstRealOpenCode(t *testing.T) {
 	step("permission accepted")
 	id, err = s.StartTurn(ctx, "[bash] echo permitted > perm.txt && echo done-bash")
 	require.NoError(t, err)
-	created := rec.await(t, "runtime_request.created", func(e runner.ProviderEvent) bool { return e.TurnID == id })
+	created := rec.await(t, "runtime_request.created", func(e provider.Event) bool { return e.TurnID == id })
 	require.Equal(t, "command_approval", created.Payload["kind"])
 	_, err = s.ResolveRequest(ctx, created.Payload["requestId"].(string), map[string]any{"decision": "accept"})
 	require.NoError(t, err)
@@ -139,7 +139,7 @@ func TestR10_ScenarioSuiteAgainstRealOpenCode(t *testing.T) {
 	step("permission declined")
 	id, err = s.StartTurn(ctx, "[bash] echo declined > no.txt")
 	require.NoError(t, err)
-	created = rec.await(t, "runtime_request.created", func(e runner.ProviderEvent) bool { return e.TurnID == id })
+	created = rec.await(t, "runtime_request.created", func(e provider.Event) bool { return e.TurnID == id })
 	_, err = s.ResolveRequest(ctx, created.Payload["requestId"].(string), map[string]any{"decision": "decline"})
 	require.NoError(t, err)
 	res = <-s.TurnDone()

@@ -8,7 +8,6 @@ import (
 	"github.com/tether-run/tether/pkg/failure"
 	"github.com/tether-run/tether/pkg/prp"
 	"github.com/tether-run/tether/services/runnerd/internal/provider"
-	"github.com/tether-run/tether/services/runnerd/internal/runner"
 )
 
 // Permission requests (OpenCode permission.asked) are runtime requests
@@ -93,7 +92,7 @@ func (s *Session) onPermissionAsked(p map[string]any, reannounce bool) {
 	payload["cwd"] = s.cfg.Dir
 	payload["availableDecisions"] = []any{"accept", "acceptForSession", "decline", "cancel"}
 	payload["request"] = r.request
-	s.emitEv("runtime_request.created", turnID, r.itemID, runner.P0, payload)
+	s.emitEv("runtime_request.created", turnID, r.itemID, provider.P0, payload)
 }
 
 // permByOC finds an open request by its OpenCode permission id (mu held).
@@ -120,7 +119,7 @@ func (s *Session) onPermissionReplied(p map[string]any) {
 	}
 	payload := r.basePayload()
 	payload["reason"] = failure.ProviderResolved
-	s.emitEv("runtime_request.cancelled", r.turnID, r.itemID, runner.P0, payload)
+	s.emitEv("runtime_request.cancelled", r.turnID, r.itemID, provider.P0, payload)
 }
 
 // announcePending announces afresh the server's open requests of the
@@ -150,7 +149,7 @@ func (s *Session) expireRequests(reason string) {
 	sort.Slice(reqs, func(i, j int) bool { return reqs[i].id < reqs[j].id })
 	for _, r := range reqs {
 		payload := provider.ExpiredRequest(r.basePayload(), r.request, reason)
-		s.emitEv("runtime_request.expired", r.turnID, r.itemID, runner.P0, payload)
+		s.emitEv("runtime_request.expired", r.turnID, r.itemID, provider.P0, payload)
 	}
 }
 
@@ -195,7 +194,7 @@ func (s *Session) ResolveRequest(ctx context.Context, requestID string, resoluti
 	}
 	out := r.basePayload()
 	out["resolution"] = map[string]any{"decision": decision}
-	s.emitEv("runtime_request.resolved", r.turnID, r.itemID, runner.P0, out)
+	s.emitEv("runtime_request.resolved", r.turnID, r.itemID, provider.P0, out)
 	s.emitMu.Unlock()
 	if decision == "cancel" && r.turnID != "" {
 		if err := s.Interrupt(ctx, r.turnID); err != nil {

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/tether-run/tether/pkg/failure"
-	"github.com/tether-run/tether/services/runnerd/internal/runner"
+	"github.com/tether-run/tether/services/runnerd/internal/provider"
 )
 
 // turnState is the active turn: the user message tether sent (its id is
@@ -20,7 +20,7 @@ import (
 type turnState struct {
 	id        string
 	final     string
-	usage     runner.Usage
+	usage     provider.Usage
 	cost      float64
 	errName   string
 	errMsg    string
@@ -107,7 +107,7 @@ func (s *Session) OpenThread(ctx context.Context, threadID string) (string, bool
 	s.sesID = threadID
 	s.total, s.seen = total, seen
 	s.mu.Unlock()
-	s.emitEv("session.started", "", "", runner.P0, map[string]any{
+	s.emitEv("session.started", "", "", provider.P0, map[string]any{
 		"threadId": threadID, "providerSessionId": threadID, "resumed": resumed, "model": s.cfg.Model,
 	})
 	return threadID, resumed, nil
@@ -127,7 +127,7 @@ func (s *Session) modelRef() map[string]any {
 // A server lost before or during the prompt call (its process exited, the
 // connection refused or cut: SPEC R7) does not fail the turn: the prompt
 // may or may not have reached it, and the message id tells which after the
-// restart. StartTurn then answers runner.TurnStartLost with the turn id;
+// restart. StartTurn then answers provider.TurnStartLost with the turn id;
 // runnerd records the turn, restarts the server and reconciles the turn
 // from the session's history (found: its recorded result, or cut off and
 // dropped; missing: lost), so the run succeeds once, at its next attempt
@@ -167,7 +167,7 @@ func (s *Session) StartTurn(ctx context.Context, text string) (string, error) {
 		s.emitMu.Unlock()
 		if s.lostDuring(ctx) {
 			s.log.Warn("opencode: the server was lost during prompt_async; the turn is reconciled after its restart", "turn", t.id, "err", err)
-			return "", &runner.TurnStartLost{TurnID: t.id, Err: perr(failure.ProviderProcessLost, "OpenCode server lost during prompt_async: %v", err)}
+			return "", &provider.TurnStartLost{TurnID: t.id, Err: perr(failure.ProviderProcessLost, "OpenCode server lost during prompt_async: %v", err)}
 		}
 		s.emitMu.Lock()
 		err = s.retryPrompt(ctx, sid, t.id, body, err)
@@ -181,7 +181,7 @@ func (s *Session) StartTurn(ctx context.Context, text string) (string, error) {
 		s.mu.Unlock()
 		return "", perr(failure.ProviderTurnStartFailed, "OpenCode prompt_async: %v", err)
 	}
-	s.emitEv("turn.started", t.id, "", runner.P0, map[string]any{"providerTurnId": t.id})
+	s.emitEv("turn.started", t.id, "", provider.P0, map[string]any{"providerTurnId": t.id})
 	return t.id, nil
 }
 
@@ -301,7 +301,7 @@ func (s *Session) onEvent(typ string, p map[string]any) {
 		s.onMessage(t, obj(p, "info"))
 	case "message.part.delta":
 		if str(p, "field") == "text" && s.turnMessage(t, str(p, "messageID")) {
-			s.emitEv("item.delta", t.id, str(p, "partID"), runner.P2, map[string]any{"kind": "agentMessage", "delta": str(p, "delta")})
+			s.emitEv("item.delta", t.id, str(p, "partID"), provider.P2, map[string]any{"kind": "agentMessage", "delta": str(p, "delta")})
 		}
 	case "message.part.updated":
 		s.onPart(t, obj(p, "part"))
@@ -365,7 +365,7 @@ func (s *Session) onMessage(t *turnState, info map[string]any) {
 		t.errName, t.errMsg = str(e, "name"), str(obj(e, "data"), "message")
 	}
 	add := done && !t.counted[id]
-	var u runner.Usage
+	var u provider.Usage
 	var cost float64
 	if add {
 		t.counted[id] = true
@@ -379,7 +379,7 @@ func (s *Session) onMessage(t *turnState, info map[string]any) {
 	total := s.total
 	s.mu.Unlock()
 	if add {
-		s.emitEv("usage.reported", t.id, "", runner.P1, map[string]any{
+		s.emitEv("usage.reported", t.id, "", provider.P1, map[string]any{
 			"total": usagePayload(total), "last": usagePayload(u), "costUsd": cost,
 		})
 	}
@@ -394,7 +394,7 @@ func (s *Session) onMessage(t *turnState, info map[string]any) {
 
 // countTotal adds u of assistant message id to the session's total once
 // (mu held).
-func (s *Session) countTotal(id string, u runner.Usage) {
+func (s *Session) countTotal(id string, u provider.Usage) {
 	if s.seen[id] {
 		return
 	}
@@ -406,7 +406,7 @@ func (s *Session) countTotal(id string, u runner.Usage) {
 
 // historyUsage is the total of session sid: its finished assistant
 // messages and its dropped usage.
-func (s *Session) historyUsage(ctx context.Context, sid string) (runner.Usage, map[string]bool, error) {
+func (s *Session) historyUsage(ctx context.Context, sid string) (provider.Usage, map[string]bool, error) {
 	seen := map[string]bool{}
 	total := s.droppedUsage(sid)
 	var msgs []struct {
@@ -430,17 +430,17 @@ func (s *Session) historyUsage(ctx context.Context, sid string) (runner.Usage, m
 
 // usageOf reads an assistant message's tokens: input counts the cached
 // reads too (as codex reports it), output counts reasoning.
-func usageOf(info map[string]any) (runner.Usage, float64) {
+func usageOf(info map[string]any) (provider.Usage, float64) {
 	tk := obj(info, "tokens")
 	cached := int64(num(obj(tk, "cache"), "read"))
-	return runner.Usage{
+	return provider.Usage{
 		InputTokens:       int64(num(tk, "input")) + cached,
 		CachedInputTokens: cached,
 		OutputTokens:      int64(num(tk, "output")) + int64(num(tk, "reasoning")),
 	}, num(info, "cost")
 }
 
-func usagePayload(u runner.Usage) map[string]any {
+func usagePayload(u provider.Usage) map[string]any {
 	return map[string]any{"inputTokens": u.InputTokens, "cachedInputTokens": u.CachedInputTokens, "outputTokens": u.OutputTokens,
 		"totalTokens": u.InputTokens + u.OutputTokens}
 }
@@ -457,14 +457,14 @@ func (s *Session) onPart(t *turnState, part map[string]any) {
 		t.items[id] = true
 		s.mu.Unlock()
 		if first {
-			s.emitEv("item.started", t.id, id, runner.P1, map[string]any{"kind": "agentMessage", "itemId": id})
+			s.emitEv("item.started", t.id, id, provider.P1, map[string]any{"kind": "agentMessage", "itemId": id})
 		}
 		if obj(part, "time")["end"] != nil {
 			text := str(part, "text")
 			s.mu.Lock()
 			t.final = text
 			s.mu.Unlock()
-			s.emitEv("item.completed", t.id, id, runner.P1, map[string]any{"kind": "agentMessage", "itemId": id, "text": text})
+			s.emitEv("item.completed", t.id, id, provider.P1, map[string]any{"kind": "agentMessage", "itemId": id, "text": text})
 		}
 	case "tool":
 		st := obj(part, "state")
@@ -482,18 +482,18 @@ func (s *Session) onPart(t *turnState, part map[string]any) {
 			s.mu.Unlock()
 			if first {
 				payload["status"] = "inProgress"
-				s.emitEv("item.started", t.id, callID, runner.P1, payload)
+				s.emitEv("item.started", t.id, callID, provider.P1, payload)
 			}
 		case "completed":
 			payload["status"] = "completed"
 			if code, ok := obj(st, "metadata")["exit"].(float64); ok {
 				payload["exitCode"] = code
 			}
-			s.emitEv("item.completed", t.id, callID, runner.P1, payload)
+			s.emitEv("item.completed", t.id, callID, provider.P1, payload)
 		case "error":
 			payload["status"] = "failed"
 			payload["error"] = truncate(str(st, "error"), 4096)
-			s.emitEv("item.completed", t.id, callID, runner.P1, payload)
+			s.emitEv("item.completed", t.id, callID, provider.P1, payload)
 		}
 	}
 }
@@ -514,7 +514,7 @@ func (s *Session) finishTurn(t *turnState, reconciled bool) {
 		return
 	}
 	s.turn = nil
-	res := runner.TurnResult{TurnID: t.id, FinalMessage: t.final, Usage: t.usage}
+	res := provider.TurnResult{TurnID: t.id, FinalMessage: t.final, Usage: t.usage}
 	total := s.total
 	res.Total = &total
 	errName, errMsg, cost := t.errName, t.errMsg, t.cost
@@ -538,7 +538,7 @@ func (s *Session) finishTurn(t *turnState, reconciled bool) {
 	if reconciled {
 		payload["reconciled"] = true
 	}
-	s.emitEv(evType, t.id, "", runner.P0, payload)
+	s.emitEv(evType, t.id, "", provider.P0, payload)
 	s.deliver(res)
 }
 
@@ -596,7 +596,7 @@ func (s *Session) ReconcileTurn(ctx context.Context, turnID string) (string, str
 	}
 	if !found {
 		clear()
-		return runner.ReconcileMissing, "", perr(failure.ProviderTurnMissing, "OpenCode session %s has no message %s", sid, turnID)
+		return provider.ReconcileMissing, "", perr(failure.ProviderTurnMissing, "OpenCode session %s has no message %s", sid, turnID)
 	}
 	if str(status[sid], "type") == "busy" {
 		// Usage and text of the answer so far are read from the history.
@@ -610,7 +610,7 @@ func (s *Session) ReconcileTurn(ctx context.Context, turnID string) (string, str
 		// Requests the lost runnerd announced were expired by the new
 		// one; those still open are announced afresh.
 		s.announcePending(ctx)
-		return runner.ReconcileRetained, "inProgress", nil
+		return provider.ReconcileRetained, "inProgress", nil
 	}
 	var last map[string]any
 	for _, m := range msgs {
@@ -645,7 +645,7 @@ func (s *Session) ReconcileTurn(ctx context.Context, turnID string) (string, str
 	case t.errName != "":
 		st = "failed"
 	}
-	return runner.ReconcileTerminalized, st, nil
+	return provider.ReconcileTerminalized, st, nil
 }
 
 // LastTurn is the session's newest user message (the newest turn).
@@ -672,13 +672,13 @@ func (s *Session) LastTurn(ctx context.Context) (string, error) {
 
 // ReconcileOnReattach reports true: the event stream does not replay what happened
 // while runnerd was down, so runnerd reconciles the active turn after a
-// re-attach (runner.ReattachReconciler).
+// re-attach (provider.ReattachReconciler).
 func (s *Session) ReconcileOnReattach() bool { return true }
 
 var (
-	_ runner.Provider               = (*Session)(nil)
-	_ runner.TurnReconciler         = (*Session)(nil)
-	_ runner.RuntimeRequestProvider = (*Session)(nil)
-	_ runner.ReattachReconciler     = (*Session)(nil)
-	_ runner.TurnDropper            = (*Session)(nil)
+	_ provider.Provider               = (*Session)(nil)
+	_ provider.TurnReconciler         = (*Session)(nil)
+	_ provider.RuntimeRequestProvider = (*Session)(nil)
+	_ provider.ReattachReconciler     = (*Session)(nil)
+	_ provider.TurnDropper            = (*Session)(nil)
 )

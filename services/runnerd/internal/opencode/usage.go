@@ -9,7 +9,7 @@ import (
 
 	"github.com/tether-run/tether/pkg/atomicfile"
 	"github.com/tether-run/tether/pkg/failure"
-	"github.com/tether-run/tether/services/runnerd/internal/runner"
+	"github.com/tether-run/tether/services/runnerd/internal/provider"
 )
 
 // usageFile (in the home, backed up with it) keeps, per OpenCode session,
@@ -19,29 +19,29 @@ import (
 const usageFile = "tether-usage.json"
 
 type usageRecord struct {
-	Dropped map[string]runner.Usage `json:"dropped"`
+	Dropped map[string]provider.Usage `json:"dropped"`
 }
 
 func (s *Session) readUsageFile() usageRecord {
-	rec := usageRecord{Dropped: map[string]runner.Usage{}}
+	rec := usageRecord{Dropped: map[string]provider.Usage{}}
 	if b, err := os.ReadFile(filepath.Join(s.home, usageFile)); err == nil {
 		_ = json.Unmarshal(b, &rec)
 	}
 	if rec.Dropped == nil {
-		rec.Dropped = map[string]runner.Usage{}
+		rec.Dropped = map[string]provider.Usage{}
 	}
 	return rec
 }
 
 // droppedUsage is the dropped usage of session sid.
-func (s *Session) droppedUsage(sid string) runner.Usage {
+func (s *Session) droppedUsage(sid string) provider.Usage {
 	return s.readUsageFile().Dropped[sid]
 }
 
 // addDropped records u as dropped from session sid (before the messages
 // holding it are deleted).
-func (s *Session) addDropped(sid string, u runner.Usage) error {
-	if u == (runner.Usage{}) {
+func (s *Session) addDropped(sid string, u provider.Usage) error {
+	if u == (provider.Usage{}) {
 		return nil
 	}
 	rec := s.readUsageFile()
@@ -76,7 +76,7 @@ func (s *Session) DropTurn(ctx context.Context, turnID string) error {
 		return perr(failure.ProviderReconcileFailed, "OpenCode session history: %v", err)
 	}
 	var ids []string
-	var dropped runner.Usage
+	var dropped provider.Usage
 	for _, m := range msgs {
 		if str(m.Info, "role") == "assistant" && str(m.Info, "parentID") == turnID {
 			ids = append(ids, str(m.Info, "id"))

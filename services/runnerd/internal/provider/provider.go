@@ -1,7 +1,11 @@
-// Package provider holds what a provider driver reports to the runner: the
-// result of a finished turn, its usage and artifacts, and the provider
-// process's identity. The codex driver produces these values and the runner
-// consumes them as they are, with no conversion between the two.
+// Package provider is runnerd's provider contract: the interface every
+// driver (codex, acp, opencode; the runner's tests' fakes) implements
+// itself (Provider and the optional TurnReconciler, TurnDropper,
+// ReattachReconciler and RuntimeRequestProvider), what a driver is started
+// with (Config, by a StartFunc of runnerd's registry), what it emits
+// (Event) and what it reports: the result of a finished turn, its usage and
+// artifacts, the provider process's identity and failures with stable
+// codes. The runner consumes these values as they are, with no conversion.
 package provider
 
 import (

@@ -45,15 +45,6 @@ const (
 	CmdToolResult     = prp.CommandToolResult
 )
 
-// RuntimeRequestProvider is implemented by providers that can answer runtime
-// requests and tool calls (the codex adapter does).
-type RuntimeRequestProvider interface {
-	// ResolveRequest answers the pending runtime request requestID.
-	ResolveRequest(ctx context.Context, requestID string, resolution map[string]any) (map[string]any, error)
-	// AnswerToolCall answers the pending tool call callID of turn turnID.
-	AnswerToolCall(ctx context.Context, callID, turnID string, success bool, contentItems []map[string]any) (map[string]any, error)
-}
-
 // providerRejection maps driver errors that had no effect to a rejection.
 func providerRejection(fallback string, err error) *cmdError {
 	switch code := ProviderErrorCode(err); code {

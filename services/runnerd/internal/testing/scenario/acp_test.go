@@ -63,7 +63,9 @@ func startACP(t *testing.T, cfg acp.Config, threadID string) (*acpProc, string, 
 	rec := newRecorder()
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	s, err := acp.Start(ctx, cfg, func(e acp.Event) { rec.emit(codex.Event(e)) })
+	s, err := acp.Start(ctx, cfg, func(e acp.Event) {
+		rec.emit(codex.Event{Type: e.Type, TurnID: e.TurnID, ItemID: e.ItemID, Priority: e.Priority, Payload: e.Payload})
+	})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = s.Close(context.Background(), 2*time.Second) })
 	id, resumed, err := s.OpenThread(ctx, threadID)

@@ -1,4 +1,4 @@
-package main
+package codex
 
 import (
 	"sync"
@@ -7,13 +7,12 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/tether-run/tether/services/runnerd/internal/codex"
 	"github.com/tether-run/tether/services/runnerd/internal/provhost"
-	"github.com/tether-run/tether/services/runnerd/internal/runner"
+	"github.com/tether-run/tether/services/runnerd/internal/provider"
 )
 
-func notice(msg string) codex.Event {
-	return codex.Event{Type: "provider.notice.recorded", Payload: map[string]any{"message": msg}}
+func notice(msg string) Event {
+	return Event{Type: "provider.notice.recorded", Payload: map[string]any{"message": msg}}
 }
 
 // TestR4_AHostedLinesEventsAreHandedOnWithTheMarkPastTheLine: the events a
@@ -24,12 +23,12 @@ func notice(msg string) codex.Event {
 // doubled delta).
 func TestR4_AHostedLinesEventsAreHandedOnWithTheMarkPastTheLine(t *testing.T) {
 	t.Parallel()
-	var got []runner.ProviderEvent
-	f := &markFilter{emit: func(ev runner.ProviderEvent) { got = append(got, ev) }}
-	delta := func(d string) codex.Event {
-		return codex.Event{Type: "item.delta", TurnID: "turn-1", ItemID: "i", Payload: map[string]any{"delta": d}}
+	var got []provider.Event
+	f := &markFilter{emit: func(ev provider.Event) { got = append(got, ev) }}
+	delta := func(d string) Event {
+		return Event{Type: "item.delta", TurnID: "turn-1", ItemID: "i", Payload: map[string]any{"delta": d}}
 	}
-	line := func(answer bool, evs ...codex.Event) {
+	line := func(answer bool, evs ...Event) {
 		f.LineStart()
 		for _, ev := range evs {
 			f.handle(ev)
@@ -50,18 +49,18 @@ func TestR4_AHostedLinesEventsAreHandedOnWithTheMarkPastTheLine(t *testing.T) {
 
 	// An answer is not marked: its events go on at once.
 	got = nil
-	line(true, codex.Event{Type: "session.started"})
+	line(true, Event{Type: "session.started"})
 	require.Len(t, got, 1)
 
 	// A line that caused no event: its mark goes on alone.
 	got = nil
 	line(false)
 	line(false, notice(provhost.MarkPrefix+"8"))
-	require.Equal(t, []runner.ProviderEvent{{Cursor: 8}}, got)
+	require.Equal(t, []provider.Event{{Cursor: 8}}, got)
 
 	// An event between lines (a request expiring, a failure) is not held.
 	got = nil
-	f.handle(codex.Event{Type: "runtime_request.expired"})
+	f.handle(Event{Type: "runtime_request.expired"})
 	require.Len(t, got, 1)
 
 	// Re-attached: the host re-announces the active turn (a notice, then
@@ -69,11 +68,11 @@ func TestR4_AHostedLinesEventsAreHandedOnWithTheMarkPastTheLine(t *testing.T) {
 	// dropped and nothing waits for a mark that does not come.
 	got = nil
 	line(false, notice(provhost.AdoptPrefix+"turn-1"))
-	line(false, codex.Event{Type: "turn.started", TurnID: "turn-1"}, codex.Event{Type: "item.started", TurnID: "turn-1"})
+	line(false, Event{Type: "turn.started", TurnID: "turn-1"}, Event{Type: "item.started", TurnID: "turn-1"})
 	require.Len(t, got, 1)
 	require.Equal(t, "item.started", got[0].Type)
 	got = nil
-	f.handle(codex.Event{Type: "runtime_request.expired"})
+	f.handle(Event{Type: "runtime_request.expired"})
 	require.Len(t, got, 1, "nothing is held after the re-announced turn")
 
 	// The reader ends with a line whose mark never came: its events go on.
@@ -98,20 +97,20 @@ func TestR7_ATurnResultWaitsForItsHeldCompletionEvent(t *testing.T) {
 	t.Parallel()
 	type setup struct {
 		f   *markFilter
-		p   *codexProvider
+		p   *providerSession
 		mu  *sync.Mutex
-		got *[]runner.ProviderEvent
+		got *[]provider.Event
 	}
 	newSetup := func() setup {
 		var mu sync.Mutex
-		var got []runner.ProviderEvent
-		f := &markFilter{emit: func(ev runner.ProviderEvent) {
+		var got []provider.Event
+		f := &markFilter{emit: func(ev provider.Event) {
 			mu.Lock()
 			got = append(got, ev)
 			mu.Unlock()
 		}}
 		// done is unbuffered: a result is handed on only to a receiver.
-		p := &codexProvider{f: f, done: make(chan runner.TurnResult), stop: make(chan struct{})}
+		p := &providerSession{f: f, done: make(chan TurnResult), stop: make(chan struct{})}
 		return setup{f: f, p: p, mu: &mu, got: &got}
 	}
 	types := func(s setup) []string {
@@ -125,8 +124,8 @@ func TestR7_ATurnResultWaitsForItsHeldCompletionEvent(t *testing.T) {
 		}
 		return out
 	}
-	completed := codex.Event{Type: "turn.completed", TurnID: "turn-1", Payload: map[string]any{"status": "completed", "reconciled": true}}
-	res := runner.TurnResult{TurnID: "turn-1", Status: "completed"}
+	completed := Event{Type: "turn.completed", TurnID: "turn-1", Payload: map[string]any{"status": "completed", "reconciled": true}}
+	res := TurnResult{TurnID: "turn-1", Status: "completed"}
 	// pass runs as forward does, on its own goroutine; passed reports what it returned.
 	pass := func(s setup) <-chan bool {
 		passed := make(chan bool, 1)
@@ -158,7 +157,7 @@ func TestR7_ATurnResultWaitsForItsHeldCompletionEvent(t *testing.T) {
 		// The reader is in a line; the runner's ReconcileTurn emits the
 		// turn's completion meanwhile (held), then delivers the result.
 		s.f.LineStart()
-		s.f.handle(codex.Event{Type: "item.delta", TurnID: "turn-2", ItemID: "i", Payload: map[string]any{"delta": "x"}})
+		s.f.handle(Event{Type: "item.delta", TurnID: "turn-2", ItemID: "i", Payload: map[string]any{"delta": "x"}})
 		s.f.handle(completed)
 		s.f.LineDone(false) // its mark has not come
 		passed := pass(s)
@@ -215,7 +214,7 @@ func TestR7_ATurnResultWaitsForItsHeldCompletionEvent(t *testing.T) {
 		s.f.handle(notice(provhost.AdoptPrefix + "turn-3"))
 		s.f.LineDone(false)
 		s.f.LineStart()
-		s.f.handle(codex.Event{Type: "turn.started", TurnID: "turn-3"})
+		s.f.handle(Event{Type: "turn.started", TurnID: "turn-3"})
 		s.f.LineDone(false)
 		take(t, s, pass(s))
 		require.Equal(t, []string{"turn.completed"}, types(s))

@@ -1,4 +1,4 @@
-package main
+package codex
 
 import (
 	"context"
@@ -10,9 +10,8 @@ import (
 
 	"github.com/tether-run/tether/pkg/askuser"
 	"github.com/tether-run/tether/pkg/failure"
-	"github.com/tether-run/tether/services/runnerd/internal/codex"
 	"github.com/tether-run/tether/services/runnerd/internal/provhost"
-	"github.com/tether-run/tether/services/runnerd/internal/runner"
+	"github.com/tether-run/tether/services/runnerd/internal/provider"
 )
 
 // builtinTools answers the built-in tools runnerd offers every provider:
@@ -20,22 +19,23 @@ import (
 // interaction from the call's semantic_tool.input event); a call with bad
 // arguments fails with the reason, so the model can correct it. Other tools
 // are the run's own: they wait for the controller's tool.result.
-func builtinTools(c codex.ToolCall) (codex.ToolOutput, bool) {
+func builtinTools(c ToolCall) (ToolOutput, bool) {
 	if c.Tool != askuser.ToolName {
-		return codex.ToolOutput{}, false
+		return ToolOutput{}, false
 	}
 	if _, err := askuser.Parse(c.Arguments); err != nil {
-		return codex.TextOutput(false, err.Error()), true
+		return TextOutput(false, err.Error()), true
 	}
-	return codex.TextOutput(true, askuser.RecordedText()), true
+	return TextOutput(true, askuser.RecordedText()), true
 }
 
-// startCodex adapts codex.Start to runner.StartFunc. A hosted provider runs
+// StartProvider is runnerd's provider.StartFunc for the codex profile: it
+// starts a Session (Start) and serves it as a provider.Provider. A hosted provider runs
 // under a provider host (see the provhost package): the driver talks to
 // the host over its socket (provhost.Dial), and the host's marks become
 // cursors.
-func startCodex(ctx context.Context, cfg runner.ProviderConfig, emit func(runner.ProviderEvent)) (runner.Provider, error) {
-	ccfg := codex.Config{
+func StartProvider(ctx context.Context, cfg provider.Config, emit func(provider.Event)) (provider.Provider, error) {
+	ccfg := Config{
 		Command:        cfg.Command,
 		Args:           cfg.Args,
 		Env:            cfg.Env,
@@ -67,7 +67,7 @@ func startCodex(ctx context.Context, cfg runner.ProviderConfig, emit func(runner
 			if cfg.Reattach {
 				code = failure.ProviderProcessLost
 			}
-			return nil, &runner.ProviderError{Code: code, Message: err.Error()}
+			return nil, &provider.Error{Code: code, Message: err.Error()}
 		}
 		ccfg.Transport = conn
 	}
@@ -75,14 +75,14 @@ func startCodex(ctx context.Context, cfg runner.ProviderConfig, emit func(runner
 	if cfg.Hosted {
 		ccfg.Lines = f
 	}
-	s, err := codex.Start(ctx, ccfg, f.handle)
+	s, err := Start(ctx, ccfg, f.handle)
 	if err != nil {
 		if host != nil {
 			_ = provhost.Stop(host, closeGrace(cfg))
 		}
 		return nil, convertErr(err)
 	}
-	p := &codexProvider{s: s, f: f, host: host, grace: closeGrace(cfg), done: make(chan runner.TurnResult, 64), exited: make(chan struct{}), stop: make(chan struct{}), fwdDone: make(chan struct{})}
+	p := &providerSession{s: s, f: f, host: host, grace: closeGrace(cfg), done: make(chan TurnResult, 64), exited: make(chan struct{}), stop: make(chan struct{}), fwdDone: make(chan struct{})}
 	if host != nil {
 		p.hostDir = cfg.HostDir
 	}
@@ -90,7 +90,7 @@ func startCodex(ctx context.Context, cfg runner.ProviderConfig, emit func(runner
 	return p, nil
 }
 
-func closeGrace(cfg runner.ProviderConfig) time.Duration {
+func closeGrace(cfg provider.Config) time.Duration {
 	if cfg.CloseGrace > 0 {
 		return cfg.CloseGrace
 	}
@@ -99,12 +99,12 @@ func closeGrace(cfg runner.ProviderConfig) time.Duration {
 
 // startHost finds the live host to re-attach to, or starts a new one (a
 // leftover host is stopped first: a fresh provider never reuses it).
-func startHost(ctx context.Context, cfg runner.ProviderConfig) (*provhost.Info, error) {
+func startHost(ctx context.Context, cfg provider.Config) (*provhost.Info, error) {
 	old, _ := provhost.ReadInfo(cfg.HostDir)
 	if cfg.Reattach {
 		if !old.HostAlive() || !old.ProviderAlive() {
 			_ = provhost.Stop(old, closeGrace(cfg))
-			return nil, &runner.ProviderError{Code: failure.ProviderProcessLost, Message: "the provider host is gone"}
+			return nil, &provider.Error{Code: failure.ProviderProcessLost, Message: "the provider host is gone"}
 		}
 		return old, nil
 	}
@@ -113,14 +113,14 @@ func startHost(ctx context.Context, cfg runner.ProviderConfig) (*provhost.Info, 
 	}
 	self, err := os.Executable()
 	if err != nil {
-		return nil, &runner.ProviderError{Code: failure.ProviderSpawnFailed, Message: err.Error()}
+		return nil, &provider.Error{Code: failure.ProviderSpawnFailed, Message: err.Error()}
 	}
 	in, err := provhost.Spawn(ctx, provhost.SpawnConfig{
 		Self: self, Dir: cfg.HostDir, WorkDir: cfg.Dir, Env: cfg.Env, Command: cfg.Command, Args: cfg.Args,
 		SeqBase: cfg.ResumeAfter, DetachTimeout: cfg.DetachTimeout, Grace: closeGrace(cfg),
 	})
 	if err != nil {
-		return nil, &runner.ProviderError{Code: failure.ProviderSpawnFailed, Message: err.Error()}
+		return nil, &provider.Error{Code: failure.ProviderSpawnFailed, Message: err.Error()}
 	}
 	return in, nil
 }
@@ -146,10 +146,10 @@ func startHost(ctx context.Context, cfg runner.ProviderConfig) (*provhost.Info, 
 // turn.completed still held for its line's mark was journaled after the
 // turn's run.terminal (SPEC R7).
 type markFilter struct {
-	emit     func(runner.ProviderEvent)
+	emit     func(provider.Event)
 	mu       sync.Mutex
 	suppress string
-	held     []runner.ProviderEvent
+	held     []provider.Event
 	inLine   bool          // the reader dispatches a line
 	awaiting bool          // a line was read whose mark has not come yet
 	marked   bool          // the line being read is a host notice (no mark follows it)
@@ -234,7 +234,7 @@ func (f *markFilter) release(cursor uint64) {
 	f.awaiting = false
 	if len(f.held) == 0 {
 		if cursor > 0 {
-			f.emit(runner.ProviderEvent{Cursor: cursor})
+			f.emit(provider.Event{Cursor: cursor})
 		}
 		return
 	}
@@ -249,7 +249,7 @@ func (f *markFilter) release(cursor uint64) {
 	f.notify()
 }
 
-func (f *markFilter) handle(ev codex.Event) {
+func (f *markFilter) handle(ev Event) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if ev.Type == "provider.notice.recorded" {
@@ -269,7 +269,7 @@ func (f *markFilter) handle(ev codex.Event) {
 		f.suppress = "" // already journaled by the previous runnerd
 		return
 	}
-	out := runner.ProviderEvent{Type: ev.Type, TurnID: ev.TurnID, ItemID: ev.ItemID, Priority: ev.Priority, Payload: ev.Payload}
+	out := provider.Event{Type: ev.Type, TurnID: ev.TurnID, ItemID: ev.ItemID, Priority: ev.Priority, Payload: ev.Payload}
 	f.handled++
 	if !f.ended && (f.inLine || f.awaiting) {
 		f.held = append(f.held, out)
@@ -280,21 +280,22 @@ func (f *markFilter) handle(ev codex.Event) {
 }
 
 func convertErr(err error) error {
-	var ce *codex.Error
+	var ce *Error
 	if errors.As(err, &ce) {
-		return &runner.ProviderError{Code: ce.Code, Message: ce.Message}
+		return &provider.Error{Code: ce.Code, Message: ce.Message}
 	}
 	return err
 }
 
-// codexProvider adapts *codex.Session to runner.Provider.
-type codexProvider struct {
-	s       *codex.Session
+// providerSession is a Session as a provider.Provider: its turn results wait
+// for the mark filter, and a hosted provider's exits are the host's record.
+type providerSession struct {
+	s       *Session
 	f       *markFilter
 	host    *provhost.Info // nil unless hosted
 	hostDir string         // the host's directory (hosted only)
 	grace   time.Duration
-	done    chan runner.TurnResult
+	done    chan TurnResult
 	exited  chan struct{}
 	stop    chan struct{}
 	fwdDone chan struct{}
@@ -303,7 +304,7 @@ type codexProvider struct {
 // forward relays turn results; once the session exits it forwards the
 // results still buffered and only then reports the exit, so a turn that
 // finished before the exit is never lost.
-func (p *codexProvider) forward() {
+func (p *providerSession) forward() {
 	defer close(p.fwdDone)
 	for {
 		select {
@@ -335,7 +336,7 @@ func (p *codexProvider) forward() {
 // stopped. The driver emits a turn's last event before delivering its
 // result, so the count taken now covers it (and perhaps a few events
 // after it, whose line's mark follows as promptly).
-func (p *codexProvider) pass(r runner.TurnResult) bool {
+func (p *providerSession) pass(r TurnResult) bool {
 	p.f.waitReleased(p.f.handledCount(), p.stop)
 	select {
 	case p.done <- r:
@@ -345,38 +346,38 @@ func (p *codexProvider) pass(r runner.TurnResult) bool {
 	}
 }
 
-func (p *codexProvider) Process() runner.ProcessInfo {
+func (p *providerSession) Process() ProcessInfo {
 	if h := p.host; h != nil {
-		return runner.ProcessInfo{PID: h.ProviderPID, PGID: h.ProviderPGID, StartTicks: h.ProviderStartTicks, StartedAt: h.ProviderStartedAt}
+		return ProcessInfo{PID: h.ProviderPID, PGID: h.ProviderPGID, StartTicks: h.ProviderStartTicks, StartedAt: h.ProviderStartedAt}
 	}
 	return p.s.Process()
 }
 
-func (p *codexProvider) OpenThread(ctx context.Context, threadID string) (string, bool, error) {
+func (p *providerSession) OpenThread(ctx context.Context, threadID string) (string, bool, error) {
 	id, resumed, err := p.s.OpenThread(ctx, threadID)
 	return id, resumed, p.convert(err)
 }
 
-func (p *codexProvider) StartTurn(ctx context.Context, text string) (string, error) {
+func (p *providerSession) StartTurn(ctx context.Context, text string) (string, error) {
 	id, err := p.s.StartTurn(ctx, text)
 	return id, p.convert(err)
 }
 
-func (p *codexProvider) TurnDone() <-chan runner.TurnResult { return p.done }
+func (p *providerSession) TurnDone() <-chan TurnResult { return p.done }
 
-func (p *codexProvider) Steer(ctx context.Context, turnID, text string) error {
+func (p *providerSession) Steer(ctx context.Context, turnID, text string) error {
 	return p.convert(p.s.Steer(ctx, turnID, text))
 }
 
-func (p *codexProvider) Interrupt(ctx context.Context, turnID string) error {
+func (p *providerSession) Interrupt(ctx context.Context, turnID string) error {
 	return p.convert(p.s.Interrupt(ctx, turnID))
 }
 
-func (p *codexProvider) Exited() <-chan struct{} { return p.exited }
+func (p *providerSession) Exited() <-chan struct{} { return p.exited }
 
-func (p *codexProvider) ExitErr() error { return p.convert(p.s.ExitErr()) }
+func (p *providerSession) ExitErr() error { return p.convert(p.s.ExitErr()) }
 
-func (p *codexProvider) Close(ctx context.Context, grace time.Duration) error {
+func (p *providerSession) Close(ctx context.Context, grace time.Duration) error {
 	var herr error
 	if p.host != nil {
 		// The host stops the provider (stdin EOF, grace, TERM, KILL of its
@@ -399,9 +400,9 @@ func (p *codexProvider) Close(ctx context.Context, grace time.Duration) error {
 // convert converts a driver error; for a hosted provider, an exit the
 // driver saw as its shim's end names the provider's own (the host's
 // record: "killed by signal SIGKILL"), SPEC R7.
-func (p *codexProvider) convert(err error) error {
+func (p *providerSession) convert(err error) error {
 	err = convertErrOrNil(err)
-	var pe *runner.ProviderError
+	var pe *provider.Error
 	if p.hostDir == "" || !errors.As(err, &pe) {
 		return err
 	}
@@ -414,7 +415,7 @@ func (p *codexProvider) convert(err error) error {
 	if ex == nil {
 		return err
 	}
-	return &runner.ProviderError{Code: failure.ProviderProcessExited,
+	return &provider.Error{Code: failure.ProviderProcessExited,
 		Message: fmt.Sprintf("provider process %d %s (its driver saw: %s)", ex.ProviderPID, ex.Description, pe.Message)}
 }
 
@@ -425,15 +426,15 @@ func convertErrOrNil(err error) error {
 	return convertErr(err)
 }
 
-// ResolveRequest answers a pending runtime request (runner.RuntimeRequestProvider).
-func (p *codexProvider) ResolveRequest(ctx context.Context, requestID string, resolution map[string]any) (map[string]any, error) {
+// ResolveRequest answers a pending runtime request (provider.RuntimeRequestProvider).
+func (p *providerSession) ResolveRequest(ctx context.Context, requestID string, resolution map[string]any) (map[string]any, error) {
 	res, err := p.s.ResolveRequest(ctx, requestID, resolution)
 	return res, p.convert(err)
 }
 
-// AnswerToolCall answers a pending dynamic tool call (runner.RuntimeRequestProvider).
-func (p *codexProvider) AnswerToolCall(ctx context.Context, callID, turnID string, success bool, contentItems []map[string]any) (map[string]any, error) {
-	res, err := p.s.AnswerToolCall(ctx, callID, turnID, codex.ToolOutput{Success: success, ContentItems: contentItems})
+// AnswerToolCall answers a pending dynamic tool call (provider.RuntimeRequestProvider).
+func (p *providerSession) AnswerToolCall(ctx context.Context, callID, turnID string, success bool, contentItems []map[string]any) (map[string]any, error) {
+	res, err := p.s.AnswerToolCall(ctx, callID, turnID, ToolOutput{Success: success, ContentItems: contentItems})
 	return res, p.convert(err)
 }
 
@@ -441,24 +442,24 @@ func (p *codexProvider) AnswerToolCall(ctx context.Context, callID, turnID strin
 // (thread/read): the outcome is retained, terminalized (its TurnResult
 // arrives on TurnDone) or missing (a provider_turn_missing error, which is
 // recoverable).
-func (p *codexProvider) ReconcileTurn(ctx context.Context, turnID string) (outcome, status string, err error) {
+func (p *providerSession) ReconcileTurn(ctx context.Context, turnID string) (outcome, status string, err error) {
 	rec, err := p.s.ReconcileTurn(ctx, turnID)
 	return rec.Outcome, rec.Status, p.convert(err)
 }
 
-// LastTurn returns the thread's newest turn id (runner.TurnReconciler).
-func (p *codexProvider) LastTurn(ctx context.Context) (string, error) {
+// LastTurn returns the thread's newest turn id (provider.TurnReconciler).
+func (p *providerSession) LastTurn(ctx context.Context) (string, error) {
 	id, err := p.s.LastTurn(ctx)
 	return id, p.convert(err)
 }
 
-// DropTurn removes a cut-off turn from the thread (runner.TurnDropper).
-func (p *codexProvider) DropTurn(ctx context.Context, turnID string) error {
+// DropTurn removes a cut-off turn from the thread (provider.TurnDropper).
+func (p *providerSession) DropTurn(ctx context.Context, turnID string) error {
 	return p.convert(p.s.DropTurn(ctx, turnID))
 }
 
 var (
-	_ runner.RuntimeRequestProvider = (*codexProvider)(nil)
-	_ runner.TurnReconciler         = (*codexProvider)(nil)
-	_ runner.TurnDropper            = (*codexProvider)(nil)
+	_ provider.RuntimeRequestProvider = (*providerSession)(nil)
+	_ provider.TurnReconciler         = (*providerSession)(nil)
+	_ provider.TurnDropper            = (*providerSession)(nil)
 )
