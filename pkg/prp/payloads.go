@@ -23,6 +23,20 @@ func Payload(msg proto.Message) (*structpb.Struct, error) {
 	return s, nil
 }
 
+// PayloadAll is Payload with every field written, zero values too (the
+// control plane's events, which the previous release wrote so).
+func PayloadAll(msg proto.Message) (*structpb.Struct, error) {
+	raw, err := protojson.MarshalOptions{EmitUnpopulated: true}.Marshal(msg)
+	if err != nil {
+		return nil, err
+	}
+	s := &structpb.Struct{}
+	if err := protojson.Unmarshal(raw, s); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
 // DecodePayload reads ev's payload into msg. Fields msg does not know are
 // ignored (a newer writer's); a payload of another shape is an error.
 func DecodePayload(ev *prpv1.Event, msg proto.Message) error {

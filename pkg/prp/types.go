@@ -50,6 +50,12 @@ const (
 	// applied an operator's ReplaceSession (a fresh provider session, SPEC
 	// F3).
 	EventSessionContinuityBreak = "session.continuity_break"
+	// EventSessionAuthorityRotated, EventSessionClosed and
+	// EventSessionCloseFailed are the control events of a run that took a
+	// scope over or closed its warm session (SPEC E10).
+	EventSessionAuthorityRotated = "session.authority_rotated"
+	EventSessionClosed           = "session.closed"
+	EventSessionCloseFailed      = "session.close_failed"
 	// EventToolInput is a dynamic tool call's input (tether_ask_user opens
 	// an interaction with it, SPEC E4).
 	EventToolInput = "semantic_tool.input"

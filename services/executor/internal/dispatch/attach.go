@@ -283,24 +283,24 @@ func (a *attachment) bookkeep() (done bool, err error) {
 	if rp := a.facts.Replacement; rp != nil {
 		// F3: the operator's decision, applied: a fresh provider session,
 		// on record as a legitimate continuity break (once per run).
-		control = append(control, store.ControlEvent{Type: session.EventContinuityBreak, Replacement: rp.GetReplacementId(), Payload: map[string]any{
-			"reason": session.ReasonReplaced, "replacementId": rp.GetReplacementId(), "requestedBy": rp.GetRequestedBy(),
-			"caller": rp.GetCaller(), "why": rp.GetReason(), "requestedAt": rp.GetRequestedAt().AsTime().UTC().Format(time.RFC3339Nano),
-			"runnerInstanceId": opened.GetRunnerInstanceId(),
+		control = append(control, store.ControlEvent{Type: session.EventContinuityBreak, Replacement: rp.GetReplacementId(), Payload: &prpv1.SessionContinuityBreak{
+			Reason: session.ReasonReplaced, ReplacementId: rp.GetReplacementId(), RequestedBy: rp.GetRequestedBy(),
+			Caller: rp.GetCaller(), Why: rp.GetReason(), RequestedAt: rp.GetRequestedAt().AsTime().UTC().Format(time.RFC3339Nano),
+			RunnerInstanceId: opened.GetRunnerInstanceId(),
 		}})
 	}
 	if prev := opened.GetPreviousRunId(); prev != "" && prev != c.RunID {
 		// E10: this run took the scope's run authority over from prev (a
 		// live warm runner, or a verified continuation of prev's suspended
 		// runner); prev's tool authority epoch is revoked.
-		control = append(control, store.ControlEvent{Type: "session.authority_rotated", Payload: map[string]any{
-			"reason": session.ReasonAuthorityRotated, "previousRunId": prev,
-			"runnerInstanceId": opened.GetRunnerInstanceId(), "toolAuthorityEpoch": float64(opened.GetToolAuthorityEpoch()),
-			"durableSource": opened.GetDurableSource(),
+		control = append(control, store.ControlEvent{Type: prp.EventSessionAuthorityRotated, Payload: &prpv1.SessionAuthorityRotated{
+			Reason: session.ReasonAuthorityRotated, PreviousRunId: prev,
+			RunnerInstanceId: opened.GetRunnerInstanceId(), ToolAuthorityEpoch: float64(opened.GetToolAuthorityEpoch()),
+			DurableSource: opened.GetDurableSource(),
 		}})
 	}
 	if a.localReplaced() {
-		control = append(control, store.ControlEvent{Type: "session.closed", Payload: map[string]any{"reason": CloseReasonConfigChanged}})
+		control = append(control, store.ControlEvent{Type: prp.EventSessionClosed, Payload: &prpv1.SessionClosed{Reason: CloseReasonConfigChanged}})
 	}
 	// One transaction: the control plane, then the runner serving the run.
 	record := func() error {

@@ -1027,9 +1027,9 @@ func (d *Dispatcher) replaceThroughBackup(ctx context.Context, c *store.Claim, g
 	if err != nil {
 		return err
 	}
-	if err := d.store.AppendControlEvent(ctx, c.Fence, "session.closed", map[string]any{
-		"reason": CloseReasonConfigChanged, "checkpointId": cp.GetCheckpointId(), "previousRunId": prevID,
-		"providerThreadId": resp.GetProviderThreadId(),
+	if err := d.store.AppendControlEvent(ctx, c.Fence, prp.EventSessionClosed, &prpv1.SessionClosed{
+		Reason: CloseReasonConfigChanged, CheckpointId: cp.GetCheckpointId(), PreviousRunId: prevID,
+		ProviderThreadId: resp.GetProviderThreadId(),
 	}); err != nil {
 		return err
 	}
@@ -1057,8 +1057,8 @@ func (d *Dispatcher) closeFailed(ctx context.Context, c *store.Claim, prevID str
 		code = failure.Reason(status.Code(err).String())
 	}
 	log.Warn("the verified suspension for a configuration change failed; the attempt ends retryably", "code", code, "err", err)
-	if aerr := d.store.AppendControlEvent(ctx, c.Fence, "session.close_failed", map[string]any{
-		"reason": CloseReasonConfigChanged, "previousRunId": prevID, "code": string(code), "message": status.Convert(err).Message(),
+	if aerr := d.store.AppendControlEvent(ctx, c.Fence, prp.EventSessionCloseFailed, &prpv1.SessionClosed{
+		Reason: CloseReasonConfigChanged, PreviousRunId: prevID, Code: string(code), Message: status.Convert(err).Message(),
 	}); aerr != nil {
 		return aerr
 	}
@@ -1078,7 +1078,7 @@ func (d *Dispatcher) closeForReplacement(ctx context.Context, c *store.Claim, se
 	if err := send(&gatewayv1.AttachRequest{Kind: &gatewayv1.AttachRequest_Command{Command: cmd}}); err != nil {
 		return err
 	}
-	if err := d.store.AppendControlEvent(ctx, c.Fence, "session.closed", map[string]any{"reason": CloseReasonConfigChanged}); err != nil {
+	if err := d.store.AppendControlEvent(ctx, c.Fence, prp.EventSessionClosed, &prpv1.SessionClosed{Reason: CloseReasonConfigChanged}); err != nil {
 		return err
 	}
 	d.mu.Lock()

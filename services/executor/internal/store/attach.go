@@ -207,8 +207,10 @@ SELECT p.run_id, p.input FROM executor.runs r
 
 // ControlEvent is one executor-originated event (see AppendControlEvent).
 type ControlEvent struct {
-	Type    string
-	Payload map[string]any
+	Type string
+	// Payload is the event's typed payload (tether/prp/v1/payloads.proto),
+	// written with every field present.
+	Payload proto.Message
 	// Replacement, when set, is the ReplaceSession decision the event
 	// records as applied by the run: the event is appended only when this
 	// marks it applied (not when an earlier attempt of the run did).

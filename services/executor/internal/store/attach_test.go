@@ -155,15 +155,15 @@ func TestRecordControlIsFencedAndAppendsControlEventsInOrder(t *testing.T) {
 
 	stale := c.Fence
 	stale.Attempt++
-	err = s.RecordControl(ctx, stale, sc, []store.ControlEvent{{Type: "session.authority_rotated", Payload: map[string]any{"previousRunId": "a0"}}})
+	err = s.RecordControl(ctx, stale, sc, []store.ControlEvent{{Type: "session.authority_rotated", Payload: &prpv1.SessionAuthorityRotated{PreviousRunId: "a0"}}})
 	require.EqualValues(t, failure.NativeSessionLeaseLost, failure.CodeOf(err))
 	cur, err := s.CurrentCheckpoint(ctx, sc)
 	require.NoError(t, err)
 	require.NotNil(t, cur, "nothing is written under a stale fence")
 
 	require.NoError(t, s.RecordControl(ctx, c.Fence, sc, []store.ControlEvent{
-		{Type: "session.authority_rotated", Payload: map[string]any{"previousRunId": "a0"}},
-		{Type: "session.closed", Payload: map[string]any{"reason": "r"}},
+		{Type: "session.authority_rotated", Payload: &prpv1.SessionAuthorityRotated{PreviousRunId: "a0"}},
+		{Type: "session.closed", Payload: &prpv1.SessionClosed{Reason: "r"}},
 	}))
 	cur, err = s.CurrentCheckpoint(ctx, sc)
 	require.NoError(t, err)
@@ -201,7 +201,7 @@ func TestP4_RecordAttachWritesControlAndRunnerInOneFencedTransaction(t *testing.
 	require.NoError(t, err)
 	c, err := s.ClaimNext(ctx, "o", time.Minute, store.Controller{})
 	require.NoError(t, err)
-	rotated := []store.ControlEvent{{Type: "session.authority_rotated", Payload: map[string]any{"previousRunId": "b0"}}}
+	rotated := []store.ControlEvent{{Type: "session.authority_rotated", Payload: &prpv1.SessionAuthorityRotated{PreviousRunId: "b0"}}}
 	rec := store.RunnerRecord{InstanceID: "runner-1", Runner: &prpv1.ProcessInfo{Pid: 42}}
 
 	stale := c.Fence

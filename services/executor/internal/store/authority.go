@@ -21,6 +21,7 @@ import (
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/procid"
+	"github.com/tether-run/tether/pkg/prp"
 	"github.com/tether-run/tether/pkg/synctrace"
 )
 
@@ -274,9 +275,9 @@ UPDATE executor.runs SET state = 'queued', failure_code = $2, failure_message = 
  WHERE run_id = $1`, f.RunID, d.Code, d.Message, rec); err != nil {
 			return err
 		}
-		if err := appendControlEvent(ctx, tx, f.RunID, count, f.Attempt, "run.retry_scheduled", map[string]any{
-			"code": d.Code, "message": d.Message, "attempt": float64(f.Attempt),
-			"nextAttemptAt": d.NextAttemptAt.UTC().Format(time.RFC3339Nano),
+		if err := appendControlEvent(ctx, tx, f.RunID, count, f.Attempt, "run.retry_scheduled", &prpv1.RunRetryScheduled{
+			Code: d.Code, Message: d.Message, Attempt: float64(f.Attempt),
+			NextAttemptAt: d.NextAttemptAt.UTC().Format(time.RFC3339Nano),
 		}); err != nil {
 			return err
 		}
@@ -308,14 +309,24 @@ func scanFenced(row pgx.Row, f Fence, count *int64) error {
 	return err
 }
 
+// controlPayload is a control event's payload with every field written,
+// zero values too, as the previous release wrote them; a run.terminal's
+// with the fields it sets (its usage and artifacts absent, not null).
+func controlPayload(msg proto.Message) (*structpb.Struct, error) {
+	if _, ok := msg.(*prpv1.RunTerminal); ok {
+		return prp.Payload(msg)
+	}
+	return prp.PayloadAll(msg)
+}
+
 // appendControlEvent appends an executor-originated event to the run.
-func appendControlEvent(ctx context.Context, tx pgx.Tx, runID string, count int64, writer uint64, typ string, payload map[string]any) error {
+func appendControlEvent(ctx context.Context, tx pgx.Tx, runID string, count int64, writer uint64, typ string, payload proto.Message) error {
 	var n int64
 	if err := tx.QueryRow(ctx, `SELECT count(*) FROM executor.events WHERE run_id = $1 AND source_instance_id = $2`,
 		runID, ControlInstance).Scan(&n); err != nil {
 		return err
 	}
-	p, err := structpb.NewStruct(payload)
+	p, err := controlPayload(payload)
 	if err != nil {
 		return err
 	}
@@ -482,7 +493,7 @@ SELECT p.run_id, p.input FROM executor.runs r
 
 // AppendControlEvent appends an executor-originated event to the run under
 // its fence (e.g. session.closed with the warm supervision reason).
-func (s *Store) AppendControlEvent(ctx context.Context, f Fence, typ string, payload map[string]any) error {
+func (s *Store) AppendControlEvent(ctx context.Context, f Fence, typ string, payload proto.Message) error {
 	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		count, err := lockFenced(ctx, tx, f)
 		if err != nil {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/tether-run/tether/pkg/failure"
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
+	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/synctrace"
 )
 
@@ -193,9 +194,9 @@ SELECT state, company_id, issue_id, result_metadata -> 'nativeCancellation', eve
 			// Nobody holds a lease: the run's terminal is written under
 			// its coordinator's attempt (0 if it was never claimed), the
 			// fence the database checks (R9), with both rows locked.
-			if err := appendControlEvent(ctx, tx, req.RunID, count, uint64(attempt), EventTerminal, map[string]any{
-				"turnTerminalState": "cancelled", "runTerminalState": StateCancelled,
-				"code": "run_cancelled", "message": "cancelled before a runner took it: " + req.Reason,
+			if err := appendControlEvent(ctx, tx, req.RunID, count, uint64(attempt), EventTerminal, &prpv1.RunTerminal{
+				TurnTerminalState: "cancelled", RunTerminalState: StateCancelled,
+				Code: "run_cancelled", Message: "cancelled before a runner took it: " + req.Reason,
 			}); err != nil {
 				return err
 			}

@@ -27,11 +27,14 @@ const EventHarnessReady = prp.EventHarnessReady
 // recordProviderProcess persists the provider process identity a runner
 // reported when it spawned the provider (E12).
 func recordProviderProcess(ctx context.Context, tx execer, runID string, ev *prpv1.Event) error {
-	p := ev.GetPayload().GetFields()
+	var p prpv1.HarnessReady
+	if prp.DecodePayload(ev, &p) != nil {
+		p.Reset() // a payload of another shape records no process
+	}
 	info := &prpv1.ProcessInfo{
-		Pid:        int32(p["pid"].GetNumberValue()),
-		Pgid:       int32(p["pgid"].GetNumberValue()),
-		StartTicks: uint64(p["startTicks"].GetNumberValue()),
+		Pid:        p.GetPid(),
+		Pgid:       p.GetPgid(),
+		StartTicks: uint64(p.GetStartTicks()),
 		StartedAt:  ev.GetEmittedAt(),
 	}
 	raw, err := marshalDet.Marshal(info)
@@ -830,8 +833,8 @@ func (s *Store) failRun(ctx context.Context, f Fence, code, message string, reco
 			return err
 		}
 		if termCount == 0 {
-			if err := appendControlEvent(ctx, tx, f.RunID, count, f.Attempt, EventTerminal, map[string]any{
-				"turnTerminalState": "failed", "runTerminalState": StateFailed, "code": code, "message": message,
+			if err := appendControlEvent(ctx, tx, f.RunID, count, f.Attempt, EventTerminal, &prpv1.RunTerminal{
+				TurnTerminalState: "failed", RunTerminalState: StateFailed, Code: code, Message: message,
 			}); err != nil {
 				return err
 			}

@@ -204,7 +204,7 @@ func TestR9_AnIdleSuspensionsEventsWaitForTheScopesNextRunAndAreFiledUnderItsFen
 	require.NoError(t, err)
 	require.Equal(t, "b", cb.RunID)
 	require.NoError(t, s.RecordControl(ctx, cb.Fence, scope.OfRun("b", input("idle", "x")),
-		[]store.ControlEvent{{Type: "session.authority_rotated", Payload: map[string]any{"previousRunId": "a"}}}))
+		[]store.ControlEvent{{Type: "session.authority_rotated", Payload: &prpv1.SessionAuthorityRotated{PreviousRunId: "a"}}}))
 	b := rowsOf(t, s, "b")
 	require.Equal(t, []string{"runner.suspended", "harness.exited", "session.authority_rotated"}, types(b))
 	for _, r := range b {
@@ -263,7 +263,7 @@ func TestR9_EventsAfterTheRunsOwnTerminalInOneBatchGoToTheScopesNextRun(t *testi
 	cb, err := s.ClaimNext(ctx, "o", time.Minute, store.Controller{})
 	require.NoError(t, err)
 	require.Equal(t, "b", cb.RunID)
-	require.NoError(t, s.RecordControl(ctx, cb.Fence, "", []store.ControlEvent{{Type: "session.authority_rotated", Payload: map[string]any{"previousRunId": "a"}}}))
+	require.NoError(t, s.RecordControl(ctx, cb.Fence, "", []store.ControlEvent{{Type: "session.authority_rotated", Payload: &prpv1.SessionAuthorityRotated{PreviousRunId: "a"}}}))
 	b := rowsOf(t, s, "b")
 	require.Equal(t, []string{"harness.exited", "runner.reconciled", "session.authority_rotated"}, types(b))
 	for _, r := range b {
@@ -335,7 +335,7 @@ func TestR9_EventsAfterTheRunsTerminalNamingAnEarlierRunGoToTheScopesNextRunToo(
 			cb, err := s.ClaimNext(ctx, "o", time.Minute, store.Controller{})
 			require.NoError(t, err)
 			require.Equal(t, "b", cb.RunID)
-			require.NoError(t, s.RecordControl(ctx, cb.Fence, "", []store.ControlEvent{{Type: "session.authority_rotated", Payload: map[string]any{"previousRunId": "a"}}}))
+			require.NoError(t, s.RecordControl(ctx, cb.Fence, "", []store.ControlEvent{{Type: "session.authority_rotated", Payload: &prpv1.SessionAuthorityRotated{PreviousRunId: "a"}}}))
 			require.Equal(t, tc.nextRs, types(rowsOf(t, s, "b")))
 		})
 	}

@@ -55,7 +55,7 @@ func TestF3_AReplaceSessionDecisionIsRefusedUnderALiveRunKeptOnceWhilePendingAnd
 	require.Equal(t, a.GetReplacementId(), facts.Replacement.GetReplacementId())
 
 	// Applied once: a second attempt's bookkeeping appends nothing more.
-	ev := store.ControlEvent{Type: "session.continuity_break", Replacement: a.GetReplacementId(), Payload: map[string]any{"why": "host lost"}}
+	ev := store.ControlEvent{Type: "session.continuity_break", Replacement: a.GetReplacementId(), Payload: &prpv1.SessionContinuityBreak{Why: "host lost"}}
 	require.NoError(t, s.RecordControl(ctx, c2.Fence, sc, []store.ControlEvent{ev}))
 	require.NoError(t, s.RecordControl(ctx, c2.Fence, sc, []store.ControlEvent{ev}))
 	stored, err := s.EventsAfter(ctx, "p2", 0, 100)

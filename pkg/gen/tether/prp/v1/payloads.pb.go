@@ -1297,6 +1297,337 @@ func (x *CommandOutcome) GetStage() string {
 	return ""
 }
 
+// SessionContinuityBreak (session.continuity_break): the run applied an
+// operator's ReplaceSession (SPEC F3).
+type SessionContinuityBreak struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Reason        string                 `protobuf:"bytes,1,opt,name=reason,proto3" json:"reason,omitempty"`
+	ReplacementId string                 `protobuf:"bytes,2,opt,name=replacement_id,json=replacementId,proto3" json:"replacement_id,omitempty"`
+	RequestedBy   string                 `protobuf:"bytes,3,opt,name=requested_by,json=requestedBy,proto3" json:"requested_by,omitempty"`
+	Caller        string                 `protobuf:"bytes,4,opt,name=caller,proto3" json:"caller,omitempty"`
+	Why           string                 `protobuf:"bytes,5,opt,name=why,proto3" json:"why,omitempty"`
+	// RFC 3339 (UTC).
+	RequestedAt      string `protobuf:"bytes,6,opt,name=requested_at,json=requestedAt,proto3" json:"requested_at,omitempty"`
+	RunnerInstanceId string `protobuf:"bytes,7,opt,name=runner_instance_id,json=runnerInstanceId,proto3" json:"runner_instance_id,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
+}
+
+func (x *SessionContinuityBreak) Reset() {
+	*x = SessionContinuityBreak{}
+	mi := &file_tether_prp_v1_payloads_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SessionContinuityBreak) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SessionContinuityBreak) ProtoMessage() {}
+
+func (x *SessionContinuityBreak) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_prp_v1_payloads_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SessionContinuityBreak.ProtoReflect.Descriptor instead.
+func (*SessionContinuityBreak) Descriptor() ([]byte, []int) {
+	return file_tether_prp_v1_payloads_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *SessionContinuityBreak) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *SessionContinuityBreak) GetReplacementId() string {
+	if x != nil {
+		return x.ReplacementId
+	}
+	return ""
+}
+
+func (x *SessionContinuityBreak) GetRequestedBy() string {
+	if x != nil {
+		return x.RequestedBy
+	}
+	return ""
+}
+
+func (x *SessionContinuityBreak) GetCaller() string {
+	if x != nil {
+		return x.Caller
+	}
+	return ""
+}
+
+func (x *SessionContinuityBreak) GetWhy() string {
+	if x != nil {
+		return x.Why
+	}
+	return ""
+}
+
+func (x *SessionContinuityBreak) GetRequestedAt() string {
+	if x != nil {
+		return x.RequestedAt
+	}
+	return ""
+}
+
+func (x *SessionContinuityBreak) GetRunnerInstanceId() string {
+	if x != nil {
+		return x.RunnerInstanceId
+	}
+	return ""
+}
+
+// SessionAuthorityRotated (session.authority_rotated): the run took the
+// scope's run authority over from the previous run (SPEC E10).
+type SessionAuthorityRotated struct {
+	state              protoimpl.MessageState `protogen:"open.v1"`
+	Reason             string                 `protobuf:"bytes,1,opt,name=reason,proto3" json:"reason,omitempty"`
+	PreviousRunId      string                 `protobuf:"bytes,2,opt,name=previous_run_id,json=previousRunId,proto3" json:"previous_run_id,omitempty"`
+	RunnerInstanceId   string                 `protobuf:"bytes,3,opt,name=runner_instance_id,json=runnerInstanceId,proto3" json:"runner_instance_id,omitempty"`
+	ToolAuthorityEpoch float64                `protobuf:"fixed64,4,opt,name=tool_authority_epoch,json=toolAuthorityEpoch,proto3" json:"tool_authority_epoch,omitempty"`
+	DurableSource      string                 `protobuf:"bytes,5,opt,name=durable_source,json=durableSource,proto3" json:"durable_source,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
+}
+
+func (x *SessionAuthorityRotated) Reset() {
+	*x = SessionAuthorityRotated{}
+	mi := &file_tether_prp_v1_payloads_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SessionAuthorityRotated) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SessionAuthorityRotated) ProtoMessage() {}
+
+func (x *SessionAuthorityRotated) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_prp_v1_payloads_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SessionAuthorityRotated.ProtoReflect.Descriptor instead.
+func (*SessionAuthorityRotated) Descriptor() ([]byte, []int) {
+	return file_tether_prp_v1_payloads_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *SessionAuthorityRotated) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *SessionAuthorityRotated) GetPreviousRunId() string {
+	if x != nil {
+		return x.PreviousRunId
+	}
+	return ""
+}
+
+func (x *SessionAuthorityRotated) GetRunnerInstanceId() string {
+	if x != nil {
+		return x.RunnerInstanceId
+	}
+	return ""
+}
+
+func (x *SessionAuthorityRotated) GetToolAuthorityEpoch() float64 {
+	if x != nil {
+		return x.ToolAuthorityEpoch
+	}
+	return 0
+}
+
+func (x *SessionAuthorityRotated) GetDurableSource() string {
+	if x != nil {
+		return x.DurableSource
+	}
+	return ""
+}
+
+// SessionClosed (session.closed, session.close_failed): the warm session
+// was closed for a configuration change (SPEC E10), or closing it failed.
+type SessionClosed struct {
+	state            protoimpl.MessageState `protogen:"open.v1"`
+	Reason           string                 `protobuf:"bytes,1,opt,name=reason,proto3" json:"reason,omitempty"`
+	CheckpointId     string                 `protobuf:"bytes,2,opt,name=checkpoint_id,json=checkpointId,proto3" json:"checkpoint_id,omitempty"`
+	PreviousRunId    string                 `protobuf:"bytes,3,opt,name=previous_run_id,json=previousRunId,proto3" json:"previous_run_id,omitempty"`
+	ProviderThreadId string                 `protobuf:"bytes,4,opt,name=provider_thread_id,json=providerThreadId,proto3" json:"provider_thread_id,omitempty"`
+	// session.close_failed: the failure.
+	Code          string `protobuf:"bytes,5,opt,name=code,proto3" json:"code,omitempty"`
+	Message       string `protobuf:"bytes,6,opt,name=message,proto3" json:"message,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SessionClosed) Reset() {
+	*x = SessionClosed{}
+	mi := &file_tether_prp_v1_payloads_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SessionClosed) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SessionClosed) ProtoMessage() {}
+
+func (x *SessionClosed) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_prp_v1_payloads_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SessionClosed.ProtoReflect.Descriptor instead.
+func (*SessionClosed) Descriptor() ([]byte, []int) {
+	return file_tether_prp_v1_payloads_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *SessionClosed) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *SessionClosed) GetCheckpointId() string {
+	if x != nil {
+		return x.CheckpointId
+	}
+	return ""
+}
+
+func (x *SessionClosed) GetPreviousRunId() string {
+	if x != nil {
+		return x.PreviousRunId
+	}
+	return ""
+}
+
+func (x *SessionClosed) GetProviderThreadId() string {
+	if x != nil {
+		return x.ProviderThreadId
+	}
+	return ""
+}
+
+func (x *SessionClosed) GetCode() string {
+	if x != nil {
+		return x.Code
+	}
+	return ""
+}
+
+func (x *SessionClosed) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+// RunRetryScheduled (run.retry_scheduled): the executor scheduled a
+// failed attempt's retry.
+type RunRetryScheduled struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Code    string                 `protobuf:"bytes,1,opt,name=code,proto3" json:"code,omitempty"`
+	Message string                 `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
+	Attempt float64                `protobuf:"fixed64,3,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	// RFC 3339 (UTC).
+	NextAttemptAt string `protobuf:"bytes,4,opt,name=next_attempt_at,json=nextAttemptAt,proto3" json:"next_attempt_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RunRetryScheduled) Reset() {
+	*x = RunRetryScheduled{}
+	mi := &file_tether_prp_v1_payloads_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RunRetryScheduled) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RunRetryScheduled) ProtoMessage() {}
+
+func (x *RunRetryScheduled) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_prp_v1_payloads_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RunRetryScheduled.ProtoReflect.Descriptor instead.
+func (*RunRetryScheduled) Descriptor() ([]byte, []int) {
+	return file_tether_prp_v1_payloads_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *RunRetryScheduled) GetCode() string {
+	if x != nil {
+		return x.Code
+	}
+	return ""
+}
+
+func (x *RunRetryScheduled) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *RunRetryScheduled) GetAttempt() float64 {
+	if x != nil {
+		return x.Attempt
+	}
+	return 0
+}
+
+func (x *RunRetryScheduled) GetNextAttemptAt() string {
+	if x != nil {
+		return x.NextAttemptAt
+	}
+	return ""
+}
+
 var File_tether_prp_v1_payloads_proto protoreflect.FileDescriptor
 
 const file_tether_prp_v1_payloads_proto_rawDesc = "" +
@@ -1411,7 +1742,33 @@ const file_tether_prp_v1_payloads_proto_rawDesc = "" +
 	"\n" +
 	"\b_attemptB\x13\n" +
 	"\x11_provider_runningB\x15\n" +
-	"\x13_provider_thread_idB\xb2\x01\n" +
+	"\x13_provider_thread_id\"\xf5\x01\n" +
+	"\x16SessionContinuityBreak\x12\x16\n" +
+	"\x06reason\x18\x01 \x01(\tR\x06reason\x12%\n" +
+	"\x0ereplacement_id\x18\x02 \x01(\tR\rreplacementId\x12!\n" +
+	"\frequested_by\x18\x03 \x01(\tR\vrequestedBy\x12\x16\n" +
+	"\x06caller\x18\x04 \x01(\tR\x06caller\x12\x10\n" +
+	"\x03why\x18\x05 \x01(\tR\x03why\x12!\n" +
+	"\frequested_at\x18\x06 \x01(\tR\vrequestedAt\x12,\n" +
+	"\x12runner_instance_id\x18\a \x01(\tR\x10runnerInstanceId\"\xe0\x01\n" +
+	"\x17SessionAuthorityRotated\x12\x16\n" +
+	"\x06reason\x18\x01 \x01(\tR\x06reason\x12&\n" +
+	"\x0fprevious_run_id\x18\x02 \x01(\tR\rpreviousRunId\x12,\n" +
+	"\x12runner_instance_id\x18\x03 \x01(\tR\x10runnerInstanceId\x120\n" +
+	"\x14tool_authority_epoch\x18\x04 \x01(\x01R\x12toolAuthorityEpoch\x12%\n" +
+	"\x0edurable_source\x18\x05 \x01(\tR\rdurableSource\"\xd0\x01\n" +
+	"\rSessionClosed\x12\x16\n" +
+	"\x06reason\x18\x01 \x01(\tR\x06reason\x12#\n" +
+	"\rcheckpoint_id\x18\x02 \x01(\tR\fcheckpointId\x12&\n" +
+	"\x0fprevious_run_id\x18\x03 \x01(\tR\rpreviousRunId\x12,\n" +
+	"\x12provider_thread_id\x18\x04 \x01(\tR\x10providerThreadId\x12\x12\n" +
+	"\x04code\x18\x05 \x01(\tR\x04code\x12\x18\n" +
+	"\amessage\x18\x06 \x01(\tR\amessage\"\x83\x01\n" +
+	"\x11RunRetryScheduled\x12\x12\n" +
+	"\x04code\x18\x01 \x01(\tR\x04code\x12\x18\n" +
+	"\amessage\x18\x02 \x01(\tR\amessage\x12\x18\n" +
+	"\aattempt\x18\x03 \x01(\x01R\aattempt\x12&\n" +
+	"\x0fnext_attempt_at\x18\x04 \x01(\tR\rnextAttemptAtB\xb2\x01\n" +
 	"\x11com.tether.prp.v1B\rPayloadsProtoP\x01Z8github.com/tether-run/tether/pkg/gen/tether/prp/v1;prpv1\xa2\x02\x03TPX\xaa\x02\rTether.Prp.V1\xca\x02\rTether\\Prp\\V1\xe2\x02\x19Tether\\Prp\\V1\\GPBMetadata\xea\x02\x0fTether::Prp::V1b\x06proto3"
 
 var (
@@ -1426,25 +1783,29 @@ func file_tether_prp_v1_payloads_proto_rawDescGZIP() []byte {
 	return file_tether_prp_v1_payloads_proto_rawDescData
 }
 
-var file_tether_prp_v1_payloads_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
+var file_tether_prp_v1_payloads_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_tether_prp_v1_payloads_proto_goTypes = []any{
-	(*RunAttached)(nil),        // 0: tether.prp.v1.RunAttached
-	(*CommandExecuted)(nil),    // 1: tether.prp.v1.CommandExecuted
-	(*UsageCounters)(nil),      // 2: tether.prp.v1.UsageCounters
-	(*Cost)(nil),               // 3: tether.prp.v1.Cost
-	(*TurnUsage)(nil),          // 4: tether.prp.v1.TurnUsage
-	(*ResultArtifact)(nil),     // 5: tether.prp.v1.ResultArtifact
-	(*RunTerminal)(nil),        // 6: tether.prp.v1.RunTerminal
-	(*HarnessReady)(nil),       // 7: tether.prp.v1.HarnessReady
-	(*HarnessExited)(nil),      // 8: tether.prp.v1.HarnessExited
-	(*ProviderRestarting)(nil), // 9: tether.prp.v1.ProviderRestarting
-	(*RunnerLifecycle)(nil),    // 10: tether.prp.v1.RunnerLifecycle
-	(*RunnerReconciled)(nil),   // 11: tether.prp.v1.RunnerReconciled
-	(*RunnerBackpressure)(nil), // 12: tether.prp.v1.RunnerBackpressure
-	(*TurnLost)(nil),           // 13: tether.prp.v1.TurnLost
-	(*HarnessDiagnostic)(nil),  // 14: tether.prp.v1.HarnessDiagnostic
-	(*TurnStarted)(nil),        // 15: tether.prp.v1.TurnStarted
-	(*CommandOutcome)(nil),     // 16: tether.prp.v1.CommandOutcome
+	(*RunAttached)(nil),             // 0: tether.prp.v1.RunAttached
+	(*CommandExecuted)(nil),         // 1: tether.prp.v1.CommandExecuted
+	(*UsageCounters)(nil),           // 2: tether.prp.v1.UsageCounters
+	(*Cost)(nil),                    // 3: tether.prp.v1.Cost
+	(*TurnUsage)(nil),               // 4: tether.prp.v1.TurnUsage
+	(*ResultArtifact)(nil),          // 5: tether.prp.v1.ResultArtifact
+	(*RunTerminal)(nil),             // 6: tether.prp.v1.RunTerminal
+	(*HarnessReady)(nil),            // 7: tether.prp.v1.HarnessReady
+	(*HarnessExited)(nil),           // 8: tether.prp.v1.HarnessExited
+	(*ProviderRestarting)(nil),      // 9: tether.prp.v1.ProviderRestarting
+	(*RunnerLifecycle)(nil),         // 10: tether.prp.v1.RunnerLifecycle
+	(*RunnerReconciled)(nil),        // 11: tether.prp.v1.RunnerReconciled
+	(*RunnerBackpressure)(nil),      // 12: tether.prp.v1.RunnerBackpressure
+	(*TurnLost)(nil),                // 13: tether.prp.v1.TurnLost
+	(*HarnessDiagnostic)(nil),       // 14: tether.prp.v1.HarnessDiagnostic
+	(*TurnStarted)(nil),             // 15: tether.prp.v1.TurnStarted
+	(*CommandOutcome)(nil),          // 16: tether.prp.v1.CommandOutcome
+	(*SessionContinuityBreak)(nil),  // 17: tether.prp.v1.SessionContinuityBreak
+	(*SessionAuthorityRotated)(nil), // 18: tether.prp.v1.SessionAuthorityRotated
+	(*SessionClosed)(nil),           // 19: tether.prp.v1.SessionClosed
+	(*RunRetryScheduled)(nil),       // 20: tether.prp.v1.RunRetryScheduled
 }
 var file_tether_prp_v1_payloads_proto_depIdxs = []int32{
 	2, // 0: tether.prp.v1.TurnUsage.run_delta:type_name -> tether.prp.v1.UsageCounters
@@ -1475,7 +1836,7 @@ func file_tether_prp_v1_payloads_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_tether_prp_v1_payloads_proto_rawDesc), len(file_tether_prp_v1_payloads_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   17,
+			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
