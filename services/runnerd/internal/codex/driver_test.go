@@ -15,6 +15,7 @@ import (
 
 	"github.com/tether-run/tether/pkg/failure"
 	"github.com/tether-run/tether/pkg/procgroup"
+	"github.com/tether-run/tether/services/runnerd/internal/codex/codexwire"
 )
 
 // R2: the codex app-server JSON-RPC driver.
@@ -468,10 +469,10 @@ func TestR2_UsageGrowthAccounting(t *testing.T) {
 	s := &Session{reported: map[string]bool{}, emitFn: func(Event) {}, log: quietLogger()}
 	s.threadID = "T"
 	upd := func(turn string, total, last [3]int64) {
-		mk := func(v [3]int64) map[string]any {
-			return map[string]any{"inputTokens": json.Number(itoa(v[0])), "cachedInputTokens": json.Number(itoa(v[1])), "outputTokens": json.Number(itoa(v[2]))}
+		mk := func(v [3]int64) *codexwire.TokenCounts {
+			return &codexwire.TokenCounts{InputTokens: v[0], CachedInputTokens: v[1], OutputTokens: v[2]}
 		}
-		s.onTokenUsage(map[string]any{"threadId": "T", "turnId": turn, "tokenUsage": map[string]any{"total": mk(total), "last": mk(last)}})
+		s.onTokenUsage(turn, mk(total), mk(last))
 	}
 	// Fresh thread: no baseline, `last` is the growth.
 	s.turn = &turnState{id: "u1"}

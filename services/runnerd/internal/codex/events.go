@@ -20,10 +20,13 @@ package codex
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
+	"sort"
 	"strconv"
 	"unicode/utf8"
 
 	"github.com/tether-run/tether/pkg/failure"
+	"github.com/tether-run/tether/services/runnerd/internal/codex/codexwire"
 )
 
 // turnState tracks the active turn.
@@ -62,84 +65,117 @@ func (t *tokenTotals) usage() *Usage {
 	return &Usage{InputTokens: t.input, CachedInputTokens: t.cached, OutputTokens: t.output}
 }
 
-func parseTotals(m map[string]any) (tokenTotals, bool) {
-	if m == nil {
+// totalsOf is one usage breakdown of thread/tokenUsage/updated; ok is
+// false when the breakdown is missing. A total of 0 beside counts is taken
+// as missing (input + output).
+func totalsOf(c *codexwire.TokenCounts) (tokenTotals, bool) {
+	if c == nil {
 		return tokenTotals{}, false
 	}
-	in, ok1 := num(m, "inputTokens")
-	out, ok2 := num(m, "outputTokens")
-	cached, _ := num(m, "cachedInputTokens")
-	total, ok3 := num(m, "totalTokens")
-	if !ok3 {
-		total = in + out
+	total := c.TotalTokens
+	if total == 0 {
+		total = c.InputTokens + c.OutputTokens
 	}
-	return tokenTotals{input: in, cached: cached, output: out, total: total}, ok1 || ok2 || ok3
+	return tokenTotals{input: c.InputTokens, cached: c.CachedInputTokens, output: c.OutputTokens, total: total}, true
+}
+
+// notificationHeader is what the driver reads of every notification
+// before its own params: the thread and turn it names.
+type notificationHeader struct {
+	ThreadID string `json:"threadId"`
+	TurnID   string `json:"turnId"`
 }
 
 // handleNotification maps one provider notification to events. It runs on
 // the reader goroutine, so events keep the provider's order.
 func (s *Session) handleNotification(method string, raw json.RawMessage) {
 	switch method {
-	case "turn/started", "turn/completed", "item/started", "item/completed",
-		"item/agentMessage/delta", "item/commandExecution/outputDelta",
-		"thread/tokenUsage/updated", "turn/plan/updated", "error", "warning", "configWarning", "deprecationNotice",
-		"serverRequest/resolved":
+	case codexwire.NotifyTurnStarted, codexwire.NotifyTurnCompleted, codexwire.NotifyItemStarted, codexwire.NotifyItemCompleted,
+		codexwire.NotifyAgentMessageDelta, codexwire.NotifyCommandOutputDelta,
+		codexwire.NotifyTokenUsageUpdated, codexwire.NotifyPlanUpdated, codexwire.NotifyError, codexwire.NotifyWarning,
+		codexwire.NotifyConfigWarning, codexwire.NotifyDeprecationNotice, codexwire.NotifyServerRequestResolved:
 	default:
 		s.log.Debug("codex: notification ignored", "method", method)
 		return
 	}
-	p, err := decodeObject(raw)
-	if err != nil {
+	var h notificationHeader
+	if !isObject(raw) || decodeParams(raw, &h) != nil {
 		s.diagnosticOnce(failure.ProviderProtocolError, method, "", "", method+" params are not a JSON object")
 		return
 	}
 	switch method {
-	case "warning", "configWarning", "deprecationNotice":
-		if !s.threadOK(method, p, false) {
-			return
+	case codexwire.NotifyWarning, codexwire.NotifyConfigWarning, codexwire.NotifyDeprecationNotice:
+		if s.threadOK(method, h, false) {
+			s.onNotice(method, h, raw)
 		}
-		s.onNotice(method, p)
 		return
-	case "error":
-		if !s.threadOK(method, p, false) {
-			return
+	case codexwire.NotifyError:
+		if s.threadOK(method, h, false) {
+			s.onProviderError(h, raw)
 		}
-		s.onProviderError(p)
 		return
-	case "serverRequest/resolved":
-		if !s.threadOK(method, p, false) {
-			return
+	case codexwire.NotifyServerRequestResolved:
+		if s.threadOK(method, h, false) {
+			p, _ := decodeObject(raw)
+			s.onServerRequestResolved(p)
 		}
-		s.onServerRequestResolved(p)
 		return
 	}
-	if !s.threadOK(method, p, true) {
+	if !s.threadOK(method, h, true) {
 		return
 	}
+	s.handleTurnNotification(method, h, raw)
+}
+
+// handleTurnNotification maps a notification of the open thread's turns.
+func (s *Session) handleTurnNotification(method string, h notificationHeader, raw json.RawMessage) {
 	switch method {
-	case "turn/started":
-		s.onTurnStarted(p)
-	case "turn/completed":
-		s.onTurnCompleted(p)
-	case "item/started":
-		s.onItemStarted(p)
-	case "item/completed":
-		s.onItemCompleted(p)
-	case "item/agentMessage/delta":
-		s.onDelta(p, "agentMessage")
-	case "item/commandExecution/outputDelta":
-		s.onDelta(p, "commandExecution")
-	case "thread/tokenUsage/updated":
-		s.onTokenUsage(p)
-	case "turn/plan/updated":
+	case codexwire.NotifyTurnStarted, codexwire.NotifyTurnCompleted:
+		var p codexwire.TurnNotification
+		_ = decodeParams(raw, &p)
+		if method == codexwire.NotifyTurnStarted {
+			s.onTurnStarted(p.Turn)
+		} else {
+			s.onTurnCompleted(p.Turn)
+		}
+	case codexwire.NotifyItemStarted, codexwire.NotifyItemCompleted:
+		var p struct {
+			Item codexwire.Item `json:"item"`
+		}
+		_ = decodeParams(raw, &p)
+		if method == codexwire.NotifyItemStarted {
+			s.onItemStarted(h.TurnID, p.Item)
+		} else {
+			s.onItemCompleted(h.TurnID, p.Item)
+		}
+	case codexwire.NotifyAgentMessageDelta, codexwire.NotifyCommandOutputDelta:
+		var p codexwire.Delta
+		_ = decodeParams(raw, &p)
+		kind := codexwire.ItemAgentMessage
+		if method == codexwire.NotifyCommandOutputDelta {
+			kind = codexwire.ItemCommandExecution
+		}
+		s.onDelta(p, kind)
+	case codexwire.NotifyTokenUsageUpdated:
+		var p struct {
+			TokenUsage struct {
+				Total *codexwire.TokenCounts `json:"total"`
+				Last  *codexwire.TokenCounts `json:"last"`
+			} `json:"tokenUsage"`
+		}
+		_ = decodeParams(raw, &p)
+		s.onTokenUsage(h.TurnID, p.TokenUsage.Total, p.TokenUsage.Last)
+	case codexwire.NotifyPlanUpdated:
+		var p codexwire.PlanUpdated
+		_ = decodeParams(raw, &p)
 		s.onPlanUpdated(p)
 	}
 }
 
 // threadOK checks that a notification names the open thread. With required,
 // a missing threadId is a mismatch too.
-func (s *Session) threadOK(method string, p map[string]any, required bool) bool {
-	tid := str(p, "threadId")
+func (s *Session) threadOK(method string, h notificationHeader, required bool) bool {
+	tid := h.ThreadID
 	s.mu.Lock()
 	open := s.threadID
 	s.mu.Unlock()
@@ -150,12 +186,12 @@ func (s *Session) threadOK(method string, p map[string]any, required bool) bool 
 		return true
 	}
 	msg := method + " names thread " + strconv.Quote(tid) + " but the open thread is " + strconv.Quote(open)
-	s.diagnosticOnce(failure.ProviderThreadMismatch, method, str(p, "turnId"), "", msg)
+	s.diagnosticOnce(failure.ProviderThreadMismatch, method, h.TurnID, "", msg)
 	return false
 }
 
-func (s *Session) onTurnStarted(p map[string]any) {
-	id := str(obj(p, "turn"), "id")
+func (s *Session) onTurnStarted(turn codexwire.Turn) {
+	id := turn.ID
 	if id == "" {
 		s.diagnosticOnce(failure.ProviderProtocolError, "turn/started", "", "", "turn/started has no turn.id")
 		return
@@ -180,9 +216,8 @@ func (s *Session) onTurnStarted(p map[string]any) {
 	}
 }
 
-func (s *Session) onTurnCompleted(p map[string]any) {
-	turn := obj(p, "turn")
-	id := str(turn, "id")
+func (s *Session) onTurnCompleted(turn codexwire.Turn) {
+	id := turn.ID
 	// emitMu is held from taking the turn to delivering its result, so a
 	// concurrent failure (which takes emitMu too) either sees the turn still
 	// active or finds its result already delivered before Exited closes.
@@ -209,10 +244,10 @@ func (s *Session) onTurnCompleted(p map[string]any) {
 
 	final := t.finalMessage
 	if final == "" {
-		final = lastAgentMessage(turn)
+		final = lastAgentText(turn.Items)
 	}
 	res := TurnResult{TurnID: id, FinalMessage: final, Usage: t.usage, Total: total, Artifacts: t.artifacts()}
-	status := str(turn, "status")
+	status := turn.Status
 	payload := map[string]any{"finalMessage": final}
 	var evType string
 	switch status {
@@ -229,15 +264,15 @@ func (s *Session) onTurnCompleted(p map[string]any) {
 		}
 	}
 	payload["status"] = res.Status
-	if e := obj(turn, "error"); e != nil {
-		perr := map[string]any{"message": truncate(str(e, "message"), 4096)}
-		if info := errorInfoCode(e["codexErrorInfo"]); info != "" {
+	if e := turn.Error; e != nil {
+		perr := map[string]any{"message": truncate(e.Message, 4096)}
+		if info := errorInfoCode(e.CodexErrorInfo); info != "" {
 			perr["providerErrorCode"] = info
 		}
 		if res.Status == TurnFailed {
 			perr["code"] = res.ErrorCode
-			if m := str(e, "message"); m != "" {
-				res.ErrorMessage = truncate(m, 4096)
+			if e.Message != "" {
+				res.ErrorMessage = truncate(e.Message, 4096)
 			}
 		}
 		payload["error"] = perr
@@ -251,12 +286,12 @@ func (s *Session) onTurnCompleted(p map[string]any) {
 	s.deliverTurn(res)
 }
 
-func lastAgentMessage(turn map[string]any) string {
-	items, _ := turn["items"].([]any)
+// lastAgentText is the text of the last agentMessage among a turn's items.
+func lastAgentText(items []json.RawMessage) string {
 	for i := len(items) - 1; i >= 0; i-- {
-		it, _ := items[i].(map[string]any)
-		if str(it, "type") == "agentMessage" {
-			return str(it, "text")
+		var it codexwire.Item
+		if decodeParams(items[i], &it) == nil && it.Type == codexwire.ItemAgentMessage {
+			return it.Text
 		}
 	}
 	return ""
@@ -264,71 +299,75 @@ func lastAgentMessage(turn map[string]any) string {
 
 // errorInfoCode reduces codexErrorInfo ("other" or {"httpConnectionFailed":{…}})
 // to a name.
-func errorInfoCode(v any) string {
-	switch x := v.(type) {
-	case string:
-		return x
-	case map[string]any:
-		for k := range x {
-			return k
+func errorInfoCode(raw json.RawMessage) string {
+	var name string
+	if json.Unmarshal(raw, &name) == nil {
+		return name
+	}
+	var kinds map[string]json.RawMessage
+	if json.Unmarshal(raw, &kinds) != nil {
+		return ""
+	}
+	keys := make([]string, 0, len(kinds))
+	for k := range kinds {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	if len(keys) == 0 {
+		return ""
+	}
+	return keys[0]
+}
+
+func (s *Session) onItemStarted(turnID string, item codexwire.Item) {
+	payload := map[string]any{"kind": item.Type, "itemId": item.ID}
+	switch item.Type {
+	case codexwire.ItemCommandExecution, "fileChange":
+		putNonEmpty(payload, "status", item.Status)
+	case codexwire.ItemDynamicToolCall, "mcpToolCall":
+		putNonEmpty(payload, "tool", item.Tool)
+		if item.Namespace != nil {
+			putNonEmpty(payload, "namespace", *item.Namespace)
 		}
+		putNonEmpty(payload, "server", item.Server)
+		putNonEmpty(payload, "status", item.Status)
 	}
-	return ""
+	s.emitFromReader(Event{Type: "item.started", TurnID: turnID, ItemID: item.ID, Priority: PriorityP1, Payload: payload})
 }
 
-func (s *Session) onItemStarted(p map[string]any) {
-	item := obj(p, "item")
-	kind, itemID := str(item, "type"), str(item, "id")
-	payload := map[string]any{"kind": kind, "itemId": itemID}
-	switch kind {
-	case "commandExecution", "fileChange":
-		putStr(payload, item, "status")
-	case "dynamicToolCall", "mcpToolCall":
-		putStr(payload, item, "tool")
-		putStr(payload, item, "namespace")
-		putStr(payload, item, "server")
-		putStr(payload, item, "status")
-	}
-	s.emitFromReader(Event{Type: "item.started", TurnID: str(p, "turnId"), ItemID: itemID, Priority: PriorityP1, Payload: payload})
-}
-
-func (s *Session) onItemCompleted(p map[string]any) {
-	item := obj(p, "item")
-	kind, itemID, turnID := str(item, "type"), str(item, "id"), str(p, "turnId")
-	payload := map[string]any{"kind": kind, "itemId": itemID}
-	switch kind {
-	case "agentMessage":
-		text := str(item, "text")
-		payload["text"] = text
+func (s *Session) onItemCompleted(turnID string, item codexwire.Item) {
+	payload := map[string]any{"kind": item.Type, "itemId": item.ID}
+	switch item.Type {
+	case codexwire.ItemAgentMessage:
+		payload["text"] = item.Text
 		s.mu.Lock()
 		if s.turn != nil && s.turn.id == turnID {
-			s.turn.finalMessage = text
+			s.turn.finalMessage = item.Text
 		}
 		s.mu.Unlock()
-	case "commandExecution":
-		putStr(payload, item, "status")
-		if code, ok := num(item, "exitCode"); ok {
-			payload["exitCode"] = code
+	case codexwire.ItemCommandExecution:
+		putNonEmpty(payload, "status", item.Status)
+		if item.ExitCode != nil {
+			payload["exitCode"] = *item.ExitCode
 		}
-	case "dynamicToolCall", "mcpToolCall":
-		putStr(payload, item, "tool")
-		putStr(payload, item, "status")
-		if b, ok := item["success"].(bool); ok {
-			payload["success"] = b
+	case codexwire.ItemDynamicToolCall, "mcpToolCall":
+		putNonEmpty(payload, "tool", item.Tool)
+		putNonEmpty(payload, "status", item.Status)
+		if item.Success != nil {
+			payload["success"] = *item.Success
 		}
 	default:
-		putStr(payload, item, "status")
+		putNonEmpty(payload, "status", item.Status)
 	}
-	s.emitFromReader(Event{Type: "item.completed", TurnID: turnID, ItemID: itemID, Priority: PriorityP1, Payload: payload})
-	if kind == "plan" {
-		s.onPlanItem(turnID, itemID, str(item, "text"))
+	s.emitFromReader(Event{Type: "item.completed", TurnID: turnID, ItemID: item.ID, Priority: PriorityP1, Payload: payload})
+	if item.Type == codexwire.ItemPlan {
+		s.onPlanItem(turnID, item.ID, item.Text)
 	}
 }
 
-func (s *Session) onDelta(p map[string]any, kind string) {
-	itemID := str(p, "itemId")
-	s.emitFromReader(Event{Type: "item.delta", TurnID: str(p, "turnId"), ItemID: itemID, Priority: PriorityP2, Payload: map[string]any{
-		"kind": kind, "delta": str(p, "delta"),
+func (s *Session) onDelta(p codexwire.Delta, kind string) {
+	s.emitFromReader(Event{Type: "item.delta", TurnID: p.TurnID, ItemID: p.ItemID, Priority: PriorityP2, Payload: map[string]any{
+		"kind": kind, "delta": p.Delta,
 	}})
 }
 
@@ -336,15 +375,13 @@ func (s *Session) onDelta(p map[string]any, kind string) {
 // cumulative total. (Summing `last` would double count: codex re-emits the
 // previous update unchanged after an aborted stream, and replays the persisted
 // total after a resume.) Without a known earlier total, `last` is the growth.
-func (s *Session) onTokenUsage(p map[string]any) {
-	tu := obj(p, "tokenUsage")
-	total, ok := parseTotals(obj(tu, "total"))
+func (s *Session) onTokenUsage(turnID string, totalCounts, lastCounts *codexwire.TokenCounts) {
+	total, ok := totalsOf(totalCounts)
 	if !ok {
-		s.diagnosticOnce(failure.ProviderProtocolError, "thread/tokenUsage/updated", str(p, "turnId"), "", "tokenUsage.total missing")
+		s.diagnosticOnce(failure.ProviderProtocolError, "thread/tokenUsage/updated", turnID, "", "tokenUsage.total missing")
 		return
 	}
-	last, _ := parseTotals(obj(tu, "last"))
-	turnID := str(p, "turnId")
+	last, _ := totalsOf(lastCounts)
 	s.mu.Lock()
 	growth := last
 	if s.usageBaseline != nil {
@@ -370,35 +407,48 @@ func (s *Session) onTokenUsage(p map[string]any) {
 	}})
 }
 
-func (s *Session) onProviderError(p map[string]any) {
-	e := obj(p, "error")
-	msg := str(e, "message")
-	if msg == "" {
-		msg = str(p, "message")
+func (s *Session) onProviderError(h notificationHeader, raw json.RawMessage) {
+	var p struct {
+		codexwire.ErrorNotification
+		Message string `json:"message"` // older servers: the message at the top
 	}
-	willRetry, _ := p["willRetry"].(bool)
+	_ = decodeParams(raw, &p)
+	msg := p.Error.Message
+	if msg == "" {
+		msg = p.Message
+	}
 	payload := map[string]any{
 		"source":    "provider",
 		"code":      failure.ProviderError,
 		"message":   truncate(msg, 4096),
-		"willRetry": willRetry,
+		"willRetry": p.WillRetry,
 	}
-	if info := errorInfoCode(e["codexErrorInfo"]); info != "" {
+	if info := errorInfoCode(p.Error.CodexErrorInfo); info != "" {
 		payload["providerErrorCode"] = info
 	}
-	s.emitFromReader(Event{Type: "harness.diagnostic", TurnID: str(p, "turnId"), Priority: PriorityP1, Payload: payload})
+	s.emitFromReader(Event{Type: "harness.diagnostic", TurnID: h.TurnID, Priority: PriorityP1, Payload: payload})
 }
 
-func (s *Session) onNotice(method string, p map[string]any) {
-	msg := str(p, "message")
+// notice is the params of warning, configWarning and deprecationNotice.
+type notice struct {
+	Message string          `json:"message"`
+	Summary string          `json:"summary"`
+	Details json.RawMessage `json:"details"` // a string, or null
+}
+
+func (s *Session) onNotice(method string, h notificationHeader, raw json.RawMessage) {
+	var p notice
+	_ = decodeParams(raw, &p)
+	msg := p.Message
 	if msg == "" {
-		msg = str(p, "summary")
+		msg = p.Summary
 	}
 	payload := map[string]any{"kind": method, "message": truncate(msg, 4096)}
-	if d := str(p, "details"); d != "" {
-		payload["details"] = truncate(d, 4096)
+	var details string
+	if json.Unmarshal(p.Details, &details) == nil && details != "" {
+		payload["details"] = truncate(details, 4096)
 	}
-	s.emitFromReader(Event{Type: "provider.notice.recorded", TurnID: str(p, "turnId"), Priority: PriorityP2, Payload: payload})
+	s.emitFromReader(Event{Type: "provider.notice.recorded", TurnID: h.TurnID, Priority: PriorityP2, Payload: payload})
 }
 
 // ---- emission ----
@@ -440,6 +490,27 @@ func (s *Session) diagnosticOnce(code, method, turnID, itemID, message string) {
 }
 
 // ---- JSON helpers ----
+
+// decodeParams decodes a message's params into v. A field of another type
+// than codexwire says is left empty, not an error: the driver reads what
+// it understands of a newer or odd server.
+func decodeParams(raw json.RawMessage, v any) error {
+	if !present(raw) {
+		return nil
+	}
+	err := json.Unmarshal(raw, v)
+	var te *json.UnmarshalTypeError
+	if errors.As(err, &te) {
+		return nil
+	}
+	return err
+}
+
+// isObject reports whether raw is absent, null or a JSON object.
+func isObject(raw json.RawMessage) bool {
+	t := bytes.TrimSpace(raw)
+	return !present(t) || t[0] == '{'
+}
 
 func decodeObject(raw json.RawMessage) (map[string]any, error) {
 	if !present(raw) {

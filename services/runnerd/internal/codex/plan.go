@@ -1,6 +1,9 @@
 package codex
 
-import "github.com/tether-run/tether/pkg/prp"
+import (
+	"github.com/tether-run/tether/pkg/prp"
+	"github.com/tether-run/tether/services/runnerd/internal/codex/codexwire"
+)
 
 // Provider plans (SPEC E3). codex reports a plan two ways:
 //
@@ -21,22 +24,16 @@ import "github.com/tether-run/tether/pkg/prp"
 // EventPlanUpdated is the run event of a provider plan update.
 const EventPlanUpdated = prp.EventRunPlanUpdated
 
-func (s *Session) onPlanUpdated(p map[string]any) {
-	var steps []any
-	list, _ := p["plan"].([]any)
-	for _, v := range list {
-		e, _ := v.(map[string]any)
-		if e == nil {
-			continue
-		}
-		steps = append(steps, map[string]any{"step": str(e, "step"), "status": str(e, "status")})
+func (s *Session) onPlanUpdated(p codexwire.PlanUpdated) {
+	steps := make([]any, 0, len(p.Plan))
+	for _, e := range p.Plan {
+		steps = append(steps, map[string]any{"step": e.Step, "status": e.Status})
 	}
 	payload := map[string]any{"source": "turn_plan", "steps": steps}
-	putStr(payload, p, "explanation")
-	if steps == nil {
-		payload["steps"] = []any{}
+	if p.Explanation != nil {
+		putNonEmpty(payload, "explanation", *p.Explanation)
 	}
-	s.emitFromReader(Event{Type: EventPlanUpdated, TurnID: str(p, "turnId"), Priority: PriorityP1, Payload: payload})
+	s.emitFromReader(Event{Type: EventPlanUpdated, TurnID: p.TurnID, Priority: PriorityP1, Payload: payload})
 }
 
 // onPlanItem reports a completed plan item and keeps it as the turn's plan

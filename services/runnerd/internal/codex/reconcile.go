@@ -5,6 +5,7 @@ import (
 	"strconv"
 
 	"github.com/tether-run/tether/pkg/failure"
+	"github.com/tether-run/tether/services/runnerd/internal/codex/codexwire"
 	"github.com/tether-run/tether/services/runnerd/internal/provider"
 )
 
@@ -38,18 +39,18 @@ func (s *Session) ReconcileTurn(ctx context.Context, turnID string) (Reconciliat
 	if err != nil {
 		return rec, err
 	}
-	var turn map[string]any
-	for _, t := range turns {
-		if m, _ := t.(map[string]any); str(m, "id") == turnID {
-			turn = m
+	var turn *codexwire.Turn
+	for i := range turns {
+		if turns[i].ID == turnID {
+			turn = &turns[i]
 		}
 	}
 	if turn == nil {
 		rec.Outcome = ReconcileMissing
 		return rec, errorf(failure.ProviderTurnMissing, "thread %s has no turn %s; the turn was never recorded by the provider (recoverable)", thread, turnID)
 	}
-	rec.Status = str(turn, "status")
-	rec.FinalMessage = lastAgentMessage(turn)
+	rec.Status = turn.Status
+	rec.FinalMessage = lastAgentText(turn.Items)
 	if rec.Status == "inProgress" {
 		s.mu.Lock()
 		switch {
@@ -76,8 +77,8 @@ func (s *Session) ReconcileTurn(ctx context.Context, turnID string) (Reconciliat
 		res2.Status = TurnFailed
 		res2.ErrorCode = failure.ProviderTurnFailed
 		res2.ErrorMessage = "provider reported turn status " + strconv.Quote(rec.Status)
-		if e := obj(turn, "error"); e != nil && str(e, "message") != "" {
-			res2.ErrorMessage = truncate(str(e, "message"), 4096)
+		if e := turn.Error; e != nil && e.Message != "" {
+			res2.ErrorMessage = truncate(e.Message, 4096)
 		}
 	}
 	payload := map[string]any{"status": res2.Status, "finalMessage": rec.FinalMessage, "reconciled": true,
@@ -107,24 +108,27 @@ func (s *Session) ReconcileTurn(ctx context.Context, turnID string) (Reconciliat
 
 // readTurns reads the open thread's turns, oldest first (thread/read
 // includeTurns:true).
-func (s *Session) readTurns(ctx context.Context) (string, []any, error) {
+func (s *Session) readTurns(ctx context.Context) (string, []codexwire.Turn, error) {
 	thread, err := s.openThread()
 	if err != nil {
 		return "", nil, err
 	}
-	raw, rpcErr, err := s.call(ctx, "thread/read", map[string]any{"threadId": thread, "includeTurns": true}, s.cfg.RequestTimeout, nil)
+	raw, rpcErr, err := s.call(ctx, codexwire.MethodThreadRead, codexwire.ThreadReadParams{ThreadID: thread, IncludeTurns: true}, s.cfg.RequestTimeout, nil)
 	if err != nil {
 		return thread, nil, err
 	}
 	if rpcErr != nil {
 		return thread, nil, errorf(failure.ProviderReconcileFailed, "thread/read: %s", rpcErr.Describe())
 	}
-	res, err := decodeObject(raw)
-	if err != nil {
+	var res struct {
+		Thread struct {
+			Turns []codexwire.Turn `json:"turns"`
+		} `json:"thread"`
+	}
+	if !isObject(raw) || decodeParams(raw, &res) != nil {
 		return thread, nil, errorf(failure.ProviderProtocolError, "thread/read result is not a JSON object")
 	}
-	turns, _ := obj(res, "thread")["turns"].([]any)
-	return thread, turns, nil
+	return thread, res.Thread.Turns, nil
 }
 
 // LastTurn returns the id of the open thread's newest turn ("" when the
@@ -135,8 +139,7 @@ func (s *Session) LastTurn(ctx context.Context) (string, error) {
 	if err != nil || len(turns) == 0 {
 		return "", err
 	}
-	m, _ := turns[len(turns)-1].(map[string]any)
-	return str(m, "id"), nil
+	return turns[len(turns)-1].ID, nil
 }
 
 // DropTurn removes turnID and every later turn from the open thread's
@@ -149,7 +152,7 @@ func (s *Session) DropTurn(ctx context.Context, turnID string) error {
 	if err != nil {
 		return err
 	}
-	_, rpcErr, err := s.call(ctx, "thread/revert", map[string]any{"threadId": thread, "beforeTurnId": turnID}, s.cfg.RequestTimeout, nil)
+	_, rpcErr, err := s.call(ctx, codexwire.MethodThreadRevert, codexwire.ThreadRevertParams{ThreadID: thread, BeforeTurnID: turnID}, s.cfg.RequestTimeout, nil)
 	if err != nil {
 		return err
 	}

@@ -61,6 +61,7 @@ import (
 	"github.com/tether-run/tether/pkg/procgroup"
 	"github.com/tether-run/tether/pkg/procid"
 	"github.com/tether-run/tether/pkg/scope/durable"
+	"github.com/tether-run/tether/services/runnerd/internal/opencode/opencodewire"
 	"github.com/tether-run/tether/services/runnerd/internal/provider"
 )
 
@@ -183,17 +184,15 @@ func (s *Session) prepareHome() (configPath string, err error) {
 			return "", err
 		}
 	}
-	tcfg := map[string]any{
-		"$schema": "https://opencode.ai/config.json", "autoupdate": false, "share": "disabled", "snapshot": false,
-	}
+	tcfg := opencodewire.Config{Schema: "https://opencode.ai/config.json", Share: "disabled"}
 	if m := s.cfg.Model; m != "" {
-		tcfg["model"], tcfg["small_model"] = m, m
+		tcfg.Model, tcfg.SmallModel = m, m
 		if p, _, ok := strings.Cut(m, "/"); ok {
-			tcfg["enabled_providers"] = []string{p}
+			tcfg.EnabledProviders = []string{p}
 		}
 	}
 	if mode := s.cfg.PermissionMode; mode != "" {
-		tcfg["permission"] = map[string]string{"bash": mode, "edit": mode, "webfetch": mode}
+		tcfg.Permission = &opencodewire.PermissionConfig{Bash: mode, Edit: mode, Webfetch: mode}
 	}
 	b, _ := json.MarshalIndent(tcfg, "", "  ")
 	return filepath.Join(s.home, "tether.json"), atomicfile.Write(s.home, "tether.json", b, 0o600)
@@ -343,7 +342,7 @@ func (s *Session) awaitReady(ctx context.Context, exited <-chan struct{}) error 
 		// Each probe has its own bound: a request the server accepts while
 		// it is still starting may never be answered (observed with
 		// OpenCode 1.18.17 on a loaded machine).
-		var st map[string]any
+		var st map[string]opencodewire.Status
 		pctx, pcancel := context.WithTimeout(ctx, 10*time.Second)
 		err := s.call(pctx, http.MethodGet, "/session/status", nil, &st)
 		pcancel()
@@ -379,7 +378,7 @@ func (s *Session) reattach() error {
 	s.proc = provider.ProcessInfo{PID: sf.PID, PGID: sf.PID, StartTicks: sf.StartTicks, StartedAt: sf.StartedAt}
 	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.RequestTimeout)
 	defer cancel()
-	var st map[string]any
+	var st map[string]opencodewire.Status
 	if err := s.call(ctx, http.MethodGet, "/session/status", nil, &st); err != nil {
 		return perr(failure.ProviderProcessLost, "the OpenCode server of the previous runnerd does not answer: %v", err)
 	}
@@ -507,14 +506,11 @@ func (s *Session) readEvents(body io.ReadCloser, connected chan struct{}) {
 		if !ok {
 			continue
 		}
-		var ev struct {
-			Type       string         `json:"type"`
-			Properties map[string]any `json:"properties"`
-		}
+		var ev opencodewire.Event
 		if err := json.Unmarshal([]byte(strings.TrimSpace(line)), &ev); err != nil {
 			continue
 		}
-		if ev.Type == "server.connected" {
+		if ev.Type == opencodewire.EventServerConnected {
 			once.Do(func() { close(connected) })
 			continue
 		}

@@ -2,11 +2,13 @@ package opencode
 
 import (
 	"context"
+	"encoding/json"
 	"net/http"
 	"sort"
 
 	"github.com/tether-run/tether/pkg/failure"
 	"github.com/tether-run/tether/pkg/prp"
+	"github.com/tether-run/tether/services/runnerd/internal/opencode/opencodewire"
 	"github.com/tether-run/tether/services/runnerd/internal/provider"
 )
 
@@ -53,8 +55,8 @@ func permissionKind(p string) string {
 
 // onPermissionAsked announces a permission request (emitMu held);
 // reannounce names it with the driver instance.
-func (s *Session) onPermissionAsked(p map[string]any, reannounce bool) {
-	ocID := str(p, "id")
+func (s *Session) onPermissionAsked(p opencodewire.PermissionRequest, reannounce bool) {
+	ocID := p.ID
 	id := ocID
 	if reannounce {
 		id = ocID + "@" + s.instance
@@ -68,12 +70,20 @@ func (s *Session) onPermissionAsked(p map[string]any, reannounce bool) {
 	if s.turn != nil {
 		turnID = s.turn.id
 	}
-	r := &permRequest{id: id, ocID: ocID, kind: permissionKind(str(p, "permission")), turnID: turnID, itemID: str(obj(p, "tool"), "callID")}
+	itemID := ""
+	if p.Tool != nil {
+		itemID = p.Tool.CallID
+	}
+	r := &permRequest{id: id, ocID: ocID, kind: permissionKind(p.Permission), turnID: turnID, itemID: itemID}
 	s.perms[id] = r
 	sid := s.sesID
 	s.mu.Unlock()
-	command := str(obj(p, "metadata"), "command")
-	prompt := "Allow " + str(p, "permission")
+	var meta struct {
+		Command string `json:"command"`
+	}
+	_ = json.Unmarshal(p.Metadata, &meta)
+	command := meta.Command
+	prompt := "Allow " + p.Permission
 	if command != "" {
 		prompt = command
 	}
@@ -82,12 +92,12 @@ func (s *Session) onPermissionAsked(p map[string]any, reannounce bool) {
 	payload := r.basePayload()
 	payload["method"] = "permission.asked"
 	payload["threadId"] = sid
-	payload["permission"] = str(p, "permission")
+	payload["permission"] = p.Permission
 	if command != "" {
 		payload["command"] = command
 	}
-	if pats, ok := p["patterns"].([]any); ok {
-		payload["patterns"] = pats
+	if p.Patterns != nil {
+		payload["patterns"] = p.Patterns
 	}
 	payload["cwd"] = s.cfg.Dir
 	payload["availableDecisions"] = []any{"accept", "acceptForSession", "decline", "cancel"}
@@ -107,9 +117,9 @@ func (s *Session) permByOC(ocID string) *permRequest {
 
 // onPermissionReplied: a request answered by someone else (another client
 // of the server) is withdrawn (emitMu held).
-func (s *Session) onPermissionReplied(p map[string]any) {
+func (s *Session) onPermissionReplied(requestID string) {
 	s.mu.Lock()
-	r := s.permByOC(str(p, "requestID"))
+	r := s.permByOC(requestID)
 	if r != nil {
 		delete(s.perms, r.id)
 	}
@@ -125,13 +135,13 @@ func (s *Session) onPermissionReplied(p map[string]any) {
 // announcePending announces afresh the server's open requests of the
 // session (after a re-attach; emitMu held).
 func (s *Session) announcePending(ctx context.Context) {
-	var pending []map[string]any
+	var pending []opencodewire.PermissionRequest
 	if err := s.call(ctx, http.MethodGet, "/permission", nil, &pending); err != nil {
 		s.log.Warn("opencode: listing pending permissions", "err", err)
 		return
 	}
 	for _, p := range pending {
-		if sessionOf(p) == s.sesID {
+		if p.SessionID == s.sesID {
 			s.onPermissionAsked(p, true)
 		}
 	}
@@ -156,16 +166,16 @@ func (s *Session) expireRequests(reason string) {
 // ResolveRequest answers a pending permission request.
 func (s *Session) ResolveRequest(ctx context.Context, requestID string, resolution map[string]any) (map[string]any, error) {
 	decision, _ := resolution["decision"].(string)
-	body := map[string]any{}
+	var body opencodewire.PermissionReply
 	switch decision {
 	case "accept":
-		body["reply"] = "once"
+		body.Reply = "once"
 	case "acceptForSession":
-		body["reply"] = "always"
+		body.Reply = "always"
 	case "decline":
-		body["reply"], body["message"] = "reject", DeclineMessage
+		body.Reply, body.Message = "reject", DeclineMessage
 	case "cancel":
-		body["reply"] = "reject"
+		body.Reply = "reject"
 	default:
 		return nil, perr(failure.RuntimeRequestResolutionInvalid, "an OpenCode permission takes decision accept, acceptForSession, decline or cancel")
 	}

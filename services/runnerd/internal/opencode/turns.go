@@ -4,6 +4,8 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"math/big"
 	"net/http"
@@ -12,6 +14,7 @@ import (
 	"time"
 
 	"github.com/tether-run/tether/pkg/failure"
+	"github.com/tether-run/tether/services/runnerd/internal/opencode/opencodewire"
 	"github.com/tether-run/tether/services/runnerd/internal/provider"
 )
 
@@ -78,23 +81,23 @@ func (s *Session) OpenThread(ctx context.Context, threadID string) (string, bool
 	defer cancel()
 	resumed := threadID != ""
 	if resumed {
-		var info map[string]any
+		var info opencodewire.Session
 		if err := s.call(ctx, http.MethodGet, "/session/"+threadID, nil, &info); err != nil {
 			if isNotFound(err) {
 				return "", false, perr(failure.ProviderThreadResumeFailed, "OpenCode session %s not found", threadID)
 			}
 			return "", false, perr(failure.ProviderThreadResumeFailed, "reading OpenCode session %s: %v", threadID, err)
 		}
-		if id, _ := info["id"].(string); id != threadID {
-			return "", false, perr(failure.ProviderThreadResumeMismatch, "asked for OpenCode session %s, got %q", threadID, id)
+		if info.ID != threadID {
+			return "", false, perr(failure.ProviderThreadResumeMismatch, "asked for OpenCode session %s, got %q", threadID, info.ID)
 		}
 	} else {
-		var info map[string]any
+		var info opencodewire.Session
 		// A title spares the model OpenCode's title-generation call.
-		if err := s.call(ctx, http.MethodPost, "/session", map[string]any{"title": "tether session"}, &info); err != nil {
+		if err := s.call(ctx, http.MethodPost, "/session", opencodewire.CreateSessionRequest{Title: "tether session"}, &info); err != nil {
 			return "", false, perr(failure.ProviderThreadStartFailed, "creating an OpenCode session: %v", err)
 		}
-		threadID, _ = info["id"].(string)
+		threadID = info.ID
 		if threadID == "" {
 			return "", false, perr(failure.ProviderThreadStartFailed, "OpenCode returned a session without an id")
 		}
@@ -113,12 +116,12 @@ func (s *Session) OpenThread(ctx context.Context, threadID string) (string, bool
 	return threadID, resumed, nil
 }
 
-func (s *Session) modelRef() map[string]any {
+func (s *Session) modelRef() *opencodewire.ModelRef {
 	p, m, ok := strings.Cut(s.cfg.Model, "/")
 	if !ok || p == "" || m == "" {
 		return nil
 	}
-	return map[string]any{"providerID": p, "modelID": m}
+	return &opencodewire.ModelRef{ProviderID: p, ModelID: m}
 }
 
 // StartTurn sends the prompt (prompt_async) under a message id tether
@@ -153,10 +156,7 @@ func (s *Session) StartTurn(ctx context.Context, text string) (string, error) {
 	s.turn = t
 	sid := s.sesID
 	s.mu.Unlock()
-	body := map[string]any{"messageID": t.id, "parts": []any{map[string]any{"type": "text", "text": text}}}
-	if m := s.modelRef(); m != nil {
-		body["model"] = m
-	}
+	body := opencodewire.PromptRequest{MessageID: t.id, Parts: []opencodewire.TextInput{{Type: "text", Text: text}}, Model: s.modelRef()}
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.RequestTimeout)
 	defer cancel()
 	s.emitMu.Lock()
@@ -212,15 +212,13 @@ func (s *Session) lostDuring(ctx context.Context) bool {
 // retryPrompt settles a prompt call that failed on the transport (cause)
 // while the server lives on (emitMu held): the prompt is in the session's
 // history under id (taken: nil), or it is sent once more.
-func (s *Session) retryPrompt(ctx context.Context, sid, id string, body map[string]any, cause error) error {
-	var msgs []struct {
-		Info map[string]any `json:"info"`
-	}
-	if err := s.call(ctx, http.MethodGet, "/session/"+sid+"/message", nil, &msgs); err != nil {
+func (s *Session) retryPrompt(ctx context.Context, sid, id string, body opencodewire.PromptRequest, cause error) error {
+	msgs, err := s.history(ctx, sid)
+	if err != nil {
 		return fmt.Errorf("%v; reading the session's history after it: %v", cause, err)
 	}
 	for _, m := range msgs {
-		if str(m.Info, "id") == id {
+		if m.Info.ID == id {
 			s.log.Info("opencode: prompt_async failed but the server took the prompt", "turn", id, "err", cause)
 			return nil
 		}
@@ -259,58 +257,91 @@ func (s *Session) Interrupt(ctx context.Context, turnID string) error {
 
 // ---- events ----
 
-func str(m map[string]any, k string) string { v, _ := m[k].(string); return v }
-
-func obj(m map[string]any, k string) map[string]any { v, _ := m[k].(map[string]any); return v }
-
-func num(m map[string]any, k string) float64 { v, _ := m[k].(float64); return v }
-
-// sessionOf finds the session an event is about.
-func sessionOf(p map[string]any) string {
-	if id := str(p, "sessionID"); id != "" {
-		return id
-	}
-	if id := str(obj(p, "info"), "sessionID"); id != "" {
-		return id
-	}
-	return str(obj(p, "part"), "sessionID")
+// history reads session sid's messages.
+func (s *Session) history(ctx context.Context, sid string) ([]opencodewire.Message, error) {
+	var msgs []opencodewire.Message
+	err := s.call(ctx, http.MethodGet, "/session/"+sid+"/message", nil, &msgs)
+	return msgs, err
 }
 
-// onEvent maps one OpenCode event of our session.
-func (s *Session) onEvent(typ string, p map[string]any) {
+// eventProps holds the properties of the events the driver reads; each
+// event fills the fields of its type (opencodewire's property types).
+type eventProps struct {
+	SessionID string                    `json:"sessionID"`
+	Info      *opencodewire.MessageInfo `json:"info"`
+	Part      *opencodewire.Part        `json:"part"`
+	Error     *opencodewire.ErrorInfo   `json:"error"`
+	// message.part.delta
+	MessageID, PartID, Field, Delta string
+	// permission.asked (a PermissionRequest) and permission.replied
+	opencodewire.PermissionRequest
+	RequestID string `json:"requestID"`
+}
+
+// sessionOf finds the session an event is about.
+func (p *eventProps) sessionOf() string {
+	switch {
+	case p.SessionID != "":
+		return p.SessionID
+	case p.Info != nil && p.Info.SessionID != "":
+		return p.Info.SessionID
+	case p.Part != nil:
+		return p.Part.SessionID
+	}
+	return ""
+}
+
+// onEvent maps one OpenCode event of our session. Properties that do not
+// decode (a field of another type) leave their field empty.
+func (s *Session) onEvent(typ string, raw json.RawMessage) {
+	var p eventProps
+	if err := json.Unmarshal(raw, &p); err != nil {
+		var te *json.UnmarshalTypeError
+		if !errors.As(err, &te) {
+			return
+		}
+	}
+	p.PermissionRequest.SessionID = p.SessionID
 	s.emitMu.Lock()
 	defer s.emitMu.Unlock()
 	s.mu.Lock()
-	mine := s.sesID != "" && sessionOf(p) == s.sesID
+	mine := s.sesID != "" && p.sessionOf() == s.sesID
 	t := s.turn
 	s.mu.Unlock()
 	if !mine {
 		return
 	}
 	switch typ {
-	case "permission.asked":
-		s.onPermissionAsked(p, false)
-	case "permission.replied":
-		s.onPermissionReplied(p)
+	case opencodewire.EventPermissionAsked:
+		s.onPermissionAsked(p.PermissionRequest, false)
+	case opencodewire.EventPermissionReplied:
+		s.onPermissionReplied(p.RequestID)
 	}
 	if t == nil {
 		return
 	}
 	switch typ {
-	case "message.updated":
-		s.onMessage(t, obj(p, "info"))
-	case "message.part.delta":
-		if str(p, "field") == "text" && s.turnMessage(t, str(p, "messageID")) {
-			s.emitEv("item.delta", t.id, str(p, "partID"), provider.P2, map[string]any{"kind": "agentMessage", "delta": str(p, "delta")})
+	case opencodewire.EventMessageUpdated:
+		if p.Info != nil {
+			s.onMessage(t, *p.Info)
 		}
-	case "message.part.updated":
-		s.onPart(t, obj(p, "part"))
-	case "session.error":
-		e := obj(p, "error")
+	case opencodewire.EventPartDelta:
+		if p.Field == "text" && s.turnMessage(t, p.MessageID) {
+			s.emitEv("item.delta", t.id, p.PartID, provider.P2, map[string]any{"kind": "agentMessage", "delta": p.Delta})
+		}
+	case opencodewire.EventPartUpdated:
+		if p.Part != nil {
+			s.onPart(t, *p.Part)
+		}
+	case opencodewire.EventSessionError:
+		var e opencodewire.ErrorInfo
+		if p.Error != nil {
+			e = *p.Error
+		}
 		s.mu.Lock()
-		t.errName, t.errMsg = str(e, "name"), str(obj(e, "data"), "message")
+		t.errName, t.errMsg = e.Name, e.Data.Message
 		s.mu.Unlock()
-	case "session.idle":
+	case opencodewire.EventSessionIdle:
 		if !s.idleEnds(t) {
 			// An idle this turn gave no cause for: OpenCode reports a
 			// session idle more than once around an abort, and a late one
@@ -350,19 +381,19 @@ func (s *Session) turnMessage(t *turnState, id string) bool {
 	return t.asst[id]
 }
 
-func (s *Session) onMessage(t *turnState, info map[string]any) {
-	if str(info, "role") != "assistant" || str(info, "parentID") != t.id {
+func (s *Session) onMessage(t *turnState, info opencodewire.MessageInfo) {
+	if info.Role != "assistant" || info.ParentID != t.id {
 		return
 	}
-	id := str(info, "id")
+	id := info.ID
 	s.mu.Lock()
 	t.asst[id] = true
-	done := obj(info, "time")["completed"] != nil
-	e := obj(info, "error")
+	done := info.Time.Completed != 0
+	e := info.Error
 	t.open = !done
-	t.ended = done && (e != nil || str(info, "finish") != "tool-calls")
+	t.ended = done && (e != nil || info.Finish != "tool-calls")
 	if e != nil {
-		t.errName, t.errMsg = str(e, "name"), str(obj(e, "data"), "message")
+		t.errName, t.errMsg = e.Name, e.Data.Message
 	}
 	add := done && !t.counted[id]
 	var u provider.Usage
@@ -409,18 +440,16 @@ func (s *Session) countTotal(id string, u provider.Usage) {
 func (s *Session) historyUsage(ctx context.Context, sid string) (provider.Usage, map[string]bool, error) {
 	seen := map[string]bool{}
 	total := s.droppedUsage(sid)
-	var msgs []struct {
-		Info map[string]any `json:"info"`
-	}
-	if err := s.call(ctx, http.MethodGet, "/session/"+sid+"/message", nil, &msgs); err != nil {
+	msgs, err := s.history(ctx, sid)
+	if err != nil {
 		return total, seen, err
 	}
 	for _, m := range msgs {
-		if str(m.Info, "role") != "assistant" || obj(m.Info, "time")["completed"] == nil {
+		if m.Info.Role != "assistant" || m.Info.Time.Completed == 0 {
 			continue
 		}
 		u, _ := usageOf(m.Info)
-		seen[str(m.Info, "id")] = true
+		seen[m.Info.ID] = true
 		total.InputTokens += u.InputTokens
 		total.CachedInputTokens += u.CachedInputTokens
 		total.OutputTokens += u.OutputTokens
@@ -430,14 +459,20 @@ func (s *Session) historyUsage(ctx context.Context, sid string) (provider.Usage,
 
 // usageOf reads an assistant message's tokens: input counts the cached
 // reads too (as codex reports it), output counts reasoning.
-func usageOf(info map[string]any) (provider.Usage, float64) {
-	tk := obj(info, "tokens")
-	cached := int64(num(obj(tk, "cache"), "read"))
+func usageOf(info opencodewire.MessageInfo) (provider.Usage, float64) {
+	var tk opencodewire.Tokens
+	if info.Tokens != nil {
+		tk = *info.Tokens
+	}
+	cost := 0.0
+	if info.Cost != nil {
+		cost = *info.Cost
+	}
 	return provider.Usage{
-		InputTokens:       int64(num(tk, "input")) + cached,
-		CachedInputTokens: cached,
-		OutputTokens:      int64(num(tk, "output")) + int64(num(tk, "reasoning")),
-	}, num(info, "cost")
+		InputTokens:       tk.Input + tk.Cache.Read,
+		CachedInputTokens: tk.Cache.Read,
+		OutputTokens:      tk.Output + tk.Reasoning,
+	}, cost
 }
 
 func usagePayload(u provider.Usage) map[string]any {
@@ -445,13 +480,13 @@ func usagePayload(u provider.Usage) map[string]any {
 		"totalTokens": u.InputTokens + u.OutputTokens}
 }
 
-func (s *Session) onPart(t *turnState, part map[string]any) {
-	if !s.turnMessage(t, str(part, "messageID")) {
+func (s *Session) onPart(t *turnState, part opencodewire.Part) {
+	if !s.turnMessage(t, part.MessageID) {
 		return
 	}
-	id := str(part, "id")
-	switch str(part, "type") {
-	case "text":
+	id := part.ID
+	switch part.Type {
+	case opencodewire.PartText:
 		s.mu.Lock()
 		first := !t.items[id]
 		t.items[id] = true
@@ -459,22 +494,28 @@ func (s *Session) onPart(t *turnState, part map[string]any) {
 		if first {
 			s.emitEv("item.started", t.id, id, provider.P1, map[string]any{"kind": "agentMessage", "itemId": id})
 		}
-		if obj(part, "time")["end"] != nil {
-			text := str(part, "text")
+		if part.Time != nil && part.Time.End != 0 {
+			text := ""
+			if part.Text != nil {
+				text = *part.Text
+			}
 			s.mu.Lock()
 			t.final = text
 			s.mu.Unlock()
 			s.emitEv("item.completed", t.id, id, provider.P1, map[string]any{"kind": "agentMessage", "itemId": id, "text": text})
 		}
-	case "tool":
-		st := obj(part, "state")
-		tool, callID := str(part, "tool"), str(part, "callID")
+	case opencodewire.PartTool:
+		var st opencodewire.ToolState
+		if part.State != nil {
+			st = *part.State
+		}
+		tool, callID := part.Tool, part.CallID
 		kind := "toolCall"
 		if tool == "bash" {
 			kind = "commandExecution"
 		}
 		payload := map[string]any{"kind": kind, "itemId": callID, "tool": tool}
-		switch str(st, "status") {
+		switch st.Status {
 		case "running":
 			s.mu.Lock()
 			first := !t.items[callID]
@@ -486,13 +527,16 @@ func (s *Session) onPart(t *turnState, part map[string]any) {
 			}
 		case "completed":
 			payload["status"] = "completed"
-			if code, ok := obj(st, "metadata")["exit"].(float64); ok {
-				payload["exitCode"] = code
+			var meta struct {
+				Exit *float64 `json:"exit"`
+			}
+			if json.Unmarshal(st.Metadata, &meta) == nil && meta.Exit != nil {
+				payload["exitCode"] = *meta.Exit
 			}
 			s.emitEv("item.completed", t.id, callID, provider.P1, payload)
 		case "error":
 			payload["status"] = "failed"
-			payload["error"] = truncate(str(st, "error"), 4096)
+			payload["error"] = truncate(st.Error, 4096)
 			s.emitEv("item.completed", t.id, callID, provider.P1, payload)
 		}
 	}
@@ -575,22 +619,19 @@ func (s *Session) ReconcileTurn(ctx context.Context, turnID string) (string, str
 		}
 		s.mu.Unlock()
 	}
-	var status map[string]map[string]any
+	var status map[string]opencodewire.Status
 	if err := s.call(ctx, http.MethodGet, "/session/status", nil, &status); err != nil {
 		clear()
 		return "", "", perr(failure.ProviderReconcileFailed, "OpenCode session status: %v", err)
 	}
-	var msgs []struct {
-		Info  map[string]any   `json:"info"`
-		Parts []map[string]any `json:"parts"`
-	}
-	if err := s.call(ctx, http.MethodGet, "/session/"+sid+"/message", nil, &msgs); err != nil {
+	msgs, err := s.history(ctx, sid)
+	if err != nil {
 		clear()
 		return "", "", perr(failure.ProviderReconcileFailed, "OpenCode session history: %v", err)
 	}
 	found := false
 	for _, m := range msgs {
-		if str(m.Info, "id") == turnID && str(m.Info, "role") == "user" {
+		if m.Info.ID == turnID && m.Info.Role == "user" {
 			found = true
 		}
 	}
@@ -598,12 +639,12 @@ func (s *Session) ReconcileTurn(ctx context.Context, turnID string) (string, str
 		clear()
 		return provider.ReconcileMissing, "", perr(failure.ProviderTurnMissing, "OpenCode session %s has no message %s", sid, turnID)
 	}
-	if str(status[sid], "type") == "busy" {
+	if status[sid].Type == "busy" {
 		// Usage and text of the answer so far are read from the history.
 		for _, m := range msgs {
-			if str(m.Info, "parentID") == turnID {
+			if m.Info.ParentID == turnID {
 				s.mu.Lock()
-				t.asst[str(m.Info, "id")] = true
+				t.asst[m.Info.ID] = true
 				s.mu.Unlock()
 			}
 		}
@@ -612,30 +653,32 @@ func (s *Session) ReconcileTurn(ctx context.Context, turnID string) (string, str
 		s.announcePending(ctx)
 		return provider.ReconcileRetained, "inProgress", nil
 	}
-	var last map[string]any
+	var last *opencodewire.MessageInfo
 	for _, m := range msgs {
-		if str(m.Info, "role") == "assistant" && str(m.Info, "parentID") == turnID {
+		if m.Info.Role == "assistant" && m.Info.ParentID == turnID {
 			s.mu.Lock()
-			t.asst[str(m.Info, "id")] = true
+			t.asst[m.Info.ID] = true
 			s.mu.Unlock()
 			s.onMessage(t, m.Info)
 			for _, p := range m.Parts {
-				if str(p, "type") == "text" {
+				if p.Type == opencodewire.PartText {
 					s.mu.Lock()
-					t.final = str(p, "text")
+					t.final = ""
+					if p.Text != nil {
+						t.final = *p.Text
+					}
 					s.mu.Unlock()
 				}
 			}
-			last = m.Info
+			last = &m.Info
 		}
 	}
 	switch {
-	case last == nil || obj(last, "time")["completed"] == nil:
+	case last == nil || last.Time.Completed == 0:
 		// Recorded, but its answer was cut off by the loss.
-		t.errName, t.errMsg = "MessageAbortedError", "cut off"
-	case obj(last, "error") != nil:
-		e := obj(last, "error")
-		t.errName, t.errMsg = str(e, "name"), str(obj(e, "data"), "message")
+		t.errName, t.errMsg = opencodewire.ErrMessageAborted, "cut off"
+	case last.Error != nil:
+		t.errName, t.errMsg = last.Error.Name, last.Error.Data.Message
 	}
 	s.finishTurn(t, true)
 	st := "completed"
@@ -655,16 +698,14 @@ func (s *Session) LastTurn(ctx context.Context) (string, error) {
 	s.mu.Lock()
 	sid := s.sesID
 	s.mu.Unlock()
-	var msgs []struct {
-		Info map[string]any `json:"info"`
-	}
-	if err := s.call(ctx, http.MethodGet, "/session/"+sid+"/message", nil, &msgs); err != nil {
+	msgs, err := s.history(ctx, sid)
+	if err != nil {
 		return "", perr(failure.ProviderReconcileFailed, "OpenCode session history: %v", err)
 	}
 	last := ""
 	for _, m := range msgs {
-		if str(m.Info, "role") == "user" {
-			last = str(m.Info, "id")
+		if m.Info.Role == "user" {
+			last = m.Info.ID
 		}
 	}
 	return last, nil

@@ -69,18 +69,16 @@ func (s *Session) DropTurn(ctx context.Context, turnID string) error {
 	s.mu.Lock()
 	sid := s.sesID
 	s.mu.Unlock()
-	var msgs []struct {
-		Info map[string]any `json:"info"`
-	}
-	if err := s.call(ctx, http.MethodGet, "/session/"+sid+"/message", nil, &msgs); err != nil {
+	msgs, err := s.history(ctx, sid)
+	if err != nil {
 		return perr(failure.ProviderReconcileFailed, "OpenCode session history: %v", err)
 	}
 	var ids []string
 	var dropped provider.Usage
 	for _, m := range msgs {
-		if str(m.Info, "role") == "assistant" && str(m.Info, "parentID") == turnID {
-			ids = append(ids, str(m.Info, "id"))
-			if obj(m.Info, "time")["completed"] != nil {
+		if m.Info.Role == "assistant" && m.Info.ParentID == turnID {
+			ids = append(ids, m.Info.ID)
+			if m.Info.Time.Completed != 0 {
 				u, _ := usageOf(m.Info)
 				dropped.InputTokens += u.InputTokens
 				dropped.CachedInputTokens += u.CachedInputTokens
@@ -90,7 +88,7 @@ func (s *Session) DropTurn(ctx context.Context, turnID string) error {
 	}
 	found := false
 	for _, m := range msgs {
-		found = found || (str(m.Info, "role") == "user" && str(m.Info, "id") == turnID)
+		found = found || (m.Info.Role == "user" && m.Info.ID == turnID)
 	}
 	if !found {
 		return nil

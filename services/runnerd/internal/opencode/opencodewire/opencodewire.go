@@ -284,3 +284,26 @@ type PermissionReply struct {
 	Reply   string `json:"reply"` // once, always, reject
 	Message string `json:"message,omitempty"`
 }
+
+// ---- configuration ----
+
+// Config is the part of OpenCode's configuration file (OPENCODE_CONFIG)
+// tether writes.
+type Config struct {
+	Schema           string            `json:"$schema"`
+	Autoupdate       bool              `json:"autoupdate"`
+	Share            string            `json:"share"` // manual, auto, disabled
+	Snapshot         bool              `json:"snapshot"`
+	Model            string            `json:"model,omitempty"`       // provider/model
+	SmallModel       string            `json:"small_model,omitempty"` // for titles and summaries
+	EnabledProviders []string          `json:"enabled_providers,omitempty"`
+	Permission       *PermissionConfig `json:"permission,omitempty"`
+}
+
+// PermissionConfig is the permission (allow, ask, deny) of each tool
+// family.
+type PermissionConfig struct {
+	Bash     string `json:"bash"`
+	Edit     string `json:"edit"`
+	Webfetch string `json:"webfetch"`
+}
