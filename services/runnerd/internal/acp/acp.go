@@ -38,6 +38,7 @@ import (
 	"github.com/tether-run/tether/pkg/procgroup"
 	"github.com/tether-run/tether/pkg/procid"
 	"github.com/tether-run/tether/pkg/prp"
+	"github.com/tether-run/tether/services/runnerd/internal/acp/acpwire"
 	"github.com/tether-run/tether/services/runnerd/internal/jsonrpc"
 	"github.com/tether-run/tether/services/runnerd/internal/provider"
 )
@@ -299,10 +300,9 @@ func signalName(sig syscall.Signal) string {
 }
 
 func (s *Session) initialize(ctx context.Context) error {
-	res, rpcErr, err := s.conn.Call(ctx, "initialize", map[string]any{
-		"protocolVersion":    ProtocolVersion,
-		"clientCapabilities": map[string]any{"fs": map[string]any{"readTextFile": false, "writeTextFile": false}, "terminal": false},
-		"clientInfo":         map[string]any{"name": ClientName, "title": "tether runnerd", "version": "0.1.0"},
+	res, rpcErr, err := s.conn.Call(ctx, acpwire.MethodInitialize, acpwire.InitializeParams{
+		ProtocolVersion: ProtocolVersion,
+		ClientInfo:      &acpwire.Implementation{Name: ClientName, Title: "tether runnerd", Version: "0.1.0"},
 	}, s.cfg.StartupTimeout, nil)
 	if err != nil {
 		var e *Error
@@ -314,18 +314,16 @@ func (s *Session) initialize(ctx context.Context) error {
 	if rpcErr != nil {
 		return &Error{Code: failure.ProviderInitializeProtocolError, Message: "initialize: " + rpcErr.String()}
 	}
-	var ans struct {
-		ProtocolVersion   int `json:"protocolVersion"`
-		AgentCapabilities struct {
-			LoadSession bool `json:"loadSession"`
-		} `json:"agentCapabilities"`
-		AgentInfo map[string]any `json:"agentInfo"`
-	}
+	var ans acpwire.InitializeResponse
 	if err := json.Unmarshal(res, &ans); err != nil || ans.ProtocolVersion != ProtocolVersion {
 		return &Error{Code: failure.ProviderInitializeProtocolError, Message: fmt.Sprintf("initialize: agent speaks ACP version %d, want %d", ans.ProtocolVersion, ProtocolVersion)}
 	}
 	s.loadable = ans.AgentCapabilities.LoadSession
-	s.log.Info("acp: initialized", "agent_info", ans.AgentInfo, "load_session", s.loadable)
+	var agent acpwire.Implementation
+	if ans.AgentInfo != nil {
+		agent = *ans.AgentInfo
+	}
+	s.log.Info("acp: initialized", "agent", agent.Name, "agent_version", agent.Version, "load_session", s.loadable)
 	return nil
 }
 

@@ -9,27 +9,10 @@ import (
 	"time"
 
 	"github.com/tether-run/tether/pkg/failure"
+	"github.com/tether-run/tether/services/runnerd/internal/acp/acpwire"
 	"github.com/tether-run/tether/services/runnerd/internal/jsonrpc"
 	"github.com/tether-run/tether/services/runnerd/internal/provider"
 )
-
-// sessionAnswer is the part of the session/new and session/load answers the
-// driver uses.
-type sessionAnswer struct {
-	SessionID string `json:"sessionId"`
-	Modes     *struct {
-		CurrentModeID  string `json:"currentModeId"`
-		AvailableModes []struct {
-			ID string `json:"id"`
-		} `json:"availableModes"`
-	} `json:"modes"`
-	Models *struct {
-		CurrentModelID  string `json:"currentModelId"`
-		AvailableModels []struct {
-			ModelID string `json:"modelId"`
-		} `json:"availableModels"`
-	} `json:"models"`
-}
 
 // OpenThread opens the ACP session: threadID "" creates one (session/new)
 // under a new record id, which it returns; otherwise threadID must be the
@@ -55,14 +38,14 @@ func (s *Session) OpenThread(ctx context.Context, threadID string) (string, bool
 }
 
 func (s *Session) newSession(ctx context.Context, want Identity) (string, bool, error) {
-	res, rpcErr, err := s.conn.Call(ctx, "session/new", map[string]any{"cwd": s.cfg.Dir, "mcpServers": []any{}}, s.cfg.RequestTimeout, nil)
+	res, rpcErr, err := s.conn.Call(ctx, acpwire.MethodSessionNew, acpwire.NewSessionParams{Cwd: s.cfg.Dir, MCPServers: []json.RawMessage{}}, s.cfg.RequestTimeout, nil)
 	if err != nil {
 		return "", false, err
 	}
 	if rpcErr != nil {
 		return "", false, &Error{Code: failure.ProviderThreadStartFailed, Message: "session/new: " + rpcErr.String()}
 	}
-	var ans sessionAnswer
+	var ans acpwire.SessionResponse
 	if err := json.Unmarshal(res, &ans); err != nil || ans.SessionID == "" {
 		return "", false, &Error{Code: failure.ProviderProtocolError, Message: "session/new answered without a sessionId"}
 	}
@@ -102,8 +85,8 @@ func (s *Session) loadSession(ctx context.Context, want Identity) (string, bool,
 		s.loading = false
 		s.mu.Unlock()
 	}
-	res, rpcErr, err := s.conn.Call(ctx, "session/load",
-		map[string]any{"sessionId": st.Identity.AgentSessionID, "cwd": s.cfg.Dir, "mcpServers": []any{}}, s.cfg.RequestTimeout, endLoad)
+	res, rpcErr, err := s.conn.Call(ctx, acpwire.MethodSessionLoad,
+		acpwire.LoadSessionParams{SessionID: st.Identity.AgentSessionID, Cwd: s.cfg.Dir, MCPServers: []json.RawMessage{}}, s.cfg.RequestTimeout, endLoad)
 	if err != nil {
 		endLoad(nil)
 		return "", false, err
@@ -111,7 +94,7 @@ func (s *Session) loadSession(ctx context.Context, want Identity) (string, bool,
 	if rpcErr != nil {
 		return "", false, &Error{Code: failure.ProviderThreadResumeFailed, Message: fmt.Sprintf("session/load %s: %s", st.Identity.AgentSessionID, rpcErr.String())}
 	}
-	var ans sessionAnswer
+	var ans acpwire.SessionResponse
 	_ = json.Unmarshal(res, &ans)
 	if ans.SessionID != "" && ans.SessionID != st.Identity.AgentSessionID {
 		return "", false, &Error{Code: failure.ProviderThreadResumeMismatch,
@@ -130,7 +113,7 @@ func (s *Session) loadSession(ctx context.Context, want Identity) (string, bool,
 // configure switches the session to the permission mode's agent mode and
 // the requested model. It fails closed when the agent offers modes but not
 // the one needed, or does not offer the requested model.
-func (s *Session) configure(ctx context.Context, st *State, ans sessionAnswer) error {
+func (s *Session) configure(ctx context.Context, st *State, ans acpwire.SessionResponse) error {
 	sid := st.Identity.AgentSessionID
 	mode := AgentMode(s.cfg.Agent, s.cfg.PermissionMode)
 	switch {
@@ -138,14 +121,10 @@ func (s *Session) configure(ctx context.Context, st *State, ans sessionAnswer) e
 		s.send(Event{Type: "harness.diagnostic", Priority: P1, Payload: map[string]any{
 			"code": failure.ProviderConfigInvalid, "message": "the agent reports no session modes; permission requests are still answered by " + s.cfg.PermissionMode}})
 	case ans.Modes.CurrentModeID != mode:
-		if !slices.ContainsFunc(ans.Modes.AvailableModes, func(m struct {
-			ID string `json:"id"`
-		}) bool {
-			return m.ID == mode
-		}) {
+		if !slices.ContainsFunc(ans.Modes.AvailableModes, func(m acpwire.SessionMode) bool { return m.ID == mode }) {
 			return &Error{Code: failure.ProviderConfigInvalid, Message: fmt.Sprintf("the agent offers no mode %q for permission mode %s", mode, s.cfg.PermissionMode)}
 		}
-		if err := s.set(ctx, "session/set_mode", map[string]any{"sessionId": sid, "modeId": mode}); err != nil {
+		if err := s.set(ctx, acpwire.MethodSessionSetMode, acpwire.SetModeParams{SessionID: sid, ModeID: mode}); err != nil {
 			return err
 		}
 	}
@@ -164,7 +143,7 @@ func (s *Session) configure(ctx context.Context, st *State, ans sessionAnswer) e
 		if !slices.Contains(offered, m) {
 			return &Error{Code: failure.ProviderConfigInvalid, Message: fmt.Sprintf("the agent does not offer model %q (offered: %s)", m, strings.Join(offered, ", "))}
 		}
-		if err := s.set(ctx, "session/set_model", map[string]any{"sessionId": sid, "modelId": m}); err != nil {
+		if err := s.set(ctx, acpwire.MethodSessionSetModel, acpwire.SetModelParams{SessionID: sid, ModelID: m}); err != nil {
 			return err
 		}
 		effective = m
@@ -173,7 +152,7 @@ func (s *Session) configure(ctx context.Context, st *State, ans sessionAnswer) e
 	return nil
 }
 
-func (s *Session) set(ctx context.Context, method string, params map[string]any) error {
+func (s *Session) set(ctx context.Context, method string, params any) error {
 	_, rpcErr, err := s.conn.Call(ctx, method, params, s.cfg.RequestTimeout, nil)
 	if err != nil {
 		return err

@@ -3,11 +3,13 @@ package acp
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
 
 	"github.com/tether-run/tether/pkg/failure"
+	"github.com/tether-run/tether/services/runnerd/internal/acp/acpwire"
 	"github.com/tether-run/tether/services/runnerd/internal/jsonrpc"
 	"github.com/tether-run/tether/services/runnerd/internal/provider"
 )
@@ -84,7 +86,7 @@ func (s *Session) StartTurn(ctx context.Context, text string) (string, error) {
 	// turn.started goes out before any update of the prompt: the reader
 	// emits under the same lock.
 	s.emitMu.Lock()
-	_, err := s.conn.Send("session/prompt", map[string]any{"sessionId": sid, "prompt": []any{map[string]any{"type": "text", "text": text}}},
+	_, err := s.conn.Send(acpwire.MethodSessionPrompt, acpwire.PromptParams{SessionID: sid, Prompt: []acpwire.ContentBlock{acpwire.TextBlock(text)}},
 		func(r *jsonrpc.Reply) { s.finishTurn(t, r) })
 	if err == nil {
 		s.emit(Event{Type: "turn.started", TurnID: t.id, Priority: P0, Payload: map[string]any{"providerTurnId": t.id}})
@@ -111,7 +113,7 @@ func (s *Session) Interrupt(_ context.Context, turnID string) error {
 	t.interrupted = true
 	sid := s.st.Identity.AgentSessionID
 	s.mu.Unlock()
-	return s.conn.Notify("session/cancel", map[string]any{"sessionId": sid})
+	return s.conn.Notify(acpwire.MethodSessionCancel, acpwire.SessionRef{SessionID: sid})
 }
 
 // finishTurn settles the prompt's answer (on the reader goroutine, after
@@ -123,10 +125,7 @@ func (s *Session) finishTurn(t *turn, r *jsonrpc.Reply) {
 	}
 	s.closeMessage(t)
 	res := TurnResult{TurnID: t.id, Status: provider.TurnCompleted}
-	var ans struct {
-		StopReason string         `json:"stopReason"`
-		Usage      map[string]any `json:"usage"`
-	}
+	var ans acpwire.PromptResponse
 	switch {
 	case r.RPCErr != nil:
 		res.Status, res.ErrorCode, res.ErrorMessage = provider.TurnFailed, failure.ProviderTurnFailed, "session/prompt: "+r.RPCErr.String()
@@ -203,15 +202,12 @@ func turnPayload(res TurnResult, stopReason string, reconciled bool) map[string]
 }
 
 // promptUsage reads the ACP PromptResponse usage of one turn.
-func promptUsage(u map[string]any) Usage {
-	n := func(k string) int64 {
-		f, _ := u[k].(float64)
-		if f < 0 {
-			return 0
-		}
-		return int64(f)
+func promptUsage(u *acpwire.PromptUsage) Usage {
+	if u == nil {
+		return Usage{}
 	}
-	return Usage{InputTokens: n("inputTokens"), CachedInputTokens: n("cachedReadTokens"), OutputTokens: n("outputTokens")}
+	n := func(v int64) int64 { return max(v, 0) }
+	return Usage{InputTokens: n(u.InputTokens), CachedInputTokens: n(u.CachedReadTokens), OutputTokens: n(u.OutputTokens)}
 }
 
 func truncate(s string, n int) string {
@@ -223,17 +219,20 @@ func truncate(s string, n int) string {
 
 // onNotify handles session/update (other notifications are ignored).
 func (s *Session) onNotify(method string, raw json.RawMessage) {
-	if method != "session/update" {
+	if method != acpwire.MethodSessionUpdate {
 		s.log.Debug("acp: notification ignored", "method", method)
 		return
 	}
 	var p struct {
-		SessionID string         `json:"sessionId"`
-		Update    map[string]any `json:"update"`
+		SessionID string                 `json:"sessionId"`
+		Update    *acpwire.SessionUpdate `json:"update"`
 	}
-	if json.Unmarshal(raw, &p) != nil || p.Update == nil {
-		s.diagnostic(failure.ProviderProtocolError, method, "session/update params are not an update")
-		return
+	if err := json.Unmarshal(raw, &p); err != nil || p.Update == nil {
+		var te *json.UnmarshalTypeError
+		if p.Update == nil || !errors.As(err, &te) {
+			s.diagnostic(failure.ProviderProtocolError, method, "session/update params are not an update")
+			return
+		}
 	}
 	s.mu.Lock()
 	loading, t := s.loading, s.active
@@ -242,35 +241,38 @@ func (s *Session) onNotify(method string, raw json.RawMessage) {
 	if loading || !ours || t == nil {
 		return // a replayed history, another session, or between turns
 	}
-	u := p.Update
-	str := func(k string) string { v, _ := u[k].(string); return v }
-	switch str("sessionUpdate") {
-	case "agent_message_chunk":
-		s.onChunk(t, str("messageId"), contentText(u["content"]))
-	case "tool_call":
+	u := *p.Update
+	switch u.SessionUpdate {
+	case acpwire.UpdateAgentMessageChunk:
+		s.onChunk(t, u.MessageID, u.Text())
+	case acpwire.UpdateToolCall:
 		s.onToolCall(t, u, true)
-	case "tool_call_update":
+	case acpwire.UpdateToolCallUpdate:
 		s.onToolCall(t, u, false)
-	case "plan":
-		entries, _ := u["entries"].([]any)
-		steps := make([]any, 0, len(entries))
-		for _, e := range entries {
-			m, _ := e.(map[string]any)
-			steps = append(steps, map[string]any{"step": m["content"], "status": m["status"]})
+	case acpwire.UpdatePlan:
+		steps := make([]any, 0, len(u.Entries))
+		for _, e := range u.Entries {
+			steps = append(steps, map[string]any{"step": e.Content, "status": e.Status})
 		}
 		s.send(Event{Type: "run.plan_updated", TurnID: t.id, Priority: P1, Payload: map[string]any{"source": "turn_plan", "steps": steps}})
-	case "usage_update":
-		payload := map[string]any{"used": u["used"], "size": u["size"]}
-		if c, ok := u["cost"].(map[string]any); ok {
-			amount, _ := c["amount"].(float64)
-			cur, _ := c["currency"].(string)
+	case acpwire.UpdateUsage:
+		payload := map[string]any{"used": optional(u.Used), "size": optional(u.Size)}
+		if c := u.Cost; c != nil {
 			s.mu.Lock()
-			t.cost = &provider.Cost{Amount: amount, Currency: cur}
+			t.cost = &provider.Cost{Amount: c.Amount, Currency: c.Currency}
 			s.mu.Unlock()
-			payload["cost"] = map[string]any{"amount": amount, "currency": cur}
+			payload["cost"] = map[string]any{"amount": c.Amount, "currency": c.Currency}
 		}
 		s.send(Event{Type: "usage.reported", TurnID: t.id, Priority: P1, Payload: payload})
 	}
+}
+
+// optional is *v, or nil.
+func optional(v *int64) any {
+	if v == nil {
+		return nil
+	}
+	return *v
 }
 
 // onChunk maps an agent_message_chunk. Text without a messageId is not the
@@ -304,8 +306,8 @@ func (s *Session) closeMessage(t *turn) {
 
 // onToolCall maps tool_call and tool_call_update; a terminal status
 // (completed, failed) completes the item and records the tool receipt.
-func (s *Session) onToolCall(t *turn, u map[string]any, first bool) {
-	id, _ := u["toolCallId"].(string)
+func (s *Session) onToolCall(t *turn, u acpwire.SessionUpdate, first bool) {
+	id := u.ToolCallID
 	if id == "" {
 		return
 	}
@@ -315,13 +317,13 @@ func (s *Session) onToolCall(t *turn, u map[string]any, first bool) {
 		tc = &toolCall{}
 		t.tools[id] = tc
 	}
-	if v, ok := u["title"].(string); ok && v != "" {
-		tc.title = v
+	if u.Title != "" {
+		tc.title = u.Title
 	}
-	if v, ok := u["kind"].(string); ok && v != "" {
-		tc.kind = v
+	if u.Kind != "" {
+		tc.kind = u.Kind
 	}
-	status, _ := u["status"].(string)
+	status := u.Status
 	terminal := (status == "completed" || status == "failed") && !tc.done
 	if terminal {
 		tc.done = true
@@ -349,51 +351,45 @@ func (s *Session) onToolCall(t *turn, u map[string]any, first bool) {
 }
 
 // exitCode finds a command's exit code: rawOutput.exitCode (and
-// exit_code), or codex-acp's _meta.terminal_exit.exit_code.
-func exitCode(u map[string]any) (float64, bool) {
-	if ro, ok := u["rawOutput"].(map[string]any); ok {
-		for _, k := range []string{"exitCode", "exit_code"} {
-			if v, ok := ro[k].(float64); ok {
-				return v, true
-			}
-		}
+// exit_code), or codex-acp's _meta.terminal_exit.exit_code. Both are the
+// agent's own objects.
+func exitCode(u acpwire.SessionUpdate) (float64, bool) {
+	var out struct {
+		ExitCode  *float64 `json:"exitCode"`
+		ExitCode2 *float64 `json:"exit_code"`
 	}
-	if meta, ok := u["_meta"].(map[string]any); ok {
-		if te, ok := meta["terminal_exit"].(map[string]any); ok {
-			if v, ok := te["exit_code"].(float64); ok {
-				return v, true
-			}
-		}
+	_ = json.Unmarshal(u.RawOutput, &out) // a field of another type stays nil
+	if out.ExitCode != nil {
+		return *out.ExitCode, true
+	}
+	if out.ExitCode2 != nil {
+		return *out.ExitCode2, true
+	}
+	var meta struct {
+		TerminalExit struct {
+			ExitCode *float64 `json:"exit_code"`
+		} `json:"terminal_exit"`
+	}
+	_ = json.Unmarshal(u.Meta, &meta)
+	if meta.TerminalExit.ExitCode != nil {
+		return *meta.TerminalExit.ExitCode, true
 	}
 	return 0, false
-}
-
-func contentText(c any) string {
-	m, _ := c.(map[string]any)
-	if m["type"] != "text" {
-		return ""
-	}
-	s, _ := m["text"].(string)
-	return s
 }
 
 // onRequest answers the agent's requests: session/request_permission by
 // the permission mode (policy.go); anything else is refused (the client
 // offers no file system or terminal).
 func (s *Session) onRequest(id json.RawMessage, method string, raw json.RawMessage) {
-	if method != "session/request_permission" {
+	if method != acpwire.MethodRequestPermission {
 		s.diagnostic(failure.ProviderServerRequestUnsupported, method, "the agent asked for "+method+", which tether does not offer")
 		_ = s.conn.RespondError(id, -32601, "method not supported by this client: "+method)
 		return
 	}
 	var p struct {
-		SessionID string `json:"sessionId"`
-		ToolCall  struct {
-			ToolCallID string `json:"toolCallId"`
-			Title      string `json:"title"`
-			Kind       string `json:"kind"`
-		} `json:"toolCall"`
-		Options []Option `json:"options"`
+		SessionID string              `json:"sessionId"`
+		ToolCall  acpwire.ToolCallRef `json:"toolCall"`
+		Options   []Option            `json:"options"`
 	}
 	_ = json.Unmarshal(raw, &p)
 	s.mu.Lock()
@@ -411,10 +407,10 @@ func (s *Session) onRequest(id json.RawMessage, method string, raw json.RawMessa
 	}
 	s.mu.Unlock()
 	d := Decide(s.cfg.PermissionMode, kind, p.Options)
-	outcome := map[string]any{"outcome": "cancelled"}
+	outcome := acpwire.PermissionOutcome{Outcome: "cancelled"}
 	decision := "cancelled"
 	if d.OptionID != "" {
-		outcome = map[string]any{"outcome": "selected", "optionId": d.OptionID}
+		outcome = acpwire.PermissionOutcome{Outcome: "selected", OptionID: d.OptionID}
 		decision = "reject"
 		if d.Allow {
 			decision = "allow"
@@ -436,7 +432,7 @@ func (s *Session) onRequest(id json.RawMessage, method string, raw json.RawMessa
 		"requestId": string(id), "toolCallId": p.ToolCall.ToolCallID, "toolKind": kind, "title": title,
 		"permissionMode": s.cfg.PermissionMode, "decision": decision, "optionId": d.OptionID, "optionKind": d.OptionKind,
 	}})
-	_ = s.conn.Respond(id, map[string]any{"outcome": outcome})
+	_ = s.conn.Respond(id, acpwire.RequestPermissionResponse{Outcome: outcome})
 }
 
 func (s *Session) diagnostic(code, method, msg string) {

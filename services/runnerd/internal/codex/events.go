@@ -429,15 +429,15 @@ func (s *Session) onProviderError(h notificationHeader, raw json.RawMessage) {
 	s.emitFromReader(Event{Type: "harness.diagnostic", TurnID: h.TurnID, Priority: PriorityP1, Payload: payload})
 }
 
-// notice is the params of warning, configWarning and deprecationNotice.
-type notice struct {
+// noticeParams is the params of warning, configWarning and deprecationNotice.
+type noticeParams struct {
 	Message string          `json:"message"`
 	Summary string          `json:"summary"`
 	Details json.RawMessage `json:"details"` // a string, or null
 }
 
 func (s *Session) onNotice(method string, h notificationHeader, raw json.RawMessage) {
-	var p notice
+	var p noticeParams
 	_ = decodeParams(raw, &p)
 	msg := p.Message
 	if msg == "" {
