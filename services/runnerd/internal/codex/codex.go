@@ -24,6 +24,7 @@ import (
 	"github.com/tether-run/tether/pkg/failure"
 	"github.com/tether-run/tether/pkg/procgroup"
 	"github.com/tether-run/tether/pkg/prp"
+	"github.com/tether-run/tether/services/runnerd/internal/codex/codexwire"
 	"github.com/tether-run/tether/services/runnerd/internal/jsonrpc"
 	"github.com/tether-run/tether/services/runnerd/internal/provider"
 )
@@ -347,11 +348,11 @@ func (s *Session) initialize(ctx context.Context, timeout time.Duration) error {
 	if timeout <= 0 {
 		return errorf(failure.ProviderInitializeTimeout, "no initialize response within %s", s.cfg.StartupTimeout)
 	}
-	params := map[string]any{
-		"clientInfo":   map[string]any{"name": ClientName, "title": ClientTitle, "version": ClientVersion},
-		"capabilities": map[string]any{"experimentalApi": true},
+	params := codexwire.InitializeParams{
+		ClientInfo:   codexwire.ClientInfo{Name: ClientName, Title: ClientTitle, Version: ClientVersion},
+		Capabilities: &codexwire.Capabilities{ExperimentalAPI: true},
 	}
-	res, rpcErr, err := s.call(ctx, "initialize", params, timeout, nil)
+	res, rpcErr, err := s.call(ctx, codexwire.MethodInitialize, params, timeout, nil)
 	switch {
 	case CodeOf(err) == failure.ProviderRequestTimeout:
 		return errorf(failure.ProviderInitializeTimeout, "no initialize response within %s", s.cfg.StartupTimeout)
@@ -424,29 +425,25 @@ func (s *Session) OpenThread(ctx context.Context, threadID string) (string, bool
 		s.mu.Unlock()
 	}()
 
-	method, failCode := "thread/start", failure.ProviderThreadStartFailed
-	params := map[string]any{}
-	if resumed {
-		method, failCode = "thread/resume", failure.ProviderThreadResumeFailed
-		// excludeTurns: the full-history hydration is deprecated and can
-		// exceed the frame limit on long threads.
-		params["threadId"] = threadID
-		params["excludeTurns"] = true
-	} else {
-		putNonEmpty(params, "cwd", s.cfg.Dir)
-		putNonEmpty(params, "approvalPolicy", s.cfg.ApprovalPolicy)
-		putNonEmpty(params, "sandbox", s.cfg.Sandbox)
-		putNonEmpty(params, "model", s.cfg.Model)
-	}
 	// The tool contract: declared when the thread starts, and again when
 	// it is resumed so that a provider restarted for another contract
 	// serves the run's tools.
-	if len(s.cfg.DynamicTools) > 0 {
-		tools := make([]any, len(s.cfg.DynamicTools))
-		for i, t := range s.cfg.DynamicTools {
-			tools[i] = t
+	var tools []json.RawMessage
+	for _, t := range s.cfg.DynamicTools {
+		b, err := json.Marshal(t)
+		if err != nil {
+			return "", false, errorf(failure.ProviderConfigInvalid, "dynamic tool: %v", err)
 		}
-		params["dynamicTools"] = tools
+		tools = append(tools, b)
+	}
+	method, failCode := codexwire.MethodThreadStart, failure.ProviderThreadStartFailed
+	var params any = codexwire.ThreadStartParams{Cwd: s.cfg.Dir, ApprovalPolicy: s.cfg.ApprovalPolicy,
+		Sandbox: s.cfg.Sandbox, Model: s.cfg.Model, DynamicTools: tools}
+	if resumed {
+		method, failCode = codexwire.MethodThreadResume, failure.ProviderThreadResumeFailed
+		// excludeTurns: the full-history hydration is deprecated and can
+		// exceed the frame limit on long threads.
+		params = codexwire.ThreadResumeParams{ThreadID: threadID, ExcludeTurns: true, DynamicTools: tools}
 	}
 	var opened string
 	onResult := func(raw json.RawMessage) error {
@@ -558,21 +555,16 @@ func (s *Session) StartTurnWith(ctx context.Context, text string, opts TurnOptio
 		}
 		return nil
 	}
-	params := map[string]any{
-		"threadId": thread,
-		"input":    []any{map[string]any{"type": "text", "text": text}},
-	}
+	params := codexwire.TurnStartParams{ThreadID: thread, Input: codexwire.TextInput(text)}
 	if opts.CollaborationMode != "" {
 		model := s.cfg.Model
 		if model == "" {
 			model = "default"
 		}
-		params["collaborationMode"] = map[string]any{
-			"mode":     opts.CollaborationMode,
-			"settings": map[string]any{"model": model, "developer_instructions": nil},
-		}
+		params.CollaborationMode = &codexwire.CollaborationMode{Mode: opts.CollaborationMode,
+			Settings: codexwire.CollaborationSettings{Model: model}}
 	}
-	_, rpcErr, err := s.call(ctx, "turn/start", params, s.cfg.RequestTimeout, onResult)
+	_, rpcErr, err := s.call(ctx, codexwire.MethodTurnStart, params, s.cfg.RequestTimeout, onResult)
 	if err != nil {
 		return "", err
 	}
@@ -588,12 +580,8 @@ func (s *Session) Steer(ctx context.Context, turnID, text string) error {
 	if err != nil {
 		return err
 	}
-	params := map[string]any{
-		"threadId":       thread,
-		"expectedTurnId": turnID,
-		"input":          []any{map[string]any{"type": "text", "text": text}},
-	}
-	_, rpcErr, err := s.call(ctx, "turn/steer", params, s.cfg.RequestTimeout, nil)
+	params := codexwire.TurnSteerParams{ThreadID: thread, ExpectedTurnID: turnID, Input: codexwire.TextInput(text)}
+	_, rpcErr, err := s.call(ctx, codexwire.MethodTurnSteer, params, s.cfg.RequestTimeout, nil)
 	if err != nil {
 		return err
 	}
@@ -610,8 +598,8 @@ func (s *Session) Interrupt(ctx context.Context, turnID string) error {
 	if err != nil {
 		return err
 	}
-	params := map[string]any{"threadId": thread, "turnId": turnID}
-	_, rpcErr, err := s.call(ctx, "turn/interrupt", params, s.cfg.RequestTimeout, nil)
+	params := codexwire.TurnInterruptParams{ThreadID: thread, TurnID: turnID}
+	_, rpcErr, err := s.call(ctx, codexwire.MethodTurnInterrupt, params, s.cfg.RequestTimeout, nil)
 	if err != nil {
 		return err
 	}

@@ -365,3 +365,39 @@ type DeprecationNotice struct {
 	Summary string  `json:"summary"`
 	Details *string `json:"details"`
 }
+
+// ---- request params ----
+
+// ThreadStartParams are the params of thread/start (empty fields take the
+// server's defaults). DynamicTools are the client's tool definitions
+// ({type:"function", name, description, inputSchema} or a namespace).
+type ThreadStartParams struct {
+	Cwd            string            `json:"cwd,omitempty"`
+	ApprovalPolicy string            `json:"approvalPolicy,omitempty"`
+	Sandbox        string            `json:"sandbox,omitempty"`
+	Model          string            `json:"model,omitempty"`
+	DynamicTools   []json.RawMessage `json:"dynamicTools,omitempty"`
+}
+
+// ThreadResumeParams are the params of thread/resume. ExcludeTurns skips
+// the (deprecated) full-history hydration.
+type ThreadResumeParams struct {
+	ThreadID     string            `json:"threadId"`
+	ExcludeTurns bool              `json:"excludeTurns"`
+	DynamicTools []json.RawMessage `json:"dynamicTools,omitempty"`
+}
+
+// TurnStartParams are the params of turn/start.
+type TurnStartParams struct {
+	ThreadID          string             `json:"threadId"`
+	Input             []UserInput        `json:"input"`
+	CollaborationMode *CollaborationMode `json:"collaborationMode,omitempty"`
+}
+
+// TurnSteerParams are the params of turn/steer: the input joins the
+// active turn if it is still ExpectedTurnID.
+type TurnSteerParams struct {
+	ThreadID       string      `json:"threadId"`
+	ExpectedTurnID string      `json:"expectedTurnId"`
+	Input          []UserInput `json:"input"`
+}
