@@ -116,7 +116,8 @@ func (s *Session) handleNotification(method string, raw json.RawMessage) {
 		return
 	case codexwire.NotifyServerRequestResolved:
 		if s.threadOK(method, h, false) {
-			p, _ := decodeObject(raw)
+			var p codexwire.ServerRequestResolved
+			_ = decodeParams(raw, &p)
 			s.onServerRequestResolved(p)
 		}
 		return
@@ -510,52 +511,6 @@ func decodeParams(raw json.RawMessage, v any) error {
 func isObject(raw json.RawMessage) bool {
 	t := bytes.TrimSpace(raw)
 	return !present(t) || t[0] == '{'
-}
-
-func decodeObject(raw json.RawMessage) (map[string]any, error) {
-	if !present(raw) {
-		return map[string]any{}, nil
-	}
-	dec := json.NewDecoder(bytes.NewReader(raw))
-	dec.UseNumber()
-	var m map[string]any
-	if err := dec.Decode(&m); err != nil {
-		return nil, err
-	}
-	if m == nil {
-		m = map[string]any{}
-	}
-	return m, nil
-}
-
-func str(m map[string]any, k string) string {
-	v, _ := m[k].(string)
-	return v
-}
-
-func obj(m map[string]any, k string) map[string]any {
-	v, _ := m[k].(map[string]any)
-	return v
-}
-
-func num(m map[string]any, k string) (int64, bool) {
-	n, ok := m[k].(json.Number)
-	if !ok {
-		return 0, false
-	}
-	if i, err := n.Int64(); err == nil {
-		return i, true
-	}
-	if f, err := n.Float64(); err == nil {
-		return int64(f), true
-	}
-	return 0, false
-}
-
-func putStr(dst, src map[string]any, k string) {
-	if v := str(src, k); v != "" {
-		dst[k] = v
-	}
 }
 
 func itoa(i int64) string { return strconv.FormatInt(i, 10) }

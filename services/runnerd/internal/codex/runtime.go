@@ -42,6 +42,7 @@ import (
 
 	"github.com/tether-run/tether/pkg/failure"
 	"github.com/tether-run/tether/pkg/prp"
+	"github.com/tether-run/tether/services/runnerd/internal/codex/codexwire"
 	"github.com/tether-run/tether/services/runnerd/internal/provider"
 )
 
@@ -160,30 +161,66 @@ func requestIDText(raw json.RawMessage) string {
 	return string(t)
 }
 
+// serverRequestParams holds the params of the server requests the driver
+// reads; each request fills the fields of its kind (codexwire's
+// CommandApprovalParams, UserInputParams, ToolCallParams; fileChange
+// approvals add reason and grantRoot). Questions and the amendment stay
+// raw: they travel on in the runtime request's payload as codex sent them.
+type serverRequestParams struct {
+	ThreadID                    string          `json:"threadId"`
+	TurnID                      string          `json:"turnId"`
+	ItemID                      string          `json:"itemId"`
+	CallID                      string          `json:"callId"`
+	Command                     string          `json:"command"`
+	Cwd                         string          `json:"cwd"`
+	Reason                      string          `json:"reason"`
+	GrantRoot                   string          `json:"grantRoot"`
+	ProposedExecpolicyAmendment json.RawMessage `json:"proposedExecpolicyAmendment"`
+	AvailableDecisions          json.RawMessage `json:"availableDecisions"`
+	Questions                   json.RawMessage `json:"questions"`
+	IsBlocking                  *bool           `json:"isBlocking"`
+	Namespace                   *string         `json:"namespace"`
+	Tool                        string          `json:"tool"`
+	Arguments                   json.RawMessage `json:"arguments"`
+}
+
 // handleServerRequest answers or parks a provider->client request. It runs
 // on the reader goroutine.
 func (s *Session) handleServerRequest(msg wireMessage) {
-	p, err := decodeObject(msg.Params)
-	if err != nil {
-		p = map[string]any{}
-	}
+	var p serverRequestParams
+	_ = decodeParams(msg.Params, &p) // what does not decode stays empty
 	switch msg.Method {
-	case "item/commandExecution/requestApproval", "item/fileChange/requestApproval", "item/tool/requestUserInput":
+	case codexwire.RequestCommandApproval, codexwire.RequestFileApproval, codexwire.RequestUserInput:
 		s.onRuntimeRequest(msg, p)
-	case "item/tool/call":
+	case codexwire.RequestToolCall:
 		s.onToolCall(msg, p)
 	default:
 		s.answerUnsupported(msg, p)
 	}
 }
 
+// rawValue is raw as a JSON value for an event payload (nil when absent
+// or null), numbers kept exact.
+func rawValue(raw json.RawMessage) any {
+	if !present(raw) {
+		return nil
+	}
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber()
+	var v any
+	if dec.Decode(&v) != nil {
+		return nil
+	}
+	return v
+}
+
 // answerUnsupported gives requests the driver does not handle a conservative
 // answer and reports a harness.diagnostic.
-func (s *Session) answerUnsupported(msg wireMessage, p map[string]any) {
-	turnID := str(p, "turnId")
-	itemID := str(p, "itemId")
+func (s *Session) answerUnsupported(msg wireMessage, p serverRequestParams) {
+	turnID := p.TurnID
+	itemID := p.ItemID
 	if itemID == "" {
-		itemID = str(p, "callId")
+		itemID = p.CallID
 	}
 	var result any
 	var answer string
@@ -216,15 +253,15 @@ func (s *Session) answerUnsupported(msg wireMessage, p map[string]any) {
 	}
 }
 
-func (s *Session) onRuntimeRequest(msg wireMessage, p map[string]any) {
+func (s *Session) onRuntimeRequest(msg wireMessage, p serverRequestParams) {
 	r := &serverRequest{
 		rawID:     append(json.RawMessage(nil), bytes.TrimSpace(msg.ID)...),
 		requestID: requestIDText(msg.ID),
 		method:    msg.Method,
-		turnID:    str(p, "turnId"),
-		itemID:    str(p, "itemId"),
+		turnID:    p.TurnID,
+		itemID:    p.ItemID,
 	}
-	payload := map[string]any{"method": msg.Method, "threadId": str(p, "threadId")}
+	payload := map[string]any{"method": msg.Method, "threadId": p.ThreadID}
 	req := map[string]any{
 		"schema":      RuntimeRequestSchema,
 		"requestKind": "runtime",
@@ -234,26 +271,30 @@ func (s *Session) onRuntimeRequest(msg wireMessage, p map[string]any) {
 		"itemId":      r.itemID,
 	}
 	switch msg.Method {
-	case "item/commandExecution/requestApproval":
+	case codexwire.RequestCommandApproval:
 		r.kind, r.requestType = KindCommandApproval, "approval"
-		for _, k := range []string{"command", "cwd", "reason"} {
-			putStr(payload, p, k)
-		}
-		if v, ok := p["proposedExecpolicyAmendment"]; ok && v != nil {
+		putNonEmpty(payload, "command", p.Command)
+		putNonEmpty(payload, "cwd", p.Cwd)
+		putNonEmpty(payload, "reason", p.Reason)
+		if v := rawValue(p.ProposedExecpolicyAmendment); v != nil {
 			payload["proposedExecpolicyAmendment"] = v
 		}
-		req["prompt"] = firstNonEmpty(str(p, "reason"), str(p, "command"), "Approve a command")
-	case "item/fileChange/requestApproval":
+		req["prompt"] = firstNonEmpty(p.Reason, p.Command, "Approve a command")
+	case codexwire.RequestFileApproval:
 		r.kind, r.requestType = KindFileChangeApproval, "approval"
-		putStr(payload, p, "reason")
-		putStr(payload, p, "grantRoot")
-		req["prompt"] = firstNonEmpty(str(p, "reason"), "Approve file changes")
+		putNonEmpty(payload, "reason", p.Reason)
+		putNonEmpty(payload, "grantRoot", p.GrantRoot)
+		req["prompt"] = firstNonEmpty(p.Reason, "Approve file changes")
 	default:
 		r.kind, r.requestType = KindUserInput, "input"
-		questions, _ := p["questions"].([]any)
-		payload["questions"] = questions
-		if b, ok := p["isBlocking"].(bool); ok {
-			payload["isBlocking"] = b
+		var questions []codexwire.InputQuestion
+		if decodeParams(p.Questions, &questions) != nil {
+			questions = nil
+		}
+		list, _ := rawValue(p.Questions).([]any)
+		payload["questions"] = list
+		if p.IsBlocking != nil {
+			payload["isBlocking"] = *p.IsBlocking
 		}
 		set, ids, prompt := questionSet(questions)
 		r.questionIDs = ids
@@ -261,7 +302,7 @@ func (s *Session) onRuntimeRequest(msg wireMessage, p map[string]any) {
 		req["prompt"] = firstNonEmpty(prompt, "Input requested")
 	}
 	if r.requestType == "approval" {
-		payload["availableDecisions"] = availableDecisions(p)
+		payload["availableDecisions"] = availableDecisions(p.AvailableDecisions)
 	}
 	req["type"] = r.requestType
 	r.request = req
@@ -288,7 +329,7 @@ func (s *Session) onRuntimeRequest(msg wireMessage, p map[string]any) {
 
 // availableDecisions lists the decisions offered: the provider's list
 // (object decisions by their key) plus decline, which codex always honours.
-func availableDecisions(p map[string]any) []any {
+func availableDecisions(raw json.RawMessage) []any {
 	out := []any{}
 	seen := map[string]bool{}
 	add := func(d string) {
@@ -297,20 +338,22 @@ func availableDecisions(p map[string]any) []any {
 			out = append(out, d)
 		}
 	}
-	list, ok := p["availableDecisions"].([]any)
-	if !ok {
+	var list []json.RawMessage
+	if !present(raw) || json.Unmarshal(raw, &list) != nil {
 		for _, d := range []string{"accept", "acceptForSession", "decline", "cancel"} {
 			add(d)
 		}
 		return out
 	}
 	for _, d := range list {
-		switch x := d.(type) {
-		case string:
-			add(x)
-		case map[string]any:
-			keys := make([]string, 0, len(x))
-			for k := range x {
+		var name string
+		var object map[string]json.RawMessage
+		switch {
+		case json.Unmarshal(d, &name) == nil:
+			add(name)
+		case json.Unmarshal(d, &object) == nil && object != nil:
+			keys := make([]string, 0, len(object))
+			for k := range object {
 				keys = append(keys, k)
 			}
 			sort.Strings(keys)
@@ -325,32 +368,30 @@ func availableDecisions(p map[string]any) []any {
 // tether.question_set.v1 shape the executor's durable fallback reads:
 // questions with options become single_select (option ids option-<n>,
 // labels kept), others text.
-func questionSet(questions []any) (map[string]any, map[string]bool, string) {
+func questionSet(questions []codexwire.InputQuestion) (map[string]any, map[string]bool, string) {
 	ids := map[string]bool{}
 	out := make([]any, 0, len(questions))
 	prompt := ""
 	for _, q := range questions {
-		qm, _ := q.(map[string]any)
-		id := str(qm, "id")
+		id := q.ID
 		if id == "" {
 			continue
 		}
 		ids[id] = true
-		text := firstNonEmpty(str(qm, "question"), str(qm, "header"), id)
+		text := firstNonEmpty(q.Question, q.Header, id)
 		if prompt == "" {
 			prompt = text
 		}
 		nq := map[string]any{"id": id, "prompt": text, "required": true, "answerMode": "text"}
-		if h := str(qm, "header"); h != "" {
-			nq["header"] = h
+		if q.Header != "" {
+			nq["header"] = q.Header
 		}
-		if opts, _ := qm["options"].([]any); len(opts) > 0 {
-			nopts := make([]any, 0, len(opts))
-			for i, o := range opts {
-				om, _ := o.(map[string]any)
-				no := map[string]any{"id": "option-" + strconv.Itoa(i+1), "label": str(om, "label")}
-				if d := str(om, "description"); d != "" {
-					no["description"] = d
+		if len(q.Options) > 0 {
+			nopts := make([]any, 0, len(q.Options))
+			for i, o := range q.Options {
+				no := map[string]any{"id": "option-" + strconv.Itoa(i+1), "label": o.Label}
+				if o.Description != "" {
+					no["description"] = o.Description
 				}
 				nopts = append(nopts, no)
 			}
@@ -515,13 +556,16 @@ func buildResolution(r *serverRequest, resolution map[string]any) (map[string]an
 // onServerRequestResolved handles serverRequest/resolved: a request the
 // driver did not answer was withdrawn by the provider (e.g. its turn was
 // interrupted).
-func (s *Session) onServerRequestResolved(p map[string]any) {
+func (s *Session) onServerRequestResolved(p codexwire.ServerRequestResolved) {
+	t := bytes.TrimSpace(p.RequestID)
 	var id string
-	switch v := p["requestId"].(type) {
-	case json.Number:
-		id = v.String()
-	case string:
-		id = v
+	switch {
+	case len(t) > 0 && t[0] == '"':
+		if json.Unmarshal(t, &id) != nil {
+			return
+		}
+	case len(t) > 0 && (t[0] == '-' || (t[0] >= '0' && t[0] <= '9')):
+		id = string(t)
 	default:
 		return
 	}
@@ -585,24 +629,26 @@ func lessID(a, b string) bool {
 
 // ---- tool calls ----
 
-func (s *Session) onToolCall(msg wireMessage, p map[string]any) {
+func (s *Session) onToolCall(msg wireMessage, p serverRequestParams) {
 	call := ToolCall{
 		RequestID: requestIDText(msg.ID),
-		ThreadID:  str(p, "threadId"),
-		TurnID:    str(p, "turnId"),
-		CallID:    str(p, "callId"),
-		Namespace: str(p, "namespace"),
-		Tool:      str(p, "tool"),
+		ThreadID:  p.ThreadID,
+		TurnID:    p.TurnID,
+		CallID:    p.CallID,
+		Tool:      p.Tool,
 		Arguments: json.RawMessage("null"),
 	}
-	if a, ok := p["arguments"]; ok {
-		if b, err := json.Marshal(a); err == nil {
-			call.Arguments = b
+	if p.Namespace != nil {
+		call.Namespace = *p.Namespace
+	}
+	args := rawValue(p.Arguments)
+	if present(p.Arguments) {
+		if b, err := json.Marshal(args); err == nil {
+			call.Arguments = b // compact, keys sorted
 		}
 	}
-	var args any = map[string]any{}
-	if v, ok := p["arguments"]; ok && v != nil {
-		args = v
+	if args == nil {
+		args = map[string]any{}
 	}
 	in := map[string]any{
 		"callId": call.CallID, "requestId": call.RequestID, "tool": call.Tool, "namespace": call.Namespace,
@@ -745,10 +791,11 @@ func (s *Session) AnswerToolCall(ctx context.Context, callID, turnID string, out
 		return nil, err
 	}
 	for _, it := range out.ContentItems {
-		switch str(it, "type") {
+		typ, _ := it["type"].(string)
+		switch typ {
 		case "inputText", "inputImage", "inputAudio":
 		default:
-			return nil, errorf(failure.ToolResultInvalid, "content item type %q is not inputText, inputImage or inputAudio", str(it, "type"))
+			return nil, errorf(failure.ToolResultInvalid, "content item type %q is not inputText, inputImage or inputAudio", typ)
 		}
 	}
 	s.emitMu.Lock()
