@@ -3,11 +3,7 @@ package conformance
 import (
 	"fmt"
 	"go/ast"
-	"go/parser"
 	"go/token"
-	"io/fs"
-	"path/filepath"
-	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -28,31 +24,8 @@ const (
 // maxFuncLines lines, and no main package's run over maxRunLines.
 func TestConformance_NoFunctionIsOverItsLengthLimit(t *testing.T) {
 	t.Parallel()
-	fset := token.NewFileSet()
 	var over []string
-	err := filepath.WalkDir(repoRoot, func(path string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		rel, _ := filepath.Rel(repoRoot, path)
-		if d.IsDir() {
-			switch {
-			case rel == "third_party", rel == filepath.Join("pkg", "gen"), strings.HasPrefix(d.Name(), ".") && rel != ".",
-				d.Name() == "node_modules", d.Name() == "testdata":
-				return filepath.SkipDir
-			}
-			return nil
-		}
-		if !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
-			return nil
-		}
-		f, err := parser.ParseFile(fset, path, nil, parser.ParseComments|parser.SkipObjectResolution)
-		if err != nil {
-			return err
-		}
-		if ast.IsGenerated(f) {
-			return nil
-		}
+	walkProduction(t, ".", func(rel string, fset *token.FileSet, f *ast.File) {
 		for _, decl := range f.Decls {
 			fn, ok := decl.(*ast.FuncDecl)
 			if !ok || fn.Body == nil {
@@ -67,9 +40,7 @@ func TestConformance_NoFunctionIsOverItsLengthLimit(t *testing.T) {
 				over = append(over, fmt.Sprintf("%s:%d %s: %d lines (limit %d)", rel, fset.Position(fn.Pos()).Line, funcName(fn), lines, limit))
 			}
 		}
-		return nil
 	})
-	require.NoError(t, err)
 	require.Empty(t, over, "functions over their length limit: split them into named steps")
 }
 
