@@ -513,8 +513,6 @@ func isObject(raw json.RawMessage) bool {
 	return !present(t) || t[0] == '{'
 }
 
-func itoa(i int64) string { return strconv.FormatInt(i, 10) }
-
 // truncate cuts s to at most n bytes on a UTF-8 boundary.
 func truncate(s string, n int) string {
 	if len(s) <= n {
