@@ -166,15 +166,7 @@ func LegacyPayload(c *prpv1.Command) (*structpb.Struct, error) {
 	if b == nil {
 		return c.GetPayload(), nil
 	}
-	raw, err := protojson.Marshal(b)
-	if err != nil {
-		return nil, err
-	}
-	s := &structpb.Struct{}
-	if err := protojson.Unmarshal(raw, s); err != nil {
-		return nil, err
-	}
-	return s, nil
+	return Payload(b)
 }
 
 // Downgrade returns c in the form a runner of the previous release reads

@@ -12,21 +12,18 @@ import (
 // as the Struct an Event carries: its protojson form, the object every
 // release writes and reads for that event type.
 func Payload(msg proto.Message) (*structpb.Struct, error) {
-	raw, err := protojson.Marshal(msg)
-	if err != nil {
-		return nil, err
-	}
-	s := &structpb.Struct{}
-	if err := protojson.Unmarshal(raw, s); err != nil {
-		return nil, err
-	}
-	return s, nil
+	return structOf(protojson.MarshalOptions{}, msg)
 }
 
 // PayloadAll is Payload with every field written, zero values too (the
 // control plane's events, which the previous release wrote so).
 func PayloadAll(msg proto.Message) (*structpb.Struct, error) {
-	raw, err := protojson.MarshalOptions{EmitUnpopulated: true}.Marshal(msg)
+	return structOf(protojson.MarshalOptions{EmitUnpopulated: true}, msg)
+}
+
+// structOf is msg's protojson form, written with opts, as a Struct.
+func structOf(opts protojson.MarshalOptions, msg proto.Message) (*structpb.Struct, error) {
+	raw, err := opts.Marshal(msg)
 	if err != nil {
 		return nil, err
 	}
