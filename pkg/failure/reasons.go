@@ -37,7 +37,17 @@ const (
 	// BackupStoreFailed: the blob store or the database failed.
 	BackupStoreFailed = "backup_store_failed"
 	// BackupUploadHeaderMissing: an upload stream did not start with its header.
-	BackupUploadHeaderMissing  = "backup_upload_header_missing"
+	BackupUploadHeaderMissing = "backup_upload_header_missing"
+	// BudgetExhausted: the company's settled spend of the month (UTC) has
+	// reached its monthly budget; new runs are refused until the budget is
+	// raised or the month ends (SPEC Q2).
+	BudgetExhausted = "budget_exhausted"
+	// QuotaQueuedRuns: the company has max_queued_runs runs waiting to
+	// start; a submission is admitted again once one starts (SPEC Q1).
+	QuotaQueuedRuns = "quota_queued_runs"
+	// QuotaWarmSessions: the run would open one more warm session than the
+	// company's max_warm_sessions; admitted again once one closes (SPEC Q1).
+	QuotaWarmSessions          = "quota_warm_sessions"
 	Canceled                   = "canceled"
 	CommandIDReused            = "command_id_reused"
 	CommandInvalid             = "command_invalid"
@@ -447,6 +457,9 @@ var registry = map[Reason]Info{
 	OutboxSoftLimit:                               {codes.ResourceExhausted, Transient},
 	OutboxWriteFailed:                             {codes.Internal, Permanent},
 	P0StorageExhausted:                            {codes.ResourceExhausted, Transient},
+	BudgetExhausted:                               {codes.ResourceExhausted, Permanent},
+	QuotaQueuedRuns:                               {codes.ResourceExhausted, Transient},
+	QuotaWarmSessions:                             {codes.ResourceExhausted, Transient},
 	PageTokenInvalid:                              {codes.InvalidArgument, Permanent},
 	PageTokenFilterMismatch:                       {codes.InvalidArgument, Permanent},
 	PeerNotAuthorized:                             {codes.PermissionDenied, Permanent},

@@ -130,7 +130,11 @@ func standardDetails(st *status.Status) []protoadapt.MessageV1 {
 // retryHelps says whether the same request, sent again later, can succeed.
 func retryHelps(c codes.Code, info *errdetails.ErrorInfo) bool {
 	switch c {
-	case codes.Unavailable, codes.ResourceExhausted, codes.Aborted:
+	case codes.ResourceExhausted:
+		// Unless its reason says waiting does not help (budget_exhausted:
+		// until the budget is raised or the month ends).
+		return info == nil || failure.Reason(info.GetReason()).Retry() != failure.Permanent
+	case codes.Unavailable, codes.Aborted:
 		return true
 	}
 	return info != nil && failure.Reason(info.GetReason()).Retry() == failure.Transient

@@ -22,6 +22,7 @@ export type Reason =
   | "backup_stamp_signature_invalid"
   | "backup_store_failed"
   | "backup_upload_header_missing"
+  | "budget_exhausted"
   | "caller_not_authorized"
   | "caller_unauthenticated"
   | "canceled"
@@ -112,6 +113,8 @@ export type Reason =
   | "provider_turn_missing"
   | "provider_turn_start_failed"
   | "provider_unknown_turn"
+  | "quota_queued_runs"
+  | "quota_warm_sessions"
   | "run_holds_current_checkpoint"
   | "run_id_ambiguous"
   | "run_id_conflict"
@@ -238,6 +241,7 @@ export const REASONS: Readonly<Record<Reason, { code: number; retry: RetryClass 
   "backup_stamp_signature_invalid": { code: 9, retry: "permanent" },
   "backup_store_failed": { code: 14, retry: "transient" },
   "backup_upload_header_missing": { code: 3, retry: "permanent" },
+  "budget_exhausted": { code: 8, retry: "permanent" },
   "caller_not_authorized": { code: 7, retry: "permanent" },
   "caller_unauthenticated": { code: 16, retry: "permanent" },
   "canceled": { code: 1, retry: "permanent" },
@@ -328,6 +332,8 @@ export const REASONS: Readonly<Record<Reason, { code: number; retry: RetryClass 
   "provider_turn_missing": { code: 9, retry: "permanent" },
   "provider_turn_start_failed": { code: 9, retry: "permanent" },
   "provider_unknown_turn": { code: 9, retry: "permanent" },
+  "quota_queued_runs": { code: 8, retry: "transient" },
+  "quota_warm_sessions": { code: 8, retry: "transient" },
   "run_holds_current_checkpoint": { code: 9, retry: "permanent" },
   "run_id_ambiguous": { code: 9, retry: "permanent" },
   "run_id_conflict": { code: 6, retry: "permanent" },

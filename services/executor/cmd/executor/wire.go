@@ -210,6 +210,7 @@ func (e *executor) registerAPI() error {
 		}
 	}
 	executorv1.RegisterGatewayRegistryServer(e.srv.GRPC(), registry)
+	executorv1.RegisterCompaniesServer(e.srv.GRPC(), &api.Companies{Store: e.st})
 	if c.Auth.HTTPAddr != "" {
 		h, err := web.Handler(e.srv.GRPC())
 		if err != nil {

@@ -47,6 +47,7 @@ func TestU1_EveryPublicMethodHasACommand(t *testing.T) {
 	for _, sd := range []protoreflect.ServiceDescriptor{
 		executorv1.File_tether_executor_v1_executor_proto.Services().ByName("ExecutorService"),
 		executorv1.File_tether_executor_v1_fleet_proto.Services().ByName("GatewayRegistry"),
+		executorv1.File_tether_executor_v1_companies_proto.Services().ByName("Companies"),
 	} {
 		require.NotNil(t, sd)
 		for i := range sd.Methods().Len() {

@@ -75,6 +75,13 @@ var commands = []command{
 		"the gateway registry: state, load, capacity, placed scopes, last heartbeat, drain [-page-size N] [-page-token T]", gatewaysListCmd},
 	{"gateways drain", []string{executorv1.GatewayRegistry_DrainGateway_FullMethodName, executorv1.GatewayRegistry_ListGateways_FullMethodName},
 		"drain a gateway: ID [-reason R] [-wait] [-timeout D]", gatewaysDrainCmd},
+	{"companies limits get", []string{executorv1.Companies_GetCompanyLimits_FullMethodName},
+		"a company's limits and budget (SPEC Q1, Q2), its own or the default's: [-company C | -company '*']", companiesLimitsGetCmd},
+	{"companies limits set", []string{executorv1.Companies_GetCompanyLimits_FullMethodName, executorv1.Companies_SetCompanyLimits_FullMethodName},
+		"set a company's limits (fleet operator, audited; unset flags keep their values): [-company C | '*'] [-max-running-runs N|none] [-max-warm-sessions N|none] [-max-queued-runs N|none] [-weight W] [-monthly-budget-usd USD|none] [-budget-warn-ratio R] [-budget-policy finish_turn|cancel] [-reason R]",
+		companiesLimitsSetCmd},
+	{"companies usage", []string{executorv1.Companies_GetCompanyUsage_FullMethodName},
+		"what a company uses now against its limits: running, queued, warm sessions, this month's spend, refusals (SPEC Q4)", companiesUsageCmd},
 	{"health", nil, "gRPC health of the service at -addr (any tether service); exit 1 unless SERVING [-service S] [-timeout 3s]", healthCmd},
 }
 
@@ -86,10 +93,12 @@ func findCommand(args []string) (*command, []string) {
 	if len(args) == 0 {
 		return nil, nil
 	}
-	if len(args) > 1 {
+	// The longest name first: a group, a subgroup and a verb
+	// (companies limits set), a group and a verb, a word.
+	for n := min(len(args), 3); n > 1; n-- {
 		for i := range commands {
-			if commands[i].name == args[0]+" "+args[1] {
-				return &commands[i], args[2:]
+			if commands[i].name == strings.Join(args[:n], " ") {
+				return &commands[i], args[n:]
 			}
 		}
 	}

@@ -57,7 +57,10 @@ func (s *Server) vaultReady() error {
 // principal names the caller in what the executor records for it: the
 // authenticated principal; in loopback development mode (no identities)
 // its peer ("dev:<peer>").
-func (s *Server) principal(ctx context.Context) string {
+func (s *Server) principal(ctx context.Context) string { return principalOf(ctx) }
+
+// principalOf is the caller's principal as the audits name it.
+func principalOf(ctx context.Context) string {
 	return authz.Actor(ctx, "dev:"+grpcx.PeerIdentity(ctx))
 }
 

@@ -100,6 +100,7 @@ func newEnv(t testing.TB, o envOpts) *env {
 	e.vault = &secrets.Vault{Keys: keys, Store: st}
 	executorv1.RegisterExecutorServiceServer(srv.GRPC(), &api.Server{Store: st, Hub: hub, Vault: e.vault})
 	executorv1.RegisterGatewayRegistryServer(srv.GRPC(), &api.Registry{Store: st, Secret: o.registrationSecret})
+	executorv1.RegisterCompaniesServer(srv.GRPC(), &api.Companies{Store: st})
 	require.NoError(t, srv.Listen())
 	e.addr = srv.Addr().String()
 	served, listened := make(chan struct{}), make(chan struct{})

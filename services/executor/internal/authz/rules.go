@@ -92,8 +92,12 @@ var Rules = map[string]Rule{
 	executorv1.GatewayRegistry_RegisterGateway_FullMethodName:       {Need: tenancy.Operator, Scope: ScopeGateway},
 	executorv1.GatewayRegistry_ListGateways_FullMethodName:          {Need: tenancy.Operator, Scope: ScopeFleet},
 	executorv1.GatewayRegistry_DrainGateway_FullMethodName:          {Need: tenancy.Operator, Scope: ScopeFleet},
+	executorv1.Companies_GetCompanyLimits_FullMethodName:            {Need: tenancy.Reader, Scope: ScopeRequest, Company: companyField},
+	executorv1.Companies_SetCompanyLimits_FullMethodName:            {Need: tenancy.Operator, Scope: ScopeFleet},
+	executorv1.Companies_GetCompanyUsage_FullMethodName:             {Need: tenancy.Reader, Scope: ScopeRequest, Company: companyField},
 }
 
 // Services are the public services Rules covers: a method of one of them
 // without a rule is refused.
-var Services = []string{executorv1.ExecutorService_ServiceDesc.ServiceName, executorv1.GatewayRegistry_ServiceDesc.ServiceName}
+var Services = []string{executorv1.ExecutorService_ServiceDesc.ServiceName, executorv1.GatewayRegistry_ServiceDesc.ServiceName,
+	executorv1.Companies_ServiceDesc.ServiceName}

@@ -100,6 +100,16 @@ var acmeRequests = map[string]func(caller string, ia map[string]string) proto.Me
 	executorv1.GatewayRegistry_DrainGateway_FullMethodName: func(string, map[string]string) proto.Message {
 		return &executorv1.DrainGatewayRequest{GatewayId: "gw-operator"}
 	},
+	executorv1.Companies_GetCompanyLimits_FullMethodName: func(string, map[string]string) proto.Message {
+		return &executorv1.GetCompanyLimitsRequest{CompanyId: "acme"}
+	},
+	executorv1.Companies_SetCompanyLimits_FullMethodName: func(string, map[string]string) proto.Message {
+		// Another company: the table's later submissions are acme's.
+		return &executorv1.SetCompanyLimitsRequest{Limits: &executorv1.CompanyLimits{CompanyId: "acme-limited"}, Reason: "table"}
+	},
+	executorv1.Companies_GetCompanyUsage_FullMethodName: func(string, map[string]string) proto.Message {
+		return &executorv1.GetCompanyUsageRequest{CompanyId: "acme"}
+	},
 }
 
 type caller struct {

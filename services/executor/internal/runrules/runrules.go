@@ -18,6 +18,7 @@ import (
 	"github.com/tether-run/tether/pkg/prp"
 	"github.com/tether-run/tether/services/executor/internal/governed"
 	"github.com/tether-run/tether/services/executor/internal/plan"
+	"github.com/tether-run/tether/services/executor/internal/quota"
 	"github.com/tether-run/tether/services/executor/internal/runtimeq"
 	"github.com/tether-run/tether/services/executor/internal/store"
 	"github.com/tether-run/tether/services/executor/internal/usage"
@@ -195,3 +196,7 @@ func (Rules) MergeAnswers(kind string, questions []store.Question, prior, answer
 func (Rules) AnswerPrompt(title string, questions []store.Question, answers []store.Answer) string {
 	return runtimeq.AnswerPrompt(title, questions, answers)
 }
+
+// Admit decides a submission of a company with limits (quota.Admit, SPEC
+// Q1, Q2).
+func (Rules) Admit(a store.Admission) error { return quota.Admit(a) }

@@ -42,6 +42,10 @@ type Rules interface {
 	// AnswerPrompt is the prompt of the run an interaction's complete
 	// answer continues: the answer in words.
 	AnswerPrompt(title string, questions []Question, answers []Answer) string
+	// Admit decides a submission of a company that has limits (SPEC Q1,
+	// Q2), from its facts read under the company's lock: nil admits it, a
+	// refusal is the coded error the caller gets (nothing is stored).
+	Admit(a Admission) error
 }
 
 // Decisions is what a batch of fresh events decides beside its rows.

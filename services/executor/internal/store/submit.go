@@ -58,7 +58,7 @@ var ErrRunKeyTaken = errors.New("store: the run key is another run's")
 // that read.
 func (s *Store) Submit(ctx context.Context, runID string, in *prpv1.ExecutionInput) (created bool, err error) {
 	end := synctrace.Begin("executor.submit", runID)
-	created, head, err := submit(ctx, s.pool, runID, in)
+	created, head, err := s.submitAdmitted(ctx, runID, in)
 	end()
 	if created && head {
 		s.notifyCommitted(ctx, RunsChannel, runID)
@@ -142,11 +142,38 @@ func (s *Store) SubmitClaim(ctx context.Context, runID string, in *prpv1.Executi
 	var (
 		existing string
 		head     bool
+		pre      func() *Preread
 	)
-	b := &pgx.Batch{}
-	b.Queue(submitSQL, args...).QueryRow(func(row pgx.Row) error { return row.Scan(&created, &existing, &head) })
+	err = s.sendAdmitted(ctx, runID, in, func(b *pgx.Batch) {
+		created, existing, head, c, run = false, "", false, nil, nil
+		b.Queue(submitSQL, args...).QueryRow(func(row pgx.Row) error { return row.Scan(&created, &existing, &head) })
+		pre = queueSubmitClaim(b, runID, in, owner, ttl, ctl, reads, &c, &run)
+	})
+	end()
+	if err != nil {
+		return false, nil, nil, err
+	}
+	if !created {
+		return false, nil, nil, checkResubmitted(ctx, s.pool, runID, in, digest, existing)
+	}
+	if c == nil {
+		if head {
+			s.notifyCommitted(ctx, RunsChannel, runID)
+		}
+		return true, nil, run, nil
+	}
+	c.Preread = pre()
+	c.Run = run
+	return true, c, run, nil
+}
+
+// queueSubmitClaim queues SubmitClaim's statements after the submission:
+// the claim (into c), the run (into run) and the reads; the Preread is
+// complete once the batch is: the function returned gives it then (nil when
+// not asked for, or a read failed).
+func queueSubmitClaim(b *pgx.Batch, runID string, in *prpv1.ExecutionInput, owner string, ttl time.Duration, ctl Controller, reads *AttachReads, c **Claim, run **executorv1.Run) func() *Preread {
 	b.Queue(claimSubmittedSQL, append(claimArgs(owner, ttl, ctl), runID)...).QueryRow(func(row pgx.Row) (err error) {
-		c, err = scanClaim(row, owner)
+		*c, err = scanClaim(row, owner)
 		return err
 	})
 	// The run as the claim left it (or as stored, unclaimed), for
@@ -155,7 +182,7 @@ func (s *Store) SubmitClaim(ctx context.Context, runID string, in *prpv1.Executi
 	// the run itself.
 	b.Queue(getRunSQL, runID).QueryRow(func(row pgx.Row) error {
 		if r, _, err := scanRun(row); err == nil {
-			run = r
+			*run = r
 		}
 		return nil
 	})
@@ -177,30 +204,55 @@ func (s *Store) SubmitClaim(ctx context.Context, runID string, in *prpv1.Executi
 			})
 		}
 	}
-	err = s.pool.SendBatch(ctx, b).Close()
-	end()
-	if err != nil {
-		return false, nil, nil, err
-	}
-	if !created {
-		return false, nil, nil, checkResubmitted(ctx, s.pool, runID, in, digest, existing)
-	}
-	if c == nil {
-		if head {
-			s.notifyCommitted(ctx, RunsChannel, runID)
+	return func() *Preread {
+		if pre != nil && *decodeErr == nil && placeErr == nil && (placedRead || reads.GatewayTTL <= 0) {
+			return pre
 		}
-		return true, nil, run, nil
+		return nil
 	}
-	if pre != nil && *decodeErr == nil && placeErr == nil && (placedRead || reads.GatewayTTL <= 0) {
-		c.Preread = pre
-	}
-	c.Run = run
-	return true, c, run, nil
 }
 
 // rowQuerier is a pool or a transaction.
 type rowQuerier interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// submitAdmitted is Submit's submission, admitted (sendAdmitted).
+func (s *Store) submitAdmitted(ctx context.Context, runID string, in *prpv1.ExecutionInput) (created, head bool, err error) {
+	args, digest, err := submitArgs(ctx, runID, in)
+	if err != nil {
+		return false, false, err
+	}
+	var existing string
+	err = s.sendAdmitted(ctx, runID, in, func(b *pgx.Batch) {
+		created, existing, head = false, "", false
+		b.Queue(submitSQL, args...).QueryRow(func(row pgx.Row) error { return row.Scan(&created, &existing, &head) })
+	})
+	if err != nil || created {
+		return created, head, err
+	}
+	return false, false, checkResubmitted(ctx, s.pool, runID, in, digest, existing)
+}
+
+// sendAdmitted sends a submission's statements (queue queues them) behind
+// the admission guard, in one round trip; when a limit applies to it,
+// again in an explicit transaction under its company's lock (admitLocked).
+// queue must reset what its statements scan into.
+func (s *Store) sendAdmitted(ctx context.Context, runID string, in *prpv1.ExecutionInput, queue func(b *pgx.Batch)) error {
+	company := in.GetBinding().GetCompanyId()
+	warm := in.GetSession().GetLifecycle().GetMode() == prpv1.LifecycleMode_LIFECYCLE_MODE_WARM
+	b := &pgx.Batch{}
+	b.Queue(guardSQL, company, warm)
+	queue(b)
+	err := s.pool.SendBatch(ctx, b).Close()
+	if !limitedErr(err) {
+		return err
+	}
+	return s.admitLocked(ctx, company, clientRunID(ctx, runID), scope.OfRun(runID, in), warm, func(tx pgx.Tx) error {
+		b := &pgx.Batch{}
+		queue(b)
+		return tx.SendBatch(ctx, b).Close()
+	})
 }
 
 func submit(ctx context.Context, q rowQuerier, runID string, in *prpv1.ExecutionInput) (created, head bool, err error) {

@@ -28,7 +28,8 @@ import (
 // Services are the services served over HTTP: the public ones, each method
 // under the same authorization rule as on the gRPC port. Health and
 // reflection stay on the gRPC port.
-var Services = []string{executorv1.ExecutorService_ServiceDesc.ServiceName, executorv1.GatewayRegistry_ServiceDesc.ServiceName}
+var Services = []string{executorv1.ExecutorService_ServiceDesc.ServiceName, executorv1.GatewayRegistry_ServiceDesc.ServiceName,
+	executorv1.Companies_ServiceDesc.ServiceName}
 
 // Handler serves Services of gs at /<service>/<method> (Connect, gRPC-web
 // and gRPC), and the operator console (Console) at /console/.

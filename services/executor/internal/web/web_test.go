@@ -24,6 +24,10 @@ type stubRegistry struct {
 	executorv1.UnimplementedGatewayRegistryServer
 }
 
+type stubCompanies struct {
+	executorv1.UnimplementedCompaniesServer
+}
+
 // TestU3_HandlerServesOnlyThePublicServices: the public services answer
 // in the Connect JSON form (here a stub's Unimplemented, as a Connect
 // error); other services of the gRPC server are not served over HTTP.
@@ -32,6 +36,7 @@ func TestU3_HandlerServesOnlyThePublicServices(t *testing.T) {
 	gs := grpc.NewServer()
 	executorv1.RegisterExecutorServiceServer(gs, stubExecutor{})
 	executorv1.RegisterGatewayRegistryServer(gs, stubRegistry{})
+	executorv1.RegisterCompaniesServer(gs, stubCompanies{})
 	healthgrpc.RegisterHealthServer(gs, health.NewServer())
 	h, err := web.Handler(gs)
 	require.NoError(t, err)
@@ -60,6 +65,7 @@ func TestU4_TheConsoleIsEmbeddedAndLoadsNothingFromElsewhere(t *testing.T) {
 	gs := grpc.NewServer()
 	executorv1.RegisterExecutorServiceServer(gs, stubExecutor{})
 	executorv1.RegisterGatewayRegistryServer(gs, stubRegistry{})
+	executorv1.RegisterCompaniesServer(gs, stubCompanies{})
 	h, err := web.Handler(gs)
 	require.NoError(t, err)
 	srv := httptest.NewServer(h)

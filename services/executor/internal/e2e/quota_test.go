@@ -1,0 +1,101 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/tether-run/tether/pkg/failure"
+	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
+	"github.com/tether-run/tether/services/executor/internal/testing/stack"
+)
+
+func (h *harness) companiesFor(name string) executorv1.CompaniesClient {
+	conn, err := h.st.DialAs(h.st.Addr(name), stack.Operator)
+	require.NoError(h.t, err)
+	h.t.Cleanup(func() { conn.Close() })
+	return executorv1.NewCompaniesClient(conn)
+}
+
+// TestQ1_ConcurrentSubmitsThroughTwoExecutorsNeverOvershootMaxQueuedRuns
+// sets max_queued_runs 5 through the Companies API of one executor
+// process, holds a run of a session in its turn, and races 40 clients
+// submitting runs of that session (they queue behind it) through two
+// executor processes: exactly 5 are admitted, every other submission is
+// ResourceExhausted quota_queued_runs with RetryInfo, GetCompanyUsage on
+// the other replica counts 5 queued and 1 running, and an admitted run
+// submitted again is not refused.
+func TestQ1_ConcurrentSubmitsThroughTwoExecutorsNeverOvershootMaxQueuedRuns(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	h := newHarness(t, stack.Options{FakeArgs: []string{"--die-once-dir", dir}})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	h.submit("head", "busy", stalledTurn)
+	h.waitForDelta(ctx, h.client, "head")
+	require.NoError(t, h.st.AddExecutor("executor-2"))
+	_, err := h.st.Start(ctx, "executor-2")
+	require.NoError(t, err)
+	clients := []executorv1.ExecutorServiceClient{h.client, h.clientFor("executor-2")}
+
+	five := int32(5)
+	set, err := h.companiesFor("executor").SetCompanyLimits(ctx, &executorv1.SetCompanyLimitsRequest{
+		Limits: &executorv1.CompanyLimits{CompanyId: "acme", MaxQueuedRuns: &five}, Reason: "Q1 race"})
+	require.NoError(t, err)
+	require.Equal(t, int32(1), set.GetLimits().GetWeight(), "the defaults filled in")
+	require.NotEmpty(t, set.GetLimits().GetUpdatedBy(), "the principal, audited")
+
+	var (
+		wg       sync.WaitGroup
+		mu       sync.Mutex
+		admitted []string
+	)
+	for i := range 40 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			id := fmt.Sprintf("race-%d", i)
+			_, err := clients[i%2].SubmitRun(ctx, &executorv1.SubmitRunRequest{RunId: id, Input: h.submitInput("busy", "queued")})
+			mu.Lock()
+			defer mu.Unlock()
+			if err == nil {
+				admitted = append(admitted, id)
+				return
+			}
+			st := status.Convert(err)
+			if st.Code() != codes.ResourceExhausted || failure.CodeOf(err) != failure.QuotaQueuedRuns {
+				t.Errorf("%s: %v", id, err)
+			}
+			hasRetry := false
+			for _, d := range st.Details() {
+				if _, ok := d.(*errdetails.RetryInfo); ok {
+					hasRetry = true
+				}
+			}
+			if !hasRetry {
+				t.Errorf("%s: no RetryInfo in %v", id, st.Details())
+			}
+		}()
+	}
+	wg.Wait()
+	require.Len(t, admitted, 5, "admitted: %v", admitted)
+
+	usage, err := h.companiesFor("executor-2").GetCompanyUsage(ctx, &executorv1.GetCompanyUsageRequest{CompanyId: "acme"})
+	require.NoError(t, err)
+	require.Equal(t, int64(5), usage.GetUsage().GetQueuedRuns())
+	require.Equal(t, int64(1), usage.GetUsage().GetRunningRuns())
+	require.Equal(t, int32(5), usage.GetUsage().GetLimits().GetMaxQueuedRuns())
+
+	resp, err := clients[1].SubmitRun(ctx, &executorv1.SubmitRunRequest{RunId: admitted[0], Input: h.submitInput("busy", "queued")})
+	require.NoError(t, err, "a resubmission is never refused")
+	require.False(t, resp.GetCreated())
+	releaseStall(t, dir, "mid-stream")
+	waitSucceeded(ctx, t, h.client, "head")
+}
