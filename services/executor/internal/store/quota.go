@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -171,6 +172,13 @@ const sqlstateLimited = "TQ001"
 func limitedErr(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && pgErr.Code == sqlstateLimited
+}
+
+// guardMissing reports whether err is the database's refusal of the guard
+// itself: a schema before migration 00035.
+func guardMissing(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "42883" && strings.Contains(pgErr.Message, "company_admission_guard")
 }
 
 // warmLifecycle is runs.lifecycle of a warm session's run.
