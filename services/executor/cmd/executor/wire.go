@@ -18,6 +18,7 @@ import (
 	"github.com/tether-run/tether/pkg/pgstore"
 	"github.com/tether-run/tether/services/executor/internal/api"
 	"github.com/tether-run/tether/services/executor/internal/authz"
+	"github.com/tether-run/tether/services/executor/internal/budget"
 	"github.com/tether-run/tether/services/executor/internal/config"
 	"github.com/tether-run/tether/services/executor/internal/dispatch"
 	"github.com/tether-run/tether/services/executor/internal/fleet"
@@ -50,6 +51,7 @@ type executor struct {
 	vault       *secrets.Vault
 	checkpoints retention.CheckpointDeleter
 	purger      *retention.Purger
+	budgets     *budget.Enforcer
 	d           *dispatch.Dispatcher
 	sus         *suspend.Suspender
 	drainer     *fleet.Drainer
@@ -178,6 +180,7 @@ func (e *executor) newServices() error {
 	}
 	e.purger = &retention.Purger{Store: e.st, Checkpoints: e.checkpoints, Owner: c.Owner, Interval: c.RetentionInterval,
 		Logger: e.log, Deleted: retention.NewMetrics(e.srv.Registry())}
+	e.budgets = &budget.Enforcer{Store: e.st, Interval: c.BudgetInterval, Logger: e.log}
 	e.d = dispatch.New(e.st, dispatch.Config{
 		Owner: c.Owner, LeaseTTL: c.LeaseTTL, PollInterval: c.PollInterval, MaxActive: c.MaxActiveRuns, RetryDelay: c.RetryDelay,
 		NoSameHostTakeover: !c.SameHostTakeover, AdvertiseAddr: c.AdvertiseAddr, Metrics: e.srv.Registry(),
@@ -236,6 +239,7 @@ func (e *executor) serve(ctx context.Context) error {
 	swept := background(e.cfg.IdleSweepInterval > 0, func() { e.sus.Run(bg) })
 	drained := background(e.cfg.DrainSweepInterval > 0, func() { e.drainer.Run(bg) })
 	purged := background(e.cfg.RetentionInterval > 0, func() { e.purger.Run(bg) })
+	budgeted := background(e.cfg.BudgetInterval > 0, func() { e.budgets.Run(bg) })
 	dctx, stopDispatch := context.WithCancel(ctx)
 	defer stopDispatch()
 	dispatched := background(true, func() { _ = e.d.Run(dctx) })
@@ -246,6 +250,7 @@ func (e *executor) serve(ctx context.Context) error {
 	<-swept
 	<-drained
 	<-purged
+	<-budgeted
 	return err
 }
 

@@ -6,6 +6,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
+	"github.com/tether-run/tether/services/executor/internal/quota"
 	"github.com/tether-run/tether/services/executor/internal/store"
 )
 
@@ -44,6 +45,8 @@ func (c *Companies) GetCompanyUsage(ctx context.Context, req *executorv1.GetComp
 	return &executorv1.GetCompanyUsageResponse{Usage: &executorv1.CompanyUsage{
 		CompanyId: u.Company, RunningRuns: int64(u.RunningRuns), QueuedRuns: int64(u.QueuedRuns),
 		WarmSessions: int64(u.WarmSessions), Limits: limitsProto(u.Limits),
+		Month: u.Month.Format("2006-01"), SpendUsd: u.SpendUSD, BudgetState: quota.Budget(u.SpendUSD, u.Limits).String(),
+		Refused: u.Refused,
 	}}, nil
 }
 

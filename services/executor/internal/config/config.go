@@ -18,6 +18,7 @@ import (
 	"github.com/tether-run/tether/pkg/workspace"
 	"github.com/tether-run/tether/services/executor/internal/api"
 	"github.com/tether-run/tether/services/executor/internal/authz"
+	"github.com/tether-run/tether/services/executor/internal/budget"
 	"github.com/tether-run/tether/services/executor/internal/dispatch"
 	"github.com/tether-run/tether/services/executor/internal/fleet"
 	"github.com/tether-run/tether/services/executor/internal/retention"
@@ -67,6 +68,8 @@ type Config struct {
 	BackupAddr        string
 	BackupTLS         *grpcx.ClientTLS
 	RetentionInterval time.Duration
+	// BudgetInterval is how often the budget sweep runs (SPEC Q2).
+	BudgetInterval time.Duration
 
 	IdleSweepInterval  time.Duration
 	CheckpointAfter    time.Duration
@@ -111,6 +114,7 @@ func Register(fs *flag.FlagSet) *Config {
 // registerSweeps registers the pools' and the background loops' flags.
 func registerSweeps(fs *flag.FlagSet, c *Config) {
 	envflag.DurationVar(fs, &c.RetentionInterval, "retention-interval", "", retention.DefaultInterval, "how often the retention purge runs (on one replica at a time; policies: `executor retention`); 0 turns it off on this replica")
+	envflag.DurationVar(fs, &c.BudgetInterval, "budget-interval", "", budget.DefaultInterval, "how often the budget sweep applies each company's monthly budget to its queued and running runs (SPEC Q2: the cancel policy); 0 turns it off on this replica")
 	envflag.IntVar(fs, &c.DatabaseMaxConns, "database-max-conns", "", store.DefaultMaxConns(), "connections of the main database pool (leases, event appends, claims, unary calls); default 4 per core, at least 8")
 	envflag.IntVar(fs, &c.DatabaseWatchConns, "database-watch-conns", "", 2, "connections of the separate pool WatchRun reads events with (one read per notification per watched run), so watches never take the main pool's connections")
 	envflag.DurationVar(fs, &c.GatewayTTL, "gateway-ttl", "", api.DefaultGatewayTTL, "a registered gateway without a heartbeat for this long is lost (SPEC F1); gateways heartbeat every third of it")

@@ -18,10 +18,17 @@ import (
 //   - quota_warm_sessions when the run would open a warm session and
 //     max_warm_sessions are open already (a run of an open warm session
 //     opens none);
+//   - budget_exhausted (checked first; no RetryInfo: waiting does not
+//     help before the budget is raised or the month ends) when the month's
+//     spend has reached the budget.
 //
 // An idempotent resubmission is never asked (the store admits it).
 func Admit(a store.Admission) error {
 	l := a.Limits
+	if Budget(a.MonthSpendUSD, l) == store.BudgetExhausted {
+		return failure.Newf(failure.BudgetExhausted, "company %q spent %.6f USD this month, its monthly budget is %.6f USD; raise the budget or wait for the next month (UTC)",
+			a.Company, a.MonthSpendUSD, *l.MonthlyBudgetUSD)
+	}
 	if l.MaxQueuedRuns != nil && a.QueuedRuns >= *l.MaxQueuedRuns {
 		return failure.Newf(failure.QuotaQueuedRuns, "company %q has %d runs waiting to start, its limit (max_queued_runs) is %d; submit again once one has started",
 			a.Company, a.QueuedRuns, *l.MaxQueuedRuns)
@@ -31,4 +38,19 @@ func Admit(a store.Admission) error {
 			a.Company, a.WarmSessions, *l.MaxWarmSessions)
 	}
 	return nil
+}
+
+// Budget says where a month's spend stands against a company's budget: ok
+// without a budget or below budget_warn_ratio of it, warning from there,
+// exhausted at the budget (a budget of 0 is exhausted at once).
+func Budget(spendUSD float64, l store.CompanyLimits) store.BudgetState {
+	switch {
+	case l.MonthlyBudgetUSD == nil:
+		return store.BudgetOK
+	case spendUSD >= *l.MonthlyBudgetUSD:
+		return store.BudgetExhausted
+	case spendUSD >= l.BudgetWarnRatio**l.MonthlyBudgetUSD:
+		return store.BudgetWarning
+	}
+	return store.BudgetOK
 }

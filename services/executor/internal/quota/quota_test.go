@@ -37,3 +37,33 @@ func TestQ1_AdmitDecidesAtEachLimitsEdge(t *testing.T) {
 		})
 	}
 }
+
+func f(v float64) *float64 { return &v }
+
+// TestQ2_BudgetStateFromSpendLimitAndRatio: ok below the warn ratio (or
+// without a budget), warning from the ratio, exhausted at the budget; a
+// zero budget is exhausted at once; exhausted refuses a submission with
+// budget_exhausted before any other limit.
+func TestQ2_BudgetStateFromSpendLimitAndRatio(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		spend  float64
+		budget *float64
+		ratio  float64
+		want   store.BudgetState
+	}{
+		{1e9, nil, 0.8, store.BudgetOK},
+		{7.99, f(10), 0.8, store.BudgetOK},
+		{8, f(10), 0.8, store.BudgetWarning},
+		{9.99, f(10), 0.8, store.BudgetWarning},
+		{10, f(10), 0.8, store.BudgetExhausted},
+		{12, f(10), 1, store.BudgetExhausted},
+		{9.99, f(10), 1, store.BudgetOK},
+		{0, f(0), 0.8, store.BudgetExhausted},
+	} {
+		l := store.CompanyLimits{MonthlyBudgetUSD: tc.budget, BudgetWarnRatio: tc.ratio}
+		require.Equal(t, tc.want, quota.Budget(tc.spend, l), "%v of %v at %v", tc.spend, tc.budget, tc.ratio)
+	}
+	err := quota.Admit(store.Admission{Limits: store.CompanyLimits{MonthlyBudgetUSD: f(1), BudgetWarnRatio: 0.8, MaxQueuedRuns: n(0)}, MonthSpendUSD: 1})
+	require.Equal(t, failure.Reason(failure.BudgetExhausted), failure.CodeOf(err))
+}

@@ -200,3 +200,9 @@ func (Rules) AnswerPrompt(title string, questions []store.Question, answers []st
 // Admit decides a submission of a company with limits (quota.Admit, SPEC
 // Q1, Q2).
 func (Rules) Admit(a store.Admission) error { return quota.Admit(a) }
+
+// Budget says where a month's spend stands against the company's budget
+// (quota.Budget, SPEC Q2).
+func (Rules) Budget(spendUSD float64, l store.CompanyLimits) store.BudgetState {
+	return quota.Budget(spendUSD, l)
+}

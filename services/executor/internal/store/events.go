@@ -425,6 +425,7 @@ func fileFenced(ctx context.Context, tx pgx.Tx, rules Rules, f Fence, count int6
 	}
 	acked := &ackWrite{}
 	lost := false // the run's finish found the fence gone
+	spent := &settled{}
 	if terminal != nil {
 		t := *terminal
 		res.Outcome = Terminal{State: t.State, Code: t.Code}
@@ -442,7 +443,7 @@ func fileFenced(ctx context.Context, tx pgx.Tx, rules Rules, f Fence, count int6
 			}
 		}
 		// The run's finish counts the rows too: one update of its row.
-		if err := queueFinish(b, f, t, len(fresh), &lost); err != nil {
+		if err := queueFinish(b, f, t, len(fresh), &lost, spent); err != nil {
 			return err
 		}
 	}
@@ -462,6 +463,9 @@ func fileFenced(ctx context.Context, tx pgx.Tx, rules Rules, f Fence, count int6
 			return errors.Join(err, rerr)
 		}
 		res.Acknowledged = slices.DeleteFunc(res.Acknowledged, func(id string) bool { return id == acked.intent })
+	}
+	if err := crossBudget(ctx, tx, rules, spent); err != nil {
+		return err
 	}
 	res.Inserted += len(fresh)
 	res.RuntimeInputs = append(res.RuntimeInputs, d.RuntimeInputs...)
@@ -759,13 +763,17 @@ func finishRun(ctx context.Context, tx pgx.Tx, rules Rules, f Fence, t Terminal)
 	}
 	b := &pgx.Batch{}
 	lost := false
-	if err := queueFinish(b, f, t, 0, &lost); err != nil {
+	spent := &settled{}
+	if err := queueFinish(b, f, t, 0, &lost, spent); err != nil {
 		return err
 	}
-	if err := tx.SendBatch(ctx, b).Close(); err != nil || !lost {
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		return err
 	}
-	return ErrLeaseLost(f)
+	if lost {
+		return ErrLeaseLost(f)
+	}
+	return crossBudget(ctx, tx, rules, spent)
 }
 
 // queueFinish queues the statements that finish a run with t (its
@@ -773,7 +781,7 @@ func finishRun(ctx context.Context, tx pgx.Tx, rules Rules, f Fence, t Terminal)
 // fenced (no row sets *lost: the lease is lost, the caller rolls back),
 // and its state and result, with the rows filed beside it (added to its
 // event count).
-func queueFinish(b *pgx.Batch, f Fence, t Terminal, rows int, lost *bool) error {
+func queueFinish(b *pgx.Batch, f Fence, t Terminal, rows int, lost *bool, spent *settled) error {
 	var (
 		result                      []byte
 		usageIn, usageCached, usOut *int64
@@ -811,6 +819,10 @@ UPDATE executor.runs SET state = $2, result = $3, failure_code = nullif($4, ''),
        usage_input_tokens = $7, usage_cached_input_tokens = $8, usage_output_tokens = $9, cost_usd = $10,
        event_count = event_count + $11, ended_at = now(), updated_at = now()
  WHERE run_id = $1`, f.RunID, t.State, result, t.Code, t.Message, t.Result.GetPlan(), usageIn, usageCached, usOut, costUSD, rows)
+	if costUSD != nil && *costUSD > 0 {
+		// The company's spend of the month (SPEC Q2), once.
+		queueSettle(b, f.RunID, spent)
+	}
 	return nil
 }
 

@@ -159,6 +159,9 @@ type Admission struct {
 	// was not suspended since).
 	QueuedRuns   int
 	WarmSessions int
+	// MonthSpendUSD is the company's settled spend of the current month
+	// (the store's clock), SPEC Q2.
+	MonthSpendUSD float64
 }
 
 // guardSQL is the first statement of every submission (see above).
@@ -197,15 +200,22 @@ const idleHorizonSecs = "172800"
 // admissionSQL reads a submission's Admission facts ($1 company, $2 the
 // run's client id, $3 its scope), and whether the company has a run of
 // that client id already (a resubmission, never refused).
-const admissionSQL = `SELECT ` + limitsColumns + `,
+var admissionSQL = `SELECT ` + limitsColumns + `,
   EXISTS (SELECT 1 FROM executor.runs WHERE client_run_id = $2 AND company_id = $1),
   (SELECT count(*) FROM executor.runs r JOIN executor.coordinators c ON c.run_id = r.run_id
     WHERE r.company_id = $1 AND r.ended_at IS NULL AND c.phase IN ('queued', 'retryable_failure')),
   (SELECT count(DISTINCT r.session_scope) FROM executor.runs r
     WHERE r.company_id = $1 AND r.lifecycle = '` + warmLifecycle + `' AND r.session_scope <> $3 AND ` + liveWarmScopeSQL + `),
   EXISTS (SELECT 1 FROM executor.runs r
-    WHERE r.session_scope = $3 AND r.company_id = $1 AND r.lifecycle = '` + warmLifecycle + `' AND ` + liveWarmScopeSQL + `)
+    WHERE r.session_scope = $3 AND r.company_id = $1 AND r.lifecycle = '` + warmLifecycle + `' AND ` + liveWarmScopeSQL + `),
+  ` + monthSpendSQL("$4") + `
   FROM ` + effectiveLimitsSQL + ` l`
+
+// monthSpendSQL is company $1's spend of the month given by the
+// parameter month (a date).
+func monthSpendSQL(month string) string {
+	return `coalesce((SELECT spend_usd::float8 FROM executor.company_spend WHERE company_id = $1 AND month = ` + month + `), 0)`
+}
 
 // companyLockSQL serializes the admissions of company $1 (every replica),
 // until the transaction ends.
@@ -229,7 +239,8 @@ func (s *Store) admitLocked(ctx context.Context, company, clientID, scope string
 			resubmit bool
 			live     bool
 		)
-		a.Limits, err = scanLimits(tx.QueryRow(ctx, admissionSQL, company, clientID, scope), &resubmit, &a.QueuedRuns, &a.WarmSessions, &live)
+		a.Limits, err = scanLimits(tx.QueryRow(ctx, admissionSQL, company, clientID, scope, MonthOf(s.now())),
+			&resubmit, &a.QueuedRuns, &a.WarmSessions, &live, &a.MonthSpendUSD)
 		if err != nil {
 			return err
 		}
@@ -250,22 +261,47 @@ type CompanyUsage struct {
 	QueuedRuns   int
 	WarmSessions int
 	Limits       CompanyLimits
+	// Month is the current month (the store's clock), SpendUSD the
+	// company's settled spend in it.
+	Month    time.Time
+	SpendUSD float64
+	// Refused counts the submissions refused, by reason.
+	Refused map[string]int64
 }
 
 // companyUsageSQL reads a company's usage ($1).
-const companyUsageSQL = `SELECT ` + limitsColumns + `,
+var companyUsageSQL = `SELECT ` + limitsColumns + `,
   (SELECT count(*) FROM executor.runs r JOIN executor.coordinators c ON c.run_id = r.run_id
     WHERE r.company_id = $1 AND r.ended_at IS NULL AND c.phase = 'observed'),
   (SELECT count(*) FROM executor.runs r JOIN executor.coordinators c ON c.run_id = r.run_id
     WHERE r.company_id = $1 AND r.ended_at IS NULL AND c.phase IN ('queued', 'retryable_failure')),
   (SELECT count(DISTINCT r.session_scope) FROM executor.runs r
-    WHERE r.company_id = $1 AND r.lifecycle = '` + warmLifecycle + `' AND ` + liveWarmScopeSQL + `)
+    WHERE r.company_id = $1 AND r.lifecycle = '` + warmLifecycle + `' AND ` + liveWarmScopeSQL + `),
+  ` + monthSpendSQL("$2") + `,
+  (SELECT coalesce(jsonb_object_agg(reason, refused), '{}') FROM executor.company_refusals WHERE company_id = $1)
   FROM ` + effectiveLimitsSQL + ` l`
 
 // CompanyUsage reads what company uses now against its limits.
 func (s *Store) CompanyUsage(ctx context.Context, company string) (CompanyUsage, error) {
-	u := CompanyUsage{Company: company}
+	u := CompanyUsage{Company: company, Month: MonthOf(s.now())}
 	var err error
-	u.Limits, err = scanLimits(s.pool.QueryRow(ctx, companyUsageSQL, company), &u.RunningRuns, &u.QueuedRuns, &u.WarmSessions)
+	u.Limits, err = scanLimits(s.pool.QueryRow(ctx, companyUsageSQL, company, u.Month),
+		&u.RunningRuns, &u.QueuedRuns, &u.WarmSessions, &u.SpendUSD, &u.Refused)
 	return u, err
+}
+
+// refusalReasons are the refusals of a submission counted per company
+// (SPEC Q4).
+var refusalReasons = map[failure.Reason]bool{failure.QuotaQueuedRuns: true, failure.QuotaWarmSessions: true, failure.BudgetExhausted: true}
+
+// countRefusal counts a submission of company refused by err, if it was a
+// limit's or the budget's refusal (best effort: a failed count does not
+// change the caller's answer).
+func (s *Store) countRefusal(ctx context.Context, company string, err error) {
+	reason := failure.CodeOf(err)
+	if !refusalReasons[reason] {
+		return
+	}
+	_, _ = s.pool.Exec(ctx, `INSERT INTO executor.company_refusals AS r (company_id, reason, refused) VALUES ($1, $2, 1)
+ON CONFLICT (company_id, reason) DO UPDATE SET refused = r.refused + 1, updated_at = now()`, company, string(reason))
 }

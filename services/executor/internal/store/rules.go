@@ -46,6 +46,9 @@ type Rules interface {
 	// Q2), from its facts read under the company's lock: nil admits it, a
 	// refusal is the coded error the caller gets (nothing is stored).
 	Admit(a Admission) error
+	// Budget says where a month's spend stands against the company's
+	// budget (SPEC Q2).
+	Budget(spendUSD float64, l CompanyLimits) BudgetState
 }
 
 // Decisions is what a batch of fresh events decides beside its rows.

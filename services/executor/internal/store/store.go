@@ -94,6 +94,8 @@ type Store struct {
 	// committed, when set, learns of each commit that appended events to
 	// a run (OnEventsCommitted).
 	committed func(runID string, evs []StoredEvent)
+	// clock is the store's clock for the current month (SetClock).
+	clock func() time.Time
 }
 
 // OnEventsCommitted has fn called after each commit of this store that

@@ -255,11 +255,13 @@ func (s *Store) sendAdmitted(ctx context.Context, runID string, in *prpv1.Execut
 	if !limitedErr(err) {
 		return err
 	}
-	return s.admitLocked(ctx, company, clientRunID(ctx, runID), scope.OfRun(runID, in), warm, func(tx pgx.Tx) error {
+	err = s.admitLocked(ctx, company, clientRunID(ctx, runID), scope.OfRun(runID, in), warm, func(tx pgx.Tx) error {
 		b := &pgx.Batch{}
 		queue(b)
 		return tx.SendBatch(ctx, b).Close()
 	})
+	s.countRefusal(ctx, company, err)
+	return err
 }
 
 func submit(ctx context.Context, q rowQuerier, runID string, in *prpv1.ExecutionInput) (created, head bool, err error) {

@@ -1,0 +1,91 @@
+// Package budget enforces the companies' monthly budgets on runs already
+// admitted (SPEC Q2, docs/limits.md). A submission over the budget is
+// refused at admission (quota.Admit); this sweep applies the budget state
+// of each company with a spend this month to what is queued and in flight:
+// at the hard limit, under the policy cancel, each open run of the company
+// is cancelled through the durable cancellation path (E6), the reason
+// budget_exhausted on the run. Under finish_turn (the default) runs in flight
+// finish their turn; nothing is cancelled.
+package budget
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/tether-run/tether/pkg/failure"
+	"github.com/tether-run/tether/services/executor/internal/quota"
+	"github.com/tether-run/tether/services/executor/internal/store"
+	"github.com/tether-run/tether/services/executor/internal/suspend"
+)
+
+// DefaultInterval is how often the sweep runs by default.
+const DefaultInterval = time.Second
+
+// cancelBatch bounds the runs of one company cancelled per sweep.
+const cancelBatch = 200
+
+// Enforcer sweeps the companies' budgets every Interval.
+type Enforcer struct {
+	Store    *store.Store
+	Interval time.Duration
+	// Clock gives the current month (default time.Now).
+	Clock  func() time.Time
+	Logger *slog.Logger
+}
+
+// Run sweeps every Interval until ctx ends.
+func (e *Enforcer) Run(ctx context.Context) {
+	suspend.Every(ctx, e.Interval, e.Logger, "budget sweep failed", e.Sweep)
+}
+
+func (e *Enforcer) now() time.Time {
+	if e.Clock == nil {
+		return time.Now()
+	}
+	return e.Clock()
+}
+
+// Sweep applies the budget state of every company with a spend this month;
+// n counts the runs it cancelled.
+func (e *Enforcer) Sweep(ctx context.Context) (n int, err error) {
+	month := store.MonthOf(e.now())
+	cs, err := e.Store.BudgetCompanies(ctx, month)
+	if err != nil {
+		return 0, err
+	}
+	for _, c := range cs {
+		if quota.Budget(c.SpendUSD, c.Limits) != store.BudgetExhausted || c.Limits.BudgetPolicy != store.BudgetPolicyCancel {
+			continue
+		}
+		cancelled, err := e.cancelOpen(ctx, c, month)
+		n += cancelled
+		if err != nil {
+			return n, err
+		}
+	}
+	return n, nil
+}
+
+// cancelOpen cancels the open runs of a company whose budget is exhausted
+// under the policy cancel; one request id per month, so a repeated sweep
+// changes nothing.
+func (e *Enforcer) cancelOpen(ctx context.Context, c store.CompanyBudget, month time.Time) (int, error) {
+	ids, err := e.Store.OpenRuns(ctx, c.Company, cancelBatch)
+	if err != nil {
+		return 0, err
+	}
+	reason := failure.Message(failure.BudgetExhausted, fmt.Sprintf("company %s spent %.6f USD in %s, its monthly budget is %.6f USD (policy cancel)",
+		c.Company, c.SpendUSD, month.Format("2006-01"), *c.Limits.MonthlyBudgetUSD))
+	n := 0
+	for _, id := range ids {
+		_, err := e.Store.RecordCancellation(ctx, store.CancelRequest{RunID: id, Scope: "run", Reason: reason,
+			RequestID: "budget_exhausted:" + month.Format("2006-01"), Actor: "executor:budget"})
+		if err != nil && failure.CodeOf(err) != failure.NativeRunAlreadyTerminal {
+			return n, err
+		}
+		n++
+	}
+	return n, nil
+}

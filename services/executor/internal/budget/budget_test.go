@@ -1,0 +1,91 @@
+package budget_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pressly/goose/v3"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/tether-run/tether/pkg/failure"
+	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
+	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
+	"github.com/tether-run/tether/pkg/testing/pgtest"
+	"github.com/tether-run/tether/services/executor/internal/budget"
+	"github.com/tether-run/tether/services/executor/internal/runrules"
+	"github.com/tether-run/tether/services/executor/internal/store"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+var migrator = pgtest.GooseMigrator(store.Migrations, "migrations", goose.WithTableName("executor_goose_version"))
+
+func input(session string) *prpv1.ExecutionInput {
+	return &prpv1.ExecutionInput{
+		Provider: &prpv1.Provider{Kind: "codex"},
+		Binding:  &prpv1.Binding{CompanyId: "acme", AgentId: "agent-1"},
+		Task:     &prpv1.Task{Prompt: "x"},
+		Session:  &prpv1.Session{NormalizedSessionId: session, Lifecycle: &prpv1.Lifecycle{Mode: prpv1.LifecycleMode_LIFECYCLE_MODE_WARM}},
+	}
+}
+
+func terminal(run string, usd float64) *prpv1.Event {
+	p, _ := structpb.NewStruct(map[string]any{"turnTerminalState": "completed", "runTerminalState": "succeeded", "finalMessage": "done",
+		"usage": map[string]any{"runDelta": map[string]any{"inputTokens": 1, "providerCostUsd": usd}, "total": map[string]any{"inputTokens": 1}}})
+	return &prpv1.Event{Schema: "tether.prp.event.v1", SourceInstanceId: "runner-1", SourceSeq: 1,
+		SourceEventId: "event_runner-1_0000000000000001", SourceKind: "runner", RunId: run, EventType: "run.terminal",
+		SchemaVersion: 1, Priority: 1, Payload: p}
+}
+
+// TestQ2_TheCancelPolicyCancelsOpenRunsThroughTheDurablePath: at the hard
+// limit under the policy cancel, the sweep cancels the company's queued
+// run on the spot and records a pending cancellation for its running one
+// (its driver interrupts the turn), each with budget_exhausted as the
+// reason; a second sweep changes nothing; under finish_turn nothing is
+// cancelled.
+func TestQ2_TheCancelPolicyCancelsOpenRunsThroughTheDurablePath(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s, err := store.Open(ctx, pgtest.NewDB(t, migrator), runrules.New())
+	require.NoError(t, err)
+	t.Cleanup(s.Close)
+	ctl := store.Controller{Addr: "127.0.0.1:1"}
+	_, c, _, err := s.SubmitClaim(ctx, "paid", input("paid"), "o", time.Minute, ctl, nil)
+	require.NoError(t, err)
+	_, _, _, err = s.SubmitClaim(ctx, "running", input("running"), "o", time.Minute, ctl, nil)
+	require.NoError(t, err)
+	_, err = s.Submit(ctx, "queued", input("running"))
+	require.NoError(t, err)
+	budget1 := 1.0
+	_, err = s.SetCompanyLimits(ctx, store.CompanyLimits{Company: "acme", Weight: 1, MonthlyBudgetUSD: &budget1, BudgetWarnRatio: 0.8,
+		BudgetPolicy: store.BudgetPolicyFinishTurn}, "op", "")
+	require.NoError(t, err)
+	_, err = s.AppendEvents(ctx, c.Fence, []*prpv1.Event{terminal("paid", 1.2)})
+	require.NoError(t, err)
+	e := &budget.Enforcer{Store: s}
+	n, err := e.Sweep(ctx)
+	require.NoError(t, err)
+	require.Zero(t, n, "finish_turn cancels nothing")
+
+	_, err = s.SetCompanyLimits(ctx, store.CompanyLimits{Company: "acme", Weight: 1, MonthlyBudgetUSD: &budget1, BudgetWarnRatio: 0.8,
+		BudgetPolicy: store.BudgetPolicyCancel}, "op", "")
+	require.NoError(t, err)
+	n, err = e.Sweep(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 2, n)
+	q, err := s.GetRun(ctx, "queued")
+	require.NoError(t, err)
+	require.Equal(t, executorv1.RunState_RUN_STATE_CANCELLED, q.GetState())
+	r, err := s.GetRun(ctx, "running")
+	require.NoError(t, err)
+	require.Equal(t, "pending", r.GetCancellation().GetDispatchState(), "the driver interrupts the turn")
+	for _, run := range []*executorv1.Run{q, r} {
+		require.True(t, strings.HasPrefix(run.GetCancellation().GetReason(), failure.BudgetExhausted+":"), run.GetCancellation().GetReason())
+	}
+	n, err = e.Sweep(ctx)
+	require.NoError(t, err)
+	require.Zero(t, n, "nothing left to cancel")
+}

@@ -1,0 +1,162 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Budgets (SPEC Q2, docs/limits.md). A company's spend is the sum of the
+// settled costs (E1) of its runs per calendar month, UTC, in
+// executor.company_spend (migration 00036): a run's cost is added in the
+// transaction that settles it, once (runs.spend_month is the key), under
+// the month of the database's clock at the settlement. The month a
+// submission, the usage and the budget sweep look at is the store's clock's
+// (SetClock; tests set it).
+
+// BudgetState is where a month's spend stands against the budget.
+type BudgetState int
+
+// Budget states, in order.
+const (
+	// BudgetOK: no budget, or below its warn ratio.
+	BudgetOK BudgetState = iota
+	// BudgetWarning: at or over the warn ratio, below the budget.
+	BudgetWarning
+	// BudgetExhausted: at or over the budget.
+	BudgetExhausted
+)
+
+func (b BudgetState) String() string {
+	return [...]string{"ok", "warning", "exhausted"}[b]
+}
+
+// SetClock sets the clock the store reads the current month from (default
+// time.Now). Set it before the store is used.
+func (s *Store) SetClock(now func() time.Time) { s.clock = now }
+
+func (s *Store) now() time.Time {
+	if s.clock == nil {
+		return time.Now()
+	}
+	return s.clock()
+}
+
+// MonthOf is the calendar month (UTC) of t, as its first day.
+func MonthOf(t time.Time) time.Time {
+	t = t.UTC()
+	return time.Date(t.Year(), t.Month(), 1, 0, 0, 0, 0, time.UTC)
+}
+
+// settleSpendSQL adds the cost of the run $1, just settled in this
+// transaction, to its company's spend of the month, unless it was added
+// already; it returns the month's spend with the company's budget.
+const settleSpendSQL = `
+WITH r AS (
+  UPDATE executor.runs SET spend_month = date_trunc('month', now() AT TIME ZONE 'UTC')::date
+   WHERE run_id = $1 AND spend_month IS NULL AND cost_usd > 0
+  RETURNING company_id, cost_usd, spend_month),
+s AS (
+  INSERT INTO executor.company_spend AS s (company_id, month, spend_usd, runs)
+  SELECT company_id, spend_month, cost_usd, 1 FROM r
+  ON CONFLICT (company_id, month) DO UPDATE SET spend_usd = s.spend_usd + EXCLUDED.spend_usd, runs = s.runs + 1, updated_at = now()
+  RETURNING company_id, month, spend_usd::float8 AS spend, warned_at IS NOT NULL AS warned, exhausted_at IS NOT NULL AS exhausted)
+SELECT ` + limitsColumns + `, s.company_id, s.spend, s.warned, s.exhausted, s.month
+  FROM s, LATERAL (SELECT * FROM executor.company_limits WHERE company_id IN (s.company_id, '*') ORDER BY company_id = '*' LIMIT 1) l`
+
+// settled is what settleSpendSQL returned (ok: a cost was added).
+type settled struct {
+	ok                bool
+	company           string
+	spend             float64
+	warned, exhausted bool
+	limits            CompanyLimits
+	month             time.Time
+}
+
+// queueSettle queues the spend of a run whose terminal carries a cost.
+func queueSettle(b *pgx.Batch, runID string, into *settled) {
+	b.Queue(settleSpendSQL, runID).QueryRow(func(row pgx.Row) error {
+		var err error
+		into.limits, err = scanLimits(row, &into.company, &into.spend, &into.warned, &into.exhausted, &into.month)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil
+		}
+		into.ok = err == nil
+		return err
+	})
+}
+
+// crossBudget records, in the settling transaction, the thresholds the
+// month's spend crossed for the first time this month (the rules decide
+// where it stands): budget.warning, budget.exhausted, each once a month
+// (company_spend.warned_at / exhausted_at) with an operator_actions row.
+func crossBudget(ctx context.Context, tx pgx.Tx, rules Rules, st *settled) error {
+	if !st.ok || rules == nil {
+		return nil
+	}
+	state := rules.Budget(st.spend, st.limits)
+	for _, c := range []struct {
+		at     BudgetState
+		done   bool
+		column string
+		action string
+	}{{BudgetWarning, st.warned, "warned_at", "budget.warning"}, {BudgetExhausted, st.exhausted, "exhausted_at", "budget.exhausted"}} {
+		if state < c.at || c.done {
+			continue
+		}
+		tag, err := tx.Exec(ctx, `UPDATE executor.company_spend SET `+c.column+` = now()
+ WHERE company_id = $1 AND month = $2 AND `+c.column+` IS NULL`, st.company, st.month)
+		if err != nil {
+			return err
+		}
+		if tag.RowsAffected() == 0 {
+			continue
+		}
+		if err := recordOperatorAction(ctx, tx, OperatorAction{Action: c.action, Principal: "executor", Company: st.company,
+			Details: map[string]any{"month": st.month.Format("2006-01"), "spend_usd": st.spend,
+				"monthly_budget_usd": st.limits.MonthlyBudgetUSD, "budget_warn_ratio": st.limits.BudgetWarnRatio}}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// CompanyBudget is a company's month as the budget sweep sees it.
+type CompanyBudget struct {
+	Company  string
+	SpendUSD float64
+	Limits   CompanyLimits
+}
+
+// BudgetCompanies lists the companies with a settled spend in month, with
+// their spend and limits.
+func (s *Store) BudgetCompanies(ctx context.Context, month time.Time) ([]CompanyBudget, error) {
+	rows, err := s.pool.Query(ctx, `SELECT `+limitsColumns+`, sp.company_id, sp.spend_usd::float8
+  FROM executor.company_spend sp,
+       LATERAL (SELECT * FROM executor.company_limits WHERE company_id IN (sp.company_id, '*') ORDER BY company_id = '*' LIMIT 1) l
+ WHERE sp.month = $1 ORDER BY sp.company_id`, month)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (CompanyBudget, error) {
+		var b CompanyBudget
+		var err error
+		b.Limits, err = scanLimits(r, &b.Company, &b.SpendUSD)
+		return b, err
+	})
+}
+
+// OpenRuns lists the keys of a company's runs that have not ended and are
+// not being cancelled (at most limit, oldest first).
+func (s *Store) OpenRuns(ctx context.Context, company string, limit int) ([]string, error) {
+	rows, err := s.pool.Query(ctx, `SELECT r.run_id FROM executor.runs r
+ WHERE r.company_id = $1 AND r.ended_at IS NULL AND r.result_metadata -> 'nativeCancellation' IS NULL
+ ORDER BY r.submit_seq LIMIT $2`, company, limit)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[string])
+}

@@ -1,0 +1,151 @@
+package store_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/tether-run/tether/pkg/failure"
+	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
+	"github.com/tether-run/tether/services/executor/internal/runrules"
+	"github.com/tether-run/tether/services/executor/internal/store"
+)
+
+func usd(v float64) *float64 { return &v }
+
+// costTerminal is a run.terminal whose run cost usd.
+func costTerminal(run, inst string, seq uint64, usd float64) *prpv1.Event {
+	return event(run, inst, seq, "run.terminal", map[string]any{"turnTerminalState": "completed", "runTerminalState": "succeeded",
+		"finalMessage": "done", "usage": map[string]any{"runDelta": map[string]any{"inputTokens": 10, "outputTokens": 1, "providerCostUsd": usd},
+			"total": map[string]any{"inputTokens": 10, "outputTokens": 1}}})
+}
+
+// settle submits, claims and ends run id of company acme at cost usd.
+func settle(t *testing.T, s *store.Store, id string, usd float64) {
+	t.Helper()
+	ctx := context.Background()
+	_, c, _, err := s.SubmitClaim(ctx, id, input(id, "x"), "o-"+id, time.Minute, store.Controller{Addr: "127.0.0.1:1"}, nil)
+	require.NoError(t, err)
+	require.NotNil(t, c, id)
+	_, err = s.AppendEvents(ctx, c.Fence, []*prpv1.Event{costTerminal(id, "runner-"+id, 1, usd)})
+	require.NoError(t, err)
+}
+
+func budgetActions(t *testing.T, s *store.Store, company string) map[string]int {
+	t.Helper()
+	acts, err := s.OperatorActions(context.Background(), company)
+	require.NoError(t, err)
+	out := map[string]int{}
+	for _, a := range acts {
+		out[a.Action]++
+	}
+	return out
+}
+
+// TestQ2_SpendIsSettledOnceThroughATakeoverAndAReplay: a run claimed by
+// one owner is taken over after its lease expired; the old owner's
+// terminal is refused (lease lost), the new owner's counts its cost once,
+// and the same terminal replayed (a runner resending its outbox) or a late
+// failure adds nothing.
+func TestQ2_SpendIsSettledOnceThroughATakeoverAndAReplay(t *testing.T) {
+	t.Parallel()
+	s := newStore(t)
+	ctx := context.Background()
+	_, err := s.Submit(ctx, "r", input("s", "x"))
+	require.NoError(t, err)
+	old, err := s.ClaimNext(ctx, "old", time.Millisecond, store.Controller{})
+	require.NoError(t, err)
+	_, err = s.AppendEvents(ctx, old.Fence, []*prpv1.Event{event("r", "runner-1", 1, "turn.started", nil)})
+	require.NoError(t, err)
+	var taken *store.Claim
+	require.Eventually(t, func() bool {
+		taken, err = s.ClaimNext(ctx, "new", time.Minute, store.Controller{})
+		return err == nil && taken != nil
+	}, time.Minute, time.Millisecond)
+	_, err = s.AppendEvents(ctx, old.Fence, []*prpv1.Event{costTerminal("r", "runner-1", 2, 0.25)})
+	require.EqualValues(t, failure.NativeSessionLeaseLost, failure.CodeOf(err))
+	_, err = s.AppendEvents(ctx, taken.Fence, []*prpv1.Event{costTerminal("r", "runner-1", 2, 0.25)})
+	require.NoError(t, err)
+	// Replayed after the run ended: refused or a duplicate, never counted.
+	_, _ = s.AppendEvents(ctx, taken.Fence, []*prpv1.Event{costTerminal("r", "runner-1", 2, 0.25)})
+	require.EqualValues(t, failure.NativeSessionLeaseLost, failure.CodeOf(s.FailRun(ctx, taken.Fence, "x_failed", "late")))
+	u, err := s.CompanyUsage(ctx, "acme")
+	require.NoError(t, err)
+	require.InDelta(t, 0.25, u.SpendUSD, 1e-9)
+}
+
+// TestQ2_ConcurrentSettlementsOnTwoReplicasAddUpExactlyAndCrossOnce
+// settles 20 runs of 0.1 USD through two stores (two replicas) at once,
+// against a budget of 1.5 USD warned at 0.5: the month's spend is exactly
+// 2.0, budget.warning and budget.exhausted are each recorded once, and
+// both replicas then refuse a submission with budget_exhausted (no
+// RetryInfo: a permanent reason) while a resubmission is not refused.
+func TestQ2_ConcurrentSettlementsOnTwoReplicasAddUpExactlyAndCrossOnce(t *testing.T) {
+	t.Parallel()
+	a := newStore(t)
+	b, err := store.Open(context.Background(), a.Pool().Config().ConnString(), runrules.New())
+	require.NoError(t, err)
+	t.Cleanup(b.Close)
+	setLimits(t, a, store.CompanyLimits{Company: "acme", MonthlyBudgetUSD: usd(1.5), BudgetWarnRatio: 0.5})
+	var wg sync.WaitGroup
+	for i := range 20 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			st := a
+			if i%2 == 1 {
+				st = b
+			}
+			settle(t, st, fmt.Sprintf("spend-%d", i), 0.1)
+		}()
+	}
+	wg.Wait()
+	u, err := b.CompanyUsage(context.Background(), "acme")
+	require.NoError(t, err)
+	require.InDelta(t, 2.0, u.SpendUSD, 1e-9)
+	acts := budgetActions(t, a, "acme")
+	require.Equal(t, 1, acts["budget.warning"])
+	require.Equal(t, 1, acts["budget.exhausted"])
+	for _, st := range []*store.Store{a, b} {
+		_, err := st.Submit(context.Background(), "after", input("after", "x"))
+		requireQuotaRefused(t, err, failure.BudgetExhausted)
+	}
+	_, err = a.Submit(context.Background(), "spend-3", input("spend-3", "x"))
+	require.NoError(t, err, "a resubmission is never refused")
+	u, err = a.CompanyUsage(context.Background(), "acme")
+	require.NoError(t, err)
+	require.EqualValues(t, 2, u.Refused[failure.BudgetExhausted])
+}
+
+// TestQ2_RaisingTheBudgetOrANewMonthAdmitsAgain: a company at its budget
+// is refused; raising the budget admits it; back at the budget, the next
+// month (the store's clock) admits it again.
+func TestQ2_RaisingTheBudgetOrANewMonthAdmitsAgain(t *testing.T) {
+	t.Parallel()
+	s := newStore(t)
+	ctx := context.Background()
+	var mu sync.Mutex
+	now := time.Now()
+	s.SetClock(func() time.Time { mu.Lock(); defer mu.Unlock(); return now })
+	setLimits(t, s, store.CompanyLimits{Company: "acme", MonthlyBudgetUSD: usd(0.5)})
+	settle(t, s, "r1", 0.5)
+	_, err := s.Submit(ctx, "r2", input("r2", "x"))
+	requireQuotaRefused(t, err, failure.BudgetExhausted)
+	setLimits(t, s, store.CompanyLimits{Company: "acme", MonthlyBudgetUSD: usd(1)})
+	settle(t, s, "r2", 0.5)
+	_, err = s.Submit(ctx, "r3", input("r3", "x"))
+	requireQuotaRefused(t, err, failure.BudgetExhausted)
+	mu.Lock()
+	now = store.MonthOf(now).AddDate(0, 1, 0)
+	mu.Unlock()
+	_, err = s.Submit(ctx, "r3", input("r3", "x"))
+	require.NoError(t, err, "a new month")
+	u, err := s.CompanyUsage(ctx, "acme")
+	require.NoError(t, err)
+	require.Zero(t, u.SpendUSD)
+	require.Equal(t, store.MonthOf(now), u.Month)
+}
