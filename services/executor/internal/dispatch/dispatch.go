@@ -515,6 +515,12 @@ func (d *Dispatcher) start(ctx context.Context, c *store.Claim, sem chan struct{
 			d.mu.Unlock()
 		}()
 		d.drive(runCtx, c, cancelCh)
+		if ctx.Err() == nil {
+			// The run's slot frees (SPEC Q1: a run of its company
+			// held back by its limit may start now): the claim loop
+			// looks again, taking the slot once it is released.
+			defer d.Kick()
+		}
 		if ctx.Err() != nil {
 			// Only once the claim loop stopped: a claim it was making
 			// could otherwise take this run back the moment its lease

@@ -17,6 +17,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
+	"github.com/tether-run/tether/pkg/scope"
 	"github.com/tether-run/tether/pkg/testing/pgtest"
 	"github.com/tether-run/tether/services/executor/internal/audit"
 	"github.com/tether-run/tether/services/executor/internal/retention"
@@ -261,11 +262,7 @@ func TestL2_AnExecutorOfThePreviousReleaseKeepsAppendingThroughTheMigrationAndTh
 	const oldOwner = "exec-old@v0.1.0"
 	_, err = s.Pool().Exec(ctx, `INSERT INTO executor.replicas (owner, capacity) VALUES ($1, 8)`, oldOwner)
 	require.NoError(t, err)
-	_, _, err = s.SubmitRun(ctx, "old-1", input("old", "x"))
-	require.NoError(t, err)
-	old, err := s.ClaimNext(ctx, oldOwner, time.Hour, store.Controller{})
-	require.NoError(t, err)
-	require.Equal(t, "old-1", old.RunID)
+	old := previousSubmitClaim(ctx, t, s, "old-1", input("old", "x"), oldOwner)
 	var mu sync.Mutex
 	var oldSeq int64
 	oldAppend := func(n int) error {
@@ -378,4 +375,28 @@ VALUES ('new-2', $1, 99, 'x', 99, 'x', 'item.delta', '\x00'::bytea, '\x00'::byte
 	requireCode(t, err, "23514", "")
 	rep := auditClean(t, s)
 	require.Equal(t, 3, rep.Runs)
+}
+
+// previousSubmitClaim submits and claims a run with the statements of a
+// release before migration 00031 (coordinators without company_id, the
+// claim without executor.claim_queued), as store.Submit and ClaimNext did.
+func previousSubmitClaim(ctx context.Context, t *testing.T, s *store.Store, runID string, in *prpv1.ExecutionInput, owner string) *store.Claim {
+	t.Helper()
+	raw, err := proto.Marshal(in)
+	require.NoError(t, err)
+	_, err = s.Pool().Exec(ctx, `
+WITH ins AS (
+  INSERT INTO executor.runs (run_id, company_id, normalized_session_id, session_scope, lifecycle, input, input_digest)
+  VALUES ($1, $2, $3, $4, 'LIFECYCLE_MODE_WARM', $5, 'previous')
+  RETURNING run_id, session_scope, submit_seq)
+INSERT INTO executor.coordinators (run_id, binding_digest, session_scope, submit_seq)
+SELECT run_id, '', session_scope, submit_seq FROM ins`,
+		runID, in.GetBinding().GetCompanyId(), in.GetSession().GetNormalizedSessionId(), scope.OfRun(runID, in), raw)
+	require.NoError(t, err)
+	c := &store.Claim{Fence: store.Fence{RunID: runID, Owner: owner}, Input: in}
+	require.NoError(t, s.Pool().QueryRow(ctx, `
+UPDATE executor.coordinators SET attempt = attempt + 1, lease_owner = $2, lease_expires_at = now() + interval '1 hour',
+       phase = 'observed', started_at = now()
+ WHERE run_id = $1 RETURNING attempt`, runID, owner).Scan(&c.Attempt))
+	return c
 }

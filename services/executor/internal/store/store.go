@@ -529,25 +529,64 @@ const claimSet = `attempt = c.attempt + 1, lease_owner = $1, lease_expires_at = 
          phase = 'observed', controller_boot_id = $3, controller_pid = $4, controller_start_ticks = $5,
          started_at = coalesce(c.started_at, now()), controller_addr = nullif($6, ''), controller_pid_ns = nullif($7, '')`
 
-// claimQueuedSQL claims the oldest due queued run that heads its session
-// scope (migration 00009 keeps scope_head on exactly one unfinished run per
-// scope). It walks coordinators_head_queue_idx, which holds queued heads
-// only: runs waiting behind a busy session are not in it, so an attempt
-// costs the same with 100 or 100,000 of them.
+// dueHead is the SQL condition "coordinator c is a due queued run that heads
+// its session scope" (migration 00009 keeps scope_head on exactly one
+// unfinished run per scope): what a claim may take.
+const dueHead = `c2.scope_head AND c2.phase IN ('queued', 'retryable_failure') AND c2.next_attempt_at <= now()
+            AND c2.result_id IS NULL AND c2.cancel_state IS NULL`
+
+// claimQueuedSQL claims a due queued run that heads its session scope, of
+// the company next by weighted fair share (SPEC Q3): among the companies
+// with due heads and not blocked by their budget (SPEC Q2), the one with the
+// least virtual time (company_state.pass, migration 00031); of that company,
+// its oldest due head that no other claim holds (one probe of
+// coordinators_company_head_idx per company with FOR UPDATE SKIP LOCKED:
+// runs waiting behind a busy session are not heads and cost nothing, so an
+// attempt costs the same with 100 or 100,000 of them; the first free head
+// of each company is locked for the statement, only the chosen one is
+// claimed, and one index walk serves both the choice and the claim). A
+// claim made while another company has due work too advances the company's
+// virtual time by 1/weight, from no lower than 1 behind the next company's.
+//
+// It always answers one row: the claim, or no run and whether a company
+// had due work. A company with a limit of runs in flight (SPEC Q1), or
+// whose due heads were all being claimed by others, is not claimed here:
+// the caller then claims through executor.claim_queued, which serializes
+// the claims of a limited company and counts its runs in flight.
 const claimQueuedSQL = `
-WITH claimed AS (
+WITH cand AS MATERIALIZED (
+  SELECT s.company_id, h.run_id, CASE WHEN own.company_id IS NULL THEN dflt.weight ELSE own.weight END AS weight,
+         CASE WHEN own.company_id IS NULL THEN dflt.max_running_runs ELSE own.max_running_runs END IS NOT NULL AS limited,
+         count(*) OVER () AS waiting, lead(s.pass) OVER (ORDER BY s.pass, s.company_id) AS next_pass
+    FROM executor.company_state s
+    LEFT JOIN executor.company_limits own ON own.company_id = s.company_id
+    LEFT JOIN executor.company_limits dflt ON dflt.company_id = '*'
+    CROSS JOIN LATERAL (SELECT c2.run_id FROM executor.coordinators c2
+                         WHERE c2.company_id = s.company_id AND ` + dueHead + `
+                         ORDER BY c2.submit_seq LIMIT 1
+                         FOR UPDATE SKIP LOCKED) h
+   WHERE NOT s.budget_blocked
+   ORDER BY s.pass, s.company_id
+   LIMIT 1),
+claimed AS (
   UPDATE executor.coordinators c SET ` + claimSet + `
-   WHERE c.run_id = (
-     SELECT c2.run_id FROM executor.coordinators c2
-      WHERE c2.scope_head AND c2.phase IN ('queued', 'retryable_failure') AND c2.next_attempt_at <= now()
-        AND c2.result_id IS NULL AND c2.cancel_state IS NULL
-      ORDER BY c2.submit_seq
-      LIMIT 1
-      FOR UPDATE SKIP LOCKED)
-  RETURNING c.run_id, c.attempt, c.lease_expires_at, c.turn_generation
-)
-SELECT claimed.run_id, claimed.attempt, claimed.lease_expires_at, claimed.turn_generation, r.input, r.session_scope, coalesce(r.trace_parent, ''), r.created_at
-  FROM claimed JOIN executor.runs r ON r.run_id = claimed.run_id`
+   WHERE c.run_id = (SELECT run_id FROM cand WHERE NOT limited)
+  RETURNING c.run_id, c.attempt, c.lease_expires_at, c.turn_generation),
+passed AS (
+  UPDATE executor.company_state s SET pass = greatest(s.pass, cand.next_pass - 1) + 1.0 / coalesce(cand.weight, 1)
+    FROM cand
+   WHERE s.company_id = cand.company_id AND cand.waiting > 1 AND EXISTS (SELECT 1 FROM claimed))
+SELECT claimed.run_id, claimed.attempt, claimed.lease_expires_at, claimed.turn_generation, r.input, r.session_scope,
+       coalesce(r.trace_parent, ''), r.created_at, EXISTS (SELECT 1 FROM cand)
+  FROM (SELECT) one
+  LEFT JOIN claimed ON true
+  LEFT JOIN executor.runs r ON r.run_id = claimed.run_id`
+
+// claimLimitedSQL is claimQueuedSQL's slow path (executor.claim_queued,
+// migration 00031): the same choice, claiming a limited company's run only
+// under its limit, and passing over a company whose due heads others are
+// claiming.
+const claimLimitedSQL = `SELECT *, true FROM executor.claim_queued($1, $2, $3, $4, $5, $6, $7)`
 
 // claimExpiredSQL takes over the oldest observed run whose lease expired.
 const claimExpiredSQL = `
@@ -569,12 +608,64 @@ func (s *Store) claimNext(ctx context.Context, query, owner string, ttl time.Dur
 	// Traced only when it claimed: an attempt that finds nothing writes
 	// no WAL and syncs nothing.
 	end := synctrace.Begin("executor.claim", "")
-	c, err := scanClaim(s.pool.QueryRow(ctx, query, claimArgs(owner, ttl, ctl)...), owner)
+	var (
+		c   *Claim
+		err error
+	)
+	if query == claimQueuedSQL {
+		c, err = s.claimQueued(ctx, owner, ttl, ctl)
+	} else {
+		c, err = scanClaim(s.pool.QueryRow(ctx, query, claimArgs(owner, ttl, ctl)...), owner)
+	}
 	if c != nil {
 		end()
 		c.Expired = query == claimExpiredSQL
 	}
 	return c, err
+}
+
+// claimQueued claims by claimQueuedSQL, or by its slow path when it
+// claimed nothing while a company had due work.
+func (s *Store) claimQueued(ctx context.Context, owner string, ttl time.Duration, ctl Controller) (*Claim, error) {
+	args := claimArgs(owner, ttl, ctl)
+	c, due, err := scanQueuedClaim(s.pool.QueryRow(ctx, claimQueuedSQL, args...), owner)
+	if c != nil || !due || err != nil {
+		return c, err
+	}
+	c, _, err = scanQueuedClaim(s.pool.QueryRow(ctx, claimLimitedSQL, args...), owner)
+	return c, err
+}
+
+// scanQueuedClaim reads the row of claimQueuedSQL or claimLimitedSQL: the
+// claim (nil when none) and whether a company had due work.
+func scanQueuedClaim(row pgx.Row, owner string) (*Claim, bool, error) {
+	var (
+		c     Claim
+		runID *string
+		raw   []byte
+		due   bool
+		scope *string
+		trace *string
+		at    *time.Time
+		att   *uint64
+		exp   *time.Time
+		gen   *uint64
+	)
+	err := row.Scan(&runID, &att, &exp, &gen, &raw, &scope, &trace, &at, &due)
+	if errors.Is(err, pgx.ErrNoRows) || (err == nil && runID == nil) {
+		return nil, due, nil
+	}
+	if err != nil {
+		return nil, false, err
+	}
+	c.RunID, c.Attempt, c.LeaseExpiresAt, c.TurnGeneration = *runID, *att, *exp, *gen
+	c.SessionScope, c.TraceParent, c.SubmittedAt = *scope, *trace, *at
+	c.Owner = owner
+	c.Input = &prpv1.ExecutionInput{}
+	if err := proto.Unmarshal(raw, c.Input); err != nil {
+		return nil, false, err
+	}
+	return &c, true, nil
 }
 
 // claimArgs are the parameters $1..$7 of claimSet.

@@ -32,8 +32,8 @@ WITH ins AS (
   ON CONFLICT DO NOTHING
   RETURNING run_id, session_scope, submit_seq),
 co AS (
-  INSERT INTO executor.coordinators (run_id, binding_digest, session_scope, submit_seq)
-  SELECT run_id, $10, session_scope, submit_seq FROM ins
+  INSERT INTO executor.coordinators (run_id, binding_digest, session_scope, submit_seq, company_id)
+  SELECT run_id, $10, session_scope, submit_seq, $2 FROM ins
   RETURNING run_id, scope_head),
 mine AS (
   SELECT input_digest FROM executor.runs WHERE client_run_id = $13 AND company_id = $2 AND NOT EXISTS (SELECT 1 FROM ins))
@@ -72,13 +72,17 @@ func (s *Store) Submit(ctx context.Context, runID string, in *prpv1.ExecutionInp
 // claimQueuedSQL, for one known run. Only a coordinator this transaction
 // inserted is claimed (its xmin is the transaction's id): the statement is
 // pipelined behind the submission, which inserts nothing when the run
-// exists already.
+// exists already. The company must be under its limit of runs in flight
+// and not blocked by its budget (SPEC Q1, Q2): executor.take_slot, the
+// check claim_queued makes, evaluated last. A claim into a free slot
+// advances no virtual time (SPEC Q3 shares slots companies wait for).
 const claimSubmittedSQL = `
 WITH claimed AS (
   UPDATE executor.coordinators c SET ` + claimSet + `
    WHERE c.run_id = $8 AND c.xmin = pg_current_xact_id()::xid
      AND c.scope_head AND c.phase = 'queued' AND c.next_attempt_at <= now()
      AND c.result_id IS NULL AND c.cancel_state IS NULL
+     AND executor.take_slot(c.company_id)
   RETURNING c.run_id, c.attempt, c.lease_expires_at, c.turn_generation
 )
 SELECT claimed.run_id, claimed.attempt, claimed.lease_expires_at, claimed.turn_generation, r.input, r.session_scope, coalesce(r.trace_parent, ''), r.created_at

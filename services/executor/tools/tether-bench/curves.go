@@ -7,6 +7,8 @@ package main
 //
 //   - claim_attempt: p50 and p99 of one ClaimNext that finds nothing due,
 //     with 10 busy sessions and 1k/10k/100k runs queued behind them.
+//   - fair_share: company B's submit → start p50 and p99 while company A
+//     has 0/1k/10k/100k due runs queued (fairness.go).
 //   - watch_delivery: p99 from the start of AppendEvents of one event to its
 //     arrival at each of 1/100/1,000 WatchRun streams of the run, served by
 //     a real executor process (-executor); that process's CPU per event and
@@ -132,6 +134,7 @@ func (b *bench) curves(ctx context.Context) error {
 		fn   func(context.Context) ([]curve, error)
 	}{
 		{"claim_attempt", b.claimCurve},
+		{"fair_share", b.fairnessCurve},
 		{"lease_renewal", b.renewalCurve},
 		{"event_append", b.appendCurve},
 		{"watch_delivery", b.watchCurve},

@@ -32,8 +32,8 @@ CREATE TABLE tether_bench.events (LIKE executor.events INCLUDING ALL);
 CREATE TABLE tether_bench.runs (LIKE executor.runs INCLUDING ALL);`
 
 	rawSeedQueuedSQL = `
-INSERT INTO tether_bench.coordinators (run_id, next_attempt_at, session_scope, submit_seq)
-SELECT $1 || lpad(g::text, 6, '0'), now() - interval '1 hour' + g * interval '1 millisecond', $1 || g::text, g
+INSERT INTO tether_bench.coordinators (run_id, next_attempt_at, session_scope, submit_seq, company_id)
+SELECT $1 || lpad(g::text, 6, '0'), now() - interval '1 hour' + g * interval '1 millisecond', $1 || g::text, g, 'bench'
   FROM generate_series(1, $2::int) g`
 
 	rawClaimSQL = `
@@ -49,8 +49,8 @@ UPDATE tether_bench.coordinators c
 RETURNING c.run_id, c.attempt, c.lease_expires_at`
 
 	rawSeedLeasesSQL = `
-INSERT INTO tether_bench.coordinators (run_id, phase, attempt, lease_owner, lease_expires_at, session_scope, submit_seq)
-SELECT $1 || lpad(g::text, 6, '0'), 'observed', 1, $3, now() + interval '1 hour', $1 || g::text, g
+INSERT INTO tether_bench.coordinators (run_id, phase, attempt, lease_owner, lease_expires_at, session_scope, submit_seq, company_id)
+SELECT $1 || lpad(g::text, 6, '0'), 'observed', 1, $3, now() + interval '1 hour', $1 || g::text, g, 'bench'
   FROM generate_series(1, $2::int) g`
 
 	rawRenewSQL = `

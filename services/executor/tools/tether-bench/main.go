@@ -91,6 +91,8 @@ type config struct {
 	curves                         bool
 	curveSet                       map[string]bool
 	backlogs, leaseSizes, watchers []int
+	fairSlots, fairSamples         int
+	fairTurn, fairInterval         time.Duration
 	appendRows                     []int
 	appendTable                    bool
 	appendExpiredRuns              int // event_append: expired runs (500 events each) seeded per size for the purge; 0: 200
@@ -153,10 +155,14 @@ func main() {
 	flag.IntVar(&cfg.purgeCycles, "purge-cycles", 4, "-curves purge_impact: alternations of half a -duration without and half with a purge running, per figure")
 	flag.StringVar(&cfg.cpuProfile, "cpuprofile", "", "write a CPU profile of this process (the measured figures, both sides; or the curves) to this file")
 	flag.BoolVar(&cfg.curves, "curves", false, "measure the scale curves instead of the figures (see curves.go)")
-	curveList := flag.String("curve", "claim_attempt,lease_renewal,event_append,watch_delivery,purge_impact", "-curves: which curves, comma-separated")
+	curveList := flag.String("curve", "claim_attempt,fair_share,lease_renewal,event_append,watch_delivery,purge_impact", "-curves: which curves, comma-separated")
 	cfg.backlogs, cfg.leaseSizes, cfg.watchers, cfg.appendRows = []int{1000, 10000, 100000}, []int{100, 1000, 10000}, []int{1, 100, 1000}, []int{0, 1000000, 10000000}
 	flag.Var(intList{&cfg.backlogs}, "backlogs", "claim_attempt: runs blocked behind 10 busy sessions")
 	flag.IntVar(&cfg.attempts, "attempts", 300, "claim_attempt: measured attempts per size")
+	flag.IntVar(&cfg.fairSlots, "fair-slots", 8, "fair_share: drivers claiming runs (the fleet's slots)")
+	flag.DurationVar(&cfg.fairTurn, "fair-turn", 20*time.Millisecond, "fair_share: how long a driver holds each run")
+	flag.IntVar(&cfg.fairSamples, "fair-samples", 200, "fair_share: runs of company B measured per size of A's backlog (-backlogs, and 0)")
+	flag.DurationVar(&cfg.fairInterval, "fair-interval", 10*time.Millisecond, "fair_share: one run of company B submitted per this interval")
 	flag.Var(intList{&cfg.leaseSizes}, "lease-sizes", "lease_renewal: leases renewed per tick")
 	flag.IntVar(&cfg.ticks, "ticks", 50, "lease_renewal: measured ticks per size")
 	flag.Var(intList{&cfg.appendRows}, "append-rows", "event_append: rows already in executor.events")

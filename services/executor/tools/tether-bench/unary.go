@@ -103,8 +103,8 @@ WITH ins AS (
   INSERT INTO tether_bench.runs (run_id, company_id, normalized_session_id, session_scope, lifecycle, input, input_digest, issue_id, agent_id, client_run_id)
   VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $1)
   RETURNING run_id, session_scope, submit_seq, created_at)
-INSERT INTO tether_bench.coordinators (run_id, binding_digest, session_scope, submit_seq)
-SELECT run_id, $10, session_scope, submit_seq FROM ins
+INSERT INTO tether_bench.coordinators (run_id, binding_digest, session_scope, submit_seq, company_id)
+SELECT run_id, $10, session_scope, submit_seq, $2 FROM ins
 RETURNING (SELECT created_at FROM ins)`
 
 func (x rawExecutor) SubmitRun(ctx context.Context, req *executorv1.SubmitRunRequest) (*executorv1.SubmitRunResponse, error) {
