@@ -268,3 +268,34 @@ func claimAndEnd(ctx context.Context, s *store.Store, owner string, limit int, r
 	}
 	return nil
 }
+
+func TestQ2_ACompanyBlockedByItsBudgetStartsNoRunUntilUnblocked(t *testing.T) {
+	t.Parallel()
+	s := newStore(t)
+	ctx := context.Background()
+	queue(t, s, [2]string{"r1", "s1"})
+	block := func(blocked bool) {
+		t.Helper()
+		_, err := s.Pool().Exec(ctx, `UPDATE executor.company_state SET budget_blocked = $1 WHERE company_id = 'acme'`, blocked)
+		require.NoError(t, err)
+	}
+	block(true)
+	submitHeads(t, s, "other", 1)
+	id, _ := claimID(t, s)
+	require.Equal(t, "other-0", id, "another company is not held back")
+	id, _ = claimID(t, s)
+	require.Empty(t, id, "the blocked company's run is not claimed")
+	created, c, _, err := s.SubmitClaim(ctx, "r2", input("s2", "turn r2"), "owner", time.Minute, ctl, nil)
+	require.NoError(t, err)
+	require.True(t, created)
+	require.Nil(t, c, "nor claimed in its submitting transaction")
+	run, err := s.GetRun(ctx, "r1")
+	require.NoError(t, err)
+	require.Equal(t, executorv1.RunState_RUN_STATE_QUEUED, run.GetState(), "waiting, not failed")
+	// The budget is raised (or a month begins): its runs start again.
+	block(false)
+	id, _ = claimID(t, s)
+	require.Equal(t, "r1", id)
+	id, _ = claimID(t, s)
+	require.Equal(t, "r2", id)
+}
