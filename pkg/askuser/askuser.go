@@ -65,27 +65,35 @@ type Option struct {
 	Label string
 }
 
-// Definition is the tool in codex's thread/start dynamicTools shape.
-func Definition() map[string]any {
-	option := map[string]any{"type": "object", "properties": map[string]any{
-		"id": map[string]any{"type": "string"}, "label": map[string]any{"type": "string"}},
-		"required": []any{"id", "label"}}
-	return map[string]any{
-		"type": "function", "name": ToolName, "description": toolDescription,
-		"inputSchema": map[string]any{
-			"type": "object",
-			"properties": map[string]any{
-				"kind":    map[string]any{"type": "string", "enum": []any{KindAskUserQuestions, KindRequestConfirmation, KindRequestItemVerdicts}},
-				"title":   map[string]any{"type": "string"},
-				"summary": map[string]any{"type": "string"},
-				"questions": map[string]any{"type": "array", "items": map[string]any{"type": "object", "properties": map[string]any{
-					"id": map[string]any{"type": "string"}, "prompt": map[string]any{"type": "string"},
-					"multi": map[string]any{"type": "boolean"}, "options": map[string]any{"type": "array", "items": option},
-				}, "required": []any{"id", "prompt"}}},
-				"items": map[string]any{"type": "array", "items": option},
-			},
-			"required": []any{"title"},
+// Schema is the part of JSON Schema the tool's input schema uses.
+type Schema struct {
+	Enum       []string           `json:"enum,omitempty"`
+	Items      *Schema            `json:"items,omitempty"`
+	Properties map[string]*Schema `json:"properties,omitempty"`
+	Required   []string           `json:"required,omitempty"`
+	Type       string             `json:"type"`
+}
+
+// Description is the tool's description.
+func Description() string { return toolDescription }
+
+// InputSchema is the JSON Schema of the tool's arguments.
+func InputSchema() *Schema {
+	str := &Schema{Type: "string"}
+	option := &Schema{Type: "object", Properties: map[string]*Schema{"id": str, "label": str}, Required: []string{"id", "label"}}
+	question := &Schema{Type: "object", Properties: map[string]*Schema{
+		"id": str, "prompt": str, "multi": {Type: "boolean"}, "options": {Type: "array", Items: option},
+	}, Required: []string{"id", "prompt"}}
+	return &Schema{
+		Type: "object",
+		Properties: map[string]*Schema{
+			"kind":      {Type: "string", Enum: []string{KindAskUserQuestions, KindRequestConfirmation, KindRequestItemVerdicts}},
+			"title":     str,
+			"summary":   str,
+			"questions": {Type: "array", Items: question},
+			"items":     {Type: "array", Items: option},
 		},
+		Required: []string{"title"},
 	}
 }
 

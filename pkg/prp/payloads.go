@@ -40,7 +40,13 @@ func DecodePayload(ev *prpv1.Event, msg proto.Message) error {
 	if ev.GetPayload() == nil {
 		return nil
 	}
-	raw, err := protojson.Marshal(ev.GetPayload())
+	return DecodeStruct(ev.GetPayload(), msg)
+}
+
+// DecodeStruct reads s, an object of msg's JSON shape, into msg. Fields
+// msg does not know are ignored.
+func DecodeStruct(s *structpb.Struct, msg proto.Message) error {
+	raw, err := protojson.Marshal(s)
 	if err != nil {
 		return err
 	}

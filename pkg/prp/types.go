@@ -94,6 +94,7 @@ const (
 	// driver's payloads).
 	EventToolResult             = "semantic_tool.result"
 	EventToolExecutionCompleted = "tool.execution.completed"
+	EventToolExecutionStarted   = "tool.execution.started"
 )
 
 // TurnEndTypes are the event types that end a provider turn.

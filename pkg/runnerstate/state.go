@@ -273,12 +273,13 @@ func (st *State) NoteLostTurn(turnID string, lt *LostTurn) {
 }
 
 // OpenRequest is one announced, unsettled runtime request or tool call: the
-// run and turn it belongs to and the ids of its announcement.
+// run and turn it belongs to and the fields of its announcement its expiry
+// repeats (the JSON of a prpv1.RuntimeRequestEvent or ToolCallEvent).
 type OpenRequest struct {
-	RunID  string         `json:"runId,omitempty"`
-	TurnID string         `json:"turnId,omitempty"`
-	ItemID string         `json:"itemId,omitempty"`
-	Fields map[string]any `json:"fields"`
+	RunID  string          `json:"runId,omitempty"`
+	TurnID string          `json:"turnId,omitempty"`
+	ItemID string          `json:"itemId,omitempty"`
+	Fields json.RawMessage `json:"fields"`
 }
 
 // NewState returns a fresh state for id.

@@ -59,7 +59,7 @@ func (r Rules) Batch(runID string, fresh []*prpv1.Event) (store.Decisions, error
 			if evRun == "" {
 				evRun = runID
 			}
-			rev := runtimeq.Event{EventType: typ, RunID: evRun, Payload: ev.GetPayload().AsMap()}
+			rev := runtimeq.Event{EventType: typ, RunID: evRun, Payload: ev.GetPayload()}
 			if m, ok := runtimeq.LifecycleMetric(rev); ok {
 				d.RuntimeInputs = append(d.RuntimeInputs, m)
 			}
@@ -83,26 +83,30 @@ func (r Rules) Batch(runID string, fresh []*prpv1.Event) (store.Decisions, error
 // with its artifacts and plan (SPEC E3), its usage and cost (E1), and a
 // failure's code (native_run_failed when the runner gave none).
 func Terminal(ev *prpv1.Event) store.Terminal {
-	p := ev.GetPayload().GetFields()
-	str := func(k string) string { return p[k].GetStringValue() }
+	var p prpv1.RunTerminal
+	if err := prp.DecodePayload(ev, &p); err != nil {
+		return store.Terminal{State: store.StateFailed, Result: &executorv1.RunResult{},
+			Code: failure.NativeRunTerminalInvalid, Message: fmt.Sprintf("run.terminal payload: %v", err)}
+	}
 	t := store.Terminal{
-		State: str("runTerminalState"),
+		State: p.GetRunTerminalState(),
 		Result: &executorv1.RunResult{
-			TurnTerminalState: str("turnTerminalState"),
-			RunTerminalState:  str("runTerminalState"),
-			FinalMessage:      str("finalMessage"),
-			ProviderTurnId:    str("providerTurnId"),
-			ProviderThreadId:  str("providerThreadId"),
+			TurnTerminalState: p.GetTurnTerminalState(),
+			RunTerminalState:  p.GetRunTerminalState(),
+			FinalMessage:      p.GetFinalMessage(),
+			ProviderTurnId:    p.GetProviderTurnId(),
+			ProviderThreadId:  p.GetProviderThreadId(),
 		},
-		Code:    str("code"),
-		Message: str("message"),
+		Code:    p.GetCode(),
+		Message: p.GetMessage(),
 	}
 	arts, md := plan.TerminalResult(ev)
 	for _, a := range arts {
 		t.Result.Artifacts = append(t.Result.Artifacts, &executorv1.ResultArtifact{Kind: a.Kind, Ref: a.Ref, Code: a.Code})
 	}
 	t.Result.Plan = md
-	if u := p["usage"].GetStructValue(); u != nil {
+	// The usage is read as reported, provider aliases too (usage.Normalize).
+	if u := ev.GetPayload().GetFields()["usage"].GetStructValue(); u != nil {
 		readUsage(t.Result, u.AsMap())
 	}
 	switch t.State {
@@ -111,7 +115,7 @@ func Terminal(ev *prpv1.Event) store.Terminal {
 		t.State = store.StateFailed
 		if t.Code == "" {
 			t.Code = failure.NativeRunTerminalInvalid
-			t.Message = fmt.Sprintf("run.terminal reported runTerminalState %q", str("runTerminalState"))
+			t.Message = fmt.Sprintf("run.terminal reported runTerminalState %q", p.GetRunTerminalState())
 		}
 	}
 	if t.State == store.StateFailed && t.Code == "" {

@@ -1,12 +1,14 @@
 package runtimeq
 
 import (
-	"encoding/json"
 	"fmt"
 	"strings"
 
+	"google.golang.org/protobuf/encoding/protojson"
+
 	"github.com/tether-run/tether/pkg/askuser"
 	"github.com/tether-run/tether/pkg/failure"
+	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/prp"
 	"github.com/tether-run/tether/services/executor/internal/store"
 )
@@ -38,7 +40,7 @@ func FromEvent(ev Event) (in Interaction, lost bool, ok bool) {
 		return in, false, ok
 	case EventExpired:
 		in, ok = Fallback(ev)
-		return in, ok && str(ev.Payload, "reason") == failure.ProviderProcessLost, ok
+		return in, ok && ev.Payload.GetFields()["reason"].GetStringValue() == failure.ProviderProcessLost, ok
 	}
 	return Interaction{}, false, false
 }
@@ -47,12 +49,15 @@ func FromEvent(ev Event) (in Interaction, lost bool, ok bool) {
 // tether_ask_user tool with valid arguments (askuser.Parse) into its
 // interaction; questions without options get the free-text option.
 func FromToolCall(ev Event) (Interaction, bool) {
-	p := ev.Payload
-	callID := str(p, "callId")
-	if ev.EventType != EventToolInput || str(p, "tool") != askuser.ToolName || !validID(ev.RunID) || !validID(callID) {
+	var p prpv1.ToolCallEvent
+	if ev.EventType != EventToolInput || prp.DecodeStruct(ev.Payload, &p) != nil {
 		return Interaction{}, false
 	}
-	args, err := json.Marshal(p["arguments"])
+	callID := p.GetCallId()
+	if p.GetTool() != askuser.ToolName || !validID(ev.RunID) || !validID(callID) {
+		return Interaction{}, false
+	}
+	args, err := protojson.Marshal(p.GetArguments())
 	if err != nil {
 		return Interaction{}, false
 	}

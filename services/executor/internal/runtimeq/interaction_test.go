@@ -1,6 +1,8 @@
 package runtimeq
 
 import (
+	"google.golang.org/protobuf/types/known/structpb"
+
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -48,11 +50,11 @@ func TestE4_MergeAnswersChecksOptionsAndCompleteness(t *testing.T) {
 }
 
 func TestE4_FromToolCallOpensAResponseWakeInteraction(t *testing.T) {
-	ev := Event{EventType: EventToolInput, RunID: "run-1", Payload: map[string]any{
+	ev := mapEvent{EventType: EventToolInput, RunID: "run-1", Payload: map[string]any{
 		"callId": "call-1", "tool": "tether_ask_user",
 		"arguments": map[string]any{"title": "T", "questions": []any{map[string]any{"id": "q", "prompt": "P"}}},
 	}}
-	in, lost, ok := FromEvent(ev)
+	in, lost, ok := FromEvent(ev.ev())
 	require.True(t, ok)
 	require.False(t, lost)
 	require.Equal(t, "tether-ask-user:v1:run-1:call-1", in.IdempotencyKey)
@@ -60,6 +62,22 @@ func TestE4_FromToolCallOpensAResponseWakeInteraction(t *testing.T) {
 	require.Equal(t, TextOptionID, in.Payload.Questions[0].Options[0].ID, "a question without options takes free text")
 
 	ev.Payload["tool"] = "other_tool"
-	_, _, ok = FromEvent(ev)
+	_, _, ok = FromEvent(ev.ev())
 	require.False(t, ok)
+}
+
+// mapEvent is an event with its payload as a JSON object a test edits.
+type mapEvent struct {
+	EventType string
+	RunID     string
+	Payload   map[string]any
+}
+
+// ev is e as the rules take it.
+func (e mapEvent) ev() Event {
+	p, err := structpb.NewStruct(e.Payload)
+	if err != nil {
+		panic(err)
+	}
+	return Event{EventType: e.EventType, RunID: e.RunID, Payload: p}
 }

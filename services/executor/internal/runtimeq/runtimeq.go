@@ -12,8 +12,9 @@
 // [LifecycleMetric] reduces request events to content-free metric
 // dimensions {outcome, adapter, request id}.
 //
-// Events arrive as decoded JSON (payload as map[string]any); everything
-// here is pure.
+// Events arrive with their payload as stored (a Struct); the rules read it
+// as the typed payload of its event (prpv1.RuntimeRequestEvent,
+// HarnessDiagnostic, ToolCallEvent). Everything here is pure.
 package runtimeq
 
 import (
@@ -22,8 +23,11 @@ import (
 	"strings"
 	"unicode/utf8"
 
+	"google.golang.org/protobuf/types/known/structpb"
+
 	"github.com/tether-run/tether/pkg/askuser"
 	"github.com/tether-run/tether/pkg/failure"
+	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/prp"
 	"github.com/tether-run/tether/services/executor/internal/store"
 )
@@ -74,7 +78,17 @@ var (
 type Event struct {
 	EventType string
 	RunID     string
-	Payload   map[string]any
+	Payload   *structpb.Struct
+}
+
+// request reads ev's payload as a runtime request event; ok is false when
+// it does not have that shape.
+func request(ev Event) (*prpv1.RuntimeRequestEvent, bool) {
+	var p prpv1.RuntimeRequestEvent
+	if prp.DecodeStruct(ev.Payload, &p) != nil {
+		return nil, false
+	}
+	return &p, true
 }
 
 // Interaction is a durable interaction to create (idempotently, by key).
@@ -115,38 +129,41 @@ func Fallback(ev Event) (Interaction, bool) {
 	if ev.EventType != EventExpired || !validID(ev.RunID) {
 		return Interaction{}, false
 	}
-	p := ev.Payload
-	switch str(p, "reason") {
+	p, ok := request(ev)
+	if !ok {
+		return Interaction{}, false
+	}
+	switch p.GetReason() {
 	case failure.ProviderProcessLost, failure.DurableHandoff:
 	default:
 		return Interaction{}, false
 	}
-	if replay, ok := p["replayAllowed"].(bool); !ok || replay {
+	if p.ReplayAllowed == nil || p.GetReplayAllowed() {
 		return Interaction{}, false
 	}
-	req := obj(p, "request")
-	if req == nil || !slices.Contains(requestSchemas, str(req, "schema")) {
+	req := p.GetRequest()
+	if req == nil || !slices.Contains(requestSchemas, req.GetSchema()) {
 		return Interaction{}, false
 	}
-	requestID := str(req, "requestId")
+	requestID := req.GetRequestId()
 	if !validID(requestID) ||
-		str(req, "requestKind") != "runtime" || str(req, "type") != "input" ||
-		str(req, "turnId") == "" || str(req, "itemId") == "" ||
-		!absentOr(p, "requestId", requestID) ||
-		!absentOr(p, "requestKind", "runtime") ||
-		!absentOr(p, "requestType", "input") {
+		req.GetRequestKind() != "runtime" || req.GetType() != "input" ||
+		req.GetTurnId() == "" || req.GetItemId() == "" ||
+		!absentOr(p.GetRequestId(), requestID) ||
+		!absentOr(p.GetRequestKind(), "runtime") ||
+		!absentOr(p.GetRequestType(), "input") {
 		return Interaction{}, false
 	}
-	set := obj(req, "input")
+	set := req.GetInput()
 	questions, ok := parseQuestionSet(set)
 	if !ok {
 		return Interaction{}, false
 	}
-	prompt := str(req, "prompt")
-	setTitle := bounded(str(set, "title"), MaxTitleRunes)
+	prompt := req.GetPrompt()
+	setTitle := bounded(set.GetTitle(), MaxTitleRunes)
 	title := firstNonEmpty(setTitle, bounded(prompt, MaxTitleRunes), "Input requested")
 	summary := firstNonEmpty(
-		bounded(str(set, "description"), MaxSummaryRunes),
+		bounded(set.GetDescription(), MaxSummaryRunes),
 		bounded(prompt, MaxSummaryRunes),
 		"The agent needs these answers to continue.",
 	)
@@ -160,46 +177,45 @@ func Fallback(ev Event) (Interaction, bool) {
 		Payload: QuestionsPayload{
 			Version:                1,
 			Title:                  setTitle,
-			SubmitLabel:            bounded(str(set, "submitLabel"), MaxSubmitLabelRunes),
+			SubmitLabel:            bounded(set.GetSubmitLabel(), MaxSubmitLabelRunes),
 			SupersedeOnUserComment: false,
 			RuntimeRequestID:       requestID,
-			QuestionSet:            deepCopy(set).(map[string]any),
-			Questions:              questions,
+			// The provider's question set as it sent it, a copy.
+			QuestionSet: ev.Payload.GetFields()["request"].GetStructValue().GetFields()["input"].GetStructValue().AsMap(),
+			Questions:   questions,
 		},
 	}, true
 }
 
-func parseQuestionSet(set map[string]any) ([]Question, bool) {
-	if set == nil || !slices.Contains(questionSetSchemas, str(set, "schema")) {
+func parseQuestionSet(set *prpv1.QuestionSet) ([]Question, bool) {
+	if set == nil || !slices.Contains(questionSetSchemas, set.GetSchema()) {
 		return nil, false
 	}
-	raw, _ := set["questions"].([]any)
+	raw := set.GetQuestions()
 	if len(raw) == 0 || len(raw) > MaxQuestions {
 		return nil, false
 	}
 	out := make([]Question, 0, len(raw))
 	seen := map[string]bool{}
-	for _, r := range raw {
-		q, _ := r.(map[string]any)
-		id, prompt := str(q, "id"), strings.TrimSpace(str(q, "prompt"))
-		if q == nil || !validID(id) || seen[id] || prompt == "" {
+	for _, q := range raw {
+		id, prompt := q.GetId(), strings.TrimSpace(q.GetPrompt())
+		if !validID(id) || seen[id] || prompt == "" {
 			return nil, false
 		}
 		seen[id] = true
-		required, _ := q["required"].(bool)
-		question := Question{ID: id, Prompt: prompt, Required: required, SelectionMode: SelectionSingle}
-		switch str(q, "answerMode") {
+		question := Question{ID: id, Prompt: prompt, Required: q.GetRequired(), SelectionMode: SelectionSingle}
+		switch q.GetAnswerMode() {
 		case AnswerMultiSelect:
 			question.SelectionMode = SelectionMulti
 			fallthrough
 		case AnswerSingleSelect:
-			opts, ok := parseOptions(q["options"])
+			opts, ok := parseOptions(q.GetOptions())
 			if !ok {
 				return nil, false
 			}
 			question.Options = opts
 		case AnswerText:
-			question.Options = []Option{{ID: TextOptionID, Label: textLabel(obj(q, "textValidation")), FreeText: true}}
+			question.Options = []Option{{ID: TextOptionID, Label: textLabel(q.GetTextValidation()), FreeText: true}}
 		default:
 			return nil, false
 		}
@@ -208,27 +224,25 @@ func parseQuestionSet(set map[string]any) ([]Question, bool) {
 	return out, true
 }
 
-func parseOptions(v any) ([]Option, bool) {
-	raw, _ := v.([]any)
+func parseOptions(raw []*prpv1.QuestionOption) ([]Option, bool) {
 	if len(raw) == 0 || len(raw) > MaxOptions {
 		return nil, false
 	}
 	out := make([]Option, 0, len(raw))
 	seen := map[string]bool{}
-	for _, r := range raw {
-		o, _ := r.(map[string]any)
-		id, label := str(o, "id"), strings.TrimSpace(str(o, "label"))
-		if o == nil || !validID(id) || id == TextOptionID || seen[id] || label == "" {
+	for _, o := range raw {
+		id, label := o.GetId(), strings.TrimSpace(o.GetLabel())
+		if !validID(id) || id == TextOptionID || seen[id] || label == "" {
 			return nil, false
 		}
 		seen[id] = true
-		out = append(out, Option{ID: id, Label: label, Description: str(o, "description")})
+		out = append(out, Option{ID: id, Label: label, Description: o.GetDescription()})
 	}
 	return out, true
 }
 
-func textLabel(validation map[string]any) string {
-	switch str(validation, "inputType") {
+func textLabel(validation *prpv1.TextValidation) string {
+	switch validation.GetInputType() {
 	case "integer":
 		return "Enter an integer"
 	case "number":
@@ -271,22 +285,27 @@ type Metric = store.RuntimeInputMetric
 // request.type) is input. The adapter is the payload's adapter or the
 // request's origin.adapter; the request id the payload's or the request's.
 func LifecycleMetric(ev Event) (Metric, bool) {
-	p := ev.Payload
-	req := obj(p, "request")
+	if ev.EventType == EventHarnessDiagnostic {
+		var d prpv1.HarnessDiagnostic
+		if prp.DecodeStruct(ev.Payload, &d) != nil || d.GetCode() != "runtime_input_rejected" {
+			return Metric{}, false
+		}
+		return metric(OutcomeRejected, ev), true
+	}
+	p, ok := request(ev)
+	if !ok {
+		p = &prpv1.RuntimeRequestEvent{}
+	}
+	req := p.GetRequest()
 	var outcome string
 	switch ev.EventType {
 	case EventCreated:
-		if str(req, "type") != "input" {
+		if req.GetType() != "input" {
 			return Metric{}, false
 		}
 		outcome = OutcomeNormalized
-	case EventHarnessDiagnostic:
-		if str(p, "code") != "runtime_input_rejected" {
-			return Metric{}, false
-		}
-		outcome = OutcomeRejected
 	case EventResolved, EventExpired, EventCancelled:
-		if firstNonEmpty(str(p, "requestType"), str(req, "type")) != "input" {
+		if firstNonEmpty(p.GetRequestType(), req.GetType()) != "input" {
 			return Metric{}, false
 		}
 		switch {
@@ -294,9 +313,9 @@ func LifecycleMetric(ev Event) (Metric, bool) {
 			outcome = OutcomeResolved
 		case ev.EventType == EventCancelled:
 			outcome = OutcomeCancelled
-		case str(p, "reason") == failure.DurableHandoff:
+		case p.GetReason() == failure.DurableHandoff:
 			outcome = OutcomeDurableHandoff
-		case str(p, "reason") == failure.ProviderProcessLost:
+		case p.GetReason() == failure.ProviderProcessLost:
 			outcome = OutcomeProviderLossHandoff
 		default:
 			outcome = OutcomeExpired
@@ -304,11 +323,23 @@ func LifecycleMetric(ev Event) (Metric, bool) {
 	default:
 		return Metric{}, false
 	}
+	return metric(outcome, ev), true
+}
+
+// metric is ev's metric with outcome: the adapter (the payload's, its
+// origin's or its request's origin's) and the request id (the payload's or
+// its request's), each when it is a valid identifier.
+func metric(outcome string, ev Event) Metric {
+	p, ok := request(ev)
+	if !ok {
+		p = &prpv1.RuntimeRequestEvent{}
+	}
+	req := p.GetRequest()
 	return Metric{
 		Outcome:   outcome,
-		Adapter:   dimension(firstNonEmpty(str(p, "adapter"), str(obj(p, "origin"), "adapter"), str(obj(req, "origin"), "adapter"))),
-		RequestID: dimension(firstNonEmpty(str(p, "requestId"), str(req, "requestId"))),
-	}, true
+		Adapter:   dimension(firstNonEmpty(p.GetAdapter(), p.GetOrigin().GetAdapter(), req.GetOrigin().GetAdapter())),
+		RequestID: dimension(firstNonEmpty(p.GetRequestId(), req.GetRequestId())),
+	}
 }
 
 var identifier = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:/@-]*$`)
@@ -322,25 +353,8 @@ func dimension(s string) string {
 	return s
 }
 
-func str(m map[string]any, key string) string {
-	s, _ := m[key].(string)
-	return s
-}
-
-func obj(m map[string]any, key string) map[string]any {
-	o, _ := m[key].(map[string]any)
-	return o
-}
-
-// absentOr reports whether m[key] is absent or equals want.
-func absentOr(m map[string]any, key, want string) bool {
-	v, ok := m[key]
-	if !ok || v == nil {
-		return true
-	}
-	s, _ := v.(string)
-	return s == want
-}
+// absentOr reports whether v is absent (empty) or equals want.
+func absentOr(v, want string) bool { return v == "" || v == want }
 
 func firstNonEmpty(ss ...string) string {
 	for _, s := range ss {
@@ -362,22 +376,4 @@ func bounded(s string, n int) string {
 		s = strings.TrimRight(string([]rune(s)[:n-1]), " ") + "…"
 	}
 	return s
-}
-
-func deepCopy(v any) any {
-	switch t := v.(type) {
-	case map[string]any:
-		out := make(map[string]any, len(t))
-		for k, e := range t {
-			out[k] = deepCopy(e)
-		}
-		return out
-	case []any:
-		out := make([]any, len(t))
-		for i, e := range t {
-			out[i] = deepCopy(e)
-		}
-		return out
-	}
-	return v
 }

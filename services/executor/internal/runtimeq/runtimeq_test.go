@@ -37,9 +37,9 @@ func decode(t *testing.T, src string) map[string]any {
 }
 
 // expiredEvent is the seed's expired input request event for reason.
-func expiredEvent(t *testing.T, reason string) Event {
+func expiredEvent(t *testing.T, reason string) mapEvent {
 	t.Helper()
-	return Event{
+	return mapEvent{
 		EventType: EventExpired,
 		RunID:     seedRunID,
 		Payload: map[string]any{
@@ -65,9 +65,9 @@ func expiredEvent(t *testing.T, reason string) Event {
 
 // terminalEvent is the seed's negative-case event: no top-level request
 // fields, only reason and replayAllowed.
-func terminalEvent(t *testing.T, eventType, reason string, replayAllowed bool) Event {
+func terminalEvent(t *testing.T, eventType, reason string, replayAllowed bool) mapEvent {
 	t.Helper()
-	return Event{
+	return mapEvent{
 		EventType: eventType,
 		RunID:     seedRunID,
 		Payload: map[string]any{
@@ -87,9 +87,9 @@ func terminalEvent(t *testing.T, eventType, reason string, replayAllowed bool) E
 	}
 }
 
-func request(ev Event) map[string]any { return ev.Payload["request"].(map[string]any) }
+func requestOf(ev mapEvent) map[string]any { return ev.Payload["request"].(map[string]any) }
 
-func questionSet(ev Event) map[string]any { return request(ev)["input"].(map[string]any) }
+func questionSet(ev mapEvent) map[string]any { return requestOf(ev)["input"].(map[string]any) }
 
 func seedInteraction(t *testing.T) Interaction {
 	return Interaction{
@@ -120,7 +120,7 @@ func seedInteraction(t *testing.T) Interaction {
 
 type fallbackCase struct {
 	name   string
-	mutate func(ev Event)
+	mutate func(ev mapEvent)
 	want   func(in *Interaction) // nil: no fallback
 }
 
@@ -132,7 +132,7 @@ func runFallback(t *testing.T, reason string, tests []fallbackCase) {
 			if tc.mutate != nil {
 				tc.mutate(ev)
 			}
-			got, ok := Fallback(ev)
+			got, ok := Fallback(ev.ev())
 			if tc.want == nil {
 				require.False(t, ok)
 				require.Zero(t, got)
@@ -151,11 +151,11 @@ func same(*Interaction) {}
 func TestE5_MaterializesOneIdempotentDurableInteractionAfterProviderProcessLost(t *testing.T) {
 	runFallback(t, failure.ProviderProcessLost, []fallbackCase{
 		{name: "seed", want: same},
-		{name: "tether schema names", mutate: func(ev Event) {
-			request(ev)["schema"] = "tether.runtime_request.v2"
+		{name: "tether schema names", mutate: func(ev mapEvent) {
+			requestOf(ev)["schema"] = "tether.runtime_request.v2"
 			questionSet(ev)["schema"] = "tether.question_set.v1"
 		}, want: func(in *Interaction) { in.Payload.QuestionSet["schema"] = "tether.question_set.v1" }},
-		{name: "top-level request fields are optional", mutate: func(ev Event) {
+		{name: "top-level request fields are optional", mutate: func(ev mapEvent) {
 			delete(ev.Payload, "requestId")
 			delete(ev.Payload, "requestKind")
 			delete(ev.Payload, "requestType")
@@ -164,9 +164,9 @@ func TestE5_MaterializesOneIdempotentDurableInteractionAfterProviderProcessLost(
 
 	t.Run("idempotent: the same event gives the same interaction, the question set is copied", func(t *testing.T) {
 		ev := expiredEvent(t, failure.ProviderProcessLost)
-		a, ok := Fallback(ev)
+		a, ok := Fallback(ev.ev())
 		require.True(t, ok)
-		b, ok := Fallback(ev)
+		b, ok := Fallback(ev.ev())
 		require.True(t, ok)
 		require.Equal(t, a, b)
 		require.Equal(t, IdempotencyKey(seedRunID, seedRequestID), a.IdempotencyKey)
@@ -176,12 +176,12 @@ func TestE5_MaterializesOneIdempotentDurableInteractionAfterProviderProcessLost(
 }
 
 func TestE5_MaterializesOneIdempotentDurableInteractionAfterDurableHandoff(t *testing.T) {
-	q := func(ev Event, i int) map[string]any {
+	q := func(ev mapEvent, i int) map[string]any {
 		return questionSet(ev)["questions"].([]any)[i].(map[string]any)
 	}
 	runFallback(t, failure.DurableHandoff, []fallbackCase{
 		{name: "seed", want: same},
-		{name: "multi-select keeps options and descriptions", mutate: func(ev Event) {
+		{name: "multi-select keeps options and descriptions", mutate: func(ev mapEvent) {
 			q(ev, 0)["answerMode"] = "multi_select"
 			q(ev, 0)["options"].([]any)[0].(map[string]any)["description"] = "United States"
 		}, want: func(in *Interaction) {
@@ -190,7 +190,7 @@ func TestE5_MaterializesOneIdempotentDurableInteractionAfterDurableHandoff(t *te
 			in.Payload.Questions[0].SelectionMode = "multi"
 			in.Payload.Questions[0].Options[0].Description = "United States"
 		}},
-		{name: "number and plain text labels", mutate: func(ev Event) {
+		{name: "number and plain text labels", mutate: func(ev mapEvent) {
 			q(ev, 1)["textValidation"] = map[string]any{"inputType": "number"}
 			q(ev, 0)["answerMode"] = "text"
 		}, want: func(in *Interaction) {
@@ -199,11 +199,11 @@ func TestE5_MaterializesOneIdempotentDurableInteractionAfterDurableHandoff(t *te
 			in.Payload.Questions[0].Options = []Option{{ID: TextOptionID, Label: "Enter your answer", FreeText: true}}
 			in.Payload.Questions[1].Options[0].Label = "Enter a number"
 		}},
-		{name: "title and summary fall back to the prompt, bounded", mutate: func(ev Event) {
+		{name: "title and summary fall back to the prompt, bounded", mutate: func(ev mapEvent) {
 			delete(questionSet(ev), "title")
 			delete(questionSet(ev), "description")
 			delete(questionSet(ev), "submitLabel")
-			request(ev)["prompt"] = strings.Repeat("p", 300)
+			requestOf(ev)["prompt"] = strings.Repeat("p", 300)
 		}, want: func(in *Interaction) {
 			delete(in.Payload.QuestionSet, "title")
 			delete(in.Payload.QuestionSet, "description")
@@ -214,27 +214,27 @@ func TestE5_MaterializesOneIdempotentDurableInteractionAfterDurableHandoff(t *te
 			in.Payload.SubmitLabel = ""
 		}},
 		// Malformed requests never materialise anything.
-		{name: "unknown request schema", mutate: func(ev Event) { request(ev)["schema"] = "other.runtime_request.v1" }},
-		{name: "not a runtime request", mutate: func(ev Event) { request(ev)["requestKind"] = "approval" }},
-		{name: "not an input request", mutate: func(ev Event) { request(ev)["type"] = "approval" }},
-		{name: "top-level request id differs", mutate: func(ev Event) { ev.Payload["requestId"] = "elicitation-2" }},
-		{name: "top-level request type differs", mutate: func(ev Event) { ev.Payload["requestType"] = "approval" }},
-		{name: "missing turn id", mutate: func(ev Event) { delete(request(ev), "turnId") }},
-		{name: "item id not a string", mutate: func(ev Event) { request(ev)["itemId"] = 7.0 }},
-		{name: "request id with content", mutate: func(ev Event) {
-			request(ev)["requestId"] = "what is your password?"
+		{name: "unknown request schema", mutate: func(ev mapEvent) { requestOf(ev)["schema"] = "other.runtime_request.v1" }},
+		{name: "not a runtime request", mutate: func(ev mapEvent) { requestOf(ev)["requestKind"] = "approval" }},
+		{name: "not an input request", mutate: func(ev mapEvent) { requestOf(ev)["type"] = "approval" }},
+		{name: "top-level request id differs", mutate: func(ev mapEvent) { ev.Payload["requestId"] = "elicitation-2" }},
+		{name: "top-level request type differs", mutate: func(ev mapEvent) { ev.Payload["requestType"] = "approval" }},
+		{name: "missing turn id", mutate: func(ev mapEvent) { delete(requestOf(ev), "turnId") }},
+		{name: "item id not a string", mutate: func(ev mapEvent) { requestOf(ev)["itemId"] = 7.0 }},
+		{name: "request id with content", mutate: func(ev mapEvent) {
+			requestOf(ev)["requestId"] = "what is your password?"
 			delete(ev.Payload, "requestId")
 		}},
-		{name: "unknown question set schema", mutate: func(ev Event) { questionSet(ev)["schema"] = "x" }},
-		{name: "no questions", mutate: func(ev Event) { questionSet(ev)["questions"] = []any{} }},
-		{name: "duplicate question ids", mutate: func(ev Event) { q(ev, 1)["id"] = "region" }},
-		{name: "unknown answer mode", mutate: func(ev Event) { q(ev, 1)["answerMode"] = "slider" }},
-		{name: "select without options", mutate: func(ev Event) { delete(q(ev, 0), "options") }},
-		{name: "option using the free-text id", mutate: func(ev Event) {
+		{name: "unknown question set schema", mutate: func(ev mapEvent) { questionSet(ev)["schema"] = "x" }},
+		{name: "no questions", mutate: func(ev mapEvent) { questionSet(ev)["questions"] = []any{} }},
+		{name: "duplicate question ids", mutate: func(ev mapEvent) { q(ev, 1)["id"] = "region" }},
+		{name: "unknown answer mode", mutate: func(ev mapEvent) { q(ev, 1)["answerMode"] = "slider" }},
+		{name: "select without options", mutate: func(ev mapEvent) { delete(q(ev, 0), "options") }},
+		{name: "option using the free-text id", mutate: func(ev mapEvent) {
 			q(ev, 0)["options"].([]any)[0].(map[string]any)["id"] = TextOptionID
 		}},
-		{name: "question without a prompt", mutate: func(ev Event) { q(ev, 0)["prompt"] = " " }},
-		{name: "too many questions", mutate: func(ev Event) {
+		{name: "question without a prompt", mutate: func(ev mapEvent) { q(ev, 0)["prompt"] = " " }},
+		{name: "too many questions", mutate: func(ev mapEvent) {
 			var qs []any
 			for i := range MaxQuestions + 1 {
 				qs = append(qs, map[string]any{"id": "q" + string(rune('a'+i)), "prompt": "?", "answerMode": "text"})
@@ -246,14 +246,14 @@ func TestE5_MaterializesOneIdempotentDurableInteractionAfterDurableHandoff(t *te
 	t.Run("no run id", func(t *testing.T) {
 		ev := expiredEvent(t, failure.DurableHandoff)
 		ev.RunID = ""
-		_, ok := Fallback(ev)
+		_, ok := Fallback(ev.ev())
 		require.False(t, ok)
 	})
 }
 
-func requireNoFallback(t *testing.T, ev Event) {
+func requireNoFallback(t *testing.T, ev mapEvent) {
 	t.Helper()
-	got, ok := Fallback(ev)
+	got, ok := Fallback(ev.ev())
 	require.False(t, ok)
 	require.Zero(t, got)
 }
@@ -301,50 +301,50 @@ func TestE5_NoFallbackWhenReplayAllowed(t *testing.T) {
 func TestE5_EmitsContentFreeLifecycleMetricDimensions(t *testing.T) {
 	tests := []struct {
 		name string
-		ev   Event
+		ev   mapEvent
 		want *Metric
 	}{
-		{"seed: created", Event{EventType: EventCreated, Payload: map[string]any{
+		{"seed: created", mapEvent{EventType: EventCreated, Payload: map[string]any{
 			"request": map[string]any{
 				"type": "input", "requestId": "input-1",
 				"origin": map[string]any{"adapter": "codex-app-server"},
 				"input":  decode(t, seedQuestionSet),
 			},
 		}}, &Metric{Outcome: "normalized", Adapter: "codex-app-server", RequestID: "input-1"}},
-		{"seed: durable handoff", Event{EventType: EventExpired, Payload: map[string]any{
+		{"seed: durable handoff", mapEvent{EventType: EventExpired, Payload: map[string]any{
 			"requestId": "input-1", "requestType": "input", "reason": "durable_handoff", "adapter": "codex-app-server",
 		}}, &Metric{Outcome: "durable_handoff", Adapter: "codex-app-server", RequestID: "input-1"}},
-		{"seed: provider loss", Event{EventType: EventExpired, Payload: map[string]any{
+		{"seed: provider loss", mapEvent{EventType: EventExpired, Payload: map[string]any{
 			"requestId": "input-1", "requestType": "input", "reason": "provider_process_lost", "adapter": "codex-app-server",
 		}}, &Metric{Outcome: "provider_loss_handoff", Adapter: "codex-app-server", RequestID: "input-1"}},
-		{"other expiry", Event{EventType: EventExpired, Payload: map[string]any{
+		{"other expiry", mapEvent{EventType: EventExpired, Payload: map[string]any{
 			"requestId": "input-1", "requestType": "input", "reason": "timeout", "adapter": "acpx",
 		}}, &Metric{Outcome: "expired", Adapter: "acpx", RequestID: "input-1"}},
-		{"resolved, type from the request", Event{EventType: EventResolved, Payload: map[string]any{
+		{"resolved, type from the request", mapEvent{EventType: EventResolved, Payload: map[string]any{
 			"request": map[string]any{"type": "input", "requestId": "input-2", "origin": map[string]any{"adapter": "opencode"}},
 		}}, &Metric{Outcome: "resolved", Adapter: "opencode", RequestID: "input-2"}},
-		{"cancelled", Event{EventType: EventCancelled, Payload: map[string]any{
+		{"cancelled", mapEvent{EventType: EventCancelled, Payload: map[string]any{
 			"requestId": "input-1", "requestType": "input",
 		}}, &Metric{Outcome: "cancelled", Adapter: Unknown, RequestID: "input-1"}},
-		{"rejected input", Event{EventType: EventHarnessDiagnostic, Payload: map[string]any{
+		{"rejected input", mapEvent{EventType: EventHarnessDiagnostic, Payload: map[string]any{
 			"code": "runtime_input_rejected", "requestId": "input-3", "adapter": "codex-app-server",
 		}}, &Metric{Outcome: "rejected", Adapter: "codex-app-server", RequestID: "input-3"}},
-		{"content never becomes a dimension", Event{EventType: EventExpired, Payload: map[string]any{
+		{"content never becomes a dimension", mapEvent{EventType: EventExpired, Payload: map[string]any{
 			"requestId": "Which region? us or eu", "requestType": "input", "reason": "durable_handoff",
 			"adapter": strings.Repeat("a", 200),
 		}}, &Metric{Outcome: "durable_handoff", Adapter: Unknown, RequestID: Unknown}},
-		{"created approval request", Event{EventType: EventCreated, Payload: map[string]any{
+		{"created approval request", mapEvent{EventType: EventCreated, Payload: map[string]any{
 			"request": map[string]any{"type": "approval", "requestId": "a-1"},
 		}}, nil},
-		{"expired approval request", Event{EventType: EventExpired, Payload: map[string]any{
+		{"expired approval request", mapEvent{EventType: EventExpired, Payload: map[string]any{
 			"requestId": "a-1", "requestType": "approval", "reason": "durable_handoff",
 		}}, nil},
-		{"other diagnostic", Event{EventType: EventHarnessDiagnostic, Payload: map[string]any{"code": "slow"}}, nil},
-		{"other event", Event{EventType: "item.completed"}, nil},
+		{"other diagnostic", mapEvent{EventType: EventHarnessDiagnostic, Payload: map[string]any{"code": "slow"}}, nil},
+		{"other event", mapEvent{EventType: "item.completed"}, nil},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			got, ok := LifecycleMetric(tc.ev)
+			got, ok := LifecycleMetric(tc.ev.ev())
 			if tc.want == nil {
 				require.False(t, ok)
 				return

@@ -21,6 +21,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"google.golang.org/protobuf/proto"
+
 	"github.com/tether-run/tether/pkg/failure"
 	"github.com/tether-run/tether/pkg/procgroup"
 	"github.com/tether-run/tether/pkg/prp"
@@ -100,7 +102,7 @@ type Config struct {
 	// DynamicTools are sent as thread/start dynamicTools (codex stores them
 	// with the thread; they keep working after a resume). Each is
 	// {type:"function", name, description, inputSchema} or a namespace.
-	DynamicTools []map[string]any
+	DynamicTools []provider.DynamicTool
 	// ToolHandler answers dynamic tool calls (see ToolHandler); nil leaves
 	// every call pending until AnswerToolCall.
 	ToolHandler ToolHandler
@@ -167,7 +169,9 @@ type Event struct {
 	TurnID   string
 	ItemID   string
 	Priority uint32
-	Payload  map[string]any
+	// Body is a typed payload (provider.Event.Body); Payload otherwise.
+	Body    proto.Message
+	Payload map[string]any
 }
 
 // Session is one supervised provider process.

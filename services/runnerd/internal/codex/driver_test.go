@@ -249,7 +249,7 @@ func TestR2_ServerRequestIDZeroIsAnswered(t *testing.T) {
 	assert.Equal(t, turnID, created.TurnID)
 	assert.Equal(t, "call_1", created.ItemID)
 	assert.Equal(t, []string{"0"}, s.PendingRequests())
-	_, err = s.ResolveRequest(context.Background(), "0", map[string]any{"decision": "decline"})
+	_, err = s.ResolveRequest(context.Background(), "0", resolution(map[string]any{"decision": "decline"}))
 	require.NoError(t, err)
 
 	// The dynamic tool call waits too (no handler): answer it.

@@ -14,6 +14,11 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/tether-run/tether/pkg/prp"
+	"github.com/tether-run/tether/services/runnerd/internal/provider"
 )
 
 type recorder struct {
@@ -30,6 +35,9 @@ func (r *recorder) emit(e Event) {
 	defer r.inflight.Add(-1)
 	if d := r.delay.Load(); d > 0 {
 		time.Sleep(time.Duration(d))
+	}
+	if e.Body != nil {
+		e.Payload = bodyMap(e.Body)
 	}
 	r.mu.Lock()
 	r.evs = append(r.evs, e)
@@ -178,4 +186,22 @@ func readRecord(t *testing.T, path string) []map[string]any {
 		out = append(out, m)
 	}
 	return out
+}
+
+// bodyMap is a typed payload as the JSON object its event carries.
+func bodyMap(b proto.Message) map[string]any {
+	s, err := prp.Payload(b)
+	if err != nil {
+		panic(err)
+	}
+	return s.AsMap()
+}
+
+// resolution is a request.resolve resolution object as the drivers take it.
+func resolution(m map[string]any) provider.Resolution {
+	s, err := structpb.NewStruct(m)
+	if err != nil {
+		panic(err)
+	}
+	return provider.ParseResolution(s)
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/tether-run/tether/pkg/askuser"
 	"github.com/tether-run/tether/pkg/failure"
+	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/services/runnerd/internal/provhost"
 	"github.com/tether-run/tether/services/runnerd/internal/provider"
 )
@@ -269,7 +270,7 @@ func (f *markFilter) handle(ev Event) {
 		f.suppress = "" // already journaled by the previous runnerd
 		return
 	}
-	out := provider.Event{Type: ev.Type, TurnID: ev.TurnID, ItemID: ev.ItemID, Priority: ev.Priority, Payload: ev.Payload}
+	out := provider.Event{Type: ev.Type, TurnID: ev.TurnID, ItemID: ev.ItemID, Priority: ev.Priority, Body: ev.Body, Payload: ev.Payload}
 	f.handled++
 	if !f.ended && (f.inLine || f.awaiting) {
 		f.held = append(f.held, out)
@@ -427,13 +428,13 @@ func convertErrOrNil(err error) error {
 }
 
 // ResolveRequest answers a pending runtime request (provider.RuntimeRequestProvider).
-func (p *providerSession) ResolveRequest(ctx context.Context, requestID string, resolution map[string]any) (map[string]any, error) {
+func (p *providerSession) ResolveRequest(ctx context.Context, requestID string, resolution provider.Resolution) (*prpv1.RuntimeRequestEvent, error) {
 	res, err := p.s.ResolveRequest(ctx, requestID, resolution)
 	return res, p.convert(err)
 }
 
 // AnswerToolCall answers a pending dynamic tool call (provider.RuntimeRequestProvider).
-func (p *providerSession) AnswerToolCall(ctx context.Context, callID, turnID string, success bool, contentItems []map[string]any) (map[string]any, error) {
+func (p *providerSession) AnswerToolCall(ctx context.Context, callID, turnID string, success bool, contentItems []*prpv1.ToolContentItem) (*prpv1.ToolCallEvent, error) {
 	res, err := p.s.AnswerToolCall(ctx, callID, turnID, ToolOutput{Success: success, ContentItems: contentItems})
 	return res, p.convert(err)
 }

@@ -40,7 +40,12 @@ import (
 	"strings"
 	"time"
 
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/structpb"
+
 	"github.com/tether-run/tether/pkg/failure"
+	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/prp"
 	"github.com/tether-run/tether/services/runnerd/internal/codex/codexwire"
 	"github.com/tether-run/tether/services/runnerd/internal/provider"
@@ -48,26 +53,22 @@ import (
 
 // Runtime request kinds (payload "kind").
 const (
-	KindCommandApproval    = "command_approval"
-	KindFileChangeApproval = "file_change_approval"
-	KindUserInput          = "user_input"
+	KindCommandApproval    = provider.KindCommandApproval
+	KindFileChangeApproval = provider.KindFileChangeApproval
+	KindUserInput          = provider.KindUserInput
 )
 
 // Schemas of the normalized request objects in runtime_request.* payloads.
 const (
 	RuntimeRequestSchema = prp.RuntimeRequestSchema
-	QuestionSetSchema    = "tether.question_set.v1"
-	SemanticToolSchema   = "tether.prp.semantic_tool.v1"
+	QuestionSetSchema    = provider.QuestionSetSchema
+	SemanticToolSchema   = provider.SemanticToolSchema
 )
 
 // Codes of runtime request and tool call failures.
 const (
 	approvalDecisionsDelimiter = "|"
 )
-
-// approvalDecisions are the plain decisions every approval accepts (codex
-// honours decline even when availableDecisions does not list it).
-var approvalDecisions = map[string]bool{"accept": true, "acceptForSession": true, "decline": true, "cancel": true}
 
 // amendmentDecisions are the object decisions a command approval accepts.
 var amendmentDecisions = map[string]bool{"acceptWithExecpolicyAmendment": true, "applyNetworkPolicyAmendment": true}
@@ -82,18 +83,11 @@ type serverRequest struct {
 	turnID      string
 	itemID      string
 	questionIDs map[string]bool
-	request     map[string]any // normalized request object (payload "request")
+	request     *prpv1.RuntimeRequest // normalized request object (payload "request")
 }
 
-func (r *serverRequest) basePayload() map[string]any {
-	return map[string]any{
-		"requestId":   r.requestID,
-		"requestKind": "runtime",
-		"requestType": r.requestType,
-		"kind":        r.kind,
-		"turnId":      r.turnID,
-		"itemId":      r.itemID,
-	}
+func (r *serverRequest) basePayload() *prpv1.RuntimeRequestEvent {
+	return provider.RequestBase(r.requestID, r.requestType, r.kind, r.turnID, r.itemID)
 }
 
 // ToolCall is one dynamic tool call (item/tool/call) of the provider.
@@ -112,12 +106,12 @@ type ToolCall struct {
 // {type:"inputAudio", audioUrl}).
 type ToolOutput struct {
 	Success      bool
-	ContentItems []map[string]any
+	ContentItems []*prpv1.ToolContentItem
 }
 
 // TextOutput is a ToolOutput with one text item.
 func TextOutput(success bool, text string) ToolOutput {
-	return ToolOutput{Success: success, ContentItems: []map[string]any{{"type": "inputText", "text": text}}}
+	return ToolOutput{Success: success, ContentItems: []*prpv1.ToolContentItem{provider.TextItem(text)}}
 }
 
 // ToolHandler decides how a tool call is answered. It runs on the reader
@@ -199,8 +193,8 @@ func (s *Session) handleServerRequest(msg wireMessage) {
 	}
 }
 
-// rawValue is raw as a JSON value for an event payload (nil when absent
-// or null), numbers kept exact.
+// rawValue is raw as a JSON value (nil when absent or null), numbers kept
+// exact.
 func rawValue(raw json.RawMessage) any {
 	if !present(raw) {
 		return nil
@@ -209,6 +203,22 @@ func rawValue(raw json.RawMessage) any {
 	dec.UseNumber()
 	var v any
 	if dec.Decode(&v) != nil {
+		return nil
+	}
+	return v
+}
+
+// payloadValue is raw as an event payload's opaque value (nil when absent,
+// null or not JSON).
+func payloadValue(raw json.RawMessage) *structpb.Value {
+	if !present(raw) {
+		return nil
+	}
+	v := &structpb.Value{}
+	if protojson.Unmarshal(raw, v) != nil {
+		return nil
+	}
+	if _, null := v.GetKind().(*structpb.Value_NullValue); null {
 		return nil
 	}
 	return v
@@ -226,23 +236,23 @@ func (s *Session) answerUnsupported(msg wireMessage, p serverRequestParams) {
 	var answer string
 	switch msg.Method {
 	case "item/permissions/requestApproval", "execCommandApproval", "applyPatchApproval":
-		result = map[string]any{"decision": "decline"}
+		result = codexwire.PlainDecision("decline")
 		if msg.Method != "item/permissions/requestApproval" {
-			result = map[string]any{"decision": "denied"}
+			result = codexwire.PlainDecision("denied")
 		}
 		answer = "declined"
 	case "mcpServer/elicitation/request":
-		result = map[string]any{"action": "decline"}
+		result = codexwire.ElicitationResponse{Action: "decline"}
 		answer = "declined"
 	default:
 		answer = "rpc_error"
 	}
-	s.emitFromReader(Event{Type: "harness.diagnostic", TurnID: turnID, ItemID: itemID, Priority: PriorityP1, Payload: map[string]any{
-		"code":      failure.ProviderServerRequestUnsupported,
-		"method":    msg.Method,
-		"requestId": requestIDText(msg.ID),
-		"answer":    answer,
-		"message":   "server request " + msg.Method + " is not supported; answered conservatively (" + answer + ")",
+	s.emitFromReader(Event{Type: "harness.diagnostic", TurnID: turnID, ItemID: itemID, Priority: PriorityP1, Body: &prpv1.HarnessDiagnostic{
+		Code:      failure.ProviderServerRequestUnsupported,
+		Method:    msg.Method,
+		RequestId: requestIDText(msg.ID),
+		Answer:    answer,
+		Message:   "server request " + msg.Method + " is not supported; answered conservatively (" + answer + ")",
 	}})
 	respond := func() error { return s.respond(msg.ID, result) }
 	if result == nil {
@@ -261,56 +271,7 @@ func (s *Session) onRuntimeRequest(msg wireMessage, p serverRequestParams) {
 		turnID:    p.TurnID,
 		itemID:    p.ItemID,
 	}
-	payload := map[string]any{"method": msg.Method, "threadId": p.ThreadID}
-	req := map[string]any{
-		"schema":      RuntimeRequestSchema,
-		"requestKind": "runtime",
-		"requestId":   r.requestID,
-		"status":      "pending",
-		"turnId":      r.turnID,
-		"itemId":      r.itemID,
-	}
-	switch msg.Method {
-	case codexwire.RequestCommandApproval:
-		r.kind, r.requestType = KindCommandApproval, "approval"
-		putNonEmpty(payload, "command", p.Command)
-		putNonEmpty(payload, "cwd", p.Cwd)
-		putNonEmpty(payload, "reason", p.Reason)
-		if v := rawValue(p.ProposedExecpolicyAmendment); v != nil {
-			payload["proposedExecpolicyAmendment"] = v
-		}
-		req["prompt"] = firstNonEmpty(p.Reason, p.Command, "Approve a command")
-	case codexwire.RequestFileApproval:
-		r.kind, r.requestType = KindFileChangeApproval, "approval"
-		putNonEmpty(payload, "reason", p.Reason)
-		putNonEmpty(payload, "grantRoot", p.GrantRoot)
-		req["prompt"] = firstNonEmpty(p.Reason, "Approve file changes")
-	default:
-		r.kind, r.requestType = KindUserInput, "input"
-		var questions []codexwire.InputQuestion
-		if decodeParams(p.Questions, &questions) != nil {
-			questions = nil
-		}
-		list, _ := rawValue(p.Questions).([]any)
-		payload["questions"] = list
-		if p.IsBlocking != nil {
-			payload["isBlocking"] = *p.IsBlocking
-		}
-		set, ids, prompt := questionSet(questions)
-		r.questionIDs = ids
-		req["input"] = set
-		req["prompt"] = firstNonEmpty(prompt, "Input requested")
-	}
-	if r.requestType == "approval" {
-		payload["availableDecisions"] = availableDecisions(p.AvailableDecisions)
-	}
-	req["type"] = r.requestType
-	r.request = req
-	for k, v := range r.basePayload() {
-		payload[k] = v
-	}
-	payload["request"] = req
-
+	payload := requestPayload(r, msg.Method, p)
 	s.mu.Lock()
 	dup := s.serverReqs[r.requestID] != nil
 	if !dup {
@@ -324,13 +285,60 @@ func (s *Session) onRuntimeRequest(msg wireMessage, p serverRequestParams) {
 		_ = s.respondError(msg.ID, -32600, "duplicate request id "+r.requestID)
 		return
 	}
-	s.emitFromReader(Event{Type: "runtime_request.created", TurnID: r.turnID, ItemID: r.itemID, Priority: PriorityP0, Payload: payload})
+	s.emitFromReader(Event{Type: "runtime_request.created", TurnID: r.turnID, ItemID: r.itemID, Priority: PriorityP0, Body: payload})
+}
+
+// requestPayload fills in r's kind, type, questions and normalized request
+// from the provider's request, and returns its runtime_request.created
+// payload.
+func requestPayload(r *serverRequest, method string, p serverRequestParams) *prpv1.RuntimeRequestEvent {
+	payload := &prpv1.RuntimeRequestEvent{Method: method, ThreadId: proto.String(p.ThreadID)}
+	req := &prpv1.RuntimeRequest{
+		Schema: RuntimeRequestSchema, RequestKind: provider.RequestKindRuntime, RequestId: r.requestID,
+		Status: provider.StatusPending, TurnId: proto.String(r.turnID), ItemId: proto.String(r.itemID),
+	}
+	switch method {
+	case codexwire.RequestCommandApproval:
+		r.kind, r.requestType = KindCommandApproval, provider.RequestTypeApproval
+		payload.Command, payload.Cwd, payload.Reason = p.Command, p.Cwd, p.Reason
+		payload.ProposedExecpolicyAmendment = payloadValue(p.ProposedExecpolicyAmendment)
+		req.Prompt = firstNonEmpty(p.Reason, p.Command, "Approve a command")
+	case codexwire.RequestFileApproval:
+		r.kind, r.requestType = KindFileChangeApproval, provider.RequestTypeApproval
+		payload.Reason, payload.GrantRoot = p.Reason, p.GrantRoot
+		req.Prompt = firstNonEmpty(p.Reason, "Approve file changes")
+	default:
+		r.kind, r.requestType = KindUserInput, provider.RequestTypeInput
+		var questions []codexwire.InputQuestion
+		if decodeParams(p.Questions, &questions) != nil {
+			questions = nil
+		}
+		payload.Questions = payloadValue(p.Questions).GetListValue()
+		if payload.Questions == nil {
+			payload.Questions = &structpb.ListValue{}
+		}
+		payload.IsBlocking = p.IsBlocking
+		set, ids, prompt := questionSet(questions)
+		r.questionIDs = ids
+		req.Input = set
+		req.Prompt = firstNonEmpty(prompt, "Input requested")
+	}
+	if r.requestType == provider.RequestTypeApproval {
+		payload.AvailableDecisions = availableDecisions(p.AvailableDecisions)
+	}
+	req.Type = r.requestType
+	r.request = req
+	base := r.basePayload()
+	payload.RequestId, payload.RequestKind, payload.RequestType, payload.Kind = base.RequestId, base.RequestKind, base.RequestType, base.Kind
+	payload.TurnId, payload.ItemId = base.TurnId, base.ItemId
+	payload.Request = req
+	return payload
 }
 
 // availableDecisions lists the decisions offered: the provider's list
 // (object decisions by their key) plus decline, which codex always honours.
-func availableDecisions(raw json.RawMessage) []any {
-	out := []any{}
+func availableDecisions(raw json.RawMessage) []string {
+	out := []string{}
 	seen := map[string]bool{}
 	add := func(d string) {
 		if d != "" && !seen[d] {
@@ -340,7 +348,7 @@ func availableDecisions(raw json.RawMessage) []any {
 	}
 	var list []json.RawMessage
 	if !present(raw) || json.Unmarshal(raw, &list) != nil {
-		for _, d := range []string{"accept", "acceptForSession", "decline", "cancel"} {
+		for _, d := range provider.ApprovalDecisions {
 			add(d)
 		}
 		return out
@@ -368,9 +376,9 @@ func availableDecisions(raw json.RawMessage) []any {
 // tether.question_set.v1 shape the executor's durable fallback reads:
 // questions with options become single_select (option ids option-<n>,
 // labels kept), others text.
-func questionSet(questions []codexwire.InputQuestion) (map[string]any, map[string]bool, string) {
+func questionSet(questions []codexwire.InputQuestion) (*prpv1.QuestionSet, map[string]bool, string) {
 	ids := map[string]bool{}
-	out := make([]any, 0, len(questions))
+	set := &prpv1.QuestionSet{Schema: QuestionSetSchema}
 	prompt := ""
 	for _, q := range questions {
 		id := q.ID
@@ -382,25 +390,16 @@ func questionSet(questions []codexwire.InputQuestion) (map[string]any, map[strin
 		if prompt == "" {
 			prompt = text
 		}
-		nq := map[string]any{"id": id, "prompt": text, "required": true, "answerMode": "text"}
-		if q.Header != "" {
-			nq["header"] = q.Header
+		nq := &prpv1.Question{Id: id, Prompt: text, Required: true, AnswerMode: "text", Header: q.Header}
+		for i, o := range q.Options {
+			nq.Options = append(nq.Options, &prpv1.QuestionOption{Id: "option-" + strconv.Itoa(i+1), Label: o.Label, Description: o.Description})
 		}
 		if len(q.Options) > 0 {
-			nopts := make([]any, 0, len(q.Options))
-			for i, o := range q.Options {
-				no := map[string]any{"id": "option-" + strconv.Itoa(i+1), "label": o.Label}
-				if o.Description != "" {
-					no["description"] = o.Description
-				}
-				nopts = append(nopts, no)
-			}
-			nq["answerMode"] = "single_select"
-			nq["options"] = nopts
+			nq.AnswerMode = "single_select"
 		}
-		out = append(out, nq)
+		set.Questions = append(set.Questions, nq)
 	}
-	return map[string]any{"schema": QuestionSetSchema, "questions": out}, ids, prompt
+	return set, ids, prompt
 }
 
 func firstNonEmpty(ss ...string) string {
@@ -434,7 +433,7 @@ func (s *Session) PendingRequests() []string {
 // {"answers": [...]}}}. Errors: runtime_request_not_pending (unknown,
 // answered, expired), runtime_request_resolution_invalid, or the session
 // failure. ctx is not used for the (non-blocking) write; it is checked once.
-func (s *Session) ResolveRequest(ctx context.Context, requestID string, resolution map[string]any) (map[string]any, error) {
+func (s *Session) ResolveRequest(ctx context.Context, requestID string, resolution provider.Resolution) (*prpv1.RuntimeRequestEvent, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -473,84 +472,56 @@ func (s *Session) ResolveRequest(ctx context.Context, requestID string, resoluti
 		return nil, err
 	}
 	payload := r.basePayload()
-	payload["resolution"] = summary
-	s.emitFn(Event{Type: "runtime_request.resolved", TurnID: r.turnID, ItemID: r.itemID, Priority: PriorityP0, Payload: payload})
-	out := r.basePayload()
-	out["resolution"] = summary
-	return out, nil
+	payload.Resolution = summary
+	s.emitFn(Event{Type: "runtime_request.resolved", TurnID: r.turnID, ItemID: r.itemID, Priority: PriorityP0, Body: payload})
+	return proto.Clone(payload).(*prpv1.RuntimeRequestEvent), nil
 }
 
 // buildResolution validates resolution for r and returns the JSON-RPC result
 // and the summary reported in events.
-func buildResolution(r *serverRequest, resolution map[string]any) (map[string]any, map[string]any, *Error) {
-	if r.requestType == "approval" {
-		switch d := resolution["decision"].(type) {
-		case string:
-			if !approvalDecisions[d] {
-				return nil, nil, errorf(failure.RuntimeRequestResolutionInvalid, "decision %q is not one of accept, acceptForSession, decline, cancel", d)
-			}
-			return map[string]any{"decision": d}, map[string]any{"decision": d}, nil
-		case map[string]any:
-			if r.kind != KindCommandApproval || len(d) != 1 {
+func buildResolution(r *serverRequest, res provider.Resolution) (any, *prpv1.RuntimeResolution, *Error) {
+	if r.requestType == provider.RequestTypeApproval {
+		switch {
+		case res.Object:
+			if r.kind != KindCommandApproval || res.ObjectKeys != 1 {
 				return nil, nil, errorf(failure.RuntimeRequestResolutionInvalid, "an object decision must be acceptWithExecpolicyAmendment or applyNetworkPolicyAmendment on a command approval")
 			}
-			for k := range d {
-				if !amendmentDecisions[k] {
-					return nil, nil, errorf(failure.RuntimeRequestResolutionInvalid, "object decision %q is not supported", k)
-				}
-				return map[string]any{"decision": d}, map[string]any{"decision": k, "amendment": d[k]}, nil
+			if !amendmentDecisions[res.Decision] {
+				return nil, nil, errorf(failure.RuntimeRequestResolutionInvalid, "object decision %q is not supported", res.Decision)
 			}
+			amendment, err := protojson.Marshal(res.Amendment)
+			if err != nil {
+				return nil, nil, errorf(failure.RuntimeRequestResolutionInvalid, "object decision %q: %v", res.Decision, err)
+			}
+			object, err := json.Marshal(map[string]json.RawMessage{res.Decision: amendment})
+			if err != nil {
+				return nil, nil, errorf(failure.RuntimeRequestResolutionInvalid, "object decision %q: %v", res.Decision, err)
+			}
+			return codexwire.DecisionResponse{Decision: object}, provider.ResolutionSummary(res, false), nil
+		case res.Decision != "":
+			if !provider.IsApprovalDecision(res.Decision) {
+				return nil, nil, errorf(failure.RuntimeRequestResolutionInvalid, "decision %q is not one of accept, acceptForSession, decline, cancel", res.Decision)
+			}
+			return codexwire.PlainDecision(res.Decision), provider.ResolutionSummary(res, false), nil
 		}
 		return nil, nil, errorf(failure.RuntimeRequestResolutionInvalid, "an approval resolution needs a decision")
 	}
-	raw, ok := resolution["answers"].(map[string]any)
-	if !ok {
+	if !res.HasAnswers {
 		return nil, nil, errorf(failure.RuntimeRequestResolutionInvalid, "a user input resolution needs answers {questionId: text | [text] | {answers:[text]}}")
 	}
-	answers := map[string]any{}
-	summary := map[string]any{}
-	for qid, v := range raw {
+	for qid := range res.Answers {
 		if !r.questionIDs[qid] {
 			return nil, nil, errorf(failure.RuntimeRequestResolutionInvalid, "question %q was not asked", qid)
 		}
-		var list []string
-		switch x := v.(type) {
-		case string:
-			list = []string{x}
-		case []any:
-			for _, e := range x {
-				s, ok := e.(string)
-				if !ok {
-					return nil, nil, errorf(failure.RuntimeRequestResolutionInvalid, "answers of %q must be strings", qid)
-				}
-				list = append(list, s)
-			}
-		case map[string]any:
-			inner, ok := x["answers"].([]any)
-			if !ok {
-				return nil, nil, errorf(failure.RuntimeRequestResolutionInvalid, "answers of %q must be text, a list of text or {answers:[text]}", qid)
-			}
-			for _, e := range inner {
-				s, ok := e.(string)
-				if !ok {
-					return nil, nil, errorf(failure.RuntimeRequestResolutionInvalid, "answers of %q must be strings", qid)
-				}
-				list = append(list, s)
-			}
-		default:
-			return nil, nil, errorf(failure.RuntimeRequestResolutionInvalid, "answers of %q must be text, a list of text or {answers:[text]}", qid)
-		}
-		if list == nil {
-			list = []string{}
-		}
-		anyList := make([]any, len(list))
-		for i, s := range list {
-			anyList[i] = s
-		}
-		answers[qid] = map[string]any{"answers": anyList}
-		summary[qid] = anyList
 	}
-	return map[string]any{"answers": answers}, map[string]any{"answers": summary}, nil
+	if q := res.AnswersInvalid; q != "" {
+		return nil, nil, errorf(failure.RuntimeRequestResolutionInvalid, "answers of %q must be text, a list of text or {answers:[text]}", q)
+	}
+	out := codexwire.UserInputResponse{Answers: make(map[string]codexwire.InputAnswer, len(res.Answers))}
+	for qid, list := range res.Answers {
+		out.Answers[qid] = codexwire.InputAnswer{Answers: list}
+	}
+	return out, provider.ResolutionSummary(res, true), nil
 }
 
 // onServerRequestResolved handles serverRequest/resolved: a request the
@@ -577,8 +548,8 @@ func (s *Session) onServerRequestResolved(p codexwire.ServerRequestResolved) {
 		return
 	}
 	payload := r.basePayload()
-	payload["reason"] = failure.ProviderResolved
-	s.emitFromReader(Event{Type: "runtime_request.cancelled", TurnID: r.turnID, ItemID: r.itemID, Priority: PriorityP0, Payload: payload})
+	payload.Reason = failure.ProviderResolved
+	s.emitFromReader(Event{Type: "runtime_request.cancelled", TurnID: r.turnID, ItemID: r.itemID, Priority: PriorityP0, Body: payload})
 }
 
 // expireRequests removes the pending runtime requests and tool calls (of one
@@ -608,12 +579,12 @@ func (s *Session) expireRequests(turnID, reason string, emit bool) {
 	sort.Slice(reqs, func(i, j int) bool { return lessID(reqs[i].requestID, reqs[j].requestID) })
 	for _, r := range reqs {
 		payload := provider.ExpiredRequest(r.basePayload(), r.request, reason)
-		s.emitFn(Event{Type: "runtime_request.expired", TurnID: r.turnID, ItemID: r.itemID, Priority: PriorityP0, Payload: payload})
+		s.emitFn(Event{Type: "runtime_request.expired", TurnID: r.turnID, ItemID: r.itemID, Priority: PriorityP0, Body: payload})
 	}
 	sort.Slice(calls, func(i, j int) bool { return lessID(calls[i].call.RequestID, calls[j].call.RequestID) })
 	for _, c := range calls {
-		s.emitFn(Event{Type: "tool.execution.completed", TurnID: c.call.TurnID, ItemID: c.call.CallID, Priority: PriorityP1, Payload: map[string]any{
-			"callId": c.call.CallID, "tool": c.call.Tool, "success": false, "code": reason,
+		s.emitFn(Event{Type: "tool.execution.completed", TurnID: c.call.TurnID, ItemID: c.call.CallID, Priority: PriorityP1, Body: &prpv1.ToolCallEvent{
+			CallId: c.call.CallID, Tool: c.call.Tool, Success: proto.Bool(false), Code: reason,
 		}})
 	}
 }
@@ -641,41 +612,18 @@ func (s *Session) onToolCall(msg wireMessage, p serverRequestParams) {
 	if p.Namespace != nil {
 		call.Namespace = *p.Namespace
 	}
-	args := rawValue(p.Arguments)
 	if present(p.Arguments) {
-		if b, err := json.Marshal(args); err == nil {
+		if b, err := json.Marshal(rawValue(p.Arguments)); err == nil {
 			call.Arguments = b // compact, keys sorted
 		}
 	}
+	args := payloadValue(p.Arguments)
 	if args == nil {
-		args = map[string]any{}
+		args = structpb.NewStructValue(&structpb.Struct{})
 	}
-	in := map[string]any{
-		"callId": call.CallID, "requestId": call.RequestID, "tool": call.Tool, "namespace": call.Namespace,
-		"arguments": args, "turnId": call.TurnID,
-	}
-	in["semantic_tool"] = map[string]any{
-		"schema": SemanticToolSchema, "phase": "input", "callId": call.CallID, "tool": call.Tool,
-		"namespace": call.Namespace, "arguments": args,
-	}
-	s.emitFromReader(Event{Type: "semantic_tool.input", TurnID: call.TurnID, ItemID: call.CallID, Priority: PriorityP0, Payload: in})
-	s.emitFromReader(Event{Type: "tool.execution.started", TurnID: call.TurnID, ItemID: call.CallID, Priority: PriorityP1, Payload: map[string]any{
-		"callId": call.CallID, "requestId": call.RequestID, "tool": call.Tool, "namespace": call.Namespace,
-	}})
 	rawID := append(json.RawMessage(nil), bytes.TrimSpace(msg.ID)...)
-
-	s.mu.Lock()
-	active := s.turn != nil && s.turn.id == call.TurnID && call.TurnID != ""
-	activeID := ""
-	if s.turn != nil {
-		activeID = s.turn.id
-	}
-	dup := call.CallID == "" || s.toolCalls[call.CallID] != nil
 	pt := &pendingTool{call: call, rawID: rawID}
-	if active && !dup {
-		s.toolCalls[call.CallID] = pt
-	}
-	s.mu.Unlock()
+	active, dup, activeID := s.announceTool(pt, args)
 	switch {
 	case !active:
 		msgText := failure.NativeToolAuthorityEpochRevoked + ": tool call " + call.CallID + " belongs to turn " + strconv.Quote(call.TurnID) +
@@ -705,6 +653,42 @@ func (s *Session) onToolCall(msg wireMessage, p serverRequestParams) {
 	if still {
 		s.finishTool(pt, out, "builtin", "")
 	}
+}
+
+// announceTool emits a tool call's semantic_tool.input and
+// tool.execution.started and, when the call belongs to the active turn and
+// its id is new, makes it pending, all under emitMu: an answer can never
+// find the call announced but not yet pending.
+func (s *Session) announceTool(pt *pendingTool, args *structpb.Value) (active, dup bool, activeID string) {
+	call := pt.call
+	ns := proto.String(call.Namespace)
+	s.emitMu.Lock()
+	defer s.emitMu.Unlock()
+	s.mu.Lock()
+	failed := s.failErr != nil
+	s.mu.Unlock()
+	if !failed {
+		s.emitFn(Event{Type: "semantic_tool.input", TurnID: call.TurnID, ItemID: call.CallID, Priority: PriorityP0, Body: &prpv1.ToolCallEvent{
+			CallId: call.CallID, RequestId: call.RequestID, Tool: call.Tool, Namespace: ns, Arguments: args, TurnId: proto.String(call.TurnID),
+			SemanticTool: &prpv1.SemanticTool{
+				Schema: SemanticToolSchema, Phase: "input", CallId: call.CallID, Tool: call.Tool, Namespace: ns, Arguments: args,
+			},
+		}})
+		s.emitFn(Event{Type: "tool.execution.started", TurnID: call.TurnID, ItemID: call.CallID, Priority: PriorityP1, Body: &prpv1.ToolCallEvent{
+			CallId: call.CallID, RequestId: call.RequestID, Tool: call.Tool, Namespace: ns,
+		}})
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	active = s.turn != nil && s.turn.id == call.TurnID && call.TurnID != ""
+	if s.turn != nil {
+		activeID = s.turn.id
+	}
+	dup = call.CallID == "" || s.toolCalls[call.CallID] != nil
+	if active && !dup {
+		s.toolCalls[call.CallID] = pt
+	}
+	return active, dup, activeID
 }
 
 // timeoutTool answers a tool call still pending after d with success false
@@ -737,35 +721,27 @@ func (s *Session) finishTool(pt *pendingTool, out ToolOutput, source, code strin
 	}
 }
 
-func toolResult(out ToolOutput) map[string]any {
-	items := make([]any, 0, len(out.ContentItems))
+func toolResult(out ToolOutput) codexwire.ToolCallResponse {
+	items := make([]codexwire.ContentItem, 0, len(out.ContentItems))
 	for _, it := range out.ContentItems {
-		items = append(items, it)
+		items = append(items, codexwire.ContentItem{Type: it.GetType(), Text: it.GetText(), ImageURL: it.GetImageUrl(), AudioURL: it.GetAudioUrl()})
 	}
-	return map[string]any{"contentItems": items, "success": out.Success}
+	return codexwire.ToolCallResponse{ContentItems: items, Success: out.Success}
 }
 
 func toolResultEvents(call ToolCall, out ToolOutput, source, code string) []Event {
-	items := make([]any, 0, len(out.ContentItems))
-	for _, it := range out.ContentItems {
-		items = append(items, it)
-	}
-	res := map[string]any{
-		"callId": call.CallID, "requestId": call.RequestID, "tool": call.Tool, "success": out.Success,
-		"contentItems": items, "source": source,
-		"semantic_tool": map[string]any{
-			"schema": SemanticToolSchema, "phase": "result", "callId": call.CallID, "tool": call.Tool,
-			"success": out.Success, "contentItems": items,
+	res := &prpv1.ToolCallEvent{
+		CallId: call.CallID, RequestId: call.RequestID, Tool: call.Tool, Success: proto.Bool(out.Success),
+		ContentItems: out.ContentItems, Source: source, Code: code,
+		SemanticTool: &prpv1.SemanticTool{
+			Schema: SemanticToolSchema, Phase: "result", CallId: call.CallID, Tool: call.Tool,
+			Success: proto.Bool(out.Success), ContentItems: out.ContentItems,
 		},
 	}
-	done := map[string]any{"callId": call.CallID, "tool": call.Tool, "success": out.Success}
-	if code != "" {
-		res["code"] = code
-		done["code"] = code
-	}
+	done := &prpv1.ToolCallEvent{CallId: call.CallID, Tool: call.Tool, Success: proto.Bool(out.Success), Code: code}
 	return []Event{
-		{Type: "semantic_tool.result", TurnID: call.TurnID, ItemID: call.CallID, Priority: PriorityP0, Payload: res},
-		{Type: "tool.execution.completed", TurnID: call.TurnID, ItemID: call.CallID, Priority: PriorityP1, Payload: done},
+		{Type: "semantic_tool.result", TurnID: call.TurnID, ItemID: call.CallID, Priority: PriorityP0, Body: res},
+		{Type: "tool.execution.completed", TurnID: call.TurnID, ItemID: call.CallID, Priority: PriorityP1, Body: done},
 	}
 }
 
@@ -786,16 +762,13 @@ func (s *Session) PendingToolCalls() []string {
 // call) is refused with native_tool_authority_epoch_revoked, as is a call
 // whose turn is no longer active. Errors: tool_call_not_pending,
 // tool_result_invalid, native_tool_authority_epoch_revoked.
-func (s *Session) AnswerToolCall(ctx context.Context, callID, turnID string, out ToolOutput) (map[string]any, error) {
+func (s *Session) AnswerToolCall(ctx context.Context, callID, turnID string, out ToolOutput) (*prpv1.ToolCallEvent, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
 	for _, it := range out.ContentItems {
-		typ, _ := it["type"].(string)
-		switch typ {
-		case "inputText", "inputImage", "inputAudio":
-		default:
-			return nil, errorf(failure.ToolResultInvalid, "content item type %q is not inputText, inputImage or inputAudio", typ)
+		if !provider.ValidContentItem(it) {
+			return nil, errorf(failure.ToolResultInvalid, "content item type %q is not inputText, inputImage or inputAudio", it.GetType())
 		}
 	}
 	s.emitMu.Lock()
@@ -829,5 +802,5 @@ func (s *Session) AnswerToolCall(ctx context.Context, callID, turnID string, out
 	for _, ev := range toolResultEvents(pt.call, out, "controller", "") {
 		s.emitFn(ev)
 	}
-	return map[string]any{"callId": callID, "turnId": pt.call.TurnID, "success": out.Success}, nil
+	return &prpv1.ToolCallEvent{CallId: callID, TurnId: proto.String(pt.call.TurnID), Success: proto.Bool(out.Success)}, nil
 }

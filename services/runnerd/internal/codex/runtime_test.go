@@ -11,6 +11,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tether-run/tether/pkg/failure"
+	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
+	"github.com/tether-run/tether/services/runnerd/internal/provider"
 )
 
 // answers returns the wire answers the stub echoed back as warnings.
@@ -50,18 +52,18 @@ func TestR2_ApprovalBecomesRuntimeRequestAndIsResolved(t *testing.T) {
 	assert.Equal(t, "pending", req["status"])
 
 	// Bad resolutions change nothing.
-	_, err = s.ResolveRequest(context.Background(), "0", map[string]any{"decision": "maybe"})
+	_, err = s.ResolveRequest(context.Background(), "0", resolution(map[string]any{"decision": "maybe"}))
 	assert.Equal(t, failure.RuntimeRequestResolutionInvalid, CodeOf(err))
-	_, err = s.ResolveRequest(context.Background(), "0", map[string]any{"answers": map[string]any{}})
+	_, err = s.ResolveRequest(context.Background(), "0", resolution(map[string]any{"answers": map[string]any{}}))
 	assert.Equal(t, failure.RuntimeRequestResolutionInvalid, CodeOf(err))
-	_, err = s.ResolveRequest(context.Background(), "7", map[string]any{"decision": "accept"})
+	_, err = s.ResolveRequest(context.Background(), "7", resolution(map[string]any{"decision": "accept"}))
 	assert.Equal(t, failure.RuntimeRequestNotPending, CodeOf(err))
 
-	out, err := s.ResolveRequest(context.Background(), "0", map[string]any{"decision": "acceptForSession"})
+	out, err := s.ResolveRequest(context.Background(), "0", resolution(map[string]any{"decision": "acceptForSession"}))
 	require.NoError(t, err)
-	assert.Equal(t, map[string]any{"decision": "acceptForSession"}, out["resolution"])
+	assert.Equal(t, map[string]any{"decision": "acceptForSession"}, bodyMap(out)["resolution"])
 	// A second resolution of the same request is refused.
-	_, err = s.ResolveRequest(context.Background(), "0", map[string]any{"decision": "accept"})
+	_, err = s.ResolveRequest(context.Background(), "0", resolution(map[string]any{"decision": "accept"}))
 	assert.Equal(t, failure.RuntimeRequestNotPending, CodeOf(err))
 
 	rec.waitFor(t, isType("semantic_tool.input"))
@@ -114,13 +116,13 @@ func TestR2_UserInputRequestAnswered(t *testing.T) {
 	assert.Equal(t, "single_select", qs[0].(map[string]any)["answerMode"])
 	assert.Equal(t, "text", qs[1].(map[string]any)["answerMode"])
 
-	_, err = s.ResolveRequest(context.Background(), "0", map[string]any{"answers": map[string]any{"shoe": "x"}})
+	_, err = s.ResolveRequest(context.Background(), "0", resolution(map[string]any{"answers": map[string]any{"shoe": "x"}}))
 	assert.Equal(t, failure.RuntimeRequestResolutionInvalid, CodeOf(err))
-	_, err = s.ResolveRequest(context.Background(), "0", map[string]any{"decision": "accept"})
+	_, err = s.ResolveRequest(context.Background(), "0", resolution(map[string]any{"decision": "accept"}))
 	assert.Equal(t, failure.RuntimeRequestResolutionInvalid, CodeOf(err))
-	_, err = s.ResolveRequest(context.Background(), "0", map[string]any{"answers": map[string]any{
+	_, err = s.ResolveRequest(context.Background(), "0", resolution(map[string]any{"answers": map[string]any{
 		"color": []any{"red"}, "name": "Ada",
-	}})
+	}}))
 	require.NoError(t, err)
 	assert.Equal(t, TurnCompleted, waitTurn(t, s).Status)
 	ans := stubAnswers(t, rec)
@@ -156,7 +158,7 @@ func TestR2_RuntimeRequestsExpireOnProviderLoss(t *testing.T) {
 	// Expiry precedes the failed turn.
 	types := rec.types()
 	assert.Less(t, indexOf(types, "runtime_request.expired"), indexOf(types, "turn.failed"))
-	_, err = s.ResolveRequest(context.Background(), "0", map[string]any{"decision": "accept"})
+	_, err = s.ResolveRequest(context.Background(), "0", resolution(map[string]any{"decision": "accept"}))
 	assert.Equal(t, failure.RuntimeRequestNotPending, CodeOf(err))
 }
 
@@ -184,7 +186,7 @@ func TestR2_DynamicToolCallBuiltinHandler(t *testing.T) {
 	t.Parallel()
 	cfg := stubConfig(t, "echo")
 	cfg.ToolHandler = StubToolHandler
-	cfg.DynamicTools = []map[string]any{{"type": "function", "name": "mock_lookup", "description": "d", "inputSchema": map[string]any{"type": "object"}}}
+	cfg.DynamicTools = []provider.DynamicTool{{Type: "function", Name: "mock_lookup", Description: "d", InputSchema: json.RawMessage(`{"type":"object"}`)}}
 	s, rec := startSession(t, cfg)
 	openStubThread(t, s)
 	turnID, err := s.StartTurn(context.Background(), "[tool-auto]")
@@ -237,12 +239,12 @@ func TestR2_AnswerToolCallFromAnotherTurnIsRevoked(t *testing.T) {
 	turnID, err := s.StartTurn(context.Background(), "[approval]")
 	require.NoError(t, err)
 	rec.waitFor(t, isType("runtime_request.created"))
-	_, err = s.ResolveRequest(context.Background(), "0", map[string]any{"decision": "accept"})
+	_, err = s.ResolveRequest(context.Background(), "0", resolution(map[string]any{"decision": "accept"}))
 	require.NoError(t, err)
 	rec.waitFor(t, isType("semantic_tool.input"))
 	_, err = s.AnswerToolCall(context.Background(), "call_2", "turn-of-an-old-run", TextOutput(true, "x"))
 	assert.Equal(t, failure.NativeToolAuthorityEpochRevoked, CodeOf(err))
-	_, err = s.AnswerToolCall(context.Background(), "call_2", turnID, ToolOutput{Success: true, ContentItems: []map[string]any{{"type": "video"}}})
+	_, err = s.AnswerToolCall(context.Background(), "call_2", turnID, ToolOutput{Success: true, ContentItems: []*prpv1.ToolContentItem{{Type: "video"}}})
 	assert.Equal(t, failure.ToolResultInvalid, CodeOf(err))
 	_, err = s.AnswerToolCall(context.Background(), "nope", turnID, TextOutput(true, "x"))
 	assert.Equal(t, failure.ToolCallNotPending, CodeOf(err))
@@ -302,7 +304,7 @@ func TestR2_ThreadStartSendsDynamicTools(t *testing.T) {
 	t.Parallel()
 	record := t.TempDir() + "/rec.jsonl"
 	cfg := stubConfig(t, "echo", stubRecordEnv+"="+record)
-	cfg.DynamicTools = []map[string]any{{"type": "function", "name": "mock_lookup"}}
+	cfg.DynamicTools = []provider.DynamicTool{{Type: "function", Name: "mock_lookup", Description: "d", InputSchema: json.RawMessage(`{"type":"object"}`)}}
 	s, _ := startSession(t, cfg)
 	openStubThread(t, s)
 	lines := readRecord(t, record)
@@ -313,7 +315,7 @@ func TestR2_ThreadStartSendsDynamicTools(t *testing.T) {
 		}
 	}
 	require.NotNil(t, start)
-	assert.Equal(t, []any{map[string]any{"type": "function", "name": "mock_lookup"}}, start["params"].(map[string]any)["dynamicTools"])
+	assert.Equal(t, []any{map[string]any{"type": "function", "name": "mock_lookup", "description": "d", "inputSchema": map[string]any{"type": "object"}}}, start["params"].(map[string]any)["dynamicTools"])
 }
 
 func TestR2_StartTurnWithCollaborationMode(t *testing.T) {
@@ -347,7 +349,7 @@ func TestR8_AnUnansweredToolCallIsAnsweredFailedAfterTheToolTimeout(t *testing.T
 	turnID, err := s.StartTurn(context.Background(), "[approval]")
 	require.NoError(t, err)
 	rec.waitFor(t, isType("runtime_request.created"))
-	_, err = s.ResolveRequest(context.Background(), "0", map[string]any{"decision": "accept"})
+	_, err = s.ResolveRequest(context.Background(), "0", resolution(map[string]any{"decision": "accept"}))
 	require.NoError(t, err)
 	rec.waitFor(t, isType("semantic_tool.input"))
 	rec.waitFor(t, isType("semantic_tool.result"))

@@ -56,6 +56,8 @@ import (
 	"sync"
 	"time"
 
+	"google.golang.org/protobuf/proto"
+
 	"github.com/tether-run/tether/pkg/atomicfile"
 	"github.com/tether-run/tether/pkg/failure"
 	"github.com/tether-run/tether/pkg/procgroup"
@@ -576,6 +578,11 @@ func (s *Session) deliver(r provider.TurnResult) {
 
 func (s *Session) emitEv(typ, turnID, itemID string, prio uint32, payload map[string]any) {
 	s.emit(provider.Event{Type: typ, TurnID: turnID, ItemID: itemID, Priority: prio, Payload: payload})
+}
+
+// emitBody emits an event with a typed payload.
+func (s *Session) emitBody(typ, turnID, itemID string, prio uint32, body proto.Message) {
+	s.emit(provider.Event{Type: typ, TurnID: turnID, ItemID: itemID, Priority: prio, Body: body})
 }
 
 // kill stops the server's process group at once.

@@ -14,7 +14,11 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/structpb"
+
 	"github.com/tether-run/tether/pkg/failure"
+	"github.com/tether-run/tether/pkg/prp"
 	"github.com/tether-run/tether/pkg/testing/testbin"
 	"github.com/tether-run/tether/services/runnerd/internal/provider"
 )
@@ -36,6 +40,9 @@ type recorder struct {
 func newRecorder() *recorder { return &recorder{signal: make(chan struct{}, 1)} }
 
 func (r *recorder) emit(ev provider.Event) {
+	if ev.Body != nil {
+		ev.Payload = bodyMap(ev.Body)
+	}
 	r.mu.Lock()
 	r.events = append(r.events, ev)
 	r.mu.Unlock()
@@ -203,18 +210,18 @@ func TestR10_PermissionAskedIsARuntimeRequestAcceptedOrDeclined(t *testing.T) {
 	assert.Equal(t, "approval", created.Payload["requestType"])
 	assert.Contains(t, created.Payload["command"], "echo permitted > perm.txt")
 	reqID := created.Payload["requestId"].(string)
-	_, err = s.ResolveRequest(ctx, reqID, map[string]any{"decision": "bogus"})
+	_, err = s.ResolveRequest(ctx, reqID, resolution(map[string]any{"decision": "bogus"}))
 	require.EqualValues(t, failure.RuntimeRequestResolutionInvalid, provider.ErrorCode(err))
-	out, err := s.ResolveRequest(ctx, reqID, map[string]any{"decision": "accept"})
+	out, err := s.ResolveRequest(ctx, reqID, resolution(map[string]any{"decision": "accept"}))
 	require.NoError(t, err)
-	assert.Equal(t, map[string]any{"decision": "accept"}, out["resolution"])
+	assert.Equal(t, map[string]any{"decision": "accept"}, bodyMap(out)["resolution"])
 	res := turnResult(t, s)
 	assert.Equal(t, "completed", res.Status)
 	assert.Equal(t, "TOOL RESULT: done-bash", res.FinalMessage)
 	got, err := os.ReadFile(filepath.Join(b.workspace, "perm.txt"))
 	require.NoError(t, err)
 	assert.Equal(t, "permitted\n", string(got))
-	_, err = s.ResolveRequest(ctx, reqID, map[string]any{"decision": "accept"})
+	_, err = s.ResolveRequest(ctx, reqID, resolution(map[string]any{"decision": "accept"}))
 	require.EqualValues(t, failure.RuntimeRequestNotPending, provider.ErrorCode(err))
 	done := rec.await(t, "item.completed", func(e provider.Event) bool {
 		return e.TurnID == id && e.Payload["kind"] == "commandExecution"
@@ -226,7 +233,7 @@ func TestR10_PermissionAskedIsARuntimeRequestAcceptedOrDeclined(t *testing.T) {
 	id, err = s.StartTurn(ctx, "[bash] echo declined > no.txt")
 	require.NoError(t, err)
 	created = rec.await(t, "runtime_request.created", func(e provider.Event) bool { return e.TurnID == id })
-	_, err = s.ResolveRequest(ctx, created.Payload["requestId"].(string), map[string]any{"decision": "decline"})
+	_, err = s.ResolveRequest(ctx, created.Payload["requestId"].(string), resolution(map[string]any{"decision": "decline"}))
 	require.NoError(t, err)
 	res = turnResult(t, s)
 	assert.Equal(t, "completed", res.Status)
@@ -324,7 +331,7 @@ func TestR10_ARestartedRunnerdReattachesToTheServerAndKeepsTheTurn(t *testing.T)
 	first := rec.await(t, "runtime_request.created", nil)
 	created := rec2.await(t, "runtime_request.created", nil)
 	require.True(t, strings.HasPrefix(created.Payload["requestId"].(string), first.Payload["requestId"].(string)+"@"), "%v", created.Payload["requestId"])
-	_, err = s.ResolveRequest(ctx, created.Payload["requestId"].(string), map[string]any{"decision": "accept"})
+	_, err = s.ResolveRequest(ctx, created.Payload["requestId"].(string), resolution(map[string]any{"decision": "accept"}))
 	require.NoError(t, err)
 	res := turnResult(t, s)
 	assert.Equal(t, id, res.TurnID)
@@ -502,4 +509,22 @@ func TestR7_APromptCallCutWhileTheServerLivesIsSettledByTheMessageID(t *testing.
 	assert.Equal(t, 1, strings.Count(string(calls), "drop:prompt-taken\n"), "the second call's answer was cut")
 	assert.Equal(t, 3, strings.Count(string(calls), "prompt ses_"), "the first prompt sent again, the second not")
 	assert.Equal(t, 1, b.processStarts(t))
+}
+
+// bodyMap is a typed payload as the JSON object its event carries.
+func bodyMap(b proto.Message) map[string]any {
+	s, err := prp.Payload(b)
+	if err != nil {
+		panic(err)
+	}
+	return s.AsMap()
+}
+
+// resolution is a request.resolve resolution object as the drivers take it.
+func resolution(m map[string]any) provider.Resolution {
+	s, err := structpb.NewStruct(m)
+	if err != nil {
+		panic(err)
+	}
+	return provider.ParseResolution(s)
 }

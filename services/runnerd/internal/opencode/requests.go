@@ -6,7 +6,10 @@ import (
 	"net/http"
 	"sort"
 
+	"google.golang.org/protobuf/proto"
+
 	"github.com/tether-run/tether/pkg/failure"
+	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/prp"
 	"github.com/tether-run/tether/services/runnerd/internal/opencode/opencodewire"
 	"github.com/tether-run/tether/services/runnerd/internal/provider"
@@ -35,22 +38,21 @@ const DeclineMessage = "The operator declined this tool call. Do not retry it; c
 
 type permRequest struct {
 	id, ocID, kind, turnID, itemID string
-	request                        map[string]any
+	request                        *prpv1.RuntimeRequest
 }
 
-func (r *permRequest) basePayload() map[string]any {
-	return map[string]any{"requestId": r.id, "requestKind": "runtime", "requestType": "approval", "kind": r.kind,
-		"turnId": r.turnID, "itemId": r.itemID}
+func (r *permRequest) basePayload() *prpv1.RuntimeRequestEvent {
+	return provider.RequestBase(r.id, provider.RequestTypeApproval, r.kind, r.turnID, r.itemID)
 }
 
 func permissionKind(p string) string {
 	switch p {
 	case "bash":
-		return "command_approval"
+		return provider.KindCommandApproval
 	case "edit", "write", "patch", "multiedit":
-		return "file_change_approval"
+		return provider.KindFileChangeApproval
 	}
-	return "permission_approval"
+	return provider.KindPermission
 }
 
 // onPermissionAsked announces a permission request (emitMu held);
@@ -87,22 +89,19 @@ func (s *Session) onPermissionAsked(p opencodewire.PermissionRequest, reannounce
 	if command != "" {
 		prompt = command
 	}
-	r.request = map[string]any{"schema": RuntimeRequestSchema, "requestKind": "runtime", "requestId": id, "type": "approval",
-		"status": "pending", "prompt": prompt, "turnId": turnID, "itemId": r.itemID}
+	r.request = &prpv1.RuntimeRequest{Schema: RuntimeRequestSchema, RequestKind: provider.RequestKindRuntime, RequestId: id,
+		Type: provider.RequestTypeApproval, Status: provider.StatusPending, Prompt: prompt,
+		TurnId: proto.String(turnID), ItemId: proto.String(r.itemID)}
 	payload := r.basePayload()
-	payload["method"] = "permission.asked"
-	payload["threadId"] = sid
-	payload["permission"] = p.Permission
-	if command != "" {
-		payload["command"] = command
-	}
-	if p.Patterns != nil {
-		payload["patterns"] = p.Patterns
-	}
-	payload["cwd"] = s.cfg.Dir
-	payload["availableDecisions"] = []any{"accept", "acceptForSession", "decline", "cancel"}
-	payload["request"] = r.request
-	s.emitEv("runtime_request.created", turnID, r.itemID, provider.P0, payload)
+	payload.Method = "permission.asked"
+	payload.ThreadId = proto.String(sid)
+	payload.Permission = proto.String(p.Permission)
+	payload.Command = command
+	payload.Patterns = p.Patterns
+	payload.Cwd = s.cfg.Dir
+	payload.AvailableDecisions = provider.ApprovalDecisions
+	payload.Request = r.request
+	s.emitBody("runtime_request.created", turnID, r.itemID, provider.P0, payload)
 }
 
 // permByOC finds an open request by its OpenCode permission id (mu held).
@@ -128,8 +127,8 @@ func (s *Session) onPermissionReplied(requestID string) {
 		return
 	}
 	payload := r.basePayload()
-	payload["reason"] = failure.ProviderResolved
-	s.emitEv("runtime_request.cancelled", r.turnID, r.itemID, provider.P0, payload)
+	payload.Reason = failure.ProviderResolved
+	s.emitBody("runtime_request.cancelled", r.turnID, r.itemID, provider.P0, payload)
 }
 
 // announcePending announces afresh the server's open requests of the
@@ -159,13 +158,16 @@ func (s *Session) expireRequests(reason string) {
 	sort.Slice(reqs, func(i, j int) bool { return reqs[i].id < reqs[j].id })
 	for _, r := range reqs {
 		payload := provider.ExpiredRequest(r.basePayload(), r.request, reason)
-		s.emitEv("runtime_request.expired", r.turnID, r.itemID, provider.P0, payload)
+		s.emitBody("runtime_request.expired", r.turnID, r.itemID, provider.P0, payload)
 	}
 }
 
 // ResolveRequest answers a pending permission request.
-func (s *Session) ResolveRequest(ctx context.Context, requestID string, resolution map[string]any) (map[string]any, error) {
-	decision, _ := resolution["decision"].(string)
+func (s *Session) ResolveRequest(ctx context.Context, requestID string, resolution provider.Resolution) (*prpv1.RuntimeRequestEvent, error) {
+	decision := resolution.Decision
+	if resolution.Object {
+		decision = ""
+	}
 	var body opencodewire.PermissionReply
 	switch decision {
 	case "accept":
@@ -203,8 +205,8 @@ func (s *Session) ResolveRequest(ctx context.Context, requestID string, resoluti
 		return nil, perr(failure.ProviderTransportFailed, "answering OpenCode permission %s: %v", requestID, err)
 	}
 	out := r.basePayload()
-	out["resolution"] = map[string]any{"decision": decision}
-	s.emitEv("runtime_request.resolved", r.turnID, r.itemID, provider.P0, out)
+	out.Resolution = &prpv1.RuntimeResolution{Decision: decision}
+	s.emitBody("runtime_request.resolved", r.turnID, r.itemID, provider.P0, out)
 	s.emitMu.Unlock()
 	if decision == "cancel" && r.turnID != "" {
 		if err := s.Interrupt(ctx, r.turnID); err != nil {
@@ -212,10 +214,10 @@ func (s *Session) ResolveRequest(ctx context.Context, requestID string, resoluti
 		}
 	}
 	_ = sid
-	return out, nil
+	return proto.Clone(out).(*prpv1.RuntimeRequestEvent), nil
 }
 
 // AnswerToolCall refuses: the OpenCode driver offers no dynamic tools.
-func (s *Session) AnswerToolCall(_ context.Context, callID, _ string, _ bool, _ []map[string]any) (map[string]any, error) {
+func (s *Session) AnswerToolCall(_ context.Context, callID, _ string, _ bool, _ []*prpv1.ToolContentItem) (*prpv1.ToolCallEvent, error) {
 	return nil, perr(failure.ToolCallNotPending, "tool call %s is not pending (the OpenCode driver has no dynamic tools)", callID)
 }

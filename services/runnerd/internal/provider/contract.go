@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"log/slog"
 	"time"
+
+	"google.golang.org/protobuf/proto"
 )
 
 // Event priorities (PRP): P0 is never dropped, P2 may be coalesced.
@@ -122,7 +124,7 @@ type Config struct {
 	PermissionMode, Agent string
 	// DynamicTools are the run's caller-implemented tools (codex
 	// thread/start dynamicTools); calls are answered with tool.result.
-	DynamicTools []map[string]any
+	DynamicTools []DynamicTool
 	// ToolTimeout bounds a dynamic tool call's wait for tool.result
 	// (semantic_tool_timeout); zero: no bound.
 	ToolTimeout                    time.Duration
@@ -148,7 +150,11 @@ type Event struct {
 	TurnID   string
 	ItemID   string
 	Priority uint32
-	Payload  map[string]any
+	// Body is the typed payload (tether/prp/v1/payloads.proto) of an
+	// event the control plane interprets (runtime requests, tool calls);
+	// Payload, when Body is nil, the object of a provider's own item.
+	Body    proto.Message
+	Payload map[string]any
 	// Cursor is a provider host mark: every provider line through this
 	// host seq has been emitted (with this event, if it has a Type).
 	Cursor uint64
@@ -158,15 +164,6 @@ type Event struct {
 	// without its cursor, killed before the rest, would have the host
 	// replay the line and journal that part twice.
 	More bool
-}
-
-// RuntimeRequestProvider is implemented by providers that can answer
-// runtime requests and tool calls (codex).
-type RuntimeRequestProvider interface {
-	// ResolveRequest answers the pending runtime request requestID.
-	ResolveRequest(ctx context.Context, requestID string, resolution map[string]any) (map[string]any, error)
-	// AnswerToolCall answers the pending tool call callID of turn turnID.
-	AnswerToolCall(ctx context.Context, callID, turnID string, success bool, contentItems []map[string]any) (map[string]any, error)
 }
 
 // ErrorCode returns the stable code of a provider error (an *Error), or "".

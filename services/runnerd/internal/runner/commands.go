@@ -24,6 +24,7 @@ import (
 	"github.com/tether-run/tether/pkg/runnerstate"
 	"github.com/tether-run/tether/pkg/synctrace"
 	"github.com/tether-run/tether/pkg/telemetry"
+	"github.com/tether-run/tether/services/runnerd/internal/provider"
 	"github.com/tether-run/tether/services/runnerd/internal/statedir"
 )
 
@@ -541,20 +542,6 @@ func outcomeMap(result proto.Message) map[string]any {
 		return nil
 	}
 	return s.AsMap()
-}
-
-// providerResult is a provider's own result of a command (request.resolve,
-// tool.result), passed on as it is; nil when it has none or it does not
-// encode.
-func providerResult(res map[string]any) proto.Message {
-	if res == nil {
-		return nil
-	}
-	s, err := toStruct(res)
-	if err != nil {
-		return nil
-	}
-	return s
 }
 
 func (r *Runner) execute(ctx context.Context, c *prpv1.Command) (proto.Message, *cmdError) {
@@ -1280,28 +1267,32 @@ func toolContract(in *prpv1.ExecutionInput) string {
 // dynamicTools are the tools the provider is offered: the run's declared
 // tools, followed by the built-in tether_ask_user (SPEC E4) unless the run
 // declares a tool of that name itself.
-func dynamicTools(in *prpv1.ExecutionInput) []map[string]any {
+func dynamicTools(in *prpv1.ExecutionInput) []provider.DynamicTool {
 	out := declaredTools(in)
 	for _, t := range in.GetDynamicTools() {
 		if t.GetName() == askuser.ToolName {
 			return out
 		}
 	}
-	return append(out, askuser.Definition())
+	schema, err := json.Marshal(askuser.InputSchema())
+	if err != nil {
+		return out
+	}
+	return append(out, provider.DynamicTool{Type: "function", Name: askuser.ToolName, Description: askuser.Description(), InputSchema: schema})
 }
 
 // declaredTools renders the run's declared tools in codex's thread/start
 // shape: {type:"function", name, description, inputSchema}.
-func declaredTools(in *prpv1.ExecutionInput) []map[string]any {
-	var out []map[string]any
+func declaredTools(in *prpv1.ExecutionInput) []provider.DynamicTool {
+	var out []provider.DynamicTool
 	for _, t := range in.GetDynamicTools() {
-		schema := map[string]any{"type": "object"}
+		schema := json.RawMessage(`{"type":"object"}`)
 		if t.GetInputSchema() != nil {
-			schema = t.GetInputSchema().AsMap()
+			if b, err := json.Marshal(t.GetInputSchema().AsMap()); err == nil {
+				schema = b
+			}
 		}
-		out = append(out, map[string]any{
-			"type": "function", "name": t.GetName(), "description": t.GetDescription(), "inputSchema": schema,
-		})
+		out = append(out, provider.DynamicTool{Type: "function", Name: t.GetName(), Description: t.GetDescription(), InputSchema: schema})
 	}
 	return out
 }

@@ -5,7 +5,13 @@ import (
 	"slices"
 	"strings"
 
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+
+	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
+	"github.com/tether-run/tether/pkg/prp"
 	"github.com/tether-run/tether/pkg/runnerstate"
+	"github.com/tether-run/tether/services/runnerd/internal/provider"
 )
 
 // Runtime requests across a runnerd crash (SPEC R8). The runtime requests
@@ -19,33 +25,36 @@ import (
 // durable question fallback (E5) — and each tool call as
 // tool.execution.completed with success false.
 
-// requestFields are the announcement fields an expiry repeats.
-var requestFields = []string{"requestId", "requestKind", "requestType", "kind", "method", "threadId", "turnId", "itemId", "request"}
-
 // trackRequest keeps OpenRequests in step with an event being journaled,
-// labelled with run runID. It reports whether the set changed.
+// labelled with run runID. It reports whether the set changed. An open
+// request keeps the announcement fields its expiry repeats (its identity,
+// method, thread and normalized request; a tool call's id and tool).
 func (r *Runner) trackRequest(e pendingEvent, runID string) bool {
 	var key string
-	switch e.typ {
-	case "runtime_request.created", "runtime_request.resolved", "runtime_request.expired", "runtime_request.cancelled":
-		id, _ := e.payload["requestId"].(string)
-		key = "request:" + id
-	case "semantic_tool.input", "semantic_tool.result", "tool.execution.completed":
-		id, _ := e.payload["callId"].(string)
-		key = "tool:" + id
+	var kept proto.Message
+	switch b := e.body.(type) {
+	case *prpv1.RuntimeRequestEvent:
+		key = "request:" + b.GetRequestId()
+		k := provider.BaseOf(b)
+		k.Method, k.ThreadId, k.Request = b.GetMethod(), b.ThreadId, b.GetRequest()
+		kept = k
+	case *prpv1.ToolCallEvent:
+		if e.typ == prp.EventToolExecutionStarted {
+			return false
+		}
+		key = "tool:" + b.GetCallId()
+		kept = &prpv1.ToolCallEvent{CallId: b.GetCallId(), Tool: b.GetTool()}
 	default:
 		return false
 	}
 	switch e.typ {
-	case "runtime_request.created", "semantic_tool.input":
+	case prp.EventRuntimeRequestCreated, prp.EventToolInput:
+		fields, err := protojson.Marshal(kept)
+		if err != nil {
+			return false
+		}
 		if r.st.OpenRequests == nil {
 			r.st.OpenRequests = map[string]*runnerstate.OpenRequest{}
-		}
-		fields := map[string]any{}
-		for _, f := range append(requestFields, "callId", "tool") {
-			if v, ok := e.payload[f]; ok {
-				fields[f] = v
-			}
 		}
 		r.st.OpenRequests[key] = &runnerstate.OpenRequest{RunID: runID, TurnID: e.turnID, ItemID: e.itemID, Fields: fields}
 		return true
@@ -66,28 +75,23 @@ func (r *Runner) openRequestKeys() []string {
 // (one journaled batch) and forgets them.
 func (r *Runner) expireRequests(keys []string, reason string) {
 	var evs []pendingEvent
+	decode := protojson.UnmarshalOptions{DiscardUnknown: true}
 	for _, k := range keys {
 		o := r.st.OpenRequests[k]
 		if o == nil {
 			continue
 		}
 		if strings.HasPrefix(k, "tool:") {
-			evs = append(evs, pendingEvent{prio: P1, typ: "tool.execution.completed", turnID: o.TurnID, itemID: o.ItemID, runID: o.RunID,
-				payload: map[string]any{"callId": o.Fields["callId"], "tool": o.Fields["tool"], "success": false, "code": reason}})
+			var call prpv1.ToolCallEvent
+			_ = decode.Unmarshal(o.Fields, &call) // what does not decode stays empty
+			evs = append(evs, pendingEvent{prio: P1, typ: prp.EventToolExecutionCompleted, turnID: o.TurnID, itemID: o.ItemID, runID: o.RunID,
+				body: &prpv1.ToolCallEvent{CallId: call.GetCallId(), Tool: call.GetTool(), Success: proto.Bool(false), Code: reason}})
 			continue
 		}
-		payload := map[string]any{"reason": reason, "replayAllowed": false}
-		for _, f := range requestFields {
-			if v, ok := o.Fields[f]; ok {
-				payload[f] = v
-			}
-		}
-		if req, ok := o.Fields["request"].(map[string]any); ok {
-			c := maps.Clone(req)
-			c["status"] = "expired"
-			payload["request"] = c
-		}
-		evs = append(evs, pendingEvent{prio: P0, typ: "runtime_request.expired", turnID: o.TurnID, itemID: o.ItemID, runID: o.RunID, payload: payload})
+		var req prpv1.RuntimeRequestEvent
+		_ = decode.Unmarshal(o.Fields, &req)
+		exp := provider.ExpiredRequest(&req, req.GetRequest(), reason)
+		evs = append(evs, pendingEvent{prio: P0, typ: prp.EventRuntimeRequestExpired, turnID: o.TurnID, itemID: o.ItemID, runID: o.RunID, body: exp})
 	}
 	if len(evs) == 0 {
 		return

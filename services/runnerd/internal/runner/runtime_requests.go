@@ -35,6 +35,7 @@ import (
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/prp"
 	"github.com/tether-run/tether/pkg/runnerstate"
+	"github.com/tether-run/tether/services/runnerd/internal/provider"
 
 	"google.golang.org/protobuf/proto"
 )
@@ -92,12 +93,12 @@ func (r *Runner) cmdRequestResolve(c *prpv1.Command) (proto.Message, *cmdError) 
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.RequestTimeout)
 	defer cancel()
-	res, err := rp.ResolveRequest(ctx, requestID, resolution.AsMap())
+	res, err := rp.ResolveRequest(ctx, requestID, provider.ParseResolution(resolution))
 	r.pumpProviderEvents()
 	if err != nil {
 		return nil, providerRejection("provider_request_resolve_failed", err)
 	}
-	return providerResult(res), nil
+	return res, nil
 }
 
 func (r *Runner) cmdToolResult(c *prpv1.Command) (proto.Message, *cmdError) {
@@ -118,16 +119,17 @@ func (r *Runner) cmdToolResult(c *prpv1.Command) (proto.Message, *cmdError) {
 		return nil, rejected(failure.CommandInvalid, "tool.result needs payload.callId (1..160)")
 	}
 	success := body.Success == nil || body.GetSuccess()
-	var items []map[string]any
+	items := []*prpv1.ToolContentItem{}
 	if l := body.GetContentItems(); len(l) > 0 {
 		for _, m := range l {
-			items = append(items, m.AsMap())
+			var it prpv1.ToolContentItem
+			if err := prp.DecodeStruct(m, &it); err != nil {
+				return nil, rejected(failure.ToolResultInvalid, "tool.result content item: %v", err)
+			}
+			items = append(items, &it)
 		}
 	} else if body.Text != nil {
-		items = []map[string]any{{"type": "inputText", "text": body.GetText()}}
-	}
-	if items == nil {
-		items = []map[string]any{}
+		items = append(items, provider.TextItem(body.GetText()))
 	}
 	rp, e := r.activeRuntimeProvider()
 	if e != nil {
@@ -144,5 +146,5 @@ func (r *Runner) cmdToolResult(c *prpv1.Command) (proto.Message, *cmdError) {
 	if err != nil {
 		return nil, providerRejection("provider_tool_result_failed", err)
 	}
-	return providerResult(res), nil
+	return res, nil
 }

@@ -8,8 +8,12 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"google.golang.org/protobuf/proto"
+
 	"github.com/tether-run/tether/pkg/failure"
+	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/runnerstate"
+	"github.com/tether-run/tether/services/runnerd/internal/provider"
 )
 
 // rrProvider adds runtime request answers to the fake provider.
@@ -20,30 +24,31 @@ type rrProvider struct {
 	tools    []string
 }
 
-func (p *rrProvider) ResolveRequest(ctx context.Context, requestID string, resolution map[string]any) (map[string]any, error) {
+func (p *rrProvider) ResolveRequest(ctx context.Context, requestID string, resolution provider.Resolution) (*prpv1.RuntimeRequestEvent, error) {
 	if requestID != "0" {
 		return nil, &ProviderError{Code: failure.RuntimeRequestNotPending, Message: "runtime request " + requestID + " is not pending"}
 	}
-	d, _ := resolution["decision"].(string)
+	d := resolution.Decision
 	if d == "" {
 		return nil, &ProviderError{Code: failure.RuntimeRequestResolutionInvalid, Message: "no decision"}
 	}
 	p.mu.Lock()
 	p.resolved = append(p.resolved, requestID+":"+d)
 	p.mu.Unlock()
-	p.emit(ProviderEvent{Type: "runtime_request.resolved", TurnID: "turn-1", Priority: P0, Payload: map[string]any{"requestId": requestID, "resolution": resolution}})
-	return map[string]any{"requestId": requestID, "resolution": resolution}, nil
+	out := &prpv1.RuntimeRequestEvent{RequestId: requestID, Resolution: provider.ResolutionSummary(resolution, false)}
+	p.emit(ProviderEvent{Type: "runtime_request.resolved", TurnID: "turn-1", Priority: P0, Body: out})
+	return out, nil
 }
 
-func (p *rrProvider) AnswerToolCall(ctx context.Context, callID, turnID string, success bool, items []map[string]any) (map[string]any, error) {
+func (p *rrProvider) AnswerToolCall(ctx context.Context, callID, turnID string, success bool, items []*prpv1.ToolContentItem) (*prpv1.ToolCallEvent, error) {
 	if callID != "call-1" {
 		return nil, &ProviderError{Code: failure.ToolCallNotPending, Message: "tool call " + callID + " is not pending"}
 	}
-	text, _ := items[0]["text"].(string)
+	text := items[0].GetText()
 	p.mu.Lock()
 	p.tools = append(p.tools, callID+"@"+turnID+":"+text)
 	p.mu.Unlock()
-	return map[string]any{"callId": callID, "turnId": turnID, "success": success}, nil
+	return &prpv1.ToolCallEvent{CallId: callID, TurnId: proto.String(turnID), Success: proto.Bool(success)}, nil
 }
 
 func rrStarter(e *testEnv) func(*Config) {

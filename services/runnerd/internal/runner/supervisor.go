@@ -77,7 +77,7 @@ func (s *supervisor) collect(items []queued) (evs []pendingEvent, cursor uint64,
 		if it.ev.Type == "" {
 			continue
 		}
-		evs = append(evs, pendingEvent{prio: it.ev.Priority, typ: it.ev.Type, turnID: it.ev.TurnID, itemID: it.ev.ItemID, payload: it.ev.Payload})
+		evs = append(evs, pendingEvent{prio: it.ev.Priority, typ: it.ev.Type, turnID: it.ev.TurnID, itemID: it.ev.ItemID, body: it.ev.Body, payload: it.ev.Payload})
 	}
 	return evs, cursor, true
 }

@@ -9,6 +9,7 @@ package prpv1
 import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	structpb "google.golang.org/protobuf/types/known/structpb"
 	reflect "reflect"
 	sync "sync"
 	unsafe "unsafe"
@@ -1078,8 +1079,14 @@ type HarnessDiagnostic struct {
 	Code              string                 `protobuf:"bytes,1,opt,name=code,proto3" json:"code,omitempty"`
 	Message           string                 `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
 	OriginalEventType string                 `protobuf:"bytes,3,opt,name=original_event_type,json=originalEventType,proto3" json:"original_event_type,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// A provider's diagnostic: the method it concerns, and for a server
+	// request the driver answered conservatively its id and the answer
+	// (declined | rpc_error).
+	Method        string `protobuf:"bytes,4,opt,name=method,proto3" json:"method,omitempty"`
+	RequestId     string `protobuf:"bytes,5,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	Answer        string `protobuf:"bytes,6,opt,name=answer,proto3" json:"answer,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *HarnessDiagnostic) Reset() {
@@ -1129,6 +1136,27 @@ func (x *HarnessDiagnostic) GetMessage() string {
 func (x *HarnessDiagnostic) GetOriginalEventType() string {
 	if x != nil {
 		return x.OriginalEventType
+	}
+	return ""
+}
+
+func (x *HarnessDiagnostic) GetMethod() string {
+	if x != nil {
+		return x.Method
+	}
+	return ""
+}
+
+func (x *HarnessDiagnostic) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+func (x *HarnessDiagnostic) GetAnswer() string {
+	if x != nil {
+		return x.Answer
 	}
 	return ""
 }
@@ -1628,11 +1656,1069 @@ func (x *RunRetryScheduled) GetNextAttemptAt() string {
 	return ""
 }
 
+// RuntimeRequestEvent is the payload of runtime_request.created,
+// .resolved, .expired and .cancelled. Every one carries the request's
+// identity (request_id through item_id); created adds what the provider
+// asked, resolved the resolution, expired and cancelled a reason.
+type RuntimeRequestEvent struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	RequestId string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// runtime
+	RequestKind string `protobuf:"bytes,2,opt,name=request_kind,json=requestKind,proto3" json:"request_kind,omitempty"`
+	// approval | input
+	RequestType string `protobuf:"bytes,3,opt,name=request_type,json=requestType,proto3" json:"request_type,omitempty"`
+	// command_approval | file_change_approval | permission_approval | user_input
+	Kind   string  `protobuf:"bytes,4,opt,name=kind,proto3" json:"kind,omitempty"`
+	TurnId *string `protobuf:"bytes,5,opt,name=turn_id,json=turnId,proto3,oneof" json:"turn_id,omitempty"`
+	ItemId *string `protobuf:"bytes,6,opt,name=item_id,json=itemId,proto3,oneof" json:"item_id,omitempty"`
+	// created: the provider's method and thread.
+	Method   string  `protobuf:"bytes,7,opt,name=method,proto3" json:"method,omitempty"`
+	ThreadId *string `protobuf:"bytes,8,opt,name=thread_id,json=threadId,proto3,oneof" json:"thread_id,omitempty"`
+	// created, command approval: the command, its directory and reason.
+	Command string `protobuf:"bytes,9,opt,name=command,proto3" json:"command,omitempty"`
+	Cwd     string `protobuf:"bytes,10,opt,name=cwd,proto3" json:"cwd,omitempty"`
+	// created, an approval's reason; expired and cancelled: why it ended
+	// (provider_process_lost, durable_handoff, provider_resolved, ...).
+	Reason string `protobuf:"bytes,11,opt,name=reason,proto3" json:"reason,omitempty"`
+	// created, file change approval.
+	GrantRoot string `protobuf:"bytes,12,opt,name=grant_root,json=grantRoot,proto3" json:"grant_root,omitempty"`
+	// created, command approval: the provider's proposed amendment, as it
+	// sent it (opaque).
+	ProposedExecpolicyAmendment *structpb.Value `protobuf:"bytes,13,opt,name=proposed_execpolicy_amendment,json=proposedExecpolicyAmendment,proto3" json:"proposed_execpolicy_amendment,omitempty"`
+	// created, approvals: the decisions offered.
+	AvailableDecisions []string `protobuf:"bytes,14,rep,name=available_decisions,json=availableDecisions,proto3" json:"available_decisions,omitempty"`
+	// created, user input: the provider's questions as it sent them
+	// (opaque; request.input holds them normalized).
+	Questions  *structpb.ListValue `protobuf:"bytes,15,opt,name=questions,proto3" json:"questions,omitempty"`
+	IsBlocking *bool               `protobuf:"varint,16,opt,name=is_blocking,json=isBlocking,proto3,oneof" json:"is_blocking,omitempty"`
+	// created, OpenCode permissions: the permission and its patterns.
+	Permission *string  `protobuf:"bytes,17,opt,name=permission,proto3,oneof" json:"permission,omitempty"`
+	Patterns   []string `protobuf:"bytes,18,rep,name=patterns,proto3" json:"patterns,omitempty"`
+	// created and expired: the normalized request.
+	Request *RuntimeRequest `protobuf:"bytes,19,opt,name=request,proto3" json:"request,omitempty"`
+	// resolved: how it was answered.
+	Resolution *RuntimeResolution `protobuf:"bytes,20,opt,name=resolution,proto3" json:"resolution,omitempty"`
+	// expired: whether the request may be asked again (always false).
+	ReplayAllowed *bool `protobuf:"varint,21,opt,name=replay_allowed,json=replayAllowed,proto3,oneof" json:"replay_allowed,omitempty"`
+	// The harness that asked (other harnesses' requests; tether's drivers
+	// leave it empty).
+	Adapter       string         `protobuf:"bytes,22,opt,name=adapter,proto3" json:"adapter,omitempty"`
+	Origin        *RequestOrigin `protobuf:"bytes,23,opt,name=origin,proto3" json:"origin,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RuntimeRequestEvent) Reset() {
+	*x = RuntimeRequestEvent{}
+	mi := &file_tether_prp_v1_payloads_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RuntimeRequestEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RuntimeRequestEvent) ProtoMessage() {}
+
+func (x *RuntimeRequestEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_prp_v1_payloads_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RuntimeRequestEvent.ProtoReflect.Descriptor instead.
+func (*RuntimeRequestEvent) Descriptor() ([]byte, []int) {
+	return file_tether_prp_v1_payloads_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *RuntimeRequestEvent) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+func (x *RuntimeRequestEvent) GetRequestKind() string {
+	if x != nil {
+		return x.RequestKind
+	}
+	return ""
+}
+
+func (x *RuntimeRequestEvent) GetRequestType() string {
+	if x != nil {
+		return x.RequestType
+	}
+	return ""
+}
+
+func (x *RuntimeRequestEvent) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *RuntimeRequestEvent) GetTurnId() string {
+	if x != nil && x.TurnId != nil {
+		return *x.TurnId
+	}
+	return ""
+}
+
+func (x *RuntimeRequestEvent) GetItemId() string {
+	if x != nil && x.ItemId != nil {
+		return *x.ItemId
+	}
+	return ""
+}
+
+func (x *RuntimeRequestEvent) GetMethod() string {
+	if x != nil {
+		return x.Method
+	}
+	return ""
+}
+
+func (x *RuntimeRequestEvent) GetThreadId() string {
+	if x != nil && x.ThreadId != nil {
+		return *x.ThreadId
+	}
+	return ""
+}
+
+func (x *RuntimeRequestEvent) GetCommand() string {
+	if x != nil {
+		return x.Command
+	}
+	return ""
+}
+
+func (x *RuntimeRequestEvent) GetCwd() string {
+	if x != nil {
+		return x.Cwd
+	}
+	return ""
+}
+
+func (x *RuntimeRequestEvent) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *RuntimeRequestEvent) GetGrantRoot() string {
+	if x != nil {
+		return x.GrantRoot
+	}
+	return ""
+}
+
+func (x *RuntimeRequestEvent) GetProposedExecpolicyAmendment() *structpb.Value {
+	if x != nil {
+		return x.ProposedExecpolicyAmendment
+	}
+	return nil
+}
+
+func (x *RuntimeRequestEvent) GetAvailableDecisions() []string {
+	if x != nil {
+		return x.AvailableDecisions
+	}
+	return nil
+}
+
+func (x *RuntimeRequestEvent) GetQuestions() *structpb.ListValue {
+	if x != nil {
+		return x.Questions
+	}
+	return nil
+}
+
+func (x *RuntimeRequestEvent) GetIsBlocking() bool {
+	if x != nil && x.IsBlocking != nil {
+		return *x.IsBlocking
+	}
+	return false
+}
+
+func (x *RuntimeRequestEvent) GetPermission() string {
+	if x != nil && x.Permission != nil {
+		return *x.Permission
+	}
+	return ""
+}
+
+func (x *RuntimeRequestEvent) GetPatterns() []string {
+	if x != nil {
+		return x.Patterns
+	}
+	return nil
+}
+
+func (x *RuntimeRequestEvent) GetRequest() *RuntimeRequest {
+	if x != nil {
+		return x.Request
+	}
+	return nil
+}
+
+func (x *RuntimeRequestEvent) GetResolution() *RuntimeResolution {
+	if x != nil {
+		return x.Resolution
+	}
+	return nil
+}
+
+func (x *RuntimeRequestEvent) GetReplayAllowed() bool {
+	if x != nil && x.ReplayAllowed != nil {
+		return *x.ReplayAllowed
+	}
+	return false
+}
+
+func (x *RuntimeRequestEvent) GetAdapter() string {
+	if x != nil {
+		return x.Adapter
+	}
+	return ""
+}
+
+func (x *RuntimeRequestEvent) GetOrigin() *RequestOrigin {
+	if x != nil {
+		return x.Origin
+	}
+	return nil
+}
+
+// RequestOrigin names the harness a request came from.
+type RequestOrigin struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Adapter       string                 `protobuf:"bytes,1,opt,name=adapter,proto3" json:"adapter,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RequestOrigin) Reset() {
+	*x = RequestOrigin{}
+	mi := &file_tether_prp_v1_payloads_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RequestOrigin) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RequestOrigin) ProtoMessage() {}
+
+func (x *RequestOrigin) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_prp_v1_payloads_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RequestOrigin.ProtoReflect.Descriptor instead.
+func (*RequestOrigin) Descriptor() ([]byte, []int) {
+	return file_tether_prp_v1_payloads_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *RequestOrigin) GetAdapter() string {
+	if x != nil {
+		return x.Adapter
+	}
+	return ""
+}
+
+// RuntimeRequest is the normalized request object
+// (schema tether.runtime_request.v2).
+type RuntimeRequest struct {
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Schema      string                 `protobuf:"bytes,1,opt,name=schema,proto3" json:"schema,omitempty"`
+	RequestKind string                 `protobuf:"bytes,2,opt,name=request_kind,json=requestKind,proto3" json:"request_kind,omitempty"`
+	RequestId   string                 `protobuf:"bytes,3,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// pending | expired
+	Status string  `protobuf:"bytes,4,opt,name=status,proto3" json:"status,omitempty"`
+	TurnId *string `protobuf:"bytes,5,opt,name=turn_id,json=turnId,proto3,oneof" json:"turn_id,omitempty"`
+	ItemId *string `protobuf:"bytes,6,opt,name=item_id,json=itemId,proto3,oneof" json:"item_id,omitempty"`
+	Prompt string  `protobuf:"bytes,7,opt,name=prompt,proto3" json:"prompt,omitempty"`
+	// approval | input
+	Type string `protobuf:"bytes,8,opt,name=type,proto3" json:"type,omitempty"`
+	// input: the questions (schema tether.question_set.v1).
+	Input         *QuestionSet   `protobuf:"bytes,9,opt,name=input,proto3" json:"input,omitempty"`
+	Origin        *RequestOrigin `protobuf:"bytes,10,opt,name=origin,proto3" json:"origin,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RuntimeRequest) Reset() {
+	*x = RuntimeRequest{}
+	mi := &file_tether_prp_v1_payloads_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RuntimeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RuntimeRequest) ProtoMessage() {}
+
+func (x *RuntimeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_prp_v1_payloads_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RuntimeRequest.ProtoReflect.Descriptor instead.
+func (*RuntimeRequest) Descriptor() ([]byte, []int) {
+	return file_tether_prp_v1_payloads_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *RuntimeRequest) GetSchema() string {
+	if x != nil {
+		return x.Schema
+	}
+	return ""
+}
+
+func (x *RuntimeRequest) GetRequestKind() string {
+	if x != nil {
+		return x.RequestKind
+	}
+	return ""
+}
+
+func (x *RuntimeRequest) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+func (x *RuntimeRequest) GetStatus() string {
+	if x != nil {
+		return x.Status
+	}
+	return ""
+}
+
+func (x *RuntimeRequest) GetTurnId() string {
+	if x != nil && x.TurnId != nil {
+		return *x.TurnId
+	}
+	return ""
+}
+
+func (x *RuntimeRequest) GetItemId() string {
+	if x != nil && x.ItemId != nil {
+		return *x.ItemId
+	}
+	return ""
+}
+
+func (x *RuntimeRequest) GetPrompt() string {
+	if x != nil {
+		return x.Prompt
+	}
+	return ""
+}
+
+func (x *RuntimeRequest) GetType() string {
+	if x != nil {
+		return x.Type
+	}
+	return ""
+}
+
+func (x *RuntimeRequest) GetInput() *QuestionSet {
+	if x != nil {
+		return x.Input
+	}
+	return nil
+}
+
+func (x *RuntimeRequest) GetOrigin() *RequestOrigin {
+	if x != nil {
+		return x.Origin
+	}
+	return nil
+}
+
+// QuestionSet is a set of questions (schema tether.question_set.v1).
+type QuestionSet struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Schema        string                 `protobuf:"bytes,1,opt,name=schema,proto3" json:"schema,omitempty"`
+	Title         string                 `protobuf:"bytes,2,opt,name=title,proto3" json:"title,omitempty"`
+	Description   string                 `protobuf:"bytes,3,opt,name=description,proto3" json:"description,omitempty"`
+	SubmitLabel   string                 `protobuf:"bytes,4,opt,name=submit_label,json=submitLabel,proto3" json:"submit_label,omitempty"`
+	Questions     []*Question            `protobuf:"bytes,5,rep,name=questions,proto3" json:"questions,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *QuestionSet) Reset() {
+	*x = QuestionSet{}
+	mi := &file_tether_prp_v1_payloads_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *QuestionSet) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*QuestionSet) ProtoMessage() {}
+
+func (x *QuestionSet) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_prp_v1_payloads_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use QuestionSet.ProtoReflect.Descriptor instead.
+func (*QuestionSet) Descriptor() ([]byte, []int) {
+	return file_tether_prp_v1_payloads_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *QuestionSet) GetSchema() string {
+	if x != nil {
+		return x.Schema
+	}
+	return ""
+}
+
+func (x *QuestionSet) GetTitle() string {
+	if x != nil {
+		return x.Title
+	}
+	return ""
+}
+
+func (x *QuestionSet) GetDescription() string {
+	if x != nil {
+		return x.Description
+	}
+	return ""
+}
+
+func (x *QuestionSet) GetSubmitLabel() string {
+	if x != nil {
+		return x.SubmitLabel
+	}
+	return ""
+}
+
+func (x *QuestionSet) GetQuestions() []*Question {
+	if x != nil {
+		return x.Questions
+	}
+	return nil
+}
+
+// Question is one question of a QuestionSet.
+type Question struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Id       string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Prompt   string                 `protobuf:"bytes,2,opt,name=prompt,proto3" json:"prompt,omitempty"`
+	Header   string                 `protobuf:"bytes,3,opt,name=header,proto3" json:"header,omitempty"`
+	Required bool                   `protobuf:"varint,4,opt,name=required,proto3" json:"required,omitempty"`
+	// text | single_select | multi_select
+	AnswerMode     string            `protobuf:"bytes,5,opt,name=answer_mode,json=answerMode,proto3" json:"answer_mode,omitempty"`
+	Options        []*QuestionOption `protobuf:"bytes,6,rep,name=options,proto3" json:"options,omitempty"`
+	TextValidation *TextValidation   `protobuf:"bytes,7,opt,name=text_validation,json=textValidation,proto3" json:"text_validation,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *Question) Reset() {
+	*x = Question{}
+	mi := &file_tether_prp_v1_payloads_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Question) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Question) ProtoMessage() {}
+
+func (x *Question) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_prp_v1_payloads_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Question.ProtoReflect.Descriptor instead.
+func (*Question) Descriptor() ([]byte, []int) {
+	return file_tether_prp_v1_payloads_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *Question) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *Question) GetPrompt() string {
+	if x != nil {
+		return x.Prompt
+	}
+	return ""
+}
+
+func (x *Question) GetHeader() string {
+	if x != nil {
+		return x.Header
+	}
+	return ""
+}
+
+func (x *Question) GetRequired() bool {
+	if x != nil {
+		return x.Required
+	}
+	return false
+}
+
+func (x *Question) GetAnswerMode() string {
+	if x != nil {
+		return x.AnswerMode
+	}
+	return ""
+}
+
+func (x *Question) GetOptions() []*QuestionOption {
+	if x != nil {
+		return x.Options
+	}
+	return nil
+}
+
+func (x *Question) GetTextValidation() *TextValidation {
+	if x != nil {
+		return x.TextValidation
+	}
+	return nil
+}
+
+// QuestionOption is one answer option of a select question.
+type QuestionOption struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Label         string                 `protobuf:"bytes,2,opt,name=label,proto3" json:"label,omitempty"`
+	Description   string                 `protobuf:"bytes,3,opt,name=description,proto3" json:"description,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *QuestionOption) Reset() {
+	*x = QuestionOption{}
+	mi := &file_tether_prp_v1_payloads_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *QuestionOption) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*QuestionOption) ProtoMessage() {}
+
+func (x *QuestionOption) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_prp_v1_payloads_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use QuestionOption.ProtoReflect.Descriptor instead.
+func (*QuestionOption) Descriptor() ([]byte, []int) {
+	return file_tether_prp_v1_payloads_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *QuestionOption) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *QuestionOption) GetLabel() string {
+	if x != nil {
+		return x.Label
+	}
+	return ""
+}
+
+func (x *QuestionOption) GetDescription() string {
+	if x != nil {
+		return x.Description
+	}
+	return ""
+}
+
+// TextValidation says what a text answer must be.
+type TextValidation struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// integer | number | (any text)
+	InputType     string `protobuf:"bytes,1,opt,name=input_type,json=inputType,proto3" json:"input_type,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TextValidation) Reset() {
+	*x = TextValidation{}
+	mi := &file_tether_prp_v1_payloads_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TextValidation) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TextValidation) ProtoMessage() {}
+
+func (x *TextValidation) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_prp_v1_payloads_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TextValidation.ProtoReflect.Descriptor instead.
+func (*TextValidation) Descriptor() ([]byte, []int) {
+	return file_tether_prp_v1_payloads_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *TextValidation) GetInputType() string {
+	if x != nil {
+		return x.InputType
+	}
+	return ""
+}
+
+// RuntimeResolution is how a runtime request was answered: an approval's
+// decision (an object decision by its key, with its amendment), or the
+// answers to an input request's questions.
+type RuntimeResolution struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Decision  string                 `protobuf:"bytes,1,opt,name=decision,proto3" json:"decision,omitempty"`
+	Amendment *structpb.Value        `protobuf:"bytes,2,opt,name=amendment,proto3" json:"amendment,omitempty"`
+	// The answers by question id, each a list of text.
+	Answers       map[string]*structpb.ListValue `protobuf:"bytes,3,rep,name=answers,proto3" json:"answers,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RuntimeResolution) Reset() {
+	*x = RuntimeResolution{}
+	mi := &file_tether_prp_v1_payloads_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RuntimeResolution) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RuntimeResolution) ProtoMessage() {}
+
+func (x *RuntimeResolution) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_prp_v1_payloads_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RuntimeResolution.ProtoReflect.Descriptor instead.
+func (*RuntimeResolution) Descriptor() ([]byte, []int) {
+	return file_tether_prp_v1_payloads_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *RuntimeResolution) GetDecision() string {
+	if x != nil {
+		return x.Decision
+	}
+	return ""
+}
+
+func (x *RuntimeResolution) GetAmendment() *structpb.Value {
+	if x != nil {
+		return x.Amendment
+	}
+	return nil
+}
+
+func (x *RuntimeResolution) GetAnswers() map[string]*structpb.ListValue {
+	if x != nil {
+		return x.Answers
+	}
+	return nil
+}
+
+// ToolContentItem is one content item of a tool call's answer:
+// inputText {text}, inputImage {imageUrl} or inputAudio {audioUrl}.
+type ToolContentItem struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Type          string                 `protobuf:"bytes,1,opt,name=type,proto3" json:"type,omitempty"`
+	Text          *string                `protobuf:"bytes,2,opt,name=text,proto3,oneof" json:"text,omitempty"`
+	ImageUrl      *string                `protobuf:"bytes,3,opt,name=image_url,json=imageUrl,proto3,oneof" json:"image_url,omitempty"`
+	AudioUrl      *string                `protobuf:"bytes,4,opt,name=audio_url,json=audioUrl,proto3,oneof" json:"audio_url,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ToolContentItem) Reset() {
+	*x = ToolContentItem{}
+	mi := &file_tether_prp_v1_payloads_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ToolContentItem) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ToolContentItem) ProtoMessage() {}
+
+func (x *ToolContentItem) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_prp_v1_payloads_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ToolContentItem.ProtoReflect.Descriptor instead.
+func (*ToolContentItem) Descriptor() ([]byte, []int) {
+	return file_tether_prp_v1_payloads_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *ToolContentItem) GetType() string {
+	if x != nil {
+		return x.Type
+	}
+	return ""
+}
+
+func (x *ToolContentItem) GetText() string {
+	if x != nil && x.Text != nil {
+		return *x.Text
+	}
+	return ""
+}
+
+func (x *ToolContentItem) GetImageUrl() string {
+	if x != nil && x.ImageUrl != nil {
+		return *x.ImageUrl
+	}
+	return ""
+}
+
+func (x *ToolContentItem) GetAudioUrl() string {
+	if x != nil && x.AudioUrl != nil {
+		return *x.AudioUrl
+	}
+	return ""
+}
+
+// ToolCallEvent is the payload of semantic_tool.input,
+// tool.execution.started, semantic_tool.result and
+// tool.execution.completed: a caller-implemented tool's call and answer.
+type ToolCallEvent struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	CallId    string                 `protobuf:"bytes,1,opt,name=call_id,json=callId,proto3" json:"call_id,omitempty"`
+	RequestId string                 `protobuf:"bytes,2,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	Tool      string                 `protobuf:"bytes,3,opt,name=tool,proto3" json:"tool,omitempty"`
+	// input and started: the tool's namespace.
+	Namespace *string `protobuf:"bytes,4,opt,name=namespace,proto3,oneof" json:"namespace,omitempty"`
+	// input: the call's arguments (opaque).
+	Arguments *structpb.Value `protobuf:"bytes,5,opt,name=arguments,proto3" json:"arguments,omitempty"`
+	// input: the call's turn.
+	TurnId *string `protobuf:"bytes,6,opt,name=turn_id,json=turnId,proto3,oneof" json:"turn_id,omitempty"`
+	// result and completed.
+	Success      *bool              `protobuf:"varint,7,opt,name=success,proto3,oneof" json:"success,omitempty"`
+	ContentItems []*ToolContentItem `protobuf:"bytes,8,rep,name=content_items,json=contentItems,proto3" json:"content_items,omitempty"`
+	// result: who answered (controller | builtin | driver).
+	Source string `protobuf:"bytes,9,opt,name=source,proto3" json:"source,omitempty"`
+	// The failure of a call answered as failed by the driver.
+	Code string `protobuf:"bytes,10,opt,name=code,proto3" json:"code,omitempty"`
+	// input and result: the semantic tool record
+	// (schema tether.prp.semantic_tool.v1).
+	SemanticTool  *SemanticTool `protobuf:"bytes,11,opt,name=semantic_tool,proto3" json:"semantic_tool,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ToolCallEvent) Reset() {
+	*x = ToolCallEvent{}
+	mi := &file_tether_prp_v1_payloads_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ToolCallEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ToolCallEvent) ProtoMessage() {}
+
+func (x *ToolCallEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_prp_v1_payloads_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ToolCallEvent.ProtoReflect.Descriptor instead.
+func (*ToolCallEvent) Descriptor() ([]byte, []int) {
+	return file_tether_prp_v1_payloads_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *ToolCallEvent) GetCallId() string {
+	if x != nil {
+		return x.CallId
+	}
+	return ""
+}
+
+func (x *ToolCallEvent) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+func (x *ToolCallEvent) GetTool() string {
+	if x != nil {
+		return x.Tool
+	}
+	return ""
+}
+
+func (x *ToolCallEvent) GetNamespace() string {
+	if x != nil && x.Namespace != nil {
+		return *x.Namespace
+	}
+	return ""
+}
+
+func (x *ToolCallEvent) GetArguments() *structpb.Value {
+	if x != nil {
+		return x.Arguments
+	}
+	return nil
+}
+
+func (x *ToolCallEvent) GetTurnId() string {
+	if x != nil && x.TurnId != nil {
+		return *x.TurnId
+	}
+	return ""
+}
+
+func (x *ToolCallEvent) GetSuccess() bool {
+	if x != nil && x.Success != nil {
+		return *x.Success
+	}
+	return false
+}
+
+func (x *ToolCallEvent) GetContentItems() []*ToolContentItem {
+	if x != nil {
+		return x.ContentItems
+	}
+	return nil
+}
+
+func (x *ToolCallEvent) GetSource() string {
+	if x != nil {
+		return x.Source
+	}
+	return ""
+}
+
+func (x *ToolCallEvent) GetCode() string {
+	if x != nil {
+		return x.Code
+	}
+	return ""
+}
+
+func (x *ToolCallEvent) GetSemanticTool() *SemanticTool {
+	if x != nil {
+		return x.SemanticTool
+	}
+	return nil
+}
+
+// SemanticTool is a tool call's semantic record.
+type SemanticTool struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Schema string                 `protobuf:"bytes,1,opt,name=schema,proto3" json:"schema,omitempty"`
+	// input | result
+	Phase         string             `protobuf:"bytes,2,opt,name=phase,proto3" json:"phase,omitempty"`
+	CallId        string             `protobuf:"bytes,3,opt,name=call_id,json=callId,proto3" json:"call_id,omitempty"`
+	Tool          string             `protobuf:"bytes,4,opt,name=tool,proto3" json:"tool,omitempty"`
+	Namespace     *string            `protobuf:"bytes,5,opt,name=namespace,proto3,oneof" json:"namespace,omitempty"`
+	Arguments     *structpb.Value    `protobuf:"bytes,6,opt,name=arguments,proto3" json:"arguments,omitempty"`
+	Success       *bool              `protobuf:"varint,7,opt,name=success,proto3,oneof" json:"success,omitempty"`
+	ContentItems  []*ToolContentItem `protobuf:"bytes,8,rep,name=content_items,json=contentItems,proto3" json:"content_items,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SemanticTool) Reset() {
+	*x = SemanticTool{}
+	mi := &file_tether_prp_v1_payloads_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SemanticTool) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SemanticTool) ProtoMessage() {}
+
+func (x *SemanticTool) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_prp_v1_payloads_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SemanticTool.ProtoReflect.Descriptor instead.
+func (*SemanticTool) Descriptor() ([]byte, []int) {
+	return file_tether_prp_v1_payloads_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *SemanticTool) GetSchema() string {
+	if x != nil {
+		return x.Schema
+	}
+	return ""
+}
+
+func (x *SemanticTool) GetPhase() string {
+	if x != nil {
+		return x.Phase
+	}
+	return ""
+}
+
+func (x *SemanticTool) GetCallId() string {
+	if x != nil {
+		return x.CallId
+	}
+	return ""
+}
+
+func (x *SemanticTool) GetTool() string {
+	if x != nil {
+		return x.Tool
+	}
+	return ""
+}
+
+func (x *SemanticTool) GetNamespace() string {
+	if x != nil && x.Namespace != nil {
+		return *x.Namespace
+	}
+	return ""
+}
+
+func (x *SemanticTool) GetArguments() *structpb.Value {
+	if x != nil {
+		return x.Arguments
+	}
+	return nil
+}
+
+func (x *SemanticTool) GetSuccess() bool {
+	if x != nil && x.Success != nil {
+		return *x.Success
+	}
+	return false
+}
+
+func (x *SemanticTool) GetContentItems() []*ToolContentItem {
+	if x != nil {
+		return x.ContentItems
+	}
+	return nil
+}
+
 var File_tether_prp_v1_payloads_proto protoreflect.FileDescriptor
 
 const file_tether_prp_v1_payloads_proto_rawDesc = "" +
 	"\n" +
-	"\x1ctether/prp/v1/payloads.proto\x12\rtether.prp.v1\"\x87\x02\n" +
+	"\x1ctether/prp/v1/payloads.proto\x12\rtether.prp.v1\x1a\x1cgoogle/protobuf/struct.proto\"\x87\x02\n" +
 	"\vRunAttached\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x18\n" +
 	"\aattempt\x18\x02 \x01(\rR\aattempt\x12,\n" +
@@ -1722,11 +2808,15 @@ const file_tether_prp_v1_payloads_proto_rawDesc = "" +
 	"\aattempt\x18\a \x01(\rR\aattempt\x12\x1d\n" +
 	"\n" +
 	"command_id\x18\b \x01(\tR\tcommandId\x12)\n" +
-	"\x10provider_history\x18\t \x01(\tR\x0fproviderHistory\"q\n" +
+	"\x10provider_history\x18\t \x01(\tR\x0fproviderHistory\"\xc0\x01\n" +
 	"\x11HarnessDiagnostic\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\tR\x04code\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\x12.\n" +
-	"\x13original_event_type\x18\x03 \x01(\tR\x11originalEventType\"7\n" +
+	"\x13original_event_type\x18\x03 \x01(\tR\x11originalEventType\x12\x16\n" +
+	"\x06method\x18\x04 \x01(\tR\x06method\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x05 \x01(\tR\trequestId\x12\x16\n" +
+	"\x06answer\x18\x06 \x01(\tR\x06answer\"7\n" +
 	"\vTurnStarted\x12(\n" +
 	"\x10provider_turn_id\x18\x01 \x01(\tR\x0eproviderTurnId\"\xf9\x02\n" +
 	"\x0eCommandOutcome\x12\x15\n" +
@@ -1768,7 +2858,139 @@ const file_tether_prp_v1_payloads_proto_rawDesc = "" +
 	"\x04code\x18\x01 \x01(\tR\x04code\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\x12\x18\n" +
 	"\aattempt\x18\x03 \x01(\x01R\aattempt\x12&\n" +
-	"\x0fnext_attempt_at\x18\x04 \x01(\tR\rnextAttemptAtB\xb2\x01\n" +
+	"\x0fnext_attempt_at\x18\x04 \x01(\tR\rnextAttemptAt\"\xe4\a\n" +
+	"\x13RuntimeRequestEvent\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x01 \x01(\tR\trequestId\x12!\n" +
+	"\frequest_kind\x18\x02 \x01(\tR\vrequestKind\x12!\n" +
+	"\frequest_type\x18\x03 \x01(\tR\vrequestType\x12\x12\n" +
+	"\x04kind\x18\x04 \x01(\tR\x04kind\x12\x1c\n" +
+	"\aturn_id\x18\x05 \x01(\tH\x00R\x06turnId\x88\x01\x01\x12\x1c\n" +
+	"\aitem_id\x18\x06 \x01(\tH\x01R\x06itemId\x88\x01\x01\x12\x16\n" +
+	"\x06method\x18\a \x01(\tR\x06method\x12 \n" +
+	"\tthread_id\x18\b \x01(\tH\x02R\bthreadId\x88\x01\x01\x12\x18\n" +
+	"\acommand\x18\t \x01(\tR\acommand\x12\x10\n" +
+	"\x03cwd\x18\n" +
+	" \x01(\tR\x03cwd\x12\x16\n" +
+	"\x06reason\x18\v \x01(\tR\x06reason\x12\x1d\n" +
+	"\n" +
+	"grant_root\x18\f \x01(\tR\tgrantRoot\x12Z\n" +
+	"\x1dproposed_execpolicy_amendment\x18\r \x01(\v2\x16.google.protobuf.ValueR\x1bproposedExecpolicyAmendment\x12/\n" +
+	"\x13available_decisions\x18\x0e \x03(\tR\x12availableDecisions\x128\n" +
+	"\tquestions\x18\x0f \x01(\v2\x1a.google.protobuf.ListValueR\tquestions\x12$\n" +
+	"\vis_blocking\x18\x10 \x01(\bH\x03R\n" +
+	"isBlocking\x88\x01\x01\x12#\n" +
+	"\n" +
+	"permission\x18\x11 \x01(\tH\x04R\n" +
+	"permission\x88\x01\x01\x12\x1a\n" +
+	"\bpatterns\x18\x12 \x03(\tR\bpatterns\x127\n" +
+	"\arequest\x18\x13 \x01(\v2\x1d.tether.prp.v1.RuntimeRequestR\arequest\x12@\n" +
+	"\n" +
+	"resolution\x18\x14 \x01(\v2 .tether.prp.v1.RuntimeResolutionR\n" +
+	"resolution\x12*\n" +
+	"\x0ereplay_allowed\x18\x15 \x01(\bH\x05R\rreplayAllowed\x88\x01\x01\x12\x18\n" +
+	"\aadapter\x18\x16 \x01(\tR\aadapter\x124\n" +
+	"\x06origin\x18\x17 \x01(\v2\x1c.tether.prp.v1.RequestOriginR\x06originB\n" +
+	"\n" +
+	"\b_turn_idB\n" +
+	"\n" +
+	"\b_item_idB\f\n" +
+	"\n" +
+	"_thread_idB\x0e\n" +
+	"\f_is_blockingB\r\n" +
+	"\v_permissionB\x11\n" +
+	"\x0f_replay_allowed\")\n" +
+	"\rRequestOrigin\x12\x18\n" +
+	"\aadapter\x18\x01 \x01(\tR\aadapter\"\xea\x02\n" +
+	"\x0eRuntimeRequest\x12\x16\n" +
+	"\x06schema\x18\x01 \x01(\tR\x06schema\x12!\n" +
+	"\frequest_kind\x18\x02 \x01(\tR\vrequestKind\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x03 \x01(\tR\trequestId\x12\x16\n" +
+	"\x06status\x18\x04 \x01(\tR\x06status\x12\x1c\n" +
+	"\aturn_id\x18\x05 \x01(\tH\x00R\x06turnId\x88\x01\x01\x12\x1c\n" +
+	"\aitem_id\x18\x06 \x01(\tH\x01R\x06itemId\x88\x01\x01\x12\x16\n" +
+	"\x06prompt\x18\a \x01(\tR\x06prompt\x12\x12\n" +
+	"\x04type\x18\b \x01(\tR\x04type\x120\n" +
+	"\x05input\x18\t \x01(\v2\x1a.tether.prp.v1.QuestionSetR\x05input\x124\n" +
+	"\x06origin\x18\n" +
+	" \x01(\v2\x1c.tether.prp.v1.RequestOriginR\x06originB\n" +
+	"\n" +
+	"\b_turn_idB\n" +
+	"\n" +
+	"\b_item_id\"\xb7\x01\n" +
+	"\vQuestionSet\x12\x16\n" +
+	"\x06schema\x18\x01 \x01(\tR\x06schema\x12\x14\n" +
+	"\x05title\x18\x02 \x01(\tR\x05title\x12 \n" +
+	"\vdescription\x18\x03 \x01(\tR\vdescription\x12!\n" +
+	"\fsubmit_label\x18\x04 \x01(\tR\vsubmitLabel\x125\n" +
+	"\tquestions\x18\x05 \x03(\v2\x17.tether.prp.v1.QuestionR\tquestions\"\x88\x02\n" +
+	"\bQuestion\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x16\n" +
+	"\x06prompt\x18\x02 \x01(\tR\x06prompt\x12\x16\n" +
+	"\x06header\x18\x03 \x01(\tR\x06header\x12\x1a\n" +
+	"\brequired\x18\x04 \x01(\bR\brequired\x12\x1f\n" +
+	"\vanswer_mode\x18\x05 \x01(\tR\n" +
+	"answerMode\x127\n" +
+	"\aoptions\x18\x06 \x03(\v2\x1d.tether.prp.v1.QuestionOptionR\aoptions\x12F\n" +
+	"\x0ftext_validation\x18\a \x01(\v2\x1d.tether.prp.v1.TextValidationR\x0etextValidation\"X\n" +
+	"\x0eQuestionOption\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
+	"\x05label\x18\x02 \x01(\tR\x05label\x12 \n" +
+	"\vdescription\x18\x03 \x01(\tR\vdescription\"/\n" +
+	"\x0eTextValidation\x12\x1d\n" +
+	"\n" +
+	"input_type\x18\x01 \x01(\tR\tinputType\"\x86\x02\n" +
+	"\x11RuntimeResolution\x12\x1a\n" +
+	"\bdecision\x18\x01 \x01(\tR\bdecision\x124\n" +
+	"\tamendment\x18\x02 \x01(\v2\x16.google.protobuf.ValueR\tamendment\x12G\n" +
+	"\aanswers\x18\x03 \x03(\v2-.tether.prp.v1.RuntimeResolution.AnswersEntryR\aanswers\x1aV\n" +
+	"\fAnswersEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x120\n" +
+	"\x05value\x18\x02 \x01(\v2\x1a.google.protobuf.ListValueR\x05value:\x028\x01\"\xa7\x01\n" +
+	"\x0fToolContentItem\x12\x12\n" +
+	"\x04type\x18\x01 \x01(\tR\x04type\x12\x17\n" +
+	"\x04text\x18\x02 \x01(\tH\x00R\x04text\x88\x01\x01\x12 \n" +
+	"\timage_url\x18\x03 \x01(\tH\x01R\bimageUrl\x88\x01\x01\x12 \n" +
+	"\taudio_url\x18\x04 \x01(\tH\x02R\baudioUrl\x88\x01\x01B\a\n" +
+	"\x05_textB\f\n" +
+	"\n" +
+	"_image_urlB\f\n" +
+	"\n" +
+	"_audio_url\"\xcb\x03\n" +
+	"\rToolCallEvent\x12\x17\n" +
+	"\acall_id\x18\x01 \x01(\tR\x06callId\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x02 \x01(\tR\trequestId\x12\x12\n" +
+	"\x04tool\x18\x03 \x01(\tR\x04tool\x12!\n" +
+	"\tnamespace\x18\x04 \x01(\tH\x00R\tnamespace\x88\x01\x01\x124\n" +
+	"\targuments\x18\x05 \x01(\v2\x16.google.protobuf.ValueR\targuments\x12\x1c\n" +
+	"\aturn_id\x18\x06 \x01(\tH\x01R\x06turnId\x88\x01\x01\x12\x1d\n" +
+	"\asuccess\x18\a \x01(\bH\x02R\asuccess\x88\x01\x01\x12C\n" +
+	"\rcontent_items\x18\b \x03(\v2\x1e.tether.prp.v1.ToolContentItemR\fcontentItems\x12\x16\n" +
+	"\x06source\x18\t \x01(\tR\x06source\x12\x12\n" +
+	"\x04code\x18\n" +
+	" \x01(\tR\x04code\x12A\n" +
+	"\rsemantic_tool\x18\v \x01(\v2\x1b.tether.prp.v1.SemanticToolR\rsemantic_toolB\f\n" +
+	"\n" +
+	"_namespaceB\n" +
+	"\n" +
+	"\b_turn_idB\n" +
+	"\n" +
+	"\b_success\"\xc0\x02\n" +
+	"\fSemanticTool\x12\x16\n" +
+	"\x06schema\x18\x01 \x01(\tR\x06schema\x12\x14\n" +
+	"\x05phase\x18\x02 \x01(\tR\x05phase\x12\x17\n" +
+	"\acall_id\x18\x03 \x01(\tR\x06callId\x12\x12\n" +
+	"\x04tool\x18\x04 \x01(\tR\x04tool\x12!\n" +
+	"\tnamespace\x18\x05 \x01(\tH\x00R\tnamespace\x88\x01\x01\x124\n" +
+	"\targuments\x18\x06 \x01(\v2\x16.google.protobuf.ValueR\targuments\x12\x1d\n" +
+	"\asuccess\x18\a \x01(\bH\x01R\asuccess\x88\x01\x01\x12C\n" +
+	"\rcontent_items\x18\b \x03(\v2\x1e.tether.prp.v1.ToolContentItemR\fcontentItemsB\f\n" +
+	"\n" +
+	"_namespaceB\n" +
+	"\n" +
+	"\b_successB\xb2\x01\n" +
 	"\x11com.tether.prp.v1B\rPayloadsProtoP\x01Z8github.com/tether-run/tether/pkg/gen/tether/prp/v1;prpv1\xa2\x02\x03TPX\xaa\x02\rTether.Prp.V1\xca\x02\rTether\\Prp\\V1\xe2\x02\x19Tether\\Prp\\V1\\GPBMetadata\xea\x02\x0fTether::Prp::V1b\x06proto3"
 
 var (
@@ -1783,7 +3005,7 @@ func file_tether_prp_v1_payloads_proto_rawDescGZIP() []byte {
 	return file_tether_prp_v1_payloads_proto_rawDescData
 }
 
-var file_tether_prp_v1_payloads_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
+var file_tether_prp_v1_payloads_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
 var file_tether_prp_v1_payloads_proto_goTypes = []any{
 	(*RunAttached)(nil),             // 0: tether.prp.v1.RunAttached
 	(*CommandExecuted)(nil),         // 1: tether.prp.v1.CommandExecuted
@@ -1806,18 +3028,50 @@ var file_tether_prp_v1_payloads_proto_goTypes = []any{
 	(*SessionAuthorityRotated)(nil), // 18: tether.prp.v1.SessionAuthorityRotated
 	(*SessionClosed)(nil),           // 19: tether.prp.v1.SessionClosed
 	(*RunRetryScheduled)(nil),       // 20: tether.prp.v1.RunRetryScheduled
+	(*RuntimeRequestEvent)(nil),     // 21: tether.prp.v1.RuntimeRequestEvent
+	(*RequestOrigin)(nil),           // 22: tether.prp.v1.RequestOrigin
+	(*RuntimeRequest)(nil),          // 23: tether.prp.v1.RuntimeRequest
+	(*QuestionSet)(nil),             // 24: tether.prp.v1.QuestionSet
+	(*Question)(nil),                // 25: tether.prp.v1.Question
+	(*QuestionOption)(nil),          // 26: tether.prp.v1.QuestionOption
+	(*TextValidation)(nil),          // 27: tether.prp.v1.TextValidation
+	(*RuntimeResolution)(nil),       // 28: tether.prp.v1.RuntimeResolution
+	(*ToolContentItem)(nil),         // 29: tether.prp.v1.ToolContentItem
+	(*ToolCallEvent)(nil),           // 30: tether.prp.v1.ToolCallEvent
+	(*SemanticTool)(nil),            // 31: tether.prp.v1.SemanticTool
+	nil,                             // 32: tether.prp.v1.RuntimeResolution.AnswersEntry
+	(*structpb.Value)(nil),          // 33: google.protobuf.Value
+	(*structpb.ListValue)(nil),      // 34: google.protobuf.ListValue
 }
 var file_tether_prp_v1_payloads_proto_depIdxs = []int32{
-	2, // 0: tether.prp.v1.TurnUsage.run_delta:type_name -> tether.prp.v1.UsageCounters
-	2, // 1: tether.prp.v1.TurnUsage.total:type_name -> tether.prp.v1.UsageCounters
-	3, // 2: tether.prp.v1.TurnUsage.cost:type_name -> tether.prp.v1.Cost
-	4, // 3: tether.prp.v1.RunTerminal.usage:type_name -> tether.prp.v1.TurnUsage
-	5, // 4: tether.prp.v1.RunTerminal.artifacts:type_name -> tether.prp.v1.ResultArtifact
-	5, // [5:5] is the sub-list for method output_type
-	5, // [5:5] is the sub-list for method input_type
-	5, // [5:5] is the sub-list for extension type_name
-	5, // [5:5] is the sub-list for extension extendee
-	0, // [0:5] is the sub-list for field type_name
+	2,  // 0: tether.prp.v1.TurnUsage.run_delta:type_name -> tether.prp.v1.UsageCounters
+	2,  // 1: tether.prp.v1.TurnUsage.total:type_name -> tether.prp.v1.UsageCounters
+	3,  // 2: tether.prp.v1.TurnUsage.cost:type_name -> tether.prp.v1.Cost
+	4,  // 3: tether.prp.v1.RunTerminal.usage:type_name -> tether.prp.v1.TurnUsage
+	5,  // 4: tether.prp.v1.RunTerminal.artifacts:type_name -> tether.prp.v1.ResultArtifact
+	33, // 5: tether.prp.v1.RuntimeRequestEvent.proposed_execpolicy_amendment:type_name -> google.protobuf.Value
+	34, // 6: tether.prp.v1.RuntimeRequestEvent.questions:type_name -> google.protobuf.ListValue
+	23, // 7: tether.prp.v1.RuntimeRequestEvent.request:type_name -> tether.prp.v1.RuntimeRequest
+	28, // 8: tether.prp.v1.RuntimeRequestEvent.resolution:type_name -> tether.prp.v1.RuntimeResolution
+	22, // 9: tether.prp.v1.RuntimeRequestEvent.origin:type_name -> tether.prp.v1.RequestOrigin
+	24, // 10: tether.prp.v1.RuntimeRequest.input:type_name -> tether.prp.v1.QuestionSet
+	22, // 11: tether.prp.v1.RuntimeRequest.origin:type_name -> tether.prp.v1.RequestOrigin
+	25, // 12: tether.prp.v1.QuestionSet.questions:type_name -> tether.prp.v1.Question
+	26, // 13: tether.prp.v1.Question.options:type_name -> tether.prp.v1.QuestionOption
+	27, // 14: tether.prp.v1.Question.text_validation:type_name -> tether.prp.v1.TextValidation
+	33, // 15: tether.prp.v1.RuntimeResolution.amendment:type_name -> google.protobuf.Value
+	32, // 16: tether.prp.v1.RuntimeResolution.answers:type_name -> tether.prp.v1.RuntimeResolution.AnswersEntry
+	33, // 17: tether.prp.v1.ToolCallEvent.arguments:type_name -> google.protobuf.Value
+	29, // 18: tether.prp.v1.ToolCallEvent.content_items:type_name -> tether.prp.v1.ToolContentItem
+	31, // 19: tether.prp.v1.ToolCallEvent.semantic_tool:type_name -> tether.prp.v1.SemanticTool
+	33, // 20: tether.prp.v1.SemanticTool.arguments:type_name -> google.protobuf.Value
+	29, // 21: tether.prp.v1.SemanticTool.content_items:type_name -> tether.prp.v1.ToolContentItem
+	34, // 22: tether.prp.v1.RuntimeResolution.AnswersEntry.value:type_name -> google.protobuf.ListValue
+	23, // [23:23] is the sub-list for method output_type
+	23, // [23:23] is the sub-list for method input_type
+	23, // [23:23] is the sub-list for extension type_name
+	23, // [23:23] is the sub-list for extension extendee
+	0,  // [0:23] is the sub-list for field type_name
 }
 
 func init() { file_tether_prp_v1_payloads_proto_init() }
@@ -1830,13 +3084,18 @@ func file_tether_prp_v1_payloads_proto_init() {
 	file_tether_prp_v1_payloads_proto_msgTypes[7].OneofWrappers = []any{}
 	file_tether_prp_v1_payloads_proto_msgTypes[12].OneofWrappers = []any{}
 	file_tether_prp_v1_payloads_proto_msgTypes[16].OneofWrappers = []any{}
+	file_tether_prp_v1_payloads_proto_msgTypes[21].OneofWrappers = []any{}
+	file_tether_prp_v1_payloads_proto_msgTypes[23].OneofWrappers = []any{}
+	file_tether_prp_v1_payloads_proto_msgTypes[29].OneofWrappers = []any{}
+	file_tether_prp_v1_payloads_proto_msgTypes[30].OneofWrappers = []any{}
+	file_tether_prp_v1_payloads_proto_msgTypes[31].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_tether_prp_v1_payloads_proto_rawDesc), len(file_tether_prp_v1_payloads_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   21,
+			NumMessages:   33,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

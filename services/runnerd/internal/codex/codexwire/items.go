@@ -195,13 +195,25 @@ type ToolCallResponse struct {
 
 // ContentItem is one part of a dynamic tool's output.
 type ContentItem struct {
-	Type     string `json:"type"` // inputText, inputImage
+	Type     string `json:"type"` // inputText, inputImage, inputAudio
 	Text     string `json:"text,omitempty"`
 	ImageURL string `json:"imageUrl,omitempty"`
+	AudioURL string `json:"audioUrl,omitempty"`
+}
+
+// PlainDecision is a DecisionResponse with decision d.
+func PlainDecision(d string) DecisionResponse {
+	b, _ := json.Marshal(d)
+	return DecisionResponse{Decision: b}
 }
 
 // DecisionResponse answers an approval request: Decision is a string
 // ("accept", "decline", "cancel", …) or a single-key object.
 type DecisionResponse struct {
 	Decision json.RawMessage `json:"decision"`
+}
+
+// ElicitationResponse answers an MCP server's elicitation request.
+type ElicitationResponse struct {
+	Action string `json:"action"`
 }

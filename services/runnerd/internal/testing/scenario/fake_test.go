@@ -1,6 +1,7 @@
 package scenario
 
 import (
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/tether-run/tether/pkg/testing/testbin"
 	"github.com/tether-run/tether/services/runnerd/internal/codex"
+	"github.com/tether-run/tether/services/runnerd/internal/provider"
 )
 
 func TestMain(m *testing.M) {
@@ -37,12 +39,9 @@ func fakeBinary(t *testing.T) string {
 }
 
 // mockLookupTool is the dynamic tool every suite thread declares.
-var mockLookupTool = map[string]any{
-	"type": "function", "name": "mock_lookup", "description": "Look up a value by key in the host application.",
-	"inputSchema": map[string]any{
-		"type": "object", "properties": map[string]any{"key": map[string]any{"type": "string"}},
-		"required": []any{"key"}, "additionalProperties": false,
-	},
+var mockLookupTool = provider.DynamicTool{
+	Type: "function", Name: "mock_lookup", Description: "Look up a value by key in the host application.",
+	InputSchema: json.RawMessage(`{"additionalProperties":false,"properties":{"key":{"type":"string"}},"required":["key"],"type":"object"}`),
 }
 
 var earlierRe = regexp.MustCompile(`\(turn (\d+), (\d+) earlier messages\)`)
@@ -67,7 +66,7 @@ func TestR3_ScenarioSuiteAgainstFake(t *testing.T) {
 				Model:          "mock-model",
 				ApprovalPolicy: "untrusted",
 				Sandbox:        "workspace-write",
-				DynamicTools:   []map[string]any{mockLookupTool},
+				DynamicTools:   []provider.DynamicTool{mockLookupTool},
 				ToolHandler:    codex.StubToolHandler,
 				StartupTimeout: 20 * time.Second,
 				RequestTimeout: 20 * time.Second,

@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tether-run/tether/services/runnerd/internal/codex"
+	"github.com/tether-run/tether/services/runnerd/internal/provider"
 	"github.com/tether-run/tether/services/runnerd/internal/testing/mockmodel"
 )
 
@@ -110,7 +111,7 @@ func TestR2_ScenarioSuiteAgainstRealCodex(t *testing.T) {
 				Model:          "mock-model",
 				ApprovalPolicy: "untrusted",
 				Sandbox:        "workspace-write",
-				DynamicTools:   []map[string]any{mockLookupTool},
+				DynamicTools:   []provider.DynamicTool{mockLookupTool},
 				ToolHandler:    codex.StubToolHandler,
 				StartupTimeout: 60 * time.Second,
 				RequestTimeout: 60 * time.Second,

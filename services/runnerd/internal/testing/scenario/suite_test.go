@@ -15,7 +15,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tether-run/tether/pkg/failure"
+	"github.com/tether-run/tether/pkg/prp"
 	"github.com/tether-run/tether/services/runnerd/internal/codex"
+	"github.com/tether-run/tether/services/runnerd/internal/provider"
 )
 
 // target is one provider under test.
@@ -47,6 +49,13 @@ type recorder struct {
 func newRecorder() *recorder { return &recorder{wake: make(chan struct{}, 1)} }
 
 func (r *recorder) emit(e codex.Event) {
+	if e.Body != nil {
+		s, err := prp.Payload(e.Body)
+		if err != nil {
+			panic(err)
+		}
+		e.Payload = s.AsMap()
+	}
 	r.mu.Lock()
 	r.evs = append(r.evs, e)
 	r.mu.Unlock()
@@ -228,7 +237,7 @@ func runSuite(t *testing.T, tg target, workspace string) {
 		assert.Equal(t, turnID, created.TurnID)
 		reqID, _ := created.Payload["requestId"].(string)
 		require.NotEmpty(t, reqID)
-		_, err = p1.s.ResolveRequest(ctx, reqID, map[string]any{"decision": decision})
+		_, err = p1.s.ResolveRequest(ctx, reqID, provider.Resolution{Decision: decision})
 		require.NoError(t, err)
 		res = p1.waitTurn(t, tg, turnID)
 		require.Equal(t, codex.TurnCompleted, res.Status, "%s: %s", decision, res.ErrorMessage)
@@ -259,7 +268,7 @@ func runSuite(t *testing.T, tg target, workspace string) {
 	if ok && created.Type == "runtime_request.created" {
 		assert.Equal(t, codex.KindUserInput, created.Payload["kind"])
 		reqID, _ := created.Payload["requestId"].(string)
-		_, err = p1.s.ResolveRequest(ctx, reqID, map[string]any{"answers": map[string]any{"color": []any{"red"}}})
+		_, err = p1.s.ResolveRequest(ctx, reqID, provider.Resolution{HasAnswers: true, Answers: map[string][]string{"color": {"red"}}})
 		require.NoError(t, err)
 		res = p1.waitTurn(t, tg, turnID)
 		require.Equal(t, codex.TurnCompleted, res.Status, res.ErrorMessage)
