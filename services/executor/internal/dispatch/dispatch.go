@@ -958,11 +958,13 @@ func (d *Dispatcher) resolveSecrets(ctx context.Context, c *store.Claim) (map[st
 	return d.cfg.Secrets.Resolve(ctx, c.Input.GetBinding().GetCompanyId(), refs)
 }
 
-// turnCommands are the claim's run.attach (with its execution input, which
-// carries the executor's provider environment policy, SPEC E2, and the
-// values of its secret references, SPEC T3: this command, sent on the
-// attach to the gateway that launches the run's provider, is the only
-// place they travel; runnerd keeps them in memory only) and turn.start.
+// turnCommands are the claim's run.attach and turn.start. The run.attach
+// carries the run's provider environment alone: the executor's policy
+// (SPEC E2) with the values of its secret references (SPEC T3). This
+// command, sent on the attach to the gateway that launches the run's
+// provider, is the only place they travel; the gateway completes it with
+// the run's input from the attach's Open (the input travels once) and
+// runnerd keeps the values in memory only.
 func turnCommands(c *store.Claim, resolved map[string]string) ([]*prpv1.Command, error) {
 	in := proto.Clone(c.Input).(*prpv1.ExecutionInput)
 	if len(resolved) > 0 {
@@ -976,8 +978,7 @@ func turnCommands(c *store.Claim, resolved map[string]string) ([]*prpv1.Command,
 		maps.Copy(conf, resolved)
 		in.Environment.Configured = conf
 	}
-	in.Environment = provenv.Policy(in)
-	attach := newCommand(c, &prpv1.RunAttach{Input: in})
+	attach := newCommand(c, &prpv1.RunAttach{Environment: provenv.Policy(in)})
 	turn := newCommand(c, &prpv1.TurnStart{Text: c.Input.GetTask().GetPrompt()})
 	return []*prpv1.Command{attach, turn}, nil
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/coder/websocket"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/tether-run/tether/pkg/failure"
@@ -253,6 +254,9 @@ type runner struct {
 type attachment struct {
 	runID   string
 	attempt uint64
+	// input is the run's input, from the attach's Open: the run.attach
+	// relayed to the runner is completed with it (completeAttach).
+	input *prpv1.ExecutionInput
 	// turn is the one turn.start the attach may relay (unauthorizedTurn).
 	turn string
 	// tools is the scope's tool authority epoch begun for this attachment.
@@ -488,7 +492,8 @@ func (g *Gateway) Attach(stream gatewayv1.RunnerGateway_AttachServer) error {
 	if err != nil {
 		return err
 	}
-	att := &attachment{runID: runID, attempt: attempt, turn: open.GetTurn(), out: make(chan *gatewayv1.AttachResponse, 64), done: make(chan struct{})}
+	att := &attachment{runID: runID, attempt: attempt, turn: open.GetTurn(), input: open.GetInput(),
+		out: make(chan *gatewayv1.AttachResponse, 64), done: make(chan struct{})}
 	defer att.close()
 	b, err := g.bindAttachment(r, att, sc, open, reused, prep, log)
 	if err != nil {
@@ -667,6 +672,7 @@ func (g *Gateway) fromExecutor(ctx context.Context, r *runner, att *attachment, 
 	case *gatewayv1.AttachRequest_Command:
 		cmd := k.Command
 		cmd.RunId, cmd.Attempt = att.runID, att.attempt
+		completeAttach(cmd, att.input)
 		// The relay's span (a child of the Attach call's) travels with
 		// the command, so runnerd's spans join the executor's trace.
 		ctx, span := telemetry.StartCommand(ctx, "runnergw", cmd)
@@ -716,6 +722,22 @@ func (g *Gateway) fromExecutor(ctx context.Context, r *runner, att *attachment, 
 		return failure.New(codes.InvalidArgument, failure.AttachAlreadyOpen, "Open may only be the first request")
 	}
 	return nil
+}
+
+// completeAttach completes a run.attach the executor sent with the run's
+// provider environment alone: the runner reads the run's input, the
+// attach's Open input, with that environment (the policy applied, the
+// secret values resolved) in place of the input's. The run input travels
+// from the executor once. A run.attach that carries its input (an
+// executor of the previous release) is relayed as it is.
+func completeAttach(cmd *prpv1.Command, input *prpv1.ExecutionInput) {
+	b := cmd.GetRunAttach()
+	if b == nil || b.GetInput() != nil || input == nil {
+		return
+	}
+	in := proto.CloneOf(input)
+	in.Environment = b.GetEnvironment()
+	cmd.Body = &prpv1.Command_RunAttach{RunAttach: &prpv1.RunAttach{Input: in}}
 }
 
 // runnerWriteTimeout bounds one write to a runner connection.

@@ -557,13 +557,23 @@ func (*Command_RequestResolve) isCommand_Body() {}
 
 func (*Command_ToolResult) isCommand_Body() {}
 
-// RunAttach (run.attach) attaches a run to the runner's session. Its
-// input is the run's execution input as the executor sends it: the
-// provider environment policy applied and secret references resolved
-// (SPEC E2, T3). runnerd keeps the configured values in memory only.
+// RunAttach (run.attach) attaches a run to the runner's session. The
+// runner reads the run's execution input with the provider environment
+// policy applied and secret references resolved (SPEC E2, T3); runnerd
+// keeps the configured values in memory only.
 type RunAttach struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Input         *ExecutionInput        `protobuf:"bytes,1,opt,name=input,proto3" json:"input,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The run's input as the runner reads it. The executor leaves it out:
+	// the run input travels once, in the attach's Open, and the gateway
+	// fills it in from there (with environment in place of the input's
+	// environment) before the command reaches the runner. A command of the
+	// previous release's executor carries it.
+	Input *ExecutionInput `protobuf:"bytes,1,opt,name=input,proto3" json:"input,omitempty"`
+	// The run's provider environment for this attach (SPEC E2, T3): the
+	// executor's policy with the values of the run's secret references.
+	// Only this command carries secret values, and the gateway moves them
+	// into input; runnerd keeps them in memory only. Never in an event.
+	Environment   *ProviderEnvironment `protobuf:"bytes,2,opt,name=environment,proto3" json:"environment,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -601,6 +611,13 @@ func (*RunAttach) Descriptor() ([]byte, []int) {
 func (x *RunAttach) GetInput() *ExecutionInput {
 	if x != nil {
 		return x.Input
+	}
+	return nil
+}
+
+func (x *RunAttach) GetEnvironment() *ProviderEnvironment {
+	if x != nil {
+		return x.Environment
 	}
 	return nil
 }
@@ -1374,9 +1391,10 @@ const file_tether_prp_v1_event_proto_rawDesc = "" +
 	"\x11TraceContextEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\x06\n" +
-	"\x04body\"@\n" +
+	"\x04body\"\x86\x01\n" +
 	"\tRunAttach\x123\n" +
-	"\x05input\x18\x01 \x01(\v2\x1d.tether.prp.v1.ExecutionInputR\x05input\"+\n" +
+	"\x05input\x18\x01 \x01(\v2\x1d.tether.prp.v1.ExecutionInputR\x05input\x12D\n" +
+	"\venvironment\x18\x02 \x01(\v2\".tether.prp.v1.ProviderEnvironmentR\venvironment\"+\n" +
 	"\tTurnStart\x12\x1e\n" +
 	"\x04text\x18\x01 \x01(\tB\n" +
 	"\xbaH\ar\x05(\x80\x80\x80\x02R\x04text\"\x90\x01\n" +
@@ -1477,6 +1495,7 @@ var file_tether_prp_v1_event_proto_goTypes = []any{
 	(*timestamppb.Timestamp)(nil), // 16: google.protobuf.Timestamp
 	(*structpb.Struct)(nil),       // 17: google.protobuf.Struct
 	(*ExecutionInput)(nil),        // 18: tether.prp.v1.ExecutionInput
+	(*ProviderEnvironment)(nil),   // 19: tether.prp.v1.ProviderEnvironment
 }
 var file_tether_prp_v1_event_proto_depIdxs = []int32{
 	16, // 0: tether.prp.v1.Event.emitted_at:type_name -> google.protobuf.Timestamp
@@ -1496,16 +1515,17 @@ var file_tether_prp_v1_event_proto_depIdxs = []int32{
 	10, // 14: tether.prp.v1.Command.request_resolve:type_name -> tether.prp.v1.RequestResolve
 	11, // 15: tether.prp.v1.Command.tool_result:type_name -> tether.prp.v1.ToolResult
 	18, // 16: tether.prp.v1.RunAttach.input:type_name -> tether.prp.v1.ExecutionInput
-	17, // 17: tether.prp.v1.RequestResolve.resolution:type_name -> google.protobuf.Struct
-	17, // 18: tether.prp.v1.ToolResult.content_items:type_name -> google.protobuf.Struct
-	17, // 19: tether.prp.v1.CommandResult.result:type_name -> google.protobuf.Struct
-	0,  // 20: tether.prp.v1.EventBatch.events:type_name -> tether.prp.v1.Event
-	16, // 21: tether.prp.v1.ProcessInfo.started_at:type_name -> google.protobuf.Timestamp
-	22, // [22:22] is the sub-list for method output_type
-	22, // [22:22] is the sub-list for method input_type
-	22, // [22:22] is the sub-list for extension type_name
-	22, // [22:22] is the sub-list for extension extendee
-	0,  // [0:22] is the sub-list for field type_name
+	19, // 17: tether.prp.v1.RunAttach.environment:type_name -> tether.prp.v1.ProviderEnvironment
+	17, // 18: tether.prp.v1.RequestResolve.resolution:type_name -> google.protobuf.Struct
+	17, // 19: tether.prp.v1.ToolResult.content_items:type_name -> google.protobuf.Struct
+	17, // 20: tether.prp.v1.CommandResult.result:type_name -> google.protobuf.Struct
+	0,  // 21: tether.prp.v1.EventBatch.events:type_name -> tether.prp.v1.Event
+	16, // 22: tether.prp.v1.ProcessInfo.started_at:type_name -> google.protobuf.Timestamp
+	23, // [23:23] is the sub-list for method output_type
+	23, // [23:23] is the sub-list for method input_type
+	23, // [23:23] is the sub-list for extension type_name
+	23, // [23:23] is the sub-list for extension extendee
+	0,  // [0:23] is the sub-list for field type_name
 }
 
 func init() { file_tether_prp_v1_event_proto_init() }
