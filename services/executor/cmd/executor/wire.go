@@ -22,6 +22,7 @@ import (
 	"github.com/tether-run/tether/services/executor/internal/config"
 	"github.com/tether-run/tether/services/executor/internal/dispatch"
 	"github.com/tether-run/tether/services/executor/internal/fleet"
+	"github.com/tether-run/tether/services/executor/internal/quotametrics"
 	"github.com/tether-run/tether/services/executor/internal/retention"
 	"github.com/tether-run/tether/services/executor/internal/runrules"
 	"github.com/tether-run/tether/services/executor/internal/secrets"
@@ -181,6 +182,8 @@ func (e *executor) newServices() error {
 	e.purger = &retention.Purger{Store: e.st, Checkpoints: e.checkpoints, Owner: c.Owner, Interval: c.RetentionInterval,
 		Logger: e.log, Deleted: retention.NewMetrics(e.srv.Registry())}
 	e.budgets = &budget.Enforcer{Store: e.st, Interval: c.BudgetInterval, Logger: e.log}
+	// SPEC Q4: per-company figures, bounded labels (docs/limits.md).
+	e.srv.Registry().MustRegister(&quotametrics.Collector{Store: e.st, Logger: e.log})
 	e.d = dispatch.New(e.st, dispatch.Config{
 		Owner: c.Owner, LeaseTTL: c.LeaseTTL, PollInterval: c.PollInterval, MaxActive: c.MaxActiveRuns, RetryDelay: c.RetryDelay,
 		NoSameHostTakeover: !c.SameHostTakeover, AdvertiseAddr: c.AdvertiseAddr, Metrics: e.srv.Registry(),

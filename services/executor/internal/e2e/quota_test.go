@@ -99,3 +99,35 @@ func TestQ1_ConcurrentSubmitsThroughTwoExecutorsNeverOvershootMaxQueuedRuns(t *t
 	releaseStall(t, dir, "mid-stream")
 	waitSucceeded(ctx, t, h.client, "head")
 }
+
+// TestQ4_TetherctlAndTheExecutorsMetricsShowACompanysUsage: tetherctl
+// sets acme's limits on a real executor process and reads them back; with
+// one run of acme in its turn and two queued behind it, `tetherctl
+// companies usage` prints them against the limits, and the executor's
+// /metrics has them under company="acme" (acme has its own limits).
+func TestQ4_TetherctlAndTheExecutorsMetricsShowACompanysUsage(t *testing.T) {
+	t.Parallel()
+	port, err := stack.FreePort()
+	require.NoError(t, err)
+	metricsAddr := fmt.Sprintf("127.0.0.1:%d", port)
+	dir := t.TempDir()
+	h := newHarness(t, stack.Options{FakeArgs: []string{"--die-once-dir", dir}, ExecutorArgs: []string{"-metrics-addr", metricsAddr}})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	out := h.tetherctl(ctx, "companies", "limits", "set", "-company", "acme", "-max-queued-runs", "3", "-monthly-budget-usd", "10", "-reason", "Q4")
+	require.Contains(t, out, "max queued runs    3")
+	out = h.tetherctl(ctx, "companies", "limits", "get", "-company", "acme")
+	require.Contains(t, out, "monthly budget     10 USD, warning at 80%, policy finish_turn")
+	h.submit("q4-head", "busy", stalledTurn)
+	h.waitForDelta(ctx, h.client, "q4-head")
+	h.submit("q4-1", "busy", "queued")
+	h.submit("q4-2", "busy", "queued")
+	out = h.tetherctl(ctx, "companies", "usage", "-company", "acme")
+	require.Contains(t, out, "running        1 / none")
+	require.Contains(t, out, "queued         2 / 3")
+	require.Contains(t, out, "USD (ok)")
+	v := scrapeValues(t, metricsAddr)
+	require.EqualValues(t, 2, v[`tether_company_runs{company="acme",state="queued"}`], "%v", v)
+	require.EqualValues(t, 1, v[`tether_company_runs{company="acme",state="running"}`])
+	releaseStall(t, dir, "mid-stream")
+}

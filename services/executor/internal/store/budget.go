@@ -160,3 +160,59 @@ func (s *Store) OpenRuns(ctx context.Context, company string, limit int) ([]stri
 	}
 	return pgx.CollectRows(rows, pgx.RowTo[string])
 }
+
+// OtherCompanies is the metrics label of every company without its own
+// company_limits row (SPEC Q4: the label's values are bounded by the
+// operators' rows, whatever the number of companies).
+const OtherCompanies = "_other"
+
+// CompanyFigures are a metrics label's figures: a company with its own
+// limits, or OtherCompanies summed.
+type CompanyFigures struct {
+	Label          string
+	Running        int64
+	Queued         int64
+	SpendUSD       float64
+	BudgetWarnings int64
+	// Refused counts refused submissions by reason.
+	Refused map[string]int64
+}
+
+// labelSQL is the metrics label of company column col.
+func labelSQL(col string) string {
+	return `CASE WHEN EXISTS (SELECT 1 FROM executor.company_limits l WHERE l.company_id = ` + col + ` AND l.company_id <> '*') THEN ` + col + ` ELSE '` + OtherCompanies + `' END`
+}
+
+// CompanyFiguresOf reads every label's figures: runs running and queued
+// now, the spend of month, the budget warnings ever recorded, the refused
+// submissions (fleet-wide: every replica reads the same).
+func (s *Store) CompanyFiguresOf(ctx context.Context, month time.Time) ([]CompanyFigures, error) {
+	rows, err := s.pool.Query(ctx, `
+WITH open AS (
+  SELECT `+labelSQL("r.company_id")+` AS label,
+         count(*) FILTER (WHERE c.phase = 'observed') AS running,
+         count(*) FILTER (WHERE c.phase IN ('queued', 'retryable_failure')) AS queued
+    FROM executor.runs r JOIN executor.coordinators c ON c.run_id = r.run_id
+   WHERE r.ended_at IS NULL GROUP BY 1),
+spend AS (
+  SELECT `+labelSQL("sp.company_id")+` AS label,
+         sum(spend_usd) FILTER (WHERE month = $1) AS spend, count(warned_at) AS warnings
+    FROM executor.company_spend sp GROUP BY 1),
+refused AS (
+  SELECT label, jsonb_object_agg(reason, n) AS refused FROM (
+    SELECT `+labelSQL("f.company_id")+` AS label, reason, sum(refused) AS n FROM executor.company_refusals f GROUP BY 1, 2) x
+   GROUP BY label),
+labels AS (SELECT company_id AS label FROM executor.company_limits WHERE company_id <> '*' UNION SELECT '`+OtherCompanies+`')
+SELECT labels.label, coalesce(open.running, 0), coalesce(open.queued, 0), coalesce(spend.spend, 0)::float8,
+       coalesce(spend.warnings, 0), coalesce(refused.refused, '{}')
+  FROM labels LEFT JOIN open USING (label) LEFT JOIN spend USING (label) LEFT JOIN refused USING (label)
+ ORDER BY 1`, month)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (CompanyFigures, error) {
+		var f CompanyFigures
+		err := r.Scan(&f.Label, &f.Running, &f.Queued, &f.SpendUSD, &f.BudgetWarnings, &f.Refused)
+		return f, err
+	})
+}
