@@ -91,16 +91,26 @@ func TestQ2_ConcurrentSettlementsOnTwoReplicasAddUpExactlyAndCrossOnce(t *testin
 	require.NoError(t, err)
 	t.Cleanup(b.Close)
 	setLimits(t, a, store.CompanyLimits{Company: "acme", MonthlyBudgetUSD: usd(1.5), BudgetWarnRatio: 0.5})
+	// Twenty runs claimed on either replica, then settled at once.
+	ctx := context.Background()
+	claims := make([]*store.Claim, 20)
+	for i := range claims {
+		st := []*store.Store{a, b}[i%2]
+		_, err := st.Submit(ctx, fmt.Sprintf("spend-%d", i), input(fmt.Sprintf("spend-%d", i), "x"))
+		require.NoError(t, err)
+		claims[i], err = st.ClaimNext(ctx, fmt.Sprintf("o-%d", i%2), time.Minute, store.Controller{Addr: "127.0.0.1:1"})
+		require.NoError(t, err)
+		require.NotNil(t, claims[i])
+	}
 	var wg sync.WaitGroup
-	for i := range 20 {
+	for i, c := range claims {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			st := a
-			if i%2 == 1 {
-				st = b
+			st := []*store.Store{a, b}[i%2]
+			if _, err := st.AppendEvents(ctx, c.Fence, []*prpv1.Event{costTerminal(c.RunID, "runner-"+c.RunID, 1, 0.1)}); err != nil {
+				t.Errorf("%s: %v", c.RunID, err)
 			}
-			settle(t, st, fmt.Sprintf("spend-%d", i), 0.1)
 		}()
 	}
 	wg.Wait()
