@@ -1,11 +1,13 @@
 // Package budget enforces the companies' monthly budgets on runs already
 // admitted (SPEC Q2, docs/limits.md). A submission over the budget is
 // refused at admission (quota.Admit); this sweep applies the budget state
-// of each company with a spend this month to what is queued and in flight:
-// at the hard limit, under the policy cancel, each open run of the company
-// is cancelled through the durable cancellation path (E6), the reason
-// budget_exhausted on the run. Under finish_turn (the default) runs in flight
-// finish their turn; nothing is cancelled.
+// of each company with a spend this month (or blocked) to what is queued
+// and in flight: at the hard limit the company is budget_blocked (the claim
+// starts none of its runs) until the budget is raised or a new month
+// begins; under the policy cancel, each open run of the company is also
+// cancelled through the durable cancellation path (E6), the reason
+// budget_exhausted on the run. Under finish_turn (the default) runs in
+// flight finish their turn.
 package budget
 
 import (
@@ -40,6 +42,13 @@ func (e *Enforcer) Run(ctx context.Context) {
 	suspend.Every(ctx, e.Interval, e.Logger, "budget sweep failed", e.Sweep)
 }
 
+func (e *Enforcer) log() *slog.Logger {
+	if e.Logger == nil {
+		return slog.Default()
+	}
+	return e.Logger
+}
+
 func (e *Enforcer) now() time.Time {
 	if e.Clock == nil {
 		return time.Now()
@@ -56,7 +65,16 @@ func (e *Enforcer) Sweep(ctx context.Context) (n int, err error) {
 		return 0, err
 	}
 	for _, c := range cs {
-		if quota.Budget(c.SpendUSD, c.Limits) != store.BudgetExhausted || c.Limits.BudgetPolicy != store.BudgetPolicyCancel {
+		exhausted := quota.Budget(c.SpendUSD, c.Limits) == store.BudgetExhausted
+		if exhausted != c.Blocked {
+			// The claim starts no run of a company whose budget is
+			// exhausted; a raised budget or a new month lets them run.
+			if err := e.Store.SetBudgetBlocked(ctx, c.Company, exhausted); err != nil {
+				return n, err
+			}
+			e.log().Info("budget", "company", c.Company, "blocked", exhausted, "spend_usd", c.SpendUSD, "month", month.Format("2006-01"))
+		}
+		if !exhausted || c.Limits.BudgetPolicy != store.BudgetPolicyCancel {
 			continue
 		}
 		cancelled, err := e.cancelOpen(ctx, c, month)

@@ -35,8 +35,8 @@ func input(session string) *prpv1.ExecutionInput {
 func terminal(run string, usd float64) *prpv1.Event {
 	p, _ := structpb.NewStruct(map[string]any{"turnTerminalState": "completed", "runTerminalState": "succeeded", "finalMessage": "done",
 		"usage": map[string]any{"runDelta": map[string]any{"inputTokens": 1, "providerCostUsd": usd}, "total": map[string]any{"inputTokens": 1}}})
-	return &prpv1.Event{Schema: "tether.prp.event.v1", SourceInstanceId: "runner-1", SourceSeq: 1,
-		SourceEventId: "event_runner-1_0000000000000001", SourceKind: "runner", RunId: run, EventType: "run.terminal",
+	return &prpv1.Event{Schema: "tether.prp.event.v1", SourceInstanceId: "runner-" + run, SourceSeq: 1,
+		SourceEventId: "event_runner-" + run + "_0000000000000001", SourceKind: "runner", RunId: run, EventType: "run.terminal",
 		SchemaVersion: 1, Priority: 1, Payload: p}
 }
 
@@ -88,4 +88,64 @@ func TestQ2_TheCancelPolicyCancelsOpenRunsThroughTheDurablePath(t *testing.T) {
 	n, err = e.Sweep(ctx)
 	require.NoError(t, err)
 	require.Zero(t, n, "nothing left to cancel")
+}
+
+// TestQ2_AnExhaustedCompanyStartsNothingUntilItsBudgetIsRaisedOrANewMonth:
+// under finish_turn, once acme's spend reached its budget the sweep blocks
+// it: its queued run is not claimed; raising the budget unblocks it (the
+// run is claimed); exhausted again, it is blocked again, and the next
+// month (the sweep's clock) unblocks it.
+func TestQ2_AnExhaustedCompanyStartsNothingUntilItsBudgetIsRaisedOrANewMonth(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s, err := store.Open(ctx, pgtest.NewDB(t, migrator), runrules.New())
+	require.NoError(t, err)
+	t.Cleanup(s.Close)
+	ctl := store.Controller{Addr: "127.0.0.1:1"}
+	limit := func(usd float64) {
+		_, err := s.SetCompanyLimits(ctx, store.CompanyLimits{Company: "acme", Weight: 1, MonthlyBudgetUSD: &usd, BudgetWarnRatio: 0.8,
+			BudgetPolicy: store.BudgetPolicyFinishTurn}, "op", "")
+		require.NoError(t, err)
+	}
+	limit(1)
+	_, c, _, err := s.SubmitClaim(ctx, "paid", input("paid"), "o", time.Minute, ctl, nil)
+	require.NoError(t, err)
+	_, err = s.Submit(ctx, "waiting", input("paid"))
+	require.NoError(t, err)
+	_, err = s.AppendEvents(ctx, c.Fence, []*prpv1.Event{terminal("paid", 1.2)})
+	require.NoError(t, err)
+	now := time.Now()
+	e := &budget.Enforcer{Store: s, Clock: func() time.Time { return now }}
+	_, err = e.Sweep(ctx)
+	require.NoError(t, err)
+	got, err := s.ClaimNext(ctx, "o", time.Minute, ctl)
+	require.NoError(t, err)
+	require.Nil(t, got, "an exhausted company starts nothing")
+
+	limit(2)
+	_, err = e.Sweep(ctx)
+	require.NoError(t, err)
+	got, err = s.ClaimNext(ctx, "o", time.Minute, ctl)
+	require.NoError(t, err)
+	require.NotNil(t, got, "a raised budget lets the queued run start")
+	require.Equal(t, "waiting", got.RunID)
+	_, err = s.Submit(ctx, "third", input("paid"))
+	require.NoError(t, err)
+	_, err = s.AppendEvents(ctx, got.Fence, []*prpv1.Event{terminal("waiting", 1)})
+	require.NoError(t, err)
+	_, err = e.Sweep(ctx)
+	require.NoError(t, err)
+	w, err := s.GetRun(ctx, "waiting")
+	require.NoError(t, err)
+	require.Equal(t, executorv1.RunState_RUN_STATE_SUCCEEDED, w.GetState())
+	got, err = s.ClaimNext(ctx, "o", time.Minute, ctl)
+	require.NoError(t, err)
+	require.Nil(t, got, "exhausted again")
+	now = store.MonthOf(now).AddDate(0, 1, 0)
+	_, err = e.Sweep(ctx)
+	require.NoError(t, err)
+	got, err = s.ClaimNext(ctx, "o", time.Minute, ctl)
+	require.NoError(t, err)
+	require.NotNil(t, got, "a new month lets it run")
+	require.Equal(t, "third", got.RunID)
 }

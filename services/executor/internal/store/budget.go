@@ -129,24 +129,40 @@ type CompanyBudget struct {
 	Company  string
 	SpendUSD float64
 	Limits   CompanyLimits
+	// Blocked: the claim starts none of its runs (company_state.budget_blocked).
+	Blocked bool
 }
 
-// BudgetCompanies lists the companies with a settled spend in month, with
-// their spend and limits.
+// BudgetCompanies lists the companies with a settled spend in month, and
+// those blocked now (a new month, or a raised budget, unblocks them), with
+// their spend in month and limits.
 func (s *Store) BudgetCompanies(ctx context.Context, month time.Time) ([]CompanyBudget, error) {
-	rows, err := s.pool.Query(ctx, `SELECT `+limitsColumns+`, sp.company_id, sp.spend_usd::float8
-  FROM executor.company_spend sp,
-       LATERAL (SELECT * FROM executor.company_limits WHERE company_id IN (sp.company_id, '*') ORDER BY company_id = '*' LIMIT 1) l
- WHERE sp.month = $1 ORDER BY sp.company_id`, month)
+	rows, err := s.pool.Query(ctx, `
+WITH c AS (
+  SELECT company_id FROM executor.company_spend WHERE month = $1
+  UNION SELECT company_id FROM executor.company_state WHERE budget_blocked)
+SELECT `+limitsColumns+`, c.company_id,
+       coalesce((SELECT spend_usd::float8 FROM executor.company_spend sp WHERE sp.company_id = c.company_id AND sp.month = $1), 0),
+       coalesce((SELECT budget_blocked FROM executor.company_state st WHERE st.company_id = c.company_id), false)
+  FROM c, LATERAL (SELECT * FROM executor.company_limits WHERE company_id IN (c.company_id, '*') ORDER BY company_id = '*' LIMIT 1) l
+ ORDER BY c.company_id`, month)
 	if err != nil {
 		return nil, err
 	}
 	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (CompanyBudget, error) {
 		var b CompanyBudget
 		var err error
-		b.Limits, err = scanLimits(r, &b.Company, &b.SpendUSD)
+		b.Limits, err = scanLimits(r, &b.Company, &b.SpendUSD, &b.Blocked)
 		return b, err
 	})
+}
+
+// SetBudgetBlocked sets whether the claim starts runs of company (SPEC Q2:
+// blocked while its budget is exhausted).
+func (s *Store) SetBudgetBlocked(ctx context.Context, company string, blocked bool) error {
+	_, err := s.pool.Exec(ctx, `INSERT INTO executor.company_state AS s (company_id, budget_blocked) VALUES ($1, $2)
+ON CONFLICT (company_id) DO UPDATE SET budget_blocked = EXCLUDED.budget_blocked`, company, blocked)
+	return err
 }
 
 // OpenRuns lists the keys of a company's runs that have not ended and are
