@@ -7,13 +7,15 @@ import { fileDesc, messageDesc } from "@bufbuild/protobuf/codegenv2";
 import { file_buf_validate_validate } from "../../../buf/validate/validate_pb.js";
 import type { Timestamp } from "@bufbuild/protobuf/wkt";
 import { file_google_protobuf_struct, file_google_protobuf_timestamp } from "@bufbuild/protobuf/wkt";
+import type { ExecutionInput, ProviderEnvironment } from "./execution_pb.js";
+import { file_tether_prp_v1_execution } from "./execution_pb.js";
 import type { JsonObject, Message } from "@bufbuild/protobuf";
 
 /**
  * Describes the file tether/prp/v1/event.proto.
  */
 export const file_tether_prp_v1_event: GenFile = /*@__PURE__*/
-  fileDesc("Chl0ZXRoZXIvcHJwL3YxL2V2ZW50LnByb3RvEg10ZXRoZXIucHJwLnYxIpoDCgVFdmVudBIOCgZzY2hlbWEYASABKAkSJgoSc291cmNlX2luc3RhbmNlX2lkGAIgASgJQgq6SAdyBRABGKABEiMKD3NvdXJjZV9ldmVudF9pZBgDIAEoCUIKukgHcgUQARigARIbCgpzb3VyY2Vfc2VxGAQgASgEQge6SAQyAigBEhMKC3NvdXJjZV9raW5kGAUgASgJEhcKBnJ1bl9pZBgGIAEoCUIHukgEcgIQARIdChVub3JtYWxpemVkX3Nlc3Npb25faWQYByABKAkSDwoHdHVybl9pZBgIIAEoCRIPCgdpdGVtX2lkGAkgASgJEhsKCmV2ZW50X3R5cGUYCiABKAlCB7pIBHICEAESFgoOc2NoZW1hX3ZlcnNpb24YCyABKA0SGQoIcHJpb3JpdHkYDCABKA1CB7pIBCoCGAISLgoKZW1pdHRlZF9hdBgNIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASKAoHcGF5bG9hZBgOIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QioAEKDFByZWNvbmRpdGlvbhIkCgxydW5uZXJfc3RhdGUYASADKAlCDrpIC5IBCBAQIgRyAhhAEiEKCXJ1bl9zdGF0ZRgCIAMoCUIOukgLkgEIEBAiBHICGEASJQoNc2Vzc2lvbl9zdGF0ZRgDIAMoCUIOukgLkgEIEBAiBHICGEASIAoOYWN0aXZlX3R1cm5faWQYBCABKAlCCLpIBXIDGIACIo4ECgdDb21tYW5kEhgKBnNjaGVtYRgBIAEoCUIIukgFcgMYgAESHgoKY29tbWFuZF9pZBgCIAEoCUIKukgHcgUQARigARIWCg5jb250cm9sbGVyX3NlcRgDIAEoBBIiChBjb250cm9sbGVyX2Vwb2NoGAQgASgJQgi6SAVyAxiAAhIYCgR0eXBlGAUgASgJQgq6SAdyBRABGIABEi0KCWlzc3VlZF9hdBgGIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLwoLZGVhZGxpbmVfYXQYByABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEjEKDHByZWNvbmRpdGlvbhgIIAEoCzIbLnRldGhlci5wcnAudjEuUHJlY29uZGl0aW9uEigKB3BheWxvYWQYCSABKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0EhgKBnJ1bl9pZBgKIAEoCUIIukgFcgMYoAESDwoHYXR0ZW1wdBgLIAEoBBJWCg10cmFjZV9jb250ZXh0GAwgAygLMigudGV0aGVyLnBycC52MS5Db21tYW5kLlRyYWNlQ29udGV4dEVudHJ5QhW6SBKaAQ8QECIEcgIYQCoFcgMYgAgaMwoRVHJhY2VDb250ZXh0RW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ASK5AQoNQ29tbWFuZFJlc3VsdBISCgpjb21tYW5kX2lkGAEgASgJEhYKDmNvbnRyb2xsZXJfc2VxGAIgASgEEhQKDGNvbW1hbmRfdHlwZRgDIAEoCRIOCgZzdGF0dXMYBCABKAkSDAoEY29kZRgFIAEoCRIPCgdtZXNzYWdlGAYgASgJEicKBnJlc3VsdBgHIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSDgoGcnVuX2lkGAggASgJIjIKCkV2ZW50QmF0Y2gSJAoGZXZlbnRzGAEgAygLMhQudGV0aGVyLnBycC52MS5FdmVudCJ+CgtQcm9jZXNzSW5mbxILCgNwaWQYASABKAUSDAoEcGdpZBgCIAEoBRITCgtzdGFydF90aWNrcxgDIAEoBBIuCgpzdGFydGVkX2F0GAQgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIPCgdib290X2lkGAUgASgJYgZwcm90bzM", [file_buf_validate_validate, file_google_protobuf_struct, file_google_protobuf_timestamp]);
+  fileDesc("Chl0ZXRoZXIvcHJwL3YxL2V2ZW50LnByb3RvEg10ZXRoZXIucHJwLnYxIpoDCgVFdmVudBIOCgZzY2hlbWEYASABKAkSJgoSc291cmNlX2luc3RhbmNlX2lkGAIgASgJQgq6SAdyBRABGKABEiMKD3NvdXJjZV9ldmVudF9pZBgDIAEoCUIKukgHcgUQARigARIbCgpzb3VyY2Vfc2VxGAQgASgEQge6SAQyAigBEhMKC3NvdXJjZV9raW5kGAUgASgJEhcKBnJ1bl9pZBgGIAEoCUIHukgEcgIQARIdChVub3JtYWxpemVkX3Nlc3Npb25faWQYByABKAkSDwoHdHVybl9pZBgIIAEoCRIPCgdpdGVtX2lkGAkgASgJEhsKCmV2ZW50X3R5cGUYCiABKAlCB7pIBHICEAESFgoOc2NoZW1hX3ZlcnNpb24YCyABKA0SGQoIcHJpb3JpdHkYDCABKA1CB7pIBCoCGAISLgoKZW1pdHRlZF9hdBgNIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASKAoHcGF5bG9hZBgOIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QioAEKDFByZWNvbmRpdGlvbhIkCgxydW5uZXJfc3RhdGUYASADKAlCDrpIC5IBCBAQIgRyAhhAEiEKCXJ1bl9zdGF0ZRgCIAMoCUIOukgLkgEIEBAiBHICGEASJQoNc2Vzc2lvbl9zdGF0ZRgDIAMoCUIOukgLkgEIEBAiBHICGEASIAoOYWN0aXZlX3R1cm5faWQYBCABKAlCCLpIBXIDGIACIvYHCgdDb21tYW5kEhgKBnNjaGVtYRgBIAEoCUIIukgFcgMYgAESHgoKY29tbWFuZF9pZBgCIAEoCUIKukgHcgUQARigARIWCg5jb250cm9sbGVyX3NlcRgDIAEoBBIiChBjb250cm9sbGVyX2Vwb2NoGAQgASgJQgi6SAVyAxiAAhIYCgR0eXBlGAUgASgJQgq6SAdyBRABGIABEi0KCWlzc3VlZF9hdBgGIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLwoLZGVhZGxpbmVfYXQYByABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEjEKDHByZWNvbmRpdGlvbhgIIAEoCzIbLnRldGhlci5wcnAudjEuUHJlY29uZGl0aW9uEigKB3BheWxvYWQYCSABKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0EhgKBnJ1bl9pZBgKIAEoCUIIukgFcgMYoAESDwoHYXR0ZW1wdBgLIAEoBBJWCg10cmFjZV9jb250ZXh0GAwgAygLMigudGV0aGVyLnBycC52MS5Db21tYW5kLlRyYWNlQ29udGV4dEVudHJ5QhW6SBKaAQ8QECIEcgIYQCoFcgMYgAgSLgoKcnVuX2F0dGFjaBgNIAEoCzIYLnRldGhlci5wcnAudjEuUnVuQXR0YWNoSAASLgoKdHVybl9zdGFydBgOIAEoCzIYLnRldGhlci5wcnAudjEuVHVyblN0YXJ0SAASLgoKdHVybl9zdGVlchgPIAEoCzIYLnRldGhlci5wcnAudjEuVHVyblN0ZWVySAASNgoOdHVybl9pbnRlcnJ1cHQYECABKAsyHC50ZXRoZXIucHJwLnYxLlR1cm5JbnRlcnJ1cHRIABI0Cg1zZXNzaW9uX2Nsb3NlGBEgASgLMhsudGV0aGVyLnBycC52MS5TZXNzaW9uQ2xvc2VIABI2Cg5ydW5uZXJfc3VzcGVuZBgSIAEoCzIcLnRldGhlci5wcnAudjEuUnVubmVyU3VzcGVuZEgAEjwKEXJ1bm5lcl9jaGVja3BvaW50GBMgASgLMh8udGV0aGVyLnBycC52MS5SdW5uZXJDaGVja3BvaW50SAASOAoPcmVxdWVzdF9yZXNvbHZlGBQgASgLMh0udGV0aGVyLnBycC52MS5SZXF1ZXN0UmVzb2x2ZUgAEjAKC3Rvb2xfcmVzdWx0GBUgASgLMhkudGV0aGVyLnBycC52MS5Ub29sUmVzdWx0SAAaMwoRVHJhY2VDb250ZXh0RW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4AUIGCgRib2R5InIKCVJ1bkF0dGFjaBIsCgVpbnB1dBgBIAEoCzIdLnRldGhlci5wcnAudjEuRXhlY3V0aW9uSW5wdXQSNwoLZW52aXJvbm1lbnQYAiABKAsyIi50ZXRoZXIucHJwLnYxLlByb3ZpZGVyRW52aXJvbm1lbnQiJQoJVHVyblN0YXJ0EhgKBHRleHQYASABKAlCCrpIB3IFKICAgAIiawoJVHVyblN0ZWVyEhgKBHRleHQYASABKAlCCrpIB3IFKICAgAISIgoQZXhwZWN0ZWRfdHVybl9pZBgCIAEoCUIIukgFcgMYgAgSIAoOY29ycmVsYXRpb25faWQYAyABKAlCCLpIBXIDGIAIIkQKDVR1cm5JbnRlcnJ1cHQSGAoGcmVhc29uGAEgASgJQgi6SAVyAxiAIBIZCgd0dXJuX2lkGAIgASgJQgi6SAVyAxiACCIoCgxTZXNzaW9uQ2xvc2USGAoGcmVhc29uGAEgASgJQgi6SAVyAxiAICIpCg1SdW5uZXJTdXNwZW5kEhgKBnJlYXNvbhgBIAEoCUIIukgFcgMYgCAiywEKEFJ1bm5lckNoZWNrcG9pbnQSGAoGcmVhc29uGAEgASgJQgi6SAVyAxiAIBIeCgRkaXJzGAIgAygJQhC6SA2SAQoQgAIiBXIDGIAgEhYKBGhvbWUYAyABKAlCCLpIBXIDGIAgEiEKB2V4Y2x1ZGUYBCADKAlCELpIDZIBChCAAiIFcgMYgCASIgoIYW55d2hlcmUYBSADKAlCELpIDZIBChCAAiIFcgMYgCASHgoEc2tpcBgGIAMoCUIQukgNkgEKEIACIgVyAxiAICJ2Cg5SZXF1ZXN0UmVzb2x2ZRIcCgpyZXF1ZXN0X2lkGAEgASgJQgi6SAVyAxiACBIZCgd0dXJuX2lkGAIgASgJQgi6SAVyAxiACBIrCgpyZXNvbHV0aW9uGAMgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdCKsAQoKVG9vbFJlc3VsdBIZCgdjYWxsX2lkGAEgASgJQgi6SAVyAxiACBIUCgdzdWNjZXNzGAIgASgISACIAQESHQoEdGV4dBgDIAEoCUIKukgHcgUogICAAkgBiAEBEjkKDWNvbnRlbnRfaXRlbXMYBCADKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0Qgm6SAaSAQMQgAhCCgoIX3N1Y2Nlc3NCBwoFX3RleHQiuQEKDUNvbW1hbmRSZXN1bHQSEgoKY29tbWFuZF9pZBgBIAEoCRIWCg5jb250cm9sbGVyX3NlcRgCIAEoBBIUCgxjb21tYW5kX3R5cGUYAyABKAkSDgoGc3RhdHVzGAQgASgJEgwKBGNvZGUYBSABKAkSDwoHbWVzc2FnZRgGIAEoCRInCgZyZXN1bHQYByABKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0Eg4KBnJ1bl9pZBgIIAEoCSIyCgpFdmVudEJhdGNoEiQKBmV2ZW50cxgBIAMoCzIULnRldGhlci5wcnAudjEuRXZlbnQifgoLUHJvY2Vzc0luZm8SCwoDcGlkGAEgASgFEgwKBHBnaWQYAiABKAUSEwoLc3RhcnRfdGlja3MYAyABKAQSLgoKc3RhcnRlZF9hdBgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASDwoHYm9vdF9pZBgFIAEoCWIGcHJvdG8z", [file_buf_validate_validate, file_google_protobuf_struct, file_google_protobuf_timestamp, file_tether_prp_v1_execution]);
 
 /**
  * Event is one PRP event produced by a runner (or the control plane). Its
@@ -221,6 +223,73 @@ export type Command = Message<"tether.prp.v1.Command"> & {
    * @generated from field: map<string, string> trace_context = 12;
    */
   traceContext: { [key: string]: string };
+
+  /**
+   * The command's typed body; its case matches type. A peer of an older
+   * release (v0.1.0) sends no body and carries the same fields as the
+   * body's protojson form in payload instead: pkg/prp reads both forms,
+   * and a gateway relaying to a runner whose Hello lacks the
+   * "typed_commands" feature moves the body into payload. A command of
+   * either form has one fingerprint (the body's protojson form as a
+   * Struct). Commands of other types use payload.
+   *
+   * @generated from oneof tether.prp.v1.Command.body
+   */
+  body: {
+    /**
+     * @generated from field: tether.prp.v1.RunAttach run_attach = 13;
+     */
+    value: RunAttach;
+    case: "runAttach";
+  } | {
+    /**
+     * @generated from field: tether.prp.v1.TurnStart turn_start = 14;
+     */
+    value: TurnStart;
+    case: "turnStart";
+  } | {
+    /**
+     * @generated from field: tether.prp.v1.TurnSteer turn_steer = 15;
+     */
+    value: TurnSteer;
+    case: "turnSteer";
+  } | {
+    /**
+     * @generated from field: tether.prp.v1.TurnInterrupt turn_interrupt = 16;
+     */
+    value: TurnInterrupt;
+    case: "turnInterrupt";
+  } | {
+    /**
+     * @generated from field: tether.prp.v1.SessionClose session_close = 17;
+     */
+    value: SessionClose;
+    case: "sessionClose";
+  } | {
+    /**
+     * @generated from field: tether.prp.v1.RunnerSuspend runner_suspend = 18;
+     */
+    value: RunnerSuspend;
+    case: "runnerSuspend";
+  } | {
+    /**
+     * @generated from field: tether.prp.v1.RunnerCheckpoint runner_checkpoint = 19;
+     */
+    value: RunnerCheckpoint;
+    case: "runnerCheckpoint";
+  } | {
+    /**
+     * @generated from field: tether.prp.v1.RequestResolve request_resolve = 20;
+     */
+    value: RequestResolve;
+    case: "requestResolve";
+  } | {
+    /**
+     * @generated from field: tether.prp.v1.ToolResult tool_result = 21;
+     */
+    value: ToolResult;
+    case: "toolResult";
+  } | { case: undefined; value?: undefined };
 };
 
 /**
@@ -229,6 +298,280 @@ export type Command = Message<"tether.prp.v1.Command"> & {
  */
 export const CommandSchema: GenMessage<Command> = /*@__PURE__*/
   messageDesc(file_tether_prp_v1_event, 2);
+
+/**
+ * RunAttach (run.attach) attaches a run to the runner's session. The
+ * runner reads the run's execution input with the provider environment
+ * policy applied and secret references resolved (SPEC E2, T3); runnerd
+ * keeps the configured values in memory only.
+ *
+ * @generated from message tether.prp.v1.RunAttach
+ */
+export type RunAttach = Message<"tether.prp.v1.RunAttach"> & {
+  /**
+   * The run's input as the runner reads it. The executor leaves it out:
+   * the run input travels once, in the attach's Open, and the gateway
+   * fills it in from there (with environment in place of the input's
+   * environment) before the command reaches the runner. A command of the
+   * previous release's executor carries it.
+   *
+   * @generated from field: tether.prp.v1.ExecutionInput input = 1;
+   */
+  input?: ExecutionInput | undefined;
+
+  /**
+   * The run's provider environment for this attach (SPEC E2, T3): the
+   * executor's policy with the values of the run's secret references.
+   * Only this command carries secret values, and the gateway moves them
+   * into input; runnerd keeps them in memory only. Never in an event.
+   *
+   * @generated from field: tether.prp.v1.ProviderEnvironment environment = 2;
+   */
+  environment?: ProviderEnvironment | undefined;
+};
+
+/**
+ * Describes the message tether.prp.v1.RunAttach.
+ * Use `create(RunAttachSchema)` to create a new message.
+ */
+export const RunAttachSchema: GenMessage<RunAttach> = /*@__PURE__*/
+  messageDesc(file_tether_prp_v1_event, 3);
+
+/**
+ * TurnStart (turn.start) starts a provider turn of the attached run.
+ *
+ * @generated from message tether.prp.v1.TurnStart
+ */
+export type TurnStart = Message<"tether.prp.v1.TurnStart"> & {
+  /**
+   * @generated from field: string text = 1;
+   */
+  text: string;
+};
+
+/**
+ * Describes the message tether.prp.v1.TurnStart.
+ * Use `create(TurnStartSchema)` to create a new message.
+ */
+export const TurnStartSchema: GenMessage<TurnStart> = /*@__PURE__*/
+  messageDesc(file_tether_prp_v1_event, 4);
+
+/**
+ * TurnSteer (turn.steer) adds input to the active turn.
+ *
+ * @generated from message tether.prp.v1.TurnSteer
+ */
+export type TurnSteer = Message<"tether.prp.v1.TurnSteer"> & {
+  /**
+   * @generated from field: string text = 1;
+   */
+  text: string;
+
+  /**
+   * Refused as stale when the active turn is another one.
+   *
+   * @generated from field: string expected_turn_id = 2;
+   */
+  expectedTurnId: string;
+
+  /**
+   * @generated from field: string correlation_id = 3;
+   */
+  correlationId: string;
+};
+
+/**
+ * Describes the message tether.prp.v1.TurnSteer.
+ * Use `create(TurnSteerSchema)` to create a new message.
+ */
+export const TurnSteerSchema: GenMessage<TurnSteer> = /*@__PURE__*/
+  messageDesc(file_tether_prp_v1_event, 5);
+
+/**
+ * TurnInterrupt (turn.interrupt) interrupts the active turn.
+ *
+ * @generated from message tether.prp.v1.TurnInterrupt
+ */
+export type TurnInterrupt = Message<"tether.prp.v1.TurnInterrupt"> & {
+  /**
+   * @generated from field: string reason = 1;
+   */
+  reason: string;
+
+  /**
+   * Refused as stale when the active turn is another one.
+   *
+   * @generated from field: string turn_id = 2;
+   */
+  turnId: string;
+};
+
+/**
+ * Describes the message tether.prp.v1.TurnInterrupt.
+ * Use `create(TurnInterruptSchema)` to create a new message.
+ */
+export const TurnInterruptSchema: GenMessage<TurnInterrupt> = /*@__PURE__*/
+  messageDesc(file_tether_prp_v1_event, 6);
+
+/**
+ * SessionClose (session.close) closes the session: the runner suspends
+ * (or stops) and exits.
+ *
+ * @generated from message tether.prp.v1.SessionClose
+ */
+export type SessionClose = Message<"tether.prp.v1.SessionClose"> & {
+  /**
+   * @generated from field: string reason = 1;
+   */
+  reason: string;
+};
+
+/**
+ * Describes the message tether.prp.v1.SessionClose.
+ * Use `create(SessionCloseSchema)` to create a new message.
+ */
+export const SessionCloseSchema: GenMessage<SessionClose> = /*@__PURE__*/
+  messageDesc(file_tether_prp_v1_event, 7);
+
+/**
+ * RunnerSuspend (runner.suspend) suspends an idle runner (SPEC R5).
+ *
+ * @generated from message tether.prp.v1.RunnerSuspend
+ */
+export type RunnerSuspend = Message<"tether.prp.v1.RunnerSuspend"> & {
+  /**
+   * @generated from field: string reason = 1;
+   */
+  reason: string;
+};
+
+/**
+ * Describes the message tether.prp.v1.RunnerSuspend.
+ * Use `create(RunnerSuspendSchema)` to create a new message.
+ */
+export const RunnerSuspendSchema: GenMessage<RunnerSuspend> = /*@__PURE__*/
+  messageDesc(file_tether_prp_v1_event, 8);
+
+/**
+ * RunnerCheckpoint (runner.checkpoint) stages a consistent copy of the
+ * runner's profile directories for an online checkpoint.
+ *
+ * @generated from message tether.prp.v1.RunnerCheckpoint
+ */
+export type RunnerCheckpoint = Message<"tether.prp.v1.RunnerCheckpoint"> & {
+  /**
+   * @generated from field: string reason = 1;
+   */
+  reason: string;
+
+  /**
+   * The directories copied, "runner" first; home is one of them.
+   *
+   * @generated from field: repeated string dirs = 2;
+   */
+  dirs: string[];
+
+  /**
+   * @generated from field: string home = 3;
+   */
+  home: string;
+
+  /**
+   * @generated from field: repeated string exclude = 4;
+   */
+  exclude: string[];
+
+  /**
+   * @generated from field: repeated string anywhere = 5;
+   */
+  anywhere: string[];
+
+  /**
+   * @generated from field: repeated string skip = 6;
+   */
+  skip: string[];
+};
+
+/**
+ * Describes the message tether.prp.v1.RunnerCheckpoint.
+ * Use `create(RunnerCheckpointSchema)` to create a new message.
+ */
+export const RunnerCheckpointSchema: GenMessage<RunnerCheckpoint> = /*@__PURE__*/
+  messageDesc(file_tether_prp_v1_event, 9);
+
+/**
+ * RequestResolve (request.resolve) answers a provider's runtime request.
+ *
+ * @generated from message tether.prp.v1.RequestResolve
+ */
+export type RequestResolve = Message<"tether.prp.v1.RequestResolve"> & {
+  /**
+   * @generated from field: string request_id = 1;
+   */
+  requestId: string;
+
+  /**
+   * Refused as stale when the active turn is another one.
+   *
+   * @generated from field: string turn_id = 2;
+   */
+  turnId: string;
+
+  /**
+   * The answer in the request's own shape (tether.runtime_request.v2):
+   * opaque to the protocol, interpreted by the provider driver.
+   *
+   * @generated from field: google.protobuf.Struct resolution = 3;
+   */
+  resolution?: JsonObject | undefined;
+};
+
+/**
+ * Describes the message tether.prp.v1.RequestResolve.
+ * Use `create(RequestResolveSchema)` to create a new message.
+ */
+export const RequestResolveSchema: GenMessage<RequestResolve> = /*@__PURE__*/
+  messageDesc(file_tether_prp_v1_event, 10);
+
+/**
+ * ToolResult (tool.result) answers a dynamic tool call of the active turn.
+ *
+ * @generated from message tether.prp.v1.ToolResult
+ */
+export type ToolResult = Message<"tether.prp.v1.ToolResult"> & {
+  /**
+   * @generated from field: string call_id = 1;
+   */
+  callId: string;
+
+  /**
+   * Absent means true.
+   *
+   * @generated from field: optional bool success = 2;
+   */
+  success?: boolean | undefined;
+
+  /**
+   * The answer as one text item, unless content_items is set.
+   *
+   * @generated from field: optional string text = 3;
+   */
+  text?: string | undefined;
+
+  /**
+   * The answer's items in the provider's item shape (opaque).
+   *
+   * @generated from field: repeated google.protobuf.Struct content_items = 4;
+   */
+  contentItems: JsonObject[];
+};
+
+/**
+ * Describes the message tether.prp.v1.ToolResult.
+ * Use `create(ToolResultSchema)` to create a new message.
+ */
+export const ToolResultSchema: GenMessage<ToolResult> = /*@__PURE__*/
+  messageDesc(file_tether_prp_v1_event, 11);
 
 /**
  * CommandResult is the stored outcome of a command.
@@ -286,7 +629,7 @@ export type CommandResult = Message<"tether.prp.v1.CommandResult"> & {
  * Use `create(CommandResultSchema)` to create a new message.
  */
 export const CommandResultSchema: GenMessage<CommandResult> = /*@__PURE__*/
-  messageDesc(file_tether_prp_v1_event, 3);
+  messageDesc(file_tether_prp_v1_event, 12);
 
 /**
  * EventBatch groups events to amortise framing costs.
@@ -305,7 +648,7 @@ export type EventBatch = Message<"tether.prp.v1.EventBatch"> & {
  * Use `create(EventBatchSchema)` to create a new message.
  */
 export const EventBatchSchema: GenMessage<EventBatch> = /*@__PURE__*/
-  messageDesc(file_tether_prp_v1_event, 4);
+  messageDesc(file_tether_prp_v1_event, 13);
 
 /**
  * ProcessInfo identifies an OS process so that PID reuse cannot fool a
@@ -347,5 +690,5 @@ export type ProcessInfo = Message<"tether.prp.v1.ProcessInfo"> & {
  * Use `create(ProcessInfoSchema)` to create a new message.
  */
 export const ProcessInfoSchema: GenMessage<ProcessInfo> = /*@__PURE__*/
-  messageDesc(file_tether_prp_v1_event, 5);
+  messageDesc(file_tether_prp_v1_event, 14);
 
