@@ -5,6 +5,7 @@ import (
 	"errors"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"google.golang.org/protobuf/proto"
 
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
@@ -248,23 +249,128 @@ func (s *Store) RecordControl(ctx context.Context, f Fence, supersedeScope strin
 
 // RecordAttach is the whole bookkeeping of an attach in one transaction
 // (one commit instead of two): RecordControl's, then RecordRunner's.
+//
+// Its statements are pipelined (SPEC P4: the runner's first events wait
+// for this commit): BEGIN, the fenced lock, the checkpoints' supersede, the
+// parked events taken, the replacement applied and the count of the run's
+// control events in one round trip; the control events' insert, the run's
+// event count and the runner record in a second; COMMIT — three round trips
+// where the statements one by one took about nine. Parked events found are
+// filed in between as before, the control events after them.
 func (s *Store) RecordAttach(ctx context.Context, f Fence, supersedeScope string, events []ControlEvent, runner RunnerRecord) error {
 	defer synctrace.BeginNote("executor.attach", f.RunID, func() string {
 		return synctrace.Types(len(events), func(i int) string { return events[i].Type })
 	})()
-	var appended bool
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) (err error) {
-		if appended, err = recordControl(ctx, tx, s.rules, f, supersedeScope, events); err != nil {
-			return err
-		}
-		return recordRunner(ctx, tx, f, runner)
-	})
+	if supersedeScope == "" && len(events) == 0 {
+		// The runner record alone: one fenced statement, committed by
+		// itself.
+		return recordRunner(ctx, s.pool, f, runner)
+	}
+	appended, err := s.recordAttach(ctx, f, supersedeScope, events, runner)
 	if err == nil && appended {
 		s.eventsCommitted(f.RunID, nil)
 		s.notifyCommitted(ctx, EventsChannel, f.RunID)
 	}
 	return err
 }
+
+// recordAttach is RecordAttach's pipelined transaction; appended says it
+// appended control events.
+func (s *Store) recordAttach(ctx context.Context, f Fence, supersedeScope string, events []ControlEvent, runner RunnerRecord) (appended bool, err error) {
+	var (
+		count, controls int64
+		lost            bool // the lock (or the runner record) found no row: the fence does not hold
+		parked          []encodedEvent
+		parkedErr       error
+		first           = make([]bool, len(events)) // the event is to be appended
+	)
+	// The callbacks report what they find rather than fail the batch (as
+	// AppendEvents': pgx drops a failed batch's statements from the
+	// connection's cache).
+	b := &pgx.Batch{}
+	b.BeginTx(pgx.TxOptions{})
+	b.Queue(lockFencedSQL, f.RunID, f.Owner, int64(f.Attempt)).QueryRow(func(row pgx.Row) error {
+		err := row.Scan(&count)
+		if errors.Is(err, pgx.ErrNoRows) {
+			lost = true
+			return nil
+		}
+		return err
+	})
+	if supersedeScope != "" {
+		b.Queue(supersedeCheckpointsSQL, supersedeScope)
+	}
+	b.Queue(adoptParkedSQL, f.RunID).Query(func(rows pgx.Rows) error {
+		parked, parkedErr = scanParked(rows)
+		return nil
+	})
+	for i, ev := range events {
+		if ev.Replacement == "" {
+			first[i] = true
+			continue
+		}
+		b.Queue(applyReplacementSQL, ev.Replacement, f.RunID).Exec(func(tag pgconn.CommandTag) error {
+			first[i] = tag.RowsAffected() == 1
+			return nil
+		})
+	}
+	if len(events) > 0 {
+		b.Queue(controlCountSQL, f.RunID, ControlInstance).QueryRow(func(row pgx.Row) error {
+			return row.Scan(&controls)
+		})
+	}
+	br := s.pool.SendBatch(ctx, b)
+	tx := br.Tx()
+	// A no-op once committed; else it ends the transaction and hands the
+	// connection back.
+	defer func() { _ = tx.Rollback(ctx) }()
+	if err = br.Close(); lost {
+		return false, ErrLeaseLost(f)
+	}
+	if err != nil {
+		return false, err
+	}
+	if parkedErr != nil {
+		return false, parkedErr
+	}
+	// SPEC R9: what was parked for the scope goes first, then the control
+	// events.
+	if count, err = fileParked(ctx, tx, s.rules, f, count, parked); err != nil {
+		return false, err
+	}
+	var control []encodedEvent
+	for i, ev := range events {
+		if !first[i] {
+			continue // its replacement was applied by an earlier attempt
+		}
+		e, err := encodeControlEvent(f.RunID, controls+int64(len(control))+1, ev.Type, ev.Payload)
+		if err != nil {
+			return false, err
+		}
+		control = append(control, e)
+	}
+	w := &pgx.Batch{}
+	if len(control) > 0 {
+		if err := insertEvents(ctx, queued{w}, f.RunID, count, f.Attempt, control); err != nil {
+			return false, err
+		}
+		w.Queue(`UPDATE executor.runs SET event_count = event_count + $2 WHERE run_id = $1`, f.RunID, int64(len(control)))
+	}
+	if err := queueRecordRunner(w, f, runner, &lost); err != nil {
+		return false, err
+	}
+	if err := tx.SendBatch(ctx, w).Close(); err != nil {
+		return false, err
+	}
+	if lost {
+		return false, ErrLeaseLost(f)
+	}
+	return len(control) > 0, tx.Commit(ctx)
+}
+
+// supersedeCheckpointsSQL supersedes scope $1's current checkpoints.
+const supersedeCheckpointsSQL = `UPDATE executor.session_checkpoints SET superseded_at = now()
+ WHERE session_scope = $1 AND superseded_at IS NULL`
 
 // recordControl writes RecordControl's bookkeeping in tx; appended says it
 // appended events, which the caller announces once tx committed
@@ -281,8 +387,7 @@ func recordControl(ctx context.Context, tx pgx.Tx, rules Rules, f Fence, superse
 		return false, err
 	}
 	if supersedeScope != "" {
-		if _, err := tx.Exec(ctx, `UPDATE executor.session_checkpoints SET superseded_at = now()
- WHERE session_scope = $1 AND superseded_at IS NULL`, supersedeScope); err != nil {
+		if _, err := tx.Exec(ctx, supersedeCheckpointsSQL, supersedeScope); err != nil {
 			return false, err
 		}
 	}

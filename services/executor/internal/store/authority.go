@@ -322,31 +322,44 @@ func controlPayload(msg proto.Message) (*structpb.Struct, error) {
 // appendControlEvent appends an executor-originated event to the run.
 func appendControlEvent(ctx context.Context, tx pgx.Tx, runID string, count int64, writer uint64, typ string, payload proto.Message) error {
 	var n int64
-	if err := tx.QueryRow(ctx, `SELECT count(*) FROM executor.events WHERE run_id = $1 AND source_instance_id = $2`,
-		runID, ControlInstance).Scan(&n); err != nil {
+	if err := tx.QueryRow(ctx, controlCountSQL, runID, ControlInstance).Scan(&n); err != nil {
 		return err
 	}
-	p, err := controlPayload(payload)
+	e, err := encodeControlEvent(runID, n+1, typ, payload)
 	if err != nil {
 		return err
 	}
-	ev := &prpv1.Event{
-		Schema: "tether.prp.event.v1", SourceInstanceId: ControlInstance,
-		SourceEventId: fmt.Sprintf("%s:%s:%d", runID, ControlInstance, n+1), SourceSeq: uint64(n + 1),
-		SourceKind: "control_plane", RunId: runID, EventType: typ, SchemaVersion: 1,
-		EmittedAt: timestamppb.Now(), Payload: p,
-	}
-	raw, err := marshalDet.Marshal(ev)
-	if err != nil {
-		return err
-	}
-	sum := sha256.Sum256(raw)
-	if err := insertEvents(ctx, tx, runID, count, writer, []encodedEvent{{ev: ev, raw: raw, hash: sum[:]}}); err != nil {
+	if err := insertEvents(ctx, tx, runID, count, writer, []encodedEvent{e}); err != nil {
 		return err
 	}
 	_, err = tx.Exec(ctx, `UPDATE executor.runs SET event_count = event_count + 1 WHERE run_id = $1`, runID)
 	return err
 }
+
+// encodeControlEvent is the run's control event of source seq seq (the
+// count of its control events before it, plus one).
+func encodeControlEvent(runID string, seq int64, typ string, payload proto.Message) (encodedEvent, error) {
+	p, err := controlPayload(payload)
+	if err != nil {
+		return encodedEvent{}, err
+	}
+	ev := &prpv1.Event{
+		Schema: "tether.prp.event.v1", SourceInstanceId: ControlInstance,
+		SourceEventId: fmt.Sprintf("%s:%s:%d", runID, ControlInstance, seq), SourceSeq: uint64(seq),
+		SourceKind: "control_plane", RunId: runID, EventType: typ, SchemaVersion: 1,
+		EmittedAt: timestamppb.Now(), Payload: p,
+	}
+	raw, err := marshalDet.Marshal(ev)
+	if err != nil {
+		return encodedEvent{}, err
+	}
+	sum := sha256.Sum256(raw)
+	return encodedEvent{ev: ev, raw: raw, hash: sum[:]}, nil
+}
+
+// controlCountSQL counts run $1's control events (their source seqs are
+// 1..count).
+const controlCountSQL = `SELECT count(*) FROM executor.events WHERE run_id = $1 AND source_instance_id = $2`
 
 type recoveryJSON struct {
 	Exhausted                 bool   `json:"exhausted"`

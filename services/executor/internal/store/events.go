@@ -667,29 +667,46 @@ SELECT (SELECT count(*) FROM ins), (SELECT count(*) FROM k)`, runs, insts, seqs,
 // parkEvents) under the fence, whose run holds count rows, and returns the
 // run's new row count.
 func adoptParked(ctx context.Context, tx pgx.Tx, rules Rules, f Fence, count int64) (int64, error) {
-	rows, err := tx.Query(ctx, `
-DELETE FROM executor.parked_events WHERE session_scope = (SELECT session_scope FROM executor.runs WHERE run_id = $1)
-RETURNING payload_sha256, event`, f.RunID)
+	rows, err := tx.Query(ctx, adoptParkedSQL, f.RunID)
 	if err != nil {
 		return count, err
 	}
+	parked, err := scanParked(rows)
+	if err != nil {
+		return count, err
+	}
+	return fileParked(ctx, tx, rules, f, count, parked)
+}
+
+// adoptParkedSQL takes the events parked for run $1's scope (adoptParked).
+const adoptParkedSQL = `
+DELETE FROM executor.parked_events WHERE session_scope = (SELECT session_scope FROM executor.runs WHERE run_id = $1)
+RETURNING payload_sha256, event`
+
+// scanParked reads adoptParkedSQL's rows, and closes them.
+func scanParked(rows pgx.Rows) ([]encodedEvent, error) {
+	defer rows.Close()
 	var parked []encodedEvent
 	for rows.Next() {
 		var e encodedEvent
 		if err := rows.Scan(&e.hash, &e.raw); err != nil {
-			rows.Close()
-			return count, err
+			return nil, err
 		}
 		e.ev = &prpv1.Event{}
 		if err := proto.Unmarshal(e.raw, e.ev); err != nil {
-			rows.Close()
-			return count, err
+			return nil, err
 		}
 		parked = append(parked, e)
 	}
 	rows.Close()
-	if err := rows.Err(); err != nil || len(parked) == 0 {
-		return count, err
+	return parked, rows.Err()
+}
+
+// fileParked files the parked events adoptParked took under the fence,
+// whose run holds count rows, and returns the run's new row count.
+func fileParked(ctx context.Context, tx pgx.Tx, rules Rules, f Fence, count int64, parked []encodedEvent) (int64, error) {
+	if len(parked) == 0 {
+		return count, nil
 	}
 	sort.SliceStable(parked, func(i, j int) bool {
 		a, b := parked[i].ev, parked[j].ev

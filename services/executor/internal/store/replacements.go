@@ -119,10 +119,14 @@ func scanOptionalReplacement(row pgx.Row) (*executorv1.SessionReplacement, error
 // applyReplacement marks decision id applied by run runID; false when it
 // was applied already (by this run's earlier attempt).
 func applyReplacement(ctx context.Context, tx pgx.Tx, id, runID string) (bool, error) {
-	tag, err := tx.Exec(ctx, `UPDATE executor.session_replacements SET applied_run_id = $2, applied_at = now()
- WHERE replacement_id = $1 AND applied_run_id IS NULL`, id, runID)
+	tag, err := tx.Exec(ctx, applyReplacementSQL, id, runID)
 	return tag.RowsAffected() == 1, err
 }
+
+// applyReplacementSQL marks decision $1 applied by run $2 (one row: it was
+// not applied before).
+const applyReplacementSQL = `UPDATE executor.session_replacements SET applied_run_id = $2, applied_at = now()
+ WHERE replacement_id = $1 AND applied_run_id IS NULL`
 
 // RunServed reports whether a runner served run runID (its runner instance
 // was recorded): an attempt of it attached, so its turn may have started.

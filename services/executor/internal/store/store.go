@@ -822,10 +822,41 @@ func recordRunner(ctx context.Context, q execer, f Fence, rec RunnerRecord) erro
 	if err != nil {
 		return err
 	}
-	// One statement: the run's runner, and the scope's record of every
-	// runner that attached for it (scope_runners; its upsert affects one
-	// row exactly when the fenced update did).
-	tag, err := q.Exec(ctx, `
+	tag, err := q.Exec(ctx, recordRunnerSQL, f.RunID, f.Owner, int64(f.Attempt), rec.InstanceID, rp, pp)
+	if err != nil {
+		return err
+	}
+	if tag.RowsAffected() == 0 {
+		return ErrLeaseLost(f)
+	}
+	return nil
+}
+
+// queueRecordRunner queues recordRunner's statement on b; *lost is set
+// when the fence no longer holds (nothing written).
+func queueRecordRunner(b *pgx.Batch, f Fence, rec RunnerRecord, lost *bool) error {
+	rp, err := marshalOpt(rec.Runner)
+	if err != nil {
+		return err
+	}
+	pp, err := marshalOpt(rec.Provider)
+	if err != nil {
+		return err
+	}
+	b.Queue(recordRunnerSQL, f.RunID, f.Owner, int64(f.Attempt), rec.InstanceID, rp, pp).Exec(func(tag pgconn.CommandTag) error {
+		if tag.RowsAffected() == 0 {
+			*lost = true
+		}
+		return nil
+	})
+	return nil
+}
+
+// recordRunnerSQL is one statement: the run's runner, and the scope's
+// record of every runner that attached for it (scope_runners; its upsert
+// affects one row exactly when the fenced update did). Args: run, owner,
+// attempt, runner instance, runner process, provider process.
+const recordRunnerSQL = `
 WITH u AS (
 UPDATE executor.runs r SET runner_instance_id = $4, runner_process = $5, updated_at = now(),
        provider_process = coalesce($6, r.provider_process,
@@ -838,16 +869,7 @@ UPDATE executor.runs r SET runner_instance_id = $4, runner_process = $5, updated
 RETURNING r.session_scope, r.run_id, r.submit_seq)
 INSERT INTO executor.scope_runners AS s (session_scope, runner_instance_id, first_run_id, last_submit_seq)
 SELECT session_scope, $4, run_id, submit_seq FROM u
-    ON CONFLICT (session_scope, runner_instance_id) DO UPDATE SET last_submit_seq = greatest(s.last_submit_seq, excluded.last_submit_seq)`,
-		f.RunID, f.Owner, int64(f.Attempt), rec.InstanceID, rp, pp)
-	if err != nil {
-		return err
-	}
-	if tag.RowsAffected() == 0 {
-		return ErrLeaseLost(f)
-	}
-	return nil
-}
+    ON CONFLICT (session_scope, runner_instance_id) DO UPDATE SET last_submit_seq = greatest(s.last_submit_seq, excluded.last_submit_seq)`
 
 func marshalOpt(m proto.Message) ([]byte, error) {
 	if m == nil || !m.ProtoReflect().IsValid() {

@@ -1,0 +1,139 @@
+package store_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/tether-run/tether/pkg/failure"
+	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
+	"github.com/tether-run/tether/pkg/scope"
+	"github.com/tether-run/tether/services/executor/internal/store"
+)
+
+// SPEC P4: a warm attach's bookkeeping (the fenced lock, the checkpoints'
+// supersede, the parked events, the authority rotation's control event,
+// the run's event count, the runner record) is pipelined: BEGIN with the
+// lock and the reads, the writes, COMMIT — three round trips where the
+// statements one by one took nine; the notification follows the commit.
+// A stale fence writes nothing in two (BEGIN with the lock, ROLLBACK).
+func TestP4_RecordAttachCommitsInThreeRoundTrips(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s, r := countedStore(t)
+	rotated := func(prev string) []store.ControlEvent {
+		return []store.ControlEvent{{Type: "session.authority_rotated", Payload: &prpv1.SessionAuthorityRotated{PreviousRunId: prev}}}
+	}
+	rec := store.RunnerRecord{InstanceID: "runner-1", Runner: &prpv1.ProcessInfo{Pid: 42}}
+	// A run whose attach prepares the statements on the one connection, as
+	// a replica's long-lived connections have them.
+	w := claimed(t, s, "warm", "o")
+	require.NoError(t, s.RecordAttach(ctx, w.Fence, "s-warm", rotated("w0"), rec))
+	_, err := s.AppendEvents(ctx, w.Fence, endOf("warm", 1, store.StateSucceeded))
+	require.NoError(t, err)
+
+	c := claimed(t, s, "r", "o")
+	stale := c.Fence
+	stale.Attempt++
+	r.reset()
+	err = s.RecordAttach(ctx, stale, "s-r", rotated("r0"), rec)
+	require.EqualValues(t, failure.NativeSessionLeaseLost, failure.CodeOf(err), "%v", err)
+	pgxTrips, wire, sql := r.count()
+	require.Equal(t, 2, pgxTrips, "BEGIN with the lock, ROLLBACK: %q", sql)
+	require.Equal(t, 2, wire, "%q", sql)
+
+	r.reset()
+	require.NoError(t, s.RecordAttach(ctx, c.Fence, "s-r", rotated("r0"), rec))
+	pgxTrips, wire, sql = r.count()
+	require.Equal(t, 4, pgxTrips, "BEGIN with the lock and reads, the writes, COMMIT; the notification: %q", sql)
+	require.Equal(t, 4, wire, "%q", sql)
+
+	run, err := s.GetRun(ctx, "r")
+	require.NoError(t, err)
+	require.EqualValues(t, 1, run.GetEventCount())
+	require.Equal(t, "runner-1", run.GetRunnerInstanceId())
+	require.EqualValues(t, 42, run.GetRunnerProcess().GetPid())
+	evs, err := s.EventsAfter(ctx, "r", 0, 10)
+	require.NoError(t, err)
+	require.Len(t, evs, 1)
+	require.Equal(t, "session.authority_rotated", evs[0].Event.GetEventType())
+	require.EqualValues(t, 1, evs[0].Seq)
+	require.EqualValues(t, 1, evs[0].Event.GetSourceSeq())
+	require.Equal(t, "r:"+store.ControlInstance+":1", evs[0].Event.GetSourceEventId())
+
+	// The runner record alone is one statement.
+	r.reset()
+	require.NoError(t, s.RecordAttach(ctx, c.Fence, "", nil, store.RunnerRecord{InstanceID: "runner-2"}))
+	pgxTrips, _, sql = r.count()
+	require.Equal(t, 1, pgxTrips, "%q", sql)
+	run, err = s.GetRun(ctx, "r")
+	require.NoError(t, err)
+	require.Equal(t, "runner-2", run.GetRunnerInstanceId())
+	require.EqualValues(t, 1, run.GetEventCount())
+}
+
+// SPEC R9 through the pipelined attach (RecordAttach): the events parked
+// for the scope are filed under the next run's fence before its control
+// events, which continue the run's control source seqs; a replacement is
+// applied once, so a second attempt's bookkeeping appends no second
+// continuity break.
+func TestR9_ParkedEventsGoBeforeThePipelinedAttachsControlEvents(t *testing.T) {
+	t.Parallel()
+	s := newStore(t)
+	ctx := context.Background()
+	in := input("attach-parked", "x")
+	sc := scope.OfRun("a", in)
+	for _, id := range []string{"a", "b"} {
+		_, _, err := s.SubmitRun(ctx, id, in)
+		require.NoError(t, err)
+	}
+	ca, err := s.ClaimNext(ctx, "o", time.Minute, store.Controller{})
+	require.NoError(t, err)
+	require.NoError(t, s.RecordRunner(ctx, ca.Fence, "runner-1", nil, nil))
+	res, err := s.AppendEvents(ctx, ca.Fence, []*prpv1.Event{
+		event("a", "runner-1", 1, "turn.completed", nil),
+		event("a", "runner-1", 2, store.EventTerminal, map[string]any{"runTerminalState": "succeeded"}),
+		event("a", "runner-1", 3, "harness.exited", nil),
+		event("a", "runner-1", 4, "runner.reconciled", nil),
+	})
+	require.NoError(t, err)
+	require.Equal(t, 2, res.Parked)
+	rep, err := s.RecordReplacement(ctx, store.ReplacementRequest{Scope: sc, CompanyID: "acme", SessionID: "attach-parked",
+		RequestedBy: "alice", Caller: "addr:test", Reason: "host lost"})
+	require.NoError(t, err)
+
+	cb, err := s.ClaimNext(ctx, "o", time.Minute, store.Controller{})
+	require.NoError(t, err)
+	require.Equal(t, "b", cb.RunID)
+	control := []store.ControlEvent{
+		{Type: "session.continuity_break", Replacement: rep.GetReplacementId(), Payload: &prpv1.SessionContinuityBreak{Why: "host lost"}},
+		{Type: "session.authority_rotated", Payload: &prpv1.SessionAuthorityRotated{PreviousRunId: "a"}},
+	}
+	rec := store.RunnerRecord{InstanceID: "runner-1"}
+	require.NoError(t, s.RecordAttach(ctx, cb.Fence, sc, control, rec))
+	require.NoError(t, s.RecordAttach(ctx, cb.Fence, sc, control, rec))
+	b := rowsOf(t, s, "b")
+	require.Equal(t, []string{"harness.exited", "runner.reconciled", "session.continuity_break", "session.authority_rotated",
+		"session.authority_rotated"}, types(b))
+	for _, r := range b {
+		require.EqualValues(t, cb.Attempt, r.Writer)
+	}
+	evs, err := s.EventsAfter(ctx, "b", 0, 10)
+	require.NoError(t, err)
+	var seqs []uint64
+	for i, e := range evs {
+		require.EqualValues(t, i+1, e.Seq)
+		if e.Event.GetSourceInstanceId() == store.ControlInstance {
+			seqs = append(seqs, e.Event.GetSourceSeq())
+		}
+	}
+	require.Equal(t, []uint64{1, 2, 3}, seqs)
+	run, err := s.GetRun(ctx, "b")
+	require.NoError(t, err)
+	require.EqualValues(t, 5, run.GetEventCount())
+	reps, err := s.Replacements(ctx, sc)
+	require.NoError(t, err)
+	require.Equal(t, "b", reps[0].GetAppliedRunId())
+}
