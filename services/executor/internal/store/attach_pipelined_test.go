@@ -137,3 +137,44 @@ func TestR9_ParkedEventsGoBeforeThePipelinedAttachsControlEvents(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "b", reps[0].GetAppliedRunId())
 }
+
+// SPEC P2: recording a cancellation of a driven run (the first step of
+// every cancellation's path) is pipelined: BEGIN with the run's and its
+// coordinator's locks, the activity, the record's merge and its
+// notification, COMMIT — three round trips where the statements one by one
+// took eight. The record is what it was: pending, audited, mirrored on the
+// coordinator; a repeated call finds it and re-notifies.
+func TestP2_RecordingACancellationCommitsInThreeRoundTrips(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s, r := countedStore(t)
+	w := claimed(t, s, "warm", "o")
+	_, err := s.RecordCancellation(ctx, store.CancelRequest{RunID: "warm", Scope: "run", Reason: "warm", Actor: "test"})
+	require.NoError(t, err)
+	_, err = s.AppendEventsAcking(ctx, w.Fence, endOf("warm", 1, store.StateCancelled), nil)
+	require.NoError(t, err)
+
+	claimed(t, s, "r", "o")
+	r.reset()
+	out, err := s.RecordCancellation(ctx, store.CancelRequest{RunID: "r", Scope: "run", Reason: "stop", RequestID: "q1", Actor: "test"})
+	require.NoError(t, err)
+	pgxTrips, wire, sql := r.count()
+	require.Equal(t, 3, pgxTrips, "BEGIN with the locks, the writes and the notification, COMMIT: %q", sql)
+	require.Equal(t, 3, wire, "%q", sql)
+	require.True(t, out.Active)
+	require.True(t, out.NeedsDispatch)
+	require.Equal(t, "pending", out.Record.GetDispatchState())
+	stored, err := s.Cancellation(ctx, "r")
+	require.NoError(t, err)
+	require.Equal(t, out.Record.GetIntentId(), stored.GetIntentId())
+	require.Equal(t, "pending", stored.GetDispatchState())
+	require.Equal(t, "q1", stored.GetRequestId())
+
+	again, err := s.RecordCancellation(ctx, store.CancelRequest{RunID: "r", Scope: "run", Reason: "stop", Actor: "test"})
+	require.NoError(t, err)
+	require.Equal(t, out.Record.GetIntentId(), again.Record.GetIntentId())
+	require.True(t, again.NeedsDispatch)
+
+	_, err = s.RecordCancellation(ctx, store.CancelRequest{RunID: "nope", Scope: "run", Reason: "x"})
+	require.EqualValues(t, failure.RunNotFound, failure.CodeOf(err), "%v", err)
+}

@@ -121,101 +121,135 @@ func isTerminalState(state string) bool {
 // repeated call changes nothing; a run that ended without a cancellation is
 // Active=false. No coordinator → native_cancellation_coordinator_missing and
 // nothing is written.
+//
+// Its statements are pipelined (SPEC P2: the commit is on every
+// cancellation's path): BEGIN with both rows' locks in one round trip; the
+// activity, the record's merge and the notification of a new record in a
+// second; COMMIT — three round trips where the statements one by one took
+// eight. A run nobody drives takes a few more (its terminal's append).
 func (s *Store) RecordCancellation(ctx context.Context, req CancelRequest) (CancelOutcome, error) {
 	defer synctrace.Begin("executor.cancel", req.RunID)()
-	var out CancelOutcome
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		out = CancelOutcome{}
-		var (
-			state, company, issue string
-			raw                   []byte
-			count                 int64
-		)
-		err := tx.QueryRow(ctx, `
+	var (
+		state, company, issue, phase string
+		raw                          []byte
+		count, attempt               int64
+		noRun, noCoordinator         bool
+	)
+	b := &pgx.Batch{}
+	b.BeginTx(pgx.TxOptions{})
+	b.Queue(`
 SELECT state, company_id, issue_id, result_metadata -> 'nativeCancellation', event_count
-  FROM executor.runs WHERE run_id = $1 FOR UPDATE`, req.RunID).Scan(&state, &company, &issue, &raw, &count)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return ErrRunNotFound(req.RunID)
-		}
-		if err != nil {
-			return err
-		}
-		var (
-			phase   string
-			attempt int64
-		)
-		err = tx.QueryRow(ctx, `SELECT phase, attempt FROM executor.coordinators WHERE run_id = $1 FOR UPDATE`, req.RunID).Scan(&phase, &attempt)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return failure.New(codes.FailedPrecondition, failure.NativeCancellationCoordinatorMissing,
-				"run %s has no coordinator; refusing to record a cancellation", req.RunID)
-		}
-		if err != nil {
-			return err
-		}
-		rec, err := parseCancellation(raw)
-		if err != nil {
-			return err
-		}
-		if rec != nil {
-			out.Active, out.Record = true, rec.proto()
-			out.NeedsDispatch = rec.DispatchState == "pending"
-			if out.NeedsDispatch {
-				// Nudge the driver: it re-dispatches by the same command id,
-				// which the runner executes at most once.
-				_, err = tx.Exec(ctx, `SELECT pg_notify($1, $2)`, CancelChannel, req.RunID)
-			}
-			return err
-		}
-		if isTerminalState(state) {
-			return nil // not active: nothing to cancel
-		}
-		scope := req.Scope
-		rec = &cancellationJSON{
-			Schema: CancellationSchema, IntentID: newID("native-cancellation:"), IntentAuditID: newID("activity-"),
-			CompanyID: company, RunID: req.RunID, IssueID: issue, Scope: scope,
-			ReasonCode: "cancellation_" + scope + "_requested", Reason: req.Reason, RequestID: req.RequestID,
-			Effects: cancellationEffects[scope], DispatchState: "pending",
-		}
-		if err := insertActivity(ctx, tx, rec.IntentAuditID, req.Actor, actionCancellationIntentRecorded, rec); err != nil {
-			return err
-		}
-		driven := phase == PhaseObserved
-		if !driven {
-			rec.DispatchState = "acknowledged"
-			rec.AcknowledgementAuditID = newID("activity-")
-			if err := insertActivity(ctx, tx, rec.AcknowledgementAuditID, req.Actor, actionCancellationAcknowledged, rec); err != nil {
-				return err
-			}
-		}
-		if err := mergeCancellation(ctx, tx, rec); err != nil {
-			return err
-		}
-		if !driven {
-			// Nobody holds a lease: the run's terminal is written under
-			// its coordinator's attempt (0 if it was never claimed), the
-			// fence the database checks (R9), with both rows locked.
-			if err := appendControlEvent(ctx, tx, req.RunID, count, uint64(attempt), EventTerminal, &prpv1.RunTerminal{
-				TurnTerminalState: "cancelled", RunTerminalState: StateCancelled,
-				Code: "run_cancelled", Message: "cancelled before a runner took it: " + req.Reason,
-			}); err != nil {
-				return err
-			}
-			if _, err := tx.Exec(ctx, `UPDATE executor.coordinators SET phase = 'completed', lease_owner = NULL, lease_expires_at = NULL WHERE run_id = $1`, req.RunID); err != nil {
-				return err
-			}
-			if _, err := tx.Exec(ctx, `UPDATE executor.runs SET state = 'cancelled', ended_at = now(), updated_at = now() WHERE run_id = $1`, req.RunID); err != nil {
-				return err
-			}
-			if _, err := tx.Exec(ctx, `SELECT pg_notify($1, $2)`, EventsChannel, req.RunID); err != nil {
-				return err
-			}
-		} else if _, err := tx.Exec(ctx, `SELECT pg_notify($1, $2)`, CancelChannel, req.RunID); err != nil {
-			return err
-		}
-		out.Active, out.Record, out.NeedsDispatch = true, rec.proto(), driven
-		return nil
+  FROM executor.runs WHERE run_id = $1 FOR UPDATE`, req.RunID).QueryRow(func(row pgx.Row) error {
+		err := row.Scan(&state, &company, &issue, &raw, &count)
+		noRun = errors.Is(err, pgx.ErrNoRows)
+		return noRowsOK(err)
 	})
-	return out, err
+	b.Queue(`SELECT phase, attempt FROM executor.coordinators WHERE run_id = $1 FOR UPDATE`, req.RunID).QueryRow(func(row pgx.Row) error {
+		err := row.Scan(&phase, &attempt)
+		noCoordinator = errors.Is(err, pgx.ErrNoRows)
+		return noRowsOK(err)
+	})
+	br := s.pool.SendBatch(ctx, b)
+	tx := br.Tx()
+	// A no-op once committed; else it ends the transaction and hands the
+	// connection back.
+	defer func() { _ = tx.Rollback(ctx) }()
+	if err := br.Close(); err != nil {
+		return CancelOutcome{}, err
+	}
+	if noRun {
+		return CancelOutcome{}, ErrRunNotFound(req.RunID)
+	}
+	if noCoordinator {
+		return CancelOutcome{}, failure.New(codes.FailedPrecondition, failure.NativeCancellationCoordinatorMissing,
+			"run %s has no coordinator; refusing to record a cancellation", req.RunID)
+	}
+	out, err := recordCancellation(ctx, tx, req, state, company, issue, phase, raw, count, attempt)
+	if err != nil {
+		return CancelOutcome{}, err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return CancelOutcome{}, err
+	}
+	return out, nil
+}
+
+// recordCancellation is RecordCancellation's work once both rows are
+// locked (what they hold given).
+func recordCancellation(ctx context.Context, tx pgx.Tx, req CancelRequest, state, company, issue, phase string, raw []byte, count, attempt int64) (CancelOutcome, error) {
+	var out CancelOutcome
+	rec, err := parseCancellation(raw)
+	if err != nil {
+		return out, err
+	}
+	if rec != nil {
+		out.Active, out.Record = true, rec.proto()
+		out.NeedsDispatch = rec.DispatchState == "pending"
+		if out.NeedsDispatch {
+			// Nudge the driver: it re-dispatches by the same command id,
+			// which the runner executes at most once.
+			_, err = tx.Exec(ctx, `SELECT pg_notify($1, $2)`, CancelChannel, req.RunID)
+		}
+		return out, err
+	}
+	if isTerminalState(state) {
+		return out, nil // not active: nothing to cancel
+	}
+	scope := req.Scope
+	rec = &cancellationJSON{
+		Schema: CancellationSchema, IntentID: newID("native-cancellation:"), IntentAuditID: newID("activity-"),
+		CompanyID: company, RunID: req.RunID, IssueID: issue, Scope: scope,
+		ReasonCode: "cancellation_" + scope + "_requested", Reason: req.Reason, RequestID: req.RequestID,
+		Effects: cancellationEffects[scope], DispatchState: "pending",
+	}
+	// The writes go in one batch.
+	w := &pgx.Batch{}
+	q := queued{w}
+	if err := insertActivity(ctx, q, rec.IntentAuditID, req.Actor, actionCancellationIntentRecorded, rec); err != nil {
+		return out, err
+	}
+	driven := phase == PhaseObserved
+	if !driven {
+		rec.DispatchState = "acknowledged"
+		rec.AcknowledgementAuditID = newID("activity-")
+		if err := insertActivity(ctx, q, rec.AcknowledgementAuditID, req.Actor, actionCancellationAcknowledged, rec); err != nil {
+			return out, err
+		}
+	}
+	if err := mergeCancellation(ctx, q, rec); err != nil {
+		return out, err
+	}
+	if driven {
+		// Inside the transaction: a driver on another replica learns of
+		// the record on its commit (no notification is lost to a crash
+		// after it).
+		w.Queue(`SELECT pg_notify($1, $2)`, CancelChannel, req.RunID)
+	}
+	if err := tx.SendBatch(ctx, w).Close(); err != nil {
+		return out, err
+	}
+	if !driven {
+		// Nobody holds a lease: the run's terminal is written under
+		// its coordinator's attempt (0 if it was never claimed), the
+		// fence the database checks (R9), with both rows locked.
+		if err := appendControlEvent(ctx, tx, req.RunID, count, uint64(attempt), EventTerminal, &prpv1.RunTerminal{
+			TurnTerminalState: "cancelled", RunTerminalState: StateCancelled,
+			Code: "run_cancelled", Message: "cancelled before a runner took it: " + req.Reason,
+		}); err != nil {
+			return out, err
+		}
+		if _, err := tx.Exec(ctx, `UPDATE executor.coordinators SET phase = 'completed', lease_owner = NULL, lease_expires_at = NULL WHERE run_id = $1`, req.RunID); err != nil {
+			return out, err
+		}
+		if _, err := tx.Exec(ctx, `UPDATE executor.runs SET state = 'cancelled', ended_at = now(), updated_at = now() WHERE run_id = $1`, req.RunID); err != nil {
+			return out, err
+		}
+		if _, err := tx.Exec(ctx, `SELECT pg_notify($1, $2)`, EventsChannel, req.RunID); err != nil {
+			return out, err
+		}
+	}
+	out.Active, out.Record, out.NeedsDispatch = true, rec.proto(), driven
+	return out, nil
 }
 
 func mergeCancellation(ctx context.Context, tx execer, rec *cancellationJSON) error {

@@ -71,7 +71,7 @@ func cancelLatency(ctx context.Context, client executorv1.ExecutorServiceClient,
 	fmt.Printf("\n%-40s %10s %10s %10s %s\n", "figure", "p50", "p99", "target", "met")
 	fmt.Printf("%-40s %10s %10s %10s %s\n", fmt.Sprintf("cancel → interrupt acknowledged (%d)", len(lat)), p50, p99, "p99≤20ms", markOf(ok))
 	fmt.Printf("BENCH cancel_latency cancels=%d p50_ms=%.3f p99_ms=%.3f target_ms=20 met=%t\n", len(lat), ms(p50), ms(p99), ok)
-	return reportCancelWrites(traceDir, windows)
+	return reportCancelWrites(traceDir, windows, anchors{})
 }
 
 func markOf(ok bool) string {

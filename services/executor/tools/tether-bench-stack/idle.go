@@ -89,7 +89,7 @@ func turnsAfterIdle(ctx context.Context, client executorv1.ExecutorServiceClient
 	}
 	if recs, err := synctrace.Read(traceDir); err == nil && len(recs) > 0 {
 		fmt.Printf("\nturns after idle (backups on):")
-		printMedianSteps(recs, windows, raw)
+		printMedianSteps(recs, windows, raw, "turns", "SubmitRun")
 	}
 	p50 := pct(took, 50)
 	ratio := float64(p50) / float64(warmP50)

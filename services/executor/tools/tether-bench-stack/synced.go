@@ -145,7 +145,7 @@ func reportSynced(dir string, turns []turnWindow, raw anchors) (int, error) {
 	printWrites(turnWrites(recs, med))
 	fmt.Printf("    %8s             turn.started received\n", round(med.started.Sub(med.t0)))
 	fmt.Printf("    %8s             run.terminal received\n", round(med.end.Sub(med.t0)))
-	printMedianSteps(recs, turns, raw)
+	printMedianSteps(recs, turns, raw, "turns", "SubmitRun")
 	cp, cs := medianInt(toEnd), medianInt(toStarted)
 	// SPEC P4 counts the writes a turn waits for before it starts (its
 	// first events persisted); each later batch of events adds the
@@ -173,7 +173,7 @@ func printWrites(ws []syncedWrite) {
 
 // reportCancelWrites prints the synced writes between CancelRun sent and
 // its answer received, of the cancellation whose latency is the median.
-func reportCancelWrites(dir string, cancels []turnWindow) error {
+func reportCancelWrites(dir string, cancels []turnWindow, raw anchors) error {
 	recs, err := synctrace.Read(dir)
 	if err != nil || len(cancels) == 0 {
 		return err
@@ -184,6 +184,13 @@ func reportCancelWrites(dir string, cancels []turnWindow) error {
 	fmt.Printf("\nsynced writes of the median cancellation (after CancelRun sent; * = the provider's own, · = a step, not a write):\n")
 	printWrites(turnWrites(recs, med))
 	fmt.Printf("    %8s             CancelRun answered (interrupt acknowledged)\n", round(med.end.Sub(med.t0)))
+	// Where the tail goes (SPEC P2 is a p99): the p99 cancellation's
+	// timeline, and each step's median over every cancellation.
+	slow := s[min(max((len(s)*99+99)/100-1, 0), len(s)-1)]
+	fmt.Printf("\nsynced writes of the p99 cancellation (after CancelRun sent):\n")
+	printWrites(turnWrites(recs, slow))
+	fmt.Printf("    %8s             CancelRun answered (interrupt acknowledged)\n", round(slow.end.Sub(slow.t0)))
+	printMedianSteps(recs, cancels, raw, "cancellations", "CancelRun sent")
 	return nil
 }
 
@@ -202,7 +209,7 @@ func medianInt(xs []int) int {
 //
 // Each synced write is shown next to the raw anchor that bounds it (the
 // same kind of write, measured in this run) and the ratio.
-func printMedianSteps(recs []synctrace.Record, turns []turnWindow, raw anchors) {
+func printMedianSteps(recs []synctrace.Record, turns []turnWindow, raw anchors, what, after string) {
 	type key struct {
 		label string
 		nth   int
@@ -245,7 +252,7 @@ func printMedianSteps(recs []synctrace.Record, turns []turnWindow, raw anchors) 
 		return s[len(s)/2]
 	}
 	sort.Slice(keys, func(i, j int) bool { return med(starts[keys[i]]) < med(starts[keys[j]]) })
-	fmt.Printf("\nmedians over the %d measured turns (start → end after SubmitRun, duration; #n = the n-th in its turn):\n", len(turns))
+	fmt.Printf("\nmedians over the %d measured %s (start → end after %s, duration; #n = the n-th in its turn):\n", len(turns), what, after)
 	for _, k := range keys {
 		durs := make([]time.Duration, len(starts[k]))
 		for i := range durs {
