@@ -161,7 +161,7 @@ up: build ## keep the stack running on the default ports until interrupted
 up-auth: build ## as up, with tenancy enforced: development tokens for acme, globex and an operator in a printed directory
 	bin/tether-demo -up -auth
 
-bench: ## measure tether against raw baselines in one run (ephemeral durable PostgreSQL, or TETHER_DATABASE_URL); BENCHFLAGS=-h lists knobs
+bench: ## measure tether against raw baselines in one run (ephemeral durable PostgreSQL, or TETHER_DATABASE_URL); BENCHFLAGS=-h lists knobs; FAIRFLAGS='-fair-samples 200' tunes the fairness curve
 	@mkdir -p bin
 	$(MAKE) --no-print-directory build
 	$(GO) build -o bin/ ./services/executor/tools/tether-bench
@@ -175,6 +175,7 @@ bench: ## measure tether against raw baselines in one run (ephemeral durable Pos
 	bin/tether-bench-stack -takeovers 10 -same-host-takeover=false -sigterm -lease-ttl 60s
 	bin/tether-bench-stack -throughput 300 -gateways 1
 	bin/tether-bench-stack -throughput 300 -gateways 3
+	bin/tether-bench-stack -fairness 0,1000,10000,100000 $(FAIRFLAGS)
 	$(GO) build -o bin/ ./services/runnerd/tools/warm-turn-bench
 	bin/warm-turn-bench -fake bin/fake-codex-app-server
 	$(MAKE) --no-print-directory bench-backup
@@ -254,7 +255,7 @@ test-providers: ## opt-in SPEC R7/R10/R11/R12: pinned real providers (npm into .
 	bash scripts/test-providers.sh
 
 .PHONY: bench-curves
-bench-curves: build ## scale curves only (claim vs blocked backlog, renewal vs leases, append vs table size, WatchRun vs watchers, memory per idle warm session); CURVEFLAGS=-h lists knobs
+bench-curves: build ## scale curves only (claim vs blocked backlog, fair share vs another company's backlog, renewal vs leases, append vs table size, WatchRun vs watchers, memory per idle warm session); CURVEFLAGS=-h lists knobs, FAIRFLAGS the through-stack fairness curve's (tether-bench-stack -h)
 	$(GO) build -o bin/ ./services/executor/tools/tether-bench
 	bin/tether-bench -curves $(CURVEFLAGS)
 	bin/tether-bench-stack -sessions 10,50
@@ -262,6 +263,7 @@ bench-curves: build ## scale curves only (claim vs blocked backlog, renewal vs l
 	bin/tether-bench-stack -takeovers 20
 	bin/tether-bench-stack -takeovers 10 -same-host-takeover=false
 	bin/tether-bench-stack -takeovers 10 -same-host-takeover=false -sigterm -lease-ttl 60s
+	bin/tether-bench-stack -fairness 0,1000,10000,100000 $(FAIRFLAGS)
 
 .PHONY: bench-backup
 bench-backup: ## deep-verify digest throughput vs raw sha256 baselines (1 GiB in 10 files, 100 MiB in 10,000 files); BACKUPBENCHFLAGS=-h lists knobs

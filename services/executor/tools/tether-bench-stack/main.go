@@ -7,7 +7,10 @@
 // plus SubmitRun → turn.started (PERFORMANCE.md, SPEC P4: ≤ 2× end to end;
 // turn.started p50 ≤ 8 ms on a warm session). -cancels measures SPEC P2
 // instead (cancel.go), -sessions the memory of idle warm sessions,
-// -throughput the fleet's short runs/s and CPU per run (throughput.go).
+// -throughput the fleet's short runs/s and CPU per run (throughput.go),
+// -fairness company B's SubmitRun → turn.started while company A saturates
+// the executor's slots with 0 to 100,000 runs queued (SPEC Q3,
+// fairness.go).
 //
 // Both sides drive the same turn: the same prompt, a fake started with the
 // same flags (those the stack's gateway gives it), and threads of the same
@@ -61,6 +64,12 @@ type benchFlags struct {
 	keep, trace, sameHost, sigterm, idleControl bool
 	settle, ttl, idleCheckpointAfter            time.Duration
 	sizes                                       []int // parsed -sessions
+	// -fairness (fairness.go)
+	fairness, fairPrompt     string
+	fairSizes                []int // parsed -fairness
+	fairSamples, fairSlots   int
+	fairInterval, fairSettle time.Duration
+	fairSlowDelta            time.Duration
 }
 
 func parseFlags() (*benchFlags, error) {
@@ -85,6 +94,13 @@ func parseFlags() (*benchFlags, error) {
 	flag.IntVar(&f.idleTurns, "idle-turns", 5, "after the warm turn: turns each after 2 × -idle-checkpoint-after idle with the backup verifier on, each idle period checkpointed online (SPEC P6); 0: none")
 	flag.DurationVar(&f.idleCheckpointAfter, "idle-checkpoint-after", time.Second, "the executor's -checkpoint-after in the warm-turn run (no measured warm turn idles that long)")
 	flag.BoolVar(&f.idleControl, "idle-control", false, "-idle-turns without checkpoints (-checkpoint-after 0): the same idle periods, to tell idleness from checkpointing")
+	flag.StringVar(&f.fairness, "fairness", "", "instead of the warm turn: company B's SubmitRun → turn.started while company A has these numbers of runs queued (e.g. 0,1000,10000,100000) and keeps -fair-slots runs in flight (SPEC Q3, fairness.go)")
+	flag.IntVar(&f.fairSamples, "fair-samples", 100, "-fairness: runs of company B measured at each size of A's backlog")
+	flag.IntVar(&f.fairSlots, "fair-slots", 4, "-fairness: the executor's -max-active-runs, all of them kept busy by company A")
+	flag.DurationVar(&f.fairInterval, "fair-interval", 50*time.Millisecond, "-fairness: pause between the end of one run of B and the submission of the next")
+	flag.DurationVar(&f.fairSlowDelta, "fair-slow-delta", 20*time.Millisecond, "-fairness: the fake's pause before each delta of a [slow] reply (A's turns)")
+	flag.DurationVar(&f.fairSettle, "fair-settle", 2*time.Second, "-fairness: pause after seeding A's backlog, before B's runs")
+	flag.StringVar(&f.fairPrompt, "fair-a-prompt", "[slow] a", "-fairness: the prompt of company A's runs (the fake answers one containing [slow] in 10 deltas, -fair-slow-delta apart)")
 	flag.Parse()
 	if f.gateways < 1 {
 		return nil, fmt.Errorf("-gateways: want ≥ 1, got %d", f.gateways)
@@ -96,6 +112,15 @@ func parseFlags() (*benchFlags, error) {
 				return nil, fmt.Errorf("-sessions: want increasing counts ≥ 1, got %q", f.sessions)
 			}
 			f.sizes = append(f.sizes, n)
+		}
+	}
+	if f.fairness != "" {
+		var err error
+		if f.fairSizes, err = parseSizes(f.fairness); err != nil {
+			return nil, fmt.Errorf("-fairness: %w", err)
+		}
+		if f.fairSlots < 1 || f.fairSamples < 1 {
+			return nil, fmt.Errorf("-fair-slots and -fair-samples: want ≥ 1")
 		}
 	}
 	return f, nil
@@ -152,7 +177,7 @@ func run() error {
 func startStack(ctx context.Context, f *benchFlags, dir, dsn string, fakeArgs []string) (*stack.Stack, string, error) {
 	opts := stack.Options{BinDir: f.binDir, Dir: filepath.Join(dir, "stack"), DatabaseURL: dsn, FakeArgs: fakeArgs}
 	traceDir := ""
-	if len(f.sizes) == 0 && f.takeovers == 0 && f.throughput == 0 {
+	if len(f.sizes) == 0 && f.takeovers == 0 && f.throughput == 0 && f.fairness == "" {
 		traceDir = filepath.Join(dir, "synctrace")
 		if err := os.MkdirAll(traceDir, 0o700); err != nil {
 			return nil, "", err
@@ -167,6 +192,10 @@ func startStack(ctx context.Context, f *benchFlags, dir, dsn string, fakeArgs []
 			}
 			opts.ExecutorArgs = append(opts.ExecutorArgs, "-idle-sweep-interval", "100ms")
 		}
+	}
+	if f.fairness != "" {
+		opts.ExecutorArgs = append(opts.ExecutorArgs, "-max-active-runs", strconv.Itoa(f.fairSlots))
+		opts.FakeArgs = append(append([]string(nil), fakeArgs...), "--slow-delta-delay-ms", strconv.FormatInt(f.fairSlowDelta.Milliseconds(), 10))
 	}
 	if f.takeovers > 0 {
 		opts.LeaseTTL = f.ttl
@@ -229,6 +258,9 @@ func measure(ctx context.Context, f *benchFlags, st *stack.Stack, ds *directSess
 	}
 	if f.cancels > 0 {
 		return cancelLatency(ctx, client, f.warm, f.cancels, traceDir)
+	}
+	if f.fairness != "" {
+		return fairness(ctx, f, client, cluster.DSN("tether"))
 	}
 	if f.throughput > 0 {
 		return fleetThroughput(ctx, st, client, cluster.Dir(), f.gateways, f.p5Sessions, f.throughput)

@@ -7,8 +7,10 @@ package main
 //
 //   - claim_attempt: p50 and p99 of one ClaimNext that finds nothing due,
 //     with 10 busy sessions and 1k/10k/100k runs queued behind them.
-//   - fair_share: company B's submit → start p50 and p99 while company A
-//     has 0/1k/10k/100k due runs queued (fairness.go).
+//   - fair_share: company B's submit → claim p50 and p99 while company A
+//     has 0/1k/10k/100k due runs queued, with simulated in-process drivers
+//     (fairness.go): the claim in isolation. The same curve through the
+//     whole stack, to turn.started, is tether-bench-stack -fairness.
 //   - watch_delivery: p99 from the start of AppendEvents of one event to its
 //     arrival at each of 1/100/1,000 WatchRun streams of the run, served by
 //     a real executor process (-executor); that process's CPU per event and

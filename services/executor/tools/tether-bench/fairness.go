@@ -1,8 +1,10 @@
 package main
 
-// -curves fair_share (SPEC Q3): company B's submit → start of its run while
-// company A has 0, 1,000, 10,000 and 100,000 runs queued, each heading its
-// own session (every one of them due, the worst case for B: before Q3 the
+// -curves fair_share (SPEC Q3), simulated: company B's submit → claim of
+// its run by an in-process driver (store.ClaimNext; no executor process, no
+// runner: the claim in isolation; tether-bench-stack -fairness measures
+// submit → turn.started through the whole stack) while company A has 0,
+// 1,000, 10,000 and 100,000 runs queued, each heading its own session (every one of them due, the worst case for B: before Q3 the
 // claim was FIFO over due heads, and B's run waited behind all of A's).
 //
 // A fleet of -fair-slots drivers claims with store.ClaimNext, holds each
@@ -91,12 +93,12 @@ func (b *bench) fairnessCurve(ctx context.Context) ([]curve, error) {
 		if err != nil {
 			return nil, err
 		}
-		logf("fair_share: A has %d runs queued: B's submit → start p50 %.3f ms, p99 %.3f ms (%d runs of B; %d slots, %s turns)",
+		logf("fair_share (simulated drivers, submit → claim): A has %d runs queued: B's submit → claim p50 %.3f ms, p99 %.3f ms (%d runs of B; %d slots, %s turns)",
 			n, ms(percentile(lat, 50)), ms(percentile(lat, 99)), len(lat), fleet.slots, fleet.turn)
 		p50.xs, p50.values = append(p50.xs, n), append(p50.values, ms(percentile(lat, 50)))
 		p99.xs, p99.values = append(p99.xs, n), append(p99.values, ms(percentile(lat, 99)))
 	}
-	b.absolute = append(b.absolute, fmt.Sprintf("fair_share raw baseline (A's backlog empty, B alone): p50 %.3f ms, p99 %.3f ms; "+
+	b.absolute = append(b.absolute, fmt.Sprintf("fair_share (simulated drivers, submit → claim) raw baseline (A's backlog empty, B alone): p50 %.3f ms, p99 %.3f ms; "+
 		"the floor with every slot busy: one slot frees every %.3f ms", p50.values[0], p99.values[0], ms(fleet.turn)/float64(fleet.slots)))
 	return []curve{p50, p99}, nil
 }
