@@ -218,9 +218,15 @@ func (s *Store) PlaceScope(ctx context.Context, req PlaceRequest) (*Placement, e
 		var ranBefore bool
 		if req.Fallback != "" {
 			// A scope that ran before placements existed has its root on
-			// the static gateway: it stays there.
-			if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM executor.coordinators
- WHERE session_scope = $1 AND run_id <> $2 AND started_at IS NOT NULL)`, req.Scope, req.RunID).Scan(&ranBefore); err != nil {
+			// the static gateway: it stays there. The scope's runs are
+			// found by runs_session_idx: coordinators has no index of
+			// every run's scope (only of open ones), and a scan of it
+			// under the placement lock made every new scope's placement
+			// cost as much as the runs stored, 100,000 queued ones of
+			// another company included (SPEC Q3, tether-bench-stack
+			// -fairness).
+			if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM executor.runs r JOIN executor.coordinators c ON c.run_id = r.run_id
+ WHERE r.session_scope = $1 AND r.run_id <> $2 AND c.started_at IS NOT NULL)`, req.Scope, req.RunID).Scan(&ranBefore); err != nil {
 				return err
 			}
 		}

@@ -394,3 +394,28 @@ func TestF7_AnUnplacedRunIsClaimedLessOftenTheLongerItWaits(t *testing.T) {
 	require.NoError(t, s.Pool().QueryRow(ctx, `SELECT queued_since FROM executor.runs WHERE run_id = 'waits-long'`).Scan(&since))
 	require.Nil(t, since, "placed: no longer waiting")
 }
+
+func TestF2_AScopeThatRanBeforePlacementsExistedStaysOnTheStaticGateway(t *testing.T) {
+	t.Parallel()
+	s := newStore(t)
+	ctx := context.Background()
+	placeRun := func(runID, session string) *store.Placement {
+		t.Helper()
+		_, _, err := s.SubmitRun(ctx, runID, input(session, "x"))
+		require.NoError(t, err)
+		p, err := s.PlaceScope(ctx, store.PlaceRequest{Scope: scope.OfRun(runID, input(session, "x")), RunID: runID,
+			TTL: gatewayTTL, Fallback: "static"})
+		require.NoError(t, err)
+		return p
+	}
+	// A run of the scope started before any placement (its root is on the
+	// static gateway); then a gateway registers.
+	claimed(t, s, "ran-before", "owner-1")
+	_, _, err := s.SubmitRun(ctx, "queued-only", input("s-queued-only", "x"))
+	require.NoError(t, err)
+	register(t, s, "gw-a", 10, 0, nil)
+
+	require.Equal(t, "static", placeRun("ran-before-2", "s-ran-before").GatewayID, "a scope that ran stays where its root is")
+	require.Equal(t, "gw-a", placeRun("queued-only-2", "s-queued-only").GatewayID, "a run that never started left no root")
+	require.Equal(t, "gw-a", placeRun("fresh", "s-fresh").GatewayID, "the run being placed does not count")
+}
