@@ -17,8 +17,14 @@ package main
 //     run of A (SubmitRun, through the API) for each that ended. With a
 //     backlog that keeps the queue at its size; without one it refills the
 //     freed slot. A's runs are cold per-turn sessions (runnerd and the fake
-//     provider start for each, and stop after it): the fleet's CPU is spent
-//     the same way at 0 and at 100,000.
+//     provider start for each): the fleet's CPU is spent the same way at 0
+//     and at 100,000. Most per-turn runners of this build stay up after
+//     their run until the gateway's idle timeout (the executor's
+//     session.close after the terminal does not reach them): the stack's
+//     gateway runs with -idle-timeout -fair-runner-idle (3 s), so a few
+//     dozen linger, not hundreds that would slow each later point. (Closing
+//     each with CloseSession instead costs a scan of the company's runs,
+//     which grows with A's backlog.)
 //   - B competes for slots: its run finds them all taken by A and waits for
 //     the next to free; the fair-share claim must then pick B's one due run
 //     among A's 100,000 due heads (B's virtual time is behind A's, so B's
@@ -46,6 +52,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -95,6 +102,16 @@ const fairQueuedSQL = `SELECT count(*) FROM executor.coordinators
 // fairRunningSQL lists a company's runs in flight.
 const fairRunningSQL = `SELECT run_id FROM executor.coordinators WHERE company_id = $1 AND phase = 'observed'`
 
+// fairSplitSQL splits B's runs of a point at their claim, on the
+// database's clock.
+const fairSplitSQL = `
+SELECT extract(epoch FROM c.started_at - r.created_at) * 1000, extract(epoch FROM e.created_at - c.started_at) * 1000
+  FROM executor.runs r
+  JOIN executor.coordinators c ON c.run_id = r.run_id
+  JOIN LATERAL (SELECT min(e.created_at) AS created_at FROM executor.events e
+                 WHERE e.run_id = r.run_id AND e.event_type = 'turn.started') e ON true
+ WHERE r.company_id = $1 AND r.run_id LIKE $2`
+
 // parseSizes reads increasing backlog sizes ≥ 0 ("0,1000,10000").
 func parseSizes(s string) ([]int, error) {
 	var out []int
@@ -133,6 +150,10 @@ type fairPoint struct {
 	inFlight float64 // A's runs in flight, mean over the feeder's polls
 	elapsed  time.Duration
 	load     string // /proc/loadavg at the end of the point
+	// B's submit → claim and claim → turn.started persisted (ms, the
+	// database's clock: runs.created_at, coordinators.started_at,
+	// events.created_at): the wait for a slot and the claim, then the start.
+	toClaim, toStarted []time.Duration
 }
 
 // slotEvery is the mean interval at which A's runs ended (a slot freed).
@@ -176,6 +197,7 @@ func fairness(ctx context.Context, f *benchFlags, client executorv1.ExecutorServ
 		if err := pool.QueryRow(ctx, fairQueuedSQL, fairA).Scan(&queued); err != nil {
 			return err
 		}
+		stopKeep := keepWarm(ctx, client, fmt.Sprintf("%s-keep-%d", fairB, n))
 		if add := n - queued; add > 0 {
 			t0 := time.Now()
 			if err := seedFair(ctx, pool, template, seeded, add); err != nil {
@@ -189,6 +211,9 @@ func fairness(ctx context.Context, f *benchFlags, client executorv1.ExecutorServ
 			}
 		}
 		time.Sleep(f.fairSettle)
+		if err := stopKeep(); err != nil {
+			return fmt.Errorf("keeping B's session warm: %w", err)
+		}
 		p, err := fairRound(ctx, f, client, fd, fmt.Sprintf("%s-%d", fairB, n))
 		if err != nil {
 			return err
@@ -199,9 +224,12 @@ func fairness(ctx context.Context, f *benchFlags, client executorv1.ExecutorServ
 			return fmt.Errorf("company A's feeder: %w", err)
 		default:
 		}
-		fmt.Printf("fairness: A has %d runs queued (counted %d; %.1f in flight of %d slots; a slot freed every %s): B's SubmitRun → turn.started p50 %s p99 %s (%d runs of B; load %s)\n",
+		fmt.Printf("fairness: A has %d runs queued (counted %d; %.1f in flight of %d slots; a slot freed every %s): B's SubmitRun → turn.started p50 %s p99 %s (%d runs of B; load %s); "+
+			"submit → claim p50 %s p99 %s, claim → turn.started persisted p50 %s p99 %s\n",
 			p.size, p.queued, p.inFlight, f.fairSlots, p.slotEvery().Round(time.Millisecond), pct(p.lat, 50).Round(10*time.Microsecond),
-			pct(p.lat, 99).Round(10*time.Microsecond), len(p.lat), p.load)
+			pct(p.lat, 99).Round(10*time.Microsecond), len(p.lat), p.load,
+			pct(p.toClaim, 50).Round(10*time.Microsecond), pct(p.toClaim, 99).Round(10*time.Microsecond),
+			pct(p.toStarted, 50).Round(10*time.Microsecond), pct(p.toStarted, 99).Round(10*time.Microsecond))
 		points = append(points, p)
 	}
 	stop()
@@ -213,7 +241,17 @@ func fairness(ctx context.Context, f *benchFlags, client executorv1.ExecutorServ
 // submitted -fair-interval after the previous one ended.
 func fairRound(ctx context.Context, f *benchFlags, client executorv1.ExecutorServiceClient, fd *fairFeeder, prefix string) (fairPoint, error) {
 	var p fairPoint
+	// One turn first, not measured: B's runner may have idled out while
+	// A's backlog was seeded (-fair-runner-idle).
+	if err := fairTurn(ctx, client, prefix+"-warm", nil); err != nil {
+		return p, err
+	}
 	fd.resetStats()
+	if os.Getenv("TETHER_FAIR_PGACT") != "" {
+		actx, stopAct := context.WithCancel(ctx)
+		defer stopAct()
+		go sampleActivity(actx, fd.pool, prefix)
+	}
 	t0 := time.Now()
 	for i := range f.fairSamples {
 		time.Sleep(f.fairInterval)
@@ -225,10 +263,53 @@ func fairRound(ctx context.Context, f *benchFlags, client executorv1.ExecutorSer
 	}
 	p.elapsed = time.Since(t0)
 	p.aEnded, p.inFlight = fd.stats()
+	rows, err := fd.pool.Query(ctx, fairSplitSQL, fairB, prefix+"-%")
+	if err != nil {
+		return p, err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var claim, start float64
+		if err := rows.Scan(&claim, &start); err != nil {
+			return p, err
+		}
+		p.toClaim = append(p.toClaim, time.Duration(claim*float64(time.Millisecond)))
+		p.toStarted = append(p.toStarted, time.Duration(start*float64(time.Millisecond)))
+	}
+	if err := rows.Err(); err != nil {
+		return p, err
+	}
 	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
 		p.load = strings.Join(strings.Fields(string(b))[:3], " ")
 	}
 	return p, nil
+}
+
+// keepWarm runs unmeasured turns of B's session, one every 500 ms, until
+// the returned stop is called (it waits for the turn in progress): B's
+// runner would otherwise idle out (-fair-runner-idle) while A's backlog is
+// seeded.
+func keepWarm(ctx context.Context, client executorv1.ExecutorServiceClient, prefix string) (stop func() error) {
+	quit := make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		for i := 0; ; i++ {
+			select {
+			case <-quit:
+				done <- nil
+				return
+			case <-time.After(500 * time.Millisecond):
+			}
+			if err := fairTurn(ctx, client, fmt.Sprintf("%s-%d", prefix, i), nil); err != nil {
+				done <- err
+				return
+			}
+		}
+	}()
+	return func() error {
+		close(quit)
+		return <-done
+	}
 }
 
 // fairTurn runs one turn of B's warm session to its end; started, when
@@ -322,18 +403,6 @@ type fairFeeder struct {
 	inFlightSamples int
 }
 
-// closeEnded closes the session of each of A's runs that ended
-// (CloseSession, as a client would): a per-turn run's runner should exit
-// on its own once the run ended, but most stay up until the gateway's idle
-// timeout (the executor's session.close after the terminal is lost: a
-// known bug of this build), and hundreds of idle runners would make the
-// box slower at each later point of the curve.
-func (fd *fairFeeder) closeEnded(ctx context.Context, ids <-chan string) {
-	for id := range ids {
-		_, _ = fd.client.CloseSession(ctx, &executorv1.CloseSessionRequest{CompanyId: fairA, NormalizedSessionId: id, Reason: "bench: per_turn run ended"})
-	}
-}
-
 func (fd *fairFeeder) submit(ctx context.Context) error {
 	id := fmt.Sprintf("%s-%d", fairA, fd.next.Add(1))
 	in := proto.Clone(fd.in).(*prpv1.ExecutionInput)
@@ -382,9 +451,6 @@ func (fd *fairFeeder) run(ctx context.Context, slots int) error {
 			return err
 		}
 	}
-	closing := make(chan string, 4096)
-	defer close(closing)
-	go fd.closeEnded(ctx, closing)
 	var before []string
 	for {
 		select {
@@ -428,12 +494,7 @@ func (fd *fairFeeder) run(ctx context.Context, slots int) error {
 				return err
 			}
 		}
-		for _, id := range gone {
-			select {
-			case closing <- id:
-			default: // the closer is behind: the runner idles out
-			}
-		}
+
 	}
 }
 
@@ -481,4 +542,42 @@ func reportFairness(w io.Writer, slots int, points []fairPoint) {
 		strings.Join(xs, ","), strings.Join(p50s, ","), r50)
 	fmt.Fprintf(w, "BENCH curve_fair_share_stack_b_turn_started_p99 a_queued=%s values=%s ratio=%.3f target=2.00 met=%t unit=ms slots=%d samples=%d%s\n",
 		strings.Join(xs, ","), strings.Join(p99s, ","), ratio, ratio <= 2, slots, len(last.lat), backlog)
+}
+
+// sampleActivity (TETHER_FAIR_PGACT=1, a diagnosis) tallies the active
+// statements of the cluster every 20 ms and prints the most seen at the
+// end of the point.
+func sampleActivity(ctx context.Context, pool *pgxpool.Pool, label string) {
+	tally := map[string]int{}
+	n := 0
+	defer func() {
+		type kv struct {
+			q string
+			c int
+		}
+		var all []kv
+		for q, c := range tally {
+			all = append(all, kv{q, c})
+		}
+		slices.SortFunc(all, func(a, b kv) int { return b.c - a.c })
+		fmt.Printf("pg activity %s (%d samples):\n", label, n)
+		for _, e := range all[:min(8, len(all))] {
+			fmt.Printf("  %5d  %s\n", e.c, e.q)
+		}
+	}()
+	for ctx.Err() == nil {
+		time.Sleep(20 * time.Millisecond)
+		rows, err := pool.Query(ctx, `SELECT left(regexp_replace(query, '\s+', ' ', 'g'), 110) FROM pg_stat_activity WHERE state = 'active' AND pid <> pg_backend_pid() AND backend_type = 'client backend'`)
+		if err != nil {
+			return
+		}
+		n++
+		for rows.Next() {
+			var q string
+			if rows.Scan(&q) == nil {
+				tally[q]++
+			}
+		}
+		rows.Close()
+	}
 }

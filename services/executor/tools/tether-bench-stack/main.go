@@ -69,7 +69,7 @@ type benchFlags struct {
 	fairSizes                []int // parsed -fairness
 	fairSamples, fairSlots   int
 	fairInterval, fairSettle time.Duration
-	fairSlowDelta            time.Duration
+	fairSlowDelta, fairIdle  time.Duration
 }
 
 func parseFlags() (*benchFlags, error) {
@@ -99,6 +99,7 @@ func parseFlags() (*benchFlags, error) {
 	flag.IntVar(&f.fairSlots, "fair-slots", 4, "-fairness: the executor's -max-active-runs, all of them kept busy by company A")
 	flag.DurationVar(&f.fairInterval, "fair-interval", 50*time.Millisecond, "-fairness: pause between the end of one run of B and the submission of the next")
 	flag.DurationVar(&f.fairSlowDelta, "fair-slow-delta", 20*time.Millisecond, "-fairness: the fake's pause before each delta of a [slow] reply (A's turns)")
+	flag.DurationVar(&f.fairIdle, "fair-runner-idle", 3*time.Second, "-fairness: the gateway's -idle-timeout: how long A's ended per-turn runners may linger")
 	flag.DurationVar(&f.fairSettle, "fair-settle", 2*time.Second, "-fairness: pause after seeding A's backlog, before B's runs")
 	flag.StringVar(&f.fairPrompt, "fair-a-prompt", "[slow] a", "-fairness: the prompt of company A's runs (the fake answers one containing [slow] in 10 deltas, -fair-slow-delta apart)")
 	flag.Parse()
@@ -196,6 +197,7 @@ func startStack(ctx context.Context, f *benchFlags, dir, dsn string, fakeArgs []
 	if f.fairness != "" {
 		opts.ExecutorArgs = append(opts.ExecutorArgs, "-max-active-runs", strconv.Itoa(f.fairSlots))
 		opts.FakeArgs = append(append([]string(nil), fakeArgs...), "--slow-delta-delay-ms", strconv.FormatInt(f.fairSlowDelta.Milliseconds(), 10))
+		opts.GatewayArgs = append(opts.GatewayArgs, "-idle-timeout", f.fairIdle.String())
 	}
 	if f.takeovers > 0 {
 		opts.LeaseTTL = f.ttl
