@@ -32,9 +32,7 @@ const cancelBatch = 200
 type Enforcer struct {
 	Store    *store.Store
 	Interval time.Duration
-	// Clock gives the current month (default time.Now).
-	Clock  func() time.Time
-	Logger *slog.Logger
+	Logger   *slog.Logger
 }
 
 // Run sweeps every Interval until ctx ends.
@@ -49,23 +47,24 @@ func (e *Enforcer) log() *slog.Logger {
 	return e.Logger
 }
 
-func (e *Enforcer) now() time.Time {
-	if e.Clock == nil {
-		return time.Now()
-	}
-	return e.Clock()
-}
-
 // Sweep applies the budget state of every company with a spend this month;
 // n counts the runs it cancelled.
 func (e *Enforcer) Sweep(ctx context.Context) (n int, err error) {
-	month := store.MonthOf(e.now())
+	month := e.Store.Month() // the store's clock owns the month
 	cs, err := e.Store.BudgetCompanies(ctx, month)
 	if err != nil {
 		return 0, err
 	}
 	for _, c := range cs {
-		exhausted := quota.Budget(c.SpendUSD, c.Limits) == store.BudgetExhausted
+		state := quota.Budget(c.SpendUSD, c.Limits)
+		if (state >= store.BudgetWarning && !c.Warned) || (state == store.BudgetExhausted && !c.Exhausted) {
+			// A budget lowered under the month's spend: the thresholds
+			// are recorded as a settlement crossing them records them.
+			if err := e.Store.RecordBudgetThresholds(ctx, c, month, state); err != nil {
+				return n, err
+			}
+		}
+		exhausted := state == store.BudgetExhausted
 		if exhausted != c.Blocked {
 			// The claim starts no run of a company whose budget is
 			// exhausted; a raised budget or a new month lets them run.

@@ -115,7 +115,8 @@ func TestQ2_AnExhaustedCompanyStartsNothingUntilItsBudgetIsRaisedOrANewMonth(t *
 	_, err = s.AppendEvents(ctx, c.Fence, []*prpv1.Event{terminal("paid", 1.2)})
 	require.NoError(t, err)
 	now := time.Now()
-	e := &budget.Enforcer{Store: s, Clock: func() time.Time { return now }}
+	s.SetClock(func() time.Time { return now })
+	e := &budget.Enforcer{Store: s}
 	_, err = e.Sweep(ctx)
 	require.NoError(t, err)
 	got, err := s.ClaimNext(ctx, "o", time.Minute, ctl)
@@ -148,4 +149,84 @@ func TestQ2_AnExhaustedCompanyStartsNothingUntilItsBudgetIsRaisedOrANewMonth(t *
 	require.NoError(t, err)
 	require.NotNil(t, got, "a new month lets it run")
 	require.Equal(t, "third", got.RunID)
+}
+
+// TestQ2_ABudgetLoweredUnderTheSpendIsRecordedOnceByTheSweep: acme spent
+// 1.2 USD of a 10 USD budget (no threshold crossed). Lowered to 1.4 USD,
+// the month's spend is over the warn ratio: the sweep records
+// budget.warning, as a settlement crossing it would; lowered to 1 USD, it
+// records budget.exhausted and blocks acme. Sweeps of two replicas again,
+// and a later settlement, record nothing more.
+func TestQ2_ABudgetLoweredUnderTheSpendIsRecordedOnceByTheSweep(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dsn := pgtest.NewDB(t, migrator)
+	s, err := store.Open(ctx, dsn, runrules.New())
+	require.NoError(t, err)
+	t.Cleanup(s.Close)
+	other, err := store.Open(ctx, dsn, runrules.New())
+	require.NoError(t, err)
+	t.Cleanup(other.Close)
+	ctl := store.Controller{Addr: "127.0.0.1:1"}
+	limit := func(usd float64) {
+		_, err := s.SetCompanyLimits(ctx, store.CompanyLimits{Company: "acme", Weight: 1, MonthlyBudgetUSD: &usd, BudgetWarnRatio: 0.8,
+			BudgetPolicy: store.BudgetPolicyFinishTurn}, "op", "")
+		require.NoError(t, err)
+	}
+	actions := func() map[string]int {
+		acts, err := s.OperatorActions(ctx, "acme")
+		require.NoError(t, err)
+		out := map[string]int{}
+		for _, a := range acts {
+			if strings.HasPrefix(a.Action, "budget.") {
+				out[a.Action]++
+			}
+		}
+		return out
+	}
+	sweeps := []*budget.Enforcer{{Store: s}, {Store: other}}
+	sweep := func() {
+		for _, e := range sweeps {
+			_, err := e.Sweep(ctx)
+			require.NoError(t, err)
+		}
+	}
+	limit(10)
+	_, c, _, err := s.SubmitClaim(ctx, "paid", input("paid"), "o", time.Minute, ctl, nil)
+	require.NoError(t, err)
+	_, err = s.AppendEvents(ctx, c.Fence, []*prpv1.Event{terminal("paid", 1.2)})
+	require.NoError(t, err)
+	_, err = s.Submit(ctx, "waiting", input("waiting"))
+	require.NoError(t, err)
+	sweep()
+	require.Empty(t, actions())
+
+	limit(1.4)
+	sweep()
+	require.Equal(t, map[string]int{"budget.warning": 1}, actions())
+	limit(1)
+	sweep()
+	sweep()
+	require.Equal(t, map[string]int{"budget.warning": 1, "budget.exhausted": 1}, actions())
+	var warned, exhausted bool
+	require.NoError(t, s.Pool().QueryRow(ctx, `SELECT warned_at IS NOT NULL, exhausted_at IS NOT NULL FROM executor.company_spend WHERE company_id = 'acme'`).
+		Scan(&warned, &exhausted))
+	require.True(t, warned && exhausted)
+	_, err = s.Submit(ctx, "refused", input("refused"))
+	require.EqualValues(t, failure.BudgetExhausted, failure.CodeOf(err))
+	got, err := s.ClaimNext(ctx, "o", time.Minute, ctl)
+	require.NoError(t, err)
+	require.Nil(t, got, "the sweep blocked acme: its queued run does not start")
+
+	// A run in flight settles over the budget: recorded already.
+	limit(100)
+	sweep()
+	_, c, _, err = s.SubmitClaim(ctx, "late", input("late"), "o", time.Minute, ctl, nil)
+	require.NoError(t, err)
+	require.NotNil(t, c)
+	limit(1)
+	_, err = s.AppendEvents(ctx, c.Fence, []*prpv1.Event{terminal("late", 0.5)})
+	require.NoError(t, err)
+	sweep()
+	require.Equal(t, map[string]int{"budget.warning": 1, "budget.exhausted": 1}, actions())
 }

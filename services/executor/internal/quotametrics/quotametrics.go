@@ -36,9 +36,7 @@ var (
 
 // Collector is the per-company metrics collector.
 type Collector struct {
-	Store *store.Store
-	// Clock gives the current month (default time.Now).
-	Clock  func() time.Time
+	Store  *store.Store
 	Logger *slog.Logger
 }
 
@@ -56,11 +54,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), scrapeTimeout)
 	defer cancel()
-	now := time.Now
-	if c.Clock != nil {
-		now = c.Clock
-	}
-	figs, err := c.Store.CompanyFiguresOf(ctx, store.MonthOf(now()))
+	figs, err := c.Store.CompanyFiguresOf(ctx, c.Store.Month())
 	if err != nil {
 		if c.Logger != nil {
 			c.Logger.Warn("reading the per-company metrics", "err", err)

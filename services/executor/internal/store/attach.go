@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"errors"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -237,7 +238,7 @@ func (s *Store) RecordControl(ctx context.Context, f Fence, supersedeScope strin
 	})()
 	var appended bool
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) (err error) {
-		appended, err = recordControl(ctx, tx, s.rules, f, supersedeScope, events)
+		appended, err = recordControl(ctx, tx, s.rules, s.Month(), f, supersedeScope, events)
 		return err
 	})
 	if err == nil && appended {
@@ -335,7 +336,7 @@ func (s *Store) recordAttach(ctx context.Context, f Fence, supersedeScope string
 	}
 	// SPEC R9: what was parked for the scope goes first, then the control
 	// events.
-	if count, err = fileParked(ctx, tx, s.rules, f, count, parked); err != nil {
+	if count, err = fileParked(ctx, tx, s.rules, s.Month(), f, count, parked); err != nil {
 		return false, err
 	}
 	var control []encodedEvent
@@ -378,7 +379,7 @@ const supersedeCheckpointsSQL = `UPDATE executor.session_checkpoints SET superse
 // notification queue's lock through its WAL flush, so every notifying
 // commit meanwhile, e.g. the first events of this and other runs, waited
 // for it).
-func recordControl(ctx context.Context, tx pgx.Tx, rules Rules, f Fence, supersedeScope string, events []ControlEvent) (appended bool, err error) {
+func recordControl(ctx context.Context, tx pgx.Tx, rules Rules, month time.Time, f Fence, supersedeScope string, events []ControlEvent) (appended bool, err error) {
 	if supersedeScope == "" && len(events) == 0 {
 		return false, nil
 	}
@@ -391,7 +392,7 @@ func recordControl(ctx context.Context, tx pgx.Tx, rules Rules, f Fence, superse
 			return false, err
 		}
 	}
-	if count, err = adoptParked(ctx, tx, rules, f, count); err != nil {
+	if count, err = adoptParked(ctx, tx, rules, month, f, count); err != nil {
 		return false, err
 	}
 	n := 0

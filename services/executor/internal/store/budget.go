@@ -11,10 +11,10 @@ import (
 // Budgets (SPEC Q2, docs/limits.md). A company's spend is the sum of the
 // settled costs (E1) of its runs per calendar month, UTC, in
 // executor.company_spend (migration 00036): a run's cost is added in the
-// transaction that settles it, once (runs.spend_month is the key), under
-// the month of the database's clock at the settlement. The month a
-// submission, the usage and the budget sweep look at is the store's clock's
-// (SetClock; tests set it).
+// transaction that settles it, once (runs.spend_month is the key). Which
+// month it is has one owner, the store's clock (Month; SetClock in tests):
+// the month a settlement adds to is the one a submission's admission, the
+// usage, the metrics and the budget sweep read.
 
 // BudgetState is where a month's spend stands against the budget.
 type BudgetState int
@@ -37,6 +37,11 @@ func (b BudgetState) String() string {
 // time.Now). Set it before the store is used.
 func (s *Store) SetClock(now func() time.Time) { s.clock = now }
 
+// Month is the current calendar month (UTC) by the store's clock: the
+// month settlements add to and admission, usage, metrics and the budget
+// sweep read.
+func (s *Store) Month() time.Time { return MonthOf(s.now()) }
+
 func (s *Store) now() time.Time {
 	if s.clock == nil {
 		return time.Now()
@@ -51,11 +56,12 @@ func MonthOf(t time.Time) time.Time {
 }
 
 // settleSpendSQL adds the cost of the run $1, just settled in this
-// transaction, to its company's spend of the month, unless it was added
-// already; it returns the month's spend with the company's budget.
+// transaction, to its company's spend of the month $2 (the store's clock,
+// like every other reader of the month), unless it was added already; it
+// returns the month's spend with the company's budget.
 const settleSpendSQL = `
 WITH r AS (
-  UPDATE executor.runs SET spend_month = date_trunc('month', now() AT TIME ZONE 'UTC')::date
+  UPDATE executor.runs SET spend_month = $2::date
    WHERE run_id = $1 AND spend_month IS NULL AND cost_usd > 0
   RETURNING company_id, cost_usd, spend_month),
 s AS (
@@ -66,7 +72,8 @@ s AS (
 SELECT ` + limitsColumns + `, s.company_id, s.spend, s.warned, s.exhausted, s.month
   FROM s, LATERAL (SELECT * FROM executor.company_limits WHERE company_id IN (s.company_id, '*') ORDER BY company_id = '*' LIMIT 1) l`
 
-// settled is what settleSpendSQL returned (ok: a cost was added).
+// settled is what settleSpendSQL returned (ok: a cost was added); month
+// is set before: the month to settle into.
 type settled struct {
 	ok                bool
 	company           string
@@ -78,7 +85,7 @@ type settled struct {
 
 // queueSettle queues the spend of a run whose terminal carries a cost.
 func queueSettle(b *pgx.Batch, runID string, into *settled) {
-	b.Queue(settleSpendSQL, runID).QueryRow(func(row pgx.Row) error {
+	b.Queue(settleSpendSQL, runID, into.month).QueryRow(func(row pgx.Row) error {
 		var err error
 		into.limits, err = scanLimits(row, &into.company, &into.spend, &into.warned, &into.exhausted, &into.month)
 		if errors.Is(err, pgx.ErrNoRows) {
@@ -91,37 +98,57 @@ func queueSettle(b *pgx.Batch, runID string, into *settled) {
 
 // crossBudget records, in the settling transaction, the thresholds the
 // month's spend crossed for the first time this month (the rules decide
-// where it stands): budget.warning, budget.exhausted, each once a month
-// (company_spend.warned_at / exhausted_at) with an operator_actions row.
+// where it stands).
 func crossBudget(ctx context.Context, tx pgx.Tx, rules Rules, st *settled) error {
 	if !st.ok || rules == nil {
 		return nil
 	}
-	state := rules.Budget(st.spend, st.limits)
+	return recordThresholds(ctx, tx, rules.Budget(st.spend, st.limits), st.company, st.month, st.spend, st.limits, st.warned, st.exhausted)
+}
+
+// recordThresholds records budget.warning and budget.exhausted for the
+// company's month, each once a month (company_spend.warned_at /
+// exhausted_at, set only while empty) with an operator_actions row, when
+// state reached it and warned / exhausted do not say it was recorded
+// already. A settlement that crosses a threshold records it
+// (crossBudget), and so does the budget sweep when the budget was lowered
+// under the month's spend (RecordBudgetThresholds).
+func recordThresholds(ctx context.Context, tx pgx.Tx, state BudgetState, company string, month time.Time, spend float64,
+	limits CompanyLimits, warned, exhausted bool) error {
 	for _, c := range []struct {
 		at     BudgetState
 		done   bool
 		column string
 		action string
-	}{{BudgetWarning, st.warned, "warned_at", "budget.warning"}, {BudgetExhausted, st.exhausted, "exhausted_at", "budget.exhausted"}} {
+	}{{BudgetWarning, warned, "warned_at", "budget.warning"}, {BudgetExhausted, exhausted, "exhausted_at", "budget.exhausted"}} {
 		if state < c.at || c.done {
 			continue
 		}
 		tag, err := tx.Exec(ctx, `UPDATE executor.company_spend SET `+c.column+` = now()
- WHERE company_id = $1 AND month = $2 AND `+c.column+` IS NULL`, st.company, st.month)
+ WHERE company_id = $1 AND month = $2 AND `+c.column+` IS NULL`, company, month)
 		if err != nil {
 			return err
 		}
 		if tag.RowsAffected() == 0 {
 			continue
 		}
-		if err := recordOperatorAction(ctx, tx, OperatorAction{Action: c.action, Principal: "executor", Company: st.company,
-			Details: map[string]any{"month": st.month.Format("2006-01"), "spend_usd": st.spend,
-				"monthly_budget_usd": st.limits.MonthlyBudgetUSD, "budget_warn_ratio": st.limits.BudgetWarnRatio}}); err != nil {
+		if err := recordOperatorAction(ctx, tx, OperatorAction{Action: c.action, Principal: "executor", Company: company,
+			Details: map[string]any{"month": month.Format("2006-01"), "spend_usd": spend,
+				"monthly_budget_usd": limits.MonthlyBudgetUSD, "budget_warn_ratio": limits.BudgetWarnRatio}}); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// RecordBudgetThresholds records the thresholds b's month's spend stands
+// at (state) that are not recorded yet (b.Warned, b.Exhausted), in one
+// transaction; a concurrent settlement or another replica's sweep records
+// each at most once all the same.
+func (s *Store) RecordBudgetThresholds(ctx context.Context, b CompanyBudget, month time.Time, state BudgetState) error {
+	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		return recordThresholds(ctx, tx, state, b.Company, month, b.SpendUSD, b.Limits, b.Warned, b.Exhausted)
+	})
 }
 
 // CompanyBudget is a company's month as the budget sweep sees it.
@@ -131,6 +158,9 @@ type CompanyBudget struct {
 	Limits   CompanyLimits
 	// Blocked: the claim starts none of its runs (company_state.budget_blocked).
 	Blocked bool
+	// Warned, Exhausted: budget.warning / budget.exhausted are recorded
+	// for the month.
+	Warned, Exhausted bool
 }
 
 // BudgetCompanies lists the companies with a settled spend in month, and
@@ -143,7 +173,9 @@ WITH c AS (
   UNION SELECT company_id FROM executor.company_state WHERE budget_blocked)
 SELECT `+limitsColumns+`, c.company_id,
        coalesce((SELECT spend_usd::float8 FROM executor.company_spend sp WHERE sp.company_id = c.company_id AND sp.month = $1), 0),
-       coalesce((SELECT budget_blocked FROM executor.company_state st WHERE st.company_id = c.company_id), false)
+       coalesce((SELECT budget_blocked FROM executor.company_state st WHERE st.company_id = c.company_id), false),
+       coalesce((SELECT warned_at IS NOT NULL FROM executor.company_spend sp WHERE sp.company_id = c.company_id AND sp.month = $1), false),
+       coalesce((SELECT exhausted_at IS NOT NULL FROM executor.company_spend sp WHERE sp.company_id = c.company_id AND sp.month = $1), false)
   FROM c, LATERAL (SELECT * FROM executor.company_limits WHERE company_id IN (c.company_id, '*') ORDER BY company_id = '*' LIMIT 1) l
  ORDER BY c.company_id`, month)
 	if err != nil {
@@ -152,7 +184,7 @@ SELECT `+limitsColumns+`, c.company_id,
 	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (CompanyBudget, error) {
 		var b CompanyBudget
 		var err error
-		b.Limits, err = scanLimits(r, &b.Company, &b.SpendUSD, &b.Blocked)
+		b.Limits, err = scanLimits(r, &b.Company, &b.SpendUSD, &b.Blocked, &b.Warned, &b.Exhausted)
 		return b, err
 	})
 }

@@ -159,3 +159,45 @@ func TestQ2_RaisingTheBudgetOrANewMonthAdmitsAgain(t *testing.T) {
 	require.Zero(t, u.SpendUSD)
 	require.Equal(t, store.MonthOf(now), u.Month)
 }
+
+// TestQ2_TheStoresClockOwnsTheMonthOfSettlementsAdmissionAndUsage: with the
+// store's clock set to a month far from the database's, a run's cost is
+// settled into the clock's month (runs.spend_month, company_spend.month),
+// and admission and GetCompanyUsage read that same month: at the budget a
+// submission is refused; the clock's next month admits it again.
+func TestQ2_TheStoresClockOwnsTheMonthOfSettlementsAdmissionAndUsage(t *testing.T) {
+	t.Parallel()
+	s := newStore(t)
+	ctx := context.Background()
+	var mu sync.Mutex
+	now := time.Date(2031, time.March, 31, 23, 59, 0, 0, time.UTC)
+	s.SetClock(func() time.Time { mu.Lock(); defer mu.Unlock(); return now })
+	march := time.Date(2031, time.March, 1, 0, 0, 0, 0, time.UTC)
+	require.Equal(t, march, s.Month())
+	setLimits(t, s, store.CompanyLimits{Company: "acme", MonthlyBudgetUSD: usd(1)})
+	settle(t, s, "m1", 1.25)
+
+	var spendMonth, rowMonth time.Time
+	require.NoError(t, s.Pool().QueryRow(ctx, `SELECT spend_month FROM executor.runs WHERE client_run_id = 'm1'`).Scan(&spendMonth))
+	require.NoError(t, s.Pool().QueryRow(ctx, `SELECT month FROM executor.company_spend WHERE company_id = 'acme'`).Scan(&rowMonth))
+	require.Equal(t, march, spendMonth.UTC(), "settled into the clock's month, not the database's")
+	require.Equal(t, march, rowMonth.UTC())
+	u, err := s.CompanyUsage(ctx, "acme")
+	require.NoError(t, err)
+	require.Equal(t, march, u.Month)
+	require.InDelta(t, 1.25, u.SpendUSD, 1e-9, "the usage reads the month the settlement added to")
+	_, err = s.Submit(ctx, "m2", input("m2", "x"))
+	requireQuotaRefused(t, err, failure.BudgetExhausted)
+	acts := budgetActions(t, s, "acme")
+	require.Equal(t, 1, acts["budget.exhausted"])
+
+	mu.Lock()
+	now = now.Add(2 * time.Minute) // April, by the store's clock
+	mu.Unlock()
+	_, err = s.Submit(ctx, "m2", input("m2", "x"))
+	require.NoError(t, err, "a new month by the store's clock")
+	u, err = s.CompanyUsage(ctx, "acme")
+	require.NoError(t, err)
+	require.Equal(t, march.AddDate(0, 1, 0), u.Month)
+	require.Zero(t, u.SpendUSD)
+}

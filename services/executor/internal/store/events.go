@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -286,7 +287,7 @@ func (s *Store) appendCareful(ctx context.Context, rules Rules, f Fence, encoded
 	if gov.ok {
 		pre = &gov
 	}
-	if err = fileFenced(ctx, tx, rules, f, count, terminalLast(sourceOrdered(append(ffresh, fresh...))), &res, pre, ack); err != nil {
+	if err = fileFenced(ctx, tx, rules, s.Month(), f, count, terminalLast(sourceOrdered(append(ffresh, fresh...))), &res, pre, ack); err != nil {
 		return res, locked, err
 	}
 	return res, locked, tx.Commit(ctx)
@@ -381,7 +382,7 @@ func terminalLast(evs []encodedEvent) []encodedEvent {
 // statements go in one batch (one round trip); in two, around the
 // governed wait read, when a succeeded terminal's read was not made ahead
 // (pre) or the events may open interactions (the read must see them).
-func fileFenced(ctx context.Context, tx pgx.Tx, rules Rules, f Fence, count int64, fresh []encodedEvent, res *AppendResult, pre *governedRead, ack *acking) error {
+func fileFenced(ctx context.Context, tx pgx.Tx, rules Rules, month time.Time, f Fence, count int64, fresh []encodedEvent, res *AppendResult, pre *governedRead, ack *acking) error {
 	if len(fresh) == 0 {
 		return nil
 	}
@@ -425,7 +426,7 @@ func fileFenced(ctx context.Context, tx pgx.Tx, rules Rules, f Fence, count int6
 	}
 	acked := &ackWrite{}
 	lost := false // the run's finish found the fence gone
-	spent := &settled{}
+	spent := &settled{month: month}
 	if terminal != nil {
 		t := *terminal
 		res.Outcome = Terminal{State: t.State, Code: t.Code}
@@ -666,7 +667,7 @@ SELECT (SELECT count(*) FROM ins), (SELECT count(*) FROM k)`, runs, insts, seqs,
 // adoptParked files the events parked for the fenced run's scope (see
 // parkEvents) under the fence, whose run holds count rows, and returns the
 // run's new row count.
-func adoptParked(ctx context.Context, tx pgx.Tx, rules Rules, f Fence, count int64) (int64, error) {
+func adoptParked(ctx context.Context, tx pgx.Tx, rules Rules, month time.Time, f Fence, count int64) (int64, error) {
 	rows, err := tx.Query(ctx, adoptParkedSQL, f.RunID)
 	if err != nil {
 		return count, err
@@ -675,7 +676,7 @@ func adoptParked(ctx context.Context, tx pgx.Tx, rules Rules, f Fence, count int
 	if err != nil {
 		return count, err
 	}
-	return fileParked(ctx, tx, rules, f, count, parked)
+	return fileParked(ctx, tx, rules, month, f, count, parked)
 }
 
 // adoptParkedSQL takes the events parked for run $1's scope (adoptParked).
@@ -704,7 +705,7 @@ func scanParked(rows pgx.Rows) ([]encodedEvent, error) {
 
 // fileParked files the parked events adoptParked took under the fence,
 // whose run holds count rows, and returns the run's new row count.
-func fileParked(ctx context.Context, tx pgx.Tx, rules Rules, f Fence, count int64, parked []encodedEvent) (int64, error) {
+func fileParked(ctx context.Context, tx pgx.Tx, rules Rules, month time.Time, f Fence, count int64, parked []encodedEvent) (int64, error) {
 	if len(parked) == 0 {
 		return count, nil
 	}
@@ -720,7 +721,7 @@ func fileParked(ctx context.Context, tx pgx.Tx, rules Rules, f Fence, count int6
 		return count, err
 	}
 	var res AppendResult
-	if err := fileFenced(ctx, tx, rules, f, count, fresh, &res, nil, nil); err != nil {
+	if err := fileFenced(ctx, tx, rules, month, f, count, fresh, &res, nil, nil); err != nil {
 		return count, err
 	}
 	return count + int64(res.Inserted), nil
@@ -772,7 +773,7 @@ type Terminal struct {
 	Message string
 }
 
-func finishRun(ctx context.Context, tx pgx.Tx, rules Rules, f Fence, t Terminal) error {
+func finishRun(ctx context.Context, tx pgx.Tx, rules Rules, month time.Time, f Fence, t Terminal) error {
 	if t.Result != nil && t.State == StateSucceeded {
 		if err := governedWait(ctx, tx, rules, f.RunID, t.Result); err != nil {
 			return err
@@ -780,7 +781,7 @@ func finishRun(ctx context.Context, tx pgx.Tx, rules Rules, f Fence, t Terminal)
 	}
 	b := &pgx.Batch{}
 	lost := false
-	spent := &settled{}
+	spent := &settled{month: month}
 	if err := queueFinish(b, f, t, 0, &lost, spent); err != nil {
 		return err
 	}
@@ -870,7 +871,7 @@ func (s *Store) failRun(ctx context.Context, f Fence, code, message string, reco
 		}
 		t := Terminal{State: StateFailed, Code: code, Message: message,
 			Result: &executorv1.RunResult{TurnTerminalState: "failed", RunTerminalState: StateFailed}}
-		if err := finishRun(ctx, tx, s.rules, f, t); err != nil {
+		if err := finishRun(ctx, tx, s.rules, s.Month(), f, t); err != nil {
 			return err
 		}
 		if recovery != nil {

@@ -239,7 +239,7 @@ func (s *Store) admitLocked(ctx context.Context, company, clientID, scope string
 			resubmit bool
 			live     bool
 		)
-		a.Limits, err = scanLimits(tx.QueryRow(ctx, admissionSQL, company, clientID, scope, MonthOf(s.now())),
+		a.Limits, err = scanLimits(tx.QueryRow(ctx, admissionSQL, company, clientID, scope, s.Month()),
 			&resubmit, &a.QueuedRuns, &a.WarmSessions, &live, &a.MonthSpendUSD)
 		if err != nil {
 			return err
@@ -283,7 +283,7 @@ var companyUsageSQL = `SELECT ` + limitsColumns + `,
 
 // CompanyUsage reads what company uses now against its limits.
 func (s *Store) CompanyUsage(ctx context.Context, company string) (CompanyUsage, error) {
-	u := CompanyUsage{Company: company, Month: MonthOf(s.now())}
+	u := CompanyUsage{Company: company, Month: s.Month()}
 	var err error
 	u.Limits, err = scanLimits(s.pool.QueryRow(ctx, companyUsageSQL, company, u.Month),
 		&u.RunningRuns, &u.QueuedRuns, &u.WarmSessions, &u.SpendUSD, &u.Refused)
