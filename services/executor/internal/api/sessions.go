@@ -93,10 +93,11 @@ func (s *Server) runner(ctx context.Context, sc, id string) *gatewayv1.Runner {
 
 // CloseSession closes the session's idle, connected runners: each stops its
 // provider and exits (its state stays on disk, so a later run resumes the
-// provider thread). With suspend, each scope gets a verified suspension
-// whose stamped checkpoint is recorded (SPEC R5). A scope with a run queued
-// or in flight refuses with native_session_supervisor_busy and nothing is
-// closed.
+// provider thread); each scope closed (or with nothing live) stops counting
+// as a warm session against its company's max_warm_sessions (SPEC Q1).
+// With suspend, each scope gets a verified suspension whose stamped
+// checkpoint is recorded (SPEC R5). A scope with a run queued or in flight
+// refuses with native_session_supervisor_busy and nothing is closed.
 func (s *Server) CloseSession(ctx context.Context, req *executorv1.CloseSessionRequest) (*executorv1.CloseSessionResponse, error) {
 	groups, err := s.Store.Sessions(ctx, req.GetCompanyId(), req.GetNormalizedSessionId())
 	if err != nil {
@@ -135,14 +136,24 @@ func (s *Server) CloseSession(ctx context.Context, req *executorv1.CloseSessionR
 		return out, nil
 	}
 	for _, g := range groups {
-		r := s.runner(ctx, g.Scope, g.Last.GetRunnerInstanceId())
-		if r == nil || !r.GetConnected() {
-			continue // nothing live to close
+		id := g.Last.GetRunnerInstanceId()
+		r := s.runner(ctx, g.Scope, id)
+		switch {
+		case r != nil && r.GetConnected():
+			if err := s.closeEndedScope(ctx, req, g, reason); err != nil {
+				return nil, err
+			}
+			out.ClosedRunnerInstanceIds = append(out.ClosedRunnerInstanceIds, r.GetRunnerInstanceId())
+		case r == nil && id != "":
+			continue // its gateway did not answer: it may still run
+		case r != nil && r.GetLifecycle() != "exited" && r.GetLifecycle() != "suspended":
+			continue // disconnected for now, not gone: it may come back
 		}
-		if err := s.closeEndedScope(ctx, req, g, reason); err != nil {
+		// Closed, or nothing live: the session no longer counts as warm
+		// against the company's max_warm_sessions (SPEC Q1).
+		if err := s.Store.RecordSessionClosed(ctx, g.Scope, g.LastKey); err != nil {
 			return nil, err
 		}
-		out.ClosedRunnerInstanceIds = append(out.ClosedRunnerInstanceIds, r.GetRunnerInstanceId())
 	}
 	return out, nil
 }

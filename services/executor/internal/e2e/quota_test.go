@@ -131,3 +131,36 @@ func TestQ4_TetherctlAndTheExecutorsMetricsShowACompanysUsage(t *testing.T) {
 	require.EqualValues(t, 1, v[`tether_company_runs{company="acme",state="running"}`])
 	releaseStall(t, dir, "mid-stream")
 }
+
+// TestQ1_AWarmSessionClosedWithoutSuspendStopsCountingAtOnce: with
+// max_warm_sessions 1, acme's warm session "first" holds the only slot:
+// a run of a second session is refused. CloseSession without suspend stops
+// its runner and provider, and from then on "first" counts no more: the
+// usage shows no warm session, and the second session's run is admitted
+// and runs. A next run of "first" would open it again: it is refused now.
+func TestQ1_AWarmSessionClosedWithoutSuspendStopsCountingAtOnce(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, stack.Options{})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	one := int32(1)
+	_, err := h.companiesFor("executor").SetCompanyLimits(ctx, &executorv1.SetCompanyLimitsRequest{
+		Limits: &executorv1.CompanyLimits{CompanyId: "acme", MaxWarmSessions: &one}, Reason: "Q1 close"})
+	require.NoError(t, err)
+	h.submit("close-1", "first", "a warm turn")
+	h.waitState(ctx, h.client, "close-1", executorv1.RunState_RUN_STATE_SUCCEEDED)
+	_, err = h.client.SubmitRun(ctx, &executorv1.SubmitRunRequest{RunId: "close-2", Input: h.submitInput("second", "another session")})
+	require.EqualValues(t, failure.QuotaWarmSessions, failure.CodeOf(err), "%v", err)
+
+	closed, err := h.client.CloseSession(ctx, &executorv1.CloseSessionRequest{CompanyId: "acme", NormalizedSessionId: "first", Reason: "done"})
+	require.NoError(t, err)
+	require.Len(t, closed.GetClosedRunnerInstanceIds(), 1)
+	usage, err := h.companiesFor("executor").GetCompanyUsage(ctx, &executorv1.GetCompanyUsageRequest{CompanyId: "acme"})
+	require.NoError(t, err)
+	require.Zero(t, usage.GetUsage().GetWarmSessions(), "a closed session is no warm session")
+
+	h.submit("close-2", "second", "another session")
+	h.waitState(ctx, h.client, "close-2", executorv1.RunState_RUN_STATE_SUCCEEDED)
+	_, err = h.client.SubmitRun(ctx, &executorv1.SubmitRunRequest{RunId: "close-3", Input: h.submitInput("first", "reopen")})
+	require.EqualValues(t, failure.QuotaWarmSessions, failure.CodeOf(err), "a next run of the closed session opens it again: %v", err)
+}

@@ -147,6 +147,23 @@ UPDATE executor.session_suspensions
 	return err
 }
 
+// RecordSessionClosed records that the warm session of scope was closed
+// (CloseSession without suspension: its runner and provider stopped) in
+// the idle period that began when lastRunID ended, while lastRunID is
+// still the scope's newest run and has ended: the session no longer
+// counts against its company's max_warm_sessions (SPEC Q1) until a next
+// run of the scope opens it again.
+func (s *Store) RecordSessionClosed(ctx context.Context, scope, lastRunID string) error {
+	_, err := s.pool.Exec(ctx, `
+INSERT INTO executor.session_closes AS k (session_scope, last_run_id)
+SELECT $1, $2
+ WHERE EXISTS (SELECT 1 FROM executor.runs l
+                WHERE l.run_id = $2 AND l.session_scope = $1 AND l.ended_at IS NOT NULL
+                  AND NOT EXISTS (SELECT 1 FROM executor.runs n WHERE n.session_scope = $1 AND n.submit_seq > l.submit_seq))
+ON CONFLICT (session_scope) DO UPDATE SET last_run_id = EXCLUDED.last_run_id, closed_at = now()`, scope, lastRunID)
+	return err
+}
+
 // CheckpointRecord is a verified suspension to record.
 type CheckpointRecord struct {
 	Scope, CompanyID, SessionID, LastRunID string

@@ -188,12 +188,13 @@ func guardMissing(err error) bool {
 const warmLifecycle = "LIFECYCLE_MODE_WARM"
 
 // liveWarmScopeSQL is true for a run r that keeps its warm scope open:
-// not ended, or the scope's newest run, ended within idleHorizon and not
-// suspended (nor skipped) since.
+// not ended, or the scope's newest run, ended within idleHorizon and
+// neither suspended (nor skipped) nor closed (CloseSession) since.
 const liveWarmScopeSQL = `(r.ended_at IS NULL OR (r.ended_at > now() - make_interval(secs => ` + idleHorizonSecs + `)
    AND NOT EXISTS (SELECT 1 FROM executor.runs n WHERE n.session_scope = r.session_scope AND n.submit_seq > r.submit_seq)
    AND NOT EXISTS (SELECT 1 FROM executor.session_suspensions s
-                    WHERE s.session_scope = r.session_scope AND s.last_run_id = r.run_id AND s.state IN ('suspended', 'skipped'))))`
+                    WHERE s.session_scope = r.session_scope AND s.last_run_id = r.run_id AND s.state IN ('suspended', 'skipped'))
+   AND NOT EXISTS (SELECT 1 FROM executor.session_closes k WHERE k.session_scope = r.session_scope AND k.last_run_id = r.run_id)))`
 
 const idleHorizonSecs = "172800"
 

@@ -495,7 +495,7 @@ func (s *Store) FinishCompanyPurge(ctx context.Context, company string, scopes [
 			return err
 		})
 		b.Queue(`DELETE FROM executor.session_replacements WHERE company_id = $1`, company)
-		for _, t := range []string{"placements", "session_suspensions", "parked_events", "scope_runners"} {
+		for _, t := range []string{"placements", "session_suspensions", "session_closes", "parked_events", "scope_runners"} {
 			b.Queue(`DELETE FROM executor.`+t+` WHERE session_scope = ANY($1)`, scopes)
 		}
 		b.Queue(`DELETE FROM executor.retention_settings WHERE company_id = $1`, company)
