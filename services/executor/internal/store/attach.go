@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -57,7 +58,7 @@ type AttachFacts struct {
 // the run row's columns (written from it) do for PriorRuns.
 func (s *Store) AttachFacts(ctx context.Context, runID, scope string, in *prpv1.ExecutionInput, limit int) (*AttachFacts, error) {
 	b := &pgx.Batch{}
-	f, decodeErr := queueAttachFacts(b, runID, scope, in, limit)
+	f, decodeErr := queueAttachFacts(b, runID, scope, in, limit, false)
 	if err := s.pool.SendBatch(ctx, b).Close(); err != nil {
 		return nil, err
 	}
@@ -72,8 +73,20 @@ func (s *Store) AttachFacts(ctx context.Context, runID, scope string, in *prpv1.
 // a run that does not exist) is recorded in *decodeErr, not returned to the
 // batch: a batch that also writes has committed by then, and its other
 // results are still read.
-func queueAttachFacts(b *pgx.Batch, runID, scope string, in *prpv1.ExecutionInput, limit int) (f *AttachFacts, decodeErr *error) {
+//
+// With gated, each statement reads only when the transaction claimed the
+// run (claimedHereSQL): SubmitClaim queues the reads behind its claim, and
+// a submission that queues behind its scope (most of them under load)
+// then costs one primary-key probe per statement instead of the reads
+// (SPEC P1). The facts are then meaningful only when the run was claimed.
+func queueAttachFacts(b *pgx.Batch, runID, scope string, in *prpv1.ExecutionInput, limit int, gated bool) (f *AttachFacts, decodeErr *error) {
 	f, decodeErr = &AttachFacts{}, new(error)
+	queue := b.Queue
+	if gated {
+		queue = func(sql string, args ...any) *pgx.QueuedQuery {
+			return b.Queue(claimedHere(sql, len(args)), append(args, runID)...)
+		}
+	}
 	keep := func(err error) error {
 		if *decodeErr == nil {
 			*decodeErr = err
@@ -93,9 +106,9 @@ func queueAttachFacts(b *pgx.Batch, runID, scope string, in *prpv1.ExecutionInpu
 			return nil
 		}
 	}
-	b.Queue(`SELECT `+checkpointColumns+` FROM executor.session_checkpoints
+	queue(`SELECT `+checkpointColumns+` FROM executor.session_checkpoints
  WHERE session_scope = $1 AND superseded_at IS NULL ORDER BY created_at DESC LIMIT 1`, scope).QueryRow(checkpoint(&f.Checkpoint))
-	b.Queue(checkpointOrderSQL, scope, MaxServedRunners).Query(func(rows pgx.Rows) error {
+	queue(checkpointOrderSQL, scope, MaxServedRunners).Query(func(rows pgx.Rows) error {
 		for rows.Next() {
 			var (
 				o CheckpointOrder
@@ -112,7 +125,7 @@ func queueAttachFacts(b *pgx.Batch, runID, scope string, in *prpv1.ExecutionInpu
 		}
 		return nil
 	})
-	b.Queue(priorRunsSQL, priorRunsArgs(runID, in.GetBinding().GetCompanyId(), in.GetBinding().GetAgentId(),
+	queue(priorRunsSQL, priorRunsArgs(runID, in.GetBinding().GetCompanyId(), in.GetBinding().GetAgentId(),
 		in.GetSession().GetNormalizedSessionId(), limit)...).Query(func(rows pgx.Rows) error {
 		var err error
 		if f.PriorRuns, err = scanPriorRuns(rows); err != nil {
@@ -120,7 +133,7 @@ func queueAttachFacts(b *pgx.Batch, runID, scope string, in *prpv1.ExecutionInpu
 		}
 		return nil
 	})
-	b.Queue(previousInScopeSQL, runID).QueryRow(func(row pgx.Row) error {
+	queue(previousInScopeSQL, runID).QueryRow(func(row pgx.Row) error {
 		var raw []byte
 		err := row.Scan(&f.PreviousRunID, &raw)
 		switch {
@@ -135,7 +148,7 @@ func queueAttachFacts(b *pgx.Batch, runID, scope string, in *prpv1.ExecutionInpu
 		}
 		return nil
 	})
-	b.Queue(`SELECT result_metadata -> 'nativeCancellation' FROM executor.runs WHERE run_id = $1`, runID).QueryRow(func(row pgx.Row) error {
+	queue(`SELECT result_metadata -> 'nativeCancellation' FROM executor.runs WHERE run_id = $1`, runID).QueryRow(func(row pgx.Row) error {
 		var raw []byte
 		err := row.Scan(&raw)
 		if errors.Is(err, pgx.ErrNoRows) {
@@ -149,21 +162,31 @@ func queueAttachFacts(b *pgx.Batch, runID, scope string, in *prpv1.ExecutionInpu
 		}
 		return nil
 	})
-	b.Queue(replacementForRunSQL, scope, runID).QueryRow(func(row pgx.Row) error {
+	queue(replacementForRunSQL, scope, runID).QueryRow(func(row pgx.Row) error {
 		var err error
 		if f.Replacement, err = scanOptionalReplacement(row); err != nil {
 			return keep(err)
 		}
 		return nil
 	})
-	b.Queue(continuityRequiredSQL, runID).QueryRow(func(row pgx.Row) error {
+	queue(continuityRequiredSQL, runID).QueryRow(func(row pgx.Row) error {
 		if err := row.Scan(&f.ContinuityRequired); err != nil {
 			return keep(err)
 		}
 		return nil
 	})
-	b.Queue(restorableCheckpointSQL, scope).QueryRow(checkpoint(&f.Restorable))
+	queue(restorableCheckpointSQL, scope).QueryRow(checkpoint(&f.Restorable))
 	return f, decodeErr
+}
+
+// claimedHere wraps a read of n parameters so that it reads only when the
+// transaction running it claimed run $n+1 (its coordinator, inserted by
+// this transaction, is in flight): otherwise a one-time filter skips the
+// read, rows and all. The read's rows keep their order (a subquery scan
+// under a filter).
+func claimedHere(sql string, n int) string {
+	return fmt.Sprintf(`SELECT * FROM (%s) claimed_here
+ WHERE EXISTS (SELECT FROM executor.coordinators g WHERE g.run_id = $%d AND g.phase = 'observed' AND g.xmin = pg_current_xact_id()::xid)`, sql, n+1)
 }
 
 // CheckpointOrder is the RestoreOrder of the scope's current checkpoint,

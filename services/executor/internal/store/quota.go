@@ -164,8 +164,17 @@ type Admission struct {
 	MonthSpendUSD float64
 }
 
-// guardSQL is the first statement of every submission (see above).
-const guardSQL = `SELECT executor.company_admission_guard($1, $2)`
+// guardSQL is the first statement of every submission (see above). The
+// guard's condition is evaluated here in plain SQL, the same as the
+// function's, and the function (which evaluates it again and raises) is
+// called only when a limit applies: a PL/pgSQL call costs the database
+// several times the primary-key probe, and every submission of a company
+// without limits paid it (SPEC P1). Before migration 00035 the function
+// is missing and the statement fails as before (guardMissing).
+const guardSQL = `SELECT CASE WHEN EXISTS (
+  SELECT FROM (SELECT * FROM executor.company_limits WHERE company_id IN ($1, '*') ORDER BY company_id = '*' LIMIT 1) l
+   WHERE l.max_queued_runs IS NOT NULL OR l.monthly_budget_usd IS NOT NULL OR ($2 AND l.max_warm_sessions IS NOT NULL))
+  THEN executor.company_admission_guard($1, $2) END`
 
 // sqlstateLimited is the guard's SQLSTATE.
 const sqlstateLimited = "TQ001"

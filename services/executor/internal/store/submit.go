@@ -151,7 +151,7 @@ func (s *Store) SubmitClaim(ctx context.Context, runID string, in *prpv1.Executi
 	err = s.sendAdmitted(ctx, runID, in, func(b *pgx.Batch) {
 		created, existing, head, c, run = false, "", false, nil, nil
 		b.Queue(submitSQL, args...).QueryRow(func(row pgx.Row) error { return row.Scan(&created, &existing, &head) })
-		pre = queueSubmitClaim(b, runID, in, owner, ttl, ctl, reads, &c, &run)
+		pre = queueSubmitClaim(b, runID, args[submitArgScope].(string), in, owner, ttl, ctl, reads, &c, &run)
 	})
 	end()
 	if err != nil {
@@ -171,11 +171,12 @@ func (s *Store) SubmitClaim(ctx context.Context, runID string, in *prpv1.Executi
 	return true, c, run, nil
 }
 
-// queueSubmitClaim queues SubmitClaim's statements after the submission:
+// queueSubmitClaim queues SubmitClaim's statements after the submission of
+// run runID of scope sc (scope.OfRun's, computed once: a canonical digest):
 // the claim (into c), the run (into run) and the reads; the Preread is
 // complete once the batch is: the function returned gives it then (nil when
 // not asked for, or a read failed).
-func queueSubmitClaim(b *pgx.Batch, runID string, in *prpv1.ExecutionInput, owner string, ttl time.Duration, ctl Controller, reads *AttachReads, c **Claim, run **executorv1.Run) func() *Preread {
+func queueSubmitClaim(b *pgx.Batch, runID, sc string, in *prpv1.ExecutionInput, owner string, ttl time.Duration, ctl Controller, reads *AttachReads, c **Claim, run **executorv1.Run) func() *Preread {
 	b.Queue(claimSubmittedSQL, append(claimArgs(owner, ttl, ctl), runID)...).QueryRow(func(row pgx.Row) (err error) {
 		*c, err = scanClaim(row, owner)
 		return err
@@ -198,10 +199,9 @@ func queueSubmitClaim(b *pgx.Batch, runID string, in *prpv1.ExecutionInput, owne
 	)
 	if reads != nil {
 		pre = &Preread{}
-		sc := scope.OfRun(runID, in)
-		pre.Facts, decodeErr = queueAttachFacts(b, runID, sc, in, reads.PriorRuns)
+		pre.Facts, decodeErr = queueAttachFacts(b, runID, sc, in, reads.PriorRuns, true)
 		if reads.GatewayTTL > 0 {
-			b.Queue(scopePlacementSQL+` FOR SHARE OF p`, sc, reads.GatewayTTL.Microseconds()).QueryRow(func(row pgx.Row) error {
+			b.Queue(claimedHere(scopePlacementSQL+` FOR SHARE OF p`, 2), sc, reads.GatewayTTL.Microseconds(), runID).QueryRow(func(row pgx.Row) error {
 				placedRead = true
 				pre.Placement, placeErr = scanOptionalPlacement(row)
 				return nil
@@ -282,6 +282,9 @@ func submit(ctx context.Context, q rowQuerier, runID string, in *prpv1.Execution
 	}
 	return false, false, checkResubmitted(ctx, q, runID, in, digest, existing)
 }
+
+// submitArgScope is the index of the run's scope in submitArgs' arguments.
+const submitArgScope = 3
 
 // submitArgs are submitSQL's parameters for the run, and its input digest.
 func submitArgs(ctx context.Context, runID string, in *prpv1.ExecutionInput) (args []any, digest string, err error) {

@@ -31,6 +31,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -58,7 +59,7 @@ type rawExecutor struct {
 
 // rawGetRunSQL is the executor's run read (the run by the id its company
 // chose, joined with its coordinator), column for column.
-const rawGetRunSQL = `SELECT r.client_run_id, r.state, c.phase, c.attempt, coalesce(c.lease_owner, ''), c.lease_expires_at,
+const rawGetRunSQL = `SELECT r.client_run_id, CASE WHEN r.state IN ('succeeded', 'failed', 'cancelled') THEN r.state WHEN c.phase = 'observed' THEN 'running' ELSE 'queued' END, c.phase, c.attempt, coalesce(c.lease_owner, ''), c.lease_expires_at,
 	r.input, r.result, coalesce(r.failure_code, ''), coalesce(r.failure_message, ''), r.event_count,
 	coalesce(r.runner_instance_id, ''), r.runner_process, r.provider_process,
 	r.created_at, r.updated_at, c.started_at, r.ended_at, r.submit_seq,
@@ -92,20 +93,47 @@ func (x rawExecutor) GetRun(ctx context.Context, req *executorv1.GetRunRequest) 
 	if err := proto.Unmarshal(input, run.Input); err != nil {
 		return nil, err
 	}
+	// The answer tether gives from the same columns (store.scanRun): the
+	// state, the failure or queued reason, the timestamps.
+	run.State = rawStates[state]
+	if failCode != "" {
+		run.Failure = &executorv1.Failure{Code: failCode, Message: failMsg}
+	}
+	if queuedReason != "" && state == "queued" {
+		run.QueuedReason = &executorv1.Failure{Code: queuedReason, Message: queuedMsg}
+	}
 	run.CreatedAt, run.UpdatedAt = timestamppb.New(createdAt), timestamppb.New(updatedAt)
+	for _, t := range []struct {
+		dst **timestamppb.Timestamp
+		src *time.Time
+	}{{&run.LeaseExpiresAt, leaseExp}, {&run.StartedAt, startedAt}, {&run.EndedAt, endedAt}} {
+		if t.src != nil {
+			*t.dst = timestamppb.New(*t.src)
+		}
+	}
 	return &executorv1.GetRunResponse{Run: &run}, nil
 }
 
-// rawSubmitSQL inserts the rows SubmitRun inserts (run and coordinator) into
-// the baseline tables in one statement, one transaction.
+var rawStates = map[string]executorv1.RunState{
+	"queued": executorv1.RunState_RUN_STATE_QUEUED, "running": executorv1.RunState_RUN_STATE_RUNNING,
+	"succeeded": executorv1.RunState_RUN_STATE_SUCCEEDED, "failed": executorv1.RunState_RUN_STATE_FAILED,
+	"cancelled": executorv1.RunState_RUN_STATE_CANCELLED,
+}
+
+// rawSubmitSQL inserts the rows SubmitRun inserts (run and coordinator,
+// the same columns: the submitter is recorded too) into the baseline
+// tables in one statement, one transaction, and returns what the answer
+// carries.
 const rawSubmitSQL = `
 WITH ins AS (
-  INSERT INTO tether_bench.runs (run_id, company_id, normalized_session_id, session_scope, lifecycle, input, input_digest, issue_id, agent_id, client_run_id)
-  VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $1)
-  RETURNING run_id, session_scope, submit_seq, created_at)
-INSERT INTO tether_bench.coordinators (run_id, binding_digest, session_scope, submit_seq, company_id)
-SELECT run_id, $10, session_scope, submit_seq, $2 FROM ins
-RETURNING (SELECT created_at FROM ins)`
+  INSERT INTO tether_bench.runs (run_id, company_id, normalized_session_id, session_scope, lifecycle, input, input_digest, issue_id, agent_id, submitted_by, client_run_id)
+  VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $11, $1)
+  RETURNING run_id, session_scope, submit_seq, created_at, updated_at),
+co AS (
+  INSERT INTO tether_bench.coordinators (run_id, binding_digest, session_scope, submit_seq, company_id)
+  SELECT run_id, $10, session_scope, submit_seq, $2 FROM ins
+  RETURNING phase, attempt)
+SELECT ins.created_at, ins.updated_at, co.phase, co.attempt FROM ins, co`
 
 func (x rawExecutor) SubmitRun(ctx context.Context, req *executorv1.SubmitRunRequest) (*executorv1.SubmitRunResponse, error) {
 	in := req.GetInput()
@@ -113,15 +141,21 @@ func (x rawExecutor) SubmitRun(ctx context.Context, req *executorv1.SubmitRunReq
 	if err != nil {
 		return nil, err
 	}
-	var created time.Time
+	// The submitter, as the executor names a loopback caller without
+	// credentials.
+	by := "dev:addr:"
+	if p, ok := peer.FromContext(ctx); ok {
+		by += p.Addr.String()
+	}
+	run := &executorv1.Run{RunId: req.GetRunId(), Input: in, State: executorv1.RunState_RUN_STATE_QUEUED, SubmittedBy: by}
+	var created, updated time.Time
 	if err := x.pool.QueryRow(ctx, rawSubmitSQL, req.GetRunId(), in.GetBinding().GetCompanyId(), in.GetSession().GetNormalizedSessionId(),
 		scope.OfRun(req.GetRunId(), in), in.GetSession().GetLifecycle().GetMode().String(), raw, digest,
-		in.GetBinding().GetIssueId(), in.GetBinding().GetAgentId(), store.BindingDigest(in)).Scan(&created); err != nil {
+		in.GetBinding().GetIssueId(), in.GetBinding().GetAgentId(), store.BindingDigest(in), by).Scan(&created, &updated, &run.Phase, &run.Attempt); err != nil {
 		return nil, err
 	}
-	return &executorv1.SubmitRunResponse{Created: true, Run: &executorv1.Run{
-		RunId: req.GetRunId(), Input: in, State: executorv1.RunState_RUN_STATE_QUEUED, CreatedAt: timestamppb.New(created),
-	}}, nil
+	run.CreatedAt, run.UpdatedAt = timestamppb.New(created), timestamppb.New(updated)
+	return &executorv1.SubmitRunResponse{Created: true, Run: run}, nil
 }
 
 // serveRaw is the baseline process's main.
@@ -151,10 +185,10 @@ func serveRaw(dsn string) error {
 }
 
 // startRaw starts the baseline process and returns its address and stop.
-func (b *bench) startRaw() (string, func(), error) {
+func (b *bench) startRaw() (string, int, func(), error) {
 	self, err := os.Executable()
 	if err != nil {
-		return "", nil, err
+		return "", 0, nil, err
 	}
 	cmd := exec.Command(self)
 	cmd.Env = append(os.Environ(), rawServerEnv+"="+b.dsn)
@@ -162,22 +196,39 @@ func (b *bench) startRaw() (string, func(), error) {
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
-		return "", nil, err
+		return "", 0, nil, err
 	}
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
-		return "", nil, err
+		return "", 0, nil, err
 	}
 	if err := cmd.Start(); err != nil {
-		return "", nil, err
+		return "", 0, nil, err
 	}
 	stop := func() { stdin.Close(); _ = cmd.Wait() }
 	addr, err := bufio.NewReader(stdout).ReadString('\n')
 	if err != nil {
 		stop()
-		return "", nil, fmt.Errorf("the raw unary server: %w", err)
+		return "", 0, nil, fmt.Errorf("the raw unary server: %w", err)
 	}
-	return addr[:len(addr)-1], stop, nil
+	return addr[:len(addr)-1], cmd.Process.Pid, stop, nil
+}
+
+// sameAnswerSize calls each side once and prints the size of its answer:
+// the baseline answers what tether does, so the two stay within a few
+// bytes (what differs: the run's key, its timestamps, fields tether fills
+// that the baseline leaves out).
+func sameAnswerSize(ctx context.Context, name string, tether, raw func() (proto.Message, error)) error {
+	t, err := tether()
+	if err != nil {
+		return fmt.Errorf("%s: %w", name, err)
+	}
+	r, err := raw()
+	if err != nil {
+		return fmt.Errorf("%s (raw): %w", name, err)
+	}
+	logf("%s: answer %d B, raw %d B", name, proto.Size(t), proto.Size(r))
+	return nil
 }
 
 // latencies is a measurement with each operation's latency.
@@ -225,7 +276,11 @@ func closedLoop(ctx context.Context, d time.Duration, callers int, op func(ctx c
 }
 
 // unaryFigure warms both sides, alternates slices and checks the p99s.
-func (b *bench) unaryFigure(ctx context.Context, name, unit string, tether, raw func(ctx context.Context, slice, caller, i int) error) (result, error) {
+//
+// Besides the rates it prints the CPU each side's server process spent
+// per call (tetherPID, rawPID) and the database server's (all its
+// processes, when it runs on this machine) per call of each side.
+func (b *bench) unaryFigure(ctx context.Context, name, unit string, tetherPID, rawPID int, tether, raw func(ctx context.Context, slice, caller, i int) error) (result, error) {
 	res := result{name: name, unit: unit, target: 0.70, p99Limit: 2}
 	warm := func(op func(ctx context.Context, slice, caller, i int) error) error {
 		_, err := closedLoop(ctx, b.cfg.warmup, b.cfg.unaryCallers, func(ctx context.Context, c, i int) error { return op(ctx, -1, c, i) })
@@ -239,15 +294,22 @@ func (b *bench) unaryFigure(ctx context.Context, name, unit string, tether, raw 
 	}
 	b.settle(ctx)
 	var t, r latencies
+	var tCPU, rCPU, tDB, rDB time.Duration
+	pm := b.postmaster(ctx)
 	slice := b.cfg.duration / time.Duration(b.cfg.slices)
-	side := func(op func(ctx context.Context, slice, caller, i int) error, acc *latencies) func(int) (measurement, error) {
+	side := func(op func(ctx context.Context, slice, caller, i int) error, acc *latencies, pid int, cpu, db *time.Duration) func(int) (measurement, error) {
 		return func(s int) (measurement, error) {
+			c0, d0 := processCPU(pid), childrenCPU(pm)
 			l, err := closedLoop(ctx, slice, b.cfg.unaryCallers, func(ctx context.Context, c, i int) error { return op(ctx, s, c, i) })
+			*cpu += processCPU(pid) - c0
+			if pm != 0 {
+				*db += childrenCPU(pm) - d0
+			}
 			acc.add(l)
 			return l.measurement, err
 		}
 	}
-	tm, rm, err := alternate(b.cfg.slices, side(tether, &t), side(raw, &r))
+	tm, rm, err := alternate(b.cfg.slices, side(tether, &t, tetherPID, &tCPU, &tDB), side(raw, &r, rawPID, &rCPU, &rDB))
 	if err != nil {
 		return res, fmt.Errorf("%s: %w", name, err)
 	}
@@ -255,6 +317,9 @@ func (b *bench) unaryFigure(ctx context.Context, name, unit string, tether, raw 
 	res.tetherP99, res.rawP99 = pct(t.each, 99), pct(r.each, 99)
 	logf("%s: %d callers: tether %.0f/s p50 %.3f ms p99 %.3f ms; raw %.0f/s p50 %.3f ms p99 %.3f ms",
 		name, b.cfg.unaryCallers, tm.rate(), ms(pct(t.each, 50)), ms(res.tetherP99), rm.rate(), ms(pct(r.each, 50)), ms(res.rawP99))
+	perCall := func(d time.Duration, n int64) float64 { return float64(d.Microseconds()) / float64(max(n, 1)) }
+	logf("%s: CPU per call: server tether %.0f µs, raw %.0f µs; database tether %.0f µs, raw %.0f µs (load %s)",
+		name, perCall(tCPU, t.ops), perCall(rCPU, r.ops), perCall(tDB, t.ops), perCall(rDB, r.ops), loadAvg())
 	return res, nil
 }
 
@@ -289,7 +354,7 @@ func (b *bench) unaryGetRun(ctx context.Context) (result, error) {
 	if _, err := b.st.Submit(ctx, "p1-getrun", benchInput("p1-getrun")); err != nil {
 		return result{}, err
 	}
-	addr, stop, err := b.startRaw()
+	addr, rawPID, stop, err := b.startRaw()
 	if err != nil {
 		return result{}, err
 	}
@@ -306,7 +371,12 @@ func (b *bench) unaryGetRun(ctx context.Context) (result, error) {
 	defer rc.Close()
 	tether, raw := executorv1.NewExecutorServiceClient(tc), executorv1.NewExecutorServiceClient(rc)
 	req := &executorv1.GetRunRequest{RunId: "p1-getrun"}
-	return b.unaryFigure(ctx, "unary_getrun", "calls/s",
+	if err := sameAnswerSize(ctx, "unary_getrun",
+		func() (proto.Message, error) { return tether.GetRun(ctx, req) },
+		func() (proto.Message, error) { return raw.GetRun(ctx, req) }); err != nil {
+		return result{}, err
+	}
+	return b.unaryFigure(ctx, "unary_getrun", "calls/s", exe.cmd.Process.Pid, rawPID,
 		func(ctx context.Context, _, _, _ int) error { _, err := tether.GetRun(ctx, req); return err },
 		func(ctx context.Context, _, _, _ int) error { _, err := raw.GetRun(ctx, req); return err })
 }
@@ -321,7 +391,7 @@ func (b *bench) unarySubmit(ctx context.Context) (result, error) {
 	if err != nil {
 		return result{}, err
 	}
-	addr, stop, err := b.startRaw()
+	addr, rawPID, stop, err := b.startRaw()
 	if err != nil {
 		return result{}, err
 	}
@@ -347,5 +417,19 @@ func (b *bench) unarySubmit(ctx context.Context) (result, error) {
 			return err
 		}
 	}
-	return b.unaryFigure(ctx, "unary_submit", "runs/s", submit(tether, "t"), submit(raw, "r"))
+	probe := func(client executorv1.ExecutorServiceClient, side string) func() (proto.Message, error) {
+		// A run queued behind another in its session, as the measured
+		// ones are.
+		return func() (proto.Message, error) {
+			in := benchInput("p1-size-" + side)
+			if _, err := client.SubmitRun(ctx, &executorv1.SubmitRunRequest{RunId: "p1-size-" + side + "-1", Input: in}); err != nil {
+				return nil, err
+			}
+			return client.SubmitRun(ctx, &executorv1.SubmitRunRequest{RunId: "p1-size-" + side + "-2", Input: in})
+		}
+	}
+	if err := sameAnswerSize(ctx, "unary_submit", probe(tether, "t"), probe(raw, "r")); err != nil {
+		return result{}, err
+	}
+	return b.unaryFigure(ctx, "unary_submit", "runs/s", exe.cmd.Process.Pid, rawPID, submit(tether, "t"), submit(raw, "r"))
 }

@@ -1,0 +1,184 @@
+package store_test
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"io/fs"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/pressly/goose/v3"
+	"github.com/stretchr/testify/require"
+
+	"github.com/tether-run/tether/pkg/failure"
+	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
+	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
+	"github.com/tether-run/tether/pkg/pgstore"
+	"github.com/tether-run/tether/pkg/testing/pgtest"
+	"github.com/tether-run/tether/services/executor/internal/runrules"
+	"github.com/tether-run/tether/services/executor/internal/store"
+)
+
+// batchRows records, for each statement of each batch, its SQL and the
+// rows its command tag reports.
+type batchRows struct {
+	mu   sync.Mutex
+	sqls []string
+	rows []int64
+}
+
+func (r *batchRows) reset() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.sqls, r.rows = nil, nil
+}
+
+// read returns the statements whose SQL contains part, and their rows.
+func (r *batchRows) read(part string) (n int, rows int64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for i, sql := range r.sqls {
+		if strings.Contains(sql, part) {
+			n++
+			rows += r.rows[i]
+		}
+	}
+	return n, rows
+}
+
+func (r *batchRows) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	return ctx
+}
+func (r *batchRows) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (r *batchRows) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	return ctx
+}
+func (r *batchRows) TraceBatchQuery(_ context.Context, _ *pgx.Conn, d pgx.TraceBatchQueryData) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.sqls = append(r.sqls, d.SQL)
+	r.rows = append(r.rows, d.CommandTag.RowsAffected())
+}
+func (r *batchRows) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
+
+// SPEC P1: a submission that queues behind its session scope (most
+// submissions of a busy session) reads nothing for a first attach it will
+// not make: SubmitClaim's attach reads ride in its round trip but read
+// only when the transaction claimed the run. A run it claims reads them
+// all (TestP4_SubmitClaimReadsTheFirstAttachsFactsAndPlacementInItsRoundTrip
+// checks what).
+func TestP1_ASubmissionQueuedBehindItsScopeReadsNoAttachFacts(t *testing.T) {
+	t.Parallel()
+	r := &batchRows{}
+	s, err := store.Open(context.Background(), pgtest.NewDB(t, Migrator), runrules.New(), pgstore.MaxConns(2), func(c *pgxpool.Config) {
+		c.ConnConfig.Tracer = r
+	})
+	require.NoError(t, err)
+	t.Cleanup(s.Close)
+	ctx := context.Background()
+	ctl := store.Controller{Addr: "127.0.0.1:1"}
+	reads := &store.AttachReads{PriorRuns: 16, GatewayTTL: gatewayTTL}
+	const gated = "claimed_here"
+
+	// The scope's head is claimed: its reads read (its own run row, at
+	// least, for its cancellation record and continuity).
+	created, c, _, err := s.SubmitClaim(ctx, "h1", input("busy", "h1"), "o", time.Minute, ctl, reads)
+	require.NoError(t, err)
+	require.True(t, created)
+	require.NotNil(t, c)
+	require.NotNil(t, c.Preread)
+	statements, rows := r.read(gated)
+	require.Equal(t, 9, statements, "the attach reads and the placement, each gated by the claim")
+	require.Positive(t, rows)
+
+	// The runs behind it queue: the same statements read no row.
+	for _, id := range []string{"q1", "q2", "q3"} {
+		r.reset()
+		created, c, run, err := s.SubmitClaim(ctx, id, input("busy", id), "o", time.Minute, ctl, reads)
+		require.NoError(t, err)
+		require.True(t, created)
+		require.Nil(t, c, "queued behind h1")
+		require.Equal(t, executorv1.RunState_RUN_STATE_QUEUED, run.GetState())
+		statements, rows = r.read(gated)
+		require.Equal(t, 9, statements)
+		require.Zero(t, rows, "%s queued: nothing is read for an attach", id)
+	}
+}
+
+// SPEC Q1 with P1's cheaper guard: the guard that sends a submission to
+// admission under its company's lock applies exactly the row the limits
+// come from — the company's own, else the default's — and only the limits
+// admission checks (a warm-session limit only for a warm run). A company
+// whose own row sets no such limit is not limited by the default's.
+func TestQ1_TheAdmissionGuardAppliesTheCompanysRowElseTheDefaults(t *testing.T) {
+	t.Parallel()
+	s := newStore(t)
+	ctx := context.Background()
+	of := func(company, session string) *prpv1.ExecutionInput {
+		in := input(session, "x")
+		in.Binding.CompanyId = company
+		return in
+	}
+	// The default row limits queued runs to 1: a company without a row
+	// of its own is limited, one whose row sets only a weight is not.
+	setLimits(t, s, store.CompanyLimits{Company: store.DefaultCompany, MaxQueuedRuns: intp(1)})
+	setLimits(t, s, store.CompanyLimits{Company: "free", Weight: 3})
+	for i := range 3 {
+		_, err := s.Submit(ctx, fmt.Sprintf("free-%d", i), of("free", "busy"))
+		require.NoError(t, err, "its own row has no queued limit")
+	}
+	_, err := s.Submit(ctx, "dflt-0", of("dflt", "busy"))
+	require.NoError(t, err)
+	_, err = s.Submit(ctx, "dflt-1", of("dflt", "busy"))
+	requireQuotaRefused(t, err, failure.QuotaQueuedRuns)
+
+	// A warm-session limit guards warm runs only.
+	setLimits(t, s, store.CompanyLimits{Company: store.DefaultCompany})
+	setLimits(t, s, store.CompanyLimits{Company: "warm", MaxWarmSessions: intp(1)})
+	_, err = s.Submit(ctx, "warm-0", of("warm", "s1"))
+	require.NoError(t, err)
+	_, err = s.Submit(ctx, "warm-1", of("warm", "s2"))
+	requireQuotaRefused(t, err, failure.QuotaWarmSessions)
+	perTurn := of("warm", "s3")
+	perTurn.Session.Lifecycle.Mode = prpv1.LifecycleMode_LIFECYCLE_MODE_PER_TURN
+	_, err = s.Submit(ctx, "warm-2", perTurn)
+	require.NoError(t, err)
+	_, err = s.Submit(ctx, "dflt-1", of("dflt", "busy"))
+	require.NoError(t, err, "the default row no longer limits")
+}
+
+// SPEC L3: this release's store beside a schema before migration 00035
+// (no admission guard function yet) submits without the guard, as before.
+func TestL3_ASubmissionBesideASchemaWithoutTheAdmissionGuardIsStored(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	upTo31 := func(ctx context.Context, db *sql.DB) error {
+		sub, err := fs.Sub(store.Migrations, "migrations")
+		if err != nil {
+			return err
+		}
+		p, err := goose.NewProvider(goose.DialectPostgres, db, sub, goose.WithTableName("executor_goose_version"))
+		if err != nil {
+			return err
+		}
+		_, err = p.UpTo(ctx, 31)
+		return err
+	}
+	s, err := store.Open(ctx, pgtest.NewDB(t, pgtest.MigratorFunc("executor-upto-00031", upTo31)), runrules.New())
+	require.NoError(t, err)
+	t.Cleanup(s.Close)
+	created, err := s.Submit(ctx, "old-schema-1", input("s", "x"))
+	require.NoError(t, err)
+	require.True(t, created)
+	created, c, run, err := s.SubmitClaim(ctx, "old-schema-2", input("s2", "x"), "o", time.Minute, store.Controller{Addr: "127.0.0.1:1"},
+		&store.AttachReads{PriorRuns: 4})
+	require.NoError(t, err)
+	require.True(t, created)
+	require.NotNil(t, c)
+	require.NotNil(t, run)
+}
