@@ -23,6 +23,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"runtime"
 	"slices"
 	"sync"
 	"syscall"
@@ -165,6 +166,9 @@ func serveRaw(dsn string) error {
 	if err != nil {
 		return err
 	}
+	// The executor's pool size (-database-max-conns' default: 4 per core,
+	// at least 8), not pgx's default (as many as cores, at least 4).
+	cfg.MaxConns = int32(max(8, 4*runtime.NumCPU()))
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return err
