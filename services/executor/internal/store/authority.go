@@ -486,11 +486,7 @@ func (s *Store) PreviousInScope(ctx context.Context, runID string) (string, *prp
 		id  string
 		raw []byte
 	)
-	err := s.pool.QueryRow(ctx, `
-SELECT p.run_id, p.input FROM executor.runs r
-  JOIN executor.runs p ON p.session_scope = r.session_scope AND p.submit_seq < r.submit_seq
- WHERE r.run_id = $1
- ORDER BY p.submit_seq DESC LIMIT 1`, runID).Scan(&id, &raw)
+	err := s.pool.QueryRow(ctx, previousInScopeSQL, runID).Scan(&id, &raw)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return "", nil, nil
 	}

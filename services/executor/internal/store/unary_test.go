@@ -182,3 +182,47 @@ func TestL3_ASubmissionBesideASchemaWithoutTheAdmissionGuardIsStored(t *testing.
 	require.NotNil(t, c)
 	require.NotNil(t, run)
 }
+
+// SPEC P1, P4: the run before a run in its session scope is read with one
+// backward probe of the scope's index, however many runs the table and
+// the scope's neighbours hold: the generic plan (a prepared statement's
+// after five executions) must not walk runs by submit_seq filtering by
+// scope, which for the first run of a scope reads the whole table.
+func TestP1_ThePreviousRunInAScopeIsOneProbeOfTheScopesIndex(t *testing.T) {
+	t.Parallel()
+	s := newStore(t)
+	ctx := context.Background()
+	// A skewed table: one scope with many runs, many small scopes, then
+	// the first run of a new scope.
+	_, err := s.Pool().Exec(ctx, `
+INSERT INTO executor.runs (run_id, company_id, normalized_session_id, session_scope, lifecycle, input, input_digest)
+SELECT 'r' || g, 'acme', 's', CASE WHEN g % 2 = 0 THEN 'big' ELSE 'small-' || g % 200 END, 'LIFECYCLE_MODE_WARM', '\x00', 'd'
+  FROM generate_series(1, 4000) g;
+INSERT INTO executor.runs (run_id, company_id, normalized_session_id, session_scope, lifecycle, input, input_digest)
+VALUES ('head', 'acme', 'fresh', 'fresh', 'LIFECYCLE_MODE_WARM', '\x00', 'd');
+ANALYZE executor.runs`)
+	require.NoError(t, err)
+	tx, err := s.Pool().Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, `SET LOCAL plan_cache_mode = force_generic_plan`)
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, `PREPARE previous_in_scope(text) AS `+store.PreviousInScopeSQL)
+	require.NoError(t, err)
+	for _, run := range []string{"head", "r4000", "r3999", "r2"} {
+		rows, err := tx.Query(ctx, `EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) EXECUTE previous_in_scope('`+run+`')`)
+		require.NoError(t, err)
+		var plan []string
+		for rows.Next() {
+			var line string
+			require.NoError(t, rows.Scan(&line))
+			plan = append(plan, line)
+		}
+		require.NoError(t, rows.Err())
+		text := strings.Join(plan, "\n")
+		require.Contains(t, text, "runs_session_idx", "%s:\n%s", run, text)
+		require.NotContains(t, text, "Rows Removed", "%s reads only the rows it returns:\n%s", run, text)
+	}
+	_, err = tx.Exec(ctx, `DEALLOCATE previous_in_scope`)
+	require.NoError(t, err)
+}

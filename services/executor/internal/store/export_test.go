@@ -1,0 +1,4 @@
+package store
+
+// PreviousInScopeSQL is previousInScopeSQL, for the plan tests.
+const PreviousInScopeSQL = previousInScopeSQL
