@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -14,7 +15,7 @@ import (
 
 // TestQ3_ARealExecutorStartsAnotherCompanysRunAheadOfABacklog: the executor
 // drives one run at a time (-max-active-runs 1). acme holds the slot with a
-// slow turn and queues 8 more runs, each heading a session of its own (all
+// slow turn (about 4 s) and queues 8 more runs, each heading a session of its own (all
 // due); globex then submits one run. When the slot frees, fair share gives
 // it to globex at the latest after one more of acme's runs (the two
 // companies tie and acme's id sorts first): a FIFO claim would have started
@@ -31,13 +32,17 @@ func TestQ3_ARealExecutorStartsAnotherCompanysRunAheadOfABacklog(t *testing.T) {
 		_, err := h.client.SubmitRun(ctx, &executorv1.SubmitRunRequest{RunId: runID, Input: in})
 		require.NoError(t, err)
 	}
-	submit("fair-acme-hold", "acme", "fair-acme-hold", "hold the slot: "+slowTurn)
+	submit("fair-acme-hold", "acme", "fair-acme-hold", "hold the slot: "+strings.Repeat(slowTurn+" ", 5))
 	h.waitState(ctx, h.client, "fair-acme-hold", executorv1.RunState_RUN_STATE_RUNNING)
 	const backlog = 8
 	for i := range backlog {
 		submit(fmt.Sprintf("fair-acme-%d", i), "acme", fmt.Sprintf("fair-acme-%d", i), "hi")
 	}
 	submit("fair-globex", "globex", "fair-globex", "hi")
+	// The premise: acme's backlog and globex's run all wait for the slot.
+	held, err := h.client.GetRun(ctx, &executorv1.GetRunRequest{RunId: "fair-acme-hold"})
+	require.NoError(t, err)
+	require.Equal(t, executorv1.RunState_RUN_STATE_RUNNING, held.GetRun().GetState(), "the slow turn still holds the slot after every submission")
 
 	hold := h.waitState(ctx, h.client, "fair-acme-hold", executorv1.RunState_RUN_STATE_SUCCEEDED)
 	globex := h.waitState(ctx, h.client, "fair-globex", executorv1.RunState_RUN_STATE_SUCCEEDED)
