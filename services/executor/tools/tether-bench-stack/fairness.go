@@ -48,7 +48,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -64,7 +63,6 @@ import (
 
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
-	"github.com/tether-run/tether/pkg/prp"
 	"github.com/tether-run/tether/pkg/scope"
 	"github.com/tether-run/tether/services/executor/internal/cli"
 	"github.com/tether-run/tether/services/executor/internal/store"
@@ -315,39 +313,8 @@ func keepWarm(ctx context.Context, client executorv1.ExecutorServiceClient, pref
 // fairTurn runs one turn of B's warm session to its end; started, when
 // set, gets SubmitRun → turn.started.
 func fairTurn(ctx context.Context, client executorv1.ExecutorServiceClient, id string, started *time.Duration) error {
-	in, err := cli.InputSpec{Prompt: "hello " + id, Company: fairB, Agent: "bench", Session: fairB,
-		Lifecycle: "warm", IdleTimeoutSeconds: 3600}.Input()
-	if err != nil {
-		return err
-	}
-	t0 := time.Now()
-	if _, err := client.SubmitRun(ctx, &executorv1.SubmitRunRequest{RunId: id, Input: in}); err != nil {
-		return err
-	}
-	stream, err := client.WatchRun(ctx, &executorv1.WatchRunRequest{RunId: id})
-	if err != nil {
-		return err
-	}
-	for {
-		m, err := stream.Recv()
-		if errors.Is(err, io.EOF) {
-			return fmt.Errorf("run %s: the watch ended without run.terminal", id)
-		}
-		if err != nil {
-			return fmt.Errorf("run %s: %w", id, err)
-		}
-		switch m.GetEvent().GetEventType() {
-		case prp.EventTurnStarted:
-			if started != nil {
-				*started = time.Since(t0)
-			}
-		case "run.terminal":
-			if s := m.GetEvent().GetPayload().AsMap()["runTerminalState"]; s != "succeeded" {
-				return fmt.Errorf("run %s ended %v", id, s)
-			}
-			return nil
-		}
-	}
+	return runTurn(ctx, client, id, cli.InputSpec{Prompt: "hello " + id, Company: fairB, Agent: "bench", Session: fairB,
+		Lifecycle: "warm", IdleTimeoutSeconds: 3600}, started)
 }
 
 // seedFair queues add more runs of A (ids fair-a-seed-<from+1>…, each in

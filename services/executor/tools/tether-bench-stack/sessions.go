@@ -13,6 +13,7 @@ import (
 	"time"
 
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
+	"github.com/tether-run/tether/pkg/prp"
 	"github.com/tether-run/tether/services/executor/internal/cli"
 )
 
@@ -106,11 +107,18 @@ func oneTurn(ctx context.Context, client executorv1.ExecutorServiceClient, i int
 // oneTurnIn runs one warm turn as run id in session and waits for its
 // run.terminal, which must be succeeded.
 func oneTurnIn(ctx context.Context, client executorv1.ExecutorServiceClient, id, session string) error {
-	in, err := cli.InputSpec{Prompt: "hello", Company: "bench", Agent: "bench", Session: session,
-		Lifecycle: "warm", IdleTimeoutSeconds: 3600}.Input()
+	return runTurn(ctx, client, id, cli.InputSpec{Prompt: "hello", Company: "bench", Agent: "bench", Session: session,
+		Lifecycle: "warm", IdleTimeoutSeconds: 3600}, nil)
+}
+
+// runTurn submits spec as run id and waits for its run.terminal, which must
+// be succeeded; started, when set, gets SubmitRun → turn.started.
+func runTurn(ctx context.Context, client executorv1.ExecutorServiceClient, id string, spec cli.InputSpec, started *time.Duration) error {
+	in, err := spec.Input()
 	if err != nil {
 		return err
 	}
+	t0 := time.Now()
 	if _, err := client.SubmitRun(ctx, &executorv1.SubmitRunRequest{RunId: id, Input: in}); err != nil {
 		return err
 	}
@@ -126,7 +134,12 @@ func oneTurnIn(ctx context.Context, client executorv1.ExecutorServiceClient, id,
 		if err != nil {
 			return fmt.Errorf("run %s: %w", id, err)
 		}
-		if m.GetEvent().GetEventType() == "run.terminal" {
+		switch m.GetEvent().GetEventType() {
+		case prp.EventTurnStarted:
+			if started != nil {
+				*started = time.Since(t0)
+			}
+		case "run.terminal":
 			if s := m.GetEvent().GetPayload().AsMap()["runTerminalState"]; s != "succeeded" {
 				return fmt.Errorf("run %s ended %v", id, s)
 			}
