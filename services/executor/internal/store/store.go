@@ -813,16 +813,25 @@ type execer interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 }
 
-func recordRunner(ctx context.Context, q execer, f Fence, rec RunnerRecord) error {
+// recordRunnerArgs are recordRunnerSQL's arguments for rec under f.
+func recordRunnerArgs(f Fence, rec RunnerRecord) ([]any, error) {
 	rp, err := marshalOpt(rec.Runner)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	pp, err := marshalOpt(rec.Provider)
 	if err != nil {
+		return nil, err
+	}
+	return []any{f.RunID, f.Owner, int64(f.Attempt), rec.InstanceID, rp, pp}, nil
+}
+
+func recordRunner(ctx context.Context, q execer, f Fence, rec RunnerRecord) error {
+	args, err := recordRunnerArgs(f, rec)
+	if err != nil {
 		return err
 	}
-	tag, err := q.Exec(ctx, recordRunnerSQL, f.RunID, f.Owner, int64(f.Attempt), rec.InstanceID, rp, pp)
+	tag, err := q.Exec(ctx, recordRunnerSQL, args...)
 	if err != nil {
 		return err
 	}
@@ -835,15 +844,11 @@ func recordRunner(ctx context.Context, q execer, f Fence, rec RunnerRecord) erro
 // queueRecordRunner queues recordRunner's statement on b; *lost is set
 // when the fence no longer holds (nothing written).
 func queueRecordRunner(b *pgx.Batch, f Fence, rec RunnerRecord, lost *bool) error {
-	rp, err := marshalOpt(rec.Runner)
+	args, err := recordRunnerArgs(f, rec)
 	if err != nil {
 		return err
 	}
-	pp, err := marshalOpt(rec.Provider)
-	if err != nil {
-		return err
-	}
-	b.Queue(recordRunnerSQL, f.RunID, f.Owner, int64(f.Attempt), rec.InstanceID, rp, pp).Exec(func(tag pgconn.CommandTag) error {
+	b.Queue(recordRunnerSQL, args...).Exec(func(tag pgconn.CommandTag) error {
 		if tag.RowsAffected() == 0 {
 			*lost = true
 		}
