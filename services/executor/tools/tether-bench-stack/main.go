@@ -61,6 +61,7 @@ type benchFlags struct {
 	binDir, sessions                            string
 	turns, warm, takeovers, cancels, throughput int
 	gateways, p5Sessions, anchorN, idleTurns    int
+	pgStatements                                int
 	keep, trace, sameHost, sigterm, idleControl bool
 	settle, ttl, idleCheckpointAfter            time.Duration
 	sizes                                       []int // parsed -sessions
@@ -102,6 +103,7 @@ func parseFlags() (*benchFlags, error) {
 	flag.DurationVar(&f.fairIdle, "fair-runner-idle", 3*time.Second, "-fairness: the gateway's -idle-timeout: how long A's ended per-turn runners may linger")
 	flag.DurationVar(&f.fairSettle, "fair-settle", 2*time.Second, "-fairness: pause after seeding A's backlog, before B's runs")
 	flag.StringVar(&f.fairPrompt, "fair-a-prompt", "[slow] a", "-fairness: the prompt of company A's runs (the fake answers one containing [slow] in 10 deltas, -fair-slow-delta apart)")
+	flag.IntVar(&f.pgStatements, "pg-statements", 0, "warm turn: load pg_stat_statements into the bench's cluster and print the N statements that took the most execution time per stack turn (pgstatements.go)")
 	flag.Parse()
 	if f.gateways < 1 {
 		return nil, fmt.Errorf("-gateways: want ≥ 1, got %d", f.gateways)
@@ -152,7 +154,11 @@ func run() error {
 		return fmt.Errorf("direct: %w", err)
 	}
 	defer ds.close()
-	cluster, err := pgtest.Start(ctx, pgtest.WithDurable())
+	pgOpts := []pgtest.Option{pgtest.WithDurable()}
+	if f.pgStatements > 0 {
+		pgOpts = append(pgOpts, pgStatementsOptions()...)
+	}
+	cluster, err := pgtest.Start(ctx, pgOpts...)
 	if err != nil {
 		return err
 	}
@@ -276,9 +282,24 @@ func measure(ctx context.Context, f *benchFlags, st *stack.Stack, ds *directSess
 	if err := ops.measure(ctx, &raw, f.anchorN); err != nil {
 		return fmt.Errorf("anchors: %w", err)
 	}
+	var stmts *pgStatements
+	if f.pgStatements > 0 {
+		if stmts, err = openPgStatements(ctx, cluster.DSN("tether")); err != nil {
+			return err
+		}
+		defer stmts.close()
+		if err := stmts.reset(ctx); err != nil {
+			return err
+		}
+	}
 	w, err := warmTurns(ctx, f, ds, client)
 	if err != nil {
 		return err
+	}
+	if stmts != nil {
+		if err := stmts.print(ctx, f.warm+f.turns, f.pgStatements); err != nil {
+			return err
+		}
 	}
 	if err := ops.measure(ctx, &raw, f.anchorN); err != nil {
 		return fmt.Errorf("anchors: %w", err)
