@@ -1123,8 +1123,15 @@ func (r *Runner) stopSession(reason string) {
 // one batch. The state that clears the active turn is saved once the
 // controller acknowledged them (saveWhenAcked).
 func (r *Runner) onTurnDone(res TurnResult) {
+	r.endTurn(nil, 0, res)
+}
+
+// endTurn is onTurnDone with provider events already drained (evs, up to
+// cursor) ahead of the ones still queued.
+func (r *Runner) endTurn(evs []pendingEvent, cursor uint64, res TurnResult) {
 	r.lastActivity = time.Now()
-	evs, cursor := r.providerEvents()
+	more, c := r.providerEvents()
+	evs, cursor = append(evs, more...), max(cursor, c)
 	t := r.st.ActiveTurn
 	if t == nil || (res.TurnID != "" && res.TurnID != t.TurnID) {
 		r.journalProvider(evs, cursor)

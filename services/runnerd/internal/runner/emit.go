@@ -257,6 +257,41 @@ func (r *Runner) pumpProviderEvents() {
 	r.journalProvider(evs, cursor)
 }
 
+// pumpQueued is the loop's pumpProviderEvents. When the events queued end
+// the active turn (its turn.<status>), the turn's result, which every
+// provider driver delivers right behind that event, is awaited (at most
+// TurnEndFollowWindow) so that the event and the turn's run.terminal are
+// journaled together: one outbox fsync and one batch, which the executor
+// persists in one commit (SPEC P2). Journaled as they came, they were
+// often two of each (the loop woke on the event before the result was
+// delivered), the terminal's commit queued behind the event's. Nothing is
+// journaled in another order: the events still precede the terminal.
+func (r *Runner) pumpQueued(turnDone <-chan TurnResult, exited <-chan struct{}) {
+	evs, cursor := r.providerEvents()
+	if t := r.st.ActiveTurn; t != nil && endsTurn(evs, t.TurnID) {
+		timer := time.NewTimer(r.cfg.TurnEndFollowWindow)
+		defer timer.Stop()
+		select {
+		case res := <-turnDone:
+			r.endTurn(evs, cursor, res)
+			return
+		case <-exited: // the loop takes the exit (and a result it left) next
+		case <-timer.C:
+		}
+	}
+	r.journalProvider(evs, cursor)
+}
+
+// endsTurn reports whether evs hold turn turnID's turn.<status> event.
+func endsTurn(evs []pendingEvent, turnID string) bool {
+	for i := len(evs) - 1; i >= 0; i-- {
+		if isTurnEvent(evs[i].typ) && evs[i].turnID == turnID {
+			return true
+		}
+	}
+	return false
+}
+
 // providerEvents drains the provider events queued so far, and the
 // provider host cursor they reach (0: none).
 func (r *Runner) providerEvents() ([]pendingEvent, uint64) {

@@ -122,6 +122,11 @@ type Config struct {
 	// AttachFollowWindow [2ms] bounds how long a run.attach waits for the
 	// command behind it (see onCommands): well under one save of the state.
 	AttachFollowWindow time.Duration
+	// TurnEndFollowWindow [5ms] bounds how long the provider events that
+	// end the active turn (its turn.<status>) wait for the turn's result,
+	// which every driver delivers right behind that event, to be journaled
+	// with its run.terminal (see pumpQueued).
+	TurnEndFollowWindow time.Duration
 
 	// OutboxSynced, when set, is called after each outbox fsync (tests).
 	OutboxSynced func([]statedir.Record)
@@ -150,6 +155,7 @@ func (c *Config) defaults() {
 	def(&c.Tick, 100*time.Millisecond)
 	def(&c.TurnStartedWait, 2*time.Millisecond)
 	def(&c.AttachFollowWindow, 2*time.Millisecond)
+	def(&c.TurnEndFollowWindow, 5*time.Millisecond)
 	def(&c.SilenceTimeout, 60*time.Second)
 	if c.MaxOutboxBytes == 0 {
 		c.MaxOutboxBytes = DefaultMaxOutboxBytes
@@ -576,7 +582,7 @@ func (r *Runner) loop(ctx context.Context) int {
 				// The turn's last events and its terminal: one batch.
 				r.onTurnDone(res)
 			default:
-				r.pumpProviderEvents()
+				r.pumpQueued(turnDone, exited)
 			}
 		case res := <-turnDone:
 			r.onTurnDone(res)
