@@ -51,10 +51,11 @@ type Server struct {
 	// any, its cancellation just recorded (dispatched at once, without
 	// waiting for the database's notification nor reading it back).
 	// AwaitCancellationAck, when set,
-	// signals a local driver's acknowledgement; CancelRun polls the
-	// record otherwise (a run driven by another replica).
+	// signals a local driver's acknowledgement with the record as its
+	// commit left it (nil: CancelRun reads it); CancelRun polls the record
+	// otherwise (a run driven by another replica).
 	DispatchCancellation func(runID string, rec *executorv1.Cancellation)
-	AwaitCancellationAck func(runID string) (<-chan struct{}, func())
+	AwaitCancellationAck func(runID string) (<-chan *executorv1.Cancellation, func())
 	// Controls holds this replica's live provider sessions (steering and
 	// runtime-request resolution); ForwardToOwner sends calls for runs
 	// driven elsewhere to the replica recorded with the lease.
@@ -228,7 +229,7 @@ func (s *Server) CancelRun(ctx context.Context, req *executorv1.CancelRunRequest
 	}
 	// Registered before the record is written: a local driver's
 	// acknowledgement cannot come before it is awaited.
-	var acked <-chan struct{}
+	var acked <-chan *executorv1.Cancellation
 	if s.AwaitCancellationAck != nil {
 		var stop func()
 		acked, stop = s.AwaitCancellationAck(run.Key)
@@ -259,8 +260,15 @@ func (s *Server) CancelRun(ctx context.Context, req *executorv1.CancelRunRequest
 				return nil, ctx.Err()
 			case <-deadline.C:
 				return &executorv1.CancelRunResponse{Active: out.Active, Cancellation: asNamed(rec, req.GetRunId())}, nil
-			case <-acked:
-				acked = nil // read the record once more, then poll
+			case got := <-acked:
+				acked = nil
+				if got.GetIntentId() == rec.GetIntentId() && got.GetDispatchState() != "pending" {
+					// The record as the acknowledging commit left it: no
+					// read back (SPEC P2).
+					rec = got
+					continue
+				}
+				// Not at hand: read the record once more, then poll.
 			case <-poll.C:
 			}
 			if rec, err = s.Store.Cancellation(ctx, run.Key); err != nil {

@@ -555,7 +555,7 @@ func (a *attachment) onEvents(evs []*prpv1.Event) (stop, done bool, err error) {
 		// never written). What it writes from now on is a cancellation's
 		// acknowledgement, under the database's fence.
 		d.leases.remove(c.RunID)
-		a.acknowledged(res.Acknowledged)
+		a.acknowledged(res.Acknowledged, res.AcknowledgedRecord)
 		if len(a.cancelIntents) == 0 {
 			done, err := a.finish()
 			return true, done, err
@@ -591,8 +591,9 @@ func (a *attachment) observeLatency(res store.AppendResult) {
 
 // acknowledged takes the cancellation intents acknowledged with the run's
 // terminal off the dispatches awaiting the runner's answer, whose answer is
-// then not waited for.
-func (a *attachment) acknowledged(intents []string) {
+// then not waited for; rec is the record as that commit left it (nil: not
+// at hand), which CancelRun answers from.
+func (a *attachment) acknowledged(intents []string, rec *executorv1.Cancellation) {
 	for _, intent := range intents {
 		for cmdID, in := range a.cancelIntents {
 			if in == intent {
@@ -601,7 +602,7 @@ func (a *attachment) acknowledged(intents []string) {
 		}
 		a.d.metrics.cancellations.WithLabelValues(cancelAcknowledged).Inc()
 		a.log.Info("cancellation acknowledged with the run's terminal", "intent_id", intent)
-		a.d.cancellationAcked(a.c.RunID)
+		a.d.cancellationAcked(a.c.RunID, rec)
 	}
 }
 

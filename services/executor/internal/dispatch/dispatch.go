@@ -138,7 +138,7 @@ type Dispatcher struct {
 	claiming chan struct{}
 	// ackWaiters: CancelRun calls of this replica waiting for a run's
 	// cancellation to be acknowledged (AwaitCancellationAck).
-	ackWaiters map[string][]chan struct{}
+	ackWaiters map[string][]chan *executorv1.Cancellation
 }
 
 // Controls is the registry of this replica's live provider sessions, for
@@ -204,16 +204,18 @@ func (d *Dispatcher) DispatchCancellation(runID string, rec *executorv1.Cancella
 	}
 }
 
-// AwaitCancellationAck returns a channel closed when a driver of this
-// replica acknowledged a cancellation of run runID (the provider was told
-// to stop and the record says so), and a function that stops waiting. A
-// caller registers before it records the cancellation, so it cannot miss
-// the acknowledgement; a run driven by another replica never closes it.
-func (d *Dispatcher) AwaitCancellationAck(runID string) (<-chan struct{}, func()) {
-	ch := make(chan struct{})
+// AwaitCancellationAck returns a channel that receives once when a driver
+// of this replica acknowledged a cancellation of run runID (the provider
+// was told to stop and the record says so): the record as the
+// acknowledging commit left it, or nil when the driver does not have it
+// (the caller reads it), and a function that stops waiting. A caller
+// registers before it records the cancellation, so it cannot miss the
+// acknowledgement; a run driven by another replica never sends on it.
+func (d *Dispatcher) AwaitCancellationAck(runID string) (<-chan *executorv1.Cancellation, func()) {
+	ch := make(chan *executorv1.Cancellation, 1)
 	d.mu.Lock()
 	if d.ackWaiters == nil {
-		d.ackWaiters = map[string][]chan struct{}{}
+		d.ackWaiters = map[string][]chan *executorv1.Cancellation{}
 	}
 	d.ackWaiters[runID] = append(d.ackWaiters[runID], ch)
 	d.mu.Unlock()
@@ -235,14 +237,16 @@ func (d *Dispatcher) AwaitCancellationAck(runID string) (<-chan struct{}, func()
 	}
 }
 
-// cancellationAcked wakes the waiters of run runID's acknowledgement.
-func (d *Dispatcher) cancellationAcked(runID string) {
+// cancellationAcked wakes the waiters of run runID's acknowledgement,
+// handing them rec, the record as the acknowledging commit left it (nil:
+// not at hand).
+func (d *Dispatcher) cancellationAcked(runID string, rec *executorv1.Cancellation) {
 	d.mu.Lock()
 	ws := d.ackWaiters[runID]
 	delete(d.ackWaiters, runID)
 	d.mu.Unlock()
 	for _, ch := range ws {
-		close(ch)
+		ch <- rec // buffered, each waiter's own, sent once
 	}
 }
 
@@ -912,7 +916,7 @@ func (d *Dispatcher) acknowledgeCancellation(ctx context.Context, c *store.Claim
 		err := d.store.AcknowledgeCancellation(ctx, c.Fence, intent)
 		if err == nil {
 			log.Info("cancellation acknowledged", "intent_id", intent)
-			d.cancellationAcked(c.RunID)
+			d.cancellationAcked(c.RunID, nil)
 			return
 		}
 		if try == 5 || failure.CodeOf(err) == failure.NativeSessionLeaseLost || ctx.Err() != nil {

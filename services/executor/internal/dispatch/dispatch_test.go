@@ -289,8 +289,9 @@ func TestP2_ACancellationAcknowledgementWakesTheRunsWaiters(t *testing.T) {
 	other, stopOther := d.AwaitCancellationAck("other")
 	defer stopOther()
 	stopB() // gave up: not woken, nothing left behind
-	d.cancellationAcked("r")
-	<-a
+	rec := &executorv1.Cancellation{IntentId: "i", DispatchState: "acknowledged"}
+	d.cancellationAcked("r", rec)
+	require.Same(t, rec, <-a, "the record as the acknowledging commit left it")
 	stopA() // after the wake-up: a no-op
 	select {
 	case <-b:

@@ -72,6 +72,11 @@ type AppendResult struct {
 	// Acknowledged are the cancellation intents AppendEventsAcking
 	// acknowledged with the run's terminal.
 	Acknowledged []string
+	// AcknowledgedRecord is the run's cancellation record as this call's
+	// commit left it when it acknowledged the record's intent (or found
+	// it acknowledged), else nil: CancelRun answers from it without
+	// reading the record back (SPEC P2).
+	AcknowledgedRecord *executorv1.Cancellation
 	// TurnStarted is true when this call filed a turn.started of the
 	// fenced run for the first time (a replayed one is a duplicate): the
 	// end of the run's submit → turn.started latency (SPEC D6).
@@ -464,6 +469,10 @@ func fileFenced(ctx context.Context, tx pgx.Tx, rules Rules, month time.Time, f 
 			return errors.Join(err, rerr)
 		}
 		res.Acknowledged = slices.DeleteFunc(res.Acknowledged, func(id string) bool { return id == acked.intent })
+		acked.rec = nil
+	}
+	if acked.rec != nil {
+		res.AcknowledgedRecord = acked.rec.proto()
 	}
 	if err := crossBudget(ctx, tx, rules, spent); err != nil {
 		return err
@@ -1097,6 +1106,9 @@ const cancellationRecordSQL = `SELECT result_metadata -> 'nativeCancellation' FR
 type ackWrite struct {
 	intent string
 	begun  bool
+	// rec is the record acknowledged (written here, or found so), nil
+	// for none.
+	rec *cancellationJSON
 }
 
 // queueAcks acknowledges ack's intents as acknowledgeCancellation would,
@@ -1119,6 +1131,9 @@ func queueAcks(ctx context.Context, b *pgx.Batch, f Fence, ack *acking, res *App
 	for _, intent := range ack.intents {
 		if rec == nil || rec.IntentID != intent || rec.DispatchState == "acknowledged" {
 			res.Acknowledged = append(res.Acknowledged, intent)
+			if rec != nil && rec.IntentID == intent && rec.DispatchState == "acknowledged" {
+				w.rec = rec
+			}
 			continue
 		}
 		if ack.hook != nil && ack.hook(f.RunID) != nil {
@@ -1132,11 +1147,11 @@ func queueAcks(ctx context.Context, b *pgx.Batch, f Fence, ack *acking, res *App
 			mergeCancellation(ctx, queued{wb}, &next) != nil {
 			continue
 		}
-		rec, writes, w.intent = &next, wb, intent
+		rec, writes, w.intent, w.rec = &next, wb, intent, &next
 		res.Acknowledged = append(res.Acknowledged, intent)
 	}
 	if writes == nil {
-		return &ackWrite{}
+		return &ackWrite{rec: w.rec}
 	}
 	b.Queue(`SAVEPOINT acknowledgement`).Exec(func(pgconn.CommandTag) error {
 		w.begun = true
