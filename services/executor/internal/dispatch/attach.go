@@ -664,11 +664,105 @@ func (a *attachment) onResult(r *prpv1.CommandResult) (stop, done bool, err erro
 }
 
 // finish ends a run whose terminal is persisted: a per-turn session is
-// closed, and the stream is closed for sending.
+// closed (closePerTurn), and the stream is closed for sending.
 func (a *attachment) finish() (bool, error) {
 	if a.c.Input.GetSession().GetLifecycle().GetMode() != prpv1.LifecycleMode_LIFECYCLE_MODE_WARM {
-		_ = a.sendCmd(newCommand(a.c, &prpv1.SessionClose{Reason: "per_turn run ended"}))
+		a.closePerTurn()
+		return true, nil
 	}
 	_ = a.stream.CloseSend()
 	return true, nil
+}
+
+// CloseReasonPerTurn is the reason of the session.close that ends a
+// per-turn run's session once the run settled.
+const CloseReasonPerTurn = "per_turn run ended"
+
+// perTurnCloseWait bounds how long a per-turn run's driver waits for its
+// runner to answer session.close and for the gateway to end the stream:
+// above the runner's provider close (3 × its 5 s grace at most).
+const perTurnCloseWait = 20 * time.Second
+
+// closePerTurn closes the session of a per-turn run whose terminal is
+// persisted (SPEC E10: a per-turn run keeps no runner or provider). The
+// session belongs to this run alone, so nothing waits for its runner but
+// its idle timeout: the close is sent and its answer awaited, and what the
+// runner emits meanwhile (runner.suspended: it settles suspended, so a
+// later run of the scope continues it) is filed for the scope's next run
+// (parked: the run ended, SPEC R9) and acknowledged, so the runner exits at
+// once with an empty outbox. The stream is then half-closed and read to its
+// end: the gateway has relayed every request sent before it ends the
+// stream, where cancelling it at once could drop the close (and the last
+// acknowledgement) on the way — most per-turn runners then lived until the
+// gateway's idle timeout. A runner that does not answer in time ends at its
+// idle timeout, as before.
+func (a *attachment) closePerTurn() {
+	cmd := newCommand(a.c, &prpv1.SessionClose{Reason: CloseReasonPerTurn})
+	if err := a.sendCmd(cmd); err != nil {
+		a.log.Warn("per-turn session close not sent; the runner ends at its idle timeout", "err", err)
+		return
+	}
+	timeout := time.NewTimer(perTurnCloseWait)
+	defer timeout.Stop()
+	answered, sendClosed := false, false
+	for {
+		if answered && !sendClosed {
+			_ = a.stream.CloseSend()
+			sendClosed = true
+		}
+		msg := a.held
+		a.held = nil
+		if msg == nil {
+			var ok bool
+			select {
+			case msg, ok = <-a.msgs:
+				if !ok {
+					if !answered {
+						a.log.Warn("the stream ended before the runner answered the per-turn session close", "err", a.recvErr)
+					}
+					return
+				}
+			case <-timeout.C:
+				a.log.Warn("no answer to the per-turn session close; the runner ends at its idle timeout", "answered", answered)
+				return
+			case <-a.ctx.Done():
+				return
+			}
+		}
+		switch {
+		case len(msg.GetEvents().GetEvents()) > 0:
+			if !a.fileAfterTerminal(msg.GetEvents().GetEvents(), sendClosed) {
+				return
+			}
+		case msg.GetCommandResult().GetCommandId() == cmd.GetCommandId():
+			if r := msg.GetCommandResult(); r.GetStatus() != "completed" {
+				a.log.Warn("per-turn session close refused", "code", r.GetCode(), "msg", r.GetMessage())
+			}
+			answered = true
+		case msg.GetClosed() != nil:
+			return
+		}
+	}
+}
+
+// fileAfterTerminal files events the runner emitted after the run's
+// terminal for the scope's next run (parked) and, unless the stream is
+// closed for sending, acknowledges them. It reports whether they were
+// filed.
+func (a *attachment) fileAfterTerminal(evs []*prpv1.Event, sendClosed bool) bool {
+	if _, err := a.d.store.AppendEvents(a.ctx, store.Fence{}, evs); err != nil {
+		a.log.Warn("filing the events of a closing per-turn runner failed; its outbox keeps them", "err", err)
+		return false
+	}
+	if sendClosed {
+		return true
+	}
+	for inst, seq := range a.acks.persisted(a.opened.GetRunnerAckedSeq(), evs) {
+		if err := a.send(&gatewayv1.AttachRequest{Kind: &gatewayv1.AttachRequest_Ack{Ack: &gatewayv1.Ack{
+			SourceInstanceId: inst, PersistedThroughSeq: seq,
+		}}}); err != nil {
+			return false
+		}
+	}
+	return true
 }

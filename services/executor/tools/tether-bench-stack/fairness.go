@@ -17,14 +17,12 @@ package main
 //     run of A (SubmitRun, through the API) for each that ended. With a
 //     backlog that keeps the queue at its size; without one it refills the
 //     freed slot. A's runs are cold per-turn sessions (runnerd and the fake
-//     provider start for each): the fleet's CPU is spent the same way at 0
-//     and at 100,000. Most per-turn runners of this build stay up after
-//     their run until the gateway's idle timeout (the executor's
-//     session.close after the terminal does not reach them): the stack's
-//     gateway runs with -idle-timeout -fair-runner-idle (3 s), so a few
-//     dozen linger, not hundreds that would slow each later point. (Closing
-//     each with CloseSession instead costs a scan of the company's runs,
-//     which grows with A's backlog.)
+//     provider start for each, and stop once the run settled: the
+//     executor's session.close, answered): the fleet's CPU is spent the
+//     same way at 0 and at 100,000. The gateway keeps its default idle
+//     timeout unless -fair-runner-idle sets one (until 2026-12-07 the
+//     close after the terminal was mostly lost and the bench set 3 s, so
+//     that hundreds of lingering runners did not slow each later point).
 //   - B competes for slots: its run finds them all taken by A and waits for
 //     the next to free; the fair-share claim must then pick B's one due run
 //     among A's 100,000 due heads (B's virtual time is behind A's, so B's
@@ -240,7 +238,7 @@ func fairness(ctx context.Context, f *benchFlags, client executorv1.ExecutorServ
 func fairRound(ctx context.Context, f *benchFlags, client executorv1.ExecutorServiceClient, fd *fairFeeder, prefix string) (fairPoint, error) {
 	var p fairPoint
 	// One turn first, not measured: B's runner may have idled out while
-	// A's backlog was seeded (-fair-runner-idle).
+	// A's backlog was seeded (with a short -fair-runner-idle).
 	if err := fairTurn(ctx, client, prefix+"-warm", nil); err != nil {
 		return p, err
 	}
@@ -285,8 +283,8 @@ func fairRound(ctx context.Context, f *benchFlags, client executorv1.ExecutorSer
 
 // keepWarm runs unmeasured turns of B's session, one every 500 ms, until
 // the returned stop is called (it waits for the turn in progress): B's
-// runner would otherwise idle out (-fair-runner-idle) while A's backlog is
-// seeded.
+// runner would otherwise idle out (with a short -fair-runner-idle) while
+// A's backlog is seeded.
 func keepWarm(ctx context.Context, client executorv1.ExecutorServiceClient, prefix string) (stop func() error) {
 	quit := make(chan struct{})
 	done := make(chan error, 1)

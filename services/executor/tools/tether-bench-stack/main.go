@@ -100,7 +100,7 @@ func parseFlags() (*benchFlags, error) {
 	flag.IntVar(&f.fairSlots, "fair-slots", 4, "-fairness: the executor's -max-active-runs, all of them kept busy by company A")
 	flag.DurationVar(&f.fairInterval, "fair-interval", 50*time.Millisecond, "-fairness: pause between the end of one run of B and the submission of the next")
 	flag.DurationVar(&f.fairSlowDelta, "fair-slow-delta", 20*time.Millisecond, "-fairness: the fake's pause before each delta of a [slow] reply (A's turns)")
-	flag.DurationVar(&f.fairIdle, "fair-runner-idle", 3*time.Second, "-fairness: the gateway's -idle-timeout: how long A's ended per-turn runners may linger")
+	flag.DurationVar(&f.fairIdle, "fair-runner-idle", 0, "-fairness: the gateway's -idle-timeout (0: the gateway's default); per-turn runners stop when their run settles, so it matters only to a lost close")
 	flag.DurationVar(&f.fairSettle, "fair-settle", 2*time.Second, "-fairness: pause after seeding A's backlog, before B's runs")
 	flag.StringVar(&f.fairPrompt, "fair-a-prompt", "[slow] a", "-fairness: the prompt of company A's runs (the fake answers one containing [slow] in 10 deltas, -fair-slow-delta apart)")
 	flag.IntVar(&f.pgStatements, "pg-statements", 0, "warm turn: load pg_stat_statements into the bench's cluster and print the N statements that took the most execution time per stack turn (pgstatements.go)")
@@ -203,7 +203,9 @@ func startStack(ctx context.Context, f *benchFlags, dir, dsn string, fakeArgs []
 	if f.fairness != "" {
 		opts.ExecutorArgs = append(opts.ExecutorArgs, "-max-active-runs", strconv.Itoa(f.fairSlots))
 		opts.FakeArgs = append(append([]string(nil), fakeArgs...), "--slow-delta-delay-ms", strconv.FormatInt(f.fairSlowDelta.Milliseconds(), 10))
-		opts.GatewayArgs = append(opts.GatewayArgs, "-idle-timeout", f.fairIdle.String())
+		if f.fairIdle > 0 {
+			opts.GatewayArgs = append(opts.GatewayArgs, "-idle-timeout", f.fairIdle.String())
+		}
 	}
 	if f.takeovers > 0 {
 		opts.LeaseTTL = f.ttl
