@@ -126,7 +126,7 @@ func queueAttachFacts(b *pgx.Batch, runID, scope string, in *prpv1.ExecutionInpu
 		return nil
 	})
 	queue(priorRunsSQL, priorRunsArgs(runID, in.GetBinding().GetCompanyId(), in.GetBinding().GetAgentId(),
-		in.GetSession().GetNormalizedSessionId(), limit)...).Query(func(rows pgx.Rows) error {
+		in.GetSession().GetNormalizedSessionId(), scope, limit)...).Query(func(rows pgx.Rows) error {
 		var err error
 		if f.PriorRuns, err = scanPriorRuns(rows); err != nil {
 			return keep(err)

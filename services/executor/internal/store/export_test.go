@@ -2,3 +2,6 @@ package store
 
 // PreviousInScopeSQL is previousInScopeSQL, for the plan tests.
 const PreviousInScopeSQL = previousInScopeSQL
+
+// PriorRunsSQL is priorRunsSQL, for the plan tests.
+const PriorRunsSQL = priorRunsSQL

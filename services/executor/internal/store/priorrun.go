@@ -122,27 +122,44 @@ func (s *Store) PriorRun(ctx context.Context, runID string) (*PriorRunRecord, er
 }
 
 // priorRunsSQL reads the prior runs of a run's company, agent and session
-// (see PriorRuns; arguments from priorRunsArgs) in two bounded probes: the
-// named session's newest runs in index order (runs_prior_session_idx), and
-// the one run whose unnamed session it is.
+// (see PriorRuns; arguments from priorRunsArgs) in bounded probes: the
+// named session's newest runs in index order (runs_prior_session_idx), the
+// one run whose unnamed session it is, and the newest run each of the
+// scope's newest runners served (scope_runners, then runs_session_idx):
+// the run a root that runner left names (SPEC E13, F8, F9). A host that
+// returns after more runs of the scope than the limit ended without a
+// runner (they waited for it, or failed before an attach) holds a root
+// naming a run older than every one of the newest; without that record
+// the gateway found the root's run unknown and quarantined the root.
 const priorRunsSQL = `
 SELECT r.run_id, ` + stateExpr + `, r.input, coalesce(r.runner_instance_id, '')
   FROM (
         (SELECT run_id FROM executor.runs
           WHERE company_id = $1 AND agent_id = $2 AND normalized_session_id = $3 AND run_id <> $5
           ORDER BY submit_seq DESC LIMIT $6)
-        UNION ALL
+        UNION
         (SELECT run_id FROM executor.runs
           WHERE run_id = $4 AND run_id <> $5 AND normalized_session_id = '' AND company_id = $1 AND agent_id = $2)
+        UNION
+        (SELECT n.run_id
+           FROM (SELECT last_submit_seq FROM executor.scope_runners WHERE session_scope = $7
+                  ORDER BY last_submit_seq DESC LIMIT $8) s
+           JOIN executor.runs n ON n.session_scope = $7 AND n.submit_seq = s.last_submit_seq
+          WHERE n.run_id <> $5)
        ) m
   JOIN executor.runs r ON r.run_id = m.run_id
   LEFT JOIN executor.coordinators c ON c.run_id = r.run_id
- ORDER BY r.submit_seq DESC LIMIT $6`
+ ORDER BY r.submit_seq DESC`
+
+// priorRunners bounds the scope's runners whose newest run the prior runs
+// include besides the newest runs (priorRunsSQL).
+const priorRunners = 4
 
 // priorRunsArgs are priorRunsSQL's arguments for run runID of company and
 // agent in the stored normalized session (an unnamed session is
-// "session-<run id>"); limit is clamped to 1..MaxPriorRuns.
-func priorRunsArgs(runID, company, agent, session string, limit int) []any {
+// "session-<run id>") and session scope sc; limit is clamped to
+// 1..MaxPriorRuns.
+func priorRunsArgs(runID, company, agent, session, sc string, limit int) []any {
 	if limit <= 0 || limit > MaxPriorRuns {
 		limit = MaxPriorRuns
 	}
@@ -152,7 +169,7 @@ func priorRunsArgs(runID, company, agent, session string, limit int) []any {
 	if rest, ok := strings.CutPrefix(session, "session-"); ok {
 		unnamedOwner = rest
 	}
-	return []any{company, agent, session, unnamedOwner, runID, limit}
+	return []any{company, agent, session, unnamedOwner, runID, limit, sc, priorRunners}
 }
 
 // scanPriorRuns reads priorRunsSQL's rows.
@@ -172,19 +189,21 @@ func scanPriorRuns(rows pgx.Rows) ([]PriorRunRecord, error) {
 // PriorRuns returns the records of the other runs of run runID's company,
 // agent and normalized session id (an unnamed session is "session-<run
 // id>"), newest first, at most limit (MaxPriorRuns when limit is not in
-// 1..MaxPriorRuns). Runs of other companies or agents sharing the session id
-// are never included. An unknown runID is run_not_found.
+// 1..MaxPriorRuns), and besides them the newest run each of the run's
+// scope's newest runners served (priorRunsSQL), in the same order. Runs of
+// other companies or agents sharing the session id are never included. An
+// unknown runID is run_not_found.
 func (s *Store) PriorRuns(ctx context.Context, runID string, limit int) ([]PriorRunRecord, error) {
-	var company, agent, session string
-	err := s.pool.QueryRow(ctx, `SELECT company_id, agent_id, normalized_session_id FROM executor.runs WHERE run_id = $1`, runID).
-		Scan(&company, &agent, &session)
+	var company, agent, session, sc string
+	err := s.pool.QueryRow(ctx, `SELECT company_id, agent_id, normalized_session_id, session_scope FROM executor.runs WHERE run_id = $1`, runID).
+		Scan(&company, &agent, &session, &sc)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, ErrRunNotFound(runID)
 	}
 	if err != nil {
 		return nil, err
 	}
-	rows, err := s.pool.Query(ctx, priorRunsSQL, priorRunsArgs(runID, company, agent, session, limit)...)
+	rows, err := s.pool.Query(ctx, priorRunsSQL, priorRunsArgs(runID, company, agent, session, sc, limit)...)
 	if err != nil {
 		return nil, err
 	}
