@@ -693,3 +693,25 @@ func TestR3_StallMidStreamHoldsTheTurnUntilReleasedWhileTheServerAnswers(t *test
 	require.Equal(t, statusCompleted, tc.Turn.Status)
 	require.NoError(t, c.stop())
 }
+
+// TestP4_TheFakeSavesItsStateOnOneLine counts the lines of the state file
+// after a turn: the save (and every refresh that parses the file again) no
+// longer carries an indentation that doubled the file.
+func TestP4_TheFakeSavesItsStateOnOneLine(t *testing.T) {
+	state := filepath.Join(t.TempDir(), "state.json")
+	opts := fastOpts()
+	opts.StateFile = state
+	c := startServer(t, opts)
+	c.initialize()
+	var tr threadResp
+	c.mustCall("thread/start", map[string]any{"cwd": "/w"}, &tr)
+	require.NoError(t, c.stop())
+
+	raw, err := os.ReadFile(state)
+	require.NoError(t, err)
+	require.Equal(t, 1, strings.Count(string(raw), "\n"), "the state file is one line and its newline")
+	st, exists, err := loadState(state)
+	require.NoError(t, err)
+	require.True(t, exists)
+	require.Contains(t, st.Threads, tr.Thread.ID)
+}

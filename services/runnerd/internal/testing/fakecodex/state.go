@@ -106,7 +106,11 @@ func saveState(path string, st *persisted) error {
 			out.Threads[id] = th
 		}
 	}
-	data, err := json.MarshalIndent(out, "", "  ")
+	// One line, not indented: the indentation doubled the bytes every
+	// save encoded, wrote and every refresh parsed again (a save rewrites
+	// the whole history of the file's threads), CPU the stack's turn and
+	// the direct turn both paid on two shared cores.
+	data, err := json.Marshal(out)
 	if err != nil {
 		return fmt.Errorf("encode state: %w", err)
 	}
