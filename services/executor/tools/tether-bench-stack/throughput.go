@@ -38,6 +38,7 @@ func fleetThroughput(ctx context.Context, st *stack.Stack, client executorv1.Exe
 		roots["postgres"] = pid
 	}
 	before := cpuByKind(roots)
+	switchesBefore := switchesByKind(roots)
 	var next atomic.Int64
 	var wg sync.WaitGroup
 	errs := make(chan error, sessions)
@@ -64,6 +65,7 @@ func fleetThroughput(ctx context.Context, st *stack.Stack, client executorv1.Exe
 	default:
 	}
 	after := cpuByKind(roots)
+	switchesAfter := switchesByKind(roots)
 	rate := float64(runs) / elapsed.Seconds()
 	fmt.Printf("P5 fleet throughput: %d gateway(s), %d warm sessions, %d short runs in %s: %.1f runs/s\n",
 		gateways, sessions, runs, elapsed.Round(time.Millisecond), rate)
@@ -95,7 +97,29 @@ func fleetThroughput(ctx context.Context, st *stack.Stack, client executorv1.Exe
 	fmt.Printf("  CPU per run  %-9s %7.2f ms (%.0f %% of the box's 2 cores at this rate)\n", "total", total, 100*total*rate/1000/2)
 	fmt.Printf("BENCH fleet_throughput_%dgw runs_per_s=%.2f sessions=%d runs=%d %s cpu_ms_per_run_total=%.3f target=0.00 met=true unit=runs/s\n",
 		gateways, rate, sessions, runs, strings.Join(parts, " "), total)
+	printSwitches(switchesBefore, switchesAfter, runs)
 	return nil
+}
+
+// printSwitches prints the context switches per run of each process kind
+// (switchesByKind's kinds): on a guest where every wake-up of a thread is
+// dear, how many each kind's share of a run cost.
+func printSwitches(before, after map[string]int64, runs int) {
+	kinds := make([]string, 0, len(after))
+	for k := range after {
+		kinds = append(kinds, k)
+	}
+	sort.Strings(kinds)
+	var parts []string
+	total := 0.0
+	for _, k := range kinds {
+		n := float64(after[k]-before[k]) / float64(runs)
+		total += n
+		fmt.Printf("  context switches per run  %-9s %7.1f\n", k, n)
+		parts = append(parts, fmt.Sprintf("%s=%.1f", k, n))
+	}
+	fmt.Printf("  context switches per run  %-9s %7.1f\n", "total", total)
+	fmt.Printf("BENCH fleet_switches_per_run %s total=%.1f\n", strings.Join(parts, " "), total)
 }
 
 // gatewayName is the stack name of gateway g (1-based).
@@ -139,6 +163,70 @@ func cpuByKind(roots map[string]int) map[string]int64 {
 		walk(root, kind)
 	}
 	return out
+}
+
+// switchesByKind sums the context switches (voluntary and not, of every
+// thread: /proc/<pid>/task/*/status) of every live process below each root,
+// by kind as cpuByKind, except that below runnerd the provider host (a
+// runnerd process itself) is "provhost" and what it starts "provider".
+// Threads that exited take their counts with them (Go's seldom do).
+func switchesByKind(roots map[string]int) map[string]int64 {
+	tree := procTree()
+	out := map[string]int64{}
+	for name, root := range roots {
+		kind := name
+		if strings.HasPrefix(name, "runnergw") {
+			kind = "runnergw"
+		}
+		out[kind] += threadSwitches(root)
+		var walk func(pid int, kind string)
+		walk = func(pid int, kind string) {
+			for _, c := range tree.children[pid] {
+				k := kind
+				switch {
+				case kind == "runnergw" && tree.comm[c] == "runnerd":
+					k = "runnerd"
+				case kind == "runnerd" && tree.comm[c] == "runnerd":
+					k = "provhost"
+				case kind == "runnerd" || kind == "provhost":
+					k = "provider"
+				}
+				out[k] += threadSwitches(c)
+				walk(c, k)
+			}
+		}
+		walk(root, kind)
+	}
+	return out
+}
+
+// threadSwitches is the sum of voluntary_ctxt_switches and
+// nonvoluntary_ctxt_switches over the threads of process pid.
+func threadSwitches(pid int) int64 {
+	dir := filepath.Join("/proc", strconv.Itoa(pid), "task")
+	tasks, _ := os.ReadDir(dir)
+	var n int64
+	for _, t := range tasks {
+		raw, err := os.ReadFile(filepath.Join(dir, t.Name(), "status"))
+		if err != nil {
+			continue
+		}
+		n += switchesOf(string(raw))
+	}
+	return n
+}
+
+// switchesOf reads the two context-switch counters of a status file.
+func switchesOf(status string) int64 {
+	var n int64
+	for line := range strings.Lines(status) {
+		name, v, ok := strings.Cut(line, ":")
+		if ok && (name == "voluntary_ctxt_switches" || name == "nonvoluntary_ctxt_switches") {
+			x, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+			n += x
+		}
+	}
+	return n
 }
 
 type procs struct {
