@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"syscall"
 
 	"github.com/tether-run/tether/pkg/runnerstate"
@@ -122,7 +123,12 @@ func (l *IntentLog) Append(ins ...Intent) error {
 	return nil
 }
 
+// dataSyncs counts fdatasync calls (tests: the logs' appends sync their
+// data with it, not with a full fsync).
+var dataSyncs atomic.Int64
+
 func fdatasync(f *os.File) error {
+	dataSyncs.Add(1)
 	for {
 		err := syscall.Fdatasync(int(f.Fd()))
 		if !errors.Is(err, syscall.EINTR) {

