@@ -39,6 +39,7 @@ import (
 	executorv1 "github.com/tether-run/tether/pkg/gen/tether/executor/v1"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/scope"
+	"github.com/tether-run/tether/services/executor/internal/dispatch"
 	"github.com/tether-run/tether/services/executor/internal/store"
 )
 
@@ -355,7 +356,10 @@ func (b *bench) unaryGetRun(ctx context.Context) (result, error) {
 	if err != nil {
 		return result{}, err
 	}
-	if _, err := b.st.Submit(ctx, "p1-getrun", benchInput("p1-getrun")); err != nil {
+	// The run read is held by this process (a lease it does not renew, for
+	// the figure's length): the executor's dispatcher would otherwise claim
+	// it and retry it against the absent gateway while the figure runs.
+	if err := b.heldHead(ctx, "p1-getrun", benchInput("p1-getrun")); err != nil {
 		return result{}, err
 	}
 	addr, rawPID, stop, err := b.startRaw()
@@ -385,11 +389,32 @@ func (b *bench) unaryGetRun(ctx context.Context) (result, error) {
 		func(ctx context.Context, _, _, _ int) error { _, err := raw.GetRun(ctx, req); return err })
 }
 
+// heldHead stores run id and claims it for this process
+// (holderOwner, a lease of store.MaxLeaseTTL that is neither renewed nor driven):
+// its session's later runs queue behind it and the executor under
+// measurement never claims it.
+func (b *bench) heldHead(ctx context.Context, id string, in *prpv1.ExecutionInput) error {
+	// Stored and claimed in one transaction: the executor's dispatcher
+	// never sees it unclaimed.
+	_, c, _, err := b.st.SubmitClaim(ctx, id, in, holderOwner, store.MaxLeaseTTL, dispatch.SelfController(), nil)
+	if err == nil && c == nil {
+		err = fmt.Errorf("%s was not claimed at submission", id)
+	}
+	return err
+}
+
+// holderOwner holds the session heads of the unary figures.
+const holderOwner = "bench-holder"
+
 // unarySubmit is P1's SubmitRun figure. Each caller submits to a warm
-// session of its own: the first run of each is claimed (and its attempt fails
-// fast at the absent gateway, to retry later); the rest queue behind it, so
-// the figure is the submission path, not dispatch. The baseline is the raw
-// server's SubmitRun: the same rows inserted in one transaction.
+// session of its own whose head run this process holds (heldHead), so
+// every submission queues behind it, as a turn submitted while its session
+// is busy does: the figure is the submission path, not dispatch. (Until
+// 2026-12-07 the first run of each session was claimed by the executor at
+// submit, and its driver retried against the absent gateway for the whole
+// figure: 32 runs failing and backing off inside the executor's CPU per
+// call.) The baseline is the raw server's SubmitRun: the same rows
+// inserted in one transaction.
 func (b *bench) unarySubmit(ctx context.Context) (result, error) {
 	exe, err := b.executorProcess(ctx)
 	if err != nil {
@@ -414,6 +439,9 @@ func (b *bench) unarySubmit(ctx context.Context) (result, error) {
 	inputs := make([]*prpv1.ExecutionInput, b.cfg.unaryCallers)
 	for c := range inputs {
 		inputs[c] = benchInput(fmt.Sprintf("p1-submit-%d", c))
+		if err := b.heldHead(ctx, fmt.Sprintf("p1-head-%d", c), inputs[c]); err != nil {
+			return result{}, err
+		}
 	}
 	submit := func(client executorv1.ExecutorServiceClient, side string) func(ctx context.Context, s, c, i int) error {
 		return func(ctx context.Context, s, c, i int) error {
@@ -422,14 +450,10 @@ func (b *bench) unarySubmit(ctx context.Context) (result, error) {
 		}
 	}
 	probe := func(client executorv1.ExecutorServiceClient, side string) func() (proto.Message, error) {
-		// A run queued behind another in its session, as the measured
-		// ones are.
+		// A run queued behind the held head of caller 0's session, as
+		// the measured ones are.
 		return func() (proto.Message, error) {
-			in := benchInput("p1-size-" + side)
-			if _, err := client.SubmitRun(ctx, &executorv1.SubmitRunRequest{RunId: "p1-size-" + side + "-1", Input: in}); err != nil {
-				return nil, err
-			}
-			return client.SubmitRun(ctx, &executorv1.SubmitRunRequest{RunId: "p1-size-" + side + "-2", Input: in})
+			return client.SubmitRun(ctx, &executorv1.SubmitRunRequest{RunId: "p1-size-" + side, Input: inputs[0]})
 		}
 	}
 	if err := sameAnswerSize(ctx, "unary_submit", probe(tether, "t"), probe(raw, "r")); err != nil {
