@@ -52,6 +52,14 @@ type Config struct {
 	LogFormat string
 	// Logger, when set, is used as is.
 	Logger *slog.Logger
+	// AccessLog is how unary calls are logged: "summary" (the default)
+	// logs a failed call, or one that took AccessLogSlow (1s) or longer,
+	// on a line of its own and counts the others into one "grpc calls"
+	// line per AccessLogInterval (1m); "all" logs every call. With the
+	// logger at debug, the counted calls are logged too, at debug.
+	AccessLog         string
+	AccessLogSlow     time.Duration
+	AccessLogInterval time.Duration
 	// OTLPEndpoint turns on OpenTelemetry trace export (see StartTracing
 	// and pkg/telemetry); empty defers to OTEL_EXPORTER_OTLP_ENDPOINT.
 	OTLPEndpoint string
@@ -87,6 +95,9 @@ func RegisterFlags(fs *flag.FlagSet, name, defaultGRPC, defaultMetrics string) *
 	envflag.DurationVar(fs, &c.DrainDelay, "drain-delay", "", 0, "time to report NOT_SERVING before refusing new RPCs at shutdown")
 	envflag.StringVar(fs, &c.LogLevel, "log-level", "", "info", "log level: debug|info|warn|error")
 	envflag.StringVar(fs, &c.LogFormat, "log-format", "", "json", "log format: json|text")
+	envflag.StringVar(fs, &c.AccessLog, "access-log", "", AccessLogSummary, "unary calls' access log: summary (failed and slow calls on a line each, the others counted per method every -access-log-interval) | all (a line per call)")
+	envflag.DurationVar(fs, &c.AccessLogSlow, "access-log-slow", "", DefaultAccessLogSlow, "-access-log summary: a unary call this slow or slower is logged on a line of its own")
+	envflag.DurationVar(fs, &c.AccessLogInterval, "access-log-interval", "", DefaultAccessLogInterval, "-access-log summary: how often the counted calls are logged")
 	envflag.StringVar(fs, &c.OTLPEndpoint, "otlp-endpoint", "", "", "export OpenTelemetry traces over OTLP/gRPC to this endpoint (http://host:4317 plaintext, https:// TLS; empty: "+telemetry.EnvEndpoint+" or off)")
 	envflag.BoolVar(fs, &c.Pprof, "pprof", "", false, "serve Go profiles under /debug/pprof/ on -metrics-addr (for profiling; keep that address private)")
 	fs.BoolVar(&c.Version, "version", false, "print the build (version, commit, commit time, Go) and exit")

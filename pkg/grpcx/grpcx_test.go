@@ -766,7 +766,7 @@ func makeLeaf(t *testing.T, dir, name string, ca *x509.Certificate, caKey *ecdsa
 
 func TestHealthCallsLoggedAtDebug(t *testing.T) {
 	logs := &syncBuffer{}
-	h := startServer(t, func(c *Config) { c.Logger = NewLogger("info", "json", logs) })
+	h := startServer(t, func(c *Config) { c.Logger = NewLogger("info", "json", logs); c.AccessLog = AccessLogAll })
 	if _, err := healthpb.NewHealthClient(h.conn).Check(ctxT(t), &healthpb.HealthCheckRequest{}); err != nil {
 		t.Fatal(err)
 	}

@@ -1,6 +1,7 @@
 package grpcx
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -68,6 +69,8 @@ type Server struct {
 	drainMu  sync.Once
 	serving  atomic.Bool
 	ready    readiness
+
+	access *accessLog
 
 	mu         sync.Mutex
 	lis        net.Listener
@@ -143,6 +146,12 @@ func checkConfig(cfg Config) (Config, *slog.Logger, error) {
 	if err := checkFormat(cfg.LogFormat); err != nil && cfg.Logger == nil {
 		return cfg, nil, err
 	}
+	if err := checkAccessLog(cfg.AccessLog); err != nil {
+		return cfg, nil, err
+	}
+	if cfg.AccessLogSlow < 0 || cfg.AccessLogInterval < 0 {
+		return cfg, nil, errors.New("grpcx: -access-log-slow and -access-log-interval must not be negative")
+	}
 	log := cfg.Logger
 	if log == nil {
 		log = NewLogger(cfg.LogLevel, cfg.LogFormat, os.Stderr)
@@ -179,8 +188,17 @@ func (s *Server) serverOptions(peers peerCheck, validator protovalidate.Validato
 		logging.WithLogOnEvents(logging.FinishCall),
 		logging.WithFieldsFromContext(func(ctx context.Context) logging.Fields {
 			f, _ := ctx.Value(callFieldsKey{}).(*callFields)
-			return logging.Fields(f.args())
+			return append(replayFields(ctx), f.args()...)
 		}),
+	}
+	s.access = &accessLog{
+		log:      log,
+		full:     logging.UnaryServerInterceptor(slogAdapter(log), logOpts...),
+		all:      s.cfg.AccessLog == AccessLogAll,
+		slow:     cmp.Or(s.cfg.AccessLogSlow, DefaultAccessLogSlow),
+		interval: cmp.Or(s.cfg.AccessLogInterval, DefaultAccessLogInterval),
+		stop:     make(chan struct{}),
+		done:     make(chan struct{}),
 	}
 	rec := recovery.WithRecoveryHandlerContext(func(ctx context.Context, p any) error {
 		method, _ := grpc.Method(ctx)
@@ -192,7 +210,7 @@ func (s *Server) serverOptions(peers peerCheck, validator protovalidate.Validato
 		grpc.ChainUnaryInterceptor(
 			unaryFieldsInterceptor,
 			s.metrics.UnaryServerInterceptor(),
-			logging.UnaryServerInterceptor(slogAdapter(log), logOpts...),
+			s.access.unary,
 			unaryCodedErrors,
 			recovery.UnaryServerInterceptor(rec),
 			peers.unary,
@@ -237,7 +255,7 @@ func (s *Server) serverOptions(peers peerCheck, validator protovalidate.Validato
 func slogAdapter(l *slog.Logger) logging.Logger {
 	return logging.LoggerFunc(func(ctx context.Context, lvl logging.Level, msg string, fields ...any) {
 		level := slog.Level(lvl)
-		if level == slog.LevelInfo && isInfraCall(fields) {
+		if level == slog.LevelInfo && (demoted(ctx) || isInfraCall(fields)) {
 			level = slog.LevelDebug
 		}
 		l.Log(ctx, level, msg, fields...)
@@ -444,6 +462,8 @@ func (s *Server) ServeListener(ctx context.Context, lis net.Listener) error {
 	if !s.startHTTP(httpErr, wg.Done) {
 		wg.Done()
 	}
+	s.access.start()
+	defer s.access.close() // after the shutdown below: every call is counted
 	b := buildinfo.Read()
 	s.log.Info("serving", "grpc_addr", lis.Addr().String(), "metrics_addr", addrString(metricsLis), "http_addr", addrString(s.httpListener()), "tls", s.secure,
 		"version", b.Version, "commit", b.Commit, "go_version", b.Go)
