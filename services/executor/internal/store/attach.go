@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -184,10 +185,37 @@ func queueAttachFacts(b *pgx.Batch, runID, scope string, in *prpv1.ExecutionInpu
 // this transaction, is in flight): otherwise a one-time filter skips the
 // read, rows and all. The read's rows keep their order (a subquery scan
 // under a filter).
+//
+// The statements are built once per (sql, n) (claimedHereSQL): formatting
+// them on every submission was ≈ 4 % of the executor's CPU per SubmitRun
+// (SPEC P1).
 func claimedHere(sql string, n int) string {
-	return fmt.Sprintf(`SELECT * FROM (%s) claimed_here
+	k := claimedHereKey{sql, n}
+	claimedHereSQL.RLock()
+	s, ok := claimedHereSQL.m[k]
+	claimedHereSQL.RUnlock()
+	if ok {
+		return s
+	}
+	s = fmt.Sprintf(`SELECT * FROM (%s) claimed_here
  WHERE EXISTS (SELECT FROM executor.coordinators g WHERE g.run_id = $%d AND g.phase = 'observed' AND g.xmin = pg_current_xact_id()::xid)`, sql, n+1)
+	claimedHereSQL.Lock()
+	claimedHereSQL.m[k] = s
+	claimedHereSQL.Unlock()
+	return s
 }
+
+type claimedHereKey struct {
+	sql string
+	n   int
+}
+
+// claimedHereSQL are claimedHere's statements by claimedHereKey (a few
+// constant statements).
+var claimedHereSQL = struct {
+	sync.RWMutex
+	m map[claimedHereKey]string
+}{m: make(map[claimedHereKey]string)}
 
 // CheckpointOrder is the RestoreOrder of the scope's current checkpoint,
 // whose runner is RunnerInstanceID.

@@ -5,3 +5,6 @@ const PreviousInScopeSQL = previousInScopeSQL
 
 // PriorRunsSQL is priorRunsSQL, for the plan tests.
 const PriorRunsSQL = priorRunsSQL
+
+// ClaimedHere is claimedHere, for the allocation test.
+var ClaimedHere = claimedHere
