@@ -100,6 +100,10 @@ type config struct {
 	watchPace, idle, idleSettle    time.Duration
 	executor                       string
 	watchClient                    string
+
+	// unaryClaimed, when set (tests), receives how many runs of the unary
+	// figures the executor under measurement claimed (none: see heldHead).
+	unaryClaimed *int
 }
 
 // intList is a comma-separated list of sizes.

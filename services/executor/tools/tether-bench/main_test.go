@@ -43,6 +43,24 @@ func TestP1_EveryBenchFigureRunsOnTheCurrentSchema(t *testing.T) {
 	}))
 }
 
+// TestP1_TheUnaryFiguresMeasureNoRunTheExecutorClaimed: the unary
+// figures' sessions are headed by runs the bench holds, so the executor
+// under measurement claims none of their runs (it claimed the first run of
+// each unary_submit caller's session and the GetRun figure's run, and
+// retried them against the absent gateway for the whole figure).
+func TestP1_TheUnaryFiguresMeasureNoRunTheExecutorClaimed(t *testing.T) {
+	exe, err := testbin.Path("github.com/tether-run/tether/services/executor/cmd/executor")
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	claimed := 0
+	require.NoError(t, run(ctx, config{
+		duration: 300 * time.Millisecond, warmup: 50 * time.Millisecond, slices: 2,
+		figures: "unary_getrun,unary_submit", unaryCallers: 3, executor: exe, unaryClaimed: &claimed,
+	}))
+	require.Zero(t, claimed, "runs of the unary figures the executor claimed")
+}
+
 // TestL2_TheAppendCurveRunsOnThePartitionedTableWithAPurgeBeside: the
 // append curve of `make bench` (partitioning the events table, seeding
 // prior and expired runs with their partition key, measuring without and

@@ -384,9 +384,13 @@ func (b *bench) unaryGetRun(ctx context.Context) (result, error) {
 		func() (proto.Message, error) { return raw.GetRun(ctx, req) }); err != nil {
 		return result{}, err
 	}
-	return b.unaryFigure(ctx, "unary_getrun", "calls/s", exe.cmd.Process.Pid, rawPID,
+	res, err := b.unaryFigure(ctx, "unary_getrun", "calls/s", exe.cmd.Process.Pid, rawPID,
 		func(ctx context.Context, _, _, _ int) error { _, err := tether.GetRun(ctx, req); return err },
 		func(ctx context.Context, _, _, _ int) error { _, err := raw.GetRun(ctx, req); return err })
+	if err == nil {
+		err = b.claimedByExecutor(ctx, "unary_getrun")
+	}
+	return res, err
 }
 
 // heldHead stores run id and claims it for this process
@@ -405,6 +409,23 @@ func (b *bench) heldHead(ctx context.Context, id string, in *prpv1.ExecutionInpu
 
 // holderOwner holds the session heads of the unary figures.
 const holderOwner = "bench-holder"
+
+// claimedByExecutor counts the unary figures' runs (p1-…) that anyone but
+// holderOwner claimed: the executor's dispatcher driving (and retrying
+// against the absent gateway) what the figure should only submit or read.
+// It is printed after each unary figure, and is 0.
+func (b *bench) claimedByExecutor(ctx context.Context, name string) error {
+	var n int
+	if err := b.raw.QueryRow(ctx, `SELECT count(*) FROM executor.coordinators
+ WHERE run_id LIKE 'p1-%' AND attempt > 0 AND lease_owner IS DISTINCT FROM $1`, holderOwner).Scan(&n); err != nil {
+		return err
+	}
+	logf("%s: runs the executor claimed: %d", name, n)
+	if b.cfg.unaryClaimed != nil {
+		*b.cfg.unaryClaimed += n
+	}
+	return nil
+}
 
 // unarySubmit is P1's SubmitRun figure. Each caller submits to a warm
 // session of its own whose head run this process holds (heldHead), so
@@ -459,5 +480,9 @@ func (b *bench) unarySubmit(ctx context.Context) (result, error) {
 	if err := sameAnswerSize(ctx, "unary_submit", probe(tether, "t"), probe(raw, "r")); err != nil {
 		return result{}, err
 	}
-	return b.unaryFigure(ctx, "unary_submit", "runs/s", exe.cmd.Process.Pid, rawPID, submit(tether, "t"), submit(raw, "r"))
+	res, err := b.unaryFigure(ctx, "unary_submit", "runs/s", exe.cmd.Process.Pid, rawPID, submit(tether, "t"), submit(raw, "r"))
+	if err == nil {
+		err = b.claimedByExecutor(ctx, "unary_submit")
+	}
+	return res, err
 }
