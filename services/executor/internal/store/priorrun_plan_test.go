@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/tether-run/tether/services/executor/internal/store"
@@ -35,7 +36,19 @@ ANALYZE executor.runs; ANALYZE executor.scope_runners`)
 	require.NoError(t, err)
 	_, err = tx.Exec(ctx, `PREPARE prior_runs(text, text, text, text, text, int, text, int) AS `+store.PriorRunsSQL)
 	require.NoError(t, err)
-	rows, err := tx.Query(ctx, `EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) EXECUTE prior_runs('acme', 'a', 's', '', 'r20000', 16, 'big', 4)`)
+	text := explainAnalyze(ctx, t, tx, `EXECUTE prior_runs('acme', 'a', 's', '', 'r20000', 16, 'big', 4)`)
+	require.NotContains(t, text, "Seq Scan", text)
+	require.Contains(t, text, "runs_prior_session_idx", text)
+	require.Contains(t, text, "scope_runners_pkey", text)
+	require.Contains(t, text, "runs_submit_seq_key", text)
+	t.Log(text)
+}
+
+// explainAnalyze runs EXPLAIN ANALYZE of stmt in tx (costs, timing and the
+// summary left out) and returns the plan's text.
+func explainAnalyze(ctx context.Context, t *testing.T, tx pgx.Tx, stmt string) string {
+	t.Helper()
+	rows, err := tx.Query(ctx, `EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) `+stmt)
 	require.NoError(t, err)
 	var plan []string
 	for rows.Next() {
@@ -44,10 +57,5 @@ ANALYZE executor.runs; ANALYZE executor.scope_runners`)
 		plan = append(plan, line)
 	}
 	require.NoError(t, rows.Err())
-	text := strings.Join(plan, "\n")
-	require.NotContains(t, text, "Seq Scan", text)
-	require.Contains(t, text, "runs_prior_session_idx", text)
-	require.Contains(t, text, "scope_runners_pkey", text)
-	require.Contains(t, text, "runs_submit_seq_key", text)
-	t.Log(text)
+	return strings.Join(plan, "\n")
 }

@@ -210,16 +210,7 @@ ANALYZE executor.runs`)
 	_, err = tx.Exec(ctx, `PREPARE previous_in_scope(text) AS `+store.PreviousInScopeSQL)
 	require.NoError(t, err)
 	for _, run := range []string{"head", "r4000", "r3999", "r2"} {
-		rows, err := tx.Query(ctx, `EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) EXECUTE previous_in_scope('`+run+`')`)
-		require.NoError(t, err)
-		var plan []string
-		for rows.Next() {
-			var line string
-			require.NoError(t, rows.Scan(&line))
-			plan = append(plan, line)
-		}
-		require.NoError(t, rows.Err())
-		text := strings.Join(plan, "\n")
+		text := explainAnalyze(ctx, t, tx, `EXECUTE previous_in_scope('`+run+`')`)
 		require.Contains(t, text, "runs_session_idx", "%s:\n%s", run, text)
 		require.NotContains(t, text, "Rows Removed", "%s reads only the rows it returns:\n%s", run, text)
 	}

@@ -81,14 +81,9 @@ func fleetThroughput(ctx context.Context, st *stack.Stack, client executorv1.Exe
 		spread = append(spread, fmt.Sprintf("%s=%d", gatewayName(g), n))
 	}
 	fmt.Printf("  runners per gateway: %s\n", strings.Join(spread, " "))
-	kinds := make([]string, 0, len(after))
-	for k := range after {
-		kinds = append(kinds, k)
-	}
-	sort.Strings(kinds)
 	var parts []string
 	total := 0.0
-	for _, k := range kinds {
+	for _, k := range sortedKinds(after) {
 		ms := float64(after[k]-before[k]) * 1000 / float64(clockTicks) / float64(runs)
 		total += ms
 		fmt.Printf("  CPU per run  %-9s %7.2f ms\n", k, ms)
@@ -105,14 +100,9 @@ func fleetThroughput(ctx context.Context, st *stack.Stack, client executorv1.Exe
 // (switchesByKind's kinds): on a guest where every wake-up of a thread is
 // dear, how many each kind's share of a run cost.
 func printSwitches(before, after map[string]int64, runs int) {
-	kinds := make([]string, 0, len(after))
-	for k := range after {
-		kinds = append(kinds, k)
-	}
-	sort.Strings(kinds)
 	var parts []string
 	total := 0.0
-	for _, k := range kinds {
+	for _, k := range sortedKinds(after) {
 		n := float64(after[k]-before[k]) / float64(runs)
 		total += n
 		fmt.Printf("  context switches per run  %-9s %7.1f\n", k, n)
@@ -120,6 +110,16 @@ func printSwitches(before, after map[string]int64, runs int) {
 	}
 	fmt.Printf("  context switches per run  %-9s %7.1f\n", "total", total)
 	fmt.Printf("BENCH fleet_switches_per_run %s total=%.1f\n", strings.Join(parts, " "), total)
+}
+
+// sortedKinds are the process kinds counted in m, in order.
+func sortedKinds(m map[string]int64) []string {
+	kinds := make([]string, 0, len(m))
+	for k := range m {
+		kinds = append(kinds, k)
+	}
+	sort.Strings(kinds)
+	return kinds
 }
 
 // gatewayName is the stack name of gateway g (1-based).
