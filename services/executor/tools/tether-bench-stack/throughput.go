@@ -139,30 +139,13 @@ const clockTicks = 100
 // runnerd starts: the provider host, the shim and the fake provider).
 func cpuByKind(roots map[string]int) map[string]int64 {
 	tree := procTree()
-	out := map[string]int64{}
-	for name, root := range roots {
-		kind := name
-		if strings.HasPrefix(name, "runnergw") {
-			kind = "runnergw"
+	return sumByKind(roots, tree, func(pid int) int64 { return tree.cpu[pid] }, func(kind, _ string) string {
+		switch kind {
+		case "runnerd":
+			return "provider"
 		}
-		out[kind] += tree.cpu[root]
-		var walk func(pid int, kind string)
-		walk = func(pid int, kind string) {
-			for _, c := range tree.children[pid] {
-				k := kind
-				switch {
-				case kind == "runnergw" && tree.comm[c] == "runnerd":
-					k = "runnerd"
-				case kind == "runnerd":
-					k = "provider"
-				}
-				out[k] += tree.cpu[c]
-				walk(c, k)
-			}
-		}
-		walk(root, kind)
-	}
-	return out
+		return kind
+	})
 }
 
 // switchesByKind sums the context switches (voluntary and not, of every
@@ -171,27 +154,37 @@ func cpuByKind(roots map[string]int) map[string]int64 {
 // runnerd process itself) is "provhost" and what it starts "provider".
 // Threads that exited take their counts with them (Go's seldom do).
 func switchesByKind(roots map[string]int) map[string]int64 {
-	tree := procTree()
+	return sumByKind(roots, procTree(), threadSwitches, func(kind, comm string) string {
+		switch {
+		case kind == "runnerd" && comm == "runnerd":
+			return "provhost"
+		case kind == "runnerd" || kind == "provhost":
+			return "provider"
+		}
+		return kind
+	})
+}
+
+// sumByKind sums value over every process below each root, by kind: a
+// root's kind is its name ("runnergw-2" counts as "runnergw"), a runnerd
+// below a gateway is "runnerd", and below that below(parent's kind, the
+// child's command name) decides.
+func sumByKind(roots map[string]int, tree procs, value func(pid int) int64, below func(kind, comm string) string) map[string]int64 {
 	out := map[string]int64{}
 	for name, root := range roots {
 		kind := name
 		if strings.HasPrefix(name, "runnergw") {
 			kind = "runnergw"
 		}
-		out[kind] += threadSwitches(root)
+		out[kind] += value(root)
 		var walk func(pid int, kind string)
 		walk = func(pid int, kind string) {
 			for _, c := range tree.children[pid] {
-				k := kind
-				switch {
-				case kind == "runnergw" && tree.comm[c] == "runnerd":
+				k := below(kind, tree.comm[c])
+				if kind == "runnergw" && tree.comm[c] == "runnerd" {
 					k = "runnerd"
-				case kind == "runnerd" && tree.comm[c] == "runnerd":
-					k = "provhost"
-				case kind == "runnerd" || kind == "provhost":
-					k = "provider"
 				}
-				out[k] += threadSwitches(c)
+				out[k] += value(c)
 				walk(c, k)
 			}
 		}
