@@ -241,19 +241,7 @@ SELECT (SELECT count(*) FROM fence), (SELECT count(*) FROM ins), coalesce((SELEC
 func TestL2_AnExecutorOfThePreviousReleaseKeepsAppendingThroughTheMigrationAndThePartitioningWaitsForIt(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	upTo27 := func(ctx context.Context, db *sql.DB) error {
-		sub, err := fs.Sub(store.Migrations, "migrations")
-		if err != nil {
-			return err
-		}
-		p, err := goose.NewProvider(goose.DialectPostgres, db, sub, goose.WithTableName("executor_goose_version"))
-		if err != nil {
-			return err
-		}
-		_, err = p.UpTo(ctx, 27)
-		return err
-	}
-	dsn := pgtest.NewDB(t, pgtest.MigratorFunc("executor-upto-00027", upTo27))
+	dsn := pgtest.NewDB(t, migratedUpTo(27))
 	s, err := store.Open(ctx, dsn, runrules.New())
 	require.NoError(t, err)
 	defer s.Close()
@@ -399,4 +387,21 @@ UPDATE executor.coordinators SET attempt = attempt + 1, lease_owner = $2, lease_
        phase = 'observed', started_at = now()
  WHERE run_id = $1 RETURNING attempt`, runID, owner).Scan(&c.Attempt))
 	return c
+}
+
+// migratedUpTo is a test database migrator that applies the executor's
+// migrations up to version (a schema of an earlier release).
+func migratedUpTo(version int64) pgtest.Migrator {
+	return pgtest.MigratorFunc(fmt.Sprintf("executor-upto-%05d", version), func(ctx context.Context, db *sql.DB) error {
+		sub, err := fs.Sub(store.Migrations, "migrations")
+		if err != nil {
+			return err
+		}
+		p, err := goose.NewProvider(goose.DialectPostgres, db, sub, goose.WithTableName("executor_goose_version"))
+		if err != nil {
+			return err
+		}
+		_, err = p.UpTo(ctx, version)
+		return err
+	})
 }

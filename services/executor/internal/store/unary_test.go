@@ -2,9 +2,7 @@ package store_test
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
-	"io/fs"
 	"strings"
 	"sync"
 	"testing"
@@ -12,7 +10,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/pressly/goose/v3"
 	"github.com/stretchr/testify/require"
 
 	"github.com/tether-run/tether/pkg/failure"
@@ -157,19 +154,7 @@ func TestQ1_TheAdmissionGuardAppliesTheCompanysRowElseTheDefaults(t *testing.T) 
 func TestL3_ASubmissionBesideASchemaWithoutTheAdmissionGuardIsStored(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	upTo31 := func(ctx context.Context, db *sql.DB) error {
-		sub, err := fs.Sub(store.Migrations, "migrations")
-		if err != nil {
-			return err
-		}
-		p, err := goose.NewProvider(goose.DialectPostgres, db, sub, goose.WithTableName("executor_goose_version"))
-		if err != nil {
-			return err
-		}
-		_, err = p.UpTo(ctx, 31)
-		return err
-	}
-	s, err := store.Open(ctx, pgtest.NewDB(t, pgtest.MigratorFunc("executor-upto-00031", upTo31)), runrules.New())
+	s, err := store.Open(ctx, pgtest.NewDB(t, migratedUpTo(31)), runrules.New())
 	require.NoError(t, err)
 	t.Cleanup(s.Close)
 	created, err := s.Submit(ctx, "old-schema-1", input("s", "x"))
