@@ -128,7 +128,11 @@ func TestT6_AHugeRunIDIsRefusedAndLogsNoHugeLine(t *testing.T) {
 	h := startServer(t, nil)
 	client := executorv1.NewExecutorServiceClient(h.conn)
 	huge := strings.Repeat("r", 10<<20)
-	_, err := client.GetRun(ctxT(t), &executorv1.GetRunRequest{RunId: huge})
+	// A generous bound, as above: 10 MiB under -race on a loaded box took
+	// more than ctxT's 10 s once (a fresh clone's make test beside a chaos run).
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	_, err := client.GetRun(ctx, &executorv1.GetRunRequest{RunId: huge})
 	wantInvalidRequest(t, err, "run_id")
 	h.stop(t)
 	logs := h.logs.String()
