@@ -746,7 +746,12 @@ func toolResultEvents(call ToolCall, out ToolOutput, source, code string) []Even
 }
 
 // PendingToolCalls returns the call ids of tool calls waiting for an answer.
+// It takes emitMu like AnswerToolCall, so a call whose semantic_tool.input
+// was already emitted is always in the list (announceTool emits, then makes
+// the call pending, under emitMu).
 func (s *Session) PendingToolCalls() []string {
+	s.emitMu.Lock()
+	defer s.emitMu.Unlock()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	out := make([]string, 0, len(s.toolCalls))
