@@ -1,5 +1,7 @@
 package store
 
+import "time"
+
 // PreviousInScopeSQL is previousInScopeSQL, for the plan tests.
 const PreviousInScopeSQL = previousInScopeSQL
 
@@ -8,3 +10,7 @@ const PriorRunsSQL = priorRunsSQL
 
 // ClaimedHere is claimedHere, for the allocation test.
 var ClaimedHere = claimedHere
+
+// SetBusyScopeMemory sets how long a queued submission marks its scope
+// busy (busyScopes), for the tests.
+func SetBusyScopeMemory(s *Store, d time.Duration) { s.busy.memory = d }

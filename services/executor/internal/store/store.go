@@ -96,6 +96,8 @@ type Store struct {
 	committed func(runID string, evs []StoredEvent)
 	// clock is the store's clock for the current month (SetClock).
 	clock func() time.Time
+	// busy are the scopes SubmitClaim sends no first attach's reads for.
+	busy busyScopes
 }
 
 // OnEventsCommitted has fn called after each commit of this store that

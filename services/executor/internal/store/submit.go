@@ -133,9 +133,12 @@ type Preread struct {
 // right after its commit would, except for what commits in between: the
 // run was not visible to anyone before its commit (no cancellation of it
 // can be missed), and the claim holds the run's coordinator row. They are
-// read whether or not the run is claimed (a round trip costs more than
-// the reads); a result that cannot be decoded leaves Preread nil, and the
-// driver reads again.
+// sent whether or not the run is claimed (a round trip costs more than
+// the reads), except into a scope whose previous submission through this
+// store queued behind an unfinished run a moment ago (busyScopes): that
+// run most likely queues too, and is left without a Preread if it is
+// claimed after all. A result that cannot be decoded leaves Preread nil,
+// and the driver reads again.
 func (s *Store) SubmitClaim(ctx context.Context, runID string, in *prpv1.ExecutionInput, owner string, ttl time.Duration, ctl Controller, reads *AttachReads) (created bool, c *Claim, run *executorv1.Run, err error) {
 	end := synctrace.Begin("executor.submit+claim", runID)
 	args, digest, err := submitArgs(ctx, runID, in)
@@ -147,11 +150,18 @@ func (s *Store) SubmitClaim(ctx context.Context, runID string, in *prpv1.Executi
 		existing string
 		head     bool
 		pre      func() *Preread
+		sc       = args[submitArgScope].(string)
+		now      = time.Now()
 	)
+	if reads != nil && s.busy.busy(sc, now) {
+		// It will most likely queue (busyScopes): its driver reads
+		// what its first attach needs if it is claimed after all.
+		reads = nil
+	}
 	err = s.sendAdmitted(ctx, runID, in, func(b *pgx.Batch) {
 		created, existing, head, c, run = false, "", false, nil, nil
 		b.Queue(submitSQL, args...).QueryRow(func(row pgx.Row) error { return row.Scan(&created, &existing, &head) })
-		pre = queueSubmitClaim(b, runID, args[submitArgScope].(string), in, owner, ttl, ctl, reads, &c, &run)
+		pre = queueSubmitClaim(b, runID, sc, in, owner, ttl, ctl, reads, &c, &run)
 	})
 	end()
 	if err != nil {
@@ -159,6 +169,11 @@ func (s *Store) SubmitClaim(ctx context.Context, runID string, in *prpv1.Executi
 	}
 	if !created {
 		return false, nil, nil, checkResubmitted(ctx, s.pool, runID, in, digest, existing)
+	}
+	if c == nil && !head {
+		s.busy.queued(sc, now)
+	} else {
+		s.busy.idle(sc)
 	}
 	if c == nil {
 		if head {

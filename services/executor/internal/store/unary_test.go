@@ -93,8 +93,10 @@ func TestP1_ASubmissionQueuedBehindItsScopeReadsNoAttachFacts(t *testing.T) {
 	require.Equal(t, 9, statements, "the attach reads and the placement, each gated by the claim")
 	require.Positive(t, rows)
 
-	// The runs behind it queue: the same statements read no row.
-	for _, id := range []string{"q1", "q2", "q3"} {
+	// The runs behind it queue: the same statements read no row (and
+	// once one queued, the next ones do not send them: TestP1_ASubmission
+	// IntoAScopeThatJustQueuedSendsNoAttachReads).
+	for i, id := range []string{"q1", "q2", "q3"} {
 		r.reset()
 		created, c, run, err := s.SubmitClaim(ctx, id, input("busy", id), "o", time.Minute, ctl, reads)
 		require.NoError(t, err)
@@ -102,8 +104,103 @@ func TestP1_ASubmissionQueuedBehindItsScopeReadsNoAttachFacts(t *testing.T) {
 		require.Nil(t, c, "queued behind h1")
 		require.Equal(t, executorv1.RunState_RUN_STATE_QUEUED, run.GetState())
 		statements, rows = r.read(gated)
-		require.Equal(t, 9, statements)
+		if i == 0 {
+			require.Equal(t, 9, statements)
+		} else {
+			require.Zero(t, statements, "%s: the scope's previous submission queued", id)
+		}
 		require.Zero(t, rows, "%s queued: nothing is read for an attach", id)
+	}
+}
+
+// SPEC P1: a submission into a scope whose previous submission (through
+// the same store, within busyScopeMemory) queued behind an unfinished run
+// sends none of the nine gated attach reads: it will most likely queue as
+// well, and PostgreSQL's cost of those statements (bind, executor start
+// and end, even when their one-time filter reads nothing) was ≈ 40 % of
+// its CPU per queued SubmitRun. Counted: the statements of each
+// submission's batch (13 on the old code, 4: the admission guard, the
+// submission, the claim, the run). A run guessed wrong is claimed as
+// usual, without a Preread (its driver reads), and the next submission
+// reads again; so does one after the memory.
+func TestP1_ASubmissionIntoAScopeThatJustQueuedSendsNoAttachReads(t *testing.T) {
+	t.Parallel()
+	r := &batchRows{}
+	s, err := store.Open(context.Background(), pgtest.NewDB(t, Migrator), runrules.New(), pgstore.MaxConns(2), func(c *pgxpool.Config) {
+		c.ConnConfig.Tracer = r
+	})
+	require.NoError(t, err)
+	t.Cleanup(s.Close)
+	ctx := context.Background()
+	ctl := store.Controller{Addr: "127.0.0.1:1"}
+	reads := &store.AttachReads{PriorRuns: 16, GatewayTTL: gatewayTTL}
+	const gated = "claimed_here"
+	submit := func(id string) (statements, gatedStatements int, c *store.Claim) {
+		t.Helper()
+		r.reset()
+		created, c, _, err := s.SubmitClaim(ctx, id, input("burst", id), "o", time.Minute, ctl, reads)
+		require.NoError(t, err)
+		require.True(t, created)
+		r.mu.Lock()
+		statements = len(r.sqls)
+		r.mu.Unlock()
+		gatedStatements, _ = r.read(gated)
+		return statements, gatedStatements, c
+	}
+	end := func(c *store.Claim) {
+		t.Helper()
+		_, err := s.AppendEvents(ctx, c.Fence, []*prpv1.Event{event(c.RunID, "runner-1", 1, "run.terminal", map[string]any{
+			"turnTerminalState": "completed", "runTerminalState": "succeeded"})})
+		require.NoError(t, err)
+	}
+
+	n, g, b1 := submit("b1")
+	require.NotNil(t, b1, "the scope's first run is claimed")
+	require.NotNil(t, b1.Preread)
+	require.Equal(t, 13, n)
+	require.Equal(t, 9, g)
+	n, g, c := submit("b2")
+	require.Nil(t, c, "queued behind b1")
+	require.Equal(t, 13, n, "nothing queued in the scope before")
+	require.Equal(t, 9, g)
+	for _, id := range []string{"b3", "b4", "b5"} {
+		n, g, c = submit(id)
+		require.Nil(t, c, "%s queues behind b1", id)
+		require.Equal(t, 4, n, "%s: guard, submission, claim, run", id)
+		require.Zero(t, g)
+	}
+
+	// Every run of the scope ends: the next submission is guessed busy,
+	// claimed all the same, without the reads (its driver reads them).
+	end(b1)
+	for range 4 {
+		next, err := s.ClaimNext(ctx, "o", time.Minute, ctl)
+		require.NoError(t, err)
+		require.NotNil(t, next)
+		end(next)
+	}
+	n, g, c = submit("b6")
+	require.NotNil(t, c, "the scope is idle")
+	require.Nil(t, c.Preread, "guessed busy: the driver reads")
+	require.Equal(t, 4, n)
+	require.Zero(t, g)
+	run, err := s.GetRun(ctx, "b6")
+	require.NoError(t, err)
+	require.Equal(t, executorv1.RunState_RUN_STATE_RUNNING, run.GetState())
+	end(c)
+	n, g, c = submit("b7")
+	require.NotNil(t, c)
+	require.NotNil(t, c.Preread, "b6 headed the scope: read again")
+	require.Equal(t, 13, n)
+	require.Equal(t, 9, g)
+
+	// After the memory, a queued submission's successor reads again.
+	store.SetBusyScopeMemory(s, time.Nanosecond)
+	for _, id := range []string{"b8", "b9"} {
+		n, g, c = submit(id)
+		require.Nil(t, c)
+		require.Equal(t, 13, n, "%s: the scope's queued submission is forgotten at once", id)
+		require.Equal(t, 9, g)
 	}
 }
 
