@@ -230,7 +230,7 @@ func (r *Runner) applyAck(n uint64) {
 	r.j.ackDirty = true
 	r.j.outbox.Forget(n)
 	if s := r.j.saveOnAck; s != 0 && n >= s {
-		r.saveSoon()
+		r.saveTurnEnd()
 	}
 	if r.j.outbox.CompactDue() {
 		if err := r.j.save(); err != nil {

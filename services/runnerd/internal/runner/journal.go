@@ -54,6 +54,11 @@ type journal struct {
 	// it was asked for.
 	saveOnAck uint64
 	owedSince time.Time
+	// snappedAt is when the newest snapshot was asked for; snapDue, when
+	// not zero, is when a turn's end that was acknowledged within
+	// Config.TurnSnapshotEvery of it is saved (see Runner.saveTurnEnd).
+	snappedAt time.Time
+	snapDue   time.Time
 
 	// hold: events emitted now are held (held, no source seq yet) and
 	// journaled with the next batch — the provider events after a turn

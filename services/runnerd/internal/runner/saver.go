@@ -114,6 +114,8 @@ func (j *journal) saveAsync() (uint64, error) {
 	j.ackDirty = false // the snapshot holds the cursor
 	j.saveOnAck = 0    // and what waited for an acknowledgement
 	j.outcomesOwed = time.Time{}
+	j.snapDue = time.Time{} // and a turn's end waiting for its turn
+	j.snappedAt = time.Now()
 	if j.intents != nil {
 		if j.snapCovers == nil {
 			j.snapCovers = map[uint64]logCover{}
