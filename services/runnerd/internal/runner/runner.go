@@ -115,7 +115,7 @@ type Config struct {
 	// its tool.result; then it is answered failed with
 	// semantic_tool_timeout (SPEC R8). [10m]
 	SemanticToolTimeout time.Duration
-	Tick                time.Duration // [100ms] timer resolution
+	Tick                time.Duration // [100ms] timer resolution (while a timer is pending, see wakeIn)
 	// TurnStartedWait [2ms] bounds how long a started turn waits for the
 	// provider's turn.started (awaitTurnStarted).
 	TurnStartedWait time.Duration
@@ -133,6 +133,9 @@ type Config struct {
 
 	// OutboxSynced, when set, is called after each outbox fsync (tests).
 	OutboxSynced func([]statedir.Record)
+	// TimerFired, when set, is called each time the loop wakes for its
+	// timers alone (tests).
+	TimerFired func()
 	// StateSaved, when set, is called after each save of the state
 	// document, with the state as that save wrote it (tests).
 	StateSaved func(*runnerstate.State)
@@ -577,13 +580,14 @@ func (r *Runner) setExit(code int, reason string, immediate bool) {
 }
 
 func (r *Runner) loop(ctx context.Context) int {
-	tick := time.NewTicker(r.cfg.Tick)
-	defer tick.Stop()
-	now := time.Now()
-	r.lastActivity = now
-	r.link.disconnectedSince = now
+	timer := time.NewTimer(r.cfg.Tick)
+	defer timer.Stop()
+	start := time.Now()
+	r.lastActivity = start
+	r.link.disconnectedSince = start
 	for {
-		if code, done := r.checkTimers(time.Now()); done {
+		now := time.Now()
+		if code, done := r.checkTimers(now); done {
 			return code
 		}
 		if h := r.held; h != nil {
@@ -591,6 +595,7 @@ func (r *Runner) loop(ctx context.Context) int {
 			r.handleInbound(*h)
 			continue
 		}
+		timer.Reset(r.wakeIn(now))
 		turnDone, exited := r.sup.signals()
 		select {
 		case res := <-r.j.results():
@@ -616,9 +621,32 @@ func (r *Runner) loop(ctx context.Context) int {
 			r.onTurnDone(res)
 		case <-exited:
 			r.onProviderExit()
-		case <-tick.C:
+		case <-timer.C:
+			if r.cfg.TimerFired != nil {
+				r.cfg.TimerFired()
+			}
 		}
 	}
+}
+
+// wakeIn is how long the loop may wait for its next event before
+// checkTimers has something to do: a Tick while anything it checks often
+// is pending (an exit, no connection, a snapshot owed), else until the
+// live connection's silence or the session's idleness is due. A connected,
+// settled runnerd (a warm session between turns) then no longer wakes
+// itself, and its Go runtime, every Tick.
+func (r *Runner) wakeIn(now time.Time) time.Duration {
+	tick := r.cfg.Tick
+	if r.exit != nil || !r.link.connected() || r.j.saveOnAck != 0 || !r.j.snapDue.IsZero() || !r.j.outcomesOwed.IsZero() {
+		return tick
+	}
+	next := r.link.live.lastHeard.Add(r.cfg.SilenceTimeout)
+	if r.st.ActiveTurn == nil {
+		if idle := r.lastActivity.Add(r.cfg.IdleTimeout); idle.Before(next) {
+			next = idle
+		}
+	}
+	return max(next.Sub(now), tick)
 }
 
 // checkTimers handles reconnects, the reconnect grace, idleness and exits.
