@@ -61,8 +61,17 @@ func toStruct(m map[string]any) (*structpb.Struct, error) {
 	return s, nil
 }
 
-// encodeEnvelope is the compact protojson encoding of an event.
+// encodeEnvelope is the compact protojson encoding of an event (written
+// by appendEnvelope, else by protojson).
 func encodeEnvelope(ev *prpv1.Event) ([]byte, error) {
+	if b, ok := appendEnvelope(make([]byte, 0, 512), ev); ok {
+		return b, nil
+	}
+	return protojsonEnvelope(ev)
+}
+
+// protojsonEnvelope is encodeEnvelope by protojson and json.Compact.
+func protojsonEnvelope(ev *prpv1.Event) ([]byte, error) {
 	b, err := protojson.Marshal(ev)
 	if err != nil {
 		return nil, err
