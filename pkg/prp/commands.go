@@ -169,6 +169,21 @@ func LegacyPayload(c *prpv1.Command) (*structpb.Struct, error) {
 	return Payload(b)
 }
 
+// LegacyPayloadJSON is LegacyPayload's protojson form, written without
+// the Struct in between: the typed body's protojson, or that of c's
+// payload (nil without one). Parsed as JSON, it is the same value as
+// LegacyPayload's protojson (only the keys' order and the numbers'
+// spelling may differ).
+func LegacyPayloadJSON(c *prpv1.Command) ([]byte, error) {
+	if b := typedBody(c); b != nil {
+		return protojson.Marshal(b)
+	}
+	if p := c.GetPayload(); p != nil {
+		return protojson.Marshal(p)
+	}
+	return nil, nil
+}
+
 // Downgrade returns c in the form a runner of the previous release reads
 // (its body moved into payload); c itself when it has no typed body.
 func Downgrade(c *prpv1.Command) (*prpv1.Command, error) {

@@ -12,9 +12,9 @@ import (
 
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/tether-run/tether/pkg/askuser"
+	"github.com/tether-run/tether/pkg/digest"
 	"github.com/tether-run/tether/pkg/failure"
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/procgroup"
@@ -94,48 +94,36 @@ func ProviderErrorCode(err error) string {
 // two attempts of a run is the same command, and no digest of a credential
 // is journaled.
 func Fingerprint(c *prpv1.Command) (string, error) {
-	p, err := prp.LegacyPayload(c)
-	if err != nil {
-		return "", err
-	}
-	return fingerprint(c, withoutEnvironmentValues(p))
+	return fingerprintOf(c, true)
 }
 
 // legacyFingerprint is the fingerprint of a runnerd that hashed the
 // configured values too: a command journaled by it, resent to this one
 // (an upgrade during a takeover), is still recognized.
 func legacyFingerprint(c *prpv1.Command) (string, error) {
-	p, err := prp.LegacyPayload(c)
+	return fingerprintOf(c, false)
+}
+
+// fingerprintOf hashes c's payload (its configured environment's values
+// blanked when blank) as parsed from its protojson form: the typed body's
+// own (prp.LegacyPayloadJSON), not a Struct made of it and written again
+// — the canonical form of both is the same, keys sorted and numbers
+// written afresh.
+func fingerprintOf(c *prpv1.Command, blank bool) (string, error) {
+	raw, err := prp.LegacyPayloadJSON(c)
 	if err != nil {
 		return "", err
 	}
-	return fingerprint(c, p)
-}
-
-// withoutEnvironmentValues is payload with input.environment.configured's
-// values blanked (payload itself is not changed).
-func withoutEnvironmentValues(payload *structpb.Struct) *structpb.Struct {
-	conf := payload.GetFields()["input"].GetStructValue().GetFields()["environment"].GetStructValue().GetFields()["configured"].GetStructValue()
-	if len(conf.GetFields()) == 0 {
-		return payload
-	}
-	out := proto.CloneOf(payload)
-	for _, v := range out.GetFields()["input"].GetStructValue().GetFields()["environment"].GetStructValue().GetFields()["configured"].GetStructValue().GetFields() {
-		v.Kind = &structpb.Value_StringValue{}
-	}
-	return out
-}
-
-func fingerprint(c *prpv1.Command, p *structpb.Struct) (string, error) {
-	payload := json.RawMessage("{}")
-	if p != nil {
-		b, err := protojson.Marshal(p)
-		if err != nil {
+	var payload any = map[string]any{}
+	if raw != nil {
+		if payload, err = digest.ParseJSON(raw); err != nil {
 			return "", err
 		}
-		payload = b
 	}
-	b, err := prp.CanonicalJSON(map[string]any{
+	if blank {
+		blankEnvironmentValues(payload)
+	}
+	b, err := digest.Canonical(map[string]any{
 		"type":    c.GetType(),
 		"payload": payload,
 		"runId":   c.GetRunId(),
@@ -145,6 +133,20 @@ func fingerprint(c *prpv1.Command, p *structpb.Struct) (string, error) {
 	}
 	sum := sha256.Sum256(b)
 	return hex.EncodeToString(sum[:]), nil
+}
+
+// blankEnvironmentValues blanks the values of payload's
+// input.environment.configured (a parsed JSON object), in place.
+func blankEnvironmentValues(payload any) {
+	obj := func(v any, k string) map[string]any {
+		m, _ := v.(map[string]any)
+		o, _ := m[k].(map[string]any)
+		return o
+	}
+	conf := obj(obj(obj(payload, "input"), "environment"), "configured")
+	for k := range conf {
+		conf[k] = ""
+	}
 }
 
 func (r *Runner) sendResult(rec *runnerstate.CommandRecord) {

@@ -1,6 +1,8 @@
 package runner
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"testing"
 
@@ -89,4 +91,63 @@ func TestATypedCommandAndItsStructFormAreOneCommand(t *testing.T) {
 	fpTyped, err = Fingerprint(turn)
 	require.NoError(t, err)
 	require.Equal(t, fpLegacy, fpTyped)
+}
+
+// structFingerprint is the fingerprint as the previous code computed it:
+// the payload as a Struct (a typed body's protojson read back), values
+// blanked on the Struct, the Struct's protojson parsed again.
+func structFingerprint(t *testing.T, c *prpv1.Command, blank bool) string {
+	t.Helper()
+	p, err := prp.LegacyPayload(c)
+	require.NoError(t, err)
+	if conf := p.GetFields()["input"].GetStructValue().GetFields()["environment"].GetStructValue().GetFields()["configured"].GetStructValue(); blank && len(conf.GetFields()) > 0 {
+		p = proto.CloneOf(p)
+		for _, v := range p.GetFields()["input"].GetStructValue().GetFields()["environment"].GetStructValue().GetFields()["configured"].GetStructValue().GetFields() {
+			v.Kind = &structpb.Value_StringValue{}
+		}
+	}
+	payload := json.RawMessage("{}")
+	if p != nil {
+		payload, err = protojson.Marshal(p)
+		require.NoError(t, err)
+	}
+	b, err := prp.CanonicalJSON(map[string]any{"type": c.GetType(), "payload": payload, "runId": c.GetRunId()})
+	require.NoError(t, err)
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:])
+}
+
+// TestP4_ACommandIsFingerprintedFromItsOwnJSON: a command's fingerprint is
+// computed from its body's protojson parsed once, without the Struct the
+// previous code made of it and wrote again — the same fingerprints
+// (journaled ones are compared with them) in fewer allocations.
+func TestP4_ACommandIsFingerprintedFromItsOwnJSON(t *testing.T) {
+	in := &prpv1.ExecutionInput{
+		Task:        &prpv1.Task{Prompt: "hi \"there\"\n\u2028 🙂"},
+		Environment: &prpv1.ProviderEnvironment{Configured: map[string]string{"OPENAI_API_KEY": "sk", "B": "x"}, Inherit: []string{"PATH", "HOME"}},
+		Session:     &prpv1.Session{NormalizedSessionId: "s-1", Lifecycle: &prpv1.Lifecycle{Mode: prpv1.LifecycleMode_LIFECYCLE_MODE_WARM}},
+		Binding:     &prpv1.Binding{CompanyId: "co", AgentId: "ag"},
+	}
+	attach := prp.NewCommand(&prpv1.RunAttach{Input: in})
+	attach.CommandId, attach.RunId, attach.Type = "run-1/run.attach", "run-1", CmdRunAttach
+	turn := prp.NewCommand(&prpv1.TurnStart{Text: "hello"})
+	turn.CommandId, turn.RunId, turn.Type = "run-1/turn.start", "run-1", CmdTurnStart
+	untyped, err := structpb.NewStruct(map[string]any{"n": 1e21, "m": 1e-7, "z": 0.1, "i": 12345678, "neg": -2.5, "l": []any{nil, true, "s", map[string]any{"b": 1, "a": 2}},
+		"input": map[string]any{"environment": map[string]any{"configured": map[string]any{"K": 3.0, "L": map[string]any{"x": "y"}}}}})
+	require.NoError(t, err)
+	cmds := []*prpv1.Command{attach, turn,
+		{CommandId: "u", Type: "x.y", RunId: "run-2", Payload: untyped},
+		{CommandId: "e", Type: CmdTurnInterrupt, RunId: "run-3"}}
+	for _, c := range cmds {
+		fp, err := Fingerprint(c)
+		require.NoError(t, err)
+		require.Equal(t, structFingerprint(t, c, true), fp, c.GetCommandId())
+		legacy, err := legacyFingerprint(c)
+		require.NoError(t, err)
+		require.Equal(t, structFingerprint(t, c, false), legacy, c.GetCommandId())
+	}
+	old := testing.AllocsPerRun(100, func() { structFingerprint(t, attach, true) })
+	allocs := testing.AllocsPerRun(100, func() { _, _ = Fingerprint(attach) })
+	t.Logf("allocations per run.attach fingerprint: %.0f (through a Struct: %.0f)", allocs, old)
+	require.Less(t, allocs, old*0.7)
 }
