@@ -300,7 +300,7 @@ func (s *Store) RecordControl(ctx context.Context, f Fence, supersedeScope strin
 	})
 	if err == nil && appended {
 		s.eventsCommitted(f.RunID, nil)
-		s.notifyCommitted(ctx, EventsChannel, f.RunID)
+		s.notifyAfter(EventsChannel, f.RunID)
 	}
 	return err
 }
@@ -327,7 +327,7 @@ func (s *Store) RecordAttach(ctx context.Context, f Fence, supersedeScope string
 	appended, err := s.recordAttach(ctx, f, supersedeScope, events, runner)
 	if err == nil && appended {
 		s.eventsCommitted(f.RunID, nil)
-		s.notifyCommitted(ctx, EventsChannel, f.RunID)
+		s.notifyAfter(EventsChannel, f.RunID)
 	}
 	return err
 }
@@ -432,7 +432,7 @@ const supersedeCheckpointsSQL = `UPDATE executor.session_checkpoints SET superse
 
 // recordControl writes RecordControl's bookkeeping in tx; appended says it
 // appended events, which the caller announces once tx committed
-// (notifyCommitted: a NOTIFY inside the transaction would hold the
+// (notifyAfter: a NOTIFY inside the transaction would hold the
 // notification queue's lock through its WAL flush, so every notifying
 // commit meanwhile, e.g. the first events of this and other runs, waited
 // for it).

@@ -37,15 +37,19 @@ func TestP4_RecordAttachCommitsInThreeRoundTrips(t *testing.T) {
 	c := claimed(t, s, "r", "o")
 	stale := c.Fence
 	stale.Attempt++
+	s.FlushNotifications()
 	r.reset()
 	err = s.RecordAttach(ctx, stale, "s-r", rotated("r0"), rec)
 	require.EqualValues(t, failure.NativeSessionLeaseLost, failure.CodeOf(err), "%v", err)
+	s.FlushNotifications()
 	pgxTrips, wire, sql := r.count()
 	require.Equal(t, 2, pgxTrips, "BEGIN with the lock, ROLLBACK: %q", sql)
 	require.Equal(t, 2, wire, "%q", sql)
 
+	s.FlushNotifications()
 	r.reset()
 	require.NoError(t, s.RecordAttach(ctx, c.Fence, "s-r", rotated("r0"), rec))
+	s.FlushNotifications()
 	pgxTrips, wire, sql = r.count()
 	require.Equal(t, 4, pgxTrips, "BEGIN with the lock and reads, the writes, COMMIT; the notification: %q", sql)
 	require.Equal(t, 4, wire, "%q", sql)
@@ -64,8 +68,10 @@ func TestP4_RecordAttachCommitsInThreeRoundTrips(t *testing.T) {
 	require.Equal(t, "r:"+store.ControlInstance+":1", evs[0].Event.GetSourceEventId())
 
 	// The runner record alone is one statement.
+	s.FlushNotifications()
 	r.reset()
 	require.NoError(t, s.RecordAttach(ctx, c.Fence, "", nil, store.RunnerRecord{InstanceID: "runner-2"}))
+	s.FlushNotifications()
 	pgxTrips, _, sql = r.count()
 	require.Equal(t, 1, pgxTrips, "%q", sql)
 	run, err = s.GetRun(ctx, "r")
@@ -155,9 +161,11 @@ func TestP2_RecordingACancellationCommitsInThreeRoundTrips(t *testing.T) {
 	require.NoError(t, err)
 
 	claimed(t, s, "r", "o")
+	s.FlushNotifications()
 	r.reset()
 	out, err := s.RecordCancellation(ctx, store.CancelRequest{RunID: "r", Scope: "run", Reason: "stop", RequestID: "q1", Actor: "test"})
 	require.NoError(t, err)
+	s.FlushNotifications()
 	pgxTrips, wire, sql := r.count()
 	require.Equal(t, 3, pgxTrips, "BEGIN with the locks, the writes and the notification, COMMIT: %q", sql)
 	require.Equal(t, 3, wire, "%q", sql)

@@ -1018,7 +1018,7 @@ next:
 // count by the batch size (the UPDATE locks the run row, which serialises
 // the run's appends, and returns the count the batch's run-local seqs
 // follow) and inserts the batch; EventsChannel is notified after the commit
-// (notifyCommitted). A batch with an
+// (notifyAfter, beside the caller). A batch with an
 // event already stored under its (run, source instance, source seq) fails
 // on the events unique key, so the statement writes nothing; the caller
 // then takes the careful path. When the fence does not hold, nothing is
@@ -1079,7 +1079,7 @@ func (s *Store) appendFast(ctx context.Context, f Fence, evs []encodedEvent) (Ap
 		}
 		s.committed(f.RunID, stored)
 	}
-	s.notifyCommitted(ctx, EventsChannel, f.RunID)
+	s.notifyAfter(EventsChannel, f.RunID)
 	res := AppendResult{Inserted: n}
 	for _, e := range evs {
 		res.TurnStarted = res.TurnStarted || e.ev.GetEventType() == prp.EventTurnStarted && e.ev.GetRunId() == f.RunID

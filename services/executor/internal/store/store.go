@@ -98,6 +98,9 @@ type Store struct {
 	clock func() time.Time
 	// busy are the scopes SubmitClaim sends no first attach's reads for.
 	busy busyScopes
+	// notes sends the event appends' notifications after their commit
+	// (notifyAfter).
+	notes notifier
 }
 
 // OnEventsCommitted has fn called after each commit of this store that
@@ -160,8 +163,12 @@ func New(pool *pgxpool.Pool, rules Rules) *Store { return &Store{pool: pool, rul
 // Pool exposes the pool (for LISTEN connections and benchmarks).
 func (s *Store) Pool() *pgxpool.Pool { return s.pool }
 
-// Close closes the pool.
-func (s *Store) Close() { s.pool.Close() }
+// Close sends the notifications still pending (notifyAfter), then closes
+// the pool.
+func (s *Store) Close() {
+	s.FlushNotifications()
+	s.pool.Close()
+}
 
 // Fence is the exact lease a driver holds.
 type Fence struct {

@@ -149,9 +149,11 @@ func TestP4_TheTerminalBatchCommitsInThreeRoundTrips(t *testing.T) {
 	_, err := s.AppendEvents(ctx, c.Fence, deltas("r", "runner-1", 1, 3))
 	require.NoError(t, err)
 
+	s.FlushNotifications()
 	r.reset()
 	res, err := s.AppendEvents(ctx, c.Fence, endOf("r", 4, store.StateSucceeded))
 	require.NoError(t, err)
+	s.FlushNotifications()
 	pgxTrips, wire, sql := r.count()
 	require.Equal(t, 3, pgxTrips, "statements and batches sent: %q", sql)
 	require.Equal(t, 3, wire, "round trips on the wire: %q", sql)
@@ -190,10 +192,12 @@ func TestP4_AReplayedTerminalBatchIsDeduplicated(t *testing.T) {
 	// run's terminal.
 	_, err := s.AppendEvents(ctx, c.Fence, batch[:1])
 	require.NoError(t, err)
+	s.FlushNotifications()
 	r.reset()
 	res, err := s.AppendEvents(ctx, c.Fence, batch)
 	require.NoError(t, err)
 	require.Equal(t, store.AppendResult{Inserted: 1, Duplicates: 1, Terminal: true, Outcome: store.Terminal{State: store.StateSucceeded}}, res)
+	s.FlushNotifications()
 	pgxTrips, wire, sql := r.count()
 	require.Equal(t, 3, pgxTrips, "%q", sql)
 	require.Equal(t, 3, wire, "%q", sql)
@@ -203,8 +207,10 @@ func TestP4_AReplayedTerminalBatchIsDeduplicated(t *testing.T) {
 	require.Equal(t, executorv1.RunState_RUN_STATE_SUCCEEDED, run.GetState())
 
 	// The whole batch again, after the run's finish.
+	s.FlushNotifications()
 	r.reset()
 	res, err = s.AppendEvents(ctx, c.Fence, batch)
+	s.FlushNotifications()
 	pgxTrips, wire, sql = r.count()
 	require.EqualValues(t, failure.NativeSessionLeaseLost, failure.CodeOf(err), "%v", err)
 	require.Equal(t, codes.Aborted, status.Code(err))
@@ -304,9 +310,11 @@ func TestP4_ATerminalAcknowledgesItsCancellationInTheSameThreeRoundTrips(t *test
 		require.NoError(t, err)
 
 		f, intent := cancelled(t, s, "r")
+		s.FlushNotifications()
 		r.reset()
 		res, err := s.AppendEventsAcking(ctx, f, endOf("r", 1, store.StateCancelled), []string{"an-older-intent", intent})
 		require.NoError(t, err)
+		s.FlushNotifications()
 		pgxTrips, wire, sql := r.count()
 		require.Equal(t, 3, pgxTrips, "%q", sql)
 		require.Equal(t, 3, wire, "%q", sql)
@@ -367,10 +375,12 @@ func TestP4_ATerminalBatchThatOpensAnInteractionWaitsOnIt(t *testing.T) {
 	call := event("r", "runner-1", 1, "semantic_tool.input", askUserCall("call-1", map[string]any{
 		"title": "Pick one", "questions": []any{map[string]any{"id": "q", "prompt": "Which?",
 			"options": []any{map[string]any{"id": "a", "label": "A"}}}}}))
+	s.FlushNotifications()
 	r.reset()
 	res, err := s.AppendEvents(ctx, c.Fence, append([]*prpv1.Event{call}, endOf("r", 2, store.StateSucceeded)...))
 	require.NoError(t, err)
 	require.True(t, res.Terminal)
+	s.FlushNotifications()
 	pgxTrips, _, sql := r.count()
 	require.Equal(t, 5, pgxTrips, "BEGIN+reads, the insert and the interaction, the wait read, the finish, COMMIT: %q", sql)
 	list, _, err := s.ListInteractions(ctx, store.InteractionFilter{RunID: "r"}, "")
