@@ -75,6 +75,7 @@ SELECT ` + limitsColumns + `, s.company_id, s.spend, s.warned, s.exhausted, s.mo
 // settled is what settleSpendSQL returned (ok: a cost was added); month
 // is set before: the month to settle into.
 type settled struct {
+	queued            bool // queueSettle queued its statement
 	ok                bool
 	company           string
 	spend             float64
@@ -85,6 +86,7 @@ type settled struct {
 
 // queueSettle queues the spend of a run whose terminal carries a cost.
 func queueSettle(b *pgx.Batch, runID string, into *settled) {
+	into.queued = true
 	b.Queue(settleSpendSQL, runID, into.month).QueryRow(func(row pgx.Row) error {
 		var err error
 		into.limits, err = scanLimits(row, &into.company, &into.spend, &into.warned, &into.exhausted, &into.month)

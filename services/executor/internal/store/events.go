@@ -184,8 +184,8 @@ func refusedAfterTerminal(err error) string {
 
 // appendCareful is the careful path of a fenced append (AppendEvents), its
 // transaction pipelined (SPEC P4): its statements are sent in as few
-// round trips as their data dependencies allow, three for a run's
-// run.terminal (ten one by one):
+// round trips as their data dependencies allow, two for a run's
+// run.terminal (ten one by one; three with a cost to settle):
 //
 //  1. BEGIN; the fenced lock (the run's row, its event count); the park of
 //     what follows the run's terminal; the dedupe reads; with the run's
@@ -196,8 +196,15 @@ func refusedAfterTerminal(err error) string {
 //  2. what the fresh events write (fileFenced): the insert, the
 //     interactions, process and plan they record, the count, the run's
 //     finish (its coordinator fenced again), the notification, the
-//     acknowledgements.
-//  3. COMMIT.
+//     acknowledgements, and the COMMIT: a statement that fails, the
+//     finish's fence among them (finishGuardedSQL), skips what follows it
+//     in the batch, the COMMIT too, and the transaction is rolled back
+//     (or the acknowledgement alone, then committed). The order of the
+//     writes is what it was; only the COMMIT no longer waits for their
+//     results to be read first.
+//  3. COMMIT, only when the run's terminal carries a cost: the thresholds
+//     the month's spend crosses are recorded after the settlement's
+//     result is read (crossBudget).
 //
 // A replay with nothing fresh commits after the first. locked reports
 // that the fence held (the lock's row was read).
@@ -267,11 +274,24 @@ func (s *Store) appendCareful(ctx context.Context, rules Rules, f Fence, encoded
 		ack = &acking{intents: intents, hook: s.hooks.BeforeCancellationAck}
 		b.Queue(cancellationRecordSQL, f.RunID).QueryRow(func(row pgx.Row) error { return noRowsOK(row.Scan(&ack.raw)) })
 	}
-	br := s.pool.SendBatch(ctx, b)
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return res, false, err
+	}
+	// Released once the transaction ended: committed in fileFenced's last
+	// batch, or by the Commit or Rollback below (a connection still in a
+	// transaction would be closed by the pool instead).
+	defer conn.Release()
+	br := conn.SendBatch(ctx, b)
 	tx := br.Tx()
+	committed := false
 	// A no-op once committed; else it ends the transaction (BeginFunc's
-	// rule) and hands the connection back.
-	defer func() { _ = tx.Rollback(ctx) }()
+	// rule).
+	defer func() {
+		if !committed {
+			_ = tx.Rollback(ctx)
+		}
+	}()
 	if err = br.Close(); lost {
 		return AppendResult{}, false, ErrLeaseLost(f)
 	}
@@ -292,9 +312,13 @@ func (s *Store) appendCareful(ctx context.Context, rules Rules, f Fence, encoded
 	if gov.ok {
 		pre = &gov
 	}
-	if err = fileFenced(ctx, tx, rules, s.Month(), f, count, terminalLast(sourceOrdered(append(ffresh, fresh...))), &res, pre, ack); err != nil {
+	if err = fileFenced(ctx, tx, rules, s.Month(), f, count, terminalLast(sourceOrdered(append(ffresh, fresh...))), &res, pre, ack, &committed); err != nil {
 		return res, locked, err
 	}
+	if committed {
+		return res, locked, nil
+	}
+	committed = true // Commit ends the transaction, whatever it returns
 	return res, locked, tx.Commit(ctx)
 }
 
@@ -387,7 +411,7 @@ func terminalLast(evs []encodedEvent) []encodedEvent {
 // statements go in one batch (one round trip); in two, around the
 // governed wait read, when a succeeded terminal's read was not made ahead
 // (pre) or the events may open interactions (the read must see them).
-func fileFenced(ctx context.Context, tx pgx.Tx, rules Rules, month time.Time, f Fence, count int64, fresh []encodedEvent, res *AppendResult, pre *governedRead, ack *acking) error {
+func fileFenced(ctx context.Context, tx pgx.Tx, rules Rules, month time.Time, f Fence, count int64, fresh []encodedEvent, res *AppendResult, pre *governedRead, ack *acking, committed *bool) error {
 	if len(fresh) == 0 {
 		return nil
 	}
@@ -449,7 +473,7 @@ func fileFenced(ctx context.Context, tx pgx.Tx, rules Rules, month time.Time, f 
 			}
 		}
 		// The run's finish counts the rows too: one update of its row.
-		if err := queueFinish(b, f, t, len(fresh), &lost, spent); err != nil {
+		if err := queueFinishAs(b, f, t, len(fresh), &lost, spent, committed != nil); err != nil {
 			return err
 		}
 	}
@@ -457,7 +481,21 @@ func fileFenced(ctx context.Context, tx pgx.Tx, rules Rules, month time.Time, f 
 	if terminal != nil && ack != nil {
 		acked = queueAcks(ctx, b, f, ack, res)
 	}
-	if err := tx.SendBatch(ctx, b).Close(); lost {
+	// The COMMIT goes with the writes (one round trip fewer), unless the
+	// month's spend is settled: the thresholds it crosses are recorded
+	// after its result is read (crossBudget). A statement of the batch that
+	// fails, the lost fence among them (queueFinishAs), skips the rest of
+	// the batch, COMMIT included, and the transaction is rolled back, or
+	// the acknowledgement alone (its savepoint) and committed after, as
+	// before.
+	pipelined := committed != nil && !spent.queued
+	if pipelined {
+		b.Queue(`COMMIT`).Exec(func(tag pgconn.CommandTag) error {
+			*committed = tag.String() == "COMMIT"
+			return nil
+		})
+	}
+	if err := tx.SendBatch(ctx, b).Close(); lost || isFenceGuard(err) {
 		return ErrLeaseLost(f)
 	} else if err != nil {
 		if !acked.begun {
@@ -730,7 +768,7 @@ func fileParked(ctx context.Context, tx pgx.Tx, rules Rules, month time.Time, f 
 		return count, err
 	}
 	var res AppendResult
-	if err := fileFenced(ctx, tx, rules, month, f, count, fresh, &res, nil, nil); err != nil {
+	if err := fileFenced(ctx, tx, rules, month, f, count, fresh, &res, nil, nil, nil); err != nil {
 		return count, err
 	}
 	return count + int64(res.Inserted), nil
@@ -809,6 +847,29 @@ func finishRun(ctx context.Context, tx pgx.Tx, rules Rules, month time.Time, f F
 // and its state and result, with the rows filed beside it (added to its
 // event count).
 func queueFinish(b *pgx.Batch, f Fence, t Terminal, rows int, lost *bool, spent *settled) error {
+	return queueFinishAs(b, f, t, rows, lost, spent, false)
+}
+
+// finishGuardedSQL is the run's fenced coordinator update that fails
+// (division by zero, isFenceGuard) when the fence does not hold, so that a
+// COMMIT pipelined behind it is skipped with the rest of its batch.
+const finishGuardedSQL = `
+WITH c AS (
+  UPDATE executor.coordinators SET phase = $4, lease_expires_at = now()
+   WHERE run_id = $1 AND lease_owner = $2 AND attempt = $3 AND phase = 'observed'
+  RETURNING 1)
+SELECT 1 / count(*)::int FROM c`
+
+// isFenceGuard reports whether err is finishGuardedSQL's refusal: the
+// fence did not hold at the run's finish.
+func isFenceGuard(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "22012"
+}
+
+// queueFinishAs is queueFinish; guarded, a lost fence fails the batch
+// (finishGuardedSQL) instead of setting *lost, for a batch that commits.
+func queueFinishAs(b *pgx.Batch, f Fence, t Terminal, rows int, lost *bool, spent *settled, guarded bool) error {
 	var (
 		result                      []byte
 		usageIn, usageCached, usOut *int64
@@ -833,13 +894,17 @@ func queueFinish(b *pgx.Batch, f Fence, t Terminal, rows int, lost *bool, spent 
 	if t.State == StateFailed {
 		phase = PhaseTerminalFailure
 	}
-	b.Queue(`
+	if guarded {
+		b.Queue(finishGuardedSQL, f.RunID, f.Owner, int64(f.Attempt), phase)
+	} else {
+		b.Queue(`
 UPDATE executor.coordinators SET phase = $4, lease_expires_at = now()
  WHERE run_id = $1 AND lease_owner = $2 AND attempt = $3 AND phase = 'observed'`,
-		f.RunID, f.Owner, int64(f.Attempt), phase).Exec(func(tag pgconn.CommandTag) error {
-		*lost = tag.RowsAffected() == 0
-		return nil
-	})
+			f.RunID, f.Owner, int64(f.Attempt), phase).Exec(func(tag pgconn.CommandTag) error {
+			*lost = tag.RowsAffected() == 0
+			return nil
+		})
+	}
 	b.Queue(`
 UPDATE executor.runs SET state = $2, result = $3, failure_code = nullif($4, ''), failure_message = nullif($5, ''),
        plan = coalesce(nullif($6, ''), plan),
