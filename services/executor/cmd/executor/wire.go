@@ -245,7 +245,8 @@ func (e *executor) registerAPI() error {
 func (e *executor) serve(ctx context.Context) error {
 	bg, cancelBG := context.WithCancel(context.Background())
 	defer cancelBG()
-	go e.hub.Listen(bg, e.st.Pool(), watch.Handlers{RunDue: e.d.NotifiedRun, Cancel: e.d.CancelKick}, e.log)
+	go e.hub.Listen(bg, e.st.Pool(), watch.Handlers{RunDue: e.d.NotifiedRun, Cancel: e.d.CancelKick,
+		Own: e.st.TakeOwnNotification, Forget: e.st.ForgetOwnNotifications}, e.log)
 	swept := background(e.cfg.IdleSweepInterval > 0, func() { e.sus.Run(bg) })
 	drained := background(e.cfg.DrainSweepInterval > 0, func() { e.drainer.Run(bg) })
 	purged := background(e.cfg.RetentionInterval > 0, func() { e.purger.Run(bg) })

@@ -663,6 +663,13 @@ type Handlers struct {
 	RunDue func(runID string)
 	// Cancel is called with a run id whose cancellation awaits dispatch.
 	Cancel func(runID string)
+	// Own, when set, reports whether a notification of a run's events,
+	// sent by the backend pid, announces a commit of this process whose
+	// events the hub was offered already (Offer; store.TakeOwnNotification):
+	// no feed reads for it (SPEC P4). Forget is called whenever the
+	// listener (re)connects: notifications may have been missed.
+	Own    func(pid uint32, runID string) bool
+	Forget func()
 }
 
 // Listen holds a dedicated connection LISTENing on the events, runs and
@@ -701,6 +708,9 @@ func (h *Hub) listenOnce(ctx context.Context, pool *pgxpool.Pool, hs Handlers) e
 		_, _ = conn.Exec(uctx, "UNLISTEN *")
 		cancel()
 	}()
+	if hs.Forget != nil {
+		hs.Forget()
+	}
 	h.notifyAll()
 	for {
 		n, err := conn.Conn().WaitForNotification(ctx)
@@ -709,6 +719,9 @@ func (h *Hub) listenOnce(ctx context.Context, pool *pgxpool.Pool, hs Handlers) e
 		}
 		switch n.Channel {
 		case store.EventsChannel:
+			if hs.Own != nil && hs.Own(n.PID, n.Payload) {
+				continue // offered at its commit
+			}
 			h.Notify(n.Payload)
 		case store.RunsChannel:
 			if hs.RunDue != nil {
