@@ -325,16 +325,19 @@ func (s *Store) RecordAttach(ctx context.Context, f Fence, supersedeScope string
 		return recordRunner(ctx, s.pool, f, runner)
 	}
 	appended, err := s.recordAttach(ctx, f, supersedeScope, events, runner)
-	if err == nil && appended {
-		s.eventsCommitted(f.RunID, nil)
+	if err == nil && len(appended) > 0 {
+		// The run's watchers here are handed the control events with their
+		// seqs (SPEC P4: no read for them); parked events filed before
+		// them leave a gap the feed reads.
+		s.eventsCommitted(f.RunID, appended)
 		s.notifyAfter(EventsChannel, f.RunID)
 	}
 	return err
 }
 
-// recordAttach is RecordAttach's pipelined transaction; appended says it
-// appended control events.
-func (s *Store) recordAttach(ctx context.Context, f Fence, supersedeScope string, events []ControlEvent, runner RunnerRecord) (appended bool, err error) {
+// recordAttach is RecordAttach's pipelined transaction; appended are the
+// control events it appended, as stored.
+func (s *Store) recordAttach(ctx context.Context, f Fence, supersedeScope string, events []ControlEvent, runner RunnerRecord) (appended []StoredEvent, err error) {
 	var (
 		count, controls int64
 		lost            bool // the lock (or the runner record) found no row: the fence does not hold
@@ -383,18 +386,18 @@ func (s *Store) recordAttach(ctx context.Context, f Fence, supersedeScope string
 	// connection back.
 	defer func() { _ = tx.Rollback(ctx) }()
 	if err = br.Close(); lost {
-		return false, ErrLeaseLost(f)
+		return nil, ErrLeaseLost(f)
 	}
 	if err != nil {
-		return false, err
+		return nil, err
 	}
 	if parkedErr != nil {
-		return false, parkedErr
+		return nil, parkedErr
 	}
 	// SPEC R9: what was parked for the scope goes first, then the control
 	// events.
 	if count, err = fileParked(ctx, tx, s.rules, s.Month(), f, count, parked); err != nil {
-		return false, err
+		return nil, err
 	}
 	var control []encodedEvent
 	for i, ev := range events {
@@ -403,27 +406,33 @@ func (s *Store) recordAttach(ctx context.Context, f Fence, supersedeScope string
 		}
 		e, err := encodeControlEvent(f.RunID, controls+int64(len(control))+1, ev.Type, ev.Payload)
 		if err != nil {
-			return false, err
+			return nil, err
 		}
 		control = append(control, e)
 	}
 	w := &pgx.Batch{}
 	if len(control) > 0 {
 		if err := insertEvents(ctx, queued{w}, f.RunID, count, f.Attempt, control); err != nil {
-			return false, err
+			return nil, err
 		}
 		w.Queue(`UPDATE executor.runs SET event_count = event_count + $2 WHERE run_id = $1`, f.RunID, int64(len(control)))
 	}
 	if err := queueRecordRunner(w, f, runner, &lost); err != nil {
-		return false, err
+		return nil, err
 	}
 	if err := tx.SendBatch(ctx, w).Close(); err != nil {
-		return false, err
+		return nil, err
 	}
 	if lost {
-		return false, ErrLeaseLost(f)
+		return nil, ErrLeaseLost(f)
 	}
-	return len(control) > 0, tx.Commit(ctx)
+	if err := tx.Commit(ctx); err != nil {
+		return nil, err
+	}
+	for i, e := range control {
+		appended = append(appended, StoredEvent{Seq: uint64(count) + uint64(i) + 1, Event: e.ev})
+	}
+	return appended, nil
 }
 
 // supersedeCheckpointsSQL supersedes scope $1's current checkpoints.

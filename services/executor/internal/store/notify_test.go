@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/proto"
 
 	prpv1 "github.com/tether-run/tether/pkg/gen/tether/prp/v1"
 	"github.com/tether-run/tether/pkg/testing/pgtest"
@@ -110,4 +111,42 @@ func TestP4_AnAppendReturnsWithoutWaitingForItsNotification(t *testing.T) {
 	evs, err := s.EventsAfter(ctx, "r", 0, 10)
 	require.NoError(t, err)
 	require.Len(t, evs, 7)
+}
+
+// SPEC P4: an attach's bookkeeping hands the control events it appended to
+// the store's listener as stored, with their seqs (the run's watchers on
+// this replica publish them without reading; the previous code handed
+// nothing, so each attach cost the run's feed a read), after the parked
+// events it filed first.
+func TestP4_AnAttachsControlEventsAreHandedOverAsStored(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := newStore(t)
+	type commit struct {
+		run string
+		evs []store.StoredEvent
+	}
+	var (
+		mu      sync.Mutex
+		commits []commit
+	)
+	s.OnEventsCommitted(func(run string, evs []store.StoredEvent) {
+		mu.Lock()
+		defer mu.Unlock()
+		commits = append(commits, commit{run, evs})
+	})
+	c := claimed(t, s, "r", "o")
+	rotated := []store.ControlEvent{{Type: "session.authority_rotated", Payload: &prpv1.SessionAuthorityRotated{PreviousRunId: "r0"}}}
+	require.NoError(t, s.RecordAttach(ctx, c.Fence, "s-r", rotated, store.RunnerRecord{InstanceID: "runner-1"}))
+	stored, err := s.EventsAfter(ctx, "r", 0, 10)
+	require.NoError(t, err)
+	require.Len(t, stored, 1)
+	mu.Lock()
+	require.Len(t, commits, 1)
+	got := commits[0]
+	mu.Unlock()
+	require.Equal(t, "r", got.run)
+	require.Len(t, got.evs, 1, "the control event, handed over")
+	require.Equal(t, stored[0].Seq, got.evs[0].Seq)
+	require.True(t, proto.Equal(stored[0].Event, got.evs[0].Event), "%v\n%v", stored[0].Event, got.evs[0].Event)
 }
