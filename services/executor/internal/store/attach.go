@@ -312,9 +312,11 @@ func (s *Store) RecordControl(ctx context.Context, f Fence, supersedeScope strin
 // for this commit): BEGIN, the fenced lock, the checkpoints' supersede, the
 // parked events taken, the replacement applied and the count of the run's
 // control events in one round trip; the control events' insert, the run's
-// event count and the runner record in a second; COMMIT — three round trips
-// where the statements one by one took about nine. Parked events found are
-// filed in between as before, the control events after them.
+// event count, the runner record and the COMMIT in a second — two round
+// trips where the statements one by one took about nine (three before the
+// COMMIT went with the writes: a fence lost since the lock now fails the
+// runner record's statement, and the COMMIT with it). Parked events found
+// are filed in between as before, the control events after them.
 func (s *Store) RecordAttach(ctx context.Context, f Fence, supersedeScope string, events []ControlEvent, runner RunnerRecord) error {
 	defer synctrace.BeginNote("executor.attach", f.RunID, func() string {
 		return synctrace.Types(len(events), func(i int) string { return events[i].Type })
@@ -340,7 +342,7 @@ func (s *Store) RecordAttach(ctx context.Context, f Fence, supersedeScope string
 func (s *Store) recordAttach(ctx context.Context, f Fence, supersedeScope string, events []ControlEvent, runner RunnerRecord) (appended []StoredEvent, err error) {
 	var (
 		count, controls int64
-		lost            bool // the lock (or the runner record) found no row: the fence does not hold
+		lost            bool // the lock found no row: the fence does not hold
 		parked          []encodedEvent
 		parkedErr       error
 		first           = make([]bool, len(events)) // the event is to be appended
@@ -380,11 +382,21 @@ func (s *Store) recordAttach(ctx context.Context, f Fence, supersedeScope string
 			return row.Scan(&controls)
 		})
 	}
-	br := s.pool.SendBatch(ctx, b)
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return nil, err
+	}
+	// Released once the transaction ended (committed with the writes, or
+	// rolled back below).
+	defer conn.Release()
+	br := conn.SendBatch(ctx, b)
 	tx := br.Tx()
-	// A no-op once committed; else it ends the transaction and hands the
-	// connection back.
-	defer func() { _ = tx.Rollback(ctx) }()
+	committed := false
+	defer func() {
+		if !committed {
+			_ = tx.Rollback(ctx)
+		}
+	}()
 	if err = br.Close(); lost {
 		return nil, ErrLeaseLost(f)
 	}
@@ -417,17 +429,24 @@ func (s *Store) recordAttach(ctx context.Context, f Fence, supersedeScope string
 		}
 		w.Queue(`UPDATE executor.runs SET event_count = event_count + $2 WHERE run_id = $1`, f.RunID, int64(len(control)))
 	}
-	if err := queueRecordRunner(w, f, runner, &lost); err != nil {
+	// The COMMIT goes with the writes (one round trip fewer, SPEC P4): a
+	// fence lost since the lock fails the runner record's statement
+	// (recordRunnerGuardedSQL), which skips the COMMIT, and the
+	// transaction is rolled back.
+	if err := queueRecordRunnerGuarded(w, f, runner); err != nil {
 		return nil, err
 	}
-	if err := tx.SendBatch(ctx, w).Close(); err != nil {
-		return nil, err
-	}
-	if lost {
+	w.Queue(`COMMIT`).Exec(func(tag pgconn.CommandTag) error {
+		committed = tag.String() == "COMMIT"
+		return nil
+	})
+	if err := tx.SendBatch(ctx, w).Close(); isFenceGuard(err) {
 		return nil, ErrLeaseLost(f)
-	}
-	if err := tx.Commit(ctx); err != nil {
+	} else if err != nil {
 		return nil, err
+	}
+	if !committed {
+		return nil, errors.New("store: the attach's bookkeeping did not commit")
 	}
 	for i, e := range control {
 		appended = append(appended, StoredEvent{Seq: uint64(count) + uint64(i) + 1, Event: e.ev})

@@ -16,10 +16,12 @@ import (
 // SPEC P4: a warm attach's bookkeeping (the fenced lock, the checkpoints'
 // supersede, the parked events, the authority rotation's control event,
 // the run's event count, the runner record) is pipelined: BEGIN with the
-// lock and the reads, the writes, COMMIT — three round trips where the
-// statements one by one took nine; the notification follows the commit.
-// A stale fence writes nothing in two (BEGIN with the lock, ROLLBACK).
-func TestP4_RecordAttachCommitsInThreeRoundTrips(t *testing.T) {
+// lock and the reads, then the writes with the COMMIT — two round trips
+// where the statements one by one took nine (three with the COMMIT after
+// the writes' results were read); the notification follows the commit,
+// beside the caller. A stale fence writes nothing in two (BEGIN with the
+// lock, ROLLBACK).
+func TestP4_RecordAttachCommitsInTwoRoundTrips(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	s, r := countedStore(t)
@@ -51,8 +53,8 @@ func TestP4_RecordAttachCommitsInThreeRoundTrips(t *testing.T) {
 	require.NoError(t, s.RecordAttach(ctx, c.Fence, "s-r", rotated("r0"), rec))
 	s.FlushNotifications()
 	pgxTrips, wire, sql = r.count()
-	require.Equal(t, 4, pgxTrips, "BEGIN with the lock and reads, the writes, COMMIT; the notification: %q", sql)
-	require.Equal(t, 4, wire, "%q", sql)
+	require.Equal(t, 3, pgxTrips, "BEGIN with the lock and reads, the writes with the COMMIT; the notification: %q", sql)
+	require.Equal(t, 3, wire, "%q", sql)
 
 	run, err := s.GetRun(ctx, "r")
 	require.NoError(t, err)
@@ -185,4 +187,36 @@ func TestP2_RecordingACancellationCommitsInThreeRoundTrips(t *testing.T) {
 
 	_, err = s.RecordCancellation(ctx, store.CancelRequest{RunID: "nope", Scope: "run", Reason: "x"})
 	require.EqualValues(t, failure.RunNotFound, failure.CodeOf(err), "%v", err)
+}
+
+// SPEC P4, R9: the fence lost between the bookkeeping's lock and its
+// runner record (the COMMIT pipelined behind the record) writes nothing:
+// the record's statement fails, the COMMIT is skipped and the transaction
+// rolled back (a trigger stands in for the takeover, taking the
+// coordinator as the control event lands).
+func TestP4_RecordAttachLosingItsFenceAtTheRunnerRecordWritesNothing(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := newStore(t)
+	c := claimed(t, s, "r", "o")
+	_, err := s.Pool().Exec(ctx, `
+CREATE FUNCTION executor.test_take_over() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  UPDATE executor.coordinators SET lease_owner = 'thief' WHERE run_id = NEW.run_id;
+  RETURN NEW;
+END $$;
+CREATE TRIGGER test_take_over AFTER INSERT ON executor.events FOR EACH ROW
+  WHEN (NEW.event_type = 'session.authority_rotated') EXECUTE FUNCTION executor.test_take_over();`)
+	require.NoError(t, err)
+	err = s.RecordAttach(ctx, c.Fence, "s-r", []store.ControlEvent{{Type: "session.authority_rotated",
+		Payload: &prpv1.SessionAuthorityRotated{PreviousRunId: "r0"}}}, store.RunnerRecord{InstanceID: "runner-1"})
+	require.EqualValues(t, failure.NativeSessionLeaseLost, failure.CodeOf(err), "%v", err)
+	run, err := s.GetRun(ctx, "r")
+	require.NoError(t, err)
+	require.Zero(t, run.GetEventCount())
+	require.Empty(t, run.GetRunnerInstanceId())
+	require.Equal(t, "o", run.GetLeaseOwner(), "the takeover was rolled back with it")
+	evs, err := s.EventsAfter(ctx, "r", 0, 10)
+	require.NoError(t, err)
+	require.Empty(t, evs)
 }

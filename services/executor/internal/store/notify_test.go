@@ -68,8 +68,8 @@ func (c *callerPath) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEnd
 // acknowledges the batch and takes the next one meanwhile. So is an
 // attach's bookkeeping, which the run's first events wait for. Every
 // notification still arrives, after the commit it announces. The previous
-// code sent it on the caller's path: two statements, four with the
-// bookkeeping.
+// code sent it on the caller's path: two statements for the append; four
+// for the bookkeeping (now two: its COMMIT goes with its writes too).
 func TestP4_AnAppendReturnsWithoutWaitingForItsNotification(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -97,7 +97,7 @@ func TestP4_AnAppendReturnsWithoutWaitingForItsNotification(t *testing.T) {
 	rotated := []store.ControlEvent{{Type: "session.authority_rotated", Payload: &prpv1.SessionAuthorityRotated{PreviousRunId: "r0"}}}
 	require.NoError(t, s.RecordAttach(mine, c.Fence, "s-r", rotated, store.RunnerRecord{InstanceID: "runner-1"}))
 	sql := path.take()
-	require.Len(t, sql, 3, "BEGIN with the lock and reads, the writes, COMMIT: %q", sql)
+	require.Len(t, sql, 2, "BEGIN with the lock and reads, the writes with the COMMIT: %q", sql)
 	notified("r")
 
 	for i := range 3 {

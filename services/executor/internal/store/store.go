@@ -850,6 +850,17 @@ func recordRunner(ctx context.Context, q execer, f Fence, rec RunnerRecord) erro
 	return nil
 }
 
+// queueRecordRunnerGuarded queues recordRunnerGuardedSQL on b: the batch
+// fails when the fence no longer holds.
+func queueRecordRunnerGuarded(b *pgx.Batch, f Fence, rec RunnerRecord) error {
+	args, err := recordRunnerArgs(f, rec)
+	if err != nil {
+		return err
+	}
+	b.Queue(recordRunnerGuardedSQL, args...)
+	return nil
+}
+
 // queueRecordRunner queues recordRunner's statement on b; *lost is set
 // when the fence no longer holds (nothing written).
 func queueRecordRunner(b *pgx.Batch, f Fence, rec RunnerRecord, lost *bool) error {
@@ -871,7 +882,18 @@ func queueRecordRunner(b *pgx.Batch, f Fence, rec RunnerRecord, lost *bool) erro
 // affects one row exactly when the fenced update did). Args: run, owner,
 // attempt, runner instance, runner process, provider process.
 const recordRunnerSQL = `
-WITH u AS (
+WITH u AS (` + recordRunnerUpdate + `)
+` + recordRunnerInsert
+
+// recordRunnerGuardedSQL is recordRunnerSQL failing (division by zero,
+// isFenceGuard) when the fence does not hold, so that a COMMIT pipelined
+// behind it is skipped with the rest of its batch.
+const recordRunnerGuardedSQL = `
+WITH u AS (` + recordRunnerUpdate + `),
+i AS (` + recordRunnerInsert + ` RETURNING 1)
+SELECT 1 / count(*)::int FROM i`
+
+const recordRunnerUpdate = `
 UPDATE executor.runs r SET runner_instance_id = $4, runner_process = $5, updated_at = now(),
        provider_process = coalesce($6, r.provider_process,
          (SELECT p.provider_process FROM executor.runs p
@@ -880,7 +902,9 @@ UPDATE executor.runs r SET runner_instance_id = $4, runner_process = $5, updated
            ORDER BY p.submit_seq DESC LIMIT 1))
   FROM executor.coordinators c
  WHERE r.run_id = $1 AND c.run_id = r.run_id AND c.lease_owner = $2 AND c.attempt = $3 AND c.phase = 'observed'
-RETURNING r.session_scope, r.run_id, r.submit_seq)
+RETURNING r.session_scope, r.run_id, r.submit_seq`
+
+const recordRunnerInsert = `
 INSERT INTO executor.scope_runners AS s (session_scope, runner_instance_id, first_run_id, last_submit_seq)
 SELECT session_scope, $4, run_id, submit_seq FROM u
     ON CONFLICT (session_scope, runner_instance_id) DO UPDATE SET last_submit_seq = greatest(s.last_submit_seq, excluded.last_submit_seq)`
