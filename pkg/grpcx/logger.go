@@ -156,6 +156,10 @@ type runIDGetter interface{ GetRunId() string }
 // named run_id, attempt and normalized_session_id in msg and its set
 // sub-messages (breadth first, three levels), so that e.g. the first
 // AttachRequest{open{run_id, fence{attempt}}} of a stream is covered.
+//
+// The walk is planned once per message type (idPlanFor: the candidate
+// fields' paths in the order a breadth-first walk meets them) and then
+// only those paths are probed, with no allocation: it runs on every call.
 func extractIDs(msg any) (runID string, attempt uint64, hasAttempt bool, sessionID string) {
 	if g, ok := msg.(runIDGetter); ok {
 		runID = g.GetRunId()
@@ -174,36 +178,155 @@ func extractIDs(msg any) (runID string, attempt uint64, hasAttempt bool, session
 	if !ok {
 		return
 	}
-	level := []protoreflect.Message{pm.ProtoReflect()}
-	for depth := 0; depth < 3 && len(level) > 0; depth++ {
-		var next []protoreflect.Message
-		for _, m := range level {
-			if !m.IsValid() {
-				continue
-			}
-			m.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
-				if fd.IsList() || fd.IsMap() {
-					return true
+	m := pm.ProtoReflect()
+	if !m.IsValid() {
+		return
+	}
+	plan := idPlanFor(m.Descriptor())
+	if runID == "" {
+		for _, p := range plan.runID {
+			if leaf, fd, ok := p.reach(m); ok {
+				if v := leaf.Get(fd).String(); v != "" {
+					runID = v
+					break
 				}
+			}
+		}
+	}
+	if !hasAttempt {
+		for _, p := range plan.attempt {
+			if leaf, fd, ok := p.reach(m); ok {
+				if v := leaf.Get(fd); isUnsignedKind(fd.Kind()) {
+					attempt = v.Uint()
+				} else {
+					attempt = uint64(v.Int())
+				}
+				hasAttempt = true
+				break
+			}
+		}
+	}
+	for _, p := range plan.sessionID {
+		if leaf, fd, ok := p.reach(m); ok {
+			if v := leaf.Get(fd).String(); v != "" {
+				sessionID = v
+				break
+			}
+		}
+	}
+	return
+}
+
+// idPlan is where extractIDs looks in one message type: each id's candidate
+// fields, in the order the breadth-first walk over the set fields meets them
+// (level by level; within a level by the parent's order, then the fields'
+// declaration order, a oneof's members where its first member is).
+type idPlan struct {
+	runID, attempt, sessionID []idPath
+}
+
+// idPath is a chain of singular message fields from the root, ending in
+// the candidate scalar field.
+type idPath []protoreflect.FieldDescriptor
+
+// reach returns the message holding p's last field and that field, when
+// every message on the way and the field itself are set.
+func (p idPath) reach(m protoreflect.Message) (protoreflect.Message, protoreflect.FieldDescriptor, bool) {
+	last := len(p) - 1
+	for _, fd := range p[:last] {
+		if !m.Has(fd) {
+			return nil, nil, false
+		}
+		m = m.Get(fd).Message()
+	}
+	if !m.Has(p[last]) {
+		return nil, nil, false
+	}
+	return m, p[last], true
+}
+
+var idPlans sync.Map // protoreflect.MessageDescriptor -> *idPlan
+
+func idPlanFor(md protoreflect.MessageDescriptor) *idPlan {
+	if p, ok := idPlans.Load(md); ok {
+		return p.(*idPlan)
+	}
+	p := buildIDPlan(md)
+	idPlans.Store(md, p)
+	return p
+}
+
+// buildIDPlan walks md's fields three levels deep, breadth first, as the
+// per-call walk did over a message's set fields.
+func buildIDPlan(md protoreflect.MessageDescriptor) *idPlan {
+	plan := &idPlan{}
+	type node struct {
+		md   protoreflect.MessageDescriptor
+		path idPath
+	}
+	level := []node{{md: md}}
+	for depth := 0; depth < 3 && len(level) > 0; depth++ {
+		var next []node
+		for _, n := range level {
+			for _, fd := range rangeOrder(n.md) {
+				if fd.IsList() || fd.IsMap() {
+					continue
+				}
+				path := append(append(idPath(nil), n.path...), fd)
 				switch {
 				case fd.Kind() == protoreflect.MessageKind:
-					next = append(next, v.Message())
-				case fd.Name() == "run_id" && fd.Kind() == protoreflect.StringKind && runID == "":
-					runID = v.String()
-				case fd.Name() == "normalized_session_id" && fd.Kind() == protoreflect.StringKind && sessionID == "":
-					sessionID = v.String()
-				case fd.Name() == "attempt" && !hasAttempt:
-					switch fd.Kind() {
-					case protoreflect.Uint64Kind, protoreflect.Uint32Kind, protoreflect.Fixed64Kind, protoreflect.Fixed32Kind:
-						attempt, hasAttempt = v.Uint(), true
-					case protoreflect.Int64Kind, protoreflect.Int32Kind, protoreflect.Sint64Kind, protoreflect.Sint32Kind, protoreflect.Sfixed64Kind, protoreflect.Sfixed32Kind:
-						attempt, hasAttempt = uint64(v.Int()), true
-					}
+					next = append(next, node{md: fd.Message(), path: path})
+				case fd.Name() == "run_id" && fd.Kind() == protoreflect.StringKind:
+					plan.runID = append(plan.runID, path)
+				case fd.Name() == "normalized_session_id" && fd.Kind() == protoreflect.StringKind:
+					plan.sessionID = append(plan.sessionID, path)
+				case fd.Name() == "attempt" && (isUnsignedKind(fd.Kind()) || isSignedKind(fd.Kind())):
+					plan.attempt = append(plan.attempt, path)
 				}
-				return true
-			})
+			}
 		}
 		level = next
 	}
-	return
+	return plan
+}
+
+// rangeOrder is md's fields in the order protoreflect's Range visits a
+// generated message's set fields: declaration order, a (non-synthetic)
+// oneof's members together where its first member is declared.
+func rangeOrder(md protoreflect.MessageDescriptor) []protoreflect.FieldDescriptor {
+	fds := md.Fields()
+	out := make([]protoreflect.FieldDescriptor, 0, fds.Len())
+	done := map[protoreflect.FullName]bool{}
+	for i := 0; i < fds.Len(); i++ {
+		fd := fds.Get(i)
+		od := fd.ContainingOneof()
+		if od == nil || od.IsSynthetic() {
+			out = append(out, fd)
+			continue
+		}
+		if done[od.FullName()] {
+			continue
+		}
+		done[od.FullName()] = true
+		for j := 0; j < od.Fields().Len(); j++ {
+			out = append(out, od.Fields().Get(j))
+		}
+	}
+	return out
+}
+
+func isUnsignedKind(k protoreflect.Kind) bool {
+	switch k {
+	case protoreflect.Uint64Kind, protoreflect.Uint32Kind, protoreflect.Fixed64Kind, protoreflect.Fixed32Kind:
+		return true
+	}
+	return false
+}
+
+func isSignedKind(k protoreflect.Kind) bool {
+	switch k {
+	case protoreflect.Int64Kind, protoreflect.Int32Kind, protoreflect.Sint64Kind, protoreflect.Sint32Kind, protoreflect.Sfixed64Kind, protoreflect.Sfixed32Kind:
+		return true
+	}
+	return false
 }

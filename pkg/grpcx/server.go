@@ -230,7 +230,7 @@ func (s *Server) serverOptions(peers peerCheck, validator protovalidate.Validato
 		// Undecodable requests reach the interceptors marked (decode.go)
 		// instead of failing as a bare Internal inside grpc-go.
 		grpc.ForceServerCodecV2(Codec()),
-		grpc.StatsHandler(payloadless{otelgrpc.NewServerHandler(otelgrpc.WithFilter(Traced))}),
+		grpc.StatsHandler(untracedCalls{payloadless{otelgrpc.NewServerHandler(otelgrpc.WithFilter(Traced))}}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{
 			MinTime:             KeepaliveMinTime,
 			PermitWithoutStream: true,
