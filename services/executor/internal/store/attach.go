@@ -367,16 +367,7 @@ func (s *Store) recordAttach(ctx context.Context, f Fence, supersedeScope string
 		parked, parkedErr = scanParked(rows)
 		return nil
 	})
-	for i, ev := range events {
-		if ev.Replacement == "" {
-			first[i] = true
-			continue
-		}
-		b.Queue(applyReplacementSQL, ev.Replacement, f.RunID).Exec(func(tag pgconn.CommandTag) error {
-			first[i] = tag.RowsAffected() == 1
-			return nil
-		})
-	}
+	queueReplacements(b, f.RunID, events, first)
 	if len(events) > 0 {
 		b.Queue(controlCountSQL, f.RunID, ControlInstance).QueryRow(func(row pgx.Row) error {
 			return row.Scan(&controls)
@@ -411,16 +402,9 @@ func (s *Store) recordAttach(ctx context.Context, f Fence, supersedeScope string
 	if count, err = fileParked(ctx, tx, s.rules, s.Month(), f, count, parked); err != nil {
 		return nil, err
 	}
-	var control []encodedEvent
-	for i, ev := range events {
-		if !first[i] {
-			continue // its replacement was applied by an earlier attempt
-		}
-		e, err := encodeControlEvent(f.RunID, controls+int64(len(control))+1, ev.Type, ev.Payload)
-		if err != nil {
-			return nil, err
-		}
-		control = append(control, e)
+	control, err := encodeFirstControls(f.RunID, controls, events, first)
+	if err != nil {
+		return nil, err
 	}
 	w := &pgx.Batch{}
 	if len(control) > 0 {
@@ -452,6 +436,40 @@ func (s *Store) recordAttach(ctx context.Context, f Fence, supersedeScope string
 		appended = append(appended, StoredEvent{Seq: uint64(count) + uint64(i) + 1, Event: e.ev})
 	}
 	return appended, nil
+}
+
+// queueReplacements queues on b the replacement each of events applies
+// (its Replacement); first[i] is set when events[i] is to be appended: it
+// has no replacement, or its replacement was applied now, not by an
+// earlier attempt.
+func queueReplacements(b *pgx.Batch, runID string, events []ControlEvent, first []bool) {
+	for i, ev := range events {
+		if ev.Replacement == "" {
+			first[i] = true
+			continue
+		}
+		b.Queue(applyReplacementSQL, ev.Replacement, runID).Exec(func(tag pgconn.CommandTag) error {
+			first[i] = tag.RowsAffected() == 1
+			return nil
+		})
+	}
+}
+
+// encodeFirstControls encodes the events to be appended (first) as run
+// runID's control events after the controls it holds.
+func encodeFirstControls(runID string, controls int64, events []ControlEvent, first []bool) ([]encodedEvent, error) {
+	var control []encodedEvent
+	for i, ev := range events {
+		if !first[i] {
+			continue // its replacement was applied by an earlier attempt
+		}
+		e, err := encodeControlEvent(runID, controls+int64(len(control))+1, ev.Type, ev.Payload)
+		if err != nil {
+			return nil, err
+		}
+		control = append(control, e)
+	}
+	return control, nil
 }
 
 // supersedeCheckpointsSQL supersedes scope $1's current checkpoints.

@@ -209,17 +209,8 @@ func refusedAfterTerminal(err error) string {
 // A replay with nothing fresh commits after the first. locked reports
 // that the fence held (the lock's row was read).
 func (s *Store) appendCareful(ctx context.Context, rules Rules, f Fence, encoded []encodedEvent, intents []string) (res AppendResult, locked bool, err error) {
-	var own, foreign []encodedEvent
-	for _, e := range encoded {
-		switch {
-		case e.ev.GetRunId() == f.RunID:
-			own = append(own, e)
-		case e.ev.GetEventType() == EventTerminal:
-			res.Dropped++
-		default:
-			foreign = append(foreign, e)
-		}
-	}
+	own, foreign, dropped := partitionByRun(encoded, f.RunID)
+	res.Dropped += dropped
 	// What the runner emitted after the run's own run.terminal (e.g.
 	// harness.exited, runner.reconciled of a runner restarted as the
 	// turn ended) takes no row of this run: it waits for the scope's
@@ -254,19 +245,7 @@ func (s *Store) appendCareful(ctx context.Context, rules Rules, f Fence, encoded
 		return err
 	})
 	queuePark(b, append(after, fafter...), &res)
-	if len(own) > 0 {
-		instances, seqs := sourceKeys(own)
-		b.Queue(dedupeSQL, f.RunID, instances, seqs).Query(func(rows pgx.Rows) error {
-			ownOf = filterStored(rows, nil)
-			return nil
-		})
-	}
-	if len(foreign) > 0 {
-		b.Queue(dedupeInScopeSQL, dedupeInScopeArgs(f.RunID, foreign)...).Query(func(rows pgx.Rows) error {
-			foreignOf = filterStored(rows, nil)
-			return nil
-		})
-	}
+	queueDedupe(b, f.RunID, own, foreign, &ownOf, &foreignOf)
 	if term != nil && !opensInteractions(rules, encoded) {
 		b.Queue(governedWaitSQL, f.RunID).QueryRow(func(row pgx.Row) error { return noRowsOK(gov.scan(row)) })
 	}
@@ -320,6 +299,41 @@ func (s *Store) appendCareful(ctx context.Context, rules Rules, f Fence, encoded
 	}
 	committed = true // Commit ends the transaction, whatever it returns
 	return res, locked, tx.Commit(ctx)
+}
+
+// partitionByRun splits encoded into the events of run runID and those of
+// other runs of its scope; another run's run.terminal is dropped (counted).
+func partitionByRun(encoded []encodedEvent, runID string) (own, foreign []encodedEvent, dropped int) {
+	for _, e := range encoded {
+		switch {
+		case e.ev.GetRunId() == runID:
+			own = append(own, e)
+		case e.ev.GetEventType() == EventTerminal:
+			dropped++
+		default:
+			foreign = append(foreign, e)
+		}
+	}
+	return own, foreign, dropped
+}
+
+// queueDedupe queues on b the reads that find which of own (run runID's)
+// and foreign (its scope's other runs') events are stored already; their
+// callbacks set *ownOf and *foreignOf (filterWith).
+func queueDedupe(b *pgx.Batch, runID string, own, foreign []encodedEvent, ownOf, foreignOf *func([]encodedEvent) ([]encodedEvent, int, error)) {
+	if len(own) > 0 {
+		instances, seqs := sourceKeys(own)
+		b.Queue(dedupeSQL, runID, instances, seqs).Query(func(rows pgx.Rows) error {
+			*ownOf = filterStored(rows, nil)
+			return nil
+		})
+	}
+	if len(foreign) > 0 {
+		b.Queue(dedupeInScopeSQL, dedupeInScopeArgs(runID, foreign)...).Query(func(rows pgx.Rows) error {
+			*foreignOf = filterStored(rows, nil)
+			return nil
+		})
+	}
 }
 
 // noRowsOK is err, except that no row is no error: a read after the
@@ -427,26 +441,8 @@ func fileFenced(ctx context.Context, tx pgx.Tx, rules Rules, month time.Time, f 
 		return err
 	}
 	b := &pgx.Batch{}
-	q := queued{b}
-	if err := insertEvents(ctx, q, f.RunID, count, f.Attempt, fresh); err != nil {
+	if err := queueFresh(ctx, b, f, count, fresh, d, res); err != nil {
 		return err
-	}
-	if err := recordInteractions(ctx, q, f.RunID, d.Interactions); err != nil {
-		return err
-	}
-	for _, e := range fresh {
-		switch e.ev.GetEventType() {
-		case prp.EventTurnStarted:
-			res.TurnStarted = res.TurnStarted || e.ev.GetRunId() == f.RunID
-		case EventHarnessReady:
-			if err := recordProviderProcess(ctx, q, f.RunID, e.ev); err != nil {
-				return err
-			}
-		}
-	}
-	if d.Plan != "" {
-		// The run's latest plan (SPEC E3).
-		b.Queue(`UPDATE executor.runs SET plan = $2 WHERE run_id = $1`, f.RunID, d.Plan)
 	}
 	terminal := d.Terminal
 	if terminal == nil {
@@ -518,6 +514,34 @@ func fileFenced(ctx context.Context, tx pgx.Tx, rules Rules, month time.Time, f 
 	res.Inserted += len(fresh)
 	res.RuntimeInputs = append(res.RuntimeInputs, d.RuntimeInputs...)
 	res.Terminal = terminal != nil
+	return nil
+}
+
+// queueFresh queues on b the rows of fresh events under f (the run holds
+// count rows), the interactions and plan decision d found in them, and the
+// provider process a harness.ready names; res learns of a turn.started.
+func queueFresh(ctx context.Context, b *pgx.Batch, f Fence, count int64, fresh []encodedEvent, d Decisions, res *AppendResult) error {
+	q := queued{b}
+	if err := insertEvents(ctx, q, f.RunID, count, f.Attempt, fresh); err != nil {
+		return err
+	}
+	if err := recordInteractions(ctx, q, f.RunID, d.Interactions); err != nil {
+		return err
+	}
+	for _, e := range fresh {
+		switch e.ev.GetEventType() {
+		case prp.EventTurnStarted:
+			res.TurnStarted = res.TurnStarted || e.ev.GetRunId() == f.RunID
+		case EventHarnessReady:
+			if err := recordProviderProcess(ctx, q, f.RunID, e.ev); err != nil {
+				return err
+			}
+		}
+	}
+	if d.Plan != "" {
+		// The run's latest plan (SPEC E3).
+		b.Queue(`UPDATE executor.runs SET plan = $2 WHERE run_id = $1`, f.RunID, d.Plan)
+	}
 	return nil
 }
 

@@ -861,22 +861,6 @@ func queueRecordRunnerGuarded(b *pgx.Batch, f Fence, rec RunnerRecord) error {
 	return nil
 }
 
-// queueRecordRunner queues recordRunner's statement on b; *lost is set
-// when the fence no longer holds (nothing written).
-func queueRecordRunner(b *pgx.Batch, f Fence, rec RunnerRecord, lost *bool) error {
-	args, err := recordRunnerArgs(f, rec)
-	if err != nil {
-		return err
-	}
-	b.Queue(recordRunnerSQL, args...).Exec(func(tag pgconn.CommandTag) error {
-		if tag.RowsAffected() == 0 {
-			*lost = true
-		}
-		return nil
-	})
-	return nil
-}
-
 // recordRunnerSQL is one statement: the run's runner, and the scope's
 // record of every runner that attached for it (scope_runners; its upsert
 // affects one row exactly when the fenced update did). Args: run, owner,
