@@ -56,7 +56,9 @@ type attachment struct {
 	msgs          chan *gatewayv1.AttachResponse // read ahead; closed when the stream ends
 	recvErr       error                          // why msgs closed
 	held          *gatewayv1.AttachResponse      // read while coalescing, handled next
-	cancelIntents map[string]string              // cancel command id → intent id
+	cancelIntents map[string]string              // cancel command id → intent id, awaiting the runner's answer
+	cancelMu      sync.Mutex                     // guards cancelSent (an acknowledgement that failed clears its entry)
+	cancelSent    map[string]bool                // cancel command ids sent on this stream, answered or not
 	acking        sync.WaitGroup                 // acknowledgements being written
 	acks          *ackTracker
 	terminalSeen  <-chan time.Time
@@ -401,8 +403,17 @@ func (a *attachment) dispatchCancel(rec *executorv1.Cancellation) error {
 	}
 	cmd := newCommand(a.c, &prpv1.TurnInterrupt{Reason: rec.GetReason()})
 	cmd.CommandId = fmt.Sprintf("%s/cancel/%s", a.c.RunID, rec.GetIntentId())
-	if _, sent := a.cancelIntents[cmd.CommandId]; sent {
-		return nil // a second kick (the local one and the notification): sent on this stream already
+	a.cancelMu.Lock()
+	sent := a.cancelSent[cmd.CommandId]
+	a.cancelSent[cmd.CommandId] = true
+	a.cancelMu.Unlock()
+	if sent {
+		// A second kick (the local one and the notification), or one
+		// that read the record before this stream's acknowledgement of
+		// it committed: sent on this stream already. (An
+		// acknowledgement that could not be written clears the entry:
+		// the next CancelRun dispatches again.)
+		return nil
 	}
 	a.cancelIntents[cmd.CommandId] = rec.GetIntentId()
 	a.log.Info("dispatching cancellation", "intent_id", rec.GetIntentId())
@@ -410,11 +421,18 @@ func (a *attachment) dispatchCancel(rec *executorv1.Cancellation) error {
 	return a.sendCmd(cmd)
 }
 
+// resetCancels starts the stream's cancellation bookkeeping.
+func (a *attachment) resetCancels() {
+	a.cancelMu.Lock()
+	defer a.cancelMu.Unlock()
+	a.cancelIntents, a.cancelSent = map[string]string{}, map[string]bool{}
+}
+
 // pump handles what the runner relays until the run is finished or the
 // stream ends.
 func (a *attachment) pump() (done bool, err error) {
 	a.readAhead()
-	a.cancelIntents = map[string]string{}
+	a.resetCancels()
 	a.acks = newAckTracker()
 	// A cancellation recorded since facts were read kicks cancelCh.
 	if err := a.dispatchCancel(a.facts.Cancellation); err != nil {
@@ -623,7 +641,11 @@ func (a *attachment) onResult(r *prpv1.CommandResult) (stop, done bool, err erro
 			a.acking.Add(1)
 			go func() {
 				defer a.acking.Done()
-				a.d.acknowledgeCancellation(a.ctx, a.c, intent, a.log)
+				if !a.d.acknowledgeCancellation(a.ctx, a.c, intent, a.log) {
+					a.cancelMu.Lock()
+					delete(a.cancelSent, r.GetCommandId())
+					a.cancelMu.Unlock()
+				}
 			}()
 		} else {
 			a.d.metrics.cancellations.WithLabelValues(cancelRefused).Inc()

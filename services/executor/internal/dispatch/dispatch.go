@@ -901,8 +901,9 @@ func newCommand(c *store.Claim, body proto.Message) *prpv1.Command {
 // write a few times: the provider was already told to stop, so only the
 // record is missing. If every try fails the record stays pending; the next
 // CancelRun re-dispatches by the same command id (no second provider
-// effect) and the acknowledgement is written then.
-func (d *Dispatcher) acknowledgeCancellation(ctx context.Context, c *store.Claim, intent string, log *slog.Logger) {
+// effect) and the acknowledgement is written then. It reports whether the
+// acknowledgement was written.
+func (d *Dispatcher) acknowledgeCancellation(ctx context.Context, c *store.Claim, intent string, log *slog.Logger) bool {
 	// The provider stopped: its acknowledgement is written even when the
 	// driver stops meanwhile. The run's terminal, persisted beside it, ends
 	// the lease's renewal, which cancels the driver's context; the
@@ -917,15 +918,15 @@ func (d *Dispatcher) acknowledgeCancellation(ctx context.Context, c *store.Claim
 		if err == nil {
 			log.Info("cancellation acknowledged", "intent_id", intent)
 			d.cancellationAcked(c.RunID, nil)
-			return
+			return true
 		}
 		if try == 5 || failure.CodeOf(err) == failure.NativeSessionLeaseLost || ctx.Err() != nil {
 			log.Error("acknowledging cancellation failed; it stays pending", "intent_id", intent, "err", err)
-			return
+			return false
 		}
 		log.Warn("acknowledging cancellation failed; retrying", "intent_id", intent, "err", err)
 		if !backoff.Sleep(ctx, retry.Next()) {
-			return
+			return false
 		}
 	}
 }
