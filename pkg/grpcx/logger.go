@@ -152,15 +152,9 @@ func LogFields(ctx context.Context) []any {
 
 type runIDGetter interface{ GetRunId() string }
 
-// extractIDs looks for GetRunId / GetAttempt methods on msg, then for fields
-// named run_id, attempt and normalized_session_id in msg and its set
-// sub-messages (breadth first, three levels), so that e.g. the first
-// AttachRequest{open{run_id, fence{attempt}}} of a stream is covered.
-//
-// The walk is planned once per message type (idPlanFor: the candidate
-// fields' paths in the order a breadth-first walk meets them) and then
-// only those paths are probed, with no allocation: it runs on every call.
-func extractIDs(msg any) (runID string, attempt uint64, hasAttempt bool, sessionID string) {
+// getterIDs reads msg's run id and attempt through its GetRunId and
+// GetAttempt methods, when it has them.
+func getterIDs(msg any) (runID string, attempt uint64, hasAttempt bool) {
 	if g, ok := msg.(runIDGetter); ok {
 		runID = g.GetRunId()
 	}
@@ -174,6 +168,19 @@ func extractIDs(msg any) (runID string, attempt uint64, hasAttempt bool, session
 	case interface{ GetAttempt() int32 }:
 		attempt, hasAttempt = uint64(g.GetAttempt()), true
 	}
+	return runID, attempt, hasAttempt
+}
+
+// extractIDs looks for GetRunId / GetAttempt methods on msg, then for fields
+// named run_id, attempt and normalized_session_id in msg and its set
+// sub-messages (breadth first, three levels), so that e.g. the first
+// AttachRequest{open{run_id, fence{attempt}}} of a stream is covered.
+//
+// The walk is planned once per message type (idPlanFor: the candidate
+// fields' paths in the order a breadth-first walk meets them) and then
+// only those paths are probed, with no allocation: it runs on every call.
+func extractIDs(msg any) (runID string, attempt uint64, hasAttempt bool, sessionID string) {
+	runID, attempt, hasAttempt = getterIDs(msg)
 	pm, ok := msg.(proto.Message)
 	if !ok {
 		return

@@ -87,19 +87,7 @@ func TestExtractIDsFindsWhatTheWalkFound(t *testing.T) {
 
 // walkIDs is the per-call walk extractIDs replaced, kept as its reference.
 func walkIDs(msg any) (runID string, attempt uint64, hasAttempt bool, sessionID string) {
-	if g, ok := msg.(runIDGetter); ok {
-		runID = g.GetRunId()
-	}
-	switch g := msg.(type) {
-	case interface{ GetAttempt() uint64 }:
-		attempt, hasAttempt = g.GetAttempt(), true
-	case interface{ GetAttempt() int64 }:
-		attempt, hasAttempt = uint64(g.GetAttempt()), true
-	case interface{ GetAttempt() uint32 }:
-		attempt, hasAttempt = uint64(g.GetAttempt()), true
-	case interface{ GetAttempt() int32 }:
-		attempt, hasAttempt = uint64(g.GetAttempt()), true
-	}
+	runID, attempt, hasAttempt = getterIDs(msg)
 	pm, ok := msg.(proto.Message)
 	if !ok {
 		return
