@@ -199,16 +199,8 @@ func TestP4_RecordAttachLosingItsFenceAtTheRunnerRecordWritesNothing(t *testing.
 	ctx := context.Background()
 	s := newStore(t)
 	c := claimed(t, s, "r", "o")
-	_, err := s.Pool().Exec(ctx, `
-CREATE FUNCTION executor.test_take_over() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-  UPDATE executor.coordinators SET lease_owner = 'thief' WHERE run_id = NEW.run_id;
-  RETURN NEW;
-END $$;
-CREATE TRIGGER test_take_over AFTER INSERT ON executor.events FOR EACH ROW
-  WHEN (NEW.event_type = 'session.authority_rotated') EXECUTE FUNCTION executor.test_take_over();`)
-	require.NoError(t, err)
-	err = s.RecordAttach(ctx, c.Fence, "s-r", []store.ControlEvent{{Type: "session.authority_rotated",
+	takeOverAtEvent(t, s, "session.authority_rotated")
+	err := s.RecordAttach(ctx, c.Fence, "s-r", []store.ControlEvent{{Type: "session.authority_rotated",
 		Payload: &prpv1.SessionAuthorityRotated{PreviousRunId: "r0"}}}, store.RunnerRecord{InstanceID: "runner-1"})
 	require.EqualValues(t, failure.NativeSessionLeaseLost, failure.CodeOf(err), "%v", err)
 	run, err := s.GetRun(ctx, "r")
@@ -219,4 +211,20 @@ CREATE TRIGGER test_take_over AFTER INSERT ON executor.events FOR EACH ROW
 	evs, err := s.EventsAfter(ctx, "r", 0, 10)
 	require.NoError(t, err)
 	require.Empty(t, evs)
+}
+
+// takeOverAtEvent installs a trigger that stands in for a takeover: when
+// an event of type typ is inserted, another owner takes its run's
+// coordinator (inside the inserting transaction).
+func takeOverAtEvent(t *testing.T, s *store.Store, typ string) {
+	t.Helper()
+	_, err := s.Pool().Exec(context.Background(), `
+CREATE FUNCTION executor.test_take_over() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  UPDATE executor.coordinators SET lease_owner = 'thief' WHERE run_id = NEW.run_id;
+  RETURN NEW;
+END $$;
+CREATE TRIGGER test_take_over AFTER INSERT ON executor.events FOR EACH ROW
+  WHEN (NEW.event_type = '`+typ+`') EXECUTE FUNCTION executor.test_take_over();`)
+	require.NoError(t, err)
 }

@@ -270,15 +270,7 @@ func TestP4_AFencedOutTerminalBatchWritesNothing(t *testing.T) {
 	// fenced update finds no row, and the whole transaction is rolled
 	// back (a trigger stands in for the takeover, taking the coordinator
 	// as the batch's insert lands).
-	_, err = s.Pool().Exec(ctx, `
-CREATE FUNCTION executor.test_take_over() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-  UPDATE executor.coordinators SET lease_owner = 'thief' WHERE run_id = NEW.run_id;
-  RETURN NEW;
-END $$;
-CREATE TRIGGER test_take_over AFTER INSERT ON executor.events FOR EACH ROW
-  WHEN (NEW.event_type = 'run.terminal') EXECUTE FUNCTION executor.test_take_over();`)
-	require.NoError(t, err)
+	takeOverAtEvent(t, s, "run.terminal")
 	res, err := s.AppendEvents(ctx, c.Fence, endOf("r", 3, store.StateSucceeded))
 	require.EqualValues(t, failure.NativeSessionLeaseLost, failure.CodeOf(err), "%v", err)
 	require.False(t, res.Terminal)

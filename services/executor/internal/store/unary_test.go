@@ -71,12 +71,7 @@ func (r *batchRows) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndD
 // checks what).
 func TestP1_ASubmissionQueuedBehindItsScopeReadsNoAttachFacts(t *testing.T) {
 	t.Parallel()
-	r := &batchRows{}
-	s, err := store.Open(context.Background(), pgtest.NewDB(t, Migrator), runrules.New(), pgstore.MaxConns(2), func(c *pgxpool.Config) {
-		c.ConnConfig.Tracer = r
-	})
-	require.NoError(t, err)
-	t.Cleanup(s.Close)
+	r, s := tracedStore(t)
 	ctx := context.Background()
 	ctl := store.Controller{Addr: "127.0.0.1:1"}
 	reads := &store.AttachReads{PriorRuns: 16, GatewayTTL: gatewayTTL}
@@ -125,12 +120,7 @@ func TestP1_ASubmissionQueuedBehindItsScopeReadsNoAttachFacts(t *testing.T) {
 // reads again; so does one after the memory.
 func TestP1_ASubmissionIntoAScopeThatJustQueuedSendsNoAttachReads(t *testing.T) {
 	t.Parallel()
-	r := &batchRows{}
-	s, err := store.Open(context.Background(), pgtest.NewDB(t, Migrator), runrules.New(), pgstore.MaxConns(2), func(c *pgxpool.Config) {
-		c.ConnConfig.Tracer = r
-	})
-	require.NoError(t, err)
-	t.Cleanup(s.Close)
+	r, s := tracedStore(t)
 	ctx := context.Background()
 	ctl := store.Controller{Addr: "127.0.0.1:1"}
 	reads := &store.AttachReads{PriorRuns: 16, GatewayTTL: gatewayTTL}
@@ -298,4 +288,16 @@ ANALYZE executor.runs`)
 	}
 	_, err = tx.Exec(ctx, `DEALLOCATE previous_in_scope`)
 	require.NoError(t, err)
+}
+
+// tracedStore is a store of two connections whose batches r counts.
+func tracedStore(t *testing.T) (*batchRows, *store.Store) {
+	t.Helper()
+	r := &batchRows{}
+	s, err := store.Open(context.Background(), pgtest.NewDB(t, Migrator), runrules.New(), pgstore.MaxConns(2), func(c *pgxpool.Config) {
+		c.ConnConfig.Tracer = r
+	})
+	require.NoError(t, err)
+	t.Cleanup(s.Close)
+	return r, s
 }
